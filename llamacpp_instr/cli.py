@@ -1,0 +1,47 @@
+"""The ``instr`` command line: a click group whose sub-commands live in ``llamacpp_instr.commands``."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+
+import click
+
+from converters.errors import UserError
+from llamacpp_instr import __version__, commands
+
+
+class _Group(click.Group):
+    """Turns ``UserError`` into a one-line message and exit status 2 (never a traceback)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="instr")
+def main() -> None:
+    """See inside a real llama.cpp run.
+
+    Run a model with instrumentation (`instr run`), then turn the NDJSON session log into a
+    Perfetto trace, summaries or quantization reports.
+    """
+
+
+def _register_commands() -> None:
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+        command = getattr(module, "command", None)
+        if isinstance(command, click.Command):
+            main.add_command(command)
+
+
+_register_commands()
+
+if __name__ == "__main__":
+    main()

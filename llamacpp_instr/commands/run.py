@@ -1,0 +1,91 @@
+"""``instr run``: generate with a real model while the native instrumentation writes a session log."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+LEVEL_NAMES = ["minimal", "detailed", "verbose"]
+
+
+@click.command("run")
+@click.argument("model", required=False, type=click.Path(path_type=Path))
+@click.option("-p", "--prompt", required=True, help="Prompt text.")
+@click.option("-n", "--n-predict", default=32, show_default=True, help="Tokens to generate.")
+@click.option(
+    "-t", "--threads", type=int, default=None, help="CPU threads (default: all cores, at most 8)."
+)
+@click.option("--ctx", "n_ctx", default=2048, show_default=True, help="Context size in tokens.")
+@click.option("--batch", "n_batch", default=512, show_default=True, help="Prompt batch size.")
+@click.option(
+    "--level",
+    type=click.Choice(LEVEL_NAMES),
+    default="detailed",
+    show_default=True,
+    help="minimal: steps + layer spans; detailed: + per-op timings and graph tables; "
+    "verbose: + per-thread times, value statistics, top-k logits.",
+)
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Session log path (default: llama_instrumentation_YYYYMMDD_HHMMSS.log here).",
+)
+@click.option("--seed", default=0, show_default=True, help="Sampling seed.")
+@click.option("--temp", default=0.0, show_default=True, help="Sampling temperature (0 = greedy).")
+@click.option(
+    "--flash-attn/--no-flash-attn",
+    default=False,
+    show_default=True,
+    help="Fused flash attention instead of separate KQ / soft_max / KQV ops.",
+)
+@click.option(
+    "--top-k-logits", default=10, show_default=True, help="Logits kept per token at verbose."
+)
+def command(
+    model: Path | None,
+    prompt: str,
+    n_predict: int,
+    threads: int | None,
+    n_ctx: int,
+    n_batch: int,
+    level: str,
+    out: Path | None,
+    seed: int,
+    temp: float,
+    flash_attn: bool,
+    top_k_logits: int,
+) -> None:
+    """Run MODEL.gguf (default: the bundled SmolLM2-135M-Instruct) on --prompt with instrumentation.
+
+    Prints the generated text on stdout and, on stderr, where the session log is and what it holds.
+    Ctrl-C ends the session with status `interrupted`; the log stays valid.
+    """
+    from llamacpp_instr import models, runner
+
+    cfg = runner.RunConfig(
+        model=model if model is not None else models.default_model(),
+        prompt=prompt,
+        n_predict=n_predict,
+        threads=threads,
+        n_ctx=n_ctx,
+        n_batch=n_batch,
+        level=level,
+        out=out,
+        seed=seed,
+        temp=temp,
+        flash_attn=flash_attn,
+        top_k_logits=top_k_logits,
+    )
+    result = runner.run(cfg, on_text=runner.echo_stream)
+    sys.stdout.write("\n")
+    click.echo(
+        f"session log: {result.log_path} ({result.n_steps} steps, {result.n_tokens} tokens decoded: "
+        f"{result.n_prompt_tokens} prompt + {result.n_generated} generated; status {result.status})",
+        err=True,
+    )
+    if result.status == "interrupted":
+        sys.exit(130)

@@ -40,7 +40,8 @@ class BuildPlan:
 
     @property
     def local_version(self) -> str:
-        return f"{pin.LLAMA_CPP_PYTHON_VERSION}+instr.{self.key}"
+        kind = "instr" if self.patches else "stock"
+        return f"{pin.LLAMA_CPP_PYTHON_VERSION}+{kind}.{self.key}"
 
     @property
     def wheel_dir(self) -> Path:
@@ -75,8 +76,9 @@ def patch_hash(patches: Sequence[Path], cmake_args: Sequence[str] = ()) -> str:
     return h.hexdigest()[:12]
 
 
-def make_plan(extra_cmake_args: Sequence[str] = ()) -> BuildPlan:
-    patches = read_series()
+def make_plan(extra_cmake_args: Sequence[str] = (), stock: bool = False) -> BuildPlan:
+    """What to build; ``stock`` builds the pin without patches (the benchmarks' baseline)."""
+    patches = () if stock else read_series()
     env_args = tuple(os.environ.get("CMAKE_ARGS", "").split())
     cmake_args = DEFAULT_CMAKE_ARGS + env_args + tuple(extra_cmake_args)
     # The patch hash (what `instr doctor` compares) covers only pin + patches; the cache key adds
@@ -238,11 +240,14 @@ def build_wheel(plan: BuildPlan, echo: Echo) -> Path:
     sdist = fetch_sdist(echo)
     work = cache_dir() / "src" / plan.key
     root = extract_sdist(sdist, work)
-    apply_patches(root, plan.patches, echo, check_only=False)
+    if plan.patches:
+        apply_patches(root, plan.patches, echo, check_only=False)
     set_local_version(root, plan.local_version)
 
     env = dict(os.environ)
-    cmake_args = list(plan.cmake_args) + [f"-DLLAMA_INSTR_PATCH_HASH={patch_hash(plan.patches)}"]
+    cmake_args = list(plan.cmake_args)
+    if plan.patches:
+        cmake_args.append(f"-DLLAMA_INSTR_PATCH_HASH={patch_hash(plan.patches)}")
     if shutil.which("ccache"):
         cmake_args += [
             "-DCMAKE_C_COMPILER_LAUNCHER=ccache",
@@ -350,3 +355,26 @@ def build(extra_cmake_args: Sequence[str], echo: Echo, rebuild: bool, with_model
     if with_model:
         install_default_model(echo)
     return wheel
+
+
+def stock_lib_dir(echo: Echo, extra_cmake_args: Sequence[str] = ()) -> Path:
+    """Native libraries of the unpatched pin (built and cached once), for LLAMA_CPP_LIB_PATH.
+
+    The Python part of llama-cpp-python is the same in both builds, so the benchmark runs the stock
+    libraries under the installed package by pointing LLAMA_CPP_LIB_PATH here.
+    """
+    import zipfile
+
+    plan = make_plan(extra_cmake_args, stock=True)
+    wheel = cached_wheel(plan) or build_wheel(plan, echo)
+    dest = cache_dir() / "stock-lib" / plan.key
+    if not (dest / "lib").is_dir():
+        tmp = dest.with_suffix(".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        with zipfile.ZipFile(wheel) as zf:
+            members = [m for m in zf.namelist() if m.startswith("llama_cpp/lib/")]
+            zf.extractall(tmp, members)
+        (tmp / "llama_cpp" / "lib").rename(tmp / "lib")
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+    return dest / "lib"

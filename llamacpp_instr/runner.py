@@ -21,12 +21,14 @@ class RunConfig:
     threads: int | None = None
     n_ctx: int = 2048
     n_batch: int = 512
+    n_ubatch: int | None = None
     level: str = "detailed"
     out: Path | None = None
     seed: int = 0
     temp: float = 0.0
     flash_attn: bool = False
     top_k_logits: int = 10
+    ignore_eos: bool = False
 
 
 @dataclass
@@ -71,6 +73,7 @@ def load_model(cfg: RunConfig, **extra: Any) -> Any:
             model_path=str(cfg.model),
             n_ctx=cfg.n_ctx,
             n_batch=cfg.n_batch,
+            n_ubatch=cfg.n_ubatch or cfg.n_batch,
             n_threads=threads,
             n_threads_batch=threads,
             seed=cfg.seed,
@@ -116,7 +119,7 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
     try:
         llm.set_seed(cfg.seed)
         for token in llm.generate(prompt_tokens, temp=cfg.temp, reset=True):
-            if llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):
+            if not cfg.ignore_eos and llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):
                 break
             generated.append(int(token))
             text += llm.detokenize([token], prev_tokens=prompt_tokens + generated[:-1])

@@ -18,7 +18,16 @@ LEVEL_NAMES = ["minimal", "detailed", "verbose"]
     "-t", "--threads", type=int, default=None, help="CPU threads (default: all cores, at most 8)."
 )
 @click.option("--ctx", "n_ctx", default=2048, show_default=True, help="Context size in tokens.")
-@click.option("--batch", "n_batch", default=512, show_default=True, help="Prompt batch size.")
+@click.option(
+    "--batch", "n_batch", default=512, show_default=True, help="Tokens per llama_decode call."
+)
+@click.option(
+    "--ubatch",
+    "n_ubatch",
+    type=int,
+    default=None,
+    help="Tokens per graph compute (default: --batch).",
+)
 @click.option(
     "--level",
     type=click.Choice(LEVEL_NAMES),
@@ -45,6 +54,9 @@ LEVEL_NAMES = ["minimal", "detailed", "verbose"]
 @click.option(
     "--top-k-logits", default=10, show_default=True, help="Logits kept per token at verbose."
 )
+@click.option(
+    "--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence (fixed-length runs)."
+)
 def command(
     model: Path | None,
     prompt: str,
@@ -52,12 +64,14 @@ def command(
     threads: int | None,
     n_ctx: int,
     n_batch: int,
+    n_ubatch: int | None,
     level: str,
     out: Path | None,
     seed: int,
     temp: float,
     flash_attn: bool,
     top_k_logits: int,
+    ignore_eos: bool,
 ) -> None:
     """Run MODEL.gguf (default: the bundled SmolLM2-135M-Instruct) on --prompt with instrumentation.
 
@@ -73,12 +87,14 @@ def command(
         threads=threads,
         n_ctx=n_ctx,
         n_batch=n_batch,
+        n_ubatch=n_ubatch,
         level=level,
         out=out,
         seed=seed,
         temp=temp,
         flash_attn=flash_attn,
         top_k_logits=top_k_logits,
+        ignore_eos=ignore_eos,
     )
     result = runner.run(cfg, on_text=runner.echo_stream)
     sys.stdout.write("\n")

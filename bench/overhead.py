@@ -1,0 +1,194 @@
+"""Instrumentation overhead: SmolLM2-135M decode, stock build vs our build at every level.
+
+Runs every configuration in its own process, interleaved (A B C ... A B C ...) so that machine noise
+hits all of them alike, and reports ratios against the stock llama-cpp-python 0.3.36 build measured
+in the same run:
+
+    python bench/overhead.py [--reps 5] [--tokens 64] [--threads 2] [--write-docs]
+
+Configurations: stock (the unpatched pin, built once and cached), off, minimal, detailed, verbose,
+and `cb_eval` — the upstream-style peer: our build with no session but an eval callback that asks to
+observe every node (the scheduler then splits the graph and synchronizes at each node).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CONFIGS = ["stock", "off", "minimal", "detailed", "verbose", "cb_eval"]
+PROMPT = "The history of the printing press begins"
+
+
+def child(config: str, tokens: int, threads: int, log: str) -> None:
+    """One measurement, in a fresh process; prints a JSON line."""
+    import llama_cpp
+    import numpy as np
+
+    from llamacpp_instr import bindings, models
+
+    low = llama_cpp.llama_cpp  # the module llama.py calls into
+    if config == "cb_eval":
+        peer = bindings.load().cb_eval_peer
+        default_params = low.llama_context_default_params
+
+        def with_peer():  # type: ignore[no-untyped-def]
+            p = default_params()
+            p.cb_eval = low.ggml_backend_sched_eval_callback(peer)
+            return p
+
+        low.llama_context_default_params = with_peer
+
+    llm = llama_cpp.Llama(
+        str(models.default_model()), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
+        seed=0, verbose=False,
+    )  # fmt: skip
+    api = bindings.load() if config not in ("stock", "cb_eval") else None
+    if api and config != "off":
+        api.session_begin(llm.ctx, log, config, {"bench": "overhead"})
+    prompt = llm.tokenize(PROMPT.encode(), add_bos=True)
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    t1 = time.perf_counter()
+    n = tokens
+    tok = 0
+    n_vocab = llm.n_vocab()
+    for _ in range(tokens):
+        logits = np.ctypeslib.as_array(low.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
+        tok = int(logits.argmax())  # greedy, so every config must produce the same tokens
+        llm.eval([tok])
+    t2 = time.perf_counter()
+    if api and config != "off":
+        api.session_end("ok")
+    print(json.dumps({
+        "config": config, "prompt_tokens": len(prompt), "prompt_s": t1 - t0,
+        "gen_tokens": n, "gen_s": t2 - t1, "last_token": tok,
+    }))  # fmt: skip
+
+
+def run_one(config: str, args: argparse.Namespace, stock_lib: Path, logdir: Path) -> dict:
+    env = dict(os.environ)
+    if config == "stock":
+        env["LLAMA_CPP_LIB_PATH"] = str(stock_lib)
+    log = logdir / f"{config}.log"
+    log.unlink(missing_ok=True)
+    cmd = [sys.executable, __file__, "--child", config, "--tokens", str(args.tokens),
+           "--threads", str(args.threads), "--log", str(log)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def log_facts(path: Path) -> dict:
+    """Bytes per generated token and op-time coverage of a DETAILED log."""
+    recs = [json.loads(line) for line in path.open()]
+    sizes = [len(line.encode()) + 1 for line in path.read_text().splitlines()]
+    kind = {r["step"]: r["kind"] for r in recs if r["type"] == "step_begin"}
+    gen_steps = {s for s, k in kind.items() if k == "gen"}
+    per_step_bytes = sum(
+        sz for r, sz in zip(recs, sizes, strict=True)
+        if r.get("step") in gen_steps and r["type"] in ("step_begin", "step_end", "compute")
+    )  # fmt: skip
+    ends = {r["step"]: r for r in recs if r["type"] == "step_end"}
+    op_ns: dict[int, int] = {}
+    for r in recs:
+        if r["type"] == "compute":
+            op_ns[r["step"]] = op_ns.get(r["step"], 0) + sum(o[2] for o in r.get("ops", []))
+    cov = [op_ns.get(s, 0) / ends[s]["dur"] for s in gen_steps]
+    return {
+        "bytes_total": path.stat().st_size,
+        "bytes_per_gen_token_total": path.stat().st_size / max(1, len(gen_steps)),
+        "bytes_per_gen_step": per_step_bytes / max(1, len(gen_steps)),
+        "coverage_mean": statistics.mean(cov),
+        "coverage_min": min(cov),
+        "coverage_median": statistics.median(cov),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--log", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.tokens, args.threads, args.log)
+        return
+
+    from llamacpp_instr import build
+
+    stock_lib = build.stock_lib_dir(lambda m: print(m, file=sys.stderr))
+    results: dict[str, list[dict]] = {c: [] for c in CONFIGS}
+    with tempfile.TemporaryDirectory() as tmp:
+        logdir = Path(tmp)
+        for rep in range(args.reps):
+            for c in CONFIGS:
+                results[c].append(run_one(c, args, stock_lib, logdir))
+            print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr)
+        facts = log_facts(logdir / "detailed.log")
+
+    gen = {
+        c: statistics.median(r["gen_tokens"] / r["gen_s"] for r in rs) for c, rs in results.items()
+    }
+    pp = {
+        c: statistics.median(r["prompt_tokens"] / r["prompt_s"] for r in rs)
+        for c, rs in results.items()
+    }
+    same_tokens = len({rs[-1]["last_token"] for rs in results.values()}) == 1
+    lines = [
+        f"SmolLM2-135M-Instruct Q4_1, {args.threads} threads, {args.tokens} generated tokens, "
+        f"{args.reps} interleaved repetitions (medians); same greedy output in every config: {same_tokens}",
+        "",
+        "| config | gen tok/s | vs stock | prompt tok/s | vs stock |",
+        "|---|---|---|---|---|",
+    ]
+    for c in CONFIGS:
+        lines.append(
+            f"| {c} | {gen[c]:.1f} | {gen[c] / gen['stock']:.3f}x | {pp[c]:.1f} | {pp[c] / pp['stock']:.3f}x |"
+        )
+    lines += [
+        "",
+        f"DETAILED log: {facts['bytes_per_gen_step'] / 1024:.1f} KiB per generated token in steady state "
+        f"(step_begin + step_end + compute records), {facts['bytes_per_gen_token_total'] / 1024:.1f} KiB "
+        f"per generated token including session_start and graph tables ({facts['bytes_total'] / 1024:.0f} KiB "
+        f"for {args.tokens} tokens).",
+        f"Op-time coverage of generation steps (sum of op durations / llama_decode wall time): "
+        f"mean {facts['coverage_mean']:.1%}, median {facts['coverage_median']:.1%}, min {facts['coverage_min']:.1%}.",
+    ]
+    report = "\n".join(lines)
+    print(report)
+    if args.write_docs:
+        write_section("overhead", report)
+
+
+def write_section(name: str, body: str) -> None:
+    """Replace the <!-- bench:NAME --> section of docs/performance.md."""
+    doc = ROOT / "docs" / "performance.md"
+    text = doc.read_text() if doc.exists() else "# Performance\n"
+    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    stamp = time.strftime("%Y-%m-%d")
+    block = f"{begin}\n_Measured {stamp} by `bench/{name}.py`._\n\n{body}\n{end}"
+    if begin in text:
+        pre, rest = text.split(begin, 1)
+        text = pre + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    doc.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Shared fixtures: the real patched build, real models, and real session logs made once per run.
+
+Tests that need the native build use the ``instr_api`` fixture (directly or through the log
+fixtures). They fail, not skip, when the patched llama-cpp-python is missing: CI installs it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+if str(TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(TESTS_DIR))
+
+PROMPT = "The capital of France is"
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    """Every line of a log, parsed with the standard library (independent of converters/)."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def by_type(records: list[dict[str, Any]], type_: str) -> list[dict[str, Any]]:
+    return [r for r in records if r["type"] == type_]
+
+
+@pytest.fixture(scope="session")
+def instr_api() -> Any:
+    from llamacpp_instr import bindings
+
+    return bindings.load()
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    from llamacpp_instr import models
+
+    return models.default_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tiny_models")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_f32(tiny_dir: Path) -> Path:
+    from tiny_gguf import write_tiny_model
+
+    return write_tiny_model(tiny_dir / "tiny-llama-f32.gguf", arch="llama", dtype="f32", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_f16(tiny_dir: Path) -> Path:
+    from tiny_gguf import write_tiny_model
+
+    return write_tiny_model(tiny_dir / "tiny-llama-f16.gguf", arch="llama", dtype="f16", seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_q8(tiny_dir: Path, tiny_llama_f32: Path, instr_api: Any) -> Path:
+    """A quantized tiny model, made with the pinned llama.cpp's own quantizer."""
+    import llama_cpp
+
+    out = tiny_dir / "tiny-llama-q8_0.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+    rc = llama_cpp.llama_model_quantize(
+        str(tiny_llama_f32).encode(), str(out).encode(), llama_cpp.byref(params)
+    )
+    assert rc == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_second_arch(tiny_dir: Path) -> Path:
+    from tiny_gguf import SECOND_ARCH, write_tiny_model
+
+    return write_tiny_model(
+        tiny_dir / f"tiny-{SECOND_ARCH}.gguf", arch=SECOND_ARCH, dtype="f32", seed=3
+    )
+
+
+def make_run(model: Path, out: Path, level: str, **kw: Any) -> Any:
+    from llamacpp_instr import runner
+
+    cfg = runner.RunConfig(
+        model=model,
+        prompt=kw.pop("prompt", PROMPT),
+        n_predict=kw.pop("n_predict", 12),
+        threads=kw.pop("threads", 2),
+        n_ctx=kw.pop("n_ctx", 512),
+        level=level,
+        out=out,
+        **kw,
+    )
+    return runner.run(cfg)
+
+
+class RunLog:
+    """A real run and its parsed log."""
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+        self.path: Path = result.log_path
+        self.records = read_log(self.path)
+
+    def of(self, type_: str) -> list[dict[str, Any]]:
+        return by_type(self.records, type_)
+
+    @property
+    def start(self) -> dict[str, Any]:
+        return self.records[0]
+
+
+@pytest.fixture(scope="session")
+def smollm2_detailed(
+    instr_api: Any, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> RunLog:
+    out = tmp_path_factory.mktemp("logs") / "smollm2-detailed.log"
+    return RunLog(make_run(smollm2_path, out, "detailed", n_predict=16))
+
+
+@pytest.fixture(scope="session")
+def smollm2_verbose(
+    instr_api: Any, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> RunLog:
+    out = tmp_path_factory.mktemp("logs") / "smollm2-verbose.log"
+    return RunLog(make_run(smollm2_path, out, "verbose", n_predict=8))
+
+
+@pytest.fixture(scope="session")
+def tiny_detailed(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path_factory: pytest.TempPathFactory
+) -> RunLog:
+    out = tmp_path_factory.mktemp("logs") / "tiny-detailed.log"
+    return RunLog(make_run(tiny_llama_f32, out, "detailed", n_predict=6))
+
+
+@pytest.fixture(scope="session")
+def schema_validator() -> Iterator[Any]:
+    import jsonschema
+
+    schema_path = TESTS_DIR.parent / "converters" / "schema_v1.json"
+    schema = json.loads(schema_path.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    yield jsonschema.Draft202012Validator(schema)

@@ -32,7 +32,14 @@ def render() -> str:
     root_ctx = click.Context(main, info_name="instr", **_SETTINGS)
     parts = ["### `instr`", "", "```", main.get_help(root_ctx), "```"]
     for name in sorted(main.commands):
-        parts += ["", f"### `instr {name}`", "", "```", _help(main.commands[name], name, root_ctx), "```"]
+        parts += [
+            "",
+            f"### `instr {name}`",
+            "",
+            "```",
+            _help(main.commands[name], name, root_ctx),
+            "```",
+        ]
     return "\n".join(parts)
 
 
@@ -52,7 +59,9 @@ def main_(argv: list[str]) -> int:
         readme.write_text(new)
         return 0
     if new != text:
-        print("README.md CLI reference is out of date: run python -m llamacpp_instr.cli_reference --write")
+        print(
+            "README.md CLI reference is out of date: run python -m llamacpp_instr.cli_reference --write"
+        )
         return 1
     return 0
 

@@ -76,9 +76,11 @@ def patch_hash(patches: Sequence[Path], cmake_args: Sequence[str] = ()) -> str:
     return h.hexdigest()[:12]
 
 
-def make_plan(extra_cmake_args: Sequence[str] = (), stock: bool = False) -> BuildPlan:
+def make_plan(
+    extra_cmake_args: Sequence[str] = (), stock: bool = False, patches_dir: Path = PATCHES_DIR
+) -> BuildPlan:
     """What to build; ``stock`` builds the pin without patches (the benchmarks' baseline)."""
-    patches = () if stock else read_series()
+    patches = () if stock else read_series(patches_dir)
     env_args = tuple(os.environ.get("CMAKE_ARGS", "").split())
     cmake_args = DEFAULT_CMAKE_ARGS + env_args + tuple(extra_cmake_args)
     # The patch hash (what `instr doctor` compares) covers only pin + patches; the cache key adds
@@ -188,9 +190,9 @@ def set_local_version(root: Path, version: str) -> None:
     init.write_text(new)
 
 
-def check(echo: Echo) -> None:
+def check(echo: Echo, patches_dir: Path = PATCHES_DIR) -> None:
     """Verify that every patch applies to the pinned source, in order (no build)."""
-    plan = make_plan()
+    plan = make_plan(patches_dir=patches_dir)
     sdist = fetch_sdist(echo)
     with tempfile.TemporaryDirectory(prefix="instr-check-") as tmp:
         root = extract_sdist(sdist, Path(tmp) / "src")

@@ -277,3 +277,46 @@ def test_ctrl_c_leaves_a_valid_interrupted_log(
     assert recs[-1]["type"] == "session_end" and recs[-1]["status"] == "interrupted"
     assert recs[-1]["totals"]["steps"] == len(by_type(recs, "step_end")) >= 5
     assert "Traceback" not in err.decode()
+
+
+def test_two_contexts_in_two_threads_never_interleave(
+    smollm2_path: Path, instr_api: Any, tmp_path: Path, schema_validator: Any
+) -> None:
+    import threading
+
+    import llama_cpp
+
+    out = tmp_path / "two.log"
+    llms = [
+        llama_cpp.Llama(str(smollm2_path), n_ctx=256, n_threads=1, verbose=False) for _ in range(2)
+    ]
+    instr_api.session_begin(llms[0].ctx, str(out), "detailed", {})
+    errors: list[BaseException] = []
+
+    def work(llm: Any) -> None:
+        try:
+            tokens = llm.tokenize(PROMPT.encode(), add_bos=True)
+            llm.eval(tokens)
+            for _ in range(8):
+                llm.eval([int(tokens[-1])])
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(llm,)) for llm in llms]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    instr_api.session_end("ok")
+    for llm in llms:
+        llm.close()
+    assert not errors
+    recs = read_log(out)  # every line is one complete JSON object
+    for r in recs:
+        schema_validator.validate(r)
+    ends = by_type(recs, "step_end")
+    assert sorted({e["ctx"] for e in ends}) == [1, 2]
+    assert len(ends) == 18 and len({e["step"] for e in ends}) == 18
+    for ctx in (1, 2):  # each context's computes reference its own graphs
+        graphs = {g["graph"] for g in by_type(recs, "graph") if g["ctx"] == ctx}
+        assert {c["graph"] for c in by_type(recs, "compute") if c["ctx"] == ctx} <= graphs

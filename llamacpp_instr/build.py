@@ -108,15 +108,16 @@ def fetch_sdist(echo: Echo) -> Path:
         dest.parent.mkdir(parents=True, exist_ok=True)
         echo(f"fetching llama-cpp-python {pin.LLAMA_CPP_PYTHON_VERSION} sdist ...")
         with tempfile.TemporaryDirectory() as tmp:
+            # --no-binary for this package only: `:all:` would also compile every build
+            # dependency pip installs to read the sdist's metadata (minutes, for nothing)
             cmd = [
                 sys.executable,
                 "-m",
                 "pip",
                 "download",
                 "--no-binary",
-                ":all:",
+                "llama-cpp-python",
                 "--no-deps",
-                "--no-build-isolation",
                 "-q",
                 "-d",
                 tmp,
@@ -124,11 +125,6 @@ def fetch_sdist(echo: Echo) -> Path:
             ]
             r = subprocess.run(cmd, capture_output=True, text=True)
             got = Path(tmp) / pin.SDIST_NAME
-            if not got.is_file():
-                # pip may fail preparing metadata without build isolation; the file is what we need
-                r = subprocess.run(
-                    [c for c in cmd if c != "--no-build-isolation"], capture_output=True, text=True
-                )
             if not got.is_file():
                 last = (r.stderr.strip().splitlines() or ["no output"])[-1]
                 raise UserError(f"could not download the pinned sdist {pin.SDIST_NAME}: {last}")

@@ -97,6 +97,9 @@ def make_run(model: Path, out: Path, level: str, **kw: Any) -> Any:
         n_predict=kw.pop("n_predict", 12),
         threads=kw.pop("threads", 2),
         n_ctx=kw.pop("n_ctx", 512),
+        ignore_eos=kw.pop(
+            "ignore_eos", True
+        ),  # fixed-length runs: tiny random models hit EOS early
         level=level,
         out=out,
         **kw,

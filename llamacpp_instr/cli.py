@@ -13,14 +13,28 @@ from llamacpp_instr import __version__, commands
 
 
 class _Group(click.Group):
-    """Turns ``UserError`` into a one-line message and exit status 2 (never a traceback)."""
+    """Bad input of any kind ends in one line, ``error: ...``, and exit status 2 (never a traceback):
+    our own ``UserError`` as well as click's usage errors (unknown option, bad value...)."""
 
-    def invoke(self, ctx: click.Context) -> object:
+    def main(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+        kwargs["standalone_mode"] = False
         try:
-            return super().invoke(ctx)
+            rv = super().main(*args, **kwargs)  # type: ignore[arg-type]
         except UserError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
+        except click.UsageError as exc:
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+            click.echo(f"error: {exc.format_message()}{hint}", err=True)
+            sys.exit(2)
+        except click.ClickException as exc:
+            click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(130)
+        # standalone_mode=False returns the exit code of --help/--version (ctx.exit) instead
+        sys.exit(rv if isinstance(rv, int) else 0)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

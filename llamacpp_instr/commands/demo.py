@@ -63,4 +63,6 @@ def command(out_dir: Path, n_predict: int) -> None:
     click.get_current_context().invoke(convert, log=log, output=trace)
     if not trace.is_file() or trace.stat().st_size == 0:
         raise UserError(f"no trace written at {trace}")
-    click.echo(f"trace ok: {trace} ({trace.stat().st_size} bytes); open it at https://ui.perfetto.dev")
+    click.echo(
+        f"trace ok: {trace} ({trace.stat().st_size} bytes); open it at https://ui.perfetto.dev"
+    )

@@ -1,0 +1,88 @@
+"""Chrome trace-event JSON writer (chrome://tracing and other legacy viewers), streamed.
+
+Same layout as the Perfetto writer: processes and named threads via metadata events, slices as
+complete ("X") events, counters as "C" events. Timestamps are microseconds (floats keep the ns).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import IO
+
+import orjson
+
+from converters.trace_layout import Item, Sample, Slice, Track
+
+
+def write_chrome_json(items: Iterable[Item], out: IO[bytes]) -> int:
+    """Write the items as a JSON array of trace events; returns the number of events."""
+    tracks: dict[int, Track] = {}
+    tids: dict[int, int] = {}
+    n = 0
+
+    def emit(ev: dict[str, object]) -> None:
+        nonlocal n
+        out.write(b",\n" if n else b"[\n")
+        out.write(orjson.dumps(ev))
+        n += 1
+
+    for it in items:
+        if isinstance(it, Track):
+            tracks[it.uuid] = it
+            if it.parent is None:
+                emit({"ph": "M", "name": "process_name", "pid": it.pid, "args": {"name": it.name}})
+                emit(
+                    {
+                        "ph": "M",
+                        "name": "process_sort_index",
+                        "pid": it.pid,
+                        "args": {"sort_index": it.order},
+                    }
+                )
+            elif it.kind == "slices":
+                tid = tids[it.uuid] = len(tids) + 1
+                emit(
+                    {
+                        "ph": "M",
+                        "name": "thread_name",
+                        "pid": it.pid,
+                        "tid": tid,
+                        "args": {"name": it.name},
+                    }
+                )
+                emit(
+                    {
+                        "ph": "M",
+                        "name": "thread_sort_index",
+                        "pid": it.pid,
+                        "tid": tid,
+                        "args": {"sort_index": it.order},
+                    }
+                )
+        elif isinstance(it, Slice):
+            tr = tracks[it.track]
+            emit(
+                {
+                    "ph": "X",
+                    "name": it.name,
+                    "cat": it.category,
+                    "pid": tr.pid,
+                    "tid": tids[it.track],
+                    "ts": it.ts / 1000,
+                    "dur": it.dur / 1000,
+                    "args": it.args,
+                }
+            )
+        elif isinstance(it, Sample):
+            tr = tracks[it.track]
+            emit(
+                {
+                    "ph": "C",
+                    "name": tr.name,
+                    "pid": tr.pid,
+                    "ts": it.ts / 1000,
+                    "args": {tr.unit or "value": it.value},
+                }
+            )
+    out.write(b"\n]\n" if n else b"[]\n")
+    return n

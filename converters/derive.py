@@ -1,0 +1,123 @@
+"""Derived quantities every writer shares: estimated FLOPs and bytes moved per op, rates, categories.
+
+These are estimates from shapes (the timings they are divided by are measured). Shapes are in
+ggml order: ``shape[0]`` is the innermost (contiguous) dimension.
+
+FLOPs per node (``n`` = elements of the output):
+
+* ``MUL_MAT``: ``2 * K * n`` where ``K = src0.shape[0]`` (a multiply and an add per inner element).
+* ``FLASH_ATTN_EXT``: ``4 * D * n_q * n_kv * H`` (Q·Kᵀ and P·V), from q ``[D, n_q, H]`` and
+  k ``[D, n_kv, H_kv]``.
+* ``RMS_NORM`` 3n, ``NORM`` 5n, ``SOFT_MAX`` 5n (max, subtract, exp, sum, divide), ``ROPE`` 6n,
+  ``GLU`` 5n (activation + product), ``UNARY`` 4n, element-wise ``ADD``/``MUL``/``SUB``/``DIV``/
+  ``SCALE`` n.
+* Data movement (``GET_ROWS``, ``SET_ROWS``, ``CPY``, ``CONT``, views): 0.
+
+Bytes moved per node: the bytes of every source plus the bytes of the output, except that a KV
+cache write (``SET_ROWS``/``CPY`` into the cache, whose output is a view of the whole cache) counts
+the rows it writes: twice the bytes of the rows it reads (read once, written once).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from converters.session import Graph, Node
+
+_PER_ELEMENT_FLOPS = {
+    "ADD": 1,
+    "SUB": 1,
+    "MUL": 1,
+    "DIV": 1,
+    "SCALE": 1,
+    "ADD1": 1,
+    "ACC": 1,
+    "RMS_NORM": 3,
+    "NORM": 5,
+    "L2_NORM": 3,
+    "SOFT_MAX": 5,
+    "ROPE": 6,
+    "GLU": 5,
+    "UNARY": 4,
+    "SILU": 4,
+    "GELU": 8,
+}
+
+CATEGORIES = {
+    "MUL_MAT": "matmul",
+    "MUL_MAT_ID": "matmul",
+    "FLASH_ATTN_EXT": "attention",
+    "SOFT_MAX": "attention",
+    "ROPE": "rope",
+    "RMS_NORM": "norm",
+    "NORM": "norm",
+    "GET_ROWS": "memory",
+    "SET_ROWS": "memory",
+    "CPY": "memory",
+    "CONT": "memory",
+    "DUP": "memory",
+}
+
+
+def numel(shape: Sequence[int]) -> int:
+    return math.prod(shape) if shape else 0
+
+
+def src_shape(src: dict[str, Any], graph: Graph) -> list[int]:
+    if "node" in src:
+        return graph.nodes[src["node"]].shape
+    return list(src.get("shape", []))
+
+
+def src_bytes(src: dict[str, Any], graph: Graph) -> int:
+    if "node" in src:
+        return graph.nodes[src["node"]].bytes
+    return int(src.get("bytes", 0))
+
+
+def is_kv_write(node: Node) -> bool:
+    return "kv_write" in node.flags
+
+
+def weight_source(node: Node) -> dict[str, Any] | None:
+    """The weight a node reads (for a matmul: which weight, and its quantization type)."""
+    for s in node.src:
+        if s.get("kind") == "weight":
+            return s
+    return None
+
+
+def flops(node: Node, graph: Graph) -> int:
+    n = numel(node.shape)
+    if node.op in ("MUL_MAT", "MUL_MAT_ID") and node.src:
+        k = src_shape(node.src[0], graph)
+        return 2 * (k[0] if k else 0) * n
+    if node.op == "FLASH_ATTN_EXT" and len(node.src) >= 2:
+        q = src_shape(node.src[0], graph) + [1, 1, 1]
+        kk = src_shape(node.src[1], graph) + [1, 1, 1]
+        return 4 * q[0] * q[1] * kk[1] * q[2]
+    return _PER_ELEMENT_FLOPS.get(node.op, 0) * n
+
+
+def bytes_moved(node: Node, graph: Graph) -> int:
+    if is_kv_write(node):
+        return 2 * sum(src_bytes(s, graph) for s in node.src[:1])
+    return node.bytes + sum(src_bytes(s, graph) for s in node.src)
+
+
+def category(node: Node) -> str:
+    if "kv_write" in node.flags:
+        return "kv_cache"
+    if node.op in ("GLU", "UNARY"):
+        return "activation"
+    return CATEGORIES.get(node.op, "elementwise")
+
+
+def gflops_per_s(n_flops: int, dur_ns: int) -> float:
+    return n_flops / dur_ns if dur_ns > 0 else 0.0  # flops/ns == GFLOP/s
+
+
+def gbytes_per_s(n_bytes: int, dur_ns: int) -> float:
+    return n_bytes / dur_ns if dur_ns > 0 else 0.0  # bytes/ns == GB/s

@@ -1,0 +1,127 @@
+"""Streaming NDJSON reader for session logs: plain or gzip, tolerant of damage, strict on request.
+
+A log that was cut short (crash, Ctrl-C during a write, disk full) is still worth converting: the
+reader yields every record it can parse and reports, with line numbers, what it skipped. With
+``strict=True`` the first problem is an error instead.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from converters.errors import UserError
+
+RECORD_TYPES_V1 = frozenset(
+    {
+        "session_start",
+        "step_begin",
+        "step_end",
+        "graph",
+        "compute",
+        "tensor_stats",
+        "topk",
+        "session_end",
+    }
+)
+KNOWN_SCHEMA_VERSIONS = (1,)
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclass
+class ReadReport:
+    """What the reader saw: counts, and each skipped line with its reason."""
+
+    lines: int = 0
+    records: int = 0
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    unknown_types: Counter[str] = field(default_factory=Counter)
+
+    def summary(self, limit: int = 10) -> str:
+        """One line for stderr, e.g. ``skipped 2 lines: 7 (invalid JSON), 9 (truncated last line)``."""
+        if not self.skipped:
+            return ""
+        shown = ", ".join(f"{n} ({why})" for n, why in self.skipped[:limit])
+        more = f", and {len(self.skipped) - limit} more" if len(self.skipped) > limit else ""
+        return f"skipped {len(self.skipped)} of {self.lines} lines: {shown}{more}"
+
+
+def open_log(path: Path | str) -> IO[bytes]:
+    """Open a log for binary reading, transparently un-gzipping it (detected by magic bytes)."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"log file not found: {p}")
+    if p.is_dir():
+        raise UserError(f"log path is a directory: {p}")
+    try:
+        raw = p.open("rb")
+    except OSError as exc:
+        raise UserError(f"cannot read log {p}: {exc.strerror}") from None
+    if raw.peek(2)[:2] == GZIP_MAGIC if isinstance(raw, io.BufferedReader) else False:
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    return raw
+
+
+def upgrade(record: dict[str, Any], schema_version: int) -> dict[str, Any]:
+    """Bring a record of an older schema version to the current shape (v1 is current)."""
+    return record
+
+
+def iter_records(
+    path: Path | str, *, strict: bool = False, report: ReadReport | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, record)`` for every valid record, in file order.
+
+    Skipped: blank lines are ignored silently; invalid JSON, non-object lines, records without a
+    ``type``, unknown record types (a newer schema) and a truncated last line are counted in
+    ``report`` (or raise ``UserError`` with ``strict``).
+    """
+    rep = report if report is not None else ReadReport()
+    version = 1
+
+    def skip(n: int, why: str) -> None:
+        if strict:
+            raise UserError(f"{path}: line {n}: {why}")
+        rep.skipped.append((n, why))
+
+    with open_log(path) as f:
+        try:
+            for n, line in enumerate(f, start=1):
+                rep.lines = n
+                if not line.strip():
+                    continue
+                complete = line.endswith(b"\n")
+                try:
+                    rec = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    skip(n, "invalid JSON" if complete else "truncated last line")
+                    continue
+                if not isinstance(rec, dict) or not isinstance(rec.get("type"), str):
+                    skip(n, "not a record object")
+                    continue
+                rtype = rec["type"]
+                if rtype not in RECORD_TYPES_V1:
+                    rep.unknown_types[rtype] += 1
+                    skip(n, f"unknown record type {rtype!r}")
+                    continue
+                if rtype == "session_start":
+                    version = rec.get("schema_version", 1)
+                    if version not in KNOWN_SCHEMA_VERSIONS and strict:
+                        raise UserError(f"{path}: line {n}: unsupported schema version {version}")
+                rep.records += 1
+                yield n, upgrade(rec, version)
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            if strict or rep.records == 0:
+                raise UserError(f"cannot read log {path}: {exc}") from None
+            rep.skipped.append((rep.lines + 1, f"unreadable from here ({exc})"))
+    if rep.records == 0:
+        if rep.lines == 0:
+            raise UserError(f"empty log: {path}")
+        raise UserError(f"no session records in {path} (not a llamacpp-instr log?)")

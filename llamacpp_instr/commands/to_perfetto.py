@@ -1,0 +1,116 @@
+"""``instr to-perfetto``: session log -> Perfetto trace (or Chrome JSON), streamed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+def _steps(value: str | None) -> tuple[int, int] | None:
+    if not value:
+        return None
+    a, sep, b = value.partition(":")
+    try:
+        first = int(a) if a else 0
+        last = int(b) if b else 1 << 62
+    except ValueError:
+        raise click.BadParameter(f"expected A:B (step indices), got {value!r}") from None
+    if not sep or first < 0 or last <= first:
+        raise click.BadParameter(f"expected A:B with 0 <= A < B, got {value!r}")
+    return first, last
+
+
+@click.command("to-perfetto")
+@click.argument("log", type=click.Path(path_type=Path))
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Output file (default: LOG with .pftrace, or .json with --format json).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["pftrace", "json"]),
+    default="pftrace",
+    show_default=True,
+    help="Perfetto protobuf, or Chrome trace-event JSON for legacy viewers.",
+)
+@click.option(
+    "--layer", type=int, default=None, help="Only this transformer layer's spans and ops."
+)
+@click.option("--steps", "steps", default=None, metavar="A:B", help="Only decode steps A..B-1.")
+@click.option("--no-ops", is_flag=True, help="Steps and layers only (a much smaller trace).")
+@click.option(
+    "--strict", is_flag=True, help="Fail on the first damaged line instead of skipping it."
+)
+def command(
+    log: Path,
+    output: Path | None,
+    fmt: str,
+    layer: int | None,
+    steps: str | None,
+    no_ops: bool,
+    strict: bool,
+) -> None:
+    """Convert a session LOG (plain or .gz) into a trace for https://ui.perfetto.dev.
+
+    Each session becomes a process: a "decode steps" track with one slice per llama_decode
+    (prompt or generation, token ids and text in its args), nested compute (ubatch), layer and op
+    slices (tensor shapes and types, the weight a matmul reads, estimated FLOPs and bytes with
+    achieved GFLOP/s and GB/s), per-thread tracks for verbose logs, and counters (tokens/s, KV
+    cache cells, memory). Damaged lines are skipped and reported on stderr.
+    """
+    from converters.reader import ReadReport
+    from converters.session import iter_events
+    from converters.trace_layout import LayoutStats, Selection, layout
+
+    sel = Selection(layer=layer, steps=_steps(steps), ops=not no_ops)
+    out = output or log.with_name(
+        log.name.removesuffix(".gz") + (".json" if fmt == "json" else ".pftrace")
+    )
+    report = ReadReport()
+    stats = LayoutStats()
+    items = layout(iter_events(log, strict=strict, report=report), sel, stats)
+    tmp = out.with_name(out.name + ".partial")
+    try:
+        with tmp.open("wb") as f:
+            if fmt == "json":
+                from converters.chrome_json import write_chrome_json
+
+                write_chrome_json(_progress(items, log), f)
+            else:
+                from converters.perfetto_writer import write_perfetto
+
+                write_perfetto(_progress(items, log), f)
+        tmp.replace(out)
+    except OSError as exc:
+        from converters.errors import UserError
+
+        raise UserError(f"cannot write {out}: {exc.strerror}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    if report.skipped:
+        click.echo(report.summary(), err=True)
+    click.echo(
+        f"wrote {out} ({out.stat().st_size} bytes): {stats.steps} steps, {stats.computes} computes, "
+        f"{stats.layers} layer spans, {stats.ops} ops",
+        err=True,
+    )
+
+
+def _progress(items, log: Path):  # type: ignore[no-untyped-def]
+    """Pass items through, drawing a progress bar on stderr for big logs when it is a terminal."""
+    if not sys.stderr.isatty() or log.stat().st_size < 16 << 20:
+        yield from items
+        return
+    from converters.trace_layout import Slice
+
+    with click.progressbar(length=0, label="converting", file=sys.stderr, show_pos=True) as bar:
+        for it in items:
+            if isinstance(it, Slice) and it.category == "step":
+                bar.update(1)
+            yield it

@@ -1,0 +1,399 @@
+"""`instr to-perfetto`: the trace obeys Perfetto's import invariants and says what the log says."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+from converters.errors import UserError
+from converters.session import iter_events
+from converters.trace_layout import LayoutStats, Selection, layout
+from llamacpp_instr.cli import main
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REAL_FIXTURES = sorted(FIXTURES.glob("*.log.gz"))
+
+
+def raw_records(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plain_copy(src: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / src.name.removesuffix(".gz")
+    dest.write_text("".join(json.dumps(r) + "\n" for r in raw_records(src)))
+    return dest
+
+
+def convert(log: Path, *args: str) -> tuple[Any, Path]:
+    out = log.with_name(log.name + ".pftrace")
+    r = CliRunner().invoke(main, ["to-perfetto", str(log), "-o", str(out), *args])
+    return r, out
+
+
+def check_trace(path: Path) -> dict[str, Any]:
+    """Parse a trace and check what trace processor enforces on import; return per-track slices."""
+    trace = pb.Trace()
+    trace.ParseFromString(path.read_bytes())
+    tracks: dict[int, pb.TrackDescriptor] = {}
+    names: dict[int, str] = {}
+    arg_names: dict[int, str] = {}
+    stacks: dict[int, list[tuple[str, int, dict[str, Any]]]] = defaultdict(list)
+    last_ts: dict[int, int] = defaultdict(int)
+    slices: list[dict[str, Any]] = []
+    counters: dict[str, list[float]] = defaultdict(list)
+    assert trace.packet[0].sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+    for p in trace.packet:
+        assert p.trusted_packet_sequence_id == trace.packet[0].trusted_packet_sequence_id
+        for e in p.interned_data.event_names:
+            assert e.iid not in names
+            names[e.iid] = e.name
+        for e in p.interned_data.debug_annotation_names:
+            assert e.iid not in arg_names
+            arg_names[e.iid] = e.name
+        if p.HasField("track_descriptor"):
+            d = p.track_descriptor
+            assert d.uuid not in tracks, "duplicate track uuid"
+            if d.HasField("parent_uuid"):
+                assert d.parent_uuid in tracks, "parent must be described first"
+            tracks[d.uuid] = d
+            continue
+        assert p.HasField("track_event")
+        assert p.HasField("timestamp")
+        e = p.track_event
+        assert e.track_uuid in tracks
+        is_counter_track = tracks[e.track_uuid].HasField("counter")
+        assert p.timestamp >= last_ts[e.track_uuid], "events on a track go forward in time"
+        last_ts[e.track_uuid] = p.timestamp
+        if e.type == pb.TrackEvent.TYPE_COUNTER:
+            assert is_counter_track
+            counters[tracks[e.track_uuid].name].append(e.double_counter_value)
+        elif e.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
+            assert not is_counter_track
+            assert e.name_iid in names, "interned name used before its definition"
+            args = {}
+            for a in e.debug_annotations:
+                assert a.name_iid in arg_names
+                args[arg_names[a.name_iid]] = getattr(a, a.WhichOneof("value"))
+            stacks[e.track_uuid].append((names[e.name_iid], p.timestamp, args))
+        elif e.type == pb.TrackEvent.TYPE_SLICE_END:
+            assert stacks[e.track_uuid], "END without BEGIN"
+            name, ts, args = stacks[e.track_uuid].pop()
+            slices.append(
+                {
+                    "track": tracks[e.track_uuid].name,
+                    "name": name,
+                    "ts": ts,
+                    "dur": p.timestamp - ts,
+                    "depth": len(stacks[e.track_uuid]),
+                    "args": args,
+                    "cat": list(e.categories),
+                }
+            )
+        else:
+            raise AssertionError(f"unexpected event type {e.type}")
+    assert all(not s for s in stacks.values()), "unclosed slices"
+    processes = [d for d in tracks.values() if d.HasField("process")]
+    return {"slices": slices, "counters": counters, "processes": processes, "tracks": tracks}
+
+
+def op_slices(res: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in res["slices"] if "op" in s["args"] and "node_index" in s["args"]]
+
+
+@pytest.fixture(params=REAL_FIXTURES, ids=lambda p: p.name)
+def fixture_log(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    return plain_copy(request.param, tmp_path)
+
+
+def test_fixtures_exist() -> None:
+    assert len(REAL_FIXTURES) >= 4
+
+
+def test_trace_invariants_and_content(fixture_log: Path) -> None:
+    r, out = convert(fixture_log)
+    assert r.exit_code == 0, r.output
+    res = check_trace(out)
+    recs = raw_records(fixture_log)
+    computes = [c for c in recs if c["type"] == "compute"]
+    n_layer = recs[0]["model"]["n_layer"]
+    ops = op_slices(res)
+    # one op slice per timed op, with the log's durations
+    assert len(ops) == sum(len(c.get("ops", [])) for c in computes)
+    assert sorted(s["dur"] for s in ops) == sorted(o[2] for c in computes for o in c.get("ops", []))
+    layers = [s for s in res["slices"] if s["name"].startswith("layer ")]
+    assert len(layers) == n_layer * len(computes)
+    assert sorted(s["dur"] for s in layers) == sorted(
+        lay[2] for c in computes for lay in c["layers"]
+    )
+    steps = [s for s in res["slices"] if s["depth"] == 0 and s["track"].startswith("decode steps")]
+    ends = [e for e in recs if e["type"] == "step_end"]
+    assert sorted(s["dur"] for s in steps) == sorted(e["dur"] for e in ends)
+    assert len(res["processes"]) == 1
+    assert res["counters"]["KV cache cells"] == [float(e["kv_used"]) for e in ends]
+    assert res["counters"]["memory: weights"] == [float(recs[0]["memory"]["weights"])]
+    assert "wrote " in r.output and f"{len(ops)} ops" in r.output
+
+
+def test_op_args_carry_tensor_metadata(tmp_path: Path) -> None:
+    log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
+    res = check_trace(convert(log)[1])
+    recs = raw_records(log)
+    nodes = {g["graph"]: g["nodes"] for g in recs if g["type"] == "graph"}
+    mm = [s for s in op_slices(res) if s["args"]["op"] == "MUL_MAT" and "weight" in s["args"]]
+    assert mm
+    for s in mm:
+        a = s["args"]
+        assert a["weight"].startswith(f"blk.{a['layer']}.") or a["weight"] == "output.weight"
+        assert a["weight_type"] == "f32"
+        # FLOPs = 2*K*prod(out shape), K = the weight's inner dimension, computed by hand here
+        node = nodes[a["graph"]][a["node_index"]]
+        assert node["name"] == a["node"]
+        w = next(src for src in node["src"] if src.get("kind") == "weight")
+        prod = 1
+        for d in node["shape"]:
+            prod *= d
+        assert a["est_flops"] == 2 * w["shape"][0] * prod
+        assert a["gflop_per_s"] == pytest.approx(a["est_flops"] / s["dur"], rel=1e-3, abs=1e-3)
+
+
+def test_verbose_has_thread_tracks(tmp_path: Path) -> None:
+    log = plain_copy(FIXTURES / "tiny-llama-verbose.log.gz", tmp_path)
+    res = check_trace(convert(log)[1])
+    threads = [s for s in res["slices"] if s["track"].startswith("thread ")]
+    busy = [
+        d for c in raw_records(log) if c["type"] == "compute" for row in c["threads"] for d in row
+    ]
+    assert sorted(s["args"]["busy_ns"] for s in threads) == sorted(d for d in busy if d > 0)
+    assert any("out_mean" in s["args"] for s in op_slices(res))
+
+
+def test_json_format_same_content(fixture_log: Path) -> None:
+    out = fixture_log.with_suffix(".json")
+    r = CliRunner().invoke(
+        main, ["to-perfetto", str(fixture_log), "--format", "json", "-o", str(out)]
+    )
+    assert r.exit_code == 0, r.output
+    events = json.loads(out.read_text())
+    pf = check_trace(convert(fixture_log)[1])
+    xs = [e for e in events if e["ph"] == "X"]
+    assert len(xs) == len(pf["slices"])
+    assert Counter(e["name"] for e in xs) == Counter(s["name"] for s in pf["slices"])
+
+
+def test_selection(tmp_path: Path) -> None:
+    log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
+    res = check_trace(convert(log, "--layer", "1")[1])
+    assert {s["args"]["layer"] for s in op_slices(res)} == {1}
+    assert {s["name"] for s in res["slices"] if s["name"].startswith("layer")} == {"layer 1"}
+    res = check_trace(convert(log, "--steps", "1:3")[1])
+    assert sorted(
+        s["args"]["step"] for s in res["slices"] if s["depth"] == 0 and "kind" in s["args"]
+    ) == [1, 2]
+    res = check_trace(convert(log, "--no-ops")[1])
+    assert not op_slices(res) and any(s["name"].startswith("layer") for s in res["slices"])
+    r, _ = convert(log, "--steps", "5:2")
+    assert r.exit_code == 2 and r.output.startswith("error: ")
+
+
+def test_several_sessions_become_several_processes(tmp_path: Path) -> None:
+    a = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
+    b = plain_copy(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz", tmp_path)
+    both = tmp_path / "both.log"
+    both.write_bytes(a.read_bytes() + b.read_bytes())
+    res = check_trace(convert(both)[1])
+    assert len(res["processes"]) == 2
+
+
+def test_gz_converts_like_plain(tmp_path: Path) -> None:
+    gz = FIXTURES / "tiny-llama-detailed.log.gz"
+    plain = plain_copy(gz, tmp_path)
+    copy = tmp_path / "g.log.gz"
+    copy.write_bytes(gz.read_bytes())
+    _, out_gz = convert(copy)
+    _, out_plain = convert(plain)
+    assert out_gz.read_bytes() == out_plain.read_bytes()  # deterministic, whatever the encoding
+
+
+# ------------------------------------------------------------------ damaged and hostile input
+
+
+def _lines(log: Path) -> list[str]:
+    return log.read_text().splitlines(keepends=True)
+
+
+def test_damaged_log_converts_what_it_can(tmp_path: Path) -> None:
+    log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
+    lines = _lines(log)
+    damaged = (
+        lines[:3] + ["{not json\n", '{"type":"from_the_future","ts":1,"sid":"x"}\n'] + lines[3:-1]
+    )
+    damaged[-1] = damaged[-1][: len(damaged[-1]) // 2]  # truncated last line, no session_end
+    bad = tmp_path / "bad.log"
+    bad.write_text("".join(damaged))
+    r, out = convert(bad)
+    assert r.exit_code == 0, r.output
+    assert "skipped 3 of" in r.output and "4 (invalid JSON)" in r.output
+    assert (
+        "5 (unknown record type 'from_the_future')" in r.output
+        and "(truncated last line)" in r.output
+    )
+    res = check_trace(out)
+    steps = [s for s in res["slices"] if s["depth"] == 0 and "kind" in s["args"]]
+    assert steps and steps[-1]["args"]["ended"] in (True, False)
+    r, _ = convert(bad, "--strict")
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "line 4: invalid JSON" in r.output
+
+
+def test_missing_session_end_closes_open_steps(tmp_path: Path) -> None:
+    log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
+    recs = raw_records(log)
+    cut = max(i for i, r in enumerate(recs) if r["type"] == "step_end")
+    kept = recs[:cut]  # the last step began (and computed) but never ended, and no session_end
+    cutlog = tmp_path / "cut.log"
+    cutlog.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    res = check_trace(convert(cutlog)[1])
+    steps = [s for s in res["slices"] if s["depth"] == 0 and "kind" in s["args"]]
+    assert steps[-1]["args"]["ended"] is False and steps[-1]["args"]["status"] == "not ended"
+    assert all(s["args"]["ended"] for s in steps[:-1])
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "empty log"),
+        (bytes(range(256)) * 64, "no session records"),
+        (b"\x1f\x8b\x08\x00garbage", "cannot read log"),
+        (b'{"a": 1}\n[1,2]\n', "no session records"),
+    ],
+)
+def test_hostile_input_is_one_line_error(content: bytes, message: str, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.log"
+    bad.write_bytes(content)
+    r, _ = convert(bad)
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("error: ") and message in r.output and r.output.count("\n") == 1
+
+
+def test_missing_log_file(tmp_path: Path) -> None:
+    r, _ = convert(tmp_path / "nope.log")
+    assert r.exit_code == 2 and "log file not found" in r.output
+
+
+_SMALL = _lines(
+    plain_copy(FIXTURES / "tiny-llama-minimal.log.gz", Path(__import__("tempfile").mkdtemp()))
+)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    mutations=st.lists(
+        st.tuples(st.integers(0, len(_SMALL) - 1), st.integers(0, 2000), st.binary(max_size=8)),
+        max_size=6,
+    ),
+    drop=st.booleans(),
+)
+def test_fuzz_mutated_logs_never_crash(
+    mutations: list[tuple[int, int, bytes]], drop: bool, tmp_path: Path
+) -> None:
+    lines = [ln.encode() for ln in _SMALL]
+    for i, pos, junk in mutations:
+        ln = lines[i]
+        pos = min(pos, len(ln))
+        lines[i] = ln[:pos] + junk + ln[pos + len(junk) :]
+    if drop and len(lines) > 2:
+        del lines[len(lines) // 2]
+    data = b"".join(lines)
+    log = tmp_path / "fuzz.log"
+    log.write_bytes(data)
+    try:
+        items = list(layout(iter_events(log), Selection(), LayoutStats()))
+    except UserError:
+        return
+    from io import BytesIO
+
+    from converters.perfetto_writer import write_perfetto
+
+    write_perfetto(iter(items), BytesIO())
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=6,
+)
+_VERBOSE = [
+    json.loads(ln)
+    for ln in _lines(
+        plain_copy(FIXTURES / "tiny-llama-verbose.log.gz", Path(__import__("tempfile").mkdtemp()))
+    )
+]
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    edits=st.lists(
+        st.tuples(st.integers(0, len(_VERBOSE) - 1), st.text(max_size=12), _JSON),
+        min_size=1,
+        max_size=4,
+    ),
+    pick_existing=st.booleans(),
+)
+def test_fuzz_wrong_values_never_crash(
+    edits: list[tuple[int, str, Any]], pick_existing: bool, tmp_path: Path
+) -> None:
+    """Records that parse but carry wrong types or values: skipped or converted, never a crash."""
+    recs = [dict(r) for r in _VERBOSE]
+    for i, key, value in edits:
+        if pick_existing and recs[i]:
+            key = sorted(recs[i])[len(key) % len(recs[i])]
+        recs[i][key] = value
+    log = tmp_path / "fuzz2.log"
+    log.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    try:
+        items = list(layout(iter_events(log), Selection(), LayoutStats()))
+    except UserError:
+        return
+    from io import BytesIO
+
+    from converters.chrome_json import write_chrome_json
+    from converters.perfetto_writer import write_perfetto
+
+    write_perfetto(iter(items), BytesIO())
+    write_chrome_json(iter(items), BytesIO())
+
+
+def test_real_smollm2_detailed_log(smollm2_detailed: Any, tmp_path: Path) -> None:
+    """The acceptance check of issue 4: a real DETAILED SmolLM2 log, validated and counted."""
+    log = tmp_path / "smollm2.log"
+    log.write_bytes(smollm2_detailed.path.read_bytes())
+    r, out = convert(log)
+    assert r.exit_code == 0, r.output
+    res = check_trace(out)
+    computes = smollm2_detailed.of("compute")
+    assert len(op_slices(res)) == sum(len(c["ops"]) for c in computes)
+    layers = [s for s in res["slices"] if s["name"].startswith("layer ")]
+    assert len(layers) == 30 * len(computes)
+    steps = [s for s in res["slices"] if s["depth"] == 0 and "kind" in s["args"]]
+    assert [s["args"]["kind"] for s in steps] == ["prompt"] + ["gen"] * 15
+    texts = "".join(s["args"].get("text", "") for s in steps[1:])
+    assert texts == "".join(p for b in smollm2_detailed.of("step_begin")[1:] for p in b["pieces"])

@@ -320,3 +320,10 @@ def test_two_contexts_in_two_threads_never_interleave(
     for ctx in (1, 2):  # each context's computes reference its own graphs
         graphs = {g["graph"] for g in by_type(recs, "graph") if g["ctx"] == ctx}
         assert {c["graph"] for c in by_type(recs, "compute") if c["ctx"] == ctx} <= graphs
+
+
+def test_demo_runs_converts_and_checks(instr_api: Any, tmp_path: Path) -> None:
+    r = _cli("demo", "--out-dir", str(tmp_path), "-n", "4")
+    assert r.exit_code == 0, r.output
+    assert "log ok: " in r.output and "trace ok: " in r.output
+    assert (tmp_path / "demo.pftrace").stat().st_size > 0

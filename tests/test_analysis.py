@@ -1,0 +1,119 @@
+"""The analysis API and `instr summary` / `export` / `workloads`, checked against the raw NDJSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from test_perfetto import FIXTURES, REAL_FIXTURES, plain_copy, raw_records
+
+from converters import load_session
+from converters.summary import by, overview, workloads
+from llamacpp_instr.cli import main
+
+
+@pytest.fixture(params=REAL_FIXTURES, ids=lambda p: p.name)
+def log(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    return plain_copy(request.param, tmp_path)
+
+
+def test_frames_match_the_raw_log(log: Path) -> None:
+    recs = raw_records(log)
+    f = load_session(log)
+    computes = [r for r in recs if r["type"] == "compute"]
+    ends = [r for r in recs if r["type"] == "step_end"]
+    assert len(f.steps) == len(ends)
+    assert f.steps["dur_ns"].sum() == sum(e["dur"] for e in ends)
+    assert len(f.ops) == sum(len(c.get("ops", [])) for c in computes)
+    assert f.ops["dur_ns"].sum() == sum(o[2] for c in computes for o in c.get("ops", []))
+    assert len(f.layers) == recs[0]["model"]["n_layer"] * len(computes)
+    assert len(f.weights) == len(recs[0]["weights"])
+    assert f.weights["bytes"].sum() == sum(w["bytes"] for w in recs[0]["weights"])
+    assert f.ops["dur_ns"].dtype == "int64" and isinstance(f.ops["op"].dtype, pd.CategoricalDtype)
+    stats = [row for r in recs if r["type"] == "tensor_stats" for row in r["stats"]]
+    assert len(f.tensor_stats) <= len(stats)  # stats of timed nodes (fused followers have none)
+    topk = [x for r in recs if r["type"] == "topk" for row in r["rows"] for x in row["ids"]]
+    assert f.topk["token"].tolist() == topk
+
+
+def test_summary_totals(log: Path) -> None:
+    recs = raw_records(log)
+    f = load_session(log)
+    ov = overview(f)
+    begins = [r for r in recs if r["type"] == "step_begin"]
+    assert ov["gen_tokens"] == sum(b["n_tokens"] for b in begins if b["kind"] == "gen")
+    assert ov["prompt_tokens"] == sum(b["n_tokens"] for b in begins if b["kind"] == "prompt")
+    op_ns = sum(o[2] for r in recs if r["type"] == "compute" for o in r.get("ops", []))
+    assert ov["op_ns"] == op_ns
+    if op_ns:
+        t = by(f, "op")
+        assert t["count"].sum() == len(f.ops)
+        assert t["total_ms"].sum() == pytest.approx(op_ns / 1e6)
+        assert t["share"].sum() == pytest.approx(1.0)
+        layers = by(f, "layer")
+        assert len(layers) == recs[0]["model"]["n_layer"] + (
+            1 if f.ops["layer"].isna().any() else 0
+        )
+
+
+def test_workload_counts_add_up(log: Path) -> None:
+    f = load_session(log)
+    rows = workloads(f)
+    assert sum(r["count"] for r in rows) == len(f.ops)
+    assert sum(r["total_ns"] for r in rows) == f.ops["dur_ns"].sum()
+    for r in rows:
+        if r["op"] == "MUL_MAT" and "axes" in r:
+            out = r["output"]["shape"] + [1]
+            assert out[0] == r["axes"]["M"] and out[1] == r["axes"]["N"]
+
+
+def test_cli_summary_formats(tmp_path: Path) -> None:
+    log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
+    r = CliRunner().invoke(main, ["summary", str(log), "--format", "json", "--by", "layer"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert len(data["by_layer"]) == 2 + 1  # two layers, and the ops outside any layer
+    for fmt in ("text", "markdown", "csv"):
+        r = CliRunner().invoke(main, ["summary", str(log), "--format", fmt])
+        assert r.exit_code == 0 and "MUL_MAT" in r.output
+
+
+def test_export_parquet_round_trips(tmp_path: Path) -> None:
+    log = plain_copy(FIXTURES / "tiny-llama-verbose.log.gz", tmp_path)
+    out = tmp_path / "tables"
+    r = CliRunner().invoke(main, ["export", str(log), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    f = load_session(log)
+    for name, df in f.tables().items():
+        back = pd.read_parquet(out / f"{name}.parquet")
+        pd.testing.assert_frame_equal(back, df, check_categorical=False)
+    r = CliRunner().invoke(main, ["export", str(log), "--format", "csv", "-o", str(out)])
+    assert r.exit_code == 0 and len(pd.read_csv(out / "ops.csv")) == len(f.ops)
+
+
+def test_workloads_cli(tmp_path: Path) -> None:
+    log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
+    out = tmp_path / "w.jsonl"
+    r = CliRunner().invoke(main, ["workloads", str(log), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sum(x["count"] for x in rows) == len(load_session(log).ops)
+
+
+def test_real_smollm2_summary(smollm2_detailed: Any) -> None:
+    f = load_session(smollm2_detailed.path)
+    assert len(by(f, "layer")) == 30 + 1
+    assert overview(f)["gen_tokens"] == 15
+    assert overview(f)["op_time_coverage"] > 0.5
+
+
+@pytest.mark.parametrize("cmd", ["summary", "workloads"])
+def test_bad_input_one_line(cmd: str, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.log"
+    bad.write_bytes(b"\x00\x01garbage\n")
+    r = CliRunner().invoke(main, [cmd, str(bad)])
+    assert r.exit_code == 2 and r.output.startswith("error: ") and r.output.count("\n") == 1

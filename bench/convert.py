@@ -77,7 +77,12 @@ def synthesize(source: Path, target_ops: int, out: Path) -> tuple[int, int]:
 
 def child(task: str, log: str, out: str) -> None:
     t0 = time.perf_counter()
-    if task == "parse":
+    if task == "frames":
+        from converters import load_session
+
+        f = load_session(log)
+        assert len(f.ops) > 0
+    elif task == "parse":
         n = 0
         with open(log, "rb") as f:
             for line in f:
@@ -131,6 +136,7 @@ def main() -> None:
             parse = measure("parse", log, tmp / "x")
             pf = measure("pftrace", log, tmp / "t.pftrace")
             js = measure("json", log, tmp / "t.json")
+            fr = measure("frames", log, tmp / "x")
             rows.append(
                 {
                     "ops": n_ops,
@@ -139,6 +145,7 @@ def main() -> None:
                     "parse": parse,
                     "pftrace": pf,
                     "json": js,
+                    "frames": fr,
                     "pftrace_mb": (tmp / "t.pftrace").stat().st_size / 1e6,
                     "json_mb": (tmp / "t.json").stat().st_size / 1e6,
                 }
@@ -150,15 +157,16 @@ def main() -> None:
         "Synthetic DETAILED logs made by repeating a real SmolLM2-135M generation step "
         "(each process measured alone; peak RSS is the process's maximum resident set).",
         "",
-        "| ops | log MB | orjson parse s | to-perfetto s | ratio | ops/s | peak RSS parse | peak RSS to-perfetto | .pftrace MB | Chrome JSON s | Chrome JSON MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ops | log MB | orjson parse s | to-perfetto s | ratio | ops/s | peak RSS parse | peak RSS to-perfetto | .pftrace MB | Chrome JSON s | Chrome JSON MB | load_session s | load_session peak RSS |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['ops']:,} | {r['log_mb']:.0f} | {r['parse']['s']:.2f} | {r['pftrace']['s']:.1f} | "
             f"{r['pftrace']['s'] / r['parse']['s']:.0f}x | {r['ops'] / r['pftrace']['s']:,.0f} | "
             f"{r['parse']['rss'] / 2**20:.0f} MiB | {r['pftrace']['rss'] / 2**20:.0f} MiB | "
-            f"{r['pftrace_mb']:.0f} | {r['json']['s']:.1f} | {r['json_mb']:.0f} |"
+            f"{r['pftrace_mb']:.0f} | {r['json']['s']:.1f} | {r['json_mb']:.0f} | "
+            f"{r['frames']['s']:.1f} | {r['frames']['rss'] / 2**20:.0f} MiB |"
         )
     report = "\n".join(lines)
     print(report)

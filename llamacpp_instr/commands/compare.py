@@ -1,0 +1,30 @@
+"""``instr compare``: two runs of the same prompt (e.g. Q4_K_M vs Q8_0) side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command("compare")
+@click.argument("session_a", type=click.Path(path_type=Path))
+@click.argument("session_b", type=click.Path(path_type=Path))
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
+def command(session_a: Path, session_b: Path, fmt: str) -> None:
+    """Compare two session logs: memory (weights, KV cache, compute), prompt and generation
+    tokens/s, time per op type and per layer, generated-token agreement and, when both are verbose
+    logs with top-k logits, top-1 agreement and a KL-divergence estimate per step and overall.
+    Record both at detailed level or above (generated tokens come from the step records)."""
+    import json
+
+    from converters import load_session
+    from converters.compare import compare_sessions, generated_tokens, render_text
+
+    a, b = load_session(session_a), load_session(session_b)
+    c = compare_sessions(a, b, generated_tokens(session_a), generated_tokens(session_b))
+    if "warning" in c:
+        click.echo(f"warning: {c['warning']}", err=True)
+    click.echo(json.dumps(c, indent=2, default=str) if fmt == "json" else render_text(c), nl=False)

@@ -1,0 +1,192 @@
+"""Quantization reports, `instr quantize` and `instr compare`, checked against gguf-py and hand math."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from conftest import RunLog, make_run
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+
+from converters.quant_report import from_gguf, from_session, report_data
+from llamacpp_instr.cli import main
+
+
+def _cli(*args: str) -> Any:
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.fixture(scope="module")
+def quantized(
+    tiny_llama_f32: Path, tmp_path_factory: pytest.TempPathFactory, instr_api: Any
+) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("quant")
+    out = {}
+    for t in ("q4_k_m", "q8_0"):
+        out[t] = d / f"tiny-{t}.gguf"
+        r = _cli("quantize", str(tiny_llama_f32), "--type", t, "-o", str(out[t]))
+        assert r.exit_code == 0, r.output
+    return out
+
+
+def hand_bytes(path: Path) -> int:
+    """Each tensor's bytes from its element count and the type's block size, summed."""
+    total = 0
+    for t in GGUFReader(path).tensors:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(int(t.tensor_type))]
+        total += int(t.n_elements) // block * size
+    return total
+
+
+def test_totals_equal_independent_byte_counts(
+    quantized: dict[str, Path], tiny_llama_f32: Path
+) -> None:
+    for path in [tiny_llama_f32, *quantized.values()]:
+        inv = from_gguf(path)
+        assert inv.bytes == hand_bytes(path)
+        assert len(inv.tensors) == len(GGUFReader(path).tensors)
+
+
+def test_bits_per_weight_and_ratios(quantized: dict[str, Path]) -> None:
+    q8 = from_gguf(quantized["q8_0"])
+    q4 = from_gguf(quantized["q4_k_m"])
+    for t in q8.tensors:
+        if t.type == "q8_0":
+            assert t.bpw == 8.5  # 34 bytes per 32 weights
+    types = {t.type for t in q4.tensors}
+    assert {"q4_k", "q6_k", "f32"} <= types  # Q4_K_M mixes in Q6_K; norms stay F32
+    for t in q4.tensors:
+        if t.type == "q4_k":
+            assert t.bpw == 4.5  # 144 bytes per 256 weights
+        if t.type == "q6_k":
+            assert t.bpw == 6.5625
+        if t.role.endswith("norm"):
+            assert t.type == "f32"
+    data = report_data([q8])
+    rows = {r["name"]: r for r in data["models"][0]["tensors"]}
+    w = rows["blk.0.ffn_up.weight"]
+    assert w["vs_f32"] == pytest.approx(32 / 8.5) and w["vs_f16"] == pytest.approx(16 / 8.5)
+    by_type = {r["type"]: r for r in data["models"][0]["per_type"]}
+    assert sum(r["byte_share"] for r in by_type.values()) == pytest.approx(1.0)
+
+
+def test_side_by_side(quantized: dict[str, Path]) -> None:
+    q8, q4 = from_gguf(quantized["q8_0"]), from_gguf(quantized["q4_k_m"])
+    cmp_ = report_data([q8, q4])["comparison"]["others"][0]
+    assert cmp_["saved"] == q8.bytes - q4.bytes > 0
+    changed = {r["name"] for r in cmp_["type_changes"]}
+    a = {t.name: t.type for t in q8.tensors}
+    b = {t.name: t.type for t in q4.tensors}
+    assert changed == {n for n in a if a[n] != b[n]}
+    assert sum(r["saved"] for r in cmp_["per_layer"]) == pytest.approx(cmp_["saved"])
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown", "csv", "json", "html"])
+def test_every_format(fmt: str, quantized: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / f"report.{fmt}"
+    r = _cli(
+        "quant-report",
+        str(quantized["q8_0"]),
+        str(quantized["q4_k_m"]),
+        "--format",
+        fmt,
+        "-o",
+        str(out),
+    )
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    if fmt == "json":
+        data = json.loads(text)
+        assert data["models"][1]["totals"]["bytes"] == hand_bytes(quantized["q4_k_m"])
+    elif fmt == "html":
+        # self-contained: charts inline, nothing loaded from elsewhere
+        assert text.count("<svg") >= 3 and "<script" not in text
+        assert "src=" not in text and "href=" not in text and "@import" not in text
+    elif fmt == "csv":
+        assert text.splitlines()[0].startswith("model,name,role")
+        assert len(text.splitlines()) == 1 + 2 * len(GGUFReader(quantized["q8_0"]).tensors)
+    else:
+        assert "q6_k" in text and "bits per weight" in text
+
+
+def test_error_vs_reference(
+    quantized: dict[str, Path], tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    from converters.quant_report import dequant_error
+
+    e8 = {r["name"]: r for r in dequant_error(quantized["q8_0"], tiny_llama_f32)}
+    e4 = {r["name"]: r for r in dequant_error(quantized["q4_k_m"], tiny_llama_f32)}
+    w = "blk.0.ffn_up.weight"
+    assert 0 < e8[w]["rmse"] < e4[w]["rmse"]  # more bits, less error
+    assert e8[w]["snr_db"] > e4[w]["snr_db"] > 10
+    assert e8["blk.0.attn_norm.weight"]["rmse"] == 0.0  # f32 stays f32
+    r = _cli("quant-report", str(quantized["q4_k_m"]), "--error-vs", str(tiny_llama_f32))
+    assert r.exit_code == 0 and "SNR dB" in r.output
+
+
+def test_session_inventory_and_memory(smollm2_detailed: RunLog, smollm2_path: Path) -> None:
+    inv = from_session(smollm2_detailed.path)
+    assert inv.bytes == hand_bytes(smollm2_path)
+    assert inv.memory and inv.memory["kv_cache"] > 0
+    r = _cli("quant-report", "--session", str(smollm2_detailed.path))
+    assert r.exit_code == 0 and "KV cache" in r.output
+
+
+def test_compare_sessions(tiny_llama_f32: Path, quantized: dict[str, Path], tmp_path: Path) -> None:
+    a = RunLog(make_run(tiny_llama_f32, tmp_path / "a.log", "verbose", n_predict=6))
+    a2 = RunLog(make_run(tiny_llama_f32, tmp_path / "a2.log", "verbose", n_predict=6))
+    r = _cli("compare", str(a.path), str(a2.path), "--format", "json")
+    assert r.exit_code == 0, r.output
+    c = json.loads(r.output)
+    assert c["tokens"]["agreement"] == 1.0 and c["tokens"]["compared"] == 5
+    assert c["logits"]["top1_agreement"] == 1.0 and c["logits"]["kl_max"] == pytest.approx(
+        0.0, abs=1e-9
+    )
+    b = RunLog(make_run(quantized["q4_k_m"], tmp_path / "b.log", "verbose", n_predict=6))
+    c = json.loads(_cli("compare", str(a.path), str(b.path), "--format", "json").output)
+    gen_a = [s["tokens"][0] for s in a.of("step_begin") if s["kind"] == "gen"]
+    gen_b = [s["tokens"][0] for s in b.of("step_begin") if s["kind"] == "gen"]
+    assert c["tokens"]["agree"] == sum(x == y for x, y in zip(gen_a, gen_b, strict=True))
+    assert c["a"]["memory"]["weights"] > c["b"]["memory"]["weights"] * 0  # both present
+    assert "time per op type" in _cli("compare", str(a.path), str(b.path)).output
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+def _err(r: Any, needle: str) -> None:
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().splitlines()[-1].startswith("error: ") and needle in r.output
+
+
+def test_bad_input(tmp_path: Path, tiny_llama_f32: Path, quantized: dict[str, Path]) -> None:
+    notgguf = tmp_path / "x.gguf"
+    notgguf.write_text("hello")
+    _err(_cli("quant-report", str(notgguf)), "not a GGUF")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_llama_f32.read_bytes()[:-1000])
+    _err(_cli("quant-report", str(cut)), "truncated")
+    nolog = tmp_path / "s.log"
+    nolog.write_text(
+        '{"type":"session_start","ts":1,"sid":"0123456789abcdef","schema_version":1}\n'
+    )
+    _err(_cli("quant-report", "--session", str(nolog)), "no weight inventory")
+    _err(
+        _cli("quantize", str(tiny_llama_f32), "--type", "q7_z", "-o", str(tmp_path / "o.gguf")),
+        "unknown --type",
+    )
+    _err(_cli("quant-report"), "at least one")
+
+
+def test_different_models_warn_and_compare(tiny_llama_f32: Path, tiny_second_arch: Path) -> None:
+    r = _cli("quant-report", str(tiny_llama_f32), str(tiny_second_arch))
+    assert r.exit_code == 0
+    assert "warning: " in r.output and "different models?" in r.output
+
+
+def test_requantize_warns(quantized: dict[str, Path], tmp_path: Path) -> None:
+    r = _cli("quantize", str(quantized["q8_0"]), "--type", "q4_0", "-o", str(tmp_path / "re.gguf"))
+    assert r.exit_code == 0 and "already quantized" in r.output

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,13 @@ def from_gguf(path: Path | str) -> Inventory:
             raise UserError(f"not a GGUF file: {p}")
     try:
         reader = GGUFReader(p)
+    except ValueError as exc:
+        # gguf-py refuses a whole file over one tensor type it does not know (e.g. a type newer
+        # llama.cpp writes): read the tensor table ourselves and report that tensor as unknown
+        try:
+            return _from_raw_header(p)
+        except (ValueError, IndexError, KeyError, struct.error):
+            raise UserError(f"gguf-py cannot read {p} (truncated or corrupt?): {exc}") from None
     except Exception as exc:  # noqa: BLE001 - gguf-py raises many kinds on damaged files
         raise UserError(
             f"gguf-py cannot read {p} (truncated or corrupt?): {type(exc).__name__}: {exc}"
@@ -123,6 +131,88 @@ def from_gguf(path: Path | str) -> Inventory:
         file_type = LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     except (ValueError, ImportError):
         pass
+    return Inventory(label=p.stem, source=str(p), file_type=file_type, tensors=rows)
+
+
+def _from_raw_header(p: Path) -> Inventory:
+    """The tensor table of a GGUF (v2/v3) read directly; bytes of known types from gguf-py's
+    table, of unknown types from the distance to the next tensor's data (what the file holds)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    data = p.read_bytes()
+    pos = 0
+
+    def take(fmt: str) -> Any:
+        nonlocal pos
+        vals = struct.unpack_from("<" + fmt, data, pos)
+        pos += struct.calcsize("<" + fmt)
+        return vals[0]
+
+    def string() -> str:
+        nonlocal pos
+        n = take("Q")
+        text = data[pos : pos + n].decode("utf-8", errors="replace")
+        pos += n
+        return text
+
+    scalar = {
+        0: "B",
+        1: "b",
+        2: "H",
+        3: "h",
+        4: "I",
+        5: "i",
+        6: "f",
+        7: "?",
+        10: "Q",
+        11: "q",
+        12: "d",
+    }
+
+    def value(vtype: int) -> Any:
+        if vtype == 8:
+            return string()
+        if vtype == 9:
+            etype, n = take("I"), take("Q")
+            return [value(etype) for _ in range(n)]
+        if vtype not in scalar:
+            raise ValueError(f"unknown metadata value type {vtype}")
+        return take(scalar[vtype])
+
+    if data[:4] != b"GGUF":
+        raise ValueError("not a GGUF")
+    pos = 4
+    take("I")  # version
+    n_tensors, n_kv = take("Q"), take("Q")
+    kv: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = string()
+        kv[key] = value(take("I"))
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        dims = [take("Q") for _ in range(take("I"))]
+        tid = take("I")
+        infos.append((name, dims, tid, take("Q")))
+    align = int(kv.get("general.alignment", 32))
+    data_start = (pos + align - 1) // align * align
+    offsets = sorted(off for _, _, _, off in infos)
+    next_off = dict(zip(offsets, offsets[1:] + [len(data) - data_start], strict=True))
+    rows = []
+    for name, dims, tid, off in infos:
+        n_el = 1
+        for d in dims:
+            n_el *= int(d)
+        try:
+            block, size = GGML_QUANT_SIZES[GGMLQuantizationType(tid)]
+            nbytes = n_el // block * size
+        except ValueError:
+            nbytes = next_off[off] - off  # unknown to gguf-py: what the file holds for it
+        role, layer = role_of(name)
+        rows.append(
+            TensorRow(name, role, layer, type_name(tid), tid, [int(d) for d in dims], n_el, nbytes)
+        )
+    file_type = str(kv.get("general.file_type", "?"))
     return Inventory(label=p.stem, source=str(p), file_type=file_type, tensors=rows)
 
 

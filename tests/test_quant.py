@@ -190,3 +190,34 @@ def test_different_models_warn_and_compare(tiny_llama_f32: Path, tiny_second_arc
 def test_requantize_warns(quantized: dict[str, Path], tmp_path: Path) -> None:
     r = _cli("quantize", str(quantized["q8_0"]), "--type", "q4_0", "-o", str(tmp_path / "re.gguf"))
     assert r.exit_code == 0 and "already quantized" in r.output
+
+
+def test_unknown_tensor_type_is_reported_not_fatal(tiny_llama_f32: Path, tmp_path: Path) -> None:
+    """A type id the installed gguf-py does not know (e.g. 42) becomes `unknown(42)`, with the
+    bytes the file holds for it; the other tensors are reported as usual."""
+    import struct
+
+    data = bytearray(tiny_llama_f32.read_bytes())
+    name = b"output_norm.weight"
+    at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    type_at = at + 4 + 8 * n_dims
+    assert struct.unpack_from("<I", data, type_at)[0] == 0  # F32
+    struct.pack_into("<I", data, type_at, 42)
+    odd = tmp_path / "type42.gguf"
+    odd.write_bytes(bytes(data))
+    with pytest.raises(ValueError):
+        GGUFReader(odd)  # gguf-py alone refuses the whole file
+    inv = from_gguf(odd)
+    ref = {t.name: t for t in from_gguf(tiny_llama_f32).tensors}
+    for t in inv.tensors:
+        if t.name == "output_norm.weight":
+            assert t.type == "unknown(42)" and t.type_id == 42 and t.bytes >= ref[t.name].bytes
+        else:
+            assert (t.type, t.bytes, t.shape) == (
+                ref[t.name].type,
+                ref[t.name].bytes,
+                ref[t.name].shape,
+            )
+    r = _cli("quant-report", str(odd), "--format", "csv")
+    assert r.exit_code == 0 and "unknown(42)" in r.output

@@ -6,6 +6,7 @@ complete ("X") events, counters as "C" events. Timestamps are microseconds (floa
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import IO
 
@@ -23,7 +24,10 @@ def write_chrome_json(items: Iterable[Item], out: IO[bytes]) -> int:
     def emit(ev: dict[str, object]) -> None:
         nonlocal n
         out.write(b",\n" if n else b"[\n")
-        out.write(orjson.dumps(ev))
+        try:
+            out.write(orjson.dumps(ev))
+        except TypeError:  # an integer beyond 64 bits (a damaged log): the stdlib writes any size
+            out.write(json.dumps(ev).encode())
         n += 1
 
     for it in items:
@@ -39,6 +43,16 @@ def write_chrome_json(items: Iterable[Item], out: IO[bytes]) -> int:
                         "args": {"sort_index": it.order},
                     }
                 )
+                if it.labels:
+                    labels = ", ".join(it.labels)
+                    emit(
+                        {
+                            "ph": "M",
+                            "name": "process_labels",
+                            "pid": it.pid,
+                            "args": {"labels": labels},
+                        }
+                    )
             elif it.kind == "slices":
                 tid = tids[it.uuid] = len(tids) + 1
                 emit(

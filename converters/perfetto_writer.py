@@ -42,7 +42,7 @@ class _Interner:
 def _set_value(ann: pb.DebugAnnotation, v: Any) -> None:
     if isinstance(v, bool):
         ann.bool_value = v
-    elif isinstance(v, int):
+    elif isinstance(v, int) and -(2**63) <= v < 2**63:
         ann.int_value = v
     elif isinstance(v, float):
         ann.double_value = v
@@ -88,10 +88,11 @@ def write_perfetto(items: Iterable[Item], out: IO[bytes]) -> int:
             d.uuid = it.uuid
             d.name = it.name
             d.child_ordering = pb.TrackDescriptor.EXPLICIT
-            d.sibling_order_rank = it.order
+            d.sibling_order_rank = max(-(2**31), min(it.order, 2**31 - 1))  # an int32 field
             if it.parent is None:
                 d.process.pid = it.pid
                 d.process.process_name = it.name
+                d.process.process_labels.extend(it.labels)
             else:
                 d.parent_uuid = it.parent
                 if it.kind == "counter":

@@ -208,6 +208,8 @@ def _from_raw_header(p: Path) -> Inventory:
             nbytes = n_el // block * size
         except ValueError:
             nbytes = next_off[off] - off  # unknown to gguf-py: what the file holds for it
+        if data_start + off + nbytes > len(data):
+            raise UserError(f"truncated GGUF: tensor {name} ends past the end of {p}")
         role, layer = role_of(name)
         rows.append(
             TensorRow(name, role, layer, type_name(tid), tid, [int(d) for d in dims], n_el, nbytes)

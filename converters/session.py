@@ -162,6 +162,14 @@ class SessionEnded:
 Event = SessionStarted | StepDone | SessionEnded
 
 
+def _nn(v: Any) -> int:
+    """A non-negative integer (timestamps, offsets, durations), else ValueError."""
+    x = int(v)
+    if x < 0:
+        raise ValueError(f"negative time value {x}")
+    return x
+
+
 def _dict(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
@@ -170,7 +178,7 @@ def _info(rec: dict[str, Any]) -> SessionInfo:
     memory = _dict(rec.get("memory"))
     return SessionInfo(
         sid=str(rec["sid"]),
-        start_ts=int(rec["ts"]),
+        start_ts=_nn(rec["ts"]),
         wall_time=str(rec.get("wall_time", "")),
         level=str(rec.get("level", "")),
         schema_version=int(rec.get("schema_version", 1)),
@@ -181,7 +189,7 @@ def _info(rec: dict[str, Any]) -> SessionInfo:
         weights=[w for w in rec.get("weights", []) if isinstance(w, dict)],
         # totals must be numbers; per-buffer rows are kept as given
         memory={k: (int(v) if k != "buffers" else v) for k, v in memory.items()},
-        last_ts=int(rec["ts"]),
+        last_ts=_nn(rec["ts"]),
     )
 
 
@@ -223,11 +231,11 @@ class _SessionState:
 
 
 def _compute(rec: dict[str, Any], graph: Graph | None) -> Compute:
-    t0 = int(rec["t_start"])
+    t0 = _nn(rec["t_start"])
     ops: list[OpTiming] = []
     threads = rec.get("threads")
     for k, entry in enumerate(rec.get("ops", [])):
-        i, off, dur = int(entry[0]), int(entry[1]), int(entry[2])
+        i, off, dur = int(entry[0]), _nn(entry[1]), _nn(entry[2])
         if graph is None or not 0 <= i < len(graph.nodes):
             continue
         fused = (
@@ -241,11 +249,11 @@ def _compute(rec: dict[str, Any], graph: Graph | None) -> Compute:
                 start=t0 + off,
                 dur=dur,
                 fused=fused,
-                thread_done=threads[k] if threads and k < len(threads) else None,
+                thread_done=[int(x) for x in threads[k]] if threads and k < len(threads) else None,
             )
         )
     layers = [
-        LayerSpan(layer=int(a), start=t0 + int(b), dur=int(c), n_ops=int(d))
+        LayerSpan(layer=int(a), start=t0 + _nn(b), dur=_nn(c), n_ops=int(d))
         for a, b, c, d in rec["layers"]
     ]
     return Compute(
@@ -253,7 +261,7 @@ def _compute(rec: dict[str, Any], graph: Graph | None) -> Compute:
         ubatch=rec["ubatch"],
         graph=graph,
         start=t0,
-        dur=int(rec["dur"]),
+        dur=_nn(rec["dur"]),
         n_tokens=int(rec["n_tokens"]),
         n_threads=int(rec.get("n_threads", 0)),
         status=int(rec.get("status", 0)),
@@ -301,7 +309,7 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
     state = states.get(sid)
     if state is None:
         return  # a fragment of a session whose start was lost: nothing to anchor it to
-    state.info.last_ts = max(state.info.last_ts, int(rec["ts"]))
+    state.info.last_ts = max(state.info.last_ts, _nn(rec["ts"]))
     if rtype == "graph":
         g = _graph(rec)
         state.graphs[(g.ctx, g.id)] = g
@@ -313,7 +321,7 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
             kind="gen" if rec["kind"] == "gen" else "prompt",
             n_tokens=int(rec["n_tokens"]),
             pos=(int(rec["pos"][0]), int(rec["pos"][1])),
-            start=int(rec["ts"]),
+            start=_nn(rec["ts"]),
             tokens=[int(t) for t in rec.get("tokens", [])],
             pieces=[str(x) for x in rec.get("pieces", [])],
         )
@@ -343,8 +351,8 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
     elif rtype == "step_end":
         step = state.open_steps.pop((int(rec["ctx"]), int(rec["step"])), None)
         if step is not None:
-            step.start = int(rec["t_start"])
-            step.dur = int(rec["dur"])
+            step.start = _nn(rec["t_start"])
+            step.dur = _nn(rec["dur"])
             step.status = int(rec["status"])
             step.n_outputs = int(rec["n_outputs"])
             step.kv_used = int(rec["kv_used"])

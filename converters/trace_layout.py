@@ -52,6 +52,7 @@ class Track:
     order: int = 0
     pid: int = 0
     unit: str = ""
+    labels: list[str] = field(default_factory=list)  # process tracks: session metadata
 
 
 @dataclass
@@ -176,6 +177,19 @@ class _SessionLayout:
         self.threads: dict[int, Track] = {}
 
     def start(self) -> Iterator[Item]:
+        info = self.info
+        ctx, model = info.context, info.model
+        self.process.labels = [
+            f"session {info.sid}",
+            f"started {info.wall_time}",
+            f"level {info.level}",
+            f"llama.cpp {info.producer.get('llama_cpp_commit', '?')} patches {info.producer.get('patch_hash', '?')}",
+            f"{model.get('architecture', '?')} {model.get('n_layer', '?')} layers, {model.get('file_type', '?')}",
+            f"n_ctx {ctx.get('n_ctx', '?')}, {ctx.get('n_threads', '?')} threads, "
+            f"flash_attn {ctx.get('flash_attn', '?')}, KV {ctx.get('type_k', '?')}/{ctx.get('type_v', '?')}",
+        ]
+        if "prompt" in info.metadata:
+            self.process.labels.append(f"prompt {str(info.metadata['prompt'])[:120]!r}")
         yield self.process
         yield self.tok_s
         yield self.kv

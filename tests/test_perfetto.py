@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,9 @@ from converters.trace_layout import LayoutStats, Selection, layout
 from llamacpp_instr.cli import main
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+# CI runs a fixed, reproducible set of examples; `FUZZ_EXAMPLES=20000 pytest -k fuzz` explores more
+FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "300"))
+FUZZ_DERANDOMIZE = "FUZZ_EXAMPLES" not in os.environ
 REAL_FIXTURES = sorted(FIXTURES.glob("*.log.gz"))
 
 
@@ -140,6 +144,8 @@ def test_trace_invariants_and_content(fixture_log: Path) -> None:
     ends = [e for e in recs if e["type"] == "step_end"]
     assert sorted(s["dur"] for s in steps) == sorted(e["dur"] for e in ends)
     assert len(res["processes"]) == 1
+    labels = list(res["processes"][0].process.process_labels)
+    assert f"session {recs[0]['sid']}" in labels and f"level {recs[0]['level']}" in labels
     assert res["counters"]["KV cache cells"] == [float(e["kv_used"]) for e in ends]
     assert res["counters"]["memory: weights"] == [float(recs[0]["memory"]["weights"])]
     assert "wrote " in r.output and f"{len(ops)} ops" in r.output
@@ -296,7 +302,10 @@ _SMALL = _lines(
 
 
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    derandomize=FUZZ_DERANDOMIZE,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     mutations=st.lists(
@@ -348,7 +357,10 @@ _VERBOSE = [
 
 
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    derandomize=FUZZ_DERANDOMIZE,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     edits=st.lists(

@@ -296,17 +296,23 @@ def test_missing_log_file(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "log file not found" in r.output
 
 
-_SMALL = _lines(
-    plain_copy(FIXTURES / "tiny-llama-minimal.log.gz", Path(__import__("tempfile").mkdtemp()))
-)
-
-
-@settings(
+FUZZ = settings(
     max_examples=FUZZ_EXAMPLES,
     deadline=None,
     derandomize=FUZZ_DERANDOMIZE,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
+
+
+def _fixture_lines(name: str) -> list[str]:
+    with gzip.open(FIXTURES / name, "rt", encoding="utf-8") as f:
+        return f.readlines()
+
+
+_SMALL = _fixture_lines("tiny-llama-minimal.log.gz")
+
+
+@FUZZ
 @given(
     mutations=st.lists(
         st.tuples(st.integers(0, len(_SMALL) - 1), st.integers(0, 2000), st.binary(max_size=8)),
@@ -348,20 +354,10 @@ _JSON = st.recursive(
     | st.dictionaries(st.text(max_size=3), inner, max_size=3),
     max_leaves=6,
 )
-_VERBOSE = [
-    json.loads(ln)
-    for ln in _lines(
-        plain_copy(FIXTURES / "tiny-llama-verbose.log.gz", Path(__import__("tempfile").mkdtemp()))
-    )
-]
+_VERBOSE = [json.loads(ln) for ln in _fixture_lines("tiny-llama-verbose.log.gz")]
 
 
-@settings(
-    max_examples=FUZZ_EXAMPLES,
-    deadline=None,
-    derandomize=FUZZ_DERANDOMIZE,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@FUZZ
 @given(
     edits=st.lists(
         st.tuples(st.integers(0, len(_VERBOSE) - 1), st.text(max_size=12), _JSON),

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from llamacpp_instr.commands import session_option
+
 
 @click.command("export")
 @click.argument("log", type=click.Path(path_type=Path))
@@ -19,7 +21,7 @@ import click
     required=True,
     help="Directory for the files.",
 )
-@click.option("--session", "sid", default=None, help="Session id, when the log holds several.")
+@session_option
 def command(log: Path, fmt: str, out_dir: Path, sid: str | None) -> None:
     """Write the tables of a session LOG (steps, layers, ops, nodes, weights, tensor_stats, topk)
     as one Parquet or CSV file each into --out-dir."""

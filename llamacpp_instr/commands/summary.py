@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from llamacpp_instr.commands import session_option
+
 
 @click.command("summary")
 @click.argument("log", type=click.Path(path_type=Path))
@@ -25,7 +27,7 @@ import click
     default="text",
     show_default=True,
 )
-@click.option("--session", "sid", default=None, help="Session id, when the log holds several.")
+@session_option
 def command(log: Path, by: str, top: int, fmt: str, sid: str | None) -> None:
     """Summarize a session LOG: tokens/s for prompt and generation, step-time percentiles, op-time
     coverage, and time per op type, layer or node (count, total, mean, p50, p95, share, achieved

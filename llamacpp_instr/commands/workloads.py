@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from llamacpp_instr.commands import session_option
+
 
 @click.command("workloads")
 @click.argument("log", type=click.Path(path_type=Path))
@@ -17,7 +19,7 @@ import click
     default=None,
     help="JSONL file (default: stdout).",
 )
-@click.option("--session", "sid", default=None, help="Session id, when the log holds several.")
+@session_option
 def command(log: Path, output: Path | None, sid: str | None) -> None:
     """List each unique (op, input shapes and types) a session LOG executed, with its axes (a
     matmul's M, N, K and weight type), count, total and mean time: the kernels that matter for this

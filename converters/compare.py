@@ -158,3 +158,56 @@ def render_text(c: dict[str, Any]) -> str:
             f"{str(r['op']):<14}{r['total_ms_a']:>10.2f}{r['total_ms_b']:>10.2f}{ratio:>8.2f}"
         )
     return "\n".join(lines) + "\n"
+
+
+def render_markdown(c: dict[str, Any]) -> str:
+    text = render_text(c)
+    head, _, _ = text.partition("\ntime per op type (ms):")
+    rows = ["| op | A ms | B ms | B/A |", "|---|---|---|---|"]
+    for r in c["per_op"]:
+        ratio = r["total_ms_b"] / r["total_ms_a"] if r["total_ms_a"] else 0.0
+        rows.append(f"| {r['op']} | {r['total_ms_a']:.2f} | {r['total_ms_b']:.2f} | {ratio:.2f} |")
+    return "\n".join(["```", head.rstrip(), "```", "", "Time per op type:", "", *rows]) + "\n"
+
+
+def render_csv(c: dict[str, Any]) -> str:
+    lines = ["op,count_a,total_ms_a,count_b,total_ms_b"]
+    for r in c["per_op"]:
+        lines.append(
+            f"{r['op']},{int(r['count_a'])},{r['total_ms_a']:.6f},{int(r['count_b'])},{r['total_ms_b']:.6f}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def render_html(c: dict[str, Any]) -> str:
+    """One self-contained page: time per op type for both runs as an inline SVG bar chart."""
+    import html
+
+    ops = c["per_op"][:15]
+    top = max([max(r["total_ms_a"], r["total_ms_b"]) for r in ops] + [1e-9])
+    row_h, pad, W = 16, 110, 760
+    parts = [
+        f'<svg width="{W}" height="{len(ops) * (2 * row_h + 6) + 20}" xmlns="http://www.w3.org/2000/svg" font-size="10">'
+    ]
+    y = 10
+    for r in ops:
+        parts.append(f'<text x="0" y="{y + 12}">{html.escape(str(r["op"]))}</text>')
+        for k, (key, color) in enumerate((("total_ms_a", "#4e79a7"), ("total_ms_b", "#f28e2b"))):
+            w = r[key] / top * (W - pad - 70)
+            parts.append(
+                f'<rect x="{pad}" y="{y + k * row_h}" width="{w:.1f}" height="{row_h - 2}" fill="{color}"/>'
+                f'<text x="{pad + w + 4:.1f}" y="{y + k * row_h + 11}">{r[key]:.2f} ms</text>'
+            )
+        y += 2 * row_h + 6
+    parts.append("</svg>")
+    legend = (
+        f'<p><span style="color:#4e79a7">A: {html.escape(c["a"]["model"])}</span><br>'
+        f'<span style="color:#f28e2b">B: {html.escape(c["b"]["model"])}</span></p>'
+    )
+    style = "body{font-family:sans-serif;max-width:800px;margin:2em auto}pre{font-size:11px}"
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>Session comparison</title>"
+        f"<style>{style}</style></head><body><h1>Session comparison</h1>{legend}"
+        f"<h2>Time per op type</h2>{''.join(parts)}<h2>Summary</h2><pre>{html.escape(render_text(c))}</pre>"
+        "</body></html>\n"
+    )

@@ -152,6 +152,14 @@ def test_compare_sessions(tiny_llama_f32: Path, quantized: dict[str, Path], tmp_
     assert c["tokens"]["agree"] == sum(x == y for x, y in zip(gen_a, gen_b, strict=True))
     assert c["a"]["memory"]["weights"] > c["b"]["memory"]["weights"] * 0  # both present
     assert "time per op type" in _cli("compare", str(a.path), str(b.path)).output
+    for fmt in ("markdown", "csv", "html"):
+        out = tmp_path / f"cmp.{fmt}"
+        r = _cli("compare", str(a.path), str(b.path), "--format", fmt, "-o", str(out))
+        assert r.exit_code == 0, r.output
+        text = out.read_text()
+        assert "MUL_MAT" in text
+        if fmt == "html":
+            assert "<svg" in text and "<script" not in text and "src=" not in text
 
 
 # ---------------------------------------------------------------------------- bad input

@@ -11,7 +11,14 @@ import click
 @click.argument("session_a", type=click.Path(path_type=Path))
 @click.argument("session_b", type=click.Path(path_type=Path))
 @click.option(
-    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "markdown", "csv", "json", "html"]),
+    default="text",
+    show_default=True,
+)
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path), default=None, help="Write to a file."
 )
 def command(session_a: Path, session_b: Path, fmt: str, output: Path | None) -> None:
     """Compare two session logs: memory (weights, KV cache, compute), prompt and generation

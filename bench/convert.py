@@ -78,7 +78,7 @@ def synthesize(source: Path, target_ops: int, out: Path) -> tuple[int, int]:
 def child(task: str, log: str, out: str) -> None:
     t0 = time.perf_counter()
     if task == "frames":
-        from converters import load_session
+        from llamacpp_instr.converters import load_session
 
         f = load_session(log)
         assert len(f.ops) > 0

@@ -39,7 +39,7 @@ def child(config: str, tokens: int, threads: int, log: str) -> None:
 
     low = llama_cpp.llama_cpp  # the module llama.py calls into
     if config == "cb_eval":
-        peer = bindings.load().cb_eval_peer
+        peer = bindings.load().bench_cb_eval
         default_params = low.llama_context_default_params
 
         def with_peer():  # type: ignore[no-untyped-def]

@@ -7,19 +7,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from converters.errors import UserError
-
-SCHEMA_VERSIONS = (1,)
+from .errors import UserError
+from .schema import LEVELS, SCHEMA_VERSIONS
 
 if TYPE_CHECKING:
-    from converters.frames import SessionFrames
+    from .frames import SessionFrames
 
 
 def load_session(path: Any, sid: str | None = None, *, strict: bool = False) -> SessionFrames:
     """A session log as pandas DataFrames (see ``converters.frames``); pandas loads on first use."""
-    from converters.frames import load_session as _load
+    from .frames import load_session as _load
 
     return _load(path, sid, strict=strict)
 
 
-__all__ = ["UserError", "SCHEMA_VERSIONS", "load_session"]
+__all__ = ["LEVELS", "SCHEMA_VERSIONS", "UserError", "load_session"]

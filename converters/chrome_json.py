@@ -12,7 +12,7 @@ from typing import IO
 
 import orjson
 
-from converters.trace_layout import Item, Sample, Slice, Track
+from .trace_layout import Item, Sample, Slice, Track
 
 
 def write_chrome_json(items: Iterable[Item], out: IO[bytes]) -> int:

@@ -15,13 +15,13 @@ from typing import Any
 
 import pandas as pd
 
-from converters.frames import SessionFrames
-from converters.summary import by, overview
+from .frames import SessionFrames
+from .summary import by, overview
 
 
 def generated_tokens(path: object) -> list[int]:
     """The tokens a run fed back during generation (its own choices), in order."""
-    from converters.session import load
+    from .session import load
 
     sessions = load(path)  # type: ignore[arg-type]
     steps = sorted((s for s in sessions[0].steps if s.kind == "gen"), key=lambda s: s.index)

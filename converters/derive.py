@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from converters.session import Graph, Node
+from .session import Graph, Node
 
 _PER_ELEMENT_FLOPS = {
     "ADD": 1,

@@ -1,6 +1,6 @@
 """The analysis API: a session log as pandas DataFrames.
 
-    from converters import load_session
+    from . import load_session
     s = load_session("session.log")
     s.ops.groupby("label", observed=True)["dur_ns"].sum().sort_values()
 
@@ -30,10 +30,10 @@ from typing import Any
 
 import pandas as pd
 
-from converters import derive
-from converters.errors import UserError
-from converters.reader import ReadReport
-from converters.session import Graph, SessionInfo, SessionStarted, Step, StepDone, iter_events
+from . import derive
+from .errors import UserError
+from .reader import ReadReport
+from .session import Graph, SessionInfo, SessionStarted, Step, StepDone, iter_events
 
 
 class _Cat:

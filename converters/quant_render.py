@@ -7,7 +7,7 @@ import html
 import io
 from typing import Any
 
-from converters.quant_report import dumps_json
+from .quant_report import dumps_json
 
 MB = 1e6
 

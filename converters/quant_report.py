@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from converters.errors import UserError
+from .errors import UserError
 
 _BLK = re.compile(r"^blk\.(\d+)\.(.+?)(\.weight|\.bias)?$")
 
@@ -220,7 +220,7 @@ def _from_raw_header(p: Path) -> Inventory:
 
 def from_session(path: Path | str) -> Inventory:
     """The weight inventory and memory breakdown recorded in a session log's session_start."""
-    from converters.reader import iter_records
+    from .reader import iter_records
 
     for _, rec in iter_records(path):
         if rec["type"] != "session_start":

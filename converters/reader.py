@@ -17,21 +17,9 @@ from typing import IO, Any
 
 import orjson
 
-from converters.errors import UserError
+from .errors import UserError
+from .schema import RECORD_TYPES_V1, SCHEMA_VERSIONS
 
-RECORD_TYPES_V1 = frozenset(
-    {
-        "session_start",
-        "step_begin",
-        "step_end",
-        "graph",
-        "compute",
-        "tensor_stats",
-        "topk",
-        "session_end",
-    }
-)
-KNOWN_SCHEMA_VERSIONS = (1,)
 GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -113,7 +101,7 @@ def iter_records(
                     continue
                 if rtype == "session_start":
                     version = rec.get("schema_version", 1)
-                    if version not in KNOWN_SCHEMA_VERSIONS and strict:
+                    if version not in SCHEMA_VERSIONS and strict:
                         raise UserError(f"{path}: line {n}: unsupported schema version {version}")
                 rep.records += 1
                 yield n, upgrade(rec, version)

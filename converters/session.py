@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from converters.errors import UserError
-from converters.reader import ReadReport, iter_records
+from .errors import UserError
+from .reader import ReadReport, iter_records
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from converters.frames import SessionFrames
+from .frames import SessionFrames
 
 BY_COLUMNS = {"op": "label", "layer": "layer", "node": "name"}
 

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from converters import derive
-from converters.session import (
+from . import derive
+from .session import (
     Compute,
     Event,
     OpTiming,

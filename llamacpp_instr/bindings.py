@@ -1,4 +1,5 @@
-"""ctypes bindings to the ``llama_instr_*`` C API, from the very library handle llama_cpp loaded."""
+"""ctypes bindings to the ``llama_instr_*`` C API (include/llama-instr.h), from the very library
+handle llama_cpp loaded."""
 
 from __future__ import annotations
 
@@ -7,12 +8,41 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from converters.errors import UserError
 from llamacpp_instr import pin
-
-LEVELS = {"off": 0, "minimal": 1, "detailed": 2, "verbose": 3}
+from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.converters.schema import LEVEL_IDS
 
 _STOCK_HINT = "run `instr build` to build and install the patched llama-cpp-python"
+
+# enum llama_instr_status
+OK = 0
+ERR_BUSY = -1
+ERR_NO_SESSION = -2
+ERR_INVALID_ARG = -3
+ERR_IO = -4
+ERR_INTERNAL = -5
+
+
+class SessionError(UserError):
+    """The C API reported a failure; ``code`` is its llama_instr_status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Totals(ctypes.Structure):
+    """struct llama_instr_totals."""
+
+    _fields_ = [
+        ("n_steps", ctypes.c_int64),
+        ("n_tokens", ctypes.c_int64),
+        ("n_prompt_tokens", ctypes.c_int64),
+        ("n_gen_tokens", ctypes.c_int64),
+        ("n_computes", ctypes.c_int64),
+        ("n_records", ctypes.c_int64),
+        ("n_lost", ctypes.c_int64),
+    ]
 
 
 def import_llama_cpp() -> Any:
@@ -35,53 +65,56 @@ class InstrLib:
     lib: ctypes.CDLL
 
     def build_info(self) -> dict[str, Any]:
-        return json.loads(self.lib.llama_instr_build_info().decode())
+        info: dict[str, Any] = json.loads(self.lib.llama_instr_build_info().decode())
+        return info
 
     def last_error(self) -> str:
-        return self.lib.llama_instr_last_error().decode(errors="replace")
+        return str(self.lib.llama_instr_last_error().decode(errors="replace"))
+
+    def _check(self, rc: int, what: str) -> int:
+        if rc < 0:
+            raise SessionError(self.last_error() or f"{what} failed ({rc})", rc)
+        return rc
 
     def session_begin(self, ctx: Any, path: str, level: str, metadata: dict[str, Any]) -> None:
-        rc = self.lib.llama_instr_session_begin(
-            ctx, path.encode(), LEVELS[level], json.dumps(metadata).encode()
-        )
-        if rc != 0:
-            raise UserError(self.last_error() or f"llama_instr_session_begin failed ({rc})")
+        meta = json.dumps(metadata, ensure_ascii=True).encode()
+        rc = self.lib.llama_instr_session_begin(ctx, path.encode(), LEVEL_IDS[level], meta)
+        self._check(rc, "llama_instr_session_begin")
 
     def session_end(self, status: str = "ok") -> None:
-        rc = self.lib.llama_instr_session_end(status.encode())
-        if rc != 0:
-            raise UserError(self.last_error() or f"llama_instr_session_end failed ({rc})")
+        """Close the session; a SessionError if any record was lost (full disk, removed log)."""
+        self._check(self.lib.llama_instr_session_end(status.encode()), "llama_instr_session_end")
 
     def set_level(self, level: str) -> int:
-        return int(self.lib.llama_instr_set_level(LEVELS[level]))
+        return self._check(self.lib.llama_instr_set_level(LEVEL_IDS[level]), "set_level")
 
     def get_level(self) -> int:
         return int(self.lib.llama_instr_get_level())
 
     def set_topk(self, k: int) -> None:
-        if self.lib.llama_instr_set_topk(k) != 0:
-            raise UserError(self.last_error())
+        self._check(self.lib.llama_instr_set_topk(k), "set_topk")
 
     def flush(self) -> None:
-        self.lib.llama_instr_flush()
+        self._check(self.lib.llama_instr_flush(), "flush")
 
     def session_path(self) -> str:
-        return self.lib.llama_instr_session_path().decode()
+        n = self._check(self.lib.llama_instr_session_path(None, 0), "session_path")
+        buf = ctypes.create_string_buffer(n + 1)
+        self.lib.llama_instr_session_path(buf, n + 1)
+        return buf.value.decode(errors="replace")
 
-    def totals(self) -> tuple[int, int, int]:
-        steps, tokens, records = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
-        self.lib.llama_instr_session_totals(
-            ctypes.byref(steps), ctypes.byref(tokens), ctypes.byref(records)
-        )
-        return steps.value, tokens.value, records.value
+    def totals(self) -> Totals:
+        t = Totals()
+        self._check(self.lib.llama_instr_session_totals(ctypes.byref(t)), "session_totals")
+        return t
 
     @property
-    def cb_eval_peer(self) -> int:
-        """Address of the native upstream-style cb_eval (for the overhead benchmark's peer)."""
-        return ctypes.cast(self.lib.llama_instr_cb_eval_peer, ctypes.c_void_p).value or 0
+    def bench_cb_eval(self) -> int:
+        """Address of the native upstream-style cb_eval (the overhead benchmark's peer)."""
+        return ctypes.cast(self.lib.llama_instr_bench_cb_eval, ctypes.c_void_p).value or 0
 
-    def cb_eval_peer_count(self) -> int:
-        return int(self.lib.llama_instr_cb_eval_peer_count())
+    def bench_cb_eval_count(self) -> int:
+        return int(self.lib.llama_instr_bench_cb_eval_count())
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -95,13 +128,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         "llama_instr_get_level": ([], c.c_int32),
         "llama_instr_set_topk": ([c.c_int32], c.c_int32),
         "llama_instr_flush": ([], c.c_int32),
-        "llama_instr_session_path": ([], c.c_char_p),
+        "llama_instr_session_path": ([c.c_char_p, c.c_size_t], c.c_int32),
+        "llama_instr_session_totals": ([c.POINTER(Totals)], c.c_int32),
         "llama_instr_last_error": ([], c.c_char_p),
-        "llama_instr_session_totals": (
-            [c.POINTER(c.c_int64), c.POINTER(c.c_int64), c.POINTER(c.c_int64)],
-            c.c_int32,
-        ),
-        "llama_instr_cb_eval_peer_count": ([], c.c_int64),
+        "llama_instr_bench_cb_eval_count": ([], c.c_int64),
     }
     for name, (argtypes, restype) in sigs.items():
         fn = getattr(lib, name)
@@ -125,12 +155,13 @@ def load() -> InstrLib:
             f"the installed llama-cpp-python {version} is the stock build without instrumentation "
             f"hooks; {_STOCK_HINT}"
         )
-    _declare(lib)
+    lib.llama_instr_api_version.restype = ctypes.c_int32
     api = lib.llama_instr_api_version()
     if api != pin.INSTR_API_VERSION:
         raise UserError(
             f"the installed patched llama-cpp-python speaks instrumentation API {api}, this "
             f"llamacpp-instr expects {pin.INSTR_API_VERSION}; {_STOCK_HINT}"
         )
+    _declare(lib)
     _cached = InstrLib(lib)
     return _cached

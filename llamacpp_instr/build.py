@@ -1,8 +1,11 @@
 """Build the patched llama-cpp-python wheel: fetch the pinned sdist, apply patches/, build, cache, install.
 
-The wheel is cached under ``cache_dir()/wheels/<key>/`` where ``key`` hashes the pinned sdist, every
-patch in ``patches/series`` and the CMake arguments, so a second build with nothing changed only
-reinstalls the cached wheel. Compilation goes through ccache when it is installed, with paths made
+Before the patches, the new native source files in ``patches/overlay/`` are copied into the vendored
+llama.cpp (as they are laid out there: ``src/llama-instr-*.cpp``, ``include/llama-instr.h``); the
+numbered patches only edit files llama.cpp already has. The wheel is cached under
+``cache_dir()/wheels/<key>/`` where ``key`` hashes the pinned sdist, every patch in
+``patches/series``, every overlay file and the CMake arguments, so a second build with nothing
+changed only reinstalls the cached wheel. Compilation goes through ccache when it is installed, with paths made
 relative, so a patch change recompiles only the files it touches.
 """
 
@@ -22,12 +25,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from converters.errors import UserError
 from llamacpp_instr import pin
+from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.paths import PATCHES_DIR, cache_dir
 
 # Not needed by the instrumentation and slow to compile.
 DEFAULT_CMAKE_ARGS = ("-DLLAVA_BUILD=OFF",)
+
+# `instr build --sanitize=KIND`: llama.cpp's and ggml's own sanitizer options. OpenMP is off for
+# the thread sanitizer, whose runtime cannot see libgomp's synchronization.
+SANITIZERS: dict[str, tuple[str, ...]] = {
+    "address": ("-DLLAMA_SANITIZE_ADDRESS=ON", "-DGGML_SANITIZE_ADDRESS=ON"),
+    "thread": ("-DLLAMA_SANITIZE_THREAD=ON", "-DGGML_SANITIZE_THREAD=ON", "-DGGML_OPENMP=OFF"),
+}
+
+# A series entry under this folder applies to the sdist root, the others to the vendored llama.cpp.
+PYTHON_PATCH_DIR = "python"
 
 Echo = Callable[[str], None]
 
@@ -35,12 +48,16 @@ Echo = Callable[[str], None]
 @dataclass(frozen=True)
 class BuildPlan:
     patches: tuple[Path, ...]
+    overlay: tuple[tuple[str, Path], ...]  # (path in llama.cpp, file)
     cmake_args: tuple[str, ...]
     key: str
+    sanitize: str | None = None
 
     @property
     def local_version(self) -> str:
         kind = "instr" if self.patches else "stock"
+        if self.sanitize:
+            kind += f"{self.sanitize[0]}san"
         return f"{pin.LLAMA_CPP_PYTHON_VERSION}+{kind}.{self.key}"
 
     @property
@@ -65,32 +82,61 @@ def read_series(patches_dir: Path = PATCHES_DIR) -> tuple[Path, ...]:
     return paths
 
 
-def patch_hash(patches: Sequence[Path], cmake_args: Sequence[str] = ()) -> str:
-    """Short hash of the pin, the patches' contents and the build options."""
+def read_overlay(patches_dir: Path = PATCHES_DIR) -> tuple[tuple[str, Path], ...]:
+    """The new source files to copy into llama.cpp: (relative path there, file), sorted."""
+    root = patches_dir / "overlay"
+    if not root.is_dir():
+        return ()
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
+    return tuple((p.relative_to(root).as_posix(), p) for p in files)
+
+
+def patch_hash(
+    patches: Sequence[Path],
+    cmake_args: Sequence[str] = (),
+    overlay: Sequence[tuple[str, Path]] = (),
+) -> str:
+    """Short hash of the pin, the patches' and overlay files' contents and the build options."""
     h = hashlib.sha256()
     h.update(pin.SDIST_SHA256.encode())
     for p in patches:
         h.update(b"\0patch\0" + p.name.encode() + b"\0" + p.read_bytes())
+    for rel, p in overlay:
+        h.update(b"\0overlay\0" + rel.encode() + b"\0" + p.read_bytes())
     for a in cmake_args:
         h.update(b"\0cmake\0" + a.encode())
     return h.hexdigest()[:12]
 
 
 def make_plan(
-    extra_cmake_args: Sequence[str] = (), stock: bool = False, patches_dir: Path = PATCHES_DIR
+    extra_cmake_args: Sequence[str] = (),
+    stock: bool = False,
+    patches_dir: Path = PATCHES_DIR,
+    sanitize: str | None = None,
 ) -> BuildPlan:
     """What to build; ``stock`` builds the pin without patches (the benchmarks' baseline)."""
     patches = () if stock else read_series(patches_dir)
+    overlay = () if stock else read_overlay(patches_dir)
+    if sanitize is not None and sanitize not in SANITIZERS:
+        raise UserError(f"unknown sanitizer {sanitize!r}: choose {' or '.join(SANITIZERS)}")
     env_args = tuple(os.environ.get("CMAKE_ARGS", "").split())
     cmake_args = DEFAULT_CMAKE_ARGS + env_args + tuple(extra_cmake_args)
-    # The patch hash (what `instr doctor` compares) covers only pin + patches; the cache key adds
-    # the build options so that a GGML_NATIVE=OFF wheel is not mistaken for a native one.
-    return BuildPlan(patches=patches, cmake_args=cmake_args, key=patch_hash(patches, cmake_args))
+    if sanitize:
+        cmake_args += SANITIZERS[sanitize]
+    # The patch hash (what `instr doctor` compares) covers only pin + patches + overlay; the cache
+    # key adds the build options so that a GGML_NATIVE=OFF wheel is not mistaken for a native one.
+    return BuildPlan(
+        patches=patches,
+        overlay=overlay,
+        cmake_args=cmake_args,
+        key=patch_hash(patches, cmake_args, overlay),
+        sanitize=sanitize,
+    )
 
 
-def source_patch_hash() -> str:
-    """Hash of pin + patches as the built library reports it (``producer.patch_hash``)."""
-    return patch_hash(read_series())
+def source_patch_hash(patches_dir: Path = PATCHES_DIR) -> str:
+    """Hash of pin + patches + overlay as the built library reports it (``producer.patch_hash``)."""
+    return patch_hash(read_series(patches_dir), overlay=read_overlay(patches_dir))
 
 
 def _sha256(path: Path) -> str:
@@ -157,26 +203,52 @@ def extract_sdist(sdist: Path, dest: Path) -> Path:
     return root
 
 
-def _git_apply(vendor: Path, patch: Path, check: bool) -> subprocess.CompletedProcess[str]:
+def _git_apply(root: Path, patch: Path, check: bool) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
-    # never let git discover an enclosing repository: apply relative to the vendored tree
-    env["GIT_CEILING_DIRECTORIES"] = str(vendor.parent)
+    # never let git discover an enclosing repository: apply relative to the given tree
+    env["GIT_CEILING_DIRECTORIES"] = str(root.parent)
     cmd = ["git", "apply", "-v"] + (["--check"] if check else []) + [str(patch)]
-    return subprocess.run(cmd, cwd=vendor, capture_output=True, text=True, env=env)
+    return subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env)
 
 
-def apply_patches(root: Path, patches: Sequence[Path], echo: Echo, check_only: bool) -> None:
+def _patch_root(root: Path, patch: Path) -> Path:
+    """Where a patch applies: the sdist root for python/ patches, else the vendored llama.cpp."""
+    return root if patch.parent.name == PYTHON_PATCH_DIR else root / pin.VENDOR_DIR
+
+
+def copy_overlay(root: Path, overlay: Sequence[tuple[str, Path]], echo: Echo) -> None:
+    """Copy the new source files into the vendored llama.cpp; they must not replace any file."""
     vendor = root / pin.VENDOR_DIR
+    for rel, src in overlay:
+        dest = vendor / rel
+        if dest.exists():
+            raise UserError(f"overlay file {rel} would replace a file of the pinned llama.cpp")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest)
+    if overlay:
+        echo(f"  overlay: {len(overlay)} new source files copied into llama.cpp")
+
+
+def check_overlay_listed(root: Path, overlay: Sequence[tuple[str, Path]]) -> None:
+    """Every overlay source must be compiled: listed in src/CMakeLists.txt once patched."""
+    cmake = (root / pin.VENDOR_DIR / "src" / "CMakeLists.txt").read_text()
+    for rel, _ in overlay:
+        if rel.startswith("src/") and rel.endswith(".cpp") and Path(rel).name not in cmake:
+            raise UserError(f"overlay source {rel} is not listed in the patched src/CMakeLists.txt")
+
+
+def apply_patches(root: Path, patches: Sequence[Path], echo: Echo) -> None:
     for p in patches:
-        r = _git_apply(vendor, p, check=True)
+        where = _patch_root(root, p)
+        r = _git_apply(where, p, check=True)
         if r.returncode != 0:
             lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
             detail = "; ".join(lines[:3]) or r.stderr.strip().splitlines()[-1]
             raise UserError(f"patch {p.name} does not apply: {detail}")
-        if not check_only or p is not patches[-1]:
-            r = _git_apply(vendor, p, check=False)
-            if r.returncode != 0:
-                raise UserError(f"patch {p.name} failed to apply: {r.stderr.strip()}")
+        # patches may build on each other: apply each one (into a throw-away tree for --check)
+        r = _git_apply(where, p, check=False)
+        if r.returncode != 0:
+            raise UserError(f"patch {p.name} failed to apply: {r.stderr.strip()}")
         echo(f"  {p.name}: applies cleanly")
 
 
@@ -190,14 +262,17 @@ def set_local_version(root: Path, version: str) -> None:
 
 
 def check(echo: Echo, patches_dir: Path = PATCHES_DIR) -> None:
-    """Verify that every patch applies to the pinned source, in order (no build)."""
+    """Verify that the overlay adds only new files and every patch applies, in order (no build)."""
     plan = make_plan(patches_dir=patches_dir)
     sdist = fetch_sdist(echo)
     with tempfile.TemporaryDirectory(prefix="instr-check-") as tmp:
         root = extract_sdist(sdist, Path(tmp) / "src")
-        apply_patches(root, plan.patches, echo, check_only=True)
+        copy_overlay(root, plan.overlay, echo)
+        apply_patches(root, plan.patches, echo)
+        check_overlay_listed(root, plan.overlay)
     echo(
-        f"all {len(plan.patches)} patches apply to llama.cpp {pin.LLAMA_CPP_COMMIT} (patch hash {source_patch_hash()})"
+        f"all {len(plan.patches)} patches and {len(plan.overlay)} overlay files apply to "
+        f"llama.cpp {pin.LLAMA_CPP_COMMIT} (patch hash {source_patch_hash(patches_dir)})"
     )
 
 
@@ -242,13 +317,17 @@ def build_wheel(plan: BuildPlan, echo: Echo) -> Path:
     work = cache_dir() / "src" / plan.key
     root = extract_sdist(sdist, work)
     if plan.patches:
-        apply_patches(root, plan.patches, echo, check_only=False)
+        copy_overlay(root, plan.overlay, echo)
+        apply_patches(root, plan.patches, echo)
     set_local_version(root, plan.local_version)
 
     env = dict(os.environ)
     cmake_args = list(plan.cmake_args)
     if plan.patches:
-        cmake_args.append(f"-DLLAMA_INSTR_PATCH_HASH={patch_hash(plan.patches)}")
+        cmake_args.append(
+            f"-DLLAMA_INSTR_PATCH_HASH={patch_hash(plan.patches, overlay=plan.overlay)}"
+        )
+        cmake_args.append(f"-DLLAMA_INSTR_LLAMA_COMMIT={pin.LLAMA_CPP_COMMIT}")
     if shutil.which("ccache"):
         cmake_args += [
             "-DCMAKE_C_COMPILER_LAUNCHER=ccache",
@@ -267,7 +346,8 @@ def build_wheel(plan: BuildPlan, echo: Echo) -> Path:
     log = cache_dir() / "logs" / f"build-{plan.key}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     echo(
-        f"building llama-cpp-python {plan.local_version} (about 10 minutes without ccache; log: {log})"
+        f"building llama-cpp-python {plan.local_version} (about 3 minutes on 2 cores without "
+        f"ccache; log: {log})"
     )
     cmd = [
         sys.executable,
@@ -345,30 +425,29 @@ def install_default_model(echo: Echo) -> None:
 
 def build(extra_cmake_args: Sequence[str], echo: Echo, rebuild: bool, with_model: bool) -> Path:
     plan = make_plan(extra_cmake_args)
-    wheel = None if rebuild else cached_wheel(plan)
-    if wheel is not None:
-        echo(f"using cached wheel {wheel}")
-    else:
-        t0 = time.monotonic()
-        wheel = build_wheel(plan, echo)
-        echo(f"built {wheel.name} in {time.monotonic() - t0:.0f}s")
+    wheel = _cached_or_built(plan, echo, rebuild)
     install_wheel(wheel, plan, echo)
     if with_model:
         install_default_model(echo)
     return wheel
 
 
-def stock_lib_dir(echo: Echo, extra_cmake_args: Sequence[str] = ()) -> Path:
-    """Native libraries of the unpatched pin (built and cached once), for LLAMA_CPP_LIB_PATH.
+def _cached_or_built(plan: BuildPlan, echo: Echo, rebuild: bool = False) -> Path:
+    wheel = None if rebuild else cached_wheel(plan)
+    if wheel is not None:
+        echo(f"using cached wheel {wheel}")
+        return wheel
+    t0 = time.monotonic()
+    wheel = build_wheel(plan, echo)
+    echo(f"built {wheel.name} in {time.monotonic() - t0:.0f}s")
+    return wheel
 
-    The Python part of llama-cpp-python is the same in both builds, so the benchmark runs the stock
-    libraries under the installed package by pointing LLAMA_CPP_LIB_PATH here.
-    """
+
+def _lib_dir(plan: BuildPlan, wheel: Path, name: str) -> Path:
+    """The wheel's native libraries, extracted once under the cache (for LLAMA_CPP_LIB_PATH)."""
     import zipfile
 
-    plan = make_plan(extra_cmake_args, stock=True)
-    wheel = cached_wheel(plan) or build_wheel(plan, echo)
-    dest = cache_dir() / "stock-lib" / plan.key
+    dest = cache_dir() / name / plan.key
     if not (dest / "lib").is_dir():
         tmp = dest.with_suffix(".partial")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -379,3 +458,33 @@ def stock_lib_dir(echo: Echo, extra_cmake_args: Sequence[str] = ()) -> Path:
         shutil.rmtree(dest, ignore_errors=True)
         tmp.rename(dest)
     return dest / "lib"
+
+
+def sanitized_lib_dir(
+    sanitize: str, echo: Echo, extra_cmake_args: Sequence[str] = (), rebuild: bool = False
+) -> Path:
+    """Native libraries of the patched build with a sanitizer, built and cached beside the normal
+    wheel (never installed: they run under the installed package through LLAMA_CPP_LIB_PATH)."""
+    plan = make_plan(extra_cmake_args, sanitize=sanitize)
+    return _lib_dir(plan, _cached_or_built(plan, echo, rebuild), "sanitized-lib")
+
+
+def sanitizer_runtime(sanitize: str) -> str:
+    """Path of the compiler's sanitizer runtime, to LD_PRELOAD into Python."""
+    lib = {"address": "libasan.so", "thread": "libtsan.so"}[sanitize]
+    cc = os.environ.get("CC", "gcc")
+    r = subprocess.run([cc, f"-print-file-name={lib}"], capture_output=True, text=True)
+    path = r.stdout.strip()
+    if r.returncode != 0 or not Path(path).is_file():
+        raise UserError(f"the {sanitize} sanitizer runtime {lib} was not found (is gcc installed?)")
+    return path
+
+
+def stock_lib_dir(echo: Echo, extra_cmake_args: Sequence[str] = ()) -> Path:
+    """Native libraries of the unpatched pin (built and cached once), for LLAMA_CPP_LIB_PATH.
+
+    The Python part of llama-cpp-python is the same in both builds, so the benchmark runs the stock
+    libraries under the installed package by pointing LLAMA_CPP_LIB_PATH here.
+    """
+    plan = make_plan(extra_cmake_args, stock=True)
+    return _lib_dir(plan, _cached_or_built(plan, echo), "stock-lib")

@@ -8,8 +8,8 @@ import sys
 
 import click
 
-from converters.errors import UserError
 from llamacpp_instr import __version__, commands
+from llamacpp_instr.converters.errors import UserError
 
 
 class _Group(click.Group):

@@ -1,12 +1,25 @@
-"""Where things live: the repo's patches and the cache outside the repo."""
+"""Where things live: the patches (in the checkout, or shipped in the package) and the cache."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PATCHES_DIR = REPO_ROOT / "patches"
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_DIR.parent
+
+
+def _patches_dir() -> Path:
+    # A checkout (editable install) has patches/ beside the package; a wheel ships the same files
+    # as llamacpp_instr/patches (see pyproject.toml), so `instr build` and `instr doctor` work there.
+    checkout = REPO_ROOT / "patches"
+    if (checkout / "series").is_file():
+        return checkout
+    return PACKAGE_DIR / "patches"
+
+
+PATCHES_DIR = _patches_dir()
+OVERLAY_DIR = PATCHES_DIR / "overlay"
 
 
 def cache_dir() -> Path:

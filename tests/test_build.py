@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from converters.errors import UserError
 from llamacpp_instr import build, pin
 from llamacpp_instr.cli import main
+from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.paths import PATCHES_DIR
 
 
@@ -66,3 +66,49 @@ def test_second_build_reuses_the_cached_wheel() -> None:
     assert r.exit_code == 0, r.output
     assert "using cached wheel" in r.output
     assert build.installed_llama_cpp_version() == build.make_plan().local_version
+
+
+def test_check_refuses_an_overlay_file_that_replaces_llama_cpp_source(tmp_path: Path) -> None:
+    patches = _copy_patches(tmp_path)
+    (patches / "overlay" / "src" / "llama.cpp").write_text("// not ours\n")
+    with pytest.raises(UserError, match="overlay file src/llama.cpp would replace"):
+        build.check(lambda _: None, patches_dir=patches)
+
+
+def test_check_refuses_an_overlay_source_cmake_does_not_compile(tmp_path: Path) -> None:
+    patches = _copy_patches(tmp_path)
+    (patches / "overlay" / "src" / "llama-instr-extra.cpp").write_text("// unused\n")
+    with pytest.raises(UserError, match="llama-instr-extra.cpp is not listed"):
+        build.check(lambda _: None, patches_dir=patches)
+
+
+def test_overlay_changes_the_patch_hash(tmp_path: Path) -> None:
+    patches = _copy_patches(tmp_path)
+    base = build.source_patch_hash(patches)
+    header = patches / "overlay" / "include" / "llama-instr.h"
+    header.write_text(header.read_text() + "\n")
+    assert build.source_patch_hash(patches) != base
+
+
+def test_the_package_ships_what_build_and_doctor_need(tmp_path: Path) -> None:
+    """A wheel of llamacpp-instr (what the Docker image installs) carries the patches and overlay,
+    so `instr doctor` compares against the same hash there."""
+    import subprocess
+    import sys
+    import zipfile
+
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q"]
+        + ["-w", str(tmp_path), str(PATCHES_DIR.parent)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    (wheel,) = tmp_path.glob("llamacpp_instr-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {n.removeprefix("llamacpp_instr/patches/") for n in names if "/patches/" in n}
+    expected = {p.relative_to(PATCHES_DIR).as_posix() for p in build.read_series()}
+    expected |= {"series"} | {"overlay/" + rel for rel, _ in build.read_overlay()}
+    assert expected <= shipped
+    assert "llamacpp_instr/converters/schema_v1.json" in names
+    assert not any(n.startswith("converters/") for n in names)

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from converters.errors import UserError
-from converters.session import iter_events
-from converters.trace_layout import LayoutStats, Selection, layout
 from llamacpp_instr.cli import main
+from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.converters.session import iter_events
+from llamacpp_instr.converters.trace_layout import LayoutStats, Selection, layout
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # CI runs a fixed, reproducible set of examples; `FUZZ_EXAMPLES=20000 pytest -k fuzz` explores more
@@ -339,7 +339,7 @@ def test_fuzz_mutated_logs_never_crash(
         return
     from io import BytesIO
 
-    from converters.perfetto_writer import write_perfetto
+    from llamacpp_instr.converters.perfetto_writer import write_perfetto
 
     write_perfetto(iter(items), BytesIO())
 
@@ -383,8 +383,8 @@ def test_fuzz_wrong_values_never_crash(
         return
     from io import BytesIO
 
-    from converters.chrome_json import write_chrome_json
-    from converters.perfetto_writer import write_perfetto
+    from llamacpp_instr.converters.chrome_json import write_chrome_json
+    from llamacpp_instr.converters.perfetto_writer import write_perfetto
 
     write_perfetto(iter(items), BytesIO())
     write_chrome_json(iter(items), BytesIO())

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from conftest import RunLog, make_run
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
-from converters.quant_report import from_gguf, from_session, report_data
 from llamacpp_instr.cli import main
+from llamacpp_instr.converters.quant_report import from_gguf, from_session, report_data
 
 
 def _cli(*args: str) -> Any:
@@ -115,7 +115,7 @@ def test_every_format(fmt: str, quantized: dict[str, Path], tmp_path: Path) -> N
 def test_error_vs_reference(
     quantized: dict[str, Path], tiny_llama_f32: Path, tmp_path: Path
 ) -> None:
-    from converters.quant_report import dequant_error
+    from llamacpp_instr.converters.quant_report import dequant_error
 
     e8 = {r["name"]: r for r in dequant_error(quantized["q8_0"], tiny_llama_f32)}
     e4 = {r["name"]: r for r in dequant_error(quantized["q4_k_m"], tiny_llama_f32)}

@@ -255,7 +255,11 @@ def test_stock_llama_cpp_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_doctor_reports_patched_build(instr_api: Any) -> None:
     r = _cli("doctor")
     assert r.exit_code == 0, r.output
-    assert "+instr." in r.output and "ok: the patched build matches patches/" in r.output
+    from llamacpp_instr import build
+
+    assert "+instr." in r.output and "ok: the patched build matches the patches" in r.output
+    assert f"patch hash {build.source_patch_hash()}" in r.output
+    assert instr_api.build_info()["patch_hash"] == build.source_patch_hash()
 
 
 def test_ctrl_c_leaves_a_valid_interrupted_log(

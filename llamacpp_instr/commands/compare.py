@@ -27,7 +27,7 @@ def command(session_a: Path, session_b: Path, fmt: str, output: Path | None) -> 
     Record both at detailed level or above (generated tokens come from the step records)."""
     import json
 
-    from converters import compare, load_session
+    from llamacpp_instr.converters import compare, load_session
 
     a, b = load_session(session_a), load_session(session_b)
     c = compare.compare_sessions(

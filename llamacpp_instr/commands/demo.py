@@ -24,8 +24,8 @@ def command(out_dir: Path, n_predict: int) -> None:
     per-op timings, and the trace was written. Exit status 2 if anything is off."""
     import orjson
 
-    from converters.errors import UserError
     from llamacpp_instr import models, runner
+    from llamacpp_instr.converters.errors import UserError
 
     out_dir.mkdir(parents=True, exist_ok=True)
     log = out_dir / "demo.log"

@@ -25,8 +25,8 @@ from llamacpp_instr.commands import session_option
 def command(log: Path, fmt: str, out_dir: Path, sid: str | None) -> None:
     """Write the tables of a session LOG (steps, layers, ops, nodes, weights, tensor_stats, topk)
     as one Parquet or CSV file each into --out-dir."""
-    from converters import load_session
-    from converters.errors import UserError
+    from llamacpp_instr.converters import load_session
+    from llamacpp_instr.converters.errors import UserError
 
     frames = load_session(log, sid)
     try:

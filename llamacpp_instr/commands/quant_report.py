@@ -50,9 +50,14 @@ def command(
     F32/F16/BF16, for each MODEL.gguf (read with gguf-py) or --session LOG. With two or more, the
     others are compared side by side with the first: bytes saved per tensor, layer and role, and
     which tensors got a different type."""
-    from converters import quant_render
-    from converters.errors import UserError
-    from converters.quant_report import dequant_error, from_gguf, from_session, report_data
+    from llamacpp_instr.converters import quant_render
+    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.converters.quant_report import (
+        dequant_error,
+        from_gguf,
+        from_session,
+        report_data,
+    )
 
     if not models and not sessions:
         raise UserError("give at least one MODEL.gguf or --session LOG")

@@ -26,9 +26,9 @@ def command(src: Path, qtype: str, output: Path, threads: int) -> None:
     """Quantize SRC.gguf to --type with llama.cpp's llama_model_quantize (the pinned build), e.g.
     the Q4_K_M / Q8_0 pair from the bundled SmolLM2. Warns when SRC is already quantized (quality
     compounds)."""
-    from converters.errors import UserError
-    from converters.quant_report import from_gguf
     from llamacpp_instr import bindings
+    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.converters.quant_report import from_gguf
 
     qtype = qtype.lower()
     if qtype not in TYPES:

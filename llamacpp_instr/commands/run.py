@@ -7,30 +7,53 @@ from pathlib import Path
 
 import click
 
-LEVEL_NAMES = ["minimal", "detailed", "verbose"]
+from llamacpp_instr.converters.schema import SESSION_LEVELS
 
 
 @click.command("run")
 @click.argument("model", required=False, type=click.Path(path_type=Path))
 @click.option("-p", "--prompt", required=True, help="Prompt text.")
-@click.option("-n", "--n-predict", default=32, show_default=True, help="Tokens to generate.")
 @click.option(
-    "-t", "--threads", type=int, default=None, help="CPU threads (default: all cores, at most 8)."
+    "-n",
+    "--n-predict",
+    type=click.IntRange(min=0),
+    default=32,
+    show_default=True,
+    help="Tokens to generate.",
 )
-@click.option("--ctx", "n_ctx", default=2048, show_default=True, help="Context size in tokens.")
 @click.option(
-    "--batch", "n_batch", default=512, show_default=True, help="Tokens per llama_decode call."
+    "-t",
+    "--threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="CPU threads (default: all cores, at most 8).",
+)
+@click.option(
+    "--ctx",
+    "n_ctx",
+    type=click.IntRange(min=1),
+    default=2048,
+    show_default=True,
+    help="Context size in tokens.",
+)
+@click.option(
+    "--batch",
+    "n_batch",
+    type=click.IntRange(min=1),
+    default=512,
+    show_default=True,
+    help="Tokens per llama_decode call.",
 )
 @click.option(
     "--ubatch",
     "n_ubatch",
-    type=int,
+    type=click.IntRange(min=1),
     default=None,
     help="Tokens per graph compute (default: --batch).",
 )
 @click.option(
     "--level",
-    type=click.Choice(LEVEL_NAMES),
+    type=click.Choice(SESSION_LEVELS),
     default="detailed",
     show_default=True,
     help="minimal: steps + layer spans; detailed: + per-op timings and graph tables; "
@@ -44,7 +67,13 @@ LEVEL_NAMES = ["minimal", "detailed", "verbose"]
     help="Session log path (default: llama_instrumentation_YYYYMMDD_HHMMSS.log here).",
 )
 @click.option("--seed", default=0, show_default=True, help="Sampling seed.")
-@click.option("--temp", default=0.0, show_default=True, help="Sampling temperature (0 = greedy).")
+@click.option(
+    "--temp",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="Sampling temperature (0 = greedy).",
+)
 @click.option(
     "--flash-attn/--no-flash-attn",
     default=False,
@@ -52,7 +81,11 @@ LEVEL_NAMES = ["minimal", "detailed", "verbose"]
     help="Fused flash attention instead of separate KQ / soft_max / KQV ops.",
 )
 @click.option(
-    "--top-k-logits", default=10, show_default=True, help="Logits kept per token at verbose."
+    "--top-k-logits",
+    type=click.IntRange(1, 1000),
+    default=10,
+    show_default=True,
+    help="Logits kept per token at verbose.",
 )
 @click.option(
     "--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence (fixed-length runs)."

@@ -32,8 +32,8 @@ def command(log: Path, by: str, top: int, fmt: str, sid: str | None) -> None:
     """Summarize a session LOG: tokens/s for prompt and generation, step-time percentiles, op-time
     coverage, and time per op type, layer or node (count, total, mean, p50, p95, share, achieved
     GFLOP/s and GB/s)."""
-    from converters import load_session
-    from converters.summary import render
+    from llamacpp_instr.converters import load_session
+    from llamacpp_instr.converters.summary import render
 
     frames = load_session(log, sid)
     if frames.report.skipped:

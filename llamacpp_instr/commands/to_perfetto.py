@@ -64,9 +64,9 @@ def command(
     achieved GFLOP/s and GB/s), per-thread tracks for verbose logs, and counters (tokens/s, KV
     cache cells, memory). Damaged lines are skipped and reported on stderr.
     """
-    from converters.reader import ReadReport
-    from converters.session import iter_events
-    from converters.trace_layout import LayoutStats, Selection, layout
+    from llamacpp_instr.converters.reader import ReadReport
+    from llamacpp_instr.converters.session import iter_events
+    from llamacpp_instr.converters.trace_layout import LayoutStats, Selection, layout
 
     sel = Selection(layer=layer, steps=_steps(steps), ops=not no_ops)
     out = output or log.with_name(
@@ -79,16 +79,16 @@ def command(
     try:
         with tmp.open("wb") as f:
             if fmt == "json":
-                from converters.chrome_json import write_chrome_json
+                from llamacpp_instr.converters.chrome_json import write_chrome_json
 
                 write_chrome_json(_progress(items, log), f)
             else:
-                from converters.perfetto_writer import write_perfetto
+                from llamacpp_instr.converters.perfetto_writer import write_perfetto
 
                 write_perfetto(_progress(items, log), f)
         tmp.replace(out)
     except OSError as exc:
-        from converters.errors import UserError
+        from llamacpp_instr.converters.errors import UserError
 
         raise UserError(f"cannot write {out}: {exc.strerror}") from None
     finally:
@@ -107,7 +107,7 @@ def _progress(items, log: Path):  # type: ignore[no-untyped-def]
     if not sys.stderr.isatty() or log.stat().st_size < 16 << 20:
         yield from items
         return
-    from converters.trace_layout import Slice
+    from llamacpp_instr.converters.trace_layout import Slice
 
     with click.progressbar(length=0, label="converting", file=sys.stderr, show_pos=True) as bar:
         for it in items:

@@ -26,8 +26,8 @@ def command(log: Path, output: Path | None, sid: str | None) -> None:
     model, biggest first, as JSON lines."""
     import json
 
-    from converters import load_session
-    from converters.summary import workloads
+    from llamacpp_instr.converters import load_session
+    from llamacpp_instr.converters.summary import workloads
 
     rows = workloads(load_session(log, sid))
     out = output.open("w") if output else sys.stdout

@@ -1,0 +1,114 @@
+#ifndef LLAMA_INSTR_H
+#define LLAMA_INSTR_H
+
+// llamacpp-instr: execution-time instrumentation of llama_decode, as a flat C API.
+//
+// A session writes an NDJSON log (one JSON object per line, schema in llamacpp-instr's
+// docs/schema.md) of every llama_decode in the process: the steps, the node table of each compute
+// graph, per-op and per-layer times measured by the CPU backend while the graph runs, and at the
+// verbose level per-thread times, output value statistics and top-k logits.
+//
+// Lifetime: llama_instr_session_begin() opens the one session of the process and
+// llama_instr_session_end() closes it. Every function may be called from any thread at any time;
+// contexts may keep decoding on their own threads while a session begins or ends. With no session
+// open, each hook inside llama.cpp costs one relaxed atomic load, and no level changes results.
+//
+// Return codes: a function returning int32_t returns LLAMA_INSTR_OK (0) or a negative
+// llama_instr_status, and llama_instr_last_error() then says what went wrong (per thread, like
+// errno). Nothing throws across this API.
+
+#include "llama.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LLAMA_INSTR_API_VERSION 2
+
+enum llama_instr_level {
+    LLAMA_INSTR_LEVEL_OFF      = 0,
+    LLAMA_INSTR_LEVEL_MINIMAL  = 1,  // steps and per-layer spans
+    LLAMA_INSTR_LEVEL_DETAILED = 2,  // + graph tables, per-op timings, token ids and pieces
+    LLAMA_INSTR_LEVEL_VERBOSE  = 3,  // + per-thread times, value statistics, top-k logits
+};
+
+enum llama_instr_status {
+    LLAMA_INSTR_OK              = 0,
+    LLAMA_INSTR_ERR_BUSY        = -1,  // a session is already open
+    LLAMA_INSTR_ERR_NO_SESSION  = -2,  // no session is open
+    LLAMA_INSTR_ERR_INVALID_ARG = -3,  // an argument is out of range
+    LLAMA_INSTR_ERR_IO          = -4,  // the log could not be opened, written or closed: records were lost
+    LLAMA_INSTR_ERR_INTERNAL    = -5,  // out of memory or another internal failure: records were lost
+};
+
+struct llama_instr_totals {
+    int64_t n_steps;          // llama_decode calls
+    int64_t n_tokens;         // tokens decoded (prompt + generated)
+    int64_t n_prompt_tokens;  //
+    int64_t n_gen_tokens;     //
+    int64_t n_computes;       // graph computes (ubatches)
+    int64_t n_records;        // lines written or buffered
+    int64_t n_lost;           // records lost to a write error or an internal failure
+};
+
+// The C API version (LLAMA_INSTR_API_VERSION) of this library.
+LLAMA_API int32_t llama_instr_api_version(void);
+
+// A JSON object describing this build, valid for the life of the process:
+// {"api_version":2,"llama_cpp_commit":"...","patch_hash":"..."}
+LLAMA_API const char * llama_instr_build_info(void);
+
+// Open the session: create or append to the log at `path` (NULL or "" =
+// llama_instrumentation_YYYYMMDD_HHMMSS.log in the current directory) and record at `level`
+// (LLAMA_INSTR_LEVEL_MINIMAL..VERBOSE). `ctx` may be NULL; when given, the session_start record
+// carries its model, context parameters, weight inventory and memory breakdown. `metadata_json`,
+// a JSON object, is stored verbatim in session_start (NULL = {}).
+// Returns LLAMA_INSTR_OK, ERR_BUSY, ERR_INVALID_ARG (level, or metadata that is not an object),
+// ERR_IO (the log cannot be opened or written) or ERR_INTERNAL. On error no session is open.
+LLAMA_API int32_t llama_instr_session_begin(struct llama_context * ctx,
+                                            const char *           path,
+                                            int32_t                level,
+                                            const char *           metadata_json);
+
+// Close the session: write session_end with `status` ("ok", "error" or "interrupted"; NULL = "ok"),
+// flush and close the log. The session is closed whatever the result.
+// Returns LLAMA_INSTR_OK, ERR_NO_SESSION, ERR_INVALID_ARG (unknown status: "error" is written),
+// ERR_IO (a write failed at any time during the session, the log was removed or replaced, or
+// closing failed: the log is incomplete) or ERR_INTERNAL (a hook failed: records were lost).
+LLAMA_API int32_t llama_instr_session_end(const char * status);
+
+// Change the level of the open session (LLAMA_INSTR_LEVEL_OFF pauses recording).
+// Returns the previous level (>= 0), ERR_NO_SESSION or ERR_INVALID_ARG.
+LLAMA_API int32_t llama_instr_set_level(int32_t level);
+
+// The current level (LLAMA_INSTR_LEVEL_OFF when no session is open).
+LLAMA_API int32_t llama_instr_get_level(void);
+
+// Top logits recorded per output row at the verbose level, 1..1000 (default 10); applies to the
+// next session. Returns LLAMA_INSTR_OK or ERR_INVALID_ARG.
+LLAMA_API int32_t llama_instr_set_topk(int32_t k);
+
+// Write buffered lines to the log now. Returns LLAMA_INSTR_OK, ERR_NO_SESSION or ERR_IO.
+LLAMA_API int32_t llama_instr_flush(void);
+
+// Copy the path of the open (or last) session's log into `buf` (NUL-terminated, truncated to
+// `buf_size`). Returns the full length of the path, like snprintf, or ERR_NO_SESSION if there was
+// never a session.
+LLAMA_API int32_t llama_instr_session_path(char * buf, size_t buf_size);
+
+// Totals of the open (or last) session. Returns LLAMA_INSTR_OK, ERR_NO_SESSION (never a session)
+// or ERR_INVALID_ARG (NULL).
+LLAMA_API int32_t llama_instr_session_totals(struct llama_instr_totals * totals);
+
+// What the last failing call on this thread reported ("" if none). Valid until this thread's next
+// call into this API.
+LLAMA_API const char * llama_instr_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  // LLAMA_INSTR_H

@@ -1,0 +1,310 @@
+#include "llama-instr-graph.h"
+
+#include "ggml-backend.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+
+namespace llama_instr {
+
+int32_t layer_from_name(const char * name, const char * prefix) {
+    const size_t n = strlen(prefix);
+    if (strncmp(name, prefix, n) != 0) {
+        return -1;
+    }
+    const char * p = name + n;
+    if (*p < '0' || *p > '9') {
+        return -1;
+    }
+    int32_t v = 0;
+    while (*p >= '0' && *p <= '9' && v < 1000000) {
+        v = v * 10 + (*p - '0');
+        p++;
+    }
+    return v;
+}
+
+const ggml_tensor * view_root(const ggml_tensor * t) {
+    while (t && t->view_src) {
+        t = t->view_src;
+    }
+    return t;
+}
+
+bool is_kv_cache(const ggml_tensor * t) {
+    t = view_root(t);
+    return t && strncmp(t->name, "cache_", 6) == 0;
+}
+
+// SET_ROWS and CPY return a view of their destination: a write into the cache views the cache
+bool is_kv_write(const ggml_tensor * t) {
+    return (t->op == GGML_OP_SET_ROWS || t->op == GGML_OP_CPY) && is_kv_cache(t);
+}
+
+static bool is_weight(const ggml_tensor * t) {
+    return t->buffer && ggml_backend_buffer_get_usage(t->buffer) == GGML_BACKEND_BUFFER_USAGE_WEIGHTS;
+}
+
+static bool is_noop(const ggml_tensor * t) {
+    switch (t->op) {
+        case GGML_OP_NONE:
+        case GGML_OP_RESHAPE:
+        case GGML_OP_VIEW:
+        case GGML_OP_PERMUTE:
+        case GGML_OP_TRANSPOSE:
+            return true;
+        default:
+            return (t->flags & GGML_TENSOR_FLAG_COMPUTE) == 0;
+    }
+}
+
+void graph_index::build(const ggml_cgraph * g) {
+    auto *    gm = const_cast<ggml_cgraph *>(g);
+    const int n  = ggml_graph_n_nodes(gm);
+    gf           = g;
+    n_nodes      = n;
+    ptrs.resize(n);
+    idx.clear();
+    idx.reserve((size_t) n * 2);
+
+    // Layer of each node, in three passes:
+    //  1. the graph callback's il (-1 = explicitly not in a layer), else the layer of a blk.N
+    //     weight or cache_[kv]_lN source;
+    //  2. nodes still unknown belong to the block whose output the callback names next (the
+    //     callback names a block's result; the unnamed nodes before it compute that result);
+    //  3. left-overs (e.g. the session began after the graph was built, so there were no
+    //     callbacks) take the latest layer among their node sources: data flows forward.
+    constexpr int32_t UNSET = INT32_MIN;
+    layer.assign(n, UNSET);
+    for (int i = 0; i < n; i++) {
+        const ggml_tensor * t = ggml_graph_node(gm, i);
+        ptrs[i]               = t;
+        idx[t]                = i;
+        auto it               = il_of.find(t);
+        if (it != il_of.end()) {
+            layer[i] = it->second;
+            continue;
+        }
+        for (int k = 0; k < GGML_MAX_SRC && t->src[k]; k++) {
+            if (idx.count(t->src[k])) {
+                continue;
+            }
+            const ggml_tensor * root = view_root(t->src[k]);
+            int32_t             l    = layer_from_name(root->name, "blk.");
+            if (l < 0) {
+                l = layer_from_name(root->name, "cache_k_l");
+            }
+            if (l < 0) {
+                l = layer_from_name(root->name, "cache_v_l");
+            }
+            if (l >= 0) {
+                layer[i] = l;
+                break;
+            }
+        }
+    }
+    int32_t next_named = UNSET;
+    for (int i = n - 1; i >= 0; i--) {
+        auto it = il_of.find(ptrs[i]);
+        if (it != il_of.end()) {
+            next_named = it->second;
+        } else if (layer[i] == UNSET && next_named != UNSET) {
+            layer[i] = next_named;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (layer[i] != UNSET) {
+            continue;
+        }
+        const ggml_tensor * t          = ptrs[i];
+        int32_t             from_nodes = -1;
+        for (int k = 0; k < GGML_MAX_SRC && t->src[k]; k++) {
+            const int32_t si = find(t->src[k]);
+            if (si >= 0 && si < i) {
+                from_nodes = std::max(from_nodes, layer[si]);
+            }
+        }
+        layer[i] = from_nodes;
+    }
+    il_of.clear();
+}
+
+bool graph_index::matches(const ggml_cgraph * g) const {
+    auto * gm = const_cast<ggml_cgraph *>(g);
+    if (g != gf || ggml_graph_n_nodes(gm) != n_nodes) {
+        return false;
+    }
+    for (int i = 0; i < n_nodes; i++) {
+        if (ggml_graph_node(gm, i) != ptrs[i]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static void copy_name(char (&dst)[GGML_MAX_NAME], const char * src) {
+    snprintf(dst, GGML_MAX_NAME, "%s", src);
+}
+
+void graph_table::capture(const graph_index & gi, int32_t id, int32_t n_tok, int64_t t) {
+    graph_id = id;
+    n_tokens = n_tok;
+    ts       = t;
+    nodes.resize(gi.n_nodes);
+    srcs.clear();
+    for (int i = 0; i < gi.n_nodes; i++) {
+        const ggml_tensor * t_node = gi.ptrs[i];
+        node_snapshot &     ns     = nodes[i];
+        copy_name(ns.name, t_node->name);
+        ns.op     = t_node->op;
+        ns.sub    = t_node->op == GGML_OP_UNARY ? (int32_t) ggml_get_unary_op(t_node) :
+                    t_node->op == GGML_OP_GLU   ? (int32_t) ggml_get_glu_op(t_node) :
+                                                  -1;
+        ns.layer  = gi.layer[i];
+        ns.type   = t_node->type;
+        ns.n_dims = ggml_n_dims(t_node);
+        std::copy(t_node->ne, t_node->ne + GGML_MAX_DIMS, ns.ne);
+        ns.nbytes = (int64_t) ggml_nbytes(t_node);
+
+        uint8_t    flags = 0;
+        const bool noop  = is_noop(t_node);
+        const bool kvw   = is_kv_write(t_node);
+        flags |= noop ? NODE_NOOP : 0;
+        flags |= kvw ? NODE_KV_WRITE : 0;
+        flags |= (t_node->flags & GGML_TENSOR_FLAG_OUTPUT) ? NODE_OUTPUT : 0;
+
+        ns.src_begin = (int32_t) srcs.size();
+        for (int k = 0; k < GGML_MAX_SRC && t_node->src[k]; k++) {
+            const ggml_tensor * src = t_node->src[k];
+            if (!noop && !kvw && is_kv_cache(src)) {
+                flags |= NODE_KV_READ;
+            }
+            srcs.emplace_back();
+            src_snapshot & ss = srcs.back();
+            ss.node           = gi.find(src);
+            if (ss.node >= 0) {
+                ss.kind = SRC_NODE;
+                continue;
+            }
+            copy_name(ss.name, src->name);
+            ss.kind   = is_kv_cache(src)                      ? SRC_KV_CACHE :
+                        is_weight(view_root(src))             ? SRC_WEIGHT :
+                        (src->flags & GGML_TENSOR_FLAG_INPUT) ? SRC_INPUT :
+                                                                SRC_OTHER;
+            ss.type   = src->type;
+            ss.n_dims = ggml_n_dims(src);
+            std::copy(src->ne, src->ne + GGML_MAX_DIMS, ss.ne);
+            ss.nbytes = (int64_t) ggml_nbytes(src);
+        }
+        ns.n_src = (int32_t) srcs.size() - ns.src_begin;
+        ns.flags = flags;
+    }
+}
+
+static const char * src_kind_name(src_kind k) {
+    switch (k) {
+        case SRC_WEIGHT:
+            return "weight";
+        case SRC_KV_CACHE:
+            return "kv_cache";
+        case SRC_INPUT:
+            return "input";
+        default:
+            return "other";
+    }
+}
+
+void graph_table::write(json_out & j, const std::string & sid, int32_t ctx_id) const {
+    record_head(j, "graph", ts, sid);
+    j.key("ctx");
+    j.i64(ctx_id);
+    j.key("graph");
+    j.i64(graph_id);
+    j.key("n_tokens");
+    j.i64(n_tokens);
+    j.key("nodes");
+    j.ch('[');
+    for (size_t i = 0; i < nodes.size(); i++) {
+        const node_snapshot & ns = nodes[i];
+        j.sep();
+        j.ch('{');
+        j.key("i");
+        j.i64((int64_t) i);
+        j.key("name");
+        j.str(ns.name);
+        j.key("op");
+        j.str(ggml_op_name((ggml_op) ns.op));
+        j.key("sub");
+        if (ns.op == GGML_OP_UNARY) {
+            j.str(ggml_unary_op_name((ggml_unary_op) ns.sub));
+        } else if (ns.op == GGML_OP_GLU) {
+            j.str(ggml_glu_op_name((ggml_glu_op) ns.sub));
+        } else {
+            j.null();
+        }
+        j.key("layer");
+        if (ns.layer >= 0) {
+            j.i64(ns.layer);
+        } else {
+            j.null();
+        }
+        j.key("shape");
+        j.shape(ns.ne, ns.n_dims);
+        j.key("dtype");
+        j.str(ggml_type_name((ggml_type) ns.type));
+        j.key("bytes");
+        j.i64(ns.nbytes);
+        j.key("src");
+        j.ch('[');
+        for (int32_t k = 0; k < ns.n_src; k++) {
+            const src_snapshot & ss = srcs[ns.src_begin + k];
+            j.sep();
+            if (ss.kind == SRC_NODE) {
+                j.raw("{\"node\":");
+                j.i64(ss.node);
+                j.ch('}');
+                continue;
+            }
+            j.ch('{');
+            j.key("name");
+            j.str(ss.name);
+            j.key("kind");
+            j.str(src_kind_name(ss.kind));
+            j.key("type");
+            j.str(ggml_type_name((ggml_type) ss.type));
+            j.key("shape");
+            j.shape(ss.ne, ss.n_dims);
+            j.key("bytes");
+            j.i64(ss.nbytes);
+            j.ch('}');
+        }
+        j.ch(']');
+        j.key("flags");
+        j.ch('[');
+
+        static const struct {
+            node_flag    flag;
+            const char * name;
+        } names[] = {
+            { NODE_NOOP,     "\"noop\""     },
+            { NODE_KV_WRITE, "\"kv_write\"" },
+            { NODE_KV_READ,  "\"kv_read\""  },
+            { NODE_OUTPUT,   "\"output\""   },
+        };
+
+        for (const auto & f : names) {
+            if (ns.flags & f.flag) {
+                j.sep();
+                j.raw(f.name);
+            }
+        }
+        j.ch(']');
+        j.ch('}');
+    }
+    j.ch(']');
+    j.ch('}');
+}
+
+}  // namespace llama_instr

@@ -1,0 +1,100 @@
+#pragma once
+
+// llamacpp-instr: the compute graph's node table. A graph is indexed when it is built (which node
+// is which, and its layer), captured as plain data inside the step, and formatted as a `graph`
+// record only after the step's end time is taken.
+
+#include "ggml.h"
+#include "llama-instr-json.h"
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace llama_instr {
+
+enum node_flag : uint8_t {
+    NODE_NOOP     = 1,
+    NODE_KV_WRITE = 2,
+    NODE_KV_READ  = 4,
+    NODE_OUTPUT   = 8,
+};
+
+enum src_kind : uint8_t {
+    SRC_NODE,
+    SRC_WEIGHT,
+    SRC_KV_CACHE,
+    SRC_INPUT,
+    SRC_OTHER,
+};
+
+// Which node is which in a context's current graph, and the layer of each.
+struct graph_index {
+    const ggml_cgraph *                              gf      = nullptr;
+    int32_t                                          n_nodes = 0;
+    std::vector<const ggml_tensor *>                 ptrs;   // index -> node
+    std::vector<int32_t>                             layer;  // index -> layer, or -1
+    std::unordered_map<const ggml_tensor *, int32_t> idx;    // node -> index
+
+    // layer ids the graph callback gave while the graph was being built (cleared by build())
+    std::unordered_map<const ggml_tensor *, int32_t> il_of;
+
+    void build(const ggml_cgraph * gf);
+
+    // Is gf still the graph indexed here? (A graph can be rebuilt in place while no session is open.)
+    bool matches(const ggml_cgraph * gf) const;
+
+    int32_t find(const ggml_tensor * t) const {
+        auto it = idx.find(t);
+        return it == idx.end() ? -1 : it->second;
+    }
+};
+
+struct src_snapshot {
+    char     name[GGML_MAX_NAME];
+    int32_t  node;  // index of a node of the same graph, or -1
+    src_kind kind;
+    int32_t  type;
+    int32_t  n_dims;
+    int64_t  ne[GGML_MAX_DIMS];
+    int64_t  nbytes;
+};
+
+struct node_snapshot {
+    char    name[GGML_MAX_NAME];
+    int32_t op;
+    int32_t sub;  // unary or GLU op, or -1
+    int32_t layer;
+    int32_t type;
+    int32_t n_dims;
+    int64_t ne[GGML_MAX_DIMS];
+    int64_t nbytes;
+    uint8_t flags;  // node_flag
+    int32_t src_begin;
+    int32_t n_src;
+};
+
+// A graph's node table as plain data; its vectors keep their capacity from step to step.
+struct graph_table {
+    int32_t                    graph_id = 0;
+    int32_t                    n_tokens = 0;
+    int64_t                    ts       = 0;
+    std::vector<node_snapshot> nodes;
+    std::vector<src_snapshot>  srcs;
+
+    void capture(const graph_index & gi, int32_t graph_id, int32_t n_tokens, int64_t ts);
+
+    // the `graph` record (one line, without the newline)
+    void write(json_out & j, const std::string & sid, int32_t ctx_id) const;
+};
+
+// helpers shared with the value statistics and the timing
+const ggml_tensor * view_root(const ggml_tensor * t);
+bool                is_kv_cache(const ggml_tensor * t);
+bool                is_kv_write(const ggml_tensor * t);
+
+// N of a name "<prefix>N..." (blk.N.attn_q.weight, cache_k_lN), or -1
+int32_t layer_from_name(const char * name, const char * prefix);
+
+}  // namespace llama_instr

@@ -1,0 +1,40 @@
+#pragma once
+
+// llamacpp-instr: the hooks llama-context.cpp calls. Internal to libllama; the public API is
+// include/llama-instr.h.
+//
+// Every call site but llama_instr_context_free() checks llama_instr_enabled() first, so with no
+// session open a hook costs one relaxed atomic load. Hooks never throw: a failure inside one is
+// recorded on the session (records lost, reported by llama_instr_session_end).
+
+#include "llama-instr.h"
+
+#include <atomic>
+#include <cstdint>
+
+struct ggml_cgraph;
+struct ggml_tensor;
+typedef struct ggml_backend * ggml_backend_t;
+
+extern std::atomic<int32_t> g_llama_instr_level;
+
+static inline bool llama_instr_enabled() {
+    return g_llama_instr_level.load(std::memory_order_relaxed) != LLAMA_INSTR_LEVEL_OFF;
+}
+
+// llama_decode: begin returns the step's start time (ns), to pass to end.
+int64_t llama_instr_decode_begin(llama_context * ctx, const llama_batch & batch);
+void    llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int32_t ret, int64_t t_start);
+
+// graph construction in process_ubatch: the callback names each layer's tensors
+void llama_instr_graph_build_begin(llama_context * ctx);
+void llama_instr_graph_cb(llama_context * ctx, ggml_tensor * cur, int il);
+void llama_instr_graph_built(llama_context * ctx, ggml_cgraph * gf);
+
+// graph_compute: the CPU backend times each op between these two
+void llama_instr_compute_begin(llama_context * ctx, ggml_backend_t backend_cpu, ggml_cgraph * gf);
+void llama_instr_compute_end(llama_context * ctx, ggml_backend_t backend_cpu, ggml_cgraph * gf, int32_t status);
+
+// ~llama_context, called whether or not a session is open: the context's instrumentation state is
+// freed with the context and never before, so no hook or running compute can outlive it.
+void llama_instr_context_free(const llama_context * ctx);

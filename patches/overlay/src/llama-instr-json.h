@@ -1,0 +1,53 @@
+#pragma once
+
+// llamacpp-instr: a minimal JSON writer appending to a reused std::string (no allocation once
+// the string has grown to its working size). Output is always valid UTF-8.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+struct ggml_tensor;
+
+namespace llama_instr {
+
+struct json_out {
+    std::string & s;
+
+    void raw(const char * v) { s += v; }
+
+    void raw(const std::string & v) { s += v; }
+
+    void ch(char c) { s.push_back(c); }
+
+    void i64(int64_t v);
+    void f64(double v);  // NaN and infinities become null
+
+    void boolean(bool v) { s += v ? "true" : "false"; }
+
+    void null() { s += "null"; }
+
+    // A JSON string. Bytes that are not well-formed UTF-8 (token pieces can be partial
+    // characters) become U+FFFD, so the line always decodes.
+    void str(const char * v, size_t len);
+    void str(const char * v);
+
+    void str(const std::string & v) { str(v.data(), v.size()); }
+
+    // a comma unless right after an opening bracket
+    void sep();
+    // "key": (with a comma first when needed)
+    void key(const char * k);
+    // [ne0, ne1, ...] up to the tensor's last non-1 dimension (at least one)
+    void shape(const int64_t * ne, int n_dims);
+    void shape(const ggml_tensor * t);
+};
+
+// Start a record: {"type":"<type>","ts":<ts>,"sid":"<sid>" (the caller adds fields and the '}').
+void record_head(json_out & j, const char * type, int64_t ts, const std::string & sid);
+
+// Length of the well-formed UTF-8 sequence at p (1..4), or 0 if p[0..] does not start one:
+// Unicode's table 3-7, which excludes overlong forms, surrogates and code points above U+10FFFF.
+size_t utf8_sequence_len(const unsigned char * p, size_t avail);
+
+}  // namespace llama_instr

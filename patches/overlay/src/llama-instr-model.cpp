@@ -1,0 +1,181 @@
+#include "llama-instr-model.h"
+
+#include "ggml-backend.h"
+#include "llama-context.h"
+#include "llama-ext.h"
+#include "llama-instr-graph.h"
+#include "llama-kv-cache-iswa.h"
+#include "llama-kv-cache.h"
+#include "llama-model.h"
+
+#include <string>
+
+namespace llama_instr {
+
+void write_model_info(json_out & j, llama_context * ctx) {
+    const llama_model & model = ctx->get_model();
+    const auto &        hp    = model.hparams;
+
+    char sbuf[256];
+    auto meta = [&](const char * key) -> std::string {
+        const int n = llama_model_meta_val_str(&model, key, sbuf, sizeof(sbuf));
+        return n >= 0 ? std::string(sbuf) : std::string();
+    };
+
+    j.key("model");
+    j.ch('{');
+    j.key("architecture");
+    j.str(model.arch_name());
+    j.key("name");
+    j.str(meta("general.name"));
+    j.key("n_layer");
+    j.i64(hp.n_layer());
+    j.key("n_embd");
+    j.i64(hp.n_embd);
+    j.key("n_head");
+    j.i64(hp.n_head(0));
+    j.key("n_head_kv");
+    j.i64(hp.n_head_kv(0));
+    j.key("n_ff");
+    j.i64(hp.n_ff(0));
+    j.key("n_vocab");
+    j.i64(llama_vocab_n_tokens(llama_model_get_vocab(&model)));
+    j.key("n_ctx_train");
+    j.i64(hp.n_ctx_train);
+    j.key("rope");
+    j.ch('{');
+    {
+        const char * rt = "none";
+        switch (llama_model_rope_type(&model)) {
+            case LLAMA_ROPE_TYPE_NORM:
+                rt = "norm";
+                break;
+            case LLAMA_ROPE_TYPE_NEOX:
+                rt = "neox";
+                break;
+            case LLAMA_ROPE_TYPE_MROPE:
+                rt = "mrope";
+                break;
+            case LLAMA_ROPE_TYPE_VISION:
+                rt = "vision";
+                break;
+            default:
+                break;
+        }
+        j.key("type");
+        j.str(rt);
+        j.key("freq_base");
+        j.f64(hp.rope_freq_base_train);
+        j.key("freq_scale");
+        j.f64(hp.rope_freq_scale_train);
+    }
+    j.ch('}');
+    j.key("file_type");
+    j.str(llama_ftype_name(llama_model_ftype(&model)));
+    j.key("n_params");
+    j.i64((int64_t) llama_model_n_params(&model));
+    j.key("size_bytes");
+    j.i64((int64_t) llama_model_size(&model));
+    j.ch('}');
+
+    j.key("context");
+    j.ch('{');
+    {
+        const auto & cp = ctx->get_cparams();
+        j.key("n_ctx");
+        j.i64(cp.n_ctx);
+        j.key("n_batch");
+        j.i64(cp.n_batch);
+        j.key("n_ubatch");
+        j.i64(cp.n_ubatch);
+        j.key("n_seq_max");
+        j.i64(cp.n_seq_max);
+        j.key("n_threads");
+        j.i64(cp.n_threads);
+        j.key("n_threads_batch");
+        j.i64(cp.n_threads_batch);
+        j.key("flash_attn");
+        j.boolean(cp.flash_attn);
+        const llama_kv_cache * kv = nullptr;
+        if (auto * mem = ctx->get_memory()) {
+            kv = dynamic_cast<const llama_kv_cache *>(mem);
+            if (!kv) {
+                if (auto * iswa = dynamic_cast<const llama_kv_cache_iswa *>(mem)) {
+                    kv = iswa->get_base();
+                }
+            }
+        }
+        j.key("type_k");
+        j.str(kv ? ggml_type_name(kv->type_k()) : "none");
+        j.key("type_v");
+        j.str(kv ? ggml_type_name(kv->type_v()) : "none");
+    }
+    j.ch('}');
+
+    j.key("weights");
+    j.ch('[');
+    for (const auto & [name, t] : model.tensors_by_name) {
+        j.sep();
+        j.ch('{');
+        j.key("name");
+        j.str(name);
+        j.key("type");
+        j.str(ggml_type_name(t->type));
+        j.key("type_id");
+        j.i64((int64_t) t->type);
+        j.key("shape");
+        j.shape(t);
+        j.key("n_elements");
+        j.i64(ggml_nelements(t));
+        j.key("bytes");
+        j.i64((int64_t) ggml_nbytes(t));
+        j.key("layer");
+        const int32_t il = layer_from_name(name.c_str(), "blk.");
+        if (il >= 0) {
+            j.i64(il);
+        } else {
+            j.raw("null");
+        }
+        j.key("buffer");
+        j.str(t->buffer ? ggml_backend_buffer_name(t->buffer) : "none");
+        j.ch('}');
+    }
+    j.ch(']');
+
+    j.key("memory");
+    j.ch('{');
+    {
+        size_t     w = 0, kv = 0, comp = 0;
+        const auto mb = llama_get_memory_breakdown(ctx);
+        for (const auto & [buft, d] : mb) {
+            w += d.model;
+            kv += d.context;
+            comp += d.compute;
+        }
+        j.key("weights");
+        j.i64((int64_t) w);
+        j.key("kv_cache");
+        j.i64((int64_t) kv);
+        j.key("compute");
+        j.i64((int64_t) comp);
+        j.key("buffers");
+        j.ch('[');
+        for (const auto & [buft, d] : mb) {
+            j.sep();
+            j.ch('{');
+            j.key("buffer");
+            j.str(ggml_backend_buft_name(buft));
+            j.key("weights");
+            j.i64((int64_t) d.model);
+            j.key("kv_cache");
+            j.i64((int64_t) d.context);
+            j.key("compute");
+            j.i64((int64_t) d.compute);
+            j.ch('}');
+        }
+        j.ch(']');
+    }
+    j.ch('}');
+}
+
+}  // namespace llama_instr

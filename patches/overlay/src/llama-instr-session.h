@@ -1,0 +1,111 @@
+#pragma once
+
+// llamacpp-instr: the session (the one open log of the process) and the per-context state the
+// hooks work with.
+//
+// Lifetimes: the session lives from llama_instr_session_begin to llama_instr_session_end, and each
+// begin starts a new epoch. A context's state lives as long as the llama_context (it is freed by
+// llama_instr_context_free from ~llama_context), never shorter, so a hook or a running compute on
+// another thread can't be left with freed memory when a session ends. A state joins the open
+// session at the start of each step; records it formats carry the epoch they were made in, and
+// emit() drops those of a session that has ended since.
+
+#include "ggml-cpu.h"
+#include "llama-instr-graph.h"
+#include "llama-instr-json.h"
+#include "llama-instr-stats.h"
+#include "llama-instr.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+struct llama_context;
+
+namespace llama_instr {
+
+int64_t now_ns();  // CLOCK_MONOTONIC, the clock ggml-cpu's profiler uses
+
+// what one timed op measured; records are formatted after the step ends
+struct op_rec {
+    int32_t idx;      // node index in the graph table
+    int32_t layer;    // its layer, or -1
+    int32_t n_fused;  // following nodes fused into it
+    int64_t t_start;
+    int64_t t_end;
+};
+
+struct compute_rec {
+    int32_t ubatch, graph_id, n_tokens, status, n_threads;
+    int64_t t_start, t_end;
+    size_t  op_begin, op_end;      // into ctx_state::p_ops (and p_threads, n_threads per op)
+    size_t  stat_begin, stat_end;  // into ctx_state::p_stats
+};
+
+struct ctx_state {
+    // this context in the current session
+    uint64_t    epoch = 0;  // 0 = never joined
+    int32_t     id    = 0;
+    int32_t     level = LLAMA_INSTR_LEVEL_OFF;
+    int32_t     topk  = 10;
+    std::string sid;
+
+    // the graph currently built for this context, and the node tables captured in this step
+    graph_index              graph;
+    int32_t                  graph_id      = 0;      // 0 = not announced in this session yet
+    bool                     graph_emitted = false;
+    bool                     graph_checked = false;  // checked against the graph computed after a join
+    std::vector<graph_table> tables;
+    size_t                   n_tables = 0;
+
+    // executed op k -> node index, cached: the same graph runs the same sequence every step
+    std::vector<const ggml_tensor *> map_ptr;
+    std::vector<int32_t>             map_idx;
+
+    // the CPU backend's profiler and its buffers (sized when a compute begins)
+    ggml_cpu_profiler                prof = {};
+    std::vector<ggml_cpu_profile_op> ops;
+    std::vector<int64_t>             thread_end;
+    stats_buffer                     stats;
+    ggml_backend_cpu_set_profiler_t  set_profiler           = nullptr;
+    bool                             set_profiler_looked_up = false;
+    bool                             profiling              = false;  // set on the backend now
+
+    // the records of the current step
+    std::vector<op_rec>      p_ops;
+    std::vector<int64_t>     p_threads;
+    std::vector<stat_row>    p_stats;
+    std::vector<compute_rec> p_computes;
+
+    // the current step
+    bool    in_decode   = false;
+    int64_t step        = -1;
+    int32_t ubatch      = 0;
+    int32_t n_tokens    = 0;  // of the current ubatch
+    int32_t tokens_left = 0;  // of the current batch, not yet computed
+
+    std::vector<int32_t> scratch_ids;
+    std::string          line;  // reused formatting buffer
+};
+
+// The state of ctx, created on first use; nullptr only when out of memory.
+ctx_state * ctx_get(const llama_context * ctx);
+
+// At the start of a step: join the open session if st is not in it yet (new id; the current
+// graph is announced again), and count the step. False when no session is open.
+bool ctx_join(ctx_state & st, int32_t n_tokens, bool prompt);
+
+// A new graph id in st's session.
+int32_t next_graph_id(const ctx_state & st);
+
+// Count a graph compute in st's session.
+void count_compute(const ctx_state & st);
+
+// Append one complete record (no newline) made in session `epoch`. Records of a session that has
+// ended since are dropped; after a write error, records are counted as lost.
+void emit(uint64_t epoch, const std::string & line);
+
+// A hook failed (out of memory, ...): the session's log is incomplete; session_end reports it.
+void hook_failed(uint64_t epoch, const char * hook);
+
+}  // namespace llama_instr

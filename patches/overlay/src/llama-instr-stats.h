@@ -1,0 +1,45 @@
+#pragma once
+
+// llamacpp-instr: value statistics of each op's output (verbose level). The CPU backend calls
+// stats_on_node() on every thread once an op is complete; each thread accumulates its share of
+// the output's rows into its own slot, and the slots are merged when the step's records are
+// formatted, after its end time is taken.
+
+#include "ggml.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace llama_instr {
+
+// one thread's share of one op's output
+struct stat_partial {
+    float    mn, mx;
+    double   sum, sum2;
+    int64_t  n, n_nan, n_inf;
+    uint32_t gen;  // == stats_buffer::gen when written by the current compute
+};
+
+struct stat_row {
+    int32_t node;
+    double  min, max, mean, std;
+    int64_t n_nan, n_inf;
+};
+
+struct stats_buffer {
+    std::vector<stat_partial> partials;  // [op k][thread]
+    int32_t                   max_threads = 0;
+    uint32_t                  gen         = 0;
+
+    // before a compute: room for cap ops and max_threads threads (allocates only to grow)
+    void prepare(int32_t cap, int32_t max_threads);
+
+    // Merge the partials of op k into `out` (node left to the caller). False if op k has none
+    // (an output that is not F32/F16, or a KV cache write).
+    bool merge(int32_t k, stat_row & out) const;
+};
+
+// ggml_cpu_profiler::on_node; `user` is the stats_buffer
+void stats_on_node(void * user, int32_t k, const ggml_tensor * node, int ith, int nth);
+
+}  // namespace llama_instr

@@ -1,0 +1,219 @@
+// llamacpp-instr: one llama_decode call is one step: step_begin, then (after its end time is
+// taken) the graph tables, compute records, top-k logits and step_end.
+
+#include "llama-context.h"
+#include "llama-instr-hooks.h"
+#include "llama-instr-timing.h"
+#include "llama-model.h"
+
+#include <algorithm>
+
+using namespace llama_instr;
+
+namespace {
+
+void write_step_begin(ctx_state &         st,
+                      llama_context *     ctx,
+                      const llama_batch & batch,
+                      int64_t             p0,
+                      int64_t             p1,
+                      bool                prompt) {
+    json_out j{ st.line };
+    record_head(j, "step_begin", now_ns(), st.sid);
+    j.key("step");
+    j.i64(st.step);
+    j.key("ctx");
+    j.i64(st.id);
+    j.key("n_tokens");
+    j.i64(batch.n_tokens);
+    j.key("pos");
+    j.ch('[');
+    j.i64(p0);
+    j.ch(',');
+    j.i64(p1);
+    j.ch(']');
+    j.key("kind");
+    j.str(prompt ? "prompt" : "gen");
+    if (st.level >= LLAMA_INSTR_LEVEL_DETAILED && batch.token) {
+        const llama_vocab * vocab = llama_model_get_vocab(llama_get_model(ctx));
+        j.key("tokens");
+        j.ch('[');
+        for (int i = 0; i < batch.n_tokens; i++) {
+            if (i) {
+                j.ch(',');
+            }
+            j.i64(batch.token[i]);
+        }
+        j.ch(']');
+        j.key("pieces");
+        j.ch('[');
+        char piece[256];
+        for (int i = 0; i < batch.n_tokens; i++) {
+            if (i) {
+                j.ch(',');
+            }
+            const int n = llama_token_to_piece(vocab, batch.token[i], piece, sizeof(piece), 0, true);
+            j.str(piece, n > 0 ? (size_t) n : 0);
+        }
+        j.ch(']');
+    }
+    j.ch('}');
+    emit(st.epoch, st.line);
+}
+
+void write_topk(ctx_state & st, llama_context * ctx, int64_t n_outputs, int64_t n_vocab) {
+    const float * logits = llama_get_logits(ctx);
+    const int32_t k      = (int32_t) std::min<int64_t>(st.topk, n_vocab);
+    if (!logits || k <= 0) {
+        return;
+    }
+    json_out j{ st.line };
+    record_head(j, "topk", now_ns(), st.sid);
+    j.key("ctx");
+    j.i64(st.id);
+    j.key("step");
+    j.i64(st.step);
+    j.key("k");
+    j.i64(k);
+    j.key("rows");
+    j.ch('[');
+    st.scratch_ids.resize(n_vocab);
+    for (int64_t r = 0; r < n_outputs; r++) {
+        const float * row = logits + r * n_vocab;
+        for (int64_t i = 0; i < n_vocab; i++) {
+            st.scratch_ids[i] = (int32_t) i;
+        }
+        std::partial_sort(st.scratch_ids.begin(), st.scratch_ids.begin() + k, st.scratch_ids.end(),
+                          [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+        j.sep();
+        j.raw("{\"row\":");
+        j.i64(r);
+        j.raw(",\"ids\":[");
+        for (int32_t i = 0; i < k; i++) {
+            if (i) {
+                j.ch(',');
+            }
+            j.i64(st.scratch_ids[i]);
+        }
+        j.raw("],\"logits\":[");
+        for (int32_t i = 0; i < k; i++) {
+            if (i) {
+                j.ch(',');
+            }
+            j.f64(row[st.scratch_ids[i]]);
+        }
+        j.raw("]}");
+    }
+    j.ch(']');
+    j.ch('}');
+    emit(st.epoch, st.line);
+}
+
+}  // namespace
+
+int64_t llama_instr_decode_begin(llama_context * ctx, const llama_batch & batch) {
+    ctx_state * stp = ctx_get(ctx);
+    if (!stp) {
+        return 0;  // out of memory: this step is not recorded
+    }
+    ctx_state & st = *stp;
+    try {
+        int64_t p0 = 0, p1 = 0;
+        if (batch.pos && batch.n_tokens > 0) {
+            p0 = p1 = batch.pos[0];
+            for (int i = 1; i < batch.n_tokens; i++) {
+                p0 = std::min<int64_t>(p0, batch.pos[i]);
+                p1 = std::max<int64_t>(p1, batch.pos[i]);
+            }
+        } else {
+            llama_memory_t mem = llama_get_memory(ctx);
+            p0                 = mem ? llama_memory_seq_pos_max(mem, 0) + 1 : 0;
+            p1                 = p0 + std::max(0, batch.n_tokens - 1);
+        }
+        const bool prompt = batch.n_tokens > 1 || p0 == 0;
+        if (!ctx_join(st, batch.n_tokens, prompt)) {
+            return 0;  // the session ended meanwhile
+        }
+        st.in_decode   = true;
+        st.ubatch      = 0;
+        st.tokens_left = batch.n_tokens;
+        st.n_tables    = 0;
+        write_step_begin(st, ctx, batch, p0, p1, prompt);
+    } catch (...) {
+        hook_failed(st.epoch, "llama_instr_decode_begin");
+    }
+    return now_ns();
+}
+
+void llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int32_t ret, int64_t t_start) {
+    const int64_t t_end = now_ns();
+    ctx_state *   stp   = ctx_get(ctx);
+    if (!stp) {
+        return;
+    }
+    ctx_state & st = *stp;
+    st.in_decode   = false;
+    try {
+        int64_t n_outputs = 0;
+        if (batch.logits) {
+            for (int i = 0; i < batch.n_tokens; i++) {
+                n_outputs += batch.logits[i] != 0;
+            }
+        } else {
+            n_outputs = batch.n_tokens > 0 ? 1 : 0;
+        }
+        const int64_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx)));
+
+        int64_t kv_used = -1;
+        if (llama_memory_t mem = llama_get_memory(ctx)) {
+            const llama_pos pmax = llama_memory_seq_pos_max(mem, 0);
+            const llama_pos pmin = llama_memory_seq_pos_min(mem, 0);
+            kv_used              = pmax >= 0 && pmin >= 0 ? (int64_t) pmax - pmin + 1 : 0;
+        }
+
+        write_step_computes(st);
+
+        // every record of a step precedes its step_end, so a reader can close the step there
+        if (st.level >= LLAMA_INSTR_LEVEL_VERBOSE && ret == 0 && n_outputs > 0) {
+            write_topk(st, ctx, n_outputs, n_vocab);
+        }
+
+        json_out j{ st.line };
+        record_head(j, "step_end", t_end, st.sid);
+        j.key("step");
+        j.i64(st.step);
+        j.key("ctx");
+        j.i64(st.id);
+        j.key("t_start");
+        j.i64(t_start);
+        j.key("dur");
+        j.i64(t_end - t_start);
+        j.key("status");
+        j.i64(ret);
+        j.key("n_tokens");
+        j.i64(batch.n_tokens);
+        j.key("n_outputs");
+        j.i64(n_outputs);
+        j.key("n_computes");
+        j.i64(st.ubatch);
+        j.key("kv_used");
+        j.i64(kv_used);
+        j.key("logits");
+        j.raw("{\"shape\":[");
+        j.i64(n_vocab);
+        j.ch(',');
+        j.i64(n_outputs);
+        j.raw("],\"type\":\"f32\",\"bytes\":");
+        j.i64(n_vocab * n_outputs * 4);
+        j.ch('}');
+        j.ch('}');
+        emit(st.epoch, st.line);
+    } catch (...) {
+        st.n_tables = 0;
+        st.p_ops.clear();
+        st.p_threads.clear();
+        st.p_stats.clear();
+        st.p_computes.clear();
+        hook_failed(st.epoch, "llama_instr_decode_end");
+    }
+}

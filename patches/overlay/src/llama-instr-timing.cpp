@@ -1,0 +1,356 @@
+#include "llama-instr-timing.h"
+
+#include "ggml-backend.h"
+#include "llama-context.h"
+#include "llama-instr-hooks.h"
+
+#include <algorithm>
+
+using namespace llama_instr;
+
+namespace {
+
+// threads a compute of ctx may use: the profiler keeps one slot per thread
+int32_t max_threads_of(const llama_context * ctx) {
+    const auto & cp = ctx->get_cparams();
+    return std::clamp<int32_t>(std::max(cp.n_threads, cp.n_threads_batch), 1, 512);
+}
+
+// node index of executed op k; cached, since a graph runs the same sequence every time
+int32_t map_node(ctx_state & st, size_t k, const ggml_tensor * t) {
+    if (k < st.map_ptr.size() && st.map_ptr[k] == t) {
+        return st.map_idx[k];
+    }
+    const int32_t idx = st.graph.find(t);
+    if (k >= st.map_ptr.size()) {
+        st.map_ptr.resize(k + 1, nullptr);
+        st.map_idx.resize(k + 1, -1);
+    }
+    st.map_ptr[k] = t;
+    st.map_idx[k] = idx;
+    return idx;
+}
+
+void write_layers(json_out & j, const ctx_state & st, const compute_rec & c) {
+    // layer spans: first start to last end of each layer's timed ops, in execution order
+    j.key("layers");
+    j.ch('[');
+    int32_t cur = -1, n_ops = 0;
+    int64_t ls = 0, le = 0;
+    auto    flush = [&]() {
+        if (cur >= 0 && n_ops > 0) {
+            j.sep();
+            j.ch('[');
+            j.i64(cur);
+            j.ch(',');
+            j.i64(ls - c.t_start);
+            j.ch(',');
+            j.i64(le - ls);
+            j.ch(',');
+            j.i64(n_ops);
+            j.ch(']');
+        }
+    };
+    for (size_t k = c.op_begin; k < c.op_end; k++) {
+        const op_rec & op = st.p_ops[k];
+        if (op.layer < 0) {
+            continue;
+        }
+        if (op.layer != cur) {
+            flush();
+            cur   = op.layer;
+            n_ops = 0;
+            ls    = op.t_start;
+        }
+        le = op.t_end;
+        n_ops++;
+    }
+    flush();
+    j.ch(']');
+}
+
+void write_ops(json_out & j, const ctx_state & st, const compute_rec & c) {
+    j.key("ops");
+    j.ch('[');
+    for (size_t k = c.op_begin; k < c.op_end; k++) {
+        const op_rec & op = st.p_ops[k];
+        j.sep();
+        j.ch('[');
+        j.i64(op.idx);
+        j.ch(',');
+        j.i64(op.t_start - c.t_start);
+        j.ch(',');
+        j.i64(op.t_end - op.t_start);
+        if (op.n_fused > 0) {
+            j.raw(",[");
+            for (int32_t f = 1; f <= op.n_fused; f++) {
+                if (f > 1) {
+                    j.ch(',');
+                }
+                j.i64(op.idx + f);  // fused nodes follow the first one in the graph
+            }
+            j.ch(']');
+        }
+        j.ch(']');
+    }
+    j.ch(']');
+}
+
+void write_threads(json_out & j, const ctx_state & st, const compute_rec & c) {
+    j.key("threads");
+    j.ch('[');
+    for (size_t k = c.op_begin; k < c.op_end; k++) {
+        const int64_t * te = st.p_threads.data() + k * c.n_threads;
+        j.sep();
+        j.ch('[');
+        for (int32_t t = 0; t < c.n_threads; t++) {
+            if (t) {
+                j.ch(',');
+            }
+            j.i64(std::max<int64_t>(0, te[t] - st.p_ops[k].t_start));
+        }
+        j.ch(']');
+    }
+    j.ch(']');
+}
+
+void write_tensor_stats(json_out & j, const ctx_state & st, const compute_rec & c) {
+    record_head(j, "tensor_stats", c.t_end, st.sid);
+    j.key("ctx");
+    j.i64(st.id);
+    j.key("step");
+    j.i64(st.step);
+    j.key("ubatch");
+    j.i64(c.ubatch);
+    j.key("graph");
+    j.i64(c.graph_id);
+    j.key("stats");
+    j.ch('[');
+    for (size_t k = c.stat_begin; k < c.stat_end; k++) {
+        const stat_row & r = st.p_stats[k];
+        j.sep();
+        j.ch('[');
+        j.i64(r.node);
+        for (double v : { r.min, r.max, r.mean, r.std }) {
+            j.ch(',');
+            j.f64(v);
+        }
+        j.ch(',');
+        j.i64(r.n_nan);
+        j.ch(',');
+        j.i64(r.n_inf);
+        j.ch(']');
+    }
+    j.ch(']');
+    j.ch('}');
+}
+
+}  // namespace
+
+void llama_instr::write_step_computes(ctx_state & st) {
+    json_out j{ st.line };
+    for (size_t i = 0; i < st.n_tables; i++) {
+        st.tables[i].write(j, st.sid, st.id);
+        emit(st.epoch, st.line);
+    }
+    st.n_tables = 0;
+    for (const compute_rec & c : st.p_computes) {
+        record_head(j, "compute", c.t_end, st.sid);
+        j.key("ctx");
+        j.i64(st.id);
+        j.key("step");
+        j.i64(st.step);
+        j.key("ubatch");
+        j.i64(c.ubatch);
+        j.key("graph");
+        j.i64(c.graph_id);
+        j.key("t_start");
+        j.i64(c.t_start);
+        j.key("dur");
+        j.i64(c.t_end > c.t_start ? c.t_end - c.t_start : 0);
+        j.key("n_tokens");
+        j.i64(c.n_tokens);
+        j.key("status");
+        j.i64(c.status);
+        j.key("n_threads");
+        j.i64(c.n_threads);
+        write_layers(j, st, c);
+        if (st.level >= LLAMA_INSTR_LEVEL_DETAILED) {
+            write_ops(j, st, c);
+        }
+        if (st.level >= LLAMA_INSTR_LEVEL_VERBOSE && !st.p_threads.empty()) {
+            write_threads(j, st, c);
+        }
+        j.ch('}');
+        emit(st.epoch, st.line);
+        if (st.level >= LLAMA_INSTR_LEVEL_VERBOSE) {
+            write_tensor_stats(j, st, c);
+            emit(st.epoch, st.line);
+        }
+    }
+    st.p_ops.clear();
+    st.p_threads.clear();
+    st.p_stats.clear();
+    st.p_computes.clear();
+}
+
+//
+// hooks
+//
+
+void llama_instr_graph_build_begin(llama_context * ctx) {
+    ctx_state * st = ctx_get(ctx);
+    if (st) {
+        st->graph.il_of.clear();
+    }
+}
+
+void llama_instr_graph_cb(llama_context * ctx, ggml_tensor * cur, int il) {
+    ctx_state * st = ctx_get(ctx);
+    if (!st) {
+        return;
+    }
+    try {
+        st->graph.il_of[cur] = il;
+    } catch (...) {
+        hook_failed(st->epoch, "llama_instr_graph_cb");
+    }
+}
+
+void llama_instr_graph_built(llama_context * ctx, ggml_cgraph * gf) {
+    ctx_state * st = ctx_get(ctx);
+    if (!st) {
+        return;
+    }
+    try {
+        st->graph.build(gf);
+        st->graph_id      = next_graph_id(*st);
+        st->graph_emitted = false;
+        st->graph_checked = true;
+        st->map_ptr.clear();
+    } catch (...) {
+        st->graph.gf = nullptr;
+        hook_failed(st->epoch, "llama_instr_graph_built");
+    }
+}
+
+void llama_instr_compute_begin(llama_context * ctx, ggml_backend_t backend_cpu, ggml_cgraph * gf) {
+    ctx_state * stp = ctx_get(ctx);
+    if (!stp || !stp->in_decode || !backend_cpu) {
+        return;
+    }
+    ctx_state & st = *stp;
+    try {
+        if (!st.graph_checked || st.graph.gf != gf) {
+            // built before this session, or while recording was off: index it as it is now
+            // (without the graph callback's layer ids) unless it is the graph indexed before
+            if (!st.graph.matches(gf)) {
+                st.graph.build(gf);
+                st.map_ptr.clear();
+                st.graph_id = 0;
+            }
+            st.graph_checked = true;
+        }
+        if (st.graph_id == 0) {
+            st.graph_id      = next_graph_id(st);
+            st.graph_emitted = false;
+        }
+        if (!st.set_profiler_looked_up) {
+            ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(ggml_backend_get_device(backend_cpu));
+            st.set_profiler        = (ggml_backend_cpu_set_profiler_t) ggml_backend_reg_get_proc_address(
+                reg, "ggml_backend_cpu_set_profiler");
+            st.set_profiler_looked_up = true;
+        }
+        if (!st.set_profiler) {
+            return;
+        }
+        // llama.cpp splits a batch into ubatches of at most n_ubatch tokens, in order
+        st.n_tokens = std::min<int32_t>(st.tokens_left, (int32_t) ctx->get_cparams().n_ubatch);
+        st.tokens_left -= st.n_tokens;
+
+        // one entry per node is the most a compute can produce (buffers only ever grow)
+        const size_t cap = (size_t) st.graph.n_nodes + 16;
+        if (st.ops.size() < cap) {
+            st.ops.resize(cap);
+        }
+        ggml_cpu_profiler & p = st.prof;
+        p                     = {};
+        p.ops                 = st.ops.data();
+        p.cap                 = (int32_t) st.ops.size();
+        if (st.level >= LLAMA_INSTR_LEVEL_VERBOSE) {
+            const int32_t nt = max_threads_of(ctx);
+            if (st.thread_end.size() < st.ops.size() * nt) {
+                st.thread_end.resize(st.ops.size() * nt);
+            }
+            st.stats.prepare(p.cap, nt);
+            p.thread_end  = st.thread_end.data();
+            p.max_threads = nt;
+            p.on_node     = stats_on_node;
+            p.user        = &st.stats;
+        }
+        st.set_profiler(backend_cpu, &p);
+        st.profiling = true;
+    } catch (...) {
+        hook_failed(st.epoch, "llama_instr_compute_begin");
+    }
+}
+
+void llama_instr_compute_end(llama_context * ctx, ggml_backend_t backend_cpu, ggml_cgraph * gf, int32_t status) {
+    ctx_state * stp = ctx_get(ctx);
+    if (!stp || !stp->profiling || !backend_cpu) {
+        return;
+    }
+    ctx_state & st = *stp;
+    st.set_profiler(backend_cpu, nullptr);
+    st.profiling = false;
+    GGML_UNUSED(gf);
+    try {
+        const ggml_cpu_profiler & p = st.prof;
+        count_compute(st);
+
+        // the node table is captured while the graph exists (a later ubatch may rebuild it) and
+        // formatted after the step
+        if (st.level >= LLAMA_INSTR_LEVEL_DETAILED && !st.graph_emitted) {
+            if (st.tables.size() <= st.n_tables) {
+                st.tables.resize(st.n_tables + 1);
+            }
+            st.tables[st.n_tables++].capture(st.graph, st.graph_id, st.n_tokens, now_ns());
+            st.graph_emitted = true;
+        }
+
+        compute_rec c = {};
+        c.ubatch      = st.ubatch;
+        c.graph_id    = st.graph_id;
+        c.n_tokens    = st.n_tokens;
+        c.status      = status;
+        c.n_threads   = std::min(p.n_threads, p.thread_end ? p.max_threads : p.n_threads);
+        c.t_start     = p.t_start;
+        c.t_end       = p.t_end > 0 ? p.t_end : now_ns();
+        c.op_begin    = st.p_ops.size();
+        c.stat_begin  = st.p_stats.size();
+        for (int32_t k = 0; k < p.n_ops; k++) {
+            const ggml_cpu_profile_op & op  = p.ops[k];
+            const int32_t               idx = map_node(st, k, op.node);
+            if (idx < 0) {
+                continue;  // a node the scheduler added (e.g. a copy between backends)
+            }
+            st.p_ops.push_back({ idx, st.graph.layer[idx], op.n_fused, op.t_start, op.t_end });
+            if (p.thread_end) {
+                for (int32_t t = 0; t < c.n_threads; t++) {
+                    st.p_threads.push_back(p.thread_end[(int64_t) k * p.max_threads + t]);
+                }
+            }
+            stat_row r;
+            if (p.on_node && st.stats.merge(k, r)) {
+                r.node = idx + op.n_fused;  // a fused op's statistics are of its last node's output
+                st.p_stats.push_back(r);
+            }
+        }
+        c.op_end   = st.p_ops.size();
+        c.stat_end = st.p_stats.size();
+        st.p_computes.push_back(c);
+        st.ubatch++;
+    } catch (...) {
+        hook_failed(st.epoch, "llama_instr_compute_end");
+    }
+}

@@ -10,6 +10,8 @@ from typing import Any
 from .quant_report import dumps_json
 
 MB = 1e6
+# F16 and BF16 both store 16 bits per weight: one compression figure covers both
+VS_16BIT = "16-bit (F16/BF16)"
 
 
 def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str, str]], md: bool) -> list[str]:
@@ -44,7 +46,7 @@ def render_text(data: dict[str, Any], md: bool = False, top: int = 12) -> str:
         out += [
             h(f"{t['model']} ({t['file_type']})"),
             f"{t['tensors']} tensors, {t['bytes'] / MB:.1f} MB, {t['bpw']:.2f} bits per weight; "
-            f"{t['vs_f32']:.2f}x smaller than F32, {t['vs_f16']:.2f}x smaller than F16",
+            f"{t['vs_f32']:.2f}x smaller than F32, {t['vs_16bit']:.2f}x smaller than {VS_16BIT}",
             "",
         ]
         if m.get("memory"):
@@ -74,7 +76,7 @@ def render_text(data: dict[str, Any], md: bool = False, top: int = 12) -> str:
         out += ["", f"largest tensors (of {t['tensors']}):"] + _table(
             [{**r, "mb": r["bytes"] / MB} for r in m["tensors"][:top]],
             [("name", "tensor", ""), ("type", "type", ""), ("shape", "shape", ""), ("mb", "MB", ".3f"),
-             ("bpw", "bpw", ".3f"), ("vs_f32", "vs F32", ".2f")],  # fmt: skip
+             ("bpw", "bpw", ".3f"), ("vs_f32", "vs F32", ".2f"), ("vs_16bit", f"vs {VS_16BIT}", ".2f")],  # fmt: skip
             md,
         )
         out.append("")
@@ -211,7 +213,7 @@ def render_html(data: dict[str, Any], title: str = "Quantization report") -> str
         body.append(
             f'<h2 style="color:{_PALETTE[mi % len(_PALETTE)]}">{html.escape(t["model"])} ({html.escape(t["file_type"])})</h2>'
             f"<p>{t['tensors']} tensors, {t['bytes'] / MB:.1f} MB, {t['bpw']:.2f} bits per weight, "
-            f"{t['vs_f32']:.2f}x smaller than F32</p>"
+            f"{t['vs_f32']:.2f}x smaller than F32, {t['vs_16bit']:.2f}x smaller than {VS_16BIT}</p>"
         )
         body.append(_svg_stacked_layers(m, types))
     body.append("<h2>Bits per weight by tensor role</h2>" + _svg_bpw_by_role(models))
@@ -220,11 +222,12 @@ def render_html(data: dict[str, Any], title: str = "Quantization report") -> str
     return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>{''.join(body)}</body></html>\n"
 
 
-def render(data: dict[str, Any], fmt: str) -> str:
+def render(data: dict[str, Any], fmt: str, top: int = 12) -> str:
+    """``data`` from ``report_data`` in ``fmt``; ``top`` rows per table in text and markdown."""
     if fmt == "json":
         return dumps_json(data)
     if fmt == "csv":
         return render_csv(data)
     if fmt == "html":
         return render_html(data)
-    return render_text(data, md=fmt == "markdown")
+    return render_text(data, md=fmt == "markdown", top=top)

@@ -284,6 +284,8 @@ def group(inv: Inventory, key: str) -> list[dict[str, Any]]:
 
 
 def tensor_rows(inv: Inventory) -> list[dict[str, Any]]:
+    """One row per tensor, largest first. Compression is given against F32 (``vs_f32``) and against
+    16 bits per weight (``vs_16bit``): F16 and BF16 are both 16-bit, so one ratio serves both."""
     return [
         {
             "name": t.name,
@@ -295,8 +297,7 @@ def tensor_rows(inv: Inventory) -> list[dict[str, Any]]:
             "bytes": t.bytes,
             "bpw": t.bpw,
             "vs_f32": t.n_elements * 4 / t.bytes if t.bytes else 0.0,
-            "vs_f16": t.n_elements * 2 / t.bytes if t.bytes else 0.0,
-            "vs_bf16": t.n_elements * 2 / t.bytes if t.bytes else 0.0,
+            "vs_16bit": t.n_elements * 2 / t.bytes if t.bytes else 0.0,
         }
         for t in sorted(inv.tensors, key=lambda t: -t.bytes)
     ]
@@ -312,7 +313,7 @@ def totals(inv: Inventory) -> dict[str, Any]:
         "elements": inv.n_elements,
         "bpw": inv.bpw,
         "vs_f32": inv.n_elements * 4 / inv.bytes if inv.bytes else 0.0,
-        "vs_f16": inv.n_elements * 2 / inv.bytes if inv.bytes else 0.0,
+        "vs_16bit": inv.n_elements * 2 / inv.bytes if inv.bytes else 0.0,
     }
 
 

@@ -3,6 +3,9 @@
 A log that was cut short (crash, Ctrl-C during a write, disk full) is still worth converting: the
 reader yields every record it can parse and reports, with line numbers, what it skipped. With
 ``strict=True`` the first problem is an error instead.
+
+Invalid UTF-8 inside a line (a token piece cut mid-character, say) never costs the line: it is read
+with each bad sequence replaced by U+FFFD, and counted (also with ``strict=True``).
 """
 
 from __future__ import annotations
@@ -31,14 +34,23 @@ class ReadReport:
     records: int = 0
     skipped: list[tuple[int, str]] = field(default_factory=list)
     unknown_types: Counter[str] = field(default_factory=Counter)
+    # lines read only after replacing invalid UTF-8 with U+FFFD
+    replaced_utf8: int = 0
 
     def summary(self, limit: int = 10) -> str:
-        """One line for stderr, e.g. ``skipped 2 lines: 7 (invalid JSON), 9 (truncated last line)``."""
-        if not self.skipped:
-            return ""
-        shown = ", ".join(f"{n} ({why})" for n, why in self.skipped[:limit])
-        more = f", and {len(self.skipped) - limit} more" if len(self.skipped) > limit else ""
-        return f"skipped {len(self.skipped)} of {self.lines} lines: {shown}{more}"
+        """One line for stderr, e.g. ``skipped 2 of 40 lines: 7 (invalid JSON), 9 (truncated last
+        line); 1 line read with invalid UTF-8 replaced by U+FFFD``; empty if nothing to report."""
+        parts = []
+        if self.skipped:
+            shown = ", ".join(f"{n} ({why})" for n, why in self.skipped[:limit])
+            more = f", and {len(self.skipped) - limit} more" if len(self.skipped) > limit else ""
+            parts.append(f"skipped {len(self.skipped)} of {self.lines} lines: {shown}{more}")
+        if self.replaced_utf8:
+            n = self.replaced_utf8
+            parts.append(
+                f"{n} line{'' if n == 1 else 's'} read with invalid UTF-8 replaced by U+FFFD"
+            )
+        return "; ".join(parts)
 
 
 def open_log(path: Path | str) -> IO[bytes]:
@@ -62,6 +74,20 @@ def upgrade(record: dict[str, Any], schema_version: int) -> dict[str, Any]:
     return record
 
 
+def _loads_replacing_utf8(line: bytes) -> Any:
+    """``line`` parsed after replacing invalid UTF-8 with U+FFFD; None if it is valid UTF-8 (so its
+    JSON error is not an encoding one) or still does not parse."""
+    try:
+        line.decode("utf-8")
+        return None
+    except UnicodeDecodeError:
+        pass
+    try:
+        return orjson.loads(line.decode("utf-8", errors="replace").encode("utf-8"))
+    except orjson.JSONDecodeError:
+        return None
+
+
 def iter_records(
     path: Path | str, *, strict: bool = False, report: ReadReport | None = None
 ) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -69,7 +95,8 @@ def iter_records(
 
     Skipped: blank lines are ignored silently; invalid JSON, non-object lines, records without a
     ``type``, unknown record types (a newer schema) and a truncated last line are counted in
-    ``report`` (or raise ``UserError`` with ``strict``).
+    ``report`` (or raise ``UserError`` with ``strict``). A line that is invalid only as UTF-8 is
+    read with U+FFFD for each bad sequence and counted in ``report.replaced_utf8``, strict or not.
     """
     rep = report if report is not None else ReadReport()
     version = 1
@@ -86,11 +113,15 @@ def iter_records(
                 if not line.strip():
                     continue
                 complete = line.endswith(b"\n")
+                replaced = False
                 try:
                     rec = orjson.loads(line)
                 except orjson.JSONDecodeError:
-                    skip(n, "invalid JSON" if complete else "truncated last line")
-                    continue
+                    rec = _loads_replacing_utf8(line)
+                    if rec is None:
+                        skip(n, "invalid JSON" if complete else "truncated last line")
+                        continue
+                    replaced = True
                 if not isinstance(rec, dict) or not isinstance(rec.get("type"), str):
                     skip(n, "not a record object")
                     continue
@@ -104,6 +135,7 @@ def iter_records(
                     if version not in SCHEMA_VERSIONS and strict:
                         raise UserError(f"{path}: line {n}: unsupported schema version {version}")
                 rep.records += 1
+                rep.replaced_utf8 += replaced
                 yield n, upgrade(rec, version)
         except (OSError, EOFError, gzip.BadGzipFile) as exc:
             if strict or rep.records == 0:

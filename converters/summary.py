@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from .frames import SessionFrames
+from .schema import LEVEL_IDS, level_at_least
 
 BY_COLUMNS = {"op": "label", "layer": "layer", "node": "name"}
 
@@ -19,8 +20,18 @@ def _pct(s: pd.Series, q: float) -> float:
     return float(s.quantile(q)) if len(s) else 0.0
 
 
+def op_times_recorded(f: SessionFrames) -> bool:
+    """Does the log time each op? From DETAILED up, by session_start's ``level`` (for a level this
+    version does not know, by whether any op was timed)."""
+    level = f.info.level
+    if level in LEVEL_IDS:
+        return level_at_least(level, "detailed")
+    return not f.ops.empty
+
+
 def overview(f: SessionFrames) -> dict[str, Any]:
-    """Headline numbers: throughput, step time percentiles, op-time coverage."""
+    """Headline numbers: throughput, step time percentiles, op-time coverage (None when the log's
+    level records no per-op times)."""
     steps = f.steps
     prompt = steps[steps["kind"] == "prompt"]
     gen = steps[steps["kind"] == "gen"]
@@ -44,7 +55,11 @@ def overview(f: SessionFrames) -> dict[str, Any]:
         "gen_step_ms_p99": _pct(gen["dur_ns"], 0.99) / 1e6,
         "decode_ns": total_dur,
         "op_ns": int(f.ops["dur_ns"].sum()),
-        "op_time_coverage": float(f.ops["dur_ns"].sum() / total_dur) if total_dur else 0.0,
+        "op_time_coverage": (
+            (float(f.ops["dur_ns"].sum() / total_dur) if total_dur else 0.0)
+            if op_times_recorded(f)
+            else None
+        ),
     }
 
 
@@ -105,8 +120,14 @@ def render(f: SessionFrames, key: str, top: int | None, fmt: str) -> str:
         f"{ov['gen_tokens']} generated at {ov['gen_tok_s']:.1f} tok/s",
         f"generation step time: p50 {ov['gen_step_ms_p50']:.2f} ms, p90 {ov['gen_step_ms_p90']:.2f} ms, "
         f"p99 {ov['gen_step_ms_p99']:.2f} ms",
-        f"op-time coverage: {ov['op_time_coverage']:.1%} of llama_decode time is in timed ops",
+        (
+            f"op-time coverage: {ov['op_time_coverage']:.1%} of llama_decode time is in timed ops"
+            if ov["op_time_coverage"] is not None
+            else f"op-time coverage: not recorded at level {ov['level'] or 'unknown'}"
+        ),
     ]
+    if ov["op_time_coverage"] is None:  # no op table to show
+        return "\n".join([f"- {h}" for h in head] if fmt == "markdown" else head)
     fmt_table = table.copy()
     fmt_table["share"] = (fmt_table["share"] * 100).map("{:.1f}%".format)
     for c in ("total_ms", "mean_us", "p50_us", "p95_us", "gflop_s", "gb_s"):

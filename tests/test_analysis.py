@@ -117,3 +117,38 @@ def test_bad_input_one_line(cmd: str, tmp_path: Path) -> None:
     bad.write_bytes(b"\x00\x01garbage\n")
     r = CliRunner().invoke(main, [cmd, str(bad)])
     assert r.exit_code == 2 and r.output.startswith("error: ") and r.output.count("\n") == 1
+
+
+def test_minimal_log_says_op_times_are_not_recorded(tmp_path: Path) -> None:
+    """MINIMAL records no per-op times: the summary says so instead of a 0.0 % coverage."""
+    log = plain_copy(FIXTURES / "tiny-llama-minimal.log.gz", tmp_path)
+    recs = raw_records(log)
+    assert recs[0]["level"] == "minimal"
+    assert not any("ops" in r for r in recs if r["type"] == "compute")
+    assert overview(load_session(log))["op_time_coverage"] is None
+    r = CliRunner().invoke(main, ["summary", str(log)])
+    assert r.exit_code == 0, r.output
+    assert "op-time coverage: not recorded at level minimal" in r.output
+    assert "%" not in r.output.split("op-time coverage:")[1]
+    r = CliRunner().invoke(main, ["summary", str(log), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["overview"]["op_time_coverage"] is None
+    r = CliRunner().invoke(main, ["summary", str(log), "--format", "markdown"])
+    assert "- op-time coverage: not recorded at level minimal" in r.output
+
+
+def test_level_decides_whether_op_times_are_recorded(tmp_path: Path) -> None:
+    """The level comes from session_start: the same records relabelled `detailed` (whose computes
+    happen to hold no ops) report a real 0 % coverage, and a detailed log its measured share."""
+    recs = raw_records(FIXTURES / "tiny-llama-minimal.log.gz")
+    recs[0]["level"] = "detailed"
+    relabelled = tmp_path / "relabelled.log"
+    relabelled.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert overview(load_session(relabelled))["op_time_coverage"] == 0.0
+    r = CliRunner().invoke(main, ["summary", str(relabelled)])
+    assert "op-time coverage: 0.0% of llama_decode time is in timed ops" in r.output
+    log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
+    dr = raw_records(log)
+    op_ns = sum(o[2] for c in dr if c["type"] == "compute" for o in c["ops"])
+    step_ns = sum(e["dur"] for e in dr if e["type"] == "step_end")
+    assert overview(load_session(log))["op_time_coverage"] == pytest.approx(op_ns / step_ns)

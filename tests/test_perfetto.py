@@ -212,6 +212,42 @@ def test_selection(tmp_path: Path) -> None:
     assert r.exit_code == 2 and r.output.startswith("error: ")
 
 
+@pytest.mark.parametrize(
+    "name, fmt, expected",
+    [
+        ("session.log", "pftrace", "session.pftrace"),
+        ("session.log", "json", "session.json"),
+        ("x.log.gz", "pftrace", "x.pftrace"),
+        ("x.log.gz", "json", "x.json"),
+        ("run.2024.log", "pftrace", "run.2024.pftrace"),
+        ("session", "pftrace", "session.pftrace"),
+    ],
+)
+def test_default_output_replaces_the_extension(
+    name: str, fmt: str, expected: str, tmp_path: Path
+) -> None:
+    """As the README promises: `instr to-perfetto session.log` writes session.pftrace (and
+    session.json with --format json); a .gz goes first, so x.log.gz gives x.pftrace."""
+    src = FIXTURES / "tiny-llama-detailed.log.gz"
+    log = tmp_path / name
+    if name.endswith(".gz"):
+        log.write_bytes(src.read_bytes())
+    else:
+        log.write_text("".join(json.dumps(rec) + "\n" for rec in raw_records(src)))
+    r = CliRunner().invoke(main, ["to-perfetto", str(log), "--format", fmt])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / expected
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == sorted([name, expected])
+    assert f"wrote {out} " in r.output
+    n_steps = sum(1 for rec in raw_records(log) if rec["type"] == "step_end")
+    if fmt == "json":
+        events = json.loads(out.read_text())
+        assert sum(1 for e in events if e["ph"] == "X" and e.get("cat") == "step") == n_steps
+    else:
+        res = check_trace(out)
+        assert sum(1 for s in res["slices"] if s["depth"] == 0 and "kind" in s["args"]) == n_steps
+
+
 def test_several_sessions_become_several_processes(tmp_path: Path) -> None:
     a = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
     b = plain_copy(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz", tmp_path)
@@ -254,9 +290,21 @@ def test_damaged_log_converts_what_it_can(tmp_path: Path) -> None:
         "5 (unknown record type 'from_the_future')" in r.output
         and "(truncated last line)" in r.output
     )
+    # counted here from the lines that survive: the last step ended only if its step_end did
+    survivors = []
+    for line in damaged:
+        try:
+            survivors.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    last_step = [r["step"] for r in survivors if r["type"] == "step_begin"][-1]
+    last_ended = any(r["type"] == "step_end" and r["step"] == last_step for r in survivors)
+    assert last_ended is False  # its step_end is the line cut in half
     res = check_trace(out)
     steps = [s for s in res["slices"] if s["depth"] == 0 and "kind" in s["args"]]
-    assert steps and steps[-1]["args"]["ended"] in (True, False)
+    assert steps[-1]["args"]["step"] == last_step
+    assert steps[-1]["args"]["ended"] is last_ended
+    assert all(s["args"]["ended"] is True for s in steps[:-1])
     r, _ = convert(bad, "--strict")
     assert r.exit_code == 2 and r.output.count("\n") == 1 and "line 4: invalid JSON" in r.output
 

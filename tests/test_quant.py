@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +71,12 @@ def test_bits_per_weight_and_ratios(quantized: dict[str, Path]) -> None:
     data = report_data([q8])
     rows = {r["name"]: r for r in data["models"][0]["tensors"]}
     w = rows["blk.0.ffn_up.weight"]
-    assert w["vs_f32"] == pytest.approx(32 / 8.5) and w["vs_f16"] == pytest.approx(16 / 8.5)
+    assert w["vs_f32"] == pytest.approx(32 / 8.5) and w["vs_16bit"] == pytest.approx(16 / 8.5)
+    # F16 and BF16 are both 16 bits per weight: one ratio, no separate (always equal) columns
+    t = data["models"][0]["totals"]
+    for row in (w, t):
+        assert "vs_f16" not in row and "vs_bf16" not in row
+    assert t["vs_16bit"] == pytest.approx(q8.n_elements * 16 / (8 * hand_bytes(quantized["q8_0"])))
     by_type = {r["type"]: r for r in data["models"][0]["per_type"]}
     assert sum(r["byte_share"] for r in by_type.values()) == pytest.approx(1.0)
 
@@ -98,18 +106,67 @@ def test_every_format(fmt: str, quantized: dict[str, Path], tmp_path: Path) -> N
     )
     assert r.exit_code == 0, r.output
     text = out.read_text()
+    assert "bf16" not in text.replace("F16/BF16", "").lower()  # only in the 16-bit label
+    assert "vs_bf16" not in text and "vs_f16" not in text
     if fmt == "json":
         data = json.loads(text)
         assert data["models"][1]["totals"]["bytes"] == hand_bytes(quantized["q4_k_m"])
+        for m in data["models"]:
+            for r in [m["totals"], *m["tensors"]]:
+                assert r["vs_16bit"] == pytest.approx(r["elements"] * 2 / r["bytes"])
     elif fmt == "html":
         # self-contained: charts inline, nothing loaded from elsewhere
         assert text.count("<svg") >= 3 and "<script" not in text
         assert "src=" not in text and "href=" not in text and "@import" not in text
+        # the headline and the embedded tables give one 16-bit figure per model
+        assert text.count("x smaller than 16-bit (F16/BF16)</p>") == 2
+        assert text.count("vs 16-bit (F16/BF16)") == 2
     elif fmt == "csv":
         assert text.splitlines()[0].startswith("model,name,role")
         assert len(text.splitlines()) == 1 + 2 * len(GGUFReader(quantized["q8_0"]).tensors)
+        rows = list(csv.DictReader(io.StringIO(text)))
+        assert "vs_16bit" in rows[0] and "vs_f16" not in rows[0] and "vs_bf16" not in rows[0]
+        for r in rows:
+            assert float(r["vs_16bit"]) == pytest.approx(int(r["elements"]) * 2 / int(r["bytes"]))
     else:
         assert "q6_k" in text and "bits per weight" in text
+        # once per model in the headline, once per model as the tensor table's column
+        assert text.count("smaller than 16-bit (F16/BF16)") == 2
+        assert text.count("vs 16-bit (F16/BF16)") == 2
+        assert "smaller than F16" not in text
+
+
+def _table_lengths(text: str, fmt: str, first_header: str) -> list[int]:
+    """The number of data rows of each table (text or markdown) whose header starts with
+    ``first_header``."""
+    lengths = []
+    for block in text.split("\n\n"):
+        lines = block.strip("\n").splitlines()
+        for i, line in enumerate(lines):
+            cells = [c for c in re.split(r"\s*\|\s*|\s{2,}", line.strip()) if c]
+            if cells[:1] == [first_header] and (fmt == "text") != line.startswith("|"):
+                lengths.append(len(lines) - i - (2 if fmt == "markdown" else 1))
+                break
+    return lengths
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown"])
+@pytest.mark.parametrize("top", [None, 1, 3])
+def test_top_limits_rows_in_text_and_markdown(
+    fmt: str, top: int | None, quantized: dict[str, Path]
+) -> None:
+    a, b = quantized["q8_0"], quantized["q4_k_m"]
+    args = ["quant-report", str(a), str(b), "--format", fmt]
+    r = _cli(*args, *(["--top", str(top)] if top is not None else []))
+    assert r.exit_code == 0, r.output
+    n = top if top is not None else 12  # the default
+    # counted here from gguf-py's tensor names: roles are the names without blk.N.
+    names = [t.name for t in GGUFReader(b).tensors]
+    roles = {re.sub(r"^blk\.\d+\.", "", name) for name in names}
+    assert len(names) > 12 and len(roles) > 3  # so that --top cuts the tables
+    assert _table_lengths(r.output, fmt, "tensor") == [min(n, len(names))] * 2
+    # per role: one table per model, and the side-by-side one
+    assert _table_lengths(r.output, fmt, "role") == [min(n, len(roles))] * 3
 
 
 def test_error_vs_reference(
@@ -150,7 +207,15 @@ def test_compare_sessions(tiny_llama_f32: Path, quantized: dict[str, Path], tmp_
     gen_a = [s["tokens"][0] for s in a.of("step_begin") if s["kind"] == "gen"]
     gen_b = [s["tokens"][0] for s in b.of("step_begin") if s["kind"] == "gen"]
     assert c["tokens"]["agree"] == sum(x == y for x, y in zip(gen_a, gen_b, strict=True))
-    assert c["a"]["memory"]["weights"] > c["b"]["memory"]["weights"] * 0  # both present
+    # B's weight inventory is the quantized file's bytes as gguf-py counts them; the buffers hold
+    # at least that (CPU_REPACK may add a repacked copy); F32 A needs more than quantized B
+    assert sum(w["bytes"] for w in b.start["weights"]) == hand_bytes(quantized["q4_k_m"])
+    mem_a, mem_b = c["a"]["memory"], c["b"]["memory"]
+    assert mem_a == a.start["memory"] and mem_b == b.start["memory"]
+    for mem, model in ((mem_a, tiny_llama_f32), (mem_b, quantized["q4_k_m"])):
+        assert mem["weights"] == sum(buf["weights"] for buf in mem["buffers"])
+        assert mem["weights"] >= hand_bytes(model)
+    assert mem_a["weights"] > mem_b["weights"]
     assert "time per op type" in _cli("compare", str(a.path), str(b.path)).output
     for fmt in ("markdown", "csv", "html"):
         out = tmp_path / f"cmp.{fmt}"

@@ -76,9 +76,7 @@ def command(
                     "other): different models? comparing what matches",
                     err=True,
                 )
-    text = (
-        quant_render.render(data, fmt) if fmt != "text" else quant_render.render_text(data, top=top)
-    )
+    text = quant_render.render(data, fmt, top=top)
     if output:
         output.write_text(text)
         click.echo(f"wrote {output}", err=True)

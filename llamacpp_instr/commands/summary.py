@@ -36,6 +36,6 @@ def command(log: Path, by: str, top: int, fmt: str, sid: str | None) -> None:
     from llamacpp_instr.converters.summary import render
 
     frames = load_session(log, sid)
-    if frames.report.skipped:
+    if frames.report.summary():
         click.echo(frames.report.summary(), err=True)
     click.echo(render(frames, by, top or None, fmt))

@@ -69,9 +69,7 @@ def command(
     from llamacpp_instr.converters.trace_layout import LayoutStats, Selection, layout
 
     sel = Selection(layer=layer, steps=_steps(steps), ops=not no_ops)
-    out = output or log.with_name(
-        log.name.removesuffix(".gz") + (".json" if fmt == "json" else ".pftrace")
-    )
+    out = output or default_output(log, fmt)
     report = ReadReport()
     stats = LayoutStats()
     items = layout(iter_events(log, strict=strict, report=report), sel, stats)
@@ -93,13 +91,24 @@ def command(
         raise UserError(f"cannot write {out}: {exc.strerror}") from None
     finally:
         tmp.unlink(missing_ok=True)
-    if report.skipped:
+    if report.summary():
         click.echo(report.summary(), err=True)
     click.echo(
         f"wrote {out} ({out.stat().st_size} bytes): {stats.steps} steps, {stats.computes} computes, "
         f"{stats.layers} layer spans, {stats.ops} ops",
         err=True,
     )
+
+
+def default_output(log: Path, fmt: str) -> Path:
+    """LOG with its extension replaced (``.gz`` first): ``session.log`` and ``session.log.gz`` ->
+    ``session.pftrace``, or ``session.json`` with ``--format json``."""
+    suffix = ".json" if fmt == "json" else ".pftrace"
+    base = log.with_suffix("") if log.suffix == ".gz" else log
+    out = base.with_suffix(suffix) if base.name and base.stem else log.with_name(log.name + suffix)
+    if out == log:  # a log already named like its trace: never write over the input
+        out = log.with_name(log.name + suffix)
+    return out
 
 
 def _progress(items, log: Path):  # type: ignore[no-untyped-def]

@@ -338,3 +338,43 @@ def test_run_succeeds_and_reports_no_loss(tiny_llama_f32: Path, tmp_path: Path) 
     res = make_run(tiny_llama_f32, tmp_path / "ok.log", "minimal", n_predict=3)
     end = whole_lines(res.log_path)[-1]
     assert end["status"] == "ok" and end["totals"]["lost"] == 0
+
+
+def test_verbose_topk_matches_the_logits(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """Every output row's top-k in the log is numpy's top-k of the logits llama.cpp returned
+    (ties by lower token id), values to float32 precision."""
+    import numpy as np
+
+    log = tmp_path / "topk.log"
+    llm = load_llama(tiny_llama_f32, logits_all=True)
+    try:
+        tokens = [1, 45, 80, 81, 90, 300, 301, 120]
+        instr_api.set_topk(7)
+        instr_api.session_begin(llm.ctx, str(log), "verbose", {})
+        llm.eval(tokens)
+        instr_api.session_end("ok")
+        scores = np.array(llm.scores[: len(tokens)], dtype=np.float32)
+    finally:
+        instr_api.set_topk(10)
+        llm.close()
+    recs = whole_lines(log)
+    # the value statistics of the output projection are numpy's over the same logits
+    (graph,) = [r for r in recs if r["type"] == "graph"]
+    (out_node,) = [n["i"] for n in graph["nodes"] if n["name"] == "result_output"]
+    (stats,) = [r for r in recs if r["type"] == "tensor_stats"]
+    (row,) = [x for x in stats["stats"] if x[0] == out_node]
+    _, mn, mx, mean, std, n_nan, n_inf = row
+    assert (np.float32(mn), np.float32(mx)) == (scores.min(), scores.max())
+    assert mean == pytest.approx(float(scores.astype(np.float64).mean()), rel=1e-6, abs=1e-9)
+    assert std == pytest.approx(float(scores.astype(np.float64).std()), rel=1e-6)
+    assert (n_nan, n_inf) == (0, 0)
+    (rec,) = [r for r in recs if r["type"] == "topk"]
+    assert rec["k"] == 7 and len(rec["rows"]) == len(tokens)
+    for row in rec["rows"]:
+        logits = scores[row["row"]]
+        ids = np.arange(len(logits))
+        want = np.lexsort((ids, -logits))[:7]
+        assert row["ids"] == want.tolist()
+        assert [np.float32(v) for v in row["logits"]] == logits[want].tolist()

@@ -21,9 +21,15 @@ void json_out::f64(double v) {
         null();
         return;
     }
-    char      buf[40];
+    char buf[40];
+#if defined(__cpp_lib_to_chars) && __cpp_lib_to_chars >= 201611L
+    // 9 significant digits (a float round-trips), without snprintf's locale and format parsing
+    const auto r = std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::general, 9);
+    s.append(buf, r.ptr - buf);
+#else
     const int n = snprintf(buf, sizeof(buf), "%.9g", v);
     s.append(buf, n);
+#endif
 }
 
 // The lead byte's sequence length and the allowed range of the second byte; 0 if not a lead.

@@ -22,37 +22,63 @@ void stats_buffer::prepare(int32_t cap, int32_t n_threads) {
     }
 }
 
-// Float min/max and double sums over one contiguous run, branch-light so that the compiler
-// vectorizes the common all-finite case.
+// Float min/max and double sums over one contiguous run. Eight independent lanes, so that the
+// compiler vectorizes without reassociating a sum (no -ffast-math); a block holding a NaN or an
+// infinity (rare) is redone one value at a time.
 static void accumulate(stat_partial & a, const float * x, int64_t len) {
-    float   lmn = a.mn, lmx = a.mx;
-    double  lsum = 0.0, lsum2 = 0.0;
-    int64_t bad = 0;
-    for (int64_t i = 0; i < len; i++) {
-        const float v = x[i];
-        if (!std::isfinite(v)) {
-            bad++;
+    constexpr int L = 8;
+    float         mn[L], mx[L];
+    double        s1[L], s2[L];
+    for (int k = 0; k < L; k++) {
+        mn[k] = INFINITY;
+        mx[k] = -INFINITY;
+        s1[k] = 0.0;
+        s2[k] = 0.0;
+    }
+    int64_t n = 0, i = 0;
+    auto    one = [&](float v) {
+        if (std::isnan(v)) {
+            a.n_nan++;
+        } else if (std::isinf(v)) {
+            a.n_inf++;
+        } else {
+            mn[0] = std::min(mn[0], v);
+            mx[0] = std::max(mx[0], v);
+            s1[0] += v;
+            s2[0] += (double) v * v;
+            n++;
+        }
+    };
+    for (; i + L <= len; i += L) {
+        float finite = 0.0f;  // v - v is 0 for a finite v, NaN otherwise
+        for (int k = 0; k < L; k++) {
+            finite += x[i + k] - x[i + k];
+        }
+        if (!(finite == 0.0f)) {
+            for (int k = 0; k < L; k++) {
+                one(x[i + k]);
+            }
             continue;
         }
-        lmn = std::min(lmn, v);
-        lmx = std::max(lmx, v);
-        lsum += v;
-        lsum2 += (double) v * v;
-    }
-    if (bad) {
-        for (int64_t i = 0; i < len; i++) {
-            if (std::isnan(x[i])) {
-                a.n_nan++;
-            } else if (std::isinf(x[i])) {
-                a.n_inf++;
-            }
+        for (int k = 0; k < L; k++) {
+            const float v = x[i + k];
+            mn[k]         = v < mn[k] ? v : mn[k];
+            mx[k]         = v > mx[k] ? v : mx[k];
+            s1[k] += v;
+            s2[k] += (double) v * v;
         }
+        n += L;
     }
-    a.mn = lmn;
-    a.mx = lmx;
-    a.sum += lsum;
-    a.sum2 += lsum2;
-    a.n += len - bad;
+    for (; i < len; i++) {
+        one(x[i]);
+    }
+    for (int k = 0; k < L; k++) {
+        a.mn = std::min(a.mn, mn[k]);
+        a.mx = std::max(a.mx, mx[k]);
+        a.sum += s1[k];
+        a.sum2 += s2[k];
+    }
+    a.n += n;
 }
 
 void stats_on_node(void * user, int32_t k, const ggml_tensor * t, int ith, int nth) {

@@ -77,14 +77,24 @@ void write_topk(ctx_state & st, llama_context * ctx, int64_t n_outputs, int64_t 
     j.i64(k);
     j.key("rows");
     j.ch('[');
-    st.scratch_ids.resize(n_vocab);
+    st.scratch_ids.resize(k);
     for (int64_t r = 0; r < n_outputs; r++) {
-        const float * row = logits + r * n_vocab;
-        for (int64_t i = 0; i < n_vocab; i++) {
-            st.scratch_ids[i] = (int32_t) i;
+        const float * row  = logits + r * n_vocab;
+        // one pass keeping the k best so far, sorted (by logit, then lower id): most logits are
+        // rejected by a single comparison with the k-th best
+        int32_t *     best = st.scratch_ids.data();
+        int32_t       n    = 0;
+        for (int32_t i = 0; i < (int32_t) n_vocab; i++) {
+            if (n == k && !(row[i] > row[best[k - 1]])) {
+                continue;
+            }
+            int32_t pos = n < k ? n++ : k - 1;
+            while (pos > 0 && row[i] > row[best[pos - 1]]) {
+                best[pos] = best[pos - 1];
+                pos--;
+            }
+            best[pos] = i;
         }
-        std::partial_sort(st.scratch_ids.begin(), st.scratch_ids.begin() + k, st.scratch_ids.end(),
-                          [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
         j.sep();
         j.raw("{\"row\":");
         j.i64(r);

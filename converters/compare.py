@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from .frames import SessionFrames
+from .report import Chart, Column, Fact, Report, Section, Series, Table
 from .summary import by, overview
 
 
@@ -117,97 +118,184 @@ def compare_sessions(
     return out
 
 
-def render_text(c: dict[str, Any]) -> str:
-    MB = 1e6
+AGREEMENT_NOTE = (
+    "Free-running agreement: each run fed back its own tokens, so after the first divergence the "
+    "two runs continue from different text and later tokens are not comparable one to one. It "
+    "says how soon outputs differ, not how much quality a quantization loses; for that, compare "
+    "the models teacher-forced on the same tokens (perplexity and KL divergence over a text)."
+)
+
+
+def compare_report(c: dict[str, Any]) -> Report:
+    """``instr compare`` as a report: the same content in every format."""
     a, b = c["a"], c["b"]
-    lines = [f"A: {a['model']}", f"B: {b['model']}"]
-    if "warning" in c:
-        lines.append(f"warning: {c['warning']}")
-    for key, label in (
-        ("weights", "weights"),
-        ("kv_cache", "KV cache"),
-        ("compute", "compute buffers"),
-    ):
+    ratio = c["gen_speedup_b_over_a"]
+    facts = [
+        Fact("A", a["model"]),
+        Fact("B", b["model"]),
+        Fact("generation tokens/s A", a["gen_tok_s"], "f1"),
+        Fact("generation tokens/s B", b["gen_tok_s"], "f1"),
+        Fact("generation speed B/A", ratio, "ratio"),
+        Fact("prompt tokens/s A", a["prompt_tok_s"], "f1"),
+        Fact("prompt tokens/s B", b["prompt_tok_s"], "f1"),
+    ]
+    mem_rows = []
+    for key, label in (("weights", "weights"), ("kv_cache", "KV cache"), ("compute", "compute")):
         va, vb = a["memory"].get(key, 0), b["memory"].get(key, 0)
-        lines.append(
-            f"memory {label:16s} A {va / MB:9.1f} MB   B {vb / MB:9.1f} MB   B/A {vb / va if va else 0:.2f}"
+        mem_rows.append({"what": label, "a": va, "b": vb, "ratio": vb / va if va else None})
+    memory = Section(
+        "Memory",
+        charts=[
+            Chart(
+                name="memory",
+                kind="bars",
+                title="Memory by kind",
+                x_label="bytes (MB = 10^6 bytes)",
+                y_label="kind",
+                categories=[r["what"] for r in mem_rows],
+                series=[
+                    Series("A", [float(r["a"]) for r in mem_rows]),
+                    Series("B", [float(r["b"]) for r in mem_rows]),
+                ],
+                value_fmt="bytes",
+            )
+        ],
+        tables=[
+            Table(
+                "memory",
+                "Memory",
+                [
+                    Column("what", "kind"),
+                    Column("a", "A", "bytes"),
+                    Column("b", "B", "bytes"),
+                    Column("ratio", "B/A", "ratio"),
+                ],
+                mem_rows,
+            )
+        ],
+    )
+    op_rows = []
+    for r in c["per_op"]:
+        ra, rb = float(r["total_ms_a"]), float(r["total_ms_b"])
+        op_rows.append(
+            {
+                "op": str(r["op"]),
+                "count_a": int(r["count_a"]),
+                "total_ms_a": ra,
+                "count_b": int(r["count_b"]),
+                "total_ms_b": rb,
+                "ratio": rb / ra if ra else None,
+            }
         )
-    lines.append(f"prompt tok/s  A {a['prompt_tok_s']:9.1f}   B {b['prompt_tok_s']:9.1f}")
-    lines.append(
-        f"gen tok/s     A {a['gen_tok_s']:9.1f}   B {b['gen_tok_s']:9.1f}   B/A {c['gen_speedup_b_over_a']:.2f}"
+    shown = [r for r in op_rows if r["ratio"] is not None][:15]
+    ops = Section(
+        "Time per op type",
+        text="All steps of each run. A ratio above 1 means B spent longer on that op type than A.",
+        charts=(
+            [
+                Chart(
+                    name="op_time_ratio",
+                    kind="diverging",
+                    title="Time per op type, B relative to A (B/A; 1 = the same)",
+                    x_label="B time / A time",
+                    y_label="op type",
+                    categories=[r["op"] for r in shown],
+                    series=[Series("B/A", [float(r["ratio"]) for r in shown])],
+                    baseline=1.0,
+                    lower_is_better=True,
+                    value_fmt="ratio",
+                    note="Op types in the order of A's total time; blue: B faster, red: B slower.",
+                )
+            ]
+            if shown
+            else []
+        ),
+        tables=[
+            Table(
+                "per_op",
+                "Time per op type",
+                [
+                    Column("op", "op type"),
+                    Column("count_a", "count A", "int"),
+                    Column("total_ms_a", "A (ms)", "f2"),
+                    Column("count_b", "count B", "int"),
+                    Column("total_ms_b", "B (ms)", "f2"),
+                    Column("ratio", "B/A", "ratio"),
+                ],
+                op_rows,
+                top=12,
+            )
+        ],
+    )
+    layer_rows = [
+        {
+            "layer": str(r["layer"]),
+            "total_ms_a": float(r["total_ms_a"]),
+            "total_ms_b": float(r["total_ms_b"]),
+        }
+        for r in c["per_layer"]
+    ]
+    # transformer layers in the chart; the ops outside them (the output projection above all)
+    # would set its scale, so they are in the table only
+    in_layers = [r for r in layer_rows if r["layer"] not in ("none", "-1")]
+    layer_charts = [
+        Chart(
+            name="per_layer",
+            kind="bars",
+            title="Time per transformer layer, all steps",
+            x_label="time (ms)",
+            y_label="layer",
+            categories=[f"layer {r['layer']}" for r in in_layers],
+            series=[
+                Series("A", [r["total_ms_a"] for r in in_layers]),
+                Series("B", [r["total_ms_b"] for r in in_layers]),
+            ],
+            value_fmt="f2",
+            note="Ops outside the layers (embedding, final norm, output projection) are in the "
+            "table below as layer none.",
+        )
+    ]
+    layers = Section(
+        "Time per layer",
+        charts=layer_charts if in_layers else [],
+        tables=[
+            Table(
+                "per_layer",
+                "Time per layer",
+                [
+                    Column("layer", "layer"),
+                    Column("total_ms_a", "A (ms)", "f2"),
+                    Column("total_ms_b", "B (ms)", "f2"),
+                ],
+                layer_rows,
+            )
+        ],
     )
     t = c["tokens"]
-    lines.append(
-        f"generated tokens: {t['agree']}/{t['compared']} identical ({t['agreement']:.0%})"
-        + (
-            f", first divergence at token {t['first_divergence']}"
-            if t["first_divergence"] is not None
-            else ""
-        )
-    )
+    agree_facts = [
+        Fact("generated tokens compared", t["compared"], "int"),
+        Fact("identical", t["agree"], "int"),
+        Fact("agreement", t["agreement"], "pct"),
+        Fact(
+            "first divergence at token",
+            t["first_divergence"] if t["first_divergence"] is not None else "none",
+        ),
+    ]
     if "logits" in c:
         lg = c["logits"]
-        lines.append(
-            f"logits over {lg['steps']} steps: top-1 agreement {lg['top1_agreement']:.0%}, "
-            f"KL(A||B) estimate mean {lg['kl_mean']:.4f}, max {lg['kl_max']:.4f}"
-        )
-    lines += ["", "time per op type (ms):", f"{'op':<14}{'A':>10}{'B':>10}{'B/A':>8}"]
-    for r in c["per_op"][:12]:
-        ratio = r["total_ms_b"] / r["total_ms_a"] if r["total_ms_a"] else 0.0
-        lines.append(
-            f"{str(r['op']):<14}{r['total_ms_a']:>10.2f}{r['total_ms_b']:>10.2f}{ratio:>8.2f}"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def render_markdown(c: dict[str, Any]) -> str:
-    text = render_text(c)
-    head, _, _ = text.partition("\ntime per op type (ms):")
-    rows = ["| op | A ms | B ms | B/A |", "|---|---|---|---|"]
-    for r in c["per_op"]:
-        ratio = r["total_ms_b"] / r["total_ms_a"] if r["total_ms_a"] else 0.0
-        rows.append(f"| {r['op']} | {r['total_ms_a']:.2f} | {r['total_ms_b']:.2f} | {ratio:.2f} |")
-    return "\n".join(["```", head.rstrip(), "```", "", "Time per op type:", "", *rows]) + "\n"
-
-
-def render_csv(c: dict[str, Any]) -> str:
-    lines = ["op,count_a,total_ms_a,count_b,total_ms_b"]
-    for r in c["per_op"]:
-        lines.append(
-            f"{r['op']},{int(r['count_a'])},{r['total_ms_a']:.6f},{int(r['count_b'])},{r['total_ms_b']:.6f}"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def render_html(c: dict[str, Any]) -> str:
-    """One self-contained page: time per op type for both runs as an inline SVG bar chart."""
-    import html
-
-    ops = c["per_op"][:15]
-    top = max([max(r["total_ms_a"], r["total_ms_b"]) for r in ops] + [1e-9])
-    row_h, pad, W = 16, 110, 760
-    parts = [
-        f'<svg width="{W}" height="{len(ops) * (2 * row_h + 6) + 20}" xmlns="http://www.w3.org/2000/svg" font-size="10">'
-    ]
-    y = 10
-    for r in ops:
-        parts.append(f'<text x="0" y="{y + 12}">{html.escape(str(r["op"]))}</text>')
-        for k, (key, color) in enumerate((("total_ms_a", "#4e79a7"), ("total_ms_b", "#f28e2b"))):
-            w = r[key] / top * (W - pad - 70)
-            parts.append(
-                f'<rect x="{pad}" y="{y + k * row_h}" width="{w:.1f}" height="{row_h - 2}" fill="{color}"/>'
-                f'<text x="{pad + w + 4:.1f}" y="{y + k * row_h + 11}">{r[key]:.2f} ms</text>'
-            )
-        y += 2 * row_h + 6
-    parts.append("</svg>")
-    legend = (
-        f'<p><span style="color:#4e79a7">A: {html.escape(c["a"]["model"])}</span><br>'
-        f'<span style="color:#f28e2b">B: {html.escape(c["b"]["model"])}</span></p>'
-    )
-    style = "body{font-family:sans-serif;max-width:800px;margin:2em auto}pre{font-size:11px}"
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>Session comparison</title>"
-        f"<style>{style}</style></head><body><h1>Session comparison</h1>{legend}"
-        f"<h2>Time per op type</h2>{''.join(parts)}<h2>Summary</h2><pre>{html.escape(render_text(c))}</pre>"
-        "</body></html>\n"
+        agree_facts += [
+            Fact("steps with top-k logits in both", lg["steps"], "int"),
+            Fact("top-1 agreement", lg["top1_agreement"], "pct"),
+            Fact("KL(A||B) estimate, mean (top-k only)", lg["kl_mean"], "f4"),
+            Fact("KL(A||B) estimate, max (top-k only)", lg["kl_max"], "f4"),
+        ]
+    agreement = Section("Output agreement (free-running)", facts=agree_facts, text=AGREEMENT_NOTE)
+    return Report(
+        title="Session comparison",
+        subtitle=f"A: {a['model']} · B: {b['model']}",
+        facts=facts,
+        sections=[memory, ops, layers, agreement],
+        warnings=[c["warning"]] if "warning" in c else [],
+        data=c,
+        csv_table="per_op",
     )

@@ -10,7 +10,9 @@ from typing import Any
 
 import pandas as pd
 
+from .errors import UserError
 from .frames import SessionFrames
+from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
 from .schema import LEVEL_IDS, level_at_least
 
 BY_COLUMNS = {"op": "label", "layer": "layer", "node": "name"}
@@ -102,44 +104,225 @@ def by(f: SessionFrames, key: str, top: int | None = None) -> pd.DataFrame:
     else:
         out = out.sort_values("total_ms", ascending=False)
     out = out.reset_index().rename(columns={col: key})
-    out[key] = out[key].astype(str).replace({"<NA>": "none", "nan": "none"})
+    # ops outside any layer (and nodes without a name) group under "none"
+    out[key] = [
+        "none" if pd.isna(v) or str(v) in ("<NA>", "nan") else str(v) for v in out[key].tolist()
+    ]
     return out.head(top) if top else out
 
 
-def render(f: SessionFrames, key: str, top: int | None, fmt: str) -> str:
+BY_TITLES = {"op": "op type", "layer": "layer", "node": "graph node"}
+
+
+def _by_table(f: SessionFrames, key: str, top: int | None) -> Table:
+    df = by(f, key)
+    cols = [
+        Column(key, BY_TITLES[key], "text"),
+        Column("count", "count", "int"),
+        Column("total_ms", "total (ms)", "f2"),
+        Column("mean_us", "mean (µs)", "f2"),
+        Column("p50_us", "p50 (µs)", "f2"),
+        Column("p95_us", "p95 (µs)", "f2"),
+        Column("share", "share of op time", "pct"),
+        Column("gflop_s", "GFLOP/s", "f2"),
+        Column("gb_s", "GB/s", "f2"),
+    ]
+    if key == "layer":
+        cols.append(Column("slowest_op", "slowest op", "text"))
+    return Table(
+        name=f"by_{key}",
+        title=f"Time per {BY_TITLES[key]}, all steps",
+        columns=cols,
+        rows=rows_of(df.to_dict(orient="records"), [c.key for c in cols]),
+        top=top,
+        note="GFLOP/s and GB/s: estimated FLOPs and bytes moved (converters/derive.py) over "
+        "measured time.",
+    )
+
+
+def _typical_gen_step(f: SessionFrames) -> int | None:
+    """The generation step whose duration is the median one (ties: the earliest)."""
+    gen = f.steps[f.steps["kind"] == "gen"].sort_values(["dur_ns", "step"])
+    if gen.empty:
+        return None
+    return int(gen.iloc[(len(gen) - 1) // 2]["step"])
+
+
+def _layer_name(layer: Any) -> str:
+    return "outside layers" if pd.isna(layer) or int(layer) < 0 else f"layer {int(layer)}"
+
+
+def _time_charts(f: SessionFrames) -> list[Chart]:
+    """Where a token's time goes: per layer by op type (typical step, and all steps), step times."""
+    charts: list[Chart] = []
+    ops = f.ops
+    gen_ops = ops[ops["step"].isin(f.steps.loc[f.steps["kind"] == "gen", "step"])]
+    if gen_ops.empty:
+        gen_ops = ops
+    if not gen_ops.empty:
+        # the op types that hold most of the time, the rest as "other"
+        totals = gen_ops.groupby("label", observed=True)["dur_ns"].sum().sort_values()[::-1]
+        kinds = [str(k) for k in totals.index[:8]]
+        label = (
+            gen_ops["label"].astype(str).where(gen_ops["label"].astype(str).isin(kinds), "other")
+        )
+        if (label == "other").any():
+            kinds.append("other")
+        layer_key = gen_ops["layer"].map(_layer_name)
+        order = sorted(
+            layer_key.unique(),
+            key=lambda s: (
+                s == "outside layers",
+                int(s.split()[-1]) if s != "outside layers" else 0,
+            ),
+        )
+        step = _typical_gen_step(f)
+        if step is not None:
+            one = gen_ops["step"] == step
+            t = (
+                gen_ops[one]
+                .assign(k=label[one], l=layer_key[one])
+                .groupby(["l", "k"])["dur_ns"]
+                .sum()
+                / 1e3
+            )
+            charts.append(
+                Chart(
+                    name="typical_step_by_layer",
+                    kind="stacked",
+                    title=f"A typical generation step (step {step}, the median duration): "
+                    "time per layer by op type",
+                    x_label="time in the step (µs)",
+                    y_label="layer",
+                    categories=order,
+                    series=[
+                        Series(k, [float(t.get((lay, k), 0.0)) for lay in order]) for k in kinds
+                    ],
+                    value_fmt="f1",
+                )
+            )
+        n_gen = max(1, gen_ops["step"].nunique())
+        mean = (
+            gen_ops.assign(k=label, l=layer_key).groupby(["l", "k"])["dur_ns"].sum() / n_gen / 1e3
+        )
+        # transformer layers only: the output projection outside them would wash out the scale
+        in_layers = [lay for lay in order if lay != "outside layers"] or order
+        charts.append(
+            Chart(
+                name="layer_op_heatmap",
+                kind="heatmap",
+                title="Time per transformer layer and op type, mean per generation step",
+                x_label="columns: op type",
+                y_label="layer",
+                categories=in_layers,
+                columns=kinds,
+                matrix=[[float(mean.get((lay, k), 0.0)) for k in kinds] for lay in in_layers],
+                value_fmt="f1",
+                note="Values in µs per step; hover a cell for its value. Ops outside the layers "
+                "(embedding, final norm, output projection) are in the chart above.",
+            )
+        )
+    gen = f.steps[f.steps["kind"] == "gen"].sort_values("step")
+    if len(gen) >= 2:
+        ms = (gen["dur_ns"] / 1e6).to_numpy()
+        lo, hi = float(ms.min()), float(ms.max())
+        n_bins = int(min(24, max(5, len(ms) // 3)))
+        width = (hi - lo) / n_bins or 1.0
+        counts = [0] * n_bins
+        for v in ms:
+            counts[min(n_bins - 1, int((v - lo) / width))] += 1
+        charts.append(
+            Chart(
+                name="step_time_histogram",
+                kind="histogram",
+                title="Generation step times",
+                x_label="llama_decode time per generation step (ms)",
+                y_label="steps",
+                categories=[f"{lo + i * width:.2f}" for i in range(n_bins)],
+                series=[Series("steps", [float(c) for c in counts])],
+                value_fmt="int",
+                note=f"{n_bins} bins of {width:.3f} ms from {lo:.2f} ms; labels are bin starts.",
+            )
+        )
+        charts.append(
+            Chart(
+                name="tokens_per_second",
+                kind="line",
+                title="Generation speed over the run",
+                x_label="decode step",
+                y_label="tokens/s",
+                x=[float(s) for s in gen["step"]],
+                series=[Series("tokens/s", (gen["n_tokens"] / (gen["dur_ns"] / 1e9)).tolist())],
+                value_fmt="f1",
+            )
+        )
+    return charts
+
+
+def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) -> Report:
+    """``instr summary``: headline numbers, time per op type / layer / node, and for HTML where a
+    generation step's time goes."""
     ov = overview(f)
-    table = by(f, key, top)
-    if fmt == "json":
-        return json.dumps({"overview": ov, f"by_{key}": table.to_dict(orient="records")}, indent=2)
-    if fmt == "csv":
-        return table.to_csv(index=False)
-    head = [
-        f"session {ov['session']}  {ov['model']}  level {ov['level']}"
-        + ("" if ov["ended"] else "  (NOT ENDED)"),
-        f"steps {ov['steps']}: {ov['prompt_tokens']} prompt tokens at {ov['prompt_tok_s']:.1f} tok/s, "
-        f"{ov['gen_tokens']} generated at {ov['gen_tok_s']:.1f} tok/s",
-        f"generation step time: p50 {ov['gen_step_ms_p50']:.2f} ms, p90 {ov['gen_step_ms_p90']:.2f} ms, "
-        f"p99 {ov['gen_step_ms_p99']:.2f} ms",
+    facts = [
+        Fact("model", ov["model"]),
+        Fact("level", ov["level"] or "unknown"),
+        Fact("steps", ov["steps"], "int"),
+        Fact("prompt tokens", ov["prompt_tokens"], "int"),
+        Fact("prompt tokens/s", ov["prompt_tok_s"], "f1"),
+        Fact("generated tokens", ov["gen_tokens"], "int"),
+        Fact("generation tokens/s", ov["gen_tok_s"], "f1"),
+        Fact("generation step p50 (ms)", ov["gen_step_ms_p50"], "f2"),
+        Fact("generation step p90 (ms)", ov["gen_step_ms_p90"], "f2"),
+        Fact("generation step p99 (ms)", ov["gen_step_ms_p99"], "f2"),
         (
-            f"op-time coverage: {ov['op_time_coverage']:.1%} of llama_decode time is in timed ops"
+            Fact("op-time coverage (timed ops / llama_decode)", ov["op_time_coverage"], "pct")
             if ov["op_time_coverage"] is not None
-            else f"op-time coverage: not recorded at level {ov['level'] or 'unknown'}"
+            else Fact("op-time coverage", f"not recorded at level {ov['level'] or 'unknown'}")
         ),
     ]
-    if ov["op_time_coverage"] is None:  # no op table to show
-        return "\n".join([f"- {h}" for h in head] if fmt == "markdown" else head)
-    fmt_table = table.copy()
-    fmt_table["share"] = (fmt_table["share"] * 100).map("{:.1f}%".format)
-    for c in ("total_ms", "mean_us", "p50_us", "p95_us", "gflop_s", "gb_s"):
-        fmt_table[c] = fmt_table[c].map("{:.2f}".format)
-    if fmt == "markdown":
-        cols = list(fmt_table.columns)
-        rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        rows += [
-            "| " + " | ".join(str(v) for v in r) + " |" for r in fmt_table.itertuples(index=False)
-        ]
-        return "\n".join([f"- {h}" for h in head] + ["", *rows])
-    return "\n".join(head + ["", fmt_table.to_string(index=False, max_colwidth=40)])
+    sections = []
+    recorded = ov["op_time_coverage"] is not None
+    charts = _time_charts(f) if recorded else _time_charts_minimal(f)
+    if charts:
+        sections.append(Section("Where a token's time goes", charts=charts))
+    table = _by_table(f, key, top) if recorded else None
+    if table is not None:
+        sections.append(Section(f"Time per {BY_TITLES[key]}", tables=[table]))
+    return Report(
+        title=f"Session {ov['session']}",
+        subtitle=f"{ov['model']} · level {ov['level']}"
+        + ("" if ov["ended"] else " · NOT ENDED (the log stops mid-session)"),
+        facts=facts,
+        sections=sections,
+        data={
+            "overview": ov,
+            f"by_{key}": table.rows if table is not None else [],
+        },
+        csv_table=f"by_{key}" if table is not None else "",
+    )
+
+
+def _time_charts_minimal(f: SessionFrames) -> list[Chart]:
+    # no per-op times: step times and speed only
+    return [c for c in _time_charts(_without_ops(f)) if c.kind in ("histogram", "line")]
+
+
+def _without_ops(f: SessionFrames) -> SessionFrames:
+    import copy
+
+    g = copy.copy(f)
+    g.ops = f.ops.iloc[0:0]
+    return g
+
+
+def render(f: SessionFrames, key: str, top: int | None, fmt: str) -> str:
+    """The summary in ``fmt`` (text, markdown, csv, json or html)."""
+    from .renderers import render as render_report
+
+    report = summary_report(f, key, top)
+    if fmt == "csv" and not report.csv_table:
+        raise UserError(f"no per-op times in this log (level {f.info.level}): nothing for csv")
+    return render_report(report, fmt, top)
 
 
 def workloads(f: SessionFrames) -> list[dict[str, Any]]:

@@ -116,11 +116,11 @@ def test_every_format(fmt: str, quantized: dict[str, Path], tmp_path: Path) -> N
                 assert r["vs_16bit"] == pytest.approx(r["elements"] * 2 / r["bytes"])
     elif fmt == "html":
         # self-contained: charts inline, nothing loaded from elsewhere
-        assert text.count("<svg") >= 3 and "<script" not in text
+        assert text.count("<svg") >= 3 and text.count('<table class="sortable"') >= 6
         assert "src=" not in text and "href=" not in text and "@import" not in text
-        # the headline and the embedded tables give one 16-bit figure per model
-        assert text.count("x smaller than 16-bit (F16/BF16)</p>") == 2
-        assert text.count("vs 16-bit (F16/BF16)") == 2
+        # one 16-bit figure per model, a column per model's tensor table and the full listing
+        assert text.count("<dt>smaller than 16-bit (F16/BF16)</dt>") == 2
+        assert text.count("vs 16-bit (F16/BF16)") == 3
     elif fmt == "csv":
         assert text.splitlines()[0].startswith("model,name,role")
         assert len(text.splitlines()) == 1 + 2 * len(GGUFReader(quantized["q8_0"]).tensors)
@@ -145,7 +145,13 @@ def _table_lengths(text: str, fmt: str, first_header: str) -> list[int]:
         for i, line in enumerate(lines):
             cells = [c for c in re.split(r"\s*\|\s*|\s{2,}", line.strip()) if c]
             if cells[:1] == [first_header] and (fmt == "text") != line.startswith("|"):
-                lengths.append(len(lines) - i - (2 if fmt == "markdown" else 1))
+                rows = lines[i + 1 :]
+                if fmt == "markdown":
+                    rows = [r for r in rows[1:] if r.startswith("|")]
+                else:  # up to the "(N more rows...)" line or a note
+                    rows = [r for r in rows if r.strip()]
+                    rows = rows[: next((k for k, r in enumerate(rows) if r[:1] in "(G"), len(rows))]
+                lengths.append(len(rows))
                 break
     return lengths
 
@@ -164,7 +170,11 @@ def test_top_limits_rows_in_text_and_markdown(
     names = [t.name for t in GGUFReader(b).tensors]
     roles = {re.sub(r"^blk\.\d+\.", "", name) for name in names}
     assert len(names) > 12 and len(roles) > 3  # so that --top cuts the tables
-    assert _table_lengths(r.output, fmt, "tensor") == [min(n, len(names))] * 2
+    types_a = {t.name: t.tensor_type for t in GGUFReader(a).tensors}
+    changed = sum(types_a[t.name] != t.tensor_type for t in GGUFReader(b).tensors)
+    assert changed > 0
+    # the largest tensors of each model, then the tensors that changed type
+    assert _table_lengths(r.output, fmt, "tensor") == [min(n, len(names))] * 2 + [min(n, changed)]
     # per role: one table per model, and the side-by-side one
     assert _table_lengths(r.output, fmt, "role") == [min(n, len(roles))] * 3
 
@@ -181,7 +191,7 @@ def test_error_vs_reference(
     assert e8[w]["snr_db"] > e4[w]["snr_db"] > 10
     assert e8["blk.0.attn_norm.weight"]["rmse"] == 0.0  # f32 stays f32
     r = _cli("quant-report", str(quantized["q4_k_m"]), "--error-vs", str(tiny_llama_f32))
-    assert r.exit_code == 0 and "SNR dB" in r.output
+    assert r.exit_code == 0 and "SNR (dB)" in r.output
 
 
 def test_session_inventory_and_memory(smollm2_detailed: RunLog, smollm2_path: Path) -> None:
@@ -216,15 +226,17 @@ def test_compare_sessions(tiny_llama_f32: Path, quantized: dict[str, Path], tmp_
         assert mem["weights"] == sum(buf["weights"] for buf in mem["buffers"])
         assert mem["weights"] >= hand_bytes(model)
     assert mem_a["weights"] > mem_b["weights"]
-    assert "time per op type" in _cli("compare", str(a.path), str(b.path)).output
+    text_out = _cli("compare", str(a.path), str(b.path)).output
+    assert "Time per op type" in text_out and "Free-running agreement" in text_out
     for fmt in ("markdown", "csv", "html"):
         out = tmp_path / f"cmp.{fmt}"
         r = _cli("compare", str(a.path), str(b.path), "--format", fmt, "-o", str(out))
         assert r.exit_code == 0, r.output
         text = out.read_text()
         assert "MUL_MAT" in text
-        if fmt == "html":
-            assert "<svg" in text and "<script" not in text and "src=" not in text
+        if fmt == "html":  # self-contained: nothing fetched from anywhere
+            assert "<svg" in text and "<table" in text
+            assert "src=" not in text and "href=" not in text and "@import" not in text
 
 
 # ---------------------------------------------------------------------------- bad input

@@ -6,9 +6,67 @@ inside the command function, so ``instr --help`` stays fast and converter comman
 llama_cpp installed.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
 import click
+
+from llamacpp_instr.converters.errors import UserError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 # shared by every command that reads a log which may hold several sessions
 session_option = click.option(
     "--session", "sid", default=None, help="Session id, when the log holds several."
 )
+
+REPORT_FORMATS = ("text", "markdown", "csv", "json", "html")
+
+
+def report_options(formats: Sequence[str] = REPORT_FORMATS) -> Callable[[F], F]:
+    """``--format`` and ``-o/--output``, the same in every command that writes a report."""
+
+    def deco(f: F) -> F:
+        f = click.option(
+            "-o",
+            "--output",
+            type=click.Path(path_type=Path, dir_okay=False),
+            default=None,
+            help="Write the report to this file instead of stdout.",
+        )(f)
+        f = click.option(
+            "--format",
+            "fmt",
+            type=click.Choice(list(formats)),
+            default="text",
+            show_default=True,
+            help="text (terminal), markdown, csv (the main table), json (all of it, raw values) "
+            "or html (one self-contained page with charts and sortable tables).",
+        )(f)
+        return f
+
+    return deco
+
+
+def check_output(output: Path | None) -> None:
+    """Refuse an output path that can't be written, before any work is done."""
+    if output is None:
+        return
+    parent = output.parent if str(output.parent) else Path(".")
+    if not parent.is_dir():
+        raise UserError(f"cannot write {output}: directory {parent} does not exist")
+
+
+def emit(text: str, output: Path | None) -> None:
+    """The rendered report to ``output`` (saying so on stderr) or to stdout."""
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot write {output}: {exc.strerror}") from None
+    click.echo(f"wrote {output}", err=True)

@@ -6,45 +6,36 @@ from pathlib import Path
 
 import click
 
+from llamacpp_instr.commands import check_output, emit, report_options
+
 
 @click.command("compare")
 @click.argument("session_a", type=click.Path(path_type=Path))
 @click.argument("session_b", type=click.Path(path_type=Path))
 @click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "markdown", "csv", "json", "html"]),
-    default="text",
+    "--top",
+    type=click.IntRange(min=0),
+    default=12,
     show_default=True,
+    help="Rows per table in text and markdown (0 = all).",
 )
-@click.option(
-    "-o", "--output", type=click.Path(path_type=Path), default=None, help="Write to a file."
-)
-def command(session_a: Path, session_b: Path, fmt: str, output: Path | None) -> None:
+@report_options()
+def command(session_a: Path, session_b: Path, top: int, fmt: str, output: Path | None) -> None:
     """Compare two session logs: memory (weights, KV cache, compute), prompt and generation
     tokens/s, time per op type and per layer, generated-token agreement and, when both are verbose
     logs with top-k logits, top-1 agreement and a KL-divergence estimate per step and overall.
-    Record both at detailed level or above (generated tokens come from the step records)."""
-    import json
+    Record both at detailed level or above (generated tokens come from the step records).
 
+    The agreement is free-running: after the first differing token the runs continue from
+    different text. It shows how soon outputs diverge, not a quantization's quality."""
     from llamacpp_instr.converters import compare, load_session
+    from llamacpp_instr.converters.renderers import render
 
+    check_output(output)
     a, b = load_session(session_a), load_session(session_b)
     c = compare.compare_sessions(
         a, b, compare.generated_tokens(session_a), compare.generated_tokens(session_b)
     )
     if "warning" in c:
         click.echo(f"warning: {c['warning']}", err=True)
-    renderers = {
-        "text": compare.render_text,
-        "markdown": compare.render_markdown,
-        "csv": compare.render_csv,
-        "html": compare.render_html,
-        "json": lambda c: json.dumps(c, indent=2, default=str) + "\n",
-    }
-    text = renderers[fmt](c)
-    if output:
-        output.write_text(text)
-        click.echo(f"wrote {output}", err=True)
-    else:
-        click.echo(text, nl=False)
+    emit(render(compare.compare_report(c), fmt, top or None), output)

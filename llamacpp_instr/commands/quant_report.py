@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from llamacpp_instr.commands import check_output, emit, report_options
+
 
 @click.command("quant-report")
 @click.argument("models", nargs=-1, type=click.Path(path_type=Path))
@@ -16,20 +18,7 @@ import click
     type=click.Path(path_type=Path),
     help="A session log to read the weight inventory and run-time memory from (repeatable).",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "markdown", "csv", "json", "html"]),
-    default="text",
-    show_default=True,
-)
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Write to a file instead of stdout.",
-)
+@report_options()
 @click.option(
     "--error-vs",
     "reference",
@@ -37,7 +26,13 @@ import click
     default=None,
     help="Per-tensor dequantization error of each model against this higher-precision GGUF.",
 )
-@click.option("--top", default=12, show_default=True, help="Rows per table in text and markdown.")
+@click.option(
+    "--top",
+    type=click.IntRange(min=0),
+    default=12,
+    show_default=True,
+    help="Rows per table in text and markdown (0 = all).",
+)
 def command(
     models: tuple[Path, ...],
     sessions: tuple[Path, ...],
@@ -47,9 +42,10 @@ def command(
     top: int,
 ) -> None:
     """Report per tensor, layer, role and type: bytes, share, bits per weight and compression vs
-    F32/F16/BF16, for each MODEL.gguf (read with gguf-py) or --session LOG. With two or more, the
-    others are compared side by side with the first: bytes saved per tensor, layer and role, and
-    which tensors got a different type."""
+    F32 and 16-bit, for each MODEL.gguf (read with gguf-py) or --session LOG. With two or more,
+    the others are compared side by side with the first: bytes saved per tensor, layer and role,
+    and which tensors got a different type. The HTML page charts bytes per layer (embedding and
+    output apart), bits per weight by role, and bytes saved per layer and role."""
     from llamacpp_instr.converters import quant_render
     from llamacpp_instr.converters.errors import UserError
     from llamacpp_instr.converters.quant_report import (
@@ -61,6 +57,7 @@ def command(
 
     if not models and not sessions:
         raise UserError("give at least one MODEL.gguf or --session LOG")
+    check_output(output)
     invs = [from_gguf(m) for m in models] + [from_session(s) for s in sessions]
     error = None
     if reference is not None:
@@ -76,9 +73,4 @@ def command(
                     "other): different models? comparing what matches",
                     err=True,
                 )
-    text = quant_render.render(data, fmt, top=top)
-    if output:
-        output.write_text(text)
-        click.echo(f"wrote {output}", err=True)
-    else:
-        click.echo(text, nl=False)
+    emit(quant_render.render(data, fmt, top=top or 0), output)

@@ -1,0 +1,31 @@
+"""JSON: the report's machine-readable content (``Report.data``), raw values."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from ..report import Report
+
+
+def _clean(v: Any) -> Any:
+    # NaN/inf are not JSON: null, as the log itself does
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if hasattr(v, "item"):  # numpy scalars
+        return _clean(v.item())
+    return v
+
+
+def render(report: Report) -> str:
+    data = report.data or {
+        "title": report.title,
+        "facts": {f.label: f.value for f in report.facts},
+        **{t.name: t.rows for t in report.tables()},
+    }
+    return json.dumps(_clean(data), indent=2, default=str) + "\n"

@@ -1,0 +1,221 @@
+"""Every HTML report, rendered in a real browser (headless Debian Chromium, driven by Playwright):
+no script errors, tables with the rows the data has, charts with one mark per data point, and
+headers that sort. Expected counts come from the raw NDJSON and from gguf-py, not from the report.
+
+Skipped, saying why, where Chromium (Debian package `chromium`) or Playwright is missing; CI
+installs both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from conftest import RunLog, make_run
+from gguf import GGUFReader
+
+from llamacpp_instr.cli import main
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+BROWSER_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).is_file():
+        pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed (pip install -e '.[dev]')")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        yield b
+        b.close()
+
+
+class Page:
+    """A report opened in the browser, with every console error and uncaught exception kept."""
+
+    def __init__(self, browser: Any, path: Path) -> None:
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page = browser.new_page()
+        self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
+        self.page.on(
+            "console",
+            lambda m: self.errors.append(m.text) if m.type in ("error", "warning") else None,
+        )
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.goto(path.as_uri())
+        self.page.wait_for_load_state("load")
+
+    def rows(self, table: str) -> int:
+        return int(self.page.locator(f'table[data-table="{table}"] tbody tr').count())
+
+    def marks(self, chart: str) -> int:
+        return int(self.page.locator(f'figure[data-chart="{chart}"] .mark').count())
+
+    def declared_marks(self, chart: str) -> int:
+        return int(self.page.locator(f'figure[data-chart="{chart}"]').get_attribute("data-marks"))
+
+    def column(self, table: str, i: int) -> list[str]:
+        cells = self.page.locator(f'table[data-table="{table}"] tbody tr td:nth-child({i + 1})')
+        return [str(v) for v in cells.evaluate_all("els => els.map(e => e.dataset.v)")]
+
+    def sort_by(self, table: str, i: int) -> None:
+        self.page.locator(f'table[data-table="{table}"] thead th').nth(i).click()
+
+    def close(self) -> None:
+        # only the page itself was loaded: nothing from a network
+        assert all(u.startswith("file://") for u in self.requests), self.requests
+        assert not self.errors, self.errors
+        self.page.close()
+
+
+def _html(args: list[str], out: Path) -> Path:
+    r = CliRunner().invoke(main, [*args, "--format", "html", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def _raw(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.open()]
+
+
+def test_summary_page(browser: Any, smollm2_detailed: RunLog, tmp_path: Path) -> None:
+    recs = _raw(smollm2_detailed.path)
+    page = Page(browser, _html(["summary", str(smollm2_detailed.path)], tmp_path / "s.html"))
+    try:
+        # op types timed in the log: each op's node label from its graph table
+        graphs = {g["graph"]: g["nodes"] for g in recs if g["type"] == "graph"}
+
+        def label(node: dict[str, Any]) -> str:
+            return f"{node['op']}:{node['sub']}" if node["sub"] else node["op"]
+
+        timed = {
+            label(graphs[c["graph"]][op[0]])
+            for c in recs
+            if c["type"] == "compute"
+            for op in c["ops"]
+        }
+        assert page.rows("by_op") == len(timed)
+        gen = [b["step"] for b in recs if b["type"] == "step_begin" and b["kind"] == "gen"]
+        n_layer = recs[0]["model"]["n_layer"]
+        assert (
+            page.marks("tokens_per_second") == len(gen) == page.declared_marks("tokens_per_second")
+        )
+        assert page.marks("step_time_histogram") == page.declared_marks("step_time_histogram")
+        # one bar per step in the histogram's bins, all steps counted
+        heights = page.page.locator('figure[data-chart="step_time_histogram"] .mark').evaluate_all(
+            "els => els.map(e => parseFloat(e.dataset.value))"
+        )
+        assert sum(heights) == len(gen)
+        # stacked bars: one segment per (layer or outside, op type), the layers all present
+        stacked = page.declared_marks("typical_step_by_layer")
+        assert page.marks("typical_step_by_layer") == stacked and stacked % (n_layer + 1) == 0
+        heat = page.marks("layer_op_heatmap")
+        assert heat == page.declared_marks("layer_op_heatmap") and heat % n_layer == 0
+        # sorting by total time (column 2), then again descending
+        page.sort_by("by_op", 2)
+        values = [float(v) for v in page.column("by_op", 2)]
+        assert values == sorted(values)
+        page.sort_by("by_op", 2)
+        values = [float(v) for v in page.column("by_op", 2)]
+        assert values == sorted(values, reverse=True)
+        page.sort_by("by_op", 0)
+        names = page.column("by_op", 0)
+        assert names == sorted(names, key=lambda s: s.lower()) or names == sorted(names)
+    finally:
+        page.close()
+
+
+def test_compare_page(
+    browser: Any, tiny_llama_f32: Path, tiny_llama_q8: Path, tmp_path: Path
+) -> None:
+    a = make_run(tiny_llama_f32, tmp_path / "a.log", "detailed", n_predict=5)
+    b = make_run(tiny_llama_q8, tmp_path / "b.log", "detailed", n_predict=5)
+    page = Page(browser, _html(["compare", str(a.log_path), str(b.log_path)], tmp_path / "c.html"))
+    try:
+        ra, rb = _raw(a.log_path), _raw(b.log_path)
+
+        def op_types(recs: list[dict[str, Any]]) -> set[str]:
+            graphs = {g["graph"]: g["nodes"] for g in recs if g["type"] == "graph"}
+            return {
+                graphs[c["graph"]][op[0]]["op"]
+                + (
+                    ":" + graphs[c["graph"]][op[0]]["sub"]
+                    if graphs[c["graph"]][op[0]]["sub"]
+                    else ""
+                )
+                for c in recs
+                if c["type"] == "compute"
+                for op in c["ops"]
+            }
+
+        both = op_types(ra) | op_types(rb)
+        assert page.rows("per_op") == len(both)
+        assert page.rows("memory") == 3 and page.marks("memory") == 6
+        # layers of the timed ops in A's log (null: outside the layers); B has the same
+        graphs_a = {g["graph"]: g["nodes"] for g in ra if g["type"] == "graph"}
+        layers = {
+            graphs_a[c["graph"]][op[0]]["layer"]
+            for c in ra
+            if c["type"] == "compute"
+            for op in c["ops"]
+        }
+        assert page.rows("per_layer") == len(layers)
+        assert page.marks("per_layer") == 2 * len(layers - {None})  # the chart: layers only
+        ratio_bars = page.marks("op_time_ratio")
+        assert ratio_bars == page.declared_marks("op_time_ratio") == min(15, len(both))
+    finally:
+        page.close()
+
+
+def test_quant_report_page(
+    browser: Any, tiny_llama_f32: Path, tiny_llama_q8: Path, tmp_path: Path
+) -> None:
+    page = Page(
+        browser,
+        _html(["quant-report", str(tiny_llama_f32), str(tiny_llama_q8)], tmp_path / "q.html"),
+    )
+    try:
+        names = [t.name for t in GGUFReader(tiny_llama_q8).tensors]
+        layers = {int(m.group(1)) for n in names if (m := re.match(r"blk\.(\d+)\.", n))}
+        roles = {re.sub(r"^blk\.\d+\.", "", n).removesuffix(".weight") for n in names}
+        outside = [n for n in names if not n.startswith("blk.")]
+        # every tensor of both models in the full, sortable listing
+        assert page.rows("tensors") == 2 * len(names)
+        assert page.page.locator('table[data-table="per_role"]').count() == 2
+        assert page.rows("comparison_per_role") == len(roles)
+        # per-layer bars: transformer blocks only; the embedding and output apart
+        types_f32 = {str(t.tensor_type) for t in GGUFReader(tiny_llama_f32).tensors}
+        assert page.page.locator('figure[data-chart="bytes_outside_layers"]').count() == 2
+        assert page.page.locator('figure[data-chart="bytes_outside_layers"]').first.locator(
+            ".mark"
+        ).count() == len(outside)
+        first_layers = page.page.locator('figure[data-chart="bytes_per_layer"]').first
+        assert first_layers.locator(".mark").count() == len(layers) * len(types_f32)
+        assert page.marks("saved_per_layer") == len(layers)
+        # bits per weight: norms left out of the scale, one bar per model per other role
+        norms = {r for r in roles if r.endswith("norm")}
+        assert norms and page.marks("bpw_by_role") == 2 * (len(roles) - len(norms))
+        page.sort_by("tensors", 7)  # bytes
+        values = [float(v) for v in page.column("tensors", 7)]
+        assert values == sorted(values)
+    finally:
+        page.close()

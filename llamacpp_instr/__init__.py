@@ -5,8 +5,25 @@ models with a session open, and provides the ``instr`` command line. The convert
 session model -> writers) are ``llamacpp_instr.converters``, importable without llama_cpp.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from llamacpp_instr.converters import load_session
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load_session"]
+if TYPE_CHECKING:
+    from llamacpp_instr.api import InstrSession, session
+
+
+def __getattr__(name: str) -> Any:
+    # the session API (llamacpp_instr/api.py) loads llama_cpp only when it is first used
+    if name in ("session", "InstrSession"):
+        import importlib
+
+        return getattr(importlib.import_module("llamacpp_instr.api"), name)
+    raise AttributeError(f"module 'llamacpp_instr' has no attribute {name!r}")
+
+
+__all__ = ["InstrSession", "__version__", "load_session", "session"]

@@ -108,6 +108,16 @@ class InstrLib:
         self._check(self.lib.llama_instr_session_totals(ctypes.byref(t)), "session_totals")
         return t
 
+    def set_request(self, ctx: Any, request_id: str | None) -> None:
+        """Tag the steps ``ctx`` decodes from now on with ``request_id`` (None clears it)."""
+        rc = self.lib.llama_instr_set_request(ctx, (request_id or "").encode())
+        self._check(rc, "set_request")
+
+    def write_record(self, type_: str, fields: dict[str, Any]) -> None:
+        """Append a record of our own (e.g. a served request) to the open session's log."""
+        body = json.dumps(fields, ensure_ascii=True, separators=(",", ":")).encode()
+        self._check(self.lib.llama_instr_write_record(type_.encode(), body), "write_record")
+
     @property
     def bench_cb_eval(self) -> int:
         """Address of the native upstream-style cb_eval (the overhead benchmark's peer)."""
@@ -131,10 +141,20 @@ def _declare(lib: ctypes.CDLL) -> None:
         "llama_instr_session_path": ([c.c_char_p, c.c_size_t], c.c_int32),
         "llama_instr_session_totals": ([c.POINTER(Totals)], c.c_int32),
         "llama_instr_last_error": ([], c.c_char_p),
+        "llama_instr_set_request": ([c.c_void_p, c.c_char_p], c.c_int32),
+        "llama_instr_write_record": ([c.c_char_p, c.c_char_p], c.c_int32),
         "llama_instr_bench_cb_eval_count": ([], c.c_int64),
     }
     for name, (argtypes, restype) in sigs.items():
-        fn = getattr(lib, name)
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            # the library speaks our API version but predates this function: an older build of
+            # the same patches' API, e.g. from before a rebuild
+            raise UserError(
+                f"the installed patched llama-cpp-python lacks {name} (built from older patches); "
+                f"{_STOCK_HINT}"
+            ) from None
         fn.argtypes = argtypes
         fn.restype = restype
 

@@ -470,14 +470,16 @@ def sanitized_lib_dir(
 
 
 def sanitizer_runtime(sanitize: str) -> str:
-    """Path of the compiler's sanitizer runtime, to LD_PRELOAD into Python."""
+    """The LD_PRELOAD list to run Python on sanitized libraries: the compiler's sanitizer runtime,
+    then libstdc++ (preloaded too, so that the runtime's C++ exception interceptor finds it:
+    llama.cpp throws and catches internally, e.g. when it refuses a corrupt file)."""
     lib = {"address": "libasan.so", "thread": "libtsan.so"}[sanitize]
     cc = os.environ.get("CC", "gcc")
     r = subprocess.run([cc, f"-print-file-name={lib}"], capture_output=True, text=True)
     path = r.stdout.strip()
     if r.returncode != 0 or not Path(path).is_file():
         raise UserError(f"the {sanitize} sanitizer runtime {lib} was not found (is gcc installed?)")
-    return path
+    return f"{path}:libstdc++.so.6"
 
 
 def stock_lib_dir(echo: Echo, extra_cmake_args: Sequence[str] = ()) -> Path:

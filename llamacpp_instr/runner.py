@@ -31,6 +31,8 @@ class RunConfig:
     flash_attn: bool = False
     top_k_logits: int = 10
     ignore_eos: bool = False
+    chat: bool = False
+    system: str | None = None
 
     def validate(self) -> None:
         """Reject bad values before the model loads and before any file is created."""
@@ -53,6 +55,7 @@ class RunConfig:
                 f"--top-k-logits must be between 1 and 1000, got {self.top_k_logits}",
             ),
         ]
+        checks.append((self.system is None or self.chat, "--system needs --chat"))
         for ok, message in checks:
             if not ok:
                 raise UserError(message)
@@ -105,6 +108,41 @@ class TextStream:
         return str(self._decoder.decode(b"", final=True))
 
 
+def chat_prompt(llm: Any, prompt: str, system: str | None) -> tuple[list[int], str]:
+    """The prompt as the model's own chat template formats it (its GGUF's
+    tokenizer.chat_template, through llama-cpp-python's Jinja2ChatFormatter), tokenized."""
+    from llama_cpp import llama_chat_format
+
+    template = llm.metadata.get("tokenizer.chat_template")
+    if not template:
+        raise UserError(
+            "the model has no chat template (tokenizer.chat_template in its GGUF): run it "
+            "without --chat"
+        )
+
+    def text(token: int) -> str:
+        return str(llm._model.token_get_text(token)) if token >= 0 else ""
+
+    formatter = llama_chat_format.Jinja2ChatFormatter(
+        template=template,
+        eos_token=text(llm.token_eos()),
+        bos_token=text(llm.token_bos()),
+        stop_token_ids=[llm.token_eos()],
+    )
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": prompt}
+    ]
+    try:
+        formatted = formatter(messages=messages)  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - a template error is the model's, say which
+        raise UserError(f"the model's chat template failed: {exc}") from None
+    # the template writes the BOS token itself when it wants one
+    tokens = llm.tokenize(
+        formatted.prompt.encode(), add_bos=not formatted.added_special, special=True
+    )
+    return tokens, formatted.prompt
+
+
 def load_model(cfg: RunConfig, **extra: Any) -> Any:
     """A llama_cpp.Llama for the config, or a one-line UserError."""
     models.check_gguf(cfg.model)
@@ -141,7 +179,11 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
     llm = load_model(cfg)
     llama_cpp = bindings.import_llama_cpp()
     try:
-        prompt_tokens = llm.tokenize(cfg.prompt.encode(), add_bos=True, special=False)
+        if cfg.chat:
+            prompt_tokens, formatted = chat_prompt(llm, cfg.prompt, cfg.system)
+        else:
+            prompt_tokens = llm.tokenize(cfg.prompt.encode(), add_bos=True, special=False)
+            formatted = cfg.prompt
         if len(prompt_tokens) + cfg.n_predict > llm.n_ctx():
             raise UserError(
                 f"prompt ({len(prompt_tokens)} tokens) + -n {cfg.n_predict} exceeds the context "
@@ -153,6 +195,11 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
             "model_path": str(cfg.model),
             "prompt": cfg.prompt,
             "prompt_tokens": len(prompt_tokens),
+            **(
+                {"chat": True, "system": cfg.system, "formatted_prompt": formatted}
+                if cfg.chat
+                else {}
+            ),
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
         }
         api.set_topk(cfg.top_k_logits)

@@ -12,7 +12,20 @@ from llamacpp_instr.converters.schema import SESSION_LEVELS
 
 @click.command("run")
 @click.argument("model", required=False, type=click.Path(path_type=Path))
-@click.option("-p", "--prompt", required=True, help="Prompt text.")
+@click.option("-p", "--prompt", default=None, help="Prompt text; - reads it from stdin.")
+@click.option(
+    "--prompt-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Read the prompt from this file (UTF-8).",
+)
+@click.option(
+    "--chat",
+    is_flag=True,
+    help="Format the prompt with the model's own chat template (its GGUF's "
+    "tokenizer.chat_template) as a user message.",
+)
+@click.option("--system", default=None, help="A system message, with --chat.")
 @click.option(
     "-n",
     "--n-predict",
@@ -92,7 +105,10 @@ from llamacpp_instr.converters.schema import SESSION_LEVELS
 )
 def command(
     model: Path | None,
-    prompt: str,
+    prompt: str | None,
+    prompt_file: Path | None,
+    chat: bool,
+    system: str | None,
     n_predict: int,
     threads: int | None,
     n_ctx: int,
@@ -106,16 +122,22 @@ def command(
     top_k_logits: int,
     ignore_eos: bool,
 ) -> None:
-    """Run MODEL.gguf (default: the bundled SmolLM2-135M-Instruct) on --prompt with instrumentation.
+    """Run MODEL.gguf (default: the bundled SmolLM2-135M-Instruct) on a prompt with instrumentation.
+
+    The prompt comes from -p TEXT, -p - (stdin) or --prompt-file FILE; --chat formats it with the
+    model's chat template (with --system as the system message).
 
     Prints the generated text on stdout and, on stderr, where the session log is and what it holds.
     Ctrl-C ends the session with status `interrupted`; the log stays valid.
     """
     from llamacpp_instr import models, runner
 
+    text = read_prompt(prompt, prompt_file)
     cfg = runner.RunConfig(
         model=model if model is not None else models.default_model(),
-        prompt=prompt,
+        prompt=text,
+        chat=chat,
+        system=system,
         n_predict=n_predict,
         threads=threads,
         n_ctx=n_ctx,
@@ -138,3 +160,27 @@ def command(
     )
     if result.status == "interrupted":
         sys.exit(130)
+
+
+def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    """The prompt from exactly one of -p TEXT, -p - (stdin) and --prompt-file."""
+    from llamacpp_instr.converters.errors import UserError
+
+    if (prompt is None) == (prompt_file is None):
+        raise UserError("give the prompt with exactly one of -p/--prompt and --prompt-file")
+    if prompt_file is not None:
+        try:
+            text = prompt_file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise UserError(f"prompt file not found: {prompt_file}") from None
+        except UnicodeDecodeError:
+            raise UserError(f"prompt file is not UTF-8 text: {prompt_file}") from None
+        except OSError as exc:
+            raise UserError(f"cannot read prompt file {prompt_file}: {exc.strerror}") from None
+    elif prompt == "-":
+        text = click.get_text_stream("stdin").read()
+    else:
+        text = prompt or ""
+    if not text.strip():
+        raise UserError("the prompt is empty")
+    return text

@@ -103,6 +103,18 @@ LLAMA_API int32_t llama_instr_session_path(char * buf, size_t buf_size);
 // or ERR_INVALID_ARG (NULL).
 LLAMA_API int32_t llama_instr_session_totals(struct llama_instr_totals * totals);
 
+// Tag the steps `ctx` decodes from its next llama_decode on with `request_id` (NULL or "" clears
+// it), e.g. the HTTP request a server is answering: step_begin carries it as "request".
+// Returns LLAMA_INSTR_OK, ERR_NO_SESSION or ERR_INVALID_ARG (NULL ctx, or longer than 128 bytes).
+LLAMA_API int32_t llama_instr_set_request(struct llama_context * ctx, const char * request_id);
+
+// Write a record of the caller's own into the open session's log, for what the caller measures
+// (a server's requests, say): {"type":"<type>","ts":<now, ns>,"sid":"...",<the members of
+// fields_json>}. `type` is 1..32 characters of [a-z_]; `fields_json` a JSON object on one line, in
+// UTF-8, whose keys must not be type, ts or sid. Returns LLAMA_INSTR_OK, ERR_NO_SESSION or
+// ERR_INVALID_ARG.
+LLAMA_API int32_t llama_instr_write_record(const char * type, const char * fields_json);
+
 // What the last failing call on this thread reported ("" if none). Valid until this thread's next
 // call into this API.
 LLAMA_API const char * llama_instr_last_error(void);

@@ -261,8 +261,9 @@ bool ctx_join(ctx_state & st, int32_t n_tokens, bool prompt) {
         st.graph_emitted = false;
         st.graph_checked = false;
     }
-    st.level = g_llama_instr_level.load(std::memory_order_relaxed);
-    st.step  = s.totals.n_steps++;
+    st.level   = g_llama_instr_level.load(std::memory_order_relaxed);
+    st.request = st.request_next;
+    st.step    = s.totals.n_steps++;
     s.totals.n_tokens += n_tokens;
     (prompt ? s.totals.n_prompt_tokens : s.totals.n_gen_tokens) += n_tokens;
     return true;
@@ -573,6 +574,73 @@ int32_t llama_instr_session_totals(llama_instr_totals * totals) {
     }
     *totals = s.totals;
     return LLAMA_INSTR_OK;
+}
+
+int32_t llama_instr_set_request(llama_context * ctx, const char * request_id) {
+    try {
+        if (!ctx) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "ctx is NULL");
+        }
+        const std::string id = request_id ? request_id : "";
+        if (id.size() > 128) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "a request id is at most 128 bytes");
+        }
+        ctx_state *                 st = ctx_get(ctx);
+        auto &                      s  = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (!s.fp) {
+            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
+        }
+        if (!st) {
+            return api_error(LLAMA_INSTR_ERR_INTERNAL, "out of memory");
+        }
+        st->request_next = id;
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "set_request failed (out of memory?)");
+    }
+}
+
+int32_t llama_instr_write_record(const char * type, const char * fields_json) {
+    try {
+        const size_t n  = type ? strlen(type) : 0;
+        bool         ok = n >= 1 && n <= 32;
+        for (size_t i = 0; ok && i < n; i++) {
+            ok = (type[i] >= 'a' && type[i] <= 'z') || type[i] == '_';
+        }
+        if (!ok) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "a record type is 1..32 characters of [a-z_]");
+        }
+        if (!fields_json || !metadata_ok(fields_json)) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "fields must be a JSON object on one line, in UTF-8");
+        }
+        // the object's members, without its braces
+        std::string inner = fields_json;
+        inner             = inner.substr(inner.find('{') + 1);
+        inner             = inner.substr(0, inner.rfind('}'));
+        for (const char * k : { "\"type\"", "\"ts\"", "\"sid\"" }) {
+            if (inner.find(k) != std::string::npos) {
+                return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "fields must not hold type, ts or sid");
+            }
+        }
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (!s.fp) {
+            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
+        }
+        std::string line;
+        json_out    j{ line };
+        record_head(j, type, now_ns(), s.sid);
+        if (inner.find_first_not_of(" \t") != std::string::npos) {
+            j.ch(',');
+            j.raw(inner);
+        }
+        j.ch('}');
+        emit_locked(s, line);
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "write_record failed (out of memory?)");
+    }
 }
 
 const char * llama_instr_last_error(void) {

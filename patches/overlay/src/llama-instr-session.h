@@ -50,6 +50,20 @@ struct ctx_state {
     int32_t     topk  = 10;
     std::string sid;
 
+    // the request the context's steps are for (set by llama_instr_set_request under the session
+    // lock; copied into `request` when a step begins)
+    std::string request_next;
+    std::string request;
+
+    // the sequences of the current batch: seq id, tokens, first and last position
+    struct seq_info {
+        int32_t seq;
+        int32_t n_tokens;
+        int64_t pos0, pos1;
+    };
+
+    std::vector<seq_info> seqs;
+
     // the graph currently built for this context, and the node tables captured in this step
     graph_index              graph;
     int32_t                  graph_id      = 0;      // 0 = not announced in this session yet

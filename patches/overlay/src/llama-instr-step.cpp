@@ -34,6 +34,28 @@ void write_step_begin(ctx_state &         st,
     j.ch(']');
     j.key("kind");
     j.str(prompt ? "prompt" : "gen");
+    if (!st.request.empty()) {
+        j.key("request");
+        j.str(st.request);
+    }
+    // several sequences, or one other than 0: tokens and positions per sequence
+    if (st.seqs.size() > 1 || (st.seqs.size() == 1 && st.seqs[0].seq != 0)) {
+        j.key("seqs");
+        j.ch('[');
+        for (const auto & q : st.seqs) {
+            j.sep();
+            j.ch('[');
+            j.i64(q.seq);
+            j.ch(',');
+            j.i64(q.n_tokens);
+            j.ch(',');
+            j.i64(q.pos0);
+            j.ch(',');
+            j.i64(q.pos1);
+            j.ch(']');
+        }
+        j.ch(']');
+    }
     if (st.level >= LLAMA_INSTR_LEVEL_DETAILED && batch.token) {
         const llama_vocab * vocab = llama_model_get_vocab(llama_get_model(ctx));
         j.key("tokens");
@@ -141,6 +163,23 @@ int64_t llama_instr_decode_begin(llama_context * ctx, const llama_batch & batch)
             p1                 = p0 + std::max(0, batch.n_tokens - 1);
         }
         const bool prompt = batch.n_tokens > 1 || p0 == 0;
+
+        // per sequence (a token's first sequence id): tokens and positions, in order of appearance
+        st.seqs.clear();
+        if (batch.seq_id && batch.n_seq_id && batch.pos) {
+            for (int i = 0; i < batch.n_tokens; i++) {
+                const int32_t seq = batch.n_seq_id[i] > 0 ? batch.seq_id[i][0] : 0;
+                auto          it  = std::find_if(st.seqs.begin(), st.seqs.end(),
+                                                 [seq](const ctx_state::seq_info & q) { return q.seq == seq; });
+                if (it == st.seqs.end()) {
+                    st.seqs.push_back({ seq, 0, batch.pos[i], batch.pos[i] });
+                    it = st.seqs.end() - 1;
+                }
+                it->n_tokens++;
+                it->pos0 = std::min<int64_t>(it->pos0, batch.pos[i]);
+                it->pos1 = std::max<int64_t>(it->pos1, batch.pos[i]);
+            }
+        }
         if (!ctx_join(st, batch.n_tokens, prompt)) {
             return 0;  // the session ended meanwhile
         }

@@ -1,0 +1,124 @@
+"""Profile your own llama-cpp-python program: a session around any ``llama_cpp.Llama``.
+
+    import llama_cpp, llamacpp_instr
+
+    llm = llama_cpp.Llama("model.gguf")
+    with llamacpp_instr.session(llm, "run.log") as s:
+        llm("The capital of France is", max_tokens=16)
+        llm.create_chat_completion(messages=[{"role": "user", "content": "Hi"}])
+    print(s.path, s.totals.n_steps)
+
+Everything every ``Llama`` does inside the block is logged (the instrumentation sits in
+libllama, below llama-cpp-python): completions, chat, streaming, embeddings. The first ``Llama``
+given describes the model in ``session_start``; other ``Llama`` objects used in the block are
+logged too, one context id each. Leaving the block ends the session: ``ok``, ``interrupted`` on
+KeyboardInterrupt, ``error`` on any other exception (which propagates); the log is valid in every
+case.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llamacpp_instr import __version__, bindings
+from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.converters.schema import SESSION_LEVELS
+
+
+@dataclass
+class Totals:
+    """What a session recorded (llama_instr_session_totals)."""
+
+    steps: int = 0
+    tokens: int = 0
+    prompt_tokens: int = 0
+    gen_tokens: int = 0
+    computes: int = 0
+    records: int = 0
+    lost: int = 0
+
+
+@dataclass
+class InstrSession:
+    """The open (then ended) session: where its log is and what it holds."""
+
+    path: Path
+    level: str
+    status: str = "open"
+    _totals: Totals = field(default_factory=Totals)
+
+    @property
+    def totals(self) -> Totals:
+        """Live while the session is open, final after it ended."""
+        if self.status == "open":
+            self._totals = _read_totals()
+        return self._totals
+
+
+def _read_totals() -> Totals:
+    t = bindings.load().totals()
+    return Totals(
+        steps=t.n_steps,
+        tokens=t.n_tokens,
+        prompt_tokens=t.n_prompt_tokens,
+        gen_tokens=t.n_gen_tokens,
+        computes=t.n_computes,
+        records=t.n_records,
+        lost=t.n_lost,
+    )
+
+
+def _ctx_of(llm: Any) -> Any:
+    ctx = getattr(llm, "ctx", None)
+    if ctx is None:
+        raise UserError(f"not a llama_cpp.Llama with a context: {type(llm).__name__}")
+    return ctx
+
+
+@contextmanager
+def session(
+    llm: Any | Sequence[Any] | None,
+    path: str | Path,
+    level: str = "detailed",
+    *,
+    top_k_logits: int = 10,
+    metadata: dict[str, Any] | None = None,
+) -> Iterator[InstrSession]:
+    """Log everything ``llm`` (a ``llama_cpp.Llama``, several, or None) does inside the block.
+
+    ``level``: minimal, detailed or verbose. ``metadata`` (JSON-serializable) is stored in
+    session_start. A second session while one is open is an error (one per process).
+    """
+    if level not in SESSION_LEVELS:
+        raise UserError(f"level must be one of {', '.join(SESSION_LEVELS)}, not {level!r}")
+    llms = [] if llm is None else list(llm) if isinstance(llm, (list, tuple)) else [llm]
+    ctxs = [_ctx_of(x) for x in llms]
+    try:
+        meta = json.loads(json.dumps(metadata or {}))
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"metadata must be JSON-serializable: {exc}") from None
+    meta.setdefault("tool", f"llamacpp-instr {__version__}")
+    meta.setdefault("api", "llamacpp_instr.session")
+    api = bindings.load()
+    api.set_topk(top_k_logits)
+    out = Path(path)
+    api.session_begin(ctxs[0] if ctxs else None, str(out), level, meta)
+    s = InstrSession(path=out, level=level)
+    status = "ok"
+    try:
+        yield s
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    except BaseException:
+        status = "error"
+        raise
+    finally:
+        s._totals = _read_totals()
+        s.status = status
+        api.session_end(status)

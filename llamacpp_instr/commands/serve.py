@@ -1,0 +1,89 @@
+"""``instr serve``: an OpenAI-compatible server whose every request is profiled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from llamacpp_instr.converters.schema import SESSION_LEVELS
+
+
+@click.command("serve")
+@click.argument("model", required=False, type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="TCP port."
+)
+@click.option(
+    "--level",
+    type=click.Choice(SESSION_LEVELS),
+    default="detailed",
+    show_default=True,
+    help="Recording level, as for instr run.",
+)
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Session log path (default: llama_instrumentation_YYYYMMDD_HHMMSS.log here).",
+)
+@click.option(
+    "--ctx",
+    "n_ctx",
+    type=click.IntRange(min=1),
+    default=2048,
+    show_default=True,
+    help="Context size.",
+)
+@click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="CPU threads.")
+@click.option(
+    "--top-k-logits",
+    type=click.IntRange(1, 1000),
+    default=10,
+    show_default=True,
+    help="Logits kept per token at verbose.",
+)
+def command(
+    model: Path | None,
+    host: str,
+    port: int,
+    level: str,
+    out: Path | None,
+    n_ctx: int,
+    threads: int | None,
+    top_k_logits: int,
+) -> None:
+    """Serve MODEL.gguf (default: the bundled SmolLM2-135M-Instruct) with llama-cpp-python's
+    OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models),
+    writing one session log for the server's life.
+
+    Each HTTP request is recorded (request id, endpoint, status, time waiting for the model, time to
+    first token, total time, tokens decoded) and its decode steps carry its id: `instr to-perfetto`
+    draws them on a `requests` track, `instr summary` gives latency percentiles. Ctrl-C or SIGTERM
+    stops the server and ends the session as `interrupted`; the log stays valid."""
+    from llamacpp_instr import models, runner, serve
+
+    path = model if model is not None else models.default_model()
+    log = out or runner.default_log_name()
+
+    def ready(msg: str) -> None:
+        click.echo(msg, err=True)
+
+    result = serve.serve(
+        path,
+        log,
+        host=host,
+        port=port,
+        level=level,
+        n_ctx=n_ctx,
+        threads=threads,
+        top_k_logits=top_k_logits,
+        on_ready=ready,
+    )
+    click.echo(
+        f"session log: {result.log_path} ({result.requests} requests, {result.steps} steps; "
+        f"status {result.status})",
+        err=True,
+    )

@@ -1,0 +1,310 @@
+"""``instr serve``: llama-cpp-python's own OpenAI-compatible server, with one session for its life.
+
+Each HTTP request becomes a ``request`` record (docs/schema.md): its id, endpoint, HTTP status,
+when it arrived, when it got the model (the server runs one request at a time behind a lock), when
+its first token was sampled, when it ended, and the tokens it decoded. Its decode steps carry the
+same id (``step_begin.request``). All times are CLOCK_MONOTONIC ns, the log's own clock.
+
+How: a pure-ASGI middleware times the request and puts it in a context variable (which reaches the
+worker threads the server runs the model in); wrappers on the server's ``Llama`` instance, around
+the methods every endpoint goes through (``create_completion``, ``embed``, ``eval``), mark when
+the model started, tag the steps and note the first token.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import errno
+import itertools
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llamacpp_instr import __version__, bindings
+from llamacpp_instr.converters.errors import UserError
+
+_SERVER_EXTRA_HINT = "pip install 'llamacpp-instr[serve]' (llama-cpp-python's server extra)"
+
+
+@dataclass
+class _Request:
+    id: str
+    endpoint: str
+    method: str
+    t_arrive: int
+    t_model: int | None = None
+    t_first_token: int | None = None
+    t_model_done: int | None = None
+    t_end: int | None = None
+    status: int = 0
+    stream: bool = False
+    prompt_tokens: int = 0
+    gen_tokens: int = 0
+    evals: int = 0
+    _totals0: tuple[int, int] | None = None
+
+    def fields(self) -> dict[str, Any]:
+        def since(t: int | None) -> int | None:
+            return None if t is None else t - self.t_arrive
+
+        return {
+            "id": self.id,
+            "endpoint": self.endpoint,
+            "method": self.method,
+            "status": self.status,
+            "stream": self.stream,
+            "t_arrive": self.t_arrive,
+            "wait": since(self.t_model),
+            "ttft": since(self.t_first_token),
+            # how long it held the model (from getting it to its last token)
+            "model": (
+                None
+                if self.t_model is None or self.t_model_done is None
+                else self.t_model_done - self.t_model
+            ),
+            "dur": since(self.t_end),
+            "prompt_tokens": self.prompt_tokens,  # decoded for the prompt (after the prefix cache)
+            "gen_tokens": self.gen_tokens,  # generated tokens decoded (fed back)
+        }
+
+
+CURRENT: contextvars.ContextVar[_Request | None] = contextvars.ContextVar(
+    "llamacpp_instr_request", default=None
+)
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port that is taken, before the model loads."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise UserError(f"cannot resolve host {host!r}: {exc.strerror}") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UserError(
+                    f"port {port} on {host} is in use (choose another --port)"
+                ) from None
+            raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+class RequestRecorder:
+    """ASGI middleware: one ``request`` record per HTTP request."""
+
+    def __init__(self, app: Any, api: bindings.InstrLib) -> None:
+        self.app = app
+        self.api = api
+        self._ids = itertools.count(1)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rec = _Request(
+            id=f"req-{next(self._ids)}",
+            endpoint=scope.get("path", ""),
+            method=scope.get("method", ""),
+            t_arrive=time.monotonic_ns(),
+        )
+        token = CURRENT.set(rec)
+
+        async def send_and_note(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                rec.status = int(message["status"])
+                headers = dict(message.get("headers") or [])
+                rec.stream = b"text/event-stream" in headers.get(b"content-type", b"")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            CURRENT.reset(token)
+            rec.t_end = time.monotonic_ns()
+            try:
+                self.api.write_record("request", rec.fields())
+            except UserError:
+                pass  # the session has ended (shutting down): nothing to write to
+
+
+def _totals(api: bindings.InstrLib) -> tuple[int, int]:
+    t = api.totals()
+    return t.n_prompt_tokens, t.n_gen_tokens
+
+
+def instrument(llm: Any, api: bindings.InstrLib) -> None:
+    """Wrap the server's Llama instance (instance attributes: the class is untouched)."""
+    ctx = llm.ctx
+
+    def started(rec: _Request) -> None:
+        if rec.t_model is None:
+            rec.t_model = time.monotonic_ns()
+            rec._totals0 = _totals(api)
+        api.set_request(ctx, rec.id)
+
+    def finished(rec: _Request) -> None:
+        if rec.evals == 0 and rec._totals0 is not None:
+            # no eval (embeddings decode directly): the session's counts moved by this request
+            p, g = _totals(api)
+            rec.prompt_tokens = p - rec._totals0[0] + g - rec._totals0[1]
+        rec.t_model_done = time.monotonic_ns()
+        if rec.t_first_token is None and rec.evals > 0:
+            rec.t_first_token = rec.t_model_done  # one token: sampled after the last eval
+        try:
+            api.set_request(ctx, None)
+        except UserError:
+            pass  # a stream closed after the session ended (shutdown)
+
+    def around(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            rec = CURRENT.get()
+            if rec is None:
+                return fn(*args, **kwargs)
+            started(rec)
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException:
+                finished(rec)
+                raise
+            if isinstance(result, Iterator):
+                return _streamed(result, rec)
+            finished(rec)
+            return result
+
+        return wrapper
+
+    def _streamed(it: Iterator[Any], rec: _Request) -> Iterator[Any]:
+        try:
+            yield from it
+        finally:
+            finished(rec)
+
+    eval_fn = llm.eval
+
+    def eval_and_note(tokens: Any) -> Any:
+        rec = CURRENT.get()
+        if rec is not None:
+            # the first eval decodes the prompt (what the prefix cache did not hold); each later
+            # one feeds back a sampled token, the second one the first
+            if rec.evals == 0:
+                rec.prompt_tokens += len(tokens)
+            else:
+                rec.gen_tokens += len(tokens)
+                if rec.t_first_token is None:
+                    rec.t_first_token = time.monotonic_ns()
+            rec.evals += 1
+        return eval_fn(tokens)
+
+    llm.create_completion = around(llm.create_completion)
+    llm.embed = around(llm.embed)
+    llm.eval = eval_and_note
+
+
+@dataclass
+class ServeResult:
+    log_path: Path
+    status: str
+    requests: int
+    steps: int
+
+
+def serve(
+    model: Path,
+    out: Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    level: str = "detailed",
+    n_ctx: int = 2048,
+    threads: int | None = None,
+    top_k_logits: int = 10,
+    on_ready: Callable[[str], None] | None = None,
+) -> ServeResult:
+    """Serve ``model`` until SIGINT or SIGTERM; the session log stays valid either way."""
+    import os
+
+    from llamacpp_instr import models
+    from llamacpp_instr.runner import check_writable
+
+    models.check_gguf(model)
+    check_writable(out)
+    check_port(host, port)
+    try:
+        import uvicorn
+        from llama_cpp.server import app as server_app
+        from llama_cpp.server.settings import Settings
+    except ImportError as exc:
+        raise UserError(f"instr serve needs {exc.name}: {_SERVER_EXTRA_HINT}") from None
+    api = bindings.load()
+    n_threads = threads or max(1, min(os.cpu_count() or 1, 8))
+    settings = Settings(
+        model=str(model),
+        host=host,
+        port=port,
+        n_ctx=n_ctx,
+        n_threads=n_threads,
+        n_threads_batch=n_threads,
+        verbose=False,
+        # queue concurrent requests instead of cutting a running stream short (the server's
+        # default): a profile shows every request complete
+        interrupt_requests=False,
+    )
+    try:
+        app = server_app.create_app(settings=settings)
+    except (ValueError, RuntimeError) as exc:
+        raise UserError(models.explain_load_failure(model)) from exc
+    proxy = server_app._llama_proxy
+    llm = getattr(proxy, "_current_model", None)
+    if llm is None:
+        raise UserError(
+            "the server did not load the model (llama-cpp-python's LlamaProxy changed?)"
+        )
+    instrument(llm, api)
+    app.add_middleware(RequestRecorder, api=api)
+
+    api.set_topk(top_k_logits)
+    metadata = {
+        "tool": f"llamacpp-instr {__version__}",
+        "command": "instr serve",
+        "model_path": str(model),
+        "server": {"host": host, "port": port, "n_ctx": n_ctx, "threads": n_threads},
+    }
+    api.session_begin(llm.ctx, str(out), level, metadata)
+
+    class _Stopped(Exception):
+        pass
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise _Stopped()
+
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: SIGINT becomes
+    # KeyboardInterrupt, SIGTERM this exception, and the session ends as interrupted either way
+    previous = signal.signal(signal.SIGTERM, on_term)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    if on_ready:
+        on_ready(f"serving {model.name} on http://{host}:{port}/v1 (OpenAI-compatible); log: {out}")
+    status = "ok"
+    n_requests = 0
+    try:
+        server.run()
+        if server.should_exit:
+            status = "interrupted"
+    except (KeyboardInterrupt, _Stopped):
+        status = "interrupted"
+    except BaseException:
+        status = "error"
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        steps = api.totals().n_steps
+        api.session_end(status)
+        n_requests = sum(1 for line in out.open("rb") if line.startswith(b'{"type":"request"'))
+        llm.close()
+    return ServeResult(log_path=out, status=status, requests=n_requests, steps=steps)

@@ -1,0 +1,144 @@
+"""`instr serve`, driven by the real `openai` client: concurrent requests, streaming and not, then
+SIGINT; the log records every request and tags its steps, and converts."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from llamacpp_instr.cli import main
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(port: int, proc: subprocess.Popen[str], timeout: float = 120) -> None:
+    import urllib.request
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None:
+            raise AssertionError(f"instr serve exited: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise AssertionError("instr serve did not come up")
+
+
+@pytest.fixture(scope="module")
+def served(instr_api: Any, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A server on the bundled model, four concurrent requests from the openai client, SIGINT."""
+    import openai
+
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llamacpp_instr.cli", "serve", str(smollm2_path)]
+        + ["--port", str(port), "-o", str(log), "-t", "2"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_ready(port, proc)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+
+        def completion(i: int) -> dict[str, Any]:
+            r = client.completions.create(
+                model="smollm2", prompt=f"Count from {i} to ten:", max_tokens=8, temperature=0
+            )
+            return {"kind": "completion", "text": r.choices[0].text}
+
+        def chat_stream(i: int) -> dict[str, Any]:
+            stream = client.chat.completions.create(
+                model="smollm2",
+                messages=[{"role": "user", "content": f"Name {i} colors."}],
+                max_tokens=8,
+                temperature=0,
+                stream=True,
+            )
+            text = "".join((c.choices[0].delta.content or "") for c in stream if c.choices)
+            return {"kind": "chat-stream", "text": text}
+
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda f_i: f_i[0](f_i[1]), [
+                (completion, 1), (chat_stream, 2), (completion, 3), (chat_stream, 4)
+            ]))  # fmt: skip
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    recs = [json.loads(line) for line in log.open(encoding="utf-8")]
+    return {"results": results, "records": recs, "log": log, "rc": proc.returncode, "err": err}
+
+
+def test_requests_are_answered_and_the_session_ends_interrupted(served: Any) -> None:
+    assert all(r["text"] for r in served["results"]), served["results"]
+    assert served["rc"] == 0, served["err"]
+    assert "status interrupted" in served["err"] and "Traceback" not in served["err"]
+    recs = served["records"]
+    assert recs[0]["type"] == "session_start" and recs[0]["metadata"]["command"] == "instr serve"
+    assert recs[-1]["type"] == "session_end" and recs[-1]["status"] == "interrupted"
+
+
+def test_every_request_is_recorded_with_its_timings(served: Any) -> None:
+    recs = served["records"]
+    posts = [r for r in recs if r["type"] == "request" and r["method"] == "POST"]
+    assert sorted(r["endpoint"] for r in posts) == sorted(
+        ["/v1/completions"] * 2 + ["/v1/chat/completions"] * 2
+    )
+    assert sorted(r["stream"] for r in posts) == [False, False, True, True]
+    steps = [r for r in recs if r["type"] == "step_begin"]
+    for r in posts:
+        assert r["status"] == 200
+        assert 0 <= r["wait"] <= r["ttft"] <= r["wait"] + r["model"] <= r["dur"]
+        mine = [s for s in steps if s.get("request") == r["id"]]
+        # the request's steps decoded exactly the tokens it counted: its prompt, then one step
+        # per fed-back generated token
+        assert sum(s["n_tokens"] for s in mine) == r["prompt_tokens"] + r["gen_tokens"]
+        assert len(mine) == 1 + r["gen_tokens"] and r["gen_tokens"] > 0
+        # and they ran while the request was in flight
+        assert all(r["t_arrive"] <= s["ts"] <= r["t_arrive"] + r["dur"] for s in mine)
+    # requests took the model one at a time: their model-time intervals do not overlap
+    spans = sorted(
+        (r["t_arrive"] + r["wait"], r["t_arrive"] + r["wait"] + r["model"]) for r in posts
+    )
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False))
+    # every step of the session belongs to a request
+    assert all("request" in s for s in steps)
+
+
+def test_the_log_converts(served: Any, tmp_path: Path) -> None:
+    out = tmp_path / "serve.pftrace"
+    r = CliRunner().invoke(main, ["to-perfetto", str(served["log"]), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.stat().st_size > 0
+
+
+def test_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        log = tmp_path / "never.log"
+        r = CliRunner().invoke(main, ["serve", "--port", str(port), "-o", str(log)])
+    assert r.exit_code == 2
+    assert r.output.strip() == f"error: port {port} on 127.0.0.1 is in use (choose another --port)"
+    assert not log.exists()

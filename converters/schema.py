@@ -19,6 +19,7 @@ RECORD_TYPES_V1 = frozenset(
         "compute",
         "tensor_stats",
         "topk",
+        "request",
         "session_end",
     }
 )

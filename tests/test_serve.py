@@ -89,8 +89,12 @@ def served(instr_api: Any, smollm2_path: Path, tmp_path_factory: pytest.TempPath
     return {"results": results, "records": recs, "log": log, "rc": proc.returncode, "err": err}
 
 
-def test_requests_are_answered_and_the_session_ends_interrupted(served: Any) -> None:
+def test_requests_are_answered_and_the_session_ends_interrupted(
+    served: Any, schema_validator: Any
+) -> None:
     assert all(r["text"] for r in served["results"]), served["results"]
+    for rec in served["records"]:
+        schema_validator.validate(rec)
     assert served["rc"] == 0, served["err"]
     assert "status interrupted" in served["err"] and "Traceback" not in served["err"]
     recs = served["records"]

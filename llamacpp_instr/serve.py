@@ -130,6 +130,7 @@ class RequestRecorder:
             rec.t_end = time.monotonic_ns()
             try:
                 self.api.write_record("request", rec.fields())
+                self.api.flush()  # the server may now idle: a follower sees the request at once
             except UserError:
                 pass  # the session has ended (shutting down): nothing to write to
 

@@ -103,6 +103,11 @@ from llamacpp_instr.converters.schema import SESSION_LEVELS
 @click.option(
     "--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence (fixed-length runs)."
 )
+@click.option(
+    "--live",
+    is_flag=True,
+    help="Show the live view of instr follow while generating (the text is printed at the end).",
+)
 def command(
     model: Path | None,
     prompt: str | None,
@@ -121,6 +126,7 @@ def command(
     flash_attn: bool,
     top_k_logits: int,
     ignore_eos: bool,
+    live: bool,
 ) -> None:
     """Run MODEL.gguf (default: the bundled SmolLM2-135M-Instruct) on a prompt with instrumentation.
 
@@ -151,7 +157,10 @@ def command(
         top_k_logits=top_k_logits,
         ignore_eos=ignore_eos,
     )
-    result = runner.run(cfg, on_text=runner.echo_stream)
+    if live:
+        result = _run_live(cfg)
+    else:
+        result = runner.run(cfg, on_text=runner.echo_stream)
     sys.stdout.write("\n")
     click.echo(
         f"session log: {result.log_path} ({result.n_steps} steps, {result.n_tokens} tokens decoded: "
@@ -184,3 +193,33 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     if not text.strip():
         raise UserError("the prompt is empty")
     return text
+
+
+def _run_live(cfg: object) -> object:
+    """Generate while a second thread follows the log as ``instr follow`` does."""
+    import threading
+
+    from llamacpp_instr import runner
+    from llamacpp_instr.commands.follow import follow
+
+    assert isinstance(cfg, runner.RunConfig)
+    cfg.validate()
+    if cfg.out is None:
+        cfg.out = runner.default_log_name()
+    if cfg.out.exists():
+        # follow from where this run starts, not an earlier session appended before it
+        raise_existing = cfg.out.stat().st_size > 0
+        if raise_existing:
+            from llamacpp_instr.converters.errors import UserError
+
+            raise UserError(f"--live needs a new log file; {cfg.out} exists")
+    stop = threading.Event()
+    viewer = threading.Thread(target=follow, args=(cfg.out, 600.0, stop), daemon=True)
+    viewer.start()
+    try:
+        result = runner.run(cfg)
+    finally:
+        stop.set()
+        viewer.join(timeout=5)
+    sys.stdout.write(result.text)
+    return result

@@ -40,7 +40,10 @@ int64_t now_ns() {
 
 namespace {
 
-constexpr size_t FLUSH_BYTES = 64 * 1024;
+// Lines are written in blocks of 64 KiB, or when the oldest buffered line is 200 ms old, so that a
+// reader following the log (instr follow) is never further behind than that.
+constexpr size_t  FLUSH_BYTES = 64 * 1024;
+constexpr int64_t FLUSH_NS    = 200 * 1000 * 1000;
 
 struct session {
     std::mutex mtx;
@@ -49,8 +52,9 @@ struct session {
     FILE *      fp    = nullptr;
     std::string path;
     std::string sid;
-    std::string buf;  // complete lines not yet written
+    std::string buf;              // complete lines not yet written
     int64_t     buf_records = 0;
+    int64_t     buf_since   = 0;  // when the oldest buffered line was added
     int32_t     level       = LLAMA_INSTR_LEVEL_OFF;
     int32_t     topk        = 10;
     int32_t     topk_next   = 10;
@@ -128,10 +132,14 @@ void emit_locked(session & s, const std::string & line) {
         s.totals.n_lost++;
         return;
     }
+    const int64_t now = now_ns();
+    if (s.buf.empty()) {
+        s.buf_since = now;
+    }
     s.buf += line;
     s.buf.push_back('\n');
     s.buf_records++;
-    if (s.buf.size() >= FLUSH_BYTES) {
+    if (s.buf.size() >= FLUSH_BYTES || now - s.buf_since >= FLUSH_NS) {
         write_buffered_locked(s);
     }
 }

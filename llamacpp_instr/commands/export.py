@@ -18,17 +18,41 @@ from llamacpp_instr.commands import session_option
     "-o",
     "--out-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    required=True,
+    default=None,
     help="Directory for the files.",
 )
+@click.option(
+    "--dataset",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Append the session to this hive-partitioned Parquet dataset "
+    "(TABLE/model=/quant=/date=/SID.parquet) instead.",
+)
 @session_option
-def command(log: Path, fmt: str, out_dir: Path, sid: str | None) -> None:
+def command(
+    log: Path, fmt: str, out_dir: Path | None, dataset: Path | None, sid: str | None
+) -> None:
     """Write the tables of a session LOG (steps, layers, ops, nodes, weights, tensor_stats, topk)
-    as one Parquet or CSV file each into --out-dir."""
+    as one Parquet or CSV file each into --out-dir, or append them to a --dataset that DuckDB,
+    Polars or Spark query across sessions:
+    read_parquet('DIR/steps/**/*.parquet', hive_partitioning = true)."""
     from llamacpp_instr.converters import load_session
     from llamacpp_instr.converters.errors import UserError
 
+    if (out_dir is None) == (dataset is None):
+        raise UserError("give exactly one of -o/--out-dir and --dataset")
+    if dataset is not None and fmt != "parquet":
+        raise UserError("--dataset is Parquet only")
     frames = load_session(log, sid)
+    if dataset is not None:
+        from llamacpp_instr.converters.dataset import append_to_dataset
+
+        files = append_to_dataset(frames, dataset)
+        for path, rows in files:
+            click.echo(f"{path}: {rows} rows", err=True)
+        click.echo(f"session {frames.info.sid} added to {dataset} ({len(files)} tables)", err=True)
+        return
+    assert out_dir is not None
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         for name, df in frames.tables().items():

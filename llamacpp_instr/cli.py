@@ -19,7 +19,7 @@ class _Group(click.Group):
     def main(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
         kwargs["standalone_mode"] = False
         try:
-            rv = super().main(*args, **kwargs)  # type: ignore[arg-type]
+            rv = super().main(*args, **kwargs)  # type: ignore[arg-type,call-overload]
         except UserError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)

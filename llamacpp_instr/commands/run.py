@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from llamacpp_instr.converters.schema import SESSION_LEVELS
+
+if TYPE_CHECKING:
+    from llamacpp_instr.runner import RunConfig, RunResult
 
 
 @click.command("run")
@@ -195,14 +199,13 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     return text
 
 
-def _run_live(cfg: object) -> object:
+def _run_live(cfg: RunConfig) -> RunResult:
     """Generate while a second thread follows the log as ``instr follow`` does."""
     import threading
 
     from llamacpp_instr import runner
     from llamacpp_instr.commands.follow import follow
 
-    assert isinstance(cfg, runner.RunConfig)
     cfg.validate()
     if cfg.out is None:
         cfg.out = runner.default_log_name()

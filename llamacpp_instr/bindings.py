@@ -118,6 +118,33 @@ class InstrLib:
         body = json.dumps(fields, ensure_ascii=True, separators=(",", ":")).encode()
         self._check(self.lib.llama_instr_write_record(type_.encode(), body), "write_record")
 
+    def capture(self, ctx: Any, patterns: list[str]) -> None:
+        """Copy the outputs of the nodes matching ``patterns`` ("l_out-*", "result_output") from
+        the next llama_decode of ``ctx`` on; an empty list stops."""
+        arr = (ctypes.c_char_p * max(1, len(patterns)))(*[p.encode() for p in patterns])
+        self._check(self.lib.llama_instr_capture(ctx, arr, len(patterns)), "capture")
+
+    def captured(self, ctx: Any) -> dict[str, Any]:
+        """The outputs captured by the last llama_decode of ``ctx`` (its last ubatch): node name ->
+        float32 array shaped (ne3, ne2, ne1, ne0) without leading 1s."""
+        import numpy as np
+
+        out: dict[str, Any] = {}
+        name = ctypes.create_string_buffer(128)
+        ne = (ctypes.c_int64 * 4)()
+        for i in range(int(self.lib.llama_instr_captured_count(ctx))):
+            n = self.lib.llama_instr_captured_get(ctx, i, name, 128, ne, None, 0)
+            self._check(int(n), "captured_get")
+            buf = np.empty(int(n), dtype=np.float32)
+            self.lib.llama_instr_captured_get(
+                ctx, i, name, 128, ne, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n
+            )
+            shape = [int(ne[3]), int(ne[2]), int(ne[1]), int(ne[0])]
+            while len(shape) > 1 and shape[0] == 1:
+                shape.pop(0)
+            out[name.value.decode()] = buf.reshape(shape)
+        return out
+
     @property
     def bench_cb_eval(self) -> int:
         """Address of the native upstream-style cb_eval (the overhead benchmark's peer)."""
@@ -143,6 +170,13 @@ def _declare(lib: ctypes.CDLL) -> None:
         "llama_instr_last_error": ([], c.c_char_p),
         "llama_instr_set_request": ([c.c_void_p, c.c_char_p], c.c_int32),
         "llama_instr_write_record": ([c.c_char_p, c.c_char_p], c.c_int32),
+        "llama_instr_capture": ([c.c_void_p, c.POINTER(c.c_char_p), c.c_int32], c.c_int32),
+        "llama_instr_captured_count": ([c.c_void_p], c.c_int32),
+        "llama_instr_captured_get": (
+            [c.c_void_p, c.c_int32, c.c_char_p, c.c_size_t, c.POINTER(c.c_int64)]
+            + [c.POINTER(c.c_float), c.c_int64],
+            c.c_int64,
+        ),
         "llama_instr_bench_cb_eval_count": ([], c.c_int64),
     }
     for name, (argtypes, restype) in sigs.items():

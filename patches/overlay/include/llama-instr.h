@@ -115,6 +115,27 @@ LLAMA_API int32_t llama_instr_set_request(struct llama_context * ctx, const char
 // ERR_INVALID_ARG.
 LLAMA_API int32_t llama_instr_write_record(const char * type, const char * fields_json);
 
+// Capture node outputs while a session is open: from the next llama_decode of `ctx` on, the output
+// of every graph node whose name matches one of `patterns` (exact, e.g. "l_out-3", or a prefix
+// ending in '*', e.g. "l_out-*") is copied as F32 into memory the library owns, right after the
+// op ran (by the CPU backend's worker threads; the graph is not split). n_patterns = 0 stops.
+// Returns LLAMA_INSTR_OK, ERR_NO_SESSION or ERR_INVALID_ARG.
+LLAMA_API int32_t llama_instr_capture(struct llama_context * ctx, const char * const * patterns, int32_t n_patterns);
+
+// After a llama_decode with a capture set: the number of captured outputs (of its last ubatch).
+LLAMA_API int32_t llama_instr_captured_count(struct llama_context * ctx);
+
+// Captured output i: its node name (NUL-terminated, truncated to name_size), shape (ne[4]) and
+// values (row-major, ne[0] fastest) copied to dst if dst_n is at least ne0*ne1*ne2*ne3.
+// Returns the number of values, or ERR_INVALID_ARG.
+LLAMA_API int64_t llama_instr_captured_get(struct llama_context * ctx,
+                                           int32_t                i,
+                                           char *                 name,
+                                           size_t                 name_size,
+                                           int64_t *              ne,
+                                           float *                dst,
+                                           int64_t                dst_n);
+
 // What the last failing call on this thread reported ("" if none). Valid until this thread's next
 // call into this API.
 LLAMA_API const char * llama_instr_last_error(void);

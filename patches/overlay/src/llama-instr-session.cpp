@@ -3,6 +3,7 @@
 #include "llama-instr-hooks.h"
 #include "llama-instr-model.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -269,9 +270,10 @@ bool ctx_join(ctx_state & st, int32_t n_tokens, bool prompt) {
         st.graph_emitted = false;
         st.graph_checked = false;
     }
-    st.level   = g_llama_instr_level.load(std::memory_order_relaxed);
-    st.request = st.request_next;
-    st.step    = s.totals.n_steps++;
+    st.level            = g_llama_instr_level.load(std::memory_order_relaxed);
+    st.request          = st.request_next;
+    st.capture.patterns = st.capture_next;
+    st.step             = s.totals.n_steps++;
     s.totals.n_tokens += n_tokens;
     (prompt ? s.totals.n_prompt_tokens : s.totals.n_gen_tokens) += n_tokens;
     return true;
@@ -649,6 +651,67 @@ int32_t llama_instr_write_record(const char * type, const char * fields_json) {
     } catch (...) {
         return api_error(LLAMA_INSTR_ERR_INTERNAL, "write_record failed (out of memory?)");
     }
+}
+
+int32_t llama_instr_capture(llama_context * ctx, const char * const * patterns, int32_t n_patterns) {
+    try {
+        if (!ctx || n_patterns < 0 || (n_patterns > 0 && !patterns)) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "capture needs a context and n_patterns >= 0");
+        }
+        std::vector<std::string> pats;
+        for (int32_t i = 0; i < n_patterns; i++) {
+            if (!patterns[i] || !*patterns[i]) {
+                return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "an empty capture pattern");
+            }
+            pats.emplace_back(patterns[i]);
+        }
+        ctx_state *                 st = ctx_get(ctx);
+        auto &                      s  = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (!s.fp) {
+            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
+        }
+        if (!st) {
+            return api_error(LLAMA_INSTR_ERR_INTERNAL, "out of memory");
+        }
+        st->capture_next = std::move(pats);
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "capture failed (out of memory?)");
+    }
+}
+
+// read by the thread that decodes ctx, between its decodes
+int32_t llama_instr_captured_count(llama_context * ctx) {
+    ctx_state * st = ctx ? ctx_get(ctx) : nullptr;
+    return st ? (int32_t) st->capture.slots.size() : 0;
+}
+
+int64_t llama_instr_captured_get(llama_context * ctx,
+                                 int32_t         i,
+                                 char *          name,
+                                 size_t          name_size,
+                                 int64_t *       ne,
+                                 float *         dst,
+                                 int64_t         dst_n) {
+    ctx_state * st = ctx ? ctx_get(ctx) : nullptr;
+    if (!st || i < 0 || i >= (int32_t) st->capture.slots.size()) {
+        return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "no captured output with that index");
+    }
+    const auto & slot = st->capture.slots[i];
+    if (name && name_size > 0) {
+        snprintf(name, name_size, "%s", slot.name.c_str());
+    }
+    if (ne) {
+        for (int d = 0; d < GGML_MAX_DIMS; d++) {
+            ne[d] = slot.ne[d];
+        }
+    }
+    const int64_t n = (int64_t) slot.data.size();
+    if (dst && dst_n >= n) {
+        std::copy(slot.data.begin(), slot.data.end(), dst);
+    }
+    return n;
 }
 
 const char * llama_instr_last_error(void) {

@@ -81,6 +81,9 @@ struct ctx_state {
     std::vector<ggml_cpu_profile_op> ops;
     std::vector<int64_t>             thread_end;
     stats_buffer                     stats;
+    capture_buffer                   capture;       // llama_instr_capture
+    std::vector<std::string>         capture_next;  // set under the session lock
+    on_node_user                     node_user;
     ggml_backend_cpu_set_profiler_t  set_profiler           = nullptr;
     bool                             set_profiler_looked_up = false;
     bool                             profiling              = false;  // set on the backend now

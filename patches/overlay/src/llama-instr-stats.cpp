@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace llama_instr {
 
@@ -81,8 +82,57 @@ static void accumulate(stat_partial & a, const float * x, int64_t len) {
     a.n += n;
 }
 
-void stats_on_node(void * user, int32_t k, const ggml_tensor * t, int ith, int nth) {
-    auto & sb = *(stats_buffer *) user;
+void on_node(void * user, int32_t k, const ggml_tensor * t, int ith, int nth) {
+    auto & u = *(on_node_user *) user;
+    if (u.stats) {
+        stats_on_node(*u.stats, k, t, ith, nth);
+    }
+    if (u.capture && !u.capture->slots.empty()) {
+        capture_on_node(*u.capture, t, ith, nth);
+    }
+}
+
+bool capture_buffer::matches(const char * name) const {
+    for (const auto & p : patterns) {
+        if (!p.empty() && p.back() == '*' ? strncmp(name, p.data(), p.size() - 1) == 0 : p == name) {
+            return true;
+        }
+    }
+    return false;
+}
+
+capture_buffer::slot * capture_buffer::find(const ggml_tensor * t) {
+    for (auto & s : slots) {
+        if (s.node == t) {
+            return &s;
+        }
+    }
+    return nullptr;
+}
+
+// each thread converts its share of the output's rows into the slot (sized at compute begin)
+void capture_on_node(capture_buffer & cb, const ggml_tensor * t, int ith, int nth) {
+    capture_buffer::slot * s = cb.find(t);
+    if (!s || !t->data || (t->type != GGML_TYPE_F32 && t->type != GGML_TYPE_F16)) {
+        return;
+    }
+    const int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
+    const int64_t r0   = rows * ith / nth;
+    const int64_t r1   = rows * (ith + 1) / nth;
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i1  = r % t->ne[1];
+        const int64_t i2  = (r / t->ne[1]) % t->ne[2];
+        const int64_t i3  = r / (t->ne[1] * t->ne[2]);
+        const char *  row = (const char *) t->data + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
+        float *       dst = s->data.data() + r * t->ne[0];
+        for (int64_t i0 = 0; i0 < t->ne[0]; i0++) {
+            const char * q = row + i0 * t->nb[0];
+            dst[i0] = t->type == GGML_TYPE_F32 ? *(const float *) q : ggml_fp16_to_fp32(*(const ggml_fp16_t *) q);
+        }
+    }
+}
+
+void stats_on_node(stats_buffer & sb, int32_t k, const ggml_tensor * t, int ith, int nth) {
     // a KV cache write returns a view of the whole cache: its "output" is the cache, not this op's
     if ((t->type != GGML_TYPE_F32 && t->type != GGML_TYPE_F16) || !t->data || is_kv_write(t)) {
         return;

@@ -8,6 +8,7 @@
 #include "ggml.h"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace llama_instr {
@@ -39,7 +40,32 @@ struct stats_buffer {
     bool merge(int32_t k, stat_row & out) const;
 };
 
-// ggml_cpu_profiler::on_node; `user` is the stats_buffer
-void stats_on_node(void * user, int32_t k, const ggml_tensor * node, int ith, int nth);
+// node outputs copied as F32 while the graph runs (llama_instr_capture)
+struct capture_buffer {
+    std::vector<std::string> patterns;  // exact names, or prefixes ending in '*'
+
+    struct slot {
+        const ggml_tensor * node;
+        std::string         name;
+        int64_t             ne[GGML_MAX_DIMS];
+        std::vector<float>  data;
+    };
+
+    std::vector<slot> slots;  // this compute's targets (sized at compute begin)
+    bool              matches(const char * name) const;
+    slot *            find(const ggml_tensor * t);
+};
+
+// what the CPU backend's per-op callback serves: statistics and/or capture
+struct on_node_user {
+    stats_buffer *   stats   = nullptr;
+    capture_buffer * capture = nullptr;
+};
+
+// ggml_cpu_profiler::on_node; `user` is an on_node_user
+void on_node(void * user, int32_t k, const ggml_tensor * node, int ith, int nth);
+
+void stats_on_node(stats_buffer & sb, int32_t k, const ggml_tensor * node, int ith, int nth);
+void capture_on_node(capture_buffer & cb, const ggml_tensor * node, int ith, int nth);
 
 }  // namespace llama_instr

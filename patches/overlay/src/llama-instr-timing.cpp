@@ -277,16 +277,42 @@ void llama_instr_compute_begin(llama_context * ctx, ggml_backend_t backend_cpu, 
         p                     = {};
         p.ops                 = st.ops.data();
         p.cap                 = (int32_t) st.ops.size();
+        st.node_user          = {};
         if (st.level >= LLAMA_INSTR_LEVEL_VERBOSE) {
             const int32_t nt = max_threads_of(ctx);
             if (st.thread_end.size() < st.ops.size() * nt) {
                 st.thread_end.resize(st.ops.size() * nt);
             }
             st.stats.prepare(p.cap, nt);
-            p.thread_end  = st.thread_end.data();
-            p.max_threads = nt;
-            p.on_node     = stats_on_node;
-            p.user        = &st.stats;
+            p.thread_end       = st.thread_end.data();
+            p.max_threads      = nt;
+            st.node_user.stats = &st.stats;
+        }
+        // capture targets: this graph's nodes that match (their buffers keep their capacity)
+        size_t n_slots = 0;
+        if (!st.capture.patterns.empty()) {
+            for (int i = 0; i < st.graph.n_nodes; i++) {
+                const ggml_tensor * t = st.graph.ptrs[i];
+                if (!st.capture.matches(t->name)) {
+                    continue;
+                }
+                if (st.capture.slots.size() <= n_slots) {
+                    st.capture.slots.emplace_back();
+                }
+                auto & slot = st.capture.slots[n_slots++];
+                slot.node   = t;
+                slot.name   = t->name;
+                std::copy(t->ne, t->ne + GGML_MAX_DIMS, slot.ne);
+                slot.data.resize(ggml_nelements(t));
+            }
+        }
+        st.capture.slots.resize(n_slots);
+        if (n_slots > 0) {
+            st.node_user.capture = &st.capture;
+        }
+        if (st.node_user.stats || st.node_user.capture) {
+            p.on_node = on_node;
+            p.user    = &st.node_user;
         }
         st.set_profiler(backend_cpu, &p);
         st.profiling = true;
@@ -341,7 +367,7 @@ void llama_instr_compute_end(llama_context * ctx, ggml_backend_t backend_cpu, gg
                 }
             }
             stat_row r;
-            if (p.on_node && st.stats.merge(k, r)) {
+            if (st.node_user.stats && st.stats.merge(k, r)) {
                 r.node = idx + op.n_fused;  // a fused op's statistics are of its last node's output
                 st.p_stats.push_back(r);
             }

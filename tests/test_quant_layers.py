@@ -1,0 +1,62 @@
+"""Where a quantization's error enters: per-layer comparison of captured outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import llamacpp_instr
+from llamacpp_instr.converters.quant_layers_report import layers_report
+from llamacpp_instr.converters.renderers import render
+from llamacpp_instr.quant_layers import layer_errors
+
+CHUNKS = [[1] + list(range(40, 71)), [1] + list(range(100, 131))]
+
+
+def test_a_model_against_itself_has_no_error(instr_api: Any, tiny_llama_f32: Path) -> None:
+    res = layer_errors(tiny_llama_f32, [tiny_llama_f32], CHUNKS, 64, 2)
+    (m,) = res["models"]
+    assert res["tokens"] == 64 and len(m["layers"]) == 2
+    for row in m["layers"]:
+        for kind in ("l_out", "attn_out", "ffn_out"):
+            assert row[f"{kind}_rel_rms"] == 0.0
+            assert row[f"{kind}_cosine"] == pytest.approx(1.0, abs=1e-12)
+
+
+def test_q8_0_error_per_layer(instr_api: Any, tiny_llama_f32: Path, tiny_llama_q8: Path) -> None:
+    res = layer_errors(tiny_llama_f32, [tiny_llama_q8], CHUNKS, 64, 2)
+    (m,) = res["models"]
+    for row in m["layers"]:
+        assert 0 < row["l_out_rel_rms"] < 0.1 and 0.99 < row["l_out_cosine"] < 1
+    # the growths add up to the last layer's error, and the worst layer is the largest growth
+    assert sum(r["growth"] for r in m["layers"]) == pytest.approx(m["final_rel_rms"])
+    assert m["worst_growth"] == max(r["growth"] for r in m["layers"])
+    # layer 0's figure, from the two models' captured outputs with numpy
+    import llama_cpp
+
+    outs = []
+    for path in (tiny_llama_f32, tiny_llama_q8):
+        llm = llama_cpp.Llama(str(path), n_ctx=64, n_batch=64, n_ubatch=64, verbose=False)
+        try:
+            with llamacpp_instr.session(llm, path.parent / f"{path.stem}-cap.log", level="minimal"):
+                instr_api.capture(llm.ctx, ["l_out-0"])
+                got = []
+                for toks in CHUNKS:
+                    llm.reset()
+                    llm.eval(toks)
+                    got.append(instr_api.captured(llm.ctx)["l_out-0"].astype(np.float64))
+                outs.append(np.concatenate(got))
+        finally:
+            llm.close()
+    b, q = outs
+    assert m["layers"][0]["l_out_rel_rms"] == pytest.approx(
+        np.linalg.norm(q - b) / np.linalg.norm(b), rel=1e-9
+    )
+    # and the report: a chart point per layer, a table row per layer
+    rep = layers_report(res, tiny_llama_f32.name)
+    html = render(rep, "html")
+    assert html.count('class="mark"') >= 2 + 2 * 2
+    assert "error grows most at layer" in render(rep, "text")

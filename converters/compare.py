@@ -174,7 +174,7 @@ def compare_report(c: dict[str, Any]) -> Report:
             )
         ],
     )
-    op_rows = []
+    op_rows: list[dict[str, Any]] = []
     for r in c["per_op"]:
         ra, rb = float(r["total_ms_a"]), float(r["total_ms_b"])
         op_rows.append(
@@ -227,7 +227,7 @@ def compare_report(c: dict[str, Any]) -> Report:
             )
         ],
     )
-    layer_rows = [
+    layer_rows: list[dict[str, Any]] = [
         {
             "layer": str(r["layer"]),
             "total_ms_a": float(r["total_ms_a"]),

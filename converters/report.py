@@ -200,7 +200,7 @@ def rows_of(records: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[dict
         row = {}
         for k in keys:
             v = r.get(k)
-            if hasattr(v, "item"):
+            if v is not None and hasattr(v, "item"):
                 v = v.item()
             if isinstance(v, float) and math.isnan(v):
                 v = None

@@ -97,6 +97,8 @@ class Step:
     start: int
     tokens: list[int] = field(default_factory=list)
     pieces: list[str] = field(default_factory=list)
+    request: str | None = None  # the request it served (instr serve)
+    seqs: list[tuple[int, int, int, int]] = field(default_factory=list)  # seq, n_tokens, pos0, pos1
     dur: int = 0
     status: int | None = None
     n_outputs: int = 0
@@ -131,6 +133,8 @@ class SessionInfo:
     memory: dict[str, Any]
     end: dict[str, Any] | None = None
     last_ts: int = 0
+    # `request` records (instr serve), in log order
+    requests: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ended(self) -> bool:
@@ -297,6 +301,20 @@ def iter_events(
         yield SessionEnded(state.info)
 
 
+def _request_id(rec: dict[str, Any]) -> str | None:
+    r = rec.get("request")
+    return str(r) if r is not None else None
+
+
+def _seqs(rec: dict[str, Any]) -> list[tuple[int, int, int, int]]:
+    """step_begin.seqs: [seq, n_tokens, first pos, last pos] per sequence (well-formed rows)."""
+    out = []
+    for row in rec.get("seqs") or []:
+        if isinstance(row, list) and len(row) == 4:
+            out.append((int(row[0]), int(row[1]), int(row[2]), int(row[3])))
+    return out
+
+
 def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Event]:
     """Fold one record into the per-session state; yield the events it completes."""
     rtype = rec["type"]
@@ -324,7 +342,11 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
             start=_nn(rec["ts"]),
             tokens=[int(t) for t in rec.get("tokens", [])],
             pieces=[str(x) for x in rec.get("pieces", [])],
+            request=_request_id(rec),
+            seqs=_seqs(rec),
         )
+    elif rtype == "request":
+        state.info.requests.append(rec)
     elif rtype == "compute":
         step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
         if step is not None:

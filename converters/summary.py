@@ -259,6 +259,77 @@ def _time_charts(f: SessionFrames) -> list[Chart]:
     return charts
 
 
+def request_latency(f: SessionFrames) -> dict[str, Any] | None:
+    """Served requests (instr serve): count and latency percentiles in ms, or None."""
+    r = f.requests
+    if r is None or r.empty:
+        return None
+    out: dict[str, Any] = {
+        "requests": len(r),
+        "by_endpoint": r["endpoint"].astype(str).value_counts().to_dict(),
+    }
+    for col, name in (("wait_ns", "wait"), ("ttft_ns", "ttft"), ("dur_ns", "total")):
+        v = r[col].dropna().astype("int64") / 1e6
+        out[name] = {
+            "p50": _pct(v, 0.5),
+            "p90": _pct(v, 0.9),
+            "p99": _pct(v, 0.99),
+            "max": float(v.max()) if len(v) else 0.0,
+        }
+    out["gen_tokens"] = int(r["gen_tokens"].sum())
+    return out
+
+
+def _requests_section(lat: dict[str, Any], f: SessionFrames) -> Section:
+    rows = [
+        {"what": label, **lat[key]}
+        for key, label in (
+            ("wait", "waiting for the model"),
+            ("ttft", "time to first token"),
+            ("total", "total"),
+        )
+    ]
+    r = f.requests.sort_values("t_arrive")
+    return Section(
+        "Requests",
+        facts=[
+            Fact("requests", lat["requests"], "int"),
+            Fact("generated tokens", lat["gen_tokens"], "int"),
+            *[Fact(f"requests to {k}", v, "int") for k, v in lat["by_endpoint"].items()],
+        ],
+        charts=[
+            Chart(
+                name="request_latency",
+                kind="bars",
+                title="Each request: waiting for the model, then time to first token, then the rest",
+                x_label="time since the request arrived (ms)",
+                y_label="request",
+                categories=[str(x) for x in r["id"]],
+                series=[
+                    Series("wait", (r["wait_ns"].fillna(0) / 1e6).tolist()),
+                    Series("time to first token", (r["ttft_ns"].fillna(0) / 1e6).tolist()),
+                    Series("total", (r["dur_ns"].fillna(0) / 1e6).tolist()),
+                ],
+                value_fmt="f1",
+            )
+        ],
+        tables=[
+            Table(
+                "request_latency",
+                "Request latency (ms)",
+                [
+                    Column("what", "latency"),
+                    Column("p50", "p50", "f2"),
+                    Column("p90", "p90", "f2"),
+                    Column("p99", "p99", "f2"),
+                    Column("max", "max", "f2"),
+                ],
+                rows,
+            )
+        ],
+    )
+
+
 def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) -> Report:
     """``instr summary``: headline numbers, time per op type / layer / node, and for HTML where a
     generation step's time goes."""
@@ -285,6 +356,9 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
     charts = _time_charts(f) if recorded else _time_charts_minimal(f)
     if charts:
         sections.append(Section("Where a token's time goes", charts=charts))
+    lat = request_latency(f)
+    if lat is not None:
+        sections.append(_requests_section(lat, f))
     table = _by_table(f, key, top) if recorded else None
     if table is not None:
         sections.append(Section(f"Time per {BY_TITLES[key]}", tables=[table]))
@@ -297,6 +371,7 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
         data={
             "overview": ov,
             f"by_{key}": table.rows if table is not None else [],
+            **({"requests": lat} if lat is not None else {}),
         },
         csv_table=f"by_{key}" if table is not None else "",
     )

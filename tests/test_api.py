@@ -197,6 +197,13 @@ def test_a_batch_of_several_sequences_is_recorded_per_sequence(
     assert first["seqs"] == [[s, len(t), 0, len(t) - 1] for s, t in prompts.items()]
     assert first["n_tokens"] == n and first["pos"] == [0, 6]
     assert second["seqs"] == [[s, 1, len(t), len(t)] for s, t in prompts.items()]
+    # load_session has them as a table
+    from llamacpp_instr import load_session
+
+    f = load_session(log)
+    assert f.seqs[["step", "seq", "n_tokens", "pos0", "pos1"]].values.tolist() == [
+        [0, s, len(t), 0, len(t) - 1] for s, t in prompts.items()
+    ] + [[1, s, 1, len(t), len(t)] for s, t in prompts.items()]
 
 
 def test_one_sequence_other_than_zero(instr_api: Any, tiny_llama_f32: Path, tmp_path: Path) -> None:

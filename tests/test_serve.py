@@ -146,3 +146,23 @@ def test_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
     assert r.exit_code == 2
     assert r.output.strip() == f"error: port {port} on 127.0.0.1 is in use (choose another --port)"
     assert not log.exists()
+
+
+def test_summary_gives_request_latency_percentiles(served: Any) -> None:
+    import numpy as np
+
+    r = CliRunner().invoke(main, ["summary", str(served["log"]), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    lat = json.loads(r.output)["requests"]
+    reqs = [x for x in served["records"] if x["type"] == "request"]
+    assert lat["requests"] == len(reqs)
+    for key, field in (("wait", "wait"), ("ttft", "ttft"), ("total", "dur")):
+        ms = np.array([x[field] for x in reqs if x[field] is not None]) / 1e6
+        for q in (50, 90, 99):
+            assert lat[key][f"p{q}"] == pytest.approx(np.percentile(ms, q))
+    # and the frames have the requests and each step's request id
+    from llamacpp_instr import load_session
+
+    f = load_session(served["log"])
+    assert sorted(f.requests["id"].astype(str)) == sorted(x["id"] for x in reqs)
+    assert f.steps["request"].notna().all()

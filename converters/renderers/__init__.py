@@ -26,8 +26,10 @@ def render(report: Report, fmt: str, top: int | None = None) -> str:
     """The report in ``fmt``; ``top`` limits the rows of text and markdown tables (0 = all)."""
     if fmt not in _RENDERERS:
         raise UserError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
-    if fmt in ("text", "markdown"):
-        return _RENDERERS[fmt](report, top)  # type: ignore[operator]
+    if fmt == "text":
+        return text.render(report, top)
+    if fmt == "markdown":
+        return markdown.render(report, top)
     return _RENDERERS[fmt](report)  # type: ignore[operator]
 
 

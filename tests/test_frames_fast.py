@@ -1,0 +1,502 @@
+"""`load_session` in bulk: the same frames as the per-op session model gave, on every kind of log.
+
+The reference below is the previous implementation of ``converters.frames`` (one ``OpTiming`` per
+op from ``session.iter_events``, rows appended one by one), kept here verbatim in substance: every
+table, dtype, category order, skipped-record report and session info must match it, on the
+fixtures, on real logs, on a bigger synthetic log, and on damaged ones.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from array import array
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_perfetto import FIXTURES, FUZZ_DERANDOMIZE, FUZZ_EXAMPLES, REAL_FIXTURES, plain_copy
+
+from llamacpp_instr.converters import derive, frames, session
+from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.converters.frames import SessionFrames, load_session, load_sessions
+from llamacpp_instr.converters.reader import ReadReport
+from llamacpp_instr.converters.session import Graph, SessionStarted, Step, StepDone, iter_events
+
+# ------------------------------------------------------------------ the reference implementation
+
+
+class _RefCat:
+    def __init__(self) -> None:
+        self.codes = array("i")
+        self.index: dict[str, int] = {}
+
+    def append(self, value: str | None) -> None:
+        if value is None:
+            self.codes.append(-1)
+            return
+        code = self.index.get(value)
+        if code is None:
+            code = self.index[value] = len(self.index)
+        self.codes.append(code)
+
+    def series(self) -> pd.Categorical:
+        return pd.Categorical.from_codes(self.codes, categories=list(self.index))  # type: ignore[arg-type]
+
+
+class _RefTable:
+    def __init__(
+        self, ints: str = "", floats: str = "", cats: str = "", nullable: str = ""
+    ) -> None:
+        self.ints = {c: array("q") for c in ints.split()}
+        self.floats = {c: array("d") for c in floats.split()}
+        self.cats = {c: _RefCat() for c in cats.split()}
+        self.nullable = set(nullable.split())
+
+    def add(self, **row: Any) -> None:
+        for c, a in self.ints.items():
+            v = row[c]
+            a.append(-1 if v is None else int(v))
+        for c, f in self.floats.items():
+            v = row[c]
+            f.append(float("nan") if v is None else float(v))
+        for c, k in self.cats.items():
+            k.append(None if row[c] is None else str(row[c]))
+
+    def frame(self, order: list[str]) -> pd.DataFrame:
+        data: dict[str, Any] = {}
+        for c, a in self.ints.items():
+            s = pd.Series(a, dtype="int64")
+            data[c] = s.where(s >= 0).astype("Int64") if c in self.nullable else s
+        for c, f in self.floats.items():
+            data[c] = pd.Series(f, dtype="float64")
+        for c, k in self.cats.items():
+            data[c] = k.series()
+        return pd.DataFrame({c: data[c] for c in order})
+
+
+def _shape(shape: list[int]) -> str:
+    return "x".join(map(str, shape))
+
+
+class _RefBuilder:
+    B = frames._Builder
+
+    def __init__(self, info: session.SessionInfo) -> None:
+        self.info = info
+        self.steps = _RefTable(
+            "step ctx n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended",
+            cats="kind request",
+            nullable="status",
+        )
+        self.seqs = _RefTable("step ctx seq n_tokens pos0 pos1")
+        self.layers = _RefTable("step ubatch layer t_start dur_ns n_ops")
+        self.ops = _RefTable(
+            "step ubatch graph node layer t_start dur_ns n_fused est_flops est_bytes",
+            cats="name op label category shape dtype weight weight_type",
+            nullable="layer",
+        )
+        self.nodes = _RefTable(
+            "graph node layer bytes", cats="name op label shape dtype flags", nullable="layer"
+        )
+        self.stats = _RefTable("step ubatch node n_nan n_inf", "min max mean std", cats="name")
+        self.topk = _RefTable("step row rank token", "logit")
+        self.graphs: dict[int, Graph] = {}
+
+    def step(self, s: Step) -> None:
+        self.steps.add(
+            step=s.index, ctx=s.ctx, kind=s.kind, n_tokens=s.n_tokens, pos0=s.pos[0], pos1=s.pos[1],
+            t_start=s.start, dur_ns=s.dur, status=s.status, n_outputs=s.n_outputs, kv_used=s.kv_used,
+            op_ns=s.op_time, ended=int(s.ended), request=s.request,
+        )  # fmt: skip
+        for seq, n, p0, p1 in s.seqs:
+            self.seqs.add(step=s.index, ctx=s.ctx, seq=seq, n_tokens=n, pos0=p0, pos1=p1)
+        for c in s.computes:
+            for lay in c.layers:
+                self.layers.add(
+                    step=s.index, ubatch=c.ubatch, layer=lay.layer, t_start=lay.start,
+                    dur_ns=lay.dur, n_ops=lay.n_ops,
+                )  # fmt: skip
+            g = c.graph
+            if g is None:
+                continue
+            if g.id not in self.graphs:
+                self.graphs[g.id] = g
+                for n in g.nodes:
+                    self.nodes.add(
+                        graph=g.id, node=n.i, name=n.name, op=n.op, label=n.label, layer=n.layer,
+                        shape=_shape(n.shape), dtype=n.dtype, bytes=n.bytes, flags=",".join(n.flags),
+                    )  # fmt: skip
+            for op in c.ops:
+                n = op.node
+                w = derive.weight_source(n)
+                self.ops.add(
+                    step=s.index, ubatch=c.ubatch, graph=g.id, node=n.i, name=n.name, op=n.op,
+                    label=n.label, category=derive.category(n), layer=n.layer, t_start=op.start,
+                    dur_ns=op.dur, n_fused=len(op.fused), shape=_shape(n.shape), dtype=n.dtype,
+                    weight=w["name"] if w else None, weight_type=w["type"] if w else None,
+                    est_flops=derive.flops(n, g) + sum(derive.flops(f, g) for f in op.fused),
+                    est_bytes=derive.bytes_moved(n, g) + sum(derive.bytes_moved(f, g) for f in op.fused),
+                )  # fmt: skip
+                if op.stats is not None:
+                    mn, mx, mean, std, n_nan, n_inf = op.stats
+                    self.stats.add(
+                        step=s.index, ubatch=c.ubatch, node=n.i, name=n.name, min=mn, max=mx,
+                        mean=mean, std=std, n_nan=n_nan, n_inf=n_inf,
+                    )  # fmt: skip
+        for row in s.topk:
+            for rank, (tok, logit) in enumerate(zip(row["ids"], row["logits"], strict=False)):
+                self.topk.add(
+                    step=s.index, row=row.get("row", 0), rank=rank, token=tok, logit=logit
+                )
+
+    def frames(self, report: ReadReport) -> SessionFrames:
+        B = self.B
+        steps = self.steps.frame(B.STEP_COLS)
+        steps["ended"] = steps["ended"].astype(bool)
+        steps["request"] = frames.string_categories(steps["request"])
+        weights = pd.DataFrame(self.info.weights)
+        if not weights.empty:
+            weights["shape"] = weights["shape"].map(_shape)
+            for c in ("name", "type", "buffer"):
+                weights[c] = weights[c].astype("category")
+            weights["layer"] = weights["layer"].astype("Int64")
+        return SessionFrames(
+            info=self.info,
+            steps=steps,
+            layers=self.layers.frame(B.LAYER_COLS),
+            ops=self.ops.frame(B.OP_COLS),
+            nodes=self.nodes.frame(B.NODE_COLS),
+            weights=weights,
+            tensor_stats=self.stats.frame(B.STAT_COLS),
+            topk=self.topk.frame(B.TOPK_COLS),
+            seqs=self.seqs.frame(B.SEQ_COLS),
+            requests=frames._Builder(self.info)._requests_frame(),
+            graphs=self.graphs,
+            report=report,
+        )
+
+
+def reference_load_sessions(path: Path | str, *, strict: bool = False) -> list[SessionFrames]:
+    """The per-op implementation ``load_sessions`` had before it worked in bulk."""
+    report = ReadReport()
+    builders: dict[str, _RefBuilder] = {}
+    for ev in iter_events(path, strict=strict, report=report):
+        if isinstance(ev, SessionStarted):
+            builders[ev.session.sid] = _RefBuilder(ev.session)
+        elif isinstance(ev, StepDone):
+            builders[ev.session.sid].step(ev.step)
+    if not builders:
+        raise UserError(f"no session in {path}")
+    return [b.frames(report) for b in builders.values()]
+
+
+# ------------------------------------------------------------------------------ comparison
+
+
+def assert_same_frames(ref: list[SessionFrames], new: list[SessionFrames]) -> None:
+    assert len(ref) == len(new)
+    for a, b in zip(ref, new, strict=True):
+        for name in SessionFrames.TABLES:
+            x, y = getattr(a, name), getattr(b, name)
+            assert list(x.columns) == list(y.columns), name
+            assert list(x.dtypes) == list(y.dtypes), name  # categoricals: categories and order
+            pd.testing.assert_frame_equal(x, y, check_exact=True, obj=name)
+        assert a.graphs.keys() == b.graphs.keys()
+        assert all(a.graphs[k] == b.graphs[k] for k in a.graphs)
+        assert a.info == b.info
+        assert a.report == b.report
+
+
+def assert_same_outcome(path: Path) -> None:
+    """Both implementations give equal frames, or both raise the same kind of error."""
+    try:
+        ref = reference_load_sessions(path)
+    except Exception as exc:  # noqa: BLE001 - whatever the reference raises, so must the new one
+        with pytest.raises(type(exc)):
+            load_sessions(path)
+        return
+    assert_same_frames(ref, load_sessions(path))
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _write(path: Path, recs: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+# ------------------------------------------------------------------------------ the tests
+
+
+@pytest.mark.parametrize("fixture", REAL_FIXTURES, ids=lambda p: p.name)
+def test_same_frames_as_reference_on_fixtures(fixture: Path, tmp_path: Path) -> None:
+    assert_same_frames(reference_load_sessions(fixture), load_sessions(fixture))  # gzip
+    plain = plain_copy(fixture, tmp_path)
+    assert_same_frames(reference_load_sessions(plain), load_sessions(plain))
+
+
+def test_same_frames_as_reference_on_real_logs(smollm2_detailed: Any, smollm2_verbose: Any) -> None:
+    for log in (smollm2_detailed.path, smollm2_verbose.path):
+        ref = reference_load_sessions(log)
+        new = load_sessions(log)
+        assert len(new[0].ops) > 1000
+        assert_same_frames(ref, new)
+
+
+def synthetic_log(tmp_path: Path, n_steps: int) -> Path:
+    """A bigger log: the detailed fixture's last generation step repeated, two sessions, a few
+    odd values (an op of a node outside the graph, fused nodes out of range)."""
+    recs = _records(FIXTURES / "tiny-llama-detailed.log.gz")
+    head = [r for r in recs if r["type"] in ("session_start", "graph")]
+    last = max(r["step"] for r in recs if r["type"] == "step_begin")
+    group = [r for r in recs if r.get("step") == last and r["type"] != "graph"]
+    span = max(r["ts"] for r in group) - min(r["ts"] for r in group) + 1000
+    t_end = max(r["ts"] for r in recs)
+    out: list[dict[str, Any]] = []
+    for sid in ("00000000000000a1", "00000000000000b2"):
+        out += [dict(r, sid=sid) for r in head]
+        for k in range(n_steps):
+            for r in group:
+                r2 = dict(r, sid=sid, step=k, ts=r["ts"] + (k + 1) * span)
+                if "t_start" in r2:
+                    r2["t_start"] = r["t_start"] + (k + 1) * span
+                if r["type"] == "compute" and k % 7 == 3:
+                    ops = [list(e) for e in r["ops"]]
+                    ops[1] = [10_000, *ops[1][1:]]  # outside the graph: not an op
+                    ops[2] = ops[2][:3] + [[-1, 1, 99_999]]  # fused, partly out of range
+                    r2["ops"] = ops
+                out.append(r2)
+        out.append(dict(recs[-1], sid=sid, ts=t_end + (n_steps + 2) * span))
+    return _write(tmp_path / "synthetic.log", out)
+
+
+def test_same_frames_as_reference_on_a_bigger_log(tmp_path: Path) -> None:
+    log = synthetic_log(tmp_path, 300)
+    ref, new = reference_load_sessions(log), load_sessions(log)
+    assert len(new) == 2 and len(new[0].ops) > 10_000
+    assert_same_frames(ref, new)
+    assert load_session(log, "00000000000000b2").info.sid == "00000000000000b2"
+
+
+@pytest.mark.parametrize("fixture", REAL_FIXTURES, ids=lambda p: p.name)
+def test_ops_recomputed_from_the_raw_json(fixture: Path) -> None:
+    """The ops table, column by column, from the NDJSON read with the json module alone."""
+    recs = _records(fixture)
+    graphs = {(r["ctx"], r["graph"]): r["nodes"] for r in recs if r["type"] == "graph"}
+    rows: list[tuple[Any, ...]] = []
+    for c in recs:
+        if c["type"] != "compute" or "ops" not in c:
+            continue
+        nodes = graphs[(c["ctx"], c["graph"])]
+        for e in c.get("ops", []):
+            n = nodes[e[0]]
+            fused = e[3] if len(e) > 3 else []
+            label = f"{n['op']}:{n['sub']}" if n.get("sub") else n["op"]
+            weight = next((s for s in n["src"] if s.get("kind") == "weight"), None)
+            rows.append(
+                (
+                    c["step"], c["ubatch"], c["graph"], n["i"], n["name"], n["op"], label,
+                    -1 if n["layer"] is None else n["layer"], c["t_start"] + e[1], e[2],
+                    len(fused), "x".join(map(str, n["shape"])), n["dtype"],
+                    weight["name"] if weight else None,
+                )
+            )  # fmt: skip
+    ops = load_session(fixture).ops
+    cols = "step ubatch graph node name op label layer t_start dur_ns n_fused shape dtype weight"
+    got = ops[cols.split()].astype(object)
+    got["layer"] = ops["layer"].fillna(-1).astype(int)
+    got["weight"] = ops["weight"].astype(object).where(ops["weight"].notna(), None)
+    assert [tuple(r) for r in got.itertuples(index=False)] == rows
+    for col in ("t_start", "dur_ns", "est_flops", "est_bytes", "n_fused", "step", "node"):
+        assert ops[col].dtype == "int64"
+    for col in ("name", "op", "label", "category", "shape", "dtype", "weight", "weight_type"):
+        assert isinstance(ops[col].dtype, pd.CategoricalDtype)
+        first_seen = list(dict.fromkeys(ops[col].dropna().astype(str)))
+        assert list(ops[col].cat.categories) == first_seen
+
+
+def test_no_python_object_per_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The frames never go through the per-op session model."""
+
+    def boom(*a: Any, **k: Any) -> Any:
+        raise AssertionError("per-op path used")
+
+    monkeypatch.setattr(session, "_compute", boom)
+    monkeypatch.setattr(session, "OpTiming", boom)
+    monkeypatch.setattr(frames, "_ops_slow", boom)
+    f = load_session(FIXTURES / "tiny-llama-verbose.log.gz")
+    assert len(f.ops) == 135 and len(f.tensor_stats) > 0
+
+
+def _edit_ops(recs: list[dict[str, Any]], k: int, fn: Any) -> list[dict[str, Any]]:
+    """The records with compute record ``k`` changed by ``fn(record)``."""
+    out = [json.loads(json.dumps(r)) for r in recs]
+    comp = [r for r in out if r["type"] == "compute"][k % 3]
+    fn(comp)
+    return out
+
+
+_ODD_OPS: dict[str, Any] = {
+    "negative offset": lambda c: c["ops"][5].__setitem__(1, -3),
+    "negative duration": lambda c: c["ops"][0].__setitem__(2, -1),
+    "float offset": lambda c: c["ops"][5].__setitem__(1, 12.75),
+    "float node": lambda c: c["ops"][5].__setitem__(0, 3.0),
+    "string values": lambda c: c["ops"].__setitem__(4, ["3", "17", "5"]),
+    "string entry": lambda c: c["ops"].__setitem__(4, "123"),
+    "dict entry": lambda c: c["ops"].__setitem__(4, {"0": 1, "1": 2, "2": 3}),
+    "short entry": lambda c: c["ops"].__setitem__(4, [1, 2]),
+    "long entry": lambda c: c["ops"].__setitem__(4, [1, 2, 3, [4], [5]]),
+    "all fused": lambda c: c.__setitem__("ops", [e[:3] + [[0]] for e in c["ops"]]),
+    "fused not a list": lambda c: c["ops"].__setitem__(4, [1, 2, 3, 4]),
+    "fused strings": lambda c: c["ops"].__setitem__(4, [1, 2, 3, ["2", "x"]]),
+    "fused floats": lambda c: c["ops"].__setitem__(4, [1, 2, 3, [2.0, 1.5]]),
+    "node out of range": lambda c: c["ops"].__setitem__(0, [99_999, 0, 5]),
+    "node negative": lambda c: c["ops"].__setitem__(0, [-2, 0, 5]),
+    "bool values": lambda c: c["ops"].__setitem__(0, [True, False, True]),
+    "no ops": lambda c: c.pop("ops"),
+    "ops null": lambda c: c.__setitem__("ops", None),
+    "ops empty": lambda c: c.__setitem__("ops", []),
+    "ops a dict": lambda c: c.__setitem__("ops", {"a": 1}),
+    "unknown graph": lambda c: c.__setitem__("graph", 77),
+    "threads short": lambda c: c.__setitem__("threads", c.get("threads", [[1]])[:2]),
+    "threads ragged": lambda c: c.__setitem__("threads", [[1], [2, 3]] * 100),
+    "threads bad row": lambda c: c.__setitem__("threads", [None] * len(c["ops"])),
+    "threads strings": lambda c: c.__setitem__("threads", [["1", "2"]] * len(c["ops"])),
+    "threads a number": lambda c: c.__setitem__("threads", 5),
+    "layers float": lambda c: c["layers"][0].__setitem__(1, 2.5),
+    "layers negative": lambda c: c["layers"][0].__setitem__(2, -7),
+    "layers short": lambda c: c["layers"].__setitem__(0, [1, 2, 3]),
+    "layers empty": lambda c: c.__setitem__("layers", []),
+    "nothing timed": lambda c: c.update(layers=[], ops=[]),
+    "nothing timed, junk ubatch": lambda c: c.update(layers=[], ops=[], ubatch="x"),
+    "no layers": lambda c: c.pop("layers"),
+    "huge offset": lambda c: c["ops"][3].__setitem__(1, 2**63 + 5),
+    "offset overflows t_start": lambda c: c["ops"][3].__setitem__(1, 2**63 - 10),
+    "huge dropped op": lambda c: c["ops"].__setitem__(3, [99_999, 2**63 + 5, 2**64 - 1]),
+    "ubatch null": lambda c: c.__setitem__("ubatch", None),
+    "ubatch string": lambda c: c.__setitem__("ubatch", "0"),
+    "ubatch junk": lambda c: c.__setitem__("ubatch", "x"),
+    "no dur": lambda c: c.pop("dur"),
+    "status junk": lambda c: c.__setitem__("status", "x"),
+}
+
+
+@pytest.mark.parametrize(
+    "fixture", ["tiny-llama-verbose.log.gz", "tiny-qwen2-detailed-ubatch.log.gz"]
+)
+@pytest.mark.parametrize("case", sorted(_ODD_OPS))
+@pytest.mark.parametrize("which", [0, 1])
+def test_odd_compute_records_as_reference(
+    fixture: str, case: str, which: int, tmp_path: Path
+) -> None:
+    recs = _records(FIXTURES / fixture)
+    log = _write(tmp_path / "odd.log", _edit_ops(recs, which, _ODD_OPS[case]))
+    assert_same_outcome(log)
+
+
+def test_damaged_logs_as_reference(tmp_path: Path) -> None:
+    recs = _records(FIXTURES / "tiny-llama-verbose.log.gz")
+    lines = [json.dumps(r) for r in recs]
+    cases = {
+        "cut short": lines[: len(lines) // 2],
+        "no session_end": lines[:-1],
+        "truncated last line": lines[:-1] + [lines[-1][:20]],
+        "garbage line": lines[:5] + ["{nope"] + lines[5:],
+        "twice": lines + lines,
+        "stats twice": lines[:-2] + [lines[-3]] + lines[-2:],
+        "fragment only": lines[3:],
+    }
+    for name, content in cases.items():
+        log = tmp_path / f"{name.replace(' ', '_')}.log"
+        log.write_text("\n".join(content) + "\n")
+        assert_same_outcome(log)
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**64), 2**64)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=6,
+)
+_VERBOSE = _records(FIXTURES / "tiny-llama-verbose.log.gz")
+_DETAILED = _records(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz")
+
+
+@settings(
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    derandomize=FUZZ_DERANDOMIZE,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    verbose=st.booleans(),
+    edits=st.lists(
+        st.tuples(
+            st.integers(0, 10_000), st.sampled_from(["record", "op", "value"]), st.text(), _JSON
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_fuzz_same_outcome_as_reference(
+    verbose: bool, edits: list[tuple[int, str, str, Any]], tmp_path: Path
+) -> None:
+    """Wrong types and values in any record, an op entry or one value of it: the same frames (or
+    the same error) as the per-op implementation."""
+    recs = [json.loads(json.dumps(r)) for r in (_VERBOSE if verbose else _DETAILED)]
+    computes = [r for r in recs if r["type"] == "compute"]
+    for pick, where, key, value in edits:
+        if where == "record":
+            r = recs[pick % len(recs)]
+            r[sorted(r)[len(key) % len(r)]] = value
+            continue
+        c = computes[pick % len(computes)]
+        ops = c.get("ops")
+        if not isinstance(ops, list) or not ops:
+            continue
+        k = (pick // 7) % len(ops)
+        if where == "op" or not isinstance(ops[k], list) or not ops[k]:
+            ops[k] = value
+        else:
+            ops[k][len(key) % len(ops[k])] = value
+    log = tmp_path / "fuzz.log"
+    log.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert_same_outcome(log)
+
+
+def _matmul(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    g = next(r for r in recs if r["type"] == "graph")
+    return next(n for n in g["nodes"] if n["op"] == "MUL_MAT")
+
+
+_ODD_GRAPHS: dict[str, Any] = {
+    "shape beyond 64 bits": lambda recs: _matmul(recs).__setitem__("shape", [2**40, 2**40]),
+    "weight without a name": lambda recs: [
+        s.pop("name") for s in _matmul(recs)["src"] if s.get("kind") == "weight"
+    ],
+    "source node as a float": lambda recs: _matmul(recs)["src"].__setitem__(0, {"node": 1.0}),
+    "leaf without a shape": lambda recs: [s.pop("shape") for s in _matmul(recs)["src"][:1]],
+    "layer as a string": lambda recs: _matmul(recs).__setitem__("layer", "3"),
+    "no graph tables": lambda recs: recs.__setitem__(
+        slice(None), [r for r in recs if r["type"] != "graph"]
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_ODD_GRAPHS))
+def test_odd_graph_tables_as_reference(case: str, tmp_path: Path) -> None:
+    recs = _records(FIXTURES / "tiny-llama-detailed.log.gz")
+    _ODD_GRAPHS[case](recs)
+    assert_same_outcome(_write(tmp_path / "odd.log", recs))

@@ -60,3 +60,23 @@ def test_q8_0_error_per_layer(instr_api: Any, tiny_llama_f32: Path, tiny_llama_q
     html = render(rep, "html")
     assert html.count('class="mark"') >= 2 + 2 * 2
     assert "error grows most at layer" in render(rep, "text")
+
+
+def test_quant_eval_layers_option(
+    instr_api: Any, tiny_llama_f32: Path, tiny_llama_q8: Path
+) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from llamacpp_instr.cli import main
+
+    args = ["quant-eval", str(tiny_llama_f32), str(tiny_llama_q8), "--ctx", "32", "--chunks", "2"]
+    r = CliRunner().invoke(main, [*args, "--layers", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    (m,) = data["layers"]["models"]
+    assert [row["layer"] for row in m["layers"]] == [0, 1] and data["layers"]["tokens"] == 64
+    assert m["worst_layer"] in (0, 1) and m["final_rel_rms"] > 0
+    html = CliRunner().invoke(main, [*args, "--layers", "--format", "html"]).stdout
+    assert 'data-chart="layer_error"' in html and "error grows most at layer" in html

@@ -19,7 +19,9 @@ SECOND_ARCH = "qwen2"
 N_VOCAB = 512
 
 
-def _vocab(raw_pieces: list[bytes] | None = None) -> tuple[list[Any], list[float], list[int]]:
+def _vocab(
+    raw_pieces: list[bytes] | None = None, n_vocab: int = N_VOCAB
+) -> tuple[list[Any], list[float], list[int]]:
     T = gguf.TokenType
     tokens: list[Any] = ["<unk>", "<s>", "</s>"]
     types = [T.UNKNOWN, T.CONTROL, T.CONTROL]
@@ -33,7 +35,9 @@ def _vocab(raw_pieces: list[bytes] | None = None) -> tuple[list[Any], list[float
     raw = list(raw_pieces or [])
     tokens += raw
     types += [T.NORMAL] * len(raw)
-    n_unused = N_VOCAB - len(tokens)
+    n_unused = n_vocab - len(tokens)
+    if n_unused < 0:
+        raise ValueError(f"n_vocab {n_vocab} is smaller than the {len(tokens)} tokens it must hold")
     tokens += [f"<unused{i}>" for i in range(n_unused)]
     types += [T.UNUSED] * n_unused
     scores = (
@@ -58,6 +62,7 @@ def write_tiny_model(
     dtype: str = "f32",
     seed: int = 0,
     raw_pieces: list[bytes] | None = None,
+    n_vocab: int = N_VOCAB,
 ) -> Path:
     """Write a tiny ``arch`` model (``llama`` or ``qwen2``) to ``path`` and return the path."""
     if arch not in ("llama", SECOND_ARCH):
@@ -83,7 +88,7 @@ def write_tiny_model(
     w.add_rope_dimension_count(head_dim)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32)
 
-    tokens, scores, types = _vocab(raw_pieces)
+    tokens, scores, types = _vocab(raw_pieces, n_vocab)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores(scores)
@@ -103,7 +108,7 @@ def write_tiny_model(
     def bias(n: int) -> np.ndarray:
         return (rng.standard_normal(n) * 0.01).astype(np.float32)
 
-    w.add_tensor("token_embd.weight", mat(N_VOCAB, n_embd))
+    w.add_tensor("token_embd.weight", mat(n_vocab, n_embd))
     for il in range(n_layer):
         p = f"blk.{il}."
         w.add_tensor(p + "attn_norm.weight", norm(n_embd))
@@ -120,7 +125,7 @@ def write_tiny_model(
         w.add_tensor(p + "ffn_up.weight", mat(n_ff, n_embd))
         w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff))
     w.add_tensor("output_norm.weight", norm(n_embd))
-    w.add_tensor("output.weight", mat(N_VOCAB, n_embd))
+    w.add_tensor("output.weight", mat(n_vocab, n_embd))
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -1,0 +1,145 @@
+"""The report of ``instr quant-eval`` as a ``Report``: perplexity and KL divergence of each quant
+against the base, as llama-perplexity ``--kl-divergence`` prints them (the formulas are in
+``llamacpp_instr.quant_eval``). Pure Python: it renders the data dict ``quant_eval.evaluate``
+returns, which is also the JSON output, so it works without llama_cpp.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .report import Chart, Column, Fact, Report, Section, Series, Table
+
+# (data key, label) of the KLD percentiles in the table and the chart
+KLD_PERCENTILES = (
+    ("median", "median"),
+    ("p90", "90%"),
+    ("p95", "95%"),
+    ("p99", "99%"),
+    ("p99_9", "99.9%"),
+)
+
+
+@dataclass
+class SigColumn(Column):
+    """A numeric column shown with a fixed number of decimals (KL divergences of a good quant are
+    around 1e-3 nats: llama-perplexity prints them with 6)."""
+
+    decimals: int = 6
+
+    def show(self, v: Any) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "–"
+        return f"{v:.{self.decimals}f}"
+
+
+def _name(path: str) -> str:
+    return Path(path).name
+
+
+def _rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    base = data["base"]
+    rows: list[dict[str, Any]] = [
+        {"model": _name(base["path"]) + " (base)", "ppl": base["ppl"], "ppl_err": base["ppl_err"]}
+    ]
+    for m in data["models"]:
+        k = m["kld"]
+        row: dict[str, Any] = {
+            "model": _name(m["path"]),
+            "ppl": m["ppl"],
+            "ppl_err": m["ppl_err"],
+            "ln_ppl_ratio": m["ln_ppl_ratio"],
+            "ln_ppl_ratio_err": m["ln_ppl_ratio_err"],
+            "kld_mean": k["mean"],
+            "kld_mean_err": k["mean_err"],
+        }
+        for key, _ in KLD_PERCENTILES:
+            row[f"kld_{key}"] = k[key]
+        row["kld_max"] = k["max"]
+        # Δp in percentage points, as llama-perplexity prints it
+        row["delta_p_mean"] = 100.0 * m["delta_p"]["mean"]
+        row["delta_p_rms"] = 100.0 * m["delta_p"]["rms"]
+        row["same_top_p"] = m["same_top_p"]
+        rows.append(row)
+    return rows
+
+
+def _columns() -> list[Column]:
+    cols: list[Column] = [
+        Column("model", "model"),
+        Column("ppl", "PPL", "f4"),
+        Column("ppl_err", "PPL ±", "f4"),
+        SigColumn("ln_ppl_ratio", "ln(PPL/PPL base)", numeric=True),
+        SigColumn("ln_ppl_ratio_err", "ln ratio ±", numeric=True),
+        SigColumn("kld_mean", "KLD mean", numeric=True),
+        SigColumn("kld_mean_err", "KLD ±", numeric=True),
+    ]
+    for key, label in KLD_PERCENTILES:
+        cols.append(SigColumn(f"kld_{key}", f"KLD {label}", numeric=True))
+    cols += [
+        SigColumn("kld_max", "KLD max", numeric=True),
+        SigColumn("delta_p_mean", "Δp mean (%)", numeric=True, decimals=3),
+        SigColumn("delta_p_rms", "Δp RMS (%)", numeric=True, decimals=3),
+        SigColumn("same_top_p", "same top (%)", numeric=True, decimals=3),
+    ]
+    return cols
+
+
+def build(data: dict[str, Any]) -> Report:
+    """The Report of a quant-eval data dict (``llamacpp_instr.quant_eval.evaluate``)."""
+    base = data["base"]
+    facts = [
+        Fact("text", _name(data["text"])),
+        Fact("tokens in text", data["tokens"], "int"),
+        Fact("context (--ctx)", data["ctx"], "int"),
+        Fact("chunks", data["chunks"], "int"),
+        Fact("tokens scored", data["tokens_scored"], "int"),
+        Fact("vocabulary", data["n_vocab"], "int"),
+        Fact("base", _name(base["path"])),
+        Fact("PPL(base)", f"{base['ppl']:.4f} ± {base['ppl_err']:.4f}"),
+        Fact("llama.cpp", data.get("llama_cpp_commit", "")),
+    ]
+    table = Table(
+        name="models",
+        title="Perplexity and KL divergence against the base",
+        columns=_columns(),
+        rows=_rows(data),
+        note="PPL ± and the other ± are standard errors (llama-perplexity's uncertainties); "
+        "ln(PPL/PPL base) as llama-perplexity's second pass computes it (the base's "
+        "log-probabilities floored at the logit max − 16, as in its base file); KLD = KL(base ‖ "
+        "quant) in nats per token; Δp = p(correct token | quant) − p(correct token | base); same "
+        "top = the quant's most likely token is the base's.",
+    )
+    chart = Chart(
+        name="kld_percentiles",
+        kind="bars",
+        title="KL divergence percentiles per model",
+        x_label="KL divergence (nats)",
+        y_label="model",
+        categories=[_name(m["path"]) for m in data["models"]],
+        series=[
+            Series(f"KLD {label}", [m["kld"][key] for m in data["models"]])
+            for key, label in KLD_PERCENTILES
+        ],
+        value_fmt="f4",
+        note="Per scored token, KL(base || quant); the 99.9th percentile shows the rare tokens "
+        "where the quant goes most wrong.",
+    )
+    n = data["tokens_scored"]
+    text = (
+        f"Each chunk of {data['ctx']} tokens is evaluated from an empty KV cache; only its second "
+        f"half is scored ({n} tokens in {data['chunks']} chunks), as llama-perplexity does."
+    )
+    section = Section(title="Against the base", charts=[chart], tables=[table], text=text)
+    return Report(
+        title="Quantization quality: perplexity and KL divergence",
+        subtitle=f"{len(data['models'])} model(s) against {_name(base['path'])}",
+        facts=facts,
+        sections=[section],
+        warnings=list(data.get("warnings", [])),
+        data=data,
+        csv_table="models",
+    )

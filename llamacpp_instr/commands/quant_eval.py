@@ -1,0 +1,140 @@
+"""``instr quant-eval``: perplexity and KL divergence of quantized models against a base, as
+``llama-perplexity --kl-divergence`` computes them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from llamacpp_instr.commands import check_output, emit, report_options
+
+if TYPE_CHECKING:
+    from llamacpp_instr.quant_eval import Progress
+
+
+def _progress_bar() -> Progress:
+    """A one-line progress bar on stderr (chunks done / total, and the model being evaluated)."""
+
+    def show(chunk: int, n_chunks: int, model: int, n_models: int, path: Path) -> None:
+        width = 24
+        done = (chunk * n_models + model) / max(1, n_chunks * n_models)
+        bar = "#" * int(done * width)
+        if chunk >= n_chunks:
+            click.echo(f"\r\x1b[Kquant-eval: {n_chunks}/{n_chunks} chunks done", err=True)
+            return
+        role = "base" if model == 0 else f"quant {model}/{n_models - 1}"
+        click.echo(
+            f"\r\x1b[Kquant-eval [{bar:<{width}}] chunk {chunk + 1}/{n_chunks} · {role} "
+            f"{path.name}",
+            err=True,
+            nl=False,
+        )
+
+    return show
+
+
+@click.command("quant-eval")
+@click.argument("base", type=click.Path(path_type=Path))
+@click.argument("quants", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--text",
+    "text",
+    type=click.Path(path_type=Path),
+    metavar="FILE",
+    default=None,
+    help="Text to evaluate on (default: the bundled KJV Genesis, about 49k SmolLM2 tokens).",
+)
+@click.option(
+    "--ctx",
+    type=click.IntRange(min=8),
+    default=512,
+    show_default=True,
+    help="Chunk size in tokens (llama-perplexity's -c); the second half of each is scored.",
+)
+@click.option(
+    "--chunks",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Evaluate only the first N chunks (default: all full chunks).",
+)
+@click.option(
+    "--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: all cores)."
+)
+@click.option(
+    "--layers/--no-layers",
+    default=False,
+    show_default=True,
+    help="Also measure where the error enters: each layer's residual stream, attention and FFN "
+    "outputs of each quant against the base's, captured natively on the same chunks.",
+)
+@report_options()
+def command(
+    base: Path,
+    quants: tuple[Path, ...],
+    text: Path | None,
+    ctx: int,
+    chunks: int | None,
+    threads: int | None,
+    layers: bool,
+    fmt: str,
+    output: Path | None,
+) -> None:
+    """Perplexity of BASE.gguf and of each QUANT.gguf on the same tokens, and each quant's KL
+    divergence from the base: mean, median, 90/95/99/99.9th percentiles and max per token, Δp (the
+    change in the correct token's probability) and how often the top token agrees; with the
+    definitions and uncertainties of llama.cpp's `llama-perplexity --kl-divergence`. The text is
+    tokenized once with the base's tokenizer and cut into chunks of --ctx tokens, evaluated
+    teacher-forced from an empty cache; the second half of each chunk is scored."""
+    from llamacpp_instr import quant_eval
+    from llamacpp_instr.converters.quant_eval_report import build
+    from llamacpp_instr.converters.renderers import render
+
+    check_output(output)
+    progress = _progress_bar() if sys.stderr.isatty() else None
+    data = quant_eval.evaluate(
+        base,
+        quants,
+        text=text,
+        ctx=ctx,
+        chunks=chunks,
+        threads=threads,
+        progress=progress,
+    )
+    report = build(data)
+    if layers:
+        from llamacpp_instr.converters.quant_layers_report import layers_sections
+        from llamacpp_instr.quant_layers import layer_errors
+
+        if progress:
+            click.echo("quant-eval: per-layer error ...", err=True)
+        per_layer = layer_errors(
+            base, quants, _chunks(base, text, ctx, int(data["chunks"])), ctx, threads or 1
+        )
+        report.sections += layers_sections(per_layer, base.name)
+        report.data["layers"] = per_layer
+    emit(render(report, fmt), output)
+
+
+def _chunks(base: Path, text: Path | None, ctx: int, n: int) -> list[list[int]]:
+    """The chunks quant-eval scored: the text tokenized with the base's tokenizer (special tokens
+    added, as llama-perplexity does), cut into --ctx tokens, the first of each made BOS."""
+    import llama_cpp
+    from llama_cpp import _logger
+
+    from llamacpp_instr import quant_eval
+
+    _logger.set_verbose(False)
+    vocab = llama_cpp.Llama(str(base), vocab_only=True, verbose=False)
+    tokens = vocab.tokenize(quant_eval.read_text(text or quant_eval.default_text()), add_bos=True)
+    add_bos = bool(llama_cpp.llama_vocab_get_add_bos(vocab._model.vocab))
+    out = []
+    for i in range(n):
+        chunk = list(tokens[i * ctx : (i + 1) * ctx])
+        if add_bos:
+            chunk[0] = vocab.token_bos()
+        out.append(chunk)
+    vocab.close()
+    return out

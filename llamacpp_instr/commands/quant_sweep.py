@@ -1,0 +1,91 @@
+"""``instr quant-sweep``: quantize one base model to several types and measure each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from llamacpp_instr.commands import check_output, emit, report_options
+
+
+@click.command("quant-sweep")
+@click.argument("base", type=click.Path(path_type=Path))
+@click.option(
+    "--types",
+    default="q8_0,q6_k,q5_k_m,q4_k_m,q3_k_m,q2_k",
+    show_default=True,
+    help="Comma-separated quantization types.",
+)
+@click.option(
+    "--text",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Text for perplexity and KL divergence (default: the bundled public-domain text).",
+)
+@click.option(
+    "--ctx", type=click.IntRange(min=8), default=512, show_default=True, help="Chunk size."
+)
+@click.option(
+    "--chunks",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Chunks of the text to score.",
+)
+@click.option(
+    "--reps",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Interleaved speed repetitions per type.",
+)
+@click.option(
+    "-n",
+    "--n-predict",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="Tokens generated per speed run.",
+)
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads.")
+@report_options()
+def command(
+    base: Path,
+    types: str,
+    text: Path | None,
+    ctx: int,
+    chunks: int,
+    reps: int,
+    n_predict: int,
+    threads: int | None,
+    fmt: str,
+    output: Path | None,
+) -> None:
+    """Quantize BASE.gguf (ideally F16 or F32) to each of --types with the pinned quantizer (cached
+    by the base's hash and the type) and measure each: file size, bits per weight, run-time memory,
+    prompt and generation tokens/s (interleaved repetitions, as ratios to BASE), perplexity and KL
+    divergence against BASE. The HTML charts size against KLD and speed against KLD, with the
+    Pareto fronts marked."""
+    from llamacpp_instr.commands.quantize import TYPES
+    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.converters.quant_sweep_report import sweep_report
+    from llamacpp_instr.converters.renderers import render
+    from llamacpp_instr.quant_sweep import sweep
+
+    wanted = [t.strip().lower() for t in types.split(",") if t.strip()]
+    unknown = [t for t in wanted if t not in TYPES]
+    if unknown or not wanted:
+        raise UserError(
+            f"unknown type(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(TYPES)}"
+        )
+    check_output(output)
+
+    def echo(msg: str) -> None:
+        click.echo(msg, err=True)
+
+    data = sweep(
+        base, wanted, text=text, ctx=ctx, chunks=chunks, reps=reps, n_predict=n_predict,
+        threads=threads, echo=echo,
+    )  # fmt: skip
+    emit(render(sweep_report(data), fmt), output)

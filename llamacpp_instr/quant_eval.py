@@ -1,0 +1,547 @@
+"""Perplexity and KL divergence of quantized models against a base model, computed the way the
+pinned llama.cpp's ``llama-perplexity --kl-divergence`` computes them
+(tools/perplexity/perplexity.cpp: ``perplexity()``, ``kl_divergence()``, ``log_softmax()``).
+
+Tokens and chunks
+    The text (``-f``: the file's bytes, one trailing newline dropped) is tokenized once with the
+    BASE model's tokenizer, special tokens added (BOS when the vocabulary adds it) and not parsed.
+    It needs at least ``2*ctx`` tokens. It is cut into ``n_chunk = min(--chunks, n_tokens // ctx)``
+    chunks of ``ctx`` tokens; each chunk is evaluated from an empty KV cache, teacher-forced, with
+    its first token replaced by BOS when the vocabulary adds BOS. Only the second half is scored:
+    with ``first = ctx // 2``, the logits at positions ``first .. ctx-2`` predict the tokens at
+    ``first+1 .. ctx-1``, i.e. ``n = ctx - 1 - first`` tokens per chunk and ``N = n_chunk * n``
+    in all.
+
+Per scored token ``t`` (logits ``z`` of the quant Q and ``zb`` of the base, over the vocabulary)
+    - log-softmax: ``log q_i = z_i - max(z) - log sum_j exp(z_j - max(z))`` (``log p_i`` alike
+      from ``zb``);
+    - ``nll = -log q_tok`` and ``nll_base = -log p_tok`` for the correct next token ``tok``;
+    - ``nll_base'`` = ``min(nll_base, 16 + lse_b)`` with ``lse_b = log sum_j exp(zb_j - max(zb))``:
+      the base's nll as llama-perplexity's second pass reads it from its base file, where every
+      log-probability is floored at that of a logit ``max(zb) - 16`` (a correct token the base
+      finds very unlikely counts as at most ``16 + lse_b`` nats);
+    - ``KLD_t = sum over i with log p_i > -16 of p_i * (log p_i - log q_i)`` (llama.cpp skips base
+      probabilities below e^-16);
+    - same top: ``argmax z == argmax zb`` (first index on ties);
+    - ``dp_t = q_tok - p_tok`` (Q's probability of the correct token minus the base's).
+
+Statistics over the ``N`` tokens (``mean_and_uncertainty`` and ``covariance`` of llama.cpp)
+    - ``mu(x) = sum x / N`` and ``err(x) = sqrt((sum x^2 / N - mu^2) / (N - 1))``, 0 unless the
+      variance is positive and ``N > 10``;
+    - ``PPL = exp(mu(nll))``, ``PPL_err = PPL * err(nll)``; the base's the same over
+      ``nll_base`` (what llama-perplexity's first pass prints as the final estimate);
+    - ``ln(PPL(Q)/PPL(base)) = mu(nll) - mu(nll_base')`` (llama-perplexity's second pass),
+      uncertainty ``sqrt(err(nll)^2 + err(nll_base')^2 - 2 cov)`` with
+      ``cov = (sum nll*nll_base' / N - mu(nll) mu(nll_base')) / (N - 1)`` (0 when ``N < 10``);
+      the JSON also has ``ln_ppl_ratio_exact`` (``mu(nll) - mu(nll_base)``, 0 for a model against
+      itself, where llama.cpp's is slightly positive) with its uncertainty;
+    - KLD: mean ``mu(KLD)`` with ``err(KLD)``; median of the sorted values (the mean of the two
+      middle ones when ``N`` is even); percentile ``f`` (90, 95, 99, 99.9 %) by linear
+      interpolation at ``p = f * (N - 1)`` (``p`` computed in float32 as llama.cpp does):
+      ``(1 - frac(p)) v[floor p] + frac(p) v[floor p + 1]``; max;
+    - ``dp`` mean ``mu(dp)`` with ``err(dp)``; ``RMS dp = sqrt(mu(dp^2))`` with uncertainty
+      ``err(dp^2) / (2 RMS)``;
+    - same top p = ``n_same_top / N`` with uncertainty ``sqrt(p (1 - p) / (N - 1))``.
+
+Where this differs from llama-perplexity, on purpose
+    llama-perplexity stores the base log-probabilities in its ``--kl-divergence-base`` file as
+    16-bit integers with a per-token scale (``(max - max(min, max - 16)) / 65535``, so at most
+    about 1.2e-4 nats of rounding per value) and computes the second pass from them. The floor at
+    ``max - 16`` matters (it biases llama.cpp's PPL(base) and ln ratio, by 0.1 % of PPL on SmolLM2)
+    and is reproduced in ``nll_base'``; the rounding (unbiased, and below the statistics'
+    precision) is not: the base log-probabilities stay float64, so a model against itself gives a
+    KLD and a dp of exactly 0. The floor does not touch the KLD (floored values are below the
+    e^-16 cutoff) and dp uses the exact ``p_tok`` (the floor moves it by less than e^-16).
+    llama-perplexity packs ``n_batch / ctx`` chunks into one batch as separate sequences (each
+    attending only to itself); here every chunk is its own batch (``n_batch = ctx``,
+    ``n_ubatch = min(ctx, 512)``), which is the same computation. Sums are float64.
+
+Memory stays bounded: all models are loaded, each with its own context; for each chunk the base
+is decoded, then each quant, and the statistics are computed straight from the contexts' logits
+buffers in blocks of rows. Only the per-token KLD and dp values (``N`` float64 each per quant) are
+kept, never the logits of the whole text.
+
+Needs ``llama_cpp`` (imported when a model is loaded); the statistics helpers need numpy only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llamacpp_instr import models
+from llamacpp_instr.converters.errors import UserError
+
+# llama.cpp skips base probabilities below e^-16 in the KL divergence sum
+LOG_PROB_CUTOFF = -16.0
+# llama.cpp's base file keeps logits down to (max logit - 16) and floors the rest there
+STORED_LOGIT_RANGE = 16.0
+# (JSON key, fraction) of the KLD percentiles reported, as llama-perplexity prints them
+PERCENTILES: tuple[tuple[str, float], ...] = (
+    ("p90", 0.90),
+    ("p95", 0.95),
+    ("p99", 0.99),
+    ("p99_9", 0.999),
+)
+# float64 elements per temporary array when turning a block of logits rows into log-probs
+_BLOCK_ELEMENTS = 1 << 21
+
+# progress(chunk index, n_chunks, model index (0 = base), n_models, model path)
+Progress = Callable[[int, int, int, int, Path], None]
+
+
+def default_text() -> Path:
+    """The bundled public-domain text: the Book of Genesis, King James Version."""
+    import llamacpp_instr
+
+    return Path(llamacpp_instr.__file__).parent / "data" / "kjv-genesis.txt"
+
+
+def read_text(path: Path) -> bytes:
+    """The text as llama-perplexity's ``-f`` reads it: the file's bytes, one trailing newline off."""
+    if not path.exists():
+        raise UserError(f"text file not found: {path}")
+    if not path.is_file():
+        raise UserError(f"text path is not a file: {path}")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read text file {path}: {exc.strerror}") from None
+    return data[:-1] if data.endswith(b"\n") else data
+
+
+# --- statistics, as llama-perplexity computes them -------------------------------------------
+
+
+def mean_and_uncertainty(total: float, total2: float, count: int) -> tuple[float, float]:
+    """llama.cpp's ``mean_and_uncertainty``: the mean and the standard error of the mean."""
+    if count < 1:
+        return 0.0, 0.0
+    f = total / count
+    df = total2 / count - f * f
+    df = math.sqrt(df / (count - 1)) if df > 0 and count > 10 else 0.0
+    return f, df
+
+
+def covariance(suma: float, sumb: float, sumab: float, count: int) -> float:
+    """llama.cpp's ``covariance``: the covariance of the two means."""
+    if count < 10:
+        return 0.0
+    return (sumab / count - (suma / count) * (sumb / count)) / (count - 1)
+
+
+def median(sorted_values: np.ndarray) -> float:
+    n = len(sorted_values)
+    if n % 2 == 0:
+        return float(0.5 * (sorted_values[n // 2] + sorted_values[n // 2 - 1]))
+    return float(sorted_values[n // 2])
+
+
+def percentile(sorted_values: np.ndarray, fraction: float) -> float:
+    """llama.cpp's ``percentile``: linear interpolation at ``fraction * (n - 1)``, in float32."""
+    n = len(sorted_values)
+    if fraction <= 0:
+        return float(sorted_values[0])
+    if fraction >= 1:
+        return float(sorted_values[-1])
+    p = float(np.float32(fraction) * np.float32(n - 1))
+    ip = int(p)
+    p -= ip
+    return float((1 - p) * sorted_values[ip] + p * sorted_values[min(ip + 1, n - 1)])
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float64 (max subtracted first, as llama.cpp does)."""
+    x = logits.astype(np.float64)
+    x -= x.max(axis=1, keepdims=True)
+    x -= np.log(np.exp(x).sum(axis=1, keepdims=True))
+    return x
+
+
+@dataclass
+class Accumulator:
+    """The running sums of one quant against the base (llama.cpp's ``kl_divergence_result``) and
+    the per-token KLD and dp values (for the median and percentiles)."""
+
+    capacity: int
+    sum_nll: float = 0.0
+    sum_nll2: float = 0.0
+    sum_nll_base: float = 0.0
+    sum_nll_base2: float = 0.0
+    sum_nll_nll_base: float = 0.0
+    # the same three over the base's exact nll (not capped as in llama.cpp's base file)
+    sum_nll_exact_base: float = 0.0
+    sum_nll_exact_base2: float = 0.0
+    sum_nll_nll_exact_base: float = 0.0
+    sum_kld: float = 0.0
+    sum_kld2: float = 0.0
+    sum_p_diff: float = 0.0
+    sum_p_diff2: float = 0.0
+    sum_p_diff4: float = 0.0
+    n_same_top: int = 0
+    count: int = 0
+    kld: np.ndarray = field(init=False)
+    p_diff: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.kld = np.zeros(self.capacity, dtype=np.float64)
+        self.p_diff = np.zeros(self.capacity, dtype=np.float64)
+
+    def add(
+        self,
+        nll: np.ndarray,
+        nll_base: np.ndarray,
+        nll_base_stored: np.ndarray,
+        kld: np.ndarray,
+        same_top: np.ndarray,
+        p_diff: np.ndarray,
+    ) -> None:
+        n = len(nll)
+        self.sum_nll += float(np.sum(nll))
+        self.sum_nll2 += float(np.sum(nll * nll))
+        self.sum_nll_base += float(np.sum(nll_base_stored))
+        self.sum_nll_base2 += float(np.sum(nll_base_stored * nll_base_stored))
+        self.sum_nll_nll_base += float(np.sum(nll * nll_base_stored))
+        self.sum_nll_exact_base += float(np.sum(nll_base))
+        self.sum_nll_exact_base2 += float(np.sum(nll_base * nll_base))
+        self.sum_nll_nll_exact_base += float(np.sum(nll * nll_base))
+        self.sum_kld += float(np.sum(kld))
+        self.sum_kld2 += float(np.sum(kld * kld))
+        p2 = p_diff * p_diff
+        self.sum_p_diff += float(np.sum(p_diff))
+        self.sum_p_diff2 += float(np.sum(p2))
+        self.sum_p_diff4 += float(np.sum(p2 * p2))
+        self.n_same_top += int(np.count_nonzero(same_top))
+        self.kld[self.count : self.count + n] = kld
+        self.p_diff[self.count : self.count + n] = p_diff
+        self.count += n
+
+    def summary(self) -> dict[str, Any]:
+        """The statistics llama-perplexity prints at the end of a ``--kl-divergence`` run."""
+        n = self.count
+        if n < 2:
+            raise UserError(f"only {n} token(s) scored: too few for statistics")
+        log_ppl, log_ppl_err = mean_and_uncertainty(self.sum_nll, self.sum_nll2, n)
+        log_base, log_base_err = mean_and_uncertainty(self.sum_nll_base, self.sum_nll_base2, n)
+        cov = covariance(self.sum_nll, self.sum_nll_base, self.sum_nll_nll_base, n)
+        ratio_var = log_ppl_err**2 + log_base_err**2 - 2.0 * cov
+        exact, exact_err = mean_and_uncertainty(
+            self.sum_nll_exact_base, self.sum_nll_exact_base2, n
+        )
+        exact_cov = covariance(
+            self.sum_nll, self.sum_nll_exact_base, self.sum_nll_nll_exact_base, n
+        )
+        exact_var = log_ppl_err**2 + exact_err**2 - 2.0 * exact_cov
+        kld_mean, kld_err = mean_and_uncertainty(self.sum_kld, self.sum_kld2, n)
+        values = np.sort(self.kld[:n])
+        dp_mean, dp_err = mean_and_uncertainty(self.sum_p_diff, self.sum_p_diff2, n)
+        mse, mse_err = mean_and_uncertainty(self.sum_p_diff2, self.sum_p_diff4, n)
+        rms = math.sqrt(mse)
+        same = self.n_same_top / n
+        kld: dict[str, float] = {"mean": kld_mean, "mean_err": kld_err, "median": median(values)}
+        for key, frac in PERCENTILES:
+            kld[key] = percentile(values, frac)
+        kld["max"] = float(values[-1])
+        kld["min"] = float(values[0])
+        return {
+            "ppl": math.exp(log_ppl),
+            "ppl_err": math.exp(log_ppl) * log_ppl_err,
+            "ln_ppl_ratio": log_ppl - log_base,
+            "ln_ppl_ratio_err": math.sqrt(max(ratio_var, 0.0)),
+            "ppl_ratio": math.exp(log_ppl - log_base),
+            "ln_ppl_ratio_exact": log_ppl - exact,
+            "ln_ppl_ratio_exact_err": math.sqrt(max(exact_var, 0.0)),
+            "kld": kld,
+            "delta_p": {
+                "mean": dp_mean,
+                "mean_err": dp_err,
+                "rms": rms,
+                "rms_err": 0.5 / rms * mse_err if rms > 0 else 0.0,
+                "max_abs": float(np.max(np.abs(self.p_diff[:n]))),
+            },
+            "same_top_p": 100.0 * same,
+            "same_top_p_err": 100.0 * math.sqrt(same * (1.0 - same) / (n - 1)),
+            "base_ppl": math.exp(log_base),
+        }
+
+
+def compare_block(
+    base_logits: np.ndarray, quant_logits: Sequence[np.ndarray], targets: np.ndarray
+) -> tuple[np.ndarray, list[tuple[np.ndarray, ...]]]:
+    """Per-token values of a block of rows: the base's nll, and for each quant (nll, nll_base,
+    nll_base_stored, kld, same_top, p_diff)."""
+    rows = np.arange(len(targets))
+    lb = log_softmax(base_logits)
+    nll_base = -lb[rows, targets]
+    top_base = np.argmax(base_logits, axis=1)
+    # llama.cpp's base file floors log-probabilities at (max logit - 16) - log-sum-exp: the
+    # base's nll as the second pass reads it is capped at 16 + lse (lse = -log p of the top token)
+    nll_base_stored = np.minimum(nll_base, STORED_LOGIT_RANGE - lb[rows, top_base])
+    pb = np.exp(lb)
+    pb[lb <= LOG_PROB_CUTOFF] = 0.0
+    out: list[tuple[np.ndarray, ...]] = []
+    for ql in quant_logits:
+        lq = log_softmax(ql)
+        nll = -lq[rows, targets]
+        np.subtract(lb, lq, out=lq)  # log p - log q, in place: one temporary fewer
+        kld = np.einsum("ij,ij->i", pb, lq)
+        del lq
+        same_top = np.argmax(ql, axis=1) == top_base
+        p_diff = np.exp(-nll) - np.exp(-nll_base)
+        out.append((nll, nll_base, nll_base_stored, kld, same_top, p_diff))
+    return nll_base, out
+
+
+# --- models, through llama-cpp-python's low-level API ------------------------------------------
+
+
+class _Model:
+    """One model and its own context, sized for one chunk: ``n_ctx = n_batch = ctx``."""
+
+    model: Any
+    ctx: Any
+    batch: Any
+    _tok: np.ndarray
+    _pos: np.ndarray
+    _out: np.ndarray
+
+    def __init__(self, llama_cpp: Any, path: Path, ctx: int) -> None:
+        self.lc = llama_cpp
+        self.path = path
+        self.model = None
+        self.ctx = None
+        self.batch = None
+        self.model = llama_cpp.llama_model_load_from_file(
+            str(path).encode(), llama_cpp.llama_model_default_params()
+        )
+        if not self.model:
+            raise UserError(models.explain_load_failure(path))
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self.add_eos = bool(llama_cpp.llama_vocab_get_add_eos(self.vocab))
+        self.bos = int(llama_cpp.llama_vocab_bos(self.vocab))
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self.model))
+        self.n_ctx = ctx
+
+    def open_context(self, threads: int) -> None:
+        lc = self.lc
+        ctx = self.n_ctx
+        p = lc.llama_context_default_params()
+        p.n_ctx = ctx
+        p.n_batch = ctx
+        p.n_ubatch = min(ctx, 512)  # llama.cpp's default n_ubatch, as llama-perplexity uses it
+        p.n_seq_max = 1
+        p.n_threads = threads
+        p.n_threads_batch = threads
+        self.ctx = lc.llama_init_from_model(self.model, p)
+        if not self.ctx:
+            raise UserError(f"llama.cpp could not create a context of {ctx} tokens for {self.path}")
+        self.batch = lc.llama_batch_init(ctx, 0, 1)
+        b = self.batch
+        for i in range(ctx):
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+        self._tok = np.ctypeslib.as_array(b.token, shape=(ctx,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(ctx,))
+        self._out = np.ctypeslib.as_array(
+            ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)), shape=(ctx,)
+        )
+        self._pos[:] = np.arange(ctx, dtype=np.int32)
+
+    def tokenize(self, text: bytes) -> np.ndarray:
+        """``common_tokenize(ctx, text, add_special=true, parse_special=false)``."""
+        lc = self.lc
+        n_max = len(text) + 16
+        for _ in range(2):
+            buf = (lc.llama_token * n_max)()
+            n = lc.llama_tokenize(self.vocab, text, len(text), buf, n_max, True, False)
+            if n >= 0:
+                return np.array(buf[:n], dtype=np.int32)
+            n_max = -n
+        raise UserError("llama.cpp failed to tokenize the text")
+
+    def decode(self, chunk: np.ndarray, first: int) -> np.ndarray:
+        """Decode one chunk from an empty KV cache, logits for positions ``first..``: the rows
+        ``first .. ctx-2`` as a (ctx-1-first, n_vocab) float32 view of the context's buffer (valid
+        until this context decodes again)."""
+        lc = self.lc
+        ctx = self.n_ctx
+        lc.llama_memory_clear(lc.llama_get_memory(self.ctx), True)
+        self._tok[:] = chunk
+        if self.add_bos:
+            self._tok[0] = self.bos
+        self._out[:] = 0
+        self._out[first:] = 1
+        self.batch.n_tokens = ctx
+        rc = lc.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            raise UserError(f"llama_decode failed ({rc}) on {self.path}")
+        n = ctx - 1 - first
+        p0 = lc.llama_get_logits_ith(self.ctx, first)
+        p1 = lc.llama_get_logits_ith(self.ctx, ctx - 2)
+        a0 = ctypes.cast(p0, ctypes.c_void_p).value or 0
+        a1 = ctypes.cast(p1, ctypes.c_void_p).value or 0
+        row = self.n_vocab * 4
+        if a0 and a1 - a0 == (n - 1) * row:  # the outputs are contiguous, in batch order
+            return np.ctypeslib.as_array(p0, shape=(n, self.n_vocab))
+        rows = np.empty((n, self.n_vocab), dtype=np.float32)  # reordered outputs: gather
+        for i in range(n):
+            p = lc.llama_get_logits_ith(self.ctx, first + i)
+            rows[i] = np.ctypeslib.as_array(p, shape=(self.n_vocab,))
+        return rows
+
+    def close(self) -> None:
+        lc = self.lc
+        if self.batch is not None:
+            lc.llama_batch_free(self.batch)
+            self.batch = None
+        if self.ctx:
+            lc.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            lc.llama_model_free(self.model)
+            self.model = None
+
+
+def _load(llama_cpp: Any, paths: Sequence[Path], ctx: int, threads: int) -> list[_Model]:
+    loaded: list[_Model] = []
+    try:
+        for p in paths:
+            loaded.append(_Model(llama_cpp, p, ctx))
+            base = loaded[0]
+            m = loaded[-1]
+            if m.n_vocab != base.n_vocab:
+                raise UserError(
+                    f"different vocabularies: {m.path} has {m.n_vocab} tokens, the base "
+                    f"{base.path} has {base.n_vocab}"
+                )
+            if m.add_eos:
+                raise UserError(f"{m.path} adds EOS to every text: llama-perplexity refuses it too")
+        for m in loaded:
+            m.open_context(threads)
+    except BaseException:
+        for m in loaded:
+            m.close()
+        raise
+    return loaded
+
+
+def evaluate(
+    base: Path,
+    quants: Sequence[Path],
+    text: Path | None = None,
+    ctx: int = 512,
+    chunks: int | None = None,
+    threads: int | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Evaluate ``quants`` against ``base`` on ``text``; the report data (see the module doc)."""
+    import os
+
+    if ctx < 8:
+        raise UserError(f"--ctx must be at least 8, got {ctx}")
+    if chunks is not None and chunks < 1:
+        raise UserError(f"--chunks must be at least 1, got {chunks}")
+    if not quants:
+        raise UserError("give at least one QUANT.gguf to compare with the base")
+    text_path = text if text is not None else default_text()
+    data = read_text(text_path)
+    paths = [Path(base), *map(Path, quants)]
+    for p in paths:
+        models.check_gguf(p)
+    threads = threads or os.cpu_count() or 1
+
+    from llamacpp_instr import bindings
+
+    llama_cpp = bindings.import_llama_cpp()
+    from llama_cpp import _logger
+
+    _logger.set_verbose(False)  # llama.cpp's load-time chatter off; errors still shown
+    llama_cpp.llama_backend_init()
+
+    t0 = time.monotonic()
+    loaded = _load(llama_cpp, paths, ctx, threads)
+    try:
+        tokens = loaded[0].tokenize(data)
+        if len(tokens) < 2 * ctx:
+            raise UserError(
+                f"{text_path} tokenizes to {len(tokens)} tokens: --ctx {ctx} needs at least "
+                f"{2 * ctx} (two chunks)"
+            )
+        n_chunk_max = len(tokens) // ctx
+        n_chunk = n_chunk_max if chunks is None else min(chunks, n_chunk_max)
+        first = ctx // 2
+        n_score = ctx - 1 - first
+        accs = [Accumulator(n_chunk * n_score) for _ in loaded[1:]]
+        base_sum = base_sum2 = 0.0
+        block = max(1, _BLOCK_ELEMENTS // loaded[0].n_vocab)
+        for c in range(n_chunk):
+            chunk = tokens[c * ctx : (c + 1) * ctx]
+            targets = chunk[first + 1 :]
+            views = []
+            for k, m in enumerate(loaded):
+                if progress is not None:
+                    progress(c, n_chunk, k, len(loaded), m.path)
+                views.append(m.decode(chunk, first))
+            for r0 in range(0, n_score, block):
+                r1 = min(n_score, r0 + block)
+                nll_base, per_quant = compare_block(
+                    views[0][r0:r1], [v[r0:r1] for v in views[1:]], targets[r0:r1]
+                )
+                base_sum += float(np.sum(nll_base))
+                base_sum2 += float(np.sum(nll_base * nll_base))
+                for acc, values in zip(accs, per_quant, strict=True):
+                    acc.add(*values)
+            del views
+        if progress is not None:
+            progress(n_chunk, n_chunk, len(loaded), len(loaded), loaded[-1].path)
+        n_vocab = loaded[0].n_vocab
+        add_bos = loaded[0].add_bos
+        n_ctx_train = loaded[0].n_ctx_train
+        warnings = list(
+            dict.fromkeys(
+                f"--ctx {ctx} is more than the {m.n_ctx_train} tokens {m.path.name} was trained on"
+                for m in loaded
+                if ctx > m.n_ctx_train
+            )
+        )
+    finally:
+        for m in loaded:
+            m.close()
+
+    count = n_chunk * n_score
+    log_base, log_base_err = mean_and_uncertainty(base_sum, base_sum2, count)
+    out_models = []
+    for path, acc in zip(paths[1:], accs, strict=True):
+        out_models.append({"path": str(path), **acc.summary()})
+    from llamacpp_instr import pin
+
+    return {
+        "text": str(text_path),
+        "ctx": ctx,
+        "chunks": n_chunk,
+        "chunks_max": n_chunk_max,
+        "tokens": len(tokens),
+        "tokens_scored": count,
+        "n_vocab": n_vocab,
+        "add_bos": add_bos,
+        "n_ctx_train": n_ctx_train,
+        "threads": threads,
+        "seconds": time.monotonic() - t0,
+        "warnings": warnings,
+        "llama_cpp_commit": pin.LLAMA_CPP_COMMIT,
+        "base": {
+            "path": str(paths[0]),
+            "ppl": math.exp(log_base),
+            "ppl_err": math.exp(log_base) * log_base_err,
+        },
+        "models": out_models,
+    }

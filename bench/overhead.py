@@ -199,13 +199,13 @@ def main() -> None:
         write_section("overhead", report)
 
 
-def write_section(name: str, body: str) -> None:
-    """Replace the <!-- bench:NAME --> section of docs/performance.md."""
-    doc = ROOT / "docs" / "performance.md"
+def write_section(name: str, body: str, doc: Path | None = None, script: str | None = None) -> None:
+    """Replace the <!-- bench:NAME --> section of ``doc`` (docs/performance.md by default)."""
+    doc = doc or ROOT / "docs" / "performance.md"
     text = doc.read_text() if doc.exists() else "# Performance\n"
     begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     stamp = time.strftime("%Y-%m-%d")
-    block = f"{begin}\n_Measured {stamp} by `bench/{name}.py`._\n\n{body}\n{end}"
+    block = f"{begin}\n_Measured {stamp} by `{script or f'bench/{name}.py'}`._\n\n{body}\n{end}"
     if begin in text:
         pre, rest = text.split(begin, 1)
         text = pre + block + rest.split(end, 1)[1]

@@ -121,8 +121,9 @@ def compare_sessions(
 AGREEMENT_NOTE = (
     "Free-running agreement: each run fed back its own tokens, so after the first divergence the "
     "two runs continue from different text and later tokens are not comparable one to one. It "
-    "says how soon outputs differ, not how much quality a quantization loses; for that, compare "
-    "the models teacher-forced on the same tokens (perplexity and KL divergence over a text)."
+    "says how soon outputs differ, not how much quality a quantization loses; for that, use "
+    "`instr quant-eval BASE.gguf QUANT.gguf`: both models teacher-forced on the same tokens, "
+    "perplexity and full-vocabulary KL divergence as llama-perplexity computes them."
 )
 
 

@@ -38,6 +38,7 @@ th.num,td.num{text-align:right}
 th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
 tbody tr:nth-child(even){background:#fbfcfd}
 .scroll{max-height:34em;overflow:auto;border:1px solid var(--line);border-radius:6px}
+.wide{overflow-x:auto}
 .scroll table{margin:0}
 footer{color:var(--muted);font-size:.85em;margin:3em 0 1em}
 """
@@ -96,7 +97,8 @@ def _table(t: Table) -> str:
         f"<tbody>{''.join(body)}</tbody></table>"
     )
     note = f'<p class="table-note">{escape(t.note)}</p>' if t.note else ""
-    wrapped = f'<div class="scroll">{table}</div>' if len(t.rows) > 25 else table
+    # long tables scroll within the page; wide ones sideways
+    wrapped = f'<div class="{"scroll" if len(t.rows) > 25 else "wide"}">{table}</div>'
     return wrapped + note
 
 

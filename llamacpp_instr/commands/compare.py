@@ -27,7 +27,8 @@ def command(session_a: Path, session_b: Path, top: int, fmt: str, output: Path |
     Record both at detailed level or above (generated tokens come from the step records).
 
     The agreement is free-running: after the first differing token the runs continue from
-    different text. It shows how soon outputs diverge, not a quantization's quality."""
+    different text. It shows how soon outputs diverge, not a quantization's quality: for that,
+    `instr quant-eval` (teacher-forced perplexity and KL divergence)."""
     from llamacpp_instr.converters import compare, load_session
     from llamacpp_instr.converters.renderers import render
 

@@ -24,6 +24,9 @@ from pathlib import Path
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
+TASKS = ("parse", "pftrace", "json", "frames")
+NAN = float("nan")
+NA = {"s": NAN, "rss": NAN, "cpu": NAN}  # a measurement not made (see --tasks)
 sys.path.insert(0, str(ROOT))
 
 
@@ -97,8 +100,10 @@ def child(task: str, log: str, out: str) -> None:
         r = CliRunner().invoke(main, ["to-perfetto", log, "-o", out, "--format", fmt])
         assert r.exit_code == 0, r.output
     dt = time.perf_counter() - t0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"task": task, "s": dt, "rss": rss}))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    rss = usage.ru_maxrss * 1024
+    cpu = usage.ru_utime + usage.ru_stime  # all threads (the writer compresses on others)
+    print(json.dumps({"task": task, "s": dt, "rss": rss, "cpu": cpu}))
 
 
 def measure(task: str, log: Path, out: Path) -> dict:
@@ -118,6 +123,12 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=1_000_000)
     ap.add_argument("--source", type=Path, help="a real DETAILED log to replicate")
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument(
+        "--tasks",
+        default=",".join(TASKS),
+        help="which measurements to run, comma-separated (default: %(default)s); the table "
+        "shows n/a for the others",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--log", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -126,6 +137,9 @@ def main() -> None:
         child(args.child, args.log, args.out)
         return
 
+    tasks = set(args.tasks.split(","))
+    if not tasks <= set(TASKS):
+        ap.error(f"--tasks: unknown {', '.join(sorted(tasks - set(TASKS)))}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
@@ -133,21 +147,16 @@ def main() -> None:
         for target in (args.ops // 4, args.ops):
             log = tmp / f"big-{target}.log"
             n_ops, n_steps = synthesize(source, target, log)
-            parse = measure("parse", log, tmp / "x")
-            pf = measure("pftrace", log, tmp / "t.pftrace")
-            js = measure("json", log, tmp / "t.json")
-            fr = measure("frames", log, tmp / "x")
+            outs = {"pftrace": tmp / "t.pftrace", "json": tmp / "t.json"}
+            res = {t: measure(t, log, outs.get(t, tmp / "x")) for t in TASKS if t in tasks}
             rows.append(
                 {
                     "ops": n_ops,
                     "steps": n_steps,
                     "log_mb": log.stat().st_size / 1e6,
-                    "parse": parse,
-                    "pftrace": pf,
-                    "json": js,
-                    "frames": fr,
-                    "pftrace_mb": (tmp / "t.pftrace").stat().st_size / 1e6,
-                    "json_mb": (tmp / "t.json").stat().st_size / 1e6,
+                    **{t: res.get(t, NA) for t in TASKS},
+                    "pftrace_mb": outs["pftrace"].stat().st_size / 1e6 if "pftrace" in res else NAN,
+                    "json_mb": outs["json"].stat().st_size / 1e6 if "json" in res else NAN,
                 }
             )
             print(f"{n_ops} ops done", file=sys.stderr)
@@ -157,18 +166,20 @@ def main() -> None:
         "Synthetic DETAILED logs made by repeating a real SmolLM2-135M generation step "
         "(each process measured alone; peak RSS is the process's maximum resident set).",
         "",
-        "| ops | log MB | orjson parse s | to-perfetto s | ratio | ops/s | peak RSS parse | peak RSS to-perfetto | .pftrace MB | Chrome JSON s | Chrome JSON MB | load_session s | load_session peak RSS |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ops | log MB | orjson parse s | to-perfetto s | ratio | ops/s | to-perfetto CPU s | peak RSS parse | peak RSS to-perfetto | .pftrace MB | Chrome JSON s | Chrome JSON MB | load_session s | load_session peak RSS |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        pf, parse = r["pftrace"], r["parse"]
         lines.append(
-            f"| {r['ops']:,} | {r['log_mb']:.0f} | {r['parse']['s']:.2f} | {r['pftrace']['s']:.1f} | "
-            f"{r['pftrace']['s'] / r['parse']['s']:.0f}x | {r['ops'] / r['pftrace']['s']:,.0f} | "
-            f"{r['parse']['rss'] / 2**20:.0f} MiB | {r['pftrace']['rss'] / 2**20:.0f} MiB | "
-            f"{r['pftrace_mb']:.0f} | {r['json']['s']:.1f} | {r['json_mb']:.0f} | "
+            f"| {r['ops']:,} | {r['log_mb']:.0f} | {parse['s']:.2f} | {pf['s']:.2f} | "
+            f"{pf['s'] / parse['s']:.1f}x | {r['ops'] / pf['s']:,.0f} | {pf['cpu']:.2f} | "
+            f"{parse['rss'] / 2**20:.0f} MiB | {pf['rss'] / 2**20:.0f} MiB | "
+            f"{r['pftrace_mb']:.1f} ({r['pftrace_mb'] * 1e6 / r['ops']:.0f} B/op) | "
+            f"{r['json']['s']:.1f} | {r['json_mb']:.0f} | "
             f"{r['frames']['s']:.1f} | {r['frames']['rss'] / 2**20:.0f} MiB |"
         )
-    report = "\n".join(lines)
+    report = "\n".join(lines).replace("nan", "n/a")
     print(report)
     if args.write_docs:
         from overhead import write_section

@@ -2,94 +2,251 @@
 
 Same layout as the Perfetto writer: processes and named threads via metadata events, slices as
 complete ("X") events, counters as "C" events. Timestamps are microseconds (floats keep the ns).
+
+Tracks, slices and samples are written one event at a time. With ``trace_layout.layout_bulk``
+the op slices of a packed compute come as one ``OpBatch`` (and, with ``compute_batches=True``,
+its layer slices in a ``ComputeBatch``); those are written in bulk. What does not depend on timing
+(name, track, the static args of ``trace_layout.op_static_args``) is rendered once per graph node
+and track; per op only the four numbers (ts, dur, GFLOP/s, GB/s) are formatted, by orjson from
+numpy arrays, thousands of ops at a time, and the parts are joined into one write. Big outputs
+are written by a helper thread, so that the kernel's copying overlaps the formatting.
+
+The events are exactly those of the per-event path: the same keys in the same order and the same
+values (the floats are the ones Python computes, formatted by the same orjson code), so the bytes
+are identical too (tests/test_chrome_json.py compares them with the previous writer's).
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import queue
+import threading
 from collections.abc import Iterable
-from typing import IO
+from typing import IO, Any
 
+import numpy as np
 import orjson
 
-from .trace_layout import Item, Sample, Slice, Track
+from .session import Graph, LayerSpan
+from .trace_layout import (
+    ComputeBatch,
+    Item,
+    OpBatch,
+    Sample,
+    Slice,
+    Track,
+    op_rates,
+    op_static_args,
+)
+
+_EXACT = 1 << 53  # integers up to this are exact as float64
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
-def write_chrome_json(items: Iterable[Item], out: IO[bytes]) -> int:
-    """Write the items as a JSON array of trace events; returns the number of events."""
-    tracks: dict[int, Track] = {}
-    tids: dict[int, int] = {}
-    n = 0
+def _dumps(v: Any) -> bytes:
+    try:
+        return orjson.dumps(v)
+    except TypeError:  # an integer beyond 64 bits (a damaged log): the stdlib writes any size
+        return json.dumps(v).encode()
 
-    def emit(ev: dict[str, object]) -> None:
-        nonlocal n
-        out.write(b",\n" if n else b"[\n")
-        try:
-            out.write(orjson.dumps(ev))
-        except TypeError:  # an integer beyond 64 bits (a damaged log): the stdlib writes any size
-            out.write(json.dumps(ev).encode())
-        n += 1
 
-    for it in items:
-        if isinstance(it, Track):
-            tracks[it.uuid] = it
-            if it.parent is None:
-                emit({"ph": "M", "name": "process_name", "pid": it.pid, "args": {"name": it.name}})
-                emit(
-                    {
-                        "ph": "M",
-                        "name": "process_sort_index",
-                        "pid": it.pid,
-                        "args": {"sort_index": it.order},
-                    }
-                )
-                if it.labels:
-                    labels = ", ".join(it.labels)
-                    emit(
-                        {
-                            "ph": "M",
-                            "name": "process_labels",
-                            "pid": it.pid,
-                            "args": {"labels": labels},
-                        }
-                    )
-            elif it.kind == "slices":
-                tid = tids[it.uuid] = len(tids) + 1
-                emit(
-                    {
-                        "ph": "M",
-                        "name": "thread_name",
-                        "pid": it.pid,
-                        "tid": tid,
-                        "args": {"name": it.name},
-                    }
-                )
-                emit(
-                    {
-                        "ph": "M",
-                        "name": "thread_sort_index",
-                        "pid": it.pid,
-                        "tid": tid,
-                        "args": {"sort_index": it.order},
-                    }
-                )
-        elif isinstance(it, Slice):
-            tr = tracks[it.track]
-            emit(
+def _round3(x: np.ndarray) -> np.ndarray:
+    """``round(v, 3)`` of each value as Python rounds it, or NaN where that is not certain (too
+    close to a rounding boundary for the float product ``v * 1000`` to tell, or too large)."""
+    p = x * 1000.0
+    y = np.rint(p) / 1000.0
+    margin = np.abs(p - np.floor(p) - 0.5)
+    unsafe = (margin <= np.abs(p) * 2.0**-50) | (np.abs(p) >= 2.0**50)
+    return np.where(unsafe, np.nan, y)
+
+
+def _pairs(a: np.ndarray, b: np.ndarray, sep: bytes) -> list[bytes]:
+    """``b"<a[k]><sep><b[k]>"`` for each k, the floats as orjson writes them."""
+    pairs = np.empty((len(a), 2))
+    pairs[:, 0] = a
+    pairs[:, 1] = b
+    text = orjson.dumps(pairs, option=_NUMPY)[2:-2]  # a,b],[a,b],[ ... a,b
+    return text.replace(b",", sep).split(b"]" + sep + b"[")
+
+
+class _OpTable:
+    """One graph's op events on one track: per row (a node, or a node with fused nodes) the
+    rendered parts that do not depend on timing, and its estimated FLOPs and bytes."""
+
+    def __init__(self, graph: Graph, pid: int, tid: int) -> None:
+        self.graph = graph  # held, so that its id() stays this graph's
+        self.pid, self.tid = pid, tid
+        n = len(graph.nodes)
+        self.rows: dict[tuple[int, tuple[int, ...]], int] = {}
+        self.head: list[bytes] = []  # ',\n{"ph":"X", ... ,"ts":'
+        self.mid: list[bytes] = []  # ',"args":{...static head...,"gflop_per_s":'
+        self.tail: list[bytes] = []  # ',...static tail...}}'
+        self.flops: list[int] = []
+        self.nbytes: list[int] = []
+        self.layer = np.empty(n, dtype=object)
+        self.layer[:] = [nd.layer for nd in graph.nodes]
+        self.node_row = np.full(n, -1, dtype=np.int64)
+        self._arrays: tuple[Any, ...] | None = None
+
+    def row(self, i: int, fused: tuple[int, ...]) -> int:
+        r = self.rows.get((i, fused))
+        if r is not None:
+            return r
+        nodes = self.graph.nodes
+        node = nodes[i]
+        head, n_flops, n_bytes, tail = op_static_args(node, [nodes[j] for j in fused], self.graph)
+        start = {"ph": "X", "name": node.label, "cat": "op", "pid": self.pid, "tid": self.tid}
+        self.head.append(b",\n" + _dumps(start)[:-1] + b',"ts":')
+        self.mid.append(b',"args":' + _dumps(head)[:-1] + b',"gflop_per_s":')
+        self.tail.append((b"," + _dumps(tail)[1:-1] if tail else b"") + b"}}")
+        self.flops.append(n_flops)
+        self.nbytes.append(n_bytes)
+        r = self.rows[(i, fused)] = len(self.head) - 1
+        if not fused:
+            self.node_row[i] = r
+        self._arrays = None
+        return r
+
+    def arrays(self) -> tuple[Any, ...]:
+        if self._arrays is None:
+            objs = []
+            for parts in (self.head, self.mid, self.tail):
+                a = np.empty(len(parts), dtype=object)
+                a[:] = parts
+                objs.append(a)
+            exact = np.array(
+                [
+                    0 <= f <= _EXACT and 0 <= b <= _EXACT
+                    for f, b in zip(self.flops, self.nbytes, strict=True)
+                ]
+            )
+            flops = np.array(
+                [float(f) if ok else 0.0 for f, ok in zip(self.flops, exact, strict=True)]
+            )
+            nbytes = np.array(
+                [float(b) if ok else 0.0 for b, ok in zip(self.nbytes, exact, strict=True)]
+            )
+            self._arrays = (*objs, flops, nbytes, exact)
+        return self._arrays
+
+
+class _Sink:
+    """Hands what is written to a helper thread in chunks of about ``CHUNK`` bytes, which writes
+    them to ``out`` in order: the kernel's copying (which needs no GIL) overlaps the formatting of
+    the next events. A write error is raised in the caller's thread, at the next write or at
+    ``close``."""
+
+    CHUNK = 1 << 20
+    DEPTH = 4  # chunks queued at most
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.queue: queue.Queue[list[bytes] | None] = queue.Queue(self.DEPTH)
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def write(self, data: bytes) -> None:
+        self.parts.append(data)
+        self.size += len(data)
+        if self.size >= self.CHUNK:
+            self._hand_off()
+
+    def _hand_off(self) -> None:
+        if self.error is not None:
+            raise self.error
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="chrome-json-writer", daemon=True)
+            self.thread.start()
+        self.queue.put(self.parts)
+        self.parts = []
+        self.size = 0
+
+    def _run(self) -> None:
+        while (parts := self.queue.get()) is not None:
+            if self.error is None:
+                try:
+                    for p in parts:
+                        self.out.write(p)
+                except BaseException as exc:  # noqa: BLE001 - given to the caller's thread
+                    self.error = exc
+
+    def close(self, ok: bool = True) -> None:
+        """Write what is left and wait for the thread (``ok=False``: just stop it)."""
+        if self.thread is not None:
+            self.queue.put(None)
+            self.thread.join()
+            self.thread = None
+        if ok:
+            if self.error is not None:
+                raise self.error
+            for p in self.parts:
+                self.out.write(p)
+        self.parts = []
+
+
+class _Writer:
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = _Sink(out)
+        self.n = 0
+        self.tracks: dict[int, Track] = {}
+        self.tids: dict[int, int] = {}
+        self.tables: dict[tuple[int, int], _OpTable] = {}
+        self.layer_cache: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+        self.pending: list[bytes | _Group] = []  # op events to format, and what follows them
+        self.pending_ops = 0
+        self.started = False  # written the first event
+
+    BATCH = 1 << 14  # op events formatted together
+
+    def write(self, data: bytes, events: int) -> None:
+        """``data``: events, each starting with ",\\n" (after the op events queued, if any)."""
+        if not events:
+            return
+        self.n += events
+        if self.pending:
+            self.pending.append(data)
+        else:
+            self._out(data)
+
+    def _out(self, data: bytes) -> None:
+        if not self.started:
+            data = b"[\n" + data[2:]
+            self.started = True
+        self.out.write(data)
+
+    def emit(self, ev: dict[str, object]) -> None:
+        self.write(b",\n" + _dumps(ev), 1)
+
+    def item(self, it: Item | OpBatch | ComputeBatch) -> None:
+        if isinstance(it, Slice):
+            if it.category == "layer" and self.layer_slice(it):
+                return
+            tr = self.tracks[it.track]
+            self.emit(
                 {
                     "ph": "X",
                     "name": it.name,
                     "cat": it.category,
                     "pid": tr.pid,
-                    "tid": tids[it.track],
+                    "tid": self.tids[it.track],
                     "ts": it.ts / 1000,
                     "dur": it.dur / 1000,
                     "args": it.args,
                 }
             )
+        elif isinstance(it, ComputeBatch):
+            self.item(it.slice)
+            self.layers(it.slice.track, it.layers)
+            if it.ops is not None:
+                self.ops(it.ops)
+        elif isinstance(it, OpBatch):
+            self.ops(it)
         elif isinstance(it, Sample):
-            tr = tracks[it.track]
-            emit(
+            tr = self.tracks[it.track]
+            self.emit(
                 {
                     "ph": "C",
                     "name": tr.name,
@@ -98,5 +255,216 @@ def write_chrome_json(items: Iterable[Item], out: IO[bytes]) -> int:
                     "args": {tr.unit or "value": it.value},
                 }
             )
-    out.write(b"\n]\n" if n else b"[]\n")
-    return n
+        elif isinstance(it, Track):
+            self.track(it)
+
+    def track(self, it: Track) -> None:
+        self.tracks[it.uuid] = it
+        if it.parent is None:
+            self.emit({"ph": "M", "name": "process_name", "pid": it.pid, "args": {"name": it.name}})
+            self.emit(
+                {
+                    "ph": "M",
+                    "name": "process_sort_index",
+                    "pid": it.pid,
+                    "args": {"sort_index": it.order},
+                }
+            )
+            if it.labels:
+                labels = ", ".join(it.labels)
+                self.emit(
+                    {"ph": "M", "name": "process_labels", "pid": it.pid, "args": {"labels": labels}}
+                )
+        elif it.kind == "slices":
+            tid = self.tids[it.uuid] = len(self.tids) + 1
+            self.emit(
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": it.pid,
+                    "tid": tid,
+                    "args": {"name": it.name},
+                }
+            )
+            self.emit(
+                {
+                    "ph": "M",
+                    "name": "thread_sort_index",
+                    "pid": it.pid,
+                    "tid": tid,
+                    "args": {"sort_index": it.order},
+                }
+            )
+
+    def _layer_parts(self, track: int, name: str, args: dict[str, Any]) -> tuple[bytes, bytes]:
+        """A layer slice's event around its ts and dur (the same for every step)."""
+        key = (track, name, *args.items())
+        parts = self.layer_cache.get(key)
+        if parts is None:
+            ev = {"ph": "X", "name": name, "cat": "layer", "pid": self.tracks[track].pid}
+            ev["tid"] = self.tids[track]
+            head = b",\n" + _dumps(ev)[:-1] + b',"ts":'
+            parts = self.layer_cache[key] = (head, b',"args":' + _dumps(args) + b"}")
+        return parts
+
+    def layer_slice(self, it: Slice) -> bool:
+        """A layer slice from its cached parts; False if its args cannot be a cache key."""
+        try:
+            head, tail = self._layer_parts(it.track, it.name, it.args)
+        except TypeError:
+            return False
+        ts, dur = _dumps(it.ts / 1000), _dumps(it.dur / 1000)
+        self.write(head + ts + b',"dur":' + dur + tail, 1)
+        return True
+
+    def layers(self, track: int, spans: list[LayerSpan]) -> None:
+        """The layer slices of a compute (as ``trace_layout`` makes them), formatted in bulk."""
+        if not spans:
+            return
+        parts = [
+            self._layer_parts(track, f"layer {s.layer}", {"layer": s.layer, "n_ops": s.n_ops})
+            for s in spans
+        ]
+        start = [s.start for s in spans]
+        dur = [s.dur for s in spans]
+        if max(max(start), max(dur)) >= _EXACT:  # int / 1000 as Python divides, one by one
+            times = [
+                _dumps(a / 1000) + b',"dur":' + _dumps(b / 1000)
+                for a, b in zip(start, dur, strict=True)
+            ]
+        else:
+            times = _pairs(np.array(start) / 1000, np.array(dur) / 1000, b',"dur":')
+        out = [b""] * (3 * len(spans))
+        out[0::3] = [p[0] for p in parts]
+        out[1::3] = times
+        out[2::3] = [p[1] for p in parts]
+        self.write(b"".join(out), len(spans))
+
+    def ops(self, ob: OpBatch) -> None:
+        """The op events of a packed compute, in its order: queued, and formatted in bulk with
+        those of the next computes (``flush``)."""
+        c = ob.compute
+        graph = c.graph
+        assert graph is not None
+        key = (id(graph), ob.track)
+        table = self.tables.get(key)
+        if table is None or table.graph is not graph:
+            table = self.tables[key] = _OpTable(
+                graph, self.tracks[ob.track].pid, self.tids[ob.track]
+            )
+        node = np.asarray(c.op_node, dtype=np.int64)
+        start = np.asarray(c.op_start, dtype=np.int64)
+        dur = np.asarray(c.op_dur, dtype=np.int64)
+        # the row of each op: its node's, or that of the node with its fused nodes
+        rows = table.node_row[node]
+        if (rows < 0).any():
+            for i in np.unique(node[rows < 0]).tolist():
+                table.row(i, ())
+            rows = table.node_row[node]
+        if c.op_fused:
+            rows = rows.copy()
+            nodes = node.tolist()
+            known = table.rows
+            for k, f in c.op_fused.items():
+                r = known.get((nodes[k], tuple(f)))
+                rows[k] = table.row(nodes[k], tuple(f)) if r is None else r
+        if ob.layer is not None:
+            keep = table.layer[node] == ob.layer
+            rows, start, dur = rows[keep], start[keep], dur[keep]
+        m = len(rows)
+        if not m:
+            return
+        self.pending.append(_Group(table, rows, start, dur))
+        self.pending_ops += m
+        self.n += m
+        if self.pending_ops >= self.BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        """Format the queued op events, all at once, and write them with what came between."""
+        pending, self.pending, self.pending_ops = self.pending, [], 0
+        groups = [g for g in pending if isinstance(g, _Group)]
+        tabs = [g.table.arrays() for g in groups]
+        rows = [g.rows for g in groups]
+
+        def cat(k: int) -> np.ndarray:
+            return np.concatenate([t[k][r] for t, r in zip(tabs, rows, strict=True)])
+
+        start = np.concatenate([g.start for g in groups])
+        dur = np.concatenate([g.dur for g in groups])
+        flops, nbytes, exact = cat(3), cat(4), cat(5)
+        # the timestamps and durations in microseconds: int / 1000 as Python divides
+        ts_us = start / 1000
+        dur_us = dur / 1000
+        for k in np.flatnonzero((start >= _EXACT) | (dur >= _EXACT)).tolist():
+            ts_us[k] = int(start[k]) / 1000
+            dur_us[k] = int(dur[k]) / 1000
+        # the rates: round(flops / dur, 3) as op_rates gives them
+        pos = dur > 0
+        d = np.where(pos, dur, 1).astype(np.float64)
+        g = _round3(np.where(pos, flops / d, 0.0))
+        bw = _round3(np.where(pos, nbytes / d, 0.0))
+        slow = np.flatnonzero(np.isnan(g) | np.isnan(bw) | ~exact | (dur > _EXACT))
+        if len(slow):
+            ends = np.cumsum([len(r) for r in rows])
+            for k in slow.tolist():
+                j = int(np.searchsorted(ends, k, side="right"))
+                r = int(rows[j][k - (int(ends[j - 1]) if j else 0)])
+                table = groups[j].table
+                g[k], bw[k] = op_rates(table.flops[r], table.nbytes[r], int(dur[k]))
+        m = len(start)
+        parts = np.empty((m, 5), dtype=object)
+        parts[:, 0] = cat(0)
+        parts[:, 1] = _pairs(ts_us, dur_us, b',"dur":')
+        parts[:, 2] = cat(1)
+        parts[:, 3] = _pairs(g, bw, b',"gb_per_s":')
+        parts[:, 4] = cat(2)
+        events = parts.ravel().tolist()
+        out: list[bytes] = []
+        o = 0
+        for seg in pending:
+            if isinstance(seg, _Group):
+                e = o + 5 * len(seg.rows)
+                out += events[o:e]
+                o = e
+            else:
+                out.append(seg)
+        self._out(b"".join(out))
+
+
+class _Group:
+    """Queued op events: a table's rows, with their start and duration."""
+
+    __slots__ = ("table", "rows", "start", "dur")
+
+    def __init__(
+        self, table: _OpTable, rows: np.ndarray, start: np.ndarray, dur: np.ndarray
+    ) -> None:
+        self.table, self.rows, self.start, self.dur = table, rows, start, dur
+
+
+def write_chrome_json(items: Iterable[Item | OpBatch | ComputeBatch], out: IO[bytes]) -> int:
+    """Write the items as a JSON array of trace events; returns the number of events.
+
+    ``items`` is a ``trace_layout.layout`` stream, or a ``layout_bulk`` one (much faster: its op
+    slices come per compute, as ``OpBatch`` items; with ``compute_batches=True`` its layer slices
+    too, in ``ComputeBatch`` items)."""
+    w = _Writer(out)
+    # What exists now (modules, the caller's data) need not be scanned by the collections that a
+    # long conversion triggers: set it aside meanwhile (unless the application froze objects).
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
+    ok = False
+    try:
+        for it in items:
+            w.item(it)
+        if w.pending:
+            w.flush()
+        ok = True
+    finally:
+        w.out.close(ok)
+        if freeze:
+            gc.unfreeze()
+    out.write(b"\n]\n" if w.n else b"[]\n")
+    return w.n

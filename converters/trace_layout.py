@@ -9,6 +9,11 @@ apart. Layout, per session (one process):
   Ops outside any layer (embedding lookup, final norm, output projection) sit in the compute.
 * ``thread N`` (verbose logs): per op, the part of its wall time worker N was busy.
 * counters: ``tokens/s``, ``KV cache cells``, ``memory: weights`` / ``KV cache`` / ``compute``.
+
+``layout`` yields one item per track, slice and sample. ``layout_bulk`` yields the same content
+for writers that work in bulk: the op slices of a compute whose ops a bulk reader kept as columns
+(a ``PackedCompute``) come as one ``OpBatch``, and with ``compute_batches`` each compute's slice,
+layer slices and ops as one ``ComputeBatch``.
 """
 
 from __future__ import annotations
@@ -16,12 +21,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from . import derive
 from .session import (
     Compute,
     Event,
+    Graph,
+    LayerSpan,
+    Node,
     OpTiming,
     SessionEnded,
     SessionInfo,
@@ -76,6 +84,88 @@ class Sample:
 Item = Track | Slice | Sample
 
 
+@dataclass(eq=False)
+class PackedCompute(Compute):
+    """A compute whose timed ops are columns instead of ``OpTiming`` objects (``ops`` is empty).
+
+    Made by a bulk reader (``perfetto_fast.iter_events_packed``) from well-formed records only;
+    the columns say exactly what ``ops`` would have said, and ``unpack()`` gives that list. The
+    columns and ``op_fused`` are read-only: computes of the same graph may share them.
+    """
+
+    op_node: Any = None  # int64 array: the graph node index of each timed op, in log order
+    op_start: Any = None  # int64 array: absolute start (ns)
+    op_dur: Any = None  # int64 array: duration (ns)
+    op_fused: dict[int, list[int]] = field(default_factory=dict)  # op position -> fused nodes
+
+    def unpack(self) -> list[OpTiming]:
+        assert self.graph is not None
+        nodes = self.graph.nodes
+        fused = self.op_fused
+        return [
+            OpTiming(node=nodes[i], start=s, dur=d, fused=[nodes[j] for j in fused.get(k, ())])
+            for k, (i, s, d) in enumerate(
+                zip(
+                    self.op_node.tolist(), self.op_start.tolist(), self.op_dur.tolist(), strict=True
+                )
+            )
+        ]
+
+    def unpacked(self) -> Compute:
+        """The plain compute a per-op reader would have made."""
+        return Compute(
+            step=self.step,
+            ubatch=self.ubatch,
+            graph=self.graph,
+            start=self.start,
+            dur=self.dur,
+            n_tokens=self.n_tokens,
+            n_threads=self.n_threads,
+            status=self.status,
+            layers=self.layers,
+            ops=self.unpack(),
+        )
+
+
+@dataclass
+class OpBatch:
+    """Bulk layouts only: the op slices of one packed compute, on ``track``, in one item.
+
+    They are the slices a per-op layout yields for ``compute``'s ops (``op_static_args``,
+    ``op_rates``; depth 3 inside a layer, else 2), only those of ``layer`` when it is set.
+    """
+
+    track: int
+    compute: PackedCompute
+    layer: int | None
+
+
+@dataclass
+class ComputeBatch:
+    """``layout_bulk(..., compute_batches=True)`` only: a compute's slice, its layer slices (depth
+    2, category ``layer``, named ``layer N`` with args ``layer`` and ``n_ops``, on the compute's
+    track) and, if the compute is packed, its ``OpBatch``: the items a per-op layout yields for
+    the compute, up to the slices of an unpacked compute's ops (which follow one by one)."""
+
+    slice: Slice
+    layers: list[LayerSpan]
+    ops: OpBatch | None
+
+
+BulkItem = Item | OpBatch | ComputeBatch
+
+
+def _op_time(step: Step) -> int:
+    """``step.op_time``, counting packed ops too."""
+    total = 0
+    for c in step.computes:
+        if isinstance(c, PackedCompute):
+            total += sum(c.op_dur.tolist())
+        else:
+            total += sum(op.dur for op in c.ops)
+    return total
+
+
 @dataclass
 class LayoutStats:
     steps: int = 0
@@ -94,20 +184,25 @@ def _shape(shape: list[int]) -> str:
     return "[" + ", ".join(map(str, shape)) + "]"
 
 
-def _source_text(src: dict[str, Any], op: OpTiming, graph_nodes: list[Any]) -> str:
+def _source_text(src: dict[str, Any], graph_nodes: list[Any]) -> str:
     if "node" in src:
         n = graph_nodes[src["node"]]
         return f"{n.name} {n.dtype} {_shape(n.shape)}"
     return f"{src['name']} {src['type']} {_shape(src['shape'])} ({src['kind']})"
 
 
-def op_args(op: OpTiming, compute: Compute) -> dict[str, Any]:
-    node = op.node
-    graph = compute.graph
-    assert graph is not None
-    n_flops = derive.flops(node, graph) + sum(derive.flops(f, graph) for f in op.fused)
-    n_bytes = derive.bytes_moved(node, graph) + sum(derive.bytes_moved(f, graph) for f in op.fused)
-    args: dict[str, Any] = {
+def op_static_args(
+    node: Node, fused: list[Node], graph: Graph
+) -> tuple[dict[str, Any], int, int, dict[str, Any]]:
+    """What an op's args say that does not depend on its timing: ``(head, flops, bytes, tail)``.
+
+    An op's args are ``head``, then ``gflop_per_s`` and ``gb_per_s`` (``flops`` and ``bytes``
+    over its duration), then ``tail``, then its tensor stats if any (see ``op_args``). A graph
+    node's static args repeat every step, so bulk writers compute them once per node.
+    """
+    n_flops = derive.flops(node, graph) + sum(derive.flops(f, graph) for f in fused)
+    n_bytes = derive.bytes_moved(node, graph) + sum(derive.bytes_moved(f, graph) for f in fused)
+    head: dict[str, Any] = {
         "op": node.label,
         "node": node.name,
         "node_index": node.i,
@@ -116,21 +211,37 @@ def op_args(op: OpTiming, compute: Compute) -> dict[str, Any]:
         "shape": _shape(node.shape),
         "dtype": node.dtype,
         "bytes": node.bytes,
-        "sources": "; ".join(_source_text(s, op, graph.nodes) for s in node.src),
+        "sources": "; ".join(_source_text(s, graph.nodes) for s in node.src),
         "category": derive.category(node),
         "est_flops": n_flops,
         "est_bytes_moved": n_bytes,
-        "gflop_per_s": round(derive.gflops_per_s(n_flops, op.dur), 3),
-        "gb_per_s": round(derive.gbytes_per_s(n_bytes, op.dur), 3),
     }
+    tail: dict[str, Any] = {}
     w = derive.weight_source(node)
     if w is not None:
-        args["weight"] = w["name"]
-        args["weight_type"] = w["type"]
-    if op.fused:
-        args["fused"] = ", ".join(f"{f.name} ({f.label})" for f in op.fused)
+        tail["weight"] = w["name"]
+        tail["weight_type"] = w["type"]
+    if fused:
+        tail["fused"] = ", ".join(f"{f.name} ({f.label})" for f in fused)
     if node.flags:
-        args["flags"] = ",".join(node.flags)
+        tail["flags"] = ",".join(node.flags)
+    return head, n_flops, n_bytes, tail
+
+
+def op_rates(n_flops: int, n_bytes: int, dur: int) -> tuple[float, float]:
+    """``(gflop_per_s, gb_per_s)`` as the args show them."""
+    return (
+        round(derive.gflops_per_s(n_flops, dur), 3),
+        round(derive.gbytes_per_s(n_bytes, dur), 3),
+    )
+
+
+def op_args(op: OpTiming, compute: Compute) -> dict[str, Any]:
+    graph = compute.graph
+    assert graph is not None
+    args, n_flops, n_bytes, tail = op_static_args(op.node, op.fused, graph)
+    args["gflop_per_s"], args["gb_per_s"] = op_rates(n_flops, n_bytes, op.dur)
+    args.update(tail)
     if op.stats is not None:
         mn, mx, mean, std, n_nan, n_inf = op.stats
         args.update(
@@ -147,9 +258,18 @@ def op_args(op: OpTiming, compute: Compute) -> dict[str, Any]:
 
 
 class _SessionLayout:
-    def __init__(self, info: SessionInfo, index: int, sel: Selection) -> None:
+    def __init__(
+        self,
+        info: SessionInfo,
+        index: int,
+        sel: Selection,
+        bulk: bool = False,
+        compute_batches: bool = False,
+    ) -> None:
         self.info = info
         self.sel = sel
+        self.bulk = bulk
+        self.compute_batches = compute_batches
         sid = info.sid
         self.pid = 1000 + index
         self.process = Track(
@@ -175,6 +295,58 @@ class _SessionLayout:
             "cells",
         )
         self.threads: dict[int, Track] = {}
+        # served requests (instr serve): lanes of non-overlapping requests, each a track
+        self.req_lanes: list[tuple[Track, int]] = []  # (track, end of its last request)
+        self.req_done = 0
+
+    def requests(self) -> Iterator[Item]:
+        """Slices for the request records read since the last call. Requests overlap in time
+        (they queue for the model), and slices on one track must nest, so each goes on the first
+        lane free at its arrival: "requests", "requests (2)", ... above the decode steps. Inside
+        each: time to first token, and within it the wait for the model."""
+        reqs = self.info.requests
+        while self.req_done < len(reqs):
+            r = reqs[self.req_done]
+            self.req_done += 1
+            try:
+                t0 = int(r["t_arrive"])
+                dur = int(r["dur"] or 0)
+            except (KeyError, TypeError, ValueError):
+                continue
+            lane = next((i for i, (_, end) in enumerate(self.req_lanes) if end <= t0), None)
+            if lane is None:
+                lane = len(self.req_lanes)
+                name = "requests" if lane == 0 else f"requests ({lane + 1})"
+                tr = Track(
+                    track_uuid(self.info.sid, "requests", lane),
+                    name,
+                    self.process.uuid,
+                    "slices",
+                    -100 + lane,  # above the steps tracks (order = context id)
+                    self.pid,
+                )
+                self.req_lanes.append((tr, t0))
+                yield tr
+            track = self.req_lanes[lane][0]
+            self.req_lanes[lane] = (track, t0 + dur)
+            args = {
+                "id": r.get("id"),
+                "endpoint": r.get("endpoint"),
+                "status": r.get("status"),
+                "stream": bool(r.get("stream")),
+                "wait_ms": (r.get("wait") or 0) / 1e6,
+                "ttft_ms": (r.get("ttft") or 0) / 1e6 if r.get("ttft") is not None else None,
+                "prompt_tokens": r.get("prompt_tokens"),
+                "gen_tokens": r.get("gen_tokens"),
+            }
+            name = f"{r.get('method', '')} {r.get('endpoint', '')} {r.get('id', '')}".strip()
+            yield Slice(track.uuid, name, t0, dur, 0, "request", args)
+            if r.get("ttft") is not None:
+                yield Slice(track.uuid, "time to first token", t0, int(r["ttft"]), 1, "request", {})
+            if r.get("wait"):
+                yield Slice(
+                    track.uuid, "waiting for the model", t0, int(r["wait"]), 2, "request", {}
+                )
 
     def start(self) -> Iterator[Item]:
         info = self.info
@@ -242,7 +414,7 @@ class _SessionLayout:
             self.step_tracks[ctx] = tr
             yield tr
 
-    def step(self, step: Step, stats: LayoutStats) -> Iterator[Item]:
+    def step(self, step: Step, stats: LayoutStats) -> Iterator[BulkItem]:
         if not self.sel.wants_step(step):
             return
         stats.steps += 1
@@ -258,8 +430,12 @@ class _SessionLayout:
             "status": step.status if step.status is not None else "not ended",
             "kv_used": step.kv_used,
             "ended": step.ended,
-            "op_time_ns": step.op_time,
+            "op_time_ns": _op_time(step),
         }
+        if step.request is not None:
+            args["request"] = step.request
+        if step.seqs:
+            args["seqs"] = " ".join(f"{q}:{n}@{p0}..{p1}" for q, n, p0, p1 in step.seqs)
         if step.tokens:
             args["token_ids"] = ",".join(map(str, step.tokens[:64]))
             args["text"] = text[:512]
@@ -275,9 +451,9 @@ class _SessionLayout:
         for c in step.computes:
             yield from self.compute(c, track, stats)
 
-    def compute(self, c: Compute, track: int, stats: LayoutStats) -> Iterator[Item]:
+    def compute(self, c: Compute, track: int, stats: LayoutStats) -> Iterator[BulkItem]:
         stats.computes += 1
-        yield Slice(
+        compute = Slice(
             track,
             f"compute ubatch {c.ubatch}",
             c.start,
@@ -291,22 +467,43 @@ class _SessionLayout:
                 "n_threads": c.n_threads,
             },
         )
-        for lay in c.layers:
-            if self.sel.layer is not None and lay.layer != self.sel.layer:
-                continue
-            stats.layers += 1
-            yield Slice(
-                track,
-                f"layer {lay.layer}",
-                lay.start,
-                lay.dur,
-                2,
-                "layer",
-                {"layer": lay.layer, "n_ops": lay.n_ops},
-            )
-        if not self.sel.ops or c.graph is None:
-            return
-        for op in c.ops:
+        spans = c.layers
+        if self.sel.layer is not None:
+            spans = [lay for lay in spans if lay.layer == self.sel.layer]
+        stats.layers += len(spans)
+        batch: OpBatch | None = None
+        ops = c.ops if self.sel.ops and c.graph is not None else []
+        if isinstance(c, PackedCompute) and self.sel.ops:
+            if self.bulk:
+                if self.sel.layer is None:
+                    n = len(c.op_node)
+                else:
+                    assert c.graph is not None
+                    nodes = c.graph.nodes
+                    n = sum(1 for i in c.op_node.tolist() if nodes[i].layer == self.sel.layer)
+                stats.ops += n
+                if n:
+                    batch = OpBatch(track, c, self.sel.layer)
+                ops = []
+            else:
+                ops = c.unpack()
+        if self.compute_batches:
+            yield ComputeBatch(compute, spans, batch)
+        else:
+            yield compute
+            for lay in spans:
+                yield Slice(
+                    track,
+                    f"layer {lay.layer}",
+                    lay.start,
+                    lay.dur,
+                    2,
+                    "layer",
+                    {"layer": lay.layer, "n_ops": lay.n_ops},
+                )
+            if batch is not None:
+                yield batch
+        for op in ops:
             layer = op.node.layer
             if self.sel.layer is not None and layer != self.sel.layer:
                 continue
@@ -332,13 +529,33 @@ class _SessionLayout:
 
 def layout(events: Iterator[Event], sel: Selection, stats: LayoutStats) -> Iterator[Item]:
     """Turn session-model events into tracks, slices and samples (streaming)."""
+    return cast(Iterator[Item], _layout(events, sel, stats, bulk=False))
+
+
+def layout_bulk(
+    events: Iterator[Event], sel: Selection, stats: LayoutStats, *, compute_batches: bool = False
+) -> Iterator[BulkItem]:
+    """``layout``, except that the ops of a ``PackedCompute`` come as one ``OpBatch``, and with
+    ``compute_batches`` each compute's items as one ``ComputeBatch``."""
+    return _layout(events, sel, stats, bulk=True, compute_batches=compute_batches)
+
+
+def _layout(
+    events: Iterator[Event],
+    sel: Selection,
+    stats: LayoutStats,
+    bulk: bool,
+    compute_batches: bool = False,
+) -> Iterator[BulkItem]:
     sessions: dict[str, _SessionLayout] = {}
     for ev in events:
         if isinstance(ev, SessionStarted):
-            lay = _SessionLayout(ev.session, len(sessions), sel)
+            lay = _SessionLayout(ev.session, len(sessions), sel, bulk, compute_batches)
             sessions[ev.session.sid] = lay
             yield from lay.start()
         elif isinstance(ev, StepDone):
-            yield from sessions[ev.session.sid].step(ev.step, stats)
+            lay = sessions[ev.session.sid]
+            yield from lay.requests()
+            yield from lay.step(ev.step, stats)
         elif isinstance(ev, SessionEnded):
-            pass
+            yield from sessions[ev.session.sid].requests()

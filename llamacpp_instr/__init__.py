@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from llamacpp_instr.converters import load_session
+from llamacpp_instr.converters.trace import to_perfetto
 
 __version__ = "0.1.0"
 
@@ -26,4 +27,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'llamacpp_instr' has no attribute {name!r}")
 
 
-__all__ = ["InstrSession", "__version__", "load_session", "session"]
+__all__ = ["InstrSession", "__version__", "load_session", "session", "to_perfetto"]

@@ -204,6 +204,14 @@ def test_a_batch_of_several_sequences_is_recorded_per_sequence(
     assert f.seqs[["step", "seq", "n_tokens", "pos0", "pos1"]].values.tolist() == [
         [0, s, len(t), 0, len(t) - 1] for s, t in prompts.items()
     ] + [[1, s, 1, len(t), len(t)] for s, t in prompts.items()]
+    # and the trace's step slices say it in their args
+    trace = json.loads(llamacpp_instr.to_perfetto(log, tmp_path / "t.json", fmt="json").read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    steps = [e for e in events if e.get("cat") == "step" and e.get("ph") in ("X", "B")]
+    assert [e["args"]["seqs"] for e in steps] == [
+        " ".join(f"{s}:{len(t)}@0..{len(t) - 1}" for s, t in prompts.items()),
+        " ".join(f"{s}:1@{len(t)}..{len(t)}" for s, t in prompts.items()),
+    ]
 
 
 def test_one_sequence_other_than_zero(instr_api: Any, tiny_llama_f32: Path, tmp_path: Path) -> None:

@@ -166,3 +166,40 @@ def test_summary_gives_request_latency_percentiles(served: Any) -> None:
     f = load_session(served["log"])
     assert sorted(f.requests["id"].astype(str)) == sorted(x["id"] for x in reqs)
     assert f.steps["request"].notna().all()
+
+
+def test_the_trace_has_a_requests_track(served: Any, tmp_path: Path) -> None:
+    """Perfetto: requests on lanes above the steps (one slice per request, time to first token
+    nested), the steps carrying their request id; the fast encoder equals the reference."""
+    from test_perfetto_fast import assert_same
+
+    from llamacpp_instr import to_perfetto
+
+    out = to_perfetto(served["log"], tmp_path / "t.pftrace")
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    trace = pb.Trace()
+    trace.ParseFromString(out.read_bytes())
+    tracks = {
+        p.track_descriptor.uuid: p.track_descriptor.name
+        for p in trace.packet
+        if p.HasField("track_descriptor")
+    }
+    lanes = {u for u, n in tracks.items() if n.startswith("requests")}
+    assert lanes and "requests" in tracks.values()
+    names: dict[int, str] = {}
+    for p in trace.packet:
+        for e in p.interned_data.event_names:
+            names[e.iid] = e.name
+    begins = [
+        p.track_event
+        for p in trace.packet
+        if p.HasField("track_event")
+        and p.track_event.type == pb.TrackEvent.TYPE_SLICE_BEGIN
+        and p.track_event.track_uuid in lanes
+    ]
+    titles = [names.get(e.name_iid, e.name) for e in begins]
+    reqs = [x for x in served["records"] if x["type"] == "request"]
+    assert sum(t.startswith(("POST ", "GET ")) for t in titles) == len(reqs)
+    assert titles.count("time to first token") == sum(x["ttft"] is not None for x in reqs)
+    assert_same(served["log"])

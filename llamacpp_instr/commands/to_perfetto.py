@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from llamacpp_instr.converters.trace import default_output
+
 
 def _steps(value: str | None) -> tuple[int, int] | None:
     if not value:
@@ -64,33 +66,12 @@ def command(
     achieved GFLOP/s and GB/s), per-thread tracks for verbose logs, and counters (tokens/s, KV
     cache cells, memory). Damaged lines are skipped and reported on stderr.
     """
-    from llamacpp_instr.converters.reader import ReadReport
-    from llamacpp_instr.converters.session import iter_events
-    from llamacpp_instr.converters.trace_layout import LayoutStats, Selection, layout
+    from llamacpp_instr.converters.trace import convert
+    from llamacpp_instr.converters.trace_layout import Selection
 
     sel = Selection(layer=layer, steps=_steps(steps), ops=not no_ops)
     out = output or default_output(log, fmt)
-    report = ReadReport()
-    stats = LayoutStats()
-    items = layout(iter_events(log, strict=strict, report=report), sel, stats)
-    tmp = out.with_name(out.name + ".partial")
-    try:
-        with tmp.open("wb") as f:
-            if fmt == "json":
-                from llamacpp_instr.converters.chrome_json import write_chrome_json
-
-                write_chrome_json(_progress(items, log), f)
-            else:
-                from llamacpp_instr.converters.perfetto_writer import write_perfetto
-
-                write_perfetto(_progress(items, log), f)
-        tmp.replace(out)
-    except OSError as exc:
-        from llamacpp_instr.converters.errors import UserError
-
-        raise UserError(f"cannot write {out}: {exc.strerror}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    stats, report = convert(log, out, fmt, sel, strict, wrap=lambda items: _progress(items, log))
     if report.summary():
         click.echo(report.summary(), err=True)
     click.echo(
@@ -98,17 +79,6 @@ def command(
         f"{stats.layers} layer spans, {stats.ops} ops",
         err=True,
     )
-
-
-def default_output(log: Path, fmt: str) -> Path:
-    """LOG with its extension replaced (``.gz`` first): ``session.log`` and ``session.log.gz`` ->
-    ``session.pftrace``, or ``session.json`` with ``--format json``."""
-    suffix = ".json" if fmt == "json" else ".pftrace"
-    base = log.with_suffix("") if log.suffix == ".gz" else log
-    out = base.with_suffix(suffix) if base.name and base.stem else log.with_name(log.name + suffix)
-    if out == log:  # a log already named like its trace: never write over the input
-        out = log.with_name(log.name + suffix)
-    return out
 
 
 def _progress(items, log: Path):  # type: ignore[no-untyped-def]

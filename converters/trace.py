@@ -1,0 +1,85 @@
+"""A session log to a trace file: the reader, the layout and a writer, wired once for
+``instr to-perfetto`` and for ``llamacpp_instr.to_perfetto``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+from .reader import ReadReport
+from .trace_layout import LayoutStats, Selection
+
+FORMATS = ("pftrace", "json")
+
+
+def default_output(log: Path, fmt: str) -> Path:
+    """LOG with its extension replaced (``.gz`` first): ``session.log`` and ``session.log.gz`` ->
+    ``session.pftrace``, or ``session.json`` for Chrome JSON."""
+    suffix = ".json" if fmt == "json" else ".pftrace"
+    base = log.with_suffix("") if log.suffix == ".gz" else log
+    out = base.with_suffix(suffix) if base.name and base.stem else log.with_name(log.name + suffix)
+    if out == log:  # a log already named like its trace: never write over the input
+        out = log.with_name(log.name + suffix)
+    return out
+
+
+def convert(
+    log: Path,
+    out: Path,
+    fmt: str = "pftrace",
+    sel: Selection | None = None,
+    strict: bool = False,
+    wrap: Callable[[Iterator[Any]], Iterator[Any]] | None = None,
+) -> tuple[LayoutStats, ReadReport]:
+    """Write the trace of ``log`` to ``out`` (via a temporary file: ``out`` is complete or
+    absent). ``wrap`` sees the layout's items on their way to the writer (a progress bar)."""
+    from .perfetto_fast import iter_events_packed
+    from .trace_layout import layout_bulk
+
+    if fmt not in FORMATS:
+        raise UserError(f"unknown trace format {fmt!r}: choose {' or '.join(FORMATS)}")
+    sel = sel or Selection()
+    report = ReadReport()
+    stats = LayoutStats()
+    tmp = out.with_name(out.name + ".partial")
+    try:
+        with tmp.open("wb") as f:
+            events = iter_events_packed(log, strict=strict, report=report)
+            items: Iterator[Any] = layout_bulk(events, sel, stats, compute_batches=True)
+            if wrap is not None:
+                items = wrap(items)
+            if fmt == "json":
+                from .chrome_json import write_chrome_json
+
+                write_chrome_json(items, f)
+            else:
+                # the fast encoder; perfetto_writer.write_perfetto is its reference
+                from .perfetto_fast import write_perfetto_fast
+
+                write_perfetto_fast(items, f)
+        tmp.replace(out)
+    except OSError as exc:
+        raise UserError(f"cannot write {out}: {exc.strerror}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return stats, report
+
+
+def to_perfetto(
+    log: str | Path,
+    output: str | Path | None = None,
+    *,
+    fmt: str = "pftrace",
+    layer: int | None = None,
+    steps: tuple[int, int] | None = None,
+    ops: bool = True,
+    strict: bool = False,
+) -> Path:
+    """Convert a session log to a Perfetto trace (or Chrome JSON with ``fmt="json"``) and return
+    its path: ``output``, or the log's name with ``.pftrace`` / ``.json``."""
+    log = Path(log)
+    out = Path(output) if output is not None else default_output(log, fmt)
+    convert(log, out, fmt, Selection(layer=layer, steps=steps, ops=ops), strict)
+    return out

@@ -1,0 +1,520 @@
+"""The fast Perfetto encoder writes what the reference writer writes.
+
+Both traces are decoded with Perfetto's own protos, compressed bundles inflated and interning
+resolved, and compared packet by packet: the same track descriptors in the same places, and the same
+events (track, type, timestamp, name, categories, args, counter value) in the same order.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import math
+import os
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from google.protobuf.json_format import MessageToDict
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+from llamacpp_instr.cli import main
+from llamacpp_instr.converters import perfetto_fast
+from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.converters.perfetto_fast import iter_events_packed, write_perfetto_fast
+from llamacpp_instr.converters.perfetto_writer import write_perfetto
+from llamacpp_instr.converters.session import iter_events
+from llamacpp_instr.converters.trace_layout import (
+    LayoutStats,
+    OpBatch,
+    PackedCompute,
+    Sample,
+    Selection,
+    Slice,
+    layout,
+    layout_bulk,
+)
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REAL_FIXTURES = sorted(FIXTURES.glob("*.log.gz"))
+
+
+def packets(data: bytes) -> list[Any]:
+    """The trace's packets, compressed bundles inflated in place."""
+    trace = pb.Trace()
+    trace.ParseFromString(data)
+    out: list[Any] = []
+    for p in trace.packet:
+        if p.HasField("compressed_packets"):
+            assert len(p.ListFields()) == 1
+            out.extend(packets(zlib.decompress(p.compressed_packets)))
+        else:
+            out.append(p)
+    return out
+
+
+def _value(a: Any, strings: dict[int, str]) -> Any:
+    kind = a.WhichOneof("value")
+    v = getattr(a, kind)
+    if kind == "string_value_iid":  # an interned string value
+        return "string_value", strings[v]
+    if isinstance(v, float):
+        return kind, v.hex() if not math.isnan(v) else "nan"  # bit-exact, NaN equal to NaN
+    return kind, v
+
+
+def resolved(data: bytes) -> list[tuple[Any, ...]]:
+    """Every packet as what it says, interning resolved; checks the sequence's invariants."""
+    pk = packets(data)
+    assert pk, "empty trace"
+    seq = pk[0].trusted_packet_sequence_id
+    assert pk[0].sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+    names: dict[int, str] = {}
+    arg_names: dict[int, str] = {}
+    strings: dict[int, str] = {}
+    categories: dict[int, str] = {}
+    out: list[tuple[Any, ...]] = []
+    for k, p in enumerate(pk):
+        assert p.trusted_packet_sequence_id == seq
+        assert k == 0 or not p.sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+        idata = p.interned_data
+        for table, entries in (
+            (names, [(e.iid, e.name) for e in idata.event_names]),
+            (arg_names, [(e.iid, e.name) for e in idata.debug_annotation_names]),
+            (strings, [(e.iid, e.str.decode()) for e in idata.debug_annotation_string_values]),
+            (categories, [(e.iid, e.name) for e in idata.event_categories]),
+        ):
+            for iid, s in entries:
+                assert iid not in table, "an interned string defined twice"
+                table[iid] = s
+        if p.HasField("track_descriptor"):
+            assert not p.HasField("track_event")
+            out.append(("track", MessageToDict(p.track_descriptor)))
+            continue
+        assert p.HasField("track_event") and p.HasField("timestamp")
+        assert p.sequence_flags & pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
+        e = p.track_event
+        args = [(arg_names[a.name_iid], _value(a, strings)) for a in e.debug_annotations]
+        cats = tuple(categories[c] for c in e.category_iids) + tuple(e.categories)
+        assert len(dict(args)) == len(args), "an arg given twice"
+        out.append(
+            (
+                "event",
+                e.track_uuid,
+                e.type,
+                p.timestamp,
+                names[e.name_iid] if e.HasField("name_iid") else None,
+                cats,
+                tuple(args),  # in order: the UI lists args as written
+                e.double_counter_value if e.HasField("double_counter_value") else None,
+            )
+        )
+    return out
+
+
+def reference(log: Path, sel: Selection | None = None) -> bytes:
+    buf = io.BytesIO()
+    write_perfetto(layout(iter_events(log), sel or Selection(), LayoutStats()), buf)
+    return buf.getvalue()
+
+
+def fast(
+    log: Path,
+    sel: Selection | None = None,
+    compress: bool | None = None,
+    compute_batches: bool = True,
+    flush_rows: int | None = None,
+) -> tuple[bytes, int]:
+    """The fast trace, and how many computes came from a template."""
+    buf = io.BytesIO()
+    items = layout_bulk(
+        iter_events_packed(log), sel or Selection(), LayoutStats(), compute_batches=compute_batches
+    )
+    w = perfetto_fast._Writer(buf, compress)
+    saved = perfetto_fast.FLUSH_ROWS
+    perfetto_fast.FLUSH_ROWS = flush_rows or saved
+    try:
+        w.write(items)
+    finally:
+        perfetto_fast.FLUSH_ROWS = saved
+    return buf.getvalue(), w.templated
+
+
+def assert_same(log: Path, sel: Selection | None = None) -> list[tuple[Any, ...]]:
+    """The fast traces (plain and compressed, bulk items or not, flushed at each step so that
+    computes come from templates, or in big flushes) decode to the reference's."""
+    want = resolved(reference(log, sel))
+    for compress, compute_batches, flush_rows in (
+        (False, True, 1),
+        (True, True, 1),
+        (False, True, 300),
+        (False, True, None),
+        (False, False, 1),
+    ):
+        data, _ = fast(log, sel, compress, compute_batches, flush_rows)
+        got = resolved(data)
+        assert len(got) == len(want)
+        for k, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert g == w, f"packet {k} differs ({compress=}, {compute_batches=}, {flush_rows=})"
+    return want
+
+
+def plain_copy(src: Path, dest_dir: Path) -> Path:
+    dest = dest_dir / src.name.removesuffix(".gz")
+    with gzip.open(src, "rb") as f:
+        dest.write_bytes(f.read())
+    return dest
+
+
+@pytest.mark.parametrize("fixture", REAL_FIXTURES, ids=lambda p: p.name)
+def test_fixture_logs_same_trace(fixture: Path) -> None:
+    res = assert_same(fixture)
+    n_ops = sum(1 for r in res if r[0] == "event" and r[5] == ("op",))
+    assert n_ops > 0 or "minimal" in fixture.name
+
+
+@pytest.mark.parametrize(
+    "sel",
+    [
+        Selection(layer=1),
+        Selection(layer=0, steps=(1, 3)),
+        Selection(steps=(1, 3)),
+        Selection(steps=(2, 1 << 62)),
+        Selection(ops=False),
+        Selection(layer=99),
+    ],
+    ids=["layer", "layer+steps", "steps", "steps-open", "no-ops", "no-such-layer"],
+)
+def test_selections_same_trace(sel: Selection) -> None:
+    assert_same(FIXTURES / "tiny-llama-detailed.log.gz", sel)
+    assert_same(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz", sel)
+
+
+def test_verbose_log_same_trace() -> None:
+    res = assert_same(FIXTURES / "tiny-llama-verbose.log.gz")
+    tracks = [r[1]["name"] for r in res if r[0] == "track"]
+    assert any(t.startswith("thread ") for t in tracks)
+
+
+def repeat_steps(src: Path, dest: Path, n: int, edit: Any = None) -> Path:
+    """A longer log: the source's first steps, then its last generation step ``n`` times more
+    (renumbered, later in time), as bench/convert.py makes big logs; ``edit(k, records)`` may
+    change the records of repeat k."""
+    recs = [json.loads(line) for line in gzip.open(src, "rt", encoding="utf-8")]
+    last = max(r["step"] for r in recs if r["type"] == "step_begin")
+    group = [r for r in recs if r.get("step") == last and r["type"] != "graph"]
+    end = [r for r in recs if r["type"] == "session_end"]
+    out = [r for r in recs if r["type"] != "session_end"]
+    t0 = min(r["ts"] for r in group)
+    span = max(r["ts"] for r in recs) - t0 + 1000
+    for k in range(n):
+        copy = json.loads(json.dumps(group))
+        for r in copy:
+            r["step"] = last + 1 + k
+            for f in ("ts", "t_start"):
+                if f in r:
+                    r[f] += span * (k + 1)
+        out += edit(k, copy) if edit else copy
+    out += [dict(r, ts=r["ts"] + span * (n + 1)) for r in end]
+    dest.write_text("".join(json.dumps(r) + "\n" for r in out))
+    return dest
+
+
+def test_bulk_paths_are_taken(tmp_path: Path) -> None:
+    """A detailed log's computes are packed, and all but the first few come from templates:
+    else this module would test little that is new."""
+    log = repeat_steps(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz", tmp_path / "r.log", 12)
+    items = list(layout_bulk(iter_events_packed(log), Selection(), LayoutStats()))
+    assert any(isinstance(it, OpBatch) for it in items)
+    n_computes = sum(1 for it in items if isinstance(it, Slice) and it.category == "compute")
+    _, templated = fast(log, flush_rows=1)
+    assert n_computes >= 14 and templated >= n_computes - 4
+    _, templated = fast(log, flush_rows=300)
+    assert templated >= n_computes - 6
+    assert_same(log)
+
+
+@pytest.mark.parametrize(
+    "sel",
+    [Selection(layer=1), Selection(ops=False), Selection(steps=(3, 9))],
+    ids=["layer", "no-ops", "steps"],
+)
+def test_templates_with_selections(sel: Selection, tmp_path: Path) -> None:
+    log = repeat_steps(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path / "r.log", 10)
+    assert fast(log, sel, flush_rows=1)[1] >= 4
+    assert_same(log, sel)
+
+
+def test_computes_unlike_their_template(tmp_path: Path) -> None:
+    """Repeats whose rows sort differently (zero-length ops, equal timestamps, ops out of
+    order) or whose timestamps change length: encoded by the general path, still the same."""
+
+    def edit(k: int, recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        c = next(r for r in recs if r["type"] == "compute")
+        ops = c["ops"]
+        if k == 4:
+            ops[3][2] = 0
+        elif k == 5:
+            ops[6][1] = ops[5][1]
+        elif k == 6:
+            ops[8][1], ops[9][1] = ops[9][1], ops[8][1]
+        elif k == 7:
+            c["layers"][1][2] = 0  # a zero-length layer
+        elif k == 8:  # timestamps a byte longer as varints
+            for r in recs:
+                for f in ("ts", "t_start"):
+                    if f in r:
+                        r[f] += 1 << 42
+        return recs
+
+    log = repeat_steps(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path / "r.log", 14, edit)
+    assert fast(log, flush_rows=1)[1] >= 4
+    assert_same(log)
+
+
+def test_several_sessions_same_trace(tmp_path: Path) -> None:
+    a = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
+    b = plain_copy(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz", tmp_path)
+    both = tmp_path / "both.log"
+    both.write_bytes(a.read_bytes() + b.read_bytes())
+    res = assert_same(both)
+    assert sum(1 for r in res if r[0] == "track" and "process" in r[1]) == 2
+
+
+def _rewrite(src: Path, dest: Path, edit: Any) -> Path:
+    recs = [json.loads(line) for line in gzip.open(src, "rt", encoding="utf-8")]
+    dest.write_text("".join(json.dumps(r) + "\n" for r in edit(recs)))
+    return dest
+
+
+def test_records_left_to_the_per_op_reader(tmp_path: Path) -> None:
+    """Records that the per-op reader skips or reads in part are left to it; values that it
+    converts with int() are converted the same in bulk."""
+    src = FIXTURES / "tiny-llama-detailed.log.gz"
+
+    def edit(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        c = [r for r in recs if r["type"] == "compute"]
+        assert len(c) >= 4 and all(len(x["ops"]) > 20 for x in c)
+        c[0]["ops"][0][1] = -5  # negative offset: the per-op reader skips the record
+        c[1]["ops"][0][0] = 10**6  # a node outside the graph: that op is dropped
+        c[2]["ops"][2][2] = 7.5  # a float duration: int() makes it 7, in bulk too
+        c[2]["ops"][3][1] = " 12 "  # a string offset: int() reads it
+        c[2]["ops"][4][0] = True  # a bool node index: 1
+        c[3]["ops"][3] = c[3]["ops"][3][:3] + [[0, 10**6]]  # fused, out of range: dropped
+        return recs
+
+    log = _rewrite(src, tmp_path / "odd.log", edit)
+    assert_same(log)
+    steps = [ev.step for ev in iter_events_packed(log) if hasattr(ev, "step")]
+    packed = [isinstance(c, PackedCompute) for s in steps for c in s.computes]
+    assert packed == [False, True, False]  # (the first is skipped) int() values read in bulk
+
+
+@pytest.mark.parametrize("flush_rows", [1, perfetto_fast.FLUSH_ROWS])
+def test_odd_values_in_packed_computes(
+    flush_rows: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(perfetto_fast, "FLUSH_ROWS", flush_rows)  # 1: each step on its own
+    src = FIXTURES / "tiny-llama-detailed.log.gz"
+
+    def edit(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        c = [r for r in recs if r["type"] == "compute"]
+        ops = c[1]["ops"]
+        ops[4] = ops[4][:3] + [[1, 2]]  # a fused op
+        ops[5][2] = 10**16  # a duration beyond 2**53: rates computed by Python
+        ops[6][2] = 3  # tiny duration: large rates
+        ops[8][1] = ops[7][1]  # equal starts: order and nesting at equal times
+        ops[9][2] = 0  # zero-length ops, one starting where another does
+        ops[10][1] = ops[9][1]
+        ops[11][2] = 0
+        ends = [r for r in recs if r["type"] == "step_end"]
+        ends[-1]["t_start"] = 2**63 + 5  # beyond int64: that batch is encoded row by row
+        return recs
+
+    log = _rewrite(src, tmp_path / "odd.log", edit)
+    assert_same(log)
+    steps = [ev.step for ev in iter_events_packed(log) if hasattr(ev, "step")]
+    assert all(isinstance(c, PackedCompute) for s in steps for c in s.computes)
+
+
+def test_log_cut_short_same_trace(tmp_path: Path) -> None:
+    """No session_end, the last step open: closed at the last timestamp by both readers."""
+
+    def edit(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        cut = max(i for i, r in enumerate(recs) if r["type"] == "step_end")
+        return recs[:cut]
+
+    log = _rewrite(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz", tmp_path / "cut.log", edit)
+    assert_same(log)
+
+
+def test_first_packet_an_event() -> None:
+    """Never from a layout (tracks come first), but the flags must still be right."""
+    items = [Slice(7, "x", 10, 5, 0, "step", {"a": 1}), Sample(8, 12, 1.5)]
+    ref, got = io.BytesIO(), io.BytesIO()
+    write_perfetto(items, ref)
+    write_perfetto_fast(items, got)
+    want = pb.Trace.FromString(ref.getvalue()).packet
+    have = pb.Trace.FromString(got.getvalue()).packet
+    assert [p.sequence_flags for p in have] == [p.sequence_flags for p in want] == [3, 2, 2]
+    assert [p.timestamp for p in have] == [p.timestamp for p in want]
+
+
+def test_tensor_stats_unpack(tmp_path: Path) -> None:
+    """Stats arriving for a detailed log's packed compute attach as the per-op reader does."""
+    src = FIXTURES / "tiny-llama-detailed.log.gz"
+
+    def edit(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for r in recs:
+            out.append(r)
+            if r["type"] == "compute" and r["step"] == 1:
+                nodes = [o[0] for o in r["ops"][:4]]
+                out.append(
+                    {
+                        "type": "tensor_stats",
+                        "ts": r["ts"],
+                        "sid": r["sid"],
+                        "ctx": r["ctx"],
+                        "step": r["step"],
+                        "ubatch": r["ubatch"],
+                        "stats": [[i, -1.5, 2.5, 0.25, 1.0, 0, 0] for i in nodes],
+                    }
+                )
+        return out
+
+    log = _rewrite(src, tmp_path / "stats.log", edit)
+    res = assert_same(log)
+    assert any(any(k == "out_mean" for k, _ in r[6]) for r in res if r[0] == "event")
+
+
+def test_rates_round_like_python() -> None:
+    """The vectorized round(x, 3) is Python's, including values at rounding boundaries."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    flops = np.concatenate(
+        [rng.integers(0, 10**12, 20000), np.array([5, 15, 25, 125, 1, 2**53, 0, 62500])]
+    )
+    durs = np.concatenate([rng.integers(1, 10**7, 20000), np.array([10, 10, 10, 1000, 3, 1, 1, 1])])
+    x = flops / durs
+    got = perfetto_fast._round3(x)
+    for v, g in zip(x.tolist(), got.tolist(), strict=True):
+        if not math.isnan(g):
+            assert g == round(v, 3)
+
+
+def test_cli_writes_the_fast_trace(tmp_path: Path) -> None:
+    log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
+    out = tmp_path / "t.pftrace"
+    r = CliRunner().invoke(main, ["to-perfetto", str(log), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert resolved(out.read_bytes()) == resolved(reference(log))
+    assert resolved(out.read_bytes()) == resolved(fast(log, compress=False)[0])
+
+
+def test_auto_compression_by_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    log = FIXTURES / "tiny-llama-detailed.log.gz"
+    plain = fast(log)[0]
+    assert not any(p.HasField("compressed_packets") for p in pb.Trace.FromString(plain).packet)
+    monkeypatch.setattr(perfetto_fast, "AUTO_COMPRESS", 1000)
+    monkeypatch.setattr(perfetto_fast, "CHUNK", 4096)
+    monkeypatch.setattr(perfetto_fast, "FLUSH_ROWS", 64)
+    small = fast(log)[0]
+    outer = pb.Trace.FromString(small).packet
+    assert len(outer) > 1 and all(p.HasField("compressed_packets") for p in outer)
+    assert resolved(small) == resolved(plain) and len(small) < len(plain) / 3
+
+
+def test_real_smollm2_detailed_log(smollm2_detailed: Any, tmp_path: Path) -> None:
+    log = tmp_path / "smollm2.log"
+    log.write_bytes(smollm2_detailed.path.read_bytes())
+    res = assert_same(log)
+    assert sum(1 for r in res if r[0] == "event" and r[5] == ("op",)) == sum(
+        len(c["ops"]) for c in smollm2_detailed.of("compute")
+    )
+    assert_same(log, Selection(layer=3, steps=(2, 9)))
+
+
+def test_real_smollm2_verbose_log(smollm2_verbose: Any, tmp_path: Path) -> None:
+    log = tmp_path / "smollm2-verbose.log"
+    log.write_bytes(smollm2_verbose.path.read_bytes())
+    res = assert_same(log)
+    assert any(r[1]["name"].startswith("thread ") for r in res if r[0] == "track")
+
+
+# ------------------------------------------------------------------ damaged logs, fuzzed
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=6,
+)
+_RECS = [
+    json.loads(line)
+    for name in ("tiny-llama-detailed.log.gz", "tiny-llama-verbose.log.gz")
+    for line in gzip.open(FIXTURES / name, "rt", encoding="utf-8")
+]
+
+
+def _outcome(write: Any) -> Any:
+    try:
+        return resolved(write())
+    except (ValueError, OverflowError, UserError) as exc:
+        return type(exc)  # the same failure (a value the protobuf encoding cannot hold)
+
+
+@settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")),
+    deadline=None,
+    derandomize="FUZZ_EXAMPLES" not in os.environ,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    edits=st.lists(
+        st.tuples(
+            st.integers(0, len(_RECS) - 1),
+            st.text(max_size=12),
+            _JSON,
+            st.integers(0, 2000),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    pick_existing=st.booleans(),
+)
+def test_fuzz_same_trace(
+    edits: list[tuple[int, str, Any, int]], pick_existing: bool, tmp_path: Path
+) -> None:
+    """Records with wrong types or values (also inside op entries): the same trace, or the
+    same failure, from both encoders."""
+    recs = json.loads(json.dumps(_RECS))
+    for i, key, value, pos in edits:
+        r = recs[i]
+        if r.get("ops") and pos % 3 == 0:  # somewhere in an op entry
+            entry = r["ops"][pos % len(r["ops"])]
+            entry[pos % len(entry)] = value
+            continue
+        if pick_existing and r:
+            key = sorted(r)[len(key) % len(r)]
+        r[key] = value
+    log = tmp_path / "fuzz.log"
+    log.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    try:
+        list(iter_events(log))
+    except UserError:
+        return
+    want = _outcome(lambda: reference(log))
+    for flush_rows in (1, None):
+        got = _outcome(lambda fr=flush_rows: fast(log, compress=False, flush_rows=fr)[0])
+        assert got == want

@@ -80,3 +80,45 @@ def test_quant_eval_layers_option(
     assert m["worst_layer"] in (0, 1) and m["final_rel_rms"] > 0
     html = CliRunner().invoke(main, [*args, "--layers", "--format", "html"]).stdout
     assert 'data-chart="layer_error"' in html and "error grows most at layer" in html
+
+
+@pytest.fixture(scope="module")
+def smollm2_q8(
+    instr_api: Any, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    from llamacpp_instr.commands.quantize import quantize_file
+
+    out = tmp_path_factory.mktemp("smol") / "smollm2-q8_0.gguf"
+    quantize_file(smollm2_path, out, "q8_0")
+    return out
+
+
+def test_layers_and_sweep_on_the_bundled_model(
+    smollm2_path: Path, smollm2_q8: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real model: an error figure for each of its 30 layers, and a one-type sweep."""
+    import json
+
+    from click.testing import CliRunner
+
+    from llamacpp_instr.cli import main
+
+    res = layer_errors(smollm2_path, [smollm2_q8], [[1] + list(range(300, 363))], 64, 2)
+    (m,) = res["models"]
+    assert [r["layer"] for r in m["layers"]] == list(range(30))
+    assert all(0 < r["l_out_rel_rms"] < 1 for r in m["layers"])
+    monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path / "cache"))
+    r = CliRunner().invoke(
+        main,
+        ["quant-sweep", str(smollm2_path), "--types", "q8_0", "--ctx", "64", "--chunks", "2"]
+        + ["--reps", "1", "-n", "4", "--format", "json"],
+    )
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    base, q8 = data["models"]
+    from test_quant import hand_bytes
+
+    # sizes as gguf-py counts them (the bundled base is Q4_1: its Q8_0 is larger)
+    assert base["bytes"] == hand_bytes(smollm2_path)
+    assert q8["type"] == "q8_0" and q8["bytes"] == hand_bytes(Path(q8["path"]))
+    assert q8["kld_mean"] > 0 and q8["same_top_p"] > 50

@@ -203,3 +203,26 @@ def test_the_trace_has_a_requests_track(served: Any, tmp_path: Path) -> None:
     assert sum(t.startswith(("POST ", "GET ")) for t in titles) == len(reqs)
     assert titles.count("time to first token") == sum(x["ttft"] is not None for x in reqs)
     assert_same(served["log"])
+
+
+def test_sigterm_ends_the_session_as_interrupted(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "term.log"
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llamacpp_instr.cli", "serve", str(tiny_llama_f32)]
+        + ["--port", str(port), "-o", str(log), "-t", "1", "--ctx", "256"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_ready(port, proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    recs = [json.loads(line) for line in log.open()]
+    assert recs[-1]["type"] == "session_end" and recs[-1]["status"] == "interrupted"

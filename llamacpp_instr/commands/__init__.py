@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.converters.schema import SESSION_LEVELS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -24,6 +25,45 @@ session_option = click.option(
 )
 
 REPORT_FORMATS = ("text", "markdown", "csv", "json", "html")
+
+# shared by the commands that run a model with a session open (instr run, instr serve)
+level_option = click.option(
+    "--level",
+    type=click.Choice(SESSION_LEVELS),
+    default="detailed",
+    show_default=True,
+    help="minimal: steps + layer spans; detailed: + per-op timings and graph tables; "
+    "verbose: + per-thread times, value statistics, top-k logits.",
+)
+log_option = click.option(
+    "-o",
+    "--out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Session log path (default: llama_instrumentation_YYYYMMDD_HHMMSS.log here).",
+)
+ctx_option = click.option(
+    "--ctx",
+    "n_ctx",
+    type=click.IntRange(min=1),
+    default=2048,
+    show_default=True,
+    help="Context size in tokens.",
+)
+threads_option = click.option(
+    "-t",
+    "--threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="CPU threads (default: all cores, at most 8).",
+)
+topk_option = click.option(
+    "--top-k-logits",
+    type=click.IntRange(1, 1000),
+    default=10,
+    show_default=True,
+    help="Logits kept per token at verbose.",
+)
 
 
 def report_options(formats: Sequence[str] = REPORT_FORMATS) -> Callable[[F], F]:

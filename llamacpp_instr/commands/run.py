@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.converters.schema import SESSION_LEVELS
+from llamacpp_instr.commands import (
+    ctx_option,
+    level_option,
+    log_option,
+    threads_option,
+    topk_option,
+)
 
 if TYPE_CHECKING:
     from llamacpp_instr.runner import RunConfig, RunResult
@@ -38,21 +44,8 @@ if TYPE_CHECKING:
     show_default=True,
     help="Tokens to generate.",
 )
-@click.option(
-    "-t",
-    "--threads",
-    type=click.IntRange(min=1),
-    default=None,
-    help="CPU threads (default: all cores, at most 8).",
-)
-@click.option(
-    "--ctx",
-    "n_ctx",
-    type=click.IntRange(min=1),
-    default=2048,
-    show_default=True,
-    help="Context size in tokens.",
-)
+@threads_option
+@ctx_option
 @click.option(
     "--batch",
     "n_batch",
@@ -68,21 +61,8 @@ if TYPE_CHECKING:
     default=None,
     help="Tokens per graph compute (default: --batch).",
 )
-@click.option(
-    "--level",
-    type=click.Choice(SESSION_LEVELS),
-    default="detailed",
-    show_default=True,
-    help="minimal: steps + layer spans; detailed: + per-op timings and graph tables; "
-    "verbose: + per-thread times, value statistics, top-k logits.",
-)
-@click.option(
-    "-o",
-    "--out",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Session log path (default: llama_instrumentation_YYYYMMDD_HHMMSS.log here).",
-)
+@level_option
+@log_option
 @click.option("--seed", default=0, show_default=True, help="Sampling seed.")
 @click.option(
     "--temp",
@@ -97,13 +77,7 @@ if TYPE_CHECKING:
     show_default=True,
     help="Fused flash attention instead of separate KQ / soft_max / KQV ops.",
 )
-@click.option(
-    "--top-k-logits",
-    type=click.IntRange(1, 1000),
-    default=10,
-    show_default=True,
-    help="Logits kept per token at verbose.",
-)
+@topk_option
 @click.option(
     "--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence (fixed-length runs)."
 )

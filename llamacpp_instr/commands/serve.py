@@ -6,7 +6,13 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.converters.schema import SESSION_LEVELS
+from llamacpp_instr.commands import (
+    ctx_option,
+    level_option,
+    log_option,
+    threads_option,
+    topk_option,
+)
 
 
 @click.command("serve")
@@ -15,36 +21,11 @@ from llamacpp_instr.converters.schema import SESSION_LEVELS
 @click.option(
     "--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="TCP port."
 )
-@click.option(
-    "--level",
-    type=click.Choice(SESSION_LEVELS),
-    default="detailed",
-    show_default=True,
-    help="Recording level, as for instr run.",
-)
-@click.option(
-    "-o",
-    "--out",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="Session log path (default: llama_instrumentation_YYYYMMDD_HHMMSS.log here).",
-)
-@click.option(
-    "--ctx",
-    "n_ctx",
-    type=click.IntRange(min=1),
-    default=2048,
-    show_default=True,
-    help="Context size.",
-)
-@click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="CPU threads.")
-@click.option(
-    "--top-k-logits",
-    type=click.IntRange(1, 1000),
-    default=10,
-    show_default=True,
-    help="Logits kept per token at verbose.",
-)
+@level_option
+@log_option
+@ctx_option
+@threads_option
+@topk_option
 def command(
     model: Path | None,
     host: str,

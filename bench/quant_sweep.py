@@ -90,21 +90,9 @@ def main() -> None:
         write_section(
             "sweep", body, doc=ROOT / "docs" / "quantization.md", script="bench/quant_sweep.py"
         )
-        shoot(img / "quant-sweep.html", img / "quant-sweep.png")
+        from docs.screenshots import shoot  # type: ignore[import-not-found]
 
-
-def shoot(html: Path, png: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
-        page = b.new_page(viewport={"width": 1000, "height": 900})
-        page.goto(html.as_uri())
-        h = min(1800, page.evaluate("document.body.scrollHeight"))
-        page.screenshot(
-            path=str(png), clip={"x": 0, "y": 0, "width": 1000, "height": h}, full_page=True
-        )
-        b.close()
+        shoot({img / "quant-sweep.png": img / "quant-sweep.html"}, max_height=1800)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from .errors import UserError
+from .session import _graph
 
 WINDOW = 64  # steps the statistics cover
 
@@ -116,9 +117,10 @@ class LiveState:
             # graph ids are per session: keep the last few tables only
             if len(self._labels) > 16:
                 self._labels.pop(next(iter(self._labels)))
-            self._labels[key] = [
-                f"{n['op']}:{n['sub']}" if n.get("sub") else str(n["op"]) for n in rec["nodes"]
-            ]
+            try:
+                self._labels[key] = [n.label for n in _graph(rec).nodes]
+            except (KeyError, TypeError, ValueError):
+                pass  # a damaged table: its ops go unnamed, as the converters skip it
         elif t == "step_begin":
             self._begin[(int(rec.get("ctx", 1)), int(rec["step"]))] = rec
             self._step_layers = {}

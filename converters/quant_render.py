@@ -22,10 +22,6 @@ def _is_norm(role: str) -> bool:
     return role.endswith("_norm") or role.endswith("norm")
 
 
-def _layer_sort(layer: Any) -> int:
-    return int(layer)
-
-
 def _model_section(m: dict[str, Any], top: int | None, types: list[str]) -> Section:
     t = m["totals"]
     facts = [

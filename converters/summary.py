@@ -152,10 +152,11 @@ def _layer_name(layer: Any) -> str:
     return "outside layers" if pd.isna(layer) or int(layer) < 0 else f"layer {int(layer)}"
 
 
-def _time_charts(f: SessionFrames) -> list[Chart]:
-    """Where a token's time goes: per layer by op type (typical step, and all steps), step times."""
+def _time_charts(f: SessionFrames, per_op: bool = True) -> list[Chart]:
+    """Where a token's time goes: per layer by op type (typical step, and all steps; only with
+    ``per_op``, when the log's level times ops), step times and speed."""
     charts: list[Chart] = []
-    ops = f.ops
+    ops = f.ops if per_op else f.ops.iloc[0:0]
     gen_ops = ops[ops["step"].isin(f.steps.loc[f.steps["kind"] == "gen", "step"])]
     if gen_ops.empty:
         gen_ops = ops
@@ -353,7 +354,7 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
     ]
     sections = []
     recorded = ov["op_time_coverage"] is not None
-    charts = _time_charts(f) if recorded else _time_charts_minimal(f)
+    charts = _time_charts(f, per_op=recorded)
     if charts:
         sections.append(Section("Where a token's time goes", charts=charts))
     lat = request_latency(f)
@@ -375,19 +376,6 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
         },
         csv_table=f"by_{key}" if table is not None else "",
     )
-
-
-def _time_charts_minimal(f: SessionFrames) -> list[Chart]:
-    # no per-op times: step times and speed only
-    return [c for c in _time_charts(_without_ops(f)) if c.kind in ("histogram", "line")]
-
-
-def _without_ops(f: SessionFrames) -> SessionFrames:
-    import copy
-
-    g = copy.copy(f)
-    g.ops = f.ops.iloc[0:0]
-    return g
 
 
 def render(f: SessionFrames, key: str, top: int | None, fmt: str) -> str:

@@ -31,7 +31,9 @@ def instr(*args: str) -> None:
         raise SystemExit(f"instr {' '.join(args)} failed: {last}")
 
 
-def shoot(pages: dict[str, Path]) -> None:
+def shoot(pages: dict[Path, Path], max_height: int = MAX_HEIGHT) -> None:
+    """Photograph each HTML page (value) into its PNG (key), the top ``max_height`` pixels, in
+    Debian's headless Chromium driven by Playwright."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -39,17 +41,17 @@ def shoot(pages: dict[str, Path]) -> None:
             executable_path="/usr/bin/chromium",
             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
         )
-        for name, html in pages.items():
+        for png, html in pages.items():
             page = browser.new_page(viewport={"width": WIDTH, "height": 900})
-            page.goto(html.as_uri())
-            height = min(MAX_HEIGHT, page.evaluate("document.body.scrollHeight"))
+            page.goto(html.resolve().as_uri())
+            height = min(max_height, page.evaluate("document.body.scrollHeight"))
             page.screenshot(
-                path=str(IMG / f"{name}.png"),
+                path=str(png),
                 clip={"x": 0, "y": 0, "width": WIDTH, "height": height},
                 full_page=True,
             )
             page.close()
-            print(f"docs/img/{name}.png ({height} px)", file=sys.stderr)
+            print(f"{png} ({height} px)", file=sys.stderr)
         browser.close()
 
 
@@ -95,7 +97,7 @@ def main() -> None:
             "quant-report", str(q["q8_0"]), str(q["q4_k_m"]), "--format", "html",
             "-o", str(pages["quant-report"]),
         )  # fmt: skip
-        shoot(pages)
+        shoot({IMG / f"{name}.png": html for name, html in pages.items()})
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ For each type: quantize BASE with the pinned llama.cpp quantizer (cached under
 from __future__ import annotations
 
 import hashlib
-import json
 import statistics
 import tempfile
 from collections.abc import Callable, Sequence
@@ -78,20 +77,15 @@ def _speed_run(path: Path, n_predict: int, threads: int, log: Path) -> dict[str,
         ignore_eos=True,
     )
     runner.run(cfg)
-    recs = [json.loads(line) for line in log.open(encoding="utf-8")]
-    begins = {r["step"]: r for r in recs if r["type"] == "step_begin"}
-    ends = [r for r in recs if r["type"] == "step_end"]
-    prompt = [e for e in ends if begins[e["step"]]["kind"] == "prompt"]
-    gen = [e for e in ends if begins[e["step"]]["kind"] == "gen"]
+    from llamacpp_instr.converters import load_session
+    from llamacpp_instr.converters.summary import overview
 
-    def rate(steps: list[dict[str, Any]]) -> float:
-        ns = sum(e["dur"] for e in steps)
-        return sum(e["n_tokens"] for e in steps) / (ns / 1e9) if ns else 0.0
-
-    memory = recs[0].get("memory") or {}
+    frames = load_session(log)
+    ov = overview(frames)
+    memory = frames.info.memory
     return {
-        "prompt_tok_s": rate(prompt),
-        "gen_tok_s": rate(gen),
+        "prompt_tok_s": ov["prompt_tok_s"],
+        "gen_tok_s": ov["gen_tok_s"],
         "memory": {k: int(memory.get(k, 0)) for k in ("weights", "kv_cache", "compute")},
     }
 

@@ -109,3 +109,20 @@ def test_tail_skips_nothing_of_a_complete_log() -> None:
         plain.write_bytes(gzip.open(FIXTURES / "tiny-llama-verbose.log.gz").read())
         got = list(tail_records(plain))
         assert got == [json.loads(x) for x in plain.open()]
+
+
+def test_run_live_refuses_an_existing_log(tmp_path: Path) -> None:
+    """The live view follows the file from its start: an earlier session in it is refused, in one
+    line, before any model loads."""
+    log = tmp_path / "old.log"
+    log.write_text('{"type":"session_start"}\n')
+    r = subprocess.run(
+        [sys.executable, "-m", "llamacpp_instr.cli", "run", str(tmp_path / "nope.gguf"), "-p", "x"]
+        + ["--live", "-o", str(log)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"error: --live needs a new log file; {log} exists"
+    assert log.read_text() == '{"type":"session_start"}\n'

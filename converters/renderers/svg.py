@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from html import escape
 
 from ..report import FORMATS, Chart
@@ -113,6 +114,31 @@ def _x_axis(ticks: list[float], sx: object, y0: float, y1: float, label: str) ->
     return out
 
 
+def _y_axis(
+    ticks: list[float],
+    sy: Callable[[float], float],
+    left: float,
+    plot_w: float,
+    top: float,
+    plot_h: float,
+    label: str,
+) -> list[str]:
+    """Horizontal grid lines with their values on the left, and the axis label turned upright."""
+    out = []
+    for t in ticks:
+        out.append(
+            f'<line x1="{left}" y1="{sy(t):.1f}" x2="{left + plot_w}" y2="{sy(t):.1f}" class="grid"/>'
+        )
+        out.append(
+            f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" class="tick" text-anchor="end">{_tick_label(t)}</text>'
+        )
+    out.append(
+        f'<text x="14" y="{top + plot_h / 2:.1f}" class="axis-label" text-anchor="middle" '
+        f'transform="rotate(-90 14 {top + plot_h / 2:.1f})">{escape(label)}</text>'
+    )
+    return out
+
+
 def _hbars(chart: Chart) -> str:
     """bars (grouped), stacked and diverging: categories down the y axis, values along x."""
     stacked = chart.kind == "stacked"
@@ -192,14 +218,7 @@ def _histogram(chart: Chart) -> str:
     def sy(v: float) -> float:
         return top + plot_h - (v - ticks[0]) / (ticks[-1] - ticks[0]) * plot_h
 
-    body = []
-    for t in ticks:
-        body.append(
-            f'<line x1="{left}" y1="{sy(t):.1f}" x2="{left + plot_w}" y2="{sy(t):.1f}" class="grid"/>'
-        )
-        body.append(
-            f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" class="tick" text-anchor="end">{_tick_label(t)}</text>'
-        )
+    body = _y_axis(ticks, sy, left, plot_w, top, plot_h, chart.y_label)
     bw = plot_w / max(n, 1)
     every = max(1, math.ceil(n / 10))
     for i, v in enumerate(s.values):
@@ -217,10 +236,6 @@ def _histogram(chart: Chart) -> str:
             )
     body.append(
         f'<text x="{left + plot_w / 2:.1f}" y="{h - 12}" class="axis-label" text-anchor="middle">{escape(chart.x_label)}</text>'
-    )
-    body.append(
-        f'<text x="14" y="{top + plot_h / 2:.1f}" class="axis-label" text-anchor="middle" '
-        f'transform="rotate(-90 14 {top + plot_h / 2:.1f})">{escape(chart.y_label)}</text>'
     )
     return _svg(h, body, chart)
 
@@ -242,17 +257,7 @@ def _xy(chart: Chart) -> str:
         return top + plot_h - (v - yt[0]) / (yt[-1] - yt[0]) * plot_h
 
     body = _x_axis(xt, sx, top, top + plot_h, chart.x_label)
-    for t in yt:
-        body.append(
-            f'<line x1="{left}" y1="{sy(t):.1f}" x2="{left + plot_w}" y2="{sy(t):.1f}" class="grid"/>'
-        )
-        body.append(
-            f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" class="tick" text-anchor="end">{_tick_label(t)}</text>'
-        )
-    body.append(
-        f'<text x="14" y="{top + plot_h / 2:.1f}" class="axis-label" text-anchor="middle" '
-        f'transform="rotate(-90 14 {top + plot_h / 2:.1f})">{escape(chart.y_label)}</text>'
-    )
+    body += _y_axis(yt, sy, left, plot_w, top, plot_h, chart.y_label)
     fmt = FORMATS[chart.value_fmt]
     for k, s in enumerate(chart.series):
         color = s.color or PALETTE[k % len(PALETTE)]

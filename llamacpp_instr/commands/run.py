@@ -183,13 +183,11 @@ def _run_live(cfg: RunConfig) -> RunResult:
     cfg.validate()
     if cfg.out is None:
         cfg.out = runner.default_log_name()
-    if cfg.out.exists():
-        # follow from where this run starts, not an earlier session appended before it
-        raise_existing = cfg.out.stat().st_size > 0
-        if raise_existing:
-            from llamacpp_instr.converters.errors import UserError
+    if cfg.out.exists() and cfg.out.stat().st_size > 0:
+        # the view follows the file from its start: an earlier session in it would be shown
+        from llamacpp_instr.converters.errors import UserError
 
-            raise UserError(f"--live needs a new log file; {cfg.out} exists")
+        raise UserError(f"--live needs a new log file; {cfg.out} exists")
     stop = threading.Event()
     viewer = threading.Thread(target=follow, args=(cfg.out, 600.0, stop), daemon=True)
     viewer.start()

@@ -229,6 +229,27 @@ const char * level_name(int32_t level) {
 
 }  // namespace
 
+// The state of ctx in the registry, created on first use (with S().mtx held).
+static ctx_state & state_locked(session & s, const llama_context * ctx) {
+    auto & p = s.ctxs[ctx];
+    if (!p) {
+        p = std::make_unique<ctx_state>();
+    }
+    return *p;
+}
+
+// st joins the open session: a new id, and its current graph announced again under a new id
+// (with S().mtx held).
+static void join_locked(session & s, ctx_state & st) {
+    st.epoch         = s.epoch;
+    st.id            = ++s.n_ctx_ids;
+    st.sid           = s.sid;
+    st.topk          = s.topk;
+    st.graph_id      = 0;
+    st.graph_emitted = false;
+    st.graph_checked = false;
+}
+
 // Bumped whenever a context's state is freed, which invalidates every thread's cached lookup (a
 // new context can be allocated at a freed one's address).
 static std::atomic<uint64_t> g_ctx_frees{ 0 };
@@ -245,12 +266,8 @@ ctx_state * ctx_get(const llama_context * ctx) {
     }
     auto &                      s = S();
     std::lock_guard<std::mutex> lock(s.mtx);
-    auto &                      p = s.ctxs[ctx];
-    if (!p) {
-        p = std::make_unique<ctx_state>();
-    }
     c_ctx   = ctx;
-    c_state = p.get();
+    c_state = &state_locked(s, ctx);
     c_frees = frees;
     return c_state;
 }
@@ -262,13 +279,7 @@ bool ctx_join(ctx_state & st, int32_t n_tokens, bool prompt) {
         return false;
     }
     if (st.epoch != s.epoch) {
-        st.epoch         = s.epoch;
-        st.id            = ++s.n_ctx_ids;
-        st.sid           = s.sid;
-        st.topk          = s.topk;
-        st.graph_id      = 0;  // announce the current graph again, under a new id
-        st.graph_emitted = false;
-        st.graph_checked = false;
+        join_locked(s, st);
     }
     st.level            = g_llama_instr_level.load(std::memory_order_relaxed);
     st.request          = st.request_next;
@@ -419,17 +430,7 @@ int32_t llama_instr_session_begin(llama_context * ctx, const char * path, int32_
         j.raw(metadata_json && *metadata_json ? metadata_json : "{}");
         if (ctx) {
             // the context joins now, so that it is ctx 1 in every record
-            auto & cp = s.ctxs[ctx];
-            if (!cp) {
-                cp = std::make_unique<ctx_state>();
-            }
-            cp->epoch         = s.epoch;
-            cp->id            = ++s.n_ctx_ids;
-            cp->sid           = s.sid;
-            cp->topk          = s.topk;
-            cp->graph_id      = 0;
-            cp->graph_emitted = false;
-            cp->graph_checked = false;
+            join_locked(s, state_locked(s, ctx));
             write_model_info(j, ctx);
         }
         j.ch('}');

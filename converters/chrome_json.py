@@ -84,8 +84,6 @@ class _OpTable:
         self.tail: list[bytes] = []  # ',...static tail...}}'
         self.flops: list[int] = []
         self.nbytes: list[int] = []
-        self.layer = np.empty(n, dtype=object)
-        self.layer[:] = [nd.layer for nd in graph.nodes]
         self.node_row = np.full(n, -1, dtype=np.int64)
         self._arrays: tuple[Any, ...] | None = None
 
@@ -237,6 +235,8 @@ class _Writer:
                     "args": it.args,
                 }
             )
+            if it.flows_out or it.flows_in:
+                self.flows(it, tr)
         elif isinstance(it, ComputeBatch):
             self.item(it.slice)
             self.layers(it.slice.track, it.layers)
@@ -257,6 +257,16 @@ class _Writer:
             )
         elif isinstance(it, Track):
             self.track(it)
+
+    def flows(self, it: Slice, tr: Track) -> None:
+        """Flow events (v1: start ``s``, end ``f``) bound to the slice: at its middle, where no
+        other slice of its track begins or ends."""
+        head = {"name": "KV cache", "cat": "kv_flow", "pid": tr.pid, "tid": self.tids[it.track]}
+        ts = (it.ts + it.dur / 2) / 1000
+        for f in it.flows_out:
+            self.emit({"ph": "s", **head, "id": f, "ts": ts})
+        for f in it.flows_in:
+            self.emit({"ph": "f", "bp": "e", **head, "id": f, "ts": ts})
 
     def track(self, it: Track) -> None:
         self.tracks[it.uuid] = it
@@ -368,8 +378,8 @@ class _Writer:
             for k, f in c.op_fused.items():
                 r = known.get((nodes[k], tuple(f)))
                 rows[k] = table.row(nodes[k], tuple(f)) if r is None else r
-        if ob.layer is not None:
-            keep = table.layer[node] == ob.layer
+        if ob.keep is not None:
+            keep = ob.keep
             rows, start, dur = rows[keep], start[keep], dur[keep]
         m = len(rows)
         if not m:

@@ -81,6 +81,26 @@ def is_kv_write(node: Node) -> bool:
     return "kv_write" in node.flags
 
 
+def kv_caches(node: Node, graph: Graph) -> tuple[str, ...]:
+    """The KV cache tensors (``cache_k_l0``, ...) a node's data comes from or goes to: its
+    ``kv_cache`` sources, directly or through views, reshapes and permutes (``noop`` nodes).
+
+    Of a ``kv_write`` node, the cache it writes; of a ``kv_read`` node, the caches it reads."""
+    found: list[str] = []
+    todo = list(node.src)
+    seen: set[int] = set()
+    while todo:
+        s = todo.pop()
+        j = s.get("node")
+        if j is None:
+            if s.get("kind") == "kv_cache" and s.get("name") not in found:
+                found.append(str(s.get("name")))
+        elif j not in seen and 0 <= j < len(graph.nodes) and "noop" in graph.nodes[j].flags:
+            seen.add(j)
+            todo.extend(graph.nodes[j].src)
+    return tuple(sorted(found))
+
+
 def weight_source(node: Node) -> dict[str, Any] | None:
     """The weight a node reads (for a matmul: which weight, and its quantization type)."""
     for s in node.src:

@@ -616,6 +616,9 @@ class _Writer:
         i = self.interner
         te = b"\x58" + _varint(it.track) + b"\x48\x01" + b"\x50" + _varint(i.name(it.name))
         te += _ld(b"\xb2\x01", it.category.encode()) + i.args(it.args)
+        if it.flows_out or it.flows_in:  # flow_ids, terminating_flow_ids: fixed64 each
+            te += b"".join(b"\xf9\x02" + struct.pack("<Q", f) for f in it.flows_out)
+            te += b"".join(b"\x81\x03" + struct.pack("<Q", f) for f in it.flows_in)
         return _ld(b"\x5a", te)
 
     def add_slice(self, it: Slice) -> None:
@@ -695,9 +698,8 @@ class _Writer:
             entry = self.tables[key] = (c.graph, _Nodes(self, c.graph, ob.track))
         gids = entry[1].gids(c.op_node, c.op_fused)
         start, dur = c.op_start, c.op_dur
-        if ob.layer is not None:
-            nodes = c.graph.nodes
-            keep = np.array([nodes[i].layer == ob.layer for i in c.op_node.tolist()], dtype=bool)
+        if ob.keep is not None:
+            keep = ob.keep
             gids, start, dur = gids[keep], start[keep], dur[keep]
         m = len(gids)
         if not m:

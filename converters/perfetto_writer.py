@@ -122,6 +122,8 @@ def write_perfetto(items: Iterable[Item], out: IO[bytes]) -> int:
                     ann = e.debug_annotations.add()
                     ann.name_iid = interner.arg(k, p.interned_data)
                     _set_value(ann, v)
+                e.flow_ids.extend(it.flows_out)
+                e.terminating_flow_ids.extend(it.flows_in)
             else:
                 e.type = pb.TrackEvent.TYPE_SLICE_END
         builder.write_packet(p)

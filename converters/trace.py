@@ -35,6 +35,7 @@ def convert(
 ) -> tuple[LayoutStats, ReadReport]:
     """Write the trace of ``log`` to ``out`` (via a temporary file: ``out`` is complete or
     absent). ``wrap`` sees the layout's items on their way to the writer (a progress bar)."""
+    from . import kv_flows
     from .perfetto_fast import iter_events_packed
     from .trace_layout import layout_bulk
 
@@ -46,8 +47,14 @@ def convert(
     tmp = out.with_name(out.name + ".partial")
     try:
         with tmp.open("wb") as f:
+            flows = None
+            if sel.flows:  # a first pass counts each KV write's readers (see kv_flows)
+                flows = kv_flows.count(iter_events_packed(log), sel.layer, sel.wants_step)
+                stats.flows = flows.total
             events = iter_events_packed(log, strict=strict, report=report)
-            items: Iterator[Any] = layout_bulk(events, sel, stats, compute_batches=True)
+            items: Iterator[Any] = layout_bulk(
+                events, sel, stats, compute_batches=True, flows=flows
+            )
             if wrap is not None:
                 items = wrap(items)
             if fmt == "json":
@@ -75,11 +82,13 @@ def to_perfetto(
     layer: int | None = None,
     steps: tuple[int, int] | None = None,
     ops: bool = True,
+    flows: bool = False,
     strict: bool = False,
 ) -> Path:
     """Convert a session log to a Perfetto trace (or Chrome JSON with ``fmt="json"``) and return
-    its path: ``output``, or the log's name with ``.pftrace`` / ``.json``."""
+    its path: ``output``, or the log's name with ``.pftrace`` / ``.json``. ``flows`` draws
+    arrows from each KV-cache write to the later ops that read it (see ``kv_flows``)."""
     log = Path(log)
     out = Path(output) if output is not None else default_output(log, fmt)
-    convert(log, out, fmt, Selection(layer=layer, steps=steps, ops=ops), strict)
+    convert(log, out, fmt, Selection(layer=layer, steps=steps, ops=ops, flows=flows), strict)
     return out

@@ -23,7 +23,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import numpy as np
+
 from . import derive
+from .kv_flows import KvFlows, OpFlows
 from .session import (
     Compute,
     Event,
@@ -41,11 +44,13 @@ from .session import (
 
 @dataclass(frozen=True)
 class Selection:
-    """What to include: one layer only, a range of steps, or no ops at all."""
+    """What to include: one layer only, a range of steps, or no ops at all; and whether op
+    slices carry KV-cache flows (``kv_flows``)."""
 
     layer: int | None = None
     steps: tuple[int, int] | None = None  # [first, last) step index
     ops: bool = True
+    flows: bool = False
 
     def wants_step(self, step: Step) -> bool:
         return self.steps is None or self.steps[0] <= step.index < self.steps[1]
@@ -72,6 +77,8 @@ class Slice:
     depth: int
     category: str
     args: dict[str, Any] = field(default_factory=dict)
+    flows_out: tuple[int, ...] = ()  # ids of the flows (KV cache writes to reads) it starts
+    flows_in: tuple[int, ...] = ()  # ids of the flows it ends
 
 
 @dataclass
@@ -132,12 +139,14 @@ class OpBatch:
     """Bulk layouts only: the op slices of one packed compute, on ``track``, in one item.
 
     They are the slices a per-op layout yields for ``compute``'s ops (``op_static_args``,
-    ``op_rates``; depth 3 inside a layer, else 2), only those of ``layer`` when it is set.
+    ``op_rates``; depth 3 inside a layer, else 2), only those where ``keep`` (a bool array over
+    the compute's ops) is true when it is set: the chosen layer's, and not those with flows
+    (which follow as slices).
     """
 
     track: int
     compute: PackedCompute
-    layer: int | None
+    keep: Any = None
 
 
 @dataclass
@@ -172,6 +181,7 @@ class LayoutStats:
     computes: int = 0
     layers: int = 0
     ops: int = 0
+    flows: int = 0
 
 
 def track_uuid(*parts: object) -> int:
@@ -265,9 +275,12 @@ class _SessionLayout:
         sel: Selection,
         bulk: bool = False,
         compute_batches: bool = False,
+        flows: KvFlows | None = None,
     ) -> None:
         self.info = info
         self.sel = sel
+        self.flows = flows
+        self.layer_of: dict[int, tuple[Graph, Any]] = {}  # id(graph) -> its nodes' layers
         self.bulk = bulk
         self.compute_batches = compute_batches
         sid = info.sid
@@ -415,7 +428,9 @@ class _SessionLayout:
             yield tr
 
     def step(self, step: Step, stats: LayoutStats) -> Iterator[BulkItem]:
-        if not self.sel.wants_step(step):
+        wanted = self.sel.wants_step(step)
+        flows = self.flows.step(self.info.sid, step, wanted) if self.flows is not None else None
+        if not wanted:
             return
         stats.steps += 1
         yield from self.steps_track(step.ctx)
@@ -448,10 +463,20 @@ class _SessionLayout:
             yield Sample(self.tok_s.uuid, step.end, step.n_tokens / (step.dur / 1e9))
         if step.kv_used >= 0:
             yield Sample(self.kv.uuid, step.end, float(step.kv_used))
-        for c in step.computes:
-            yield from self.compute(c, track, stats)
+        for k, c in enumerate(step.computes):
+            yield from self.compute(c, track, stats, flows[k] if flows else {})
 
-    def compute(self, c: Compute, track: int, stats: LayoutStats) -> Iterator[BulkItem]:
+    def layers(self, graph: Graph) -> Any:
+        """The layer of each of the graph's nodes as an array (-1: none)."""
+        entry = self.layer_of.get(id(graph))
+        if entry is None or entry[0] is not graph:
+            arr = np.array([-1 if n.layer is None else n.layer for n in graph.nodes], np.int64)
+            entry = self.layer_of[id(graph)] = (graph, arr)
+        return entry[1]
+
+    def compute(
+        self, c: Compute, track: int, stats: LayoutStats, flows: OpFlows
+    ) -> Iterator[BulkItem]:
         stats.computes += 1
         compute = Slice(
             track,
@@ -472,21 +497,36 @@ class _SessionLayout:
             spans = [lay for lay in spans if lay.layer == self.sel.layer]
         stats.layers += len(spans)
         batch: OpBatch | None = None
-        ops = c.ops if self.sel.ops and c.graph is not None else []
+        ops = list(enumerate(c.ops)) if self.sel.ops and c.graph is not None else []
         if isinstance(c, PackedCompute) and self.sel.ops:
+            assert c.graph is not None
             if self.bulk:
-                if self.sel.layer is None:
-                    n = len(c.op_node)
-                else:
-                    assert c.graph is not None
-                    nodes = c.graph.nodes
-                    n = sum(1 for i in c.op_node.tolist() if nodes[i].layer == self.sel.layer)
+                keep = None
+                if self.sel.layer is not None:
+                    keep = self.layers(c.graph)[c.op_node] == self.sel.layer
+                if flows:  # the ops with flows come one by one, as slices with their flows
+                    if keep is None:
+                        keep = np.ones(len(c.op_node), dtype=bool)
+                    keep[list(flows)] = False
+                n = len(c.op_node) if keep is None else int(keep.sum())
                 stats.ops += n
                 if n:
-                    batch = OpBatch(track, c, self.sel.layer)
-                ops = []
+                    batch = OpBatch(track, c, keep)
+                nodes = c.graph.nodes
+                ops = [
+                    (
+                        k,
+                        OpTiming(
+                            node=nodes[int(c.op_node[k])],
+                            start=int(c.op_start[k]),
+                            dur=int(c.op_dur[k]),
+                            fused=[nodes[j] for j in c.op_fused.get(k, ())],
+                        ),
+                    )
+                    for k in sorted(flows)
+                ]
             else:
-                ops = c.unpack()
+                ops = list(enumerate(c.unpack()))
         if self.compute_batches:
             yield ComputeBatch(compute, spans, batch)
         else:
@@ -503,13 +543,16 @@ class _SessionLayout:
                 )
             if batch is not None:
                 yield batch
-        for op in ops:
+        for k, op in ops:
             layer = op.node.layer
             if self.sel.layer is not None and layer != self.sel.layer:
                 continue
             stats.ops += 1
             depth = 3 if layer is not None else 2
-            yield Slice(track, op.node.label, op.start, op.dur, depth, "op", op_args(op, c))
+            out, into = flows.get(k, ((), ()))
+            yield Slice(
+                track, op.node.label, op.start, op.dur, depth, "op", op_args(op, c), out, into
+            )
             if op.thread_done:
                 for t, done in enumerate(op.thread_done):
                     if done <= 0:
@@ -527,17 +570,29 @@ class _SessionLayout:
                     )
 
 
-def layout(events: Iterator[Event], sel: Selection, stats: LayoutStats) -> Iterator[Item]:
-    """Turn session-model events into tracks, slices and samples (streaming)."""
-    return cast(Iterator[Item], _layout(events, sel, stats, bulk=False))
+def layout(
+    events: Iterator[Event],
+    sel: Selection,
+    stats: LayoutStats,
+    *,
+    flows: KvFlows | None = None,
+) -> Iterator[Item]:
+    """Turn session-model events into tracks, slices and samples (streaming). With ``flows``
+    (``kv_flows.count`` over the same events and selection), op slices carry KV-cache flows."""
+    return cast(Iterator[Item], _layout(events, sel, stats, bulk=False, flows=flows))
 
 
 def layout_bulk(
-    events: Iterator[Event], sel: Selection, stats: LayoutStats, *, compute_batches: bool = False
+    events: Iterator[Event],
+    sel: Selection,
+    stats: LayoutStats,
+    *,
+    compute_batches: bool = False,
+    flows: KvFlows | None = None,
 ) -> Iterator[BulkItem]:
     """``layout``, except that the ops of a ``PackedCompute`` come as one ``OpBatch``, and with
     ``compute_batches`` each compute's items as one ``ComputeBatch``."""
-    return _layout(events, sel, stats, bulk=True, compute_batches=compute_batches)
+    return _layout(events, sel, stats, bulk=True, compute_batches=compute_batches, flows=flows)
 
 
 def _layout(
@@ -546,11 +601,12 @@ def _layout(
     stats: LayoutStats,
     bulk: bool,
     compute_batches: bool = False,
+    flows: KvFlows | None = None,
 ) -> Iterator[BulkItem]:
     sessions: dict[str, _SessionLayout] = {}
     for ev in events:
         if isinstance(ev, SessionStarted):
-            lay = _SessionLayout(ev.session, len(sessions), sel, bulk, compute_batches)
+            lay = _SessionLayout(ev.session, len(sessions), sel, bulk, compute_batches, flows)
             sessions[ev.session.sid] = lay
             yield from lay.start()
         elif isinstance(ev, StepDone):

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters import perfetto_fast
+from llamacpp_instr.converters import kv_flows, perfetto_fast
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.perfetto_fast import iter_events_packed, write_perfetto_fast
 from llamacpp_instr.converters.perfetto_writer import write_perfetto
@@ -112,14 +112,25 @@ def resolved(data: bytes) -> list[tuple[Any, ...]]:
                 cats,
                 tuple(args),  # in order: the UI lists args as written
                 e.double_counter_value if e.HasField("double_counter_value") else None,
+                tuple(e.flow_ids),
+                tuple(e.terminating_flow_ids),
             )
         )
     return out
 
 
+def flows_for(log: Path, sel: Selection) -> kv_flows.KvFlows | None:
+    """The KV-cache flows of ``sel.flows``, counted as ``trace.convert`` counts them."""
+    if not sel.flows:
+        return None
+    return kv_flows.count(iter_events_packed(log), sel.layer, sel.wants_step)
+
+
 def reference(log: Path, sel: Selection | None = None) -> bytes:
     buf = io.BytesIO()
-    write_perfetto(layout(iter_events(log), sel or Selection(), LayoutStats()), buf)
+    sel = sel or Selection()
+    items = layout(iter_events(log), sel, LayoutStats(), flows=flows_for(log, sel))
+    write_perfetto(items, buf)
     return buf.getvalue()
 
 
@@ -132,8 +143,13 @@ def fast(
 ) -> tuple[bytes, int]:
     """The fast trace, and how many computes came from a template."""
     buf = io.BytesIO()
+    sel = sel or Selection()
     items = layout_bulk(
-        iter_events_packed(log), sel or Selection(), LayoutStats(), compute_batches=compute_batches
+        iter_events_packed(log),
+        sel,
+        LayoutStats(),
+        compute_batches=compute_batches,
+        flows=flows_for(log, sel),
     )
     w = perfetto_fast._Writer(buf, compress)
     saved = perfetto_fast.FLUSH_ROWS
@@ -187,8 +203,19 @@ def test_fixture_logs_same_trace(fixture: Path) -> None:
         Selection(steps=(2, 1 << 62)),
         Selection(ops=False),
         Selection(layer=99),
+        Selection(flows=True),
+        Selection(layer=1, steps=(1, 3), flows=True),
     ],
-    ids=["layer", "layer+steps", "steps", "steps-open", "no-ops", "no-such-layer"],
+    ids=[
+        "layer",
+        "layer+steps",
+        "steps",
+        "steps-open",
+        "no-ops",
+        "no-such-layer",
+        "flows",
+        "flows+layer+steps",
+    ],
 )
 def test_selections_same_trace(sel: Selection) -> None:
     assert_same(FIXTURES / "tiny-llama-detailed.log.gz", sel)

@@ -47,6 +47,12 @@ def _steps(value: str | None) -> tuple[int, int] | None:
 @click.option("--steps", "steps", default=None, metavar="A:B", help="Only decode steps A..B-1.")
 @click.option("--no-ops", is_flag=True, help="Steps and layers only (a much smaller trace).")
 @click.option(
+    "--flows",
+    is_flag=True,
+    help="Draw an arrow from each KV cache write to every later op that reads those cells "
+    "(about layers x steps^2 arrows: choose a --layer or --steps for long runs).",
+)
+@click.option(
     "--strict", is_flag=True, help="Fail on the first damaged line instead of skipping it."
 )
 def command(
@@ -56,6 +62,7 @@ def command(
     layer: int | None,
     steps: str | None,
     no_ops: bool,
+    flows: bool,
     strict: bool,
 ) -> None:
     """Convert a session LOG (plain or .gz) into a trace for https://ui.perfetto.dev.
@@ -65,18 +72,25 @@ def command(
     slices (tensor shapes and types, the weight a matmul reads, estimated FLOPs and bytes with
     achieved GFLOP/s and GB/s), per-thread tracks for verbose logs, and counters (tokens/s, KV
     cache cells, memory). Damaged lines are skipped and reported on stderr.
+
+    With --flows, clicking a KV cache write (SET_ROWS into cache_k_l*/cache_v_l*) shows the
+    attention ops of this and later steps that read what it wrote, and clicking an attention op
+    shows the writes it read.
     """
     from llamacpp_instr.converters.trace import convert
     from llamacpp_instr.converters.trace_layout import Selection
 
-    sel = Selection(layer=layer, steps=_steps(steps), ops=not no_ops)
+    if flows and no_ops:
+        raise click.UsageError("--flows connects op slices: it cannot go with --no-ops")
+    sel = Selection(layer=layer, steps=_steps(steps), ops=not no_ops, flows=flows)
     out = output or default_output(log, fmt)
     stats, report = convert(log, out, fmt, sel, strict, wrap=lambda items: _progress(items, log))
     if report.summary():
         click.echo(report.summary(), err=True)
     click.echo(
         f"wrote {out} ({out.stat().st_size} bytes): {stats.steps} steps, {stats.computes} computes, "
-        f"{stats.layers} layer spans, {stats.ops} ops",
+        f"{stats.layers} layer spans, {stats.ops} ops"
+        + (f", {stats.flows} KV cache flows" if flows else ""),
         err=True,
     )
 

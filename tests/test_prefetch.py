@@ -1,0 +1,110 @@
+"""The forked log reader (``converters/prefetch.py``) gives exactly what ``iter_records`` gives:
+the same records (ops columns back to the same lists), the same report with skipped lines in
+their place, the same strict error, and so the same trace."""
+
+from __future__ import annotations
+
+import gzip
+import multiprocessing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_perfetto import FIXTURES, REAL_FIXTURES
+from test_perfetto_fast import _rewrite, assert_same
+
+from llamacpp_instr.converters import prefetch
+from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.converters.reader import ReadReport, iter_records
+
+
+@pytest.fixture
+def forked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prefetch, "MIN_BYTES", 0)  # every log is big enough to fork for
+    monkeypatch.delenv("LLAMACPP_INSTR_NO_PREFETCH", raising=False)
+
+
+def _norm(rec: dict[str, Any]) -> dict[str, Any]:
+    """A compute record's ops as the per-op reader reads them: int() of each entry's first three
+    values."""
+    if rec["type"] != "compute":
+        return rec
+    return dict(rec, ops=[[int(x) for x in e[:3]] + e[3:] for e in rec["ops"]])
+
+
+def both(path: Path, strict: bool = False) -> tuple[Any, ReadReport, Any, ReadReport]:
+    want_rep, got_rep = ReadReport(), ReadReport()
+    want = list(iter_records(path, strict=strict, report=want_rep))
+    got = []
+    children = 0
+    for n, rec in prefetch.records(path, strict=strict, report=got_rep):
+        children = max(children, len(multiprocessing.active_children()))
+        if isinstance(rec.get("ops"), prefetch.PackedOps):
+            rec = dict(rec, ops=rec["ops"].to_list())
+        got.append((n, rec))
+    assert children == 1, "not read in a forked process"
+    return want, want_rep, got, got_rep
+
+
+def damaged(tmp_path: Path) -> Path:
+    lines = gzip.open(FIXTURES / "tiny-llama-detailed.log.gz").read().splitlines(keepends=True)
+    lines.insert(3, b"{not json\n")
+    lines.insert(6, b'{"type": "from_the_future"}\n')
+    lines[8] = lines[8].replace(b'"type"', b'"\xff\xfe":1,"type"', 1)  # invalid UTF-8, kept
+    lines.append(lines[-1][:40])  # a truncated last line
+    p = tmp_path / "damaged.log"
+    p.write_bytes(b"".join(lines))
+    return p
+
+
+@pytest.mark.usefixtures("forked")
+@pytest.mark.parametrize("name", [p.name for p in REAL_FIXTURES] + ["damaged"])
+def test_same_records_and_report(name: str, tmp_path: Path) -> None:
+    path = damaged(tmp_path) if name == "damaged" else FIXTURES / name
+    want, want_rep, got, got_rep = both(path)
+    assert got == want
+    assert got_rep == want_rep
+    if name == "damaged":
+        assert [n for n, _ in want_rep.skipped] == [4, 7, want_rep.lines]
+        assert want_rep.replaced_utf8 == 1 and want_rep.unknown_types["from_the_future"] == 1
+
+
+@pytest.mark.usefixtures("forked")
+def test_odd_values_read_as_the_per_op_reader_reads_them(tmp_path: Path) -> None:
+    def edit(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        c = [r for r in recs if r["type"] == "compute"]
+        c[0]["ops"][0][1] = -5
+        c[1]["ops"][0][0] = 10**6
+        c[2]["ops"][2][2] = 7.5
+        c[2]["ops"][3][1] = " 12 "
+        c[3]["ops"][3] = c[3]["ops"][3][:3] + [[0, 10**6]]
+        c[3]["ops"][5] = c[3]["ops"][5][:3] + [[1], 9]  # an entry too long: left as it is
+        return recs
+
+    log = _rewrite(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path / "odd.log", edit)
+    want, want_rep, got, got_rep = both(log)
+    assert got_rep == want_rep
+    assert [(n, _norm(r)) for n, r in got] == [(n, _norm(r)) for n, r in want]
+    assert got != want  # (the odd values did come back as int() reads them)
+
+
+@pytest.mark.usefixtures("forked")
+def test_strict_error_comes_through(tmp_path: Path) -> None:
+    path = damaged(tmp_path)
+    with pytest.raises(UserError) as want:
+        list(iter_records(path, strict=True))
+    with pytest.raises(UserError) as got:
+        list(prefetch.records(path, strict=True))
+    assert str(got.value) == str(want.value) and "line 4" in str(got.value)
+
+
+@pytest.mark.usefixtures("forked")
+@pytest.mark.parametrize("name", ["tiny-llama-detailed.log.gz", "tiny-llama-verbose.log.gz"])
+def test_same_trace(name: str) -> None:
+    assert_same(FIXTURES / name)
+
+
+def test_small_logs_read_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LLAMACPP_INSTR_NO_PREFETCH", raising=False)
+    for _ in prefetch.records(FIXTURES / "tiny-llama-detailed.log.gz"):
+        assert not multiprocessing.active_children()

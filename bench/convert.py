@@ -1,20 +1,28 @@
-"""Converter speed and memory: `instr to-perfetto` vs merely parsing the same log with orjson.
+"""Converter speed and memory: each command on a big log vs merely parsing it with orjson.
 
-    python bench/convert.py [--ops 1000000] [--write-docs]
+    python bench/convert.py [--ops 1000000] [--reps 3] [--tasks parse,pftrace,...] [--write-docs]
 
 Builds a large log shaped like a real DETAILED SmolLM2 log by repeating the generation steps of a
 real one (tests/fixtures are too small; a real run of the bundled model is made first when no
 --source is given), with steps renumbered and timestamps shifted so the result is a valid,
-monotonic session. Then, each in a fresh process so peak RSS is its own: a bare orjson parse of
-every line, the Perfetto conversion, and the Chrome JSON conversion. Run at two sizes to show
-whether memory stays flat as the log grows.
+monotonic session. Then, each in a fresh process: a bare orjson parse of every line, `instr
+to-perfetto` (Perfetto, Chrome JSON), `load_session`, `instr summary`, `instr workloads` and
+`instr export`, at two sizes to show whether memory stays flat as the log grows.
+
+Each command is timed from the start of its process to its end, imports included, with Python's
+bytecode cache on as in an installed package (this sandbox sets PYTHONDONTWRITEBYTECODE; the
+children do not inherit it, and a first child compiles everything). The median of ``--reps`` runs
+is shown; the machine is shared, so single runs vary by 10% or more. Peak RSS is the process's
+own high-water mark (VmHWM): ``ru_maxrss`` would count the forking parent's memory too.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,9 +32,17 @@ from pathlib import Path
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
-TASKS = ("parse", "pftrace", "json", "frames")
-NAN = float("nan")
-NA = {"s": NAN, "rss": NAN, "cpu": NAN}  # a measurement not made (see --tasks)
+# task: (what it is, the instr arguments after LOG, or None)
+TASKS: dict[str, tuple[str, list[str] | None]] = {
+    "parse": ("orjson parse of every line (the floor)", None),
+    "pftrace": ("`instr to-perfetto`", ["-o", "{out}.pftrace"]),
+    "json": ("`instr to-perfetto --format json`", ["-o", "{out}.json", "--format", "json"]),
+    "frames": ("`load_session` (the tables)", None),
+    "summary": ("`instr summary`", []),
+    "workloads": ("`instr workloads`", ["-o", "{out}.jsonl"]),
+    "export": ("`instr export` (Parquet)", ["-o", "{out}-tables"]),
+}
+COMMANDS = {"pftrace": "to-perfetto", "json": "to-perfetto"}
 sys.path.insert(0, str(ROOT))
 
 
@@ -86,34 +102,55 @@ def child(task: str, log: str, out: str) -> None:
         f = load_session(log)
         assert len(f.ops) > 0
     elif task == "parse":
-        n = 0
-        with open(log, "rb") as f:
-            for line in f:
+        with open(log, "rb") as fh:
+            for line in fh:
                 orjson.loads(line)
-                n += 1
+    elif task == "warm":  # compile every module the others import
+        import llamacpp_instr.cli  # noqa: F401
+        from llamacpp_instr.converters import dataset, frames, perfetto_fast, summary  # noqa: F401
     else:
         from click.testing import CliRunner
 
         from llamacpp_instr.cli import main
 
-        fmt = "json" if task == "json" else "pftrace"
-        r = CliRunner().invoke(main, ["to-perfetto", log, "-o", out, "--format", fmt])
+        extra = [a.format(out=out) for a in TASKS[task][1] or []]
+        r = CliRunner().invoke(main, [COMMANDS.get(task, task), log, *extra])
         assert r.exit_code == 0, r.output
     dt = time.perf_counter() - t0
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    rss = usage.ru_maxrss * 1024
-    cpu = usage.ru_utime + usage.ru_stime  # all threads (the writer compresses on others)
-    print(json.dumps({"task": task, "s": dt, "rss": rss, "cpu": cpu}))
+    # all threads (the writer compresses on others) and the forked log reader
+    cpu = sum(
+        u.ru_utime + u.ru_stime
+        for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    )
+    hwm = next(
+        int(line.split()[1]) * 1024
+        for line in Path("/proc/self/status").read_text().splitlines()
+        if line.startswith("VmHWM:")
+    )
+    print(json.dumps({"task": task, "s": dt, "rss": hwm, "cpu": cpu}))
 
 
 def measure(task: str, log: Path, out: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     r = subprocess.run(
         [sys.executable, __file__, "--child", task, "--log", str(log), "--out", str(out)],
         capture_output=True,
         text=True,
         check=True,
+        env=env,
     )
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def output_bytes(task: str, out: Path) -> int | None:
+    """The size of what the task wrote (a file, or a directory's files), if it writes one."""
+    args = TASKS[task][1]
+    if not args or "-o" not in args:
+        return None
+    p = Path(args[args.index("-o") + 1].format(out=out))
+    if p.is_dir():
+        return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+    return p.stat().st_size
 
 
 def main() -> None:
@@ -121,13 +158,13 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--ops", type=int, default=1_000_000)
+    ap.add_argument("--reps", type=int, default=3, help="runs per measurement (the median shows)")
     ap.add_argument("--source", type=Path, help="a real DETAILED log to replicate")
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument(
         "--tasks",
         default=",".join(TASKS),
-        help="which measurements to run, comma-separated (default: %(default)s); the table "
-        "shows n/a for the others",
+        help="which measurements to run, comma-separated (default: %(default)s)",
     )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--log", help=argparse.SUPPRESS)
@@ -137,49 +174,48 @@ def main() -> None:
         child(args.child, args.log, args.out)
         return
 
-    tasks = set(args.tasks.split(","))
-    if not tasks <= set(TASKS):
-        ap.error(f"--tasks: unknown {', '.join(sorted(tasks - set(TASKS)))}")
-    rows = []
+    tasks = [t for t in args.tasks.split(",") if t]
+    unknown = set(tasks) - set(TASKS)
+    if unknown:
+        ap.error(f"--tasks: unknown {', '.join(sorted(unknown))}")
+    if "parse" not in tasks:
+        tasks.insert(0, "parse")  # the floor every ratio is taken against
+    lines = [
+        "Synthetic DETAILED logs made by repeating a real SmolLM2-135M generation step; each "
+        f"command in its own process, the median of {args.reps} runs, imports included. "
+        "× parse: its time over a bare orjson parse of the same log.",
+        "",
+        "| command | ops | s | ops/s | × parse | CPU s | peak RSS | output |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         source = args.source or make_source(tmp)
+        measure("warm", source, tmp / "warm")
         for target in (args.ops // 4, args.ops):
             log = tmp / f"big-{target}.log"
-            n_ops, n_steps = synthesize(source, target, log)
-            outs = {"pftrace": tmp / "t.pftrace", "json": tmp / "t.json"}
-            res = {t: measure(t, log, outs.get(t, tmp / "x")) for t in TASKS if t in tasks}
-            rows.append(
-                {
-                    "ops": n_ops,
-                    "steps": n_steps,
-                    "log_mb": log.stat().st_size / 1e6,
-                    **{t: res.get(t, NA) for t in TASKS},
-                    "pftrace_mb": outs["pftrace"].stat().st_size / 1e6 if "pftrace" in res else NAN,
-                    "json_mb": outs["json"].stat().st_size / 1e6 if "json" in res else NAN,
-                }
-            )
-            print(f"{n_ops} ops done", file=sys.stderr)
+            n_ops, _ = synthesize(source, target, log)
+            floor = 0.0
+            for task in tasks:
+                out = tmp / f"out-{task}"
+                runs = [measure(task, log, out) for _ in range(args.reps)]
+                s = statistics.median(r["s"] for r in runs)
+                cpu = statistics.median(r["cpu"] for r in runs)
+                rss = max(r["rss"] for r in runs)
+                floor = floor or s
+                size = output_bytes(task, out)
+                wrote = ""
+                if size is not None:
+                    wrote = f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.1f} kB"
+                    wrote += f" ({size / n_ops:.0f} B/op)" if task == "pftrace" else ""
+                lines.append(
+                    f"| {TASKS[task][0]} | {n_ops:,} | {s:.2f} | {n_ops / s:,.0f} | "
+                    f"{s / floor:.1f} | {cpu:.2f} | {rss / 2**20:.0f} MiB | {wrote} |"
+                )
+                print(lines[-1], file=sys.stderr)
             log.unlink()
 
-    lines = [
-        "Synthetic DETAILED logs made by repeating a real SmolLM2-135M generation step "
-        "(each process measured alone; peak RSS is the process's maximum resident set).",
-        "",
-        "| ops | log MB | orjson parse s | to-perfetto s | ratio | ops/s | to-perfetto CPU s | peak RSS parse | peak RSS to-perfetto | .pftrace MB | Chrome JSON s | Chrome JSON MB | load_session s | load_session peak RSS |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        pf, parse = r["pftrace"], r["parse"]
-        lines.append(
-            f"| {r['ops']:,} | {r['log_mb']:.0f} | {parse['s']:.2f} | {pf['s']:.2f} | "
-            f"{pf['s'] / parse['s']:.1f}x | {r['ops'] / pf['s']:,.0f} | {pf['cpu']:.2f} | "
-            f"{parse['rss'] / 2**20:.0f} MiB | {pf['rss'] / 2**20:.0f} MiB | "
-            f"{r['pftrace_mb']:.1f} ({r['pftrace_mb'] * 1e6 / r['ops']:.0f} B/op) | "
-            f"{r['json']['s']:.1f} | {r['json_mb']:.0f} | "
-            f"{r['frames']['s']:.1f} | {r['frames']['rss'] / 2**20:.0f} MiB |"
-        )
-    report = "\n".join(lines).replace("nan", "n/a")
+    report = "\n".join(lines)
     print(report)
     if args.write_docs:
         from overhead import write_section

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_frames_fast import _ODD_OPS, _edit_ops, _records, _write
 from test_perfetto import FIXTURES, REAL_FIXTURES
 from test_perfetto_fast import _rewrite, assert_same
 
@@ -108,3 +109,16 @@ def test_small_logs_read_here(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LLAMACPP_INSTR_NO_PREFETCH", raising=False)
     for _ in prefetch.records(FIXTURES / "tiny-llama-detailed.log.gz"):
         assert not multiprocessing.active_children()
+
+
+@pytest.mark.usefixtures("forked")
+@pytest.mark.parametrize("case", sorted(_ODD_OPS))
+def test_odd_compute_records_same_trace(case: str, tmp_path: Path) -> None:
+    """Odd ops read by the forked reader: the trace the reference writer makes of them."""
+    recs = _records(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz")
+    log = _write(tmp_path / "odd.log", _edit_ops(recs, 0, _ODD_OPS[case]))
+    try:
+        list(iter_records(log, strict=True))
+    except UserError:
+        return
+    assert_same(log)  # the fast trace (forked) against the reference writer's

@@ -216,3 +216,30 @@ def test_prompt_longer_than_ubatch_runs_several_computes(
     assert len(computes) == -(-first["n_tokens"] // 32)
     assert sum(c["n_tokens"] for c in computes) == first["n_tokens"]
     assert log.of("step_end")[0]["n_computes"] == len(computes)
+
+
+def test_verbose_stats_count_nan_and_inf(tiny_dir: Path, tmp_path: Path) -> None:
+    """Every embedding row holds a NaN, a +inf and a -inf: the lookup's stats count them, and its
+    min, max and mean are numpy's over the finite values (the blocks holding them are redone
+    value by value)."""
+    from tiny_gguf import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "poisoned.gguf", seed=3)
+    # written through the reader's shared memory map of the file
+    (emb,) = [t for t in GGUFReader(model, "r+").tensors if t.name == "token_embd.weight"]
+    data = emb.data.reshape(-1, emb.data.shape[-1])
+    data[:, 3], data[:, 100], data[:, 200] = np.nan, np.inf, -np.inf
+    del emb, data
+    log = RunLog(make_run(model, tmp_path / "v.log", "verbose", n_predict=1))
+    first = log.of("step_begin")[0]["tokens"]
+    emb = next(t for t in GGUFReader(model).tensors if t.name == "token_embd.weight")
+    rows = np.asarray(emb.data, dtype=np.float32).reshape(-1, log.start["model"]["n_embd"])[first]
+    assert np.isnan(rows).sum() == len(first)  # the file really holds them
+    finite = rows[np.isfinite(rows)]
+    g = graphs(log)[log.of("compute")[0]["graph"]]
+    get_rows = next(n for n in g["nodes"] if n["op"] == "GET_ROWS")
+    stats = {s[0]: s for s in log.of("tensor_stats")[0]["stats"]}
+    _, mn, mx, mean, _, n_nan, n_inf = stats[get_rows["i"]]
+    assert (n_nan, n_inf) == (len(first), 2 * len(first))
+    assert (np.float32(mn), np.float32(mx)) == (finite.min(), finite.max())
+    assert mean == pytest.approx(float(finite.astype(np.float64).mean()), rel=1e-6, abs=1e-9)

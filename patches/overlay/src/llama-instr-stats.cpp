@@ -23,63 +23,72 @@ void stats_buffer::prepare(int32_t cap, int32_t n_threads) {
     }
 }
 
-// Float min/max and double sums over one contiguous run. Eight independent lanes, so that the
-// compiler vectorizes without reassociating a sum (no -ffast-math); a block holding a NaN or an
-// infinity (rare) is redone one value at a time.
+// Float min/max and double sums over one contiguous run, in blocks: eight independent lanes with
+// no test per value, so that the compiler vectorizes without reassociating a sum (no
+// -ffast-math). A NaN or an infinity makes the block's sum of squares non-finite (the squares of
+// finite floats cannot overflow a double), and that block (rare) is redone one value at a time.
 static void accumulate(stat_partial & a, const float * x, int64_t len) {
-    constexpr int L = 8;
-    float         mn[L], mx[L];
-    double        s1[L], s2[L];
-    for (int k = 0; k < L; k++) {
-        mn[k] = INFINITY;
-        mx[k] = -INFINITY;
-        s1[k] = 0.0;
-        s2[k] = 0.0;
-    }
-    int64_t n = 0, i = 0;
-    auto    one = [&](float v) {
-        if (std::isnan(v)) {
-            a.n_nan++;
-        } else if (std::isinf(v)) {
-            a.n_inf++;
-        } else {
-            mn[0] = std::min(mn[0], v);
-            mx[0] = std::max(mx[0], v);
+    constexpr int     L = 8;
+    constexpr int64_t B = 512;
+    for (int64_t b0 = 0; b0 < len; b0 += B) {
+        const float * y = x + b0;
+        const int64_t m = std::min(B, len - b0);
+        float         mn[L], mx[L];
+        double        s1[L], s2[L];
+        for (int k = 0; k < L; k++) {
+            mn[k] = INFINITY;
+            mx[k] = -INFINITY;
+            s1[k] = 0.0;
+            s2[k] = 0.0;
+        }
+        int64_t i = 0;
+        for (; i + L <= m; i += L) {
+            for (int k = 0; k < L; k++) {
+                const float v = y[i + k];
+                mn[k]         = v < mn[k] ? v : mn[k];
+                mx[k]         = v > mx[k] ? v : mx[k];
+                s1[k] += v;
+                s2[k] += (double) v * v;
+            }
+        }
+        for (; i < m; i++) {
+            const float v = y[i];
+            mn[0]         = v < mn[0] ? v : mn[0];
+            mx[0]         = v > mx[0] ? v : mx[0];
             s1[0] += v;
             s2[0] += (double) v * v;
-            n++;
         }
-    };
-    for (; i + L <= len; i += L) {
-        float finite = 0.0f;  // v - v is 0 for a finite v, NaN otherwise
+        float  bmn = INFINITY, bmx = -INFINITY;
+        double t1 = 0.0, t2 = 0.0;
         for (int k = 0; k < L; k++) {
-            finite += x[i + k] - x[i + k];
+            bmn = std::min(bmn, mn[k]);
+            bmx = std::max(bmx, mx[k]);
+            t1 += s1[k];
+            t2 += s2[k];
         }
-        if (!(finite == 0.0f)) {
-            for (int k = 0; k < L; k++) {
-                one(x[i + k]);
-            }
+        if (std::isfinite(t2)) {
+            a.mn = std::min(a.mn, bmn);
+            a.mx = std::max(a.mx, bmx);
+            a.sum += t1;
+            a.sum2 += t2;
+            a.n += m;
             continue;
         }
-        for (int k = 0; k < L; k++) {
-            const float v = x[i + k];
-            mn[k]         = v < mn[k] ? v : mn[k];
-            mx[k]         = v > mx[k] ? v : mx[k];
-            s1[k] += v;
-            s2[k] += (double) v * v;
+        for (int64_t j = 0; j < m; j++) {
+            const float v = y[j];
+            if (std::isnan(v)) {
+                a.n_nan++;
+            } else if (std::isinf(v)) {
+                a.n_inf++;
+            } else {
+                a.mn = std::min(a.mn, v);
+                a.mx = std::max(a.mx, v);
+                a.sum += v;
+                a.sum2 += (double) v * v;
+                a.n++;
+            }
         }
-        n += L;
     }
-    for (; i < len; i++) {
-        one(x[i]);
-    }
-    for (int k = 0; k < L; k++) {
-        a.mn = std::min(a.mn, mn[k]);
-        a.mx = std::max(a.mx, mx[k]);
-        a.sum += s1[k];
-        a.sum2 += s2[k];
-    }
-    a.n += n;
 }
 
 void on_node(void * user, int32_t k, const ggml_tensor * t, int ith, int nth) {
@@ -144,7 +153,27 @@ void stats_on_node(stats_buffer & sb, int32_t k, const ggml_tensor * t, int ith,
     stat_partial & a = sb.partials[(size_t) k * sb.max_threads + ith];
     a                = { INFINITY, -INFINITY, 0.0, 0.0, 0, 0, 0, sb.gen };
 
-    // this thread's rows: an even share of ne1*ne2*ne3
+    // contiguous: an even share of the values (a generation step's outputs are single rows)
+    if (ggml_is_contiguous(t)) {
+        const int64_t n  = ggml_nelements(t);
+        const int64_t e0 = n * ith / workers;
+        const int64_t e1 = n * (ith + 1) / workers;
+        if (t->type == GGML_TYPE_F32) {
+            accumulate(a, (const float *) t->data + e0, e1 - e0);
+            return;
+        }
+        float buf[256];  // F16: converted in blocks on the stack (nothing allocated here)
+        for (int64_t e = e0; e < e1; e += 256) {
+            const int64_t m = std::min<int64_t>(256, e1 - e);
+            for (int64_t i = 0; i < m; i++) {
+                buf[i] = ggml_fp16_to_fp32(((const ggml_fp16_t *) t->data)[e + i]);
+            }
+            accumulate(a, buf, m);
+        }
+        return;
+    }
+
+    // otherwise this thread's rows: an even share of ne1*ne2*ne3
     const int64_t rows     = t->ne[1] * t->ne[2] * t->ne[3];
     const int64_t r0       = rows * ith / workers;
     const int64_t r1       = rows * (ith + 1) / workers;

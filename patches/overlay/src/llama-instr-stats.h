@@ -2,7 +2,7 @@
 
 // llamacpp-instr: value statistics of each op's output (verbose level). The CPU backend calls
 // stats_on_node() on every thread once an op is complete; each thread accumulates its share of
-// the output's rows into its own slot, and the slots are merged when the step's records are
+// the output's values (its rows, if the output is not contiguous) into its own slot, and the slots are merged when the step's records are
 // formatted, after its end time is taken.
 
 #include "ggml.h"

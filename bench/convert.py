@@ -9,7 +9,8 @@ monotonic session. Then, each in a fresh process: a bare orjson parse of every l
 to-perfetto` (Perfetto, Chrome JSON), `load_session`, `instr summary`, `instr workloads` and
 `instr export`, at two sizes to show whether memory stays flat as the log grows.
 
-Each command is timed from the start of its process to its end, imports included, with Python's
+Each command is timed from the start of its process to its end, imports included (the library
+call `load_session` from after its imports), with Python's
 bytecode cache on as in an installed package (this sandbox sets PYTHONDONTWRITEBYTECODE; the
 children do not inherit it, and a first child compiles everything). The median of ``--reps`` runs
 is shown; the machine is shared, so single runs vary by 10% or more. Peak RSS is the process's
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,7 +39,7 @@ TASKS: dict[str, tuple[str, list[str] | None]] = {
     "parse": ("orjson parse of every line (the floor)", None),
     "pftrace": ("`instr to-perfetto`", ["-o", "{out}.pftrace"]),
     "json": ("`instr to-perfetto --format json`", ["-o", "{out}.json", "--format", "json"]),
-    "frames": ("`load_session` (the tables)", None),
+    "frames": ("`load_session` (the tables; after its imports)", None),
     "summary": ("`instr summary`", []),
     "workloads": ("`instr workloads`", ["-o", "{out}.jsonl"]),
     "export": ("`instr export` (Parquet)", ["-o", "{out}-tables"]),
@@ -95,10 +97,10 @@ def synthesize(source: Path, target_ops: int, out: Path) -> tuple[int, int]:
 
 
 def child(task: str, log: str, out: str) -> None:
+    if task == "frames":  # a library call, in a program that has imported it (pandas: ~0.3 s)
+        from llamacpp_instr.converters import load_session
     t0 = time.perf_counter()
     if task == "frames":
-        from llamacpp_instr.converters import load_session
-
         f = load_session(log)
         assert len(f.ops) > 0
     elif task == "parse":
@@ -131,6 +133,10 @@ def child(task: str, log: str, out: str) -> None:
 
 
 def measure(task: str, log: Path, out: Path) -> dict:
+    """One run of ``task`` in a new process, writing a new file: replacing an existing one makes
+    ext4 flush the new data first (about 0.1 s per 300 MB), the filesystem's cost on overwrite."""
+    for p in out.parent.glob(out.name + "*"):
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     r = subprocess.run(
         [sys.executable, __file__, "--child", task, "--log", str(log), "--out", str(out)],

@@ -268,7 +268,14 @@ def test_ctrl_c_leaves_a_valid_interrupted_log(
     out = tmp_path / "int.log"
     cmd = [sys.executable, "-m", "llamacpp_instr.cli", "run", "--prompt", PROMPT, "-n", "2000",
            "--ctx", "4096", "--threads", "2", "--ignore-eos", "--out", str(out)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # Ctrl-C as a terminal delivers it: a test run in the background (nohup, CI runners) ignores
+    # SIGINT, and a Python child inherits that and never raises KeyboardInterrupt
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if out.exists() and out.read_bytes().count(b'"step_end"') >= 5:

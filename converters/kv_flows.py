@@ -131,9 +131,9 @@ class KvFlows:
         fused_of: dict[int, Any]
         if node_of is not None:  # a packed compute: its KV ops by the graph's mask
             nodes = node_of.tolist()
-            positions = np.flatnonzero(roles.any[node_of]).tolist()
             fused_of = getattr(c, "op_fused", {})
-            positions = sorted(set(positions) | {k for k in fused_of if k not in positions})
+            # the ops whose node has a KV role, and the fused ones (their members may have one)
+            positions = sorted(set(np.flatnonzero(roles.any[node_of]).tolist()) | set(fused_of))
         else:
             nodes = [op.node.i for op in c.ops]
             fused_of = {k: [f.i for f in op.fused] for k, op in enumerate(c.ops) if op.fused}

@@ -39,10 +39,22 @@ import pandas as pd
 from . import derive
 from .errors import UserError
 from .reader import ReadReport, iter_records
-from .session import Graph, SessionInfo, _graph, _info, _nn, _request_id, _seqs
+from .session import (
+    MALFORMED,
+    Graph,
+    SessionInfo,
+    _end_step,
+    _graph,
+    _info,
+    _nn,
+    _request_id,
+    _seqs,
+    _topk_rows,
+    layer_rows,
+    skip_malformed,
+)
 
 # what a record that parses but lacks the schema's shape raises (as in session.iter_events)
-_MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError)
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -335,17 +347,9 @@ def _ops_fast(
 
 
 def _layers(layers: Any, t0: int) -> np.ndarray:
-    if type(layers) is list and layers:
-        try:
-            flat = list(chain.from_iterable(layers))
-            if len(flat) == 4 * len(layers) and set(map(len, layers)) == {4}:
-                a = np.frombuffer(array("q", flat), np.int64).reshape(-1, 4).copy()
-                lo, hi = a.min(axis=0), a.max(axis=0)
-                if lo[1] >= 0 and lo[2] >= 0 and t0 + int(hi[1]) <= _INT64_MAX:
-                    a[:, 1] += t0
-                    return a
-        except (TypeError, ValueError, OverflowError):
-            pass
+    a = layer_rows(layers, t0)
+    if a is not None:
+        return a
     rows = [(int(a), t0 + _nn(b), _nn(c), int(d)) for a, b, c, d in layers]
     return np.array(rows, np.int64).reshape(-1, 4)
 
@@ -388,11 +392,8 @@ def _events(path: Path | str, strict: bool, report: ReadReport) -> Iterator[_Eve
     for n, rec in iter_records(path, strict=strict, report=report):
         try:
             yield from _apply(rec, states)
-        except _MALFORMED as exc:
-            why = f"malformed {rec.get('type')} record ({type(exc).__name__}: {exc})"
-            if strict:
-                raise UserError(f"{path}: line {n}: {why}") from None
-            report.skipped.append((n, why))
+        except MALFORMED as exc:
+            skip_malformed(path, n, rec, exc, strict, report)
     for state in states.values():
         yield from _close(state, state.info.last_ts)
 
@@ -441,24 +442,11 @@ def _apply(rec: dict[str, Any], states: dict[str, _State]) -> Iterator[_Event]:
     elif rtype == "topk":
         step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
         if step is not None:
-            step.topk = [
-                r
-                for r in rec["rows"]
-                if isinstance(r, dict)
-                and isinstance(r.get("ids"), list)
-                and isinstance(r.get("logits"), list)
-                and r["ids"]
-                and r["logits"]
-            ]
+            step.topk = _topk_rows(rec)
     elif rtype == "step_end":
         step = state.open_steps.pop((int(rec["ctx"]), int(rec["step"])), None)
         if step is not None:
-            step.start = _nn(rec["t_start"])
-            step.dur = _nn(rec["dur"])
-            step.status = int(rec["status"])
-            step.n_outputs = int(rec["n_outputs"])
-            step.kv_used = int(rec["kv_used"])
-            step.ended = True
+            _end_step(step, rec)
             yield state.info, step
     elif rtype == "session_end":
         yield from _close(state, rec["ts"])

@@ -53,10 +53,19 @@ except ImportError:  # a platform without isal wheels: the standard library's
     from zlib import compress as _deflate  # type: ignore[assignment]
 
 from . import prefetch
-from .errors import UserError
 from .prefetch import PackedOps, pack_ops
 from .reader import ReadReport
-from .session import Event, Graph, LayerSpan, SessionEnded, _apply, _close, _SessionState
+from .session import (
+    MALFORMED,
+    Event,
+    Graph,
+    LayerSpan,
+    SessionEnded,
+    _apply,
+    _close,
+    _SessionState,
+    skip_malformed,
+)
 from .trace_layout import (
     BulkItem,
     ComputeBatch,
@@ -102,12 +111,8 @@ def iter_events_packed(
             elif rtype == "tensor_stats":
                 _unpack_step(rec, states)
             yield from _apply(rec, states)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-            # the same handling as session.iter_events
-            why = f"malformed {rec.get('type')} record ({type(exc).__name__}: {exc})"
-            if strict:
-                raise UserError(f"{path}: line {n}: {why}") from None
-            rep.skipped.append((n, why))
+        except MALFORMED as exc:
+            skip_malformed(path, n, rec, exc, strict, rep)
     for state in states.values():
         yield from _close(state, state.info.last_ts)
         yield SessionEnded(state.info)

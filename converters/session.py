@@ -15,8 +15,10 @@ steps; both are marked ``ended=False``.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -170,21 +172,31 @@ class SessionEnded:
 Event = SessionStarted | StepDone | SessionEnded
 
 
+def layer_rows(raw: Any, t0: int) -> np.ndarray | None:
+    """A compute record's ``layers`` rows as an int64 array, start offsets made absolute, in bulk;
+    None unless they are all four plain ints with non-negative times (the per-row reading then
+    converts or rejects the odd values)."""
+    if type(raw) is not list or not raw:
+        return None
+    try:
+        flat = list(chain.from_iterable(raw))
+        if len(flat) != 4 * len(raw) or set(map(len, raw)) != {4}:
+            return None
+        a = np.frombuffer(array("q", flat), np.int64).reshape(-1, 4).copy()  # ints only
+        lo, hi = a.min(axis=0), a.max(axis=0)
+        if lo[1] < 0 or lo[2] < 0 or t0 + int(hi[1]) >= 1 << 63:
+            return None
+        a[:, 1] += t0
+        return a
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 def _layers(raw: Any, t0: int) -> list[LayerSpan]:
     """A compute record's ``layers`` rows, their start offsets made absolute."""
-    try:  # in bulk (ints from the native writer): the rows' values as int() gives them
-        a = np.array(raw, dtype=np.int64)
-        if (
-            a.ndim == 2
-            and a.shape[1] == 4
-            and len(a)
-            and int(a[:, 1:3].min()) >= 0
-            and t0 + int(a[:, 1].max()) < 1 << 63
-        ):
-            a[:, 1] += t0
-            return list(map(LayerSpan._make, a.tolist()))
-    except (ValueError, TypeError, OverflowError):
-        pass
+    a = layer_rows(raw, t0)
+    if a is not None:
+        return list(map(LayerSpan._make, a.tolist()))
     return [LayerSpan(int(a), t0 + _nn(b), _nn(c), int(d)) for a, b, c, d in raw]
 
 
@@ -300,6 +312,20 @@ def _attach_stats(compute: Compute, rec: dict[str, Any]) -> None:
             op.stats = by_node[op.node.i]
 
 
+# what applying a record that parses but does not have the schema's shape raises
+MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError)
+
+
+def skip_malformed(
+    path: Path | str, n: int, rec: dict[str, Any], exc: Exception, strict: bool, rep: ReadReport
+) -> None:
+    """Line ``n`` held such a record: an error with ``strict``, else skipped like bad JSON."""
+    why = f"malformed {rec.get('type')} record ({type(exc).__name__}: {exc})"
+    if strict:
+        raise UserError(f"{path}: line {n}: {why}") from None
+    rep.skipped.append((n, why))
+
+
 def iter_events(
     path: Path | str, *, strict: bool = False, report: ReadReport | None = None
 ) -> Iterator[Event]:
@@ -309,12 +335,8 @@ def iter_events(
     for n, rec in iter_records(path, strict=strict, report=rep):
         try:
             yield from _apply(rec, states)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-            # a record that parses but does not have the schema's shape: skip it like bad JSON
-            why = f"malformed {rec.get('type')} record ({type(exc).__name__}: {exc})"
-            if strict:
-                raise UserError(f"{path}: line {n}: {why}") from None
-            rep.skipped.append((n, why))
+        except MALFORMED as exc:
+            skip_malformed(path, n, rec, exc, strict, rep)
     for state in states.values():  # sessions the file ends in the middle of
         yield from _close(state, state.info.last_ts)
         yield SessionEnded(state.info)
@@ -332,6 +354,29 @@ def _seqs(rec: dict[str, Any]) -> list[tuple[int, int, int, int]]:
         if isinstance(row, list) and len(row) == 4:
             out.append((int(row[0]), int(row[1]), int(row[2]), int(row[3])))
     return out
+
+
+def _topk_rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """A topk record's well-formed rows."""
+    return [
+        r
+        for r in rec["rows"]
+        if isinstance(r, dict)
+        and isinstance(r.get("ids"), list)
+        and isinstance(r.get("logits"), list)
+        and r["ids"]
+        and r["logits"]
+    ]
+
+
+def _end_step(step: Any, rec: dict[str, Any]) -> None:
+    """What a step_end record says of its step (a ``Step``, or the bulk reader's own kind)."""
+    step.start = _nn(rec["t_start"])
+    step.dur = _nn(rec["dur"])
+    step.status = int(rec["status"])
+    step.n_outputs = int(rec["n_outputs"])
+    step.kv_used = int(rec["kv_used"])
+    step.ended = True
 
 
 def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Event]:
@@ -380,24 +425,11 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
     elif rtype == "topk":
         step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
         if step is not None:
-            step.topk = [
-                r
-                for r in rec["rows"]
-                if isinstance(r, dict)
-                and isinstance(r.get("ids"), list)
-                and isinstance(r.get("logits"), list)
-                and r["ids"]
-                and r["logits"]
-            ]
+            step.topk = _topk_rows(rec)
     elif rtype == "step_end":
         step = state.open_steps.pop((int(rec["ctx"]), int(rec["step"])), None)
         if step is not None:
-            step.start = _nn(rec["t_start"])
-            step.dur = _nn(rec["dur"])
-            step.status = int(rec["status"])
-            step.n_outputs = int(rec["n_outputs"])
-            step.kv_used = int(rec["kv_used"])
-            step.ended = True
+            _end_step(step, rec)
             yield StepDone(state.info, step)
     elif rtype == "session_end":
         yield from _close(state, rec["ts"])

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
+from .kv_flows import KvFlows
 from .reader import ReadReport
 from .trace_layout import LayoutStats, Selection
 
@@ -25,6 +26,17 @@ def default_output(log: Path, fmt: str) -> Path:
     return out
 
 
+def kv_flows_for(log: Path, sel: Selection) -> KvFlows | None:
+    """With ``sel.flows``, the KV-cache flows of the trace of ``log``: a first pass over the log
+    counts each write's readers (see ``kv_flows``)."""
+    if not sel.flows:
+        return None
+    from .kv_flows import count
+    from .perfetto_fast import iter_events_packed
+
+    return count(iter_events_packed(log), sel.layer, sel.wants_step)
+
+
 def convert(
     log: Path,
     out: Path,
@@ -35,7 +47,6 @@ def convert(
 ) -> tuple[LayoutStats, ReadReport]:
     """Write the trace of ``log`` to ``out`` (via a temporary file: ``out`` is complete or
     absent). ``wrap`` sees the layout's items on their way to the writer (a progress bar)."""
-    from . import kv_flows
     from .perfetto_fast import iter_events_packed
     from .trace_layout import layout_bulk
 
@@ -47,10 +58,8 @@ def convert(
     tmp = out.with_name(out.name + ".partial")
     try:
         with tmp.open("wb") as f:
-            flows = None
-            if sel.flows:  # a first pass counts each KV write's readers (see kv_flows)
-                flows = kv_flows.count(iter_events_packed(log), sel.layer, sel.wants_step)
-                stats.flows = flows.total
+            flows = kv_flows_for(log, sel)
+            stats.flows = flows.total if flows is not None else 0
             events = iter_events_packed(log, strict=strict, report=report)
             items: Iterator[Any] = layout_bulk(
                 events, sel, stats, compute_batches=True, flows=flows

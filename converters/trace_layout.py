@@ -118,6 +118,17 @@ class PackedCompute(Compute):
             )
         ]
 
+    def op_at(self, k: int) -> OpTiming:
+        """The ``k``-th of ``unpack()``'s ops alone."""
+        assert self.graph is not None
+        nodes = self.graph.nodes
+        return OpTiming(
+            node=nodes[int(self.op_node[k])],
+            start=int(self.op_start[k]),
+            dur=int(self.op_dur[k]),
+            fused=[nodes[j] for j in self.op_fused.get(k, ())],
+        )
+
     def unpacked(self) -> Compute:
         """The plain compute a per-op reader would have made."""
         return Compute(
@@ -512,19 +523,7 @@ class _SessionLayout:
                 stats.ops += n
                 if n:
                     batch = OpBatch(track, c, keep)
-                nodes = c.graph.nodes
-                ops = [
-                    (
-                        k,
-                        OpTiming(
-                            node=nodes[int(c.op_node[k])],
-                            start=int(c.op_start[k]),
-                            dur=int(c.op_dur[k]),
-                            fused=[nodes[j] for j in c.op_fused.get(k, ())],
-                        ),
-                    )
-                    for k in sorted(flows)
-                ]
+                ops = [(k, c.op_at(k)) for k in sorted(flows)]
             else:
                 ops = list(enumerate(c.unpack()))
         if self.compute_batches:

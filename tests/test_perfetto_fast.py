@@ -24,11 +24,12 @@ from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters import kv_flows, perfetto_fast
+from llamacpp_instr.converters import perfetto_fast
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.perfetto_fast import iter_events_packed, write_perfetto_fast
 from llamacpp_instr.converters.perfetto_writer import write_perfetto
 from llamacpp_instr.converters.session import iter_events
+from llamacpp_instr.converters.trace import kv_flows_for
 from llamacpp_instr.converters.trace_layout import (
     LayoutStats,
     OpBatch,
@@ -119,17 +120,10 @@ def resolved(data: bytes) -> list[tuple[Any, ...]]:
     return out
 
 
-def flows_for(log: Path, sel: Selection) -> kv_flows.KvFlows | None:
-    """The KV-cache flows of ``sel.flows``, counted as ``trace.convert`` counts them."""
-    if not sel.flows:
-        return None
-    return kv_flows.count(iter_events_packed(log), sel.layer, sel.wants_step)
-
-
 def reference(log: Path, sel: Selection | None = None) -> bytes:
     buf = io.BytesIO()
     sel = sel or Selection()
-    items = layout(iter_events(log), sel, LayoutStats(), flows=flows_for(log, sel))
+    items = layout(iter_events(log), sel, LayoutStats(), flows=kv_flows_for(log, sel))
     write_perfetto(items, buf)
     return buf.getvalue()
 
@@ -149,7 +143,7 @@ def fast(
         sel,
         LayoutStats(),
         compute_batches=compute_batches,
-        flows=flows_for(log, sel),
+        flows=kv_flows_for(log, sel),
     )
     w = perfetto_fast._Writer(buf, compress)
     saved = perfetto_fast.FLUSH_ROWS

@@ -86,6 +86,9 @@ class _OpTable:
         self.nbytes: list[int] = []
         self.node_row = np.full(n, -1, dtype=np.int64)
         self._arrays: tuple[Any, ...] | None = None
+        # the fused ops, node bytes and rows of the last compute (the fused dict is the graph's
+        # own while its computes repeat it: see perfetto_fast._pack_ops)
+        self.last: tuple[dict[int, list[int]], bytes, np.ndarray] | None = None
 
     def row(self, i: int, fused: tuple[int, ...]) -> int:
         r = self.rows.get((i, fused))
@@ -105,6 +108,26 @@ class _OpTable:
             self.node_row[i] = r
         self._arrays = None
         return r
+
+    def rows_of(self, node: np.ndarray, fused: dict[int, list[int]]) -> np.ndarray:
+        """The row of each op: its node's, or that of the node with its fused nodes."""
+        key = node.tobytes()
+        last = self.last
+        if last is not None and last[0] is fused and last[1] == key:
+            return last[2]  # the same ops as the graph's last compute (a generation step's)
+        rows = self.node_row[node]
+        if (rows < 0).any():
+            for i in sorted(set(node[rows < 0].tolist())):  # (np.unique would import numpy.ma)
+                self.row(i, ())
+            rows = self.node_row[node]
+        if fused:
+            rows = rows.copy()
+            nodes = node.tolist()
+            for k, f in fused.items():
+                r = self.rows.get((nodes[k], tuple(f)))
+                rows[k] = self.row(nodes[k], tuple(f)) if r is None else r
+        self.last = (fused, key, rows)
+        return rows
 
     def arrays(self) -> tuple[Any, ...]:
         if self._arrays is None:
@@ -365,19 +388,7 @@ class _Writer:
         node = np.asarray(c.op_node, dtype=np.int64)
         start = np.asarray(c.op_start, dtype=np.int64)
         dur = np.asarray(c.op_dur, dtype=np.int64)
-        # the row of each op: its node's, or that of the node with its fused nodes
-        rows = table.node_row[node]
-        if (rows < 0).any():
-            for i in np.unique(node[rows < 0]).tolist():
-                table.row(i, ())
-            rows = table.node_row[node]
-        if c.op_fused:
-            rows = rows.copy()
-            nodes = node.tolist()
-            known = table.rows
-            for k, f in c.op_fused.items():
-                r = known.get((nodes[k], tuple(f)))
-                rows[k] = table.row(nodes[k], tuple(f)) if r is None else r
+        rows = table.rows_of(node, c.op_fused)
         if ob.keep is not None:
             keep = ob.keep
             rows, start, dur = rows[keep], start[keep], dur[keep]

@@ -413,7 +413,8 @@ class _Nodes:
         if (
             last is not None
             and (last[1] is fused or last[1] == fused)
-            and np.array_equal(last[0], node)
+            and len(last[0]) == len(node)
+            and last[0].tobytes() == node.tobytes()
         ):
             return last[2]  # the same ops as the last compute's (the usual case)
         g = self._gids(node, fused)
@@ -423,7 +424,7 @@ class _Nodes:
     def _gids(self, node: Any, fused: dict[int, list[int]]) -> Any:
         g = self.gid[node]
         if (g < 0).any():
-            for i in np.unique(node[g < 0]).tolist():
+            for i in sorted(set(node[g < 0].tolist())):  # (np.unique would import numpy.ma)
                 self.gid[i] = self.build(i, ())
             g = self.gid[node]
         if fused:
@@ -1070,7 +1071,7 @@ class _Writer:
             out[:] = self._glue_rows(int(nb_ts[0]), ts, *nxt)
             return out
         out = np.empty(n, dtype=object)
-        for v in np.unique(nb_ts).tolist():
+        for v in sorted(set(nb_ts.ravel().tolist())):
             rows = np.flatnonzero(nb_ts == v)
             out[rows] = self._glue_rows(v, ts[rows], *(x[rows] for x in nxt))
         return out

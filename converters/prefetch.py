@@ -28,6 +28,7 @@ from .reader import ReadReport, iter_records
 
 MIN_BYTES = 8 << 20  # smaller logs are read in this process: a fork would not pay for itself
 BATCH = 128  # records per message
+FIRST_BATCH = 4  # the first message: the reading side waits for it
 _ITEM = (itemgetter(0), itemgetter(1), itemgetter(2))
 
 
@@ -150,6 +151,7 @@ def _read(conn: Any, path: Path | str, strict: bool) -> None:
     batch: list[tuple[int, Any, str]] = []
     last: dict[tuple[Any, ...], dict[int, list[int]]] = {}  # per graph: the last fused ops
     n_skipped = 0
+    size = FIRST_BATCH
     try:
         for n, rec in iter_records(path, strict=strict, report=rep):
             if len(rep.skipped) > n_skipped:
@@ -163,9 +165,10 @@ def _read(conn: Any, path: Path | str, strict: bool) -> None:
                     if packed.fused:
                         last[key] = packed.fused
             batch.append((n, rec, ""))
-            if len(batch) >= BATCH:
+            if len(batch) >= size:
                 conn.send(("batch", batch))
                 batch = []
+                size = BATCH
         batch += [(m, None, why) for m, why in rep.skipped[n_skipped:]]
         conn.send(("batch", batch))
         conn.send(("end", rep.lines, rep.records, rep.replaced_utf8, dict(rep.unknown_types)))

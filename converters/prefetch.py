@@ -4,19 +4,22 @@ Turning a log into a trace is two jobs of about equal size: parsing the lines (o
 compute's ``ops`` list into int64 columns) and encoding the trace. Python runs one of them at a
 time, so for a big log a forked process does the first: it reads the records with
 ``reader.iter_records`` and sends them over a pipe in batches, each compute's ops already as
-columns (``PackedOps``), while this process builds and encodes the trace. What it yields, and what
-``report`` ends up saying, are exactly what ``iter_records`` would have given (skipped lines in
-their place); a ``strict`` error is raised here. Small logs, platforms without ``fork`` and
-processes already running threads (where forking is unsafe) read in this process.
+columns (``PackedOps``) and its layers as ``session.layer_rows`` makes them, while this process
+builds and encodes the trace. What it yields, and what ``report`` ends up saying, are exactly what
+``iter_records`` would have given (skipped lines in their place); a ``strict`` error is raised
+here. Small logs, platforms without ``fork`` and processes already running threads (where forking
+is unsafe) read in this process.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import threading
 from collections.abc import Iterator
 from itertools import chain
+from multiprocessing.reduction import ForkingPickler
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -25,10 +28,12 @@ import numpy as np
 
 from .errors import UserError
 from .reader import ReadReport, iter_records
+from .session import layer_rows
 
 MIN_BYTES = 8 << 20  # smaller logs are read in this process: a fork would not pay for itself
 BATCH = 128  # records per message
 FIRST_BATCH = 4  # the first message: the reading side waits for it
+AHEAD = 16  # messages the reader may have ready beyond what the pipe holds
 _ITEM = (itemgetter(0), itemgetter(1), itemgetter(2))
 
 
@@ -109,6 +114,7 @@ def records(
         return
     ctx = multiprocessing.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
+    _widen(send.fileno())
     proc = ctx.Process(target=_read, args=(send, path, strict), daemon=True)
     proc.start()
     send.close()
@@ -137,6 +143,18 @@ def records(
         proc.join()
 
 
+def _widen(fd: int) -> None:
+    """Let the pipe hold a whole message (Linux: 1 MiB, the unprivileged limit, rather than
+    64 KiB): a message then goes in one write, and the reading side does not wait for the
+    sending thread to get the GIL back for every 64 KiB of it."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
+    except (ImportError, AttributeError, OSError):
+        pass  # another platform, or a lower limit: smaller writes, the same messages
+
+
 def _can_fork() -> bool:
     return (
         "fork" in multiprocessing.get_all_start_methods()
@@ -145,8 +163,55 @@ def _can_fork() -> bool:
     )
 
 
+class _Gone(Exception):
+    """The reading side has stopped reading (it ended early): the reader stops too."""
+
+
+class _Sender:
+    """Sends the reading process's messages from a thread. A pipe holds 64 KiB, less than one
+    message: sending from the parsing loop, the reader could never be more than a message ahead,
+    and it stood still through every one of the writer's flushes. From here it parses on while
+    up to ``AHEAD`` messages wait (``Connection.recv`` unpickles them as ``send`` would have
+    pickled them)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.queue: queue.Queue[Any] = queue.Queue(AHEAD)
+        self.failed = False  # the reading side has gone: what is left is dropped
+        self.thread = threading.Thread(target=self._run, name="log-reader-send", daemon=True)
+        self.thread.start()
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        if self.failed:
+            raise _Gone
+        self.queue.put(ForkingPickler.dumps(msg))
+
+    def _run(self) -> None:
+        while (data := self.queue.get()) is not None:
+            if not self.failed:
+                try:
+                    self.conn.send_bytes(data)
+                except BaseException:  # noqa: BLE001 - the parsing loop stops at its next send
+                    self.failed = True
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        self.conn.close()
+
+
 def _read(conn: Any, path: Path | str, strict: bool) -> None:
     """The reading process: records in batches, skipped lines in their place, then the totals."""
+    out = _Sender(conn)
+    try:
+        _read_to(out, path, strict)
+    except _Gone:
+        pass  # nobody is left to tell
+    finally:
+        out.close()
+
+
+def _read_to(out: _Sender, path: Path | str, strict: bool) -> None:
     rep = ReadReport()
     batch: list[tuple[int, Any, str]] = []
     last: dict[tuple[Any, ...], dict[int, list[int]]] = {}  # per graph: the last fused ops
@@ -164,18 +229,23 @@ def _read(conn: Any, path: Path | str, strict: bool) -> None:
                     rec["ops"] = packed
                     if packed.fused:
                         last[key] = packed.fused
+                t0 = rec.get("t_start")
+                if type(t0) is int and t0 >= 0:  # what the model's reading would accept
+                    rows = layer_rows(rec.get("layers"), t0)
+                    if rows is not None:
+                        rec["layers"] = rows  # absolute, as session._layers makes them
             batch.append((n, rec, ""))
             if len(batch) >= size:
-                conn.send(("batch", batch))
+                out.send(("batch", batch))
                 batch = []
                 size = BATCH
         batch += [(m, None, why) for m, why in rep.skipped[n_skipped:]]
-        conn.send(("batch", batch))
-        conn.send(("end", rep.lines, rep.records, rep.replaced_utf8, dict(rep.unknown_types)))
+        out.send(("batch", batch))
+        out.send(("end", rep.lines, rep.records, rep.replaced_utf8, dict(rep.unknown_types)))
     except UserError as exc:
-        conn.send(("batch", batch))
-        conn.send(("error", str(exc)))
+        out.send(("batch", batch))
+        out.send(("error", str(exc)))
+    except _Gone:
+        raise
     except BaseException as exc:  # noqa: BLE001 - reported to the reading side, never lost
-        conn.send(("error", f"{path}: reading failed: {type(exc).__name__}: {exc}"))
-    finally:
-        conn.close()
+        out.send(("error", f"{path}: reading failed: {type(exc).__name__}: {exc}"))

@@ -193,8 +193,9 @@ def layer_rows(raw: Any, t0: int) -> np.ndarray | None:
 
 
 def _layers(raw: Any, t0: int) -> list[LayerSpan]:
-    """A compute record's ``layers`` rows, their start offsets made absolute."""
-    a = layer_rows(raw, t0)
+    """A compute record's ``layers`` rows, their start offsets made absolute. ``raw`` may be
+    ``layer_rows(raw, t0)`` already (the forked log reader's work: ``prefetch``)."""
+    a = raw if isinstance(raw, np.ndarray) else layer_rows(raw, t0)
     if a is not None:
         return list(map(LayerSpan._make, a.tolist()))
     return [LayerSpan(int(a), t0 + _nn(b), _nn(c), int(d)) for a, b, c, d in raw]

@@ -180,7 +180,10 @@ def _op_time(step: Step) -> int:
     total = 0
     for c in step.computes:
         if isinstance(c, PackedCompute):
-            total += sum(c.op_dur.tolist())
+            d = c.op_dur
+            # durations are below 2**62 each: exact in int64 while the (float) total stays small
+            exact = len(d) < 2 or float(d.sum(dtype=np.float64)) < 2.0**62
+            total += int(d.sum()) if exact else sum(d.tolist())
         else:
             total += sum(op.dur for op in c.ops)
     return total

@@ -375,6 +375,8 @@ _ODD_OPS: dict[str, Any] = {
     "layers negative": lambda c: c["layers"][0].__setitem__(2, -7),
     "layers short": lambda c: c["layers"].__setitem__(0, [1, 2, 3]),
     "layers empty": lambda c: c.__setitem__("layers", []),
+    "layers start overflows": lambda c: c["layers"][0].__setitem__(1, 2**63 - 10),
+    "layers with t_start a float": lambda c: c.__setitem__("t_start", float(c["t_start"])),
     "nothing timed": lambda c: c.update(layers=[], ops=[]),
     "nothing timed, junk ubatch": lambda c: c.update(layers=[], ops=[], ubatch="x"),
     "no layers": lambda c: c.pop("layers"),

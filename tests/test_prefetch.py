@@ -1,5 +1,5 @@
 """The forked log reader (``converters/prefetch.py``) gives exactly what ``iter_records`` gives:
-the same records (ops columns back to the same lists), the same report with skipped lines in
+the same records (ops columns and layer rows back to the same lists), the same report with skipped lines in
 their place, the same strict error, and so the same trace."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import multiprocessing
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from test_frames_fast import _ODD_OPS, _edit_ops, _records, _write
 from test_perfetto import FIXTURES, REAL_FIXTURES
@@ -42,6 +43,10 @@ def both(path: Path, strict: bool = False) -> tuple[Any, ReadReport, Any, ReadRe
         children = max(children, len(multiprocessing.active_children()))
         if isinstance(rec.get("ops"), prefetch.PackedOps):
             rec = dict(rec, ops=rec["ops"].to_list())
+        if isinstance(rec.get("layers"), np.ndarray):  # session.layer_rows: starts made absolute
+            layers = rec["layers"].copy()
+            layers[:, 1] -= rec["t_start"]
+            rec = dict(rec, layers=layers.tolist())
         got.append((n, rec))
     assert children == 1, "not read in a forked process"
     return want, want_rep, got, got_rep
@@ -122,3 +127,12 @@ def test_odd_compute_records_same_trace(case: str, tmp_path: Path) -> None:
     except UserError:
         return
     assert_same(log)  # the fast trace (forked) against the reference writer's
+
+
+@pytest.mark.usefixtures("forked")
+def test_reading_side_stops_early(capfd: pytest.CaptureFixture[str]) -> None:
+    """A consumer that stops after the first record: the reader process ends, quietly."""
+    for _ in prefetch.records(FIXTURES / "tiny-llama-verbose.log.gz"):
+        break
+    assert not multiprocessing.active_children()
+    assert "Traceback" not in capfd.readouterr().err

@@ -33,6 +33,7 @@ from .trace_layout import (
     ComputeBatch,
     Item,
     OpBatch,
+    OpVariants,
     Sample,
     Slice,
     Track,
@@ -72,28 +73,22 @@ def _pairs(a: np.ndarray, b: np.ndarray, sep: bytes) -> list[bytes]:
 
 class _OpTable:
     """One graph's op events on one track: per row (a node, or a node with fused nodes) the
-    rendered parts that do not depend on timing, and its estimated FLOPs and bytes."""
+    rendered parts that do not depend on timing, and its estimated FLOPs and bytes; the rows of
+    a compute's ops from ``variants.ids``."""
 
     def __init__(self, graph: Graph, pid: int, tid: int) -> None:
         self.graph = graph  # held, so that its id() stays this graph's
         self.pid, self.tid = pid, tid
-        n = len(graph.nodes)
-        self.rows: dict[tuple[int, tuple[int, ...]], int] = {}
         self.head: list[bytes] = []  # ',\n{"ph":"X", ... ,"ts":'
         self.mid: list[bytes] = []  # ',"args":{...static head...,"gflop_per_s":'
         self.tail: list[bytes] = []  # ',...static tail...}}'
         self.flops: list[int] = []
         self.nbytes: list[int] = []
-        self.node_row = np.full(n, -1, dtype=np.int64)
+        self.variants = OpVariants(len(graph.nodes), self.row)
         self._arrays: tuple[Any, ...] | None = None
-        # the fused ops, node bytes and rows of the last compute (the fused dict is the graph's
-        # own while its computes repeat it: see perfetto_fast._pack_ops)
-        self.last: tuple[dict[int, list[int]], bytes, np.ndarray] | None = None
 
     def row(self, i: int, fused: tuple[int, ...]) -> int:
-        r = self.rows.get((i, fused))
-        if r is not None:
-            return r
+        """A new row: node ``i`` with the nodes ``fused`` into it."""
         nodes = self.graph.nodes
         node = nodes[i]
         head, n_flops, n_bytes, tail = op_static_args(node, [nodes[j] for j in fused], self.graph)
@@ -103,31 +98,8 @@ class _OpTable:
         self.tail.append((b"," + _dumps(tail)[1:-1] if tail else b"") + b"}}")
         self.flops.append(n_flops)
         self.nbytes.append(n_bytes)
-        r = self.rows[(i, fused)] = len(self.head) - 1
-        if not fused:
-            self.node_row[i] = r
         self._arrays = None
-        return r
-
-    def rows_of(self, node: np.ndarray, fused: dict[int, list[int]]) -> np.ndarray:
-        """The row of each op: its node's, or that of the node with its fused nodes."""
-        key = node.tobytes()
-        last = self.last
-        if last is not None and last[0] is fused and last[1] == key:
-            return last[2]  # the same ops as the graph's last compute (a generation step's)
-        rows = self.node_row[node]
-        if (rows < 0).any():
-            for i in sorted(set(node[rows < 0].tolist())):  # (np.unique would import numpy.ma)
-                self.row(i, ())
-            rows = self.node_row[node]
-        if fused:
-            rows = rows.copy()
-            nodes = node.tolist()
-            for k, f in fused.items():
-                r = self.rows.get((nodes[k], tuple(f)))
-                rows[k] = self.row(nodes[k], tuple(f)) if r is None else r
-        self.last = (fused, key, rows)
-        return rows
+        return len(self.head) - 1
 
     def arrays(self) -> tuple[Any, ...]:
         if self._arrays is None:
@@ -388,7 +360,7 @@ class _Writer:
         node = np.asarray(c.op_node, dtype=np.int64)
         start = np.asarray(c.op_start, dtype=np.int64)
         dur = np.asarray(c.op_dur, dtype=np.int64)
-        rows = table.rows_of(node, c.op_fused)
+        rows = table.variants.ids(node, c.op_fused)
         if ob.keep is not None:
             keep = ob.keep
             rows, start, dur = rows[keep], start[keep], dur[keep]

@@ -70,6 +70,7 @@ from .trace_layout import (
     BulkItem,
     ComputeBatch,
     OpBatch,
+    OpVariants,
     PackedCompute,
     Sample,
     Slice,
@@ -381,7 +382,7 @@ class _Store:
 
 
 class _Nodes:
-    """A graph's op variants on one track: gids, built on first use."""
+    """A graph's op variants on one track: gids, built on first use (``variants.ids``)."""
 
     def __init__(self, w: _Writer, graph: Graph, track: int) -> None:
         w.rates_setup()
@@ -389,11 +390,9 @@ class _Nodes:
         self.graph = graph
         self.track = track
         self.compact = w.compact
-        self.gid = np.full(len(graph.nodes), -1, dtype=np.int64)
-        self.fused: dict[tuple[int, tuple[int, ...]], int] = {}
-        self.last: tuple[Any, dict[int, list[int]], Any] | None = None
+        self.variants = OpVariants(len(graph.nodes), self.build)
 
-    def build(self, i: int, fused: list[int] | tuple[int, ...]) -> int:
+    def build(self, i: int, fused: tuple[int, ...]) -> int:
         nodes = self.graph.nodes
         node = nodes[i]
         head, n_flops, n_bytes, tail = op_static_args(node, [nodes[j] for j in fused], self.graph)
@@ -407,35 +406,6 @@ class _Nodes:
         s = b"\x5a" + _varint(len(te) + w.d_len + len(t)) + te
         depth = 3 if node.layer is not None else 2
         return w.store.add(s, t, n_flops, n_bytes, depth)
-
-    def gids(self, node: Any, fused: dict[int, list[int]]) -> Any:
-        last = self.last
-        if (
-            last is not None
-            and (last[1] is fused or last[1] == fused)
-            and len(last[0]) == len(node)
-            and last[0].tobytes() == node.tobytes()
-        ):
-            return last[2]  # the same ops as the last compute's (the usual case)
-        g = self._gids(node, fused)
-        self.last = (node, fused, g)
-        return g
-
-    def _gids(self, node: Any, fused: dict[int, list[int]]) -> Any:
-        g = self.gid[node]
-        if (g < 0).any():
-            for i in sorted(set(node[g < 0].tolist())):  # (np.unique would import numpy.ma)
-                self.gid[i] = self.build(i, ())
-            g = self.gid[node]
-        if fused:
-            g = g.copy()
-            for k, f in fused.items():
-                key = (int(node[k]), tuple(f))
-                r = self.fused.get(key)
-                if r is None:
-                    r = self.fused[key] = self.build(*key)
-                g[k] = r
-        return g
 
 
 class _Block:
@@ -708,7 +678,7 @@ class _Writer:
         entry = self.tables.get(key)
         if entry is None or entry[0] is not c.graph:
             entry = self.tables[key] = (c.graph, _Nodes(self, c.graph, ob.track))
-        gids = entry[1].gids(c.op_node, c.op_fused)
+        gids = entry[1].variants.ids(c.op_node, c.op_fused)
         start, dur = c.op_start, c.op_dur
         if ob.keep is not None:
             keep = ob.keep

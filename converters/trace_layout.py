@@ -19,7 +19,7 @@ layer slices and ops as one ``ComputeBatch``.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -250,6 +250,44 @@ def op_static_args(
     if node.flags:
         tail["flags"] = ",".join(node.flags)
     return head, n_flops, n_bytes, tail
+
+
+class OpVariants:
+    """A bulk writer's id for each op variant of one graph (a node, or a node with the nodes fused
+    into it), made by ``build(node index, fused indices)`` on first use. ``ids`` gives a packed
+    compute's ops theirs; a generation step repeats its graph's last compute (the same node order
+    and fused ops), whose ids come back as they are."""
+
+    def __init__(self, n_nodes: int, build: Callable[[int, tuple[int, ...]], int]) -> None:
+        self.build = build
+        self.node_id = np.full(n_nodes, -1, dtype=np.int64)
+        self.fused_id: dict[tuple[int, tuple[int, ...]], int] = {}
+        # the last compute's fused ops, node indices (as bytes) and ids
+        self.last: tuple[dict[int, list[int]], bytes, np.ndarray] | None = None
+
+    def ids(self, node: np.ndarray, fused: dict[int, list[int]]) -> np.ndarray:
+        """The id of each op: ``node`` its node indices (int64), ``fused`` the fused nodes by op
+        position. The result is shared: callers do not change it."""
+        key = node.tobytes()
+        last = self.last
+        if last is not None and (last[0] is fused or last[0] == fused) and last[1] == key:
+            return last[2]
+        ids = self.node_id[node]
+        if (ids < 0).any():
+            for i in sorted(set(node[ids < 0].tolist())):  # (np.unique would import numpy.ma)
+                self.node_id[i] = self.build(i, ())
+            ids = self.node_id[node]
+        if fused:
+            ids = ids.copy()
+            nodes = node.tolist()
+            for k, f in fused.items():
+                v = (nodes[k], tuple(f))
+                r = self.fused_id.get(v)
+                if r is None:
+                    r = self.fused_id[v] = self.build(*v)
+                ids[k] = r
+        self.last = (fused, key, ids)
+        return ids
 
 
 def op_rates(n_flops: int, n_bytes: int, dur: int) -> tuple[float, float]:

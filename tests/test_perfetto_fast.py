@@ -22,6 +22,7 @@ from google.protobuf.json_format import MessageToDict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+from test_perfetto import _JSON  # the fuzzed JSON values, as the reference writer's tests use
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters import perfetto_fast
@@ -471,16 +472,6 @@ def test_real_smollm2_verbose_log(smollm2_verbose: Any, tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ damaged logs, fuzzed
 
-_JSON = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**70), 2**70)
-    | st.floats(allow_nan=False)
-    | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3)
-    | st.dictionaries(st.text(max_size=3), inner, max_size=3),
-    max_leaves=6,
-)
 _RECS = [
     json.loads(line)
     for name in ("tiny-llama-detailed.log.gz", "tiny-llama-verbose.log.gz")

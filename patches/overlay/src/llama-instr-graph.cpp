@@ -1,6 +1,7 @@
 #include "llama-instr-graph.h"
 
 #include "ggml-backend.h"
+#include "llama-model.h"
 
 #include <algorithm>
 #include <climits>
@@ -60,14 +61,67 @@ static bool is_noop(const ggml_tensor * t) {
     }
 }
 
-void graph_index::build(const ggml_cgraph * g) {
+// The graph's nodes with their ops, types and shapes, folded into one number (FNV-1a).
+static uint64_t fingerprint(const ggml_cgraph * g) {
+    auto *    gm  = const_cast<ggml_cgraph *>(g);
+    const int n   = ggml_graph_n_nodes(gm);
+    uint64_t  h   = 1469598103934665603ull;
+    auto      mix = [&h](uint64_t v) {
+        h = (h ^ v) * 1099511628211ull;
+    };
+    mix((uint64_t) n);
+    for (int i = 0; i < n; i++) {
+        const ggml_tensor * t = ggml_graph_node(gm, i);
+        mix((uint64_t) (uintptr_t) t);
+        mix(((uint64_t) t->op << 32) | (uint32_t) t->type);
+        for (int d = 0; d < GGML_MAX_DIMS; d++) {
+            mix((uint64_t) t->ne[d]);
+        }
+    }
+    return h;
+}
+
+// The scheduler's copy of a tensor on another backend is named "<backend>#<name>#<copy>" (see
+// ggml_backend_sched_split_graph): the tensor it copies, if that is a node before node i or a
+// weight of the model; else the copy itself.
+static const ggml_tensor * resolve_copy(const graph_index & gi,
+                                        int32_t             i,
+                                        const ggml_tensor * src,
+                                        const llama_model * model) {
+    const char * a = strchr(src->name, '#');
+    const char * b = a ? strrchr(a + 1, '#') : nullptr;
+    if (!a || !b || b == a + 1 || gi.find(src) >= 0) {
+        return src;
+    }
+    char name[GGML_MAX_NAME];
+    snprintf(name, sizeof(name), "%.*s", (int) (b - a - 1), a + 1);
+    for (int32_t j = i - 1; j >= 0; j--) {
+        if (strcmp(gi.ptrs[j]->name, name) == 0) {
+            return gi.ptrs[j];
+        }
+    }
+    const ggml_tensor * w = model ? model->get_tensor(name) : nullptr;
+    return w ? w : src;
+}
+
+void graph_index::build(const ggml_cgraph * g, const llama_model * model) {
     auto *    gm = const_cast<ggml_cgraph *>(g);
     const int n  = ggml_graph_n_nodes(gm);
     gf           = g;
     n_nodes      = n;
+    shape        = fingerprint(g);
     ptrs.resize(n);
+    srcs.assign((size_t) n * GGML_MAX_SRC, nullptr);
     idx.clear();
     idx.reserve((size_t) n * 2);
+    for (int i = 0; i < n; i++) {
+        const ggml_tensor * t = ggml_graph_node(gm, i);
+        ptrs[i]               = t;
+        idx[t]                = i;
+        for (int k = 0; k < GGML_MAX_SRC && t->src[k]; k++) {
+            srcs[(size_t) i * GGML_MAX_SRC + k] = resolve_copy(*this, i, t->src[k], model);
+        }
+    }
 
     // Layer of each node, in three passes:
     //  1. the graph callback's il (-1 = explicitly not in a layer), else the layer of a blk.N
@@ -79,19 +133,16 @@ void graph_index::build(const ggml_cgraph * g) {
     constexpr int32_t UNSET = INT32_MIN;
     layer.assign(n, UNSET);
     for (int i = 0; i < n; i++) {
-        const ggml_tensor * t = ggml_graph_node(gm, i);
-        ptrs[i]               = t;
-        idx[t]                = i;
-        auto it               = il_of.find(t);
+        auto it = il_of.find(ptrs[i]);
         if (it != il_of.end()) {
             layer[i] = it->second;
             continue;
         }
-        for (int k = 0; k < GGML_MAX_SRC && t->src[k]; k++) {
-            if (idx.count(t->src[k])) {
+        for (int k = 0; k < GGML_MAX_SRC && src(i, k); k++) {
+            if (find(src(i, k)) >= 0) {
                 continue;
             }
-            const ggml_tensor * root = view_root(t->src[k]);
+            const ggml_tensor * root = view_root(src(i, k));
             int32_t             l    = layer_from_name(root->name, "blk.");
             if (l < 0) {
                 l = layer_from_name(root->name, "cache_k_l");
@@ -118,10 +169,9 @@ void graph_index::build(const ggml_cgraph * g) {
         if (layer[i] != UNSET) {
             continue;
         }
-        const ggml_tensor * t          = ptrs[i];
-        int32_t             from_nodes = -1;
-        for (int k = 0; k < GGML_MAX_SRC && t->src[k]; k++) {
-            const int32_t si = find(t->src[k]);
+        int32_t from_nodes = -1;
+        for (int k = 0; k < GGML_MAX_SRC && src(i, k); k++) {
+            const int32_t si = find(src(i, k));
             if (si >= 0 && si < i) {
                 from_nodes = std::max(from_nodes, layer[si]);
             }
@@ -132,16 +182,7 @@ void graph_index::build(const ggml_cgraph * g) {
 }
 
 bool graph_index::matches(const ggml_cgraph * g) const {
-    auto * gm = const_cast<ggml_cgraph *>(g);
-    if (g != gf || ggml_graph_n_nodes(gm) != n_nodes) {
-        return false;
-    }
-    for (int i = 0; i < n_nodes; i++) {
-        if (ggml_graph_node(gm, i) != ptrs[i]) {
-            return false;
-        }
-    }
-    return true;
+    return g == gf && ggml_graph_n_nodes(const_cast<ggml_cgraph *>(g)) == n_nodes && fingerprint(g) == shape;
 }
 
 static void copy_name(char (&dst)[GGML_MAX_NAME], const char * src) {
@@ -176,8 +217,8 @@ void graph_table::capture(const graph_index & gi, int32_t id, int32_t n_tok, int
         flags |= (t_node->flags & GGML_TENSOR_FLAG_OUTPUT) ? NODE_OUTPUT : 0;
 
         ns.src_begin = (int32_t) srcs.size();
-        for (int k = 0; k < GGML_MAX_SRC && t_node->src[k]; k++) {
-            const ggml_tensor * src = t_node->src[k];
+        for (int k = 0; k < GGML_MAX_SRC && gi.src(i, k); k++) {
+            const ggml_tensor * src = gi.src(i, k);
             if (!noop && !kvw && is_kv_cache(src)) {
                 flags |= NODE_KV_READ;
             }

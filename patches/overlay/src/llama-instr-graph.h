@@ -12,6 +12,8 @@
 #include <unordered_map>
 #include <vector>
 
+struct llama_model;
+
 namespace llama_instr {
 
 enum node_flag : uint8_t {
@@ -29,21 +31,32 @@ enum src_kind : uint8_t {
     SRC_OTHER,
 };
 
-// Which node is which in a context's current graph, and the layer of each.
+// Which node is which in a context's current graph, the layer of each, and each node's sources
+// as the model built them.
 struct graph_index {
     const ggml_cgraph *                              gf      = nullptr;
     int32_t                                          n_nodes = 0;
-    std::vector<const ggml_tensor *>                 ptrs;   // index -> node
-    std::vector<int32_t>                             layer;  // index -> layer, or -1
-    std::unordered_map<const ggml_tensor *, int32_t> idx;    // node -> index
+    uint64_t                                         shape   = 0;  // fingerprint(gf) when indexed
+    std::vector<const ggml_tensor *>                 ptrs;         // index -> node
+    std::vector<int32_t>                             layer;        // index -> layer, or -1
+    std::vector<const ggml_tensor *>                 srcs;         // index * GGML_MAX_SRC + k -> source k
+    std::unordered_map<const ggml_tensor *, int32_t> idx;          // node -> index
 
     // layer ids the graph callback gave while the graph was being built (cleared by build())
     std::unordered_map<const ggml_tensor *, int32_t> il_of;
 
-    void build(const ggml_cgraph * gf);
+    // Index gf. Built before the backend scheduler allocates the graph, the sources are the
+    // model's own tensors; the scheduler then replaces a source that lives on another backend with
+    // its copy ("CUDA0#name#0"). Built after that (the session began after the graph was built),
+    // such a copy is resolved back by name: to the node it copies, or to the model's weight.
+    void build(const ggml_cgraph * gf, const llama_model * model = nullptr);
 
-    // Is gf still the graph indexed here? (A graph can be rebuilt in place while no session is open.)
+    // Is gf still the graph indexed here? llama.cpp rebuilds a graph in the same memory, so equal
+    // graph and node addresses prove nothing: the nodes' ops, types and shapes must match too.
     bool matches(const ggml_cgraph * gf) const;
+
+    // the source k of node i as indexed (nullptr past the last)
+    const ggml_tensor * src(int32_t i, int k) const { return srcs[(size_t) i * GGML_MAX_SRC + k]; }
 
     int32_t find(const ggml_tensor * t) const {
         auto it = idx.find(t);

@@ -26,10 +26,14 @@ static inline bool llama_instr_enabled() {
 int64_t llama_instr_decode_begin(llama_context * ctx, const llama_batch & batch);
 void    llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int32_t ret, int64_t t_start);
 
-// graph construction in process_ubatch: the callback names each layer's tensors
+// graph construction in process_ubatch: the callback names each layer's tensors; graph_built runs
+// before the backend scheduler allocates the graph (and replaces sources with its copies)
 void llama_instr_graph_build_begin(llama_context * ctx);
 void llama_instr_graph_cb(llama_context * ctx, ggml_tensor * cur, int il);
 void llama_instr_graph_built(llama_context * ctx, ggml_cgraph * gf);
+
+// process_ubatch, before it computes the ubatch's graph: the ubatch's real token count
+void llama_instr_ubatch_begin(llama_context * ctx, int32_t n_tokens);
 
 // graph_compute: the CPU backend times each op between these two
 void llama_instr_compute_begin(llama_context * ctx, ggml_backend_t backend_cpu, ggml_cgraph * gf);

@@ -247,7 +247,6 @@ static void join_locked(session & s, ctx_state & st) {
     st.topk          = s.topk;
     st.graph_id      = 0;
     st.graph_emitted = false;
-    st.graph_checked = false;
 }
 
 // Bumped whenever a context's state is freed, which invalidates every thread's cached lookup (a
@@ -296,11 +295,12 @@ int32_t next_graph_id(const ctx_state & st) {
     return st.epoch == s.epoch ? ++s.n_graphs : 0;
 }
 
-void count_compute(const ctx_state & st) {
+void count_compute(const ctx_state & st, int64_t n_lost) {
     auto &                      s = S();
     std::lock_guard<std::mutex> lock(s.mtx);
     if (st.epoch == s.epoch && s.fp) {
         s.totals.n_computes++;
+        s.totals.n_lost += n_lost;
     }
 }
 
@@ -685,7 +685,7 @@ int32_t llama_instr_capture(llama_context * ctx, const char * const * patterns, 
 // read by the thread that decodes ctx, between its decodes
 int32_t llama_instr_captured_count(llama_context * ctx) {
     ctx_state * st = ctx ? ctx_get(ctx) : nullptr;
-    return st ? (int32_t) st->capture.slots.size() : 0;
+    return st ? (int32_t) st->capture.n_filled : 0;
 }
 
 int64_t llama_instr_captured_get(llama_context * ctx,
@@ -696,7 +696,7 @@ int64_t llama_instr_captured_get(llama_context * ctx,
                                  float *         dst,
                                  int64_t         dst_n) {
     ctx_state * st = ctx ? ctx_get(ctx) : nullptr;
-    if (!st || i < 0 || i >= (int32_t) st->capture.slots.size()) {
+    if (!st || i < 0 || i >= (int32_t) st->capture.n_filled) {
         return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "no captured output with that index");
     }
     const auto & slot = st->capture.slots[i];

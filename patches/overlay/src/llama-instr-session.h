@@ -38,7 +38,8 @@ struct op_rec {
 struct compute_rec {
     int32_t ubatch, graph_id, n_tokens, status, n_threads;
     int64_t t_start, t_end;
-    size_t  op_begin, op_end;      // into ctx_state::p_ops (and p_threads, n_threads per op)
+    size_t  op_begin, op_end;      // into ctx_state::p_ops
+    size_t  thread_begin;          // into ctx_state::p_threads: n_threads entries per op from here
     size_t  stat_begin, stat_end;  // into ctx_state::p_stats
 };
 
@@ -68,7 +69,7 @@ struct ctx_state {
     graph_index              graph;
     int32_t                  graph_id      = 0;      // 0 = not announced in this session yet
     bool                     graph_emitted = false;
-    bool                     graph_checked = false;  // checked against the graph computed after a join
+    bool                     graph_fresh   = false;  // indexed by llama_instr_graph_built for the next compute
     std::vector<graph_table> tables;
     size_t                   n_tables = 0;
 
@@ -95,11 +96,12 @@ struct ctx_state {
     std::vector<compute_rec> p_computes;
 
     // the current step
-    bool    in_decode   = false;
-    int64_t step        = -1;
-    int32_t ubatch      = 0;
-    int32_t n_tokens    = 0;  // of the current ubatch
-    int32_t tokens_left = 0;  // of the current batch, not yet computed
+    bool    in_decode       = false;
+    int64_t step            = -1;
+    int32_t ubatch          = 0;
+    int32_t n_tokens        = 0;  // of the current compute
+    int32_t ubatch_tokens   = 0;  // of the ubatch whose graph computes next (0: a K-shift, say)
+    int64_t t_compute_begin = 0;  // host time at llama_instr_compute_begin
 
     std::vector<int32_t> scratch_ids;
     std::string          line;  // reused formatting buffer
@@ -115,8 +117,8 @@ bool ctx_join(ctx_state & st, int32_t n_tokens, bool prompt);
 // A new graph id in st's session.
 int32_t next_graph_id(const ctx_state & st);
 
-// Count a graph compute in st's session.
-void count_compute(const ctx_state & st);
+// Count a graph compute in st's session, and the op timings it lost (counted in totals.lost).
+void count_compute(const ctx_state & st, int64_t n_lost);
 
 // Append one complete record (no newline) made in session `epoch`. Records of a session that has
 // ended since are dropped; after a write error, records are counted as lost.

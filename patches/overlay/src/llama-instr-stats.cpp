@@ -139,6 +139,9 @@ void capture_on_node(capture_buffer & cb, const ggml_tensor * t, int ith, int nt
             dst[i0] = t->type == GGML_TYPE_F32 ? *(const float *) q : ggml_fp16_to_fp32(*(const ggml_fp16_t *) q);
         }
     }
+    if (ith == 0) {
+        s->filled = true;
+    }
 }
 
 void stats_on_node(stats_buffer & sb, int32_t k, const ggml_tensor * t, int ith, int nth) {

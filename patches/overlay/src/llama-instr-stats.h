@@ -49,9 +49,15 @@ struct capture_buffer {
         std::string         name;
         int64_t             ne[GGML_MAX_DIMS];
         std::vector<float>  data;
+        bool                filled;  // written by this compute (set by thread 0)
     };
 
-    std::vector<slot> slots;  // this compute's targets (sized at compute begin)
+    // this compute's targets (sized at compute begin); after the compute, its first n_filled
+    // slots are the outputs it wrote. A target that no op of the CPU backend wrote (a view or
+    // reshape, a node fused into the op after it, a node another backend ran, an output that is
+    // not F32/F16) is left out, never served stale.
+    std::vector<slot> slots;
+    size_t            n_filled = 0;
     bool              matches(const char * name) const;
     slot *            find(const ggml_tensor * t);
 };

@@ -183,10 +183,11 @@ int64_t llama_instr_decode_begin(llama_context * ctx, const llama_batch & batch)
         if (!ctx_join(st, batch.n_tokens, prompt)) {
             return 0;  // the session ended meanwhile
         }
-        st.in_decode   = true;
-        st.ubatch      = 0;
-        st.tokens_left = batch.n_tokens;
-        st.n_tables    = 0;
+        st.in_decode        = true;
+        st.ubatch           = 0;
+        st.ubatch_tokens    = 0;
+        st.capture.n_filled = 0;
+        st.n_tables         = 0;
         write_step_begin(st, ctx, batch, p0, p1, prompt);
     } catch (...) {
         hook_failed(st.epoch, "llama_instr_decode_begin");

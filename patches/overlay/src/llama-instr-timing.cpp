@@ -100,7 +100,8 @@ void write_threads(json_out & j, const ctx_state & st, const compute_rec & c) {
     j.key("threads");
     j.ch('[');
     for (size_t k = c.op_begin; k < c.op_end; k++) {
-        const int64_t * te = st.p_threads.data() + k * c.n_threads;
+        // each compute has its own thread count (n_threads or n_threads_batch, by ubatch size)
+        const int64_t * te = st.p_threads.data() + c.thread_begin + (k - c.op_begin) * c.n_threads;
         j.sep();
         j.ch('[');
         for (int32_t t = 0; t < c.n_threads; t++) {
@@ -223,14 +224,22 @@ void llama_instr_graph_built(llama_context * ctx, ggml_cgraph * gf) {
         return;
     }
     try {
-        st->graph.build(gf);
+        st->graph.build(gf, &ctx->get_model());
         st->graph_id      = next_graph_id(*st);
         st->graph_emitted = false;
-        st->graph_checked = true;
+        st->graph_fresh   = true;
         st->map_ptr.clear();
     } catch (...) {
-        st->graph.gf = nullptr;
+        st->graph.gf    = nullptr;
+        st->graph_fresh = false;
         hook_failed(st->epoch, "llama_instr_graph_built");
+    }
+}
+
+void llama_instr_ubatch_begin(llama_context * ctx, int32_t n_tokens) {
+    ctx_state * st = ctx_get(ctx);
+    if (st) {
+        st->ubatch_tokens = n_tokens;
     }
 }
 
@@ -239,18 +248,23 @@ void llama_instr_compute_begin(llama_context * ctx, ggml_backend_t backend_cpu, 
     if (!stp || !stp->in_decode || !backend_cpu) {
         return;
     }
-    ctx_state & st = *stp;
+    ctx_state & st     = *stp;
+    st.t_compute_begin = now_ns();
+    // the ubatch's own token count (0 for a compute that is no ubatch's, e.g. a K-shift)
+    st.n_tokens        = st.ubatch_tokens;
+    st.ubatch_tokens   = 0;
     try {
-        if (!st.graph_checked || st.graph.gf != gf) {
-            // built before this session, or while recording was off: index it as it is now
-            // (without the graph callback's layer ids) unless it is the graph indexed before
-            if (!st.graph.matches(gf)) {
-                st.graph.build(gf);
-                st.map_ptr.clear();
-                st.graph_id = 0;
-            }
-            st.graph_checked = true;
+        // A graph indexed by llama_instr_graph_built for this compute is the one computed. Any
+        // other (reused from an earlier decode, built before this session or while recording was
+        // paused, or no ubatch's graph at all) is checked: llama.cpp rebuilds graphs in the same
+        // memory. If it is not the graph indexed, index it as it is now (without the graph
+        // callback's layer ids).
+        if (!(st.graph_fresh && st.graph.gf == gf) && !st.graph.matches(gf)) {
+            st.graph.build(gf, &ctx->get_model());
+            st.map_ptr.clear();
+            st.graph_id = 0;
         }
+        st.graph_fresh = false;
         if (st.graph_id == 0) {
             st.graph_id      = next_graph_id(st);
             st.graph_emitted = false;
@@ -264,12 +278,8 @@ void llama_instr_compute_begin(llama_context * ctx, ggml_backend_t backend_cpu, 
         if (!st.set_profiler) {
             return;
         }
-        // llama.cpp splits a batch into ubatches of at most n_ubatch tokens, in order
-        st.n_tokens = std::min<int32_t>(st.tokens_left, (int32_t) ctx->get_cparams().n_ubatch);
-        st.tokens_left -= st.n_tokens;
-
         // one entry per node is the most a compute can produce (buffers only ever grow)
-        const size_t cap = (size_t) st.graph.n_nodes + 16;
+        const size_t cap = (size_t) ggml_graph_n_nodes(gf) + 16;
         if (st.ops.size() < cap) {
             st.ops.resize(cap);
         }
@@ -289,7 +299,8 @@ void llama_instr_compute_begin(llama_context * ctx, ggml_backend_t backend_cpu, 
             st.node_user.stats = &st.stats;
         }
         // capture targets: this graph's nodes that match (their buffers keep their capacity)
-        size_t n_slots = 0;
+        size_t n_slots      = 0;
+        st.capture.n_filled = 0;
         if (!st.capture.patterns.empty()) {
             for (int i = 0; i < st.graph.n_nodes; i++) {
                 const ggml_tensor * t = st.graph.ptrs[i];
@@ -301,6 +312,7 @@ void llama_instr_compute_begin(llama_context * ctx, ggml_backend_t backend_cpu, 
                 }
                 auto & slot = st.capture.slots[n_slots++];
                 slot.node   = t;
+                slot.filled = false;
                 slot.name   = t->name;
                 std::copy(t->ne, t->ne + GGML_MAX_DIMS, slot.ne);
                 slot.data.resize(ggml_nelements(t));
@@ -332,7 +344,6 @@ void llama_instr_compute_end(llama_context * ctx, ggml_backend_t backend_cpu, gg
     GGML_UNUSED(gf);
     try {
         const ggml_cpu_profiler & p = st.prof;
-        count_compute(st);
 
         // the node table is captured while the graph exists (a later ubatch may rebuild it) and
         // formatted after the step
@@ -344,21 +355,26 @@ void llama_instr_compute_end(llama_context * ctx, ggml_backend_t backend_cpu, gg
             st.graph_emitted = true;
         }
 
-        compute_rec c = {};
-        c.ubatch      = st.ubatch;
-        c.graph_id    = st.graph_id;
-        c.n_tokens    = st.n_tokens;
-        c.status      = status;
-        c.n_threads   = std::min(p.n_threads, p.thread_end ? p.max_threads : p.n_threads);
-        c.t_start     = p.t_start;
-        c.t_end       = p.t_end > 0 ? p.t_end : now_ns();
-        c.op_begin    = st.p_ops.size();
-        c.stat_begin  = st.p_stats.size();
+        compute_rec c  = {};
+        c.ubatch       = st.ubatch;
+        c.graph_id     = st.graph_id;
+        c.n_tokens     = st.n_tokens;
+        c.status       = status;
+        c.n_threads    = std::min(p.n_threads, p.thread_end ? p.max_threads : p.n_threads);
+        // the CPU backend's first start and last end; with no op on the CPU, the host's
+        c.t_start      = p.t_start > 0 ? p.t_start : st.t_compute_begin;
+        c.t_end        = p.t_end > 0 ? p.t_end : now_ns();
+        c.op_begin     = st.p_ops.size();
+        c.thread_begin = st.p_threads.size();
+        c.stat_begin   = st.p_stats.size();
+        // a full buffer may have dropped ops (it has room for every node of the graph)
+        int64_t n_lost = p.n_ops >= p.cap ? 1 : 0;
         for (int32_t k = 0; k < p.n_ops; k++) {
             const ggml_cpu_profile_op & op  = p.ops[k];
             const int32_t               idx = map_node(st, k, op.node);
             if (idx < 0) {
-                continue;  // a node the scheduler added (e.g. a copy between backends)
+                n_lost++;  // not a node of the graph indexed: its time can't be attributed
+                continue;
             }
             st.p_ops.push_back({ idx, st.graph.layer[idx], op.n_fused, op.t_start, op.t_end });
             if (p.thread_end) {
@@ -376,6 +392,17 @@ void llama_instr_compute_end(llama_context * ctx, ggml_backend_t backend_cpu, gg
         c.stat_end = st.p_stats.size();
         st.p_computes.push_back(c);
         st.ubatch++;
+        count_compute(st, n_lost);
+
+        // serve only the captures this compute wrote, in graph order
+        auto & slots = st.capture.slots;
+        size_t n     = 0;
+        for (size_t i = 0; i < slots.size(); i++) {
+            if (slots[i].filled) {
+                std::swap(slots[i], slots[n++]);
+            }
+        }
+        st.capture.n_filled = n;
     } catch (...) {
         hook_failed(st.epoch, "llama_instr_compute_end");
     }

@@ -1,0 +1,179 @@
+"""The compute records' bookkeeping, checked against facts the log states independently.
+
+Each test here reproduces a bug a review found in the native side (issue "Native correctness"):
+per-thread rows read at another compute's offset, captures served stale, a graph index trusted
+after a rebuild while recording was paused, and token counts guessed per compute.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from conftest import by_type, read_log
+
+import llamacpp_instr
+
+
+def _graphs(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    return {g["graph"]: g for g in by_type(records, "graph")}
+
+
+def _embedded_tokens(graph: dict[str, Any]) -> int:
+    """Tokens a graph embeds: the rows its token_embd GET_ROWS gathers (0: no ubatch's graph)."""
+    for n in graph["nodes"]:
+        if n["op"] == "GET_ROWS" and any(
+            s.get("name") == "token_embd.weight" for s in n["src"] if "name" in s
+        ):
+            return int(n["shape"][1]) if len(n["shape"]) > 1 else 1
+    return 0
+
+
+def test_verbose_thread_rows_follow_each_computes_thread_count(
+    smollm2_path: Path, tmp_path: Path
+) -> None:
+    """ubatches of 8, 8 and 1 tokens: the first two run n_threads_batch=1 threads, the last
+    n_threads=2. Each op's row holds its compute's thread count of finish times, within the op."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        str(smollm2_path),
+        n_ctx=128,
+        n_batch=64,
+        n_ubatch=8,
+        n_threads=2,
+        n_threads_batch=1,
+        verbose=False,
+    )
+    try:
+        tokens = llm.tokenize(b"The quick brown fox jumps over the lazy dog, and then some more")
+        tokens = (tokens * 3)[:17]
+        with llamacpp_instr.session(llm, tmp_path / "v.log", level="verbose"):
+            llm.eval(tokens)
+    finally:
+        llm.close()
+    computes = by_type(read_log(tmp_path / "v.log"), "compute")
+    assert [c["n_tokens"] for c in computes] == [8, 8, 1]
+    assert [c["n_threads"] for c in computes] == [1, 1, 2]
+    for c in computes:
+        assert c["ops"] and len(c["threads"]) == len(c["ops"])
+        for op, row in zip(c["ops"], c["threads"], strict=True):
+            assert len(row) == c["n_threads"]
+            assert all(0 <= t <= op[2] for t in row), (c["ubatch"], op, row)
+
+
+def _captured(api: Any, ctx: Any) -> list[tuple[str, np.ndarray]]:
+    """Every captured output, in order (names repeat: Kcur-0 is a matmul, a reshape, a rope)."""
+    lib = api.lib
+    name = ctypes.create_string_buffer(128)
+    ne = (ctypes.c_int64 * 4)()
+    out = []
+    for i in range(int(lib.llama_instr_captured_count(ctx))):
+        n = int(lib.llama_instr_captured_get(ctx, i, name, 128, ne, None, 0))
+        assert n > 0
+        buf = np.empty(n, dtype=np.float32)
+        ptr = buf.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        assert lib.llama_instr_captured_get(ctx, i, name, 128, ne, ptr, n) == n
+        out.append((name.value.decode(), buf))
+    return out
+
+
+def test_captures_are_only_outputs_the_compute_wrote(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """A capture pattern that matches views (Kcur-0 after reshape) and a norm fused into the MUL
+    after it serves only the outputs an op wrote in this decode, never zeros or stale values."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(str(tiny_llama_f32), n_ctx=128, n_batch=64, n_threads=2, verbose=False)
+    patterns = ["Kcur-0", "norm-0", "attn_norm-0", "l_out-1"]
+    runs = []
+    try:
+        with llamacpp_instr.session(llm, tmp_path / "c.log", level="detailed"):
+            instr_api.capture(llm.ctx, patterns)
+            for prompt in ([1, 40, 41, 42, 43, 44], [1, 50, 51, 52]):
+                llm.reset()
+                llm.eval(prompt)
+                runs.append(_captured(instr_api, llm.ctx))
+            instr_api.capture(llm.ctx, [])
+    finally:
+        llm.close()
+    records = read_log(tmp_path / "c.log")
+    graphs = _graphs(records)
+    computes = by_type(records, "compute")
+    assert len(computes) == 2 and len(runs) == 2
+    for compute, captured in zip(computes, runs, strict=True):
+        nodes = graphs[compute["graph"]]["nodes"]
+        # an executed op writes the output of its last node (first + fused ones)
+        written = [op[0] + len(op[3]) if len(op) > 3 else op[0] for op in compute["ops"]]
+        expected = [nodes[i]["name"] for i in sorted(written) if nodes[i]["name"] in patterns]
+        assert expected, "no node matched the patterns: the test would prove nothing"
+        assert [name for name, _ in captured] == expected
+        for name, values in captured:
+            assert np.all(np.isfinite(values)) and np.any(values != 0), name
+    # the second decode's outputs are its own (another prompt, other values, other length)
+    first = dict(runs[0])
+    assert all(first[n].size != v.size or not np.array_equal(first[n], v) for n, v in runs[1])
+
+
+def test_a_graph_rebuilt_while_paused_is_indexed_again(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """llama.cpp rebuilds a graph in the same memory. Rebuilt while recording is paused, and
+    reused after it resumes, it must be indexed anew: each compute's graph is the one it ran."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(str(tiny_llama_f32), n_ctx=128, n_batch=64, n_threads=2, verbose=False)
+    try:
+        with llamacpp_instr.session(llm, tmp_path / "p.log", level="detailed"):
+            llm.eval([1, 40, 41, 42, 43, 44])  # a 6-token graph, indexed
+            instr_api.set_level("off")
+            llm.eval([45])  # rebuilt for 1 token, in the same memory, unseen
+            instr_api.set_level("detailed")
+            llm.eval([46])  # the 1-token graph, reused
+            llm.eval([47, 48, 49])  # and a 3-token one
+            totals = instr_api.totals()
+    finally:
+        llm.close()
+    records = read_log(tmp_path / "p.log")
+    graphs = _graphs(records)
+    computes = by_type(records, "compute")
+    assert [c["n_tokens"] for c in computes] == [6, 1, 3]
+    for c in computes:
+        assert _embedded_tokens(graphs[c["graph"]]) == c["n_tokens"]
+        nodes = graphs[c["graph"]]["nodes"]
+        assert all(nodes[op[0]]["name"] for op in c["ops"])
+    assert totals.n_lost == 0
+
+
+def test_a_k_shift_compute_has_no_tokens(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """Shifting the KV cache makes the next llama_decode compute a K-shift graph before its
+    ubatch: that compute embeds no token, and the ubatch's compute has all of the step's."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(str(tiny_llama_f32), n_ctx=128, n_batch=64, n_threads=2, verbose=False)
+    try:
+        with llamacpp_instr.session(llm, tmp_path / "k.log", level="detailed"):
+            llm.eval([1, 40, 41, 42, 43, 44, 45, 46])
+            mem = llama_cpp.llama_get_memory(llm.ctx)
+            # drop positions 1..3 and move the rest back by 3 (a context shift)
+            assert llama_cpp.llama_memory_seq_rm(mem, 0, 1, 4)
+            llama_cpp.llama_memory_seq_add(mem, 0, 4, -1, -3)
+            llm.n_tokens = 5
+            llm.eval([47, 48])
+    finally:
+        llm.close()
+    records = read_log(tmp_path / "k.log")
+    graphs = _graphs(records)
+    steps = by_type(records, "step_end")
+    computes = by_type(records, "compute")
+    assert [s["n_computes"] for s in steps] == [1, 2], "no K-shift compute: nothing was tested"
+    for s in steps:
+        mine = [c for c in computes if c["step"] == s["step"]]
+        assert sum(c["n_tokens"] for c in mine) == s["n_tokens"]
+        for c in mine:
+            assert _embedded_tokens(graphs[c["graph"]]) == c["n_tokens"]

@@ -29,8 +29,10 @@ from llamacpp_instr import pin
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.paths import PATCHES_DIR, cache_dir
 
-# Not needed by the instrumentation and slow to compile.
-DEFAULT_CMAKE_ARGS = ("-DLLAVA_BUILD=OFF",)
+# LLAVA: not needed by the instrumentation and slow to compile. RPC: ggml's RPC backend (one
+# file) is a second backend on any machine, GPU or not: the tests offload layers to it over
+# loopback to exercise graph splits and copies between backends where CI has no GPU.
+DEFAULT_CMAKE_ARGS = ("-DLLAVA_BUILD=OFF", "-DGGML_RPC=ON")
 
 # `instr build --sanitize=KIND`: llama.cpp's and ggml's own sanitizer options. OpenMP is off for
 # the thread sanitizer, whose runtime cannot see libgomp's synchronization.

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from conftest import by_type, read_log
+from rpc_backend import run_offloaded
 
 import llamacpp_instr
 
@@ -177,3 +178,57 @@ def test_a_k_shift_compute_has_no_tokens(
         assert sum(c["n_tokens"] for c in mine) == s["n_tokens"]
         for c in mine:
             assert _embedded_tokens(graphs[c["graph"]]) == c["n_tokens"]
+
+
+def _offloaded_k_shift(model: Path, log: Path, n_gpu_layers: int) -> None:
+    """The K-shift run above, with n_gpu_layers on an RPC device (a second backend)."""
+    run_offloaded(f"""
+import llama_cpp, llamacpp_instr
+llm = llama_cpp.Llama({str(model)!r}, n_ctx=128, n_batch=64, n_threads=2, verbose=False,
+                      n_gpu_layers={n_gpu_layers})
+with llamacpp_instr.session(llm, {str(log)!r}, level="detailed"):
+    llm.eval([1, 40, 41, 42, 43, 44, 45, 46])
+    mem = llama_cpp.llama_get_memory(llm.ctx)
+    assert llama_cpp.llama_memory_seq_rm(mem, 0, 1, 4)
+    llama_cpp.llama_memory_seq_add(mem, 0, 4, -1, -3)
+    llm.n_tokens = 5
+    llm.eval([47, 48])
+llm.close()
+""")
+
+
+def test_a_compute_with_no_cpu_op_has_the_hosts_times(tiny_llama_f32: Path, tmp_path: Path) -> None:
+    """Every layer offloaded: the K-shift graph runs wholly on the other backend, so the CPU
+    backend times nothing. Its compute still starts inside its step and lasts no longer."""
+    _offloaded_k_shift(tiny_llama_f32, tmp_path / "o.log", n_gpu_layers=99)
+    records = read_log(tmp_path / "o.log")
+    steps = {s["step"]: s for s in by_type(records, "step_end")}
+    computes = by_type(records, "compute")
+    assert [s["n_computes"] for s in steps.values()] == [1, 2]
+    assert any(not c.get("ops") for c in computes), "every compute timed a CPU op: nothing tested"
+    for c in computes:
+        s = steps[c["step"]]
+        assert s["t_start"] <= c["t_start"] and c["dur"] >= 0
+        assert c["t_start"] + c["dur"] <= s["t_start"] + s["dur"]
+
+
+def test_sources_read_through_backend_copies_are_the_models_own(
+    tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """One of two layers offloaded: ggml's scheduler reads some sources through copies on the
+    other backend ("RPC0#name#0"). The node table names the model's own tensors: weights stay
+    weights, the KV cache read stays a kv_read."""
+    _offloaded_k_shift(tiny_llama_f32, tmp_path / "p.log", n_gpu_layers=1)
+    records = read_log(tmp_path / "p.log")
+    graphs = by_type(records, "graph")
+    assert graphs
+    n_layer = next(r for r in records if r["type"] == "session_start")["model"]["n_layer"]
+    for g in graphs:
+        srcs = [s for n in g["nodes"] for s in n["src"] if "name" in s]
+        assert srcs and not [s["name"] for s in srcs if "#" in s["name"]]
+        if _embedded_tokens(g):
+            weights = {s["name"] for s in srcs if s["kind"] == "weight"}
+            for il in range(n_layer):
+                assert f"blk.{il}.attn_q.weight" in weights
+            reads = [n for n in g["nodes"] if "kv_read" in n["flags"]]
+            assert {n["layer"] for n in reads} == set(range(n_layer))

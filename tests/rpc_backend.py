@@ -1,0 +1,109 @@
+"""A second ggml backend on a machine without a GPU: ggml's RPC backend, served on loopback.
+
+`instr build` builds ggml with GGML_RPC=ON. A child process serves its CPU backend with
+``ggml_backend_rpc_start_server``; this process registers that server as a device, and llama.cpp
+then offloads layers to it as it would to a GPU: the graph is split between the CPU and RPC
+backends, and ggml's scheduler copies tensors between them. The offload code paths (splits,
+cross-backend copies, computes with no op on the CPU backend) are exercised for real.
+
+A registered device stays registered for the life of the process, and llama.cpp would then offload
+ops of every later model to it: ``run_offloaded`` runs the code that needs it in a child process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+_SERVE = r"""
+import ctypes, sys
+lib = sys.argv[1]
+ctypes.CDLL(lib + "/libggml-base.so", mode=ctypes.RTLD_GLOBAL)
+ggml = ctypes.CDLL(lib + "/libggml.so", mode=ctypes.RTLD_GLOBAL)
+rpc = ctypes.CDLL(lib + "/libggml-rpc.so", mode=ctypes.RTLD_GLOBAL)
+ggml.ggml_backend_load_all.restype = None
+ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+cpu = ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+devs = (ctypes.c_void_p * 1)(cpu)
+rpc.ggml_backend_rpc_start_server.argtypes = [
+    ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
+rpc.ggml_backend_rpc_start_server(sys.argv[2].encode(), None, 1, 1, devs)
+"""
+
+
+def lib_dir() -> Path:
+    """The native libraries the bindings loaded (LLAMA_CPP_LIB_PATH, or the installed wheel's)."""
+    from llama_cpp import llama_cpp
+
+    return Path(llama_cpp._base_path)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def rpc_device() -> Iterator[str]:
+    """Serve a CPU backend over RPC on loopback and register it here as a device; yields its
+    endpoint. llama.cpp models loaded with n_gpu_layers > 0 inside the block offload to it."""
+    lib = lib_dir()
+    if not (lib / "libggml-rpc.so").is_file():
+        raise RuntimeError(f"no libggml-rpc.so in {lib}: the build has no RPC backend")
+    endpoint = f"127.0.0.1:{_free_port()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVE, str(lib), endpoint],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        host, port = endpoint.split(":")
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the RPC server exited: {proc.stderr.read().decode()[-500:]}")
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the RPC server did not start in 30 s") from None
+                time.sleep(0.1)
+        ggml = ctypes.CDLL(str(lib / "libggml.so"), mode=ctypes.RTLD_GLOBAL)
+        rpc = ctypes.CDLL(str(lib / "libggml-rpc.so"), mode=ctypes.RTLD_GLOBAL)
+        rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
+        rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
+        reg = rpc.ggml_backend_rpc_add_server(endpoint.encode())
+        if not reg:
+            raise RuntimeError(f"the RPC server at {endpoint} has no device")
+        ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
+        ggml.ggml_backend_register(reg)
+        yield endpoint
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def run_offloaded(code: str, timeout: float = 300) -> None:
+    """Run ``code`` (Python) in a child process with an RPC device registered (``endpoint`` is
+    bound to its address); raise with the child's output if it fails."""
+    prelude = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "from rpc_backend import rpc_device\n"
+        "with rpc_device() as endpoint:\n"
+    )
+    body = "".join(f"    {line}\n" for line in code.strip().splitlines())
+    r = subprocess.run(
+        [sys.executable, "-c", prelude + body], capture_output=True, text=True, timeout=timeout
+    )
+    if r.returncode != 0:
+        raise AssertionError(f"offloaded run failed ({r.returncode}):\n{r.stderr[-3000:]}")

@@ -14,7 +14,8 @@
 
 struct ggml_cgraph;
 struct ggml_tensor;
-typedef struct ggml_backend * ggml_backend_t;
+typedef struct ggml_backend *       ggml_backend_t;
+typedef struct ggml_backend_sched * ggml_backend_sched_t;
 
 extern std::atomic<int32_t> g_llama_instr_level;
 
@@ -35,9 +36,17 @@ void llama_instr_graph_built(llama_context * ctx, ggml_cgraph * gf);
 // process_ubatch, before it computes the ubatch's graph: the ubatch's real token count
 void llama_instr_ubatch_begin(llama_context * ctx, int32_t n_tokens);
 
-// graph_compute: the CPU backend times each op between these two
-void llama_instr_compute_begin(llama_context * ctx, ggml_backend_t backend_cpu, ggml_cgraph * gf);
-void llama_instr_compute_end(llama_context * ctx, ggml_backend_t backend_cpu, ggml_cgraph * gf, int32_t status);
+// graph_compute: the CPU backend times each op between these two, and the scheduler records its
+// splits and copies; end runs after the scheduler synchronized the backends
+void llama_instr_compute_begin(llama_context *      ctx,
+                               ggml_backend_t       backend_cpu,
+                               ggml_backend_sched_t sched,
+                               ggml_cgraph *        gf);
+void llama_instr_compute_end(llama_context *      ctx,
+                             ggml_backend_t       backend_cpu,
+                             ggml_backend_sched_t sched,
+                             ggml_cgraph *        gf,
+                             int32_t              status);
 
 // ~llama_context, called whether or not a session is open: the context's instrumentation state is
 // freed with the context and never before, so no hook or running compute can outlive it.

@@ -178,4 +178,47 @@ void write_model_info(json_out & j, llama_context * ctx) {
     j.ch('}');
 }
 
+void write_devices(json_out & j) {
+    j.key("devices");
+    j.ch('[');
+    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+        ggml_backend_dev_t dev  = ggml_backend_dev_get(i);
+        size_t             free = 0, total = 0;
+        ggml_backend_dev_memory(dev, &free, &total);
+        const char * type = "other";
+        switch (ggml_backend_dev_type(dev)) {
+            case GGML_BACKEND_DEVICE_TYPE_CPU:
+                type = "cpu";
+                break;
+            case GGML_BACKEND_DEVICE_TYPE_GPU:
+                type = "gpu";
+                break;
+            case GGML_BACKEND_DEVICE_TYPE_IGPU:
+                type = "igpu";
+                break;
+            case GGML_BACKEND_DEVICE_TYPE_ACCEL:
+                type = "accel";
+                break;
+            default:
+                break;
+        }
+        j.sep();
+        j.ch('{');
+        j.key("name");
+        j.str(ggml_backend_dev_name(dev));
+        j.key("backend");
+        j.str(ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev)));
+        j.key("description");
+        j.str(ggml_backend_dev_description(dev));
+        j.key("type");
+        j.str(type);
+        j.key("memory_total");
+        j.i64((int64_t) total);
+        j.key("memory_free");
+        j.i64((int64_t) free);
+        j.ch('}');
+    }
+    j.ch(']');
+}
+
 }  // namespace llama_instr

@@ -428,6 +428,7 @@ int32_t llama_instr_session_begin(llama_context * ctx, const char * path, int32_
 #endif
         j.key("metadata");
         j.raw(metadata_json && *metadata_json ? metadata_json : "{}");
+        write_devices(j);
         if (ctx) {
             // the context joins now, so that it is ctx 1 in every record
             join_locked(s, state_locked(s, ctx));

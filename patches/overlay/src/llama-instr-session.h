@@ -10,6 +10,7 @@
 // session at the start of each step; records it formats carry the epoch they were made in, and
 // emit() drops those of a session that has ended since.
 
+#include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "llama-instr-graph.h"
 #include "llama-instr-json.h"
@@ -35,12 +36,32 @@ struct op_rec {
     int64_t t_end;
 };
 
+// one split of a compute, as ggml's scheduler ran it
+struct split_rec {
+    int32_t device;  // index into session_start.devices
+    int32_t i_start, i_end;
+    int64_t t_start, t_launch, t_end;
+};
+
+// one tensor copied between backends for a split
+struct copy_rec {
+    int32_t split;     // index into the compute's splits
+    int32_t node;      // the tensor's node index in the graph table, or -1 (a weight, an input...)
+    char    name[GGML_MAX_NAME];
+    int32_t from, to;  // devices
+    int64_t bytes;
+    int64_t t_start, t_end;
+};
+
 struct compute_rec {
     int32_t ubatch, graph_id, n_tokens, status, n_threads;
     int64_t t_start, t_end;
-    size_t  op_begin, op_end;      // into ctx_state::p_ops
-    size_t  thread_begin;          // into ctx_state::p_threads: n_threads entries per op from here
-    size_t  stat_begin, stat_end;  // into ctx_state::p_stats
+    int64_t t_synced;                // host time when the backends were synchronized after it
+    size_t  split_begin, split_end;  // into ctx_state::p_splits
+    size_t  copy_begin, copy_end;    // into ctx_state::p_copies
+    size_t  op_begin, op_end;        // into ctx_state::p_ops
+    size_t  thread_begin;            // into ctx_state::p_threads: n_threads entries per op from here
+    size_t  stat_begin, stat_end;    // into ctx_state::p_stats
 };
 
 struct ctx_state {
@@ -89,10 +110,18 @@ struct ctx_state {
     bool                             set_profiler_looked_up = false;
     bool                             profiling              = false;  // set on the backend now
 
+    // ggml's scheduler profiler and its buffers (sized when a compute begins)
+    ggml_backend_sched_profiler                   sched_prof = {};
+    std::vector<ggml_backend_sched_profile_split> sched_splits;
+    std::vector<ggml_backend_sched_profile_copy>  sched_copies;
+    bool                                          sched_profiling = false;
+
     // the records of the current step
     std::vector<op_rec>      p_ops;
     std::vector<int64_t>     p_threads;
     std::vector<stat_row>    p_stats;
+    std::vector<split_rec>   p_splits;
+    std::vector<copy_rec>    p_copies;
     std::vector<compute_rec> p_computes;
 
     // the current step

@@ -263,6 +263,8 @@ void llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int3
         st.p_ops.clear();
         st.p_threads.clear();
         st.p_stats.clear();
+        st.p_splits.clear();
+        st.p_copies.clear();
         st.p_computes.clear();
         hook_failed(st.epoch, "llama_instr_decode_end");
     }

@@ -5,6 +5,7 @@
 #include "llama-instr-hooks.h"
 
 #include <algorithm>
+#include <cstdio>
 
 using namespace llama_instr;
 
@@ -14,6 +15,17 @@ namespace {
 int32_t max_threads_of(const llama_context * ctx) {
     const auto & cp = ctx->get_cparams();
     return std::clamp<int32_t>(std::max(cp.n_threads, cp.n_threads_batch), 1, 512);
+}
+
+// index of backend's device in the registry (as session_start.devices lists them), or -1
+int32_t device_index(ggml_backend_t backend) {
+    const ggml_backend_dev_t dev = backend ? ggml_backend_get_device(backend) : nullptr;
+    for (size_t i = 0; dev && i < ggml_backend_dev_count(); i++) {
+        if (ggml_backend_dev_get(i) == dev) {
+            return (int32_t) i;
+        }
+    }
+    return -1;
 }
 
 // node index of executed op k; cached, since a graph runs the same sequence every time
@@ -91,6 +103,56 @@ void write_ops(json_out & j, const ctx_state & st, const compute_rec & c) {
             }
             j.ch(']');
         }
+        j.ch(']');
+    }
+    j.ch(']');
+}
+
+// [device, i_start, i_end, start_off, launch_off, end_off] per split
+void write_splits(json_out & j, const ctx_state & st, const compute_rec & c) {
+    j.key("splits");
+    j.ch('[');
+    for (size_t k = c.split_begin; k < c.split_end; k++) {
+        const split_rec & s = st.p_splits[k];
+        j.sep();
+        j.ch('[');
+        j.i64(s.device);
+        j.ch(',');
+        j.i64(s.i_start);
+        j.ch(',');
+        j.i64(s.i_end);
+        for (int64_t t : { s.t_start, s.t_launch, s.t_end }) {
+            j.ch(',');
+            j.i64(t - c.t_start);
+        }
+        j.ch(']');
+    }
+    j.ch(']');
+}
+
+// [split, node or -1, name, bytes, from device, to device, start_off, dur] per copy
+void write_copies(json_out & j, const ctx_state & st, const compute_rec & c) {
+    j.key("copies");
+    j.ch('[');
+    for (size_t k = c.copy_begin; k < c.copy_end; k++) {
+        const copy_rec & r = st.p_copies[k];
+        j.sep();
+        j.ch('[');
+        j.i64(r.split);
+        j.ch(',');
+        j.i64(r.node);
+        j.ch(',');
+        j.str(r.name);
+        j.ch(',');
+        j.i64(r.bytes);
+        j.ch(',');
+        j.i64(r.from);
+        j.ch(',');
+        j.i64(r.to);
+        j.ch(',');
+        j.i64(r.t_start - c.t_start);
+        j.ch(',');
+        j.i64(r.t_end - r.t_start);
         j.ch(']');
     }
     j.ch(']');
@@ -175,6 +237,10 @@ void llama_instr::write_step_computes(ctx_state & st) {
         j.i64(c.status);
         j.key("n_threads");
         j.i64(c.n_threads);
+        j.key("wait");
+        j.i64(c.t_synced > c.t_end ? c.t_synced - c.t_end : 0);
+        write_splits(j, st, c);
+        write_copies(j, st, c);
         write_layers(j, st, c);
         if (st.level >= LLAMA_INSTR_LEVEL_DETAILED) {
             write_ops(j, st, c);
@@ -192,6 +258,8 @@ void llama_instr::write_step_computes(ctx_state & st) {
     st.p_ops.clear();
     st.p_threads.clear();
     st.p_stats.clear();
+    st.p_splits.clear();
+    st.p_copies.clear();
     st.p_computes.clear();
 }
 
@@ -243,9 +311,12 @@ void llama_instr_ubatch_begin(llama_context * ctx, int32_t n_tokens) {
     }
 }
 
-void llama_instr_compute_begin(llama_context * ctx, ggml_backend_t backend_cpu, ggml_cgraph * gf) {
+void llama_instr_compute_begin(llama_context *      ctx,
+                               ggml_backend_t       backend_cpu,
+                               ggml_backend_sched_t sched,
+                               ggml_cgraph *        gf) {
     ctx_state * stp = ctx_get(ctx);
-    if (!stp || !stp->in_decode || !backend_cpu) {
+    if (!stp || !stp->in_decode || !sched) {
         return;
     }
     ctx_state & st     = *stp;
@@ -269,6 +340,29 @@ void llama_instr_compute_begin(llama_context * ctx, ggml_backend_t backend_cpu, 
             st.graph_id      = next_graph_id(st);
             st.graph_emitted = false;
         }
+
+        // the scheduler's splits (the graph is split already) and the copies of their inputs: at
+        // most one per node or leaf of the graph
+        const size_t n_splits = (size_t) std::max(1, ggml_backend_sched_get_n_splits(sched));
+        const size_t n_copies = 2 * (size_t) ggml_graph_n_nodes(gf) + 64;
+        if (st.sched_splits.size() < n_splits) {
+            st.sched_splits.resize(n_splits);
+        }
+        if (st.sched_copies.size() < n_copies) {
+            st.sched_copies.resize(n_copies);
+        }
+        st.sched_prof            = {};
+        st.sched_prof.splits     = st.sched_splits.data();
+        st.sched_prof.cap_splits = (int32_t) st.sched_splits.size();
+        st.sched_prof.copies     = st.sched_copies.data();
+        st.sched_prof.cap_copies = (int32_t) st.sched_copies.size();
+        ggml_backend_sched_set_profiler(sched, &st.sched_prof);
+        st.sched_profiling = true;
+
+        st.prof = {};
+        if (!backend_cpu) {
+            return;
+        }
         if (!st.set_profiler_looked_up) {
             ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(ggml_backend_get_device(backend_cpu));
             st.set_profiler        = (ggml_backend_cpu_set_profiler_t) ggml_backend_reg_get_proc_address(
@@ -284,7 +378,6 @@ void llama_instr_compute_begin(llama_context * ctx, ggml_backend_t backend_cpu, 
             st.ops.resize(cap);
         }
         ggml_cpu_profiler & p = st.prof;
-        p                     = {};
         p.ops                 = st.ops.data();
         p.cap                 = (int32_t) st.ops.size();
         st.node_user          = {};
@@ -333,17 +426,27 @@ void llama_instr_compute_begin(llama_context * ctx, ggml_backend_t backend_cpu, 
     }
 }
 
-void llama_instr_compute_end(llama_context * ctx, ggml_backend_t backend_cpu, ggml_cgraph * gf, int32_t status) {
-    ctx_state * stp = ctx_get(ctx);
-    if (!stp || !stp->profiling || !backend_cpu) {
+void llama_instr_compute_end(llama_context *      ctx,
+                             ggml_backend_t       backend_cpu,
+                             ggml_backend_sched_t sched,
+                             ggml_cgraph *        gf,
+                             int32_t              status) {
+    const int64_t t_synced = now_ns();
+    ctx_state *   stp      = ctx_get(ctx);
+    if (!stp || !stp->sched_profiling) {
         return;
     }
     ctx_state & st = *stp;
-    st.set_profiler(backend_cpu, nullptr);
-    st.profiling = false;
+    ggml_backend_sched_set_profiler(sched, nullptr);
+    st.sched_profiling = false;
+    if (st.profiling) {
+        st.set_profiler(backend_cpu, nullptr);
+        st.profiling = false;
+    }
     GGML_UNUSED(gf);
     try {
-        const ggml_cpu_profiler & p = st.prof;
+        const ggml_cpu_profiler &           p  = st.prof;
+        const ggml_backend_sched_profiler & sp = st.sched_prof;
 
         // the node table is captured while the graph exists (a later ubatch may rebuild it) and
         // formatted after the step
@@ -361,14 +464,49 @@ void llama_instr_compute_end(llama_context * ctx, ggml_backend_t backend_cpu, gg
         c.n_tokens     = st.n_tokens;
         c.status       = status;
         c.n_threads    = std::min(p.n_threads, p.thread_end ? p.max_threads : p.n_threads);
-        // the CPU backend's first start and last end; with no op on the CPU, the host's
-        c.t_start      = p.t_start > 0 ? p.t_start : st.t_compute_begin;
-        c.t_end        = p.t_end > 0 ? p.t_end : now_ns();
         c.op_begin     = st.p_ops.size();
         c.thread_begin = st.p_threads.size();
         c.stat_begin   = st.p_stats.size();
+        c.split_begin  = st.p_splits.size();
+        c.copy_begin   = st.p_copies.size();
+        c.t_synced     = t_synced;
+
+        // the scheduler's splits and copies, on the devices of session_start.devices
+        const int32_t n_splits = std::min(sp.n_splits, sp.cap_splits);
+        const int32_t n_copies = std::min(sp.n_copies, sp.cap_copies);
+        int64_t       n_lost   = (sp.n_splits - n_splits) + (sp.n_copies - n_copies);
+        for (int32_t i = 0; i < n_splits; i++) {
+            const ggml_backend_sched_profile_split & s = sp.splits[i];
+            st.p_splits.push_back({ device_index(ggml_backend_sched_get_backend(sched, s.backend_id)), s.i_start,
+                                    s.i_end, s.t_start, s.t_launch, s.t_end });
+        }
+        for (int32_t i = 0; i < n_copies; i++) {
+            const ggml_backend_sched_profile_copy & q = sp.copies[i];
+            copy_rec                                r = {};
+            r.split                                   = q.split;
+            r.node                                    = st.graph.find(q.tensor);
+            snprintf(r.name, sizeof(r.name), "%s", q.tensor ? q.tensor->name : "");
+            r.from    = device_index(ggml_backend_sched_get_backend(sched, q.from_backend_id));
+            r.to      = device_index(ggml_backend_sched_get_backend(sched, q.to_backend_id));
+            r.bytes   = q.bytes;
+            r.t_start = q.t_start;
+            r.t_end   = q.t_end;
+            st.p_copies.push_back(r);
+        }
+        c.split_end = st.p_splits.size();
+        c.copy_end  = st.p_copies.size();
+
+        // from the first split's start (the CPU backend's, if earlier) to the last one's return;
+        // without splits, the host's
+        c.t_start = n_splits > 0 ? sp.splits[0].t_start : st.t_compute_begin;
+        c.t_end   = n_splits > 0 ? sp.splits[n_splits - 1].t_end : t_synced;
+        if (p.t_start > 0) {
+            c.t_start = std::min(c.t_start, p.t_start);
+            c.t_end   = std::max(c.t_end, p.t_end);
+        }
+
         // a full buffer may have dropped ops (it has room for every node of the graph)
-        int64_t n_lost = p.n_ops >= p.cap ? 1 : 0;
+        n_lost += p.n_ops >= p.cap && p.cap > 0 ? 1 : 0;
         for (int32_t k = 0; k < p.n_ops; k++) {
             const ggml_cpu_profile_op & op  = p.ops[k];
             const int32_t               idx = map_node(st, k, op.node);

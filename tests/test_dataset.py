@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from support import FIXTURES
 
 from llamacpp_instr.cli import main
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 LOGS = [FIXTURES / "tiny-llama-detailed.log.gz", FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz"]
 
 

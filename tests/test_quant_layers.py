@@ -116,7 +116,7 @@ def test_layers_and_sweep_on_the_bundled_model(
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     base, q8 = data["models"]
-    from test_quant import hand_bytes
+    from support import hand_bytes
 
     # sizes as gguf-py counts them (the bundled base is Q4_1: its Q8_0 is larger)
     assert base["bytes"] == hand_bytes(smollm2_path)

@@ -37,7 +37,7 @@ def swept(instr_api: Any, tiny_llama_f32: Path, tmp_path_factory: pytest.TempPat
 
 
 def test_sweep_measures_every_type(swept: Any, tiny_llama_f32: Path) -> None:
-    from test_quant import hand_bytes
+    from support import hand_bytes
 
     assert swept["first"].exit_code == 0, swept["first"].output
     data = json.loads((swept["out"] / "s.json").read_text())

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import PROMPT, RunLog, by_type, make_run, read_log
 from gguf import GGUFReader
+from support import PROMPT, RunLog, by_type, make_run, read_log
 
 from llamacpp_instr.cli import main
 

@@ -189,7 +189,7 @@ def test_session_inventory_and_memory(smollm2_detailed: RunLog, smollm2_path: Pa
     inv = from_session(smollm2_detailed.path)
     assert inv.bytes == hand_bytes(smollm2_path)
     assert inv.memory and inv.memory["kv_cache"] > 0
-    r = _cli("quant-report", "--session", str(smollm2_detailed.path))
+    r = _cli("quant-report", "--log", str(smollm2_detailed.path))
     assert r.exit_code == 0 and "KV cache" in r.output
 
 
@@ -249,7 +249,7 @@ def test_bad_input(tmp_path: Path, tiny_llama_f32: Path, quantized: dict[str, Pa
     nolog.write_text(
         '{"type":"session_start","ts":1,"sid":"0123456789abcdef","schema_version":1}\n'
     )
-    _err(_cli("quant-report", "--session", str(nolog)), "no weight inventory")
+    _err(_cli("quant-report", "--log", str(nolog)), "no weight inventory")
     _err(
         _cli("quantize", str(tiny_llama_f32), "--type", "q7_z", "-o", str(tmp_path / "o.gguf")),
         "unknown --type",

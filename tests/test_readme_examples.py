@@ -63,7 +63,7 @@ def test_chat_example(instr_api: Any, tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_serve_example(instr_api: Any, tmp_path: Path) -> None:
-    """`instr serve --port 8000 --out serve.log` and the README's client, as written; on another
+    """`instr serve --port 8000 -o serve.log` and the README's client, as written; on another
     port only if 8000 is taken on this machine."""
     client = example("serve-client")
     port = 8000

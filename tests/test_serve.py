@@ -183,14 +183,16 @@ def test_the_trace_has_a_requests_track(served: Any, tmp_path: Path) -> None:
     assert_same(served["log"])
 
 
+# --out: the old spelling of -o/--output, kept for one release
+@pytest.mark.parametrize("out_option", ["-o", "--out"])
 def test_sigterm_ends_the_session_as_interrupted(
-    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+    out_option: str, instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
 ) -> None:
     log = tmp_path / "term.log"
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "llamacpp_instr.cli", "serve", str(tiny_llama_f32)]
-        + ["--port", str(port), "-o", str(log), "-t", "1", "--ctx", "256"],
+        + ["--port", str(port), out_option, str(log), "-t", "1", "--ctx", "256"],
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -202,5 +204,6 @@ def test_sigterm_ends_the_session_as_interrupted(
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
+    assert ("warning: --out is deprecated" in err) == (out_option == "--out")
     recs = [json.loads(line) for line in log.open()]
     assert recs[-1]["type"] == "session_end" and recs[-1]["status"] == "interrupted"

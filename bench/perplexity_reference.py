@@ -10,7 +10,7 @@
 3. Runs `llama-perplexity -m BASE -f TEXT -c CTX --chunks N --kl-divergence-base FILE`, then for
    each quant `llama-perplexity -m QUANT --kl-divergence-base FILE --kl-divergence -c CTX
    --chunks N`, and parses the statistics it prints.
-4. Runs `instr quant-eval BASE Q8_0 Q4_K_M --text TEXT --ctx CTX --chunks N --format json`.
+4. Runs `instr quant-eval BASE Q8_0 Q4_K_M --text TEXT --chunk-size CTX --chunks N --format json`.
 5. Prints a markdown table: each statistic, ours, llama-perplexity's, and the relative difference;
    and the peak RSS of every process (os.wait4).
 """
@@ -258,7 +258,7 @@ def main() -> None:
     t0 = time.monotonic()
     out, rss["instr quant-eval (3 models)"] = run(
         ["instr", "quant-eval", str(paths["f16"]), *(str(paths[q]) for q in QUANTS)]
-        + ["--text", str(args.text), "--ctx", str(args.ctx), "--chunks", str(args.chunks)]
+        + ["--text", str(args.text), "--chunk-size", str(args.ctx), "--chunks", str(args.chunks)]
         + ["--threads", str(args.threads), "--format", "json"],
     )
     t_ours = time.monotonic() - t0

@@ -92,7 +92,9 @@ def session(
     """Log everything ``llm`` (a ``llama_cpp.Llama``, several, or None) does inside the block.
 
     ``level``: minimal, detailed or verbose. ``metadata`` (JSON-serializable) is stored in
-    session_start. A second session while one is open is an error (one per process).
+    session_start, with who opened the session: ``"command"`` (``instr run`` and ``instr serve``
+    open their sessions here too and say which they are) or else ``"api"``. A second session while
+    one is open is an error (one per process).
     """
     if level not in SESSION_LEVELS:
         raise UserError(f"level must be one of {', '.join(SESSION_LEVELS)}, not {level!r}")
@@ -103,7 +105,8 @@ def session(
     except (TypeError, ValueError) as exc:
         raise UserError(f"metadata must be JSON-serializable: {exc}") from None
     meta.setdefault("tool", f"llamacpp-instr {__version__}")
-    meta.setdefault("api", "llamacpp_instr.session")
+    if "command" not in meta:
+        meta.setdefault("api", "llamacpp_instr.session")
     api = bindings.load()
     api.set_topk(top_k_logits)
     out = Path(path)

@@ -443,11 +443,12 @@ def evaluate(
     threads: int | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Evaluate ``quants`` against ``base`` on ``text``; the report data (see the module doc)."""
-    import os
+    """Evaluate ``quants`` against ``base`` on ``text``; the report data (see the module doc).
+    ``ctx`` is the chunk size in tokens (llama-perplexity's -c, the CLI's --chunk-size)."""
+    from llamacpp_instr.runner import resolve_threads
 
     if ctx < 8:
-        raise UserError(f"--ctx must be at least 8, got {ctx}")
+        raise UserError(f"--chunk-size must be at least 8, got {ctx}")
     if chunks is not None and chunks < 1:
         raise UserError(f"--chunks must be at least 1, got {chunks}")
     if not quants:
@@ -457,7 +458,7 @@ def evaluate(
     paths = [Path(base), *map(Path, quants)]
     for p in paths:
         models.check_gguf(p)
-    threads = threads or os.cpu_count() or 1
+    threads = resolve_threads(threads)
 
     from llamacpp_instr import bindings
 
@@ -473,7 +474,7 @@ def evaluate(
         tokens = loaded[0].tokenize(data)
         if len(tokens) < 2 * ctx:
             raise UserError(
-                f"{text_path} tokenizes to {len(tokens)} tokens: --ctx {ctx} needs at least "
+                f"{text_path} tokenizes to {len(tokens)} tokens: --chunk-size {ctx} needs at least "
                 f"{2 * ctx} (two chunks)"
             )
         n_chunk_max = len(tokens) // ctx
@@ -508,7 +509,8 @@ def evaluate(
         n_ctx_train = loaded[0].n_ctx_train
         warnings = list(
             dict.fromkeys(
-                f"--ctx {ctx} is more than the {m.n_ctx_train} tokens {m.path.name} was trained on"
+                f"--chunk-size {ctx} is more than the {m.n_ctx_train} tokens {m.path.name} was "
+                "trained on"
                 for m in loaded
                 if ctx > m.n_ctx_train
             )
@@ -545,3 +547,26 @@ def evaluate(
         },
         "models": out_models,
     }
+
+
+def scored_chunks(base: Path, text: Path | None, ctx: int, n: int) -> list[list[int]]:
+    """The first ``n`` chunks ``evaluate`` scores: the text tokenized with the base's tokenizer
+    (special tokens added, as llama-perplexity does), cut into ``ctx`` tokens, the first of each
+    made BOS when the vocabulary adds BOS."""
+    from llamacpp_instr import bindings
+
+    llama_cpp = bindings.import_llama_cpp()
+    from llama_cpp import _logger
+
+    _logger.set_verbose(False)
+    vocab = llama_cpp.Llama(str(base), vocab_only=True, verbose=False)
+    tokens = vocab.tokenize(read_text(text or default_text()), add_bos=True)
+    add_bos = bool(llama_cpp.llama_vocab_get_add_bos(vocab._model.vocab))
+    out = []
+    for i in range(n):
+        chunk = list(tokens[i * ctx : (i + 1) * ctx])
+        if add_bos:
+            chunk[0] = vocab.token_bos()
+        out.append(chunk)
+    vocab.close()
+    return out

@@ -43,10 +43,10 @@ def _file_hash(path: Path) -> str:
 
 def quantized(base: Path, qtype: str, threads: int, echo: Echo) -> Path:
     """BASE quantized to ``qtype``, from the cache when it was made before."""
-    from llamacpp_instr.commands.quantize import FTYPES, quantize_file
+    from llamacpp_instr.quantize import TYPES, quantize_file
 
-    if qtype not in FTYPES:
-        raise UserError(f"unknown type {qtype!r}: choose from {', '.join(FTYPES)}")
+    if qtype not in TYPES:
+        raise UserError(f"unknown type {qtype!r}: choose from {', '.join(TYPES)}")
     out = cache_dir() / "quant" / _file_hash(base) / f"{qtype}.gguf"
     if out.is_file():
         return out
@@ -103,17 +103,16 @@ def sweep(
     echo: Echo = lambda _: None,
 ) -> dict[str, Any]:
     """The sweep's data: one entry per model (BASE first), see the module doc."""
-    import os
-
     from llamacpp_instr import quant_eval
     from llamacpp_instr.converters.quant_report import from_gguf
+    from llamacpp_instr.runner import resolve_threads
 
     models.check_gguf(base)
     if not types:
         raise UserError("give at least one type with --types")
     if reps < 1:
         raise UserError("--reps must be at least 1")
-    threads = threads or max(1, min(os.cpu_count() or 1, 8))
+    threads = resolve_threads(threads)
     paths = [base] + [quantized(base, t, threads, echo) for t in types]
     names = ["base"] + list(types)
 

@@ -73,6 +73,13 @@ class RunResult:
     token_ids: list[int] = field(default_factory=list)
 
 
+def resolve_threads(threads: int | None) -> int:
+    """The CPU threads to use: ``threads``, or by default all cores, at most 8 (past that, more
+    threads mostly wait at the barrier between ops). The one default of every command's
+    -t/--threads."""
+    return threads or max(1, min(os.cpu_count() or 1, 8))
+
+
 def default_log_name() -> Path:
     import time
 
@@ -147,7 +154,7 @@ def load_model(cfg: RunConfig, **extra: Any) -> Any:
     """A llama_cpp.Llama for the config, or a one-line UserError."""
     models.check_gguf(cfg.model)
     llama_cpp = bindings.import_llama_cpp()
-    threads = cfg.threads or max(1, min(os.cpu_count() or 1, 8))
+    threads = resolve_threads(cfg.threads)
     try:
         return llama_cpp.Llama(
             model_path=str(cfg.model),
@@ -171,13 +178,26 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
     Raises ``bindings.SessionError`` after generating if the log lost records (a full disk, a
     removed file): the text was produced, but the log is incomplete.
     """
+    from llamacpp_instr.api import InstrSession, session
+
     cfg.validate()
     out = cfg.out or default_log_name()
     check_writable(out)
     models.check_gguf(cfg.model)
-    api = bindings.load()
+    bindings.load()  # the patched build, before the model loads
     llm = load_model(cfg)
     llama_cpp = bindings.import_llama_cpp()
+    stream = TextStream()
+    text: list[str] = []
+    generated: list[int] = []
+    s: InstrSession | None = None
+
+    def emit(chunk: str) -> None:
+        if chunk:
+            text.append(chunk)
+            if on_text:
+                on_text(chunk)
+
     try:
         if cfg.chat:
             prompt_tokens, formatted = chat_prompt(llm, cfg.prompt, cfg.system)
@@ -202,52 +222,32 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
             ),
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
         }
-        api.set_topk(cfg.top_k_logits)
-        api.session_begin(llm.ctx, str(out), cfg.level, metadata)
-    except BaseException:
-        llm.close()
-        raise
-
-    status = "ok"
-    stream = TextStream()
-    text: list[str] = []
-    generated: list[int] = []
-
-    def emit(chunk: str) -> None:
-        if chunk:
-            text.append(chunk)
-            if on_text:
-                on_text(chunk)
-
-    try:
-        llm.set_seed(cfg.seed)
-        for token in llm.generate(prompt_tokens, temp=cfg.temp, reset=True):
-            if not cfg.ignore_eos and llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):
-                break
-            generated.append(int(token))
-            piece = llm.detokenize([token], prev_tokens=prompt_tokens + generated[:-1])
-            emit(stream.feed(piece))
-            if len(generated) >= cfg.n_predict:
-                break
-        emit(stream.close())
+        # the session users open around their own Llama (api.session): it ends as interrupted on
+        # Ctrl-C, which then ends the run with what was generated so far
+        with session(llm, out, cfg.level, top_k_logits=cfg.top_k_logits, metadata=metadata) as s:
+            llm.set_seed(cfg.seed)
+            for token in llm.generate(prompt_tokens, temp=cfg.temp, reset=True):
+                if not cfg.ignore_eos and llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):
+                    break
+                generated.append(int(token))
+                piece = llm.detokenize([token], prev_tokens=prompt_tokens + generated[:-1])
+                emit(stream.feed(piece))
+                if len(generated) >= cfg.n_predict:
+                    break
+            emit(stream.close())
     except KeyboardInterrupt:
-        status = "interrupted"
-    except BaseException:
-        status = "error"
-        raise
+        if s is None:  # before the session began: nothing was run
+            raise
     finally:
-        totals = api.totals()
-        try:
-            api.session_end(status)
-        finally:
-            llm.close()
+        llm.close()
 
+    assert s is not None  # the session began, or the exception propagated
     return RunResult(
         text="".join(text),
         log_path=out,
-        status=status,
-        n_steps=totals.n_steps,
-        n_tokens=totals.n_tokens,
+        status=s.status,
+        n_steps=s.totals.steps,
+        n_tokens=s.totals.tokens,
         n_prompt_tokens=len(prompt_tokens),
         n_generated=len(generated),
         token_ids=generated,

@@ -228,10 +228,9 @@ def serve(
     on_ready: Callable[[str], None] | None = None,
 ) -> ServeResult:
     """Serve ``model`` until SIGINT or SIGTERM; the session log stays valid either way."""
-    import os
-
     from llamacpp_instr import models
-    from llamacpp_instr.runner import check_writable
+    from llamacpp_instr.api import InstrSession, session
+    from llamacpp_instr.runner import check_writable, resolve_threads
 
     models.check_gguf(model)
     check_writable(out)
@@ -243,7 +242,7 @@ def serve(
     except ImportError as exc:
         raise UserError(f"instr serve needs {exc.name}: {_SERVER_EXTRA_HINT}") from None
     api = bindings.load()
-    n_threads = threads or max(1, min(os.cpu_count() or 1, 8))
+    n_threads = resolve_threads(threads)
     settings = Settings(
         model=str(model),
         host=host,
@@ -269,43 +268,44 @@ def serve(
     instrument(llm, api)
     app.add_middleware(RequestRecorder, api=api)
 
-    api.set_topk(top_k_logits)
     metadata = {
         "tool": f"llamacpp-instr {__version__}",
         "command": "instr serve",
         "model_path": str(model),
         "server": {"host": host, "port": port, "n_ctx": n_ctx, "threads": n_threads},
     }
-    api.session_begin(llm.ctx, str(out), level, metadata)
 
-    class _Stopped(Exception):
-        pass
+    class _Stopped(KeyboardInterrupt):
+        """SIGTERM, or a shutdown uvicorn handled itself: the session ends as interrupted, as on
+        Ctrl-C (api.session's status for KeyboardInterrupt)."""
 
     def on_term(signum: int, frame: Any) -> None:
         raise _Stopped()
 
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: SIGINT becomes
     # KeyboardInterrupt, SIGTERM this exception, and the session ends as interrupted either way
-    previous = signal.signal(signal.SIGTERM, on_term)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
-    if on_ready:
-        on_ready(f"serving {model.name} on http://{host}:{port}/v1 (OpenAI-compatible); log: {out}")
-    status = "ok"
-    n_requests = 0
+    s: InstrSession | None = None
     try:
-        server.run()
-        if server.should_exit:
-            status = "interrupted"
-    except (KeyboardInterrupt, _Stopped):
-        status = "interrupted"
-    except BaseException:
-        status = "error"
-        raise
+        # the session users open around their own Llama
+        with session(llm, out, level, top_k_logits=top_k_logits, metadata=metadata) as s:
+            previous = signal.signal(signal.SIGTERM, on_term)
+            try:
+                if on_ready:
+                    on_ready(
+                        f"serving {model.name} on http://{host}:{port}/v1 (OpenAI-compatible); "
+                        f"log: {out}"
+                    )
+                server.run()
+                if server.should_exit:
+                    raise _Stopped()
+            finally:
+                signal.signal(signal.SIGTERM, previous)
+    except KeyboardInterrupt:
+        if s is None:  # before the session began
+            raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        steps = api.totals().n_steps
-        api.session_end(status)
-        n_requests = sum(1 for line in out.open("rb") if line.startswith(b'{"type":"request"'))
         llm.close()
-    return ServeResult(log_path=out, status=status, requests=n_requests, steps=steps)
+    n_requests = sum(1 for line in out.open("rb") if line.startswith(b'{"type":"request"'))
+    return ServeResult(log_path=out, status=s.status, requests=n_requests, steps=s.totals.steps)

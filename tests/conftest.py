@@ -1,4 +1,5 @@
 """Shared fixtures: the real patched build, real models, and real session logs made once per run.
+Helpers shared by test modules live in support.py.
 
 Tests that need the native build use the ``instr_api`` fixture (directly or through the log
 fixtures). They fail, not skip, when the patched llama-cpp-python is missing: CI installs it.
@@ -18,17 +19,7 @@ TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
-PROMPT = "The capital of France is"
-
-
-def read_log(path: Path) -> list[dict[str, Any]]:
-    """Every line of a log, parsed with the standard library (independent of converters/)."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
-
-
-def by_type(records: list[dict[str, Any]], type_: str) -> list[dict[str, Any]]:
-    return [r for r in records if r["type"] == type_]
+from support import RunLog, make_run  # noqa: E402 (after the sys.path line above)
 
 
 @pytest.fixture(scope="session")
@@ -86,41 +77,6 @@ def tiny_second_arch(tiny_dir: Path) -> Path:
     return write_tiny_model(
         tiny_dir / f"tiny-{SECOND_ARCH}.gguf", arch=SECOND_ARCH, dtype="f32", seed=3
     )
-
-
-def make_run(model: Path, out: Path, level: str, **kw: Any) -> Any:
-    from llamacpp_instr import runner
-
-    cfg = runner.RunConfig(
-        model=model,
-        prompt=kw.pop("prompt", PROMPT),
-        n_predict=kw.pop("n_predict", 12),
-        threads=kw.pop("threads", 2),
-        n_ctx=kw.pop("n_ctx", 512),
-        ignore_eos=kw.pop(
-            "ignore_eos", True
-        ),  # fixed-length runs: tiny random models hit EOS early
-        level=level,
-        out=out,
-        **kw,
-    )
-    return runner.run(cfg)
-
-
-class RunLog:
-    """A real run and its parsed log."""
-
-    def __init__(self, result: Any) -> None:
-        self.result = result
-        self.path: Path = result.log_path
-        self.records = read_log(self.path)
-
-    def of(self, type_: str) -> list[dict[str, Any]]:
-        return by_type(self.records, type_)
-
-    @property
-    def start(self) -> dict[str, Any]:
-        return self.records[0]
 
 
 @pytest.fixture(scope="session")

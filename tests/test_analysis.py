@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from test_perfetto import FIXTURES, REAL_FIXTURES, plain_copy, raw_records
+from support import FIXTURES, REAL_FIXTURES, plain_copy, read_log
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters import load_session
@@ -23,7 +23,7 @@ def log(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
 
 
 def test_frames_match_the_raw_log(log: Path) -> None:
-    recs = raw_records(log)
+    recs = read_log(log)
     f = load_session(log)
     computes = [r for r in recs if r["type"] == "compute"]
     ends = [r for r in recs if r["type"] == "step_end"]
@@ -42,7 +42,7 @@ def test_frames_match_the_raw_log(log: Path) -> None:
 
 
 def test_summary_totals(log: Path) -> None:
-    recs = raw_records(log)
+    recs = read_log(log)
     f = load_session(log)
     ov = overview(f)
     begins = [r for r in recs if r["type"] == "step_begin"]
@@ -123,7 +123,7 @@ def test_bad_input_one_line(cmd: str, tmp_path: Path) -> None:
 def test_minimal_log_says_op_times_are_not_recorded(tmp_path: Path) -> None:
     """MINIMAL records no per-op times: the summary says so instead of a 0.0 % coverage."""
     log = plain_copy(FIXTURES / "tiny-llama-minimal.log.gz", tmp_path)
-    recs = raw_records(log)
+    recs = read_log(log)
     assert recs[0]["level"] == "minimal"
     assert not any("ops" in r for r in recs if r["type"] == "compute")
     assert overview(load_session(log))["op_time_coverage"] is None
@@ -142,7 +142,7 @@ def test_minimal_log_says_op_times_are_not_recorded(tmp_path: Path) -> None:
 def test_level_decides_whether_op_times_are_recorded(tmp_path: Path) -> None:
     """The level comes from session_start: the same records relabelled `detailed` (whose computes
     happen to hold no ops) report a real 0 % coverage, and a detailed log its measured share."""
-    recs = raw_records(FIXTURES / "tiny-llama-minimal.log.gz")
+    recs = read_log(FIXTURES / "tiny-llama-minimal.log.gz")
     recs[0]["level"] = "detailed"
     relabelled = tmp_path / "relabelled.log"
     relabelled.write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -150,7 +150,7 @@ def test_level_decides_whether_op_times_are_recorded(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["summary", str(relabelled)])
     assert re.search(r"^op-time coverage \(timed ops / llama_decode\): +0\.0%$", r.output, re.M)
     log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
-    dr = raw_records(log)
+    dr = read_log(log)
     op_ns = sum(o[2] for c in dr if c["type"] == "compute" for o in c["ops"])
     step_ns = sum(e["dur"] for e in dr if e["type"] == "step_end")
     assert overview(load_session(log))["op_time_coverage"] == pytest.approx(op_ns / step_ns)

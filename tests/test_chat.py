@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from gguf import GGUFReader
+from support import read_log
 
 from llamacpp_instr.cli import main
 
 
 def _run(*args: str, input: str | None = None) -> Any:
     return CliRunner().invoke(main, ["run", *args], input=input)
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.open(encoding="utf-8")]
 
 
 def _gguf_string(path: Path, key: str) -> str:
@@ -49,7 +45,7 @@ def test_chat_formats_with_the_models_own_template(
         .from_string(template)
         .render(messages=messages, add_generation_prompt=True, bos_token="", eos_token="")
     )
-    recs = _records(log)
+    recs = read_log(log)
     assert recs[0]["metadata"]["formatted_prompt"] == expected
     assert "<|im_start|>system\nBe brief.<|im_end|>" in expected  # SmolLM2's ChatML
     # the prompt step decoded exactly that text's tokens
@@ -70,9 +66,9 @@ def test_prompt_from_stdin_and_from_a_file(
     assert _run(*common, "-p", "-", "-o", str(logs["stdin"]), input=text).exit_code == 0
     assert _run(*common, "--prompt-file", str(f), "-o", str(logs["file"])).exit_code == 0
     assert _run(*common, "-p", text, "-o", str(logs["arg"])).exit_code == 0
-    first = {k: next(r for r in _records(v) if r["type"] == "step_begin") for k, v in logs.items()}
+    first = {k: next(r for r in read_log(v) if r["type"] == "step_begin") for k, v in logs.items()}
     assert first["stdin"]["tokens"] == first["file"]["tokens"] == first["arg"]["tokens"]
-    assert _records(logs["file"])[0]["metadata"]["prompt"] == text
+    assert read_log(logs["file"])[0]["metadata"]["prompt"] == text
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,10 @@ from typing import IO, Any
 import numpy as np
 import orjson
 import pytest
-from test_frames_fast import _records, _write, synthetic_log
-from test_perfetto import FIXTURES, REAL_FIXTURES
+from support import FIXTURES, REAL_FIXTURES
+from support import read_log as _records
+from support import write_log as _write
+from test_frames_fast import synthetic_log
 
 from llamacpp_instr.converters import chrome_json
 from llamacpp_instr.converters.chrome_json import _round3, write_chrome_json

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from support import FIXTURES
 
 from llamacpp_instr.cli import main
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 LOGS = [FIXTURES / "tiny-llama-detailed.log.gz", FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz"]
 
 
@@ -67,7 +67,7 @@ def test_two_sessions_queried_together_with_duckdb(tmp_path: Path) -> None:
 
 def test_dataset_needs_exactly_one_destination(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["export", str(LOGS[0])])
-    assert r.exit_code == 2 and "exactly one of -o/--out-dir and --dataset" in r.output
+    assert r.exit_code == 2 and "exactly one of -o/--output and --dataset" in r.output
     r = CliRunner().invoke(
         main, ["export", str(LOGS[0]), "--dataset", str(tmp_path / "d"), "--format", "csv"]
     )

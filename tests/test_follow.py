@@ -8,11 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conftest import PROMPT
+from support import FIXTURES, PROMPT, read_log
 
 from llamacpp_instr.converters.follow import WINDOW, LiveState, tail_records
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def test_follow_a_run_while_it_writes(instr_api: Any, smollm2_path: Path, tmp_path: Path) -> None:
@@ -58,16 +56,9 @@ def test_follow_exits_on_a_missing_log_with_one_line(tmp_path: Path) -> None:
     assert r.stderr.strip() == f"error: log file not found: {tmp_path / 'no.log'} (waited 0 s)"
 
 
-def _records(path: Path) -> list[dict[str, Any]]:
-    import gzip
-
-    with gzip.open(path, "rt") as f:
-        return [json.loads(line) for line in f]
-
-
 def test_live_state_holds_a_window_not_the_run() -> None:
     """Thousands of steps: the state keeps WINDOW steps, whatever the run's length."""
-    recs = _records(FIXTURES / "tiny-llama-detailed.log.gz")
+    recs = read_log(FIXTURES / "tiny-llama-detailed.log.gz")
     head = [r for r in recs if r["type"] in ("session_start", "graph")]
     step_recs = [r for r in recs if r["type"] in ("step_begin", "compute", "step_end")]
     state = LiveState()
@@ -91,7 +82,7 @@ def test_the_terminal_view_renders() -> None:
     from llamacpp_instr.converters.renderers.live import view
 
     state = LiveState()
-    for r in _records(FIXTURES / "tiny-llama-detailed.log.gz"):
+    for r in read_log(FIXTURES / "tiny-llama-detailed.log.gz"):
         state.add(r)
     console = Console(record=True, width=110, force_terminal=True)
     console.print(view(state))

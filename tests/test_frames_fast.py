@@ -8,7 +8,6 @@ fixtures, on real logs, on a bigger synthetic log, and on damaged ones.
 
 from __future__ import annotations
 
-import gzip
 import json
 from array import array
 from pathlib import Path
@@ -18,7 +17,10 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_perfetto import FIXTURES, FUZZ_DERANDOMIZE, FUZZ_EXAMPLES, REAL_FIXTURES, plain_copy
+from support import FIXTURES, FUZZ_DERANDOMIZE, FUZZ_EXAMPLES, REAL_FIXTURES, plain_copy
+from support import JSON as _JSON
+from support import read_log as _records
+from support import write_log as _write
 
 from llamacpp_instr.converters import derive, frames, session
 from llamacpp_instr.converters.errors import UserError
@@ -222,17 +224,6 @@ def assert_same_outcome(path: Path) -> None:
     assert_same_frames(ref, load_sessions(path))
 
 
-def _records(path: Path) -> list[dict[str, Any]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def _write(path: Path, recs: list[Any]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    return path
-
-
 # ------------------------------------------------------------------------------ the tests
 
 
@@ -422,16 +413,6 @@ def test_damaged_logs_as_reference(tmp_path: Path) -> None:
         assert_same_outcome(log)
 
 
-_JSON = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**64), 2**64)
-    | st.floats(allow_nan=False)
-    | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(max_size=3), inner, max_size=3),
-    max_leaves=6,
-)
 _VERBOSE = _records(FIXTURES / "tiny-llama-verbose.log.gz")
 _DETAILED = _records(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import read_log
+from support import read_log
 from test_perfetto_fast import packets
 
 import llamacpp_instr

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PROMPT, make_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import PROMPT, make_run
 
 from llamacpp_instr import bindings
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -14,29 +13,14 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+from support import FIXTURES, FUZZ_DERANDOMIZE, FUZZ_EXAMPLES, REAL_FIXTURES, plain_copy
+from support import JSON as _JSON
+from support import read_log as raw_records
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.session import iter_events
 from llamacpp_instr.converters.trace_layout import LayoutStats, Selection, layout
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-# CI runs a fixed, reproducible set of examples; `FUZZ_EXAMPLES=20000 pytest -k fuzz` explores more
-FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "300"))
-FUZZ_DERANDOMIZE = "FUZZ_EXAMPLES" not in os.environ
-REAL_FIXTURES = sorted(FIXTURES.glob("*.log.gz"))
-
-
-def raw_records(path: Path) -> list[dict[str, Any]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def plain_copy(src: Path, tmp_path: Path) -> Path:
-    dest = tmp_path / src.name.removesuffix(".gz")
-    dest.write_text("".join(json.dumps(r) + "\n" for r in raw_records(src)))
-    return dest
 
 
 def convert(log: Path, *args: str) -> tuple[Any, Path]:
@@ -392,16 +376,6 @@ def test_fuzz_mutated_logs_never_crash(
     write_perfetto(iter(items), BytesIO())
 
 
-_JSON = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**70), 2**70)
-    | st.floats(allow_nan=False)
-    | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3)
-    | st.dictionaries(st.text(max_size=3), inner, max_size=3),
-    max_leaves=6,
-)
 _VERBOSE = [json.loads(ln) for ln in _fixture_lines("tiny-llama-verbose.log.gz")]
 
 

@@ -22,7 +22,8 @@ from google.protobuf.json_format import MessageToDict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
-from test_perfetto import _JSON  # the fuzzed JSON values, as the reference writer's tests use
+from support import FIXTURES
+from support import JSON as _JSON
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters import perfetto_fast
@@ -42,7 +43,6 @@ from llamacpp_instr.converters.trace_layout import (
     layout_bulk,
 )
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REAL_FIXTURES = sorted(FIXTURES.glob("*.log.gz"))
 
 

@@ -12,8 +12,10 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from test_frames_fast import _ODD_OPS, _edit_ops, _records, _write
-from test_perfetto import FIXTURES, REAL_FIXTURES
+from support import FIXTURES, REAL_FIXTURES
+from support import read_log as _records
+from support import write_log as _write
+from test_frames_fast import _ODD_OPS, _edit_ops
 from test_perfetto_fast import _rewrite, assert_same
 
 from llamacpp_instr.converters import prefetch

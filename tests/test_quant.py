@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import RunLog, make_run
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+from gguf import GGUFReader
+from support import RunLog, hand_bytes, make_run
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.quant_report import from_gguf, from_session, report_data
@@ -33,15 +33,6 @@ def quantized(
         r = _cli("quantize", str(tiny_llama_f32), "--type", t, "-o", str(out[t]))
         assert r.exit_code == 0, r.output
     return out
-
-
-def hand_bytes(path: Path) -> int:
-    """Each tensor's bytes from its element count and the type's block size, summed."""
-    total = 0
-    for t in GGUFReader(path).tensors:
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(int(t.tensor_type))]
-        total += int(t.n_elements) // block * size
-    return total
 
 
 def test_totals_equal_independent_byte_counts(
@@ -198,7 +189,7 @@ def test_session_inventory_and_memory(smollm2_detailed: RunLog, smollm2_path: Pa
     inv = from_session(smollm2_detailed.path)
     assert inv.bytes == hand_bytes(smollm2_path)
     assert inv.memory and inv.memory["kv_cache"] > 0
-    r = _cli("quant-report", "--session", str(smollm2_detailed.path))
+    r = _cli("quant-report", "--log", str(smollm2_detailed.path))
     assert r.exit_code == 0 and "KV cache" in r.output
 
 
@@ -258,7 +249,7 @@ def test_bad_input(tmp_path: Path, tiny_llama_f32: Path, quantized: dict[str, Pa
     nolog.write_text(
         '{"type":"session_start","ts":1,"sid":"0123456789abcdef","schema_version":1}\n'
     )
-    _err(_cli("quant-report", "--session", str(nolog)), "no weight inventory")
+    _err(_cli("quant-report", "--log", str(nolog)), "no weight inventory")
     _err(
         _cli("quantize", str(tiny_llama_f32), "--type", "q7_z", "-o", str(tmp_path / "o.gguf")),
         "unknown --type",

@@ -32,7 +32,7 @@ def cli_json(*args: str) -> dict[str, Any]:
 
 
 def eval_default(base: Path, *quants: Path) -> dict[str, Any]:
-    args = [str(base), *map(str, quants), "--ctx", str(CTX), "--chunks", str(CHUNKS)]
+    args = [str(base), *map(str, quants), "--chunk-size", str(CTX), "--chunks", str(CHUNKS)]
     return cli_json(*args)
 
 
@@ -299,7 +299,7 @@ def test_vocab_mismatch(tiny_llama_f32: Path, tmp_path: Path) -> None:
     from tiny_gguf import write_tiny_model
 
     other = write_tiny_model(tmp_path / "tiny-640.gguf", seed=1, n_vocab=640)
-    out = one_line_error(str(tiny_llama_f32), str(other), "--ctx", "64", "--chunks", "2")
+    out = one_line_error(str(tiny_llama_f32), str(other), "--chunk-size", "64", "--chunks", "2")
     assert "vocabular" in out and "640" in out and "512" in out
 
 
@@ -354,7 +354,8 @@ def test_cli_writes_output_file(tiny_llama_f32: Path, tiny_llama_q8: Path, tmp_p
     out = tmp_path / "qe.md"
     r = CliRunner().invoke(
         main,
-        ["quant-eval", str(tiny_llama_f32), str(tiny_llama_q8), "--ctx", "64", "--chunks", "2"]
+        ["quant-eval", str(tiny_llama_f32), str(tiny_llama_q8), "--chunk-size", "64"]
+        + ["--chunks", "2"]
         + ["--format", "markdown", "-o", str(out)],
     )
     assert r.exit_code == 0, r.output

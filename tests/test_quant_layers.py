@@ -71,7 +71,8 @@ def test_quant_eval_layers_option(
 
     from llamacpp_instr.cli import main
 
-    args = ["quant-eval", str(tiny_llama_f32), str(tiny_llama_q8), "--ctx", "32", "--chunks", "2"]
+    args = ["quant-eval", str(tiny_llama_f32), str(tiny_llama_q8), "--chunk-size", "32"]
+    args += ["--chunks", "2"]
     r = CliRunner().invoke(main, [*args, "--layers", "--format", "json"])
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
@@ -86,7 +87,7 @@ def test_quant_eval_layers_option(
 def smollm2_q8(
     instr_api: Any, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    from llamacpp_instr.commands.quantize import quantize_file
+    from llamacpp_instr.quantize import quantize_file
 
     out = tmp_path_factory.mktemp("smol") / "smollm2-q8_0.gguf"
     quantize_file(smollm2_path, out, "q8_0")
@@ -110,13 +111,13 @@ def test_layers_and_sweep_on_the_bundled_model(
     monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path / "cache"))
     r = CliRunner().invoke(
         main,
-        ["quant-sweep", str(smollm2_path), "--types", "q8_0", "--ctx", "64", "--chunks", "2"]
+        ["quant-sweep", str(smollm2_path), "--types", "q8_0", "--chunk-size", "64", "--chunks", "2"]
         + ["--reps", "1", "-n", "4", "--format", "json"],
     )
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     base, q8 = data["models"]
-    from test_quant import hand_bytes
+    from support import hand_bytes
 
     # sizes as gguf-py counts them (the bundled base is Q4_1: its Q8_0 is larger)
     assert base["bytes"] == hand_bytes(smollm2_path)

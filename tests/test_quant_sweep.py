@@ -26,18 +26,23 @@ def swept(instr_api: Any, tiny_llama_f32: Path, tmp_path_factory: pytest.TempPat
     out = tmp_path_factory.mktemp("sweep")
     mp = pytest.MonkeyPatch()
     mp.setenv("LLAMACPP_INSTR_CACHE", str(cache))
-    args = ["quant-sweep", str(tiny_llama_f32), "--types", "q8_0,q4_0", "--ctx", "64"]
+    args = ["quant-sweep", str(tiny_llama_f32), "--types", "q8_0,q4_0"]
     args += ["--chunks", "2", "--reps", "2", "-n", "4"]
     try:
-        first = CliRunner().invoke(main, [*args, "--format", "json", "-o", str(out / "s.json")])
-        second = CliRunner().invoke(main, [*args, "--format", "html", "-o", str(out / "s.html")])
+        first = CliRunner().invoke(
+            main, [*args, "--chunk-size", "64", "--format", "json", "-o", str(out / "s.json")]
+        )
+        # the old spelling of --chunk-size, kept for one release
+        second = CliRunner().invoke(
+            main, [*args, "--ctx", "64", "--format", "html", "-o", str(out / "s.html")]
+        )
     finally:
         mp.undo()
     return {"first": first, "second": second, "out": out, "cache": cache}
 
 
 def test_sweep_measures_every_type(swept: Any, tiny_llama_f32: Path) -> None:
-    from test_quant import hand_bytes
+    from support import hand_bytes
 
     assert swept["first"].exit_code == 0, swept["first"].output
     data = json.loads((swept["out"] / "s.json").read_text())
@@ -56,6 +61,9 @@ def test_sweep_measures_every_type(swept: Any, tiny_llama_f32: Path) -> None:
 def test_sweep_reuses_its_quantized_files(swept: Any, tiny_llama_f32: Path) -> None:
     assert swept["second"].exit_code == 0, swept["second"].output
     assert "quantizing" in swept["first"].output and "quantizing" not in swept["second"].output
+    assert "--ctx is deprecated" not in swept["first"].output
+    assert "warning: --ctx is deprecated" in swept["second"].output
+    assert "use --chunk-size" in swept["second"].output
     assert sorted(p.name for p in swept["cache"].glob("quant/*/*.gguf")) == [
         "q4_0.gguf",
         "q8_0.gguf",

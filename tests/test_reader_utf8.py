@@ -13,13 +13,13 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import FIXTURES
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reader import ReadReport, iter_records
 from llamacpp_instr.converters.session import load
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 DETAILED = FIXTURES / "tiny-llama-detailed.log.gz"
 
 with gzip.open(DETAILED, "rb") as _f:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from test_serve import wait_ready
+from support import free_port, wait_ready
 
 from llamacpp_instr.cli import main
 
@@ -63,10 +63,8 @@ def test_chat_example(instr_api: Any, tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_serve_example(instr_api: Any, tmp_path: Path) -> None:
-    """`instr serve --port 8000 --out serve.log` and the README's client, as written; on another
+    """`instr serve --port 8000 -o serve.log` and the README's client, as written; on another
     port only if 8000 is taken on this machine."""
-    from test_serve import free_port
-
     client = example("serve-client")
     port = 8000
     try:

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import RunLog, make_run
 from gguf import GGUFReader
+from support import RunLog, make_run
 
 from llamacpp_instr.cli import main
 

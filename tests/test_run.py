@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import PROMPT, RunLog, by_type, make_run, read_log
 from gguf import GGUFReader
+from support import PROMPT, RunLog, by_type, make_run, read_log
 
 from llamacpp_instr.cli import main
 
@@ -179,7 +179,7 @@ def _cli(*args: str) -> Any:
 def test_cli_run_default_model(instr_api: Any, tmp_path: Path) -> None:
     out = tmp_path / "cli.log"
     r = _cli(
-        "run", "--prompt", PROMPT, "-n", "4", "--threads", "2", "--ctx", "256", "--out", str(out)
+        "run", "--prompt", PROMPT, "-n", "4", "--threads", "2", "--ctx", "256", "--output", str(out)
     )
     assert r.exit_code == 0, r.output
     assert "session log: " in r.output and "4 generated" in r.output
@@ -233,7 +233,7 @@ def test_model_llama_cpp_cannot_load(tmp_path: Path, instr_api: Any) -> None:
 
 def test_unwritable_log_path(tiny_llama_f32: Path, tmp_path: Path) -> None:
     r = _cli(
-        "run", str(tiny_llama_f32), "--prompt", "x", "--out", str(tmp_path / "no" / "dir" / "s.log")
+        "run", str(tiny_llama_f32), "--prompt", "x", "-o", str(tmp_path / "no" / "dir" / "s.log")
     )
     _one_line_error(r, "cannot write log")
 
@@ -267,7 +267,7 @@ def test_ctrl_c_leaves_a_valid_interrupted_log(
 ) -> None:
     out = tmp_path / "int.log"
     cmd = [sys.executable, "-m", "llamacpp_instr.cli", "run", "--prompt", PROMPT, "-n", "2000",
-           "--ctx", "4096", "--threads", "2", "--ignore-eos", "--out", str(out)]  # fmt: skip
+           "--ctx", "4096", "--threads", "2", "--ignore-eos", "-o", str(out)]  # fmt: skip
     # Ctrl-C as a terminal delivers it: a test run in the background (nohup, CI runners) ignores
     # SIGINT, and a Python child inherits that and never raises KeyboardInterrupt
     proc = subprocess.Popen(
@@ -334,7 +334,7 @@ def test_two_contexts_in_two_threads_never_interleave(
 
 
 def test_demo_runs_converts_and_checks(instr_api: Any, tmp_path: Path) -> None:
-    r = _cli("demo", "--out-dir", str(tmp_path), "-n", "4")
+    r = _cli("demo", "-o", str(tmp_path), "-n", "4")
     assert r.exit_code == 0, r.output
     assert "log ok: " in r.output and "trace ok: " in r.output
     assert (tmp_path / "demo.pftrace").stat().st_size > 0

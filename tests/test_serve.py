@@ -8,37 +8,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from support import free_port, wait_ready
 
 from llamacpp_instr.cli import main
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_ready(port: int, proc: subprocess.Popen[str], timeout: float = 120) -> None:
-    import urllib.request
-
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if proc.poll() is not None:
-            raise AssertionError(f"instr serve exited: {proc.stderr.read() if proc.stderr else ''}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError("instr serve did not come up")
 
 
 @pytest.fixture(scope="module")
@@ -205,14 +183,16 @@ def test_the_trace_has_a_requests_track(served: Any, tmp_path: Path) -> None:
     assert_same(served["log"])
 
 
+# --out: the old spelling of -o/--output, kept for one release
+@pytest.mark.parametrize("out_option", ["-o", "--out"])
 def test_sigterm_ends_the_session_as_interrupted(
-    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+    out_option: str, instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
 ) -> None:
     log = tmp_path / "term.log"
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "llamacpp_instr.cli", "serve", str(tiny_llama_f32)]
-        + ["--port", str(port), "-o", str(log), "-t", "1", "--ctx", "256"],
+        + ["--port", str(port), out_option, str(log), "-t", "1", "--ctx", "256"],
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -224,5 +204,6 @@ def test_sigterm_ends_the_session_as_interrupted(
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
+    assert ("warning: --out is deprecated" in err) == (out_option == "--out")
     recs = [json.loads(line) for line in log.open()]
     assert recs[-1]["type"] == "session_end" and recs[-1]["status"] == "interrupted"

@@ -1,11 +1,11 @@
 """Renderers: a ``Report`` (``converters.report``) as text, markdown, csv, json or HTML.
 
-Every command's ``--format`` goes through ``render``; ``-o`` through ``write``.
+``render`` is the one entry point: every report of every command goes through it (``summary`` and
+``quant_render`` build their ``Report`` first); ``llamacpp_instr.commands.emit`` writes it to
+``-o/--output`` or stdout.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from ..errors import UserError
 from ..report import Report
@@ -33,16 +33,4 @@ def render(report: Report, fmt: str, top: int | None = None) -> str:
     return _RENDERERS[fmt](report)  # type: ignore[operator]
 
 
-def write(report: Report, fmt: str, output: Path | None, top: int | None = None) -> str | None:
-    """Render; write to ``output`` if given (returning None) or return the text for stdout."""
-    out = render(report, fmt, top)
-    if output is None:
-        return out
-    try:
-        output.write_text(out, encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"cannot write {output}: {exc.strerror}") from None
-    return None
-
-
-__all__ = ["FORMATS", "render", "write"]
+__all__ = ["FORMATS", "render"]

@@ -8,18 +8,31 @@ llama_cpp installed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.schema import SESSION_LEVELS
 
+if TYPE_CHECKING:
+    from llamacpp_instr.converters.frames import SessionFrames
+
 F = TypeVar("F", bound=Callable[..., Any])
 
-# shared by every command that reads a log which may hold several sessions
+# One name, one meaning, one definition: every option more than one command takes is defined here.
+#   -o/--output    where the command writes (a report, trace, session log, GGUF, or export directory)
+#   --session      a session id, when a log holds several
+#   -t/--threads   CPU threads (default: all cores, at most 8: runner.resolve_threads)
+#   --ctx          the context size in tokens (run, serve); quant-eval's chunks are --chunk-size
+#   --top          rows per table in text and markdown
+#   --strict       refuse a damaged log instead of skipping its bad lines
+# Old spellings keep working for one release through ``deprecated_alias``, with a note on stderr.
+
 session_option = click.option(
     "--session", "sid", default=None, help="Session id, when the log holds several."
 )
@@ -34,13 +47,6 @@ level_option = click.option(
     show_default=True,
     help="minimal: steps + layer spans; detailed: + per-op timings and graph tables; "
     "verbose: + per-thread times, value statistics, top-k logits.",
-)
-log_option = click.option(
-    "-o",
-    "--out",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="Session log path (default: llama_instrumentation_YYYYMMDD_HHMMSS.log here).",
 )
 ctx_option = click.option(
     "--ctx",
@@ -64,19 +70,98 @@ topk_option = click.option(
     show_default=True,
     help="Logits kept per token at verbose.",
 )
+top_option = click.option(
+    "--top",
+    type=click.IntRange(min=0),
+    default=12,
+    show_default=True,
+    help="Rows per table in text and markdown (0 = all).",
+)
+strict_option = click.option(
+    "--strict", is_flag=True, help="Fail on the first damaged line instead of skipping it."
+)
+
+
+def output_option(
+    help: str, *, directory: bool = False, required: bool = False, default: Path | None = None
+) -> Callable[[F], F]:
+    """``-o/--output``: where the command writes; ``help`` says what (a file, or a directory)."""
+    return click.option(
+        "-o",
+        "--output",
+        type=output_type(directory),
+        default=default,
+        show_default=default is not None,
+        required=required,
+        help=help,
+    )
+
+
+def output_type(directory: bool = False) -> click.Path:
+    """The value of -o/--output (and of its old spellings): a file, or a directory."""
+    if directory:
+        return click.Path(path_type=Path, file_okay=False)
+    return click.Path(path_type=Path, dir_okay=False)
+
+
+# the session log of the commands that run a model (instr run, instr serve)
+log_option = output_option(
+    "Session log path (default: llama_instrumentation_YYYYMMDD_HHMMSS.log here)."
+)
+
+
+def deprecated_alias(old: str, new: str, dest: str, **option: Any) -> Callable[[F], F]:
+    """The old spelling ``old`` of the option ``new`` (parameter ``dest``), kept for one release:
+    hidden from the help, it sets ``dest`` as ``new`` would, with a deprecation note on stderr.
+    ``option`` holds its click settings (type, multiple...), the same as ``new``'s."""
+    hidden = "deprecated_" + old.lstrip("-").replace("-", "_")
+
+    def deco(f: F) -> F:
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            value = kwargs.pop(hidden)
+            if value is None or value == ():
+                return f(*args, **kwargs)
+            click.echo(
+                f"warning: {old} is deprecated and will be removed in the next release; "
+                f"use {new}",
+                err=True,
+            )
+            source = click.get_current_context().get_parameter_source(dest)
+            if source is ParameterSource.COMMANDLINE:
+                raise click.UsageError(f"{old} is the old spelling of {new}: give one of them")
+            kwargs[dest] = value
+            return f(*args, **kwargs)
+
+        return click.option(old, hidden, hidden=True, default=None, **option)(wrapper)  # type: ignore[return-value]
+
+    return deco
+
+
+def chunk_size_options(f: F) -> F:
+    """``--chunk-size``, the tokens per chunk of quant-eval and quant-sweep (llama-perplexity's -c),
+    and its old spelling ``--ctx``, which means the context size everywhere else."""
+    f = deprecated_alias("--ctx", "--chunk-size", "chunk_size", type=click.IntRange(min=8))(f)
+    return click.option(
+        "--chunk-size",
+        type=click.IntRange(min=8),
+        default=512,
+        show_default=True,
+        help="Tokens per chunk (llama-perplexity's -c); the second half of each is scored.",
+    )(f)
+
+
+# ``--out`` was run's and serve's name for -o/--output (the session log) until 0.1
+out_alias = deprecated_alias("--out", "-o/--output", "output", type=output_type())
+# ``--out-dir`` was export's and demo's name for -o/--output (a directory) until 0.1
+out_dir_alias = deprecated_alias("--out-dir", "-o/--output", "output", type=output_type(True))
 
 
 def report_options(formats: Sequence[str] = REPORT_FORMATS) -> Callable[[F], F]:
     """``--format`` and ``-o/--output``, the same in every command that writes a report."""
 
     def deco(f: F) -> F:
-        f = click.option(
-            "-o",
-            "--output",
-            type=click.Path(path_type=Path, dir_okay=False),
-            default=None,
-            help="Write the report to this file instead of stdout.",
-        )(f)
+        f = output_option("Write the report to this file instead of stdout.")(f)
         f = click.option(
             "--format",
             "fmt",
@@ -89,6 +174,17 @@ def report_options(formats: Sequence[str] = REPORT_FORMATS) -> Callable[[F], F]:
         return f
 
     return deco
+
+
+def load_log(log: Path, sid: str | None = None, strict: bool = False) -> SessionFrames:
+    """The session ``sid`` of ``log`` as the report commands read it: damaged lines skipped and
+    said so on stderr, or with ``strict`` the first one a one-line error."""
+    from llamacpp_instr.converters import load_session
+
+    frames = load_session(log, sid, strict=strict)
+    if frames.report.summary():
+        click.echo(frames.report.summary(), err=True)
+    return frames
 
 
 def check_output(output: Path | None) -> None:

@@ -6,21 +6,25 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands import check_output, emit, report_options
+from llamacpp_instr.commands import (
+    check_output,
+    emit,
+    load_log,
+    report_options,
+    strict_option,
+    top_option,
+)
 
 
 @click.command("compare")
 @click.argument("session_a", type=click.Path(path_type=Path))
 @click.argument("session_b", type=click.Path(path_type=Path))
-@click.option(
-    "--top",
-    type=click.IntRange(min=0),
-    default=12,
-    show_default=True,
-    help="Rows per table in text and markdown (0 = all).",
-)
+@top_option
 @report_options()
-def command(session_a: Path, session_b: Path, top: int, fmt: str, output: Path | None) -> None:
+@strict_option
+def command(
+    session_a: Path, session_b: Path, top: int, fmt: str, output: Path | None, strict: bool
+) -> None:
     """Compare two session logs: memory (weights, KV cache, compute), prompt and generation
     tokens/s, time per op type and per layer, generated-token agreement and, when both are verbose
     logs with top-k logits, top-1 agreement and a KL-divergence estimate per step and overall.
@@ -29,11 +33,11 @@ def command(session_a: Path, session_b: Path, top: int, fmt: str, output: Path |
     The agreement is free-running: after the first differing token the runs continue from
     different text. It shows how soon outputs diverge, not a quantization's quality: for that,
     `instr quant-eval` (teacher-forced perplexity and KL divergence)."""
-    from llamacpp_instr.converters import compare, load_session
+    from llamacpp_instr.converters import compare
     from llamacpp_instr.converters.renderers import render
 
     check_output(output)
-    a, b = load_session(session_a), load_session(session_b)
+    a, b = load_log(session_a, strict=strict), load_log(session_b, strict=strict)
     c = compare.compare_sessions(
         a, b, compare.generated_tokens(session_a), compare.generated_tokens(session_b)
     )

@@ -6,19 +6,16 @@ from pathlib import Path
 
 import click
 
+from llamacpp_instr.commands import out_dir_alias, output_option
+
 DEMO_PROMPT = "The capital of France is"
 
 
 @click.command("demo")
-@click.option(
-    "--out-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("."),
-    show_default=True,
-    help="Where to write demo.log and demo.pftrace.",
-)
+@output_option("Directory for demo.log and demo.pftrace.", directory=True, default=Path("."))
+@out_dir_alias
 @click.option("-n", "--n-predict", default=16, show_default=True, help="Tokens to generate.")
-def command(out_dir: Path, n_predict: int) -> None:
+def command(output: Path, n_predict: int) -> None:
     """Run the bundled SmolLM2-135M at the detailed level, convert the log to a Perfetto trace,
     and check both: every log line parses, the session ended ok, every generated token's step holds
     per-op timings, and the trace was written. Exit status 2 if anything is off."""
@@ -27,8 +24,8 @@ def command(out_dir: Path, n_predict: int) -> None:
     from llamacpp_instr import models, runner
     from llamacpp_instr.converters.errors import UserError
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    log = out_dir / "demo.log"
+    output.mkdir(parents=True, exist_ok=True)
+    log = output / "demo.log"
     log.unlink(missing_ok=True)
     cfg = runner.RunConfig(
         model=models.default_model(),
@@ -59,7 +56,7 @@ def command(out_dir: Path, n_predict: int) -> None:
     convert = getattr(to_perfetto, "commands", {}).get("to-perfetto")
     if convert is None:
         raise UserError("this installation has no to-perfetto command")
-    trace = out_dir / "demo.pftrace"
+    trace = output / "demo.pftrace"
     click.get_current_context().invoke(convert, log=log, output=trace)
     if not trace.is_file() or trace.stat().st_size == 0:
         raise UserError(f"no trace written at {trace}")

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands import session_option
+from llamacpp_instr.commands import (
+    load_log,
+    out_dir_alias,
+    output_option,
+    session_option,
+    strict_option,
+)
 
 
 @click.command("export")
@@ -14,13 +20,8 @@ from llamacpp_instr.commands import session_option
 @click.option(
     "--format", "fmt", type=click.Choice(["parquet", "csv"]), default="parquet", show_default=True
 )
-@click.option(
-    "-o",
-    "--out-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Directory for the files.",
-)
+@output_option("Directory for the files.", directory=True)
+@out_dir_alias
 @click.option(
     "--dataset",
     type=click.Path(file_okay=False, path_type=Path),
@@ -29,21 +30,21 @@ from llamacpp_instr.commands import session_option
     "(TABLE/model=/quant=/date=/SID.parquet) instead.",
 )
 @session_option
+@strict_option
 def command(
-    log: Path, fmt: str, out_dir: Path | None, dataset: Path | None, sid: str | None
+    log: Path, fmt: str, output: Path | None, dataset: Path | None, sid: str | None, strict: bool
 ) -> None:
     """Write the tables of a session LOG (steps, layers, ops, nodes, weights, tensor_stats, topk)
-    as one Parquet or CSV file each into --out-dir, or append them to a --dataset that DuckDB,
+    as one Parquet or CSV file each into the -o/--output directory, or append them to a --dataset that DuckDB,
     Polars or Spark query across sessions:
     read_parquet('DIR/steps/**/*.parquet', hive_partitioning = true)."""
-    from llamacpp_instr.converters import load_session
     from llamacpp_instr.converters.errors import UserError
 
-    if (out_dir is None) == (dataset is None):
-        raise UserError("give exactly one of -o/--out-dir and --dataset")
+    if (output is None) == (dataset is None):
+        raise UserError("give exactly one of -o/--output and --dataset")
     if dataset is not None and fmt != "parquet":
         raise UserError("--dataset is Parquet only")
-    frames = load_session(log, sid)
+    frames = load_log(log, sid, strict)
     if dataset is not None:
         from llamacpp_instr.converters.dataset import append_to_dataset
 
@@ -52,15 +53,15 @@ def command(
             click.echo(f"{path}: {rows} rows", err=True)
         click.echo(f"session {frames.info.sid} added to {dataset} ({len(files)} tables)", err=True)
         return
-    assert out_dir is not None
+    assert output is not None
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        output.mkdir(parents=True, exist_ok=True)
         for name, df in frames.tables().items():
-            path = out_dir / f"{name}.{fmt}"
+            path = output / f"{name}.{fmt}"
             if fmt == "parquet":
                 df.to_parquet(path, index=False)
             else:
                 df.to_csv(path, index=False)
             click.echo(f"{path}: {len(df)} rows", err=True)
     except OSError as exc:
-        raise UserError(f"cannot write to {out_dir}: {exc.strerror}") from None
+        raise UserError(f"cannot write to {output}: {exc.strerror}") from None

@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands import check_output, emit, report_options
+from llamacpp_instr.commands import (
+    check_output,
+    chunk_size_options,
+    emit,
+    report_options,
+    threads_option,
+)
 
 if TYPE_CHECKING:
     from llamacpp_instr.quant_eval import Progress
@@ -47,22 +53,14 @@ def _progress_bar() -> Progress:
     default=None,
     help="Text to evaluate on (default: the bundled KJV Genesis, about 49k SmolLM2 tokens).",
 )
-@click.option(
-    "--ctx",
-    type=click.IntRange(min=8),
-    default=512,
-    show_default=True,
-    help="Chunk size in tokens (llama-perplexity's -c); the second half of each is scored.",
-)
+@chunk_size_options
 @click.option(
     "--chunks",
     type=click.IntRange(min=1),
     default=None,
     help="Evaluate only the first N chunks (default: all full chunks).",
 )
-@click.option(
-    "--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: all cores)."
-)
+@threads_option
 @click.option(
     "--layers/--no-layers",
     default=False,
@@ -75,7 +73,7 @@ def command(
     base: Path,
     quants: tuple[Path, ...],
     text: Path | None,
-    ctx: int,
+    chunk_size: int,
     chunks: int | None,
     threads: int | None,
     layers: bool,
@@ -86,7 +84,7 @@ def command(
     divergence from the base: mean, median, 90/95/99/99.9th percentiles and max per token, Δp (the
     change in the correct token's probability) and how often the top token agrees; with the
     definitions and uncertainties of llama.cpp's `llama-perplexity --kl-divergence`. The text is
-    tokenized once with the base's tokenizer and cut into chunks of --ctx tokens, evaluated
+    tokenized once with the base's tokenizer and cut into chunks of --chunk-size tokens, evaluated
     teacher-forced from an empty cache; the second half of each chunk is scored."""
     from llamacpp_instr import quant_eval
     from llamacpp_instr.converters.quant_eval_report import build
@@ -98,7 +96,7 @@ def command(
         base,
         quants,
         text=text,
-        ctx=ctx,
+        ctx=chunk_size,
         chunks=chunks,
         threads=threads,
         progress=progress,
@@ -106,35 +104,13 @@ def command(
     report = build(data)
     if layers:
         from llamacpp_instr.converters.quant_layers_report import layers_sections
+        from llamacpp_instr.quant_eval import scored_chunks
         from llamacpp_instr.quant_layers import layer_errors
 
         if progress:
             click.echo("quant-eval: per-layer error ...", err=True)
-        per_layer = layer_errors(
-            base, quants, _chunks(base, text, ctx, int(data["chunks"])), ctx, threads or 1
-        )
+        scored = scored_chunks(base, text, chunk_size, int(data["chunks"]))
+        per_layer = layer_errors(base, quants, scored, chunk_size, int(data["threads"]))
         report.sections += layers_sections(per_layer, base.name)
         report.data["layers"] = per_layer
     emit(render(report, fmt), output)
-
-
-def _chunks(base: Path, text: Path | None, ctx: int, n: int) -> list[list[int]]:
-    """The chunks quant-eval scored: the text tokenized with the base's tokenizer (special tokens
-    added, as llama-perplexity does), cut into --ctx tokens, the first of each made BOS."""
-    import llama_cpp
-    from llama_cpp import _logger
-
-    from llamacpp_instr import quant_eval
-
-    _logger.set_verbose(False)
-    vocab = llama_cpp.Llama(str(base), vocab_only=True, verbose=False)
-    tokens = vocab.tokenize(quant_eval.read_text(text or quant_eval.default_text()), add_bos=True)
-    add_bos = bool(llama_cpp.llama_vocab_get_add_bos(vocab._model.vocab))
-    out = []
-    for i in range(n):
-        chunk = list(tokens[i * ctx : (i + 1) * ctx])
-        if add_bos:
-            chunk[0] = vocab.token_bos()
-        out.append(chunk)
-    vocab.close()
-    return out

@@ -6,18 +6,26 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands import check_output, emit, report_options
+from llamacpp_instr.commands import (
+    check_output,
+    deprecated_alias,
+    emit,
+    report_options,
+    top_option,
+)
 
 
 @click.command("quant-report")
 @click.argument("models", nargs=-1, type=click.Path(path_type=Path))
 @click.option(
-    "--session",
-    "sessions",
+    "--log",
+    "logs",
     multiple=True,
     type=click.Path(path_type=Path),
     help="A session log to read the weight inventory and run-time memory from (repeatable).",
 )
+# --session meant a session id everywhere else: the log path took that name here until 0.1
+@deprecated_alias("--session", "--log", "logs", multiple=True, type=click.Path(path_type=Path))
 @report_options()
 @click.option(
     "--error-vs",
@@ -26,23 +34,17 @@ from llamacpp_instr.commands import check_output, emit, report_options
     default=None,
     help="Per-tensor dequantization error of each model against this higher-precision GGUF.",
 )
-@click.option(
-    "--top",
-    type=click.IntRange(min=0),
-    default=12,
-    show_default=True,
-    help="Rows per table in text and markdown (0 = all).",
-)
+@top_option
 def command(
     models: tuple[Path, ...],
-    sessions: tuple[Path, ...],
+    logs: tuple[Path, ...],
     fmt: str,
     output: Path | None,
     reference: Path | None,
     top: int,
 ) -> None:
     """Report per tensor, layer, role and type: bytes, share, bits per weight and compression vs
-    F32 and 16-bit, for each MODEL.gguf (read with gguf-py) or --session LOG. With two or more,
+    F32 and 16-bit, for each MODEL.gguf (read with gguf-py) or --log LOG. With two or more,
     the others are compared side by side with the first: bytes saved per tensor, layer and role,
     and which tensors got a different type. The HTML page charts bytes per layer (embedding and
     output apart), bits per weight by role, and bytes saved per layer and role."""
@@ -55,10 +57,10 @@ def command(
         report_data,
     )
 
-    if not models and not sessions:
-        raise UserError("give at least one MODEL.gguf or --session LOG")
+    if not models and not logs:
+        raise UserError("give at least one MODEL.gguf or --log LOG")
     check_output(output)
-    invs = [from_gguf(m) for m in models] + [from_session(s) for s in sessions]
+    invs = [from_gguf(m) for m in models] + [from_session(s) for s in logs]
     error = None
     if reference is not None:
         from_gguf(reference)  # the same checks as the models (exists, is a GGUF, not truncated)

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands import check_output, emit, report_options
+from llamacpp_instr.commands import (
+    check_output,
+    chunk_size_options,
+    emit,
+    report_options,
+    threads_option,
+)
 
 
 @click.command("quant-sweep")
@@ -23,9 +29,7 @@ from llamacpp_instr.commands import check_output, emit, report_options
     default=None,
     help="Text for perplexity and KL divergence (default: the bundled public-domain text).",
 )
-@click.option(
-    "--ctx", type=click.IntRange(min=8), default=512, show_default=True, help="Chunk size."
-)
+@chunk_size_options
 @click.option(
     "--chunks",
     type=click.IntRange(min=1),
@@ -48,13 +52,13 @@ from llamacpp_instr.commands import check_output, emit, report_options
     show_default=True,
     help="Tokens generated per speed run.",
 )
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads.")
+@threads_option
 @report_options()
 def command(
     base: Path,
     types: str,
     text: Path | None,
-    ctx: int,
+    chunk_size: int,
     chunks: int,
     reps: int,
     n_predict: int,
@@ -67,11 +71,11 @@ def command(
     prompt and generation tokens/s (interleaved repetitions, as ratios to BASE), perplexity and KL
     divergence against BASE. The HTML charts size against KLD and speed against KLD, with the
     Pareto fronts marked."""
-    from llamacpp_instr.commands.quantize import TYPES
     from llamacpp_instr.converters.errors import UserError
     from llamacpp_instr.converters.quant_sweep_report import sweep_report
     from llamacpp_instr.converters.renderers import render
     from llamacpp_instr.quant_sweep import sweep
+    from llamacpp_instr.quantize import TYPES
 
     wanted = [t.strip().lower() for t in types.split(",") if t.strip()]
     unknown = [t for t in wanted if t not in TYPES]
@@ -85,7 +89,7 @@ def command(
         click.echo(msg, err=True)
 
     data = sweep(
-        base, wanted, text=text, ctx=ctx, chunks=chunks, reps=reps, n_predict=n_predict,
+        base, wanted, text=text, ctx=chunk_size, chunks=chunks, reps=reps, n_predict=n_predict,
         threads=threads, echo=echo,
     )  # fmt: skip
     emit(render(sweep_report(data), fmt), output)

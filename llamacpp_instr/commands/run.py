@@ -12,6 +12,7 @@ from llamacpp_instr.commands import (
     ctx_option,
     level_option,
     log_option,
+    out_alias,
     threads_option,
     topk_option,
 )
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
 )
 @level_option
 @log_option
+@out_alias
 @click.option("--seed", default=0, show_default=True, help="Sampling seed.")
 @click.option(
     "--temp",
@@ -98,7 +100,7 @@ def command(
     n_batch: int,
     n_ubatch: int | None,
     level: str,
-    out: Path | None,
+    output: Path | None,
     seed: int,
     temp: float,
     flash_attn: bool,
@@ -128,7 +130,7 @@ def command(
         n_batch=n_batch,
         n_ubatch=n_ubatch,
         level=level,
-        out=out,
+        out=output,
         seed=seed,
         temp=temp,
         flash_attn=flash_attn,

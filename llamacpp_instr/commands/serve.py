@@ -10,6 +10,7 @@ from llamacpp_instr.commands import (
     ctx_option,
     level_option,
     log_option,
+    out_alias,
     threads_option,
     topk_option,
 )
@@ -23,6 +24,7 @@ from llamacpp_instr.commands import (
 )
 @level_option
 @log_option
+@out_alias
 @ctx_option
 @threads_option
 @topk_option
@@ -31,7 +33,7 @@ def command(
     host: str,
     port: int,
     level: str,
-    out: Path | None,
+    output: Path | None,
     n_ctx: int,
     threads: int | None,
     top_k_logits: int,
@@ -47,7 +49,7 @@ def command(
     from llamacpp_instr import models, runner, serve
 
     path = model if model is not None else models.default_model()
-    log = out or runner.default_log_name()
+    log = output or runner.default_log_name()
 
     def ready(msg: str) -> None:
         click.echo(msg, err=True)

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands import check_output, emit, report_options, session_option
+from llamacpp_instr.commands import (
+    check_output,
+    emit,
+    load_log,
+    report_options,
+    session_option,
+    strict_option,
+    top_option,
+)
 
 
 @click.command("summary")
@@ -19,25 +27,19 @@ from llamacpp_instr.commands import check_output, emit, report_options, session_
     show_default=True,
     help="Group op time by op type, layer or graph node.",
 )
-@click.option(
-    "--top",
-    type=click.IntRange(min=0),
-    default=15,
-    show_default=True,
-    help="Rows to show (0 = all).",
-)
+@top_option
 @report_options()
 @session_option
-def command(log: Path, by: str, top: int, fmt: str, output: Path | None, sid: str | None) -> None:
+@strict_option
+def command(
+    log: Path, by: str, top: int, fmt: str, output: Path | None, sid: str | None, strict: bool
+) -> None:
     """Summarize a session LOG: tokens/s for prompt and generation, step-time percentiles, op-time
     coverage, and time per op type, layer or node (count, total, mean, p50, p95, share, achieved
     GFLOP/s and GB/s). The HTML page also shows where a generation step's time goes: per layer by
     op type, a layer x op-type heatmap, the step-time histogram and tokens/s over the run."""
-    from llamacpp_instr.converters import load_session
     from llamacpp_instr.converters.summary import render
 
     check_output(output)
-    frames = load_session(log, sid)
-    if frames.report.summary():
-        click.echo(frames.report.summary(), err=True)
+    frames = load_log(log, sid, strict)
     emit(render(frames, by, top or None, fmt), output)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from llamacpp_instr.commands import output_option, strict_option
 from llamacpp_instr.converters.trace import default_output
 
 
@@ -26,13 +27,7 @@ def _steps(value: str | None) -> tuple[int, int] | None:
 
 @click.command("to-perfetto")
 @click.argument("log", type=click.Path(path_type=Path))
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Output file (default: LOG with .pftrace, or .json with --format json).",
-)
+@output_option("Output file (default: LOG with .pftrace, or .json with --format json).")
 @click.option(
     "--format",
     "fmt",
@@ -52,9 +47,7 @@ def _steps(value: str | None) -> tuple[int, int] | None:
     help="Draw an arrow from each KV cache write to every later op that reads those cells "
     "(about layers x steps^2 arrows: choose a --layer or --steps for long runs).",
 )
-@click.option(
-    "--strict", is_flag=True, help="Fail on the first damaged line instead of skipping it."
-)
+@strict_option
 def command(
     log: Path,
     output: Path | None,

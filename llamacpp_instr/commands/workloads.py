@@ -7,29 +7,23 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands import session_option
+from llamacpp_instr.commands import load_log, output_option, session_option, strict_option
 
 
 @click.command("workloads")
 @click.argument("log", type=click.Path(path_type=Path))
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="JSONL file (default: stdout).",
-)
+@output_option("JSONL file (default: stdout).")
 @session_option
-def command(log: Path, output: Path | None, sid: str | None) -> None:
+@strict_option
+def command(log: Path, output: Path | None, sid: str | None, strict: bool) -> None:
     """List each unique (op, input shapes and types) a session LOG executed, with its axes (a
     matmul's M, N, K and weight type), count, total and mean time: the kernels that matter for this
     model, biggest first, as JSON lines."""
     import json
 
-    from llamacpp_instr.converters import load_session
     from llamacpp_instr.converters.summary import workloads
 
-    rows = workloads(load_session(log, sid))
+    rows = workloads(load_log(log, sid, strict))
     out = output.open("w") if output else sys.stdout
     try:
         for row in rows:

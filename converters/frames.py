@@ -37,22 +37,22 @@ import numpy as np
 import pandas as pd
 
 from . import derive
-from .errors import UserError
-from .reader import ReadReport, iter_records
-from .session import (
+from .decode import (
     MALFORMED,
     Graph,
     SessionInfo,
-    _end_step,
-    _graph,
-    _info,
-    _nn,
-    _request_id,
-    _seqs,
-    _topk_rows,
+    end_step,
+    graph_table,
     layer_rows,
+    nonneg,
+    request_id,
+    session_info,
     skip_malformed,
+    step_seqs,
+    topk_rows,
 )
+from .errors import UserError
+from .reader import ReadReport, iter_records
 
 # what a record that parses but lacks the schema's shape raises (as in session.iter_events)
 _INT64_MAX = (1 << 63) - 1
@@ -243,7 +243,7 @@ def _ops_slow(
     f_row: list[int] = []
     f_node: list[int] = []
     for k, entry in enumerate(ops):
-        i, off, dur = int(entry[0]), _nn(entry[1]), _nn(entry[2])
+        i, off, dur = int(entry[0]), nonneg(entry[1]), nonneg(entry[2])
         if graph is None or not 0 <= i < n_nodes:
             continue
         if len(entry) > 3:
@@ -350,12 +350,12 @@ def _layers(layers: Any, t0: int) -> np.ndarray:
     a = layer_rows(layers, t0)
     if a is not None:
         return a
-    rows = [(int(a), t0 + _nn(b), _nn(c), int(d)) for a, b, c, d in layers]
+    rows = [(int(a), t0 + nonneg(b), nonneg(c), int(d)) for a, b, c, d in layers]
     return np.array(rows, np.int64).reshape(-1, 4)
 
 
 def _compute(rec: dict[str, Any], graph: Graph | None) -> _Compute:
-    t0 = _nn(rec["t_start"])
+    t0 = nonneg(rec["t_start"])
     ops = rec.get("ops", [])
     threads = rec.get("threads")
     parsed = _ops_fast(ops, graph, threads, t0)
@@ -366,7 +366,7 @@ def _compute(rec: dict[str, Any], graph: Graph | None) -> _Compute:
     # the remaining fields, read and checked in the session model's order
     rec["step"]
     ubatch = rec["ubatch"]
-    dur = _nn(rec["dur"])
+    dur = nonneg(rec["dur"])
     int(rec["n_tokens"]), int(rec.get("n_threads", 0)), int(rec.get("status", 0))
     return _Compute(ubatch, t0, dur, graph, layers, block, f_row, f_node)
 
@@ -402,21 +402,21 @@ def _apply(rec: dict[str, Any], states: dict[str, _State]) -> Iterator[_Event]:
     rtype = rec["type"]
     sid = str(rec["sid"])
     if rtype == "session_start":
-        st = _State(_info(rec))
+        st = _State(session_info(rec))
         states[sid] = st
         yield st.info, None
         return
     state = states.get(sid)
     if state is None:
         return
-    state.info.last_ts = max(state.info.last_ts, _nn(rec["ts"]))
+    state.info.last_ts = max(state.info.last_ts, nonneg(rec["ts"]))
     if rtype == "compute":
         step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
         if step is not None:
             graph = state.graphs.get((int(rec["ctx"]), int(rec["graph"])))
             step.computes.append(_compute(rec, graph))
     elif rtype == "graph":
-        g = _graph(rec)
+        g = graph_table(rec)
         state.graphs[(g.ctx, g.id)] = g
     elif rtype == "step_begin":
         key = (int(rec["ctx"]), int(rec["step"]))
@@ -426,12 +426,12 @@ def _apply(rec: dict[str, Any], states: dict[str, _State]) -> Iterator[_Event]:
             kind="gen" if rec["kind"] == "gen" else "prompt",
             n_tokens=int(rec["n_tokens"]),
             pos=(int(rec["pos"][0]), int(rec["pos"][1])),
-            start=_nn(rec["ts"]),
+            start=nonneg(rec["ts"]),
         )
         [int(t) for t in rec.get("tokens", [])]  # checked as the session model checks them
         [str(x) for x in rec.get("pieces", [])]
-        step.request = _request_id(rec)
-        step.seqs = _seqs(rec)
+        step.request = request_id(rec)
+        step.seqs = step_seqs(rec)
         state.open_steps[key] = step
     elif rtype == "request":
         state.info.requests.append(rec)
@@ -442,11 +442,11 @@ def _apply(rec: dict[str, Any], states: dict[str, _State]) -> Iterator[_Event]:
     elif rtype == "topk":
         step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
         if step is not None:
-            step.topk = _topk_rows(rec)
+            step.topk = topk_rows(rec)
     elif rtype == "step_end":
         step = state.open_steps.pop((int(rec["ctx"]), int(rec["step"])), None)
         if step is not None:
-            _end_step(step, rec)
+            end_step(step, rec)
             yield state.info, step
     elif rtype == "session_end":
         yield from _close(state, rec["ts"])

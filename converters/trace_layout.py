@@ -12,7 +12,7 @@ apart. Layout, per session (one process):
 
 ``layout`` yields one item per track, slice and sample. ``layout_bulk`` yields the same content
 for writers that work in bulk: the op slices of a compute whose ops a bulk reader kept as columns
-(a ``PackedCompute``) come as one ``OpBatch``, and with ``compute_batches`` each compute's slice,
+(a ``decode.PackedCompute``) come as one ``OpBatch``, and with ``compute_batches`` each compute's slice,
 layer slices and ops as one ``ComputeBatch``.
 """
 
@@ -26,20 +26,21 @@ from typing import Any, cast
 import numpy as np
 
 from . import derive
-from .kv_flows import KvFlows, OpFlows
-from .session import (
+from .decode import (
     Compute,
     Event,
     Graph,
     LayerSpan,
     Node,
     OpTiming,
+    PackedCompute,
     SessionEnded,
     SessionInfo,
     SessionStarted,
     Step,
     StepDone,
 )
+from .kv_flows import KvFlows, OpFlows
 
 
 @dataclass(frozen=True)
@@ -89,60 +90,6 @@ class Sample:
 
 
 Item = Track | Slice | Sample
-
-
-@dataclass(eq=False)
-class PackedCompute(Compute):
-    """A compute whose timed ops are columns instead of ``OpTiming`` objects (``ops`` is empty).
-
-    Made by a bulk reader (``perfetto_fast.iter_events_packed``) from well-formed records only;
-    the columns say exactly what ``ops`` would have said, and ``unpack()`` gives that list. The
-    columns and ``op_fused`` are read-only: computes of the same graph may share them.
-    """
-
-    op_node: Any = None  # int64 array: the graph node index of each timed op, in log order
-    op_start: Any = None  # int64 array: absolute start (ns)
-    op_dur: Any = None  # int64 array: duration (ns)
-    op_fused: dict[int, list[int]] = field(default_factory=dict)  # op position -> fused nodes
-
-    def unpack(self) -> list[OpTiming]:
-        assert self.graph is not None
-        nodes = self.graph.nodes
-        fused = self.op_fused
-        return [
-            OpTiming(node=nodes[i], start=s, dur=d, fused=[nodes[j] for j in fused.get(k, ())])
-            for k, (i, s, d) in enumerate(
-                zip(
-                    self.op_node.tolist(), self.op_start.tolist(), self.op_dur.tolist(), strict=True
-                )
-            )
-        ]
-
-    def op_at(self, k: int) -> OpTiming:
-        """The ``k``-th of ``unpack()``'s ops alone."""
-        assert self.graph is not None
-        nodes = self.graph.nodes
-        return OpTiming(
-            node=nodes[int(self.op_node[k])],
-            start=int(self.op_start[k]),
-            dur=int(self.op_dur[k]),
-            fused=[nodes[j] for j in self.op_fused.get(k, ())],
-        )
-
-    def unpacked(self) -> Compute:
-        """The plain compute a per-op reader would have made."""
-        return Compute(
-            step=self.step,
-            ubatch=self.ubatch,
-            graph=self.graph,
-            start=self.start,
-            dur=self.dur,
-            n_tokens=self.n_tokens,
-            n_threads=self.n_threads,
-            status=self.status,
-            layers=self.layers,
-            ops=self.unpack(),
-        )
 
 
 @dataclass

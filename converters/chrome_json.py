@@ -3,9 +3,9 @@
 Same layout as the Perfetto writer: processes and named threads via metadata events, slices as
 complete ("X") events, counters as "C" events. Timestamps are microseconds (floats keep the ns).
 
-Tracks, slices and samples are written one event at a time. With ``trace_layout.layout_bulk``
-the op slices of a packed compute come as one ``OpBatch`` (and, with ``compute_batches=True``,
-its layer slices in a ``ComputeBatch``); those are written in bulk. What does not depend on timing
+Tracks, slices and samples are written one event at a time; each compute of
+``trace_layout.layout_bulk`` comes as a ``ComputeBatch`` (its layer slices, and the op slices of
+a packed compute as one ``OpBatch``), written in bulk. What does not depend on timing
 (name, track, the static args of ``trace_layout.op_static_args``) is rendered once per graph node
 and track; per op only the four numbers (ts, dur, GFLOP/s, GB/s) are formatted, by orjson from
 numpy arrays, thousands of ops at a time, and the parts are joined into one write. Big outputs
@@ -13,13 +13,13 @@ are written by a helper thread, so that the kernel's copying overlaps the format
 
 The events are exactly those of the per-event path: the same keys in the same order and the same
 values (the floats are the ones Python computes, formatted by the same orjson code), so the bytes
-are identical too (tests/test_chrome_json.py compares them with the previous writer's).
+are identical too (tests/test_chrome_json.py compares them with the per-event reference writer's).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
 import numpy as np
@@ -169,8 +169,6 @@ class _Writer:
             self.layers(it.slice.track, it.layers)
             if it.ops is not None:
                 self.ops(it.ops)
-        elif isinstance(it, OpBatch):
-            self.ops(it)
         elif isinstance(it, Sample):
             tr = self.tracks[it.track]
             self.emit(
@@ -254,7 +252,7 @@ class _Writer:
         self.write(head + ts + b',"dur":' + dur + tail, 1)
         return True
 
-    def layers(self, track: int, spans: list[LayerSpan]) -> None:
+    def layers(self, track: int, spans: Sequence[LayerSpan]) -> None:
         """The layer slices of a compute (as ``trace_layout`` makes them), formatted in bulk."""
         if not spans:
             return

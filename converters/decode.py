@@ -18,11 +18,12 @@ trace writers, the tables of ``frames``, ``follow``, ``compare``, ``kv_flows`` r
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import numpy as np
 
@@ -95,7 +96,7 @@ class Compute:
     n_tokens: int
     n_threads: int
     status: int
-    layers: list[LayerSpan]
+    layers: Sequence[LayerSpan]  # a ``LayerRows`` when the rows were well-formed
     ops: list[OpTiming]
 
 
@@ -255,12 +256,48 @@ def layer_rows(raw: Any, t0: int) -> np.ndarray | None:
         return None
 
 
-def layer_spans(raw: Any, t0: int) -> list[LayerSpan]:
+class LayerRows(Sequence[LayerSpan]):
+    """A compute's layer spans kept as the (m, 4) int64 ``rows`` ``layer_rows`` made (layer,
+    absolute start, dur, n_ops): the tables take the rows as they are, and the ``LayerSpan``
+    tuples (a million ops come with some 50,000) are made only when first read."""
+
+    __slots__ = ("rows", "_spans")
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+        self._spans: list[LayerSpan] | None = None
+
+    def spans(self) -> list[LayerSpan]:
+        if self._spans is None:
+            self._spans = list(map(LayerSpan._make, self.rows.tolist()))
+        return self._spans
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @overload
+    def __getitem__(self, k: int) -> LayerSpan: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[LayerSpan]: ...
+    def __getitem__(self, k: int | slice) -> LayerSpan | list[LayerSpan]:
+        return self.spans()[k]
+
+    def __iter__(self) -> Iterator[LayerSpan]:
+        return iter(self.spans())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and self.spans() == list(other)
+
+    def __repr__(self) -> str:
+        return repr(self.spans())
+
+
+def layer_spans(raw: Any, t0: int) -> Sequence[LayerSpan]:
     """A compute record's ``layers`` rows, their start offsets made absolute. ``raw`` may be
     ``layer_rows(raw, t0)`` already (the forked log reader's work: ``prefetch``)."""
     a = raw if isinstance(raw, np.ndarray) else layer_rows(raw, t0)
     if a is not None:
-        return list(map(LayerSpan._make, a.tolist()))
+        return LayerRows(a)
     return [LayerSpan(int(a), t0 + nonneg(b), nonneg(c), int(d)) for a, b, c, d in raw]
 
 

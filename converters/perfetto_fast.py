@@ -115,8 +115,6 @@ class Writer(TemplateEncoder):
                     self.add_slice(it)
                 elif isinstance(it, ComputeBatch):
                     self.add_compute(it)
-                elif isinstance(it, OpBatch):
-                    self.add_ops(it)
                 elif isinstance(it, Sample):
                     self.add_sample(it)
                 elif isinstance(it, Track):

@@ -61,9 +61,7 @@ def convert(
             flows = kv_flows_for(log, sel)
             stats.flows = flows.total if flows is not None else 0
             events = iter_events_packed(log, strict=strict, report=report)
-            items: Iterator[Any] = layout_bulk(
-                events, sel, stats, compute_batches=True, flows=flows
-            )
+            items: Iterator[Any] = layout_bulk(events, sel, stats, flows=flows)
             if wrap is not None:
                 items = wrap(items)
             if fmt == "json":

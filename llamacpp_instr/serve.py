@@ -26,6 +26,7 @@ from typing import Any
 
 from llamacpp_instr import __version__, bindings
 from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.converters.reader import iter_records
 
 _SERVER_EXTRA_HINT = "pip install 'llamacpp-instr[serve]' (llama-cpp-python's server extra)"
 
@@ -306,6 +307,6 @@ def serve(
         signal.signal(signal.SIGTERM, previous)
         steps = api.totals().n_steps
         api.session_end(status)
-        n_requests = sum(1 for line in out.open("rb") if line.startswith(b'{"type":"request"'))
+        n_requests = sum(1 for _, rec in iter_records(out) if rec["type"] == "request")
         llm.close()
     return ServeResult(log_path=out, status=status, requests=n_requests, steps=steps)

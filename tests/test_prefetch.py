@@ -16,7 +16,7 @@ from test_frames_fast import _ODD_OPS, _edit_ops, _records, _write
 from test_perfetto import FIXTURES, REAL_FIXTURES
 from test_perfetto_fast import _rewrite, assert_same
 
-from llamacpp_instr.converters import prefetch
+from llamacpp_instr.converters import decode, prefetch
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reader import ReadReport, iter_records
 
@@ -51,9 +51,9 @@ def both(path: Path, strict: bool = False) -> tuple[Any, ReadReport, Any, ReadRe
     with mock.patch.object(multiprocessing.context.ForkProcess, "start", start):
         records = list(prefetch.records(path, strict=strict, report=got_rep))
     for n, rec in records:
-        if isinstance(rec.get("ops"), prefetch.PackedOps):
+        if isinstance(rec.get("ops"), decode.PackedOps):
             rec = dict(rec, ops=rec["ops"].to_list())
-        if isinstance(rec.get("layers"), np.ndarray):  # session.layer_rows: starts made absolute
+        if isinstance(rec.get("layers"), np.ndarray):  # decode.layer_rows: starts made absolute
             layers = rec["layers"].copy()
             layers[:, 1] -= rec["t_start"]
             rec = dict(rec, layers=layers.tolist())

@@ -34,9 +34,7 @@ def command(session_a: Path, session_b: Path, top: int, fmt: str, output: Path |
 
     check_output(output)
     a, b = load_session(session_a), load_session(session_b)
-    c = compare.compare_sessions(
-        a, b, compare.generated_tokens(session_a), compare.generated_tokens(session_b)
-    )
+    c = compare.compare_sessions(a, b, a.generated_tokens, b.generated_tokens)
     if "warning" in c:
         click.echo(f"warning: {c['warning']}", err=True)
     emit(render(compare.compare_report(c), fmt, top or None), output)

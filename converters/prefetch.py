@@ -42,7 +42,7 @@ def records(
         big = Path(path).stat().st_size >= MIN_BYTES
     except OSError:
         big = False  # iter_records says what is wrong
-    if not big or not _can_fork():
+    if not big or not can_fork():
         yield from iter_records(path, strict=strict, report=rep)
         return
     ctx = multiprocessing.get_context("fork")
@@ -88,7 +88,7 @@ def _widen(fd: int) -> None:
         pass  # another platform, or a lower limit: smaller writes, the same messages
 
 
-def _can_fork() -> bool:
+def can_fork() -> bool:
     return (
         "fork" in multiprocessing.get_all_start_methods()
         and threading.active_count() == 1  # forking a threaded process can deadlock the child

@@ -121,9 +121,19 @@ def test_same_trace(name: str) -> None:
 
 
 def test_small_logs_read_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the log's size keeps it in this process: the same log forks once it counts as big."""
     monkeypatch.delenv("LLAMACPP_INSTR_NO_PREFETCH", raising=False)
-    for _ in prefetch.records(FIXTURES / "tiny-llama-detailed.log.gz"):
+    assert prefetch.can_fork()  # (else this test could not fail)
+    log = FIXTURES / "tiny-llama-detailed.log.gz"
+    assert 0 < log.stat().st_size < prefetch.MIN_BYTES
+    n = 0
+    for _ in prefetch.records(log):
         assert not multiprocessing.active_children()
+        n += 1
+    assert n > 0
+    monkeypatch.setattr(prefetch, "MIN_BYTES", 0)
+    seen = [bool(multiprocessing.active_children()) for _ in prefetch.records(log)]
+    assert any(seen)  # the control: big enough, it forks
 
 
 @pytest.mark.usefixtures("forked")

@@ -1,6 +1,19 @@
 """Pure-Python converters: NDJSON session log -> session model -> writers.
 
 Importable without llama_cpp or a compiler, so a log copied off a server can be converted anywhere.
+
+One path from a log to every output:
+
+* ``reader`` reads the lines (plain or gzip, damage reported); ``prefetch`` does it on the other
+  core for big logs, as a transport for the same decoder;
+* ``decode`` says what each record means: the record types (``Graph``, ``Step``, ``Compute``...),
+  one decoder per record kind, and the one packer of a compute's ops and layers into columns;
+* ``session`` folds the records into sessions and steps, once (``iter_events``; with packed
+  computes, ``iter_events_packed``), for every consumer: the trace layout (``trace_layout``) and
+  writers (``perfetto_fast`` with ``protowire``, ``perfetto_packets``, ``perfetto_ops``,
+  ``perfetto_templates``, ``perfetto_bulk``, ``sinks``; ``chrome_json``), ``kv_flows``, and the
+  pandas tables of ``frames`` (``load_session``) that ``summary``, ``compare``, ``export`` and
+  the reports read.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Same layout as the Perfetto writer: processes and named threads via metadata events, slices as
 complete ("X") events, counters as "C" events. Timestamps are microseconds (floats keep the ns).
 
-Tracks, slices and samples are written one event at a time. With ``trace_layout.layout_bulk``
-the op slices of a packed compute come as one ``OpBatch`` (and, with ``compute_batches=True``,
-its layer slices in a ``ComputeBatch``); those are written in bulk. What does not depend on timing
+Tracks, slices and samples are written one event at a time; each compute of
+``trace_layout.layout_bulk`` comes as a ``ComputeBatch`` (its layer slices, and the op slices of
+a packed compute as one ``OpBatch``), written in bulk. What does not depend on timing
 (name, track, the static args of ``trace_layout.op_static_args``) is rendered once per graph node
 and track; per op only the four numbers (ts, dur, GFLOP/s, GB/s) are formatted, by orjson from
 numpy arrays, thousands of ops at a time, and the parts are joined into one write. Big outputs
@@ -13,22 +13,21 @@ are written by a helper thread, so that the kernel's copying overlaps the format
 
 The events are exactly those of the per-event path: the same keys in the same order and the same
 values (the floats are the ones Python computes, formatted by the same orjson code), so the bytes
-are identical too (tests/test_chrome_json.py compares them with the previous writer's).
+are identical too (tests/test_chrome_json.py compares them with the per-event reference writer's).
 """
 
 from __future__ import annotations
 
-import gc
 import json
-import queue
-import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
 import numpy as np
 import orjson
 
-from .session import Graph, LayerSpan
+from .decode import Graph, LayerSpan
+from .rounding import EXACT, exact_float, round3
+from .sinks import ThreadedWriter
 from .trace_layout import (
     ComputeBatch,
     Item,
@@ -41,7 +40,6 @@ from .trace_layout import (
     op_static_args,
 )
 
-_EXACT = 1 << 53  # integers up to this are exact as float64
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -50,16 +48,6 @@ def _dumps(v: Any) -> bytes:
         return orjson.dumps(v)
     except TypeError:  # an integer beyond 64 bits (a damaged log): the stdlib writes any size
         return json.dumps(v).encode()
-
-
-def _round3(x: np.ndarray) -> np.ndarray:
-    """``round(v, 3)`` of each value as Python rounds it, or NaN where that is not certain (too
-    close to a rounding boundary for the float product ``v * 1000`` to tell, or too large)."""
-    p = x * 1000.0
-    y = np.rint(p) / 1000.0
-    margin = np.abs(p - np.floor(p) - 0.5)
-    unsafe = (margin <= np.abs(p) * 2.0**-50) | (np.abs(p) >= 2.0**50)
-    return np.where(unsafe, np.nan, y)
 
 
 def _pairs(a: np.ndarray, b: np.ndarray, sep: bytes) -> list[bytes]:
@@ -110,79 +98,23 @@ class _OpTable:
                 objs.append(a)
             exact = np.array(
                 [
-                    0 <= f <= _EXACT and 0 <= b <= _EXACT
+                    0 <= f <= EXACT and 0 <= b <= EXACT
                     for f, b in zip(self.flops, self.nbytes, strict=True)
                 ]
             )
             flops = np.array(
-                [float(f) if ok else 0.0 for f, ok in zip(self.flops, exact, strict=True)]
+                [exact_float(f) if ok else 0.0 for f, ok in zip(self.flops, exact, strict=True)]
             )
             nbytes = np.array(
-                [float(b) if ok else 0.0 for b, ok in zip(self.nbytes, exact, strict=True)]
+                [exact_float(b) if ok else 0.0 for b, ok in zip(self.nbytes, exact, strict=True)]
             )
             self._arrays = (*objs, flops, nbytes, exact)
         return self._arrays
 
 
-class _Sink:
-    """Hands what is written to a helper thread in chunks of about ``CHUNK`` bytes, which writes
-    them to ``out`` in order: the kernel's copying (which needs no GIL) overlaps the formatting of
-    the next events. A write error is raised in the caller's thread, at the next write or at
-    ``close``."""
-
-    CHUNK = 1 << 20
-    DEPTH = 4  # chunks queued at most
-
-    def __init__(self, out: IO[bytes]) -> None:
-        self.out = out
-        self.parts: list[bytes] = []
-        self.size = 0
-        self.queue: queue.Queue[list[bytes] | None] = queue.Queue(self.DEPTH)
-        self.thread: threading.Thread | None = None
-        self.error: BaseException | None = None
-
-    def write(self, data: bytes) -> None:
-        self.parts.append(data)
-        self.size += len(data)
-        if self.size >= self.CHUNK:
-            self._hand_off()
-
-    def _hand_off(self) -> None:
-        if self.error is not None:
-            raise self.error
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._run, name="chrome-json-writer", daemon=True)
-            self.thread.start()
-        self.queue.put(self.parts)
-        self.parts = []
-        self.size = 0
-
-    def _run(self) -> None:
-        while (parts := self.queue.get()) is not None:
-            if self.error is None:
-                try:
-                    for p in parts:
-                        self.out.write(p)
-                except BaseException as exc:  # noqa: BLE001 - given to the caller's thread
-                    self.error = exc
-
-    def close(self, ok: bool = True) -> None:
-        """Write what is left and wait for the thread (``ok=False``: just stop it)."""
-        if self.thread is not None:
-            self.queue.put(None)
-            self.thread.join()
-            self.thread = None
-        if ok:
-            if self.error is not None:
-                raise self.error
-            for p in self.parts:
-                self.out.write(p)
-        self.parts = []
-
-
 class _Writer:
     def __init__(self, out: IO[bytes]) -> None:
-        self.out = _Sink(out)
+        self.out = ThreadedWriter(out, name="chrome-json-writer")
         self.n = 0
         self.tracks: dict[int, Track] = {}
         self.tids: dict[int, int] = {}
@@ -237,8 +169,6 @@ class _Writer:
             self.layers(it.slice.track, it.layers)
             if it.ops is not None:
                 self.ops(it.ops)
-        elif isinstance(it, OpBatch):
-            self.ops(it)
         elif isinstance(it, Sample):
             tr = self.tracks[it.track]
             self.emit(
@@ -322,7 +252,7 @@ class _Writer:
         self.write(head + ts + b',"dur":' + dur + tail, 1)
         return True
 
-    def layers(self, track: int, spans: list[LayerSpan]) -> None:
+    def layers(self, track: int, spans: Sequence[LayerSpan]) -> None:
         """The layer slices of a compute (as ``trace_layout`` makes them), formatted in bulk."""
         if not spans:
             return
@@ -332,7 +262,7 @@ class _Writer:
         ]
         start = [s.start for s in spans]
         dur = [s.dur for s in spans]
-        if max(max(start), max(dur)) >= _EXACT:  # int / 1000 as Python divides, one by one
+        if max(max(start), max(dur)) >= EXACT:  # int / 1000 as Python divides, one by one
             times = [
                 _dumps(a / 1000) + b',"dur":' + _dumps(b / 1000)
                 for a, b in zip(start, dur, strict=True)
@@ -389,15 +319,15 @@ class _Writer:
         # the timestamps and durations in microseconds: int / 1000 as Python divides
         ts_us = start / 1000
         dur_us = dur / 1000
-        for k in np.flatnonzero((start >= _EXACT) | (dur >= _EXACT)).tolist():
+        for k in np.flatnonzero((start >= EXACT) | (dur >= EXACT)).tolist():
             ts_us[k] = int(start[k]) / 1000
             dur_us[k] = int(dur[k]) / 1000
         # the rates: round(flops / dur, 3) as op_rates gives them
         pos = dur > 0
         d = np.where(pos, dur, 1).astype(np.float64)
-        g = _round3(np.where(pos, flops / d, 0.0))
-        bw = _round3(np.where(pos, nbytes / d, 0.0))
-        slow = np.flatnonzero(np.isnan(g) | np.isnan(bw) | ~exact | (dur > _EXACT))
+        g = round3(np.where(pos, flops / d, 0.0))
+        bw = round3(np.where(pos, nbytes / d, 0.0))
+        slow = np.flatnonzero(np.isnan(g) | np.isnan(bw) | ~exact | (dur > EXACT))
         if len(slow):
             ends = np.cumsum([len(r) for r in rows])
             for k in slow.tolist():
@@ -439,15 +369,10 @@ class _Group:
 def write_chrome_json(items: Iterable[Item | OpBatch | ComputeBatch], out: IO[bytes]) -> int:
     """Write the items as a JSON array of trace events; returns the number of events.
 
-    ``items`` is a ``trace_layout.layout`` stream, or a ``layout_bulk`` one (much faster: its op
-    slices come per compute, as ``OpBatch`` items; with ``compute_batches=True`` its layer slices
-    too, in ``ComputeBatch`` items)."""
+    ``items`` is a ``trace_layout.layout_bulk`` stream: op slices come per compute, as
+    ``OpBatch`` items, and each compute's layer slices in a ``ComputeBatch``; plain slices are
+    written one by one."""
     w = _Writer(out)
-    # What exists now (modules, the caller's data) need not be scanned by the collections that a
-    # long conversion triggers: set it aside meanwhile (unless the application froze objects).
-    freeze = gc.get_freeze_count() == 0
-    if freeze:
-        gc.freeze()
     ok = False
     try:
         for it in items:
@@ -457,7 +382,5 @@ def write_chrome_json(items: Iterable[Item | OpBatch | ComputeBatch], out: IO[by
         ok = True
     finally:
         w.out.close(ok)
-        if freeze:
-            gc.unfreeze()
     out.write(b"\n]\n" if w.n else b"[]\n")
     return w.n

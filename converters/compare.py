@@ -20,15 +20,6 @@ from .report import Chart, Column, Fact, Report, Section, Series, Table
 from .summary import by, overview
 
 
-def generated_tokens(path: object) -> list[int]:
-    """The tokens a run fed back during generation (its own choices), in order."""
-    from .session import load
-
-    sessions = load(path)  # type: ignore[arg-type]
-    steps = sorted((s for s in sessions[0].steps if s.kind == "gen"), key=lambda s: s.index)
-    return [t for s in steps for t in s.tokens]
-
-
 def _kl(a: dict[str, Any], b: dict[str, Any]) -> float:
     la, lb = a["logits"], b["logits"]
     bmap = dict(zip(b["ids"], lb, strict=False))

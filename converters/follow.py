@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
+from .decode import graph_table
 from .errors import UserError
-from .session import _graph
 
 WINDOW = 64  # steps the statistics cover
 
@@ -118,7 +118,7 @@ class LiveState:
             if len(self._labels) > 16:
                 self._labels.pop(next(iter(self._labels)))
             try:
-                self._labels[key] = [n.label for n in _graph(rec).nodes]
+                self._labels[key] = [n.label for n in graph_table(rec).nodes]
             except (KeyError, TypeError, ValueError):
                 pass  # a damaged table: its ops go unnamed, as the converters skip it
         elif t == "step_begin":

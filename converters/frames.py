@@ -17,9 +17,10 @@ Tables (integer nanosecond timestamps and durations; names, ops and types are ca
 * ``tensor_stats`` (verbose) — step, ubatch, node, name, min, max, mean, std, n_nan, n_inf.
 * ``topk`` (verbose) — step, row, rank, token, logit.
 
-Built in one streaming pass over the records, with the session model's semantics (the same steps,
-the same skipped records) but no Python object per op: the compact ``ops`` array of each
-``compute`` record becomes one int64 block, and each op's node metadata (name, op, layer, shape,
+Built in one streaming pass over the session model's steps (``session.iter_events_packed``: the
+one decoder, so the same steps and the same skipped records as every other reader), with no
+Python object per op: each compute's ops, columns already, become one int64 block, and each op's
+node metadata (name, op, layer, shape,
 weight, estimated FLOPs and bytes) is joined at the end by integer indexing into per-node columns
 computed once per graph. Categorical columns keep their categories in order of first appearance.
 """
@@ -27,9 +28,8 @@ computed once per graph. Categorical columns keep their categories in order of f
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import chain
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -37,25 +37,12 @@ import numpy as np
 import pandas as pd
 
 from . import derive
+from .decode import Compute, Graph, LayerRows, PackedCompute, SessionInfo, Step
 from .errors import UserError
-from .reader import ReadReport, iter_records
-from .session import (
-    MALFORMED,
-    Graph,
-    SessionInfo,
-    _end_step,
-    _graph,
-    _info,
-    _nn,
-    _request_id,
-    _seqs,
-    _topk_rows,
-    layer_rows,
-    skip_malformed,
-)
+from .reader import ReadReport
+from .session import SessionStarted, StepDone, iter_events_packed
 
-# what a record that parses but lacks the schema's shape raises (as in session.iter_events)
-_INT64_MAX = (1 << 63) - 1
+_FIRST = itemgetter(0)
 
 
 class _Cat:
@@ -146,6 +133,8 @@ class SessionFrames:
     requests: pd.DataFrame = field(default_factory=pd.DataFrame)
     graphs: dict[int, Graph] = field(default_factory=dict)  # the node tables, with their sources
     report: ReadReport = field(default_factory=ReadReport)
+    # the tokens the run fed back while generating (its own choices), in step order
+    generated_tokens: list[int] = field(default_factory=list)
 
     TABLES = (
         "steps",
@@ -163,304 +152,58 @@ class SessionFrames:
         return {name: getattr(self, name) for name in self.TABLES}
 
 
-# --- the records, folded as session.iter_events folds them, with compact computes ---------------
+# --- the session model's steps, as columns ----------------------------------------------------
 
-_EMPTY_OPS = np.zeros((3, 0), np.int64)
 _EMPTY_I64 = np.zeros(0, np.int64)
 
 
-class _Compute:
-    """One compute record. ``ops`` is a (3, n) int64 block (node positions, start offsets from
-    t_start, durations) of the ops the session model keeps (node inside the graph);
-    ``fused_row`` and ``fused_node`` list each fused node (a row of ``ops``, a node position);
-    ``stats`` maps a node index to its tensor statistics (verbose)."""
+class _Columns:
+    """One compute as the tables want it: ``ops`` a (3, n) int64 block (node positions, absolute
+    starts, durations), ``fused_row``/``fused_node`` each fused node (a row of ``ops``, a node
+    position), ``layers`` (m, 4) (layer, absolute start, dur, n_ops), ``stats`` per op row its
+    tensor statistics (verbose)."""
 
-    __slots__ = (
-        "ubatch", "start", "dur", "graph", "layers", "ops", "fused_row", "fused_node", "stats"
-    )  # fmt: skip
+    __slots__ = ("ops", "fused_row", "fused_node", "layers", "stats")
 
-    def __init__(
-        self,
-        ubatch: Any,
-        start: int,
-        dur: int,
-        graph: Graph | None,
-        layers: np.ndarray,
-        ops: np.ndarray,
-        fused_row: np.ndarray,
-        fused_node: np.ndarray,
-    ) -> None:
-        self.ubatch = ubatch
-        self.start = start
-        self.dur = dur
-        self.graph = graph
-        self.layers = layers  # (m, 4) int64: layer, absolute start, dur, n_ops
-        self.ops = ops
-        self.fused_row = fused_row
-        self.fused_node = fused_node
-        self.stats: dict[Any, tuple[Any, ...]] | None = None
-
-
-class _Step:
-    __slots__ = (
-        "index", "ctx", "kind", "n_tokens", "pos", "start", "dur", "status", "n_outputs",
-        "kv_used", "computes", "topk", "ended", "request", "seqs",
-    )  # fmt: skip
-
-    def __init__(
-        self, index: int, ctx: int, kind: str, n_tokens: int, pos: tuple[int, int], start: int
-    ) -> None:
-        self.index = index
-        self.ctx = ctx
-        self.kind = kind
-        self.n_tokens = n_tokens
-        self.pos = pos
-        self.start = start
-        self.dur = 0
-        self.status: int | None = None
-        self.n_outputs = 0
-        self.kv_used = -1
-        self.computes: list[_Compute] = []
-        self.topk: list[dict[str, Any]] = []
-        self.ended = False
-        self.request: str | None = None
-        self.seqs: list[tuple[int, int, int, int]] = []
+    def __init__(self, c: Compute) -> None:
+        if isinstance(c.layers, LayerRows):
+            self.layers = c.layers.rows
+        else:
+            self.layers = np.array(c.layers, np.int64).reshape(-1, 4)
+        self.stats: list[tuple[int, tuple[Any, ...]]] = []
+        if isinstance(c, PackedCompute):  # the decoder's columns, as they are
+            self.ops = np.stack((c.op_node, c.op_start, c.op_dur))
+            rows = [(k, j) for k, f in c.op_fused.items() for j in f]
+        else:  # the per-op view: an unusual record, or one with thread timings or statistics
+            pos = _positions(c.graph)
+            ops = c.ops
+            self.ops = np.array(
+                [
+                    [pos[id(op.node)] for op in ops],
+                    [op.start for op in ops],
+                    [op.dur for op in ops],
+                ],
+                np.int64,
+            ).reshape(3, -1)
+            rows = [(k, pos[id(f)]) for k, op in enumerate(ops) for f in op.fused]
+            self.stats = [(k, op.stats) for k, op in enumerate(ops) if op.stats is not None]
+        self.fused_row = np.array([r for r, _ in rows], np.int64) if rows else _EMPTY_I64
+        self.fused_node = np.array([j for _, j in rows], np.int64) if rows else _EMPTY_I64
 
 
-class _State:
-    def __init__(self, info: SessionInfo) -> None:
-        self.info = info
-        self.graphs: dict[tuple[int, int], Graph] = {}
-        self.open_steps: dict[tuple[int, int], _Step] = {}
+_POSITIONS: dict[int, tuple[Graph, dict[int, int]]] = {}
 
 
-def _ops_slow(
-    ops: Any, graph: Graph | None, threads: Any, t0: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """session._compute's loop, entry by entry: raises exactly what it raises."""
-    n_nodes = len(graph.nodes) if graph is not None else 0
-    kept: list[tuple[int, int, int]] = []
-    f_row: list[int] = []
-    f_node: list[int] = []
-    for k, entry in enumerate(ops):
-        i, off, dur = int(entry[0]), _nn(entry[1]), _nn(entry[2])
-        if graph is None or not 0 <= i < n_nodes:
-            continue
-        if len(entry) > 3:
-            for j in entry[3]:
-                if 0 <= int(j) < n_nodes:
-                    f_row.append(len(kept))
-                    f_node.append(int(j))
-        if threads and k < len(threads):
-            [int(x) for x in threads[k]]
-        kept.append((i, off, dur))
-    if kept and t0 + max(o for _, o, _ in kept) > _INT64_MAX:
-        raise OverflowError("op start beyond 64 bits")  # as the per-op tables raised
-    block = np.array(kept, np.int64).reshape(-1, 3).T.copy()
-    return block, np.array(f_row, np.int64), np.array(f_node, np.int64)
-
-
-def _longer(ops: list[Any]) -> list[int] | None:
-    """Where the entries of more than three values (fused ops) are; None if some have fewer."""
-    lens = list(map(len, ops))
-    n3 = lens.count(3)
-    if n3 == len(lens):
-        return []
-    if n3 + lens.count(4) == len(lens):  # the usual: some fused ops, [i, off, dur, [j, ...]]
-        longer = []
-        k = -1
-        index = lens.index
-        try:
-            while True:
-                k = index(4, k + 1)
-                longer.append(k)
-        except ValueError:
-            return longer
-    if min(lens) < 3:
-        return None
-    return [k for k, n in enumerate(lens) if n != 3]
-
-
-def _ops_fast(
-    ops: Any, graph: Graph | None, threads: Any, t0: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The same as ``_ops_slow`` in bulk, or None when anything is unusual (the slow path then
-    raises what the session model raises, or handles the odd value the same way)."""
-    if type(ops) is not list:
-        return None
-    n = len(ops)
-    if n == 0:
-        return _EMPTY_OPS, _EMPTY_I64, _EMPTY_I64
-    try:
-        longer = _longer(ops)
-        if longer is None:
-            return None  # an entry with fewer than three values
-        heads = ops
-        if longer:
-            heads = ops.copy()
-            for k in longer:
-                heads[k] = ops[k][:3]
-        # array("q") takes only ints (a float, a string or a list is a TypeError: slow path).
-        # (No per-op Python objects that the garbage collector tracks: they would make it run.)
-        flat = np.frombuffer(array("q", list(chain.from_iterable(heads))), np.int64)
-        if len(flat) != 3 * n:
-            return None
-        del heads
-        block = flat.reshape(n, 3).T  # node positions, start offsets, durations
-        lo = int(flat.min())
-        if lo < 0 and block[1:].min() < 0:
-            return None  # a negative time: the slow path raises the session model's message
-        if graph is None:
-            return _EMPTY_OPS, _EMPTY_I64, _EMPTY_I64
-        n_nodes = len(graph.nodes)
-        if t0 + int(flat.max()) > _INT64_MAX and t0 + int(block[1].max()) > _INT64_MAX:
-            return None
-        all_kept = lo >= 0 and int(block[0].max()) < n_nodes
-        keep = None
-        if not all_kept:
-            idx = block[0]
-            keep = (idx >= 0) & (idx < n_nodes)
-        if threads:
-            if type(threads) is not list:
-                return None
-            t = np.array(threads, dtype=np.int64)  # every row converts, so the kept ones do
-            if t.ndim != 2:
-                return None
-        f_row = f_node = _EMPTY_I64
-        fk = [k for k in longer if keep is None or keep[k]]
-        if fk:
-            subs = [ops[k][3] for k in fk]
-            flen = np.fromiter(map(len, subs), np.intp, len(subs))
-            f_node = np.frombuffer(array("q", chain.from_iterable(subs)), np.int64)
-            rows = np.array(fk, np.int64)
-            if keep is not None:
-                rows = (np.cumsum(keep) - 1)[rows]
-            f_row = np.repeat(rows, flen)
-            ok = (f_node >= 0) & (f_node < n_nodes)
-            if not ok.all():
-                f_row, f_node = f_row[ok], f_node[ok]
-        if keep is not None:
-            block = block[:, keep]
-        return block, f_row, f_node
-    except (TypeError, ValueError, OverflowError, IndexError, KeyError, AttributeError):
-        return None
-
-
-def _layers(layers: Any, t0: int) -> np.ndarray:
-    a = layer_rows(layers, t0)
-    if a is not None:
-        return a
-    rows = [(int(a), t0 + _nn(b), _nn(c), int(d)) for a, b, c, d in layers]
-    return np.array(rows, np.int64).reshape(-1, 4)
-
-
-def _compute(rec: dict[str, Any], graph: Graph | None) -> _Compute:
-    t0 = _nn(rec["t_start"])
-    ops = rec.get("ops", [])
-    threads = rec.get("threads")
-    parsed = _ops_fast(ops, graph, threads, t0)
-    if parsed is None:
-        parsed = _ops_slow(ops, graph, threads, t0)
-    block, f_row, f_node = parsed
-    layers = _layers(rec["layers"], t0)
-    # the remaining fields, read and checked in the session model's order
-    rec["step"]
-    ubatch = rec["ubatch"]
-    dur = _nn(rec["dur"])
-    int(rec["n_tokens"]), int(rec.get("n_threads", 0)), int(rec.get("status", 0))
-    return _Compute(ubatch, t0, dur, graph, layers, block, f_row, f_node)
-
-
-def _attach_stats(computes: list[_Compute], rec: dict[str, Any]) -> None:
-    by_node: dict[Any, tuple[Any, ...]] | None = None
-    for c in computes:
-        if c.ubatch == int(rec["ubatch"]):
-            if by_node is None:
-                by_node = {row[0]: tuple(row[1:]) for row in rec["stats"]}
-            if c.stats is None:
-                c.stats = dict(by_node)
-            else:
-                c.stats.update(by_node)
-
-
-_Event = tuple[SessionInfo, _Step | None]  # (session, None) when it starts, else a finished step
-
-
-def _events(path: Path | str, strict: bool, report: ReadReport) -> Iterator[_Event]:
-    """session.iter_events, with compact steps (the same steps, the same skipped records)."""
-    states: dict[str, _State] = {}
-    for n, rec in iter_records(path, strict=strict, report=report):
-        try:
-            yield from _apply(rec, states)
-        except MALFORMED as exc:
-            skip_malformed(path, n, rec, exc, strict, report)
-    for state in states.values():
-        yield from _close(state, state.info.last_ts)
-
-
-def _apply(rec: dict[str, Any], states: dict[str, _State]) -> Iterator[_Event]:
-    rtype = rec["type"]
-    sid = str(rec["sid"])
-    if rtype == "session_start":
-        st = _State(_info(rec))
-        states[sid] = st
-        yield st.info, None
-        return
-    state = states.get(sid)
-    if state is None:
-        return
-    state.info.last_ts = max(state.info.last_ts, _nn(rec["ts"]))
-    if rtype == "compute":
-        step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
-        if step is not None:
-            graph = state.graphs.get((int(rec["ctx"]), int(rec["graph"])))
-            step.computes.append(_compute(rec, graph))
-    elif rtype == "graph":
-        g = _graph(rec)
-        state.graphs[(g.ctx, g.id)] = g
-    elif rtype == "step_begin":
-        key = (int(rec["ctx"]), int(rec["step"]))
-        step = _Step(
-            index=int(rec["step"]),
-            ctx=int(rec["ctx"]),
-            kind="gen" if rec["kind"] == "gen" else "prompt",
-            n_tokens=int(rec["n_tokens"]),
-            pos=(int(rec["pos"][0]), int(rec["pos"][1])),
-            start=_nn(rec["ts"]),
-        )
-        [int(t) for t in rec.get("tokens", [])]  # checked as the session model checks them
-        [str(x) for x in rec.get("pieces", [])]
-        step.request = _request_id(rec)
-        step.seqs = _seqs(rec)
-        state.open_steps[key] = step
-    elif rtype == "request":
-        state.info.requests.append(rec)
-    elif rtype == "tensor_stats":
-        step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
-        if step is not None:
-            _attach_stats(step.computes, rec)
-    elif rtype == "topk":
-        step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
-        if step is not None:
-            step.topk = _topk_rows(rec)
-    elif rtype == "step_end":
-        step = state.open_steps.pop((int(rec["ctx"]), int(rec["step"])), None)
-        if step is not None:
-            _end_step(step, rec)
-            yield state.info, step
-    elif rtype == "session_end":
-        yield from _close(state, rec["ts"])
-        state.info.end = rec
-        del states[sid]
-
-
-def _close(state: _State, ts: int) -> Iterator[_Event]:
-    for step in state.open_steps.values():
-        last = max([step.start] + [c.start + c.dur for c in step.computes])
-        step.dur = max(ts, last) - step.start
-        step.ended = False
-        yield state.info, step
-    state.open_steps.clear()
+def _positions(graph: Graph | None) -> dict[int, int]:
+    """Each node's position in its graph, by id (a damaged table's ``i`` may not say it)."""
+    if graph is None:
+        return {}
+    known = _POSITIONS.get(id(graph))
+    if known is None or known[0] is not graph:
+        if len(_POSITIONS) > 64:
+            _POSITIONS.clear()
+        known = _POSITIONS[id(graph)] = (graph, {id(n): k for k, n in enumerate(graph.nodes)})
+    return known[1]
 
 
 class _Chunks:
@@ -473,8 +216,8 @@ class _Chunks:
         self.chunks: list[np.ndarray] = []
         self.fill = 0  # rows used in the last chunk
 
-    def add(self, block: np.ndarray, offset: int, t0: int) -> None:
-        """Append ``block`` (3, n) as (node position + offset, start offset + t0, dur)."""
+    def add(self, block: np.ndarray, offset: int) -> None:
+        """Append ``block`` (3, n) as (node position + offset, start, dur)."""
         done, m = 0, block.shape[1]
         while done < m:
             if not self.chunks or self.fill == self.chunks[-1].shape[1]:
@@ -485,7 +228,7 @@ class _Chunks:
             part = block[:, done : done + take]
             rows = slice(self.fill, self.fill + take)
             np.add(part[0], offset, out=ch[0, rows])
-            np.add(part[1], t0, out=ch[1, rows])
+            ch[1, rows] = part[1]
             ch[2, rows] = part[2]
             done += take
             self.fill += take
@@ -568,6 +311,7 @@ class _Builder:
         self.fused_rows: list[np.ndarray] = []
         self.fused_nodes: list[np.ndarray] = []
         self.n_ops = 0
+        self.generated: list[tuple[int, list[int]]] = []  # per generation step: index, tokens
 
     def _meta(self, g: Graph) -> _GraphMeta:
         """The graph's per-node columns (made on first use)."""
@@ -617,27 +361,30 @@ class _Builder:
         self.metas[id(g)] = (g, meta)
         return meta
 
-    def step(self, s: _Step) -> None:
+    def step(self, s: Step) -> None:
+        cols = [_Columns(c) for c in s.computes]
         op_ns = 0
-        for c in s.computes:
-            if c.ops.shape[1]:
-                op_ns += int(c.ops[2].sum())
+        for cc in cols:
+            if cc.ops.shape[1]:
+                op_ns += int(cc.ops[2].sum())
         self.steps.add(
             step=s.index, ctx=s.ctx, kind=s.kind, n_tokens=s.n_tokens, pos0=s.pos[0], pos1=s.pos[1],
             t_start=s.start, dur_ns=s.dur, status=s.status, n_outputs=s.n_outputs, kv_used=s.kv_used,
             op_ns=op_ns, ended=int(s.ended), request=s.request,
         )  # fmt: skip
+        if s.kind == "gen":
+            self.generated.append((s.index, s.tokens))
         for seq, n_tok, p0, p1 in s.seqs:
             self.seqs.add(step=s.index, ctx=s.ctx, seq=seq, n_tokens=n_tok, pos0=p0, pos1=p1)
-        for c in s.computes:
+        for c, cc in zip(s.computes, cols, strict=True):
             g = c.graph
-            has_ops = g is not None and c.ops.shape[1] > 0
+            has_ops = g is not None and cc.ops.shape[1] > 0
             ubatch = -1  # converted only for rows that show it, as before
-            if len(c.layers) or has_ops:
+            if len(cc.layers) or has_ops:
                 ubatch = -1 if c.ubatch is None else int(c.ubatch)
-            if len(c.layers):
-                self.layer_parts.append(c.layers)
-                self.layer_keys.extend((s.index, ubatch, len(c.layers)))
+            if len(cc.layers):
+                self.layer_parts.append(cc.layers)
+                self.layer_keys.extend((s.index, ubatch, len(cc.layers)))
             if g is None:
                 continue
             if g.id not in self.graphs:
@@ -651,15 +398,19 @@ class _Builder:
                 continue
             meta = self._meta(g)
             if meta.errors:
-                self._raise_node_error(meta, c)
-            self.op_cols.add(c.ops, meta.offset, c.start)
-            self.op_keys.extend((s.index, ubatch, g.id, c.ops.shape[1]))
-            if len(c.fused_row):
-                self.fused_rows.append(c.fused_row + self.n_ops)
-                self.fused_nodes.append(c.fused_node + meta.offset)
-            self.n_ops += c.ops.shape[1]
-            if c.stats is not None:
-                self._stats(s, c, ubatch)
+                self._raise_node_error(meta, cc)
+            self.op_cols.add(cc.ops, meta.offset)
+            self.op_keys.extend((s.index, ubatch, g.id, cc.ops.shape[1]))
+            if len(cc.fused_row):
+                self.fused_rows.append(cc.fused_row + self.n_ops)
+                self.fused_nodes.append(cc.fused_node + meta.offset)
+            self.n_ops += cc.ops.shape[1]
+            for k, (mn, mx, mean, std, n_nan, n_inf) in cc.stats:
+                n = g.nodes[int(cc.ops[0, k])]
+                self.stats.add(
+                    step=s.index, ubatch=ubatch, node=n.i, name=n.name, min=mn, max=mx,
+                    mean=mean, std=std, n_nan=n_nan, n_inf=n_inf,
+                )  # fmt: skip
         for row in s.topk:
             for rank, (tok, logit) in enumerate(zip(row["ids"], row["logits"], strict=False)):
                 self.topk.add(
@@ -667,23 +418,11 @@ class _Builder:
                 )
 
     @staticmethod
-    def _raise_node_error(meta: _GraphMeta, c: _Compute) -> None:
+    def _raise_node_error(meta: _GraphMeta, c: _Columns) -> None:
         for k, i in enumerate(c.ops[0].tolist()):
             for p in [i] + c.fused_node[c.fused_row == k].tolist():
                 if p in meta.errors:
                     raise meta.errors[p]
-
-    def _stats(self, s: _Step, c: _Compute, ubatch: int) -> None:
-        assert c.graph is not None and c.stats is not None
-        nodes = c.graph.nodes
-        for p in c.ops[0].tolist():
-            n = nodes[p]
-            if n.i in c.stats:
-                mn, mx, mean, std, n_nan, n_inf = c.stats[n.i]
-                self.stats.add(
-                    step=s.index, ubatch=ubatch, node=n.i, name=n.name, min=mn, max=mx,
-                    mean=mean, std=std, n_nan=n_nan, n_inf=n_inf,
-                )  # fmt: skip
 
     def _layers_frame(self) -> pd.DataFrame:
         keys = _keys(self.layer_keys, 3)
@@ -787,6 +526,9 @@ class _Builder:
             requests=self._requests_frame(),
             graphs=self.graphs,
             report=report,
+            generated_tokens=[
+                t for _, tokens in sorted(self.generated, key=_FIRST) for t in tokens
+            ],
         )
 
 
@@ -794,11 +536,11 @@ def load_sessions(path: Path | str, *, strict: bool = False) -> list[SessionFram
     """Every session of the log, as tables."""
     report = ReadReport()
     builders: dict[str, _Builder] = {}
-    for info, step in _events(path, strict, report):
-        if step is None:
-            builders[info.sid] = _Builder(info)
-        else:
-            builders[info.sid].step(step)
+    for ev in iter_events_packed(path, strict=strict, report=report):
+        if isinstance(ev, SessionStarted):
+            builders[ev.session.sid] = _Builder(ev.session)
+        elif isinstance(ev, StepDone):
+            builders[ev.session.sid].step(ev.step)
     if not builders:
         raise UserError(f"no session in {path}")
     return [b.frames(report) for b in builders.values()]

@@ -4,7 +4,7 @@ Turning a log into a trace is two jobs of about equal size: parsing the lines (o
 compute's ``ops`` list into int64 columns) and encoding the trace. Python runs one of them at a
 time, so for a big log a forked process does the first: it reads the records with
 ``reader.iter_records`` and sends them over a pipe in batches, each compute's ops already as
-columns (``PackedOps``) and its layers as ``session.layer_rows`` makes them, while this process
+columns and its layers as rows (the one packer: ``decode.pack_ops``, ``decode.layer_rows``), while this process
 builds and encodes the trace. What it yields, and what ``report`` ends up saying, are exactly what
 ``iter_records`` would have given (skipped lines in their place); a ``strict`` error is raised
 here. Small logs, platforms without ``fork`` and processes already running threads (where forking
@@ -18,85 +18,18 @@ import os
 import queue
 import threading
 from collections.abc import Iterator
-from itertools import chain
 from multiprocessing.reduction import ForkingPickler
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from .decode import layer_rows, pack_ops
 from .errors import UserError
 from .reader import ReadReport, iter_records
-from .session import layer_rows
 
 MIN_BYTES = 8 << 20  # smaller logs are read in this process: a fork would not pay for itself
 BATCH = 128  # records per message
 FIRST_BATCH = 4  # the first message: the reading side waits for it
 AHEAD = 16  # messages the reader may have ready beyond what the pipe holds
-_ITEM = (itemgetter(0), itemgetter(1), itemgetter(2))
-
-
-class PackedOps:
-    """A compute record's ``ops`` list as columns: ``arr`` rows (node, start offset, duration),
-    each row's ``lo``/``hi``, the fused nodes by op position, and their smallest and largest node
-    index. ``to_list()`` gives the list back, for the per-op reader."""
-
-    __slots__ = ("arr", "lo", "hi", "fused", "f_lo", "f_hi")
-
-    def __init__(
-        self, arr: Any, fused: dict[int, list[int]], f_lo: int = 0, f_hi: int = -1
-    ) -> None:
-        self.arr = arr
-        self.lo: list[int] = arr.min(axis=1).tolist()
-        self.hi: list[int] = arr.max(axis=1).tolist()
-        self.fused, self.f_lo, self.f_hi = fused, f_lo, f_hi
-
-    def to_list(self) -> list[list[Any]]:
-        ops: list[list[Any]] = self.arr.T.tolist()
-        for k, f in self.fused.items():
-            ops[k].append(f)
-        return ops
-
-
-def pack_ops(ops: Any, last: dict[int, list[int]] | None = None) -> PackedOps | None:
-    """``ops`` (a compute record's list of ``[i, start, dur]`` or ``[i, start, dur, [j, ...]]``)
-    as columns, or None if any entry is unusual (the per-op reader then decides). ``last``: the
-    fused ops of the graph's previous compute, which every generation step repeats (reused, not
-    rebuilt, when they match)."""
-    try:
-        if not isinstance(ops, list) or not ops:
-            return None
-        n = len(ops)
-        # int64 conversion is int()'s, as the per-op reader's, but fails beyond 64 bits (and on
-        # short or odd entries): those records are left to the per-op reader
-        arr = np.empty((3, n), dtype=np.int64)
-        for k in range(3):
-            arr[k] = np.fromiter(map(_ITEM[k], ops), dtype=np.int64, count=n)
-        extra = sum(map(len, ops)) - 3 * n  # elements beyond (node, offset, duration)
-        if not extra:
-            return PackedOps(arr, {})
-        if (
-            last is not None
-            and len(last) == extra
-            and all(len(ops[k]) == 4 and ops[k][3] == f for k, f in last.items())
-        ):
-            fused = last
-        else:
-            lens = np.fromiter(map(len, ops), dtype=np.int64, count=n)
-            pos = np.flatnonzero(lens > 3).tolist()
-            lists = [ops[k][3] for k in pos]
-            if set(map(type, lists)) != {list} or any(len(ops[k]) != 4 for k in pos):
-                return None
-            fused = dict(zip(pos, lists, strict=True))
-        flat = list(chain.from_iterable(fused.values()))
-        if not flat:
-            return PackedOps(arr, fused)
-        if set(map(type, flat)) != {int}:
-            return None
-        return PackedOps(arr, fused, min(flat), max(flat))
-    except Exception:  # noqa: BLE001 - whatever it is, the per-op reader reports it
-        return None
 
 
 def records(
@@ -109,7 +42,7 @@ def records(
         big = Path(path).stat().st_size >= MIN_BYTES
     except OSError:
         big = False  # iter_records says what is wrong
-    if not big or not _can_fork():
+    if not big or not can_fork():
         yield from iter_records(path, strict=strict, report=rep)
         return
     ctx = multiprocessing.get_context("fork")
@@ -155,7 +88,7 @@ def _widen(fd: int) -> None:
         pass  # another platform, or a lower limit: smaller writes, the same messages
 
 
-def _can_fork() -> bool:
+def can_fork() -> bool:
     return (
         "fork" in multiprocessing.get_all_start_methods()
         and threading.active_count() == 1  # forking a threaded process can deadlock the child
@@ -233,7 +166,7 @@ def _read_to(out: _Sender, path: Path | str, strict: bool) -> None:
                 if type(t0) is int and t0 >= 0:  # what the model's reading would accept
                     rows = layer_rows(rec.get("layers"), t0)
                     if rows is not None:
-                        rec["layers"] = rows  # absolute, as session._layers makes them
+                        rec["layers"] = rows  # absolute, as decode.layer_spans makes them
             batch.append((n, rec, ""))
             if len(batch) >= size:
                 out.send(("batch", batch))

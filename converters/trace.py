@@ -32,7 +32,7 @@ def kv_flows_for(log: Path, sel: Selection) -> KvFlows | None:
     if not sel.flows:
         return None
     from .kv_flows import count
-    from .perfetto_fast import iter_events_packed
+    from .session import iter_events_packed
 
     return count(iter_events_packed(log), sel.layer, sel.wants_step)
 
@@ -47,7 +47,7 @@ def convert(
 ) -> tuple[LayoutStats, ReadReport]:
     """Write the trace of ``log`` to ``out`` (via a temporary file: ``out`` is complete or
     absent). ``wrap`` sees the layout's items on their way to the writer (a progress bar)."""
-    from .perfetto_fast import iter_events_packed
+    from .session import iter_events_packed
     from .trace_layout import layout_bulk
 
     if fmt not in FORMATS:
@@ -61,9 +61,7 @@ def convert(
             flows = kv_flows_for(log, sel)
             stats.flows = flows.total if flows is not None else 0
             events = iter_events_packed(log, strict=strict, report=report)
-            items: Iterator[Any] = layout_bulk(
-                events, sel, stats, compute_batches=True, flows=flows
-            )
+            items: Iterator[Any] = layout_bulk(events, sel, stats, flows=flows)
             if wrap is not None:
                 items = wrap(items)
             if fmt == "json":
@@ -71,7 +69,6 @@ def convert(
 
                 write_chrome_json(items, f)
             else:
-                # the fast encoder; perfetto_writer.write_perfetto is its reference
                 from .perfetto_fast import write_perfetto_fast
 
                 write_perfetto_fast(items, f)

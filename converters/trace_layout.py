@@ -10,36 +10,37 @@ apart. Layout, per session (one process):
 * ``thread N`` (verbose logs): per op, the part of its wall time worker N was busy.
 * counters: ``tokens/s``, ``KV cache cells``, ``memory: weights`` / ``KV cache`` / ``compute``.
 
-``layout`` yields one item per track, slice and sample. ``layout_bulk`` yields the same content
-for writers that work in bulk: the op slices of a compute whose ops a bulk reader kept as columns
-(a ``PackedCompute``) come as one ``OpBatch``, and with ``compute_batches`` each compute's slice,
-layer slices and ops as one ``ComputeBatch``.
+``layout_bulk`` yields one item per track, slice and sample, except that each compute comes as
+one ``ComputeBatch``: its slice, its layer spans and, when its ops are columns (a
+``decode.PackedCompute``), their slices as one ``OpBatch``, which the writers encode in bulk. (A
+per-op layout, every op slice its own item, is the tests' reference: tests/reference/.)
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from . import derive
-from .kv_flows import KvFlows, OpFlows
-from .session import (
+from .decode import (
     Compute,
     Event,
     Graph,
     LayerSpan,
     Node,
     OpTiming,
+    PackedCompute,
     SessionEnded,
     SessionInfo,
     SessionStarted,
     Step,
     StepDone,
 )
+from .kv_flows import KvFlows, OpFlows
 
 
 @dataclass(frozen=True)
@@ -91,63 +92,9 @@ class Sample:
 Item = Track | Slice | Sample
 
 
-@dataclass(eq=False)
-class PackedCompute(Compute):
-    """A compute whose timed ops are columns instead of ``OpTiming`` objects (``ops`` is empty).
-
-    Made by a bulk reader (``perfetto_fast.iter_events_packed``) from well-formed records only;
-    the columns say exactly what ``ops`` would have said, and ``unpack()`` gives that list. The
-    columns and ``op_fused`` are read-only: computes of the same graph may share them.
-    """
-
-    op_node: Any = None  # int64 array: the graph node index of each timed op, in log order
-    op_start: Any = None  # int64 array: absolute start (ns)
-    op_dur: Any = None  # int64 array: duration (ns)
-    op_fused: dict[int, list[int]] = field(default_factory=dict)  # op position -> fused nodes
-
-    def unpack(self) -> list[OpTiming]:
-        assert self.graph is not None
-        nodes = self.graph.nodes
-        fused = self.op_fused
-        return [
-            OpTiming(node=nodes[i], start=s, dur=d, fused=[nodes[j] for j in fused.get(k, ())])
-            for k, (i, s, d) in enumerate(
-                zip(
-                    self.op_node.tolist(), self.op_start.tolist(), self.op_dur.tolist(), strict=True
-                )
-            )
-        ]
-
-    def op_at(self, k: int) -> OpTiming:
-        """The ``k``-th of ``unpack()``'s ops alone."""
-        assert self.graph is not None
-        nodes = self.graph.nodes
-        return OpTiming(
-            node=nodes[int(self.op_node[k])],
-            start=int(self.op_start[k]),
-            dur=int(self.op_dur[k]),
-            fused=[nodes[j] for j in self.op_fused.get(k, ())],
-        )
-
-    def unpacked(self) -> Compute:
-        """The plain compute a per-op reader would have made."""
-        return Compute(
-            step=self.step,
-            ubatch=self.ubatch,
-            graph=self.graph,
-            start=self.start,
-            dur=self.dur,
-            n_tokens=self.n_tokens,
-            n_threads=self.n_threads,
-            status=self.status,
-            layers=self.layers,
-            ops=self.unpack(),
-        )
-
-
 @dataclass
 class OpBatch:
-    """Bulk layouts only: the op slices of one packed compute, on ``track``, in one item.
+    """The op slices of one packed compute, on ``track``, in one item.
 
     They are the slices a per-op layout yields for ``compute``'s ops (``op_static_args``,
     ``op_rates``; depth 3 inside a layer, else 2), only those where ``keep`` (a bool array over
@@ -162,13 +109,13 @@ class OpBatch:
 
 @dataclass
 class ComputeBatch:
-    """``layout_bulk(..., compute_batches=True)`` only: a compute's slice, its layer slices (depth
+    """A compute's slice, its layer slices (depth
     2, category ``layer``, named ``layer N`` with args ``layer`` and ``n_ops``, on the compute's
     track) and, if the compute is packed, its ``OpBatch``: the items a per-op layout yields for
     the compute, up to the slices of an unpacked compute's ops (which follow one by one)."""
 
     slice: Slice
-    layers: list[LayerSpan]
+    layers: Sequence[LayerSpan]
     ops: OpBatch | None
 
 
@@ -319,22 +266,22 @@ def op_args(op: OpTiming, compute: Compute) -> dict[str, Any]:
     return args
 
 
-class _SessionLayout:
+class SessionLayout:
+    """One session's tracks and items."""
+
     def __init__(
         self,
         info: SessionInfo,
         index: int,
         sel: Selection,
-        bulk: bool = False,
-        compute_batches: bool = False,
+        stats: LayoutStats,
         flows: KvFlows | None = None,
     ) -> None:
         self.info = info
         self.sel = sel
         self.flows = flows
         self.layer_of: dict[int, tuple[Graph, Any]] = {}  # id(graph) -> its nodes' layers
-        self.bulk = bulk
-        self.compute_batches = compute_batches
+        self.stats = stats
         sid = info.sid
         self.pid = 1000 + index
         self.process = Track(
@@ -526,11 +473,8 @@ class _SessionLayout:
             entry = self.layer_of[id(graph)] = (graph, arr)
         return entry[1]
 
-    def compute(
-        self, c: Compute, track: int, stats: LayoutStats, flows: OpFlows
-    ) -> Iterator[BulkItem]:
-        stats.computes += 1
-        compute = Slice(
+    def compute_slice(self, c: Compute, track: int) -> Slice:
+        return Slice(
             track,
             f"compute ubatch {c.ubatch}",
             c.start,
@@ -544,82 +488,71 @@ class _SessionLayout:
                 "n_threads": c.n_threads,
             },
         )
+
+    def spans(self, c: Compute, stats: LayoutStats) -> Sequence[LayerSpan]:
+        """The compute's layer spans the selection keeps (counted)."""
         spans = c.layers
         if self.sel.layer is not None:
             spans = [lay for lay in spans if lay.layer == self.sel.layer]
         stats.layers += len(spans)
+        return spans
+
+    def compute(
+        self, c: Compute, track: int, stats: LayoutStats, flows: OpFlows
+    ) -> Iterator[BulkItem]:
+        """A ``ComputeBatch`` (the compute's slice, layer spans and, if packed, its ops in bulk),
+        then one by one the op slices it does not hold (an unpacked compute's, those with
+        flows)."""
+        stats.computes += 1
+        compute = self.compute_slice(c, track)
+        spans = self.spans(c, stats)
         batch: OpBatch | None = None
         ops = list(enumerate(c.ops)) if self.sel.ops and c.graph is not None else []
         if isinstance(c, PackedCompute) and self.sel.ops:
             assert c.graph is not None
-            if self.bulk:
-                keep = None
-                if self.sel.layer is not None:
-                    keep = self.layers(c.graph)[c.op_node] == self.sel.layer
-                if flows:  # the ops with flows come one by one, as slices with their flows
-                    if keep is None:
-                        keep = np.ones(len(c.op_node), dtype=bool)
-                    keep[list(flows)] = False
-                n = len(c.op_node) if keep is None else int(keep.sum())
-                stats.ops += n
-                if n:
-                    batch = OpBatch(track, c, keep)
-                ops = [(k, c.op_at(k)) for k in sorted(flows)]
-            else:
-                ops = list(enumerate(c.unpack()))
-        if self.compute_batches:
-            yield ComputeBatch(compute, spans, batch)
-        else:
-            yield compute
-            for lay in spans:
-                yield Slice(
-                    track,
-                    f"layer {lay.layer}",
-                    lay.start,
-                    lay.dur,
-                    2,
-                    "layer",
-                    {"layer": lay.layer, "n_ops": lay.n_ops},
-                )
-            if batch is not None:
-                yield batch
+            keep = None
+            if self.sel.layer is not None:
+                keep = self.layers(c.graph)[c.op_node] == self.sel.layer
+            if flows:  # the ops with flows come one by one, as slices with their flows
+                if keep is None:
+                    keep = np.ones(len(c.op_node), dtype=bool)
+                keep[list(flows)] = False
+            n = len(c.op_node) if keep is None else int(keep.sum())
+            stats.ops += n
+            if n:
+                batch = OpBatch(track, c, keep)
+            ops = [(k, c.op_at(k)) for k in sorted(flows)]
+        yield ComputeBatch(compute, spans, batch)
         for k, op in ops:
-            layer = op.node.layer
-            if self.sel.layer is not None and layer != self.sel.layer:
-                continue
-            stats.ops += 1
-            depth = 3 if layer is not None else 2
-            out, into = flows.get(k, ((), ()))
-            yield Slice(
-                track, op.node.label, op.start, op.dur, depth, "op", op_args(op, c), out, into
-            )
-            if op.thread_done:
-                for t, done in enumerate(op.thread_done):
-                    if done <= 0:
-                        continue  # this worker had no share of the op
-                    yield from self.thread_track(t)
-                    tr = self.threads[t]
-                    yield Slice(
-                        tr.uuid,
-                        op.node.label,
-                        op.start,
-                        min(done, op.dur),
-                        0,
-                        "thread",
-                        {"busy_ns": done, "wait_ns": max(0, op.dur - done)},
-                    )
+            yield from self.op_slices(k, op, c, track, stats, flows)
 
-
-def layout(
-    events: Iterator[Event],
-    sel: Selection,
-    stats: LayoutStats,
-    *,
-    flows: KvFlows | None = None,
-) -> Iterator[Item]:
-    """Turn session-model events into tracks, slices and samples (streaming). With ``flows``
-    (``kv_flows.count`` over the same events and selection), op slices carry KV-cache flows."""
-    return cast(Iterator[Item], _layout(events, sel, stats, bulk=False, flows=flows))
+    def op_slices(
+        self, k: int, op: OpTiming, c: Compute, track: int, stats: LayoutStats, flows: OpFlows
+    ) -> Iterator[Item]:
+        """The slice of the ``k``-th op of ``c`` (if the selection wants it), and its worker
+        threads' slices (verbose logs)."""
+        layer = op.node.layer
+        if self.sel.layer is not None and layer != self.sel.layer:
+            return
+        stats.ops += 1
+        depth = 3 if layer is not None else 2
+        out, into = flows.get(k, ((), ()))
+        yield Slice(track, op.node.label, op.start, op.dur, depth, "op", op_args(op, c), out, into)
+        if op.thread_done:
+            for t, done in enumerate(op.thread_done):
+                if done <= 0:
+                    continue  # this worker had no share of the op
+                yield from self.thread_track(t)
+                tr = self.threads[t]
+                yield Slice(
+                    tr.uuid,
+                    op.node.label,
+                    op.start,
+                    min(done, op.dur),
+                    0,
+                    "thread",
+                    {"busy_ns": done, "wait_ns": max(0, op.dur - done)},
+                )
 
 
 def layout_bulk(
@@ -627,31 +560,27 @@ def layout_bulk(
     sel: Selection,
     stats: LayoutStats,
     *,
-    compute_batches: bool = False,
     flows: KvFlows | None = None,
 ) -> Iterator[BulkItem]:
-    """``layout``, except that the ops of a ``PackedCompute`` come as one ``OpBatch``, and with
-    ``compute_batches`` each compute's items as one ``ComputeBatch``."""
-    return _layout(events, sel, stats, bulk=True, compute_batches=compute_batches, flows=flows)
+    """Turn session-model events into tracks, slices and samples (streaming), each compute's
+    slice, layer spans and packed ops as one ``ComputeBatch``. With ``flows`` (``kv_flows.count``
+    over the same events and selection), op slices carry KV-cache flows."""
+    return layout_sessions(events, lambda info, k: SessionLayout(info, k, sel, stats, flows))
 
 
-def _layout(
-    events: Iterator[Event],
-    sel: Selection,
-    stats: LayoutStats,
-    bulk: bool,
-    compute_batches: bool = False,
-    flows: KvFlows | None = None,
+def layout_sessions(
+    events: Iterator[Event], make: Callable[[SessionInfo, int], SessionLayout]
 ) -> Iterator[BulkItem]:
-    sessions: dict[str, _SessionLayout] = {}
+    """The items of every session, ``make(info, index)`` laying out each."""
+    sessions: dict[str, SessionLayout] = {}
     for ev in events:
         if isinstance(ev, SessionStarted):
-            lay = _SessionLayout(ev.session, len(sessions), sel, bulk, compute_batches, flows)
+            lay = make(ev.session, len(sessions))
             sessions[ev.session.sid] = lay
             yield from lay.start()
         elif isinstance(ev, StepDone):
             lay = sessions[ev.session.sid]
             yield from lay.requests()
-            yield from lay.step(ev.step, stats)
+            yield from lay.step(ev.step, lay.stats)
         elif isinstance(ev, SessionEnded):
             yield from sessions[ev.session.sid].requests()

@@ -26,6 +26,7 @@ from typing import Any
 
 from llamacpp_instr import __version__, bindings
 from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.converters.reader import iter_records
 
 _SERVER_EXTRA_HINT = "pip install 'llamacpp-instr[serve]' (llama-cpp-python's server extra)"
 
@@ -307,5 +308,5 @@ def serve(
             raise
     finally:
         llm.close()
-    n_requests = sum(1 for line in out.open("rb") if line.startswith(b'{"type":"request"'))
+    n_requests = sum(1 for _, rec in iter_records(out) if rec["type"] == "request")
     return ServeResult(log_path=out, status=s.status, requests=n_requests, steps=s.totals.steps)

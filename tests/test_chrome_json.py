@@ -1,9 +1,9 @@
 """The Chrome JSON writer in bulk: byte for byte the output of the previous per-event writer.
 
-The reference below is the previous ``converters.chrome_json.write_chrome_json`` (one
-``orjson.dumps`` per event, from the per-op layout). The new writer must give the same bytes from
-the per-op layout and from the bulk layouts (``OpBatch`` and ``ComputeBatch`` items), whatever
-the selection, on the fixtures, a real log, a bigger log and logs with unusual numbers.
+The reference (tests/reference/chrome_json.py) is the previous ``write_chrome_json`` (one
+``orjson.dumps`` per event, from the per-op layout of tests/reference/layout.py). The writer must
+give the same bytes from that layout and from the production one (``ComputeBatch`` items),
+whatever the selection, on the fixtures, a real log, a bigger log and logs with unusual numbers.
 """
 
 from __future__ import annotations
@@ -11,120 +11,23 @@ from __future__ import annotations
 import io
 import json
 import random
-from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
-import orjson
 import pytest
+from reference.chrome_json import reference_write_chrome_json
+from reference.layout import layout
 from support import FIXTURES, REAL_FIXTURES
 from support import read_log as _records
 from support import write_log as _write
 from test_frames_fast import synthetic_log
 
-from llamacpp_instr.converters import chrome_json
-from llamacpp_instr.converters.chrome_json import _round3, write_chrome_json
-from llamacpp_instr.converters.perfetto_fast import iter_events_packed
-from llamacpp_instr.converters.session import iter_events
-from llamacpp_instr.converters.trace_layout import (
-    Item,
-    LayoutStats,
-    Sample,
-    Selection,
-    Slice,
-    Track,
-    layout,
-    layout_bulk,
-)
-
-
-def reference_write_chrome_json(items: Iterable[Item], out: IO[bytes]) -> int:
-    """The per-event writer ``write_chrome_json`` was before it wrote in bulk."""
-    tracks: dict[int, Track] = {}
-    tids: dict[int, int] = {}
-    n = 0
-
-    def emit(ev: dict[str, object]) -> None:
-        nonlocal n
-        out.write(b",\n" if n else b"[\n")
-        try:
-            out.write(orjson.dumps(ev))
-        except TypeError:
-            out.write(json.dumps(ev).encode())
-        n += 1
-
-    for it in items:
-        if isinstance(it, Track):
-            tracks[it.uuid] = it
-            if it.parent is None:
-                emit({"ph": "M", "name": "process_name", "pid": it.pid, "args": {"name": it.name}})
-                emit(
-                    {
-                        "ph": "M",
-                        "name": "process_sort_index",
-                        "pid": it.pid,
-                        "args": {"sort_index": it.order},
-                    }
-                )
-                if it.labels:
-                    labels = ", ".join(it.labels)
-                    emit(
-                        {
-                            "ph": "M",
-                            "name": "process_labels",
-                            "pid": it.pid,
-                            "args": {"labels": labels},
-                        }
-                    )
-            elif it.kind == "slices":
-                tid = tids[it.uuid] = len(tids) + 1
-                emit(
-                    {
-                        "ph": "M",
-                        "name": "thread_name",
-                        "pid": it.pid,
-                        "tid": tid,
-                        "args": {"name": it.name},
-                    }
-                )
-                emit(
-                    {
-                        "ph": "M",
-                        "name": "thread_sort_index",
-                        "pid": it.pid,
-                        "tid": tid,
-                        "args": {"sort_index": it.order},
-                    }
-                )
-        elif isinstance(it, Slice):
-            tr = tracks[it.track]
-            emit(
-                {
-                    "ph": "X",
-                    "name": it.name,
-                    "cat": it.category,
-                    "pid": tr.pid,
-                    "tid": tids[it.track],
-                    "ts": it.ts / 1000,
-                    "dur": it.dur / 1000,
-                    "args": it.args,
-                }
-            )
-        elif isinstance(it, Sample):
-            tr = tracks[it.track]
-            emit(
-                {
-                    "ph": "C",
-                    "name": tr.name,
-                    "pid": tr.pid,
-                    "ts": it.ts / 1000,
-                    "args": {tr.unit or "value": it.value},
-                }
-            )
-    out.write(b"\n]\n" if n else b"[]\n")
-    return n
-
+from llamacpp_instr.converters.chrome_json import write_chrome_json
+from llamacpp_instr.converters.rounding import round3
+from llamacpp_instr.converters.session import iter_events, iter_events_packed
+from llamacpp_instr.converters.sinks import ThreadedWriter
+from llamacpp_instr.converters.trace_layout import LayoutStats, Selection, layout_bulk
 
 SELECTIONS = [
     Selection(),
@@ -144,10 +47,7 @@ def outputs(log: Path, sel: Selection) -> dict[str, bytes]:
     res["reference"] = out.getvalue()
     streams: dict[str, Any] = {
         "per-op layout": lambda: layout(iter_events(log), sel, LayoutStats()),
-        "OpBatch": lambda: layout_bulk(iter_events_packed(log), sel, LayoutStats()),
-        "ComputeBatch": lambda: layout_bulk(
-            iter_events_packed(log), sel, LayoutStats(), compute_batches=True
-        ),
+        "bulk layout": lambda: layout_bulk(iter_events_packed(log), sel, LayoutStats()),
     }
     for name, make in streams.items():
         out = io.BytesIO()
@@ -179,7 +79,7 @@ def test_same_output_as_reference_on_a_bigger_log(tmp_path: Path) -> None:
     """Several sessions, ops outside the graph, fused nodes, and more than a write chunk."""
     log = synthetic_log(tmp_path, 120)
     res = outputs(log, Selection())
-    assert len(res["reference"]) > 3 * chrome_json._Sink.CHUNK
+    assert len(res["reference"]) > 3 * ThreadedWriter.CHUNK
     assert all(data == res["reference"] for data in res.values())
 
 
@@ -201,7 +101,7 @@ def test_rates_rounded_as_python_rounds() -> None:
     values += [rng.uniform(0, 1e6) for _ in range(20_000)]
     values += [k / 1000 + 0.0005 for k in range(5000)]  # next to rounding boundaries
     values += [2.675, 1.0005, 0.0, 123456.7895, 1e15, 3e17]
-    got = _round3(np.array(values))
+    got = round3(np.array(values))
     checked = 0
     for v, g in zip(values, got.tolist(), strict=True):
         if not np.isnan(g):  # NaN: the writer asks Python
@@ -213,12 +113,12 @@ def test_rates_rounded_as_python_rounds() -> None:
 def test_write_error_reaches_the_caller(tmp_path: Path) -> None:
     class Full(io.BytesIO):
         def write(self, b: Any) -> int:
-            if self.tell() > 2 * chrome_json._Sink.CHUNK:
+            if self.tell() > 2 * ThreadedWriter.CHUNK:
                 raise OSError(28, "No space left on device")
             return super().write(b)
 
     log = synthetic_log(tmp_path, 60)
-    items = layout_bulk(iter_events_packed(log), Selection(), LayoutStats(), compute_batches=True)
+    items = layout_bulk(iter_events_packed(log), Selection(), LayoutStats())
     with pytest.raises(OSError, match="No space"):
         write_chrome_json(items, Full())
 

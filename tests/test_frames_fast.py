@@ -22,7 +22,7 @@ from support import JSON as _JSON
 from support import read_log as _records
 from support import write_log as _write
 
-from llamacpp_instr.converters import derive, frames, session
+from llamacpp_instr.converters import decode, derive, frames, session
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.frames import SessionFrames, load_session, load_sessions
 from llamacpp_instr.converters.reader import ReadReport
@@ -315,16 +315,18 @@ def test_ops_recomputed_from_the_raw_json(fixture: Path) -> None:
 
 
 def test_no_python_object_per_op(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The frames never go through the per-op session model."""
+    """The frames of a detailed log never go through the per-op view of the session model (a
+    verbose log's computes, with thread timings and statistics, do)."""
 
     def boom(*a: Any, **k: Any) -> Any:
         raise AssertionError("per-op path used")
 
-    monkeypatch.setattr(session, "_compute", boom)
-    monkeypatch.setattr(session, "OpTiming", boom)
-    monkeypatch.setattr(frames, "_ops_slow", boom)
-    f = load_session(FIXTURES / "tiny-llama-verbose.log.gz")
-    assert len(f.ops) == 135 and len(f.tensor_stats) > 0
+    monkeypatch.setattr(decode, "OpTiming", boom)
+    monkeypatch.setattr(frames, "_positions", boom)
+    f = load_session(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz")
+    assert len(f.ops) > 100
+    with pytest.raises(AssertionError, match="per-op path used"):
+        load_session(FIXTURES / "tiny-llama-verbose.log.gz")
 
 
 def _edit_ops(recs: list[dict[str, Any]], k: int, fn: Any) -> list[dict[str, Any]]:

@@ -18,9 +18,8 @@ from support import JSON as _JSON
 from support import read_log as raw_records
 
 from llamacpp_instr.cli import main
+from llamacpp_instr.converters import trace
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.converters.session import iter_events
-from llamacpp_instr.converters.trace_layout import LayoutStats, Selection, layout
 
 
 def convert(log: Path, *args: str) -> tuple[Any, Path]:
@@ -344,6 +343,21 @@ def _fixture_lines(name: str) -> list[str]:
 _SMALL = _fixture_lines("tiny-llama-minimal.log.gz")
 
 
+def convert_both(log: Path, tmp_path: Path) -> None:
+    """The production conversion (``instr to-perfetto``'s reader, layout and writers) to both
+    formats: a one-line error or a complete trace, never a crash or a half-written file."""
+    for fmt in trace.FORMATS:
+        out = tmp_path / f"fuzz.{fmt}"
+        out.unlink(missing_ok=True)
+        try:
+            trace.convert(log, out, fmt)
+        except UserError:
+            assert not out.exists()
+        else:
+            assert out.is_file()  # (empty when nothing in the log could be placed)
+        assert not out.with_name(out.name + ".partial").exists()
+
+
 @FUZZ
 @given(
     mutations=st.lists(
@@ -365,15 +379,7 @@ def test_fuzz_mutated_logs_never_crash(
     data = b"".join(lines)
     log = tmp_path / "fuzz.log"
     log.write_bytes(data)
-    try:
-        items = list(layout(iter_events(log), Selection(), LayoutStats()))
-    except UserError:
-        return
-    from io import BytesIO
-
-    from llamacpp_instr.converters.perfetto_writer import write_perfetto
-
-    write_perfetto(iter(items), BytesIO())
+    convert_both(log, tmp_path)
 
 
 _VERBOSE = [json.loads(ln) for ln in _fixture_lines("tiny-llama-verbose.log.gz")]
@@ -399,17 +405,7 @@ def test_fuzz_wrong_values_never_crash(
         recs[i][key] = value
     log = tmp_path / "fuzz2.log"
     log.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    try:
-        items = list(layout(iter_events(log), Selection(), LayoutStats()))
-    except UserError:
-        return
-    from io import BytesIO
-
-    from llamacpp_instr.converters.chrome_json import write_chrome_json
-    from llamacpp_instr.converters.perfetto_writer import write_perfetto
-
-    write_perfetto(iter(items), BytesIO())
-    write_chrome_json(iter(items), BytesIO())
+    convert_both(log, tmp_path)
 
 
 def test_real_smollm2_detailed_log(smollm2_detailed: Any, tmp_path: Path) -> None:

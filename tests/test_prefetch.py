@@ -18,7 +18,7 @@ from support import write_log as _write
 from test_frames_fast import _ODD_OPS, _edit_ops
 from test_perfetto_fast import _rewrite, assert_same
 
-from llamacpp_instr.converters import prefetch
+from llamacpp_instr.converters import decode, prefetch
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reader import ReadReport, iter_records
 
@@ -53,9 +53,9 @@ def both(path: Path, strict: bool = False) -> tuple[Any, ReadReport, Any, ReadRe
     with mock.patch.object(multiprocessing.context.ForkProcess, "start", start):
         records = list(prefetch.records(path, strict=strict, report=got_rep))
     for n, rec in records:
-        if isinstance(rec.get("ops"), prefetch.PackedOps):
+        if isinstance(rec.get("ops"), decode.PackedOps):
             rec = dict(rec, ops=rec["ops"].to_list())
-        if isinstance(rec.get("layers"), np.ndarray):  # session.layer_rows: starts made absolute
+        if isinstance(rec.get("layers"), np.ndarray):  # decode.layer_rows: starts made absolute
             layers = rec["layers"].copy()
             layers[:, 1] -= rec["t_start"]
             rec = dict(rec, layers=layers.tolist())
@@ -123,9 +123,19 @@ def test_same_trace(name: str) -> None:
 
 
 def test_small_logs_read_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the log's size keeps it in this process: the same log forks once it counts as big."""
     monkeypatch.delenv("LLAMACPP_INSTR_NO_PREFETCH", raising=False)
-    for _ in prefetch.records(FIXTURES / "tiny-llama-detailed.log.gz"):
+    assert prefetch.can_fork()  # (else this test could not fail)
+    log = FIXTURES / "tiny-llama-detailed.log.gz"
+    assert 0 < log.stat().st_size < prefetch.MIN_BYTES
+    n = 0
+    for _ in prefetch.records(log):
         assert not multiprocessing.active_children()
+        n += 1
+    assert n > 0
+    monkeypatch.setattr(prefetch, "MIN_BYTES", 0)
+    seen = [bool(multiprocessing.active_children()) for _ in prefetch.records(log)]
+    assert any(seen)  # the control: big enough, it forks
 
 
 @pytest.mark.usefixtures("forked")

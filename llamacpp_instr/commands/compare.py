@@ -38,9 +38,7 @@ def command(
 
     check_output(output)
     a, b = load_log(session_a, strict=strict), load_log(session_b, strict=strict)
-    c = compare.compare_sessions(
-        a, b, compare.generated_tokens(session_a), compare.generated_tokens(session_b)
-    )
+    c = compare.compare_sessions(a, b, a.generated_tokens, b.generated_tokens)
     if "warning" in c:
         click.echo(f"warning: {c['warning']}", err=True)
     emit(render(compare.compare_report(c), fmt, top or None), output)

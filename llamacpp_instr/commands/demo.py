@@ -19,10 +19,10 @@ def command(output: Path, n_predict: int) -> None:
     """Run the bundled SmolLM2-135M at the detailed level, convert the log to a Perfetto trace,
     and check both: every log line parses, the session ended ok, every generated token's step holds
     per-op timings, and the trace was written. Exit status 2 if anything is off."""
-    import orjson
-
     from llamacpp_instr import models, runner
     from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.converters.reader import ReadReport
+    from llamacpp_instr.converters.session import load
 
     output.mkdir(parents=True, exist_ok=True)
     log = output / "demo.log"
@@ -38,17 +38,17 @@ def command(output: Path, n_predict: int) -> None:
     result = runner.run(cfg, on_text=runner.echo_stream)
     click.echo("")
 
-    records = [orjson.loads(line) for line in log.read_bytes().splitlines()]
-    kinds = {r["step"]: r["kind"] for r in records if r["type"] == "step_begin"}
-    timed = {r["step"] for r in records if r["type"] == "compute" and r.get("ops")}
-    end = records[-1]
-    if end["type"] != "session_end" or end["status"] != "ok":
+    report = ReadReport()
+    sessions = load(log, strict=True, report=report)  # every line must parse
+    end = sessions[-1].info.end if sessions else None
+    if end is None or end.get("status") != "ok":
         raise UserError(f"demo log {log} did not end with an ok session_end")
-    if not all(s in timed for s in kinds):
+    steps = sessions[-1].steps
+    if not all(any(c.ops for c in s.computes) for s in steps):
         raise UserError(f"demo log {log}: some steps have no per-op timings")
-    n_ops = sum(len(r["ops"]) for r in records if r["type"] == "compute")
+    n_ops = sum(len(c.ops) for s in steps for c in s.computes)
     click.echo(
-        f"log ok: {log} ({len(records)} records, {len(kinds)} steps, {n_ops} timed ops, "
+        f"log ok: {log} ({report.records} records, {len(steps)} steps, {n_ops} timed ops, "
         f"{result.n_generated} tokens generated)"
     )
 

@@ -5,9 +5,11 @@ annotation names are interned (each defined once, in the first packet that uses 
 are deterministic; tracks carry explicit sibling ranks so the UI shows them in layout order.
 Slices become BEGIN/END pairs; each step's events are sorted so that slices nest on their track.
 
-This is the reference: one protobuf object per packet, easy to check, and slow (some 20,000 ops a
-second). ``instr to-perfetto`` uses ``perfetto_fast.write_perfetto_fast``, which writes the same
-trace (tests/test_perfetto_fast.py compares the two) many times faster (bench/convert.py).
+This is the tests' reference: one protobuf object per packet (Perfetto's own classes), easy to
+check, and slow (some 20,000 ops a second). ``instr to-perfetto`` uses
+``perfetto_fast.write_perfetto_fast``, which writes the same trace (tests/test_perfetto_fast.py
+compares the two) many times faster (bench/convert.py). It reads the per-op layout of
+``reference.layout``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import IO, Any
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
 
-from .trace_layout import Item, Sample, Slice, Track
+from llamacpp_instr.converters.trace_layout import Item, Sample, Slice, Track
 
 SEQ_ID = 1729
 

@@ -1,0 +1,270 @@
+"""The general encoder: a flush's rows sorted and encoded in bulk with numpy.
+
+Rows that no template covers (first steps, odd computes, everything interleaved) are sorted as
+the reference sorts them (batch, timestamp, rank, depth tiebreak, sequence) and their packets
+assembled from pieces: the static parts of each row (``OpStore``, end bodies, small rows' bytes),
+the ops' rates, and per row the "glue" (timestamp, sequence id and flags, the next packet's tag
+and length) built as a byte matrix.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .perfetto_ops import OpStore
+from .perfetto_packets import FLAGS_FIRST_EVENT, FLAGS_NEEDS, POST, SEQ, Interner, packet
+from .protowire import (
+    DA_DOUBLE_VALUE,
+    TE_DEBUG_ANNOTATIONS,
+    TIMESTAMP,
+    TRACE_PACKET,
+    varint,
+    varint_bytes,
+    varint_len,
+)
+from .rounding import EXACT, round3
+from .sinks import BundleSink
+from .trace_layout import op_rates
+
+if TYPE_CHECKING:
+    from .perfetto_templates import Batch
+
+
+class BulkEncoder:
+    """The writer's bulk encoding methods (``perfetto_fast.Writer`` is one)."""
+
+    # the writer's state they use (set by ``perfetto_fast.Writer``)
+    sink: BundleSink
+    store: OpStore
+    interner: Interner
+    first: bool
+    packets: int
+    e_body: list[bytes]  # per end id: the END packet's track event field
+    e_count: int
+    e_mat: Any
+    e_lens: Any
+    d_tail_g: bytes  # the rates' annotation names (``Writer.rates_setup``)
+    d_tail_b: bytes
+    d_len: int
+
+    def _encode(self, batches: list[Batch], small: list[tuple[Any, ...]]) -> bytes:
+        """The packets of the batches, sorted as the reference sorts them."""
+        # every row: batch, ts, rank, tie, seq (the sort key); end id (end rows) or -1; gid (op
+        # begin rows) or -1; index among the small rows or -1
+        cols: dict[str, list[Any]] = {
+            k: [] for k in ("batch", "ts", "rank", "tie", "seq", "end", "gid", "small")
+        }
+        ns = len(small)
+        s_objs: list[bytes] = []
+        if ns:
+            columns = [list(c) for c in zip(*small, strict=True)]
+            s_objs = columns.pop(5)  # (batch, ts, rank, tie, seq, S, end id)
+            for k, v in zip(("batch", "ts", "rank", "tie", "seq", "end"), columns, strict=True):
+                cols[k].append(np.array(v, dtype=np.int64))
+            cols["gid"].append(np.full(ns, -1, dtype=np.int64))
+            cols["small"].append(np.arange(ns, dtype=np.int64))
+        store = self.store.arrays()
+        groups = [(k, *g) for k, b in enumerate(batches) for g in b.groups]
+        m = 0
+        d_objs: Any = None
+        if groups:
+            sizes = np.array([len(g[2]) for g in groups], dtype=np.int64)
+            m = int(sizes.sum())
+            gid = np.concatenate([g[2] for g in groups])
+            start = np.concatenate([g[3] for g in groups])
+            dur = np.concatenate([g[4] for g in groups])
+            first = np.cumsum(sizes) - sizes
+            base = np.repeat(np.array([g[1] for g in groups], dtype=np.int64) - 2 * first, sizes)
+            seq_b = base + 2 * np.arange(m, dtype=np.int64)
+            kb_o = np.repeat(np.array([g[0] for g in groups], dtype=np.int64), sizes)
+            end_o = np.repeat(np.array([g[5] for g in groups], dtype=np.int64), sizes)
+            depth = store.a_depth[gid]
+            none = np.full(m, -1, dtype=np.int64)
+            # begin rows, then end rows
+            cols["batch"] += [kb_o, kb_o]
+            cols["ts"] += [start, start + dur]
+            cols["rank"] += [np.ones(m, dtype=np.int64), np.where(dur > 0, 0, 2)]
+            cols["tie"] += [depth, -depth]
+            cols["seq"] += [seq_b, seq_b + 1]
+            cols["end"] += [none, end_o]
+            cols["gid"] += [gid, none]
+            cols["small"] += [none, none]
+            d_objs = self._rate_objects(gid, dur)
+        a = {k: np.concatenate(v) for k, v in cols.items()}
+        order = np.lexsort((a["seq"], a["tie"], a["rank"], a["ts"], a["batch"]))
+        ts = a["ts"][order]
+        end = a["end"][order]
+        gid = a["gid"][order]
+        sm = a["small"][order]
+        n = len(order)
+        is_e = end >= 0
+        is_op = gid >= 0
+        is_sm = sm >= 0
+        # which op begin (in the order the rates were computed) each sorted row is
+        op_pos = np.full(2 * m + ns, -1, dtype=np.int64)
+        op_pos[ns : ns + m] = np.arange(m, dtype=np.int64)
+        op_pos = op_pos[order]
+        if len(self.e_body) != self.e_count:
+            self._end_matrix()
+        e_len = self.e_lens
+        g_safe = np.where(is_op, gid, 0)
+        t_len = np.where(is_op, store.a_tlen[g_safe], 0)
+        sm_len = np.array([len(x) for x in s_objs], dtype=np.int64) if ns else np.zeros(1, np.int64)
+        body = np.where(
+            is_e,
+            e_len[np.where(is_e, end, 0)],
+            np.where(
+                is_op, store.a_slen[g_safe] + self.d_len + t_len, sm_len[np.where(is_sm, sm, 0)]
+            ),
+        )
+        nb_ts = varint_len(ts)
+        plen = body + 1 + nb_ts + len(POST)  # the packet's length
+        glue = self._glue(ts, nb_ts, plen, is_e, end)
+        # pieces: [0x0a LEN (END body)] of row 0, then per row S D T (begin-like rows) and glue
+        has_t = is_op & (t_len > 0)
+        cnt = 1 + np.where(is_e, 0, 1) + is_op + has_t
+        off = np.cumsum(cnt) - cnt + 1
+        pieces = np.empty(int(cnt.sum()) + 1, dtype=object)
+        pieces[0] = TRACE_PACKET + varint(int(plen[0])) + (self.e_body[end[0]] if is_e[0] else b"")
+        if m:
+            s_rows = np.flatnonzero(is_op)
+            pieces[off[s_rows]] = store.a_s[gid[s_rows]]
+            pieces[off[s_rows] + 1] = d_objs[op_pos[s_rows]]
+            t_rows = np.flatnonzero(has_t)
+            pieces[off[t_rows] + 2] = store.a_t[gid[t_rows]]
+        if ns:
+            sm_rows = np.flatnonzero(is_sm & ~is_e)
+            objs = np.empty(ns, dtype=object)
+            objs[:] = s_objs
+            pieces[off[sm_rows]] = objs[sm[sm_rows]]
+        pieces[off + cnt - 1] = glue
+        if self.interner.pending or self.first:
+            # the first packet defines what the batch interns (and clears the state if first)
+            row0 = pieces[1 : off[0] + cnt[0] - 1].tolist()
+            post = 1 + int(nb_ts[0]) + len(POST)
+            flags = FLAGS_FIRST_EVENT if self.first else FLAGS_NEEDS
+            self.first = False
+            content = (self.e_body[end[0]] if is_e[0] else b"".join(row0)) + TIMESTAMP
+            content += varint(int(ts[0])) + SEQ + flags + self.interner.take()
+            pieces[0] = packet(content) + glue[0][post:]
+            pieces[1 : off[0] + cnt[0]] = b""
+        self.packets += n
+        return b"".join(pieces.tolist())
+
+    def _end_matrix(self) -> None:
+        bodies = self.e_body or [b""]  # (a row to index when there are no end rows)
+        mat = np.zeros((len(bodies), max(1, *map(len, bodies))), dtype=np.uint8)
+        for k, b in enumerate(bodies):
+            mat[k, : len(b)] = np.frombuffer(b, dtype=np.uint8)
+        self.e_mat = mat
+        self.e_lens = np.array([len(b) for b in bodies], dtype=np.int64)
+        self.e_count = len(self.e_body)
+
+    def _glue(self, ts: Any, nb_ts: Any, plen: Any, is_e: Any, end: Any) -> Any:
+        """Per row: what follows its S D T (or END body) up to the next row's: its timestamp,
+        sequence id and flags, then the next packet's tag and length, and its END body if it is
+        an end row. The last byte is never zero (a flag's, a length's, a track event's)."""
+        n = len(ts)
+        nxt = (np.append(plen[1:], 0), np.append(is_e[1:], False), np.append(end[1:], 0))
+        if int(nb_ts.min()) == int(nb_ts.max()):  # all timestamps as long: one layout
+            out = np.empty(n, dtype=object)
+            out[:] = self._glue_rows(int(nb_ts[0]), ts, *nxt)
+            return out
+        out = np.empty(n, dtype=object)
+        for v in sorted(set(nb_ts.ravel().tolist())):
+            rows = np.flatnonzero(nb_ts == v)
+            out[rows] = self._glue_rows(v, ts[rows], *(x[rows] for x in nxt))
+        return out
+
+    def _glue_rows(self, v: int, ts: Any, nxt_len: Any, nxt_e: Any, nxt_end: Any) -> list[bytes]:
+        """``_glue`` for rows whose timestamps are all ``v`` bytes long."""
+        lnb = varint_len(nxt_len)
+        c = 1 + v + len(POST)  # where the next packet's tag goes
+        e_rows = np.flatnonzero(nxt_e)
+        ew = self.e_mat.shape[1] if len(e_rows) else 0
+        width = c + 1 + int(lnb.max()) + ew
+        mat = np.zeros((len(ts), width), dtype=np.uint8)
+        mat[:, 0] = TIMESTAMP[0]
+        mat[:, 1 : 1 + v] = varint_bytes(ts, v)
+        mat[:, 1 + v : c] = np.frombuffer(POST, dtype=np.uint8)
+        mat[:, c] = np.where(nxt_len > 0, TRACE_PACKET[0], 0)  # none after the flush's last row
+        for j in range(int(lnb.max())):
+            byte = (nxt_len >> (7 * j)) & 0x7F
+            mat[:, c + 1 + j] = np.where(lnb > j, byte | np.where(lnb - 1 > j, 0x80, 0), 0)
+        if len(e_rows):  # an end packet's length is one byte, then its body
+            mat[e_rows, c + 2 : c + 2 + ew] = self.e_mat[nxt_end[e_rows]]
+        out: list[bytes] = mat.view(f"S{width}").ravel().tolist()
+        return out
+
+    def _rates(self, gid: Any, dur: Any) -> tuple[Any, Any]:
+        """Each op's (GFLOP/s, GB/s), exactly as ``op_rates`` gives them."""
+        store = self.store.arrays()
+        pos = dur > 0
+        d = np.where(pos, dur, 1).astype(np.float64)
+        g = round3(np.where(pos, store.a_flops[gid] / d, 0.0))
+        bw = round3(np.where(pos, store.a_nbytes[gid] / d, 0.0))
+        bad = np.isnan(g) | np.isnan(bw) | ~store.a_exact[gid] | (dur > EXACT)
+        if bad.any():
+            for k in np.flatnonzero(bad).tolist():
+                r, du = int(gid[k]), int(dur[k])
+                g[k], bw[k] = op_rates(self.store.flops[r], self.store.nbytes[r], du)
+        return g, bw
+
+    def _rate_objects(self, gid: Any, dur: Any) -> Any:
+        """The D part of each op begin packet (its two rates), as bytes objects."""
+        objs = np.empty(len(gid), dtype=object)
+        objs[:] = self._rate_bytes(*self._rates(gid, dur))
+        return objs
+
+    def _rate_bytes(self, g: Any, bw: Any) -> list[bytes]:
+        m = len(g)
+        tg, tb = self.d_tail_g, self.d_tail_b
+        lg, lb = 9 + len(tg), 9 + len(tb)
+        width = 2 + lg + 2 + lb
+        mat = np.empty((m, width), dtype=np.uint8)
+        mat[:, 0] = TE_DEBUG_ANNOTATIONS[0]
+        mat[:, 1] = lg
+        mat[:, 2] = DA_DOUBLE_VALUE[0]
+        mat[:, 3:11] = g.astype("<f8").view(np.uint8).reshape(m, 8)
+        mat[:, 11 : 11 + len(tg)] = np.frombuffer(tg, dtype=np.uint8)
+        o = 2 + lg
+        mat[:, o] = TE_DEBUG_ANNOTATIONS[0]
+        mat[:, o + 1] = lb
+        mat[:, o + 2] = DA_DOUBLE_VALUE[0]
+        mat[:, o + 3 : o + 11] = bw.astype("<f8").view(np.uint8).reshape(m, 8)
+        mat[:, o + 11 :] = np.frombuffer(tb, dtype=np.uint8)
+        # the last byte is a name iid's (never zero): the fixed-width view keeps every byte
+        out: list[bytes] = mat.view(f"S{width}").ravel().tolist()
+        return out
+
+    def _flush_python(self, batches: list[Batch]) -> None:
+        """Timestamps beyond int64 (a damaged log): sort and encode row by row."""
+        rows: list[tuple[int, int, int, int, int, bytes]] = []
+        st = self.store
+        for k, batch in enumerate(batches):
+            for ts, rank, tie, seq, s, e in batch.small:
+                rows.append((k, ts, rank, tie, seq, self.e_body[e] if e >= 0 else s))
+            for seq0, gids, start, dur, e in batch.groups:
+                for j, (r, s0, du) in enumerate(
+                    zip(gids.tolist(), start.tolist(), dur.tolist(), strict=True)
+                ):
+                    g, bw = op_rates(st.flops[r], st.nbytes[r], du)
+                    d = self._rate_bytes(np.array([g]), np.array([bw]))[0]
+                    depth = st.depth[r]
+                    seq = seq0 + 2 * j
+                    rows.append((k, s0, 1, depth, seq, st.s[r] + d + st.t[r]))
+                    rows.append((k, s0 + du, 0 if du else 2, -depth, seq + 1, self.e_body[e]))
+        rows.sort(key=lambda e: e[:5])
+        out = []
+        for _, ts, _, _, _, body in rows:
+            flags = FLAGS_NEEDS
+            extra = b""
+            if self.first or self.interner.pending:
+                flags = FLAGS_FIRST_EVENT if self.first else FLAGS_NEEDS
+                self.first = False
+                extra = self.interner.take()
+            out.append(packet(body + TIMESTAMP + varint(ts) + SEQ + flags + extra))
+        self.sink.write(b"".join(out))
+        self.packets += len(rows)

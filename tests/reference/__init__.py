@@ -1,0 +1,1 @@
+"""Reference implementations the tests compare production code with (never imported by it)."""

@@ -1,0 +1,52 @@
+"""The per-op trace layout: every op slice its own item, every compute's ops as objects.
+
+The production layout (``trace_layout.layout_bulk``) gives each compute as one ``ComputeBatch``
+whose packed ops the writers encode in bulk; this one yields what that batch stands for, item by
+item, from the lazy per-op view of each compute (``PackedCompute.unpack``): the compute's slice,
+its layer slices, then each op's slice in log order. The reference writer
+(``reference.perfetto_writer``) and the reference Chrome writer read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import cast
+
+from llamacpp_instr.converters.decode import Compute, PackedCompute, SessionInfo
+from llamacpp_instr.converters.kv_flows import KvFlows, OpFlows
+from llamacpp_instr.converters.session import Event
+from llamacpp_instr.converters.trace_layout import (
+    Item,
+    LayoutStats,
+    Selection,
+    SessionLayout,
+    Slice,
+    layout_sessions,
+)
+
+
+class PerOpLayout(SessionLayout):
+    def compute(
+        self, c: Compute, track: int, stats: LayoutStats, flows: OpFlows
+    ) -> Iterator[Item]:  # type: ignore[override]
+        stats.computes += 1
+        yield self.compute_slice(c, track)
+        for lay in self.spans(c, stats):
+            args = {"layer": lay.layer, "n_ops": lay.n_ops}
+            yield Slice(track, f"layer {lay.layer}", lay.start, lay.dur, 2, "layer", args)
+        if not self.sel.ops or c.graph is None:
+            return
+        ops = c.unpack() if isinstance(c, PackedCompute) else c.ops
+        for k, op in enumerate(ops):
+            yield from self.op_slices(k, op, c, track, stats, flows)
+
+
+def layout(
+    events: Iterator[Event], sel: Selection, stats: LayoutStats, *, flows: KvFlows | None = None
+) -> Iterator[Item]:
+    """The per-op items of every session (see the module doc)."""
+
+    def make(info: SessionInfo, k: int) -> SessionLayout:
+        return PerOpLayout(info, k, sel, stats, flows)
+
+    return cast(Iterator[Item], layout_sessions(events, make))

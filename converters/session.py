@@ -141,6 +141,8 @@ class SessionInfo:
     last_ts: int = 0
     # `request` records (instr serve), in log order
     requests: list[dict[str, Any]] = field(default_factory=list)
+    # `part` records (llama-bench's tests), in log order
+    parts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ended(self) -> bool:
@@ -412,6 +414,8 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
         )
     elif rtype == "request":
         state.info.requests.append(rec)
+    elif rtype == "part":
+        state.info.parts.append(rec)
     elif rtype == "compute":
         step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
         if step is not None:

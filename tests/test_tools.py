@@ -341,3 +341,45 @@ def test_unset_writes_nothing_and_tools_lists_them(tools_bin: Path, tmp_path: Pa
         assert str(tools_bin / program) in r.output
     bad = CliRunner().invoke(main, ["exec", "llama-nope"])
     assert bad.exit_code == 2 and "unknown program" in bad.output
+
+
+PYTHON_APP = """
+import sys
+import llama_cpp
+import llamacpp_instr
+from llamacpp_instr.bindings import SessionError
+llm = llama_cpp.Llama(sys.argv[1], n_ctx=256, verbose=False)
+print(llm("The capital of France is", max_tokens=4, temperature=0)["choices"][0]["text"])
+try:
+    with llamacpp_instr.session(llm, sys.argv[2]):
+        pass
+except SessionError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_the_variable_in_a_python_process(
+    instr_api: Any, smollm2_path: Path, tmp_path: Path, schema_validator: Any
+) -> None:
+    """Set in a Python process, the library logs the whole process from its first context, and
+    llamacpp_instr.session() says why it cannot open another session."""
+    log = tmp_path / "py.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_INSTR_")}
+    env["LLAMA_INSTR_LOG"] = str(log)
+    r = subprocess.run(
+        [sys.executable, "-c", PYTHON_APP, str(smollm2_path), str(tmp_path / "other.log")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused:" in r.stdout and "LLAMA_INSTR_LOG" in r.stdout, r.stdout
+    assert not (tmp_path / "other.log").exists()
+    recs = read_records(log)
+    for rec in recs:
+        schema_validator.validate(rec)
+    meta = recs[0]["metadata"]
+    assert meta["program"] == Path(meta["argv"][0]).name and "-c" in meta["argv"]
+    assert recs[-1]["type"] == "session_end" and recs[-1]["status"] == "ok"
+    assert sum(x["type"] == "step_begin" for x in recs) >= 4

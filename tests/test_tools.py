@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters import request_share
 
-from .test_serve import free_port
+from test_serve import free_port, wait_ready
 
 
 @pytest.fixture(scope="session")
@@ -55,24 +55,6 @@ def exec_cmd(log: Path, *args: str, level: str = "detailed") -> list[str]:
     ]
 
 
-def wait_health(port: int, proc: subprocess.Popen[str], timeout: float = 180) -> None:
-    import urllib.request
-
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"llama-server exited: {proc.stderr.read() if proc.stderr else ''}"
-            )
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError("llama-server did not come up")
-
-
 @pytest.fixture(scope="module")
 def server_run(
     tools_bin: Path, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
@@ -90,7 +72,7 @@ def server_run(
         text=True,
     )
     try:
-        wait_health(port, proc)
+        wait_ready(port, proc, timeout=180, path="/health")
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=120
         )

@@ -21,11 +21,10 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from test_serve import free_port, wait_ready
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters import request_share
-
-from test_serve import free_port, wait_ready
 
 
 @pytest.fixture(scope="session")

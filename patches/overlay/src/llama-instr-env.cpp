@@ -7,6 +7,7 @@
 #include "llama-instr.h"
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>

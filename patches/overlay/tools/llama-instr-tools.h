@@ -83,8 +83,13 @@ inline void request_arrived(int task_id, int64_t t_arrive_ns, const std::string 
 // monotonic clock in µs): t_start_us when the slot began the prompt, t_first_us when it sampled
 // the first token. n_gen counts sampled tokens; the last one is never decoded (the slot stops on
 // it), so the generated tokens decoded are one fewer.
-inline void request_done(int task_id, int slot, bool stream, int64_t t_start_us, int64_t t_first_us,
-                         uint64_t n_prompt_processed, uint64_t n_gen) {
+inline void request_done(int      task_id,
+                         int      slot,
+                         bool     stream,
+                         int64_t  t_start_us,
+                         int64_t  t_first_us,
+                         uint64_t n_prompt_processed,
+                         uint64_t n_gen) {
     if (!active()) {
         return;
     }

@@ -368,3 +368,29 @@ def test_the_variable_in_a_python_process(
     assert meta["program"] == Path(meta["argv"][0]).name and "-c" in meta["argv"]
     assert recs[-1]["type"] == "session_end" and recs[-1]["status"] == "ok"
     assert sum(x["type"] == "step_begin" for x in recs) >= 4
+
+
+def test_perfetto_request_slices_carry_their_share(
+    server_run: dict[str, Any], tmp_path: Path
+) -> None:
+    from llamacpp_instr.converters.trace import convert
+
+    out = tmp_path / "server.json"
+    convert(server_run["log"], out, fmt="json")
+    events = json.loads(out.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    reqs = [
+        e for e in events if e.get("cat") == "request" and "batch_share_ms" in e.get("args", {})
+    ]
+    assert len(reqs) == 4
+    shares = {s.id: s for s in request_share.request_shares(_frames(server_run["log"]))}
+    for e in reqs:
+        sh = shares[e["args"]["id"]]
+        assert e["args"]["steps"] == sh.steps and e["args"]["shared_steps"] == sh.shared_steps
+        assert abs(e["args"]["batch_share_ms"] - sh.share_ns / 1e6) < 1e-3
+
+
+def _frames(log: Path) -> Any:
+    from llamacpp_instr import load_session
+
+    return load_session(log)

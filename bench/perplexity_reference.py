@@ -2,8 +2,8 @@
 
     python bench/perplexity_reference.py [--ctx 512] [--chunks 16] [--threads 2] [--work DIR]
 
-1. Builds `llama-perplexity` from the pinned sdist, stock (extracted as `instr build` extracts it,
-   no patch applied): CMake, only that target, static, ccache when available. Cached under
+1. Builds `llama-perplexity` from the pinned sdist, stock (`llamacpp_instr.tools.build_tools`
+   with no patch applied: CMake, only that target, static, ccache when available). Cached under
    `<cache>/tools/`, so a second run starts at once.
 2. Makes the models with `instr quantize` from the bundled SmolLM2-135M-Instruct (Q4_1): an F16
    base, and Q8_0 and Q4_K_M quantized from that F16 (cached in --work).
@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llamacpp_instr import build, pin, quant_eval  # noqa: E402
+from llamacpp_instr import pin, quant_eval  # noqa: E402
 from llamacpp_instr.paths import cache_dir  # noqa: E402
 
 QUANTS = ("q8_0", "q4_k_m")
@@ -62,51 +61,13 @@ def run(
 
 
 def build_perplexity(jobs: int) -> Path:
-    """The stock llama-perplexity of the pin, built once and cached."""
-    tools = cache_dir() / "tools"
-    exe = tools / f"llama-perplexity-{pin.LLAMA_CPP_COMMIT}"
-    if exe.is_file():
-        return exe
-    tools.mkdir(parents=True, exist_ok=True)
-    root = build.extract_sdist(build.fetch_sdist(echo), tools / "src")  # stock: nothing applied
-    src = root / pin.VENDOR_DIR
-    bdir = tools / "build-perplexity"
-    args = [
-        "cmake",
-        "-S",
-        str(src),
-        "-B",
-        str(bdir),
-        "-DCMAKE_BUILD_TYPE=Release",
-        "-DLLAMA_BUILD_TOOLS=ON",
-        "-DLLAMA_BUILD_COMMON=ON",
-        "-DLLAMA_CURL=OFF",
-        "-DLLAMA_OPENSSL=OFF",
-        "-DBUILD_SHARED_LIBS=OFF",
-        "-DLLAMA_BUILD_TESTS=OFF",
-        "-DLLAMA_BUILD_EXAMPLES=OFF",
-        "-DLLAMA_BUILD_SERVER=OFF",
-    ]
-    env = dict(os.environ)
-    if shutil.which("ninja"):
-        args += ["-G", "Ninja"]
-    if shutil.which("ccache"):
-        args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
-        env["CCACHE_BASEDIR"] = str(cache_dir())
-        env["CCACHE_NOHASHDIR"] = "true"
-    shutil.rmtree(bdir, ignore_errors=True)
-    t0 = time.monotonic()
-    run(args, tools / "configure.log", env)
-    run(
-        ["cmake", "--build", str(bdir), "--target", "llama-perplexity", "-j", str(jobs)],
-        tools / "build.log",
-        env,
+    """The stock llama-perplexity of the pin, built once and cached (`instr build --tools`'s
+    build, without the patches)."""
+    from llamacpp_instr import tools
+
+    return tools.build_tools(echo, programs=("llama-perplexity",), stock=True, jobs=jobs) / (
+        "llama-perplexity"
     )
-    shutil.copy2(bdir / "bin" / "llama-perplexity", exe)
-    echo(f"built {exe} in {time.monotonic() - t0:.0f}s")
-    shutil.rmtree(bdir, ignore_errors=True)
-    shutil.rmtree(root.parent, ignore_errors=True)
-    return exe
 
 
 def make_models(work: Path, threads: int) -> dict[str, Path]:

@@ -148,6 +148,8 @@ class SessionInfo:
     last_ts: int = 0
     # `request` records (instr serve), in log order
     requests: list[dict[str, Any]] = field(default_factory=list)
+    # `part` records (llama-bench's tests), in log order
+    parts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ended(self) -> bool:

@@ -269,7 +269,7 @@ class _Builder:
     SEQ_COLS = "step ctx seq n_tokens pos0 pos1".split()
     REQUEST_COLS = (
         "id endpoint method status stream t_arrive wait_ns ttft_ns model_ns dur_ns "
-        "prompt_tokens gen_tokens"
+        "prompt_tokens gen_tokens slot"
     ).split()
     LAYER_COLS = "step ubatch layer t_start dur_ns n_ops".split()
     OP_COLS = (
@@ -485,9 +485,9 @@ class _Builder:
 
     def _requests_frame(self) -> pd.DataFrame:
         t = _Table(
-            "status t_arrive wait_ns ttft_ns model_ns dur_ns prompt_tokens gen_tokens stream",
+            "status t_arrive wait_ns ttft_ns model_ns dur_ns prompt_tokens gen_tokens stream slot",
             cats="id endpoint method",
-            nullable="wait_ns ttft_ns model_ns dur_ns",
+            nullable="wait_ns ttft_ns model_ns dur_ns slot",
         )
         for r in self.info.requests:
             t.add(
@@ -496,6 +496,7 @@ class _Builder:
                 t_arrive=r.get("t_arrive", 0), wait_ns=r.get("wait"), ttft_ns=r.get("ttft"),
                 model_ns=r.get("model"), dur_ns=r.get("dur"),
                 prompt_tokens=r.get("prompt_tokens", 0), gen_tokens=r.get("gen_tokens", 0),
+                slot=r.get("slot"),  # llama-server: the sequence id of its tokens in `seqs`
             )  # fmt: skip
         df = t.frame(self.REQUEST_COLS)
         df["stream"] = df["stream"].astype(bool)

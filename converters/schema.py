@@ -20,6 +20,7 @@ RECORD_TYPES_V1 = frozenset(
         "tensor_stats",
         "topk",
         "request",
+        "part",
         "session_end",
     }
 )

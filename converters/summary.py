@@ -15,6 +15,7 @@ import pandas as pd
 from .errors import UserError
 from .frames import SessionFrames
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
+from .request_share import part_rows, parts_section, request_shares, share_section
 from .schema import LEVEL_IDS, level_at_least
 
 BY_COLUMNS = {"op": "label", "layer": "layer", "node": "name"}
@@ -367,6 +368,12 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
     lat = request_latency(f)
     if lat is not None:
         sections.append(_requests_section(lat, f))
+    shares = request_shares(f)  # llama-server: requests sharing batches
+    if shares:
+        sections.append(share_section(shares))
+    parts = part_rows(f)  # llama-bench: its tests
+    if parts:
+        sections.append(parts_section(parts))
     table = _by_table(f, key, top) if recorded else None
     if table is not None:
         sections.append(Section(f"Time per {BY_TITLES[key]}", tables=[table]))
@@ -380,6 +387,8 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
             "overview": ov,
             f"by_{key}": table.rows if table is not None else [],
             **({"requests": lat} if lat is not None else {}),
+            **({"request_share": [x.row() for x in shares]} if shares else {}),
+            **({"parts": parts} if parts else {}),
         },
         csv_table=f"by_{key}" if table is not None else "",
     )

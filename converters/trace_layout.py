@@ -41,6 +41,7 @@ from .decode import (
     StepDone,
 )
 from .kv_flows import KvFlows, OpFlows
+from .request_share import SeqSteps
 
 
 @dataclass(frozen=True)
@@ -310,6 +311,11 @@ class SessionLayout:
         # served requests (instr serve): lanes of non-overlapping requests, each a track
         self.req_lanes: list[tuple[Track, int]] = []  # (track, end of its last request)
         self.req_done = 0
+        # llama-server's requests share batches: each one's steps, for its share (request_share)
+        self.seq_steps = SeqSteps()
+        # labelled parts (llama-bench's tests), on one track above the requests
+        self.parts_track: Track | None = None
+        self.parts_done = 0
 
     def requests(self) -> Iterator[Item]:
         """Slices for the request records read since the last call. Requests overlap in time
@@ -351,6 +357,15 @@ class SessionLayout:
                 "prompt_tokens": r.get("prompt_tokens"),
                 "gen_tokens": r.get("gen_tokens"),
             }
+            share = self.seq_steps.share(r) if r.get("slot") is not None else None
+            if share is not None:  # llama-server: its steps, and its share of shared batches
+                args.update(
+                    slot=share.slot,
+                    steps=share.steps,
+                    shared_steps=share.shared_steps,
+                    batch_share_ms=share.share_ns / 1e6,
+                    steps_ms=share.steps_ns / 1e6,
+                )
             name = f"{r.get('method', '')} {r.get('endpoint', '')} {r.get('id', '')}".strip()
             yield Slice(track.uuid, name, t0, dur, 0, "request", args)
             if r.get("ttft") is not None:
@@ -359,6 +374,33 @@ class SessionLayout:
                 yield Slice(
                     track.uuid, "waiting for the model", t0, int(r["wait"]), 2, "request", {}
                 )
+        yield from self.parts()
+
+    def parts(self) -> Iterator[Item]:
+        """A slice per `part` record read since the last call, on the "parts" track."""
+        parts = self.info.parts
+        while self.parts_done < len(parts):
+            p = parts[self.parts_done]
+            self.parts_done += 1
+            try:
+                t0, dur = int(p["t_start"]), int(p["dur"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if self.parts_track is None:
+                self.parts_track = Track(
+                    track_uuid(self.info.sid, "parts", 0),
+                    "parts",
+                    self.process.uuid,
+                    "slices",
+                    -200,  # above the requests
+                    self.pid,
+                )
+                yield self.parts_track
+            samples = [int(x) / 1e6 for x in p.get("samples_ns") or []]
+            args = {"label": p.get("label"), "program": p.get("program")}
+            if samples:
+                args["samples_ms"] = ", ".join(f"{x:.3f}" for x in samples)
+            yield Slice(self.parts_track.uuid, str(p.get("label")), t0, dur, 0, "part", args)
 
     def start(self) -> Iterator[Item]:
         info = self.info
@@ -427,6 +469,7 @@ class SessionLayout:
             yield tr
 
     def step(self, step: Step, stats: LayoutStats) -> Iterator[BulkItem]:
+        self.seq_steps.add(step.start, step.dur, step.n_tokens, step.seqs)
         wanted = self.sel.wants_step(step)
         flows = self.flows.step(self.info.sid, step, wanted) if self.flows is not None else None
         if not wanted:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +80,13 @@ class InstrLib:
     def session_begin(self, ctx: Any, path: str, level: str, metadata: dict[str, Any]) -> None:
         meta = json.dumps(metadata, ensure_ascii=True).encode()
         rc = self.lib.llama_instr_session_begin(ctx, path.encode(), LEVEL_IDS[level], meta)
+        if rc == ERR_BUSY and os.environ.get("LLAMA_INSTR_LOG"):
+            # libllama opened the process's one session itself, at the first context
+            raise SessionError(
+                "a session is already open: LLAMA_INSTR_LOG is set, so the whole process is "
+                f"logged to {os.environ['LLAMA_INSTR_LOG']} (unset it to open sessions here)",
+                rc,
+            )
         self._check(rc, "llama_instr_session_begin")
 
     def session_end(self, status: str = "ok") -> None:

@@ -314,15 +314,18 @@ class _Progress:
         self._stop.set()
 
 
-def build_wheel(plan: BuildPlan, echo: Echo) -> Path:
-    sdist = fetch_sdist(echo)
-    work = cache_dir() / "src" / plan.key
-    root = extract_sdist(sdist, work)
+def prepare_source(plan: BuildPlan, work: Path, echo: Echo) -> Path:
+    """The pinned sdist extracted into ``work``, the overlay copied in and the patches applied."""
+    root = extract_sdist(fetch_sdist(echo), work)
     if plan.patches:
         copy_overlay(root, plan.overlay, echo)
         apply_patches(root, plan.patches, echo)
-    set_local_version(root, plan.local_version)
+    return root
 
+
+def compile_env(plan: BuildPlan) -> tuple[list[str], dict[str, str]]:
+    """The CMake arguments (the plan's, the build identity, ccache) and the environment to build
+    ``plan`` with; shared by the wheel and the tools build."""
     env = dict(os.environ)
     cmake_args = list(plan.cmake_args)
     if plan.patches:
@@ -338,6 +341,15 @@ def build_wheel(plan: BuildPlan, echo: Echo) -> Path:
         # relative paths, so trees extracted under different keys share cache entries
         env["CCACHE_BASEDIR"] = str(cache_dir())
         env["CCACHE_NOHASHDIR"] = "true"
+    return cmake_args, env
+
+
+def build_wheel(plan: BuildPlan, echo: Echo) -> Path:
+    work = cache_dir() / "src" / plan.key
+    root = prepare_source(plan, work, echo)
+    set_local_version(root, plan.local_version)
+
+    cmake_args, env = compile_env(plan)
     env["CMAKE_ARGS"] = " ".join(cmake_args)
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
 

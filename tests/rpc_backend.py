@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from support import free_port
+
 _SERVE = r"""
 import ctypes, sys
 lib = sys.argv[1]
@@ -45,12 +47,6 @@ def lib_dir() -> Path:
     return Path(llama_cpp._base_path)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def rpc_device() -> Iterator[str]:
     """Serve a CPU backend over RPC on loopback and register it here as a device; yields its
@@ -58,7 +54,7 @@ def rpc_device() -> Iterator[str]:
     lib = lib_dir()
     if not (lib / "libggml-rpc.so").is_file():
         raise RuntimeError(f"no libggml-rpc.so in {lib}: the build has no RPC backend")
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     proc = subprocess.Popen(
         [sys.executable, "-c", _SERVE, str(lib), endpoint],
         stdout=subprocess.DEVNULL,

@@ -112,18 +112,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_ready(port: int, proc: subprocess.Popen[str], timeout: float = 120) -> None:
-    """Until ``instr serve`` (``proc``) answers on ``port``; fails if it exits first."""
+def wait_ready(
+    port: int, proc: subprocess.Popen[str], timeout: float = 120, path: str = "/v1/models"
+) -> None:
+    """Until the server ``proc`` (instr serve, llama-server) answers ``path`` on ``port``; fails
+    if it exits first."""
     import urllib.request
 
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         if proc.poll() is not None:
-            raise AssertionError(f"instr serve exited: {proc.stderr.read() if proc.stderr else ''}")
+            raise AssertionError(f"the server exited: {proc.stderr.read() if proc.stderr else ''}")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
                 if r.status == 200:
                     return
         except OSError:
             time.sleep(0.3)
-    raise AssertionError("instr serve did not come up")
+    raise AssertionError(f"the server did not answer {path}")

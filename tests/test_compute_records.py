@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from conftest import by_type, read_log
 from rpc_backend import run_offloaded
+from support import by_type, read_log
 
 import llamacpp_instr
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from conftest import by_type, read_log
 from rpc_backend import run_offloaded
+from support import by_type, read_log
 
 import llamacpp_instr
 

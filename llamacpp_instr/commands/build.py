@@ -32,8 +32,20 @@ import click
     help="Build the patched libraries with AddressSanitizer or ThreadSanitizer into the cache "
     "(not installed) and print how to run Python on them.",
 )
+@click.option(
+    "--tools",
+    "with_tools",
+    is_flag=True,
+    help="Build llama.cpp's own llama-server, llama-cli, llama-bench and llama-perplexity from the "
+    "same patched tree instead of the wheel (cached; see `instr tools`, `instr exec`).",
+)
 def command(
-    check: bool, cmake_args: tuple[str, ...], rebuild: bool, model: bool, sanitize: str | None
+    check: bool,
+    cmake_args: tuple[str, ...],
+    rebuild: bool,
+    model: bool,
+    sanitize: str | None,
+    with_tools: bool,
 ) -> None:
     """Build the patched llama-cpp-python wheel and install it.
 
@@ -50,6 +62,13 @@ def command(
 
     if check:
         build.check(echo)
+        return
+    if with_tools:
+        from llamacpp_instr import tools
+
+        # --cuda (issue 19) adds its CMake arguments here, like --cmake-arg
+        folder = tools.build_tools(echo, cmake_args, rebuild=rebuild)
+        click.echo(str(folder))
         return
     if sanitize:
         lib = build.sanitized_lib_dir(sanitize, echo, cmake_args, rebuild=rebuild)

@@ -1,0 +1,105 @@
+"""What a session costs llama.cpp's own benchmark: llama-bench's t/s, stock vs patched.
+
+    python bench/tools_overhead.py [--model GGUF] [-p 64] [-n 16] [--rounds 7] [--threads 2]
+
+Builds (cached) the stock llama-bench of the pin and the patched one (`instr build --tools`), then
+runs, interleaved round by round so that drift of the machine hits every configuration alike:
+
+- stock:    the unpatched llama-bench;
+- off:      the patched one, LLAMA_INSTR_LOG unset;
+- minimal, detailed, verbose: the patched one with LLAMA_INSTR_LOG set at that level.
+
+Each run is one `llama-bench -p P -n N -r 1 -o json` (its own warm-up, then one repetition); the
+t/s of each test is llama-bench's own figure. Prints the median t/s per configuration and test and
+its ratio to stock, with the targets (off >= 0.99x, detailed >= 0.97x), as a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from llamacpp_instr import models, tools  # noqa: E402
+
+LEVELS = ("minimal", "detailed", "verbose")
+TARGETS = {"off": 0.99, "detailed": 0.97}
+
+
+def echo(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_bench(exe: Path, args: list[str], log: Path | None, level: str | None) -> dict[str, float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_INSTR_")}
+    if log is not None and level is not None:
+        env["LLAMA_INSTR_LOG"] = str(log)
+        env["LLAMA_INSTR_LEVEL"] = level
+    r = subprocess.run(
+        [str(exe), *args], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    if r.returncode != 0:
+        raise SystemExit(f"llama-bench failed ({r.returncode}): {r.stderr.strip()[-500:]}")
+    out = {}
+    for t in json.loads(r.stdout):
+        name = f"pp{t['n_prompt']}" if t["n_prompt"] else f"tg{t['n_gen']}"
+        out[name] = float(t["avg_ts"])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("-p", type=int, default=64, help="prompt tokens (pp test)")
+    ap.add_argument("-n", type=int, default=16, help="generated tokens (tg test)")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    model = args.model or models.default_model()
+
+    stock = tools.build_tools(echo, programs=("llama-bench",), stock=True) / "llama-bench"
+    patched = tools.build_tools(echo, programs=("llama-bench",)) / "llama-bench"
+    bench_args = ["-m", str(model), "-p", str(args.p), "-n", str(args.n), "-r", "1"]
+    bench_args += ["-t", str(args.threads), "-o", "json"]
+
+    configs = ["stock", "off", *LEVELS]
+    samples: dict[str, dict[str, list[float]]] = {c: {} for c in configs}
+    with tempfile.TemporaryDirectory(prefix="tools-overhead-") as tmp:
+        for k in range(args.rounds):
+            for c in configs:
+                log = Path(tmp) / f"{c}-{k}.log" if c in LEVELS else None
+                exe = stock if c == "stock" else patched
+                for test, ts in run_bench(exe, bench_args, log, c if log else None).items():
+                    samples[c].setdefault(test, []).append(ts)
+                if log is not None:
+                    log.unlink()  # a new log per run: no run reads or appends another's
+            echo(f"round {k + 1}/{args.rounds} done")
+
+    tests = list(samples["stock"])
+    assert tests, "llama-bench reported no test"
+    print(
+        f"llama-bench on {model.name}, {args.rounds} interleaved rounds, -p {args.p} -n {args.n} "
+        f"-t {args.threads}; {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores\n"
+    )
+    print("| configuration | " + " | ".join(f"{t} t/s (median)" for t in tests) + " | vs stock |")
+    print("|---|" + "---|" * (len(tests) + 1))
+    base = {t: statistics.median(samples["stock"][t]) for t in tests}
+    for c in configs:
+        med = {t: statistics.median(samples[c][t]) for t in tests}
+        ratios = ", ".join(f"{t} {med[t] / base[t]:.3f}x" for t in tests)
+        target = f" (target >= {TARGETS[c]}x)" if c in TARGETS else ""
+        print(f"| {c} | " + " | ".join(f"{med[t]:.1f}" for t in tests) + f" | {ratios}{target} |")
+
+
+if __name__ == "__main__":
+    main()

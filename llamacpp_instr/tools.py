@@ -1,0 +1,121 @@
+"""llama.cpp's own programs (llama-server, llama-cli, llama-bench, llama-perplexity), built from the
+same patched tree as the wheel and cached beside it.
+
+``instr build --tools`` extracts the pinned sdist, copies the overlay in and applies the patches
+exactly as the wheel build does (``build.prepare_source``), then runs CMake on the vendored llama.cpp
+itself (not llama-cpp-python's wrapper) with the common library and the tools on, building only the
+programs asked for. They are linked statically, so the binaries under
+``cache_dir()/tools/<key>/bin/`` run on their own: ``key`` is the wheel's key scheme (pin, patches,
+overlay, CMake arguments) over the tools' CMake arguments, so GPU builds (extra CMake arguments)
+get their own key. ``stock=True`` builds the pin without patches, for baselines.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from llamacpp_instr import build, pin
+from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.paths import cache_dir
+
+PROGRAMS = ("llama-server", "llama-cli", "llama-bench", "llama-perplexity")
+
+# The vendored llama.cpp's own options: its common library and tools (which the wheel leaves out),
+# static so the binaries need no library path, no network (curl, OpenSSL), nothing else.
+TOOLS_CMAKE_ARGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_BUILD_COMMON=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+)
+
+BUILD_COMMAND = "instr build --tools"
+
+
+def tools_plan(extra_cmake_args: Sequence[str] = (), stock: bool = False) -> build.BuildPlan:
+    """The build plan of the tools: the wheel's, over the tools' CMake arguments.
+
+    ``extra_cmake_args`` is where a GPU build adds its backend (``--cuda`` passes
+    ``-DGGML_CUDA=ON`` here), so each backend is cached under its own key."""
+    return build.make_plan(TOOLS_CMAKE_ARGS + tuple(extra_cmake_args), stock=stock)
+
+
+def bin_dir(plan: build.BuildPlan) -> Path:
+    return cache_dir() / "tools" / plan.key / "bin"
+
+
+def find(program: str, extra_cmake_args: Sequence[str] = ()) -> Path:
+    """The built ``program`` of the current patches, or a one-line error naming the command that
+    builds it."""
+    if program not in PROGRAMS:
+        raise UserError(f"unknown program {program!r}: choose one of {', '.join(PROGRAMS)}")
+    exe = bin_dir(tools_plan(extra_cmake_args)) / program
+    if not exe.is_file():
+        raise UserError(f"{program} is not built for the current patches: run `{BUILD_COMMAND}`")
+    return exe
+
+
+def build_tools(
+    echo: build.Echo,
+    extra_cmake_args: Sequence[str] = (),
+    programs: Sequence[str] = PROGRAMS,
+    stock: bool = False,
+    rebuild: bool = False,
+    jobs: int | None = None,
+) -> Path:
+    """Build ``programs`` (cached) and return the folder holding them."""
+    plan = tools_plan(extra_cmake_args, stock=stock)
+    out = bin_dir(plan)
+    missing = [p for p in programs if rebuild or not (out / p).is_file()]
+    if not missing:
+        echo(f"using cached tools in {out}")
+        return out
+    work = cache_dir() / "tools" / plan.key / "src"
+    root = build.prepare_source(plan, work, echo)
+    cmake_args, env = build.compile_env(plan)
+    bdir = work / "build"
+    src = root / pin.VENDOR_DIR
+    if shutil.which("ninja"):
+        cmake_args += ["-G", "Ninja"]
+    log = cache_dir() / "logs" / f"tools-{plan.key}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    jobs = jobs or os.cpu_count() or 2
+    echo(
+        f"building {', '.join(missing)} ({'stock' if stock else 'patched'}, key {plan.key}; "
+        f"about 10 minutes on 2 cores without ccache; log: {log})"
+    )
+    t0 = time.monotonic()
+    steps = (
+        ["cmake", "-S", str(src), "-B", str(bdir), *cmake_args],
+        ["cmake", "--build", str(bdir), "-j", str(jobs), "--target", *missing],
+    )
+    with log.open("w") as lf, build._Progress(echo, log):
+        for cmd in steps:
+            lf.write("$ " + " ".join(cmd) + "\n")
+            lf.flush()
+            r = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env)
+            if r.returncode != 0:
+                break
+    if r.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-15:]
+        errors = [ln for ln in tail if "error" in ln.lower()] or tail[-3:]
+        raise UserError(f"tools build failed ({errors[-1].strip()}); full log: {log}")
+    out.mkdir(parents=True, exist_ok=True)
+    for p in missing:
+        tmp = out / (p + ".partial")
+        shutil.copy2(bdir / "bin" / p, tmp)
+        tmp.rename(out / p)
+    # the source and build trees are large; ccache keeps what matters for rebuilds
+    shutil.rmtree(work, ignore_errors=True)
+    echo(f"built {', '.join(missing)} in {time.monotonic() - t0:.0f}s: {out}")
+    return out

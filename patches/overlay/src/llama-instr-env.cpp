@@ -1,0 +1,323 @@
+// llamacpp-instr: the session LLAMA_INSTR_LOG opens (see llama-instr-env.h). Only the public API
+// of include/llama-instr.h is used, so this file knows nothing of the session's internals.
+
+#include "llama-instr-env.h"
+
+#include "llama-instr-json.h"
+#include "llama-instr.h"
+
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#if defined(__unix__) || (defined(__APPLE__) && defined(__MACH__))
+#    define LLAMA_INSTR_ENV_POSIX 1
+#    include <fcntl.h>
+#    include <poll.h>
+#    include <pthread.h>
+#    include <signal.h>
+#    include <unistd.h>
+#endif
+
+namespace {
+
+std::atomic<bool> g_checked{ false };  // the environment was read (at the first context)
+std::mutex        g_mtx;               // guards g_open and the end of the session
+bool              g_open = false;      // the session this file opened is still open
+
+const char * const k_prefix = "llama-instr: ";
+
+void warn(const std::string & msg) {
+    // one line, then the program goes on uninstrumented
+    fprintf(stderr, "%s%s\n", k_prefix, msg.c_str());
+    fflush(stderr);
+}
+
+bool parse_level(const char * v, int32_t & level) {
+    std::string s(v);
+    for (auto & c : s) {
+        c = (char) tolower((unsigned char) c);
+    }
+    if (s == "minimal" || s == "1") {
+        level = LLAMA_INSTR_LEVEL_MINIMAL;
+    } else if (s == "detailed" || s == "2") {
+        level = LLAMA_INSTR_LEVEL_DETAILED;
+    } else if (s == "verbose" || s == "3") {
+        level = LLAMA_INSTR_LEVEL_VERBOSE;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+bool parse_int(const char * v, long lo, long hi, int32_t & out) {
+    char * end = nullptr;
+    errno      = 0;
+    long n     = strtol(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || n < lo || n > hi) {
+        return false;
+    }
+    out = (int32_t) n;
+    return true;
+}
+
+// {"program":"llama-server","argv":[...],"opened_by":"LLAMA_INSTR_LOG"}: the command line as the
+// kernel has it (/proc/self/cmdline, NUL-separated), so no program needs to pass it in.
+std::string metadata() {
+    std::string           buf;
+    llama_instr::json_out j{ buf };
+    std::string           cmdline;
+    FILE *                f = fopen("/proc/self/cmdline", "rb");
+    if (f) {
+        char   chunk[4096];
+        size_t n;
+        while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) {
+            cmdline.append(chunk, n);
+        }
+        fclose(f);
+    }
+    std::string program;
+    j.ch('{');
+    j.key("argv");
+    j.ch('[');
+    size_t a = 0;
+    while (a < cmdline.size()) {
+        size_t b = cmdline.find('\0', a);
+        if (b == std::string::npos) {
+            b = cmdline.size();
+        }
+        const std::string arg = cmdline.substr(a, b - a);
+        if (program.empty()) {
+            const size_t slash = arg.rfind('/');
+            program            = slash == std::string::npos ? arg : arg.substr(slash + 1);
+        }
+        j.sep();
+        j.str(arg);
+        a = b + 1;
+    }
+    j.ch(']');
+    j.key("program");
+    j.str(program);
+    j.key("opened_by");
+    j.str("LLAMA_INSTR_LOG");
+    j.ch('}');
+    return buf;
+}
+
+void end_session(const char * status) {
+    std::lock_guard<std::mutex> lock(g_mtx);
+    if (!g_open) {
+        return;
+    }
+    g_open = false;
+    if (llama_instr_session_end(status) != LLAMA_INSTR_OK) {
+        warn(std::string("the session log is incomplete: ") + llama_instr_last_error());
+    }
+}
+
+#ifdef LLAMA_INSTR_ENV_POSIX
+
+// Signals: the program's handlers stay in charge. A watcher thread (which blocks every signal, so
+// the kernel keeps delivering them to the program's own threads) wraps whatever handler SIGINT and
+// SIGTERM have, now and whenever the program installs a new one (llama-server does so after
+// loading the model). The wrapper is async-signal-safe: it stores the signal number and calls the
+// program's handler; where the program left the default action (terminate), it instead wakes the
+// watcher through a pipe, which ends the session and then re-raises the signal with the default
+// action restored, so the process dies of it exactly as it would have.
+
+const int             k_signals[2] = { SIGINT, SIGTERM };
+struct sigaction      g_prev[2];  // the program's handler, which ours calls
+volatile sig_atomic_t g_signal  = 0;
+int                   g_pipe[2] = { -1, -1 };
+pthread_t             g_watcher;
+bool                  g_watching = false;
+std::atomic<bool>     g_stop{ false };
+const int             k_poll_ms = 50;
+
+int signal_index(int signo) {
+    return signo == SIGINT ? 0 : signo == SIGTERM ? 1 : -1;
+}
+
+void on_signal(int signo, siginfo_t * info, void * uctx) {
+    const int saved = errno;
+    g_signal        = signo;
+    const int i     = signal_index(signo);
+    if (i >= 0) {
+        const struct sigaction & prev = g_prev[i];
+        if (prev.sa_flags & SA_SIGINFO) {
+            if (prev.sa_sigaction) {
+                prev.sa_sigaction(signo, info, uctx);
+            }
+        } else if (prev.sa_handler == SIG_DFL) {
+            const char c = (char) signo;
+            if (write(g_pipe[1], &c, 1) < 0) {
+                // the pipe is gone (exiting): nothing else is safe to do here
+            }
+        } else if (prev.sa_handler != SIG_IGN) {
+            prev.sa_handler(signo);
+        }
+    }
+    errno = saved;
+}
+
+bool is_ours(const struct sigaction & sa) {
+    return (sa.sa_flags & SA_SIGINFO) && sa.sa_sigaction == on_signal;
+}
+
+// Wrap the current handler of each signal unless it is ours already or the signal is ignored.
+void wrap_handlers() {
+    for (int i = 0; i < 2; i++) {
+        struct sigaction cur;
+        if (sigaction(k_signals[i], nullptr, &cur) != 0 || is_ours(cur)) {
+            continue;
+        }
+        if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN) {
+            continue;
+        }
+        g_prev[i]           = cur;
+        struct sigaction sa = cur;  // the program's mask and flags (no SA_RESTART stays none)
+        sa.sa_flags |= SA_SIGINFO;
+        sa.sa_sigaction = on_signal;
+        sigaction(k_signals[i], &sa, nullptr);
+    }
+}
+
+void * watch(void *) {
+    while (!g_stop.load()) {
+        struct pollfd p = { g_pipe[0], POLLIN, 0 };
+        if (poll(&p, 1, k_poll_ms) > 0) {
+            char c = 0;
+            if (read(g_pipe[0], &c, 1) == 1 && c != 0) {
+                // a signal whose default action ends the process: end the session first
+                end_session("interrupted");
+                const int        i = signal_index(c);
+                struct sigaction sa;
+                memset(&sa, 0, sizeof(sa));
+                sa.sa_handler = SIG_DFL;
+                if (i >= 0) {
+                    sa = g_prev[i];
+                }
+                sigaction(c, &sa, nullptr);
+                kill(getpid(), c);
+                return nullptr;
+            }
+        }
+        if (!g_stop.load()) {
+            wrap_handlers();
+        }
+    }
+    return nullptr;
+}
+
+bool start_watcher() {
+    if (pipe(g_pipe) != 0) {
+        return false;
+    }
+    for (int fd : g_pipe) {
+        fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+    fcntl(g_pipe[1], F_SETFL, O_NONBLOCK);
+    // the watcher inherits this mask: it never takes a signal meant for the program
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    g_watching = pthread_create(&g_watcher, nullptr, watch, nullptr) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (g_watching) {
+        wrap_handlers();
+    }
+    return g_watching;
+}
+
+void stop_watcher() {
+    if (!g_watching) {
+        return;
+    }
+    g_stop.store(true);
+    const char c = 0;
+    if (write(g_pipe[1], &c, 1) < 0) {
+        // the watcher sees g_stop within one poll period anyway
+    }
+    pthread_join(g_watcher, nullptr);
+    g_watching = false;
+}
+
+bool interrupted() {
+    return g_signal != 0;
+}
+
+#else
+
+bool start_watcher() {
+    return true;
+}
+
+void stop_watcher() {}
+
+bool interrupted() {
+    return false;
+}
+
+#endif
+
+void at_exit() {
+    stop_watcher();
+    end_session(interrupted() ? "interrupted" : "ok");
+}
+
+void open_from_env(llama_context * ctx) {
+    const char * path = getenv("LLAMA_INSTR_LOG");
+    if (!path || !*path) {
+        return;
+    }
+    int32_t      level   = LLAMA_INSTR_LEVEL_DETAILED;
+    const char * level_s = getenv("LLAMA_INSTR_LEVEL");
+    if (level_s && *level_s && !parse_level(level_s, level)) {
+        warn(std::string("LLAMA_INSTR_LEVEL=") + level_s +
+             " is not a level (minimal, detailed or verbose): running uninstrumented");
+        return;
+    }
+    const char * topk_s = getenv("LLAMA_INSTR_TOPK");
+    if (topk_s && *topk_s) {
+        int32_t k = 0;
+        if (!parse_int(topk_s, 1, 1000, k) || llama_instr_set_topk(k) != LLAMA_INSTR_OK) {
+            warn(std::string("LLAMA_INSTR_TOPK=") + topk_s + " is not a number from 1 to 1000: running uninstrumented");
+            return;
+        }
+    }
+    std::lock_guard<std::mutex> lock(g_mtx);
+    const std::string           meta = metadata();
+    const int32_t               rc   = llama_instr_session_begin(ctx, path, level, meta.c_str());
+    if (rc != LLAMA_INSTR_OK) {
+        warn(std::string("LLAMA_INSTR_LOG=") + path + ": " + llama_instr_last_error() + ": running uninstrumented");
+        return;
+    }
+    g_open = true;
+    // registered after the session's own state exists, so it runs before that state is destroyed
+    atexit(at_exit);
+    if (!start_watcher()) {
+        warn("cannot watch SIGINT/SIGTERM: an interrupted run will end its session as ok");
+    }
+}
+
+}  // namespace
+
+void llama_instr_env_context_created(llama_context * ctx) {
+    if (g_checked.load(std::memory_order_relaxed)) {
+        return;
+    }
+    static std::once_flag once;
+    std::call_once(once, [ctx] {
+        try {
+            open_from_env(ctx);
+        } catch (...) {
+            warn("could not open the session of LLAMA_INSTR_LOG: running uninstrumented");
+        }
+        g_checked.store(true, std::memory_order_relaxed);
+    });
+}

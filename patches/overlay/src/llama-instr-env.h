@@ -1,0 +1,20 @@
+#pragma once
+
+// llamacpp-instr: a session opened by the environment, for programs that never call the API
+// (llama-server, llama-cli, llama-bench, or any program linking libllama).
+//
+//   LLAMA_INSTR_LOG=path     open a session writing to `path` at the first context
+//   LLAMA_INSTR_LEVEL=level  minimal, detailed (the default) or verbose
+//   LLAMA_INSTR_TOPK=k       top logits per output row at the verbose level (1..1000)
+//
+// The session ends when the process exits normally (status "ok"), or "interrupted" once SIGINT
+// or SIGTERM arrived. The program's own handlers keep working: ours only notes the signal and
+// calls theirs (or, where the program left the default action, ends the session and then lets the
+// signal kill the process as it would have). Bad values print one line on stderr and the
+// program runs uninstrumented. Unset, the hook costs one relaxed atomic load per new context.
+
+struct llama_context;
+
+// Called by llama_init_from_model for each context it created; the first call reads the
+// environment and may open the session.
+void llama_instr_env_context_created(llama_context * ctx);

@@ -1,0 +1,396 @@
+"""llama.cpp's own programs, built by `instr build --tools` and run with LLAMA_INSTR_LOG: llama-server
+driven by the real `openai` client (4 concurrent requests, 2 slots, one streamed, then SIGINT),
+llama-cli with a one-shot prompt and llama-bench with a short pp/tg pair. Every log validates
+against the schema and converts with no problem; llama-server's requests are found in the steps'
+`seqs` and decode exactly the tokens they count.
+
+The tools are built once per test session (cached under ~/.cache/llamacpp-instr/tools/, keyed by
+the patches: a second run starts at once)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from support import free_port, wait_ready
+
+from llamacpp_instr.cli import main
+from llamacpp_instr.converters import request_share
+
+
+@pytest.fixture(scope="session")
+def tools_bin() -> Path:
+    from llamacpp_instr import tools
+
+    return tools.build_tools(lambda msg: print(msg, file=sys.stderr, flush=True))
+
+
+def read_records(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.open(encoding="utf-8")]
+
+
+def converts_cleanly(log: Path, out: Path) -> None:
+    from llamacpp_instr.converters.trace import convert
+
+    stats, report = convert(log, out)
+    assert report.skipped == [] and not report.unknown_types and not report.replaced_utf8
+    assert stats.steps > 0 and out.stat().st_size > 0
+
+
+def exec_cmd(log: Path, *args: str, level: str = "detailed") -> list[str]:
+    return [sys.executable, "-m", "llamacpp_instr.cli", "exec", "--out", str(log)] + [
+        "--level",
+        level,
+        *args,
+    ]
+
+
+@pytest.fixture(scope="module")
+def server_run(
+    tools_bin: Path, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    import openai
+
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    port = free_port()
+    proc = subprocess.Popen(
+        exec_cmd(log, "llama-server", "-m", str(smollm2_path))
+        + ["--host", "127.0.0.1", "--port", str(port), "--parallel", "2", "-c", "2048"]
+        + ["-t", "2", "--no-webui"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_ready(port, proc, timeout=180, path="/health")
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=120
+        )
+
+        def completion(i: int) -> dict[str, Any]:
+            r = client.completions.create(
+                model="smollm2", prompt=f"Count from {i} to ten:", max_tokens=8, temperature=0
+            )
+            assert r.usage is not None
+            return {
+                "text": r.choices[0].text,
+                "stream": False,
+                "completion_tokens": r.usage.completion_tokens,
+                "prompt_tokens": r.usage.prompt_tokens,
+            }
+
+        def chat_stream(i: int) -> dict[str, Any]:
+            stream = client.chat.completions.create(
+                model="smollm2",
+                messages=[{"role": "user", "content": f"Name {i} colors."}],
+                max_tokens=8,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            text, usage = "", None
+            for c in stream:
+                if c.choices:
+                    text += c.choices[0].delta.content or ""
+                if c.usage is not None:
+                    usage = c.usage
+            assert usage is not None
+            return {
+                "text": text,
+                "stream": True,
+                "completion_tokens": usage.completion_tokens,
+                "prompt_tokens": usage.prompt_tokens,
+            }
+
+        calls = [(completion, 1), (chat_stream, 2), (completion, 3), (completion, 4)]
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda f_i: f_i[0](f_i[1]), calls))
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return {"results": results, "records": read_records(log), "log": log, "rc": proc.returncode,
+            "err": err}  # fmt: skip
+
+
+def test_server_ends_interrupted_on_sigint_with_a_valid_log(
+    server_run: dict[str, Any], schema_validator: Any, tmp_path: Path
+) -> None:
+    recs = server_run["records"]
+    for rec in recs:
+        schema_validator.validate(rec)
+    # llama-server's own Ctrl-C handling still ran: it shut down cleanly, as stock
+    assert server_run["rc"] == 0, server_run["err"][-2000:]
+    start, end = recs[0], recs[-1]
+    assert start["type"] == "session_start" and start["metadata"]["program"] == "llama-server"
+    assert "--parallel" in start["metadata"]["argv"]
+    assert start["context"]["n_seq_max"] == 2
+    assert end["type"] == "session_end" and end["status"] == "interrupted"
+    assert end["totals"]["records"] == len(recs)
+    converts_cleanly(server_run["log"], tmp_path / "server.pftrace")
+
+
+def test_each_request_has_its_record_and_steps(server_run: dict[str, Any]) -> None:
+    recs = server_run["records"]
+    results = server_run["results"]
+    assert all(r["text"] for r in results), results
+    reqs = [r for r in recs if r["type"] == "request"]
+    assert len(reqs) == 4
+    assert sorted(r["stream"] for r in reqs) == [False, False, False, True]
+    assert sorted(r["endpoint"] for r in reqs) == sorted(
+        ["/v1/completions"] * 3 + ["/v1/chat/completions"]
+    )
+    # what the server told each client, against what its record says
+    assert sorted(r["gen_tokens"] + 1 for r in reqs) == sorted(
+        x["completion_tokens"] for x in results
+    )
+    steps = [r for r in recs if r["type"] == "step_begin"]
+    assert steps
+    for r in reqs:
+        assert r["slot"] in (0, 1)
+        assert 0 <= r["wait"] <= r["ttft"] <= r["dur"]
+        t0, t1 = r["t_arrive"] + r["wait"], r["t_arrive"] + r["dur"]
+        # the tokens of its sequence in the steps that ran while it held its slot, counted here
+        # from step_begin directly (a step without seqs holds sequence 0 only)
+        mine = 0
+        n_steps = 0
+        for s in steps:
+            if not t0 <= s["ts"] <= t1:
+                continue
+            rows = s.get("seqs") or [[0, s["n_tokens"], s["pos"][0], s["pos"][1]]]
+            n = sum(row[1] for row in rows if row[0] == r["slot"])
+            mine += n
+            n_steps += n > 0
+        assert mine == r["prompt_tokens"] + r["gen_tokens"], r
+        assert n_steps >= 1 + r["gen_tokens"] and r["gen_tokens"] > 0
+    # two slots: some batches carried both requests' tokens
+    assert any(len(s.get("seqs") or []) == 2 for s in steps)
+
+
+def test_request_share_of_shared_batches(server_run: dict[str, Any]) -> None:
+    from llamacpp_instr import load_session
+
+    frames = load_session(server_run["log"])
+    shares = request_share.request_shares(frames)
+    assert len(shares) == 4
+    recs = {r["id"]: r for r in server_run["records"] if r["type"] == "request"}
+    for sh in shares:
+        r = recs[sh.id]
+        assert sh.tokens == r["prompt_tokens"] + r["gen_tokens"]
+        assert 0 < sh.share_ns <= sh.steps_ns
+    # a shared batch's time is split between its requests, never counted twice
+    assert any(sh.shared_steps > 0 for sh in shares)
+    total = frames.steps["dur_ns"].sum()
+    assert sum(sh.share_ns for sh in shares) <= total
+
+
+def test_summary_shows_the_requests_and_their_share(
+    server_run: dict[str, Any], tmp_path: Path
+) -> None:
+    r = CliRunner().invoke(main, ["summary", str(server_run["log"]), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["requests"]["requests"] == 4
+    assert len(data["request_share"]) == 4
+
+
+def test_cli_one_shot_prompt(
+    tools_bin: Path, smollm2_path: Path, tmp_path: Path, schema_validator: Any
+) -> None:
+    log = tmp_path / "cli.log"
+    r = subprocess.run(
+        exec_cmd(log, "llama-cli", "-m", str(smollm2_path))
+        + ["-p", "The capital of France is", "-n", "8", "-st", "-t", "2", "--temp", "0"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = read_records(log)
+    for rec in recs:
+        schema_validator.validate(rec)
+    assert recs[0]["metadata"]["program"] == "llama-cli"
+    assert recs[-1]["type"] == "session_end" and recs[-1]["status"] == "ok"
+    assert any(x["type"] == "step_begin" and x["kind"] == "gen" for x in recs)
+    converts_cleanly(log, tmp_path / "cli.pftrace")
+
+
+def test_bench_tests_are_labelled_parts(
+    tools_bin: Path, smollm2_path: Path, tmp_path: Path, schema_validator: Any
+) -> None:
+    log = tmp_path / "bench.log"
+    r = subprocess.run(
+        exec_cmd(log, "llama-bench", "-m", str(smollm2_path))
+        + ["-p", "16", "-n", "4", "-r", "2", "-t", "2", "-o", "json"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    tests = json.loads(r.stdout)
+    recs = read_records(log)
+    for rec in recs:
+        schema_validator.validate(rec)
+    parts = [x for x in recs if x["type"] == "part"]
+    assert [p["label"] for p in parts] == ["pp16", "tg4"]
+    steps = [x for x in recs if x["type"] == "step_begin"]
+    for p, t in zip(parts, tests, strict=True):
+        # llama-bench's own measurement of each repetition, as it printed it
+        assert p["samples_ns"] == t["samples_ns"] and p["program"] == "llama-bench"
+        tagged = [s for s in steps if s.get("request") == p["label"]]
+        assert tagged and all(p["t_start"] <= s["ts"] <= p["t_start"] + p["dur"] for s in tagged)
+    # warm-up + 2 repetitions: pp16 decodes 16 tokens 3 times; tg4 one warm-up token, then 4 x 2
+    pp = sum(s["n_tokens"] for s in steps if s.get("request") == "pp16")
+    tg = sum(s["n_tokens"] for s in steps if s.get("request") == "tg4")
+    assert (pp, tg) == (16 * 3, 1 + 4 * 2)
+    assert recs[-1]["type"] == "session_end" and recs[-1]["status"] == "ok"
+    converts_cleanly(log, tmp_path / "bench.pftrace")
+    s = CliRunner().invoke(main, ["summary", str(log), "--format", "json"])
+    assert s.exit_code == 0, s.output
+    assert [p["label"] for p in json.loads(s.output)["parts"]] == ["pp16", "tg4"]
+
+
+def test_unset_or_bad_values_run_uninstrumented(
+    tools_bin: Path, smollm2_path: Path, tmp_path: Path
+) -> None:
+    base = [str(tools_bin / "llama-bench"), "-m", str(smollm2_path), "-p", "0", "-n", "1"]
+    base += ["-r", "1", "-t", "2", "--no-warmup"]
+    cases: dict[str, dict[str, str]] = {
+        "unset": {},
+        "unwritable path": {"LLAMA_INSTR_LOG": str(tmp_path / "missing-dir" / "x.log")},
+        "unknown level": {"LLAMA_INSTR_LOG": str(tmp_path / "x.log"), "LLAMA_INSTR_LEVEL": "loud"},
+        "bad top-k": {"LLAMA_INSTR_LOG": str(tmp_path / "x.log"), "LLAMA_INSTR_TOPK": "0"},
+    }
+    for why, extra in cases.items():
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_INSTR_")}
+        r = subprocess.run(base, env={**env, **extra}, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, (why, r.stderr[-1000:])
+        lines = [ln for ln in r.stderr.splitlines() if ln.startswith("llama-instr:")]
+        if why == "unset":  # nothing changes
+            assert lines == [], lines
+        else:
+            assert len(lines) == 1 and "running uninstrumented" in lines[0], (why, lines)
+        assert not (tmp_path / "x.log").exists(), why
+
+
+def test_sigint_with_the_default_action_ends_the_session(
+    tools_bin: Path, smollm2_path: Path, tmp_path: Path, schema_validator: Any
+) -> None:
+    """llama-bench leaves SIGINT's default action: the session ends `interrupted`, then the signal
+    kills the process as it would have without instrumentation."""
+    log = tmp_path / "bench.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_INSTR_")}
+    env["LLAMA_INSTR_LOG"] = str(log)
+    proc = subprocess.Popen(
+        [str(tools_bin / "llama-bench"), "-m", str(smollm2_path), "-p", "0", "-n", "4096"]
+        + ["-r", "50", "-t", "2"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 120:
+            if log.exists() and b'"step_end"' in log.read_bytes():
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == -signal.SIGINT
+    recs = read_records(log)
+    for rec in recs:
+        schema_validator.validate(rec)
+    assert recs[-1]["type"] == "session_end" and recs[-1]["status"] == "interrupted"
+
+
+def test_tools_lists_them_and_exec_refuses_others(tools_bin: Path, tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["tools"])
+    assert r.exit_code == 0
+    for program in ("llama-server", "llama-cli", "llama-bench", "llama-perplexity"):
+        assert str(tools_bin / program) in r.output
+    bad = CliRunner().invoke(main, ["exec", "llama-nope"])
+    assert bad.exit_code == 2 and "unknown program" in bad.output
+
+
+PYTHON_APP = """
+import sys
+import llama_cpp
+import llamacpp_instr
+from llamacpp_instr.bindings import SessionError
+llm = llama_cpp.Llama(sys.argv[1], n_ctx=256, verbose=False)
+print(llm("The capital of France is", max_tokens=4, temperature=0)["choices"][0]["text"])
+try:
+    with llamacpp_instr.session(llm, sys.argv[2]):
+        pass
+except SessionError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_the_variable_in_a_python_process(
+    instr_api: Any, smollm2_path: Path, tmp_path: Path, schema_validator: Any
+) -> None:
+    """Set in a Python process, the library logs the whole process from its first context, and
+    llamacpp_instr.session() says why it cannot open another session."""
+    log = tmp_path / "py.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_INSTR_")}
+    env["LLAMA_INSTR_LOG"] = str(log)
+    r = subprocess.run(
+        [sys.executable, "-c", PYTHON_APP, str(smollm2_path), str(tmp_path / "other.log")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused:" in r.stdout and "LLAMA_INSTR_LOG" in r.stdout, r.stdout
+    assert not (tmp_path / "other.log").exists()
+    recs = read_records(log)
+    for rec in recs:
+        schema_validator.validate(rec)
+    meta = recs[0]["metadata"]
+    assert meta["program"] == Path(meta["argv"][0]).name and "-c" in meta["argv"]
+    assert recs[-1]["type"] == "session_end" and recs[-1]["status"] == "ok"
+    assert sum(x["type"] == "step_begin" for x in recs) >= 4
+
+
+def test_perfetto_request_slices_carry_their_share(
+    server_run: dict[str, Any], tmp_path: Path
+) -> None:
+    from llamacpp_instr.converters.trace import convert
+
+    out = tmp_path / "server.json"
+    convert(server_run["log"], out, fmt="json")
+    events = json.loads(out.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    reqs = [
+        e for e in events if e.get("cat") == "request" and "batch_share_ms" in e.get("args", {})
+    ]
+    assert len(reqs) == 4
+    shares = {s.id: s for s in request_share.request_shares(_frames(server_run["log"]))}
+    for e in reqs:
+        sh = shares[e["args"]["id"]]
+        assert e["args"]["steps"] == sh.steps and e["args"]["shared_steps"] == sh.shared_steps
+        assert abs(e["args"]["batch_share_ms"] - sh.share_ns / 1e6) < 1e-3
+
+
+def _frames(log: Path) -> Any:
+    from llamacpp_instr import load_session
+
+    return load_session(log)

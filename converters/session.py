@@ -141,6 +141,8 @@ class SessionInfo:
     last_ts: int = 0
     # `request` records (instr serve), in log order
     requests: list[dict[str, Any]] = field(default_factory=list)
+    # the machine that made the log (CPU model, devices), {} in logs from before it was recorded
+    machine: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ended(self) -> bool:
@@ -229,6 +231,7 @@ def _info(rec: dict[str, Any]) -> SessionInfo:
         # totals must be numbers; per-buffer rows are kept as given
         memory={k: (int(v) if k != "buffers" else v) for k, v in memory.items()},
         last_ts=_nn(rec["ts"]),
+        machine=_dict(rec.get("machine")),
     )
 
 

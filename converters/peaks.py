@@ -195,3 +195,13 @@ def for_session(info: Any, cache: Path | None = None) -> tuple[Peaks | None, str
             f"run `instr peaks --threads {n_threads}` on it"
         )
     return p, ""
+
+
+def for_file(path: Path, info: Any) -> Peaks:
+    """Peaks from a file, refused unless measured on the machine that made the log."""
+    p = read(path)
+    machine, n_threads = session_machine(info)
+    if not machine:
+        raise UserError(f"the log does not name its machine: the peaks in {path} cannot be checked")
+    check_fits(p, machine, n_threads, f"the peaks in {path}")
+    return p

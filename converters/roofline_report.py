@@ -73,7 +73,8 @@ def roofline_chart(ops: pd.DataFrame, peaks: Peaks) -> Chart | None:
         roofs=roofs,
         value_fmt="f2",
         note=f"point area: total time (ms); ops without FLOPs ({skipped} timed ops: copies, "
-        "views, gathers) are not drawn. Roofs: the measured bandwidth (slope) and matmul peaks.",
+        "views, gathers) are not drawn. Roofs: the measured bandwidth (slope) and matmul peaks "
+        "(one line per type). A point above the slope ran from cache, not memory.",
     )
 
 

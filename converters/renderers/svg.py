@@ -373,6 +373,7 @@ def _roofline(chart: Chart) -> str:
             f'<text x="{sx(x_a) + 4:.1f}" y="{sy(bw * x_a) - 6:.1f}" class="val">'
             f"memory {bw:.1f} GB/s</text>"
         )
+    labelled: list[float] = []  # y of the ceilings labelled so far: labels must not overlap
     for k, (name, v) in enumerate(sorted(ceilings.items(), key=lambda kv: -kv[1])):
         x_a = max(xt[0], v / bw) if bw > 0 else xt[0]
         dash = "" if k == 0 else ' stroke-dasharray="4 3"'
@@ -381,7 +382,8 @@ def _roofline(chart: Chart) -> str:
             f'y2="{sy(v):.1f}" stroke="#333" stroke-width="{2 if k == 0 else 1}"{dash}>'
             f"<title>{escape(f'{name}: {v:.1f} GFLOP/s')}</title></line>"
         )
-        if k < 4:
+        if all(abs(sy(v) - y) >= 11 for y in labelled):
+            labelled.append(sy(v))
             body.append(
                 f'<text x="{left + plot_w - 4}" y="{sy(v) - 3:.1f}" class="val" '
                 f'text-anchor="end">{escape(f"{name} {v:.0f}")}</text>'

@@ -26,18 +26,40 @@ from llamacpp_instr.commands import check_output, emit, report_options, session_
     show_default=True,
     help="Rows to show (0 = all).",
 )
+@click.option(
+    "--peaks",
+    "peaks_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Peaks file of `instr peaks` (default: the cached peaks of the machine that made the "
+    "log); refused if measured on another machine.",
+)
 @report_options()
 @session_option
-def command(log: Path, by: str, top: int, fmt: str, output: Path | None, sid: str | None) -> None:
+def command(
+    log: Path,
+    by: str,
+    top: int,
+    peaks_file: Path | None,
+    fmt: str,
+    output: Path | None,
+    sid: str | None,
+) -> None:
     """Summarize a session LOG: tokens/s for prompt and generation, step-time percentiles, op-time
     coverage, and time per op type, layer or node (count, total, mean, p50, p95, share, achieved
     GFLOP/s and GB/s). The HTML page also shows where a generation step's time goes: per layer by
-    op type, a layer x op-type heatmap, the step-time histogram and tokens/s over the run."""
+    op type, a layer x op-type heatmap, the step-time histogram and tokens/s over the run. With
+    this machine's peaks (`instr peaks`), every op against its roofline: arithmetic intensity,
+    fraction of the roof, the bound, and decode against the memory bandwidth."""
     from llamacpp_instr.converters import load_session
     from llamacpp_instr.converters.summary import render
 
     check_output(output)
     frames = load_session(log, sid)
+    if peaks_file is not None:
+        from llamacpp_instr.converters import peaks, roofline
+
+        roofline.apply(frames, peaks.for_file(peaks_file, frames.info))
     if frames.report.summary():
         click.echo(frames.report.summary(), err=True)
     emit(render(frames, by, top or None, fmt), output)

@@ -69,7 +69,7 @@ def op_columns(ops: pd.DataFrame, dev: DevicePeaks | None, kv_type: str) -> dict
     if dev is None:
         cols["ideal_ns"] = np.full(n, np.nan)
         cols["roof_frac"] = np.full(n, np.nan)
-        cols["bound"] = pd.Categorical([None] * n, categories=["memory", "compute"])
+        cols["bound"] = np.full(n, None, dtype=object)  # (an empty categorical fails parquet)
         return cols
     compute = np.array([dev.compute_roof(t) for t in roof_types(ops, kv_type)], np.float64)
     ideal, by_compute = ideal_ns(b, f, dev.bandwidth_gbs, compute)
@@ -132,7 +132,7 @@ def step_columns(
     d = steps["dur_ns"].to_numpy(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         frac = np.where(d > 0, ideal / d, np.nan)
-    cols.update(ideal_ns=ideal, roof_frac=frac, roof=pd.Categorical(roof))
+    cols.update(ideal_ns=ideal, roof_frac=frac, roof=pd.Categorical(roof) if dev else roof)
     return cols
 
 
@@ -146,7 +146,7 @@ def apply(frames: Any, peaks: Peaks | None, note: str = "") -> None:
         ops[k] = cols[k]
     ops["_roof_type"] = roof_types(ops, kv_type) if len(ops) else np.zeros(0, object)
     scols = step_columns(frames.steps, ops, frames.graphs, dev)
-    ops.drop(columns="_roof_type", inplace=True)
+    del ops["_roof_type"]
     for k in STEP_COLS:
         frames.steps[k] = scols[k]
     frames.peaks = peaks

@@ -202,18 +202,17 @@ def compare_rows(a: Any, b: Any) -> tuple[list[dict[str, Any]], str]:
     return rows, why
 
 
-def compare_section(a: Any, b: Any) -> Section | None:
-    rows, why = compare_rows(a, b)
-    if not rows:
-        return None
+def compare_section(d: dict[str, Any]) -> Section:
+    """``d``: ``{"rows", "why"}`` as ``compare_rows`` gives them (stored in compare's data)."""
     cols = [
         Column("what", "measure"),
         Column("a", "A", "f2"),
         Column("b", "B", "f2"),
         Column("ratio", "B / A", "ratio"),
     ]
+    rows = [{k: r[k] for k in ("what", "a", "b", "ratio")} for r in d["rows"]]
     return Section(
         "Against the roofs",
-        facts=[Fact("decode slowdown", why)] if why else [],
+        facts=[Fact("decode slowdown", d["why"])] if d["why"] else [],
         tables=[Table("roofline", "Efficiency against this machine's roofs", cols, rows)],
     )

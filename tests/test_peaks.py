@@ -201,3 +201,25 @@ def test_summary_refuses_peaks_of_another_machine(
     mine.write_text(json.dumps(quick_peaks.to_json()))
     r = CliRunner().invoke(main, ["summary", str(smollm2_detailed.path), "--peaks", str(mine)])
     assert r.exit_code == 0 and "decode runs at" in r.stdout
+
+
+def test_compare_sets_both_runs_against_the_roofs(
+    smollm2_detailed: RunLog,
+    quick_peaks: peaks.Peaks,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path))
+    peaks.save(quick_peaks)
+    log = str(smollm2_detailed.path)
+    r = CliRunner().invoke(main, ["compare", log, log, "--format", "json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)["roofline"]
+    rows = {x["what"]: x for x in d["rows"]}
+    # the same run twice: the same bytes per token, every ratio 1
+    per_token = rows["decode MB read per token"]
+    assert per_token["a"] == per_token["b"] > 0 and per_token["ratio"] == 1.0
+    assert all(x["ratio"] == pytest.approx(1.0) for x in d["rows"])
+    assert "1.00x the bytes" in d["why"]
+    text = CliRunner().invoke(main, ["compare", log, log]).stdout
+    assert "Against the roofs" in text and "decode % of bandwidth" in text

@@ -78,7 +78,9 @@ def test_matmul_probe_counts_its_graphs_tensors(instr_api: Any, name: str) -> No
 def test_bandwidth_probe_counts_its_graphs_tensors(instr_api: Any) -> None:
     n = 1 << 20
     p = instr_api.probe(bindings.PROBE_BANDWIDTH, 0, 0, 2, n, 0, 2)
-    assert [(x.type, list(x.ne), x.nbytes) for x in p.tensors] == [(0, [n, 1, 1, 1], 4 * n)] * 3
+    # rows of 4096 floats, which the threads share (one long row would be one thread's)
+    want = [(0, [4096, n // 4096, 1, 1], 4 * n)] * 3
+    assert [(x.type, list(x.ne), x.nbytes) for x in p.tensors] == want
     assert p.bytes == 3 * 4 * n and p.flops == n
     assert 0 < p.best_ns <= p.total_ns and p.n_threads == 2
 
@@ -92,6 +94,7 @@ def test_bandwidth_probe_counts_its_graphs_tensors(instr_api: Any) -> None:
         ((1, 0, 0, 1, 256, 8, 0), "n_runs"),
         ((1, 0, 4, 1, 256, 8, 1), "type"),  # 4 was Q4_2, removed from ggml
         ((0, 0, 0, 1, 0, 0, 1), "size"),
+        ((0, 0, 0, 1, 5000, 0, 1), "multiple of 4096"),
     ],
 )
 def test_probe_refuses_bad_input(instr_api: Any, args: tuple[int, ...], what: str) -> None:

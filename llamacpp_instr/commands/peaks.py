@@ -40,7 +40,7 @@ def default_threads() -> int:
     show_default=True,
     help="Size of each of the bandwidth probe's three buffers (far beyond the last-level cache).",
 )
-@report_options(("text", "markdown", "json"))
+@report_options()
 def command(
     threads: int | None, types: str, force: bool, size_mib: int, fmt: str, output: Path | None
 ) -> None:

@@ -145,7 +145,8 @@ LLAMA_API int64_t llama_instr_captured_get(struct llama_context * ctx,
 LLAMA_API const char * llama_instr_machine_info(void);
 
 enum llama_instr_probe_kind {
-    LLAMA_INSTR_PROBE_BANDWIDTH = 0,  // c = a + b (GGML_OP_ADD) over three F32 buffers of `size` elements
+    LLAMA_INSTR_PROBE_BANDWIDTH = 0,  // c = a + b (GGML_OP_ADD) over three F32 buffers of `size` elements,
+                                      // shaped [4096, size / 4096] so that the threads share the rows
     LLAMA_INSTR_PROBE_MATMUL    = 1,  // y = w x (GGML_OP_MUL_MAT): w [k = size, m = size] of `type`,
                                       // x [k, n] F32, y [m, n] F32
 };
@@ -163,7 +164,7 @@ struct llama_instr_probe {
     int32_t device;     // index of the backend device (the "index" in llama_instr_machine_info)
     int32_t type;       // MATMUL: ggml_type of w (F32, F16, Q4_K, Q8_0, ...); BANDWIDTH: ignored
     int32_t n_threads;  // CPU threads (<= 0: all hardware threads); other devices ignore it
-    int64_t size;       // BANDWIDTH: elements per buffer; MATMUL: k = m
+    int64_t size;       // BANDWIDTH: elements per buffer (a multiple of 4096); MATMUL: k = m
     int64_t n;          // MATMUL: columns of x (tokens of a batch); BANDWIDTH: ignored
     int32_t n_runs;     // timed runs, after one untimed warm-up (1..1000)
     // outputs

@@ -24,6 +24,9 @@ namespace llama_instr {
 
 namespace {
 
+// elements per row of the bandwidth probe's buffers (16 KiB of F32)
+constexpr int64_t k_bw_row = 4096;
+
 const char * dev_type_name(ggml_backend_dev_t dev) {
     switch (ggml_backend_dev_type(dev)) {
         case GGML_BACKEND_DEVICE_TYPE_CPU:
@@ -164,8 +167,9 @@ int32_t probe(struct llama_instr_probe * p) {
                         "matmul size must be a multiple of the type's block (" + std::to_string(blck) +
                             ") up to 65536, n 1..65536");
         }
-    } else if (p->size < 1 || p->size > (int64_t(1) << 32)) {
-        return fail(p, LLAMA_INSTR_ERR_INVALID_ARG, "bandwidth size must be 1..2^32 elements");
+    } else if (p->size < k_bw_row || p->size % k_bw_row != 0 || p->size > (int64_t(1) << 32)) {
+        return fail(p, LLAMA_INSTR_ERR_INVALID_ARG,
+                    "bandwidth size must be a multiple of " + std::to_string(k_bw_row) + " up to 2^32 elements");
     }
 
     ggml_backend_dev_t dev = ggml_backend_dev_get((size_t) p->device);
@@ -185,8 +189,9 @@ int32_t probe(struct llama_instr_probe * p) {
         s1  = ggml_new_tensor_2d(ca, GGML_TYPE_F32, p->size, p->n);
         out = ggml_mul_mat(ca, s0, s1);
     } else {
-        s0  = ggml_new_tensor_1d(ca, GGML_TYPE_F32, p->size);
-        s1  = ggml_new_tensor_1d(ca, GGML_TYPE_F32, p->size);
+        // rows, not one long vector: the backend's threads share an op's rows
+        s0  = ggml_new_tensor_2d(ca, GGML_TYPE_F32, k_bw_row, p->size / k_bw_row);
+        s1  = ggml_new_tensor_2d(ca, GGML_TYPE_F32, k_bw_row, p->size / k_bw_row);
         out = ggml_add(ca, s0, s1);
     }
 

@@ -33,15 +33,21 @@ OP_COLS = ("intensity", "gflops_s", "gbs", "ideal_ns", "roof_frac", "bound")
 STEP_COLS = ("weight_bytes", "kv_bytes", "ideal_ns", "roof_frac", "roof")
 
 
-def roof_types(ops: pd.DataFrame, kv_type: str) -> np.ndarray:
-    """The operand type whose matmul peak is each op's compute roof."""
-    is_mm = ops["op"].astype(str).isin(("MUL_MAT", "MUL_MAT_ID")).to_numpy()
-    wt = ops["weight_type"].astype(object).to_numpy()
-    has_w = pd.notna(wt)
-    out = np.full(len(ops), "f32", dtype=object)
-    out[is_mm & has_w] = wt[is_mm & has_w]
-    out[is_mm & ~has_w] = kv_type
-    return out
+def compute_roofs(ops: pd.DataFrame, dev: DevicePeaks, kv_type: str) -> np.ndarray:
+    """Each op's compute roof (GFLOP/s): a matmul's weight type's peak (a KV cache read: the
+    cache's type), F32 for the rest. Looked up per category, not per op (a million ops)."""
+    op = pd.Categorical(ops["op"])
+    wt = pd.Categorical(ops["weight_type"])
+    mm_cat = np.isin(np.asarray(op.categories, dtype=object), ("MUL_MAT", "MUL_MAT_ID"))
+    is_mm = np.zeros(len(ops), bool)
+    known = op.codes >= 0
+    is_mm[known] = mm_cat[op.codes[known]]
+    # code -1 (no weight) takes the last entry: the KV cache's type
+    lut = np.array(
+        [dev.compute_roof(str(t)) for t in wt.categories] + [dev.compute_roof(kv_type)],
+        np.float64,
+    )
+    return np.where(is_mm, lut[wt.codes], dev.compute_roof("f32"))
 
 
 def ideal_ns(
@@ -71,14 +77,15 @@ def op_columns(ops: pd.DataFrame, dev: DevicePeaks | None, kv_type: str) -> dict
         cols["roof_frac"] = np.full(n, np.nan)
         cols["bound"] = np.full(n, None, dtype=object)  # (an empty categorical fails parquet)
         return cols
-    compute = np.array([dev.compute_roof(t) for t in roof_types(ops, kv_type)], np.float64)
+    compute = compute_roofs(ops, dev, kv_type)
     ideal, by_compute = ideal_ns(b, f, dev.bandwidth_gbs, compute)
     with np.errstate(divide="ignore", invalid="ignore"):
         cols["ideal_ns"] = ideal
         cols["roof_frac"] = np.where(d > 0, ideal / d, np.nan)
-    cols["bound"] = pd.Categorical(
-        np.where(by_compute, "compute", "memory"), categories=["memory", "compute"]
+    cols["bound"] = pd.Categorical.from_codes(
+        by_compute.astype(np.int8), categories=["memory", "compute"]
     )
+    cols["compute_ns"] = np.where(compute > 0, f / compute, 0.0)  # the FLOPs at the roof
     return cols
 
 
@@ -90,17 +97,22 @@ def graph_reads(graph: derive.Graph) -> tuple[int, int]:
 
 
 def step_columns(
-    steps: pd.DataFrame, ops: pd.DataFrame, graphs: dict[int, Any], dev: DevicePeaks | None
+    steps: pd.DataFrame,
+    ops: pd.DataFrame,
+    graphs: dict[int, Any],
+    dev: DevicePeaks | None,
+    compute_ns: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Per step: the weight and KV bytes it read, its least time at its roof (generation: the
-    bytes at the bandwidth; prompt: each op's FLOPs at its compute roof) and the fraction."""
+    bytes at the bandwidth; prompt: each op's FLOPs at its compute roof, ``compute_ns``) and the
+    fraction of the roof."""
     n = len(steps)
     reads = {g: graph_reads(graph) for g, graph in graphs.items()}
-    computes = ops[["step", "ubatch", "graph"]].drop_duplicates() if len(ops) else None
     w = pd.Series(0, index=steps["step"].to_numpy(), dtype=np.int64)
     kv = w.copy()
-    if computes is not None and len(computes):
-        per = computes["graph"].map(lambda g: reads.get(int(g), (0, 0)))
+    computes = ops[["step", "ubatch", "graph"]].drop_duplicates()
+    if len(computes):
+        per = [reads.get(int(g), (0, 0)) for g in computes["graph"]]
         by_step = (
             pd.DataFrame(
                 {
@@ -121,11 +133,8 @@ def step_columns(
         is_gen = (steps["kind"].astype(str) == "gen").to_numpy()
         mem = (cols["weight_bytes"] + cols["kv_bytes"]) / dev.bandwidth_gbs
         comp = np.zeros(n)
-        if len(ops) and "ideal_ns" in ops:
-            c = ops["est_flops"].to_numpy(np.float64) / np.array(
-                [dev.compute_roof(t) for t in ops["_roof_type"]], np.float64
-            )
-            s = pd.Series(c).groupby(ops["step"].to_numpy()).sum()
+        if compute_ns is not None and len(ops):
+            s = pd.Series(compute_ns).groupby(ops["step"].to_numpy()).sum()
             comp = s.reindex(steps["step"].to_numpy(), fill_value=0.0).to_numpy()
         ideal = np.where(is_gen, mem, comp)
         roof = np.where(is_gen, "memory", "compute").astype(object)
@@ -144,9 +153,7 @@ def apply(frames: Any, peaks: Peaks | None, note: str = "") -> None:
     cols = op_columns(ops, dev, kv_type)
     for k in OP_COLS:
         ops[k] = cols[k]
-    ops["_roof_type"] = roof_types(ops, kv_type) if len(ops) else np.zeros(0, object)
-    scols = step_columns(frames.steps, ops, frames.graphs, dev)
-    del ops["_roof_type"]
+    scols = step_columns(frames.steps, ops, frames.graphs, dev, cols.get("compute_ns"))
     for k in STEP_COLS:
         frames.steps[k] = scols[k]
     frames.peaks = peaks

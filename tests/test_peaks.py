@@ -38,6 +38,13 @@ def quick_peaks(instr_api: Any) -> peaks.Peaks:
     return measure.measure(QUICK, instr_api)
 
 
+@pytest.fixture
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty cache directory of this test's own (LLAMACPP_INSTR_CACHE)."""
+    monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path))
+    return tmp_path
+
+
 def test_machine_info_names_the_cpu(instr_api: Any) -> None:
     m = instr_api.machine_info()
     assert isinstance(m["cpu"], str) and m["cpu"]
@@ -139,17 +146,14 @@ def test_cache_is_reused_and_refused_for_another_machine(
     assert peaks.cached(m, t, tmp_path) is None
 
 
-def test_instr_peaks_measures_then_reuses(
-    instr_api: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path))
+def test_instr_peaks_measures_then_reuses(instr_api: Any, own_cache: Path) -> None:
     args = ["peaks", "--threads", "1", "--types", "f32", "--size-mib", "4", "--format", "json"]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     assert "measuring" in r.stderr and "CPU: bandwidth" in r.stderr and "saved" in r.stderr
     doc = json.loads(r.stdout)
     assert doc["n_threads"] == 1 and doc["machine"] == instr_api.machine_info()
-    assert len(list((tmp_path / "peaks").glob("*.json"))) == 1
+    assert len(list((own_cache / "peaks").glob("*.json"))) == 1
     r2 = CliRunner().invoke(main, args)
     assert r2.exit_code == 0 and "cached" in r2.stderr and "measuring" not in r2.stderr
     assert json.loads(r2.stdout) == doc
@@ -158,12 +162,8 @@ def test_instr_peaks_measures_then_reuses(
 
 
 def test_run_against_its_roofs(
-    smollm2_detailed: RunLog,
-    quick_peaks: peaks.Peaks,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    smollm2_detailed: RunLog, quick_peaks: peaks.Peaks, own_cache: Path
 ) -> None:
-    monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path))
     f = load_session(smollm2_detailed.path)
     assert f.peaks is None and "instr peaks --threads 2" in f.peaks_note
     assert f.ops["roof_frac"].isna().all() and f.ops["intensity"].notna().any()
@@ -207,12 +207,8 @@ def test_summary_refuses_peaks_of_another_machine(
 
 
 def test_compare_sets_both_runs_against_the_roofs(
-    smollm2_detailed: RunLog,
-    quick_peaks: peaks.Peaks,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    smollm2_detailed: RunLog, quick_peaks: peaks.Peaks, own_cache: Path
 ) -> None:
-    monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path))
     peaks.save(quick_peaks)
     log = str(smollm2_detailed.path)
     r = CliRunner().invoke(main, ["compare", log, log, "--format", "json"])

@@ -59,6 +59,12 @@ def command(
     for t in type_list:
         measure.type_id(t)  # a bad name fails before anything runs
     lib = bindings.load()
+    try:  # ggml's own log lines (the CPU repacking a weight) would break up the progress lines
+        from llama_cpp import _logger
+
+        _logger.set_verbose(False)
+    except (ImportError, AttributeError):
+        pass
     machine = lib.machine_info()
     got = None if force else peaks.cached(machine, n_threads)
     if got is not None:

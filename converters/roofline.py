@@ -50,27 +50,27 @@ def compute_roofs(ops: pd.DataFrame, dev: DevicePeaks, kv_type: str) -> np.ndarr
     return np.where(is_mm, lut[wt.codes], dev.compute_roof("f32"))
 
 
+def _div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den as float64, NaN where den is 0 (one pass, no warnings)."""
+    out = np.full(len(num), np.nan)
+    return np.divide(num, den, out=out, where=den > 0)
+
+
 def ideal_ns(
     n_bytes: np.ndarray, n_flops: np.ndarray, bandwidth: float, compute: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """The least time (ns) at the roofs, and whether compute binds it."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The least time (ns) at the roofs, whether compute binds it, and the compute term."""
     mem = n_bytes / bandwidth if bandwidth > 0 else np.zeros(len(n_bytes))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        comp = np.where(compute > 0, n_flops / compute, 0.0)
-    return np.maximum(mem, comp), comp > mem
+    comp = np.divide(n_flops, compute, out=np.zeros(len(n_flops)), where=compute > 0)
+    return np.maximum(mem, comp), comp > mem, comp
 
 
 def op_columns(ops: pd.DataFrame, dev: DevicePeaks | None, kv_type: str) -> dict[str, Any]:
     """The roofline columns of an ops frame (NaN and None where no peaks are known)."""
-    b = ops["est_bytes"].to_numpy(np.float64)
-    f = ops["est_flops"].to_numpy(np.float64)
-    d = ops["dur_ns"].to_numpy(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cols: dict[str, Any] = {
-            "intensity": np.where(b > 0, f / b, np.nan),
-            "gflops_s": np.where(d > 0, f / d, np.nan),
-            "gbs": np.where(d > 0, b / d, np.nan),
-        }
+    b = ops["est_bytes"].to_numpy()
+    f = ops["est_flops"].to_numpy()
+    d = ops["dur_ns"].to_numpy()
+    cols: dict[str, Any] = {"intensity": _div(f, b), "gflops_s": _div(f, d), "gbs": _div(b, d)}
     n = len(ops)
     if dev is None:
         cols["ideal_ns"] = np.full(n, np.nan)
@@ -78,14 +78,13 @@ def op_columns(ops: pd.DataFrame, dev: DevicePeaks | None, kv_type: str) -> dict
         cols["bound"] = np.full(n, None, dtype=object)  # (an empty categorical fails parquet)
         return cols
     compute = compute_roofs(ops, dev, kv_type)
-    ideal, by_compute = ideal_ns(b, f, dev.bandwidth_gbs, compute)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cols["ideal_ns"] = ideal
-        cols["roof_frac"] = np.where(d > 0, ideal / d, np.nan)
+    ideal, by_compute, comp = ideal_ns(b, f, dev.bandwidth_gbs, compute)
+    cols["ideal_ns"] = ideal
+    cols["roof_frac"] = _div(ideal, d)
     cols["bound"] = pd.Categorical.from_codes(
-        by_compute.astype(np.int8), categories=["memory", "compute"]
+        by_compute.view(np.int8), categories=["memory", "compute"]
     )
-    cols["compute_ns"] = np.where(compute > 0, f / compute, 0.0)  # the FLOPs at the roof
+    cols["compute_ns"] = comp  # the FLOPs at the compute roof (for the prompt steps' headline)
     return cols
 
 

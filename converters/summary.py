@@ -375,6 +375,8 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
     if roof is not None:
         facts += roof.facts[:1]  # the headline: decode against the bandwidth
         sections.append(roof)
+    elif recorded and f.info.machine:  # a log that names its machine, not yet measured
+        facts.append(Fact("roofline", roof_data["note"]))
     return Report(
         title=f"Session {ov['session']}",
         subtitle=f"{ov['model']} · level {ov['level']}"

@@ -5,10 +5,11 @@ and the native probe (`llama_instr_probe_run`: a ggml ADD graph on the CPU backe
 round after round, with the same array size and thread count, so that machine noise hits both
 alike. Both count three arrays of bytes per pass (two read, one written):
 
-    python bench/peaks.py [--mib 256] [--rounds 5] [--threads 2] [--write-docs]
+    python bench/peaks.py [--mib 256] [--rounds 5] [--threads 1,2] [--write-docs]
 
-Reports each one's best and median GB/s over the rounds and the probe's ratio to the triad; the
-matmul peaks of the same machine (`instr peaks`' default plan) follow, for the record.
+Reports, per thread count, each one's best and median GB/s over the rounds and the probe's ratio
+to the triad; the matmul peaks of the same machine (`instr peaks`' default plan, at the largest
+thread count) follow, for the record.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=256, help="MiB per array (three arrays)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--runs", type=int, default=5, help="timed passes per round, best counts")
-    ap.add_argument("--threads", type=int, default=max(1, min(os.cpu_count() or 1, 8)))
+    ap.add_argument(
+        "--threads", default=f"1,{max(1, min(os.cpu_count() or 1, 8))}", help="comma-separated"
+    )
     ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
     args = ap.parse_args()
 
@@ -50,51 +53,63 @@ def main() -> None:
 
     lib = bindings.load()
     n = args.mib << 18  # float32 elements per array
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "OMP_PROC_BIND": "false"}
-    triad: list[float] = []
-    add: list[float] = []
-    probe: list[float] = []
+    counts = sorted({int(t) for t in args.threads.split(",")})
+    got: dict[tuple[str, int], list[float]] = {}
     with tempfile.TemporaryDirectory() as d:
         exe = compile_triad(Path(d))
         for r in range(args.rounds):
-            out = subprocess.run(
-                [str(exe), str(n), str(args.runs)],
-                env=env,
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            t = json.loads(out)
-            triad.append(t["bytes"] / t["triad_best_ns"])
-            add.append(t["bytes"] / t["add_best_ns"])
-            p = lib.probe(bindings.PROBE_BANDWIDTH, 0, 0, args.threads, n, 0, args.runs)
-            assert p.bytes == t["bytes"], (p.bytes, t["bytes"])  # the same traffic counted
-            probe.append(p.bytes / p.best_ns)
-            print(
-                f"round {r}: triad {triad[-1]:.2f}, add {add[-1]:.2f}, probe {probe[-1]:.2f} GB/s",
-                file=sys.stderr,
-            )
-    mm = measure.measure(measure.Plan(n_threads=args.threads, bandwidth_elements=1 << 20), lib)
-    key = machine_key(mm.machine, args.threads)
-
-    def row(name: str, v: list[float]) -> str:
-        return (
-            f"| {name} | {max(v):.2f} | {statistics.median(v):.2f} | "
-            f"{max(probe) / max(v):.2f}x | {statistics.median(probe) / statistics.median(v):.2f}x |"
-        )
-
+            for th in counts:
+                env = {**os.environ, "OMP_NUM_THREADS": str(th)}
+                out = subprocess.run(
+                    [str(exe), str(n), str(args.runs)],
+                    env=env,
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
+                t = json.loads(out)
+                p = lib.probe(bindings.PROBE_BANDWIDTH, 0, 0, th, n, 0, args.runs)
+                assert p.bytes == t["bytes"], (p.bytes, t["bytes"])  # the same traffic counted
+                for name, v in (
+                    ("triad", t["bytes"] / t["triad_best_ns"]),
+                    ("add", t["bytes"] / t["add_best_ns"]),
+                    ("probe", p.bytes / p.best_ns),
+                ):
+                    got.setdefault((name, th), []).append(v)
+                print(
+                    f"round {r}, {th} threads: "
+                    + ", ".join(f"{k} {got[(k, th)][-1]:.2f}" for k in ("triad", "add", "probe"))
+                    + " GB/s",
+                    file=sys.stderr,
+                )
+    top = counts[-1]
+    mm = measure.measure(measure.Plan(n_threads=top, bandwidth_elements=1 << 20), lib)
+    names = {
+        "triad": "STREAM-style triad, C (`bench/triad.c`)",
+        "add": "STREAM-style add, C",
+        "probe": "`instr peaks` probe: ggml ADD on the CPU backend",
+    }
     lines = [
-        f"Machine: {key}; three arrays of {args.mib} MiB of float32, {args.threads} threads, "
+        f"Machine: {machine_key(mm.machine, top)}; three arrays of {args.mib} MiB of float32, "
         f"{args.rounds} interleaved rounds of {args.runs} timed passes (best pass per round).",
         "",
-        "| bandwidth (GB/s) | best | median | probe / this, best | probe / this, median |",
-        "|---|---:|---:|---:|---:|",
-        row("STREAM-style triad, C (`bench/triad.c`)", triad),
-        row("STREAM-style add, C", add),
-        row("`instr peaks` probe: ggml ADD on the CPU backend", probe),
+        "| bandwidth (GB/s) | threads | best | median | probe / this, best | probe / this, median |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for th in counts:
+        probe = got[("probe", th)]
+        for k in ("triad", "add", "probe"):
+            v = got[(k, th)]
+            lines.append(
+                f"| {names[k]} | {th} | {max(v):.2f} | {statistics.median(v):.2f} | "
+                f"{max(probe) / max(v):.2f}x | "
+                f"{statistics.median(probe) / statistics.median(v):.2f}x |"
+            )
+    lines += [
         "",
-        "Matmul peaks of the same machine (`instr peaks`' default plan: 2048 x 2048 weight by "
-        "512 columns, best of 5), GFLOP/s, with the buffer type that held the weight:",
+        f"Matmul peaks of the same machine, {top} threads (`instr peaks`' default plan: 2048 x "
+        "2048 weight by 512 columns, best of 5), GFLOP/s, with the buffer type that held the "
+        "weight:",
         "",
         "| type | GFLOP/s | buffer |",
         "|---|---:|---|",

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_perfetto import FIXTURES, FUZZ_DERANDOMIZE, FUZZ_EXAMPLES, REAL_FIXTURES, plain_copy
 
-from llamacpp_instr.converters import derive, frames, session
+from llamacpp_instr.converters import derive, frames, peaks, roofline, session
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.frames import SessionFrames, load_session, load_sessions
 from llamacpp_instr.converters.reader import ReadReport
@@ -191,7 +191,10 @@ def reference_load_sessions(path: Path | str, *, strict: bool = False) -> list[S
             builders[ev.session.sid].step(ev.step)
     if not builders:
         raise UserError(f"no session in {path}")
-    return [b.frames(report) for b in builders.values()]
+    out = [b.frames(report) for b in builders.values()]
+    for f in out:  # the roofline columns: a layer over the tables (converters/roofline.py)
+        roofline.apply(f, *peaks.for_session(f.info))
+    return out
 
 
 # ------------------------------------------------------------------------------ comparison

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands import check_output, emit, report_options
+from llamacpp_instr.commands import check_output, emit, report_options, threads_option
 from llamacpp_instr.peaks import DEFAULT_TYPES
 
 
@@ -17,13 +17,7 @@ def default_threads() -> int:
 
 
 @click.command("peaks")
-@click.option(
-    "-t",
-    "--threads",
-    type=click.IntRange(min=1),
-    default=None,
-    help="CPU threads, as the runs use them (default: all cores, at most 8).",
-)
+@threads_option
 @click.option(
     "--types",
     default=",".join(DEFAULT_TYPES),

@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from . import roofline_report
 from .frames import SessionFrames
 from .report import Chart, Column, Fact, Report, Section, Series, Table
 from .summary import by, overview
@@ -57,6 +58,9 @@ def compare_sessions(
         "n_layer"
     ) != b.info.model.get("n_layer"):
         out["warning"] = "the two sessions are of different models; comparing what matches"
+    rows, why = roofline_report.compare_rows(a, b)
+    if rows:
+        out["roofline"] = {"rows": rows, "why": why}
     n = min(len(gen_a), len(gen_b))
     same = sum(1 for x, y in zip(gen_a, gen_b, strict=False) if x == y)
     first_diff = next((i for i in range(n) if gen_a[i] != gen_b[i]), None)
@@ -286,7 +290,8 @@ def compare_report(c: dict[str, Any]) -> Report:
         title="Session comparison",
         subtitle=f"A: {a['model']} · B: {b['model']}",
         facts=facts,
-        sections=[memory, ops, layers, agreement],
+        sections=[memory, ops, layers, agreement]
+        + ([roofline_report.compare_section(c["roofline"])] if "roofline" in c else []),
         warnings=[c["warning"]] if "warning" in c else [],
         data=c,
         csv_table="per_op",

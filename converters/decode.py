@@ -150,6 +150,8 @@ class SessionInfo:
     requests: list[dict[str, Any]] = field(default_factory=list)
     # `part` records (llama-bench's tests), in log order
     parts: list[dict[str, Any]] = field(default_factory=list)
+    # the machine that made the log (CPU model, devices), {} in logs from before it was recorded
+    machine: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ended(self) -> bool:
@@ -331,6 +333,7 @@ def session_info(rec: dict[str, Any]) -> SessionInfo:
         # totals must be numbers; per-buffer rows are kept as given
         memory={k: (int(v) if k != "buffers" else v) for k, v in memory.items()},
         last_ts=nonneg(rec["ts"]),
+        machine=_dict(rec.get("machine")),
     )
 
 

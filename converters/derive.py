@@ -13,9 +13,18 @@ FLOPs per node (``n`` = elements of the output):
   ``SCALE`` n.
 * Data movement (``GET_ROWS``, ``SET_ROWS``, ``CPY``, ``CONT``, views): 0.
 
-Bytes moved per node: the bytes of every source plus the bytes of the output, except that a KV
-cache write (``SET_ROWS``/``CPY`` into the cache, whose output is a view of the whole cache) counts
-the rows it writes: twice the bytes of the rows it reads (read once, written once).
+Bytes moved per node: the bytes of every source plus the bytes of the output, except that
+
+* a KV cache write (``SET_ROWS``/``CPY`` into the cache, whose output is a view of the whole cache)
+  counts the rows it writes: twice the bytes of the rows it reads (read once, written once);
+* a strided view source counts the elements it holds, not the span ggml_nbytes gives it;
+* a ``GET_ROWS`` (the token embedding lookup) counts the rows it gathers, not the whole table: the
+  table's bytes times the rows of the output over the rows of the table, plus the indices and the
+  output.
+
+What a step reads from memory that is not an activation (the roofline's headline, see
+``roofline.py``): ``weight_bytes_read`` (every weight source, ``GET_ROWS`` counting only the rows it
+gathers) and ``kv_bytes_read`` (the KV cache views a ``kv_read`` node reads).
 """
 
 from __future__ import annotations
@@ -71,9 +80,31 @@ def src_shape(src: dict[str, Any], graph: Graph) -> list[int]:
     return list(src.get("shape", []))
 
 
+# bytes per element of the types a strided view can have (blocks for the quantized ones)
+_TYPE_SIZE = {
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "i32": 4.0,
+    "i64": 8.0,
+    "i16": 2.0,
+    "i8": 1.0,
+    "q8_0": 34 / 32,
+    "q4_0": 18 / 32,
+    "q4_1": 20 / 32,
+    "q5_0": 22 / 32,
+    "q5_1": 24 / 32,
+}
+
+
 def src_bytes(src: dict[str, Any], graph: Graph) -> int:
+    """Bytes of a source. A node's ``bytes`` is ggml_nbytes, which for a strided view (the
+    transposed V cache) spans the whole range it strides over: the elements it holds are counted
+    instead, where its type's size is known."""
     if "node" in src:
-        return graph.nodes[src["node"]].bytes
+        n = graph.nodes[src["node"]]
+        size = _TYPE_SIZE.get(n.dtype)
+        return n.bytes if size is None else min(n.bytes, int(numel(n.shape) * size))
     return int(src.get("bytes", 0))
 
 
@@ -121,10 +152,41 @@ def flops(node: Node, graph: Graph) -> int:
     return _PER_ELEMENT_FLOPS.get(node.op, 0) * n
 
 
+def _gathered(node: Node, src: dict[str, Any], graph: Graph) -> int:
+    """Bytes of ``src`` that ``node`` reads: a GET_ROWS table only the rows it gathers."""
+    b = src_bytes(src, graph)
+    if node.op == "GET_ROWS" and src is node.src[0]:
+        table = src_shape(src, graph) + [1, 1, 1]
+        rows = table[1] * table[2] * table[3]
+        got = (node.shape + [1, 1, 1])[1:4]
+        return b * min(rows, got[0] * got[1] * got[2]) // max(rows, 1)
+    return b
+
+
 def bytes_moved(node: Node, graph: Graph) -> int:
     if is_kv_write(node):
         return 2 * sum(src_bytes(s, graph) for s in node.src[:1])
-    return node.bytes + sum(src_bytes(s, graph) for s in node.src)
+    return node.bytes + sum(_gathered(node, s, graph) for s in node.src)
+
+
+def weight_bytes_read(node: Node, graph: Graph) -> int:
+    """Bytes of model weights the node reads (a GET_ROWS table: the rows it gathers)."""
+    return sum(_gathered(node, s, graph) for s in node.src if s.get("kind") == "weight")
+
+
+def kv_bytes_read(node: Node, graph: Graph) -> int:
+    """Bytes of the KV cache a ``kv_read`` node reads: its sources that are views of the cache."""
+    if "kv_read" not in node.flags:
+        return 0
+    total = 0
+    for s in node.src:
+        j = s.get("node")
+        reads_cache = s.get("kind") == "kv_cache" or (
+            j is not None and 0 <= j < len(graph.nodes) and kv_caches(graph.nodes[j], graph)
+        )
+        if reads_cache:
+            total += src_bytes(s, graph)
+    return total
 
 
 def category(node: Node) -> str:

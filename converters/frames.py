@@ -7,11 +7,15 @@
 Tables (integer nanosecond timestamps and durations; names, ops and types are categoricals):
 
 * ``steps`` — one row per ``llama_decode``: step, ctx, kind, n_tokens, pos0, pos1, t_start, dur_ns,
-  status, n_outputs, kv_used, op_ns (sum of its op durations), ended.
+  status, n_outputs, kv_used, op_ns (sum of its op durations), ended; weight_bytes and kv_bytes
+  (read by its graphs), and with peaks ideal_ns, roof_frac and roof (memory for generation, compute
+  for prompt steps).
 * ``layers`` — one row per layer span per compute: step, ubatch, layer, t_start, dur_ns, n_ops.
 * ``ops`` — one row per timed op per compute, with its node's metadata joined: step, ubatch, graph,
   node, name, op, label, category, layer, t_start, dur_ns, n_fused, shape, dtype, weight,
-  weight_type, est_flops, est_bytes.
+  weight_type, est_flops, est_bytes; the roofline (``roofline.py``): intensity (FLOPs/byte),
+  gflops_s, gbs (achieved), and, when peaks are cached for the machine that made the log
+  (``instr peaks``; NaN otherwise), ideal_ns (the least time at the roofs), roof_frac, bound.
 * ``nodes`` — the graph tables: graph, node, name, op, label, layer, shape, dtype, bytes, flags.
 * ``weights`` — the weight inventory of session_start.
 * ``tensor_stats`` (verbose) — step, ubatch, node, name, min, max, mean, std, n_nan, n_inf.
@@ -36,7 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import derive
+from . import derive, peaks, roofline
 from .decode import Compute, Graph, LayerRows, PackedCompute, SessionInfo, Step
 from .errors import UserError
 from .reader import ReadReport
@@ -133,6 +137,9 @@ class SessionFrames:
     requests: pd.DataFrame = field(default_factory=pd.DataFrame)
     graphs: dict[int, Graph] = field(default_factory=dict)  # the node tables, with their sources
     report: ReadReport = field(default_factory=ReadReport)
+    # the peaks of the machine that made the log (roofline.py), or why there are none
+    peaks: Any = None
+    peaks_note: str = ""
     # the tokens the run fed back while generating (its own choices), in step order
     generated_tokens: list[int] = field(default_factory=list)
 
@@ -514,7 +521,7 @@ class _Builder:
             for c in ("name", "type", "buffer"):
                 weights[c] = weights[c].astype("category")
             weights["layer"] = weights["layer"].astype("Int64")
-        return SessionFrames(
+        sf = SessionFrames(
             info=self.info,
             steps=steps,
             layers=self._layers_frame(),
@@ -531,6 +538,8 @@ class _Builder:
                 t for _, tokens in sorted(self.generated, key=_FIRST) for t in tokens
             ],
         )
+        roofline.apply(sf, *peaks.for_session(self.info))
+        return sf
 
 
 def load_sessions(path: Path | str, *, strict: bool = False) -> list[SessionFrames]:

@@ -121,7 +121,9 @@ class Chart:
     - ``line``: one or more series over ``x`` values;
     - ``heatmap``: ``matrix[row][col]`` over ``categories`` (rows) x ``columns``;
     - ``scatter``: points (``x``, first series' values), labelled by ``categories``, with an
-      optional ``front`` (indices of points joined as a line, e.g. a Pareto front).
+      optional ``front`` (indices of points joined as a line, e.g. a Pareto front);
+    - ``roofline``: log-log points (``x`` FLOPs/byte, first series' GFLOP/s) sized by ``sizes``,
+      coloured by ``groups``, under the ``roofs``.
     """
 
     name: str
@@ -140,6 +142,11 @@ class Chart:
     note: str = ""
     # diverging bars: is a value below the baseline the good side (e.g. a time ratio)?
     lower_is_better: bool = False
+    # roofline: point sizes (e.g. ms), colour groups, and the roofs ("memory": GB/s, the slope;
+    # any other name: a GFLOP/s ceiling)
+    sizes: list[float] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+    roofs: dict[str, float] = field(default_factory=dict)
 
     @property
     def n_marks(self) -> int:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from . import roofline_report
 from .errors import UserError
 from .frames import SessionFrames
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
@@ -377,6 +378,12 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
     table = _by_table(f, key, top) if recorded else None
     if table is not None:
         sections.append(Section(f"Time per {BY_TITLES[key]}", tables=[table]))
+    roof, roof_data = roofline_report.section(f, top)
+    if roof is not None:
+        facts += roof.facts[:1]  # the headline: decode against the bandwidth
+        sections.append(roof)
+    elif recorded and f.info.machine:  # a log that names its machine, not yet measured
+        facts.append(Fact("roofline", roof_data["note"]))
     return Report(
         title=f"Session {ov['session']}",
         subtitle=f"{ov['model']} · level {ov['level']}"
@@ -389,6 +396,7 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
             **({"requests": lat} if lat is not None else {}),
             **({"request_share": [x.row() for x in shares]} if shares else {}),
             **({"parts": parts} if parts else {}),
+            "roofline": roof_data,
         },
         csv_table=f"by_{key}" if table is not None else "",
     )

@@ -188,7 +188,8 @@ def op_static_args(
         "est_flops": n_flops,
         "est_bytes_moved": n_bytes,
     }
-    tail: dict[str, Any] = {}
+    # the roofline's x (roofline.py): FLOPs per byte moved
+    tail: dict[str, Any] = {"intensity": round(n_flops / n_bytes, 3) if n_bytes else 0.0}
     w = derive.weight_source(node)
     if w is not None:
         tail["weight"] = w["name"]

@@ -46,6 +46,44 @@ class Totals(ctypes.Structure):
     ]
 
 
+class ProbeTensor(ctypes.Structure):
+    """struct llama_instr_probe_tensor."""
+
+    _fields_ = [
+        ("type", ctypes.c_int32),
+        ("ne", ctypes.c_int64 * 4),
+        ("nbytes", ctypes.c_int64),
+    ]
+
+
+class Probe(ctypes.Structure):
+    """struct llama_instr_probe: one peak measurement (inputs, then outputs)."""
+
+    _fields_ = [
+        ("kind", ctypes.c_int32),
+        ("device", ctypes.c_int32),
+        ("type", ctypes.c_int32),
+        ("n_threads", ctypes.c_int32),
+        ("size", ctypes.c_int64),
+        ("n", ctypes.c_int64),
+        ("n_runs", ctypes.c_int32),
+        ("device_name", ctypes.c_char * 64),
+        ("buffer_type", ctypes.c_char * 64),
+        ("n_tensors", ctypes.c_int32),
+        ("tensors", ProbeTensor * 3),
+        ("bytes", ctypes.c_int64),
+        ("flops", ctypes.c_int64),
+        ("best_ns", ctypes.c_int64),
+        ("total_ns", ctypes.c_int64),
+        ("error", ctypes.c_char * 256),
+    ]
+
+
+# enum llama_instr_probe_kind
+PROBE_BANDWIDTH = 0
+PROBE_MATMUL = 1
+
+
 def import_llama_cpp() -> Any:
     """``llama_cpp``, or a one-line UserError saying how to get it."""
     try:
@@ -153,6 +191,26 @@ class InstrLib:
             out[name.value.decode()] = buf.reshape(shape)
         return out
 
+    def machine_info(self) -> dict[str, Any]:
+        """This machine as session_start records it: CPU model, hardware threads, devices."""
+        raw = self.lib.llama_instr_machine_info().decode(errors="replace")
+        if not raw:
+            raise SessionError("llama_instr_machine_info failed", ERR_INTERNAL)
+        info: dict[str, Any] = json.loads(raw)
+        return info
+
+    def probe(
+        self, kind: int, device: int, type_id: int, n_threads: int, size: int, n: int, n_runs: int
+    ) -> Probe:
+        """Run one peak measurement (llama_instr_probe_run); a SessionError saying why if the
+        device cannot run it."""
+        p = Probe(kind=kind, device=device, type=type_id, n_threads=n_threads, size=size, n=n)
+        p.n_runs = n_runs
+        rc = int(self.lib.llama_instr_probe_run(ctypes.byref(p)))
+        if rc < 0:
+            raise SessionError(p.error.decode(errors="replace") or f"probe failed ({rc})", rc)
+        return p
+
     @property
     def bench_cb_eval(self) -> int:
         """Address of the native upstream-style cb_eval (the overhead benchmark's peer)."""
@@ -186,6 +244,8 @@ def _declare(lib: ctypes.CDLL) -> None:
             c.c_int64,
         ),
         "llama_instr_bench_cb_eval_count": ([], c.c_int64),
+        "llama_instr_machine_info": ([], c.c_char_p),
+        "llama_instr_probe_run": ([c.POINTER(Probe)], c.c_int32),
     }
     for name, (argtypes, restype) in sigs.items():
         try:

@@ -35,7 +35,7 @@ def test_a_cpu_only_compute_is_one_split_without_copies(
     records = read_log(tmp_path / "c.log")
     for r in records:
         schema_validator.validate(r)
-    devices = _start(records)["devices"]
+    devices = _start(records)["machine"]["devices"]
     assert devices and devices[0]["type"] == "cpu" and devices[0]["memory_total"] > 0
     computes = by_type(records, "compute")
     assert len(computes) == 2
@@ -67,7 +67,7 @@ def test_a_partial_offload_logs_its_splits_and_copies(
     records = read_log(tmp_path / "p.log")
     for r in records:
         schema_validator.validate(r)
-    devices = _start(records)["devices"]
+    devices = _start(records)["machine"]["devices"]
     rpc = [i for i, d in enumerate(devices) if d["backend"].startswith("RPC")]
     assert len(rpc) == 1 and devices[rpc[0]]["type"] == "gpu"
     graphs = {g["graph"]: g for g in by_type(records, "graph")}

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 from html import escape
 
-from ..report import FORMATS, Chart
+from ..report import FORMATS, Chart, Series
 
 PALETTE = [
     "#4e79a7",
@@ -324,6 +324,93 @@ def _heatmap(chart: Chart) -> str:
     return _svg(h, body, chart)
 
 
+def _log_ticks(lo: float, hi: float) -> list[float]:
+    """Powers of ten covering [lo, hi]."""
+    a, b = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    return [10.0**e for e in range(a, max(b, a + 1) + 1)]
+
+
+def _roofline(chart: Chart) -> str:
+    """Log-log roofline: the bandwidth roof as a slope, each compute roof as a ceiling, the points
+    sized by ``sizes`` (area) and coloured by ``groups``, with a legend of the groups."""
+    top, left, bottom = 10, 60, 50
+    plot_w, plot_h = WIDTH - left - RIGHT, 300
+    groups = list(dict.fromkeys(chart.groups))
+    legend = Chart(chart.name, "roofline", "", "", "", series=[_series(g) for g in groups])
+    legend_h = _legend_h(legend)
+    h = top + plot_h + bottom + legend_h
+    ys = [v for v in chart.series[0].values if v > 0]
+    bw = chart.roofs.get("memory", 0.0)
+    ceilings = {k: v for k, v in chart.roofs.items() if k != "memory" and v > 0}
+    peak = max(ceilings.values(), default=max(ys + [1.0]))
+    xs = [x for x in chart.x if x > 0]
+    xt = _log_ticks(min(xs + [0.1]), max(xs + [peak / bw if bw else 10.0, 10.0]) * 2)
+    yt = _log_ticks(min(ys + [peak / 100]), peak * 2)
+    lx0, lx1, ly0, ly1 = (
+        math.log10(xt[0]),
+        math.log10(xt[-1]),
+        math.log10(yt[0]),
+        math.log10(yt[-1]),
+    )
+
+    def sx(v: float) -> float:
+        return left + (math.log10(v) - lx0) / (lx1 - lx0) * plot_w
+
+    def sy(v: float) -> float:
+        return top + plot_h - (math.log10(v) - ly0) / (ly1 - ly0) * plot_h
+
+    body = _x_axis(xt, sx, top, top + plot_h, chart.x_label)
+    body += _y_axis(yt, sy, left, plot_w, top, plot_h, chart.y_label)
+    if bw > 0:
+        # the slope from the left edge up to where it meets the highest ceiling
+        x_a = max(xt[0], yt[0] / bw)
+        x_b = min(xt[-1], peak / bw)
+        body.append(
+            f'<line class="roof" x1="{sx(x_a):.1f}" y1="{sy(bw * x_a):.1f}" x2="{sx(x_b):.1f}" '
+            f'y2="{sy(bw * x_b):.1f}" stroke="#333" stroke-width="2"/>'
+        )
+        body.append(
+            f'<text x="{sx(x_a) + 4:.1f}" y="{sy(bw * x_a) - 6:.1f}" class="val">'
+            f"memory {bw:.1f} GB/s</text>"
+        )
+    labelled: list[float] = []  # y of the ceilings labelled so far: labels must not overlap
+    for k, (name, v) in enumerate(sorted(ceilings.items(), key=lambda kv: -kv[1])):
+        x_a = max(xt[0], v / bw) if bw > 0 else xt[0]
+        dash = "" if k == 0 else ' stroke-dasharray="4 3"'
+        body.append(
+            f'<line class="roof" x1="{sx(x_a):.1f}" y1="{sy(v):.1f}" x2="{left + plot_w}" '
+            f'y2="{sy(v):.1f}" stroke="#333" stroke-width="{2 if k == 0 else 1}"{dash}>'
+            f"<title>{escape(f'{name}: {v:.1f} GFLOP/s')}</title></line>"
+        )
+        if all(abs(sy(v) - y) >= 11 for y in labelled):
+            labelled.append(sy(v))
+            body.append(
+                f'<text x="{left + plot_w - 4}" y="{sy(v) - 3:.1f}" class="val" '
+                f'text-anchor="end">{escape(f"{name} {v:.0f}")}</text>'
+            )
+    fmt = FORMATS[chart.value_fmt]
+    big = max(chart.sizes + [1e-12])
+    for i, (x, y) in enumerate(zip(chart.x, chart.series[0].values, strict=True)):
+        if not (x > 0 and y > 0):
+            continue
+        g = chart.groups[i] if i < len(chart.groups) else ""
+        color = PALETTE[groups.index(g) % len(PALETTE)] if g in groups else PALETTE[0]
+        size = chart.sizes[i] if i < len(chart.sizes) else 0.0
+        r = 2.5 + 12 * math.sqrt(max(size, 0.0) / big)
+        tip = f"{chart.categories[i]}: {fmt(y)} GFLOP/s at {x:.3g} FLOPs/byte, {size:.3g} ms"
+        body.append(
+            f'<circle class="mark" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="{r:.1f}" fill="{color}" '
+            f'fill-opacity="0.7" data-value="{y}"><title>{escape(tip)}</title></circle>'
+        )
+    if len(groups) > 1:
+        body += _legend(legend, top + plot_h + 40)
+    return _svg(h, body, chart)
+
+
+def _series(name: str) -> Series:
+    return Series(name, [])
+
+
 def render_chart(chart: Chart) -> str:
     if chart.kind in ("bars", "stacked", "diverging"):
         return _hbars(chart)
@@ -333,4 +420,6 @@ def render_chart(chart: Chart) -> str:
         return _xy(chart)
     if chart.kind == "heatmap":
         return _heatmap(chart)
+    if chart.kind == "roofline":
+        return _roofline(chart)
     raise ValueError(f"unknown chart kind {chart.kind!r}")

@@ -28,18 +28,39 @@ from llamacpp_instr.commands import (
     help="Group op time by op type, layer or graph node.",
 )
 @top_option
+@click.option(
+    "--peaks",
+    "peaks_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Peaks file of `instr peaks` (default: the cached peaks of the machine that made the "
+    "log); refused if measured on another machine.",
+)
 @report_options()
 @session_option
 @strict_option
 def command(
-    log: Path, by: str, top: int, fmt: str, output: Path | None, sid: str | None, strict: bool
+    log: Path,
+    by: str,
+    top: int,
+    peaks_file: Path | None,
+    fmt: str,
+    output: Path | None,
+    sid: str | None,
+    strict: bool,
 ) -> None:
     """Summarize a session LOG: tokens/s for prompt and generation, step-time percentiles, op-time
     coverage, and time per op type, layer or node (count, total, mean, p50, p95, share, achieved
     GFLOP/s and GB/s). The HTML page also shows where a generation step's time goes: per layer by
-    op type, a layer x op-type heatmap, the step-time histogram and tokens/s over the run."""
+    op type, a layer x op-type heatmap, the step-time histogram and tokens/s over the run. With
+    this machine's peaks (`instr peaks`), every op against its roofline: arithmetic intensity,
+    fraction of the roof, the bound, and decode against the memory bandwidth."""
     from llamacpp_instr.converters.summary import render
 
     check_output(output)
     frames = load_log(log, sid, strict)
+    if peaks_file is not None:
+        from llamacpp_instr.converters import peaks, roofline
+
+        roofline.apply(frames, peaks.for_file(peaks_file, frames.info))
     emit(render(frames, by, top or None, fmt), output)

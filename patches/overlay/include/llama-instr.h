@@ -136,6 +136,57 @@ LLAMA_API int64_t llama_instr_captured_get(struct llama_context * ctx,
                                            float *                dst,
                                            int64_t                dst_n);
 
+// ---- The machine and its peaks (llama-instr-peaks.cpp) ----------------------------------------
+
+// A JSON object naming this machine, the one session_start records as "machine":
+// {"cpu":"<model>","n_cpus":<hardware threads>,"devices":[{"index":0,"name":"CPU",
+// "description":"...","type":"cpu"|"gpu"|"igpu"|"accel","memory_total":<bytes>}, ...]}.
+// Valid until this thread's next call of this function; "" if it could not be made.
+LLAMA_API const char * llama_instr_machine_info(void);
+
+enum llama_instr_probe_kind {
+    LLAMA_INSTR_PROBE_BANDWIDTH = 0,  // c = a + b (GGML_OP_ADD) over three F32 buffers of `size` elements,
+                                      // shaped [4096, size / 4096] so that the threads share the rows
+    LLAMA_INSTR_PROBE_MATMUL    = 1,  // y = w x (GGML_OP_MUL_MAT): w [k = size, m = size] of `type`,
+                                      // x [k, n] F32, y [m, n] F32
+};
+
+struct llama_instr_probe_tensor {
+    int32_t type;    // ggml_type
+    int64_t ne[4];   // ggml order, ne[0] innermost
+    int64_t nbytes;  // ggml_nbytes
+};
+
+// One measurement of llama_instr_probe_run: fill the inputs (zero the rest), read the outputs.
+struct llama_instr_probe {
+    // inputs
+    int32_t kind;       // enum llama_instr_probe_kind
+    int32_t device;     // index of the backend device (the "index" in llama_instr_machine_info)
+    int32_t type;       // MATMUL: ggml_type of w (F32, F16, Q4_K, Q8_0, ...); BANDWIDTH: ignored
+    int32_t n_threads;  // CPU threads (<= 0: all hardware threads); other devices ignore it
+    int64_t size;       // BANDWIDTH: elements per buffer (a multiple of 4096); MATMUL: k = m
+    int64_t n;          // MATMUL: columns of x (tokens of a batch); BANDWIDTH: ignored
+    int32_t n_runs;     // timed runs, after one untimed warm-up (1..1000)
+    // outputs
+    char    device_name[64];                // e.g. "CPU", "CUDA0"
+    char    buffer_type[64];                // the buffer type that held w (the CPU's repacking one where a run uses it)
+    int32_t n_tensors;                      // tensors of the graph: the sources, then the output
+    struct llama_instr_probe_tensor tensors[3];
+    int64_t                         bytes;  // bytes one run moves as counted: the sum of the tensors' nbytes
+    int64_t                         flops;  // FLOPs one run does: BANDWIDTH size; MATMUL 2 k m n
+    int64_t                         best_ns;     // fastest timed run
+    int64_t                         total_ns;    // all timed runs
+    char                            error[256];  // why it failed ("" on success)
+};
+
+// Build the probe's ggml graph on the device through ggml's backend API, fill its sources, run it
+// once untimed and n_runs times timed, with the run's code paths (the CPU's extra buffer types
+// where they take the op, as a llama_context does). Synchronous; safe from any thread; needs no
+// session. Returns LLAMA_INSTR_OK, ERR_INVALID_ARG (NULL, kind, device, type, size, n, n_runs)
+// or ERR_INTERNAL (the device cannot allocate or run the graph); p->error then says why
+// (llama_instr_last_error is not set by this function).
+LLAMA_API int32_t llama_instr_probe_run(struct llama_instr_probe * p);
+
 // What the last failing call on this thread reported ("" if none). Valid until this thread's next
 // call into this API.
 LLAMA_API const char * llama_instr_last_error(void);

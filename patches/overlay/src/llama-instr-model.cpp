@@ -204,6 +204,8 @@ void write_devices(json_out & j) {
         }
         j.sep();
         j.ch('{');
+        j.key("index");
+        j.i64((int64_t) i);
         j.key("name");
         j.str(ggml_backend_dev_name(dev));
         j.key("backend");

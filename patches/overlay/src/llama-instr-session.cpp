@@ -2,6 +2,7 @@
 
 #include "llama-instr-hooks.h"
 #include "llama-instr-model.h"
+#include "llama-instr-peaks.h"
 
 #include <algorithm>
 #include <atomic>
@@ -428,7 +429,7 @@ int32_t llama_instr_session_begin(llama_context * ctx, const char * path, int32_
 #endif
         j.key("metadata");
         j.raw(metadata_json && *metadata_json ? metadata_json : "{}");
-        write_devices(j);
+        write_machine_info(j);
         if (ctx) {
             // the context joins now, so that it is ctx 1 in every record
             join_locked(s, state_locked(s, ctx));

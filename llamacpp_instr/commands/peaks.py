@@ -1,0 +1,83 @@
+"""``instr peaks``: measure this machine's memory bandwidth and matmul peaks, once per machine."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from llamacpp_instr.commands import check_output, emit, report_options, threads_option
+from llamacpp_instr.peaks import DEFAULT_TYPES
+
+
+def default_threads() -> int:
+    """The thread count of `instr run` without --threads: all cores, at most 8."""
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+@click.command("peaks")
+@threads_option
+@click.option(
+    "--types",
+    default=",".join(DEFAULT_TYPES),
+    show_default=True,
+    help="Weight types whose matmul peak to measure (ggml type names, comma-separated).",
+)
+@click.option(
+    "--force", is_flag=True, help="Measure again even if this machine's peaks are cached."
+)
+@click.option(
+    "--size-mib",
+    type=click.IntRange(min=1, max=4096),
+    default=256,
+    show_default=True,
+    help="Size of each of the bandwidth probe's three buffers (far beyond the last-level cache).",
+)
+@report_options()
+def command(
+    threads: int | None, types: str, force: bool, size_mib: int, fmt: str, output: Path | None
+) -> None:
+    """Measure this machine's peaks with ggml itself: for each device of the installed build (the
+    CPU with the runs' thread count, and each GPU), the memory bandwidth of a large ADD and the
+    matmul GFLOP/s per weight type, through the same kernels a run uses. Cached per machine (CPU
+    model, threads, GPU names) under the cache directory and reused; `instr summary` and
+    `instr compare` set every op of a log from this machine against them."""
+    from llamacpp_instr import bindings
+    from llamacpp_instr import peaks as measure
+    from llamacpp_instr.converters import peaks
+
+    check_output(output)
+    n_threads = threads or default_threads()
+    type_list = tuple(t.strip().lower() for t in types.split(",") if t.strip())
+    for t in type_list:
+        measure.type_id(t)  # a bad name fails before anything runs
+    lib = bindings.load()
+    try:  # ggml's own log lines (the CPU repacking a weight) would break up the progress lines
+        from llama_cpp import _logger
+
+        _logger.set_verbose(False)
+    except (ImportError, AttributeError):
+        pass
+    machine = lib.machine_info()
+    got = None if force else peaks.cached(machine, n_threads)
+    if got is not None:
+        click.echo(
+            f"peaks of {got.key}, measured {got.date} (cached: "
+            f"{peaks.cache_file(got.key, peaks.default_cache())}; --force measures again)",
+            err=True,
+        )
+    else:
+        plan = measure.Plan(n_threads=n_threads, types=type_list, bandwidth_elements=size_mib << 18)
+        click.echo(f"measuring {peaks.machine_key(machine, n_threads)} ...", err=True)
+        got = measure.measure(
+            plan,
+            lib,
+            progress=lambda s: click.echo(f"  {s}", err=True),
+            warn=lambda s: click.echo(f"error: {s}", err=True),
+        )
+        click.echo(f"saved {peaks.save(got)}", err=True)
+    from llamacpp_instr.converters.renderers import render
+    from llamacpp_instr.converters.roofline_report import peaks_report
+
+    emit(render(peaks_report(got), fmt), output)

@@ -1,0 +1,224 @@
+"""The peak probe (``llama_instr_probe_run`` through ggml's backend API), the per-machine cache of
+``instr peaks``, the machine identity in session_start, and the roofline of a real run.
+
+Sane shape only: finite positive figures, the bytes and FLOPs the probe counts equal to its graph's
+tensors (sizes worked out by hand here, not by the code under test), cached peaks reused and refused
+for another machine. No timing thresholds: speed lives in bench/.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from conftest import RunLog
+
+from llamacpp_instr import bindings
+from llamacpp_instr import peaks as measure
+from llamacpp_instr.cli import main
+from llamacpp_instr.converters import load_session, peaks
+from llamacpp_instr.converters.errors import UserError
+
+# ggml type ids (ggml.h enum ggml_type) and one row of 256 values in each type, by hand:
+# f32 4 bytes a value, f16 2, q4_K 144 bytes a block of 256, q8_0 34 bytes a block of 32
+TYPES = {"f32": (0, 256 * 4), "f16": (1, 256 * 2), "q4_k": (12, 144), "q8_0": (8, 8 * 34)}
+QUICK = measure.Plan(
+    n_threads=2, types=("f32", "q8_0"), bandwidth_elements=1 << 20, matmul_size=256, matmul_n=16,
+    n_runs=2,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def quick_peaks(instr_api: Any) -> peaks.Peaks:
+    return measure.measure(QUICK, instr_api)
+
+
+@pytest.fixture
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty cache directory of this test's own (LLAMACPP_INSTR_CACHE)."""
+    monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_machine_info_names_the_cpu(instr_api: Any) -> None:
+    m = instr_api.machine_info()
+    assert isinstance(m["cpu"], str) and m["cpu"]
+    assert m["n_cpus"] == os.cpu_count()
+    cpus = [d for d in m["devices"] if d["type"] == "cpu"]
+    assert len(cpus) == 1 and cpus[0]["description"] == m["cpu"]
+    assert [d["index"] for d in m["devices"]] == list(range(len(m["devices"])))
+
+
+def test_session_start_records_the_machine(
+    instr_api: Any, smollm2_detailed: RunLog, schema_validator: Any
+) -> None:
+    start = smollm2_detailed.start
+    assert start["machine"] == instr_api.machine_info()
+    schema_validator.validate(start)
+    # the schema checks the field: a machine without its CPU is refused
+    with pytest.raises(Exception, match="cpu"):
+        schema_validator.validate({**start, "machine": {"n_cpus": 1, "devices": []}})
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_matmul_probe_counts_its_graphs_tensors(instr_api: Any, name: str) -> None:
+    type_id, row_bytes = TYPES[name]
+    p = instr_api.probe(bindings.PROBE_MATMUL, 0, type_id, 1, 256, 8, 2)
+    t = p.tensors
+    assert p.n_tensors == 3
+    # w [256, 256] of the type, x [256, 8] F32, y [256, 8] F32
+    assert (t[0].type, list(t[0].ne), t[0].nbytes) == (type_id, [256, 256, 1, 1], 256 * row_bytes)
+    assert (t[1].type, list(t[1].ne), t[1].nbytes) == (0, [256, 8, 1, 1], 256 * 8 * 4)
+    assert (t[2].type, list(t[2].ne), t[2].nbytes) == (0, [256, 8, 1, 1], 256 * 8 * 4)
+    assert p.bytes == 256 * row_bytes + 2 * 256 * 8 * 4
+    assert p.flops == 2 * 256 * 256 * 8
+    assert p.device_name == b"CPU" and p.n_threads == 1 and p.buffer_type
+    assert 0 < p.best_ns <= p.total_ns
+    assert math.isfinite(p.flops / p.best_ns) and p.flops / p.best_ns > 0
+
+
+def test_bandwidth_probe_counts_its_graphs_tensors(instr_api: Any) -> None:
+    n = 1 << 20
+    p = instr_api.probe(bindings.PROBE_BANDWIDTH, 0, 0, 2, n, 0, 2)
+    # rows of 4096 floats, which the threads share (one long row would be one thread's)
+    want = [(0, [4096, n // 4096, 1, 1], 4 * n)] * 3
+    assert [(x.type, list(x.ne), x.nbytes) for x in p.tensors] == want
+    assert p.bytes == 3 * 4 * n and p.flops == n
+    assert 0 < p.best_ns <= p.total_ns and p.n_threads == 2
+
+
+@pytest.mark.parametrize(
+    "args,what",
+    [
+        ((7, 0, 0, 1, 256, 8, 1), "kind"),
+        ((1, 999, 0, 1, 256, 8, 1), "device"),
+        ((1, 0, 12, 1, 100, 8, 1), "multiple"),  # q4_K rows are blocks of 256
+        ((1, 0, 0, 1, 256, 8, 0), "n_runs"),
+        ((1, 0, 4, 1, 256, 8, 1), "type"),  # 4 was Q4_2, removed from ggml
+        ((0, 0, 0, 1, 0, 0, 1), "size"),
+        ((0, 0, 0, 1, 5000, 0, 1), "multiple of 4096"),
+    ],
+)
+def test_probe_refuses_bad_input(instr_api: Any, args: tuple[int, ...], what: str) -> None:
+    with pytest.raises(bindings.SessionError) as e:
+        instr_api.probe(*args)
+    assert e.value.code == bindings.ERR_INVALID_ARG and what in str(e.value)
+
+
+def test_measured_peaks_are_sane(quick_peaks: peaks.Peaks) -> None:
+    cpu = quick_peaks.device()
+    assert cpu.type == "cpu" and quick_peaks.n_threads == 2
+    assert sorted(cpu.matmul_gflops) == ["f32", "q8_0"]
+    figures = [cpu.bandwidth_gbs, *cpu.matmul_gflops.values()]
+    assert all(math.isfinite(v) and v > 0 for v in figures)
+    # each figure is its measurement's counted work over its best time
+    recs = [r for r in quick_peaks.measurements if r["device"] == "CPU"]
+    assert len(recs) == 3
+    for r in recs:
+        assert r["bytes"] == sum(t["nbytes"] for t in r["tensors"])
+    bw = recs[0]
+    assert bw["what"] == "bandwidth" and cpu.bandwidth_gbs == bw["bytes"] / bw["best_ns"]
+
+
+def test_cache_is_reused_and_refused_for_another_machine(
+    quick_peaks: peaks.Peaks, tmp_path: Path
+) -> None:
+    m, t = quick_peaks.machine, quick_peaks.n_threads
+    assert peaks.cached(m, t, tmp_path) is None
+    path = peaks.save(quick_peaks, tmp_path)
+    assert path.parent == tmp_path / "peaks" and not list(path.parent.glob("*.tmp*"))
+    got = peaks.cached(m, t, tmp_path)
+    assert got is not None and got.to_json() == quick_peaks.to_json()
+    other = {**m, "cpu": "Some Other CPU"}
+    assert peaks.cached(other, t, tmp_path) is None
+    assert peaks.cached(m, t + 1, tmp_path) is None  # another thread count: other peaks
+    with pytest.raises(UserError, match="measured on"):
+        peaks.check_fits(quick_peaks, other, t, "these peaks")
+    # a file at this machine's place that names another machine is refused, not used
+    doc = quick_peaks.to_json()
+    doc["machine"] = other
+    path.write_text(json.dumps(doc))
+    assert peaks.cached(m, t, tmp_path) is None
+
+
+def test_instr_peaks_measures_then_reuses(instr_api: Any, own_cache: Path) -> None:
+    args = ["peaks", "--threads", "1", "--types", "f32", "--size-mib", "4", "--format", "json"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert "measuring" in r.stderr and "CPU: bandwidth" in r.stderr and "saved" in r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["n_threads"] == 1 and doc["machine"] == instr_api.machine_info()
+    assert len(list((own_cache / "peaks").glob("*.json"))) == 1
+    r2 = CliRunner().invoke(main, args)
+    assert r2.exit_code == 0 and "cached" in r2.stderr and "measuring" not in r2.stderr
+    assert json.loads(r2.stdout) == doc
+    bad = CliRunner().invoke(main, ["peaks", "--types", "f32,q9_9"])
+    assert bad.exit_code == 2 and bad.output.strip() == "error: unknown ggml type 'q9_9'"
+
+
+def test_run_against_its_roofs(
+    smollm2_detailed: RunLog, quick_peaks: peaks.Peaks, own_cache: Path
+) -> None:
+    f = load_session(smollm2_detailed.path)
+    assert f.peaks is None and "instr peaks --threads 2" in f.peaks_note
+    assert f.ops["roof_frac"].isna().all() and f.ops["intensity"].notna().any()
+    peaks.save(quick_peaks)
+    f = load_session(smollm2_detailed.path)
+    assert f.peaks is not None and f.peaks.key == quick_peaks.key
+    timed = f.ops[f.ops["dur_ns"] > 0]
+    assert len(timed) and (timed["roof_frac"] > 0).all() and timed["bound"].notna().all()
+    # a generation step reads every weight once, and of token_embd the generated token's row
+    # (tied output: the output matmul reads all of token_embd too), from the weight inventory
+    inv = {w["name"]: w for w in smollm2_detailed.start["weights"]}
+    emb = inv["token_embd.weight"]
+    rows = emb["bytes"] // emb["shape"][1]
+    total = sum(w["bytes"] for w in inv.values())
+    want = total + rows if "output.weight" not in inv else total - emb["bytes"] + rows
+    gen = f.steps[f.steps["kind"] == "gen"]
+    assert len(gen) and (gen["weight_bytes"] == want).all()
+    assert (gen["kv_bytes"] > 0).all() and (gen["roof_frac"] > 0).all()
+    r = CliRunner().invoke(main, ["summary", str(smollm2_detailed.path), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)["roofline"]
+    assert data["machine"] == quick_peaks.key and data["gen"]["steps"] == len(gen)
+    text = CliRunner().invoke(main, ["summary", str(smollm2_detailed.path)]).stdout
+    assert "decode runs at" in text and "of this machine's memory bandwidth" in text
+
+
+def test_summary_refuses_peaks_of_another_machine(
+    smollm2_detailed: RunLog, quick_peaks: peaks.Peaks, tmp_path: Path
+) -> None:
+    doc = quick_peaks.to_json()
+    doc["machine"] = {**doc["machine"], "cpu": "Some Other CPU"}
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, ["summary", str(smollm2_detailed.path), "--peaks", str(other)])
+    assert r.exit_code == 2
+    assert r.output.count("\n") == 1 and "measured on Some Other CPU" in r.output
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps(quick_peaks.to_json()))
+    r = CliRunner().invoke(main, ["summary", str(smollm2_detailed.path), "--peaks", str(mine)])
+    assert r.exit_code == 0 and "decode runs at" in r.stdout
+
+
+def test_compare_sets_both_runs_against_the_roofs(
+    smollm2_detailed: RunLog, quick_peaks: peaks.Peaks, own_cache: Path
+) -> None:
+    peaks.save(quick_peaks)
+    log = str(smollm2_detailed.path)
+    r = CliRunner().invoke(main, ["compare", log, log, "--format", "json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)["roofline"]
+    rows = {x["what"]: x for x in d["rows"]}
+    # the same run twice: the same bytes per token, every ratio 1
+    per_token = rows["decode MB read per token"]
+    assert per_token["a"] == per_token["b"] > 0 and per_token["ratio"] == 1.0
+    assert all(x["ratio"] == pytest.approx(1.0) for x in d["rows"])
+    assert "1.00x the bytes" in d["why"]
+    text = CliRunner().invoke(main, ["compare", log, log]).stdout
+    assert "Against the roofs" in text and "decode % of bandwidth" in text

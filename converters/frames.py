@@ -546,7 +546,9 @@ def load_sessions(path: Path | str, *, strict: bool = False) -> list[SessionFram
     """Every session of the log, as tables."""
     report = ReadReport()
     builders: dict[str, _Builder] = {}
-    for ev in iter_events_packed(path, strict=strict, report=report):
+    # read here: the tables' own work per record is small, and sending the records from a
+    # forked reader costs more than parsing them (bench/convert.py)
+    for ev in iter_events_packed(path, strict=strict, report=report, fork=False):
         if isinstance(ev, SessionStarted):
             builders[ev.session.sid] = _Builder(ev.session)
         elif isinstance(ev, StepDone):

@@ -89,12 +89,16 @@ def iter_events(
 
 
 def iter_events_packed(
-    path: Path | str, *, strict: bool = False, report: ReadReport | None = None
+    path: Path | str,
+    *,
+    strict: bool = False,
+    report: ReadReport | None = None,
+    fork: bool = True,
 ) -> Iterator[Event]:
     """``iter_events``, with the ops of well-formed computes kept as columns (``PackedCompute``),
-    and a big log read on the other core (``prefetch``): the same steps, the same skipped
-    records."""
-    return _fold(path, prefetch.records, strict, report, packed=True)
+    and a big log read on the other core (``prefetch``; ``fork=False``: here): the same steps,
+    the same skipped records."""
+    return _fold(path, prefetch.records if fork else iter_records, strict, report, packed=True)
 
 
 def _fold(

@@ -145,13 +145,40 @@ class InstrLib:
             out[name.value.decode()] = buf.reshape(shape)
         return out
 
+    def _testing_only(self, name: str) -> Any:
+        fn = getattr(self.lib, name, None)
+        if fn is None:
+            raise UserError(
+                f"{name} is only in the testing build (`instr build --testing`, run with the "
+                "LLAMA_CPP_LIB_PATH it prints)"
+            )
+        return fn
+
     @property
     def bench_cb_eval(self) -> int:
-        """Address of the native upstream-style cb_eval (the overhead benchmark's peer)."""
-        return ctypes.cast(self.lib.llama_instr_bench_cb_eval, ctypes.c_void_p).value or 0
+        """Address of the native upstream-style cb_eval (the overhead benchmark's peer; testing
+        build only)."""
+        fn = self._testing_only("llama_instr_bench_cb_eval")
+        return ctypes.cast(fn, ctypes.c_void_p).value or 0
 
     def bench_cb_eval_count(self) -> int:
-        return int(self.lib.llama_instr_bench_cb_eval_count())
+        fn = self._testing_only("llama_instr_bench_cb_eval_count")
+        fn.restype = ctypes.c_int64
+        return int(fn())
+
+    def test_fail_alloc(self, n: int) -> None:
+        """Fail the n-th allocation made on behalf of llama_instr code from now on (0 disarms;
+        testing build only)."""
+        fn = self._testing_only("llama_instr_test_fail_alloc")
+        fn.argtypes = [ctypes.c_int64]
+        fn.restype = None
+        fn(n)
+
+    def test_failed_allocs(self) -> int:
+        """Allocations failed on purpose since the last test_fail_alloc (testing build only)."""
+        fn = self._testing_only("llama_instr_test_failed_allocs")
+        fn.restype = ctypes.c_int64
+        return int(fn())
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -177,7 +204,6 @@ def _declare(lib: ctypes.CDLL) -> None:
             + [c.POINTER(c.c_float), c.c_int64],
             c.c_int64,
         ),
-        "llama_instr_bench_cb_eval_count": ([], c.c_int64),
     }
     for name, (argtypes, restype) in sigs.items():
         try:

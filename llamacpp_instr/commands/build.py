@@ -32,8 +32,20 @@ import click
     help="Build the patched libraries with AddressSanitizer or ThreadSanitizer into the cache "
     "(not installed) and print how to run Python on them.",
 )
+@click.option(
+    "--testing",
+    is_flag=True,
+    help="Build the patched libraries with the test-only entry points (allocation-failure "
+    "injection, the overhead benchmark's eval callback) into the cache (not installed) and print "
+    "how to run Python on them.",
+)
 def command(
-    check: bool, cmake_args: tuple[str, ...], rebuild: bool, model: bool, sanitize: str | None
+    check: bool,
+    cmake_args: tuple[str, ...],
+    rebuild: bool,
+    model: bool,
+    sanitize: str | None,
+    testing: bool,
 ) -> None:
     """Build the patched llama-cpp-python wheel and install it.
 
@@ -50,6 +62,11 @@ def command(
 
     if check:
         build.check(echo)
+        return
+    if testing:
+        lib = build.testing_lib_dir(echo, cmake_args, rebuild=rebuild)
+        echo(f"testing libraries: {lib}")
+        click.echo(f"LLAMA_CPP_LIB_PATH={lib}")
         return
     if sanitize:
         lib = build.sanitized_lib_dir(sanitize, echo, cmake_args, rebuild=rebuild)

@@ -58,6 +58,15 @@ def import_llama_cpp() -> Any:
     return llama_cpp
 
 
+def _json(obj: dict[str, Any], what: str) -> bytes:
+    """``obj`` as the C API takes it: strict JSON (NaN and infinities are not JSON: the library
+    refuses them), ASCII, on one line."""
+    try:
+        return json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{what} must be JSON-serializable (no NaN or infinity): {exc}") from None
+
+
 @dataclass
 class InstrLib:
     """The instrumentation functions of the loaded libllama."""
@@ -77,7 +86,7 @@ class InstrLib:
         return rc
 
     def session_begin(self, ctx: Any, path: str, level: str, metadata: dict[str, Any]) -> None:
-        meta = json.dumps(metadata, ensure_ascii=True).encode()
+        meta = _json(metadata, "metadata")
         rc = self.lib.llama_instr_session_begin(ctx, path.encode(), LEVEL_IDS[level], meta)
         self._check(rc, "llama_instr_session_begin")
 
@@ -115,7 +124,7 @@ class InstrLib:
 
     def write_record(self, type_: str, fields: dict[str, Any]) -> None:
         """Append a record of our own (e.g. a served request) to the open session's log."""
-        body = json.dumps(fields, ensure_ascii=True, separators=(",", ":")).encode()
+        body = _json(fields, f"the fields of a {type_} record")
         self._check(self.lib.llama_instr_write_record(type_.encode(), body), "write_record")
 
     def capture(self, ctx: Any, patterns: list[str]) -> None:

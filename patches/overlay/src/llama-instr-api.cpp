@@ -69,32 +69,8 @@ void new_ids(std::string & sid, char (&wall)[64], std::string & default_name) {
     default_name = name;
 }
 
-// A JSON object on one line, in valid UTF-8 (its content is the caller's, stored verbatim).
-bool metadata_ok(const char * m) {
-    const size_t n = strlen(m);
-    size_t       a = 0, b = n;
-    while (a < b && (m[a] == ' ' || m[a] == '\t')) {
-        a++;
-    }
-    while (b > a && (m[b - 1] == ' ' || m[b - 1] == '\t')) {
-        b--;
-    }
-    if (b - a < 2 || m[a] != '{' || m[b - 1] != '}') {
-        return false;
-    }
-    const auto * p = (const unsigned char *) m;
-    for (size_t i = 0; i < n;) {
-        if (p[i] < 0x20 && p[i] != '\t') {
-            return false;
-        }
-        const size_t len = utf8_sequence_len(p + i, n - i);
-        if (len == 0) {
-            return false;
-        }
-        i += len;
-    }
-    return true;
-}
+// Keys a caller's record must not hold: record_head writes them.
+const char * const RESERVED_KEYS[] = { "type", "ts", "sid" };
 
 const char * level_name(int32_t level) {
     switch (level) {
@@ -119,18 +95,24 @@ const char * level_name(int32_t level) {
 // C API
 //
 
-int32_t llama_instr_api_version(void) {
+int32_t llama_instr_api_version(void) noexcept {
     return LLAMA_INSTR_API_VERSION;
 }
 
-const char * llama_instr_build_info(void) {
-    static const std::string info = "{\"api_version\":" + std::to_string(LLAMA_INSTR_API_VERSION) +
-                                    ",\"llama_cpp_commit\":\"" LLAMA_INSTR_LLAMA_COMMIT
-                                    "\",\"patch_hash\":\"" LLAMA_INSTR_PATCH_HASH "\"}";
-    return info.c_str();
+#define LLAMA_INSTR_STR2(x) #x
+#define LLAMA_INSTR_STR(x)  LLAMA_INSTR_STR2(x)
+
+const char * llama_instr_build_info(void) noexcept {
+    // a literal: nothing to allocate, nothing to throw
+    return "{\"api_version\":" LLAMA_INSTR_STR(
+        LLAMA_INSTR_API_VERSION) ",\"llama_cpp_commit\":\"" LLAMA_INSTR_LLAMA_COMMIT
+                                 "\",\"patch_hash\":\"" LLAMA_INSTR_PATCH_HASH "\"}";
 }
 
-int32_t llama_instr_session_begin(llama_context * ctx, const char * path, int32_t level, const char * metadata_json) {
+int32_t llama_instr_session_begin(llama_context * ctx,
+                                  const char *    path,
+                                  int32_t         level,
+                                  const char *    metadata_json) noexcept {
     try {
         auto &                      s = S();
         std::lock_guard<std::mutex> lock(s.mtx);
@@ -140,7 +122,7 @@ int32_t llama_instr_session_begin(llama_context * ctx, const char * path, int32_
         if (level < LLAMA_INSTR_LEVEL_MINIMAL || level > LLAMA_INSTR_LEVEL_VERBOSE) {
             return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "level must be 1 (minimal), 2 (detailed) or 3 (verbose)");
         }
-        if (metadata_json && *metadata_json && !metadata_ok(metadata_json)) {
+        if (metadata_json && *metadata_json && json_object_check(metadata_json, nullptr, 0) != json_check::ok) {
             return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "metadata must be a JSON object on one line, in UTF-8");
         }
 
@@ -152,50 +134,62 @@ int32_t llama_instr_session_begin(llama_context * ctx, const char * path, int32_
         if (!s.log.open(p)) {
             return api_error(LLAMA_INSTR_ERR_IO, "cannot open the log " + p + " for writing: " + strerror(errno));
         }
+        // from here on, a failure closes the file again: no session is left half open
+        try {
+            s.epoch++;
+            s.sid       = sid;
+            s.level     = level;
+            s.topk      = s.topk_next;
+            s.t_start   = now_ns();
+            s.totals    = {};
+            s.n_graphs  = 0;
+            s.n_ctx_ids = 0;
 
-        s.epoch++;
-        s.sid       = sid;
-        s.level     = level;
-        s.topk      = s.topk_next;
-        s.t_start   = now_ns();
-        s.totals    = {};
-        s.n_graphs  = 0;
-        s.n_ctx_ids = 0;
-
-        std::string line;
-        json_out    j{ line };
-        record_head(j, "session_start", s.t_start, s.sid);
-        j.key("schema_version");
-        j.i64(1);
-        j.key("wall_time");
-        j.str(wall);
-        j.key("level");
-        j.str(level_name(level));
-        j.key("producer");
-        j.raw("{\"llama_cpp_commit\":\"" LLAMA_INSTR_LLAMA_COMMIT "\",\"patch_hash\":\"" LLAMA_INSTR_PATCH_HASH
-              "\",\"api_version\":");
-        j.i64(LLAMA_INSTR_API_VERSION);
-        j.ch('}');
-        j.key("pid");
+            std::string line;
+            json_out    j{ line };
+            record_head(j, "session_start", s.t_start, s.sid);
+            j.key("schema_version");
+            j.i64(1);
+            j.key("wall_time");
+            j.str(wall);
+            j.key("level");
+            j.str(level_name(level));
+            j.key("producer");
+            j.raw("{\"llama_cpp_commit\":\"" LLAMA_INSTR_LLAMA_COMMIT "\",\"patch_hash\":\"" LLAMA_INSTR_PATCH_HASH
+                  "\",\"api_version\":");
+            j.i64(LLAMA_INSTR_API_VERSION);
+            j.ch('}');
+            j.key("pid");
 #if defined(_WIN32)
-        j.i64(0);
+            j.i64(0);
 #else
-        j.i64((int64_t) getpid());
+            j.i64((int64_t) getpid());
 #endif
-        j.key("metadata");
-        j.raw(metadata_json && *metadata_json ? metadata_json : "{}");
-        if (ctx) {
-            // the context joins now, so that it is ctx 1 in every record
-            join_locked(s, state_locked(s, ctx));
-            write_model_info(j, ctx);
-        }
-        j.ch('}');
-        s.log.emit(line);
-        s.log.write_buffered();
-        if (s.log.status != LLAMA_INSTR_OK) {
-            const std::string why = s.log.failure;
+            j.key("metadata");
+            j.raw(metadata_json && *metadata_json ? metadata_json : "{}");
+            if (ctx) {
+                // ctx is ctx 1 in every record: its id is reserved now, and it joins on its own
+                // thread when its next step begins (it may be decoding right now)
+                ctx_state & st    = state_locked(s, ctx);
+                st.reserved_epoch = s.epoch;
+                st.reserved_id    = ++s.n_ctx_ids;
+                write_model_info(j, ctx);
+            }
+            j.ch('}');
+            s.log.emit(line);
+            s.log.write_buffered();
+            if (s.log.status != LLAMA_INSTR_OK) {
+                const std::string why = s.log.failure_message();
+                s.log.close();
+                return api_error(LLAMA_INSTR_ERR_IO, why);
+            }
+            if (!start_flusher_locked(s)) {
+                s.log.close();
+                return api_error(LLAMA_INSTR_ERR_INTERNAL, "cannot start the log's flusher thread");
+            }
+        } catch (...) {
             s.log.close();
-            return api_error(LLAMA_INSTR_ERR_IO, why);
+            throw;
         }
 
         g_llama_instr_level.store(level, std::memory_order_relaxed);
@@ -207,14 +201,15 @@ int32_t llama_instr_session_begin(llama_context * ctx, const char * path, int32_
     }
 }
 
-int32_t llama_instr_session_end(const char * status) {
+int32_t llama_instr_session_end(const char * status) noexcept {
     try {
-        auto & s = S();
-        g_llama_instr_level.store(LLAMA_INSTR_LEVEL_OFF, std::memory_order_relaxed);
+        auto &                      s = S();
         std::lock_guard<std::mutex> lock(s.mtx);
         if (!s.log.fp) {
             return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
         }
+        // under the lock: a set_level can't turn it on again between this and the close
+        g_llama_instr_level.store(LLAMA_INSTR_LEVEL_OFF, std::memory_order_relaxed);
         std::string st         = status && *status ? status : "ok";
         const bool  bad_status = st != "ok" && st != "error" && st != "interrupted";
         if (bad_status) {
@@ -254,7 +249,7 @@ int32_t llama_instr_session_end(const char * status) {
             s.log.fail(LLAMA_INSTR_ERR_IO, "closing the log " + s.log.path + " failed: " + strerror(errno));
         }
         if (s.log.status != LLAMA_INSTR_OK) {
-            return api_error(s.log.status, s.log.failure);
+            return api_error(s.log.status, s.log.failure_message());
         }
         if (bad_status) {
             return api_error(LLAMA_INSTR_ERR_INVALID_ARG,
@@ -263,42 +258,62 @@ int32_t llama_instr_session_end(const char * status) {
         return LLAMA_INSTR_OK;
     } catch (...) {
         // out of memory while formatting: close the log all the same
-        auto &                      s = S();
-        std::lock_guard<std::mutex> lock(s.mtx);
-        if (s.log.fp) {
-            s.log.close();
+        try {
+            auto &                      s = S();
+            std::lock_guard<std::mutex> lock(s.mtx);
+            g_llama_instr_level.store(LLAMA_INSTR_LEVEL_OFF, std::memory_order_relaxed);
+            if (s.log.fp) {
+                s.log.write_buffered();
+            }
+        } catch (...) {
+        }
+        try {
+            auto &                      s = S();
+            std::lock_guard<std::mutex> lock(s.mtx);
+            if (s.log.fp) {
+                s.log.close();
+            }
+        } catch (...) {
         }
         return api_error(LLAMA_INSTR_ERR_INTERNAL, "session end failed (out of memory?): the log is incomplete");
     }
 }
 
-int32_t llama_instr_set_level(int32_t level) {
-    auto &                      s = S();
-    std::lock_guard<std::mutex> lock(s.mtx);
-    if (!s.log.fp) {
-        return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
+int32_t llama_instr_set_level(int32_t level) noexcept {
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (!s.log.fp) {
+            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
+        }
+        if (level < LLAMA_INSTR_LEVEL_OFF || level > LLAMA_INSTR_LEVEL_VERBOSE) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "level must be 0..3");
+        }
+        return g_llama_instr_level.exchange(level, std::memory_order_relaxed);
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "set_level failed");
     }
-    if (level < LLAMA_INSTR_LEVEL_OFF || level > LLAMA_INSTR_LEVEL_VERBOSE) {
-        return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "level must be 0..3");
-    }
-    return g_llama_instr_level.exchange(level, std::memory_order_relaxed);
 }
 
-int32_t llama_instr_get_level(void) {
+int32_t llama_instr_get_level(void) noexcept {
     return g_llama_instr_level.load(std::memory_order_relaxed);
 }
 
-int32_t llama_instr_set_topk(int32_t k) {
+int32_t llama_instr_set_topk(int32_t k) noexcept {
     if (k < 1 || k > 1000) {
         return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "top-k must be between 1 and 1000");
     }
-    auto &                      s = S();
-    std::lock_guard<std::mutex> lock(s.mtx);
-    s.topk_next = k;
-    return LLAMA_INSTR_OK;
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        s.topk_next = k;
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "set_topk failed");
+    }
 }
 
-int32_t llama_instr_flush(void) {
+int32_t llama_instr_flush(void) noexcept {
     try {
         auto &                      s = S();
         std::lock_guard<std::mutex> lock(s.mtx);
@@ -307,7 +322,7 @@ int32_t llama_instr_flush(void) {
         }
         s.log.write_buffered();
         if (s.log.status == LLAMA_INSTR_ERR_IO) {
-            return api_error(s.log.status, s.log.failure);
+            return api_error(s.log.status, s.log.failure_message());
         }
         return LLAMA_INSTR_OK;
     } catch (...) {
@@ -315,32 +330,40 @@ int32_t llama_instr_flush(void) {
     }
 }
 
-int32_t llama_instr_session_path(char * buf, size_t buf_size) {
-    auto &                      s = S();
-    std::lock_guard<std::mutex> lock(s.mtx);
-    if (s.epoch == 0) {
-        return api_error(LLAMA_INSTR_ERR_NO_SESSION, "there was no session yet");
+int32_t llama_instr_session_path(char * buf, size_t buf_size) noexcept {
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (s.epoch == 0) {
+            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "there was no session yet");
+        }
+        if (buf && buf_size > 0) {
+            snprintf(buf, buf_size, "%s", s.log.path.c_str());
+        }
+        return (int32_t) s.log.path.size();
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "session_path failed");
     }
-    if (buf && buf_size > 0) {
-        snprintf(buf, buf_size, "%s", s.log.path.c_str());
-    }
-    return (int32_t) s.log.path.size();
 }
 
-int32_t llama_instr_session_totals(llama_instr_totals * totals) {
+int32_t llama_instr_session_totals(llama_instr_totals * totals) noexcept {
     if (!totals) {
         return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "totals is NULL");
     }
-    auto &                      s = S();
-    std::lock_guard<std::mutex> lock(s.mtx);
-    if (s.epoch == 0) {
-        return api_error(LLAMA_INSTR_ERR_NO_SESSION, "there was no session yet");
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (s.epoch == 0) {
+            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "there was no session yet");
+        }
+        *totals = totals_locked(s);
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "session_totals failed");
     }
-    *totals = totals_locked(s);
-    return LLAMA_INSTR_OK;
 }
 
-int32_t llama_instr_set_request(llama_context * ctx, const char * request_id) {
+int32_t llama_instr_set_request(llama_context * ctx, const char * request_id) noexcept {
     try {
         if (!ctx) {
             return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "ctx is NULL");
@@ -365,7 +388,7 @@ int32_t llama_instr_set_request(llama_context * ctx, const char * request_id) {
     }
 }
 
-int32_t llama_instr_write_record(const char * type, const char * fields_json) {
+int32_t llama_instr_write_record(const char * type, const char * fields_json) noexcept {
     try {
         const size_t n  = type ? strlen(type) : 0;
         bool         ok = n >= 1 && n <= 32;
@@ -375,18 +398,18 @@ int32_t llama_instr_write_record(const char * type, const char * fields_json) {
         if (!ok) {
             return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "a record type is 1..32 characters of [a-z_]");
         }
-        if (!fields_json || !metadata_ok(fields_json)) {
+        const json_check check = fields_json ? json_object_check(fields_json, RESERVED_KEYS, 3) : json_check::invalid;
+        if (check == json_check::invalid) {
             return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "fields must be a JSON object on one line, in UTF-8");
         }
-        // the object's members, without its braces
-        std::string inner = fields_json;
-        inner             = inner.substr(inner.find('{') + 1);
-        inner             = inner.substr(0, inner.rfind('}'));
-        for (const char * k : { "\"type\"", "\"ts\"", "\"sid\"" }) {
-            if (inner.find(k) != std::string::npos) {
-                return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "fields must not hold type, ts or sid");
-            }
+        if (check == json_check::reserved) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "fields must not hold type, ts or sid");
         }
+        // the object's members, without its braces (a valid object: its first and last
+        // non-blank characters are they)
+        std::string inner             = fields_json;
+        inner                         = inner.substr(inner.find('{') + 1);
+        inner                         = inner.substr(0, inner.rfind('}'));
         auto &                      s = S();
         std::lock_guard<std::mutex> lock(s.mtx);
         if (!s.log.fp) {
@@ -407,7 +430,7 @@ int32_t llama_instr_write_record(const char * type, const char * fields_json) {
     }
 }
 
-int32_t llama_instr_capture(llama_context * ctx, const char * const * patterns, int32_t n_patterns) {
+int32_t llama_instr_capture(llama_context * ctx, const char * const * patterns, int32_t n_patterns) noexcept {
     try {
         if (!ctx || n_patterns < 0 || (n_patterns > 0 && !patterns)) {
             return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "capture needs a context and n_patterns >= 0");
@@ -436,7 +459,8 @@ int32_t llama_instr_capture(llama_context * ctx, const char * const * patterns, 
 }
 
 // read by the thread that decodes ctx, between its decodes
-int32_t llama_instr_captured_count(llama_context * ctx) {
+int32_t llama_instr_captured_count(llama_context * ctx) noexcept {
+    // ctx_get never throws; the rest only reads
     ctx_state * st = ctx ? ctx_get(ctx) : nullptr;
     return st ? (int32_t) st->capture.slots.size() : 0;
 }
@@ -447,7 +471,7 @@ int64_t llama_instr_captured_get(llama_context * ctx,
                                  size_t          name_size,
                                  int64_t *       ne,
                                  float *         dst,
-                                 int64_t         dst_n) {
+                                 int64_t         dst_n) noexcept {
     ctx_state * st = ctx ? ctx_get(ctx) : nullptr;
     if (!st || i < 0 || i >= (int32_t) st->capture.slots.size()) {
         return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "no captured output with that index");
@@ -468,6 +492,6 @@ int64_t llama_instr_captured_get(llama_context * ctx,
     return n;
 }
 
-const char * llama_instr_last_error(void) {
+const char * llama_instr_last_error(void) noexcept {
     return t_last_error.c_str();
 }

@@ -7,6 +7,7 @@
 #include "llama-instr-log.h"
 #include "llama-instr-session.h"
 
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,15 +32,25 @@ struct session {
 
     // every context that ran a hook, until it is freed
     std::unordered_map<const llama_context *, std::unique_ptr<ctx_state>> ctxs;
+
+    // the flusher thread writes buffered lines that are due while no record arrives
+    std::condition_variable flusher_cv;  // wakes it when a session begins
+    bool                    flusher_started = false;
 };
 
+// Never destroyed: the flusher thread and the exit-time flush may use it to the very end.
 session & S();
+
+// Start the flusher thread and the exit-time flush, once (with S().mtx held). False if the thread
+// could not be started.
+bool start_flusher_locked(session & s) noexcept;
 
 // The state of ctx in the registry, created on first use (with S().mtx held).
 ctx_state & state_locked(session & s, const llama_context * ctx);
 
-// st joins the open session: a new id, and its current graph announced again under a new id
-// (with S().mtx held).
+// st joins the open session: a new id (the one reserved for it by session_begin, if any), and its
+// current graph announced again under a new id. Only on the thread that decodes st's context,
+// which reads these fields without the lock (with S().mtx held).
 void join_locked(session & s, ctx_state & st);
 
 // The session's totals, with the log's record counts (with S().mtx held).

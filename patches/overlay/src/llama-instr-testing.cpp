@@ -1,6 +1,7 @@
 #include "llama-instr-testing.h"
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -18,17 +19,36 @@ std::atomic<int64_t> g_failed{ 0 };
 
 thread_local bool t_inside = false;  // backtrace() and dladdr() may allocate themselves
 
-// Is a llama_instr function (C API, hook or internal, all exported from libllama) on the stack?
+#if defined(__GLIBC__)
+// Is the code at `pc` in a llama_instr function (C API, hook or internal, all exported from
+// libllama)? dladdr is slow: the answers are cached per thread, direct-mapped by address.
+bool in_llama_instr(void * pc) {
+    constexpr size_t           N = 4096;
+    thread_local uintptr_t     keys[N];
+    thread_local unsigned char vals[N];
+    const uintptr_t            a    = (uintptr_t) pc;
+    const size_t               slot = (a >> 2) % N;
+    if (keys[slot] == a) {
+        return vals[slot];
+    }
+    Dl_info    info;
+    const bool yes =
+        dladdr(pc, &info) && info.dli_sname &&
+        (strncmp(info.dli_sname, "llama_instr_", 12) == 0 || strncmp(info.dli_sname, "_ZN11llama_instr", 16) == 0) &&
+        strncmp(info.dli_sname, "llama_instr_test_", 17) != 0;
+    keys[slot] = a;
+    vals[slot] = yes;
+    return yes;
+}
+#endif
+
+// Is a llama_instr function on the stack?
 bool for_llama_instr() {
 #if defined(__GLIBC__)
     void *    frames[48];
     const int n = backtrace(frames, 48);
     for (int i = 1; i < n; i++) {
-        Dl_info info;
-        if (dladdr(frames[i], &info) && info.dli_sname &&
-            (strncmp(info.dli_sname, "llama_instr_", 12) == 0 ||
-             strncmp(info.dli_sname, "_ZN11llama_instr", 16) == 0) &&
-            strncmp(info.dli_sname, "llama_instr_test_", 17) != 0) {
+        if (in_llama_instr(frames[i])) {
             return true;
         }
     }

@@ -8,7 +8,8 @@ in the same run:
 
 Configurations: stock (the unpatched pin, built once and cached), off, minimal, detailed, verbose,
 and `cb_eval` — the upstream-style peer: our build with no session but an eval callback that asks to
-observe every node (the scheduler then splits the graph and synchronizes at each node).
+observe every node (the scheduler then splits the graph and synchronizes at each node). The peer's
+callback is in the testing build of our libraries (`instr build --testing`), built once and cached.
 """
 
 from __future__ import annotations
@@ -137,10 +138,12 @@ def levels_in_process(tokens: int, threads: int, log: str, rounds: int = 30) -> 
     )
 
 
-def run_one(config: str, args: argparse.Namespace, stock_lib: Path, logdir: Path) -> dict:
+def run_one(config: str, args: argparse.Namespace, libs: dict[str, Path], logdir: Path) -> dict:
+    """One child process; ``libs`` maps a configuration to the libraries it runs instead of the
+    installed ones."""
     env = dict(os.environ)
-    if config == "stock":
-        env["LLAMA_CPP_LIB_PATH"] = str(stock_lib)
+    if config in libs:
+        env["LLAMA_CPP_LIB_PATH"] = str(libs[config])
     log = logdir / f"{config}.log"
     log.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--child", config, "--tokens", str(args.tokens),
@@ -200,8 +203,13 @@ def main() -> None:
 
     from llamacpp_instr import build
 
-    stock_lib = build.stock_lib_dir(lambda m: print(m, file=sys.stderr))
+    def echo(m: str) -> None:
+        print(m, file=sys.stderr)
+
     configs = ["stock"] + [c for c in args.configs.split(",") if c in CONFIGS and c != "stock"]
+    libs = {"stock": build.stock_lib_dir(echo)}
+    if "cb_eval" in configs:
+        libs["cb_eval"] = build.testing_lib_dir(echo)
     results: dict[str, list[dict]] = {c: [] for c in configs}
     with tempfile.TemporaryDirectory() as tmp:
         logdir = Path(tmp)
@@ -211,7 +219,7 @@ def main() -> None:
             # a fresh order each repetition: no configuration always runs right after another
             shuffler.shuffle(order)
             for c in order:
-                results[c].append(run_one(c, args, stock_lib, logdir))
+                results[c].append(run_one(c, args, libs, logdir))
             print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr)
         facts = log_facts(logdir / "detailed.log") if "detailed" in configs else None
 

@@ -101,9 +101,10 @@ def session(
     llms = [] if llm is None else list(llm) if isinstance(llm, (list, tuple)) else [llm]
     ctxs = [_ctx_of(x) for x in llms]
     try:
-        meta = json.loads(json.dumps(metadata or {}))
+        # allow_nan=False: NaN is not JSON, and the library refuses it
+        meta = json.loads(json.dumps(metadata or {}, allow_nan=False))
     except (TypeError, ValueError) as exc:
-        raise UserError(f"metadata must be JSON-serializable: {exc}") from None
+        raise UserError(f"metadata must be JSON-serializable (no NaN or infinity): {exc}") from None
     meta.setdefault("tool", f"llamacpp-instr {__version__}")
     if "command" not in meta:
         meta.setdefault("api", "llamacpp_instr.session")

@@ -97,6 +97,15 @@ def import_llama_cpp() -> Any:
     return llama_cpp
 
 
+def _json(obj: dict[str, Any], what: str) -> bytes:
+    """``obj`` as the C API takes it: strict JSON (NaN and infinities are not JSON: the library
+    refuses them), ASCII, on one line."""
+    try:
+        return json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{what} must be JSON-serializable (no NaN or infinity): {exc}") from None
+
+
 @dataclass
 class InstrLib:
     """The instrumentation functions of the loaded libllama."""
@@ -116,7 +125,7 @@ class InstrLib:
         return rc
 
     def session_begin(self, ctx: Any, path: str, level: str, metadata: dict[str, Any]) -> None:
-        meta = json.dumps(metadata, ensure_ascii=True).encode()
+        meta = _json(metadata, "metadata")
         rc = self.lib.llama_instr_session_begin(ctx, path.encode(), LEVEL_IDS[level], meta)
         if rc == ERR_BUSY and os.environ.get("LLAMA_INSTR_LOG"):
             # libllama opened the process's one session itself, at the first context
@@ -161,7 +170,7 @@ class InstrLib:
 
     def write_record(self, type_: str, fields: dict[str, Any]) -> None:
         """Append a record of our own (e.g. a served request) to the open session's log."""
-        body = json.dumps(fields, ensure_ascii=True, separators=(",", ":")).encode()
+        body = _json(fields, f"the fields of a {type_} record")
         self._check(self.lib.llama_instr_write_record(type_.encode(), body), "write_record")
 
     def capture(self, ctx: Any, patterns: list[str]) -> None:
@@ -211,13 +220,40 @@ class InstrLib:
             raise SessionError(p.error.decode(errors="replace") or f"probe failed ({rc})", rc)
         return p
 
+    def _testing_only(self, name: str) -> Any:
+        fn = getattr(self.lib, name, None)
+        if fn is None:
+            raise UserError(
+                f"{name} is only in the testing build (`instr build --testing`, run with the "
+                "LLAMA_CPP_LIB_PATH it prints)"
+            )
+        return fn
+
     @property
     def bench_cb_eval(self) -> int:
-        """Address of the native upstream-style cb_eval (the overhead benchmark's peer)."""
-        return ctypes.cast(self.lib.llama_instr_bench_cb_eval, ctypes.c_void_p).value or 0
+        """Address of the native upstream-style cb_eval (the overhead benchmark's peer; testing
+        build only)."""
+        fn = self._testing_only("llama_instr_bench_cb_eval")
+        return ctypes.cast(fn, ctypes.c_void_p).value or 0
 
     def bench_cb_eval_count(self) -> int:
-        return int(self.lib.llama_instr_bench_cb_eval_count())
+        fn = self._testing_only("llama_instr_bench_cb_eval_count")
+        fn.restype = ctypes.c_int64
+        return int(fn())
+
+    def test_fail_alloc(self, n: int) -> None:
+        """Fail the n-th allocation made on behalf of llama_instr code from now on (0 disarms;
+        testing build only)."""
+        fn = self._testing_only("llama_instr_test_fail_alloc")
+        fn.argtypes = [ctypes.c_int64]
+        fn.restype = None
+        fn(n)
+
+    def test_failed_allocs(self) -> int:
+        """Allocations failed on purpose since the last test_fail_alloc (testing build only)."""
+        fn = self._testing_only("llama_instr_test_failed_allocs")
+        fn.restype = ctypes.c_int64
+        return int(fn())
 
 
 def _declare(lib: ctypes.CDLL) -> None:

@@ -41,6 +41,10 @@ SANITIZERS: dict[str, tuple[str, ...]] = {
     "thread": ("-DLLAMA_SANITIZE_THREAD=ON", "-DGGML_SANITIZE_THREAD=ON", "-DGGML_OPENMP=OFF"),
 }
 
+# `instr build --testing`: the entry points for tests and benchmarks only (allocation-failure
+# injection, the overhead benchmark's eval callback), never in the installed library.
+TESTING_CMAKE_ARGS = ("-DLLAMA_INSTR_TESTING=ON",)
+
 # A series entry under this folder applies to the sdist root, the others to the vendored llama.cpp.
 PYTHON_PATCH_DIR = "python"
 
@@ -54,12 +58,15 @@ class BuildPlan:
     cmake_args: tuple[str, ...]
     key: str
     sanitize: str | None = None
+    testing: bool = False
 
     @property
     def local_version(self) -> str:
         kind = "instr" if self.patches else "stock"
         if self.sanitize:
             kind += f"{self.sanitize[0]}san"
+        if self.testing:
+            kind += "test"
         return f"{pin.LLAMA_CPP_PYTHON_VERSION}+{kind}.{self.key}"
 
     @property
@@ -115,6 +122,7 @@ def make_plan(
     stock: bool = False,
     patches_dir: Path = PATCHES_DIR,
     sanitize: str | None = None,
+    testing: bool = False,
 ) -> BuildPlan:
     """What to build; ``stock`` builds the pin without patches (the benchmarks' baseline)."""
     patches = () if stock else read_series(patches_dir)
@@ -125,6 +133,8 @@ def make_plan(
     cmake_args = DEFAULT_CMAKE_ARGS + env_args + tuple(extra_cmake_args)
     if sanitize:
         cmake_args += SANITIZERS[sanitize]
+    if testing:
+        cmake_args += TESTING_CMAKE_ARGS
     # The patch hash (what `instr doctor` compares) covers only pin + patches + overlay; the cache
     # key adds the build options so that a GGML_NATIVE=OFF wheel is not mistaken for a native one.
     return BuildPlan(
@@ -133,6 +143,7 @@ def make_plan(
         cmake_args=cmake_args,
         key=patch_hash(patches, cmake_args, overlay),
         sanitize=sanitize,
+        testing=testing,
     )
 
 
@@ -481,6 +492,16 @@ def sanitized_lib_dir(
     wheel (never installed: they run under the installed package through LLAMA_CPP_LIB_PATH)."""
     plan = make_plan(extra_cmake_args, sanitize=sanitize)
     return _lib_dir(plan, _cached_or_built(plan, echo, rebuild), "sanitized-lib")
+
+
+def testing_lib_dir(
+    echo: Echo, extra_cmake_args: Sequence[str] = (), rebuild: bool = False
+) -> Path:
+    """Native libraries of the patched build with the test-only entry points (llama-instr-testing.h,
+    llama-instr-bench.h), built and cached beside the normal wheel, never installed: tests and
+    benchmarks run them under the installed package through LLAMA_CPP_LIB_PATH."""
+    plan = make_plan(extra_cmake_args, testing=True)
+    return _lib_dir(plan, _cached_or_built(plan, echo, rebuild), "testing-lib")
 
 
 def sanitizer_runtime(sanitize: str) -> str:

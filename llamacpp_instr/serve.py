@@ -18,6 +18,8 @@ import errno
 import itertools
 import signal
 import socket
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +29,10 @@ from typing import Any
 from llamacpp_instr import __version__, bindings
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reader import iter_records
+
+# At shutdown, how long to wait for a worker thread still using the model (a generation the server
+# cannot cancel) before exiting without freeing it.
+CLOSE_TIMEOUT_S = 10.0
 
 _SERVER_EXTRA_HINT = "pip install 'llamacpp-instr[serve]' (llama-cpp-python's server extra)"
 
@@ -141,9 +147,49 @@ def _totals(api: bindings.InstrLib) -> tuple[int, int]:
     return t.n_prompt_tokens, t.n_gen_tokens
 
 
-def instrument(llm: Any, api: bindings.InstrLib) -> None:
-    """Wrap the server's Llama instance (instance attributes: the class is untouched)."""
+class ModelUse:
+    """How many calls are using the model now (the server runs them on worker threads), so that
+    shutdown frees the model only once none is."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._n = 0
+
+    def enter(self) -> None:
+        with self._cond:
+            self._n += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self._n -= 1
+            if self._n == 0:
+                self._cond.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """True once no call uses the model; False if one still does after ``timeout`` seconds."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._n == 0, timeout)
+
+
+def close_when_idle(llm: Any, use: ModelUse, timeout: float = CLOSE_TIMEOUT_S) -> bool:
+    """Free the model once no worker uses it; after ``timeout``, leave it to the process's exit
+    (freeing it under a running generation would crash that thread). True if it was freed."""
+    if not use.wait_idle(timeout):
+        print(
+            f"instr serve: a request was still using the model after {timeout:g}s; "
+            "exiting without freeing it",
+            file=sys.stderr,
+        )
+        return False
+    llm.close()
+    return True
+
+
+def instrument(llm: Any, api: bindings.InstrLib) -> ModelUse:
+    """Wrap the server's Llama instance (instance attributes: the class is untouched); the
+    returned ModelUse counts the calls using the model."""
     ctx = llm.ctx
+    use = ModelUse()
 
     def started(rec: _Request) -> None:
         if rec.t_model is None:
@@ -167,26 +213,33 @@ def instrument(llm: Any, api: bindings.InstrLib) -> None:
     def around(fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             rec = CURRENT.get()
-            if rec is None:
-                return fn(*args, **kwargs)
-            started(rec)
+            use.enter()
             try:
+                if rec is not None:
+                    started(rec)
                 result = fn(*args, **kwargs)
             except BaseException:
-                finished(rec)
+                if rec is not None:
+                    finished(rec)
+                use.leave()
                 raise
             if isinstance(result, Iterator):
+                # a stream uses the model until it is exhausted or closed
                 return _streamed(result, rec)
-            finished(rec)
+            if rec is not None:
+                finished(rec)
+            use.leave()
             return result
 
         return wrapper
 
-    def _streamed(it: Iterator[Any], rec: _Request) -> Iterator[Any]:
+    def _streamed(it: Iterator[Any], rec: _Request | None) -> Iterator[Any]:
         try:
             yield from it
         finally:
-            finished(rec)
+            if rec is not None:
+                finished(rec)
+            use.leave()
 
     eval_fn = llm.eval
 
@@ -202,11 +255,16 @@ def instrument(llm: Any, api: bindings.InstrLib) -> None:
                 if rec.t_first_token is None:
                     rec.t_first_token = time.monotonic_ns()
             rec.evals += 1
-        return eval_fn(tokens)
+        use.enter()
+        try:
+            return eval_fn(tokens)
+        finally:
+            use.leave()
 
     llm.create_completion = around(llm.create_completion)
     llm.embed = around(llm.embed)
     llm.eval = eval_and_note
+    return use
 
 
 @dataclass
@@ -266,7 +324,7 @@ def serve(
         raise UserError(
             "the server did not load the model (llama-cpp-python's LlamaProxy changed?)"
         )
-    instrument(llm, api)
+    use = instrument(llm, api)
     app.add_middleware(RequestRecorder, api=api)
 
     metadata = {
@@ -307,6 +365,6 @@ def serve(
         if s is None:  # before the session began
             raise
     finally:
-        llm.close()
+        close_when_idle(llm, use)
     n_requests = sum(1 for _, rec in iter_records(out) if rec["type"] == "request")
     return ServeResult(log_path=out, status=s.status, requests=n_requests, steps=s.totals.steps)

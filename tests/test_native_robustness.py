@@ -112,6 +112,60 @@ def test_sessions_begin_and_end_while_contexts_decode(
     assert steps > 0
 
 
+def test_a_session_begun_on_a_decoding_context(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """session_begin(ctx) while ctx decodes on another thread (issue 21, bug 3): ctx joins on its
+    own thread at its next step, as ctx 1, so no session gets a step_end without its step_begin
+    (and the thread sanitizer sees no race on the context's session fields)."""
+    llm = load_llama(tiny_llama_f32)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    decodes = [0]
+
+    def worker() -> None:
+        rng = random.Random(1)
+        try:
+            while not stop.is_set():
+                llm.reset()
+                llm.eval([1] + [rng.randrange(3, 300) for _ in range(rng.randrange(1, 12))])
+                decodes[0] += 1
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    paths = []
+    try:
+        rng = random.Random(0)
+        t_end = time.monotonic() + 120
+        k = 0
+        while k < 60 or (decodes[0] < 10 and time.monotonic() < t_end):
+            path = tmp_path / f"c{k}.log"
+            paths.append(path)
+            instr_api.session_begin(
+                llm.ctx, str(path), ("minimal", "detailed", "verbose")[k % 3], {}
+            )
+            time.sleep(rng.uniform(0.0, 0.02))
+            instr_api.session_end("ok")
+            k += 1
+    finally:
+        stop.set()
+        t.join()
+        llm.close()
+    assert not errors, errors
+    steps = 0
+    for path in paths:
+        recs = whole_lines(path)
+        assert recs[0]["type"] == "session_start" and "model" in recs[0]
+        begun = {(r["ctx"], r["step"]) for r in recs if r["type"] == "step_begin"}
+        ended = {(r["ctx"], r["step"]) for r in recs if r["type"] == "step_end"}
+        assert ended <= begun, f"{path.name}: step_end without its step_begin"
+        assert {c for c, _ in begun} <= {1}  # the context named in session_start is ctx 1
+        steps += len(ended)
+    assert steps > 0
+
+
 def test_a_second_session_is_refused(instr_api: Any, tmp_path: Path) -> None:
     instr_api.session_begin(None, str(tmp_path / "a.log"), "minimal", {})
     try:

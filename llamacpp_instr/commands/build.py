@@ -39,6 +39,13 @@ import click
     help="Build llama.cpp's own llama-server, llama-cli, llama-bench and llama-perplexity from the "
     "same patched tree instead of the wheel (cached; see `instr tools`, `instr exec`).",
 )
+@click.option(
+    "--testing",
+    is_flag=True,
+    help="Build the patched libraries with the test-only entry points (allocation-failure "
+    "injection, the overhead benchmark's eval callback) into the cache (not installed) and print "
+    "how to run Python on them.",
+)
 def command(
     check: bool,
     cmake_args: tuple[str, ...],
@@ -46,6 +53,7 @@ def command(
     model: bool,
     sanitize: str | None,
     with_tools: bool,
+    testing: bool,
 ) -> None:
     """Build the patched llama-cpp-python wheel and install it.
 
@@ -69,6 +77,11 @@ def command(
         # --cuda (issue 19) adds its CMake arguments here, like --cmake-arg
         folder = tools.build_tools(echo, cmake_args, rebuild=rebuild)
         click.echo(str(folder))
+        return
+    if testing:
+        lib = build.testing_lib_dir(echo, cmake_args, rebuild=rebuild)
+        echo(f"testing libraries: {lib}")
+        click.echo(f"LLAMA_CPP_LIB_PATH={lib}")
         return
     if sanitize:
         lib = build.sanitized_lib_dir(sanitize, echo, cmake_args, rebuild=rebuild)

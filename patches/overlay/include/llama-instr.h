@@ -9,8 +9,9 @@
 // verbose level per-thread times, output value statistics and top-k logits.
 //
 // Lifetime: llama_instr_session_begin() opens the one session of the process and
-// llama_instr_session_end() closes it. Every function may be called from any thread at any time;
-// contexts may keep decoding on their own threads while a session begins or ends. With no session
+// llama_instr_session_end() closes it. Every function but llama_instr_captured_* (see there) may be
+// called from any thread at any time; contexts may keep decoding on their own threads while a
+// session begins or ends. With no session
 // open, each hook inside llama.cpp costs one relaxed atomic load, and no level changes results.
 //
 // Return codes: a function returning int32_t returns LLAMA_INSTR_OK (0) or a negative
@@ -23,7 +24,11 @@
 #include <stdint.h>
 
 #ifdef __cplusplus
+// no exception crosses this API: every function catches its own failures and returns a code
+#    define LLAMA_INSTR_NOEXCEPT noexcept
 extern "C" {
+#else
+#    define LLAMA_INSTR_NOEXCEPT
 #endif
 
 #define LLAMA_INSTR_API_VERSION 2
@@ -55,11 +60,11 @@ struct llama_instr_totals {
 };
 
 // The C API version (LLAMA_INSTR_API_VERSION) of this library.
-LLAMA_API int32_t llama_instr_api_version(void);
+LLAMA_API int32_t llama_instr_api_version(void) LLAMA_INSTR_NOEXCEPT;
 
 // A JSON object describing this build, valid for the life of the process:
 // {"api_version":2,"llama_cpp_commit":"...","patch_hash":"..."}
-LLAMA_API const char * llama_instr_build_info(void);
+LLAMA_API const char * llama_instr_build_info(void) LLAMA_INSTR_NOEXCEPT;
 
 // Open the session: create or append to the log at `path` (NULL or "" =
 // llama_instrumentation_YYYYMMDD_HHMMSS.log in the current directory) and record at `level`
@@ -71,59 +76,68 @@ LLAMA_API const char * llama_instr_build_info(void);
 LLAMA_API int32_t llama_instr_session_begin(struct llama_context * ctx,
                                             const char *           path,
                                             int32_t                level,
-                                            const char *           metadata_json);
+                                            const char *           metadata_json) LLAMA_INSTR_NOEXCEPT;
 
 // Close the session: write session_end with `status` ("ok", "error" or "interrupted"; NULL = "ok"),
 // flush and close the log. The session is closed whatever the result.
 // Returns LLAMA_INSTR_OK, ERR_NO_SESSION, ERR_INVALID_ARG (unknown status: "error" is written),
 // ERR_IO (a write failed at any time during the session, the log was removed or replaced, or
 // closing failed: the log is incomplete) or ERR_INTERNAL (a hook failed: records were lost).
-LLAMA_API int32_t llama_instr_session_end(const char * status);
+LLAMA_API int32_t llama_instr_session_end(const char * status) LLAMA_INSTR_NOEXCEPT;
 
 // Change the level of the open session (LLAMA_INSTR_LEVEL_OFF pauses recording).
 // Returns the previous level (>= 0), ERR_NO_SESSION or ERR_INVALID_ARG.
-LLAMA_API int32_t llama_instr_set_level(int32_t level);
+LLAMA_API int32_t llama_instr_set_level(int32_t level) LLAMA_INSTR_NOEXCEPT;
 
 // The current level (LLAMA_INSTR_LEVEL_OFF when no session is open).
-LLAMA_API int32_t llama_instr_get_level(void);
+LLAMA_API int32_t llama_instr_get_level(void) LLAMA_INSTR_NOEXCEPT;
 
 // Top logits recorded per output row at the verbose level, 1..1000 (default 10); applies to the
 // next session. Returns LLAMA_INSTR_OK or ERR_INVALID_ARG.
-LLAMA_API int32_t llama_instr_set_topk(int32_t k);
+LLAMA_API int32_t llama_instr_set_topk(int32_t k) LLAMA_INSTR_NOEXCEPT;
 
 // Write buffered lines to the log now. Returns LLAMA_INSTR_OK, ERR_NO_SESSION or ERR_IO.
-LLAMA_API int32_t llama_instr_flush(void);
+LLAMA_API int32_t llama_instr_flush(void) LLAMA_INSTR_NOEXCEPT;
 
 // Copy the path of the open (or last) session's log into `buf` (NUL-terminated, truncated to
 // `buf_size`). Returns the full length of the path, like snprintf, or ERR_NO_SESSION if there was
 // never a session.
-LLAMA_API int32_t llama_instr_session_path(char * buf, size_t buf_size);
+LLAMA_API int32_t llama_instr_session_path(char * buf, size_t buf_size) LLAMA_INSTR_NOEXCEPT;
 
 // Totals of the open (or last) session. Returns LLAMA_INSTR_OK, ERR_NO_SESSION (never a session)
 // or ERR_INVALID_ARG (NULL).
-LLAMA_API int32_t llama_instr_session_totals(struct llama_instr_totals * totals);
+LLAMA_API int32_t llama_instr_session_totals(struct llama_instr_totals * totals) LLAMA_INSTR_NOEXCEPT;
 
 // Tag the steps `ctx` decodes from its next llama_decode on with `request_id` (NULL or "" clears
 // it), e.g. the HTTP request a server is answering: step_begin carries it as "request".
 // Returns LLAMA_INSTR_OK, ERR_NO_SESSION or ERR_INVALID_ARG (NULL ctx, or longer than 128 bytes).
-LLAMA_API int32_t llama_instr_set_request(struct llama_context * ctx, const char * request_id);
+LLAMA_API int32_t llama_instr_set_request(struct llama_context * ctx, const char * request_id) LLAMA_INSTR_NOEXCEPT;
 
 // Write a record of the caller's own into the open session's log, for what the caller measures
 // (a server's requests, say): {"type":"<type>","ts":<now, ns>,"sid":"...",<the members of
 // fields_json>}. `type` is 1..32 characters of [a-z_]; `fields_json` a JSON object on one line, in
-// UTF-8, whose keys must not be type, ts or sid. Returns LLAMA_INSTR_OK, ERR_NO_SESSION or
+// UTF-8 (RFC 8259: no NaN), whose top-level keys, escapes decoded, must not be type, ts or sid. Returns LLAMA_INSTR_OK, ERR_NO_SESSION or
 // ERR_INVALID_ARG.
-LLAMA_API int32_t llama_instr_write_record(const char * type, const char * fields_json);
+LLAMA_API int32_t llama_instr_write_record(const char * type, const char * fields_json) LLAMA_INSTR_NOEXCEPT;
 
 // Capture node outputs while a session is open: from the next llama_decode of `ctx` on, the output
 // of every graph node whose name matches one of `patterns` (exact, e.g. "l_out-3", or a prefix
 // ending in '*', e.g. "l_out-*") is copied as F32 into memory the library owns, right after the
 // op ran (by the CPU backend's worker threads; the graph is not split). n_patterns = 0 stops.
 // Returns LLAMA_INSTR_OK, ERR_NO_SESSION or ERR_INVALID_ARG.
-LLAMA_API int32_t llama_instr_capture(struct llama_context * ctx, const char * const * patterns, int32_t n_patterns);
+LLAMA_API int32_t llama_instr_capture(struct llama_context * ctx,
+                                      const char * const *   patterns,
+                                      int32_t                n_patterns) LLAMA_INSTR_NOEXCEPT;
 
 // After a llama_decode with a capture set: the number of captured outputs (of its last ubatch).
-LLAMA_API int32_t llama_instr_captured_count(struct llama_context * ctx);
+//
+// Threads and lifetime (llama_instr_captured_count and llama_instr_captured_get): unlike the rest
+// of this API, call them only from the thread that decodes `ctx`, or from another thread that is
+// synchronized with it (no llama_decode of `ctx` running meanwhile), between its decodes: the
+// captured outputs belong to the last llama_decode of `ctx` and are replaced by its next one. They
+// stay valid until then, or until `ctx` is freed; llama_instr_captured_get copies them, and the
+// copies are the caller's.
+LLAMA_API int32_t llama_instr_captured_count(struct llama_context * ctx) LLAMA_INSTR_NOEXCEPT;
 
 // Captured output i: its node name (NUL-terminated, truncated to name_size), shape (ne[4]) and
 // values (row-major, ne[0] fastest) copied to dst if dst_n is at least ne0*ne1*ne2*ne3.
@@ -134,7 +148,7 @@ LLAMA_API int64_t llama_instr_captured_get(struct llama_context * ctx,
                                            size_t                 name_size,
                                            int64_t *              ne,
                                            float *                dst,
-                                           int64_t                dst_n);
+                                           int64_t                dst_n) LLAMA_INSTR_NOEXCEPT;
 
 // ---- The machine and its peaks (llama-instr-peaks.cpp) ----------------------------------------
 
@@ -189,7 +203,7 @@ LLAMA_API int32_t llama_instr_probe_run(struct llama_instr_probe * p);
 
 // What the last failing call on this thread reported ("" if none). Valid until this thread's next
 // call into this API.
-LLAMA_API const char * llama_instr_last_error(void);
+LLAMA_API const char * llama_instr_last_error(void) LLAMA_INSTR_NOEXCEPT;
 
 #ifdef __cplusplus
 }

@@ -158,6 +158,293 @@ void json_out::shape(const ggml_tensor * t) {
     shape(t->ne, ggml_n_dims(t));
 }
 
+namespace {
+
+// A recursive-descent checker of one JSON text; p advances over what it accepted.
+struct json_checker {
+    const unsigned char * p;
+    const unsigned char * end;
+    int                   depth = 0;
+
+    static constexpr int MAX_DEPTH = 64;
+
+    void ws() {
+        while (p < end && (*p == ' ' || *p == '\t')) {
+            p++;
+        }
+    }
+
+    bool eat(char c) {
+        if (p < end && *p == (unsigned char) c) {
+            p++;
+            return true;
+        }
+        return false;
+    }
+
+    bool literal(const char * w) {
+        const size_t n = strlen(w);
+        if ((size_t) (end - p) < n || memcmp(p, w, n) != 0) {
+            return false;
+        }
+        p += n;
+        return true;
+    }
+
+    bool hex4(uint32_t & v) {
+        if (end - p < 4) {
+            return false;
+        }
+        v = 0;
+        for (int i = 0; i < 4; i++) {
+            const unsigned char c = p[i];
+            const int           d = c >= '0' && c <= '9' ? c - '0' :
+                                    c >= 'a' && c <= 'f' ? c - 'a' + 10 :
+                                    c >= 'A' && c <= 'F' ? c - 'A' + 10 :
+                                                           -1;
+            if (d < 0) {
+                return false;
+            }
+            v = v * 16 + (uint32_t) d;
+        }
+        p += 4;
+        return true;
+    }
+
+    // A string (p at its opening quote). Its decoded bytes go to out[0..cap) and their count to
+    // n (beyond cap only counted) when out is given.
+    bool string(char * out, size_t cap, size_t & n) {
+        n        = 0;
+        auto put = [&](const char * b, size_t k) {
+            for (size_t i = 0; i < k; i++, n++) {
+                if (out && n < cap) {
+                    out[n] = b[i];
+                }
+            }
+        };
+        if (!eat('"')) {
+            return false;
+        }
+        while (p < end) {
+            const unsigned char c = *p;
+            if (c == '"') {
+                p++;
+                return true;
+            }
+            if (c < 0x20) {
+                return false;  // control characters must be escaped
+            }
+            if (c >= 0x80) {
+                const size_t k = utf8_sequence_len(p, (size_t) (end - p));
+                if (k == 0) {
+                    return false;
+                }
+                put((const char *) p, k);
+                p += k;
+                continue;
+            }
+            if (c != '\\') {
+                put((const char *) p, 1);
+                p++;
+                continue;
+            }
+            p++;
+            if (p >= end) {
+                return false;
+            }
+            const unsigned char e = *p++;
+            char                b[4];
+            switch (e) {
+                case '"':
+                case '\\':
+                case '/':
+                    b[0] = (char) e;
+                    put(b, 1);
+                    break;
+                case 'b':
+                case 'f':
+                case 'n':
+                case 'r':
+                case 't':
+                    b[0] = e == 'b' ? '\b' : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r' : '\t';
+                    put(b, 1);
+                    break;
+                case 'u':
+                    {
+                        uint32_t cp;
+                        if (!hex4(cp)) {
+                            return false;
+                        }
+                        if (cp >= 0xDC00 && cp <= 0xDFFF) {
+                            return false;  // a lone low surrogate
+                        }
+                        if (cp >= 0xD800 && cp <= 0xDBFF) {
+                            uint32_t lo;
+                            if (!literal("\\u") || !hex4(lo) || lo < 0xDC00 || lo > 0xDFFF) {
+                                return false;  // a high surrogate not followed by a low one
+                            }
+                            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                        }
+                        size_t k;
+                        if (cp < 0x80) {
+                            b[0] = (char) cp;
+                            k    = 1;
+                        } else if (cp < 0x800) {
+                            b[0] = (char) (0xC0 | (cp >> 6));
+                            b[1] = (char) (0x80 | (cp & 0x3F));
+                            k    = 2;
+                        } else if (cp < 0x10000) {
+                            b[0] = (char) (0xE0 | (cp >> 12));
+                            b[1] = (char) (0x80 | ((cp >> 6) & 0x3F));
+                            b[2] = (char) (0x80 | (cp & 0x3F));
+                            k    = 3;
+                        } else {
+                            b[0] = (char) (0xF0 | (cp >> 18));
+                            b[1] = (char) (0x80 | ((cp >> 12) & 0x3F));
+                            b[2] = (char) (0x80 | ((cp >> 6) & 0x3F));
+                            b[3] = (char) (0x80 | (cp & 0x3F));
+                            k    = 4;
+                        }
+                        put(b, k);
+                        break;
+                    }
+                default:
+                    return false;
+            }
+        }
+        return false;  // unterminated
+    }
+
+    bool digits() {
+        const unsigned char * s = p;
+        while (p < end && *p >= '0' && *p <= '9') {
+            p++;
+        }
+        return p > s;
+    }
+
+    // -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?  (so no NaN, no Infinity)
+    bool number() {
+        eat('-');
+        if (eat('0')) {
+            // no leading zeros
+        } else if (p < end && *p >= '1' && *p <= '9') {
+            digits();
+        } else {
+            return false;
+        }
+        if (eat('.') && !digits()) {
+            return false;
+        }
+        if (eat('e') || eat('E')) {
+            if (!eat('+')) {
+                eat('-');
+            }
+            if (!digits()) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    bool value() {
+        if (p >= end) {
+            return false;
+        }
+        size_t n;
+        switch (*p) {
+            case '{':
+                return object(nullptr, 0, nullptr);
+            case '[':
+                return array();
+            case '"':
+                return string(nullptr, 0, n);
+            case 't':
+                return literal("true");
+            case 'f':
+                return literal("false");
+            case 'n':
+                return literal("null");
+            default:
+                return number();
+        }
+    }
+
+    bool array() {
+        if (++depth > MAX_DEPTH || !eat('[')) {
+            return false;
+        }
+        ws();
+        if (!eat(']')) {
+            do {
+                ws();
+                if (!value()) {
+                    return false;
+                }
+                ws();
+            } while (eat(','));
+            if (!eat(']')) {
+                return false;
+            }
+        }
+        depth--;
+        return true;
+    }
+
+    // An object; when `reserved` is given, found is set if one of its keys is reserved.
+    bool object(const char * const * reserved, size_t n_reserved, bool * found) {
+        if (++depth > MAX_DEPTH || !eat('{')) {
+            return false;
+        }
+        ws();
+        if (!eat('}')) {
+            do {
+                ws();
+                char   key[16];
+                size_t n;
+                if (!string(key, sizeof(key), n)) {
+                    return false;
+                }
+                for (size_t i = 0; found && i < n_reserved; i++) {
+                    if (n == strlen(reserved[i]) && n <= sizeof(key) && memcmp(key, reserved[i], n) == 0) {
+                        *found = true;
+                    }
+                }
+                ws();
+                if (!eat(':')) {
+                    return false;
+                }
+                ws();
+                if (!value()) {
+                    return false;
+                }
+                ws();
+            } while (eat(','));
+            if (!eat('}')) {
+                return false;
+            }
+        }
+        depth--;
+        return true;
+    }
+};
+
+}  // namespace
+
+json_check json_object_check(const char * s, const char * const * reserved, size_t n_reserved) noexcept {
+    json_checker c{ (const unsigned char *) s, (const unsigned char *) s + strlen(s) };
+    bool         found = false;
+    c.ws();
+    if (!c.object(reserved, n_reserved, &found)) {
+        return json_check::invalid;
+    }
+    c.ws();
+    if (c.p != c.end) {
+        return json_check::invalid;
+    }
+    return found ? json_check::reserved : json_check::ok;
+}
+
 void record_head(json_out & j, const char * type, int64_t ts, const std::string & sid) {
     j.s.clear();
     j.raw("{\"type\":\"");

@@ -46,6 +46,18 @@ struct json_out {
 // Start a record: {"type":"<type>","ts":<ts>,"sid":"<sid>" (the caller adds fields and the '}').
 void record_head(json_out & j, const char * type, int64_t ts, const std::string & sid);
 
+// What json_object_check found in a caller's JSON.
+enum class json_check {
+    ok,
+    invalid,   // not exactly one JSON object on one line, in UTF-8
+    reserved,  // a valid object, with one of the reserved keys at its top level
+};
+
+// Is s exactly one JSON object (RFC 8259; spaces and tabs around tokens, no line breaks, at most
+// 64 levels deep, no lone surrogate escapes), in well-formed UTF-8? Its top-level keys are
+// compared with `reserved` (n_reserved of them) after decoding their escapes. Never allocates.
+json_check json_object_check(const char * s, const char * const * reserved, size_t n_reserved) noexcept;
+
 // Length of the well-formed UTF-8 sequence at p (1..4), or 0 if p[0..] does not start one:
 // Unicode's table 3-7, which excludes overlong forms, surrogates and code points above U+10FFFF.
 size_t utf8_sequence_len(const unsigned char * p, size_t avail);

@@ -1,237 +1,102 @@
-#include "llama-instr-session.h"
-
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
 #include "llama-instr-hooks.h"
-#include "llama-instr-model.h"
-#include "llama-instr-peaks.h"
+#include "llama-instr-registry.h"
 
-#include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
-#include <cstdio>
-#include <cstring>
-#include <ctime>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
-#include <new>
-#include <random>
 #include <string>
-#include <unordered_map>
-
-#if !defined(_WIN32)
-#    include <sys/stat.h>
-#    include <unistd.h>
-#endif
-
-// both defined by the build (instr build passes them; see patches/0002)
-#ifndef LLAMA_INSTR_PATCH_HASH
-#    define LLAMA_INSTR_PATCH_HASH "dev"
-#endif
-#ifndef LLAMA_INSTR_LLAMA_COMMIT
-#    define LLAMA_INSTR_LLAMA_COMMIT "unknown"
-#endif
+#include <thread>
 
 std::atomic<int32_t> g_llama_instr_level{ LLAMA_INSTR_LEVEL_OFF };
 
 namespace llama_instr {
 
+// The CPU backend's profiler clock, looked up once through its registry (the backend may be a
+// loadable module); nullptr without a CPU backend, when there are no profiler times to compare.
+static ggml_cpu_profiler_now_t profiler_clock() noexcept {
+    try {
+        ggml_backend_reg_t reg = ggml_backend_reg_by_name("CPU");
+        return reg ? (ggml_cpu_profiler_now_t) ggml_backend_reg_get_proc_address(reg, "ggml_cpu_profiler_now") :
+                     nullptr;
+    } catch (...) {
+        return nullptr;
+    }
+}
+
 int64_t now_ns() {
+    static const ggml_cpu_profiler_now_t clock = profiler_clock();
+    if (clock) {
+        return clock();
+    }
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
         .count();
 }
 
-namespace {
-
-// Lines are written in blocks of 64 KiB, or when the oldest buffered line is 200 ms old, so that a
-// reader following the log (instr follow) is never further behind than that.
-constexpr size_t  FLUSH_BYTES = 64 * 1024;
-constexpr int64_t FLUSH_NS    = 200 * 1000 * 1000;
-
-struct session {
-    std::mutex mtx;
-
-    uint64_t    epoch = 0;  // bumped by each session_begin
-    FILE *      fp    = nullptr;
-    std::string path;
-    std::string sid;
-    std::string buf;              // complete lines not yet written
-    int64_t     buf_records = 0;
-    int64_t     buf_since   = 0;  // when the oldest buffered line was added
-    int32_t     level       = LLAMA_INSTR_LEVEL_OFF;
-    int32_t     topk        = 10;
-    int32_t     topk_next   = 10;
-
-    int32_t     status = LLAMA_INSTR_OK;  // the first failure: ERR_IO or ERR_INTERNAL
-    std::string failure;
-
-    int64_t            t_start   = 0;
-    llama_instr_totals totals    = {};
-    int32_t            n_graphs  = 0;
-    int32_t            n_ctx_ids = 0;
-
-#if !defined(_WIN32)
-    dev_t dev = 0;  // the file opened, to notice it being removed or replaced
-    ino_t ino = 0;
-#endif
-
-    // every context that ran a hook, until it is freed
-    std::unordered_map<const llama_context *, std::unique_ptr<ctx_state>> ctxs;
-};
-
 session & S() {
-    static session s;
-    return s;
+    static session * s = new session;
+    return *s;
 }
 
-thread_local std::string t_last_error;
-
-int32_t api_error(int32_t code, const char * msg) noexcept {
-    try {
-        t_last_error = msg;
-    } catch (...) {
-        t_last_error.clear();  // out of memory: the code says enough
-    }
-    return code;
-}
-
-int32_t api_error(int32_t code, const std::string & msg) noexcept {
-    return api_error(code, msg.c_str());
-}
-
-// the first failure wins; records from here on are lost (all below with S().mtx held)
-void fail_locked(session & s, int32_t code, const std::string & why) {
-    if (s.status == LLAMA_INSTR_OK) {
-        s.status  = code;
-        s.failure = why;
-    }
-}
-
-void write_buffered_locked(session & s) {
-    if (!s.fp || s.buf.empty()) {
-        s.buf.clear();
-        s.buf_records = 0;
-        return;
-    }
-    if (s.status != LLAMA_INSTR_ERR_IO) {
-        const size_t n  = fwrite(s.buf.data(), 1, s.buf.size(), s.fp);
-        const int    rc = n == s.buf.size() ? fflush(s.fp) : EOF;
-        if (rc != 0) {
-            const int err = errno;
-            fail_locked(s, LLAMA_INSTR_ERR_IO, "writing the log " + s.path + " failed: " + strerror(err));
-            s.status = LLAMA_INSTR_ERR_IO;  // stop writing, even after an internal failure
+// Writes the buffered lines that are due, so that an idle process's records reach the file within
+// about FLUSH_NS (the hot path only checks on the next record).
+static void flusher_main() {
+    session &                    s = S();
+    std::unique_lock<std::mutex> lock(s.mtx);
+    for (;;) {
+        if (s.log.fp) {
+            s.flusher_cv.wait_for(lock, std::chrono::nanoseconds(log_file::FLUSH_NS / 4));
+        } else {
+            s.flusher_cv.wait(lock);
+        }
+        if (s.log.fp && s.log.due(now_ns())) {
+            try {
+                s.log.write_buffered();
+            } catch (...) {
+                // out of memory formatting the error: the status is set, the records counted
+            }
         }
     }
-    if (s.status == LLAMA_INSTR_ERR_IO) {
-        s.totals.n_lost += s.buf_records;
-    }
-    s.buf.clear();
-    s.buf_records = 0;
 }
 
-void emit_locked(session & s, const std::string & line) {
-    s.totals.n_records++;
-    if (s.status == LLAMA_INSTR_ERR_IO) {
-        s.totals.n_lost++;
-        return;
-    }
-    const int64_t now = now_ns();
-    if (s.buf.empty()) {
-        s.buf_since = now;
-    }
-    s.buf += line;
-    s.buf.push_back('\n');
-    s.buf_records++;
-    if (s.buf.size() >= FLUSH_BYTES || now - s.buf_since >= FLUSH_NS) {
-        write_buffered_locked(s);
+// At exit, the lines still buffered go to the file (the session stays open: records made after
+// this are dropped with the process).
+static void flush_at_exit() {
+    session &                   s = S();
+    std::lock_guard<std::mutex> lock(s.mtx);
+    if (s.log.fp) {
+        try {
+            s.log.write_buffered();
+        } catch (...) {
+        }
     }
 }
 
-// Is the file at s.path still the one open? (Removing or replacing it loses what is written.)
-const char * file_gone_locked(const session & s) {
-#if !defined(_WIN32)
-    struct stat now_st;
-    if (stat(s.path.c_str(), &now_st) != 0) {
-        return "was removed while the session was open";
-    }
-    if (now_st.st_dev != s.dev || now_st.st_ino != s.ino) {
-        return "was replaced while the session was open";
-    }
-#else
-    (void) s;
-#endif
-    return nullptr;
-}
-
-// sid: 16 hex digits; wall clock in ISO 8601 UTC with microseconds
-void new_ids(std::string & sid, char (&wall)[64], std::string & default_name) {
-    std::random_device rd;
-    char               b[17];
-    snprintf(b, sizeof(b), "%08x%08x", (unsigned) rd(), (unsigned) rd());
-    sid = b;
-
-    const auto        now = std::chrono::system_clock::now();
-    const std::time_t tt  = std::chrono::system_clock::to_time_t(now);
-    std::tm           ut = {}, lt = {};
-#if defined(_WIN32)
-    gmtime_s(&ut, &tt);
-    localtime_s(&lt, &tt);
-#else
-    gmtime_r(&tt, &ut);
-    localtime_r(&tt, &lt);
-#endif
-    char date[32];
-    strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%S", &ut);
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
-    snprintf(wall, sizeof(wall), "%s.%06lldZ", date, (long long) us);
-    char name[64];
-    strftime(name, sizeof(name), "llama_instrumentation_%Y%m%d_%H%M%S.log", &lt);
-    default_name = name;
-}
-
-// A JSON object on one line, in valid UTF-8 (its content is the caller's, stored verbatim).
-bool metadata_ok(const char * m) {
-    const size_t n = strlen(m);
-    size_t       a = 0, b = n;
-    while (a < b && (m[a] == ' ' || m[a] == '\t')) {
-        a++;
-    }
-    while (b > a && (m[b - 1] == ' ' || m[b - 1] == '\t')) {
-        b--;
-    }
-    if (b - a < 2 || m[a] != '{' || m[b - 1] != '}') {
-        return false;
-    }
-    const auto * p = (const unsigned char *) m;
-    for (size_t i = 0; i < n;) {
-        if (p[i] < 0x20 && p[i] != '\t') {
+bool start_flusher_locked(session & s) noexcept {
+    if (!s.flusher_started) {
+        try {
+            std::thread(flusher_main).detach();
+        } catch (...) {
             return false;
         }
-        const size_t len = utf8_sequence_len(p + i, n - i);
-        if (len == 0) {
-            return false;
-        }
-        i += len;
+        s.flusher_started = true;
+        atexit(flush_at_exit);
     }
+    s.flusher_cv.notify_one();
     return true;
 }
 
-const char * level_name(int32_t level) {
-    switch (level) {
-        case LLAMA_INSTR_LEVEL_MINIMAL:
-            return "minimal";
-        case LLAMA_INSTR_LEVEL_DETAILED:
-            return "detailed";
-        case LLAMA_INSTR_LEVEL_VERBOSE:
-            return "verbose";
-        default:
-            return "off";
-    }
+llama_instr_totals totals_locked(const session & s) {
+    llama_instr_totals t = s.totals;
+    t.n_records          = s.log.n_records;
+    t.n_lost             = s.log.n_lost;
+    return t;
 }
 
-}  // namespace
-
-// The state of ctx in the registry, created on first use (with S().mtx held).
-static ctx_state & state_locked(session & s, const llama_context * ctx) {
+ctx_state & state_locked(session & s, const llama_context * ctx) {
     auto & p = s.ctxs[ctx];
     if (!p) {
         p = std::make_unique<ctx_state>();
@@ -239,11 +104,9 @@ static ctx_state & state_locked(session & s, const llama_context * ctx) {
     return *p;
 }
 
-// st joins the open session: a new id, and its current graph announced again under a new id
-// (with S().mtx held).
-static void join_locked(session & s, ctx_state & st) {
+void join_locked(session & s, ctx_state & st) {
     st.epoch         = s.epoch;
-    st.id            = ++s.n_ctx_ids;
+    st.id            = st.reserved_epoch == s.epoch ? st.reserved_id : ++s.n_ctx_ids;
     st.sid           = s.sid;
     st.topk          = s.topk;
     st.graph_id      = 0;
@@ -254,7 +117,7 @@ static void join_locked(session & s, ctx_state & st) {
 // new context can be allocated at a freed one's address).
 static std::atomic<uint64_t> g_ctx_frees{ 0 };
 
-ctx_state * ctx_get(const llama_context * ctx) {
+ctx_state * ctx_get(const llama_context * ctx) noexcept {
     // The graph callback runs once per named tensor: remember this thread's last lookup. The state
     // can't be freed while its context is in use, so the pointer stays valid while it is cached.
     thread_local const llama_context * c_ctx   = nullptr;
@@ -264,18 +127,23 @@ ctx_state * ctx_get(const llama_context * ctx) {
     if (ctx == c_ctx && frees == c_frees && c_state) {
         return c_state;
     }
-    auto &                      s = S();
-    std::lock_guard<std::mutex> lock(s.mtx);
-    c_ctx   = ctx;
-    c_state = &state_locked(s, ctx);
-    c_frees = frees;
-    return c_state;
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        ctx_state &                 st = state_locked(s, ctx);
+        c_ctx                          = ctx;
+        c_state                        = &st;
+        c_frees                        = frees;
+        return c_state;
+    } catch (...) {
+        return nullptr;  // out of memory: the caller skips this hook
+    }
 }
 
 bool ctx_join(ctx_state & st, int32_t n_tokens, bool prompt) {
     auto &                      s = S();
     std::lock_guard<std::mutex> lock(s.mtx);
-    if (!s.fp) {
+    if (!s.log.fp) {
         return false;
     }
     if (st.epoch != s.epoch) {
@@ -299,26 +167,29 @@ int32_t next_graph_id(const ctx_state & st) {
 void count_compute(const ctx_state & st, int64_t n_lost) {
     auto &                      s = S();
     std::lock_guard<std::mutex> lock(s.mtx);
-    if (st.epoch == s.epoch && s.fp) {
+    if (st.epoch == s.epoch && s.log.fp) {
         s.totals.n_computes++;
-        s.totals.n_lost += n_lost;
+        s.log.n_lost += n_lost;  // op timings that could not be attributed
     }
 }
 
 void emit(uint64_t epoch, const std::string & line) {
     auto &                      s = S();
     std::lock_guard<std::mutex> lock(s.mtx);
-    if (s.fp && epoch == s.epoch) {
-        emit_locked(s, line);
+    if (s.log.fp && epoch == s.epoch) {
+        s.log.emit(line);
     }
 }
 
-void hook_failed(uint64_t epoch, const char * hook) {
-    auto &                      s = S();
-    std::lock_guard<std::mutex> lock(s.mtx);
-    if (s.fp && epoch == s.epoch) {
-        fail_locked(s, LLAMA_INSTR_ERR_INTERNAL, std::string(hook) + " failed (out of memory?): records were lost");
-        s.totals.n_lost++;
+void hook_failed(uint64_t epoch, const char * hook) noexcept {
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (s.log.fp && epoch == s.epoch) {
+            s.log.hook_failed(hook);
+        }
+    } catch (...) {
+        // the lock failed (std::system_error): nothing is left to record it with
     }
 }
 
@@ -344,379 +215,4 @@ void llama_instr_context_free(const llama_context * ctx) {
     } catch (...) {
         // nothing to report to: the context is going away
     }
-}
-
-//
-// C API
-//
-
-int32_t llama_instr_api_version(void) {
-    return LLAMA_INSTR_API_VERSION;
-}
-
-const char * llama_instr_build_info(void) {
-    static const std::string info = "{\"api_version\":" + std::to_string(LLAMA_INSTR_API_VERSION) +
-                                    ",\"llama_cpp_commit\":\"" LLAMA_INSTR_LLAMA_COMMIT
-                                    "\",\"patch_hash\":\"" LLAMA_INSTR_PATCH_HASH "\"}";
-    return info.c_str();
-}
-
-int32_t llama_instr_session_begin(llama_context * ctx, const char * path, int32_t level, const char * metadata_json) {
-    try {
-        auto &                      s = S();
-        std::lock_guard<std::mutex> lock(s.mtx);
-        if (s.fp) {
-            return api_error(LLAMA_INSTR_ERR_BUSY, "a session is already open (call llama_instr_session_end first)");
-        }
-        if (level < LLAMA_INSTR_LEVEL_MINIMAL || level > LLAMA_INSTR_LEVEL_VERBOSE) {
-            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "level must be 1 (minimal), 2 (detailed) or 3 (verbose)");
-        }
-        if (metadata_json && *metadata_json && !metadata_ok(metadata_json)) {
-            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "metadata must be a JSON object on one line, in UTF-8");
-        }
-
-        std::string sid, default_name;
-        char        wall[64];
-        new_ids(sid, wall, default_name);
-        const std::string p = path && *path ? path : default_name;
-
-        FILE * fp = fopen(p.c_str(), "ab");
-        if (!fp) {
-            return api_error(LLAMA_INSTR_ERR_IO, "cannot open the log " + p + " for writing: " + strerror(errno));
-        }
-
-        s.epoch++;
-        s.fp   = fp;
-        s.path = p;
-        s.sid  = sid;
-        s.buf.clear();
-        s.buf_records = 0;
-        s.level       = level;
-        s.topk        = s.topk_next;
-        s.status      = LLAMA_INSTR_OK;
-        s.failure.clear();
-        s.t_start   = now_ns();
-        s.totals    = {};
-        s.n_graphs  = 0;
-        s.n_ctx_ids = 0;
-#if !defined(_WIN32)
-        struct stat fst;
-        if (fstat(fileno(fp), &fst) == 0) {
-            s.dev = fst.st_dev;
-            s.ino = fst.st_ino;
-        }
-#endif
-
-        std::string line;
-        json_out    j{ line };
-        record_head(j, "session_start", s.t_start, s.sid);
-        j.key("schema_version");
-        j.i64(1);
-        j.key("wall_time");
-        j.str(wall);
-        j.key("level");
-        j.str(level_name(level));
-        j.key("producer");
-        j.raw("{\"llama_cpp_commit\":\"" LLAMA_INSTR_LLAMA_COMMIT "\",\"patch_hash\":\"" LLAMA_INSTR_PATCH_HASH
-              "\",\"api_version\":");
-        j.i64(LLAMA_INSTR_API_VERSION);
-        j.ch('}');
-        j.key("pid");
-#if defined(_WIN32)
-        j.i64(0);
-#else
-        j.i64((int64_t) getpid());
-#endif
-        j.key("metadata");
-        j.raw(metadata_json && *metadata_json ? metadata_json : "{}");
-        write_machine_info(j);
-        if (ctx) {
-            // the context joins now, so that it is ctx 1 in every record
-            join_locked(s, state_locked(s, ctx));
-            write_model_info(j, ctx);
-        }
-        j.ch('}');
-        emit_locked(s, line);
-        write_buffered_locked(s);
-        if (s.status != LLAMA_INSTR_OK) {
-            const std::string why = s.failure;
-            fclose(s.fp);
-            s.fp = nullptr;
-            return api_error(LLAMA_INSTR_ERR_IO, why);
-        }
-
-        g_llama_instr_level.store(level, std::memory_order_relaxed);
-        return LLAMA_INSTR_OK;
-    } catch (const std::exception & e) {
-        return api_error(LLAMA_INSTR_ERR_INTERNAL, std::string("session begin failed: ") + e.what());
-    } catch (...) {
-        return api_error(LLAMA_INSTR_ERR_INTERNAL, "session begin failed");
-    }
-}
-
-int32_t llama_instr_session_end(const char * status) {
-    try {
-        auto & s = S();
-        g_llama_instr_level.store(LLAMA_INSTR_LEVEL_OFF, std::memory_order_relaxed);
-        std::lock_guard<std::mutex> lock(s.mtx);
-        if (!s.fp) {
-            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
-        }
-        std::string st         = status && *status ? status : "ok";
-        const bool  bad_status = st != "ok" && st != "error" && st != "interrupted";
-        if (bad_status) {
-            st = "error";
-        }
-        const int64_t t = now_ns();
-        std::string   line;
-        json_out      j{ line };
-        record_head(j, "session_end", t, s.sid);
-        j.key("status");
-        j.str(st);
-        j.key("totals");
-        j.raw("{\"steps\":");
-        j.i64(s.totals.n_steps);
-        j.raw(",\"tokens\":");
-        j.i64(s.totals.n_tokens);
-        j.raw(",\"prompt_tokens\":");
-        j.i64(s.totals.n_prompt_tokens);
-        j.raw(",\"gen_tokens\":");
-        j.i64(s.totals.n_gen_tokens);
-        j.raw(",\"computes\":");
-        j.i64(s.totals.n_computes);
-        j.raw(",\"dur\":");
-        j.i64(t - s.t_start);
-        j.raw(",\"records\":");
-        j.i64(s.totals.n_records + 1);
-        j.raw(",\"lost\":");
-        j.i64(s.totals.n_lost);
-        j.raw("}}");
-        emit_locked(s, line);
-        write_buffered_locked(s);
-        const char * gone = file_gone_locked(s);
-        if (gone) {
-            fail_locked(s, LLAMA_INSTR_ERR_IO, "the log " + s.path + " " + gone + ": its records are lost");
-        }
-        if (fclose(s.fp) != 0) {
-            fail_locked(s, LLAMA_INSTR_ERR_IO, "closing the log " + s.path + " failed: " + strerror(errno));
-        }
-        s.fp = nullptr;
-        if (s.status != LLAMA_INSTR_OK) {
-            return api_error(s.status, s.failure);
-        }
-        if (bad_status) {
-            return api_error(LLAMA_INSTR_ERR_INVALID_ARG,
-                             "status must be \"ok\", \"error\" or \"interrupted\" (\"error\" was written)");
-        }
-        return LLAMA_INSTR_OK;
-    } catch (...) {
-        // out of memory while formatting: close the log all the same
-        auto &                      s = S();
-        std::lock_guard<std::mutex> lock(s.mtx);
-        if (s.fp) {
-            fclose(s.fp);
-            s.fp = nullptr;
-        }
-        return api_error(LLAMA_INSTR_ERR_INTERNAL, "session end failed (out of memory?): the log is incomplete");
-    }
-}
-
-int32_t llama_instr_set_level(int32_t level) {
-    auto &                      s = S();
-    std::lock_guard<std::mutex> lock(s.mtx);
-    if (!s.fp) {
-        return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
-    }
-    if (level < LLAMA_INSTR_LEVEL_OFF || level > LLAMA_INSTR_LEVEL_VERBOSE) {
-        return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "level must be 0..3");
-    }
-    return g_llama_instr_level.exchange(level, std::memory_order_relaxed);
-}
-
-int32_t llama_instr_get_level(void) {
-    return g_llama_instr_level.load(std::memory_order_relaxed);
-}
-
-int32_t llama_instr_set_topk(int32_t k) {
-    if (k < 1 || k > 1000) {
-        return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "top-k must be between 1 and 1000");
-    }
-    auto &                      s = S();
-    std::lock_guard<std::mutex> lock(s.mtx);
-    s.topk_next = k;
-    return LLAMA_INSTR_OK;
-}
-
-int32_t llama_instr_flush(void) {
-    try {
-        auto &                      s = S();
-        std::lock_guard<std::mutex> lock(s.mtx);
-        if (!s.fp) {
-            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
-        }
-        write_buffered_locked(s);
-        if (s.status == LLAMA_INSTR_ERR_IO) {
-            return api_error(s.status, s.failure);
-        }
-        return LLAMA_INSTR_OK;
-    } catch (...) {
-        return api_error(LLAMA_INSTR_ERR_INTERNAL, "flush failed");
-    }
-}
-
-int32_t llama_instr_session_path(char * buf, size_t buf_size) {
-    auto &                      s = S();
-    std::lock_guard<std::mutex> lock(s.mtx);
-    if (s.epoch == 0) {
-        return api_error(LLAMA_INSTR_ERR_NO_SESSION, "there was no session yet");
-    }
-    if (buf && buf_size > 0) {
-        snprintf(buf, buf_size, "%s", s.path.c_str());
-    }
-    return (int32_t) s.path.size();
-}
-
-int32_t llama_instr_session_totals(llama_instr_totals * totals) {
-    if (!totals) {
-        return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "totals is NULL");
-    }
-    auto &                      s = S();
-    std::lock_guard<std::mutex> lock(s.mtx);
-    if (s.epoch == 0) {
-        return api_error(LLAMA_INSTR_ERR_NO_SESSION, "there was no session yet");
-    }
-    *totals = s.totals;
-    return LLAMA_INSTR_OK;
-}
-
-int32_t llama_instr_set_request(llama_context * ctx, const char * request_id) {
-    try {
-        if (!ctx) {
-            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "ctx is NULL");
-        }
-        const std::string id = request_id ? request_id : "";
-        if (id.size() > 128) {
-            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "a request id is at most 128 bytes");
-        }
-        ctx_state *                 st = ctx_get(ctx);
-        auto &                      s  = S();
-        std::lock_guard<std::mutex> lock(s.mtx);
-        if (!s.fp) {
-            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
-        }
-        if (!st) {
-            return api_error(LLAMA_INSTR_ERR_INTERNAL, "out of memory");
-        }
-        st->request_next = id;
-        return LLAMA_INSTR_OK;
-    } catch (...) {
-        return api_error(LLAMA_INSTR_ERR_INTERNAL, "set_request failed (out of memory?)");
-    }
-}
-
-int32_t llama_instr_write_record(const char * type, const char * fields_json) {
-    try {
-        const size_t n  = type ? strlen(type) : 0;
-        bool         ok = n >= 1 && n <= 32;
-        for (size_t i = 0; ok && i < n; i++) {
-            ok = (type[i] >= 'a' && type[i] <= 'z') || type[i] == '_';
-        }
-        if (!ok) {
-            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "a record type is 1..32 characters of [a-z_]");
-        }
-        if (!fields_json || !metadata_ok(fields_json)) {
-            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "fields must be a JSON object on one line, in UTF-8");
-        }
-        // the object's members, without its braces
-        std::string inner = fields_json;
-        inner             = inner.substr(inner.find('{') + 1);
-        inner             = inner.substr(0, inner.rfind('}'));
-        for (const char * k : { "\"type\"", "\"ts\"", "\"sid\"" }) {
-            if (inner.find(k) != std::string::npos) {
-                return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "fields must not hold type, ts or sid");
-            }
-        }
-        auto &                      s = S();
-        std::lock_guard<std::mutex> lock(s.mtx);
-        if (!s.fp) {
-            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
-        }
-        std::string line;
-        json_out    j{ line };
-        record_head(j, type, now_ns(), s.sid);
-        if (inner.find_first_not_of(" \t") != std::string::npos) {
-            j.ch(',');
-            j.raw(inner);
-        }
-        j.ch('}');
-        emit_locked(s, line);
-        return LLAMA_INSTR_OK;
-    } catch (...) {
-        return api_error(LLAMA_INSTR_ERR_INTERNAL, "write_record failed (out of memory?)");
-    }
-}
-
-int32_t llama_instr_capture(llama_context * ctx, const char * const * patterns, int32_t n_patterns) {
-    try {
-        if (!ctx || n_patterns < 0 || (n_patterns > 0 && !patterns)) {
-            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "capture needs a context and n_patterns >= 0");
-        }
-        std::vector<std::string> pats;
-        for (int32_t i = 0; i < n_patterns; i++) {
-            if (!patterns[i] || !*patterns[i]) {
-                return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "an empty capture pattern");
-            }
-            pats.emplace_back(patterns[i]);
-        }
-        ctx_state *                 st = ctx_get(ctx);
-        auto &                      s  = S();
-        std::lock_guard<std::mutex> lock(s.mtx);
-        if (!s.fp) {
-            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
-        }
-        if (!st) {
-            return api_error(LLAMA_INSTR_ERR_INTERNAL, "out of memory");
-        }
-        st->capture_next = std::move(pats);
-        return LLAMA_INSTR_OK;
-    } catch (...) {
-        return api_error(LLAMA_INSTR_ERR_INTERNAL, "capture failed (out of memory?)");
-    }
-}
-
-// read by the thread that decodes ctx, between its decodes
-int32_t llama_instr_captured_count(llama_context * ctx) {
-    ctx_state * st = ctx ? ctx_get(ctx) : nullptr;
-    return st ? (int32_t) st->capture.n_filled : 0;
-}
-
-int64_t llama_instr_captured_get(llama_context * ctx,
-                                 int32_t         i,
-                                 char *          name,
-                                 size_t          name_size,
-                                 int64_t *       ne,
-                                 float *         dst,
-                                 int64_t         dst_n) {
-    ctx_state * st = ctx ? ctx_get(ctx) : nullptr;
-    if (!st || i < 0 || i >= (int32_t) st->capture.n_filled) {
-        return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "no captured output with that index");
-    }
-    const auto & slot = st->capture.slots[i];
-    if (name && name_size > 0) {
-        snprintf(name, name_size, "%s", slot.name.c_str());
-    }
-    if (ne) {
-        for (int d = 0; d < GGML_MAX_DIMS; d++) {
-            ne[d] = slot.ne[d];
-        }
-    }
-    const int64_t n = (int64_t) slot.data.size();
-    if (dst && dst_n >= n) {
-        std::copy(slot.data.begin(), slot.data.end(), dst);
-    }
-    return n;
-}
-
-const char * llama_instr_last_error(void) {
-    return t_last_error.c_str();
 }

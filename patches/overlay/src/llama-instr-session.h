@@ -25,7 +25,7 @@ struct llama_context;
 
 namespace llama_instr {
 
-int64_t now_ns();  // CLOCK_MONOTONIC, the clock ggml-cpu's profiler uses
+int64_t now_ns();  // ns: the clock of ggml-cpu's profiler (ggml_cpu_profiler_now), on every platform
 
 // what one timed op measured; records are formatted after the step ends
 struct op_rec {
@@ -65,12 +65,17 @@ struct compute_rec {
 };
 
 struct ctx_state {
-    // this context in the current session
+    // this context in the current session; written by the thread that decodes it (in ctx_join)
     uint64_t    epoch = 0;  // 0 = never joined
     int32_t     id    = 0;
     int32_t     level = LLAMA_INSTR_LEVEL_OFF;
     int32_t     topk  = 10;
     std::string sid;
+
+    // session_begin(ctx) reserves an id for ctx in its session (ctx 1, as in session_start), which
+    // ctx takes when its next step joins (under the session lock)
+    uint64_t reserved_epoch = 0;
+    int32_t  reserved_id    = 0;
 
     // the request the context's steps are for (set by llama_instr_set_request under the session
     // lock; copied into `request` when a step begins)
@@ -137,7 +142,7 @@ struct ctx_state {
 };
 
 // The state of ctx, created on first use; nullptr only when out of memory.
-ctx_state * ctx_get(const llama_context * ctx);
+ctx_state * ctx_get(const llama_context * ctx) noexcept;
 
 // At the start of a step: join the open session if st is not in it yet (new id; the current
 // graph is announced again), and count the step. False when no session is open.
@@ -154,6 +159,7 @@ void count_compute(const ctx_state & st, int64_t n_lost);
 void emit(uint64_t epoch, const std::string & line);
 
 // A hook failed (out of memory, ...): the session's log is incomplete; session_end reports it.
-void hook_failed(uint64_t epoch, const char * hook);
+// `hook` is a string literal. Never allocates, never throws.
+void hook_failed(uint64_t epoch, const char * hook) noexcept;
 
 }  // namespace llama_instr

@@ -1,0 +1,499 @@
+#include "llama-instr-hooks.h"
+#include "llama-instr-model.h"
+#include "llama-instr-peaks.h"
+#include "llama-instr-registry.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <mutex>
+#include <random>
+#include <string>
+
+#if !defined(_WIN32)
+#    include <unistd.h>
+#endif
+
+// both defined by the build (instr build passes them; see patches/0002)
+#ifndef LLAMA_INSTR_PATCH_HASH
+#    define LLAMA_INSTR_PATCH_HASH "dev"
+#endif
+#ifndef LLAMA_INSTR_LLAMA_COMMIT
+#    define LLAMA_INSTR_LLAMA_COMMIT "unknown"
+#endif
+
+using namespace llama_instr;
+
+namespace {
+
+thread_local std::string t_last_error;
+
+int32_t api_error(int32_t code, const char * msg) noexcept {
+    try {
+        t_last_error = msg;
+    } catch (...) {
+        t_last_error.clear();  // out of memory: the code says enough
+    }
+    return code;
+}
+
+int32_t api_error(int32_t code, const std::string & msg) noexcept {
+    return api_error(code, msg.c_str());
+}
+
+// sid: 16 hex digits; wall clock in ISO 8601 UTC with microseconds
+void new_ids(std::string & sid, char (&wall)[64], std::string & default_name) {
+    std::random_device rd;
+    char               b[17];
+    snprintf(b, sizeof(b), "%08x%08x", (unsigned) rd(), (unsigned) rd());
+    sid = b;
+
+    const auto        now = std::chrono::system_clock::now();
+    const std::time_t tt  = std::chrono::system_clock::to_time_t(now);
+    std::tm           ut = {}, lt = {};
+#if defined(_WIN32)
+    gmtime_s(&ut, &tt);
+    localtime_s(&lt, &tt);
+#else
+    gmtime_r(&tt, &ut);
+    localtime_r(&tt, &lt);
+#endif
+    char date[32];
+    strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%S", &ut);
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
+    snprintf(wall, sizeof(wall), "%s.%06lldZ", date, (long long) us);
+    char name[64];
+    strftime(name, sizeof(name), "llama_instrumentation_%Y%m%d_%H%M%S.log", &lt);
+    default_name = name;
+}
+
+// Keys a caller's record must not hold: record_head writes them.
+const char * const RESERVED_KEYS[] = { "type", "ts", "sid" };
+
+const char * level_name(int32_t level) {
+    switch (level) {
+        case LLAMA_INSTR_LEVEL_MINIMAL:
+            return "minimal";
+        case LLAMA_INSTR_LEVEL_DETAILED:
+            return "detailed";
+        case LLAMA_INSTR_LEVEL_VERBOSE:
+            return "verbose";
+        default:
+            return "off";
+    }
+}
+
+}  // namespace
+
+//
+// the hook that ends a context's state: see llama-instr-session.cpp
+//
+
+//
+// C API
+//
+
+int32_t llama_instr_api_version(void) noexcept {
+    return LLAMA_INSTR_API_VERSION;
+}
+
+#define LLAMA_INSTR_STR2(x) #x
+#define LLAMA_INSTR_STR(x)  LLAMA_INSTR_STR2(x)
+
+const char * llama_instr_build_info(void) noexcept {
+    // a literal: nothing to allocate, nothing to throw
+    return "{\"api_version\":" LLAMA_INSTR_STR(
+        LLAMA_INSTR_API_VERSION) ",\"llama_cpp_commit\":\"" LLAMA_INSTR_LLAMA_COMMIT
+                                 "\",\"patch_hash\":\"" LLAMA_INSTR_PATCH_HASH "\"}";
+}
+
+int32_t llama_instr_session_begin(llama_context * ctx,
+                                  const char *    path,
+                                  int32_t         level,
+                                  const char *    metadata_json) noexcept {
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (s.log.fp) {
+            return api_error(LLAMA_INSTR_ERR_BUSY, "a session is already open (call llama_instr_session_end first)");
+        }
+        if (level < LLAMA_INSTR_LEVEL_MINIMAL || level > LLAMA_INSTR_LEVEL_VERBOSE) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "level must be 1 (minimal), 2 (detailed) or 3 (verbose)");
+        }
+        if (metadata_json && *metadata_json && json_object_check(metadata_json, nullptr, 0) != json_check::ok) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "metadata must be a JSON object on one line, in UTF-8");
+        }
+
+        std::string sid, default_name;
+        char        wall[64];
+        new_ids(sid, wall, default_name);
+        const std::string p = path && *path ? path : default_name;
+
+        if (!s.log.open(p)) {
+            return api_error(LLAMA_INSTR_ERR_IO, "cannot open the log " + p + " for writing: " + strerror(errno));
+        }
+        // from here on, a failure closes the file again: no session is left half open
+        try {
+            s.epoch++;
+            s.sid       = sid;
+            s.level     = level;
+            s.topk      = s.topk_next;
+            s.t_start   = now_ns();
+            s.totals    = {};
+            s.n_graphs  = 0;
+            s.n_ctx_ids = 0;
+
+            std::string line;
+            json_out    j{ line };
+            record_head(j, "session_start", s.t_start, s.sid);
+            j.key("schema_version");
+            j.i64(1);
+            j.key("wall_time");
+            j.str(wall);
+            j.key("level");
+            j.str(level_name(level));
+            j.key("producer");
+            j.raw("{\"llama_cpp_commit\":\"" LLAMA_INSTR_LLAMA_COMMIT "\",\"patch_hash\":\"" LLAMA_INSTR_PATCH_HASH
+                  "\",\"api_version\":");
+            j.i64(LLAMA_INSTR_API_VERSION);
+            j.ch('}');
+            j.key("pid");
+#if defined(_WIN32)
+            j.i64(0);
+#else
+            j.i64((int64_t) getpid());
+#endif
+            j.key("metadata");
+            j.raw(metadata_json && *metadata_json ? metadata_json : "{}");
+            write_machine_info(j);
+            if (ctx) {
+                // ctx is ctx 1 in every record: its id is reserved now, and it joins on its own
+                // thread when its next step begins (it may be decoding right now)
+                ctx_state & st    = state_locked(s, ctx);
+                st.reserved_epoch = s.epoch;
+                st.reserved_id    = ++s.n_ctx_ids;
+                write_model_info(j, ctx);
+            }
+            j.ch('}');
+            s.log.emit(line);
+            s.log.write_buffered();
+            if (s.log.status != LLAMA_INSTR_OK) {
+                const std::string why = s.log.failure_message();
+                s.log.close();
+                return api_error(LLAMA_INSTR_ERR_IO, why);
+            }
+            if (!start_flusher_locked(s)) {
+                s.log.close();
+                return api_error(LLAMA_INSTR_ERR_INTERNAL, "cannot start the log's flusher thread");
+            }
+        } catch (...) {
+            s.log.close();
+            throw;
+        }
+
+        g_llama_instr_level.store(level, std::memory_order_relaxed);
+        return LLAMA_INSTR_OK;
+    } catch (const std::exception & e) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, std::string("session begin failed: ") + e.what());
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "session begin failed");
+    }
+}
+
+int32_t llama_instr_session_end(const char * status) noexcept {
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (!s.log.fp) {
+            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
+        }
+        // under the lock: a set_level can't turn it on again between this and the close
+        g_llama_instr_level.store(LLAMA_INSTR_LEVEL_OFF, std::memory_order_relaxed);
+        std::string st         = status && *status ? status : "ok";
+        const bool  bad_status = st != "ok" && st != "error" && st != "interrupted";
+        if (bad_status) {
+            st = "error";
+        }
+        const int64_t t = now_ns();
+        std::string   line;
+        json_out      j{ line };
+        record_head(j, "session_end", t, s.sid);
+        j.key("status");
+        j.str(st);
+        j.key("totals");
+        j.raw("{\"steps\":");
+        j.i64(s.totals.n_steps);
+        j.raw(",\"tokens\":");
+        j.i64(s.totals.n_tokens);
+        j.raw(",\"prompt_tokens\":");
+        j.i64(s.totals.n_prompt_tokens);
+        j.raw(",\"gen_tokens\":");
+        j.i64(s.totals.n_gen_tokens);
+        j.raw(",\"computes\":");
+        j.i64(s.totals.n_computes);
+        j.raw(",\"dur\":");
+        j.i64(t - s.t_start);
+        j.raw(",\"records\":");
+        j.i64(s.log.n_records + 1);
+        j.raw(",\"lost\":");
+        j.i64(s.log.n_lost);
+        j.raw("}}");
+        s.log.emit(line);
+        s.log.write_buffered();
+        const char * gone = s.log.gone();
+        if (gone) {
+            s.log.fail(LLAMA_INSTR_ERR_IO, "the log " + s.log.path + " " + gone + ": its records are lost");
+        }
+        if (!s.log.close()) {
+            s.log.fail(LLAMA_INSTR_ERR_IO, "closing the log " + s.log.path + " failed: " + strerror(errno));
+        }
+        if (s.log.status != LLAMA_INSTR_OK) {
+            return api_error(s.log.status, s.log.failure_message());
+        }
+        if (bad_status) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG,
+                             "status must be \"ok\", \"error\" or \"interrupted\" (\"error\" was written)");
+        }
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        // out of memory while formatting: close the log all the same
+        try {
+            auto &                      s = S();
+            std::lock_guard<std::mutex> lock(s.mtx);
+            g_llama_instr_level.store(LLAMA_INSTR_LEVEL_OFF, std::memory_order_relaxed);
+            if (s.log.fp) {
+                s.log.write_buffered();
+            }
+        } catch (...) {
+        }
+        try {
+            auto &                      s = S();
+            std::lock_guard<std::mutex> lock(s.mtx);
+            if (s.log.fp) {
+                s.log.close();
+            }
+        } catch (...) {
+        }
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "session end failed (out of memory?): the log is incomplete");
+    }
+}
+
+int32_t llama_instr_set_level(int32_t level) noexcept {
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (!s.log.fp) {
+            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
+        }
+        if (level < LLAMA_INSTR_LEVEL_OFF || level > LLAMA_INSTR_LEVEL_VERBOSE) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "level must be 0..3");
+        }
+        return g_llama_instr_level.exchange(level, std::memory_order_relaxed);
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "set_level failed");
+    }
+}
+
+int32_t llama_instr_get_level(void) noexcept {
+    return g_llama_instr_level.load(std::memory_order_relaxed);
+}
+
+int32_t llama_instr_set_topk(int32_t k) noexcept {
+    if (k < 1 || k > 1000) {
+        return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "top-k must be between 1 and 1000");
+    }
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        s.topk_next = k;
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "set_topk failed");
+    }
+}
+
+int32_t llama_instr_flush(void) noexcept {
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (!s.log.fp) {
+            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
+        }
+        s.log.write_buffered();
+        if (s.log.status == LLAMA_INSTR_ERR_IO) {
+            return api_error(s.log.status, s.log.failure_message());
+        }
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "flush failed");
+    }
+}
+
+int32_t llama_instr_session_path(char * buf, size_t buf_size) noexcept {
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (s.epoch == 0) {
+            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "there was no session yet");
+        }
+        if (buf && buf_size > 0) {
+            snprintf(buf, buf_size, "%s", s.log.path.c_str());
+        }
+        return (int32_t) s.log.path.size();
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "session_path failed");
+    }
+}
+
+int32_t llama_instr_session_totals(llama_instr_totals * totals) noexcept {
+    if (!totals) {
+        return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "totals is NULL");
+    }
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (s.epoch == 0) {
+            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "there was no session yet");
+        }
+        *totals = totals_locked(s);
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "session_totals failed");
+    }
+}
+
+int32_t llama_instr_set_request(llama_context * ctx, const char * request_id) noexcept {
+    try {
+        if (!ctx) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "ctx is NULL");
+        }
+        const std::string id = request_id ? request_id : "";
+        if (id.size() > 128) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "a request id is at most 128 bytes");
+        }
+        ctx_state *                 st = ctx_get(ctx);
+        auto &                      s  = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (!s.log.fp) {
+            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
+        }
+        if (!st) {
+            return api_error(LLAMA_INSTR_ERR_INTERNAL, "out of memory");
+        }
+        st->request_next = id;
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "set_request failed (out of memory?)");
+    }
+}
+
+int32_t llama_instr_write_record(const char * type, const char * fields_json) noexcept {
+    try {
+        const size_t n  = type ? strlen(type) : 0;
+        bool         ok = n >= 1 && n <= 32;
+        for (size_t i = 0; ok && i < n; i++) {
+            ok = (type[i] >= 'a' && type[i] <= 'z') || type[i] == '_';
+        }
+        if (!ok) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "a record type is 1..32 characters of [a-z_]");
+        }
+        const json_check check = fields_json ? json_object_check(fields_json, RESERVED_KEYS, 3) : json_check::invalid;
+        if (check == json_check::invalid) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "fields must be a JSON object on one line, in UTF-8");
+        }
+        if (check == json_check::reserved) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "fields must not hold type, ts or sid");
+        }
+        // the object's members, without its braces (a valid object: its first and last
+        // non-blank characters are they)
+        std::string inner             = fields_json;
+        inner                         = inner.substr(inner.find('{') + 1);
+        inner                         = inner.substr(0, inner.rfind('}'));
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (!s.log.fp) {
+            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
+        }
+        std::string line;
+        json_out    j{ line };
+        record_head(j, type, now_ns(), s.sid);
+        if (inner.find_first_not_of(" \t") != std::string::npos) {
+            j.ch(',');
+            j.raw(inner);
+        }
+        j.ch('}');
+        s.log.emit(line);
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "write_record failed (out of memory?)");
+    }
+}
+
+int32_t llama_instr_capture(llama_context * ctx, const char * const * patterns, int32_t n_patterns) noexcept {
+    try {
+        if (!ctx || n_patterns < 0 || (n_patterns > 0 && !patterns)) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "capture needs a context and n_patterns >= 0");
+        }
+        std::vector<std::string> pats;
+        for (int32_t i = 0; i < n_patterns; i++) {
+            if (!patterns[i] || !*patterns[i]) {
+                return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "an empty capture pattern");
+            }
+            pats.emplace_back(patterns[i]);
+        }
+        ctx_state *                 st = ctx_get(ctx);
+        auto &                      s  = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (!s.log.fp) {
+            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
+        }
+        if (!st) {
+            return api_error(LLAMA_INSTR_ERR_INTERNAL, "out of memory");
+        }
+        st->capture_next = std::move(pats);
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "capture failed (out of memory?)");
+    }
+}
+
+// read by the thread that decodes ctx, between its decodes
+int32_t llama_instr_captured_count(llama_context * ctx) noexcept {
+    // ctx_get never throws; the rest only reads
+    ctx_state * st = ctx ? ctx_get(ctx) : nullptr;
+    return st ? (int32_t) st->capture.n_filled : 0;
+}
+
+int64_t llama_instr_captured_get(llama_context * ctx,
+                                 int32_t         i,
+                                 char *          name,
+                                 size_t          name_size,
+                                 int64_t *       ne,
+                                 float *         dst,
+                                 int64_t         dst_n) noexcept {
+    ctx_state * st = ctx ? ctx_get(ctx) : nullptr;
+    if (!st || i < 0 || i >= (int32_t) st->capture.n_filled) {
+        return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "no captured output with that index");
+    }
+    const auto & slot = st->capture.slots[i];
+    if (name && name_size > 0) {
+        snprintf(name, name_size, "%s", slot.name.c_str());
+    }
+    if (ne) {
+        for (int d = 0; d < GGML_MAX_DIMS; d++) {
+            ne[d] = slot.ne[d];
+        }
+    }
+    const int64_t n = (int64_t) slot.data.size();
+    if (dst && dst_n >= n) {
+        std::copy(slot.data.begin(), slot.data.end(), dst);
+    }
+    return n;
+}
+
+const char * llama_instr_last_error(void) noexcept {
+    return t_last_error.c_str();
+}

@@ -1,0 +1,26 @@
+#pragma once
+
+// llamacpp-instr: for its tests only, not part of the API, compiled only into the testing build
+// (`instr build --testing`, CMake option LLAMA_INSTR_TESTING). Allocation-failure injection, to
+// prove that no exception crosses the C API: global operator new is replaced by one that counts
+// the allocations made on behalf of llama_instr code (a llama_instr function is on the calling
+// thread's stack) and throws std::bad_alloc at the chosen one.
+
+#include "llama.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// From now on, fail the n-th allocation made on behalf of llama_instr code (n >= 1; 0 disarms).
+// Counts from zero again at each call.
+LLAMA_API void llama_instr_test_fail_alloc(int64_t n);
+
+// How many allocations were injected as failures since the last llama_instr_test_fail_alloc.
+LLAMA_API int64_t llama_instr_test_failed_allocs(void);
+
+#ifdef __cplusplus
+}
+#endif

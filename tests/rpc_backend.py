@@ -25,10 +25,10 @@ from support import free_port
 
 _SERVE = r"""
 import ctypes, sys
-lib = sys.argv[1]
-ctypes.CDLL(lib + "/libggml-base.so", mode=ctypes.RTLD_GLOBAL)
-ggml = ctypes.CDLL(lib + "/libggml.so", mode=ctypes.RTLD_GLOBAL)
-rpc = ctypes.CDLL(lib + "/libggml-rpc.so", mode=ctypes.RTLD_GLOBAL)
+base, ggml, rpc = sys.argv[1:4]
+ctypes.CDLL(base, mode=ctypes.RTLD_GLOBAL)
+ggml = ctypes.CDLL(ggml, mode=ctypes.RTLD_GLOBAL)
+rpc = ctypes.CDLL(rpc, mode=ctypes.RTLD_GLOBAL)
 ggml.ggml_backend_load_all.restype = None
 ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
 ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
@@ -36,7 +36,7 @@ cpu = ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
 devs = (ctypes.c_void_p * 1)(cpu)
 rpc.ggml_backend_rpc_start_server.argtypes = [
     ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
-rpc.ggml_backend_rpc_start_server(sys.argv[2].encode(), None, 1, 1, devs)
+rpc.ggml_backend_rpc_start_server(sys.argv[4].encode(), None, 1, 1, devs)
 """
 
 
@@ -47,16 +47,24 @@ def lib_dir() -> Path:
     return Path(llama_cpp._base_path)
 
 
+def _lib(name: str) -> Path:
+    """``name`` as libllama loads it: by its soname (``libggml.so.0``). A wheel holds no symbolic
+    links, so ``libggml.so`` is another copy of the file, and loading it would give this process a
+    second ggml with a device registry of its own, which libllama never sees."""
+    for cand in (f"{name}.so.0", f"{name}.so"):
+        if (lib_dir() / cand).is_file():
+            return lib_dir() / cand
+    raise RuntimeError(f"no {name}.so in {lib_dir()}: the build has no RPC backend")
+
+
 @contextmanager
 def rpc_device() -> Iterator[str]:
     """Serve a CPU backend over RPC on loopback and register it here as a device; yields its
     endpoint. llama.cpp models loaded with n_gpu_layers > 0 inside the block offload to it."""
-    lib = lib_dir()
-    if not (lib / "libggml-rpc.so").is_file():
-        raise RuntimeError(f"no libggml-rpc.so in {lib}: the build has no RPC backend")
+    base, ggml_lib, rpc_lib = _lib("libggml-base"), _lib("libggml"), _lib("libggml-rpc")
     endpoint = f"127.0.0.1:{free_port()}"
     proc = subprocess.Popen(
-        [sys.executable, "-c", _SERVE, str(lib), endpoint],
+        [sys.executable, "-c", _SERVE, str(base), str(ggml_lib), str(rpc_lib), endpoint],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -73,8 +81,8 @@ def rpc_device() -> Iterator[str]:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the RPC server did not start in 30 s") from None
                 time.sleep(0.1)
-        ggml = ctypes.CDLL(str(lib / "libggml.so"), mode=ctypes.RTLD_GLOBAL)
-        rpc = ctypes.CDLL(str(lib / "libggml-rpc.so"), mode=ctypes.RTLD_GLOBAL)
+        ggml = ctypes.CDLL(str(ggml_lib), mode=ctypes.RTLD_GLOBAL)
+        rpc = ctypes.CDLL(str(rpc_lib), mode=ctypes.RTLD_GLOBAL)
         rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
         rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
         reg = rpc.ggml_backend_rpc_add_server(endpoint.encode())

@@ -69,7 +69,8 @@ def test_matmul_with_a_weight() -> None:
             "est_bytes_moved"
         ).split()
     )
-    assert tail == {"weight": "blk.0.attn_q.weight", "weight_type": "q8_0"}
+    # arithmetic intensity, FLOPs per byte moved: 262144 / 72704, to 3 decimals
+    assert tail == {"weight": "blk.0.attn_q.weight", "weight_type": "q8_0", "intensity": 3.606}
 
 
 def test_fused_nodes_add_their_work() -> None:
@@ -83,6 +84,7 @@ def test_fused_nodes_add_their_work() -> None:
         "weight": "blk.0.attn_q.weight",
         "weight_type": "q8_0",
         "fused": "ffn_swiglu-0 (GLU:SWIGLU)",
+        "intensity": 3.357,  # 264704 / 78848
     }
 
 
@@ -93,7 +95,7 @@ def test_kv_cache_write() -> None:
     assert head["category"] == "kv_cache"
     assert head["sources"] == "attn_norm-0 f32 [256]; idx i64 [1] (input)"
     assert head["shape"] == "[128, 256]" and head["dtype"] == "f16"
-    assert tail == {"flags": "kv_write"}
+    assert tail == {"flags": "kv_write", "intensity": 0.0}
 
 
 def test_outside_any_layer() -> None:
@@ -101,7 +103,8 @@ def test_outside_any_layer() -> None:
     assert head["layer"] == "none"
     assert n_flops == 2 * 256 * 1000
     assert n_bytes == 4000 + 210000 + 1024
-    assert tail == {"weight": "output.weight", "weight_type": "q6_K"}
+    # 512000 / 215024
+    assert tail == {"weight": "output.weight", "weight_type": "q6_K", "intensity": 2.381}
 
 
 def test_elementwise_and_activation_categories() -> None:

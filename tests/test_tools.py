@@ -47,7 +47,7 @@ def converts_cleanly(log: Path, out: Path) -> None:
 
 
 def exec_cmd(log: Path, *args: str, level: str = "detailed") -> list[str]:
-    return [sys.executable, "-m", "llamacpp_instr.cli", "exec", "--out", str(log)] + [
+    return [sys.executable, "-m", "llamacpp_instr.cli", "exec", "-o", str(log)] + [
         "--level",
         level,
         *args,

@@ -8,36 +8,22 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.converters.schema import SESSION_LEVELS
+from llamacpp_instr.commands import level_option, output_option, topk_option
 
 
 @click.command(
     "exec",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Session log to write (appended to if it exists). Default: PROGRAM_YYYYMMDD_HHMMSS.log.",
+@output_option(
+    "Session log to write (appended to if it exists). Default: PROGRAM_YYYYMMDD_HHMMSS.log."
 )
-@click.option(
-    "--level",
-    type=click.Choice(SESSION_LEVELS),
-    default="detailed",
-    show_default=True,
-    help="Instrumentation level (LLAMA_INSTR_LEVEL).",
-)
-@click.option(
-    "--top-k-logits",
-    type=click.IntRange(1, 1000),
-    default=None,
-    help="Top logits recorded per output row at the verbose level (LLAMA_INSTR_TOPK).",
-)
+@level_option
+@topk_option
 @click.argument("program")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def command(
-    out: Path | None, level: str, top_k_logits: int | None, program: str, args: tuple[str, ...]
+    output: Path | None, level: str, top_k_logits: int, program: str, args: tuple[str, ...]
 ) -> None:
     """Run PROGRAM (llama-server, llama-cli, llama-bench or llama-perplexity, as built by `instr
     build --tools`) with ARGS, writing a session log for its whole life.
@@ -48,21 +34,19 @@ def command(
     Ctrl-C). llama-server writes a `request` record per completion, llama-bench a `part` record
     per test. Options for instr go before PROGRAM, everything after it is the program's:
 
-        instr exec --out server.log llama-server -m model.gguf --port 8080 --parallel 2
+        instr exec -o server.log llama-server -m model.gguf --port 8080 --parallel 2
     """
     from llamacpp_instr import tools
     from llamacpp_instr.runner import check_writable
 
     exe = tools.find(program)
+    out = output
     if out is None:
         out = Path(f"{program}_{time.strftime('%Y%m%d_%H%M%S')}.log")
     check_writable(out)
     env = dict(os.environ)
     env["LLAMA_INSTR_LOG"] = str(out.resolve())
     env["LLAMA_INSTR_LEVEL"] = level
-    if top_k_logits is not None:
-        env["LLAMA_INSTR_TOPK"] = str(top_k_logits)
-    else:
-        env.pop("LLAMA_INSTR_TOPK", None)
+    env["LLAMA_INSTR_TOPK"] = str(top_k_logits)
     click.echo(f"instr exec: session log {out} (level {level})", err=True)
     os.execve(exe, [program, *args], env)

@@ -279,7 +279,6 @@ def _declare(lib: ctypes.CDLL) -> None:
             + [c.POINTER(c.c_float), c.c_int64],
             c.c_int64,
         ),
-        "llama_instr_bench_cb_eval_count": ([], c.c_int64),
         "llama_instr_machine_info": ([], c.c_char_p),
         "llama_instr_probe_run": ([c.POINTER(Probe)], c.c_int32),
     }

@@ -26,6 +26,7 @@ import numpy as np
 import orjson
 
 from .decode import Graph, LayerSpan
+from .peaks import Roof
 from .rounding import EXACT, exact_float, round3
 from .sinks import ThreadedWriter
 from .trace_layout import (
@@ -59,14 +60,22 @@ def _pairs(a: np.ndarray, b: np.ndarray, sep: bytes) -> list[bytes]:
     return text.replace(b",", sep).split(b"]" + sep + b"[")
 
 
+def _floats(a: np.ndarray) -> list[bytes]:
+    """Each float as orjson writes it."""
+    return orjson.dumps(np.asarray(a, dtype=np.float64), option=_NUMPY)[1:-1].split(b",")
+
+
 class _OpTable:
     """One graph's op events on one track: per row (a node, or a node with fused nodes) the
     rendered parts that do not depend on timing, and its estimated FLOPs and bytes; the rows of
-    a compute's ops from ``variants.ids``."""
+    a compute's ops from ``variants.ids``. With a ``roof``, its rows' least times at the roofs
+    (``ideal``), for the roof fraction."""
 
-    def __init__(self, graph: Graph, pid: int, tid: int) -> None:
+    def __init__(self, graph: Graph, pid: int, tid: int, roof: Roof | None) -> None:
         self.graph = graph  # held, so that its id() stays this graph's
         self.pid, self.tid = pid, tid
+        self.roof = roof
+        self.ideal: list[float | None] = []
         self.head: list[bytes] = []  # ',\n{"ph":"X", ... ,"ts":'
         self.mid: list[bytes] = []  # ',"args":{...static head...,"gflop_per_s":'
         self.tail: list[bytes] = []  # ',...static tail...}}'
@@ -79,13 +88,16 @@ class _OpTable:
         """A new row: node ``i`` with the nodes ``fused`` into it."""
         nodes = self.graph.nodes
         node = nodes[i]
-        head, n_flops, n_bytes, tail = op_static_args(node, [nodes[j] for j in fused], self.graph)
+        head, n_flops, n_bytes, tail, ideal = op_static_args(
+            node, [nodes[j] for j in fused], self.graph, self.roof
+        )
         start = {"ph": "X", "name": node.label, "cat": "op", "pid": self.pid, "tid": self.tid}
         self.head.append(b",\n" + _dumps(start)[:-1] + b',"ts":')
         self.mid.append(b',"args":' + _dumps(head)[:-1] + b',"gflop_per_s":')
         self.tail.append((b"," + _dumps(tail)[1:-1] if tail else b"") + b"}}")
         self.flops.append(n_flops)
         self.nbytes.append(n_bytes)
+        self.ideal.append(ideal)
         self._arrays = None
         return len(self.head) - 1
 
@@ -108,7 +120,9 @@ class _OpTable:
             nbytes = np.array(
                 [exact_float(b) if ok else 0.0 for b, ok in zip(self.nbytes, exact, strict=True)]
             )
-            self._arrays = (*objs, flops, nbytes, exact)
+            ideal = np.array([0.0 if v is None else v for v in self.ideal])
+            roofed = np.array([v is not None for v in self.ideal], dtype=bool)
+            self._arrays = (*objs, flops, nbytes, exact, ideal, roofed)
         return self._arrays
 
 
@@ -285,7 +299,7 @@ class _Writer:
         table = self.tables.get(key)
         if table is None or table.graph is not graph:
             table = self.tables[key] = _OpTable(
-                graph, self.tracks[ob.track].pid, self.tids[ob.track]
+                graph, self.tracks[ob.track].pid, self.tids[ob.track], ob.roof
             )
         node = np.asarray(c.op_node, dtype=np.int64)
         start = np.asarray(c.op_start, dtype=np.int64)
@@ -315,7 +329,7 @@ class _Writer:
 
         start = np.concatenate([g.start for g in groups])
         dur = np.concatenate([g.dur for g in groups])
-        flops, nbytes, exact = cat(3), cat(4), cat(5)
+        flops, nbytes, exact, ideal, roofed = cat(3), cat(4), cat(5), cat(6), cat(7)
         # the timestamps and durations in microseconds: int / 1000 as Python divides
         ts_us = start / 1000
         dur_us = dur / 1000
@@ -327,20 +341,29 @@ class _Writer:
         d = np.where(pos, dur, 1).astype(np.float64)
         g = round3(np.where(pos, flops / d, 0.0))
         bw = round3(np.where(pos, nbytes / d, 0.0))
-        slow = np.flatnonzero(np.isnan(g) | np.isnan(bw) | ~exact | (dur > EXACT))
+        fr = round3(np.where(pos, ideal / d, 0.0))  # the roof fraction (of the roofed rows)
+        bad = np.isnan(g) | np.isnan(bw) | ~exact | (dur > EXACT) | (roofed & np.isnan(fr))
+        slow = np.flatnonzero(bad)
         if len(slow):
             ends = np.cumsum([len(r) for r in rows])
             for k in slow.tolist():
                 j = int(np.searchsorted(ends, k, side="right"))
                 r = int(rows[j][k - (int(ends[j - 1]) if j else 0)])
                 table = groups[j].table
-                g[k], bw[k] = op_rates(table.flops[r], table.nbytes[r], int(dur[k]))
+                got = op_rates(table.flops[r], table.nbytes[r], int(dur[k]), table.ideal[r])
+                g[k], bw[k] = got[0], got[1]
+                if len(got) > 2:
+                    fr[k] = got[2]
         m = len(start)
         parts = np.empty((m, 5), dtype=object)
         parts[:, 0] = cat(0)
         parts[:, 1] = _pairs(ts_us, dur_us, b',"dur":')
         parts[:, 2] = cat(1)
         parts[:, 3] = _pairs(g, bw, b',"gb_per_s":')
+        if roofed.any():
+            parts[roofed, 3] += np.array(
+                [b',"roof_fraction":' + f for f in _floats(fr[roofed])], dtype=object
+            )
         parts[:, 4] = cat(2)
         events = parts.ravel().tolist()
         out: list[bytes] = []

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,9 +200,66 @@ def for_session(info: Any, cache: Path | None = None) -> tuple[Peaks | None, str
 
 def for_file(path: Path, info: Any) -> Peaks:
     """Peaks from a file, refused unless measured on the machine that made the log."""
-    p = read(path)
+    return fitting(read(path), info, f"the peaks in {path}")
+
+
+def fitting(p: Peaks, info: Any, where: str) -> Peaks:
+    """``p``, refused unless measured on the machine that made the log of ``info``."""
     machine, n_threads = session_machine(info)
     if not machine:
-        raise UserError(f"the log does not name its machine: the peaks in {path} cannot be checked")
-    check_fits(p, machine, n_threads, f"the peaks in {path}")
+        raise UserError(f"the log does not name its machine: {where} cannot be checked")
+    check_fits(p, machine, n_threads, where)
     return p
+
+
+# --- the roofs a session's ops meet (``roofline.py`` over frames, the trace writers per op) ---
+
+MATMULS = ("MUL_MAT", "MUL_MAT_ID")
+
+
+def kv_type(info: Any) -> str:
+    """The KV cache's type of a session (what a matmul without a weight reads)."""
+    return str((info.context or {}).get("type_k") or "f16")
+
+
+@dataclass(frozen=True)
+class Roof:
+    """The roofs one session's ops meet: its device's peaks, and the KV cache's type."""
+
+    device: DevicePeaks
+    kv_type: str
+
+    def compute(self, op: str, weight_type: str | None) -> float:
+        """An op's compute roof (GFLOP/s): a matmul's weight type's peak (a KV cache read: the
+        cache's type), the F32 matmul peak for the rest."""
+        if op in MATMULS:
+            return self.device.compute_roof(weight_type or self.kv_type)
+        return self.device.compute_roof("f32")
+
+    def ideal(
+        self, n_flops: int, n_bytes: int, op: str, weight_type: str | None
+    ) -> tuple[float, str]:
+        """The least time (ns) of an op at the roofs, and the roof that binds it (what
+        ``op_columns`` gives a frame's ops, for one op: the trace writers' args)."""
+        bw = self.device.bandwidth_gbs
+        compute = self.compute(op, weight_type)
+        mem = n_bytes / bw if bw > 0 else 0.0
+        comp = n_flops / compute if compute > 0 else 0.0
+        return max(mem, comp), "compute" if comp > mem else "memory"
+
+
+def session_roofs(peaks_file: Path | None = None) -> Callable[[Any], Roof | None]:
+    """What gives each session of a log its roofs: the peaks in ``peaks_file`` (refused, with a
+    one-line error, for a session made on another machine), or by default the cached peaks of
+    the machine that made it (None where there are none)."""
+
+    given = read(peaks_file) if peaks_file is not None else None  # a bad file: refused now
+
+    def find(info: Any) -> Roof | None:
+        if given is not None:
+            p: Peaks | None = fitting(given, info, f"the peaks in {peaks_file}")
+        else:
+            p = for_session(info)[0]
+        return Roof(p.device(), kv_type(info)) if p is not None else None
+
+    return find

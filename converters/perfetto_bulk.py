@@ -45,9 +45,8 @@ class BulkEncoder:
     e_count: int
     e_mat: Any
     e_lens: Any
-    d_tail_g: bytes  # the rates' annotation names (``Writer.rates_setup``)
-    d_tail_b: bytes
-    d_len: int
+    d_tails: list[bytes]  # the rates' annotation names (``Writer.rates_setup``)
+    d_lens: list[int]
 
     def _encode(self, batches: list[Batch], small: list[tuple[Any, ...]]) -> bytes:
         """The packets of the batches, sorted as the reference sorts them."""
@@ -116,7 +115,9 @@ class BulkEncoder:
             is_e,
             e_len[np.where(is_e, end, 0)],
             np.where(
-                is_op, store.a_slen[g_safe] + self.d_len + t_len, sm_len[np.where(is_sm, sm, 0)]
+                is_op,
+                store.a_slen[g_safe] + store.a_dlen[g_safe] + t_len,
+                sm_len[np.where(is_sm, sm, 0)],
             ),
         )
         nb_ts = varint_len(ts)
@@ -198,43 +199,55 @@ class BulkEncoder:
         out: list[bytes] = mat.view(f"S{width}").ravel().tolist()
         return out
 
-    def _rates(self, gid: Any, dur: Any) -> tuple[Any, Any]:
-        """Each op's (GFLOP/s, GB/s), exactly as ``op_rates`` gives them."""
+    def _rates(self, gid: Any, dur: Any) -> list[Any]:
+        """Each op's rates, exactly as ``op_rates`` gives them: GFLOP/s, GB/s and, if an op here
+        has a roof, a third array: the roof fraction (0 for the ops without one)."""
         store = self.store.arrays()
         pos = dur > 0
         d = np.where(pos, dur, 1).astype(np.float64)
-        g = round3(np.where(pos, store.a_flops[gid] / d, 0.0))
-        bw = round3(np.where(pos, store.a_nbytes[gid] / d, 0.0))
-        bad = np.isnan(g) | np.isnan(bw) | ~store.a_exact[gid] | (dur > EXACT)
+        rates = [
+            round3(np.where(pos, store.a_flops[gid] / d, 0.0)),
+            round3(np.where(pos, store.a_nbytes[gid] / d, 0.0)),
+        ]
+        bad = np.isnan(rates[0]) | np.isnan(rates[1]) | ~store.a_exact[gid] | (dur > EXACT)
+        roofed = store.a_roofed[gid]
+        if roofed.any():
+            rates.append(round3(np.where(pos, store.a_ideal[gid] / d, 0.0)))
+            bad |= roofed & np.isnan(rates[2])
         if bad.any():
             for k in np.flatnonzero(bad).tolist():
                 r, du = int(gid[k]), int(dur[k])
-                g[k], bw[k] = op_rates(self.store.flops[r], self.store.nbytes[r], du)
-        return g, bw
+                got = op_rates(store.flops[r], store.nbytes[r], du, store.ideal[r])
+                for j, v in enumerate(got):
+                    rates[j][k] = v
+        return rates
 
     def _rate_objects(self, gid: Any, dur: Any) -> Any:
-        """The D part of each op begin packet (its two rates), as bytes objects."""
+        """The D part of each op begin packet (its rates), as bytes objects."""
+        rates = self._rates(gid, dur)
         objs = np.empty(len(gid), dtype=object)
-        objs[:] = self._rate_bytes(*self._rates(gid, dur))
+        if len(rates) == 2:
+            objs[:] = self._rate_bytes(rates)
+            return objs
+        roofed = self.store.a_roofed[gid]
+        objs[~roofed] = self._rate_bytes([r[~roofed] for r in rates[:2]])
+        objs[roofed] = self._rate_bytes([r[roofed] for r in rates])
         return objs
 
-    def _rate_bytes(self, g: Any, bw: Any) -> list[bytes]:
-        m = len(g)
-        tg, tb = self.d_tail_g, self.d_tail_b
-        lg, lb = 9 + len(tg), 9 + len(tb)
-        width = 2 + lg + 2 + lb
+    def _rate_bytes(self, rates: list[Any]) -> list[bytes]:
+        """The D parts of ops with these rates (one array per rate, ``RATE_NAMES`` in order)."""
+        m, k = len(rates[0]), len(rates)
+        width = self.d_lens[k]
         mat = np.empty((m, width), dtype=np.uint8)
-        mat[:, 0] = TE_DEBUG_ANNOTATIONS[0]
-        mat[:, 1] = lg
-        mat[:, 2] = DA_DOUBLE_VALUE[0]
-        mat[:, 3:11] = g.astype("<f8").view(np.uint8).reshape(m, 8)
-        mat[:, 11 : 11 + len(tg)] = np.frombuffer(tg, dtype=np.uint8)
-        o = 2 + lg
-        mat[:, o] = TE_DEBUG_ANNOTATIONS[0]
-        mat[:, o + 1] = lb
-        mat[:, o + 2] = DA_DOUBLE_VALUE[0]
-        mat[:, o + 3 : o + 11] = bw.astype("<f8").view(np.uint8).reshape(m, 8)
-        mat[:, o + 11 :] = np.frombuffer(tb, dtype=np.uint8)
+        o = 0
+        for v, tail in zip(rates, self.d_tails, strict=False):
+            n = 9 + len(tail)
+            mat[:, o] = TE_DEBUG_ANNOTATIONS[0]
+            mat[:, o + 1] = n
+            mat[:, o + 2] = DA_DOUBLE_VALUE[0]
+            mat[:, o + 3 : o + 11] = np.asarray(v).astype("<f8").view(np.uint8).reshape(m, 8)
+            mat[:, o + 11 : o + 2 + n] = np.frombuffer(tail, dtype=np.uint8)
+            o += 2 + n
         # the last byte is a name iid's (never zero): the fixed-width view keeps every byte
         out: list[bytes] = mat.view(f"S{width}").ravel().tolist()
         return out
@@ -250,8 +263,8 @@ class BulkEncoder:
                 for j, (r, s0, du) in enumerate(
                     zip(gids.tolist(), start.tolist(), dur.tolist(), strict=True)
                 ):
-                    g, bw = op_rates(st.flops[r], st.nbytes[r], du)
-                    d = self._rate_bytes(np.array([g]), np.array([bw]))[0]
+                    rates = op_rates(st.flops[r], st.nbytes[r], du, st.ideal[r])
+                    d = self._rate_bytes([np.array([v]) for v in rates])[0]
                     depth = st.depth[r]
                     seq = seq0 + 2 * j
                     rows.append((k, s0, 1, depth, seq, st.s[r] + d + st.t[r]))

@@ -11,8 +11,9 @@ op slices as one ``ComputeBatch``) are gathered into batches, one per step, and 
   categories and, in compressed traces, string values), compressed bundles;
 * ``perfetto_ops``: what does not depend on timing, encoded once per graph node (and fused
   variant) and track: an op begin packet's name, category, track and static args
-  (``op_static_args``); per op only the two timestamps and the two rates (GFLOP/s, GB/s, rounded
-  as ``op_rates`` rounds: ``rounding.round3``) are new;
+  (``op_static_args``); per op only the two timestamps and the rates (GFLOP/s, GB/s and, with
+  the machine's peaks, the roof fraction; rounded as ``op_rates`` rounds:
+  ``rounding.round3``) are new;
 * ``perfetto_templates``: a compute seen again (so every generation step) written from the
   template of its previous packets, new timestamps and rates in place;
 * ``perfetto_bulk``: anything else, sorted and encoded row by row in bulk with numpy;
@@ -58,7 +59,7 @@ from .protowire import (
     varint,
 )
 from .sinks import BundleSink
-from .trace_layout import BulkItem, ComputeBatch, OpBatch, Sample, Slice, Track
+from .trace_layout import RATE_NAMES, BulkItem, ComputeBatch, OpBatch, Sample, Slice, Track
 
 AUTO_COMPRESS = 8 << 20  # plain packets for traces smaller than this (bytes), else compressed
 CHUNK = 1 << 20  # uncompressed bytes per compressed bundle
@@ -97,16 +98,17 @@ class Writer(TemplateEncoder):
         self.cur = Batch()
         self.done: list[Batch] = []
         self.done_rows = 0
-        # the rates' annotations, [double][name_iid] so that they never end in a zero byte; set up
-        # with the first op table (the names are interned then)
-        self.d_tail_g = self.d_tail_b = b""
-        self.d_len = 0
+        # the rates' annotations (``RATE_NAMES``), [double][name_iid] so that they never end in a
+        # zero byte; set up with the first op table that shows them (the names are interned then)
+        self.d_tails: list[bytes] = []
+        self.d_lens = [0] * (len(RATE_NAMES) + 1)  # the D part's length, by number of rates
 
-    def rates_setup(self) -> None:
-        if not self.d_len:
-            self.d_tail_g = DA_NAME_IID + varint(self.interner.arg("gflop_per_s"))
-            self.d_tail_b = DA_NAME_IID + varint(self.interner.arg("gb_per_s"))
-            self.d_len = 2 * (2 + 9) + len(self.d_tail_g) + len(self.d_tail_b)
+    def rates_setup(self, k: int) -> None:
+        """Intern the names of the first ``k`` rates, the first time a table shows them."""
+        while len(self.d_tails) < k:
+            name = RATE_NAMES[len(self.d_tails)]
+            self.d_tails.append(DA_NAME_IID + varint(self.interner.arg(name)))
+            self.d_lens[len(self.d_tails)] = sum(2 + 9 + len(t) for t in self.d_tails)
 
     def write(self, items: Iterable[BulkItem]) -> None:
         try:
@@ -238,7 +240,7 @@ class Writer(TemplateEncoder):
         key = (id(c.graph), ob.track)
         entry = self.tables.get(key)
         if entry is None or entry[0] is not c.graph:
-            entry = self.tables[key] = (c.graph, NodeTable(self, c.graph, ob.track))
+            entry = self.tables[key] = (c.graph, NodeTable(self, c.graph, ob.track, ob.roof))
         gids = entry[1].variants.ids(c.op_node, c.op_fused)
         start, dur = c.op_start, c.op_dur
         if ob.keep is not None:

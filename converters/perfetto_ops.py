@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .peaks import Roof
 from .protowire import (
     TE_CATEGORIES,
     TE_CATEGORY_IIDS,
@@ -33,8 +34,9 @@ class OpStore:
     """The static parts of op begin packets, a row (gid) per variant (graph, track, node, fused).
 
     An op begin packet is ``[TRACE_PACKET LEN] S D T [timestamp, sequence id, flags]``: S the track event's
-    tag and length and its fields up to ``est_bytes_moved``, D the two rates (per op), T the rest
-    of the args (may be empty)."""
+    tag and length and its fields up to ``est_bytes_moved``, D the rates (per op: two, or three
+    where the op has a roof, ``ideal`` its least time at the roofs), T the rest of the args (may
+    be empty)."""
 
     def __init__(self) -> None:
         self.s: list[bytes] = []
@@ -42,19 +44,34 @@ class OpStore:
         self.flops: list[int] = []
         self.nbytes: list[int] = []
         self.depth: list[int] = []
+        self.ideal: list[float | None] = []
+        self.dlen: list[int] = []
         self.n_arrays = 0
         self.cap = 1024
         self.a_s, self.a_t = np.zeros(1024, dtype=object), np.zeros(1024, dtype=object)
         self.a_slen, self.a_tlen = np.zeros(1024, dtype=np.int64), np.zeros(1024, dtype=np.int64)
         self.a_flops, self.a_nbytes = np.zeros(1024), np.zeros(1024)
         self.a_exact, self.a_depth = np.zeros(1024, dtype=bool), np.zeros(1024, dtype=np.int64)
+        self.a_ideal, self.a_roofed = np.zeros(1024), np.zeros(1024, dtype=bool)
+        self.a_dlen = np.zeros(1024, dtype=np.int64)
 
-    def add(self, s: bytes, t: bytes, flops: int, nbytes: int, depth: int) -> int:
+    def add(
+        self,
+        s: bytes,
+        t: bytes,
+        flops: int,
+        nbytes: int,
+        depth: int,
+        ideal: float | None,
+        dlen: int,
+    ) -> int:
         self.s.append(s)
         self.t.append(t)
         self.flops.append(flops)
         self.nbytes.append(nbytes)
         self.depth.append(depth)
+        self.ideal.append(ideal)
+        self.dlen.append(dlen)
         return len(self.s) - 1
 
     def arrays(self) -> OpStore:
@@ -74,6 +91,8 @@ class OpStore:
             self.a_slen, self.a_tlen = grow(self.a_slen, np.int64), grow(self.a_tlen, np.int64)
             self.a_flops, self.a_nbytes = grow(self.a_flops, float), grow(self.a_nbytes, float)
             self.a_exact, self.a_depth = grow(self.a_exact, bool), grow(self.a_depth, np.int64)
+            self.a_ideal, self.a_roofed = grow(self.a_ideal, float), grow(self.a_roofed, bool)
+            self.a_dlen = grow(self.a_dlen, np.int64)
             self.cap = cap
         self.a_s[k:n] = self.s[k:n]
         self.a_t[k:n] = self.t[k:n]
@@ -86,6 +105,10 @@ class OpStore:
         self.a_flops[k:n] = list(map(exact_float, fl))
         self.a_nbytes[k:n] = list(map(exact_float, nb))
         self.a_depth[k:n] = self.depth[k:n]
+        ideal = self.ideal[k:n]
+        self.a_ideal[k:n] = [0.0 if v is None else v for v in ideal]
+        self.a_roofed[k:n] = [v is not None for v in ideal]
+        self.a_dlen[k:n] = self.dlen[k:n]
         self.n_arrays = n
         return self
 
@@ -93,18 +116,21 @@ class OpStore:
 class NodeTable:
     """A graph's op variants on one track: gids, built on first use (``variants.ids``)."""
 
-    def __init__(self, w: Writer, graph: Graph, track: int) -> None:
-        w.rates_setup()
+    def __init__(self, w: Writer, graph: Graph, track: int, roof: Roof | None) -> None:
+        w.rates_setup(3 if roof is not None else 2)
         self.w = w
         self.graph = graph
         self.track = track
+        self.roof = roof
         self.compact = w.compact
         self.variants = OpVariants(len(graph.nodes), self.build)
 
     def build(self, i: int, fused: tuple[int, ...]) -> int:
         nodes = self.graph.nodes
         node = nodes[i]
-        head, n_flops, n_bytes, tail = op_static_args(node, [nodes[j] for j in fused], self.graph)
+        head, n_flops, n_bytes, tail, ideal = op_static_args(
+            node, [nodes[j] for j in fused], self.graph, self.roof
+        )
         w = self.w
         it = w.interner
         c = self.compact
@@ -113,6 +139,7 @@ class NodeTable:
         te += (TE_CATEGORY_IIDS + varint(it.category("op"))) if c else ld(TE_CATEGORIES, b"op")
         te += it.args(head, c)
         t = it.args(tail, c)
-        s = TRACK_EVENT + varint(len(te) + w.d_len + len(t)) + te
+        d_len = w.d_lens[2 if ideal is None else 3]
+        s = TRACK_EVENT + varint(len(te) + d_len + len(t)) + te
         depth = 3 if node.layer is not None else 2
-        return w.store.add(s, t, n_flops, n_bytes, depth)
+        return w.store.add(s, t, n_flops, n_bytes, depth, ideal, d_len)

@@ -50,7 +50,8 @@ class Template:
         self.buf: Any = None
         self.nb = 0
         self.ts_idx: Any = None  # per row, the positions of its timestamp's bytes
-        self.rate_idx: Any = None  # per op, the positions of its two rates' bytes
+        self.rate_idx: Any = None  # per op, the positions of its rates' bytes
+        self.n_rates = 2  # rates per op (3 where the ops have a roof: all or none of a block)
 
 
 class Batch:
@@ -117,26 +118,28 @@ class TemplateEncoder(BulkEncoder):
         nb = int(nbs[0])
         if int(nbs.min()) != nb or int(nbs.max()) != nb or len(ts) < 2:
             return None
+        n_rates = 3 if m and st.a_roofed[gids[0]] else 2
+        if m and (st.a_roofed[gids] != (n_rates == 3)).any():
+            return None  # (one graph's ops have one session's roof: never here)
         small = b.small
         e = self.e_body[small[bl.i0 + 1][5]]
-        d0 = self._rate_bytes(np.zeros(1), np.zeros(1))[0]
+        d0 = self._rate_bytes([np.zeros(1)] * n_rates)[0] if m else b""
         bodies = [small[bl.i0][4], e]
         track = bl.cb.slice.track
         bodies += [self.layer_s(track, lay) for lay in bl.cb.layers] + [e] * n_l
         gl = gids.tolist()
         bodies += [self.store.s[g] + d0 + self.store.t[g] for g in gl] + [e] * m
-        lg = 9 + len(self.d_tail_g)
+        # where each rate's double sits in a D part
+        rate_off = np.cumsum([3] + [2 + 9 + len(t) for t in self.d_tails[: n_rates - 1]])
         out = bytearray()
-        ts_off, g_off, b_off, rate_op = [], [], [], []
+        ts_off, rate_at, rate_op = [], [], []
         op0 = 2 + 2 * n_l
         for r in perm.tolist():
             body = bodies[r]
             out += TRACE_PACKET + varint(len(body) + 1 + nb + len(POST))
             if op0 <= r < op0 + m:
                 k = r - op0
-                at = len(out) + len(self.store.s[gl[k]])
-                g_off.append(at + 3)
-                b_off.append(at + 2 + lg + 3)
+                rate_at.append(len(out) + len(self.store.s[gl[k]]))
                 rate_op.append(k)
             out += body + TIMESTAMP
             ts_off.append(len(out))
@@ -154,9 +157,9 @@ class TemplateEncoder(BulkEncoder):
         tm.ts_idx = np.array(ts_off, dtype=np.int64)[:, None] + np.arange(nb)
         eight = np.arange(8)
         by_op = np.argsort(np.array(rate_op, dtype=np.int64))  # rows in op order
-        tm.rate_idx = np.concatenate(
-            (np.array(g_off)[by_op, None] + eight, np.array(b_off)[by_op, None] + eight), axis=1
-        )
+        at = np.array(rate_at, dtype=np.int64)[by_op]
+        tm.rate_idx = (at[:, None, None] + rate_off[None, :, None] + eight).reshape(m, 8 * n_rates)
+        tm.n_rates = n_rates
         return tm
 
     def _fill(self, tm: Template, blocks: list[tuple[int, Batch, Block]]) -> Any:
@@ -179,11 +182,12 @@ class TemplateEncoder(BulkEncoder):
         m = len(tm.rate_idx)
         if m:
             gids = np.concatenate([c[1] for c in cands])
-            g, bw = self._rates(gids, np.concatenate([c[2] for c in cands]))
-            rates = np.empty((len(gids), 2), dtype="<f8")
-            rates[:, 0] = g
-            rates[:, 1] = bw
-            bufs[:, tm.rate_idx] = rates.view(np.uint8).reshape(len(blocks), m, 16)
+            k = tm.n_rates
+            got = self._rates(gids, np.concatenate([c[2] for c in cands]))
+            rates = np.empty((len(gids), k), dtype="<f8")
+            for j in range(k):
+                rates[:, j] = got[j]
+            bufs[:, tm.rate_idx] = rates.view(np.uint8).reshape(len(blocks), m, 8 * k)
         f, z = tm.first, tm.last
         out = []
         for j, (k, _, bl) in enumerate(blocks):

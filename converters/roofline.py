@@ -27,27 +27,29 @@ import numpy as np
 import pandas as pd
 
 from . import derive
-from .peaks import DevicePeaks, Peaks
+from .peaks import MATMULS, DevicePeaks, Peaks, Roof, kv_type
 
 OP_COLS = ("intensity", "gflops_s", "gbs", "ideal_ns", "roof_frac", "bound")
 STEP_COLS = ("weight_bytes", "kv_bytes", "ideal_ns", "roof_frac", "roof")
 
 
 def compute_roofs(ops: pd.DataFrame, dev: DevicePeaks, kv_type: str) -> np.ndarray:
-    """Each op's compute roof (GFLOP/s): a matmul's weight type's peak (a KV cache read: the
-    cache's type), F32 for the rest. Looked up per category, not per op (a million ops)."""
+    """Each op's compute roof (GFLOP/s, ``Roof.compute``), looked up per category, not per op (a
+    million ops)."""
+    roof = Roof(dev, kv_type)
     op = pd.Categorical(ops["op"])
     wt = pd.Categorical(ops["weight_type"])
-    mm_cat = np.isin(np.asarray(op.categories, dtype=object), ("MUL_MAT", "MUL_MAT_ID"))
+    mm_cat = np.isin(np.asarray(op.categories, dtype=object), MATMULS)
     is_mm = np.zeros(len(ops), bool)
     known = op.codes >= 0
     is_mm[known] = mm_cat[op.codes[known]]
     # code -1 (no weight) takes the last entry: the KV cache's type
     lut = np.array(
-        [dev.compute_roof(str(t)) for t in wt.categories] + [dev.compute_roof(kv_type)],
+        [roof.compute(MATMULS[0], str(t)) for t in wt.categories]
+        + [roof.compute(MATMULS[0], None)],
         np.float64,
     )
-    return np.where(is_mm, lut[wt.codes], dev.compute_roof("f32"))
+    return np.where(is_mm, lut[wt.codes], roof.compute("", None))
 
 
 def _div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -147,9 +149,8 @@ def step_columns(
 def apply(frames: Any, peaks: Peaks | None, note: str = "") -> None:
     """Add (or replace) the roofline columns of ``frames.ops`` and ``frames.steps``."""
     dev = peaks.device() if peaks is not None else None
-    kv_type = str((frames.info.context or {}).get("type_k") or "f16")
     ops = frames.ops
-    cols = op_columns(ops, dev, kv_type)
+    cols = op_columns(ops, dev, kv_type(frames.info))
     for k in OP_COLS:
         ops[k] = cols[k]
     scols = step_columns(frames.steps, ops, frames.graphs, dev, cols.get("compute_ns"))

@@ -9,6 +9,7 @@ from typing import Any
 
 from .errors import UserError
 from .kv_flows import KvFlows
+from .peaks import Roof
 from .reader import ReadReport
 from .trace_layout import LayoutStats, Selection
 
@@ -44,9 +45,12 @@ def convert(
     sel: Selection | None = None,
     strict: bool = False,
     wrap: Callable[[Iterator[Any]], Iterator[Any]] | None = None,
+    roofs: Callable[[Any], Roof | None] | None = None,
 ) -> tuple[LayoutStats, ReadReport]:
     """Write the trace of ``log`` to ``out`` (via a temporary file: ``out`` is complete or
-    absent). ``wrap`` sees the layout's items on their way to the writer (a progress bar)."""
+    absent). ``wrap`` sees the layout's items on their way to the writer (a progress bar);
+    ``roofs`` gives each session its roofs (``peaks.session_roofs``), for the ops' roof fraction
+    and bound."""
     from .session import iter_events_packed
     from .trace_layout import layout_bulk
 
@@ -61,7 +65,7 @@ def convert(
             flows = kv_flows_for(log, sel)
             stats.flows = flows.total if flows is not None else 0
             events = iter_events_packed(log, strict=strict, report=report)
-            items: Iterator[Any] = layout_bulk(events, sel, stats, flows=flows)
+            items: Iterator[Any] = layout_bulk(events, sel, stats, flows=flows, roofs=roofs)
             if wrap is not None:
                 items = wrap(items)
             if fmt == "json":
@@ -90,11 +94,20 @@ def to_perfetto(
     ops: bool = True,
     flows: bool = False,
     strict: bool = False,
+    peaks: str | Path | None = None,
+    roofline: bool = True,
 ) -> Path:
     """Convert a session log to a Perfetto trace (or Chrome JSON with ``fmt="json"``) and return
     its path: ``output``, or the log's name with ``.pftrace`` / ``.json``. ``flows`` draws
-    arrows from each KV-cache write to the later ops that read it (see ``kv_flows``)."""
+    arrows from each KV-cache write to the later ops that read it (see ``kv_flows``). Each op's
+    args hold its roof fraction and bound against the peaks in ``peaks`` (an ``instr peaks``
+    file, refused for a log of another machine) or by default the cached peaks of the machine
+    that made the log, if measured; ``roofline=False`` leaves them out."""
+    from .peaks import session_roofs
+
     log = Path(log)
     out = Path(output) if output is not None else default_output(log, fmt)
-    convert(log, out, fmt, Selection(layer=layer, steps=steps, ops=ops, flows=flows), strict)
+    sel = Selection(layer=layer, steps=steps, ops=ops, flows=flows)
+    roofs = session_roofs(Path(peaks) if peaks is not None else None) if roofline else None
+    convert(log, out, fmt, sel, strict, roofs=roofs)
     return out

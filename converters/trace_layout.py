@@ -41,6 +41,7 @@ from .decode import (
     StepDone,
 )
 from .kv_flows import KvFlows, OpFlows
+from .peaks import Roof
 from .request_share import SeqSteps
 
 
@@ -100,12 +101,13 @@ class OpBatch:
     They are the slices a per-op layout yields for ``compute``'s ops (``op_static_args``,
     ``op_rates``; depth 3 inside a layer, else 2), only those where ``keep`` (a bool array over
     the compute's ops) is true when it is set: the chosen layer's, and not those with flows
-    (which follow as slices).
+    (which follow as slices). ``roof``: the session's roofs, if its machine's peaks are known.
     """
 
     track: int
     compute: PackedCompute
     keep: Any = None
+    roof: Roof | None = None
 
 
 @dataclass
@@ -164,13 +166,17 @@ def _source_text(src: dict[str, Any], graph_nodes: list[Any]) -> str:
 
 
 def op_static_args(
-    node: Node, fused: list[Node], graph: Graph
-) -> tuple[dict[str, Any], int, int, dict[str, Any]]:
-    """What an op's args say that does not depend on its timing: ``(head, flops, bytes, tail)``.
+    node: Node, fused: list[Node], graph: Graph, roof: Roof | None = None
+) -> tuple[dict[str, Any], int, int, dict[str, Any], float | None]:
+    """What an op's args say that does not depend on its timing: ``(head, flops, bytes, tail,
+    ideal)``.
 
-    An op's args are ``head``, then ``gflop_per_s`` and ``gb_per_s`` (``flops`` and ``bytes``
-    over its duration), then ``tail``, then its tensor stats if any (see ``op_args``). A graph
-    node's static args repeat every step, so bulk writers compute them once per node.
+    An op's args are ``head``, then its rates (``op_rates``: ``gflop_per_s`` and ``gb_per_s``,
+    ``flops`` and ``bytes`` over its duration, and with a ``roof``, ``roof_fraction``: ``ideal``,
+    its least time at the roofs, over its duration), then ``tail``, then its tensor stats if any
+    (see ``op_args``). ``tail`` holds the roofline's intensity (FLOPs per byte) and, with a
+    roof, the one that binds it (``bound``: memory or compute). A graph node's static args
+    repeat every step, so bulk writers compute them once per node.
     """
     n_flops = derive.flops(node, graph) + sum(derive.flops(f, graph) for f in fused)
     n_bytes = derive.bytes_moved(node, graph) + sum(derive.bytes_moved(f, graph) for f in fused)
@@ -191,6 +197,9 @@ def op_static_args(
     # the roofline's x (roofline.py): FLOPs per byte moved
     tail: dict[str, Any] = {"intensity": round(n_flops / n_bytes, 3) if n_bytes else 0.0}
     w = derive.weight_source(node)
+    ideal = None
+    if roof is not None:
+        ideal, tail["bound"] = roof.ideal(n_flops, n_bytes, node.op, w["type"] if w else None)
     if w is not None:
         tail["weight"] = w["name"]
         tail["weight_type"] = w["type"]
@@ -198,7 +207,7 @@ def op_static_args(
         tail["fused"] = ", ".join(f"{f.name} ({f.label})" for f in fused)
     if node.flags:
         tail["flags"] = ",".join(node.flags)
-    return head, n_flops, n_bytes, tail
+    return head, n_flops, n_bytes, tail, ideal
 
 
 class OpVariants:
@@ -239,19 +248,26 @@ class OpVariants:
         return ids
 
 
-def op_rates(n_flops: int, n_bytes: int, dur: int) -> tuple[float, float]:
-    """``(gflop_per_s, gb_per_s)`` as the args show them."""
-    return (
+RATE_NAMES = ("gflop_per_s", "gb_per_s", "roof_fraction")  # the args ``op_rates`` gives
+
+
+def op_rates(n_flops: int, n_bytes: int, dur: int, ideal: float | None = None) -> tuple[float, ...]:
+    """An op's rates as the args show them (``RATE_NAMES``): ``(gflop_per_s, gb_per_s)``, and
+    with a roof's ``ideal`` time, its ``roof_fraction`` (0 without a duration, like the rates)."""
+    rates = (
         round(derive.gflops_per_s(n_flops, dur), 3),
         round(derive.gbytes_per_s(n_bytes, dur), 3),
     )
+    if ideal is None:
+        return rates
+    return (*rates, round(ideal / dur, 3) if dur > 0 else 0.0)
 
 
-def op_args(op: OpTiming, compute: Compute) -> dict[str, Any]:
+def op_args(op: OpTiming, compute: Compute, roof: Roof | None = None) -> dict[str, Any]:
     graph = compute.graph
     assert graph is not None
-    args, n_flops, n_bytes, tail = op_static_args(op.node, op.fused, graph)
-    args["gflop_per_s"], args["gb_per_s"] = op_rates(n_flops, n_bytes, op.dur)
+    args, n_flops, n_bytes, tail, ideal = op_static_args(op.node, op.fused, graph, roof)
+    args.update(zip(RATE_NAMES, op_rates(n_flops, n_bytes, op.dur, ideal), strict=False))
     args.update(tail)
     if op.stats is not None:
         mn, mx, mean, std, n_nan, n_inf = op.stats
@@ -278,10 +294,12 @@ class SessionLayout:
         sel: Selection,
         stats: LayoutStats,
         flows: KvFlows | None = None,
+        roof: Roof | None = None,
     ) -> None:
         self.info = info
         self.sel = sel
         self.flows = flows
+        self.roof = roof  # the roofs its ops' args are set against (None: no peaks known)
         self.layer_of: dict[int, tuple[Graph, Any]] = {}  # id(graph) -> its nodes' layers
         self.stats = stats
         sid = info.sid
@@ -564,7 +582,7 @@ class SessionLayout:
             n = len(c.op_node) if keep is None else int(keep.sum())
             stats.ops += n
             if n:
-                batch = OpBatch(track, c, keep)
+                batch = OpBatch(track, c, keep, self.roof)
             ops = [(k, c.op_at(k)) for k in sorted(flows)]
         yield ComputeBatch(compute, spans, batch)
         for k, op in ops:
@@ -581,7 +599,17 @@ class SessionLayout:
         stats.ops += 1
         depth = 3 if layer is not None else 2
         out, into = flows.get(k, ((), ()))
-        yield Slice(track, op.node.label, op.start, op.dur, depth, "op", op_args(op, c), out, into)
+        yield Slice(
+            track,
+            op.node.label,
+            op.start,
+            op.dur,
+            depth,
+            "op",
+            op_args(op, c, self.roof),
+            out,
+            into,
+        )
         if op.thread_done:
             for t, done in enumerate(op.thread_done):
                 if done <= 0:
@@ -605,11 +633,17 @@ def layout_bulk(
     stats: LayoutStats,
     *,
     flows: KvFlows | None = None,
+    roofs: Callable[[SessionInfo], Roof | None] | None = None,
 ) -> Iterator[BulkItem]:
     """Turn session-model events into tracks, slices and samples (streaming), each compute's
     slice, layer spans and packed ops as one ``ComputeBatch``. With ``flows`` (``kv_flows.count``
-    over the same events and selection), op slices carry KV-cache flows."""
-    return layout_sessions(events, lambda info, k: SessionLayout(info, k, sel, stats, flows))
+    over the same events and selection), op slices carry KV-cache flows; with ``roofs``
+    (``peaks.session_roofs``), ops carry their roof fraction and bound."""
+
+    def make(info: SessionInfo, k: int) -> SessionLayout:
+        return SessionLayout(info, k, sel, stats, flows, roofs(info) if roofs else None)
+
+    return layout_sessions(events, make)
 
 
 def layout_sessions(

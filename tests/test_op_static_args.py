@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from llamacpp_instr.converters.decode import Graph, Node
+from llamacpp_instr.converters.peaks import DevicePeaks, Roof
 from llamacpp_instr.converters.trace_layout import op_rates, op_static_args
 
 
@@ -38,7 +39,9 @@ GRAPH = Graph(ctx=1, id=7, n_tokens=2, nodes=NODES)
 
 
 def args(i: int, fused: tuple[int, ...] = ()) -> tuple[dict[str, Any], int, int, dict[str, Any]]:
-    return op_static_args(NODES[i], [NODES[j] for j in fused], GRAPH)
+    head, n_flops, n_bytes, tail, ideal = op_static_args(NODES[i], [NODES[j] for j in fused], GRAPH)
+    assert ideal is None  # no roof given: no roof fraction
+    return head, n_flops, n_bytes, tail
 
 
 def test_matmul_with_a_weight() -> None:
@@ -119,3 +122,42 @@ def test_rates() -> None:
     assert op_rates(262144, 72704, 1000) == (262.144, 72.704)
     assert op_rates(1, 2, 3) == (0.333, 0.667)
     assert op_rates(5, 5, 0) == (0.0, 0.0)  # no duration: no rate
+
+
+# made-up peaks, so that each roof below is worked out by hand: 10 GB/s; matmul peaks in GFLOP/s
+DEV = DevicePeaks("CPU", "cpu", "test", 10.0, {"f32": 20.0, "f16": 30.0, "q8_0": 50.0})
+ROOF = Roof(DEV, "f16")
+
+
+def test_roof_of_a_memory_bound_matmul() -> None:
+    head, n_flops, n_bytes, tail, ideal = op_static_args(NODES[1], [], GRAPH, ROOF)
+    # 72704 bytes at 10 GB/s take 7270.4 ns; 262144 FLOPs at q8_0's 50 GFLOP/s 5242.88 ns
+    assert ideal == 7270.4
+    assert tail["bound"] == "memory"
+    assert tail["intensity"] == 3.606
+    # the roof fraction: 7270.4 ns of 1000 ns measured
+    assert op_rates(n_flops, n_bytes, 1000, ideal) == (262.144, 72.704, 7.27)
+    assert op_rates(n_flops, n_bytes, 0, ideal) == (0.0, 0.0, 0.0)  # no duration: no fraction
+
+
+def test_roof_of_a_compute_bound_matmul() -> None:
+    fast_memory = Roof(DevicePeaks("CPU", "cpu", "test", 1000.0, DEV.matmul_gflops), "f16")
+    _, _, _, tail, ideal = op_static_args(NODES[1], [], GRAPH, fast_memory)
+    # 72.704 ns for the bytes, 5242.88 ns for the FLOPs at q8_0's peak
+    assert ideal == 5242.88
+    assert tail["bound"] == "compute"
+
+
+def test_roof_of_types_not_measured_and_of_other_ops() -> None:
+    # q6_K was not measured: the highest peak (50) stands in, so no fraction is overstated
+    _, _, n_bytes, tail, ideal = op_static_args(NODES[4], [], GRAPH, ROOF)
+    assert ideal == max(215024 / 10.0, 512000 / 50.0) == 21502.4
+    # an elementwise MUL is set against the F32 matmul peak: 256 FLOPs / 20; its one source
+    # (the norm weight, 1024 bytes) and its output (1024 bytes) / 10
+    _, n_flops, n_bytes, tail, ideal = op_static_args(NODES[0], [], GRAPH, ROOF)
+    assert (n_flops, n_bytes) == (256, 2048)
+    assert ideal == 204.8 and tail["bound"] == "memory"
+    # a matmul without a weight (attention over the KV cache) meets the cache type's peak
+    assert ROOF.compute("MUL_MAT", None) == 30.0
+    assert ROOF.compute("MUL_MAT", "q8_0") == 50.0
+    assert ROOF.compute("SOFT_MAX", None) == 20.0

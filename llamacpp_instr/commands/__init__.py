@@ -31,6 +31,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 #   --ctx          the context size in tokens (run, serve); quant-eval's chunks are --chunk-size
 #   --top          rows per table in text and markdown
 #   --strict       refuse a damaged log instead of skipping its bad lines
+#   --peaks        an `instr peaks` file (default: the cached peaks of the log's machine)
 # Old spellings keep working for one release through ``deprecated_alias``, with a note on stderr.
 
 session_option = click.option(
@@ -79,6 +80,15 @@ top_option = click.option(
 )
 strict_option = click.option(
     "--strict", is_flag=True, help="Fail on the first damaged line instead of skipping it."
+)
+# the roofs ops are set against (summary, to-perfetto)
+peaks_option = click.option(
+    "--peaks",
+    "peaks_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Peaks file of `instr peaks` (default: the cached peaks of the machine that made the "
+    "log); refused if measured on another machine.",
 )
 
 

@@ -10,6 +10,7 @@ from llamacpp_instr.commands import (
     check_output,
     emit,
     load_log,
+    peaks_option,
     report_options,
     session_option,
     strict_option,
@@ -28,14 +29,7 @@ from llamacpp_instr.commands import (
     help="Group op time by op type, layer or graph node.",
 )
 @top_option
-@click.option(
-    "--peaks",
-    "peaks_file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="Peaks file of `instr peaks` (default: the cached peaks of the machine that made the "
-    "log); refused if measured on another machine.",
-)
+@peaks_option
 @report_options()
 @session_option
 @strict_option

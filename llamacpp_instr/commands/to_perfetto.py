@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands import output_option, strict_option
+from llamacpp_instr.commands import output_option, peaks_option, strict_option
 from llamacpp_instr.converters.trace import default_output
 
 
@@ -50,6 +50,7 @@ def _steps(value: str | None) -> tuple[int, int] | None:
     help="Draw an arrow from each KV cache write to every later op that reads those cells "
     "(about layers x steps^2 arrows: choose a --layer or --steps for long runs).",
 )
+@peaks_option
 @strict_option
 def command(
     log: Path,
@@ -59,6 +60,7 @@ def command(
     steps: str | None,
     no_ops: bool,
     flows: bool,
+    peaks_file: Path | None,
     strict: bool,
 ) -> None:
     """Convert a session LOG (plain or .gz) into a trace for https://ui.perfetto.dev.
@@ -69,10 +71,15 @@ def command(
     achieved GFLOP/s and GB/s), per-thread tracks for verbose logs, and counters (tokens/s, KV
     cache cells, memory). Damaged lines are skipped and reported on stderr.
 
+    With this machine's peaks (`instr peaks`), each op also shows its arithmetic intensity, its
+    fraction of the roofline at that intensity (roof_fraction) and which roof binds it (bound:
+    memory or compute).
+
     With --flows, clicking a KV cache write (SET_ROWS into cache_k_l*/cache_v_l*) shows the
     attention ops of this and later steps that read what it wrote, and clicking an attention op
     shows the writes it read.
     """
+    from llamacpp_instr.converters.peaks import session_roofs
     from llamacpp_instr.converters.trace import convert
     from llamacpp_instr.converters.trace_layout import Selection
 
@@ -82,7 +89,13 @@ def command(
     out = output or default_output(log, fmt)
     with _tuned_for(fmt):
         stats, report = convert(
-            log, out, fmt, sel, strict, wrap=lambda items: _progress(items, log)
+            log,
+            out,
+            fmt,
+            sel,
+            strict,
+            wrap=lambda items: _progress(items, log),
+            roofs=session_roofs(peaks_file),
         )
     if report.summary():
         click.echo(report.summary(), err=True)

@@ -1,6 +1,7 @@
 """What a session costs llama.cpp's own benchmark: llama-bench's t/s, stock vs patched.
 
-    python bench/tools_overhead.py [--model GGUF] [-p 64] [-n 16] [--rounds 7] [--threads 2]
+    python bench/tools_overhead.py [--model GGUF] [-p 128] [-n 32] [-r 3] [--rounds 9]
+                                   [--threads 2] [--write-docs]
 
 Builds (cached) the stock llama-bench of the pin and the patched one (`instr build --tools`), then
 runs, interleaved round by round so that drift of the machine hits every configuration alike:
@@ -9,9 +10,12 @@ runs, interleaved round by round so that drift of the machine hits every configu
 - off:      the patched one, LLAMA_INSTR_LOG unset;
 - minimal, detailed, verbose: the patched one with LLAMA_INSTR_LOG set at that level.
 
-Each run is one `llama-bench -p P -n N -r 1 -o json` (its own warm-up, then one repetition); the
-t/s of each test is llama-bench's own figure. Prints the median t/s per configuration and test and
-its ratio to stock, with the targets (off >= 0.99x, detailed >= 0.97x), as a markdown table.
+Each run is one `llama-bench -p P -n N -r R -o json` (its own warm-up, then R repetitions); the
+t/s of each test is llama-bench's own figure (its mean over the repetitions). Prints, per
+configuration and test, the median t/s and two ratios to stock: of the medians, and the median of
+the per-round ratios (each round's run against that round's stock run, so that a slow minute of
+the machine cancels out), with the targets (off >= 0.99x, detailed >= 0.97x), as a markdown
+table; `--write-docs` puts it in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -59,16 +63,18 @@ def run_bench(exe: Path, args: list[str], log: Path | None, level: str | None) -
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None)
-    ap.add_argument("-p", type=int, default=64, help="prompt tokens (pp test)")
-    ap.add_argument("-n", type=int, default=16, help="generated tokens (tg test)")
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("-p", type=int, default=128, help="prompt tokens (pp test)")
+    ap.add_argument("-n", type=int, default=32, help="generated tokens (tg test)")
+    ap.add_argument("-r", type=int, default=3, help="llama-bench repetitions per run")
+    ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
     args = ap.parse_args()
     model = args.model or models.default_model()
 
     stock = tools.build_tools(echo, programs=("llama-bench",), stock=True) / "llama-bench"
     patched = tools.build_tools(echo, programs=("llama-bench",)) / "llama-bench"
-    bench_args = ["-m", str(model), "-p", str(args.p), "-n", str(args.n), "-r", "1"]
+    bench_args = ["-m", str(model), "-p", str(args.p), "-n", str(args.n), "-r", str(args.r)]
     bench_args += ["-t", str(args.threads), "-o", "json"]
 
     configs = ["stock", "off", *LEVELS]
@@ -86,19 +92,42 @@ def main() -> None:
 
     tests = list(samples["stock"])
     assert tests, "llama-bench reported no test"
-    print(
+    lines = [
         f"llama-bench on {model.name}, {args.rounds} interleaved rounds, -p {args.p} -n {args.n} "
-        f"-t {args.threads}; {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores\n"
-    )
-    print("| configuration | " + " | ".join(f"{t} t/s (median)" for t in tests) + " | vs stock |")
-    print("|---|" + "---|" * (len(tests) + 1))
+        f"-r {args.r} -t {args.threads}; {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores",
+        "",
+        "| configuration | "
+        + " | ".join(f"{t} t/s (median)" for t in tests)
+        + " | vs stock (of the medians) | vs stock (median of per-round ratios) |",
+        "|---|" + "---|" * (len(tests) + 2),
+    ]
     base = {t: statistics.median(samples["stock"][t]) for t in tests}
     for c in configs:
         med = {t: statistics.median(samples[c][t]) for t in tests}
-        ratios = ", ".join(f"{t} {med[t] / base[t]:.3f}x" for t in tests)
+        paired = {
+            t: statistics.median(
+                x / s for x, s in zip(samples[c][t], samples["stock"][t], strict=True)
+            )
+            for t in tests
+        }
         target = f" (target >= {TARGETS[c]}x)" if c in TARGETS else ""
-        print(f"| {c} | " + " | ".join(f"{med[t]:.1f}" for t in tests) + f" | {ratios}{target} |")
+        lines.append(
+            f"| {c} | "
+            + " | ".join(f"{med[t]:.1f}" for t in tests)
+            + " | "
+            + ", ".join(f"{t} {med[t] / base[t]:.3f}x" for t in tests)
+            + " | "
+            + ", ".join(f"{t} {paired[t]:.3f}x" for t in tests)
+            + f"{target} |"
+        )
+    report = "\n".join(lines)
+    print(report)
+    if args.write_docs:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from overhead import write_section
+
+        write_section("tools", report, script="bench/tools_overhead.py")
 
 
 if __name__ == "__main__":

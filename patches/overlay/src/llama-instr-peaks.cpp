@@ -28,6 +28,13 @@ namespace {
 // elements per row of the bandwidth probe's buffers (16 KiB of F32)
 constexpr int64_t k_bw_row = 4096;
 
+// F32 elements between two of the bandwidth probe's buffers (1088 bytes). The three buffers share
+// one backend buffer; back to back, each a multiple of 4 KiB long, element i of all three would
+// sit at the same address modulo 4 KiB, and the CPU's loads would wait on false store conflicts
+// (4K aliasing): ggml's ADD then reached about 0.6x of a C triad on three separate allocations,
+// and 1.0x with this gap (docs/performance.md).
+constexpr int64_t k_bw_gap = 272;
+
 // the CPU model as the CPU backend reads it (/proc/cpuinfo, sysctl or the registry)
 std::string cpu_model() {
     for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
@@ -163,7 +170,7 @@ int32_t probe(struct llama_instr_probe * p) {
 
     probe_res      r;
     ggml_context * cw = r.context(2);  // w alone: it may go to an extra buffer type
-    ggml_context * ca = r.context(4);  // the other tensors and the graph
+    ggml_context * ca = r.context(6);  // the other tensors (and the gaps) and the graph
     if (!cw || !ca) {
         return fail(p, LLAMA_INSTR_ERR_INTERNAL, "out of memory");
     }
@@ -175,9 +182,12 @@ int32_t probe(struct llama_instr_probe * p) {
         s1  = ggml_new_tensor_2d(ca, GGML_TYPE_F32, p->size, p->n);
         out = ggml_mul_mat(ca, s0, s1);
     } else {
-        // rows, not one long vector: the backend's threads share an op's rows
-        s0  = ggml_new_tensor_2d(ca, GGML_TYPE_F32, k_bw_row, p->size / k_bw_row);
-        s1  = ggml_new_tensor_2d(ca, GGML_TYPE_F32, k_bw_row, p->size / k_bw_row);
+        // rows, not one long vector: the backend's threads share an op's rows; a gap after each
+        // source (allocated in this order) puts the three at different offsets modulo 4 KiB
+        s0 = ggml_new_tensor_2d(ca, GGML_TYPE_F32, k_bw_row, p->size / k_bw_row);
+        ggml_new_tensor_1d(ca, GGML_TYPE_F32, k_bw_gap);
+        s1 = ggml_new_tensor_2d(ca, GGML_TYPE_F32, k_bw_row, p->size / k_bw_row);
+        ggml_new_tensor_1d(ca, GGML_TYPE_F32, k_bw_gap);
         out = ggml_add(ca, s0, s1);
     }
 

@@ -18,7 +18,7 @@ trace writers, the tables of ``frames``, ``follow``, ``compare``, ``kv_flows`` r
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
@@ -235,6 +235,22 @@ class PackedCompute(Compute):
             layers=self.layers,
             ops=self.unpack(),
         )
+
+
+def op_time_by_label(c: Compute) -> dict[str, int]:
+    """A compute's op time (ns) per op label (``Node.label``), labels in order of first op."""
+    out: dict[str, int] = {}
+    if c.graph is None:
+        return out
+    nodes = c.graph.nodes
+    pairs: Iterable[tuple[str, int]]
+    if isinstance(c, PackedCompute):
+        pairs = zip([nodes[i].label for i in c.op_node.tolist()], c.op_dur.tolist(), strict=True)
+    else:
+        pairs = ((op.node.label, op.dur) for op in c.ops)
+    for label, dur in pairs:
+        out[label] = out.get(label, 0) + dur
+    return out
 
 
 # --- decoders, one per record kind ---------------------------------------------------------

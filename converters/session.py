@@ -56,6 +56,7 @@ from .reader import ReadReport, iter_records
 __all__ = [
     "Compute",
     "Event",
+    "Fold",
     "Graph",
     "LayerSpan",
     "Node",
@@ -108,28 +109,62 @@ def _fold(
     report: ReadReport | None,
     packed: bool,
 ) -> Iterator[Event]:
-    """The one fold of records into events (``_apply``); ``packed`` keeps well-formed computes'
-    ops as columns, the rest going to the per-op decoder as read."""
+    """A log's records through one ``Fold``, damaged ones skipped (or an error with ``strict``)."""
     rep = report if report is not None else ReadReport()
-    states: dict[str, _SessionState] = {}
-    last_fused: dict[int, Any] = {}
+    fold = Fold(packed=packed)
     for n, rec in read(path, strict=strict, report=rep):
         try:
-            if packed:
-                rtype = rec["type"]
-                if rtype == "compute":
-                    if _apply_packed(rec, states, last_fused):
-                        continue
-                    if isinstance(rec.get("ops"), PackedOps):
-                        rec["ops"] = rec["ops"].to_list()  # as read, for the per-op decoder
-                elif rtype == "tensor_stats":
-                    _unpack_step(rec, states)
-            yield from _apply(rec, states)
+            yield from fold.add(rec)
         except MALFORMED as exc:
             skip_malformed(path, n, rec, exc, strict, rep)
-    for state in states.values():  # sessions the file ends in the middle of
-        yield from _close(state, state.info.last_ts)
-        yield SessionEnded(state.info)
+    yield from fold.close()
+
+
+class Fold:
+    """The one fold of records into events, a record at a time: what ``iter_events`` runs over a
+    file, and what ``follow`` feeds with the lines another process is writing.
+
+    ``add`` applies one record and yields the events it completes (raising one of
+    ``decode.MALFORMED`` for a record without the schema's shape); ``close`` ends the input,
+    closing the sessions still open. ``packed`` keeps well-formed computes' ops as columns, the
+    rest going to the per-op decoder as read. ``keep_graphs``: hold at most that many graph
+    tables per session, the oldest dropped first (a live view's memory must not grow with the
+    run; a compute of a dropped graph has no ops).
+    """
+
+    def __init__(self, *, packed: bool = True, keep_graphs: int | None = None) -> None:
+        self.packed = packed
+        self.keep_graphs = keep_graphs
+        self.states: dict[str, _SessionState] = {}
+        self._last_fused: dict[int, Any] = {}
+
+    def add(self, rec: dict[str, Any]) -> Iterator[Event]:
+        states = self.states
+        if self.packed:
+            rtype = rec["type"]
+            if rtype == "compute":
+                if _apply_packed(rec, states, self._last_fused):
+                    return
+                if isinstance(rec.get("ops"), PackedOps):
+                    rec["ops"] = rec["ops"].to_list()  # as read, for the per-op decoder
+            elif rtype == "tensor_stats":
+                _unpack_step(rec, states)
+        if self.keep_graphs is not None and rec["type"] == "graph":
+            state = states.get(str(rec["sid"]))
+            if state is not None and len(state.graphs) > self.keep_graphs:
+                state.graphs.pop(next(iter(state.graphs)))
+        yield from _apply(rec, states)
+
+    def close(self) -> Iterator[Event]:
+        """The sessions the input ends in the middle of: their open steps, then their end."""
+        for state in self.states.values():
+            yield from _close(state, state.info.last_ts)
+            yield SessionEnded(state.info)
+        self.states.clear()
+
+    def open_steps(self) -> int:
+        """Steps begun and not yet ended, over all sessions."""
+        return sum(len(s.open_steps) for s in self.states.values())
 
 
 def _packed_columns(

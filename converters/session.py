@@ -5,10 +5,12 @@ Two ways to consume a log:
 * ``iter_events(path)`` streams: it yields ``SessionStarted``, then ``StepDone`` for each decode step
   as soon as its ``step_end`` (or the end of the file) is read, then ``SessionEnded``. Only the
   steps in flight and the graph tables are held in memory, so a writer that streams its output
-  stays bounded whatever the log's size.
-* ``iter_events_packed(path)`` is the same fold, with the ops of well-formed computes kept as
-  int64 columns (a ``PackedCompute``) instead of an ``OpTiming`` each, read on the other core for
-  big logs (``prefetch``): what the trace writers and ``kv_flows`` read.
+  stays bounded whatever the log's size. Every compute's ops are columns (``decode.Compute``).
+* ``iter_events_packed(path)`` is the same fold, the ops of well-formed compute records read in
+  bulk (``decode.pack_ops``) instead of op by op, and big logs read on the other core
+  (``prefetch``): what the trace writers, the tables and ``kv_flows`` read. The two give the
+  same steps (the per-op decoding is the reference the bulk one is tested against).
+* ``Fold`` is the fold itself, fed one record at a time (``follow``).
 * ``load(path)`` materializes every session with all its steps (analysis, tests, small logs).
 
 Several sessions may share a file; they are told apart by ``sid``. A session with no
@@ -32,7 +34,6 @@ from .decode import (
     LayerSpan,
     Node,
     OpTiming,
-    PackedCompute,
     PackedOps,
     SessionEnded,
     SessionInfo,
@@ -61,7 +62,6 @@ __all__ = [
     "LayerSpan",
     "Node",
     "OpTiming",
-    "PackedCompute",
     "Session",
     "SessionEnded",
     "SessionInfo",
@@ -84,8 +84,8 @@ class _SessionState:
 def iter_events(
     path: Path | str, *, strict: bool = False, report: ReadReport | None = None
 ) -> Iterator[Event]:
-    """Stream the sessions of a log as events (see the module docstring), every op an
-    ``OpTiming``."""
+    """Stream the sessions of a log as events (see the module docstring), every compute record
+    decoded op by op."""
     return _fold(path, iter_records, strict, report, packed=False)
 
 
@@ -96,9 +96,8 @@ def iter_events_packed(
     report: ReadReport | None = None,
     fork: bool = True,
 ) -> Iterator[Event]:
-    """``iter_events``, with the ops of well-formed computes kept as columns (``PackedCompute``),
-    and a big log read on the other core (``prefetch``; ``fork=False``: here): the same steps,
-    the same skipped records."""
+    """``iter_events``, the ops of well-formed computes read in bulk, and a big log read on the
+    other core (``prefetch``; ``fork=False``: here): the same steps, the same skipped records."""
     return _fold(path, prefetch.records if fork else iter_records, strict, report, packed=True)
 
 
@@ -126,7 +125,7 @@ class Fold:
 
     ``add`` applies one record and yields the events it completes (raising one of
     ``decode.MALFORMED`` for a record without the schema's shape); ``close`` ends the input,
-    closing the sessions still open. ``packed`` keeps well-formed computes' ops as columns, the
+    closing the sessions still open. ``packed`` reads well-formed computes' ops in bulk, the
     rest going to the per-op decoder as read. ``keep_graphs``: hold at most that many graph
     tables per session, the oldest dropped first (a live view's memory must not grow with the
     run; a compute of a dropped graph has no ops).
@@ -140,15 +139,11 @@ class Fold:
 
     def add(self, rec: dict[str, Any]) -> Iterator[Event]:
         states = self.states
-        if self.packed:
-            rtype = rec["type"]
-            if rtype == "compute":
-                if _apply_packed(rec, states, self._last_fused):
-                    return
-                if isinstance(rec.get("ops"), PackedOps):
-                    rec["ops"] = rec["ops"].to_list()  # as read, for the per-op decoder
-            elif rtype == "tensor_stats":
-                _unpack_step(rec, states)
+        if self.packed and rec["type"] == "compute":
+            if _apply_packed(rec, states, self._last_fused):
+                return
+            if isinstance(rec.get("ops"), PackedOps):
+                rec["ops"] = rec["ops"].to_list()  # as read, for the per-op decoder
         if self.keep_graphs is not None and rec["type"] == "graph":
             state = states.get(str(rec["sid"]))
             if state is not None and len(state.graphs) > self.keep_graphs:
@@ -221,21 +216,8 @@ def _apply_packed(
         pass
     if len(step.computes) == n + 1 and step.computes[-1].graph is graph:
         c = step.computes[-1]
-        step.computes[-1] = PackedCompute(
-            **vars(c), op_node=node, op_start=start, op_dur=dur, op_fused=fused
-        )
+        c.op_node, c.op_start, c.op_dur, c.op_fused = node, start, dur, fused
     return True
-
-
-def _unpack_step(rec: dict[str, Any], states: dict[str, _SessionState]) -> None:
-    """Tensor stats attach to OpTiming objects: give the step's packed computes theirs."""
-    try:
-        state = states.get(str(rec["sid"]))
-        step = state.open_steps.get((int(rec["ctx"]), int(rec["step"]))) if state else None
-    except Exception:  # noqa: BLE001 - the per-op reader reports it
-        return
-    if step is not None:
-        step.computes = [c.unpacked() if isinstance(c, PackedCompute) else c for c in step.computes]
 
 
 def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Event]:

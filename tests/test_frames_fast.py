@@ -300,18 +300,23 @@ def test_ops_recomputed_from_the_raw_json(fixture: Path) -> None:
 
 
 def test_no_python_object_per_op(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The frames of a detailed log never go through the per-op view of the session model (a
-    verbose log's computes, with thread timings and statistics, do)."""
+    """The frames never go through the per-op view of the session model: not for a detailed
+    log, nor for a verbose one (thread timings and tensor statistics are columns too)."""
 
     def boom(*a: Any, **k: Any) -> Any:
         raise AssertionError("per-op path used")
 
     monkeypatch.setattr(decode, "OpTiming", boom)
-    monkeypatch.setattr(frames, "_positions", boom)
     f = load_session(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz")
     assert len(f.ops) > 100
+    verbose = FIXTURES / "tiny-llama-verbose.log.gz"
+    f = load_session(verbose)
+    assert len(f.ops) > 100 and len(f.tensor_stats) > 10
+    # the patch bites: the per-op view of the same computes makes OpTiming objects
+    step = next(ev.step for ev in iter_events(verbose) if isinstance(ev, StepDone))
+    assert step.computes[0].op_threads is not None and step.computes[0].op_stats
     with pytest.raises(AssertionError, match="per-op path used"):
-        load_session(FIXTURES / "tiny-llama-verbose.log.gz")
+        step.computes[0].unpack()
 
 
 @pytest.mark.parametrize(

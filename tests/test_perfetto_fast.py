@@ -25,6 +25,7 @@ from support import (
     FIXTURES,
     assert_same_trace,
     fast_trace,
+    read_log,
     reference_trace,
     resolved,
     rewrite_log,
@@ -32,8 +33,7 @@ from support import (
 from support import JSON as _JSON
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters import perfetto_fast
-from llamacpp_instr.converters.decode import PackedCompute
+from llamacpp_instr.converters import perfetto_fast, session
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.perfetto_fast import write_perfetto_fast
 from llamacpp_instr.converters.rounding import round3
@@ -184,7 +184,25 @@ def test_several_sessions_same_trace(tmp_path: Path) -> None:
     assert sum(1 for r in res if r[0] == "track" and "process" in r[1]) == 2
 
 
-def test_records_left_to_the_per_op_reader(tmp_path: Path) -> None:
+def per_op_decoded(log: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The t_start of each compute record with ops that the bulk fold left to the per-op decoder
+    (``decode_compute``; the bulk path calls it for the compute without its ops)."""
+    seen: list[int] = []
+    real = session.decode_compute
+
+    def spy(rec: dict[str, Any], graph: Any) -> Any:
+        if rec.get("ops"):
+            seen.append(rec["t_start"])
+        return real(rec, graph)
+
+    with monkeypatch.context() as m:
+        m.setattr(session, "decode_compute", spy)
+        steps = [ev for ev in iter_events_packed(log, fork=False) if hasattr(ev, "step")]
+    assert steps
+    return seen
+
+
+def test_records_left_to_the_per_op_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Records that the per-op reader skips or reads in part are left to it; values that it
     converts with int() are converted the same in bulk."""
     src = FIXTURES / "tiny-llama-detailed.log.gz"
@@ -202,9 +220,9 @@ def test_records_left_to_the_per_op_reader(tmp_path: Path) -> None:
 
     log = rewrite_log(src, tmp_path / "odd.log", edit)
     assert_same_trace(log)
-    steps = [ev.step for ev in iter_events_packed(log) if hasattr(ev, "step")]
-    packed = [isinstance(c, PackedCompute) for s in steps for c in s.computes]
-    assert packed == [False, True, False]  # (the first is skipped) int() values read in bulk
+    starts = [r["t_start"] for r in read_log(log) if r["type"] == "compute"]
+    # the first is skipped, the next and the last read op by op; int() values read in bulk
+    assert per_op_decoded(log, monkeypatch) == [starts[0], starts[1], starts[3]]
 
 
 @pytest.mark.parametrize("flush_rows", [1, perfetto_fast.FLUSH_ROWS])
@@ -230,8 +248,7 @@ def test_odd_values_in_packed_computes(
 
     log = rewrite_log(src, tmp_path / "odd.log", edit)
     assert_same_trace(log)
-    steps = [ev.step for ev in iter_events_packed(log) if hasattr(ev, "step")]
-    assert all(isinstance(c, PackedCompute) for s in steps for c in s.computes)
+    assert per_op_decoded(log, monkeypatch) == []  # every compute read in bulk
 
 
 def test_log_cut_short_same_trace(tmp_path: Path) -> None:

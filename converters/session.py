@@ -1,6 +1,6 @@
 """The session model: the records of a log folded into sessions and steps, for every writer.
 
-Two ways to consume a log:
+Ways to consume a log:
 
 * ``iter_events(path)`` streams: it yields ``SessionStarted``, then ``StepDone`` for each decode step
   as soon as its ``step_end`` (or the end of the file) is read, then ``SessionEnded``. Only the

@@ -8,8 +8,10 @@ One path from a log to every output:
   core for big logs, as a transport for the same decoder;
 * ``decode`` says what each record means: the record types (``Graph``, ``Step``, ``Compute``...),
   one decoder per record kind, and the one packer of a compute's ops and layers into columns;
-* ``session`` folds the records into sessions and steps, once (``iter_events``; with packed
-  computes, ``iter_events_packed``), for every consumer: the trace layout (``trace_layout``) and
+* ``session`` folds the records into sessions and steps, once (``Fold``, run over a file by
+  ``iter_events``, or with bulk reading of ops by ``iter_events_packed``; fed line by line by
+  ``follow``), every compute's ops as columns, for every consumer: the trace layout
+  (``trace_layout``) and
   writers (``perfetto_fast`` with ``protowire``, ``perfetto_packets``, ``perfetto_ops``,
   ``perfetto_templates``, ``perfetto_bulk``, ``sinks``; ``chrome_json``), ``kv_flows``, and the
   pandas tables of ``frames`` (``load_session``) that ``summary``, ``compare``, ``export`` and

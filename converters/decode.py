@@ -4,15 +4,14 @@ Every reader of logs goes through here (``session.iter_events`` folds these into
 trace writers, the tables of ``frames``, ``follow``, ``compare``, ``kv_flows`` read those):
 
 * record types: ``Node`` and ``Graph`` (graph tables), ``SessionInfo`` (session_start),
-  ``Step``, ``Compute`` and its ops (``OpTiming``, or columns in a ``PackedCompute``),
-  ``LayerSpan``;
+  ``Step``, ``Compute`` (its ops always columns), ``LayerSpan``;
 * one decoder per record kind (``session_info``, ``graph_table``, ``decode_compute``,
   ``step_seqs``, ``topk_rows``, ``end_step``, ``attach_stats``), each raising one of
   ``MALFORMED`` on a record that parses but lacks the schema's shape;
 * the one packer of a compute's ``ops`` and ``layers`` lists into int64 columns (``pack_ops``,
   ``layer_rows``), which the forked reader (``prefetch``) runs on the other core;
-* ``PackedCompute``, a compute whose ops are columns, with ``unpack``/``op_at`` as the lazy per-op
-  view for the few places that want objects.
+* ``Compute.unpack``/``op_at``, the lazy per-op view (``OpTiming``) for the few places that want
+  objects.
 """
 
 from __future__ import annotations
@@ -86,8 +85,21 @@ class LayerSpan(NamedTuple):
     n_ops: int
 
 
-@dataclass
+_NO_OPS = np.zeros(0, np.int64)
+_NO_OPS.flags.writeable = False
+
+
+@dataclass(eq=False)
 class Compute:
+    """One compute (ubatch) of a step. Its timed ops are columns, in log order: ``op_node`` (the
+    graph node position of each), ``op_start`` (absolute, ns), ``op_dur`` (ns), int64 arrays
+    (object arrays of Python ints in the rare record with a value beyond 64 bits), with
+    ``op_fused`` (op position -> fused node positions), and from verbose logs ``op_threads`` (per
+    op, ns from its start until each worker thread finished, or None) and ``op_stats`` (op
+    position -> tensor statistics). ``unpack``/``op_at``/``ops`` are the lazy per-op view for
+    the few places that want ``OpTiming`` objects. The columns and ``op_fused`` are read-only:
+    computes of the same graph may share them."""
+
     step: int
     ubatch: int
     graph: Graph | None
@@ -97,7 +109,79 @@ class Compute:
     n_threads: int
     status: int
     layers: Sequence[LayerSpan]  # a ``LayerRows`` when the rows were well-formed
-    ops: list[OpTiming]
+    op_node: Any = field(default_factory=lambda: _NO_OPS)
+    op_start: Any = field(default_factory=lambda: _NO_OPS)
+    op_dur: Any = field(default_factory=lambda: _NO_OPS)
+    op_fused: dict[int, list[int]] = field(default_factory=dict)
+    op_threads: list[list[int] | None] | None = None  # None: the record had no thread timings
+    op_stats: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.op_node)
+
+    @property
+    def per_op(self) -> bool:
+        """Whether the bulk trace writers leave this compute's ops to the per-op view: thread
+        timings or tensor statistics (verbose logs), or a value beyond 64 bits."""
+        return (
+            self.op_threads is not None
+            or bool(self.op_stats)
+            or self.op_start.dtype == object
+            or self.op_dur.dtype == object
+        )
+
+    @property
+    def op_time(self) -> int:
+        """The sum of its ops' durations (ns), exact."""
+        d = self.op_dur
+        # durations are below 2**62 each: exact in int64 while the (float) total stays small
+        if d.dtype != object and (len(d) < 2 or float(d.sum(dtype=np.float64)) < 2.0**62):
+            return int(d.sum())
+        return sum(d.tolist())
+
+    def op_at(self, k: int) -> OpTiming:
+        """The ``k``-th timed op alone."""
+        assert self.graph is not None
+        nodes = self.graph.nodes
+        threads = self.op_threads
+        return OpTiming(
+            node=nodes[int(self.op_node[k])],
+            start=int(self.op_start[k]),
+            dur=int(self.op_dur[k]),
+            fused=[nodes[j] for j in self.op_fused.get(k, ())],
+            thread_done=threads[k] if threads is not None else None,
+            stats=self.op_stats.get(k),
+        )
+
+    def unpack(self) -> list[OpTiming]:
+        """Every timed op as an ``OpTiming``, in log order."""
+        if not len(self.op_node):
+            return []
+        assert self.graph is not None
+        nodes = self.graph.nodes
+        fused, stats = self.op_fused, self.op_stats
+        threads = self.op_threads
+        return [
+            OpTiming(
+                node=nodes[i],
+                start=s,
+                dur=d,
+                fused=[nodes[j] for j in fused.get(k, ())],
+                thread_done=threads[k] if threads is not None else None,
+                stats=stats.get(k),
+            )
+            for k, (i, s, d) in enumerate(
+                zip(
+                    self.op_node.tolist(), self.op_start.tolist(), self.op_dur.tolist(), strict=True
+                )
+            )
+        ]
+
+    @property
+    def ops(self) -> list[OpTiming]:
+        """``unpack()``, made anew on each read."""
+        return self.unpack()
 
 
 @dataclass
@@ -126,7 +210,7 @@ class Step:
 
     @property
     def op_time(self) -> int:
-        return sum(op.dur for c in self.computes for op in c.ops)
+        return sum(c.op_time for c in self.computes)
 
 
 @dataclass
@@ -183,58 +267,16 @@ class SessionEnded:
 Event = SessionStarted | StepDone | SessionEnded
 
 
-@dataclass(eq=False)
-class PackedCompute(Compute):
-    """A compute whose timed ops are columns instead of ``OpTiming`` objects (``ops`` is empty).
-
-    Made by ``session.iter_events_packed`` from well-formed records only;
-    the columns say exactly what ``ops`` would have said, and ``unpack()`` gives that list. The
-    columns and ``op_fused`` are read-only: computes of the same graph may share them.
-    """
-
-    op_node: Any = None  # int64 array: the graph node index of each timed op, in log order
-    op_start: Any = None  # int64 array: absolute start (ns)
-    op_dur: Any = None  # int64 array: duration (ns)
-    op_fused: dict[int, list[int]] = field(default_factory=dict)  # op position -> fused nodes
-
-    def unpack(self) -> list[OpTiming]:
-        assert self.graph is not None
-        nodes = self.graph.nodes
-        fused = self.op_fused
-        return [
-            OpTiming(node=nodes[i], start=s, dur=d, fused=[nodes[j] for j in fused.get(k, ())])
-            for k, (i, s, d) in enumerate(
-                zip(
-                    self.op_node.tolist(), self.op_start.tolist(), self.op_dur.tolist(), strict=True
-                )
-            )
-        ]
-
-    def op_at(self, k: int) -> OpTiming:
-        """The ``k``-th of ``unpack()``'s ops alone."""
-        assert self.graph is not None
-        nodes = self.graph.nodes
-        return OpTiming(
-            node=nodes[int(self.op_node[k])],
-            start=int(self.op_start[k]),
-            dur=int(self.op_dur[k]),
-            fused=[nodes[j] for j in self.op_fused.get(k, ())],
-        )
-
-    def unpacked(self) -> Compute:
-        """The plain compute a per-op reader would have made."""
-        return Compute(
-            step=self.step,
-            ubatch=self.ubatch,
-            graph=self.graph,
-            start=self.start,
-            dur=self.dur,
-            n_tokens=self.n_tokens,
-            n_threads=self.n_threads,
-            status=self.status,
-            layers=self.layers,
-            ops=self.unpack(),
-        )
+def op_time_by_label(c: Compute) -> dict[str, int]:
+    """A compute's op time (ns) per op label (``Node.label``), labels in order of first op."""
+    out: dict[str, int] = {}
+    if c.graph is None:
+        return out
+    nodes = c.graph.nodes
+    for i, dur in zip(c.op_node.tolist(), c.op_dur.tolist(), strict=True):
+        label = nodes[i].label
+        out[label] = out.get(label, 0) + dur
+    return out
 
 
 # --- decoders, one per record kind ---------------------------------------------------------
@@ -367,28 +409,38 @@ def graph_table(rec: dict[str, Any]) -> Graph:
     )
 
 
+def _column(values: list[int]) -> Any:
+    """An int64 column; an object one for the rare value beyond 64 bits (kept as the log says)."""
+    if not values:
+        return _NO_OPS
+    try:
+        return np.array(values, np.int64)
+    except OverflowError:
+        return np.array(values, dtype=object)
+
+
 def decode_compute(rec: dict[str, Any], graph: Graph | None) -> Compute:
+    """A compute record, op by op (``pack_ops`` reads the well-formed ones in bulk)."""
     t0 = nonneg(rec["t_start"])
-    ops: list[OpTiming] = []
-    threads = rec.get("threads")
+    node: list[int] = []
+    start: list[int] = []
+    dur: list[int] = []
+    fused: dict[int, list[int]] = {}
+    threads: Any = rec.get("threads")
+    done: list[list[int] | None] | None = [] if threads else None
     for k, entry in enumerate(rec.get("ops", [])):
-        i, off, dur = int(entry[0]), nonneg(entry[1]), nonneg(entry[2])
+        i, off, d = int(entry[0]), nonneg(entry[1]), nonneg(entry[2])
         if graph is None or not 0 <= i < len(graph.nodes):
             continue
-        fused = (
-            [graph.nodes[int(j)] for j in entry[3] if 0 <= int(j) < len(graph.nodes)]
-            if len(entry) > 3
-            else []
-        )
-        ops.append(
-            OpTiming(
-                node=graph.nodes[i],
-                start=t0 + off,
-                dur=dur,
-                fused=fused,
-                thread_done=[int(x) for x in threads[k]] if threads and k < len(threads) else None,
-            )
-        )
+        if len(entry) > 3:
+            f = [int(j) for j in entry[3] if 0 <= int(j) < len(graph.nodes)]
+            if f:
+                fused[len(node)] = f
+        if done is not None:
+            done.append([int(x) for x in threads[k]] if k < len(threads) else None)
+        node.append(i)
+        start.append(t0 + off)
+        dur.append(d)
     layers = layer_spans(rec["layers"], t0)
     return Compute(
         step=rec["step"],
@@ -400,15 +452,24 @@ def decode_compute(rec: dict[str, Any], graph: Graph | None) -> Compute:
         n_threads=int(rec.get("n_threads", 0)),
         status=int(rec.get("status", 0)),
         layers=layers,
-        ops=ops,
+        op_node=_column(node),
+        op_start=_column(start),
+        op_dur=_column(dur),
+        op_fused=fused,
+        op_threads=done,
     )
 
 
 def attach_stats(compute: Compute, rec: dict[str, Any]) -> None:
+    """A tensor_stats record's rows, on the ops of the nodes they name."""
     by_node = {row[0]: tuple(row[1:]) for row in rec["stats"]}
-    for op in compute.ops:
-        if op.node.i in by_node:
-            op.stats = by_node[op.node.i]
+    if compute.graph is None:
+        return
+    nodes = compute.graph.nodes
+    for k, i in enumerate(compute.op_node.tolist()):
+        stats = by_node.get(nodes[i].i)
+        if stats is not None:
+            compute.op_stats[k] = stats
 
 
 # what applying a record that parses but does not have the schema's shape raises

@@ -1,8 +1,9 @@
 """Following a session log while another process writes it (``instr follow``, ``instr run --live``).
 
 ``tail_records`` yields records as lines are appended (waiting for the file to appear, holding a
-partial last line until it completes). ``LiveState`` keeps only what the view shows, over a window
-of recent steps: memory does not grow with the run.
+partial last line until it completes). ``LiveState`` feeds them to the session fold one at a time
+and keeps only what the view shows, over a window of recent steps: memory does not grow with the
+run.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any
 
 import orjson
 
-from .decode import graph_table
+from .decode import MALFORMED, SessionInfo, Step, op_time_by_label
 from .errors import UserError
+from .session import Fold, SessionEnded, SessionStarted, StepDone
 
 WINDOW = 64  # steps the statistics cover
 
@@ -79,7 +81,8 @@ class StepView:
 
 @dataclass
 class LiveState:
-    """What the live view shows, updated record by record."""
+    """What the live view shows, updated record by record through the session fold
+    (``session.Fold``): the same decoding as every converter, over a bounded window."""
 
     model: str = ""
     level: str = ""
@@ -95,69 +98,59 @@ class LiveState:
     last_layers: dict[int, int] = field(default_factory=dict)
     # op label -> ns over the window's steps (decayed by dropping old steps' contributions)
     _op_by_step: deque[dict[str, int]] = field(default_factory=lambda: deque(maxlen=WINDOW))
-    _labels: dict[tuple[int, int], list[str]] = field(default_factory=dict)
-    _begin: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
-    _step_layers: dict[int, int] = field(default_factory=dict)
-    _step_ops: dict[str, int] = field(default_factory=dict)
+    # graph ids are per session: keep the last few tables only
+    fold: Fold = field(default_factory=lambda: Fold(keep_graphs=16))
 
     def add(self, rec: dict[str, Any]) -> StepView | None:
-        """Apply one record; returns the step it completed, if any."""
-        t = rec.get("type")
-        if t == "session_start":
-            m = rec.get("model") or {}
-            self.model = str(m.get("name") or m.get("architecture") or "")
-            self.n_layer = int(m.get("n_layer") or 0)
-            self.level = str(rec.get("level", ""))
-            self.sid = str(rec.get("sid", ""))
-            self.memory = {
-                k: int(v) for k, v in (rec.get("memory") or {}).items() if k != "buffers"
-            }
-        elif t == "graph":
-            key = (int(rec.get("ctx", 1)), int(rec["graph"]))
-            # graph ids are per session: keep the last few tables only
-            if len(self._labels) > 16:
-                self._labels.pop(next(iter(self._labels)))
-            try:
-                self._labels[key] = [n.label for n in graph_table(rec).nodes]
-            except (KeyError, TypeError, ValueError):
-                pass  # a damaged table: its ops go unnamed, as the converters skip it
-        elif t == "step_begin":
-            self._begin[(int(rec.get("ctx", 1)), int(rec["step"]))] = rec
-            self._step_layers = {}
-            self._step_ops = {}
-        elif t == "compute":
-            for layer, _off, dur, _n in rec.get("layers", []):
-                self._step_layers[layer] = self._step_layers.get(layer, 0) + int(dur)
-            labels = self._labels.get((int(rec.get("ctx", 1)), int(rec.get("graph", 0))))
-            if labels:
-                for op in rec.get("ops", []):
-                    if 0 <= op[0] < len(labels):
-                        lab = labels[op[0]]
-                        self._step_ops[lab] = self._step_ops.get(lab, 0) + int(op[2])
-        elif t == "step_end":
-            begin = self._begin.pop((int(rec.get("ctx", 1)), int(rec["step"])), {})
-            kind = str(begin.get("kind", "gen"))
-            v = StepView(
-                step=int(rec["step"]),
-                kind=kind,
-                n_tokens=int(rec.get("n_tokens", 0)),
-                dur_ns=int(rec.get("dur", 0)),
-                kv_used=int(rec.get("kv_used", -1)),
-                request=begin.get("request"),
-            )
-            self.window.append(v)
-            self._op_by_step.append(self._step_ops)
-            if self._step_layers:
-                self.last_layers = self._step_layers
-            self.steps_done += 1
-            if kind == "prompt":
-                self.prompt_tokens += v.n_tokens
-            else:
-                self.gen_tokens += v.n_tokens
-            return v
-        elif t == "session_end":
-            self.status = str(rec.get("status", "ended"))
-        return None
+        """Apply one record; returns the step it completed, if any. A record without the schema's
+        shape is skipped, as the converters skip it."""
+        done = None
+        try:
+            for ev in self.fold.add(rec):
+                if isinstance(ev, SessionStarted):
+                    self._start(ev.session)
+                elif isinstance(ev, StepDone) and ev.step.ended:
+                    done = self._step(ev.step)
+                elif isinstance(ev, SessionEnded) and ev.session.end is not None:
+                    self.status = str(ev.session.end.get("status", "ended"))
+        except MALFORMED:
+            pass
+        return done
+
+    def _start(self, info: SessionInfo) -> None:
+        m = info.model
+        self.model = str(m.get("name") or m.get("architecture") or "")
+        self.n_layer = int(m.get("n_layer") or 0)
+        self.level = info.level
+        self.sid = info.sid
+        self.memory = {k: v for k, v in info.memory.items() if k != "buffers"}
+
+    def _step(self, step: Step) -> StepView:
+        layers: dict[int, int] = {}
+        ops: dict[str, int] = {}
+        for c in step.computes:
+            for lay in c.layers:
+                layers[lay.layer] = layers.get(lay.layer, 0) + lay.dur
+            for label, ns in op_time_by_label(c).items():
+                ops[label] = ops.get(label, 0) + ns
+        v = StepView(
+            step=step.index,
+            kind=step.kind,
+            n_tokens=step.n_tokens,
+            dur_ns=step.dur,
+            kv_used=step.kv_used,
+            request=step.request,
+        )
+        self.window.append(v)
+        self._op_by_step.append(ops)
+        if layers:
+            self.last_layers = layers
+        self.steps_done += 1
+        if step.kind == "prompt":
+            self.prompt_tokens += v.n_tokens
+        else:
+            self.gen_tokens += v.n_tokens
+        return v
 
     def gen_tok_s(self) -> float:
         gen = [s for s in self.window if s.kind == "gen"]

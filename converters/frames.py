@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from . import derive, peaks, roofline
-from .decode import Compute, Graph, LayerRows, PackedCompute, SessionInfo, Step
+from .decode import Compute, Graph, LayerRows, SessionInfo, Step
 from .errors import UserError
 from .reader import ReadReport
 from .session import SessionStarted, StepDone, iter_events_packed
@@ -177,40 +177,13 @@ class _Columns:
             self.layers = c.layers.rows
         else:
             self.layers = np.array(c.layers, np.int64).reshape(-1, 4)
-        self.stats: list[tuple[int, tuple[Any, ...]]] = []
-        if isinstance(c, PackedCompute):  # the decoder's columns, as they are
-            self.ops = np.stack((c.op_node, c.op_start, c.op_dur))
-            rows = [(k, j) for k, f in c.op_fused.items() for j in f]
-        else:  # the per-op view: an unusual record, or one with thread timings or statistics
-            pos = _positions(c.graph)
-            ops = c.ops
-            self.ops = np.array(
-                [
-                    [pos[id(op.node)] for op in ops],
-                    [op.start for op in ops],
-                    [op.dur for op in ops],
-                ],
-                np.int64,
-            ).reshape(3, -1)
-            rows = [(k, pos[id(f)]) for k, op in enumerate(ops) for f in op.fused]
-            self.stats = [(k, op.stats) for k, op in enumerate(ops) if op.stats is not None]
+        # the decoder's columns, as they are (int64: a value beyond 64 bits fails here, as it
+        # always did)
+        self.ops = np.stack((c.op_node, c.op_start, c.op_dur)).astype(np.int64, copy=False)
+        rows = [(k, j) for k, f in c.op_fused.items() for j in f]
+        self.stats: list[tuple[int, tuple[Any, ...]]] = sorted(c.op_stats.items())
         self.fused_row = np.array([r for r, _ in rows], np.int64) if rows else _EMPTY_I64
         self.fused_node = np.array([j for _, j in rows], np.int64) if rows else _EMPTY_I64
-
-
-_POSITIONS: dict[int, tuple[Graph, dict[int, int]]] = {}
-
-
-def _positions(graph: Graph | None) -> dict[int, int]:
-    """Each node's position in its graph, by id (a damaged table's ``i`` may not say it)."""
-    if graph is None:
-        return {}
-    known = _POSITIONS.get(id(graph))
-    if known is None or known[0] is not graph:
-        if len(_POSITIONS) > 64:
-            _POSITIONS.clear()
-        known = _POSITIONS[id(graph)] = (graph, {id(n): k for k, n in enumerate(graph.nodes)})
-    return known[1]
 
 
 class _Chunks:

@@ -127,17 +127,12 @@ class KvFlows:
         if c.graph is None:
             return {}
         roles = self._roles(s, c.graph)
-        node_of = getattr(c, "op_node", None)
-        fused_of: dict[int, Any]
-        if node_of is not None:  # a packed compute: its KV ops by the graph's mask
-            nodes = node_of.tolist()
-            fused_of = getattr(c, "op_fused", {})
-            # the ops whose node has a KV role, and the fused ones (their members may have one)
-            positions = sorted(set(np.flatnonzero(roles.any[node_of]).tolist()) | set(fused_of))
-        else:
-            nodes = [op.node.i for op in c.ops]
-            fused_of = {k: [f.i for f in op.fused] for k, op in enumerate(c.ops) if op.fused}
-            positions = list(range(len(nodes)))
+        # the compute's KV ops, by the graph's mask: the ops whose node has a KV role, and the
+        # fused ones (their members may have one)
+        node_of = c.op_node
+        nodes = node_of.tolist()
+        fused_of = c.op_fused
+        positions = sorted(set(np.flatnonzero(roles.any[node_of]).tolist()) | set(fused_of))
         flows: OpFlows = {}
         for k in positions:
             members = [nodes[k], *fused_of.get(k, ())]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .quant_report import dumps_json
 from .report import Chart, Column, Fact, Report, Section, Series, Table
 
 # F16 and BF16 both store 16 bits per weight: one compression figure covers both
@@ -306,13 +305,5 @@ def quant_report(data: dict[str, Any], top: int | None = 12) -> Report:
         sections=sections,
         data=data,
         csv_table="tensors",
+        json_as_given=True,  # raw values, exactly as report_data made them
     )
-
-
-def render(data: dict[str, Any], fmt: str, top: int = 12) -> str:
-    """``data`` from ``report_data`` in ``fmt``; ``top`` rows per table in text and markdown."""
-    from .renderers import render as render_report
-
-    if fmt == "json":
-        return dumps_json(data)  # raw values, exactly as report_data made them
-    return render_report(quant_report(data, top or None), fmt, top or None)

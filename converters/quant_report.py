@@ -8,7 +8,6 @@ native side measured them). A type id the installed gguf-py does not know is rep
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from dataclasses import dataclass
@@ -426,7 +425,3 @@ def report_data(
     if error is not None:
         data["error_vs_reference"] = error
     return data
-
-
-def dumps_json(data: dict[str, Any]) -> str:
-    return json.dumps(data, indent=2, default=str)

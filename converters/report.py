@@ -186,6 +186,11 @@ class Report:
     data: dict[str, Any] = field(default_factory=dict)
     # the table the csv renderer writes (csv holds one table)
     csv_table: str = ""
+    # why this report has no table for csv: the csv format is then refused with this message
+    no_csv: str = ""
+    # json: ``data`` dumped as the report's builder made it (no NaN cleaning, no final newline:
+    # quant-report's json, a raw data contract)
+    json_as_given: bool = False
 
     def tables(self) -> list[Table]:
         return [t for s in self.sections for t in s.tables]

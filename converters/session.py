@@ -1,14 +1,16 @@
 """The session model: the records of a log folded into sessions and steps, for every writer.
 
-Two ways to consume a log:
+Ways to consume a log:
 
 * ``iter_events(path)`` streams: it yields ``SessionStarted``, then ``StepDone`` for each decode step
   as soon as its ``step_end`` (or the end of the file) is read, then ``SessionEnded``. Only the
   steps in flight and the graph tables are held in memory, so a writer that streams its output
-  stays bounded whatever the log's size.
-* ``iter_events_packed(path)`` is the same fold, with the ops of well-formed computes kept as
-  int64 columns (a ``PackedCompute``) instead of an ``OpTiming`` each, read on the other core for
-  big logs (``prefetch``): what the trace writers and ``kv_flows`` read.
+  stays bounded whatever the log's size. Every compute's ops are columns (``decode.Compute``).
+* ``iter_events_packed(path)`` is the same fold, the ops of well-formed compute records read in
+  bulk (``decode.pack_ops``) instead of op by op, and big logs read on the other core
+  (``prefetch``): what the trace writers, the tables and ``kv_flows`` read. The two give the
+  same steps (the per-op decoding is the reference the bulk one is tested against).
+* ``Fold`` is the fold itself, fed one record at a time (``follow``).
 * ``load(path)`` materializes every session with all its steps (analysis, tests, small logs).
 
 Several sessions may share a file; they are told apart by ``sid``. A session with no
@@ -32,7 +34,6 @@ from .decode import (
     LayerSpan,
     Node,
     OpTiming,
-    PackedCompute,
     PackedOps,
     SessionEnded,
     SessionInfo,
@@ -56,11 +57,11 @@ from .reader import ReadReport, iter_records
 __all__ = [
     "Compute",
     "Event",
+    "Fold",
     "Graph",
     "LayerSpan",
     "Node",
     "OpTiming",
-    "PackedCompute",
     "Session",
     "SessionEnded",
     "SessionInfo",
@@ -83,8 +84,8 @@ class _SessionState:
 def iter_events(
     path: Path | str, *, strict: bool = False, report: ReadReport | None = None
 ) -> Iterator[Event]:
-    """Stream the sessions of a log as events (see the module docstring), every op an
-    ``OpTiming``."""
+    """Stream the sessions of a log as events (see the module docstring), every compute record
+    decoded op by op."""
     return _fold(path, iter_records, strict, report, packed=False)
 
 
@@ -95,9 +96,8 @@ def iter_events_packed(
     report: ReadReport | None = None,
     fork: bool = True,
 ) -> Iterator[Event]:
-    """``iter_events``, with the ops of well-formed computes kept as columns (``PackedCompute``),
-    and a big log read on the other core (``prefetch``; ``fork=False``: here): the same steps,
-    the same skipped records."""
+    """``iter_events``, the ops of well-formed computes read in bulk, and a big log read on the
+    other core (``prefetch``; ``fork=False``: here): the same steps, the same skipped records."""
     return _fold(path, prefetch.records if fork else iter_records, strict, report, packed=True)
 
 
@@ -108,28 +108,58 @@ def _fold(
     report: ReadReport | None,
     packed: bool,
 ) -> Iterator[Event]:
-    """The one fold of records into events (``_apply``); ``packed`` keeps well-formed computes'
-    ops as columns, the rest going to the per-op decoder as read."""
+    """A log's records through one ``Fold``, damaged ones skipped (or an error with ``strict``)."""
     rep = report if report is not None else ReadReport()
-    states: dict[str, _SessionState] = {}
-    last_fused: dict[int, Any] = {}
+    fold = Fold(packed=packed)
     for n, rec in read(path, strict=strict, report=rep):
         try:
-            if packed:
-                rtype = rec["type"]
-                if rtype == "compute":
-                    if _apply_packed(rec, states, last_fused):
-                        continue
-                    if isinstance(rec.get("ops"), PackedOps):
-                        rec["ops"] = rec["ops"].to_list()  # as read, for the per-op decoder
-                elif rtype == "tensor_stats":
-                    _unpack_step(rec, states)
-            yield from _apply(rec, states)
+            yield from fold.add(rec)
         except MALFORMED as exc:
             skip_malformed(path, n, rec, exc, strict, rep)
-    for state in states.values():  # sessions the file ends in the middle of
-        yield from _close(state, state.info.last_ts)
-        yield SessionEnded(state.info)
+    yield from fold.close()
+
+
+class Fold:
+    """The one fold of records into events, a record at a time: what ``iter_events`` runs over a
+    file, and what ``follow`` feeds with the lines another process is writing.
+
+    ``add`` applies one record and yields the events it completes (raising one of
+    ``decode.MALFORMED`` for a record without the schema's shape); ``close`` ends the input,
+    closing the sessions still open. ``packed`` reads well-formed computes' ops in bulk, the
+    rest going to the per-op decoder as read. ``keep_graphs``: hold at most that many graph
+    tables per session, the oldest dropped first (a live view's memory must not grow with the
+    run; a compute of a dropped graph has no ops).
+    """
+
+    def __init__(self, *, packed: bool = True, keep_graphs: int | None = None) -> None:
+        self.packed = packed
+        self.keep_graphs = keep_graphs
+        self.states: dict[str, _SessionState] = {}
+        self._last_fused: dict[int, Any] = {}
+
+    def add(self, rec: dict[str, Any]) -> Iterator[Event]:
+        states = self.states
+        if self.packed and rec["type"] == "compute":
+            if _apply_packed(rec, states, self._last_fused):
+                return
+            if isinstance(rec.get("ops"), PackedOps):
+                rec["ops"] = rec["ops"].to_list()  # as read, for the per-op decoder
+        if self.keep_graphs is not None and rec["type"] == "graph":
+            state = states.get(str(rec["sid"]))
+            if state is not None and len(state.graphs) > self.keep_graphs:
+                state.graphs.pop(next(iter(state.graphs)))
+        yield from _apply(rec, states)
+
+    def close(self) -> Iterator[Event]:
+        """The sessions the input ends in the middle of: their open steps, then their end."""
+        for state in self.states.values():
+            yield from _close(state, state.info.last_ts)
+            yield SessionEnded(state.info)
+        self.states.clear()
+
+    def open_steps(self) -> int:
+        """Steps begun and not yet ended, over all sessions."""
+        return sum(len(s.open_steps) for s in self.states.values())
 
 
 def _packed_columns(
@@ -186,21 +216,8 @@ def _apply_packed(
         pass
     if len(step.computes) == n + 1 and step.computes[-1].graph is graph:
         c = step.computes[-1]
-        step.computes[-1] = PackedCompute(
-            **vars(c), op_node=node, op_start=start, op_dur=dur, op_fused=fused
-        )
+        c.op_node, c.op_start, c.op_dur, c.op_fused = node, start, dur, fused
     return True
-
-
-def _unpack_step(rec: dict[str, Any], states: dict[str, _SessionState]) -> None:
-    """Tensor stats attach to OpTiming objects: give the step's packed computes theirs."""
-    try:
-        state = states.get(str(rec["sid"]))
-        step = state.open_steps.get((int(rec["ctx"]), int(rec["step"]))) if state else None
-    except Exception:  # noqa: BLE001 - the per-op reader reports it
-        return
-    if step is not None:
-        step.computes = [c.unpacked() if isinstance(c, PackedCompute) else c for c in step.computes]
 
 
 def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Event]:

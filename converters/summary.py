@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 
 from . import roofline_report
-from .errors import UserError
 from .frames import SessionFrames
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
 from .request_share import part_rows, parts_section, request_shares, share_section
@@ -399,17 +398,12 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
             "roofline": roof_data,
         },
         csv_table=f"by_{key}" if table is not None else "",
+        no_csv=(
+            ""
+            if table is not None
+            else f"no per-op times in this log (level {ov['level']}): nothing for csv"
+        ),
     )
-
-
-def render(f: SessionFrames, key: str, top: int | None, fmt: str) -> str:
-    """The summary in ``fmt`` (text, markdown, csv, json or html)."""
-    from .renderers import render as render_report
-
-    report = summary_report(f, key, top)
-    if fmt == "csv" and not report.csv_table:
-        raise UserError(f"no per-op times in this log (level {f.info.level}): nothing for csv")
-    return render_report(report, fmt, top)
 
 
 def workloads(f: SessionFrames) -> list[dict[str, Any]]:

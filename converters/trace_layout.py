@@ -11,9 +11,10 @@ apart. Layout, per session (one process):
 * counters: ``tokens/s``, ``KV cache cells``, ``memory: weights`` / ``KV cache`` / ``compute``.
 
 ``layout_bulk`` yields one item per track, slice and sample, except that each compute comes as
-one ``ComputeBatch``: its slice, its layer spans and, when its ops are columns (a
-``decode.PackedCompute``), their slices as one ``OpBatch``, which the writers encode in bulk. (A
-per-op layout, every op slice its own item, is the tests' reference: tests/reference/.)
+one ``ComputeBatch``: its slice, its layer spans and its op slices as one ``OpBatch`` (the
+compute's columns), which the writers encode in bulk; the ops with flows, and those of a compute
+with thread timings or tensor statistics (``Compute.per_op``), follow one by one. (A per-op
+layout, every op slice its own item, is the tests' reference: tests/reference/.)
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from .decode import (
     LayerSpan,
     Node,
     OpTiming,
-    PackedCompute,
     SessionEnded,
     SessionInfo,
     SessionStarted,
@@ -105,7 +105,7 @@ class OpBatch:
     """
 
     track: int
-    compute: PackedCompute
+    compute: Compute
     keep: Any = None
     roof: Roof | None = None
 
@@ -114,8 +114,8 @@ class OpBatch:
 class ComputeBatch:
     """A compute's slice, its layer slices (depth
     2, category ``layer``, named ``layer N`` with args ``layer`` and ``n_ops``, on the compute's
-    track) and, if the compute is packed, its ``OpBatch``: the items a per-op layout yields for
-    the compute, up to the slices of an unpacked compute's ops (which follow one by one)."""
+    track) and its ``OpBatch``: the items a per-op layout yields for the compute, up to the op
+    slices that follow one by one (see ``SessionLayout.compute``)."""
 
     slice: Slice
     layers: Sequence[LayerSpan]
@@ -123,20 +123,6 @@ class ComputeBatch:
 
 
 BulkItem = Item | OpBatch | ComputeBatch
-
-
-def _op_time(step: Step) -> int:
-    """``step.op_time``, counting packed ops too."""
-    total = 0
-    for c in step.computes:
-        if isinstance(c, PackedCompute):
-            d = c.op_dur
-            # durations are below 2**62 each: exact in int64 while the (float) total stays small
-            exact = len(d) < 2 or float(d.sum(dtype=np.float64)) < 2.0**62
-            total += int(d.sum()) if exact else sum(d.tolist())
-        else:
-            total += sum(op.dur for op in c.ops)
-    return total
 
 
 @dataclass
@@ -506,7 +492,7 @@ class SessionLayout:
             "status": step.status if step.status is not None else "not ended",
             "kv_used": step.kv_used,
             "ended": step.ended,
-            "op_time_ns": _op_time(step),
+            "op_time_ns": step.op_time,
         }
         if step.request is not None:
             args["request"] = step.request
@@ -562,16 +548,18 @@ class SessionLayout:
     def compute(
         self, c: Compute, track: int, stats: LayoutStats, flows: OpFlows
     ) -> Iterator[BulkItem]:
-        """A ``ComputeBatch`` (the compute's slice, layer spans and, if packed, its ops in bulk),
-        then one by one the op slices it does not hold (an unpacked compute's, those with
-        flows)."""
+        """A ``ComputeBatch`` (the compute's slice, layer spans and its ops in bulk), then one by
+        one the op slices it does not hold: those with flows, and every op of a compute whose ops
+        the bulk writers leave to the per-op view (``Compute.per_op``: thread timings, tensor
+        statistics)."""
         stats.computes += 1
         compute = self.compute_slice(c, track)
         spans = self.spans(c, stats)
         batch: OpBatch | None = None
-        ops = list(enumerate(c.ops)) if self.sel.ops and c.graph is not None else []
-        if isinstance(c, PackedCompute) and self.sel.ops:
-            assert c.graph is not None
+        ops: list[tuple[int, OpTiming]] = []
+        if self.sel.ops and c.graph is not None and c.per_op:
+            ops = list(enumerate(c.unpack()))
+        elif self.sel.ops and c.graph is not None:
             keep = None
             if self.sel.layer is not None:
                 keep = self.layers(c.graph)[c.op_node] == self.sel.layer

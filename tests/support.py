@@ -4,15 +4,28 @@ other; conftest.py holds the fixtures and puts this directory on sys.path)."""
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import math
 import os
 import socket
 import subprocess
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
+from google.protobuf.json_format import MessageToDict
 from hypothesis import strategies as st
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+from reference.layout import layout
+from reference.perfetto_writer import write_perfetto
+
+from llamacpp_instr import peaks as measure
+from llamacpp_instr.converters import perfetto_fast
+from llamacpp_instr.converters.session import iter_events, iter_events_packed
+from llamacpp_instr.converters.trace import kv_flows_for
+from llamacpp_instr.converters.trace_layout import LayoutStats, Selection, layout_bulk
 
 TESTS_DIR = Path(__file__).resolve().parent
 FIXTURES = TESTS_DIR / "fixtures"
@@ -130,3 +143,260 @@ def wait_ready(
         except OSError:
             time.sleep(0.3)
     raise AssertionError(f"the server did not answer {path}")
+
+
+# --- logs made from the fixtures ---------------------------------------------------------
+
+
+def synthetic_log(tmp_path: Path, n_steps: int) -> Path:
+    """A bigger log: the detailed fixture's last generation step repeated, two sessions, a few
+    odd values (an op of a node outside the graph, fused nodes out of range)."""
+    recs = read_log(FIXTURES / "tiny-llama-detailed.log.gz")
+    head = [r for r in recs if r["type"] in ("session_start", "graph")]
+    last = max(r["step"] for r in recs if r["type"] == "step_begin")
+    group = [r for r in recs if r.get("step") == last and r["type"] != "graph"]
+    span = max(r["ts"] for r in group) - min(r["ts"] for r in group) + 1000
+    t_end = max(r["ts"] for r in recs)
+    out: list[dict[str, Any]] = []
+    for sid in ("00000000000000a1", "00000000000000b2"):
+        out += [dict(r, sid=sid) for r in head]
+        for k in range(n_steps):
+            for r in group:
+                r2 = dict(r, sid=sid, step=k, ts=r["ts"] + (k + 1) * span)
+                if "t_start" in r2:
+                    r2["t_start"] = r["t_start"] + (k + 1) * span
+                if r["type"] == "compute" and k % 7 == 3:
+                    ops = [list(e) for e in r["ops"]]
+                    ops[1] = [10_000, *ops[1][1:]]  # outside the graph: not an op
+                    ops[2] = ops[2][:3] + [[-1, 1, 99_999]]  # fused, partly out of range
+                    r2["ops"] = ops
+                out.append(r2)
+        out.append(dict(recs[-1], sid=sid, ts=t_end + (n_steps + 2) * span))
+    return write_log(tmp_path / "synthetic.log", out)
+
+
+def edit_ops(recs: list[dict[str, Any]], k: int, fn: Any) -> list[dict[str, Any]]:
+    """The records with compute record ``k`` changed by ``fn(record)``."""
+    out = [json.loads(json.dumps(r)) for r in recs]
+    comp = [r for r in out if r["type"] == "compute"][k % 3]
+    fn(comp)
+    return out
+
+
+# odd values in one compute record: what the per-op decoder skips, converts or rejects
+ODD_OPS: dict[str, Any] = {
+    "negative offset": lambda c: c["ops"][5].__setitem__(1, -3),
+    "negative duration": lambda c: c["ops"][0].__setitem__(2, -1),
+    "float offset": lambda c: c["ops"][5].__setitem__(1, 12.75),
+    "float node": lambda c: c["ops"][5].__setitem__(0, 3.0),
+    "string values": lambda c: c["ops"].__setitem__(4, ["3", "17", "5"]),
+    "string entry": lambda c: c["ops"].__setitem__(4, "123"),
+    "dict entry": lambda c: c["ops"].__setitem__(4, {"0": 1, "1": 2, "2": 3}),
+    "short entry": lambda c: c["ops"].__setitem__(4, [1, 2]),
+    "long entry": lambda c: c["ops"].__setitem__(4, [1, 2, 3, [4], [5]]),
+    "all fused": lambda c: c.__setitem__("ops", [e[:3] + [[0]] for e in c["ops"]]),
+    "fused not a list": lambda c: c["ops"].__setitem__(4, [1, 2, 3, 4]),
+    "fused strings": lambda c: c["ops"].__setitem__(4, [1, 2, 3, ["2", "x"]]),
+    "fused floats": lambda c: c["ops"].__setitem__(4, [1, 2, 3, [2.0, 1.5]]),
+    "node out of range": lambda c: c["ops"].__setitem__(0, [99_999, 0, 5]),
+    "node negative": lambda c: c["ops"].__setitem__(0, [-2, 0, 5]),
+    "bool values": lambda c: c["ops"].__setitem__(0, [True, False, True]),
+    "no ops": lambda c: c.pop("ops"),
+    "ops null": lambda c: c.__setitem__("ops", None),
+    "ops empty": lambda c: c.__setitem__("ops", []),
+    "ops a dict": lambda c: c.__setitem__("ops", {"a": 1}),
+    "unknown graph": lambda c: c.__setitem__("graph", 77),
+    "threads short": lambda c: c.__setitem__("threads", c.get("threads", [[1]])[:2]),
+    "threads ragged": lambda c: c.__setitem__("threads", [[1], [2, 3]] * 100),
+    "threads bad row": lambda c: c.__setitem__("threads", [None] * len(c["ops"])),
+    "threads strings": lambda c: c.__setitem__("threads", [["1", "2"]] * len(c["ops"])),
+    "threads a number": lambda c: c.__setitem__("threads", 5),
+    "layers float": lambda c: c["layers"][0].__setitem__(1, 2.5),
+    "layers negative": lambda c: c["layers"][0].__setitem__(2, -7),
+    "layers short": lambda c: c["layers"].__setitem__(0, [1, 2, 3]),
+    "layers empty": lambda c: c.__setitem__("layers", []),
+    "layers start overflows": lambda c: c["layers"][0].__setitem__(1, 2**63 - 10),
+    "layers with t_start a float": lambda c: c.__setitem__("t_start", float(c["t_start"])),
+    "nothing timed": lambda c: c.update(layers=[], ops=[]),
+    "nothing timed, junk ubatch": lambda c: c.update(layers=[], ops=[], ubatch="x"),
+    "no layers": lambda c: c.pop("layers"),
+    "huge offset": lambda c: c["ops"][3].__setitem__(1, 2**63 + 5),
+    "offset overflows t_start": lambda c: c["ops"][3].__setitem__(1, 2**63 - 10),
+    "huge dropped op": lambda c: c["ops"].__setitem__(3, [99_999, 2**63 + 5, 2**64 - 1]),
+    "ubatch null": lambda c: c.__setitem__("ubatch", None),
+    "ubatch string": lambda c: c.__setitem__("ubatch", "0"),
+    "ubatch junk": lambda c: c.__setitem__("ubatch", "x"),
+    "no dur": lambda c: c.pop("dur"),
+    "status junk": lambda c: c.__setitem__("status", "x"),
+}
+
+
+# --- Perfetto traces, decoded --------------------------------------------------------------
+
+
+def packets(data: bytes) -> list[Any]:
+    """The trace's packets, compressed bundles inflated in place."""
+    trace = pb.Trace()
+    trace.ParseFromString(data)
+    out: list[Any] = []
+    for p in trace.packet:
+        if p.HasField("compressed_packets"):
+            assert len(p.ListFields()) == 1
+            out.extend(packets(zlib.decompress(p.compressed_packets)))
+        else:
+            out.append(p)
+    return out
+
+
+def _value(a: Any, strings: dict[int, str]) -> Any:
+    kind = a.WhichOneof("value")
+    v = getattr(a, kind)
+    if kind == "string_value_iid":  # an interned string value
+        return "string_value", strings[v]
+    if isinstance(v, float):
+        return kind, v.hex() if not math.isnan(v) else "nan"  # bit-exact, NaN equal to NaN
+    return kind, v
+
+
+def resolved(data: bytes) -> list[tuple[Any, ...]]:
+    """Every packet as what it says, interning resolved; checks the sequence's invariants."""
+    pk = packets(data)
+    assert pk, "empty trace"
+    seq = pk[0].trusted_packet_sequence_id
+    assert pk[0].sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+    names: dict[int, str] = {}
+    arg_names: dict[int, str] = {}
+    strings: dict[int, str] = {}
+    categories: dict[int, str] = {}
+    out: list[tuple[Any, ...]] = []
+    for k, p in enumerate(pk):
+        assert p.trusted_packet_sequence_id == seq
+        assert k == 0 or not p.sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+        idata = p.interned_data
+        for table, entries in (
+            (names, [(e.iid, e.name) for e in idata.event_names]),
+            (arg_names, [(e.iid, e.name) for e in idata.debug_annotation_names]),
+            (strings, [(e.iid, e.str.decode()) for e in idata.debug_annotation_string_values]),
+            (categories, [(e.iid, e.name) for e in idata.event_categories]),
+        ):
+            for iid, s in entries:
+                assert iid not in table, "an interned string defined twice"
+                table[iid] = s
+        if p.HasField("track_descriptor"):
+            assert not p.HasField("track_event")
+            out.append(("track", MessageToDict(p.track_descriptor)))
+            continue
+        assert p.HasField("track_event") and p.HasField("timestamp")
+        assert p.sequence_flags & pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
+        e = p.track_event
+        args = [(arg_names[a.name_iid], _value(a, strings)) for a in e.debug_annotations]
+        cats = tuple(categories[c] for c in e.category_iids) + tuple(e.categories)
+        assert len(dict(args)) == len(args), "an arg given twice"
+        out.append(
+            (
+                "event",
+                e.track_uuid,
+                e.type,
+                p.timestamp,
+                names[e.name_iid] if e.HasField("name_iid") else None,
+                cats,
+                tuple(args),  # in order: the UI lists args as written
+                e.double_counter_value if e.HasField("double_counter_value") else None,
+                tuple(e.flow_ids),
+                tuple(e.terminating_flow_ids),
+            )
+        )
+    return out
+
+
+def reference_trace(log: Path, sel: Selection | None = None) -> bytes:
+    buf = io.BytesIO()
+    sel = sel or Selection()
+    items = layout(iter_events(log), sel, LayoutStats(), flows=kv_flows_for(log, sel))
+    write_perfetto(items, buf)
+    return buf.getvalue()
+
+
+def fast_trace(
+    log: Path,
+    sel: Selection | None = None,
+    compress: bool | None = None,
+    flush_rows: int | None = None,
+) -> tuple[bytes, int]:
+    """The fast trace, and how many computes came from a template."""
+    buf = io.BytesIO()
+    sel = sel or Selection()
+    items = layout_bulk(iter_events_packed(log), sel, LayoutStats(), flows=kv_flows_for(log, sel))
+    w = perfetto_fast.Writer(buf, compress)
+    saved = perfetto_fast.FLUSH_ROWS
+    perfetto_fast.FLUSH_ROWS = flush_rows or saved
+    try:
+        w.write(items)
+    finally:
+        perfetto_fast.FLUSH_ROWS = saved
+    return buf.getvalue(), w.templated
+
+
+def assert_same_trace(log: Path, sel: Selection | None = None) -> list[tuple[Any, ...]]:
+    """The fast traces (plain and compressed, flushed at each step so that computes come from
+    templates, or in big flushes) decode to the reference's."""
+    want = resolved(reference_trace(log, sel))
+    for compress, flush_rows in ((False, 1), (True, 1), (False, 300), (False, None)):
+        data, _ = fast_trace(log, sel, compress, flush_rows)
+        got = resolved(data)
+        assert len(got) == len(want)
+        for k, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert g == w, f"packet {k} differs ({compress=}, {flush_rows=})"
+    return want
+
+
+def rewrite_log(src: Path, dest: Path, edit: Any) -> Path:
+    recs = [json.loads(line) for line in gzip.open(src, "rt", encoding="utf-8")]
+    dest.write_text("".join(json.dumps(r) + "\n" for r in edit(recs)))
+    return dest
+
+
+# a quick peak measurement (small sizes, two runs): enough for a sane shape, not for figures
+QUICK = measure.Plan(
+    n_threads=2, types=("f32", "q8_0"), bandwidth_elements=1 << 20, matmul_size=256, matmul_n=16,
+    n_runs=2,
+)  # fmt: skip
+
+
+class Page:
+    """A report opened in the browser, with every console error and uncaught exception kept."""
+
+    def __init__(self, browser: Any, path: Path) -> None:
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page = browser.new_page()
+        self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
+        self.page.on(
+            "console",
+            lambda m: self.errors.append(m.text) if m.type in ("error", "warning") else None,
+        )
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.goto(path.as_uri())
+        self.page.wait_for_load_state("load")
+
+    def rows(self, table: str) -> int:
+        return int(self.page.locator(f'table[data-table="{table}"] tbody tr').count())
+
+    def marks(self, chart: str) -> int:
+        return int(self.page.locator(f'figure[data-chart="{chart}"] .mark').count())
+
+    def declared_marks(self, chart: str) -> int:
+        return int(self.page.locator(f'figure[data-chart="{chart}"]').get_attribute("data-marks"))
+
+    def column(self, table: str, i: int) -> list[str]:
+        cells = self.page.locator(f'table[data-table="{table}"] tbody tr td:nth-child({i + 1})')
+        return [str(v) for v in cells.evaluate_all("els => els.map(e => e.dataset.v)")]
+
+    def sort_by(self, table: str, i: int) -> None:
+        self.page.locator(f'table[data-table="{table}"] thead th').nth(i).click()
+
+    def close(self) -> None:
+        # only the page itself was loaded: nothing from a network
+        assert all(u.startswith("file://") for u in self.requests), self.requests
+        assert not self.errors, self.errors
+        self.page.close()

@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 from reference.chrome_json import reference_write_chrome_json
 from reference.layout import layout
-from support import FIXTURES, REAL_FIXTURES
+from support import FIXTURES, REAL_FIXTURES, synthetic_log
 from support import read_log as _records
 from support import write_log as _write
-from test_frames_fast import synthetic_log
 
 from llamacpp_instr.converters.chrome_json import write_chrome_json
 from llamacpp_instr.converters.rounding import round3

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from support import FIXTURES, PROMPT, read_log
+from support import FIXTURES, PROMPT, REAL_FIXTURES, by_type, read_log
 
 from llamacpp_instr.converters.follow import WINDOW, LiveState, tail_records
 
@@ -72,7 +72,7 @@ def test_live_state_holds_a_window_not_the_run() -> None:
                 n += 1
     assert n == 500 * sum(r["type"] == "step_end" for r in step_recs)
     assert len(state.window) == WINDOW and len(state._op_by_step) == WINDOW
-    assert not state._begin  # every begun step ended
+    assert state.fold.open_steps() == 0  # every begun step ended, none held
     assert state.steps_done == n and state.top_ops()
 
 
@@ -117,3 +117,66 @@ def test_run_live_refuses_an_existing_log(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert r.stderr.strip() == f"error: --live needs a new log file; {log} exists"
     assert log.read_text() == '{"type":"session_start"}\n'
+
+
+def _live(records: list[dict[str, Any]]) -> tuple[LiveState, list[Any]]:
+    state = LiveState()
+    done = [v for r in records if (v := state.add(r)) is not None]
+    return state, done
+
+
+def test_live_state_agrees_with_the_raw_log(smollm2_detailed: Any) -> None:
+    """A real log fed record by record: the live totals are the log's, computed here from the
+    raw JSON alone (tokens per kind, step durations, the last step's time per layer, op time per
+    label over the window), and the same as the session model's tables (``load_session``)."""
+    from llamacpp_instr.converters import load_session
+
+    for path in [*REAL_FIXTURES, smollm2_detailed.path]:
+        recs = read_log(path)
+        state, done = _live(recs)
+        begins = {(r["ctx"], r["step"]): r for r in by_type(recs, "step_begin")}
+        ends = by_type(recs, "step_end")
+        assert ends and len(done) == len(ends) == state.steps_done
+        kinds = [begins[(e["ctx"], e["step"])]["kind"] for e in ends]
+        assert [(v.step, v.kind, v.dur_ns, v.kv_used) for v in done] == [
+            (e["step"], k, e["dur"], e["kv_used"]) for e, k in zip(ends, kinds, strict=True)
+        ]
+        n_tok = [begins[(e["ctx"], e["step"])]["n_tokens"] for e in ends]
+        assert state.prompt_tokens == sum(
+            n for n, k in zip(n_tok, kinds, strict=True) if k == "prompt"
+        )
+        assert state.gen_tokens == sum(n for n, k in zip(n_tok, kinds, strict=True) if k == "gen")
+        start = by_type(recs, "session_start")[0]
+        assert state.sid == start["sid"] and state.level == start["level"]
+        assert state.status == by_type(recs, "session_end")[0]["status"]
+        # op time per label over the last WINDOW steps, and the last step's time per layer
+        labels = {
+            (g["ctx"], g["graph"]): [f"{n['op']}:{n['sub']}" if n.get("sub") else n["op"]
+                                     for n in g["nodes"]]
+            for g in by_type(recs, "graph")
+        }  # fmt: skip
+        window = {(e["ctx"], e["step"]) for e in ends[-WINDOW:]}
+        want: dict[str, int] = {}
+        step_layers: dict[tuple[int, int], dict[int, int]] = {}
+        for c in by_type(recs, "compute"):
+            if (c["ctx"], c["step"]) in window:
+                for e in c.get("ops", []):
+                    lab = labels[(c["ctx"], c["graph"])][e[0]]
+                    want[lab] = want.get(lab, 0) + e[2]
+            per_layer = step_layers.setdefault((c["ctx"], c["step"]), {})
+            for layer, _, dur, _ in c["layers"]:
+                per_layer[layer] = per_layer.get(layer, 0) + dur
+        assert dict(state.top_ops(1000)) == want
+        # the last step that timed layers (a minimal log's steps time none)
+        timed = [step_layers[k] for e in ends if step_layers.get(k := (e["ctx"], e["step"]))]
+        assert state.last_layers == (timed[-1] if timed else {})
+        # the session model's tables say the same
+        f = load_session(path)
+        assert state.steps_done == len(f.steps)
+        assert state.prompt_tokens + state.gen_tokens == int(f.steps["n_tokens"].sum())
+        if want:
+            ops = f.ops[f.ops["step"].isin([s for _, s in window])]
+            by_label = ops.groupby("label", observed=True)["dur_ns"].sum()
+            assert {str(k): int(v) for k, v in by_label.items() if v} == {
+                k: v for k, v in want.items() if v
+            }

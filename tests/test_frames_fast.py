@@ -17,7 +17,16 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import FIXTURES, FUZZ_DERANDOMIZE, FUZZ_EXAMPLES, REAL_FIXTURES, plain_copy
+from support import (
+    FIXTURES,
+    FUZZ_DERANDOMIZE,
+    FUZZ_EXAMPLES,
+    ODD_OPS,
+    REAL_FIXTURES,
+    edit_ops,
+    plain_copy,
+    synthetic_log,
+)
 from support import JSON as _JSON
 from support import read_log as _records
 from support import write_log as _write
@@ -245,33 +254,6 @@ def test_same_frames_as_reference_on_real_logs(smollm2_detailed: Any, smollm2_ve
         assert_same_frames(ref, new)
 
 
-def synthetic_log(tmp_path: Path, n_steps: int) -> Path:
-    """A bigger log: the detailed fixture's last generation step repeated, two sessions, a few
-    odd values (an op of a node outside the graph, fused nodes out of range)."""
-    recs = _records(FIXTURES / "tiny-llama-detailed.log.gz")
-    head = [r for r in recs if r["type"] in ("session_start", "graph")]
-    last = max(r["step"] for r in recs if r["type"] == "step_begin")
-    group = [r for r in recs if r.get("step") == last and r["type"] != "graph"]
-    span = max(r["ts"] for r in group) - min(r["ts"] for r in group) + 1000
-    t_end = max(r["ts"] for r in recs)
-    out: list[dict[str, Any]] = []
-    for sid in ("00000000000000a1", "00000000000000b2"):
-        out += [dict(r, sid=sid) for r in head]
-        for k in range(n_steps):
-            for r in group:
-                r2 = dict(r, sid=sid, step=k, ts=r["ts"] + (k + 1) * span)
-                if "t_start" in r2:
-                    r2["t_start"] = r["t_start"] + (k + 1) * span
-                if r["type"] == "compute" and k % 7 == 3:
-                    ops = [list(e) for e in r["ops"]]
-                    ops[1] = [10_000, *ops[1][1:]]  # outside the graph: not an op
-                    ops[2] = ops[2][:3] + [[-1, 1, 99_999]]  # fused, partly out of range
-                    r2["ops"] = ops
-                out.append(r2)
-        out.append(dict(recs[-1], sid=sid, ts=t_end + (n_steps + 2) * span))
-    return _write(tmp_path / "synthetic.log", out)
-
-
 def test_same_frames_as_reference_on_a_bigger_log(tmp_path: Path) -> None:
     log = synthetic_log(tmp_path, 300)
     ref, new = reference_load_sessions(log), load_sessions(log)
@@ -318,85 +300,35 @@ def test_ops_recomputed_from_the_raw_json(fixture: Path) -> None:
 
 
 def test_no_python_object_per_op(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The frames of a detailed log never go through the per-op view of the session model (a
-    verbose log's computes, with thread timings and statistics, do)."""
+    """The frames never go through the per-op view of the session model: not for a detailed
+    log, nor for a verbose one (thread timings and tensor statistics are columns too)."""
 
     def boom(*a: Any, **k: Any) -> Any:
         raise AssertionError("per-op path used")
 
     monkeypatch.setattr(decode, "OpTiming", boom)
-    monkeypatch.setattr(frames, "_positions", boom)
     f = load_session(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz")
     assert len(f.ops) > 100
+    verbose = FIXTURES / "tiny-llama-verbose.log.gz"
+    f = load_session(verbose)
+    assert len(f.ops) > 100 and len(f.tensor_stats) > 10
+    # the patch bites: the per-op view of the same computes makes OpTiming objects
+    step = next(ev.step for ev in iter_events(verbose) if isinstance(ev, StepDone))
+    assert step.computes[0].op_threads is not None and step.computes[0].op_stats
     with pytest.raises(AssertionError, match="per-op path used"):
-        load_session(FIXTURES / "tiny-llama-verbose.log.gz")
-
-
-def _edit_ops(recs: list[dict[str, Any]], k: int, fn: Any) -> list[dict[str, Any]]:
-    """The records with compute record ``k`` changed by ``fn(record)``."""
-    out = [json.loads(json.dumps(r)) for r in recs]
-    comp = [r for r in out if r["type"] == "compute"][k % 3]
-    fn(comp)
-    return out
-
-
-_ODD_OPS: dict[str, Any] = {
-    "negative offset": lambda c: c["ops"][5].__setitem__(1, -3),
-    "negative duration": lambda c: c["ops"][0].__setitem__(2, -1),
-    "float offset": lambda c: c["ops"][5].__setitem__(1, 12.75),
-    "float node": lambda c: c["ops"][5].__setitem__(0, 3.0),
-    "string values": lambda c: c["ops"].__setitem__(4, ["3", "17", "5"]),
-    "string entry": lambda c: c["ops"].__setitem__(4, "123"),
-    "dict entry": lambda c: c["ops"].__setitem__(4, {"0": 1, "1": 2, "2": 3}),
-    "short entry": lambda c: c["ops"].__setitem__(4, [1, 2]),
-    "long entry": lambda c: c["ops"].__setitem__(4, [1, 2, 3, [4], [5]]),
-    "all fused": lambda c: c.__setitem__("ops", [e[:3] + [[0]] for e in c["ops"]]),
-    "fused not a list": lambda c: c["ops"].__setitem__(4, [1, 2, 3, 4]),
-    "fused strings": lambda c: c["ops"].__setitem__(4, [1, 2, 3, ["2", "x"]]),
-    "fused floats": lambda c: c["ops"].__setitem__(4, [1, 2, 3, [2.0, 1.5]]),
-    "node out of range": lambda c: c["ops"].__setitem__(0, [99_999, 0, 5]),
-    "node negative": lambda c: c["ops"].__setitem__(0, [-2, 0, 5]),
-    "bool values": lambda c: c["ops"].__setitem__(0, [True, False, True]),
-    "no ops": lambda c: c.pop("ops"),
-    "ops null": lambda c: c.__setitem__("ops", None),
-    "ops empty": lambda c: c.__setitem__("ops", []),
-    "ops a dict": lambda c: c.__setitem__("ops", {"a": 1}),
-    "unknown graph": lambda c: c.__setitem__("graph", 77),
-    "threads short": lambda c: c.__setitem__("threads", c.get("threads", [[1]])[:2]),
-    "threads ragged": lambda c: c.__setitem__("threads", [[1], [2, 3]] * 100),
-    "threads bad row": lambda c: c.__setitem__("threads", [None] * len(c["ops"])),
-    "threads strings": lambda c: c.__setitem__("threads", [["1", "2"]] * len(c["ops"])),
-    "threads a number": lambda c: c.__setitem__("threads", 5),
-    "layers float": lambda c: c["layers"][0].__setitem__(1, 2.5),
-    "layers negative": lambda c: c["layers"][0].__setitem__(2, -7),
-    "layers short": lambda c: c["layers"].__setitem__(0, [1, 2, 3]),
-    "layers empty": lambda c: c.__setitem__("layers", []),
-    "layers start overflows": lambda c: c["layers"][0].__setitem__(1, 2**63 - 10),
-    "layers with t_start a float": lambda c: c.__setitem__("t_start", float(c["t_start"])),
-    "nothing timed": lambda c: c.update(layers=[], ops=[]),
-    "nothing timed, junk ubatch": lambda c: c.update(layers=[], ops=[], ubatch="x"),
-    "no layers": lambda c: c.pop("layers"),
-    "huge offset": lambda c: c["ops"][3].__setitem__(1, 2**63 + 5),
-    "offset overflows t_start": lambda c: c["ops"][3].__setitem__(1, 2**63 - 10),
-    "huge dropped op": lambda c: c["ops"].__setitem__(3, [99_999, 2**63 + 5, 2**64 - 1]),
-    "ubatch null": lambda c: c.__setitem__("ubatch", None),
-    "ubatch string": lambda c: c.__setitem__("ubatch", "0"),
-    "ubatch junk": lambda c: c.__setitem__("ubatch", "x"),
-    "no dur": lambda c: c.pop("dur"),
-    "status junk": lambda c: c.__setitem__("status", "x"),
-}
+        step.computes[0].unpack()
 
 
 @pytest.mark.parametrize(
     "fixture", ["tiny-llama-verbose.log.gz", "tiny-qwen2-detailed-ubatch.log.gz"]
 )
-@pytest.mark.parametrize("case", sorted(_ODD_OPS))
+@pytest.mark.parametrize("case", sorted(ODD_OPS))
 @pytest.mark.parametrize("which", [0, 1])
 def test_odd_compute_records_as_reference(
     fixture: str, case: str, which: int, tmp_path: Path
 ) -> None:
     recs = _records(FIXTURES / fixture)
-    log = _write(tmp_path / "odd.log", _edit_ops(recs, which, _ODD_OPS[case]))
+    log = _write(tmp_path / "odd.log", edit_ops(recs, which, ODD_OPS[case]))
     assert_same_outcome(log)
 
 

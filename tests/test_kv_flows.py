@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import read_log
-from test_perfetto_fast import packets
+from support import packets, read_log
 
 import llamacpp_instr
 from llamacpp_instr.cli import main

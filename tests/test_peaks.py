@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import RunLog
+from support import QUICK, RunLog
 
 from llamacpp_instr import bindings
 from llamacpp_instr import peaks as measure
@@ -27,10 +27,6 @@ from llamacpp_instr.converters.errors import UserError
 # ggml type ids (ggml.h enum ggml_type) and one row of 256 values in each type, by hand:
 # f32 4 bytes a value, f16 2, q4_K 144 bytes a block of 256, q8_0 34 bytes a block of 32
 TYPES = {"f32": (0, 256 * 4), "f16": (1, 256 * 2), "q4_k": (12, 144), "q8_0": (8, 8 * 34)}
-QUICK = measure.Plan(
-    n_threads=2, types=("f32", "q8_0"), bandwidth_elements=1 << 20, matmul_size=256, matmul_n=16,
-    n_runs=2,
-)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

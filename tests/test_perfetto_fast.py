@@ -12,29 +12,32 @@ import io
 import json
 import math
 import os
-import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from google.protobuf.json_format import MessageToDict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
-from reference.layout import layout
 from reference.perfetto_writer import write_perfetto
-from support import FIXTURES
+from support import (
+    FIXTURES,
+    assert_same_trace,
+    fast_trace,
+    read_log,
+    reference_trace,
+    resolved,
+    rewrite_log,
+)
 from support import JSON as _JSON
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters import perfetto_fast
-from llamacpp_instr.converters.decode import PackedCompute
+from llamacpp_instr.converters import perfetto_fast, session
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.perfetto_fast import write_perfetto_fast
 from llamacpp_instr.converters.rounding import round3
 from llamacpp_instr.converters.session import iter_events, iter_events_packed
-from llamacpp_instr.converters.trace import kv_flows_for
 from llamacpp_instr.converters.trace_layout import (
     ComputeBatch,
     LayoutStats,
@@ -47,122 +50,6 @@ from llamacpp_instr.converters.trace_layout import (
 REAL_FIXTURES = sorted(FIXTURES.glob("*.log.gz"))
 
 
-def packets(data: bytes) -> list[Any]:
-    """The trace's packets, compressed bundles inflated in place."""
-    trace = pb.Trace()
-    trace.ParseFromString(data)
-    out: list[Any] = []
-    for p in trace.packet:
-        if p.HasField("compressed_packets"):
-            assert len(p.ListFields()) == 1
-            out.extend(packets(zlib.decompress(p.compressed_packets)))
-        else:
-            out.append(p)
-    return out
-
-
-def _value(a: Any, strings: dict[int, str]) -> Any:
-    kind = a.WhichOneof("value")
-    v = getattr(a, kind)
-    if kind == "string_value_iid":  # an interned string value
-        return "string_value", strings[v]
-    if isinstance(v, float):
-        return kind, v.hex() if not math.isnan(v) else "nan"  # bit-exact, NaN equal to NaN
-    return kind, v
-
-
-def resolved(data: bytes) -> list[tuple[Any, ...]]:
-    """Every packet as what it says, interning resolved; checks the sequence's invariants."""
-    pk = packets(data)
-    assert pk, "empty trace"
-    seq = pk[0].trusted_packet_sequence_id
-    assert pk[0].sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-    names: dict[int, str] = {}
-    arg_names: dict[int, str] = {}
-    strings: dict[int, str] = {}
-    categories: dict[int, str] = {}
-    out: list[tuple[Any, ...]] = []
-    for k, p in enumerate(pk):
-        assert p.trusted_packet_sequence_id == seq
-        assert k == 0 or not p.sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-        idata = p.interned_data
-        for table, entries in (
-            (names, [(e.iid, e.name) for e in idata.event_names]),
-            (arg_names, [(e.iid, e.name) for e in idata.debug_annotation_names]),
-            (strings, [(e.iid, e.str.decode()) for e in idata.debug_annotation_string_values]),
-            (categories, [(e.iid, e.name) for e in idata.event_categories]),
-        ):
-            for iid, s in entries:
-                assert iid not in table, "an interned string defined twice"
-                table[iid] = s
-        if p.HasField("track_descriptor"):
-            assert not p.HasField("track_event")
-            out.append(("track", MessageToDict(p.track_descriptor)))
-            continue
-        assert p.HasField("track_event") and p.HasField("timestamp")
-        assert p.sequence_flags & pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
-        e = p.track_event
-        args = [(arg_names[a.name_iid], _value(a, strings)) for a in e.debug_annotations]
-        cats = tuple(categories[c] for c in e.category_iids) + tuple(e.categories)
-        assert len(dict(args)) == len(args), "an arg given twice"
-        out.append(
-            (
-                "event",
-                e.track_uuid,
-                e.type,
-                p.timestamp,
-                names[e.name_iid] if e.HasField("name_iid") else None,
-                cats,
-                tuple(args),  # in order: the UI lists args as written
-                e.double_counter_value if e.HasField("double_counter_value") else None,
-                tuple(e.flow_ids),
-                tuple(e.terminating_flow_ids),
-            )
-        )
-    return out
-
-
-def reference(log: Path, sel: Selection | None = None) -> bytes:
-    buf = io.BytesIO()
-    sel = sel or Selection()
-    items = layout(iter_events(log), sel, LayoutStats(), flows=kv_flows_for(log, sel))
-    write_perfetto(items, buf)
-    return buf.getvalue()
-
-
-def fast(
-    log: Path,
-    sel: Selection | None = None,
-    compress: bool | None = None,
-    flush_rows: int | None = None,
-) -> tuple[bytes, int]:
-    """The fast trace, and how many computes came from a template."""
-    buf = io.BytesIO()
-    sel = sel or Selection()
-    items = layout_bulk(iter_events_packed(log), sel, LayoutStats(), flows=kv_flows_for(log, sel))
-    w = perfetto_fast.Writer(buf, compress)
-    saved = perfetto_fast.FLUSH_ROWS
-    perfetto_fast.FLUSH_ROWS = flush_rows or saved
-    try:
-        w.write(items)
-    finally:
-        perfetto_fast.FLUSH_ROWS = saved
-    return buf.getvalue(), w.templated
-
-
-def assert_same(log: Path, sel: Selection | None = None) -> list[tuple[Any, ...]]:
-    """The fast traces (plain and compressed, flushed at each step so that computes come from
-    templates, or in big flushes) decode to the reference's."""
-    want = resolved(reference(log, sel))
-    for compress, flush_rows in ((False, 1), (True, 1), (False, 300), (False, None)):
-        data, _ = fast(log, sel, compress, flush_rows)
-        got = resolved(data)
-        assert len(got) == len(want)
-        for k, (g, w) in enumerate(zip(got, want, strict=True)):
-            assert g == w, f"packet {k} differs ({compress=}, {flush_rows=})"
-    return want
-
-
 def plain_copy(src: Path, dest_dir: Path) -> Path:
     dest = dest_dir / src.name.removesuffix(".gz")
     with gzip.open(src, "rb") as f:
@@ -172,7 +59,7 @@ def plain_copy(src: Path, dest_dir: Path) -> Path:
 
 @pytest.mark.parametrize("fixture", REAL_FIXTURES, ids=lambda p: p.name)
 def test_fixture_logs_same_trace(fixture: Path) -> None:
-    res = assert_same(fixture)
+    res = assert_same_trace(fixture)
     n_ops = sum(1 for r in res if r[0] == "event" and r[5] == ("op",))
     assert n_ops > 0 or "minimal" in fixture.name
 
@@ -201,12 +88,12 @@ def test_fixture_logs_same_trace(fixture: Path) -> None:
     ],
 )
 def test_selections_same_trace(sel: Selection) -> None:
-    assert_same(FIXTURES / "tiny-llama-detailed.log.gz", sel)
-    assert_same(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz", sel)
+    assert_same_trace(FIXTURES / "tiny-llama-detailed.log.gz", sel)
+    assert_same_trace(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz", sel)
 
 
 def test_verbose_log_same_trace() -> None:
-    res = assert_same(FIXTURES / "tiny-llama-verbose.log.gz")
+    res = assert_same_trace(FIXTURES / "tiny-llama-verbose.log.gz")
     tracks = [r[1]["name"] for r in res if r[0] == "track"]
     assert any(t.startswith("thread ") for t in tracks)
 
@@ -243,11 +130,11 @@ def test_bulk_paths_are_taken(tmp_path: Path) -> None:
     batches = [it for it in items if isinstance(it, ComputeBatch)]
     assert any(b.ops is not None for b in batches)
     n_computes = len(batches)
-    _, templated = fast(log, flush_rows=1)
+    _, templated = fast_trace(log, flush_rows=1)
     assert n_computes >= 14 and templated >= n_computes - 4
-    _, templated = fast(log, flush_rows=300)
+    _, templated = fast_trace(log, flush_rows=300)
     assert templated >= n_computes - 6
-    assert_same(log)
+    assert_same_trace(log)
 
 
 @pytest.mark.parametrize(
@@ -257,8 +144,8 @@ def test_bulk_paths_are_taken(tmp_path: Path) -> None:
 )
 def test_templates_with_selections(sel: Selection, tmp_path: Path) -> None:
     log = repeat_steps(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path / "r.log", 10)
-    assert fast(log, sel, flush_rows=1)[1] >= 4
-    assert_same(log, sel)
+    assert fast_trace(log, sel, flush_rows=1)[1] >= 4
+    assert_same_trace(log, sel)
 
 
 def test_computes_unlike_their_template(tmp_path: Path) -> None:
@@ -284,8 +171,8 @@ def test_computes_unlike_their_template(tmp_path: Path) -> None:
         return recs
 
     log = repeat_steps(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path / "r.log", 14, edit)
-    assert fast(log, flush_rows=1)[1] >= 4
-    assert_same(log)
+    assert fast_trace(log, flush_rows=1)[1] >= 4
+    assert_same_trace(log)
 
 
 def test_several_sessions_same_trace(tmp_path: Path) -> None:
@@ -293,17 +180,29 @@ def test_several_sessions_same_trace(tmp_path: Path) -> None:
     b = plain_copy(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz", tmp_path)
     both = tmp_path / "both.log"
     both.write_bytes(a.read_bytes() + b.read_bytes())
-    res = assert_same(both)
+    res = assert_same_trace(both)
     assert sum(1 for r in res if r[0] == "track" and "process" in r[1]) == 2
 
 
-def _rewrite(src: Path, dest: Path, edit: Any) -> Path:
-    recs = [json.loads(line) for line in gzip.open(src, "rt", encoding="utf-8")]
-    dest.write_text("".join(json.dumps(r) + "\n" for r in edit(recs)))
-    return dest
+def per_op_decoded(log: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The t_start of each compute record with ops that the bulk fold left to the per-op decoder
+    (``decode_compute``; the bulk path calls it for the compute without its ops)."""
+    seen: list[int] = []
+    real = session.decode_compute
+
+    def spy(rec: dict[str, Any], graph: Any) -> Any:
+        if rec.get("ops"):
+            seen.append(rec["t_start"])
+        return real(rec, graph)
+
+    with monkeypatch.context() as m:
+        m.setattr(session, "decode_compute", spy)
+        steps = [ev for ev in iter_events_packed(log, fork=False) if hasattr(ev, "step")]
+    assert steps
+    return seen
 
 
-def test_records_left_to_the_per_op_reader(tmp_path: Path) -> None:
+def test_records_left_to_the_per_op_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Records that the per-op reader skips or reads in part are left to it; values that it
     converts with int() are converted the same in bulk."""
     src = FIXTURES / "tiny-llama-detailed.log.gz"
@@ -319,11 +218,11 @@ def test_records_left_to_the_per_op_reader(tmp_path: Path) -> None:
         c[3]["ops"][3] = c[3]["ops"][3][:3] + [[0, 10**6]]  # fused, out of range: dropped
         return recs
 
-    log = _rewrite(src, tmp_path / "odd.log", edit)
-    assert_same(log)
-    steps = [ev.step for ev in iter_events_packed(log) if hasattr(ev, "step")]
-    packed = [isinstance(c, PackedCompute) for s in steps for c in s.computes]
-    assert packed == [False, True, False]  # (the first is skipped) int() values read in bulk
+    log = rewrite_log(src, tmp_path / "odd.log", edit)
+    assert_same_trace(log)
+    starts = [r["t_start"] for r in read_log(log) if r["type"] == "compute"]
+    # the first is skipped, the next and the last read op by op; int() values read in bulk
+    assert per_op_decoded(log, monkeypatch) == [starts[0], starts[1], starts[3]]
 
 
 @pytest.mark.parametrize("flush_rows", [1, perfetto_fast.FLUSH_ROWS])
@@ -347,10 +246,9 @@ def test_odd_values_in_packed_computes(
         ends[-1]["t_start"] = 2**63 + 5  # beyond int64: that batch is encoded row by row
         return recs
 
-    log = _rewrite(src, tmp_path / "odd.log", edit)
-    assert_same(log)
-    steps = [ev.step for ev in iter_events_packed(log) if hasattr(ev, "step")]
-    assert all(isinstance(c, PackedCompute) for s in steps for c in s.computes)
+    log = rewrite_log(src, tmp_path / "odd.log", edit)
+    assert_same_trace(log)
+    assert per_op_decoded(log, monkeypatch) == []  # every compute read in bulk
 
 
 def test_log_cut_short_same_trace(tmp_path: Path) -> None:
@@ -360,8 +258,8 @@ def test_log_cut_short_same_trace(tmp_path: Path) -> None:
         cut = max(i for i, r in enumerate(recs) if r["type"] == "step_end")
         return recs[:cut]
 
-    log = _rewrite(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz", tmp_path / "cut.log", edit)
-    assert_same(log)
+    log = rewrite_log(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz", tmp_path / "cut.log", edit)
+    assert_same_trace(log)
 
 
 def test_first_packet_an_event() -> None:
@@ -399,8 +297,8 @@ def test_tensor_stats_unpack(tmp_path: Path) -> None:
                 )
         return out
 
-    log = _rewrite(src, tmp_path / "stats.log", edit)
-    res = assert_same(log)
+    log = rewrite_log(src, tmp_path / "stats.log", edit)
+    res = assert_same_trace(log)
     assert any(any(k == "out_mean" for k, _ in r[6]) for r in res if r[0] == "event")
 
 
@@ -428,18 +326,18 @@ def test_cli_writes_the_fast_trace(tmp_path: Path) -> None:
     out = tmp_path / "t.pftrace"
     r = CliRunner().invoke(main, ["to-perfetto", str(log), "-o", str(out)])
     assert r.exit_code == 0, r.output
-    assert resolved(out.read_bytes()) == resolved(reference(log))
-    assert resolved(out.read_bytes()) == resolved(fast(log, compress=False)[0])
+    assert resolved(out.read_bytes()) == resolved(reference_trace(log))
+    assert resolved(out.read_bytes()) == resolved(fast_trace(log, compress=False)[0])
 
 
 def test_auto_compression_by_size(monkeypatch: pytest.MonkeyPatch) -> None:
     log = FIXTURES / "tiny-llama-detailed.log.gz"
-    plain = fast(log)[0]
+    plain = fast_trace(log)[0]
     assert not any(p.HasField("compressed_packets") for p in pb.Trace.FromString(plain).packet)
     monkeypatch.setattr(perfetto_fast, "AUTO_COMPRESS", 1000)
     monkeypatch.setattr(perfetto_fast, "CHUNK", 4096)
     monkeypatch.setattr(perfetto_fast, "FLUSH_ROWS", 64)
-    small = fast(log)[0]
+    small = fast_trace(log)[0]
     outer = pb.Trace.FromString(small).packet
     assert len(outer) > 1 and all(p.HasField("compressed_packets") for p in outer)
     assert resolved(small) == resolved(plain) and len(small) < len(plain) / 3
@@ -448,17 +346,17 @@ def test_auto_compression_by_size(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_real_smollm2_detailed_log(smollm2_detailed: Any, tmp_path: Path) -> None:
     log = tmp_path / "smollm2.log"
     log.write_bytes(smollm2_detailed.path.read_bytes())
-    res = assert_same(log)
+    res = assert_same_trace(log)
     assert sum(1 for r in res if r[0] == "event" and r[5] == ("op",)) == sum(
         len(c["ops"]) for c in smollm2_detailed.of("compute")
     )
-    assert_same(log, Selection(layer=3, steps=(2, 9)))
+    assert_same_trace(log, Selection(layer=3, steps=(2, 9)))
 
 
 def test_real_smollm2_verbose_log(smollm2_verbose: Any, tmp_path: Path) -> None:
     log = tmp_path / "smollm2-verbose.log"
     log.write_bytes(smollm2_verbose.path.read_bytes())
-    res = assert_same(log)
+    res = assert_same_trace(log)
     assert any(r[1]["name"].startswith("thread ") for r in res if r[0] == "track")
 
 
@@ -518,7 +416,7 @@ def test_fuzz_same_trace(
         list(iter_events(log))
     except UserError:
         return
-    want = _outcome(lambda: reference(log))
+    want = _outcome(lambda: reference_trace(log))
     for flush_rows in (1, None):
-        got = _outcome(lambda fr=flush_rows: fast(log, compress=False, flush_rows=fr)[0])
+        got = _outcome(lambda fr=flush_rows: fast_trace(log, compress=False, flush_rows=fr)[0])
         assert got == want

@@ -12,11 +12,9 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from support import FIXTURES, REAL_FIXTURES
+from support import FIXTURES, ODD_OPS, REAL_FIXTURES, assert_same_trace, edit_ops, rewrite_log
 from support import read_log as _records
 from support import write_log as _write
-from test_frames_fast import _ODD_OPS, _edit_ops
-from test_perfetto_fast import _rewrite, assert_same
 
 from llamacpp_instr.converters import decode, prefetch
 from llamacpp_instr.converters.errors import UserError
@@ -99,7 +97,7 @@ def test_odd_values_read_as_the_per_op_reader_reads_them(tmp_path: Path) -> None
         c[3]["ops"][5] = c[3]["ops"][5][:3] + [[1], 9]  # an entry too long: left as it is
         return recs
 
-    log = _rewrite(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path / "odd.log", edit)
+    log = rewrite_log(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path / "odd.log", edit)
     want, want_rep, got, got_rep = both(log)
     assert got_rep == want_rep
     assert [(n, _norm(r)) for n, r in got] == [(n, _norm(r)) for n, r in want]
@@ -119,7 +117,7 @@ def test_strict_error_comes_through(tmp_path: Path) -> None:
 @pytest.mark.usefixtures("forked")
 @pytest.mark.parametrize("name", ["tiny-llama-detailed.log.gz", "tiny-llama-verbose.log.gz"])
 def test_same_trace(name: str) -> None:
-    assert_same(FIXTURES / name)
+    assert_same_trace(FIXTURES / name)
 
 
 def test_small_logs_read_here(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -139,16 +137,16 @@ def test_small_logs_read_here(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("forked")
-@pytest.mark.parametrize("case", sorted(_ODD_OPS))
+@pytest.mark.parametrize("case", sorted(ODD_OPS))
 def test_odd_compute_records_same_trace(case: str, tmp_path: Path) -> None:
     """Odd ops read by the forked reader: the trace the reference writer makes of them."""
     recs = _records(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz")
-    log = _write(tmp_path / "odd.log", _edit_ops(recs, 0, _ODD_OPS[case]))
+    log = _write(tmp_path / "odd.log", edit_ops(recs, 0, ODD_OPS[case]))
     try:
         list(iter_records(log, strict=True))
     except UserError:
         return
-    assert_same(log)  # the fast trace (forked) against the reference writer's
+    assert_same_trace(log)  # the fast trace (forked) against the reference writer's
 
 
 @pytest.mark.usefixtures("forked")

@@ -10,81 +10,14 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from click.testing import CliRunner
 from gguf import GGUFReader
-from support import RunLog, make_run
+from support import Page, RunLog, make_run
 
 from llamacpp_instr.cli import main
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-BROWSER_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).is_file():
-        pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("playwright is not installed (pip install -e '.[dev]')")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        yield b
-        b.close()
-
-
-class Page:
-    """A report opened in the browser, with every console error and uncaught exception kept."""
-
-    def __init__(self, browser: Any, path: Path) -> None:
-        self.errors: list[str] = []
-        self.requests: list[str] = []
-        self.page = browser.new_page()
-        self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
-        self.page.on(
-            "console",
-            lambda m: self.errors.append(m.text) if m.type in ("error", "warning") else None,
-        )
-        self.page.on("request", lambda r: self.requests.append(r.url))
-        self.page.goto(path.as_uri())
-        self.page.wait_for_load_state("load")
-
-    def rows(self, table: str) -> int:
-        return int(self.page.locator(f'table[data-table="{table}"] tbody tr').count())
-
-    def marks(self, chart: str) -> int:
-        return int(self.page.locator(f'figure[data-chart="{chart}"] .mark').count())
-
-    def declared_marks(self, chart: str) -> int:
-        return int(self.page.locator(f'figure[data-chart="{chart}"]').get_attribute("data-marks"))
-
-    def column(self, table: str, i: int) -> list[str]:
-        cells = self.page.locator(f'table[data-table="{table}"] tbody tr td:nth-child({i + 1})')
-        return [str(v) for v in cells.evaluate_all("els => els.map(e => e.dataset.v)")]
-
-    def sort_by(self, table: str, i: int) -> None:
-        self.page.locator(f'table[data-table="{table}"] thead th').nth(i).click()
-
-    def close(self) -> None:
-        # only the page itself was loaded: nothing from a network
-        assert all(u.startswith("file://") for u in self.requests), self.requests
-        assert not self.errors, self.errors
-        self.page.close()
 
 
 def _html(args: list[str], out: Path) -> Path:

@@ -11,9 +11,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import RunLog
-from test_peaks import QUICK
-from test_reports_browser import Page, browser  # noqa: F401 (the fixture)
+from support import QUICK, Page, RunLog
 
 from llamacpp_instr import peaks as measure
 from llamacpp_instr.cli import main
@@ -21,7 +19,7 @@ from llamacpp_instr.converters import peaks
 
 
 def test_summary_roofline_page(
-    browser: Any,  # noqa: F811
+    browser: Any,
     instr_api: Any,
     smollm2_detailed: RunLog,
     tmp_path: Path,

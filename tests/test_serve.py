@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import free_port, wait_ready
+from support import assert_same_trace, free_port, wait_ready
 
 from llamacpp_instr.cli import main
 
@@ -149,8 +149,6 @@ def test_summary_gives_request_latency_percentiles(served: Any) -> None:
 def test_the_trace_has_a_requests_track(served: Any, tmp_path: Path) -> None:
     """Perfetto: requests on lanes above the steps (one slice per request, time to first token
     nested), the steps carrying their request id; the fast encoder equals the reference."""
-    from test_perfetto_fast import assert_same
-
     from llamacpp_instr import to_perfetto
 
     out = to_perfetto(served["log"], tmp_path / "t.pftrace")
@@ -180,7 +178,7 @@ def test_the_trace_has_a_requests_track(served: Any, tmp_path: Path) -> None:
     reqs = [x for x in served["records"] if x["type"] == "request"]
     assert sum(t.startswith(("POST ", "GET ")) for t in titles) == len(reqs)
     assert titles.count("time to first token") == sum(x["ttft"] is not None for x in reqs)
-    assert_same(served["log"])
+    assert_same_trace(served["log"])
 
 
 # --out: the old spelling of -o/--output, kept for one release

@@ -1,4 +1,5 @@
-"""JSON: the report's machine-readable content (``Report.data``), raw values."""
+"""JSON: the report's machine-readable content (``Report.data``), raw values (NaN and infinities
+as null, unless the report asks for its data as given)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ def _clean(v: Any) -> Any:
 
 
 def render(report: Report) -> str:
+    if report.json_as_given:
+        return json.dumps(report.data, indent=2, default=str)
     data = report.data or {
         "title": report.title,
         "facts": {f.label: f.value for f in report.facts},

@@ -44,9 +44,9 @@ def command(output: Path, n_predict: int) -> None:
     if end is None or end.get("status") != "ok":
         raise UserError(f"demo log {log} did not end with an ok session_end")
     steps = sessions[-1].steps
-    if not all(any(c.ops for c in s.computes) for s in steps):
+    if not all(any(c.n_ops for c in s.computes) for s in steps):
         raise UserError(f"demo log {log}: some steps have no per-op timings")
-    n_ops = sum(len(c.ops) for s in steps for c in s.computes)
+    n_ops = sum(c.n_ops for s in steps for c in s.computes)
     click.echo(
         f"log ok: {log} ({report.records} records, {len(steps)} steps, {n_ops} timed ops, "
         f"{result.n_generated} tokens generated)"

@@ -48,14 +48,15 @@ def command(
     the others are compared side by side with the first: bytes saved per tensor, layer and role,
     and which tensors got a different type. The HTML page charts bytes per layer (embedding and
     output apart), bits per weight by role, and bytes saved per layer and role."""
-    from llamacpp_instr.converters import quant_render
     from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.converters.quant_render import quant_report
     from llamacpp_instr.converters.quant_report import (
         dequant_error,
         from_gguf,
         from_session,
         report_data,
     )
+    from llamacpp_instr.converters.renderers import render
 
     if not models and not logs:
         raise UserError("give at least one MODEL.gguf or --log LOG")
@@ -75,4 +76,4 @@ def command(
                     "other): different models? comparing what matches",
                     err=True,
                 )
-    emit(quant_render.render(data, fmt, top=top or 0), output)
+    emit(render(quant_report(data, top or None), fmt, top or None), output)

@@ -1,8 +1,8 @@
 """The per-op trace layout: every op slice its own item, every compute's ops as objects.
 
 The production layout (``trace_layout.layout_bulk``) gives each compute as one ``ComputeBatch``
-whose packed ops the writers encode in bulk; this one yields what that batch stands for, item by
-item, from the lazy per-op view of each compute (``PackedCompute.unpack``): the compute's slice,
+whose ops the writers encode in bulk; this one yields what that batch stands for, item by
+item, from the lazy per-op view of each compute (``Compute.unpack``): the compute's slice,
 its layer slices, then each op's slice in log order. The reference writer
 (``reference.perfetto_writer``) and the reference Chrome writer read it.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import cast
 
-from llamacpp_instr.converters.decode import Compute, PackedCompute, SessionInfo
+from llamacpp_instr.converters.decode import Compute, SessionInfo
 from llamacpp_instr.converters.kv_flows import KvFlows, OpFlows
 from llamacpp_instr.converters.session import Event
 from llamacpp_instr.converters.trace_layout import (
@@ -36,8 +36,7 @@ class PerOpLayout(SessionLayout):
             yield Slice(track, f"layer {lay.layer}", lay.start, lay.dur, 2, "layer", args)
         if not self.sel.ops or c.graph is None:
             return
-        ops = c.unpack() if isinstance(c, PackedCompute) else c.ops
-        for k, op in enumerate(ops):
+        for k, op in enumerate(c.unpack()):
             yield from self.op_slices(k, op, c, track, stats, flows)
 
 

@@ -14,7 +14,7 @@ Each run is one `llama-bench -p P -n N -r R -o json` (its own warm-up, then R re
 t/s of each test is llama-bench's own figure (its mean over the repetitions). Prints, per
 configuration and test, the median t/s and two ratios to stock: of the medians, and the median of
 the per-round ratios (each round's run against that round's stock run, so that a slow minute of
-the machine cancels out), with the targets (off >= 0.99x, detailed >= 0.97x), as a markdown
+the machine cancels out) with a bootstrap 95 % interval, and the targets (off >= 0.99x, detailed >= 0.97x), as a markdown
 table; `--write-docs` puts it in docs/performance.md.
 """
 
@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -60,6 +61,14 @@ def run_bench(exe: Path, args: list[str], log: Path | None, level: str | None) -
     return out
 
 
+def interval(ratios: list[float], n: int = 2000) -> tuple[float, float]:
+    """A bootstrap 95 % interval of the median of ``ratios`` (resampled with a fixed seed): how
+    far the machine's run-to-run noise leaves the figure uncertain."""
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(n))
+    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None)
@@ -68,6 +77,11 @@ def main() -> None:
     ap.add_argument("-r", type=int, default=3, help="llama-bench repetitions per run")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--configs",
+        default="stock,off," + ",".join(LEVELS),
+        help="configurations to run (comma-separated; stock first)",
+    )
     ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
     args = ap.parse_args()
     model = args.model or models.default_model()
@@ -77,15 +91,19 @@ def main() -> None:
     bench_args = ["-m", str(model), "-p", str(args.p), "-n", str(args.n), "-r", str(args.r)]
     bench_args += ["-t", str(args.threads), "-o", "json"]
 
-    configs = ["stock", "off", *LEVELS]
+    configs = args.configs.split(",")
+    if configs[0] != "stock" or not set(configs) <= {"stock", "off", *LEVELS}:
+        raise SystemExit(f"--configs: stock first, then any of off, {', '.join(LEVELS)}")
     samples: dict[str, dict[str, list[float]]] = {c: {} for c in configs}
     with tempfile.TemporaryDirectory(prefix="tools-overhead-") as tmp:
         for k in range(args.rounds):
             for c in configs:
                 log = Path(tmp) / f"{c}-{k}.log" if c in LEVELS else None
                 exe = stock if c == "stock" else patched
-                for test, ts in run_bench(exe, bench_args, log, c if log else None).items():
+                got = run_bench(exe, bench_args, log, c if log else None)
+                for test, ts in got.items():
                     samples[c].setdefault(test, []).append(ts)
+                echo(f"  {c}: " + ", ".join(f"{t} {v:.1f} t/s" for t, v in got.items()))
                 if log is not None:
                     log.unlink()  # a new log per run: no run reads or appends another's
             echo(f"round {k + 1}/{args.rounds} done")
@@ -99,18 +117,18 @@ def main() -> None:
         "",
         "| configuration | "
         + " | ".join(f"{t} t/s (median)" for t in tests)
-        + " | vs stock (of the medians) | vs stock (median of per-round ratios) |",
+        + " | vs stock (of the medians) | vs stock (median of per-round ratios, 95 % interval) |",
         "|---|" + "---|" * (len(tests) + 2),
     ]
     base = {t: statistics.median(samples["stock"][t]) for t in tests}
     for c in configs:
         med = {t: statistics.median(samples[c][t]) for t in tests}
-        paired = {
-            t: statistics.median(
-                x / s for x, s in zip(samples[c][t], samples["stock"][t], strict=True)
-            )
+        ratios = {
+            t: [x / s for x, s in zip(samples[c][t], samples["stock"][t], strict=True)]
             for t in tests
         }
+        paired = {t: statistics.median(r) for t, r in ratios.items()}
+        spread = {t: interval(r) for t, r in ratios.items()}
         target = f" (target >= {TARGETS[c]}x)" if c in TARGETS else ""
         lines.append(
             f"| {c} | "
@@ -118,7 +136,9 @@ def main() -> None:
             + " | "
             + ", ".join(f"{t} {med[t] / base[t]:.3f}x" for t in tests)
             + " | "
-            + ", ".join(f"{t} {paired[t]:.3f}x" for t in tests)
+            + ", ".join(
+                f"{t} {paired[t]:.3f}x ({spread[t][0]:.3f}-{spread[t][1]:.3f})" for t in tests
+            )
             + f"{target} |"
         )
     report = "\n".join(lines)

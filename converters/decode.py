@@ -444,7 +444,7 @@ def decode_compute(rec: dict[str, Any], graph: Graph | None) -> Compute:
     layers = layer_spans(rec["layers"], t0)
     return Compute(
         step=rec["step"],
-        ubatch=rec["ubatch"],
+        ubatch=_opt_int(rec["ubatch"]),
         graph=graph,
         start=t0,
         dur=nonneg(rec["dur"]),

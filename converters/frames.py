@@ -521,14 +521,21 @@ def load_sessions(path: Path | str, *, strict: bool = False) -> list[SessionFram
     builders: dict[str, _Builder] = {}
     # read here: the tables' own work per record is small, and sending the records from a
     # forked reader costs more than parsing them (bench/convert.py)
-    for ev in iter_events_packed(path, strict=strict, report=report, fork=False):
-        if isinstance(ev, SessionStarted):
-            builders[ev.session.sid] = _Builder(ev.session)
-        elif isinstance(ev, StepDone):
-            builders[ev.session.sid].step(ev.step)
-    if not builders:
-        raise UserError(f"no session in {path}")
-    return [b.frames(report) for b in builders.values()]
+    try:
+        for ev in iter_events_packed(path, strict=strict, report=report, fork=False):
+            if isinstance(ev, SessionStarted):
+                builders[ev.session.sid] = _Builder(ev.session)
+            elif isinstance(ev, StepDone):
+                builders[ev.session.sid].step(ev.step)
+        if not builders:
+            raise UserError(f"no session in {path}")
+        return [b.frames(report) for b in builders.values()]
+    except OverflowError:
+        # (the traces keep such a value, op by op; the tables' columns are 64-bit)
+        raise UserError(
+            f"{path}: a number in the log does not fit in 64 bits, which the tables need "
+            "(a damaged log? `instr to-perfetto` still converts it)"
+        ) from None
 
 
 def load_session(

@@ -165,7 +165,7 @@ def aggregate(ops: pd.DataFrame, key: str | list[str]) -> pd.DataFrame:
     the roofs, the time lost against them, intensity, achieved rates and the roof fraction."""
     keys = [key] if isinstance(key, str) else list(key)
     tmp = ops[keys + ["dur_ns", "est_bytes", "est_flops", "ideal_ns"]].copy()
-    tmp["compute_ns"] = np.where(ops["bound"].astype(str) == "compute", ops["dur_ns"], 0)
+    tmp["compute_ns"] = np.where((ops["bound"] == "compute").to_numpy(), ops["dur_ns"], 0)
     out = tmp.groupby(keys, observed=True, dropna=False).sum(min_count=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         out["intensity"] = out["est_flops"] / out["est_bytes"].where(out["est_bytes"] > 0)

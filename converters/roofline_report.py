@@ -47,7 +47,11 @@ def roofline_chart(ops: pd.DataFrame, peaks: Peaks) -> Chart | None:
     o = ops[(ops["est_flops"] > 0) & (ops["est_bytes"] > 0) & (ops["dur_ns"] > 0)]
     if o.empty:
         return None
-    o = o.assign(point=o["name"].astype(str).map(_point_key), kind=o["_kind"])
+    # the graph node's name without its layer suffix, worked out once per distinct name (the
+    # names are a categorical: a million ops have a few hundred)
+    names = o["name"].astype("category")
+    keys = np.array([_point_key(str(c)) for c in names.cat.categories] + [""], dtype=object)
+    o = o.assign(point=keys[names.cat.codes.to_numpy()], kind=o["_kind"])
     a = (
         o.groupby(["kind", "label", "point"], observed=True)[["est_flops", "est_bytes", "dur_ns"]]
         .sum()

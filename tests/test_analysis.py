@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from support import FIXTURES, REAL_FIXTURES, plain_copy, read_log
+from support import FIXTURES, ODD_OPS, REAL_FIXTURES, edit_ops, plain_copy, read_log, rewrite_log
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters import load_session
@@ -118,6 +118,23 @@ def test_bad_input_one_line(cmd: str, tmp_path: Path) -> None:
     bad.write_bytes(b"\x00\x01garbage\n")
     r = CliRunner().invoke(main, [cmd, str(bad)])
     assert r.exit_code == 2 and r.output.startswith("error: ") and r.output.count("\n") == 1
+
+
+@pytest.mark.parametrize("case", list(ODD_OPS))
+@pytest.mark.parametrize("cmd", ["summary", "export"])
+def test_odd_values_report_or_one_line(cmd: str, case: str, tmp_path: Path) -> None:
+    """An odd value in a compute record (a damaged or hand-edited log): the report is written, or
+    the command says why in one line; never a traceback."""
+    log = rewrite_log(
+        FIXTURES / "tiny-llama-detailed.log.gz",
+        tmp_path / "odd.log",
+        lambda recs: edit_ops(recs, 1, ODD_OPS[case]),
+    )
+    args = [cmd, str(log)] + (["-o", str(tmp_path / "out")] if cmd == "export" else [])
+    r = CliRunner().invoke(main, args)
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    if r.exit_code:
+        assert r.output.startswith("error: ") and r.output.count("\n") == 1, r.output
 
 
 def test_minimal_log_says_op_times_are_not_recorded(tmp_path: Path) -> None:

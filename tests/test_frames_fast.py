@@ -230,7 +230,8 @@ def assert_same_outcome(path: Path) -> None:
     try:
         ref = reference_load_sessions(path)
     except Exception as exc:  # noqa: BLE001 - whatever the reference raises, so must the new one
-        with pytest.raises(type(exc)):
+        # (a value beyond 64 bits: the tables say so in one line where the reference overflowed)
+        with pytest.raises(UserError if isinstance(exc, OverflowError) else type(exc)):
             load_sessions(path)
         return
     assert_same_frames(ref, load_sessions(path))

@@ -101,7 +101,7 @@ class Compute:
     computes of the same graph may share them."""
 
     step: int
-    ubatch: int
+    ubatch: int | None  # (None in a log that did not say)
     graph: Graph | None
     start: int
     dur: int

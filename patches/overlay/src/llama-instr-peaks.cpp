@@ -29,10 +29,10 @@ namespace {
 constexpr int64_t k_bw_row = 4096;
 
 // F32 elements between two of the bandwidth probe's buffers (1088 bytes). The three buffers share
-// one backend buffer; back to back, each a multiple of 4 KiB long, element i of all three would
-// sit at the same address modulo 4 KiB, and the CPU's loads would wait on false store conflicts
-// (4K aliasing): ggml's ADD then reached about 0.6x of a C triad on three separate allocations,
-// and 1.0x with this gap (docs/performance.md).
+// one backend buffer; back to back, 256 MiB each, element i of all three would have the same
+// address in every bit below 28, and ggml's ADD reached about 0.6x of a C triad on three separate
+// allocations (which share the low 12 bits but not the bits above); with this gap about 0.9x at
+// one thread (docs/performance.md has the measurements and the likely cause).
 constexpr int64_t k_bw_gap = 272;
 
 // the CPU model as the CPU backend reads it (/proc/cpuinfo, sysctl or the registry)

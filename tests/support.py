@@ -309,10 +309,10 @@ def resolved(data: bytes) -> list[tuple[Any, ...]]:
     return out
 
 
-def reference_trace(log: Path, sel: Selection | None = None) -> bytes:
+def reference_trace(log: Path, sel: Selection | None = None, roofs: Any = None) -> bytes:
     buf = io.BytesIO()
     sel = sel or Selection()
-    items = layout(iter_events(log), sel, LayoutStats(), flows=kv_flows_for(log, sel))
+    items = layout(iter_events(log), sel, LayoutStats(), flows=kv_flows_for(log, sel), roofs=roofs)
     write_perfetto(items, buf)
     return buf.getvalue()
 
@@ -322,11 +322,14 @@ def fast_trace(
     sel: Selection | None = None,
     compress: bool | None = None,
     flush_rows: int | None = None,
+    roofs: Any = None,
 ) -> tuple[bytes, int]:
-    """The fast trace, and how many computes came from a template."""
+    """The fast trace, and how many computes came from a template (``roofs``: the sessions'
+    roofs, ``peaks.session_roofs``)."""
     buf = io.BytesIO()
     sel = sel or Selection()
-    items = layout_bulk(iter_events_packed(log), sel, LayoutStats(), flows=kv_flows_for(log, sel))
+    flows = kv_flows_for(log, sel)
+    items = layout_bulk(iter_events_packed(log), sel, LayoutStats(), flows=flows, roofs=roofs)
     w = perfetto_fast.Writer(buf, compress)
     saved = perfetto_fast.FLUSH_ROWS
     perfetto_fast.FLUSH_ROWS = flush_rows or saved
@@ -337,12 +340,14 @@ def fast_trace(
     return buf.getvalue(), w.templated
 
 
-def assert_same_trace(log: Path, sel: Selection | None = None) -> list[tuple[Any, ...]]:
+def assert_same_trace(
+    log: Path, sel: Selection | None = None, roofs: Any = None
+) -> list[tuple[Any, ...]]:
     """The fast traces (plain and compressed, flushed at each step so that computes come from
     templates, or in big flushes) decode to the reference's."""
-    want = resolved(reference_trace(log, sel))
+    want = resolved(reference_trace(log, sel, roofs))
     for compress, flush_rows in ((False, 1), (True, 1), (False, 300), (False, None)):
-        data, _ = fast_trace(log, sel, compress, flush_rows)
+        data, _ = fast_trace(log, sel, compress, flush_rows, roofs)
         got = resolved(data)
         assert len(got) == len(want)
         for k, (g, w) in enumerate(zip(got, want, strict=True)):

@@ -3,15 +3,14 @@
 A real DETAILED run of the bundled model, with a peaks file for the machine that made it. The
 peaks are made up (round figures), so that each op's roof is worked out here from its own args
 (estimated FLOPs and bytes, op, weight type) and its duration, independently of the converters'
-roofline code. Chrome JSON is checked value by value and against the reference writer; the
-Perfetto trace's op args, decoded with Perfetto's protos, must equal the JSON's.
+roofline code. Chrome JSON is checked value by value and against the reference writer; the fast
+Perfetto encoder against the reference Perfetto writer, and its op args against the JSON's.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +18,14 @@ import pytest
 from click.testing import CliRunner
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from reference.chrome_json import reference_write_chrome_json
-from reference.layout import PerOpLayout
+from reference.layout import layout
+from support import assert_same_trace, resolved
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters import peaks
-from llamacpp_instr.converters.session import iter_events, iter_events_packed
+from llamacpp_instr.converters.session import iter_events
 from llamacpp_instr.converters.trace import to_perfetto
-from llamacpp_instr.converters.trace_layout import LayoutStats, Selection, layout_sessions
+from llamacpp_instr.converters.trace_layout import LayoutStats, Selection
 
 BANDWIDTH = 8.0  # GB/s
 MATMUL = {"f32": 20.0, "f16": 16.0, "q4_1": 40.0, "q8_0": 30.0}  # GFLOP/s
@@ -66,39 +66,13 @@ def op_events(trace: bytes) -> list[dict[str, Any]]:
 
 
 def perfetto_op_args(trace: bytes) -> list[dict[str, Any]]:
-    """Each op begin's args, in order, names resolved (interned per sequence)."""
-    names: dict[int, str] = {}
-    cats: dict[int, str] = {}
-    out: list[dict[str, Any]] = []
-
-    def walk(packets: Any) -> None:
-        for p in packets:
-            if p.HasField("compressed_packets"):
-                inner = pb.Trace()
-                inner.ParseFromString(zlib.decompress(p.compressed_packets))
-                walk(inner.packet)
-                continue
-            for n in p.interned_data.debug_annotation_names:
-                names[n.iid] = n.name
-            for c in p.interned_data.event_categories:
-                cats[c.iid] = c.name
-            te = p.track_event
-            if not p.HasField("track_event") or te.type != pb.TrackEvent.TYPE_SLICE_BEGIN:
-                continue
-            categories = list(te.categories) + [cats[i] for i in te.category_iids]
-            if categories != ["op"]:
-                continue
-            args: dict[str, Any] = {}
-            for a in te.debug_annotations:
-                key = a.name or names[a.name_iid]
-                kind = a.WhichOneof("value")
-                args[key] = getattr(a, kind) if kind != "string_value_iid" else None
-            out.append(args)
-
-    t = pb.Trace()
-    t.ParseFromString(trace)
-    walk(t.packet)
-    return out
+    """Each op begin's args, in order, as ``support.resolved`` decodes them (doubles back from
+    their bit-exact hex)."""
+    return [
+        {k: float.fromhex(v) if kind == "double_value" else v for k, (kind, v) in r[6]}
+        for r in resolved(trace)
+        if r[0] == "event" and r[2] == pb.TrackEvent.TYPE_SLICE_BEGIN and r[5] == ("op",)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -131,16 +105,15 @@ def test_each_op_against_its_roof(roofed: Any) -> None:
 
 def test_writers_agree(roofed: Any) -> None:
     log, pf, js, pt, _ = roofed
-    # the Chrome JSON as the reference writer writes it, from the per-op layout
     roofs = peaks.session_roofs(pf)
-    sel = Selection()
-
-    def make(info: Any, k: int) -> PerOpLayout:
-        return PerOpLayout(info, k, sel, LayoutStats(), None, roofs(info))
-
+    # the Chrome JSON as the reference writer writes it, from the per-op layout
     ref = io.BytesIO()
-    reference_write_chrome_json(layout_sessions(iter_events_packed(log), make), ref)  # type: ignore[arg-type]
+    reference_write_chrome_json(
+        layout(iter_events(log), Selection(), LayoutStats(), roofs=roofs), ref
+    )
     assert js == ref.getvalue()
+    # the fast Perfetto encoder (templates, compression, flushes) as the reference Perfetto writer
+    assert_same_trace(log, roofs=roofs)
     # the Perfetto trace's op args are the JSON's, in the same order
     want = [e["args"] for e in op_events(js)]
     got = perfetto_op_args(pt)

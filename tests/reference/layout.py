@@ -9,11 +9,12 @@ its layer slices, then each op's slice in log order. The reference writer
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import cast
 
 from llamacpp_instr.converters.decode import Compute, SessionInfo
 from llamacpp_instr.converters.kv_flows import KvFlows, OpFlows
+from llamacpp_instr.converters.peaks import Roof
 from llamacpp_instr.converters.session import Event
 from llamacpp_instr.converters.trace_layout import (
     Item,
@@ -41,11 +42,17 @@ class PerOpLayout(SessionLayout):
 
 
 def layout(
-    events: Iterator[Event], sel: Selection, stats: LayoutStats, *, flows: KvFlows | None = None
+    events: Iterator[Event],
+    sel: Selection,
+    stats: LayoutStats,
+    *,
+    flows: KvFlows | None = None,
+    roofs: Callable[[SessionInfo], Roof | None] | None = None,
 ) -> Iterator[Item]:
-    """The per-op items of every session (see the module doc)."""
+    """The per-op items of every session (see the module doc); ``roofs`` as for
+    ``layout_bulk``."""
 
     def make(info: SessionInfo, k: int) -> SessionLayout:
-        return PerOpLayout(info, k, sel, stats, flows)
+        return PerOpLayout(info, k, sel, stats, flows, roofs(info) if roofs else None)
 
     return cast(Iterator[Item], layout_sessions(events, make))

@@ -27,7 +27,7 @@ import orjson
 
 from .decode import Graph, LayerSpan
 from .peaks import Roof
-from .rounding import EXACT, exact_float, round3
+from .rounding import EXACT, exact_float
 from .sinks import ThreadedWriter
 from .trace_layout import (
     ComputeBatch,
@@ -38,6 +38,7 @@ from .trace_layout import (
     Slice,
     Track,
     op_rates,
+    op_rates_bulk,
     op_static_args,
 )
 
@@ -329,40 +330,33 @@ class _Writer:
 
         start = np.concatenate([g.start for g in groups])
         dur = np.concatenate([g.dur for g in groups])
-        flops, nbytes, exact, ideal, roofed = cat(3), cat(4), cat(5), cat(6), cat(7)
         # the timestamps and durations in microseconds: int / 1000 as Python divides
         ts_us = start / 1000
         dur_us = dur / 1000
         for k in np.flatnonzero((start >= EXACT) | (dur >= EXACT)).tolist():
             ts_us[k] = int(start[k]) / 1000
             dur_us[k] = int(dur[k]) / 1000
-        # the rates: round(flops / dur, 3) as op_rates gives them
-        pos = dur > 0
-        d = np.where(pos, dur, 1).astype(np.float64)
-        g = round3(np.where(pos, flops / d, 0.0))
-        bw = round3(np.where(pos, nbytes / d, 0.0))
-        fr = round3(np.where(pos, ideal / d, 0.0))  # the roof fraction (of the roofed rows)
-        bad = np.isnan(g) | np.isnan(bw) | ~exact | (dur > EXACT) | (roofed & np.isnan(fr))
-        slow = np.flatnonzero(bad)
-        if len(slow):
-            ends = np.cumsum([len(r) for r in rows])
-            for k in slow.tolist():
-                j = int(np.searchsorted(ends, k, side="right"))
-                r = int(rows[j][k - (int(ends[j - 1]) if j else 0)])
-                table = groups[j].table
-                got = op_rates(table.flops[r], table.nbytes[r], int(dur[k]), table.ideal[r])
-                g[k], bw[k] = got[0], got[1]
-                if len(got) > 2:
-                    fr[k] = got[2]
+        # the rates, as op_rates gives them
+        ends = np.cumsum([len(r) for r in rows])
+
+        def one(k: int) -> tuple[float, ...]:
+            j = int(np.searchsorted(ends, k, side="right"))
+            r = int(rows[j][k - (int(ends[j - 1]) if j else 0)])
+            t = groups[j].table
+            return op_rates(t.flops[r], t.nbytes[r], int(dur[k]), t.ideal[r])
+
+        roofed = cat(7)
+        ideal = cat(6) if roofed.any() else None
+        g, bw, *fr = op_rates_bulk(cat(3), cat(4), cat(5), dur, ideal, roofed, one)
         m = len(start)
         parts = np.empty((m, 5), dtype=object)
         parts[:, 0] = cat(0)
         parts[:, 1] = _pairs(ts_us, dur_us, b',"dur":')
         parts[:, 2] = cat(1)
         parts[:, 3] = _pairs(g, bw, b',"gb_per_s":')
-        if roofed.any():
+        if fr:
             parts[roofed, 3] += np.array(
-                [b',"roof_fraction":' + f for f in _floats(fr[roofed])], dtype=object
+                [b',"roof_fraction":' + f for f in _floats(fr[0][roofed])], dtype=object
             )
         parts[:, 4] = cat(2)
         events = parts.ravel().tolist()

@@ -24,9 +24,8 @@ from .protowire import (
     varint_bytes,
     varint_len,
 )
-from .rounding import EXACT, round3
 from .sinks import BundleSink
-from .trace_layout import op_rates
+from .trace_layout import op_rates, op_rates_bulk
 
 if TYPE_CHECKING:
     from .perfetto_templates import Batch
@@ -200,27 +199,19 @@ class BulkEncoder:
         return out
 
     def _rates(self, gid: Any, dur: Any) -> list[Any]:
-        """Each op's rates, exactly as ``op_rates`` gives them: GFLOP/s, GB/s and, if an op here
-        has a roof, a third array: the roof fraction (0 for the ops without one)."""
-        store = self.store.arrays()
-        pos = dur > 0
-        d = np.where(pos, dur, 1).astype(np.float64)
-        rates = [
-            round3(np.where(pos, store.a_flops[gid] / d, 0.0)),
-            round3(np.where(pos, store.a_nbytes[gid] / d, 0.0)),
-        ]
-        bad = np.isnan(rates[0]) | np.isnan(rates[1]) | ~store.a_exact[gid] | (dur > EXACT)
-        roofed = store.a_roofed[gid]
-        if roofed.any():
-            rates.append(round3(np.where(pos, store.a_ideal[gid] / d, 0.0)))
-            bad |= roofed & np.isnan(rates[2])
-        if bad.any():
-            for k in np.flatnonzero(bad).tolist():
-                r, du = int(gid[k]), int(dur[k])
-                got = op_rates(store.flops[r], store.nbytes[r], du, store.ideal[r])
-                for j, v in enumerate(got):
-                    rates[j][k] = v
-        return rates
+        """Each op's rates (``op_rates_bulk``): GFLOP/s, GB/s and, if an op here has a roof, a
+        third array: the roof fraction (0 for the ops without one)."""
+        st = self.store.arrays()
+        roofed = st.a_roofed[gid]
+
+        def one(k: int) -> tuple[float, ...]:
+            r = int(gid[k])
+            return op_rates(st.flops[r], st.nbytes[r], int(dur[k]), st.ideal[r])
+
+        ideal = st.a_ideal[gid] if roofed.any() else None
+        return op_rates_bulk(
+            st.a_flops[gid], st.a_nbytes[gid], st.a_exact[gid], dur, ideal, roofed, one
+        )
 
     def _rate_objects(self, gid: Any, dur: Any) -> Any:
         """The D part of each op begin packet (its rates), as bytes objects."""

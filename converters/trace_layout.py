@@ -43,6 +43,7 @@ from .decode import (
 from .kv_flows import KvFlows, OpFlows
 from .peaks import Roof
 from .request_share import SeqSteps
+from .rounding import EXACT, round3
 
 
 @dataclass(frozen=True)
@@ -247,6 +248,32 @@ def op_rates(n_flops: int, n_bytes: int, dur: int, ideal: float | None = None) -
     if ideal is None:
         return rates
     return (*rates, round(ideal / dur, 3) if dur > 0 else 0.0)
+
+
+def op_rates_bulk(
+    flops: np.ndarray,
+    nbytes: np.ndarray,
+    exact: np.ndarray,
+    dur: np.ndarray,
+    ideal: np.ndarray | None,
+    roofed: np.ndarray,
+    one: Callable[[int], tuple[float, ...]],
+) -> list[np.ndarray]:
+    """``op_rates`` of many ops at once, for the bulk writers: GFLOP/s, GB/s and, if ``ideal`` is
+    given (the ops' least times, where ``roofed``), a third array, the roof fraction. ``flops``
+    and ``nbytes`` as floats, ``exact`` where they are exact; where numpy cannot be sure of
+    Python's rounding (``rounding.round3``), ``one(k)`` gives op k's rates as ``op_rates`` does."""
+    pos = dur > 0
+    d = np.where(pos, dur, 1).astype(np.float64)
+    rates = [round3(np.where(pos, flops / d, 0.0)), round3(np.where(pos, nbytes / d, 0.0))]
+    bad = np.isnan(rates[0]) | np.isnan(rates[1]) | ~exact | (dur > EXACT)
+    if ideal is not None:
+        rates.append(round3(np.where(pos, ideal / d, 0.0)))
+        bad |= roofed & np.isnan(rates[2])
+    for k in np.flatnonzero(bad).tolist():
+        for j, v in enumerate(one(k)):
+            rates[j][k] = v
+    return rates
 
 
 def op_args(op: OpTiming, compute: Compute, roof: Roof | None = None) -> dict[str, Any]:

@@ -10,6 +10,7 @@ upper bound on it), so it approximates KL(A || B) restricted to A's most likely 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -18,7 +19,25 @@ import pandas as pd
 from . import roofline_report
 from .frames import SessionFrames
 from .report import Chart, Column, Fact, Report, Section, Series, Table
-from .summary import by, overview
+from .summary import by, overview, timed_steps
+
+SAMPLED_NOTE = (
+    "At least one run is sampled (op times on some steps only): times are the mean per "
+    "generation step with op times in each run, not totals."
+)
+
+
+def _by_gen_step(f: SessionFrames, key: str, top: int | None = None) -> Any:
+    """``by(f, key)`` over the generation steps with op times, as the mean per such step: what
+    a sampled run and a full one can be compared on."""
+    steps = timed_steps(f)
+    gen = steps.loc[steps["kind"] == "gen", "step"]
+    sub = dataclasses.replace(f, ops=f.ops[f.ops["step"].isin(gen)])
+    df = by(sub, key, top)
+    n = max(1, len(gen))
+    df["total_ms"] = df["total_ms"] / n
+    df["count"] = (df["count"] / n).round().astype(int)
+    return df
 
 
 def _kl(a: dict[str, Any], b: dict[str, Any]) -> float:
@@ -61,6 +80,8 @@ def compare_sessions(
     rows, why = roofline_report.compare_rows(a, b)
     if rows:
         out["roofline"] = {"rows": rows, "why": why}
+    sa, sb = a.sampling(), b.sampling()
+    sampled = bool(sa.describe() or sb.describe())
     n = min(len(gen_a), len(gen_b))
     same = sum(1 for x, y in zip(gen_a, gen_b, strict=False) if x == y)
     first_diff = next((i for i in range(n) if gen_a[i] != gen_b[i]), None)
@@ -70,7 +91,15 @@ def compare_sessions(
         "agreement": same / n if n else 0.0,
         "first_divergence": first_diff,
     }
-    ops_a, ops_b = by(a, "op"), by(b, "op")
+    per = by
+    if sampled:
+        # never totals of some steps against totals of all: the mean per recorded gen step
+        out["sampled"] = {"a": sa.describe(), "b": sb.describe(), "note": SAMPLED_NOTE}
+        per = _by_gen_step
+        if sa.mixed or sb.mixed:
+            # minimal steps carry no token ids: the generated text is not in the log
+            out["tokens"] = {"unavailable": "not recorded (sampled: minimal steps carry no tokens)"}
+    ops_a, ops_b = per(a, "op"), per(b, "op")
     m = pd.merge(
         ops_a[["op", "total_ms", "count"]],
         ops_b[["op", "total_ms", "count"]],
@@ -79,7 +108,7 @@ def compare_sessions(
         suffixes=("_a", "_b"),
     ).fillna(0)
     out["per_op"] = m.sort_values("total_ms_a", ascending=False).to_dict(orient="records")
-    la, lb = by(a, "layer"), by(b, "layer")
+    la, lb = per(a, "layer"), per(b, "layer")
     ml = pd.merge(
         la[["layer", "total_ms"]],
         lb[["layer", "total_ms"]],
@@ -135,6 +164,9 @@ def compare_report(c: dict[str, Any]) -> Report:
         Fact("prompt tokens/s A", a["prompt_tok_s"], "f1"),
         Fact("prompt tokens/s B", b["prompt_tok_s"], "f1"),
     ]
+    sampled = c.get("sampled")
+    if sampled:
+        facts += [Fact(f"sampled {k.upper()}", sampled[k]) for k in ("a", "b") if sampled[k]]
     mem_rows = []
     for key, label in (("weights", "weights"), ("kv_cache", "KV cache"), ("compute", "compute")):
         va, vb = a["memory"].get(key, 0), b["memory"].get(key, 0)
@@ -186,7 +218,8 @@ def compare_report(c: dict[str, Any]) -> Report:
     shown = [r for r in op_rows if r["ratio"] is not None][:15]
     ops = Section(
         "Time per op type",
-        text="All steps of each run. A ratio above 1 means B spent longer on that op type than A.",
+        text=(sampled["note"] if sampled else "All steps of each run.")
+        + " A ratio above 1 means B spent longer on that op type than A.",
         charts=(
             [
                 Chart(
@@ -238,7 +271,8 @@ def compare_report(c: dict[str, Any]) -> Report:
         Chart(
             name="per_layer",
             kind="bars",
-            title="Time per transformer layer, all steps",
+            title="Time per transformer layer, "
+            + ("mean per generation step with op times" if sampled else "all steps"),
             x_label="time (ms)",
             y_label="layer",
             categories=[f"layer {r['layer']}" for r in in_layers],
@@ -268,15 +302,19 @@ def compare_report(c: dict[str, Any]) -> Report:
         ],
     )
     t = c["tokens"]
-    agree_facts = [
-        Fact("generated tokens compared", t["compared"], "int"),
-        Fact("identical", t["agree"], "int"),
-        Fact("agreement", t["agreement"], "pct"),
-        Fact(
-            "first divergence at token",
-            t["first_divergence"] if t["first_divergence"] is not None else "none",
-        ),
-    ]
+    agree_facts = (
+        [Fact("generated tokens", t["unavailable"])]
+        if "unavailable" in t
+        else [
+            Fact("generated tokens compared", t["compared"], "int"),
+            Fact("identical", t["agree"], "int"),
+            Fact("agreement", t["agreement"], "pct"),
+            Fact(
+                "first divergence at token",
+                t["first_divergence"] if t["first_divergence"] is not None else "none",
+            ),
+        ]
+    )
     if "logits" in c:
         lg = c["logits"]
         agree_facts += [

@@ -196,6 +196,7 @@ class Step:
     pieces: list[str] = field(default_factory=list)
     request: str | None = None  # the request it served (instr serve)
     seqs: list[tuple[int, int, int, int]] = field(default_factory=list)  # seq, n_tokens, pos0, pos1
+    level: str = ""  # the level it was recorded at (sampling: minimal or the session's)
     dur: int = 0
     status: int | None = None
     n_outputs: int = 0
@@ -236,6 +237,13 @@ class SessionInfo:
     parts: list[dict[str, Any]] = field(default_factory=list)
     # the machine that made the log (CPU model, devices), {} in logs from before it was recorded
     machine: dict[str, Any] = field(default_factory=dict)
+    # always on: sampling ({"steps": N, "requests": M}, {} when every step is recorded at the
+    # level), rotation ({"max_bytes", "keep"}); a rotated log read alone or from a later file
+    # says which file of the session it starts at (0: the first), and how many files were read
+    sample: dict[str, Any] = field(default_factory=dict)
+    rotate: dict[str, Any] = field(default_factory=dict)
+    first_file: int = 0
+    files: int = 1
 
     @property
     def ended(self) -> bool:
@@ -376,7 +384,17 @@ def session_info(rec: dict[str, Any]) -> SessionInfo:
         memory={k: (int(v) if k != "buffers" else v) for k, v in memory.items()},
         last_ts=nonneg(rec["ts"]),
         machine=_dict(rec.get("machine")),
+        sample=_dict(rec.get("sample")),
+        rotate=_dict(rec.get("rotate")),
+        first_file=int(_dict(rec.get("file")).get("index", 0)),
     )
+
+
+def step_level(rec: dict[str, Any], session_level: str) -> str:
+    """The level a step_begin says it was recorded at; the session's in logs from before steps
+    said it."""
+    level = rec.get("level")
+    return str(level) if isinstance(level, str) else session_level
 
 
 def _opt_int(v: Any) -> int | None:

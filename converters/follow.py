@@ -8,6 +8,7 @@ run.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -32,7 +33,9 @@ def tail_records(
     stop: Callable[[], bool] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Records of ``path`` as they are written, from the start; returns after ``session_end``,
-    when ``stop()`` says so, or raises UserError if the file never appears."""
+    when ``stop()`` says so, or raises UserError if the file never appears. A log rotated or
+    reopened meanwhile (another file now at ``path``) is followed into the new file once the old
+    one is read to its end (its writer wrote it all before moving it)."""
     t0 = time.monotonic()
     while not path.exists():
         if stop and stop():
@@ -42,14 +45,23 @@ def tail_records(
         time.sleep(poll)
     if path.is_dir():
         raise UserError(f"log path is a directory: {path}")
-    with path.open("rb") as f:
+    f = path.open("rb")
+    try:
         pending = b""
+        moved = False
         while True:
             chunk = f.readline()
             if not chunk:
                 if stop and stop():
                     return
-                time.sleep(poll)
+                if moved:
+                    # the old file is read to its end: on into the new one
+                    f.close()
+                    f, pending, moved = path.open("rb"), b"", False
+                    continue
+                moved = _moved(path, f)
+                if not moved:
+                    time.sleep(poll)
                 continue
             pending += chunk
             if not pending.endswith(b"\n"):
@@ -67,6 +79,18 @@ def tail_records(
             yield rec
             if rec.get("type") == "session_end":
                 return
+    finally:
+        f.close()
+
+
+def _moved(path: Path, f: Any) -> bool:
+    """Is another file at ``path`` than the one open (rotated, or reopened after logrotate)?"""
+    try:
+        now = os.stat(path)
+    except OSError:
+        return False  # moved away, the new one not created yet
+    opened = os.fstat(f.fileno())
+    return (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino)
 
 
 @dataclass

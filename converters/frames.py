@@ -7,7 +7,8 @@
 Tables (integer nanosecond timestamps and durations; names, ops and types are categoricals):
 
 * ``steps`` — one row per ``llama_decode``: step, ctx, kind, n_tokens, pos0, pos1, t_start, dur_ns,
-  status, n_outputs, kv_used, op_ns (sum of its op durations), ended; weight_bytes and kv_bytes
+  status, n_outputs, kv_used, op_ns (sum of its op durations), ended, request, level (what it was
+  recorded at: with sampling, minimal steps have no op times); weight_bytes and kv_bytes
   (read by its graphs), and with peaks ideal_ns, roof_frac and roof (memory for generation, compute
   for prompt steps).
 * ``layers`` — one row per layer span per compute: step, ubatch, layer, t_start, dur_ns, n_ops.
@@ -158,6 +159,60 @@ class SessionFrames:
     def tables(self) -> dict[str, pd.DataFrame]:
         return {name: getattr(self, name) for name in self.TABLES}
 
+    def sampling(self) -> Sampling:
+        """What was recorded at which level (``Sampling``): per-op figures come from the
+        ``timed_steps`` only."""
+        return Sampling.of(self)
+
+
+@dataclass
+class Sampling:
+    """Which steps of a session carry op times. A sampled log (``--sample``, ``--sample-requests``)
+    records some steps at its level and the others at minimal; a log whose level was changed
+    while it ran mixes levels too. Per-op figures (time per op type, op-time coverage) come from
+    the steps recorded at detailed or above, and say so."""
+
+    level: str  # the session's
+    sample_steps: int  # one step in N (1: every step)
+    sample_requests: int  # the steps of one request in N (1: every request)
+    steps_by_level: dict[str, int]  # steps recorded at each level
+    timed_steps: int  # steps recorded at detailed or above (with op times)
+    steps: int
+
+    @classmethod
+    def of(cls, f: SessionFrames) -> Sampling:
+        from .schema import level_at_least
+
+        levels = f.steps["level"].astype(str).value_counts() if len(f.steps) else pd.Series()
+        by_level = {str(k): int(v) for k, v in levels.items()}
+        timed = sum(n for lv, n in by_level.items() if level_at_least(lv, "detailed"))
+        return cls(
+            level=f.info.level,
+            sample_steps=int(f.info.sample.get("steps", 1) or 1),
+            sample_requests=int(f.info.sample.get("requests", 1) or 1),
+            steps_by_level=by_level,
+            timed_steps=timed,
+            steps=len(f.steps),
+        )
+
+    @property
+    def mixed(self) -> bool:
+        """Are the steps recorded at more than one level?"""
+        return len(self.steps_by_level) > 1
+
+    def describe(self) -> str:
+        """One line: "1 step in 16 at detailed (63 of 1000 steps with op times)"; "" when every
+        step is recorded at the session's level."""
+        if not self.mixed and self.sample_steps == 1 and self.sample_requests == 1:
+            return ""
+        how = []
+        if self.sample_steps > 1:
+            how.append(f"1 step in {self.sample_steps}")
+        if self.sample_requests > 1:
+            how.append(f"the steps of 1 request in {self.sample_requests}")
+        what = (" and ".join(how) + f" at {self.level}") if how else "levels changed during the run"
+        return f"{what} ({self.timed_steps} of {self.steps} steps with op times)"
+
 
 # --- the session model's steps, as columns ----------------------------------------------------
 
@@ -244,12 +299,12 @@ class _GraphMeta:
 class _Builder:
     STEP_COLS = (
         "step ctx kind n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended "
-        "request"
+        "request level"
     ).split()
     SEQ_COLS = "step ctx seq n_tokens pos0 pos1".split()
     REQUEST_COLS = (
-        "id endpoint method status stream t_arrive wait_ns ttft_ns model_ns dur_ns "
-        "prompt_tokens gen_tokens slot"
+        "id endpoint method status outcome stream t_arrive wait_ns ttft_ns model_ns dur_ns "
+        "prompt_tokens gen_tokens tokens_sent slot level error"
     ).split()
     LAYER_COLS = "step ubatch layer t_start dur_ns n_ops".split()
     OP_COLS = (
@@ -264,7 +319,7 @@ class _Builder:
         self.info = info
         self.steps = _Table(
             "step ctx n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended",
-            cats="kind request",
+            cats="kind request level",
             nullable="status",
         )
         self.seqs = _Table("step ctx seq n_tokens pos0 pos1")
@@ -350,7 +405,7 @@ class _Builder:
         self.steps.add(
             step=s.index, ctx=s.ctx, kind=s.kind, n_tokens=s.n_tokens, pos0=s.pos[0], pos1=s.pos[1],
             t_start=s.start, dur_ns=s.dur, status=s.status, n_outputs=s.n_outputs, kv_used=s.kv_used,
-            op_ns=op_ns, ended=int(s.ended), request=s.request,
+            op_ns=op_ns, ended=int(s.ended), request=s.request, level=s.level or self.info.level,
         )  # fmt: skip
         if s.kind == "gen":
             self.generated.append((s.index, s.tokens))
@@ -465,14 +520,19 @@ class _Builder:
 
     def _requests_frame(self) -> pd.DataFrame:
         t = _Table(
-            "status t_arrive wait_ns ttft_ns model_ns dur_ns prompt_tokens gen_tokens stream slot",
-            cats="id endpoint method",
-            nullable="wait_ns ttft_ns model_ns dur_ns slot",
+            "status t_arrive wait_ns ttft_ns model_ns dur_ns prompt_tokens gen_tokens tokens_sent "
+            "stream slot",
+            cats="id endpoint method outcome level error",
+            nullable="wait_ns ttft_ns model_ns dur_ns tokens_sent slot",
         )
         for r in self.info.requests:
+            status = r.get("status", 0)
             t.add(
                 id=r.get("id"), endpoint=r.get("endpoint"), method=r.get("method"),
-                status=r.get("status", 0), stream=int(bool(r.get("stream"))),
+                status=status, stream=int(bool(r.get("stream"))),
+                # what became of it (logs from before it was said: by the status)
+                outcome=r.get("outcome") or ("ok" if int(status or 0) < 400 else "error"),
+                error=r.get("error"), tokens_sent=r.get("tokens_sent"), level=r.get("level"),
                 t_arrive=r.get("t_arrive", 0), wait_ns=r.get("wait"), ttft_ns=r.get("ttft"),
                 model_ns=r.get("model"), dur_ns=r.get("dur"),
                 prompt_tokens=r.get("prompt_tokens", 0), gen_tokens=r.get("gen_tokens", 0),
@@ -480,7 +540,7 @@ class _Builder:
             )  # fmt: skip
         df = t.frame(self.REQUEST_COLS)
         df["stream"] = df["stream"].astype(bool)
-        for c in ("id", "endpoint", "method"):
+        for c in ("id", "endpoint", "method", "outcome", "level", "error"):
             df[c] = string_categories(df[c])
         return df
 
@@ -488,6 +548,7 @@ class _Builder:
         steps = self.steps.frame(self.STEP_COLS)
         steps["ended"] = steps["ended"].astype(bool)
         steps["request"] = string_categories(steps["request"])
+        steps["level"] = string_categories(steps["level"])
         weights = pd.DataFrame(self.info.weights)
         if not weights.empty:
             weights["shape"] = weights["shape"].map(_shape)

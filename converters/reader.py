@@ -6,12 +6,19 @@ reader yields every record it can parse and reports, with line numbers, what it 
 
 Invalid UTF-8 inside a line (a token piece cut mid-character, say) never costs the line: it is read
 with each bad sequence replaced by U+FFFD, and counted (also with ``strict=True``).
+
+A rotated log (``--max-bytes``, or logrotate) is read as one: given its base name (``serve.log``,
+when ``serve.log.1`` is beside it) or a glob (``'serve.log*'``), the reader reads every file of the
+series, oldest first (``log_files``); each file starts with its own ``session_start``, which the
+session fold takes as the same session going on.
 """
 
 from __future__ import annotations
 
+import glob
 import gzip
 import io
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -69,6 +76,54 @@ def open_log(path: Path | str) -> IO[bytes]:
     return raw
 
 
+_ROTATED = re.compile(r"\.(\d+)(\.gz)?$")
+_GLOB = re.compile(r"[*?\[]")
+
+
+def _first_ts(path: Path) -> int | None:
+    """The ``ts`` of a log file's first record (its start), or None if it has none."""
+    try:
+        with open_log(path) as f:
+            line = f.readline()
+        return int(orjson.loads(line)["ts"])
+    except (UserError, OSError, EOFError, gzip.BadGzipFile, orjson.JSONDecodeError):
+        return None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def log_files(path: Path | str) -> list[Path]:
+    """The files a log argument names, in the order to read them: a glob (``'serve.log*'``), or a
+    file with rotated ones beside it (``serve.log`` and ``serve.log.1``, ``serve.log.2.gz``...):
+    the whole series, oldest first; else the file itself. A series is ordered by when each file
+    began (its first record), files without one by name: numbered files, the highest first."""
+    p = Path(path)
+    if p.exists() or not _GLOB.search(str(path)):
+        rotated = [
+            q
+            for q in p.parent.glob(glob.escape(p.name) + ".*")
+            if _ROTATED.fullmatch(q.name[len(p.name) :]) and q.is_file()
+        ]
+        if not p.is_file() or not rotated:
+            return [p]
+        files = rotated + [p]
+    else:
+        # (a glob also matches what was made of the log, such as its .pftrace: only logs count)
+        files = [Path(x) for x in sorted(glob.glob(str(path))) if _first_ts(Path(x)) is not None]
+        if not files:
+            raise UserError(f"no log file matches {path}")
+
+    def by_name(q: Path) -> tuple[int, str]:
+        m = _ROTATED.search(q.name)
+        return (-int(m.group(1)) if m else 0, q.name)
+
+    named = sorted(files, key=by_name)
+    starts = {q: _first_ts(q) for q in named}
+    if all(t is not None for t in starts.values()):
+        return sorted(named, key=lambda q: starts[q] or 0)  # stable: name order on a tie
+    return named
+
+
 def upgrade(record: dict[str, Any], schema_version: int) -> dict[str, Any]:
     """Bring a record of an older schema version to the current shape (v1 is current)."""
     return record
@@ -91,7 +146,8 @@ def _loads_replacing_utf8(line: bytes) -> Any:
 def iter_records(
     path: Path | str, *, strict: bool = False, report: ReadReport | None = None
 ) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, record)`` for every valid record, in file order.
+    """Yield ``(line_number, record)`` for every valid record, in file order (a rotated series:
+    every file, oldest first, see ``log_files``; line numbers are each file's own).
 
     Skipped: blank lines are ignored silently; invalid JSON, non-object lines, records without a
     ``type``, unknown record types (a newer schema) and a truncated last line are counted in
@@ -99,17 +155,34 @@ def iter_records(
     read with U+FFFD for each bad sequence and counted in ``report.replaced_utf8``, strict or not.
     """
     rep = report if report is not None else ReadReport()
+    files = log_files(path)
+    lines = 0
+    for f in files:
+        yield from _file_records(f, strict, rep, lines, f.name if len(files) > 1 else "")
+        lines = rep.lines
+    if rep.records == 0:
+        if rep.lines == 0:
+            raise UserError(f"empty log: {path}")
+        raise UserError(f"no session records in {path} (not a llamacpp-instr log?)")
+
+
+def _file_records(
+    path: Path, strict: bool, rep: ReadReport, lines_before: int, name: str
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """One file's records (``name``: which file of a series, said with what is skipped)."""
     version = 1
+    where = f" in {name}" if name else ""
+    records_before = rep.records
 
     def skip(n: int, why: str) -> None:
         if strict:
             raise UserError(f"{path}: line {n}: {why}")
-        rep.skipped.append((n, why))
+        rep.skipped.append((n, why + where))
 
     with open_log(path) as f:
         try:
             for n, line in enumerate(f, start=1):
-                rep.lines = n
+                rep.lines = lines_before + n
                 if not line.strip():
                     continue
                 complete = line.endswith(b"\n")
@@ -138,10 +211,7 @@ def iter_records(
                 rep.replaced_utf8 += replaced
                 yield n, upgrade(rec, version)
         except (OSError, EOFError, gzip.BadGzipFile) as exc:
-            if strict or rep.records == 0:
+            if strict or rep.records == records_before:
                 raise UserError(f"cannot read log {path}: {exc}") from None
-            rep.skipped.append((rep.lines + 1, f"unreadable from here ({exc})"))
-    if rep.records == 0:
-        if rep.lines == 0:
-            raise UserError(f"empty log: {path}")
-        raise UserError(f"no session records in {path} (not a llamacpp-instr log?)")
+            n = rep.lines - lines_before + 1
+            rep.skipped.append((n, f"unreadable from here ({exc}){where}"))

@@ -49,6 +49,7 @@ from .decode import (
     request_id,
     session_info,
     skip_malformed,
+    step_level,
     step_seqs,
     topk_rows,
 )
@@ -225,6 +226,12 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
     rtype = rec["type"]
     sid = str(rec["sid"])
     if rtype == "session_start":
+        known = states.get(sid)
+        if known is not None and isinstance(rec.get("file"), dict):
+            # the next file of a rotated log: the same session goes on (its graph tables follow)
+            known.info.files += 1
+            known.info.last_ts = max(known.info.last_ts, nonneg(rec["ts"]))
+            return
         st = _SessionState(session_info(rec))
         states[sid] = st
         yield SessionStarted(st.info)
@@ -249,6 +256,7 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
             pieces=[str(x) for x in rec.get("pieces", [])],
             request=request_id(rec),
             seqs=step_seqs(rec),
+            level=step_level(rec, state.info.level),
         )
     elif rtype == "request":
         state.info.requests.append(rec)

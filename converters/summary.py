@@ -34,13 +34,26 @@ def op_times_recorded(f: SessionFrames) -> bool:
     return not f.ops.empty
 
 
+def timed_steps(f: SessionFrames) -> pd.DataFrame:
+    """The steps recorded with op times (at detailed or above): all of them, unless the log was
+    sampled (or its level changed while it ran)."""
+    if "level" not in f.steps or not f.sampling().mixed:
+        return f.steps
+    levels = f.steps["level"].astype(str)
+    return f.steps[
+        levels.map(lambda lv: level_at_least(lv, "detailed") if lv in LEVEL_IDS else True)
+    ]
+
+
 def overview(f: SessionFrames) -> dict[str, Any]:
     """Headline numbers: throughput, step time percentiles, op-time coverage (None when the log's
-    level records no per-op times)."""
+    level records no per-op times; of the steps recorded with op times when it was sampled)."""
     steps = f.steps
     prompt = steps[steps["kind"] == "prompt"]
     gen = steps[steps["kind"] == "gen"]
     total_dur = int(steps["dur_ns"].sum())
+    timed_dur = int(timed_steps(f)["dur_ns"].sum())
+    sampling = f.sampling()
     return {
         "session": f.info.sid,
         "model": f.info.title,
@@ -61,11 +74,30 @@ def overview(f: SessionFrames) -> dict[str, Any]:
         "decode_ns": total_dur,
         "op_ns": int(f.ops["dur_ns"].sum()),
         "op_time_coverage": (
-            (float(f.ops["dur_ns"].sum() / total_dur) if total_dur else 0.0)
+            (float(f.ops["dur_ns"].sum() / timed_dur) if timed_dur else 0.0)
             if op_times_recorded(f)
             else None
         ),
+        # which steps the per-op figures come from ("" when every step has op times)
+        "sampled": sampling.describe(),
+        "steps_with_op_times": sampling.timed_steps if op_times_recorded(f) else 0,
+        "steps_by_level": sampling.steps_by_level,
+        "files": _files(f),
     }
+
+
+def _files(f: SessionFrames) -> str:
+    """A rotated log read as one: how many files, and whether its first files were rotated away
+    ("" for a log of one file)."""
+    i = f.info
+    if i.files <= 1 and i.first_file == 0:
+        return ""
+    where = (
+        f", from file {i.first_file} of the session (the earlier ones were rotated away)"
+        if i.first_file
+        else ""
+    )
+    return f"{i.files} read as one{where}"
 
 
 def by(f: SessionFrames, key: str, top: int | None = None) -> pd.DataFrame:
@@ -132,9 +164,11 @@ def _by_table(f: SessionFrames, key: str, top: int | None) -> Table:
     ]
     if key == "layer":
         cols.append(Column("slowest_op", "slowest op", "text"))
+    sampled = f.sampling().describe()
     return Table(
         name=f"by_{key}",
-        title=f"Time per {BY_TITLES[key]}, all steps",
+        title=f"Time per {BY_TITLES[key]}, "
+        + (f"the steps with op times: {sampled}" if sampled else "all steps"),
         columns=cols,
         rows=rows_of(df.to_dict(orient="records"), [c.key for c in cols]),
         top=top,
@@ -144,8 +178,10 @@ def _by_table(f: SessionFrames, key: str, top: int | None) -> Table:
 
 
 def _typical_gen_step(f: SessionFrames) -> int | None:
-    """The generation step whose duration is the median one (ties: the earliest)."""
-    gen = f.steps[f.steps["kind"] == "gen"].sort_values(["dur_ns", "step"])
+    """The generation step whose duration is the median one (ties: the earliest), among those
+    with op times."""
+    steps = timed_steps(f)
+    gen = steps[steps["kind"] == "gen"].sort_values(["dur_ns", "step"])
     if gen.empty:
         return None
     return int(gen.iloc[(len(gen) - 1) // 2]["step"])
@@ -269,14 +305,18 @@ def _time_charts(f: SessionFrames, per_op: bool = True) -> list[Chart]:
 
 
 def request_latency(f: SessionFrames) -> dict[str, Any] | None:
-    """Served requests (instr serve): count and latency percentiles in ms, or None."""
+    """Served requests (instr serve, llama-server): count, what became of them, and latency
+    percentiles in ms of those that completed (ok), or None."""
     r = f.requests
     if r is None or r.empty:
         return None
+    outcomes = r["outcome"].astype(str) if "outcome" in r else pd.Series(["ok"] * len(r))
     out: dict[str, Any] = {
         "requests": len(r),
         "by_endpoint": r["endpoint"].astype(str).value_counts().to_dict(),
+        "outcomes": {k: int((outcomes == k).sum()) for k in ("ok", "error", "cancelled")},
     }
+    r = r[outcomes.to_numpy() == "ok"]
     for col, name in (("wait_ns", "wait"), ("ttft_ns", "ttft"), ("dur_ns", "total")):
         v = r[col].dropna().astype("int64") / 1e6
         out[name] = {
@@ -300,9 +340,14 @@ def _requests_section(lat: dict[str, Any], f: SessionFrames) -> Section:
     ]
     r = f.requests.sort_values("t_arrive")
     return Section(
-        "Requests",
+        "Requests" if lat["outcomes"]["ok"] == lat["requests"] else "Requests (latency: those ok)",
         facts=[
             Fact("requests", lat["requests"], "int"),
+            *[
+                Fact(f"requests {k}", n, "int")
+                for k, n in lat["outcomes"].items()
+                if n and (k != "ok" or n != lat["requests"])
+            ],
             Fact("generated tokens", lat["gen_tokens"], "int"),
             *[Fact(f"requests to {k}", v, "int") for k, v in lat["by_endpoint"].items()],
         ],
@@ -354,6 +399,12 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
         Fact("generation step p50 (ms)", ov["gen_step_ms_p50"], "f2"),
         Fact("generation step p90 (ms)", ov["gen_step_ms_p90"], "f2"),
         Fact("generation step p99 (ms)", ov["gen_step_ms_p99"], "f2"),
+        *(
+            [Fact("sampled", ov["sampled"] + "; per-op figures are from those steps")]
+            if ov["sampled"]
+            else []
+        ),
+        *([Fact("log files", ov["files"])] if ov["files"] else []),
         (
             Fact("op-time coverage (timed ops / llama_decode)", ov["op_time_coverage"], "pct")
             if ov["op_time_coverage"] is not None

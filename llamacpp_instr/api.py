@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from llamacpp_instr import __version__, bindings
+from llamacpp_instr.always_on import AlwaysOn
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.schema import SESSION_LEVELS
 
@@ -88,6 +89,10 @@ def session(
     *,
     top_k_logits: int = 10,
     metadata: dict[str, Any] | None = None,
+    sample: int = 1,
+    sample_requests: int = 1,
+    max_bytes: int = 0,
+    keep: int | None = None,
 ) -> Iterator[InstrSession]:
     """Log everything ``llm`` (a ``llama_cpp.Llama``, several, or None) does inside the block.
 
@@ -95,7 +100,13 @@ def session(
     session_start, with who opened the session: ``"command"`` (``instr run`` and ``instr serve``
     open their sessions here too and say which they are) or else ``"api"``. A second session while
     one is open is an error (one per process).
+
+    Always on (``llamacpp_instr.always_on``): ``sample`` records one decode step in N at ``level``
+    and the others at minimal; ``sample_requests`` the steps of one request in N (requests begun
+    with ``bindings.InstrLib.request_begin``); ``max_bytes`` rotates the log at that size, keeping
+    ``keep`` older files (default 8); ``reopen()`` reopens it at its path (after logrotate).
     """
+    always_on = AlwaysOn.of(sample, sample_requests, max_bytes, keep)
     if level not in SESSION_LEVELS:
         raise UserError(f"level must be one of {', '.join(SESSION_LEVELS)}, not {level!r}")
     llms = [] if llm is None else list(llm) if isinstance(llm, (list, tuple)) else [llm]
@@ -110,6 +121,7 @@ def session(
         meta.setdefault("api", "llamacpp_instr.session")
     api = bindings.load()
     api.set_topk(top_k_logits)
+    always_on.apply(api)
     out = Path(path)
     api.session_begin(ctxs[0] if ctxs else None, str(out), level, meta)
     s = InstrSession(path=out, level=level)
@@ -126,3 +138,9 @@ def session(
         s._totals = _read_totals()
         s.status = status
         api.session_end(status)
+
+
+def reopen() -> None:
+    """Reopen the open session's log at its path at the next step boundary (after logrotate
+    moved it; safe to call from a signal handler)."""
+    bindings.load().reopen()

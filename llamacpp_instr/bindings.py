@@ -11,7 +11,7 @@ from typing import Any
 
 from llamacpp_instr import pin
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.converters.schema import LEVEL_IDS
+from llamacpp_instr.converters.schema import LEVEL_IDS, LEVELS
 
 _STOCK_HINT = "run `instr build` to build and install the patched llama-cpp-python"
 
@@ -168,6 +168,28 @@ class InstrLib:
         rc = self.lib.llama_instr_set_request(ctx, (request_id or "").encode())
         self._check(rc, "set_request")
 
+    def set_sampling(self, every_steps: int = 1, every_requests: int = 1) -> None:
+        """For the next session: one step in ``every_steps``, the steps of one request in
+        ``every_requests``, at the session's level; the others at minimal."""
+        self._check(self.lib.llama_instr_set_sampling(every_steps, every_requests), "set_sampling")
+
+    def set_rotation(self, max_bytes: int = 0, keep: int = 0) -> None:
+        """For the next session: rotate the log at ``max_bytes`` (0: never), keeping ``keep``
+        older files (LOG.1 .. LOG.keep)."""
+        self._check(self.lib.llama_instr_set_rotation(max_bytes, keep), "set_rotation")
+
+    def reopen(self) -> None:
+        """Reopen the log at its path at the next step boundary (after logrotate moved it)."""
+        self.lib.llama_instr_reopen()
+
+    def request_begin(self, ctx: Any, seq_id: int = -1) -> str:
+        """A request begins on ``seq_id`` of ``ctx`` (-1: the whole context), for request
+        sampling; the level its steps are recorded at."""
+        return LEVELS[self._check(self.lib.llama_instr_request_begin(ctx, seq_id), "request_begin")]
+
+    def request_end(self, ctx: Any, seq_id: int = -1) -> None:
+        self._check(self.lib.llama_instr_request_end(ctx, seq_id), "request_end")
+
     def write_record(self, type_: str, fields: dict[str, Any]) -> None:
         """Append a record of our own (e.g. a served request) to the open session's log."""
         body = _json(fields, f"the fields of a {type_} record")
@@ -279,6 +301,11 @@ def _declare(lib: ctypes.CDLL) -> None:
             + [c.POINTER(c.c_float), c.c_int64],
             c.c_int64,
         ),
+        "llama_instr_set_sampling": ([c.c_int32, c.c_int32], c.c_int32),
+        "llama_instr_set_rotation": ([c.c_int64, c.c_int32], c.c_int32),
+        "llama_instr_reopen": ([], None),
+        "llama_instr_request_begin": ([c.c_void_p, c.c_int32], c.c_int32),
+        "llama_instr_request_end": ([c.c_void_p, c.c_int32], c.c_int32),
         "llama_instr_machine_info": ([], c.c_char_p),
         "llama_instr_probe_run": ([c.POINTER(Probe)], c.c_int32),
     }

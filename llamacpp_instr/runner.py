@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from llamacpp_instr import __version__, bindings, models
+from llamacpp_instr.always_on import AlwaysOn
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.schema import SESSION_LEVELS
 
@@ -33,6 +34,7 @@ class RunConfig:
     ignore_eos: bool = False
     chat: bool = False
     system: str | None = None
+    always_on: AlwaysOn = field(default_factory=AlwaysOn)  # sampling and bounded files
 
     def validate(self) -> None:
         """Reject bad values before the model loads and before any file is created."""
@@ -224,7 +226,14 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
         }
         # the session users open around their own Llama (api.session): it ends as interrupted on
         # Ctrl-C, which then ends the run with what was generated so far
-        with session(llm, out, cfg.level, top_k_logits=cfg.top_k_logits, metadata=metadata) as s:
+        with session(
+            llm,
+            out,
+            cfg.level,
+            top_k_logits=cfg.top_k_logits,
+            metadata=metadata,
+            **cfg.always_on.metadata(),
+        ) as s:
             llm.set_seed(cfg.seed)
             for token in llm.generate(prompt_tokens, temp=cfg.temp, reset=True):
                 if not cfg.ignore_eos and llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):

@@ -1,9 +1,11 @@
 """``instr serve``: llama-cpp-python's own OpenAI-compatible server, with one session for its life.
 
 Each HTTP request becomes a ``request`` record (docs/schema.md): its id, endpoint, HTTP status,
-when it arrived, when it got the model (the server runs one request at a time behind a lock), when
-its first token was sampled, when it ended, and the tokens it decoded. Its decode steps carry the
-same id (``step_begin.request``). All times are CLOCK_MONOTONIC ns, the log's own clock.
+what became of it (``outcome``: ok, error, or cancelled when the client went away, with the tokens
+a stream was sent), when it arrived, when it got the model (the server runs one request at a time
+behind a lock), when its first token was sampled, when it ended, and the tokens it decoded. Its
+decode steps carry the same id (``step_begin.request``). All times are CLOCK_MONOTONIC ns, the
+log's own clock. SIGHUP reopens the log at its path (logrotate).
 
 How: a pure-ASGI middleware times the request and puts it in a context variable (which reaches the
 worker threads the server runs the model in); wrappers on the server's ``Llama`` instance, around
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from llamacpp_instr import __version__, bindings
+from llamacpp_instr.always_on import AlwaysOn
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reader import iter_records
 
@@ -52,18 +55,36 @@ class _Request:
     prompt_tokens: int = 0
     gen_tokens: int = 0
     evals: int = 0
+    complete: bool = False  # the whole response was sent
+    error: str | None = None
+    tokens_sent: int = 0  # stream chunks with a token handed to the server
+    level: str | None = None  # the level its steps were recorded at (request sampling)
     _totals0: tuple[int, int] | None = None
+
+    @property
+    def outcome(self) -> str:
+        """ok; error (an HTTP error status, or the handler failed); cancelled (the client went
+        away before the response was complete)."""
+        if self.status >= 400 or (self.error is not None and self.status == 0):
+            return "error"
+        return "ok" if self.complete else "cancelled"
 
     def fields(self) -> dict[str, Any]:
         def since(t: int | None) -> int | None:
             return None if t is None else t - self.t_arrive
 
+        outcome = self.outcome
+        status = self.status or (500 if outcome == "error" else 499)  # no response was sent
         return {
             "id": self.id,
             "endpoint": self.endpoint,
             "method": self.method,
-            "status": self.status,
+            "status": status,
+            "outcome": outcome,
+            **({"error": self.error[:200]} if self.error and outcome == "error" else {}),
             "stream": self.stream,
+            **({"tokens_sent": self.tokens_sent} if self.stream else {}),
+            **({"level": self.level} if self.level else {}),
             "t_arrive": self.t_arrive,
             "wait": since(self.t_model),
             "ttft": since(self.t_first_token),
@@ -129,9 +150,15 @@ class RequestRecorder:
                 headers = dict(message.get("headers") or [])
                 rec.stream = b"text/event-stream" in headers.get(b"content-type", b"")
             await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                rec.complete = True
 
         try:
             await self.app(scope, receive, send_and_note)
+        except Exception as exc:
+            # (the server's outer middleware answers 500 if nothing was sent yet)
+            rec.error = f"{type(exc).__name__}: {exc}"
+            raise
         finally:
             CURRENT.reset(token)
             rec.t_end = time.monotonic_ns()
@@ -192,10 +219,11 @@ def instrument(llm: Any, api: bindings.InstrLib) -> ModelUse:
     use = ModelUse()
 
     def started(rec: _Request) -> None:
+        api.set_request(ctx, rec.id)
         if rec.t_model is None:
             rec.t_model = time.monotonic_ns()
             rec._totals0 = _totals(api)
-        api.set_request(ctx, rec.id)
+            rec.level = api.request_begin(ctx)  # sampled in (--sample-requests) or not
 
     def finished(rec: _Request) -> None:
         if rec.evals == 0 and rec._totals0 is not None:
@@ -207,6 +235,7 @@ def instrument(llm: Any, api: bindings.InstrLib) -> ModelUse:
             rec.t_first_token = rec.t_model_done  # one token: sampled after the last eval
         try:
             api.set_request(ctx, None)
+            api.request_end(ctx)
         except UserError:
             pass  # a stream closed after the session ended (shutdown)
 
@@ -235,7 +264,10 @@ def instrument(llm: Any, api: bindings.InstrLib) -> ModelUse:
 
     def _streamed(it: Iterator[Any], rec: _Request | None) -> Iterator[Any]:
         try:
-            yield from it
+            for chunk in it:
+                if rec is not None and _has_token(chunk):
+                    rec.tokens_sent += 1
+                yield chunk
         finally:
             if rec is not None:
                 finished(rec)
@@ -267,6 +299,15 @@ def instrument(llm: Any, api: bindings.InstrLib) -> ModelUse:
     return use
 
 
+def _has_token(chunk: Any) -> bool:
+    """A streamed completion chunk carrying a token (not the closing one with its finish
+    reason)."""
+    try:
+        return chunk["choices"][0].get("finish_reason") is None
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return False
+
+
 @dataclass
 class ServeResult:
     log_path: Path
@@ -285,8 +326,10 @@ def serve(
     threads: int | None = None,
     top_k_logits: int = 10,
     on_ready: Callable[[str], None] | None = None,
+    always_on: AlwaysOn | None = None,
 ) -> ServeResult:
-    """Serve ``model`` until SIGINT or SIGTERM; the session log stays valid either way."""
+    """Serve ``model`` until SIGINT or SIGTERM; the session log stays valid either way. SIGHUP
+    reopens the log at its path; ``always_on`` samples and rotates it."""
     from llamacpp_instr import models
     from llamacpp_instr.api import InstrSession, session
     from llamacpp_instr.runner import check_writable, resolve_threads
@@ -301,6 +344,7 @@ def serve(
     except ImportError as exc:
         raise UserError(f"instr serve needs {exc.name}: {_SERVER_EXTRA_HINT}") from None
     api = bindings.load()
+    always_on = always_on or AlwaysOn()
     n_threads = resolve_threads(threads)
     settings = Settings(
         model=str(model),
@@ -332,6 +376,7 @@ def serve(
         "command": "instr serve",
         "model_path": str(model),
         "server": {"host": host, "port": port, "n_ctx": n_ctx, "threads": n_threads},
+        "always_on": always_on.metadata(),
     }
 
     class _Stopped(KeyboardInterrupt):
@@ -348,8 +393,17 @@ def serve(
     s: InstrSession | None = None
     try:
         # the session users open around their own Llama
-        with session(llm, out, level, top_k_logits=top_k_logits, metadata=metadata) as s:
+        with session(
+            llm,
+            out,
+            level,
+            top_k_logits=top_k_logits,
+            metadata=metadata,
+            **always_on.metadata(),
+        ) as s:
             previous = signal.signal(signal.SIGTERM, on_term)
+            # logrotate moved the log: reopen it at its path (between steps; a flag only)
+            previous_hup = signal.signal(signal.SIGHUP, lambda signum, frame: api.reopen())
             try:
                 if on_ready:
                     on_ready(
@@ -361,6 +415,7 @@ def serve(
                     raise _Stopped()
             finally:
                 signal.signal(signal.SIGTERM, previous)
+                signal.signal(signal.SIGHUP, previous_hup)
     except KeyboardInterrupt:
         if s is None:  # before the session began
             raise

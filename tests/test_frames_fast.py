@@ -100,7 +100,7 @@ class _RefBuilder:
         self.info = info
         self.steps = _RefTable(
             "step ctx n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended",
-            cats="kind request",
+            cats="kind request level",
             nullable="status",
         )
         self.seqs = _RefTable("step ctx seq n_tokens pos0 pos1")
@@ -121,7 +121,7 @@ class _RefBuilder:
         self.steps.add(
             step=s.index, ctx=s.ctx, kind=s.kind, n_tokens=s.n_tokens, pos0=s.pos[0], pos1=s.pos[1],
             t_start=s.start, dur_ns=s.dur, status=s.status, n_outputs=s.n_outputs, kv_used=s.kv_used,
-            op_ns=s.op_time, ended=int(s.ended), request=s.request,
+            op_ns=s.op_time, ended=int(s.ended), request=s.request, level=s.level or self.info.level,
         )  # fmt: skip
         for seq, n, p0, p1 in s.seqs:
             self.seqs.add(step=s.index, ctx=s.ctx, seq=seq, n_tokens=n, pos0=p0, pos1=p1)
@@ -169,6 +169,7 @@ class _RefBuilder:
         steps = self.steps.frame(B.STEP_COLS)
         steps["ended"] = steps["ended"].astype(bool)
         steps["request"] = frames.string_categories(steps["request"])
+        steps["level"] = frames.string_categories(steps["level"])
         weights = pd.DataFrame(self.info.weights)
         if not weights.empty:
             weights["shape"] = weights["shape"].map(_shape)

@@ -32,6 +32,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 #   --top          rows per table in text and markdown
 #   --strict       refuse a damaged log instead of skipping its bad lines
 #   --peaks        an `instr peaks` file (default: the cached peaks of the log's machine)
+#   --sample, --sample-requests, --max-bytes, --keep   always on (run, serve, exec):
+#                  ``always_on_options``, given to the command as one ``always_on``
 # Old spellings keep working for one release through ``deprecated_alias``, with a note on stderr.
 
 session_option = click.option(
@@ -90,6 +92,87 @@ peaks_option = click.option(
     help="Peaks file of `instr peaks` (default: the cached peaks of the machine that made the "
     "log); refused if measured on another machine.",
 )
+
+
+class SizeParam(click.ParamType):
+    """A size in bytes, with an optional K, M or G suffix: 64M."""
+
+    name = "SIZE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from llamacpp_instr.always_on import parse_size
+
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(str(value))
+        except UserError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def always_on_options(requests: bool = True) -> Callable[[F], F]:
+    """What bounds a long session's cost and size (``llamacpp_instr.always_on``): --sample,
+    --sample-requests (with ``requests``: the commands that serve requests), --max-bytes and
+    --keep, given to the command as one ``always_on`` argument (an ``AlwaysOn``)."""
+    from llamacpp_instr.always_on import MAX_SAMPLE
+
+    options = [
+        click.option(
+            "--sample",
+            type=click.IntRange(1, MAX_SAMPLE),
+            default=1,
+            show_default=True,
+            help="Record one decode step in N at --level, the others at minimal (each step "
+            "says its level; reports compute per-op figures from the sampled steps).",
+        ),
+        click.option(
+            "--max-bytes",
+            type=SizeParam(),
+            default=None,
+            help="Rotate the log at this size (bytes, or with a K, M or G suffix: 64M): LOG -> "
+            "LOG.1 -> ..., each file starting with its own session_start.",
+        ),
+        click.option(
+            "--keep",
+            type=click.IntRange(1, 1000),
+            default=None,
+            help="Rotated files kept, LOG.1 .. LOG.K (default 8; needs --max-bytes).",
+        ),
+    ]
+    if requests:
+        options.insert(
+            1,
+            click.option(
+                "--sample-requests",
+                type=click.IntRange(1, MAX_SAMPLE),
+                default=1,
+                show_default=True,
+                help="Record the steps of one request in N at --level, the others at minimal.",
+            ),
+        )
+
+    def deco(f: F) -> F:
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from llamacpp_instr.always_on import AlwaysOn
+
+            try:
+                kwargs["always_on"] = AlwaysOn.of(
+                    sample=kwargs.pop("sample"),
+                    sample_requests=kwargs.pop("sample_requests", 1),
+                    max_bytes=kwargs.pop("max_bytes") or 0,
+                    keep=kwargs.pop("keep"),
+                )
+            except UserError as exc:
+                raise click.UsageError(str(exc)) from None
+            return f(*args, **kwargs)
+
+        out: Any = wrapper
+        for option in reversed(options):
+            out = option(out)
+        return out  # type: ignore[no-any-return]
+
+    return deco
 
 
 def output_option(

@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands import level_option, output_option, topk_option
+from llamacpp_instr.commands import always_on_options, level_option, output_option, topk_option
+
+if TYPE_CHECKING:
+    from llamacpp_instr.always_on import AlwaysOn
 
 
 @click.command(
@@ -19,11 +23,17 @@ from llamacpp_instr.commands import level_option, output_option, topk_option
     "Session log to write (appended to if it exists). Default: PROGRAM_YYYYMMDD_HHMMSS.log."
 )
 @level_option
+@always_on_options()
 @topk_option
 @click.argument("program")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def command(
-    output: Path | None, level: str, top_k_logits: int, program: str, args: tuple[str, ...]
+    output: Path | None,
+    level: str,
+    always_on: AlwaysOn,
+    top_k_logits: int,
+    program: str,
+    args: tuple[str, ...],
 ) -> None:
     """Run PROGRAM (llama-server, llama-cli, llama-bench or llama-perplexity, as built by `instr
     build --tools`) with ARGS, writing a session log for its whole life.
@@ -31,10 +41,12 @@ def command(
     The program replaces this process: its output, exit status and signals are its own. The
     session opens at its first context and ends when it exits (`ok`), or `interrupted` after
     SIGINT/SIGTERM, which the program handles as it always does (llama-server shuts down on
-    Ctrl-C). llama-server writes a `request` record per completion, llama-bench a `part` record
-    per test. Options for instr go before PROGRAM, everything after it is the program's:
+    Ctrl-C); SIGHUP reopens the log (logrotate). llama-server writes a `request` record per
+    completion request (ok, error or cancelled), llama-bench a `part` record per test. Options
+    for instr go before PROGRAM, everything after it is the program's:
 
         instr exec -o server.log llama-server -m model.gguf --port 8080 --parallel 2
+        instr exec --sample 16 --max-bytes 64M --keep 8 -o server.log llama-server -m model.gguf
     """
     from llamacpp_instr import tools
     from llamacpp_instr.runner import check_writable
@@ -48,5 +60,13 @@ def command(
     env["LLAMA_INSTR_LOG"] = str(out.resolve())
     env["LLAMA_INSTR_LEVEL"] = level
     env["LLAMA_INSTR_TOPK"] = str(top_k_logits)
-    click.echo(f"instr exec: session log {out} (level {level})", err=True)
+    for name in ("LLAMA_INSTR_SAMPLE", "LLAMA_INSTR_SAMPLE_REQUESTS"):
+        env.pop(name, None)  # only what the options say
+    for name in ("LLAMA_INSTR_MAX_BYTES", "LLAMA_INSTR_KEEP"):
+        env.pop(name, None)
+    env.update(always_on.env())
+    more = always_on.describe()
+    click.echo(
+        f"instr exec: session log {out} (level {level}{'; ' + more if more else ''})", err=True
+    )
     os.execve(exe, [program, *args], env)

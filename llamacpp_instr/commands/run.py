@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from llamacpp_instr.commands import (
+    always_on_options,
     ctx_option,
     level_option,
     log_option,
@@ -18,6 +19,7 @@ from llamacpp_instr.commands import (
 )
 
 if TYPE_CHECKING:
+    from llamacpp_instr.always_on import AlwaysOn
     from llamacpp_instr.runner import RunConfig, RunResult
 
 
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
     help="Tokens per graph compute (default: --batch).",
 )
 @level_option
+@always_on_options(requests=False)
 @log_option
 @out_alias
 @click.option("--seed", default=0, show_default=True, help="Sampling seed.")
@@ -100,6 +103,7 @@ def command(
     n_batch: int,
     n_ubatch: int | None,
     level: str,
+    always_on: AlwaysOn,
     output: Path | None,
     seed: int,
     temp: float,
@@ -136,6 +140,7 @@ def command(
         flash_attn=flash_attn,
         top_k_logits=top_k_logits,
         ignore_eos=ignore_eos,
+        always_on=always_on,
     )
     if live:
         result = _run_live(cfg)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from llamacpp_instr.commands import (
+    always_on_options,
     ctx_option,
     level_option,
     log_option,
@@ -14,6 +16,9 @@ from llamacpp_instr.commands import (
     threads_option,
     topk_option,
 )
+
+if TYPE_CHECKING:
+    from llamacpp_instr.always_on import AlwaysOn
 
 
 @click.command("serve")
@@ -23,6 +28,7 @@ from llamacpp_instr.commands import (
     "--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="TCP port."
 )
 @level_option
+@always_on_options()
 @log_option
 @out_alias
 @ctx_option
@@ -33,6 +39,7 @@ def command(
     host: str,
     port: int,
     level: str,
+    always_on: AlwaysOn,
     output: Path | None,
     n_ctx: int,
     threads: int | None,
@@ -44,8 +51,10 @@ def command(
 
     Each HTTP request is recorded (request id, endpoint, status, time waiting for the model, time to
     first token, total time, tokens decoded) and its decode steps carry its id: `instr to-perfetto`
-    draws them on a `requests` track, `instr summary` gives latency percentiles. Ctrl-C or SIGTERM
-    stops the server and ends the session as `interrupted`; the log stays valid."""
+    draws them on a `requests` track, `instr summary` gives latency percentiles. Requests that
+    fail are recorded with their HTTP status, streams the client dropped as `cancelled`. Ctrl-C
+    or SIGTERM stops the server and ends the session as `interrupted`; the log stays valid.
+    SIGHUP reopens the log at its path (logrotate); --max-bytes rotates it itself."""
     from llamacpp_instr import models, runner, serve
 
     path = model if model is not None else models.default_model()
@@ -64,6 +73,7 @@ def command(
         threads=threads,
         top_k_logits=top_k_logits,
         on_ready=ready,
+        always_on=always_on,
     )
     click.echo(
         f"session log: {result.log_path} ({result.requests} requests, {result.steps} steps; "

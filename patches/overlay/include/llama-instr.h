@@ -113,6 +113,43 @@ LLAMA_API int32_t llama_instr_session_totals(struct llama_instr_totals * totals)
 // Returns LLAMA_INSTR_OK, ERR_NO_SESSION or ERR_INVALID_ARG (NULL ctx, or longer than 128 bytes).
 LLAMA_API int32_t llama_instr_set_request(struct llama_context * ctx, const char * request_id) LLAMA_INSTR_NOEXCEPT;
 
+// ---- Always on: sampling, bounded files, every request (docs/schema.md) -----------------------
+
+// Sampling, for the next session: one decode step in `every_steps` is recorded at the session's
+// level and the others at LLAMA_INSTR_LEVEL_MINIMAL (steps stay numbered; each step_begin says its
+// level); with `every_requests` > 1, only the steps serving one request in `every_requests` (see
+// llama_instr_request_begin) are, the others at MINIMAL. Both: a step is recorded in detail when
+// it is one of the steps and serves one of the requests. 1 and 1 (the default) record every step.
+// Returns LLAMA_INSTR_OK or ERR_INVALID_ARG (outside 1..1000000).
+LLAMA_API int32_t llama_instr_set_sampling(int32_t every_steps, int32_t every_requests) LLAMA_INSTR_NOEXCEPT;
+
+// Bounded files, for the next session: once the log holds `max_bytes`, the files are rotated
+// between two steps (LOG.keep is removed, LOG.N becomes LOG.N+1, LOG becomes LOG.1) and a new LOG
+// begins with the session's session_start again (with "file":{"index":N,...}) and the graph
+// tables its steps use, so that each file reads alone. A file may exceed max_bytes by one step's
+// records. max_bytes 0 (the default) never rotates (keep must be 0 then); else max_bytes >= 65536
+// and keep 1..1000. Returns LLAMA_INSTR_OK or ERR_INVALID_ARG.
+LLAMA_API int32_t llama_instr_set_rotation(int64_t max_bytes, int32_t keep) LLAMA_INSTR_NOEXCEPT;
+
+// Reopen the log at its path at the next step boundary (within about 50 ms when no step runs), as
+// logrotate expects after it moved the file: the new file begins like a rotated one. It only sets
+// a flag, so a signal handler may call it (a session opened by LLAMA_INSTR_LOG does so on SIGHUP).
+// A failed write (a full disk) suspends writing, with one warning line on stderr and the log
+// ending on a whole line, until the next rotation or reopen succeeds; the records dropped meanwhile
+// are counted as lost.
+LLAMA_API void llama_instr_reopen(void) LLAMA_INSTR_NOEXCEPT;
+
+// A request begins on sequence `seq_id` of `ctx` (-1: on the whole context, as
+// llama_instr_set_request tags its steps), for --sample-requests: requests are counted in the
+// order they begin, and the steps serving one in every_requests are recorded in detail.
+// Returns the level its steps are recorded at (LLAMA_INSTR_LEVEL_MINIMAL, or the session's level
+// for a request sampled in), ERR_NO_SESSION or ERR_INVALID_ARG (NULL ctx, seq_id outside -1..65535).
+LLAMA_API int32_t llama_instr_request_begin(struct llama_context * ctx, int32_t seq_id) LLAMA_INSTR_NOEXCEPT;
+
+// The request on `seq_id` of `ctx` (-1: the whole context) ended. Returns LLAMA_INSTR_OK,
+// ERR_NO_SESSION or ERR_INVALID_ARG.
+LLAMA_API int32_t llama_instr_request_end(struct llama_context * ctx, int32_t seq_id) LLAMA_INSTR_NOEXCEPT;
+
 // Write a record of the caller's own into the open session's log, for what the caller measures
 // (a server's requests, say): {"type":"<type>","ts":<now, ns>,"sid":"...",<the members of
 // fields_json>}. `type` is 1..32 characters of [a-z_]; `fields_json` a JSON object on one line, in

@@ -70,21 +70,14 @@ void new_ids(std::string & sid, char (&wall)[64], std::string & default_name) {
     default_name = name;
 }
 
+// The smallest file size rotation takes (a file holds at least session_start and one step).
+constexpr int64_t k_min_rotate_bytes = 64 * 1024;
+
+// Sequence ids llama_instr_request_begin takes: 0 .. k_max_seq - 1.
+constexpr int32_t k_max_seq = 65536;
+
 // Keys a caller's record must not hold: record_head writes them.
 const char * const RESERVED_KEYS[] = { "type", "ts", "sid" };
-
-const char * level_name(int32_t level) {
-    switch (level) {
-        case LLAMA_INSTR_LEVEL_MINIMAL:
-            return "minimal";
-        case LLAMA_INSTR_LEVEL_DETAILED:
-            return "detailed";
-        case LLAMA_INSTR_LEVEL_VERBOSE:
-            return "verbose";
-        default:
-            return "off";
-    }
-}
 
 }  // namespace
 
@@ -138,17 +131,27 @@ int32_t llama_instr_session_begin(llama_context * ctx,
         // from here on, a failure closes the file again: no session is left half open
         try {
             s.epoch++;
-            s.sid       = sid;
-            s.level     = level;
-            s.topk      = s.topk_next;
-            s.t_start   = now_ns();
-            s.totals    = {};
-            s.n_graphs  = 0;
-            s.n_ctx_ids = 0;
+            s.sid             = sid;
+            s.level           = level;
+            s.topk            = s.topk_next;
+            s.t_start         = now_ns();
+            s.totals          = {};
+            s.n_graphs        = 0;
+            s.n_ctx_ids       = 0;
+            s.sample_steps    = s.sample_steps_next;
+            s.sample_requests = s.sample_requests_next;
+            s.n_requests      = 0;
+            s.file_index      = 0;
+            s.retry_after     = 0;
+            s.n_open_steps    = 0;
+            s.log.max_bytes   = s.max_bytes_next;
+            s.log.keep        = s.keep_next;
+            g_reopen.store(false, std::memory_order_relaxed);
 
             std::string line;
             json_out    j{ line };
             record_head(j, "session_start", s.t_start, s.sid);
+            const size_t head = line.size();
             j.key("schema_version");
             j.i64(1);
             j.key("wall_time");
@@ -168,6 +171,22 @@ int32_t llama_instr_session_begin(llama_context * ctx,
 #endif
             j.key("metadata");
             j.raw(metadata_json && *metadata_json ? metadata_json : "{}");
+            if (s.sample_steps > 1 || s.sample_requests > 1) {
+                j.key("sample");
+                j.raw("{\"steps\":");
+                j.i64(s.sample_steps);
+                j.raw(",\"requests\":");
+                j.i64(s.sample_requests);
+                j.ch('}');
+            }
+            if (s.log.max_bytes > 0) {
+                j.key("rotate");
+                j.raw("{\"max_bytes\":");
+                j.i64(s.log.max_bytes);
+                j.raw(",\"keep\":");
+                j.i64(s.log.keep);
+                j.ch('}');
+            }
             write_machine_info(j);
             if (ctx) {
                 // ctx is ctx 1 in every record: its id is reserved now, and it joins on its own
@@ -178,8 +197,12 @@ int32_t llama_instr_session_begin(llama_context * ctx,
                 write_model_info(j, ctx);
             }
             j.ch('}');
+            // each file of the session begins with these fields again (new_file_locked)
+            s.start_body.assign(line, head, line.size() - head - 1);
+            s.log.quiet = true;  // a failure here is the caller's error, not a warning
             s.log.emit(line);
             s.log.write_buffered();
+            s.log.quiet = false;
             if (s.log.status != LLAMA_INSTR_OK) {
                 const std::string why = s.log.failure_message();
                 s.log.close();
@@ -212,6 +235,9 @@ int32_t llama_instr_session_end(const char * status) noexcept {
         }
         // under the lock: a set_level can't turn it on again between this and the close
         g_llama_instr_level.store(LLAMA_INSTR_LEVEL_OFF, std::memory_order_relaxed);
+        if (g_reopen.load(std::memory_order_relaxed)) {
+            new_file_locked(s);  // logrotate moved the file: the session ends in the new one
+        }
         std::string st         = status && *status ? status : "ok";
         const bool  bad_status = st != "ok" && st != "error" && st != "interrupted";
         if (bad_status) {
@@ -390,6 +416,100 @@ int32_t llama_instr_set_request(llama_context * ctx, const char * request_id) no
     }
 }
 
+int32_t llama_instr_set_sampling(int32_t every_steps, int32_t every_requests) noexcept {
+    if (every_steps < 1 || every_steps > 1000000 || every_requests < 1 || every_requests > 1000000) {
+        return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "sampling takes one in N with N from 1 to 1000000");
+    }
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        s.sample_steps_next    = every_steps;
+        s.sample_requests_next = every_requests;
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "set_sampling failed");
+    }
+}
+
+int32_t llama_instr_set_rotation(int64_t max_bytes, int32_t keep) noexcept {
+    if (max_bytes == 0 ? keep != 0 : (max_bytes < k_min_rotate_bytes || keep < 1 || keep > 1000)) {
+        return api_error(LLAMA_INSTR_ERR_INVALID_ARG,
+                         "rotation takes max_bytes 0 (never) with keep 0, or max_bytes >= 65536 with keep 1..1000");
+    }
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        s.max_bytes_next = max_bytes;
+        s.keep_next      = keep;
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "set_rotation failed");
+    }
+}
+
+void llama_instr_reopen(void) noexcept {
+    g_reopen.store(true, std::memory_order_relaxed);  // a lock-free store: safe in a signal handler
+}
+
+int32_t llama_instr_request_begin(llama_context * ctx, int32_t seq_id) noexcept {
+    try {
+        if (!ctx || seq_id < -1 || seq_id >= k_max_seq) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "request_begin needs a context and a sequence id -1..65535");
+        }
+        ctx_state *                 st = ctx_get(ctx);
+        auto &                      s  = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (!s.log.fp) {
+            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
+        }
+        if (!st) {
+            return api_error(LLAMA_INSTR_ERR_INTERNAL, "out of memory");
+        }
+        if (st->sample_epoch != s.epoch) {
+            st->sample_epoch = s.epoch;
+            st->request_full = -1;
+            st->seq_full.clear();
+        }
+        const bool full = s.n_requests++ % s.sample_requests == 0;
+        if (seq_id < 0) {
+            st->request_full = full ? 1 : 0;
+        } else {
+            if (st->seq_full.size() <= (size_t) seq_id) {
+                st->seq_full.resize((size_t) seq_id + 1, -1);
+            }
+            st->seq_full[seq_id] = full ? 1 : 0;
+        }
+        return full ? std::max<int32_t>(s.level, LLAMA_INSTR_LEVEL_MINIMAL) : LLAMA_INSTR_LEVEL_MINIMAL;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "request_begin failed (out of memory?)");
+    }
+}
+
+int32_t llama_instr_request_end(llama_context * ctx, int32_t seq_id) noexcept {
+    try {
+        if (!ctx || seq_id < -1 || seq_id >= k_max_seq) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "request_end needs a context and a sequence id -1..65535");
+        }
+        ctx_state *                 st = ctx_get(ctx);
+        auto &                      s  = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (!s.log.fp) {
+            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
+        }
+        if (!st || st->sample_epoch != s.epoch) {
+            return LLAMA_INSTR_OK;  // no request of this session began on it
+        }
+        if (seq_id < 0) {
+            st->request_full = -1;
+        } else if ((size_t) seq_id < st->seq_full.size()) {
+            st->seq_full[seq_id] = -1;
+        }
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "request_end failed");
+    }
+}
+
 int32_t llama_instr_write_record(const char * type, const char * fields_json) noexcept {
     try {
         const size_t n  = type ? strlen(type) : 0;
@@ -416,6 +536,9 @@ int32_t llama_instr_write_record(const char * type, const char * fields_json) no
         std::lock_guard<std::mutex> lock(s.mtx);
         if (!s.log.fp) {
             return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
+        }
+        if (s.n_open_steps == 0 && file_due_locked(s)) {
+            new_file_locked(s);
         }
         std::string line;
         json_out    j{ line };

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -63,6 +64,41 @@ bool parse_int(const char * v, long lo, long hi, int32_t & out) {
         return false;
     }
     out = (int32_t) n;
+    return true;
+}
+
+// A size in bytes with an optional K, M or G suffix (KiB, MiB, GiB): "64M".
+bool parse_size(const char * v, int64_t & out) {
+    char * end  = nullptr;
+    errno       = 0;
+    long long n = strtoll(v, &end, 10);
+    if (errno != 0 || end == v || n < 0) {
+        return false;
+    }
+    int shift = 0;
+    switch (*end) {
+        case 'K':
+        case 'k':
+            shift = 10;
+            end++;
+            break;
+        case 'M':
+        case 'm':
+            shift = 20;
+            end++;
+            break;
+        case 'G':
+        case 'g':
+            shift = 30;
+            end++;
+            break;
+        default:
+            break;
+    }
+    if (*end != '\0' || n > (INT64_MAX >> shift)) {
+        return false;
+    }
+    out = (int64_t) n << shift;
     return true;
 }
 
@@ -129,9 +165,14 @@ void end_session(const char * status) {
 // program's handler; where the program left the default action (terminate), it instead wakes the
 // watcher through a pipe, which ends the session and then re-raises the signal with the default
 // action restored, so the process dies of it exactly as it would have.
+//
+// SIGHUP reopens the log (logrotate): the wrapper only sets the library's flag
+// (llama_instr_reopen) and calls the program's own handler if it has one; the process no longer
+// dies of SIGHUP while the session is open.
 
-const int             k_signals[2] = { SIGINT, SIGTERM };
-struct sigaction      g_prev[2];  // the program's handler, which ours calls
+const int             k_n_signals            = 3;
+const int             k_signals[k_n_signals] = { SIGINT, SIGTERM, SIGHUP };
+struct sigaction      g_prev[k_n_signals];  // the program's handler, which ours calls
 volatile sig_atomic_t g_signal  = 0;
 int                   g_pipe[2] = { -1, -1 };
 pthread_t             g_watcher;
@@ -140,13 +181,26 @@ std::atomic<bool>     g_stop{ false };
 const int             k_poll_ms = 50;
 
 int signal_index(int signo) {
-    return signo == SIGINT ? 0 : signo == SIGTERM ? 1 : -1;
+    return signo == SIGINT ? 0 : signo == SIGTERM ? 1 : signo == SIGHUP ? 2 : -1;
 }
 
 void on_signal(int signo, siginfo_t * info, void * uctx) {
     const int saved = errno;
-    g_signal        = signo;
     const int i     = signal_index(signo);
+    if (signo == SIGHUP) {
+        llama_instr_reopen();  // a flag: the log is reopened between steps
+        const struct sigaction & prev = g_prev[i];
+        if (prev.sa_flags & SA_SIGINFO) {
+            if (prev.sa_sigaction) {
+                prev.sa_sigaction(signo, info, uctx);
+            }
+        } else if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN) {
+            prev.sa_handler(signo);
+        }
+        errno = saved;
+        return;
+    }
+    g_signal = signo;
     if (i >= 0) {
         const struct sigaction & prev = g_prev[i];
         if (prev.sa_flags & SA_SIGINFO) {
@@ -169,14 +223,15 @@ bool is_ours(const struct sigaction & sa) {
     return (sa.sa_flags & SA_SIGINFO) && sa.sa_sigaction == on_signal;
 }
 
-// Wrap the current handler of each signal unless it is ours already or the signal is ignored.
+// Wrap the current handler of each signal unless it is ours already or the signal is ignored
+// (SIGHUP is wrapped even then: nohup'd servers are rotated too).
 void wrap_handlers() {
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < k_n_signals; i++) {
         struct sigaction cur;
         if (sigaction(k_signals[i], nullptr, &cur) != 0 || is_ours(cur)) {
             continue;
         }
-        if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN) {
+        if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN && k_signals[i] != SIGHUP) {
             continue;
         }
         g_prev[i]           = cur;
@@ -290,6 +345,42 @@ void open_from_env(llama_context * ctx) {
             return;
         }
     }
+    // always on: sampling and bounded files
+    int32_t sample[2] = { 1, 1 };
+    for (int i = 0; i < 2; i++) {
+        const char * name = i == 0 ? "LLAMA_INSTR_SAMPLE" : "LLAMA_INSTR_SAMPLE_REQUESTS";
+        const char * v    = getenv(name);
+        if (v && *v && !parse_int(v, 1, 1000000, sample[i])) {
+            warn(std::string(name) + "=" + v + " is not a number from 1 to 1000000: running uninstrumented");
+            return;
+        }
+    }
+    int64_t      max_bytes   = 0;
+    int32_t      keep        = 0;
+    const char * max_bytes_s = getenv("LLAMA_INSTR_MAX_BYTES");
+    const char * keep_s      = getenv("LLAMA_INSTR_KEEP");
+    if (max_bytes_s && *max_bytes_s) {
+        if (!parse_size(max_bytes_s, max_bytes) || max_bytes < 64 * 1024) {
+            warn(std::string("LLAMA_INSTR_MAX_BYTES=") + max_bytes_s +
+                 " is not a size of at least 64K (bytes, or with a K, M or G suffix): running uninstrumented");
+            return;
+        }
+        keep = 8;
+        if (keep_s && *keep_s && !parse_int(keep_s, 1, 1000, keep)) {
+            warn(std::string("LLAMA_INSTR_KEEP=") + keep_s + " is not a number from 1 to 1000: running uninstrumented");
+            return;
+        }
+    } else if (keep_s && *keep_s) {
+        warn(
+            "LLAMA_INSTR_KEEP needs LLAMA_INSTR_MAX_BYTES (the size at which the log rotates): running "
+            "uninstrumented");
+        return;
+    }
+    if (llama_instr_set_sampling(sample[0], sample[1]) != LLAMA_INSTR_OK ||
+        llama_instr_set_rotation(max_bytes, keep) != LLAMA_INSTR_OK) {
+        warn(std::string(llama_instr_last_error()) + ": running uninstrumented");
+        return;
+    }
     std::lock_guard<std::mutex> lock(g_mtx);
     const std::string           meta = metadata();
     const int32_t               rc   = llama_instr_session_begin(ctx, path, level, meta.c_str());
@@ -301,7 +392,7 @@ void open_from_env(llama_context * ctx) {
     // registered after the session's own state exists, so it runs before that state is destroyed
     atexit(at_exit);
     if (!start_watcher()) {
-        warn("cannot watch SIGINT/SIGTERM: an interrupted run will end its session as ok");
+        warn("cannot watch SIGINT/SIGTERM/SIGHUP: an interrupted run will end its session as ok");
     }
 }
 

@@ -6,9 +6,13 @@
 //   LLAMA_INSTR_LOG=path     open a session writing to `path` at the first context
 //   LLAMA_INSTR_LEVEL=level  minimal, detailed (the default) or verbose
 //   LLAMA_INSTR_TOPK=k       top logits per output row at the verbose level (1..1000)
+//   LLAMA_INSTR_SAMPLE=n     one decode step in n at the level, the others at minimal
+//   LLAMA_INSTR_SAMPLE_REQUESTS=n  the steps of one request in n at the level (llama-server)
+//   LLAMA_INSTR_MAX_BYTES=size  rotate the log at this size (bytes, or with a K, M or G suffix)
+//   LLAMA_INSTR_KEEP=k       rotated files kept: LOG.1 .. LOG.k (default 8)
 //
 // The session ends when the process exits normally (status "ok"), or "interrupted" once SIGINT
-// or SIGTERM arrived. The program's own handlers keep working: ours only notes the signal and
+// or SIGTERM arrived. SIGHUP reopens the log at its path (logrotate). The program's own handlers keep working: ours only notes the signal and
 // calls theirs (or, where the program left the default action, ends the session and then lets the
 // signal kill the process as it would have). Bad values print one line on stderr and the
 // program runs uninstrumented. Unset, the hook costs one relaxed atomic load per new context.

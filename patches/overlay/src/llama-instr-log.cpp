@@ -44,7 +44,13 @@ static FILE * open_log(const std::string & p, struct stat & fst, bool & partial_
 }
 #endif
 
-bool log_file::open(const std::string & p) {
+// one line on stderr, as the LLAMA_INSTR_LOG session's other warnings
+static void warn(const std::string & msg) {
+    fprintf(stderr, "llama-instr: %s\n", msg.c_str());
+    fflush(stderr);
+}
+
+bool log_file::open_at(const std::string & p) {
     bool partial_line = false;
 #if !defined(_WIN32)
     struct stat fst;
@@ -55,28 +61,44 @@ bool log_file::open(const std::string & p) {
     if (!f) {
         return false;
     }
-    fp   = f;
-    path = p;
+    fp = f;
     buf.clear();
-    buf_records = 0;
-    status      = LLAMA_INSTR_OK;
-    failure.clear();
-    failed_hook = nullptr;
-    n_records   = 0;
-    n_lost      = 0;
+    buf_records   = 0;
+    dropped_bytes = 0;
 #if !defined(_WIN32)
-    dev      = fst.st_dev;
-    ino      = fst.st_ino;
+    dev        = fst.st_dev;
+    ino        = fst.st_ino;
+    file_bytes = (int64_t) fst.st_size;
+#else
+    file_bytes = 0;
+#endif
+    if (partial_line) {
+        // the last session's end was lost (a full disk): its partial line stays on its own
+        buf.push_back('\n');
+    }
+    return true;
+}
+
+bool log_file::open(const std::string & p) {
+    if (!open_at(p)) {
+        return false;
+    }
+    path   = p;
+    status = LLAMA_INSTR_OK;
+    failure.clear();
+    failed_hook       = nullptr;
+    n_records         = 0;
+    n_lost            = 0;
+    suspended         = false;
+    resuming          = false;
+    n_lost_at_suspend = 0;
+#if !defined(_WIN32)
     abs_path = p;
     char cwd[PATH_MAX];
     if (p[0] != '/' && getcwd(cwd, sizeof(cwd))) {
         abs_path = std::string(cwd) + "/" + p;
     }
 #endif
-    if (partial_line) {
-        // the last session's end was lost (a full disk): its partial line stays on its own
-        buf.push_back('\n');
-    }
     return true;
 }
 
@@ -92,6 +114,9 @@ std::string log_file::failure_message() const {
     if (failure.empty() && failed_hook) {
         return std::string(failed_hook) + " failed (out of memory?): records were lost";
     }
+    if (status == LLAMA_INSTR_ERR_IO && n_lost > 0) {
+        return failure + " (" + std::to_string(n_lost) + " records lost)";
+    }
     return failure;
 }
 
@@ -102,23 +127,77 @@ void log_file::fail(int32_t code, const std::string & why) {
     }
 }
 
+void log_file::suspend(int err) {
+    const std::string why = "writing the log " + path + " failed: " + strerror(err);
+    fail(LLAMA_INSTR_ERR_IO, why);
+    status            = LLAMA_INSTR_ERR_IO;  // reported at the end, even after an internal failure
+    suspended         = true;
+    if (resuming) {
+        resuming = false;  // still failing (the disk is still full): said already
+        return;
+    }
+    n_lost_at_suspend = n_lost;
+    if (quiet) {
+        return;
+    }
+    warn(why + ": records are dropped until the log is reopened" + (max_bytes > 0 ? " or rotated" : ""));
+}
+
+void log_file::resumed() {
+    if (resuming) {
+        resuming = false;
+        warn("writing the log " + path + " again (" + std::to_string(n_lost - n_lost_at_suspend) +
+             " records were lost)");
+    }
+}
+
 void log_file::write_buffered() {
     if (!fp || buf.empty()) {
         buf.clear();
         buf_records = 0;
         return;
     }
-    if (status != LLAMA_INSTR_ERR_IO) {
+    if (!suspended) {
+#if !defined(_WIN32)
+        // straight to the descriptor (stdio's buffer is never used): a failed write is undone to
+        // the last whole line, so the file never ends mid-record
+        const int fd   = fileno(fp);
+        size_t    done = 0;
+        int       err  = 0;
+        while (done < buf.size()) {
+            const ssize_t n = ::write(fd, buf.data() + done, buf.size() - done);
+            if (n < 0 && errno == EINTR) {
+                continue;
+            }
+            if (n <= 0) {
+                err = n < 0 ? errno : EIO;
+                break;
+            }
+            done += (size_t) n;
+        }
+        if (err != 0) {
+            if (done > 0 && ftruncate(fd, (off_t) file_bytes) != 0) {
+                // the partial line stays: a reader skips it as damaged
+            }
+            suspend(err);
+        } else {
+            file_bytes += (int64_t) buf.size();
+            resumed();
+        }
+#else
         const size_t n  = fwrite(buf.data(), 1, buf.size(), fp);
         const int    rc = n == buf.size() ? fflush(fp) : EOF;
         if (rc != 0) {
-            const int err = errno;
-            fail(LLAMA_INSTR_ERR_IO, "writing the log " + path + " failed: " + strerror(err));
-            status = LLAMA_INSTR_ERR_IO;  // stop writing, even after an internal failure
+            suspend(errno);
+        } else {
+            file_bytes += (int64_t) buf.size();
+            resumed();
         }
+#endif
     }
-    if (status == LLAMA_INSTR_ERR_IO) {
+    if (suspended) {
         n_lost += buf_records;
+        dropped_bytes += (int64_t) buf.size();
     }
     buf.clear();
     buf_records = 0;
@@ -126,8 +205,9 @@ void log_file::write_buffered() {
 
 void log_file::emit(const std::string & line) {
     n_records++;
-    if (status == LLAMA_INSTR_ERR_IO) {
+    if (suspended) {
         n_lost++;
+        dropped_bytes += (int64_t) line.size() + 1;
         return;
     }
     const int64_t now = now_ns();
@@ -140,6 +220,52 @@ void log_file::emit(const std::string & line) {
     if (buf.size() >= FLUSH_BYTES || due(now)) {
         write_buffered();
     }
+}
+
+bool log_file::reopen(bool rotate) {
+    write_buffered();
+#if !defined(_WIN32)
+    const std::string & at = abs_path;
+#else
+    const std::string & at = path;
+#endif
+    if (rotate && keep > 0) {
+        // path.keep is overwritten by path.keep-1, ..., path.1 by path (a missing one is skipped)
+        for (int32_t k = keep - 1; k >= 1; k--) {
+            const std::string from = at + "." + std::to_string(k);
+            const std::string to   = at + "." + std::to_string(k + 1);
+            if (rename(from.c_str(), to.c_str()) != 0 && errno != ENOENT) {
+                warn("cannot rotate " + from + ": " + strerror(errno));
+            }
+        }
+        if (rename(at.c_str(), (at + ".1").c_str()) != 0) {
+            warn("cannot rotate the log " + path + ": " + strerror(errno) + ": writing on to it");
+            return false;
+        }
+    }
+    FILE * const old = fp;
+#if !defined(_WIN32)
+    const dev_t old_dev = dev;
+    const ino_t old_ino = ino;
+#endif
+    const int64_t old_bytes = file_bytes, old_dropped = dropped_bytes;
+    if (!open_at(at)) {
+        warn("cannot open the log " + path + " anew: " + strerror(errno) + ": writing on to the file open");
+        fp = old;
+#if !defined(_WIN32)
+        dev = old_dev;
+        ino = old_ino;
+#endif
+        file_bytes    = old_bytes;
+        dropped_bytes = old_dropped;
+        return false;
+    }
+    fclose(old);  // its lines are written (or dropped, counted): nothing is buffered in it
+    if (suspended) {
+        suspended = false;
+        resuming  = true;  // said by the first write that succeeds
+    }
+    return true;
 }
 
 const char * log_file::gone() const {

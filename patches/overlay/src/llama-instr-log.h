@@ -2,6 +2,12 @@
 
 // llamacpp-instr: the session's log file, NDJSON lines buffered in memory and written in blocks.
 // Not thread-safe: the session calls it with its lock held.
+//
+// Always on: the file can be rotated (LOG -> LOG.1 -> ... -> LOG.keep, a new LOG) once it holds
+// max_bytes, or reopened at its path (SIGHUP, for logrotate); the session writes a session_start
+// at the head of each new file. A failed write (a full disk) suspends writing with one warning
+// line on stderr, leaves the file ending on a complete line, and drops records (counted as lost)
+// until the next rotation or reopen succeeds.
 
 #include <cstdint>
 #include <cstdio>
@@ -14,7 +20,7 @@
 namespace llama_instr {
 
 struct log_file {
-    FILE *      fp = nullptr;
+    FILE *      fp = nullptr;            // set while a session is open (written through its descriptor)
     std::string path;
     std::string buf;                     // complete lines not yet written
     int64_t     buf_records = 0;
@@ -26,6 +32,18 @@ struct log_file {
 
     int64_t n_records = 0;               // lines written or buffered
     int64_t n_lost    = 0;               // records lost to a write error or an internal failure
+
+    // the current file
+    int64_t file_bytes        = 0;      // its size: whole lines only
+    int64_t dropped_bytes     = 0;      // bytes of the records dropped while writing was suspended
+    bool    suspended         = false;  // a write failed: records are dropped until a reopen succeeds
+    int64_t n_lost_at_suspend = 0;      // n_lost when writing was suspended (for the resume notice)
+    bool    quiet             = false;  // no warning when a write fails (the caller reports it)
+    bool    resuming          = false;  // reopened after a failed write: said once the first write succeeds
+
+    // rotation (0: never)
+    int64_t max_bytes = 0;
+    int32_t keep      = 0;
 
 #if !defined(_WIN32)
     std::string abs_path;  // `path` made absolute when opened: a later chdir does not move it
@@ -61,8 +79,17 @@ struct log_file {
     // oldest line is old enough.
     void emit(const std::string & line);
 
-    // Write the buffered lines now.
+    // Write the buffered lines now. A failed write suspends writing (see above).
     void write_buffered();
+
+    // Has the current file reached max_bytes (counting what is buffered and what was dropped)?
+    bool full() const { return max_bytes > 0 && file_bytes + dropped_bytes + (int64_t) buf.size() >= max_bytes; }
+
+    // Write what is buffered and start a new file at `path`: with `rotate`, the files are renamed
+    // first (path.keep is removed, path.N becomes path.N+1, path becomes path.1). The buffer is
+    // empty after it; the caller writes the new file's head. False if the new file could not be
+    // opened: the current one is kept (a warning says why).
+    bool reopen(bool rotate);
 
     // Is the file at `path` still the one open? nullptr, or why not (removing or replacing it loses
     // what is written).
@@ -70,6 +97,11 @@ struct log_file {
 
     // Close the file (the buffer is dropped: write it first). False if closing failed.
     bool close();
+
+  private:
+    bool open_at(const std::string & p);  // open p into fp and the identity fields
+    void suspend(int err);                // a write failed with errno err
+    void resumed();                       // a write succeeded: say so if writing resumed
 };
 
 }  // namespace llama_instr

@@ -7,6 +7,7 @@
 #include "llama-instr-log.h"
 #include "llama-instr-session.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -30,6 +31,24 @@ struct session {
     int32_t            n_graphs  = 0;
     int32_t            n_ctx_ids = 0;
 
+    // sampling: one step in sample_steps, and the steps of one request in sample_requests, at the
+    // session's level, the others at MINIMAL (llama_instr_set_sampling, for the next session)
+    int32_t sample_steps         = 1;
+    int32_t sample_requests      = 1;
+    int32_t sample_steps_next    = 1;
+    int32_t sample_requests_next = 1;
+    int64_t n_requests           = 0;  // requests begun (llama_instr_request_begin)
+
+    // bounded files (llama_instr_set_rotation, for the next session): each new file starts with
+    // session_start's fields again (start_body, after the record's head), between steps only
+    int64_t                 max_bytes_next = 0;
+    int32_t                 keep_next      = 0;
+    std::string             start_body;
+    int32_t                 file_index   = 0;  // files begun after the first (rotations and reopens)
+    int64_t                 retry_after  = 0;  // after a failed rotation or reopen, no new try before this (ns)
+    int32_t                 n_open_steps = 0;  // steps begun and not ended
+    std::condition_variable steps_cv;          // notified when no step is open any more
+
     // every context that ran a hook, until it is freed
     std::unordered_map<const llama_context *, std::unique_ptr<ctx_state>> ctxs;
 
@@ -37,6 +56,17 @@ struct session {
     std::condition_variable flusher_cv;  // wakes it when a session begins
     bool                    flusher_started = false;
 };
+
+// Set by llama_instr_reopen (from a signal handler, say): the log is reopened at its path at the
+// next step boundary, or by the flusher thread when no step is open.
+extern std::atomic<bool> g_reopen;
+
+// Is a new file due (a reopen asked for, or the log full)? With S().mtx held.
+bool file_due_locked(const session & s);
+
+// Start the new file that is due: rotate (the log is full) or reopen (asked for), then write its
+// session_start. Only between steps (no step open), with S().mtx held.
+void new_file_locked(session & s);
 
 // Never destroyed: the flusher thread and the exit-time flush may use it to the very end.
 session & S();

@@ -15,6 +15,21 @@ std::atomic<int32_t> g_llama_instr_level{ LLAMA_INSTR_LEVEL_OFF };
 
 namespace llama_instr {
 
+std::atomic<bool> g_reopen{ false };
+
+const char * level_name(int32_t level) {
+    switch (level) {
+        case LLAMA_INSTR_LEVEL_MINIMAL:
+            return "minimal";
+        case LLAMA_INSTR_LEVEL_DETAILED:
+            return "detailed";
+        case LLAMA_INSTR_LEVEL_VERBOSE:
+            return "verbose";
+        default:
+            return "off";
+    }
+}
+
 // The CPU backend's profiler clock, looked up once through its registry (the backend may be a
 // loadable module); nullptr without a CPU backend, when there are no profiler times to compare.
 static ggml_cpu_profiler_now_t profiler_clock() noexcept {
@@ -52,12 +67,15 @@ static void flusher_main() {
         } else {
             s.flusher_cv.wait(lock);
         }
-        if (s.log.fp && s.log.due(now_ns())) {
-            try {
-                s.log.write_buffered();
-            } catch (...) {
-                // out of memory formatting the error: the status is set, the records counted
+        try {
+            if (s.log.fp && s.n_open_steps == 0 && file_due_locked(s)) {
+                new_file_locked(s);  // idle: a reopen asked for (SIGHUP) is done here
             }
+            if (s.log.fp && s.log.due(now_ns())) {
+                s.log.write_buffered();
+            }
+        } catch (...) {
+            // out of memory formatting the error: the status is set, the records counted
         }
     }
 }
@@ -111,6 +129,47 @@ void join_locked(session & s, ctx_state & st) {
     st.topk          = s.topk;
     st.graph_id      = 0;
     st.graph_emitted = false;
+    st.file_index    = s.file_index;
+    st.step_open     = false;
+}
+
+bool file_due_locked(const session & s) {
+    if (!s.log.fp || (s.retry_after > 0 && now_ns() < s.retry_after)) {
+        return false;
+    }
+    return s.log.full() || g_reopen.load(std::memory_order_relaxed);
+}
+
+void new_file_locked(session & s) {
+    // by size, the files are renamed (LOG -> LOG.1 ...); asked for (logrotate moved the file), the
+    // path is opened again as it is
+    const bool rotate = s.log.full();
+    g_reopen.store(false, std::memory_order_relaxed);
+    if (!s.log.reopen(rotate)) {
+        s.retry_after = now_ns() + 10 * 1000 * 1000 * 1000LL;  // (a warning said why)
+        return;
+    }
+    s.retry_after = 0;
+    s.file_index++;
+    // the new file begins as the session did, so that it reads and converts alone: the same
+    // session_start, saying which file of the session it is (the graph tables follow with the
+    // first step of each context that uses them: ctx_join)
+    const int64_t t = now_ns();
+    std::string   line;
+    json_out      j{ line };
+    record_head(j, "session_start", t, s.sid);
+    j.key("file");
+    j.raw("{\"index\":");
+    j.i64(s.file_index);
+    j.raw(",\"t_session\":");
+    j.i64(s.t_start);
+    j.raw(",\"records_before\":");
+    j.i64(s.log.n_records);
+    j.ch('}');
+    j.raw(s.start_body);
+    j.ch('}');
+    s.log.emit(line);
+    s.log.write_buffered();
 }
 
 // Bumped whenever a context's state is freed, which invalidates every thread's cached lookup (a
@@ -140,22 +199,86 @@ ctx_state * ctx_get(const llama_context * ctx) noexcept {
     }
 }
 
+// The level of st's step: the session's, or MINIMAL for a step that sampling leaves out.
+static int32_t step_level_locked(const session & s, const ctx_state & st) {
+    const int32_t level = g_llama_instr_level.load(std::memory_order_relaxed);
+    if (level <= LLAMA_INSTR_LEVEL_MINIMAL) {
+        return level;
+    }
+    bool full = s.sample_steps <= 1 || st.step % s.sample_steps == 0;
+    if (full && s.sample_requests > 1) {
+        // a step serving a sampled request (on the whole context, or on one of its sequences)
+        if (st.sample_epoch != s.epoch) {
+            return LLAMA_INSTR_LEVEL_MINIMAL;  // no request of this session began on it
+        }
+        full = st.request_full == 1;
+        for (const auto & q : st.seqs) {
+            full = full || (q.seq >= 0 && (size_t) q.seq < st.seq_full.size() && st.seq_full[q.seq] == 1);
+        }
+    }
+    return full ? level : LLAMA_INSTR_LEVEL_MINIMAL;
+}
+
 bool ctx_join(ctx_state & st, int32_t n_tokens, bool prompt) {
-    auto &                      s = S();
-    std::lock_guard<std::mutex> lock(s.mtx);
+    auto &                       s = S();
+    std::unique_lock<std::mutex> lock(s.mtx);
     if (!s.log.fp) {
         return false;
+    }
+    if (file_due_locked(s)) {
+        // a new file begins between steps: the other contexts' open steps end first (for a second
+        // at most; the file is started at a later boundary otherwise)
+        if (s.n_open_steps > 0) {
+            s.steps_cv.wait_for(lock, std::chrono::seconds(1), [&s] { return s.n_open_steps == 0 || !s.log.fp; });
+            if (!s.log.fp) {
+                return false;
+            }
+        }
+        if (s.n_open_steps == 0) {
+            try {
+                new_file_locked(s);
+            } catch (...) {
+                s.log.hook_failed("llama_instr_decode_begin");  // out of memory: its head is lost
+            }
+        }
     }
     if (st.epoch != s.epoch) {
         join_locked(s, st);
     }
-    st.level            = g_llama_instr_level.load(std::memory_order_relaxed);
+    if (st.file_index != s.file_index) {
+        // a new file: it holds the node table of each graph its steps use
+        st.file_index    = s.file_index;
+        st.graph_emitted = false;
+    }
     st.request          = st.request_next;
     st.capture.patterns = st.capture_next;
     st.step             = s.totals.n_steps++;
+    st.level            = step_level_locked(s, st);
+    st.step_open        = true;
+    s.n_open_steps++;
     s.totals.n_tokens += n_tokens;
     (prompt ? s.totals.n_prompt_tokens : s.totals.n_gen_tokens) += n_tokens;
     return true;
+}
+
+void step_done(ctx_state & st) noexcept {
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (!st.step_open || st.epoch != s.epoch || !s.log.fp) {
+            st.step_open = false;
+            return;
+        }
+        st.step_open = false;
+        if (--s.n_open_steps == 0) {
+            s.steps_cv.notify_all();
+            if (file_due_locked(s)) {
+                new_file_locked(s);
+            }
+        }
+    } catch (...) {
+        // out of memory formatting the new file's head: its status is set, records counted
+    }
 }
 
 int32_t next_graph_id(const ctx_state & st) {

@@ -66,11 +66,13 @@ struct compute_rec {
 
 struct ctx_state {
     // this context in the current session; written by the thread that decodes it (in ctx_join)
-    uint64_t    epoch = 0;  // 0 = never joined
+    uint64_t    epoch = 0;                      // 0 = never joined
     int32_t     id    = 0;
-    int32_t     level = LLAMA_INSTR_LEVEL_OFF;
+    int32_t     level = LLAMA_INSTR_LEVEL_OFF;  // of the current step (sampling: MINIMAL or the session's)
     int32_t     topk  = 10;
     std::string sid;
+    int32_t     file_index = 0;      // the session's file its last step was written to
+    bool        step_open  = false;  // a step of this context is counted in the session's open steps
 
     // session_begin(ctx) reserves an id for ctx in its session (ctx 1, as in session_start), which
     // ctx takes when its next step joins (under the session lock)
@@ -81,6 +83,14 @@ struct ctx_state {
     // lock; copied into `request` when a step begins)
     std::string request_next;
     std::string request;
+
+    // --sample-requests: whether the request running on the whole context (llama_instr_request_begin
+    // with seq -1) and on each sequence id is recorded in detail: 1 yes, 0 no, -1 no request; set
+    // under the session lock in session sample_epoch (a context may begin requests before its
+    // first step joins the session)
+    uint64_t            sample_epoch = 0;
+    int8_t              request_full = -1;
+    std::vector<int8_t> seq_full;
 
     // the sequences of the current batch: seq id, tokens, first and last position
     struct seq_info {
@@ -150,6 +160,13 @@ bool ctx_join(ctx_state & st, int32_t n_tokens, bool prompt);
 
 // A new graph id in st's session.
 int32_t next_graph_id(const ctx_state & st);
+
+// At the end of a step (also one whose records failed): the step is no longer open; between steps,
+// a new file that is due is started.
+void step_done(ctx_state & st) noexcept;
+
+// "minimal", "detailed", "verbose" (or "off")
+const char * level_name(int32_t level);
 
 // Count a graph compute in st's session, and the op timings it lost (counted in totals.lost).
 void count_compute(const ctx_state & st, int64_t n_lost);

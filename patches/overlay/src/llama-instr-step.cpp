@@ -34,6 +34,8 @@ void write_step_begin(ctx_state &         st,
     j.ch(']');
     j.key("kind");
     j.str(prompt ? "prompt" : "gen");
+    j.key("level");
+    j.str(level_name(st.level));
     if (!st.request.empty()) {
         j.key("request");
         j.str(st.request);
@@ -258,7 +260,9 @@ void llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int3
         j.ch('}');
         j.ch('}');
         emit(st.epoch, st.line);
+        step_done(st);
     } catch (...) {
+        step_done(st);
         st.n_tables = 0;
         st.p_ops.clear();
         st.p_threads.clear();

@@ -1,15 +1,19 @@
 #pragma once
 
 // llamacpp-instr: what llama.cpp's own programs add to a session that LLAMA_INSTR_LOG opened
-// (src/llama-instr-env.cpp): llama-server's requests as `request` records, llama-bench's tests as
-// `part` records (docs/schema.md). Header-only, on the public API of llama-instr.h; with no
+// (src/llama-instr-env.cpp): llama-server's requests as `request` records (every one, whatever
+// became of it), llama-bench's tests as `part` records (docs/schema.md). Header-only, on the public API of llama-instr.h; with no
 // session open each call is one call to llama_instr_get_level().
 
 #include "llama-instr.h"
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
+#include <exception>
+#include <iterator>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -50,76 +54,320 @@ inline std::string json_int_or_null(bool known, int64_t v) {
 }
 
 // --- llama-server ------------------------------------------------------------------------------
+//
+// One `request` record per completion request, whatever became of it: "ok", "error" (with its HTTP
+// status) or "cancelled" (the client went away; a stream says how many tokens it was sent). Half of
+// what the record says is known on the HTTP side (handle_completions_impl and the stream it
+// returns, on the connection's thread): arrival, outcome, status, tokens sent. The other half on
+// the slot side (the server's thread): which slot ran it, when, and the tokens it decoded. Each
+// side fills its half of a shared request_state; whichever finishes last writes the record. The
+// states live from arrival to the record: memory is bounded by the requests in flight.
 
-struct arrival {
-    int64_t     t_ns;
+struct request_state {
+    std::string id;  // "task-<its first task id>"
     std::string endpoint;
+    int64_t     t_arrive = 0;
+    int         task     = -1;  // its first task: the one whose slot statistics the record gives
+
+    // the HTTP side
+    bool         http_done = false;
+    bool         stream    = false;
+    int          status    = 0;
+    const char * outcome   = "cancelled";
+    std::string  error;
+    int64_t      t_end        = 0;
+    int64_t      t_first_sent = 0;  // when the first token was sent (streams)
+    int64_t      tokens_sent  = 0;  // tokens the client was sent (streams)
+
+    // the slot side
+    int      running    = 0;   // its tasks on a slot now
+    int      slot       = -1;  // the slot (its sequence id in the steps' seqs) of its first task
+    int      level      = 0;   // the level its steps were recorded at (sampling)
+    int64_t  t_start_us = 0;   // when the slot began the prompt (ggml_time_us: the log's clock, in us)
+    int64_t  t_first_us = 0;   // when the slot sampled the first token
+    int64_t  t_released = 0;   // when the slot let it go
+    uint64_t n_prompt   = 0;   // prompt tokens decoded (after the prompt cache)
+    uint64_t n_gen      = 0;   // tokens sampled
+    bool     written    = false;
 };
 
-inline std::mutex & arrivals_mutex() {
+using request_ptr = std::shared_ptr<request_state>;
+
+inline std::mutex & requests_mutex() {
     static std::mutex m;
     return m;
 }
 
-inline std::unordered_map<int, arrival> & arrivals() {
-    static std::unordered_map<int, arrival> a;
-    return a;
+// task id -> its request, from arrival to the record
+inline std::unordered_map<int, request_ptr> & requests_by_task() {
+    static std::unordered_map<int, request_ptr> m;
+    return m;
 }
 
-// An HTTP request arrived at `t_arrive_ns` and became the server task `task_id`.
-inline void request_arrived(int task_id, int64_t t_arrive_ns, const std::string & endpoint) {
-    if (!active()) {
-        return;
+// error messages go into the log as plain printable ASCII, at most 200 bytes
+inline std::string error_text(const std::string & e) {
+    std::string out;
+    for (unsigned char c : e) {
+        if (out.size() >= 200) {
+            break;
+        }
+        out += c >= 0x20 && c < 0x7f ? (char) c : ' ';
     }
-    std::lock_guard<std::mutex> lock(arrivals_mutex());
-    if (arrivals().size() >= 4096) {
-        arrivals().clear();  // tasks cancelled before a slot finished them: never looked up
-    }
-    arrivals()[task_id] = { t_arrive_ns, endpoint };
+    return out;
 }
 
-// The slot `slot` (its sequence id in the steps' `seqs`) sent the final response of `task_id`:
-// write its `request` record. Times come from the slot's own statistics (ggml_time_us, the same
-// monotonic clock in µs): t_start_us when the slot began the prompt, t_first_us when it sampled
-// the first token. n_gen counts sampled tokens; the last one is never decoded (the slot stops on
-// it), so the generated tokens decoded are one fewer.
-inline void request_done(int      task_id,
-                         int      slot,
-                         bool     stream,
-                         int64_t  t_start_us,
-                         int64_t  t_first_us,
-                         uint64_t n_prompt_processed,
-                         uint64_t n_gen) {
-    if (!active()) {
-        return;
+inline std::string request_fields(const request_state & r) {
+    const int64_t t_model = r.t_start_us > 0 ? r.t_start_us * 1000 : 0;
+    const int64_t t_first = r.t_first_us > 0 ? r.t_first_us * 1000 : r.t_first_sent;
+    const bool    waited  = t_model >= r.t_arrive && t_model > 0;
+    std::string   f       = "{\"id\":" + json_str(r.id);
+    f += ",\"endpoint\":" + json_str(r.endpoint);
+    f += ",\"method\":\"POST\",\"status\":" + std::to_string(r.status);
+    f += ",\"outcome\":" + json_str(r.outcome);
+    if (!r.error.empty()) {
+        f += ",\"error\":" + json_str(error_text(r.error));
     }
-    const int64_t t_end   = now_ns();
-    const int64_t t_model = t_start_us > 0 ? t_start_us * 1000 : t_end;
-    arrival       a{ t_model, "/completion" };
+    f += ",\"stream\":";
+    f += r.stream ? "true" : "false";
+    f += ",\"t_arrive\":" + std::to_string(r.t_arrive);
+    f += ",\"wait\":" + json_int_or_null(waited, t_model - r.t_arrive);
+    f += ",\"ttft\":" + json_int_or_null(t_first > 0 && t_first >= r.t_arrive, t_first - r.t_arrive);
+    f += ",\"model\":" + json_int_or_null(waited && r.t_released >= t_model, r.t_released - t_model);
+    f += ",\"dur\":" + std::to_string(r.t_end >= r.t_arrive ? r.t_end - r.t_arrive : 0);
+    f += ",\"prompt_tokens\":" + std::to_string(r.n_prompt);
+    // the last token sampled is never decoded (the slot stops on it)
+    f += ",\"gen_tokens\":" + std::to_string(r.n_gen > 0 ? r.n_gen - 1 : 0);
+    if (r.stream) {
+        f += ",\"tokens_sent\":" + std::to_string(r.tokens_sent);
+    }
+    if (r.slot >= 0) {
+        f += ",\"slot\":" + std::to_string(r.slot);
+    }
+    if (r.level > 0) {
+        static const char * const names[] = { "off", "minimal", "detailed", "verbose" };
+        f += ",\"level\":" + json_str(names[r.level < 4 ? r.level : 3]);
+    }
+    return f + "}";
+}
+
+// With requests_mutex() held: the record's fields once both sides are done (and not before, nor
+// twice), or "".
+inline std::string finish_locked(request_state & r) {
+    if (!r.http_done || r.running > 0 || r.written) {
+        return "";
+    }
+    r.written = true;
+    auto & m  = requests_by_task();
+    for (auto it = m.begin(); it != m.end();) {
+        it = it->second.get() == &r ? m.erase(it) : std::next(it);
+    }
+    return request_fields(r);
+}
+
+inline void write_request(const std::string & fields) {
+    if (!fields.empty()) {
+        llama_instr_write_record("request", fields.c_str());
+        llama_instr_flush();  // the server may now idle: a follower sees the request at once
+    }
+}
+
+// The HTTP side's hold on one request. Its last copy going away without request_end means the
+// client went away (the stream was dropped): "cancelled".
+struct request_handle {
+    request_ptr r;
+    int         uncaught = std::uncaught_exceptions();
+
+    ~request_handle();
+};
+
+using request_tracker = std::shared_ptr<request_handle>;
+
+// a handler that threw: its request, completed by request_failed (ex_wrapper, same thread)
+inline request_ptr & unwound_request() {
+    static thread_local request_ptr r;
+    return r;
+}
+
+inline request_handle::~request_handle() {
+    std::string fields;
     {
-        std::lock_guard<std::mutex> lock(arrivals_mutex());
-        auto                        it = arrivals().find(task_id);
-        if (it != arrivals().end()) {
-            a = it->second;
-            arrivals().erase(it);
+        std::lock_guard<std::mutex> lock(requests_mutex());
+        if (r->http_done) {
+            return;
+        }
+        if (std::uncaught_exceptions() > uncaught) {
+            unwound_request() = r;  // the handler threw: request_failed says how it ended
+            return;
+        }
+        r->http_done = true;
+        r->t_end     = now_ns();
+        // a stream had sent its headers; a plain response was never sent (nginx's 499)
+        r->status    = r->stream ? 200 : 499;
+        fields       = finish_locked(*r);
+    }
+    write_request(fields);
+}
+
+// A completion request arrived (handle_completions_impl); nullptr with no session open.
+inline request_tracker request_begin(const std::string & endpoint) {
+    if (!active()) {
+        return nullptr;
+    }
+    auto r      = std::make_shared<request_state>();
+    r->endpoint = endpoint;
+    r->t_arrive = now_ns();
+    auto h      = std::make_shared<request_handle>();
+    h->r        = r;
+    return h;
+}
+
+// It became the server task `task_id` (a request with several prompts becomes several tasks).
+inline void request_task(const request_tracker & t, int task_id) {
+    if (!t) {
+        return;
+    }
+    std::lock_guard<std::mutex> lock(requests_mutex());
+    auto &                      m = requests_by_task();
+    if (m.size() >= 4096) {
+        // states whose slot never released them (a server that dropped a task): never written
+        for (auto it = m.begin(); it != m.end();) {
+            it = it->second->http_done ? m.erase(it) : std::next(it);
         }
     }
-    const int64_t t_arrive = a.t_ns < t_model ? a.t_ns : t_model;
-    const int64_t t_first  = t_first_us * 1000;
-    std::string   f        = "{\"id\":" + json_str("task-" + std::to_string(task_id));
-    f += ",\"endpoint\":" + json_str(a.endpoint);
-    f += ",\"method\":\"POST\",\"status\":200,\"stream\":";
-    f += stream ? "true" : "false";
-    f += ",\"t_arrive\":" + std::to_string(t_arrive);
-    f += ",\"wait\":" + std::to_string(t_model - t_arrive);
-    f += ",\"ttft\":" + json_int_or_null(t_first_us > 0 && t_first >= t_arrive, t_first - t_arrive);
-    f += ",\"model\":" + std::to_string(t_end - t_model);
-    f += ",\"dur\":" + std::to_string(t_end - t_arrive);
-    f += ",\"prompt_tokens\":" + std::to_string(n_prompt_processed);
-    f += ",\"gen_tokens\":" + std::to_string(n_gen > 0 ? n_gen - 1 : 0);
-    f += ",\"slot\":" + std::to_string(slot) + "}";
-    llama_instr_write_record("request", f.c_str());
-    llama_instr_flush();  // the server may now idle: a follower sees the request at once
+    if (t->r->task < 0) {
+        t->r->task = task_id;
+        t->r->id   = "task-" + std::to_string(task_id);
+    }
+    m[task_id] = t->r;
+}
+
+// A chunk of its stream was sent: `partial` (a server_task_result_cmpl_partial, or nullptr for
+// another result) says how many tokens were decoded for it so far.
+template <class R> inline void request_sent(const request_tracker & t, const R * partial) {
+    if (!t) {
+        return;
+    }
+    std::lock_guard<std::mutex> lock(requests_mutex());
+    request_state &             r = *t->r;
+    r.stream                      = true;
+    if (partial && partial->n_decoded > r.tokens_sent) {
+        if (r.tokens_sent == 0) {
+            r.t_first_sent = now_ns();
+        }
+        r.tokens_sent = partial->n_decoded;
+    }
+}
+
+// The HTTP side is done with it: `outcome` "ok" or "error" (with `error`, what went wrong), and the
+// HTTP status it answered with.
+inline void request_end(const request_tracker & t, int status, const char * outcome, const std::string & error = "") {
+    if (!t) {
+        return;
+    }
+    std::string fields;
+    {
+        std::lock_guard<std::mutex> lock(requests_mutex());
+        request_state &             r = *t->r;
+        if (r.http_done) {
+            return;
+        }
+        r.http_done = true;
+        r.t_end     = now_ns();
+        r.status    = status;
+        r.outcome   = outcome;
+        r.error     = error;
+        fields      = finish_locked(r);
+    }
+    write_request(fields);
+}
+
+// A handler threw before answering (ex_wrapper): the request it was handling on this thread (or a
+// new one, e.g. a malformed body that never reached handle_completions_impl) ends as an error.
+inline void request_failed(const std::string & endpoint, int status, const std::string & error) {
+    request_ptr r = std::move(unwound_request());
+    unwound_request().reset();
+    if (!active()) {
+        return;
+    }
+    if (!r) {
+        static std::atomic<int64_t> n_failed{ 0 };
+        r           = std::make_shared<request_state>();
+        r->id       = "failed-" + std::to_string(++n_failed);
+        r->endpoint = endpoint;
+        r->t_arrive = now_ns();
+    }
+    std::string fields;
+    {
+        std::lock_guard<std::mutex> lock(requests_mutex());
+        if (r->http_done) {
+            return;
+        }
+        r->http_done = true;
+        r->t_end     = now_ns();
+        r->status    = status;
+        r->outcome   = "error";
+        r->error     = error;
+        fields       = finish_locked(*r);
+    }
+    write_request(fields);
+}
+
+// The slot `slot` (its sequence id in the steps' seqs) of `ctx` began the task `task_id`: its
+// steps are sampled with it (--sample-requests).
+inline void request_launched(llama_context * ctx, int task_id, int slot) {
+    if (!active()) {
+        return;
+    }
+    const int32_t               level = llama_instr_request_begin(ctx, slot);
+    std::lock_guard<std::mutex> lock(requests_mutex());
+    auto &                      m  = requests_by_task();
+    auto                        it = m.find(task_id);
+    if (it == m.end() || it->second->written) {
+        return;  // arrived before the session, or already recorded (cancelled while queued)
+    }
+    request_state & r = *it->second;
+    r.running++;
+    if (task_id == r.task) {
+        r.slot  = slot;
+        r.level = level > 0 ? level : 0;
+    }
+}
+
+// The slot let the task go (done, failed or cancelled), with its statistics: when it began the
+// prompt and sampled the first token (ggml_time_us), prompt tokens decoded, tokens sampled.
+inline void request_released(llama_context * ctx,
+                             int             task_id,
+                             int             slot,
+                             int64_t         t_start_us,
+                             int64_t         t_first_us,
+                             uint64_t        n_prompt_processed,
+                             uint64_t        n_gen) {
+    if (!active()) {
+        return;
+    }
+    llama_instr_request_end(ctx, slot);
+    std::string fields;
+    {
+        std::lock_guard<std::mutex> lock(requests_mutex());
+        auto &                      m  = requests_by_task();
+        auto                        it = m.find(task_id);
+        if (it == m.end()) {
+            return;
+        }
+        request_ptr r = it->second;
+        if (r->running > 0) {
+            r->running--;
+        }
+        if (task_id == r->task) {
+            r->t_start_us = t_start_us;
+            r->t_first_us = t_first_us;
+            r->t_released = now_ns();
+            r->n_prompt   = n_prompt_processed;
+            r->n_gen      = n_gen;
+        }
+        fields = finish_locked(*r);
+    }
+    write_request(fields);
 }
 
 // --- llama-bench -------------------------------------------------------------------------------

@@ -1,0 +1,587 @@
+"""Always on (issue 29), in a Python process: sampling (each step says its level, readers say what
+was sampled and compute per-op figures from those steps only), bounded files (rotation between
+steps, each file whole and readable alone, the series read as one session), reopening (SIGHUP,
+llama_instr_reopen), a full disk (one warning, whole lines, writing resumes after a rotation),
+and `instr serve`'s records of requests that failed or were cancelled. llama-server's side is in
+test_tools_always_on.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from support import PROMPT, free_port, read_log, wait_ready
+
+from llamacpp_instr.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_llama(model: Path) -> Any:
+    import llama_cpp
+
+    return llama_cpp.Llama(model_path=str(model), n_ctx=256, n_batch=64, n_threads=1, verbose=False)
+
+
+def decode_requests(llm: Any, n: int, gen: int = 6) -> None:
+    """``n`` prompts of 20 tokens, each followed by ``gen`` one-token steps."""
+    for i in range(n):
+        llm.reset()
+        llm.eval([1] + [5 + (i + j) % 200 for j in range(19)])
+        for t in range(gen):
+            llm.eval([7 + (i + t) % 200])
+
+
+def whole_lines(path: Path) -> list[dict[str, Any]]:
+    """Every line of a file, strictly: whole, newline-terminated JSON objects."""
+    data = path.read_bytes()
+    assert data.endswith(b"\n"), f"{path}: last line is not whole"
+    return [json.loads(line) for line in data.split(b"\n")[:-1]]
+
+
+def series(log: Path) -> list[Path]:
+    """LOG.k .. LOG.1, LOG: oldest first (named independently of the reader's ordering)."""
+    rotated = sorted(
+        (p for p in log.parent.glob(log.name + ".*") if p.name[len(log.name) + 1 :].isdigit()),
+        key=lambda p: -int(p.name[len(log.name) + 1 :]),
+    )
+    return rotated + [log]
+
+
+# --- sampling -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sampled_log(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    import llamacpp_instr
+
+    log = tmp_path_factory.mktemp("sampled") / "sampled.log"
+    llm = load_llama(tiny_llama_f32)
+    try:
+        with llamacpp_instr.session(llm, log, "detailed", sample=4):
+            decode_requests(llm, 3)
+    finally:
+        llm.close()
+    return log
+
+
+def test_one_step_in_n_is_detailed_and_each_says_its_level(
+    sampled_log: Path, schema_validator: Any
+) -> None:
+    recs = read_log(sampled_log)
+    for r in recs:
+        schema_validator.validate(r)
+    assert recs[0]["sample"] == {"steps": 4, "requests": 1}
+    begins = [r for r in recs if r["type"] == "step_begin"]
+    assert [b["step"] for b in begins] == list(range(len(begins))) and len(begins) == 21
+    for b in begins:
+        assert b["level"] == ("detailed" if b["step"] % 4 == 0 else "minimal")
+        assert ("tokens" in b) == (b["level"] == "detailed")
+    computes = [r for r in recs if r["type"] == "compute"]
+    timed = {c["step"] for c in computes if c.get("ops")}
+    assert timed == {b["step"] for b in begins if b["level"] == "detailed"}
+    # every compute has its layer spans, sampled or not
+    assert all(c["layers"] for c in computes)
+
+
+def test_readers_say_what_was_sampled(sampled_log: Path) -> None:
+    from llamacpp_instr import load_session
+    from llamacpp_instr.converters.summary import overview
+
+    f = load_session(sampled_log)
+    s = f.sampling()
+    assert (s.sample_steps, s.timed_steps, s.steps) == (4, 6, 21)
+    assert s.steps_by_level == {"detailed": 6, "minimal": 15}
+    assert f.steps["level"].astype(str).tolist() == [
+        "detailed" if i % 4 == 0 else "minimal" for i in range(21)
+    ]
+    # per-op figures come from the detailed steps only, and say so
+    assert set(f.ops["step"]) == {0, 4, 8, 12, 16, 20}
+    ov = overview(f)
+    timed_dur = int(f.steps.loc[f.steps["step"] % 4 == 0, "dur_ns"].sum())
+    assert ov["op_time_coverage"] == pytest.approx(f.ops["dur_ns"].sum() / timed_dur)
+    assert ov["sampled"] == "1 step in 4 at detailed (6 of 21 steps with op times)"
+    r = CliRunner().invoke(main, ["summary", str(sampled_log)])
+    assert r.exit_code == 0, r.output
+    assert "sampled:" in r.stdout and "per-op figures are from those steps" in r.stdout
+    assert "Time per op type, the steps with op times: 1 step in 4" in r.stdout
+
+
+def test_compare_never_sets_sampled_totals_against_full_ones(
+    sampled_log: Path, instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    import llamacpp_instr
+    from llamacpp_instr import load_session
+    from llamacpp_instr.converters import compare
+
+    full = tmp_path / "full.log"
+    llm = load_llama(tiny_llama_f32)
+    try:
+        with llamacpp_instr.session(llm, full, "detailed"):
+            decode_requests(llm, 3)
+    finally:
+        llm.close()
+    a, b = load_session(sampled_log), load_session(full)
+    c = compare.compare_sessions(a, b, a.generated_tokens, b.generated_tokens)
+    assert c["sampled"]["a"] and not c["sampled"]["b"]
+    assert "unavailable" in c["tokens"]  # minimal steps carry no token ids
+    # per op: the mean per generation step with op times, in both runs
+    mm = {r["op"]: r for r in c["per_op"]}["MUL_MAT"]
+    for f, key in ((a, "total_ms_a"), (b, "total_ms_b")):
+        gen = f.steps[(f.steps["kind"] == "gen") & (f.steps["level"] == "detailed")]["step"]
+        ops = f.ops[f.ops["step"].isin(gen) & (f.ops["op"] == "MUL_MAT")]
+        assert mm[key] == pytest.approx(ops["dur_ns"].sum() / 1e6 / len(gen))
+    r = CliRunner().invoke(main, ["compare", str(sampled_log), str(full)])
+    assert r.exit_code == 0, r.output
+    assert "mean per generation step with op times" in r.stdout
+
+
+def test_sample_requests_records_one_request_in_n(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    import llamacpp_instr
+
+    log = tmp_path / "req.log"
+    llm = load_llama(tiny_llama_f32)
+    levels = []
+    try:
+        with llamacpp_instr.session(llm, log, "detailed", sample_requests=3):
+            for i in range(5):
+                instr_api.set_request(llm.ctx, f"r{i}")
+                levels.append(instr_api.request_begin(llm.ctx))
+                decode_requests(llm, 1, gen=2)
+                instr_api.request_end(llm.ctx)
+                instr_api.set_request(llm.ctx, None)
+    finally:
+        llm.close()
+    assert levels == ["detailed", "minimal", "minimal", "detailed", "minimal"]
+    begins = [r for r in read_log(log) if r["type"] == "step_begin"]
+    assert len(begins) == 15
+    for b in begins:
+        assert b["level"] == ("detailed" if b["request"] in ("r0", "r3") else "minimal"), b
+
+
+# --- bounded files ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rotated(instr_api: Any, tiny_llama_f32: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A detailed session of 40 requests rotated at 64K, every file kept."""
+    import llamacpp_instr
+
+    log = tmp_path_factory.mktemp("rotated") / "rot.log"
+    llm = load_llama(tiny_llama_f32)
+    try:
+        with llamacpp_instr.session(llm, log, "detailed", max_bytes=64 * 1024, keep=100):
+            decode_requests(llm, 40)
+    finally:
+        llm.close()
+    return log
+
+
+def test_every_file_is_whole_and_begins_the_session_again(
+    rotated: Path, schema_validator: Any, tmp_path: Path
+) -> None:
+    from llamacpp_instr.converters.trace import convert
+
+    files = series(rotated)
+    assert len(files) >= 4, files
+    sid = None
+    n_records = 0
+    for k, f in enumerate(files):
+        recs = whole_lines(f)
+        n_records += len(recs)
+        for r in recs:
+            schema_validator.validate(r)
+        head = recs[0]
+        assert head["type"] == "session_start"
+        sid = sid or head["sid"]
+        assert head["sid"] == sid and head["rotate"] == {"max_bytes": 65536, "keep": 100}
+        assert head.get("file", {}).get("index", 0) == k
+        if k:
+            assert head["file"]["records_before"] == n_records - len(recs)
+            # a whole step or more past the size, never a piece of one
+            assert f.stat().st_size >= 64 * 1024 or f == files[-1]
+        # no rotation inside a step: each step begun in the file ends in it, and the reverse
+        begun = [(r["ctx"], r["step"]) for r in recs if r["type"] == "step_begin"]
+        ended = [(r["ctx"], r["step"]) for r in recs if r["type"] == "step_end"]
+        assert begun == ended and begun
+        # the graph tables its steps' ops refer to are in the file, before them
+        seen: set[int] = set()
+        for r in recs:
+            if r["type"] == "graph":
+                seen.add(r["graph"])
+            elif r["type"] == "compute" and r.get("ops"):
+                assert r["graph"] in seen, (f.name, r["step"])
+        # and it converts alone, with nothing skipped (the base name reads the series: a copy)
+        alone = tmp_path / f"{f.name}.alone"
+        alone.write_bytes(f.read_bytes())
+        stats, report = convert(alone, tmp_path / f"{f.name}.pftrace")
+        assert report.skipped == [] and stats.steps == len(begun)
+    last = whole_lines(files[-1])[-1]
+    assert last["type"] == "session_end" and last["totals"]["records"] == n_records
+    assert last["totals"]["lost"] == 0
+
+
+def test_the_series_reads_as_one_session(rotated: Path, tmp_path: Path) -> None:
+    from llamacpp_instr import load_session
+    from llamacpp_instr.converters.reader import log_files
+
+    files = series(rotated)
+    assert log_files(rotated) == files
+    assert log_files(str(rotated) + "*") == files
+    whole = load_session(rotated)
+    assert whole.info.files == len(files) and whole.info.first_file == 0
+    assert whole.steps["step"].tolist() == list(range(40 * 7))
+    assert whole.info.ended and whole.report.skipped == []
+    globbed = load_session(str(rotated) + "*")
+    assert globbed.steps["dur_ns"].tolist() == whole.steps["dur_ns"].tolist()
+    assert len(globbed.ops) == len(whole.ops) > 0
+    # one file alone: its own steps, and it says where in the session it starts
+    part = load_session(files[2])
+    assert part.info.first_file == 2 and part.info.files == 1
+    assert 0 < len(part.steps) < len(whole.steps)
+    # a trace of the series, and the summary
+    out = tmp_path / "series.pftrace"
+    r = CliRunner().invoke(main, ["to-perfetto", str(rotated), "-o", str(out)])
+    assert r.exit_code == 0 and out.stat().st_size > 0, r.output
+    r = CliRunner().invoke(main, ["summary", str(rotated) + "*"])
+    assert r.exit_code == 0, r.output
+    assert f"log files:                                   {len(files)} read as one" in r.stdout
+    assert "steps:                                       280" in r.stdout
+
+
+def test_keep_removes_the_oldest(instr_api: Any, tiny_llama_f32: Path, tmp_path: Path) -> None:
+    import llamacpp_instr
+    from llamacpp_instr import load_session
+
+    log = tmp_path / "keep.log"
+    llm = load_llama(tiny_llama_f32)
+    try:
+        with llamacpp_instr.session(llm, log, "detailed", max_bytes=64 * 1024, keep=2) as s:
+            decode_requests(llm, 30)
+    finally:
+        llm.close()
+    files = series(log)
+    assert [f.name for f in files] == ["keep.log.2", "keep.log.1", "keep.log"]
+    first = whole_lines(files[0])[0]["file"]["index"]
+    assert first >= 2 and [whole_lines(f)[0]["file"]["index"] for f in files] == [
+        first,
+        first + 1,
+        first + 2,
+    ]
+    f = load_session(log)
+    assert f.info.first_file == first and s.totals.steps == 30 * 7
+    assert f.steps["step"].iloc[-1] == 30 * 7 - 1 and len(f.steps) < 30 * 7
+
+
+def test_reopen_starts_a_new_file_at_the_path(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """What logrotate does: move the log away, then ask for a reopen (SIGHUP runs the same)."""
+    import llamacpp_instr
+
+    log = tmp_path / "hup.log"
+    moved = tmp_path / "hup.log-old"
+    llm = load_llama(tiny_llama_f32)
+    try:
+        with llamacpp_instr.session(llm, log, "detailed"):
+            decode_requests(llm, 2)
+            log.rename(moved)
+            llamacpp_instr.api.reopen()
+            decode_requests(llm, 2)
+    finally:
+        llm.close()
+    old, new = whole_lines(moved), whole_lines(log)
+    assert old[-1]["type"] == "step_end" and new[0]["type"] == "session_start"
+    assert new[0]["file"]["index"] == 1 and new[-1]["type"] == "session_end"
+    assert new[-1]["totals"]["lost"] == 0
+    steps = [r["step"] for r in old + new if r["type"] == "step_begin"]
+    assert steps == list(range(28))
+    # the first step in the new file wrote its graph table again
+    assert any(r["type"] == "graph" for r in new)
+
+
+def test_reopen_when_idle_is_done_by_the_flusher(instr_api: Any, tmp_path: Path) -> None:
+    log = tmp_path / "idle.log"
+    instr_api.session_begin(None, str(log), "minimal", {})
+    try:
+        log.rename(tmp_path / "idle.log.1")
+        instr_api.reopen()
+        t_end = time.monotonic() + 5
+        while not log.exists() and time.monotonic() < t_end:
+            time.sleep(0.02)
+        assert log.exists()
+    finally:
+        instr_api.session_end("ok")
+    recs = whole_lines(log)
+    assert [r["type"] for r in recs] == ["session_start", "session_end"]
+
+
+# --- a full disk --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 512 KiB tmpfs, mounted for the test (as root), else the test is skipped."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {(r.stderr or r.stdout).strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(path: Path) -> None:
+    """Fill the file system of ``path`` up: a file that takes every free byte."""
+    with path.open("wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
+def test_a_full_disk_suspends_writing_until_a_rotation(
+    instr_api: Any, tiny_llama_f32: Path, small_tmpfs: Path, tmp_path: Path
+) -> None:
+    """In a child process (its stderr is the warning): decode, fill the disk, decode (records
+    dropped, one warning), free the space, decode on until the log rotates (writing resumes)."""
+    log = small_tmpfs / "full.log"
+    filler = small_tmpfs / "filler"
+    script = f"""
+import sys
+sys.path.insert(0, {str(ROOT / "tests")!r})
+from pathlib import Path
+from test_always_on import decode_requests, fill, load_llama
+import llamacpp_instr
+llm = load_llama(Path({str(tiny_llama_f32)!r}))
+try:
+    with llamacpp_instr.session(llm, {str(log)!r}, "detailed", max_bytes=64 * 1024, keep=1):
+        decode_requests(llm, 2)
+        fill(Path({str(filler)!r}))
+        decode_requests(llm, 6)
+        print("decoded while full", flush=True)
+        Path({str(filler)!r}).unlink()
+        decode_requests(llm, 12)
+except Exception as exc:
+    print("session end:", exc, flush=True)
+llm.close()
+"""
+    r = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert "decoded while full" in r.stdout, r.stderr
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("llama-instr: ")]
+    assert warnings[0].startswith(f"llama-instr: writing the log {log} failed: No space left")
+    assert warnings[0].endswith("records are dropped until the log is reopened or rotated")
+    # one line when writing stops, one when it resumes (a new file may fill up again while the
+    # disk is still full: then once more), never a line per record
+    failed = [w for w in warnings if "failed" in w]
+    again = [w for w in warnings if w.endswith("records were lost)") and " again (" in w]
+    assert len(warnings) == len(failed) + len(again) and 1 <= len(failed) <= 3, r.stderr
+    assert [("again" in w) for w in warnings] == [False, True] * len(failed), r.stderr
+    # the session reports what it lost, and every file is whole lines
+    assert "session end:" in r.stdout and "records lost" in r.stdout
+    files = series(log)
+    assert len(files) == 2
+    old, new = whole_lines(files[0]), whole_lines(files[1])
+    assert old[0]["type"] == "session_start" and new[0]["type"] == "session_start"
+    assert new[-1]["type"] == "session_end" and new[-1]["totals"]["lost"] > 0
+
+
+# --- options ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--keep", "3"], "--keep needs --max-bytes"),
+        (["--max-bytes", "1K"], "--max-bytes must be at least 64K"),
+        (["--max-bytes", "64X"], "not a size: '64X'"),
+        (["--sample", "0"], "--sample"),
+    ],
+)
+def test_bad_always_on_options_are_usage_errors(args: list[str], message: str) -> None:
+    for cmd in (["run", "-p", "hi"], ["serve"], ["exec"]):
+        r = CliRunner().invoke(main, cmd + args + (["llama-server"] if cmd == ["exec"] else []))
+        assert r.exit_code == 2, (cmd, r.output)
+        assert message in r.stderr, (cmd, r.stderr)
+
+
+def test_run_samples_and_rotates(tiny_llama_f32: Path, tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    r = CliRunner().invoke(
+        main,
+        ["run", str(tiny_llama_f32), "-p", PROMPT, "-n", "8", "-t", "1", "-o", str(log)]
+        + ["--sample", "2", "--max-bytes", "64K", "--keep", "2"],
+    )
+    assert r.exit_code == 0, r.output
+    recs = read_log(log)
+    assert recs[0]["sample"]["steps"] == 2 and recs[0]["rotate"] == {"max_bytes": 65536, "keep": 2}
+    assert recs[0]["metadata"]["config"]["always_on"]["sample"] == 2
+    levels = [r["level"] for r in recs if r["type"] == "step_begin"]
+    assert levels == ["detailed", "minimal"] * 4
+
+
+def test_the_environment_takes_them_and_refuses_bad_values(
+    tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """LLAMA_INSTR_SAMPLE, _MAX_BYTES and _KEEP in any process linking libllama (here Python)."""
+    script = (
+        "import llama_cpp, sys; "
+        f"llm = llama_cpp.Llama({str(tiny_llama_f32)!r}, n_ctx=64, n_threads=1, verbose=False); "
+        "llm.eval([1, 5, 6, 7]); llm.eval([8]); llm.eval([9]); print('ok')"
+    )
+    log = tmp_path / "env.log"
+    env = dict(os.environ, LLAMA_INSTR_LOG=str(log), LLAMA_INSTR_SAMPLE="3")
+    env.update(LLAMA_INSTR_MAX_BYTES="1M", LLAMA_INSTR_KEEP="4")
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+    recs = read_log(log)
+    assert recs[0]["sample"] == {"steps": 3, "requests": 1}
+    assert recs[0]["rotate"] == {"max_bytes": 1 << 20, "keep": 4}
+    assert [r["level"] for r in recs if r["type"] == "step_begin"] == [
+        "detailed",
+        "minimal",
+        "minimal",
+    ]
+    for bad, says in (
+        ({"LLAMA_INSTR_SAMPLE": "zero"}, "LLAMA_INSTR_SAMPLE=zero is not a number"),
+        ({"LLAMA_INSTR_MAX_BYTES": "12"}, "LLAMA_INSTR_MAX_BYTES=12 is not a size of at least 64K"),
+        ({"LLAMA_INSTR_KEEP": "3"}, "LLAMA_INSTR_KEEP needs LLAMA_INSTR_MAX_BYTES"),
+    ):
+        bad_log = tmp_path / "bad.log"
+        env = dict(os.environ, LLAMA_INSTR_LOG=str(bad_log), **bad)
+        r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+        assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+        assert f"llama-instr: {says}" in r.stderr and "running uninstrumented" in r.stderr
+        assert not bad_log.exists()
+
+
+# --- instr serve: every request, whatever became of it --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(instr_api: Any, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """instr serve with --sample-requests 2: completions, a bad request, a stream the client
+    drops after its first tokens, SIGHUP after the log was moved, then SIGINT."""
+    import urllib.error
+    import urllib.request
+
+    import openai
+
+    tmp = tmp_path_factory.mktemp("serve-always")
+    log = tmp / "serve.log"
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llamacpp_instr.cli", "serve", str(smollm2_path)]
+        + ["--port", str(port), "-o", str(log), "-t", "2", "--sample-requests", "2"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}/v1"
+    sent: list[str] = []
+    try:
+        wait_ready(port, proc)
+        client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
+        for i in range(2):
+            client.completions.create(
+                model="smollm2", prompt=f"Count to {i + 3}:", max_tokens=4, temperature=0
+            )
+            sent.append("ok")
+        # a request the server refuses (422: not a completion request)
+        req = urllib.request.Request(
+            f"{base}/completions",
+            data=json.dumps({"prompt": 5, "max_tokens": "many"}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=60)
+        refused_status = refused.value.code  # (llama-cpp-python answers a bad body with 500)
+        assert refused_status >= 400
+        sent.append("error")
+        # a stream the client drops after two chunks
+        stream = client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": "Tell a long story."}],
+            max_tokens=200,
+            temperature=0,
+            stream=True,
+        )
+        got = 0
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                got += 1
+                if got == 2:
+                    break
+        stream.close()
+        sent.append("cancelled")
+        time.sleep(1.0)
+        # logrotate: move the log, then SIGHUP
+        moved = tmp / "serve.log.moved"
+        log.rename(moved)
+        proc.send_signal(signal.SIGHUP)
+        client.completions.create(model="smollm2", prompt="Hi", max_tokens=3, temperature=0)
+        sent.append("ok")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return {
+        "log": log,
+        "moved": moved,
+        "sent": sent,
+        "refused_status": refused_status,
+        "err": err,
+        "rc": proc.returncode,
+    }
+
+
+def test_serve_records_every_request_with_its_outcome(served: Any, schema_validator: Any) -> None:
+    assert served["rc"] == 0, served["err"]
+    recs = whole_lines(served["moved"]) + whole_lines(served["log"])
+    for r in recs:
+        schema_validator.validate(r)
+    posts = [r for r in recs if r["type"] == "request" and r["method"] == "POST"]
+    assert [r["outcome"] for r in posts] == served["sent"]
+    ok, error, cancelled = posts[0], posts[2], posts[3]
+    assert ok["status"] == 200 and "error" not in ok
+    assert error["status"] == served["refused_status"] and error["ttft"] is None
+    assert cancelled["status"] == 200 and cancelled["stream"]
+    assert cancelled["tokens_sent"] >= 2 and cancelled["dur"] > 0
+    # --sample-requests 2: the requests that reached the model alternate detailed and minimal
+    reached = [r for r in posts if r["outcome"] != "error"]
+    assert [r["level"] for r in reached] == ["detailed", "minimal", "detailed", "minimal"]
+    steps = [r for r in recs if r["type"] == "step_begin"]
+    for r in reached:
+        mine = {s["level"] for s in steps if s.get("request") == r["id"]}
+        assert mine == {r["level"]}, r["id"]
+
+
+def test_serve_reopens_its_log_on_sighup(served: Any) -> None:
+    new = whole_lines(served["log"])
+    assert new[0]["type"] == "session_start" and new[0]["file"]["index"] == 1
+    assert new[-1]["type"] == "session_end" and new[-1]["status"] == "interrupted"
+    assert new[-1]["totals"]["lost"] == 0
+    assert [r["outcome"] for r in new if r["type"] == "request"] == ["ok"]

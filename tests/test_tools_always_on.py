@@ -1,0 +1,299 @@
+"""Always on (issue 29) in llama-server, under `instr exec`: a sampled, rotating log under
+concurrent load from the real `openai` client (every file parses, begins with session_start and
+converts; the series reads as one session with all its requests), every request recorded once
+whatever became of it (ok, refused with its status, dropped mid-stream as cancelled), SIGHUP after
+logrotate moved the log, and a full disk (a small tmpfs: the server answers every request, the
+log stays whole lines, writing resumes after a rotation)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import free_port, wait_ready
+
+MAX_BYTES = 64 * 1024
+
+
+@pytest.fixture(scope="session")
+def tools_bin() -> Path:
+    from llamacpp_instr import tools
+
+    return tools.build_tools(lambda msg: print(msg, file=sys.stderr, flush=True))
+
+
+def whole_lines(path: Path) -> list[dict[str, Any]]:
+    data = path.read_bytes()
+    assert data.endswith(b"\n"), f"{path}: last line is not whole"
+    return [json.loads(line) for line in data.split(b"\n")[:-1]]
+
+
+def series(log: Path) -> list[Path]:
+    """LOG.k .. LOG.1, LOG: oldest first."""
+    rotated = sorted(
+        (p for p in log.parent.glob(log.name + ".*") if p.name[len(log.name) + 1 :].isdigit()),
+        key=lambda p: -int(p.name[len(log.name) + 1 :]),
+    )
+    return rotated + [log]
+
+
+def start_server(log: Path, model: Path, *instr_args: str) -> tuple[subprocess.Popen[str], int]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llamacpp_instr.cli", "exec", "-o", str(log), *instr_args]
+        + ["llama-server", "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
+        + ["--parallel", "2", "-c", "2048", "-t", "2", "--no-webui"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_ready(port, proc, timeout=180, path="/health")
+    return proc, port
+
+
+def stop_server(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    return err
+
+
+def completion(client: Any, i: int, tokens: int = 8) -> str:
+    client.completions.create(
+        model="m", prompt=f"Count from {i} to twenty:", max_tokens=tokens, temperature=0
+    )
+    return "ok"
+
+
+def stream(client: Any, i: int, drop: bool = False) -> str:
+    s = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": f"Tell story number {i}."}],
+        max_tokens=48 if drop else 8,
+        temperature=0,
+        stream=True,
+    )
+    got = 0
+    for chunk in s:
+        if chunk.choices and chunk.choices[0].delta.content:
+            got += 1
+            if drop and got == 2:
+                s.close()  # the client goes away mid-stream
+                return "cancelled"
+    return "ok"
+
+
+def refused(client: Any) -> str:
+    import openai
+
+    with pytest.raises(openai.BadRequestError):
+        # more tokens than a slot's context (2048 / 2): the server answers 400
+        client.completions.create(model="m", prompt="word " * 1500, max_tokens=4)
+    return "error"
+
+
+def malformed(port: int) -> str:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=b'{"prompt": "unterminated',
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code >= 400
+    return "error"
+
+
+@pytest.fixture(scope="module")
+def loaded(
+    tools_bin: Path, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """llama-server sampled 1 step in 4 and rotated at 64K, 20 requests at concurrency 4 (streams,
+    two dropped, one refused, one malformed), then logrotate (move the log, SIGHUP), 4 more,
+    SIGINT."""
+    import openai
+
+    tmp = tmp_path_factory.mktemp("server-always")
+    log = tmp / "server.log"
+    proc, port = start_server(
+        log, smollm2_path, "--sample", "4", "--max-bytes", "64K", "--keep", "100"
+    )
+    try:
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=120, max_retries=0
+        )
+        jobs = [
+            (
+                (lambda i=i: completion(client, i))
+                if i % 3 == 0
+                else (lambda i=i: stream(client, i, drop=i in (4, 11)))
+            )
+            for i in range(18)
+        ]
+        jobs += [lambda: refused(client), lambda: malformed(port)]
+        with ThreadPoolExecutor(4) as pool:
+            seen = list(pool.map(lambda job: job(), jobs))
+        # logrotate: move the log away, then SIGHUP; the server goes on into a new file
+        moved = tmp / "server.log.moved"
+        files_before = series(log)[:-1]
+        log.rename(moved)
+        proc.send_signal(signal.SIGHUP)
+        with ThreadPoolExecutor(4) as pool:
+            seen += list(pool.map(lambda i: completion(client, 100 + i), range(4)))
+        err = stop_server(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return {
+        "log": log,
+        "moved": moved,
+        "files": files_before + [moved, *series(log)],
+        "seen": seen,
+        "err": err,
+        "rc": proc.returncode,
+    }
+
+
+def test_rotation_under_load_every_file_parses_begins_and_converts(
+    loaded: dict[str, Any], schema_validator: Any, tmp_path: Path
+) -> None:
+    from llamacpp_instr.converters.trace import convert
+
+    assert loaded["rc"] == 0, loaded["err"]
+    files = loaded["files"]
+    assert len(files) >= 4, files  # several rotations, the move, the file after SIGHUP
+    for f in files:
+        recs = whole_lines(f)
+        for r in recs:
+            schema_validator.validate(r)
+        assert recs[0]["type"] == "session_start"
+        begun = [r["step"] for r in recs if r["type"] == "step_begin"]
+        assert begun == [r["step"] for r in recs if r["type"] == "step_end"]
+        alone = tmp_path / (f.name + ".alone")
+        alone.write_bytes(f.read_bytes())
+        stats, report = convert(alone, tmp_path / (f.name + ".pftrace"))
+        assert report.skipped == [] and stats.steps == len(begun)
+    # the moved file ended on a whole step, the new file continues the session
+    assert whole_lines(loaded["moved"])[-1]["type"] in ("step_end", "request")
+    after = whole_lines(loaded["log"])
+    assert after[0]["file"]["index"] >= 1 and after[-1]["type"] == "session_end"
+    assert after[-1]["status"] == "interrupted" and after[-1]["totals"]["lost"] == 0
+
+
+def test_the_series_reads_as_one_session_with_all_its_requests(loaded: dict[str, Any]) -> None:
+    from llamacpp_instr import load_session
+
+    f = load_session(str(loaded["log"]) + "*")  # the rotated files and the moved one
+    assert f.info.files == len(loaded["files"]) and f.info.first_file == 0 and f.info.ended
+    assert f.steps["step"].tolist() == list(range(len(f.steps)))
+    assert f.sampling().sample_steps == 4
+    assert set(f.steps["level"].astype(str)) == {"detailed", "minimal"}
+    assert (f.steps.loc[f.steps["step"] % 4 == 0, "level"].astype(str) == "detailed").all()
+    # exactly one record per request the client made, with the outcome it saw
+    seen = sorted(loaded["seen"])
+    assert sorted(f.requests["outcome"].astype(str)) == seen
+    assert len(f.requests) == 24 and len(set(f.requests["id"].astype(str))) == 24
+
+
+def test_dropped_streams_are_cancelled_with_the_tokens_sent(loaded: dict[str, Any]) -> None:
+    from llamacpp_instr import load_session
+
+    r = load_session(str(loaded["log"]) + "*").requests
+    cancelled = r[r["outcome"].astype(str) == "cancelled"]
+    assert len(cancelled) == 2
+    for _, c in cancelled.iterrows():
+        assert c["stream"] and c["status"] == 200 and c["tokens_sent"] >= 2
+        assert c["dur_ns"] > 0 and c["slot"] in (0, 1)
+    ok = r[r["outcome"].astype(str) == "ok"]
+    assert (ok["status"] == 200).all() and (ok["gen_tokens"] > 0).all()
+
+
+def test_refused_and_malformed_requests_have_their_status(loaded: dict[str, Any]) -> None:
+    recs = [
+        x
+        for f in loaded["files"]
+        for x in whole_lines(f)
+        if x["type"] == "request" and x["outcome"] == "error"
+    ]
+    assert len(recs) == 2
+    by_id = {x["id"].split("-")[0]: x for x in recs}
+    assert by_id["task"]["status"] == 400 and by_id["task"]["error"]
+    assert by_id["task"]["wait"] is None and by_id["task"]["gen_tokens"] == 0
+    assert by_id["failed"]["status"] >= 400 and by_id["failed"]["endpoint"] == "/v1/completions"
+
+
+# --- a full disk --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs, mounted for the test (as root), else the test is skipped."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {(r.stderr or r.stdout).strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_disk_keeps_the_server_serving(
+    tools_bin: Path, smollm2_path: Path, small_tmpfs: Path
+) -> None:
+    import openai
+
+    log = small_tmpfs / "server.log"
+    filler = small_tmpfs / "filler"
+    proc, port = start_server(log, smollm2_path, "--max-bytes", "64K", "--keep", "1")
+    try:
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=120, max_retries=0
+        )
+        answered = [completion(client, i) for i in range(2)]
+        with filler.open("wb", buffering=0) as f:  # the disk fills up
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+            except OSError:
+                pass
+        answered += [completion(client, i, tokens=16) for i in range(6)]
+        filler.unlink()  # space is back: the next rotation resumes writing
+        t_end = time.monotonic() + 300
+        n = 0
+        while len(series(log)) < 2 and time.monotonic() < t_end and n < 60:
+            answered.append(completion(client, 50 + n, tokens=16))
+            n += 1
+        answered += [completion(client, 200 + i) for i in range(2)]
+        err = stop_server(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert answered == ["ok"] * len(answered) and proc.returncode == 0, err
+    warnings = [ln for ln in err.splitlines() if ln.startswith("llama-instr: ")]
+    assert warnings and "No space left on device" in warnings[0], err
+    assert len(warnings) <= 8  # a line when writing stops and when it resumes, not per record
+    assert "again (" in warnings[-1] or "incomplete" in warnings[-1], warnings
+    files = series(log)
+    assert len(files) == 2, files
+    for f in files:
+        recs = whole_lines(f)  # whole lines, whatever the disk did
+        assert recs[0]["type"] == "session_start"
+    last = whole_lines(files[-1])
+    assert last[-1]["type"] == "session_end" and last[-1]["totals"]["lost"] > 0
+    # the requests after the space came back are in the log
+    assert sum(r["type"] == "request" for r in last) >= 2

@@ -130,8 +130,8 @@ void log_file::fail(int32_t code, const std::string & why) {
 void log_file::suspend(int err) {
     const std::string why = "writing the log " + path + " failed: " + strerror(err);
     fail(LLAMA_INSTR_ERR_IO, why);
-    status            = LLAMA_INSTR_ERR_IO;  // reported at the end, even after an internal failure
-    suspended         = true;
+    status    = LLAMA_INSTR_ERR_IO;  // reported at the end, even after an internal failure
+    suspended = true;
     if (resuming) {
         resuming = false;  // still failing (the disk is still full): said already
         return;

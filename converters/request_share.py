@@ -3,9 +3,9 @@
 llama-server decodes the tokens of several slots in one batch: a step's ``seqs`` says how many of
 its tokens each sequence had, and a llama-server ``request`` record names its ``slot``, which is the
 sequence id of its tokens. A request's steps are the steps whose batch holds its sequence while it
-held the slot: from ``t_arrive + wait`` (the slot started its prompt) to ``t_arrive + dur`` (the
-final response). A slot serves one request at a time, so these windows never overlap for one
-sequence. A step's time is shared out by tokens: a request with 3 of a batch's 4 tokens gets 3/4
+held the slot: from ``t_arrive + wait`` (the slot started its prompt) to ``t_arrive + wait + model``
+(the slot let it go; ``t_arrive + dur``, the end of the response, in logs without ``model``). A
+slot serves one request at a time, so these windows never overlap for one sequence. A step's time is shared out by tokens: a request with 3 of a batch's 4 tokens gets 3/4
 of that step's ``llama_decode`` time, so the shares of all requests add up to at most the steps'
 time, never more.
 
@@ -67,8 +67,7 @@ class SeqSteps:
         request of that slot starts after it ended)."""
         try:
             slot = int(rec["slot"])
-            t0 = int(rec["t_arrive"]) + int(rec.get("wait") or 0)
-            t1 = int(rec["t_arrive"]) + int(rec.get("dur") or 0)
+            t0, t1 = slot_window(rec)
         except (KeyError, TypeError, ValueError):
             return None
         steps = self.by_seq.get(slot, [])
@@ -83,6 +82,15 @@ class SeqSteps:
             steps_ns=sum(x[1] for x in mine),
             share_ns=int(sum(x[1] * x[2] / max(x[3], 1) for x in mine)),
         )
+
+
+def slot_window(rec: dict[str, Any]) -> tuple[int, int]:
+    """When a request held its slot: from ``t_arrive + wait`` to ``+ model`` (the slot let it go),
+    or to ``t_arrive + dur`` when the record has no ``model``."""
+    t0 = int(rec["t_arrive"]) + int(rec.get("wait") or 0)
+    model = rec.get("model")
+    t1 = t0 + int(model) if model is not None else int(rec["t_arrive"]) + int(rec.get("dur") or 0)
+    return t0, t1
 
 
 def request_shares(f: SessionFrames) -> list[RequestShare]:
@@ -100,7 +108,14 @@ def request_shares(f: SessionFrames) -> list[RequestShare]:
     for ctx, step, start, dur, n in cols.itertuples(False):
         index.add(int(start), int(dur), int(n), seqs.get((int(ctx), int(step)), []))
     out = []
-    for r in sorted(reqs, key=lambda r: int(r.get("t_arrive", 0)) + int(r.get("dur") or 0)):
+
+    def end(r: dict[str, Any]) -> int:
+        try:
+            return slot_window(r)[1]
+        except (KeyError, TypeError, ValueError):
+            return 0
+
+    for r in sorted(reqs, key=end):
         sh = index.share(r)
         if sh is not None:
             out.append(sh)

@@ -159,8 +159,9 @@ def test_each_request_has_its_record_and_steps(server_run: dict[str, Any]) -> No
     assert steps
     for r in reqs:
         assert r["slot"] in (0, 1)
-        assert 0 <= r["wait"] <= r["ttft"] <= r["dur"]
-        t0, t1 = r["t_arrive"] + r["wait"], r["t_arrive"] + r["dur"]
+        assert 0 <= r["wait"] <= r["ttft"] <= r["wait"] + r["model"] <= r["dur"]
+        # while it held its slot: from its prompt until the slot let it go
+        t0, t1 = r["t_arrive"] + r["wait"], r["t_arrive"] + r["wait"] + r["model"]
         # the tokens of its sequence in the steps that ran while it held its slot, counted here
         # from step_begin directly (a step without seqs holds sequence 0 only)
         mine = 0

@@ -133,7 +133,9 @@ inline std::string request_fields(const request_state & r) {
     f += ",\"wait\":" + json_int_or_null(waited, t_model - r.t_arrive);
     f += ",\"ttft\":" + json_int_or_null(t_first > 0 && t_first >= r.t_arrive, t_first - r.t_arrive);
     f += ",\"model\":" + json_int_or_null(waited && r.t_released >= t_model, r.t_released - t_model);
-    f += ",\"dur\":" + std::to_string(r.t_end >= r.t_arrive ? r.t_end - r.t_arrive : 0);
+    // done: the response finished and the slot let it go (whichever came last)
+    const int64_t t_done = r.t_released > r.t_end ? r.t_released : r.t_end;
+    f += ",\"dur\":" + std::to_string(t_done >= r.t_arrive ? t_done - r.t_arrive : 0);
     f += ",\"prompt_tokens\":" + std::to_string(r.n_prompt);
     // the last token sampled is never decoded (the slot stops on it)
     f += ",\"gen_tokens\":" + std::to_string(r.n_gen > 0 ? r.n_gen - 1 : 0);

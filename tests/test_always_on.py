@@ -334,11 +334,11 @@ def test_reopen_when_idle_is_done_by_the_flusher(instr_api: Any, tmp_path: Path)
 
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 512 KiB tmpfs, mounted for the test (as root), else the test is skipped."""
+    """A 2 MiB tmpfs, mounted for the test (as root), else the test is skipped."""
     mnt = tmp_path / "small"
     mnt.mkdir()
     r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs", str(mnt)],
+        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mnt)],
         capture_output=True,
         text=True,
     )
@@ -375,7 +375,7 @@ from test_always_on import decode_requests, fill, load_llama
 import llamacpp_instr
 llm = load_llama(Path({str(tiny_llama_f32)!r}))
 try:
-    with llamacpp_instr.session(llm, {str(log)!r}, "detailed", max_bytes=64 * 1024, keep=1):
+    with llamacpp_instr.session(llm, {str(log)!r}, "detailed", max_bytes=64 * 1024, keep=8):
         decode_requests(llm, 2)
         fill(Path({str(filler)!r}))
         decode_requests(llm, 6)
@@ -393,19 +393,20 @@ llm.close()
     warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("llama-instr: ")]
     assert warnings[0].startswith(f"llama-instr: writing the log {log} failed: No space left")
     assert warnings[0].endswith("records are dropped until the log is reopened or rotated")
-    # one line when writing stops, one when it resumes (a new file may fill up again while the
-    # disk is still full: then once more), never a line per record
-    failed = [w for w in warnings if "failed" in w]
-    again = [w for w in warnings if w.endswith("records were lost)") and " again (" in w]
-    assert len(warnings) == len(failed) + len(again) and 1 <= len(failed) <= 3, r.stderr
-    assert [("again" in w) for w in warnings] == [False, True] * len(failed), r.stderr
+    # one line when writing stops, one when it resumes, never a line per record (nor per try:
+    # a rotation while the disk is still full stays silent)
+    assert len(warnings) == 2, r.stderr
+    assert " again (" in warnings[1] and warnings[1].endswith("records were lost)"), r.stderr
     # the session reports what it lost, and every file is whole lines
     assert "session end:" in r.stdout and "records lost" in r.stdout
     files = series(log)
-    assert len(files) == 2
-    old, new = whole_lines(files[0]), whole_lines(files[1])
-    assert old[0]["type"] == "session_start" and new[0]["type"] == "session_start"
-    assert new[-1]["type"] == "session_end" and new[-1]["totals"]["lost"] > 0
+    assert len(files) >= 2
+    for f in files:
+        assert whole_lines(f)[0]["type"] == "session_start"
+    last = whole_lines(files[-1])
+    assert last[-1]["type"] == "session_end" and last[-1]["totals"]["lost"] > 0
+    # writing resumed: the steps after the space came back are in the log, whole
+    assert sum(r["type"] == "step_end" for r in last) >= 1
 
 
 # --- options ------------------------------------------------------------------------------------

@@ -133,8 +133,7 @@ void log_file::suspend(int err) {
     status    = LLAMA_INSTR_ERR_IO;  // reported at the end, even after an internal failure
     suspended = true;
     if (resuming) {
-        resuming = false;  // still failing (the disk is still full): said already
-        return;
+        return;  // failing again before writing resumed for good (the disk is still full): said
     }
     n_lost_at_suspend = n_lost;
     if (quiet) {
@@ -144,7 +143,7 @@ void log_file::suspend(int err) {
 }
 
 void log_file::resumed() {
-    if (resuming) {
+    if (resuming && file_bytes >= resume_mark) {
         resuming = false;
         warn("writing the log " + path + " again (" + std::to_string(n_lost - n_lost_at_suspend) +
              " records were lost)");
@@ -261,9 +260,12 @@ bool log_file::reopen(bool rotate) {
         return false;
     }
     fclose(old);  // its lines are written (or dropped, counted): nothing is buffered in it
-    if (suspended) {
-        suspended = false;
-        resuming  = true;  // said by the first write that succeeds
+    if (suspended || resuming) {
+        // said once this file took FLUSH_BYTES more: a rotation while the disk is still full may
+        // free a little space, which the next records fill again
+        suspended   = false;
+        resuming    = true;
+        resume_mark = file_bytes + (int64_t) FLUSH_BYTES;
     }
     return true;
 }

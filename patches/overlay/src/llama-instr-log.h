@@ -39,7 +39,8 @@ struct log_file {
     bool    suspended         = false;  // a write failed: records are dropped until a reopen succeeds
     int64_t n_lost_at_suspend = 0;      // n_lost when writing was suspended (for the resume notice)
     bool    quiet             = false;  // no warning when a write fails (the caller reports it)
-    bool    resuming          = false;  // reopened after a failed write: said once the first write succeeds
+    bool    resuming          = false;  // reopened after a failed write: said once writing holds
+    int64_t resume_mark       = 0;      // file_bytes at which it holds (FLUSH_BYTES after the reopen)
 
     // rotation (0: never)
     int64_t max_bytes = 0;

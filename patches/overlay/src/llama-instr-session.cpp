@@ -142,8 +142,9 @@ bool file_due_locked(const session & s) {
 
 void new_file_locked(session & s) {
     // by size, the files are renamed (LOG -> LOG.1 ...); asked for (logrotate moved the file), the
-    // path is opened again as it is
-    const bool rotate = s.log.full();
+    // path is opened again as it is. A file that holds nothing (its head could not be written: the
+    // disk is still full) is not rotated into the series but tried again
+    const bool rotate = s.log.full() && s.log.file_bytes > 0;
     g_reopen.store(false, std::memory_order_relaxed);
     if (!s.log.reopen(rotate)) {
         s.retry_after = now_ns() + 10 * 1000 * 1000 * 1000LL;  // (a warning said why)

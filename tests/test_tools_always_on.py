@@ -144,7 +144,6 @@ def loaded(
             seen = list(pool.map(lambda job: job(), jobs))
         # logrotate: move the log away, then SIGHUP; the server goes on into a new file
         moved = tmp / "server.log.moved"
-        files_before = series(log)[:-1]
         log.rename(moved)
         proc.send_signal(signal.SIGHUP)
         with ThreadPoolExecutor(4) as pool:
@@ -153,10 +152,13 @@ def loaded(
     finally:
         if proc.poll() is None:
             proc.kill()
+    # every file the session wrote (rotated, moved, after SIGHUP, rotated again), in the order
+    # they began (their first record, read here with json)
+    files = sorted(tmp.glob("server.log*"), key=lambda p: json.loads(p.open().readline())["ts"])
     return {
         "log": log,
         "moved": moved,
-        "files": files_before + [moved, *series(log)],
+        "files": files,
         "seen": seen,
         "err": err,
         "rc": proc.returncode,
@@ -227,7 +229,8 @@ def test_refused_and_malformed_requests_have_their_status(loaded: dict[str, Any]
     assert len(recs) == 2
     by_id = {x["id"].split("-")[0]: x for x in recs}
     assert by_id["task"]["status"] == 400 and by_id["task"]["error"]
-    assert by_id["task"]["wait"] is None and by_id["task"]["gen_tokens"] == 0
+    # a slot took it, found it too long and gave it up: no token was sampled
+    assert by_id["task"]["ttft"] is None and by_id["task"]["gen_tokens"] == 0
     assert by_id["failed"]["status"] >= 400 and by_id["failed"]["endpoint"] == "/v1/completions"
 
 

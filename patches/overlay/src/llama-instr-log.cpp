@@ -91,6 +91,8 @@ bool log_file::open(const std::string & p) {
     n_lost            = 0;
     suspended         = false;
     resuming          = false;
+    warned            = false;
+    t_warned          = 0;
     n_lost_at_suspend = 0;
 #if !defined(_WIN32)
     abs_path = p;
@@ -130,23 +132,29 @@ void log_file::fail(int32_t code, const std::string & why) {
 void log_file::suspend(int err) {
     const std::string why = "writing the log " + path + " failed: " + strerror(err);
     fail(LLAMA_INSTR_ERR_IO, why);
-    status    = LLAMA_INSTR_ERR_IO;  // reported at the end, even after an internal failure
-    suspended = true;
-    if (resuming) {
-        return;  // failing again before writing resumed for good (the disk is still full): said
-    }
-    n_lost_at_suspend = n_lost;
-    if (quiet) {
+    status            = LLAMA_INSTR_ERR_IO;  // reported at the end, even after an internal failure
+    suspended         = true;
+    resuming          = false;
+    // one line when writing stops; a disk that stays full while rotations free a little of it
+    // again and again says so at most once a minute
+    const int64_t now = now_ns();
+    if (quiet || warned || (t_warned != 0 && now - t_warned < WARN_EVERY_NS)) {
         return;
     }
+    warned            = true;
+    t_warned          = now;
+    n_lost_at_suspend = n_lost;
     warn(why + ": records are dropped until the log is reopened" + (max_bytes > 0 ? " or rotated" : ""));
 }
 
 void log_file::resumed() {
-    if (resuming && file_bytes >= resume_mark) {
+    if (resuming) {
         resuming = false;
-        warn("writing the log " + path + " again (" + std::to_string(n_lost - n_lost_at_suspend) +
-             " records were lost)");
+        if (warned) {
+            warned = false;
+            warn("writing the log " + path + " again (" + std::to_string(n_lost - n_lost_at_suspend) +
+                 " records were lost)");
+        }
     }
 }
 
@@ -260,12 +268,9 @@ bool log_file::reopen(bool rotate) {
         return false;
     }
     fclose(old);  // its lines are written (or dropped, counted): nothing is buffered in it
-    if (suspended || resuming) {
-        // said once this file took FLUSH_BYTES more: a rotation while the disk is still full may
-        // free a little space, which the next records fill again
-        suspended   = false;
-        resuming    = true;
-        resume_mark = file_bytes + (int64_t) FLUSH_BYTES;
+    if (suspended) {
+        suspended = false;
+        resuming  = true;  // said by the first write that succeeds
     }
     return true;
 }

@@ -39,8 +39,9 @@ struct log_file {
     bool    suspended         = false;  // a write failed: records are dropped until a reopen succeeds
     int64_t n_lost_at_suspend = 0;      // n_lost when writing was suspended (for the resume notice)
     bool    quiet             = false;  // no warning when a write fails (the caller reports it)
-    bool    resuming          = false;  // reopened after a failed write: said once writing holds
-    int64_t resume_mark       = 0;      // file_bytes at which it holds (FLUSH_BYTES after the reopen)
+    bool    resuming          = false;  // reopened after a failed write: said by the first write that succeeds
+    bool    warned            = false;  // the failure was said, its resume not yet
+    int64_t t_warned          = 0;      // when a failure was last said
 
     // rotation (0: never)
     int64_t max_bytes = 0;
@@ -75,6 +76,9 @@ struct log_file {
     // (instr follow) is never further behind than that.
     static constexpr size_t  FLUSH_BYTES = 64 * 1024;
     static constexpr int64_t FLUSH_NS    = 200 * 1000 * 1000;
+
+    // a failed write is said at most this often (a disk that stays full)
+    static constexpr int64_t WARN_EVERY_NS = 60LL * 1000 * 1000 * 1000;
 
     // Append one complete record (no newline); written at once when the buffer is full or its
     // oldest line is old enough.

@@ -1,6 +1,6 @@
 """llama-server under sustained concurrent load, with the instrument off and on (issue 29).
 
-    python bench/serve_load.py [--model GGUF] [--requests 160] [--rounds 3] [--concurrency 8]
+    python bench/serve_load.py [--model GGUF] [--requests 80] [--rounds 3] [--concurrency 8]
                                [--parallel 4] [--threads 2] [--rss-requests 1000] [--write-docs]
 
 The patched llama-server of `instr build --tools` at `--parallel 4`, driven on loopback by the real
@@ -14,7 +14,7 @@ that drift of the shared machine hits each alike):
 - detailed: `instr exec --level detailed`.
 
 Each round is a fixed list of requests (the same in every configuration and round): mixed prompt
-lengths, mixed max_tokens, a third of them streamed, one in ten of those dropped by the client
+lengths (8 to 64 words), mixed max_tokens (4 to 16), a third of them streamed, one in ten of those dropped by the client
 after its second token, and one in forty refused by the server (a prompt longer than a slot's
 context: HTTP 400). Per configuration: requests/s (completed requests over the round's wall
 time) and p50/p99 latency of the requests that completed, as ratios to off in the same round
@@ -90,7 +90,7 @@ class Req:
 def request_list(n: int, ctx_per_slot: int) -> list[Req]:
     out = []
     for i in range(n):
-        length = (8, 24, 64, 160)[i % 4]
+        length = (8, 16, 32, 64)[i % 4]
         words = [WORDS[(i * 7 + j) % len(WORDS)] for j in range(length)]
         refused = i % 40 == 39
         if refused:
@@ -100,7 +100,7 @@ def request_list(n: int, ctx_per_slot: int) -> list[Req]:
             Req(
                 i=i,
                 prompt=" ".join(words),
-                max_tokens=(8, 16, 24, 32)[(i // 4) % 4],
+                max_tokens=(4, 8, 12, 16)[(i // 4) % 4],
                 stream=stream,
                 drop=stream and i % 10 == 4,
                 refused=refused,
@@ -206,7 +206,7 @@ class Server:
         return openai.OpenAI(
             base_url=f"http://127.0.0.1:{self.port}/v1",
             api_key="unused",
-            timeout=120,
+            timeout=300,
             max_retries=0,
         )
 
@@ -442,7 +442,7 @@ REQS: list[Req] = []
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None)
-    ap.add_argument("--requests", type=int, default=160, help="requests per round")
+    ap.add_argument("--requests", type=int, default=80, help="requests per round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--parallel", type=int, default=4)

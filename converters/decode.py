@@ -234,6 +234,8 @@ class SessionInfo:
     requests: list[dict[str, Any]] = field(default_factory=list)
     # `part` records (llama-bench's tests), in log order
     parts: list[dict[str, Any]] = field(default_factory=list)
+    # `transfers` records (the commands sent to RPC servers), in log order
+    transfers: list[dict[str, Any]] = field(default_factory=list)
     # the machine that made the log (CPU model, devices), {} in logs from before it was recorded
     machine: dict[str, Any] = field(default_factory=dict)
 

@@ -184,7 +184,8 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
     out = cfg.out or default_log_name()
     check_writable(out)
     models.check_gguf(cfg.model)
-    bindings.load()  # the patched build, before the model loads
+    # the patched build, before the model loads; the log will hold its upload to RPC servers
+    bindings.load().record_transfers()
     llm = load_model(cfg)
     llama_cpp = bindings.import_llama_cpp()
     stream = TextStream()

@@ -19,6 +19,7 @@ Every wait here is bounded in time, and every process started is killed on exit.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -31,6 +32,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve()
 
@@ -66,6 +68,76 @@ def server_command(lib_dir: Path, endpoint: str, threads: int = 1) -> list[str]:
     """Serve this machine's CPU over RPC at endpoint with the ggml libraries of lib_dir."""
     libs = [str(lib_file(lib_dir, n)) for n in ("libggml-base", "libggml", "libggml-rpc")]
     return [sys.executable, "-c", SERVE, *libs, endpoint, str(threads)]
+
+
+# A client of the hosts: registers each endpoint as an RPC device (with the ggml libraries llama_cpp
+# loaded: LLAMA_CPP_LIB_PATH or the installed wheel's), loads the model with every layer offloaded
+# (none without endpoints), and generates greedily; prints {"tokens": [...], "gen_s": seconds}.
+# With a log, the patched build's session records it (the model's upload included).
+CLIENT = r"""
+import ctypes, json, sys, time
+from pathlib import Path
+import llama_cpp
+from llama_cpp import llama_cpp as L
+sys.path.insert(0, {tests!r})
+from netsim import lib_file
+endpoints, model, log, level = {endpoints!r}, {model!r}, {log!r}, {level!r}
+lib = Path(L._base_path)
+if endpoints:
+    ggml = ctypes.CDLL(str(lib_file(lib, "libggml")), mode=ctypes.RTLD_GLOBAL)
+    rpc = ctypes.CDLL(str(lib_file(lib, "libggml-rpc")), mode=ctypes.RTLD_GLOBAL)
+    rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
+    rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
+    ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
+    for ep in endpoints:
+        reg = rpc.ggml_backend_rpc_add_server(ep.encode())
+        assert reg, ep
+        ggml.ggml_backend_register(reg)
+if log:
+    import llamacpp_instr
+    llamacpp_instr.record_transfers()
+llm = llama_cpp.Llama(model, n_ctx=256, n_batch=64, n_threads={threads}, n_threads_batch={threads},
+                      verbose=False, n_gpu_layers=99 if endpoints else 0)
+prompt = llm.tokenize({prompt!r}.encode(), add_bos=True)
+
+def generate():
+    out = []
+    t0 = time.perf_counter()
+    for tok in llm.generate(prompt, temp=0.0, reset=True):
+        out.append(int(tok))
+        if len(out) >= {n_predict}:
+            break
+    return out, time.perf_counter() - t0
+
+if log:
+    with llamacpp_instr.session(llm, log, level=level):
+        tokens, gen_s = generate()
+else:
+    tokens, gen_s = generate()
+llm.close()
+print(json.dumps({{"tokens": tokens, "gen_s": gen_s}}))
+"""
+
+
+def client_script(
+    model: Path,
+    endpoints: Sequence[str],
+    n_predict: int,
+    prompt: str,
+    log: Path | None = None,
+    level: str = "detailed",
+    threads: int = 1,
+) -> str:
+    return CLIENT.format(
+        tests=str(HERE.parent),
+        endpoints=list(endpoints),
+        model=str(model),
+        log=str(log) if log else None,
+        level=level,
+        threads=threads,
+        n_predict=n_predict,
+        prompt=prompt,
+    )
 
 
 def namespaces_available() -> str | None:
@@ -223,21 +295,9 @@ class Network:
                 f"host {h.index} did not start: {line!r} {err.decode(errors='replace')[-800:]}"
             )
 
-    def run_client(self, code: str, timeout: float = 300, env: dict[str, str] | None = None) -> str:
-        """Run Python ``code`` in the client's namespace; its stdout, or an AssertionError with its
-        output when it fails."""
-        r = subprocess.run(
-            self._exec(self.client_ns, [sys.executable, "-c", code]),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env={**os.environ, **(env or {})},
-        )
-        if r.returncode != 0:
-            raise AssertionError(
-                f"the client failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
-            )
-        return r.stdout
+    def run_client(self, code: str, timeout: float = 300, env: dict[str, str] | None = None) -> Any:
+        """Run Python ``code`` in the client's namespace (see run_python)."""
+        return run_python(code, self.client_ns, timeout, env)
 
     def close(self) -> None:
         for h in self.hosts:
@@ -253,6 +313,26 @@ class Network:
         for ns in reversed(self._made):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
         self._made.clear()
+
+
+def run_python(
+    code: str, netns: str | None = None, timeout: float = 300, env: dict[str, str] | None = None
+) -> Any:
+    """Run Python ``code`` (in ``netns``, if given); the JSON its last line of output prints, or an
+    AssertionError with its output when it fails."""
+    cmd = [sys.executable, "-c", code]
+    r = subprocess.run(
+        ["ip", "netns", "exec", netns, *cmd] if netns else cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+    if r.returncode != 0:
+        raise AssertionError(
+            f"the client failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+        )
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def free_port() -> int:

@@ -2,6 +2,7 @@
 
 #include "llama-context.h"
 #include "llama-instr-json.h"
+#include "llama-instr-session.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -172,9 +173,10 @@ void format_rows(const std::vector<transfer_row> & rows,
                  int64_t                           step,
                  int64_t                           dropped,
                  std::vector<std::string> &        lines) {
-    for (size_t c = b; c < e; c += ROWS_PER_REC) {
+    // a record even without rows when some were dropped
+    for (size_t c = b; c < e || (c == b && dropped > 0); c += ROWS_PER_REC) {
         const size_t ce = std::min(e, c + ROWS_PER_REC);
-        int64_t      t0 = rows[c].t_queue, t1 = rows[c].t_end;
+        int64_t      t0 = c < e ? rows[c].t_queue : now_ns(), t1 = c < e ? rows[c].t_end : t0;
         for (size_t k = c; k < ce; k++) {
             t0 = std::min(t0, rows[k].t_queue);
             t1 = std::max(t1, rows[k].t_end);
@@ -251,14 +253,22 @@ bool llama_instr::rpc_record_load(bool on) {
     return true;
 }
 
-void llama_instr::rpc_session_begin(const std::string & sid, std::vector<std::string> & lines) {
+void llama_instr::rpc_session_begin(const std::string & sid, int64_t t_session, std::vector<std::string> & lines) {
     recorder &                  r = R();
     std::lock_guard<std::mutex> lock(r.mtx);
     if (!look_up(r)) {
         return;
     }
-    if (!r.rows.empty() || r.dropped > 0) {
-        format_rows(r.rows, 0, r.rows.size(), sid, "load", 0, -1, r.dropped, lines);
+    // issued before the session began, then while it began (session_start asks the RPC devices
+    // for their memory)
+    const auto   mid = std::stable_partition(r.rows.begin(), r.rows.end(),
+                                             [t_session](const transfer_row & row) { return row.t_queue < t_session; });
+    const size_t n   = (size_t) (mid - r.rows.begin());
+    if (n > 0 || r.dropped > 0) {
+        format_rows(r.rows, 0, n, sid, "load", 0, -1, r.dropped, lines);
+    }
+    if (n < r.rows.size()) {
+        format_rows(r.rows, n, r.rows.size(), sid, "between", 0, -1, 0, lines);
     }
     r.rows.clear();
     r.dropped = 0;

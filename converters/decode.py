@@ -346,7 +346,9 @@ def layer_spans(raw: Any, t0: int) -> Sequence[LayerSpan]:
     a = raw if isinstance(raw, np.ndarray) else layer_rows(raw, t0)
     if a is not None:
         return LayerRows(a)
-    return [LayerSpan(int(a), t0 + nonneg(b), nonneg(c), int(d)) for a, b, c, d in raw]
+    # a span timed on a device other than the CPU backend's names it in a fifth element (read by
+    # the per-device views; here the span is the same)
+    return [LayerSpan(int(a), t0 + nonneg(b), nonneg(c), int(d)) for a, b, c, d, *_ in raw]
 
 
 def nonneg(v: Any) -> int:

@@ -271,3 +271,87 @@ def test_a_stock_client_uses_a_patched_server(rpc_model: Path, local_tokens: lis
         code = netsim.client_script(rpc_model, net.endpoints, N_PREDICT, PROMPT)
         out = net.run_client(code, env={"LLAMA_CPP_LIB_PATH": str(stock_lib())})
     assert out["tokens"] == local_tokens
+
+
+def remote_rows(run: TwoHosts) -> list[tuple[dict[str, Any], list[Any]]]:
+    return [(c, r) for c in run.of("compute") for r in c.get("remote", [])]
+
+
+def test_every_offloaded_layer_has_ops_timed_on_its_host(two_hosts: TwoHosts) -> None:
+    """Every compute: each RPC device's graph came back with its ops, the ops of a layer on the
+    device of the split that holds them, and every layer of the model has a span on its host."""
+    rpc = two_hosts.rpc_devices()
+    graphs = {g["graph"]: g for g in two_hosts.of("graph")}
+    n_layer = two_hosts.start["model"]["n_layer"]
+    computes = two_hosts.of("compute")
+    assert len(computes) == len(two_hosts.of("step_end"))
+    for c in computes:
+        nodes = graphs[c["graph"]]["nodes"]
+        splits = c["splits"]
+        owner = {i: s[0] for s in splits for i in range(s[1], s[2])}
+        remote = c["remote"]
+        assert sorted(r[1] for r in remote) == sorted(rpc), c["step"]
+        for r in remote:
+            split, device, n_ops = r[0], r[1], r[10]
+            assert splits[split][0] == device and n_ops > 0
+        # ops: every node a remote split holds was timed once, on its host
+        timed = {op[0] for op in c["ops"]} | {j for op in c["ops"] if len(op) == 4 for j in op[3]}
+        for i, node in enumerate(nodes):
+            if owner.get(i) in rpc and "noop" not in node["flags"]:
+                assert i in timed, (c["step"], i, node["name"])
+        # layer spans on the RPC devices (a fifth element names the device)
+        spans = {(lay[0], lay[4]) for lay in c["layers"] if len(lay) == 5}
+        on_host = {nodes[i]["layer"]: owner[i] for i in owner if nodes[i]["layer"] is not None}
+        assert set(on_host) == set(range(n_layer)) and set(on_host.values()) <= set(rpc)
+        assert spans == set(on_host.items()), c["step"]
+
+
+def test_remote_ops_are_placed_inside_what_the_client_saw(two_hosts: TwoHosts) -> None:
+    """A remote graph ran after the client began sending it and before its times came back; its
+    ops lie within its compute; and since both hosts are this machine (one CLOCK_MONOTONIC), the
+    true clock offset, 0, lies within the estimate's uncertainty."""
+    rows_ = remote_rows(two_hosts)
+    assert rows_
+    for _, r in rows_:
+        _, _, send, reply, start, end, one_way, err, offset, nbytes, _ = r
+        assert send <= start <= end <= reply, r
+        assert abs(offset) <= err, r
+        assert one_way >= 0 and nbytes > 0
+    for c in two_hosts.of("compute"):
+        # the ops of each remote graph (in `ops`, after the CPU's) within that graph's compute
+        spans = {r[1]: (r[4], r[5]) for r in c["remote"]}
+        owner = {i: s[0] for s in c["splits"] for i in range(s[1], s[2])}
+        for op in c["ops"]:
+            dev = owner[op[0]]
+            if dev in spans:
+                lo, hi = spans[dev]
+                assert lo <= op[1] and op[1] + op[2] <= hi, (c["step"], op)
+
+
+def test_the_network_estimate_matches_the_delay(two_hosts: TwoHosts) -> None:
+    """One-way network time estimated per graph (half the round trip less the server's time)
+    against the links' delay: never below it; the median of the steps after the first (a small
+    graph command, the server idle) within 25 % of it plus the step's inputs queued ahead on the
+    link (half of their bytes / rate: the estimate splits the round trip evenly)."""
+    host_of = two_hosts.rpc_devices()
+    step_bytes: dict[tuple[int, int], int] = {}
+    for r, row in rows(two_hosts, "step"):
+        if row[1] == "set_tensor":
+            key = (r["step"], row[0])
+            step_bytes[key] = step_bytes.get(key, 0) + row[4]
+    ratios: dict[int, list[float]] = {}
+    for c, r in remote_rows(two_hosts):
+        device, one_way = r[1], r[6]
+        assert one_way >= 0.98 * DELAY_MS * 1e6, r
+        if c["step"] == 0:
+            continue
+        rate = RATES_MBIT[host_of[device]] * 1e6 / 8 if not two_hosts.loopback else float("inf")
+        queued = step_bytes.get((c["step"], device), 0) / rate / 2
+        ratios.setdefault(host_of[device], []).append(one_way / 1e9 / (DELAY_MS / 1000 + queued))
+    assert sorted(ratios) == [0, 1]
+    for host, rs in sorted(ratios.items()):
+        med = statistics.median(rs)
+        print(
+            f"host {host}: one-way estimate / (delay + queued inputs), median {med:.3f} of {len(rs)}"
+        )
+        assert abs(med - 1) <= TOLERANCE, (host, rs)

@@ -358,13 +358,13 @@ void llama_instr::rpc_sync_times(ggml_backend_t backend) {
     }
 }
 
-void llama_instr::rpc_take_graphs(int32_t device, int64_t t_since, std::vector<remote_graph> & out) {
+void llama_instr::rpc_take_graphs(int32_t device, int64_t t_since, int64_t t_until, std::vector<remote_graph> & out) {
     recorder &                  r = R();
     std::lock_guard<std::mutex> lock(r.mtx);
     out.clear();
     auto keep = r.graphs.begin();
     for (auto it = r.graphs.begin(); it != r.graphs.end(); ++it) {
-        if (it->device != device) {
+        if (it->device != device || it->t_queue > t_until) {
             if (keep != it) {
                 *keep = std::move(*it);
             }

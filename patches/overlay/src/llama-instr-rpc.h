@@ -68,8 +68,8 @@ int32_t rpc_remote_timing(ggml_backend_dev_t dev);
 // reply has brought them yet).
 void rpc_sync_times(ggml_backend_t backend);
 
-// Move the graphs device's server timed, issued at or after t_since, into out (cleared first);
-// older ones of that device are dropped.
-void rpc_take_graphs(int32_t device, int64_t t_since, std::vector<remote_graph> & out);
+// Move the graphs device's server timed that were issued in [t_since, t_until] into out (cleared
+// first), in the order they were sent; older ones of that device are dropped, later ones kept.
+void rpc_take_graphs(int32_t device, int64_t t_since, int64_t t_until, std::vector<remote_graph> & out);
 
 }  // namespace llama_instr

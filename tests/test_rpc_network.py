@@ -28,7 +28,7 @@ import pytest
 from support import by_type, converts_cleanly, read_log
 
 PROMPT = "The capital of France is"
-N_PREDICT = 6
+N_PREDICT = 10
 RATES_MBIT = (100.0, 50.0)  # host 0, host 1
 DELAY_MS = 5.0  # one way, each link
 BIG = 1 << 20  # set_tensor commands at least this big are timed against the rate
@@ -183,10 +183,10 @@ QUICK_REPLIES = ("get_alloc_size", "get_alignment", "get_max_size", "get_device_
 
 def test_transfer_times_match_the_links(two_hosts: TwoHosts) -> None:
     """A command's host time against what its link allows, per host: a big set_tensor (no reply)
-    takes its bytes / rate; a small command with a reply, answered at once, its bytes / rate plus
-    the delay both ways. Medians, so that a moment the busy machine stalls a process (the servers,
-    proxies and client share 2 cores with the rest of the machine) does not decide; each figure is
-    printed."""
+    takes its bytes / rate (the median); a small command with a reply, answered at once, its bytes
+    / rate plus the delay both ways (the lower quartile: each of those passes through five
+    processes' wake-ups (client, proxy, server, proxy, client), and on a busy machine any of them
+    can be a scheduler tick late, which says nothing of the link). Each figure is printed."""
     needs_rate(two_hosts)
     host_of = two_hosts.rpc_devices()
     ratios: dict[tuple[int, str], list[float]] = {}
@@ -204,12 +204,13 @@ def test_transfer_times_match_the_links(two_hosts: TwoHosts) -> None:
         ratios.setdefault((host_of[device], kind), []).append((end - start) / 1e9 / expected)
     assert sorted(ratios) == [(h, k) for h in (0, 1) for k in ("big set_tensor", "quick reply")]
     for (host, kind), rs in sorted(ratios.items()):
-        med = statistics.median(rs)
+        q = statistics.median(rs) if kind == "big set_tensor" else statistics.quantiles(rs, n=4)[0]
+        which = "median" if kind == "big set_tensor" else "lower quartile"
         print(
             f"host {host} ({RATES_MBIT[host]:g} Mbit/s, {DELAY_MS:g} ms): {kind} x{len(rs)}: "
-            f"measured / expected, median {med:.3f}, range {min(rs):.3f}..{max(rs):.3f}"
+            f"measured / expected, {which} {q:.3f}, range {min(rs):.3f}..{max(rs):.3f}"
         )
-        assert abs(med - 1) <= TOLERANCE, (host, kind, med)
+        assert abs(q - 1) <= TOLERANCE, (host, kind, q)
 
 
 def test_the_whole_upload_matches_the_rates(two_hosts: TwoHosts) -> None:
@@ -330,9 +331,10 @@ def test_remote_ops_are_placed_inside_what_the_client_saw(two_hosts: TwoHosts) -
 
 def test_the_network_estimate_matches_the_delay(two_hosts: TwoHosts) -> None:
     """One-way network time estimated per graph (half the round trip less the server's time)
-    against the links' delay: never below it; the median of the steps after the first (a small
-    graph command, the server idle) within 25 % of it plus the step's inputs queued ahead on the
-    link (half of their bytes / rate: the estimate splits the round trip evenly)."""
+    against the links' delay: never below it; over the steps after the first (a small graph
+    command, the server idle), within 25 % of it plus the step's inputs queued ahead on the link
+    (half of their bytes / rate: the estimate splits the round trip evenly). The lower quartile, as
+    for the quick replies above: a late wake-up anywhere on the way adds to a round trip."""
     host_of = two_hosts.rpc_devices()
     step_bytes: dict[tuple[int, int], int] = {}
     for r, row in rows(two_hosts, "step"):
@@ -350,8 +352,8 @@ def test_the_network_estimate_matches_the_delay(two_hosts: TwoHosts) -> None:
         ratios.setdefault(host_of[device], []).append(one_way / 1e9 / (DELAY_MS / 1000 + queued))
     assert sorted(ratios) == [0, 1]
     for host, rs in sorted(ratios.items()):
-        med = statistics.median(rs)
+        q = statistics.quantiles(rs, n=4)[0]
         print(
-            f"host {host}: one-way estimate / (delay + queued inputs), median {med:.3f} of {len(rs)}"
+            f"host {host}: one-way estimate / (delay + queued inputs), lower quartile {q:.3f} of {len(rs)}"
         )
-        assert abs(med - 1) <= TOLERANCE, (host, rs)
+        assert abs(q - 1) <= TOLERANCE, (host, rs)

@@ -64,6 +64,12 @@ def lib_file(lib_dir: Path, name: str) -> Path:
     raise RuntimeError(f"no {name}.so in {lib_dir}: the build has no RPC backend")
 
 
+def binary_server_command(exe: Path, threads: int = 1) -> list[str]:
+    """ggml-rpc-server (as `instr build --tools` builds it) serving this machine's CPU, for
+    Network: {host} and {port} are filled in."""
+    return [str(exe), "-H", "{host}", "-p", "{port}", "-t", str(threads)]
+
+
 def server_command(lib_dir: Path, endpoint: str, threads: int = 1) -> list[str]:
     """Serve this machine's CPU over RPC at endpoint with the ggml libraries of lib_dir."""
     libs = [str(lib_file(lib_dir, n)) for n in ("libggml-base", "libggml", "libggml-rpc")]
@@ -72,7 +78,8 @@ def server_command(lib_dir: Path, endpoint: str, threads: int = 1) -> list[str]:
 
 # A client of the hosts: registers each endpoint as an RPC device (with the ggml libraries llama_cpp
 # loaded: LLAMA_CPP_LIB_PATH or the installed wheel's), loads the model with every layer offloaded
-# (none without endpoints), and generates greedily; prints {"tokens": [...], "gen_s": seconds}.
+# (none without endpoints), and generates greedily; prints {"tokens": [...], "gen_s": seconds of the
+# whole generation, "decode_s": seconds from the first token to the last (the prompt excluded)}.
 # With a log, the patched build's session records it (the model's upload included).
 CLIENT = r"""
 import ctypes, json, sys, time
@@ -101,21 +108,22 @@ llm = llama_cpp.Llama(model, n_ctx=256, n_batch=64, n_threads={threads}, n_threa
 prompt = llm.tokenize({prompt!r}.encode(), add_bos=True)
 
 def generate():
-    out = []
+    out, times = [], []
     t0 = time.perf_counter()
     for tok in llm.generate(prompt, temp=0.0, reset=True):
         out.append(int(tok))
+        times.append(time.perf_counter())
         if len(out) >= {n_predict}:
             break
-    return out, time.perf_counter() - t0
+    return out, times[-1] - t0, times[-1] - times[0]
 
 if log:
     with llamacpp_instr.session(llm, log, level=level):
-        tokens, gen_s = generate()
+        tokens, gen_s, decode_s = generate()
 else:
-    tokens, gen_s = generate()
+    tokens, gen_s, decode_s = generate()
 llm.close()
-print(json.dumps({{"tokens": tokens, "gen_s": gen_s}}))
+print(json.dumps({{"tokens": tokens, "gen_s": gen_s, "decode_s": decode_s}}))
 """
 
 
@@ -158,7 +166,7 @@ class Host:
     index: int
     rate_mbit: float | None  # None: unshaped (loopback)
     delay_ms: float
-    server: list[str]  # the server's command, with {endpoint} for its address
+    server: list[str]  # the server's command: {endpoint}, or {host} and {port}, for its address
     netns: str | None = None
     endpoint: str = ""
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -271,12 +279,18 @@ class Network:
     def _start_host(self, h: Host) -> None:
         server_port = 7100 + h.index if h.netns else free_port()
         upstream = f"127.0.0.1:{server_port}"
-        cmd = [a.replace("{endpoint}", upstream) for a in h.server]
+        host, port = upstream.rsplit(":", 1)
+        fill = {"{endpoint}": upstream, "{host}": host, "{port}": port}
+        cmd = [fill.get(a, a) for a in h.server]
         h.procs.append(
             subprocess.Popen(
                 self._exec(h.netns, cmd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
             )
         )
+        if h.netns is None and h.delay_ms == 0:
+            h.endpoint = upstream  # loopback without a delay: no proxy
+            _wait_accepting(upstream, 60)
+            return
         listen = h.endpoint if h.netns else f"127.0.0.1:{free_port()}"
         proxy = [sys.executable, str(HERE), "proxy", listen, upstream, str(h.delay_ms / 1000)]
         p = subprocess.Popen(
@@ -333,6 +347,18 @@ def run_python(
             f"the client failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
         )
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _wait_accepting(endpoint: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(_addr(endpoint), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing accepts connections at {endpoint}") from None
+            time.sleep(0.1)
 
 
 def free_port() -> int:
@@ -409,16 +435,11 @@ def _addr(s: str) -> tuple[str, int]:
 
 
 def proxy_main(listen: str, upstream: str, delay: float) -> None:
-    deadline = time.monotonic() + 60
-    while True:  # the server is up when it accepts a connection
-        try:
-            socket.create_connection(_addr(upstream), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                print("upstream never answered", flush=True)
-                return
-            time.sleep(0.1)
+    try:  # the server is up when it accepts a connection
+        _wait_accepting(upstream, 60)
+    except RuntimeError:
+        print("upstream never answered", flush=True)
+        return
     srv = socket.create_server(_addr(listen))
     srv.settimeout(1.0)
     print("ready", flush=True)

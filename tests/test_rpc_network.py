@@ -152,8 +152,8 @@ def test_the_model_upload_is_in_the_log(two_hosts: TwoHosts) -> None:
     for w in offloaded:
         device = by_endpoint[w["buffer"].split("[")[1].rstrip("]")]
         assert sent.get(w["name"]) == (device, w["bytes"]), w["name"]
-    # load rows happened before the session began
-    t0 = two_hosts.start["ts"]
+    # load rows happened before the first step
+    t0 = min(s["t_start"] for s in two_hosts.of("step_end"))
     for r, row in rows(two_hosts, "load"):
         assert r["t_start"] + row[9] <= t0
 
@@ -232,15 +232,49 @@ def test_the_whole_upload_matches_the_rates(two_hosts: TwoHosts) -> None:
         assert (1 - TOLERANCE) * expected <= measured <= (1 + TOLERANCE) * expected, host
 
 
+def echo(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
 def stock_lib() -> Path:
+    """The stock pin's libraries (the benchmarks' baseline wheel, built once and cached)."""
     from llamacpp_instr import build
 
-    return build.stock_lib_dir(lambda msg: print(msg, file=sys.stderr, flush=True))
+    return build.stock_lib_dir(echo)
+
+
+def rpc_server_exe(stock: bool) -> Path:
+    """ggml-rpc-server as `instr build --tools` builds it, patched or the stock pin's (cached)."""
+    from llamacpp_instr import tools
+
+    return tools.build_tools(echo, programs=("ggml-rpc-server",), stock=stock) / "ggml-rpc-server"
+
+
+def hello_padding(exe: Path) -> int:
+    """The byte of a server's HELLO reply that a patched server sets (RPC_INSTR_HELLO_TIMES)."""
+    import socket
+    import struct
+
+    with netsim.Network([(None, 0.0, netsim.binary_server_command(exe))], loopback=True) as net:
+        host, port = net.endpoints[0].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(bytes([14]) + struct.pack("<Q", 24) + bytes(24))  # RPC_CMD_HELLO, no caps
+            size = struct.unpack("<Q", s.recv(8, socket.MSG_WAITALL))[0]
+            rsp = s.recv(size, socket.MSG_WAITALL)
+    assert rsp[:2] == bytes([7, 0]), rsp  # protocol 7.0: the version is the pin's, untouched
+    return rsp[3]
+
+
+def test_the_tools_build_a_patched_and_a_stock_rpc_server() -> None:
+    """`instr build --tools` builds ggml-rpc-server; the patched one offers graph timing in its
+    HELLO reply's spare byte, the stock one does not, and both speak the pin's protocol 7.0."""
+    assert hello_padding(rpc_server_exe(stock=False)) == 1
+    assert hello_padding(rpc_server_exe(stock=True)) == 0
 
 
 @pytest.fixture(scope="module")
 def stock_server_run(rpc_model: Path, tmp_path_factory: pytest.TempPathFactory) -> TwoHosts:
-    server = netsim.server_command(stock_lib(), "{endpoint}")
+    server = netsim.binary_server_command(rpc_server_exe(stock=True))
     log = tmp_path_factory.mktemp("rpc-stock") / "stock-server.log"
     with netsim.Network([(None, 1.0, server)], loopback=True) as net:
         code = netsim.client_script(rpc_model, net.endpoints, N_PREDICT, PROMPT, log=log)
@@ -357,3 +391,37 @@ def test_the_network_estimate_matches_the_delay(two_hosts: TwoHosts) -> None:
             f"host {host}: one-way estimate / (delay + queued inputs), lower quartile {q:.3f} of {len(rs)}"
         )
         assert abs(q - 1) <= TOLERANCE, (host, rs)
+
+
+def test_llama_cli_over_rpc_logs_the_upload_and_the_remote_ops(
+    rpc_model: Path, tmp_path: Path, schema_validator: Any
+) -> None:
+    """llama.cpp's own llama-cli with `--rpc` and LLAMA_INSTR_LOG (`instr exec`): the session opens
+    at its first context, after the model loaded, and still holds the model's upload (the variable
+    turns the recording on when the model begins to load); the patched server's ops are there."""
+    import subprocess
+
+    from llamacpp_instr import tools
+
+    tools.build_tools(echo)  # the patched llama-cli (cached: test_tools builds the same)
+    server = netsim.binary_server_command(rpc_server_exe(stock=False))
+    log = tmp_path / "cli.log"
+    with netsim.Network([(None, 1.0, server)], loopback=True) as net:
+        cmd = [sys.executable, "-m", "llamacpp_instr.cli", "exec", "-o", str(log), "llama-cli"]
+        cmd += ["-m", str(rpc_model), "--rpc", net.endpoints[0], "-ngl", "99", "-p", PROMPT]
+        cmd += ["-n", "4", "-st", "-t", "1", "--temp", "0"]
+        r = subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300
+        )
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = TwoHosts(log, [], "loopback", read_log(log), net.endpoints)
+    for rec in run.records:
+        schema_validator.validate(rec)
+    assert run.start["metadata"]["program"] == "llama-cli"
+    (rpc,) = run.rpc_devices()
+    assert run.devices[rpc]["remote_timing"] is True
+    uploaded = {row[2] for _, row in rows(run, "load") if row[1] == "set_tensor"}
+    offloaded = {w["name"] for w in run.start["weights"] if w["buffer"].startswith("RPC")}
+    assert offloaded and offloaded <= uploaded
+    remote = remote_rows(run)
+    assert remote and all(r[1] == rpc and r[10] > 0 for _, r in remote)

@@ -192,7 +192,7 @@ int32_t llama_instr_session_begin(llama_context * ctx,
             }
             // the RPC commands kept before the session (the model's upload); then the session's
             std::vector<std::string> rpc_lines;
-            rpc_session_begin(s.sid, s.t_start, rpc_lines);
+            rpc_session_begin(s.sid, rpc_lines);
             for (const std::string & l : rpc_lines) {
                 s.log.emit(l);
             }

@@ -39,6 +39,7 @@ struct recorder {
     ggml_rpc_profiler prof       = {};
     bool              load_on    = false;  // keeping commands for the next session
     bool              session_on = false;  // keeping them for the open session
+    bool              stepped    = false;  // a step of the session has ended: later rows are not the load's
 
     std::vector<transfer_row> rows;
     int64_t                   dropped = 0;  // rows beyond MAX_ROWS
@@ -253,28 +254,21 @@ bool llama_instr::rpc_record_load(bool on) {
     return true;
 }
 
-void llama_instr::rpc_session_begin(const std::string & sid, int64_t t_session, std::vector<std::string> & lines) {
+void llama_instr::rpc_session_begin(const std::string & sid, std::vector<std::string> & lines) {
     recorder &                  r = R();
     std::lock_guard<std::mutex> lock(r.mtx);
     if (!look_up(r)) {
         return;
     }
-    // issued before the session began, then while it began (session_start asks the RPC devices
-    // for their memory)
-    const auto   mid = std::stable_partition(r.rows.begin(), r.rows.end(),
-                                             [t_session](const transfer_row & row) { return row.t_queue < t_session; });
-    const size_t n   = (size_t) (mid - r.rows.begin());
-    if (n > 0 || r.dropped > 0) {
-        format_rows(r.rows, 0, n, sid, "load", 0, -1, r.dropped, lines);
-    }
-    if (n < r.rows.size()) {
-        format_rows(r.rows, n, r.rows.size(), sid, "between", 0, -1, 0, lines);
+    if (!r.rows.empty() || r.dropped > 0) {
+        format_rows(r.rows, 0, r.rows.size(), sid, "load", 0, -1, r.dropped, lines);
     }
     r.rows.clear();
     r.dropped = 0;
     r.graphs.clear();
     r.load_on    = false;
     r.session_on = true;
+    r.stepped    = false;
     install(r);
 }
 
@@ -285,7 +279,7 @@ void llama_instr::rpc_session_end(const std::string & sid, std::vector<std::stri
         return;
     }
     if (!r.rows.empty() || r.dropped > 0) {
-        format_rows(r.rows, 0, r.rows.size(), sid, "between", 0, -1, r.dropped, lines);
+        format_rows(r.rows, 0, r.rows.size(), sid, r.stepped ? "between" : "load", 0, -1, r.dropped, lines);
     }
     r.rows.clear();
     r.dropped = 0;
@@ -313,21 +307,25 @@ void llama_instr::rpc_step_lines(llama_context *            ctx,
     }
     std::vector<transfer_row> rows;
     int64_t                   dropped = 0;
+    bool                      stepped = false;
     {
         std::lock_guard<std::mutex> lock(r.mtx);
         rows.swap(r.rows);
         dropped   = r.dropped;
         r.dropped = 0;
+        stepped   = r.stepped;
+        r.stepped = true;
     }
     if (rows.empty() && dropped == 0) {
         return;
     }
-    // rows end in the order the connections finished them; earlier ones first, then the step's
+    // rows end in the order the connections finished them; earlier ones first (before the first
+    // step: the load's), then the step's
     const auto   mid      = std::stable_partition(rows.begin(), rows.end(),
                                                   [t_step](const transfer_row & row) { return row.t_queue < t_step; });
     const size_t n_before = (size_t) (mid - rows.begin());
     if (n_before > 0) {
-        format_rows(rows, 0, n_before, sid, "between", 0, -1, 0, lines);
+        format_rows(rows, 0, n_before, sid, stepped ? "between" : "load", 0, -1, 0, lines);
     }
     if (n_before < rows.size() || dropped > 0) {
         format_rows(rows, n_before, rows.size(), sid, "step", ctx_id, step, dropped, lines);

@@ -40,10 +40,11 @@ struct remote_graph {
 bool rpc_record_load(bool on);
 
 // llama_instr_session_begin, under the session lock once session_start is written: the lines of
-// the commands kept before the session (issued before t_session, phase "load"; the others, phase
-// "between"), appended to `lines`; from now on, commands are kept for the session and patched
-// servers time the graphs they compute.
-void rpc_session_begin(const std::string & sid, int64_t t_session, std::vector<std::string> & lines);
+// the commands kept before the session (phase "load"), appended to `lines`; from now on, commands
+// are kept for the session and patched servers time the graphs they compute. Until the session's
+// first step ends, the commands it sends outside steps are the load's too (a program may open the
+// session at a context it makes before loading its model, e.g. to fit its parameters).
+void rpc_session_begin(const std::string & sid, std::vector<std::string> & lines);
 
 // llama_instr_session_end, under the session lock: the lines of the commands not written yet; the
 // recording stops.

@@ -425,3 +425,25 @@ def test_llama_cli_over_rpc_logs_the_upload_and_the_remote_ops(
     assert offloaded and offloaded <= uploaded
     remote = remote_rows(run)
     assert remote and all(r[1] == rpc and r[10] > 0 for _, r in remote)
+
+
+def test_instr_exec_refuses_the_rpc_server(tmp_path: Path) -> None:
+    """ggml-rpc-server runs no libllama, so no session: `instr exec` says so, exit 2, no log."""
+    from click.testing import CliRunner
+
+    from llamacpp_instr.cli import main
+
+    log = tmp_path / "server.log"
+    r = CliRunner().invoke(main, ["exec", "-o", str(log), "ggml-rpc-server", "-p", "50052"])
+    assert r.exit_code == 2, r.output
+    assert "writes no log" in r.output and "Traceback" not in r.output
+    assert not log.exists()
+
+
+def test_instr_tools_names_the_rpc_server() -> None:
+    from click.testing import CliRunner
+
+    from llamacpp_instr.cli import main
+
+    r = CliRunner().invoke(main, ["tools"])
+    assert r.exit_code == 0 and "ggml-rpc-server" in r.output

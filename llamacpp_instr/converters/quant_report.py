@@ -405,7 +405,7 @@ def dequant_error(model: Path | str, reference: Path | str) -> list[dict[str, An
 
 
 def report_data(
-    models: list[Inventory], error: list[list[dict[str, Any]]] | None = None
+    models: list[Inventory], error: list[tuple[str, list[dict[str, Any]]]] | None = None
 ) -> dict[str, Any]:
     data: dict[str, Any] = {
         "models": [

@@ -12,8 +12,7 @@ One path from a log to every output:
   ``iter_events``, or with bulk reading of ops by ``iter_events_packed``; fed line by line by
   ``follow``), every compute's ops as columns, for every consumer: the trace layout
   (``trace_layout``) and
-  writers (``perfetto_fast`` with ``protowire``, ``perfetto_packets``, ``perfetto_ops``,
-  ``perfetto_templates``, ``perfetto_bulk``, ``sinks``; ``chrome_json``), ``kv_flows``, and the
+  writers (``perfetto/``, with ``sinks``; ``chrome_json``), ``kv_flows``, and the
   pandas tables of ``frames`` (``load_session``) that ``summary``, ``compare``, ``export`` and
   the reports read.
 """

@@ -73,7 +73,7 @@ def convert(
 
                 write_chrome_json(items, f)
             else:
-                from .perfetto_fast import write_perfetto_fast
+                from .perfetto import write_perfetto_fast
 
                 write_perfetto_fast(items, f)
         tmp.replace(out)

@@ -277,7 +277,7 @@ class _Builder:
         self.layer_parts: list[np.ndarray] = []  # per compute (m, 4): layer, t_start, dur, n_ops
         self.layer_keys = array("q")  # per compute: step, ubatch, m
         # per-node columns of every graph the ops use, graph after graph
-        self.metas: dict[int, tuple[Graph, _GraphMeta]] = {}  # id(graph) -> its place
+        self.metas: dict[Graph, _GraphMeta] = {}  # each graph's place
         self.n_nodes = 0
         self.node_i = array("q")
         self.node_layer = array("q")
@@ -295,9 +295,9 @@ class _Builder:
 
     def _meta(self, g: Graph) -> _GraphMeta:
         """The graph's per-node columns (made on first use)."""
-        known = self.metas.get(id(g))
+        known = self.metas.get(g)
         if known is not None:
-            return known[1]
+            return known
         meta = _GraphMeta(self.n_nodes, {})
         for k, n in enumerate(g.nodes):
             try:
@@ -338,7 +338,7 @@ class _Builder:
             for c, code in zip(_OP_CATS, codes, strict=True):
                 self.node_cats[c].append(code)
         self.n_nodes += len(g.nodes)
-        self.metas[id(g)] = (g, meta)
+        self.metas[g] = meta
         return meta
 
     def step(self, s: Step) -> None:

@@ -185,15 +185,14 @@ class NodeTables:
         self.fields = fields
         self.interner = interner
         self.compact = compact
-        self.tables: dict[tuple[int, int], tuple[Graph, NodeTable]] = {}
+        self.tables: dict[tuple[Graph, int], NodeTable] = {}
 
     def ids(self, graph: Graph, track: int, roof: Roof | None, node: Any, fused: Any) -> Any:
         """The gids of ops ``node`` (with their ``fused`` nodes) of ``graph`` on ``track``."""
-        key = (id(graph), track)
-        entry = self.tables.get(key)
-        if entry is None or entry[0] is not graph:
-            entry = self.tables[key] = (graph, NodeTable(self, graph, track, roof))
-        return entry[1].variants.ids(node, fused)
+        table = self.tables.get((graph, track))
+        if table is None:
+            table = self.tables[(graph, track)] = NodeTable(self, graph, track, roof)
+        return table.variants.ids(node, fused)
 
     def restart(self, compact: bool) -> None:
         """Forget every table: new ones intern string values if ``compact``."""

@@ -22,7 +22,7 @@ from reference.layout import layout
 from reference.perfetto_writer import write_perfetto
 
 from llamacpp_instr import peaks as measure
-from llamacpp_instr.converters import perfetto_fast
+from llamacpp_instr.converters.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.session import iter_events, iter_events_packed
 from llamacpp_instr.converters.trace import kv_flows_for
 from llamacpp_instr.converters.trace_layout import LayoutStats, Selection, layout_bulk
@@ -330,14 +330,14 @@ def fast_trace(
     sel = sel or Selection()
     flows = kv_flows_for(log, sel)
     items = layout_bulk(iter_events_packed(log), sel, LayoutStats(), flows=flows, roofs=roofs)
-    w = perfetto_fast.Writer(buf, compress)
-    saved = perfetto_fast.FLUSH_ROWS
-    perfetto_fast.FLUSH_ROWS = flush_rows or saved
+    w = perfetto_writer.Writer(buf, compress)
+    saved = perfetto_writer.FLUSH_ROWS
+    perfetto_writer.FLUSH_ROWS = flush_rows or saved
     try:
         w.write(items)
     finally:
-        perfetto_fast.FLUSH_ROWS = saved
-    return buf.getvalue(), w.templated
+        perfetto_writer.FLUSH_ROWS = saved
+    return buf.getvalue(), w.templates.templated
 
 
 def assert_same_trace(

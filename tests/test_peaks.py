@@ -18,10 +18,10 @@ import pytest
 from click.testing import CliRunner
 from support import QUICK, RunLog
 
-from llamacpp_instr import bindings
+from llamacpp_instr import bindings, load_session
 from llamacpp_instr import peaks as measure
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters import load_session, peaks
+from llamacpp_instr.converters import peaks
 from llamacpp_instr.converters.errors import UserError
 
 # ggml type ids (ggml.h enum ggml_type) and one row of 256 values in each type, by hand:
@@ -163,7 +163,7 @@ def test_run_against_its_roofs(
     f = load_session(smollm2_detailed.path)
     assert f.peaks is None and "instr peaks --threads 2" in f.peaks_note
     assert f.ops["roof_frac"].isna().all() and f.ops["intensity"].notna().any()
-    peaks.save(quick_peaks)
+    peaks.save(quick_peaks, own_cache)
     f = load_session(smollm2_detailed.path)
     assert f.peaks is not None and f.peaks.key == quick_peaks.key
     timed = f.ops[f.ops["dur_ns"] > 0]
@@ -205,7 +205,7 @@ def test_summary_refuses_peaks_of_another_machine(
 def test_compare_sets_both_runs_against_the_roofs(
     smollm2_detailed: RunLog, quick_peaks: peaks.Peaks, own_cache: Path
 ) -> None:
-    peaks.save(quick_peaks)
+    peaks.save(quick_peaks, own_cache)
     log = str(smollm2_detailed.path)
     r = CliRunner().invoke(main, ["compare", log, log, "--format", "json"])
     assert r.exit_code == 0, r.output

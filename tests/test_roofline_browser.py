@@ -27,7 +27,7 @@ def test_summary_roofline_page(
 ) -> None:
     monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path))
     p = measure.measure(QUICK, instr_api)
-    peaks.save(p)
+    peaks.save(p, tmp_path)
     out = tmp_path / "s.html"
     r = CliRunner().invoke(
         main, ["summary", str(smollm2_detailed.path), "--format", "html", "-o", str(out)]

@@ -188,10 +188,12 @@ def report_options(formats: Sequence[str] = REPORT_FORMATS) -> Callable[[F], F]:
 
 def load_log(log: Path, sid: str | None = None, strict: bool = False) -> SessionFrames:
     """The session ``sid`` of ``log`` as the report commands read it: damaged lines skipped and
-    said so on stderr, or with ``strict`` the first one a one-line error."""
+    said so on stderr, or with ``strict`` the first one a one-line error; against this machine's
+    cached peaks, if they fit."""
     from llamacpp_instr.converters import load_session
+    from llamacpp_instr.paths import cache_dir
 
-    frames = load_session(log, sid, strict=strict)
+    frames = load_session(log, sid, strict=strict, peaks_cache=cache_dir())
     if frames.report.summary():
         click.echo(frames.report.summary(), err=True)
     return frames

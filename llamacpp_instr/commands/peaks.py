@@ -46,6 +46,7 @@ def command(
     from llamacpp_instr import bindings
     from llamacpp_instr import peaks as measure
     from llamacpp_instr.converters import peaks
+    from llamacpp_instr.paths import cache_dir
 
     check_output(output)
     n_threads = threads or default_threads()
@@ -60,11 +61,11 @@ def command(
     except (ImportError, AttributeError):
         pass
     machine = lib.machine_info()
-    got = None if force else peaks.cached(machine, n_threads)
+    got = None if force else peaks.cached(machine, n_threads, cache_dir())
     if got is not None:
         click.echo(
             f"peaks of {got.key}, measured {got.date} (cached: "
-            f"{peaks.cache_file(got.key, peaks.default_cache())}; --force measures again)",
+            f"{peaks.cache_file(got.key, cache_dir())}; --force measures again)",
             err=True,
         )
     else:
@@ -76,7 +77,7 @@ def command(
             progress=lambda s: click.echo(f"  {s}", err=True),
             warn=lambda s: click.echo(f"error: {s}", err=True),
         )
-        click.echo(f"saved {peaks.save(got)}", err=True)
+        click.echo(f"saved {peaks.save(got, cache_dir())}", err=True)
     from llamacpp_instr.converters.renderers import render
     from llamacpp_instr.converters.roofline_report import peaks_report
 

@@ -167,7 +167,7 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
         except OSError as exc:
             raise UserError(f"cannot read prompt file {prompt_file}: {exc.strerror}") from None
     elif prompt == "-":
-        text = click.get_text_stream("stdin").read()
+        text = sys.stdin.read()  # (click 8.5 deprecates get_text_stream)
     else:
         text = prompt or ""
     if not text.strip():

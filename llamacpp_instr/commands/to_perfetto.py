@@ -82,6 +82,7 @@ def command(
     from llamacpp_instr.converters.peaks import session_roofs
     from llamacpp_instr.converters.trace import convert
     from llamacpp_instr.converters.trace_layout import Selection
+    from llamacpp_instr.paths import cache_dir
 
     if flows and no_ops:
         raise click.UsageError("--flows connects op slices: it cannot go with --no-ops")
@@ -95,7 +96,7 @@ def command(
             sel,
             strict,
             wrap=lambda items: _progress(items, log),
-            roofs=session_roofs(peaks_file),
+            roofs=session_roofs(peaks_file, cache_dir()),
         )
     if report.summary():
         click.echo(report.summary(), err=True)

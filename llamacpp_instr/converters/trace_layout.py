@@ -313,7 +313,7 @@ class SessionLayout:
         self.sel = sel
         self.flows = flows
         self.roof = roof  # the roofs its ops' args are set against (None: no peaks known)
-        self.layer_of: dict[int, tuple[Graph, Any]] = {}  # id(graph) -> its nodes' layers
+        self.layer_of: dict[Graph, Any] = {}  # each graph's nodes' layers
         self.stats = stats
         sid = info.sid
         self.pid = 1000 + index
@@ -542,11 +542,11 @@ class SessionLayout:
 
     def layers(self, graph: Graph) -> Any:
         """The layer of each of the graph's nodes as an array (-1: none)."""
-        entry = self.layer_of.get(id(graph))
-        if entry is None or entry[0] is not graph:
+        arr = self.layer_of.get(graph)
+        if arr is None:
             arr = np.array([-1 if n.layer is None else n.layer for n in graph.nodes], np.int64)
-            entry = self.layer_of[id(graph)] = (graph, arr)
-        return entry[1]
+            self.layer_of[graph] = arr
+        return arr
 
     def compute_slice(self, c: Compute, track: int) -> Slice:
         return Slice(

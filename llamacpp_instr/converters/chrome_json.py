@@ -73,7 +73,7 @@ class _OpTable:
     (``ideal``), for the roof fraction."""
 
     def __init__(self, graph: Graph, pid: int, tid: int, roof: Roof | None) -> None:
-        self.graph = graph  # held, so that its id() stays this graph's
+        self.graph = graph
         self.pid, self.tid = pid, tid
         self.roof = roof
         self.ideal: list[float | None] = []
@@ -133,7 +133,7 @@ class _Writer:
         self.n = 0
         self.tracks: dict[int, Track] = {}
         self.tids: dict[int, int] = {}
-        self.tables: dict[tuple[int, int], _OpTable] = {}
+        self.tables: dict[tuple[Graph, int], _OpTable] = {}
         self.layer_cache: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
         self.pending: list[bytes | _Group] = []  # op events to format, and what follows them
         self.pending_ops = 0
@@ -296,9 +296,9 @@ class _Writer:
         c = ob.compute
         graph = c.graph
         assert graph is not None
-        key = (id(graph), ob.track)
+        key = (graph, ob.track)
         table = self.tables.get(key)
-        if table is None or table.graph is not graph:
+        if table is None:
             table = self.tables[key] = _OpTable(
                 graph, self.tracks[ob.track].pid, self.tids[ob.track], ob.roof
             )

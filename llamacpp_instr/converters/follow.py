@@ -1,7 +1,8 @@
 """Following a session log while another process writes it (``instr follow``, ``instr run --live``).
 
 ``tail_records`` yields records as lines are appended (waiting for the file to appear, holding a
-partial last line until it completes). ``LiveState`` feeds them to the session fold one at a time
+partial last line until it completes), each line read as every reader reads it
+(``reader.parse_line``). ``LiveState`` feeds them to the session fold one at a time
 and keeps only what the view shows, over a window of recent steps: memory does not grow with the
 run.
 """
@@ -15,10 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from .decode import MALFORMED, SessionInfo, Step, op_time_by_label
 from .errors import UserError
+from .reader import BadLine, parse_line
 from .session import Fold, SessionEnded, SessionStarted, StepDone
 
 WINDOW = 64  # steps the statistics cover
@@ -55,15 +55,12 @@ def tail_records(
             if not pending.endswith(b"\n"):
                 continue  # the writer is mid-line: wait for the rest
             line, pending = pending, b""
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                try:
-                    rec = orjson.loads(line.decode("utf-8", "replace").encode())
-                except orjson.JSONDecodeError:
-                    continue  # a damaged line: skip it, as the converters do
-            if not isinstance(rec, dict):
+            if not line.strip():
                 continue
+            try:
+                rec, _ = parse_line(line)
+            except BadLine:
+                continue  # a damaged line: skipped, as the converters skip it
             yield rec
             if rec.get("type") == "session_end":
                 return

@@ -9,31 +9,17 @@ putting its own timestamps and rates in place, thousands of packets in a few num
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from .decode import LayerSpan
-from .perfetto_bulk import BulkEncoder
-from .perfetto_packets import FLAGS_FIRST_EVENT, FLAGS_NEEDS, POST, SEQ, packet
+from .batch import Batch, Block
+from .events import EventFields
+from .ops import OpStore, RateFields
+from .packets import POST, Sequence, packet
 from .protowire import I64_END, TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
-from .trace_layout import ComputeBatch
 
 TEMPLATE_BYTES = 64 << 20  # templates kept, at most (then forgotten, and learnt again)
-
-
-class Block:
-    """A compute's rows in a batch: its slice's two (small rows ``i0``, ``i0 + 1``), its layers'
-    (seq ``seq0 + 2`` on, as small rows only once ``_expand``ed) and its op group's (``group``,
-    or -1); ``key`` says what a template for it must have been made from."""
-
-    __slots__ = ("seq0", "i0", "group", "cb", "key")
-
-    def __init__(
-        self, seq0: int, i0: int, group: int, cb: ComputeBatch, key: tuple[Any, ...]
-    ) -> None:
-        self.seq0, self.i0, self.group, self.cb, self.key = seq0, i0, group, cb, key
 
 
 class Template:
@@ -54,30 +40,27 @@ class Template:
         self.n_rates = 2  # rates per op (3 where the ops have a roof: all or none of a block)
 
 
-class Batch:
-    """The events of one reference batch (a step and what follows it), not yet sorted."""
+class TemplateSet:
+    """The templates learnt so far (``learn``), and the batches encoded from them (``encode``)."""
 
-    def __init__(self) -> None:
-        # small rows: ts, rank, tie, seq, S (begin-like) or b"", end id (end rows) or -1
-        self.small: list[tuple[int, int, int, int, bytes, int]] = []
-        self.groups: list[tuple[int, Any, Any, Any, int]] = []  # seq0, gids, start, dur, end id
-        self.blocks: list[Block] = []  # computes' rows, for templates
-        self.seq = 0
-        self.rows = 0
+    def __init__(
+        self, store: OpStore, fields: RateFields, events: EventFields, seq: Sequence
+    ) -> None:
+        self.store = store
+        self.fields = fields
+        self.events = events
+        self.seq = seq
+        # per block key: its template, or how many times it was seen without one
+        self.templates: dict[tuple[Any, ...], Template | int] = {}
+        self.bytes = 0  # the templates' size
+        self.templated = 0  # blocks encoded from a template
 
-    def __bool__(self) -> bool:
-        return self.rows > 0
+    def clear(self) -> None:
+        self.templates.clear()
+        self.bytes = 0
 
-
-class TemplateEncoder(BulkEncoder):
-    """The writer's template methods (``perfetto_fast.Writer`` is one)."""
-
-    templates: dict[tuple[Any, ...], Template | int]
-    template_bytes: int
-    templated: int  # blocks encoded from a template
-    layer_s: Callable[[int, LayerSpan], bytes]  # a layer slice's begin (``Writer.layer_s``)
-
-    def _candidates(self, b: Batch, bl: Block) -> Any:
+    @staticmethod
+    def _candidates(b: Batch, bl: Block) -> Any:
         """A block's timestamps in candidate order (compute begin and end, layer begins, layer
         ends, op begins, op ends), with its ops' gids and durations and its number of layers:
         ``(ts, gids, dur, n_layers)``; None unless every duration is positive (templates are made
@@ -99,7 +82,7 @@ class TemplateEncoder(BulkEncoder):
         ts = np.concatenate(([cs.ts, cs.ts + cs.dur], l_start, l_end, start, end))
         return ts, gids, dur, n_l
 
-    def _build_template(self, b: Batch, bl: Block) -> Template | None:
+    def _build(self, b: Batch, bl: Block) -> Template | None:
         cand = self._candidates(b, bl)
         if cand is None:
             return None
@@ -122,15 +105,14 @@ class TemplateEncoder(BulkEncoder):
         if m and (st.a_roofed[gids] != (n_rates == 3)).any():
             return None  # (one graph's ops have one session's roof: never here)
         small = b.small
-        e = self.e_body[small[bl.i0 + 1][5]]
-        d0 = self._rate_bytes([np.zeros(1)] * n_rates)[0] if m else b""
+        e = self.events.ends[small[bl.i0 + 1][5]]
+        d0 = self.fields.encode([np.zeros(1)] * n_rates)[0] if m else b""
         bodies = [small[bl.i0][4], e]
         track = bl.cb.slice.track
-        bodies += [self.layer_s(track, lay) for lay in bl.cb.layers] + [e] * n_l
+        bodies += [self.events.layer_begin(track, lay) for lay in bl.cb.layers] + [e] * n_l
         gl = gids.tolist()
         bodies += [self.store.s[g] + d0 + self.store.t[g] for g in gl] + [e] * m
-        # where each rate's double sits in a D part
-        rate_off = np.cumsum([3] + [2 + 9 + len(t) for t in self.d_tails[: n_rates - 1]])
+        rate_off = self.fields.offsets(n_rates)  # where each rate's double sits in a D part
         out = bytearray()
         ts_off, rate_at, rate_op = [], [], []
         op0 = 2 + 2 * n_l
@@ -183,7 +165,7 @@ class TemplateEncoder(BulkEncoder):
         if m:
             gids = np.concatenate([c[1] for c in cands])
             k = tm.n_rates
-            got = self._rates(gids, np.concatenate([c[2] for c in cands]))
+            got = self.store.rates(gids, np.concatenate([c[2] for c in cands]))
             rates = np.empty((len(gids), k), dtype="<f8")
             for j in range(k):
                 rates[:, j] = got[j]
@@ -197,14 +179,14 @@ class TemplateEncoder(BulkEncoder):
             out.append((first, last, memoryview(bufs[j])))  # joined later: no copy here
         return out
 
-    def _encode_units(self, batches: list[Batch]) -> bytes | None:
+    def encode(self, batches: list[Batch]) -> bytes | None:
         """The batches' packets with each compute from its template and the other rows one by
         one, or None if a compute has no template or its rows do not sort as the template's, or
         the computes' rows and the others interleave (the general encoder sorts those)."""
         units: list[tuple[Any, Any, Any]] = []  # (first key, last key, bytes or a buffer)
         singles: dict[tuple[int, ...], bytes] = {}  # the rows encoded one by one: key -> body
         by_template: dict[int, tuple[Template, list[tuple[int, Batch, Block]]]] = {}
-        rows = blocks = 0
+        blocks = 0
         for k, b in enumerate(batches):
             covered = bytearray(len(b.small))
             groups = 0
@@ -224,10 +206,9 @@ class TemplateEncoder(BulkEncoder):
                 if ts >= I64_END:
                     return None
                 key = (k, ts, rank, tie, seq)
-                body = self.e_body[e] if e >= 0 else s_
+                body = self.events.ends[e] if e >= 0 else s_
                 units.append((key, key, packet(body + TIMESTAMP + varint(ts) + POST)))
                 singles[key] = body
-            rows += b.rows
         for tm, blist in by_template.values():
             filled = self._fill(tm, blist)
             if filled is None:
@@ -237,31 +218,27 @@ class TemplateEncoder(BulkEncoder):
         for a, z in zip(units, units[1:], strict=False):
             if not a[1] < z[0]:
                 return None
-        if units and (self.first or self.interner.pending):
+        if units and self.seq.needs_head():
             # the first packet defines what the batches intern (and clears the state if first)
             key = units[0][0]
             if key not in singles:
                 return None
-            flags = FLAGS_FIRST_EVENT if self.first else FLAGS_NEEDS
-            self.first = False
-            body = singles[key] + TIMESTAMP + varint(key[1]) + SEQ + flags + self.interner.take()
+            body = singles[key] + TIMESTAMP + varint(key[1]) + self.seq.head()
             units[0] = (key, key, packet(body))
-        self.packets += rows
         self.templated += blocks
         return b"".join([u[2] for u in units])
 
-    def _learn(self, batches: list[Batch]) -> None:
+    def learn(self, batches: list[Batch]) -> None:
         """Templates for the blocks seen more than once (a few tries each)."""
-        if len(self.templates) > 4096 or self.template_bytes > TEMPLATE_BYTES:
-            self.templates.clear()
-            self.template_bytes = 0
+        if len(self.templates) > 4096 or self.bytes > TEMPLATE_BYTES:
+            self.clear()
         for b in batches:
             for bl in b.blocks:
                 v = self.templates.get(bl.key, 0)
                 if isinstance(v, Template):
                     continue
                 v += 1
-                tm = self._build_template(b, bl) if 2 <= v <= 4 else None
+                tm = self._build(b, bl) if 2 <= v <= 4 else None
                 self.templates[bl.key] = tm if tm is not None else v
                 if tm is not None:
-                    self.template_bytes += len(tm.buf)
+                    self.bytes += len(tm.buf)

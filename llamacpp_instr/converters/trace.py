@@ -73,7 +73,7 @@ def convert(
 
                 write_chrome_json(items, f)
             else:
-                from .perfetto_fast import write_perfetto_fast
+                from .perfetto import write_perfetto_fast
 
                 write_perfetto_fast(items, f)
         tmp.replace(out)
@@ -96,18 +96,23 @@ def to_perfetto(
     strict: bool = False,
     peaks: str | Path | None = None,
     roofline: bool = True,
+    peaks_cache: str | Path | None = None,
 ) -> Path:
     """Convert a session log to a Perfetto trace (or Chrome JSON with ``fmt="json"``) and return
     its path: ``output``, or the log's name with ``.pftrace`` / ``.json``. ``flows`` draws
     arrows from each KV-cache write to the later ops that read it (see ``kv_flows``). Each op's
     args hold its roof fraction and bound against the peaks in ``peaks`` (an ``instr peaks``
-    file, refused for a log of another machine) or by default the cached peaks of the machine
-    that made the log, if measured; ``roofline=False`` leaves them out."""
+    file, refused for a log of another machine), else the peaks that ``peaks_cache`` (the
+    directory ``instr peaks`` saves to) holds for the machine that made the log, if measured;
+    ``roofline=False`` leaves them out."""
     from .peaks import session_roofs
 
     log = Path(log)
     out = Path(output) if output is not None else default_output(log, fmt)
     sel = Selection(layer=layer, steps=steps, ops=ops, flows=flows)
-    roofs = session_roofs(Path(peaks) if peaks is not None else None) if roofline else None
+    roofs = None
+    if roofline:
+        given = Path(peaks) if peaks is not None else None
+        roofs = session_roofs(given, Path(peaks_cache) if peaks_cache is not None else None)
     convert(log, out, fmt, sel, strict, roofs=roofs)
     return out

@@ -1,54 +1,41 @@
 """The general encoder: a flush's rows sorted and encoded in bulk with numpy.
 
-Rows that no template covers (first steps, odd computes, everything interleaved) are sorted as
-the reference sorts them (batch, timestamp, rank, depth tiebreak, sequence) and their packets
-assembled from pieces: the static parts of each row (``OpStore``, end bodies, small rows' bytes),
+Rows that no template covers (first steps, odd computes, everything interleaved) are sorted by
+their key (``batch``: batch, timestamp, rank, depth tiebreak, sequence) and their packets
+assembled from pieces: the static parts of each row (``OpStore``, end fields, small rows' bytes),
 the ops' rates, and per row the "glue" (timestamp, sequence id and flags, the next packet's tag
 and length) built as a byte matrix.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from .perfetto_ops import OpStore
-from .perfetto_packets import FLAGS_FIRST_EVENT, FLAGS_NEEDS, POST, SEQ, Interner, packet
-from .protowire import (
-    DA_DOUBLE_VALUE,
-    TE_DEBUG_ANNOTATIONS,
-    TIMESTAMP,
-    TRACE_PACKET,
-    varint,
-    varint_bytes,
-    varint_len,
-)
-from .sinks import BundleSink
-from .trace_layout import op_rates, op_rates_bulk
-
-if TYPE_CHECKING:
-    from .perfetto_templates import Batch
+from ..trace_layout import op_rates
+from .batch import Batch
+from .events import EventFields
+from .ops import OpStore, RateFields
+from .packets import POST, Sequence, packet
+from .protowire import TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
 
 
 class BulkEncoder:
-    """The writer's bulk encoding methods (``perfetto_fast.Writer`` is one)."""
+    """Batches of rows in, their packets out, in key order (``encode``; ``encode_rows`` for
+    timestamps beyond int64)."""
 
-    # the writer's state they use (set by ``perfetto_fast.Writer``)
-    sink: BundleSink
-    store: OpStore
-    interner: Interner
-    first: bool
-    packets: int
-    e_body: list[bytes]  # per end id: the END packet's track event field
-    e_count: int
-    e_mat: Any
-    e_lens: Any
-    d_tails: list[bytes]  # the rates' annotation names (``Writer.rates_setup``)
-    d_lens: list[int]
+    def __init__(
+        self, store: OpStore, fields: RateFields, events: EventFields, seq: Sequence
+    ) -> None:
+        self.store = store
+        self.fields = fields
+        self.events = events
+        self.seq = seq
 
-    def _encode(self, batches: list[Batch], small: list[tuple[Any, ...]]) -> bytes:
-        """The packets of the batches, sorted as the reference sorts them."""
+    def encode(self, batches: list[Batch], small: list[tuple[Any, ...]]) -> bytes:
+        """The packets of the batches' rows (``small``: every batch's small rows, each with its
+        batch number first), sorted by their key."""
         # every row: batch, ts, rank, tie, seq (the sort key); end id (end rows) or -1; gid (op
         # begin rows) or -1; index among the small rows or -1
         cols: dict[str, list[Any]] = {
@@ -96,7 +83,6 @@ class BulkEncoder:
         end = a["end"][order]
         gid = a["gid"][order]
         sm = a["small"][order]
-        n = len(order)
         is_e = end >= 0
         is_op = gid >= 0
         is_sm = sm >= 0
@@ -104,9 +90,7 @@ class BulkEncoder:
         op_pos = np.full(2 * m + ns, -1, dtype=np.int64)
         op_pos[ns : ns + m] = np.arange(m, dtype=np.int64)
         op_pos = op_pos[order]
-        if len(self.e_body) != self.e_count:
-            self._end_matrix()
-        e_len = self.e_lens
+        e_mat, e_len = self.events.end_matrix()
         g_safe = np.where(is_op, gid, 0)
         t_len = np.where(is_op, store.a_tlen[g_safe], 0)
         sm_len = np.array([len(x) for x in s_objs], dtype=np.int64) if ns else np.zeros(1, np.int64)
@@ -121,13 +105,14 @@ class BulkEncoder:
         )
         nb_ts = varint_len(ts)
         plen = body + 1 + nb_ts + len(POST)  # the packet's length
-        glue = self._glue(ts, nb_ts, plen, is_e, end)
+        glue = self._glue(ts, nb_ts, plen, is_e, end, e_mat)
         # pieces: [0x0a LEN (END body)] of row 0, then per row S D T (begin-like rows) and glue
         has_t = is_op & (t_len > 0)
         cnt = 1 + np.where(is_e, 0, 1) + is_op + has_t
         off = np.cumsum(cnt) - cnt + 1
         pieces = np.empty(int(cnt.sum()) + 1, dtype=object)
-        pieces[0] = TRACE_PACKET + varint(int(plen[0])) + (self.e_body[end[0]] if is_e[0] else b"")
+        ends = self.events.ends
+        pieces[0] = TRACE_PACKET + varint(int(plen[0])) + (ends[end[0]] if is_e[0] else b"")
         if m:
             s_rows = np.flatnonzero(is_op)
             pieces[off[s_rows]] = store.a_s[gid[s_rows]]
@@ -140,50 +125,42 @@ class BulkEncoder:
             objs[:] = s_objs
             pieces[off[sm_rows]] = objs[sm[sm_rows]]
         pieces[off + cnt - 1] = glue
-        if self.interner.pending or self.first:
+        if self.seq.needs_head():
             # the first packet defines what the batch interns (and clears the state if first)
             row0 = pieces[1 : off[0] + cnt[0] - 1].tolist()
             post = 1 + int(nb_ts[0]) + len(POST)
-            flags = FLAGS_FIRST_EVENT if self.first else FLAGS_NEEDS
-            self.first = False
-            content = (self.e_body[end[0]] if is_e[0] else b"".join(row0)) + TIMESTAMP
-            content += varint(int(ts[0])) + SEQ + flags + self.interner.take()
+            content = (ends[end[0]] if is_e[0] else b"".join(row0)) + TIMESTAMP
+            content += varint(int(ts[0])) + self.seq.head()
             pieces[0] = packet(content) + glue[0][post:]
             pieces[1 : off[0] + cnt[0]] = b""
-        self.packets += n
         return b"".join(pieces.tolist())
 
-    def _end_matrix(self) -> None:
-        bodies = self.e_body or [b""]  # (a row to index when there are no end rows)
-        mat = np.zeros((len(bodies), max(1, *map(len, bodies))), dtype=np.uint8)
-        for k, b in enumerate(bodies):
-            mat[k, : len(b)] = np.frombuffer(b, dtype=np.uint8)
-        self.e_mat = mat
-        self.e_lens = np.array([len(b) for b in bodies], dtype=np.int64)
-        self.e_count = len(self.e_body)
-
-    def _glue(self, ts: Any, nb_ts: Any, plen: Any, is_e: Any, end: Any) -> Any:
+    def _glue(self, ts: Any, nb_ts: Any, plen: Any, is_e: Any, end: Any, e_mat: Any) -> Any:
         """Per row: what follows its S D T (or END body) up to the next row's: its timestamp,
         sequence id and flags, then the next packet's tag and length, and its END body if it is
         an end row. The last byte is never zero (a flag's, a length's, a track event's)."""
         n = len(ts)
-        nxt = (np.append(plen[1:], 0), np.append(is_e[1:], False), np.append(end[1:], 0))
+        nxt_len, nxt_e = np.append(plen[1:], 0), np.append(is_e[1:], False)
+        nxt_end = np.append(end[1:], 0)
         if int(nb_ts.min()) == int(nb_ts.max()):  # all timestamps as long: one layout
             out = np.empty(n, dtype=object)
-            out[:] = self._glue_rows(int(nb_ts[0]), ts, *nxt)
+            out[:] = self._glue_rows(int(nb_ts[0]), ts, nxt_len, nxt_e, nxt_end, e_mat)
             return out
         out = np.empty(n, dtype=object)
         for v in sorted(set(nb_ts.ravel().tolist())):
-            rows = np.flatnonzero(nb_ts == v)
-            out[rows] = self._glue_rows(v, ts[rows], *(x[rows] for x in nxt))
+            r = np.flatnonzero(nb_ts == v)
+            out[r] = self._glue_rows(v, ts[r], nxt_len[r], nxt_e[r], nxt_end[r], e_mat)
         return out
 
-    def _glue_rows(self, v: int, ts: Any, nxt_len: Any, nxt_e: Any, nxt_end: Any) -> list[bytes]:
+    @staticmethod
+    def _glue_rows(
+        v: int, ts: Any, nxt_len: Any, nxt_e: Any, nxt_end: Any, e_mat: Any
+    ) -> list[bytes]:
         """``_glue`` for rows whose timestamps are all ``v`` bytes long."""
         lnb = varint_len(nxt_len)
         c = 1 + v + len(POST)  # where the next packet's tag goes
         e_rows = np.flatnonzero(nxt_e)
-        ew = self.e_mat.shape[1] if len(e_rows) else 0
+        ew = e_mat.shape[1] if len(e_rows) else 0
         width = c + 1 + int(lnb.max()) + ew
         mat = np.zeros((len(ts), width), dtype=np.uint8)
         mat[:, 0] = TIMESTAMP[0]
@@ -194,81 +171,44 @@ class BulkEncoder:
             byte = (nxt_len >> (7 * j)) & 0x7F
             mat[:, c + 1 + j] = np.where(lnb > j, byte | np.where(lnb - 1 > j, 0x80, 0), 0)
         if len(e_rows):  # an end packet's length is one byte, then its body
-            mat[e_rows, c + 2 : c + 2 + ew] = self.e_mat[nxt_end[e_rows]]
+            mat[e_rows, c + 2 : c + 2 + ew] = e_mat[nxt_end[e_rows]]
         out: list[bytes] = mat.view(f"S{width}").ravel().tolist()
         return out
-
-    def _rates(self, gid: Any, dur: Any) -> list[Any]:
-        """Each op's rates (``op_rates_bulk``): GFLOP/s, GB/s and, if an op here has a roof, a
-        third array: the roof fraction (0 for the ops without one)."""
-        st = self.store.arrays()
-        roofed = st.a_roofed[gid]
-
-        def one(k: int) -> tuple[float, ...]:
-            r = int(gid[k])
-            return op_rates(st.flops[r], st.nbytes[r], int(dur[k]), st.ideal[r])
-
-        ideal = st.a_ideal[gid] if roofed.any() else None
-        return op_rates_bulk(
-            st.a_flops[gid], st.a_nbytes[gid], st.a_exact[gid], dur, ideal, roofed, one
-        )
 
     def _rate_objects(self, gid: Any, dur: Any) -> Any:
         """The D part of each op begin packet (its rates), as bytes objects."""
-        rates = self._rates(gid, dur)
+        rates = self.store.rates(gid, dur)
+        encode = self.fields.encode
         objs = np.empty(len(gid), dtype=object)
         if len(rates) == 2:
-            objs[:] = self._rate_bytes(rates)
+            objs[:] = encode(rates)
             return objs
         roofed = self.store.a_roofed[gid]
-        objs[~roofed] = self._rate_bytes([r[~roofed] for r in rates[:2]])
-        objs[roofed] = self._rate_bytes([r[roofed] for r in rates])
+        objs[~roofed] = encode([r[~roofed] for r in rates[:2]])
+        objs[roofed] = encode([r[roofed] for r in rates])
         return objs
 
-    def _rate_bytes(self, rates: list[Any]) -> list[bytes]:
-        """The D parts of ops with these rates (one array per rate, ``RATE_NAMES`` in order)."""
-        m, k = len(rates[0]), len(rates)
-        width = self.d_lens[k]
-        mat = np.empty((m, width), dtype=np.uint8)
-        o = 0
-        for v, tail in zip(rates, self.d_tails, strict=False):
-            n = 9 + len(tail)
-            mat[:, o] = TE_DEBUG_ANNOTATIONS[0]
-            mat[:, o + 1] = n
-            mat[:, o + 2] = DA_DOUBLE_VALUE[0]
-            mat[:, o + 3 : o + 11] = np.asarray(v).astype("<f8").view(np.uint8).reshape(m, 8)
-            mat[:, o + 11 : o + 2 + n] = np.frombuffer(tail, dtype=np.uint8)
-            o += 2 + n
-        # the last byte is a name iid's (never zero): the fixed-width view keeps every byte
-        out: list[bytes] = mat.view(f"S{width}").ravel().tolist()
-        return out
-
-    def _flush_python(self, batches: list[Batch]) -> None:
-        """Timestamps beyond int64 (a damaged log): sort and encode row by row."""
+    def encode_rows(self, batches: list[Batch]) -> bytes:
+        """``encode`` row by row, for timestamps beyond int64 (a damaged log)."""
         rows: list[tuple[int, int, int, int, int, bytes]] = []
         st = self.store
+        ends = self.events.ends
         for k, batch in enumerate(batches):
             for ts, rank, tie, seq, s, e in batch.small:
-                rows.append((k, ts, rank, tie, seq, self.e_body[e] if e >= 0 else s))
+                rows.append((k, ts, rank, tie, seq, ends[e] if e >= 0 else s))
             for seq0, gids, start, dur, e in batch.groups:
                 for j, (r, s0, du) in enumerate(
                     zip(gids.tolist(), start.tolist(), dur.tolist(), strict=True)
                 ):
                     rates = op_rates(st.flops[r], st.nbytes[r], du, st.ideal[r])
-                    d = self._rate_bytes([np.array([v]) for v in rates])[0]
+                    d = self.fields.encode([np.array([v]) for v in rates])[0]
                     depth = st.depth[r]
                     seq = seq0 + 2 * j
                     rows.append((k, s0, 1, depth, seq, st.s[r] + d + st.t[r]))
-                    rows.append((k, s0 + du, 0 if du else 2, -depth, seq + 1, self.e_body[e]))
+                    rows.append((k, s0 + du, 0 if du else 2, -depth, seq + 1, ends[e]))
         rows.sort(key=lambda e: e[:5])
         out = []
         for _, ts, _, _, _, body in rows:
-            flags = FLAGS_NEEDS
-            extra = b""
-            if self.first or self.interner.pending:
-                flags = FLAGS_FIRST_EVENT if self.first else FLAGS_NEEDS
-                self.first = False
-                extra = self.interner.take()
-            out.append(packet(body + TIMESTAMP + varint(ts) + SEQ + flags + extra))
-        self.sink.write(b"".join(out))
-        self.packets += len(rows)
+            tail = self.seq.head() if self.seq.needs_head() else POST
+            out.append(packet(body + TIMESTAMP + varint(ts) + tail))
+        return b"".join(out)

@@ -5,7 +5,8 @@ A peaks file says, for each backend device of the build, the memory bandwidth of
 (``llama_instr_probe_run``), with the machine they were measured on: the CPU model, the thread
 count, and the GPUs. The cache holds one file per machine under ``<cache>/peaks/``; a log's
 ``session_start.machine`` and ``context.n_threads`` name the file that fits it. Peaks of another
-machine are refused, never used.
+machine are refused, never used. The cache directory is the caller's to give (the command line's
+is ``llamacpp_instr.paths.cache_dir()``): nothing here decides where it is.
 """
 
 from __future__ import annotations
@@ -43,12 +44,6 @@ def machine_key(machine: dict[str, Any], n_threads: int) -> str:
 def cache_file(key: str, cache: Path) -> Path:
     slug = re.sub(r"[^a-z0-9]+", "-", key.lower()).strip("-")[:60]
     return cache / "peaks" / f"{slug}-{hashlib.sha1(key.encode()).hexdigest()[:8]}.json"
-
-
-def default_cache() -> Path:
-    from llamacpp_instr.paths import cache_dir
-
-    return cache_dir()
 
 
 @dataclass(frozen=True)
@@ -146,9 +141,9 @@ def read(path: Path) -> Peaks:
     return from_json(doc, str(path))
 
 
-def save(peaks: Peaks, cache: Path | None = None) -> Path:
-    """Write the peaks to their machine's cache file (atomically: no half-written file)."""
-    path = cache_file(peaks.key, cache or default_cache())
+def save(peaks: Peaks, cache: Path) -> Path:
+    """Write the peaks to their machine's file in ``cache`` (atomically: no half-written file)."""
+    path = cache_file(peaks.key, cache)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(peaks.to_json(), indent=1) + "\n")
@@ -156,11 +151,11 @@ def save(peaks: Peaks, cache: Path | None = None) -> Path:
     return path
 
 
-def cached(machine: dict[str, Any], n_threads: int, cache: Path | None = None) -> Peaks | None:
-    """The cached peaks of this machine and thread count, if measured; refused (None) if the file
-    there names another machine."""
+def cached(machine: dict[str, Any], n_threads: int, cache: Path) -> Peaks | None:
+    """The peaks of this machine and thread count in ``cache``, if measured; refused (None) if the
+    file there names another machine."""
     key = machine_key(machine, n_threads)
-    path = cache_file(key, cache or default_cache())
+    path = cache_file(key, cache)
     if not path.is_file():
         return None
     try:
@@ -184,8 +179,8 @@ def session_machine(info: Any) -> tuple[dict[str, Any] | None, int]:
     return machine, n_threads
 
 
-def for_session(info: Any, cache: Path | None = None) -> tuple[Peaks | None, str]:
-    """The cached peaks for the machine that made the log, and a note when there are none."""
+def for_session(info: Any, cache: Path) -> tuple[Peaks | None, str]:
+    """The peaks in ``cache`` for the machine that made the log, and a note when there are none."""
     machine, n_threads = session_machine(info)
     if not machine or not n_threads:
         return None, "the log does not name its machine (recorded before machine identity)"
@@ -248,10 +243,12 @@ class Roof:
         return max(mem, comp), "compute" if comp > mem else "memory"
 
 
-def session_roofs(peaks_file: Path | None = None) -> Callable[[Any], Roof | None]:
+def session_roofs(
+    peaks_file: Path | None = None, cache: Path | None = None
+) -> Callable[[Any], Roof | None]:
     """What gives each session of a log its roofs: the peaks in ``peaks_file`` (refused, with a
-    one-line error, for a session made on another machine), or by default the cached peaks of
-    the machine that made it (None where there are none)."""
+    one-line error, for a session made on another machine), else the peaks in ``cache`` of the
+    machine that made it (None where there are none, or no ``cache``)."""
 
     given = read(peaks_file) if peaks_file is not None else None  # a bad file: refused now
 
@@ -259,7 +256,7 @@ def session_roofs(peaks_file: Path | None = None) -> Callable[[Any], Roof | None
         if given is not None:
             p: Peaks | None = fitting(given, info, f"the peaks in {peaks_file}")
         else:
-            p = for_session(info)[0]
+            p = for_session(info, cache)[0] if cache is not None else None
         return Roof(p.device(), kv_type(info)) if p is not None else None
 
     return find

@@ -14,8 +14,8 @@ Tables (integer nanosecond timestamps and durations; names, ops and types are ca
 * ``ops`` — one row per timed op per compute, with its node's metadata joined: step, ubatch, graph,
   node, name, op, label, category, layer, t_start, dur_ns, n_fused, shape, dtype, weight,
   weight_type, est_flops, est_bytes; the roofline (``roofline.py``): intensity (FLOPs/byte),
-  gflops_s, gbs (achieved), and, when peaks are cached for the machine that made the log
-  (``instr peaks``; NaN otherwise), ideal_ns (the least time at the roofs), roof_frac, bound.
+  gflops_s, gbs (achieved), and, when ``peaks_cache`` holds peaks for the machine that made the
+  log (``instr peaks``; NaN otherwise), ideal_ns (the least time at the roofs), roof_frac, bound.
 * ``nodes`` — the graph tables: graph, node, name, op, label, layer, shape, dtype, bytes, flags.
 * ``weights`` — the weight inventory of session_start.
 * ``tensor_stats`` (verbose) — step, ubatch, node, name, min, max, mean, std, n_nan, n_inf.
@@ -277,7 +277,7 @@ class _Builder:
         self.layer_parts: list[np.ndarray] = []  # per compute (m, 4): layer, t_start, dur, n_ops
         self.layer_keys = array("q")  # per compute: step, ubatch, m
         # per-node columns of every graph the ops use, graph after graph
-        self.metas: dict[int, tuple[Graph, _GraphMeta]] = {}  # id(graph) -> its place
+        self.metas: dict[Graph, _GraphMeta] = {}  # each graph's place
         self.n_nodes = 0
         self.node_i = array("q")
         self.node_layer = array("q")
@@ -295,9 +295,9 @@ class _Builder:
 
     def _meta(self, g: Graph) -> _GraphMeta:
         """The graph's per-node columns (made on first use)."""
-        known = self.metas.get(id(g))
+        known = self.metas.get(g)
         if known is not None:
-            return known[1]
+            return known
         meta = _GraphMeta(self.n_nodes, {})
         for k, n in enumerate(g.nodes):
             try:
@@ -338,7 +338,7 @@ class _Builder:
             for c, code in zip(_OP_CATS, codes, strict=True):
                 self.node_cats[c].append(code)
         self.n_nodes += len(g.nodes)
-        self.metas[id(g)] = (g, meta)
+        self.metas[g] = meta
         return meta
 
     def step(self, s: Step) -> None:
@@ -484,7 +484,7 @@ class _Builder:
             df[c] = string_categories(df[c])
         return df
 
-    def frames(self, report: ReadReport) -> SessionFrames:
+    def frames(self, report: ReadReport, peaks_cache: Path | None) -> SessionFrames:
         steps = self.steps.frame(self.STEP_COLS)
         steps["ended"] = steps["ended"].astype(bool)
         steps["request"] = string_categories(steps["request"])
@@ -511,12 +511,16 @@ class _Builder:
                 t for _, tokens in sorted(self.generated, key=_FIRST) for t in tokens
             ],
         )
-        roofline.apply(sf, *peaks.for_session(self.info))
+        found = peaks.for_session(self.info, peaks_cache) if peaks_cache is not None else (None, "")
+        roofline.apply(sf, *found)
         return sf
 
 
-def load_sessions(path: Path | str, *, strict: bool = False) -> list[SessionFrames]:
-    """Every session of the log, as tables."""
+def load_sessions(
+    path: Path | str, *, strict: bool = False, peaks_cache: Path | None = None
+) -> list[SessionFrames]:
+    """Every session of the log, as tables; each against the peaks that ``peaks_cache`` (the
+    directory ``instr peaks`` saves to) holds for the machine that made it, if any."""
     report = ReadReport()
     builders: dict[str, _Builder] = {}
     # read here: the tables' own work per record is small, and sending the records from a
@@ -529,7 +533,7 @@ def load_sessions(path: Path | str, *, strict: bool = False) -> list[SessionFram
                 builders[ev.session.sid].step(ev.step)
         if not builders:
             raise UserError(f"no session in {path}")
-        return [b.frames(report) for b in builders.values()]
+        return [b.frames(report, peaks_cache) for b in builders.values()]
     except OverflowError:
         # (the traces keep such a value, op by op; the tables' columns are 64-bit)
         raise UserError(
@@ -539,10 +543,15 @@ def load_sessions(path: Path | str, *, strict: bool = False) -> list[SessionFram
 
 
 def load_session(
-    path: Path | str, sid: str | None = None, *, strict: bool = False
+    path: Path | str,
+    sid: str | None = None,
+    *,
+    strict: bool = False,
+    peaks_cache: Path | None = None,
 ) -> SessionFrames:
-    """One session of the log as tables: the first, or the one with session id ``sid``."""
-    sessions = load_sessions(path, strict=strict)
+    """One session of the log as tables: the first, or the one with session id ``sid``; with
+    ``peaks_cache``, against the cached peaks of the machine that made it (``load_sessions``)."""
+    sessions = load_sessions(path, strict=strict, peaks_cache=peaks_cache)
     if sid is None:
         return sessions[0]
     for s in sessions:

@@ -12,14 +12,14 @@ One path from a log to every output:
   ``iter_events``, or with bulk reading of ops by ``iter_events_packed``; fed line by line by
   ``follow``), every compute's ops as columns, for every consumer: the trace layout
   (``trace_layout``) and
-  writers (``perfetto_fast`` with ``protowire``, ``perfetto_packets``, ``perfetto_ops``,
-  ``perfetto_templates``, ``perfetto_bulk``, ``sinks``; ``chrome_json``), ``kv_flows``, and the
+  writers (``perfetto/``, with ``sinks``; ``chrome_json``), ``kv_flows``, and the
   pandas tables of ``frames`` (``load_session``) that ``summary``, ``compare``, ``export`` and
   the reports read.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
@@ -29,11 +29,15 @@ if TYPE_CHECKING:
     from .frames import SessionFrames
 
 
-def load_session(path: Any, sid: str | None = None, *, strict: bool = False) -> SessionFrames:
-    """A session log as pandas DataFrames (see ``converters.frames``); pandas loads on first use."""
+def load_session(
+    path: Any, sid: str | None = None, *, strict: bool = False, peaks_cache: Path | None = None
+) -> SessionFrames:
+    """A session log as pandas DataFrames (see ``converters.frames``); pandas loads on first use.
+    ``peaks_cache``: the directory of ``instr peaks``' measurements, to set the ops against the
+    roofs of the machine that made the log (``llamacpp_instr.load_session`` gives its own)."""
     from .frames import load_session as _load
 
-    return _load(path, sid, strict=strict)
+    return _load(path, sid, strict=strict, peaks_cache=peaks_cache)
 
 
 __all__ = ["LEVELS", "SCHEMA_VERSIONS", "UserError", "load_session"]

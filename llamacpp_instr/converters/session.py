@@ -7,7 +7,7 @@ Ways to consume a log:
   steps in flight and the graph tables are held in memory, so a writer that streams its output
   stays bounded whatever the log's size. Every compute's ops are columns (``decode.Compute``).
 * ``iter_events_packed(path)`` is the same fold, the ops of well-formed compute records read in
-  bulk (``decode.pack_ops``) instead of op by op, and big logs read on the other core
+  bulk (``decode.decode_compute_bulk``) instead of op by op, and big logs read on the other core
   (``prefetch``): what the trace writers, the tables and ``kv_flows`` read. The two give the
   same steps (the per-op decoding is the reference the bulk one is tested against).
 * ``Fold`` is the fold itself, fed one record at a time (``follow``).
@@ -42,10 +42,10 @@ from .decode import (
     StepDone,
     attach_stats,
     decode_compute,
+    decode_compute_bulk,
     end_step,
     graph_table,
     nonneg,
-    pack_ops,
     request_id,
     session_info,
     skip_malformed,
@@ -135,20 +135,42 @@ class Fold:
         self.packed = packed
         self.keep_graphs = keep_graphs
         self.states: dict[str, _SessionState] = {}
-        self._last_fused: dict[int, Any] = {}
+        self.fused_of: dict[Graph, dict[int, list[int]]] = {}  # (``decode_compute_bulk``)
 
     def add(self, rec: dict[str, Any]) -> Iterator[Event]:
         states = self.states
         if self.packed and rec["type"] == "compute":
-            if _apply_packed(rec, states, self._last_fused):
+            if self._add_compute_bulk(rec):
                 return
             if isinstance(rec.get("ops"), PackedOps):
                 rec["ops"] = rec["ops"].to_list()  # as read, for the per-op decoder
         if self.keep_graphs is not None and rec["type"] == "graph":
             state = states.get(str(rec["sid"]))
             if state is not None and len(state.graphs) > self.keep_graphs:
-                state.graphs.pop(next(iter(state.graphs)))
+                dropped = state.graphs.pop(next(iter(state.graphs)))
+                self.fused_of.pop(dropped, None)
         yield from _apply(rec, states)
+
+    def _add_compute_bulk(self, rec: dict[str, Any]) -> bool:
+        """Apply a compute record as ``_apply`` does, its ops read in bulk; False (nothing done)
+        when it is not a compute of an open step and a known graph, or its ops are unusual: the
+        per-op decoder then reads it."""
+        try:
+            state = self.states.get(str(rec["sid"]))
+            if state is None:
+                return False
+            step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
+            graph = state.graphs.get((int(rec["ctx"]), int(rec["graph"])))
+        except Exception:  # noqa: BLE001 - whatever it is, the per-op reader reports it
+            return False
+        if step is None or graph is None:
+            return False
+        state.info.last_ts = max(state.info.last_ts, nonneg(rec["ts"]))  # as ``_apply`` first
+        c = decode_compute_bulk(rec, graph, self.fused_of)
+        if c is None:
+            return False
+        step.computes.append(c)
+        return True
 
     def close(self) -> Iterator[Event]:
         """The sessions the input ends in the middle of: their open steps, then their end."""
@@ -160,64 +182,6 @@ class Fold:
     def open_steps(self) -> int:
         """Steps begun and not yet ended, over all sessions."""
         return sum(len(s.open_steps) for s in self.states.values())
-
-
-def _packed_columns(
-    rec: dict[str, Any], states: dict[str, _SessionState], last_fused: dict[int, Any]
-) -> Any:
-    """``(step, graph, node, start, dur, fused)`` for a compute record the per-op reader would
-    accept with all its ops and no thread timings; None when anything is unusual (the per-op
-    reader then decides). ``last_fused``: per graph, the fused ops of its last compute."""
-    try:
-        state = states.get(str(rec["sid"]))
-        if state is None:
-            return None
-        step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
-        graph = state.graphs.get((int(rec["ctx"]), int(rec["graph"])))
-        ops = rec.get("ops")
-        t0 = rec["t_start"]
-        if step is None or graph is None or rec.get("threads"):
-            return None
-        if type(t0) is not int or not 0 <= t0 < 1 << 62:
-            return None
-        last = last_fused.get(id(graph))
-        if last is not None and last[0] is not graph:
-            last = None
-        packed = ops if isinstance(ops, PackedOps) else pack_ops(ops, last and last[1])
-        if packed is None:
-            return None
-        lo, hi = packed.lo, packed.hi
-        n_nodes = len(graph.nodes)
-        if min(lo) < 0 or hi[0] >= n_nodes or t0 + hi[1] + hi[2] >= 1 << 62:
-            return None
-        if packed.f_lo < 0 or packed.f_hi >= n_nodes:
-            return None
-        fused = packed.fused
-        if fused:
-            if last is not None and (last[1] is fused or last[1] == fused):
-                fused = last[1]  # one dict for the graph's computes: the writers compare by id
-            else:
-                last_fused[id(graph)] = (graph, fused)
-        node, off, dur = packed.arr
-        return step, graph, node, t0 + off, dur, fused
-    except Exception:  # noqa: BLE001 - whatever it is, the per-op reader reports it
-        return None
-
-
-def _apply_packed(
-    rec: dict[str, Any], states: dict[str, _SessionState], last_fused: dict[int, Any]
-) -> bool:
-    packed = _packed_columns(rec, states, last_fused)
-    if packed is None:
-        return False
-    step, graph, node, start, dur, fused = packed
-    n = len(step.computes)
-    for _ in _apply(dict(rec, ops=[]), states):  # the compute without its ops; yields nothing
-        pass
-    if len(step.computes) == n + 1 and step.computes[-1].graph is graph:
-        c = step.computes[-1]
-        c.op_node, c.op_start, c.op_dur, c.op_fused = node, start, dur, fused
-    return True
 
 
 def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Event]:

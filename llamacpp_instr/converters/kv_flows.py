@@ -52,13 +52,12 @@ class _Roles:
     writes: list[tuple[str, ...]]
     reads: list[tuple[str, ...]]
     any: Any  # bool array per node
-    graph: Graph  # held, so that the id keying this entry is not reused
 
 
 @dataclass
 class _Session:
     live: dict[tuple[int, str], list[_Write]] = field(default_factory=dict)  # (ctx, cache)
-    roles: dict[int, _Roles] = field(default_factory=dict)  # id(graph)
+    roles: dict[Graph, _Roles] = field(default_factory=dict)
 
 
 class KvFlows:
@@ -81,8 +80,8 @@ class KvFlows:
         return self.base[-1]
 
     def _roles(self, s: _Session, graph: Graph) -> _Roles:
-        r = s.roles.get(id(graph))
-        if r is None or r.graph is not graph:
+        r = s.roles.get(graph)
+        if r is None:
             writes: list[tuple[str, ...]] = []
             reads: list[tuple[str, ...]] = []
             for node in graph.nodes:
@@ -93,7 +92,7 @@ class KvFlows:
                 writes.append(caches if w else ())
                 reads.append(caches if rd else ())
             flags = np.array([bool(a or b) for a, b in zip(writes, reads, strict=True)], dtype=bool)
-            r = s.roles[id(graph)] = _Roles(writes, reads, flags, graph)
+            r = s.roles[graph] = _Roles(writes, reads, flags)
         return r
 
     def step(self, sid: str, step: Step, wanted: bool = True) -> list[OpFlows]:

@@ -1,8 +1,9 @@
 """Perfetto packets for the hand-written trace: framing, track descriptors, interning, bundles.
 
-Every event packet of the trace's one sequence ends with ``POST`` (sequence id and flags) after
-its timestamp; the first packet of the trace clears the incremental state, and the first packet
-of each flush defines the strings the flush interns (``Interner.take``). Tags: ``protowire``.
+Every event packet of the trace's one sequence (``Sequence``) ends with ``POST`` (sequence id and
+flags) after its timestamp; the first packet of the trace clears the incremental state, and the
+first packet of each flush defines the strings the flush interns (``Sequence.head``). Tags:
+``protowire``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ try:  # ISA-L's deflate: the same zlib streams, about 4x faster at level 1 (benc
 except ImportError:  # a platform without isal wheels: the standard library's
     from zlib import compress as _deflate  # type: ignore[assignment]
 
+from ..trace_layout import Track
 from .protowire import (
     CD_UNIT_NAME,
     CHILD_ORDERING_EXPLICIT,
@@ -48,7 +50,6 @@ from .protowire import (
     ld,
     varint,
 )
-from .trace_layout import Track
 
 SEQ_ID = 1729  # the trace's one trusted_packet_sequence_id (as the reference writer's)
 ZLIB_LEVEL = 1
@@ -147,6 +148,34 @@ class Interner:
         data = b"".join(self.pending)
         self.pending = []
         return ld(INTERNED_DATA, data)
+
+
+class Sequence:
+    """The trace's one packet sequence: its interned strings, and whether its first packet (which
+    clears the incremental state) is still to come."""
+
+    def __init__(self) -> None:
+        self.interner = Interner()
+        self.first = True
+
+    def track_flags(self) -> bytes:
+        """A track descriptor's sequence flags: the trace's first packet clears the state."""
+        flags = FLAGS_FIRST if self.first else b""
+        self.first = False
+        return flags
+
+    def needs_head(self) -> bool:
+        """Whether the next event packet must be a head (``head``): the trace's first, or strings
+        interned since the last head."""
+        return self.first or bool(self.interner.pending)
+
+    def head(self) -> bytes:
+        """What follows a head event packet's timestamp (in place of ``POST``): the sequence id,
+        its flags (clearing the state if it is the trace's first) and the strings interned since
+        the last head."""
+        flags = FLAGS_FIRST_EVENT if self.first else FLAGS_NEEDS
+        self.first = False
+        return SEQ + flags + self.interner.take()
 
 
 def compressed_packet(data: bytes) -> bytes:

@@ -5,9 +5,10 @@ trace writers, the tables of ``frames``, ``follow``, ``compare``, ``kv_flows`` r
 
 * record types: ``Node`` and ``Graph`` (graph tables), ``SessionInfo`` (session_start),
   ``Step``, ``Compute`` (its ops always columns), ``LayerSpan``;
-* one decoder per record kind (``session_info``, ``graph_table``, ``decode_compute``,
-  ``step_seqs``, ``topk_rows``, ``end_step``, ``attach_stats``), each raising one of
-  ``MALFORMED`` on a record that parses but lacks the schema's shape;
+* one decoder per record kind (``session_info``, ``graph_table``, ``decode_compute`` and, its
+  ops in bulk, ``decode_compute_bulk``, ``step_seqs``, ``topk_rows``, ``end_step``,
+  ``attach_stats``), each raising one of ``MALFORMED`` on a record that parses but lacks the
+  schema's shape;
 * the one packer of a compute's ``ops`` and ``layers`` lists into int64 columns (``pack_ops``,
   ``layer_rows``), which the forked reader (``prefetch``) runs on the other core;
 * ``Compute.unpack``/``op_at``, the lazy per-op view (``OpTiming``) for the few places that want
@@ -55,8 +56,12 @@ class Node:
         return f"{self.op}:{self.sub}" if self.sub else self.op
 
 
-@dataclass
+@dataclass(eq=False)
 class Graph:
+    """A compute graph's node table (a ``graph`` record). Equal only to itself, and hashable: what
+    is worked out once per graph (its layers, its ops' static args...) is kept in dicts keyed by
+    the graph."""
+
     ctx: int
     id: int
     n_tokens: int
@@ -420,7 +425,7 @@ def _column(values: list[int]) -> Any:
 
 
 def decode_compute(rec: dict[str, Any], graph: Graph | None) -> Compute:
-    """A compute record, op by op (``pack_ops`` reads the well-formed ones in bulk)."""
+    """A compute record, op by op (``decode_compute_bulk`` reads the well-formed ones in bulk)."""
     t0 = nonneg(rec["t_start"])
     node: list[int] = []
     start: list[int] = []
@@ -441,6 +446,68 @@ def decode_compute(rec: dict[str, Any], graph: Graph | None) -> Compute:
         node.append(i)
         start.append(t0 + off)
         dur.append(d)
+    return _compute(rec, graph, t0, _column(node), _column(start), _column(dur), fused, done)
+
+
+def decode_compute_bulk(
+    rec: dict[str, Any], graph: Graph, fused_of: dict[Graph, dict[int, list[int]]]
+) -> Compute | None:
+    """A compute record of ``graph`` its ops read in bulk (``pack_ops``): the ``Compute`` that
+    ``decode_compute`` makes of it, or None when anything about its ops is unusual (thread
+    timings, an odd entry, a node outside the graph, a time beyond 2**62), which
+    ``decode_compute`` then reads op by op. ``fused_of``: per graph, the fused ops of its last
+    compute, which every generation step repeats: reused, not rebuilt, and one dict for the
+    graph's computes (the writers tell variants apart by it)."""
+    cols = _bulk_columns(rec, graph, fused_of)
+    if cols is None:
+        return None
+    node, start, dur, fused = cols
+    return _compute(rec, graph, rec["t_start"], node, start, dur, fused, None)
+
+
+def _bulk_columns(
+    rec: dict[str, Any], graph: Graph, fused_of: dict[Graph, dict[int, list[int]]]
+) -> tuple[Any, Any, Any, dict[int, list[int]]] | None:
+    """``(node, start, dur, fused)`` of a compute record whose ops ``decode_compute`` would keep
+    all, with no thread timings; None when anything is unusual."""
+    try:
+        t0 = rec["t_start"]
+        if rec.get("threads") or type(t0) is not int or not 0 <= t0 < 1 << 62:
+            return None
+        last = fused_of.get(graph)
+        ops = rec.get("ops")
+        packed = ops if isinstance(ops, PackedOps) else pack_ops(ops, last)
+        if packed is None:
+            return None
+        lo, hi = packed.lo, packed.hi
+        n_nodes = len(graph.nodes)
+        if min(lo) < 0 or hi[0] >= n_nodes or t0 + hi[1] + hi[2] >= 1 << 62:
+            return None
+        if packed.f_lo < 0 or packed.f_hi >= n_nodes:
+            return None
+        fused = packed.fused
+        if fused:
+            if last is not None and (last is fused or last == fused):
+                fused = last  # one dict for the graph's computes: the writers compare by id
+            else:
+                fused_of[graph] = fused
+        node, off, dur = packed.arr
+        return node, t0 + off, dur, fused
+    except Exception:  # noqa: BLE001 - whatever it is, the per-op reader reports it
+        return None
+
+
+def _compute(
+    rec: dict[str, Any],
+    graph: Graph | None,
+    t0: int,
+    node: Any,
+    start: Any,
+    dur: Any,
+    fused: dict[int, list[int]],
+    threads: list[list[int] | None] | None,
+) -> Compute:
+    """A compute record's ``Compute``, its ops already columns."""
     layers = layer_spans(rec["layers"], t0)
     return Compute(
         step=rec["step"],
@@ -452,11 +519,11 @@ def decode_compute(rec: dict[str, Any], graph: Graph | None) -> Compute:
         n_threads=int(rec.get("n_threads", 0)),
         status=int(rec.get("status", 0)),
         layers=layers,
-        op_node=_column(node),
-        op_start=_column(start),
-        op_dur=_column(dur),
+        op_node=node,
+        op_start=start,
+        op_dur=dur,
         op_fused=fused,
-        op_threads=done,
+        op_threads=threads,
     )
 
 

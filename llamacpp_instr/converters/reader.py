@@ -74,6 +74,16 @@ def upgrade(record: dict[str, Any], schema_version: int) -> dict[str, Any]:
     return record
 
 
+class BadLine(Exception):
+    """A line that holds no record: ``why``, as the read report says it, and the record type it
+    names when that type is unknown (a newer schema)."""
+
+    def __init__(self, why: str, unknown_type: str | None = None) -> None:
+        super().__init__(why)
+        self.why = why
+        self.unknown_type = unknown_type
+
+
 def _loads_replacing_utf8(line: bytes) -> Any:
     """``line`` parsed after replacing invalid UTF-8 with U+FFFD; None if it is valid UTF-8 (so its
     JSON error is not an encoding one) or still does not parse."""
@@ -88,15 +98,36 @@ def _loads_replacing_utf8(line: bytes) -> Any:
         return None
 
 
+def parse_line(line: bytes, complete: bool = True) -> tuple[dict[str, Any], bool]:
+    """The record on one line of a log, and whether it was read only after replacing invalid UTF-8
+    with U+FFFD; ``BadLine`` if the line holds none: invalid JSON (a ``complete=False`` last line:
+    truncated), not an object with a ``type``, or a record type this schema does not know. Every
+    reader of logs reads its lines through here (``iter_records``, ``follow.tail_records``)."""
+    replaced = False
+    try:
+        rec = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        rec = _loads_replacing_utf8(line)
+        if rec is None:
+            raise BadLine("invalid JSON" if complete else "truncated last line") from None
+        replaced = True
+    if not isinstance(rec, dict) or not isinstance(rec.get("type"), str):
+        raise BadLine("not a record object")
+    if rec["type"] not in RECORD_TYPES_V1:
+        raise BadLine(f"unknown record type {rec['type']!r}", rec["type"])
+    return rec, replaced
+
+
 def iter_records(
     path: Path | str, *, strict: bool = False, report: ReadReport | None = None
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_number, record)`` for every valid record, in file order.
 
-    Skipped: blank lines are ignored silently; invalid JSON, non-object lines, records without a
-    ``type``, unknown record types (a newer schema) and a truncated last line are counted in
-    ``report`` (or raise ``UserError`` with ``strict``). A line that is invalid only as UTF-8 is
-    read with U+FFFD for each bad sequence and counted in ``report.replaced_utf8``, strict or not.
+    Skipped: blank lines are ignored silently; the lines ``parse_line`` refuses (invalid JSON,
+    non-object lines, records without a ``type``, unknown record types, a truncated last line)
+    are counted in ``report`` (or raise ``UserError`` with ``strict``). A line that is invalid only
+    as UTF-8 is read with U+FFFD for each bad sequence and counted in ``report.replaced_utf8``,
+    strict or not.
     """
     rep = report if report is not None else ReadReport()
     version = 1
@@ -112,25 +143,14 @@ def iter_records(
                 rep.lines = n
                 if not line.strip():
                     continue
-                complete = line.endswith(b"\n")
-                replaced = False
                 try:
-                    rec = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    rec = _loads_replacing_utf8(line)
-                    if rec is None:
-                        skip(n, "invalid JSON" if complete else "truncated last line")
-                        continue
-                    replaced = True
-                if not isinstance(rec, dict) or not isinstance(rec.get("type"), str):
-                    skip(n, "not a record object")
+                    rec, replaced = parse_line(line, line.endswith(b"\n"))
+                except BadLine as bad:
+                    if bad.unknown_type is not None:
+                        rep.unknown_types[bad.unknown_type] += 1
+                    skip(n, bad.why)
                     continue
-                rtype = rec["type"]
-                if rtype not in RECORD_TYPES_V1:
-                    rep.unknown_types[rtype] += 1
-                    skip(n, f"unknown record type {rtype!r}")
-                    continue
-                if rtype == "session_start":
+                if rec["type"] == "session_start":
                     version = rec.get("schema_version", 1)
                     if version not in SCHEMA_VERSIONS and strict:
                         raise UserError(f"{path}: line {n}: unsupported schema version {version}")

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .decode import SessionInfo
 from .errors import UserError
 
 _BLK = re.compile(r"^blk\.(\d+)\.(.+?)(\.weight|\.bias)?$")
@@ -218,39 +219,40 @@ def _from_raw_header(p: Path) -> Inventory:
 
 
 def from_session(path: Path | str) -> Inventory:
-    """The weight inventory and memory breakdown recorded in a session log's session_start."""
-    from .reader import iter_records
+    """The weight inventory and memory breakdown recorded in a session log's (first) session_start,
+    as the decoder reads it (``decode.session_info``)."""
+    from .session import SessionStarted, iter_events
 
-    for _, rec in iter_records(path):
-        if rec["type"] != "session_start":
-            continue
-        weights = rec.get("weights")
-        if not weights:
-            raise UserError(
-                f"{path}: the session has no weight inventory (session begun without a context)"
-            )
-        rows = []
-        for w in weights:
-            role, layer = role_of(str(w["name"]))
-            tid = int(w.get("type_id", -1))
-            rows.append(
-                TensorRow(
-                    name=str(w["name"]),
-                    role=role,
-                    layer=layer,
-                    type=type_name(tid) if tid >= 0 else str(w["type"]),
-                    type_id=tid,
-                    shape=[int(d) for d in w["shape"]],
-                    n_elements=int(w["n_elements"]),
-                    bytes=int(w["bytes"]),
-                )
-            )
-        model = rec.get("model", {})
-        label = str(model.get("name") or Path(path).stem)
-        return Inventory(
-            label, str(path), str(model.get("file_type", "?")), rows, rec.get("memory")
-        )
+    for ev in iter_events(path):
+        if isinstance(ev, SessionStarted):
+            return _session_inventory(ev.session, path)
     raise UserError(f"{path}: no session_start record, so no weight inventory")
+
+
+def _session_inventory(info: SessionInfo, path: Path | str) -> Inventory:
+    if not info.weights:
+        raise UserError(
+            f"{path}: the session has no weight inventory (session begun without a context)"
+        )
+    rows = []
+    for w in info.weights:
+        role, layer = role_of(str(w["name"]))
+        tid = int(w.get("type_id", -1))
+        rows.append(
+            TensorRow(
+                name=str(w["name"]),
+                role=role,
+                layer=layer,
+                type=type_name(tid) if tid >= 0 else str(w["type"]),
+                type_id=tid,
+                shape=[int(d) for d in w["shape"]],
+                n_elements=int(w["n_elements"]),
+                bytes=int(w["bytes"]),
+            )
+        )
+    label = str(info.model.get("name") or Path(path).stem)
+    file_type = str(info.model.get("file_type", "?"))
+    return Inventory(label, str(path), file_type, rows, info.memory or None)
 
 
 def group(inv: Inventory, key: str) -> list[dict[str, Any]]:
@@ -405,7 +407,7 @@ def dequant_error(model: Path | str, reference: Path | str) -> list[dict[str, An
 
 
 def report_data(
-    models: list[Inventory], error: list[list[dict[str, Any]]] | None = None
+    models: list[Inventory], error: list[tuple[str, list[dict[str, Any]]]] | None = None
 ) -> dict[str, Any]:
     data: dict[str, Any] = {
         "models": [

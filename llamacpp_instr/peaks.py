@@ -11,7 +11,7 @@ is what the machine can do.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,9 +67,10 @@ def measure(
     lib: bindings.InstrLib | None = None,
     progress: Callable[[str], None] = lambda _s: None,
     warn: Callable[[str], None] = lambda _s: None,
+    only: Collection[str] | None = None,
 ) -> Peaks:
-    """Measure every device the build has; a device that cannot be probed is skipped with one
-    line to ``warn`` (the CPU failing is an error)."""
+    """Measure every device the build has (or those named in ``only``); a device that cannot be
+    probed is skipped with one line to ``warn`` (the CPU failing is an error)."""
     lib = lib or bindings.load()
     machine = lib.machine_info()
     devices: list[DevicePeaks] = []
@@ -77,7 +78,14 @@ def measure(
     for d in machine.get("devices", []):
         if d.get("type") not in PROBED_DEVICE_TYPES:
             continue
+        if only is not None and d.get("name") not in only:
+            continue
         name = str(d.get("name"))
+        if d.get("backend") == "RPC":
+            # ggml-rpc sends a graph without waiting for it (no reply), and its synchronize waits
+            # only for the send: a probe would time the network send, not the remote compute
+            progress(f"{name}: not measured (an RPC device: the probe cannot time its compute)")
+            continue
         try:
             rec = _one(lib, int(d["index"]), name, plan, progress)
         except bindings.SessionError as exc:
@@ -106,6 +114,19 @@ def measure(
         date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         devices=devices,
         measurements=records,
+    )
+
+
+def merge(old: Peaks, new: Peaks) -> Peaks:
+    """``old`` (the same machine's) with the devices ``new`` measured replaced or added."""
+    names = {d.name for d in new.devices}
+    return Peaks(
+        machine=new.machine,
+        n_threads=new.n_threads,
+        date=new.date,
+        devices=[d for d in old.devices if d.name not in names] + list(new.devices),
+        measurements=[m for m in old.measurements if m.get("device") not in names]
+        + list(new.measurements),
     )
 
 

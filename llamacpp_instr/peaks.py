@@ -22,6 +22,9 @@ from llamacpp_instr.converters.peaks import DevicePeaks, Peaks
 # the types the runs use: F32/F16 models and KV caches, the bundled Q4_1, Q4_K_M (Q4_K + Q6_K), Q8_0
 DEFAULT_TYPES = ("f32", "f16", "q4_0", "q4_1", "q4_k", "q6_k", "q8_0")
 PROBED_DEVICE_TYPES = ("cpu", "gpu", "igpu")
+# ggml-rpc sends a graph without waiting for it (GRAPH_COMPUTE has no reply), and its synchronize
+# waits only for the send: a probe would time the network send, not the remote compute
+RPC_NOT_MEASURED = "not measured (an RPC device: the probe cannot time its compute)"
 
 
 @dataclass(frozen=True)
@@ -82,9 +85,7 @@ def measure(
             continue
         name = str(d.get("name"))
         if d.get("backend") == "RPC":
-            # ggml-rpc sends a graph without waiting for it (no reply), and its synchronize waits
-            # only for the send: a probe would time the network send, not the remote compute
-            progress(f"{name}: not measured (an RPC device: the probe cannot time its compute)")
+            progress(f"{name}: {RPC_NOT_MEASURED}")
             continue
         try:
             rec = _one(lib, int(d["index"]), name, plan, progress)

@@ -513,16 +513,28 @@ def test_quant_sweep_offloads_its_runs(
     assert all(m["gen_tok_s"] > 0 for m in data["models"])
 
 
-def test_peaks_with_rpc_fit_the_runs_on_it(servers: list[str], tmp_path: Path) -> None:
-    """The RPC device joins the machine (so the peaks fit a log of a run with the same --rpc);
-    it is not probed itself."""
-    env = {"LLAMACPP_INSTR_CACHE": str(tmp_path)}
+def test_peaks_with_rpc_fit_the_runs_on_it(
+    servers: list[str], tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """The RPC device joins the machine, so the peaks fit a log of a run with the same --rpc
+    (and a log without them says which --rpc to measure with); it is not probed itself."""
+    env = {"LLAMACPP_INSTR_CACHE": str(tmp_path / "cache")}
+    log = tmp_path / "r.log"
+    r = _instr("run", str(tiny_llama_f32), "-p", "Hello", "-n", "2", "-t", "1", "-o", str(log),
+               "--rpc", servers[0], "-ngl", "all", env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    r = _instr("summary", str(log), "--format", "json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"run `instr peaks --threads 1 --rpc {servers[0]}` on it" in r.stdout + r.stderr
     args = ["peaks", "--threads", "1", "--types", "f32", "--size-mib", "1", "--format", "json"]
     r = _instr(*args, "--rpc", servers[0], env=env)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["key"].endswith(f", {servers[0]}") and [d["name"] for d in doc["devices"]] == ["CPU"]
     assert "RPC0: not measured" in r.stderr
+    r = _instr("summary", str(log), "--format", "json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["roofline"]["machine"] == doc["key"]
     # --device none: only the CPU, under the machine without the server
     r = _instr(*args, "--device", "none", env=env)
     assert r.returncode == 0, r.stderr

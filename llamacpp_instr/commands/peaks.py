@@ -85,7 +85,11 @@ def command(
     only: set[str] | None = None
     if offload.devices is not None:
         only = {d.name for d in devices.registry() if d.type == "cpu"}
-        only |= {d.name for d in devices.by_names(offload.devices)}
+        for d in devices.by_names(offload.devices):
+            if d.backend == "RPC":
+                click.echo(f"  {d.name}: {measure.RPC_NOT_MEASURED}", err=True)
+            else:
+                only.add(d.name)
     machine = lib.machine_info()
     existing = peaks.cached(machine, n_threads)
     got = None if force else existing

@@ -17,11 +17,14 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +238,74 @@ def test_a_listener_that_never_speaks_ggml_rpc_fails_within_the_bound(
         s.listen(4)
         line = _no_answer(f"127.0.0.1:{s.getsockname()[1]}", tmp_path, tiny_llama_f32)
     assert "no reply to ggml-rpc's HELLO within 5 s" in line
+
+
+@contextmanager
+def _answering(reply: Callable[[socket.socket], None]) -> Iterator[str]:
+    """A loopback listener that answers each connection with ``reply`` (a server that is not
+    the RPC server --rpc expects); yields its endpoint."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            with conn:
+                reply(conn)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield f"127.0.0.1:{srv.getsockname()[1]}"
+    finally:
+        stop.set()
+        t.join(timeout=5)
+        srv.close()
+
+
+def _hello_reply(major: int, minor: int, patch: int) -> Callable[[socket.socket], None]:
+    def reply(conn: socket.socket) -> None:
+        conn.settimeout(5)
+        got = b""
+        while len(got) < 1 + 8 + 24:  # RPC_CMD_HELLO, its size, conn_caps
+            chunk = conn.recv(64)
+            if not chunk:
+                return
+            got += chunk
+        assert got[0] == 14 and struct.unpack("<Q", got[1:9])[0] == 24
+        conn.sendall(struct.pack("<Q", 28) + bytes([major, minor, patch, 0]) + bytes(24))
+
+    return reply
+
+
+def test_a_server_of_another_protocol_version_is_refused(
+    tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """ggml's client would abort the process on it (negotiate_hello): refused before."""
+    with _answering(_hello_reply(6, 1, 0)) as ep:
+        line = _no_answer(ep, tmp_path, tiny_llama_f32)
+    assert "the server speaks RPC protocol 6.1.0; this build's client speaks 7.0.x" in line
+
+
+def test_another_kind_of_server_is_refused(tiny_llama_f32: Path, tmp_path: Path) -> None:
+    """--rpc pointed at, say, an SSH server, which greets every client first."""
+    with _answering(lambda conn: conn.sendall(b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n")) as ep:
+        line = _no_answer(ep, tmp_path, tiny_llama_f32)
+    assert "not a ggml RPC server (its reply to HELLO has" in line
+
+
+def test_a_host_name_that_does_not_resolve_is_one_line(
+    tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    line = _no_answer("no-such-host.invalid:50052", tmp_path, tiny_llama_f32)
+    # the name lookup fails, or (no DNS reachable) takes longer than the bound
+    assert "cannot resolve no-such-host.invalid" in line or "looking up" in line
 
 
 def _ip(*args: str) -> None:

@@ -346,7 +346,7 @@ _SMALL = _fixture_lines("tiny-llama-minimal.log.gz")
 def convert_both(log: Path, tmp_path: Path) -> None:
     """The production conversion (``instr to-perfetto``'s reader, layout and writers) to both
     formats: a one-line error or a complete trace, never a crash or a half-written file."""
-    for fmt in trace.FORMATS:
+    for fmt in trace.WRITERS:
         out = tmp_path / f"fuzz.{fmt}"
         out.unlink(missing_ok=True)
         try:

@@ -76,4 +76,4 @@ def command(
                     "other): different models? comparing what matches",
                     err=True,
                 )
-    emit(render(quant_report(data, top or None), fmt, top or None), output)
+    emit(render(quant_report(data, top or None), fmt, top=top or None), output)

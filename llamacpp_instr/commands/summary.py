@@ -58,4 +58,4 @@ def command(
         from llamacpp_instr.converters import peaks, roofline
 
         roofline.apply(frames, peaks.for_file(peaks_file, frames.info))
-    emit(render(summary_report(frames, by, top or None), fmt, top or None), output)
+    emit(render(summary_report(frames, by, top or None), fmt, top=top or None), output)

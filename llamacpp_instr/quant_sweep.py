@@ -104,7 +104,7 @@ def sweep(
 ) -> dict[str, Any]:
     """The sweep's data: one entry per model (BASE first), see the module doc."""
     from llamacpp_instr import quant_eval
-    from llamacpp_instr.converters.quant_report import from_gguf
+    from llamacpp_instr.converters.gguf_inventory import from_gguf
     from llamacpp_instr.runner import resolve_threads
 
     models.check_gguf(base)

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from llamacpp_instr.commands import check_output, emit, report_options, threads_option
-from llamacpp_instr.peaks import DEFAULT_TYPES
+from llamacpp_instr.peak_probe import DEFAULT_TYPES
 
 
 def default_threads() -> int:
@@ -44,8 +44,8 @@ def command(
     model, threads, GPU names) under the cache directory and reused; `instr summary` and
     `instr compare` set every op of a log from this machine against them."""
     from llamacpp_instr import bindings
-    from llamacpp_instr import peaks as measure
-    from llamacpp_instr.converters import peaks
+    from llamacpp_instr import peak_probe as measure
+    from llamacpp_instr.converters import machine_peaks
     from llamacpp_instr.paths import cache_dir
 
     check_output(output)
@@ -61,23 +61,23 @@ def command(
     except (ImportError, AttributeError):
         pass
     machine = lib.machine_info()
-    got = None if force else peaks.cached(machine, n_threads, cache_dir())
+    got = None if force else machine_peaks.cached(machine, n_threads, cache_dir())
     if got is not None:
         click.echo(
             f"peaks of {got.key}, measured {got.date} (cached: "
-            f"{peaks.cache_file(got.key, cache_dir())}; --force measures again)",
+            f"{machine_peaks.cache_file(got.key, cache_dir())}; --force measures again)",
             err=True,
         )
     else:
         plan = measure.Plan(n_threads=n_threads, types=type_list, bandwidth_elements=size_mib << 18)
-        click.echo(f"measuring {peaks.machine_key(machine, n_threads)} ...", err=True)
+        click.echo(f"measuring {machine_peaks.machine_key(machine, n_threads)} ...", err=True)
         got = measure.measure(
             plan,
             lib,
             progress=lambda s: click.echo(f"  {s}", err=True),
             warn=lambda s: click.echo(f"error: {s}", err=True),
         )
-        click.echo(f"saved {peaks.save(got, cache_dir())}", err=True)
+        click.echo(f"saved {machine_peaks.save(got, cache_dir())}", err=True)
     from llamacpp_instr.converters.renderers import render
     from llamacpp_instr.converters.roofline_report import peaks_report
 

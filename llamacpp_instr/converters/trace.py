@@ -11,7 +11,7 @@ from typing import IO, Any
 
 from .errors import UserError
 from .kv_flows import KvFlows
-from .peaks import Roof
+from .machine_peaks import Roof
 from .reader import ReadReport
 from .trace_layout import LayoutStats, Selection
 
@@ -85,7 +85,7 @@ def convert(
 ) -> tuple[LayoutStats, ReadReport]:
     """Write the trace of ``log`` to ``out`` (via a temporary file: ``out`` is complete or
     absent). ``wrap`` sees the layout's items on their way to the writer (a progress bar);
-    ``roofs`` gives each session its roofs (``peaks.session_roofs``), for the ops' roof fraction
+    ``roofs`` gives each session its roofs (``machine_peaks.session_roofs``), for the ops' roof fraction
     and bound."""
     from .session import iter_events_packed
     from .trace_layout import layout_bulk
@@ -133,7 +133,7 @@ def to_perfetto(
     file, refused for a log of another machine), else the peaks that ``peaks_cache`` (the
     directory ``instr peaks`` saves to) holds for the machine that made the log, if measured;
     ``roofline=False`` leaves them out."""
-    from .peaks import session_roofs
+    from .machine_peaks import session_roofs
 
     log = Path(log)
     out = Path(output) if output is not None else default_output(log, fmt)

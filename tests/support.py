@@ -21,7 +21,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from reference.layout import layout
 from reference.perfetto_writer import write_perfetto
 
-from llamacpp_instr import peaks as measure
+from llamacpp_instr import peak_probe as measure
 from llamacpp_instr.converters.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.session import iter_events, iter_events_packed
 from llamacpp_instr.converters.trace import kv_flows_for
@@ -325,7 +325,7 @@ def fast_trace(
     roofs: Any = None,
 ) -> tuple[bytes, int]:
     """The fast trace, and how many computes came from a template (``roofs``: the sessions'
-    roofs, ``peaks.session_roofs``)."""
+    roofs, ``machine_peaks.session_roofs``)."""
     buf = io.BytesIO()
     sel = sel or Selection()
     flows = kv_flows_for(log, sel)

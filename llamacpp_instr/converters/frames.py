@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import derive, peaks, roofline
+from . import derive, machine_peaks, roofline
 from .decode import Compute, Graph, LayerRows, SessionInfo, Step
 from .errors import UserError
 from .reader import ReadReport
@@ -511,7 +511,11 @@ class _Builder:
                 t for _, tokens in sorted(self.generated, key=_FIRST) for t in tokens
             ],
         )
-        found = peaks.for_session(self.info, peaks_cache) if peaks_cache is not None else (None, "")
+        found = (
+            machine_peaks.for_session(self.info, peaks_cache)
+            if peaks_cache is not None
+            else (None, "")
+        )
         roofline.apply(sf, *found)
         return sf
 

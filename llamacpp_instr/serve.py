@@ -32,6 +32,7 @@ from llamacpp_instr import __version__, bindings
 from llamacpp_instr.always_on import AlwaysOn
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reader import iter_records
+from llamacpp_instr.offload import Offload, prepare
 
 # At shutdown, how long to wait for a worker thread still using the model (a generation the server
 # cannot cancel) before exiting without freeing it.
@@ -327,6 +328,7 @@ def serve(
     top_k_logits: int = 10,
     on_ready: Callable[[str], None] | None = None,
     always_on: AlwaysOn | None = None,
+    offload: Offload | None = None,
 ) -> ServeResult:
     """Serve ``model`` until SIGINT or SIGTERM; the session log stays valid either way. SIGHUP
     reopens the log at its path; ``always_on`` samples and rotates it."""
@@ -345,6 +347,8 @@ def serve(
         raise UserError(f"instr serve needs {exc.name}: {_SERVER_EXTRA_HINT}") from None
     api = bindings.load()
     always_on = always_on or AlwaysOn()
+    offload = offload or Offload()
+    placement = prepare(offload)  # before the model loads, and before the log exists
     n_threads = resolve_threads(threads)
     settings = Settings(
         model=str(model),
@@ -359,7 +363,8 @@ def serve(
         interrupt_requests=False,
     )
     try:
-        app = server_app.create_app(settings=settings)
+        with placement.loading():  # the server's Llama loads inside
+            app = server_app.create_app(settings=settings)
     except (ValueError, RuntimeError) as exc:
         raise UserError(models.explain_load_failure(model)) from exc
     proxy = server_app._llama_proxy
@@ -377,6 +382,7 @@ def serve(
         "model_path": str(model),
         "server": {"host": host, "port": port, "n_ctx": n_ctx, "threads": n_threads},
         "always_on": always_on.metadata(),
+        "offload": offload.describe(),
     }
 
     class _Stopped(KeyboardInterrupt):

@@ -12,6 +12,7 @@ from llamacpp_instr.commands import (
     ctx_option,
     level_option,
     log_option,
+    offload_options,
     out_alias,
     threads_option,
     topk_option,
@@ -19,6 +20,7 @@ from llamacpp_instr.commands import (
 
 if TYPE_CHECKING:
     from llamacpp_instr.always_on import AlwaysOn
+    from llamacpp_instr.offload import Offload
 
 
 @click.command("serve")
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 @out_alias
 @ctx_option
 @threads_option
+@offload_options()
 @topk_option
 def command(
     model: Path | None,
@@ -43,6 +46,7 @@ def command(
     output: Path | None,
     n_ctx: int,
     threads: int | None,
+    offload: Offload,
     top_k_logits: int,
 ) -> None:
     """Serve MODEL.gguf (default: the bundled SmolLM2-135M-Instruct) with llama-cpp-python's
@@ -71,6 +75,7 @@ def command(
         level=level,
         n_ctx=n_ctx,
         threads=threads,
+        offload=offload,
         top_k_logits=top_k_logits,
         on_ready=ready,
         always_on=always_on,

@@ -453,6 +453,8 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS), help="off first, then any of them")
     ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
     args = ap.parse_args()
+    # SIGTERM unwinds like Ctrl-C: each round's server is stopped on the way out
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     model = args.model or models.default_model()
     configs = args.configs.split(",")
     if configs[0] != "off" or not set(configs) <= set(CONFIGS):

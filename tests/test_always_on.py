@@ -262,6 +262,59 @@ def test_the_series_reads_as_one_session(rotated: Path, tmp_path: Path) -> None:
     assert "steps:                                       280" in r.stdout
 
 
+def test_rotation_while_several_contexts_decode(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """Three threads decode on their own contexts while the log rotates: a new file waits for
+    the steps open in the others, so every step is whole in one file, and each file holds the
+    graph table of every graph its steps' ops use (per context)."""
+    import threading
+
+    import llamacpp_instr
+
+    log = tmp_path / "multi.log"
+    llms = [load_llama(tiny_llama_f32) for _ in range(3)]
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            decode_requests(llms[i], 12)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    try:
+        with llamacpp_instr.session(llms, log, "detailed", max_bytes=64 * 1024, keep=1000) as s:
+            threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        for llm in llms:
+            llm.close()
+    assert not errors, errors
+    files = series(log)
+    assert len(files) >= 4, files
+    n_steps = 0
+    for f in files:
+        recs = whole_lines(f)
+        assert recs[0]["type"] == "session_start"
+        begun = {(r["ctx"], r["step"]) for r in recs if r["type"] == "step_begin"}
+        ended = {(r["ctx"], r["step"]) for r in recs if r["type"] == "step_end"}
+        assert begun == ended, f.name
+        n_steps += len(ended)
+        seen: set[tuple[int, int]] = set()
+        for r in recs:
+            if r["type"] == "graph":
+                seen.add((r["ctx"], r["graph"]))
+            elif r["type"] == "compute" and r.get("ops"):
+                assert (r["ctx"], r["graph"]) in seen, (f.name, r["ctx"], r["step"])
+        assert sum(r["type"] == "session_start" for r in recs) == 1
+    assert n_steps == s.totals.steps == 3 * 12 * 7
+    last = whole_lines(files[-1])[-1]
+    assert last["type"] == "session_end" and last["totals"]["lost"] == 0
+
+
 def test_keep_removes_the_oldest(instr_api: Any, tiny_llama_f32: Path, tmp_path: Path) -> None:
     import llamacpp_instr
     from llamacpp_instr import load_session

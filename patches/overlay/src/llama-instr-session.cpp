@@ -235,7 +235,8 @@ bool ctx_join(ctx_state & st, int32_t n_tokens, bool prompt) {
                 return false;
             }
         }
-        if (s.n_open_steps == 0) {
+        // (another context's step may have started it meanwhile)
+        if (s.n_open_steps == 0 && file_due_locked(s)) {
             try {
                 new_file_locked(s);
             } catch (...) {

@@ -1,6 +1,6 @@
 """llama-server under sustained concurrent load, with the instrument off and on (issue 29).
 
-    python bench/serve_load.py [--model GGUF] [--requests 80] [--rounds 3] [--concurrency 8]
+    python bench/serve_load.py [--model GGUF] [--requests 80] [--rounds 4] [--concurrency 8]
                                [--parallel 4] [--threads 2] [--rss-requests 1000] [--write-docs]
 
 The patched llama-server of `instr build --tools` at `--parallel 4`, driven on loopback by the real
@@ -18,8 +18,10 @@ lengths (8 to 64 words), mixed max_tokens (4 to 16), a third of them streamed, o
 after its second token, and one in forty refused by the server (a prompt longer than a slot's
 context: HTTP 400). Per configuration: requests/s (completed requests over the round's wall
 time) and p50/p99 latency of the requests that completed, as ratios to off in the same round
-(median over rounds, with the spread of off's own rounds as the run's noise); log bytes per
-request; the server's RSS growth over the round; and the log checked: every line of every file
+(median over rounds, with the spread of off's own rounds as the run's noise); the server's CPU
+time per request (user + system, from /proc: far less sensitive to other work on the machine
+than wall time) as a ratio to off's; log bytes per request; the server's RSS growth over the
+round; and the log checked: every line of every file
 parses, each file begins with session_start, and each request the client made has exactly one
 `request` record with the outcome the client saw (ok, error, cancelled), none missing.
 
@@ -153,6 +155,13 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds the process has used (user + system, all its threads): what the server spent,
+    much less sensitive than wall time to other work on a shared machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     import socket
 
@@ -236,6 +245,7 @@ class Round:
     outcomes: list[Outcome]
     rss_before: int
     rss_after: int
+    cpu: float = 0.0  # server CPU seconds over the round
     log_bytes: int = 0
     files: int = 0
     lines: int = 0
@@ -315,13 +325,15 @@ def one_round(
         # a warm-up request, so that every round starts with the model paged in
         run_requests(server, reqs[:2], 2, args.round_timeout)
         before = rss_kib(server.proc.pid)
+        cpu0 = cpu_s(server.proc.pid)
         t0 = time.monotonic()
         outcomes = run_requests(server, reqs, args.concurrency, args.round_timeout)
         wall = time.monotonic() - t0
+        cpu = cpu_s(server.proc.pid) - cpu0
         after = rss_kib(server.proc.pid)
     finally:
         server.stop()
-    rnd = Round(config, wall, outcomes, before, after)
+    rnd = Round(config, wall, outcomes, before, after, cpu)
     if CONFIGS[config] is not None:
         check_log(rnd, log)
         rnd.missing = count_missing(rnd, extra_ok=2)  # the warm-up's two have records too
@@ -382,13 +394,14 @@ def report(
         f"{os.cpu_count()} cores",
         "",
         "| configuration | requests/s (median) | vs off | p50 latency vs off | p99 latency vs off "
-        "| log bytes/request | files | RSS growth (MiB) | lines unparseable | requests without "
-        "exactly one record |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| server CPU per request vs off | log bytes/request | files | RSS growth (MiB) "
+        "| lines unparseable | requests without exactly one record |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     noise = (
         f"off's own rounds: requests/s spread {spread([r.rps for r in off]):.1%}, "
-        f"p99 spread {spread([r.latency(0.99) for r in off]):.1%}"
+        f"p99 spread {spread([r.latency(0.99) for r in off]):.1%}, "
+        f"server CPU per request spread {spread([r.cpu for r in off]):.1%}"
     )
     for c, rs in rounds.items():
         ratio = statistics.median(r.rps / o.rps for r, o in zip(rs, off, strict=True))
@@ -398,12 +411,13 @@ def report(
         p99 = statistics.median(
             r.latency(0.99) / o.latency(0.99) for r, o in zip(rs, off, strict=True)
         )
+        cpu = statistics.median(r.cpu / o.cpu for r, o in zip(rs, off, strict=True))
         target = f" (target >= {TARGETS[c]}x)" if c in TARGETS else ""
         p99_target = f" (target <= {P99_TARGET}x)" if c in TARGETS else ""
         instrumented = CONFIGS[c] is not None
         lines.append(
             f"| {c} | {statistics.median(r.rps for r in rs):.2f} | {ratio:.3f}x{target} | "
-            f"{p50:.3f}x | {p99:.3f}x{p99_target} | "
+            f"{p50:.3f}x | {p99:.3f}x{p99_target} | {cpu:.3f}x | "
             + (
                 f"{statistics.median(r.log_bytes / len(r.outcomes) for r in rs):,.0f} | "
                 f"{max(r.files for r in rs)} | "
@@ -443,7 +457,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--requests", type=int, default=80, help="requests per round")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=4096, help="llama-server -c (shared by the slots)")
@@ -471,7 +485,8 @@ def main() -> None:
                 rounds[c].append(rnd)
                 echo(
                     f"  round {k + 1} {c}: {rnd.rps:.2f} req/s, p50 {rnd.latency(0.5):.2f} s, "
-                    f"p99 {rnd.latency(0.99):.2f} s, log {rnd.log_bytes:,} B in {rnd.files} "
+                    f"p99 {rnd.latency(0.99):.2f} s, cpu {rnd.cpu:.1f} s, "
+                    f"log {rnd.log_bytes:,} B in {rnd.files} "
                     f"files, missing {rnd.missing}, unparseable {rnd.bad_lines}"
                 )
         if args.rss_requests > 0:

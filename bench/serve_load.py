@@ -1,7 +1,7 @@
 """llama-server under sustained concurrent load, with the instrument off and on (issue 29).
 
     python bench/serve_load.py [--model GGUF] [--requests 80] [--rounds 4] [--concurrency 8]
-                               [--parallel 4] [--threads 2] [--rss-requests 1000] [--write-docs]
+                               [--parallel 4] [--threads 2] [--rss-requests 1600] [--write-docs]
 
 The patched llama-server of `instr build --tools` at `--parallel 4`, driven on loopback by the real
 `openai` client at concurrency 8, in rounds, the configurations interleaved round by round (so
@@ -25,8 +25,9 @@ round; and the log checked: every line of every file
 parses, each file begins with session_start, and each request the client made has exactly one
 `request` record with the outcome the client saw (ok, error, cancelled), none missing.
 
-Then, for the always-on configuration, one long run: the server's RSS after 100 and after
-`--rss-requests` (1,000) requests.
+Then one long run of off and one of the always-on configuration: the server's RSS after 100 and
+after 1,000 requests, and on to `--rss-requests` (1,600: the always-on log rotates past 64 MiB),
+the always-on log checked as the rounds' are.
 
 Bounded in count (the request lists) and time (every request has a timeout; a round that runs past
 `--round-timeout` fails the run).
@@ -182,11 +183,12 @@ class Server:
         server_args += ["--parallel", str(args.parallel), "-c", str(args.ctx), "-t"]
         server_args += [str(args.threads), "--no-webui", "--seed", "1"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_INSTR_")}
-        if CONFIGS[config] is None:
+        conf = CONFIGS[config]
+        if conf is None:
             cmd = [str(exe), *server_args]
         else:
             cmd = [sys.executable, "-m", "llamacpp_instr.cli", "exec", "-o", str(log)]
-            cmd += [*CONFIGS[config], "llama-server", *server_args]
+            cmd += [*conf, "llama-server", *server_args]
         self.err = open(log.with_name(log.name + ".stderr"), "w")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=self.err)
         self._wait_ready()
@@ -343,12 +345,15 @@ def one_round(
 
 
 def rss_run(
-    model: Path, reqs: list[Req], args: argparse.Namespace, exe: Path, tmp: Path
+    config: str, model: Path, reqs: list[Req], args: argparse.Namespace, exe: Path, tmp: Path
 ) -> dict[str, Any]:
-    """The always-on server's RSS after 100 and after --rss-requests requests."""
-    log = tmp / "rss.log"
-    server = Server("sampled", model, log, args, exe)
+    """A long run of one server: its RSS every 100 requests up to --rss-requests, and for an
+    instrumented one its log checked as the rounds' are (the always-on configuration's series
+    rotates past 64 MiB in a long enough run)."""
+    log = tmp / f"rss-{config}.log"
+    server = Server(config, model, log, args, exe)
     marks: dict[int, int] = {}
+    outcomes: list[Outcome] = []
     try:
         run_requests(server, reqs[:2], 2, args.round_timeout)
         marks[0] = rss_kib(server.proc.pid)
@@ -357,17 +362,23 @@ def rss_run(
             batch = [
                 reqs[(done + j) % len(reqs)] for j in range(min(100, args.rss_requests - done))
             ]
-            run_requests(server, batch, args.concurrency, args.round_timeout)
+            outcomes += run_requests(server, batch, args.concurrency, args.round_timeout)
             done += len(batch)
             marks[done] = rss_kib(server.proc.pid)
-            echo(f"  rss after {done} requests: {marks[done] / 1024:.1f} MiB")
+            echo(f"  {config}: rss after {done} requests: {marks[done] / 1024:.1f} MiB")
     finally:
         server.stop()
-    rnd = Round("sampled", 1.0, [], 0, 0)
-    check_log(rnd, log)
-    out = {"marks": marks, "files": rnd.files, "bytes": rnd.log_bytes, "bad_lines": rnd.bad_lines}
-    out["records"] = sum(rnd.records.values())
-    out["requests"] = done + 2
+    rnd = Round(config, 1.0, outcomes, 0, 0)
+    out: dict[str, Any] = {"marks": marks, "requests": done + 2}
+    if CONFIGS[config] is not None:
+        check_log(rnd, log)
+        out.update(
+            files=rnd.files,
+            bytes=rnd.log_bytes,
+            bad_lines=rnd.bad_lines,
+            records=sum(rnd.records.values()),
+            missing=count_missing(rnd, extra_ok=2),
+        )
     for f in log_series(log):
         f.unlink()
     return out
@@ -380,7 +391,7 @@ def spread(values: list[float]) -> float:
 
 def report(
     rounds: dict[str, list[Round]],
-    rss: dict[str, Any] | None,
+    rss: dict[str, dict[str, Any]],
     args: argparse.Namespace,
     model: Path,
 ) -> str:
@@ -433,20 +444,28 @@ def report(
             )
         )
     lines += ["", f"Noise: {noise}."]
-    if rss is not None:
-        marks = rss["marks"]
-        after100 = marks.get(100, 0) / 1024
+    for c, run in rss.items():
+        marks = run["marks"]
         last = max(marks)
-        lines += [
-            "",
-            f"RSS of the always-on server (`{' '.join(CONFIGS['sampled'])}`): "
-            f"{marks[0] / 1024:.1f} MiB after warm-up, {after100:.1f} MiB after 100 requests, "
-            f"{marks[last] / 1024:.1f} MiB after {last:,} "
-            f"({(marks[last] - marks.get(100, marks[0])) / 1024:+.1f} MiB from 100 to {last:,}); "
-            f"its log: {rss['bytes']:,} bytes in {rss['files']} files, "
-            f"{rss['records']:,} request records for {rss['requests']:,} requests, "
-            f"{rss['bad_lines']} unparseable lines.",
-        ]
+        at = ", ".join(
+            f"{marks[k] / 1024:.1f} MiB after {k:,}"
+            for k in sorted({100, 1000, last})
+            if k in marks
+        )
+        conf = CONFIGS[c]
+        what = "off" if conf is None else f"`{' '.join(conf)}`"
+        line = (
+            f"RSS of a long run, {what}: {marks[0] / 1024:.1f} MiB after the warm-up, {at} "
+            f"requests ({(marks[last] - marks.get(100, marks[0])) / 1024:+.1f} MiB from 100 to "
+            f"{last:,})"
+        )
+        if "files" in run:
+            line += (
+                f"; its log: {run['bytes']:,} bytes in {run['files']} files, {run['records']:,} "
+                f"request records for {run['requests']:,} requests ({run['missing']} without "
+                f"exactly one), {run['bad_lines']} unparseable lines"
+            )
+        lines += ["", line + "."]
     return "\n".join(lines)
 
 
@@ -462,7 +481,12 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=4096, help="llama-server -c (shared by the slots)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rss-requests", type=int, default=1000, help="0: no RSS run")
+    ap.add_argument(
+        "--rss-requests",
+        type=int,
+        default=1600,
+        help="requests of the long runs (off, sampled; RSS every 100; 0: none)",
+    )
     ap.add_argument("--round-timeout", type=float, default=900.0)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="off first, then any of them")
     ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
@@ -476,7 +500,7 @@ def main() -> None:
     exe = tools.build_tools(echo, programs=("llama-server",)) / "llama-server"
     REQS[:] = request_list(args.requests, args.ctx // args.parallel)
     rounds: dict[str, list[Round]] = {c: [] for c in configs}
-    rss = None
+    rss: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="serve-load-") as tmp:
         for k in range(args.rounds):
             order = configs[k % len(configs) :] + configs[: k % len(configs)]
@@ -490,7 +514,8 @@ def main() -> None:
                     f"files, missing {rnd.missing}, unparseable {rnd.bad_lines}"
                 )
         if args.rss_requests > 0:
-            rss = rss_run(model, REQS, args, exe, Path(tmp))
+            for c in ("off", "sampled"):
+                rss[c] = rss_run(c, model, REQS, args, exe, Path(tmp))
     text = report(rounds, rss, args, model)
     print(text)
     if args.write_docs:

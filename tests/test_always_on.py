@@ -382,6 +382,19 @@ def test_reopen_when_idle_is_done_by_the_flusher(instr_api: Any, tmp_path: Path)
     assert [r["type"] for r in recs] == ["session_start", "session_end"]
 
 
+def test_sampling_and_rotation_are_the_next_sessions_only(instr_api: Any, tmp_path: Path) -> None:
+    """Set for one session, they do not carry over into the next one begun without them."""
+    import llamacpp_instr
+
+    with llamacpp_instr.session(None, tmp_path / "a.log", "detailed", sample=4, max_bytes=1 << 20):
+        pass
+    instr_api.session_begin(None, str(tmp_path / "b.log"), "detailed", {})
+    instr_api.session_end("ok")
+    a, b = read_log(tmp_path / "a.log")[0], read_log(tmp_path / "b.log")[0]
+    assert a["sample"]["steps"] == 4 and a["rotate"]["max_bytes"] == 1 << 20
+    assert "sample" not in b and "rotate" not in b
+
+
 # --- a full disk --------------------------------------------------------------------------------
 
 

@@ -122,7 +122,7 @@ LLAMA_API int32_t llama_instr_set_request(struct llama_context * ctx, const char
 
 // ---- Always on: sampling, bounded files, every request (docs/schema.md) -----------------------
 
-// Sampling, for the next session: one decode step in `every_steps` is recorded at the session's
+// Sampling, for the next session (only: llama_instr_session_begin consumes it): one decode step in `every_steps` is recorded at the session's
 // level and the others at LLAMA_INSTR_LEVEL_MINIMAL (steps stay numbered; each step_begin says its
 // level); with `every_requests` > 1, only the steps serving one request in `every_requests` (see
 // llama_instr_request_begin) are, the others at MINIMAL. Both: a step is recorded in detail when
@@ -130,7 +130,7 @@ LLAMA_API int32_t llama_instr_set_request(struct llama_context * ctx, const char
 // Returns LLAMA_INSTR_OK or ERR_INVALID_ARG (outside 1..1000000).
 LLAMA_API int32_t llama_instr_set_sampling(int32_t every_steps, int32_t every_requests) LLAMA_INSTR_NOEXCEPT;
 
-// Bounded files, for the next session: once the log holds `max_bytes`, the files are rotated
+// Bounded files, for the next session (only, as sampling): once the log holds `max_bytes`, the files are rotated
 // between two steps (LOG.keep is removed, LOG.N becomes LOG.N+1, LOG becomes LOG.1) and a new LOG
 // begins with the session's session_start again (with "file":{"index":N,...}) and the graph
 // tables its steps use, so that each file reads alone. A file may exceed max_bytes by one step's

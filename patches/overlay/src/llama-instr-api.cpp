@@ -226,6 +226,12 @@ int32_t llama_instr_session_begin(llama_context * ctx,
             throw;
         }
 
+        // sampling and rotation are the next session's only: a later session_begin without them
+        // records every step into one file
+        s.sample_steps_next    = 1;
+        s.sample_requests_next = 1;
+        s.max_bytes_next       = 0;
+        s.keep_next            = 0;
         g_llama_instr_level.store(level, std::memory_order_relaxed);
         return LLAMA_INSTR_OK;
     } catch (const std::exception & e) {

@@ -148,3 +148,15 @@ def test_missing_vulkan_packages_are_named_in_one_line(tmp_path: Path) -> None:
 def test_vulkan_with_a_sanitizer_is_a_usage_error() -> None:
     r = CliRunner().invoke(main, ["build", "--vulkan", "--sanitize=address"])
     assert r.exit_code == 2 and "--vulkan" in r.output
+
+
+def test_vulkan_tools_not_built_name_the_command_that_builds_them() -> None:
+    from llamacpp_instr import tools
+
+    if (tools.bin_dir(tools.tools_plan(build.VULKAN_CMAKE_ARGS)) / "llama-bench").is_file():
+        pytest.skip("the Vulkan tools are built here: exec would run one")
+    listed = CliRunner().invoke(main, ["tools", "--vulkan"])
+    assert listed.exit_code == 0 and "run `instr build --tools --vulkan`" in listed.output
+    r = CliRunner().invoke(main, ["exec", "--vulkan", "llama-bench", "-ngl", "99"])
+    assert r.exit_code != 0 and "run `instr build --tools --vulkan`" in r.output
+    assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1

@@ -26,7 +26,7 @@ from llamacpp_instr.vulkan_env import lavapipe_env
 
 # the child: load `model` with n_gpu_layers, then per level ("off" = no session) reset, decode the
 # prompt and greedy tokens, and keep the logits of every position (.npy) and the log
-_CHILD = r"""
+OFFLOAD_CHILD = r"""
 import contextlib, json, sys
 import numpy as np, llama_cpp, llamacpp_instr
 model, out, ngl, levels, prompt, n_gen = sys.argv[1:7]
@@ -103,18 +103,31 @@ def offload_run(
 ) -> dict[str, Any]:
     """Run the child on the Vulkan build: per level, the log (``out/<level>.log``, none for "off")
     and the logits (``out/<level>.npy``)."""
+    vulkan_device()
+    return run_child(model, out, n_gpu_layers, levels, prompt, n_gen, env or vulkan_env())
+
+
+def run_child(
+    model: Path,
+    out: Path,
+    n_gpu_layers: int,
+    levels: tuple[str, ...],
+    prompt: tuple[int, ...],
+    n_gen: int,
+    env: dict[str, str],
+) -> dict[str, Any]:
+    """``offload_run`` in ``env`` (the Vulkan build's, see llamacpp_instr.vulkan_env)."""
     import numpy as np
 
-    vulkan_device()
     out.mkdir(parents=True, exist_ok=True)
     args = [str(model), str(out), str(n_gpu_layers), ",".join(levels)]
     args += [",".join(map(str, prompt)), str(n_gen)]
     # a cold shader cache compiles every shader once (minutes on lavapipe); later runs take seconds
     r = subprocess.run(
-        [sys.executable, "-c", _CHILD, *args],
+        [sys.executable, "-c", OFFLOAD_CHILD, *args],
         capture_output=True,
         text=True,
-        env=env or vulkan_env(),
+        env=env,
         timeout=1200,
     )
     if r.returncode != 0:

@@ -20,10 +20,20 @@ from llamacpp_instr.commands import level_option, output_option, topk_option
 )
 @level_option
 @topk_option
+@click.option(
+    "--vulkan",
+    is_flag=True,
+    help="Run the program as built with ggml's Vulkan backend (`instr build --tools --vulkan`).",
+)
 @click.argument("program")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def command(
-    output: Path | None, level: str, top_k_logits: int, program: str, args: tuple[str, ...]
+    output: Path | None,
+    level: str,
+    top_k_logits: int,
+    vulkan: bool,
+    program: str,
+    args: tuple[str, ...],
 ) -> None:
     """Run PROGRAM (llama-server, llama-cli, llama-bench or llama-perplexity, as built by `instr
     build --tools`) with ARGS, writing a session log for its whole life.
@@ -36,10 +46,10 @@ def command(
 
         instr exec -o server.log llama-server -m model.gguf --port 8080 --parallel 2
     """
-    from llamacpp_instr import tools
+    from llamacpp_instr import build, tools
     from llamacpp_instr.runner import check_writable
 
-    exe = tools.find(program)
+    exe = tools.find(program, build.VULKAN_CMAKE_ARGS if vulkan else ())
     out = output
     if out is None:
         out = Path(f"{program}_{time.strftime('%Y%m%d_%H%M%S')}.log")

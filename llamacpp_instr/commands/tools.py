@@ -6,17 +6,23 @@ import click
 
 
 @click.command("tools")
-def command() -> None:
+@click.option(
+    "--vulkan",
+    is_flag=True,
+    help="The programs built with ggml's Vulkan backend (--tools --vulkan).",
+)
+def command(vulkan: bool) -> None:
     """Print where llama-server, llama-cli, llama-bench and llama-perplexity are.
 
     They are built from the same patched llama.cpp as the wheel by `instr build --tools` and cached
     under ~/.cache/llamacpp-instr/tools/ (keyed like the wheel). Run one with a session open with
     `instr exec PROGRAM ARGS...`, or set LLAMA_INSTR_LOG yourself.
     """
-    from llamacpp_instr import tools
+    from llamacpp_instr import build, tools
 
-    folder = tools.bin_dir(tools.tools_plan())
+    folder = tools.bin_dir(tools.tools_plan(build.VULKAN_CMAKE_ARGS if vulkan else ()))
+    command = tools.BUILD_COMMAND + (" --vulkan" if vulkan else "")
     for program in tools.PROGRAMS:
         exe = folder / program
-        where = str(exe) if exe.is_file() else f"not built (run `{tools.BUILD_COMMAND}`)"
+        where = str(exe) if exe.is_file() else f"not built (run `{command}`)"
         click.echo(f"{program:<18}{where}")

@@ -45,9 +45,10 @@ class vk_op_timer final : public op_timer {
 
     bool arm(ctx_state & st, const llama_context * ctx, const ggml_cgraph * gf) override {
         GGML_UNUSED(ctx);
-        // a mark per op, and four per command buffer at most: a buffer holds at least one op
+        // a mark per op and three per command buffer, a buffer with an op at least (or none:
+        // copies): room for a buffer per op, and then some
         const size_t n   = (size_t) ggml_graph_n_nodes(const_cast<ggml_cgraph *>(gf));
-        const size_t cap = 2 * n + 64;
+        const size_t cap = 4 * n + 64;
         if (marks.size() < cap) {
             marks.resize(cap);
         }
@@ -68,6 +69,9 @@ class vk_op_timer final : public op_timer {
 
     int64_t collect(ctx_state & st, compute_rec & c) override {
         const int32_t n = std::min(prof.n_marks, prof.cap);
+        if (n == 0) {
+            return prof.n_lost;  // nothing ran on the device in this compute
+        }
         if (collect_marks(backend, &prof) != 0 || !calibrate()) {
             return n + prof.n_lost;  // no device time read, or none on the host clock
         }

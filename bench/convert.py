@@ -98,7 +98,7 @@ def synthesize(source: Path, target_ops: int, out: Path) -> tuple[int, int]:
 
 def child(task: str, log: str, out: str) -> None:
     if task == "frames":  # a library call, in a program that has imported it (pandas: ~0.3 s)
-        from llamacpp_instr.converters import load_session
+        from llamacpp_instr import load_session
     t0 = time.perf_counter()
     if task == "frames":
         f = load_session(log)
@@ -109,7 +109,7 @@ def child(task: str, log: str, out: str) -> None:
                 orjson.loads(line)
     elif task == "warm":  # compile every module the others import
         import llamacpp_instr.cli  # noqa: F401
-        from llamacpp_instr.converters import dataset, frames, perfetto_fast, summary  # noqa: F401
+        from llamacpp_instr.converters import dataset, frames, perfetto, summary  # noqa: F401
     else:
         from click.testing import CliRunner
 

@@ -7,24 +7,48 @@ session model -> writers) are ``llamacpp_instr.converters``, importable without 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llamacpp_instr.converters import load_session
-from llamacpp_instr.converters.trace import to_perfetto
+from llamacpp_instr import converters
+from llamacpp_instr.converters import trace
+from llamacpp_instr.paths import cache_dir
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from llamacpp_instr.api import InstrSession, session
+    from llamacpp_instr.api import InstrSession, record_transfers, session
+    from llamacpp_instr.converters.frames import SessionFrames
+
+
+def load_session(path: Any, sid: str | None = None, *, strict: bool = False) -> SessionFrames:
+    """A session log as pandas DataFrames (``llamacpp_instr.converters.frames``), against this
+    machine's peaks (``instr peaks``) when they were measured on the machine that made the log."""
+    return converters.load_session(path, sid, strict=strict, peaks_cache=cache_dir())
+
+
+def to_perfetto(log: str | Path, output: str | Path | None = None, **options: Any) -> Path:
+    """Convert a session log to a Perfetto trace and return its path: the options of
+    ``llamacpp_instr.converters.trace.to_perfetto`` (fmt, layer, steps, ops, flows, strict,
+    peaks, roofline), with the peaks ``instr peaks`` cached on this machine by default."""
+    options.setdefault("peaks_cache", cache_dir())
+    return trace.to_perfetto(log, output, **options)
 
 
 def __getattr__(name: str) -> Any:
     # the session API (llamacpp_instr/api.py) loads llama_cpp only when it is first used
-    if name in ("session", "InstrSession"):
+    if name in ("session", "InstrSession", "record_transfers"):
         import importlib
 
         return getattr(importlib.import_module("llamacpp_instr.api"), name)
     raise AttributeError(f"module 'llamacpp_instr' has no attribute {name!r}")
 
 
-__all__ = ["InstrSession", "__version__", "load_session", "session", "to_perfetto"]
+__all__ = [
+    "InstrSession",
+    "__version__",
+    "load_session",
+    "record_transfers",
+    "session",
+    "to_perfetto",
+]

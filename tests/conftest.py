@@ -108,7 +108,7 @@ def tiny_detailed(
 def schema_validator() -> Iterator[Any]:
     import jsonschema
 
-    schema_path = TESTS_DIR.parent / "converters" / "schema_v1.json"
+    schema_path = TESTS_DIR.parent / "llamacpp_instr" / "converters" / "schema_v1.json"
     schema = json.loads(schema_path.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     yield jsonschema.Draft202012Validator(schema)

@@ -23,6 +23,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from reference.perfetto_writer import write_perfetto
 from support import (
     FIXTURES,
+    JSON,
     assert_same_trace,
     fast_trace,
     read_log,
@@ -30,12 +31,12 @@ from support import (
     resolved,
     rewrite_log,
 )
-from support import JSON as _JSON
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters import perfetto_fast, session
+from llamacpp_instr.converters import session
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.converters.perfetto_fast import write_perfetto_fast
+from llamacpp_instr.converters.perfetto import write_perfetto_fast
+from llamacpp_instr.converters.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.rounding import round3
 from llamacpp_instr.converters.session import iter_events, iter_events_packed
 from llamacpp_instr.converters.trace_layout import (
@@ -225,11 +226,11 @@ def test_records_left_to_the_per_op_reader(tmp_path: Path, monkeypatch: pytest.M
     assert per_op_decoded(log, monkeypatch) == [starts[0], starts[1], starts[3]]
 
 
-@pytest.mark.parametrize("flush_rows", [1, perfetto_fast.FLUSH_ROWS])
+@pytest.mark.parametrize("flush_rows", [1, perfetto_writer.FLUSH_ROWS])
 def test_odd_values_in_packed_computes(
     flush_rows: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(perfetto_fast, "FLUSH_ROWS", flush_rows)  # 1: each step on its own
+    monkeypatch.setattr(perfetto_writer, "FLUSH_ROWS", flush_rows)  # 1: each step on its own
     src = FIXTURES / "tiny-llama-detailed.log.gz"
 
     def edit(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -334,9 +335,9 @@ def test_auto_compression_by_size(monkeypatch: pytest.MonkeyPatch) -> None:
     log = FIXTURES / "tiny-llama-detailed.log.gz"
     plain = fast_trace(log)[0]
     assert not any(p.HasField("compressed_packets") for p in pb.Trace.FromString(plain).packet)
-    monkeypatch.setattr(perfetto_fast, "AUTO_COMPRESS", 1000)
-    monkeypatch.setattr(perfetto_fast, "CHUNK", 4096)
-    monkeypatch.setattr(perfetto_fast, "FLUSH_ROWS", 64)
+    monkeypatch.setattr(perfetto_writer, "AUTO_COMPRESS", 1000)
+    monkeypatch.setattr(perfetto_writer, "CHUNK", 4096)
+    monkeypatch.setattr(perfetto_writer, "FLUSH_ROWS", 64)
     small = fast_trace(log)[0]
     outer = pb.Trace.FromString(small).packet
     assert len(outer) > 1 and all(p.HasField("compressed_packets") for p in outer)
@@ -387,7 +388,7 @@ def _outcome(write: Any) -> Any:
         st.tuples(
             st.integers(0, len(_RECS) - 1),
             st.text(max_size=12),
-            _JSON,
+            JSON,
             st.integers(0, 2000),
         ),
         min_size=1,

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import free_port, wait_ready
+from support import converts_cleanly, free_port, wait_ready
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters import request_share
@@ -36,14 +36,6 @@ def tools_bin() -> Path:
 
 def read_records(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.open(encoding="utf-8")]
-
-
-def converts_cleanly(log: Path, out: Path) -> None:
-    from llamacpp_instr.converters.trace import convert
-
-    stats, report = convert(log, out)
-    assert report.skipped == [] and not report.unknown_types and not report.replaced_utf8
-    assert stats.steps > 0 and out.stat().st_size > 0
 
 
 def exec_cmd(log: Path, *args: str, level: str = "detailed") -> list[str]:
@@ -225,6 +217,41 @@ def test_cli_one_shot_prompt(
     assert recs[-1]["type"] == "session_end" and recs[-1]["status"] == "ok"
     assert any(x["type"] == "step_begin" and x["kind"] == "gen" for x in recs)
     converts_cleanly(log, tmp_path / "cli.pftrace")
+
+
+def test_exec_passes_the_programs_own_offload_options_through(
+    tools_bin: Path, tiny_llama_f32: Path, tmp_path: Path, schema_validator: Any
+) -> None:
+    """``instr exec`` hands llama-cli its own -ngl, --rpc and --device untouched: llama-cli
+    registers the RPC server (a real one on loopback) and offloads the layers to it, and the log
+    shows it."""
+    from rpc_backend import rpc_server
+
+    log = tmp_path / "cli-rpc.log"
+    with rpc_server() as endpoint:
+        own = ["-ngl", "99", "--rpc", endpoint, "--device", "RPC0"]
+        r = subprocess.run(
+            exec_cmd(log, "llama-cli", "-m", str(tiny_llama_f32), *own)
+            + ["-p", "Hello", "-n", "4", "-st", "-t", "1", "--temp", "0"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = read_records(log)
+    for rec in recs:
+        schema_validator.validate(rec)
+    start = recs[0]
+    argv = start["metadata"]["argv"]
+    at = argv.index("-ngl")
+    assert argv[at : at + len(own)] == own
+    rpc = [i for i, d in enumerate(start["machine"]["devices"]) if d["backend"] == "RPC"]
+    assert len(rpc) == 1 and start["machine"]["devices"][rpc[0]]["description"] == endpoint
+    layers = [w for w in start["weights"] if w["layer"] is not None]
+    assert layers and all(w["buffer"].endswith(f"[{endpoint}]") for w in layers)
+    splits = {s[0] for x in recs if x["type"] == "compute" for s in x["splits"]}
+    assert rpc[0] in splits
 
 
 def test_bench_tests_are_labelled_parts(

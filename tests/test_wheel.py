@@ -17,19 +17,14 @@ import pytest
 from llamacpp_instr.build import read_overlay
 
 ROOT = Path(__file__).resolve().parent.parent
-# source directory -> its import name in the wheel (pyproject.toml's package-dir)
-MAPPED = {"llamacpp_instr": "llamacpp_instr", "converters": "llamacpp_instr/converters"}
 
 
 def _source_packages() -> dict[str, list[str]]:
     """Each package directory of the source tree, as its path in the wheel -> its modules."""
-    out = {}
-    for src, dest in MAPPED.items():
-        for init in sorted((ROOT / src).rglob("__init__.py")):
-            rel = init.parent.relative_to(ROOT / src).as_posix()
-            where = dest if rel == "." else f"{dest}/{rel}"
-            out[where] = sorted(p.name for p in init.parent.glob("*.py"))
-    return out
+    return {
+        init.parent.relative_to(ROOT).as_posix(): sorted(p.name for p in init.parent.glob("*.py"))
+        for init in sorted((ROOT / "llamacpp_instr").rglob("__init__.py"))
+    }
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +32,7 @@ def wheel_files(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     src = tmp_path_factory.mktemp("src")
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(ROOT / name, src / name)
-    for name in ("llamacpp_instr", "converters", "patches"):
+    for name in ("llamacpp_instr", "patches"):
         shutil.copytree(
             ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
         )

@@ -14,7 +14,7 @@ from typing import cast
 
 from llamacpp_instr.converters.decode import Compute, SessionInfo
 from llamacpp_instr.converters.kv_flows import KvFlows, OpFlows
-from llamacpp_instr.converters.peaks import Roof
+from llamacpp_instr.converters.machine_peaks import Roof
 from llamacpp_instr.converters.session import Event
 from llamacpp_instr.converters.trace_layout import (
     Item,

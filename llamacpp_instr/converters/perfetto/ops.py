@@ -1,0 +1,232 @@
+"""Op begin packets: the parts that do not depend on timing, kept once per op variant, and the
+rates that do.
+
+An op begin packet is ``[TRACE_PACKET LEN] S D T [timestamp, sequence id, flags]``: S the track
+event's tag and length and its fields up to ``est_bytes_moved``, D the rates, T the rest of the
+args (may be empty).
+
+* ``OpStore``: S and T of each op variant (graph, track, node, fused nodes), a row (gid) each,
+  with what its rates are computed from; ``rates`` gives many ops' rates at once;
+* ``RateFields``: D, the rates' debug annotations (GFLOP/s, GB/s and, with the machine's peaks,
+  the roof fraction; rounded as ``op_rates`` rounds: ``rounding.round3``);
+* ``NodeTables``: the gids of a graph's ops on a track, each variant built on first use from
+  ``trace_layout.op_static_args``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..machine_peaks import Roof
+from ..rounding import EXACT, exact_float
+from ..session import Graph
+from ..trace_layout import RATE_NAMES, OpVariants, op_rates, op_rates_bulk, op_static_args
+from .packets import Interner
+from .protowire import (
+    DA_DOUBLE_VALUE,
+    DA_NAME_IID,
+    TE_CATEGORIES,
+    TE_CATEGORY_IIDS,
+    TE_DEBUG_ANNOTATIONS,
+    TE_NAME_IID,
+    TE_TRACK_UUID,
+    TE_TYPE,
+    TRACK_EVENT,
+    TYPE_SLICE_BEGIN,
+    ld,
+    varint,
+)
+
+
+class OpStore:
+    """The static parts of op begin packets, a row (gid) per variant (graph, track, node, fused):
+    S, T, the length of its D (two rates, or three where the op has a roof), and what its rates
+    are computed from (FLOPs, bytes, ``ideal``: its least time at the roofs); ``arrays`` gives
+    them as numpy columns."""
+
+    def __init__(self) -> None:
+        self.s: list[bytes] = []
+        self.t: list[bytes] = []
+        self.flops: list[int] = []
+        self.nbytes: list[int] = []
+        self.depth: list[int] = []
+        self.ideal: list[float | None] = []
+        self.dlen: list[int] = []
+        self.n_arrays = 0
+        self.cap = 1024
+        self.a_s, self.a_t = np.zeros(1024, dtype=object), np.zeros(1024, dtype=object)
+        self.a_slen, self.a_tlen = np.zeros(1024, dtype=np.int64), np.zeros(1024, dtype=np.int64)
+        self.a_flops, self.a_nbytes = np.zeros(1024), np.zeros(1024)
+        self.a_exact, self.a_depth = np.zeros(1024, dtype=bool), np.zeros(1024, dtype=np.int64)
+        self.a_ideal, self.a_roofed = np.zeros(1024), np.zeros(1024, dtype=bool)
+        self.a_dlen = np.zeros(1024, dtype=np.int64)
+
+    def add(
+        self,
+        s: bytes,
+        t: bytes,
+        flops: int,
+        nbytes: int,
+        depth: int,
+        ideal: float | None,
+        dlen: int,
+    ) -> int:
+        self.s.append(s)
+        self.t.append(t)
+        self.flops.append(flops)
+        self.nbytes.append(nbytes)
+        self.depth.append(depth)
+        self.ideal.append(ideal)
+        self.dlen.append(dlen)
+        return len(self.s) - 1
+
+    def arrays(self) -> OpStore:
+        """Bring the numpy columns (``a_*``) up to date; grown by doubling."""
+        n, k = len(self.s), self.n_arrays
+        if n == k:
+            return self
+        if n > self.cap:
+            cap = max(1024, 2 * n)
+
+            def grow(a: Any, dtype: Any) -> Any:
+                b = np.zeros(cap, dtype=dtype)
+                b[:k] = a[:k]
+                return b
+
+            self.a_s, self.a_t = grow(self.a_s, object), grow(self.a_t, object)
+            self.a_slen, self.a_tlen = grow(self.a_slen, np.int64), grow(self.a_tlen, np.int64)
+            self.a_flops, self.a_nbytes = grow(self.a_flops, float), grow(self.a_nbytes, float)
+            self.a_exact, self.a_depth = grow(self.a_exact, bool), grow(self.a_depth, np.int64)
+            self.a_ideal, self.a_roofed = grow(self.a_ideal, float), grow(self.a_roofed, bool)
+            self.a_dlen = grow(self.a_dlen, np.int64)
+            self.cap = cap
+        self.a_s[k:n] = self.s[k:n]
+        self.a_t[k:n] = self.t[k:n]
+        self.a_slen[k:n] = [len(x) for x in self.s[k:n]]
+        self.a_tlen[k:n] = [len(x) for x in self.t[k:n]]
+        fl, nb = self.flops[k:n], self.nbytes[k:n]
+        self.a_exact[k:n] = [
+            0 <= f <= EXACT and 0 <= b <= EXACT for f, b in zip(fl, nb, strict=True)
+        ]
+        self.a_flops[k:n] = list(map(exact_float, fl))
+        self.a_nbytes[k:n] = list(map(exact_float, nb))
+        self.a_depth[k:n] = self.depth[k:n]
+        ideal = self.ideal[k:n]
+        self.a_ideal[k:n] = [0.0 if v is None else v for v in ideal]
+        self.a_roofed[k:n] = [v is not None for v in ideal]
+        self.a_dlen[k:n] = self.dlen[k:n]
+        self.n_arrays = n
+        return self
+
+    def rates(self, gid: Any, dur: Any) -> list[Any]:
+        """The rates of ops ``gid`` lasting ``dur`` (``op_rates_bulk``): GFLOP/s, GB/s and, if an
+        op here has a roof, a third array: the roof fraction (0 for the ops without one)."""
+        st = self.arrays()
+        roofed = st.a_roofed[gid]
+
+        def one(k: int) -> tuple[float, ...]:
+            r = int(gid[k])
+            return op_rates(st.flops[r], st.nbytes[r], int(dur[k]), st.ideal[r])
+
+        ideal = st.a_ideal[gid] if roofed.any() else None
+        return op_rates_bulk(
+            st.a_flops[gid], st.a_nbytes[gid], st.a_exact[gid], dur, ideal, roofed, one
+        )
+
+
+class RateFields:
+    """D, the rates' debug annotations: ``[double][name_iid]`` per rate (``RATE_NAMES`` in order),
+    so that a D part never ends in a zero byte; a rate's name is interned the first time a table
+    shows it (``setup``)."""
+
+    def __init__(self, interner: Interner) -> None:
+        self.interner = interner
+        self.tails: list[bytes] = []  # per rate: its annotation after the double
+        self.lens = [0] * (len(RATE_NAMES) + 1)  # the D part's length, by number of rates
+
+    def setup(self, k: int) -> None:
+        """Intern the names of the first ``k`` rates, the first time a table shows them."""
+        while len(self.tails) < k:
+            name = RATE_NAMES[len(self.tails)]
+            self.tails.append(DA_NAME_IID + varint(self.interner.arg(name)))
+            self.lens[len(self.tails)] = sum(2 + 9 + len(t) for t in self.tails)
+
+    def offsets(self, k: int) -> Any:
+        """Where each of ``k`` rates' doubles sits in a D part."""
+        return np.cumsum([3] + [2 + 9 + len(t) for t in self.tails[: k - 1]])
+
+    def encode(self, rates: list[Any]) -> list[bytes]:
+        """The D parts of ops with these rates (one array per rate, ``RATE_NAMES`` in order)."""
+        m, k = len(rates[0]), len(rates)
+        width = self.lens[k]
+        mat = np.empty((m, width), dtype=np.uint8)
+        o = 0
+        for v, tail in zip(rates, self.tails, strict=False):
+            n = 9 + len(tail)
+            mat[:, o] = TE_DEBUG_ANNOTATIONS[0]
+            mat[:, o + 1] = n
+            mat[:, o + 2] = DA_DOUBLE_VALUE[0]
+            mat[:, o + 3 : o + 11] = np.asarray(v).astype("<f8").view(np.uint8).reshape(m, 8)
+            mat[:, o + 11 : o + 2 + n] = np.frombuffer(tail, dtype=np.uint8)
+            o += 2 + n
+        # the last byte is a name iid's (never zero): the fixed-width view keeps every byte
+        out: list[bytes] = mat.view(f"S{width}").ravel().tolist()
+        return out
+
+
+class NodeTables:
+    """The gids of each graph's ops on each track (``ids``), a ``NodeTable`` per (graph, track)
+    made on first use. ``compact`` (compressed traces) interns the args' string values."""
+
+    def __init__(self, store: OpStore, fields: RateFields, interner: Interner, compact: bool):
+        self.store = store
+        self.fields = fields
+        self.interner = interner
+        self.compact = compact
+        self.tables: dict[tuple[Graph, int], NodeTable] = {}
+
+    def ids(self, graph: Graph, track: int, roof: Roof | None, node: Any, fused: Any) -> Any:
+        """The gids of ops ``node`` (with their ``fused`` nodes) of ``graph`` on ``track``."""
+        table = self.tables.get((graph, track))
+        if table is None:
+            table = self.tables[(graph, track)] = NodeTable(self, graph, track, roof)
+        return table.variants.ids(node, fused)
+
+    def restart(self, compact: bool) -> None:
+        """Forget every table: new ones intern string values if ``compact``."""
+        self.compact = compact
+        self.tables.clear()
+
+
+class NodeTable:
+    """A graph's op variants on one track: gids, built on first use (``variants.ids``)."""
+
+    def __init__(self, tables: NodeTables, graph: Graph, track: int, roof: Roof | None) -> None:
+        tables.fields.setup(3 if roof is not None else 2)
+        self.tables = tables
+        self.graph = graph
+        self.track = track
+        self.roof = roof
+        self.compact = tables.compact
+        self.variants = OpVariants(len(graph.nodes), self.build)
+
+    def build(self, i: int, fused: tuple[int, ...]) -> int:
+        nodes = self.graph.nodes
+        node = nodes[i]
+        head, n_flops, n_bytes, tail, ideal = op_static_args(
+            node, [nodes[j] for j in fused], self.graph, self.roof
+        )
+        tables = self.tables
+        it = tables.interner
+        c = self.compact
+        te = TE_TRACK_UUID + varint(self.track) + TE_TYPE + varint(TYPE_SLICE_BEGIN)
+        te += TE_NAME_IID + varint(it.name(node.label))
+        te += (TE_CATEGORY_IIDS + varint(it.category("op"))) if c else ld(TE_CATEGORIES, b"op")
+        te += it.args(head, c)
+        t = it.args(tail, c)
+        d_len = tables.fields.lens[2 if ideal is None else 3]
+        s = TRACK_EVENT + varint(len(te) + d_len + len(t)) + te
+        depth = 3 if node.layer is not None else 2
+        return tables.store.add(s, t, n_flops, n_bytes, depth, ideal, d_len)

@@ -1,0 +1,244 @@
+"""Templates: a compute seen again (every generation step) written from its previous packets.
+
+A compute's rows (its slice, its layers' and its ops' begins and ends) form a ``Block`` of the
+``Batch`` of its step. Once a block of the same key (track, args, layers, op variants) has been
+seen twice, its packets are kept as bytes (a ``Template``) with the positions of every timestamp
+and rate; a later block whose rows sort in the same order is written by copying the template and
+putting its own timestamps and rates in place, thousands of packets in a few numpy operations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .batch import Batch, Block
+from .events import EventFields
+from .ops import OpStore, RateFields
+from .packets import POST, Sequence, packet
+from .protowire import I64_END, TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
+
+TEMPLATE_BYTES = 64 << 20  # templates kept, at most (then forgotten, and learnt again)
+
+
+class Template:
+    """A block's packets as bytes, for blocks of the same key whose rows sort in the same order
+    (``perm``, over the candidate rows: compute begin and end, layer begins, layer ends, op begins,
+    op ends) and whose timestamps are all ``nb`` bytes long as varints: only the timestamps
+    (at ``ts_idx``) and the ops' rates (at ``rate_idx``) change."""
+
+    def __init__(self) -> None:
+        self.perm: Any = None
+        self.static_ok: Any = None  # per adjacent pair: (rank, tie, seq) ordered when ts equal
+        self.first: tuple[int, int, int] = (0, 0, 0)  # (rank, tie, seq - seq0) of the first row
+        self.last: tuple[int, int, int] = (0, 0, 0)
+        self.buf: Any = None
+        self.nb = 0
+        self.ts_idx: Any = None  # per row, the positions of its timestamp's bytes
+        self.rate_idx: Any = None  # per op, the positions of its rates' bytes
+        self.n_rates = 2  # rates per op (3 where the ops have a roof: all or none of a block)
+
+
+class TemplateSet:
+    """The templates learnt so far (``learn``), and the batches encoded from them (``encode``)."""
+
+    def __init__(
+        self, store: OpStore, fields: RateFields, events: EventFields, seq: Sequence
+    ) -> None:
+        self.store = store
+        self.fields = fields
+        self.events = events
+        self.seq = seq
+        # per block key: its template, or how many times it was seen without one
+        self.templates: dict[tuple[Any, ...], Template | int] = {}
+        self.bytes = 0  # the templates' size
+        self.templated = 0  # blocks encoded from a template
+
+    def clear(self) -> None:
+        self.templates.clear()
+        self.bytes = 0
+
+    @staticmethod
+    def _candidates(b: Batch, bl: Block) -> Any:
+        """A block's timestamps in candidate order (compute begin and end, layer begins, layer
+        ends, op begins, op ends), with its ops' gids and durations and its number of layers:
+        ``(ts, gids, dur, n_layers)``; None unless every duration is positive (templates are made
+        for those only: an end's rank depends on it)."""
+        cs = bl.cb.slice
+        spans = bl.cb.layers
+        n_l = len(spans)
+        if cs.dur <= 0 or any(lay.dur <= 0 for lay in spans):
+            return None
+        l_start = np.array([lay.start for lay in spans], dtype=np.int64)
+        l_end = l_start + np.array([lay.dur for lay in spans], dtype=np.int64)
+        if bl.group >= 0:
+            _, gids, start, dur, _ = b.groups[bl.group]
+            if int(dur.min()) <= 0:
+                return None
+            end = start + dur
+        else:
+            gids = start = end = dur = np.zeros(0, dtype=np.int64)
+        ts = np.concatenate(([cs.ts, cs.ts + cs.dur], l_start, l_end, start, end))
+        return ts, gids, dur, n_l
+
+    def _build(self, b: Batch, bl: Block) -> Template | None:
+        cand = self._candidates(b, bl)
+        if cand is None:
+            return None
+        ts, gids, dur, n_l = cand
+        m = len(gids)
+        st = self.store.arrays()
+        depth = st.a_depth[gids]
+        ones, twos = np.ones(n_l, dtype=np.int64), np.full(n_l, 2, dtype=np.int64)
+        rank = np.concatenate(([1, 0], ones, 0 * ones, np.ones(m, np.int64), np.zeros(m, np.int64)))
+        tie = np.concatenate(([1, -1], twos, -twos, depth, -depth))
+        ar_l, ar_m = np.arange(n_l, dtype=np.int64), np.arange(m, dtype=np.int64)
+        seq = np.concatenate(([0, 1], 2 + 2 * ar_l, 3 + 2 * ar_l, 2 + 2 * n_l + 2 * ar_m))
+        seq = np.concatenate((seq, 3 + 2 * n_l + 2 * ar_m))
+        perm = np.lexsort((seq, tie, rank, ts))
+        nbs = varint_len(ts)
+        nb = int(nbs[0])
+        if int(nbs.min()) != nb or int(nbs.max()) != nb or len(ts) < 2:
+            return None
+        n_rates = 3 if m and st.a_roofed[gids[0]] else 2
+        if m and (st.a_roofed[gids] != (n_rates == 3)).any():
+            return None  # (one graph's ops have one session's roof: never here)
+        small = b.small
+        e = self.events.ends[small[bl.i0 + 1][5]]
+        d0 = self.fields.encode([np.zeros(1)] * n_rates)[0] if m else b""
+        bodies = [small[bl.i0][4], e]
+        track = bl.cb.slice.track
+        bodies += [self.events.layer_begin(track, lay) for lay in bl.cb.layers] + [e] * n_l
+        gl = gids.tolist()
+        bodies += [self.store.s[g] + d0 + self.store.t[g] for g in gl] + [e] * m
+        rate_off = self.fields.offsets(n_rates)  # where each rate's double sits in a D part
+        out = bytearray()
+        ts_off, rate_at, rate_op = [], [], []
+        op0 = 2 + 2 * n_l
+        for r in perm.tolist():
+            body = bodies[r]
+            out += TRACE_PACKET + varint(len(body) + 1 + nb + len(POST))
+            if op0 <= r < op0 + m:
+                k = r - op0
+                rate_at.append(len(out) + len(self.store.s[gl[k]]))
+                rate_op.append(k)
+            out += body + TIMESTAMP
+            ts_off.append(len(out))
+            out += bytes(nb) + POST
+        tm = Template()
+        tm.perm = perm
+        r_, t_, s_ = rank[perm], tie[perm], seq[perm]
+        tm.static_ok = (r_[:-1] < r_[1:]) | (
+            (r_[:-1] == r_[1:]) & ((t_[:-1] < t_[1:]) | ((t_[:-1] == t_[1:]) & (s_[:-1] < s_[1:])))
+        )
+        tm.first = (int(r_[0]), int(t_[0]), int(s_[0]))
+        tm.last = (int(r_[-1]), int(t_[-1]), int(s_[-1]))
+        tm.buf = np.frombuffer(bytes(out), dtype=np.uint8)
+        tm.nb = nb
+        tm.ts_idx = np.array(ts_off, dtype=np.int64)[:, None] + np.arange(nb)
+        eight = np.arange(8)
+        by_op = np.argsort(np.array(rate_op, dtype=np.int64))  # rows in op order
+        at = np.array(rate_at, dtype=np.int64)[by_op]
+        tm.rate_idx = (at[:, None, None] + rate_off[None, :, None] + eight).reshape(m, 8 * n_rates)
+        tm.n_rates = n_rates
+        return tm
+
+    def _fill(self, tm: Template, blocks: list[tuple[int, Batch, Block]]) -> Any:
+        """The blocks' packets from their template, each ``(first key, last key, bytes)``, or
+        None if the rows of one do not sort as the template's."""
+        cands = [self._candidates(b, bl) for _, b, bl in blocks]
+        if any(c is None for c in cands):
+            return None
+        ts = np.stack([c[0] for c in cands])[:, tm.perm]
+        d = np.diff(ts, axis=1)
+        if not ((d > 0) | ((d == 0) & tm.static_ok)).all():
+            return None
+        nb = tm.nb
+        if int(ts[:, 0].min()) < (1 << (7 * (nb - 1)) if nb > 1 else 0):
+            return None
+        if int(ts[:, -1].max()) >= 1 << (7 * nb):
+            return None
+        bufs = np.tile(tm.buf, (len(blocks), 1))
+        bufs[:, tm.ts_idx] = varint_bytes(ts, nb)
+        m = len(tm.rate_idx)
+        if m:
+            gids = np.concatenate([c[1] for c in cands])
+            k = tm.n_rates
+            got = self.store.rates(gids, np.concatenate([c[2] for c in cands]))
+            rates = np.empty((len(gids), k), dtype="<f8")
+            for j in range(k):
+                rates[:, j] = got[j]
+            bufs[:, tm.rate_idx] = rates.view(np.uint8).reshape(len(blocks), m, 8 * k)
+        f, z = tm.first, tm.last
+        out = []
+        for j, (k, _, bl) in enumerate(blocks):
+            seq0 = bl.seq0
+            first = (k, int(ts[j, 0]), f[0], f[1], seq0 + f[2])
+            last = (k, int(ts[j, -1]), z[0], z[1], seq0 + z[2])
+            out.append((first, last, memoryview(bufs[j])))  # joined later: no copy here
+        return out
+
+    def encode(self, batches: list[Batch]) -> bytes | None:
+        """The batches' packets with each compute from its template and the other rows one by
+        one, or None if a compute has no template or its rows do not sort as the template's, or
+        the computes' rows and the others interleave (the general encoder sorts those)."""
+        units: list[tuple[Any, Any, Any]] = []  # (first key, last key, bytes or a buffer)
+        singles: dict[tuple[int, ...], bytes] = {}  # the rows encoded one by one: key -> body
+        by_template: dict[int, tuple[Template, list[tuple[int, Batch, Block]]]] = {}
+        blocks = 0
+        for k, b in enumerate(batches):
+            covered = bytearray(len(b.small))
+            groups = 0
+            for bl in b.blocks:
+                tm = self.templates.get(bl.key)
+                if not isinstance(tm, Template):
+                    return None
+                by_template.setdefault(id(tm), (tm, []))[1].append((k, b, bl))
+                blocks += 1
+                covered[bl.i0] = covered[bl.i0 + 1] = 1
+                groups += bl.group >= 0
+            if groups != len(b.groups):
+                return None
+            for i, (ts, rank, tie, seq, s_, e) in enumerate(b.small):
+                if covered[i]:
+                    continue
+                if ts >= I64_END:
+                    return None
+                key = (k, ts, rank, tie, seq)
+                body = self.events.ends[e] if e >= 0 else s_
+                units.append((key, key, packet(body + TIMESTAMP + varint(ts) + POST)))
+                singles[key] = body
+        for tm, blist in by_template.values():
+            filled = self._fill(tm, blist)
+            if filled is None:
+                return None
+            units += filled
+        units.sort(key=lambda u: u[0])
+        for a, z in zip(units, units[1:], strict=False):
+            if not a[1] < z[0]:
+                return None
+        if units and self.seq.needs_head():
+            # the first packet defines what the batches intern (and clears the state if first)
+            key = units[0][0]
+            if key not in singles:
+                return None
+            body = singles[key] + TIMESTAMP + varint(key[1]) + self.seq.head()
+            units[0] = (key, key, packet(body))
+        self.templated += blocks
+        return b"".join([u[2] for u in units])
+
+    def learn(self, batches: list[Batch]) -> None:
+        """Templates for the blocks seen more than once (a few tries each)."""
+        if len(self.templates) > 4096 or self.bytes > TEMPLATE_BYTES:
+            self.clear()
+        for b in batches:
+            for bl in b.blocks:
+                v = self.templates.get(bl.key, 0)
+                if isinstance(v, Template):
+                    continue
+                v += 1
+                tm = self._build(b, bl) if 2 <= v <= 4 else None
+                self.templates[bl.key] = tm if tm is not None else v
+                if tm is not None:
+                    self.bytes += len(tm.buf)

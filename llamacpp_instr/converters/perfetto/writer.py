@@ -1,0 +1,204 @@
+"""The Perfetto writer: the layout's items in, the trace's packets out (see the package doc).
+
+The items (``trace_layout.layout_bulk``: each compute's slice, layer slices and packed op slices as
+one ``ComputeBatch``) become rows of a ``Batch``, one per step; a flush (``FLUSH_ROWS`` rows, at
+step boundaries) encodes the batches from templates where it can (``TemplateSet``), else with the
+general encoder (``BulkEncoder``), and hands the bytes to the sink. The writer owns the state
+they share: the sequence (``Sequence``: first packet, interned strings), the fields of slices and
+counters (``EventFields``), and the op variants (``OpStore``, ``RateFields``, ``NodeTables``).
+
+The writer leaves process-wide settings alone; ``instr to-perfetto`` tunes the garbage collector
+and the thread switch interval for the whole command (``commands/to_perfetto.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from operator import attrgetter
+from typing import IO
+
+from ..sinks import BundleSink
+from ..trace_layout import BulkItem, ComputeBatch, OpBatch, Sample, Slice, Track
+from .batch import Batch, Block
+from .bulk import BulkEncoder
+from .events import EventFields
+from .ops import NodeTables, OpStore, RateFields
+from .packets import SEQ, Sequence, compressed_packet, packet, track_body
+from .protowire import I64_END
+from .templates import TemplateSet
+
+AUTO_COMPRESS = 8 << 20  # plain packets for traces smaller than this (bytes), else compressed
+CHUNK = 1 << 20  # uncompressed bytes per compressed bundle
+FLUSH_ROWS = 32768  # encode this many buffered packets at a time (at step boundaries)
+ZLIB_THREADS = 2  # compressing threads (zlib releases the GIL): bundles stay in order
+
+_LAYER_KEY = attrgetter("layer", "n_ops")
+
+
+class Writer:
+    """Items in, packets out (see the module doc)."""
+
+    def __init__(self, out: IO[bytes], compress: bool | None) -> None:
+        self.sink = BundleSink(
+            out,
+            compress,
+            compressed_packet,
+            auto=AUTO_COMPRESS,
+            chunk=CHUNK,
+            threads=ZLIB_THREADS,
+        )
+        self.seq = Sequence()
+        self.events = EventFields(self.seq.interner)
+        self.store = OpStore()
+        self.fields = RateFields(self.seq.interner)
+        # interned string values: only in compressed traces
+        self.tables = NodeTables(self.store, self.fields, self.seq.interner, compress is True)
+        self.templates = TemplateSet(self.store, self.fields, self.events, self.seq)
+        self.encoder = BulkEncoder(self.store, self.fields, self.events, self.seq)
+        self.packets = 0
+        self.cur = Batch()
+        self.done: list[Batch] = []
+        self.done_rows = 0
+
+    def write(self, items: Iterable[BulkItem]) -> None:
+        try:
+            for it in items:
+                if isinstance(it, Slice):
+                    self.add_slice(it)
+                elif isinstance(it, ComputeBatch):
+                    self.add_compute(it)
+                elif isinstance(it, Sample):
+                    self.add_sample(it)
+                elif isinstance(it, Track):
+                    self.track(it)
+            self.finish()
+        finally:
+            self.sink.shutdown()
+
+    # -- items
+
+    def track(self, t: Track) -> None:
+        if self.done:
+            self.flush()
+        self.sink.write(packet(SEQ + self.seq.track_flags() + track_body(t)))
+        self.packets += 1
+
+    def add_slice(self, it: Slice) -> None:
+        b = self.cur
+        if it.depth == 0 and it.category == "step" and b:
+            self.close_batch()
+            b = self.cur
+        seq = b.seq
+        d = it.depth
+        ev = self.events
+        b.small.append((it.ts, 1, d, seq, ev.begin(it), -1))
+        b.small.append((it.ts + it.dur, 0 if it.dur else 2, -d, seq + 1, b"", ev.end_id(it.track)))
+        b.seq = seq + 2
+        b.rows += 2
+
+    def add_compute(self, cb: ComputeBatch) -> None:
+        """As ``add_slice`` for the compute's slice and each layer's, then ``add_ops``: the rows
+        are kept as a block, which a template may encode (see ``templates``); its layers' rows
+        are made only if the general encoder needs them (``_expand``)."""
+        cs = cb.slice
+        track = cs.track
+        self.add_slice(cs)  # (depth 1: never closes the batch)
+        b = self.cur
+        i0, seq0 = len(b.small) - 2, b.seq - 2
+        n_l = len(cb.layers)
+        b.seq += 2 * n_l
+        b.rows += 2 * n_l
+        g0 = len(b.groups)
+        if cb.ops is not None:
+            self.add_ops(cb.ops)
+        group = b.groups[g0] if len(b.groups) > g0 else None
+        key = (
+            track,
+            b.small[i0][4],  # the compute slice's S (its args)
+            tuple(map(_LAYER_KEY, cb.layers)),
+            group[1].tobytes() if group is not None else b"",
+        )
+        b.blocks.append(Block(seq0, i0, g0 if group is not None else -1, cb, key))
+
+    def _expand(self, batches: list[Batch]) -> None:
+        """Give the blocks' layers their small rows (for the general encoder)."""
+        ev = self.events
+        for b in batches:
+            for bl in b.blocks:
+                track = bl.cb.slice.track
+                end = ev.end_id(track)
+                seq = bl.seq0 + 2
+                for lay in bl.cb.layers:
+                    ts, dur = lay.start, lay.dur
+                    b.small.append((ts, 1, 2, seq, ev.layer_begin(track, lay), -1))
+                    b.small.append((ts + dur, 0 if dur else 2, -2, seq + 1, b"", end))
+                    seq += 2
+
+    def add_sample(self, it: Sample) -> None:
+        b = self.cur
+        b.small.append((it.ts, 2, 0, b.seq, self.events.sample(it), -1))
+        b.seq += 1
+        b.rows += 1
+
+    def add_ops(self, ob: OpBatch) -> None:
+        c = ob.compute
+        assert c.graph is not None
+        gids = self.tables.ids(c.graph, ob.track, ob.roof, c.op_node, c.op_fused)
+        start, dur = c.op_start, c.op_dur
+        if ob.keep is not None:
+            keep = ob.keep
+            gids, start, dur = gids[keep], start[keep], dur[keep]
+        m = len(gids)
+        if not m:
+            return
+        b = self.cur
+        b.groups.append((b.seq, gids, start, dur, self.events.end_id(ob.track)))
+        b.seq += 2 * m
+        b.rows += 2 * m
+
+    def close_batch(self) -> None:
+        self.done.append(self.cur)
+        self.done_rows += self.cur.rows
+        self.cur = Batch()
+        if self.done_rows >= FLUSH_ROWS:
+            self.flush()
+
+    def finish(self) -> None:
+        if self.cur:
+            self.done.append(self.cur)
+            self.cur = Batch()
+        if self.done:
+            self.flush()
+        self.sink.close()
+
+    # -- encoding
+
+    def flush(self) -> None:
+        batches, self.done, self.done_rows = self.done, [], 0
+        if not any(batches):
+            return
+        data = self.templates.encode(batches)
+        if data is None:
+            self._expand(batches)
+            small = [(k, *r) for k, b in enumerate(batches) for r in b.small]
+            if any(r[1] >= I64_END for r in small):
+                data = self.encoder.encode_rows(batches)
+            else:
+                data = self.encoder.encode(batches, small)
+            self.templates.learn(batches)
+        self.packets += sum(b.rows for b in batches)
+        self.sink.write(data)
+        if self.sink.compress and not self.tables.compact:  # auto mode turned to compression
+            self.tables.restart(compact=True)  # new tables intern their string values
+            self.templates.clear()
+
+
+def write_perfetto_fast(
+    items: Iterable[BulkItem], out: IO[bytes], *, compress: bool | None = None
+) -> int:
+    """Write the items of ``layout_bulk`` as a Perfetto trace to ``out``; returns the number of
+    packets (not counting compressed bundles). ``compress``: True or False, or None to compress traces from
+    ``AUTO_COMPRESS`` bytes on."""
+    w = Writer(out, compress)
+    w.write(items)
+    return w.packets

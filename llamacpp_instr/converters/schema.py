@@ -1,0 +1,38 @@
+"""The session log's contract in one place: schema versions, record types and levels.
+
+The native side writes ``schema_version`` and ``level`` into ``session_start``; everything in
+Python that names a level or a version takes it from here.
+"""
+
+from __future__ import annotations
+
+# Versions the reader understands (the newest is what the patched build writes).
+SCHEMA_VERSIONS = (1,)
+CURRENT_SCHEMA_VERSION = SCHEMA_VERSIONS[-1]
+
+RECORD_TYPES_V1 = frozenset(
+    {
+        "session_start",
+        "step_begin",
+        "step_end",
+        "graph",
+        "compute",
+        "tensor_stats",
+        "topk",
+        "request",
+        "part",
+        "transfers",
+        "session_end",
+    }
+)
+
+# Recording levels, by their number in the C API (enum llama_instr_level).
+LEVELS = ("off", "minimal", "detailed", "verbose")
+LEVEL_IDS = {name: i for i, name in enumerate(LEVELS)}
+# The levels a session can be opened at.
+SESSION_LEVELS = LEVELS[1:]
+
+
+def level_at_least(level: str, minimum: str) -> bool:
+    """Does a log recorded at ``level`` hold what ``minimum`` records?"""
+    return LEVEL_IDS.get(level, 0) >= LEVEL_IDS[minimum]

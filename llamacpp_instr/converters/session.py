@@ -1,0 +1,287 @@
+"""The session model: the records of a log folded into sessions and steps, for every writer.
+
+Ways to consume a log:
+
+* ``iter_events(path)`` streams: it yields ``SessionStarted``, then ``StepDone`` for each decode step
+  as soon as its ``step_end`` (or the end of the file) is read, then ``SessionEnded``. Only the
+  steps in flight and the graph tables are held in memory, so a writer that streams its output
+  stays bounded whatever the log's size. Every compute's ops are columns (``decode.Compute``).
+* ``iter_events_packed(path)`` is the same fold, the ops of well-formed compute records read in
+  bulk (``decode.decode_compute_bulk``) instead of op by op, and big logs read on the other core
+  (``prefetch``): what the trace writers, the tables and ``kv_flows`` read. The two give the
+  same steps (the per-op decoding is the reference the bulk one is tested against).
+* ``Fold`` is the fold itself, fed one record at a time (``follow``).
+* ``load(path)`` materializes every session with all its steps (analysis, tests, small logs).
+
+Several sessions may share a file; they are told apart by ``sid``. A session with no
+``session_end`` (the process died) is closed at the last timestamp seen, and so are its open
+steps; both are marked ``ended=False``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import prefetch
+from .decode import (
+    MALFORMED,
+    Compute,
+    Event,
+    Graph,
+    LayerSpan,
+    Node,
+    OpTiming,
+    PackedOps,
+    SessionEnded,
+    SessionInfo,
+    SessionStarted,
+    Step,
+    StepDone,
+    attach_stats,
+    decode_compute,
+    decode_compute_bulk,
+    end_step,
+    graph_table,
+    nonneg,
+    request_id,
+    session_info,
+    skip_malformed,
+    step_seqs,
+    topk_rows,
+)
+from .reader import ReadReport, iter_records
+
+__all__ = [
+    "Compute",
+    "Event",
+    "Fold",
+    "Graph",
+    "LayerSpan",
+    "Node",
+    "OpTiming",
+    "Session",
+    "SessionEnded",
+    "SessionInfo",
+    "SessionStarted",
+    "Step",
+    "StepDone",
+    "iter_events",
+    "iter_events_packed",
+    "load",
+]
+
+
+class _SessionState:
+    def __init__(self, info: SessionInfo) -> None:
+        self.info = info
+        self.graphs: dict[tuple[int, int], Graph] = {}
+        self.open_steps: dict[tuple[int, int], Step] = {}  # (ctx, step) -> step in flight
+
+
+def iter_events(
+    path: Path | str, *, strict: bool = False, report: ReadReport | None = None
+) -> Iterator[Event]:
+    """Stream the sessions of a log as events (see the module docstring), every compute record
+    decoded op by op."""
+    return _fold(path, iter_records, strict, report, packed=False)
+
+
+def iter_events_packed(
+    path: Path | str,
+    *,
+    strict: bool = False,
+    report: ReadReport | None = None,
+    fork: bool = True,
+) -> Iterator[Event]:
+    """``iter_events``, the ops of well-formed computes read in bulk, and a big log read on the
+    other core (``prefetch``; ``fork=False``: here): the same steps, the same skipped records."""
+    return _fold(path, prefetch.records if fork else iter_records, strict, report, packed=True)
+
+
+def _fold(
+    path: Path | str,
+    read: Callable[..., Iterator[tuple[int, dict[str, Any]]]],
+    strict: bool,
+    report: ReadReport | None,
+    packed: bool,
+) -> Iterator[Event]:
+    """A log's records through one ``Fold``, damaged ones skipped (or an error with ``strict``)."""
+    rep = report if report is not None else ReadReport()
+    fold = Fold(packed=packed)
+    for n, rec in read(path, strict=strict, report=rep):
+        try:
+            yield from fold.add(rec)
+        except MALFORMED as exc:
+            skip_malformed(path, n, rec, exc, strict, rep)
+    yield from fold.close()
+
+
+class Fold:
+    """The one fold of records into events, a record at a time: what ``iter_events`` runs over a
+    file, and what ``follow`` feeds with the lines another process is writing.
+
+    ``add`` applies one record and yields the events it completes (raising one of
+    ``decode.MALFORMED`` for a record without the schema's shape); ``close`` ends the input,
+    closing the sessions still open. ``packed`` reads well-formed computes' ops in bulk, the
+    rest going to the per-op decoder as read. ``keep_graphs``: hold at most that many graph
+    tables per session, the oldest dropped first (a live view's memory must not grow with the
+    run; a compute of a dropped graph has no ops).
+    """
+
+    def __init__(self, *, packed: bool = True, keep_graphs: int | None = None) -> None:
+        self.packed = packed
+        self.keep_graphs = keep_graphs
+        self.states: dict[str, _SessionState] = {}
+        self.fused_of: dict[Graph, dict[int, list[int]]] = {}  # (``decode_compute_bulk``)
+
+    def add(self, rec: dict[str, Any]) -> Iterator[Event]:
+        states = self.states
+        if self.packed and rec["type"] == "compute":
+            if self._add_compute_bulk(rec):
+                return
+            if isinstance(rec.get("ops"), PackedOps):
+                rec["ops"] = rec["ops"].to_list()  # as read, for the per-op decoder
+        if self.keep_graphs is not None and rec["type"] == "graph":
+            state = states.get(str(rec["sid"]))
+            if state is not None and len(state.graphs) > self.keep_graphs:
+                dropped = state.graphs.pop(next(iter(state.graphs)))
+                self.fused_of.pop(dropped, None)
+        yield from _apply(rec, states)
+
+    def _add_compute_bulk(self, rec: dict[str, Any]) -> bool:
+        """Apply a compute record as ``_apply`` does, its ops read in bulk; False (nothing done)
+        when it is not a compute of an open step and a known graph, or its ops are unusual: the
+        per-op decoder then reads it."""
+        try:
+            state = self.states.get(str(rec["sid"]))
+            if state is None:
+                return False
+            step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
+            graph = state.graphs.get((int(rec["ctx"]), int(rec["graph"])))
+        except Exception:  # noqa: BLE001 - whatever it is, the per-op reader reports it
+            return False
+        if step is None or graph is None:
+            return False
+        state.info.last_ts = max(state.info.last_ts, nonneg(rec["ts"]))  # as ``_apply`` first
+        c = decode_compute_bulk(rec, graph, self.fused_of)
+        if c is None:
+            return False
+        step.computes.append(c)
+        return True
+
+    def close(self) -> Iterator[Event]:
+        """The sessions the input ends in the middle of: their open steps, then their end."""
+        for state in self.states.values():
+            yield from _close(state, state.info.last_ts)
+            yield SessionEnded(state.info)
+        self.states.clear()
+
+    def open_steps(self) -> int:
+        """Steps begun and not yet ended, over all sessions."""
+        return sum(len(s.open_steps) for s in self.states.values())
+
+
+def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Event]:
+    """Fold one record into the per-session state; yield the events it completes."""
+    rtype = rec["type"]
+    sid = str(rec["sid"])
+    if rtype == "session_start":
+        st = _SessionState(session_info(rec))
+        states[sid] = st
+        yield SessionStarted(st.info)
+        return
+    state = states.get(sid)
+    if state is None:
+        return  # a fragment of a session whose start was lost: nothing to anchor it to
+    state.info.last_ts = max(state.info.last_ts, nonneg(rec["ts"]))
+    if rtype == "graph":
+        g = graph_table(rec)
+        state.graphs[(g.ctx, g.id)] = g
+    elif rtype == "step_begin":
+        key = (int(rec["ctx"]), int(rec["step"]))
+        state.open_steps[key] = Step(
+            index=int(rec["step"]),
+            ctx=int(rec["ctx"]),
+            kind="gen" if rec["kind"] == "gen" else "prompt",
+            n_tokens=int(rec["n_tokens"]),
+            pos=(int(rec["pos"][0]), int(rec["pos"][1])),
+            start=nonneg(rec["ts"]),
+            tokens=[int(t) for t in rec.get("tokens", [])],
+            pieces=[str(x) for x in rec.get("pieces", [])],
+            request=request_id(rec),
+            seqs=step_seqs(rec),
+        )
+    elif rtype == "request":
+        state.info.requests.append(rec)
+    elif rtype == "part":
+        state.info.parts.append(rec)
+    elif rtype == "transfers":
+        state.info.transfers.append(rec)
+    elif rtype == "compute":
+        step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
+        if step is not None:
+            graph = state.graphs.get((int(rec["ctx"]), int(rec["graph"])))
+            step.computes.append(decode_compute(rec, graph))
+    elif rtype == "tensor_stats":
+        step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
+        if step is not None:
+            for c in step.computes:
+                if c.ubatch == int(rec["ubatch"]):
+                    attach_stats(c, rec)
+    elif rtype == "topk":
+        step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
+        if step is not None:
+            step.topk = topk_rows(rec)
+    elif rtype == "step_end":
+        step = state.open_steps.pop((int(rec["ctx"]), int(rec["step"])), None)
+        if step is not None:
+            end_step(step, rec)
+            yield StepDone(state.info, step)
+    elif rtype == "session_end":
+        yield from _close(state, rec["ts"])
+        state.info.end = rec
+        del states[sid]
+        yield SessionEnded(state.info)
+
+
+def _close(state: _SessionState, ts: int) -> Iterator[StepDone]:
+    """Steps that never ended: closed at ``ts``, marked not ended."""
+    for step in state.open_steps.values():
+        last = max([step.start] + [c.start + c.dur for c in step.computes])
+        step.dur = max(ts, last) - step.start
+        step.ended = False
+        yield StepDone(state.info, step)
+    state.open_steps.clear()
+
+
+@dataclass
+class Session:
+    info: SessionInfo
+    steps: list[Step]
+
+    @property
+    def graphs(self) -> dict[int, Graph]:
+        out: dict[int, Graph] = {}
+        for s in self.steps:
+            for c in s.computes:
+                if c.graph is not None:
+                    out[c.graph.id] = c.graph
+        return out
+
+
+def load(
+    path: Path | str, *, strict: bool = False, report: ReadReport | None = None
+) -> list[Session]:
+    """Every session of the log, fully materialized, in the order they started."""
+    sessions: dict[str, Session] = {}
+    order: list[str] = []
+    for ev in iter_events(path, strict=strict, report=report):
+        if isinstance(ev, SessionStarted):
+            sessions[ev.session.sid] = Session(ev.session, [])
+            order.append(ev.session.sid)
+        elif isinstance(ev, StepDone):
+            sessions[ev.session.sid].steps.append(ev.step)
+    return [sessions[s] for s in order]

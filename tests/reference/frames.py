@@ -1,0 +1,225 @@
+"""The per-op tables: ``load_sessions`` as it was before it worked in bulk.
+
+One ``OpTiming`` per op from ``session.iter_events`` (the per-op decoding), rows appended one by
+one, each column converted on its own: every table, dtype, category order, skipped-record report
+and session info of ``converters.frames`` must match what this gives (tests/test_frames_fast.py),
+on the fixtures, on real logs, on a bigger synthetic log, and on damaged ones. The tables'
+columns are listed here, in order, as the analysis API documents them.
+"""
+
+from __future__ import annotations
+
+from array import array
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from llamacpp_instr.converters import derive, roofline, session
+from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.converters.frames import SessionFrames, string_categories
+from llamacpp_instr.converters.reader import ReadReport
+from llamacpp_instr.converters.session import Graph, SessionStarted, Step, StepDone, iter_events
+
+STEP_COLS = (
+    "step ctx kind n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended request"
+).split()
+SEQ_COLS = "step ctx seq n_tokens pos0 pos1".split()
+REQUEST_COLS = (
+    "id endpoint method status stream t_arrive wait_ns ttft_ns model_ns dur_ns prompt_tokens "
+    "gen_tokens slot"
+).split()
+LAYER_COLS = "step ubatch layer t_start dur_ns n_ops".split()
+OP_COLS = (
+    "step ubatch graph node name op label category layer t_start dur_ns n_fused shape dtype "
+    "weight weight_type est_flops est_bytes"
+).split()
+NODE_COLS = "graph node name op label layer shape dtype bytes flags".split()
+STAT_COLS = "step ubatch node name min max mean std n_nan n_inf".split()
+TOPK_COLS = "step row rank token logit".split()
+
+
+class _RefCat:
+    def __init__(self) -> None:
+        self.codes = array("i")
+        self.index: dict[str, int] = {}
+
+    def append(self, value: str | None) -> None:
+        if value is None:
+            self.codes.append(-1)
+            return
+        code = self.index.get(value)
+        if code is None:
+            code = self.index[value] = len(self.index)
+        self.codes.append(code)
+
+    def series(self) -> pd.Categorical:
+        return pd.Categorical.from_codes(self.codes, categories=list(self.index))  # type: ignore[arg-type]
+
+
+class _RefTable:
+    def __init__(
+        self, ints: str = "", floats: str = "", cats: str = "", nullable: str = ""
+    ) -> None:
+        self.ints = {c: array("q") for c in ints.split()}
+        self.floats = {c: array("d") for c in floats.split()}
+        self.cats = {c: _RefCat() for c in cats.split()}
+        self.nullable = set(nullable.split())
+
+    def add(self, **row: Any) -> None:
+        for c, a in self.ints.items():
+            v = row[c]
+            a.append(-1 if v is None else int(v))
+        for c, f in self.floats.items():
+            v = row[c]
+            f.append(float("nan") if v is None else float(v))
+        for c, k in self.cats.items():
+            k.append(None if row[c] is None else str(row[c]))
+
+    def frame(self, order: list[str]) -> pd.DataFrame:
+        data: dict[str, Any] = {}
+        for c, a in self.ints.items():
+            s = pd.Series(a, dtype="int64")
+            data[c] = s.where(s >= 0).astype("Int64") if c in self.nullable else s
+        for c, f in self.floats.items():
+            data[c] = pd.Series(f, dtype="float64")
+        for c, k in self.cats.items():
+            data[c] = k.series()
+        return pd.DataFrame({c: data[c] for c in order})
+
+
+def _shape(shape: list[int]) -> str:
+    return "x".join(map(str, shape))
+
+
+class _RefBuilder:
+    def __init__(self, info: session.SessionInfo) -> None:
+        self.info = info
+        self.steps = _RefTable(
+            "step ctx n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended",
+            cats="kind request",
+            nullable="status",
+        )
+        self.seqs = _RefTable("step ctx seq n_tokens pos0 pos1")
+        self.layers = _RefTable("step ubatch layer t_start dur_ns n_ops")
+        self.ops = _RefTable(
+            "step ubatch graph node layer t_start dur_ns n_fused est_flops est_bytes",
+            cats="name op label category shape dtype weight weight_type",
+            nullable="layer",
+        )
+        self.nodes = _RefTable(
+            "graph node layer bytes", cats="name op label shape dtype flags", nullable="layer"
+        )
+        self.stats = _RefTable("step ubatch node n_nan n_inf", "min max mean std", cats="name")
+        self.topk = _RefTable("step row rank token", "logit")
+        self.graphs: dict[int, Graph] = {}
+
+    def step(self, s: Step) -> None:
+        self.steps.add(
+            step=s.index, ctx=s.ctx, kind=s.kind, n_tokens=s.n_tokens, pos0=s.pos[0], pos1=s.pos[1],
+            t_start=s.start, dur_ns=s.dur, status=s.status, n_outputs=s.n_outputs, kv_used=s.kv_used,
+            op_ns=s.op_time, ended=int(s.ended), request=s.request,
+        )  # fmt: skip
+        for seq, n_tok, p0, p1 in s.seqs:
+            self.seqs.add(step=s.index, ctx=s.ctx, seq=seq, n_tokens=n_tok, pos0=p0, pos1=p1)
+        for c in s.computes:
+            for lay in c.layers:
+                self.layers.add(
+                    step=s.index, ubatch=c.ubatch, layer=lay.layer, t_start=lay.start,
+                    dur_ns=lay.dur, n_ops=lay.n_ops,
+                )  # fmt: skip
+            g = c.graph
+            if g is None:
+                continue
+            if g.id not in self.graphs:
+                self.graphs[g.id] = g
+                for n in g.nodes:
+                    self.nodes.add(
+                        graph=g.id, node=n.i, name=n.name, op=n.op, label=n.label, layer=n.layer,
+                        shape=_shape(n.shape), dtype=n.dtype, bytes=n.bytes, flags=",".join(n.flags),
+                    )  # fmt: skip
+            for op in c.ops:
+                n = op.node
+                w = derive.weight_source(n)
+                self.ops.add(
+                    step=s.index, ubatch=c.ubatch, graph=g.id, node=n.i, name=n.name, op=n.op,
+                    label=n.label, category=derive.category(n), layer=n.layer, t_start=op.start,
+                    dur_ns=op.dur, n_fused=len(op.fused), shape=_shape(n.shape), dtype=n.dtype,
+                    weight=w["name"] if w else None, weight_type=w["type"] if w else None,
+                    est_flops=derive.flops(n, g) + sum(derive.flops(f, g) for f in op.fused),
+                    est_bytes=derive.bytes_moved(n, g) + sum(derive.bytes_moved(f, g) for f in op.fused),
+                )  # fmt: skip
+                if op.stats is not None:
+                    mn, mx, mean, std, n_nan, n_inf = op.stats
+                    self.stats.add(
+                        step=s.index, ubatch=c.ubatch, node=n.i, name=n.name, min=mn, max=mx,
+                        mean=mean, std=std, n_nan=n_nan, n_inf=n_inf,
+                    )  # fmt: skip
+        for row in s.topk:
+            for rank, (tok, logit) in enumerate(zip(row["ids"], row["logits"], strict=False)):
+                self.topk.add(
+                    step=s.index, row=row.get("row", 0), rank=rank, token=tok, logit=logit
+                )
+
+    def requests(self) -> pd.DataFrame:
+        t = _RefTable(
+            "status t_arrive wait_ns ttft_ns model_ns dur_ns prompt_tokens gen_tokens stream slot",
+            cats="id endpoint method",
+            nullable="wait_ns ttft_ns model_ns dur_ns slot",
+        )
+        for r in self.info.requests:
+            t.add(
+                id=r.get("id"), endpoint=r.get("endpoint"), method=r.get("method"),
+                status=r.get("status", 0), stream=int(bool(r.get("stream"))),
+                t_arrive=r.get("t_arrive", 0), wait_ns=r.get("wait"), ttft_ns=r.get("ttft"),
+                model_ns=r.get("model"), dur_ns=r.get("dur"),
+                prompt_tokens=r.get("prompt_tokens", 0), gen_tokens=r.get("gen_tokens", 0),
+                slot=r.get("slot"),
+            )  # fmt: skip
+        df = t.frame(REQUEST_COLS)
+        df["stream"] = df["stream"].astype(bool)
+        for c in ("id", "endpoint", "method"):
+            df[c] = string_categories(df[c])
+        return df
+
+    def frames(self, report: ReadReport) -> SessionFrames:
+        steps = self.steps.frame(STEP_COLS)
+        steps["ended"] = steps["ended"].astype(bool)
+        steps["request"] = string_categories(steps["request"])
+        weights = pd.DataFrame(self.info.weights)
+        if not weights.empty:
+            weights["shape"] = weights["shape"].map(_shape)
+            for c in ("name", "type", "buffer"):
+                weights[c] = weights[c].astype("category")
+            weights["layer"] = weights["layer"].astype("Int64")
+        return SessionFrames(
+            info=self.info,
+            steps=steps,
+            layers=self.layers.frame(LAYER_COLS),
+            ops=self.ops.frame(OP_COLS),
+            nodes=self.nodes.frame(NODE_COLS),
+            weights=weights,
+            tensor_stats=self.stats.frame(STAT_COLS),
+            topk=self.topk.frame(TOPK_COLS),
+            seqs=self.seqs.frame(SEQ_COLS),
+            requests=self.requests(),
+            graphs=self.graphs,
+            report=report,
+        )
+
+
+def reference_load_sessions(path: Path | str, *, strict: bool = False) -> list[SessionFrames]:
+    """Every session of the log, as tables, op by op (no peaks: the roofline columns empty)."""
+    report = ReadReport()
+    builders: dict[str, _RefBuilder] = {}
+    for ev in iter_events(path, strict=strict, report=report):
+        if isinstance(ev, SessionStarted):
+            builders[ev.session.sid] = _RefBuilder(ev.session)
+        elif isinstance(ev, StepDone):
+            builders[ev.session.sid].step(ev.step)
+    if not builders:
+        raise UserError(f"no session in {path}")
+    out = [b.frames(report) for b in builders.values()]
+    for f in out:  # the roofline columns (roofline.py), without peaks (no cache given)
+        roofline.apply(f, None, "")
+    return out

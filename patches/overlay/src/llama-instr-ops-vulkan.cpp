@@ -45,6 +45,12 @@ class vk_op_timer final : public op_timer {
 
     bool arm(ctx_state & st, const llama_context * ctx, const ggml_cgraph * gf) override {
         GGML_UNUSED(ctx);
+        // LLAMA_INSTR_DEVICE_TIMING=0: the device's ops untimed (the scheduler's splits and copies
+        // are still recorded); read at every compute, so a process can switch it
+        const char * off = getenv("LLAMA_INSTR_DEVICE_TIMING");
+        if (off && strcmp(off, "0") == 0) {
+            return false;
+        }
         // a mark per op and three per command buffer, a buffer with an op at least (or none:
         // copies): room for a buffer per op, and then some
         const size_t n   = (size_t) ggml_graph_n_nodes(const_cast<ggml_cgraph *>(gf));

@@ -141,7 +141,9 @@ def test_a_full_offload_times_every_layer_and_op_on_the_device(full: Offload) ->
             assert span[3] == len(mine) > 0
             assert span[1] == min(op[1] for op in mine)
             assert span[1] + span[2] == max(op[1] + op[2] for op in mine)
-        assert c["clocks"] == [[vk, "calibrated", c["clocks"][0][2]]]
+        # lavapipe calibrates (VK_EXT_calibrated_timestamps); a driver without it: the fenced pair
+        ((dev, method, unc),) = c["clocks"]
+        assert dev == vk and method in ("calibrated", "fence") and unc >= 0
 
 
 def test_timed_ops_cover_the_device_busy_time(full: Offload) -> None:

@@ -424,7 +424,7 @@ def build_wheel(plan: BuildPlan, echo: Echo) -> Path:
     out.mkdir(parents=True)
     log = cache_dir() / "logs" / f"build-{plan.key}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    minutes = 12 if plan.vulkan else 3  # the Vulkan backend's shaders and its 16,000-line source
+    minutes = 20 if plan.vulkan else 3  # the Vulkan backend's shaders and its 16,000-line source
     echo(
         f"building llama-cpp-python {plan.local_version} (about {minutes} minutes on 2 cores "
         f"without ccache; log: {log})"

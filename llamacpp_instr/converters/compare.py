@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import roofline_report
+from . import device_report, roofline_report
 from .frames import SessionFrames
 from .report import Chart, Column, Fact, Report, Section, Series, Table
 from .summary import by, overview
@@ -58,6 +58,9 @@ def compare_sessions(
         "n_layer"
     ) != b.info.model.get("n_layer"):
         out["warning"] = "the two sessions are of different models; comparing what matches"
+    devices = device_report.compare(a, b)  # runs on several devices: what moved per device
+    if devices is not None:
+        out["devices"] = devices
     rows, why = roofline_report.compare_rows(a, b)
     if rows:
         out["roofline"] = {"rows": rows, "why": why}
@@ -291,7 +294,8 @@ def compare_report(c: dict[str, Any]) -> Report:
         subtitle=f"A: {a['model']} · B: {b['model']}",
         facts=facts,
         sections=[memory, ops, layers, agreement]
-        + ([roofline_report.compare_section(c["roofline"])] if "roofline" in c else []),
+        + ([roofline_report.compare_section(c["roofline"])] if "roofline" in c else [])
+        + ([device_report.compare_section(c["devices"])] if "devices" in c else []),
         warnings=[c["warning"]] if "warning" in c else [],
         data=c,
         csv_table="per_op",

@@ -51,6 +51,7 @@ from .decode import (
     skip_malformed,
     step_seqs,
     topk_rows,
+    transfers,
 )
 from .reader import ReadReport, iter_records
 
@@ -218,6 +219,12 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
         state.info.requests.append(rec)
     elif rtype == "part":
         state.info.parts.append(rec)
+    elif rtype == "transfers":
+        t = transfers(rec)
+        step = None
+        if t.ctx is not None and t.step is not None:  # (phase step)
+            step = state.open_steps.get((t.ctx, t.step))
+        (step.transfers if step is not None else state.info.transfers).append(t)
     elif rtype == "compute":
         step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
         if step is not None:

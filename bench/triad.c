@@ -1,5 +1,5 @@
 /* STREAM-style triad (a[i] = b[i] + s * c[i]) and add (a[i] = b[i] + c[i]) over three arrays of
- * float, the independent check of the bandwidth probe of `instr peaks` (bench/peaks.py compiles and
+ * float, the independent check of the bandwidth probe of `instr peaks` (bench/probe_vs_triad.py compiles and
  * runs it). Counted as STREAM counts: three arrays of bytes per pass (two read, one written).
  *
  *   cc -O3 -fopenmp bench/triad.c -o triad && OMP_NUM_THREADS=2 ./triad N REPS

@@ -110,7 +110,7 @@ def sweep(
     """The sweep's data: one entry per model (BASE first), see the module doc; ``offload``
     places every model's layers, in the speed runs and the quality evaluation alike."""
     from llamacpp_instr import quant_eval
-    from llamacpp_instr.converters.quant_report import from_gguf
+    from llamacpp_instr.converters.gguf_inventory import from_gguf
     from llamacpp_instr.runner import resolve_threads
 
     models.check_gguf(base)

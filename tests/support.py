@@ -21,7 +21,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from reference.layout import layout
 from reference.perfetto_writer import write_perfetto
 
-from llamacpp_instr import peaks as measure
+from llamacpp_instr import peak_probe as measure
 from llamacpp_instr.converters.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.session import iter_events, iter_events_packed
 from llamacpp_instr.converters.trace import kv_flows_for
@@ -55,6 +55,15 @@ def read_log(path: Path) -> list[dict[str, Any]]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
         return [json.loads(line) for line in f]
+
+
+def converts_cleanly(log: Path, out: Path) -> None:
+    """The log converts to a Perfetto trace with nothing skipped, unknown or replaced."""
+    from llamacpp_instr.converters.trace import convert
+
+    stats, report = convert(log, out)
+    assert report.skipped == [] and not report.unknown_types and not report.replaced_utf8
+    assert stats.steps > 0 and out.stat().st_size > 0
 
 
 def by_type(records: list[dict[str, Any]], type_: str) -> list[dict[str, Any]]:
@@ -325,7 +334,7 @@ def fast_trace(
     roofs: Any = None,
 ) -> tuple[bytes, int]:
     """The fast trace, and how many computes came from a template (``roofs``: the sessions'
-    roofs, ``peaks.session_roofs``)."""
+    roofs, ``machine_peaks.session_roofs``)."""
     buf = io.BytesIO()
     sel = sel or Selection()
     flows = kv_flows_for(log, sel)

@@ -18,9 +18,7 @@ import numpy as np
 import pytest
 from reference.chrome_json import reference_write_chrome_json
 from reference.layout import layout
-from support import FIXTURES, REAL_FIXTURES, synthetic_log
-from support import read_log as _records
-from support import write_log as _write
+from support import FIXTURES, REAL_FIXTURES, read_log, synthetic_log, write_log
 
 from llamacpp_instr.converters.chrome_json import write_chrome_json
 from llamacpp_instr.converters.rounding import round3
@@ -85,12 +83,12 @@ def test_same_output_as_reference_on_a_bigger_log(tmp_path: Path) -> None:
 def test_timestamps_beyond_float_precision(tmp_path: Path) -> None:
     """Monotonic times past 2**53 ns (a machine up for 105 days): ts / 1000 as Python divides."""
     shift = (1 << 53) + 12_345
-    recs = _records(FIXTURES / "tiny-llama-detailed.log.gz")
+    recs = read_log(FIXTURES / "tiny-llama-detailed.log.gz")
     for r in recs:
         for key in ("ts", "t_start"):
             if key in r:
                 r[key] += shift
-    log = _write(tmp_path / "late.log", recs)
+    log = write_log(tmp_path / "late.log", recs)
     assert_same(log, [Selection()])
 
 
@@ -137,13 +135,13 @@ def test_cli_json_matches_reference(tmp_path: Path) -> None:
 def test_numbers_beyond_64_bits(tmp_path: Path) -> None:
     """A damaged graph table whose shapes make FLOPs beyond 64 bits: those events are written by
     the standard library (as before), and parse to the same events."""
-    recs = _records(FIXTURES / "tiny-llama-detailed.log.gz")
+    recs = read_log(FIXTURES / "tiny-llama-detailed.log.gz")
     for r in recs:
         if r["type"] == "graph":
             for n in r["nodes"]:
                 if n["op"] == "MUL_MAT":
                     n["shape"] = [2**40, 2**40]
-    log = _write(tmp_path / "huge.log", recs)
+    log = write_log(tmp_path / "huge.log", recs)
     res = outputs(log, Selection())
     ref = json.loads(res.pop("reference"))
     assert any(e.get("args", {}).get("est_flops", 0) > 2**64 for e in ref)

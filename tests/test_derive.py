@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from llamacpp_instr.converters import derive, roofline
-from llamacpp_instr.converters.peaks import DevicePeaks
+from llamacpp_instr.converters.machine_peaks import DevicePeaks
 from llamacpp_instr.converters.session import Graph, Node
 
 

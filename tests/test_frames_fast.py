@@ -18,15 +18,15 @@ from support import (
     FIXTURES,
     FUZZ_DERANDOMIZE,
     FUZZ_EXAMPLES,
+    JSON,
     ODD_OPS,
     REAL_FIXTURES,
     edit_ops,
     plain_copy,
+    read_log,
     synthetic_log,
+    write_log,
 )
-from support import JSON as _JSON
-from support import read_log as _records
-from support import write_log as _write
 
 from llamacpp_instr.converters import decode
 from llamacpp_instr.converters.errors import UserError
@@ -96,7 +96,7 @@ def test_same_frames_as_reference_on_a_bigger_log(tmp_path: Path) -> None:
 @pytest.mark.parametrize("fixture", REAL_FIXTURES, ids=lambda p: p.name)
 def test_ops_recomputed_from_the_raw_json(fixture: Path) -> None:
     """The ops table, column by column, from the NDJSON read with the json module alone."""
-    recs = _records(fixture)
+    recs = read_log(fixture)
     graphs = {(r["ctx"], r["graph"]): r["nodes"] for r in recs if r["type"] == "graph"}
     rows: list[tuple[Any, ...]] = []
     for c in recs:
@@ -158,13 +158,13 @@ def test_no_python_object_per_op(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_odd_compute_records_as_reference(
     fixture: str, case: str, which: int, tmp_path: Path
 ) -> None:
-    recs = _records(FIXTURES / fixture)
-    log = _write(tmp_path / "odd.log", edit_ops(recs, which, ODD_OPS[case]))
+    recs = read_log(FIXTURES / fixture)
+    log = write_log(tmp_path / "odd.log", edit_ops(recs, which, ODD_OPS[case]))
     assert_same_outcome(log)
 
 
 def test_damaged_logs_as_reference(tmp_path: Path) -> None:
-    recs = _records(FIXTURES / "tiny-llama-verbose.log.gz")
+    recs = read_log(FIXTURES / "tiny-llama-verbose.log.gz")
     lines = [json.dumps(r) for r in recs]
     cases = {
         "cut short": lines[: len(lines) // 2],
@@ -181,8 +181,8 @@ def test_damaged_logs_as_reference(tmp_path: Path) -> None:
         assert_same_outcome(log)
 
 
-_VERBOSE = _records(FIXTURES / "tiny-llama-verbose.log.gz")
-_DETAILED = _records(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz")
+_VERBOSE = read_log(FIXTURES / "tiny-llama-verbose.log.gz")
+_DETAILED = read_log(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz")
 
 
 @settings(
@@ -195,7 +195,7 @@ _DETAILED = _records(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz")
     verbose=st.booleans(),
     edits=st.lists(
         st.tuples(
-            st.integers(0, 10_000), st.sampled_from(["record", "op", "value"]), st.text(), _JSON
+            st.integers(0, 10_000), st.sampled_from(["record", "op", "value"]), st.text(), JSON
         ),
         min_size=1,
         max_size=4,
@@ -248,6 +248,6 @@ _ODD_GRAPHS: dict[str, Any] = {
 
 @pytest.mark.parametrize("case", sorted(_ODD_GRAPHS))
 def test_odd_graph_tables_as_reference(case: str, tmp_path: Path) -> None:
-    recs = _records(FIXTURES / "tiny-llama-detailed.log.gz")
+    recs = read_log(FIXTURES / "tiny-llama-detailed.log.gz")
     _ODD_GRAPHS[case](recs)
-    assert_same_outcome(_write(tmp_path / "odd.log", recs))
+    assert_same_outcome(write_log(tmp_path / "odd.log", recs))

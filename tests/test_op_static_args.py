@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from llamacpp_instr.converters.decode import Graph, Node
-from llamacpp_instr.converters.peaks import DevicePeaks, Roof
+from llamacpp_instr.converters.machine_peaks import DevicePeaks, Roof
 from llamacpp_instr.converters.trace_layout import op_rates, op_static_args
 
 

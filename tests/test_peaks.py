@@ -19,9 +19,9 @@ from click.testing import CliRunner
 from support import QUICK, RunLog
 
 from llamacpp_instr import bindings, load_session
-from llamacpp_instr import peaks as measure
+from llamacpp_instr import peak_probe as measure
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters import peaks
+from llamacpp_instr.converters import machine_peaks
 from llamacpp_instr.converters.errors import UserError
 
 # ggml type ids (ggml.h enum ggml_type) and one row of 256 values in each type, by hand:
@@ -30,7 +30,7 @@ TYPES = {"f32": (0, 256 * 4), "f16": (1, 256 * 2), "q4_k": (12, 144), "q8_0": (8
 
 
 @pytest.fixture(scope="module")
-def quick_peaks(instr_api: Any) -> peaks.Peaks:
+def quick_peaks(instr_api: Any) -> machine_peaks.Peaks:
     return measure.measure(QUICK, instr_api)
 
 
@@ -106,7 +106,7 @@ def test_probe_refuses_bad_input(instr_api: Any, args: tuple[int, ...], what: st
     assert e.value.code == bindings.ERR_INVALID_ARG and what in str(e.value)
 
 
-def test_measured_peaks_are_sane(quick_peaks: peaks.Peaks) -> None:
+def test_measured_peaks_are_sane(quick_peaks: machine_peaks.Peaks) -> None:
     cpu = quick_peaks.device()
     assert cpu.type == "cpu" and quick_peaks.n_threads == 2
     assert sorted(cpu.matmul_gflops) == ["f32", "q8_0"]
@@ -122,24 +122,24 @@ def test_measured_peaks_are_sane(quick_peaks: peaks.Peaks) -> None:
 
 
 def test_cache_is_reused_and_refused_for_another_machine(
-    quick_peaks: peaks.Peaks, tmp_path: Path
+    quick_peaks: machine_peaks.Peaks, tmp_path: Path
 ) -> None:
     m, t = quick_peaks.machine, quick_peaks.n_threads
-    assert peaks.cached(m, t, tmp_path) is None
-    path = peaks.save(quick_peaks, tmp_path)
+    assert machine_peaks.cached(m, t, tmp_path) is None
+    path = machine_peaks.save(quick_peaks, tmp_path)
     assert path.parent == tmp_path / "peaks" and not list(path.parent.glob("*.tmp*"))
-    got = peaks.cached(m, t, tmp_path)
+    got = machine_peaks.cached(m, t, tmp_path)
     assert got is not None and got.to_json() == quick_peaks.to_json()
     other = {**m, "cpu": "Some Other CPU"}
-    assert peaks.cached(other, t, tmp_path) is None
-    assert peaks.cached(m, t + 1, tmp_path) is None  # another thread count: other peaks
+    assert machine_peaks.cached(other, t, tmp_path) is None
+    assert machine_peaks.cached(m, t + 1, tmp_path) is None  # another thread count: other peaks
     with pytest.raises(UserError, match="measured on"):
-        peaks.check_fits(quick_peaks, other, t, "these peaks")
+        machine_peaks.check_fits(quick_peaks, other, t, "these peaks")
     # a file at this machine's place that names another machine is refused, not used
     doc = quick_peaks.to_json()
     doc["machine"] = other
     path.write_text(json.dumps(doc))
-    assert peaks.cached(m, t, tmp_path) is None
+    assert machine_peaks.cached(m, t, tmp_path) is None
 
 
 def test_instr_peaks_measures_then_reuses(instr_api: Any, own_cache: Path) -> None:
@@ -158,12 +158,12 @@ def test_instr_peaks_measures_then_reuses(instr_api: Any, own_cache: Path) -> No
 
 
 def test_run_against_its_roofs(
-    smollm2_detailed: RunLog, quick_peaks: peaks.Peaks, own_cache: Path
+    smollm2_detailed: RunLog, quick_peaks: machine_peaks.Peaks, own_cache: Path
 ) -> None:
     f = load_session(smollm2_detailed.path)
     assert f.peaks is None and "instr peaks --threads 2" in f.peaks_note
     assert f.ops["roof_frac"].isna().all() and f.ops["intensity"].notna().any()
-    peaks.save(quick_peaks, own_cache)
+    machine_peaks.save(quick_peaks, own_cache)
     f = load_session(smollm2_detailed.path)
     assert f.peaks is not None and f.peaks.key == quick_peaks.key
     timed = f.ops[f.ops["dur_ns"] > 0]
@@ -187,7 +187,7 @@ def test_run_against_its_roofs(
 
 
 def test_summary_refuses_peaks_of_another_machine(
-    smollm2_detailed: RunLog, quick_peaks: peaks.Peaks, tmp_path: Path
+    smollm2_detailed: RunLog, quick_peaks: machine_peaks.Peaks, tmp_path: Path
 ) -> None:
     doc = quick_peaks.to_json()
     doc["machine"] = {**doc["machine"], "cpu": "Some Other CPU"}
@@ -203,9 +203,9 @@ def test_summary_refuses_peaks_of_another_machine(
 
 
 def test_compare_sets_both_runs_against_the_roofs(
-    smollm2_detailed: RunLog, quick_peaks: peaks.Peaks, own_cache: Path
+    smollm2_detailed: RunLog, quick_peaks: machine_peaks.Peaks, own_cache: Path
 ) -> None:
-    peaks.save(quick_peaks, own_cache)
+    machine_peaks.save(quick_peaks, own_cache)
     log = str(smollm2_detailed.path)
     r = CliRunner().invoke(main, ["compare", log, log, "--format", "json"])
     assert r.exit_code == 0, r.output

@@ -13,9 +13,15 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
-from support import FIXTURES, FUZZ_DERANDOMIZE, FUZZ_EXAMPLES, REAL_FIXTURES, plain_copy
-from support import JSON as _JSON
-from support import read_log as raw_records
+from support import (
+    FIXTURES,
+    FUZZ_DERANDOMIZE,
+    FUZZ_EXAMPLES,
+    JSON,
+    REAL_FIXTURES,
+    plain_copy,
+    read_log,
+)
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters import trace
@@ -111,7 +117,7 @@ def test_trace_invariants_and_content(fixture_log: Path) -> None:
     r, out = convert(fixture_log)
     assert r.exit_code == 0, r.output
     res = check_trace(out)
-    recs = raw_records(fixture_log)
+    recs = read_log(fixture_log)
     computes = [c for c in recs if c["type"] == "compute"]
     n_layer = recs[0]["model"]["n_layer"]
     ops = op_slices(res)
@@ -151,7 +157,7 @@ def test_trace_invariants_and_content(fixture_log: Path) -> None:
 def test_op_args_carry_tensor_metadata(tmp_path: Path) -> None:
     log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
     res = check_trace(convert(log)[1])
-    recs = raw_records(log)
+    recs = read_log(log)
     nodes = {g["graph"]: g["nodes"] for g in recs if g["type"] == "graph"}
     mm = [s for s in op_slices(res) if s["args"]["op"] == "MUL_MAT" and "weight" in s["args"]]
     assert mm
@@ -174,9 +180,7 @@ def test_verbose_has_thread_tracks(tmp_path: Path) -> None:
     log = plain_copy(FIXTURES / "tiny-llama-verbose.log.gz", tmp_path)
     res = check_trace(convert(log)[1])
     threads = [s for s in res["slices"] if s["track"].startswith("thread ")]
-    busy = [
-        d for c in raw_records(log) if c["type"] == "compute" for row in c["threads"] for d in row
-    ]
+    busy = [d for c in read_log(log) if c["type"] == "compute" for row in c["threads"] for d in row]
     assert sorted(s["args"]["busy_ns"] for s in threads) == sorted(d for d in busy if d > 0)
     assert any("out_mean" in s["args"] for s in op_slices(res))
 
@@ -230,13 +234,13 @@ def test_default_output_replaces_the_extension(
     if name.endswith(".gz"):
         log.write_bytes(src.read_bytes())
     else:
-        log.write_text("".join(json.dumps(rec) + "\n" for rec in raw_records(src)))
+        log.write_text("".join(json.dumps(rec) + "\n" for rec in read_log(src)))
     r = CliRunner().invoke(main, ["to-perfetto", str(log), "--format", fmt])
     assert r.exit_code == 0, r.output
     out = tmp_path / expected
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == sorted([name, expected])
     assert f"wrote {out} " in r.output
-    n_steps = sum(1 for rec in raw_records(log) if rec["type"] == "step_end")
+    n_steps = sum(1 for rec in read_log(log) if rec["type"] == "step_end")
     if fmt == "json":
         events = json.loads(out.read_text())
         assert sum(1 for e in events if e["ph"] == "X" and e.get("cat") == "step") == n_steps
@@ -308,7 +312,7 @@ def test_damaged_log_converts_what_it_can(tmp_path: Path) -> None:
 
 def test_missing_session_end_closes_open_steps(tmp_path: Path) -> None:
     log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
-    recs = raw_records(log)
+    recs = read_log(log)
     cut = max(i for i, r in enumerate(recs) if r["type"] == "step_end")
     kept = recs[:cut]  # the last step began (and computed) but never ended, and no session_end
     cutlog = tmp_path / "cut.log"
@@ -360,7 +364,7 @@ _SMALL = _fixture_lines("tiny-llama-minimal.log.gz")
 def convert_both(log: Path, tmp_path: Path) -> None:
     """The production conversion (``instr to-perfetto``'s reader, layout and writers) to both
     formats: a one-line error or a complete trace, never a crash or a half-written file."""
-    for fmt in trace.FORMATS:
+    for fmt in trace.WRITERS:
         out = tmp_path / f"fuzz.{fmt}"
         out.unlink(missing_ok=True)
         try:
@@ -402,7 +406,7 @@ _VERBOSE = [json.loads(ln) for ln in _fixture_lines("tiny-llama-verbose.log.gz")
 @FUZZ
 @given(
     edits=st.lists(
-        st.tuples(st.integers(0, len(_VERBOSE) - 1), st.text(max_size=12), _JSON),
+        st.tuples(st.integers(0, len(_VERBOSE) - 1), st.text(max_size=12), JSON),
         min_size=1,
         max_size=4,
     ),

@@ -23,6 +23,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from reference.perfetto_writer import write_perfetto
 from support import (
     FIXTURES,
+    JSON,
     assert_same_trace,
     fast_trace,
     read_log,
@@ -30,7 +31,6 @@ from support import (
     resolved,
     rewrite_log,
 )
-from support import JSON as _JSON
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters import session
@@ -388,7 +388,7 @@ def _outcome(write: Any) -> Any:
         st.tuples(
             st.integers(0, len(_RECS) - 1),
             st.text(max_size=12),
-            _JSON,
+            JSON,
             st.integers(0, 2000),
         ),
         min_size=1,

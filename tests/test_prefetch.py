@@ -12,9 +12,16 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from support import FIXTURES, ODD_OPS, REAL_FIXTURES, assert_same_trace, edit_ops, rewrite_log
-from support import read_log as _records
-from support import write_log as _write
+from support import (
+    FIXTURES,
+    ODD_OPS,
+    REAL_FIXTURES,
+    assert_same_trace,
+    edit_ops,
+    read_log,
+    rewrite_log,
+    write_log,
+)
 
 from llamacpp_instr.converters import decode, prefetch
 from llamacpp_instr.converters.errors import UserError
@@ -142,8 +149,8 @@ def test_small_logs_read_here(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("case", sorted(ODD_OPS))
 def test_odd_compute_records_same_trace(case: str, tmp_path: Path) -> None:
     """Odd ops read by the forked reader: the trace the reference writer makes of them."""
-    recs = _records(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz")
-    log = _write(tmp_path / "odd.log", edit_ops(recs, 0, ODD_OPS[case]))
+    recs = read_log(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz")
+    log = write_log(tmp_path / "odd.log", edit_ops(recs, 0, ODD_OPS[case]))
     try:
         list(iter_records(log, strict=True))
     except UserError:

@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 from support import QUICK, Page, RunLog
 
-from llamacpp_instr import peaks as measure
+from llamacpp_instr import peak_probe as measure
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters import peaks
+from llamacpp_instr.converters import machine_peaks
 
 
 def test_summary_roofline_page(
@@ -27,7 +27,7 @@ def test_summary_roofline_page(
 ) -> None:
     monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path))
     p = measure.measure(QUICK, instr_api)
-    peaks.save(p, tmp_path)
+    machine_peaks.save(p, tmp_path)
     out = tmp_path / "s.html"
     r = CliRunner().invoke(
         main, ["summary", str(smollm2_detailed.path), "--format", "html", "-o", str(out)]

@@ -22,7 +22,7 @@ from reference.layout import layout
 from support import assert_same_trace, resolved
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters import peaks
+from llamacpp_instr.converters import machine_peaks
 from llamacpp_instr.converters.session import iter_events
 from llamacpp_instr.converters.trace import to_perfetto
 from llamacpp_instr.converters.trace_layout import LayoutStats, Selection
@@ -33,12 +33,12 @@ MATMUL = {"f32": 20.0, "f16": 16.0, "q4_1": 40.0, "q8_0": 30.0}  # GFLOP/s
 
 def peaks_file(log: Path, tmp: Path, *, other_machine: bool = False) -> Path:
     info = next(ev.session for ev in iter_events(log) if hasattr(ev, "session"))
-    machine, n_threads = peaks.session_machine(info)
+    machine, n_threads = machine_peaks.session_machine(info)
     assert machine, "the log names its machine (session_start.machine)"
     if other_machine:
         machine = {**machine, "cpu": "another CPU"}
-    dev = peaks.DevicePeaks("CPU", "cpu", "made up", BANDWIDTH, MATMUL)
-    p = peaks.Peaks(machine, n_threads, "2026-01-01T00:00:00Z", [dev])
+    dev = machine_peaks.DevicePeaks("CPU", "cpu", "made up", BANDWIDTH, MATMUL)
+    p = machine_peaks.Peaks(machine, n_threads, "2026-01-01T00:00:00Z", [dev])
     out = tmp / ("other.json" if other_machine else "peaks.json")
     out.write_text(json.dumps(p.to_json()))
     return out
@@ -105,7 +105,7 @@ def test_each_op_against_its_roof(roofed: Any) -> None:
 
 def test_writers_agree(roofed: Any) -> None:
     log, pf, js, pt, _ = roofed
-    roofs = peaks.session_roofs(pf)
+    roofs = machine_peaks.session_roofs(pf)
     # the Chrome JSON as the reference writer writes it, from the per-op layout
     ref = io.BytesIO()
     reference_write_chrome_json(

@@ -39,8 +39,6 @@ session_option = click.option(
     "--session", "sid", default=None, help="Session id, when the log holds several."
 )
 
-REPORT_FORMATS = ("text", "markdown", "csv", "json", "html")
-
 # shared by the commands that run a model with a session open (instr run, instr serve)
 level_option = click.option(
     "--level",
@@ -168,23 +166,29 @@ out_alias = deprecated_alias("--out", "-o/--output", "output", type=output_type(
 out_dir_alias = deprecated_alias("--out-dir", "-o/--output", "output", type=output_type(True))
 
 
-def report_options(formats: Sequence[str] = REPORT_FORMATS) -> Callable[[F], F]:
-    """``--format`` and ``-o/--output``, the same in every command that writes a report."""
+def report_options() -> Callable[[F], F]:
+    """``--format`` (the report formats: ``renderers.RENDERERS``) and ``-o/--output``, the same
+    in every command that writes a report."""
+    from llamacpp_instr.converters.renderers import RENDERERS
 
     def deco(f: F) -> F:
         f = output_option("Write the report to this file instead of stdout.")(f)
         f = click.option(
             "--format",
             "fmt",
-            type=click.Choice(list(formats)),
+            type=click.Choice(list(RENDERERS)),
             default="text",
             show_default=True,
-            help="text (terminal), markdown, csv (the main table), json (all of it, raw values) "
-            "or html (one self-contained page with charts and sortable tables).",
+            help=one_of([r.about for r in RENDERERS.values()]) + ".",
         )(f)
         return f
 
     return deco
+
+
+def one_of(choices: Sequence[str]) -> str:
+    """``a, b or c``."""
+    return " or ".join([", ".join(choices[:-1]), choices[-1]] if len(choices) > 1 else choices)
 
 
 def load_log(log: Path, sid: str | None = None, strict: bool = False) -> SessionFrames:

@@ -41,4 +41,4 @@ def command(
     c = compare.compare_sessions(a, b, a.generated_tokens, b.generated_tokens)
     if "warning" in c:
         click.echo(f"warning: {c['warning']}", err=True)
-    emit(render(compare.compare_report(c), fmt, top or None), output)
+    emit(render(compare.compare_report(c), fmt, top=top or None), output)

@@ -15,7 +15,7 @@ from llamacpp_instr.commands import (
     report_options,
     threads_option,
 )
-from llamacpp_instr.peaks import DEFAULT_TYPES
+from llamacpp_instr.peak_probe import DEFAULT_TYPES
 
 if TYPE_CHECKING:
     from llamacpp_instr.offload import Offload
@@ -66,8 +66,8 @@ def command(
     run it). --device measures the CPU and only the devices named, adding them to the machine's
     cached peaks."""
     from llamacpp_instr import bindings, devices
-    from llamacpp_instr import peaks as measure
-    from llamacpp_instr.converters import peaks
+    from llamacpp_instr import peak_probe as measure
+    from llamacpp_instr.converters import machine_peaks
     from llamacpp_instr.paths import cache_dir
 
     check_output(output)
@@ -92,7 +92,7 @@ def command(
             else:
                 only.add(d.name)
     machine = lib.machine_info()
-    existing = peaks.cached(machine, n_threads, cache_dir())
+    existing = machine_peaks.cached(machine, n_threads, cache_dir())
     got = None if force else existing
     if got is not None and only is not None and not only <= {d.name for d in got.devices}:
         only -= {d.name for d in got.devices}  # measure the rest, keep the cached ones
@@ -100,12 +100,12 @@ def command(
     if got is not None:
         click.echo(
             f"peaks of {got.key}, measured {got.date} (cached: "
-            f"{peaks.cache_file(got.key, cache_dir())}; --force measures again)",
+            f"{machine_peaks.cache_file(got.key, cache_dir())}; --force measures again)",
             err=True,
         )
     else:
         plan = measure.Plan(n_threads=n_threads, types=type_list, bandwidth_elements=size_mib << 18)
-        click.echo(f"measuring {peaks.machine_key(machine, n_threads)} ...", err=True)
+        click.echo(f"measuring {machine_peaks.machine_key(machine, n_threads)} ...", err=True)
         got = measure.measure(
             plan,
             lib,
@@ -115,7 +115,7 @@ def command(
         )
         if existing is not None and only is not None:
             got = measure.merge(existing, got)
-        click.echo(f"saved {peaks.save(got, cache_dir())}", err=True)
+        click.echo(f"saved {machine_peaks.save(got, cache_dir())}", err=True)
     from llamacpp_instr.converters.renderers import render
     from llamacpp_instr.converters.roofline_report import peaks_report
 

@@ -49,13 +49,13 @@ def command(
     and which tensors got a different type. The HTML page charts bytes per layer (embedding and
     output apart), bits per weight by role, and bytes saved per layer and role."""
     from llamacpp_instr.converters.errors import UserError
-    from llamacpp_instr.converters.quant_render import quant_report
-    from llamacpp_instr.converters.quant_report import (
+    from llamacpp_instr.converters.gguf_inventory import (
         dequant_error,
         from_gguf,
         from_session,
         report_data,
     )
+    from llamacpp_instr.converters.quant_render import quant_report
     from llamacpp_instr.converters.renderers import render
 
     if not models and not logs:
@@ -76,4 +76,4 @@ def command(
                     "other): different models? comparing what matches",
                     err=True,
                 )
-    emit(render(quant_report(data, top or None), fmt, top or None), output)
+    emit(render(quant_report(data, top or None), fmt, top=top or None), output)

@@ -55,7 +55,7 @@ def command(
     check_output(output)
     frames = load_log(log, sid, strict)
     if peaks_file is not None:
-        from llamacpp_instr.converters import peaks, roofline
+        from llamacpp_instr.converters import machine_peaks, roofline
 
-        roofline.apply(frames, peaks.for_file(peaks_file, frames.info))
-    emit(render(summary_report(frames, by, top or None), fmt, top or None), output)
+        roofline.apply(frames, machine_peaks.for_file(peaks_file, frames.info))
+    emit(render(summary_report(frames, by, top or None), fmt, top=top or None), output)

@@ -11,7 +11,9 @@ from pathlib import Path
 import click
 
 from llamacpp_instr.commands import output_option, peaks_option, strict_option
-from llamacpp_instr.converters.trace import default_output
+from llamacpp_instr.converters.trace import WRITERS, default_output
+
+DEFAULT_FORMAT = "pftrace"
 
 
 def _steps(value: str | None) -> tuple[int, int] | None:
@@ -30,14 +32,20 @@ def _steps(value: str | None) -> tuple[int, int] | None:
 
 @click.command("to-perfetto")
 @click.argument("log", type=click.Path(path_type=Path))
-@output_option("Output file (default: LOG with .pftrace, or .json with --format json).")
+@output_option(
+    f"Output file (default: LOG with {WRITERS[DEFAULT_FORMAT].suffix}"
+    + "".join(
+        f", or {w.suffix} with --format {n}" for n, w in WRITERS.items() if n != DEFAULT_FORMAT
+    )
+    + ")."
+)
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["pftrace", "json"]),
-    default="pftrace",
+    type=click.Choice(list(WRITERS)),
+    default=DEFAULT_FORMAT,
     show_default=True,
-    help="Perfetto protobuf, or Chrome trace-event JSON for legacy viewers.",
+    help=", or ".join(w.about for w in WRITERS.values()) + ".",
 )
 @click.option(
     "--layer", type=int, default=None, help="Only this transformer layer's spans and ops."
@@ -79,7 +87,7 @@ def command(
     attention ops of this and later steps that read what it wrote, and clicking an attention op
     shows the writes it read.
     """
-    from llamacpp_instr.converters.peaks import session_roofs
+    from llamacpp_instr.converters.machine_peaks import session_roofs
     from llamacpp_instr.converters.trace import convert
     from llamacpp_instr.converters.trace_layout import Selection
     from llamacpp_instr.paths import cache_dir

@@ -26,7 +26,7 @@ import numpy as np
 import orjson
 
 from .decode import Graph, LayerSpan
-from .peaks import Roof
+from .machine_peaks import Roof
 from .rounding import EXACT, exact_float
 from .sinks import ThreadedWriter
 from .trace_layout import (

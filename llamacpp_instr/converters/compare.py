@@ -128,21 +128,38 @@ AGREEMENT_NOTE = (
 def compare_report(c: dict[str, Any]) -> Report:
     """``instr compare`` as a report: the same content in every format."""
     a, b = c["a"], c["b"]
-    ratio = c["gen_speedup_b_over_a"]
     facts = [
         Fact("A", a["model"]),
         Fact("B", b["model"]),
         Fact("generation tokens/s A", a["gen_tok_s"], "f1"),
         Fact("generation tokens/s B", b["gen_tok_s"], "f1"),
-        Fact("generation speed B/A", ratio, "ratio"),
+        Fact("generation speed B/A", c["gen_speedup_b_over_a"], "ratio"),
         Fact("prompt tokens/s A", a["prompt_tok_s"], "f1"),
         Fact("prompt tokens/s B", b["prompt_tok_s"], "f1"),
     ]
+    sections = [_memory_section(c), _op_section(c), _layer_section(c), _agreement_section(c)]
+    if "roofline" in c:
+        sections.append(roofline_report.compare_section(c["roofline"]))
+    if "devices" in c:  # runs on several devices
+        sections.append(device_report.compare_section(c["devices"]))
+    return Report(
+        title="Session comparison",
+        subtitle=f"A: {a['model']} · B: {b['model']}",
+        facts=facts,
+        sections=sections,
+        warnings=[c["warning"]] if "warning" in c else [],
+        data=c,
+        csv_table="per_op",
+    )
+
+
+def _memory_section(c: dict[str, Any]) -> Section:
+    a, b = c["a"], c["b"]
     mem_rows = []
     for key, label in (("weights", "weights"), ("kv_cache", "KV cache"), ("compute", "compute")):
         va, vb = a["memory"].get(key, 0), b["memory"].get(key, 0)
         mem_rows.append({"what": label, "a": va, "b": vb, "ratio": vb / va if va else None})
-    memory = Section(
+    return Section(
         "Memory",
         charts=[
             Chart(
@@ -173,6 +190,9 @@ def compare_report(c: dict[str, Any]) -> Report:
             )
         ],
     )
+
+
+def _op_section(c: dict[str, Any]) -> Section:
     op_rows: list[dict[str, Any]] = []
     for r in c["per_op"]:
         ra, rb = float(r["total_ms_a"]), float(r["total_ms_b"])
@@ -187,7 +207,7 @@ def compare_report(c: dict[str, Any]) -> Report:
             }
         )
     shown = [r for r in op_rows if r["ratio"] is not None][:15]
-    ops = Section(
+    return Section(
         "Time per op type",
         text="All steps of each run. A ratio above 1 means B spent longer on that op type than A.",
         charts=(
@@ -226,6 +246,9 @@ def compare_report(c: dict[str, Any]) -> Report:
             )
         ],
     )
+
+
+def _layer_section(c: dict[str, Any]) -> Section:
     layer_rows: list[dict[str, Any]] = [
         {
             "layer": str(r["layer"]),
@@ -254,7 +277,7 @@ def compare_report(c: dict[str, Any]) -> Report:
             "table below as layer none.",
         )
     ]
-    layers = Section(
+    return Section(
         "Time per layer",
         charts=layer_charts if in_layers else [],
         tables=[
@@ -270,6 +293,9 @@ def compare_report(c: dict[str, Any]) -> Report:
             )
         ],
     )
+
+
+def _agreement_section(c: dict[str, Any]) -> Section:
     t = c["tokens"]
     agree_facts = [
         Fact("generated tokens compared", t["compared"], "int"),
@@ -288,15 +314,4 @@ def compare_report(c: dict[str, Any]) -> Report:
             Fact("KL(A||B) estimate, mean (top-k only)", lg["kl_mean"], "f4"),
             Fact("KL(A||B) estimate, max (top-k only)", lg["kl_max"], "f4"),
         ]
-    agreement = Section("Output agreement (free-running)", facts=agree_facts, text=AGREEMENT_NOTE)
-    return Report(
-        title="Session comparison",
-        subtitle=f"A: {a['model']} · B: {b['model']}",
-        facts=facts,
-        sections=[memory, ops, layers, agreement]
-        + ([roofline_report.compare_section(c["roofline"])] if "roofline" in c else [])
-        + ([device_report.compare_section(c["devices"])] if "devices" in c else []),
-        warnings=[c["warning"]] if "warning" in c else [],
-        data=c,
-        csv_table="per_op",
-    )
+    return Section("Output agreement (free-running)", facts=agree_facts, text=AGREEMENT_NOTE)

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import derive, peaks, roofline
+from . import derive, machine_peaks, roofline
 from .decode import Compute, Graph, LayerRows, SessionInfo, Step
 from .device_time import multi_device
 from .errors import UserError
@@ -535,7 +535,11 @@ class _Builder:
         if self.dev is not None:
             for name, df in self.dev.tables(sf.ops, sf.layers).items():
                 setattr(sf, name, df)
-        found = peaks.for_session(self.info, peaks_cache) if peaks_cache is not None else (None, "")
+        found = (
+            machine_peaks.for_session(self.info, peaks_cache)
+            if peaks_cache is not None
+            else (None, "")
+        )
         roofline.apply(sf, *found)
         return sf
 

@@ -52,7 +52,7 @@ def fmt_ratio(v: Any) -> str:
     return f"{v:.2f}x"
 
 
-FORMATS: dict[str, Formatter] = {
+FORMATTERS: dict[str, Formatter] = {
     "text": lambda v: "–" if v is None else str(v),
     "int": _num(",d"),
     "f1": _num(".1f"),
@@ -69,7 +69,7 @@ FORMATS: dict[str, Formatter] = {
 class Column:
     key: str  # key in each row dict (and the csv/json field name)
     label: str  # header, with its unit: "total (ms)"
-    fmt: str = "text"  # a FORMATS key
+    fmt: str = "text"  # a FORMATTERS key: how its values show
     numeric: bool | None = None  # right-aligned and sorted as a number (default: fmt != text)
 
     @property
@@ -77,7 +77,7 @@ class Column:
         return self.numeric if self.numeric is not None else self.fmt != "text"
 
     def show(self, v: Any) -> str:
-        return FORMATS[self.fmt](v)
+        return FORMATTERS[self.fmt](v)
 
 
 @dataclass
@@ -163,7 +163,7 @@ class Fact:
     fmt: str = "text"
 
     def show(self) -> str:
-        return FORMATS[self.fmt](self.value)
+        return FORMATTERS[self.fmt](self.value)
 
 
 @dataclass

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from . import derive
-from .peaks import MATMULS, DevicePeaks, Peaks, Roof, kv_type
+from .machine_peaks import MATMULS, DevicePeaks, Peaks, Roof, kv_type
 
 OP_COLS = ("intensity", "gflops_s", "gbs", "ideal_ns", "roof_frac", "bound")
 STEP_COLS = ("weight_bytes", "kv_bytes", "ideal_ns", "roof_frac", "roof")

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from . import roofline
-from .peaks import Peaks
+from .machine_peaks import Peaks
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
 
 MAX_POINTS = 120  # roofline chart points: the ops that take the most time

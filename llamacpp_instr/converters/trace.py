@@ -1,25 +1,61 @@
 """A session log to a trace file: the reader, the layout and a writer, wired once for
-``instr to-perfetto`` and for ``llamacpp_instr.to_perfetto``."""
+``instr to-perfetto`` and for ``llamacpp_instr.to_perfetto``. ``WRITERS`` is the one list of trace
+formats."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .errors import UserError
 from .kv_flows import KvFlows
-from .peaks import Roof
+from .machine_peaks import Roof
 from .reader import ReadReport
 from .trace_layout import LayoutStats, Selection
 
-FORMATS = ("pftrace", "json")
+
+@dataclass(frozen=True)
+class TraceWriter:
+    """A trace format: what it is (``instr to-perfetto --format``'s help says it), its default
+    output's extension, and its writer (``load()``: loaded when first used)."""
+
+    about: str
+    suffix: str
+    load: Callable[[], Callable[[Iterable[Any], IO[bytes]], Any]]
+
+
+def _perfetto() -> Callable[[Iterable[Any], IO[bytes]], Any]:
+    from .perfetto import write_perfetto_fast
+
+    return write_perfetto_fast
+
+
+def _chrome_json() -> Callable[[Iterable[Any], IO[bytes]], Any]:
+    from .chrome_json import write_chrome_json
+
+    return write_chrome_json
+
+
+WRITERS = {
+    "pftrace": TraceWriter("Perfetto protobuf", ".pftrace", _perfetto),
+    "json": TraceWriter("Chrome trace-event JSON for legacy viewers", ".json", _chrome_json),
+}
+
+
+def trace_writer(fmt: str) -> TraceWriter:
+    """The writer of trace format ``fmt`` (a one-line error for an unknown one)."""
+    w = WRITERS.get(fmt)
+    if w is None:
+        raise UserError(f"unknown trace format {fmt!r}: choose {' or '.join(WRITERS)}")
+    return w
 
 
 def default_output(log: Path, fmt: str) -> Path:
     """LOG with its extension replaced (``.gz`` first): ``session.log`` and ``session.log.gz`` ->
-    ``session.pftrace``, or ``session.json`` for Chrome JSON."""
-    suffix = ".json" if fmt == "json" else ".pftrace"
+    ``session.pftrace``, or ``session.json`` for Chrome JSON (the format's ``suffix``)."""
+    suffix = trace_writer(fmt).suffix
     base = log.with_suffix("") if log.suffix == ".gz" else log
     out = base.with_suffix(suffix) if base.name and base.stem else log.with_name(log.name + suffix)
     if out == log:  # a log already named like its trace: never write over the input
@@ -49,13 +85,12 @@ def convert(
 ) -> tuple[LayoutStats, ReadReport]:
     """Write the trace of ``log`` to ``out`` (via a temporary file: ``out`` is complete or
     absent). ``wrap`` sees the layout's items on their way to the writer (a progress bar);
-    ``roofs`` gives each session its roofs (``peaks.session_roofs``), for the ops' roof fraction
+    ``roofs`` gives each session its roofs (``machine_peaks.session_roofs``), for the ops' roof fraction
     and bound."""
     from .session import iter_events_packed
     from .trace_layout import layout_bulk
 
-    if fmt not in FORMATS:
-        raise UserError(f"unknown trace format {fmt!r}: choose {' or '.join(FORMATS)}")
+    write = trace_writer(fmt).load()
     sel = sel or Selection()
     report = ReadReport()
     stats = LayoutStats()
@@ -68,14 +103,7 @@ def convert(
             items: Iterator[Any] = layout_bulk(events, sel, stats, flows=flows, roofs=roofs)
             if wrap is not None:
                 items = wrap(items)
-            if fmt == "json":
-                from .chrome_json import write_chrome_json
-
-                write_chrome_json(items, f)
-            else:
-                from .perfetto import write_perfetto_fast
-
-                write_perfetto_fast(items, f)
+            write(items, f)
         tmp.replace(out)
     except OSError as exc:
         raise UserError(f"cannot write {out}: {exc.strerror}") from None
@@ -105,7 +133,7 @@ def to_perfetto(
     file, refused for a log of another machine), else the peaks that ``peaks_cache`` (the
     directory ``instr peaks`` saves to) holds for the machine that made the log, if measured;
     ``roofline=False`` leaves them out."""
-    from .peaks import session_roofs
+    from .machine_peaks import session_roofs
 
     log = Path(log)
     out = Path(output) if output is not None else default_output(log, fmt)

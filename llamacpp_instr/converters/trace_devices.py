@@ -140,15 +140,15 @@ class DeviceTracks:
             yield from self.device_track(d)
             spans = [lay for lay, x in zip(c.layers, ld.tolist(), strict=True) if x == d]
             mask = od == d if od is not None else None
-            part = self._part(c, d, spans, mask)
-            if part is not None:
-                yield from self.lay.part(part, c, spans, stats, flows, mask)
+            head_d = self._device_slice(c, d, spans, mask)
+            if head_d is not None:
+                yield from self.lay.compute_batch(head_d, c, spans, stats, flows, mask)
         if p is not None:
             yield from self._copies(c)
             yield from self._busy(c, flow_of)
             yield from self._remote(c, flow_of)
 
-    def _part(self, c: Compute, d: int, spans: list[Any], mask: Any) -> Slice | None:
+    def _device_slice(self, c: Compute, d: int, spans: list[Any], mask: Any) -> Slice | None:
         """Device ``d``'s part of ``c``: from its first layer or op to its last."""
         starts = [s.start for s in spans]
         ends = [s.start + s.dur for s in spans]

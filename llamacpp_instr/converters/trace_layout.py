@@ -42,7 +42,7 @@ from .decode import (
 )
 from .device_time import multi_device
 from .kv_flows import KvFlows, OpFlows
-from .peaks import Roof
+from .machine_peaks import Roof
 from .request_share import SeqSteps
 from .rounding import EXACT, round3
 
@@ -595,9 +595,9 @@ class SessionLayout:
     ) -> Iterator[BulkItem]:
         """A compute's slice, layer spans and ops (``part``)."""
         stats.computes += 1
-        yield from self.part(self.compute_slice(c, track), c, c.layers, stats, flows)
+        yield from self.compute_batch(self.compute_slice(c, track), c, c.layers, stats, flows)
 
-    def part(
+    def compute_batch(
         self,
         head: Slice,
         c: Compute,
@@ -686,7 +686,7 @@ def layout_bulk(
     """Turn session-model events into tracks, slices and samples (streaming), each compute's
     slice, layer spans and packed ops as one ``ComputeBatch``. With ``flows`` (``kv_flows.count``
     over the same events and selection), op slices carry KV-cache flows; with ``roofs``
-    (``peaks.session_roofs``), ops carry their roof fraction and bound."""
+    (``machine_peaks.session_roofs``), ops carry their roof fraction and bound."""
 
     def make(info: SessionInfo, k: int) -> SessionLayout:
         return SessionLayout(info, k, sel, stats, flows, roofs(info) if roofs else None)

@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from llamacpp_instr.converters.decode import Compute, LayerSpan, SessionInfo
 from llamacpp_instr.converters.kv_flows import KvFlows, OpFlows
-from llamacpp_instr.converters.peaks import Roof
+from llamacpp_instr.converters.machine_peaks import Roof
 from llamacpp_instr.converters.session import Event
 from llamacpp_instr.converters.trace_layout import (
     Item,
@@ -27,7 +27,7 @@ from llamacpp_instr.converters.trace_layout import (
 
 
 class PerOpLayout(SessionLayout):
-    def part(  # type: ignore[override]
+    def compute_batch(  # type: ignore[override]
         self,
         head: Slice,
         c: Compute,

@@ -1,6 +1,6 @@
-"""The Perfetto writer: the trace the reference writer (tests/reference/perfetto_writer.py, one
-protobuf object per packet) writes, encoded by hand many times faster (bench/convert.py);
-``tests/test_perfetto_fast.py`` decodes both and compares them packet by packet.
+"""The Perfetto writer: the layout's items as a Perfetto trace, every packet encoded by hand, many
+times faster than one protobuf object per packet (bench/convert.py; tests/test_perfetto_fast.py
+compares the two, packet by packet, with tests/reference/perfetto_writer.py).
 
 * ``writer``: the ``Writer``, which gathers the layout's items into rows a step at a time
   (``batch``) and composes the parts below to encode them;
@@ -16,8 +16,10 @@ Big traces (from ``writer.AUTO_COMPRESS`` bytes on) are written as zlib-compress
 (``TracePacket.compressed_packets``, as Perfetto's tracing service writes them with compression
 on) by ``sinks.BundleSink``, deflated by ISA-L or zlib on worker threads while the next packets
 are encoded. Smaller traces stay plain packets with inline strings, which any protobuf reader
-can parse. The order is the reference's: each step's events by (timestamp, rank, depth tiebreak),
-then in the order the layout made them; tracks where the layout yields them.
+can parse. Each track descriptor comes where the layout yields its track; the events of each step
+(a step slice and what follows it up to the next) come in the order of their keys: timestamp,
+rank (ends, then begins, then counter samples and the ends of zero-length slices), depth (outer
+slices begin first and end last), then the order the layout made them in (``batch``).
 """
 
 from .writer import write_perfetto_fast

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..peaks import Roof
+from ..machine_peaks import Roof
 from ..rounding import EXACT, exact_float
 from ..session import Graph
 from ..trace_layout import RATE_NAMES, OpVariants, op_rates, op_rates_bulk, op_static_args

@@ -51,7 +51,7 @@ from .protowire import (
     varint,
 )
 
-SEQ_ID = 1729  # the trace's one trusted_packet_sequence_id (as the reference writer's)
+SEQ_ID = 1729  # the trace's one trusted_packet_sequence_id
 ZLIB_LEVEL = 1
 
 SEQ = TRUSTED_PACKET_SEQUENCE_ID + varint(SEQ_ID)

@@ -97,8 +97,9 @@ CD_UNIT_NAME = tag(6, LEN)
 
 
 def annotation_value(v: Any) -> bytes:
-    """A DebugAnnotation's value field, chosen by the value's type as the reference writer
-    (tests/reference/perfetto_writer.py) chooses it."""
+    """A DebugAnnotation's value field, chosen by the value's type: a bool as ``bool_value``, an
+    int64 as ``int_value``, a float as ``double_value``; anything else (a string, an int beyond
+    64 bits) as ``string_value``, None as ``"null"``."""
     if isinstance(v, bool):
         return DA_BOOL_VALUE + (b"\x01" if v else b"\x00")
     if isinstance(v, int) and I64_MIN <= v < I64_END:

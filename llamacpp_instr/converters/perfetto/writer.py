@@ -196,9 +196,8 @@ class Writer:
 def write_perfetto_fast(
     items: Iterable[BulkItem], out: IO[bytes], *, compress: bool | None = None
 ) -> int:
-    """Write the items of ``layout_bulk`` as a Perfetto trace to ``out``, the same
-    trace the reference writer writes; returns the number of packets (not counting
-    compressed bundles). ``compress``: True or False, or None to compress traces from
+    """Write the items of ``layout_bulk`` as a Perfetto trace to ``out``; returns the number of
+    packets (not counting compressed bundles). ``compress``: True or False, or None to compress traces from
     ``AUTO_COMPRESS`` bytes on."""
     w = Writer(out, compress)
     w.write(items)

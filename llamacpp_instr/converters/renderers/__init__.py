@@ -1,38 +1,36 @@
 """Renderers: a ``Report`` (``converters.report``) as text, markdown, csv, json or HTML.
 
-``render`` is the one entry point: every report of every command goes through it (commands build
-their ``Report`` first: ``summary.summary_report``, ``quant_render.quant_report``, ...);
-``llamacpp_instr.commands.emit`` writes it to ``-o/--output`` or stdout.
+``RENDERERS`` is the registry, and the one list of report formats: each is a ``Renderer``
+(``base``) with its name, what it is (the ``--format`` help says it), its own options and
+``render(report)``. ``render`` is the one entry point: every report of every command goes through
+it (commands build their ``Report`` first: ``summary.summary_report``, ``quant_render.quant_report``,
+...); ``llamacpp_instr.commands.emit`` writes it to ``-o/--output`` or stdout. (``live`` is the
+live view of ``instr follow``, not a report format.)
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import UserError
 from ..report import Report
-from . import csv, html, json, markdown, text
+from .base import Renderer
+from .csv import Csv
+from .html import Html
+from .json import Json
+from .markdown import Markdown
+from .text import Text
 
-FORMATS = ("text", "markdown", "csv", "json", "html")
-
-_RENDERERS = {
-    "text": text.render,
-    "markdown": markdown.render,
-    "csv": csv.render,
-    "json": json.render,
-    "html": html.render,
-}
+RENDERERS: dict[str, type[Renderer]] = {r.name: r for r in (Text, Markdown, Csv, Json, Html)}
 
 
-def render(report: Report, fmt: str, top: int | None = None) -> str:
-    """The report in ``fmt``; ``top`` limits the rows of text and markdown tables (0 = all)."""
-    if fmt not in _RENDERERS:
-        raise UserError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
-    if fmt == "csv" and report.no_csv:
-        raise UserError(report.no_csv)
-    if fmt == "text":
-        return text.render(report, top)
-    if fmt == "markdown":
-        return markdown.render(report, top)
-    return _RENDERERS[fmt](report)  # type: ignore[operator]
+def render(report: Report, fmt: str, **options: Any) -> str:
+    """The report in format ``fmt``, with the options that format has (``top``: rows per table of
+    text and markdown, None for all)."""
+    renderer = RENDERERS.get(fmt)
+    if renderer is None:
+        raise UserError(f"unknown format {fmt!r}: choose one of {', '.join(RENDERERS)}")
+    return renderer.make(**options).render(report)
 
 
-__all__ = ["FORMATS", "render"]
+__all__ = ["RENDERERS", "Renderer", "render"]

@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import csv
 import io
+from dataclasses import dataclass
 
+from ..errors import UserError
 from ..report import Report
+from .base import Renderer
 
 
-def render(report: Report) -> str:
-    t = report.table(report.csv_table) if report.csv_table else report.tables()[0]
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow([c.key for c in t.columns])
-    for r in t.rows:
-        w.writerow(["" if r.get(c.key) is None else r.get(c.key) for c in t.columns])
-    return buf.getvalue()
+@dataclass
+class Csv(Renderer):
+    name = "csv"
+    about = "csv (the main table)"
+
+    def render(self, report: Report) -> str:
+        if report.no_csv:  # a report with no one main table says why
+            raise UserError(report.no_csv)
+        t = report.table(report.csv_table) if report.csv_table else report.tables()[0]
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow([c.key for c in t.columns])
+        for r in t.rows:
+            w.writerow(["" if r.get(c.key) is None else r.get(c.key) for c in t.columns])
+        return buf.getvalue()

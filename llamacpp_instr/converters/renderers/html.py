@@ -6,9 +6,11 @@ header is clicked (a few lines of inline script; each cell carries its raw value
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from html import escape
 
 from ..report import Chart, Fact, Report, Section, Table
+from .base import Renderer
 from .svg import render_chart
 
 STYLE = """
@@ -122,15 +124,20 @@ def _section(s: Section) -> str:
     return "".join(parts)
 
 
-def render(report: Report) -> str:
-    warnings = "".join(f'<p class="warn">warning: {escape(w)}</p>' for w in report.warnings)
-    subtitle = f'<p class="subtitle">{escape(report.subtitle)}</p>' if report.subtitle else ""
-    return (
-        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>{escape(report.title)}</title><style>{STYLE}</style></head><body>"
-        f"<header><h1>{escape(report.title)}</h1>{subtitle}</header>{warnings}"
-        f"{_facts(report.facts)}{''.join(_section(s) for s in report.sections)}"
-        "<footer>Made by llamacpp-instr from measured session data. Click a table header to "
-        f"sort.</footer><script>{SCRIPT}</script></body></html>\n"
-    )
+@dataclass
+class Html(Renderer):
+    name = "html"
+    about = "html (one self-contained page with charts and sortable tables)"
+
+    def render(self, report: Report) -> str:
+        warnings = "".join(f'<p class="warn">warning: {escape(w)}</p>' for w in report.warnings)
+        subtitle = f'<p class="subtitle">{escape(report.subtitle)}</p>' if report.subtitle else ""
+        return (
+            '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width,initial-scale=1">'
+            f"<title>{escape(report.title)}</title><style>{STYLE}</style></head><body>"
+            f"<header><h1>{escape(report.title)}</h1>{subtitle}</header>{warnings}"
+            f"{_facts(report.facts)}{''.join(_section(s) for s in report.sections)}"
+            "<footer>Made by llamacpp-instr from measured session data. Click a table header to "
+            f"sort.</footer><script>{SCRIPT}</script></body></html>\n"
+        )

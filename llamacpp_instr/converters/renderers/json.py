@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from ..report import Report
+from .base import Renderer
 
 
 def _clean(v: Any) -> Any:
@@ -23,12 +25,17 @@ def _clean(v: Any) -> Any:
     return v
 
 
-def render(report: Report) -> str:
-    if report.json_as_given:
-        return json.dumps(report.data, indent=2, default=str)
-    data = report.data or {
-        "title": report.title,
-        "facts": {f.label: f.value for f in report.facts},
-        **{t.name: t.rows for t in report.tables()},
-    }
-    return json.dumps(_clean(data), indent=2, default=str) + "\n"
+@dataclass
+class Json(Renderer):
+    name = "json"
+    about = "json (all of it, raw values)"
+
+    def render(self, report: Report) -> str:
+        if report.json_as_given:
+            return json.dumps(report.data, indent=2, default=str)
+        data = report.data or {
+            "title": report.title,
+            "facts": {f.label: f.value for f in report.facts},
+            **{t.name: t.rows for t in report.tables()},
+        }
+        return json.dumps(_clean(data), indent=2, default=str) + "\n"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..report import Report, Table
+from .base import Renderer
 
 
 def _cell(s: str) -> str:
@@ -23,23 +26,29 @@ def table(t: Table, top: int | None) -> list[str]:
     return out
 
 
-def render(report: Report, top: int | None = None) -> str:
-    out = [f"# {report.title}"]
-    if report.subtitle:
-        out += ["", report.subtitle]
-    out += [f"\n> warning: {w}" for w in report.warnings]
-    if report.facts:
-        out += [""] + [f"- {f.label}: {f.show()}" for f in report.facts]
-    for s in report.sections:
-        if not (s.facts or s.text or any(t.shown_in("markdown") for t in s.tables)):
-            continue
-        out += ["", f"## {s.title}"]
-        if s.text:
-            out += ["", s.text]
-        if s.facts:
-            out += [""] + [f"- {f.label}: {f.show()}" for f in s.facts]
-        for t in s.tables:
-            if not t.shown_in("markdown"):
+@dataclass
+class Markdown(Renderer):
+    name = "markdown"
+    about = "markdown"
+    top: int | None = None  # rows per table (None: all)
+
+    def render(self, report: Report) -> str:
+        out = [f"# {report.title}"]
+        if report.subtitle:
+            out += ["", report.subtitle]
+        out += [f"\n> warning: {w}" for w in report.warnings]
+        if report.facts:
+            out += [""] + [f"- {f.label}: {f.show()}" for f in report.facts]
+        for s in report.sections:
+            if not (s.facts or s.text or any(t.shown_in("markdown") for t in s.tables)):
                 continue
-            out += [""] + table(t, top)
-    return "\n".join(out) + "\n"
+            out += ["", f"## {s.title}"]
+            if s.text:
+                out += ["", s.text]
+            if s.facts:
+                out += [""] + [f"- {f.label}: {f.show()}" for f in s.facts]
+            for t in s.tables:
+                if not t.shown_in("markdown"):
+                    continue
+                out += [""] + table(t, self.top)
+        return "\n".join(out) + "\n"

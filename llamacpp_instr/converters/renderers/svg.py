@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 from html import escape
 
-from ..report import FORMATS, Chart, Series
+from ..report import FORMATTERS, Chart, Series
 
 PALETTE = [
     "#4e79a7",
@@ -167,7 +167,7 @@ def _hbars(chart: Chart) -> str:
         return x0 + (v - ticks[0]) / (ticks[-1] - ticks[0]) * (x1 - x0)
 
     body = _x_axis(ticks, sx, top, top + plot_h, chart.x_label)
-    fmt = FORMATS[chart.value_fmt]
+    fmt = FORMATTERS[chart.value_fmt]
     for i, cat in enumerate(cats):
         gy = top + i * group_h
         body.append(
@@ -258,7 +258,7 @@ def _xy(chart: Chart) -> str:
 
     body = _x_axis(xt, sx, top, top + plot_h, chart.x_label)
     body += _y_axis(yt, sy, left, plot_w, top, plot_h, chart.y_label)
-    fmt = FORMATS[chart.value_fmt]
+    fmt = FORMATTERS[chart.value_fmt]
     for k, s in enumerate(chart.series):
         color = s.color or PALETTE[k % len(PALETTE)]
         pts = [(sx(x), sy(y)) for x, y in zip(chart.x, s.values, strict=True)]
@@ -293,7 +293,7 @@ def _heatmap(chart: Chart) -> str:
     h = top + len(rows) * cell_h + 30
     vals = [v for r in chart.matrix for v in r if v is not None and math.isfinite(v)]
     hi = max(vals + [1e-12])
-    fmt = FORMATS[chart.value_fmt]
+    fmt = FORMATTERS[chart.value_fmt]
     body = []
     for j, c in enumerate(cols):
         x = LABEL_W + j * cw + cw / 2
@@ -388,7 +388,7 @@ def _roofline(chart: Chart) -> str:
                 f'<text x="{left + plot_w - 4}" y="{sy(v) - 3:.1f}" class="val" '
                 f'text-anchor="end">{escape(f"{name} {v:.0f}")}</text>'
             )
-    fmt = FORMATS[chart.value_fmt]
+    fmt = FORMATTERS[chart.value_fmt]
     big = max(chart.sizes + [1e-12])
     for i, (x, y) in enumerate(zip(chart.x, chart.series[0].values, strict=True)):
         if not (x > 0 and y > 0):

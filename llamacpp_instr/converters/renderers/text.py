@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..report import Fact, Report, Table
+from .base import Renderer
 
 
 def facts(items: list[Fact]) -> list[str]:
@@ -31,23 +34,29 @@ def table(t: Table, top: int | None) -> list[str]:
     return out
 
 
-def render(report: Report, top: int | None = None) -> str:
-    out = [report.title]
-    if report.subtitle:
-        out.append(report.subtitle)
-    out += [f"warning: {w}" for w in report.warnings]
-    if report.facts:
-        out += [""] + facts(report.facts)
-    for s in report.sections:
-        if not (s.facts or s.text or any(t.shown_in("text") for t in s.tables)):
-            continue  # charts only: nothing to show in text
-        out += ["", s.title, "-" * len(s.title)]
-        if s.text:
-            out.append(s.text)
-        if s.facts:
-            out += facts(s.facts)
-        for t in s.tables:
-            if not t.shown_in("text"):
-                continue
-            out += [""] + table(t, top)
-    return "\n".join(out) + "\n"
+@dataclass
+class Text(Renderer):
+    name = "text"
+    about = "text (terminal)"
+    top: int | None = None  # rows per table (None: all)
+
+    def render(self, report: Report) -> str:
+        out = [report.title]
+        if report.subtitle:
+            out.append(report.subtitle)
+        out += [f"warning: {w}" for w in report.warnings]
+        if report.facts:
+            out += [""] + facts(report.facts)
+        for s in report.sections:
+            if not (s.facts or s.text or any(t.shown_in("text") for t in s.tables)):
+                continue  # charts only: nothing to show in text
+            out += ["", s.title, "-" * len(s.title)]
+            if s.text:
+                out.append(s.text)
+            if s.facts:
+                out += facts(s.facts)
+            for t in s.tables:
+                if not t.shown_in("text"):
+                    continue
+                out += [""] + table(t, self.top)
+        return "\n".join(out) + "\n"

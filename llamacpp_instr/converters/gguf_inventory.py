@@ -1,4 +1,6 @@
-"""Quantization compression reports: where a model's bytes go, per tensor, layer, role and type.
+"""The weight inventory of a model: per tensor its role, layer, type, bytes and bits per weight,
+grouped per layer, role and type, compared between models (what ``instr quant-report`` shows;
+``quant_render`` makes the report), and each tensor's dequantization error against a reference.
 
 Bytes and bits per weight come from gguf-py: a GGUF file's tensors as ``GGUFReader`` reads them
 (``n_bytes`` computed from ``GGML_QUANT_SIZES``), or a session log's weight inventory (bytes as the

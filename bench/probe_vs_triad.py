@@ -5,7 +5,7 @@ and the native probe (`llama_instr_probe_run`: a ggml ADD graph on the CPU backe
 round after round, with the same array size and thread count, so that machine noise hits both
 alike. Both count three arrays of bytes per pass (two read, one written):
 
-    python bench/peaks.py [--mib 256] [--rounds 5] [--threads 1,2] [--write-docs]
+    python bench/probe_vs_triad.py [--mib 256] [--rounds 5] [--threads 1,2] [--write-docs]
 
 Reports, per thread count, each one's best and median GB/s over the rounds and the probe's ratio
 to the triad; the matmul peaks of the same machine (`instr peaks`' default plan, at the largest
@@ -48,8 +48,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from llamacpp_instr import bindings
-    from llamacpp_instr import peaks as measure
-    from llamacpp_instr.converters.peaks import machine_key
+    from llamacpp_instr import peak_probe as measure
+    from llamacpp_instr.converters.machine_peaks import machine_key
 
     lib = bindings.load()
     n = args.mib << 18  # float32 elements per array
@@ -123,7 +123,7 @@ def main() -> None:
     if args.write_docs:
         from overhead import write_section
 
-        write_section("peaks", report, script="bench/peaks.py")
+        write_section("peaks", report, script="bench/probe_vs_triad.py")
 
 
 if __name__ == "__main__":

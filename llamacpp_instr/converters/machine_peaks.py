@@ -1,4 +1,5 @@
-"""A machine's measured peaks (``instr peaks``), cached per machine, and which log they fit.
+"""A machine's measured peaks (``instr peaks``), cached per machine, which log they fit, and the
+roofs that one session's ops meet (``Roof``).
 
 A peaks file says, for each backend device of the build, the memory bandwidth of a streaming op
 (GB/s) and the matmul throughput per weight type (GFLOP/s), as the native probe measured them

@@ -66,7 +66,7 @@ def phase(f: Any, name: str, only: set[int] | None = None) -> dict[str, Any] | N
         row["layers"] = sorted({int(x) for x in mine["layer"]})
         row["n_layers"] = len(row["layers"])
         row["layer_ns"] = float(mine["dur_ns"].sum()) / div  # the spans of the layers it ran
-        row["bandwidth"] = dt.bandwidth(int(row["transfer_bytes"]), int(row["transfer_ns"]))
+        row["bandwidth"] = dt.bandwidth(row["transfer_bytes"], row["transfer_ns"])
         rows.append(row)
     return {"tokens": tokens, "steps": len(tt), "parts": parts, "devices": rows}
 

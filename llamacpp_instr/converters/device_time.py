@@ -190,7 +190,7 @@ def clip(u: Sequence[Interval], lo: int, hi: int) -> list[Interval]:
     return [(max(a, lo), min(b, hi)) for a, b in u if min(b, hi) > max(a, lo)]
 
 
-def bandwidth(nbytes: int, ns: int) -> float | None:
+def bandwidth(nbytes: float, ns: float) -> float | None:
     """Bytes per second, or None without a time."""
     return nbytes * 1e9 / ns if ns > 0 else None
 

@@ -576,8 +576,9 @@ def _column(values: list[int]) -> Any:
         return np.array(values, dtype=object)
 
 
-def decode_compute(rec: dict[str, Any], graph: Graph | None) -> Compute:
-    """A compute record, op by op (``decode_compute_bulk`` reads the well-formed ones in bulk)."""
+def decode_compute(rec: dict[str, Any], graph: Graph | None, devices: bool = True) -> Compute:
+    """A compute record, op by op (``decode_compute_bulk`` reads the well-formed ones in bulk).
+    ``devices``: read where it ran (``placement``); a session on one device does not need it."""
     t0 = nonneg(rec["t_start"])
     node: list[int] = []
     start: list[int] = []
@@ -598,11 +599,16 @@ def decode_compute(rec: dict[str, Any], graph: Graph | None) -> Compute:
         node.append(i)
         start.append(t0 + off)
         dur.append(d)
-    return _compute(rec, graph, t0, _column(node), _column(start), _column(dur), fused, done)
+    return _compute(
+        rec, graph, t0, _column(node), _column(start), _column(dur), fused, done, devices
+    )
 
 
 def decode_compute_bulk(
-    rec: dict[str, Any], graph: Graph, fused_of: dict[Graph, dict[int, list[int]]]
+    rec: dict[str, Any],
+    graph: Graph,
+    fused_of: dict[Graph, dict[int, list[int]]],
+    devices: bool = True,
 ) -> Compute | None:
     """A compute record of ``graph`` its ops read in bulk (``pack_ops``): the ``Compute`` that
     ``decode_compute`` makes of it, or None when anything about its ops is unusual (thread
@@ -614,7 +620,7 @@ def decode_compute_bulk(
     if cols is None:
         return None
     node, start, dur, fused = cols
-    return _compute(rec, graph, rec["t_start"], node, start, dur, fused, None)
+    return _compute(rec, graph, rec["t_start"], node, start, dur, fused, None, devices)
 
 
 def _bulk_columns(
@@ -658,8 +664,9 @@ def _compute(
     dur: Any,
     fused: dict[int, list[int]],
     threads: list[list[int] | None] | None,
+    devices: bool,
 ) -> Compute:
-    """A compute record's ``Compute``, its ops already columns."""
+    """A compute record's ``Compute``, its ops already columns (where it ran: with ``devices``)."""
     layers, layer_device = layer_spans(rec["layers"], t0)
     return Compute(
         step=rec["step"],
@@ -676,7 +683,7 @@ def _compute(
         op_dur=dur,
         op_fused=fused,
         op_threads=threads,
-        place=placement(rec, t0),
+        place=placement(rec, t0) if devices else None,
         layer_device=layer_device,
     )
 

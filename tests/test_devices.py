@@ -566,3 +566,51 @@ def test_a_damaged_device_field_skips_its_record(case: str, tmp_path: Path) -> N
     r = CliRunner().invoke(main, ["summary", str(log), "--strict"])
     assert r.exit_code == 2 and r.output.startswith("error: ") and r.output.count("\n") == 1
     assert f"line {line}: malformed" in r.output
+
+
+def _minimal(recs: list[dict[str, Any]]) -> None:
+    """As MINIMAL records it: layer spans, no ops (the devices' own timing kept)."""
+    recs[0]["level"] = "minimal"
+    for r in recs:
+        r.pop("ops", None)
+    recs[:] = [r for r in recs if r["type"] != "graph"]
+
+
+def _stock_servers(recs: list[dict[str, Any]]) -> None:
+    """As with stock RPC servers: nothing timed remotely, only the host's split times."""
+    for d in recs[0]["machine"]["devices"]:
+        if d["backend"] == "RPC":
+            d["remote_timing"] = False
+    for r in recs:
+        if r["type"] == "compute":
+            r.pop("remote", None)
+            devs = {s[0]: (s[1], s[2]) for s in r["splits"] if s[0] != 0}
+            r["ops"] = [o for o in r["ops"] if not any(a <= o[0] < b for a, b in devs.values())]
+            r["layers"] = [x for x in r["layers"] if len(x) == 4]
+
+
+@pytest.mark.parametrize(
+    "src,change", [(VULKAN_PARTIAL, _minimal), (RPC2, _minimal), (RPC2, _stock_servers)]
+)
+def test_what_a_log_may_lack(src: Path, change: Any, tmp_path: Path) -> None:
+    """A MINIMAL log (no ops) and a run on stock RPC servers (no remote timing) show what they
+    have: every output written, nothing skipped; a stock server's compute is not claimed."""
+    recs = read_log(src)
+    change(recs)
+    log = write_log(tmp_path / "variant.log", recs)
+    for fmt in ("text", "markdown", "json", "html"):
+        r = CliRunner().invoke(main, ["summary", str(log), "--format", fmt])
+        assert r.exit_code == 0 and "skipped" not in r.output, r.output
+    for fmt in ("pftrace", "json"):
+        _, report = trace.convert(log, tmp_path / f"t.{fmt}", fmt=fmt)
+        assert report.skipped == []
+    data = json.loads(CliRunner().invoke(main, ["summary", str(log), "--format", "json"]).output)
+    for row in data["devices"]:
+        if change is _stock_servers and row["backend"] == "RPC":
+            assert not row["timed"] and row["compute_ns"] == 0 and row["transfer_bytes"] > 0
+    if change is _stock_servers:
+        lines = data["device_time"]["bottleneck"]
+        assert lines[1] == (
+            "RPC0, RPC1 timed nothing of their own (stock servers?): their compute is counted "
+            "as network"
+        )

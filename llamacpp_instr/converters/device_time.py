@@ -435,6 +435,12 @@ def bottleneck(rows: Sequence[dict[str, Any]], parts: dict[str, Any], what: str)
     cands.append((parts["host_ns"] / token, "host (no device computing, nothing moving)"))
     share, who = max(cands, key=lambda x: x[0])
     lines = [f"{who}: {share * 100:.0f} % of {what}"]
+    blind = [r["name"] for r in rows if not r.get("timed") and r.get("transfer_bytes")]
+    if blind:  # (a stock RPC server: its compute hides in the round trips)
+        lines.append(
+            f"{', '.join(blind)} timed nothing of their own (stock servers?): their compute is "
+            f"counted as {parts['transfer_kind']}"
+        )
     timed = [r for r in rows if r.get("timed") and r.get("n_layers") and r.get("layer_ns")]
     if len(timed) >= 2:
         per = sorted(timed, key=lambda r: r["layer_ns"] / r["n_layers"])

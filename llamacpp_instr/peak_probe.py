@@ -11,7 +11,7 @@ is what the machine can do.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,9 @@ from llamacpp_instr.converters.machine_peaks import DevicePeaks, Peaks
 # the types the runs use: F32/F16 models and KV caches, the bundled Q4_1, Q4_K_M (Q4_K + Q6_K), Q8_0
 DEFAULT_TYPES = ("f32", "f16", "q4_0", "q4_1", "q4_k", "q6_k", "q8_0")
 PROBED_DEVICE_TYPES = ("cpu", "gpu", "igpu")
+# ggml-rpc sends a graph without waiting for it (GRAPH_COMPUTE has no reply), and its synchronize
+# waits only for the send: a probe would time the network send, not the remote compute
+RPC_NOT_MEASURED = "not measured (an RPC device: the probe cannot time its compute)"
 
 
 @dataclass(frozen=True)
@@ -67,9 +70,10 @@ def measure(
     lib: bindings.InstrLib | None = None,
     progress: Callable[[str], None] = lambda _s: None,
     warn: Callable[[str], None] = lambda _s: None,
+    only: Collection[str] | None = None,
 ) -> Peaks:
-    """Measure every device the build has; a device that cannot be probed is skipped with one
-    line to ``warn`` (the CPU failing is an error)."""
+    """Measure every device the build has (or those named in ``only``); a device that cannot be
+    probed is skipped with one line to ``warn`` (the CPU failing is an error)."""
     lib = lib or bindings.load()
     machine = lib.machine_info()
     devices: list[DevicePeaks] = []
@@ -77,7 +81,12 @@ def measure(
     for d in machine.get("devices", []):
         if d.get("type") not in PROBED_DEVICE_TYPES:
             continue
+        if only is not None and d.get("name") not in only:
+            continue
         name = str(d.get("name"))
+        if d.get("backend") == "RPC":
+            progress(f"{name}: {RPC_NOT_MEASURED}")
+            continue
         try:
             rec = _one(lib, int(d["index"]), name, plan, progress)
         except bindings.SessionError as exc:
@@ -106,6 +115,19 @@ def measure(
         date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         devices=devices,
         measurements=records,
+    )
+
+
+def merge(old: Peaks, new: Peaks) -> Peaks:
+    """``old`` (the same machine's) with the devices ``new`` measured replaced or added."""
+    names = {d.name for d in new.devices}
+    return Peaks(
+        machine=new.machine,
+        n_threads=new.n_threads,
+        date=new.date,
+        devices=[d for d in old.devices if d.name not in names] + list(new.devices),
+        measurements=[m for m in old.measurements if m.get("device") not in names]
+        + list(new.measurements),
     )
 
 

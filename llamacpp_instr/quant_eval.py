@@ -78,6 +78,7 @@ import numpy as np
 
 from llamacpp_instr import models
 from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.offload import Offload, Placement, prepare
 
 # llama.cpp skips base probabilities below e^-16 in the KL divergence sum
 LOG_PROB_CUTOFF = -16.0
@@ -312,15 +313,15 @@ class _Model:
     _pos: np.ndarray
     _out: np.ndarray
 
-    def __init__(self, llama_cpp: Any, path: Path, ctx: int) -> None:
+    def __init__(self, llama_cpp: Any, path: Path, ctx: int, placement: Placement) -> None:
         self.lc = llama_cpp
         self.path = path
         self.model = None
         self.ctx = None
         self.batch = None
-        self.model = llama_cpp.llama_model_load_from_file(
-            str(path).encode(), llama_cpp.llama_model_default_params()
-        )
+        params = llama_cpp.llama_model_default_params()
+        placement.apply(params)
+        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self.model:
             raise UserError(models.explain_load_failure(path))
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
@@ -411,11 +412,13 @@ class _Model:
             self.model = None
 
 
-def _load(llama_cpp: Any, paths: Sequence[Path], ctx: int, threads: int) -> list[_Model]:
+def _load(
+    llama_cpp: Any, paths: Sequence[Path], ctx: int, threads: int, placement: Placement
+) -> list[_Model]:
     loaded: list[_Model] = []
     try:
         for p in paths:
-            loaded.append(_Model(llama_cpp, p, ctx))
+            loaded.append(_Model(llama_cpp, p, ctx, placement))
             base = loaded[0]
             m = loaded[-1]
             if m.n_vocab != base.n_vocab:
@@ -442,9 +445,11 @@ def evaluate(
     chunks: int | None = None,
     threads: int | None = None,
     progress: Progress | None = None,
+    offload: Offload | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``quants`` against ``base`` on ``text``; the report data (see the module doc).
-    ``ctx`` is the chunk size in tokens (llama-perplexity's -c, the CLI's --chunk-size)."""
+    ``ctx`` is the chunk size in tokens (llama-perplexity's -c, the CLI's --chunk-size);
+    ``offload`` places every model's layers (default: all on the CPU)."""
     from llamacpp_instr.runner import resolve_threads
 
     if ctx < 8:
@@ -467,9 +472,11 @@ def evaluate(
 
     _logger.set_verbose(False)  # llama.cpp's load-time chatter off; errors still shown
     llama_cpp.llama_backend_init()
+    offload = offload or Offload()
+    placement = prepare(offload)
 
     t0 = time.monotonic()
-    loaded = _load(llama_cpp, paths, ctx, threads)
+    loaded = _load(llama_cpp, paths, ctx, threads, placement)
     try:
         tokens = loaded[0].tokenize(data)
         if len(tokens) < 2 * ctx:
@@ -528,6 +535,8 @@ def evaluate(
 
     return {
         "text": str(text_path),
+        # where the models ran, when not all on the CPU (the numerics of devices differ)
+        **({"offload": offload.describe()} if offload != Offload() else {}),
         "ctx": ctx,
         "chunks": n_chunk,
         "chunks_max": n_chunk_max,

@@ -25,6 +25,7 @@ import numpy as np
 
 from llamacpp_instr import bindings
 from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.offload import Offload, Placement, prepare
 
 PATTERNS = ["l_out-*", "attn_out-*", "ffn_out-*"]
 KINDS = ("l_out", "attn_out", "ffn_out")
@@ -55,10 +56,8 @@ class _Acc:
         return float(self.dot / den) if den > 0 else 1.0
 
 
-def _load(path: Path, n_ctx: int, threads: int) -> Any:
-    import llama_cpp
-
-    return llama_cpp.Llama(
+def _load(path: Path, n_ctx: int, threads: int, placement: Placement) -> Any:
+    return placement.llama(
         str(path),
         n_ctx=n_ctx,
         n_batch=n_ctx,
@@ -82,13 +81,15 @@ def layer_errors(
     n_ctx: int,
     threads: int,
     progress: Callable[[int, int], None] | None = None,
+    offload: Offload | None = None,
 ) -> dict[str, Any]:
     """Per quant model, per layer: relative RMS error and cosine similarity of l_out, attn_out and
     ffn_out against ``base``, over the token ``chunks`` (each at most ``n_ctx`` tokens)."""
     api = bindings.load()
+    placement = prepare(offload or Offload())
     acc: list[dict[str, _Acc]] = [{} for _ in quants]
     with tempfile.TemporaryDirectory(prefix="instr-layers-") as tmp:
-        models = [_load(base, n_ctx, threads)] + [_load(q, n_ctx, threads) for q in quants]
+        models = [_load(p, n_ctx, threads, placement) for p in [base, *quants]]
         try:
             # a session (the hooks run only then), at the cheapest level, to a throw-away log
             api.session_begin(None, str(Path(tmp) / "capture.log"), "minimal", {"capture": True})

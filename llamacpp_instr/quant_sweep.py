@@ -24,6 +24,7 @@ from typing import Any
 
 from llamacpp_instr import models
 from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.offload import Offload, prepare
 from llamacpp_instr.paths import cache_dir
 
 SPEED_PROMPT = (
@@ -61,7 +62,9 @@ def quantized(base: Path, qtype: str, threads: int, echo: Echo) -> Path:
     return out
 
 
-def _speed_run(path: Path, n_predict: int, threads: int, log: Path) -> dict[str, Any]:
+def _speed_run(
+    path: Path, n_predict: int, threads: int, log: Path, offload: Offload
+) -> dict[str, Any]:
     """One short greedy run at the minimal level; tok/s from its measured steps."""
     from llamacpp_instr import runner
 
@@ -75,6 +78,7 @@ def _speed_run(path: Path, n_predict: int, threads: int, log: Path) -> dict[str,
         level="minimal",
         out=log,
         ignore_eos=True,
+        offload=offload,
     )
     runner.run(cfg)
     from llamacpp_instr.converters import load_session
@@ -101,8 +105,10 @@ def sweep(
     n_predict: int = 32,
     threads: int | None = None,
     echo: Echo = lambda _: None,
+    offload: Offload | None = None,
 ) -> dict[str, Any]:
-    """The sweep's data: one entry per model (BASE first), see the module doc."""
+    """The sweep's data: one entry per model (BASE first), see the module doc; ``offload``
+    places every model's layers, in the speed runs and the quality evaluation alike."""
     from llamacpp_instr import quant_eval
     from llamacpp_instr.converters.gguf_inventory import from_gguf
     from llamacpp_instr.runner import resolve_threads
@@ -113,6 +119,8 @@ def sweep(
     if reps < 1:
         raise UserError("--reps must be at least 1")
     threads = resolve_threads(threads)
+    offload = offload or Offload()
+    prepare(offload)  # RPC servers and devices checked before the first quantization
     paths = [base] + [quantized(base, t, threads, echo) for t in types]
     names = ["base"] + list(types)
 
@@ -120,12 +128,13 @@ def sweep(
     with tempfile.TemporaryDirectory(prefix="instr-sweep-") as tmp:
         for rep in range(reps):
             for name, path in zip(names, paths, strict=True):
-                speeds[name].append(_speed_run(path, n_predict, threads, Path(tmp) / f"{name}.log"))
+                log = Path(tmp) / f"{name}.log"
+                speeds[name].append(_speed_run(path, n_predict, threads, log, offload))
             echo(f"speed: repetition {rep + 1}/{reps} done")
 
     echo("perplexity and KL divergence ...")
     quality = quant_eval.evaluate(
-        base, paths[1:], text=text, ctx=ctx, chunks=chunks, threads=threads
+        base, paths[1:], text=text, ctx=ctx, chunks=chunks, threads=threads, offload=offload
     )
 
     base_pp = statistics.median(s["prompt_tok_s"] for s in speeds["base"])
@@ -155,6 +164,7 @@ def sweep(
         )
     return {
         "base": str(base),
+        **({"offload": offload.describe()} if offload != Offload() else {}),
         "types": list(types),
         "reps": reps,
         "n_predict": n_predict,

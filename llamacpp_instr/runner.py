@@ -13,6 +13,7 @@ from typing import Any
 from llamacpp_instr import __version__, bindings, models
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.schema import SESSION_LEVELS
+from llamacpp_instr.offload import Offload, Placement, prepare
 
 
 @dataclass
@@ -33,6 +34,8 @@ class RunConfig:
     ignore_eos: bool = False
     chat: bool = False
     system: str | None = None
+    # where the layers run (-ngl/--gpu-layers, --device, --rpc, --tensor-split)
+    offload: Offload = field(default_factory=Offload)
 
     def validate(self) -> None:
         """Reject bad values before the model loads and before any file is created."""
@@ -150,14 +153,16 @@ def chat_prompt(llm: Any, prompt: str, system: str | None) -> tuple[list[int], s
     return tokens, formatted.prompt
 
 
-def load_model(cfg: RunConfig, **extra: Any) -> Any:
-    """A llama_cpp.Llama for the config, or a one-line UserError."""
+def load_model(cfg: RunConfig, placement: Placement | None = None, **extra: Any) -> Any:
+    """A llama_cpp.Llama for the config, placed by ``placement`` (default: prepared from
+    ``cfg.offload``), or a one-line UserError."""
     models.check_gguf(cfg.model)
-    llama_cpp = bindings.import_llama_cpp()
+    bindings.import_llama_cpp()
+    placement = placement or prepare(cfg.offload)
     threads = resolve_threads(cfg.threads)
     try:
-        return llama_cpp.Llama(
-            model_path=str(cfg.model),
+        return placement.llama(
+            str(cfg.model),
             n_ctx=cfg.n_ctx,
             n_batch=cfg.n_batch,
             n_ubatch=cfg.n_ubatch or cfg.n_batch,
@@ -185,7 +190,9 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
     check_writable(out)
     models.check_gguf(cfg.model)
     bindings.load()  # the patched build, before the model loads
-    llm = load_model(cfg)
+    # RPC servers answer and devices exist, before the model loads (and before any log exists)
+    placement = prepare(cfg.offload)
+    llm = load_model(cfg, placement)
     llama_cpp = bindings.import_llama_cpp()
     stream = TextStream()
     text: list[str] = []

@@ -29,6 +29,7 @@ from typing import Any
 from llamacpp_instr import __version__, bindings
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reader import iter_records
+from llamacpp_instr.offload import Offload, prepare
 
 # At shutdown, how long to wait for a worker thread still using the model (a generation the server
 # cannot cancel) before exiting without freeing it.
@@ -285,6 +286,7 @@ def serve(
     threads: int | None = None,
     top_k_logits: int = 10,
     on_ready: Callable[[str], None] | None = None,
+    offload: Offload | None = None,
 ) -> ServeResult:
     """Serve ``model`` until SIGINT or SIGTERM; the session log stays valid either way."""
     from llamacpp_instr import models
@@ -301,6 +303,8 @@ def serve(
     except ImportError as exc:
         raise UserError(f"instr serve needs {exc.name}: {_SERVER_EXTRA_HINT}") from None
     api = bindings.load()
+    offload = offload or Offload()
+    placement = prepare(offload)  # before the model loads, and before the log exists
     n_threads = resolve_threads(threads)
     settings = Settings(
         model=str(model),
@@ -315,7 +319,8 @@ def serve(
         interrupt_requests=False,
     )
     try:
-        app = server_app.create_app(settings=settings)
+        with placement.loading():  # the server's Llama loads inside
+            app = server_app.create_app(settings=settings)
     except (ValueError, RuntimeError) as exc:
         raise UserError(models.explain_load_failure(model)) from exc
     proxy = server_app._llama_proxy
@@ -332,6 +337,7 @@ def serve(
         "command": "instr serve",
         "model_path": str(model),
         "server": {"host": host, "port": port, "n_ctx": n_ctx, "threads": n_threads},
+        "offload": offload.describe(),
     }
 
     class _Stopped(KeyboardInterrupt):

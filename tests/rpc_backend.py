@@ -58,9 +58,9 @@ def _lib(name: str) -> Path:
 
 
 @contextmanager
-def rpc_device() -> Iterator[str]:
-    """Serve a CPU backend over RPC on loopback and register it here as a device; yields its
-    endpoint. llama.cpp models loaded with n_gpu_layers > 0 inside the block offload to it."""
+def rpc_server() -> Iterator[str]:
+    """Serve a CPU backend over RPC on loopback (a child process, as rpc-server would); yields its
+    endpoint, ``127.0.0.1:PORT``. It serves one client at a time, as rpc-server does."""
     base, ggml_lib, rpc_lib = _lib("libggml-base"), _lib("libggml"), _lib("libggml-rpc")
     endpoint = f"127.0.0.1:{free_port()}"
     proc = subprocess.Popen(
@@ -73,7 +73,10 @@ def rpc_device() -> Iterator[str]:
         deadline = time.monotonic() + 30
         while True:
             if proc.poll() is not None:
+                assert proc.stderr is not None
                 raise RuntimeError(f"the RPC server exited: {proc.stderr.read().decode()[-500:]}")
+            # connect only: the server takes the connection as a client and drops it at once
+            # (no HELLO), then waits for the next
             try:
                 socket.create_connection((host, int(port)), timeout=1).close()
                 break
@@ -81,6 +84,18 @@ def rpc_device() -> Iterator[str]:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the RPC server did not start in 30 s") from None
                 time.sleep(0.1)
+        yield endpoint
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@contextmanager
+def rpc_device() -> Iterator[str]:
+    """Serve a CPU backend over RPC on loopback and register it here as a device; yields its
+    endpoint. llama.cpp models loaded with n_gpu_layers > 0 inside the block offload to it."""
+    ggml_lib, rpc_lib = _lib("libggml"), _lib("libggml-rpc")
+    with rpc_server() as endpoint:
         ggml = ctypes.CDLL(str(ggml_lib), mode=ctypes.RTLD_GLOBAL)
         rpc = ctypes.CDLL(str(rpc_lib), mode=ctypes.RTLD_GLOBAL)
         rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
@@ -91,9 +106,6 @@ def rpc_device() -> Iterator[str]:
         ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
         ggml.ggml_backend_register(reg)
         yield endpoint
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def run_offloaded(code: str, timeout: float = 300) -> None:

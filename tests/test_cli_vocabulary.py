@@ -24,6 +24,7 @@ LOG = FIXTURES / "tiny-llama-detailed.log.gz"
 
 # options whose type, default and help must be the same wherever they appear
 SAME_EVERYWHERE = ["--session", "--threads", "--ctx", "--top", "--strict", "--level"]
+SAME_EVERYWHERE += ["--gpu-layers", "--device", "--rpc", "--tensor-split"]
 
 
 def _cli(*args: str) -> Any:
@@ -52,6 +53,14 @@ def test_each_option_name_means_one_thing() -> None:
         kinds = {(repr(p.type), p.default, p.help) for _, p in seen[opt]}
         assert len(kinds) == 1, (opt, kinds)
     assert {c for c, _ in seen["--ctx"]} == {"run", "serve"}  # the context size only
+    # where a model's layers run: every command that loads a model; peaks and doctor load none
+    # (peaks measures --device's devices; doctor lists the devices, --rpc's too)
+    loads_a_model = {"run", "serve", "quant-eval", "quant-sweep"}
+    assert seen["-ngl"] == seen["--gpu-layers"]
+    assert {c for c, _ in seen["--gpu-layers"]} == loads_a_model
+    assert {c for c, _ in seen["--tensor-split"]} == loads_a_model
+    assert {c for c, _ in seen["--device"]} == loads_a_model | {"peaks"}
+    assert {c for c, _ in seen["--rpc"]} == loads_a_model | {"peaks", "doctor"}
     assert {c for c, _ in seen["--strict"]} >= {"summary", "compare", "export", "workloads"}
     assert seen["-o"] == seen["--output"] and len(seen["-o"]) >= 12
     for gone in ("--out", "--out-dir"):

@@ -258,6 +258,41 @@ def test_exec_logs_to_an_inherited_llama_instr_log_unless_o_says_otherwise(
     assert inherited.stat().st_size == size  # nothing more written there
 
 
+def test_exec_passes_the_programs_own_offload_options_through(
+    tools_bin: Path, tiny_llama_f32: Path, tmp_path: Path, schema_validator: Any
+) -> None:
+    """``instr exec`` hands llama-cli its own -ngl, --rpc and --device untouched: llama-cli
+    registers the RPC server (a real one on loopback) and offloads the layers to it, and the log
+    shows it."""
+    from rpc_backend import rpc_server
+
+    log = tmp_path / "cli-rpc.log"
+    with rpc_server() as endpoint:
+        own = ["-ngl", "99", "--rpc", endpoint, "--device", "RPC0"]
+        r = subprocess.run(
+            exec_cmd(log, "llama-cli", "-m", str(tiny_llama_f32), *own)
+            + ["-p", "Hello", "-n", "4", "-st", "-t", "1", "--temp", "0"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = read_records(log)
+    for rec in recs:
+        schema_validator.validate(rec)
+    start = recs[0]
+    argv = start["metadata"]["argv"]
+    at = argv.index("-ngl")
+    assert argv[at : at + len(own)] == own
+    rpc = [i for i, d in enumerate(start["machine"]["devices"]) if d["backend"] == "RPC"]
+    assert len(rpc) == 1 and start["machine"]["devices"][rpc[0]]["description"] == endpoint
+    layers = [w for w in start["weights"] if w["layer"] is not None]
+    assert layers and all(w["buffer"].endswith(f"[{endpoint}]") for w in layers)
+    splits = {s[0] for x in recs if x["type"] == "compute" for s in x["splits"]}
+    assert rpc[0] in splits
+
+
 def test_bench_tests_are_labelled_parts(
     tools_bin: Path, smollm2_path: Path, tmp_path: Path, schema_validator: Any
 ) -> None:

@@ -1,18 +1,29 @@
-"""``instr doctor``: which llama_cpp is installed, and is it our patched build of these patches?"""
+"""``instr doctor``: which llama_cpp is installed, is it our patched build of these patches, and
+which devices can its ggml run on?"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import click
+
+from llamacpp_instr.commands import offload_options
+
+if TYPE_CHECKING:
+    from llamacpp_instr.offload import Offload
 
 
 @click.command("doctor")
-def command() -> None:
+@offload_options(layers=False, device=False, split=False)
+def command(offload: Offload) -> None:
     """Report the installed llama-cpp-python: stock or patched, and whether its patch hash matches
     the patches shipped with this llamacpp-instr (exit status 2 when the hooks are missing or out
-    of date)."""
+    of date); then ggml's devices, the names --device takes: name, backend, type (cpu, gpu, igpu,
+    accel, other) and memory, as a session records them in session_start.machine.devices. --rpc
+    adds RPC servers first, as a run would."""
     import sys
 
-    from llamacpp_instr import bindings, build, pin
+    from llamacpp_instr import bindings, build, devices, pin
     from llamacpp_instr.converters.errors import UserError
     from llamacpp_instr.paths import PATCHES_DIR
 
@@ -34,6 +45,9 @@ def command() -> None:
         f"instrumentation: API {info['api_version']}, llama.cpp {info['llama_cpp_commit']}, "
         f"patch hash {info['patch_hash']}"
     )
+    devices.add_rpc_servers(offload.rpc)
+    for line in device_lines(api.machine_info().get("devices", [])):
+        click.echo(line)
     if info["patch_hash"] != want:
         click.echo(
             f"error: the installed build has patch hash {info['patch_hash']} but the patches are "
@@ -43,3 +57,29 @@ def command() -> None:
         )
         sys.exit(2)
     click.echo("ok: the patched build matches the patches")
+
+
+def _mib(n: Any) -> str:
+    return f"{int(n) / (1 << 20):,.0f} MiB" if isinstance(n, int) and n > 0 else "?"
+
+
+def device_lines(devs: list[dict[str, Any]]) -> list[str]:
+    """ggml's devices as a table: a heading line, then one line per device."""
+    rows = [("name", "backend", "type", "memory total", "free", "description")]
+    rows += [
+        (
+            str(d.get("name", "?")),
+            str(d.get("backend", "?")),
+            str(d.get("type", "?")),
+            _mib(d.get("memory_total")),
+            _mib(d.get("memory_free")),
+            str(d.get("description", "")),
+        )
+        for d in devs
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    out = [f"devices ({len(devs)}, in ggml's order):"]
+    for r in rows:
+        cells = [r[i].rjust(widths[i]) if i in (3, 4) else r[i].ljust(widths[i]) for i in range(5)]
+        out.append("  " + "  ".join(cells) + "  " + r[5])
+    return out

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands import check_output, emit, report_options, threads_option
+from llamacpp_instr.commands import (
+    check_output,
+    emit,
+    offload_options,
+    report_options,
+    threads_option,
+)
 from llamacpp_instr.peak_probe import DEFAULT_TYPES
+
+if TYPE_CHECKING:
+    from llamacpp_instr.offload import Offload
 
 
 def default_threads() -> int:
@@ -34,16 +44,28 @@ def default_threads() -> int:
     show_default=True,
     help="Size of each of the bandwidth probe's three buffers (far beyond the last-level cache).",
 )
+@offload_options(layers=False, split=False)
 @report_options()
 def command(
-    threads: int | None, types: str, force: bool, size_mib: int, fmt: str, output: Path | None
+    threads: int | None,
+    types: str,
+    force: bool,
+    size_mib: int,
+    offload: Offload,
+    fmt: str,
+    output: Path | None,
 ) -> None:
     """Measure this machine's peaks with ggml itself: for each device of the installed build (the
     CPU with the runs' thread count, and each GPU), the memory bandwidth of a large ADD and the
     matmul GFLOP/s per weight type, through the same kernels a run uses. Cached per machine (CPU
     model, threads, GPU names) under the cache directory and reused; `instr summary` and
-    `instr compare` set every op of a log from this machine against them."""
-    from llamacpp_instr import bindings
+    `instr compare` set every op of a log from this machine against them.
+
+    --rpc adds RPC servers to the devices as a run with the same --rpc does, so the peaks fit its
+    logs (an RPC device itself is not probed: ggml-rpc's compute returns before the server has
+    run it). --device measures the CPU and only the devices named, adding them to the machine's
+    cached peaks."""
+    from llamacpp_instr import bindings, devices
     from llamacpp_instr import peak_probe as measure
     from llamacpp_instr.converters import machine_peaks
     from llamacpp_instr.paths import cache_dir
@@ -60,8 +82,21 @@ def command(
         _logger.set_verbose(False)
     except (ImportError, AttributeError):
         pass
+    devices.add_rpc_servers(offload.rpc)
+    only: set[str] | None = None
+    if offload.devices is not None:
+        only = {d.name for d in devices.registry() if d.type == "cpu"}
+        for d in devices.by_names(offload.devices):
+            if d.backend == "RPC":
+                click.echo(f"  {d.name}: {measure.RPC_NOT_MEASURED}", err=True)
+            else:
+                only.add(d.name)
     machine = lib.machine_info()
-    got = None if force else machine_peaks.cached(machine, n_threads, cache_dir())
+    existing = machine_peaks.cached(machine, n_threads, cache_dir())
+    got = None if force else existing
+    if got is not None and only is not None and not only <= {d.name for d in got.devices}:
+        only -= {d.name for d in got.devices}  # measure the rest, keep the cached ones
+        got = None
     if got is not None:
         click.echo(
             f"peaks of {got.key}, measured {got.date} (cached: "
@@ -76,7 +111,10 @@ def command(
             lib,
             progress=lambda s: click.echo(f"  {s}", err=True),
             warn=lambda s: click.echo(f"error: {s}", err=True),
+            only=only,
         )
+        if existing is not None and only is not None:
+            got = measure.merge(existing, got)
         click.echo(f"saved {machine_peaks.save(got, cache_dir())}", err=True)
     from llamacpp_instr.converters.renderers import render
     from llamacpp_instr.converters.roofline_report import peaks_report

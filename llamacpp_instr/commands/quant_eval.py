@@ -13,11 +13,13 @@ from llamacpp_instr.commands import (
     check_output,
     chunk_size_options,
     emit,
+    offload_options,
     report_options,
     threads_option,
 )
 
 if TYPE_CHECKING:
+    from llamacpp_instr.offload import Offload
     from llamacpp_instr.quant_eval import Progress
 
 
@@ -61,6 +63,7 @@ def _progress_bar() -> Progress:
     help="Evaluate only the first N chunks (default: all full chunks).",
 )
 @threads_option
+@offload_options()
 @click.option(
     "--layers/--no-layers",
     default=False,
@@ -76,6 +79,7 @@ def command(
     chunk_size: int,
     chunks: int | None,
     threads: int | None,
+    offload: Offload,
     layers: bool,
     fmt: str,
     output: Path | None,
@@ -91,6 +95,17 @@ def command(
     from llamacpp_instr.converters.renderers import render
 
     check_output(output)
+    if layers:
+        from llamacpp_instr.converters.errors import UserError
+        from llamacpp_instr.offload import prepare
+
+        if prepare(offload).offloading:
+            # the native capture copies outputs the CPU backend computed: offloaded layers'
+            # outputs never reach it
+            raise UserError(
+                "--layers captures layer outputs on the CPU: give it without --gpu-layers "
+                "(or with --device none)"
+            )
     progress = _progress_bar() if sys.stderr.isatty() else None
     data = quant_eval.evaluate(
         base,
@@ -100,6 +115,7 @@ def command(
         chunks=chunks,
         threads=threads,
         progress=progress,
+        offload=offload,
     )
     report = build(data)
     if layers:
@@ -110,7 +126,9 @@ def command(
         if progress:
             click.echo("quant-eval: per-layer error ...", err=True)
         scored = scored_chunks(base, text, chunk_size, int(data["chunks"]))
-        per_layer = layer_errors(base, quants, scored, chunk_size, int(data["threads"]))
+        per_layer = layer_errors(
+            base, quants, scored, chunk_size, int(data["threads"]), offload=offload
+        )
         report.sections += layers_sections(per_layer, base.name)
         report.data["layers"] = per_layer
     emit(render(report, fmt), output)

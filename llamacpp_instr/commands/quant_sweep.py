@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -10,9 +11,13 @@ from llamacpp_instr.commands import (
     check_output,
     chunk_size_options,
     emit,
+    offload_options,
     report_options,
     threads_option,
 )
+
+if TYPE_CHECKING:
+    from llamacpp_instr.offload import Offload
 
 
 @click.command("quant-sweep")
@@ -53,6 +58,7 @@ from llamacpp_instr.commands import (
     help="Tokens generated per speed run.",
 )
 @threads_option
+@offload_options()
 @report_options()
 def command(
     base: Path,
@@ -63,6 +69,7 @@ def command(
     reps: int,
     n_predict: int,
     threads: int | None,
+    offload: Offload,
     fmt: str,
     output: Path | None,
 ) -> None:
@@ -90,6 +97,6 @@ def command(
 
     data = sweep(
         base, wanted, text=text, ctx=chunk_size, chunks=chunks, reps=reps, n_predict=n_predict,
-        threads=threads, echo=echo,
+        threads=threads, echo=echo, offload=offload,
     )  # fmt: skip
     emit(render(sweep_report(data), fmt), output)

@@ -12,12 +12,14 @@ from llamacpp_instr.commands import (
     ctx_option,
     level_option,
     log_option,
+    offload_options,
     out_alias,
     threads_option,
     topk_option,
 )
 
 if TYPE_CHECKING:
+    from llamacpp_instr.offload import Offload
     from llamacpp_instr.runner import RunConfig, RunResult
 
 
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     help="Tokens to generate.",
 )
 @threads_option
+@offload_options()
 @ctx_option
 @click.option(
     "--batch",
@@ -96,6 +99,7 @@ def command(
     system: str | None,
     n_predict: int,
     threads: int | None,
+    offload: Offload,
     n_ctx: int,
     n_batch: int,
     n_ubatch: int | None,
@@ -126,6 +130,7 @@ def command(
         system=system,
         n_predict=n_predict,
         threads=threads,
+        offload=offload,
         n_ctx=n_ctx,
         n_batch=n_batch,
         n_ubatch=n_ubatch,

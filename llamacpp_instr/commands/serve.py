@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -10,10 +11,14 @@ from llamacpp_instr.commands import (
     ctx_option,
     level_option,
     log_option,
+    offload_options,
     out_alias,
     threads_option,
     topk_option,
 )
+
+if TYPE_CHECKING:
+    from llamacpp_instr.offload import Offload
 
 
 @click.command("serve")
@@ -27,6 +32,7 @@ from llamacpp_instr.commands import (
 @out_alias
 @ctx_option
 @threads_option
+@offload_options()
 @topk_option
 def command(
     model: Path | None,
@@ -36,6 +42,7 @@ def command(
     output: Path | None,
     n_ctx: int,
     threads: int | None,
+    offload: Offload,
     top_k_logits: int,
 ) -> None:
     """Serve MODEL.gguf (default: the bundled SmolLM2-135M-Instruct) with llama-cpp-python's
@@ -62,6 +69,7 @@ def command(
         level=level,
         n_ctx=n_ctx,
         threads=threads,
+        offload=offload,
         top_k_logits=top_k_logits,
         on_ready=ready,
     )

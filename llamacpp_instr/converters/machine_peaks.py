@@ -187,9 +187,13 @@ def for_session(info: Any, cache: Path) -> tuple[Peaks | None, str]:
         return None, "the log does not name its machine (recorded before machine identity)"
     p = cached(machine, n_threads, cache)
     if p is None:
+        # the RPC servers of the run, so the peaks' machine is the log's (a description: endpoint)
+        devs = machine.get("devices", [])
+        rpc = [str(d.get("description")) for d in devs if d.get("backend") == "RPC"]
+        with_rpc = f" --rpc {','.join(rpc)}" if rpc else ""
         return None, (
             f"no peaks measured for {machine_key(machine, n_threads)}: "
-            f"run `instr peaks --threads {n_threads}` on it"
+            f"run `instr peaks --threads {n_threads}{with_rpc}` on it"
         )
     return p, ""
 

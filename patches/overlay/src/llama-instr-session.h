@@ -11,13 +11,14 @@
 // emit() drops those of a session that has ended since.
 
 #include "ggml-backend.h"
-#include "ggml-cpu.h"
 #include "llama-instr-graph.h"
 #include "llama-instr-json.h"
+#include "llama-instr-ops.h"
 #include "llama-instr-stats.h"
 #include "llama-instr.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,11 +28,22 @@ namespace llama_instr {
 
 int64_t now_ns();  // ns: the clock of ggml-cpu's profiler (ggml_cpu_profiler_now), on every platform
 
-// what one timed op measured; records are formatted after the step ends
+// what one timed op measured, on the host clock; records are formatted after the step ends
 struct op_rec {
     int32_t idx;      // node index in the graph table
     int32_t layer;    // its layer, or -1
     int32_t n_fused;  // following nodes fused into it
+    int32_t device;   // the device that ran it (index into session_start.machine.devices)
+    int64_t t_start;
+    int64_t t_end;
+    int64_t thread_begin;  // into ctx_state::p_threads (compute_rec::n_threads entries), or -1
+};
+
+// one layer's span on one device: its timed ops' first start to last end, on the host clock
+struct layer_rec {
+    int32_t layer;
+    int32_t device;
+    int32_t n_ops;
     int64_t t_start;
     int64_t t_end;
 };
@@ -60,7 +72,7 @@ struct compute_rec {
     size_t  split_begin, split_end;  // into ctx_state::p_splits
     size_t  copy_begin, copy_end;    // into ctx_state::p_copies
     size_t  op_begin, op_end;        // into ctx_state::p_ops
-    size_t  thread_begin;            // into ctx_state::p_threads: n_threads entries per op from here
+    size_t  layer_begin, layer_end;  // into ctx_state::p_layers
     size_t  stat_begin, stat_end;    // into ctx_state::p_stats
 };
 
@@ -99,21 +111,20 @@ struct ctx_state {
     std::vector<graph_table> tables;
     size_t                   n_tables = 0;
 
-    // executed op k -> node index, cached: the same graph runs the same sequence every step
-    std::vector<const ggml_tensor *> map_ptr;
-    std::vector<int32_t>             map_idx;
+    uint64_t graph_gen = 0;  // bumped whenever `graph` indexes another graph
 
-    // the CPU backend's profiler and its buffers (sized when a compute begins)
-    ggml_cpu_profiler                prof = {};
-    std::vector<ggml_cpu_profile_op> ops;
-    std::vector<int64_t>             thread_end;
-    stats_buffer                     stats;
-    capture_buffer                   capture;       // llama_instr_capture
-    std::vector<std::string>         capture_next;  // set under the session lock
-    on_node_user                     node_user;
-    ggml_backend_cpu_set_profiler_t  set_profiler           = nullptr;
-    bool                             set_profiler_looked_up = false;
-    bool                             profiling              = false;  // set on the backend now
+    // one op timer per backend of the scheduler (llama-instr-ops.h), made at its first compute
+    struct timer_slot {
+        std::unique_ptr<op_timer> timer;  // nullptr: this backend's ops are not timed
+        bool                      armed = false;
+    };
+
+    ggml_backend_sched_t    timers_sched = nullptr;  // the scheduler `timers` were made for
+    std::vector<timer_slot> timers;
+    int32_t                 cpu_device = -1;         // the CPU backend's device (layer spans elsewhere name theirs)
+
+    capture_buffer           capture;                // llama_instr_capture (the CPU timer fills it)
+    std::vector<std::string> capture_next;           // set under the session lock
 
     // ggml's scheduler profiler and its buffers (sized when a compute begins)
     ggml_backend_sched_profiler                   sched_prof = {};
@@ -123,6 +134,7 @@ struct ctx_state {
 
     // the records of the current step
     std::vector<op_rec>      p_ops;
+    std::vector<layer_rec>   p_layers;
     std::vector<int64_t>     p_threads;
     std::vector<stat_row>    p_stats;
     std::vector<split_rec>   p_splits;

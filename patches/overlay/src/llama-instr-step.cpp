@@ -261,6 +261,7 @@ void llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int3
     } catch (...) {
         st.n_tables = 0;
         st.p_ops.clear();
+        st.p_layers.clear();
         st.p_threads.clear();
         st.p_stats.clear();
         st.p_splits.clear();

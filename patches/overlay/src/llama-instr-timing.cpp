@@ -6,78 +6,34 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 using namespace llama_instr;
 
 namespace {
 
-// threads a compute of ctx may use: the profiler keeps one slot per thread
-int32_t max_threads_of(const llama_context * ctx) {
-    const auto & cp = ctx->get_cparams();
-    return std::clamp<int32_t>(std::max(cp.n_threads, cp.n_threads_batch), 1, 512);
-}
-
-// index of backend's device in the registry (as session_start.devices lists them), or -1
-int32_t device_index(ggml_backend_t backend) {
-    const ggml_backend_dev_t dev = backend ? ggml_backend_get_device(backend) : nullptr;
-    for (size_t i = 0; dev && i < ggml_backend_dev_count(); i++) {
-        if (ggml_backend_dev_get(i) == dev) {
-            return (int32_t) i;
-        }
-    }
-    return -1;
-}
-
-// node index of executed op k; cached, since a graph runs the same sequence every time
-int32_t map_node(ctx_state & st, size_t k, const ggml_tensor * t) {
-    if (k < st.map_ptr.size() && st.map_ptr[k] == t) {
-        return st.map_idx[k];
-    }
-    const int32_t idx = st.graph.find(t);
-    if (k >= st.map_ptr.size()) {
-        st.map_ptr.resize(k + 1, nullptr);
-        st.map_idx.resize(k + 1, -1);
-    }
-    st.map_ptr[k] = t;
-    st.map_idx[k] = idx;
-    return idx;
-}
-
+// [layer, start_off, dur, n_ops] per layer span, and the device as a fifth element where it is not
+// the CPU backend's
 void write_layers(json_out & j, const ctx_state & st, const compute_rec & c) {
-    // layer spans: first start to last end of each layer's timed ops, in execution order
     j.key("layers");
     j.ch('[');
-    int32_t cur = -1, n_ops = 0;
-    int64_t ls = 0, le = 0;
-    auto    flush = [&]() {
-        if (cur >= 0 && n_ops > 0) {
-            j.sep();
-            j.ch('[');
-            j.i64(cur);
+    for (size_t k = c.layer_begin; k < c.layer_end; k++) {
+        const layer_rec & l = st.p_layers[k];
+        j.sep();
+        j.ch('[');
+        j.i64(l.layer);
+        j.ch(',');
+        j.i64(l.t_start - c.t_start);
+        j.ch(',');
+        j.i64(l.t_end - l.t_start);
+        j.ch(',');
+        j.i64(l.n_ops);
+        if (l.device != st.cpu_device) {
             j.ch(',');
-            j.i64(ls - c.t_start);
-            j.ch(',');
-            j.i64(le - ls);
-            j.ch(',');
-            j.i64(n_ops);
-            j.ch(']');
+            j.i64(l.device);
         }
-    };
-    for (size_t k = c.op_begin; k < c.op_end; k++) {
-        const op_rec & op = st.p_ops[k];
-        if (op.layer < 0) {
-            continue;
-        }
-        if (op.layer != cur) {
-            flush();
-            cur   = op.layer;
-            n_ops = 0;
-            ls    = op.t_start;
-        }
-        le = op.t_end;
-        n_ops++;
+        j.ch(']');
     }
-    flush();
     j.ch(']');
 }
 
@@ -162,15 +118,16 @@ void write_threads(json_out & j, const ctx_state & st, const compute_rec & c) {
     j.key("threads");
     j.ch('[');
     for (size_t k = c.op_begin; k < c.op_end; k++) {
-        // each compute has its own thread count (n_threads or n_threads_batch, by ubatch size)
-        const int64_t * te = st.p_threads.data() + c.thread_begin + (k - c.op_begin) * c.n_threads;
+        // each compute has its own thread count (n_threads or n_threads_batch, by ubatch size); an op
+        // no CPU worker ran has none
+        const op_rec & op = st.p_ops[k];
         j.sep();
         j.ch('[');
-        for (int32_t t = 0; t < c.n_threads; t++) {
+        for (int32_t t = 0; op.thread_begin >= 0 && t < c.n_threads; t++) {
             if (t) {
                 j.ch(',');
             }
-            j.i64(std::max<int64_t>(0, te[t] - st.p_ops[k].t_start));
+            j.i64(std::max<int64_t>(0, st.p_threads[op.thread_begin + t] - op.t_start));
         }
         j.ch(']');
     }
@@ -206,6 +163,32 @@ void write_tensor_stats(json_out & j, const ctx_state & st, const compute_rec & 
     }
     j.ch(']');
     j.ch('}');
+}
+
+// the op timers of sched's backends, made once (a context keeps its scheduler and backends)
+void make_timers(ctx_state & st, ggml_backend_sched_t sched) {
+    if (st.timers_sched == sched) {
+        return;
+    }
+    st.timers.clear();
+    st.cpu_device = -1;
+    for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); i++) {
+        ggml_backend_t backend = ggml_backend_sched_get_backend(sched, i);
+        st.timers.push_back({ make_op_timer(backend), false });
+        if (strcmp(ggml_backend_name(backend), "CPU") == 0) {
+            st.cpu_device = device_index(backend);
+        }
+    }
+    st.timers_sched = sched;
+}
+
+void disarm_timers(ctx_state & st) noexcept {
+    for (auto & slot : st.timers) {
+        if (slot.armed) {
+            slot.timer->disarm();
+            slot.armed = false;
+        }
+    }
 }
 
 }  // namespace
@@ -256,6 +239,7 @@ void llama_instr::write_step_computes(ctx_state & st) {
         }
     }
     st.p_ops.clear();
+    st.p_layers.clear();
     st.p_threads.clear();
     st.p_stats.clear();
     st.p_splits.clear();
@@ -296,7 +280,7 @@ void llama_instr_graph_built(llama_context * ctx, ggml_cgraph * gf) {
         st->graph_id      = next_graph_id(*st);
         st->graph_emitted = false;
         st->graph_fresh   = true;
-        st->map_ptr.clear();
+        st->graph_gen++;
     } catch (...) {
         st->graph.gf    = nullptr;
         st->graph_fresh = false;
@@ -315,6 +299,7 @@ void llama_instr_compute_begin(llama_context *      ctx,
                                ggml_backend_t       backend_cpu,
                                ggml_backend_sched_t sched,
                                ggml_cgraph *        gf) {
+    GGML_UNUSED(backend_cpu);  // timed as one of the scheduler's backends
     ctx_state * stp = ctx_get(ctx);
     if (!stp || !stp->in_decode || !sched) {
         return;
@@ -332,7 +317,7 @@ void llama_instr_compute_begin(llama_context *      ctx,
         // callback's layer ids).
         if (!(st.graph_fresh && st.graph.gf == gf) && !st.graph.matches(gf)) {
             st.graph.build(gf, &ctx->get_model());
-            st.map_ptr.clear();
+            st.graph_gen++;
             st.graph_id = 0;
         }
         st.graph_fresh = false;
@@ -359,69 +344,13 @@ void llama_instr_compute_begin(llama_context *      ctx,
         ggml_backend_sched_set_profiler(sched, &st.sched_prof);
         st.sched_profiling = true;
 
-        st.prof = {};
-        if (!backend_cpu) {
-            return;
+        // every backend's op timer
+        make_timers(st, sched);
+        for (auto & slot : st.timers) {
+            slot.armed = slot.timer && slot.timer->arm(st, ctx, gf);
         }
-        if (!st.set_profiler_looked_up) {
-            ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(ggml_backend_get_device(backend_cpu));
-            st.set_profiler        = (ggml_backend_cpu_set_profiler_t) ggml_backend_reg_get_proc_address(
-                reg, "ggml_backend_cpu_set_profiler");
-            st.set_profiler_looked_up = true;
-        }
-        if (!st.set_profiler) {
-            return;
-        }
-        // one entry per node is the most a compute can produce (buffers only ever grow)
-        const size_t cap = (size_t) ggml_graph_n_nodes(gf) + 16;
-        if (st.ops.size() < cap) {
-            st.ops.resize(cap);
-        }
-        ggml_cpu_profiler & p = st.prof;
-        p.ops                 = st.ops.data();
-        p.cap                 = (int32_t) st.ops.size();
-        st.node_user          = {};
-        if (st.level >= LLAMA_INSTR_LEVEL_VERBOSE) {
-            const int32_t nt = max_threads_of(ctx);
-            if (st.thread_end.size() < st.ops.size() * nt) {
-                st.thread_end.resize(st.ops.size() * nt);
-            }
-            st.stats.prepare(p.cap, nt);
-            p.thread_end       = st.thread_end.data();
-            p.max_threads      = nt;
-            st.node_user.stats = &st.stats;
-        }
-        // capture targets: this graph's nodes that match (their buffers keep their capacity)
-        size_t n_slots      = 0;
-        st.capture.n_filled = 0;
-        if (!st.capture.patterns.empty()) {
-            for (int i = 0; i < st.graph.n_nodes; i++) {
-                const ggml_tensor * t = st.graph.ptrs[i];
-                if (!st.capture.matches(t->name)) {
-                    continue;
-                }
-                if (st.capture.slots.size() <= n_slots) {
-                    st.capture.slots.emplace_back();
-                }
-                auto & slot = st.capture.slots[n_slots++];
-                slot.node   = t;
-                slot.filled = false;
-                slot.name   = t->name;
-                std::copy(t->ne, t->ne + GGML_MAX_DIMS, slot.ne);
-                slot.data.resize(ggml_nelements(t));
-            }
-        }
-        st.capture.slots.resize(n_slots);
-        if (n_slots > 0) {
-            st.node_user.capture = &st.capture;
-        }
-        if (st.node_user.stats || st.node_user.capture) {
-            p.on_node = on_node;
-            p.user    = &st.node_user;
-        }
-        st.set_profiler(backend_cpu, &p);
-        st.profiling = true;
     } catch (...) {
+        disarm_timers(st);
         hook_failed(st.epoch, "llama_instr_compute_begin");
     }
 }
@@ -439,13 +368,15 @@ void llama_instr_compute_end(llama_context *      ctx,
     ctx_state & st = *stp;
     ggml_backend_sched_set_profiler(sched, nullptr);
     st.sched_profiling = false;
-    if (st.profiling) {
-        st.set_profiler(backend_cpu, nullptr);
-        st.profiling = false;
+    // the backends are synchronized: take every profiler off before reading any
+    for (auto & slot : st.timers) {
+        if (slot.armed) {
+            slot.timer->disarm();
+        }
     }
+    GGML_UNUSED(backend_cpu);
     GGML_UNUSED(gf);
     try {
-        const ggml_cpu_profiler &           p  = st.prof;
         const ggml_backend_sched_profiler & sp = st.sched_prof;
 
         // the node table is captured while the graph exists (a later ubatch may rebuild it) and
@@ -458,18 +389,17 @@ void llama_instr_compute_end(llama_context *      ctx,
             st.graph_emitted = true;
         }
 
-        compute_rec c  = {};
-        c.ubatch       = st.ubatch;
-        c.graph_id     = st.graph_id;
-        c.n_tokens     = st.n_tokens;
-        c.status       = status;
-        c.n_threads    = std::min(p.n_threads, p.thread_end ? p.max_threads : p.n_threads);
-        c.op_begin     = st.p_ops.size();
-        c.thread_begin = st.p_threads.size();
-        c.stat_begin   = st.p_stats.size();
-        c.split_begin  = st.p_splits.size();
-        c.copy_begin   = st.p_copies.size();
-        c.t_synced     = t_synced;
+        compute_rec c = {};
+        c.ubatch      = st.ubatch;
+        c.graph_id    = st.graph_id;
+        c.n_tokens    = st.n_tokens;
+        c.status      = status;
+        c.op_begin    = st.p_ops.size();
+        c.layer_begin = st.p_layers.size();
+        c.stat_begin  = st.p_stats.size();
+        c.split_begin = st.p_splits.size();
+        c.copy_begin  = st.p_copies.size();
+        c.t_synced    = t_synced;
 
         // the scheduler's splits and copies, on the devices of session_start.devices
         const int32_t n_splits = std::min(sp.n_splits, sp.cap_splits);
@@ -496,52 +426,27 @@ void llama_instr_compute_end(llama_context *      ctx,
         c.split_end = st.p_splits.size();
         c.copy_end  = st.p_copies.size();
 
-        // from the first split's start (the CPU backend's, if earlier) to the last one's return;
-        // without splits, the host's
+        // from the first split's start to the last one's return (without splits, the host's),
+        // widened by each timer to the ops it measured
         c.t_start = n_splits > 0 ? sp.splits[0].t_start : st.t_compute_begin;
         c.t_end   = n_splits > 0 ? sp.splits[n_splits - 1].t_end : t_synced;
-        if (p.t_start > 0) {
-            c.t_start = std::min(c.t_start, p.t_start);
-            c.t_end   = std::max(c.t_end, p.t_end);
-        }
-
-        // a full buffer may have dropped ops (it has room for every node of the graph)
-        n_lost += p.n_ops >= p.cap && p.cap > 0 ? 1 : 0;
-        for (int32_t k = 0; k < p.n_ops; k++) {
-            const ggml_cpu_profile_op & op  = p.ops[k];
-            const int32_t               idx = map_node(st, k, op.node);
-            if (idx < 0) {
-                n_lost++;  // not a node of the graph indexed: its time can't be attributed
-                continue;
-            }
-            st.p_ops.push_back({ idx, st.graph.layer[idx], op.n_fused, op.t_start, op.t_end });
-            if (p.thread_end) {
-                for (int32_t t = 0; t < c.n_threads; t++) {
-                    st.p_threads.push_back(p.thread_end[(int64_t) k * p.max_threads + t]);
-                }
-            }
-            stat_row r;
-            if (st.node_user.stats && st.stats.merge(k, r)) {
-                r.node = idx + op.n_fused;  // a fused op's statistics are of its last node's output
-                st.p_stats.push_back(r);
+        for (auto & slot : st.timers) {
+            if (slot.armed) {
+                slot.armed = false;
+                n_lost += slot.timer->collect(st, c);
             }
         }
-        c.op_end   = st.p_ops.size();
-        c.stat_end = st.p_stats.size();
+        c.op_end    = st.p_ops.size();
+        c.layer_end = st.p_layers.size();
+        c.stat_end  = st.p_stats.size();
         st.p_computes.push_back(c);
         st.ubatch++;
         count_compute(st, n_lost);
 
-        // serve only the captures this compute wrote, in graph order
-        auto & slots = st.capture.slots;
-        size_t n     = 0;
-        for (size_t i = 0; i < slots.size(); i++) {
-            if (slots[i].filled) {
-                std::swap(slots[i], slots[n++]);
-            }
-        }
-        st.capture.n_filled = n;
     } catch (...) {
+        for (auto & slot : st.timers) {
+            slot.armed = false;
+        }
         hook_failed(st.epoch, "llama_instr_compute_end");
     }
 }

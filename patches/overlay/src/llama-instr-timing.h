@@ -1,8 +1,9 @@
 #pragma once
 
-// llamacpp-instr: op timing. compute_begin hands the CPU backend a profiler, compute_end copies
-// what it measured into the step's records, and write_step_computes formats them (compute and
-// tensor_stats records) once the step's end time is taken.
+// llamacpp-instr: compute records. compute_begin arms the scheduler's profiler (splits, copies) and
+// every backend's op timer (llama-instr-ops.h), compute_end collects what they measured into the
+// step's records, and write_step_computes formats them (compute and tensor_stats records) once the
+// step's end time is taken.
 
 #include "llama-instr-session.h"
 

@@ -1,0 +1,80 @@
+#pragma once
+
+// llamacpp-instr: the op-timer seam. Each backend times its own ops with its own profiler, set
+// through its registry's proc address (the CPU backend's in patch 0001); on our side one op timer
+// per backend kind arms that profiler before a graph compute and, after the scheduler has
+// synchronized the backends, turns what it measured into the step's records:
+//
+//   llama-instr-ops-cpu.cpp   "CPU"  ggml_backend_cpu_set_profiler: every op on the host clock
+//
+// A timer puts every interval on the host clock (now_ns()) before it appends it, so the records
+// do not care which backend timed an op. Timers are made once per backend of a context's scheduler
+// (make_op_timer) and live with the context; arm and collect only grow buffers they already have.
+
+#include "ggml-backend.h"
+
+struct llama_context;
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace llama_instr {
+
+struct ctx_state;
+struct compute_rec;
+
+class op_timer {
+  public:
+    op_timer(ggml_backend_t backend, int32_t device) : backend(backend), device(device) {}
+
+    virtual ~op_timer() = default;
+
+    // Before ctx computes gf (whose node table is st.graph): hand the backend its profiler, with
+    // room for every node of gf. Returns whether it is armed. May throw (std::bad_alloc): the
+    // caller then disarms every timer.
+    virtual bool arm(ctx_state & st, const llama_context * ctx, const ggml_cgraph * gf) = 0;
+
+    // Take the profiler off the backend. Never throws. Called once the scheduler synchronized the
+    // backends, before collect, or instead of it when something failed.
+    virtual void disarm() noexcept = 0;
+
+    // After disarm: append what the backend measured in this compute to the step's records, on the
+    // host clock: ops to st.p_ops (op_rec::device = device), their layer spans to st.p_layers
+    // (append_layer_spans), and anything timer-specific; widen [c.t_start, c.t_end] to cover them.
+    // Returns the ops measured but not kept (no room, or not a node of the graph indexed), counted
+    // as lost. Only after an arm that returned true. May throw.
+    virtual int64_t collect(ctx_state & st, compute_rec & c) = 0;
+
+    const ggml_backend_t backend;
+    const int32_t        device;  // index into session_start.machine.devices
+};
+
+// The timer of backend (a backend of the scheduler), or nullptr when there is none: no timer for
+// its kind, or a backend built without the profiler entry point (a stock library).
+std::unique_ptr<op_timer> make_op_timer(ggml_backend_t backend);
+
+// The timers, by the backend registry's name.
+std::unique_ptr<op_timer> make_cpu_op_timer(ggml_backend_t backend, ggml_backend_reg_t reg, int32_t device);
+
+// index of backend's device in ggml's registry (as session_start.machine.devices lists them), or -1
+int32_t device_index(ggml_backend_t backend);
+
+// The node index (in st.graph) of the k-th op a timer measured, cached: a graph runs the same
+// sequence every step. The cache empties itself when the context indexes another graph.
+class node_map {
+  public:
+    // -1 if t is not a node of the graph indexed
+    int32_t find(ctx_state & st, size_t k, const ggml_tensor * t);
+
+  private:
+    uint64_t                         gen = 0;  // ctx_state::graph_gen the entries are of
+    std::vector<const ggml_tensor *> ptr;
+    std::vector<int32_t>             idx;
+};
+
+// Layer spans of st.p_ops[op_begin, op_end) (one timer's ops, in execution order): the first start
+// to the last end of each run of ops of one layer, appended to st.p_layers.
+void append_layer_spans(ctx_state & st, size_t op_begin, size_t op_end);
+
+}  // namespace llama_instr

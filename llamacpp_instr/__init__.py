@@ -17,7 +17,7 @@ from llamacpp_instr.paths import cache_dir
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from llamacpp_instr.api import InstrSession, session
+    from llamacpp_instr.api import InstrSession, record_transfers, session
     from llamacpp_instr.converters.frames import SessionFrames
 
 
@@ -37,11 +37,18 @@ def to_perfetto(log: str | Path, output: str | Path | None = None, **options: An
 
 def __getattr__(name: str) -> Any:
     # the session API (llamacpp_instr/api.py) loads llama_cpp only when it is first used
-    if name in ("session", "InstrSession"):
+    if name in ("session", "InstrSession", "record_transfers"):
         import importlib
 
         return getattr(importlib.import_module("llamacpp_instr.api"), name)
     raise AttributeError(f"module 'llamacpp_instr' has no attribute {name!r}")
 
 
-__all__ = ["InstrSession", "__version__", "load_session", "session", "to_perfetto"]
+__all__ = [
+    "InstrSession",
+    "__version__",
+    "load_session",
+    "record_transfers",
+    "session",
+    "to_perfetto",
+]

@@ -80,6 +80,13 @@ def _ctx_of(llm: Any) -> Any:
     return ctx
 
 
+def record_transfers(on: bool = True) -> bool:
+    """Log what is sent to RPC servers before the next session opens: call it before loading a
+    model whose layers go to RPC devices, and the session's log begins with the model's upload
+    (``transfers`` records of phase ``load``). False when the build has no RPC backend."""
+    return bindings.load().record_transfers(on)
+
+
 @contextmanager
 def session(
     llm: Any | Sequence[Any] | None,

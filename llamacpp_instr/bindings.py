@@ -152,6 +152,12 @@ class InstrLib:
     def flush(self) -> None:
         self._check(self.lib.llama_instr_flush(), "flush")
 
+    def record_transfers(self, on: bool = True) -> bool:
+        """Keep the commands sent to RPC servers until the next session begins, which writes them
+        first (the model's upload, when called before loading it). False when the build has no RPC
+        backend (nothing to record)."""
+        return bool(self.lib.llama_instr_record_transfers(1 if on else 0) == 0)
+
     def session_path(self) -> str:
         n = self._check(self.lib.llama_instr_session_path(None, 0), "session_path")
         buf = ctypes.create_string_buffer(n + 1)
@@ -267,6 +273,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "llama_instr_get_level": ([], c.c_int32),
         "llama_instr_set_topk": ([c.c_int32], c.c_int32),
         "llama_instr_flush": ([], c.c_int32),
+        "llama_instr_record_transfers": ([c.c_int32], c.c_int32),
         "llama_instr_session_path": ([c.c_char_p, c.c_size_t], c.c_int32),
         "llama_instr_session_totals": ([c.POINTER(Totals)], c.c_int32),
         "llama_instr_last_error": ([], c.c_char_p),

@@ -189,7 +189,8 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
     out = cfg.out or default_log_name()
     check_writable(out)
     models.check_gguf(cfg.model)
-    bindings.load()  # the patched build, before the model loads
+    # the patched build, before the model loads; the log will hold its upload to RPC servers
+    bindings.load().record_transfers()
     # RPC servers answer and devices exist, before the model loads (and before any log exists)
     placement = prepare(cfg.offload)
     llm = load_model(cfg, placement)

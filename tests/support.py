@@ -57,6 +57,15 @@ def read_log(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f]
 
 
+def converts_cleanly(log: Path, out: Path) -> None:
+    """The log converts to a Perfetto trace with nothing skipped, unknown or replaced."""
+    from llamacpp_instr.converters.trace import convert
+
+    stats, report = convert(log, out)
+    assert report.skipped == [] and not report.unknown_types and not report.replaced_utf8
+    assert stats.steps > 0 and out.stat().st_size > 0
+
+
 def by_type(records: list[dict[str, Any]], type_: str) -> list[dict[str, Any]]:
     return [r for r in records if r["type"] == type_]
 

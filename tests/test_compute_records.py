@@ -199,17 +199,26 @@ llm.close()
 
 def test_a_compute_with_no_cpu_op_has_the_hosts_times(tiny_llama_f32: Path, tmp_path: Path) -> None:
     """Every layer offloaded: the K-shift graph runs wholly on the other backend, so the CPU
-    backend times nothing. Its compute still starts inside its step and lasts no longer."""
+    backend times nothing. Its compute still starts inside its step, and what the host did of it
+    (its splits) ends within the step. (The other backend is ggml's RPC server, which times its own
+    ops and sends them back: those are on the RPC device, and may end after llama_decode returned,
+    as docs/schema.md says.)"""
     _offloaded_k_shift(tiny_llama_f32, tmp_path / "o.log", n_gpu_layers=99)
     records = read_log(tmp_path / "o.log")
+    cpu = next(d["index"] for d in records[0]["machine"]["devices"] if d["type"] == "cpu")
     steps = {s["step"]: s for s in by_type(records, "step_end")}
     computes = by_type(records, "compute")
     assert [s["n_computes"] for s in steps.values()] == [1, 2]
-    assert any(not c.get("ops") for c in computes), "every compute timed a CPU op: nothing tested"
+
+    def cpu_ops(c: dict[str, Any]) -> list[Any]:
+        owner = {i: s[0] for s in c["splits"] for i in range(s[1], s[2])}
+        return [op for op in c.get("ops", []) if owner.get(op[0], cpu) == cpu]
+
+    assert any(not cpu_ops(c) for c in computes), "every compute timed a CPU op: nothing tested"
     for c in computes:
         s = steps[c["step"]]
         assert s["t_start"] <= c["t_start"] and c["dur"] >= 0
-        assert c["t_start"] + c["dur"] <= s["t_start"] + s["dur"]
+        assert c["t_start"] + max(sp[5] for sp in c["splits"]) <= s["t_start"] + s["dur"]
 
 
 def test_sources_read_through_backend_copies_are_the_models_own(

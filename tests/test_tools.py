@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import free_port, wait_ready
+from support import converts_cleanly, free_port, wait_ready
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters import request_share
@@ -36,14 +36,6 @@ def tools_bin() -> Path:
 
 def read_records(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.open(encoding="utf-8")]
-
-
-def converts_cleanly(log: Path, out: Path) -> None:
-    from llamacpp_instr.converters.trace import convert
-
-    stats, report = convert(log, out)
-    assert report.skipped == [] and not report.unknown_types and not report.replaced_utf8
-    assert stats.steps > 0 and out.stat().st_size > 0
 
 
 def exec_cmd(log: Path, *args: str, level: str = "detailed") -> list[str]:

@@ -43,6 +43,11 @@ def command(
     from llamacpp_instr import tools
     from llamacpp_instr.runner import check_writable
 
+    if program in tools.PROGRAMS and program not in tools.LOGGED_PROGRAMS:
+        raise click.UsageError(
+            f"{program} writes no log (it does not run libllama): start it as it is (`instr tools` "
+            "says where); the log of the client that uses it holds its times"
+        )
     exe = tools.find(program)
     inherited = os.environ.get("LLAMA_INSTR_LOG")
     out = output

@@ -7,11 +7,13 @@ import click
 
 @click.command("tools")
 def command() -> None:
-    """Print where llama-server, llama-cli, llama-bench and llama-perplexity are.
+    """Print where llama-server, llama-cli, llama-bench, llama-perplexity and ggml-rpc-server are.
 
     They are built from the same patched llama.cpp as the wheel by `instr build --tools` and cached
     under ~/.cache/llamacpp-instr/tools/ (keyed like the wheel). Run one with a session open with
-    `instr exec PROGRAM ARGS...`, or set LLAMA_INSTR_LOG yourself.
+    `instr exec PROGRAM ARGS...`, or set LLAMA_INSTR_LOG yourself. ggml-rpc-server (ggml's RPC
+    server, for a client's `--rpc HOST:PORT`) writes no log: it times the graphs it computes and
+    sends the times to a patched client, whose log holds them.
     """
     from llamacpp_instr import tools
 

@@ -239,6 +239,8 @@ class SessionInfo:
     requests: list[dict[str, Any]] = field(default_factory=list)
     # `part` records (llama-bench's tests), in log order
     parts: list[dict[str, Any]] = field(default_factory=list)
+    # `transfers` records (the commands sent to RPC servers), in log order
+    transfers: list[dict[str, Any]] = field(default_factory=list)
     # the machine that made the log (CPU model, devices), {} in logs from before it was recorded
     machine: dict[str, Any] = field(default_factory=dict)
 
@@ -349,7 +351,9 @@ def layer_spans(raw: Any, t0: int) -> Sequence[LayerSpan]:
     a = raw if isinstance(raw, np.ndarray) else layer_rows(raw, t0)
     if a is not None:
         return LayerRows(a)
-    return [LayerSpan(int(a), t0 + nonneg(b), nonneg(c), int(d)) for a, b, c, d in raw]
+    # a span timed on a device other than the CPU backend's names it in a fifth element (read by
+    # the per-device views; here the span is the same)
+    return [LayerSpan(int(a), t0 + nonneg(b), nonneg(c), int(d)) for a, b, c, d, *_ in raw]
 
 
 def nonneg(v: Any) -> int:

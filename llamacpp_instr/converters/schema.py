@@ -21,6 +21,7 @@ RECORD_TYPES_V1 = frozenset(
         "topk",
         "request",
         "part",
+        "transfers",
         "session_end",
     }
 )

@@ -218,6 +218,8 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
         state.info.requests.append(rec)
     elif rtype == "part":
         state.info.parts.append(rec)
+    elif rtype == "transfers":
+        state.info.transfers.append(rec)
     elif rtype == "compute":
         step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
         if step is not None:

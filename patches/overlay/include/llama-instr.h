@@ -31,7 +31,7 @@ extern "C" {
 #    define LLAMA_INSTR_NOEXCEPT
 #endif
 
-#define LLAMA_INSTR_API_VERSION 2
+#define LLAMA_INSTR_API_VERSION 3
 
 enum llama_instr_level {
     LLAMA_INSTR_LEVEL_OFF      = 0,
@@ -63,7 +63,7 @@ struct llama_instr_totals {
 LLAMA_API int32_t llama_instr_api_version(void) LLAMA_INSTR_NOEXCEPT;
 
 // A JSON object describing this build, valid for the life of the process:
-// {"api_version":2,"llama_cpp_commit":"...","patch_hash":"..."}
+// {"api_version":3,"llama_cpp_commit":"...","patch_hash":"..."}
 LLAMA_API const char * llama_instr_build_info(void) LLAMA_INSTR_NOEXCEPT;
 
 // Open the session: create or append to the log at `path` (NULL or "" =
@@ -95,6 +95,13 @@ LLAMA_API int32_t llama_instr_get_level(void) LLAMA_INSTR_NOEXCEPT;
 // Top logits recorded per output row at the verbose level, 1..1000 (default 10); applies to the
 // next session. Returns LLAMA_INSTR_OK or ERR_INVALID_ARG.
 LLAMA_API int32_t llama_instr_set_topk(int32_t k) LLAMA_INSTR_NOEXCEPT;
+
+// Record the commands this process sends to RPC servers (ggml's RPC backend) while no session is
+// open, from now until the next session begins, which writes them first as `transfers` records
+// of phase "load": call it before loading a model to see its upload (LLAMA_INSTR_LOG does it when
+// a program loads its first model). on = 0 stops and forgets them. Returns LLAMA_INSTR_OK, or
+// ERR_INVALID_ARG when the build has no RPC backend.
+LLAMA_API int32_t llama_instr_record_transfers(int32_t on) LLAMA_INSTR_NOEXCEPT;
 
 // Write buffered lines to the log now. Returns LLAMA_INSTR_OK, ERR_NO_SESSION or ERR_IO.
 LLAMA_API int32_t llama_instr_flush(void) LLAMA_INSTR_NOEXCEPT;

@@ -2,6 +2,7 @@
 #include "llama-instr-model.h"
 #include "llama-instr-peaks.h"
 #include "llama-instr-registry.h"
+#include "llama-instr-rpc.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -189,7 +190,15 @@ int32_t llama_instr_session_begin(llama_context * ctx,
                 s.log.close();
                 return api_error(LLAMA_INSTR_ERR_INTERNAL, "cannot start the log's flusher thread");
             }
+            // the RPC commands kept before the session (the model's upload); then the session's
+            std::vector<std::string> rpc_lines;
+            rpc_session_begin(s.sid, rpc_lines);
+            for (const std::string & l : rpc_lines) {
+                s.log.emit(l);
+            }
         } catch (...) {
+            std::vector<std::string> rpc_lines;
+            rpc_session_end(s.sid, rpc_lines);
             s.log.close();
             throw;
         }
@@ -216,6 +225,11 @@ int32_t llama_instr_session_end(const char * status) noexcept {
         const bool  bad_status = st != "ok" && st != "error" && st != "interrupted";
         if (bad_status) {
             st = "error";
+        }
+        std::vector<std::string> rpc_lines;  // the RPC commands not written yet
+        rpc_session_end(s.sid, rpc_lines);
+        for (const std::string & l : rpc_lines) {
+            s.log.emit(l);
         }
         const int64_t t = now_ns();
         std::string   line;
@@ -278,6 +292,17 @@ int32_t llama_instr_session_end(const char * status) noexcept {
         } catch (...) {
         }
         return api_error(LLAMA_INSTR_ERR_INTERNAL, "session end failed (out of memory?): the log is incomplete");
+    }
+}
+
+int32_t llama_instr_record_transfers(int32_t on) noexcept {
+    try {
+        if (!rpc_record_load(on != 0)) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "this build has no RPC backend");
+        }
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "record_transfers failed");
     }
 }
 

@@ -307,6 +307,19 @@ void open_from_env(llama_context * ctx) {
 
 }  // namespace
 
+void llama_instr_env_model_loading() {
+    if (g_checked.load(std::memory_order_relaxed)) {
+        return;  // the session opened (or not) at the first context already
+    }
+    static std::once_flag once;
+    std::call_once(once, [] {
+        const char * path = getenv("LLAMA_INSTR_LOG");
+        if (path && *path) {
+            llama_instr_record_transfers(1);  // without an RPC backend there is nothing to record
+        }
+    });
+}
+
 void llama_instr_env_context_created(llama_context * ctx) {
     if (g_checked.load(std::memory_order_relaxed)) {
         return;

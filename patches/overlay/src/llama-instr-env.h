@@ -15,6 +15,11 @@
 
 struct llama_context;
 
+// Called by llama.cpp before it loads a model: with LLAMA_INSTR_LOG set, the commands sent to RPC
+// servers are recorded from here on for the session (llama_instr_record_transfers), so that its log
+// holds the model's upload. Unset, it costs one relaxed atomic load per model.
+void llama_instr_env_model_loading();
+
 // Called by llama_init_from_model for each context it created; the first call reads the
 // environment and may open the session.
 void llama_instr_env_context_created(llama_context * ctx);

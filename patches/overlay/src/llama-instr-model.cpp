@@ -4,6 +4,7 @@
 #include "llama-context.h"
 #include "llama-ext.h"
 #include "llama-instr-graph.h"
+#include "llama-instr-rpc.h"
 #include "llama-kv-cache-iswa.h"
 #include "llama-kv-cache.h"
 #include "llama-model.h"
@@ -218,6 +219,13 @@ void write_devices(json_out & j) {
         j.i64((int64_t) total);
         j.key("memory_free");
         j.i64((int64_t) free);
+        // an RPC device: does its server time the graphs it computes (a patched server), or are its
+        // splits timed on this host only (a stock one)?
+        const int32_t remote = rpc_remote_timing(dev);
+        if (remote >= 0) {
+            j.key("remote_timing");
+            j.boolean(remote == 1);
+        }
         j.ch('}');
     }
     j.ch(']');

@@ -6,6 +6,8 @@
 // synchronized the backends, turns what it measured into the step's records:
 //
 //   llama-instr-ops-cpu.cpp   "CPU"  ggml_backend_cpu_set_profiler: every op on the host clock
+//   llama-instr-ops-rpc.cpp   "RPC"  a patched RPC server's own op times (ggml_rpc_profiler),
+//                                    placed on the host clock from the client's send and receive
 //
 // A timer puts every interval on the host clock (now_ns()) before it appends it, so the records
 // do not care which backend timed an op. Timers are made once per backend of a context's scheduler
@@ -46,6 +48,17 @@ class op_timer {
     // as lost. Only after an arm that returned true. May throw.
     virtual int64_t collect(ctx_state & st, compute_rec & c) = 0;
 
+    // At the end of the step, before its records are written, for each of its computes in order:
+    // append what the backend could only report later (an RPC server's times come with a reply
+    // the step reads after its computes), as collect does, to the compute's late ranges
+    // (compute_rec::late_op_begin.., set by the caller around the call). Returns the ops lost.
+    // May throw. The default has nothing late.
+    virtual int64_t finish(ctx_state & st, compute_rec & c) {
+        (void) st;
+        (void) c;
+        return 0;
+    }
+
     const ggml_backend_t backend;
     const int32_t        device;  // index into session_start.machine.devices
 };
@@ -56,6 +69,7 @@ std::unique_ptr<op_timer> make_op_timer(ggml_backend_t backend);
 
 // The timers, by the backend registry's name.
 std::unique_ptr<op_timer> make_cpu_op_timer(ggml_backend_t backend, ggml_backend_reg_t reg, int32_t device);
+std::unique_ptr<op_timer> make_rpc_op_timer(ggml_backend_t backend, ggml_backend_reg_t reg, int32_t device);
 
 // index of backend's device in ggml's registry (as session_start.machine.devices lists them), or -1
 int32_t device_index(ggml_backend_t backend);

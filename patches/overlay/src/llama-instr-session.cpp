@@ -164,11 +164,11 @@ int32_t next_graph_id(const ctx_state & st) {
     return st.epoch == s.epoch ? ++s.n_graphs : 0;
 }
 
-void count_compute(const ctx_state & st, int64_t n_lost) {
+void count_compute(const ctx_state & st, int64_t n_lost, int64_t n_computes) {
     auto &                      s = S();
     std::lock_guard<std::mutex> lock(s.mtx);
     if (st.epoch == s.epoch && s.log.fp) {
-        s.totals.n_computes++;
+        s.totals.n_computes += n_computes;
         s.log.n_lost += n_lost;  // op timings that could not be attributed
     }
 }

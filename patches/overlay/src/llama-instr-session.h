@@ -65,15 +65,33 @@ struct copy_rec {
     int64_t t_start, t_end;
 };
 
+// a graph an RPC server computed and timed (llama-instr-ops-rpc.cpp), placed on the host clock
+struct remote_rec {
+    int32_t split;           // index into the compute's splits, or -1
+    int32_t device;          // the RPC device
+    int64_t t_send;          // the client began sending the graph's command
+    int64_t t_recv;          // the reply carrying its times began to arrive
+    int64_t t_start, t_end;  // the server's compute of it
+    int64_t one_way;         // estimated one-way network time
+    int64_t err;             // the placement's uncertainty (+-)
+    int64_t offset;          // the server's clock to the host's
+    int64_t bytes;           // of the command
+    int32_t n_ops;           // its ops in p_ops
+};
+
 struct compute_rec {
     int32_t ubatch, graph_id, n_tokens, status, n_threads;
     int64_t t_start, t_end;
-    int64_t t_synced;                // host time when the backends were synchronized after it
-    size_t  split_begin, split_end;  // into ctx_state::p_splits
-    size_t  copy_begin, copy_end;    // into ctx_state::p_copies
-    size_t  op_begin, op_end;        // into ctx_state::p_ops
-    size_t  layer_begin, layer_end;  // into ctx_state::p_layers
-    size_t  stat_begin, stat_end;    // into ctx_state::p_stats
+    int64_t t_synced;                  // host time when the backends were synchronized after it
+    size_t  split_begin, split_end;    // into ctx_state::p_splits
+    size_t  copy_begin, copy_end;      // into ctx_state::p_copies
+    size_t  op_begin, op_end;          // into ctx_state::p_ops
+    size_t  layer_begin, layer_end;    // into ctx_state::p_layers
+    size_t  stat_begin, stat_end;      // into ctx_state::p_stats
+    size_t  remote_begin, remote_end;  // into ctx_state::p_remote
+    // what op timers could only report at the step's end (op_timer::finish), after every compute's
+    size_t  late_op_begin, late_op_end;        // into ctx_state::p_ops
+    size_t  late_layer_begin, late_layer_end;  // into ctx_state::p_layers
 };
 
 struct ctx_state {
@@ -139,6 +157,7 @@ struct ctx_state {
     std::vector<stat_row>    p_stats;
     std::vector<split_rec>   p_splits;
     std::vector<copy_rec>    p_copies;
+    std::vector<remote_rec>  p_remote;
     std::vector<compute_rec> p_computes;
 
     // the current step
@@ -164,7 +183,7 @@ bool ctx_join(ctx_state & st, int32_t n_tokens, bool prompt);
 int32_t next_graph_id(const ctx_state & st);
 
 // Count a graph compute in st's session, and the op timings it lost (counted in totals.lost).
-void count_compute(const ctx_state & st, int64_t n_lost);
+void count_compute(const ctx_state & st, int64_t n_lost, int64_t n_computes = 1);
 
 // Append one complete record (no newline) made in session `epoch`. Records of a session that has
 // ended since are dropped; after a write error, records are counted as lost.

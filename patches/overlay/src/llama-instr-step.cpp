@@ -3,6 +3,7 @@
 
 #include "llama-context.h"
 #include "llama-instr-hooks.h"
+#include "llama-instr-rpc.h"
 #include "llama-instr-timing.h"
 #include "llama-model.h"
 
@@ -223,6 +224,13 @@ void llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int3
 
         write_step_computes(st);
 
+        // the RPC commands the step sent (its inputs, graphs and outputs)
+        std::vector<std::string> rpc_lines;
+        rpc_step_lines(ctx, st.sid, st.id, st.step, t_start, rpc_lines);
+        for (const std::string & l : rpc_lines) {
+            emit(st.epoch, l);
+        }
+
         // every record of a step precedes its step_end, so a reader can close the step there
         if (st.level >= LLAMA_INSTR_LEVEL_VERBOSE && ret == 0 && n_outputs > 0) {
             write_topk(st, ctx, n_outputs, n_vocab);
@@ -266,6 +274,7 @@ void llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int3
         st.p_stats.clear();
         st.p_splits.clear();
         st.p_copies.clear();
+        st.p_remote.clear();
         st.p_computes.clear();
         hook_failed(st.epoch, "llama_instr_decode_end");
     }

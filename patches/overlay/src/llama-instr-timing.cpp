@@ -12,12 +12,31 @@ using namespace llama_instr;
 
 namespace {
 
+// a compute's entries of p_ops (or p_layers): what its timers collected, then what they finished
+template <typename F> void for_each_op(const compute_rec & c, F && f) {
+    for (size_t k = c.op_begin; k < c.op_end; k++) {
+        f(k);
+    }
+    for (size_t k = c.late_op_begin; k < c.late_op_end; k++) {
+        f(k);
+    }
+}
+
+template <typename F> void for_each_layer(const compute_rec & c, F && f) {
+    for (size_t k = c.layer_begin; k < c.layer_end; k++) {
+        f(k);
+    }
+    for (size_t k = c.late_layer_begin; k < c.late_layer_end; k++) {
+        f(k);
+    }
+}
+
 // [layer, start_off, dur, n_ops] per layer span, and the device as a fifth element where it is not
 // the CPU backend's
 void write_layers(json_out & j, const ctx_state & st, const compute_rec & c) {
     j.key("layers");
     j.ch('[');
-    for (size_t k = c.layer_begin; k < c.layer_end; k++) {
+    for_each_layer(c, [&](size_t k) {
         const layer_rec & l = st.p_layers[k];
         j.sep();
         j.ch('[');
@@ -33,14 +52,14 @@ void write_layers(json_out & j, const ctx_state & st, const compute_rec & c) {
             j.i64(l.device);
         }
         j.ch(']');
-    }
+    });
     j.ch(']');
 }
 
 void write_ops(json_out & j, const ctx_state & st, const compute_rec & c) {
     j.key("ops");
     j.ch('[');
-    for (size_t k = c.op_begin; k < c.op_end; k++) {
+    for_each_op(c, [&](size_t k) {
         const op_rec & op = st.p_ops[k];
         j.sep();
         j.ch('[');
@@ -60,7 +79,7 @@ void write_ops(json_out & j, const ctx_state & st, const compute_rec & c) {
             j.ch(']');
         }
         j.ch(']');
-    }
+    });
     j.ch(']');
 }
 
@@ -114,10 +133,35 @@ void write_copies(json_out & j, const ctx_state & st, const compute_rec & c) {
     j.ch(']');
 }
 
+// [split, device, send_off, reply_off, start_off, end_off, one_way, err, clock_offset, bytes, n_ops]
+// per graph an RPC server computed and timed
+void write_remote(json_out & j, const ctx_state & st, const compute_rec & c) {
+    j.key("remote");
+    j.ch('[');
+    for (size_t k = c.remote_begin; k < c.remote_end; k++) {
+        const remote_rec & r = st.p_remote[k];
+        j.sep();
+        j.ch('[');
+        j.i64(r.split);
+        j.ch(',');
+        j.i64(r.device);
+        for (int64_t t : { r.t_send, r.t_recv, r.t_start, r.t_end }) {
+            j.ch(',');
+            j.i64(t - c.t_start);
+        }
+        for (int64_t v : { r.one_way, r.err, r.offset, r.bytes, (int64_t) r.n_ops }) {
+            j.ch(',');
+            j.i64(v);
+        }
+        j.ch(']');
+    }
+    j.ch(']');
+}
+
 void write_threads(json_out & j, const ctx_state & st, const compute_rec & c) {
     j.key("threads");
     j.ch('[');
-    for (size_t k = c.op_begin; k < c.op_end; k++) {
+    for_each_op(c, [&](size_t k) {
         // each compute has its own thread count (n_threads or n_threads_batch, by ubatch size); an op
         // no CPU worker ran has none
         const op_rec & op = st.p_ops[k];
@@ -130,7 +174,7 @@ void write_threads(json_out & j, const ctx_state & st, const compute_rec & c) {
             j.i64(std::max<int64_t>(0, st.p_threads[op.thread_begin + t] - op.t_start));
         }
         j.ch(']');
-    }
+    });
     j.ch(']');
 }
 
@@ -191,9 +235,31 @@ void disarm_timers(ctx_state & st) noexcept {
     }
 }
 
+// what the op timers could only report at the step's end (op_timer::finish), compute by compute
+void finish_timers(ctx_state & st) {
+    for (compute_rec & c : st.p_computes) {
+        c.late_op_begin    = st.p_ops.size();
+        c.late_layer_begin = st.p_layers.size();
+        c.remote_begin     = st.p_remote.size();
+        int64_t n_lost     = 0;
+        for (auto & slot : st.timers) {
+            if (slot.timer) {
+                n_lost += slot.timer->finish(st, c);
+            }
+        }
+        c.late_op_end    = st.p_ops.size();
+        c.late_layer_end = st.p_layers.size();
+        c.remote_end     = st.p_remote.size();
+        if (n_lost > 0) {
+            count_compute(st, n_lost, 0);
+        }
+    }
+}
+
 }  // namespace
 
 void llama_instr::write_step_computes(ctx_state & st) {
+    finish_timers(st);
     json_out j{ st.line };
     for (size_t i = 0; i < st.n_tables; i++) {
         st.tables[i].write(j, st.sid, st.id);
@@ -225,6 +291,9 @@ void llama_instr::write_step_computes(ctx_state & st) {
         write_splits(j, st, c);
         write_copies(j, st, c);
         write_layers(j, st, c);
+        if (c.remote_end > c.remote_begin) {
+            write_remote(j, st, c);
+        }
         if (st.level >= LLAMA_INSTR_LEVEL_DETAILED) {
             write_ops(j, st, c);
         }
@@ -244,6 +313,7 @@ void llama_instr::write_step_computes(ctx_state & st) {
     st.p_stats.clear();
     st.p_splits.clear();
     st.p_copies.clear();
+    st.p_remote.clear();
     st.p_computes.clear();
 }
 

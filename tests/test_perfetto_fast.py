@@ -191,10 +191,10 @@ def per_op_decoded(log: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
     real = session.decode_compute
 
-    def spy(rec: dict[str, Any], graph: Any) -> Any:
+    def spy(rec: dict[str, Any], graph: Any, *more: Any) -> Any:
         if rec.get("ops"):
             seen.append(rec["t_start"])
-        return real(rec, graph)
+        return real(rec, graph, *more)
 
     with monkeypatch.context() as m:
         m.setattr(session, "decode_compute", spy)

@@ -16,7 +16,8 @@ from llamacpp_instr.commands import level_option, output_option, topk_option
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @output_option(
-    "Session log to write (appended to if it exists). Default: PROGRAM_YYYYMMDD_HHMMSS.log."
+    "Session log to write (appended to if it exists). Default: $LLAMA_INSTR_LOG if set, else "
+    "PROGRAM_YYYYMMDD_HHMMSS.log."
 )
 @level_option
 @topk_option
@@ -45,6 +46,9 @@ def command(
     per test. Options for instr go before PROGRAM, everything after it is the program's:
 
         instr exec -o server.log llama-server -m model.gguf --port 8080 --parallel 2
+
+    A LLAMA_INSTR_LOG already set in the environment is where the log goes unless -o says
+    otherwise (-o wins, and says so); the level and top-k logits are always the options' own.
     """
     from llamacpp_instr import build, tools
     from llamacpp_instr.runner import check_writable
@@ -55,8 +59,13 @@ def command(
             "says where); the log of the client that uses it holds its times"
         )
     exe = tools.find(program, build.VULKAN_CMAKE_ARGS if vulkan else ())
+    inherited = os.environ.get("LLAMA_INSTR_LOG")
     out = output
-    if out is None:
+    if out is not None and inherited:
+        click.echo(f"instr exec: -o {out} replaces LLAMA_INSTR_LOG={inherited}", err=True)
+    elif inherited:
+        out = Path(inherited)
+    elif out is None:
         out = Path(f"{program}_{time.strftime('%Y%m%d_%H%M%S')}.log")
     check_writable(out)
     env = dict(os.environ)

@@ -40,6 +40,7 @@ from .decode import (
     Step,
     StepDone,
 )
+from .device_time import multi_device
 from .kv_flows import KvFlows, OpFlows
 from .machine_peaks import Roof
 from .request_share import SeqSteps
@@ -348,6 +349,12 @@ class SessionLayout:
         # labelled parts (llama-bench's tests), on one track above the requests
         self.parts_track: Track | None = None
         self.parts_done = 0
+        # a run on several devices: a track per device, splits, copies, the network
+        self.by_device: Any = None
+        if multi_device(info):
+            from .trace_devices import DeviceTracks
+
+            self.by_device = DeviceTracks(self)
 
     def requests(self) -> Iterator[Item]:
         """Slices for the request records read since the last call. Requests overlap in time
@@ -433,6 +440,8 @@ class SessionLayout:
             if samples:
                 args["samples_ms"] = ", ".join(f"{x:.3f}" for x in samples)
             yield Slice(self.parts_track.uuid, str(p.get("label")), t0, dur, 0, "part", args)
+        if self.by_device is not None:  # RPC commands outside steps (the model's upload first)
+            yield from self.by_device.transfers()
 
     def start(self) -> Iterator[Item]:
         info = self.info
@@ -532,13 +541,23 @@ class SessionLayout:
             row = step.topk[-1]
             args["top1_id"] = row["ids"][0]
             args["top1_logit"] = row["logits"][0]
-        yield Slice(track, name, step.start, step.dur, 0, "step", args)
+        dev = self.by_device
+        dur = step.dur
+        if dev is not None:  # the step spans what it waited for (an RPC server's compute)
+            args["llama_decode_ns"] = step.dur
+            dur = dev.step_end(step) - step.start
+        yield Slice(track, name, step.start, dur, 0, "step", args)
         if step.dur > 0 and step.ended:
             yield Sample(self.tok_s.uuid, step.end, step.n_tokens / (step.dur / 1e9))
         if step.kv_used >= 0:
             yield Sample(self.kv.uuid, step.end, float(step.kv_used))
         for k, c in enumerate(step.computes):
-            yield from self.compute(c, track, stats, flows[k] if flows else {})
+            if dev is not None:
+                yield from dev.compute(c, track, stats, flows[k] if flows else {}, step)
+            else:
+                yield from self.compute(c, track, stats, flows[k] if flows else {})
+        if dev is not None:
+            yield from dev.transfers(step)
 
     def layers(self, graph: Graph) -> Any:
         """The layer of each of the graph's nodes as an array (-1: none)."""
@@ -564,9 +583,8 @@ class SessionLayout:
             },
         )
 
-    def spans(self, c: Compute, stats: LayoutStats) -> Sequence[LayerSpan]:
-        """The compute's layer spans the selection keeps (counted)."""
-        spans = c.layers
+    def spans(self, spans: Sequence[LayerSpan], stats: LayoutStats) -> Sequence[LayerSpan]:
+        """The layer spans the selection keeps (counted)."""
         if self.sel.layer is not None:
             spans = [lay for lay in spans if lay.layer == self.sel.layer]
         stats.layers += len(spans)
@@ -575,31 +593,46 @@ class SessionLayout:
     def compute(
         self, c: Compute, track: int, stats: LayoutStats, flows: OpFlows
     ) -> Iterator[BulkItem]:
-        """A ``ComputeBatch`` (the compute's slice, layer spans and its ops in bulk), then one by
-        one the op slices it does not hold: those with flows, and every op of a compute whose ops
-        the bulk writers leave to the per-op view (``Compute.per_op``: thread timings, tensor
-        statistics)."""
+        """A compute's slice, layer spans and ops (``part``)."""
         stats.computes += 1
-        compute = self.compute_slice(c, track)
-        spans = self.spans(c, stats)
+        yield from self.compute_batch(self.compute_slice(c, track), c, c.layers, stats, flows)
+
+    def compute_batch(
+        self,
+        head: Slice,
+        c: Compute,
+        spans: Sequence[LayerSpan],
+        stats: LayoutStats,
+        flows: OpFlows,
+        mask: Any = None,
+    ) -> Iterator[BulkItem]:
+        """A ``ComputeBatch`` (``head``: the compute's slice, or a device's part of it; the layer
+        ``spans`` and the compute's ops, those where ``mask`` when it is given, on its track, in
+        bulk), then one by one the op slices it does not hold: those with flows, and every op of
+        a compute whose ops the bulk writers leave to the per-op view (``Compute.per_op``:
+        thread timings, tensor statistics)."""
+        track = head.track
+        spans = self.spans(spans, stats)
         batch: OpBatch | None = None
         ops: list[tuple[int, OpTiming]] = []
         if self.sel.ops and c.graph is not None and c.per_op:
-            ops = list(enumerate(c.unpack()))
+            ops = [(k, op) for k, op in enumerate(c.unpack()) if mask is None or mask[k]]
         elif self.sel.ops and c.graph is not None:
-            keep = None
+            keep = None if mask is None else mask.copy()
             if self.sel.layer is not None:
-                keep = self.layers(c.graph)[c.op_node] == self.sel.layer
-            if flows:  # the ops with flows come one by one, as slices with their flows
+                in_layer = self.layers(c.graph)[c.op_node] == self.sel.layer
+                keep = in_layer if keep is None else keep & in_layer
+            mine = sorted(k for k in flows if mask is None or mask[k])
+            if mine:  # the ops with flows come one by one, as slices with their flows
                 if keep is None:
                     keep = np.ones(len(c.op_node), dtype=bool)
-                keep[list(flows)] = False
+                keep[mine] = False
             n = len(c.op_node) if keep is None else int(keep.sum())
             stats.ops += n
             if n:
                 batch = OpBatch(track, c, keep, self.roof)
-            ops = [(k, c.op_at(k)) for k in sorted(flows)]
-        yield ComputeBatch(compute, spans, batch)
+            ops = [(k, c.op_at(k)) for k in mine]
+        yield ComputeBatch(head, spans, batch)
         for k, op in ops:
             yield from self.op_slices(k, op, c, track, stats, flows)
 

@@ -25,7 +25,8 @@ from llamacpp_instr import peak_probe as measure
 from llamacpp_instr.converters.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.session import iter_events, iter_events_packed
 from llamacpp_instr.converters.trace import kv_flows_for
-from llamacpp_instr.converters.trace_layout import LayoutStats, Selection, layout_bulk
+from llamacpp_instr.converters.trace_items import LayoutStats, Selection
+from llamacpp_instr.converters.trace_layout import layout_bulk
 
 TESTS_DIR = Path(__file__).resolve().parent
 FIXTURES = TESTS_DIR / "fixtures"

@@ -39,14 +39,14 @@ from llamacpp_instr.converters.perfetto import write_perfetto_fast
 from llamacpp_instr.converters.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.rounding import round3
 from llamacpp_instr.converters.session import iter_events, iter_events_packed
-from llamacpp_instr.converters.trace_layout import (
+from llamacpp_instr.converters.trace_items import (
     ComputeBatch,
     LayoutStats,
     Sample,
     Selection,
     Slice,
-    layout_bulk,
 )
+from llamacpp_instr.converters.trace_layout import layout_bulk
 
 REAL_FIXTURES = sorted(FIXTURES.glob("*.log.gz"))
 

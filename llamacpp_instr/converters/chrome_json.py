@@ -29,18 +29,8 @@ from .decode import Graph, LayerSpan
 from .machine_peaks import Roof
 from .rounding import EXACT, exact_float
 from .sinks import ThreadedWriter
-from .trace_layout import (
-    ComputeBatch,
-    Item,
-    OpBatch,
-    OpVariants,
-    Sample,
-    Slice,
-    Track,
-    op_rates,
-    op_rates_bulk,
-    op_static_args,
-)
+from .trace_items import ComputeBatch, Item, OpBatch, Sample, Slice, Track
+from .trace_layout import OpVariants, op_rates, op_rates_bulk, op_static_args
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 # the flows a slice of each category starts or ends (name, category); others: the KV cache's

@@ -26,18 +26,38 @@ Slices that may overlap on one track (they should not, but a log is data) go to 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from . import device_time as dt
-from .decode import Compute, Split, Step, TransferRow
+from .decode import Compute, LayerSpan, SessionInfo, Split, Step, TransferRow
 from .kv_flows import OpFlows
-from .trace_layout import Item, Slice, Track, track_uuid
+from .trace_items import BulkItem, Item, LayoutStats, Slice, Track, track_uuid
 
-if TYPE_CHECKING:  # (trace_layout imports this module when a session has several devices)
-    from .trace_layout import BulkItem, LayoutStats, SessionLayout
+
+class SessionLayout(Protocol):
+    """What the device tracks need of the session's layout (``trace_layout.SessionLayout``, which
+    makes a ``DeviceTracks`` of itself): its session, its process track, and the compute slices
+    and batches it lays out the same way on every track."""
+
+    info: SessionInfo
+    pid: int
+    process: Track
+
+    def compute_slice(self, c: Compute, track: int) -> Slice: ...
+
+    def compute_batch(
+        self,
+        head: Slice,
+        c: Compute,
+        spans: Sequence[LayerSpan],
+        stats: LayoutStats,
+        flows: OpFlows,
+        mask: Any = None,
+    ) -> Iterator[BulkItem]: ...
+
 
 # track order among the session's tracks (steps: the context id; threads: 10 + n; counters: 100+)
 DEVICE_ORDER = 20  # + 2 per device, + 1 for its own-timing track

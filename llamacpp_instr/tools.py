@@ -64,9 +64,11 @@ def find(program: str, extra_cmake_args: Sequence[str] = ()) -> Path:
     builds it."""
     if program not in PROGRAMS:
         raise UserError(f"unknown program {program!r}: choose one of {', '.join(PROGRAMS)}")
-    exe = bin_dir(tools_plan(extra_cmake_args)) / program
+    plan = tools_plan(extra_cmake_args)
+    exe = bin_dir(plan) / program
     if not exe.is_file():
-        raise UserError(f"{program} is not built for the current patches: run `{BUILD_COMMAND}`")
+        command = BUILD_COMMAND + (" --vulkan" if plan.vulkan else "")
+        raise UserError(f"{program} is not built for the current patches: run `{command}`")
     return exe
 
 

@@ -25,7 +25,8 @@ from llamacpp_instr import peak_probe as measure
 from llamacpp_instr.converters.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.session import iter_events, iter_events_packed
 from llamacpp_instr.converters.trace import kv_flows_for
-from llamacpp_instr.converters.trace_layout import LayoutStats, Selection, layout_bulk
+from llamacpp_instr.converters.trace_items import LayoutStats, Selection
+from llamacpp_instr.converters.trace_layout import layout_bulk
 
 TESTS_DIR = Path(__file__).resolve().parent
 FIXTURES = TESTS_DIR / "fixtures"
@@ -414,3 +415,45 @@ class Page:
         assert all(u.startswith("file://") for u in self.requests), self.requests
         assert not self.errors, self.errors
         self.page.close()
+
+
+def _plain(kind: str, v: Any) -> Any:
+    """A resolved arg's value as written (doubles are kept as hex there)."""
+    if kind == "double_value":
+        return float("nan") if v == "nan" else float.fromhex(v)
+    return v
+
+
+def trace_slices(data: bytes) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
+    """A Perfetto trace's slices (begin and end paired per track): track (its name), name, ts,
+    dur, depth, args (values as written), cats, flows_out, flows_in; and the tracks by uuid
+    (``name``, ``parent``)."""
+    tracks: dict[int, dict[str, Any]] = {}
+    stacks: dict[int, list[tuple[Any, ...]]] = {}
+    out: list[dict[str, Any]] = []
+    for r in resolved(data):
+        if r[0] == "track":
+            d = r[1]
+            tracks[int(d["uuid"])] = {"name": d["name"], "parent": int(d.get("parentUuid", 0))}
+            continue
+        _, track, kind, ts, name, cats, args, _, flows, ends = r
+        if kind == pb.TrackEvent.TYPE_SLICE_BEGIN:
+            stacks.setdefault(track, []).append((name, ts, args, cats, flows, ends))
+        elif kind == pb.TrackEvent.TYPE_SLICE_END:
+            name, t0, args, cats, flows, ends = stacks[track].pop()
+            out.append(
+                {
+                    "track": tracks[track]["name"],
+                    "track_uuid": track,
+                    "name": name,
+                    "ts": t0,
+                    "dur": ts - t0,
+                    "depth": len(stacks[track]),
+                    "args": {k: _plain(kind, v) for k, (kind, v) in args},
+                    "cats": cats,
+                    "flows_out": flows,
+                    "flows_in": ends,
+                }
+            )
+    assert all(not s for s in stacks.values()), "unclosed slices"
+    return out, tracks

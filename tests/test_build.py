@@ -111,3 +111,51 @@ def test_the_package_ships_what_build_and_doctor_need(tmp_path: Path) -> None:
     expected |= {"series"} | {"overlay/" + rel for rel, _ in build.read_overlay()}
     assert expected <= shipped
     assert "llamacpp_instr/converters/schema_v1.json" in names
+
+
+def test_the_vulkan_build_has_its_own_key_and_version() -> None:
+    cpu, vk = build.make_plan(), build.make_plan(vulkan=True)
+    assert "-DGGML_VULKAN=ON" in vk.cmake_args and "-DGGML_VULKAN=ON" not in cpu.cmake_args
+    assert vk.key != cpu.key and vk.vulkan and not cpu.vulkan
+    assert vk.local_version.startswith(pin.LLAMA_CPP_PYTHON_VERSION + "+instrvk.")
+    # the default build stays CPU-only
+    assert "+instr." in cpu.local_version
+
+
+def test_missing_vulkan_packages_are_named_in_one_line(tmp_path: Path) -> None:
+    assert build.missing_vulkan_prerequisites([tmp_path]) == [
+        "the Vulkan headers and loader",
+        "glslc",
+        "the SPIR-V headers",
+    ]
+    with pytest.raises(UserError) as e:
+        build.check_vulkan_prerequisites([tmp_path])
+    msg = str(e.value)
+    assert "\n" not in msg and "libvulkan-dev glslc spirv-headers" in msg
+    # a prefix that has them (as Debian's packages lay them out) lacks nothing
+    for rel in (
+        "include/vulkan/vulkan.hpp",
+        "lib/x86_64-linux-gnu/libvulkan.so",
+        "bin/glslc",
+        "share/cmake/SPIRV-Headers/SPIRV-HeadersConfig.cmake",
+    ):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).touch()
+    assert build.missing_vulkan_prerequisites([tmp_path]) == []
+
+
+def test_vulkan_with_a_sanitizer_is_a_usage_error() -> None:
+    r = CliRunner().invoke(main, ["build", "--vulkan", "--sanitize=address"])
+    assert r.exit_code == 2 and "--vulkan" in r.output
+
+
+def test_vulkan_tools_not_built_name_the_command_that_builds_them() -> None:
+    from llamacpp_instr import tools
+
+    if (tools.bin_dir(tools.tools_plan(build.VULKAN_CMAKE_ARGS)) / "llama-bench").is_file():
+        pytest.skip("the Vulkan tools are built here: exec would run one")
+    listed = CliRunner().invoke(main, ["tools", "--vulkan"])
+    assert listed.exit_code == 0 and "run `instr build --tools --vulkan`" in listed.output
+    r = CliRunner().invoke(main, ["exec", "--vulkan", "llama-bench", "-ngl", "99"])
+    assert r.exit_code != 0 and "run `instr build --tools --vulkan`" in r.output
+    assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1

@@ -24,7 +24,8 @@ from llamacpp_instr.converters.chrome_json import write_chrome_json
 from llamacpp_instr.converters.rounding import round3
 from llamacpp_instr.converters.session import iter_events, iter_events_packed
 from llamacpp_instr.converters.sinks import ThreadedWriter
-from llamacpp_instr.converters.trace_layout import LayoutStats, Selection, layout_bulk
+from llamacpp_instr.converters.trace_items import LayoutStats, Selection
+from llamacpp_instr.converters.trace_layout import layout_bulk
 
 SELECTIONS = [
     Selection(),

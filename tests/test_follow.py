@@ -164,7 +164,7 @@ def test_live_state_agrees_with_the_raw_log(smollm2_detailed: Any) -> None:
                     lab = labels[(c["ctx"], c["graph"])][e[0]]
                     want[lab] = want.get(lab, 0) + e[2]
             per_layer = step_layers.setdefault((c["ctx"], c["step"]), {})
-            for layer, _, dur, _ in c["layers"]:
+            for layer, _, dur, *_ in c["layers"]:
                 per_layer[layer] = per_layer.get(layer, 0) + dur
         assert dict(state.top_ops(1000)) == want
         # the last step that timed layers (a minimal log's steps time none)

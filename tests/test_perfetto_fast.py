@@ -39,14 +39,14 @@ from llamacpp_instr.converters.perfetto import write_perfetto_fast
 from llamacpp_instr.converters.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.rounding import round3
 from llamacpp_instr.converters.session import iter_events, iter_events_packed
-from llamacpp_instr.converters.trace_layout import (
+from llamacpp_instr.converters.trace_items import (
     ComputeBatch,
     LayoutStats,
     Sample,
     Selection,
     Slice,
-    layout_bulk,
 )
+from llamacpp_instr.converters.trace_layout import layout_bulk
 
 REAL_FIXTURES = sorted(FIXTURES.glob("*.log.gz"))
 
@@ -191,10 +191,10 @@ def per_op_decoded(log: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
     real = session.decode_compute
 
-    def spy(rec: dict[str, Any], graph: Any) -> Any:
+    def spy(rec: dict[str, Any], graph: Any, *more: Any) -> Any:
         if rec.get("ops"):
             seen.append(rec["t_start"])
-        return real(rec, graph)
+        return real(rec, graph, *more)
 
     with monkeypatch.context() as m:
         m.setattr(session, "decode_compute", spy)

@@ -63,7 +63,9 @@ def both(path: Path, strict: bool = False) -> tuple[Any, ReadReport, Any, ReadRe
         if isinstance(rec.get("layers"), np.ndarray):  # decode.layer_rows: starts made absolute
             layers = rec["layers"].copy()
             layers[:, 1] -= rec["t_start"]
-            rec = dict(rec, layers=layers.tolist())
+            # rows naming a device have a fifth element; the others were given -1 there
+            rows = [r[:4] if len(r) == 5 and r[4] == -1 else r for r in layers.tolist()]
+            rec = dict(rec, layers=rows)
         got.append((n, rec))
     assert len(started) == 1, "not read in a forked process"
     return want, want_rep, got, got_rep

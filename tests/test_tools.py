@@ -220,6 +220,37 @@ def test_cli_one_shot_prompt(
     converts_cleanly(log, tmp_path / "cli.pftrace")
 
 
+def test_exec_logs_to_an_inherited_llama_instr_log_unless_o_says_otherwise(
+    tools_bin: Path, smollm2_path: Path, tmp_path: Path
+) -> None:
+    inherited, given = tmp_path / "inherited.log", tmp_path / "given.log"
+    instr = [sys.executable, "-m", "llamacpp_instr.cli", "exec"]
+    program = ["llama-cli", "-m", str(smollm2_path), "-p", "Hi", "-n", "2", "-st", "-t", "2"]
+    env = {**os.environ, "LLAMA_INSTR_LOG": str(inherited)}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run(
+            [*instr, *args, *program],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r
+
+    r = run()  # no -o: the variable already set says where
+    assert f"session log {inherited} " in r.stderr
+    recs = read_records(inherited)
+    assert recs[0]["type"] == "session_start" and recs[-1]["status"] == "ok"
+    size = inherited.stat().st_size
+    r = run("-o", str(given))  # -o wins, and says so
+    assert f"-o {given} replaces LLAMA_INSTR_LOG={inherited}" in r.stderr
+    assert read_records(given)[-1]["status"] == "ok"
+    assert inherited.stat().st_size == size  # nothing more written there
+
+
 def test_exec_passes_the_programs_own_offload_options_through(
     tools_bin: Path, tiny_llama_f32: Path, tmp_path: Path, schema_validator: Any
 ) -> None:

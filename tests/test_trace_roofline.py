@@ -25,7 +25,7 @@ from llamacpp_instr.cli import main
 from llamacpp_instr.converters import machine_peaks
 from llamacpp_instr.converters.session import iter_events
 from llamacpp_instr.converters.trace import to_perfetto
-from llamacpp_instr.converters.trace_layout import LayoutStats, Selection
+from llamacpp_instr.converters.trace_items import LayoutStats, Selection
 
 BANDWIDTH = 8.0  # GB/s
 MATMUL = {"f32": 20.0, "f16": 16.0, "q4_1": 40.0, "q8_0": 30.0}  # GFLOP/s

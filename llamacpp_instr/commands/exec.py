@@ -20,11 +20,17 @@ if TYPE_CHECKING:
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @output_option(
-    "Session log to write (appended to if it exists). Default: PROGRAM_YYYYMMDD_HHMMSS.log."
+    "Session log to write (appended to if it exists). Default: $LLAMA_INSTR_LOG if set, else "
+    "PROGRAM_YYYYMMDD_HHMMSS.log."
 )
 @level_option
 @always_on_options()
 @topk_option
+@click.option(
+    "--vulkan",
+    is_flag=True,
+    help="Run the program as built with ggml's Vulkan backend (`instr build --tools --vulkan`).",
+)
 @click.argument("program")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def command(
@@ -32,6 +38,7 @@ def command(
     level: str,
     always_on: AlwaysOn,
     top_k_logits: int,
+    vulkan: bool,
     program: str,
     args: tuple[str, ...],
 ) -> None:
@@ -47,8 +54,12 @@ def command(
 
         instr exec -o server.log llama-server -m model.gguf --port 8080 --parallel 2
         instr exec --sample 16 --max-bytes 64M --keep 8 -o server.log llama-server -m model.gguf
+
+    A LLAMA_INSTR_LOG already set in the environment is where the log goes unless -o says
+    otherwise (-o wins, and says so); the level, top-k logits, sampling and rotation are always
+    the options' own.
     """
-    from llamacpp_instr import tools
+    from llamacpp_instr import build, tools
     from llamacpp_instr.runner import check_writable
 
     if program in tools.PROGRAMS and program not in tools.LOGGED_PROGRAMS:
@@ -56,9 +67,14 @@ def command(
             f"{program} writes no log (it does not run libllama): start it as it is (`instr tools` "
             "says where); the log of the client that uses it holds its times"
         )
-    exe = tools.find(program)
+    exe = tools.find(program, build.VULKAN_CMAKE_ARGS if vulkan else ())
+    inherited = os.environ.get("LLAMA_INSTR_LOG")
     out = output
-    if out is None:
+    if out is not None and inherited:
+        click.echo(f"instr exec: -o {out} replaces LLAMA_INSTR_LOG={inherited}", err=True)
+    elif inherited:
+        out = Path(inherited)
+    elif out is None:
         out = Path(f"{program}_{time.strftime('%Y%m%d_%H%M%S')}.log")
     check_writable(out)
     env = dict(os.environ)

@@ -89,7 +89,7 @@ def command(
     """
     from llamacpp_instr.converters.machine_peaks import session_roofs
     from llamacpp_instr.converters.trace import convert
-    from llamacpp_instr.converters.trace_layout import Selection
+    from llamacpp_instr.converters.trace_items import Selection
     from llamacpp_instr.paths import cache_dir
 
     if flows and no_ops:
@@ -147,7 +147,7 @@ def _progress(items, log: Path):  # type: ignore[no-untyped-def]
     if not sys.stderr.isatty() or log.stat().st_size < 16 << 20:
         yield from items
         return
-    from llamacpp_instr.converters.trace_layout import Slice
+    from llamacpp_instr.converters.trace_items import Slice
 
     with click.progressbar(length=0, label="converting", file=sys.stderr, show_pos=True) as bar:
         for it in items:

@@ -6,7 +6,12 @@ import click
 
 
 @click.command("tools")
-def command() -> None:
+@click.option(
+    "--vulkan",
+    is_flag=True,
+    help="The programs built with ggml's Vulkan backend (--tools --vulkan).",
+)
+def command(vulkan: bool) -> None:
     """Print where llama-server, llama-cli, llama-bench, llama-perplexity and ggml-rpc-server are.
 
     They are built from the same patched llama.cpp as the wheel by `instr build --tools` and cached
@@ -15,10 +20,11 @@ def command() -> None:
     server, for a client's `--rpc HOST:PORT`) writes no log: it times the graphs it computes and
     sends the times to a patched client, whose log holds them.
     """
-    from llamacpp_instr import tools
+    from llamacpp_instr import build, tools
 
-    folder = tools.bin_dir(tools.tools_plan())
+    folder = tools.bin_dir(tools.tools_plan(build.VULKAN_CMAKE_ARGS if vulkan else ()))
+    command = tools.BUILD_COMMAND + (" --vulkan" if vulkan else "")
     for program in tools.PROGRAMS:
         exe = folder / program
-        where = str(exe) if exe.is_file() else f"not built (run `{tools.BUILD_COMMAND}`)"
+        where = str(exe) if exe.is_file() else f"not built (run `{command}`)"
         click.echo(f"{program:<18}{where}")

@@ -29,20 +29,12 @@ from .decode import Graph, LayerSpan
 from .machine_peaks import Roof
 from .rounding import EXACT, exact_float
 from .sinks import ThreadedWriter
-from .trace_layout import (
-    ComputeBatch,
-    Item,
-    OpBatch,
-    OpVariants,
-    Sample,
-    Slice,
-    Track,
-    op_rates,
-    op_rates_bulk,
-    op_static_args,
-)
+from .trace_items import ComputeBatch, Item, OpBatch, Sample, Slice, Track
+from .trace_layout import OpVariants, op_rates, op_rates_bulk, op_static_args
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
+# the flows a slice of each category starts or ends (name, category); others: the KV cache's
+_FLOW_KINDS = {c: ("launch", "device_flow") for c in ("split", "busy", "remote")}
 
 
 def _dumps(v: Any) -> bytes:
@@ -200,8 +192,10 @@ class _Writer:
 
     def flows(self, it: Slice, tr: Track) -> None:
         """Flow events (v1: start ``s``, end ``f``) bound to the slice: at its middle, where no
-        other slice of its track begins or ends."""
-        head = {"name": "KV cache", "cat": "kv_flow", "pid": tr.pid, "tid": self.tids[it.track]}
+        other slice of its track begins or ends. A split's flow is its launch on a device
+        (``trace_devices``); an op's, the KV cache's."""
+        name, cat = _FLOW_KINDS.get(it.category, ("KV cache", "kv_flow"))
+        head = {"name": name, "cat": cat, "pid": tr.pid, "tid": self.tids[it.track]}
         ts = (it.ts + it.dur / 2) / 1000
         for f in it.flows_out:
             self.emit({"ph": "s", **head, "id": f, "ts": ts})

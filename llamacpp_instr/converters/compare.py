@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import roofline_report
+from . import device_report, roofline_report
 from .frames import SessionFrames
 from .report import Chart, Column, Fact, Report, Section, Series, Table
 from .summary import by, overview, timed_steps
@@ -77,6 +77,9 @@ def compare_sessions(
         "n_layer"
     ) != b.info.model.get("n_layer"):
         out["warning"] = "the two sessions are of different models; comparing what matches"
+    devices = device_report.compare(a, b)  # runs on several devices: what moved per device
+    if devices is not None:
+        out["devices"] = devices
     rows, why = roofline_report.compare_rows(a, b)
     if rows:
         out["roofline"] = {"rows": rows, "why": why}
@@ -169,6 +172,8 @@ def compare_report(c: dict[str, Any]) -> Report:
     sections = [_memory_section(c), _op_section(c), _layer_section(c), _agreement_section(c)]
     if "roofline" in c:
         sections.append(roofline_report.compare_section(c["roofline"]))
+    if "devices" in c:  # runs on several devices
+        sections.append(device_report.compare_section(c["devices"]))
     return Report(
         title="Session comparison",
         subtitle=f"A: {a['model']} · B: {b['model']}",

@@ -90,6 +90,119 @@ class LayerSpan(NamedTuple):
     n_ops: int
 
 
+class Split(NamedTuple):
+    """What ggml's scheduler ran on one device (a ``splits`` row): the device (an index into
+    ``session_start.machine.devices``), its graph nodes ``[i_start, i_end)``, and host times
+    (absolute ns): when the split began (its input copies first), when its graph was handed to the
+    backend, and when the backend returned it."""
+
+    device: int
+    i_start: int
+    i_end: int
+    start: int
+    launch: int
+    end: int
+
+
+class Copy(NamedTuple):
+    """A tensor the scheduler copied to another device for a split (a ``copies`` row): the split
+    (an index into the compute's splits), its node (-1: a weight or input) and name, bytes, the
+    source and destination devices, and the host-side time of the copy call (absolute ns)."""
+
+    split: int
+    node: int
+    name: str
+    bytes: int
+    src: int
+    dst: int
+    start: int
+    dur: int
+
+
+class Busy(NamedTuple):
+    """A stretch of work a device timed itself (a ``busy`` row; Vulkan: a command buffer, from its
+    first command's start to its last's end): the device, absolute start, duration, the split
+    whose ops it ran (-1: none, only copies) and how many ops."""
+
+    device: int
+    start: int
+    dur: int
+    split: int
+    n_ops: int
+
+
+class Remote(NamedTuple):
+    """A graph a patched RPC server computed and timed itself (a ``remote`` row), placed on this
+    log's clock: the split (-1: none matched), the device, the client's send and reply times, the
+    server's compute start and end (absolute ns), the one-way network estimate and the placement's
+    uncertainty (ns), the server's clock offset, the graph command's bytes and its ops."""
+
+    split: int
+    device: int
+    send: int
+    reply: int
+    start: int
+    end: int
+    one_way: int
+    err: int
+    clock_offset: int
+    bytes: int
+    n_ops: int
+
+
+class Clock(NamedTuple):
+    """How a device's own timestamps were put on the host clock (a ``clocks`` row)."""
+
+    device: int
+    method: str
+    uncertainty: int
+
+
+@dataclass(eq=False)
+class Placement:
+    """Where a compute ran, beyond the CPU backend's ops: the scheduler's splits and copies, the
+    stretches a device timed itself (``busy``, ``clocks``), the graphs remote servers timed
+    (``remote``), and ``wait`` (ns from the last split's return until the backends were
+    synchronized; None when the record does not say). Times absolute, in the compute's order."""
+
+    splits: list[Split] = field(default_factory=list)
+    copies: list[Copy] = field(default_factory=list)
+    busy: list[Busy] = field(default_factory=list)
+    remote: list[Remote] = field(default_factory=list)
+    clocks: list[Clock] = field(default_factory=list)
+    wait: int | None = None
+
+
+class TransferRow(NamedTuple):
+    """One command a client sent to an RPC server (a ``transfers`` row), times absolute: the device
+    (-1: not in ggml's registry yet), the command, the tensor it moves (``""``: none), its tensor
+    bytes, the bytes written and read, and when it was issued, began to be written, was written
+    whole, and its reply was read whole (``sent_at`` for a command without a reply)."""
+
+    device: int
+    cmd: str
+    tensor: str
+    bytes: int
+    sent: int
+    recv: int
+    queue: int
+    start: int
+    sent_at: int
+    end: int
+
+
+@dataclass
+class Transfers:
+    """A ``transfers`` record: its phase (``load``, ``step``, ``between``), the step for phase
+    ``step``, the commands not recorded, and its rows."""
+
+    phase: str
+    ctx: int | None
+    step: int | None
+    dropped: int
+    rows: list[TransferRow]
+
+
 _NO_OPS = np.zeros(0, np.int64)
 _NO_OPS.flags.writeable = False
 
@@ -120,6 +233,10 @@ class Compute:
     op_fused: dict[int, list[int]] = field(default_factory=dict)
     op_threads: list[list[int] | None] | None = None  # None: the record had no thread timings
     op_stats: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    # where it ran (splits, copies, device-timed stretches, remote graphs), if the record says
+    place: Placement | None = None
+    # per layer span, the device that timed it (-1: the CPU backend's); None: all the CPU backend's
+    layer_device: Any = None
 
     @property
     def n_ops(self) -> int:
@@ -209,6 +326,8 @@ class Step:
     computes: list[Compute] = field(default_factory=list)
     topk: list[dict[str, Any]] = field(default_factory=list)
     ended: bool = False
+    # the commands sent to RPC servers during the step (``transfers`` records of phase ``step``)
+    transfers: list[Transfers] = field(default_factory=list)
 
     @property
     def end(self) -> int:
@@ -240,8 +359,9 @@ class SessionInfo:
     requests: list[dict[str, Any]] = field(default_factory=list)
     # `part` records (llama-bench's tests), in log order
     parts: list[dict[str, Any]] = field(default_factory=list)
-    # `transfers` records (the commands sent to RPC servers), in log order
-    transfers: list[dict[str, Any]] = field(default_factory=list)
+    # `transfers` records outside any step (the model's upload: ``load``; ``between``), in log
+    # order (a step's own are its ``Step.transfers``)
+    transfers: list[Transfers] = field(default_factory=list)
     # the machine that made the log (CPU model, devices), {} in logs from before it was recorded
     machine: dict[str, Any] = field(default_factory=dict)
     # always on: sampling ({"steps": N, "requests": M}, {} when every step is recorded at the
@@ -299,15 +419,26 @@ def op_time_by_label(c: Compute) -> dict[str, int]:
 
 def layer_rows(raw: Any, t0: int) -> np.ndarray | None:
     """A compute record's ``layers`` rows as an int64 array, start offsets made absolute, in bulk;
-    None unless they are all four plain ints with non-negative times (the per-row reading then
-    converts or rejects the odd values)."""
+    None unless they are all plain ints with non-negative times (the per-row reading then
+    converts or rejects the odd values). Rows of four (spans timed on the CPU backend) give
+    (m, 4); rows naming their device in a fifth element give (m, 5), the device -1 in the rows
+    without one."""
     if type(raw) is not list or not raw:
         return None
     try:
         flat = list(chain.from_iterable(raw))
-        if len(flat) != 4 * len(raw) or set(map(len, raw)) != {4}:
+        widths = set(map(len, raw))
+        if widths == {4} and len(flat) == 4 * len(raw):
+            a = np.frombuffer(array("q", flat), np.int64).reshape(-1, 4).copy()  # ints only
+        elif widths <= {4, 5} and all(type(r) is list for r in raw):
+            rows = [r if len(r) == 5 else [*r, -1] for r in raw]
+            if not all(type(v) is int for v in chain.from_iterable(rows)):
+                return None
+            if min(r[4] for r in raw if len(r) == 5) < 0:  # (a device index)
+                return None
+            a = np.array(rows, np.int64)
+        else:
             return None
-        a = np.frombuffer(array("q", flat), np.int64).reshape(-1, 4).copy()  # ints only
         lo, hi = a.min(axis=0), a.max(axis=0)
         if lo[1] < 0 or lo[2] < 0 or t0 + int(hi[1]) >= 1 << 63:
             return None
@@ -353,15 +484,24 @@ class LayerRows(Sequence[LayerSpan]):
         return repr(self.spans())
 
 
-def layer_spans(raw: Any, t0: int) -> Sequence[LayerSpan]:
-    """A compute record's ``layers`` rows, their start offsets made absolute. ``raw`` may be
-    ``layer_rows(raw, t0)`` already (the forked log reader's work: ``prefetch``)."""
+def layer_spans(raw: Any, t0: int) -> tuple[Sequence[LayerSpan], Any]:
+    """A compute record's ``layers`` rows, their start offsets made absolute, and the device of
+    each span (an int64 array, -1 for the CPU backend's; None when no row names one). ``raw``
+    may be ``layer_rows(raw, t0)`` already (the forked log reader's work: ``prefetch``)."""
     a = raw if isinstance(raw, np.ndarray) else layer_rows(raw, t0)
     if a is not None:
-        return LayerRows(a)
-    # a span timed on a device other than the CPU backend's names it in a fifth element (read by
-    # the per-device views; here the span is the same)
-    return [LayerSpan(int(a), t0 + nonneg(b), nonneg(c), int(d)) for a, b, c, d, *_ in raw]
+        if a.shape[1] == 4:
+            return LayerRows(a), None
+        return LayerRows(np.ascontiguousarray(a[:, :4])), a[:, 4].copy()
+    if not any(type(r) is list and len(r) == 5 for r in raw):
+        return [LayerSpan(int(a), t0 + nonneg(b), nonneg(c), int(d)) for a, b, c, d in raw], None
+    spans, devices = [], []
+    for a, b, c, d, *e in raw:
+        if len(e) > 1:
+            raise ValueError("a layers row of more than 5 elements")
+        spans.append(LayerSpan(int(a), t0 + nonneg(b), nonneg(c), int(d)))
+        devices.append(uint(e[0]) if e else -1)
+    return spans, np.array(devices, np.int64)
 
 
 def nonneg(v: Any) -> int:
@@ -370,6 +510,14 @@ def nonneg(v: Any) -> int:
     if x < 0:
         raise ValueError(f"negative time value {x}")
     return x
+
+
+def uint(v: Any, lo: int = 0) -> int:
+    """A JSON integer (not a bool, float or string) of at least ``lo``, else ValueError: the
+    fields that name devices and places in a compute (read strictly: they index tables)."""
+    if type(v) is not int or v < lo:
+        raise ValueError(f"{v!r} is not an integer >= {lo}")
+    return v
 
 
 def _dict(v: Any) -> dict[str, Any]:
@@ -446,8 +594,9 @@ def _column(values: list[int]) -> Any:
         return np.array(values, dtype=object)
 
 
-def decode_compute(rec: dict[str, Any], graph: Graph | None) -> Compute:
-    """A compute record, op by op (``decode_compute_bulk`` reads the well-formed ones in bulk)."""
+def decode_compute(rec: dict[str, Any], graph: Graph | None, devices: bool = True) -> Compute:
+    """A compute record, op by op (``decode_compute_bulk`` reads the well-formed ones in bulk).
+    ``devices``: read where it ran (``placement``); a session on one device does not need it."""
     t0 = nonneg(rec["t_start"])
     node: list[int] = []
     start: list[int] = []
@@ -468,11 +617,16 @@ def decode_compute(rec: dict[str, Any], graph: Graph | None) -> Compute:
         node.append(i)
         start.append(t0 + off)
         dur.append(d)
-    return _compute(rec, graph, t0, _column(node), _column(start), _column(dur), fused, done)
+    return _compute(
+        rec, graph, t0, _column(node), _column(start), _column(dur), fused, done, devices
+    )
 
 
 def decode_compute_bulk(
-    rec: dict[str, Any], graph: Graph, fused_of: dict[Graph, dict[int, list[int]]]
+    rec: dict[str, Any],
+    graph: Graph,
+    fused_of: dict[Graph, dict[int, list[int]]],
+    devices: bool = True,
 ) -> Compute | None:
     """A compute record of ``graph`` its ops read in bulk (``pack_ops``): the ``Compute`` that
     ``decode_compute`` makes of it, or None when anything about its ops is unusual (thread
@@ -484,7 +638,7 @@ def decode_compute_bulk(
     if cols is None:
         return None
     node, start, dur, fused = cols
-    return _compute(rec, graph, rec["t_start"], node, start, dur, fused, None)
+    return _compute(rec, graph, rec["t_start"], node, start, dur, fused, None, devices)
 
 
 def _bulk_columns(
@@ -528,9 +682,10 @@ def _compute(
     dur: Any,
     fused: dict[int, list[int]],
     threads: list[list[int] | None] | None,
+    devices: bool,
 ) -> Compute:
-    """A compute record's ``Compute``, its ops already columns."""
-    layers = layer_spans(rec["layers"], t0)
+    """A compute record's ``Compute``, its ops already columns (where it ran: with ``devices``)."""
+    layers, layer_device = layer_spans(rec["layers"], t0)
     return Compute(
         step=rec["step"],
         ubatch=_opt_int(rec["ubatch"]),
@@ -546,6 +701,109 @@ def _compute(
         op_dur=dur,
         op_fused=fused,
         op_threads=threads,
+        place=placement(rec, t0) if devices else None,
+        layer_device=layer_device,
+    )
+
+
+_PLACE_FIELDS = ("splits", "copies", "busy", "remote", "clocks", "wait")
+
+
+def _rows(rec: dict[str, Any], key: str, width: int) -> list[list[Any]]:
+    """A compute record's ``key`` rows, each a list of ``width`` values ([] when absent)."""
+    raw = rec.get(key)
+    if raw is None:
+        return []
+    if type(raw) is not list:
+        raise TypeError(f"{key} is not a list")
+    for row in raw:
+        if type(row) is not list or len(row) != width:
+            raise ValueError(f"a {key} row is not a list of {width} values")
+    return raw
+
+
+def _split_ref(v: Any, n_splits: int, none_ok: bool) -> int:
+    """An index into the compute's splits (-1 where ``none_ok``)."""
+    k = uint(v, -1 if none_ok else 0)
+    if k >= n_splits:
+        raise ValueError(f"split {k} of {n_splits}")
+    return k
+
+
+def _text(v: Any) -> str:
+    if type(v) is not str:
+        raise TypeError(f"{v!r} is not a string")
+    return v
+
+
+def placement(rec: dict[str, Any], t0: int) -> Placement | None:
+    """Where a compute ran (``splits``, ``copies``, ``busy``, ``clocks``, ``remote``, ``wait``:
+    see docs/schema.md), times made absolute; None for a record with none of them. Strict: a
+    device, split or time that is not a plain integer in range raises ValueError or TypeError,
+    and the record is skipped like any damaged one."""
+    if not any(k in rec for k in _PLACE_FIELDS):
+        return None
+    p = Placement()
+    for d, i0, i1, s, la, e in _rows(rec, "splits", 6):
+        start, launch, end = t0 + uint(s), t0 + uint(la), t0 + uint(e)
+        if not (start <= launch <= end and uint(i0) <= uint(i1)):
+            raise ValueError("a split that ends before it starts")
+        p.splits.append(Split(uint(d), i0, i1, start, launch, end))
+    n = len(p.splits)
+    for k, node, name, nbytes, src, dst, s, d in _rows(rec, "copies", 8):
+        p.copies.append(
+            Copy(
+                _split_ref(k, n, False), uint(node, -1), _text(name), uint(nbytes), uint(src),
+                uint(dst), t0 + uint(s), uint(d),
+            )
+        )  # fmt: skip
+    for d, s, dur, k, n_ops in _rows(rec, "busy", 5):
+        p.busy.append(Busy(uint(d), t0 + uint(s), uint(dur), _split_ref(k, n, True), uint(n_ops)))
+    for d, method, err in _rows(rec, "clocks", 3):
+        p.clocks.append(Clock(uint(d), _text(method), uint(err)))
+    for row in _rows(rec, "remote", 11):
+        k, d, send, reply, s, e, one_way, err, offset, nbytes, n_ops = row
+        if uint(s) > uint(e) or uint(send) > uint(reply):
+            raise ValueError("a remote graph that ends before it starts")
+        p.remote.append(
+            Remote(
+                _split_ref(k, n, True), uint(d), t0 + send, t0 + reply, t0 + s, t0 + e,
+                uint(one_way), uint(err), uint(offset, -(1 << 62)), uint(nbytes), uint(n_ops),
+            )
+        )  # fmt: skip
+    if rec.get("wait") is not None:
+        p.wait = uint(rec["wait"])
+    return p
+
+
+_PHASES = ("load", "step", "between")
+
+
+def transfers(rec: dict[str, Any]) -> Transfers:
+    """A ``transfers`` record, times made absolute (strict, as ``placement``)."""
+    phase = rec["phase"]
+    if phase not in _PHASES:
+        raise ValueError(f"unknown transfers phase {phase!r}")
+    t0 = uint(rec["t_start"])
+    rows = []
+    for row in _rows(rec, "rows", 10):
+        d, cmd, tensor, nbytes, sent, recv, q, s, sa, e = row
+        q, s, sa, e = uint(q), uint(s), uint(sa), uint(e)
+        if not q <= s <= sa <= e:
+            raise ValueError("a transfer whose times are out of order")
+        rows.append(
+            TransferRow(
+                uint(d, -1), _text(cmd), _text(tensor), uint(nbytes), uint(sent), uint(recv),
+                t0 + q, t0 + s, t0 + sa, t0 + e,
+            )
+        )  # fmt: skip
+    in_step = phase == "step"
+    return Transfers(
+        phase=phase,
+        ctx=uint(rec["ctx"]) if in_step else None,
+        step=uint(rec["step"]) if in_step else None,
+        dropped=uint(rec.get("dropped", 0)),
+        rows=rows,
     )
 
 

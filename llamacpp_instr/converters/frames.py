@@ -43,7 +43,10 @@ import pandas as pd
 
 from . import derive, machine_peaks, roofline
 from .decode import Compute, Graph, LayerRows, SessionInfo, Step
+from .device_time import multi_device
 from .errors import UserError
+from .frames_devices import TABLES as DEVICE_TABLES
+from .frames_devices import DeviceBuilder
 from .reader import ReadReport
 from .session import SessionStarted, StepDone, iter_events_packed
 
@@ -143,6 +146,15 @@ class SessionFrames:
     peaks_note: str = ""
     # the tokens the run fed back while generating (its own choices), in step order
     generated_tokens: list[int] = field(default_factory=list)
+    # a run on several devices (``frames_devices``; empty for a CPU-only log)
+    devices: pd.DataFrame = field(default_factory=pd.DataFrame)
+    splits: pd.DataFrame = field(default_factory=pd.DataFrame)
+    copies: pd.DataFrame = field(default_factory=pd.DataFrame)
+    busy: pd.DataFrame = field(default_factory=pd.DataFrame)
+    remote: pd.DataFrame = field(default_factory=pd.DataFrame)
+    transfers: pd.DataFrame = field(default_factory=pd.DataFrame)
+    device_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    token_time: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     TABLES = (
         "steps",
@@ -157,7 +169,9 @@ class SessionFrames:
     )
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        return {name: getattr(self, name) for name in self.TABLES}
+        """The tables (with the device tables of a run on several devices)."""
+        names = self.TABLES + (DEVICE_TABLES if not self.devices.empty else ())
+        return {name: getattr(self, name) for name in names}
 
     def sampling(self) -> Sampling:
         """What was recorded at which level (``Sampling``): per-op figures come from the
@@ -347,6 +361,7 @@ class _Builder:
         self.fused_nodes: list[np.ndarray] = []
         self.n_ops = 0
         self.generated: list[tuple[int, list[int]]] = []  # per generation step: index, tokens
+        self.dev = DeviceBuilder(info) if multi_device(info) else None  # several devices
 
     def _meta(self, g: Graph) -> _GraphMeta:
         """The graph's per-node columns (made on first use)."""
@@ -420,6 +435,8 @@ class _Builder:
             if len(cc.layers):
                 self.layer_parts.append(cc.layers)
                 self.layer_keys.extend((s.index, ubatch, len(cc.layers)))
+                if self.dev is not None:
+                    self.dev.layers(c)
             if g is None:
                 continue
             if g.id not in self.graphs:
@@ -436,6 +453,8 @@ class _Builder:
                 self._raise_node_error(meta, cc)
             self.op_cols.add(cc.ops, meta.offset)
             self.op_keys.extend((s.index, ubatch, g.id, cc.ops.shape[1]))
+            if self.dev is not None:
+                self.dev.ops(c)
             if len(cc.fused_row):
                 self.fused_rows.append(cc.fused_row + self.n_ops)
                 self.fused_nodes.append(cc.fused_node + meta.offset)
@@ -451,6 +470,8 @@ class _Builder:
                 self.topk.add(
                     step=s.index, row=row.get("row", 0), rank=rank, token=tok, logit=logit
                 )
+        if self.dev is not None:
+            self.dev.step(s)
 
     @staticmethod
     def _raise_node_error(meta: _GraphMeta, c: _Columns) -> None:
@@ -572,6 +593,9 @@ class _Builder:
                 t for _, tokens in sorted(self.generated, key=_FIRST) for t in tokens
             ],
         )
+        if self.dev is not None:
+            for name, df in self.dev.tables(sf.ops, sf.layers).items():
+                setattr(sf, name, df)
         found = (
             machine_peaks.for_session(self.info, peaks_cache)
             if peaks_cache is not None

@@ -52,7 +52,9 @@ from .decode import (
     step_level,
     step_seqs,
     topk_rows,
+    transfers,
 )
+from .device_time import multi_device
 from .reader import ReadReport, iter_records
 
 __all__ = [
@@ -78,6 +80,8 @@ __all__ = [
 class _SessionState:
     def __init__(self, info: SessionInfo) -> None:
         self.info = info
+        # where its computes ran is read only when its machine has several devices
+        self.devices = multi_device(info)
         self.graphs: dict[tuple[int, int], Graph] = {}
         self.open_steps: dict[tuple[int, int], Step] = {}  # (ctx, step) -> step in flight
 
@@ -167,7 +171,7 @@ class Fold:
         if step is None or graph is None:
             return False
         state.info.last_ts = max(state.info.last_ts, nonneg(rec["ts"]))  # as ``_apply`` first
-        c = decode_compute_bulk(rec, graph, self.fused_of)
+        c = decode_compute_bulk(rec, graph, self.fused_of, state.devices)
         if c is None:
             return False
         step.computes.append(c)
@@ -227,12 +231,16 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
     elif rtype == "part":
         state.info.parts.append(rec)
     elif rtype == "transfers":
-        state.info.transfers.append(rec)
+        t = transfers(rec)
+        step = None
+        if t.ctx is not None and t.step is not None:  # (phase step)
+            step = state.open_steps.get((t.ctx, t.step))
+        (step.transfers if step is not None else state.info.transfers).append(t)
     elif rtype == "compute":
         step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
         if step is not None:
             graph = state.graphs.get((int(rec["ctx"]), int(rec["graph"])))
-            step.computes.append(decode_compute(rec, graph))
+            step.computes.append(decode_compute(rec, graph, state.devices))
     elif rtype == "tensor_stats":
         step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
         if step is not None:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import roofline_report
+from . import device_report, roofline_report
 from .frames import SessionFrames
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
 from .request_share import part_rows, parts_section, request_shares, share_section
@@ -416,6 +416,10 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
     charts = _time_charts(f, per_op=recorded)
     if charts:
         sections.append(Section("Where a token's time goes", charts=charts))
+    devices, devices_data = device_report.section(f)  # a run on several devices
+    if devices is not None:
+        facts += devices.facts[:1]  # what dominates a token
+        sections.append(devices)
     lat = request_latency(f)
     if lat is not None:
         sections.append(_requests_section(lat, f))
@@ -447,6 +451,7 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
             **({"request_share": [x.row() for x in shares]} if shares else {}),
             **({"parts": parts} if parts else {}),
             "roofline": roof_data,
+            **devices_data,
         },
         csv_table=f"by_{key}" if table is not None else "",
         no_csv=(

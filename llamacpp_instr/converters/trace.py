@@ -13,7 +13,7 @@ from .errors import UserError
 from .kv_flows import KvFlows
 from .machine_peaks import Roof
 from .reader import ReadReport
-from .trace_layout import LayoutStats, Selection
+from .trace_items import LayoutStats, Selection
 
 
 @dataclass(frozen=True)

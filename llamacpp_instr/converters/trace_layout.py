@@ -19,9 +19,7 @@ layout, every op slice its own item, is the tests' reference: tests/reference/.)
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,105 +38,24 @@ from .decode import (
     Step,
     StepDone,
 )
+from .device_time import multi_device
 from .kv_flows import KvFlows, OpFlows
 from .machine_peaks import Roof
 from .request_share import SeqSteps
 from .rounding import EXACT, round3
-
-
-@dataclass(frozen=True)
-class Selection:
-    """What to include: one layer only, a range of steps, or no ops at all; and whether op
-    slices carry KV-cache flows (``kv_flows``)."""
-
-    layer: int | None = None
-    steps: tuple[int, int] | None = None  # [first, last) step index
-    ops: bool = True
-    flows: bool = False
-
-    def wants_step(self, step: Step) -> bool:
-        return self.steps is None or self.steps[0] <= step.index < self.steps[1]
-
-
-@dataclass
-class Track:
-    uuid: int
-    name: str
-    parent: int | None  # None: a process track
-    kind: str  # "process", "slices" or "counter"
-    order: int = 0
-    pid: int = 0
-    unit: str = ""
-    labels: list[str] = field(default_factory=list)  # process tracks: session metadata
-
-
-@dataclass
-class Slice:
-    track: int
-    name: str
-    ts: int
-    dur: int
-    depth: int
-    category: str
-    args: dict[str, Any] = field(default_factory=dict)
-    flows_out: tuple[int, ...] = ()  # ids of the flows (KV cache writes to reads) it starts
-    flows_in: tuple[int, ...] = ()  # ids of the flows it ends
-
-
-@dataclass
-class Sample:
-    track: int
-    ts: int
-    value: float
-
-
-Item = Track | Slice | Sample
-
-
-@dataclass
-class OpBatch:
-    """The op slices of one packed compute, on ``track``, in one item.
-
-    They are the slices a per-op layout yields for ``compute``'s ops (``op_static_args``,
-    ``op_rates``; depth 3 inside a layer, else 2), only those where ``keep`` (a bool array over
-    the compute's ops) is true when it is set: the chosen layer's, and not those with flows
-    (which follow as slices). ``roof``: the session's roofs, if its machine's peaks are known.
-    """
-
-    track: int
-    compute: Compute
-    keep: Any = None
-    roof: Roof | None = None
-
-
-@dataclass
-class ComputeBatch:
-    """A compute's slice, its layer slices (depth
-    2, category ``layer``, named ``layer N`` with args ``layer`` and ``n_ops``, on the compute's
-    track) and its ``OpBatch``: the items a per-op layout yields for the compute, up to the op
-    slices that follow one by one (see ``SessionLayout.compute``)."""
-
-    slice: Slice
-    layers: Sequence[LayerSpan]
-    ops: OpBatch | None
-
-
-BulkItem = Item | OpBatch | ComputeBatch
-
-
-@dataclass
-class LayoutStats:
-    steps: int = 0
-    computes: int = 0
-    layers: int = 0
-    ops: int = 0
-    flows: int = 0
-
-
-def track_uuid(*parts: object) -> int:
-    """Deterministic 63-bit id: the same log always gives the same trace."""
-    h = hashlib.blake2b("\0".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "big") >> 1 or 1
+from .trace_devices import DeviceTracks
+from .trace_items import (
+    BulkItem,
+    ComputeBatch,
+    Item,
+    LayoutStats,
+    OpBatch,
+    Sample,
+    Selection,
+    Slice,
+    Track,
+    track_uuid,
+)
 
 
 def _shape(shape: list[int]) -> str:
@@ -348,6 +265,10 @@ class SessionLayout:
         # labelled parts (llama-bench's tests), on one track above the requests
         self.parts_track: Track | None = None
         self.parts_done = 0
+        # a run on several devices: a track per device, splits, copies, the network
+        self.by_device: DeviceTracks | None = None
+        if multi_device(info):
+            self.by_device = DeviceTracks(self)
 
     def requests(self) -> Iterator[Item]:
         """Slices for the request records read since the last call. Requests overlap in time
@@ -433,6 +354,8 @@ class SessionLayout:
             if samples:
                 args["samples_ms"] = ", ".join(f"{x:.3f}" for x in samples)
             yield Slice(self.parts_track.uuid, str(p.get("label")), t0, dur, 0, "part", args)
+        if self.by_device is not None:  # RPC commands outside steps (the model's upload first)
+            yield from self.by_device.transfers()
 
     def start(self) -> Iterator[Item]:
         info = self.info
@@ -532,13 +455,23 @@ class SessionLayout:
             row = step.topk[-1]
             args["top1_id"] = row["ids"][0]
             args["top1_logit"] = row["logits"][0]
-        yield Slice(track, name, step.start, step.dur, 0, "step", args)
+        dev = self.by_device
+        dur = step.dur
+        if dev is not None:  # the step spans what it waited for (an RPC server's compute)
+            args["llama_decode_ns"] = step.dur
+            dur = dev.step_end(step) - step.start
+        yield Slice(track, name, step.start, dur, 0, "step", args)
         if step.dur > 0 and step.ended:
             yield Sample(self.tok_s.uuid, step.end, step.n_tokens / (step.dur / 1e9))
         if step.kv_used >= 0:
             yield Sample(self.kv.uuid, step.end, float(step.kv_used))
         for k, c in enumerate(step.computes):
-            yield from self.compute(c, track, stats, flows[k] if flows else {})
+            if dev is not None:
+                yield from dev.compute(c, track, stats, flows[k] if flows else {}, step)
+            else:
+                yield from self.compute(c, track, stats, flows[k] if flows else {})
+        if dev is not None:
+            yield from dev.transfers(step)
 
     def layers(self, graph: Graph) -> Any:
         """The layer of each of the graph's nodes as an array (-1: none)."""
@@ -564,9 +497,8 @@ class SessionLayout:
             },
         )
 
-    def spans(self, c: Compute, stats: LayoutStats) -> Sequence[LayerSpan]:
-        """The compute's layer spans the selection keeps (counted)."""
-        spans = c.layers
+    def spans(self, spans: Sequence[LayerSpan], stats: LayoutStats) -> Sequence[LayerSpan]:
+        """The layer spans the selection keeps (counted)."""
         if self.sel.layer is not None:
             spans = [lay for lay in spans if lay.layer == self.sel.layer]
         stats.layers += len(spans)
@@ -575,31 +507,46 @@ class SessionLayout:
     def compute(
         self, c: Compute, track: int, stats: LayoutStats, flows: OpFlows
     ) -> Iterator[BulkItem]:
-        """A ``ComputeBatch`` (the compute's slice, layer spans and its ops in bulk), then one by
-        one the op slices it does not hold: those with flows, and every op of a compute whose ops
-        the bulk writers leave to the per-op view (``Compute.per_op``: thread timings, tensor
-        statistics)."""
+        """A compute's slice, layer spans and ops (``part``)."""
         stats.computes += 1
-        compute = self.compute_slice(c, track)
-        spans = self.spans(c, stats)
+        yield from self.compute_batch(self.compute_slice(c, track), c, c.layers, stats, flows)
+
+    def compute_batch(
+        self,
+        head: Slice,
+        c: Compute,
+        spans: Sequence[LayerSpan],
+        stats: LayoutStats,
+        flows: OpFlows,
+        mask: Any = None,
+    ) -> Iterator[BulkItem]:
+        """A ``ComputeBatch`` (``head``: the compute's slice, or a device's part of it; the layer
+        ``spans`` and the compute's ops, those where ``mask`` when it is given, on its track, in
+        bulk), then one by one the op slices it does not hold: those with flows, and every op of
+        a compute whose ops the bulk writers leave to the per-op view (``Compute.per_op``:
+        thread timings, tensor statistics)."""
+        track = head.track
+        spans = self.spans(spans, stats)
         batch: OpBatch | None = None
         ops: list[tuple[int, OpTiming]] = []
         if self.sel.ops and c.graph is not None and c.per_op:
-            ops = list(enumerate(c.unpack()))
+            ops = [(k, op) for k, op in enumerate(c.unpack()) if mask is None or mask[k]]
         elif self.sel.ops and c.graph is not None:
-            keep = None
+            keep = None if mask is None else mask.copy()
             if self.sel.layer is not None:
-                keep = self.layers(c.graph)[c.op_node] == self.sel.layer
-            if flows:  # the ops with flows come one by one, as slices with their flows
+                in_layer = self.layers(c.graph)[c.op_node] == self.sel.layer
+                keep = in_layer if keep is None else keep & in_layer
+            mine = sorted(k for k in flows if mask is None or mask[k])
+            if mine:  # the ops with flows come one by one, as slices with their flows
                 if keep is None:
                     keep = np.ones(len(c.op_node), dtype=bool)
-                keep[list(flows)] = False
+                keep[mine] = False
             n = len(c.op_node) if keep is None else int(keep.sum())
             stats.ops += n
             if n:
                 batch = OpBatch(track, c, keep, self.roof)
-            ops = [(k, c.op_at(k)) for k in sorted(flows)]
-        yield ComputeBatch(compute, spans, batch)
+            ops = [(k, c.op_at(k)) for k in mine]
+        yield ComputeBatch(head, spans, batch)
         for k, op in ops:
             yield from self.op_slices(k, op, c, track, stats, flows)
 

@@ -9,7 +9,7 @@ from typing import IO
 
 import orjson
 
-from llamacpp_instr.converters.trace_layout import Item, Sample, Slice, Track
+from llamacpp_instr.converters.trace_items import Item, Sample, Slice, Track
 
 
 def reference_write_chrome_json(items: Iterable[Item], out: IO[bytes]) -> int:
@@ -84,6 +84,16 @@ def reference_write_chrome_json(items: Iterable[Item], out: IO[bytes]) -> int:
                     "args": it.args,
                 }
             )
+            # flows at the slice's middle: a split's launch on a device, or the KV cache's
+            launch = it.category in ("split", "busy", "remote")
+            name, cat = ("launch", "device_flow") if launch else ("KV cache", "kv_flow")
+            mid = (it.ts + it.dur / 2) / 1000
+            for f in it.flows_out:
+                emit({"ph": "s", "name": name, "cat": cat, "pid": tr.pid, "tid": tids[it.track],
+                      "id": f, "ts": mid})  # fmt: skip
+            for f in it.flows_in:
+                emit({"ph": "f", "bp": "e", "name": name, "cat": cat, "pid": tr.pid,
+                      "tid": tids[it.track], "id": f, "ts": mid})  # fmt: skip
         elif isinstance(it, Sample):
             tr = tracks[it.track]
             emit(

@@ -114,6 +114,12 @@ class _RefBuilder:
         self.stats = _RefTable("step ubatch node n_nan n_inf", "min max mean std", cats="name")
         self.topk = _RefTable("step row rank token", "logit")
         self.graphs: dict[int, Graph] = {}
+        # a run on several devices: each op's and layer span's device, by name
+        listed = [d for d in info.machine.get("devices", []) if isinstance(d, dict)]
+        self.device_names = {d["index"]: d["name"] for d in listed}
+        self.cpu = next((d["index"] for d in listed if d["backend"] == "CPU"), -1)
+        self.op_device: list[str | None] = []
+        self.layer_device: list[str | None] = []
 
     def step(self, s: Step) -> None:
         self.steps.add(
@@ -124,7 +130,10 @@ class _RefBuilder:
         for seq, n_tok, p0, p1 in s.seqs:
             self.seqs.add(step=s.index, ctx=s.ctx, seq=seq, n_tokens=n_tok, pos0=p0, pos1=p1)
         for c in s.computes:
-            for lay in c.layers:
+            splits = c.place.splits if c.place is not None else []
+            for k, lay in enumerate(c.layers):
+                d = -1 if c.layer_device is None else int(c.layer_device[k])
+                self.layer_device.append(self.device_names.get(self.cpu if d < 0 else d))
                 self.layers.add(
                     step=s.index, ubatch=c.ubatch, layer=lay.layer, t_start=lay.start,
                     dur_ns=lay.dur, n_ops=lay.n_ops,
@@ -142,6 +151,8 @@ class _RefBuilder:
             for op in c.ops:
                 n = op.node
                 w = derive.weight_source(n)
+                held = [x.device for x in splits if x.i_start <= n.i < x.i_end]
+                self.op_device.append(self.device_names.get(held[0] if held else self.cpu))
                 self.ops.add(
                     step=s.index, ubatch=c.ubatch, graph=g.id, node=n.i, name=n.name, op=n.op,
                     label=n.label, category=derive.category(n), layer=n.layer, t_start=op.start,
@@ -198,11 +209,16 @@ class _RefBuilder:
             for c in ("name", "type", "buffer"):
                 weights[c] = weights[c].astype("category")
             weights["layer"] = weights["layer"].astype("Int64")
+        layers, ops = self.layers.frame(LAYER_COLS), self.ops.frame(OP_COLS)
+        if len(self.device_names) > 1:  # the device columns (the machine's order)
+            names = [self.device_names[k] for k in sorted(self.device_names)]
+            layers["device"] = pd.Categorical(self.layer_device, categories=names)
+            ops["device"] = pd.Categorical(self.op_device, categories=names)
         return SessionFrames(
             info=self.info,
             steps=steps,
-            layers=self.layers.frame(LAYER_COLS),
-            ops=self.ops.frame(OP_COLS),
+            layers=layers,
+            ops=ops,
             nodes=self.nodes.frame(NODE_COLS),
             weights=weights,
             tensor_stats=self.stats.frame(STAT_COLS),

@@ -9,36 +9,36 @@ its layer slices, then each op's slice in log order. The reference writer
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import cast
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
 
-from llamacpp_instr.converters.decode import Compute, SessionInfo
+from llamacpp_instr.converters.decode import Compute, LayerSpan, SessionInfo
 from llamacpp_instr.converters.kv_flows import KvFlows, OpFlows
 from llamacpp_instr.converters.machine_peaks import Roof
 from llamacpp_instr.converters.session import Event
-from llamacpp_instr.converters.trace_layout import (
-    Item,
-    LayoutStats,
-    Selection,
-    SessionLayout,
-    Slice,
-    layout_sessions,
-)
+from llamacpp_instr.converters.trace_items import Item, LayoutStats, Selection, Slice
+from llamacpp_instr.converters.trace_layout import SessionLayout, layout_sessions
 
 
 class PerOpLayout(SessionLayout):
-    def compute(
-        self, c: Compute, track: int, stats: LayoutStats, flows: OpFlows
-    ) -> Iterator[Item]:  # type: ignore[override]
-        stats.computes += 1
-        yield self.compute_slice(c, track)
-        for lay in self.spans(c, stats):
+    def compute_batch(  # type: ignore[override]
+        self,
+        head: Slice,
+        c: Compute,
+        spans: Sequence[LayerSpan],
+        stats: LayoutStats,
+        flows: OpFlows,
+        mask: Any = None,
+    ) -> Iterator[Item]:
+        yield head
+        for lay in self.spans(spans, stats):
             args = {"layer": lay.layer, "n_ops": lay.n_ops}
-            yield Slice(track, f"layer {lay.layer}", lay.start, lay.dur, 2, "layer", args)
+            yield Slice(head.track, f"layer {lay.layer}", lay.start, lay.dur, 2, "layer", args)
         if not self.sel.ops or c.graph is None:
             return
         for k, op in enumerate(c.unpack()):
-            yield from self.op_slices(k, op, c, track, stats, flows)
+            if mask is None or mask[k]:
+                yield from self.op_slices(k, op, c, head.track, stats, flows)
 
 
 def layout(

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..decode import LayerSpan
-from ..trace_layout import Sample, Slice
+from ..trace_items import Sample, Slice
 from .packets import Interner
 from .protowire import (
     TE_CATEGORIES,

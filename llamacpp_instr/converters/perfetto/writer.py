@@ -18,7 +18,7 @@ from operator import attrgetter
 from typing import IO
 
 from ..sinks import BundleSink
-from ..trace_layout import BulkItem, ComputeBatch, OpBatch, Sample, Slice, Track
+from ..trace_items import BulkItem, ComputeBatch, OpBatch, Sample, Slice, Track
 from .batch import Batch, Block
 from .bulk import BulkEncoder
 from .events import EventFields

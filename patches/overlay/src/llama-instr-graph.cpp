@@ -48,7 +48,7 @@ static bool is_weight(const ggml_tensor * t) {
     return t->buffer && ggml_backend_buffer_get_usage(t->buffer) == GGML_BACKEND_BUFFER_USAGE_WEIGHTS;
 }
 
-static bool is_noop(const ggml_tensor * t) {
+bool is_noop(const ggml_tensor * t) {
     switch (t->op) {
         case GGML_OP_NONE:
         case GGML_OP_RESHAPE:
@@ -179,6 +179,34 @@ void graph_index::build(const ggml_cgraph * g, const llama_model * model) {
         layer[i] = from_nodes;
     }
     il_of.clear();
+}
+
+bool graph_index::follow_order(const ggml_cgraph * g) {
+    auto * gm = const_cast<ggml_cgraph *>(g);
+    if (g != gf || ggml_graph_n_nodes(gm) != n_nodes || fingerprint(g) == shape) {
+        return false;
+    }
+    std::vector<int32_t> from(n_nodes);
+    for (int32_t i = 0; i < n_nodes; i++) {
+        from[i] = find(ggml_graph_node(gm, i));
+        if (from[i] < 0) {
+            return false;  // not a reordering of the nodes indexed
+        }
+    }
+    std::vector<const ggml_tensor *> p(n_nodes), s((size_t) n_nodes * GGML_MAX_SRC);
+    std::vector<int32_t>             l(n_nodes);
+    for (int32_t i = 0; i < n_nodes; i++) {
+        p[i] = ptrs[from[i]];
+        l[i] = layer[from[i]];
+        std::copy_n(srcs.begin() + (size_t) from[i] * GGML_MAX_SRC, GGML_MAX_SRC,
+                    s.begin() + (size_t) i * GGML_MAX_SRC);
+        idx[p[i]] = i;
+    }
+    ptrs.swap(p);
+    layer.swap(l);
+    srcs.swap(s);
+    shape = fingerprint(g);
+    return true;
 }
 
 bool graph_index::matches(const ggml_cgraph * g) const {

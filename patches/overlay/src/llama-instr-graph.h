@@ -55,6 +55,12 @@ struct graph_index {
     // graph and node addresses prove nothing: the nodes' ops, types and shapes must match too.
     bool matches(const ggml_cgraph * gf) const;
 
+    // gf, indexed, as a backend's graph_optimize reordered its nodes once ggml's scheduler split it
+    // (the Vulkan backend groups independent nodes): the same nodes, with their layers and
+    // sources, renumbered in their new order, the order they run in. False if nothing moved (or
+    // gf is not a reordering of the graph indexed).
+    bool follow_order(const ggml_cgraph * gf);
+
     // the source k of node i as indexed (nullptr past the last)
     const ggml_tensor * src(int32_t i, int k) const { return srcs[(size_t) i * GGML_MAX_SRC + k]; }
 
@@ -106,6 +112,7 @@ struct graph_table {
 const ggml_tensor * view_root(const ggml_tensor * t);
 bool                is_kv_cache(const ggml_tensor * t);
 bool                is_kv_write(const ggml_tensor * t);
+bool                is_noop(const ggml_tensor * t);  // a view or reshape that does no work, or not computed
 
 // N of a name "<prefix>N..." (blk.N.attn_q.weight, cache_k_lN), or -1
 int32_t layer_from_name(const char * name, const char * prefix);

@@ -5,9 +5,11 @@
 // per backend kind arms that profiler before a graph compute and, after the scheduler has
 // synchronized the backends, turns what it measured into the step's records:
 //
-//   llama-instr-ops-cpu.cpp   "CPU"  ggml_backend_cpu_set_profiler: every op on the host clock
-//   llama-instr-ops-rpc.cpp   "RPC"  a patched RPC server's own op times (ggml_rpc_profiler),
-//                                    placed on the host clock from the client's send and receive
+//   llama-instr-ops-cpu.cpp     "CPU"     ggml_backend_cpu_set_profiler: every op on the host clock
+//   llama-instr-ops-rpc.cpp     "RPC"     a patched RPC server's own op times (ggml_rpc_profiler),
+//                                          placed on the host clock from the client's send and receive
+//   llama-instr-ops-vulkan.cpp  "Vulkan"  ggml_backend_vk_set_profiler: timestamp queries in the
+//                                          command buffers, put on the host clock by a clock pair
 //
 // A timer puts every interval on the host clock (now_ns()) before it appends it, so the records
 // do not care which backend timed an op. Timers are made once per backend of a context's scheduler
@@ -70,6 +72,7 @@ std::unique_ptr<op_timer> make_op_timer(ggml_backend_t backend);
 // The timers, by the backend registry's name.
 std::unique_ptr<op_timer> make_cpu_op_timer(ggml_backend_t backend, ggml_backend_reg_t reg, int32_t device);
 std::unique_ptr<op_timer> make_rpc_op_timer(ggml_backend_t backend, ggml_backend_reg_t reg, int32_t device);
+std::unique_ptr<op_timer> make_vk_op_timer(ggml_backend_t backend, ggml_backend_reg_t reg, int32_t device);
 
 // index of backend's device in ggml's registry (as session_start.machine.devices lists them), or -1
 int32_t device_index(ggml_backend_t backend);

@@ -48,6 +48,22 @@ struct layer_rec {
     int64_t t_end;
 };
 
+// a stretch of work a device ran, timed by the device (a Vulkan command buffer: its first command
+// to its last), on the host clock
+struct busy_rec {
+    int32_t device;
+    int32_t split;  // index into the compute's splits of the split its first op is of, or -1
+    int32_t n_ops;  // ops it ran
+    int64_t t_start, t_end;
+};
+
+// how a device's timestamps were put on the host clock for a compute
+struct clock_rec {
+    int32_t device;
+    int32_t method;       // 1: the driver's calibration (VK_EXT_calibrated_timestamps), 2: a fenced timestamp
+    int64_t uncertainty;  // ns, +-
+};
+
 // one split of a compute, as ggml's scheduler ran it
 struct split_rec {
     int32_t device;  // index into session_start.devices
@@ -87,6 +103,8 @@ struct compute_rec {
     size_t  copy_begin, copy_end;      // into ctx_state::p_copies
     size_t  op_begin, op_end;          // into ctx_state::p_ops
     size_t  layer_begin, layer_end;    // into ctx_state::p_layers
+    size_t  busy_begin, busy_end;      // into ctx_state::p_busy
+    size_t  clock_begin, clock_end;    // into ctx_state::p_clocks
     size_t  stat_begin, stat_end;      // into ctx_state::p_stats
     size_t  remote_begin, remote_end;  // into ctx_state::p_remote
     // what op timers could only report at the step's end (op_timer::finish), after every compute's
@@ -163,6 +181,8 @@ struct ctx_state {
     // the records of the current step
     std::vector<op_rec>      p_ops;
     std::vector<layer_rec>   p_layers;
+    std::vector<busy_rec>    p_busy;
+    std::vector<clock_rec>   p_clocks;
     std::vector<int64_t>     p_threads;
     std::vector<stat_row>    p_stats;
     std::vector<split_rec>   p_splits;

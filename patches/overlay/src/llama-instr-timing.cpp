@@ -105,6 +105,53 @@ void write_splits(json_out & j, const ctx_state & st, const compute_rec & c) {
     j.ch(']');
 }
 
+// [device, start_off, dur, split, n_ops] per stretch of work a device timed itself (a Vulkan
+// command buffer); only when some device did
+void write_busy(json_out & j, const ctx_state & st, const compute_rec & c) {
+    if (c.busy_begin == c.busy_end) {
+        return;
+    }
+    j.key("busy");
+    j.ch('[');
+    for (size_t k = c.busy_begin; k < c.busy_end; k++) {
+        const busy_rec & b = st.p_busy[k];
+        j.sep();
+        j.ch('[');
+        j.i64(b.device);
+        j.ch(',');
+        j.i64(b.t_start - c.t_start);
+        j.ch(',');
+        j.i64(b.t_end - b.t_start);
+        j.ch(',');
+        j.i64(b.split);
+        j.ch(',');
+        j.i64(b.n_ops);
+        j.ch(']');
+    }
+    j.ch(']');
+}
+
+// [device, method, uncertainty] per device whose own clock timed this compute
+void write_clocks(json_out & j, const ctx_state & st, const compute_rec & c) {
+    if (c.clock_begin == c.clock_end) {
+        return;
+    }
+    j.key("clocks");
+    j.ch('[');
+    for (size_t k = c.clock_begin; k < c.clock_end; k++) {
+        const clock_rec & r = st.p_clocks[k];
+        j.sep();
+        j.ch('[');
+        j.i64(r.device);
+        j.ch(',');
+        j.str(r.method == 1 ? "calibrated" : "fence");
+        j.ch(',');
+        j.i64(r.uncertainty);
+        j.ch(']');
+    }
+    j.ch(']');
+}
+
 // [split, node or -1, name, bytes, from device, to device, start_off, dur] per copy
 void write_copies(json_out & j, const ctx_state & st, const compute_rec & c) {
     j.key("copies");
@@ -290,6 +337,8 @@ void llama_instr::write_step_computes(ctx_state & st) {
         j.i64(c.t_synced > c.t_end ? c.t_synced - c.t_end : 0);
         write_splits(j, st, c);
         write_copies(j, st, c);
+        write_busy(j, st, c);
+        write_clocks(j, st, c);
         write_layers(j, st, c);
         if (c.remote_end > c.remote_begin) {
             write_remote(j, st, c);
@@ -309,6 +358,8 @@ void llama_instr::write_step_computes(ctx_state & st) {
     }
     st.p_ops.clear();
     st.p_layers.clear();
+    st.p_busy.clear();
+    st.p_clocks.clear();
     st.p_threads.clear();
     st.p_stats.clear();
     st.p_splits.clear();
@@ -385,7 +436,12 @@ void llama_instr_compute_begin(llama_context *      ctx,
         // paused, or no ubatch's graph at all) is checked: llama.cpp rebuilds graphs in the same
         // memory. If it is not the graph indexed, index it as it is now (without the graph
         // callback's layer ids).
-        if (!(st.graph_fresh && st.graph.gf == gf) && !st.graph.matches(gf)) {
+        if (st.graph_fresh && st.graph.gf == gf) {
+            // indexed before the scheduler split it: a backend may have reordered its nodes since
+            if (st.graph.follow_order(gf)) {
+                st.graph_gen++;
+            }
+        } else if (!st.graph.matches(gf)) {
             st.graph.build(gf, &ctx->get_model());
             st.graph_gen++;
             st.graph_id = 0;
@@ -466,6 +522,8 @@ void llama_instr_compute_end(llama_context *      ctx,
         c.status      = status;
         c.op_begin    = st.p_ops.size();
         c.layer_begin = st.p_layers.size();
+        c.busy_begin  = st.p_busy.size();
+        c.clock_begin = st.p_clocks.size();
         c.stat_begin  = st.p_stats.size();
         c.split_begin = st.p_splits.size();
         c.copy_begin  = st.p_copies.size();
@@ -508,6 +566,8 @@ void llama_instr_compute_end(llama_context *      ctx,
         }
         c.op_end    = st.p_ops.size();
         c.layer_end = st.p_layers.size();
+        c.busy_end  = st.p_busy.size();
+        c.clock_end = st.p_clocks.size();
         c.stat_end  = st.p_stats.size();
         st.p_computes.push_back(c);
         st.ubatch++;

@@ -1,0 +1,203 @@
+"""The analysis API's tables for a run on several devices (``frames.load_session``), built by
+``frames``' builder as it reads the steps. A session whose machine lists one device (CPU-only) has
+none of them, and its tables are as before.
+
+* ``ops.device``, ``layers.device``: the device that ran each op and timed each layer span
+  (ggml's device names, a categorical in the machine's order; ``device_time.op_devices``).
+* ``devices`` — the machine's devices: device, index, backend, description (an RPC server's
+  HOST:PORT), type, remote_timing, memory_total.
+* ``splits`` — what ggml's scheduler ran: step, ubatch, split, device, node_start, node_end,
+  t_start, t_launch, t_end (host times), inputs_ns (its input copies), launch_ns (launch to return).
+* ``copies`` — step, ubatch, split, node, tensor, bytes, src, dst, t_start, dur_ns (host times).
+* ``busy`` — what a device timed itself (Vulkan: command buffers): step, ubatch, device, split,
+  n_ops, t_start, dur_ns.
+* ``remote`` — graphs RPC servers computed and timed: step, ubatch, split, device, t_send, t_reply,
+  t_start, t_end, dur_ns, one_way_ns, err_ns, clock_offset_ns, bytes, n_ops.
+* ``transfers`` — every command sent to an RPC server: phase, step, device, cmd, tensor, bytes,
+  sent, recv, t_queue, t_start, t_sent, t_end, dur_ns.
+* ``device_steps`` — per step (and ``load``: the commands before the session, step -1) and device,
+  the figures of ``device_time.step_time``: compute_ns (its own measure), share, op_ns, n_ops,
+  layer_ns, n_layers, outstanding_ns, idle_ns, gap_ns, wait_ns, copies and transfers.
+* ``token_time`` — per step (and ``load``): its window (token_ns) split into compute_ns,
+  transfer_ns and host_ns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import device_time as dt
+from .decode import Compute, SessionInfo, Step, Transfers
+
+TABLES = (
+    "devices",
+    "splits",
+    "copies",
+    "busy",
+    "remote",
+    "transfers",
+    "device_steps",
+    "token_time",
+)
+
+_COLS: dict[str, list[str]] = {
+    "splits": "step ubatch split device node_start node_end t_start t_launch t_end inputs_ns "
+    "launch_ns".split(),
+    "copies": "step ubatch split node tensor bytes src dst t_start dur_ns".split(),
+    "busy": "step ubatch device split n_ops t_start dur_ns".split(),
+    "remote": "step ubatch split device t_send t_reply t_start t_end dur_ns one_way_ns err_ns "
+    "clock_offset_ns bytes n_ops".split(),
+    "transfers": "phase step device cmd tensor bytes sent recv t_queue t_start t_sent t_end "
+    "dur_ns".split(),
+    "device_steps": "step kind device timed compute_ns share op_ns n_ops layer_ns n_layers "
+    "outstanding_ns idle_ns gap_ns wait_ns copy_in_bytes copy_out_bytes copy_ns sent_bytes "
+    "recv_bytes data_bytes net_ns n_cmds transfer_bytes transfer_ns".split(),
+    "token_time": "step kind n_tokens t_start token_ns compute_ns transfer_ns host_ns".split(),
+}
+# columns holding device names (categoricals over the machine's devices) and other text
+_DEVICE_COLS = {"device", "src", "dst"}
+_TEXT_COLS = {"tensor", "cmd", "phase", "kind"}
+
+
+class DeviceBuilder:
+    """The device tables of one session, as its steps are read."""
+
+    def __init__(self, info: SessionInfo) -> None:
+        self.info = info
+        self.devs = dt.Devices(info)
+        self.rows: dict[str, list[tuple[Any, ...]]] = {k: [] for k in _COLS}
+        self.op_device: list[np.ndarray] = []
+        self.layer_device: list[np.ndarray] = []
+
+    def ops(self, c: Compute) -> None:
+        """A compute's ops were added to the ops table: their devices."""
+        self.op_device.append(dt.op_devices(c, self.devs.cpu))
+
+    def layers(self, c: Compute) -> None:
+        """A compute's layer spans were added to the layers table: their devices."""
+        self.layer_device.append(dt.layer_devices(c, self.devs.cpu))
+
+    def step(self, s: Step) -> None:
+        for c in s.computes:
+            self._compute(s.index, -1 if c.ubatch is None else c.ubatch, c)
+        for t in s.transfers:
+            self._transfers(t, s.index)
+        self._time(dt.step_time(s, self.devs))
+
+    def _compute(self, step: int, ub: int, c: Compute) -> None:
+        p = c.place
+        if p is None:
+            return
+        r = self.rows
+        for k, s in enumerate(p.splits):
+            r["splits"].append(
+                (step, ub, k, s.device, s.i_start, s.i_end, s.start, s.launch, s.end,
+                 s.launch - s.start, s.end - s.launch)
+            )  # fmt: skip
+        for cp in p.copies:
+            r["copies"].append(
+                (step, ub, cp.split, cp.node, cp.name, cp.bytes, cp.src, cp.dst, cp.start, cp.dur)
+            )
+        for b in p.busy:
+            r["busy"].append((step, ub, b.device, b.split, b.n_ops, b.start, b.dur))
+        for x in p.remote:
+            r["remote"].append(
+                (step, ub, x.split, x.device, x.send, x.reply, x.start, x.end, x.end - x.start,
+                 x.one_way, x.err, x.clock_offset, x.bytes, x.n_ops)
+            )  # fmt: skip
+
+    def _transfers(self, t: Transfers, step: int) -> None:
+        for x in t.rows:
+            self.rows["transfers"].append(
+                (t.phase, step, x.device, x.cmd, x.tensor, x.bytes, x.sent, x.recv, x.queue,
+                 x.start, x.sent_at, x.end, x.end - x.start)
+            )  # fmt: skip
+
+    def _time(self, st: dt.StepTime) -> None:
+        for d in self.devs.order(st.devices):
+            x = st.devices[d]
+            self.rows["device_steps"].append(
+                (st.step, st.kind, d, x.timed, x.compute_ns, x.share, x.op_ns, x.n_ops,
+                 x.layer_ns, len(x.layers), x.outstanding_ns, x.idle_ns, x.gap_ns, x.wait_ns,
+                 x.copy_in_bytes, x.copy_out_bytes, x.copy_ns, x.sent_bytes, x.recv_bytes,
+                 x.data_bytes, x.net_ns, x.n_cmds, x.transfer_bytes, x.transfer_ns)
+            )  # fmt: skip
+        self.rows["token_time"].append(
+            (st.step, st.kind, st.n_tokens, st.start, st.token_ns, st.compute_ns, st.transfer_ns,
+             st.host_ns)
+        )  # fmt: skip
+
+    # -- the tables
+
+    def _names(self) -> list[str]:
+        return [self.devs[i].name for i in sorted(self.devs.known)]
+
+    def device_column(self, codes: list[np.ndarray], n: int) -> pd.Categorical:
+        """Device indices as a categorical of names, in the machine's order."""
+        idx = sorted(self.devs.known)
+        a = np.concatenate(codes) if codes else np.zeros(0, np.int64)
+        assert len(a) == n
+        lut = {d: k for k, d in enumerate(idx)}
+        return pd.Categorical.from_codes(
+            np.array([lut.get(d, -1) for d in a.tolist()], np.int64), categories=self._names()
+        )
+
+    def _frame(self, name: str) -> pd.DataFrame:
+        cols = _COLS[name]
+        df = pd.DataFrame(self.rows[name], columns=cols)
+        for c in cols:
+            if c in _DEVICE_COLS:
+                df[c] = self.device_column([df[c].to_numpy(np.int64)], len(df))
+            elif c in _TEXT_COLS:
+                df[c] = df[c].astype("category")
+            elif c == "timed":
+                df[c] = df[c].astype(bool)
+            elif c == "share":
+                df[c] = df[c].astype("float64")
+            else:
+                df[c] = df[c].astype("int64")
+        if "step" in cols:
+            df["step"] = df["step"].where(df["step"] >= 0).astype("Int64")
+        return df
+
+    def _devices(self) -> pd.DataFrame:
+        rows = []
+        listed = self.info.machine.get("devices") or []
+        for i in sorted(self.devs.known):
+            d = self.devs[i]
+            raw = next((x for x in listed if isinstance(x, dict) and x.get("index") == i), {})
+            mem = raw.get("memory_total")
+            rows.append(
+                {
+                    "device": d.name,
+                    "index": i,
+                    "backend": d.backend,
+                    "description": d.description,
+                    "type": d.type,
+                    "remote_timing": d.remote_timing,
+                    "memory_total": mem if type(mem) is int else None,
+                }
+            )
+        df = pd.DataFrame(rows)
+        df["remote_timing"] = df["remote_timing"].astype("boolean")
+        df["memory_total"] = df["memory_total"].astype("Int64")
+        return df
+
+    def tables(self, ops: pd.DataFrame, layers: pd.DataFrame) -> dict[str, pd.DataFrame]:
+        """The device tables; ``ops`` and ``layers`` get their device column."""
+        ops["device"] = self.device_column(self.op_device, len(ops))
+        layers["device"] = self.device_column(self.layer_device, len(layers))
+        in_steps = self.rows["transfers"]
+        self.rows["transfers"] = []
+        for t in self.info.transfers:  # (the model's upload came first)
+            self._transfers(t, -1)
+        self.rows["transfers"] += in_steps
+        load = dt.load_time(self.info.transfers, self.devs)
+        if load.devices:
+            self._time(load)
+        out = {"devices": self._devices()}
+        out.update({name: self._frame(name) for name in _COLS})
+        return out

@@ -1,0 +1,338 @@
+"""The trace of a run on several devices: a track per device, the scheduler's splits, copies and
+the network, laid out for ``trace_layout.SessionLayout`` when the session's machine lists more than
+one device (``device_time.multi_device``; a CPU-only log is laid out as before).
+
+Per session, besides the ``decode steps`` track:
+
+* ``decode steps``: each step (spanning what it waited for: an RPC server may still compute after
+  ``llama_decode`` returned; ``llama_decode_ns`` in its args), each compute, and inside it the
+  scheduler's splits as the host ran them (``split K DEVICE``: from its input copies through
+  handing its graph to the device until the device returned it). A split a device timed itself
+  starts a flow to where the device ran it.
+* one track per device (``CPU``, ``Vulkan0``, ``RPC0 HOST:PORT``): per compute, the device's part
+  (``compute ubatch K``), its layer spans and its ops, as the device (or the RPC server) timed
+  them, on the log's clock.
+* ``Vulkan0 command buffers``: the stretches the device was busy (the flow from its split ends at
+  the first); the gaps between are the device waiting on the host. ``RPC0 graphs``: each graph
+  the server computed, as it timed it (the one-way network estimate and the placement's
+  uncertainty in its args).
+* ``copies``: each tensor the scheduler copied between devices (direction, bytes, rate).
+* ``network``: a track per RPC server with every command sent to it (the model's upload first),
+  its bytes and the rate achieved.
+
+Slices that may overlap on one track (they should not, but a log is data) go to further lanes,
+``NAME (2)``... A ``device_time.Devices`` names the devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from . import device_time as dt
+from .decode import Compute, LayerSpan, SessionInfo, Split, Step, TransferRow
+from .kv_flows import OpFlows
+from .trace_items import BulkItem, Item, LayoutStats, Slice, Track, track_uuid
+
+
+class SessionLayout(Protocol):
+    """What the device tracks need of the session's layout (``trace_layout.SessionLayout``, which
+    makes a ``DeviceTracks`` of itself): its session, its process track, and the compute slices
+    and batches it lays out the same way on every track."""
+
+    info: SessionInfo
+    pid: int
+    process: Track
+
+    def compute_slice(self, c: Compute, track: int) -> Slice: ...
+
+    def compute_batch(
+        self,
+        head: Slice,
+        c: Compute,
+        spans: Sequence[LayerSpan],
+        stats: LayoutStats,
+        flows: OpFlows,
+        mask: Any = None,
+    ) -> Iterator[BulkItem]: ...
+
+
+# track order among the session's tracks (steps: the context id; threads: 10 + n; counters: 100+)
+DEVICE_ORDER = 20  # + 2 per device, + 1 for its own-timing track
+COPIES_ORDER = 70
+NETWORK_ORDER = 71
+
+
+class _Lanes:
+    """A track that may need more lanes: a slice goes on the first lane free at its start."""
+
+    def __init__(self, key: tuple[Any, ...], name: str, order: int, parent: int | None) -> None:
+        self.key, self.name, self.order, self.parent = key, name, order, parent
+        self.lanes: list[tuple[Track, int]] = []  # (track, end of its last slice)
+
+
+class DeviceTracks:
+    """One session's device tracks and what goes on them (see the module doc)."""
+
+    def __init__(self, lay: SessionLayout) -> None:
+        self.lay = lay
+        self.devs = dt.Devices(lay.info)
+        self.sid = lay.info.sid
+        self.order = {d: k for k, d in enumerate(self.devs.order(self.devs.known))}
+        self.tracks: dict[tuple[Any, ...], _Lanes] = {}
+        self.network: Track | None = None
+        self.transfers_done = 0
+
+    # -- tracks
+
+    def _rank(self, d: int) -> int:
+        return DEVICE_ORDER + 2 * self.order.get(d, len(self.order) + max(d, 0))
+
+    def _lane(self, lanes: _Lanes) -> Track:
+        """A new lane of ``lanes``: ``NAME``, then ``NAME (2)``..."""
+        k = len(lanes.lanes)
+        name = lanes.name if k == 0 else f"{lanes.name} ({k + 1})"
+        parent = lanes.parent if lanes.parent is not None else self.lay.process.uuid
+        tr = Track(
+            track_uuid(self.sid, *lanes.key, k), name, parent, "slices", lanes.order, self.lay.pid
+        )
+        lanes.lanes.append((tr, 0))
+        return tr
+
+    def _slice(self, lanes: _Lanes, s: Slice) -> Iterator[Item]:
+        """``s`` (its track left unset) on the first of ``lanes``' tracks free at its start."""
+        k = next((k for k, (_, last) in enumerate(lanes.lanes) if last <= s.ts), None)
+        if k is None:
+            k = len(lanes.lanes)
+            yield self._lane(lanes)
+        lanes.lanes[k] = (lanes.lanes[k][0], s.ts + s.dur)
+        s.track = lanes.lanes[k][0].uuid
+        yield s
+
+    def _lanes(
+        self, key: tuple[Any, ...], name: str, order: int, parent: int | None = None
+    ) -> _Lanes:
+        lanes = self.tracks.get(key)
+        if lanes is None:
+            lanes = self.tracks[key] = _Lanes(key, name, order, parent)
+        return lanes
+
+    def device_track(self, d: int) -> Iterator[Item]:
+        """Device ``d``'s track, yielded when first used (one lane: a device's parts of its
+        computes never overlap)."""
+        lanes = self._lanes(("device", d), self.devs[d].label, self._rank(d))
+        if not lanes.lanes:
+            yield self._lane(lanes)
+
+    def _track_of(self, d: int) -> int:
+        return self.tracks[("device", d)].lanes[0][0].uuid
+
+    # -- steps
+
+    def step_end(self, step: Step) -> int:
+        """Where the step's slice ends: the last thing it waited for (``device_time``)."""
+        return dt.step_window(step)[1]
+
+    def compute(
+        self, c: Compute, track: int, stats: LayoutStats, flows: OpFlows, step: Step
+    ) -> Iterator[BulkItem]:
+        """A compute on several devices: its slice and splits on the steps track, each device's
+        part on its own track, then its copies and the devices' own timing."""
+        stats.computes += 1
+        head = self.lay.compute_slice(c, track)
+        p = c.place
+        splits = p.splits if p is not None else []
+        lo = min([head.ts] + [s.start for s in splits])
+        hi = max([head.ts + head.dur] + [s.end for s in splits])
+        if p is not None:
+            hi = max([hi] + [r.end for r in p.remote] + [b.start + b.dur for b in p.busy])
+        head.ts, head.dur = lo, hi - lo
+        yield head
+        flow_of = self._flows(c, step)
+        for k, s in enumerate(splits):
+            yield self._split(k, s, c, track, flow_of.get(k))
+        cpu = self.devs.cpu
+        od = dt.op_devices(c, cpu) if len(c.op_node) else None
+        ld = dt.layer_devices(c, cpu)
+        for d in dt.compute_devices(c, cpu):
+            yield from self.device_track(d)
+            spans = [lay for lay, x in zip(c.layers, ld.tolist(), strict=True) if x == d]
+            mask = od == d if od is not None else None
+            head_d = self._device_slice(c, d, spans, mask)
+            if head_d is not None:
+                yield from self.lay.compute_batch(head_d, c, spans, stats, flows, mask)
+        if p is not None:
+            yield from self._copies(c)
+            yield from self._busy(c, flow_of)
+            yield from self._remote(c, flow_of)
+
+    def _device_slice(self, c: Compute, d: int, spans: list[Any], mask: Any) -> Slice | None:
+        """Device ``d``'s part of ``c``: from its first layer or op to its last."""
+        starts = [s.start for s in spans]
+        ends = [s.start + s.dur for s in spans]
+        if mask is not None and mask.any():
+            st = np.asarray(c.op_start)[mask]
+            en = st + np.asarray(c.op_dur)[mask]
+            starts.append(int(st.min()))
+            ends.append(int(en.max()))
+        if not starts:
+            return None
+        n_ops = int(mask.sum()) if mask is not None else 0
+        args = {
+            "ubatch": c.ubatch,
+            "graph": c.graph.id if c.graph else -1,
+            "device": self.devs[d].label,
+            "n_ops": n_ops,
+        }
+        lo = min(starts)
+        return Slice(
+            self._track_of(d), f"compute ubatch {c.ubatch}", lo, max(ends) - lo, 1, "device", args
+        )
+
+    def _flows(self, c: Compute, step: Step) -> dict[int, int]:
+        """A flow id per split that a device timed itself (from the host's launch to the device)."""
+        p = c.place
+        if p is None:
+            return {}
+        timed = {b.split for b in p.busy} | {r.split for r in p.remote}
+        return {
+            k: track_uuid(self.sid, "launch", step.ctx, step.index, c.ubatch, k)
+            for k in sorted(timed)
+            if k >= 0
+        }
+
+    def _split(self, k: int, s: Split, c: Compute, track: int, flow: int | None) -> Slice:
+        p = c.place
+        assert p is not None
+        copies = [cp for cp in p.copies if cp.split == k]
+        args: dict[str, Any] = {
+            "split": k,
+            "device": self.devs[s.device].label,
+            "nodes": f"{s.i_start}..{s.i_end}",
+            "inputs_ns": s.launch - s.start,
+            "launch_ns": s.end - s.launch,
+            "n_copies": len(copies),
+            "copy_bytes": sum(cp.bytes for cp in copies),
+        }
+        starts = [b.start for b in p.busy if b.split == k] + [
+            r.start for r in p.remote if r.split == k
+        ]
+        if starts:
+            args["device_start_ns"] = min(starts) - s.launch  # the gap: host launch to device
+        name = f"split {k} {self.devs[s.device].name}"
+        return Slice(
+            track, name, s.start, s.end - s.start, 2, "split", args, (flow,) if flow else ()
+        )
+
+    def _copies(self, c: Compute) -> Iterator[Item]:
+        p = c.place
+        assert p is not None
+        lanes = self._lanes(("copies",), "copies", COPIES_ORDER)
+        for cp in sorted(p.copies, key=lambda x: (x.start, x.dur)):
+            src, dst = self.devs[cp.src].name, self.devs[cp.dst].name
+            bw = dt.bandwidth(cp.bytes, cp.dur)
+            args = {
+                "tensor": cp.name,
+                "bytes": cp.bytes,
+                "from": src,
+                "to": dst,
+                "split": cp.split,
+                "node": cp.node,
+                "mb_per_s": round(bw / 1e6, 3) if bw is not None else 0.0,
+            }
+            yield from self._slice(
+                lanes, Slice(0, f"{src} → {dst}", cp.start, cp.dur, 0, "copy", args)
+            )
+
+    def _busy(self, c: Compute, flow_of: dict[int, int]) -> Iterator[Item]:
+        p = c.place
+        assert p is not None
+        splits = p.splits
+        seen: set[int] = set()
+        last: dict[int, int] = {}
+        for b in sorted(p.busy, key=lambda x: (x.start, x.dur)):
+            name = self.devs[b.device].name
+            lanes = self._lanes(
+                ("busy", b.device), f"{name} command buffers", self._rank(b.device) + 1
+            )
+            args: dict[str, Any] = {"split": b.split, "n_ops": b.n_ops, "device": name}
+            if b.device in last:
+                args["idle_before_ns"] = max(0, b.start - last[b.device])
+            if 0 <= b.split < len(splits):
+                args["since_launch_ns"] = b.start - splits[b.split].launch
+            last[b.device] = max(last.get(b.device, 0), b.start + b.dur)
+            into: tuple[int, ...] = ()
+            if b.split in flow_of and b.split not in seen:
+                seen.add(b.split)
+                into = (flow_of[b.split],)
+            s = Slice(0, "command buffer", b.start, b.dur, 0, "busy", args, (), into)
+            yield from self._slice(lanes, s)
+
+    def _remote(self, c: Compute, flow_of: dict[int, int]) -> Iterator[Item]:
+        p = c.place
+        assert p is not None
+        splits = p.splits
+        seen: set[int] = set()
+        for r in sorted(p.remote, key=lambda x: (x.start, x.end)):
+            dev = self.devs[r.device]
+            lanes = self._lanes(
+                ("remote", r.device), f"{dev.name} graphs", self._rank(r.device) + 1
+            )
+            args: dict[str, Any] = {
+                "split": r.split,
+                "device": dev.label,
+                "n_ops": r.n_ops,
+                "bytes": r.bytes,
+                "one_way_ns": r.one_way,
+                "err_ns": r.err,
+                "clock_offset_ns": r.clock_offset,
+                "sent_to_start_ns": r.start - r.send,
+                "end_to_reply_ns": r.reply - r.end,
+            }
+            if 0 <= r.split < len(splits):
+                args["since_launch_ns"] = r.start - splits[r.split].launch
+            into: tuple[int, ...] = ()
+            if r.split in flow_of and r.split not in seen:
+                seen.add(r.split)
+                into = (flow_of[r.split],)
+            s = Slice(
+                0, "graph compute (server)", r.start, r.end - r.start, 0, "remote", args, (), into
+            )
+            yield from self._slice(lanes, s)
+
+    # -- the network
+
+    def transfers(self, step: Step | None = None) -> Iterator[Item]:
+        """The RPC commands of ``step``, or (None) those outside any step not drawn yet."""
+        if step is not None:
+            blocks = step.transfers
+        else:
+            blocks = self.lay.info.transfers[self.transfers_done :]
+            self.transfers_done = len(self.lay.info.transfers)
+        rows = [(t.phase, r) for t in blocks for r in t.rows]
+        if not rows:
+            return
+        if self.network is None:
+            self.network = Track(
+                track_uuid(self.sid, "network"),
+                "network",
+                self.lay.process.uuid,
+                "slices",
+                NETWORK_ORDER,
+                self.lay.pid,
+            )
+            yield self.network
+        for phase, r in sorted(rows, key=lambda x: (x[1].start, x[1].end)):
+            yield from self._command(phase, r)
+
+    def _command(self, phase: str, r: TransferRow) -> Iterator[Item]:
+        assert self.network is not None
+        dev = self.devs[r.device]
+        name = f"network: {dev.label}"
+        lanes = self._lanes(("net", r.device), name, self._rank(r.device), self.network.uuid)
+        args = {"device": dev.label, "phase": phase, **dt.transfer_args(r)}
+        yield from self._slice(
+            lanes, Slice(0, r.cmd, r.start, r.end - r.start, 0, "transfer", args)
+        )

@@ -1,0 +1,108 @@
+"""What a trace is made of, whatever its file format: tracks, slices, counter samples, and the
+batches in which a compute's layer and op slices travel to the writers (``trace_layout`` lays a
+session out as these; the Perfetto and Chrome JSON writers render them)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .decode import Compute, LayerSpan, Step
+from .machine_peaks import Roof
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What to include: one layer only, a range of steps, or no ops at all; and whether op
+    slices carry KV-cache flows (``kv_flows``)."""
+
+    layer: int | None = None
+    steps: tuple[int, int] | None = None  # [first, last) step index
+    ops: bool = True
+    flows: bool = False
+
+    def wants_step(self, step: Step) -> bool:
+        return self.steps is None or self.steps[0] <= step.index < self.steps[1]
+
+
+@dataclass
+class Track:
+    uuid: int
+    name: str
+    parent: int | None  # None: a process track
+    kind: str  # "process", "slices" or "counter"
+    order: int = 0
+    pid: int = 0
+    unit: str = ""
+    labels: list[str] = field(default_factory=list)  # process tracks: session metadata
+
+
+@dataclass
+class Slice:
+    track: int
+    name: str
+    ts: int
+    dur: int
+    depth: int
+    category: str
+    args: dict[str, Any] = field(default_factory=dict)
+    flows_out: tuple[int, ...] = ()  # ids of the flows (KV cache writes to reads) it starts
+    flows_in: tuple[int, ...] = ()  # ids of the flows it ends
+
+
+@dataclass
+class Sample:
+    track: int
+    ts: int
+    value: float
+
+
+Item = Track | Slice | Sample
+
+
+@dataclass
+class OpBatch:
+    """The op slices of one packed compute, on ``track``, in one item.
+
+    They are the slices a per-op layout yields for ``compute``'s ops (``op_static_args``,
+    ``op_rates``; depth 3 inside a layer, else 2), only those where ``keep`` (a bool array over
+    the compute's ops) is true when it is set: the chosen layer's, and not those with flows
+    (which follow as slices). ``roof``: the session's roofs, if its machine's peaks are known.
+    """
+
+    track: int
+    compute: Compute
+    keep: Any = None
+    roof: Roof | None = None
+
+
+@dataclass
+class ComputeBatch:
+    """A compute's slice, its layer slices (depth
+    2, category ``layer``, named ``layer N`` with args ``layer`` and ``n_ops``, on the compute's
+    track) and its ``OpBatch``: the items a per-op layout yields for the compute, up to the op
+    slices that follow one by one (see ``SessionLayout.compute``)."""
+
+    slice: Slice
+    layers: Sequence[LayerSpan]
+    ops: OpBatch | None
+
+
+BulkItem = Item | OpBatch | ComputeBatch
+
+
+@dataclass
+class LayoutStats:
+    steps: int = 0
+    computes: int = 0
+    layers: int = 0
+    ops: int = 0
+    flows: int = 0
+
+
+def track_uuid(*parts: object) -> int:
+    """Deterministic 63-bit id: the same log always gives the same trace."""
+    h = hashlib.blake2b("\0".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") >> 1 or 1

@@ -1,0 +1,321 @@
+// llamacpp-instr: the Vulkan backend's op timer. Patch 0006 gives ggml-vulkan a profiler
+// (ggml_vk_profiler): timestamp queries written into the command buffers the backend records
+// anyway, when a buffer begins, before its first op, after ops and when it ends; read after the
+// fence the backend already waits on. A timestamp waits for the commands recorded before it, so
+// the time between two marks of a buffer is the work recorded between them: at DETAILED every op
+// is marked, and each op's interval runs from the previous mark to its own; at MINIMAL only the
+// last op of each layer is (and the last op of each command buffer), which gives the layer spans.
+// Each command buffer's first to last mark is the device's busy time (`busy`). Device times are
+// put on the host clock (CLOCK_MONOTONIC, now_ns()) by a clock pair: VK_EXT_calibrated_timestamps
+// where the driver has it (at every collect), else a timestamp submitted alone between two host
+// readings (`clocks` says which, and the uncertainty).
+
+#include "ggml-vulkan.h"
+#include "llama-instr-ops.h"
+#include "llama-instr-session.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+using namespace llama_instr;
+
+namespace {
+
+// a fenced clock pair is taken again when the last is older than this (ns), and its uncertainty
+// grows by CLOCK_DRIFT of the time since it was taken: a bound on two crystals' relative drift
+constexpr int64_t FENCE_PAIR_MAX_AGE = 100 * 1000 * 1000;
+constexpr double  CLOCK_DRIFT        = 100e-6;
+
+class vk_op_timer final : public op_timer {
+  public:
+    vk_op_timer(ggml_backend_t                     backend,
+                int32_t                            device,
+                ggml_backend_vk_set_profiler_t     set_profiler,
+                ggml_backend_vk_profiler_collect_t collect_marks,
+                ggml_backend_vk_clock_pair_t       clock_pair) :
+        op_timer(backend, device),
+        set_profiler(set_profiler),
+        collect_marks(collect_marks),
+        clock_pair(clock_pair) {
+        // LLAMA_INSTR_DEVICE_CLOCK=fence: the fenced pair even where the driver calibrates (tests)
+        const char * e = getenv("LLAMA_INSTR_DEVICE_CLOCK");
+        method         = e && strcmp(e, "fence") == 0 ? GGML_VK_CLOCK_FENCE : 0;
+    }
+
+    bool arm(ctx_state & st, const llama_context * ctx, const ggml_cgraph * gf) override {
+        GGML_UNUSED(ctx);
+        // LLAMA_INSTR_DEVICE_TIMING=0: the device's ops untimed (the scheduler's splits and copies
+        // are still recorded); read at every compute, so a process can switch it
+        const char * off = getenv("LLAMA_INSTR_DEVICE_TIMING");
+        if (off && strcmp(off, "0") == 0) {
+            return false;
+        }
+        // a mark per op and three per command buffer, a buffer with an op at least (or none:
+        // copies): room for a buffer per op, and then some
+        const size_t n   = (size_t) ggml_graph_n_nodes(const_cast<ggml_cgraph *>(gf));
+        const size_t cap = 4 * n + 64;
+        if (marks.size() < cap) {
+            marks.resize(cap);
+        }
+        prof       = {};
+        prof.marks = marks.data();
+        prof.cap   = (int32_t) marks.size();
+        if (st.level < LLAMA_INSTR_LEVEL_DETAILED) {
+            index_layer_ends(st);
+            prof.want = want_layer_end;
+            prof.user = this;
+            want_st   = &st;
+            want_k    = 0;
+        }
+        return set_profiler(backend, &prof);
+    }
+
+    void disarm() noexcept override { set_profiler(backend, nullptr); }
+
+    int64_t collect(ctx_state & st, compute_rec & c) override {
+        const int32_t n = std::min(prof.n_marks, prof.cap);
+        if (n == 0) {
+            return prof.n_lost;  // nothing ran on the device in this compute
+        }
+        if (collect_marks(backend, &prof) != 0 || !calibrate()) {
+            return n + prof.n_lost;  // no device time read, or none on the host clock
+        }
+        st.p_clocks.push_back({ device, pair.method, uncertainty });
+
+        const bool   detailed = st.level >= LLAMA_INSTR_LEVEL_DETAILED;
+        int64_t      n_lost   = prof.n_lost;
+        const size_t op_begin = st.p_ops.size();
+        // the command buffer being walked: its first mark's time, the previous mark's, its first op
+        bool         in_buf = false, have_prev = false;
+        int64_t      buf_start = 0, prev = 0;
+        int32_t      buf_split = -1, buf_ops = 0, k_op = 0;
+        pieces.clear();
+        for (int32_t k = 0; k < n; k++) {
+            const ggml_vk_profile_mark & m = marks[k];
+            if (!m.valid) {
+                // never executed (a buffer not submitted): the intervals around it are unknown
+                n_lost += m.kind == GGML_VK_PROFILE_OP ? 1 : 0;
+                have_prev = false;
+                in_buf    = in_buf && m.kind != GGML_VK_PROFILE_CMDBUF_BEGIN && m.kind != GGML_VK_PROFILE_CMDBUF_END;
+                continue;
+            }
+            const int64_t t = to_host(m.t);
+            switch (m.kind) {
+                case GGML_VK_PROFILE_CMDBUF_BEGIN:
+                    in_buf    = true;
+                    buf_start = t;
+                    buf_split = -1;
+                    buf_ops   = 0;
+                    break;
+                case GGML_VK_PROFILE_OPS_BEGIN:
+                    break;
+                case GGML_VK_PROFILE_OP:
+                    {
+                        const int32_t idx = nodes.find(st, k_op++, m.node);
+                        buf_ops += m.n_ops;
+                        if (idx < 0) {
+                            n_lost++;  // not a node of the graph indexed: its time can't be attributed
+                        } else if (!have_prev) {
+                            n_lost++;
+                        } else if (detailed) {
+                            op_rec r       = {};
+                            r.idx          = idx;
+                            r.layer        = st.graph.layer[idx];
+                            r.n_fused      = m.n_fused;
+                            r.device       = device;
+                            r.t_start      = prev;
+                            r.t_end        = t;
+                            r.thread_begin = -1;
+                            st.p_ops.push_back(r);
+                        } else {
+                            pieces.push_back({ st.graph.layer[idx], m.n_ops, prev, t });
+                        }
+                        if (idx >= 0 && buf_split < 0) {
+                            buf_split = split_of(st, c, idx);
+                        }
+                        break;
+                    }
+                case GGML_VK_PROFILE_CMDBUF_END:
+                    if (buf_split < 0 && m.node) {
+                        // MINIMAL: a buffer whose ops are all unmarked (its last op is named here)
+                        const int32_t idx = st.graph.find(m.node);
+                        buf_split         = idx >= 0 ? split_of(st, c, idx) : -1;
+                    }
+                    if (in_buf) {
+                        st.p_busy.push_back({ device, buf_split, buf_ops + m.n_ops, buf_start, t });
+                        c.t_start = std::min(c.t_start, buf_start);
+                        c.t_end   = std::max(c.t_end, t);
+                    }
+                    if (!detailed && m.n_ops > 0 && have_prev) {
+                        // ops after the buffer's last mark: of the layer the next marked op ends
+                        pieces.push_back({ PIECE_NEXT_LAYER, m.n_ops, prev, t });
+                    }
+                    in_buf = false;
+                    break;
+                default:
+                    break;
+            }
+            have_prev = in_buf;
+            prev      = t;
+        }
+        if (detailed) {
+            append_layer_spans(st, op_begin, st.p_ops.size());
+        } else {
+            append_piece_spans(st);
+        }
+        return n_lost;
+    }
+
+  private:
+    static constexpr int32_t PIECE_NEXT_LAYER = -2;
+
+    // ops that ran between two marks, all of one layer
+    struct piece {
+        int32_t layer;
+        int32_t n_ops;
+        int64_t t_start, t_end;
+    };
+
+    // MINIMAL: mark an op when its last node ends a layer (the next node that runs is of another)
+    static bool want_layer_end(void * user, const ggml_tensor * first, const ggml_tensor * last) {
+        GGML_UNUSED(first);
+        auto *        self = (vk_op_timer *) user;
+        const int32_t idx  = self->want_nodes.find(*self->want_st, self->want_k++, last);
+        return idx < 0 || (size_t) idx >= self->layer_end.size() || self->layer_end[idx];
+    }
+
+    // which nodes of the graph indexed end a layer, in the order they run
+    void index_layer_ends(ctx_state & st) {
+        if (layer_end_gen == st.graph_gen && layer_end.size() == (size_t) st.graph.n_nodes) {
+            return;
+        }
+        const graph_index & g = st.graph;
+        layer_end.assign(g.n_nodes, 0);
+        int32_t next = -1;  // the next computed node
+        for (int32_t i = g.n_nodes - 1; i >= 0; i--) {
+            const ggml_tensor * t = g.ptrs[i];
+            if (is_noop(t)) {
+                continue;
+            }
+            layer_end[i] = next < 0 || g.layer[next] != g.layer[i];
+            next         = i;
+        }
+        layer_end_gen = st.graph_gen;
+    }
+
+    // the index in this compute's splits of the split holding node idx, or -1
+    static int32_t split_of(const ctx_state & st, const compute_rec & c, int32_t idx) {
+        for (size_t s = c.split_begin; s < c.split_end; s++) {
+            if (st.p_splits[s].i_start <= idx && idx < st.p_splits[s].i_end) {
+                return (int32_t) (s - c.split_begin);
+            }
+        }
+        return -1;
+    }
+
+    // MINIMAL: the pieces, each of its layer (a trailing piece: of the next piece's), as layer spans
+    void append_piece_spans(ctx_state & st) {
+        int32_t next_layer = -1;
+        for (size_t i = pieces.size(); i-- > 0;) {
+            if (pieces[i].layer == PIECE_NEXT_LAYER) {
+                pieces[i].layer = next_layer;
+            }
+            next_layer = pieces[i].layer;
+        }
+        layer_rec cur = {};
+        cur.layer     = -1;
+        for (const piece & p : pieces) {
+            if (p.layer < 0) {
+                continue;
+            }
+            if (p.layer != cur.layer) {
+                if (cur.n_ops > 0) {
+                    st.p_layers.push_back(cur);
+                }
+                cur         = {};
+                cur.layer   = p.layer;
+                cur.device  = device;
+                cur.t_start = p.t_start;
+            }
+            cur.t_end = p.t_end;
+            cur.n_ops += p.n_ops;
+        }
+        if (cur.n_ops > 0) {
+            st.p_layers.push_back(cur);
+        }
+    }
+
+    // a clock pair for this collect (the backend is idle); false if none could be taken
+    bool calibrate() {
+        const int64_t now = now_ns();
+        if (have_pair && pair.method == GGML_VK_CLOCK_FENCE && now - pair.host_ns < FENCE_PAIR_MAX_AGE) {
+            uncertainty = pair.max_deviation_ns + (int64_t) (CLOCK_DRIFT * (double) (now - pair.host_ns));
+            return true;
+        }
+        ggml_vk_clock_pair p = {};
+        if (clock_pair(backend, method, &p) != 0) {
+            return have_pair && calibrate_stale(now);
+        }
+        pair        = p;
+        have_pair   = true;
+        uncertainty = p.max_deviation_ns;
+        return true;
+    }
+
+    // no new pair: the last one, with its drift bound
+    bool calibrate_stale(int64_t now) {
+        uncertainty = pair.max_deviation_ns + (int64_t) (CLOCK_DRIFT * (double) (now - pair.host_ns));
+        return true;
+    }
+
+    // device ticks -> host ns, through the pair (ticks wrap at valid_bits)
+    int64_t to_host(uint64_t ticks) const {
+        const int      bits = std::clamp(prof.valid_bits, 1, 64);
+        const uint64_t mask = bits >= 64 ? ~0ull : (1ull << bits) - 1;
+        uint64_t       d    = (ticks - pair.device_ticks) & mask;
+        int64_t        dt   = (int64_t) d;
+        if (bits < 64 && (d >> (bits - 1)) != 0) {
+            dt = (int64_t) d - (int64_t) (1ull << bits);  // before the pair
+        }
+        return pair.host_ns + (int64_t) ((double) dt * prof.period_ns);
+    }
+
+    const ggml_backend_vk_set_profiler_t     set_profiler;
+    const ggml_backend_vk_profiler_collect_t collect_marks;
+    const ggml_backend_vk_clock_pair_t       clock_pair;
+    int32_t                                  method = 0;  // enum ggml_vk_clock_method, 0 = the best there is
+
+    ggml_vk_profiler                  prof = {};
+    std::vector<ggml_vk_profile_mark> marks;
+    std::vector<piece>                pieces;
+    node_map                          nodes;
+
+    // MINIMAL: which nodes end a layer, by node index, for the graph of generation layer_end_gen
+    std::vector<uint8_t> layer_end;
+    uint64_t             layer_end_gen = ~0ull;
+    ctx_state *          want_st       = nullptr;
+    size_t               want_k        = 0;
+    node_map             want_nodes;
+
+    ggml_vk_clock_pair pair        = {};
+    bool               have_pair   = false;
+    int64_t            uncertainty = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<op_timer> llama_instr::make_vk_op_timer(ggml_backend_t     backend,
+                                                        ggml_backend_reg_t reg,
+                                                        int32_t            device) {
+    auto set_profiler =
+        (ggml_backend_vk_set_profiler_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_vk_set_profiler");
+    auto collect_marks =
+        (ggml_backend_vk_profiler_collect_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_vk_profiler_collect");
+    auto clock_pair =
+        (ggml_backend_vk_clock_pair_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_vk_clock_pair");
+    if (!set_profiler || !collect_marks || !clock_pair) {
+        return nullptr;
+    }
+    return std::make_unique<vk_op_timer>(backend, device, set_profiler, collect_marks, clock_pair);
+}

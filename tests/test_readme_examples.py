@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import signal
 import subprocess
@@ -99,3 +100,18 @@ def test_serve_example(instr_api: Any, tmp_path: Path) -> None:
         "/v1/chat/completions"
     ]
     assert recs[-1]["status"] == "interrupted"
+
+
+def test_readme_stays_short_and_its_links_resolve() -> None:
+    """The README is the front page (under 450 lines; detail lives in docs/), and every relative
+    link in it and in docs/internals.md names a file that exists."""
+    root = README.parent
+    assert len(README.read_text(encoding="utf-8").splitlines()) < 450
+    checked = 0
+    for page in (README, root / "docs" / "internals.md"):
+        for target in re.findall(r"\]\(([^)#\s]+)[^)]*\)", page.read_text(encoding="utf-8")):
+            if "://" in target:
+                continue
+            assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+            checked += 1
+    assert checked >= 10  # the pattern found the links at all

@@ -457,3 +457,13 @@ def trace_slices(data: bytes) -> tuple[list[dict[str, Any]], dict[int, dict[str,
             )
     assert all(not s for s in stacks.values()), "unclosed slices"
     return out, tracks
+
+
+def fill(path: Path) -> None:
+    """Fill the file system of ``path`` up: a file that takes every free byte."""
+    with path.open("wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+        except OSError:
+            pass

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -398,34 +397,6 @@ def test_sampling_and_rotation_are_the_next_sessions_only(instr_api: Any, tmp_pa
 # --- a full disk --------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs, mounted for the test (as root), else the test is skipped."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {(r.stderr or r.stdout).strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def fill(path: Path) -> None:
-    """Fill the file system of ``path`` up: a file that takes every free byte."""
-    with path.open("wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 4096)
-        except OSError:
-            pass
-
-
 def test_a_full_disk_suspends_writing_until_a_rotation(
     instr_api: Any, tiny_llama_f32: Path, small_tmpfs: Path, tmp_path: Path
 ) -> None:
@@ -437,7 +408,8 @@ def test_a_full_disk_suspends_writing_until_a_rotation(
 import sys
 sys.path.insert(0, {str(ROOT / "tests")!r})
 from pathlib import Path
-from test_always_on import decode_requests, fill, load_llama
+from support import fill
+from test_always_on import decode_requests, load_llama
 import llamacpp_instr
 llm = load_llama(Path({str(tiny_llama_f32)!r}))
 try:

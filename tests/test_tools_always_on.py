@@ -14,13 +14,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import free_port, wait_ready
+from support import fill, free_port, wait_ready
 
 MAX_BYTES = 64 * 1024
 
@@ -237,24 +236,6 @@ def test_refused_and_malformed_requests_have_their_status(loaded: dict[str, Any]
 # --- a full disk --------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs, mounted for the test (as root), else the test is skipped."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {(r.stderr or r.stdout).strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 def recorded_after(log: Path, t: int) -> bool:
     """Does the log (as written so far) hold a request that arrived after ``t`` (monotonic ns)?"""
     try:
@@ -281,12 +262,7 @@ def test_a_full_disk_keeps_the_server_serving(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=120, max_retries=0
         )
         answered = [completion(client, i) for i in range(2)]
-        with filler.open("wb", buffering=0) as f:  # the disk fills up
-            try:
-                while True:
-                    f.write(b"\0" * 65536)
-            except OSError:
-                pass
+        fill(filler)  # the disk fills up
         answered += [completion(client, i, tokens=16) for i in range(6)]
         filler.unlink()  # space is back: the next rotation resumes writing
         t_back = time.monotonic_ns()

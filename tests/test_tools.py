@@ -345,6 +345,21 @@ def test_unset_or_bad_values_run_uninstrumented(
         assert not (tmp_path / "x.log").exists(), why
 
 
+def process_state(pid: int, log: Path) -> str:
+    """A process that did not exit: each thread's state and kernel wait channel, and the log's last
+    line."""
+    lines = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            stat = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = (task / "wchan").read_text()
+        except OSError:
+            continue
+        lines.append(f"thread {task.name}: {stat} {wchan}")
+    tail = log.read_bytes().rstrip().rsplit(b"\n", 1)[-1][:300] if log.exists() else b"(no log)"
+    return "still running after SIGINT: " + "; ".join(lines) + f"; log ends: {tail!r}"
+
+
 def test_sigint_with_the_default_action_ends_the_session(
     tools_bin: Path, smollm2_path: Path, tmp_path: Path, schema_validator: Any
 ) -> None:
@@ -367,7 +382,12 @@ def test_sigint_with_the_default_action_ends_the_session(
                 break
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
-        rc = proc.wait(timeout=60)
+        try:
+            rc = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            # seen once in CI and not reproduced since: say where each thread waits, and how
+            # the log ends, before the process is killed
+            raise AssertionError(process_state(proc.pid, log)) from None
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -245,8 +245,8 @@ struct llama_instr_probe {
 // (llama_instr_last_error is not set by this function).
 LLAMA_API int32_t llama_instr_probe_run(struct llama_instr_probe * p);
 
-// What the last failing call on this thread reported ("" if none). Valid until this thread's next
-// call into this API.
+// What the last failing call on this thread reported ("" if none; at most 511 bytes). Valid until
+// this thread's next call into this API, and in atexit handlers too.
 LLAMA_API const char * llama_instr_last_error(void) LLAMA_INSTR_NOEXCEPT;
 
 #ifdef __cplusplus

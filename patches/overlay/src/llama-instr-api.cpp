@@ -30,14 +30,13 @@ using namespace llama_instr;
 
 namespace {
 
-thread_local std::string t_last_error;
+// A plain buffer, not a std::string: a thread's thread_local objects are destroyed before the
+// atexit handlers run, and the session LLAMA_INSTR_LOG opened ends in one (a failed end reports
+// here). A buffer has no destructor, so it stays valid for them.
+thread_local char t_last_error[512];
 
 int32_t api_error(int32_t code, const char * msg) noexcept {
-    try {
-        t_last_error = msg;
-    } catch (...) {
-        t_last_error.clear();  // out of memory: the code says enough
-    }
+    snprintf(t_last_error, sizeof(t_last_error), "%s", msg ? msg : "");
     return code;
 }
 
@@ -649,5 +648,5 @@ int64_t llama_instr_captured_get(llama_context * ctx,
 }
 
 const char * llama_instr_last_error(void) noexcept {
-    return t_last_error.c_str();
+    return t_last_error;
 }

@@ -467,3 +467,19 @@ def fill(path: Path) -> None:
                 f.write(b"\0" * 65536)
         except OSError:
             pass
+
+
+def whole_lines(path: Path) -> list[dict[str, Any]]:
+    """Every line of a file, strictly: whole, newline-terminated JSON objects."""
+    data = path.read_bytes()
+    assert data.endswith(b"\n"), f"{path}: last line is not whole"
+    return [json.loads(line) for line in data.split(b"\n")[:-1]]
+
+
+def series(log: Path) -> list[Path]:
+    """LOG.k .. LOG.1, LOG: oldest first (named independently of the reader's ordering)."""
+    rotated = sorted(
+        (p for p in log.parent.glob(log.name + ".*") if p.name[len(log.name) + 1 :].isdigit()),
+        key=lambda p: -int(p.name[len(log.name) + 1 :]),
+    )
+    return rotated + [log]

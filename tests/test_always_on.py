@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import PROMPT, free_port, read_log, wait_ready
+from support import PROMPT, free_port, read_log, series, wait_ready, whole_lines
 
 from llamacpp_instr.cli import main
 
@@ -38,22 +38,6 @@ def decode_requests(llm: Any, n: int, gen: int = 6) -> None:
         llm.eval([1] + [5 + (i + j) % 200 for j in range(19)])
         for t in range(gen):
             llm.eval([7 + (i + t) % 200])
-
-
-def whole_lines(path: Path) -> list[dict[str, Any]]:
-    """Every line of a file, strictly: whole, newline-terminated JSON objects."""
-    data = path.read_bytes()
-    assert data.endswith(b"\n"), f"{path}: last line is not whole"
-    return [json.loads(line) for line in data.split(b"\n")[:-1]]
-
-
-def series(log: Path) -> list[Path]:
-    """LOG.k .. LOG.1, LOG: oldest first (named independently of the reader's ordering)."""
-    rotated = sorted(
-        (p for p in log.parent.glob(log.name + ".*") if p.name[len(log.name) + 1 :].isdigit()),
-        key=lambda p: -int(p.name[len(log.name) + 1 :]),
-    )
-    return rotated + [log]
 
 
 # --- sampling -----------------------------------------------------------------------------------

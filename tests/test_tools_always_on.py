@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import fill, free_port, wait_ready
+from support import fill, free_port, series, wait_ready, whole_lines
 
 MAX_BYTES = 64 * 1024
 
@@ -29,21 +29,6 @@ def tools_bin() -> Path:
     from llamacpp_instr import tools
 
     return tools.build_tools(lambda msg: print(msg, file=sys.stderr, flush=True))
-
-
-def whole_lines(path: Path) -> list[dict[str, Any]]:
-    data = path.read_bytes()
-    assert data.endswith(b"\n"), f"{path}: last line is not whole"
-    return [json.loads(line) for line in data.split(b"\n")[:-1]]
-
-
-def series(log: Path) -> list[Path]:
-    """LOG.k .. LOG.1, LOG: oldest first."""
-    rotated = sorted(
-        (p for p in log.parent.glob(log.name + ".*") if p.name[len(log.name) + 1 :].isdigit()),
-        key=lambda p: -int(p.name[len(log.name) + 1 :]),
-    )
-    return rotated + [log]
 
 
 def start_server(log: Path, model: Path, *instr_args: str) -> tuple[subprocess.Popen[str], int]:

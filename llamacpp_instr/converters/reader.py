@@ -85,10 +85,17 @@ def _first_ts(path: Path) -> int | None:
     try:
         with open_log(path) as f:
             line = f.readline()
-        return int(orjson.loads(line)["ts"])
-    except (UserError, OSError, EOFError, gzip.BadGzipFile, orjson.JSONDecodeError):
-        return None
-    except (KeyError, TypeError, ValueError):
+        return int(parse_line(line)[0]["ts"])
+    except (
+        UserError,
+        OSError,
+        EOFError,
+        gzip.BadGzipFile,
+        BadLine,
+        KeyError,
+        TypeError,
+        ValueError,
+    ):
         return None
 
 
@@ -98,6 +105,7 @@ def log_files(path: Path | str) -> list[Path]:
     the whole series, oldest first; else the file itself. A series is ordered by when each file
     began (its first record), files without one by name: numbered files, the highest first."""
     p = Path(path)
+    starts: dict[Path, int | None] = {}  # each file's first ts, read once
     if p.exists() or not _GLOB.search(str(path)):
         rotated = [
             q
@@ -109,7 +117,8 @@ def log_files(path: Path | str) -> list[Path]:
         files = rotated + [p]
     else:
         # (a glob also matches what was made of the log, such as its .pftrace: only logs count)
-        files = [Path(x) for x in sorted(glob.glob(str(path))) if _first_ts(Path(x)) is not None]
+        starts = {Path(x): _first_ts(Path(x)) for x in sorted(glob.glob(str(path)))}
+        files = [q for q, t in starts.items() if t is not None]
         if not files:
             raise UserError(f"no log file matches {path}")
 
@@ -118,7 +127,7 @@ def log_files(path: Path | str) -> list[Path]:
         return (-int(m.group(1)) if m else 0, q.name)
 
     named = sorted(files, key=by_name)
-    starts = {q: _first_ts(q) for q in named}
+    starts = {q: starts[q] if q in starts else _first_ts(q) for q in named}
     if all(t is not None for t in starts.values()):
         return sorted(named, key=lambda q: starts[q] or 0)  # stable: name order on a tie
     return named

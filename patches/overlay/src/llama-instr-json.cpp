@@ -16,6 +16,17 @@ void json_out::i64(int64_t v) {
     s.append(buf, r.ptr - buf);
 }
 
+void json_out::i64s(std::initializer_list<int64_t> vs) {
+    bool first = true;
+    for (int64_t v : vs) {
+        if (!first) {
+            ch(',');
+        }
+        first = false;
+        i64(v);
+    }
+}
+
 void json_out::f64(double v) {
     if (!std::isfinite(v)) {
         null();

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 struct ggml_tensor;
@@ -22,6 +23,9 @@ struct json_out {
 
     void i64(int64_t v);
     void f64(double v);  // NaN and infinities become null
+
+    // the values, comma-separated (a row's elements, inside the caller's brackets)
+    void i64s(std::initializer_list<int64_t> vs);
 
     void boolean(bool v) { s += v ? "true" : "false"; }
 

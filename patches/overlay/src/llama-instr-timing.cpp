@@ -40,13 +40,7 @@ void write_layers(json_out & j, const ctx_state & st, const compute_rec & c) {
         const layer_rec & l = st.p_layers[k];
         j.sep();
         j.ch('[');
-        j.i64(l.layer);
-        j.ch(',');
-        j.i64(l.t_start - c.t_start);
-        j.ch(',');
-        j.i64(l.t_end - l.t_start);
-        j.ch(',');
-        j.i64(l.n_ops);
+        j.i64s({ l.layer, l.t_start - c.t_start, l.t_end - l.t_start, l.n_ops });
         if (l.device != st.cpu_device) {
             j.ch(',');
             j.i64(l.device);
@@ -63,11 +57,7 @@ void write_ops(json_out & j, const ctx_state & st, const compute_rec & c) {
         const op_rec & op = st.p_ops[k];
         j.sep();
         j.ch('[');
-        j.i64(op.idx);
-        j.ch(',');
-        j.i64(op.t_start - c.t_start);
-        j.ch(',');
-        j.i64(op.t_end - op.t_start);
+        j.i64s({ op.idx, op.t_start - c.t_start, op.t_end - op.t_start });
         if (op.n_fused > 0) {
             j.raw(",[");
             for (int32_t f = 1; f <= op.n_fused; f++) {
@@ -91,15 +81,7 @@ void write_splits(json_out & j, const ctx_state & st, const compute_rec & c) {
         const split_rec & s = st.p_splits[k];
         j.sep();
         j.ch('[');
-        j.i64(s.device);
-        j.ch(',');
-        j.i64(s.i_start);
-        j.ch(',');
-        j.i64(s.i_end);
-        for (int64_t t : { s.t_start, s.t_launch, s.t_end }) {
-            j.ch(',');
-            j.i64(t - c.t_start);
-        }
+        j.i64s({ s.device, s.i_start, s.i_end, s.t_start - c.t_start, s.t_launch - c.t_start, s.t_end - c.t_start });
         j.ch(']');
     }
     j.ch(']');
@@ -117,15 +99,7 @@ void write_busy(json_out & j, const ctx_state & st, const compute_rec & c) {
         const busy_rec & b = st.p_busy[k];
         j.sep();
         j.ch('[');
-        j.i64(b.device);
-        j.ch(',');
-        j.i64(b.t_start - c.t_start);
-        j.ch(',');
-        j.i64(b.t_end - b.t_start);
-        j.ch(',');
-        j.i64(b.split);
-        j.ch(',');
-        j.i64(b.n_ops);
+        j.i64s({ b.device, b.t_start - c.t_start, b.t_end - b.t_start, b.split, b.n_ops });
         j.ch(']');
     }
     j.ch(']');
@@ -160,21 +134,11 @@ void write_copies(json_out & j, const ctx_state & st, const compute_rec & c) {
         const copy_rec & r = st.p_copies[k];
         j.sep();
         j.ch('[');
-        j.i64(r.split);
-        j.ch(',');
-        j.i64(r.node);
+        j.i64s({ r.split, r.node });
         j.ch(',');
         j.str(r.name);
         j.ch(',');
-        j.i64(r.bytes);
-        j.ch(',');
-        j.i64(r.from);
-        j.ch(',');
-        j.i64(r.to);
-        j.ch(',');
-        j.i64(r.t_start - c.t_start);
-        j.ch(',');
-        j.i64(r.t_end - r.t_start);
+        j.i64s({ r.bytes, r.from, r.to, r.t_start - c.t_start, r.t_end - r.t_start });
         j.ch(']');
     }
     j.ch(']');
@@ -189,17 +153,8 @@ void write_remote(json_out & j, const ctx_state & st, const compute_rec & c) {
         const remote_rec & r = st.p_remote[k];
         j.sep();
         j.ch('[');
-        j.i64(r.split);
-        j.ch(',');
-        j.i64(r.device);
-        for (int64_t t : { r.t_send, r.t_recv, r.t_start, r.t_end }) {
-            j.ch(',');
-            j.i64(t - c.t_start);
-        }
-        for (int64_t v : { r.one_way, r.err, r.offset, r.bytes, (int64_t) r.n_ops }) {
-            j.ch(',');
-            j.i64(v);
-        }
+        j.i64s({ r.split, r.device, r.t_send - c.t_start, r.t_recv - c.t_start, r.t_start - c.t_start,
+                 r.t_end - c.t_start, r.one_way, r.err, r.offset, r.bytes, (int64_t) r.n_ops });
         j.ch(']');
     }
     j.ch(']');
@@ -247,9 +202,7 @@ void write_tensor_stats(json_out & j, const ctx_state & st, const compute_rec & 
             j.f64(v);
         }
         j.ch(',');
-        j.i64(r.n_nan);
-        j.ch(',');
-        j.i64(r.n_inf);
+        j.i64s({ r.n_nan, r.n_inf });
         j.ch(']');
     }
     j.ch(']');

@@ -101,13 +101,18 @@ def build_libs(dir_: Path, vulkan: bool, cmake_args: list[str], targets: list[st
     env = dict(os.environ)
     if shutil.which("ccache"):
         args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+        # paths relative to the build folder, so that every developer's tree shares cache entries
+        env["CCACHE_BASEDIR"] = str(dir_)
+        env["CCACHE_NOHASHDIR"] = "true"
     if shutil.which("ninja"):
         args += ["-G", "Ninja"]
     if not (bdir / "CMakeCache.txt").exists() or cmake_args:
         subprocess.run(["cmake", "-S", str(tree), "-B", str(bdir), *args], check=True, env=env)
     jobs = str(os.cpu_count() or 2)
     names = ["llama", "ggml", "ggml-rpc", *targets]
-    subprocess.run(["cmake", "--build", str(bdir), "-j", jobs, "--target", *names], check=True)
+    subprocess.run(
+        ["cmake", "--build", str(bdir), "-j", jobs, "--target", *names], check=True, env=env
+    )
     print(f"LLAMA_CPP_LIB_PATH={bdir / 'bin'}")
 
 

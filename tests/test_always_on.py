@@ -425,10 +425,74 @@ llm.close()
     assert len(files) >= 2
     for f in files:
         assert whole_lines(f)[0]["type"] == "session_start"
+    # no file was lost to a rotation tried while the disk was full: the log is at its path and
+    # the series in order (a file whose head could not be written is not rotated into it, so
+    # its index is skipped)
+    assert files[-1].name == "full.log"
+    indices = [whole_lines(f)[0].get("file", {}).get("index", 0) for f in files]
+    assert indices == sorted(set(indices)), ([f.name for f in files], indices)
     last = whole_lines(files[-1])
     assert last[-1]["type"] == "session_end" and last[-1]["totals"]["lost"] > 0
     # writing resumed: the steps after the space came back are in the log, whole
     assert sum(r["type"] == "step_end" for r in last) >= 1
+
+
+def test_a_rotation_that_cannot_open_loses_no_file(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """No descriptor left (EMFILE) when the log is due to rotate: the series stays as it is, the
+    log is written on, and rotation resumes once descriptors are back (issue 35). Before the fix
+    LOG was renamed to LOG.1 first, writing went on into LOG.1, each retry shifted the series and
+    LOG never existed again. In a child process: its descriptor limit is lowered and restored."""
+    log = tmp_path / "emfile.log"
+    script = f"""
+import json, os, resource, sys, time
+sys.path.insert(0, {str(ROOT / "tests")!r})
+from pathlib import Path
+from test_always_on import decode_requests, load_llama
+import llamacpp_instr
+llm = load_llama(Path({str(tiny_llama_f32)!r}))
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+log = Path({str(log)!r})
+def names():
+    return sorted(p.name for p in log.parent.iterdir() if p.name.startswith(log.name))
+with llamacpp_instr.session(llm, str(log), "detailed", max_bytes=64 * 1024, keep=50) as s:
+    decode_requests(llm, 6)
+    before = names()
+    # every descriptor number up to the limit in use: no file can be opened
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) - 1, hard))
+    decode_requests(llm, 12)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))  # (listing a folder takes one too)
+    print("while out of descriptors:", json.dumps([before, names()]), flush=True)
+    time.sleep(10.5)  # a failed rotation is tried again 10 s later
+    decode_requests(llm, 12)
+print("steps", s.totals.steps, flush=True)
+"""
+    r = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("while out of descriptors:"))
+    before, during = json.loads(line.split(": ", 1)[1])
+    # it did rotate before the limit (so the test is about a rotation), and not while out of
+    # descriptors: every file is where it was, the log still at its path
+    assert len(before) >= 3 and "emfile.log" in before
+    assert during == before, (before, during)
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("llama-instr: ")]
+    assert warnings and all("cannot rotate the log" in w for w in warnings), r.stderr
+    assert all(w.endswith("writing on to the file open") for w in warnings), r.stderr
+    # rotation resumed: a series with no gap, each file whole and starting the session, the
+    # newest at LOG ending it, and every step of the session in the files kept
+    files = series(log)
+    assert len(files) > len(before)
+    assert [f.name for f in files][-1] == "emfile.log"
+    indices = [whole_lines(f)[0]["file"]["index"] for f in files if "file" in whole_lines(f)[0]]
+    assert indices == list(range(indices[0], indices[0] + len(indices)))
+    assert whole_lines(files[-1])[-1]["type"] == "session_end"
+    assert whole_lines(files[-1])[-1]["totals"]["lost"] == 0
+    # the file written while rotation could not happen grew past max_bytes, but only until the
+    # retry: no file holds more than the steps of those 12 requests
+    assert max(f.stat().st_size for f in files) < 8 * 64 * 1024
 
 
 # --- options ------------------------------------------------------------------------------------

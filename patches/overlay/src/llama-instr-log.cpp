@@ -236,7 +236,44 @@ bool log_file::reopen(bool rotate) {
 #else
     const std::string & at = path;
 #endif
-    if (rotate && keep > 0) {
+    // the current file, put back when the new one cannot take its place
+    FILE * const old = fp;
+#if !defined(_WIN32)
+    const dev_t old_dev = dev;
+    const ino_t old_ino = ino;
+#endif
+    const int64_t old_bytes = file_bytes, old_dropped = dropped_bytes;
+    auto          keep_old = [&](FILE * opened, const std::string & why) {
+        warn(why + ": writing on to the file open");
+        if (opened) {
+            fclose(opened);
+        }
+        fp = old;
+#if !defined(_WIN32)
+        dev = old_dev;
+        ino = old_ino;
+#endif
+        file_bytes    = old_bytes;
+        dropped_bytes = old_dropped;
+        return false;
+    };
+
+    if (!(rotate && keep > 0)) {
+        if (!open_at(at)) {
+            return keep_old(nullptr, "cannot open the log " + path + " anew: " + strerror(errno));
+        }
+    } else {
+        // The new file is opened first, under a temporary name, and the series is renamed only
+        // once it is: a failed open (no descriptor left, EMFILE) leaves every file where it is and
+        // writing goes on into the current one, to be rotated at a later try.
+        const std::string tmp = at + ".new";
+        if (remove(tmp.c_str()) != 0 && errno != ENOENT) {
+            return keep_old(nullptr, "cannot rotate the log " + path + ": " + tmp + ": " + strerror(errno));
+        }
+        if (!open_at(tmp)) {
+            return keep_old(nullptr, "cannot rotate the log " + path + ": " + strerror(errno));
+        }
+        FILE * const opened = fp;
         // path.keep is overwritten by path.keep-1, ..., path.1 by path (a missing one is skipped)
         for (int32_t k = keep - 1; k >= 1; k--) {
             const std::string from = at + "." + std::to_string(k);
@@ -246,26 +283,16 @@ bool log_file::reopen(bool rotate) {
             }
         }
         if (rename(at.c_str(), (at + ".1").c_str()) != 0) {
-            warn("cannot rotate the log " + path + ": " + strerror(errno) + ": writing on to it");
-            return false;
+            const std::string why = "cannot rotate the log " + path + ": " + strerror(errno);
+            remove(tmp.c_str());
+            return keep_old(opened, why);
         }
-    }
-    FILE * const old = fp;
-#if !defined(_WIN32)
-    const dev_t old_dev = dev;
-    const ino_t old_ino = ino;
-#endif
-    const int64_t old_bytes = file_bytes, old_dropped = dropped_bytes;
-    if (!open_at(at)) {
-        warn("cannot open the log " + path + " anew: " + strerror(errno) + ": writing on to the file open");
-        fp = old;
-#if !defined(_WIN32)
-        dev = old_dev;
-        ino = old_ino;
-#endif
-        file_bytes    = old_bytes;
-        dropped_bytes = old_dropped;
-        return false;
+        if (rename(tmp.c_str(), at.c_str()) != 0) {
+            const std::string why = "cannot rotate the log " + path + ": " + strerror(errno);
+            rename((at + ".1").c_str(), at.c_str());  // the current file back at the path
+            remove(tmp.c_str());
+            return keep_old(opened, why);
+        }
     }
     fclose(old);  // its lines are written (or dropped, counted): nothing is buffered in it
     if (suspended) {

@@ -276,3 +276,56 @@ def test_a_full_disk_keeps_the_server_serving(
         assert recs[0]["type"] == "session_start"
     last = whole_lines(files[-1])
     assert last[-1]["type"] == "session_end" and last[-1]["totals"]["lost"] > 0
+
+
+def test_a_rotation_without_descriptors_loses_no_file(tools_bin: Path, smollm2_path: Path) -> None:
+    """llama-server's open-file limit lowered with prlimit while its log is due to rotate, then
+    restored (issue 35): the series stays as it was while no file can be opened, the server
+    answers every request, and rotation resumes: LOG is back at its path, ending the session."""
+    import tempfile
+
+    import openai
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "server.log"
+        proc, port = start_server(
+            log, smollm2_path, "--level", "minimal", "--max-bytes", "64K", "--keep", "50"
+        )
+        try:
+            # one connection, kept alive: the server needs no new descriptor to answer
+            client = openai.OpenAI(
+                base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=120, max_retries=0
+            )
+            answered = [completion(client, i, tokens=16) for i in range(4)]
+            before = [f.name for f in series(log)]
+            # the lowest descriptor number free: an open would take it, so a limit there fails it
+            fds = {int(p.name) for p in Path(f"/proc/{proc.pid}/fd").iterdir()}
+            n_fds = min(set(range(len(fds) + 1)) - fds)
+            soft = subprocess.run(
+                ["prlimit", f"--pid={proc.pid}", "--nofile", "--output=SOFT", "--noheadings"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            # the soft limit only: raising a lowered hard limit back takes a privilege
+            subprocess.run(["prlimit", f"--pid={proc.pid}", f"--nofile={n_fds}:"], check=True)
+            answered += [completion(client, 10 + i, tokens=16) for i in range(8)]
+            during = [f.name for f in series(log)]
+            subprocess.run(["prlimit", f"--pid={proc.pid}", f"--nofile={soft}:"], check=True)
+            time.sleep(10.5)  # a failed rotation is tried again 10 s later
+            answered += [completion(client, 30 + i, tokens=16) for i in range(8)]
+            err = stop_server(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert answered == ["ok"] * len(answered) and proc.returncode == 0, err
+        assert "server.log" in before and len(before) >= 2, before
+        assert during == before, (before, during)
+        warnings = [ln for ln in err.splitlines() if ln.startswith("llama-instr: ")]
+        assert warnings and all("cannot rotate the log" in w for w in warnings), err
+        files = series(log)
+        assert len(files) > len(before) and files[-1].name == "server.log"
+        indices = [whole_lines(f)[0].get("file", {}).get("index", 0) for f in files]
+        assert indices == list(range(indices[0], indices[0] + len(files))), indices
+        last = whole_lines(files[-1])
+        assert last[-1]["type"] == "session_end" and last[-1]["totals"]["lost"] == 0

@@ -283,6 +283,18 @@ class InstrLib:
         fn.restype = ctypes.c_int64
         return int(fn())
 
+    def test_last_op_ns(self, n_threads: int, slow_ns: int) -> int:
+        """The CPU profiler's duration of a graph's last op whose threads other than thread 0
+        work ``slow_ns`` longer (testing build only)."""
+        fn = self._testing_only("llama_instr_test_last_op_ns")
+        fn.argtypes = [ctypes.c_int32, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]
+        fn.restype = ctypes.c_int32
+        out = ctypes.c_int64()
+        rc = int(fn(n_threads, slow_ns, ctypes.byref(out)))
+        if rc != 0:
+            raise SessionError(f"llama_instr_test_last_op_ns failed ({rc})", rc)
+        return int(out.value)
+
 
 def _declare(lib: ctypes.CDLL) -> None:
     c = ctypes

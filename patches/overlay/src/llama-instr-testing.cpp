@@ -1,10 +1,16 @@
 #include "llama-instr-testing.h"
 
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "llama-instr.h"
+
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <thread>
 
 #if defined(__GLIBC__)
 #    include <dlfcn.h>
@@ -95,6 +101,56 @@ void llama_instr_test_fail_alloc(int64_t n) {
 
 int64_t llama_instr_test_failed_allocs(void) {
     return g_failed.load(std::memory_order_relaxed);
+}
+
+// the custom op: thread 0 copies the input, the others only take slow_ns
+static void uneven_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int nth, void * userdata) {
+    (void) nth;
+    if (ith == 0) {
+        memcpy(dst->data, a->data, ggml_nbytes(dst));
+    } else {
+        std::this_thread::sleep_for(std::chrono::nanoseconds(*(const int64_t *) userdata));
+    }
+}
+
+int32_t llama_instr_test_last_op_ns(int32_t n_threads, int64_t slow_ns, int64_t * last_op_ns) {
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (!dev || !last_op_ns) {
+        return LLAMA_INSTR_ERR_INTERNAL;
+    }
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    auto               set_profiler =
+        (ggml_backend_cpu_set_profiler_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_cpu_set_profiler");
+    auto set_threads =
+        (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
+    ggml_backend_t backend = ggml_backend_dev_init(dev, nullptr);
+    if (!set_profiler || !set_threads || !backend) {
+        return LLAMA_INSTR_ERR_INTERNAL;
+    }
+    set_threads(backend, n_threads);
+
+    ggml_init_params params = { 1024 * 1024, nullptr, false };
+    ggml_context *   ctx    = ggml_init(params);
+    ggml_tensor *    a      = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 4096);
+    memset(a->data, 0, ggml_nbytes(a));
+    ggml_tensor * out = ggml_map_custom1(ctx, ggml_scale(ctx, a, 2.0f), uneven_op, GGML_N_TASKS_MAX, &slow_ns);
+    ggml_cgraph * gf  = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+
+    ggml_cpu_profile_op ops[8] = {};
+    ggml_cpu_profiler   prof   = {};
+    prof.ops                   = ops;
+    prof.cap                   = 8;
+    set_profiler(backend, &prof);
+    const ggml_status status = ggml_backend_graph_compute(backend, gf);
+    set_profiler(backend, nullptr);
+    ggml_backend_free(backend);
+    ggml_free(ctx);
+    if (status != GGML_STATUS_SUCCESS || prof.n_ops < 1) {
+        return LLAMA_INSTR_ERR_INTERNAL;
+    }
+    *last_op_ns = ops[prof.n_ops - 1].t_end - ops[prof.n_ops - 1].t_start;
+    return LLAMA_INSTR_OK;
 }
 
 // The replaced global allocation functions (the aligned and nothrow forms keep the defaults, which

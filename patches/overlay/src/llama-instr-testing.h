@@ -21,6 +21,12 @@ LLAMA_API void llama_instr_test_fail_alloc(int64_t n);
 // How many allocations were injected as failures since the last llama_instr_test_fail_alloc.
 LLAMA_API int64_t llama_instr_test_failed_allocs(void);
 
+// A graph of two ops (a scale, then a custom op) computed on a CPU backend of n_threads with the
+// per-node profiler set, the last op's work deliberately uneven: every thread but thread 0 spends
+// slow_ns more on it. *last_op_ns = the last op's profiled duration. LLAMA_INSTR_OK, or
+// LLAMA_INSTR_ERR_INTERNAL when no CPU backend with a profiler could be made.
+LLAMA_API int32_t llama_instr_test_last_op_ns(int32_t n_threads, int64_t slow_ns, int64_t * last_op_ns);
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,8 +10,11 @@ import math
 import os
 import socket
 import subprocess
+import threading
 import time
 import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +136,36 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextmanager
+def loopback_server(handle: Callable[[socket.socket], None]) -> Iterator[str]:
+    """A listener on a free loopback port that hands each connection it accepts to ``handle`` (on
+    its accepting thread: a handler that serves one for long starts a thread of its own); yields
+    its endpoint, ``127.0.0.1:PORT``."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            conn.settimeout(None)
+            handle(conn)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield f"127.0.0.1:{srv.getsockname()[1]}"
+    finally:
+        stop.set()
+        t.join(timeout=5)
+        srv.close()
 
 
 def wait_ready(

@@ -20,18 +20,17 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from rpc_backend import rpc_server
-from support import by_type, free_port, read_log, wait_ready
+from support import by_type, free_port, loopback_server, read_log, wait_ready
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.errors import UserError
@@ -240,33 +239,15 @@ def test_a_listener_that_never_speaks_ggml_rpc_fails_within_the_bound(
     assert "no reply to ggml-rpc's HELLO within 5 s" in line
 
 
-@contextmanager
-def _answering(reply: Callable[[socket.socket], None]) -> Iterator[str]:
+def _answering(reply: Callable[[socket.socket], None]) -> AbstractContextManager[str]:
     """A loopback listener that answers each connection with ``reply`` (a server that is not
     the RPC server --rpc expects); yields its endpoint."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(4)
-    srv.settimeout(0.2)
-    stop = threading.Event()
 
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            with conn:
-                reply(conn)
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            reply(conn)
 
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    try:
-        yield f"127.0.0.1:{srv.getsockname()[1]}"
-    finally:
-        stop.set()
-        t.join(timeout=5)
-        srv.close()
+    return loopback_server(handle)
 
 
 def _hello_reply(major: int, minor: int, patch: int) -> Callable[[socket.socket], None]:

@@ -1,0 +1,166 @@
+"""A lying RPC peer never kills the run (issue 35): a proxy between the patched client and a
+patched server rewrites the block of op times the server sends in front of a reply (a huge
+n_fused, a 1 GiB size, one graph too many, a truncated block). The client drops those times, says
+so once, turns remote timing off for that server, and generates the same tokens as a local run.
+Before the fix every one of these aborted the client (RPC_STATUS_ASSERT) or grew it without bound.
+
+The proxy follows the protocol (| cmd | size | payload | from the client; | size | payload | per
+reply), so that it knows which of the server's messages is a block: the first one in front of a
+reply, when graphs were computed with timing on since the last reply."""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import netsim
+import pytest
+from support import by_type, free_port, loopback_server, read_log
+
+PROMPT = "The capital of France is"
+N_PREDICT = 8
+
+# the pin's commands that the server answers (ggml-rpc.cpp's rpc_serve_client), and the patch's
+REPLIED = {0, 1, 2, 3, 7, 8, 9, 11, 13, 14, 15, 31}
+GRAPH_COMPUTE, GRAPH_RECOMPUTE, INSTR_TIMING = 10, 16, 30
+BLOCK, GRAPH, OP = 16, 56, 16  # rpc_instr_block, rpc_instr_graph, rpc_instr_op (packed)
+
+
+def recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return bytes(buf)
+
+
+def lie(mode: str, payload: bytes, out: socket.socket) -> None:
+    """Send the block ``payload`` to the client, rewritten as ``mode`` says."""
+    b = bytearray(payload)
+    n_ops = struct.unpack_from("<I", b, BLOCK + 8)[0]
+    if mode == "n_fused" and n_ops > 0:
+        struct.pack_into("<i", b, BLOCK + GRAPH + 4, 2**31 - 1)
+    elif mode == "graphs":
+        struct.pack_into("<I", b, 0, struct.unpack_from("<I", b, 0)[0] + 1)
+    elif mode == "truncated":
+        del b[-8:]
+    if mode == "size":
+        size = 1 << 30
+        out.sendall(struct.pack("<Q", size) + bytes(b))
+        zeros = bytes(1 << 20)
+        for left in range(size - len(b), 0, -len(zeros)):
+            out.sendall(zeros[: min(left, len(zeros))])
+    else:
+        out.sendall(struct.pack("<Q", len(b)) + bytes(b))
+
+
+def serve_connection(client: socket.socket, upstream: str, mode: str, lies: list[str]) -> None:
+    host, port = upstream.split(":")
+    server = socket.create_connection((host, int(port)))
+    expect: queue.Queue[bool] = queue.Queue()  # per reply: is a block in front of it?
+
+    def client_to_server() -> None:
+        timing, pending = False, 0
+        try:
+            while True:
+                cmd = recv_exact(client, 1)[0]
+                size_b = recv_exact(client, 8)
+                payload = recv_exact(client, struct.unpack("<Q", size_b)[0])
+                if cmd == INSTR_TIMING:
+                    timing = payload[:1] == b"\x01"
+                elif cmd in (GRAPH_COMPUTE, GRAPH_RECOMPUTE) and timing:
+                    pending += 1
+                if cmd in REPLIED:
+                    expect.put(pending > 0)
+                    pending = 0
+                server.sendall(bytes([cmd]) + size_b + payload)
+        except (EOFError, OSError):
+            server.close()
+
+    def server_to_client() -> None:
+        try:
+            while True:
+                block = expect.get()
+                if block:
+                    payload = recv_exact(server, struct.unpack("<Q", recv_exact(server, 8))[0])
+                    if not lies:
+                        lies.append(mode)
+                        lie(mode, payload, client)
+                    else:
+                        client.sendall(struct.pack("<Q", len(payload)) + payload)
+                size_b = recv_exact(server, 8)
+                client.sendall(size_b + recv_exact(server, struct.unpack("<Q", size_b)[0]))
+        except (EOFError, OSError):
+            client.close()
+
+    for fn in (client_to_server, server_to_client):
+        threading.Thread(target=fn, daemon=True).start()
+
+
+@contextmanager
+def liar(upstream: str, mode: str) -> Iterator[tuple[str, list[str]]]:
+    """A proxy at a free loopback port; yields its endpoint and the list of lies it told."""
+    lies: list[str] = []
+    with loopback_server(lambda conn: serve_connection(conn, upstream, mode, lies)) as endpoint:
+        yield endpoint, lies
+
+
+@pytest.fixture(scope="module")
+def local_tokens(tiny_llama_f32: Path) -> list[int]:
+    out = netsim.run_python(netsim.client_script(tiny_llama_f32, [], N_PREDICT, PROMPT))
+    tokens: list[int] = out["tokens"]
+    assert len(tokens) == N_PREDICT
+    return tokens
+
+
+@pytest.mark.parametrize("mode", ["n_fused", "size", "graphs", "truncated"])
+def test_a_lying_peer_never_kills_the_run(
+    mode: str, tiny_llama_f32: Path, local_tokens: list[int], tmp_path: Path
+) -> None:
+    from rpc_backend import lib_dir
+
+    upstream = f"127.0.0.1:{free_port()}"
+    server = subprocess.Popen(
+        netsim.server_command(lib_dir(), upstream),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    log = tmp_path / f"{mode}.log"
+    try:
+        netsim._wait_accepting(upstream, 30)
+        with liar(upstream, mode) as (endpoint, lies):
+            code = netsim.client_script(tiny_llama_f32, [endpoint], N_PREDICT, PROMPT, log=log)
+            r = subprocess.run(
+                [sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env=dict(os.environ),
+            )
+    finally:
+        server.kill()
+        server.wait()
+    assert r.returncode == 0, f"the client died ({r.returncode}): {r.stderr[-3000:]}"
+    assert lies == [mode], "the proxy never saw a block of times to rewrite"
+    tokens = __import__("json").loads(r.stdout.strip().splitlines()[-1])["tokens"]
+    assert tokens == local_tokens
+    warnings = [ln for ln in r.stderr.splitlines() if "malformed block of op times" in ln]
+    assert len(warnings) == 1, r.stderr[-3000:]
+    assert endpoint in warnings[0] and "remote op timing is off for this server" in warnings[0]
+    # the session ended well, and after the lie no remote op time reached the log
+    recs = read_log(log)
+    assert by_type(recs, "session_end")[0]["status"] == "ok"
+    computes = by_type(recs, "compute")
+    assert computes
+    remote = [i for i, c in enumerate(computes) if c.get("remote")]
+    assert all(i < len(computes) // 2 for i in remote), remote

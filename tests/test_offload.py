@@ -93,3 +93,26 @@ def test_a_partial_offload_logs_its_splits_and_copies(
             assert expected is not None, name
             assert nbytes == expected, (name, nbytes, expected)
             assert 0 <= t0 and 0 <= dur and t0 + dur <= c["dur"]
+
+
+def test_a_session_that_fails_to_open_stops_recording_transfers(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """LLAMA_INSTR_LOG set, its session unable to open (issue 35): the model's upload, recorded for
+    it, is dropped and recording stops, so that a later session the program opens itself holds no
+    load-phase transfers it never asked for (before the fix they were kept, up to 262,144 rows)."""
+    log = tmp_path / "later.log"
+    run_offloaded(f"""
+import os, json
+os.environ["LLAMA_INSTR_LOG"] = {str(tmp_path / "no-such-dir" / "env.log")!r}
+import llama_cpp, llamacpp_instr
+llm = llama_cpp.Llama({str(tiny_llama_f32)!r}, n_ctx=128, n_gpu_layers=99, verbose=False)
+with llamacpp_instr.session(llm, {str(log)!r}, "detailed"):
+    llm.eval(llm.tokenize(b"Hello there", add_bos=True))
+llm.close()
+""")
+    recs = read_log(log)
+    steps = [r for r in recs if r["type"] == "step_begin"]
+    transfers = [r for r in recs if r["type"] == "transfers"]
+    assert steps, "the later session recorded nothing"
+    assert not [t for t in transfers if t.get("phase") == "load"], transfers[:2]

@@ -27,9 +27,10 @@
 
 namespace {
 
-std::atomic<bool> g_checked{ false };  // the environment was read (at the first context)
-std::mutex        g_mtx;               // guards g_open and the end of the session
-bool              g_open = false;      // the session this file opened is still open
+std::atomic<bool> g_checked{ false };         // the environment was read (at the first context)
+std::mutex        g_mtx;                      // guards g_open and the end of the session
+bool              g_open = false;             // the session this file opened is still open
+std::atomic<bool> g_recording_load{ false };  // model_loading turned transfer recording on for it
 
 const char * const k_prefix = "llama-instr: ";
 
@@ -406,7 +407,8 @@ void llama_instr_env_model_loading() {
     std::call_once(once, [] {
         const char * path = getenv("LLAMA_INSTR_LOG");
         if (path && *path) {
-            llama_instr_record_transfers(1);  // without an RPC backend there is nothing to record
+            // without an RPC backend there is nothing to record
+            g_recording_load.store(llama_instr_record_transfers(1) == LLAMA_INSTR_OK, std::memory_order_relaxed);
         }
     });
 }
@@ -421,6 +423,16 @@ void llama_instr_env_context_created(llama_context * ctx) {
             open_from_env(ctx);
         } catch (...) {
             warn("could not open the session of LLAMA_INSTR_LOG: running uninstrumented");
+        }
+        bool opened = false;
+        {
+            std::lock_guard<std::mutex> lock(g_mtx);
+            opened = g_open;
+        }
+        if (!opened && g_recording_load.load(std::memory_order_relaxed)) {
+            // the model's upload was recorded for a session that did not open: drop it and stop
+            // (otherwise up to 262,144 rows stay, and go into a later session's log)
+            llama_instr_record_transfers(0);
         }
         g_checked.store(true, std::memory_order_relaxed);
     });

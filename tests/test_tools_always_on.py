@@ -222,11 +222,14 @@ def test_refused_and_malformed_requests_have_their_status(loaded: dict[str, Any]
 
 
 def recorded_after(log: Path, t: int) -> bool:
-    """Does the log (as written so far) hold a request that arrived after ``t`` (monotonic ns)?"""
-    try:
-        lines = log.read_bytes().split(b"\n")[:-1]
-    except OSError:
-        return False
+    """Does the log's series (as written so far: a rotation may have moved the record into
+    LOG.1) hold a request that arrived after ``t`` (monotonic ns)?"""
+    lines = []
+    for f in series(log):
+        try:
+            lines += f.read_bytes().split(b"\n")[:-1]
+        except OSError:
+            continue
     return any(r.get("type") == "request" and r["t_arrive"] > t for r in map(json.loads, lines))
 
 

@@ -148,6 +148,14 @@ def client_script(
     )
 
 
+def local_tokens(model: Path, n_predict: int, prompt: str) -> list[int]:
+    """The greedy tokens of a local CPU run (no RPC): what a run over RPC must generate."""
+    out = run_python(client_script(model, [], n_predict, prompt))
+    tokens: list[int] = out["tokens"]
+    assert len(tokens) == n_predict
+    return tokens
+
+
 def namespaces_available() -> str | None:
     """None when network namespaces can be made here, else why not."""
     if not sys.platform.startswith("linux"):

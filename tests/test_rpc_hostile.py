@@ -117,10 +117,7 @@ def liar(upstream: str, mode: str) -> Iterator[tuple[str, list[str]]]:
 
 @pytest.fixture(scope="module")
 def local_tokens(tiny_llama_f32: Path) -> list[int]:
-    out = netsim.run_python(netsim.client_script(tiny_llama_f32, [], N_PREDICT, PROMPT))
-    tokens: list[int] = out["tokens"]
-    assert len(tokens) == N_PREDICT
-    return tokens
+    return netsim.local_tokens(tiny_llama_f32, N_PREDICT, PROMPT)
 
 
 @pytest.mark.parametrize("mode", ["n_fused", "size", "graphs", "truncated"])

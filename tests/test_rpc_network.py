@@ -59,10 +59,7 @@ def patched_lib() -> Path:
 
 @pytest.fixture(scope="module")
 def local_tokens(rpc_model: Path) -> list[int]:
-    out = netsim.run_python(netsim.client_script(rpc_model, [], N_PREDICT, PROMPT))
-    tokens: list[int] = out["tokens"]
-    assert len(tokens) == N_PREDICT
-    return tokens
+    return netsim.local_tokens(rpc_model, N_PREDICT, PROMPT)
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Any
 from llamacpp_instr import __version__, bindings
 from llamacpp_instr.always_on import AlwaysOn
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.converters.reader import iter_records
+from llamacpp_instr.converters.reading.reader import iter_records
 from llamacpp_instr.offload import Offload, prepare
 
 # At shutdown, how long to wait for a worker thread still using the model (a generation the server

@@ -219,7 +219,7 @@ def test_every_file_is_whole_and_begins_the_session_again(
 
 def test_the_series_reads_as_one_session(rotated: Path, tmp_path: Path) -> None:
     from llamacpp_instr import load_session
-    from llamacpp_instr.converters.reader import log_files
+    from llamacpp_instr.converters.reading.reader import log_files
 
     files = series(rotated)
     assert log_files(rotated) == files

@@ -28,9 +28,9 @@ from support import (
     write_log,
 )
 
-from llamacpp_instr.converters import decode
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.frames import SessionFrames, load_session, load_sessions
+from llamacpp_instr.converters.reading.decode import computes
 from llamacpp_instr.converters.session import Graph, StepDone, iter_events
 
 # ------------------------------------------------------------------------------ comparison
@@ -137,7 +137,7 @@ def test_no_python_object_per_op(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*a: Any, **k: Any) -> Any:
         raise AssertionError("per-op path used")
 
-    monkeypatch.setattr(decode, "OpTiming", boom)
+    monkeypatch.setattr(computes, "OpTiming", boom)
     f = load_session(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz")
     assert len(f.ops) > 100
     verbose = FIXTURES / "tiny-llama-verbose.log.gz"

@@ -23,9 +23,10 @@ from support import (
     write_log,
 )
 
-from llamacpp_instr.converters import decode, prefetch
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.converters.reader import ReadReport, iter_records
+from llamacpp_instr.converters.reading import prefetch
+from llamacpp_instr.converters.reading.decode import columns
+from llamacpp_instr.converters.reading.reader import ReadReport, iter_records
 
 
 @pytest.fixture
@@ -58,9 +59,9 @@ def both(path: Path, strict: bool = False) -> tuple[Any, ReadReport, Any, ReadRe
     with mock.patch.object(multiprocessing.context.ForkProcess, "start", start):
         records = list(prefetch.records(path, strict=strict, report=got_rep))
     for n, rec in records:
-        if isinstance(rec.get("ops"), decode.PackedOps):
+        if isinstance(rec.get("ops"), columns.PackedOps):
             rec = dict(rec, ops=rec["ops"].to_list())
-        if isinstance(rec.get("layers"), np.ndarray):  # decode.layer_rows: starts made absolute
+        if isinstance(rec.get("layers"), np.ndarray):  # columns.layer_rows: starts made absolute
             layers = rec["layers"].copy()
             layers[:, 1] -= rec["t_start"]
             # rows naming a device have a fifth element; the others were given -1 there

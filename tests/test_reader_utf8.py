@@ -17,7 +17,7 @@ from support import FIXTURES
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.converters.reader import ReadReport, iter_records
+from llamacpp_instr.converters.reading.reader import ReadReport, iter_records
 from llamacpp_instr.converters.session import load
 
 DETAILED = FIXTURES / "tiny-llama-detailed.log.gz"

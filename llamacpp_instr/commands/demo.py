@@ -21,7 +21,7 @@ def command(output: Path, n_predict: int) -> None:
     per-op timings, and the trace was written. Exit status 2 if anything is off."""
     from llamacpp_instr import models, runner
     from llamacpp_instr.converters.errors import UserError
-    from llamacpp_instr.converters.reader import ReadReport
+    from llamacpp_instr.converters.reading.reader import ReadReport
     from llamacpp_instr.converters.session import load
 
     output.mkdir(parents=True, exist_ok=True)

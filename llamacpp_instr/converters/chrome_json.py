@@ -25,8 +25,9 @@ from typing import IO, Any
 import numpy as np
 import orjson
 
-from .decode import Graph, LayerSpan
 from .machine_peaks import Roof
+from .reading.decode.columns import LayerSpan
+from .reading.decode.graphs import Graph
 from .rounding import EXACT, exact_float
 from .sinks import ThreadedWriter
 from .trace_items import ComputeBatch, Item, OpBatch, Sample, Slice, Track

@@ -52,7 +52,10 @@ from typing import Any
 
 import numpy as np
 
-from .decode import Compute, SessionInfo, Step, TransferRow, Transfers
+from .reading.decode.computes import Compute
+from .reading.decode.sessions import SessionInfo
+from .reading.decode.steps import Step
+from .reading.decode.transfers import TransferRow, Transfers
 
 Interval = tuple[int, int]
 

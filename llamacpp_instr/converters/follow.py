@@ -17,9 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .decode import MALFORMED, SessionInfo, Step, op_time_by_label
 from .errors import UserError
-from .reader import BadLine, parse_line
+from .reading.decode.computes import op_time_by_label
+from .reading.decode.fields import MALFORMED
+from .reading.decode.sessions import SessionInfo
+from .reading.decode.steps import Step
+from .reading.reader import BadLine, parse_line
 from .session import Fold, SessionEnded, SessionStarted, StepDone
 
 WINDOW = 64  # steps the statistics cover

@@ -42,12 +42,16 @@ import numpy as np
 import pandas as pd
 
 from . import derive, machine_peaks, roofline
-from .decode import Compute, Graph, LayerRows, SessionInfo, Step
 from .device_time import multi_device
 from .errors import UserError
 from .frames_devices import TABLES as DEVICE_TABLES
 from .frames_devices import DeviceBuilder
-from .reader import ReadReport
+from .reading.decode.columns import LayerRows
+from .reading.decode.computes import Compute
+from .reading.decode.graphs import Graph
+from .reading.decode.sessions import SessionInfo
+from .reading.decode.steps import Step
+from .reading.reader import ReadReport
 from .session import SessionStarted, StepDone, iter_events_packed
 
 _FIRST = itemgetter(0)

@@ -30,7 +30,10 @@ import numpy as np
 import pandas as pd
 
 from . import device_time as dt
-from .decode import Compute, SessionInfo, Step, Transfers
+from .reading.decode.computes import Compute
+from .reading.decode.sessions import SessionInfo
+from .reading.decode.steps import Step
+from .reading.decode.transfers import Transfers
 
 TABLES = (
     "devices",

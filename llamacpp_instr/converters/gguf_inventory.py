@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .decode import SessionInfo
 from .errors import UserError
+from .reading.decode.sessions import SessionInfo
 
 _BLK = re.compile(r"^blk\.(\d+)\.(.+?)(\.weight|\.bias)?$")
 

@@ -25,37 +25,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import prefetch
-from .decode import (
-    MALFORMED,
+from .device_time import multi_device
+from .reading import prefetch
+from .reading.decode.columns import LayerSpan, PackedOps
+from .reading.decode.computes import (
     Compute,
-    Event,
-    Graph,
-    LayerSpan,
-    Node,
     OpTiming,
-    PackedOps,
-    SessionEnded,
-    SessionInfo,
-    SessionStarted,
-    Step,
-    StepDone,
     attach_stats,
     decode_compute,
     decode_compute_bulk,
-    end_step,
-    graph_table,
-    nonneg,
-    request_id,
-    session_info,
-    skip_malformed,
-    step_level,
-    step_seqs,
-    topk_rows,
-    transfers,
 )
-from .device_time import multi_device
-from .reader import ReadReport, iter_records
+from .reading.decode.fields import MALFORMED, nonneg, skip_malformed
+from .reading.decode.graphs import Graph, Node, graph_table
+from .reading.decode.sessions import (
+    Event,
+    SessionEnded,
+    SessionInfo,
+    SessionStarted,
+    StepDone,
+    session_info,
+)
+from .reading.decode.steps import Step, end_step, request_id, step_level, step_seqs, topk_rows
+from .reading.decode.transfers import transfers
+from .reading.reader import ReadReport, iter_records
 
 __all__ = [
     "Compute",

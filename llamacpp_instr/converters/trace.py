@@ -12,7 +12,7 @@ from typing import IO, Any
 from .errors import UserError
 from .kv_flows import KvFlows
 from .machine_peaks import Roof
-from .reader import ReadReport
+from .reading.reader import ReadReport
 from .trace_items import LayoutStats, Selection
 
 

@@ -32,8 +32,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import device_time as dt
-from .decode import Compute, LayerSpan, SessionInfo, Split, Step, TransferRow
 from .kv_flows import OpFlows
+from .reading.decode.columns import LayerSpan
+from .reading.decode.computes import Compute
+from .reading.decode.devices import Split
+from .reading.decode.sessions import SessionInfo
+from .reading.decode.steps import Step
+from .reading.decode.transfers import TransferRow
 from .trace_items import BulkItem, Item, LayoutStats, Slice, Track, track_uuid
 
 

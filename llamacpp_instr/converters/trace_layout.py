@@ -25,22 +25,14 @@ from typing import Any
 import numpy as np
 
 from . import derive
-from .decode import (
-    Compute,
-    Event,
-    Graph,
-    LayerSpan,
-    Node,
-    OpTiming,
-    SessionEnded,
-    SessionInfo,
-    SessionStarted,
-    Step,
-    StepDone,
-)
 from .device_time import multi_device
 from .kv_flows import KvFlows, OpFlows
 from .machine_peaks import Roof
+from .reading.decode.columns import LayerSpan
+from .reading.decode.computes import Compute, OpTiming
+from .reading.decode.graphs import Graph, Node
+from .reading.decode.sessions import Event, SessionEnded, SessionInfo, SessionStarted, StepDone
+from .reading.decode.steps import Step
 from .request_share import SeqSteps
 from .rounding import EXACT, round3
 from .trace_devices import DeviceTracks

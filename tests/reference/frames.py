@@ -18,7 +18,7 @@ import pandas as pd
 from llamacpp_instr.converters import derive, roofline, session
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.frames import SessionFrames, string_categories
-from llamacpp_instr.converters.reader import ReadReport
+from llamacpp_instr.converters.reading.reader import ReadReport
 from llamacpp_instr.converters.session import Graph, SessionStarted, Step, StepDone, iter_events
 
 STEP_COLS = (

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..decode import LayerSpan
+from ..reading.decode.columns import LayerSpan
 from ..trace_items import Sample, Slice
 from .packets import Interner
 from .protowire import (

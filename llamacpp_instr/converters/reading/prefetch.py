@@ -22,8 +22,8 @@ from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
-from .decode import layer_rows, pack_ops
-from .errors import UserError
+from ..errors import UserError
+from .decode.columns import layer_rows, pack_ops
 from .reader import ReadReport, iter_records
 
 MIN_BYTES = 8 << 20  # smaller logs are read in this process: a fork would not pay for itself

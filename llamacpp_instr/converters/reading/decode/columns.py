@@ -1,0 +1,178 @@
+"""The one packer of a compute's ``ops`` and ``layers`` lists into int64 columns (``pack_ops``,
+``layer_rows``): the forked reader (``reading.prefetch``) runs it on the other core."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator, Sequence
+from itertools import chain
+from operator import itemgetter
+from typing import Any, NamedTuple, overload
+
+import numpy as np
+
+from .fields import nonneg, uint
+
+_ITEM = (itemgetter(0), itemgetter(1), itemgetter(2))
+
+
+class LayerSpan(NamedTuple):
+    """A layer's part of a compute: first start to last end of its timed ops (a tuple: a million
+    ops come with some 50,000 of these)."""
+
+    layer: int
+    start: int
+    dur: int
+    n_ops: int
+
+
+def layer_rows(raw: Any, t0: int) -> np.ndarray | None:
+    """A compute record's ``layers`` rows as an int64 array, start offsets made absolute, in bulk;
+    None unless they are all plain ints with non-negative times (the per-row reading then
+    converts or rejects the odd values). Rows of four (spans timed on the CPU backend) give
+    (m, 4); rows naming their device in a fifth element give (m, 5), the device -1 in the rows
+    without one."""
+    if type(raw) is not list or not raw:
+        return None
+    try:
+        flat = list(chain.from_iterable(raw))
+        widths = set(map(len, raw))
+        if widths == {4} and len(flat) == 4 * len(raw):
+            a = np.frombuffer(array("q", flat), np.int64).reshape(-1, 4).copy()  # ints only
+        elif widths <= {4, 5} and all(type(r) is list for r in raw):
+            rows = [r if len(r) == 5 else [*r, -1] for r in raw]
+            if not all(type(v) is int for v in chain.from_iterable(rows)):
+                return None
+            if min(r[4] for r in raw if len(r) == 5) < 0:  # (a device index)
+                return None
+            a = np.array(rows, np.int64)
+        else:
+            return None
+        lo, hi = a.min(axis=0), a.max(axis=0)
+        if lo[1] < 0 or lo[2] < 0 or t0 + int(hi[1]) >= 1 << 63:
+            return None
+        a[:, 1] += t0
+        return a
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+class LayerRows(Sequence[LayerSpan]):
+    """A compute's layer spans kept as the (m, 4) int64 ``rows`` ``layer_rows`` made (layer,
+    absolute start, dur, n_ops): the tables take the rows as they are, and the ``LayerSpan``
+    tuples (a million ops come with some 50,000) are made only when first read."""
+
+    __slots__ = ("rows", "_spans")
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+        self._spans: list[LayerSpan] | None = None
+
+    def spans(self) -> list[LayerSpan]:
+        if self._spans is None:
+            self._spans = list(map(LayerSpan._make, self.rows.tolist()))
+        return self._spans
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @overload
+    def __getitem__(self, k: int) -> LayerSpan: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[LayerSpan]: ...
+    def __getitem__(self, k: int | slice) -> LayerSpan | list[LayerSpan]:
+        return self.spans()[k]
+
+    def __iter__(self) -> Iterator[LayerSpan]:
+        return iter(self.spans())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and self.spans() == list(other)
+
+    def __repr__(self) -> str:
+        return repr(self.spans())
+
+
+def layer_spans(raw: Any, t0: int) -> tuple[Sequence[LayerSpan], Any]:
+    """A compute record's ``layers`` rows, their start offsets made absolute, and the device of
+    each span (an int64 array, -1 for the CPU backend's; None when no row names one). ``raw``
+    may be ``layer_rows(raw, t0)`` already (the forked log reader's work: ``prefetch``)."""
+    a = raw if isinstance(raw, np.ndarray) else layer_rows(raw, t0)
+    if a is not None:
+        if a.shape[1] == 4:
+            return LayerRows(a), None
+        return LayerRows(np.ascontiguousarray(a[:, :4])), a[:, 4].copy()
+    if not any(type(r) is list and len(r) == 5 for r in raw):
+        return [LayerSpan(int(a), t0 + nonneg(b), nonneg(c), int(d)) for a, b, c, d in raw], None
+    spans, devices = [], []
+    for a, b, c, d, *e in raw:
+        if len(e) > 1:
+            raise ValueError("a layers row of more than 5 elements")
+        spans.append(LayerSpan(int(a), t0 + nonneg(b), nonneg(c), int(d)))
+        devices.append(uint(e[0]) if e else -1)
+    return spans, np.array(devices, np.int64)
+
+
+# --- the ops and layers packer --------------------------------------------------------------
+
+
+class PackedOps:
+    """A compute record's ``ops`` list as columns: ``arr`` rows (node, start offset, duration),
+    each row's ``lo``/``hi``, the fused nodes by op position, and their smallest and largest node
+    index. ``to_list()`` gives the list back, for the per-op reader."""
+
+    __slots__ = ("arr", "lo", "hi", "fused", "f_lo", "f_hi")
+
+    def __init__(
+        self, arr: Any, fused: dict[int, list[int]], f_lo: int = 0, f_hi: int = -1
+    ) -> None:
+        self.arr = arr
+        self.lo: list[int] = arr.min(axis=1).tolist()
+        self.hi: list[int] = arr.max(axis=1).tolist()
+        self.fused, self.f_lo, self.f_hi = fused, f_lo, f_hi
+
+    def to_list(self) -> list[list[Any]]:
+        ops: list[list[Any]] = self.arr.T.tolist()
+        for k, f in self.fused.items():
+            ops[k].append(f)
+        return ops
+
+
+def pack_ops(ops: Any, last: dict[int, list[int]] | None = None) -> PackedOps | None:
+    """``ops`` (a compute record's list of ``[i, start, dur]`` or ``[i, start, dur, [j, ...]]``)
+    as columns, or None if any entry is unusual (the per-op reader then decides). ``last``: the
+    fused ops of the graph's previous compute, which every generation step repeats (reused, not
+    rebuilt, when they match)."""
+    try:
+        if not isinstance(ops, list) or not ops:
+            return None
+        n = len(ops)
+        # int64 conversion is int()'s, as the per-op reader's, but fails beyond 64 bits (and on
+        # short or odd entries): those records are left to the per-op reader
+        arr = np.empty((3, n), dtype=np.int64)
+        for k in range(3):
+            arr[k] = np.fromiter(map(_ITEM[k], ops), dtype=np.int64, count=n)
+        extra = sum(map(len, ops)) - 3 * n  # elements beyond (node, offset, duration)
+        if not extra:
+            return PackedOps(arr, {})
+        if (
+            last is not None
+            and len(last) == extra
+            and all(len(ops[k]) == 4 and ops[k][3] == f for k, f in last.items())
+        ):
+            fused = last
+        else:
+            lens = np.fromiter(map(len, ops), dtype=np.int64, count=n)
+            pos = np.flatnonzero(lens > 3).tolist()
+            lists = [ops[k][3] for k in pos]
+            if set(map(type, lists)) != {list} or any(len(ops[k]) != 4 for k in pos):
+                return None
+            fused = dict(zip(pos, lists, strict=True))
+        flat = list(chain.from_iterable(fused.values()))
+        if not flat:
+            return PackedOps(arr, fused)
+        if set(map(type, flat)) != {int}:
+            return None
+        return PackedOps(arr, fused, min(flat), max(flat))
+    except Exception:  # noqa: BLE001 - whatever it is, the per-op reader reports it
+        return None

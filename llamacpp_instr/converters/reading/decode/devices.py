@@ -1,0 +1,143 @@
+"""Where a compute ran: its splits, copies, device-timed stretches, clocks and remote graphs
+(``Placement``, decoded strictly by ``placement``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from .fields import record_rows, strict_str, uint
+
+
+class Split(NamedTuple):
+    """What ggml's scheduler ran on one device (a ``splits`` row): the device (an index into
+    ``session_start.machine.devices``), its graph nodes ``[i_start, i_end)``, and host times
+    (absolute ns): when the split began (its input copies first), when its graph was handed to the
+    backend, and when the backend returned it."""
+
+    device: int
+    i_start: int
+    i_end: int
+    start: int
+    launch: int
+    end: int
+
+
+class Copy(NamedTuple):
+    """A tensor the scheduler copied to another device for a split (a ``copies`` row): the split
+    (an index into the compute's splits), its node (-1: a weight or input) and name, bytes, the
+    source and destination devices, and the host-side time of the copy call (absolute ns)."""
+
+    split: int
+    node: int
+    name: str
+    bytes: int
+    src: int
+    dst: int
+    start: int
+    dur: int
+
+
+class Busy(NamedTuple):
+    """A stretch of work a device timed itself (a ``busy`` row; Vulkan: a command buffer, from its
+    first command's start to its last's end): the device, absolute start, duration, the split
+    whose ops it ran (-1: none, only copies) and how many ops."""
+
+    device: int
+    start: int
+    dur: int
+    split: int
+    n_ops: int
+
+
+class Remote(NamedTuple):
+    """A graph a patched RPC server computed and timed itself (a ``remote`` row), placed on this
+    log's clock: the split (-1: none matched), the device, the client's send and reply times, the
+    server's compute start and end (absolute ns), the one-way network estimate and the placement's
+    uncertainty (ns), the server's clock offset, the graph command's bytes and its ops."""
+
+    split: int
+    device: int
+    send: int
+    reply: int
+    start: int
+    end: int
+    one_way: int
+    err: int
+    clock_offset: int
+    bytes: int
+    n_ops: int
+
+
+class Clock(NamedTuple):
+    """How a device's own timestamps were put on the host clock (a ``clocks`` row)."""
+
+    device: int
+    method: str
+    uncertainty: int
+
+
+@dataclass(eq=False)
+class Placement:
+    """Where a compute ran, beyond the CPU backend's ops: the scheduler's splits and copies, the
+    stretches a device timed itself (``busy``, ``clocks``), the graphs remote servers timed
+    (``remote``), and ``wait`` (ns from the last split's return until the backends were
+    synchronized; None when the record does not say). Times absolute, in the compute's order."""
+
+    splits: list[Split] = field(default_factory=list)
+    copies: list[Copy] = field(default_factory=list)
+    busy: list[Busy] = field(default_factory=list)
+    remote: list[Remote] = field(default_factory=list)
+    clocks: list[Clock] = field(default_factory=list)
+    wait: int | None = None
+
+
+_PLACE_FIELDS = ("splits", "copies", "busy", "remote", "clocks", "wait")
+
+
+def _split_ref(v: Any, n_splits: int, none_ok: bool) -> int:
+    """An index into the compute's splits (-1 where ``none_ok``)."""
+    k = uint(v, -1 if none_ok else 0)
+    if k >= n_splits:
+        raise ValueError(f"split {k} of {n_splits}")
+    return k
+
+
+def placement(rec: dict[str, Any], t0: int) -> Placement | None:
+    """Where a compute ran (``splits``, ``copies``, ``busy``, ``clocks``, ``remote``, ``wait``:
+    see docs/schema.md), times made absolute; None for a record with none of them. Strict: a
+    device, split or time that is not a plain integer in range raises ValueError or TypeError,
+    and the record is skipped like any damaged one."""
+    if not any(k in rec for k in _PLACE_FIELDS):
+        return None
+    p = Placement()
+    for d, i0, i1, s, la, e in record_rows(rec, "splits", 6):
+        start, launch, end = t0 + uint(s), t0 + uint(la), t0 + uint(e)
+        if not (start <= launch <= end and uint(i0) <= uint(i1)):
+            raise ValueError("a split that ends before it starts")
+        p.splits.append(Split(uint(d), i0, i1, start, launch, end))
+    n = len(p.splits)
+    for k, node, name, nbytes, src, dst, s, d in record_rows(rec, "copies", 8):
+        p.copies.append(
+            Copy(
+                _split_ref(k, n, False), uint(node, -1), strict_str(name), uint(nbytes), uint(src),
+                uint(dst), t0 + uint(s), uint(d),
+            )
+        )  # fmt: skip
+    for d, s, dur, k, n_ops in record_rows(rec, "busy", 5):
+        p.busy.append(Busy(uint(d), t0 + uint(s), uint(dur), _split_ref(k, n, True), uint(n_ops)))
+    for d, method, err in record_rows(rec, "clocks", 3):
+        p.clocks.append(Clock(uint(d), strict_str(method), uint(err)))
+    for row in record_rows(rec, "remote", 11):
+        k, d, send, reply, s, e, one_way, err, offset, nbytes, n_ops = row
+        if uint(s) > uint(e) or uint(send) > uint(reply):
+            raise ValueError("a remote graph that ends before it starts")
+        p.remote.append(
+            Remote(
+                _split_ref(k, n, True), uint(d), t0 + send, t0 + reply, t0 + s, t0 + e,
+                uint(one_way), uint(err), uint(offset, -(1 << 62)), uint(nbytes), uint(n_ops),
+            )
+        )  # fmt: skip
+    if rec.get("wait") is not None:
+        p.wait = uint(rec["wait"])
+    return p

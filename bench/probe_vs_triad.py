@@ -49,7 +49,7 @@ def main() -> None:
 
     from llamacpp_instr import bindings
     from llamacpp_instr import peak_probe as measure
-    from llamacpp_instr.converters.machine_peaks import machine_key
+    from llamacpp_instr.converters.session.machine_peaks import machine_key
 
     lib = bindings.load()
     n = args.mib << 18  # float32 elements per array

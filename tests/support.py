@@ -26,7 +26,7 @@ from reference.perfetto_writer import write_perfetto
 
 from llamacpp_instr import peak_probe as measure
 from llamacpp_instr.converters.perfetto import writer as perfetto_writer
-from llamacpp_instr.converters.session import iter_events, iter_events_packed
+from llamacpp_instr.converters.session.fold import iter_events, iter_events_packed
 from llamacpp_instr.converters.trace import kv_flows_for
 from llamacpp_instr.converters.trace_items import LayoutStats, Selection
 from llamacpp_instr.converters.trace_layout import layout_bulk

@@ -18,9 +18,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from llamacpp_instr.converters import derive, roofline
-from llamacpp_instr.converters.machine_peaks import DevicePeaks
-from llamacpp_instr.converters.session import Graph, Node
+from llamacpp_instr.converters import roofline
+from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
+from llamacpp_instr.converters.session import derive
+from llamacpp_instr.converters.session.machine_peaks import DevicePeaks
 
 
 def _node(i: int, op: str, shape: list[int], dtype: str, nbytes: int, src: list[Any], **kw: Any):

@@ -31,7 +31,9 @@ from support import (
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.frames import SessionFrames, load_session, load_sessions
 from llamacpp_instr.converters.reading.decode import computes
-from llamacpp_instr.converters.session import Graph, StepDone, iter_events
+from llamacpp_instr.converters.reading.decode.graphs import Graph
+from llamacpp_instr.converters.reading.decode.sessions import StepDone
+from llamacpp_instr.converters.session.fold import iter_events
 
 # ------------------------------------------------------------------------------ comparison
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from llamacpp_instr.converters.machine_peaks import DevicePeaks, Roof
 from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
+from llamacpp_instr.converters.session.machine_peaks import DevicePeaks, Roof
 from llamacpp_instr.converters.trace_layout import op_rates, op_static_args
 
 

@@ -33,12 +33,12 @@ from support import (
 )
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters import session
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.perfetto import write_perfetto_fast
 from llamacpp_instr.converters.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.rounding import round3
-from llamacpp_instr.converters.session import iter_events, iter_events_packed
+from llamacpp_instr.converters.session import fold
+from llamacpp_instr.converters.session.fold import iter_events, iter_events_packed
 from llamacpp_instr.converters.trace_items import (
     ComputeBatch,
     LayoutStats,
@@ -189,7 +189,7 @@ def per_op_decoded(log: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The t_start of each compute record with ops that the bulk fold left to the per-op decoder
     (``decode_compute``; the bulk path calls it for the compute without its ops)."""
     seen: list[int] = []
-    real = session.decode_compute
+    real = fold.decode_compute
 
     def spy(rec: dict[str, Any], graph: Any, *more: Any) -> Any:
         if rec.get("ops"):
@@ -197,7 +197,7 @@ def per_op_decoded(log: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
         return real(rec, graph, *more)
 
     with monkeypatch.context() as m:
-        m.setattr(session, "decode_compute", spy)
+        m.setattr(fold, "decode_compute", spy)
         steps = [ev for ev in iter_events_packed(log, fork=False) if hasattr(ev, "step")]
     assert steps
     return seen

@@ -18,7 +18,7 @@ from support import FIXTURES
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reading.reader import ReadReport, iter_records
-from llamacpp_instr.converters.session import load
+from llamacpp_instr.converters.session.fold import load
 
 DETAILED = FIXTURES / "tiny-llama-detailed.log.gz"
 

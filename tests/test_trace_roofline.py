@@ -22,8 +22,8 @@ from reference.layout import layout
 from support import assert_same_trace, resolved
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters import machine_peaks
-from llamacpp_instr.converters.session import iter_events
+from llamacpp_instr.converters.session import machine_peaks
+from llamacpp_instr.converters.session.fold import iter_events
 from llamacpp_instr.converters.trace import to_perfetto
 from llamacpp_instr.converters.trace_items import LayoutStats, Selection
 

@@ -22,7 +22,7 @@ def command(output: Path, n_predict: int) -> None:
     from llamacpp_instr import models, runner
     from llamacpp_instr.converters.errors import UserError
     from llamacpp_instr.converters.reading.reader import ReadReport
-    from llamacpp_instr.converters.session import load
+    from llamacpp_instr.converters.session.fold import load
 
     output.mkdir(parents=True, exist_ok=True)
     log = output / "demo.log"

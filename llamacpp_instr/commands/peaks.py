@@ -67,7 +67,7 @@ def command(
     cached peaks."""
     from llamacpp_instr import bindings, devices
     from llamacpp_instr import peak_probe as measure
-    from llamacpp_instr.converters import machine_peaks
+    from llamacpp_instr.converters.session import machine_peaks
     from llamacpp_instr.paths import cache_dir
 
     check_output(output)

@@ -87,7 +87,7 @@ def command(
     attention ops of this and later steps that read what it wrote, and clicking an attention op
     shows the writes it read.
     """
-    from llamacpp_instr.converters.machine_peaks import session_roofs
+    from llamacpp_instr.converters.session.machine_peaks import session_roofs
     from llamacpp_instr.converters.trace import convert
     from llamacpp_instr.converters.trace_items import Selection
     from llamacpp_instr.paths import cache_dir

@@ -25,10 +25,10 @@ from typing import IO, Any
 import numpy as np
 import orjson
 
-from .machine_peaks import Roof
 from .reading.decode.columns import LayerSpan
 from .reading.decode.graphs import Graph
 from .rounding import EXACT, exact_float
+from .session.machine_peaks import Roof
 from .sinks import ThreadedWriter
 from .trace_items import ComputeBatch, Item, OpBatch, Sample, Slice, Track
 from .trace_layout import OpVariants, op_rates, op_rates_bulk, op_static_args

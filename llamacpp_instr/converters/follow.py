@@ -20,10 +20,10 @@ from typing import Any
 from .errors import UserError
 from .reading.decode.computes import op_time_by_label
 from .reading.decode.fields import MALFORMED
-from .reading.decode.sessions import SessionInfo
+from .reading.decode.sessions import SessionEnded, SessionInfo, SessionStarted, StepDone
 from .reading.decode.steps import Step
 from .reading.reader import BadLine, parse_line
-from .session import Fold, SessionEnded, SessionStarted, StepDone
+from .session.fold import Fold
 
 WINDOW = 64  # steps the statistics cover
 

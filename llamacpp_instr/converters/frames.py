@@ -41,18 +41,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import derive, machine_peaks, roofline
-from .device_time import multi_device
+from . import roofline
 from .errors import UserError
 from .frames_devices import TABLES as DEVICE_TABLES
 from .frames_devices import DeviceBuilder
 from .reading.decode.columns import LayerRows
 from .reading.decode.computes import Compute
 from .reading.decode.graphs import Graph
-from .reading.decode.sessions import SessionInfo
+from .reading.decode.sessions import SessionInfo, SessionStarted, StepDone
 from .reading.decode.steps import Step
 from .reading.reader import ReadReport
-from .session import SessionStarted, StepDone, iter_events_packed
+from .session import derive, machine_peaks
+from .session.device_time import multi_device
+from .session.fold import iter_events_packed
 
 _FIRST = itemgetter(0)
 

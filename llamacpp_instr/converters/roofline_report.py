@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 
 from . import roofline
-from .machine_peaks import Peaks
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
+from .session.machine_peaks import Peaks
 
 MAX_POINTS = 120  # roofline chart points: the ops that take the most time
 

@@ -31,14 +31,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from . import device_time as dt
-from .kv_flows import OpFlows
 from .reading.decode.columns import LayerSpan
 from .reading.decode.computes import Compute
 from .reading.decode.devices import Split
 from .reading.decode.sessions import SessionInfo
 from .reading.decode.steps import Step
 from .reading.decode.transfers import TransferRow
+from .session import device_time as dt
+from .session.kv_flows import OpFlows
 from .trace_items import BulkItem, Item, LayoutStats, Slice, Track, track_uuid
 
 

@@ -24,17 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from . import derive
-from .device_time import multi_device
-from .kv_flows import KvFlows, OpFlows
-from .machine_peaks import Roof
 from .reading.decode.columns import LayerSpan
 from .reading.decode.computes import Compute, OpTiming
 from .reading.decode.graphs import Graph, Node
 from .reading.decode.sessions import Event, SessionEnded, SessionInfo, SessionStarted, StepDone
 from .reading.decode.steps import Step
-from .request_share import SeqSteps
 from .rounding import EXACT, round3
+from .session import derive
+from .session.device_time import multi_device
+from .session.kv_flows import KvFlows, OpFlows
+from .session.machine_peaks import Roof
+from .session.requests import SeqSteps
 from .trace_devices import DeviceTracks
 from .trace_items import (
     BulkItem,

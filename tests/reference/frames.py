@@ -15,11 +15,15 @@ from typing import Any
 
 import pandas as pd
 
-from llamacpp_instr.converters import derive, roofline, session
+from llamacpp_instr.converters import roofline
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.frames import SessionFrames, string_categories
+from llamacpp_instr.converters.reading.decode.graphs import Graph
+from llamacpp_instr.converters.reading.decode.sessions import SessionInfo, SessionStarted, StepDone
+from llamacpp_instr.converters.reading.decode.steps import Step
 from llamacpp_instr.converters.reading.reader import ReadReport
-from llamacpp_instr.converters.session import Graph, SessionStarted, Step, StepDone, iter_events
+from llamacpp_instr.converters.session import derive
+from llamacpp_instr.converters.session.fold import iter_events
 
 STEP_COLS = (
     "step ctx kind n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended request "
@@ -94,7 +98,7 @@ def _shape(shape: list[int]) -> str:
 
 
 class _RefBuilder:
-    def __init__(self, info: session.SessionInfo) -> None:
+    def __init__(self, info: SessionInfo) -> None:
         self.info = info
         self.steps = _RefTable(
             "step ctx n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended",

@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
-from llamacpp_instr.converters.kv_flows import KvFlows, OpFlows
-from llamacpp_instr.converters.machine_peaks import Roof
 from llamacpp_instr.converters.reading.decode.columns import LayerSpan
 from llamacpp_instr.converters.reading.decode.computes import Compute
-from llamacpp_instr.converters.reading.decode.sessions import SessionInfo
-from llamacpp_instr.converters.session import Event
+from llamacpp_instr.converters.reading.decode.sessions import Event, SessionInfo
+from llamacpp_instr.converters.session.kv_flows import KvFlows, OpFlows
+from llamacpp_instr.converters.session.machine_peaks import Roof
 from llamacpp_instr.converters.trace_items import Item, LayoutStats, Selection, Slice
 from llamacpp_instr.converters.trace_layout import SessionLayout, layout_sessions
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from ..machine_peaks import Roof
+from ..reading.decode.graphs import Graph
 from ..rounding import EXACT, exact_float
-from ..session import Graph
+from ..session.machine_peaks import Roof
 from ..trace_layout import RATE_NAMES, OpVariants, op_rates, op_rates_bulk, op_static_args
 from .packets import Interner
 from .protowire import (

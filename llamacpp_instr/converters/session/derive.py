@@ -33,7 +33,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .session import Graph, Node
+from ..reading.decode.graphs import Graph, Node
 
 _PER_ELEMENT_FLOPS = {
     "ADD": 1,

@@ -52,10 +52,10 @@ from typing import Any
 
 import numpy as np
 
-from .reading.decode.computes import Compute
-from .reading.decode.sessions import SessionInfo
-from .reading.decode.steps import Step
-from .reading.decode.transfers import TransferRow, Transfers
+from ..reading.decode.computes import Compute
+from ..reading.decode.sessions import SessionInfo
+from ..reading.decode.steps import Step
+from ..reading.decode.transfers import TransferRow, Transfers
 
 Interval = tuple[int, int]
 

@@ -31,8 +31,11 @@ from typing import Any
 
 import numpy as np
 
+from ..reading.decode.computes import Compute
+from ..reading.decode.graphs import Graph
+from ..reading.decode.sessions import Event, StepDone
+from ..reading.decode.steps import Step
 from . import derive
-from .session import Compute, Event, Graph, Step, StepDone
 
 # per op position in a compute: (ids of flows it starts, ids of flows it ends)
 OpFlows = dict[int, tuple[tuple[int, ...], tuple[int, ...]]]

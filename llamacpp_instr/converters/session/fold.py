@@ -5,12 +5,12 @@ Ways to consume a log:
 * ``iter_events(path)`` streams: it yields ``SessionStarted``, then ``StepDone`` for each decode step
   as soon as its ``step_end`` (or the end of the file) is read, then ``SessionEnded``. Only the
   steps in flight and the graph tables are held in memory, so a writer that streams its output
-  stays bounded whatever the log's size. Every compute's ops are columns (``decode.Compute``).
+  stays bounded whatever the log's size. Every compute's ops are columns (``reading.decode.computes.Compute``).
 * ``iter_events_packed(path)`` is the same fold, the ops of well-formed compute records read in
-  bulk (``decode.decode_compute_bulk``) instead of op by op, and big logs read on the other core
-  (``prefetch``): what the trace writers, the tables and ``kv_flows`` read. The two give the
+  bulk (``decode_compute_bulk``) instead of op by op, and big logs read on the other core
+  (``reading.prefetch``): what the trace writers, the tables and ``kv_flows`` read. The two give the
   same steps (the per-op decoding is the reference the bulk one is tested against).
-* ``Fold`` is the fold itself, fed one record at a time (``follow``).
+* ``Fold`` is the fold itself, fed one record at a time (``analysis.follow``).
 * ``load(path)`` materializes every session with all its steps (analysis, tests, small logs).
 
 Several sessions may share a file; they are told apart by ``sid``. A session with no
@@ -25,19 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .device_time import multi_device
-from .reading import prefetch
-from .reading.decode.columns import LayerSpan, PackedOps
-from .reading.decode.computes import (
-    Compute,
-    OpTiming,
+from ..reading import prefetch
+from ..reading.decode.columns import PackedOps
+from ..reading.decode.computes import (
     attach_stats,
     decode_compute,
     decode_compute_bulk,
 )
-from .reading.decode.fields import MALFORMED, nonneg, skip_malformed
-from .reading.decode.graphs import Graph, Node, graph_table
-from .reading.decode.sessions import (
+from ..reading.decode.fields import MALFORMED, nonneg, skip_malformed
+from ..reading.decode.graphs import Graph, graph_table
+from ..reading.decode.sessions import (
     Event,
     SessionEnded,
     SessionInfo,
@@ -45,28 +42,12 @@ from .reading.decode.sessions import (
     StepDone,
     session_info,
 )
-from .reading.decode.steps import Step, end_step, request_id, step_level, step_seqs, topk_rows
-from .reading.decode.transfers import transfers
-from .reading.reader import ReadReport, iter_records
+from ..reading.decode.steps import Step, end_step, request_id, step_level, step_seqs, topk_rows
+from ..reading.decode.transfers import transfers
+from ..reading.reader import ReadReport, iter_records
+from .device_time import multi_device
 
-__all__ = [
-    "Compute",
-    "Event",
-    "Fold",
-    "Graph",
-    "LayerSpan",
-    "Node",
-    "OpTiming",
-    "Session",
-    "SessionEnded",
-    "SessionInfo",
-    "SessionStarted",
-    "Step",
-    "StepDone",
-    "iter_events",
-    "iter_events_packed",
-    "load",
-]
+__all__ = ["Fold", "Session", "iter_events", "iter_events_packed", "load"]
 
 
 class _SessionState:

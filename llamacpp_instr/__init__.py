@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamacpp_instr import converters
-from llamacpp_instr.converters import trace
+from llamacpp_instr.converters.traces import convert
 from llamacpp_instr.paths import cache_dir
 
 __version__ = "0.1.0"
@@ -29,10 +29,10 @@ def load_session(path: Any, sid: str | None = None, *, strict: bool = False) -> 
 
 def to_perfetto(log: str | Path, output: str | Path | None = None, **options: Any) -> Path:
     """Convert a session log to a Perfetto trace and return its path: the options of
-    ``llamacpp_instr.converters.trace.to_perfetto`` (fmt, layer, steps, ops, flows, strict,
+    ``llamacpp_instr.converters.traces.convert.to_perfetto`` (fmt, layer, steps, ops, flows, strict,
     peaks, roofline), with the peaks ``instr peaks`` cached on this machine by default."""
     options.setdefault("peaks_cache", cache_dir())
-    return trace.to_perfetto(log, output, **options)
+    return convert.to_perfetto(log, output, **options)
 
 
 def __getattr__(name: str) -> Any:

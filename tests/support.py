@@ -25,11 +25,11 @@ from reference.layout import layout
 from reference.perfetto_writer import write_perfetto
 
 from llamacpp_instr import peak_probe as measure
-from llamacpp_instr.converters.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.session.fold import iter_events, iter_events_packed
-from llamacpp_instr.converters.trace import kv_flows_for
-from llamacpp_instr.converters.trace_items import LayoutStats, Selection
-from llamacpp_instr.converters.trace_layout import layout_bulk
+from llamacpp_instr.converters.traces.convert import kv_flows_for
+from llamacpp_instr.converters.traces.items import LayoutStats, Selection
+from llamacpp_instr.converters.traces.layout import layout_bulk
+from llamacpp_instr.converters.traces.perfetto import writer as perfetto_writer
 
 TESTS_DIR = Path(__file__).resolve().parent
 FIXTURES = TESTS_DIR / "fixtures"
@@ -63,7 +63,7 @@ def read_log(path: Path) -> list[dict[str, Any]]:
 
 def converts_cleanly(log: Path, out: Path) -> None:
     """The log converts to a Perfetto trace with nothing skipped, unknown or replaced."""
-    from llamacpp_instr.converters.trace import convert
+    from llamacpp_instr.converters.traces.convert import convert
 
     stats, report = convert(log, out)
     assert report.skipped == [] and not report.unknown_types and not report.replaced_utf8

@@ -20,12 +20,12 @@ from reference.chrome_json import reference_write_chrome_json
 from reference.layout import layout
 from support import FIXTURES, REAL_FIXTURES, read_log, synthetic_log, write_log
 
-from llamacpp_instr.converters.chrome_json import write_chrome_json
-from llamacpp_instr.converters.rounding import round3
 from llamacpp_instr.converters.session.fold import iter_events, iter_events_packed
-from llamacpp_instr.converters.sinks import ThreadedWriter
-from llamacpp_instr.converters.trace_items import LayoutStats, Selection
-from llamacpp_instr.converters.trace_layout import layout_bulk
+from llamacpp_instr.converters.traces.chrome_json import write_chrome_json
+from llamacpp_instr.converters.traces.items import LayoutStats, Selection
+from llamacpp_instr.converters.traces.layout import layout_bulk
+from llamacpp_instr.converters.traces.rounding import round3
+from llamacpp_instr.converters.traces.sinks import ThreadedWriter
 
 SELECTIONS = [
     Selection(),

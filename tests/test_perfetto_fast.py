@@ -34,19 +34,19 @@ from support import (
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.converters.perfetto import write_perfetto_fast
-from llamacpp_instr.converters.perfetto import writer as perfetto_writer
-from llamacpp_instr.converters.rounding import round3
 from llamacpp_instr.converters.session import fold
 from llamacpp_instr.converters.session.fold import iter_events, iter_events_packed
-from llamacpp_instr.converters.trace_items import (
+from llamacpp_instr.converters.traces.items import (
     ComputeBatch,
     LayoutStats,
     Sample,
     Selection,
     Slice,
 )
-from llamacpp_instr.converters.trace_layout import layout_bulk
+from llamacpp_instr.converters.traces.layout import layout_bulk
+from llamacpp_instr.converters.traces.perfetto import write_perfetto_fast
+from llamacpp_instr.converters.traces.perfetto import writer as perfetto_writer
+from llamacpp_instr.converters.traces.rounding import round3
 
 REAL_FIXTURES = sorted(FIXTURES.glob("*.log.gz"))
 

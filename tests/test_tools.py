@@ -459,7 +459,7 @@ def test_the_variable_in_a_python_process(
 def test_perfetto_request_slices_carry_their_share(
     server_run: dict[str, Any], tmp_path: Path
 ) -> None:
-    from llamacpp_instr.converters.trace import convert
+    from llamacpp_instr.converters.traces.convert import convert
 
     out = tmp_path / "server.json"
     convert(server_run["log"], out, fmt="json")

@@ -24,8 +24,8 @@ from support import assert_same_trace, resolved
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.session import machine_peaks
 from llamacpp_instr.converters.session.fold import iter_events
-from llamacpp_instr.converters.trace import to_perfetto
-from llamacpp_instr.converters.trace_items import LayoutStats, Selection
+from llamacpp_instr.converters.traces.convert import to_perfetto
+from llamacpp_instr.converters.traces.items import LayoutStats, Selection
 
 BANDWIDTH = 8.0  # GB/s
 MATMUL = {"f32": 20.0, "f16": 16.0, "q4_1": 40.0, "q8_0": 30.0}  # GFLOP/s

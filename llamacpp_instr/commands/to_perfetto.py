@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from llamacpp_instr.commands import output_option, peaks_option, strict_option
-from llamacpp_instr.converters.trace import WRITERS, default_output
+from llamacpp_instr.converters.traces.convert import WRITERS, default_output
 
 DEFAULT_FORMAT = "pftrace"
 
@@ -88,8 +88,8 @@ def command(
     shows the writes it read.
     """
     from llamacpp_instr.converters.session.machine_peaks import session_roofs
-    from llamacpp_instr.converters.trace import convert
-    from llamacpp_instr.converters.trace_items import Selection
+    from llamacpp_instr.converters.traces.convert import convert
+    from llamacpp_instr.converters.traces.items import Selection
     from llamacpp_instr.paths import cache_dir
 
     if flows and no_ops:
@@ -147,7 +147,7 @@ def _progress(items, log: Path):  # type: ignore[no-untyped-def]
     if not sys.stderr.isatty() or log.stat().st_size < 16 << 20:
         yield from items
         return
-    from llamacpp_instr.converters.trace_items import Slice
+    from llamacpp_instr.converters.traces.items import Slice
 
     with click.progressbar(length=0, label="converting", file=sys.stderr, show_pos=True) as bar:
         for it in items:

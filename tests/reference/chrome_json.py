@@ -9,7 +9,7 @@ from typing import IO
 
 import orjson
 
-from llamacpp_instr.converters.trace_items import Item, Sample, Slice, Track
+from llamacpp_instr.converters.traces.items import Item, Sample, Slice, Track
 
 
 def reference_write_chrome_json(items: Iterable[Item], out: IO[bytes]) -> int:

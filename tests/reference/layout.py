@@ -17,8 +17,8 @@ from llamacpp_instr.converters.reading.decode.computes import Compute
 from llamacpp_instr.converters.reading.decode.sessions import Event, SessionInfo
 from llamacpp_instr.converters.session.kv_flows import KvFlows, OpFlows
 from llamacpp_instr.converters.session.machine_peaks import Roof
-from llamacpp_instr.converters.trace_items import Item, LayoutStats, Selection, Slice
-from llamacpp_instr.converters.trace_layout import SessionLayout, layout_sessions
+from llamacpp_instr.converters.traces.items import Item, LayoutStats, Selection, Slice
+from llamacpp_instr.converters.traces.layout import SessionLayout, layout_sessions
 
 
 class PerOpLayout(SessionLayout):

@@ -20,7 +20,7 @@ from typing import IO, Any
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
 
-from llamacpp_instr.converters.trace_items import Item, Sample, Slice, Track
+from llamacpp_instr.converters.traces.items import Item, Sample, Slice, Track
 
 SEQ_ID = 1729
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ..reading.decode.graphs import Graph
+from ...reading.decode.graphs import Graph
+from ...session.machine_peaks import Roof
+from ..layout import RATE_NAMES, OpVariants, op_rates, op_rates_bulk, op_static_args
 from ..rounding import EXACT, exact_float
-from ..session.machine_peaks import Roof
-from ..trace_layout import RATE_NAMES, OpVariants, op_rates, op_rates_bulk, op_static_args
 from .packets import Interner
 from .protowire import (
     DA_DOUBLE_VALUE,

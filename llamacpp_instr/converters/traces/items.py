@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .reading.decode.columns import LayerSpan
-from .reading.decode.computes import Compute
-from .reading.decode.steps import Step
-from .session.machine_peaks import Roof
+from ..reading.decode.columns import LayerSpan
+from ..reading.decode.computes import Compute
+from ..reading.decode.steps import Step
+from ..session.machine_peaks import Roof
 
 
 @dataclass(frozen=True)

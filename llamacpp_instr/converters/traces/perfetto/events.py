@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ..reading.decode.columns import LayerSpan
-from ..trace_items import Sample, Slice
+from ...reading.decode.columns import LayerSpan
+from ..items import Sample, Slice
 from .packets import Interner
 from .protowire import (
     TE_CATEGORIES,

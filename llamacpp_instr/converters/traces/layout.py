@@ -24,19 +24,18 @@ from typing import Any
 
 import numpy as np
 
-from .reading.decode.columns import LayerSpan
-from .reading.decode.computes import Compute, OpTiming
-from .reading.decode.graphs import Graph, Node
-from .reading.decode.sessions import Event, SessionEnded, SessionInfo, SessionStarted, StepDone
-from .reading.decode.steps import Step
-from .rounding import EXACT, round3
-from .session import derive
-from .session.device_time import multi_device
-from .session.kv_flows import KvFlows, OpFlows
-from .session.machine_peaks import Roof
-from .session.requests import SeqSteps
-from .trace_devices import DeviceTracks
-from .trace_items import (
+from ..reading.decode.columns import LayerSpan
+from ..reading.decode.computes import Compute, OpTiming
+from ..reading.decode.graphs import Graph, Node
+from ..reading.decode.sessions import Event, SessionEnded, SessionInfo, SessionStarted, StepDone
+from ..reading.decode.steps import Step
+from ..session import derive
+from ..session.device_time import multi_device
+from ..session.kv_flows import KvFlows, OpFlows
+from ..session.machine_peaks import Roof
+from ..session.requests import SeqSteps
+from .devices import DeviceTracks
+from .items import (
     BulkItem,
     ComputeBatch,
     Item,
@@ -48,6 +47,7 @@ from .trace_items import (
     Track,
     track_uuid,
 )
+from .rounding import EXACT, round3
 
 
 def _shape(shape: list[int]) -> str:

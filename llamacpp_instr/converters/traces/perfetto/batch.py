@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..trace_items import ComputeBatch
+from ..items import ComputeBatch
 
 
 class Block:

@@ -31,15 +31,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .reading.decode.columns import LayerSpan
-from .reading.decode.computes import Compute
-from .reading.decode.devices import Split
-from .reading.decode.sessions import SessionInfo
-from .reading.decode.steps import Step
-from .reading.decode.transfers import TransferRow
-from .session import device_time as dt
-from .session.kv_flows import OpFlows
-from .trace_items import BulkItem, Item, LayoutStats, Slice, Track, track_uuid
+from ..reading.decode.columns import LayerSpan
+from ..reading.decode.computes import Compute
+from ..reading.decode.devices import Split
+from ..reading.decode.sessions import SessionInfo
+from ..reading.decode.steps import Step
+from ..reading.decode.transfers import TransferRow
+from ..session import device_time as dt
+from ..session.kv_flows import OpFlows
+from .items import BulkItem, Item, LayoutStats, Slice, Track, track_uuid
 
 
 class SessionLayout(Protocol):

@@ -15,7 +15,7 @@ try:  # ISA-L's deflate: the same zlib streams, about 4x faster at level 1 (benc
 except ImportError:  # a platform without isal wheels: the standard library's
     from zlib import compress as _deflate  # type: ignore[assignment]
 
-from ..trace_items import Track
+from ..items import Track
 from .protowire import (
     CD_UNIT_NAME,
     CHILD_ORDERING_EXPLICIT,

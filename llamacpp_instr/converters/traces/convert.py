@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from .errors import UserError
-from .reading.reader import ReadReport
-from .session.kv_flows import KvFlows
-from .session.machine_peaks import Roof
-from .trace_items import LayoutStats, Selection
+from ..errors import UserError
+from ..reading.reader import ReadReport
+from ..session.kv_flows import KvFlows
+from ..session.machine_peaks import Roof
+from .items import LayoutStats, Selection
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,8 @@ def kv_flows_for(log: Path, sel: Selection) -> KvFlows | None:
     counts each write's readers (see ``kv_flows``)."""
     if not sel.flows:
         return None
-    from .session.fold import iter_events_packed
-    from .session.kv_flows import count
+    from ..session.fold import iter_events_packed
+    from ..session.kv_flows import count
 
     return count(iter_events_packed(log), sel.layer, sel.wants_step)
 
@@ -87,8 +87,8 @@ def convert(
     absent). ``wrap`` sees the layout's items on their way to the writer (a progress bar);
     ``roofs`` gives each session its roofs (``machine_peaks.session_roofs``), for the ops' roof fraction
     and bound."""
-    from .session.fold import iter_events_packed
-    from .trace_layout import layout_bulk
+    from ..session.fold import iter_events_packed
+    from .layout import layout_bulk
 
     write = trace_writer(fmt).load()
     sel = sel or Selection()
@@ -133,7 +133,7 @@ def to_perfetto(
     file, refused for a log of another machine), else the peaks that ``peaks_cache`` (the
     directory ``instr peaks`` saves to) holds for the machine that made the log, if measured;
     ``roofline=False`` leaves them out."""
-    from .session.machine_peaks import session_roofs
+    from ..session.machine_peaks import session_roofs
 
     log = Path(log)
     out = Path(output) if output is not None else default_output(log, fmt)

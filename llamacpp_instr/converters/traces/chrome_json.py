@@ -25,13 +25,13 @@ from typing import IO, Any
 import numpy as np
 import orjson
 
-from .reading.decode.columns import LayerSpan
-from .reading.decode.graphs import Graph
+from ..reading.decode.columns import LayerSpan
+from ..reading.decode.graphs import Graph
+from ..session.machine_peaks import Roof
+from .items import ComputeBatch, Item, OpBatch, Sample, Slice, Track
+from .layout import OpVariants, op_rates, op_rates_bulk, op_static_args
 from .rounding import EXACT, exact_float
-from .session.machine_peaks import Roof
 from .sinks import ThreadedWriter
-from .trace_items import ComputeBatch, Item, OpBatch, Sample, Slice, Track
-from .trace_layout import OpVariants, op_rates, op_rates_bulk, op_static_args
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 # the flows a slice of each category starts or ends (name, category); others: the KV cache's

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from operator import attrgetter
 from typing import IO
 
+from ..items import BulkItem, ComputeBatch, OpBatch, Sample, Slice, Track
 from ..sinks import BundleSink
-from ..trace_items import BulkItem, ComputeBatch, OpBatch, Sample, Slice, Track
 from .batch import Batch, Block
 from .bulk import BulkEncoder
 from .events import EventFields

@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from llamacpp_instr.api import InstrSession, record_transfers, session
-    from llamacpp_instr.converters.frames import SessionFrames
+    from llamacpp_instr.converters.analysis.frames import SessionFrames
 
 
 def load_session(path: Any, sid: str | None = None, *, strict: bool = False) -> SessionFrames:

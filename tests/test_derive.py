@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from llamacpp_instr.converters import roofline
+from llamacpp_instr.converters.analysis import roofline
 from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
 from llamacpp_instr.converters.session import derive
 from llamacpp_instr.converters.session.machine_peaks import DevicePeaks

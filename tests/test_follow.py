@@ -10,7 +10,7 @@ from typing import Any
 
 from support import FIXTURES, PROMPT, REAL_FIXTURES, by_type, read_log
 
-from llamacpp_instr.converters.follow import WINDOW, LiveState, tail_records
+from llamacpp_instr.converters.analysis.follow import WINDOW, LiveState, tail_records
 
 
 def test_follow_a_run_while_it_writes(instr_api: Any, smollm2_path: Path, tmp_path: Path) -> None:

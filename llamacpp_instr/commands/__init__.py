@@ -20,7 +20,7 @@ from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.schema import SESSION_LEVELS
 
 if TYPE_CHECKING:
-    from llamacpp_instr.converters.frames import SessionFrames
+    from llamacpp_instr.converters.analysis.frames import SessionFrames
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -46,7 +46,7 @@ def command(
         raise UserError("--dataset is Parquet only")
     frames = load_log(log, sid, strict)
     if dataset is not None:
-        from llamacpp_instr.converters.dataset import append_to_dataset
+        from llamacpp_instr.converters.analysis.dataset import append_to_dataset
 
         files = append_to_dataset(frames, dataset)
         for path, rows in files:

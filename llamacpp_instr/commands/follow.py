@@ -13,7 +13,7 @@ import click
 def follow(log: Path, wait: float, stop: threading.Event | None = None) -> str:
     """Show the live view (terminal) or one line per step (otherwise) until the session ends,
     ``stop`` is set or Ctrl-C. Returns the session's status."""
-    from llamacpp_instr.converters.follow import LiveState, tail_records
+    from llamacpp_instr.converters.analysis.follow import LiveState, tail_records
 
     state = LiveState()
     records = tail_records(log, wait_for_file=wait, stop=stop.is_set if stop else None)

@@ -55,7 +55,7 @@ def command(
     check_output(output)
     frames = load_log(log, sid, strict)
     if peaks_file is not None:
-        from llamacpp_instr.converters import roofline
+        from llamacpp_instr.converters.analysis import roofline
         from llamacpp_instr.converters.session import machine_peaks
 
         roofline.apply(frames, machine_peaks.for_file(peaks_file, frames.info))

@@ -26,7 +26,7 @@ from .errors import UserError
 from .schema import LEVELS, SCHEMA_VERSIONS
 
 if TYPE_CHECKING:
-    from .frames import SessionFrames
+    from .analysis.frames import SessionFrames
 
 
 def load_session(
@@ -35,7 +35,7 @@ def load_session(
     """A session log as pandas DataFrames (see ``converters.frames``); pandas loads on first use.
     ``peaks_cache``: the directory of ``instr peaks``' measurements, to set the ops against the
     roofs of the machine that made the log (``llamacpp_instr.load_session`` gives its own)."""
-    from .frames import load_session as _load
+    from .analysis.frames import load_session as _load
 
     return _load(path, sid, strict=strict, peaks_cache=peaks_cache)
 

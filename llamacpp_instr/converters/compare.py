@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from . import device_report, roofline_report
-from .frames import SessionFrames
+from .analysis.frames import SessionFrames
 from .report import Chart, Column, Fact, Report, Section, Series, Table
 from .summary import by, overview, timed_steps
 

@@ -12,7 +12,7 @@ from .report import Column, Section, Table
 from .session.requests import RequestShare, SeqSteps, slot_window
 
 if TYPE_CHECKING:  # pandas loads with the frames, not with this module
-    from .frames import SessionFrames
+    from .analysis.frames import SessionFrames
 
 
 def request_shares(f: SessionFrames) -> list[RequestShare]:

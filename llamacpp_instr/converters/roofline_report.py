@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import roofline
+from .analysis import roofline
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
 from .session.machine_peaks import Peaks
 

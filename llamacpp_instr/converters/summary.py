@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from . import device_report, roofline_report
-from .frames import SessionFrames
+from .analysis.frames import SessionFrames
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
 from .request_share import part_rows, parts_section, request_shares, share_section
 from .schema import LEVEL_IDS, level_at_least

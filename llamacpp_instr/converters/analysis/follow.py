@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
-from .reading.decode.computes import op_time_by_label
-from .reading.decode.fields import MALFORMED
-from .reading.decode.sessions import SessionEnded, SessionInfo, SessionStarted, StepDone
-from .reading.decode.steps import Step
-from .reading.reader import BadLine, parse_line
-from .session.fold import Fold
+from ..errors import UserError
+from ..reading.decode.computes import op_time_by_label
+from ..reading.decode.fields import MALFORMED
+from ..reading.decode.sessions import SessionEnded, SessionInfo, SessionStarted, StepDone
+from ..reading.decode.steps import Step
+from ..reading.reader import BadLine, parse_line
+from ..session.fold import Fold
 
 WINDOW = 64  # steps the statistics cover
 

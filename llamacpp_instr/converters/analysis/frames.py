@@ -41,19 +41,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..errors import UserError
+from ..reading.decode.columns import LayerRows
+from ..reading.decode.computes import Compute
+from ..reading.decode.graphs import Graph
+from ..reading.decode.sessions import SessionInfo, SessionStarted, StepDone
+from ..reading.decode.steps import Step
+from ..reading.reader import ReadReport
+from ..session import derive, machine_peaks
+from ..session.device_time import multi_device
+from ..session.fold import iter_events_packed
 from . import roofline
-from .errors import UserError
 from .frames_devices import TABLES as DEVICE_TABLES
 from .frames_devices import DeviceBuilder
-from .reading.decode.columns import LayerRows
-from .reading.decode.computes import Compute
-from .reading.decode.graphs import Graph
-from .reading.decode.sessions import SessionInfo, SessionStarted, StepDone
-from .reading.decode.steps import Step
-from .reading.reader import ReadReport
-from .session import derive, machine_peaks
-from .session.device_time import multi_device
-from .session.fold import iter_events_packed
 
 _FIRST = itemgetter(0)
 
@@ -200,7 +200,7 @@ class Sampling:
 
     @classmethod
     def of(cls, f: SessionFrames) -> Sampling:
-        from .schema import level_at_least
+        from ..schema import level_at_least
 
         levels = f.steps["level"].astype(str).value_counts() if len(f.steps) else pd.Series()
         by_level = {str(k): int(v) for k, v in levels.items()}

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .session import derive
-from .session.machine_peaks import MATMULS, DevicePeaks, Peaks, Roof, kv_type
+from ..session import derive
+from ..session.machine_peaks import MATMULS, DevicePeaks, Peaks, Roof, kv_type
 
 OP_COLS = ("intensity", "gflops_s", "gbs", "ideal_ns", "roof_frac", "bound")
 STEP_COLS = ("weight_bytes", "kv_bytes", "ideal_ns", "roof_frac", "roof")

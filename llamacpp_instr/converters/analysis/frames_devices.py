@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .reading.decode.computes import Compute
-from .reading.decode.sessions import SessionInfo
-from .reading.decode.steps import Step
-from .reading.decode.transfers import Transfers
-from .session import device_time as dt
+from ..reading.decode.computes import Compute
+from ..reading.decode.sessions import SessionInfo
+from ..reading.decode.steps import Step
+from ..reading.decode.transfers import Transfers
+from ..session import device_time as dt
 
 TABLES = (
     "devices",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 from .frames import SessionFrames
 
 

@@ -60,8 +60,8 @@ def main() -> None:
         took = time.monotonic() - t0
         data = json.loads((tmp / "s.json").read_text())
         # the report in markdown and html from the same data (no second measurement)
-        from llamacpp_instr.converters.quant_sweep_report import sweep_report
-        from llamacpp_instr.converters.renderers import render
+        from llamacpp_instr.converters.reports.quant.sweep_report import sweep_report
+        from llamacpp_instr.converters.reports.renderers import render
 
         report = sweep_report(data)
         md = render(report, "markdown")

@@ -82,7 +82,7 @@ def _speed_run(
     )
     runner.run(cfg)
     from llamacpp_instr.converters import load_session
-    from llamacpp_instr.converters.summary import overview
+    from llamacpp_instr.converters.reports.summary import overview
 
     frames = load_session(log)
     ov = overview(frames)
@@ -110,7 +110,7 @@ def sweep(
     """The sweep's data: one entry per model (BASE first), see the module doc; ``offload``
     places every model's layers, in the speed runs and the quality evaluation alike."""
     from llamacpp_instr import quant_eval
-    from llamacpp_instr.converters.gguf_inventory import from_gguf
+    from llamacpp_instr.converters.reports.quant.inventory import from_gguf
     from llamacpp_instr.runner import resolve_threads
 
     models.check_gguf(base)

@@ -80,7 +80,7 @@ def test_one_step_in_n_is_detailed_and_each_says_its_level(
 
 def test_readers_say_what_was_sampled(sampled_log: Path) -> None:
     from llamacpp_instr import load_session
-    from llamacpp_instr.converters.summary import overview
+    from llamacpp_instr.converters.reports.summary import overview
 
     f = load_session(sampled_log)
     s = f.sampling()
@@ -106,7 +106,7 @@ def test_compare_never_sets_sampled_totals_against_full_ones(
 ) -> None:
     import llamacpp_instr
     from llamacpp_instr import load_session
-    from llamacpp_instr.converters import compare
+    from llamacpp_instr.converters.reports import compare
 
     full = tmp_path / "full.log"
     llm = load_llama(tiny_llama_f32)

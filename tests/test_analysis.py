@@ -14,7 +14,7 @@ from support import FIXTURES, ODD_OPS, REAL_FIXTURES, edit_ops, plain_copy, read
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters import load_session
-from llamacpp_instr.converters.summary import by, overview, workloads
+from llamacpp_instr.converters.reports.summary import by, overview, workloads
 
 
 @pytest.fixture(params=REAL_FIXTURES, ids=lambda p: p.name)

@@ -79,7 +79,7 @@ def test_live_state_holds_a_window_not_the_run() -> None:
 def test_the_terminal_view_renders() -> None:
     from rich.console import Console
 
-    from llamacpp_instr.converters.renderers.live import view
+    from llamacpp_instr.converters.reports.renderers.live import view
 
     state = LiveState()
     for r in read_log(FIXTURES / "tiny-llama-detailed.log.gz"):

@@ -15,7 +15,7 @@ from gguf import GGUFReader
 from support import RunLog, hand_bytes, make_run
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters.gguf_inventory import from_gguf, from_session, report_data
+from llamacpp_instr.converters.reports.quant.inventory import from_gguf, from_session, report_data
 
 
 def _cli(*args: str) -> Any:
@@ -173,7 +173,7 @@ def test_top_limits_rows_in_text_and_markdown(
 def test_error_vs_reference(
     quantized: dict[str, Path], tiny_llama_f32: Path, tmp_path: Path
 ) -> None:
-    from llamacpp_instr.converters.gguf_inventory import dequant_error
+    from llamacpp_instr.converters.reports.quant.inventory import dequant_error
 
     e8 = {r["name"]: r for r in dequant_error(quantized["q8_0"], tiny_llama_f32)}
     e4 = {r["name"]: r for r in dequant_error(quantized["q4_k_m"], tiny_llama_f32)}

@@ -317,8 +317,8 @@ def test_missing_files(tiny_llama_f32: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("fmt", ["text", "markdown", "csv", "json", "html"])
 def test_every_format_renders(fmt: str, smollm2_vs_q8: dict[str, Any], smollm2_q8: Path) -> None:
-    from llamacpp_instr.converters.quant_eval_report import build
-    from llamacpp_instr.converters.renderers import render
+    from llamacpp_instr.converters.reports.quant.eval_report import build
+    from llamacpp_instr.converters.reports.renderers import render
 
     data = smollm2_vs_q8
     out = render(build(data), fmt)

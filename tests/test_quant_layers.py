@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import llamacpp_instr
-from llamacpp_instr.converters.quant_layers_report import layers_report
-from llamacpp_instr.converters.renderers import render
+from llamacpp_instr.converters.reports.quant.layers_report import layers_report
+from llamacpp_instr.converters.reports.renderers import render
 from llamacpp_instr.quant_layers import layer_errors
 
 CHUNKS = [[1] + list(range(40, 71)), [1] + list(range(100, 131))]

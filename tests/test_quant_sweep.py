@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters.quant_sweep_report import pareto_front
+from llamacpp_instr.converters.reports.quant.sweep_report import pareto_front
 
 
 def test_pareto_front_by_hand() -> None:

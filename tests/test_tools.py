@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from support import converts_cleanly, free_port, wait_ready
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters import request_share
+from llamacpp_instr.converters.reports import request_share
 
 
 @pytest.fixture(scope="session")

@@ -252,7 +252,7 @@ out_dir_alias = deprecated_alias("--out-dir", "-o/--output", "output", type=outp
 def report_options() -> Callable[[F], F]:
     """``--format`` (the report formats: ``renderers.RENDERERS``) and ``-o/--output``, the same
     in every command that writes a report."""
-    from llamacpp_instr.converters.renderers import RENDERERS
+    from llamacpp_instr.converters.reports.renderers import RENDERERS
 
     def deco(f: F) -> F:
         f = output_option("Write the report to this file instead of stdout.")(f)

@@ -33,8 +33,8 @@ def command(
     The agreement is free-running: after the first differing token the runs continue from
     different text. It shows how soon outputs diverge, not a quantization's quality: for that,
     `instr quant-eval` (teacher-forced perplexity and KL divergence)."""
-    from llamacpp_instr.converters import compare
-    from llamacpp_instr.converters.renderers import render
+    from llamacpp_instr.converters.reports import compare
+    from llamacpp_instr.converters.reports.renderers import render
 
     check_output(output)
     a, b = load_log(session_a, strict=strict), load_log(session_b, strict=strict)

@@ -25,7 +25,7 @@ def follow(log: Path, wait: float, stop: threading.Event | None = None) -> str:
         return state.status
     from rich.live import Live
 
-    from llamacpp_instr.converters.renderers.live import view
+    from llamacpp_instr.converters.reports.renderers.live import view
 
     last = 0.0
     with Live(view(state), refresh_per_second=4, transient=False) as live:

@@ -116,7 +116,7 @@ def command(
         if existing is not None and only is not None:
             got = measure.merge(existing, got)
         click.echo(f"saved {machine_peaks.save(got, cache_dir())}", err=True)
-    from llamacpp_instr.converters.renderers import render
-    from llamacpp_instr.converters.roofline_report import peaks_report
+    from llamacpp_instr.converters.reports.renderers import render
+    from llamacpp_instr.converters.reports.roofline_report import peaks_report
 
     emit(render(peaks_report(got), fmt), output)

@@ -91,8 +91,8 @@ def command(
     tokenized once with the base's tokenizer and cut into chunks of --chunk-size tokens, evaluated
     teacher-forced from an empty cache; the second half of each chunk is scored."""
     from llamacpp_instr import quant_eval
-    from llamacpp_instr.converters.quant_eval_report import build
-    from llamacpp_instr.converters.renderers import render
+    from llamacpp_instr.converters.reports.quant.eval_report import build
+    from llamacpp_instr.converters.reports.renderers import render
 
     check_output(output)
     if layers:
@@ -119,7 +119,7 @@ def command(
     )
     report = build(data)
     if layers:
-        from llamacpp_instr.converters.quant_layers_report import layers_sections
+        from llamacpp_instr.converters.reports.quant.layers_report import layers_sections
         from llamacpp_instr.quant_eval import scored_chunks
         from llamacpp_instr.quant_layers import layer_errors
 

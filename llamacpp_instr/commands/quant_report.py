@@ -49,14 +49,14 @@ def command(
     and which tensors got a different type. The HTML page charts bytes per layer (embedding and
     output apart), bits per weight by role, and bytes saved per layer and role."""
     from llamacpp_instr.converters.errors import UserError
-    from llamacpp_instr.converters.gguf_inventory import (
+    from llamacpp_instr.converters.reports.quant.inventory import (
         dequant_error,
         from_gguf,
         from_session,
         report_data,
     )
-    from llamacpp_instr.converters.quant_render import quant_report
-    from llamacpp_instr.converters.renderers import render
+    from llamacpp_instr.converters.reports.quant.render import quant_report
+    from llamacpp_instr.converters.reports.renderers import render
 
     if not models and not logs:
         raise UserError("give at least one MODEL.gguf or --log LOG")

@@ -79,8 +79,8 @@ def command(
     divergence against BASE. The HTML charts size against KLD and speed against KLD, with the
     Pareto fronts marked."""
     from llamacpp_instr.converters.errors import UserError
-    from llamacpp_instr.converters.quant_sweep_report import sweep_report
-    from llamacpp_instr.converters.renderers import render
+    from llamacpp_instr.converters.reports.quant.sweep_report import sweep_report
+    from llamacpp_instr.converters.reports.renderers import render
     from llamacpp_instr.quant_sweep import sweep
     from llamacpp_instr.quantize import TYPES
 

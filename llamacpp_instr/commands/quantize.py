@@ -21,7 +21,7 @@ def command(src: Path, qtype: str, output: Path, threads: int | None) -> None:
     the Q4_K_M / Q8_0 pair from the bundled SmolLM2. Warns when SRC is already quantized (quality
     compounds)."""
     from llamacpp_instr.converters.errors import UserError
-    from llamacpp_instr.converters.gguf_inventory import from_gguf
+    from llamacpp_instr.converters.reports.quant.inventory import from_gguf
     from llamacpp_instr.quantize import quantize_file
     from llamacpp_instr.runner import resolve_threads
 

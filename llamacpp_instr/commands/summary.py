@@ -49,8 +49,8 @@ def command(
     op type, a layer x op-type heatmap, the step-time histogram and tokens/s over the run. With
     this machine's peaks (`instr peaks`), every op against its roofline: arithmetic intensity,
     fraction of the roof, the bound, and decode against the memory bandwidth."""
-    from llamacpp_instr.converters.renderers import render
-    from llamacpp_instr.converters.summary import summary_report
+    from llamacpp_instr.converters.reports.renderers import render
+    from llamacpp_instr.converters.reports.summary import summary_report
 
     check_output(output)
     frames = load_log(log, sid, strict)

@@ -21,7 +21,7 @@ def command(log: Path, output: Path | None, sid: str | None, strict: bool) -> No
     model, biggest first, as JSON lines."""
     import json
 
-    from llamacpp_instr.converters.summary import workloads
+    from llamacpp_instr.converters.reports.summary import workloads
 
     rows = workloads(load_log(log, sid, strict))
     out = output.open("w") if output else sys.stdout

@@ -2,19 +2,22 @@
 
 Importable without llama_cpp or a compiler, so a log copied off a server can be converted anywhere.
 
-One path from a log to every output:
+One path from a log to every output, one room (subpackage) per job, each importing only the
+rooms below it:
 
-* ``reader`` reads the lines (plain or gzip, damage reported); ``prefetch`` does it on the other
-  core for big logs, as a transport for the same decoder;
-* ``decode`` says what each record means: the record types (``Graph``, ``Step``, ``Compute``...),
-  one decoder per record kind, and the one packer of a compute's ops and layers into columns;
-* ``session`` folds the records into sessions and steps, once (``Fold``, run over a file by
-  ``iter_events``, or with bulk reading of ops by ``iter_events_packed``; fed line by line by
-  ``follow``), every compute's ops as columns, for every consumer: the trace layout
-  (``trace_layout``) and
-  writers (``perfetto/``, with ``sinks``; ``chrome_json``), ``kv_flows``, and the
-  pandas tables of ``frames`` (``load_session``) that ``summary``, ``compare``, ``export`` and
-  the reports read.
+* ``reading``: the lines of a log (``reader``: plain or gzip, damage reported; ``prefetch``: on
+  the other core for big logs) and what each record means (``decode``, one module per record
+  family, each compute's ops packed into columns);
+* ``session``: the records folded into sessions and steps, once (``fold``: ``iter_events``,
+  ``iter_events_packed``, ``Fold``), and the figures defined on them once (``derive``,
+  ``device_time``, ``kv_flows``, ``requests``, ``machine_peaks``);
+* ``traces``: the trace layout (``layout``) and its writers (``perfetto/``, ``chrome_json``;
+  ``convert.to_perfetto``);
+* ``analysis``: the pandas tables (``frames``: ``load_session``), ``roofline``, ``dataset`` and
+  ``follow``;
+* ``reports``: the reports (``summary``, ``compare``, ``quant/``...) and their ``renderers``.
+
+``errors`` (``UserError``) and ``schema`` (the log's contract) stand below them all.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ if TYPE_CHECKING:
 def load_session(
     path: Any, sid: str | None = None, *, strict: bool = False, peaks_cache: Path | None = None
 ) -> SessionFrames:
-    """A session log as pandas DataFrames (see ``converters.frames``); pandas loads on first use.
+    """A session log as pandas DataFrames (see ``converters.analysis.frames``); pandas loads on first use.
     ``peaks_cache``: the directory of ``instr peaks``' measurements, to set the ops against the
     roofs of the machine that made the log (``llamacpp_instr.load_session`` gives its own)."""
     from .analysis.frames import load_session as _load

@@ -6,7 +6,7 @@ import csv
 import io
 from dataclasses import dataclass
 
-from ..errors import UserError
+from ...errors import UserError
 from ..report import Report
 from .base import Renderer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..analysis.follow import LiveState
+from ...analysis.follow import LiveState
 from ..report import fmt_bytes
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .report import Chart, Column, Fact, Report, Section, Series, Table
+from ..report import Chart, Column, Fact, Report, Section, Series, Table
 
 COLUMNS = [
     Column("type", "type"),

@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
+from ..session import device_time as dt
 from .report import Chart, Column, Fact, Section, Series, Table
-from .session import device_time as dt
 
 PHASES = {"decode": "gen", "prompt": "prompt", "load": "load"}
 _SUM = (

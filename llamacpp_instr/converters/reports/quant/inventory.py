@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import UserError
-from .reading.decode.sessions import SessionInfo
+from ...errors import UserError
+from ...reading.decode.sessions import SessionInfo
 
 _BLK = re.compile(r"^blk\.(\d+)\.(.+?)(\.weight|\.bias)?$")
 
@@ -223,8 +223,8 @@ def _from_raw_header(p: Path) -> Inventory:
 def from_session(path: Path | str) -> Inventory:
     """The weight inventory and memory breakdown recorded in a session log's (first) session_start,
     as the decoder reads it (``decode.session_info``)."""
-    from .reading.decode.sessions import SessionStarted
-    from .session.fold import iter_events
+    from ...reading.decode.sessions import SessionStarted
+    from ...session.fold import iter_events
 
     for ev in iter_events(path):
         if isinstance(ev, SessionStarted):

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..session.requests import RequestShare, SeqSteps, slot_window
 from .report import Column, Section, Table
-from .session.requests import RequestShare, SeqSteps, slot_window
 
 if TYPE_CHECKING:  # pandas loads with the frames, not with this module
-    from .analysis.frames import SessionFrames
+    from ..analysis.frames import SessionFrames
 
 
 def request_shares(f: SessionFrames) -> list[RequestShare]:

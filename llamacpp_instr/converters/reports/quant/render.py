@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .report import Chart, Column, Fact, Report, Section, Series, Table
+from ..report import Chart, Column, Fact, Report, Section, Series, Table
 
 # F16 and BF16 both store 16 bits per weight: one compression figure covers both
 VS_16BIT = "16-bit (F16/BF16)"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import UserError
+from ...errors import UserError
 from ..report import Report
 from .base import Renderer
 from .csv import Csv

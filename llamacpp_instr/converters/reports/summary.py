@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..analysis.frames import SessionFrames
+from ..schema import LEVEL_IDS, level_at_least
 from . import device_report, roofline_report
-from .analysis.frames import SessionFrames
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
 from .request_share import part_rows, parts_section, request_shares, share_section
-from .schema import LEVEL_IDS, level_at_least
 
 BY_COLUMNS = {"op": "label", "layer": "layer", "node": "name"}
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .report import Chart, Column, Fact, Report, Section, Series, Table
+from ..report import Chart, Column, Fact, Report, Section, Series, Table
 
 # (data key, label) of the KLD percentiles in the table and the chart
 KLD_PERCENTILES = (

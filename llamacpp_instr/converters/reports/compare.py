@@ -16,8 +16,8 @@ from typing import Any
 
 import pandas as pd
 
+from ..analysis.frames import SessionFrames
 from . import device_report, roofline_report
-from .analysis.frames import SessionFrames
 from .report import Chart, Column, Fact, Report, Section, Series, Table
 from .summary import by, overview, timed_steps
 

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .analysis import roofline
+from ..analysis import roofline
+from ..session.machine_peaks import Peaks
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
-from .session.machine_peaks import Peaks
 
 MAX_POINTS = 120  # roofline chart points: the ops that take the most time
 

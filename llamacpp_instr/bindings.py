@@ -166,6 +166,16 @@ class InstrLib:
         if rc != 0:
             raise UserError(self.last_error() or f"bad memory budget {spec!r}")
 
+    def memory_breakdown(self, ctx: Any) -> list[dict[str, Any]]:
+        """What llama.cpp says ``ctx`` and its model take, per buffer type (its own
+        llama_get_memory_breakdown): with a model and context made with no_alloc, its projection
+        without allocating."""
+        n = self._check(self.lib.llama_instr_memory_breakdown(ctx, None, 0), "memory_breakdown")
+        buf = ctypes.create_string_buffer(n + 1)
+        self.lib.llama_instr_memory_breakdown(ctx, buf, n + 1)
+        rows = json.loads(buf.value.decode(errors="replace"))
+        return rows if isinstance(rows, list) else []
+
     def memory_failure(self) -> dict[str, Any] | None:
         """The last backend buffer allocation that failed in this process (the fields of a
         memory_alloc_failed record), or None."""
@@ -330,6 +340,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "llama_instr_session_path": ([c.c_char_p, c.c_size_t], c.c_int32),
         "llama_instr_set_memory_budget": ([c.c_char_p], c.c_int32),
         "llama_instr_memory_failure": ([c.c_char_p, c.c_size_t], c.c_int32),
+        "llama_instr_memory_breakdown": ([c.c_void_p, c.c_char_p, c.c_size_t], c.c_int32),
         "llama_instr_session_totals": ([c.POINTER(Totals)], c.c_int32),
         "llama_instr_last_error": ([], c.c_char_p),
         "llama_instr_set_request": ([c.c_void_p, c.c_char_p], c.c_int32),

@@ -127,6 +127,15 @@ LLAMA_API int32_t llama_instr_set_memory_budget(const char * spec) LLAMA_INSTR_N
 // if no allocation has failed, or ERR_INTERNAL.
 LLAMA_API int32_t llama_instr_memory_failure(char * buf, size_t buf_size) LLAMA_INSTR_NOEXCEPT;
 
+// What llama.cpp itself says `ctx` and its model take (llama_get_memory_breakdown), as a JSON array
+// of {"buffer_type", "device" (the ggml device whose memory it is; host buffers are the CPU's),
+// "weights", "kv_cache", "compute"} in bytes, copied into `buf` as llama_instr_session_path does.
+// A model and context made with no_alloc give llama.cpp's projection without allocating (what
+// `instr fit` asks). Returns the full length, ERR_INVALID_ARG (ctx NULL) or ERR_INTERNAL.
+LLAMA_API int32_t llama_instr_memory_breakdown(struct llama_context * ctx,
+                                               char *                 buf,
+                                               size_t                 buf_size) LLAMA_INSTR_NOEXCEPT;
+
 // Totals of the open (or last) session. Returns LLAMA_INSTR_OK, ERR_NO_SESSION (never a session)
 // or ERR_INVALID_ARG (NULL).
 LLAMA_API int32_t llama_instr_session_totals(struct llama_instr_totals * totals) LLAMA_INSTR_NOEXCEPT;

@@ -423,6 +423,21 @@ int32_t llama_instr_set_memory_budget(const char * spec) noexcept {
     }
 }
 
+int32_t llama_instr_memory_breakdown(llama_context * ctx, char * buf, size_t buf_size) noexcept {
+    if (!ctx) {
+        return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "ctx is NULL");
+    }
+    try {
+        const std::string b = memory_breakdown_json(ctx);
+        if (buf && buf_size > 0) {
+            snprintf(buf, buf_size, "%s", b.c_str());
+        }
+        return (int32_t) b.size();
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "memory_breakdown failed");
+    }
+}
+
 int32_t llama_instr_memory_failure(char * buf, size_t buf_size) noexcept {
     try {
         const std::string f = memory_last_failure();

@@ -5,6 +5,7 @@
 
 #include "ggml-backend.h"
 #include "llama-context.h"
+#include "llama-ext.h"
 #include "llama-instr-hooks.h"
 #include "llama-instr-registry.h"
 #include "llama-kv-cache-iswa.h"
@@ -610,6 +611,29 @@ void write_step_memory(json_out & j, const llama_context * ctx) {
         j.i64((int64_t) free);
     }
     j.raw("]}");
+}
+
+std::string memory_breakdown_json(const llama_context * ctx) {
+    std::string out;
+    json_out    j{ out };
+    j.ch('[');
+    for (const auto & [buft, d] : llama_get_memory_breakdown(ctx)) {
+        j.sep();
+        j.ch('{');
+        j.key("buffer_type");
+        j.str(ggml_backend_buft_name(buft));
+        j.key("device");
+        j.i64(buft_device(buft));
+        j.key("weights");
+        j.i64((int64_t) d.model);
+        j.key("kv_cache");
+        j.i64((int64_t) d.context);
+        j.key("compute");
+        j.i64((int64_t) d.compute);
+        j.ch('}');
+    }
+    j.ch(']');
+    return out;
 }
 
 std::string memory_last_failure() {

@@ -30,6 +30,9 @@ void memory_snapshot_lines(const std::string & sid, std::vector<std::string> & o
 // as ggml reports it (the budget applied; null for an RPC device, whose query is a round trip).
 void write_step_memory(json_out & j, const llama_context * ctx);
 
+// llama_get_memory_breakdown(ctx) as a JSON array (llama_instr_memory_breakdown).
+std::string memory_breakdown_json(const llama_context * ctx);
+
 // The last allocation that failed, as a JSON object ("" if none).
 std::string memory_last_failure();
 

@@ -17,7 +17,13 @@ from llamacpp_instr.paths import cache_dir
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from llamacpp_instr.api import InstrSession, record_transfers, session
+    from llamacpp_instr.api import (
+        InstrSession,
+        memory_failure,
+        record_transfers,
+        session,
+        set_memory_budget,
+    )
     from llamacpp_instr.converters.analysis.frames import SessionFrames
 
 
@@ -37,7 +43,13 @@ def to_perfetto(log: str | Path, output: str | Path | None = None, **options: An
 
 def __getattr__(name: str) -> Any:
     # the session API (llamacpp_instr/api.py) loads llama_cpp only when it is first used
-    if name in ("session", "InstrSession", "record_transfers"):
+    if name in (
+        "session",
+        "InstrSession",
+        "record_transfers",
+        "set_memory_budget",
+        "memory_failure",
+    ):
         import importlib
 
         return getattr(importlib.import_module("llamacpp_instr.api"), name)
@@ -48,7 +60,9 @@ __all__ = [
     "InstrSession",
     "__version__",
     "load_session",
+    "memory_failure",
     "record_transfers",
     "session",
+    "set_memory_budget",
     "to_perfetto",
 ]

@@ -88,6 +88,32 @@ def record_transfers(on: bool = True) -> bool:
     return bindings.load().record_transfers(on)
 
 
+def set_memory_budget(budget: str | dict[str, int] | None) -> None:
+    """Make devices behave as if they had only this much memory, for the rest of the process:
+    ``"CPU=2G,Vulkan0=512M"`` or ``{"CPU": 2 << 30}``; None removes it. A buffer beyond a
+    device's budget then fails to allocate as it would on a device out of memory, and
+    llama.cpp's own memory query reports the budget. Set it before loading the model."""
+    from llamacpp_instr import memory
+
+    if budget is None:
+        spec = ""
+    elif isinstance(budget, dict):
+        spec = memory.format_budget(budget)
+    else:
+        spec = memory.format_budget(memory.parse_budget(budget))
+    bindings.load().set_memory_budget(spec)
+
+
+def memory_failure() -> str | None:
+    """The last allocation that failed in this process, in one line: where, what it was for,
+    what was free and held there, and what would free how much (None if none failed). The
+    same line ``instr run`` ends with when a model or context does not fit."""
+    from llamacpp_instr import memory
+
+    failure = bindings.load().memory_failure()
+    return None if failure is None else memory.message(failure)
+
+
 @contextmanager
 def session(
     llm: Any | Sequence[Any] | None,

@@ -158,6 +158,35 @@ class InstrLib:
         backend (nothing to record)."""
         return bool(self.lib.llama_instr_record_transfers(1 if on else 0) == 0)
 
+    def set_memory_budget(self, spec: str | None) -> None:
+        """Make devices behave as if they had only this much memory ("DEVICE=SIZE[,...]", see
+        ``llamacpp_instr.memory``); None or "" removes the budget. A UserError if malformed or
+        naming a device that does not exist."""
+        rc = self.lib.llama_instr_set_memory_budget((spec or "").encode())
+        if rc != 0:
+            raise UserError(self.last_error() or f"bad memory budget {spec!r}")
+
+    def memory_breakdown(self, ctx: Any) -> list[dict[str, Any]]:
+        """What llama.cpp says ``ctx`` and its model take, per buffer type (its own
+        llama_get_memory_breakdown): with a model and context made with no_alloc, its projection
+        without allocating."""
+        n = self._check(self.lib.llama_instr_memory_breakdown(ctx, None, 0), "memory_breakdown")
+        buf = ctypes.create_string_buffer(n + 1)
+        self.lib.llama_instr_memory_breakdown(ctx, buf, n + 1)
+        rows = json.loads(buf.value.decode(errors="replace"))
+        return rows if isinstance(rows, list) else []
+
+    def memory_failure(self) -> dict[str, Any] | None:
+        """The last backend buffer allocation that failed in this process (the fields of a
+        memory_alloc_failed record), or None."""
+        n = int(self.lib.llama_instr_memory_failure(None, 0))
+        if n <= 0:
+            return None
+        buf = ctypes.create_string_buffer(n + 1)
+        self.lib.llama_instr_memory_failure(buf, n + 1)
+        value = json.loads(buf.value.decode(errors="replace"))
+        return value if isinstance(value, dict) else None
+
     def session_path(self) -> str:
         n = self._check(self.lib.llama_instr_session_path(None, 0), "session_path")
         buf = ctypes.create_string_buffer(n + 1)
@@ -309,6 +338,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         "llama_instr_flush": ([], c.c_int32),
         "llama_instr_record_transfers": ([c.c_int32], c.c_int32),
         "llama_instr_session_path": ([c.c_char_p, c.c_size_t], c.c_int32),
+        "llama_instr_set_memory_budget": ([c.c_char_p], c.c_int32),
+        "llama_instr_memory_failure": ([c.c_char_p, c.c_size_t], c.c_int32),
+        "llama_instr_memory_breakdown": ([c.c_void_p, c.c_char_p, c.c_size_t], c.c_int32),
         "llama_instr_session_totals": ([c.POINTER(Totals)], c.c_int32),
         "llama_instr_last_error": ([], c.c_char_p),
         "llama_instr_set_request": ([c.c_void_p, c.c_char_p], c.c_int32),

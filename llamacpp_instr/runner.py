@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llamacpp_instr import __version__, bindings, models
+from llamacpp_instr import __version__, bindings, memory, models
 from llamacpp_instr.always_on import AlwaysOn
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.schema import SESSION_LEVELS
@@ -38,6 +38,22 @@ class RunConfig:
     always_on: AlwaysOn = field(default_factory=AlwaysOn)  # sampling and bounded files
     # where the layers run (-ngl/--gpu-layers, --device, --rpc, --tensor-split)
     offload: Offload = field(default_factory=Offload)
+    # --memory-budget, as the bytes spec the library reads (llamacpp_instr.memory)
+    memory_budget: str | None = None
+
+    def memory_setting(self) -> memory.Setting:
+        """What the run asked of memory, for the out-of-memory message."""
+        ngl = self.offload.gpu_layers
+        n_layer, q4k_saving = memory.model_facts(str(self.model))
+        return memory.Setting(
+            n_ctx=self.n_ctx,
+            n_ubatch=self.n_ubatch or self.n_batch,
+            gpu_layers=ngl if isinstance(ngl, int) and ngl >= 0 else None,
+            n_layer=n_layer,
+            q4k_saving=q4k_saving,
+            ctx_flag="--ctx",
+            ubatch_flag="--ubatch",
+        )
 
     def validate(self) -> None:
         """Reject bad values before the model loads and before any file is created."""
@@ -162,6 +178,7 @@ def load_model(cfg: RunConfig, placement: Placement | None = None, **extra: Any)
     bindings.import_llama_cpp()
     placement = placement or prepare(cfg.offload)
     threads = resolve_threads(cfg.threads)
+    failed_before = bindings.load().memory_failure()
     try:
         return placement.llama(
             str(cfg.model),
@@ -176,7 +193,8 @@ def load_model(cfg: RunConfig, placement: Placement | None = None, **extra: Any)
             **extra,
         )
     except (ValueError, RuntimeError) as exc:
-        raise UserError(models.explain_load_failure(cfg.model)) from exc
+        oom = memory.explain(bindings.load(), failed_before, cfg.memory_setting())
+        raise oom or UserError(models.explain_load_failure(cfg.model)) from exc
 
 
 def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResult:
@@ -192,10 +210,14 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
     check_writable(out)
     models.check_gguf(cfg.model)
     # the patched build, before the model loads; the log will hold its upload to RPC servers
-    bindings.load().record_transfers()
+    lib = bindings.load()
+    lib.record_transfers()
     # RPC servers answer and devices exist, before the model loads (and before any log exists)
     placement = prepare(cfg.offload)
+    if cfg.memory_budget:
+        lib.set_memory_budget(cfg.memory_budget)  # on devices that exist now (RPC0...)
     llm = load_model(cfg, placement)
+    failed_before = lib.memory_failure()
     llama_cpp = bindings.import_llama_cpp()
     stream = TextStream()
     text: list[str] = []
@@ -255,6 +277,12 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
     except KeyboardInterrupt:
         if s is None:  # before the session began: nothing was run
             raise
+    except RuntimeError as exc:
+        # llama_decode failed: a compute buffer that did not fit (the log holds the failure)
+        oom = memory.explain(lib, failed_before, cfg.memory_setting())
+        if oom is None:
+            raise
+        raise oom from exc
     finally:
         llm.close()
 

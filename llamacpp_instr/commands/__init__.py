@@ -109,6 +109,36 @@ class SizeParam(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+class BudgetParam(click.ParamType):
+    """A memory budget, DEVICE=SIZE[,DEVICE=SIZE...] (``llamacpp_instr.memory``), as the bytes
+    spec the patched library reads."""
+
+    name = "DEVICE=SIZE[,...]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from llamacpp_instr import memory
+
+        try:
+            return memory.format_budget(memory.parse_budget(str(value)))
+        except UserError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def memory_budget_option(f: F) -> F:
+    """``--memory-budget DEVICE=SIZE[,...]`` (or LLAMA_INSTR_MEMORY_BUDGET): each device named
+    behaves as if it had only that much memory."""
+    return click.option(
+        "--memory-budget",
+        type=BudgetParam(),
+        default=None,
+        envvar="LLAMA_INSTR_MEMORY_BUDGET",
+        show_envvar=True,
+        help="Make devices behave as if they had only this much memory, e.g. CPU=2G,Vulkan0=512M "
+        "(K, M, G: powers of 1024): a buffer beyond it fails as out of memory, and llama.cpp's "
+        "own memory query reports the budget.",
+    )(f)
+
+
 def always_on_options(requests: bool = True) -> Callable[[F], F]:
     """What bounds a long session's cost and size (``llamacpp_instr.always_on``): --sample,
     --sample-requests (with ``requests``: the commands that serve requests), --max-bytes and

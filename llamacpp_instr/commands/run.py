@@ -13,6 +13,7 @@ from llamacpp_instr.commands import (
     ctx_option,
     level_option,
     log_option,
+    memory_budget_option,
     offload_options,
     out_alias,
     threads_option,
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 )
 @threads_option
 @offload_options()
+@memory_budget_option
 @ctx_option
 @click.option(
     "--batch",
@@ -103,6 +105,7 @@ def command(
     n_predict: int,
     threads: int | None,
     offload: Offload,
+    memory_budget: str | None,
     n_ctx: int,
     n_batch: int,
     n_ubatch: int | None,
@@ -135,6 +138,7 @@ def command(
         n_predict=n_predict,
         threads=threads,
         offload=offload,
+        memory_budget=memory_budget,
         n_ctx=n_ctx,
         n_batch=n_batch,
         n_ubatch=n_ubatch,

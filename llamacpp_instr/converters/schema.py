@@ -22,9 +22,15 @@ RECORD_TYPES_V1 = frozenset(
         "request",
         "part",
         "transfers",
+        "memory_alloc",
+        "memory_free",
+        "memory_alloc_failed",
         "session_end",
     }
 )
+
+# What a backend buffer is for (memory_alloc's "purpose"), in the native side's order.
+MEMORY_PURPOSES = ("other", "weights", "kv_cache", "compute", "output", "recurrent", "host_pinned")
 
 # Recording levels, by their number in the C API (enum llama_instr_level).
 LEVELS = ("off", "minimal", "detailed", "verbose")

@@ -31,7 +31,7 @@ extern "C" {
 #    define LLAMA_INSTR_NOEXCEPT
 #endif
 
-#define LLAMA_INSTR_API_VERSION 3
+#define LLAMA_INSTR_API_VERSION 4
 
 enum llama_instr_level {
     LLAMA_INSTR_LEVEL_OFF      = 0,
@@ -110,6 +110,31 @@ LLAMA_API int32_t llama_instr_flush(void) LLAMA_INSTR_NOEXCEPT;
 // `buf_size`). Returns the full length of the path, like snprintf, or ERR_NO_SESSION if there was
 // never a session.
 LLAMA_API int32_t llama_instr_session_path(char * buf, size_t buf_size) LLAMA_INSTR_NOEXCEPT;
+
+// Make devices behave as if they had only this much memory: "DEVICE=SIZE[,DEVICE=SIZE...]", with
+// the device names ggml gives (CPU, Vulkan0, ...) and SIZE in bytes or with a K, M, G or T suffix
+// (powers of 1024). A backend buffer that would take a device past its budget fails to allocate as
+// it would on a device out of memory, and ggml's memory query (ggml_backend_dev_memory) reports at
+// most the budget, so llama.cpp's own fitting sees it too. The budget is the process's, session or
+// not; NULL or "" removes it. It replaces LLAMA_INSTR_MEMORY_BUDGET, which is read (the same way)
+// at the first buffer the process makes. Returns LLAMA_INSTR_OK or ERR_INVALID_ARG (malformed, or
+// a device that does not exist).
+LLAMA_API int32_t llama_instr_set_memory_budget(const char * spec) LLAMA_INSTR_NOEXCEPT;
+
+// The last backend buffer allocation that failed in this process, as a JSON object (the fields of
+// a memory_alloc_failed record: device, purpose, bytes asked, bytes free, what each purpose held
+// on the device), copied into `buf` as llama_instr_session_path does. Returns its full length, 0
+// if no allocation has failed, or ERR_INTERNAL.
+LLAMA_API int32_t llama_instr_memory_failure(char * buf, size_t buf_size) LLAMA_INSTR_NOEXCEPT;
+
+// What llama.cpp itself says `ctx` and its model take (llama_get_memory_breakdown), as a JSON array
+// of {"buffer_type", "device" (the ggml device whose memory it is; host buffers are the CPU's),
+// "weights", "kv_cache", "compute"} in bytes, copied into `buf` as llama_instr_session_path does.
+// A model and context made with no_alloc give llama.cpp's projection without allocating (what
+// `instr fit` asks). Returns the full length, ERR_INVALID_ARG (ctx NULL) or ERR_INTERNAL.
+LLAMA_API int32_t llama_instr_memory_breakdown(struct llama_context * ctx,
+                                               char *                 buf,
+                                               size_t                 buf_size) LLAMA_INSTR_NOEXCEPT;
 
 // Totals of the open (or last) session. Returns LLAMA_INSTR_OK, ERR_NO_SESSION (never a session)
 // or ERR_INVALID_ARG (NULL).

@@ -1,4 +1,5 @@
 #include "llama-instr-hooks.h"
+#include "llama-instr-memory.h"
 #include "llama-instr-model.h"
 #include "llama-instr-peaks.h"
 #include "llama-instr-registry.h"
@@ -212,6 +213,12 @@ int32_t llama_instr_session_begin(llama_context * ctx,
                 s.log.close();
                 return api_error(LLAMA_INSTR_ERR_INTERNAL, "cannot start the log's flusher thread");
             }
+            // the buffers that exist already (the model's weights, the context's caches...)
+            std::vector<std::string> memory_lines;
+            memory_snapshot_lines(s.sid, memory_lines);
+            for (const std::string & l : memory_lines) {
+                s.log.emit(l);
+            }
             // the RPC commands kept before the session (the model's upload); then the session's
             std::vector<std::string> rpc_lines;
             rpc_session_begin(s.sid, rpc_lines);
@@ -401,6 +408,45 @@ int32_t llama_instr_session_path(char * buf, size_t buf_size) noexcept {
         return (int32_t) s.log.path.size();
     } catch (...) {
         return api_error(LLAMA_INSTR_ERR_INTERNAL, "session_path failed");
+    }
+}
+
+int32_t llama_instr_set_memory_budget(const char * spec) noexcept {
+    try {
+        std::string why;
+        if (!memory_set_budget(spec, why)) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, why);
+        }
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "set_memory_budget failed");
+    }
+}
+
+int32_t llama_instr_memory_breakdown(llama_context * ctx, char * buf, size_t buf_size) noexcept {
+    if (!ctx) {
+        return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "ctx is NULL");
+    }
+    try {
+        const std::string b = memory_breakdown_json(ctx);
+        if (buf && buf_size > 0) {
+            snprintf(buf, buf_size, "%s", b.c_str());
+        }
+        return (int32_t) b.size();
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "memory_breakdown failed");
+    }
+}
+
+int32_t llama_instr_memory_failure(char * buf, size_t buf_size) noexcept {
+    try {
+        const std::string f = memory_last_failure();
+        if (buf && buf_size > 0) {
+            snprintf(buf, buf_size, "%s", f.c_str());
+        }
+        return (int32_t) f.size();
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "memory_failure failed");
     }
 }
 

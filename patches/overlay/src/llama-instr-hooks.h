@@ -51,3 +51,34 @@ void llama_instr_compute_end(llama_context *      ctx,
 // ~llama_context, called whether or not a session is open: the context's instrumentation state is
 // freed with the context and never before, so no hook or running compute can outlive it.
 void llama_instr_context_free(const llama_context * ctx);
+
+// What the backend buffers allocated on this thread are for, while a scope lives: llama.cpp opens
+// one where it loads weights, makes a KV cache or recurrent state, reserves its output buffer and
+// reserves or allocates compute graphs (llama-instr-memory.cpp). Always on, whether or not a
+// session is open: a buffer's purpose can't be told afterwards, and setting it is two
+// thread-local stores per allocation site, never per node.
+enum llama_instr_purpose : int32_t {
+    LLAMA_INSTR_PURPOSE_OTHER       = 0,
+    LLAMA_INSTR_PURPOSE_WEIGHTS     = 1,
+    LLAMA_INSTR_PURPOSE_KV_CACHE    = 2,  // owner: the llama_kv_cache (one per cache: an iSWA model has two)
+    LLAMA_INSTR_PURPOSE_COMPUTE     = 3,  // owner: the llama_context
+    LLAMA_INSTR_PURPOSE_OUTPUT      = 4,  // owner: the llama_context
+    LLAMA_INSTR_PURPOSE_RECURRENT   = 5,  // owner: the llama_memory_recurrent
+    LLAMA_INSTR_PURPOSE_HOST_PINNED = 6,  // a GPU's host buffer with no other purpose (never set by a scope)
+};
+
+struct llama_instr_purpose_scope {
+    // `label` names a KV cache ("full" or "swa"); a string literal
+    explicit llama_instr_purpose_scope(int32_t      purpose,
+                                       const void * owner = nullptr,
+                                       const char * label = nullptr) noexcept;
+    ~llama_instr_purpose_scope() noexcept;
+
+    llama_instr_purpose_scope(const llama_instr_purpose_scope &)             = delete;
+    llama_instr_purpose_scope & operator=(const llama_instr_purpose_scope &) = delete;
+
+  private:
+    int32_t      prev_purpose;
+    const void * prev_owner;
+    int32_t      prev_cache;
+};

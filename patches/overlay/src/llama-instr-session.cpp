@@ -1,6 +1,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "llama-instr-hooks.h"
+#include "llama-instr-memory.h"
 #include "llama-instr-registry.h"
 
 #include <atomic>
@@ -170,6 +171,12 @@ void new_file_locked(session & s) {
     j.raw(s.start_body);
     j.ch('}');
     s.log.emit(line);
+    // and with the buffers that exist, so that it tells where memory is without the files before
+    std::vector<std::string> memory_lines;
+    memory_snapshot_lines(s.sid, memory_lines);
+    for (const std::string & l : memory_lines) {
+        s.log.emit(l);
+    }
     s.log.write_buffered();
 }
 

@@ -3,6 +3,7 @@
 
 #include "llama-context.h"
 #include "llama-instr-hooks.h"
+#include "llama-instr-memory.h"
 #include "llama-instr-rpc.h"
 #include "llama-instr-timing.h"
 #include "llama-model.h"
@@ -266,6 +267,7 @@ void llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int3
         j.raw("],\"type\":\"f32\",\"bytes\":");
         j.i64(n_vocab * n_outputs * 4);
         j.ch('}');
+        write_step_memory(j, ctx);
         j.ch('}');
         emit(st.epoch, st.line);
         step_done(st);

@@ -18,6 +18,7 @@ from typing import Any
 
 from llamacpp_instr.always_on import parse_size
 from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.converters.session.memory import failure_line
 
 ENV_VAR = "LLAMA_INSTR_MEMORY_BUDGET"
 
@@ -117,22 +118,9 @@ def suggestions(failure: dict[str, Any], setting: Setting) -> list[str]:
 
 
 def message(failure: dict[str, Any], setting: Setting | None = None) -> str:
-    """One line: what failed, where, what was free and held there, and what would fit."""
-    device = failure.get("device_name") or f"device {failure.get('device')}"
-    purpose = failure.get("purpose", "other")
-    asked = int(failure.get("bytes", 0))
-    free = int(failure.get("free", 0))
-    held = {k: int(v) for k, v in (failure.get("held") or {}).items() if int(v) > 0}
-    budget = failure.get("budget")
-    where = f"{device} (budget {mib(int(budget))})" if budget is not None else device
-    line = f"out of memory on {where}: {purpose} needed {mib(asked)}, {mib(free)} free" + (
-        " (held: " + ", ".join(f"{k} {mib(v)}" for k, v in sorted(held.items())) + ")"
-        if held
-        else ""
-    )
-    short = asked - free
-    if short > 0:
-        line += f", short by {mib(short)}"
+    """One line: what failed, where, what was free and held there (the summary's own line), and
+    what would free how much."""
+    line = failure_line(failure)
     tips = suggestions(failure, setting) if setting else []
     if tips:
         line += "; would free: " + "; ".join(tips)

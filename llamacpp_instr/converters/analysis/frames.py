@@ -45,6 +45,7 @@ from ..errors import UserError
 from ..reading.decode.columns import LayerRows
 from ..reading.decode.computes import Compute
 from ..reading.decode.graphs import Graph
+from ..reading.decode.memory import StepMemory
 from ..reading.decode.sessions import SessionInfo, SessionStarted, StepDone
 from ..reading.decode.steps import Step
 from ..reading.reader import ReadReport
@@ -54,6 +55,7 @@ from ..session.fold import iter_events_packed
 from . import roofline
 from .frames_devices import TABLES as DEVICE_TABLES
 from .frames_devices import DeviceBuilder
+from .memory_frames import allocations_frame, memory_frame
 
 _FIRST = itemgetter(0)
 
@@ -160,6 +162,11 @@ class SessionFrames:
     transfers: pd.DataFrame = field(default_factory=pd.DataFrame)
     device_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     token_time: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # memory (``memory_frames``; empty for a log from before memory was recorded), and each
+    # step's figures as read (``session.memory``)
+    allocations: pd.DataFrame = field(default_factory=pd.DataFrame)
+    memory: pd.DataFrame = field(default_factory=pd.DataFrame)
+    step_memory: list[StepMemory] = field(default_factory=list)
 
     TABLES = (
         "steps",
@@ -176,6 +183,7 @@ class SessionFrames:
     def tables(self) -> dict[str, pd.DataFrame]:
         """The tables (with the device tables of a run on several devices)."""
         names = self.TABLES + (DEVICE_TABLES if not self.devices.empty else ())
+        names += ("allocations", "memory") if not self.allocations.empty else ()
         return {name: getattr(self, name) for name in names}
 
     def sampling(self) -> Sampling:
@@ -342,6 +350,7 @@ class _Builder:
             nullable="status",
         )
         self.seqs = _Table("step ctx seq n_tokens pos0 pos1")
+        self.memory_rows: list[tuple[int, int, int, StepMemory]] = []
         self.nodes = _Table(
             "graph node layer bytes", cats="name op label shape dtype flags", nullable="layer"
         )
@@ -429,6 +438,8 @@ class _Builder:
         )  # fmt: skip
         if s.kind == "gen":
             self.generated.append((s.index, s.tokens))
+        if s.memory is not None:
+            self.memory_rows.append((s.index, s.ctx, s.end, s.memory))
         for seq, n_tok, p0, p1 in s.seqs:
             self.seqs.add(step=s.index, ctx=s.ctx, seq=seq, n_tokens=n_tok, pos0=p0, pos1=p1)
         for c, cc in zip(s.computes, cols, strict=True):
@@ -601,6 +612,10 @@ class _Builder:
         if self.dev is not None:
             for name, df in self.dev.tables(sf.ops, sf.layers).items():
                 setattr(sf, name, df)
+        if self.info.allocations or self.memory_rows:
+            sf.allocations = allocations_frame(self.info)
+            sf.memory = memory_frame(self.memory_rows, self.info)
+            sf.step_memory = [m for *_, m in self.memory_rows]
         found = (
             machine_peaks.for_session(self.info, peaks_cache)
             if peaks_cache is not None

@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.frames import SessionFrames
-from . import device_report, roofline_report
+from . import device_report, memory_report, roofline_report
 from .report import Chart, Column, Fact, Report, Section, Series, Table
 from .summary import by, overview, timed_steps
 
@@ -73,6 +73,9 @@ def compare_sessions(
         },
         "gen_speedup_b_over_a": ob["gen_tok_s"] / oa["gen_tok_s"] if oa["gen_tok_s"] else 0.0,
     }
+    footprint = memory_report.footprint_rows(a, b)  # both logs recorded their buffers
+    if footprint:
+        out["footprint"] = footprint
     if a.info.model.get("n_vocab") != b.info.model.get("n_vocab") or a.info.model.get(
         "n_layer"
     ) != b.info.model.get("n_layer"):
@@ -219,7 +222,8 @@ def _memory_section(c: dict[str, Any]) -> Section:
                     Column("ratio", "B/A", "ratio"),
                 ],
                 mem_rows,
-            )
+            ),
+            *([memory_report.footprint_table(c["footprint"])] if c.get("footprint") else []),
         ],
     )
 

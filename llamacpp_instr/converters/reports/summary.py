@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..analysis.frames import SessionFrames
 from ..schema import LEVEL_IDS, level_at_least
-from . import device_report, roofline_report
+from . import device_report, memory_report, roofline_report
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
 from .request_share import part_rows, parts_section, request_shares, share_section
 
@@ -432,6 +432,9 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
     table = _by_table(f, key, top) if recorded else None
     if table is not None:
         sections.append(Section(f"Time per {BY_TITLES[key]}", tables=[table]))
+    memory, memory_data = memory_report.section(f)  # where every byte lives
+    if memory is not None:
+        sections.append(memory)
     roof, roof_data = roofline_report.section(f, top)
     if roof is not None:
         facts += roof.facts[:1]  # the headline: decode against the bandwidth
@@ -452,6 +455,7 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
             **({"parts": parts} if parts else {}),
             "roofline": roof_data,
             **devices_data,
+            **memory_data,
         },
         csv_table=f"by_{key}" if table is not None else "",
         no_csv=(

@@ -34,6 +34,7 @@ from ..reading.decode.computes import (
 )
 from ..reading.decode.fields import MALFORMED, nonneg, skip_malformed
 from ..reading.decode.graphs import Graph, graph_table
+from ..reading.decode.memory import allocation, failure
 from ..reading.decode.sessions import (
     Event,
     SessionEnded,
@@ -209,6 +210,16 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
         if t.ctx is not None and t.step is not None:  # (phase step)
             step = state.open_steps.get((t.ctx, t.step))
         (step.transfers if step is not None else state.info.transfers).append(t)
+    elif rtype == "memory_alloc":
+        a = allocation(rec)
+        # each file of a rotated log begins with the live buffers again: known ids are kept
+        state.info.allocations.setdefault(a.id, a)
+    elif rtype == "memory_free":
+        buf = state.info.allocations.get(nonneg(rec["id"]))
+        if buf is not None and buf.freed is None:
+            buf.freed = nonneg(rec["ts"])
+    elif rtype == "memory_alloc_failed":
+        state.info.memory_failures.append(failure(rec))
     elif rtype == "compute":
         step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
         if step is not None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .fields import as_dict, nonneg
+from .memory import Allocation
 from .steps import Step
 from .transfers import Transfers
 
@@ -43,6 +44,10 @@ class SessionInfo:
     rotate: dict[str, Any] = field(default_factory=dict)
     first_file: int = 0
     files: int = 1
+    # every backend buffer the log saw, by id in the order made (memory_alloc, with memory_free's
+    # time once freed), and the allocations that failed (memory_alloc_failed's fields)
+    allocations: dict[int, Allocation] = field(default_factory=dict)
+    memory_failures: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ended(self) -> bool:

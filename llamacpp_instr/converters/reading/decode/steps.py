@@ -7,6 +7,7 @@ from typing import Any
 
 from .computes import Compute
 from .fields import nonneg
+from .memory import StepMemory, step_memory
 from .transfers import Transfers
 
 
@@ -32,6 +33,7 @@ class Step:
     ended: bool = False
     # the commands sent to RPC servers during the step (``transfers`` records of phase ``step``)
     transfers: list[Transfers] = field(default_factory=list)
+    memory: StepMemory | None = None  # its memory figures (step_end.memory)
 
     @property
     def end(self) -> int:
@@ -83,4 +85,5 @@ def end_step(step: Any, rec: dict[str, Any]) -> None:
     step.status = int(rec["status"])
     step.n_outputs = int(rec["n_outputs"])
     step.kv_used = int(rec["kv_used"])
+    step.memory = step_memory(rec)
     step.ended = True

@@ -29,7 +29,7 @@ from ..reading.decode.columns import LayerSpan
 from ..reading.decode.graphs import Graph
 from ..session.machine_peaks import Roof
 from .items import ComputeBatch, Item, OpBatch, Sample, Slice, Track
-from .layout import OpVariants, op_rates, op_rates_bulk, op_static_args
+from .op_args import OpVariants, op_rates, op_rates_bulk, op_static_args
 from .rounding import EXACT, exact_float
 from .sinks import ThreadedWriter
 

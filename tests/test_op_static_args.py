@@ -11,7 +11,7 @@ from typing import Any
 
 from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
 from llamacpp_instr.converters.session.machine_peaks import DevicePeaks, Roof
-from llamacpp_instr.converters.traces.layout import op_rates, op_static_args
+from llamacpp_instr.converters.traces.op_args import op_rates, op_static_args
 
 
 def weight(name: str, type_: str, shape: list[int], nbytes: int) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The trace of a run on several devices: a track per device, the scheduler's splits, copies and
-the network, laid out for ``trace_layout.SessionLayout`` when the session's machine lists more than
+the network, laid out for ``layout.SessionLayout`` when the session's machine lists more than
 one device (``device_time.multi_device``; a CPU-only log is laid out as before).
 
 Per session, besides the ``decode steps`` track:
@@ -36,14 +36,15 @@ from ..reading.decode.computes import Compute
 from ..reading.decode.devices import Split
 from ..reading.decode.sessions import SessionInfo
 from ..reading.decode.steps import Step
-from ..reading.decode.transfers import TransferRow
 from ..session import device_time as dt
 from ..session.kv_flows import OpFlows
+from .device_lanes import COPIES_ORDER, DeviceLanes
 from .items import BulkItem, Item, LayoutStats, Slice, Track, track_uuid
+from .network import NetworkTracks
 
 
 class SessionLayout(Protocol):
-    """What the device tracks need of the session's layout (``trace_layout.SessionLayout``, which
+    """What the device tracks need of the session's layout (``layout.SessionLayout``, which
     makes a ``DeviceTracks`` of itself): its session, its process track, and the compute slices
     and batches it lays out the same way on every track."""
 
@@ -64,20 +65,6 @@ class SessionLayout(Protocol):
     ) -> Iterator[BulkItem]: ...
 
 
-# track order among the session's tracks (steps: the context id; threads: 10 + n; counters: 100+)
-DEVICE_ORDER = 20  # + 2 per device, + 1 for its own-timing track
-COPIES_ORDER = 70
-NETWORK_ORDER = 71
-
-
-class _Lanes:
-    """A track that may need more lanes: a slice goes on the first lane free at its start."""
-
-    def __init__(self, key: tuple[Any, ...], name: str, order: int, parent: int | None) -> None:
-        self.key, self.name, self.order, self.parent = key, name, order, parent
-        self.lanes: list[tuple[Track, int]] = []  # (track, end of its last slice)
-
-
 class DeviceTracks:
     """One session's device tracks and what goes on them (see the module doc)."""
 
@@ -85,54 +72,8 @@ class DeviceTracks:
         self.lay = lay
         self.devs = dt.Devices(lay.info)
         self.sid = lay.info.sid
-        self.order = {d: k for k, d in enumerate(self.devs.order(self.devs.known))}
-        self.tracks: dict[tuple[Any, ...], _Lanes] = {}
-        self.network: Track | None = None
-        self.transfers_done = 0
-
-    # -- tracks
-
-    def _rank(self, d: int) -> int:
-        return DEVICE_ORDER + 2 * self.order.get(d, len(self.order) + max(d, 0))
-
-    def _lane(self, lanes: _Lanes) -> Track:
-        """A new lane of ``lanes``: ``NAME``, then ``NAME (2)``..."""
-        k = len(lanes.lanes)
-        name = lanes.name if k == 0 else f"{lanes.name} ({k + 1})"
-        parent = lanes.parent if lanes.parent is not None else self.lay.process.uuid
-        tr = Track(
-            track_uuid(self.sid, *lanes.key, k), name, parent, "slices", lanes.order, self.lay.pid
-        )
-        lanes.lanes.append((tr, 0))
-        return tr
-
-    def _slice(self, lanes: _Lanes, s: Slice) -> Iterator[Item]:
-        """``s`` (its track left unset) on the first of ``lanes``' tracks free at its start."""
-        k = next((k for k, (_, last) in enumerate(lanes.lanes) if last <= s.ts), None)
-        if k is None:
-            k = len(lanes.lanes)
-            yield self._lane(lanes)
-        lanes.lanes[k] = (lanes.lanes[k][0], s.ts + s.dur)
-        s.track = lanes.lanes[k][0].uuid
-        yield s
-
-    def _lanes(
-        self, key: tuple[Any, ...], name: str, order: int, parent: int | None = None
-    ) -> _Lanes:
-        lanes = self.tracks.get(key)
-        if lanes is None:
-            lanes = self.tracks[key] = _Lanes(key, name, order, parent)
-        return lanes
-
-    def device_track(self, d: int) -> Iterator[Item]:
-        """Device ``d``'s track, yielded when first used (one lane: a device's parts of its
-        computes never overlap)."""
-        lanes = self._lanes(("device", d), self.devs[d].label, self._rank(d))
-        if not lanes.lanes:
-            yield self._lane(lanes)
-
-    def _track_of(self, d: int) -> int:
-        return self.tracks[("device", d)].lanes[0][0].uuid
+        self.lanes = DeviceLanes(self.sid, lay.process, self.devs)
+        self.network = NetworkTracks(lay.info, self.lanes)
 
     # -- steps
 
@@ -162,7 +103,7 @@ class DeviceTracks:
         od = dt.op_devices(c, cpu) if len(c.op_node) else None
         ld = dt.layer_devices(c, cpu)
         for d in dt.compute_devices(c, cpu):
-            yield from self.device_track(d)
+            yield from self.lanes.device_track(d)
             spans = [lay for lay, x in zip(c.layers, ld.tolist(), strict=True) if x == d]
             mask = od == d if od is not None else None
             head_d = self._device_slice(c, d, spans, mask)
@@ -193,7 +134,13 @@ class DeviceTracks:
         }
         lo = min(starts)
         return Slice(
-            self._track_of(d), f"compute ubatch {c.ubatch}", lo, max(ends) - lo, 1, "device", args
+            self.lanes.track_of(d),
+            f"compute ubatch {c.ubatch}",
+            lo,
+            max(ends) - lo,
+            1,
+            "device",
+            args,
         )
 
     def _flows(self, c: Compute, step: Step) -> dict[int, int]:
@@ -234,7 +181,7 @@ class DeviceTracks:
     def _copies(self, c: Compute) -> Iterator[Item]:
         p = c.place
         assert p is not None
-        lanes = self._lanes(("copies",), "copies", COPIES_ORDER)
+        lanes = self.lanes.get(("copies",), "copies", COPIES_ORDER)
         for cp in sorted(p.copies, key=lambda x: (x.start, x.dur)):
             src, dst = self.devs[cp.src].name, self.devs[cp.dst].name
             bw = dt.bandwidth(cp.bytes, cp.dur)
@@ -247,7 +194,7 @@ class DeviceTracks:
                 "node": cp.node,
                 "mb_per_s": round(bw / 1e6, 3) if bw is not None else 0.0,
             }
-            yield from self._slice(
+            yield from self.lanes.place(
                 lanes, Slice(0, f"{src} → {dst}", cp.start, cp.dur, 0, "copy", args)
             )
 
@@ -259,8 +206,8 @@ class DeviceTracks:
         last: dict[int, int] = {}
         for b in sorted(p.busy, key=lambda x: (x.start, x.dur)):
             name = self.devs[b.device].name
-            lanes = self._lanes(
-                ("busy", b.device), f"{name} command buffers", self._rank(b.device) + 1
+            lanes = self.lanes.get(
+                ("busy", b.device), f"{name} command buffers", self.lanes.rank(b.device) + 1
             )
             args: dict[str, Any] = {"split": b.split, "n_ops": b.n_ops, "device": name}
             if b.device in last:
@@ -273,7 +220,7 @@ class DeviceTracks:
                 seen.add(b.split)
                 into = (flow_of[b.split],)
             s = Slice(0, "command buffer", b.start, b.dur, 0, "busy", args, (), into)
-            yield from self._slice(lanes, s)
+            yield from self.lanes.place(lanes, s)
 
     def _remote(self, c: Compute, flow_of: dict[int, int]) -> Iterator[Item]:
         p = c.place
@@ -282,8 +229,8 @@ class DeviceTracks:
         seen: set[int] = set()
         for r in sorted(p.remote, key=lambda x: (x.start, x.end)):
             dev = self.devs[r.device]
-            lanes = self._lanes(
-                ("remote", r.device), f"{dev.name} graphs", self._rank(r.device) + 1
+            lanes = self.lanes.get(
+                ("remote", r.device), f"{dev.name} graphs", self.lanes.rank(r.device) + 1
             )
             args: dict[str, Any] = {
                 "split": r.split,
@@ -305,39 +252,8 @@ class DeviceTracks:
             s = Slice(
                 0, "graph compute (server)", r.start, r.end - r.start, 0, "remote", args, (), into
             )
-            yield from self._slice(lanes, s)
-
-    # -- the network
+            yield from self.lanes.place(lanes, s)
 
     def transfers(self, step: Step | None = None) -> Iterator[Item]:
         """The RPC commands of ``step``, or (None) those outside any step not drawn yet."""
-        if step is not None:
-            blocks = step.transfers
-        else:
-            blocks = self.lay.info.transfers[self.transfers_done :]
-            self.transfers_done = len(self.lay.info.transfers)
-        rows = [(t.phase, r) for t in blocks for r in t.rows]
-        if not rows:
-            return
-        if self.network is None:
-            self.network = Track(
-                track_uuid(self.sid, "network"),
-                "network",
-                self.lay.process.uuid,
-                "slices",
-                NETWORK_ORDER,
-                self.lay.pid,
-            )
-            yield self.network
-        for phase, r in sorted(rows, key=lambda x: (x[1].start, x[1].end)):
-            yield from self._command(phase, r)
-
-    def _command(self, phase: str, r: TransferRow) -> Iterator[Item]:
-        assert self.network is not None
-        dev = self.devs[r.device]
-        name = f"network: {dev.label}"
-        lanes = self._lanes(("net", r.device), name, self._rank(r.device), self.network.uuid)
-        args = {"device": dev.label, "phase": phase, **dt.transfer_args(r)}
-        yield from self._slice(
-            lanes, Slice(0, r.cmd, r.start, r.end - r.start, 0, "transfer", args)
-        )
+        return self.network.transfers(step)

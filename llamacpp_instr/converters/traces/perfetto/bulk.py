@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..layout import op_rates
+from ..op_args import op_rates
 from .batch import Batch
 from .events import EventFields
 from .ops import OpStore, RateFields

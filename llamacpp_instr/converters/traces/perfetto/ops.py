@@ -21,7 +21,7 @@ import numpy as np
 
 from ...reading.decode.graphs import Graph
 from ...session.machine_peaks import Roof
-from ..layout import RATE_NAMES, OpVariants, op_rates, op_rates_bulk, op_static_args
+from ..op_args import RATE_NAMES, OpVariants, op_rates, op_rates_bulk, op_static_args
 from ..rounding import EXACT, exact_float
 from .packets import Interner
 from .protowire import (

@@ -1,0 +1,80 @@
+"""The tracks of a run on several devices, for ``devices.DeviceTracks``: one per device and per
+kind of slice, in a fixed order among the session's tracks, and a further lane (``NAME (2)``...)
+for a slice that would overlap the last one on its track (they should not, but a log is data)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ..session import device_time as dt
+from .items import Item, Slice, Track, track_uuid
+
+# track order among the session's tracks (steps: the context id; threads: 10 + n; counters: 100+)
+DEVICE_ORDER = 20  # + 2 per device, + 1 for its own-timing track
+COPIES_ORDER = 70
+NETWORK_ORDER = 71
+
+
+class Lanes:
+    """A track that may need more lanes: a slice goes on the first lane free at its start."""
+
+    def __init__(self, key: tuple[Any, ...], name: str, order: int, parent: int | None) -> None:
+        self.key, self.name, self.order, self.parent = key, name, order, parent
+        self.lanes: list[tuple[Track, int]] = []  # (track, end of its last slice)
+
+
+class DeviceLanes:
+    """A session's device tracks, each with its lanes, made when first used."""
+
+    def __init__(self, sid: str, process: Track, devs: dt.Devices) -> None:
+        self.sid = sid
+        self.process = process
+        self.devs = devs
+        self.order = {d: k for k, d in enumerate(devs.order(devs.known))}
+        self.tracks: dict[tuple[Any, ...], Lanes] = {}
+
+    def rank(self, d: int) -> int:
+        return DEVICE_ORDER + 2 * self.order.get(d, len(self.order) + max(d, 0))
+
+    def _new_lane(self, lanes: Lanes) -> Track:
+        """A new lane of ``lanes``: ``NAME``, then ``NAME (2)``..."""
+        k = len(lanes.lanes)
+        name = lanes.name if k == 0 else f"{lanes.name} ({k + 1})"
+        parent = lanes.parent if lanes.parent is not None else self.process.uuid
+        tr = Track(
+            track_uuid(self.sid, *lanes.key, k),
+            name,
+            parent,
+            "slices",
+            lanes.order,
+            self.process.pid,
+        )
+        lanes.lanes.append((tr, 0))
+        return tr
+
+    def place(self, lanes: Lanes, s: Slice) -> Iterator[Item]:
+        """``s`` (its track left unset) on the first of ``lanes``' tracks free at its start."""
+        k = next((k for k, (_, last) in enumerate(lanes.lanes) if last <= s.ts), None)
+        if k is None:
+            k = len(lanes.lanes)
+            yield self._new_lane(lanes)
+        lanes.lanes[k] = (lanes.lanes[k][0], s.ts + s.dur)
+        s.track = lanes.lanes[k][0].uuid
+        yield s
+
+    def get(self, key: tuple[Any, ...], name: str, order: int, parent: int | None = None) -> Lanes:
+        lanes = self.tracks.get(key)
+        if lanes is None:
+            lanes = self.tracks[key] = Lanes(key, name, order, parent)
+        return lanes
+
+    def device_track(self, d: int) -> Iterator[Item]:
+        """Device ``d``'s track, yielded when first used (one lane: a device's parts of its
+        computes never overlap)."""
+        lanes = self.get(("device", d), self.devs[d].label, self.rank(d))
+        if not lanes.lanes:
+            yield self._new_lane(lanes)
+
+    def track_of(self, d: int) -> int:
+        return self.tracks[("device", d)].lanes[0][0].uuid

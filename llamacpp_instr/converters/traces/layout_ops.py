@@ -1,0 +1,173 @@
+"""How a session's computes are laid out on a track: the compute's slice, its layer spans and its
+op slices, in bulk (one ``ComputeBatch``) or one by one (ops with flows, and the ops of a compute
+the bulk writers leave to the per-op view), with the worker threads' tracks of verbose logs.
+``layout.SessionLayout`` is one of these, and so, through it, is every device's track."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..reading.decode.columns import LayerSpan
+from ..reading.decode.computes import Compute, OpTiming
+from ..reading.decode.graphs import Graph
+from ..reading.decode.sessions import SessionInfo
+from ..session.kv_flows import OpFlows
+from ..session.machine_peaks import Roof
+from .items import (
+    BulkItem,
+    ComputeBatch,
+    Item,
+    LayoutStats,
+    OpBatch,
+    Selection,
+    Slice,
+    Track,
+    track_uuid,
+)
+from .op_args import op_args
+
+
+class OpsLayout:
+    """A session's compute, layer and op slices, and its worker thread tracks."""
+
+    def __init__(
+        self, info: SessionInfo, process: Track, sel: Selection, roof: Roof | None
+    ) -> None:
+        self.info = info
+        self.process = process
+        self.pid = process.pid
+        self.sel = sel
+        self.roof = roof  # the roofs its ops' args are set against (None: no peaks known)
+        self.layer_of: dict[Graph, Any] = {}  # each graph's nodes' layers
+        self.threads: dict[int, Track] = {}
+
+    def thread_track(self, t: int) -> Iterator[Item]:
+        if t not in self.threads:
+            tr = Track(
+                track_uuid(self.info.sid, "thread", t),
+                f"thread {t}",
+                self.process.uuid,
+                "slices",
+                10 + t,
+                self.pid,
+            )
+            self.threads[t] = tr
+            yield tr
+
+    def layers(self, graph: Graph) -> Any:
+        """The layer of each of the graph's nodes as an array (-1: none)."""
+        arr = self.layer_of.get(graph)
+        if arr is None:
+            arr = np.array([-1 if n.layer is None else n.layer for n in graph.nodes], np.int64)
+            self.layer_of[graph] = arr
+        return arr
+
+    def compute_slice(self, c: Compute, track: int) -> Slice:
+        return Slice(
+            track,
+            f"compute ubatch {c.ubatch}",
+            c.start,
+            c.dur,
+            1,
+            "compute",
+            {
+                "ubatch": c.ubatch,
+                "graph": c.graph.id if c.graph else -1,
+                "n_tokens": c.n_tokens,
+                "n_threads": c.n_threads,
+            },
+        )
+
+    def spans(self, spans: Sequence[LayerSpan], stats: LayoutStats) -> Sequence[LayerSpan]:
+        """The layer spans the selection keeps (counted)."""
+        if self.sel.layer is not None:
+            spans = [lay for lay in spans if lay.layer == self.sel.layer]
+        stats.layers += len(spans)
+        return spans
+
+    def compute(
+        self, c: Compute, track: int, stats: LayoutStats, flows: OpFlows
+    ) -> Iterator[BulkItem]:
+        """A compute's slice, layer spans and ops (``part``)."""
+        stats.computes += 1
+        yield from self.compute_batch(self.compute_slice(c, track), c, c.layers, stats, flows)
+
+    def compute_batch(
+        self,
+        head: Slice,
+        c: Compute,
+        spans: Sequence[LayerSpan],
+        stats: LayoutStats,
+        flows: OpFlows,
+        mask: Any = None,
+    ) -> Iterator[BulkItem]:
+        """A ``ComputeBatch`` (``head``: the compute's slice, or a device's part of it; the layer
+        ``spans`` and the compute's ops, those where ``mask`` when it is given, on its track, in
+        bulk), then one by one the op slices it does not hold: those with flows, and every op of
+        a compute whose ops the bulk writers leave to the per-op view (``Compute.per_op``:
+        thread timings, tensor statistics)."""
+        track = head.track
+        spans = self.spans(spans, stats)
+        batch: OpBatch | None = None
+        ops: list[tuple[int, OpTiming]] = []
+        if self.sel.ops and c.graph is not None and c.per_op:
+            ops = [(k, op) for k, op in enumerate(c.unpack()) if mask is None or mask[k]]
+        elif self.sel.ops and c.graph is not None:
+            keep = None if mask is None else mask.copy()
+            if self.sel.layer is not None:
+                in_layer = self.layers(c.graph)[c.op_node] == self.sel.layer
+                keep = in_layer if keep is None else keep & in_layer
+            mine = sorted(k for k in flows if mask is None or mask[k])
+            if mine:  # the ops with flows come one by one, as slices with their flows
+                if keep is None:
+                    keep = np.ones(len(c.op_node), dtype=bool)
+                keep[mine] = False
+            n = len(c.op_node) if keep is None else int(keep.sum())
+            stats.ops += n
+            if n:
+                batch = OpBatch(track, c, keep, self.roof)
+            ops = [(k, c.op_at(k)) for k in mine]
+        yield ComputeBatch(head, spans, batch)
+        for k, op in ops:
+            yield from self.op_slices(k, op, c, track, stats, flows)
+
+    def op_slices(
+        self, k: int, op: OpTiming, c: Compute, track: int, stats: LayoutStats, flows: OpFlows
+    ) -> Iterator[Item]:
+        """The slice of the ``k``-th op of ``c`` (if the selection wants it), and its worker
+        threads' slices (verbose logs)."""
+        layer = op.node.layer
+        if self.sel.layer is not None and layer != self.sel.layer:
+            return
+        stats.ops += 1
+        depth = 3 if layer is not None else 2
+        out, into = flows.get(k, ((), ()))
+        yield Slice(
+            track,
+            op.node.label,
+            op.start,
+            op.dur,
+            depth,
+            "op",
+            op_args(op, c, self.roof),
+            out,
+            into,
+        )
+        if op.thread_done:
+            for t, done in enumerate(op.thread_done):
+                if done <= 0:
+                    continue  # this worker had no share of the op
+                yield from self.thread_track(t)
+                tr = self.threads[t]
+                yield Slice(
+                    tr.uuid,
+                    op.node.label,
+                    op.start,
+                    min(done, op.dur),
+                    0,
+                    "thread",
+                    {"busy_ns": done, "wait_ns": max(0, op.dur - done)},
+                )

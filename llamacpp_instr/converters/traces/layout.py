@@ -39,6 +39,7 @@ from .items import (
     track_uuid,
 )
 from .layout_ops import OpsLayout
+from .memory_tracks import MemoryTracks
 from .served import ServedTracks
 
 
@@ -82,6 +83,7 @@ class SessionLayout(OpsLayout):
             "cells",
         )
         self.served = ServedTracks(info, self.process)
+        self.memory = MemoryTracks(info, self.process)
         # a run on several devices: a track per device, splits, copies, the network
         self.by_device: DeviceTracks | None = None
         if multi_device(info):
@@ -91,6 +93,7 @@ class SessionLayout(OpsLayout):
         """Slices for the request and part records read since the last call (``ServedTracks``),
         then on several devices the RPC commands sent outside steps (the model's upload first)."""
         yield from self.served.items()
+        yield from self.memory.items()
         if self.by_device is not None:
             yield from self.by_device.transfers()
 

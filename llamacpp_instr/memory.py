@@ -18,7 +18,7 @@ from typing import Any
 
 from llamacpp_instr.always_on import parse_size
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.converters.session.memory import failure_line
+from llamacpp_instr.converters.session.memory import failure_line, size
 
 ENV_VAR = "LLAMA_INSTR_MEMORY_BUDGET"
 
@@ -53,10 +53,6 @@ def parse_budget(spec: str) -> dict[str, int]:
 def format_budget(budget: dict[str, int]) -> str:
     """The spec the native side reads, in bytes."""
     return ",".join(f"{device}={size}" for device, size in budget.items())
-
-
-def mib(n: float) -> str:
-    return f"{n / (1 << 20):,.1f} MiB"
 
 
 @dataclass(frozen=True)
@@ -114,7 +110,7 @@ def suggestions(failure: dict[str, Any], setting: Setting) -> list[str]:
     if weights > 0 and setting.q4k_saving > 0:
         out.append((int(weights * setting.q4k_saving), "the weights quantized to Q4_K"))
     out.sort(key=lambda x: -x[0])
-    return [f"{what} (frees about {mib(saved)})" for saved, what in out if saved > 0]
+    return [f"{what} (frees about {size(saved)})" for saved, what in out if saved > 0]
 
 
 def message(failure: dict[str, Any], setting: Setting | None = None) -> str:

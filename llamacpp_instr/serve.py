@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamacpp_instr import __version__, bindings
+from llamacpp_instr import __version__, bindings, memory
 from llamacpp_instr.always_on import AlwaysOn
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reading.reader import iter_records
@@ -329,6 +329,7 @@ def serve(
     on_ready: Callable[[str], None] | None = None,
     always_on: AlwaysOn | None = None,
     offload: Offload | None = None,
+    memory_budget: str | None = None,
 ) -> ServeResult:
     """Serve ``model`` until SIGINT or SIGTERM; the session log stays valid either way. SIGHUP
     reopens the log at its path; ``always_on`` samples and rotates it."""
@@ -349,6 +350,9 @@ def serve(
     always_on = always_on or AlwaysOn()
     offload = offload or Offload()
     placement = prepare(offload)  # before the model loads, and before the log exists
+    if memory_budget:
+        api.set_memory_budget(memory_budget)
+    failed_before = api.memory_failure()
     n_threads = resolve_threads(threads)
     settings = Settings(
         model=str(model),
@@ -366,7 +370,9 @@ def serve(
         with placement.loading():  # the server's Llama loads inside
             app = server_app.create_app(settings=settings)
     except (ValueError, RuntimeError) as exc:
-        raise UserError(models.explain_load_failure(model)) from exc
+        setting = memory.Setting(n_ctx=n_ctx, n_ubatch=settings.n_ubatch, ctx_flag="--ctx")
+        oom = memory.explain(api, failed_before, setting)
+        raise oom or UserError(models.explain_load_failure(model)) from exc
     proxy = server_app._llama_proxy
     llm = getattr(proxy, "_current_model", None)
     if llm is None:

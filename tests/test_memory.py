@@ -227,3 +227,19 @@ def test_a_malformed_budget_is_one_line_and_no_log(
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert says in r.stderr and "Traceback" not in r.stderr
         assert not log.exists()
+
+
+def test_serve_that_does_not_fit_says_why(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    from support import free_port
+
+    log = tmp_path / "serve.log"
+    r = instr(
+        "serve", str(tiny_llama_f32), "--port", str(free_port()), "-o", str(log), "--ctx", "512",
+        "--memory-budget", "CPU=1M",
+    )  # fmt: skip
+    assert r.returncode == 3, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: out of memory on CPU (budget 1.0 MiB)")
+    assert not log.exists()

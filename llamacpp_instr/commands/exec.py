@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands import always_on_options, level_option, output_option, topk_option
+from llamacpp_instr.commands import (
+    always_on_options,
+    level_option,
+    memory_budget_option,
+    output_option,
+    topk_option,
+)
 
 if TYPE_CHECKING:
     from llamacpp_instr.always_on import AlwaysOn
@@ -26,6 +32,7 @@ if TYPE_CHECKING:
 @level_option
 @always_on_options()
 @topk_option
+@memory_budget_option
 @click.option(
     "--vulkan",
     is_flag=True,
@@ -38,6 +45,7 @@ def command(
     level: str,
     always_on: AlwaysOn,
     top_k_logits: int,
+    memory_budget: str | None,
     vulkan: bool,
     program: str,
     args: tuple[str, ...],
@@ -86,6 +94,9 @@ def command(
     for name in ("LLAMA_INSTR_MAX_BYTES", "LLAMA_INSTR_KEEP"):
         env.pop(name, None)
     env.update(always_on.env())
+    env.pop("LLAMA_INSTR_MEMORY_BUDGET", None)  # the option's (which reads it too), in bytes
+    if memory_budget:
+        env["LLAMA_INSTR_MEMORY_BUDGET"] = memory_budget
     more = always_on.describe()
     click.echo(
         f"instr exec: session log {out} (level {level}{'; ' + more if more else ''})", err=True

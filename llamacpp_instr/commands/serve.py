@@ -12,6 +12,7 @@ from llamacpp_instr.commands import (
     ctx_option,
     level_option,
     log_option,
+    memory_budget_option,
     offload_options,
     out_alias,
     threads_option,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 @ctx_option
 @threads_option
 @offload_options()
+@memory_budget_option
 @topk_option
 def command(
     model: Path | None,
@@ -47,6 +49,7 @@ def command(
     n_ctx: int,
     threads: int | None,
     offload: Offload,
+    memory_budget: str | None,
     top_k_logits: int,
 ) -> None:
     """Serve MODEL.gguf (default: the bundled SmolLM2-135M-Instruct) with llama-cpp-python's
@@ -76,6 +79,7 @@ def command(
         n_ctx=n_ctx,
         threads=threads,
         offload=offload,
+        memory_budget=memory_budget,
         top_k_logits=top_k_logits,
         on_ready=ready,
         always_on=always_on,

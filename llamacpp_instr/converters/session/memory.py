@@ -13,7 +13,6 @@ from ..reading.decode.memory import StepMemory
 from ..reading.decode.sessions import SessionInfo
 from ..schema import MEMORY_PURPOSES
 
-MIB = float(1 << 20)
 
 
 @dataclass(frozen=True)
@@ -143,17 +142,26 @@ def rss_peak(memories: Iterable[StepMemory | None]) -> StepMemory | None:
     return best
 
 
+def size(n: float) -> str:
+    """Bytes in binary units, as memory budgets are given (512M is 512 MiB): 1.5 MiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:,.1f} GiB"
+
+
 def failure_line(f: dict[str, Any]) -> str:
     """One line for a memory_alloc_failed: where, what it was for, what was free and held there."""
     device = f.get("device_name") or f"device {f.get('device')}"
     budget = f.get("budget")
-    where = f"{device} (budget {int(budget) / MIB:,.1f} MiB)" if budget is not None else device
+    where = f"{device} (budget {size(int(budget))})" if budget is not None else device
     asked, free = int(f.get("bytes", 0)), int(f.get("free", 0))
     held = {k: int(v) for k, v in (f.get("held") or {}).items() if int(v) > 0}
-    line = f"out of memory on {where}: {f.get('purpose', 'other')} needed {asked / MIB:,.1f} MiB, "
-    line += f"{free / MIB:,.1f} MiB free"
+    line = f"out of memory on {where}: {f.get('purpose', 'other')} needed {size(asked)}, "
+    line += f"{size(free)} free"
     if held:
-        line += " (held: " + ", ".join(f"{k} {held[k] / MIB:,.1f} MiB" for k in sorted(held)) + ")"
+        line += " (held: " + ", ".join(f"{k} {size(held[k])}" for k in sorted(held)) + ")"
     if asked > free:
-        line += f", short by {(asked - free) / MIB:,.1f} MiB"
+        line += f", short by {size(asked - free)}"
     return line

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..reading.decode.sessions import SessionInfo
-from ..session.memory import MIB, device_names, failure_line
+from ..session.memory import device_names, failure_line, size
 from .items import Item, Sample, Slice, Track, track_uuid
 
 # after the session's other counters (tokens/s 100, KV cells 101, session_start's memory 102-104)
@@ -90,7 +90,7 @@ class MemoryTracks:
                 args["cache"] = a.cache
             if a.step is not None:
                 args["step"] = a.step  # a compute buffer a step's graph grew
-            name = f"{what} {a.purpose} {a.bytes / MIB:,.1f} MiB on {self._name(a.device)}"
+            name = f"{what} {a.purpose} {size(a.bytes)} on {self._name(a.device)}"
             yield Slice(self.events.uuid, name, ts, 0, 0, "memory", args)
         failures = self.info.memory_failures
         while self.failures_done < len(failures):

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import by_type, make_run, read_log, resolved, trace_slices
+from support import by_type, read_log, resolved, trace_slices
+from test_memory import run_alone
 
 from llamacpp_instr.converters import load_session
 
@@ -20,7 +21,9 @@ from llamacpp_instr.converters import load_session
 def runs(instr_api: Any, tiny_llama_f32: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     d = tmp_path_factory.mktemp("memrep")
     return {
-        n_ctx: make_run(tiny_llama_f32, d / f"ctx{n_ctx}.log", "detailed", n_predict=5, n_ctx=n_ctx)
+        n_ctx: run_alone(
+            tiny_llama_f32, d / f"ctx{n_ctx}.log", "detailed", n_predict=5, n_ctx=n_ctx
+        )
         for n_ctx in (256, 512)
     }
 

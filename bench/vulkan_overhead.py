@@ -1,7 +1,7 @@
 """Device timing's cost on Vulkan: tokens/s at MINIMAL and DETAILED relative to OFF, on Mesa's
 lavapipe where there is no GPU.
 
-One process, one session, the model fully offloaded (``--ngl``): every round runs each level
+One process, a session per level and round, the model fully offloaded (``--ngl``): every round runs each level
 (`set_level`) in a shuffled order, a prompt then ``--tokens`` generated tokens, so all levels share
 the process, the loaded model and Mesa's compiled shaders, and machine noise hits them alike.
 Reported: median tok/s per level, and the median over rounds of each round's ratio to OFF; and the
@@ -67,15 +67,18 @@ def child(model: str, ngl: int, rounds: int, tokens: int, threads: int, log: str
     pp: dict[str, list[float]] = {lv: [] for lv in LEVELS}
     tg: dict[str, list[float]] = {lv: [] for lv in LEVELS}
     out: dict[str, list[int]] = {lv: [] for lv in LEVELS}
-    api.session_begin(llm.ctx, log, "detailed", {"bench": "vulkan_overhead"})
     order = list(LEVELS)
     shuffler = random.Random(1)
-    for _ in range(rounds):
+    for k in range(rounds):
         shuffler.shuffle(order)
         for lv in order:
-            api.set_level(lv.split("-")[0])
-            # read by the Vulkan timer at every compute
+            # read by the Vulkan timer once per session: a session per level and round, each
+            # with its own file, begun (and its graph announced by a warm-up) outside the timing
             os.environ["LLAMA_INSTR_DEVICE_TIMING"] = "0" if lv.endswith("-untimed") else "1"
+            api.session_begin(llm.ctx, f"{log}.{k}.{lv}", "detailed", {"bench": "vulkan_overhead"})
+            api.set_level(lv.split("-")[0])
+            llm.reset()
+            llm.eval(prompt)
             llm.reset()
             t0 = time.perf_counter()
             llm.eval(prompt)
@@ -90,18 +93,24 @@ def child(model: str, ngl: int, rounds: int, tokens: int, threads: int, log: str
             pp[lv].append(len(prompt) / (t1 - t0))
             tg[lv].append(tokens / (t2 - t1))
             out[lv] = toks
-    api.session_end("ok")
+            api.session_end("ok")
     llm.close()
     print(json.dumps({"pp": pp, "tg": tg, "same_output": len({tuple(t) for t in out.values()}) == 1,
                       "prompt_tokens": len(prompt)}))  # fmt: skip
 
 
 def coverage(log: Path) -> dict[str, float]:
-    """From the DETAILED steps of the log: the share of the device's busy time its timed ops cover,
-    and the share of a generated token's llama_decode time the device was busy."""
-    recs = [json.loads(line) for line in log.open()]
+    """From the DETAILED steps of the logs (``log.<round>.<level>``): the share of the device's
+    busy time its timed ops cover, and the share of a generated token's llama_decode time the
+    device was busy."""
+    # each record with its file's index, so that steps of two sessions never pair
+    recs = [
+        dict(json.loads(line), file=i)
+        for i, f in enumerate(sorted(log.parent.glob(log.name + ".*")))
+        for line in f.open()
+    ]
     cov, busy_share, mark_gap, marks_share = [], [], [], []
-    ends = {(r["sid"], r["step"]): r for r in recs if r["type"] == "step_end"}
+    ends = {(r["file"], r["sid"], r["step"]): r for r in recs if r["type"] == "step_end"}
     for r in recs:
         if r["type"] != "compute" or "ops" not in r or not r.get("busy"):
             continue
@@ -120,7 +129,7 @@ def coverage(log: Path) -> dict[str, float]:
             if first is not None:
                 gaps.append(first - b[1])
         mark_gap += gaps
-        step = ends.get((r["sid"], r["step"]))
+        step = ends.get((r["file"], r["sid"], r["step"]))
         if step and step["n_tokens"] == 1:
             busy_share.append(busy / step["dur"])
             # DETAILED's marks: one per op, three per command buffer (begin, before the first op, end)

@@ -10,6 +10,7 @@ reply, when graphs were computed with timing on since the last reply."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import socket
@@ -64,7 +65,11 @@ def lie(mode: str, payload: bytes, out: socket.socket) -> None:
         out.sendall(struct.pack("<Q", len(b)) + bytes(b))
 
 
-def serve_connection(client: socket.socket, upstream: str, mode: str, lies: list[str]) -> None:
+def serve_connection(
+    client: socket.socket, upstream: str, mode: str, lies: list[str], hello: int | None = None
+) -> None:
+    """Relay one client's connection to ``upstream``; the first block of times is rewritten as
+    ``mode`` says, and the HELLO reply's padding byte is replaced by ``hello`` unless it is None."""
     host, port = upstream.split(":")
     server = socket.create_connection((host, int(port)))
     expect: queue.Queue[bool] = queue.Queue()  # per reply: is a block in front of it?
@@ -78,6 +83,7 @@ def serve_connection(client: socket.socket, upstream: str, mode: str, lies: list
                 payload = recv_exact(client, struct.unpack("<Q", size_b)[0])
                 if cmd == INSTR_TIMING:
                     timing = payload[:1] == b"\x01"
+                    lies.append(f"timing {timing}")
                 elif cmd in (GRAPH_COMPUTE, GRAPH_RECOMPUTE) and timing:
                     pending += 1
                 if cmd in REPLIED:
@@ -89,11 +95,19 @@ def serve_connection(client: socket.socket, upstream: str, mode: str, lies: list
 
     def server_to_client() -> None:
         try:
+            if (
+                hello is not None
+            ):  # the first reply is HELLO's: | major minor patch padding | caps |
+                rsp = bytearray(recv_exact(server, struct.unpack("<Q", recv_exact(server, 8))[0]))
+                expect.get()
+                lies.append(f"hello 0x{rsp[3]:02x} -> 0x{hello:02x}")
+                rsp[3] = hello
+                client.sendall(struct.pack("<Q", len(rsp)) + bytes(rsp))
             while True:
                 block = expect.get()
                 if block:
                     payload = recv_exact(server, struct.unpack("<Q", recv_exact(server, 8))[0])
-                    if not lies:
+                    if mode not in lies:
                         lies.append(mode)
                         lie(mode, payload, client)
                     else:
@@ -108,11 +122,48 @@ def serve_connection(client: socket.socket, upstream: str, mode: str, lies: list
 
 
 @contextmanager
-def liar(upstream: str, mode: str) -> Iterator[tuple[str, list[str]]]:
-    """A proxy at a free loopback port; yields its endpoint and the list of lies it told."""
+def liar(upstream: str, mode: str, hello: int | None = None) -> Iterator[tuple[str, list[str]]]:
+    """A proxy at a free loopback port; yields its endpoint and the list of what it saw and told."""
     lies: list[str] = []
-    with loopback_server(lambda conn: serve_connection(conn, upstream, mode, lies)) as endpoint:
+    with loopback_server(
+        lambda conn: serve_connection(conn, upstream, mode, lies, hello)
+    ) as endpoint:
         yield endpoint, lies
+
+
+@contextmanager
+def patched_server() -> Iterator[str]:
+    """A patched RPC server (the libraries the bindings loaded) at a free loopback port."""
+    from rpc_backend import lib_dir
+
+    upstream = f"127.0.0.1:{free_port()}"
+    server = subprocess.Popen(
+        netsim.server_command(lib_dir(), upstream),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        netsim._wait_accepting(upstream, 30)
+        yield upstream
+    finally:
+        server.kill()
+        server.wait()
+
+
+def run_client(model: Path, endpoint: str, log: Path) -> subprocess.CompletedProcess[str]:
+    code = netsim.client_script(model, [endpoint], N_PREDICT, PROMPT, log=log)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
+
+
+def tokens_of(r: subprocess.CompletedProcess[str]) -> list[int]:
+    assert r.returncode == 0, f"the client died ({r.returncode}): {r.stderr[-3000:]}"
+    return list(json.loads(r.stdout.strip().splitlines()[-1])["tokens"])
 
 
 @pytest.fixture(scope="module")
@@ -124,33 +175,11 @@ def local_tokens(tiny_llama_f32: Path) -> list[int]:
 def test_a_lying_peer_never_kills_the_run(
     mode: str, tiny_llama_f32: Path, local_tokens: list[int], tmp_path: Path
 ) -> None:
-    from rpc_backend import lib_dir
-
-    upstream = f"127.0.0.1:{free_port()}"
-    server = subprocess.Popen(
-        netsim.server_command(lib_dir(), upstream),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     log = tmp_path / f"{mode}.log"
-    try:
-        netsim._wait_accepting(upstream, 30)
-        with liar(upstream, mode) as (endpoint, lies):
-            code = netsim.client_script(tiny_llama_f32, [endpoint], N_PREDICT, PROMPT, log=log)
-            r = subprocess.run(
-                [sys.executable, "-c", code],
-                capture_output=True,
-                text=True,
-                timeout=300,
-                env=dict(os.environ),
-            )
-    finally:
-        server.kill()
-        server.wait()
-    assert r.returncode == 0, f"the client died ({r.returncode}): {r.stderr[-3000:]}"
-    assert lies == [mode], "the proxy never saw a block of times to rewrite"
-    tokens = __import__("json").loads(r.stdout.strip().splitlines()[-1])["tokens"]
-    assert tokens == local_tokens
+    with patched_server() as upstream, liar(upstream, mode) as (endpoint, lies):
+        r = run_client(tiny_llama_f32, endpoint, log)
+    assert tokens_of(r) == local_tokens
+    assert mode in lies, "the proxy never saw a block of times to rewrite"
     warnings = [ln for ln in r.stderr.splitlines() if "malformed block of op times" in ln]
     assert len(warnings) == 1, r.stderr[-3000:]
     assert endpoint in warnings[0] and "remote op timing is off for this server" in warnings[0]
@@ -161,3 +190,45 @@ def test_a_lying_peer_never_kills_the_run(
     assert computes
     remote = [i for i, c in enumerate(computes) if c.get("remote")]
     assert all(i < len(computes) // 2 for i in remote), remote
+
+
+# A HELLO byte that is not exactly this build's (a magic value in the low nibble, the version in the
+# high one: 0x2a): the bare bit of builds before the magic, a later version's layout, a byte that a
+# future upstream may set. Before the magic, the client timed any server whose byte had bit 0 set.
+@pytest.mark.parametrize("byte", [0x01, 0x3A, 0x25])
+def test_a_server_of_another_timing_version_runs_untimed(
+    byte: int, tiny_llama_f32: Path, local_tokens: list[int], tmp_path: Path
+) -> None:
+    log = tmp_path / "foreign-hello.log"
+    with patched_server() as upstream, liar(upstream, "none", hello=byte) as (endpoint, lies):
+        r = run_client(tiny_llama_f32, endpoint, log)
+    assert tokens_of(r) == local_tokens
+    assert lies and lies[0] == f"hello 0x2a -> 0x{byte:02x}", lies
+    # the client never asked that server to time its graphs, and said why once
+    assert "timing True" not in lies, lies
+    warnings = [ln for ln in r.stderr.splitlines() if "offers op timing this build" in ln]
+    assert len(warnings) == 1, r.stderr[-3000:]
+    assert endpoint in warnings[0] and f"0x{byte:02x}" in warnings[0]
+    recs = read_log(log)
+    assert by_type(recs, "session_end")[0]["status"] == "ok"
+    (rpc,) = [
+        d for d in by_type(recs, "session_start")[0]["machine"]["devices"] if d["backend"] == "RPC"
+    ]
+    assert rpc["remote_timing"] is False
+    computes = by_type(recs, "compute")
+    assert computes and not [c for c in computes if c.get("remote")]
+
+
+def test_the_proxy_keeps_this_builds_hello(
+    tiny_llama_f32: Path, local_tokens: list[int], tmp_path: Path
+) -> None:
+    """The same proxy writing back the byte this build sends: the server is timed (so that the
+    test above fails for the byte, not for the proxy)."""
+    log = tmp_path / "own-hello.log"
+    with patched_server() as upstream, liar(upstream, "none", hello=0x2A) as (endpoint, lies):
+        r = run_client(tiny_llama_f32, endpoint, log)
+    assert tokens_of(r) == local_tokens
+    assert "timing True" in lies, lies
+    assert "offers op timing" not in r.stderr
+    computes = by_type(read_log(log), "compute")
+    assert [c for c in computes if c.get("remote")]

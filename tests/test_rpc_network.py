@@ -248,7 +248,7 @@ def rpc_server_exe(stock: bool) -> Path:
 
 
 def hello_padding(exe: Path) -> int:
-    """The byte of a server's HELLO reply that a patched server sets (RPC_INSTR_HELLO_TIMES)."""
+    """The byte of a server's HELLO reply that a patched server sets (RPC_INSTR_HELLO)."""
     import socket
     import struct
 
@@ -264,8 +264,9 @@ def hello_padding(exe: Path) -> int:
 
 def test_the_tools_build_a_patched_and_a_stock_rpc_server() -> None:
     """`instr build --tools` builds ggml-rpc-server; the patched one offers graph timing in its
-    HELLO reply's spare byte, the stock one does not, and both speak the pin's protocol 7.0."""
-    assert hello_padding(rpc_server_exe(stock=False)) == 1
+    HELLO reply's spare byte (a magic value and the version of the timing extension), the stock
+    one does not, and both speak the pin's protocol 7.0."""
+    assert hello_padding(rpc_server_exe(stock=False)) == 0x2A
     assert hello_padding(rpc_server_exe(stock=True)) == 0
 
 

@@ -265,3 +265,58 @@ def test_a_partial_offload_splits_between_the_devices_and_copies_the_tensors(
             assert c["splits"][split][0] == dst and {src, dst} == {vk, cpu}
             expected = nodes[node]["bytes"] if node >= 0 else leaf_bytes.get(name)
             assert nbytes == expected, (name, nbytes, expected)
+
+
+# one session at DETAILED whose environment changes after the prompt, then a second session
+SWITCH_CHILD = r"""
+import os, sys
+import llama_cpp, llamacpp_instr
+model, out = sys.argv[1:3]
+llm = llama_cpp.Llama(model, n_ctx=128, n_threads=2, n_threads_batch=2, verbose=False,
+                      n_gpu_layers=99)
+with llamacpp_instr.session(llm, f"{out}/a.log", level="detailed"):
+    llm.eval([1, 40, 41, 42])
+    os.environ["LLAMA_INSTR_DEVICE_TIMING"] = "0"  # too late for this session
+    llm.eval([43])
+    llm.eval([44])
+with llamacpp_instr.session(llm, f"{out}/b.log", level="detailed"):
+    llm.eval([45])
+llm.close()
+"""
+
+
+def test_the_device_switches_are_read_once_per_session(tiny4: Path, tmp_path: Path) -> None:
+    """LLAMA_INSTR_DEVICE_TIMING is read at a session's first compute, not at every compute
+    (getenv per compute scanned the environment and raced a setenv): a change in the middle of
+    a session takes effect at the next one."""
+    import subprocess
+    import sys
+
+    from vulkan_backend import vulkan_device
+
+    vulkan_device()
+    r = subprocess.run(
+        [sys.executable, "-c", SWITCH_CHILD, str(tiny4), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=vulkan_env(),
+        timeout=1200,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = read_log(tmp_path / "a.log"), read_log(tmp_path / "b.log")
+    (vk,) = [
+        d["index"]
+        for d in by_type(a, "session_start")[0]["machine"]["devices"]
+        if d["backend"] == "Vulkan"
+    ]
+    timed = [
+        any(row[0] == vk for row in c.get("busy", []))
+        for c in by_type(a, "compute")
+        if c["n_tokens"] > 0
+    ]
+    assert timed == [True, True, True]  # the prompt and both tokens after the change
+    later = [c for c in by_type(b, "compute") if c["n_tokens"] > 0]
+    assert later
+    for c in later:
+        assert "busy" not in c and "clocks" not in c
+        assert not [op for op in c.get("ops", []) if _split_device(c, op[0]) == vk]

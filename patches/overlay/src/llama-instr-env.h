@@ -17,6 +17,8 @@
 // signal kill the process as it would have). Bad values print one line on stderr and the
 // program runs uninstrumented. Unset, the hook costs one relaxed atomic load per new context.
 
+#include <cstdint>
+
 struct llama_context;
 
 // Called by llama.cpp before it loads a model: with LLAMA_INSTR_LOG set, the commands sent to RPC
@@ -27,3 +29,20 @@ void llama_instr_env_model_loading();
 // Called by llama_init_from_model for each context it created; the first call reads the
 // environment and may open the session.
 void llama_instr_env_context_created(llama_context * ctx);
+
+namespace llama_instr {
+
+// The device timers' switches, read from the environment once per session (at its first compute
+// that asks), never per compute: getenv scans the environment, and races a setenv on another
+// thread. A program switches them between sessions.
+//   LLAMA_INSTR_DEVICE_TIMING=0     the device's ops untimed (the scheduler's splits and copies
+//                                   are still recorded)
+//   LLAMA_INSTR_DEVICE_CLOCK=fence  the fenced clock pair even where the driver calibrates (tests)
+struct device_env {
+    bool timing      = true;
+    bool clock_fence = false;
+};
+
+device_env env_device(uint64_t session_epoch);
+
+}  // namespace llama_instr

@@ -34,8 +34,11 @@ class rpc_op_timer : public op_timer {
 
     bool arm(ctx_state & st, const llama_context * ctx, const ggml_cgraph * gf) override {
         (void) st;
-        (void) ctx;
         (void) gf;
+        // the commands this thread issues until the step's end are ctx's (other contexts may use
+        // the same device at the same time)
+        owner = ctx;
+        rpc_set_owner(ctx);
         if (remote < 0) {
             // asked once: a server is patched or not for the life of its connection
             remote = rpc_remote_timing(ggml_backend_get_device(backend)) == 1 ? 1 : 0;
@@ -83,7 +86,7 @@ class rpc_op_timer : public op_timer {
         pending.erase(p);
         // what the step queued on the connection is done, and the times of its graphs are here
         rpc_sync_times(backend);
-        rpc_take_graphs(device, q.t_arm, q.t_collect, graphs);
+        rpc_take_graphs(device, owner, q.t_arm, q.t_collect, graphs);
 
         // the device's graphs in the order it ran them: its splits, in order (a remote graph holds
         // its split's nodes in the graph's order: remote node k is node i_start + k)
@@ -157,7 +160,8 @@ class rpc_op_timer : public op_timer {
         size_t  split_begin, split_end;  // into `splits`
     };
 
-    int32_t                   remote = -1;  // 1: the server times graphs, 0: a stock server, -1: not asked yet
+    int32_t                   remote = -1;       // 1: the server times graphs, 0: a stock server, -1: not asked yet
+    const llama_context *     owner  = nullptr;  // the context this timer's computes are for
     int64_t                   t_arm  = 0;
     std::vector<compute>      pending;
     std::vector<split_nodes>  splits;  // of the step's computes (buffers only grow)

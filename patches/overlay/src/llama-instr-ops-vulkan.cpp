@@ -11,12 +11,11 @@
 // readings (`clocks` says which, and the uncertainty).
 
 #include "ggml-vulkan.h"
+#include "llama-instr-env.h"
 #include "llama-instr-ops.h"
 #include "llama-instr-session.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 using namespace llama_instr;
 
@@ -37,20 +36,18 @@ class vk_op_timer final : public op_timer {
         op_timer(backend, device),
         set_profiler(set_profiler),
         collect_marks(collect_marks),
-        clock_pair(clock_pair) {
-        // LLAMA_INSTR_DEVICE_CLOCK=fence: the fenced pair even where the driver calibrates (tests)
-        const char * e = getenv("LLAMA_INSTR_DEVICE_CLOCK");
-        method         = e && strcmp(e, "fence") == 0 ? GGML_VK_CLOCK_FENCE : 0;
-    }
+        clock_pair(clock_pair) {}
 
     bool arm(ctx_state & st, const llama_context * ctx, const ggml_cgraph * gf) override {
         GGML_UNUSED(ctx);
         // LLAMA_INSTR_DEVICE_TIMING=0: the device's ops untimed (the scheduler's splits and copies
-        // are still recorded); read at every compute, so a process can switch it
-        const char * off = getenv("LLAMA_INSTR_DEVICE_TIMING");
-        if (off && strcmp(off, "0") == 0) {
+        // are still recorded); LLAMA_INSTR_DEVICE_CLOCK=fence: the fenced pair even where the
+        // driver calibrates (tests). Read once per session (llama-instr-env.h)
+        const device_env env = env_device(st.epoch);
+        if (!env.timing) {
             return false;
         }
+        method           = env.clock_fence ? GGML_VK_CLOCK_FENCE : 0;
         // a mark per op and three per command buffer, a buffer with an op at least (or none:
         // copies): room for a buffer per op, and then some
         const size_t n   = (size_t) ggml_graph_n_nodes(const_cast<ggml_cgraph *>(gf));

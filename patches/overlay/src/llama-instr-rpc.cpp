@@ -20,7 +20,23 @@ struct transfer_row {
     char         tensor[GGML_MAX_NAME];
     int64_t      bytes, sent, recv;
     int64_t      t_queue, t_start, t_sent, t_end;
+    const void * owner;  // the context whose step issued it, or nullptr
 };
+
+// the context whose step this thread is decoding (rpc_set_owner), handed to ggml-rpc as each command
+// is issued (ggml_rpc_profiler::owner)
+thread_local const void * t_owner = nullptr;
+
+const void * owner_of_thread(void * user) {
+    (void) user;
+    return t_owner;
+}
+
+// is a command (or graph) of `owner` one that the step of ctx takes? Its own, or one that no step
+// claimed (issued outside a compute, on a thread that set no owner)
+bool takes(const void * owner, const void * ctx) {
+    return owner == ctx || owner == nullptr;
+}
 
 // bounds, so that a recording nobody writes out (a program that never opens its session) stays small
 constexpr size_t MAX_ROWS     = 1 << 18;
@@ -96,6 +112,7 @@ void on_transfer(void * user, const ggml_rpc_profile_transfer * t) {
         row.t_start = t->t_start;
         row.t_sent  = t->t_sent;
         row.t_end   = t->t_end;
+        row.owner   = t->owner;
         r.rows.push_back(row);
     } catch (...) {
         r.dropped++;
@@ -114,6 +131,7 @@ void on_graph(void * user, const ggml_rpc_profile_graph * g) {
         }
         remote_graph rg = {};
         rg.device       = g->device ? dev_index(g->device) : endpoint_index(g->endpoint);
+        rg.owner        = g->owner;
         rg.nodes        = g->nodes;
         rg.n_nodes      = g->n_nodes;
         rg.recompute    = g->recompute;
@@ -150,6 +168,7 @@ bool look_up(recorder & r) {
         }
         r.prof.on_transfer = on_transfer;
         r.prof.on_graph    = on_graph;
+        r.prof.owner       = owner_of_thread;
         r.prof.user        = &r;
     }
     return r.set_profiler != nullptr;
@@ -295,6 +314,7 @@ void llama_instr::rpc_step_lines(llama_context *            ctx,
                                  int64_t                    t_step,
                                  std::vector<std::string> & lines) {
     recorder & r = R();
+    t_owner      = nullptr;  // the step's commands are all issued: this thread's next ones are not its
     {
         std::lock_guard<std::mutex> lock(r.mtx);
         if (!r.session_on) {
@@ -310,7 +330,11 @@ void llama_instr::rpc_step_lines(llama_context *            ctx,
     bool                      stepped = false;
     {
         std::lock_guard<std::mutex> lock(r.mtx);
-        rows.swap(r.rows);
+        // this step's rows and no step's; other contexts' stay for their own steps' ends
+        const auto                  mine = std::stable_partition(r.rows.begin(), r.rows.end(),
+                                                                 [ctx](const transfer_row & row) { return takes(row.owner, ctx); });
+        rows.assign(r.rows.begin(), mine);
+        r.rows.erase(r.rows.begin(), mine);
         dropped   = r.dropped;
         r.dropped = 0;
         stepped   = r.stepped;
@@ -356,13 +380,21 @@ void llama_instr::rpc_sync_times(ggml_backend_t backend) {
     }
 }
 
-void llama_instr::rpc_take_graphs(int32_t device, int64_t t_since, int64_t t_until, std::vector<remote_graph> & out) {
+void llama_instr::rpc_set_owner(const llama_context * ctx) {
+    t_owner = ctx;
+}
+
+void llama_instr::rpc_take_graphs(int32_t                     device,
+                                  const llama_context *       ctx,
+                                  int64_t                     t_since,
+                                  int64_t                     t_until,
+                                  std::vector<remote_graph> & out) {
     recorder &                  r = R();
     std::lock_guard<std::mutex> lock(r.mtx);
     out.clear();
     auto keep = r.graphs.begin();
     for (auto it = r.graphs.begin(); it != r.graphs.end(); ++it) {
-        if (it->device != device || it->t_queue > t_until) {
+        if (it->device != device || !takes(it->owner, ctx) || it->t_queue > t_until) {
             if (keep != it) {
                 *keep = std::move(*it);
             }

@@ -24,6 +24,7 @@ namespace llama_instr {
 // the server's
 struct remote_graph {
     int32_t                          device;  // index into session_start.machine.devices, or -1
+    const void *                     owner;   // the context whose step issued it (rpc_set_owner), or nullptr
     ggml_tensor * const *            nodes;   // the client's nodes of the graph sent
     int32_t                          n_nodes;
     int32_t                          recompute;
@@ -50,10 +51,15 @@ void rpc_session_begin(const std::string & sid, std::vector<std::string> & lines
 // recording stops.
 void rpc_session_end(const std::string & sid, std::vector<std::string> & lines);
 
+// On the thread that decodes ctx, as a compute of its step begins: the RPC commands this thread
+// issues from now until the step's end (rpc_step_lines) are ctx's, so that several contexts on one
+// device each take their own commands and graphs, not each other's.
+void rpc_set_owner(const llama_context * ctx);
+
 // At the end of a step of ctx (before its step_end; the session lock not held): once ctx's RPC
 // backends have finished what the step queued, the lines of the commands made since the last ones
-// written: those issued since t_step (the step's start) with the step's ctx and step, any earlier
-// ones apart. Nothing when no command was recorded.
+// written, other contexts' steps' excepted: those issued since t_step (the step's start) with the
+// step's ctx and step, any earlier ones apart. Nothing when no command was recorded.
 void rpc_step_lines(llama_context *            ctx,
                     const std::string &        sid,
                     int32_t                    ctx_id,
@@ -69,8 +75,13 @@ int32_t rpc_remote_timing(ggml_backend_dev_t dev);
 // reply has brought them yet).
 void rpc_sync_times(ggml_backend_t backend);
 
-// Move the graphs device's server timed that were issued in [t_since, t_until] into out (cleared
-// first), in the order they were sent; older ones of that device are dropped, later ones kept.
-void rpc_take_graphs(int32_t device, int64_t t_since, int64_t t_until, std::vector<remote_graph> & out);
+// Move the graphs device's server timed that ctx's steps (or no context's) issued in [t_since,
+// t_until] into out (cleared first), in the order they were sent; older ones of that device and
+// owner are dropped, later ones and other contexts' kept.
+void rpc_take_graphs(int32_t                     device,
+                     const llama_context *       ctx,
+                     int64_t                     t_since,
+                     int64_t                     t_until,
+                     std::vector<remote_graph> & out);
 
 }  // namespace llama_instr

@@ -227,6 +227,9 @@ static int32_t step_level_locked(const session & s, const ctx_state & st) {
     return full ? level : LLAMA_INSTR_LEVEL_MINIMAL;
 }
 
+// How long a step that finds a new file due waits for the other contexts' open steps to end.
+static constexpr std::chrono::milliseconds ROTATE_WAIT{ 50 };
+
 bool ctx_join(ctx_state & st, int32_t n_tokens, bool prompt) {
     auto &                       s = S();
     std::unique_lock<std::mutex> lock(s.mtx);
@@ -234,10 +237,12 @@ bool ctx_join(ctx_state & st, int32_t n_tokens, bool prompt) {
         return false;
     }
     if (file_due_locked(s)) {
-        // a new file begins between steps: the other contexts' open steps end first (for a second
-        // at most; the file is started at a later boundary otherwise)
+        // a new file begins between steps: the other contexts' open steps end first, for
+        // ROTATE_WAIT at most, so that a rotation never holds a decode for long; past it this step
+        // goes on in the current file, and the file is started at the next moment no step is open
+        // (the last open step's end, a later step's start, or the flusher)
         if (s.n_open_steps > 0) {
-            s.steps_cv.wait_for(lock, std::chrono::seconds(1), [&s] { return s.n_open_steps == 0 || !s.log.fp; });
+            s.steps_cv.wait_for(lock, ROTATE_WAIT, [&s] { return s.n_open_steps == 0 || !s.log.fp; });
             if (!s.log.fp) {
                 return false;
             }

@@ -261,3 +261,25 @@ def test_serve_that_does_not_fit_says_why(
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: out of memory on CPU (budget 1.0 MiB)")
     assert not log.exists()
+
+
+def test_an_iswa_model_has_two_caches_summed_as_llama_does(instr_api: Any, tmp_path: Path) -> None:
+    from tiny_gguf import write_tiny_iswa_model
+
+    model = write_tiny_iswa_model(tmp_path / "tiny-gemma2.gguf")
+    records = read_log(run_alone(model, tmp_path / "iswa.log", "minimal", 4, 512).log_path)
+    live = live_buffers(records)
+    kv = [b for b in live.values() if b["purpose"] == "kv_cache"]
+    assert sorted(b["cache_kind"] for b in kv) == ["full", "swa"]
+    assert len({b["cache"] for b in kv}) == 2
+    for row in records[0]["memory"]["buffers"]:
+        for key, purposes in LLAMA_PURPOSES.items():
+            ours = sum(
+                b["bytes"]
+                for b in live.values()
+                if b["buffer_type"] == row["buffer"] and b["purpose"] in purposes
+            )
+            assert ours == row[key], (row["buffer"], key)
+    # every step reports both caches
+    for end in by_type(records, "step_end"):
+        assert sorted(c for c, _, _ in end["memory"]["kv"]) == sorted(b["cache"] for b in kv)

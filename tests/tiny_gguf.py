@@ -132,3 +132,63 @@ def write_tiny_model(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_tiny_iswa_model(
+    path: Path | str, *, n_layer: int = 4, n_embd: int = 256, n_head: int = 4, n_head_kv: int = 2,
+    n_ff: int = 512, n_swa: int = 64, seed: int = 5,
+) -> Path:  # fmt: skip
+    """A tiny gemma2: interleaved sliding-window attention, so llama.cpp gives it two KV caches
+    (llama_kv_cache_iswa: one for the full layers, one for the sliding-window ones)."""
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    head_dim = n_embd // n_head
+    n_embd_kv = head_dim * n_head_kv
+    w = gguf.GGUFWriter(str(path), "gemma2")
+    w.add_name("tiny-gemma2-f32")
+    w.add_context_length(1024)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_sliding_window(n_swa)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    tokens, scores, types = _vocab()
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * 0.02).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (rng.standard_normal(n) * 0.01).astype(np.float32)  # gemma's norms add 1
+
+    w.add_tensor("token_embd.weight", mat(N_VOCAB, n_embd))
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        w.add_tensor(p + "attn_norm.weight", norm(n_embd))
+        w.add_tensor(p + "attn_q.weight", mat(n_embd, n_embd))
+        w.add_tensor(p + "attn_k.weight", mat(n_embd_kv, n_embd))
+        w.add_tensor(p + "attn_v.weight", mat(n_embd_kv, n_embd))
+        w.add_tensor(p + "attn_output.weight", mat(n_embd, n_embd))
+        w.add_tensor(p + "post_attention_norm.weight", norm(n_embd))
+        w.add_tensor(p + "ffn_norm.weight", norm(n_embd))
+        w.add_tensor(p + "ffn_gate.weight", mat(n_ff, n_embd))
+        w.add_tensor(p + "ffn_up.weight", mat(n_ff, n_embd))
+        w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff))
+        w.add_tensor(p + "post_ffw_norm.weight", norm(n_embd))
+    w.add_tensor("output_norm.weight", norm(n_embd))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -320,3 +320,38 @@ def test_the_device_switches_are_read_once_per_session(tiny4: Path, tmp_path: Pa
     for c in later:
         assert "busy" not in c and "clocks" not in c
         assert not [op for op in c.get("ops", []) if _split_device(c, op[0]) == vk]
+
+
+def test_partial_offload_buffers_sum_to_llamas_breakdown_per_device(partial: Offload) -> None:
+    """Issue 34: every buffer of a partial offload, by buffer type and purpose, against llama.cpp's
+    own llama_get_memory_breakdown (session_start.memory); the device holds part of the weights
+    and the KV cache of its layers, the CPU the rest."""
+    records = partial.logs["detailed"]
+    live: dict[int, dict[str, Any]] = {}
+    for r in records:
+        if r["type"] == "step_begin":
+            break
+        if r["type"] == "memory_alloc":
+            live[r["id"]] = r
+        elif r["type"] == "memory_free":
+            live.pop(r["id"], None)
+    breakdown = by_type(records, "session_start")[0]["memory"]["buffers"]
+    assert any(row["buffer"].startswith("Vulkan") for row in breakdown)
+    for row in breakdown:
+        for key, purposes in (
+            ("weights", ("weights",)),
+            ("kv_cache", ("kv_cache",)),
+            ("compute", ("compute",)),
+        ):
+            ours = sum(
+                b["bytes"]
+                for b in live.values()
+                if b["buffer_type"] == row["buffer"] and b["purpose"] in purposes
+            )
+            assert ours == row[key], (row["buffer"], key, ours, row[key])
+    vk, cpu = partial.vulkan("detailed"), partial.cpu("detailed")
+    on = {(b["device"], b["purpose"]) for b in live.values() if b["bytes"] > 0}
+    assert {(vk, "weights"), (vk, "kv_cache"), (cpu, "weights"), (cpu, "kv_cache")} <= on
+    # every step says the device's free memory as ggml reports it
+    for end in by_type(records, "step_end"):
+        assert end["memory"]["free"][vk] is not None

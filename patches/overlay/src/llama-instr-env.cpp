@@ -278,14 +278,26 @@ bool start_watcher() {
         fcntl(fd, F_SETFD, FD_CLOEXEC);
     }
     fcntl(g_pipe[1], F_SETFL, O_NONBLOCK);
+    // the handlers are wrapped before the watcher starts, which wraps them from then on: g_prev is
+    // written by one thread at a time (the thread's creation orders this thread's writes before
+    // the watcher's). Wrapped after it, a handler the program changed later (Python restores
+    // SIGINT's at exit) had the watcher write g_prev with no order to this thread's writes: a
+    // data race under ThreadSanitizer
+    wrap_handlers();
     // the watcher inherits this mask: it never takes a signal meant for the program
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     g_watching = pthread_create(&g_watcher, nullptr, watch, nullptr) == 0;
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    if (g_watching) {
-        wrap_handlers();
+    if (!g_watching) {
+        // no watcher to end the session and re-raise: the program's own handlers back
+        for (int i = 0; i < k_n_signals; i++) {
+            struct sigaction cur;
+            if (sigaction(k_signals[i], nullptr, &cur) == 0 && is_ours(cur)) {
+                sigaction(k_signals[i], &g_prev[i], nullptr);
+            }
+        }
     }
     return g_watching;
 }

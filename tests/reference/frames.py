@@ -16,7 +16,8 @@ from typing import Any
 import pandas as pd
 
 from llamacpp_instr.converters.analysis import roofline
-from llamacpp_instr.converters.analysis.frames import SessionFrames, string_categories
+from llamacpp_instr.converters.analysis.columns import string_categories
+from llamacpp_instr.converters.analysis.frames import SessionFrames
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reading.decode.graphs import Graph
 from llamacpp_instr.converters.reading.decode.sessions import SessionInfo, SessionStarted, StepDone

@@ -1,6 +1,6 @@
 """The per-op tables: ``load_sessions`` as it was before it worked in bulk.
 
-One ``OpTiming`` per op from ``session.iter_events`` (the per-op decoding), rows appended one by
+One ``OpTiming`` per op from ``session.fold.iter_events`` (the per-op decoding), rows appended one by
 one, each column converted on its own: every table, dtype, category order, skipped-record report
 and session info of ``converters.frames`` must match what this gives (tests/test_frames_fast.py),
 on the fixtures, on real logs, on a bigger synthetic log, and on damaged ones. The tables'

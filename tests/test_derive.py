@@ -1,5 +1,5 @@
-"""The byte and FLOP formulas of converters/derive.py, and the roofline arithmetic of
-converters/roofline.py, against values computed by hand from the shapes written here.
+"""The byte and FLOP formulas of converters/session/derive.py, and the roofline arithmetic of
+converters/analysis/roofline.py, against values computed by hand from the shapes written here.
 
 Every writer shares these formulas, so only a direct test can catch one being wrong. The graph
 below is one layer of a llama-style model with the op types the bundled model's and the tiny

@@ -2,7 +2,7 @@
 
 Both trace writers build every op's args from these, so comparing the writers with each other
 cannot catch a mistake in them: these numbers are computed here from the formulas in
-converters/derive.py, not by calling it.
+converters/session/derive.py, not by calling it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The forked log reader (``converters/prefetch.py``) gives exactly what ``iter_records`` gives:
+"""The forked log reader (``converters/reading/prefetch.py``) gives exactly what ``iter_records`` gives:
 the same records (ops columns and layer rows back to the same lists), the same report with skipped
 lines in their place, the same strict error, and so the same trace."""
 

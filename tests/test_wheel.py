@@ -55,7 +55,7 @@ def test_every_package_is_in_the_wheel(wheel_files: set[str]) -> None:
     assert {"llamacpp_instr", "llamacpp_instr/commands", "llamacpp_instr/converters"} <= set(
         packages
     )
-    assert "llamacpp_instr/converters/renderers" in packages
+    assert "llamacpp_instr/converters/reports/renderers" in packages
     for where, modules in packages.items():
         assert modules, where
         missing = [m for m in modules if f"{where}/{m}" not in wheel_files]

@@ -1,6 +1,6 @@
 """The per-op tables: ``load_sessions`` as it was before it worked in bulk.
 
-One ``OpTiming`` per op from ``session.iter_events`` (the per-op decoding), rows appended one by
+One ``OpTiming`` per op from ``session.fold.iter_events`` (the per-op decoding), rows appended one by
 one, each column converted on its own: every table, dtype, category order, skipped-record report
 and session info of ``converters.frames`` must match what this gives (tests/test_frames_fast.py),
 on the fixtures, on real logs, on a bigger synthetic log, and on damaged ones. The tables'
@@ -16,7 +16,8 @@ from typing import Any
 import pandas as pd
 
 from llamacpp_instr.converters.analysis import roofline
-from llamacpp_instr.converters.analysis.frames import SessionFrames, string_categories
+from llamacpp_instr.converters.analysis.columns import string_categories
+from llamacpp_instr.converters.analysis.frames import SessionFrames
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reading.decode.graphs import Graph
 from llamacpp_instr.converters.reading.decode.sessions import SessionInfo, SessionStarted, StepDone

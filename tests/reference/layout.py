@@ -1,6 +1,6 @@
 """The per-op trace layout: every op slice its own item, every compute's ops as objects.
 
-The production layout (``trace_layout.layout_bulk``) gives each compute as one ``ComputeBatch``
+The production layout (``layout.layout_bulk``) gives each compute as one ``ComputeBatch``
 whose ops the writers encode in bulk; this one yields what that batch stands for, item by
 item, from the lazy per-op view of each compute (``Compute.unpack``): the compute's slice,
 its layer slices, then each op's slice in log order. The reference writer

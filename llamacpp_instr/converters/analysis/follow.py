@@ -106,7 +106,7 @@ class StepView:
 @dataclass
 class LiveState:
     """What the live view shows, updated record by record through the session fold
-    (``session.Fold``): the same decoding as every converter, over a bounded window."""
+    (``session.fold.Fold``): the same decoding as every converter, over a bounded window."""
 
     model: str = ""
     level: str = ""

@@ -4,7 +4,7 @@ Turning a log into a trace is two jobs of about equal size: parsing the lines (o
 compute's ``ops`` list into int64 columns) and encoding the trace. Python runs one of them at a
 time, so for a big log a forked process does the first: it reads the records with
 ``reader.iter_records`` and sends them over a pipe in batches, each compute's ops already as
-columns and its layers as rows (the one packer: ``decode.pack_ops``, ``decode.layer_rows``), while this process
+columns and its layers as rows (the one packer: ``decode.columns.pack_ops``, ``decode.columns.layer_rows``), while this process
 builds and encodes the trace. What it yields, and what ``report`` ends up saying, are exactly what
 ``iter_records`` would have given (skipped lines in their place); a ``strict`` error is raised
 here. Small logs, platforms without ``fork`` and processes already running threads (where forking

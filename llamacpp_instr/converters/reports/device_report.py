@@ -1,5 +1,5 @@
 """Where a token's time goes per device, as report pieces: the summary's ``Devices`` section and
-compare's. Both read the tables of ``frames_devices`` (``device_steps``, ``token_time``), whose
+compare's. Both read the tables of ``analysis.frames_devices`` (``device_steps``, ``token_time``), whose
 figures ``device_time`` defines; a CPU-only log has none, and its reports are as before.
 
 Phases: ``decode`` (generation steps; the figures are per generated token: totals over the

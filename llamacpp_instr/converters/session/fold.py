@@ -103,7 +103,7 @@ class Fold:
     file, and what ``follow`` feeds with the lines another process is writing.
 
     ``add`` applies one record and yields the events it completes (raising one of
-    ``decode.MALFORMED`` for a record without the schema's shape); ``close`` ends the input,
+    ``decode.fields.MALFORMED`` for a record without the schema's shape); ``close`` ends the input,
     closing the sessions still open. ``packed`` reads well-formed computes' ops in bulk, the
     rest going to the per-op decoder as read. ``keep_graphs``: hold at most that many graph
     tables per session, the oldest dropped first (a live view's memory must not grow with the

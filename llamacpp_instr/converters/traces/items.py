@@ -1,5 +1,5 @@
 """What a trace is made of, whatever its file format: tracks, slices, counter samples, and the
-batches in which a compute's layer and op slices travel to the writers (``trace_layout`` lays a
+batches in which a compute's layer and op slices travel to the writers (``layout`` lays a
 session out as these; the Perfetto and Chrome JSON writers render them)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Python's ``round(v, 3)`` for arrays of floats, as both trace writers show op rates.
 
 ``round3`` gives each value exactly as Python rounds it, or NaN where numpy cannot be sure: the
-writers then ask Python for those few (``trace_layout.op_rates``).
+writers then ask Python for those few (``op_args.op_rates``).
 
 Why it is exact elsewhere: ``p = fl(v * 1000)`` is within ``|p| * 2**-53`` of the exact product
 (one rounding to nearest). If ``p`` is farther than that from a half-integer, the exact product

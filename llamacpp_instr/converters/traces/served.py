@@ -30,7 +30,8 @@ class ServedTracks:
         """Slices for the request records read since the last call. Requests overlap in time
         (they queue for the model), and slices on one track must nest, so each goes on the first
         lane free at its arrival: "requests", "requests (2)", ... above the decode steps. Inside
-        each: time to first token, and within it the wait for the model."""
+        each: time to first token, and within it the wait for the model. Then the parts read
+        since the last call (``parts``)."""
         reqs = self.info.requests
         while self.req_done < len(reqs):
             r = reqs[self.req_done]

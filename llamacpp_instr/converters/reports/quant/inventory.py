@@ -1,6 +1,6 @@
 """The weight inventory of a model: per tensor its role, layer, type, bytes and bits per weight,
 grouped per layer, role and type, compared between models (what ``instr quant-report`` shows;
-``quant_render`` makes the report), and each tensor's dequantization error against a reference.
+``render`` makes the report), and each tensor's dequantization error against a reference.
 
 Bytes and bits per weight come from gguf-py: a GGUF file's tensors as ``GGUFReader`` reads them
 (``n_bytes`` computed from ``GGML_QUANT_SIZES``), or a session log's weight inventory (bytes as the
@@ -222,7 +222,7 @@ def _from_raw_header(p: Path) -> Inventory:
 
 def from_session(path: Path | str) -> Inventory:
     """The weight inventory and memory breakdown recorded in a session log's (first) session_start,
-    as the decoder reads it (``decode.session_info``)."""
+    as the decoder reads it (``decode.sessions.session_info``)."""
     from ...reading.decode.sessions import SessionStarted
     from ...session.fold import iter_events
 

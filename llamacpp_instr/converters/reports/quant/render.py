@@ -248,7 +248,7 @@ def _comparison_section(o: dict[str, Any], baseline: str, top: int | None) -> Se
 
 
 def quant_report(data: dict[str, Any], top: int | None = 12) -> Report:
-    """``data`` from ``gguf_inventory.report_data`` as a report."""
+    """``data`` from ``inventory.report_data`` as a report."""
     models = data["models"]
     types = sorted({t["type"] for m in models for t in m["tensors"]})
     sections = [_model_section(m, top, types) for m in models]

@@ -3,7 +3,7 @@
 ``RENDERERS`` is the registry, and the one list of report formats: each is a ``Renderer``
 (``base``) with its name, what it is (the ``--format`` help says it), its own options and
 ``render(report)``. ``render`` is the one entry point: every report of every command goes through
-it (commands build their ``Report`` first: ``summary.summary_report``, ``quant_render.quant_report``,
+it (commands build their ``Report`` first: ``summary.summary_report``, ``quant.render.quant_report``,
 ...); ``llamacpp_instr.commands.emit`` writes it to ``-o/--output`` or stdout. (``live`` is the
 live view of ``instr follow``, not a report format.)
 """

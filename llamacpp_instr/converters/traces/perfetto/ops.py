@@ -10,7 +10,7 @@ args (may be empty).
 * ``RateFields``: D, the rates' debug annotations (GFLOP/s, GB/s and, with the machine's peaks,
   the roof fraction; rounded as ``op_rates`` rounds: ``rounding.round3``);
 * ``NodeTables``: the gids of a graph's ops on a track, each variant built on first use from
-  ``trace_layout.op_static_args``.
+  ``op_args.op_static_args``.
 """
 
 from __future__ import annotations

@@ -40,6 +40,29 @@ class Template:
         self.n_rates = 2  # rates per op (3 where the ops have a roof: all or none of a block)
 
 
+def candidates(b: Batch, bl: Block) -> Any:
+    """A block's timestamps in candidate order (compute begin and end, layer begins, layer
+    ends, op begins, op ends), with its ops' gids and durations and its number of layers:
+    ``(ts, gids, dur, n_layers)``; None unless every duration is positive (templates are made
+    for those only: an end's rank depends on it)."""
+    cs = bl.cb.slice
+    spans = bl.cb.layers
+    n_l = len(spans)
+    if cs.dur <= 0 or any(lay.dur <= 0 for lay in spans):
+        return None
+    l_start = np.array([lay.start for lay in spans], dtype=np.int64)
+    l_end = l_start + np.array([lay.dur for lay in spans], dtype=np.int64)
+    if bl.group >= 0:
+        _, gids, start, dur, _ = b.groups[bl.group]
+        if int(dur.min()) <= 0:
+            return None
+        end = start + dur
+    else:
+        gids = start = end = dur = np.zeros(0, dtype=np.int64)
+    ts = np.concatenate(([cs.ts, cs.ts + cs.dur], l_start, l_end, start, end))
+    return ts, gids, dur, n_l
+
+
 class TemplateSet:
     """The templates learnt so far (``learn``), and the batches encoded from them (``encode``)."""
 
@@ -59,31 +82,8 @@ class TemplateSet:
         self.templates.clear()
         self.bytes = 0
 
-    @staticmethod
-    def _candidates(b: Batch, bl: Block) -> Any:
-        """A block's timestamps in candidate order (compute begin and end, layer begins, layer
-        ends, op begins, op ends), with its ops' gids and durations and its number of layers:
-        ``(ts, gids, dur, n_layers)``; None unless every duration is positive (templates are made
-        for those only: an end's rank depends on it)."""
-        cs = bl.cb.slice
-        spans = bl.cb.layers
-        n_l = len(spans)
-        if cs.dur <= 0 or any(lay.dur <= 0 for lay in spans):
-            return None
-        l_start = np.array([lay.start for lay in spans], dtype=np.int64)
-        l_end = l_start + np.array([lay.dur for lay in spans], dtype=np.int64)
-        if bl.group >= 0:
-            _, gids, start, dur, _ = b.groups[bl.group]
-            if int(dur.min()) <= 0:
-                return None
-            end = start + dur
-        else:
-            gids = start = end = dur = np.zeros(0, dtype=np.int64)
-        ts = np.concatenate(([cs.ts, cs.ts + cs.dur], l_start, l_end, start, end))
-        return ts, gids, dur, n_l
-
     def _build(self, b: Batch, bl: Block) -> Template | None:
-        cand = self._candidates(b, bl)
+        cand = candidates(b, bl)
         if cand is None:
             return None
         ts, gids, dur, n_l = cand
@@ -147,7 +147,7 @@ class TemplateSet:
     def _fill(self, tm: Template, blocks: list[tuple[int, Batch, Block]]) -> Any:
         """The blocks' packets from their template, each ``(first key, last key, bytes)``, or
         None if the rows of one do not sort as the template's."""
-        cands = [self._candidates(b, bl) for _, b, bl in blocks]
+        cands = [candidates(b, bl) for _, b, bl in blocks]
         if any(c is None for c in cands):
             return None
         ts = np.stack([c[0] for c in cands])[:, tm.perm]

@@ -1,6 +1,6 @@
 """The Perfetto writer: the layout's items in, the trace's packets out (see the package doc).
 
-The items (``trace_layout.layout_bulk``: each compute's slice, layer slices and packed op slices as
+The items (``layout.layout_bulk``: each compute's slice, layer slices and packed op slices as
 one ``ComputeBatch``) become rows of a ``Batch``, one per step; a flush (``FLUSH_ROWS`` rows, at
 step boundaries) encodes the batches from templates where it can (``TemplateSet``), else with the
 general encoder (``BulkEncoder``), and hands the bytes to the sink. The writer owns the state

@@ -1,0 +1,196 @@
+"""The ``ops`` table of ``frames``, built in one streaming pass with no Python object per op: each
+compute's ops, columns already (``ComputeColumns``), become one int64 block, and each op's node
+metadata (name, op, layer, shape, weight, estimated FLOPs and bytes) is joined at the end by
+integer indexing into per-node columns computed once per graph (``OpsBuilder``)."""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..reading.decode.columns import LayerRows
+from ..reading.decode.computes import Compute
+from ..reading.decode.graphs import Graph
+from ..session import derive
+from .columns import EMPTY_I64, Chunks, int_column, int_rows, nullable, shape_text
+
+
+class ComputeColumns:
+    """One compute as the tables want it: ``ops`` a (3, n) int64 block (node positions, absolute
+    starts, durations), ``fused_row``/``fused_node`` each fused node (a row of ``ops``, a node
+    position), ``layers`` (m, 4) (layer, absolute start, dur, n_ops), ``stats`` per op row its
+    tensor statistics (verbose)."""
+
+    __slots__ = ("ops", "fused_row", "fused_node", "layers", "stats")
+
+    def __init__(self, c: Compute) -> None:
+        if isinstance(c.layers, LayerRows):
+            self.layers = c.layers.rows
+        else:
+            self.layers = np.array(c.layers, np.int64).reshape(-1, 4)
+        # the decoder's columns, as they are (int64: a value beyond 64 bits fails here, as it
+        # always did)
+        self.ops = np.stack((c.op_node, c.op_start, c.op_dur)).astype(np.int64, copy=False)
+        rows = [(k, j) for k, f in c.op_fused.items() for j in f]
+        self.stats: list[tuple[int, tuple[Any, ...]]] = sorted(c.op_stats.items())
+        self.fused_row = np.array([r for r, _ in rows], np.int64) if rows else EMPTY_I64
+        self.fused_node = np.array([j for _, j in rows], np.int64) if rows else EMPTY_I64
+
+
+# --- the tables ----------------------------------------------------------------------------------
+
+OP_CATS = "name op label category shape dtype weight weight_type".split()
+
+
+class GraphMeta:
+    """Where a graph's nodes start in the builder's per-node columns, and their FLOPs and bytes."""
+
+    def __init__(self, offset: int, errors: dict[int, Exception]) -> None:
+        self.offset = offset
+        self.errors = errors  # node position -> what joining its metadata raised
+
+
+class OpsBuilder:
+    """The ``ops`` table as it is built: each op's node (a row of the per-node columns), start and
+    duration in chunks, with no Python object per op; each op's node metadata (name, op, layer,
+    shape, weight, estimated FLOPs and bytes) is computed once per graph and joined at the end
+    by integer indexing (``frame``)."""
+
+    OP_COLS = (
+        "step ubatch graph node name op label category layer t_start dur_ns n_fused shape dtype "
+        "weight weight_type est_flops est_bytes"
+    ).split()
+
+    def __init__(self) -> None:
+        # per-node columns of every graph the ops use, graph after graph
+        self.metas: dict[Graph, GraphMeta] = {}  # each graph's place
+        self.n_nodes = 0
+        self.node_i = array("q")
+        self.node_layer = array("q")
+        self.node_flops = array("q")
+        self.node_bytes = array("q")
+        self.node_cats = {c: array("i") for c in OP_CATS}
+        self.cat_index: dict[str, dict[str, int]] = {c: {} for c in OP_CATS}
+        # the ops: global node, start and duration in chunks; fused nodes as (row, global node)
+        self.op_cols = Chunks()
+        self.op_keys = array("q")  # per compute: step, ubatch, graph id, n
+        self.fused_rows: list[np.ndarray] = []
+        self.fused_nodes: list[np.ndarray] = []
+        self.n_ops = 0
+
+    def _meta(self, g: Graph) -> GraphMeta:
+        """The graph's per-node columns (made on first use)."""
+        known = self.metas.get(g)
+        if known is not None:
+            return known
+        meta = GraphMeta(self.n_nodes, {})
+        for k, n in enumerate(g.nodes):
+            try:
+                w = derive.weight_source(n)
+                vals = {
+                    "name": n.name,
+                    "op": n.op,
+                    "label": n.label,
+                    "category": derive.category(n),
+                    "shape": shape_text(n.shape),
+                    "dtype": n.dtype,
+                    "weight": None if not w else w["name"],
+                    "weight_type": None if not w else w["type"],
+                }
+                row = (
+                    int(n.i),
+                    -1 if n.layer is None else int(n.layer),
+                    int(derive.flops(n, g)),
+                    int(derive.bytes_moved(n, g)),
+                )
+                codes = []
+                for c in OP_CATS:
+                    v = vals[c]
+                    if v is None:
+                        codes.append(-1)
+                    else:
+                        index = self.cat_index[c]
+                        codes.append(index.setdefault(str(v), len(index)))
+                # every value fits before any column grows
+                array("q", row)
+            except Exception as exc:  # raised when an op of this node is joined, as before
+                meta.errors[k] = exc
+                row, codes = (0, 0, 0, 0), [-1] * len(OP_CATS)
+            self.node_i.append(row[0])
+            self.node_layer.append(row[1])
+            self.node_flops.append(row[2])
+            self.node_bytes.append(row[3])
+            for c, code in zip(OP_CATS, codes, strict=True):
+                self.node_cats[c].append(code)
+        self.n_nodes += len(g.nodes)
+        self.metas[g] = meta
+        return meta
+
+    def add(self, step: int, ubatch: int, g: Graph, cc: ComputeColumns) -> None:
+        """A compute's ops (``cc``, of graph ``g``, with ops) as rows of the table."""
+        meta = self._meta(g)
+        if meta.errors:
+            self._raise_node_error(meta, cc)
+        self.op_cols.add(cc.ops, meta.offset)
+        self.op_keys.extend((step, ubatch, g.id, cc.ops.shape[1]))
+        if len(cc.fused_row):
+            self.fused_rows.append(cc.fused_row + self.n_ops)
+            self.fused_nodes.append(cc.fused_node + meta.offset)
+        self.n_ops += cc.ops.shape[1]
+
+    @staticmethod
+    def _raise_node_error(meta: GraphMeta, c: ComputeColumns) -> None:
+        for k, i in enumerate(c.ops[0].tolist()):
+            for p in [i] + c.fused_node[c.fused_row == k].tolist():
+                if p in meta.errors:
+                    raise meta.errors[p]
+
+    def frame(self) -> pd.DataFrame:
+        keys = int_rows(self.op_keys, 4)
+        counts = keys[:, 3]
+        n = self.n_ops
+        gidx = self.op_cols.column(0, np.int32 if self.n_nodes < 1 << 31 else np.int64)
+        t_start = self.op_cols.column(1)
+        dur = self.op_cols.column(2)
+        self.op_cols = Chunks()
+        node_flops = int_column(self.node_flops)
+        node_bytes = int_column(self.node_bytes)
+        est_flops = node_flops[gidx]
+        est_bytes = node_bytes[gidx]
+        n_fused = np.zeros(n, np.int64)
+        if self.fused_rows:
+            rows = np.concatenate(self.fused_rows)
+            fnodes = np.concatenate(self.fused_nodes)
+            # each op's fused nodes are consecutive, ops in order: sum them per run of a row
+            first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+            op_rows = rows[first]
+            n_fused[op_rows] = np.diff(np.r_[first, len(rows)])
+            est_flops[op_rows] += np.add.reduceat(node_flops[fnodes], first)
+            est_bytes[op_rows] += np.add.reduceat(node_bytes[fnodes], first)
+        data: dict[str, Any] = {
+            "step": np.repeat(keys[:, 0], counts),
+            "ubatch": np.repeat(keys[:, 1], counts),
+            "graph": np.repeat(keys[:, 2], counts),
+            "node": int_column(self.node_i)[gidx],
+            "layer": nullable(int_column(self.node_layer)[gidx]),
+            "t_start": t_start,
+            "dur_ns": dur,
+            "n_fused": n_fused,
+            "est_flops": est_flops,
+            "est_bytes": est_bytes,
+        }
+        # categories in order of first appearance among the ops, as when built row by row
+        first_seen = pd.unique(gidx) if n else EMPTY_I64
+        for c in OP_CATS:
+            names = list(self.cat_index[c])
+            ncodes = int_column(self.node_cats[c], np.int32)
+            seen = [x for x in dict.fromkeys(ncodes[first_seen].tolist()) if x >= 0]
+            lut = np.full(len(names) + 1, -1, np.int64)  # the last slot: code -1 stays -1
+            lut[seen] = np.arange(len(seen))
+            dtype = np.int8 if len(seen) < 127 else np.int16 if len(seen) < 32767 else np.int32
+            codes = lut[ncodes].astype(dtype)[gidx]
+            data[c] = pd.Categorical.from_codes(codes, categories=[names[x] for x in seen])
+        return pd.DataFrame({c: data[c] for c in self.OP_COLS}, copy=False)

@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands import always_on_options, level_option, output_option, topk_option
+from llamacpp_instr.commands import (
+    always_on_options,
+    level_option,
+    metrics_option,
+    output_option,
+    topk_option,
+)
 
 if TYPE_CHECKING:
     from llamacpp_instr.always_on import AlwaysOn
@@ -26,6 +32,7 @@ if TYPE_CHECKING:
 @level_option
 @always_on_options()
 @topk_option
+@metrics_option
 @click.option(
     "--vulkan",
     is_flag=True,
@@ -38,6 +45,7 @@ def command(
     level: str,
     always_on: AlwaysOn,
     top_k_logits: int,
+    metrics: str | None,
     vulkan: bool,
     program: str,
     args: tuple[str, ...],
@@ -54,6 +62,7 @@ def command(
 
         instr exec -o server.log llama-server -m model.gguf --port 8080 --parallel 2
         instr exec --sample 16 --max-bytes 64M --keep 8 -o server.log llama-server -m model.gguf
+        instr exec --metrics 127.0.0.1:9400 -o server.log llama-server -m model.gguf
 
     A LLAMA_INSTR_LOG already set in the environment is where the log goes unless -o says
     otherwise (-o wins, and says so); the level, top-k logits, sampling and rotation are always
@@ -90,4 +99,8 @@ def command(
     click.echo(
         f"instr exec: session log {out} (level {level}{'; ' + more if more else ''})", err=True
     )
+    if metrics is not None:
+        from llamacpp_instr.exporters import launch
+
+        launch.start_beside(out, metrics)  # it outlives this process, which becomes the program
     os.execve(exe, [program, *args], env)

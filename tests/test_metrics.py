@@ -527,13 +527,22 @@ def test_instr_serve_metrics_counts_its_requests(
             client.completions.create(
                 model="m", prompt=f"Count from {i} to ten:", max_tokens=5, temperature=0
             )
+
+        # instr serve records every HTTP request (wait_ready's /v1/models too)
+        def done() -> list[dict[str, Any]]:
+            return [r for r in request_records(log) if r["endpoint"] == "/v1/completions"]
+
         deadline = time.monotonic() + 60
-        while len(request_records(log)) < 3 and time.monotonic() < deadline:
+        while len(done()) < 3 and time.monotonic() < deadline:
             time.sleep(0.2)
-        reqs = request_records(log)
-        assert len(reqs) == 3
+        assert len(done()) == 3
+        reqs = [r for r in request_records(log) if r["ttft"] is not None]
+        assert len(reqs) == 3  # the completions: the other requests have no first token
         got = scrape_until(
-            port=mport, series='llamacpp_instr:requests_total{outcome="ok"}', want=3, proc=proc
+            port=mport,
+            series='llamacpp_instr:requests_total{outcome="ok"}',
+            want=len(request_records(log)),
+            proc=proc,
         )
         assert got["llamacpp_instr:time_to_first_token_seconds_sum"] == pytest.approx(
             sum(r["ttft"] for r in reqs) / 1e9, rel=1e-9

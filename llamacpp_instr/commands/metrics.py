@@ -69,6 +69,8 @@ def command(
 
     if (listen is None) == (listen_fd is None):
         raise click.UsageError("--listen HOST:PORT is required")
+    if parent_pid is not None:
+        wait = float("inf")  # the program beside it creates the log when it opens its session
     if wait == 0 and not log.exists():
         raise UserError(f"log file not found: {log}")
     sock = launch.bind(listen) if listen is not None else socket.socket(fileno=listen_fd)
@@ -86,9 +88,7 @@ def command(
     signal.signal(signal.SIGTERM, _on_term)
     tracker = RequestTracker()
     try:
-        for rec in follow_log(
-            log, wait=wait if parent_pid is None else float("inf"), stop=stop, offset=after
-        ):
+        for rec in follow_log(log, wait=wait, stop=stop, offset=after):
             metrics.observe(tracker.add(rec))
     except (KeyboardInterrupt, _Stop):
         pass

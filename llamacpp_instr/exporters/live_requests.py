@@ -44,6 +44,8 @@ class SessionFigures:
     # (buffer type, weights|kv_cache|compute, bytes)
     memory: list[tuple[str, str, int]]
     continued: bool
+    ts: int  # the record's ts (the log's clock) ...
+    wall_time: str  # ... and the wall clock then (ISO-8601 UTC), "" if the log does not say
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ class RequestFigures:
     itl_s: list[float]  # the gaps between its tokens
     cached_tokens: int | None  # prompt tokens its slot's cache held (not decoded again)
     running: int
+    steps: list[StepSpan]  # the steps that served it, in time order
+    record: dict[str, Any]  # the request record itself
 
 
 def outcome_of(rec: dict[str, Any]) -> str:
@@ -84,40 +88,45 @@ def _ns(v: Any) -> int | None:
     return None if v is None else int(v)
 
 
+@dataclass(frozen=True)
+class StepSpan:
+    """A step a request's sequence took part in."""
+
+    start: int  # ns, the log's clock
+    end: int
+    step: int  # step_begin.step
+    tokens: int  # the sequence's tokens in the batch
+    pos0: int  # the first position it decoded at
+
+
 class _SeqSteps:
-    """One sequence's steps since its last request ended: start, end (ns) and the first position
-    the step decoded for it. Arrays of int64, 24 bytes a step."""
+    """One sequence's steps since its last request ended, as ``StepSpan`` fields in arrays of
+    int64: 40 bytes a step."""
+
+    FIELDS = ("start", "end", "step", "tokens", "pos0")
 
     def __init__(self) -> None:
-        self.start = array("q")
-        self.end = array("q")
-        self.pos0 = array("q")
+        self.cols = [array("q") for _ in self.FIELDS]
 
-    def add(self, start: int, end: int, pos0: int, cap: int) -> None:
-        if len(self.start) >= cap:  # no record came for a long time: keep the newest half
-            half = cap // 2
-            del self.start[:half], self.end[:half], self.pos0[:half]
-        self.start.append(start)
-        self.end.append(end)
-        self.pos0.append(pos0)
+    def add(self, row: tuple[int, int, int, int, int], cap: int) -> None:
+        if len(self.cols[0]) >= cap:  # no record came for a long time: keep the newest half
+            for c in self.cols:
+                del c[: cap // 2]
+        for c, v in zip(self.cols, row, strict=True):
+            c.append(v)
 
-    def take(self, t0: int, t1: int) -> list[tuple[int, int, int]]:
-        """The steps that began from ``t0`` to ``t1``; every step up to ``t1`` is forgotten (the
-        next request of the sequence begins after it)."""
-        mine = [
-            (s, e, p)
-            for s, e, p in zip(self.start, self.end, self.pos0, strict=True)
-            if t0 <= s <= t1
-        ]
-        keep = [i for i, s in enumerate(self.start) if s > t1]
-        if len(keep) < len(self.start):
-            self.start = array("q", (self.start[i] for i in keep))
-            self.end = array("q", (self.end[i] for i in keep))
-            self.pos0 = array("q", (self.pos0[i] for i in keep))
+    def take(self, t0: int, t1: int) -> list[StepSpan]:
+        """The steps that began from ``t0`` to ``t1``, in time order; every step up to ``t1`` is
+        forgotten (the next request of the sequence begins after it)."""
+        rows = list(zip(*self.cols, strict=True))
+        mine = sorted((StepSpan(*r) for r in rows if t0 <= r[0] <= t1), key=lambda s: s.start)
+        if any(r[0] <= t1 for r in rows):
+            later = [r for r in rows if r[0] > t1]
+            self.cols = [array("q", (r[i] for r in later)) for i in range(len(self.FIELDS))]
         return mine
 
     def __len__(self) -> int:
-        return len(self.start)
+        return len(self.cols[0])
 
 
 @dataclass
@@ -185,6 +194,8 @@ class RequestTracker:
             n_seq_max=_ns(ctx.get("n_seq_max")),
             memory=memory,
             continued=continued,
+            ts=int(rec["ts"]),
+            wall_time=str(rec.get("wall_time") or ""),
         )
 
     def _step_begin(self, rec: dict[str, Any]) -> None:
@@ -200,8 +211,9 @@ class RequestTracker:
             return None  # its step_begin was not read (the exporter began after it)
         kind, seqs = begun
         start, dur = int(rec["t_start"]), int(rec["dur"])
-        for q, _, p0, _ in seqs:
-            self.seqs.setdefault(q, _SeqSteps()).add(start, start + dur, p0, self.cap)
+        step = int(rec["step"])
+        for q, n, p0, _ in seqs:
+            self.seqs.setdefault(q, _SeqSteps()).add((start, start + dur, step, n, p0), self.cap)
         kv = rec.get("kv_used")
         return StepFigures(
             kind=kind,
@@ -216,19 +228,19 @@ class RequestTracker:
         t_arrive = int(rec["t_arrive"])
         itl: list[float] = []
         cached = None
+        mine: list[StepSpan] = []
         if wait is not None:  # it reached the model: the steps of its slot's sequence
             q = int(rec.get("slot") or 0)  # no slot: a server with one sequence (instr serve)
             steps = self.seqs.get(q)
             mine = steps.take(*slot_window(rec)) if steps is not None else []
             if mine:
-                mine.sort()
-                cached = mine[0][2]
+                cached = mine[0].pos0
             if ttft is not None:
                 last = t_arrive + ttft
-                for _, end, _ in mine:
-                    if end > last:
-                        itl.append((end - last) * NS)
-                        last = end
+                for st in mine:
+                    if st.end > last:
+                        itl.append((st.end - last) * NS)
+                        last = st.end
         prefill = ttft - wait if ttft is not None and wait is not None and ttft >= wait else None
         decode = None
         if ttft is not None and wait is not None and model is not None:
@@ -247,4 +259,6 @@ class RequestTracker:
             itl_s=itl,
             cached_tokens=cached,
             running=self.running(),
+            steps=mine,
+            record=rec,
         )

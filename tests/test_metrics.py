@@ -494,10 +494,12 @@ def test_prometheus_sees_every_request_of_llama_server_as_the_log_says(
         finally:
             if server.poll() is None:
                 server.kill()
-    # the exporter ends once the server has and its log is read: the port is free again
+    # the exporter ends once the server has and its log is read: nothing listens on its port
+    # (SO_REUSEADDR: the connections Prometheus made may wait in TIME_WAIT, a listener may not)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", mport))
                 break

@@ -384,6 +384,28 @@ def tools_bin() -> Path:
     return tools.build_tools(lambda msg: print(msg, file=sys.stderr, flush=True))
 
 
+def test_exec_with_a_port_in_use_does_not_start_the_program(
+    tools_bin: Path, smollm2_path: Path, tmp_path: Path
+) -> None:
+    log, port = tmp_path / "server.log", free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        r = subprocess.run(
+            [sys.executable, "-m", "llamacpp_instr.cli", "exec", "-o", str(log)]
+            + ["--metrics", f"127.0.0.1:{busy}", "llama-server", "-m", str(smollm2_path)]
+            + ["--host", "127.0.0.1", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert r.returncode == 2
+    want = f"error: port {busy} on 127.0.0.1 is in use (choose another for metrics)"
+    assert r.stderr == want + "\n"
+    assert not log.exists()  # the server never started
+
+
 def request_records(log: Path) -> list[dict[str, Any]]:
     recs = []
     for line in log.read_text(encoding="utf-8").splitlines():

@@ -96,11 +96,11 @@ def command(
         env.pop(name, None)
     env.update(always_on.env())
     more = always_on.describe()
-    click.echo(
-        f"instr exec: session log {out} (level {level}{'; ' + more if more else ''})", err=True
-    )
     if metrics is not None:
         from llamacpp_instr.exporters import launch
 
         launch.start_beside(out, metrics)  # it outlives this process, which becomes the program
+    click.echo(
+        f"instr exec: session log {out} (level {level}{'; ' + more if more else ''})", err=True
+    )
     os.execve(exe, [program, *args], env)

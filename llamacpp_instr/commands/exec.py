@@ -13,6 +13,7 @@ from llamacpp_instr.commands import (
     always_on_options,
     level_option,
     memory_budget_option,
+    metrics_option,
     output_option,
     topk_option,
 )
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 @always_on_options()
 @topk_option
 @memory_budget_option
+@metrics_option
 @click.option(
     "--vulkan",
     is_flag=True,
@@ -46,6 +48,7 @@ def command(
     always_on: AlwaysOn,
     top_k_logits: int,
     memory_budget: str | None,
+    metrics: str | None,
     vulkan: bool,
     program: str,
     args: tuple[str, ...],
@@ -62,6 +65,7 @@ def command(
 
         instr exec -o server.log llama-server -m model.gguf --port 8080 --parallel 2
         instr exec --sample 16 --max-bytes 64M --keep 8 -o server.log llama-server -m model.gguf
+        instr exec --metrics 127.0.0.1:9400 -o server.log llama-server -m model.gguf
 
     A LLAMA_INSTR_LOG already set in the environment is where the log goes unless -o says
     otherwise (-o wins, and says so); the level, top-k logits, sampling and rotation are always
@@ -98,6 +102,10 @@ def command(
     if memory_budget:
         env["LLAMA_INSTR_MEMORY_BUDGET"] = memory_budget
     more = always_on.describe()
+    if metrics is not None:
+        from llamacpp_instr.exporters import launch
+
+        launch.start_beside(out, metrics)  # it outlives this process, which becomes the program
     click.echo(
         f"instr exec: session log {out} (level {level}{'; ' + more if more else ''})", err=True
     )

@@ -13,6 +13,7 @@ from llamacpp_instr.commands import (
     level_option,
     log_option,
     memory_budget_option,
+    metrics_option,
     offload_options,
     out_alias,
     threads_option,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 @offload_options()
 @memory_budget_option
 @topk_option
+@metrics_option
 def command(
     model: Path | None,
     host: str,
@@ -51,6 +53,7 @@ def command(
     offload: Offload,
     memory_budget: str | None,
     top_k_logits: int,
+    metrics: str | None,
 ) -> None:
     """Serve MODEL.gguf (default: the bundled SmolLM2-135M-Instruct) with llama-cpp-python's
     OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models),
@@ -61,11 +64,18 @@ def command(
     draws them on a `requests` track, `instr summary` gives latency percentiles. Requests that
     fail are recorded with their HTTP status, streams the client dropped as `cancelled`. Ctrl-C
     or SIGTERM stops the server and ends the session as `interrupted`; the log stays valid.
-    SIGHUP reopens the log at its path (logrotate); --max-bytes rotates it itself."""
+    SIGHUP reopens the log at its path (logrotate); --max-bytes rotates it itself. --metrics
+    HOST:PORT serves the log's figures to Prometheus from a process of its own (`instr metrics`)."""
     from llamacpp_instr import models, runner, serve
 
     path = model if model is not None else models.default_model()
     log = output or runner.default_log_name()
+
+    if metrics is not None:
+        from llamacpp_instr.exporters import launch
+
+        # before the model loads: a port in use stops here; it ends after this process does
+        launch.start_beside(log, metrics)
 
     def ready(msg: str) -> None:
         click.echo(msg, err=True)

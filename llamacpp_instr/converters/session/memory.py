@@ -14,7 +14,6 @@ from ..reading.decode.sessions import SessionInfo
 from ..schema import MEMORY_PURPOSES
 
 
-
 @dataclass(frozen=True)
 class Change:
     """A buffer made (``delta`` > 0) or freed, on one device for one purpose."""

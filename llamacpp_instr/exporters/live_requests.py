@@ -1,0 +1,264 @@
+"""Figures of a live session log, per step and per request, derived from its records as they come.
+
+Every figure is one the log holds or follows from it:
+
+* a step (``step_begin`` + ``step_end``): its kind, ``llama_decode`` time, tokens, KV cells used;
+* a request (a ``request`` record, written when the request is done): its outcome, queue time,
+  time to first token, end-to-end time, time holding the model, prompt and generated tokens, and
+  two figures the record alone does not say, from the steps that served it (the converters' rule,
+  ``request_share``: the steps whose batch holds its slot's sequence, from ``t_arrive + wait`` to
+  ``t_arrive + wait + model``):
+  - the gaps between its tokens: from its first token (``t_arrive + ttft``) to the end of the
+    first step after it, and so on, one per generated token decoded;
+  - the prompt tokens its slot's cache held: the first position its first step decoded at (the
+    server decodes a prompt from where the cached prefix ends).
+
+Memory: a request's record comes after its steps, so the steps of each sequence are kept until
+the record of the request that held it comes, and forgotten then: what the requests in flight
+need, no more (at most ``max(2 * n_ctx, 4096)`` steps per sequence, in case no record comes:
+a log written without requests).
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+from .log_input import MALFORMED, slot_window, step_seqs
+
+NS = 1e-9
+
+
+@dataclass(frozen=True)
+class SessionFigures:
+    """What a ``session_start`` says that the metrics show (every file of a rotated log repeats
+    it; ``continued`` then)."""
+
+    sid: str
+    level: str
+    model: str
+    program: str
+    n_ctx: int | None  # KV cells the context allocated (context.n_ctx)
+    n_seq_max: int | None
+    # (buffer type, weights|kv_cache|compute, bytes)
+    memory: list[tuple[str, str, int]]
+    continued: bool
+    ts: int  # the record's ts (the log's clock) ...
+    wall_time: str  # ... and the wall clock then (ISO-8601 UTC), "" if the log does not say
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    kind: str  # prompt or gen, as step_begin says
+    dur_s: float
+    n_tokens: int
+    kv_used: int | None  # step_end.kv_used (sequence 0's span), when known
+    running: int  # sequences with a request in flight (steps since their last request's end)
+
+
+@dataclass(frozen=True)
+class RequestFigures:
+    id: str
+    outcome: str  # ok, error or cancelled
+    queue_s: float | None
+    ttft_s: float | None
+    e2e_s: float | None
+    inference_s: float | None  # holding the model (the record's ``model``)
+    prefill_s: float | None  # from getting the model to the first token
+    decode_s: float | None  # from the first token to letting the model go
+    prompt_tokens: int
+    gen_tokens: int
+    itl_s: list[float]  # the gaps between its tokens
+    cached_tokens: int | None  # prompt tokens its slot's cache held (not decoded again)
+    running: int
+    steps: list[StepSpan]  # the steps that served it, in time order
+    record: dict[str, Any]  # the request record itself
+
+
+def outcome_of(rec: dict[str, Any]) -> str:
+    """The record's ``outcome``; in logs from before it was written, ``ok`` below status 400."""
+    out = rec.get("outcome")
+    if isinstance(out, str):
+        return out
+    return "ok" if int(rec.get("status") or 0) < 400 else "error"
+
+
+def _ns(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+@dataclass(frozen=True)
+class StepSpan:
+    """A step a request's sequence took part in."""
+
+    start: int  # ns, the log's clock
+    end: int
+    step: int  # step_begin.step
+    tokens: int  # the sequence's tokens in the batch
+    pos0: int  # the first position it decoded at
+
+
+class _SeqSteps:
+    """One sequence's steps since its last request ended, as ``StepSpan`` fields in arrays of
+    int64: 40 bytes a step."""
+
+    FIELDS = ("start", "end", "step", "tokens", "pos0")
+
+    def __init__(self) -> None:
+        self.cols = [array("q") for _ in self.FIELDS]
+
+    def add(self, row: tuple[int, int, int, int, int], cap: int) -> None:
+        if len(self.cols[0]) >= cap:  # no record came for a long time: keep the newest half
+            for c in self.cols:
+                del c[: cap // 2]
+        for c, v in zip(self.cols, row, strict=True):
+            c.append(v)
+
+    def take(self, t0: int, t1: int) -> list[StepSpan]:
+        """The steps that began from ``t0`` to ``t1``, in time order; every step up to ``t1`` is
+        forgotten (the next request of the sequence begins after it)."""
+        rows = list(zip(*self.cols, strict=True))
+        mine = sorted((StepSpan(*r) for r in rows if t0 <= r[0] <= t1), key=lambda s: s.start)
+        if any(r[0] <= t1 for r in rows):
+            later = [r for r in rows if r[0] > t1]
+            self.cols = [array("q", (r[i] for r in later)) for i in range(len(self.FIELDS))]
+        return mine
+
+    def __len__(self) -> int:
+        return len(self.cols[0])
+
+
+@dataclass
+class RequestTracker:
+    """Feed it every record of a log (``add``); it returns the figures each record completes."""
+
+    cap: int = 4096  # steps kept per sequence (raised to 2 * n_ctx by a session_start)
+    seqs: dict[int, _SeqSteps] = field(default_factory=dict)
+    # (sid, ctx) -> (kind, [(seq, n_tokens, first pos, last pos)]) of the step in flight
+    _begun: dict[tuple[str, int], tuple[str, list[tuple[int, int, int, int]]]] = field(
+        default_factory=dict
+    )
+    _sids: set[str] = field(default_factory=set)
+
+    def add(self, rec: dict[str, Any]) -> SessionFigures | StepFigures | RequestFigures | None:
+        """The figures ``rec`` completes, if any; a record without the schema's shape is skipped,
+        as the converters skip it."""
+        try:
+            t = rec.get("type")
+            if t == "step_begin":
+                self._step_begin(rec)
+            elif t == "step_end":
+                return self._step_end(rec)
+            elif t == "request":
+                return self._request(rec)
+            elif t == "session_start":
+                return self._session(rec)
+        except MALFORMED:
+            pass
+        return None
+
+    def running(self) -> int:
+        return sum(1 for s in self.seqs.values() if len(s))
+
+    def state_size(self) -> int:
+        """Steps and steps in flight held: what memory this tracker's state grows with."""
+        return sum(len(s) for s in self.seqs.values()) + len(self._begun)
+
+    def _session(self, rec: dict[str, Any]) -> SessionFigures:
+        sid = str(rec["sid"])
+        continued = sid in self._sids or isinstance(rec.get("file"), dict)
+        if not continued:
+            # a new run: the requests in flight in an earlier session will never end
+            self.seqs.clear()
+            self._begun.clear()
+            self._sids = {sid}
+        ctx = rec.get("context") or {}
+        n_ctx = _ns(ctx.get("n_ctx"))
+        if n_ctx:
+            self.cap = max(2 * n_ctx, 4096)
+        memory = []
+        for b in (rec.get("memory") or {}).get("buffers") or []:
+            if isinstance(b, dict):
+                for kind in ("weights", "kv_cache", "compute"):
+                    if isinstance(b.get(kind), int):
+                        memory.append((str(b.get("buffer", "")), kind, int(b[kind])))
+        model = rec.get("model") or {}
+        meta = rec.get("metadata") or {}
+        return SessionFigures(
+            sid=sid,
+            level=str(rec.get("level", "")),
+            model=str(model.get("name") or model.get("architecture") or ""),
+            program=str(meta.get("program") or meta.get("tool") or ""),
+            n_ctx=n_ctx,
+            n_seq_max=_ns(ctx.get("n_seq_max")),
+            memory=memory,
+            continued=continued,
+            ts=int(rec["ts"]),
+            wall_time=str(rec.get("wall_time") or ""),
+        )
+
+    def _step_begin(self, rec: dict[str, Any]) -> None:
+        seqs = step_seqs(rec)
+        if not seqs:  # a step without seqs holds sequence 0 only, at ``pos``
+            pos = rec.get("pos") or [0, 0]
+            seqs = [(0, int(rec["n_tokens"]), int(pos[0]), int(pos[1]))]
+        self._begun[(str(rec["sid"]), int(rec["ctx"]))] = (str(rec["kind"]), seqs)
+
+    def _step_end(self, rec: dict[str, Any]) -> StepFigures | None:
+        begun = self._begun.pop((str(rec["sid"]), int(rec["ctx"])), None)
+        if begun is None:
+            return None  # its step_begin was not read (the exporter began after it)
+        kind, seqs = begun
+        start, dur = int(rec["t_start"]), int(rec["dur"])
+        step = int(rec["step"])
+        for q, n, p0, _ in seqs:
+            self.seqs.setdefault(q, _SeqSteps()).add((start, start + dur, step, n, p0), self.cap)
+        kv = rec.get("kv_used")
+        return StepFigures(
+            kind=kind,
+            dur_s=dur * NS,
+            n_tokens=int(rec["n_tokens"]),
+            kv_used=int(kv) if isinstance(kv, int) and kv >= 0 else None,
+            running=self.running(),
+        )
+
+    def _request(self, rec: dict[str, Any]) -> RequestFigures:
+        wait, ttft, model, dur = (_ns(rec.get(k)) for k in ("wait", "ttft", "model", "dur"))
+        t_arrive = int(rec["t_arrive"])
+        itl: list[float] = []
+        cached = None
+        mine: list[StepSpan] = []
+        if wait is not None:  # it reached the model: the steps of its slot's sequence
+            q = int(rec.get("slot") or 0)  # no slot: a server with one sequence (instr serve)
+            steps = self.seqs.get(q)
+            mine = steps.take(*slot_window(rec)) if steps is not None else []
+            if mine:
+                cached = mine[0].pos0
+            if ttft is not None:
+                last = t_arrive + ttft
+                for st in mine:
+                    if st.end > last:
+                        itl.append((st.end - last) * NS)
+                        last = st.end
+        prefill = ttft - wait if ttft is not None and wait is not None and ttft >= wait else None
+        decode = None
+        if ttft is not None and wait is not None and model is not None:
+            decode = wait + model - ttft if wait + model >= ttft else None
+        return RequestFigures(
+            id=str(rec.get("id", "")),
+            outcome=outcome_of(rec),
+            queue_s=None if wait is None else wait * NS,
+            ttft_s=None if ttft is None else ttft * NS,
+            e2e_s=None if dur is None else dur * NS,
+            inference_s=None if model is None else model * NS,
+            prefill_s=None if prefill is None else prefill * NS,
+            decode_s=None if decode is None else decode * NS,
+            prompt_tokens=int(rec.get("prompt_tokens") or 0),
+            gen_tokens=int(rec.get("gen_tokens") or 0),
+            itl_s=itl,
+            cached_tokens=cached,
+            running=self.running(),
+            steps=mine,
+            record=rec,
+        )

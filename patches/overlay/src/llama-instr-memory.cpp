@@ -277,6 +277,27 @@ void write_ctx_locked(json_out & j, session & s, const llama_context * ctx) {
     }
 }
 
+// While a session is open, one record made by `write` (given the line's writer and the session)
+// is written, and with `flush` written out at once; `write` runs with S().mtx held (the table's
+// lock may be taken inside it: the order is S().mtx first).
+template <typename F> void emit_if_open(F && write, bool flush = false) {
+    if (!llama_instr_enabled()) {
+        return;
+    }
+    auto &                      s = S();
+    std::lock_guard<std::mutex> lock(s.mtx);
+    if (!s.log.fp) {
+        return;
+    }
+    std::string line;
+    json_out    j{ line };
+    write(j, s);
+    s.log.emit(line);
+    if (flush) {
+        s.log.write_buffered();
+    }
+}
+
 void on_alloc(ggml_backend_buffer_t buffer) {
     try {
         buffer_entry e{};
@@ -299,23 +320,14 @@ void on_alloc(ggml_backend_buffer_t buffer) {
             e.id           = ++m.next_id;
             m.live[buffer] = e;
         }
-        if (!llama_instr_enabled()) {
-            return;
-        }
-        auto &                      s = S();
-        std::lock_guard<std::mutex> lock(s.mtx);
-        if (!s.log.fp) {
-            return;
-        }
-        std::string line;
-        json_out    j{ line };
-        {
-            std::lock_guard<std::mutex> mlock(m.mtx);
-            write_entry(j, s.sid, e, m);
-        }
-        write_ctx_locked(j, s, e.ctx);
-        j.ch('}');
-        s.log.emit(line);
+        emit_if_open([&](json_out & j, session & s) {
+            {
+                std::lock_guard<std::mutex> mlock(m.mtx);
+                write_entry(j, s.sid, e, m);
+            }
+            write_ctx_locked(j, s, e.ctx);
+            j.ch('}');
+        });
     } catch (...) {
         // out of memory: the buffer is not in the table; the allocation itself goes on
     }
@@ -334,27 +346,18 @@ void on_free(ggml_backend_buffer_t buffer) {
             e = it->second;
             m.live.erase(it);
         }
-        if (!llama_instr_enabled()) {
-            return;
-        }
-        auto &                      s = S();
-        std::lock_guard<std::mutex> lock(s.mtx);
-        if (!s.log.fp) {
-            return;
-        }
-        std::string line;
-        json_out    j{ line };
-        record_head(j, "memory_free", now_ns(), s.sid);
-        j.key("id");
-        j.i64((int64_t) e.id);
-        j.key("device");
-        j.i64(e.device);
-        j.key("bytes");
-        j.i64((int64_t) e.bytes);
-        j.key("purpose");
-        j.str(k_purpose_names[e.purpose]);
-        j.ch('}');
-        s.log.emit(line);
+        emit_if_open([&](json_out & j, session & s) {
+            record_head(j, "memory_free", now_ns(), s.sid);
+            j.key("id");
+            j.i64((int64_t) e.id);
+            j.key("device");
+            j.i64(e.device);
+            j.key("bytes");
+            j.i64((int64_t) e.bytes);
+            j.key("purpose");
+            j.str(k_purpose_names[e.purpose]);
+            j.ch('}');
+        });
     } catch (...) {
     }
 }
@@ -427,21 +430,13 @@ void on_alloc_failed(ggml_backend_buffer_type_t buft, size_t size, bool by_budge
             j.ch('}');
             m.last_failure = body;
         }
-        if (!llama_instr_enabled()) {
-            return;
-        }
-        auto &                      s = S();
-        std::lock_guard<std::mutex> lock(s.mtx);
-        if (!s.log.fp) {
-            return;
-        }
-        std::string line;
-        json_out    r{ line };
-        record_head(r, "memory_alloc_failed", now_ns(), s.sid);
-        r.ch(',');
-        r.raw(body.substr(1));   // the object's members, and its closing brace
-        s.log.emit(line);
-        s.log.write_buffered();  // llama.cpp may give up, and the program end, right after this
+        emit_if_open(
+            [&](json_out & r, session & s) {
+                record_head(r, "memory_alloc_failed", now_ns(), s.sid);
+                r.ch(',');
+                r.raw(body.substr(1));  // the object's members, and its closing brace
+            },
+            true);                      // llama.cpp may give up, and the program end, right after this
     } catch (...) {
     }
 }

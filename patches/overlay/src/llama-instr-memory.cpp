@@ -298,6 +298,21 @@ template <typename F> void emit_if_open(F && write, bool flush = false) {
     }
 }
 
+void emit_free(const buffer_entry & e) {
+    emit_if_open([&](json_out & j, session & s) {
+        record_head(j, "memory_free", now_ns(), s.sid);
+        j.key("id");
+        j.i64((int64_t) e.id);
+        j.key("device");
+        j.i64(e.device);
+        j.key("bytes");
+        j.i64((int64_t) e.bytes);
+        j.key("purpose");
+        j.str(k_purpose_names[e.purpose]);
+        j.ch('}');
+    });
+}
+
 void on_alloc(ggml_backend_buffer_t buffer) {
     try {
         buffer_entry e{};
@@ -309,16 +324,28 @@ void on_alloc(ggml_backend_buffer_t buffer) {
         if (e.purpose == LLAMA_INSTR_PURPOSE_OTHER && is_pinned_host(e.buft)) {
             e.purpose = LLAMA_INSTR_PURPOSE_HOST_PINNED;
         }
-        e.cache  = t_cache;
-        e.ctx    = e.purpose == LLAMA_INSTR_PURPOSE_COMPUTE || e.purpose == LLAMA_INSTR_PURPOSE_OUTPUT ?
-                       static_cast<const llama_context *>(t_owner) :
-                       nullptr;
-        auto & m = M();
+        e.cache        = t_cache;
+        e.ctx          = e.purpose == LLAMA_INSTR_PURPOSE_COMPUTE || e.purpose == LLAMA_INSTR_PURPOSE_OUTPUT ?
+                             static_cast<const llama_context *>(t_owner) :
+                             nullptr;
+        auto &       m = M();
+        buffer_entry before{};
+        bool         seen = false;
         {
             std::lock_guard<std::mutex> lock(m.mtx);
             read_env_locked(m);
+            // a buffer type may make its buffers through another one (the CPU's repacked weights
+            // are CPU buffers retyped): the buffer, seen again whole, replaces what was said of it
+            auto it = m.live.find(buffer);
+            if (it != m.live.end()) {
+                before = it->second;
+                seen   = true;
+            }
             e.id           = ++m.next_id;
             m.live[buffer] = e;
+        }
+        if (seen) {
+            emit_free(before);
         }
         emit_if_open([&](json_out & j, session & s) {
             {
@@ -346,18 +373,7 @@ void on_free(ggml_backend_buffer_t buffer) {
             e = it->second;
             m.live.erase(it);
         }
-        emit_if_open([&](json_out & j, session & s) {
-            record_head(j, "memory_free", now_ns(), s.sid);
-            j.key("id");
-            j.i64((int64_t) e.id);
-            j.key("device");
-            j.i64(e.device);
-            j.key("bytes");
-            j.i64((int64_t) e.bytes);
-            j.key("purpose");
-            j.str(k_purpose_names[e.purpose]);
-            j.ch('}');
-        });
+        emit_free(e);
     } catch (...) {
     }
 }

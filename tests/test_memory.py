@@ -283,3 +283,29 @@ def test_an_iswa_model_has_two_caches_summed_as_llama_does(instr_api: Any, tmp_p
     # every step reports both caches
     for end in by_type(records, "step_end"):
         assert sorted(c for c, _, _ in end["memory"]["kv"]) == sorted(b["cache"] for b in kv)
+
+
+def test_repacked_weights_are_counted_once(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """Q4_0 weights on x86 are repacked into CPU_REPACK buffers, which ggml makes as CPU buffers
+    and retypes: each is one buffer, of its final type, summed as llama.cpp sums it."""
+    import llama_cpp
+
+    model = tmp_path / "tiny-q4_0.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+    rc = llama_cpp.llama_model_quantize(
+        str(tiny_llama_f32).encode(), str(model).encode(), llama_cpp.byref(params)
+    )
+    assert rc == 0
+    records = read_log(run_alone(model, tmp_path / "q4.log", "minimal", 3, 256).log_path)
+    live = live_buffers(records)
+    for row in records[0]["memory"]["buffers"]:
+        for key, purposes in LLAMA_PURPOSES.items():
+            ours = sum(
+                b["bytes"]
+                for b in live.values()
+                if b["buffer_type"] == row["buffer"] and b["purpose"] in purposes
+            )
+            assert ours == row[key], (row["buffer"], key)

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -287,7 +287,8 @@ class FitConfig:
     memory: dict[str, int] = field(default_factory=dict)  # --memory; the rest: free memory
     n_ctx: int | None = None  # the largest context considered (default: n_ctx_train)
     gpu_layers: int | None = None  # a fixed -ngl (default: searched when a GPU exists)
-    devices: tuple[str, ...] | None = None  # --device
+    # --device, --rpc, --tensor-split (its gpu_layers is the one probed, not this one's)
+    offload: offload.Offload = field(default_factory=offload.Offload)
     n_batch: int = 512
     n_ubatch: int | None = None
     threads: int | None = None
@@ -302,7 +303,7 @@ def fit_model(path: Path, quant: str, fc: FitConfig) -> Answer:
     bindings.load()
     names = [d.name for d in devices.registry()]
     limits = {**device_memory(), **fc.memory}
-    placement0 = offload.prepare(offload.Offload(gpu_layers=0, devices=fc.devices))
+    placement0 = offload.prepare(replace(fc.offload, gpu_layers=0))
     gpu = bool(placement0.devices)
 
     def base(setting: Setting) -> runner.RunConfig:
@@ -322,7 +323,7 @@ def fit_model(path: Path, quant: str, fc: FitConfig) -> Answer:
 
     def prober(ngl: int) -> Prober:
         if ngl not in probers:
-            placement = offload.prepare(offload.Offload(gpu_layers=ngl, devices=fc.devices))
+            placement = offload.prepare(replace(fc.offload, gpu_layers=ngl))
             probers[ngl] = Prober(path, placement, names)
         return probers[ngl]
 
@@ -399,8 +400,7 @@ def llama_fit_params(
         "-fa", "on" if s.flash_attn else "off", "-ctk", s.type_k, "-ctv", s.type_v,
         "-t", str(threads), "--fit-print", "on",
     ]  # fmt: skip
-    if fc.devices is not None:
-        cmd += ["--device", ",".join(fc.devices) or "none"]
+    cmd += offload_args(fc.offload, split_flag="-ts")
     env = {**os.environ, memory.ENV_VAR: memory.format_budget(budget)}
     env.pop("LLAMA_INSTR_LOG", None)
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
@@ -416,6 +416,18 @@ def llama_fit_params(
     if not out:
         raise UserError("llama-fit-params printed no projection")
     return out
+
+
+def offload_args(o: offload.Offload, split_flag: str) -> list[str]:
+    """--device, --rpc and the tensor split as a command line (instr run's or llama.cpp's)."""
+    args = []
+    if o.devices is not None:
+        args += ["--device", ",".join(o.devices) or "none"]
+    if o.rpc:
+        args += ["--rpc", ",".join(o.rpc)]
+    if o.tensor_split is not None:
+        args += [split_flag, ",".join(f"{x:g}" for x in o.tensor_split)]
+    return args
 
 
 def live_at_last_step(log: Path, names: list[str]) -> Footprint:
@@ -457,8 +469,7 @@ def measure(answer: Answer, fc: FitConfig, budget: dict[str, int], log: Path) ->
         cmd += ["--ubatch", str(fc.n_ubatch)]
     if fc.threads:
         cmd += ["-t", str(fc.threads)]
-    if fc.devices is not None:
-        cmd += ["--device", ",".join(fc.devices) or "none"]
+    cmd += offload_args(fc.offload, split_flag="--tensor-split")
     env = {**os.environ, memory.ENV_VAR: memory.format_budget(budget)}
     env.pop("LLAMA_INSTR_LOG", None)
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)

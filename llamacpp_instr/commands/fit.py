@@ -39,7 +39,7 @@ PURPOSES = ("weights", "kv_cache", "compute", "output")
     default=None,
     help="The largest context to consider, in tokens (default: the model's n_ctx_train).",
 )
-@offload_options(rpc=False, split=False)
+@offload_options()
 @click.option(
     "--quant",
     "quants",
@@ -92,11 +92,13 @@ def command(
     answer.
     """
     from llamacpp_instr import bindings, fit, models
+    from llamacpp_instr import offload as o
     from llamacpp_instr.converters.errors import UserError
 
     path = model if model is not None else models.default_model()
     models.check_gguf(path)
     bindings.load()
+    o.prepare(offload)  # --rpc's servers become devices, which --memory may name
     memory = fit.parse_memory(memory_specs)
     ngl_given = click.get_current_context().get_parameter_source("gpu_layers") in (
         ParameterSource.COMMANDLINE,
@@ -108,7 +110,7 @@ def command(
         memory=memory,
         n_ctx=n_ctx,
         gpu_layers=((10**6 if gpu_layers == "all" else int(gpu_layers)) if ngl_given else None),
-        devices=offload.devices,
+        offload=offload,
         threads=threads,
     )
     files = _files(path, quants)

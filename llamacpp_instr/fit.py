@@ -295,16 +295,22 @@ class FitConfig:
 
 
 def fit_model(path: Path, quant: str, fc: FitConfig) -> Answer:
-    """The largest context (a multiple of 256 up to the cap), then the most layers offloaded,
-    then f16 before q8_0 KV cache, that fit every device's memory."""
+    """The largest context (a multiple of 256 up to the cap), then the most layers offloaded
+    (searched only when a GPU exists and -ngl was not given), then an f16 before a q8_0 KV
+    cache, that fit every device's memory."""
     from llama_cpp import _logger
 
     _logger.set_verbose(False)  # llama.cpp's lines per tensor and per reservation
     bindings.load()
     names = [d.name for d in devices.registry()]
     limits = {**device_memory(), **fc.memory}
-    placement0 = offload.prepare(replace(fc.offload, gpu_layers=0))
-    gpu = bool(placement0.devices)
+    devices.add_rpc_servers(fc.offload.rpc)
+    used = (
+        devices.default_offload()
+        if fc.offload.devices is None
+        else devices.by_names(fc.offload.devices)
+    )
+    gpu = bool(used)  # a device to offload to (RPC servers are GPUs to llama.cpp)
 
     def base(setting: Setting) -> runner.RunConfig:
         return runner.RunConfig(
@@ -323,7 +329,9 @@ def fit_model(path: Path, quant: str, fc: FitConfig) -> Answer:
 
     def prober(ngl: int) -> Prober:
         if ngl not in probers:
-            placement = offload.prepare(replace(fc.offload, gpu_layers=ngl))
+            # no layer offloaded: the CPU only (and no warning that the devices go unused)
+            o = replace(fc.offload, gpu_layers=ngl) if ngl else offload.Offload()
+            placement = offload.prepare(o)
             probers[ngl] = Prober(path, placement, names)
         return probers[ngl]
 
@@ -356,18 +364,38 @@ def fit_model(path: Path, quant: str, fc: FitConfig) -> Answer:
         elif fc.gpu_layers is not None:
             layer_counts = [min(fc.gpu_layers, n_layer + 1)]
         else:
-            layer_counts = list(range(n_layer + 1, -1, -1))  # n_layer + 1: the output layer too
+            layer_counts = list(range(n_layer + 2))  # n_layer + 1: the output layer too
+
+        def fits(ngl: int, kv: tuple[str, str, bool]) -> bool:
+            return not overflows(project(Setting(ctxs[-1], ngl, *kv)), limits)
+
+        def most_layers(kv: tuple[str, str, bool]) -> Setting | None:
+            """The whole context with the most layers offloaded, or the largest context.
+
+            A GPU's share grows with the layers and the CPU's shrinks, so the layer counts at
+            which the whole context fits are one run: from 0 when the GPU limits, up to all when
+            the CPU does (a binary search finds its end). When neither end fits, every count is
+            tried for its largest context."""
+            lo, hi = layer_counts[0], layer_counts[-1]
+            if fits(hi, kv):
+                return Setting(ctxs[-1], hi, *kv)
+            if lo < hi and fits(lo, kv):
+                while hi - lo > 1:  # fits(lo), not fits(hi)
+                    mid = (lo + hi) // 2
+                    lo, hi = (mid, hi) if fits(mid, kv) else (lo, mid)
+                return Setting(ctxs[-1], lo, *kv)
+            best = [s for ngl in reversed(layer_counts) if (s := largest_ctx(ngl, kv))]
+            return max(best, key=lambda s: (s.n_ctx, s.n_gpu_layers)) if best else None
+
         found: list[Setting] = []
         for kv in FIT_KV:
-            for ngl in layer_counts:
-                s = largest_ctx(ngl, kv)
-                if s is not None:
-                    found.append(s)
-                    break  # the most layers that fit with this KV cache
-            if found and found[-1].n_ctx == ctxs[-1]:
-                break  # the whole context fits: a q8_0 cache would only lose precision
+            s = most_layers(kv)
+            if s is not None:
+                found.append(s)
+                if s.n_ctx == ctxs[-1]:
+                    break  # the whole context fits: a q8_0 cache would only lose precision
         if found:
-            # the largest context; at equal contexts the first found (more layers, f16)
+            # the largest context, then the most layers; at equal ones the f16 cache (first)
             best = max(found, key=lambda s: (s.n_ctx, s.n_gpu_layers, -found.index(s)))
             answer.setting = best
             answer.footprint = project(best)

@@ -91,14 +91,19 @@ def command(
     run uses, so the answer is what a run of it measures. Prints the instr run options of the
     answer.
     """
-    from llamacpp_instr import bindings, fit, models
-    from llamacpp_instr import offload as o
+    from llamacpp_instr import bindings, devices, fit, models
     from llamacpp_instr.converters.errors import UserError
 
     path = model if model is not None else models.default_model()
     models.check_gguf(path)
     bindings.load()
-    o.prepare(offload)  # --rpc's servers become devices, which --memory may name
+    if offload.rpc and (compare_llama or measure):
+        # this process holds each server's one connection while it answers
+        raise UserError(
+            "--compare-llama and --measure can't share --rpc servers with instr fit (a server "
+            "serves one client at a time): run them without --rpc"
+        )
+    devices.add_rpc_servers(offload.rpc)  # --rpc's servers become devices --memory may name
     memory = fit.parse_memory(memory_specs)
     ngl_given = click.get_current_context().get_parameter_source("gpu_layers") in (
         ParameterSource.COMMANDLINE,
@@ -114,7 +119,7 @@ def command(
         threads=threads,
     )
     files = _files(path, quants)
-    exe = _fit_params_program(required=compare_llama)
+    exe = None if offload.rpc else _fit_params_program(required=compare_llama)
     answers = []
     for quant, file in files:
         answer = fit.fit_model(file, quant, fc)

@@ -223,6 +223,24 @@ def test_llama_fit_params_beside(instr_api: Any, smollm2_path: Path) -> None:
         assert theirs[purpose] == answer["footprint"]["CPU"][purpose] // MIB, (purpose, theirs)
 
 
+def test_quant_answers_for_the_file_quantized(instr_api: Any, tiny_llama_f32: Path) -> None:
+    """--quant q8_0: the answer is about the file quantized into the cache, whose weights are
+    its tensors' bytes (read here with gguf-py)."""
+    from gguf import GGUFReader
+
+    r = instr("fit", str(tiny_llama_f32), "--quant", "f32", "--quant", "q8_0", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    own, q8 = json.loads(r.stdout)
+    assert (own["quant"], q8["quant"]) == ("f32", "q8_0")
+    assert own["model"] == str(tiny_llama_f32) and q8["model"] != own["model"]
+    reader = GGUFReader(q8["model"])
+    assert {t.tensor_type.name for t in reader.tensors} >= {"Q8_0"}
+    tensor_bytes = sum(int(t.n_bytes) for t in reader.tensors)
+    weights = q8["footprint"]["CPU"]["weights"]
+    assert tensor_bytes <= weights <= tensor_bytes * 1.01, (weights, tensor_bytes)
+    assert weights < own["footprint"]["CPU"]["weights"] / 2
+
+
 @pytest.mark.parametrize(
     "args, says",
     [

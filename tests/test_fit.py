@@ -241,6 +241,20 @@ def test_quant_answers_for_the_file_quantized(instr_api: Any, tiny_llama_f32: Pa
     assert weights < own["footprint"]["CPU"]["weights"] / 2
 
 
+def test_nothing_fits_exits_3(instr_api: Any, tiny_llama_f32: Path) -> None:
+    """Less memory than the weights: no setting fits; the answer says which device overflows
+    and the command exits 3, as a run that does not fit does."""
+    from gguf import GGUFReader
+
+    weights = sum(int(t.n_bytes) for t in GGUFReader(tiny_llama_f32).tensors)
+    r = instr("fit", str(tiny_llama_f32), "--memory", f"CPU={weights // 2}", "--format", "json")
+    assert r.returncode == 3, r.stderr
+    (answer,) = json.loads(r.stdout)
+    assert not answer["fits"] and answer["n_ctx"] is None and answer["overflow"] == ["CPU"]
+    assert sum(answer["footprint"]["CPU"].values()) > weights // 2
+    assert r.stderr.strip() == "error: nothing fits: the smallest setting overflows CPU"
+
+
 @pytest.mark.parametrize(
     "args, says",
     [

@@ -93,6 +93,7 @@ def command(
     """
     from llamacpp_instr import bindings, devices, fit, models
     from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.memory import OutOfMemory
 
     path = model if model is not None else models.default_model()
     models.check_gguf(path)
@@ -132,11 +133,13 @@ def command(
         answers.append(answer)
     if fmt == "json":
         click.echo(json.dumps([a.to_json() for a in answers], indent=1))
-        return
-    for answer in answers:
-        click.echo(render(answer))
+    else:
+        for answer in answers:
+            click.echo(render(answer))
     if not any(a.setting for a in answers):
-        raise UserError("nothing fits: see the footprints above")
+        # as a run that does not fit: exit 3 (bad input is 2)
+        over = sorted({dev for a in answers for dev in a.overflow})
+        raise OutOfMemory(f"nothing fits: the smallest setting overflows {', '.join(over)}")
 
 
 def _files(path: Path, quants: tuple[str, ...]) -> list[tuple[str, Path]]:

@@ -54,6 +54,10 @@ def _lib() -> Any:
         "ggml_backend_reg_by_name": ([c.c_char_p], c.c_void_p),
         "ggml_backend_reg_get_proc_address": ([c.c_void_p, c.c_char_p], c.c_void_p),
         "ggml_backend_register": ([c.c_void_p], None),
+        "ggml_backend_dev_memory": (
+            [c.c_void_p, c.POINTER(c.c_size_t), c.POINTER(c.c_size_t)],
+            None,
+        ),
     }
     for name, (argtypes, restype) in sigs.items():
         fn = getattr(lib, name)
@@ -81,6 +85,13 @@ def registry() -> list[Device]:
             )
         )
     return out
+
+
+def memory(device: Device) -> tuple[int, int]:
+    """(free, total) bytes of ``device`` as ggml reports them (a memory budget lowers both)."""
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    _lib().ggml_backend_dev_memory(device.ptr, ctypes.byref(free), ctypes.byref(total))
+    return int(free.value), int(total.value)
 
 
 def offload_candidates() -> list[Device]:

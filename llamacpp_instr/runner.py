@@ -31,6 +31,8 @@ class RunConfig:
     seed: int = 0
     temp: float = 0.0
     flash_attn: bool = False
+    type_k: str = "f16"  # the KV cache's types (-ctk/-ctv), by ggml's names
+    type_v: str = "f16"
     top_k_logits: int = 10
     ignore_eos: bool = False
     chat: bool = False
@@ -50,6 +52,8 @@ class RunConfig:
             n_ubatch=self.n_ubatch or self.n_batch,
             gpu_layers=ngl if isinstance(ngl, int) and ngl >= 0 else None,
             n_layer=n_layer,
+            type_k=self.type_k,
+            type_v=self.type_v,
             q4k_saving=q4k_saving,
             ctx_flag="--ctx",
             ubatch_flag="--ubatch",
@@ -77,6 +81,19 @@ class RunConfig:
             ),
         ]
         checks.append((self.system is None or self.chat, "--system needs --chat"))
+        for flag, kv in (
+            ("-ctk/--cache-type-k", self.type_k),
+            ("-ctv/--cache-type-v", self.type_v),
+        ):
+            checks.append(
+                (kv in memory.KV_TYPES, f"{flag} must be one of {', '.join(memory.KV_TYPES)}")
+            )
+        checks.append(
+            (
+                self.type_v in ("f32", "f16", "bf16") or self.flash_attn,
+                f"a quantized V cache (-ctv {self.type_v}) needs --flash-attn (llama.cpp's rule)",
+            )
+        )
         for ok, message in checks:
             if not ok:
                 raise UserError(message)
@@ -171,6 +188,15 @@ def chat_prompt(llm: Any, prompt: str, system: str | None) -> tuple[list[int], s
     return tokens, formatted.prompt
 
 
+def kv_type_id(name: str) -> int:
+    """ggml's type id of a KV cache type (llama_cpp.Llama's type_k/type_v)."""
+    if name not in memory.KV_TYPES:
+        raise UserError(
+            f"unknown KV cache type {name!r}: choose one of {', '.join(memory.KV_TYPES)}"
+        )
+    return int(getattr(bindings.import_llama_cpp(), f"GGML_TYPE_{name.upper()}"))
+
+
 def load_model(cfg: RunConfig, placement: Placement | None = None, **extra: Any) -> Any:
     """A llama_cpp.Llama for the config, placed by ``placement`` (default: prepared from
     ``cfg.offload``), or a one-line UserError."""
@@ -189,6 +215,8 @@ def load_model(cfg: RunConfig, placement: Placement | None = None, **extra: Any)
             n_threads_batch=threads,
             seed=cfg.seed,
             flash_attn=cfg.flash_attn,
+            type_k=kv_type_id(cfg.type_k),
+            type_v=kv_type_id(cfg.type_v),
             verbose=False,
             **extra,
         )

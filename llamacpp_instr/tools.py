@@ -1,5 +1,6 @@
-"""llama.cpp's own programs (llama-server, llama-cli, llama-bench, llama-perplexity, and ggml's RPC
-server ggml-rpc-server), built from the same patched tree as the wheel and cached beside it.
+"""llama.cpp's own programs (llama-server, llama-cli, llama-bench, llama-perplexity, ggml's RPC
+server ggml-rpc-server, and llama-fit-params, llama.cpp's own projection that ``instr fit`` shows
+beside its own), built from the same patched tree as the wheel and cached beside it.
 
 ``instr build --tools`` extracts the pinned sdist, copies the overlay in and applies the patches
 exactly as the wheel build does (``build.prepare_source``), then runs CMake on the vendored llama.cpp
@@ -23,11 +24,19 @@ from llamacpp_instr import build, pin
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.paths import cache_dir
 
-PROGRAMS = ("llama-server", "llama-cli", "llama-bench", "llama-perplexity", "ggml-rpc-server")
+PROGRAMS = (
+    "llama-server",
+    "llama-cli",
+    "llama-bench",
+    "llama-perplexity",
+    "ggml-rpc-server",
+    "llama-fit-params",
+)
 
 # The programs that link libllama, so that LLAMA_INSTR_LOG opens a session in them (`instr exec`).
 # ggml-rpc-server serves a host's devices to an RPC client and writes no log: a patched one times
 # the graphs it computes and sends the times to a patched client, whose log holds them.
+# llama-fit-params only projects (no weights loaded, nothing decoded): nothing to log.
 LOGGED_PROGRAMS = PROGRAMS[:4]
 
 # The vendored llama.cpp's own options: its common library and tools (which the wheel leaves out),

@@ -50,12 +50,17 @@ def test_each_option_name_means_one_thing() -> None:
         # one destination and the same spellings: -o is always --output, never --out or --out-dir
         assert len({(p.name, tuple(p.opts)) for _, p in uses}) == 1, (opt, uses)
     for opt in SAME_EVERYWHERE:
-        kinds = {(repr(p.type), p.default, p.help) for _, p in seen[opt]}
+        # fit's --ctx is a context size too, the largest it considers: by default the model's own
+        # n_ctx_train, so its default and help are its own
+        kinds = {
+            (repr(p.type), p.default, p.help) for c, p in seen[opt] if (c, opt) != ("fit", "--ctx")
+        }
         assert len(kinds) == 1, (opt, kinds)
-    assert {c for c, _ in seen["--ctx"]} == {"run", "serve"}  # the context size only
-    # where a model's layers run: every command that loads a model; peaks and doctor load none
-    # (peaks measures --device's devices; doctor lists the devices, --rpc's too)
-    loads_a_model = {"run", "serve", "quant-eval", "quant-sweep"}
+    assert {c for c, _ in seen["--ctx"]} == {"run", "serve", "fit"}  # the context size only
+    # where a model's layers run: every command that loads a model (fit loads it without its
+    # weights); peaks and doctor load none (peaks measures --device's devices; doctor lists the
+    # devices, --rpc's too)
+    loads_a_model = {"run", "serve", "quant-eval", "quant-sweep", "fit"}
     assert seen["-ngl"] == seen["--gpu-layers"]
     assert {c for c, _ in seen["--gpu-layers"]} == loads_a_model
     assert {c for c, _ in seen["--tensor-split"]} == loads_a_model

@@ -410,8 +410,12 @@ def test_tools_lists_them_and_exec_refuses_others(tools_bin: Path, tmp_path: Pat
     assert r.exit_code == 0
     for program in ("llama-server", "llama-cli", "llama-bench", "llama-perplexity"):
         assert str(tools_bin / program) in r.output
+    assert str(tools_bin / "llama-fit-params") in r.output
     bad = CliRunner().invoke(main, ["exec", "llama-nope"])
     assert bad.exit_code == 2 and "unknown program" in bad.output
+    # llama.cpp's memory projection runs no model: instr fit runs it
+    fit = CliRunner().invoke(main, ["exec", "llama-fit-params", "-m", "x.gguf"])
+    assert fit.exit_code == 2 and "instr fit --compare-llama" in fit.output
 
 
 PYTHON_APP = """

@@ -36,6 +36,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 #   --sample, --sample-requests, --max-bytes, --keep   always on (run, serve, exec):
 #                  ``always_on_options``, given to the command as one ``always_on``
 #   -ngl/--gpu-layers, --device, --rpc, --tensor-split   where a model's layers run (offload.py)
+#   -ctk/--cache-type-k, -ctv/--cache-type-v   the KV cache's types (llama.cpp's names; run, fit)
 # Old spellings keep working for one release through ``deprecated_alias``, with a note on stderr.
 
 session_option = click.option(
@@ -146,6 +147,28 @@ def memory_budget_option(f: F) -> F:
         "(K, M, G: powers of 1024): a buffer beyond it fails as out of memory, and llama.cpp's "
         "own memory query reports the budget.",
     )(f)
+
+
+def kv_type_options(f: F) -> F:
+    """``-ctk/--cache-type-k`` and ``-ctv/--cache-type-v``: the KV cache's types, as llama.cpp
+    names them (a quantized V cache needs flash attention)."""
+    from llamacpp_instr.memory import KV_TYPES
+
+    for short, long, dest, what in (
+        ("-ctv", "--cache-type-v", "type_v", "V"),
+        ("-ctk", "--cache-type-k", "type_k", "K"),
+    ):
+        f = click.option(
+            short,
+            long,
+            dest,
+            type=click.Choice(KV_TYPES),
+            default="f16",
+            show_default=True,
+            help=f"The KV cache's {what} type"
+            + (" (a quantized one needs --flash-attn)." if what == "V" else "."),
+        )(f)
+    return f
 
 
 def always_on_options(requests: bool = True) -> Callable[[F], F]:

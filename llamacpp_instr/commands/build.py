@@ -36,9 +36,9 @@ import click
     "--tools",
     "with_tools",
     is_flag=True,
-    help="Build llama.cpp's own llama-server, llama-cli, llama-bench and llama-perplexity, and "
-    "ggml's RPC server ggml-rpc-server, from the same patched tree instead of the wheel (cached; "
-    "see `instr tools`, `instr exec`).",
+    help="Build llama.cpp's own llama-server, llama-cli, llama-bench, llama-perplexity and "
+    "llama-fit-params, and ggml's RPC server ggml-rpc-server, from the same patched tree instead "
+    "of the wheel (cached; see `instr tools`, `instr exec`, `instr fit`).",
 )
 @click.option(
     "--vulkan",

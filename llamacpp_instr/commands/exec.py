@@ -74,6 +74,11 @@ def command(
     from llamacpp_instr import build, tools
     from llamacpp_instr.runner import check_writable
 
+    if program == "llama-fit-params":
+        raise click.UsageError(
+            "llama-fit-params writes no log (it projects memory and runs no model): "
+            "`instr fit --compare-llama` runs it beside instr fit's own projection"
+        )
     if program in tools.PROGRAMS and program not in tools.LOGGED_PROGRAMS:
         raise click.UsageError(
             f"{program} writes no log (it does not run libllama): start it as it is (`instr tools` "

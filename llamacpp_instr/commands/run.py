@@ -11,6 +11,7 @@ import click
 from llamacpp_instr.commands import (
     always_on_options,
     ctx_option,
+    kv_type_options,
     level_option,
     log_option,
     memory_budget_option,
@@ -87,6 +88,7 @@ if TYPE_CHECKING:
     show_default=True,
     help="Fused flash attention instead of separate KQ / soft_max / KQV ops.",
 )
+@kv_type_options
 @topk_option
 @click.option(
     "--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence (fixed-length runs)."
@@ -115,6 +117,8 @@ def command(
     seed: int,
     temp: float,
     flash_attn: bool,
+    type_k: str,
+    type_v: str,
     top_k_logits: int,
     ignore_eos: bool,
     live: bool,
@@ -147,6 +151,8 @@ def command(
         seed=seed,
         temp=temp,
         flash_attn=flash_attn,
+        type_k=type_k,
+        type_v=type_v,
         top_k_logits=top_k_logits,
         ignore_eos=ignore_eos,
         always_on=always_on,

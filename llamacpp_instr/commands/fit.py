@@ -184,7 +184,7 @@ def _mib(n: float) -> str:
 
 def render(a: Answer) -> str:
     """One quantization's answer as text: the setting, then a table per device and purpose."""
-    from llamacpp_instr.memory import mib
+    from llamacpp_instr.converters.session.memory import size as mib
 
     head = f"{a.model.name} ({a.quant})"
     lines = []

@@ -130,11 +130,14 @@ def check_most_layers_run_and_one_more_fails(
               "--format", "json", env=env)  # fmt: skip
     assert r.returncode == 0, r.stderr
     (answer,) = json.loads(r.stdout)
-    assert answer["n_ctx"] == 4096 and answer["type_k"] == "f16", answer
+    assert answer["n_ctx"] == 4096, answer
     ngl = answer["n_gpu_layers"]
     assert 0 < ngl < 3, answer  # of 2 layers and the output
     assert sum(answer["footprint"][device].values()) <= budget
-    common = ["-p", PROMPT, "-n", "2", "--level", "minimal", *place,
+    # the KV cache type it names (a device's compute buffers may leave room only for q8_0)
+    kv = ["-ctk", answer["type_k"], "-ctv", answer["type_v"]]
+    kv += ["--flash-attn"] if answer["flash_attn"] else []
+    common = ["-p", PROMPT, "-n", "2", "--level", "minimal", *place, *kv,
               "--memory-budget", f"{device}={budget}", "--ctx", "4096"]  # fmt: skip
     log = tmp_path / "layers.log"
     r = instr("run", str(model), *common, "-ngl", str(ngl), "-o", str(log), env=env)
@@ -153,6 +156,8 @@ def check_most_layers_run_and_one_more_fails(
 
 # a layer's attention at 4096 cells takes more than this on the device (the tiny model's KQ)
 LAYERS_BUDGET = 40 * MIB
+# on lavapipe, with a q8_0 cache and flash attention, 2 of the 3 fit in this (all 3 take 15.9 MB)
+VULKAN_LAYERS_BUDGET = 13 * MIB
 
 
 def test_rpc_fit_names_the_most_layers_and_one_more_fails(instr_api: Any, tmp_path: Path) -> None:
@@ -302,5 +307,5 @@ def test_vulkan_fit_names_the_most_layers_and_one_more_fails(tmp_path: Path) -> 
     device = vulkan_device()
     model = write_tiny_model(tmp_path / "tiny.gguf", n_ctx_train=8192, dtype="f32", seed=5)
     check_most_layers_run_and_one_more_fails(
-        model, device, LAYERS_BUDGET, ["--device", device], tmp_path, env=vulkan_env()
+        model, device, VULKAN_LAYERS_BUDGET, ["--device", device], tmp_path, env=vulkan_env()
     )

@@ -22,21 +22,7 @@ from support import by_type, read_log
 N_STEPS = 24
 
 
-@pytest.fixture(scope="module")
-def two_models(tiny_dir: Path) -> tuple[Path, Path]:
-    from tiny_gguf import write_tiny_model
-
-    return (
-        write_tiny_model(tiny_dir / "ctx-a-2.gguf", arch="llama", n_layer=2, seed=11),
-        write_tiny_model(tiny_dir / "ctx-b-4.gguf", arch="llama", n_layer=4, seed=12),
-    )
-
-
-def test_two_contexts_on_one_rpc_device_each_take_their_own(
-    two_models: tuple[Path, Path], tmp_path: Path
-) -> None:
-    log = tmp_path / "two.log"
-    a, b = two_models
+def _run_both(log: Path, a: Path, b: Path) -> None:
     run_offloaded(f"""
 import threading
 import llama_cpp, llamacpp_instr
@@ -62,6 +48,35 @@ assert not errors, errors
 for llm in llms:
     llm.close()
 """)
+
+
+@pytest.fixture(scope="module")
+def two_models(tiny_dir: Path) -> tuple[Path, Path]:
+    from tiny_gguf import write_tiny_model
+
+    return (
+        write_tiny_model(tiny_dir / "ctx-a-2.gguf", arch="llama", n_layer=2, seed=11),
+        write_tiny_model(tiny_dir / "ctx-b-4.gguf", arch="llama", n_layer=4, seed=12),
+    )
+
+
+def test_two_contexts_on_one_rpc_device_each_take_their_own(
+    two_models: tuple[Path, Path], tmp_path: Path
+) -> None:
+    log = tmp_path / "two.log"
+    a, b = two_models
+    # The pin's own ggml-rpc keeps one last graph id per device (last_graph_uid, unguarded: see
+    # docs/internals.md): two contexts computing at once can make the server recompute the other
+    # context's graph, and it then dies (the client aborts: "Remote RPC server crashed"). Seen
+    # once in a loaded full-suite run, never alone; such a run is tried again, at most twice.
+    for attempt in range(3):
+        log.unlink(missing_ok=True)
+        try:
+            _run_both(log, a, b)
+            break
+        except AssertionError as exc:
+            if "Remote RPC server crashed" not in str(exc) or attempt == 2:
+                raise
     recs = read_log(log)
     devices = by_type(recs, "session_start")[0]["machine"]["devices"]
     (rpc,) = [d["index"] for d in devices if d["backend"] == "RPC"]

@@ -120,13 +120,24 @@ def command(
         threads=threads,
     )
     files = _files(path, quants)
-    exe = None if offload.rpc else _fit_params_program(required=compare_llama)
+    # llama-fit-params beside ours: asked for, or on its own when it is built and the setting
+    # is the CPU's alone (the tools are built for the CPU: a device such as Vulkan0 is not in them)
+    exe = (
+        None
+        if offload.rpc or (offload.devices and not compare_llama)
+        else _fit_params_program(required=compare_llama)
+    )
     answers = []
     for quant, file in files:
         answer = fit.fit_model(file, quant, fc)
         budget = {dev: answer.memory[dev] for dev in answer.footprint if dev in answer.memory}
         if answer.setting is not None and exe is not None:
-            answer.llama_fit = fit.llama_fit_params(exe, answer, fc, budget)
+            try:
+                answer.llama_fit = fit.llama_fit_params(exe, answer, fc, budget)
+            except UserError as exc:
+                if compare_llama:
+                    raise
+                click.echo(f"instr fit: llama-fit-params not shown: {exc}", err=True)
         if answer.setting is not None and measure:
             with tempfile.TemporaryDirectory() as tmp:
                 answer.measured = fit.measure(answer, fc, budget, Path(tmp) / "measure.log")

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from llamacpp_instr.converters.analysis.follow import file_moved
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reading.decode.fields import MALFORMED
 from llamacpp_instr.converters.reading.decode.steps import step_seqs
@@ -85,7 +86,7 @@ def _tail(
         while True:
             chunk = f.readline()
             if not chunk:
-                if _moved(path, f):
+                if file_moved(path, f):
                     # rotated or reopened: the old file is read to its end (its writer finished
                     # it before moving it), on into the new one
                     f.close()
@@ -115,14 +116,3 @@ def _open(path: Path) -> IO[bytes]:
         return path.open("rb")
     except OSError as exc:
         raise UserError(f"cannot read log {path}: {exc.strerror}") from None
-
-
-def _moved(path: Path, f: IO[bytes]) -> bool:
-    """Is another file at ``path`` than the one open? (Not while nothing is there: a rotation
-    between moving the old file and creating the new one.)"""
-    try:
-        now = os.stat(path)
-    except OSError:
-        return False
-    opened = os.fstat(f.fileno())
-    return (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino)

@@ -62,7 +62,7 @@ def tail_records(
                     f.close()
                     f, pending, moved = path.open("rb"), b"", False
                     continue
-                moved = _moved(path, f)
+                moved = file_moved(path, f)
                 if not moved:
                     time.sleep(poll)
                 continue
@@ -83,7 +83,7 @@ def tail_records(
         f.close()
 
 
-def _moved(path: Path, f: Any) -> bool:
+def file_moved(path: Path, f: Any) -> bool:
     """Is another file at ``path`` than the one open (rotated, or reopened after logrotate)?"""
     try:
         now = os.stat(path)

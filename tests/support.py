@@ -516,3 +516,40 @@ def series(log: Path) -> list[Path]:
         key=lambda p: -int(p.name[len(log.name) + 1 :]),
     )
     return rotated + [log]
+
+
+# llama_get_memory_breakdown's columns (session_start.memory.buffers) and the purposes of
+# memory_alloc records each one counts
+LLAMA_PURPOSES = {
+    "weights": ("weights",),
+    "kv_cache": ("kv_cache", "recurrent"),
+    "compute": ("compute",),
+}
+
+
+def live_buffers(records: list[dict[str, Any]], until_type: str = "step_begin") -> dict[int, dict]:
+    """The buffers live when the first ``until_type`` record was written."""
+    live: dict[int, dict] = {}
+    for r in records:
+        if r["type"] == until_type:
+            break
+        if r["type"] == "memory_alloc":
+            live[r["id"]] = r
+        elif r["type"] == "memory_free":
+            live.pop(r["id"], None)
+    return live
+
+
+def assert_buffers_sum_to_breakdown(records: list[dict[str, Any]], live: dict[int, dict]) -> None:
+    """The live buffers' bytes per buffer type and purpose equal llama.cpp's own breakdown
+    (session_start.memory.buffers, from llama_get_memory_breakdown) in every row and column."""
+    breakdown = by_type(records, "session_start")[0]["memory"]["buffers"]
+    assert breakdown
+    for row in breakdown:
+        for key, purposes in LLAMA_PURPOSES.items():
+            ours = sum(
+                b["bytes"]
+                for b in live.values()
+                if b["buffer_type"] == row["buffer"] and b["purpose"] in purposes
+            )
+            assert ours == row[key], (row["buffer"], key, ours, row[key])

@@ -11,26 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import PROMPT, by_type, read_log
-
-LLAMA_PURPOSES = {
-    "weights": ("weights",),
-    "kv_cache": ("kv_cache", "recurrent"),
-    "compute": ("compute",),
-}
-
-
-def live_buffers(records: list[dict[str, Any]], until_type: str = "step_begin") -> dict[int, dict]:
-    """The buffers live when the first ``until_type`` record was written."""
-    live: dict[int, dict] = {}
-    for r in records:
-        if r["type"] == until_type:
-            break
-        if r["type"] == "memory_alloc":
-            live[r["id"]] = r
-        elif r["type"] == "memory_free":
-            live.pop(r["id"], None)
-    return live
+from support import (
+    PROMPT,
+    assert_buffers_sum_to_breakdown,
+    by_type,
+    live_buffers,
+    read_log,
+)
 
 
 def gguf_kv_bytes(model: Path, n_ctx: int) -> int:
@@ -86,12 +73,8 @@ def test_purpose_sums_equal_llamas_own_breakdown(smollm2_run: Any, smollm2_path:
     for b in live.values():
         sums[(b["buffer_type"], b["purpose"])] += b["bytes"]
     # llama_get_memory_breakdown, as session_start writes it: per buffer type
+    assert_buffers_sum_to_breakdown(records, live)
     breakdown = start["memory"]["buffers"]
-    assert breakdown
-    for row in breakdown:
-        for key, purposes in LLAMA_PURPOSES.items():
-            ours = sum(sums[(row["buffer"], p)] for p in purposes)
-            assert ours == row[key], (row["buffer"], key, ours, row[key])
     # and every buffer llama.cpp counts is one of ours (no type missing from its breakdown)
     counted = {
         row["buffer"] for row in breakdown if row["weights"] + row["kv_cache"] + row["compute"]
@@ -272,14 +255,7 @@ def test_an_iswa_model_has_two_caches_summed_as_llama_does(instr_api: Any, tmp_p
     kv = [b for b in live.values() if b["purpose"] == "kv_cache"]
     assert sorted(b["cache_kind"] for b in kv) == ["full", "swa"]
     assert len({b["cache"] for b in kv}) == 2
-    for row in records[0]["memory"]["buffers"]:
-        for key, purposes in LLAMA_PURPOSES.items():
-            ours = sum(
-                b["bytes"]
-                for b in live.values()
-                if b["buffer_type"] == row["buffer"] and b["purpose"] in purposes
-            )
-            assert ours == row[key], (row["buffer"], key)
+    assert_buffers_sum_to_breakdown(records, live)
     # every step reports both caches
     for end in by_type(records, "step_end"):
         assert sorted(c for c, _, _ in end["memory"]["kv"]) == sorted(b["cache"] for b in kv)
@@ -301,11 +277,4 @@ def test_repacked_weights_are_counted_once(
     assert rc == 0
     records = read_log(run_alone(model, tmp_path / "q4.log", "minimal", 3, 256).log_path)
     live = live_buffers(records)
-    for row in records[0]["memory"]["buffers"]:
-        for key, purposes in LLAMA_PURPOSES.items():
-            ours = sum(
-                b["bytes"]
-                for b in live.values()
-                if b["buffer_type"] == row["buffer"] and b["purpose"] in purposes
-            )
-            assert ours == row[key], (row["buffer"], key)
+    assert_buffers_sum_to_breakdown(records, live)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import by_type, read_log
+from support import assert_buffers_sum_to_breakdown, by_type, live_buffers, read_log
 from vulkan_backend import offload_run, vulkan_env
 
 pytestmark = pytest.mark.vulkan
@@ -327,28 +327,10 @@ def test_partial_offload_buffers_sum_to_llamas_breakdown_per_device(partial: Off
     own llama_get_memory_breakdown (session_start.memory); the device holds part of the weights
     and the KV cache of its layers, the CPU the rest."""
     records = partial.logs["detailed"]
-    live: dict[int, dict[str, Any]] = {}
-    for r in records:
-        if r["type"] == "step_begin":
-            break
-        if r["type"] == "memory_alloc":
-            live[r["id"]] = r
-        elif r["type"] == "memory_free":
-            live.pop(r["id"], None)
+    live = live_buffers(records)
     breakdown = by_type(records, "session_start")[0]["memory"]["buffers"]
     assert any(row["buffer"].startswith("Vulkan") for row in breakdown)
-    for row in breakdown:
-        for key, purposes in (
-            ("weights", ("weights",)),
-            ("kv_cache", ("kv_cache",)),
-            ("compute", ("compute",)),
-        ):
-            ours = sum(
-                b["bytes"]
-                for b in live.values()
-                if b["buffer_type"] == row["buffer"] and b["purpose"] in purposes
-            )
-            assert ours == row[key], (row["buffer"], key, ours, row[key])
+    assert_buffers_sum_to_breakdown(records, live)
     vk, cpu = partial.vulkan("detailed"), partial.cpu("detailed")
     on = {(b["device"], b["purpose"]) for b in live.values() if b["bytes"] > 0}
     assert {(vk, "weights"), (vk, "kv_cache"), (cpu, "weights"), (cpu, "kv_cache")} <= on

@@ -176,6 +176,20 @@ class InstrLib:
         rows = json.loads(buf.value.decode(errors="replace"))
         return rows if isinstance(rows, list) else []
 
+    def graph_reserve(self, ctx: Any, n_tokens: int, n_outputs: int) -> dict[str, Any]:
+        """The node table of the graph ``ctx`` builds for a ubatch of ``n_tokens`` tokens with
+        ``n_outputs`` outputs, its KV cache at full size, as a ``graph`` record with a device per
+        node (``devices``): built and split by llama.cpp and ggml, never computed, so a model and
+        context made with no_alloc give it."""
+        fn = self.lib.llama_instr_graph_reserve
+        n = self._check(fn(ctx, n_tokens, n_outputs, None, 0), "graph_reserve")
+        buf = ctypes.create_string_buffer(n + 1)
+        self._check(fn(ctx, n_tokens, n_outputs, buf, n + 1), "graph_reserve")
+        value = json.loads(buf.value.decode(errors="replace"))
+        if not isinstance(value, dict):
+            raise UserError("llama_instr_graph_reserve gave no graph record")
+        return value
+
     def memory_failure(self) -> dict[str, Any] | None:
         """The last backend buffer allocation that failed in this process (the fields of a
         memory_alloc_failed record), or None."""
@@ -341,6 +355,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         "llama_instr_set_memory_budget": ([c.c_char_p], c.c_int32),
         "llama_instr_memory_failure": ([c.c_char_p, c.c_size_t], c.c_int32),
         "llama_instr_memory_breakdown": ([c.c_void_p, c.c_char_p, c.c_size_t], c.c_int32),
+        "llama_instr_graph_reserve": (
+            [c.c_void_p, c.c_int32, c.c_int32, c.c_char_p, c.c_size_t],
+            c.c_int32,
+        ),
         "llama_instr_session_totals": ([c.POINTER(Totals)], c.c_int32),
         "llama_instr_last_error": ([], c.c_char_p),
         "llama_instr_set_request": ([c.c_void_p, c.c_char_p], c.c_int32),

@@ -31,7 +31,7 @@ extern "C" {
 #    define LLAMA_INSTR_NOEXCEPT
 #endif
 
-#define LLAMA_INSTR_API_VERSION 4
+#define LLAMA_INSTR_API_VERSION 5
 
 enum llama_instr_level {
     LLAMA_INSTR_LEVEL_OFF      = 0,
@@ -135,6 +135,20 @@ LLAMA_API int32_t llama_instr_memory_failure(char * buf, size_t buf_size) LLAMA_
 LLAMA_API int32_t llama_instr_memory_breakdown(struct llama_context * ctx,
                                                char *                 buf,
                                                size_t                 buf_size) LLAMA_INSTR_NOEXCEPT;
+
+// The node table of the graph `ctx` builds for a ubatch of `n_tokens` tokens with `n_outputs`
+// outputs (1 <= n_outputs <= n_tokens), its KV cache at full size (the context's n_ctx cells), as
+// ggml's scheduler splits it: a `graph` record (docs/schema.md) with graph id 0 and, per node, the
+// device it runs on ("devices"), copied into `buf` as llama_instr_session_path does. The graph is
+// built and split but never computed or allocated, so a model and context made with no_alloc (no
+// weights read) give it: what `instr predict` costs a setting by. Returns the full length,
+// ERR_INVALID_ARG (ctx NULL, or counts out of range) or ERR_INTERNAL (llama.cpp could not build
+// it).
+LLAMA_API int32_t llama_instr_graph_reserve(struct llama_context * ctx,
+                                            int32_t                n_tokens,
+                                            int32_t                n_outputs,
+                                            char *                 buf,
+                                            size_t                 buf_size) LLAMA_INSTR_NOEXCEPT;
 
 // Totals of the open (or last) session. Returns LLAMA_INSTR_OK, ERR_NO_SESSION (never a session)
 // or ERR_INVALID_ARG (NULL).

@@ -1,3 +1,4 @@
+#include "llama-instr-graph.h"
 #include "llama-instr-hooks.h"
 #include "llama-instr-memory.h"
 #include "llama-instr-model.h"
@@ -435,6 +436,31 @@ int32_t llama_instr_memory_breakdown(llama_context * ctx, char * buf, size_t buf
         return (int32_t) b.size();
     } catch (...) {
         return api_error(LLAMA_INSTR_ERR_INTERNAL, "memory_breakdown failed");
+    }
+}
+
+int32_t llama_instr_graph_reserve(llama_context * ctx,
+                                  int32_t         n_tokens,
+                                  int32_t         n_outputs,
+                                  char *          buf,
+                                  size_t          buf_size) noexcept {
+    if (!ctx || n_tokens < 1 || n_outputs < 1 || n_outputs > n_tokens) {
+        return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "ctx is NULL, or n_tokens or n_outputs out of range");
+    }
+    try {
+        const std::string g = reserved_graph_json(ctx, n_tokens, n_outputs);
+        if (g.empty()) {
+            return api_error(LLAMA_INSTR_ERR_INTERNAL, "llama.cpp could not build the graph");
+        }
+        if (g.size() > INT32_MAX) {
+            return api_error(LLAMA_INSTR_ERR_INTERNAL, "the graph table is over 2 GiB");
+        }
+        if (buf && buf_size > 0) {
+            snprintf(buf, buf_size, "%s", g.c_str());
+        }
+        return (int32_t) g.size();
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "graph_reserve failed");
     }
 }
 

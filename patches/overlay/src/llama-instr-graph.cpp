@@ -1,6 +1,8 @@
 #include "llama-instr-graph.h"
 
 #include "ggml-backend.h"
+#include "llama-context.h"
+#include "llama-memory.h"
 #include "llama-model.h"
 
 #include <algorithm>
@@ -374,6 +376,45 @@ void graph_table::write(json_out & j, const std::string & sid, int32_t ctx_id) c
     }
     j.ch(']');
     j.ch('}');
+}
+
+std::string reserved_graph_json(llama_context * ctx, int32_t n_tokens, int32_t n_outputs) {
+    // llama_graph_reserve, but split only: it would also allocate the compute buffers, and with
+    // the weights not loaded ggml's allocator would take their tensors for its own to place
+    llama_memory_context_ptr mctx;
+    if (llama_memory_t mem = ctx->get_memory()) {
+        mctx = mem->init_full();
+    }
+    ggml_cgraph * gf = ctx->graph_reserve((uint32_t) n_tokens, 1, (uint32_t) n_outputs, mctx.get(), true);
+    if (!gf) {
+        return {};
+    }
+    ggml_backend_sched_t sched = ctx->get_sched();
+
+    graph_index gi;
+    gi.build(gf, &ctx->get_model());
+    graph_table table;
+    table.capture(gi, 0, n_tokens, 0);
+
+    std::string line;
+    json_out    j{ line };
+    table.write(j, "", -1);
+    line.pop_back();  // the record's closing brace: "devices" goes inside it
+    j.key("devices");
+    j.ch('[');
+    for (int32_t i = 0; i < gi.n_nodes; i++) {
+        ggml_backend_t b = ggml_backend_sched_get_tensor_backend(sched, const_cast<ggml_tensor *>(gi.ptrs[i]));
+        j.sep();
+        if (b) {
+            j.str(ggml_backend_dev_name(ggml_backend_get_device(b)));
+        } else {
+            j.null();
+        }
+    }
+    j.ch(']');
+    j.ch('}');
+    ggml_backend_sched_reset(sched);
+    return line;
 }
 
 }  // namespace llama_instr

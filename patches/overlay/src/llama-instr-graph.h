@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+struct llama_context;
 struct llama_model;
 
 namespace llama_instr {
@@ -107,6 +108,13 @@ struct graph_table {
     // the `graph` record (one line, without the newline)
     void write(json_out & j, const std::string & sid, int32_t ctx_id) const;
 };
+
+// The node table of the graph llama.cpp builds for a ubatch of n_tokens tokens with n_outputs
+// outputs, its KV cache at full size (as llama.cpp reserves its worst case), split by ggml's
+// scheduler and never computed, so that a model loaded without its weights (no_alloc) gives it:
+// a `graph` record (graph id 0, no session) with one more field, "devices": per node, the name of
+// the ggml device the scheduler put it on. What `instr predict` costs a setting not run by.
+std::string reserved_graph_json(llama_context * ctx, int32_t n_tokens, int32_t n_outputs);
 
 // helpers shared with the value statistics and the timing
 const ggml_tensor * view_root(const ggml_tensor * t);

@@ -1,0 +1,147 @@
+"""``instr predict``: prompt and generation tokens/s for a setting not run, priced op by op from
+the ops that detailed logs measured (``llamacpp_instr.predict``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from llamacpp_instr.commands import offload_options
+
+if TYPE_CHECKING:
+    from llamacpp_instr.offload import Offload
+    from llamacpp_instr.predict import Interval, Prediction
+
+
+@click.command("predict")
+@click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="CPU threads.")
+@click.option("--ubatch", type=click.IntRange(min=1), default=None, help="Tokens per compute.")
+@click.option("--batch", type=click.IntRange(min=1), default=None, help="Tokens per llama_decode.")
+@click.option(
+    "--prompt", "n_prompt", type=click.IntRange(min=0), default=None, help="Prompt tokens."
+)
+@click.option(
+    "-n",
+    "--n-predict",
+    "n_gen",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Tokens generated after the prompt.",
+)
+@click.option(
+    "--ctx-depth",
+    "depth",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Tokens already in the KV cache before the prompt (llama-bench's -d).",
+)
+@click.option(
+    "--model",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Another GGUF of the same architecture (another quantization, say).",
+)
+@click.option(
+    "--quant",
+    default=None,
+    metavar="TYPE",
+    help="The model quantized to TYPE (quantized into the cache, as instr fit --quant does).",
+)
+@offload_options(rpc=False, split=False)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="text: tokens/s and where the time goes; json: prompt_tokens_per_s and "
+    "gen_tokens_per_s as {value, low, high}, by_device, by_op, not_covered.",
+)
+def command(
+    logs: tuple[Path, ...],
+    threads: int | None,
+    ubatch: int | None,
+    batch: int | None,
+    n_prompt: int | None,
+    n_gen: int | None,
+    depth: int | None,
+    model: Path | None,
+    quant: str | None,
+    offload: Offload,
+    fmt: str,
+) -> None:
+    """Predict prompt and generation tokens/s for a setting not run, from LOGS (detailed logs of
+    runs on this machine; several: each priced where it is closest).
+
+    The setting is the first log's, with the options given changed. Its graphs are built for real:
+    the model is loaded without its weights and llama.cpp builds (never computes) the graph of
+    every ubatch the run would compute, at the KV size it would have. Each op is priced from the
+    ops the logs measured of its kind, on its device, at its thread count: an efficiency against
+    the device's roofs and a fixed cost per op, fitted per op class. The result is a prediction,
+    with an interval from the model's spread on the logs' own steps. What no log measured (another
+    thread count, a weight type never run, several devices) is listed with the run that would
+    measure it, and that speed is not given (exit 2).
+    """
+    from llamacpp_instr import models, predict
+    from llamacpp_instr.commands.fit import _files
+    from llamacpp_instr.converters.errors import UserError
+
+    if model is not None:
+        models.check_gguf(model)
+    sessions = predict.load_logs(list(logs))
+    base = predict.default_target(sessions[0], model)
+    if quant:
+        ((_q, base_model),) = _files(base.model, (quant,))
+        base = replace(base, model=base_model)
+    changes: dict[str, Any] = {
+        "threads": threads,
+        "n_ubatch": ubatch,
+        "n_batch": batch,
+        "n_prompt": n_prompt,
+        "n_gen": n_gen,
+        "depth": depth,
+    }
+    target = replace(base, **{k: v for k, v in changes.items() if v is not None})
+    if offload.gpu_layers or offload.devices:
+        target = replace(target, offload=offload)
+    result = predict.price(target, predict.fit(sessions), sessions, [str(p) for p in logs])
+    if fmt == "json":
+        click.echo(json.dumps(result.to_json(), indent=1))
+    else:
+        click.echo(render(result))
+    if result.not_covered:
+        raise UserError(
+            f"not covered: {len(result.not_covered)} thing(s) no log measured (listed above)"
+        )
+
+
+def _rate(name: str, i: Interval | None) -> str:
+    if i is None:
+        return f"  {name:<11} not predicted (not covered)"
+    return f"  {name:<11} {i.value:9.1f} tokens/s   ({i.low:.1f} to {i.high:.1f})"
+
+
+def render(p: Prediction) -> str:
+    lines = [f"prediction for {p.target.describe()}:"]
+    lines.append(_rate("prompt", p.prompt))
+    lines.append(_rate("generation", p.gen))
+    for kind, name in (("gen", "generation"), ("prompt", "prompt")):
+        ops = p.by_op.get(kind)
+        if not ops:
+            continue
+        top = ", ".join(f"{op} {share:.0%}" for op, share in list(ops.items())[:5])
+        devs = ", ".join(f"{d} {s:.0%}" for d, s in p.by_device.get(kind, {}).items())
+        lines.append(f"  where {name} time goes: {top}; by device: {devs}")
+    lines.append(
+        f"  from {len(p.logs)} log(s) ({', '.join(Path(x).name for x in p.logs)}); "
+        f"{p.graphs} graph(s) built by llama.cpp without weights. A prediction, not a "
+        "measurement: the interval is the model's spread on the logs' own steps."
+    )
+    for line in p.not_covered:
+        lines.append(f"  not covered: {line}")
+    return "\n".join(lines)

@@ -1,0 +1,398 @@
+"""What each op cost in measured runs, fitted per op class: the prices ``instr predict`` puts on
+the nodes of a graph that has not run.
+
+An op's class is the device and thread count that ran it, the size of its ubatch (one token, a
+few, tens or hundreds: ``token_class``), its op (``MUL_MAT``, ``GLU:SWIGLU``...), the type of its first source (a matmul's
+weight type, or the KV cache's) and its role in the model (its node name without the layer:
+``Qcur``, ``ffn_up``, ``kq``). Within a class an op's time is fitted as
+
+    dur = fixed + slope * work,    work = max(bytes / bandwidth, FLOPs / compute)
+
+``work`` is the op's time at the device's roofs (``derive``'s bytes and FLOPs), the roofs being
+the best rates the logs themselves reached on that device (the 95th percentile of achieved GB/s
+over all ops, and of GFLOP/s over the matmuls of each type): a fitted efficiency against the roof,
+plus a fixed cost per op (the device's: its ops' 5th percentile of time). The slope is fitted by
+least squares over every size the class was seen at (prompts at several depths, say), and a
+class seen at one size is scaled from it. An op of a class no log has (a
+weight type never run, another thread count, another device) is not priced: it is reported, never
+guessed.
+
+Nodes that never run on their own are free: views (``noop``) and nodes a backend fused into
+another op, which the logs show as nodes of their graphs that were never timed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..reading.decode.graphs import Graph, Node
+from ..session import derive
+
+_LAYER_SUFFIX = re.compile(r"-\d+$")
+
+# percentiles of the logs' own rates taken as the roofs, and of op times as the fixed cost
+ROOF_PERCENTILE = 95
+FIXED_PERCENTILE = 5
+
+
+def role(name: str) -> str:
+    """A node's role in the model: its name without the layer (``Qcur-12`` -> ``Qcur``)."""
+    return _LAYER_SUFFIX.sub("", name)
+
+
+def src0_type(node: Node, graph: Graph) -> str:
+    """The type of a node's first source: a matmul's weight (or KV cache) type."""
+    if not node.src:
+        return node.dtype
+    s = node.src[0]
+    if "node" in s:
+        return graph.nodes[int(s["node"])].dtype
+    return str(s.get("type", node.dtype))
+
+
+@dataclass
+class GraphCosts:
+    """A graph's nodes as the cost model sees them, one entry per node."""
+
+    graph: Graph
+    roles: list[str]
+    labels: list[str]
+    types: list[str]
+    bytes: np.ndarray
+    flops: np.ndarray
+    noop: np.ndarray  # bool: a view that never runs
+
+    @classmethod
+    def of(cls, g: Graph) -> GraphCosts:
+        n = len(g.nodes)
+        b = np.zeros(n, np.float64)
+        f = np.zeros(n, np.float64)
+        noop = np.zeros(n, bool)
+        for k, node in enumerate(g.nodes):
+            noop[k] = "noop" in node.flags or 0 in node.shape
+            if not noop[k]:
+                b[k] = derive.bytes_moved(node, g)
+                f[k] = derive.flops(node, g)
+        return cls(
+            graph=g,
+            roles=[role(x.name) for x in g.nodes],
+            labels=[x.label for x in g.nodes],
+            types=[src0_type(x, g) for x in g.nodes],
+            bytes=b,
+            flops=f,
+            noop=noop,
+        )
+
+
+@dataclass(frozen=True)
+class Where:
+    """What ran an op: a device, at a thread count (the CPU's; 0 for another device)."""
+
+    device: str
+    threads: int
+
+    def __str__(self) -> str:
+        return f"{self.device} ({self.threads} threads)" if self.threads else self.device
+
+
+@dataclass
+class Fit:
+    """One class's fitted time: ``fixed + slope * work`` (ns), and the sizes it was seen at."""
+
+    fixed: float
+    slope: float
+    work_lo: float
+    work_hi: float
+    n: int
+
+    def time(self, work: np.ndarray) -> np.ndarray:
+        return self.fixed + self.slope * work
+
+
+@dataclass
+class Roofs:
+    """A device's roofs as its logs reached them: bytes/ns, and FLOPs/ns per matmul type."""
+
+    bandwidth: float
+    compute: dict[str, float]
+    compute_any: float
+    fixed: float  # the fixed cost of an op (ns)
+
+    def work(
+        self, labels: Sequence[str], types: Sequence[str], b: np.ndarray, f: np.ndarray
+    ) -> np.ndarray:
+        comp = np.array(
+            [
+                (
+                    self.compute.get(t, self.compute_any)
+                    if lab.startswith("MUL_MAT")
+                    else self.compute_any
+                )
+                for lab, t in zip(labels, types, strict=True)
+            ],
+            np.float64,
+        )
+        mem = b / self.bandwidth if self.bandwidth > 0 else np.zeros(len(b))
+        return np.maximum(mem, np.divide(f, comp, out=np.zeros(len(f)), where=comp > 0))
+
+
+ClassKey = tuple[Where, str, str, str, str]  # where, tokens, label, type, role ("" for any)
+
+
+@dataclass
+class CostModel:
+    """The fitted classes, the roofs and fixed costs per device, the roles backends fuse, and the
+    host's time per compute outside its ops."""
+
+    fits: dict[ClassKey, Fit]
+    roofs: dict[Where, Roofs]
+    fused: set[tuple[Where, str, str]]  # (where, label, role) of nodes run inside another op
+    overhead: dict[tuple[Where, str], float]  # (where, kind) -> ns per compute outside the ops
+    # per kind: each of the logs' own steps' measured time over the model's price of it (the
+    # spread), and both summed over those steps (the level)
+    self_ratios: dict[str, np.ndarray] = field(default_factory=dict)
+    self_totals: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def has(self, where: Where) -> bool:
+        return where in self.roofs
+
+    def price(
+        self, gc: GraphCosts, devices: Sequence[str], threads: int, tokens: str
+    ) -> tuple[np.ndarray, list[tuple[str, str, str, str]]]:
+        """Each node's predicted time (ns) in a ubatch of the ``tokens`` class, its device by
+        ``devices`` (the CPU where not given), and the classes no log has, as (where, op, type,
+        tokens)."""
+        n = len(gc.roles)
+        out = np.zeros(n)
+        missing: dict[tuple[str, str, str, str], None] = {}
+        for k in range(n):
+            if gc.noop[k]:
+                continue
+            dev = devices[k] if k < len(devices) and devices[k] else "CPU"
+            where = Where(dev, threads if dev == "CPU" else 0)
+            lab, typ, rol = gc.labels[k], gc.types[k], gc.roles[k]
+            if (where, lab, rol) in self.fused:
+                continue
+            fit = self.fits.get((where, tokens, lab, typ, rol)) or self.fits.get(
+                (where, tokens, lab, typ, "")
+            )
+            roofs = self.roofs.get(where)
+            if fit is None or roofs is None:
+                missing[(str(where), lab, typ, tokens)] = None
+                continue
+            w = roofs.work([lab], [typ], gc.bytes[k : k + 1], gc.flops[k : k + 1])
+            out[k] = float(fit.time(w)[0])
+        return out, list(missing)
+
+
+def _op_frame(frames: Any, where_of: Any) -> pd.DataFrame | None:
+    """The timed ops of one session with their class and size, or None without ops."""
+    ops = frames.ops
+    if ops.empty:
+        return None
+    kinds = frames.steps.set_index("step")["kind"].astype(str)
+    parts = []
+    for gid, rows in ops.groupby("graph", sort=False):
+        g = frames.graphs.get(int(gid))
+        if g is None:
+            continue
+        gc = GraphCosts.of(g)
+        idx = rows["node"].to_numpy()
+        parts.append(
+            pd.DataFrame(
+                {
+                    "graph": int(gid),
+                    "node": idx,
+                    "step": rows["step"].to_numpy(),
+                    "ubatch": rows["ubatch"].to_numpy(),
+                    "dur": rows["dur_ns"].to_numpy(np.float64),
+                    "label": np.asarray(gc.labels, object)[idx],
+                    "type0": np.asarray(gc.types, object)[idx],
+                    "role": np.asarray(gc.roles, object)[idx],
+                    "bytes": gc.bytes[idx],
+                    "flops": gc.flops[idx],
+                    "device": where_of(rows),
+                    "tokens": token_class(g.n_tokens),
+                }
+            )
+        )
+    if not parts:
+        return None
+    df = pd.concat(parts, ignore_index=True)
+    # ops of prompt and generation steps only (not a K-shift's)
+    step_kind = kinds.reindex(df["step"].to_numpy()).to_numpy()
+    return df[np.isin(step_kind, ["prompt", "gen"])]
+
+
+def _devices_of(frames: Any) -> Any:
+    """A function giving the device of each op row: the ops frame's ``device`` where the log ran
+    on several devices, else the CPU."""
+
+    def of(rows: pd.DataFrame) -> np.ndarray:
+        if "device" in rows.columns:
+            return rows["device"].astype(str).to_numpy(object)
+        return np.full(len(rows), "CPU", object)
+
+    return of
+
+
+def _fused_roles(frames: Any, threads: int) -> set[tuple[Where, str, str]]:
+    """Nodes that are not views yet never timed in any compute of their graph: run inside another
+    op (a backend's fusion), by their (where, label, role)."""
+    out: set[tuple[Where, str, str]] = set()
+    timed = frames.ops.groupby("graph")["node"].unique()
+    for gid, nodes in timed.items():
+        g = frames.graphs.get(int(gid))
+        if g is None:
+            continue
+        seen = set(int(x) for x in nodes)
+        for node in g.nodes:
+            if node.i not in seen and "noop" not in node.flags and 0 not in node.shape:
+                out.add((Where("CPU", threads), node.label, role(node.name)))
+    return out
+
+
+def _roofs(df: pd.DataFrame) -> Roofs:
+    d = df["dur"].to_numpy()
+    ok = d > 0
+    gbs = df["bytes"].to_numpy()[ok] / d[ok]
+    bw = float(np.percentile(gbs, ROOF_PERCENTILE)) if len(gbs) else 0.0
+    compute: dict[str, float] = {}
+    mm = df[df["label"].str.startswith("MUL_MAT") & (df["dur"] > 0)]
+    for t, rows in mm.groupby("type0"):
+        rate = rows["flops"].to_numpy() / rows["dur"].to_numpy()
+        compute[str(t)] = float(np.percentile(rate, ROOF_PERCENTILE))
+    any_rate = max(compute.values()) if compute else 0.0
+    fixed = float(np.percentile(d, FIXED_PERCENTILE)) if len(d) else 0.0
+    return Roofs(bandwidth=bw, compute=compute, compute_any=any_rate, fixed=fixed)
+
+
+def _fit(work: np.ndarray, dur: np.ndarray, fixed: float) -> Fit:
+    """The class's efficiency against the roof: the slope of its time over its work, through the
+    device's fixed cost per op, by least squares over its distinct sizes (each its ops' median
+    time, weighted by how many ops had it: a step slowed by another process moves it little).
+    (A free intercept per class, fitted on the two or three sizes one run gives, took tens of
+    milliseconds for a fixed cost.)"""
+    sizes = pd.DataFrame({"w": work, "d": dur}).groupby("w")["d"].agg(["median", "count"])
+    w = sizes.index.to_numpy(np.float64)
+    m = sizes["median"].to_numpy()
+    c = sizes["count"].to_numpy(np.float64)
+    n = int(c.sum())
+    a = min(fixed, float(m.min()))
+    den = float(np.sum(c * w * w))
+    slope = float(np.sum(c * w * (m - a)) / den) if den > 0 else 0.0
+    if slope <= 0:  # no work (or no time beyond the fixed cost): the class's median time
+        return Fit(fixed=float(np.average(m, weights=c)), slope=0.0, work_lo=0, work_hi=0, n=n)
+    return Fit(fixed=a, slope=slope, work_lo=float(w.min()), work_hi=float(w.max()), n=n)
+
+
+# the ubatch sizes an op class is split by (its lower bounds): one token (matrix-vector
+# products), a few, tens, hundreds; a kernel's efficiency differs between them
+TOKEN_CLASSES = (1, 2, 16, 128)
+
+
+def token_class(n_tokens: int) -> str:
+    """The size class of a ubatch of ``n_tokens`` (``1``, ``2+``, ``16+``, ``128+``)."""
+    low = max(b for b in TOKEN_CLASSES if b <= max(n_tokens, 1))
+    return "1" if low == 1 else f"{low}+"
+
+
+def threads_of(frames: Any) -> int:
+    return int((frames.info.context or {}).get("n_threads") or 0)
+
+
+def fit(sessions: Iterable[Any]) -> CostModel:
+    """The cost model of the sessions' timed ops (``SessionFrames`` with ops)."""
+    parts = []
+    fused: set[tuple[Where, str, str]] = set()
+    overhead_rows: list[tuple[Where, str, float]] = []
+    sessions = list(sessions)
+    for sf in sessions:
+        threads = threads_of(sf)
+        df = _op_frame(sf, _devices_of(sf))
+        if df is None or df.empty:
+            continue
+        df["threads"] = np.where(df["device"] == "CPU", threads, 0)
+        parts.append(df)
+        fused |= _fused_roles(sf, threads)
+        # the host's time per compute outside the ops: graph build, inputs, outputs
+        per_step = df.groupby("step").agg(op_ns=("dur", "sum"), computes=("ubatch", "nunique"))
+        steps = sf.steps.set_index("step")
+        for step, row in per_step.iterrows():
+            if step not in steps.index:
+                continue
+            s = steps.loc[step]
+            extra = (float(s["dur_ns"]) - float(row["op_ns"])) / max(int(row["computes"]), 1)
+            overhead_rows.append((Where("CPU", threads), str(s["kind"]), max(extra, 0.0)))
+    if not parts:
+        return CostModel(fits={}, roofs={}, fused=set(), overhead={})
+    obs = pd.concat(parts, ignore_index=True)
+    obs["where"] = [Where(d, int(t)) for d, t in zip(obs["device"], obs["threads"], strict=True)]
+    roofs = {w: _roofs(rows) for w, rows in obs.groupby("where", sort=False)}
+    obs["work"] = 0.0
+    for w, rows in obs.groupby("where", sort=False):
+        obs.loc[rows.index, "work"] = roofs[w].work(
+            rows["label"].tolist(),
+            rows["type0"].tolist(),
+            rows["bytes"].to_numpy(),
+            rows["flops"].to_numpy(),
+        )
+    fits: dict[ClassKey, Fit] = {}
+    # per role, and per op over all roles (for a node whose role no log has: another model)
+    for by in (
+        ["where", "tokens", "label", "type0", "role"],
+        ["where", "tokens", "label", "type0"],
+    ):
+        for keys, rows in obs.groupby(by, sort=False):
+            w = keys[0]
+            key = (*keys, "") if len(keys) == 4 else keys
+            fits[key] = _fit(rows["work"].to_numpy(), rows["dur"].to_numpy(), roofs[w].fixed)
+    over: dict[tuple[Where, str], list[float]] = defaultdict(list)
+    for w, kind, extra in overhead_rows:
+        over[(w, kind)].append(extra)
+    model = CostModel(
+        fits=fits,
+        roofs=roofs,
+        fused=fused,
+        overhead={k: float(np.median(v)) for k, v in over.items()},
+    )
+    _self_check(model, sessions)
+    return model
+
+
+def _self_check(model: CostModel, sessions: list[Any]) -> None:
+    """Per kind, each logged step's measured time against the model's price of it (its own
+    graphs, its own overhead): how far the fit strays on the data it was fitted on."""
+    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for sf in sessions:
+        threads = threads_of(sf)
+        if sf.ops.empty:
+            continue
+        priced: dict[int, float] = {}
+        computes = sf.ops[["step", "ubatch", "graph"]].drop_duplicates()
+        steps = sf.steps.set_index("step")
+        kinds = steps["kind"].astype(str)
+        pred: dict[int, float] = defaultdict(float)
+        for step, _ub, gid in computes.itertuples(index=False):
+            kind = str(kinds.get(step, ""))
+            g = sf.graphs.get(int(gid))
+            if g is None or kind not in ("prompt", "gen"):
+                continue
+            if int(gid) not in priced:
+                t, missing = model.price(GraphCosts.of(g), [], threads, token_class(g.n_tokens))
+                priced[int(gid)] = float(t.sum()) if not missing else float("nan")
+            pred[step] += priced[int(gid)] + model.overhead.get((Where("CPU", threads), kind), 0.0)
+        for step, p in pred.items():
+            if p > 0:
+                out[str(kinds[step])].append((float(steps.loc[step, "dur_ns"]), p))
+    for kind, pairs in out.items():
+        a = np.asarray(pairs)
+        model.self_ratios[kind] = a[:, 0] / a[:, 1]
+        model.self_totals[kind] = (float(a[:, 0].sum()), float(a[:, 1].sum()))

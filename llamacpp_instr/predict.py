@@ -1,0 +1,338 @@
+"""Tokens/s for a setting not run (``instr predict``), priced op by op from runs that were.
+
+The new setting's graphs are built for real: the model is loaded without its weights (``fit``'s
+``Prober``, no_alloc), a context is made at each KV size the run would reach, and llama.cpp builds
+and ggml's scheduler splits the graph of each ubatch it would compute
+(``llama_instr_graph_reserve``), never computing it. Each node is then priced by the cost model
+the logs' measured ops give (``converters.analysis.op_costs``), each ubatch's compute adds the host
+time the logs measured outside the ops, and the steps add up to tokens/s.
+
+A prediction is labelled as one. Its interval is the model's own spread: over every step of the
+logs it was fitted on, the measured time over the model's price of that step (its own graphs);
+the prediction is scaled by the logs' whole measured time over the whole price (so that the
+logged setting predicts itself) and bounded by those ratios' 10th and 90th
+percentiles, and by 5 % at least each way. Whatever the logs have no measure for (an op on a
+device or at a thread count no log ran, a weight type never run, splits across devices) is
+reported with what to run to measure it, and that speed is not given.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llamacpp_instr import bindings, devices, offload, runner
+from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
+from llamacpp_instr.converters.analysis.op_costs import (
+    CostModel,
+    GraphCosts,
+    Where,
+    fit,
+    token_class,
+)
+from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.converters.reading.decode.graphs import graph_table
+
+# llama.cpp's KV cache is read in multiples of this many cells (the pin's get_n_kv)
+KV_PAD = 256
+# the least relative half-width of an interval
+MIN_SPREAD = 0.05
+
+
+@dataclass(frozen=True)
+class Target:
+    """The setting to predict: what ``instr run`` would be given."""
+
+    model: Path
+    threads: int
+    n_prompt: int  # prompt tokens
+    n_gen: int  # generation steps (one token each)
+    depth: int  # KV cells in use before the prompt (llama-bench's -d)
+    n_batch: int
+    n_ubatch: int
+    flash_attn: bool = False
+    type_k: str = "f16"
+    type_v: str = "f16"
+    offload: offload.Offload = field(default_factory=offload.Offload)
+
+    def describe(self) -> str:
+        depth = f" at depth {self.depth}" if self.depth else ""
+        return (
+            f"{self.model.name}, {self.threads} threads, a {self.n_prompt}-token prompt "
+            f"(ubatch {self.n_ubatch}){depth}, {self.n_gen} generated"
+        )
+
+
+@dataclass
+class Interval:
+    value: float
+    low: float
+    high: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"value": self.value, "low": self.low, "high": self.high}
+
+
+@dataclass
+class Prediction:
+    target: Target
+    logs: list[str]
+    prompt: Interval | None = None
+    gen: Interval | None = None
+    # per kind ("prompt", "gen"): the predicted share of time per device and per op
+    by_device: dict[str, dict[str, float]] = field(default_factory=dict)
+    by_op: dict[str, dict[str, float]] = field(default_factory=dict)
+    graphs: int = 0  # graphs llama.cpp built for it
+    not_covered: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        t = asdict(self.target)
+        t["model"] = str(self.target.model)
+        t.pop("offload")
+        return {
+            "prediction": True,
+            "setting": t,
+            "logs": self.logs,
+            "prompt_tokens_per_s": self.prompt.to_json() if self.prompt else None,
+            "gen_tokens_per_s": self.gen.to_json() if self.gen else None,
+            "by_device": self.by_device,
+            "by_op": self.by_op,
+            "graphs_built": self.graphs,
+            "not_covered": self.not_covered,
+        }
+
+
+def load_logs(paths: list[Path]) -> list[SessionFrames]:
+    """The logs' first sessions, each with op times (a one-line UserError otherwise)."""
+    out = []
+    for p in paths:
+        sf = load_session(p)
+        if sf.ops.empty:
+            raise UserError(
+                f"{p} has no op times (recorded at {sf.info.level}): predict needs a detailed "
+                "log (instr run --level detailed)"
+            )
+        out.append(sf)
+    return out
+
+
+def default_target(sf: SessionFrames, model: Path | None) -> Target:
+    """The setting of the log ``sf`` itself, on ``model`` if given."""
+    ctx = sf.info.context or {}
+    path = model or Path(str((sf.info.metadata or {}).get("model_path") or ""))
+    if not str(path) or not path.is_file():
+        raise UserError(
+            f"the model the log ran ({path or 'not named in the log'}) is not here: give --model"
+        )
+    steps = sf.steps
+    prompt = steps[steps["kind"].astype(str) == "prompt"]
+    gen = steps[steps["kind"].astype(str) == "gen"]
+    depth = int(steps["pos0"].min()) if len(steps) and "pos0" in steps else 0
+    return Target(
+        model=path,
+        threads=int(ctx.get("n_threads") or 1),
+        n_prompt=int(prompt["n_tokens"].sum()),
+        n_gen=int(len(gen)),
+        depth=max(depth, 0),
+        n_batch=int(ctx.get("n_batch") or 512),
+        n_ubatch=int(ctx.get("n_ubatch") or ctx.get("n_batch") or 512),
+        flash_attn=bool(ctx.get("flash_attn")),
+        type_k=str(ctx.get("type_k") or "f16"),
+        type_v=str(ctx.get("type_v") or "f16"),
+    )
+
+
+def n_kv(end: int, n_ctx: int) -> int:
+    """KV cells a ubatch ending at position ``end`` reads (the pin's get_n_kv)."""
+    padded = -(-max(end, 1) // KV_PAD) * KV_PAD
+    return min(n_ctx, max(KV_PAD, padded))
+
+
+def computes(t: Target) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The (n_tokens, n_kv) of each compute the run makes: its prompt's ubatches, then one per
+    generated token."""
+    n_ctx = -(-(t.depth + t.n_prompt + t.n_gen + 1) // KV_PAD) * KV_PAD
+    prompt: list[tuple[int, int]] = []
+    pos = t.depth
+    left = t.n_prompt
+    while left > 0:
+        batch = min(left, t.n_batch)
+        left -= batch
+        while batch > 0:
+            n = min(batch, t.n_ubatch)
+            batch -= n
+            pos += n
+            prompt.append((n, n_kv(pos, n_ctx)))
+    gen = [(1, n_kv(pos + k + 1, n_ctx)) for k in range(t.n_gen)]
+    return prompt, gen
+
+
+class GraphBuilder:
+    """The target's graphs, built by llama.cpp without weights, one per (n_tokens, n_kv)."""
+
+    def __init__(self, t: Target) -> None:
+        from llama_cpp import _logger
+
+        from llamacpp_instr.fit import Prober
+
+        _logger.set_verbose(False)
+        bindings.load()
+        names = [d.name for d in devices.registry()]
+        devices.add_rpc_servers(t.offload.rpc)
+        self.prober = Prober(t.model, offload.prepare(t.offload), names)
+        self.target = t
+        self.cache: dict[tuple[int, int], tuple[GraphCosts, list[str]]] = {}
+
+    def architecture(self) -> str:
+        ll = bindings.import_llama_cpp()
+        buf = ctypes.create_string_buffer(128)
+        n = ll.llama_model_meta_val_str(self.prober.model, b"general.architecture", buf, 128)
+        return buf.value.decode(errors="replace") if n > 0 else ""
+
+    def graph(self, n_tokens: int, kv: int) -> tuple[GraphCosts, list[str]]:
+        key = (n_tokens, kv)
+        if key not in self.cache:
+            t = self.target
+            cfg = runner.RunConfig(
+                model=t.model,
+                prompt="",
+                n_ctx=kv,
+                n_batch=n_tokens,
+                n_ubatch=n_tokens,
+                threads=t.threads,
+                flash_attn=t.flash_attn,
+                type_k=t.type_k,
+                type_v=t.type_v,
+            )
+            with self.prober._context(cfg) as ctx:
+                rec = bindings.load().graph_reserve(ctx, n_tokens, 1)
+            rec.setdefault("ctx", 0)
+            g = graph_table(rec)
+            devs = [str(d) if d else "CPU" for d in rec.get("devices", [])]
+            self.cache[key] = (GraphCosts.of(g), devs)
+        return self.cache[key]
+
+    def close(self) -> None:
+        self.prober.close()
+
+
+def _advice(t: Target, where: str) -> str:
+    threads = f" --threads {t.threads}" if "threads" in where else ""
+    return f"run `instr run {t.model}{threads}` (detailed) and add its log"
+
+
+def predict(logs: list[Path], t: Target | None = None, **changes: Any) -> Prediction:
+    """Predict ``t`` (default: the first log's own setting, with ``changes``) from the logs."""
+    sessions = load_logs(logs)
+    base = t or default_target(sessions[0], changes.pop("model", None))
+    target = replace(base, **{k: v for k, v in changes.items() if v is not None})
+    model = fit(sessions)
+    return price(target, model, sessions, [str(p) for p in logs])
+
+
+def price(
+    t: Target, model: CostModel, sessions: list[SessionFrames], names: list[str]
+) -> Prediction:
+    """Price every compute of ``t`` with ``model`` (the graphs built by llama.cpp)."""
+    out = Prediction(target=t, logs=names)
+    if not any(w.threads == t.threads for w in model.roofs if w.device == "CPU"):
+        have = sorted({w.threads for w in model.roofs if w.device == "CPU"})
+        out.not_covered.append(
+            f"the CPU at {t.threads} threads: the logs ran {', '.join(map(str, have))}; "
+            f"run `instr run {t.model} --threads {t.threads}` (detailed) and add its log"
+        )
+        return out
+    builder = GraphBuilder(t)
+    try:
+        arch = builder.architecture()
+        for sf in sessions:
+            logged = str((sf.info.model or {}).get("architecture") or "")
+            if arch and logged and logged != arch:
+                raise UserError(
+                    f"{t.model.name} is a {arch} model, the logs ran a {logged} one: their ops "
+                    "cannot price it"
+                )
+        prompt, gen = computes(t)
+        missing: dict[str, None] = {}
+        for kind, plan, tokens in (("prompt", prompt, t.n_prompt), ("gen", gen, t.n_gen)):
+            if not plan:
+                continue
+            total = 0.0
+            dev_ns: dict[str, float] = defaultdict(float)
+            op_ns: dict[str, float] = defaultdict(float)
+            counts: dict[tuple[int, int], int] = defaultdict(int)
+            for key in plan:
+                counts[key] += 1
+            ok = True
+            for (n_tok, kv), count in counts.items():
+                gc, devs = builder.graph(n_tok, kv)
+                cost, miss = model.price(gc, devs, t.threads, token_class(n_tok))
+                if len(set(devs)) > 1:
+                    miss.append(("several devices", "the splits and copies between them", "", kind))
+                for m in miss:
+                    missing[_missing_line(m, t)] = None
+                    ok = False
+                over = model.overhead.get((Where("CPU", t.threads), kind), 0.0)
+                total += count * (float(cost.sum()) + over)
+                for k, c in enumerate(cost):
+                    if c:
+                        dev_ns[devs[k] if k < len(devs) else "CPU"] += count * c
+                        op_ns[gc.labels[k]] += count * c
+            out.graphs = len(builder.cache)
+            if not ok or total <= 0:
+                continue
+            interval = _interval(
+                tokens, total, model.self_ratios.get(kind), model.self_totals.get(kind)
+            )
+            if kind == "prompt":
+                out.prompt = interval
+            else:
+                out.gen = interval
+            s_dev = sum(dev_ns.values()) or 1.0
+            s_op = sum(op_ns.values()) or 1.0
+            out.by_device[kind] = {d: v / s_dev for d, v in sorted(dev_ns.items())}
+            out.by_op[kind] = {o: v / s_op for o, v in sorted(op_ns.items(), key=lambda kv: -kv[1])}
+        out.not_covered = list(missing)
+    finally:
+        builder.close()
+    return out
+
+
+def _missing_line(m: tuple[str, str, str, str], t: Target) -> str:
+    where, op, typ, tokens = m
+    steps = f"ubatches of {tokens} token(s)"
+    if where == "several devices":
+        return f"{where}: {op} (not yet predicted); predict a one-device setting"
+    of = f" of {typ}" if typ else ""
+    return f"{op}{of} in {steps} on {where}: no log has it; {_advice(t, where)}"
+
+
+def _interval(
+    tokens: int, ns: float, ratios: np.ndarray | None, totals: tuple[float, float] | None
+) -> Interval:
+    """Tokens/s for ``tokens`` in ``ns`` as priced, scaled by the logs' own measured time over
+    the model's price of it, and bounded by the spread of that ratio step by step (module
+    docstring)."""
+    if ratios is None or not len(ratios) or not totals or totals[1] <= 0:
+        ratios, totals = np.array([1.0]), (1.0, 1.0)
+    med = totals[0] / totals[1]
+    lo = min(float(np.percentile(ratios, 10)), med * (1 - MIN_SPREAD))
+    hi = max(float(np.percentile(ratios, 90)), med * (1 + MIN_SPREAD))
+    per_s = 1e9 * tokens
+    return Interval(value=per_s / (ns * med), low=per_s / (ns * hi), high=per_s / (ns * lo))
+
+
+def measured(sf: SessionFrames) -> dict[str, float | None]:
+    """A log's own prompt and generation tokens/s (tokens over llama_decode time, per kind): what
+    a prediction of its setting is checked against."""
+    out: dict[str, float | None] = {}
+    for kind in ("prompt", "gen"):
+        s = sf.steps[sf.steps["kind"].astype(str) == kind]
+        dur = float(s["dur_ns"].sum())
+        out[kind] = float(s["n_tokens"].sum()) * 1e9 / dur if dur > 0 else None
+    return out

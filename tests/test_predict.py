@@ -1,0 +1,198 @@
+"""instr predict's mechanics on tiny models (issue 36): the graphs it builds without weights are
+the graphs a run computes, its plan of computes is the run's, a log predicts its own setting, and
+what no log measured is refused with what to run. Its accuracy on settings not run is measured in
+bench/predict.py (leave one out), never asserted here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import RunLog, make_run
+
+
+def instr(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llamacpp_instr.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ),
+    )
+
+
+@pytest.fixture(scope="module")
+def ubatch_run(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path_factory: pytest.TempPathFactory
+) -> RunLog:
+    """A tiny run whose prompt is split into ubatches of 4 tokens."""
+    out = tmp_path_factory.mktemp("predict") / "ubatch.log"
+    return RunLog(
+        make_run(
+            tiny_llama_f32,
+            out,
+            "detailed",
+            prompt="one two three four five six seven eight nine ten eleven",
+            n_predict=5,
+            n_batch=6,
+            n_ubatch=4,
+        )
+    )
+
+
+def _node_view(n: Any) -> tuple[Any, ...]:
+    """What a node is, leaving out the layer (a run's comes from the graph callback) and the
+    size of the whole KV cache, which the views of it and a node writing into it name (the
+    reserved graph's cache holds n_kv cells, the run's n_ctx; the cells read and written are the
+    same). Every node that runs is compared whole."""
+
+    def src(s: dict[str, Any]) -> tuple[Any, ...]:
+        if "node" in s:
+            return ("node", s["node"])
+        whole = s["kind"] == "kv_cache"
+        return (s["name"], s["kind"], s["type"], None if whole else tuple(s["shape"]))
+
+    whole = "kv_write" in n["flags"] or "noop" in n["flags"]
+    shape = None if whole else (tuple(n["shape"]), n["bytes"])
+    return (n["name"], n["op"], n["sub"], shape, n["dtype"], tuple(src(s) for s in n["src"]))
+
+
+def test_reserved_graphs_are_the_graphs_the_run_computed(
+    tiny_detailed: RunLog, instr_api: Any
+) -> None:
+    """llama_instr_graph_reserve, on the model loaded without weights, builds node for node the
+    graph the run computed for the same ubatch and KV size (its graph records)."""
+    from llamacpp_instr import predict
+
+    sf = predict.load_session(tiny_detailed.path)
+    target = predict.default_target(sf, None)
+    run_graphs = tiny_detailed.of("graph")
+    assert {g["n_tokens"] for g in run_graphs} >= {1}  # a generation graph, and a prompt's
+    assert any(g["n_tokens"] > 1 for g in run_graphs)
+    builder = predict.GraphBuilder(target)
+    try:
+        for g in run_graphs:
+            # a short run reads the KV cache's first 256 cells (the pin pads n_kv to 256)
+            gc, devices = builder.graph(g["n_tokens"], 256)
+            built = [_node_view(n) for n in _raw_nodes(gc)]
+            ran = [_node_view(n) for n in g["nodes"]]
+            assert len(ran) > 10
+            assert built == ran
+            assert set(devices) == {"CPU"}
+    finally:
+        builder.close()
+
+
+def _raw_nodes(gc: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": n.name,
+            "op": n.op,
+            "sub": n.sub,
+            "shape": n.shape,
+            "dtype": n.dtype,
+            "bytes": n.bytes,
+            "src": n.src,
+            "flags": n.flags,
+        }
+        for n in gc.graph.nodes
+    ]
+
+
+def test_the_plan_of_computes_is_the_runs(ubatch_run: RunLog) -> None:
+    """The ubatches predict expects (prompt split by --batch, then --ubatch; one per generated
+    token) are the computes the run recorded, in order."""
+    from llamacpp_instr import predict
+
+    sf = predict.load_session(ubatch_run.path)
+    target = predict.default_target(sf, None)
+    assert target.n_ubatch == 4 and target.n_batch == 6
+    prompt, gen = predict.computes(target)
+    recorded = [c["n_tokens"] for c in ubatch_run.of("compute")]
+    assert len(prompt) >= 3  # the prompt took several ubatches
+    assert [n for n, _ in prompt] + [n for n, _ in gen] == recorded
+    assert {kv for _, kv in prompt + gen} == {256}
+
+
+def test_n_kv_follows_the_pins_padding() -> None:
+    from llamacpp_instr.predict import n_kv
+
+    assert n_kv(1, 4096) == 256
+    assert n_kv(256, 4096) == 256
+    assert n_kv(257, 4096) == 512
+    assert n_kv(5000, 4096) == 4096
+
+
+def test_a_log_predicts_its_own_setting(tiny_detailed: RunLog) -> None:
+    """Priced with the model fitted on it, the logged setting comes back within 5 % of what the
+    log measured (tokens over llama_decode time, per kind); the JSON says it is a prediction."""
+    from llamacpp_instr import predict
+
+    r = instr("predict", str(tiny_detailed.path), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    measured = predict.measured(predict.load_session(tiny_detailed.path))
+    assert doc["prediction"] is True
+    for key, kind in (("prompt_tokens_per_s", "prompt"), ("gen_tokens_per_s", "gen")):
+        iv = doc[key]
+        assert measured[kind]
+        assert abs(iv["value"] - measured[kind]) / measured[kind] < 0.05, (kind, iv, measured)
+        assert iv["low"] < iv["value"] < iv["high"]
+    assert doc["by_device"]["gen"] == {"CPU": pytest.approx(1.0)}
+    assert doc["not_covered"] == []
+
+
+def test_a_deeper_context_is_slower_to_generate(tiny_detailed: RunLog) -> None:
+    """At 2,000 tokens of KV the graphs read 8x the cache (2,048 cells against 256): the
+    prediction builds them and prices them slower, for the prompt and for generation."""
+    r0 = instr("predict", str(tiny_detailed.path), "--format", "json")
+    r1 = instr("predict", str(tiny_detailed.path), "--ctx-depth", "2000", "--format", "json")
+    assert r0.returncode == 0 and r1.returncode == 0, r1.stderr
+    d0, d1 = json.loads(r0.stdout), json.loads(r1.stdout)
+    for key in ("prompt_tokens_per_s", "gen_tokens_per_s"):
+        assert d1[key]["value"] < d0[key]["value"]
+
+
+def test_another_thread_count_is_not_covered(tiny_detailed: RunLog) -> None:
+    r = instr("predict", str(tiny_detailed.path), "--threads", "1")
+    assert r.returncode == 2
+    assert "1 threads" in r.stdout and "--threads 1" in r.stdout
+    assert "not predicted" in r.stdout
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0
+
+
+def test_a_weight_type_never_run_is_not_covered(tiny_detailed: RunLog, tiny_llama_q8: Path) -> None:
+    """The log ran f32 weights: a Q8_0 model's matmuls have no measure, and say so."""
+    r = instr("predict", str(tiny_detailed.path), "--model", str(tiny_llama_q8), "--format", "json")
+    assert r.returncode == 2
+    doc = json.loads(r.stdout)
+    assert doc["gen_tokens_per_s"] is None
+    assert any("MUL_MAT of q8_0" in line for line in doc["not_covered"]), doc["not_covered"]
+
+
+def test_bad_input_is_one_line(
+    instr_api: Any,
+    tiny_detailed: RunLog,
+    tiny_llama_f32: Path,
+    tiny_second_arch: Path,
+    tmp_path: Path,
+) -> None:
+    minimal = make_run(tiny_llama_f32, tmp_path / "minimal.log", "minimal", n_predict=2).log_path
+    cases = [
+        ([str(minimal)], "no op times"),
+        ([str(tiny_detailed.path), "--model", str(tiny_second_arch)], "model, the logs ran"),
+        ([str(tiny_detailed.path), "--device", "Nope0", "-ngl", "1"], "Nope0"),
+        ([str(tmp_path / "missing.log")], "missing.log"),
+    ]
+    for args, words in cases:
+        r = instr("predict", *args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert words in r.stderr, (args, r.stderr)
+        assert "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr

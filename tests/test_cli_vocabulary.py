@@ -57,10 +57,10 @@ def test_each_option_name_means_one_thing() -> None:
         }
         assert len(kinds) == 1, (opt, kinds)
     assert {c for c, _ in seen["--ctx"]} == {"run", "serve", "fit"}  # the context size only
-    # where a model's layers run: every command that loads a model (fit loads it without its
-    # weights); peaks and doctor load none (peaks measures --device's devices; doctor lists the
-    # devices, --rpc's too)
-    loads_a_model = {"run", "serve", "quant-eval", "quant-sweep", "fit"}
+    # where a model's layers run: every command that loads a model (fit and predict load it
+    # without its weights); peaks and doctor load none (peaks measures --device's devices; doctor
+    # lists the devices, --rpc's too)
+    loads_a_model = {"run", "serve", "quant-eval", "quant-sweep", "fit", "predict"}
     assert seen["-ngl"] == seen["--gpu-layers"]
     assert {c for c, _ in seen["--gpu-layers"]} == loads_a_model
     assert {c for c, _ in seen["--tensor-split"]} == loads_a_model

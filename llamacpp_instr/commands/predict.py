@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from llamacpp_instr.commands import offload_options
+from llamacpp_instr.commands import offload_options, threads_option
 
 if TYPE_CHECKING:
     from llamacpp_instr.offload import Offload
@@ -19,16 +19,19 @@ if TYPE_CHECKING:
 
 @click.command("predict")
 @click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="CPU threads.")
-@click.option("--ubatch", type=click.IntRange(min=1), default=None, help="Tokens per compute.")
-@click.option("--batch", type=click.IntRange(min=1), default=None, help="Tokens per llama_decode.")
+@threads_option
 @click.option(
-    "--prompt", "n_prompt", type=click.IntRange(min=0), default=None, help="Prompt tokens."
+    "--batch", "n_batch", type=click.IntRange(min=1), default=None, help="Tokens per llama_decode."
+)
+@click.option(
+    "--ubatch", "n_ubatch", type=click.IntRange(min=1), default=None, help="Tokens per compute."
+)
+@click.option(
+    "--prompt-tokens", "n_prompt", type=click.IntRange(min=0), default=None, help="Prompt tokens."
 )
 @click.option(
     "-n",
     "--n-predict",
-    "n_gen",
     type=click.IntRange(min=0),
     default=None,
     help="Tokens generated after the prompt.",
@@ -48,11 +51,13 @@ if TYPE_CHECKING:
 )
 @click.option(
     "--quant",
-    default=None,
+    "quants",
     metavar="TYPE",
-    help="The model quantized to TYPE (quantized into the cache, as instr fit --quant does).",
+    multiple=True,
+    help="Predict the model quantized to TYPE (repeatable: one prediction each; quantized into "
+    "the cache, as instr fit --quant does).",
 )
-@offload_options(rpc=False, split=False)
+@offload_options()
 @click.option(
     "--format",
     "fmt",
@@ -60,18 +65,19 @@ if TYPE_CHECKING:
     default="text",
     show_default=True,
     help="text: tokens/s and where the time goes; json: prompt_tokens_per_s and "
-    "gen_tokens_per_s as {value, low, high}, by_device, by_op, not_covered.",
+    "gen_tokens_per_s as {value, low, high}, by_device, by_op, not_covered (a list of such "
+    "objects for several --quant).",
 )
 def command(
     logs: tuple[Path, ...],
     threads: int | None,
-    ubatch: int | None,
-    batch: int | None,
+    n_batch: int | None,
+    n_ubatch: int | None,
     n_prompt: int | None,
-    n_gen: int | None,
+    n_predict: int | None,
     depth: int | None,
     model: Path | None,
-    quant: str | None,
+    quants: tuple[str, ...],
     offload: Offload,
     fmt: str,
 ) -> None:
@@ -95,29 +101,32 @@ def command(
         models.check_gguf(model)
     sessions = predict.load_logs(list(logs))
     base = predict.default_target(sessions[0], model)
-    if quant:
-        ((_q, base_model),) = _files(base.model, (quant,))
-        base = replace(base, model=base_model)
     changes: dict[str, Any] = {
         "threads": threads,
-        "n_ubatch": ubatch,
-        "n_batch": batch,
+        "n_ubatch": n_ubatch,
+        "n_batch": n_batch,
         "n_prompt": n_prompt,
-        "n_gen": n_gen,
+        "n_gen": n_predict,
         "depth": depth,
     }
-    target = replace(base, **{k: v for k, v in changes.items() if v is not None})
-    if offload.gpu_layers or offload.devices:
-        target = replace(target, offload=offload)
-    result = predict.price(target, predict.fit(sessions), sessions, [str(p) for p in logs])
+    base = replace(base, **{k: v for k, v in changes.items() if v is not None})
+    if offload.gpu_layers or offload.devices or offload.rpc:
+        base = replace(base, offload=offload)
+    files = _files(base.model, quants) if quants else [("", base.model)]
+    cost_model = predict.fit(sessions)
+    names = [str(p) for p in logs]
+    results = [
+        predict.price(replace(base, model=file), cost_model, sessions, names) for _q, file in files
+    ]
     if fmt == "json":
-        click.echo(json.dumps(result.to_json(), indent=1))
+        docs = [r.to_json() for r in results]
+        # one object for one setting; a list, one per --quant, for several
+        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=1))
     else:
-        click.echo(render(result))
-    if result.not_covered:
-        raise UserError(
-            f"not covered: {len(result.not_covered)} thing(s) no log measured (listed above)"
-        )
+        click.echo("\n".join(render(r) for r in results))
+    n_missing = sum(len(r.not_covered) for r in results)
+    if n_missing:
+        raise UserError(f"not covered: {n_missing} thing(s) no log measured (listed above)")
 
 
 def _rate(name: str, i: Interval | None) -> str:

@@ -85,6 +85,25 @@ def run_cell(cell: Cell, model: Path, gen: int, out: Path) -> None:
     runner.run(cfg)
 
 
+def _times(log: Path) -> tuple[float, float]:
+    from llamacpp_instr.predict import load_session
+
+    steps = load_session(log).steps
+    kind = steps["kind"].astype(str)
+    return (
+        float(steps.loc[kind == "prompt", "dur_ns"].sum()),
+        float(steps.loc[kind == "gen", "dur_ns"].sum()),
+    )
+
+
+def slowness(log: Path, attempts: list[Path]) -> float:
+    """A run's prompt and generation times, each over the fastest attempt's: the run kept is the
+    one least slowed in both."""
+    times = [_times(a) for a in attempts]
+    mine = _times(log)
+    return sum(m / max(min(t[i] for t in times), 1.0) for i, m in enumerate(mine))
+
+
 def pct(pred: float | None, meas: float | None) -> float | None:
     if pred is None or not meas:
         return None
@@ -125,16 +144,13 @@ def main() -> None:
         if not log.exists():
             # the fastest of --reps runs: on 2 cores another process's burst slows a step of
             # ggml's spinning threads tens of times, which is not the setting's speed
-            best = None
+            attempts = []
             for rep in range(args.reps):
                 print(f"running {cell.name} ({rep + 1}/{args.reps}) ...", file=sys.stderr)
                 attempt = log.with_suffix(f".{rep}.log")
                 run_cell(cell, files[cell.quant], args.gen, attempt)
-                total = float(predict.load_session(attempt).steps["dur_ns"].sum())
-                if best is None or total < best[0]:
-                    best = (total, attempt)
-            assert best is not None
-            best[1].rename(log)
+                attempts.append(attempt)
+            min(attempts, key=lambda a: slowness(a, attempts)).rename(log)
         logs[cell] = log
     run_s = time.monotonic() - t0
     sessions = {c: predict.load_session(p) for c, p in logs.items()}

@@ -9,8 +9,8 @@ time the logs measured outside the ops, and the steps add up to tokens/s.
 
 A prediction is labelled as one. Its interval is the model's own spread: over every step of the
 logs it was fitted on, the measured time over the model's price of that step (its own graphs);
-the prediction is scaled by the logs' whole measured time over the whole price (so that the
-logged setting predicts itself) and bounded by those ratios' 10th and 90th
+the prediction is scaled by each log's whole measured time over its whole price, the median over
+the logs (so that one log predicts itself), and bounded by the ratios' 10th and 90th
 percentiles, and by 5 % at least each way. Whatever the logs have no measure for (an op on a
 device or at a thread count no log ran, a weight type never run, splits across devices) is
 reported with what to run to measure it, and that speed is not given.
@@ -33,7 +33,6 @@ from llamacpp_instr.converters.analysis.op_costs import (
     GraphCosts,
     Where,
     fit,
-    token_class,
 )
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reading.decode.graphs import graph_table
@@ -271,7 +270,7 @@ def price(
             ok = True
             for (n_tok, kv), count in counts.items():
                 gc, devs = builder.graph(n_tok, kv)
-                cost, miss = model.price(gc, devs, t.threads, token_class(n_tok))
+                cost, miss = model.price(gc, devs, t.threads)
                 if len(set(devs)) > 1:
                     miss.append(("several devices", "the splits and copies between them", "", kind))
                 for m in miss:
@@ -287,7 +286,7 @@ def price(
             if not ok or total <= 0:
                 continue
             interval = _interval(
-                tokens, total, model.self_ratios.get(kind), model.self_totals.get(kind)
+                tokens, total, model.self_ratios.get(kind), model.self_level.get(kind)
             )
             if kind == "prompt":
                 out.prompt = interval
@@ -312,15 +311,13 @@ def _missing_line(m: tuple[str, str, str, str], t: Target) -> str:
     return f"{op}{of} in {steps} on {where}: no log has it; {_advice(t, where)}"
 
 
-def _interval(
-    tokens: int, ns: float, ratios: np.ndarray | None, totals: tuple[float, float] | None
-) -> Interval:
+def _interval(tokens: int, ns: float, ratios: np.ndarray | None, level: float | None) -> Interval:
     """Tokens/s for ``tokens`` in ``ns`` as priced, scaled by the logs' own measured time over
-    the model's price of it, and bounded by the spread of that ratio step by step (module
-    docstring)."""
-    if ratios is None or not len(ratios) or not totals or totals[1] <= 0:
-        ratios, totals = np.array([1.0]), (1.0, 1.0)
-    med = totals[0] / totals[1]
+    the model's price of it (``CostModel.self_level``), and bounded by the spread of that ratio
+    step by step (module docstring)."""
+    if ratios is None or not len(ratios) or not level or level <= 0:
+        ratios, level = np.array([1.0]), 1.0
+    med = level
     lo = min(float(np.percentile(ratios, 10)), med * (1 - MIN_SPREAD))
     hi = max(float(np.percentile(ratios, 90)), med * (1 + MIN_SPREAD))
     per_s = 1e9 * tokens

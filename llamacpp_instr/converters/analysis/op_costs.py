@@ -1,8 +1,8 @@
 """What each op cost in measured runs, fitted per op class: the prices ``instr predict`` puts on
 the nodes of a graph that has not run.
 
-An op's class is the device and thread count that ran it, the size of its ubatch (one token, a
-few, tens or hundreds: ``token_class``), its op (``MUL_MAT``, ``GLU:SWIGLU``...), the type of its first source (a matmul's
+An op's class is the device and thread count that ran it, the rows it works on (one, a few, tens
+or hundreds: ``token_class`` of ``rows``: a matmul's output rows, else the ubatch's tokens), its op (``MUL_MAT``, ``GLU:SWIGLU``...), the type of its first source (a matmul's
 weight type, or the KV cache's) and its role in the model (its node name without the layer:
 ``Qcur``, ``ffn_up``, ``kq``). Within a class an op's time is fitted as
 
@@ -13,7 +13,8 @@ the best rates the logs themselves reached on that device (the 95th percentile o
 over all ops, and of GFLOP/s over the matmuls of each type): a fitted efficiency against the roof,
 plus a fixed cost per op (the device's: its ops' 5th percentile of time). The slope is fitted by
 least squares over every size the class was seen at (prompts at several depths, say), and a
-class seen at one size is scaled from it. An op of a class no log has (a
+class seen at one size is scaled from it. A class no log has at this row count is priced from the
+nearest row count that has it (a prompt of 127 tokens prices one of 512). An op of a class no log has (a
 weight type never run, another thread count, another device) is not priced: it is reported, never
 guessed.
 
@@ -48,13 +49,23 @@ def role(name: str) -> str:
 
 
 def src0_type(node: Node, graph: Graph) -> str:
-    """The type of a node's first source: a matmul's weight (or KV cache) type."""
+    """The type of a node's first source: a matmul's weight type, or ``kv f16`` where it reads
+    the KV cache (an attention matmul: another kernel than a weight's of the same type)."""
     if not node.src:
         return node.dtype
     s = node.src[0]
-    if "node" in s:
-        return graph.nodes[int(s["node"])].dtype
-    return str(s.get("type", node.dtype))
+    t = graph.nodes[int(s["node"])].dtype if "node" in s else str(s.get("type", node.dtype))
+    return f"kv {t}" if "kv_read" in node.flags else t
+
+
+def rows(node: Node, graph: Graph) -> int:
+    """The rows a node works on: a matmul's are its output's second dimension (the tokens, or
+    one for the output projection of the last token only); any other op's, the ubatch's tokens."""
+    if node.op.startswith("MUL_MAT") and len(node.shape) >= 2:
+        return int(node.shape[1])
+    if node.op.startswith("MUL_MAT"):
+        return 1
+    return graph.n_tokens
 
 
 @dataclass
@@ -68,6 +79,7 @@ class GraphCosts:
     bytes: np.ndarray
     flops: np.ndarray
     noop: np.ndarray  # bool: a view that never runs
+    tokens: list[str]  # each node's size class (``token_class`` of its rows)
 
     @classmethod
     def of(cls, g: Graph) -> GraphCosts:
@@ -88,6 +100,7 @@ class GraphCosts:
             bytes=b,
             flops=f,
             noop=noop,
+            tokens=[token_class(rows(x, g)) for x in g.nodes],
         )
 
 
@@ -131,7 +144,7 @@ class Roofs:
         comp = np.array(
             [
                 (
-                    self.compute.get(t, self.compute_any)
+                    self.compute.get(t.removeprefix("kv "), self.compute_any)
                     if lab.startswith("MUL_MAT")
                     else self.compute_any
                 )
@@ -156,19 +169,19 @@ class CostModel:
     fused: set[tuple[Where, str, str]]  # (where, label, role) of nodes run inside another op
     overhead: dict[tuple[Where, str], float]  # (where, kind) -> ns per compute outside the ops
     # per kind: each of the logs' own steps' measured time over the model's price of it (the
-    # spread), and both summed over those steps (the level)
+    # spread), and the level: per log, its steps' measured time over their price summed, and
+    # the median of that over the logs (one log slowed by another process moves it little)
     self_ratios: dict[str, np.ndarray] = field(default_factory=dict)
-    self_totals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    self_level: dict[str, float] = field(default_factory=dict)
 
     def has(self, where: Where) -> bool:
         return where in self.roofs
 
     def price(
-        self, gc: GraphCosts, devices: Sequence[str], threads: int, tokens: str
+        self, gc: GraphCosts, devices: Sequence[str], threads: int
     ) -> tuple[np.ndarray, list[tuple[str, str, str, str]]]:
-        """Each node's predicted time (ns) in a ubatch of the ``tokens`` class, its device by
-        ``devices`` (the CPU where not given), and the classes no log has, as (where, op, type,
-        tokens)."""
+        """Each node's predicted time (ns), its device by ``devices`` (the CPU where not given),
+        and the classes no log has, as (where, op, type, size class)."""
         n = len(gc.roles)
         out = np.zeros(n)
         missing: dict[tuple[str, str, str, str], None] = {}
@@ -180,16 +193,28 @@ class CostModel:
             lab, typ, rol = gc.labels[k], gc.types[k], gc.roles[k]
             if (where, lab, rol) in self.fused:
                 continue
-            fit = self.fits.get((where, tokens, lab, typ, rol)) or self.fits.get(
-                (where, tokens, lab, typ, "")
-            )
+            fit = self.lookup(where, gc.tokens[k], lab, typ, rol)
             roofs = self.roofs.get(where)
             if fit is None or roofs is None:
-                missing[(str(where), lab, typ, tokens)] = None
+                missing[(str(where), lab, typ, gc.tokens[k])] = None
                 continue
             w = roofs.work([lab], [typ], gc.bytes[k : k + 1], gc.flops[k : k + 1])
             out[k] = float(fit.time(w)[0])
         return out, list(missing)
+
+    def lookup(self, where: Where, tokens: str, label: str, typ: str, role_: str) -> Fit | None:
+        """The closest fitted class: this role at this row count, then at the nearest one that
+        has it (a prompt of 127 tokens prices one of 512); then any role of the op the same
+        way."""
+        order = sorted(
+            TOKEN_NAMES, key=lambda t: abs(TOKEN_NAMES.index(t) - TOKEN_NAMES.index(tokens))
+        )
+        for r in (role_, ""):
+            for t in order:
+                found = self.fits.get((where, t, label, typ, r))
+                if found is not None:
+                    return found
+        return None
 
 
 def _op_frame(frames: Any, where_of: Any) -> pd.DataFrame | None:
@@ -219,7 +244,7 @@ def _op_frame(frames: Any, where_of: Any) -> pd.DataFrame | None:
                     "bytes": gc.bytes[idx],
                     "flops": gc.flops[idx],
                     "device": where_of(rows),
-                    "tokens": token_class(g.n_tokens),
+                    "tokens": np.asarray(gc.tokens, object)[idx],
                 }
             )
         )
@@ -266,6 +291,8 @@ def _roofs(df: pd.DataFrame) -> Roofs:
     bw = float(np.percentile(gbs, ROOF_PERCENTILE)) if len(gbs) else 0.0
     compute: dict[str, float] = {}
     mm = df[df["label"].str.startswith("MUL_MAT") & (df["dur"] > 0)]
+    # (an attention matmul's roof is its cache type's: "kv f16" against f16)
+    mm = mm.assign(type0=mm["type0"].str.removeprefix("kv "))
     for t, rows in mm.groupby("type0"):
         rate = rows["flops"].to_numpy() / rows["dur"].to_numpy()
         compute[str(t)] = float(np.percentile(rate, ROOF_PERCENTILE))
@@ -298,9 +325,12 @@ def _fit(work: np.ndarray, dur: np.ndarray, fixed: float) -> Fit:
 TOKEN_CLASSES = (1, 2, 16, 128)
 
 
-def token_class(n_tokens: int) -> str:
-    """The size class of a ubatch of ``n_tokens`` (``1``, ``2+``, ``16+``, ``128+``)."""
-    low = max(b for b in TOKEN_CLASSES if b <= max(n_tokens, 1))
+TOKEN_NAMES = ["1"] + [f"{b}+" for b in TOKEN_CLASSES[1:]]
+
+
+def token_class(n_rows: int) -> str:
+    """The size class of an op on ``n_rows`` rows (``1``, ``2+``, ``16+``, ``128+``)."""
+    low = max(b for b in TOKEN_CLASSES if b <= max(n_rows, 1))
     return "1" if low == 1 else f"{low}+"
 
 
@@ -371,6 +401,7 @@ def _self_check(model: CostModel, sessions: list[Any]) -> None:
     """Per kind, each logged step's measured time against the model's price of it (its own
     graphs, its own overhead): how far the fit strays on the data it was fitted on."""
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    levels: dict[str, list[float]] = defaultdict(list)
     for sf in sessions:
         threads = threads_of(sf)
         if sf.ops.empty:
@@ -386,13 +417,18 @@ def _self_check(model: CostModel, sessions: list[Any]) -> None:
             if g is None or kind not in ("prompt", "gen"):
                 continue
             if int(gid) not in priced:
-                t, missing = model.price(GraphCosts.of(g), [], threads, token_class(g.n_tokens))
+                t, missing = model.price(GraphCosts.of(g), [], threads)
                 priced[int(gid)] = float(t.sum()) if not missing else float("nan")
             pred[step] += priced[int(gid)] + model.overhead.get((Where("CPU", threads), kind), 0.0)
+        mine: dict[str, list[tuple[float, float]]] = defaultdict(list)
         for step, p in pred.items():
             if p > 0:
-                out[str(kinds[step])].append((float(steps.loc[step, "dur_ns"]), p))
+                mine[str(kinds[step])].append((float(steps.loc[step, "dur_ns"]), p))
+        for kind, pairs in mine.items():
+            out[kind] += pairs
+            a = np.asarray(pairs)
+            levels[kind].append(float(a[:, 0].sum() / a[:, 1].sum()))
     for kind, pairs in out.items():
         a = np.asarray(pairs)
         model.self_ratios[kind] = a[:, 0] / a[:, 1]
-        model.self_totals[kind] = (float(a[:, 0].sum()), float(a[:, 1].sum()))
+        model.self_level[kind] = float(np.median(levels[kind]))

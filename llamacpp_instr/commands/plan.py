@@ -1,0 +1,140 @@
+"""``instr plan``: the settings of a model that fit the memory given, ranked by predicted speed
+(``llamacpp_instr.plan``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from llamacpp_instr.commands import offload_options
+
+if TYPE_CHECKING:
+    from llamacpp_instr.offload import Offload
+    from llamacpp_instr.plan import Candidate
+
+
+@click.command("plan")
+@click.argument("model", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("logs", nargs=-1, type=click.Path(path_type=Path))
+@click.option(
+    "--memory",
+    "memory_specs",
+    metavar="DEVICE=SIZE",
+    multiple=True,
+    help="What a device may hold, e.g. CPU=2G or Vulkan0=6G (K, M, G: powers of 1024; "
+    "repeatable). Default: each device's free memory as ggml reports it (a memory budget, "
+    "LLAMA_INSTR_MEMORY_BUDGET, lowers it).",
+)
+@click.option(
+    "--ctx",
+    "n_ctx",
+    type=click.IntRange(min=1),
+    default=4096,
+    show_default=True,
+    help="The context every setting must hold, in tokens.",
+)
+@click.option(
+    "--quant",
+    "quants",
+    metavar="TYPE",
+    multiple=True,
+    help="Consider the model quantized to TYPE too (repeatable; quantized into the cache, as "
+    "instr fit --quant does). Default: the file's own.",
+)
+@offload_options()
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="text: a ranked table; json: one object per setting.",
+)
+def command(
+    model: Path,
+    logs: tuple[Path, ...],
+    memory_specs: tuple[str, ...],
+    n_ctx: int,
+    quants: tuple[str, ...],
+    offload: Offload,
+    fmt: str,
+) -> None:
+    """Rank the settings of MODEL.gguf that fit the memory, by speed predicted from LOGS.
+
+    Candidates: each --quant, each thread count the LOGS ran, their ubatch and 512, an f16 KV
+    cache and a q8_0 one with flash attention, and (with a GPU) no layers or all offloaded. Each is
+    checked against the memory at --ctx with llama.cpp's own projection (as instr fit does), and
+    priced from the logs' measured ops (as instr predict does): tokens/s for the first log's
+    prompt and generation lengths, with intervals. The Pareto front of memory, generation and
+    prompt speed is marked, and each setting comes with the instr run command that runs it. A
+    setting no log covers stays in the list, unranked, with what to run.
+    """
+    from llamacpp_instr import bindings, devices, fit, models, plan, predict
+    from llamacpp_instr.commands.fit import _files
+    from llamacpp_instr.converters.errors import UserError
+
+    models.check_gguf(model)
+    if not logs:
+        raise UserError("give at least one detailed log of a run of this model to rank by speed")
+    bindings.load()
+    devices.add_rpc_servers(offload.rpc)
+    memory = fit.parse_memory(memory_specs)
+    limits = {**fit.device_memory(), **memory}
+    sessions = predict.load_logs(list(logs))
+    base = predict.default_target(sessions[0], model)
+    files = _files(model, quants)
+    gpu = bool(offload.gpu_layers) or bool(offload.devices) or bool(offload.rpc)
+    cands = plan.candidates(files, sessions, n_ctx, gpu)
+    plan.measure_memory(cands, limits, offload)
+    plan.price(cands, predict.fit(sessions), sessions, base, [str(p) for p in logs])
+    plan.mark_front(cands)
+    ranked = plan.rank(cands)
+    if fmt == "json":
+        click.echo(json.dumps([c.to_json() for c in ranked], indent=1))
+        return
+    click.echo(render(ranked, limits, n_ctx, base))
+
+
+def _mib(n: float) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def _rate(v: float | None, c: Candidate, kind: str) -> str:
+    p = c.prediction
+    iv = (p.gen if kind == "gen" else p.prompt) if p else None
+    if v is None or iv is None:
+        return "-"
+    return f"{v:.1f} ({iv.low:.0f}-{iv.high:.0f})"
+
+
+def render(ranked: list[Candidate], limits: dict[str, int], n_ctx: int, base: object) -> str:
+    fits = [c for c in ranked if c.fits]
+    mem = ", ".join(f"{d} {_mib(n)}" for d, n in limits.items())
+    lines = [
+        f"settings holding {n_ctx} tokens of context in {mem}: {len(fits)} of {len(ranked)} fit; "
+        "speeds are predictions (tokens/s, interval) for the first log's prompt and generation, "
+        "* = on the Pareto front of memory and speed",
+        "",
+        f"{'#':>3} {'':1} {'quant':<8} {'thr':>3} {'ubatch':>6} {'kv':<12} {'ngl':>4} "
+        f"{'memory':>11} {'gen tok/s':>18} {'prompt tok/s':>18}  command",
+    ]
+    for i, c in enumerate(fits, 1):
+        kv = c.type_k + (" fa" if c.flash_attn else "")
+        lines.append(
+            f"{i:>3} {'*' if c.front else '':1} {c.quant:<8} {c.threads:>3} {c.n_ubatch:>6} "
+            f"{kv:<12} {c.n_gpu_layers:>4} {_mib(c.bytes):>11} {_rate(c.gen, c, 'gen'):>18} "
+            f"{_rate(c.prompt, c, 'prompt'):>18}  {' '.join(c.run_args())}"
+        )
+    missing = {line for c in fits if c.prediction for line in c.prediction.not_covered}
+    for line in sorted(missing):
+        lines.append(f"  not covered: {line}")
+    over = [c for c in ranked if not c.fits]
+    if over:
+        lines.append(
+            f"  {len(over)} setting(s) do not fit (overflowing "
+            f"{', '.join(sorted({d for c in over for d in c.overflow}))})"
+        )
+    return "\n".join(lines)

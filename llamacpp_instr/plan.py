@@ -1,0 +1,225 @@
+"""Which setting to run (``instr plan``): every candidate setting of a model that fits the memory
+given, ranked by predicted speed, with the Pareto front of memory and speed marked.
+
+The candidates are the product of the quantizations asked for, the thread counts the logs ran
+(another would not be covered), the ubatch sizes (the logs' and 512), the KV cache types ``fit``
+tries (f16; q8_0 with flash attention) and, where a GPU exists, no layers or all of them on it.
+Each is checked against the memory with ``fit``'s projection (llama.cpp's own, of the model loaded
+without weights: ``fit.Prober``) at the context asked for, and priced by ``predict`` from the
+logs' measured ops. A setting that fits but is not covered (flash attention never logged, say)
+stays in the list, unranked, with what to run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+from llamacpp_instr import devices, fit, offload, predict
+from llamacpp_instr.converters.analysis.frames import SessionFrames
+from llamacpp_instr.converters.analysis.op_costs import CostModel
+
+
+@dataclass
+class Candidate:
+    """One setting, what it takes and how fast it is predicted to run."""
+
+    quant: str
+    model: Path
+    threads: int
+    n_ubatch: int
+    type_k: str
+    type_v: str
+    flash_attn: bool
+    n_gpu_layers: int
+    n_ctx: int
+    footprint: fit.Footprint = field(default_factory=dict)
+    overflow: list[str] = field(default_factory=list)
+    prediction: predict.Prediction | None = None
+    front: bool = False  # on the Pareto front of memory, generation and prompt speed
+
+    @property
+    def fits(self) -> bool:
+        return not self.overflow
+
+    @property
+    def bytes(self) -> int:
+        return sum(fit.totals(self.footprint).values())
+
+    @property
+    def gen(self) -> float | None:
+        p = self.prediction
+        return p.gen.value if p and p.gen and not p.not_covered else None
+
+    @property
+    def prompt(self) -> float | None:
+        p = self.prediction
+        return p.prompt.value if p and p.prompt and not p.not_covered else None
+
+    def run_args(self) -> list[str]:
+        """``instr run`` for this setting."""
+        args = ["instr", "run", str(self.model), "-t", str(self.threads), "--ctx", str(self.n_ctx)]
+        args += ["--ubatch", str(self.n_ubatch)]
+        if self.n_gpu_layers:
+            args += ["-ngl", str(self.n_gpu_layers)]
+        if self.type_k != "f16" or self.type_v != "f16":
+            args += ["-ctk", self.type_k, "-ctv", self.type_v]
+        if self.flash_attn:
+            args.append("--flash-attn")
+        return args
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.prediction
+        return {
+            "quant": self.quant,
+            "model": str(self.model),
+            "threads": self.threads,
+            "n_ubatch": self.n_ubatch,
+            "type_k": self.type_k,
+            "type_v": self.type_v,
+            "flash_attn": self.flash_attn,
+            "n_gpu_layers": self.n_gpu_layers,
+            "n_ctx": self.n_ctx,
+            "fits": self.fits,
+            "overflow": self.overflow,
+            "bytes": self.bytes,
+            "footprint": self.footprint,
+            "gen_tokens_per_s": p.gen.to_json() if p and p.gen else None,
+            "prompt_tokens_per_s": p.prompt.to_json() if p and p.prompt else None,
+            "not_covered": p.not_covered if p else [],
+            "pareto_front": self.front,
+            "command": " ".join(self.run_args()),
+        }
+
+
+def candidates(
+    files: list[tuple[str, Path]],
+    sessions: list[SessionFrames],
+    n_ctx: int,
+    gpu: bool,
+    n_layer_max: int = 10**6,
+) -> list[Candidate]:
+    """The settings to try (module docstring)."""
+    threads = sorted({int((s.info.context or {}).get("n_threads") or 1) for s in sessions})
+    ubatches = sorted(
+        {int((s.info.context or {}).get("n_ubatch") or 512) for s in sessions} | {512}
+    )
+    layers = [0, n_layer_max] if gpu else [0]
+    out = []
+    for (quant, path), t, ub, kv, ngl in product(files, threads, ubatches, fit.FIT_KV, layers):
+        out.append(
+            Candidate(
+                quant=quant,
+                model=path,
+                threads=t,
+                n_ubatch=min(ub, n_ctx),
+                type_k=kv[0],
+                type_v=kv[1],
+                flash_attn=kv[2],
+                n_gpu_layers=ngl,
+                n_ctx=n_ctx,
+            )
+        )
+    return out
+
+
+def measure_memory(cands: list[Candidate], limits: dict[str, int], base: offload.Offload) -> None:
+    """Each candidate's footprint (``fit``'s projection plus the output buffer) and the devices it
+    overflows."""
+    from dataclasses import replace
+
+    from llamacpp_instr import runner
+
+    names = [d.name for d in devices.registry()]
+    probers: dict[tuple[Path, int], fit.Prober] = {}
+    try:
+        for c in cands:
+            key = (c.model, c.n_gpu_layers)
+            if key not in probers:
+                o = (
+                    replace(base, gpu_layers=c.n_gpu_layers)
+                    if c.n_gpu_layers
+                    else offload.Offload()
+                )
+                probers[key] = fit.Prober(c.model, offload.prepare(o), names)
+            cfg = runner.RunConfig(
+                model=c.model,
+                prompt="",
+                n_ctx=c.n_ctx,
+                n_batch=max(512, c.n_ubatch),
+                n_ubatch=c.n_ubatch,
+                threads=c.threads,
+                flash_attn=c.flash_attn,
+                type_k=c.type_k,
+                type_v=c.type_v,
+            )
+            pr = probers[key]
+            c.footprint = fit.merge(pr.footprint(cfg), pr.unlisted(cfg))
+            c.overflow = fit.overflows(c.footprint, limits)
+    finally:
+        for p in probers.values():
+            p.close()
+
+
+def price(
+    cands: list[Candidate],
+    model: CostModel,
+    sessions: list[SessionFrames],
+    base: predict.Target,
+    logs: list[str],
+) -> None:
+    """Each fitting candidate's predicted speed (``predict.price``)."""
+    from dataclasses import replace
+
+    for c in cands:
+        if not c.fits:
+            continue
+        t = replace(
+            base,
+            model=c.model,
+            threads=c.threads,
+            n_ubatch=c.n_ubatch,
+            n_batch=max(base.n_batch, c.n_ubatch),
+            flash_attn=c.flash_attn,
+            type_k=c.type_k,
+            type_v=c.type_v,
+        )
+        c.prediction = predict.price(t, model, sessions, logs)
+
+
+def mark_front(cands: list[Candidate]) -> None:
+    """The Pareto front of the fitting, covered candidates: none other takes no more memory and
+    runs generation and prompt no slower, and is better in one of them."""
+    ranked = [c for c in cands if c.fits and c.gen is not None and c.prompt is not None]
+
+    def better_or_equal(a: Candidate, b: Candidate) -> bool:
+        return (
+            a.bytes <= b.bytes
+            and (a.gen or 0) >= (b.gen or 0)
+            and (a.prompt or 0) >= (b.prompt or 0)
+        )
+
+    for c in ranked:
+        c.front = not any(
+            o is not c
+            and better_or_equal(o, c)
+            and (
+                o.bytes < c.bytes
+                or (o.gen or 0) > (c.gen or 0)
+                or (o.prompt or 0) > (c.prompt or 0)
+            )
+            for o in ranked
+        )
+
+
+def rank(cands: list[Candidate]) -> list[Candidate]:
+    """Fitting and covered first, fastest generation first (then prompt); then fitting but not
+    covered; then what does not fit."""
+
+    def key(c: Candidate) -> tuple[int, float, float]:
+        group = 0 if c.fits and c.gen is not None else 1 if c.fits else 2
+        return (group, -(c.gen or 0.0), -(c.prompt or 0.0))
+
+    return sorted(cands, key=key)

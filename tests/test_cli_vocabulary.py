@@ -56,11 +56,12 @@ def test_each_option_name_means_one_thing() -> None:
             (repr(p.type), p.default, p.help) for c, p in seen[opt] if (c, opt) != ("fit", "--ctx")
         }
         assert len(kinds) == 1, (opt, kinds)
-    assert {c for c, _ in seen["--ctx"]} == {"run", "serve", "fit"}  # the context size only
-    # where a model's layers run: every command that loads a model (fit and predict load it
-    # without its weights); peaks and doctor load none (peaks measures --device's devices; doctor
+    # the context size only (plan's: the one every setting it ranks must hold)
+    assert {c for c, _ in seen["--ctx"]} == {"run", "serve", "fit", "plan"}
+    # where a model's layers run: every command that loads a model (fit, predict and plan load
+    # it without its weights); peaks and doctor load none (peaks measures --device's devices; doctor
     # lists the devices, --rpc's too)
-    loads_a_model = {"run", "serve", "quant-eval", "quant-sweep", "fit", "predict"}
+    loads_a_model = {"run", "serve", "quant-eval", "quant-sweep", "fit", "predict", "plan"}
     assert seen["-ngl"] == seen["--gpu-layers"]
     assert {c for c, _ in seen["--gpu-layers"]} == loads_a_model
     assert {c for c, _ in seen["--tensor-split"]} == loads_a_model

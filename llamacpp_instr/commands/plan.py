@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands import offload_options
+from llamacpp_instr.commands import ctx_option, offload_options
 
 if TYPE_CHECKING:
     from llamacpp_instr.offload import Offload
@@ -28,14 +28,7 @@ if TYPE_CHECKING:
     "repeatable). Default: each device's free memory as ggml reports it (a memory budget, "
     "LLAMA_INSTR_MEMORY_BUDGET, lowers it).",
 )
-@click.option(
-    "--ctx",
-    "n_ctx",
-    type=click.IntRange(min=1),
-    default=4096,
-    show_default=True,
-    help="The context every setting must hold, in tokens.",
-)
+@ctx_option
 @click.option(
     "--quant",
     "quants",
@@ -66,7 +59,7 @@ def command(
 
     Candidates: each --quant, each thread count the LOGS ran, their ubatch and 512, an f16 KV
     cache and a q8_0 one with flash attention, and (with a GPU) no layers or all offloaded. Each is
-    checked against the memory at --ctx with llama.cpp's own projection (as instr fit does), and
+    checked against the memory at --ctx (the context every setting must hold) with llama.cpp's own projection (as instr fit does), and
     priced from the logs' measured ops (as instr predict does): tokens/s for the first log's
     prompt and generation lengths, with intervals. The Pareto front of memory, generation and
     prompt speed is marked, and each setting comes with the instr run command that runs it. A
@@ -75,6 +68,7 @@ def command(
     from llamacpp_instr import bindings, devices, fit, models, plan, predict
     from llamacpp_instr.commands.fit import _files
     from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.memory import OutOfMemory
 
     models.check_gguf(model)
     if not logs:
@@ -94,8 +88,12 @@ def command(
     ranked = plan.rank(cands)
     if fmt == "json":
         click.echo(json.dumps([c.to_json() for c in ranked], indent=1))
-        return
-    click.echo(render(ranked, limits, n_ctx, base))
+    else:
+        click.echo(render(ranked, limits, n_ctx, base))
+    if not any(c.fits for c in ranked):
+        # as instr fit: a setting that does not fit exits 3 (bad input is 2)
+        over = sorted({d for c in ranked for d in c.overflow})
+        raise OutOfMemory(f"nothing fits: every setting overflows {', '.join(over)}")
 
 
 def _mib(n: float) -> str:
@@ -128,9 +126,17 @@ def render(ranked: list[Candidate], limits: dict[str, int], n_ctx: int, base: ob
             f"{kv:<12} {c.n_gpu_layers:>4} {_mib(c.bytes):>11} {_rate(c.gen, c, 'gen'):>18} "
             f"{_rate(c.prompt, c, 'prompt'):>18}  {' '.join(c.run_args())}"
         )
-    missing = {line for c in fits if c.prediction for line in c.prediction.not_covered}
-    for line in sorted(missing):
-        lines.append(f"  not covered: {line}")
+    # what no log measured, once each (without the run to make, which names each setting's
+    # model: the command above is that run)
+    missing = {
+        line.split("; ")[0] for c in fits if c.prediction for line in c.prediction.not_covered
+    }
+    if missing:
+        lines.append(
+            "  not covered (unranked: run such a setting's command above at --level detailed "
+            "and add its log):"
+        )
+        lines += [f"    {line}" for line in sorted(missing)]
     over = [c for c in ranked if not c.fits]
     if over:
         lines.append(

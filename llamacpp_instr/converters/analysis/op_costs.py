@@ -53,7 +53,8 @@ def src0_type(node: Node, graph: Graph) -> str:
     the KV cache (an attention matmul: another kernel than a weight's of the same type)."""
     if not node.src:
         return node.dtype
-    s = node.src[0]
+    # flash attention's first source is the query: the cache it reads is its second
+    s = node.src[1] if node.op == "FLASH_ATTN_EXT" and len(node.src) > 1 else node.src[0]
     t = graph.nodes[int(s["node"])].dtype if "node" in s else str(s.get("type", node.dtype))
     return f"kv {t}" if "kv_read" in node.flags else t
 

@@ -1,0 +1,97 @@
+"""instr plan on a tiny model (issue 36): the settings that fit a memory limit, ranked by
+predicted speed, with the Pareto front marked and a command that runs each. Checked against the
+memory itself (the first setting runs under a budget of that memory) and against the ranking's
+own definition, computed here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from support import RunLog
+
+MIB = 1 << 20
+
+
+def instr(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llamacpp_instr.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _plan(model: Path, log: Path, *args: str) -> list[dict[str, Any]]:
+    r = instr("plan", str(model), str(log), "--ctx", "512", "--format", "json", *args)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert isinstance(out, list) and out
+    return out
+
+
+def test_ranked_by_predicted_speed_with_the_front(
+    tiny_detailed: RunLog, tiny_llama_f32: Path
+) -> None:
+    plans = _plan(tiny_llama_f32, tiny_detailed.path)
+    covered = [p for p in plans if p["fits"] and p["gen_tokens_per_s"] and not p["not_covered"]]
+    assert covered, plans
+    # covered settings first, by predicted generation speed
+    gens = [p["gen_tokens_per_s"]["value"] for p in covered]
+    assert gens == sorted(gens, reverse=True)
+    assert plans[: len(covered)] == covered
+
+    # the front: none of it is dominated by another covered setting, and every setting off it is
+    def dominates(a: dict[str, Any], b: dict[str, Any]) -> bool:
+        ka = (-a["bytes"], a["gen_tokens_per_s"]["value"], a["prompt_tokens_per_s"]["value"])
+        kb = (-b["bytes"], b["gen_tokens_per_s"]["value"], b["prompt_tokens_per_s"]["value"])
+        return all(x >= y for x, y in zip(ka, kb, strict=True)) and ka != kb
+
+    for p in covered:
+        dominated = any(dominates(o, p) for o in covered if o is not p)
+        assert p["pareto_front"] == (not dominated), p
+    # the log ran an f16 cache without flash attention: the q8_0 + flash attention settings are
+    # listed as not covered, never priced
+    fa = [p for p in plans if p["flash_attn"]]
+    assert fa and all(p["not_covered"] and p["gen_tokens_per_s"] is None for p in fa if p["fits"])
+
+
+def test_what_fits_runs_under_that_memory(
+    tiny_detailed: RunLog, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """With a limit between the settings' footprints, the ones over it are marked as not fitting,
+    and the first setting's own command runs under a memory budget of the limit."""
+    plans = _plan(tiny_llama_f32, tiny_detailed.path)
+    sizes = sorted({p["bytes"] for p in plans})
+    assert len(sizes) >= 2  # ubatch sizes and cache types take different memory
+    limit = (sizes[0] + sizes[-1]) // 2
+    limited = _plan(tiny_llama_f32, tiny_detailed.path, "--memory", f"CPU={limit}")
+    for p in limited:
+        assert p["fits"] == (p["bytes"] <= limit), p
+    assert not limited[-1]["fits"]
+    first = limited[0]
+    assert first["fits"]
+    cmd = first["command"].split()
+    assert cmd[:3] == ["instr", "run", str(tiny_llama_f32)]
+    log = tmp_path / "first.log"
+    r = instr(*cmd[1:], "-n", "4", "-p", "hello", "-o", str(log), "--memory-budget", f"CPU={limit}")
+    assert r.returncode == 0, r.stderr
+    assert log.stat().st_size > 0
+
+
+def test_nothing_fits_exits_3(tiny_detailed: RunLog, tiny_llama_f32: Path) -> None:
+    r = instr("plan", str(tiny_llama_f32), str(tiny_detailed.path), "--memory", "CPU=1M")
+    assert r.returncode == 3, r.stderr
+    assert "nothing fits" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_without_a_log_is_one_line(tiny_llama_f32: Path) -> None:
+    r = instr("plan", str(tiny_llama_f32))
+    assert r.returncode == 2
+    assert "detailed log" in r.stderr and len(r.stderr.strip().splitlines()) == 1

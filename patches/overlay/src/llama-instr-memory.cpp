@@ -624,17 +624,17 @@ void write_step_memory(json_out & j, const llama_context * ctx) {
     j.raw("]}");
 }
 
-std::string memory_breakdown_json(const llama_context * ctx) {
-    std::string out;
-    json_out    j{ out };
-    j.ch('[');
+breakdown_totals write_memory_breakdown(json_out & j, const llama_context * ctx, bool with_device) {
+    breakdown_totals t;
     for (const auto & [buft, d] : llama_get_memory_breakdown(ctx)) {
         j.sep();
         j.ch('{');
-        j.key("buffer_type");
+        j.key(with_device ? "buffer_type" : "buffer");
         j.str(ggml_backend_buft_name(buft));
-        j.key("device");
-        j.i64(buft_device(buft));
+        if (with_device) {
+            j.key("device");
+            j.i64(buft_device(buft));
+        }
         j.key("weights");
         j.i64((int64_t) d.model);
         j.key("kv_cache");
@@ -642,7 +642,18 @@ std::string memory_breakdown_json(const llama_context * ctx) {
         j.key("compute");
         j.i64((int64_t) d.compute);
         j.ch('}');
+        t.weights += (int64_t) d.model;
+        t.kv_cache += (int64_t) d.context;
+        t.compute += (int64_t) d.compute;
     }
+    return t;
+}
+
+std::string memory_breakdown_json(const llama_context * ctx) {
+    std::string out;
+    json_out    j{ out };
+    j.ch('[');
+    write_memory_breakdown(j, ctx, true);
     j.ch(']');
     return out;
 }

@@ -30,6 +30,19 @@ void memory_snapshot_lines(const std::string & sid, std::vector<std::string> & o
 // as ggml reports it (the budget applied; null for an RPC device, whose query is a round trip).
 void write_step_memory(json_out & j, const llama_context * ctx);
 
+// What llama_get_memory_breakdown(ctx) says, summed over its buffer types.
+struct breakdown_totals {
+    int64_t weights  = 0;
+    int64_t kv_cache = 0;
+    int64_t compute  = 0;
+};
+
+// llama_get_memory_breakdown(ctx) as JSON rows (inside the caller's brackets), one per buffer
+// type with its weights, kv_cache and compute bytes, named under "buffer" (session_start's
+// memory.buffers) or, with_device, under "buffer_type" beside the "device" whose memory it is
+// (llama_instr_memory_breakdown). Returns the totals.
+breakdown_totals write_memory_breakdown(json_out & j, const llama_context * ctx, bool with_device);
+
 // llama_get_memory_breakdown(ctx) as a JSON array (llama_instr_memory_breakdown).
 std::string memory_breakdown_json(const llama_context * ctx);
 

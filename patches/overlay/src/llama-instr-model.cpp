@@ -4,6 +4,7 @@
 #include "llama-context.h"
 #include "llama-ext.h"
 #include "llama-instr-graph.h"
+#include "llama-instr-memory.h"
 #include "llama-instr-rpc.h"
 #include "llama-kv-cache-iswa.h"
 #include "llama-kv-cache.h"
@@ -143,39 +144,23 @@ void write_model_info(json_out & j, llama_context * ctx) {
     }
     j.ch(']');
 
+    // the totals follow the rows they sum in the record, as they always have: the rows are
+    // written first, then moved behind them
     j.key("memory");
+    std::string            rows;
+    json_out               r{ rows };
+    const breakdown_totals t = write_memory_breakdown(r, ctx, false);
     j.ch('{');
-    {
-        size_t     w = 0, kv = 0, comp = 0;
-        const auto mb = llama_get_memory_breakdown(ctx);
-        for (const auto & [buft, d] : mb) {
-            w += d.model;
-            kv += d.context;
-            comp += d.compute;
-        }
-        j.key("weights");
-        j.i64((int64_t) w);
-        j.key("kv_cache");
-        j.i64((int64_t) kv);
-        j.key("compute");
-        j.i64((int64_t) comp);
-        j.key("buffers");
-        j.ch('[');
-        for (const auto & [buft, d] : mb) {
-            j.sep();
-            j.ch('{');
-            j.key("buffer");
-            j.str(ggml_backend_buft_name(buft));
-            j.key("weights");
-            j.i64((int64_t) d.model);
-            j.key("kv_cache");
-            j.i64((int64_t) d.context);
-            j.key("compute");
-            j.i64((int64_t) d.compute);
-            j.ch('}');
-        }
-        j.ch(']');
-    }
+    j.key("weights");
+    j.i64(t.weights);
+    j.key("kv_cache");
+    j.i64(t.kv_cache);
+    j.key("compute");
+    j.i64(t.compute);
+    j.key("buffers");
+    j.ch('[');
+    j.raw(rows);
+    j.ch(']');
     j.ch('}');
 }
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from llamacpp_instr.converters.analysis.op_costs import (
     fit,
 )
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.converters.reading.decode.graphs import graph_table
+from llamacpp_instr.converters.reading.decode.graphs import Graph, graph_table
 
 # llama.cpp's KV cache is read in multiples of this many cells (the pin's get_n_kv)
 KV_PAD = 256
@@ -183,8 +184,10 @@ class GraphBuilder:
         bindings.load()
         names = [d.name for d in devices.registry()]
         devices.add_rpc_servers(t.offload.rpc)
-        self.prober = Prober(t.model, offload.prepare(t.offload), names)
+        placement = offload.prepare(t.offload)
+        self.prober = Prober(t.model, placement, names)
         self.target = t
+        self.gpus = [d for d in placement.devices if d != "CPU"]
         self.cache: dict[tuple[int, int], tuple[GraphCosts, list[str]]] = {}
 
     def architecture(self) -> str:
@@ -215,6 +218,21 @@ class GraphBuilder:
             devs = [str(d) if d else "CPU" for d in rec.get("devices", [])]
             self.cache[key] = (GraphCosts.of(g), devs)
         return self.cache[key]
+
+    def weight_device(self, name: str) -> str:
+        """The device a weight is held on: llama.cpp offloads the last -ngl layers (blk.N), and
+        the output layer once -ngl exceeds the layer count; the rest stays on the CPU."""
+        ngl = self.target.offload.gpu_layers
+        n = 10**6 if ngl == "all" else int(ngl or 0)
+        if not self.gpus or n <= 0:
+            return "CPU"
+        n_layer = self.prober.n_layer
+        if name.startswith("blk."):
+            layer = int(name.split(".")[1])
+            on_gpu = layer >= n_layer - n
+        else:
+            on_gpu = name.startswith("output") and n > n_layer
+        return self.gpus[0] if on_gpu else "CPU"
 
     def close(self) -> None:
         self.prober.close()
@@ -271,17 +289,23 @@ def price(
             for (n_tok, kv), count in counts.items():
                 gc, devs = builder.graph(n_tok, kv)
                 cost, miss = model.price(gc, devs, t.threads)
-                if len(set(devs)) > 1:
-                    miss.append(("several devices", "the splits and copies between them", "", kind))
                 for m in miss:
                     missing[_missing_line(m, t)] = None
                     ok = False
+                extra: dict[str, float] = {}
+                if len({d for d, noop in zip(devs, gc.noop, strict=False) if not noop}) > 1:
+                    extra, lost = across_devices(gc, devs, model, kind, builder.weight_device)
+                    for line in lost:
+                        missing[line] = None
+                        ok = False
                 over = model.overhead.get((Where("CPU", t.threads), kind), 0.0)
-                total += count * (float(cost.sum()) + over)
+                total += count * (float(cost.sum()) + sum(extra.values()) + over)
                 for k, c in enumerate(cost):
                     if c:
                         dev_ns[devs[k] if k < len(devs) else "CPU"] += count * c
                         op_ns[gc.labels[k]] += count * c
+                for d, v in extra.items():
+                    dev_ns[d] += count * v
             out.graphs = len(builder.cache)
             if not ok or total <= 0:
                 continue
@@ -302,11 +326,74 @@ def price(
     return out
 
 
+def _root(g: Graph, j: int) -> int:
+    """The node a view's data is: through views and reshapes (``noop`` nodes) to the node that
+    computed it, or -1 where it is a leaf (a weight, an input, the KV cache)."""
+    seen = 0
+    while "noop" in g.nodes[j].flags and seen < len(g.nodes):
+        src = g.nodes[j].src[0] if g.nodes[j].src else {}
+        if "node" not in src:
+            return -1
+        j = int(src["node"])
+        seen += 1
+    return j
+
+
+def across_devices(
+    gc: GraphCosts,
+    devs: list[str],
+    model: CostModel,
+    kind: str,
+    weight_device: Callable[[str], str],
+) -> tuple[dict[str, float], list[str]]:
+    """A graph split across devices: the time of its splits beyond their ops, per device, and of
+    the copies ggml's scheduler makes into each split (under ``copies``), as the logs measured
+    them (``split_costs``); and what no log has. Splits are the runs of nodes on one device, in
+    order; a split's copies, each tensor it reads once that another device made: a node's
+    output, an input (on the CPU), or a weight held elsewhere (``weight_device``)."""
+    g = gc.graph
+    extra: dict[str, float] = defaultdict(float)
+    lost: list[str] = []
+    run: list[int] = [k for k in range(len(g.nodes)) if not gc.noop[k]]
+    k0 = 0
+    while k0 < len(run):
+        dev = devs[run[k0]]
+        k1 = k0
+        while k1 < len(run) and devs[run[k1]] == dev:
+            k1 += 1
+        split_extra = model.splits.extra.get((dev, kind))
+        if split_extra is None:
+            lost.append(f"a split on {dev} in {kind} steps: no log ran one")
+        else:
+            extra[dev] += split_extra
+        copied: dict[str, tuple[str, int]] = {}
+        for k in run[k0:k1]:
+            for s in g.nodes[k].src:
+                if "node" in s:
+                    j = _root(g, int(s["node"]))
+                    if j >= 0 and devs[j] != dev:
+                        copied[g.nodes[j].name] = (devs[j], g.nodes[j].bytes)
+                    continue
+                home = (
+                    weight_device(str(s.get("name")))
+                    if s.get("kind") == "weight"
+                    else "CPU" if s.get("kind") == "input" else dev
+                )
+                if home != dev:
+                    copied[str(s.get("name"))] = (home, int(s.get("bytes", 0)))
+        for src_dev, n_bytes in copied.values():
+            link = model.splits.links.get((src_dev, dev))
+            if link is None:
+                lost.append(f"copies from {src_dev} to {dev}: no log made one")
+            else:
+                extra["copies"] += link.time(n_bytes)
+        k0 = k1
+    return dict(extra), sorted(set(lost))
+
+
 def _missing_line(m: tuple[str, str, str, str], t: Target) -> str:
     where, op, typ, tokens = m
     steps = f"ubatches of {tokens} token(s)"
-    if where == "several devices":
-        return f"{where}: {op} (not yet predicted); predict a one-device setting"
     of = f" of {typ}" if typ else ""
     return f"{op}{of} in {steps} on {where}: no log has it; {_advice(t, where)}"
 

@@ -35,6 +35,7 @@ import pandas as pd
 
 from ..reading.decode.graphs import Graph, Node
 from ..session import derive
+from . import split_costs
 
 _LAYER_SUFFIX = re.compile(r"-\d+$")
 
@@ -169,6 +170,8 @@ class CostModel:
     roofs: dict[Where, Roofs]
     fused: set[tuple[Where, str, str]]  # (where, label, role) of nodes run inside another op
     overhead: dict[tuple[Where, str], float]  # (where, kind) -> ns per compute outside the ops
+    # on several devices: a split's time beyond its ops, and the copies between devices
+    splits: split_costs.SplitCosts = field(default_factory=split_costs.SplitCosts)
     # per kind: each of the logs' own steps' measured time over the model's price of it (the
     # spread), and the level: per log, its steps' measured time over their price summed, and
     # the median of that over the logs (one log slowed by another process moves it little)
@@ -271,17 +274,28 @@ def _devices_of(frames: Any) -> Any:
 
 def _fused_roles(frames: Any, threads: int) -> set[tuple[Where, str, str]]:
     """Nodes that are not views yet never timed in any compute of their graph: run inside another
-    op (a backend's fusion), by their (where, label, role)."""
+    op (a backend's fusion), by their (where, label, role); where from the split holding the
+    node (the CPU without splits)."""
     out: set[tuple[Where, str, str]] = set()
-    timed = frames.ops.groupby("graph")["node"].unique()
+    ops = frames.ops
+    timed = ops.groupby("graph")["node"].unique()
+    splits = getattr(frames, "splits", None)
+    first = ops.drop_duplicates("graph").set_index("graph")[["step", "ubatch"]]
     for gid, nodes in timed.items():
         g = frames.graphs.get(int(gid))
         if g is None:
             continue
+        device = np.full(len(g.nodes), "CPU", object)
+        if splits is not None and not splits.empty:
+            step, ub = first.loc[gid]
+            for row in splits[(splits["step"] == step) & (splits["ubatch"] == ub)].itertuples():
+                device[int(row.node_start) : int(row.node_end)] = str(row.device)
         seen = set(int(x) for x in nodes)
         for node in g.nodes:
             if node.i not in seen and "noop" not in node.flags and 0 not in node.shape:
-                out.add((Where("CPU", threads), node.label, role(node.name)))
+                dev = str(device[node.i])
+                where = Where(dev, threads if dev == "CPU" else 0)
+                out.add((where, node.label, role(node.name)))
     return out
 
 
@@ -353,14 +367,19 @@ def fit(sessions: Iterable[Any]) -> CostModel:
         df["threads"] = np.where(df["device"] == "CPU", threads, 0)
         parts.append(df)
         fused |= _fused_roles(sf, threads)
-        # the host's time per compute outside the ops: graph build, inputs, outputs
+        # the host's time per compute outside the ops (on several devices: outside the splits,
+        # which split_costs prices with their copies): graph build, inputs, outputs
         per_step = df.groupby("step").agg(op_ns=("dur", "sum"), computes=("ubatch", "nunique"))
+        in_splits = split_costs.host_time(sf)
         steps = sf.steps.set_index("step")
         for step, row in per_step.iterrows():
             if step not in steps.index:
                 continue
             s = steps.loc[step]
-            extra = (float(s["dur_ns"]) - float(row["op_ns"])) / max(int(row["computes"]), 1)
+            inside = float(row["op_ns"])
+            if in_splits:
+                inside = sum(v for (st, _u), v in in_splits.items() if st == step)
+            extra = (float(s["dur_ns"]) - inside) / max(int(row["computes"]), 1)
             overhead_rows.append((Where("CPU", threads), str(s["kind"]), max(extra, 0.0)))
     if not parts:
         return CostModel(fits={}, roofs={}, fused=set(), overhead={})
@@ -393,6 +412,7 @@ def fit(sessions: Iterable[Any]) -> CostModel:
         roofs=roofs,
         fused=fused,
         overhead={k: float(np.median(v)) for k, v in over.items()},
+        splits=split_costs.fit(sessions),
     )
     _self_check(model, sessions)
     return model

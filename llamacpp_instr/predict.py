@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ctypes
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from llamacpp_instr.converters.analysis.op_costs import (
     fit,
 )
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.converters.reading.decode.graphs import Graph, graph_table
+from llamacpp_instr.converters.reading.decode.graphs import graph_table
 
 # llama.cpp's KV cache is read in multiples of this many cells (the pin's get_n_kv)
 KV_PAD = 256
@@ -133,6 +132,15 @@ def default_target(sf: SessionFrames, model: Path | None) -> Target:
     prompt = steps[steps["kind"].astype(str) == "prompt"]
     gen = steps[steps["kind"].astype(str) == "gen"]
     depth = int(steps["pos0"].min()) if len(steps) and "pos0" in steps else 0
+    # where instr run put the layers (its config, in the log's metadata)
+    logged = ((sf.info.metadata or {}).get("config") or {}).get("offload") or {}
+    # (not its RPC servers, which may be gone: --rpc names them again)
+    devs, split = logged.get("devices"), logged.get("tensor_split")
+    placed = offload.Offload(
+        gpu_layers=logged.get("gpu_layers") or 0,
+        devices=tuple(devs) if devs else None,
+        tensor_split=tuple(split) if split else None,
+    )
     return Target(
         model=path,
         threads=int(ctx.get("n_threads") or 1),
@@ -144,6 +152,7 @@ def default_target(sf: SessionFrames, model: Path | None) -> Target:
         flash_attn=bool(ctx.get("flash_attn")),
         type_k=str(ctx.get("type_k") or "f16"),
         type_v=str(ctx.get("type_v") or "f16"),
+        offload=placed,
     )
 
 
@@ -187,7 +196,6 @@ class GraphBuilder:
         placement = offload.prepare(t.offload)
         self.prober = Prober(t.model, placement, names)
         self.target = t
-        self.gpus = [d for d in placement.devices if d != "CPU"]
         self.cache: dict[tuple[int, int], tuple[GraphCosts, list[str]]] = {}
 
     def architecture(self) -> str:
@@ -218,21 +226,6 @@ class GraphBuilder:
             devs = [str(d) if d else "CPU" for d in rec.get("devices", [])]
             self.cache[key] = (GraphCosts.of(g), devs)
         return self.cache[key]
-
-    def weight_device(self, name: str) -> str:
-        """The device a weight is held on: llama.cpp offloads the last -ngl layers (blk.N), and
-        the output layer once -ngl exceeds the layer count; the rest stays on the CPU."""
-        ngl = self.target.offload.gpu_layers
-        n = 10**6 if ngl == "all" else int(ngl or 0)
-        if not self.gpus or n <= 0:
-            return "CPU"
-        n_layer = self.prober.n_layer
-        if name.startswith("blk."):
-            layer = int(name.split(".")[1])
-            on_gpu = layer >= n_layer - n
-        else:
-            on_gpu = name.startswith("output") and n > n_layer
-        return self.gpus[0] if on_gpu else "CPU"
 
     def close(self) -> None:
         self.prober.close()
@@ -288,16 +281,10 @@ def price(
             ok = True
             for (n_tok, kv), count in counts.items():
                 gc, devs = builder.graph(n_tok, kv)
-                cost, miss = model.price(gc, devs, t.threads)
-                for m in miss:
-                    missing[_missing_line(m, t)] = None
+                cost, extra, miss, lost = model.price_compute(gc, devs, t.threads, kind)
+                for line in [_missing_line(m, t) for m in miss] + lost:
+                    missing[line] = None
                     ok = False
-                extra: dict[str, float] = {}
-                if len({d for d, noop in zip(devs, gc.noop, strict=False) if not noop}) > 1:
-                    extra, lost = across_devices(gc, devs, model, kind, builder.weight_device)
-                    for line in lost:
-                        missing[line] = None
-                        ok = False
                 over = model.overhead.get((Where("CPU", t.threads), kind), 0.0)
                 total += count * (float(cost.sum()) + sum(extra.values()) + over)
                 for k, c in enumerate(cost):
@@ -326,71 +313,6 @@ def price(
     return out
 
 
-def _root(g: Graph, j: int) -> int:
-    """The node a view's data is: through views and reshapes (``noop`` nodes) to the node that
-    computed it, or -1 where it is a leaf (a weight, an input, the KV cache)."""
-    seen = 0
-    while "noop" in g.nodes[j].flags and seen < len(g.nodes):
-        src = g.nodes[j].src[0] if g.nodes[j].src else {}
-        if "node" not in src:
-            return -1
-        j = int(src["node"])
-        seen += 1
-    return j
-
-
-def across_devices(
-    gc: GraphCosts,
-    devs: list[str],
-    model: CostModel,
-    kind: str,
-    weight_device: Callable[[str], str],
-) -> tuple[dict[str, float], list[str]]:
-    """A graph split across devices: the time of its splits beyond their ops, per device, and of
-    the copies ggml's scheduler makes into each split (under ``copies``), as the logs measured
-    them (``split_costs``); and what no log has. Splits are the runs of nodes on one device, in
-    order; a split's copies, each tensor it reads once that another device made: a node's
-    output, an input (on the CPU), or a weight held elsewhere (``weight_device``)."""
-    g = gc.graph
-    extra: dict[str, float] = defaultdict(float)
-    lost: list[str] = []
-    run: list[int] = [k for k in range(len(g.nodes)) if not gc.noop[k]]
-    k0 = 0
-    while k0 < len(run):
-        dev = devs[run[k0]]
-        k1 = k0
-        while k1 < len(run) and devs[run[k1]] == dev:
-            k1 += 1
-        split_extra = model.splits.extra.get((dev, kind))
-        if split_extra is None:
-            lost.append(f"a split on {dev} in {kind} steps: no log ran one")
-        else:
-            extra[dev] += split_extra
-        copied: dict[str, tuple[str, int]] = {}
-        for k in run[k0:k1]:
-            for s in g.nodes[k].src:
-                if "node" in s:
-                    j = _root(g, int(s["node"]))
-                    if j >= 0 and devs[j] != dev:
-                        copied[g.nodes[j].name] = (devs[j], g.nodes[j].bytes)
-                    continue
-                home = (
-                    weight_device(str(s.get("name")))
-                    if s.get("kind") == "weight"
-                    else "CPU" if s.get("kind") == "input" else dev
-                )
-                if home != dev:
-                    copied[str(s.get("name"))] = (home, int(s.get("bytes", 0)))
-        for src_dev, n_bytes in copied.values():
-            link = model.splits.links.get((src_dev, dev))
-            if link is None:
-                lost.append(f"copies from {src_dev} to {dev}: no log made one")
-            else:
-                extra["copies"] += link.time(n_bytes)
-        k0 = k1
-    return dict(extra), sorted(set(lost))
-
-
 def _missing_line(m: tuple[str, str, str, str], t: Target) -> str:
     where, op, typ, tokens = m
     steps = f"ubatches of {tokens} token(s)"
@@ -409,6 +331,31 @@ def _interval(tokens: int, ns: float, ratios: np.ndarray | None, level: float | 
     hi = max(float(np.percentile(ratios, 90)), med * (1 + MIN_SPREAD))
     per_s = 1e9 * tokens
     return Interval(value=per_s / (ns * med), low=per_s / (ns * hi), high=per_s / (ns * lo))
+
+
+def measured_shares(sf: SessionFrames) -> dict[str, dict[str, float]]:
+    """Per kind, a log's time on each device (by each device's own measure: ``device_steps``) and
+    in copies between them, as shares of their sum: what ``Prediction.by_device`` predicts. {} for
+    a log on one device."""
+    ds = sf.device_steps
+    if ds is None or ds.empty:
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    copies = sf.copies
+    for kind in ("prompt", "gen"):
+        rows = ds[(ds["kind"].astype(str) == kind) & (ds["step"] >= 0)]
+        if rows.empty:
+            continue
+        per = rows.groupby("device", observed=True)["compute_ns"].sum().astype(float).to_dict()
+        steps = set(rows["step"].tolist())
+        per["copies"] = (
+            float(copies.loc[copies["step"].isin(steps), "dur_ns"].sum())
+            if copies is not None and not copies.empty
+            else 0.0
+        )
+        total = sum(per.values()) or 1.0
+        out[kind] = {str(d): v / total for d, v in sorted(per.items())}
+    return out
 
 
 def measured(sf: SessionFrames) -> dict[str, float | None]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 
 from llamacpp_instr.commands import offload_options, threads_option
 
@@ -110,7 +111,10 @@ def command(
         "depth": depth,
     }
     base = replace(base, **{k: v for k, v in changes.items() if v is not None})
-    if offload.gpu_layers or offload.devices or offload.rpc:
+    # the log's placement, unless one is given here
+    ctx = click.get_current_context()
+    given = ("gpu_layers", "device", "rpc", "tensor_split")
+    if any(ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE for p in given):
         base = replace(base, offload=offload)
     files = _files(base.model, quants) if quants else [("", base.model)]
     cost_model = predict.fit(sessions)

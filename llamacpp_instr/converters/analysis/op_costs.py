@@ -206,6 +206,19 @@ class CostModel:
             out[k] = float(fit.time(w)[0])
         return out, list(missing)
 
+    def price_compute(
+        self, gc: GraphCosts, devices: Sequence[str], threads: int, kind: str
+    ) -> tuple[np.ndarray, dict[str, float], list[tuple[str, str, str, str]], list[str]]:
+        """One compute of a graph in a ``kind`` step: each node's time, the time beyond the ops
+        of its splits per device and of its copies (``split_costs``, where it runs on several
+        devices), the op classes no log has and what else no log has."""
+        cost, missing = self.price(gc, devices, threads)
+        used = {d for d, nop in zip(devices, gc.noop, strict=False) if not nop}
+        if len(used) <= 1:
+            return cost, {}, missing, []
+        extra, lost = split_costs.across_devices(gc.graph, gc.noop, devices, self.splits, kind)
+        return cost, extra, missing, lost
+
     def lookup(self, where: Where, tokens: str, label: str, typ: str, role_: str) -> Fit | None:
         """The closest fitted class: this role at this row count, then at the nearest one that
         has it (a prompt of 127 tokens prices one of 512); then any role of the op the same
@@ -274,26 +287,19 @@ def _devices_of(frames: Any) -> Any:
 
 def _fused_roles(frames: Any, threads: int) -> set[tuple[Where, str, str]]:
     """Nodes that are not views yet never timed in any compute of their graph: run inside another
-    op (a backend's fusion), by their (where, label, role); where from the split holding the
-    node (the CPU without splits)."""
+    op (a backend's fusion), by their (where, label, role), where from the split holding the
+    node."""
     out: set[tuple[Where, str, str]] = set()
-    ops = frames.ops
-    timed = ops.groupby("graph")["node"].unique()
-    splits = getattr(frames, "splits", None)
-    first = ops.drop_duplicates("graph").set_index("graph")[["step", "ubatch"]]
+    timed = frames.ops.groupby("graph")["node"].unique()
     for gid, nodes in timed.items():
         g = frames.graphs.get(int(gid))
         if g is None:
             continue
-        device = np.full(len(g.nodes), "CPU", object)
-        if splits is not None and not splits.empty:
-            step, ub = first.loc[gid]
-            for row in splits[(splits["step"] == step) & (splits["ubatch"] == ub)].itertuples():
-                device[int(row.node_start) : int(row.node_end)] = str(row.device)
+        device = split_costs.node_devices(frames, int(gid), len(g.nodes))
         seen = set(int(x) for x in nodes)
         for node in g.nodes:
             if node.i not in seen and "noop" not in node.flags and 0 not in node.shape:
-                dev = str(device[node.i])
+                dev = device[node.i]
                 where = Where(dev, threads if dev == "CPU" else 0)
                 out.add((where, node.label, role(node.name)))
     return out
@@ -367,18 +373,16 @@ def fit(sessions: Iterable[Any]) -> CostModel:
         df["threads"] = np.where(df["device"] == "CPU", threads, 0)
         parts.append(df)
         fused |= _fused_roles(sf, threads)
-        # the host's time per compute outside the ops (on several devices: outside the splits,
-        # which split_costs prices with their copies): graph build, inputs, outputs
+        # the host's time per compute outside the ops (on several devices: outside the devices'
+        # own time and the copies, which split_costs prices): graph build, inputs, outputs
         per_step = df.groupby("step").agg(op_ns=("dur", "sum"), computes=("ubatch", "nunique"))
-        in_splits = split_costs.host_time(sf)
+        on_devices = split_costs.device_time(sf)
         steps = sf.steps.set_index("step")
         for step, row in per_step.iterrows():
             if step not in steps.index:
                 continue
             s = steps.loc[step]
-            inside = float(row["op_ns"])
-            if in_splits:
-                inside = sum(v for (st, _u), v in in_splits.items() if st == step)
+            inside = on_devices.get(int(step), float(row["op_ns"]))
             extra = (float(s["dur_ns"]) - inside) / max(int(row["computes"]), 1)
             overhead_rows.append((Where("CPU", threads), str(s["kind"]), max(extra, 0.0)))
     if not parts:
@@ -427,7 +431,7 @@ def _self_check(model: CostModel, sessions: list[Any]) -> None:
         threads = threads_of(sf)
         if sf.ops.empty:
             continue
-        priced: dict[int, float] = {}
+        priced: dict[tuple[int, str], float] = {}
         computes = sf.ops[["step", "ubatch", "graph"]].drop_duplicates()
         steps = sf.steps.set_index("step")
         kinds = steps["kind"].astype(str)
@@ -437,10 +441,13 @@ def _self_check(model: CostModel, sessions: list[Any]) -> None:
             g = sf.graphs.get(int(gid))
             if g is None or kind not in ("prompt", "gen"):
                 continue
-            if int(gid) not in priced:
-                t, missing = model.price(GraphCosts.of(g), [], threads)
-                priced[int(gid)] = float(t.sum()) if not missing else float("nan")
-            pred[step] += priced[int(gid)] + model.overhead.get((Where("CPU", threads), kind), 0.0)
+            if (int(gid), kind) not in priced:
+                devs = split_costs.node_devices(sf, int(gid), len(g.nodes))
+                t, extra, missing, lost = model.price_compute(GraphCosts.of(g), devs, threads, kind)
+                ok = not missing and not lost
+                priced[(int(gid), kind)] = float(t.sum() + sum(extra.values())) if ok else np.nan
+            p_graph = priced[(int(gid), kind)]
+            pred[step] += p_graph + model.overhead.get((Where("CPU", threads), kind), 0.0)
         mine: dict[str, list[tuple[float, float]]] = defaultdict(list)
         for step, p in pred.items():
             if p > 0:

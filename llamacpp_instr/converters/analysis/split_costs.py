@@ -1,26 +1,35 @@
 """What running on several devices cost in measured runs, beyond the ops: what ``instr predict``
 adds to a setting whose graph ggml's scheduler splits across devices.
 
-- **A split's host time beyond its ops:** ggml's scheduler hands each split to its device and
-  waits for it; the host time from launch to end, less the ops the device timed in it, is what a
-  split costs on that device beyond its ops (a GPU's command buffers, submission and fence; on
-  lavapipe, the driver's own work on the same cores). Per device and kind of step (prompt or
-  generation), the median over the logs' splits.
+A compute on several devices is priced as the sum, over its splits, of the split's ops on its
+device and the split's time beyond its ops, plus the copies between devices, plus the host's own
+time (``op_costs``' overhead). Each from a log's device tables (``frames_devices``):
+
+- **A split's time beyond its ops:** each device's own measure of its time in the step
+  (``device_steps.compute_ns``: the CPU's split from launch to end; a GPU's busy time, by its own
+  clock, not its asynchronous launch on the host) less the ops it timed, per split; per device and
+  kind of step, the median over the logs' steps.
 - **A copy between devices:** each input the scheduler copied to a split's device, timed on the
   host, fitted per link (source and destination device) as ``fixed + bytes * per_byte`` by least
   squares, or, from one size, scaled from it.
 
-Both from the ``splits`` and ``copies`` tables of a log on several devices (``frames_devices``).
+A target graph's splits are the runs of its nodes on one device, in order (the device of each
+node is the scheduler's own, from ``llama_instr_graph_reserve``); a split's copies, each tensor
+it reads once that another device made: a node's output, or an input (made on the CPU). Weights
+are read where they are held, as on lavapipe, whose memory the host shares: a discrete GPU's
+copies of host weights for a large batch (ggml's op offload) are not predicted.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from ..reading.decode.graphs import Graph
 
 
 @dataclass
@@ -37,8 +46,7 @@ class Link:
 
 @dataclass
 class SplitCosts:
-    """Per (device, kind): a split's host time beyond its ops; per (source, destination): a
-    copy's time."""
+    """Per (device, kind): a split's time beyond its ops; per (source, destination): a copy's."""
 
     extra: dict[tuple[str, str], float] = field(default_factory=dict)
     links: dict[tuple[str, str], Link] = field(default_factory=dict)
@@ -55,27 +63,25 @@ def _link(sizes: np.ndarray, durs: np.ndarray) -> Link:
     return Link(fixed=fixed, per_byte=per_byte, n=len(sizes))
 
 
+def several_devices(sf: Any) -> bool:
+    ds = getattr(sf, "device_steps", None)
+    return ds is not None and not ds.empty and getattr(sf, "splits", None) is not None
+
+
 def fit(sessions: Iterable[Any]) -> SplitCosts:
     """The split and copy costs of the sessions that ran on several devices."""
     extras: dict[tuple[str, str], list[float]] = defaultdict(list)
     copies: dict[tuple[str, str], tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
     for sf in sessions:
-        splits = getattr(sf, "splits", None)
-        if splits is None or splits.empty or sf.ops.empty or "device" not in sf.ops.columns:
+        if not several_devices(sf):
             continue
-        kinds = sf.steps.set_index("step")["kind"].astype(str)
-        ops = sf.ops
-        by_compute = {k: g for k, g in ops.groupby(["step", "ubatch"], sort=False)}
-        for row in splits.itertuples(index=False):
-            g = by_compute.get((row.step, row.ubatch))
-            if g is None:
-                continue
-            nodes = g["node"].to_numpy()
-            mine = (nodes >= row.node_start) & (nodes < row.node_end)
-            op_ns = float(g["dur_ns"].to_numpy()[mine].sum())
-            kind = str(kinds.get(row.step, ""))
-            extras[(str(row.device), kind)].append(max(float(row.launch_ns) - op_ns, 0.0))
-        cp = getattr(sf, "copies", None)
+        n_splits = sf.splits.groupby(["step", "device"], observed=True).size()
+        for row in sf.device_steps[sf.device_steps["step"] >= 0].itertuples(index=False):
+            n = int(n_splits.get((row.step, row.device), 0))
+            if n and row.timed:
+                extra = (float(row.compute_ns) - float(row.op_ns)) / n
+                extras[(str(row.device), str(row.kind))].append(max(extra, 0.0))
+        cp = sf.copies
         if cp is not None and not cp.empty:
             for (src, dst), rows in cp.groupby(["src", "dst"], sort=False, observed=True):
                 b, d = copies[(str(src), str(dst))]
@@ -87,14 +93,85 @@ def fit(sessions: Iterable[Any]) -> SplitCosts:
     return out
 
 
-def host_time(sf: Any) -> dict[tuple[int, int], float]:
-    """Per compute (step, ubatch), the host time its splits took, inputs included: what a
-    step's time beyond them is made of (graph build, inputs, outputs)."""
+def device_time(sf: Any) -> dict[int, float]:
+    """Per step, the time its devices took (each by its own measure) and its copies: the part of
+    the step that is not the host's own work."""
+    if not several_devices(sf):
+        return {}
+    ds = sf.device_steps[sf.device_steps["step"] >= 0]
+    out = ds.groupby("step")["compute_ns"].sum().astype(float).to_dict()
+    cp = sf.copies
+    if cp is not None and not cp.empty:
+        for step, v in cp.groupby("step")["dur_ns"].sum().items():
+            out[step] = out.get(step, 0.0) + float(v)
+    return {int(k): float(v) for k, v in out.items()}
+
+
+def node_devices(sf: Any, gid: int, n_nodes: int) -> list[str]:
+    """The device of each node of graph ``gid`` in a log: the split holding it at the graph's
+    first compute (all the CPU's without splits)."""
+    device = ["CPU"] * n_nodes
     splits = getattr(sf, "splits", None)
     if splits is None or splits.empty:
-        return {}
-    t = (splits["t_end"] - splits["t_start"]).astype(float)
-    return {
-        (int(s), int(u)): float(v)
-        for (s, u), v in t.groupby([splits["step"], splits["ubatch"]]).sum().items()
-    }
+        return device
+    first = sf.ops[sf.ops["graph"] == gid].head(1)
+    if first.empty:
+        return device
+    step, ub = int(first["step"].iloc[0]), int(first["ubatch"].iloc[0])
+    for row in splits[(splits["step"] == step) & (splits["ubatch"] == ub)].itertuples():
+        for i in range(max(int(row.node_start), 0), min(int(row.node_end), n_nodes)):
+            device[i] = str(row.device)
+    return device
+
+
+def _root(g: Graph, j: int) -> int:
+    """The node a view's data is: through views and reshapes (``noop`` nodes) to the node that
+    computed it, or -1 where it is a leaf (a weight, an input, the KV cache)."""
+    for _ in range(len(g.nodes)):
+        if "noop" not in g.nodes[j].flags:
+            return j
+        src = g.nodes[j].src[0] if g.nodes[j].src else {}
+        if "node" not in src:
+            return -1
+        j = int(src["node"])
+    return j
+
+
+def across_devices(
+    g: Graph, noop: Sequence[bool] | np.ndarray, devs: Sequence[str], costs: SplitCosts, kind: str
+) -> tuple[dict[str, float], list[str]]:
+    """A graph split across devices: the time of its splits beyond their ops, per device, and of
+    the copies into them (under ``copies``); and what no log has (module docstring)."""
+    extra: dict[str, float] = defaultdict(float)
+    lost: list[str] = []
+    run = [k for k in range(len(g.nodes)) if not noop[k]]
+    k0 = 0
+    while k0 < len(run):
+        dev = devs[run[k0]]
+        k1 = k0
+        while k1 < len(run) and devs[run[k1]] == dev:
+            k1 += 1
+        split_extra = costs.extra.get((dev, kind))
+        if dev.startswith("RPC"):
+            lost.append(f"the network to {dev} (graph sends, round trips): not yet predicted")
+        elif split_extra is None:
+            lost.append(f"a split on {dev} in {kind} steps: no log ran one")
+        else:
+            extra[dev] += split_extra
+        copied: dict[str, tuple[str, int]] = {}
+        for k in run[k0:k1]:
+            for s in g.nodes[k].src:
+                if "node" in s:
+                    j = _root(g, int(s["node"]))
+                    if j >= 0 and devs[j] != dev:
+                        copied[g.nodes[j].name] = (devs[j], g.nodes[j].bytes)
+                elif s.get("kind") == "input" and dev != "CPU":
+                    copied[str(s.get("name"))] = ("CPU", int(s.get("bytes", 0)))
+        for src_dev, n_bytes in copied.values():
+            link = costs.links.get((src_dev, dev))
+            if link is None:
+                lost.append(f"copies from {src_dev} to {dev}: no log made one")
+            else:
+                extra["copies"] += link.time(n_bytes)
+        k0 = k1
+    return dict(extra), sorted(set(lost))

@@ -150,6 +150,7 @@ def main() -> None:
     where = args.keep or Path(tmp.name)
     where.mkdir(parents=True, exist_ok=True)
     logs: dict[Cell, Path] = {}
+    ran_any = False
     t0 = time.monotonic()
     for cell in grid:
         log = where / (cell.name.replace(" ", "_") + ".log")
@@ -157,6 +158,7 @@ def main() -> None:
             # the fastest of --reps runs: on 2 cores another process's burst slows a step of
             # ggml's spinning threads tens of times, which is not the setting's speed
             attempts = []
+            ran_any = True
             for rep in range(args.reps):
                 print(f"running {cell.name} ({rep + 1}/{args.reps}) ...", file=sys.stderr)
                 attempt = log.with_suffix(f".{rep}.log")
@@ -240,7 +242,7 @@ def main() -> None:
     if share_lines:
         lines += [
             "",
-            "Where the time goes, per device and copies (share of the splits' host time):",
+            "Where the time goes: each device's own time and the copies', as shares of their sum:",
         ]
         lines += share_lines
         lines.append(f"Largest difference {max(share_errs):.0f} points (target: within 10 points).")
@@ -254,7 +256,8 @@ def main() -> None:
             f"`predict` from one detailed log of 100 generation steps: {speed_s:.2f} s (target: "
             "under 5 s)."
         )
-    lines.append(f"The grid's runs took {run_s:.0f} s on {len(grid)} cells.")
+    ran = f"took {run_s:.0f} s" if ran_any else "were reused from --keep"
+    lines.append(f"The grid's {len(grid)} cells' runs {ran}.")
     text = "\n".join(lines)
     print(text)
     if args.write_docs:

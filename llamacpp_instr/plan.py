@@ -38,7 +38,9 @@ class Candidate:
     footprint: fit.Footprint = field(default_factory=dict)
     overflow: list[str] = field(default_factory=list)
     prediction: predict.Prediction | None = None
-    front: bool = False  # on the Pareto front of memory, generation and prompt speed
+    # the quantization's mean KL divergence from the base model (a quant-eval report), if given
+    kld: float | None = None
+    front: bool = False  # on the Pareto front of memory, speed (and quality, where known)
 
     @property
     def fits(self) -> bool:
@@ -89,6 +91,7 @@ class Candidate:
             "gen_tokens_per_s": p.gen.to_json() if p and p.gen else None,
             "prompt_tokens_per_s": p.prompt.to_json() if p and p.prompt else None,
             "not_covered": p.not_covered if p else [],
+            "kld_mean": self.kld,
             "pareto_front": self.front,
             "command": " ".join(self.run_args()),
         }
@@ -189,27 +192,38 @@ def price(
         c.prediction = predict.price(t, model, sessions, logs)
 
 
-def mark_front(cands: list[Candidate]) -> None:
-    """The Pareto front of the fitting, covered candidates: none other takes no more memory and
-    runs generation and prompt no slower, and is better in one of them."""
-    ranked = [c for c in cands if c.fits and c.gen is not None and c.prompt is not None]
+def quality(report: dict[str, Any]) -> dict[str, float]:
+    """A quant-eval report (``instr quant-eval --format json``): each model's mean KL divergence
+    from the base, by its quantization (the GGUF's own file type; the base's is 0)."""
+    out: dict[str, float] = {}
+    base = report.get("base")
+    rows: list[tuple[Any, Any]] = [(base.get("path") if isinstance(base, dict) else None, 0.0)]
+    models = report.get("models")
+    for m in models if isinstance(models, list) else []:
+        kld = m.get("kld") if isinstance(m, dict) else None
+        if isinstance(kld, dict) and isinstance(kld.get("mean"), (int, float)):
+            rows.append((m.get("path"), float(kld["mean"])))
+    for path, value in rows:
+        if isinstance(path, str) and path and Path(path).is_file():
+            out.setdefault(fit.file_type(Path(path)), value)
+    return out
 
-    def better_or_equal(a: Candidate, b: Candidate) -> bool:
-        return (
-            a.bytes <= b.bytes
-            and (a.gen or 0) >= (b.gen or 0)
-            and (a.prompt or 0) >= (b.prompt or 0)
-        )
+
+def mark_front(cands: list[Candidate]) -> None:
+    """The Pareto front of the fitting, covered candidates: none other takes no more memory, runs
+    generation and prompt no slower and (where every one has a quality) diverges no more from the
+    base, and is better in one of them."""
+    ranked = [c for c in cands if c.fits and c.gen is not None and c.prompt is not None]
+    with_quality = all(c.kld is not None for c in ranked)
+
+    def key(c: Candidate) -> tuple[float, ...]:
+        k = (-float(c.bytes), c.gen or 0.0, c.prompt or 0.0)
+        return k + (-(c.kld or 0.0),) if with_quality else k
 
     for c in ranked:
+        kc = key(c)
         c.front = not any(
-            o is not c
-            and better_or_equal(o, c)
-            and (
-                o.bytes < c.bytes
-                or (o.gen or 0) > (c.gen or 0)
-                or (o.prompt or 0) > (c.prompt or 0)
-            )
+            o is not c and all(a >= b for a, b in zip(key(o), kc, strict=True)) and key(o) != kc
             for o in ranked
         )
 

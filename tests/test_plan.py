@@ -95,3 +95,73 @@ def test_without_a_log_is_one_line(tiny_llama_f32: Path) -> None:
     r = instr("plan", str(tiny_llama_f32))
     assert r.returncode == 2
     assert "detailed log" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_quality_joins_the_front(
+    instr_api: Any, tiny_detailed: RunLog, tiny_llama_f32: Path, tiny_llama_q8: Path, tmp_path: Path
+) -> None:
+    """With a real quant-eval report of the f32 base and its Q8_0, and a log of each, every
+    setting carries its quantization's KL divergence (the base's 0, the Q8_0's the report's), and
+    a Q8_0 setting, smaller but less faithful, can only leave the front by being slower too."""
+    from support import make_run
+
+    q8_log = make_run(tiny_llama_q8, tmp_path / "q8.log", "detailed", n_predict=6).log_path
+    r = instr(
+        "quant-eval", str(tiny_llama_f32), str(tiny_llama_q8), "--chunk-size", "64",
+        "--chunks", "2", "--threads", "2", "--format", "json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    report = tmp_path / "quality.json"
+    report.write_text(r.stdout)
+    q8_kld = json.loads(r.stdout)["models"][0]["kld"]["mean"]
+    assert q8_kld > 0
+    plans = _plan(
+        tiny_llama_f32,
+        tiny_detailed.path,
+        str(q8_log),
+        "--quant",
+        "f32",
+        "--quant",
+        "q8_0",
+        "--quality",
+        str(report),
+    )
+    by_quant = {p["quant"]: p for p in plans if p["fits"] and not p["not_covered"]}
+    assert set(by_quant) == {"f32", "q8_0"}, plans
+    assert all(p["kld_mean"] == (0.0 if p["quant"] == "f32" else q8_kld) for p in by_quant.values())
+    covered = [p for p in plans if p["fits"] and not p["not_covered"]]
+    for p in covered:
+        beaten = [
+            o
+            for o in covered
+            if o is not p
+            and o["bytes"] <= p["bytes"]
+            and o["kld_mean"] <= p["kld_mean"]
+            and o["gen_tokens_per_s"]["value"] >= p["gen_tokens_per_s"]["value"]
+            and o["prompt_tokens_per_s"]["value"] >= p["prompt_tokens_per_s"]["value"]
+        ]
+        strictly = [
+            o
+            for o in beaten
+            if (o["bytes"], o["kld_mean"], o["gen_tokens_per_s"]["value"])
+            != (p["bytes"], p["kld_mean"], p["gen_tokens_per_s"]["value"])
+            or o["prompt_tokens_per_s"]["value"] != p["prompt_tokens_per_s"]["value"]
+        ]
+        assert p["pareto_front"] == (not strictly), p
+    # the least divergent setting (the base's, at its smallest) is always on the front
+    smallest_base = min((p for p in covered if p["quant"] == "f32"), key=lambda p: p["bytes"])
+    fastest = max(
+        (p for p in covered if p["quant"] == "f32" and p["bytes"] == smallest_base["bytes"]),
+        key=lambda p: (p["gen_tokens_per_s"]["value"], p["prompt_tokens_per_s"]["value"]),
+    )
+    assert fastest["pareto_front"]
+
+
+def test_a_bad_quality_file_is_one_line(
+    tiny_detailed: RunLog, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    r = instr("plan", str(tiny_llama_f32), str(tiny_detailed.path), "--quality", str(bad))
+    assert r.returncode == 2
+    assert "quant-eval" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -37,6 +37,14 @@ if TYPE_CHECKING:
     help="Consider the model quantized to TYPE too (repeatable; quantized into the cache, as "
     "instr fit --quant does). Default: the file's own.",
 )
+@click.option(
+    "--quality",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help="A quant-eval report (instr quant-eval --format json) of these quantizations: their mean "
+    "KL divergence from the base joins the Pareto front.",
+)
 @offload_options()
 @click.option(
     "--format",
@@ -52,6 +60,7 @@ def command(
     memory_specs: tuple[str, ...],
     n_ctx: int,
     quants: tuple[str, ...],
+    quality: Path | None,
     offload: Offload,
     fmt: str,
 ) -> None:
@@ -62,8 +71,9 @@ def command(
     checked against the memory at --ctx (the context every setting must hold) with llama.cpp's own projection (as instr fit does), and
     priced from the logs' measured ops (as instr predict does): tokens/s for the first log's
     prompt and generation lengths, with intervals. The Pareto front of memory, generation and
-    prompt speed is marked, and each setting comes with the instr run command that runs it. A
-    setting no log covers stays in the list, unranked, with what to run.
+    prompt speed (and, with --quality, the quantization's KL divergence from the base) is marked,
+    and each setting comes with the instr run command that runs it. A setting no log covers stays
+    in the list, unranked, with what to run.
     """
     from llamacpp_instr import bindings, devices, fit, models, plan, predict
     from llamacpp_instr.commands.fit import _files
@@ -73,6 +83,17 @@ def command(
     models.check_gguf(model)
     if not logs:
         raise UserError("give at least one detailed log of a run of this model to rank by speed")
+    report: dict[str, object] | None = None
+    if quality is not None:
+        try:
+            report = json.loads(quality.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise UserError(f"{quality}: not a quant-eval JSON report ({exc})") from None
+        if not isinstance(report, dict) or "models" not in report:
+            raise UserError(f"{quality}: not a quant-eval JSON report (no models)")
+    from llama_cpp import _logger
+
+    _logger.set_verbose(False)  # llama.cpp's lines per context made
     bindings.load()
     devices.add_rpc_servers(offload.rpc)
     memory = fit.parse_memory(memory_specs)
@@ -84,6 +105,10 @@ def command(
     cands = plan.candidates(files, sessions, n_ctx, gpu)
     plan.measure_memory(cands, limits, offload)
     plan.price(cands, predict.fit(sessions), sessions, base, [str(p) for p in logs])
+    if report is not None:
+        kld = plan.quality(report)
+        for c in cands:
+            c.kld = kld.get(c.quant)
     plan.mark_front(cands)
     ranked = plan.rank(cands)
     if fmt == "json":
@@ -117,14 +142,15 @@ def render(ranked: list[Candidate], limits: dict[str, int], n_ctx: int, base: ob
         "* = on the Pareto front of memory and speed",
         "",
         f"{'#':>3} {'':1} {'quant':<8} {'thr':>3} {'ubatch':>6} {'kv':<12} {'ngl':>4} "
-        f"{'memory':>11} {'gen tok/s':>18} {'prompt tok/s':>18}  command",
+        f"{'memory':>11} {'gen tok/s':>18} {'prompt tok/s':>18} {'KLD':>7}  command",
     ]
     for i, c in enumerate(fits, 1):
         kv = c.type_k + (" fa" if c.flash_attn else "")
         lines.append(
             f"{i:>3} {'*' if c.front else '':1} {c.quant:<8} {c.threads:>3} {c.n_ubatch:>6} "
             f"{kv:<12} {c.n_gpu_layers:>4} {_mib(c.bytes):>11} {_rate(c.gen, c, 'gen'):>18} "
-            f"{_rate(c.prompt, c, 'prompt'):>18}  {' '.join(c.run_args())}"
+            f"{_rate(c.prompt, c, 'prompt'):>18} "
+            f"{'-' if c.kld is None else f'{c.kld:.4f}':>7}  {' '.join(c.run_args())}"
         )
     # what no log measured, once each (without the run to make, which names each setting's
     # model: the command above is that run)

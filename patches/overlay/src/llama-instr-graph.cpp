@@ -219,6 +219,29 @@ static void copy_name(char (&dst)[GGML_MAX_NAME], const char * src) {
     snprintf(dst, GGML_MAX_NAME, "%s", src);
 }
 
+// FNV-1a over what a node table's record says, field by field (a name up to its end: the bytes
+// after it are a reused buffer's)
+struct table_hash {
+    uint64_t h = 1469598103934665603ull;
+
+    void mix(uint64_t v) { h = (h ^ v) * 1099511628211ull; }
+
+    void name(const char * s) {
+        for (; *s; s++) {
+            mix((unsigned char) *s);
+        }
+        mix(0);
+    }
+
+    void dims(const int64_t * ne, int32_t n_dims, int64_t nbytes) {
+        mix((uint64_t) n_dims);
+        for (int d = 0; d < GGML_MAX_DIMS; d++) {
+            mix((uint64_t) ne[d]);
+        }
+        mix((uint64_t) nbytes);
+    }
+};
+
 void graph_table::capture(const graph_index & gi, int32_t id, int32_t n_tok, int64_t t) {
     graph_id = id;
     n_tokens = n_tok;
@@ -272,6 +295,25 @@ void graph_table::capture(const graph_index & gi, int32_t id, int32_t n_tok, int
         ns.n_src = (int32_t) srcs.size() - ns.src_begin;
         ns.flags = flags;
     }
+    table_hash th;
+    th.mix(nodes.size());
+    for (const node_snapshot & ns : nodes) {
+        th.name(ns.name);
+        th.mix(((uint64_t) (uint32_t) ns.op << 32) | (uint32_t) ns.sub);
+        th.mix(((uint64_t) (uint32_t) ns.layer << 32) | (uint32_t) ns.type);
+        th.dims(ns.ne, ns.n_dims, ns.nbytes);
+        th.mix(((uint64_t) ns.flags << 32) | (uint32_t) ns.n_src);
+        for (int32_t k = 0; k < ns.n_src; k++) {
+            const src_snapshot & ss = srcs[ns.src_begin + k];
+            th.mix(((uint64_t) (uint32_t) ss.node << 32) | (uint32_t) ss.kind);
+            if (ss.kind != SRC_NODE) {
+                th.name(ss.name);
+                th.mix((uint64_t) ss.type);
+                th.dims(ss.ne, ss.n_dims, ss.nbytes);
+            }
+        }
+    }
+    structure = th.h;
 }
 
 static const char * src_kind_name(src_kind k) {
@@ -285,6 +327,19 @@ static const char * src_kind_name(src_kind k) {
         default:
             return "other";
     }
+}
+
+void graph_table::write_same(json_out & j, const std::string & sid, int32_t ctx_id, int32_t same_as) const {
+    record_head(j, "graph", ts, sid);
+    j.key("ctx");
+    j.i64(ctx_id);
+    j.key("graph");
+    j.i64(graph_id);
+    j.key("n_tokens");
+    j.i64(n_tokens);
+    j.key("same_as");
+    j.i64(same_as);
+    j.ch('}');
 }
 
 void graph_table::write(json_out & j, const std::string & sid, int32_t ctx_id) const {

@@ -97,9 +97,10 @@ struct node_snapshot {
 
 // A graph's node table as plain data; its vectors keep their capacity from step to step.
 struct graph_table {
-    int32_t                    graph_id = 0;
-    int32_t                    n_tokens = 0;
-    int64_t                    ts       = 0;
+    int32_t                    graph_id  = 0;
+    int32_t                    n_tokens  = 0;
+    int64_t                    ts        = 0;
+    uint64_t                   structure = 0;  // every field the record writes of nodes and sources, hashed
     std::vector<node_snapshot> nodes;
     std::vector<src_snapshot>  srcs;
 
@@ -107,6 +108,10 @@ struct graph_table {
 
     // the `graph` record (one line, without the newline)
     void write(json_out & j, const std::string & sid, int32_t ctx_id) const;
+
+    // the `graph` record of a graph whose node table is graph `same_as`'s, written before in the
+    // same file: its id and tokens, and that id instead of the nodes
+    void write_same(json_out & j, const std::string & sid, int32_t ctx_id, int32_t same_as) const;
 };
 
 // The node table of the graph llama.cpp builds for a ubatch of n_tokens tokens with n_outputs

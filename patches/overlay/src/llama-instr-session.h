@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 struct llama_context;
@@ -156,6 +157,13 @@ struct ctx_state {
     bool                     graph_fresh   = false;  // indexed by llama_instr_graph_built for the next compute
     std::vector<graph_table> tables;
     size_t                   n_tables = 0;
+
+    // the node tables written in the current file, by structure (graph_table::structure): a graph
+    // built again the same (llama-server rebuilds its graph on every step) names the first
+    // (`same_as`); a new file, or more than TABLES_WRITTEN_MAX structures, starts over
+    std::unordered_map<uint64_t, int32_t> tables_written;
+    uint64_t                              tables_epoch = 0;
+    int32_t                               tables_file  = -1;
 
     uint64_t graph_gen = 0;  // bumped whenever `graph` indexes another graph
 

@@ -65,3 +65,18 @@ def graph_table(rec: dict[str, Any]) -> Graph:
     return Graph(
         ctx=int(rec["ctx"]), id=int(rec["graph"]), n_tokens=int(rec["n_tokens"]), nodes=nodes
     )
+
+
+# whole node tables a reader keeps for the graphs that name one (``same_as``): the writer names
+# only tables of the same file, and at most 4096 per context before it writes them whole again
+TABLES_KEPT = 65536
+
+
+def same_table(rec: dict[str, Any], tables: dict[tuple[int, int], Graph]) -> Graph:
+    """A graph record naming the node table of an earlier graph of its context (``same_as``):
+    that table, under this graph's id and tokens."""
+    ctx, same = int(rec["ctx"]), int(rec["same_as"])
+    base = tables.get((ctx, same))
+    if base is None:
+        raise ValueError(f"graph {rec['graph']} names graph {same}, whose table is not in the log")
+    return Graph(ctx=ctx, id=int(rec["graph"]), n_tokens=int(rec["n_tokens"]), nodes=base.nodes)

@@ -105,14 +105,32 @@ def tiny_detailed(
     return RunLog(make_run(tiny_llama_f32, out, "detailed", n_predict=6))
 
 
+class _Validator:
+    """Records checked against the JSON Schema of their log's version: the current one, and the
+    versions before it for the session_start of an older log (the fixtures'); a record of an
+    older version is a record of the current one otherwise (each version only adds)."""
+
+    def __init__(self) -> None:
+        import jsonschema
+
+        from llamacpp_instr.converters.schema import SCHEMA_VERSIONS
+
+        self.by_version = {}
+        for v in SCHEMA_VERSIONS:
+            path = TESTS_DIR.parent / "llamacpp_instr" / "converters" / f"schema_v{v}.json"
+            schema = json.loads(path.read_text())
+            jsonschema.Draft202012Validator.check_schema(schema)
+            self.by_version[v] = jsonschema.Draft202012Validator(schema)
+        self.current = self.by_version[max(self.by_version)]
+
+    def validate(self, rec: Any) -> None:
+        version = rec.get("schema_version") if rec.get("type") == "session_start" else None
+        self.by_version.get(version, self.current).validate(rec)
+
+
 @pytest.fixture(scope="session")
 def schema_validator() -> Iterator[Any]:
-    import jsonschema
-
-    schema_path = TESTS_DIR.parent / "llamacpp_instr" / "converters" / "schema_v1.json"
-    schema = json.loads(schema_path.read_text())
-    jsonschema.Draft202012Validator.check_schema(schema)
-    yield jsonschema.Draft202012Validator(schema)
+    yield _Validator()
 
 
 # headless Debian Chromium for the browser tests (test_reports_browser, test_roofline_browser)

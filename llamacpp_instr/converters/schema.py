@@ -6,8 +6,9 @@ Python that names a level or a version takes it from here.
 
 from __future__ import annotations
 
-# Versions the reader understands (the newest is what the patched build writes).
-SCHEMA_VERSIONS = (1,)
+# Versions the reader understands (the newest is what the patched build writes). 2: a graph
+# record may name an earlier graph's node table (same_as) instead of holding nodes.
+SCHEMA_VERSIONS = (1, 2)
 CURRENT_SCHEMA_VERSION = SCHEMA_VERSIONS[-1]
 
 RECORD_TYPES_V1 = frozenset(

@@ -134,7 +134,8 @@ def log_files(path: Path | str) -> list[Path]:
 
 
 def upgrade(record: dict[str, Any], schema_version: int) -> dict[str, Any]:
-    """Bring a record of an older schema version to the current shape (v1 is current)."""
+    """Bring a record of an older schema version to the current shape (a v1 record is a v2
+    record: v2 only adds a form of the graph record)."""
     return record
 
 

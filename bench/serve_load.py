@@ -249,6 +249,7 @@ class Round:
     rss_after: int
     cpu: float = 0.0  # server CPU seconds over the round
     log_bytes: int = 0
+    table_bytes: int = 0  # of graph records (node tables, or a same_as naming one)
     files: int = 0
     lines: int = 0
     bad_lines: int = 0
@@ -294,6 +295,8 @@ def check_log(rnd: Round, log: Path) -> None:
                 continue
             if k == 0 and rec.get("type") != "session_start":
                 rnd.bad_lines += 1
+            if rec.get("type") == "graph":
+                rnd.table_bytes += len(line) + 1
             records.append(rec)
     for r in records:
         if r.get("type") == "request":
@@ -405,9 +408,9 @@ def report(
         f"{os.cpu_count()} cores",
         "",
         "| configuration | requests/s (median) | vs off | p50 latency vs off | p99 latency vs off "
-        "| server CPU per request vs off | log bytes/request | files | RSS growth (MiB) "
-        "| lines unparseable | requests without exactly one record |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| server CPU per request vs off | log bytes/request | node tables/request | files "
+        "| RSS growth (MiB) | lines unparseable | requests without exactly one record |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     noise = (
         f"off's own rounds: requests/s spread {spread([r.rps for r in off]):.1%}, "
@@ -431,9 +434,10 @@ def report(
             f"{p50:.3f}x | {p99:.3f}x{p99_target} | {cpu:.3f}x | "
             + (
                 f"{statistics.median(r.log_bytes / len(r.outcomes) for r in rs):,.0f} | "
+                f"{statistics.median(r.table_bytes / len(r.outcomes) for r in rs):,.0f} | "
                 f"{max(r.files for r in rs)} | "
                 if instrumented
-                else "- | - | "
+                else "- | - | - | "
             )
             + f"{statistics.median((r.rss_after - r.rss_before) / 1024 for r in rs):+.1f} | "
             + (

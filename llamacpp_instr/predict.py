@@ -11,9 +11,11 @@ A prediction is labelled as one. Its interval is the model's own spread: over ev
 logs it was fitted on, the measured time over the model's price of that step (its own graphs);
 the prediction is scaled by each log's whole measured time over its whole price, the median over
 the logs (so that one log predicts itself), and bounded by the ratios' 10th and 90th
-percentiles, and by 5 % at least each way. Whatever the logs have no measure for (an op on a
-device or at a thread count no log ran, a weight type never run, splits across devices) is
-reported with what to run to measure it, and that speed is not given.
+percentiles, and by 5 % at least each way. On several devices each split adds its device's
+time beyond its ops and the copies into it (``converters.analysis.split_costs``). Whatever the
+logs have no measure for (an op on a device or at a thread count no log ran, a weight type never
+run, a split or a copy between devices no log made, an RPC device's network) is reported with
+what to run to measure it, and that speed is not given.
 """
 
 from __future__ import annotations

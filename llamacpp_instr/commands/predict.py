@@ -89,10 +89,11 @@ def command(
     the model is loaded without its weights and llama.cpp builds (never computes) the graph of
     every ubatch the run would compute, at the KV size it would have. Each op is priced from the
     ops the logs measured of its kind, on its device, at its thread count: an efficiency against
-    the device's roofs and a fixed cost per op, fitted per op class. The result is a prediction,
-    with an interval from the model's spread on the logs' own steps. What no log measured (another
-    thread count, a weight type never run, several devices) is listed with the run that would
-    measure it, and that speed is not given (exit 2).
+    the device's roofs and a fixed cost per op, fitted per op class; on several devices each split
+    adds its device's time beyond its ops and the copies into it, as the logs measured them. The
+    result is a prediction, with an interval from the model's spread on the logs' own steps. What
+    no log measured (another thread count, a weight type never run, a device, an RPC device's
+    network) is listed with the run that would measure it, and that speed is not given (exit 2).
     """
     from llamacpp_instr import models, predict
     from llamacpp_instr.commands.fit import _files

@@ -196,3 +196,29 @@ def test_bad_input_is_one_line(
         assert words in r.stderr, (args, r.stderr)
         assert "Traceback" not in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_copy_costs_fit_the_copies_recorded() -> None:
+    """The copy link split_costs fits from the lavapipe fixture is the least-squares line of the
+    copies its compute records hold (bytes, host time), read here from the raw records."""
+    import gzip
+
+    import numpy as np
+
+    from llamacpp_instr.converters.analysis import split_costs
+    from llamacpp_instr.predict import load_session
+
+    path = Path(__file__).parent / "fixtures" / "tiny-llama-vulkan-partial-detailed.log.gz"
+    recs = [json.loads(line) for line in gzip.open(path, "rt")]
+    names = [d["name"] for d in recs[0]["machine"]["devices"]]
+    rows = [c for r in recs if r["type"] == "compute" for c in r.get("copies", [])]
+    assert len(rows) >= 3
+    links = {(names[c[4]], names[c[5]]) for c in rows}
+    assert links == {("CPU", "Vulkan0")}
+    size = np.array([c[3] for c in rows], float)
+    dur = np.array([c[7] for c in rows], float)
+    slope, intercept = np.polyfit(size, dur, 1)
+    fitted = split_costs.fit([load_session(path)]).links[("CPU", "Vulkan0")]
+    assert fitted.n == len(rows)
+    assert fitted.per_byte == pytest.approx(slope, rel=1e-6)
+    assert fitted.fixed == pytest.approx(intercept, rel=1e-6)

@@ -20,6 +20,7 @@ from typing import IO
 from ..items import BulkItem, ComputeBatch, OpBatch, Sample, Slice, Track
 from ..sinks import BundleSink
 from .batch import Batch, Block
+from .begins import Begins
 from .bulk import BulkEncoder
 from .events import EventFields
 from .ops import NodeTables, OpStore, RateFields
@@ -55,6 +56,7 @@ class Writer:
         self.tables = NodeTables(self.store, self.fields, self.seq.interner, compress is True)
         self.templates = TemplateSet(self.store, self.fields, self.events, self.seq)
         self.encoder = BulkEncoder(self.store, self.fields, self.events, self.seq)
+        self.begins = Begins(self.seq.interner)
         self.packets = 0
         self.cur = Batch()
         self.done: list[Batch] = []
@@ -91,7 +93,13 @@ class Writer:
         seq = b.seq
         d = it.depth
         ev = self.events
-        b.small.append((it.ts, 1, d, seq, ev.begin(it), -1))
+        if it.category == "compute" or it.flows_out or it.flows_in:
+            b.small.append((it.ts, 1, d, seq, ev.begin(it), -1))
+        else:  # encoded with the others at the flush (``begins``)
+            b.pending.append(
+                (len(b.small), self.begins.note(it.track, it.name, it.category, it.args))
+            )
+            b.small.append((it.ts, 1, d, seq, b"", -1))
         b.small.append((it.ts + it.dur, 0 if it.dur else 2, -d, seq + 1, b"", ev.end_id(it.track)))
         b.seq = seq + 2
         b.rows += 2
@@ -173,10 +181,22 @@ class Writer:
 
     # -- encoding
 
+    def _begins(self, batches: list[Batch]) -> None:
+        """Put the begins that waited (``add_slice``) in their rows."""
+        todo = [(b, i, p) for b in batches for i, p in b.pending]
+        if not todo:
+            return
+        for (b, i, _), s in zip(todo, self.begins.encode([p for _, _, p in todo]), strict=True):
+            r = b.small[i]
+            b.small[i] = (r[0], r[1], r[2], r[3], s, r[5])
+        for b in batches:
+            b.pending = []
+
     def flush(self) -> None:
         batches, self.done, self.done_rows = self.done, [], 0
         if not any(batches):
             return
+        self._begins(batches)
         data = self.templates.encode(batches)
         if data is None:
             self._expand(batches)

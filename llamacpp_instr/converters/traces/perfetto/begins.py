@@ -35,9 +35,24 @@ from .protowire import (
     varint_len,
 )
 
-# a slice whose begin waits for the flush: its track, name, category, args, and arg names
-Pending = tuple[int, str, str, dict[str, Any], tuple[str, ...]]
 _KEYED = (int, str, bool, type(None))  # values that pick one encoding by equality
+
+
+class Pending:
+    """The slices of one category and arg names whose begins wait for the flush, as columns, and
+    where their rows are (indices into the batch's small rows)."""
+
+    __slots__ = ("tracks", "names", "args", "at")
+
+    def __init__(self) -> None:
+        self.tracks: list[int] = []
+        self.names: list[str] = []
+        self.args: list[dict[str, Any]] = []  # made columns at the flush
+        self.at: list[int] = []
+
+
+# per batch: (category, arg names) -> its pending slices
+PendingSet = dict[tuple[str, tuple[str, ...]], Pending]
 
 
 class Begins:
@@ -49,32 +64,52 @@ class Begins:
         self.tracks: dict[int, bytes] = {}
         self.names: dict[str, bytes] = {}
 
-    def note(self, track: int, name: str, category: str, args: dict[str, Any]) -> Pending:
-        """Intern what the slice's begin names (as ``EventFields.begin`` would, in its order)."""
-        i = self.interner
-        i.name(name)
-        ks = tuple(args)
+    def _arg_names(self, ks: tuple[str, ...]) -> None:
         if ks not in self.arg_sets:
             for k in ks:
-                i.arg(k)
+                self.interner.arg(k)
             self.arg_sets.add(ks)
-        return (track, name, category, args, ks)
 
-    def encode(self, slices: list[Pending]) -> list[bytes]:
-        """The begin (``track_event`` field) of each slice, in order."""
-        out: list[bytes] = [b""] * len(slices)
-        groups: dict[tuple[str, tuple[str, ...]], list[int]] = {}
-        for j, p in enumerate(slices):
-            groups.setdefault((p[2], p[4]), []).append(j)
-        for (category, ks), rows in groups.items():
-            group = [slices[j] for j in rows]
-            blob, lens = self._group(category, ks, group)
+    def note(
+        self, pending: PendingSet, at: int, track: int, name: str, category: str, args: Any
+    ) -> None:
+        """A slice whose begin is small row ``at``: interned now (as ``EventFields.begin``
+        would: its name, then its arg names), encoded at the flush."""
+        self.interner.name(name)
+        ks = tuple(args)
+        self._arg_names(ks)
+        g = pending.get((category, ks))
+        if g is None:
+            g = pending[(category, ks)] = Pending()
+        g.tracks.append(track)
+        g.names.append(name)
+        g.args.append(args)
+        g.at.append(at)
+
+    def encode(self, batches: list[Any]) -> None:
+        """Put the begins that waited in the batches' small rows."""
+        merged: dict[tuple[str, tuple[str, ...]], tuple[Pending, list[Any]]] = {}
+        for b in batches:
+            for key, g in b.pending.items():
+                m = merged.get(key)
+                if m is None:
+                    m = merged[key] = (Pending(), [])
+                p, rows = m
+                p.tracks += g.tracks
+                p.names += g.names
+                p.args += g.args
+                small = b.small
+                rows += [(small, i) for i in g.at]
+            b.pending = {}
+        for (category, ks), (p, rows) in merged.items():
+            blob, lens = self._group(category, ks, p)
             data = blob.tobytes()
             ends = np.cumsum(lens).tolist()
-            starts = [0, *ends[:-1]]
-            for j, a, z in zip(rows, starts, ends, strict=True):
-                out[j] = data[a:z]
-        return out
+            a = 0
+            for (small, i), z in zip(rows, ends, strict=True):
+                r = small[i]
+                small[i] = (r[0], r[1], r[2], r[3], data[a:z], r[5])
+                a = z
 
     def _codes(self, values: list[Any], encode: Any, cache: dict[Any, bytes] | None) -> Any:
         """Codes into the distinct values' encodings (``encode(value)``)."""
@@ -94,22 +129,18 @@ class Begins:
             codes[r] = c
         return codes, table
 
-    def _group(self, category: str, ks: tuple[str, ...], group: list[Pending]) -> tuple[Any, Any]:
+    def _group(self, category: str, ks: tuple[str, ...], p: Pending) -> tuple[Any, Any]:
         i = self.interner
-        n = len(group)
+        n = len(p.tracks)
         te = Pieces(n)
-        codes, table = self._codes(
-            [p[0] for p in group], lambda t: TE_TRACK_UUID + varint(t), self.tracks
-        )
+        codes, table = self._codes(p.tracks, lambda t: TE_TRACK_UUID + varint(t), self.tracks)
         te.pick(codes, table)
         te.const(TE_TYPE + varint(TYPE_SLICE_BEGIN))
-        codes, table = self._codes(
-            [p[1] for p in group], lambda s: TE_NAME_IID + varint(i.names[s]), self.names
-        )
+        codes, table = self._codes(p.names, lambda s: TE_NAME_IID + varint(i.names[s]), self.names)
         te.pick(codes, table)
         te.const(ld(TE_CATEGORIES, category.encode()))
         for k in ks:
-            self._arg(te, DA_NAME_IID + varint(i.arg_names[k]), [p[3][k] for p in group])
+            self._arg(te, DA_NAME_IID + varint(i.arg_names[k]), [a[k] for a in p.args])
         body = Pieces(n)
         body.const(TRACK_EVENT)
         body.varint(te.lengths())

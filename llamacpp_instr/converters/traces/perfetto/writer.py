@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from operator import attrgetter
 from typing import IO
 
-from ..items import BulkItem, ComputeBatch, OpBatch, Sample, Slice, Track
+from ..items import BulkItem, ComputeBatch, OpBatch, Sample, Slice, SliceRows, Track
 from ..sinks import BundleSink
 from .batch import Batch, Block
 from .begins import Begins
@@ -69,6 +69,8 @@ class Writer:
                     self.add_slice(it)
                 elif isinstance(it, ComputeBatch):
                     self.add_compute(it)
+                elif isinstance(it, SliceRows):
+                    self.add_rows(it)
                 elif isinstance(it, Sample):
                     self.add_sample(it)
                 elif isinstance(it, Track):
@@ -96,13 +98,41 @@ class Writer:
         if it.category == "compute" or it.flows_out or it.flows_in:
             b.small.append((it.ts, 1, d, seq, ev.begin(it), -1))
         else:  # encoded with the others at the flush (``begins``)
-            b.pending.append(
-                (len(b.small), self.begins.note(it.track, it.name, it.category, it.args))
-            )
+            self.begins.note(b.pending, len(b.small), it.track, it.name, it.category, it.args)
             b.small.append((it.ts, 1, d, seq, b"", -1))
         b.small.append((it.ts + it.dur, 0 if it.dur else 2, -d, seq + 1, b"", ev.end_id(it.track)))
         b.seq = seq + 2
         b.rows += 2
+
+    def add_rows(self, rows: SliceRows) -> None:
+        """As ``add_slice`` for each of ``rows`` (their tracks described first: the descriptors
+        come out at once, the rows at the flush, as they would one by one)."""
+        for _, t in rows.tracks:
+            self.track(t)
+        b = self.cur
+        small = b.small
+        pending = b.pending
+        note = self.begins.note
+        d, cat, flows = rows.depth, rows.category, rows.flows_in
+        seq = b.seq
+        ends: dict[int, int] = {}
+        ev = self.events
+        for r, (tr, name, ts, dur, args) in enumerate(
+            zip(rows.track, rows.name, rows.ts, rows.dur, rows.args, strict=True)
+        ):
+            e = ends.get(tr)
+            if e is None:
+                e = ends[tr] = ev.end_id(tr)
+            if flows and r in flows:
+                it = Slice(tr, name, ts, dur, d, cat, args, (), flows[r])
+                small.append((ts, 1, d, seq, ev.begin(it), -1))
+            else:
+                note(pending, len(small), tr, name, cat, args)
+                small.append((ts, 1, d, seq, b"", -1))
+            small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", e))
+            seq += 2
+        b.rows += seq - b.seq
+        b.seq = seq
 
     def add_compute(self, cb: ComputeBatch) -> None:
         """As ``add_slice`` for the compute's slice and each layer's, then ``add_ops``: the rows
@@ -181,22 +211,11 @@ class Writer:
 
     # -- encoding
 
-    def _begins(self, batches: list[Batch]) -> None:
-        """Put the begins that waited (``add_slice``) in their rows."""
-        todo = [(b, i, p) for b in batches for i, p in b.pending]
-        if not todo:
-            return
-        for (b, i, _), s in zip(todo, self.begins.encode([p for _, _, p in todo]), strict=True):
-            r = b.small[i]
-            b.small[i] = (r[0], r[1], r[2], r[3], s, r[5])
-        for b in batches:
-            b.pending = []
-
     def flush(self) -> None:
         batches, self.done, self.done_rows = self.done, [], 0
         if not any(batches):
             return
-        self._begins(batches)
+        self.begins.encode(batches)
         data = self.templates.encode(batches)
         if data is None:
             self._expand(batches)

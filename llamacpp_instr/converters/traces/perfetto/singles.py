@@ -157,3 +157,26 @@ def frame_rows(picked: list[Any], ends: list[bytes], ts: Any) -> tuple[list[byte
         )
     buf, lens = framed(bodies, ts)
     return bodies, buf, lens
+
+
+def interleaved(batch: Any, ts: Any, templated: Any) -> bool:
+    """Whether a single row (its batch and timestamp) falls strictly inside a templated
+    compute's slice, so inside its block's rows: the units would interleave (``key_order``
+    would say so once the templates are filled; a device's busy stretches do, every step)."""
+    per: dict[int, list[tuple[int, int]]] = {}
+    for _, blist in templated:
+        for k, _, bl in blist:
+            cs = bl.cb.slice
+            per.setdefault(k, []).append((cs.ts, cs.ts + cs.dur))
+    order = np.lexsort((ts, batch))
+    b_sorted, t_sorted = batch[order], ts[order]
+    for k, spans in per.items():
+        a, z = np.searchsorted(b_sorted, [k, k + 1])
+        if a == z:
+            continue
+        row = t_sorted[a:z]  # this batch's single rows' timestamps, sorted
+        lo = np.array([x for x, _ in spans], dtype=np.int64)
+        hi = np.array([y for _, y in spans], dtype=np.int64)
+        if (np.searchsorted(row, hi, "left") > np.searchsorted(row, lo, "right")).any():
+            return True
+    return False

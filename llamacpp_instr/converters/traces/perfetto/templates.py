@@ -18,7 +18,7 @@ from .events import EventFields
 from .ops import OpStore, RateFields
 from .packets import POST, Sequence, packet
 from .protowire import TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
-from .singles import collect, frame_rows, key_order, ordered
+from .singles import collect, frame_rows, interleaved, key_order, ordered
 
 TEMPLATE_BYTES = 64 << 20  # templates kept, at most (then forgotten, and learnt again)
 
@@ -209,6 +209,8 @@ class TemplateSet:
         first = [np.concatenate(c) if c else np.zeros(0, dtype=np.int64) for c in keys]
         n_s = len(first[0])
         s_ts = first[1]
+        if n_s and interleaved(first[0], s_ts, by_template.values()):
+            return None  # (what key_order finds below, before the templates are filled)
         last = list(first)
         blocks_out: list[Any] = []  # each templated block's packets
         for tm, blist in by_template.values():

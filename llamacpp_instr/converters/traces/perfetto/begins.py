@@ -114,19 +114,15 @@ class Begins:
     def _codes(self, values: list[Any], encode: Any, cache: dict[Any, bytes] | None) -> Any:
         """Codes into the distinct values' encodings (``encode(value)``)."""
         index: dict[Any, int] = {}
-        table: list[bytes] = []
-        codes = np.empty(len(values), dtype=np.int64)
-        for r, v in enumerate(values):
-            c = index.get(v)
-            if c is None:
-                c = index[v] = len(table)
-                b = cache.get(v) if cache is not None else None
-                if b is None:
-                    b = encode(v)
-                    if cache is not None:
-                        cache[v] = b
-                table.append(b)
-            codes[r] = c
+        codes = np.array([index.setdefault(v, len(index)) for v in values], dtype=np.int64)
+        if cache is None:
+            return codes, [encode(v) for v in index]
+        table = []
+        for v in index:
+            b = cache.get(v)
+            if b is None:
+                b = cache[v] = encode(v)
+            table.append(b)
         return codes, table
 
     def _group(self, category: str, ks: tuple[str, ...], p: Pending) -> tuple[Any, Any]:

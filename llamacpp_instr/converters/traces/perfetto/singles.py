@@ -163,20 +163,18 @@ def interleaved(batch: Any, ts: Any, templated: Any) -> bool:
     """Whether a single row (its batch and timestamp) falls strictly inside a templated
     compute's slice, so inside its block's rows: the units would interleave (``key_order``
     would say so once the templates are filled; a device's busy stretches do, every step)."""
-    per: dict[int, list[tuple[int, int]]] = {}
-    for _, blist in templated:
-        for k, _, bl in blist:
-            cs = bl.cb.slice
-            per.setdefault(k, []).append((cs.ts, cs.ts + cs.dur))
-    order = np.lexsort((ts, batch))
-    b_sorted, t_sorted = batch[order], ts[order]
-    for k, spans in per.items():
-        a, z = np.searchsorted(b_sorted, [k, k + 1])
-        if a == z:
-            continue
-        row = t_sorted[a:z]  # this batch's single rows' timestamps, sorted
-        lo = np.array([x for x, _ in spans], dtype=np.int64)
-        hi = np.array([y for _, y in spans], dtype=np.int64)
-        if (np.searchsorted(row, hi, "left") > np.searchsorted(row, lo, "right")).any():
-            return True
-    return False
+    spans = [(k, bl.cb.slice) for _, blist in templated for k, _, bl in blist]
+    if not spans:
+        return False
+    kb = np.array([k for k, _ in spans], dtype=np.int64)
+    lo = np.array([cs.ts for _, cs in spans], dtype=np.int64)
+    hi = lo + np.array([cs.dur for _, cs in spans], dtype=np.int64)
+    n, m = len(ts), len(spans)
+    # one sort of every single row and every slice's start and end: a start after the rows
+    # at its time, an end before them, so the rows between a start and its end are inside
+    kind = np.concatenate((np.ones(n, np.int64), np.full(m, 2), np.zeros(m, np.int64)))
+    order = np.lexsort((kind, np.concatenate((ts, lo, hi)), np.concatenate((batch, kb, kb))))
+    before = np.cumsum(kind[order] == 1)  # single rows up to each position
+    pos = np.empty(n + 2 * m, dtype=np.int64)
+    pos[order] = np.arange(n + 2 * m)
+    return bool((before[pos[n + m :]] > before[pos[n : n + m]]).any())

@@ -102,10 +102,10 @@ class DeviceTracks:
             yield self._split(k, s, c, track, flow_of.get(k))
         cpu = self.devs.cpu
         od = dt.op_devices(c, cpu) if len(c.op_node) else None
-        ld = dt.layer_devices(c, cpu)
+        ld = dt.layer_devices(c, cpu).tolist()
         for d in dt.compute_devices(c, cpu):
             yield from self.lanes.device_track(d)
-            spans = [lay for lay, x in zip(c.layers, ld.tolist(), strict=True) if x == d]
+            spans = [lay for lay, x in zip(c.layers, ld, strict=True) if x == d]
             mask = od == d if od is not None else None
             head_d = self._device_slice(c, d, spans, mask)
             if head_d is not None:

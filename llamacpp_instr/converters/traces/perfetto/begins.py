@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from ..items import Slice, SliceRows
+from .events import EventFields
 from .packets import Interner
 from .pieces import Pieces
 from .protowire import (
@@ -63,6 +65,16 @@ class Begins:
         self.arg_sets: set[tuple[str, ...]] = set()  # arg names already interned together
         self.tracks: dict[int, bytes] = {}
         self.names: dict[str, bytes] = {}
+
+    def group(self, pending: PendingSet, category: str, args: Any) -> Pending:
+        """Intern the arg names of ``args`` (after its slice's name: ``note``) and give the
+        pending group of its category and arg names."""
+        ks = tuple(args)
+        self._arg_names(ks)
+        g = pending.get((category, ks))
+        if g is None:
+            g = pending[(category, ks)] = Pending()
+        return g
 
     def _arg_names(self, ks: tuple[str, ...]) -> None:
         if ks not in self.arg_sets:
@@ -170,3 +182,40 @@ class Begins:
         else:  # floats among others: one encoding per row (0.0 == -0.0, NaN != NaN)
             table = [ld(TE_DEBUG_ANNOTATIONS, head + annotation_value(v)) for v in vals]
             te.pick(np.arange(len(vals), dtype=np.int64), table)
+
+
+def add_rows(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> None:
+    """``Writer.add_slice`` for each of ``rows`` into batch ``b``: its begin waits (``note``)
+    unless it ends flows (then encoded now, as ``EventFields.begin`` does for those)."""
+    small = b.small
+    pending = b.pending
+    intern = begins.interner.name
+    d, cat, flows = rows.depth, rows.category, rows.flows_in
+    seq = b.seq
+    ends: dict[int, int] = {}
+    ev = events
+    keys: list[str] | None = None  # the last row's arg names, and their group
+    g = None
+    for r, (tr, name, ts, dur, args) in enumerate(
+        zip(rows.track, rows.name, rows.ts, rows.dur, rows.args, strict=True)
+    ):
+        e = ends.get(tr)
+        if e is None:
+            e = ends[tr] = ev.end_id(tr)
+        if flows and r in flows:
+            it = Slice(tr, name, ts, dur, d, cat, args, (), flows[r])
+            small.append((ts, 1, d, seq, ev.begin(it), -1))
+        else:  # as Begins.note, the group kept while the rows' arg names stay the same
+            intern(name)
+            if g is None or keys != list(args):
+                g = begins.group(pending, cat, args)
+                keys = list(args)
+            g.tracks.append(tr)
+            g.names.append(name)
+            g.args.append(args)
+            g.at.append(len(small))
+            small.append((ts, 1, d, seq, b"", -1))
+        small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", e))
+        seq += 2
+    b.rows += seq - b.seq
+    b.seq = seq

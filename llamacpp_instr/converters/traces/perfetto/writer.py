@@ -20,7 +20,7 @@ from typing import IO
 from ..items import BulkItem, ComputeBatch, OpBatch, Sample, Slice, SliceRows, Track
 from ..sinks import BundleSink
 from .batch import Batch, Block
-from .begins import Begins
+from .begins import Begins, add_rows
 from .bulk import BulkEncoder
 from .events import EventFields
 from .ops import NodeTables, OpStore, RateFields
@@ -109,30 +109,7 @@ class Writer:
         come out at once, the rows at the flush, as they would one by one)."""
         for _, t in rows.tracks:
             self.track(t)
-        b = self.cur
-        small = b.small
-        pending = b.pending
-        note = self.begins.note
-        d, cat, flows = rows.depth, rows.category, rows.flows_in
-        seq = b.seq
-        ends: dict[int, int] = {}
-        ev = self.events
-        for r, (tr, name, ts, dur, args) in enumerate(
-            zip(rows.track, rows.name, rows.ts, rows.dur, rows.args, strict=True)
-        ):
-            e = ends.get(tr)
-            if e is None:
-                e = ends[tr] = ev.end_id(tr)
-            if flows and r in flows:
-                it = Slice(tr, name, ts, dur, d, cat, args, (), flows[r])
-                small.append((ts, 1, d, seq, ev.begin(it), -1))
-            else:
-                note(pending, len(small), tr, name, cat, args)
-                small.append((ts, 1, d, seq, b"", -1))
-            small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", e))
-            seq += 2
-        b.rows += seq - b.seq
-        b.seq = seq
+        add_rows(self.cur, rows, self.begins, self.events)
 
     def add_compute(self, cb: ComputeBatch) -> None:
         """As ``add_slice`` for the compute's slice and each layer's, then ``add_ops``: the rows

@@ -14,10 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from .packets import POST, packet
+from .packets import POST, Sequence, packet
 from .protowire import I64_END, TIMESTAMP, TRACE_PACKET, varint, varint_len
 
 _U8 = np.uint8
+# fewer single rows than this per templated block: ``join_units`` frames them one by one
+FEW_ROWS = 8
 
 
 def put_const(out: Any, pos: Any, data: bytes) -> None:
@@ -118,32 +120,31 @@ def collect(
     k: int, small: list[Any], covered: bytearray, keys: list[list[Any]], picked: list[Any]
 ) -> bool:
     """Batch ``k``'s small rows not ``covered`` (by its blocks): their keys appended to ``keys``
-    (batch, ts, rank, tie, seq), and what makes their bodies to ``picked``; False if a
-    timestamp is beyond int64 (the general encoder's ``encode_rows`` takes those)."""
+    (batch, ts, rank, tie, seq: lists, made arrays once per flush, as a CPU log's batches
+    have a few rows each), and what makes their bodies to ``picked``; False if a timestamp is
+    beyond int64 (the general encoder's ``encode_rows`` takes those)."""
     if not small:
         return True
-    idx = np.flatnonzero(np.frombuffer(bytes(covered), dtype=np.uint8) == 0)
-    if not len(idx):
+    rows = [r for r, c in zip(small, covered, strict=True) if not c]
+    if not rows:
         return True
-    cols = list(zip(*small, strict=True))
-    pick = idx.tolist()
-    ts = [cols[0][i] for i in pick]
-    if max(ts) >= I64_END:
+    cols = list(zip(*rows, strict=True))
+    if max(cols[0]) >= I64_END:
         return False
-    keys[0].append(np.full(len(pick), k, dtype=np.int64))
+    keys[0] += [k] * len(rows)
     for j in range(4):
-        keys[j + 1].append(np.array([cols[j][i] for i in pick], dtype=np.int64))
-    picked.append((cols[4], cols[5], pick))
+        keys[j + 1] += cols[j]
+    picked.append((cols[4], cols[5]))
     return True
 
 
 def frame_rows(picked: list[Any], ends: list[bytes], ts: Any) -> tuple[list[bytes], Any, Any]:
     """The bodies of the rows ``collect`` picked (a begin's S, or its track's end field), and
-    their packets (``framed``) with their lengths."""
+    (unless ``ts`` is None) their packets (``framed``) with their lengths."""
     bodies: list[bytes] = []
-    for s_, e_, pick in picked:
-        bodies += [ends[e_[i]] if e_[i] >= 0 else s_[i] for i in pick]
-    if not bodies:
+    for s_, e_ in picked:
+        bodies += [ends[e] if e >= 0 else s for s, e in zip(s_, e_, strict=True)]
+    if not bodies or ts is None:
         return bodies, np.zeros(0, dtype=_U8), np.zeros(0, dtype=np.int64)
     if int(ts.min()) < 0:  # (an int64 field's negative varint: ten bytes)
         pk = [
@@ -178,3 +179,32 @@ def interleaved(batch: Any, ts: Any, templated: Any) -> bool:
     pos = np.empty(n + 2 * m, dtype=np.int64)
     pos[order] = np.arange(n + 2 * m)
     return bool((before[pos[n + m :]] > before[pos[n : n + m]]).any())
+
+
+def join_units(
+    keys: list[list[int]], bodies: list[bytes], fills: list[Any], seq: Sequence
+) -> bytes | None:
+    """The flush's packets, its single rows (``keys``' columns, ``bodies``) framed one by one
+    and put in key order with the templated blocks (``fills``: ``TemplateSet._fill``'s), or
+    None if they interleave."""
+    units: list[tuple[Any, Any, Any]] = []
+    for key, body in zip(zip(*keys, strict=True), bodies, strict=True):
+        units.append((key, key, packet(body + TIMESTAMP + varint(key[1]) + POST)))
+    n_s = len(units)
+    for f_keys, z_keys, tb in fills:
+        firsts = zip(*[c.tolist() for c in f_keys], strict=True)
+        lasts = zip(*[c.tolist() for c in z_keys], strict=True)
+        units += [(f, z, memoryview(r)) for f, z, r in zip(firsts, lasts, tb, strict=True)]
+    order = sorted(range(len(units)), key=lambda u: units[u][0])
+    for a, z in zip(order, order[1:], strict=False):
+        if not units[a][1] < units[z][0]:
+            return None
+    out = [units[u][2] for u in order]
+    if out and seq.needs_head():
+        # the first packet defines what the batches intern (and clears the state if first)
+        u = order[0]
+        if u >= n_s:
+            return None
+        key = units[u][0]
+        out[0] = packet(bodies[u] + TIMESTAMP + varint(key[1]) + seq.head())
+    return b"".join(out)

@@ -18,7 +18,7 @@ from .events import EventFields
 from .ops import OpStore, RateFields
 from .packets import POST, Sequence, packet
 from .protowire import TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
-from .singles import collect, frame_rows, interleaved, key_order, ordered
+from .singles import FEW_ROWS, collect, frame_rows, interleaved, join_units, key_order, ordered
 
 TEMPLATE_BYTES = 64 << 20  # templates kept, at most (then forgotten, and learnt again)
 
@@ -188,7 +188,7 @@ class TemplateSet:
         by_template: dict[int, tuple[Template, list[tuple[int, Batch, Block]]]] = {}
         blocks = 0
         keys: list[list[Any]] = [[] for _ in range(5)]  # the single rows' batch, ts, rank, tie, seq
-        picked: list[tuple[Any, Any, list[int]]] = []  # per batch: its S and end id columns, rows
+        picked: list[tuple[Any, Any]] = []  # per batch: its single rows' S and end id columns
         ends = self.events.ends
         for k, b in enumerate(batches):
             small = b.small
@@ -206,18 +206,25 @@ class TemplateSet:
                 return None
             if not collect(k, small, covered, keys, picked):
                 return None
-        first = [np.concatenate(c) if c else np.zeros(0, dtype=np.int64) for c in keys]
+        first = [np.array(c, dtype=np.int64) for c in keys]
         n_s = len(first[0])
         s_ts = first[1]
         if n_s and interleaved(first[0], s_ts, by_template.values()):
             return None  # (what key_order finds below, before the templates are filled)
-        last = list(first)
-        blocks_out: list[Any] = []  # each templated block's packets
+        fills = []
         for tm, blist in by_template.values():
             filled = self._fill(tm, blist)
             if filled is None:
                 return None
-            f_keys, z_keys, tb = filled
+            fills.append(filled)
+        if n_s < FEW_ROWS * blocks:  # (a CPU log: the rows one by one cost less than numpy's calls)
+            data = join_units(keys, frame_rows(picked, ends, None)[0], fills, self.seq)
+            if data is not None:
+                self.templated += blocks
+            return data
+        last = list(first)
+        blocks_out: list[Any] = []  # each templated block's packets
+        for f_keys, z_keys, tb in fills:
             first = [np.concatenate((a, c)) for a, c in zip(first, f_keys, strict=True)]
             last = [np.concatenate((a, c)) for a, c in zip(last, z_keys, strict=True)]
             blocks_out += [memoryview(row) for row in tb]  # joined later: no copy here

@@ -34,6 +34,9 @@ FLUSH_ROWS = 32768  # encode this many buffered packets at a time (at step bound
 ZLIB_THREADS = 2  # compressing threads (zlib releases the GIL): bundles stay in order
 
 _LAYER_KEY = attrgetter("layer", "n_ops")
+# slices whose begins are encoded as they come (computes: their template's key; steps: one per
+# batch, their many args of mixed types cost more by columns); the others wait (``begins``)
+_NOW = frozenset(("compute", "step"))
 
 
 class Writer:
@@ -95,7 +98,7 @@ class Writer:
         seq = b.seq
         d = it.depth
         ev = self.events
-        if it.category == "compute" or it.flows_out or it.flows_in:
+        if it.category in _NOW or it.flows_out or it.flows_in:
             b.small.append((it.ts, 1, d, seq, ev.begin(it), -1))
         else:  # encoded with the others at the flush (``begins``)
             self.begins.note(b.pending, len(b.small), it.track, it.name, it.category, it.args)

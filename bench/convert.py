@@ -1,6 +1,7 @@
 """Converter speed and memory: each command on a big log vs merely parsing it with orjson.
 
     python bench/convert.py [--ops 1000000] [--reps 3] [--tasks parse,pftrace,...] [--write-docs]
+    python bench/convert.py --devices-only [--device-ops 200000]
 
 Builds a large log shaped like a real DETAILED SmolLM2 log by repeating the generation steps of a
 real one (tests/fixtures are too small; a real run of the bundled model is made first when no
@@ -8,6 +9,12 @@ real one (tests/fixtures are too small; a real run of the bundled model is made 
 monotonic session. Then, each in a fresh process: a bare orjson parse of every line, `instr
 to-perfetto` (Perfetto, Chrome JSON), `load_session`, `instr summary`, `instr workloads` and
 `instr export`, at two sizes to show whether memory stays flat as the log grows.
+
+Then device logs against a CPU log (issue 38): the tests' RPC (two servers) and Vulkan
+(partial offload) fixtures and the CPU fixture, each one's generation steps replicated the same
+way to ``--device-ops`` ops, `instr to-perfetto` and `load_session` on each, interleaved round
+after round; the ratio of each device log's ops/s to the CPU log's is the target (≥ 0.8).
+``--devices-only`` runs that part alone (it needs no model run).
 
 Each command is timed from the start of its process to its end, imports included (the library
 call `load_session` from after its imports), with Python's
@@ -45,6 +52,14 @@ TASKS: dict[str, tuple[str, list[str] | None]] = {
     "export": ("`instr export` (Parquet)", ["-o", "{out}-tables"]),
 }
 COMMANDS = {"pftrace": "to-perfetto", "json": "to-perfetto"}
+# the device-vs-CPU comparison (issue 38): each fixture's generation steps replicated alike
+FIXTURES = ROOT / "tests" / "fixtures"
+DEVICE_LOGS = {
+    "CPU": "tiny-llama-detailed",
+    "RPC, two servers": "tiny-llama-rpc2-detailed",
+    "Vulkan, partial offload": "tiny-llama-vulkan-partial-detailed",
+}
+DEVICE_TASKS = ("pftrace", "frames")
 sys.path.insert(0, str(ROOT))
 
 
@@ -161,6 +176,87 @@ def output_bytes(task: str, out: Path) -> int | None:
     return p.stat().st_size
 
 
+def device_ratios(tmp: Path, target: int, reps: int) -> list[str]:
+    """Per-op rates of ``to-perfetto`` and ``load_session`` on the RPC and Vulkan fixtures against
+    the CPU fixture, each replicated to ``target`` ops and to a quarter of it (for peak memory),
+    the logs and tasks interleaved in every repetition so that the machine's noise hits them
+    alike."""
+    import gzip
+
+    lines = [
+        "",
+        "Device logs against a CPU log (issue 38): the tests' tiny-llama fixtures (CPU, two RPC "
+        f"servers, Vulkan partial offload), each one's generation steps replicated the same way; "
+        f"logs and commands interleaved in each of {reps} rounds, medians. × CPU: the log's "
+        "ops/s over the CPU log's, same command, same size (target: ≥ 0.8); by CPU time: the "
+        "same ratio of CPU seconds (all threads and the log reader), steadier than wall time "
+        "on a machine that others load.",
+        "",
+        "| log | ops | command | s | ops/s | × CPU | CPU s | × CPU by CPU time | peak RSS |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for size in (target // 4, target):
+        logs: dict[str, tuple[Path, int]] = {}
+        for label, name in DEVICE_LOGS.items():
+            src = tmp / f"{name}.log"
+            if not src.exists():
+                src.write_bytes(gzip.decompress((FIXTURES / f"{name}.log.gz").read_bytes()))
+            log = tmp / f"{name}-{size}.log"
+            logs[label] = (log, synthesize(src, size, log)[0])
+        runs: dict[tuple[str, str], list[dict]] = {}
+        for _ in range(reps):
+            for task in DEVICE_TASKS:
+                for label, (log, _) in logs.items():
+                    out = tmp / f"dev-{task}"
+                    runs.setdefault((label, task), []).append(measure(task, log, out))
+        for task in DEVICE_TASKS:
+            base = base_cpu = 0.0
+            for label, (_, n_ops) in logs.items():
+                got = runs[(label, task)]
+                sec = statistics.median(r["s"] for r in got)
+                cpu = statistics.median(r["cpu"] for r in got)
+                rate, rate_cpu = n_ops / sec, n_ops / cpu
+                base, base_cpu = base or rate, base_cpu or rate_cpu
+                rss = max(r["rss"] for r in got)
+                lines.append(
+                    f"| {label} | {n_ops:,} | {TASKS[task][0]} | {sec:.2f} | {rate:,.0f} | "
+                    f"{rate / base:.2f} | {cpu:.2f} | {rate_cpu / base_cpu:.2f} | "
+                    f"{rss / 2**20:.0f} MiB |"
+                )
+                print(lines[-1], file=sys.stderr)
+        for log, _ in logs.values():
+            log.unlink()
+    return lines
+
+
+def main_table(args: argparse.Namespace, tasks: list[str], tmp: Path, lines: list[str]) -> None:
+    """The commands on a replicated SmolLM2 log (``--source``, or a run of the bundled model)."""
+    source = args.source or make_source(tmp)
+    measure("warm", source, tmp / "warm")
+    for target in (args.ops // 4, args.ops):
+        log = tmp / f"big-{target}.log"
+        n_ops, _ = synthesize(source, target, log)
+        floor = 0.0
+        for task in tasks:
+            out = tmp / f"out-{task}"
+            runs = [measure(task, log, out) for _ in range(args.reps)]
+            s = statistics.median(r["s"] for r in runs)
+            cpu = statistics.median(r["cpu"] for r in runs)
+            rss = max(r["rss"] for r in runs)
+            floor = floor or s
+            size = output_bytes(task, out)
+            wrote = ""
+            if size is not None:
+                wrote = f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.1f} kB"
+                wrote += f" ({size / n_ops:.0f} B/op)" if task == "pftrace" else ""
+            lines.append(
+                f"| {TASKS[task][0]} | {n_ops:,} | {s:.2f} | {n_ops / s:,.0f} | "
+                f"{s / floor:.1f} | {cpu:.2f} | {rss / 2**20:.0f} MiB | {wrote} |"
+            )
+            print(lines[-1], file=sys.stderr)
+        log.unlink()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -173,6 +269,17 @@ def main() -> None:
         "--tasks",
         default=",".join(TASKS),
         help="which measurements to run, comma-separated (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--device-ops",
+        type=int,
+        default=200_000,
+        help="ops of the device-vs-CPU comparison on the fixtures (0: skip it)",
+    )
+    ap.add_argument(
+        "--devices-only",
+        action="store_true",
+        help="only the device-vs-CPU comparison (needs no real run)",
     )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--log", help=argparse.SUPPRESS)
@@ -196,39 +303,27 @@ def main() -> None:
         "| command | ops | s | ops/s | × parse | CPU s | peak RSS | output |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    devices: list[str] = []
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
-        source = args.source or make_source(tmp)
-        measure("warm", source, tmp / "warm")
-        for target in (args.ops // 4, args.ops):
-            log = tmp / f"big-{target}.log"
-            n_ops, _ = synthesize(source, target, log)
-            floor = 0.0
-            for task in tasks:
-                out = tmp / f"out-{task}"
-                runs = [measure(task, log, out) for _ in range(args.reps)]
-                s = statistics.median(r["s"] for r in runs)
-                cpu = statistics.median(r["cpu"] for r in runs)
-                rss = max(r["rss"] for r in runs)
-                floor = floor or s
-                size = output_bytes(task, out)
-                wrote = ""
-                if size is not None:
-                    wrote = f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.1f} kB"
-                    wrote += f" ({size / n_ops:.0f} B/op)" if task == "pftrace" else ""
-                lines.append(
-                    f"| {TASKS[task][0]} | {n_ops:,} | {s:.2f} | {n_ops / s:,.0f} | "
-                    f"{s / floor:.1f} | {cpu:.2f} | {rss / 2**20:.0f} MiB | {wrote} |"
-                )
-                print(lines[-1], file=sys.stderr)
-            log.unlink()
+        if args.devices_only:
+            measure("warm", FIXTURES / f"{DEVICE_LOGS['CPU']}.log.gz", tmp / "warm")
+        else:
+            main_table(args, tasks, tmp, lines)
+        if args.device_ops:
+            devices = device_ratios(tmp, args.device_ops, args.reps)
 
     report = "\n".join(lines)
-    print(report)
+    if not args.devices_only:
+        print(report)
+    print("\n".join(devices))
     if args.write_docs:
         from overhead import write_section
 
-        write_section("convert", report)
+        if not args.devices_only:
+            write_section("convert", report)
+        if devices:  # (its own section: a run with --devices-only leaves the table above)
+            write_section("convert_devices", "\n".join(devices).strip(), script="bench/convert.py")
 
 
 if __name__ == "__main__":

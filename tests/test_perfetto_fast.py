@@ -42,6 +42,7 @@ from llamacpp_instr.converters.traces.items import (
     Sample,
     Selection,
     Slice,
+    SliceRows,
 )
 from llamacpp_instr.converters.traces.layout import layout_bulk
 from llamacpp_instr.converters.traces.perfetto import write_perfetto_fast
@@ -136,6 +137,77 @@ def test_bulk_paths_are_taken(tmp_path: Path) -> None:
     _, templated = fast_trace(log, flush_rows=300)
     assert templated >= n_computes - 6
     assert_same_trace(log)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-rpc2-detailed", "tiny-llama-vulkan-partial-detailed"])
+def test_device_slices_in_bulk(name: str, tmp_path: Path) -> None:
+    """A device log's copies, command buffers, RPC graphs and network commands come as
+    ``SliceRows`` items (one per compute and kind), and the trace is the reference's with
+    every step in one flush, in a few, or flushed at each step (templated computes among
+    them)."""
+    log = repeat_steps(FIXTURES / f"{name}.log.gz", tmp_path / "r.log", 12)
+    items = list(layout_bulk(iter_events_packed(log), Selection(), LayoutStats()))
+    rows = [it for it in items if isinstance(it, SliceRows)]
+    kinds = {r.category for r in rows}
+    assert "copy" in kinds and ("busy" in kinds or "transfer" in kinds), kinds
+    n_rows = sum(len(r.ts) for r in rows)
+    assert n_rows > 3 * len(rows)  # several slices per item
+    loose = [it for it in items if isinstance(it, Slice) and it.category in kinds]
+    assert not loose
+    assert_same_trace(log)
+
+
+_ARG_VALUES = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.integers(0, 2**40),
+    st.booleans(),
+    st.none(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, 1.5]),
+    st.text(max_size=6),
+)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    slices=st.lists(
+        st.tuples(
+            st.sampled_from([7, 2**40 + 3, 5]),
+            st.sampled_from(["copy", "a", "b → c"]),
+            st.sampled_from(["copy", "busy", "transfer"]),
+            st.sampled_from(["x", "y", "z"]).flatmap(
+                lambda first: st.dictionaries(st.sampled_from(["x", "y", "z", "w"]), _ARG_VALUES)
+            ),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_begins_in_bulk_as_one_by_one(slices: list[tuple[int, str, str, dict[str, Any]]]) -> None:
+    """Slice begins encoded by columns at the flush (``begins``) are the bytes the per-slice
+    encoder makes (``EventFields.begin``), whatever the args' values and types, and intern the
+    same strings in the same order."""
+    from llamacpp_instr.converters.traces.perfetto.begins import Begins
+    from llamacpp_instr.converters.traces.perfetto.events import EventFields
+    from llamacpp_instr.converters.traces.perfetto.packets import Interner
+
+    one, bulk = Interner(), Interner()
+    events = EventFields(one)
+    want = [events.begin(Slice(t, n, 0, 1, 0, c, a)) for t, n, c, a in slices]
+    begins = Begins(bulk)
+
+    class Rows:  # what Begins.encode reads of a batch
+        def __init__(self) -> None:
+            self.pending: dict[Any, Any] = {}
+            self.small: list[tuple[Any, ...]] = []
+
+    b = Rows()
+    for t, n, c, a in slices:
+        begins.note(b.pending, len(b.small), t, n, c, a)
+        b.small.append((0, 1, 0, len(b.small), b"", -1))
+    assert bulk.pending == one.pending
+    begins.encode([b])
+    assert [r[4] for r in b.small] == want
 
 
 @pytest.mark.parametrize(

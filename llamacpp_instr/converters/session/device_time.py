@@ -177,16 +177,27 @@ def measure(u: Sequence[Interval]) -> int:
 
 def overlap(u: Sequence[Interval], v: Sequence[Interval]) -> int:
     """The length of the intersection of two merged interval lists."""
+    nu, nv = len(u), len(v)
+    if not nu or not nv:
+        return 0
     i = j = total = 0
-    while i < len(u) and j < len(v):
-        a, b = max(u[i][0], v[j][0]), min(u[i][1], v[j][1])
+    ua, ub = u[0]
+    va, vb = v[0]
+    while True:  # (one pair in hand at a time: this runs for every device of every step)
+        a = ua if ua > va else va
+        b = ub if ub < vb else vb
         if b > a:
             total += b - a
-        if u[i][1] < v[j][1]:
+        if ub < vb:
             i += 1
+            if i == nu:
+                return total
+            ua, ub = u[i]
         else:
             j += 1
-    return total
+            if j == nv:
+                return total
+            va, vb = v[j]
 
 
 def clip(u: Sequence[Interval], lo: int, hi: int) -> list[Interval]:

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..reading.decode.columns import LayerSpan
 from .chrome_ops import OpQueue, dumps, pairs
-from .items import ComputeBatch, Item, OpBatch, Sample, Slice, Track
+from .items import ComputeBatch, Item, OpBatch, Sample, Slice, SliceRows, Track
 from .rounding import EXACT
 from .sinks import ThreadedWriter
 
@@ -62,7 +62,7 @@ class _Writer:
     def emit(self, ev: dict[str, object]) -> None:
         self.write(b",\n" + dumps(ev), 1)
 
-    def item(self, it: Item | OpBatch | ComputeBatch) -> None:
+    def item(self, it: Item | OpBatch | ComputeBatch | SliceRows) -> None:
         if isinstance(it, Slice):
             if it.category == "layer" and self.layer_slice(it):
                 return
@@ -86,6 +86,9 @@ class _Writer:
             self.layers(it.slice.track, it.layers)
             if it.ops is not None:
                 self.ops(it.ops)
+        elif isinstance(it, SliceRows):
+            for x in it.items():
+                self.item(x)
         elif isinstance(it, Sample):
             tr = self.tracks[it.track]
             self.emit(
@@ -206,7 +209,9 @@ class _Writer:
         self._out(self.queue.flush())
 
 
-def write_chrome_json(items: Iterable[Item | OpBatch | ComputeBatch], out: IO[bytes]) -> int:
+def write_chrome_json(
+    items: Iterable[Item | OpBatch | ComputeBatch | SliceRows], out: IO[bytes]
+) -> int:
     """Write the items as a JSON array of trace events; returns the number of events.
 
     ``items`` is a ``layout.layout_bulk`` stream: op slices come per compute, as

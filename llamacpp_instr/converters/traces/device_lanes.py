@@ -27,8 +27,9 @@ class Lanes:
 class DeviceLanes:
     """A session's device tracks, each with its lanes, made when first used."""
 
-    def __init__(self, sid: str, process: Track, devs: dt.Devices) -> None:
+    def __init__(self, sid: str, process: Track, devs: dt.Devices, bulk: bool = False) -> None:
         self.sid = sid
+        self.bulk = bulk  # slices in bulk (``SliceRows``: ``assign``), else one by one
         self.process = process
         self.devs = devs
         self.order = {d: k for k, d in enumerate(devs.order(devs.known))}
@@ -62,6 +63,21 @@ class DeviceLanes:
         lanes.lanes[k] = (lanes.lanes[k][0], s.ts + s.dur)
         s.track = lanes.lanes[k][0].uuid
         yield s
+
+    def assign(
+        self, lanes: Lanes, ts: int, end: int, row: int, new: list[tuple[int, Track]]
+    ) -> int:
+        """``place`` for a slice from ``ts`` to ``end``, row ``row`` of a ``SliceRows``: the
+        track it goes on (a new lane is added to ``new``)."""
+        ll = lanes.lanes
+        for k, (tr, last) in enumerate(ll):
+            if last <= ts:
+                ll[k] = (tr, end)
+                return tr.uuid
+        tr = self._new_lane(lanes)
+        new.append((row, tr))
+        ll[-1] = (tr, end)
+        return tr.uuid
 
     def get(self, key: tuple[Any, ...], name: str, order: int, parent: int | None = None) -> Lanes:
         lanes = self.tracks.get(key)

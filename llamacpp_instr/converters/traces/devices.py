@@ -39,7 +39,7 @@ from ..reading.decode.steps import Step
 from ..session import device_time as dt
 from ..session.kv_flows import OpFlows
 from .device_lanes import COPIES_ORDER, DeviceLanes
-from .items import BulkItem, Item, LayoutStats, Slice, Track, track_uuid
+from .items import BulkItem, Item, LayoutStats, Slice, SliceRows, Track, track_uuid
 from .network import NetworkTracks
 
 
@@ -51,6 +51,7 @@ class SessionLayout(Protocol):
     info: SessionInfo
     pid: int
     process: Track
+    bulk: bool
 
     def compute_slice(self, c: Compute, track: int) -> Slice: ...
 
@@ -72,7 +73,7 @@ class DeviceTracks:
         self.lay = lay
         self.devs = dt.Devices(lay.info)
         self.sid = lay.info.sid
-        self.lanes = DeviceLanes(self.sid, lay.process, self.devs)
+        self.lanes = DeviceLanes(self.sid, lay.process, self.devs, lay.bulk)
         self.network = NetworkTracks(lay.info, self.lanes)
 
     # -- steps
@@ -101,10 +102,10 @@ class DeviceTracks:
             yield self._split(k, s, c, track, flow_of.get(k))
         cpu = self.devs.cpu
         od = dt.op_devices(c, cpu) if len(c.op_node) else None
-        ld = dt.layer_devices(c, cpu)
+        ld = dt.layer_devices(c, cpu).tolist()
         for d in dt.compute_devices(c, cpu):
             yield from self.lanes.device_track(d)
-            spans = [lay for lay, x in zip(c.layers, ld.tolist(), strict=True) if x == d]
+            spans = [lay for lay, x in zip(c.layers, ld, strict=True) if x == d]
             mask = od == d if od is not None else None
             head_d = self._device_slice(c, d, spans, mask)
             if head_d is not None:
@@ -178,12 +179,14 @@ class DeviceTracks:
             track, name, s.start, s.end - s.start, 2, "split", args, (flow,) if flow else ()
         )
 
-    def _copies(self, c: Compute) -> Iterator[Item]:
+    def _copies(self, c: Compute) -> Iterator[Item | SliceRows]:
         p = c.place
         assert p is not None
         lanes = self.lanes.get(("copies",), "copies", COPIES_ORDER)
-        for cp in sorted(p.copies, key=lambda x: (x.start, x.dur)):
-            src, dst = self.devs[cp.src].name, self.devs[cp.dst].name
+        out = SliceRows("copy", 0)
+        names = self.devs
+        for j, cp in enumerate(sorted(p.copies, key=lambda x: (x.start, x.dur))):
+            src, dst = names[cp.src].name, names[cp.dst].name
             bw = dt.bandwidth(cp.bytes, cp.dur)
             args = {
                 "tensor": cp.name,
@@ -194,17 +197,18 @@ class DeviceTracks:
                 "node": cp.node,
                 "mb_per_s": round(bw / 1e6, 3) if bw is not None else 0.0,
             }
-            yield from self.lanes.place(
-                lanes, Slice(0, f"{src} → {dst}", cp.start, cp.dur, 0, "copy", args)
-            )
+            track = self.lanes.assign(lanes, cp.start, cp.start + cp.dur, j, out.tracks)
+            out.add(track, f"{src} → {dst}", cp.start, cp.dur, args)
+        yield from as_items(out, self.lay.bulk)
 
-    def _busy(self, c: Compute, flow_of: dict[int, int]) -> Iterator[Item]:
+    def _busy(self, c: Compute, flow_of: dict[int, int]) -> Iterator[Item | SliceRows]:
         p = c.place
         assert p is not None
         splits = p.splits
         seen: set[int] = set()
         last: dict[int, int] = {}
-        for b in sorted(p.busy, key=lambda x: (x.start, x.dur)):
+        out = SliceRows("busy", 0)
+        for j, b in enumerate(sorted(p.busy, key=lambda x: (x.start, x.dur))):
             name = self.devs[b.device].name
             lanes = self.lanes.get(
                 ("busy", b.device), f"{name} command buffers", self.lanes.rank(b.device) + 1
@@ -215,19 +219,20 @@ class DeviceTracks:
             if 0 <= b.split < len(splits):
                 args["since_launch_ns"] = b.start - splits[b.split].launch
             last[b.device] = max(last.get(b.device, 0), b.start + b.dur)
-            into: tuple[int, ...] = ()
             if b.split in flow_of and b.split not in seen:
                 seen.add(b.split)
-                into = (flow_of[b.split],)
-            s = Slice(0, "command buffer", b.start, b.dur, 0, "busy", args, (), into)
-            yield from self.lanes.place(lanes, s)
+                out.flows_in[j] = (flow_of[b.split],)
+            track = self.lanes.assign(lanes, b.start, b.start + b.dur, j, out.tracks)
+            out.add(track, "command buffer", b.start, b.dur, args)
+        yield from as_items(out, self.lay.bulk)
 
-    def _remote(self, c: Compute, flow_of: dict[int, int]) -> Iterator[Item]:
+    def _remote(self, c: Compute, flow_of: dict[int, int]) -> Iterator[Item | SliceRows]:
         p = c.place
         assert p is not None
         splits = p.splits
         seen: set[int] = set()
-        for r in sorted(p.remote, key=lambda x: (x.start, x.end)):
+        out = SliceRows("remote", 0)
+        for j, r in enumerate(sorted(p.remote, key=lambda x: (x.start, x.end))):
             dev = self.devs[r.device]
             lanes = self.lanes.get(
                 ("remote", r.device), f"{dev.name} graphs", self.lanes.rank(r.device) + 1
@@ -245,15 +250,23 @@ class DeviceTracks:
             }
             if 0 <= r.split < len(splits):
                 args["since_launch_ns"] = r.start - splits[r.split].launch
-            into: tuple[int, ...] = ()
             if r.split in flow_of and r.split not in seen:
                 seen.add(r.split)
-                into = (flow_of[r.split],)
-            s = Slice(
-                0, "graph compute (server)", r.start, r.end - r.start, 0, "remote", args, (), into
-            )
-            yield from self.lanes.place(lanes, s)
+                out.flows_in[j] = (flow_of[r.split],)
+            track = self.lanes.assign(lanes, r.start, r.end, j, out.tracks)
+            out.add(track, "graph compute (server)", r.start, r.end - r.start, args)
+        yield from as_items(out, self.lay.bulk)
 
-    def transfers(self, step: Step | None = None) -> Iterator[Item]:
+    def transfers(self, step: Step | None = None) -> Iterator[Item | SliceRows]:
         """The RPC commands of ``step``, or (None) those outside any step not drawn yet."""
         return self.network.transfers(step)
+
+
+def as_items(rows: SliceRows, bulk: bool) -> Iterator[Item | SliceRows]:
+    """``rows`` as one item (``bulk``: ``layout_bulk``), or one by one (none if empty)."""
+    if not rows.ts:
+        return
+    if bulk:
+        yield rows
+    else:
+        yield from rows.items()

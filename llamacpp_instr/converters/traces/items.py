@@ -5,7 +5,7 @@ session out as these; the Perfetto and Chrome JSON writers render them)."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,7 +92,55 @@ class ComputeBatch:
     ops: OpBatch | None
 
 
-BulkItem = Item | OpBatch | ComputeBatch
+@dataclass
+class SliceRows:
+    """Slices of one category and depth, as one item: the ``Slice`` items that
+    ``items()`` yields one by one, with the tracks first used among them (``tracks``: (row, track),
+    each yielded right before its row). The device layout gives its copies, command buffers and
+    network commands this way (a few per op: one item each cost more than their encoding)."""
+
+    category: str
+    depth: int
+    track: list[int] = field(default_factory=list)
+    name: list[str] = field(default_factory=list)
+    ts: list[int] = field(default_factory=list)
+    dur: list[int] = field(default_factory=list)
+    args: list[dict[str, Any]] = field(default_factory=list)
+    tracks: list[tuple[int, Track]] = field(default_factory=list)
+    flows_in: dict[int, tuple[int, ...]] = field(default_factory=dict)  # row -> flows it ends
+
+    def add(self, track: int, name: str, ts: int, dur: int, args: dict[str, Any]) -> None:
+        self.track.append(track)
+        self.name.append(name)
+        self.ts.append(ts)
+        self.dur.append(dur)
+        self.args.append(args)
+
+    def items(self) -> Iterator[Item]:
+        """The same, item by item."""
+        new = iter(self.tracks)
+        nxt = next(new, None)
+        for r, args in enumerate(self.args):
+            while nxt is not None and nxt[0] == r:
+                yield nxt[1]
+                nxt = next(new, None)
+            yield Slice(
+                self.track[r],
+                self.name[r],
+                self.ts[r],
+                self.dur[r],
+                self.depth,
+                self.category,
+                args,
+                (),
+                self.flows_in.get(r, ()),
+            )
+        while nxt is not None:
+            yield nxt[1]
+            nxt = next(new, None)
+
+
+BulkItem = Item | OpBatch | ComputeBatch | SliceRows
 
 
 @dataclass

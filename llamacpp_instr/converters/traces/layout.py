@@ -35,6 +35,7 @@ from .items import (
     Sample,
     Selection,
     Slice,
+    SliceRows,
     Track,
     track_uuid,
 )
@@ -56,8 +57,11 @@ class SessionLayout(OpsLayout):
         stats: LayoutStats,
         flows: KvFlows | None = None,
         roof: Roof | None = None,
+        bulk: bool = False,
     ) -> None:
         sid = info.sid
+        # the device slices in bulk (``SliceRows``), as the writers take them; else one by one
+        self.bulk = bulk
         pid = 1000 + index
         process = Track(track_uuid(sid, "process"), info.title, None, "process", index, pid)
         super().__init__(info, process, sel, roof)
@@ -89,7 +93,7 @@ class SessionLayout(OpsLayout):
         if multi_device(info):
             self.by_device = DeviceTracks(self)
 
-    def requests(self) -> Iterator[Item]:
+    def requests(self) -> Iterator[Item | SliceRows]:
         """Slices for the request and part records read since the last call (``ServedTracks``),
         then on several devices the RPC commands sent outside steps (the model's upload first)."""
         yield from self.served.items()
@@ -215,7 +219,7 @@ def layout_bulk(
     (``machine_peaks.session_roofs``), ops carry their roof fraction and bound."""
 
     def make(info: SessionInfo, k: int) -> SessionLayout:
-        return SessionLayout(info, k, sel, stats, flows, roofs(info) if roofs else None)
+        return SessionLayout(info, k, sel, stats, flows, roofs(info) if roofs else None, True)
 
     return layout_sessions(events, make)
 

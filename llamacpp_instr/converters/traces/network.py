@@ -9,8 +9,8 @@ from ..reading.decode.sessions import SessionInfo
 from ..reading.decode.steps import Step
 from ..reading.decode.transfers import TransferRow
 from ..session import device_time as dt
-from .device_lanes import NETWORK_ORDER, DeviceLanes
-from .items import Item, Slice, Track, track_uuid
+from .device_lanes import NETWORK_ORDER, DeviceLanes, Lanes
+from .items import Item, Slice, SliceRows, Track, track_uuid
 
 
 class NetworkTracks:
@@ -22,7 +22,7 @@ class NetworkTracks:
         self.network: Track | None = None
         self.transfers_done = 0
 
-    def transfers(self, step: Step | None = None) -> Iterator[Item]:
+    def transfers(self, step: Step | None = None) -> Iterator[Item | SliceRows]:
         """The RPC commands of ``step``, or (None) those outside any step not drawn yet."""
         if step is not None:
             blocks = step.transfers
@@ -42,16 +42,50 @@ class NetworkTracks:
                 self.lanes.process.pid,
             )
             yield self.network
-        for phase, r in sorted(rows, key=lambda x: (x[1].start, x[1].end)):
+        rows.sort(key=lambda x: (x[1].start, x[1].end))
+        if self.lanes.bulk:
+            yield self._commands(rows)
+            return
+        for phase, r in rows:
             yield from self._command(phase, r)
+
+    def _commands(self, rows: list[tuple[str, TransferRow]]) -> SliceRows:
+        """``_command`` for each of ``rows`` (sorted), as one item."""
+        out = SliceRows("transfer", 0)
+        labels: dict[int, tuple[str, Lanes]] = {}
+        assign = self.lanes.assign
+        for j, (phase, r) in enumerate(rows):
+            got = labels.get(r.device)
+            if got is None:
+                label = self.lanes.devs[r.device].label
+                got = labels[r.device] = (label, self._lanes(r.device, label))
+            label, lanes = got
+            dur = r.end - r.start
+            nb = r.sent + r.recv
+            args = {
+                "device": label,
+                "phase": phase,
+                "tensor": r.tensor,
+                "bytes": r.bytes,
+                "sent": r.sent,
+                "recv": r.recv,
+                "queued_ns": r.start - r.queue,
+                # as dt.transfer_args: dt.bandwidth, in MB/s
+                "mb_per_s": round(nb * 1e9 / dur / 1e6, 3) if dur > 0 else 0.0,
+            }
+            out.add(assign(lanes, r.start, r.end, j, out.tracks), r.cmd, r.start, dur, args)
+        return out
+
+    def _lanes(self, device: int, label: str) -> Lanes:
+        assert self.network is not None
+        return self.lanes.get(
+            ("net", device), f"network: {label}", self.lanes.rank(device), self.network.uuid
+        )
 
     def _command(self, phase: str, r: TransferRow) -> Iterator[Item]:
         assert self.network is not None
         dev = self.lanes.devs[r.device]
-        name = f"network: {dev.label}"
-        lanes = self.lanes.get(
-            ("net", r.device), name, self.lanes.rank(r.device), self.network.uuid
-        )
+        lanes = self._lanes(r.device, dev.label)
         args = {"device": dev.label, "phase": phase, **dt.transfer_args(r)}
         yield from self.lanes.place(
             lanes, Slice(0, r.cmd, r.start, r.end - r.start, 0, "transfer", args)

@@ -118,6 +118,25 @@ def placement(rec: dict[str, Any], t0: int) -> Placement | None:
         p.splits.append(Split(uint(d), i0, i1, start, launch, end))
     n = len(p.splits)
     for k, node, name, nbytes, src, dst, s, d in record_rows(rec, "copies", 8):
+        if (  # the common case at once (else field by field, for the error's words)
+            type(k) is int
+            and type(node) is int
+            and type(name) is str
+            and type(nbytes) is int
+            and type(src) is int
+            and type(dst) is int
+            and type(s) is int
+            and type(d) is int
+            and 0 <= k < n
+            and node >= -1
+            and nbytes >= 0
+            and src >= 0
+            and dst >= 0
+            and s >= 0
+            and d >= 0
+        ):
+            p.copies.append(Copy(k, node, name, nbytes, src, dst, t0 + s, d))
+            continue
         p.copies.append(
             Copy(
                 _split_ref(k, n, False), uint(node, -1), strict_str(name), uint(nbytes), uint(src),
@@ -125,6 +144,20 @@ def placement(rec: dict[str, Any], t0: int) -> Placement | None:
             )
         )  # fmt: skip
     for d, s, dur, k, n_ops in record_rows(rec, "busy", 5):
+        if (
+            type(d) is int
+            and type(s) is int
+            and type(dur) is int
+            and type(k) is int
+            and type(n_ops) is int
+            and d >= 0
+            and s >= 0
+            and dur >= 0
+            and -1 <= k < n
+            and n_ops >= 0
+        ):
+            p.busy.append(Busy(d, t0 + s, dur, k, n_ops))
+            continue
         p.busy.append(Busy(uint(d), t0 + uint(s), uint(dur), _split_ref(k, n, True), uint(n_ops)))
     for d, method, err in record_rows(rec, "clocks", 3):
         p.clocks.append(Clock(uint(d), strict_str(method), uint(err)))

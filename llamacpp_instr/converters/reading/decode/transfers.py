@@ -50,6 +50,27 @@ def transfers(rec: dict[str, Any]) -> Transfers:
     rows = []
     for row in record_rows(rec, "rows", 10):
         d, cmd, tensor, nbytes, sent, recv, q, s, sa, e = row
+        if (  # the common case, every check at once (else one by one, for the error's words)
+            type(d) is int
+            and type(cmd) is str
+            and type(tensor) is str
+            and type(nbytes) is int
+            and type(sent) is int
+            and type(recv) is int
+            and type(q) is int
+            and type(s) is int
+            and type(sa) is int
+            and type(e) is int
+            and d >= -1
+            and nbytes >= 0
+            and sent >= 0
+            and recv >= 0
+            and 0 <= q <= s <= sa <= e
+        ):
+            rows.append(
+                TransferRow(d, cmd, tensor, nbytes, sent, recv, t0 + q, t0 + s, t0 + sa, t0 + e)
+            )
+            continue
         q, s, sa, e = uint(q), uint(s), uint(sa), uint(e)
         if not q <= s <= sa <= e:
             raise ValueError("a transfer whose times are out of order")

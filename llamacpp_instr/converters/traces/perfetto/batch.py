@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..items import ComputeBatch
+from .begins import PendingSet
 
 
 class Block:
@@ -35,6 +36,8 @@ class Batch:
         self.small: list[tuple[int, int, int, int, bytes, int]] = []
         self.groups: list[tuple[int, Any, Any, Any, int]] = []  # seq0, gids, start, dur, end id
         self.blocks: list[Block] = []  # computes' rows, for templates
+        # the slices whose begins wait for the flush (``begins``)
+        self.pending: PendingSet = {}
         self.seq = 0
         self.rows = 0
 

@@ -17,7 +17,8 @@ from .batch import Batch, Block
 from .events import EventFields
 from .ops import OpStore, RateFields
 from .packets import POST, Sequence, packet
-from .protowire import I64_END, TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
+from .protowire import TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
+from .singles import FEW_ROWS, collect, frame_rows, interleaved, join_units, key_order, ordered
 
 TEMPLATE_BYTES = 64 << 20  # templates kept, at most (then forgotten, and learnt again)
 
@@ -145,8 +146,9 @@ class TemplateSet:
         return tm
 
     def _fill(self, tm: Template, blocks: list[tuple[int, Batch, Block]]) -> Any:
-        """The blocks' packets from their template, each ``(first key, last key, bytes)``, or
-        None if the rows of one do not sort as the template's."""
+        """The blocks' packets from their template: the columns of their first and last keys
+        (batch, ts, rank, tie, seq) and their packets (a row of bytes per block), or None if
+        the rows of one do not sort as the template's."""
         cands = [candidates(b, bl) for _, b, bl in blocks]
         if any(c is None for c in cands):
             return None
@@ -171,24 +173,26 @@ class TemplateSet:
                 rates[:, j] = got[j]
             bufs[:, tm.rate_idx] = rates.view(np.uint8).reshape(len(blocks), m, 8 * k)
         f, z = tm.first, tm.last
-        out = []
-        for j, (k, _, bl) in enumerate(blocks):
-            seq0 = bl.seq0
-            first = (k, int(ts[j, 0]), f[0], f[1], seq0 + f[2])
-            last = (k, int(ts[j, -1]), z[0], z[1], seq0 + z[2])
-            out.append((first, last, memoryview(bufs[j])))  # joined later: no copy here
-        return out
+        kb = np.array([k for k, _, _ in blocks], dtype=np.int64)
+        seq0 = np.array([bl.seq0 for _, _, bl in blocks], dtype=np.int64)
+        n = len(blocks)
+        first = [kb, ts[:, 0], np.full(n, f[0]), np.full(n, f[1]), seq0 + f[2]]
+        last = [kb, ts[:, -1], np.full(n, z[0]), np.full(n, z[1]), seq0 + z[2]]
+        return first, last, bufs
 
     def encode(self, batches: list[Batch]) -> bytes | None:
-        """The batches' packets with each compute from its template and the other rows one by
-        one, or None if a compute has no template or its rows do not sort as the template's, or
-        the computes' rows and the others interleave (the general encoder sorts those)."""
-        units: list[tuple[Any, Any, Any]] = []  # (first key, last key, bytes or a buffer)
-        singles: dict[tuple[int, ...], bytes] = {}  # the rows encoded one by one: key -> body
+        """The batches' packets with each compute from its template and the other rows framed
+        in bulk (``singles``), or None if a compute has no template or its rows do not sort as
+        the template's, or the computes' rows and the others interleave (the general encoder
+        sorts those)."""
         by_template: dict[int, tuple[Template, list[tuple[int, Batch, Block]]]] = {}
         blocks = 0
+        keys: list[list[Any]] = [[] for _ in range(5)]  # the single rows' batch, ts, rank, tie, seq
+        picked: list[tuple[Any, Any]] = []  # per batch: its single rows' S and end id columns
+        ends = self.events.ends
         for k, b in enumerate(batches):
-            covered = bytearray(len(b.small))
+            small = b.small
+            covered = bytearray(len(small))
             groups = 0
             for bl in b.blocks:
                 tm = self.templates.get(bl.key)
@@ -200,33 +204,47 @@ class TemplateSet:
                 groups += bl.group >= 0
             if groups != len(b.groups):
                 return None
-            for i, (ts, rank, tie, seq, s_, e) in enumerate(b.small):
-                if covered[i]:
-                    continue
-                if ts >= I64_END:
-                    return None
-                key = (k, ts, rank, tie, seq)
-                body = self.events.ends[e] if e >= 0 else s_
-                units.append((key, key, packet(body + TIMESTAMP + varint(ts) + POST)))
-                singles[key] = body
+            if not collect(k, small, covered, keys, picked):
+                return None
+        first = [np.array(c, dtype=np.int64) for c in keys]
+        n_s = len(first[0])
+        s_ts = first[1]
+        if n_s and interleaved(first[0], s_ts, by_template.values()):
+            return None  # (what key_order finds below, before the templates are filled)
+        fills = []
         for tm, blist in by_template.values():
             filled = self._fill(tm, blist)
             if filled is None:
                 return None
-            units += filled
-        units.sort(key=lambda u: u[0])
-        for a, z in zip(units, units[1:], strict=False):
-            if not a[1] < z[0]:
-                return None
-        if units and self.seq.needs_head():
+            fills.append(filled)
+        if n_s < FEW_ROWS * blocks:  # (a CPU log: the rows one by one cost less than numpy's calls)
+            data = join_units(keys, frame_rows(picked, ends, None)[0], fills, self.seq)
+            if data is not None:
+                self.templated += blocks
+            return data
+        last = list(first)
+        blocks_out: list[Any] = []  # each templated block's packets
+        for f_keys, z_keys, tb in fills:
+            first = [np.concatenate((a, c)) for a, c in zip(first, f_keys, strict=True)]
+            last = [np.concatenate((a, c)) for a, c in zip(last, z_keys, strict=True)]
+            blocks_out += [memoryview(row) for row in tb]  # joined later: no copy here
+        if not len(first[0]):
+            return b""
+        order = key_order(first, last)
+        if order is None:
+            return None
+        # the single rows' packets, made only now that the flush is known to be templated
+        bodies, sbuf, slen = frame_rows(picked, ends, s_ts)
+        head = b""
+        if self.seq.needs_head():
             # the first packet defines what the batches intern (and clears the state if first)
-            key = units[0][0]
-            if key not in singles:
+            u = int(order[0])
+            if u >= n_s:
                 return None
-            body = singles[key] + TIMESTAMP + varint(key[1]) + self.seq.head()
-            units[0] = (key, key, packet(body))
+            head = packet(bodies[u] + TIMESTAMP + varint(int(s_ts[u])) + self.seq.head())
+            order = order[1:]
         self.templated += blocks
-        return b"".join([u[2] for u in units])
+        return head + ordered(order, n_s, sbuf, slen, blocks_out)
 
     def learn(self, batches: list[Batch]) -> None:
         """Templates for the blocks seen more than once (a few tries each)."""

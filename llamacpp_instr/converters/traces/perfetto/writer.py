@@ -17,9 +17,10 @@ from collections.abc import Iterable
 from operator import attrgetter
 from typing import IO
 
-from ..items import BulkItem, ComputeBatch, OpBatch, Sample, Slice, Track
+from ..items import BulkItem, ComputeBatch, OpBatch, Sample, Slice, SliceRows, Track
 from ..sinks import BundleSink
 from .batch import Batch, Block
+from .begins import Begins, add_rows
 from .bulk import BulkEncoder
 from .events import EventFields
 from .ops import NodeTables, OpStore, RateFields
@@ -33,6 +34,9 @@ FLUSH_ROWS = 32768  # encode this many buffered packets at a time (at step bound
 ZLIB_THREADS = 2  # compressing threads (zlib releases the GIL): bundles stay in order
 
 _LAYER_KEY = attrgetter("layer", "n_ops")
+# slices whose begins are encoded as they come (computes: their template's key; steps: one per
+# batch, their many args of mixed types cost more by columns); the others wait (``begins``)
+_NOW = frozenset(("compute", "step"))
 
 
 class Writer:
@@ -55,6 +59,7 @@ class Writer:
         self.tables = NodeTables(self.store, self.fields, self.seq.interner, compress is True)
         self.templates = TemplateSet(self.store, self.fields, self.events, self.seq)
         self.encoder = BulkEncoder(self.store, self.fields, self.events, self.seq)
+        self.begins = Begins(self.seq.interner)
         self.packets = 0
         self.cur = Batch()
         self.done: list[Batch] = []
@@ -67,6 +72,8 @@ class Writer:
                     self.add_slice(it)
                 elif isinstance(it, ComputeBatch):
                     self.add_compute(it)
+                elif isinstance(it, SliceRows):
+                    self.add_rows(it)
                 elif isinstance(it, Sample):
                     self.add_sample(it)
                 elif isinstance(it, Track):
@@ -91,10 +98,21 @@ class Writer:
         seq = b.seq
         d = it.depth
         ev = self.events
-        b.small.append((it.ts, 1, d, seq, ev.begin(it), -1))
+        if it.category in _NOW or it.flows_out or it.flows_in:
+            b.small.append((it.ts, 1, d, seq, ev.begin(it), -1))
+        else:  # encoded with the others at the flush (``begins``)
+            self.begins.note(b.pending, len(b.small), it.track, it.name, it.category, it.args)
+            b.small.append((it.ts, 1, d, seq, b"", -1))
         b.small.append((it.ts + it.dur, 0 if it.dur else 2, -d, seq + 1, b"", ev.end_id(it.track)))
         b.seq = seq + 2
         b.rows += 2
+
+    def add_rows(self, rows: SliceRows) -> None:
+        """As ``add_slice`` for each of ``rows`` (their tracks described first: the descriptors
+        come out at once, the rows at the flush, as they would one by one)."""
+        for _, t in rows.tracks:
+            self.track(t)
+        add_rows(self.cur, rows, self.begins, self.events)
 
     def add_compute(self, cb: ComputeBatch) -> None:
         """As ``add_slice`` for the compute's slice and each layer's, then ``add_ops``: the rows
@@ -177,6 +195,7 @@ class Writer:
         batches, self.done, self.done_rows = self.done, [], 0
         if not any(batches):
             return
+        self.begins.encode(batches)
         data = self.templates.encode(batches)
         if data is None:
             self._expand(batches)

@@ -1,0 +1,221 @@
+"""Slice begins encoded in bulk: a flush's slices grouped by category and arg names, each group's
+fields assembled column by column (``pieces``) instead of one slice at a time.
+
+A log with devices has about one such slice (step, split, copy, command buffer, RPC graph,
+network command) for every two ops, each with its own args; encoding them one by one cost more
+than everything else the writer does. The bytes are the same as ``EventFields.begin``'s: what a
+slice interns (its name, then its arg names) is interned when the writer receives it
+(``note``), so the trace's interned ids and their order do not change; only the assembly waits
+for the flush (``encode``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..items import Slice, SliceRows
+from .events import EventFields
+from .packets import Interner
+from .pieces import Pieces
+from .protowire import (
+    DA_DOUBLE_VALUE,
+    DA_INT_VALUE,
+    DA_NAME_IID,
+    I64_END,
+    TE_CATEGORIES,
+    TE_DEBUG_ANNOTATIONS,
+    TE_NAME_IID,
+    TE_TRACK_UUID,
+    TE_TYPE,
+    TRACK_EVENT,
+    TYPE_SLICE_BEGIN,
+    annotation_value,
+    ld,
+    varint,
+    varint_len,
+)
+
+_KEYED = (int, str, bool, type(None))  # values that pick one encoding by equality
+
+
+class Pending:
+    """The slices of one category and arg names whose begins wait for the flush, as columns, and
+    where their rows are (indices into the batch's small rows)."""
+
+    __slots__ = ("tracks", "names", "args", "at")
+
+    def __init__(self) -> None:
+        self.tracks: list[int] = []
+        self.names: list[str] = []
+        self.args: list[dict[str, Any]] = []  # made columns at the flush
+        self.at: list[int] = []
+
+
+# per batch: (category, arg names) -> its pending slices
+PendingSet = dict[tuple[str, tuple[str, ...]], Pending]
+
+
+class Begins:
+    """The interning of slices received (``note``) and the encoding of their begins (``encode``)."""
+
+    def __init__(self, interner: Interner) -> None:
+        self.interner = interner
+        self.arg_sets: set[tuple[str, ...]] = set()  # arg names already interned together
+        self.tracks: dict[int, bytes] = {}
+        self.names: dict[str, bytes] = {}
+
+    def group(self, pending: PendingSet, category: str, args: Any) -> Pending:
+        """Intern the arg names of ``args`` (after its slice's name: ``note``) and give the
+        pending group of its category and arg names."""
+        ks = tuple(args)
+        self._arg_names(ks)
+        g = pending.get((category, ks))
+        if g is None:
+            g = pending[(category, ks)] = Pending()
+        return g
+
+    def _arg_names(self, ks: tuple[str, ...]) -> None:
+        if ks not in self.arg_sets:
+            for k in ks:
+                self.interner.arg(k)
+            self.arg_sets.add(ks)
+
+    def note(
+        self, pending: PendingSet, at: int, track: int, name: str, category: str, args: Any
+    ) -> None:
+        """A slice whose begin is small row ``at``: interned now (as ``EventFields.begin``
+        would: its name, then its arg names), encoded at the flush."""
+        self.interner.name(name)
+        ks = tuple(args)
+        self._arg_names(ks)
+        g = pending.get((category, ks))
+        if g is None:
+            g = pending[(category, ks)] = Pending()
+        g.tracks.append(track)
+        g.names.append(name)
+        g.args.append(args)
+        g.at.append(at)
+
+    def encode(self, batches: list[Any]) -> None:
+        """Put the begins that waited in the batches' small rows."""
+        merged: dict[tuple[str, tuple[str, ...]], tuple[Pending, list[Any]]] = {}
+        for b in batches:
+            for key, g in b.pending.items():
+                m = merged.get(key)
+                if m is None:
+                    m = merged[key] = (Pending(), [])
+                p, rows = m
+                p.tracks += g.tracks
+                p.names += g.names
+                p.args += g.args
+                small = b.small
+                rows += [(small, i) for i in g.at]
+            b.pending = {}
+        for (category, ks), (p, rows) in merged.items():
+            blob, lens = self._group(category, ks, p)
+            data = blob.tobytes()
+            ends = np.cumsum(lens).tolist()
+            a = 0
+            for (small, i), z in zip(rows, ends, strict=True):
+                r = small[i]
+                small[i] = (r[0], r[1], r[2], r[3], data[a:z], r[5])
+                a = z
+
+    def _codes(self, values: list[Any], encode: Any, cache: dict[Any, bytes] | None) -> Any:
+        """Codes into the distinct values' encodings (``encode(value)``)."""
+        index: dict[Any, int] = {}
+        codes = np.array([index.setdefault(v, len(index)) for v in values], dtype=np.int64)
+        if cache is None:
+            return codes, [encode(v) for v in index]
+        table = []
+        for v in index:
+            b = cache.get(v)
+            if b is None:
+                b = cache[v] = encode(v)
+            table.append(b)
+        return codes, table
+
+    def _group(self, category: str, ks: tuple[str, ...], p: Pending) -> tuple[Any, Any]:
+        i = self.interner
+        n = len(p.tracks)
+        te = Pieces(n)
+        codes, table = self._codes(p.tracks, lambda t: TE_TRACK_UUID + varint(t), self.tracks)
+        te.pick(codes, table)
+        te.const(TE_TYPE + varint(TYPE_SLICE_BEGIN))
+        codes, table = self._codes(p.names, lambda s: TE_NAME_IID + varint(i.names[s]), self.names)
+        te.pick(codes, table)
+        te.const(ld(TE_CATEGORIES, category.encode()))
+        for k in ks:
+            self._arg(te, DA_NAME_IID + varint(i.arg_names[k]), [a[k] for a in p.args])
+        body = Pieces(n)
+        body.const(TRACK_EVENT)
+        body.varint(te.lengths())
+        body.parts += te.parts
+        return body.build()
+
+    def _arg(self, te: Pieces, head: bytes, vals: list[Any]) -> None:
+        """One debug annotation per row: ``head`` (its name) and the value, as ``Interner.args``
+        encodes it (non-compact)."""
+        types = set(map(type, vals))
+        if types == {int} and 0 <= min(vals) and max(vals) < I64_END:
+            v = np.array(vals, dtype=np.int64)
+            te.const(TE_DEBUG_ANNOTATIONS)
+            te.varint(len(head) + len(DA_INT_VALUE) + varint_len(v))
+            te.const(head + DA_INT_VALUE)
+            te.varint(v)
+        elif types == {float}:
+            te.const(ld(TE_DEBUG_ANNOTATIONS, head + DA_DOUBLE_VALUE + bytes(8))[:-8])
+            te.f64(np.array(vals, dtype=np.float64))
+        elif types == {str}:
+            enc = lambda v: ld(TE_DEBUG_ANNOTATIONS, head + annotation_value(v))  # noqa: E731
+            te.pick(*self._codes(vals, enc, None))
+        elif types <= set(_KEYED):
+            # (type, value): True == 1, yet encodes otherwise
+            codes, table = self._codes(
+                [(type(v), v) for v in vals],
+                lambda tv: ld(TE_DEBUG_ANNOTATIONS, head + annotation_value(tv[1])),
+                None,
+            )
+            te.pick(codes, table)
+        else:  # floats among others: one encoding per row (0.0 == -0.0, NaN != NaN)
+            table = [ld(TE_DEBUG_ANNOTATIONS, head + annotation_value(v)) for v in vals]
+            te.pick(np.arange(len(vals), dtype=np.int64), table)
+
+
+def add_rows(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> None:
+    """``Writer.add_slice`` for each of ``rows`` into batch ``b``: its begin waits (``note``)
+    unless it ends flows (then encoded now, as ``EventFields.begin`` does for those)."""
+    small = b.small
+    pending = b.pending
+    intern = begins.interner.name
+    d, cat, flows = rows.depth, rows.category, rows.flows_in
+    seq = b.seq
+    ends: dict[int, int] = {}
+    ev = events
+    keys: list[str] | None = None  # the last row's arg names, and their group
+    g = None
+    for r, (tr, name, ts, dur, args) in enumerate(
+        zip(rows.track, rows.name, rows.ts, rows.dur, rows.args, strict=True)
+    ):
+        e = ends.get(tr)
+        if e is None:
+            e = ends[tr] = ev.end_id(tr)
+        if flows and r in flows:
+            it = Slice(tr, name, ts, dur, d, cat, args, (), flows[r])
+            small.append((ts, 1, d, seq, ev.begin(it), -1))
+        else:  # as Begins.note, the group kept while the rows' arg names stay the same
+            intern(name)
+            if g is None or keys != list(args):
+                g = begins.group(pending, cat, args)
+                keys = list(args)
+            g.tracks.append(tr)
+            g.names.append(name)
+            g.args.append(args)
+            g.at.append(len(small))
+            small.append((ts, 1, d, seq, b"", -1))
+        small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", e))
+        seq += 2
+    b.rows += seq - b.seq
+    b.seq = seq

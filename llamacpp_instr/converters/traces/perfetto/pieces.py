@@ -1,0 +1,71 @@
+"""Byte strings made in bulk: many rows, each the same sequence of pieces, assembled with numpy.
+
+A piece is, for every row, a constant, a varint of a column of non-negative integers, a float64
+of a column (little-endian: a fixed64 field's value), or one of a few byte strings picked by a
+code per row (strings, track ids, interned names). ``Pieces.build`` writes every row one after
+another in one buffer; ``Pieces.lengths`` gives each row's length first (for a length prefix).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .protowire import varint_len
+from .singles import put_const, put_varints
+
+_U8 = np.uint8
+
+
+class Pieces:
+    """The pieces of ``n`` rows (see the module doc), in the order they were added."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.parts: list[tuple[str, Any, Any]] = []  # (kind, data, per-row lengths or a size)
+
+    def const(self, data: bytes) -> None:
+        if data:
+            self.parts.append(("const", data, len(data)))
+
+    def varint(self, v: Any) -> None:
+        """Varints of ``v`` (int64, all >= 0)."""
+        self.parts.append(("varint", v, varint_len(v)))
+
+    def f64(self, v: Any) -> None:
+        self.parts.append(("f64", np.ascontiguousarray(v, dtype="<f8"), 8))
+
+    def pick(self, codes: Any, values: list[bytes]) -> None:
+        """Per row, ``values[codes[row]]``."""
+        vl = np.array([len(x) for x in values], dtype=np.int64)
+        mat = np.zeros((len(values), max(1, int(vl.max()) if len(vl) else 1)), dtype=_U8)
+        for k, x in enumerate(values):
+            mat[k, : len(x)] = np.frombuffer(x, dtype=_U8)
+        self.parts.append(("pick", (codes, mat), vl[codes]))
+
+    def lengths(self) -> Any:
+        total = np.zeros(self.n, dtype=np.int64)
+        for _, _, ln in self.parts:
+            total += ln
+        return total
+
+    def build(self) -> tuple[Any, Any]:
+        """All the rows in one buffer, and each row's length."""
+        lens = self.lengths()
+        out = np.empty(int(lens.sum()), dtype=_U8)
+        at = np.cumsum(lens) - lens
+        for kind, data, ln in self.parts:
+            if kind == "const":
+                put_const(out, at, data)
+            elif kind == "varint":
+                put_varints(out, at, data, ln)
+            elif kind == "f64":
+                out[at[:, None] + np.arange(8)] = data.view(_U8).reshape(-1, 8)
+            else:
+                codes, mat = data
+                total = int(ln.sum())
+                within = np.arange(total) - np.repeat(np.cumsum(ln) - ln, ln)
+                out[np.repeat(at, ln) + within] = mat[np.repeat(codes, ln), within]
+            at = at + ln
+        return out, lens

@@ -1,0 +1,210 @@
+"""Rows encoded in bulk: the packets of many small rows at once, and units put in key order.
+
+A flush of a log with devices holds many rows that no template covers (step slices, the
+scheduler's splits, copies, command buffers, RPC graphs and network commands: about one for
+every two ops). Framing them one packet at a time in Python cost as much as all the rest of the
+writer; here every row's packet (``TRACE_PACKET``, its length, the row's fields, the timestamp,
+``POST``) is assembled with numpy from the rows' bodies joined into one buffer, and the units of
+a flush (these rows and the templates' blocks) are sorted by key and gathered in one pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .packets import POST, Sequence, packet
+from .protowire import I64_END, TIMESTAMP, TRACE_PACKET, varint, varint_len
+
+_U8 = np.uint8
+# fewer single rows than this per templated block: ``join_units`` frames them one by one
+FEW_ROWS = 8
+
+
+def put_const(out: Any, pos: Any, data: bytes) -> None:
+    """``data`` at each of the positions ``pos`` of ``out``."""
+    for j, byte in enumerate(data):
+        out[pos + j] = byte
+
+
+def put_varints(out: Any, pos: Any, v: Any, nb: Any) -> None:
+    """The varints of the non-negative ``v`` (``nb`` bytes each: ``varint_len``) at ``pos``."""
+    if not len(v):
+        return
+    lo = int(nb.min())
+    for j in range(int(nb.max())):
+        if j < lo:
+            byte = ((v >> (7 * j)) & 0x7F).astype(_U8)
+            more = nb - 1 > j
+            out[pos + j] = byte | (more.astype(_U8) << 7)
+        else:
+            sel = nb > j
+            byte = ((v[sel] >> (7 * j)) & 0x7F).astype(_U8)
+            more = nb[sel] - 1 > j
+            out[pos[sel] + j] = byte | (more.astype(_U8) << 7)
+
+
+def framed(bodies: list[bytes], ts: Any) -> tuple[Any, Any]:
+    """Each row's packet, ``packet(body + TIMESTAMP + varint(ts) + POST)``, in one buffer (for
+    timestamps in [0, 2**63)): the buffer and each packet's length."""
+    n = len(bodies)
+    bl = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+    body = np.frombuffer(b"".join(bodies), dtype=_U8)
+    nts = varint_len(ts)
+    size = bl + len(TIMESTAMP) + nts + len(POST)
+    n_size = varint_len(size)
+    plen = len(TRACE_PACKET) + n_size + size
+    off = np.cumsum(plen) - plen
+    out = np.empty(int(plen.sum()), dtype=_U8)
+    put_const(out, off, TRACE_PACKET)
+    put_varints(out, off + len(TRACE_PACKET), size, n_size)
+    at = off + len(TRACE_PACKET) + n_size
+    out[np.repeat(at - (np.cumsum(bl) - bl), bl) + np.arange(body.size)] = body
+    at = at + bl
+    put_const(out, at, TIMESTAMP)
+    at = at + len(TIMESTAMP)
+    put_varints(out, at, ts, nts)
+    put_const(out, at + nts, POST)
+    return out, plen
+
+
+def gather(buf: Any, starts: Any, lens: Any) -> Any:
+    """The pieces ``buf[starts[i]:starts[i] + lens[i]]`` one after another."""
+    before = np.cumsum(lens) - lens
+    return buf[np.repeat(starts - before, lens) + np.arange(int(lens.sum()))]
+
+
+def key_order(first: list[Any], last: list[Any]) -> Any:
+    """The units' order by their first keys (columns: batch, ts, rank, tie, seq; all distinct),
+    or None if one unit's last key is not below the next one's first (the units interleave)."""
+    order = np.lexsort(first[::-1])
+    if len(order) < 2:
+        return order
+    z = [c[order[:-1]] for c in last]
+    f = [c[order[1:]] for c in first]
+    less = np.zeros(len(order) - 1, dtype=bool)
+    equal = np.ones(len(order) - 1, dtype=bool)
+    for zc, fc in zip(z, f, strict=True):
+        less |= equal & (zc < fc)
+        equal &= zc == fc
+    if not less.all():
+        return None
+    return order
+
+
+def ordered(order: Any, n_s: int, sbuf: Any, slen: Any, blocks: list[Any]) -> bytes:
+    """The units in ``order``: below ``n_s`` a single row (its packet in ``sbuf``, ``slen`` long
+    each, one after another), from ``n_s`` on a block (``blocks[u - n_s]``, bytes-like). The
+    single rows are gathered in one pass; the blocks are joined as they are."""
+    is_block = order >= n_s
+    s_order = order[~is_block]
+    sizes = slen[s_order]
+    sg = memoryview(gather(sbuf, (np.cumsum(slen) - slen)[s_order], sizes))
+    ends = np.concatenate(([0], np.cumsum(sizes))).tolist()
+    at = np.flatnonzero(is_block)
+    out: list[Any] = []
+    prev = 0
+    for j, (pos, u) in enumerate(zip(at.tolist(), order[at].tolist(), strict=True)):
+        k = pos - j  # single rows before this block
+        if k > prev:
+            out.append(sg[ends[prev] : ends[k]])
+        out.append(blocks[u - n_s])
+        prev = k
+    if len(s_order) > prev:
+        out.append(sg[ends[prev] :])
+    return b"".join(out)
+
+
+def collect(
+    k: int, small: list[Any], covered: bytearray, keys: list[list[Any]], picked: list[Any]
+) -> bool:
+    """Batch ``k``'s small rows not ``covered`` (by its blocks): their keys appended to ``keys``
+    (batch, ts, rank, tie, seq: lists, made arrays once per flush, as a CPU log's batches
+    have a few rows each), and what makes their bodies to ``picked``; False if a timestamp is
+    beyond int64 (the general encoder's ``encode_rows`` takes those)."""
+    if not small:
+        return True
+    rows = [r for r, c in zip(small, covered, strict=True) if not c]
+    if not rows:
+        return True
+    cols = list(zip(*rows, strict=True))
+    if max(cols[0]) >= I64_END:
+        return False
+    keys[0] += [k] * len(rows)
+    for j in range(4):
+        keys[j + 1] += cols[j]
+    picked.append((cols[4], cols[5]))
+    return True
+
+
+def frame_rows(picked: list[Any], ends: list[bytes], ts: Any) -> tuple[list[bytes], Any, Any]:
+    """The bodies of the rows ``collect`` picked (a begin's S, or its track's end field), and
+    (unless ``ts`` is None) their packets (``framed``) with their lengths."""
+    bodies: list[bytes] = []
+    for s_, e_ in picked:
+        bodies += [ends[e] if e >= 0 else s for s, e in zip(s_, e_, strict=True)]
+    if not bodies or ts is None:
+        return bodies, np.zeros(0, dtype=_U8), np.zeros(0, dtype=np.int64)
+    if int(ts.min()) < 0:  # (an int64 field's negative varint: ten bytes)
+        pk = [
+            packet(bd + TIMESTAMP + varint(t) + POST)
+            for bd, t in zip(bodies, ts.tolist(), strict=True)
+        ]
+        return (
+            bodies,
+            np.frombuffer(b"".join(pk), dtype=_U8),
+            np.array([len(x) for x in pk], dtype=np.int64),
+        )
+    buf, lens = framed(bodies, ts)
+    return bodies, buf, lens
+
+
+def interleaved(batch: Any, ts: Any, templated: Any) -> bool:
+    """Whether a single row (its batch and timestamp) falls strictly inside a templated
+    compute's slice, so inside its block's rows: the units would interleave (``key_order``
+    would say so once the templates are filled; a device's busy stretches do, every step)."""
+    spans = [(k, bl.cb.slice) for _, blist in templated for k, _, bl in blist]
+    if not spans:
+        return False
+    kb = np.array([k for k, _ in spans], dtype=np.int64)
+    lo = np.array([cs.ts for _, cs in spans], dtype=np.int64)
+    hi = lo + np.array([cs.dur for _, cs in spans], dtype=np.int64)
+    n, m = len(ts), len(spans)
+    # one sort of every single row and every slice's start and end: a start after the rows
+    # at its time, an end before them, so the rows between a start and its end are inside
+    kind = np.concatenate((np.ones(n, np.int64), np.full(m, 2), np.zeros(m, np.int64)))
+    order = np.lexsort((kind, np.concatenate((ts, lo, hi)), np.concatenate((batch, kb, kb))))
+    before = np.cumsum(kind[order] == 1)  # single rows up to each position
+    pos = np.empty(n + 2 * m, dtype=np.int64)
+    pos[order] = np.arange(n + 2 * m)
+    return bool((before[pos[n + m :]] > before[pos[n : n + m]]).any())
+
+
+def join_units(
+    keys: list[list[int]], bodies: list[bytes], fills: list[Any], seq: Sequence
+) -> bytes | None:
+    """The flush's packets, its single rows (``keys``' columns, ``bodies``) framed one by one
+    and put in key order with the templated blocks (``fills``: ``TemplateSet._fill``'s), or
+    None if they interleave."""
+    units: list[tuple[Any, Any, Any]] = []
+    for key, body in zip(zip(*keys, strict=True), bodies, strict=True):
+        units.append((key, key, packet(body + TIMESTAMP + varint(key[1]) + POST)))
+    n_s = len(units)
+    for f_keys, z_keys, tb in fills:
+        firsts = zip(*[c.tolist() for c in f_keys], strict=True)
+        lasts = zip(*[c.tolist() for c in z_keys], strict=True)
+        units += [(f, z, memoryview(r)) for f, z, r in zip(firsts, lasts, tb, strict=True)]
+    order = sorted(range(len(units)), key=lambda u: units[u][0])
+    for a, z in zip(order, order[1:], strict=False):
+        if not units[a][1] < units[z][0]:
+            return None
+    out = [units[u][2] for u in order]
+    if out and seq.needs_head():
+        # the first packet defines what the batches intern (and clears the state if first)
+        u = order[0]
+        if u >= n_s:
+            return None
+        key = units[u][0]
+        out[0] = packet(bodies[u] + TIMESTAMP + varint(key[1]) + seq.head())
+    return b"".join(out)

@@ -398,13 +398,23 @@ def test_exec_passes_a_failure_that_is_no_allocations_through(
     assert "out of memory" not in r.stderr
 
 
-CHILD_SCRIPT = """#!/bin/bash
-trap 'echo INT' INT
-trap 'echo HUP' HUP
-trap 'echo TERM; exit 7' TERM
-echo ready
-while true; do sleep 0.02; done
+# a program that says which signals it gets (with os.write: a handler may run inside a print)
+# and exits 7 on SIGTERM; with {alone}, it leaves instr's process group first. (Not bash, which
+# may take a signal between two commands and act on it late, or not at all.)
+SIGNALLED_PROGRAM = """
+import os, signal
+if {alone}:
+    os.setpgid(0, 0)
+def say(what):
+    os.write(1, what.encode() + b"\\n")
+signal.signal(signal.SIGINT, lambda *_: say("INT"))
+signal.signal(signal.SIGHUP, lambda *_: say("HUP"))
+signal.signal(signal.SIGTERM, lambda *_: (say("TERM"), os._exit(7)))
+say("ready")
+while True:
+    signal.pause()
 """
+
 
 EXEC_LIKE = """
 import sys
@@ -438,8 +448,8 @@ def test_exec_passes_signals_on_once_and_ends_as_its_program_did(tmp_path: Path)
     program's exit status is instr's, and a program killed by a signal takes instr with it."""
     import pty
 
-    script = tmp_path / "program.sh"
-    script.write_text(CHILD_SCRIPT)
+    script = tmp_path / "program"
+    script.write_text(f"#!{sys.executable}" + SIGNALLED_PROGRAM.format(alone=False))
     script.chmod(0o755)
     instr = [sys.executable, "-c", EXEC_LIKE, str(script)]
 
@@ -461,12 +471,7 @@ def test_exec_passes_signals_on_once_and_ends_as_its_program_did(tmp_path: Path)
     # that group as it is after exec, to the program. instr does not pass it on (the program
     # would get two). Here the program has left for a group of its own: any SIGINT it gets is
     # one instr passed on
-    script.write_text(
-        f"#!{sys.executable}\nimport os, signal, sys\nos.setpgid(0, 0)\n"
-        "signal.signal(signal.SIGINT, lambda *_: print('INT', flush=True))\n"
-        "signal.signal(signal.SIGTERM, lambda *_: (print('TERM', flush=True), sys.exit(7)))\n"
-        "print('ready', flush=True)\nwhile True:\n    signal.pause()\n"
-    )
+    script.write_text(f"#!{sys.executable}" + SIGNALLED_PROGRAM.format(alone=True))
     pid, fd = pty.fork()
     if pid == 0:  # the child: instr on the terminal pty.fork made
         os.execv(sys.executable, instr)
@@ -484,7 +489,7 @@ def test_exec_passes_signals_on_once_and_ends_as_its_program_did(tmp_path: Path)
     script.write_text(
         f"#!{sys.executable}\nimport signal\nsignal.signal(signal.SIGINT, signal.SIG_DFL)\n"
         "print('ready', flush=True)\nsignal.pause()\n"
-    )  # (bash may take a SIGINT between two commands and exec the next one regardless)
+    )
     proc = subprocess.Popen(instr, stdout=subprocess.PIPE, bufsize=0)
     assert proc.stdout is not None
     try:

@@ -361,3 +361,57 @@ def test_the_grown_compute_buffer_names_its_step_and_graph(
     # and the live buffers, the grown one included, sum to llama.cpp's breakdown after it
     after = context_shift["after"]
     assert_buffers_sum_to_breakdown(after, live_buffers(after))
+
+
+def test_a_programs_setting_is_its_own_flags_else_its_sessions_context(tmp_path: Path) -> None:
+    """What `instr exec` weighs in its out-of-memory line: llama.cpp's flags as the program got
+    them (both spellings), what its session said of the context for the rest; llama-bench's
+    lists (one value per test) and its context (-p + -n, no -c) are not taken for the failed
+    test's."""
+    from llamacpp_instr.memory import program_setting
+
+    context = {"n_ctx": 8192, "n_ubatch": 512, "type_k": "f16", "type_v": "q8_0"}
+    cli = program_setting(
+        "llama-cli", ["-m", str(tmp_path / "none.gguf"), "-c", "4096", "--ubatch-size=256",
+                      "-ctk", "q8_0", "-ngl", "12"], context)  # fmt: skip
+    assert (cli.n_ctx, cli.n_ubatch, cli.type_k, cli.type_v, cli.gpu_layers) == (
+        4096, 256, "q8_0", "q8_0", 12
+    )  # fmt: skip
+    assert cli.n_layer is None and cli.q4k_saving == 0.0  # a model it cannot read
+    server = program_setting("llama-server", ["-ngl", "all"], context)
+    assert (server.n_ctx, server.n_ubatch, server.gpu_layers) == (8192, 512, None)
+    bench = program_setting("llama-bench", ["-ub", "256,512", "-ctk", "q4_0"], context)
+    assert (bench.n_ctx, bench.n_ubatch, bench.type_k, bench.type_v) == (0, 512, "q4_0", "f16")
+
+
+def test_the_failure_read_back_is_the_programs_own(tmp_path: Path) -> None:
+    """Only what the program wrote after it started counts (an earlier run's failure in the same
+    log does not), in the file at the path or one rotated from it since."""
+    import json
+    import time
+
+    from llamacpp_instr.memory import failure_in_log, mark_log
+
+    def rec(type_: str, **fields: Any) -> str:
+        return json.dumps({"type": type_, "ts": 1, "sid": "s", **fields}) + "\n"
+
+    def failed(n: int) -> str:
+        return rec("memory_alloc_failed", device=0, device_name="CPU", buffer_type="CPU",
+                   purpose="kv_cache", bytes=n, free=1, total=2, by_budget=True, budget=2,
+                   held={"weights": 1})  # fmt: skip
+
+    log = tmp_path / "p.log"
+    log.write_text(rec("session_start", schema_version=1) + failed(111))
+    since = mark_log(log)
+    assert failure_in_log(log, since) is None  # the earlier run's
+    with log.open("a") as f:
+        f.write(rec("session_start", schema_version=1, context={"n_ctx": 512}) + failed(222))
+    found = failure_in_log(log, since)
+    assert found is not None and found[0]["bytes"] == 222 and found[1] == {"n_ctx": 512}
+    assert found[0]["held"] == {"weights": 1}
+    # rotated since: the failure went to p.log.1 (the file it was written to), a new p.log began
+    time.sleep(0.01)
+    log.rename(tmp_path / "p.log.1")
+    log.write_text(rec("session_start", schema_version=1, file={"index": 1}))
+    found = failure_in_log(log, since)
+    assert found is not None and found[0]["bytes"] == 222

@@ -192,6 +192,14 @@ class Server:
         self.err = open(log.with_name(log.name + ".stderr"), "w")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=self.err)
         self._wait_ready()
+        # llama-server's own pid, whose memory and CPU time are measured: instr exec runs it as
+        # its one child
+        self.pid = self.proc.pid
+        if conf is not None:
+            children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
+            if len(children) != 1:
+                raise SystemExit(f"instr exec runs {len(children)} processes, not llama-server")
+            self.pid = int(children[0])
 
     def _wait_ready(self, timeout: float = 180) -> None:
         import urllib.request
@@ -329,13 +337,13 @@ def one_round(
     try:
         # a warm-up request, so that every round starts with the model paged in
         run_requests(server, reqs[:2], 2, args.round_timeout)
-        before = rss_kib(server.proc.pid)
-        cpu0 = cpu_s(server.proc.pid)
+        before = rss_kib(server.pid)
+        cpu0 = cpu_s(server.pid)
         t0 = time.monotonic()
         outcomes = run_requests(server, reqs, args.concurrency, args.round_timeout)
         wall = time.monotonic() - t0
-        cpu = cpu_s(server.proc.pid) - cpu0
-        after = rss_kib(server.proc.pid)
+        cpu = cpu_s(server.pid) - cpu0
+        after = rss_kib(server.pid)
     finally:
         server.stop()
     rnd = Round(config, wall, outcomes, before, after, cpu)
@@ -359,7 +367,7 @@ def rss_run(
     outcomes: list[Outcome] = []
     try:
         run_requests(server, reqs[:2], 2, args.round_timeout)
-        marks[0] = rss_kib(server.proc.pid)
+        marks[0] = rss_kib(server.pid)
         done = 0
         while done < args.rss_requests:
             batch = [
@@ -367,7 +375,7 @@ def rss_run(
             ]
             outcomes += run_requests(server, batch, args.concurrency, args.round_timeout)
             done += len(batch)
-            marks[done] = rss_kib(server.proc.pid)
+            marks[done] = rss_kib(server.pid)
             echo(f"  {config}: rss after {done} requests: {marks[done] / 1024:.1f} MiB")
     finally:
         server.stop()

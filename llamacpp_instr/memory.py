@@ -13,7 +13,9 @@ labelled as what they are ("about").
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from llamacpp_instr.always_on import parse_size
@@ -158,3 +160,119 @@ def explain(lib: Any, before: dict[str, Any] | None, setting: Setting | None) ->
     if failure is None or failure == before:
         return None
     return OutOfMemory(message(failure, setting))
+
+
+@dataclass(frozen=True)
+class LogMark:
+    """Where a log stood before a program began to write to it: the file (its inode) and size."""
+
+    inode: int | None
+    size: int
+    time_ns: int
+
+
+def mark_log(path: Path) -> LogMark:
+    try:
+        st = path.stat()
+    except OSError:
+        return LogMark(None, 0, time.time_ns())
+    return LogMark(st.st_ino, st.st_size, time.time_ns())
+
+
+def failure_in_log(path: Path, since: LogMark) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The last ``memory_alloc_failed`` a program wrote to the log at ``path`` after ``since``
+    (its fields, as ``lib.memory_failure()`` gives them), with its session's ``context`` (empty if
+    the session said none); None when it wrote none. Every file of a rotated log written since is
+    read (the failure may have been rotated out of the file at ``path``)."""
+    from llamacpp_instr.converters.reading.decode.memory import failure
+    from llamacpp_instr.converters.reading.reader import BadLine, log_files, open_log, parse_line
+
+    try:
+        files = log_files(path)
+    except UserError:
+        return None
+    found: tuple[dict[str, Any], dict[str, Any]] | None = None
+    context: dict[str, Any] = {}
+    for f in files:
+        try:
+            st = f.stat()
+            if st.st_ino == since.inode:
+                start = since.size
+            elif st.st_mtime_ns >= since.time_ns:
+                start = 0  # a file made since (rotated, or the log replaced)
+            else:
+                continue
+            with open_log(f) as fh:
+                fh.seek(start)
+                for line in fh:
+                    if b'"session_start"' not in line and b'"memory_alloc_failed"' not in line:
+                        continue
+                    try:
+                        rec, _ = parse_line(line, line.endswith(b"\n"))
+                    except BadLine:
+                        continue
+                    if rec["type"] == "session_start" and isinstance(rec.get("context"), dict):
+                        context = rec["context"]
+                    elif rec["type"] == "memory_alloc_failed":
+                        found = (failure(rec), context)
+        except (OSError, EOFError, KeyError, TypeError, ValueError):
+            continue  # a file gone or damaged: the others may still say
+    return found
+
+
+# llama.cpp's own flags for what the message weighs (common/arg.cpp; llama-bench's are the same
+# for these, with comma-separated lists of values)
+_PROGRAM_FLAGS = {
+    "n_ctx": ("-c", "--ctx-size"),
+    "n_ubatch": ("-ub", "--ubatch-size"),
+    "gpu_layers": ("-ngl", "--gpu-layers", "--n-gpu-layers"),
+    "type_k": ("-ctk", "--cache-type-k"),
+    "type_v": ("-ctv", "--cache-type-v"),
+    "model": ("-m", "--model"),
+}
+
+
+def _flag(args: list[str], names: tuple[str, ...]) -> str | None:
+    """The value of the last of ``names`` in ``args`` (``-c 512`` or ``--ctx-size=512``)."""
+    value = None
+    for i, a in enumerate(args):
+        if a in names and i + 1 < len(args):
+            value = args[i + 1]
+        elif "=" in a and a.split("=", 1)[0] in names:
+            value = a.split("=", 1)[1]
+    return value
+
+
+def program_setting(program: str, args: list[str], context: dict[str, Any]) -> Setting:
+    """What one of llama.cpp's programs asked of memory: its own flags, else what its session
+    said of its context. A llama-bench value given as a list (one per test) is not known to be the
+    failed test's, and llama-bench has no -c (its context is -p + -n): those are left out."""
+    bench = program == "llama-bench"
+
+    def value(key: str, cast: type, default: Any) -> Any:
+        given = _flag(args, _PROGRAM_FLAGS[key])
+        if given is not None:
+            if "," in given:
+                return default
+            try:
+                return cast(given)
+            except ValueError:
+                return default
+        if bench:  # its session's context is its first test's
+            return default
+        got = context.get(key)
+        return cast(got) if isinstance(got, (int, str)) and not isinstance(got, bool) else default
+
+    n_ctx = 0 if bench else value("n_ctx", int, 0)
+    ngl = value("gpu_layers", int, None)
+    model = _flag(args, _PROGRAM_FLAGS["model"])
+    n_layer, q4k_saving = model_facts(model) if model else (None, 0.0)
+    return Setting(
+        n_ctx=n_ctx,
+        n_ubatch=value("n_ubatch", int, 512),
+        gpu_layers=ngl if ngl is not None and ngl >= 0 else None,
+        n_layer=n_layer,
+        type_k=value("type_k", str, "f16"),
+        type_v=value("type_v", str, "f16"),
+        q4k_saving=q4k_saving,
+    )

@@ -563,3 +563,29 @@ def assert_buffers_sum_to_breakdown(records: list[dict[str, Any]], live: dict[in
                 if b["buffer_type"] == row["buffer"] and b["purpose"] in purposes
             )
             assert ours == row[key], (row["buffer"], key, ours, row[key])
+
+
+def gguf_kv_shape(model: Path) -> tuple[int, int]:
+    """A model's layer count and the K (or V) elements each KV cell holds per layer, from its own
+    hyperparameters (no llama.cpp involved)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(model)
+
+    def value(key: str) -> int:
+        f = reader.fields[key]
+        return int(f.parts[f.data[0]][0])
+
+    arch_field = reader.fields["general.architecture"]
+    arch = bytes(arch_field.parts[arch_field.data[0]]).decode()
+    n_layer = value(f"{arch}.block_count")
+    n_embd = value(f"{arch}.embedding_length")
+    n_head = value(f"{arch}.attention.head_count")
+    n_head_kv = value(f"{arch}.attention.head_count_kv")
+    return n_layer, n_embd // n_head * n_head_kv
+
+
+def gguf_kv_bytes(model: Path, n_ctx: int) -> int:
+    """An f16 KV cache's bytes from the model's own hyperparameters (no llama.cpp involved)."""
+    n_layer, n_embd_kv = gguf_kv_shape(model)
+    return n_layer * n_ctx * 2 * n_embd_kv * 2

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import converts_cleanly, free_port, wait_ready
+from support import converts_cleanly, free_port, gguf_kv_bytes, live_buffers, wait_ready
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.reports import request_share
@@ -320,6 +320,185 @@ def test_bench_tests_are_labelled_parts(
     s = CliRunner().invoke(main, ["summary", str(log), "--format", "json"])
     assert s.exit_code == 0, s.output
     assert [p["label"] for p in json.loads(s.output)["parts"]] == ["pp16", "tg4"]
+
+
+def test_exec_of_a_program_that_does_not_fit_says_why_and_exits_3(
+    tools_bin: Path, smollm2_path: Path, tmp_path: Path
+) -> None:
+    """llama-bench's second test asks for a KV cache the budget has no room for: its log records
+    the failed allocation, llama-bench says only that it could not create a context, and instr
+    exec ends with `instr run`'s line and exit status 3."""
+    from llamacpp_instr.converters.session.memory import size
+
+    bench = ["llama-bench", "-m", str(smollm2_path), "-n", "0", "-r", "1", "-t", "2"]
+    bench += ["--no-warmup", "-o", "jsonl"]
+
+    def run(log: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "llamacpp_instr.cli", "exec", "-o", str(log)]
+        return subprocess.run(
+            cmd + ["--level", "minimal", *args],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    # the first test alone, with no budget: what it holds when its first step begins
+    first = tmp_path / "first.log"
+    r = run(first, *bench, "-p", "16")
+    assert r.returncode == 0, r.stderr[-2000:]
+    footprint = sum(b["bytes"] for b in live_buffers(read_records(first)).values())
+    budget = footprint + (1 << 20)
+    # both tests under a budget with room for the first: the second's 4096 cells do not fit
+    log = tmp_path / "oom.log"
+    r = run(log, "--memory-budget", f"CPU={budget}", *bench, "-p", "16,4096")
+    assert r.returncode == 3, r.stderr[-2000:]
+    kv = gguf_kv_bytes(smollm2_path, 4096)  # from the model's hyperparameters
+    lines = r.stderr.strip().splitlines()
+    assert "failed to create context" in "\n".join(lines[:-1])  # the program's own words first
+    line = lines[-1]
+    assert line.startswith(f"error: out of memory on CPU (budget {size(budget)}): "), line
+    assert f"kv_cache needed {size(kv)}" in line and "short by" in line, line
+    assert "-ctk q8_0 -ctv q8_0" in line, line
+    # the line is made of the failure the log holds, and the log ends on a complete record
+    recs = read_records(log)
+    failed = [x for x in recs if x["type"] == "memory_alloc_failed"]
+    assert len(failed) == 1 and failed[0]["bytes"] == kv and failed[0]["by_budget"] is True
+    assert recs[-1]["type"] == "session_end" and log.read_bytes().endswith(b"\n")
+    tests = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    assert [t["n_prompt"] for t in tests] == [16]  # the first test ran and printed
+    # the same budget for the test that fits: no line, the program's own status
+    r = run(tmp_path / "fits.log", "--memory-budget", f"CPU={budget}", *bench, "-p", "16")
+    assert r.returncode == 0 and "out of memory" not in r.stderr, r.stderr[-2000:]
+
+
+def test_exec_passes_a_failure_that_is_no_allocations_through(
+    tools_bin: Path, tmp_path: Path
+) -> None:
+    """A program failing for another reason keeps its own exit status, with no line of instr's
+    (even with an earlier failed allocation in the same log, which a run that went on since was
+    not ended by)."""
+    log = tmp_path / "bench.log"
+    log.write_text(
+        json.dumps({"type": "session_start", "ts": 1, "sid": "a", "schema_version": 1}) + "\n"
+        + json.dumps({"type": "memory_alloc_failed", "ts": 2, "sid": "a", "device": 0,
+                      "device_name": "CPU", "buffer_type": "CPU", "purpose": "kv_cache",
+                      "bytes": 10, "free": 1, "total": 1, "by_budget": True, "budget": 1,
+                      "held": {}}) + "\n"
+    )  # fmt: skip
+    r = subprocess.run(
+        exec_cmd(log, "llama-bench", "-m", str(tmp_path / "missing.gguf"), "-p", "8", "-n", "0"),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "failed to load model" in r.stderr.splitlines()[-1]  # the program's own last word
+    assert "out of memory" not in r.stderr
+
+
+# a program that says which signals it gets (with os.write: a handler may run inside a print)
+# and exits 7 on SIGTERM; with {alone}, it leaves instr's process group first. (Not bash, which
+# may take a signal between two commands and act on it late, or not at all.)
+SIGNALLED_PROGRAM = """
+import os, signal
+if {alone}:
+    os.setpgid(0, 0)
+def say(what):
+    os.write(1, what.encode() + b"\\n")
+signal.signal(signal.SIGINT, lambda *_: say("INT"))
+signal.signal(signal.SIGHUP, lambda *_: say("HUP"))
+signal.signal(signal.SIGTERM, lambda *_: (say("TERM"), os._exit(7)))
+say("ready")
+while True:
+    signal.pause()
+"""
+
+
+EXEC_LIKE = """
+import sys
+from pathlib import Path
+from llamacpp_instr import child
+child.end_like(child.run(Path(sys.argv[1]), [sys.argv[1]], {"PATH": "/usr/bin:/bin"}))
+"""
+
+
+def read_until(fd: int, what: str, seen: str = "") -> str:
+    """What ``fd`` gives until ``what`` is in it (at most 30 s; a failure says what came)."""
+    import select
+
+    deadline = time.monotonic() + 30
+    while what not in seen and time.monotonic() < deadline:
+        if select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            try:
+                data = os.read(fd, 1024)
+            except OSError:  # a terminal whose other side has closed
+                break
+            if not data:
+                break
+            seen += data.decode(errors="replace")
+    assert what in seen, seen
+    return seen
+
+
+def test_exec_passes_signals_on_once_and_ends_as_its_program_did(tmp_path: Path) -> None:
+    """instr exec's child (llamacpp_instr.child): a signal sent to instr reaches the program once;
+    Ctrl-C at the terminal is not passed on (the terminal sends it to the program itself); the
+    program's exit status is instr's, and a program killed by a signal takes instr with it."""
+    import pty
+
+    script = tmp_path / "program"
+    script.write_text(f"#!{sys.executable}" + SIGNALLED_PROGRAM.format(alone=False))
+    script.chmod(0o755)
+    instr = [sys.executable, "-c", EXEC_LIKE, str(script)]
+
+    # signals sent to instr's pid: each once, then SIGTERM ends the program with its status 7
+    proc = subprocess.Popen(instr, stdout=subprocess.PIPE, bufsize=0)
+    assert proc.stdout is not None
+    out = proc.stdout.fileno()
+    try:
+        seen = read_until(out, "ready\n")
+        for sig, name in ((signal.SIGINT, "INT"), (signal.SIGHUP, "HUP"), (signal.SIGTERM, "TERM")):
+            proc.send_signal(sig)
+            seen = read_until(out, f"{name}\n", seen)
+        assert proc.wait(timeout=30) == 7
+        assert seen.split() == ["ready", "INT", "HUP", "TERM"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # Ctrl-C typed at a terminal goes to its foreground process group: to instr and, were it in
+    # that group as it is after exec, to the program. instr does not pass it on (the program
+    # would get two). Here the program has left for a group of its own: any SIGINT it gets is
+    # one instr passed on
+    script.write_text(f"#!{sys.executable}" + SIGNALLED_PROGRAM.format(alone=True))
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: instr on the terminal pty.fork made
+        os.execv(sys.executable, instr)
+    try:
+        seen = read_until(fd, "ready")
+        os.write(fd, b"\x03")
+        time.sleep(1)  # what instr would pass on comes at once
+        os.kill(pid, signal.SIGTERM)
+        seen = read_until(fd, "TERM", seen)
+        assert "INT" not in seen, seen
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 7
+    finally:
+        os.close(fd)
+    # a program killed by a signal: instr ends killed by the same one
+    script.write_text(
+        f"#!{sys.executable}\nimport signal\nsignal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+        "print('ready', flush=True)\nsignal.pause()\n"
+    )
+    proc = subprocess.Popen(instr, stdout=subprocess.PIPE, bufsize=0)
+    assert proc.stdout is not None
+    try:
+        read_until(proc.stdout.fileno(), "ready")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == -signal.SIGINT
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_unset_or_bad_values_run_uninstrumented(

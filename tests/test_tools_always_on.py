@@ -45,6 +45,13 @@ def start_server(log: Path, model: Path, *instr_args: str) -> tuple[subprocess.P
     return proc, port
 
 
+def program_pid(proc: subprocess.Popen[str]) -> int:
+    """The pid of the program ``instr exec`` (``proc``) runs: its one child."""
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
 def stop_server(proc: subprocess.Popen[str]) -> str:
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -301,20 +308,22 @@ def test_a_rotation_without_descriptors_loses_no_file(tools_bin: Path, smollm2_p
             )
             answered = [completion(client, i, tokens=16) for i in range(4)]
             before = [f.name for f in series(log)]
-            # the lowest descriptor number free: an open would take it, so a limit there fails it
-            fds = {int(p.name) for p in Path(f"/proc/{proc.pid}/fd").iterdir()}
+            # the lowest descriptor number free in llama-server: an open would take it, so a limit
+            # there fails it
+            server = program_pid(proc)
+            fds = {int(p.name) for p in Path(f"/proc/{server}/fd").iterdir()}
             n_fds = min(set(range(len(fds) + 1)) - fds)
             soft = subprocess.run(
-                ["prlimit", f"--pid={proc.pid}", "--nofile", "--output=SOFT", "--noheadings"],
+                ["prlimit", f"--pid={server}", "--nofile", "--output=SOFT", "--noheadings"],
                 capture_output=True,
                 text=True,
                 check=True,
             ).stdout.strip()
             # the soft limit only: raising a lowered hard limit back takes a privilege
-            subprocess.run(["prlimit", f"--pid={proc.pid}", f"--nofile={n_fds}:"], check=True)
+            subprocess.run(["prlimit", f"--pid={server}", f"--nofile={n_fds}:"], check=True)
             answered += [completion(client, 10 + i, tokens=16) for i in range(8)]
             during = [f.name for f in series(log)]
-            subprocess.run(["prlimit", f"--pid={proc.pid}", f"--nofile={soft}:"], check=True)
+            subprocess.run(["prlimit", f"--pid={server}", f"--nofile={soft}:"], check=True)
             time.sleep(10.5)  # a failed rotation is tried again 10 s later
             answered += [completion(client, 30 + i, tokens=16) for i in range(8)]
             err = stop_server(proc)

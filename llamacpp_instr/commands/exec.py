@@ -56,12 +56,17 @@ def command(
     """Run PROGRAM (llama-server, llama-cli, llama-bench or llama-perplexity, as built by `instr
     build --tools`) with ARGS, writing a session log for its whole life.
 
-    The program replaces this process: its output, exit status and signals are its own. The
+    The program runs as this command's child: its output, exit status and signals are its own
+    (a signal sent to instr is passed on to it; Ctrl-C at the terminal reaches it directly). The
     session opens at its first context and ends when it exits (`ok`), or `interrupted` after
     SIGINT/SIGTERM, which the program handles as it always does (llama-server shuts down on
     Ctrl-C); SIGHUP reopens the log (logrotate). llama-server writes a `request` record per
-    completion request (ok, error or cancelled), llama-bench a `part` record per test. Options
-    for instr go before PROGRAM, everything after it is the program's:
+    completion request (ok, error or cancelled), llama-bench a `part` record per test. When the
+    program fails on an allocation its log recorded (out of memory, or beyond --memory-budget),
+    instr ends with the one line `instr run` gives, what failed and what would free how much,
+    and exit status 3 (the log is opened at the first context: a failure before it, with
+    llama.cpp's --fit off, leaves no log and only the program's own words). Options for instr go
+    before PROGRAM, everything after it is the program's:
 
         instr exec -o server.log llama-server -m model.gguf --port 8080 --parallel 2
         instr exec --sample 16 --max-bytes 64M --keep 8 -o server.log llama-server -m model.gguf
@@ -71,7 +76,8 @@ def command(
     otherwise (-o wins, and says so); the level, top-k logits, sampling and rotation are always
     the options' own.
     """
-    from llamacpp_instr import build, tools
+    from llamacpp_instr import build, child, memory, tools
+    from llamacpp_instr.converters.errors import UserError
     from llamacpp_instr.runner import check_writable
 
     if program == "llama-fit-params":
@@ -110,8 +116,23 @@ def command(
     if metrics is not None:
         from llamacpp_instr.exporters import launch
 
-        launch.start_beside(out, metrics)  # it outlives this process, which becomes the program
+        launch.start_beside(out, metrics)  # it ends once this process has, and the log is read
     click.echo(
         f"instr exec: session log {out} (level {level}{'; ' + more if more else ''})", err=True
     )
-    os.execve(exe, [program, *args], env)
+    since = memory.mark_log(out)
+    try:
+        returncode = child.run(exe, [program, *args], env)
+    except OSError as exc:
+        raise UserError(f"cannot run {exe}: {exc.strerror or exc}") from None
+    # a program that ended on its own with a failure (not one the user stopped with a signal it
+    # was passed, nor one that recovered and exited 0) and an allocation failure in its log: that
+    # allocation is why, said as `instr run` says it
+    stopped = returncode < 0 and -returncode in child.FORWARDED
+    if returncode != 0 and not stopped:
+        found = memory.failure_in_log(out, since)
+        if found is not None:
+            failure, context = found
+            setting = memory.program_setting(program, list(args), context)
+            raise memory.OutOfMemory(memory.message(failure, setting))
+    child.end_like(returncode)

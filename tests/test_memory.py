@@ -338,15 +338,12 @@ def test_a_context_shift_grows_the_compute_buffer_in_its_step(
     assert grown["id"] in live_buffers(after)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the pin's K-shift allocates its graph (llama_kv_cache::update) outside the compute "
-    "purpose scope patch 0009 sets (graph_reserve, process_ubatch), and before its graph is "
-    "indexed: the buffer is recorded as `other`, with no ctx, step or graph",
-)
 def test_the_grown_compute_buffer_names_its_step_and_graph(
     context_shift: dict[str, Any],
 ) -> None:
+    """The K-shift allocates its graph (the pin's llama_kv_cache::update) inside the compute
+    purpose scope patch 0009 sets there, its graph indexed first: the grown buffer names its
+    context, step and graph."""
     records, shift = context_shift["records"], context_shift["shift"]
     grown = context_shift["made"][0]
     # the graph that caused it: the first computed in the step, the K-shift's (no ubatch's tokens)

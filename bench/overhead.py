@@ -138,6 +138,49 @@ def levels_in_process(tokens: int, threads: int, log: str, rounds: int = 30) -> 
     )
 
 
+def step_memory_in_process(tokens: int, threads: int, log: str, rounds: int = 40) -> None:
+    """What step_end's memory figures cost (issue 34: under 1 % of a generation step at MINIMAL):
+    one process, a MINIMAL session per round, alternately with and without the figures
+    (LLAMA_INSTR_STEP_MEMORY, read once per session), in a shuffled order. Prints a JSON line:
+    generation tok/s, median over rounds, each way, and the median of the paired ratios."""
+    import llama_cpp
+
+    from llamacpp_instr import bindings, models
+
+    api = bindings.load()
+    llm = llama_cpp.Llama(
+        str(models.default_model()), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
+        verbose=False,
+    )  # fmt: skip
+    base = llm.tokenize(PROMPT.encode(), add_bos=True)
+    tg: dict[str, list[float]] = {"on": [], "off": []}
+    shuffler = random.Random(2)
+    for _ in range(rounds):
+        order = ["on", "off"]
+        shuffler.shuffle(order)
+        for way in order:
+            os.environ["LLAMA_INSTR_STEP_MEMORY"] = "1" if way == "on" else "0"
+            api.session_begin(llm.ctx, log, "minimal", {"bench": "step memory"})
+            llm.reset()
+            llm.eval(base)
+            t0 = time.perf_counter()
+            for _ in range(tokens // 4):
+                llm.eval([base[2]])
+            tg[way].append((tokens // 4) / (time.perf_counter() - t0))
+            api.session_end("ok")
+    ratios = [a / b for a, b in zip(tg["on"], tg["off"], strict=True)]
+    print(
+        json.dumps(
+            {
+                "on": statistics.median(tg["on"]),
+                "off": statistics.median(tg["off"]),
+                "ratio": statistics.median(ratios),
+                "rounds": rounds,
+            }
+        )
+    )
+
+
 def run_one(config: str, args: argparse.Namespace, libs: dict[str, Path], logdir: Path) -> dict:
     """One child process; ``libs`` maps a configuration to the libraries it runs instead of the
     installed ones."""
@@ -196,6 +239,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.child == "levels":
         levels_in_process(args.tokens, args.threads, args.log)
+        return
+    if args.child == "step-memory":
+        step_memory_in_process(args.tokens, args.threads, args.log)
         return
     if args.child:
         child(args.child, args.tokens, args.threads, args.log)
@@ -287,6 +333,19 @@ def main() -> None:
             f"| {name} | {v['pp']:.1f} | {v['pp'] / lv['off']['pp']:.3f}x | {v['tg']:.1f} | "
             f"{v['tg'] / lv['off']['tg']:.3f}x |"
         )
+    # what step_end's memory figures cost at MINIMAL, in one process
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, __file__, "--child", "step-memory", "--tokens", str(args.tokens),
+               "--threads", str(args.threads), "--log", str(Path(tmp) / "memory.log")]  # fmt: skip
+        r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        sm = json.loads(r.stdout.strip().splitlines()[-1])
+    lines += [
+        "",
+        f"step_end's memory figures at MINIMAL, in one process (a session per round, with and "
+        f"without them, {sm['rounds']} rounds in a shuffled order): generation {sm['on']:.1f} "
+        f"tok/s with, {sm['off']:.1f} without; paired ratio {sm['ratio']:.3f}x (target: at "
+        "least 0.99x).",
+    ]
     report = "\n".join(lines)
     print(report)
     if args.write_docs:

@@ -188,6 +188,25 @@ def test_run_that_does_not_fit_says_why_and_what_would(
     assert r.returncode == 0, r.stderr
 
 
+def test_step_memory_can_be_left_out_to_measure_it(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """LLAMA_INSTR_STEP_MEMORY=0 leaves step_end's memory figures out (what bench/overhead.py
+    measures their cost against); by default every step has them."""
+    for value, has in (("0", False), ("1", True)):
+        log = tmp_path / f"m{value}.log"
+        r = subprocess.run(
+            [sys.executable, "-m", "llamacpp_instr.cli", "run", str(tiny_llama_f32), "-p", PROMPT,
+             "-n", "3", "--ignore-eos", "--level", "minimal", "-o", str(log)],
+            capture_output=True, text=True, timeout=600,
+            env={**os.environ, "LLAMA_INSTR_STEP_MEMORY": value},
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        ends = by_type(read_log(log), "step_end")
+        assert len(ends) >= 3
+        assert all(("memory" in e) == has for e in ends)
+
+
 @pytest.mark.parametrize(
     "spec, says",
     [

@@ -32,15 +32,18 @@ void llama_instr_env_context_created(llama_context * ctx);
 
 namespace llama_instr {
 
-// The device timers' switches, read from the environment once per session (at its first compute
-// that asks), never per compute: getenv scans the environment, and races a setenv on another
+// The session's switches, read from the environment once per session (at its first compute or
+// step that asks), never per compute: getenv scans the environment, and races a setenv on another
 // thread. A program switches them between sessions.
 //   LLAMA_INSTR_DEVICE_TIMING=0     the device's ops untimed (the scheduler's splits and copies
 //                                   are still recorded)
 //   LLAMA_INSTR_DEVICE_CLOCK=fence  the fenced clock pair even where the driver calibrates (tests)
+//   LLAMA_INSTR_STEP_MEMORY=0       no step_end.memory (what the figures cost is measured against
+//                                   it: bench/overhead.py)
 struct device_env {
     bool timing      = true;
     bool clock_fence = false;
+    bool step_memory = true;
 };
 
 device_env env_device(uint64_t session_epoch);

@@ -2,6 +2,7 @@
 // taken) the graph tables, compute records, top-k logits and step_end.
 
 #include "llama-context.h"
+#include "llama-instr-env.h"
 #include "llama-instr-hooks.h"
 #include "llama-instr-memory.h"
 #include "llama-instr-rpc.h"
@@ -267,7 +268,9 @@ void llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int3
         j.raw("],\"type\":\"f32\",\"bytes\":");
         j.i64(n_vocab * n_outputs * 4);
         j.ch('}');
-        write_step_memory(j, ctx);
+        if (env_device(st.epoch).step_memory) {
+            write_step_memory(j, ctx);
+        }
         j.ch('}');
         emit(st.epoch, st.line);
         step_done(st);

@@ -181,6 +181,16 @@ def step_memory_in_process(tokens: int, threads: int, log: str, rounds: int = 40
     )
 
 
+def in_process(mode: str, args: argparse.Namespace) -> dict:
+    """Run one of the one-process measurements (``--child levels`` or ``step-memory``) in a
+    fresh process and return the JSON line it prints."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, __file__, "--child", mode, "--tokens", str(args.tokens),
+               "--threads", str(args.threads), "--log", str(Path(tmp) / f"{mode}.log")]  # fmt: skip
+        r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def run_one(config: str, args: argparse.Namespace, libs: dict[str, Path], logdir: Path) -> dict:
     """One child process; ``libs`` maps a configuration to the libraries it runs instead of the
     installed ones."""
@@ -314,11 +324,7 @@ def main() -> None:
             f"mean {facts['coverage_mean']:.1%}, median {facts['coverage_median']:.1%}, min {facts['coverage_min']:.1%}.",
         ]
     # every level in one process (see levels_in_process): the steadiest view of the levels' cost
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, __file__, "--child", "levels", "--tokens", str(args.tokens),
-               "--threads", str(args.threads), "--log", str(Path(tmp) / "levels.log")]  # fmt: skip
-        r = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        lv = json.loads(r.stdout.strip().splitlines()[-1])
+    lv = in_process("levels", args)
     lines += [
         "",
         "Every level in one process and one session, alternated in a shuffled order over 30 rounds "
@@ -334,11 +340,7 @@ def main() -> None:
             f"{v['tg'] / lv['off']['tg']:.3f}x |"
         )
     # what step_end's memory figures cost at MINIMAL, in one process
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, __file__, "--child", "step-memory", "--tokens", str(args.tokens),
-               "--threads", str(args.threads), "--log", str(Path(tmp) / "memory.log")]  # fmt: skip
-        r = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        sm = json.loads(r.stdout.strip().splitlines()[-1])
+    sm = in_process("step-memory", args)
     lines += [
         "",
         f"step_end's memory figures at MINIMAL, in one process (a session per round, with and "

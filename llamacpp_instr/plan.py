@@ -61,16 +61,12 @@ class Candidate:
         return p.prompt.value if p and p.prompt and not p.not_covered else None
 
     def run_args(self) -> list[str]:
-        """``instr run`` for this setting."""
-        args = ["instr", "run", str(self.model), "-t", str(self.threads), "--ctx", str(self.n_ctx)]
-        args += ["--ubatch", str(self.n_ubatch)]
-        if self.n_gpu_layers:
-            args += ["-ngl", str(self.n_gpu_layers)]
-        if self.type_k != "f16" or self.type_v != "f16":
-            args += ["-ctk", self.type_k, "-ctv", self.type_v]
-        if self.flash_attn:
-            args.append("--flash-attn")
-        return args
+        """``instr run`` for this setting (its memory options as ``fit`` gives them)."""
+        setting = fit.Setting(
+            self.n_ctx, self.n_gpu_layers, self.type_k, self.type_v, self.flash_attn
+        )
+        head = ["instr", "run", str(self.model), "-t", str(self.threads)]
+        return head + setting.run_args(bool(self.n_gpu_layers)) + ["--ubatch", str(self.n_ubatch)]
 
     def to_json(self) -> dict[str, Any]:
         p = self.prediction

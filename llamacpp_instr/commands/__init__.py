@@ -52,6 +52,16 @@ level_option = click.option(
     help="minimal: steps + layer spans; detailed: + per-op timings and graph tables; "
     "verbose: + per-thread times, value statistics, top-k logits.",
 )
+# what a device may hold, for the commands that size a setting (fit, plan)
+memory_option = click.option(
+    "--memory",
+    "memory_specs",
+    metavar="DEVICE=SIZE",
+    multiple=True,
+    help="What a device may hold, e.g. CPU=2G or Vulkan0=6G (K, M, G: powers of 1024; "
+    "repeatable). Default: each device's free memory as ggml reports it (a memory budget, "
+    "LLAMA_INSTR_MEMORY_BUDGET, lowers it).",
+)
 ctx_option = click.option(
     "--ctx",
     "n_ctx",

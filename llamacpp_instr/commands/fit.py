@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 from click.core import ParameterSource
 
-from llamacpp_instr.commands import offload_options, threads_option
+from llamacpp_instr.commands import memory_option, offload_options, threads_option
 
 if TYPE_CHECKING:
     from llamacpp_instr.fit import Answer, Footprint
@@ -23,15 +23,7 @@ PURPOSES = ("weights", "kv_cache", "compute", "output")
 
 @click.command("fit")
 @click.argument("model", required=False, type=click.Path(path_type=Path))
-@click.option(
-    "--memory",
-    "memory_specs",
-    metavar="DEVICE=SIZE",
-    multiple=True,
-    help="What a device may hold, e.g. CPU=2G or Vulkan0=6G (K, M, G: powers of 1024; "
-    "repeatable). Default: each device's free memory as ggml reports it (a memory budget, "
-    "LLAMA_INSTR_MEMORY_BUDGET, lowers it).",
-)
+@memory_option
 @click.option(
     "--ctx",
     "n_ctx",

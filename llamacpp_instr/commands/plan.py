@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands import ctx_option, offload_options
+from llamacpp_instr.commands import ctx_option, memory_option, offload_options
 
 if TYPE_CHECKING:
     from llamacpp_instr.offload import Offload
@@ -19,15 +19,7 @@ if TYPE_CHECKING:
 @click.command("plan")
 @click.argument("model", type=click.Path(path_type=Path, dir_okay=False))
 @click.argument("logs", nargs=-1, type=click.Path(path_type=Path))
-@click.option(
-    "--memory",
-    "memory_specs",
-    metavar="DEVICE=SIZE",
-    multiple=True,
-    help="What a device may hold, e.g. CPU=2G or Vulkan0=6G (K, M, G: powers of 1024; "
-    "repeatable). Default: each device's free memory as ggml reports it (a memory budget, "
-    "LLAMA_INSTR_MEMORY_BUDGET, lowers it).",
-)
+@memory_option
 @ctx_option
 @click.option(
     "--quant",

@@ -166,3 +166,29 @@ def test_reading_side_stops_early(capfd: pytest.CaptureFixture[str]) -> None:
         break
     assert not multiprocessing.active_children()
     assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.usefixtures("forked")
+def test_the_reader_leaves_an_interrupt_to_the_reading_side(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A SIGINT that reaches the reader process (a terminal's Ctrl-C reaches the whole group;
+    the full suite once saw the reader print a KeyboardInterrupt's traceback) is the reading
+    side's to act on: the reader reads on, quietly, and every record arrives."""
+    import gzip
+    import os
+    import signal
+
+    text = gzip.open(FIXTURES / "tiny-llama-verbose.log.gz", "rt").read()
+    log = tmp_path / "long.log"
+    log.write_text(text * 50)
+    expected = sum(1 for _ in iter_records(log))
+    n = 0
+    for _ in prefetch.records(log):
+        if n == 0:
+            (child,) = multiprocessing.active_children()
+            os.kill(child.pid, signal.SIGINT)
+        n += 1
+    assert n == expected > 1
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err

@@ -16,6 +16,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import signal
 import threading
 from collections.abc import Iterator
 from multiprocessing.reduction import ForkingPickler
@@ -135,6 +136,11 @@ class _Sender:
 
 def _read(conn: Any, path: Path | str, strict: bool) -> None:
     """The reading process: records in batches, skipped lines in their place, then the totals."""
+    # ended by the reading side (terminate: SIGTERM) as a process ends, quietly: not through the
+    # handlers it was forked with (a library's that wraps them may turn it into a
+    # KeyboardInterrupt and its traceback); a terminal's Ctrl-C is the reading side's to act on
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     out = _Sender(conn)
     try:
         _read_to(out, path, strict)

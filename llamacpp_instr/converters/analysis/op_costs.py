@@ -234,7 +234,23 @@ class CostModel:
         return None
 
 
-def _op_frame(frames: Any, where_of: Any) -> pd.DataFrame | None:
+LogGraphs = dict[int, tuple[GraphCosts, list[str]]]
+
+
+def log_graphs(frames: Any) -> LogGraphs:
+    """Each graph a log's ops ran, by id: what its nodes cost is made of, and each node's device
+    (at the graph's first compute), worked out once for the fit and its self-check."""
+    out: LogGraphs = {}
+    first = frames.ops.drop_duplicates("graph")[["graph", "step", "ubatch"]]
+    for gid, step, ub in first.itertuples(index=False):
+        g = frames.graphs.get(int(gid))
+        if g is not None:
+            devices = split_costs.node_devices(frames, int(step), int(ub), len(g.nodes))
+            out[int(gid)] = (GraphCosts.of(g), devices)
+    return out
+
+
+def _op_frame(frames: Any, graphs: LogGraphs, where_of: Any) -> pd.DataFrame | None:
     """The timed ops of one session with their class and size, or None without ops."""
     ops = frames.ops
     if ops.empty:
@@ -242,10 +258,9 @@ def _op_frame(frames: Any, where_of: Any) -> pd.DataFrame | None:
     kinds = frames.steps.set_index("step")["kind"].astype(str)
     parts = []
     for gid, rows in ops.groupby("graph", sort=False):
-        g = frames.graphs.get(int(gid))
-        if g is None:
+        if int(gid) not in graphs:
             continue
-        gc = GraphCosts.of(g)
+        gc = graphs[int(gid)][0]
         idx = rows["node"].to_numpy()
         parts.append(
             pd.DataFrame(
@@ -285,19 +300,18 @@ def _devices_of(frames: Any) -> Any:
     return of
 
 
-def _fused_roles(frames: Any, threads: int) -> set[tuple[Where, str, str]]:
+def _fused_roles(frames: Any, graphs: LogGraphs, threads: int) -> set[tuple[Where, str, str]]:
     """Nodes that are not views yet never timed in any compute of their graph: run inside another
     op (a backend's fusion), by their (where, label, role), where from the split holding the
     node."""
     out: set[tuple[Where, str, str]] = set()
     timed = frames.ops.groupby("graph")["node"].unique()
     for gid, nodes in timed.items():
-        g = frames.graphs.get(int(gid))
-        if g is None:
+        if int(gid) not in graphs:
             continue
-        device = split_costs.node_devices(frames, int(gid), len(g.nodes))
+        gc, device = graphs[int(gid)]
         seen = set(int(x) for x in nodes)
-        for node in g.nodes:
+        for node in gc.graph.nodes:
             if node.i not in seen and "noop" not in node.flags and 0 not in node.shape:
                 dev = device[node.i]
                 where = Where(dev, threads if dev == "CPU" else 0)
@@ -365,14 +379,15 @@ def fit(sessions: Iterable[Any]) -> CostModel:
     fused: set[tuple[Where, str, str]] = set()
     overhead_rows: list[tuple[Where, str, float]] = []
     sessions = list(sessions)
-    for sf in sessions:
+    graphs = [log_graphs(sf) if not sf.ops.empty else {} for sf in sessions]
+    for sf, g in zip(sessions, graphs, strict=True):
         threads = threads_of(sf)
-        df = _op_frame(sf, _devices_of(sf))
+        df = _op_frame(sf, g, _devices_of(sf))
         if df is None or df.empty:
             continue
         df["threads"] = np.where(df["device"] == "CPU", threads, 0)
         parts.append(df)
-        fused |= _fused_roles(sf, threads)
+        fused |= _fused_roles(sf, g, threads)
         # the host's time per compute outside the ops (on several devices: outside the devices'
         # own time and the copies, which split_costs prices): graph build, inputs, outputs
         per_step = df.groupby("step").agg(op_ns=("dur", "sum"), computes=("ubatch", "nunique"))
@@ -418,16 +433,16 @@ def fit(sessions: Iterable[Any]) -> CostModel:
         overhead={k: float(np.median(v)) for k, v in over.items()},
         splits=split_costs.fit(sessions),
     )
-    _self_check(model, sessions)
+    _self_check(model, sessions, graphs)
     return model
 
 
-def _self_check(model: CostModel, sessions: list[Any]) -> None:
+def _self_check(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) -> None:
     """Per kind, each logged step's measured time against the model's price of it (its own
     graphs, its own overhead): how far the fit strays on the data it was fitted on."""
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
     levels: dict[str, list[float]] = defaultdict(list)
-    for sf in sessions:
+    for sf, log_g in zip(sessions, graphs, strict=True):
         threads = threads_of(sf)
         if sf.ops.empty:
             continue
@@ -438,12 +453,11 @@ def _self_check(model: CostModel, sessions: list[Any]) -> None:
         pred: dict[int, float] = defaultdict(float)
         for step, _ub, gid in computes.itertuples(index=False):
             kind = str(kinds.get(step, ""))
-            g = sf.graphs.get(int(gid))
-            if g is None or kind not in ("prompt", "gen"):
+            if int(gid) not in log_g or kind not in ("prompt", "gen"):
                 continue
             if (int(gid), kind) not in priced:
-                devs = split_costs.node_devices(sf, int(gid), len(g.nodes))
-                t, extra, missing, lost = model.price_compute(GraphCosts.of(g), devs, threads, kind)
+                gc, devs = log_g[int(gid)]
+                t, extra, missing, lost = model.price_compute(gc, devs, threads, kind)
                 ok = not missing and not lost
                 priced[(int(gid), kind)] = float(t.sum() + sum(extra.values())) if ok else np.nan
             p_graph = priced[(int(gid), kind)]

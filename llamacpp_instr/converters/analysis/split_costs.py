@@ -107,18 +107,14 @@ def device_time(sf: Any) -> dict[int, float]:
     return {int(k): float(v) for k, v in out.items()}
 
 
-def node_devices(sf: Any, gid: int, n_nodes: int) -> list[str]:
-    """The device of each node of graph ``gid`` in a log: the split holding it at the graph's
-    first compute (all the CPU's without splits)."""
+def node_devices(sf: Any, step: int, ubatch: int, n_nodes: int) -> list[str]:
+    """The device of each node of the graph a log's compute (step, ubatch) ran: the split holding
+    it (all the CPU's without splits)."""
     device = ["CPU"] * n_nodes
     splits = getattr(sf, "splits", None)
     if splits is None or splits.empty:
         return device
-    first = sf.ops[sf.ops["graph"] == gid].head(1)
-    if first.empty:
-        return device
-    step, ub = int(first["step"].iloc[0]), int(first["ubatch"].iloc[0])
-    for row in splits[(splits["step"] == step) & (splits["ubatch"] == ub)].itertuples():
+    for row in splits[(splits["step"] == step) & (splits["ubatch"] == ubatch)].itertuples():
         for i in range(max(int(row.node_start), 0), min(int(row.node_end), n_nodes)):
             device[i] = str(row.device)
     return device

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -94,10 +95,9 @@ def child(config: str, tokens: int, threads: int, log: str) -> None:
     }))  # fmt: skip
 
 
-def levels_in_process(tokens: int, threads: int, log: str, rounds: int = 30) -> None:
-    """Every level in one process and one session, alternating round by round (set_level), so that
-    process-to-process noise (page faults, placement) cancels: prompt tok/s with the graph rebuilt
-    on every prompt (its length changes), and generation tok/s. Prints a JSON line."""
+def _one_process(threads: int) -> tuple[Any, Any, list[int]]:
+    """The instrumentation API, SmolLM2 loaded as the one-process measurements use it, and the
+    bench's prompt tokenized."""
     import llama_cpp
 
     from llamacpp_instr import bindings, models
@@ -107,7 +107,14 @@ def levels_in_process(tokens: int, threads: int, log: str, rounds: int = 30) -> 
         str(models.default_model()), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
         verbose=False,
     )  # fmt: skip
-    base = llm.tokenize(PROMPT.encode(), add_bos=True)
+    return api, llm, llm.tokenize(PROMPT.encode(), add_bos=True)
+
+
+def levels_in_process(tokens: int, threads: int, log: str, rounds: int = 30) -> None:
+    """Every level in one process and one session, alternating round by round (set_level), so that
+    process-to-process noise (page faults, placement) cancels: prompt tok/s with the graph rebuilt
+    on every prompt (its length changes), and generation tok/s. Prints a JSON line."""
+    api, llm, base = _one_process(threads)
     levels = ["off", "minimal", "detailed", "verbose"]
     pp: dict[str, list[float]] = {lv: [] for lv in levels}
     tg: dict[str, list[float]] = {lv: [] for lv in levels}
@@ -143,16 +150,7 @@ def step_memory_in_process(tokens: int, threads: int, log: str, rounds: int = 40
     one process, a MINIMAL session per round, alternately with and without the figures
     (LLAMA_INSTR_STEP_MEMORY, read once per session), in a shuffled order. Prints a JSON line:
     generation tok/s, median over rounds, each way, and the median of the paired ratios."""
-    import llama_cpp
-
-    from llamacpp_instr import bindings, models
-
-    api = bindings.load()
-    llm = llama_cpp.Llama(
-        str(models.default_model()), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
-        verbose=False,
-    )  # fmt: skip
-    base = llm.tokenize(PROMPT.encode(), add_bos=True)
+    api, llm, base = _one_process(threads)
     tg: dict[str, list[float]] = {"on": [], "off": []}
     shuffler = random.Random(2)
     for _ in range(rounds):

@@ -10,6 +10,7 @@ import math
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -69,6 +70,20 @@ def read_log(path: Path) -> list[dict[str, Any]]:
         else:
             tables[(r["sid"], r["ctx"], r["graph"])] = r["nodes"]
     return recs
+
+
+def instr(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """``instr ARGS`` in a child process (the CLI as a user runs it), with ``env`` added to this
+    process's environment: its exit status, stdout and stderr."""
+    return subprocess.run(
+        [sys.executable, "-m", "llamacpp_instr.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def converts_cleanly(log: Path, out: Path) -> None:

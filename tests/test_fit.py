@@ -6,27 +6,14 @@ Beside it, llama.cpp's own llama-fit-params at the same setting (when built)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import PROMPT, read_log
+from support import PROMPT, instr, read_log
 
 MIB = 1 << 20
-
-
-def instr(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llamacpp_instr.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def fit_json(*args: str) -> dict[str, Any]:

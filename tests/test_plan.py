@@ -6,25 +6,12 @@ own definition, computed here."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from support import RunLog
+from support import RunLog, instr
 
 MIB = 1 << 20
-
-
-def instr(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llamacpp_instr.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def _plan(model: Path, log: Path, *args: str) -> list[dict[str, Any]]:

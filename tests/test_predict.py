@@ -6,24 +6,11 @@ bench/predict.py (leave one out), never asserted here."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import RunLog, make_run
-
-
-def instr(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llamacpp_instr.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ),
-    )
+from support import RunLog, instr, make_run
 
 
 @pytest.fixture(scope="module")

@@ -329,27 +329,26 @@ static const char * src_kind_name(src_kind k) {
     }
 }
 
-void graph_table::write_same(json_out & j, const std::string & sid, int32_t ctx_id, int32_t same_as) const {
-    record_head(j, "graph", ts, sid);
+// the head every `graph` record begins with: its context, id and tokens
+static void write_graph_head(json_out & j, const graph_table & t, const std::string & sid, int32_t ctx_id) {
+    record_head(j, "graph", t.ts, sid);
     j.key("ctx");
     j.i64(ctx_id);
     j.key("graph");
-    j.i64(graph_id);
+    j.i64(t.graph_id);
     j.key("n_tokens");
-    j.i64(n_tokens);
+    j.i64(t.n_tokens);
+}
+
+void graph_table::write_same(json_out & j, const std::string & sid, int32_t ctx_id, int32_t same_as) const {
+    write_graph_head(j, *this, sid, ctx_id);
     j.key("same_as");
     j.i64(same_as);
     j.ch('}');
 }
 
 void graph_table::write(json_out & j, const std::string & sid, int32_t ctx_id) const {
-    record_head(j, "graph", ts, sid);
-    j.key("ctx");
-    j.i64(ctx_id);
-    j.key("graph");
-    j.i64(graph_id);
-    j.key("n_tokens");
-    j.i64(n_tokens);
+    write_graph_head(j, *this, sid, ctx_id);
     j.key("nodes");
     j.ch('[');
     for (size_t i = 0; i < nodes.size(); i++) {

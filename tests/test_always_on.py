@@ -199,12 +199,7 @@ def test_every_file_is_whole_and_begins_the_session_again(
         # no rotation inside a step: each step begun in the file ends in it, and the reverse
         begun = [(r["ctx"], r["step"]) for r in recs if r["type"] == "step_begin"]
         ended = [(r["ctx"], r["step"]) for r in recs if r["type"] == "step_end"]
-        assert begun == ended
-        # every file holds steps, but a last one begun when the last step filled the one before:
-        # it holds only the session's head, its live buffers and its end
-        if not begun:
-            assert f == files[-1] and k > 0
-            assert {r["type"] for r in recs} == {"session_start", "memory_alloc", "session_end"}
+        assert begun == ended and begun
         # the graph tables its steps' ops refer to are in the file, before them
         seen: set[int] = set()
         for r in recs:
@@ -438,14 +433,8 @@ llm.close()
     assert indices == sorted(set(indices)), ([f.name for f in files], indices)
     last = whole_lines(files[-1])
     assert last[-1]["type"] == "session_end" and last[-1]["totals"]["lost"] > 0
-    # writing resumed: the steps after the space came back are in the log, whole (in the last
-    # file, or the one before it when the last step filled that one: the last then holds only
-    # the session's head, its live buffers and its end)
-    with_steps = [whole_lines(f) for f in files[-2:]]
-    assert sum(r["type"] == "step_end" for recs in with_steps for r in recs) >= 1
-    assert any(r["type"] == "step_end" for r in with_steps[-1]) or {
-        r["type"] for r in with_steps[-1]
-    } == {"session_start", "memory_alloc", "session_end"}
+    # writing resumed: the steps after the space came back are in the log, whole
+    assert sum(r["type"] == "step_end" for r in last) >= 1
 
 
 def test_a_rotation_that_cannot_open_loses_no_file(

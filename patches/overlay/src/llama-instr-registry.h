@@ -44,10 +44,13 @@ struct session {
     int64_t                 max_bytes_next = 0;
     int32_t                 keep_next      = 0;
     std::string             start_body;
-    int32_t                 file_index   = 0;  // files begun after the first (rotations and reopens)
-    int64_t                 retry_after  = 0;  // after a failed rotation or reopen, no new try before this (ns)
-    int32_t                 n_open_steps = 0;  // steps begun and not ended
-    std::condition_variable steps_cv;          // notified when no step is open any more
+    int32_t                 file_index      = 0;  // files begun after the first (rotations and reopens)
+    int64_t                 retry_after     = 0;  // after a failed rotation or reopen, no new try before this (ns)
+    int32_t                 n_open_steps    = 0;  // steps begun and not ended
+    // a step found a new file due but other contexts' steps stayed open past ROTATE_WAIT: the file
+    // begins at the next moment no step is open (the last open step's end, or the flusher)
+    bool                    rotate_deferred = false;
+    std::condition_variable steps_cv;  // notified when no step is open any more
 
     // every context that ran a hook, until it is freed
     std::unordered_map<const llama_context *, std::unique_ptr<ctx_state>> ctxs;
@@ -67,6 +70,9 @@ bool file_due_locked(const session & s);
 // Start the new file that is due: rotate (the log is full) or reopen (asked for), then write its
 // session_start. Only between steps (no step open), with S().mtx held.
 void new_file_locked(session & s);
+// Is a new file due that should begin as soon as no step is open: one a step deferred (other
+// contexts' steps stayed open), or a reopen asked for (SIGHUP)?
+bool rotation_waits_locked(const session & s);
 
 // Never destroyed: the flusher thread and the exit-time flush may use it to the very end.
 session & S();

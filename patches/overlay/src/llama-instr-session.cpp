@@ -69,8 +69,8 @@ static void flusher_main() {
             s.flusher_cv.wait(lock);
         }
         try {
-            if (s.log.fp && s.n_open_steps == 0 && file_due_locked(s)) {
-                new_file_locked(s);  // idle: a reopen asked for (SIGHUP) is done here
+            if (s.log.fp && s.n_open_steps == 0 && rotation_waits_locked(s)) {
+                new_file_locked(s);  // idle: a reopen asked for (SIGHUP), or a deferred rotation
             }
             if (s.log.fp && s.log.due(now_ns())) {
                 s.log.write_buffered();
@@ -141,11 +141,16 @@ bool file_due_locked(const session & s) {
     return s.log.full() || g_reopen.load(std::memory_order_relaxed);
 }
 
+bool rotation_waits_locked(const session & s) {
+    return (s.rotate_deferred || g_reopen.load(std::memory_order_relaxed)) && file_due_locked(s);
+}
+
 void new_file_locked(session & s) {
     // by size, the files are renamed (LOG -> LOG.1 ...); asked for (logrotate moved the file), the
     // path is opened again as it is. A file that holds nothing (its head could not be written: the
     // disk is still full) is not rotated into the series but tried again
     const bool rotate = s.log.full() && s.log.file_bytes > 0;
+    s.rotate_deferred = false;
     g_reopen.store(false, std::memory_order_relaxed);
     if (!s.log.reopen(rotate)) {
         s.retry_after = now_ns() + 10 * 1000 * 1000 * 1000LL;  // (a warning said why)
@@ -254,6 +259,8 @@ bool ctx_join(ctx_state & st, int32_t n_tokens, bool prompt) {
             } catch (...) {
                 s.log.hook_failed("llama_instr_decode_begin");  // out of memory: its head is lost
             }
+        } else if (s.n_open_steps > 0) {
+            s.rotate_deferred = true;
         }
     }
     if (st.epoch != s.epoch) {
@@ -286,7 +293,10 @@ void step_done(ctx_state & st) noexcept {
         st.step_open = false;
         if (--s.n_open_steps == 0) {
             s.steps_cv.notify_all();
-            if (file_due_locked(s)) {
+            // a file due by size begins with the next step (so that a session whose last step
+            // filled its file ends there, not in a file of its own); one a step had to defer, or a
+            // reopen asked for, begins now
+            if (rotation_waits_locked(s)) {
                 new_file_locked(s);
             }
         }

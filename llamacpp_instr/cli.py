@@ -36,6 +36,49 @@ class _Group(click.Group):
         # standalone_mode=False returns the exit code of --help/--version (ctx.exit) instead
         sys.exit(rv if isinstance(rv, int) else 0)
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands and their one-line help, condensed here (``short_help``) rather than by
+        click, whose condensing changed in 8.5: the help and docs/cli.md read the same with any
+        click the package allows."""
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd))
+        if not rows:
+            return
+        limit = formatter.width - 6 - max(len(name) for name, _ in rows)
+        with formatter.section("Commands"):
+            formatter.write_dl(
+                [(n, c.short_help or short_help(c.help or "", limit)) for n, c in rows]
+            )
+
+
+def short_help(text: str, limit: int) -> str:
+    """The first sentence of a command's help, cut at a word to ``limit`` characters with "..."
+    (as click up to 8.4 made it)."""
+    words = text.partition("\n\n")[0].split()
+    if words and words[0] == "\b":
+        words = words[1:]
+    total = 0
+    for i, word in enumerate(words):
+        total += len(word) + (i > 0)
+        if total > limit:
+            break
+        if word.endswith("."):
+            return " ".join(words[: i + 1])
+        if total == limit and i != len(words) - 1:
+            break
+    else:
+        return " ".join(words)
+    total += len("...")
+    while i > 0:
+        total -= len(words[i]) + (i > 0)
+        if total <= limit:
+            break
+        i -= 1
+    return " ".join(words[:i]) + "..."
+
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="instr")

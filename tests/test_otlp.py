@@ -198,11 +198,7 @@ def test_a_log_that_does_not_exist_is_one_line(tmp_path: Path) -> None:
     assert r.output == f"error: log file not found: {tmp_path / 'none.log'}\n"
 
 
-@pytest.fixture(scope="module")
-def tools_bin() -> Path:
-    from llamacpp_instr import tools
-
-    return tools.build_tools(lambda msg: print(msg, file=sys.stderr, flush=True))
+LIVE_PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def test_a_live_llama_server_has_every_request_received(
@@ -233,9 +229,17 @@ def test_a_live_llama_server_has_every_request_received(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=120, max_retries=0
         )
 
+        # request 2 carries a client's trace context; request 3 a malformed one, which the
+        # server's record must leave out (a header is the client's bytes)
+        headers = {2: {"traceparent": LIVE_PARENT}, 3: {"traceparent": LIVE_PARENT.upper()}}
+
         def job(i: int) -> None:
             client.completions.create(
-                model="m", prompt=f"Count from {i} to twenty:", max_tokens=4 + i, temperature=0
+                model="m",
+                prompt=f"Count from {i} to twenty:",
+                max_tokens=4 + i,
+                temperature=0,
+                extra_headers=headers.get(i),
             )
 
         with ThreadPoolExecutor(3) as pool:
@@ -251,8 +255,15 @@ def test_a_live_llama_server_has_every_request_received(
         assert sorted(attrs(s)["llamacpp_instr.request.id"] for s in top) == sorted(
             r["id"] for r in reqs
         )
+        joined = [r for r in reqs if "traceparent" in r]
+        assert [r["traceparent"] for r in joined] == [LIVE_PARENT]  # the malformed one left out
         for span in top:
             rec = next(r for r in reqs if r["id"] == attrs(span)["llamacpp_instr.request.id"])
+            if rec in joined:  # the client's trace, under the client's span
+                _, trace, parent, _ = LIVE_PARENT.split("-")
+                assert span.trace_id.hex() == trace and span.parent_span_id.hex() == parent
+            else:
+                assert span.parent_span_id == b""
             kids = [s for s in rx.spans if s.parent_span_id == span.span_id]
             # its steps: the prompt's (at least one) and one per generated token decoded
             assert len(kids) >= rec["gen_tokens"] + 1, rec

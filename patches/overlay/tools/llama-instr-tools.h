@@ -7,16 +7,20 @@
 
 #include "llama-instr.h"
 
+#include <strings.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <exception>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace llama_instr_tools {
 
@@ -64,8 +68,9 @@ inline std::string json_int_or_null(bool known, int64_t v) {
 // states live from arrival to the record: memory is bounded by the requests in flight.
 
 struct request_state {
-    std::string id;  // "task-<its first task id>"
+    std::string id;             // "task-<its first task id>"
     std::string endpoint;
+    std::string traceparent;    // an incoming W3C trace context, when well formed
     int64_t     t_arrive = 0;
     int         task     = -1;  // its first task: the one whose slot statistics the record gives
 
@@ -89,6 +94,23 @@ struct request_state {
     uint64_t n_prompt   = 0;   // prompt tokens decoded (after the prompt cache)
     uint64_t n_gen      = 0;   // tokens sampled
     bool     written    = false;
+
+    // the prompt cache when the slot began the prompt (request_prompt): what was reused, and what
+    // was not and why (the converters name the reason from these facts)
+    const char * slot_by      = nullptr;  // how the server chose the slot: "id", "similarity", "lru"
+    bool         cache_known  = false;
+    bool         cache_prompt = true;     // the request let the server reuse its cache
+    int64_t      n_prompt_all = 0;        // the prompt's tokens
+    int64_t      n_held       = 0;        // tokens the slot's cache held
+    int64_t      n_common     = 0;        // of those, the prefix in common with the prompt
+    int64_t      n_reused     = 0;        // tokens reused (the server's n_past)
+    int          other_slot   = -1;       // another slot whose cache held a longer common prefix
+    int64_t      other_common = 0;
+    int64_t      seen_tokens  = 0;        // a prefix at least this long was the prompt of an earlier request
+    std::string  seen_request;            // ... that one
+    std::string  text_before;             // where the slot's cache and the prompt diverged: the text before
+    std::string  text_held;               // ... the cache's text after
+    std::string  text_prompt;             // ... the prompt's text after
 };
 
 using request_ptr = std::shared_ptr<request_state>;
@@ -123,6 +145,9 @@ inline std::string request_fields(const request_state & r) {
     std::string   f       = "{\"id\":" + json_str(r.id);
     f += ",\"endpoint\":" + json_str(r.endpoint);
     f += ",\"method\":\"POST\",\"status\":" + std::to_string(r.status);
+    if (!r.traceparent.empty()) {
+        f += ",\"traceparent\":" + json_str(r.traceparent);
+    }
     f += ",\"outcome\":" + json_str(r.outcome);
     if (!r.error.empty()) {
         f += ",\"error\":" + json_str(error_text(r.error));
@@ -148,6 +173,30 @@ inline std::string request_fields(const request_state & r) {
     if (r.level > 0) {
         static const char * const names[] = { "off", "minimal", "detailed", "verbose" };
         f += ",\"level\":" + json_str(names[r.level < 4 ? r.level : 3]);
+    }
+    if (r.cache_known) {
+        f += ",\"cache\":{\"prompt\":" + std::to_string(r.n_prompt_all);
+        f += ",\"enabled\":";
+        f += r.cache_prompt ? "true" : "false";
+        if (r.slot_by) {
+            f += ",\"slot_by\":" + json_str(r.slot_by);
+        }
+        f += ",\"held\":" + std::to_string(r.n_held) + ",\"common\":" + std::to_string(r.n_common);
+        f += ",\"reused\":" + std::to_string(r.n_reused);
+        if (r.other_slot >= 0) {
+            f += ",\"other_slot\":" + std::to_string(r.other_slot);
+            f += ",\"other_common\":" + std::to_string(r.other_common);
+        }
+        if (r.seen_tokens > 0) {
+            f += ",\"seen\":{\"tokens\":" + std::to_string(r.seen_tokens);
+            f += ",\"request\":" + json_str(r.seen_request) + "}";
+        }
+        if (r.n_common < r.n_held && r.n_common < r.n_prompt_all) {
+            f += ",\"diverged\":{\"at\":" + std::to_string(r.n_common);
+            f += ",\"before\":" + json_str(r.text_before) + ",\"held\":" + json_str(r.text_held);
+            f += ",\"prompt\":" + json_str(r.text_prompt) + "}";
+        }
+        f += "}";
     }
     return f + "}";
 }
@@ -210,13 +259,42 @@ inline request_handle::~request_handle() {
     write_request(fields);
 }
 
-// A completion request arrived (handle_completions_impl); nullptr with no session open.
-inline request_tracker request_begin(const std::string & endpoint) {
+// A W3C `traceparent` header's value when it is well formed (version 00: "00-" 32 lowercase hex
+// digits of trace id "-" 16 of parent id "-" 2 of flags, neither id all zeros), else "". The
+// header is the client's: nothing else of it reaches the log.
+inline std::string valid_traceparent(const std::string & v) {
+    if (v.size() != 55 || v.compare(0, 3, "00-") != 0 || v[35] != '-' || v[52] != '-') {
+        return "";
+    }
+    bool zero_trace = true;
+    bool zero_span  = true;
+    for (size_t i = 3; i < 55; i++) {
+        if (i == 35 || i == 52) {
+            continue;
+        }
+        const char c = v[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) {
+            return "";
+        }
+        zero_trace = zero_trace && (i >= 35 || c == '0');
+        zero_span  = zero_span && (i < 36 || i >= 52 || c == '0');
+    }
+    return zero_trace || zero_span ? "" : v;
+}
+
+// A completion request arrived (handle_completions_impl), with its HTTP headers; nullptr with no
+// session open.
+inline request_tracker request_begin(const std::string & endpoint, const std::map<std::string, std::string> & headers) {
     if (!active()) {
         return nullptr;
     }
     auto r      = std::make_shared<request_state>();
     r->endpoint = endpoint;
+    for (const auto & [key, value] : headers) {
+        if (key.size() == 11 && strncasecmp(key.c_str(), "traceparent", 11) == 0) {
+            r->traceparent = valid_traceparent(value);
+        }
+    }
     r->t_arrive = now_ns();
     auto h      = std::make_shared<request_handle>();
     h->r        = r;
@@ -370,6 +448,158 @@ inline void request_released(llama_context * ctx,
         fields = finish_locked(*r);
     }
     write_request(fields);
+}
+
+// The server chose `slot` for the task `task_id` (get_available_slot): `how` is "id" (the request
+// named it), "similarity" (its cache held enough of the prompt) or "lru" (the least recently used).
+inline void request_slot_chosen(int task_id, const char * how) {
+    if (!active()) {
+        return;
+    }
+    std::lock_guard<std::mutex> lock(requests_mutex());
+    auto &                      m  = requests_by_task();
+    auto                        it = m.find(task_id);
+    if (it != m.end()) {
+        it->second->slot_by = how;
+    }
+}
+
+inline int64_t common_prefix(const std::vector<llama_token> & a, const std::vector<llama_token> & b) {
+    const size_t n = a.size() < b.size() ? a.size() : b.size();
+    size_t       i = 0;
+    while (i < n && a[i] == b[i] && a[i] != LLAMA_TOKEN_NULL) {
+        i++;
+    }
+    return (int64_t) i;
+}
+
+// tokens [i0, i1) of `t` as text: valid UTF-8 kept, other bytes as '?', at most `max` bytes
+inline std::string tokens_text(llama_context *                  ctx,
+                               const std::vector<llama_token> & t,
+                               int64_t                          i0,
+                               int64_t                          i1,
+                               size_t                           max = 120) {
+    const llama_vocab * vocab = llama_model_get_vocab(llama_get_model(ctx));
+    std::string         raw;
+    for (int64_t i = i0 < 0 ? 0 : i0; i < i1 && i < (int64_t) t.size() && raw.size() < 4 * max; i++) {
+        char      buf[64];
+        const int n = t[i] == LLAMA_TOKEN_NULL ? -1 : llama_token_to_piece(vocab, t[i], buf, sizeof(buf), 0, true);
+        raw += n > 0 ? std::string(buf, (size_t) n) : std::string("[media]");
+    }
+    std::string out;
+    for (size_t i = 0; i < raw.size() && out.size() < max;) {
+        const unsigned char c   = (unsigned char) raw[i];
+        size_t              len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+        for (size_t k = 1; len > 0 && k < len; k++) {
+            if (i + k >= raw.size() || (((unsigned char) raw[i + k]) >> 6) != 0x2) {
+                len = 0;
+            }
+        }
+        if (len == 0) {
+            out += '?';
+            i++;
+        } else {
+            out.append(raw, i, len);
+            i += len;
+        }
+    }
+    return out;
+}
+
+// The prompts of earlier requests, as hashes of their first 16, 32, 64, ... tokens: a prompt whose
+// start was computed before, and that no cache held any more, was evicted. Bounded: the oldest
+// entries go first.
+struct prefix_history {
+    std::unordered_map<uint64_t, std::string> by_hash;  // hash of a prefix (and its length) -> request
+    std::vector<uint64_t>                     order;    // ring of the keys, oldest at `next`
+    size_t                                    next = 0;
+    static constexpr size_t                   MAX  = 16384;
+
+    static uint64_t step(uint64_t h, llama_token t) { return (h ^ (uint32_t) t) * 1099511628211ull; }
+
+    // the longest prefix of `prompt` that an earlier request's prompt began with; then remember this one
+    int64_t seen_then_add(const std::vector<llama_token> & prompt, const std::string & id, std::string & who) {
+        int64_t               best = 0;
+        uint64_t              h    = 14695981039346656037ull;
+        std::vector<uint64_t> mine;
+        for (size_t i = 0, len = 16; i < prompt.size(); i++) {
+            h = step(h, prompt[i]);
+            if (i + 1 == len) {
+                const uint64_t key = step(h, (llama_token) len);
+                auto           it  = by_hash.find(key);
+                if (it != by_hash.end() && it->second != id) {
+                    best = (int64_t) len;
+                    who  = it->second;
+                }
+                mine.push_back(key);
+                len *= 2;
+            }
+        }
+        for (uint64_t key : mine) {
+            if (order.size() < MAX) {
+                order.push_back(key);
+            } else {
+                by_hash.erase(order[next]);
+                order[next] = key;
+                next        = (next + 1) % MAX;
+            }
+            by_hash[key] = id;
+        }
+        return best;
+    }
+};
+
+// The slot `slot_id` begins the prompt of `task_id` (update_slots, where the server decided how much
+// of its cache to keep): `held`, what its cache held; `prompt`, the prompt; `n_reused`, the tokens
+// it keeps (n_past); `slots`, every slot (another one may have held more of the prompt).
+template <class Slots>
+inline void request_prompt(llama_context *                  ctx,
+                           int                              task_id,
+                           int                              slot_id,
+                           const std::vector<llama_token> & held,
+                           const std::vector<llama_token> & prompt,
+                           int64_t                          n_reused,
+                           bool                             cache_prompt,
+                           const Slots &                    slots) {
+    if (!active()) {
+        return;
+    }
+    int     other        = -1;
+    int64_t other_common = 0;
+    for (const auto & s : slots) {
+        if (s.id != slot_id) {
+            const int64_t c = common_prefix(s.prompt.tokens.get_tokens(), prompt);
+            if (c > other_common) {
+                other        = s.id;
+                other_common = c;
+            }
+        }
+    }
+    const int64_t               common = common_prefix(held, prompt);
+    std::lock_guard<std::mutex> lock(requests_mutex());
+    auto &                      m  = requests_by_task();
+    auto                        it = m.find(task_id);
+    if (it == m.end() || it->second->task != task_id) {
+        return;
+    }
+    static prefix_history history;
+    request_state &       r = *it->second;
+    r.cache_known           = true;
+    r.cache_prompt          = cache_prompt;
+    r.n_prompt_all          = (int64_t) prompt.size();
+    r.n_held                = (int64_t) held.size();
+    r.n_common              = common;
+    r.n_reused              = n_reused;
+    if (other_common > common) {
+        r.other_slot   = other;
+        r.other_common = other_common;
+    }
+    r.seen_tokens = history.seen_then_add(prompt, r.id, r.seen_request);
+    if (common < r.n_held && common < r.n_prompt_all) {
+        r.text_before = tokens_text(ctx, prompt, common - 8, common);
+        r.text_held   = tokens_text(ctx, held, common, common + 8);
+        r.text_prompt = tokens_text(ctx, prompt, common, common + 8);
+    }
 }
 
 // --- llama-bench -------------------------------------------------------------------------------

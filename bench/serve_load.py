@@ -12,6 +12,11 @@ that drift of the shared machine hits each alike):
 - sampled:  `instr exec --level detailed --sample 16 --max-bytes 64M --keep 8` (the always-on
             configuration of the issue);
 - detailed: `instr exec --level detailed`.
+- exported: sampled, plus `--metrics` (the Prometheus exporter beside the server, issue 37) and a
+            real Prometheus (Debian's `prometheus`) scraping it every second; its ratios to
+            sampled, the same run without the exporter, are the exporter's cost (targets:
+            requests/s >= 0.98x, p99 <= 1.05x), and Prometheus' own count of its scrapes says it
+            scraped.
 
 Each round is a fixed list of requests (the same in every configuration and round): mixed prompt
 lengths (8 to 64 words), mixed max_tokens (4 to 16), a third of them streamed, one in ten of those dropped by the client
@@ -39,6 +44,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -53,6 +59,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "tests"))
+
+from prometheus_server import Prometheus  # noqa: E402
+
 from llamacpp_instr import models, tools  # noqa: E402
 
 CONFIGS = {
@@ -60,7 +70,9 @@ CONFIGS = {
     "minimal": ["--level", "minimal"],
     "sampled": ["--level", "detailed", "--sample", "16", "--max-bytes", "64M", "--keep", "8"],
     "detailed": ["--level", "detailed"],
+    "exported": ["--level", "detailed", "--sample", "16", "--max-bytes", "64M", "--keep", "8"],
 }
+EXPORTED_VS = "sampled"  # the exporter's cost: exported against the same configuration without it
 TARGETS = {"minimal": 0.98, "sampled": 0.98}  # requests/s vs off; p99 latency <= 1.05x
 P99_TARGET = 1.05
 
@@ -184,22 +196,36 @@ class Server:
         server_args += [str(args.threads), "--no-webui", "--seed", "1"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_INSTR_")}
         conf = CONFIGS[config]
+        self.prometheus: Prometheus | None = None
+        self.scrapes = 0  # exported: Prometheus' successful scrapes of the exporter
+        metrics_port = free_port() if config == "exported" else 0
         if conf is None:
             cmd = [str(exe), *server_args]
         else:
             cmd = [sys.executable, "-m", "llamacpp_instr.cli", "exec", "-o", str(log)]
+            if metrics_port:
+                cmd += ["--metrics", f"127.0.0.1:{metrics_port}"]
             cmd += [*conf, "llama-server", *server_args]
         self.err = open(log.with_name(log.name + ".stderr"), "w")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=self.err)
         self._wait_ready()
+        if metrics_port:
+            if shutil.which("prometheus") is None:
+                raise SystemExit("exported: Debian's prometheus is not installed")
+            self.prometheus = Prometheus(log.parent / f"prometheus-{log.stem}", metrics_port)
         # llama-server's own pid, whose memory and CPU time are measured: instr exec runs it as
-        # its one child
+        # a child (beside the exporter, with --metrics)
         self.pid = self.proc.pid
         if conf is not None:
             children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
-            if len(children) != 1:
-                raise SystemExit(f"instr exec runs {len(children)} processes, not llama-server")
-            self.pid = int(children[0])
+            servers = [
+                int(c)
+                for c in children
+                if Path(f"/proc/{c}/comm").read_text().strip() == "llama-server"
+            ]
+            if len(servers) != 1:
+                raise SystemExit(f"instr exec runs {len(servers)} llama-servers, not one")
+            self.pid = servers[0]
 
     def _wait_ready(self, timeout: float = 180) -> None:
         import urllib.request
@@ -230,6 +256,9 @@ class Server:
         )
 
     def stop(self) -> None:
+        if self.prometheus is not None:
+            self.scrapes = self.prometheus.scrapes()
+            self.prometheus.stop()
         self.proc.send_signal(signal.SIGINT)
         try:
             self.proc.wait(timeout=60)
@@ -258,6 +287,7 @@ class Round:
     cpu: float = 0.0  # server CPU seconds over the round
     log_bytes: int = 0
     table_bytes: int = 0  # of graph records (node tables, or a same_as naming one)
+    scrapes: int = 0  # exported: Prometheus' successful scrapes of the exporter over the round
     files: int = 0
     lines: int = 0
     bad_lines: int = 0
@@ -347,6 +377,7 @@ def one_round(
     finally:
         server.stop()
     rnd = Round(config, wall, outcomes, before, after, cpu)
+    rnd.scrapes = server.scrapes
     if CONFIGS[config] is not None:
         check_log(rnd, log)
         rnd.missing = count_missing(rnd, extra_ok=2)  # the warm-up's two have records too
@@ -455,6 +486,19 @@ def report(
                 else "- | - |"
             )
         )
+    if "exported" in rounds and EXPORTED_VS in rounds:
+        ex, base = rounds["exported"], rounds[EXPORTED_VS]
+        pairs = list(zip(ex, base, strict=True))
+        lines += [
+            "",
+            f"The exporter's cost, exported against {EXPORTED_VS} round by round (Prometheus "
+            f"scraping every second: {', '.join(str(r.scrapes) for r in ex)} scrapes in rounds of "
+            f"{', '.join(f'{r.wall:.0f}' for r in ex)} s): requests/s "
+            f"{statistics.median(r.rps / b.rps for r, b in pairs):.3f}x (target >= 0.98x), p99 "
+            f"latency {statistics.median(r.latency(0.99) / b.latency(0.99) for r, b in pairs):.3f}x "
+            f"(target <= {P99_TARGET}x), server CPU per request "
+            f"{statistics.median(r.cpu / b.cpu for r, b in pairs):.3f}x.",
+        ]
     lines += ["", f"Noise: {noise}."]
     for c, run in rss.items():
         marks = run["marks"]
@@ -500,7 +544,11 @@ def main() -> None:
         help="requests of the long runs (off, sampled; RSS every 100; 0: none)",
     )
     ap.add_argument("--round-timeout", type=float, default=900.0)
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="off first, then any of them")
+    ap.add_argument(
+        "--configs",
+        default="off,minimal,sampled,detailed",
+        help=f"off first, then any of {', '.join(CONFIGS)} (exported needs sampled)",
+    )
     ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
     args = ap.parse_args()
     # SIGTERM unwinds like Ctrl-C: each round's server is stopped on the way out

@@ -176,3 +176,11 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture(scope="session")
+def tools_bin() -> Path:
+    """The patched llama.cpp programs of the current patches (`instr build --tools`, cached)."""
+    from llamacpp_instr import tools
+
+    return tools.build_tools(lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from prometheus_server import Prometheus
 from support import free_port, wait_ready
 
 from llamacpp_instr.cli import main
@@ -336,52 +337,6 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
         count -= buckets[b - 1][1]
         rank -= buckets[b - 1][1]
     return start + (end - start) * (rank / count)
-
-
-class Prometheus:
-    """Debian's prometheus, scraping ``target`` every second, its data in ``tmp``."""
-
-    def __init__(self, tmp: Path, target: int) -> None:
-        self.port = free_port()
-        cfg = tmp / "prometheus.yml"
-        cfg.write_text(
-            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-            "scrape_configs:\n"
-            "  - job_name: instr\n"
-            f"    static_configs: [{{targets: ['127.0.0.1:{target}']}}]\n"
-        )
-        self.proc = subprocess.Popen(
-            ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}"]
-            + [f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        wait_ready(self.port, self.proc, timeout=60, path="/-/ready")
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        q = urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{self.port}/api/v1/query?{q}", timeout=10
-        ) as r:
-            body = json.load(r)
-        assert body["status"] == "success", body
-        return list(body["data"]["result"])
-
-    def value(self, promql: str) -> float | None:
-        res = self.query(promql)
-        return float(res[0]["value"][1]) if res else None
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def tools_bin() -> Path:
-    from llamacpp_instr import tools
-
-    return tools.build_tools(lambda msg: print(msg, file=sys.stderr, flush=True))
 
 
 def test_exec_with_a_port_in_use_does_not_start_the_program(

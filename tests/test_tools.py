@@ -27,13 +27,6 @@ from llamacpp_instr.cli import main
 from llamacpp_instr.converters.reports import request_share
 
 
-@pytest.fixture(scope="session")
-def tools_bin() -> Path:
-    from llamacpp_instr import tools
-
-    return tools.build_tools(lambda msg: print(msg, file=sys.stderr, flush=True))
-
-
 def read_records(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.open(encoding="utf-8")]
 

@@ -24,13 +24,6 @@ from support import fill, free_port, series, wait_ready, whole_lines
 MAX_BYTES = 64 * 1024
 
 
-@pytest.fixture(scope="session")
-def tools_bin() -> Path:
-    from llamacpp_instr import tools
-
-    return tools.build_tools(lambda msg: print(msg, file=sys.stderr, flush=True))
-
-
 def start_server(log: Path, model: Path, *instr_args: str) -> tuple[subprocess.Popen[str], int]:
     port = free_port()
     proc = subprocess.Popen(

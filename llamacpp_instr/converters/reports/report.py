@@ -91,11 +91,15 @@ class Table:
     top: int | None = None
     # the formats that show this table (empty: all); e.g. a full listing only in html
     only: tuple[str, ...] = ()
+    # every row, whatever ``top`` says (a table already bounded, whose rows read together)
+    whole: bool = False
 
     def shown_in(self, fmt: str) -> bool:
         return not self.only or fmt in self.only
 
     def shown_rows(self, top: int | None) -> list[dict[str, Any]]:
+        if self.whole:
+            return self.rows
         limit = top if top is not None else self.top
         return self.rows if not limit else self.rows[:limit]
 

@@ -15,20 +15,29 @@ if TYPE_CHECKING:  # pandas loads with the frames, not with this module
     from ..analysis.frames import SessionFrames
 
 
+def step_rows(f: SessionFrames) -> list[tuple[int, int, int, list[tuple[int, int]]]]:
+    """The session's steps in time order: (start, duration, the batch's tokens, [(sequence, its
+    tokens)]); a step without ``seqs`` holds sequence 0 only."""
+    seqs: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    if f.seqs is not None and not f.seqs.empty:
+        cols = f.seqs[["ctx", "step", "seq", "n_tokens"]].astype("int64")
+        for ctx, step, q, n in cols.itertuples(False):
+            seqs.setdefault((int(ctx), int(step)), []).append((int(q), int(n)))
+    cols = f.steps[["ctx", "step", "t_start", "dur_ns", "n_tokens"]].sort_values("t_start")
+    return [
+        (int(start), int(dur), int(n), seqs.get((int(ctx), int(step))) or [(0, int(n))])
+        for ctx, step, start, dur, n in cols.itertuples(False)
+    ]
+
+
 def request_shares(f: SessionFrames) -> list[RequestShare]:
     """Each request with a ``slot`` (llama-server's), in the order their records were written."""
     reqs = [r for r in f.info.requests if r.get("slot") is not None]
     if not reqs:
         return []
-    seqs: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
-    if f.seqs is not None and not f.seqs.empty:
-        cols = f.seqs[["ctx", "step", "seq", "n_tokens", "pos0", "pos1"]].astype("int64")
-        for ctx, step, q, n, p0, p1 in cols.itertuples(False):
-            seqs.setdefault((int(ctx), int(step)), []).append((int(q), int(n), int(p0), int(p1)))
     index = SeqSteps()
-    cols = f.steps[["ctx", "step", "t_start", "dur_ns", "n_tokens"]].sort_values("t_start")
-    for ctx, step, start, dur, n in cols.itertuples(False):
-        index.add(int(start), int(dur), int(n), seqs.get((int(ctx), int(step)), []))
+    for start, dur, n, seqs in step_rows(f):
+        index.add(start, dur, n, seqs)
     out = []
 
     def end(r: dict[str, Any]) -> int:

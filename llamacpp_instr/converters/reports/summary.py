@@ -14,9 +14,10 @@ import pandas as pd
 
 from ..analysis.frames import SessionFrames
 from ..schema import LEVEL_IDS, level_at_least
-from . import device_report, memory_report, roofline_report
+from . import device_report, memory_report, requests_report, roofline_report
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
 from .request_share import part_rows, parts_section, request_shares, share_section
+from .requests_report import request_stories
 
 BY_COLUMNS = {"op": "label", "layer": "layer", "node": "name"}
 
@@ -426,6 +427,9 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
     shares = request_shares(f)  # llama-server: requests sharing batches
     if shares:
         sections.append(share_section(shares))
+    slow = request_stories(f) if lat is not None else []  # why requests were slow
+    if slow:
+        sections.append(requests_report.section(slow, top))
     parts = part_rows(f)  # llama-bench: its tests
     if parts:
         sections.append(parts_section(parts))
@@ -452,6 +456,7 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
             f"by_{key}": table.rows if table is not None else [],
             **({"requests": lat} if lat is not None else {}),
             **({"request_share": [x.row() for x in shares]} if shares else {}),
+            **({"request_causes": [x.row() for x in slow]} if slow else {}),
             **({"parts": parts} if parts else {}),
             "roofline": roof_data,
             **devices_data,

@@ -14,6 +14,7 @@ more. The trace layout feeds ``SeqSteps`` as it reads; the summary's sections
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,11 +50,10 @@ class SeqSteps:
         # seq -> [(t_start, dur, its tokens, the batch's tokens, sequences in the batch)]
         self.by_seq: dict[int, list[tuple[int, int, int, int, int]]] = {}
 
-    def add(
-        self, start: int, dur: int, n_tokens: int, seqs: list[tuple[int, int, int, int]]
-    ) -> None:
-        rows = seqs or [(0, n_tokens, 0, 0)]  # a step without seqs holds sequence 0 only
-        for q, n, _, _ in rows:
+    def add(self, start: int, dur: int, n_tokens: int, seqs: Sequence[tuple[int, ...]]) -> None:
+        """A step: its ``seqs`` rows begin with (sequence, its tokens)."""
+        rows = seqs or [(0, n_tokens)]  # a step without seqs holds sequence 0 only
+        for q, n, *_ in rows:
             self.by_seq.setdefault(int(q), []).append((start, dur, int(n), n_tokens, len(rows)))
 
     def share(self, rec: dict[str, Any]) -> RequestShare | None:

@@ -1,0 +1,45 @@
+"""``instr requests``: a server's requests, slowest first, and why each one took its time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from llamacpp_instr.commands import (
+    check_output,
+    emit,
+    load_log,
+    report_options,
+    session_option,
+    strict_option,
+    top_option,
+)
+
+
+@click.command("requests")
+@click.argument("log", type=click.Path(path_type=Path))
+@top_option
+@report_options()
+@session_option
+@strict_option
+def command(
+    log: Path, top: int, fmt: str, output: Path | None, sid: str | None, strict: bool
+) -> None:
+    """Why a request was slow: LOG's requests (llama-server under `instr exec`, or `instr serve`),
+    slowest first, their time split into queue, prompt, generation and stream. For the slowest:
+    how much of the prompt the server's prompt cache reused, and when less than it could, why
+    (another slot held it, it was evicted, a sliding window, the prompt diverged, where and with
+    what text); and each late token, with what shared its batch ("token 212 of task-41 came 380 ms
+    late: slot 2 was prefilling 1,536 tokens of task-44 in the same batch"). `--format json`: one
+    object per request under "requests"."""
+    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.converters.reports.renderers import render
+    from llamacpp_instr.converters.reports.requests_report import requests_report
+
+    check_output(output)
+    frames = load_log(log, sid, strict)
+    report = requests_report(frames, top or None)
+    if not report.data["requests"]:
+        raise UserError(f"{log}: no request records (a server's log: instr exec llama-server ...)")
+    emit(render(report, fmt, top=top or None), output)

@@ -1,0 +1,95 @@
+"""Why requests were slow, as a report: ``instr requests`` and the summary's section of it.
+
+The figures are ``session.request_causes``'; this module only lays them out: a table of every
+request, slowest first, with its time split and what its prompt cache reused, and a paragraph
+for each of the slowest saying why (the cache, and its late tokens with what shared their
+batches).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..session.request_causes import RequestStory, stories
+from .report import Column, Fact, Report, Section, Table
+from .request_share import step_rows
+
+if TYPE_CHECKING:  # pandas loads with the frames, not with this module
+    from ..analysis.frames import SessionFrames
+
+EXPLAINED = 5  # the slowest requests explained in words
+
+COLUMNS = [
+    Column("id", "request"),
+    Column("outcome", "outcome"),
+    Column("total_ms", "total (ms)", "f1"),
+    Column("queue_ms", "queue (ms)", "f1"),
+    Column("prompt_ms", "prompt (ms)", "f1"),
+    Column("generation_ms", "generation (ms)", "f1"),
+    Column("stream_ms", "stream (ms)", "f1"),
+    Column("prompt_tokens", "prompt tokens", "int"),
+    Column("cache_reused_tokens", "reused from cache", "int"),
+    Column("cache_miss_reason", "not reused because"),
+    Column("late", "late tokens", "int"),
+]
+
+
+def request_stories(f: SessionFrames) -> list[RequestStory]:
+    """Every request of the session, slowest first."""
+    if not f.info.requests:
+        return []
+    return stories(f.info.requests, step_rows(f))
+
+
+def _why(s: RequestStory) -> list[dict[str, Any]]:
+    """The lines that say why ``s`` took its time: its split, its prompt cache, its late tokens."""
+    lines = [
+        f"{s.total_ns / 1e6:,.0f} ms: queue {s.queue_ns / 1e6:,.0f}, prompt "
+        f"{s.prompt_ns / 1e6:,.0f}, generation {s.generation_ns / 1e6:,.0f}, stream "
+        f"{s.stream_ns / 1e6:,.0f}"
+    ]
+    if s.cache_note:
+        lines.append(f"prompt cache: {s.cache_note}")
+    lines += [t.cause for t in s.late_tokens]
+    return [{"id": s.id if i == 0 else "", "why": line} for i, line in enumerate(lines)]
+
+
+def section(items: list[RequestStory], top: int | None = None) -> Section:
+    """The requests, slowest first, and why the slowest were slow."""
+    rows = [{**s.row(), "late": len(s.late_tokens)} for s in items]
+    why = [line for s in items[: top or EXPLAINED] for line in _why(s)]
+    return Section(
+        "Why requests were slow",
+        facts=[
+            Fact("requests", len(items), "int"),
+            Fact(
+                "prompts that reused less than a cache held",
+                sum(1 for s in items if s.cache_miss_reason not in (None, "new")),
+                "int",
+            ),
+            Fact("requests with late tokens", sum(1 for s in items if s.late_tokens), "int"),
+        ],
+        tables=[
+            Table(
+                "slowest",
+                "The slowest, and why",
+                [Column("id", "request"), Column("why", "why")],
+                why,
+                whole=True,
+            ),
+            Table("requests", "Requests, slowest first", COLUMNS, rows),
+        ],
+    )
+
+
+def requests_report(f: SessionFrames, top: int | None = None) -> Report:
+    """``instr requests``: every request, slowest first, and why."""
+    items = request_stories(f)
+    data: dict[str, Any] = {"requests": [s.row() for s in items]}
+    return Report(
+        title=f"Requests of session {f.info.sid}",
+        subtitle=f"{len(items)} requests" if items else "no request records in this log",
+        sections=[section(items, top)] if items else [],
+        data=data,
+        csv_table="requests",
+    )

@@ -1,0 +1,300 @@
+"""Why a request was slow: its time split into queue, prompt, generation and stream, what its
+prompt cache reused (and why not more), and which of its tokens came late and what shared their
+batches.
+
+A request record says when it arrived, waited, got its first token, let its slot go and was done
+(docs/schema.md, ``request``); llama-server's adds its ``slot`` and its
+``cache`` object, what the slot's cache held when the prompt began. The steps say which sequences
+each batch carried and how many tokens of each (``seqs``): a slot's tokens are its request's
+while it held the slot (``requests.slot_window``). Everything here is derived from those records;
+nothing is estimated.
+
+A token's arrival is the end of the step that produced it: the first at the end of the prompt's
+last step, each next one at the end of the next step that carried the request's sequence. A token
+is late when the gap since the one before is longer than the request's median gap by half of it
+(and by at least a millisecond); its cause is what else the steps of that gap carried: another
+slot's prompt chunk (a prefill), other slots' tokens, or nothing (the step itself was slow).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .requests import slot_window
+
+# (start ns, duration ns, the batch's tokens, [(sequence, its tokens)])
+StepRow = tuple[int, int, int, list[tuple[int, int]]]
+
+LATE_SHOWN = 3  # the slowest gaps explained per request
+LATE_MIN_NS = 1_000_000  # a gap this much over the median, at least, to count as late
+# a cache that shared fewer tokens than this with a prompt shared its first words, no more: a
+# template's head ("<|im_start|>system") is not a prompt the cache could have saved
+MIN_SHARED = 16
+
+# why a prompt reused less than it could: the names of `cache_miss_reason`
+MISS_REASONS = {
+    "disabled": "the request turned the prompt cache off (cache_prompt: false)",
+    "sliding_window": "its slot held the prefix, but the model's memory (sliding window or "
+    "recurrent) could not reuse it",
+    "another_slot": "another slot's cache held more of the prompt",
+    "template_drift": "the prompt continued the slot's conversation but its earlier text differed",
+    "evicted": "an earlier request's prompt began the same, and no cache held it any more",
+    "diverged": "the prompt differed from what the slot's cache held",
+    "new": "no cache held any of it",
+}
+
+
+@dataclass
+class LateToken:
+    token: int  # 1: the request's first generated token
+    t: int  # when it arrived (ns, the log's clock)
+    gap_ns: int  # since the token before
+    late_ns: int  # over the request's median gap
+    cause: str  # what shared the steps of the gap, in words
+    shared: list[dict[str, Any]] = field(default_factory=list)  # {request, slot, tokens, prefill}
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "token": self.token,
+            "t": self.t,
+            "gap_ms": self.gap_ns / 1e6,
+            "late_ms": self.late_ns / 1e6,
+            "cause": self.cause,
+            "shared_with": self.shared,
+        }
+
+
+@dataclass
+class RequestStory:
+    id: str
+    outcome: str
+    slot: int | None
+    prompt_tokens: int
+    gen_tokens: int
+    total_ns: int
+    queue_ns: int  # arrival until its slot began the prompt
+    prompt_ns: int  # until the first token
+    generation_ns: int  # until the slot let it go
+    stream_ns: int  # until the response was done
+    cache_reused_tokens: int | None
+    cache_miss_reason: str | None
+    cache_note: str
+    late_tokens: list[LateToken]
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "outcome": self.outcome,
+            "slot": self.slot,
+            "total_ms": self.total_ns / 1e6,
+            "queue_ms": self.queue_ns / 1e6,
+            "prompt_ms": self.prompt_ns / 1e6,
+            "generation_ms": self.generation_ns / 1e6,
+            "stream_ms": self.stream_ns / 1e6,
+            "prompt_tokens": self.prompt_tokens,
+            "gen_tokens": self.gen_tokens,
+            "cache_reused_tokens": self.cache_reused_tokens,
+            "cache_miss_reason": self.cache_miss_reason,
+            "cache_note": self.cache_note,
+            "late_tokens": [t.row() for t in self.late_tokens],
+        }
+
+
+def _int(v: Any) -> int | None:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def split(rec: dict[str, Any]) -> tuple[int, int, int, int, int]:
+    """Total, queue, prompt, generation and stream time (ns) of a request record: consecutive
+    parts of its total, each from the record's own times (a part it never reached is 0)."""
+    total = max(_int(rec.get("dur")) or 0, 0)
+    wait, ttft, model = _int(rec.get("wait")), _int(rec.get("ttft")), _int(rec.get("model"))
+    if wait is None:  # never reached the model: all of it was the queue
+        return total, total, 0, 0, 0
+    queue = max(wait, 0)
+    first = max(ttft, queue) if ttft is not None else None
+    held = queue + max(model, 0) if model is not None else total
+    prompt = (first if first is not None else held) - queue
+    generation = held - first if first is not None else 0
+    return total, queue, max(prompt, 0), max(generation, 0), max(total - held, 0)
+
+
+def cache_reason(cache: Any) -> tuple[int | None, str | None, str]:
+    """Tokens the prompt reused, why not more (a MISS_REASONS key, or None when it reused all it
+    could) and a line saying so, from a request record's ``cache`` object."""
+    if not isinstance(cache, dict):
+        return None, None, ""
+    n = _int(cache.get("prompt")) or 0
+    reused = max(_int(cache.get("reused")) or 0, 0)
+    common = _int(cache.get("common")) or 0
+    held = _int(cache.get("held")) or 0
+    other = _int(cache.get("other_common")) or 0
+    seen: dict[str, Any] = cache["seen"] if isinstance(cache.get("seen"), dict) else {}
+    seen_n = _int(seen.get("tokens")) or 0
+    div: dict[str, Any] | None = (
+        cache["diverged"] if isinstance(cache.get("diverged"), dict) else None
+    )
+    head = f"reused {reused:,} of {n:,} prompt tokens"
+    # the server decodes at least the prompt's last token, whatever it held
+    if reused >= n - 1:
+        return reused, None, head
+    around = ""
+    if div is not None:
+        around = (
+            f" at token {_int(div.get('at')) or 0:,}, after {str(div.get('before', ''))!r}: "
+            f"the cache had {str(div.get('held', ''))!r}, the prompt {str(div.get('prompt', ''))!r}"
+        )
+    chosen = f" (the server chose this one by {cache['slot_by']})" if cache.get("slot_by") else ""
+    if cache.get("enabled") is False:
+        reason, why = "disabled", MISS_REASONS["disabled"]
+    elif common > reused + 1:
+        reason = "sliding_window"
+        why = (
+            f"its slot held {common:,} of them, but the model's memory (sliding window or "
+            "recurrent) could not reuse them"
+        )
+    elif other >= max(common, reused) + MIN_SHARED:
+        reason, why = (
+            "another_slot",
+            f"slot {cache.get('other_slot')} held {other:,} of them{chosen}",
+        )
+    elif div is not None and n > held and common >= MIN_SHARED:
+        reason, why = (
+            "template_drift",
+            f"it continued the slot's {held:,} tokens but differed{around}",
+        )
+    elif seen_n >= reused + MIN_SHARED:
+        who = seen.get("request")
+        reason, why = (
+            "evicted",
+            f"{who} had at least {seen_n:,} of them; no cache held them any more",
+        )
+    elif div is not None and common >= MIN_SHARED:
+        reason, why = "diverged", f"the prompt differed from its slot's cache{around}"
+    else:
+        reason, why = "new", MISS_REASONS["new"]
+    return reused, reason, f"{head}: {why}"
+
+
+def _who(slot: int, t: int, windows: dict[int, list[tuple[int, int, str]]]) -> str:
+    """The request that held ``slot`` at ``t`` ("slot N" when no record says)."""
+    for t0, t1, rid in windows.get(slot, []):
+        if t0 <= t <= t1:
+            return rid
+    return ""
+
+
+def _late(
+    rec: dict[str, Any],
+    slot: int,
+    rows: Sequence[StepRow],
+    windows: dict[int, list[tuple[int, int, str]]],
+) -> list[LateToken]:
+    try:
+        t0, t1 = slot_window(rec)
+    except (KeyError, TypeError, ValueError):
+        return []
+    mine = [r for r in rows if t0 <= r[0] <= t1 and any(q == slot for q, _ in r[3])]
+    prompt_left = max(_int(rec.get("prompt_tokens")) or 0, 1)
+    arrivals: list[int] = []
+    for start, dur, _, seqs in mine:
+        n = sum(k for q, k in seqs if q == slot)
+        if prompt_left > 0:
+            prompt_left -= n
+            if prompt_left <= 0:
+                arrivals.append(start + dur)  # the first token: sampled after the prompt
+        else:
+            arrivals.append(start + dur)
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    if len(gaps) < 2:
+        return []
+    median = statistics.median(gaps)
+    late = sorted(
+        (i for i, g in enumerate(gaps) if g - median >= max(median / 2, LATE_MIN_NS)),
+        key=lambda i: -gaps[i],
+    )[:LATE_SHOWN]
+    out = []
+    for i in sorted(late, key=lambda i: -gaps[i]):
+        a, b = arrivals[i], arrivals[i + 1]
+        others: dict[tuple[int, str], list[int]] = {}
+        steps = [r for r in rows if a < r[0] + r[1] <= b]
+        for start, _, _, seqs in steps:
+            for q, k in seqs:
+                if q != slot:
+                    others.setdefault((q, _who(q, start, windows)), []).append(k)
+        shared: list[dict[str, Any]] = [
+            {"request": rid or None, "slot": q, "tokens": sum(ks), "prefill": max(ks) > 1}
+            for (q, rid), ks in sorted(others.items(), key=lambda x: -sum(x[1]))
+        ]
+        token = i + 2  # gaps[i] ends at arrivals[i + 1], the (i + 2)th token
+        ms = (gaps[i] - median) / 1e6
+        head = f"token {token} of {rec.get('id')} came {ms:,.0f} ms late"
+        prefill = [s for s in shared if s["prefill"]]
+        busy = sum(r[1] for r in steps)
+        if prefill:
+            s = prefill[0]
+            what = f" of {s['request']}" if s["request"] else ""
+            cause = (
+                f"{head}: slot {s['slot']} was prefilling {s['tokens']:,} tokens{what} "
+                f"in the same batch"
+            )
+        elif busy < gaps[i] / 2:
+            cause = f"{head}: {(gaps[i] - busy) / 1e6:,.0f} ms of the gap was outside decode steps"
+        elif shared:
+            n = sum(s["tokens"] for s in shared)
+            many = f"{n:,} token{'s' * (n != 1)} of {len(shared)} other slot{'s' * (len(shared) != 1)}"
+            cause = f"{head}: its batch also carried {many}"
+        else:
+            cause = (
+                f"{head}: nothing else shared its batch; the step took {busy / 1e6:,.0f} ms "
+                f"against a median gap of {median / 1e6:,.0f} ms"
+            )
+        if len(steps) > 1:
+            cause += f" ({len(steps)} steps in the gap)"
+        out.append(LateToken(token, b, gaps[i], int(gaps[i] - median), cause, shared))
+    return out
+
+
+def stories(requests: Iterable[dict[str, Any]], rows: Sequence[StepRow]) -> list[RequestStory]:
+    """Each request record's story, slowest first. ``rows``: the session's steps in time order."""
+    reqs = [r for r in requests if isinstance(r, dict)]
+    windows: dict[int, list[tuple[int, int, str]]] = {}
+    for r in reqs:
+        slot = _int(r.get("slot"))
+        if slot is None:
+            continue
+        try:
+            t0, t1 = slot_window(r)
+        except (KeyError, TypeError, ValueError):
+            continue
+        windows.setdefault(slot, []).append((t0, t1, str(r.get("id", ""))))
+    out = []
+    for r in reqs:
+        total, queue, prompt, gen, stream = split(r)
+        reused, reason, note = cache_reason(r.get("cache"))
+        slot = _int(r.get("slot"))
+        out.append(
+            RequestStory(
+                id=str(r.get("id", "")),
+                outcome=str(
+                    r.get("outcome") or ("ok" if (_int(r.get("status")) or 0) < 400 else "error")
+                ),
+                slot=slot,
+                prompt_tokens=_int(r.get("prompt_tokens")) or 0,
+                gen_tokens=_int(r.get("gen_tokens")) or 0,
+                total_ns=total,
+                queue_ns=queue,
+                prompt_ns=prompt,
+                generation_ns=gen,
+                stream_ns=stream,
+                cache_reused_tokens=reused,
+                cache_miss_reason=reason,
+                cache_note=note,
+                late_tokens=_late(r, slot, rows, windows) if slot is not None else [],
+            )
+        )
+    out.sort(key=lambda s: (-s.total_ns, s.id))
+    return out

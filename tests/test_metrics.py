@@ -123,6 +123,35 @@ def test_a_requests_figures_come_from_its_records_and_its_slots_steps() -> None:
     assert tracker.state_size() == 0
 
 
+def test_prompt_cache_misses_are_counted_by_why() -> None:
+    """llama-server's ``cache`` object says why a prompt reused less than a cache held: the
+    counter has one series per reason, as instr requests names them."""
+    tracker, metrics = RequestTracker(), Metrics()
+    metrics.observe(tracker.add(session_start(0)))
+    caches = [
+        {"prompt": 50, "enabled": True, "held": 0, "common": 0, "reused": 0},  # new
+        {"prompt": 50, "enabled": True, "held": 60, "common": 49, "reused": 49},  # all of it
+        {"prompt": 50, "enabled": True, "held": 0, "common": 0, "reused": 0}
+        | {"seen": {"tokens": 32, "request": "task-0"}},  # evicted
+        {"prompt": 50, "enabled": True, "held": 0, "common": 0, "reused": 0}
+        | {"seen": {"tokens": 32, "request": "task-0"}},  # evicted
+    ]
+    step, t = 0, MS
+    for i, cache in enumerate(caches):
+        recs, _ = one_request(i, t, step)
+        recs[-1]["cache"] = cache
+        step, t = step + 4, t + MS
+        for rec in recs:
+            metrics.observe(tracker.add(rec))
+    counts = {
+        s.labels["reason"]: s.value
+        for family in metrics.registry.collect()
+        for s in family.samples
+        if s.name == "llamacpp_instr:prompt_cache_misses_total"
+    }
+    assert counts == {"new": 1.0, "evicted": 2.0}
+
+
 def write_series(log: Path, n_requests: int, per_file: int) -> list[dict[str, Any]]:
     """A rotated series of ``n_requests`` hand-made requests (``log``, ``log.1``... oldest the
     highest), each file beginning with the session's session_start; returns the request

@@ -27,6 +27,7 @@ from support import free_port, wait_ready
 from test_metrics import MS, one_request, request_records, session_start
 
 from llamacpp_instr.cli import main
+from llamacpp_instr.converters.session.request_causes import cache_reason
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 WALL = "2026-11-22T15:55:00.123456Z"  # session_start's wall clock: unix 1795362900.123456
@@ -259,6 +260,10 @@ def test_a_live_llama_server_has_every_request_received(
         assert [r["traceparent"] for r in joined] == [LIVE_PARENT]  # the malformed one left out
         for span in top:
             rec = next(r for r in reqs if r["id"] == attrs(span)["llamacpp_instr.request.id"])
+            # why its prompt cache reused less, as instr requests says it (computed there)
+            assert attrs(span).get("llamacpp_instr.prompt_cache_miss") == (
+                cache_reason(rec["cache"])[1]
+            )
             if rec in joined:  # the client's trace, under the client's span
                 _, trace, parent, _ = LIVE_PARENT.split("-")
                 assert span.trace_id.hex() == trace and span.parent_span_id.hex() == parent

@@ -25,6 +25,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..converters.session.request_causes import cache_reason
 from .log_input import MALFORMED, slot_window, step_seqs
 
 NS = 1e-9
@@ -71,6 +72,9 @@ class RequestFigures:
     gen_tokens: int
     itl_s: list[float]  # the gaps between its tokens
     cached_tokens: int | None  # prompt tokens its slot's cache held (not decoded again)
+    # why its prompt reused less than a cache held (request_causes.MISS_REASONS; None: it reused
+    # all it could, or the record does not say, as before llama-server's ``cache`` object)
+    cache_miss: str | None
     running: int
     steps: list[StepSpan]  # the steps that served it, in time order
     record: dict[str, Any]  # the request record itself
@@ -258,6 +262,7 @@ class RequestTracker:
             gen_tokens=int(rec.get("gen_tokens") or 0),
             itl_s=itl,
             cached_tokens=cached,
+            cache_miss=cache_reason(rec.get("cache"))[1],
             running=self.running(),
             steps=mine,
             record=rec,

@@ -138,6 +138,8 @@ class SpanBuilder:
             attrs += [_attr("llamacpp_instr.prompt_cache_tokens", q.cached_tokens)]
         if rec.get("slot") is not None:
             attrs += [_attr("llamacpp_instr.slot", int(rec["slot"]))]
+        if q.cache_miss is not None:  # why the prompt cache reused less (instr requests)
+            attrs += [_attr("llamacpp_instr.prompt_cache_miss", q.cache_miss)]
         for name, v in (
             ("queue", q.queue_s),
             ("time_to_first_token", q.ttft_s),

@@ -30,6 +30,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
+from ..converters.session.request_causes import MISS_REASONS
 from .live_requests import RequestFigures, SessionFigures, StepFigures
 
 PREFIX = "llamacpp_instr:"
@@ -186,6 +187,14 @@ class Metrics:
             "Prompt tokens a slot's cache held for its request (not decoded again).",
             registry=r,
         )
+        self.cache_misses = Counter(
+            PREFIX + "prompt_cache_misses",
+            "Requests whose prompt reused less than a cache held, by why (instr requests): "
+            + ", ".join(k for k in MISS_REASONS if k != "new")
+            + "; new: no cache held a useful part of it.",
+            ("reason",),
+            registry=r,
+        )
         self.running = Gauge(
             PREFIX + "num_requests_running",
             "Busy slots: sequences that have decoded since their last request ended.",
@@ -304,6 +313,8 @@ class Metrics:
         prompt, gen = self._token_histograms(None)
         prompt.observe(q.prompt_tokens)
         gen.observe(q.gen_tokens)
+        if q.cache_miss is not None:
+            self.cache_misses.labels(q.cache_miss).inc()
         if q.cached_tokens is not None:
             self.cache_hits.inc(q.cached_tokens)
             self.cache_queries.inc(q.cached_tokens + q.prompt_tokens)

@@ -245,7 +245,9 @@ def _late(
             cause = f"{head}: {(gaps[i] - busy) / 1e6:,.0f} ms of the gap was outside decode steps"
         elif shared:
             n = sum(s["tokens"] for s in shared)
-            many = f"{n:,} token{'s' * (n != 1)} of {len(shared)} other slot{'s' * (len(shared) != 1)}"
+            many = (
+                f"{n:,} token{'s' * (n != 1)} of {len(shared)} other slot{'s' * (len(shared) != 1)}"
+            )
             cause = f"{head}: its batch also carried {many}"
         else:
             cause = (

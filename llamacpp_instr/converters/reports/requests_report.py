@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..session.request_causes import RequestStory, stories
-from .report import Column, Fact, Report, Section, Table
+from .report import Chart, Column, Fact, Report, Section, Series, Table
 from .request_share import step_rows
 
 if TYPE_CHECKING:  # pandas loads with the frames, not with this module
     from ..analysis.frames import SessionFrames
 
 EXPLAINED = 5  # the slowest requests explained in words
+CHARTED = 20  # the slowest requests drawn in the HTML report
 
 COLUMNS = [
     Column("id", "request"),
@@ -58,8 +59,28 @@ def section(items: list[RequestStory], top: int | None = None) -> Section:
     """The requests, slowest first, and why the slowest were slow."""
     rows = [{**s.row(), "late": len(s.late_tokens)} for s in items]
     why = [line for s in items[: top or EXPLAINED] for line in _why(s)]
+    charted = items[:CHARTED]
+    chart = Chart(
+        name="request_split",
+        kind="stacked",
+        title=f"Where the slowest {len(charted)} requests' time went",
+        x_label="ms",
+        y_label="request",
+        categories=[s.id for s in charted],
+        series=[
+            Series(label, [getattr(s, attr) / 1e6 for s in charted])
+            for label, attr in (
+                ("queue", "queue_ns"),
+                ("prompt", "prompt_ns"),
+                ("generation", "generation_ns"),
+                ("stream", "stream_ns"),
+            )
+        ],
+        value_fmt="f1",
+    )
     return Section(
         "Why requests were slow",
+        charts=[chart],
         facts=[
             Fact("requests", len(items), "int"),
             Fact(

@@ -163,6 +163,59 @@ def test_every_request_is_one_span_with_a_child_per_step(tmp_path: Path, receive
     assert {s.span_id for s in rx2.spans} == set(by_id)
 
 
+def test_layers_are_children_of_their_steps_when_asked(tmp_path: Path, receiver: Any) -> None:
+    """With --layers, each step span has a child per layer span of its step's compute records
+    (two computes for a prompt of two ubatches), at the times the records say."""
+    log = tmp_path / "server.log"
+    start = session_start(0) | {"wall_time": WALL, "model": {"name": "smol"}}
+    recs, _ = one_request(0, MS, 0)
+    out: list[dict[str, Any]] = [start]
+    want: dict[int, list[tuple[int, int, int]]] = {}
+    for rec in recs:
+        if rec["type"] == "step_end":  # its computes come before it, inside the step
+            t, step = rec["t_start"], rec["step"]
+            ubatches = 2 if step == 0 else 1
+            for u in range(ubatches):
+                t0 = t + 1000 + u * 5000
+                layers = [[0, 100, 1500, 7], [1, 1700, 2000, 7], [-1, 3800, 100, 2]]
+                out.append(
+                    {"type": "compute", "ts": t0 + 4000, "sid": start["sid"], "ctx": 1}
+                    | {"step": step, "ubatch": u, "graph": 1, "t_start": t0, "dur": 4000}
+                    | {"n_tokens": 2, "status": 0, "layers": layers}
+                )
+                want.setdefault(step, []).extend(
+                    (lay, t0 + off, t0 + off + dur) for lay, off, dur, _ in layers
+                )
+        out.append(rec)
+    log.write_text("".join(json.dumps(r) + "\n" for r in out))
+    rx = receiver()
+    r = CliRunner().invoke(main, ["to-otlp", str(log), "--endpoint", rx.url, "--layers"])
+    assert r.exit_code == 0, r.output
+    steps = [s for s in rx.spans if s.name == "llama_decode"]
+    assert len(steps) == 4 and sum(len(v) for v in want.values()) == 15
+    offset = 1795362900123456000  # WALL in unix ns
+    for st in steps:
+        step = attrs(st)["llamacpp_instr.step"]
+        kids = sorted(
+            (s for s in rx.spans if s.parent_span_id == st.span_id),
+            key=lambda s: (s.start_time_unix_nano, attrs(s)["llamacpp_instr.layer"]),
+        )
+        got = [
+            (
+                attrs(k)["llamacpp_instr.layer"],
+                k.start_time_unix_nano - offset,
+                k.end_time_unix_nano - offset,
+            )
+            for k in kids
+        ]
+        assert got == sorted(want[step], key=lambda x: (x[1], x[0]))
+        assert all(k.trace_id == st.trace_id for k in kids)
+    # without --layers: no layer spans
+    rx2 = receiver()
+    assert CliRunner().invoke(main, ["to-otlp", str(log), "--endpoint", rx2.url]).exit_code == 0
+    assert not [s for s in rx2.spans if s.name.startswith("layer")]
+
+
 def test_a_failing_collector_is_retried(tmp_path: Path, receiver: Any) -> None:
     log = tmp_path / "server.log"
     hand_log(log, 3)

@@ -31,13 +31,20 @@ BATCH = 512  # spans per post at most
     show_default=True,
     help="With --follow: seconds to wait for LOG to appear.",
 )
-def command(log: Path, endpoint: str, follow: bool, wait: float) -> None:
+@click.option(
+    "--layers",
+    is_flag=True,
+    help="A child span per layer under each step span, from the log's layer spans (any level; "
+    "about 30 spans a step for a 30-layer model).",
+)
+def command(log: Path, endpoint: str, follow: bool, wait: float, layers: bool) -> None:
     """Send the requests of a session LOG (llama-server's under `instr exec`, or `instr serve`'s)
     to an OpenTelemetry collector as traces: one span per request, from its arrival to the end of
     its response, with a child span per decode step its slot took part in. Attributes follow the
     GenAI semantic conventions (gen_ai.operation.name, gen_ai.request.model,
     gen_ai.usage.input_tokens, gen_ai.usage.output_tokens) and add the request's queue time, time
-    to first token, slot and prompt-cache tokens; an error's span has status ERROR.
+    to first token, slot and prompt-cache tokens; an error's span has status ERROR. With
+    --layers, each step span has a child per layer (when the layer ran, on which step).
 
         instr to-otlp server.log --endpoint http://127.0.0.1:4318
         instr to-otlp server.log --endpoint http://collector:4318/v1/traces --follow
@@ -60,7 +67,7 @@ def command(log: Path, endpoint: str, follow: bool, wait: float) -> None:
     if not (follow and wait) and not log.exists():
         raise UserError(f"log file not found: {log}")
     sender = Sender(url)
-    tracker, builder = RequestTracker(), SpanBuilder()
+    tracker, builder = RequestTracker(layers=layers), SpanBuilder()
     pending: list = []
     requests = 0
 

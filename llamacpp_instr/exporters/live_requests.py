@@ -58,6 +58,9 @@ class StepFigures:
     running: int  # sequences with a request in flight (steps since their last request's end)
 
 
+MAX_LAYER_SPANS = 4096  # layer spans kept per step (a log's count is the log's: bounded here)
+
+
 @dataclass(frozen=True)
 class RequestFigures:
     id: str
@@ -77,6 +80,9 @@ class RequestFigures:
     cache_miss: str | None
     running: int
     steps: list[StepSpan]  # the steps that served it, in time order
+    # with RequestTracker(layers=True): each of those steps' layer spans, (layer, start, end) in
+    # the log's ns, from the compute records (every ubatch of the step)
+    layers: dict[int, list[tuple[int, int, int]]]
     record: dict[str, Any]  # the request record itself
 
 
@@ -138,6 +144,9 @@ class RequestTracker:
     """Feed it every record of a log (``add``); it returns the figures each record completes."""
 
     cap: int = 4096  # steps kept per sequence (raised to 2 * n_ctx by a session_start)
+    layers: bool = False  # keep the steps' layer spans (compute records) for RequestFigures.layers
+    # step -> its layer spans (layer, start, end): the newest ``cap`` steps'
+    _layers: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
     seqs: dict[int, _SeqSteps] = field(default_factory=dict)
     # (sid, ctx) -> (kind, [(seq, n_tokens, first pos, last pos)]) of the step in flight
     _begun: dict[tuple[str, int], tuple[str, list[tuple[int, int, int, int]]]] = field(
@@ -156,6 +165,8 @@ class RequestTracker:
                 return self._step_end(rec)
             elif t == "request":
                 return self._request(rec)
+            elif t == "compute" and self.layers:
+                self._compute(rec)
             elif t == "session_start":
                 return self._session(rec)
         except MALFORMED:
@@ -167,7 +178,21 @@ class RequestTracker:
 
     def state_size(self) -> int:
         """Steps and steps in flight held: what memory this tracker's state grows with."""
-        return sum(len(s) for s in self.seqs.values()) + len(self._begun)
+        return sum(len(s) for s in self.seqs.values()) + len(self._begun) + len(self._layers)
+
+    def _compute(self, rec: dict[str, Any]) -> None:
+        """A compute's layer spans, kept under its step (a step of several ubatches has several
+        computes); the oldest step's go once ``cap`` steps are kept."""
+        t0, step = int(rec["t_start"]), int(rec["step"])
+        spans = self._layers.get(step)
+        if spans is None:
+            if len(self._layers) >= self.cap:
+                del self._layers[next(iter(self._layers))]
+            spans = self._layers[step] = []
+        for row in rec.get("layers") or []:
+            layer, off, dur = int(row[0]), int(row[1]), int(row[2])
+            if dur >= 0 and len(spans) < MAX_LAYER_SPANS:
+                spans.append((layer, t0 + off, t0 + off + dur))
 
     def _session(self, rec: dict[str, Any]) -> SessionFigures:
         sid = str(rec["sid"])
@@ -265,5 +290,6 @@ class RequestTracker:
             cache_miss=cache_reason(rec.get("cache"))[1],
             running=self.running(),
             steps=mine,
+            layers={st.step: self._layers[st.step] for st in mine if st.step in self._layers},
             record=rec,
         )

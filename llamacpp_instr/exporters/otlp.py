@@ -171,10 +171,24 @@ class SpanBuilder:
             )
         ]
         for st in q.steps:
+            step_id = _id(8, self.sid, q.id, "step", str(st.step))
+            for k, (layer, t0, t1) in enumerate(q.layers.get(st.step, [])):
+                out.append(
+                    Span(
+                        trace_id=trace_id,
+                        span_id=_id(8, self.sid, q.id, "layer", str(st.step), str(k)),
+                        parent_span_id=step_id,
+                        name=f"layer {layer}" if layer >= 0 else "outside layers",
+                        kind=Span.SPAN_KIND_INTERNAL,
+                        start_time_unix_nano=self._unix(t0),
+                        end_time_unix_nano=self._unix(t1),
+                        attributes=[_attr("llamacpp_instr.layer", layer)],
+                    )
+                )
             out.append(
                 Span(
                     trace_id=trace_id,
-                    span_id=_id(8, self.sid, q.id, "step", str(st.step)),
+                    span_id=step_id,
                     parent_span_id=span_id,
                     name="llama_decode",
                     kind=Span.SPAN_KIND_INTERNAL,

@@ -54,10 +54,28 @@ JSON = st.recursive(
 )
 
 
+def subst_nodes(nodes: list[Any], pairs: list[list[int]]) -> list[Any]:
+    """A node table (as JSON) with every number of its nodes' and leaf sources' ``shape`` and
+    ``bytes`` replaced as a graph record's ``subst`` says (docs/schema.md), independently of
+    converters/."""
+    m = dict((old, new) for old, new in pairs)
+
+    def sub(x: dict[str, Any]) -> dict[str, Any]:
+        x = dict(x)
+        if "shape" in x:
+            x["shape"] = [m.get(d, d) for d in x["shape"]]
+        if "bytes" in x:
+            x["bytes"] = m.get(x["bytes"], x["bytes"])
+        return x
+
+    return [{**sub(n), "src": [sub(x) for x in n["src"]]} for n in nodes]
+
+
 def read_log(path: Path) -> list[dict[str, Any]]:
     """Every line of a log, plain or .gz, parsed with the standard library (independent of
     converters/): a blank or damaged line fails. A graph record naming an earlier graph's node
-    table (``same_as``) gets that table's ``nodes`` too, as tests read every graph's nodes."""
+    table (``same_as``, with its ``subst`` if any) gets that table's ``nodes`` too, as tests read
+    every graph's nodes."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
         recs = [json.loads(line) for line in f]
@@ -67,6 +85,9 @@ def read_log(path: Path) -> list[dict[str, Any]]:
             continue
         if "same_as" in r:
             r["nodes"] = tables[(r["sid"], r["ctx"], r["same_as"])]
+            if "subst" in r:
+                r["nodes"] = subst_nodes(r["nodes"], r["subst"])
+                tables[(r["sid"], r["ctx"], r["graph"])] = r["nodes"]
         else:
             tables[(r["sid"], r["ctx"], r["graph"])] = r["nodes"]
     return recs

@@ -220,15 +220,21 @@ static void copy_name(char (&dst)[GGML_MAX_NAME], const char * src) {
 }
 
 // FNV-1a over what a node table's record says, field by field (a name up to its end: the bytes
-// after it are a reused buffer's)
+// after it are a reused buffer's): all of it (h), and all but the numbers of shapes and bytes (s)
 struct table_hash {
     uint64_t h = 1469598103934665603ull;
+    uint64_t s = 1469598103934665603ull;
 
-    void mix(uint64_t v) { h = (h ^ v) * 1099511628211ull; }
+    void mix(uint64_t v) {
+        h = (h ^ v) * 1099511628211ull;
+        s = (s ^ v) * 1099511628211ull;
+    }
 
-    void name(const char * s) {
-        for (; *s; s++) {
-            mix((unsigned char) *s);
+    void number(uint64_t v) { h = (h ^ v) * 1099511628211ull; }
+
+    void name(const char * str) {
+        for (; *str; str++) {
+            mix((unsigned char) *str);
         }
         mix(0);
     }
@@ -236,9 +242,9 @@ struct table_hash {
     void dims(const int64_t * ne, int32_t n_dims, int64_t nbytes) {
         mix((uint64_t) n_dims);
         for (int d = 0; d < GGML_MAX_DIMS; d++) {
-            mix((uint64_t) ne[d]);
+            number((uint64_t) ne[d]);
         }
-        mix((uint64_t) nbytes);
+        number((uint64_t) nbytes);
     }
 };
 
@@ -314,6 +320,26 @@ void graph_table::capture(const graph_index & gi, int32_t id, int32_t n_tok, int
         }
     }
     structure = th.h;
+    skeleton  = th.s;
+}
+
+// a shape's numbers as json_out::shape writes them (at least one), then the bytes
+static void push_numbers(std::vector<int64_t> & out, const int64_t * ne, int32_t n_dims, int64_t nbytes) {
+    out.insert(out.end(), ne, ne + std::max(1, n_dims));
+    out.push_back(nbytes);
+}
+
+void graph_table::numbers(std::vector<int64_t> & out) const {
+    out.clear();
+    for (const node_snapshot & ns : nodes) {
+        push_numbers(out, ns.ne, ns.n_dims, ns.nbytes);
+        for (int32_t k = 0; k < ns.n_src; k++) {
+            const src_snapshot & ss = srcs[ns.src_begin + k];
+            if (ss.kind != SRC_NODE) {
+                push_numbers(out, ss.ne, ss.n_dims, ss.nbytes);
+            }
+        }
+    }
 }
 
 static const char * src_kind_name(src_kind k) {
@@ -340,10 +366,26 @@ static void write_graph_head(json_out & j, const graph_table & t, const std::str
     j.i64(t.n_tokens);
 }
 
-void graph_table::write_same(json_out & j, const std::string & sid, int32_t ctx_id, int32_t same_as) const {
+void graph_table::write_same(json_out &          j,
+                             const std::string & sid,
+                             int32_t             ctx_id,
+                             int32_t             same_as,
+                             const int64_t *     subst,
+                             size_t              n_subst) const {
     write_graph_head(j, *this, sid, ctx_id);
     j.key("same_as");
     j.i64(same_as);
+    if (n_subst > 0) {
+        j.key("subst");
+        j.ch('[');
+        for (size_t i = 0; i < n_subst; i++) {
+            j.sep();
+            j.ch('[');
+            j.i64s({ subst[2 * i], subst[2 * i + 1] });
+            j.ch(']');
+        }
+        j.ch(']');
+    }
     j.ch('}');
 }
 
@@ -430,6 +472,95 @@ void graph_table::write(json_out & j, const std::string & sid, int32_t ctx_id) c
     }
     j.ch(']');
     j.ch('}');
+}
+
+void table_memory::clear() {
+    written.clear();
+    bases.clear();
+}
+
+bool table_memory::substitution(const base & b) {
+    if (b.numbers.size() != nums.size()) {
+        return false;
+    }
+    // position by position: each old value that changes goes to one new value...
+    map.clear();
+    subst.clear();
+    for (size_t i = 0; i < nums.size(); i++) {
+        const int64_t from = b.numbers[i];
+        const int64_t to   = nums[i];
+        if (from == to) {
+            continue;
+        }
+        auto it = map.emplace(from, to);
+        if (!it.second) {
+            if (it.first->second != to) {
+                return false;
+            }
+            continue;
+        }
+        if (map.size() > SUBST_MAX) {
+            return false;
+        }
+        subst.push_back(from);
+        subst.push_back(to);
+    }
+    // ...and applied to every number of the base, it gives this table's (a value left as it is
+    // somewhere must not be one the map changes)
+    for (size_t i = 0; i < nums.size(); i++) {
+        auto it = map.find(b.numbers[i]);
+        if ((it == map.end() ? b.numbers[i] : it->second) != nums[i]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+void table_memory::write(const graph_table & t, json_out & j, const std::string & sid, int32_t ctx_id) {
+    auto same = written.find(t.structure);
+    if (same != written.end()) {
+        t.write_same(j, sid, ctx_id, same->second);
+        return;
+    }
+    if (written.size() >= TABLES_MAX) {
+        clear();  // a reader keeps as many tables per context: the bases too are written again
+    }
+    clock++;
+    t.numbers(nums);
+    // the bases of the same skeleton, the most recently named first
+    base * found = nullptr;
+    for (;;) {
+        base * next = nullptr;
+        for (base & b : bases) {
+            if (b.skeleton == t.skeleton && (!found || b.used < found->used) && (!next || b.used > next->used)) {
+                next = &b;
+            }
+        }
+        if (!next) {
+            break;
+        }
+        found = next;
+        if (substitution(*next)) {
+            next->used = clock;
+            t.write_same(j, sid, ctx_id, next->graph_id, subst.data(), subst.size() / 2);
+            written.emplace(t.structure, t.graph_id);
+            return;
+        }
+    }
+    t.write(j, sid, ctx_id);
+    written.emplace(t.structure, t.graph_id);
+    base * slot = nullptr;
+    if (bases.size() < BASES_MAX) {
+        bases.emplace_back();
+        slot = &bases.back();
+    } else {
+        slot = &*std::min_element(bases.begin(), bases.end(),
+                                  [](const base & a, const base & b) { return a.used < b.used; });
+    }
+    slot->skeleton = t.skeleton;
+    slot->graph_id = t.graph_id;
+    slot->used     = clock;
+    slot->numbers.swap(nums);
 }
 
 std::string reserved_graph_json(llama_context * ctx, int32_t n_tokens, int32_t n_outputs) {

@@ -101,6 +101,7 @@ struct graph_table {
     int32_t                    n_tokens  = 0;
     int64_t                    ts        = 0;
     uint64_t                   structure = 0;  // every field the record writes of nodes and sources, hashed
+    uint64_t                   skeleton  = 0;  // the same, less the numbers of shapes and bytes
     std::vector<node_snapshot> nodes;
     std::vector<src_snapshot>  srcs;
 
@@ -110,8 +111,56 @@ struct graph_table {
     void write(json_out & j, const std::string & sid, int32_t ctx_id) const;
 
     // the `graph` record of a graph whose node table is graph `same_as`'s, written before in the
-    // same file: its id and tokens, and that id instead of the nodes
-    void write_same(json_out & j, const std::string & sid, int32_t ctx_id, int32_t same_as) const;
+    // same file: its id and tokens, and that id instead of the nodes; with `subst` (pairs of old
+    // and new values, n_subst of them), the numbers of shapes and bytes of that table so replaced
+    void write_same(json_out &          j,
+                    const std::string & sid,
+                    int32_t             ctx_id,
+                    int32_t             same_as,
+                    const int64_t *     subst   = nullptr,
+                    size_t              n_subst = 0) const;
+
+    // every number of shapes and bytes the record writes (a node's shape and bytes, then its
+    // leaf sources'), in the order it writes them
+    void numbers(std::vector<int64_t> & out) const;
+};
+
+// The node tables a context wrote in the current file, for a later graph to name instead of
+// writing its own whole: one equal to a table written (whole or by `subst`) names it
+// (`same_as`); one that differs from a table written whole only in the numbers of shapes and
+// bytes names it with the substitution that gives its own (`same_as` and `subst`). Its memory
+// is bounded: TABLES_MAX structures per file (past it, it starts over), and the numbers of
+// BASES_MAX tables written whole (the most recently used).
+class table_memory {
+  public:
+    static constexpr size_t TABLES_MAX = 4096;
+    static constexpr size_t BASES_MAX  = 16;
+    static constexpr size_t SUBST_MAX  = 256;  // pairs of a `subst` (past it, written whole)
+
+    void clear();
+
+    // the `graph` record of t (one line, without the newline): whole, or naming a table written
+    void write(const graph_table & t, json_out & j, const std::string & sid, int32_t ctx_id);
+
+  private:
+    struct base {
+        uint64_t             skeleton = 0;
+        int32_t              graph_id = 0;
+        uint64_t             used     = 0;  // when it was last named (a tick of `clock`)
+        std::vector<int64_t> numbers;
+    };
+
+    // the substitution that turns b's numbers into `nums` (pairs into `subst`), if there is one
+    bool substitution(const base & b);
+
+    std::unordered_map<uint64_t, int32_t> written;  // structure -> graph id whose record holds it
+    std::vector<base>                     bases;
+    uint64_t                              clock = 0;
+
+    // scratch, kept from graph to graph
+    std::vector<int64_t>                 nums;
+    std::vector<int64_t>                 subst;
+    std::unordered_map<int64_t, int64_t> map;
 };
 
 // The node table of the graph llama.cpp builds for a ubatch of n_tokens tokens with n_outputs

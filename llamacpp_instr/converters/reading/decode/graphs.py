@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .fields import opt_int
@@ -67,16 +67,97 @@ def graph_table(rec: dict[str, Any]) -> Graph:
     )
 
 
-# whole node tables a reader keeps for the graphs that name one (``same_as``): the writer names
-# only tables of the same file, and at most 4096 per context before it writes them whole again
+# node tables a reader keeps for the graphs that name one (``same_as``): the writer names only
+# tables of the same file, and at most 4096 per context before it writes them whole again
 TABLES_KEPT = 65536
+# pairs a ``subst`` may hold (the writer's table_memory::SUBST_MAX)
+SUBST_MAX = 256
+_INT64_MAX = 2**63 - 1
+
+
+def substitution(raw: Any) -> dict[int, int]:
+    """A graph record's ``subst``: pairs [old, new] of non-negative 64-bit integers, each old
+    value once and changed, at most SUBST_MAX of them (else ValueError or TypeError)."""
+    if type(raw) is not list:
+        raise TypeError("subst is not a list")
+    if not 0 < len(raw) <= SUBST_MAX:
+        raise ValueError(f"subst holds {len(raw)} pairs, not 1 to {SUBST_MAX}")
+    out: dict[int, int] = {}
+    for pair in raw:
+        if type(pair) is not list or len(pair) != 2:
+            raise ValueError("a subst pair is not a list of 2 values")
+        old, new = pair
+        if type(old) is not int or type(new) is not int:
+            raise TypeError("a subst pair holds a value that is not an integer")
+        if not (0 <= old <= _INT64_MAX and 0 <= new <= _INT64_MAX):
+            raise ValueError("a subst value is not a non-negative 64-bit integer")
+        if old == new or old in out:
+            raise ValueError(f"subst maps {old} twice or to itself")
+        out[old] = new
+    return out
+
+
+def _subst_source(x: dict[str, Any], m: dict[int, int]) -> dict[str, Any]:
+    """A leaf source with the numbers of its shape and bytes substituted (itself if none
+    changes; a node source has none)."""
+    shape, nbytes = x.get("shape"), x.get("bytes")
+    new_shape = (
+        [m.get(d, d) if type(d) is int else d for d in shape] if type(shape) is list else shape
+    )
+    new_bytes = m.get(nbytes, nbytes) if type(nbytes) is int else nbytes
+    if new_shape == shape and new_bytes == nbytes:
+        return x
+    # the keys in the record's order, as a table written whole gives them
+    return {
+        k: new_shape if k == "shape" else new_bytes if k == "bytes" else v for k, v in x.items()
+    }
+
+
+def _subst_nodes(nodes: list[Node], m: dict[int, int]) -> list[Node]:
+    """``nodes`` with every number of their shapes and bytes, and their leaf sources', mapped by
+    ``m``; a node none of whose numbers changes is kept as it is (shared with the base)."""
+    out = []
+    for n in nodes:
+        shape = [m.get(d, d) for d in n.shape]
+        nbytes = m.get(n.bytes, n.bytes)
+        src = [_subst_source(x, m) for x in n.src]
+        if (
+            shape == n.shape
+            and nbytes == n.bytes
+            and all(a is b for a, b in zip(src, n.src, strict=True))
+        ):
+            out.append(n)
+        else:
+            out.append(replace(n, shape=shape, bytes=nbytes, src=src))
+    return out
 
 
 def same_table(rec: dict[str, Any], tables: dict[tuple[int, int], Graph]) -> Graph:
     """A graph record naming the node table of an earlier graph of its context (``same_as``):
-    that table, under this graph's id and tokens."""
+    that table, under this graph's id and tokens; with ``subst``, that table with the numbers
+    of its shapes and bytes substituted."""
     ctx, same = int(rec["ctx"]), int(rec["same_as"])
+    m = substitution(rec["subst"]) if "subst" in rec else None
     base = tables.get((ctx, same))
     if base is None:
         raise ValueError(f"graph {rec['graph']} names graph {same}, whose table is not in the log")
-    return Graph(ctx=ctx, id=int(rec["graph"]), n_tokens=int(rec["n_tokens"]), nodes=base.nodes)
+    nodes = base.nodes if m is None else _subst_nodes(base.nodes, m)
+    return Graph(ctx=ctx, id=int(rec["graph"]), n_tokens=int(rec["n_tokens"]), nodes=nodes)
+
+
+def graph_record(rec: dict[str, Any], tables: dict[tuple[int, int], Graph]) -> Graph:
+    """A ``graph`` record's graph: its node table written whole, or named (``same_as``, with or
+    without ``subst``) from ``tables``, which keeps each table written whole or by ``subst``
+    (what a later record may name), TABLES_KEPT at most."""
+    if "same_as" in rec:
+        g = same_table(rec, tables)
+        if "subst" not in rec:
+            return g
+    elif "subst" in rec:
+        raise ValueError(f"graph {rec['graph']} has a subst but names no table")
+    else:
+        g = graph_table(rec)
+    if len(tables) >= TABLES_KEPT:
+        tables.pop(next(iter(tables)))
+    tables[(g.ctx, g.id)] = g
+    return g

@@ -54,18 +54,18 @@ JSON = st.recursive(
 )
 
 
-def subst_nodes(nodes: list[Any], pairs: list[list[int]]) -> list[Any]:
-    """A node table (as JSON) with every number of its nodes' and leaf sources' ``shape`` and
-    ``bytes`` replaced as a graph record's ``subst`` says (docs/schema.md), independently of
-    converters/."""
-    m = dict((old, new) for old, new in pairs)
+def subst_nodes(nodes: list[Any], triples: list[list[int]]) -> list[Any]:
+    """A node table (as JSON) with the numbers of its nodes' and leaf sources' ``shape`` and
+    ``bytes`` replaced as a graph record's ``subst`` says (docs/schema.md: [where, old, new],
+    where a shape's dimension 0 to 3, or 4 for bytes), independently of converters/."""
+    m = {(where, old): new for where, old, new in triples}
 
     def sub(x: dict[str, Any]) -> dict[str, Any]:
         x = dict(x)
         if "shape" in x:
-            x["shape"] = [m.get(d, d) for d in x["shape"]]
+            x["shape"] = [m.get((d, v), v) for d, v in enumerate(x["shape"])]
         if "bytes" in x:
-            x["bytes"] = m.get(x["bytes"], x["bytes"])
+            x["bytes"] = m.get((4, x["bytes"]), x["bytes"])
         return x
 
     return [{**sub(n), "src": [sub(x) for x in n["src"]]} for n in nodes]

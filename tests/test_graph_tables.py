@@ -193,8 +193,8 @@ def test_a_table_differing_in_numbers_names_one_with_subst(served: Path) -> None
         base = by_id[g["same_as"]]
         assert "nodes" in base  # written whole: no chains
         assert recs.index(base) < recs.index(g)
-        olds = [old for old, _ in g["subst"]]
-        assert len(olds) == len(set(olds)) and all(old != new for old, new in g["subst"])
+        olds = [(where, old) for where, old, _ in g["subst"]]
+        assert len(olds) == len(set(olds)) and all(old != new for _, old, new in g["subst"])
         assert len(json.dumps(g)) * 10 < len(json.dumps(base))
     # every token count but 1 (whose shapes have a dimension fewer) had a batch after the first
     counts = {g["n_tokens"] for g in graphs}
@@ -308,37 +308,45 @@ def _named(subst: Any) -> dict[str, Any]:
 def test_subst_is_applied_to_every_shape_and_bytes() -> None:
     tables: dict[tuple[int, int], Graph] = {}
     base = graph_record(json.loads(json.dumps(_BASE)), tables)
-    g = graph_record(_named([[3, 5], [96, 160]]), tables)
+    g = graph_record(_named([[1, 3, 5], [4, 96, 160]]), tables)
     assert [n.shape for n in g.nodes] == [[8, 5], [8]]
     assert [n.bytes for n in g.nodes] == [160, 32]
     assert g.nodes[0].src == [
         {"name": "w", "kind": "weight", "type": "f32", "shape": [8, 5], "bytes": 160}
     ]
-    assert g.nodes[1] is base.nodes[1]  # a node no pair changes is the base's
+    assert g.nodes[1] is base.nodes[1]  # a node no triple changes is the base's
     assert base.nodes[0].shape == [8, 3]  # the base is left as it was
     assert tables[(0, 2)] is g  # a later same_as may name it
+    # a value is replaced only in the place named: 8 in dimension 0, not 32 bytes nor a 3
+    h = graph_record(_named([[0, 8, 16]]) | {"graph": 3}, tables)
+    assert [n.shape for n in h.nodes] == [[16, 3], [16]]
+    assert [n.bytes for n in h.nodes] == [96, 32]
+    assert h.nodes[0].src[0]["shape"] == [16, 3]
 
 
 @pytest.mark.parametrize(
     "subst",
     [
         [],
-        [[3]],
-        [[3, 5, 7]],
-        [[3, 5], [3, 6]],
-        [[3, 3]],
-        [[3, True]],
-        [[3.0, 5]],
-        [["3", 5]],
-        [[3, -5]],
-        [[3, 2**63]],
-        [[2**70, 5]],
-        [[3, None]],
+        [[3, 5]],
+        [[1, 3, 5, 7]],
+        [[1, 3, 5], [1, 3, 6]],
+        [[1, 3, 3]],
+        [[1, 3, True]],
+        [[True, 3, 5]],
+        [[1, 3.0, 5]],
+        [[1, "3", 5]],
+        [[1, 3, -5]],
+        [[-1, 3, 5]],
+        [[5, 3, 5]],
+        [[1, 3, 2**63]],
+        [[1, 2**70, 5]],
+        [[1, 3, None]],
         {"3": 5},
         "3,5",
         None,
-        [[k, k + 1] for k in range(SUBST_MAX + 1)],
-        [[k, k + 1] for k in range(0, 200_000, 2)],
+        [[0, k, k + 1] for k in range(SUBST_MAX + 1)],
+        [[0, k, k + 1] for k in range(0, 200_000, 2)],
     ],
 )
 def test_a_hostile_subst_is_malformed(subst: Any) -> None:
@@ -350,14 +358,14 @@ def test_a_hostile_subst_is_malformed(subst: Any) -> None:
 
 
 def test_subst_without_same_as_is_malformed() -> None:
-    rec = json.loads(json.dumps(_BASE)) | {"subst": [[3, 5]]}
+    rec = json.loads(json.dumps(_BASE)) | {"subst": [[1, 3, 5]]}
     with pytest.raises(MALFORMED):
         graph_record(rec, {})
 
 
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=FUZZ_DERANDOMIZE)
 @given(
-    subst=JSON | st.lists(st.lists(st.integers(-(2**70), 2**70), max_size=3), max_size=300),
+    subst=JSON | st.lists(st.lists(st.integers(-(2**70), 2**70), max_size=4), max_size=300),
     src_shape=JSON,
 )
 def test_fuzz_subst_never_crashes(subst: Any, src_shape: Any) -> None:
@@ -379,7 +387,7 @@ def test_a_log_with_a_hostile_subst_converts_the_rest(served: Path, tmp_path: Pa
     converts (one line of output per problem, no traceback)."""
     recs = _raw(served)
     bad = next(r for r in recs if "subst" in r)
-    bad["subst"] = [[1, 2]] * 3
+    bad["subst"] = [[1, 1, 2]] * 3
     log = tmp_path / "bad.log"
     log.write_text("".join(json.dumps(r) + "\n" for r in recs))
     r = subprocess.run(

@@ -324,19 +324,28 @@ void graph_table::capture(const graph_index & gi, int32_t id, int32_t n_tok, int
 }
 
 // a shape's numbers as json_out::shape writes them (at least one), then the bytes
-static void push_numbers(std::vector<int64_t> & out, const int64_t * ne, int32_t n_dims, int64_t nbytes) {
-    out.insert(out.end(), ne, ne + std::max(1, n_dims));
+static void push_numbers(std::vector<int64_t> & out,
+                         std::vector<uint8_t> & where,
+                         const int64_t *        ne,
+                         int32_t                n_dims,
+                         int64_t                nbytes) {
+    for (int d = 0; d < std::max(1, n_dims); d++) {
+        out.push_back(ne[d]);
+        where.push_back((uint8_t) d);
+    }
     out.push_back(nbytes);
+    where.push_back(SUBST_BYTES);
 }
 
-void graph_table::numbers(std::vector<int64_t> & out) const {
+void graph_table::numbers(std::vector<int64_t> & out, std::vector<uint8_t> & where) const {
     out.clear();
+    where.clear();
     for (const node_snapshot & ns : nodes) {
-        push_numbers(out, ns.ne, ns.n_dims, ns.nbytes);
+        push_numbers(out, where, ns.ne, ns.n_dims, ns.nbytes);
         for (int32_t k = 0; k < ns.n_src; k++) {
             const src_snapshot & ss = srcs[ns.src_begin + k];
             if (ss.kind != SRC_NODE) {
-                push_numbers(out, ss.ne, ss.n_dims, ss.nbytes);
+                push_numbers(out, where, ss.ne, ss.n_dims, ss.nbytes);
             }
         }
     }
@@ -381,7 +390,7 @@ void graph_table::write_same(json_out &          j,
         for (size_t i = 0; i < n_subst; i++) {
             j.sep();
             j.ch('[');
-            j.i64s({ subst[2 * i], subst[2 * i + 1] });
+            j.i64s({ subst[3 * i], subst[3 * i + 1], subst[3 * i + 2] });
             j.ch(']');
         }
         j.ch(']');
@@ -483,7 +492,8 @@ bool table_memory::substitution(const base & b) {
     if (b.numbers.size() != nums.size()) {
         return false;
     }
-    // position by position: each old value that changes goes to one new value...
+    // position by position: each old value that changes, in its place (a dimension, or bytes),
+    // goes to one new value...
     map.clear();
     subst.clear();
     for (size_t i = 0; i < nums.size(); i++) {
@@ -492,7 +502,7 @@ bool table_memory::substitution(const base & b) {
         if (from == to) {
             continue;
         }
-        auto it = map.emplace(from, to);
+        auto it = map.emplace(place{ from, where[i] }, to);
         if (!it.second) {
             if (it.first->second != to) {
                 return false;
@@ -502,13 +512,14 @@ bool table_memory::substitution(const base & b) {
         if (map.size() > SUBST_MAX) {
             return false;
         }
+        subst.push_back(where[i]);
         subst.push_back(from);
         subst.push_back(to);
     }
     // ...and applied to every number of the base, it gives this table's (a value left as it is
-    // somewhere must not be one the map changes)
+    // somewhere must not be one the map changes in the same place)
     for (size_t i = 0; i < nums.size(); i++) {
-        auto it = map.find(b.numbers[i]);
+        auto it = map.find(place{ b.numbers[i], where[i] });
         if ((it == map.end() ? b.numbers[i] : it->second) != nums[i]) {
             return false;
         }
@@ -526,7 +537,7 @@ void table_memory::write(const graph_table & t, json_out & j, const std::string 
         clear();  // a reader keeps as many tables per context: the bases too are written again
     }
     clock++;
-    t.numbers(nums);
+    t.numbers(nums, where);
     // the bases of the same skeleton, the most recently named first
     base * found = nullptr;
     for (;;) {
@@ -542,7 +553,7 @@ void table_memory::write(const graph_table & t, json_out & j, const std::string 
         found = next;
         if (substitution(*next)) {
             next->used = clock;
-            t.write_same(j, sid, ctx_id, next->graph_id, subst.data(), subst.size() / 2);
+            t.write_same(j, sid, ctx_id, next->graph_id, subst.data(), subst.size() / 3);
             written.emplace(t.structure, t.graph_id);
             return;
         }

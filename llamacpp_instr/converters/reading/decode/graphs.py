@@ -70,41 +70,55 @@ def graph_table(rec: dict[str, Any]) -> Graph:
 # node tables a reader keeps for the graphs that name one (``same_as``): the writer names only
 # tables of the same file, and at most 4096 per context before it writes them whole again
 TABLES_KEPT = 65536
-# pairs a ``subst`` may hold (the writer's table_memory::SUBST_MAX)
+# triples a ``subst`` may hold (the writer's table_memory::SUBST_MAX)
 SUBST_MAX = 256
+# where a number of a ``subst`` is: 0 to 3, that dimension of a shape; this, the bytes
+SUBST_BYTES = 4
 _INT64_MAX = 2**63 - 1
 
+# a substitution: (where, old value) -> new value
+Subst = dict[tuple[int, int], int]
 
-def substitution(raw: Any) -> dict[int, int]:
-    """A graph record's ``subst``: pairs [old, new] of non-negative 64-bit integers, each old
-    value once and changed, at most SUBST_MAX of them (else ValueError or TypeError)."""
+
+def substitution(raw: Any) -> Subst:
+    """A graph record's ``subst``: triples [where, old, new], where 0 to SUBST_BYTES, old and new
+    non-negative 64-bit integers, each (where, old) once and changed, at most SUBST_MAX of them
+    (else ValueError or TypeError)."""
     if type(raw) is not list:
         raise TypeError("subst is not a list")
     if not 0 < len(raw) <= SUBST_MAX:
-        raise ValueError(f"subst holds {len(raw)} pairs, not 1 to {SUBST_MAX}")
-    out: dict[int, int] = {}
-    for pair in raw:
-        if type(pair) is not list or len(pair) != 2:
-            raise ValueError("a subst pair is not a list of 2 values")
-        old, new = pair
-        if type(old) is not int or type(new) is not int:
-            raise TypeError("a subst pair holds a value that is not an integer")
+        raise ValueError(f"subst holds {len(raw)} triples, not 1 to {SUBST_MAX}")
+    out: Subst = {}
+    for triple in raw:
+        if type(triple) is not list or len(triple) != 3:
+            raise ValueError("a subst entry is not a list of 3 values")
+        where, old, new = triple
+        if type(where) is not int or type(old) is not int or type(new) is not int:
+            raise TypeError("a subst entry holds a value that is not an integer")
+        if not 0 <= where <= SUBST_BYTES:
+            raise ValueError(f"a subst entry's place {where} is not 0 to {SUBST_BYTES}")
         if not (0 <= old <= _INT64_MAX and 0 <= new <= _INT64_MAX):
             raise ValueError("a subst value is not a non-negative 64-bit integer")
-        if old == new or old in out:
-            raise ValueError(f"subst maps {old} twice or to itself")
-        out[old] = new
+        if old == new or (where, old) in out:
+            raise ValueError(f"subst maps {old} (place {where}) twice or to itself")
+        out[(where, old)] = new
     return out
 
 
-def _subst_source(x: dict[str, Any], m: dict[int, int]) -> dict[str, Any]:
+def _subst_shape(shape: list[Any], m: Subst) -> list[Any]:
+    return [m.get((d, v), v) if type(v) is int else v for d, v in enumerate(shape)]
+
+
+def _subst_bytes(nbytes: Any, m: Subst) -> Any:
+    return m.get((SUBST_BYTES, nbytes), nbytes) if type(nbytes) is int else nbytes
+
+
+def _subst_source(x: dict[str, Any], m: Subst) -> dict[str, Any]:
     """A leaf source with the numbers of its shape and bytes substituted (itself if none
     changes; a node source has none)."""
     shape, nbytes = x.get("shape"), x.get("bytes")
-    new_shape = (
-        [m.get(d, d) if type(d) is int else d for d in shape] if type(shape) is list else shape
-    )
-    new_bytes = m.get(nbytes, nbytes) if type(nbytes) is int else nbytes
+    new_shape = _subst_shape(shape, m) if type(shape) is list else shape
+    new_bytes = _subst_bytes(nbytes, m)
     if new_shape == shape and new_bytes == nbytes:
         return x
     # the keys in the record's order, as a table written whole gives them
@@ -113,13 +127,13 @@ def _subst_source(x: dict[str, Any], m: dict[int, int]) -> dict[str, Any]:
     }
 
 
-def _subst_nodes(nodes: list[Node], m: dict[int, int]) -> list[Node]:
+def _subst_nodes(nodes: list[Node], m: Subst) -> list[Node]:
     """``nodes`` with every number of their shapes and bytes, and their leaf sources', mapped by
     ``m``; a node none of whose numbers changes is kept as it is (shared with the base)."""
     out = []
     for n in nodes:
-        shape = [m.get(d, d) for d in n.shape]
-        nbytes = m.get(n.bytes, n.bytes)
+        shape = _subst_shape(n.shape, m)
+        nbytes = _subst_bytes(n.bytes, m)
         src = [_subst_source(x, m) for x in n.src]
         if (
             shape == n.shape
@@ -135,7 +149,7 @@ def _subst_nodes(nodes: list[Node], m: dict[int, int]) -> list[Node]:
 def same_table(rec: dict[str, Any], tables: dict[tuple[int, int], Graph]) -> Graph:
     """A graph record naming the node table of an earlier graph of its context (``same_as``):
     that table, under this graph's id and tokens; with ``subst``, that table with the numbers
-    of its shapes and bytes substituted."""
+    of its shapes and bytes substituted, each where it is (a dimension of a shape, or bytes)."""
     ctx, same = int(rec["ctx"]), int(rec["same_as"])
     m = substitution(rec["subst"]) if "subst" in rec else None
     base = tables.get((ctx, same))

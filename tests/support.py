@@ -54,21 +54,37 @@ JSON = st.recursive(
 )
 
 
-def subst_nodes(nodes: list[Any], triples: list[list[int]]) -> list[Any]:
+def subst_nodes(nodes: list[Any], triples: list[list[int]], at: list[list[int]]) -> list[Any]:
     """A node table (as JSON) with the numbers of its nodes' and leaf sources' ``shape`` and
     ``bytes`` replaced as a graph record's ``subst`` says (docs/schema.md: [where, old, new],
-    where a shape's dimension 0 to 3, or 4 for bytes), independently of converters/."""
+    where a shape's dimension 0 to 3, or 4 for bytes), then those its ``subst_at`` names set by
+    their position ([position, value], the numbers counted in the order the record writes them),
+    independently of converters/."""
     m = {(where, old): new for where, old, new in triples}
+    numbers: list[tuple[dict[str, Any], str, int]] = []  # (object, key, index or -1): in order
 
     def sub(x: dict[str, Any]) -> dict[str, Any]:
         x = dict(x)
-        if "shape" in x:
-            x["shape"] = [m.get((d, v), v) for d, v in enumerate(x["shape"])]
-        if "bytes" in x:
-            x["bytes"] = m.get((4, x["bytes"]), x["bytes"])
+        if "node" in x:
+            return x
+        x["shape"] = [m.get((d, v), v) for d, v in enumerate(x["shape"])]
+        x["bytes"] = m.get((4, x["bytes"]), x["bytes"])
+        numbers.extend((x, "shape", d) for d in range(len(x["shape"])))
+        numbers.append((x, "bytes", -1))
         return x
 
-    return [{**sub(n), "src": [sub(x) for x in n["src"]]} for n in nodes]
+    out = []
+    for n in nodes:
+        node = sub({k: v for k, v in n.items() if k != "src"})
+        node["src"] = [sub(x) for x in n["src"]]
+        out.append(node)
+    for pos, value in at:
+        x, key, d = numbers[pos]
+        if d < 0:
+            x[key] = value
+        else:
+            x[key][d] = value
+    return [{k: node[k] for k in n} for node, n in zip(out, nodes, strict=True)]  # keys in order
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
@@ -86,7 +102,7 @@ def read_log(path: Path) -> list[dict[str, Any]]:
         if "same_as" in r:
             r["nodes"] = tables[(r["sid"], r["ctx"], r["same_as"])]
             if "subst" in r:
-                r["nodes"] = subst_nodes(r["nodes"], r["subst"])
+                r["nodes"] = subst_nodes(r["nodes"], r["subst"], r.get("subst_at", []))
                 tables[(r["sid"], r["ctx"], r["graph"])] = r["nodes"]
         else:
             tables[(r["sid"], r["ctx"], r["graph"])] = r["nodes"]

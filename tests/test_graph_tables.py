@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from support import FUZZ_DERANDOMIZE, FUZZ_EXAMPLES, JSON, make_run, subst_nodes
 
 from llamacpp_instr.converters.reading.decode.fields import MALFORMED
-from llamacpp_instr.converters.reading.decode.graphs import SUBST_MAX, Graph, graph_record
+from llamacpp_instr.converters.reading.decode.graphs import AT_MAX, SUBST_MAX, Graph, graph_record
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +77,8 @@ def _expanded(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if "same_as" in r:
                 nodes = tables[(r["sid"], r["ctx"], r["same_as"])]
                 if "subst" in r:
-                    nodes = subst_nodes(nodes, r["subst"])
-                r = {k: v for k, v in r.items() if k not in ("same_as", "subst")}
+                    nodes = subst_nodes(nodes, r["subst"], r.get("subst_at", []))
+                r = {k: v for k, v in r.items() if k not in ("same_as", "subst", "subst_at")}
                 r["nodes"] = nodes
             tables[(r["sid"], r["ctx"], r["graph"])] = r["nodes"]
         out.append(r)
@@ -242,19 +242,24 @@ def test_substituted_tables_are_the_graphs_own(served: Path) -> None:
     assert len(n_kvs) >= 3  # the KV cells grew past 256 and 512
 
 
-def test_a_substitution_that_would_change_a_kept_value_is_not_written(served: Path) -> None:
-    """The first table is of 4 tokens, as many as the tiny model's query heads: mapping 4 to
-    another count would change the heads too, so the next batch's table (7 tokens) is written
-    whole, and no subst names a table of 4 (or 2, its KV heads) tokens for another count."""
+def test_a_value_meaning_two_things_is_set_by_position(served: Path) -> None:
+    """The first table is of 4 tokens, as many as the tiny model's query heads: its 4s in the
+    place of the tokens become the next batch's 7, and those of the heads stay 4, written by
+    their position (`subst_at`): the substitution alone would change the heads too."""
     graphs = [r for r in _raw(served) if r["type"] == "graph"]
-    by_id = {g["graph"]: g for g in graphs}
-    assert [g["n_tokens"] for g in graphs[:2]] == [4, 7]
-    assert "nodes" in graphs[0] and "nodes" in graphs[1]
-    subst = [g for g in graphs if "subst" in g]
-    assert subst
-    for g in subst:
-        base = by_id[g["same_as"]]
-        assert base["n_tokens"] not in (2, 4) or base["n_tokens"] == g["n_tokens"], g
+    first, second = graphs[:2]
+    assert (first["n_tokens"], second["n_tokens"]) == (4, 7) and "nodes" in first
+    assert second["same_as"] == first["graph"] and second["subst_at"]
+
+    def q_heads(nodes: list[Any]) -> list[list[int]]:
+        return [n["shape"] for n in nodes if n["name"] == "Qcur-0" and len(n["shape"]) == 3]
+
+    assert q_heads(subst_nodes(first["nodes"], second["subst"], second["subst_at"]))[0] == [
+        64,
+        4,
+        7,
+    ]
+    assert q_heads(subst_nodes(first["nodes"], second["subst"], []))[0] == [64, 7, 7]
 
 
 # --- hostile subst: the reader bounds and checks it -----------------------------------------------
@@ -327,7 +332,6 @@ def test_subst_is_applied_to_every_shape_and_bytes() -> None:
 @pytest.mark.parametrize(
     "subst",
     [
-        [],
         [[3, 5]],
         [[1, 3, 5, 7]],
         [[1, 3, 5], [1, 3, 6]],
@@ -357,6 +361,50 @@ def test_a_hostile_subst_is_malformed(subst: Any) -> None:
     assert list(tables) == [(0, 1)]
 
 
+def test_subst_at_sets_numbers_by_position() -> None:
+    """The numbers counted in the order the record writes them: node 0's shape (0, 1) and bytes
+    (2), its leaf source's shape (3, 4) and bytes (5), node 1's shape (6) and bytes (7)."""
+    tables: dict[tuple[int, int], Graph] = {}
+    graph_record(json.loads(json.dumps(_BASE)), tables)
+    g = graph_record(_named([[1, 3, 5]]) | {"subst_at": [[4, 3], [7, 64]]}, tables)
+    assert [n.shape for n in g.nodes] == [[8, 5], [8]]
+    assert g.nodes[0].src[0]["shape"] == [8, 3]  # kept by its position
+    assert [n.bytes for n in g.nodes] == [96, 64]
+    # the tests' own reader agrees
+    nodes = subst_nodes(_BASE["nodes"], [[1, 3, 5]], [[4, 3], [7, 64]])
+    assert [n["shape"] for n in nodes] == [[8, 5], [8]] and nodes[1]["bytes"] == 64
+    assert nodes[0]["src"][0]["shape"] == [8, 3]
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        [],
+        [[8, 1]],
+        [[1, 5], [1, 6]],
+        [[1]],
+        [[1, 2, 3]],
+        [[1, -2]],
+        [[True, 2]],
+        [[1, 2.0]],
+        [[1, 2**64]],
+        {"1": 2},
+        [[k, 1] for k in range(AT_MAX + 1)],
+        [[k, 1] for k in range(100_000)],
+    ],
+)
+def test_a_hostile_subst_at_is_malformed(at: Any) -> None:
+    tables: dict[tuple[int, int], Graph] = {}
+    graph_record(json.loads(json.dumps(_BASE)), tables)
+    with pytest.raises(MALFORMED):
+        graph_record(_named([[1, 3, 5]]) | {"subst_at": at}, tables)
+    rec = _named([]) | {"subst_at": [[1, 5]]}
+    del rec["subst"]
+    with pytest.raises(MALFORMED):  # subst_at only with subst
+        graph_record(rec, tables)
+    assert list(tables) == [(0, 1)]
+
+
 def test_subst_without_same_as_is_malformed() -> None:
     rec = json.loads(json.dumps(_BASE)) | {"subst": [[1, 3, 5]]}
     with pytest.raises(MALFORMED):
@@ -367,16 +415,17 @@ def test_subst_without_same_as_is_malformed() -> None:
 @given(
     subst=JSON | st.lists(st.lists(st.integers(-(2**70), 2**70), max_size=4), max_size=300),
     src_shape=JSON,
+    at=st.none() | JSON | st.lists(st.lists(st.integers(-3, 12), max_size=3), max_size=5),
 )
-def test_fuzz_subst_never_crashes(subst: Any, src_shape: Any) -> None:
-    """Whatever subst holds, and whatever the named table's leaf sources hold: a graph, or one
-    of the errors that skip a malformed record."""
+def test_fuzz_subst_never_crashes(subst: Any, src_shape: Any, at: Any) -> None:
+    """Whatever subst and subst_at hold, and whatever the named table's leaf sources hold: a
+    graph, or one of the errors that skip a malformed record."""
     base = json.loads(json.dumps(_BASE))
     base["nodes"][0]["src"][0]["shape"] = src_shape
     tables: dict[tuple[int, int], Graph] = {}
     graph_record(base, tables)
     try:
-        g = graph_record(_named(subst), tables)
+        g = graph_record(_named(subst) | ({} if at is None else {"subst_at": at}), tables)
     except MALFORMED:
         return
     assert len(g.nodes) == 2 and len(subst) <= SUBST_MAX

@@ -379,18 +379,32 @@ void graph_table::write_same(json_out &          j,
                              const std::string & sid,
                              int32_t             ctx_id,
                              int32_t             same_as,
+                             bool                substituted,
                              const int64_t *     subst,
-                             size_t              n_subst) const {
+                             size_t              n_subst,
+                             const int64_t *     at,
+                             size_t              n_at) const {
     write_graph_head(j, *this, sid, ctx_id);
     j.key("same_as");
     j.i64(same_as);
-    if (n_subst > 0) {
+    if (substituted) {
         j.key("subst");
         j.ch('[');
         for (size_t i = 0; i < n_subst; i++) {
             j.sep();
             j.ch('[');
             j.i64s({ subst[3 * i], subst[3 * i + 1], subst[3 * i + 2] });
+            j.ch(']');
+        }
+        j.ch(']');
+    }
+    if (n_at > 0) {
+        j.key("subst_at");
+        j.ch('[');
+        for (size_t i = 0; i < n_at; i++) {
+            j.sep();
+            j.ch('[');
+            j.i64s({ at[2 * i], at[2 * i + 1] });
             j.ch(']');
         }
         j.ch(']');
@@ -492,36 +506,67 @@ bool table_memory::substitution(const base & b) {
     if (b.numbers.size() != nums.size()) {
         return false;
     }
-    // position by position: each old value that changes, in its place (a dimension, or bytes),
-    // goes to one new value...
+    // 1. the values that change somewhere, each in its place (a dimension, or bytes)
     map.clear();
-    subst.clear();
     for (size_t i = 0; i < nums.size(); i++) {
-        const int64_t from = b.numbers[i];
-        const int64_t to   = nums[i];
-        if (from == to) {
-            continue;
-        }
-        auto it = map.emplace(place{ from, where[i] }, to);
-        if (!it.second) {
-            if (it.first->second != to) {
+        if (b.numbers[i] != nums[i]) {
+            map.emplace(place{ b.numbers[i], where[i] }, 0);
+            if (map.size() > SUBST_MAX + AT_MAX) {
                 return false;
             }
-            continue;
         }
-        if (map.size() > SUBST_MAX) {
-            return false;
-        }
-        subst.push_back(where[i]);
-        subst.push_back(from);
-        subst.push_back(to);
     }
-    // ...and applied to every number of the base, it gives this table's (a value left as it is
-    // somewhere must not be one the map changes in the same place)
+    // 2. each becomes what it becomes most often where it is (staying itself included: a value
+    // that means two things, such as a batch of 2 tokens and 2 heads, mostly keeps one of them)
+    votes.clear();
+    for (size_t i = 0; i < nums.size(); i++) {
+        if (map.count(place{ b.numbers[i], where[i] })) {
+            votes.push_back(vote{ where[i], b.numbers[i], nums[i] });
+        }
+    }
+    std::sort(votes.begin(), votes.end());
+    subst.clear();
+    for (size_t i = 0; i < votes.size();) {
+        size_t  best_n = 0;
+        int64_t best   = votes[i].from;
+        size_t  k      = i;
+        while (k < votes.size() && votes[k].where == votes[i].where && votes[k].from == votes[i].from) {
+            size_t n = k;
+            while (n < votes.size() && votes[n].where == votes[k].where && votes[n].from == votes[k].from &&
+                   votes[n].to == votes[k].to) {
+                n++;
+            }
+            if (n - k > best_n) {
+                best_n = n - k;
+                best   = votes[k].to;
+            }
+            k = n;
+        }
+        const place key{ votes[i].from, votes[i].where };
+        if (best == votes[i].from) {
+            map.erase(key);
+        } else {
+            map[key] = best;
+            if (subst.size() / 3 >= SUBST_MAX) {
+                return false;
+            }
+            subst.push_back(votes[i].where);
+            subst.push_back(votes[i].from);
+            subst.push_back(best);
+        }
+        i = k;
+    }
+    // 3. the map applied to every number of the base: where it does not give this table's, the
+    // number is written by its position
+    at.clear();
     for (size_t i = 0; i < nums.size(); i++) {
         auto it = map.find(place{ b.numbers[i], where[i] });
         if ((it == map.end() ? b.numbers[i] : it->second) != nums[i]) {
-            return false;
+            if (at.size() / 2 >= AT_MAX) {
+                return false;
+            }
+            at.push_back((int64_t) i);
+            at.push_back(nums[i]);
         }
     }
     return true;
@@ -538,25 +583,27 @@ void table_memory::write(const graph_table & t, json_out & j, const std::string 
     }
     clock++;
     t.numbers(nums, where);
-    // the bases of the same skeleton, the most recently named first
-    base * found = nullptr;
-    for (;;) {
-        base * next = nullptr;
-        for (base & b : bases) {
-            if (b.skeleton == t.skeleton && (!found || b.used < found->used) && (!next || b.used > next->used)) {
-                next = &b;
-            }
+    // of the bases of the same skeleton, the one that gives the shortest substitution
+    base * best     = nullptr;
+    size_t best_len = 0;
+    for (base & b : bases) {
+        if (b.skeleton != t.skeleton || !substitution(b)) {
+            continue;
         }
-        if (!next) {
-            break;
+        const size_t len = subst.size() + at.size();
+        if (!best || len < best_len) {
+            best     = &b;
+            best_len = len;
+            best_subst.swap(subst);
+            best_at.swap(at);
         }
-        found = next;
-        if (substitution(*next)) {
-            next->used = clock;
-            t.write_same(j, sid, ctx_id, next->graph_id, subst.data(), subst.size() / 3);
-            written.emplace(t.structure, t.graph_id);
-            return;
-        }
+    }
+    if (best) {
+        best->used = clock;
+        t.write_same(j, sid, ctx_id, best->graph_id, true, best_subst.data(), best_subst.size() / 3, best_at.data(),
+                     best_at.size() / 2);
+        written.emplace(t.structure, t.graph_id);
+        return;
     }
     t.write(j, sid, ctx_id);
     written.emplace(t.structure, t.graph_id);

@@ -115,14 +115,17 @@ struct graph_table {
 
     // the `graph` record of a graph whose node table is graph `same_as`'s, written before in the
     // same file: its id and tokens, and that id instead of the nodes; with `subst` (n_subst
-    // triples: where, old value, new value), the numbers of shapes and bytes of that table so
-    // replaced
+    // triples: where, old value, new value) and `subst_at` (n_at pairs: position, value), the
+    // numbers of shapes and bytes of that table so replaced
     void write_same(json_out &          j,
                     const std::string & sid,
                     int32_t             ctx_id,
                     int32_t             same_as,
-                    const int64_t *     subst   = nullptr,
-                    size_t              n_subst = 0) const;
+                    bool                substituted = false,
+                    const int64_t *     subst       = nullptr,
+                    size_t              n_subst     = 0,
+                    const int64_t *     at          = nullptr,
+                    size_t              n_at        = 0) const;
 
     // every number of shapes and bytes the record writes (a node's shape and bytes, then its
     // leaf sources'), in the order it writes them, and where each is: its dimension in a shape
@@ -141,7 +144,8 @@ class table_memory {
   public:
     static constexpr size_t TABLES_MAX = 4096;
     static constexpr size_t BASES_MAX  = 16;
-    static constexpr size_t SUBST_MAX  = 256;  // triples of a `subst` (past it, written whole)
+    static constexpr size_t SUBST_MAX  = 256;   // triples of a `subst` (past it, written whole)
+    static constexpr size_t AT_MAX     = 1024;  // pairs of a `subst_at` (past it, written whole)
 
     void clear();
 
@@ -156,7 +160,8 @@ class table_memory {
         std::vector<int64_t> numbers;
     };
 
-    // the substitution that turns b's numbers into `nums` (triples into `subst`), if there is one
+    // the substitution that turns b's numbers into `nums` (triples into `subst`, the numbers it
+    // does not give into `at`), if there is one within SUBST_MAX and AT_MAX
     bool substitution(const base & b);
 
     // a number and where it is (graph_table::numbers), as one key of `map`
@@ -179,7 +184,22 @@ class table_memory {
     std::vector<int64_t>                           nums;
     std::vector<uint8_t>                           where;
     std::vector<int64_t>                           subst;
+    std::vector<int64_t>                           at;
+    std::vector<int64_t>                           best_subst;
+    std::vector<int64_t>                           best_at;
     std::unordered_map<place, int64_t, place_hash> map;
+
+    struct vote {
+        uint8_t where;
+        int64_t from;
+        int64_t to;
+
+        bool operator<(const vote & o) const {
+            return where != o.where ? where < o.where : from != o.from ? from < o.from : to < o.to;
+        }
+    };
+
+    std::vector<vote> votes;
 };
 
 // The node table of the graph llama.cpp builds for a ubatch of n_tokens tokens with n_outputs

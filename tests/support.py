@@ -54,10 +54,44 @@ JSON = st.recursive(
 )
 
 
+def subst_nodes(nodes: list[Any], triples: list[list[int]], at: list[list[int]]) -> list[Any]:
+    """A node table (as JSON) with the numbers of its nodes' and leaf sources' ``shape`` and
+    ``bytes`` replaced as a graph record's ``subst`` says (docs/schema.md: [where, old, new],
+    where a shape's dimension 0 to 3, or 4 for bytes), then those its ``subst_at`` names set by
+    their position ([position, value], the numbers counted in the order the record writes them),
+    independently of converters/."""
+    m = {(where, old): new for where, old, new in triples}
+    numbers: list[tuple[dict[str, Any], str, int]] = []  # (object, key, index or -1): in order
+
+    def sub(x: dict[str, Any]) -> dict[str, Any]:
+        x = dict(x)
+        if "node" in x:
+            return x
+        x["shape"] = [m.get((d, v), v) for d, v in enumerate(x["shape"])]
+        x["bytes"] = m.get((4, x["bytes"]), x["bytes"])
+        numbers.extend((x, "shape", d) for d in range(len(x["shape"])))
+        numbers.append((x, "bytes", -1))
+        return x
+
+    out = []
+    for n in nodes:
+        node = sub({k: v for k, v in n.items() if k != "src"})
+        node["src"] = [sub(x) for x in n["src"]]
+        out.append(node)
+    for pos, value in at:
+        x, key, d = numbers[pos]
+        if d < 0:
+            x[key] = value
+        else:
+            x[key][d] = value
+    return [{k: node[k] for k in n} for node, n in zip(out, nodes, strict=True)]  # keys in order
+
+
 def read_log(path: Path) -> list[dict[str, Any]]:
     """Every line of a log, plain or .gz, parsed with the standard library (independent of
     converters/): a blank or damaged line fails. A graph record naming an earlier graph's node
-    table (``same_as``) gets that table's ``nodes`` too, as tests read every graph's nodes."""
+    table (``same_as``, with its ``subst`` if any) gets that table's ``nodes`` too, as tests read
+    every graph's nodes."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
         recs = [json.loads(line) for line in f]
@@ -67,6 +101,9 @@ def read_log(path: Path) -> list[dict[str, Any]]:
             continue
         if "same_as" in r:
             r["nodes"] = tables[(r["sid"], r["ctx"], r["same_as"])]
+            if "subst" in r:
+                r["nodes"] = subst_nodes(r["nodes"], r["subst"], r.get("subst_at", []))
+                tables[(r["sid"], r["ctx"], r["graph"])] = r["nodes"]
         else:
             tables[(r["sid"], r["ctx"], r["graph"])] = r["nodes"]
     return recs

@@ -7,8 +7,10 @@ Python that names a level or a version takes it from here.
 from __future__ import annotations
 
 # Versions the reader understands (the newest is what the patched build writes). 2: a graph
-# record may name an earlier graph's node table (same_as) instead of holding nodes.
-SCHEMA_VERSIONS = (1, 2)
+# record may name an earlier graph's node table (same_as) instead of holding nodes. 3: and name
+# it with the numbers of its shapes and bytes substituted (same_as with subst), which a version-2
+# reader would take for the table itself.
+SCHEMA_VERSIONS = (1, 2, 3)
 CURRENT_SCHEMA_VERSION = SCHEMA_VERSIONS[-1]
 
 RECORD_TYPES_V1 = frozenset(

@@ -135,7 +135,7 @@ def log_files(path: Path | str) -> list[Path]:
 
 def upgrade(record: dict[str, Any], schema_version: int) -> dict[str, Any]:
     """Bring a record of an older schema version to the current shape (a v1 record is a v2
-    record: v2 only adds a form of the graph record)."""
+    record, and a v2 record a v3 one: each only adds a form of the graph record)."""
     return record
 
 

@@ -33,7 +33,7 @@ from ..reading.decode.computes import (
     decode_compute_bulk,
 )
 from ..reading.decode.fields import MALFORMED, nonneg, skip_malformed
-from ..reading.decode.graphs import TABLES_KEPT, Graph, graph_table, same_table
+from ..reading.decode.graphs import Graph, graph_record
 from ..reading.decode.memory import allocation, failure
 from ..reading.decode.sessions import (
     Event,
@@ -57,7 +57,7 @@ class _SessionState:
         # where its computes ran is read only when its machine has several devices
         self.devices = multi_device(info)
         self.graphs: dict[tuple[int, int], Graph] = {}
-        # the node tables written out whole, which a later graph built the same may name
+        # the node tables written out (whole, or by ``subst``), which a later graph may name
         # (``same_as``): kept apart from ``graphs``, which a long follow trims
         self.tables: dict[tuple[int, int], Graph] = {}
         self.open_steps: dict[tuple[int, int], Step] = {}  # (ctx, step) -> step in flight
@@ -186,13 +186,7 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
         return  # a fragment of a session whose start was lost: nothing to anchor it to
     state.info.last_ts = max(state.info.last_ts, nonneg(rec["ts"]))
     if rtype == "graph":
-        if "same_as" in rec:
-            g = same_table(rec, state.tables)
-        else:
-            g = graph_table(rec)
-            if len(state.tables) >= TABLES_KEPT:
-                state.tables.pop(next(iter(state.tables)))
-            state.tables[(g.ctx, g.id)] = g
+        g = graph_record(rec, state.tables)
         state.graphs[(g.ctx, g.id)] = g
     elif rtype == "step_begin":
         key = (int(rec["ctx"]), int(rec["step"]))

@@ -220,15 +220,21 @@ static void copy_name(char (&dst)[GGML_MAX_NAME], const char * src) {
 }
 
 // FNV-1a over what a node table's record says, field by field (a name up to its end: the bytes
-// after it are a reused buffer's)
+// after it are a reused buffer's): all of it (h), and all but the numbers of shapes and bytes (s)
 struct table_hash {
     uint64_t h = 1469598103934665603ull;
+    uint64_t s = 1469598103934665603ull;
 
-    void mix(uint64_t v) { h = (h ^ v) * 1099511628211ull; }
+    void mix(uint64_t v) {
+        h = (h ^ v) * 1099511628211ull;
+        s = (s ^ v) * 1099511628211ull;
+    }
 
-    void name(const char * s) {
-        for (; *s; s++) {
-            mix((unsigned char) *s);
+    void number(uint64_t v) { h = (h ^ v) * 1099511628211ull; }
+
+    void name(const char * str) {
+        for (; *str; str++) {
+            mix((unsigned char) *str);
         }
         mix(0);
     }
@@ -236,9 +242,9 @@ struct table_hash {
     void dims(const int64_t * ne, int32_t n_dims, int64_t nbytes) {
         mix((uint64_t) n_dims);
         for (int d = 0; d < GGML_MAX_DIMS; d++) {
-            mix((uint64_t) ne[d]);
+            number((uint64_t) ne[d]);
         }
-        mix((uint64_t) nbytes);
+        number((uint64_t) nbytes);
     }
 };
 
@@ -314,6 +320,35 @@ void graph_table::capture(const graph_index & gi, int32_t id, int32_t n_tok, int
         }
     }
     structure = th.h;
+    skeleton  = th.s;
+}
+
+// a shape's numbers as json_out::shape writes them (at least one), then the bytes
+static void push_numbers(std::vector<int64_t> & out,
+                         std::vector<uint8_t> & where,
+                         const int64_t *        ne,
+                         int32_t                n_dims,
+                         int64_t                nbytes) {
+    for (int d = 0; d < std::max(1, n_dims); d++) {
+        out.push_back(ne[d]);
+        where.push_back((uint8_t) d);
+    }
+    out.push_back(nbytes);
+    where.push_back(SUBST_BYTES);
+}
+
+void graph_table::numbers(std::vector<int64_t> & out, std::vector<uint8_t> & where) const {
+    out.clear();
+    where.clear();
+    for (const node_snapshot & ns : nodes) {
+        push_numbers(out, where, ns.ne, ns.n_dims, ns.nbytes);
+        for (int32_t k = 0; k < ns.n_src; k++) {
+            const src_snapshot & ss = srcs[ns.src_begin + k];
+            if (ss.kind != SRC_NODE) {
+                push_numbers(out, where, ss.ne, ss.n_dims, ss.nbytes);
+            }
+        }
+    }
 }
 
 static const char * src_kind_name(src_kind k) {
@@ -340,10 +375,40 @@ static void write_graph_head(json_out & j, const graph_table & t, const std::str
     j.i64(t.n_tokens);
 }
 
-void graph_table::write_same(json_out & j, const std::string & sid, int32_t ctx_id, int32_t same_as) const {
+void graph_table::write_same(json_out &          j,
+                             const std::string & sid,
+                             int32_t             ctx_id,
+                             int32_t             same_as,
+                             bool                substituted,
+                             const int64_t *     subst,
+                             size_t              n_subst,
+                             const int64_t *     at,
+                             size_t              n_at) const {
     write_graph_head(j, *this, sid, ctx_id);
     j.key("same_as");
     j.i64(same_as);
+    if (substituted) {
+        j.key("subst");
+        j.ch('[');
+        for (size_t i = 0; i < n_subst; i++) {
+            j.sep();
+            j.ch('[');
+            j.i64s({ subst[3 * i], subst[3 * i + 1], subst[3 * i + 2] });
+            j.ch(']');
+        }
+        j.ch(']');
+    }
+    if (n_at > 0) {
+        j.key("subst_at");
+        j.ch('[');
+        for (size_t i = 0; i < n_at; i++) {
+            j.sep();
+            j.ch('[');
+            j.i64s({ at[2 * i], at[2 * i + 1] });
+            j.ch(']');
+        }
+        j.ch(']');
+    }
     j.ch('}');
 }
 
@@ -430,6 +495,130 @@ void graph_table::write(json_out & j, const std::string & sid, int32_t ctx_id) c
     }
     j.ch(']');
     j.ch('}');
+}
+
+void table_memory::clear() {
+    written.clear();
+    bases.clear();
+}
+
+bool table_memory::substitution(const base & b) {
+    if (b.numbers.size() != nums.size()) {
+        return false;
+    }
+    // 1. the values that change somewhere, each in its place (a dimension, or bytes)
+    map.clear();
+    for (size_t i = 0; i < nums.size(); i++) {
+        if (b.numbers[i] != nums[i]) {
+            map.emplace(place{ b.numbers[i], where[i] }, 0);
+            if (map.size() > SUBST_MAX + AT_MAX) {
+                return false;
+            }
+        }
+    }
+    // 2. each becomes what it becomes most often where it is (staying itself included: a value
+    // that means two things, such as a batch of 2 tokens and 2 heads, mostly keeps one of them)
+    votes.clear();
+    for (size_t i = 0; i < nums.size(); i++) {
+        if (map.count(place{ b.numbers[i], where[i] })) {
+            votes.push_back(vote{ where[i], b.numbers[i], nums[i] });
+        }
+    }
+    std::sort(votes.begin(), votes.end());
+    subst.clear();
+    for (size_t i = 0; i < votes.size();) {
+        size_t  best_n = 0;
+        int64_t best   = votes[i].from;
+        size_t  k      = i;
+        while (k < votes.size() && votes[k].where == votes[i].where && votes[k].from == votes[i].from) {
+            size_t n = k;
+            while (n < votes.size() && votes[n].where == votes[k].where && votes[n].from == votes[k].from &&
+                   votes[n].to == votes[k].to) {
+                n++;
+            }
+            if (n - k > best_n) {
+                best_n = n - k;
+                best   = votes[k].to;
+            }
+            k = n;
+        }
+        const place key{ votes[i].from, votes[i].where };
+        if (best == votes[i].from) {
+            map.erase(key);
+        } else {
+            map[key] = best;
+            if (subst.size() / 3 >= SUBST_MAX) {
+                return false;
+            }
+            subst.push_back(votes[i].where);
+            subst.push_back(votes[i].from);
+            subst.push_back(best);
+        }
+        i = k;
+    }
+    // 3. the map applied to every number of the base: where it does not give this table's, the
+    // number is written by its position
+    at.clear();
+    for (size_t i = 0; i < nums.size(); i++) {
+        auto it = map.find(place{ b.numbers[i], where[i] });
+        if ((it == map.end() ? b.numbers[i] : it->second) != nums[i]) {
+            if (at.size() / 2 >= AT_MAX) {
+                return false;
+            }
+            at.push_back((int64_t) i);
+            at.push_back(nums[i]);
+        }
+    }
+    return true;
+}
+
+void table_memory::write(const graph_table & t, json_out & j, const std::string & sid, int32_t ctx_id) {
+    auto same = written.find(t.structure);
+    if (same != written.end()) {
+        t.write_same(j, sid, ctx_id, same->second);
+        return;
+    }
+    if (written.size() >= TABLES_MAX) {
+        clear();  // a reader keeps as many tables per context: the bases too are written again
+    }
+    clock++;
+    t.numbers(nums, where);
+    // of the bases of the same skeleton, the one that gives the shortest substitution
+    base * best     = nullptr;
+    size_t best_len = 0;
+    for (base & b : bases) {
+        if (b.skeleton != t.skeleton || !substitution(b)) {
+            continue;
+        }
+        const size_t len = subst.size() + at.size();
+        if (!best || len < best_len) {
+            best     = &b;
+            best_len = len;
+            best_subst.swap(subst);
+            best_at.swap(at);
+        }
+    }
+    if (best) {
+        best->used = clock;
+        t.write_same(j, sid, ctx_id, best->graph_id, true, best_subst.data(), best_subst.size() / 3, best_at.data(),
+                     best_at.size() / 2);
+        written.emplace(t.structure, t.graph_id);
+        return;
+    }
+    t.write(j, sid, ctx_id);
+    written.emplace(t.structure, t.graph_id);
+    base * slot = nullptr;
+    if (bases.size() < BASES_MAX) {
+        bases.emplace_back();
+        slot = &bases.back();
+    } else {
+        slot = &*std::min_element(bases.begin(), bases.end(),
+                                  [](const base & a, const base & b) { return a.used < b.used; });
+    }
+    slot->skeleton = t.skeleton;
+    slot->graph_id = t.graph_id;
+    slot->used     = clock;
+    slot->numbers.swap(nums);
 }
 
 std::string reserved_graph_json(llama_context * ctx, int32_t n_tokens, int32_t n_outputs) {

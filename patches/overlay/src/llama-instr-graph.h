@@ -24,6 +24,9 @@ enum node_flag : uint8_t {
     NODE_OUTPUT   = 8,
 };
 
+// where a number of a `subst` is: 0 to 3, that dimension of a shape; this, the bytes
+constexpr uint8_t SUBST_BYTES = 4;
+
 enum src_kind : uint8_t {
     SRC_NODE,
     SRC_WEIGHT,
@@ -101,6 +104,7 @@ struct graph_table {
     int32_t                    n_tokens  = 0;
     int64_t                    ts        = 0;
     uint64_t                   structure = 0;  // every field the record writes of nodes and sources, hashed
+    uint64_t                   skeleton  = 0;  // the same, less the numbers of shapes and bytes
     std::vector<node_snapshot> nodes;
     std::vector<src_snapshot>  srcs;
 
@@ -110,8 +114,92 @@ struct graph_table {
     void write(json_out & j, const std::string & sid, int32_t ctx_id) const;
 
     // the `graph` record of a graph whose node table is graph `same_as`'s, written before in the
-    // same file: its id and tokens, and that id instead of the nodes
-    void write_same(json_out & j, const std::string & sid, int32_t ctx_id, int32_t same_as) const;
+    // same file: its id and tokens, and that id instead of the nodes; with `subst` (n_subst
+    // triples: where, old value, new value) and `subst_at` (n_at pairs: position, value), the
+    // numbers of shapes and bytes of that table so replaced
+    void write_same(json_out &          j,
+                    const std::string & sid,
+                    int32_t             ctx_id,
+                    int32_t             same_as,
+                    bool                substituted = false,
+                    const int64_t *     subst       = nullptr,
+                    size_t              n_subst     = 0,
+                    const int64_t *     at          = nullptr,
+                    size_t              n_at        = 0) const;
+
+    // every number of shapes and bytes the record writes (a node's shape and bytes, then its
+    // leaf sources'), in the order it writes them, and where each is: its dimension in a shape
+    // (0 to 3), or SUBST_BYTES
+    void numbers(std::vector<int64_t> & out, std::vector<uint8_t> & where) const;
+};
+
+// The node tables a context wrote in the current file, for a later graph to name instead of
+// writing its own whole: one equal to a table written (whole or by `subst`) names it
+// (`same_as`); one that differs from a table written whole only in the numbers of shapes and
+// bytes names it with the substitution that gives its own (`same_as` and `subst`: per dimension
+// of a shape, and for bytes, which values become which). Its memory
+// is bounded: TABLES_MAX structures per file (past it, it starts over), and the numbers of
+// BASES_MAX tables written whole (the most recently used).
+class table_memory {
+  public:
+    static constexpr size_t TABLES_MAX = 4096;
+    static constexpr size_t BASES_MAX  = 16;
+    static constexpr size_t SUBST_MAX  = 256;   // triples of a `subst` (past it, written whole)
+    static constexpr size_t AT_MAX     = 1024;  // pairs of a `subst_at` (past it, written whole)
+
+    void clear();
+
+    // the `graph` record of t (one line, without the newline): whole, or naming a table written
+    void write(const graph_table & t, json_out & j, const std::string & sid, int32_t ctx_id);
+
+  private:
+    struct base {
+        uint64_t             skeleton = 0;
+        int32_t              graph_id = 0;
+        uint64_t             used     = 0;  // when it was last named (a tick of `clock`)
+        std::vector<int64_t> numbers;
+    };
+
+    // the substitution that turns b's numbers into `nums` (triples into `subst`, the numbers it
+    // does not give into `at`), if there is one within SUBST_MAX and AT_MAX
+    bool substitution(const base & b);
+
+    // a number and where it is (graph_table::numbers), as one key of `map`
+    struct place {
+        int64_t value;
+        uint8_t where;
+
+        bool operator==(const place & o) const { return value == o.value && where == o.where; }
+    };
+
+    struct place_hash {
+        size_t operator()(const place & p) const { return std::hash<int64_t>()(p.value) * 31 + p.where; }
+    };
+
+    std::unordered_map<uint64_t, int32_t> written;  // structure -> graph id whose record holds it
+    std::vector<base>                     bases;
+    uint64_t                              clock = 0;
+
+    // scratch, kept from graph to graph
+    std::vector<int64_t>                           nums;
+    std::vector<uint8_t>                           where;
+    std::vector<int64_t>                           subst;
+    std::vector<int64_t>                           at;
+    std::vector<int64_t>                           best_subst;
+    std::vector<int64_t>                           best_at;
+    std::unordered_map<place, int64_t, place_hash> map;
+
+    struct vote {
+        uint8_t where;
+        int64_t from;
+        int64_t to;
+
+        bool operator<(const vote & o) const {
+            return where != o.where ? where < o.where : from != o.from ? from < o.from : to < o.to;
+        }
+    };
+
+    std::vector<vote> votes;
 };
 
 // The node table of the graph llama.cpp builds for a ubatch of n_tokens tokens with n_outputs

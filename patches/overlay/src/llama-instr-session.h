@@ -158,12 +158,12 @@ struct ctx_state {
     std::vector<graph_table> tables;
     size_t                   n_tables = 0;
 
-    // the node tables written in the current file, by structure (graph_table::structure): a graph
-    // built again the same (llama-server rebuilds its graph on every step) names the first
-    // (`same_as`); a new file, or more than TABLES_WRITTEN_MAX structures, starts over
-    std::unordered_map<uint64_t, int32_t> tables_written;
-    uint64_t                              tables_epoch = 0;
-    int32_t                               tables_file  = -1;
+    // the node tables written in the current file: a graph built again the same (llama-server
+    // rebuilds its graph on every step), or with other token or KV counts, names one of them
+    // (`same_as`, `subst`); a new file starts over
+    table_memory tables_written;
+    uint64_t     tables_epoch = 0;
+    int32_t      tables_file  = -1;
 
     uint64_t graph_gen = 0;  // bumped whenever `graph` indexes another graph
 

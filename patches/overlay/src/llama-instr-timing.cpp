@@ -258,9 +258,6 @@ void finish_timers(ctx_state & st) {
 
 }  // namespace
 
-// distinct node tables a context remembers per file (each a few bytes): past it, it starts over
-static constexpr size_t TABLES_WRITTEN_MAX = 4096;
-
 void llama_instr::write_step_computes(ctx_state & st) {
     finish_timers(st);
     json_out j{ st.line };
@@ -270,17 +267,7 @@ void llama_instr::write_step_computes(ctx_state & st) {
         st.tables_file  = st.file_index;
     }
     for (size_t i = 0; i < st.n_tables; i++) {
-        const graph_table & t    = st.tables[i];
-        auto                same = st.tables_written.find(t.structure);
-        if (same != st.tables_written.end()) {
-            t.write_same(j, st.sid, st.id, same->second);
-        } else {
-            t.write(j, st.sid, st.id);
-            if (st.tables_written.size() >= TABLES_WRITTEN_MAX) {
-                st.tables_written.clear();
-            }
-            st.tables_written.emplace(t.structure, t.graph_id);
-        }
+        st.tables_written.write(st.tables[i], j, st.sid, st.id);
         emit(st.epoch, st.line);
     }
     st.n_tables = 0;

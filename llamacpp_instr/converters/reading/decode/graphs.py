@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .fields import opt_int
@@ -67,16 +67,159 @@ def graph_table(rec: dict[str, Any]) -> Graph:
     )
 
 
-# whole node tables a reader keeps for the graphs that name one (``same_as``): the writer names
-# only tables of the same file, and at most 4096 per context before it writes them whole again
+# node tables a reader keeps for the graphs that name one (``same_as``): the writer names only
+# tables of the same file, and at most 4096 per context before it writes them whole again
 TABLES_KEPT = 65536
+# triples a ``subst`` may hold, and pairs a ``subst_at`` (the writer's table_memory::SUBST_MAX
+# and AT_MAX)
+SUBST_MAX = 256
+AT_MAX = 1024
+# where a number of a ``subst`` is: 0 to 3, that dimension of a shape; this, the bytes
+SUBST_BYTES = 4
+_INT64_MAX = 2**63 - 1
+
+# a substitution: (where, old value) -> new value
+Subst = dict[tuple[int, int], int]
+
+
+def substitution(raw: Any) -> Subst:
+    """A graph record's ``subst``: triples [where, old, new], where 0 to SUBST_BYTES, old and new
+    non-negative 64-bit integers, each (where, old) once and changed, at most SUBST_MAX of them
+    (else ValueError or TypeError)."""
+    if type(raw) is not list:
+        raise TypeError("subst is not a list")
+    if len(raw) > SUBST_MAX:
+        raise ValueError(f"subst holds {len(raw)} triples, more than {SUBST_MAX}")
+    out: Subst = {}
+    for triple in raw:
+        if type(triple) is not list or len(triple) != 3:
+            raise ValueError("a subst entry is not a list of 3 values")
+        where, old, new = triple
+        if type(where) is not int or type(old) is not int or type(new) is not int:
+            raise TypeError("a subst entry holds a value that is not an integer")
+        if not 0 <= where <= SUBST_BYTES:
+            raise ValueError(f"a subst entry's place {where} is not 0 to {SUBST_BYTES}")
+        if not (0 <= old <= _INT64_MAX and 0 <= new <= _INT64_MAX):
+            raise ValueError("a subst value is not a non-negative 64-bit integer")
+        if old == new or (where, old) in out:
+            raise ValueError(f"subst maps {old} (place {where}) twice or to itself")
+        out[(where, old)] = new
+    return out
+
+
+def positions(raw: Any) -> dict[int, int]:
+    """A graph record's ``subst_at``: pairs [position, value] of non-negative 64-bit integers,
+    each position once, at most AT_MAX of them (else ValueError or TypeError)."""
+    if type(raw) is not list:
+        raise TypeError("subst_at is not a list")
+    if not 0 < len(raw) <= AT_MAX:
+        raise ValueError(f"subst_at holds {len(raw)} pairs, not 1 to {AT_MAX}")
+    out: dict[int, int] = {}
+    for pair in raw:
+        if type(pair) is not list or len(pair) != 2:
+            raise ValueError("a subst_at entry is not a list of 2 values")
+        pos, value = pair
+        if type(pos) is not int or type(value) is not int:
+            raise TypeError("a subst_at entry holds a value that is not an integer")
+        if not (0 <= pos <= _INT64_MAX and 0 <= value <= _INT64_MAX):
+            raise ValueError("a subst_at value is not a non-negative 64-bit integer")
+        if pos in out:
+            raise ValueError(f"subst_at sets position {pos} twice")
+        out[pos] = value
+    return out
+
+
+def _subst_shape(shape: list[Any], m: Subst, at: dict[int, int], pos: int) -> list[Any]:
+    """A shape with its numbers substituted, the first at position ``pos`` of the table."""
+    return [
+        at[pos + d] if pos + d in at else m.get((d, v), v) if type(v) is int else v
+        for d, v in enumerate(shape)
+    ]
+
+
+def _subst_bytes(nbytes: Any, m: Subst, at: dict[int, int], pos: int) -> Any:
+    if pos in at:
+        return at[pos]
+    return m.get((SUBST_BYTES, nbytes), nbytes) if type(nbytes) is int else nbytes
+
+
+def _subst_source(x: dict[str, Any], m: Subst, at: dict[int, int], pos: int) -> dict[str, Any]:
+    """A leaf source with the numbers of its shape and bytes substituted (itself if none
+    changes), its first number at position ``pos`` of the table."""
+    shape, nbytes = x.get("shape"), x.get("bytes")
+    shape_list = shape if type(shape) is list else []
+    new_shape = _subst_shape(shape_list, m, at, pos) if type(shape) is list else shape
+    new_bytes = _subst_bytes(nbytes, m, at, pos + len(shape_list))
+    if new_shape == shape and new_bytes == nbytes:
+        return x
+    # the keys in the record's order, as a table written whole gives them
+    return {
+        k: new_shape if k == "shape" else new_bytes if k == "bytes" else v for k, v in x.items()
+    }
+
+
+def _subst_nodes(nodes: list[Node], m: Subst, at: dict[int, int]) -> list[Node]:
+    """``nodes`` with every number of their shapes and bytes, and their leaf sources', mapped by
+    ``m``, or set by its position in the table (``at``: the numbers counted in the order the
+    record writes them, a node's shape and bytes, then each of its leaf sources' shape and
+    bytes); a node none of whose numbers changes is kept as it is (shared with the base)."""
+    out = []
+    pos = 0
+    for n in nodes:
+        shape = _subst_shape(n.shape, m, at, pos)
+        nbytes = _subst_bytes(n.bytes, m, at, pos + len(n.shape))
+        pos += len(n.shape) + 1
+        src = []
+        for x in n.src:
+            if "node" in x:
+                src.append(x)
+                continue
+            src.append(_subst_source(x, m, at, pos))
+            shape_x = x.get("shape")
+            pos += (len(shape_x) if type(shape_x) is list else 0) + 1
+        if (
+            shape == n.shape
+            and nbytes == n.bytes
+            and all(a is b for a, b in zip(src, n.src, strict=True))
+        ):
+            out.append(n)
+        else:
+            out.append(replace(n, shape=shape, bytes=nbytes, src=src))
+    if at and max(at) >= pos:
+        raise ValueError(f"subst_at names position {max(at)} of a table of {pos} numbers")
+    return out
 
 
 def same_table(rec: dict[str, Any], tables: dict[tuple[int, int], Graph]) -> Graph:
     """A graph record naming the node table of an earlier graph of its context (``same_as``):
-    that table, under this graph's id and tokens."""
+    that table, under this graph's id and tokens; with ``subst`` (and ``subst_at``), that table
+    with the numbers of its shapes and bytes substituted, each where it is (a dimension of a
+    shape, or bytes), and those ``subst_at`` names set by their position."""
     ctx, same = int(rec["ctx"]), int(rec["same_as"])
+    m = substitution(rec["subst"]) if "subst" in rec else None
+    at = positions(rec["subst_at"]) if "subst_at" in rec else {}
+    if at and m is None:
+        raise ValueError(f"graph {rec['graph']} has a subst_at but no subst")
     base = tables.get((ctx, same))
     if base is None:
         raise ValueError(f"graph {rec['graph']} names graph {same}, whose table is not in the log")
-    return Graph(ctx=ctx, id=int(rec["graph"]), n_tokens=int(rec["n_tokens"]), nodes=base.nodes)
+    nodes = base.nodes if m is None else _subst_nodes(base.nodes, m, at)
+    return Graph(ctx=ctx, id=int(rec["graph"]), n_tokens=int(rec["n_tokens"]), nodes=nodes)
+
+
+def graph_record(rec: dict[str, Any], tables: dict[tuple[int, int], Graph]) -> Graph:
+    """A ``graph`` record's graph: its node table written whole, or named (``same_as``, with or
+    without ``subst``) from ``tables``, which keeps each table written whole or by ``subst``
+    (what a later record may name), TABLES_KEPT at most."""
+    if "same_as" in rec:
+        g = same_table(rec, tables)
+        if "subst" not in rec:
+            return g
+    elif "subst" in rec or "subst_at" in rec:
+        raise ValueError(f"graph {rec['graph']} has a subst but names no table")
+    else:
+        g = graph_table(rec)
+    if len(tables) >= TABLES_KEPT:
+        tables.pop(next(iter(tables)))
+    tables[(g.ctx, g.id)] = g
+    return g

@@ -35,7 +35,7 @@ import pandas as pd
 
 from ..reading.decode.graphs import Graph, Node
 from ..session import derive
-from . import split_costs
+from . import net_costs, split_costs
 
 _LAYER_SUFFIX = re.compile(r"-\d+$")
 
@@ -393,12 +393,13 @@ def fit(sessions: Iterable[Any]) -> CostModel:
         per_step = df.groupby("step").agg(op_ns=("dur", "sum"), computes=("ubatch", "nunique"))
         on_devices = split_costs.device_time(sf)
         steps = sf.steps.set_index("step")
+        took = net_costs.step_times(sf)
         for step, row in per_step.iterrows():
             if step not in steps.index:
                 continue
             s = steps.loc[step]
             inside = on_devices.get(int(step), float(row["op_ns"]))
-            extra = (float(s["dur_ns"]) - inside) / max(int(row["computes"]), 1)
+            extra = (took[int(step)] - inside) / max(int(row["computes"]), 1)
             overhead_rows.append((Where("CPU", threads), str(s["kind"]), max(extra, 0.0)))
     if not parts:
         return CostModel(fits={}, roofs={}, fused=set(), overhead={})
@@ -463,9 +464,10 @@ def _self_check(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) 
             p_graph = priced[(int(gid), kind)]
             pred[step] += p_graph + model.overhead.get((Where("CPU", threads), kind), 0.0)
         mine: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        took = net_costs.step_times(sf)
         for step, p in pred.items():
             if p > 0:
-                mine[str(kinds[step])].append((float(steps.loc[step, "dur_ns"]), p))
+                mine[str(kinds[step])].append((took[int(step)], p))
         for kind, pairs in mine.items():
             out[kind] += pairs
             a = np.asarray(pairs)

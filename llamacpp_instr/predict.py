@@ -306,19 +306,22 @@ def price(
                 )
         prompt, gen = computes(t)
         missing: dict[str, None] = {}
+        last: tuple[int, int] | None = None
         for kind, plan, tokens in (("prompt", prompt, t.n_prompt), ("gen", gen, t.n_gen)):
             if not plan:
                 continue
             total = 0.0
             dev_ns: dict[str, float] = defaultdict(float)
             op_ns: dict[str, float] = defaultdict(float)
-            counts: dict[tuple[int, int], int] = defaultdict(int)
+            # (a graph another than the previous compute's is sent whole to an RPC server)
+            counts: dict[tuple[int, int, bool], int] = defaultdict(int)
             for key in plan:
-                counts[key] += 1
+                counts[(key[0], key[1], key != last)] += 1
+                last = key
             ok = True
-            for (n_tok, kv), count in counts.items():
+            for (n_tok, kv, resend), count in counts.items():
                 gc, devs = builder.graph(n_tok, kv)
-                cost, extra, miss, lost = model.price_compute(gc, devs, t.threads, kind)
+                cost, extra, miss, lost = model.price_compute(gc, devs, t.threads, kind, resend)
                 for line in [_missing_line(m, t) for m in miss] + lost:
                     missing[line] = None
                     ok = False

@@ -207,16 +207,24 @@ class CostModel:
         return out, list(missing)
 
     def price_compute(
-        self, gc: GraphCosts, devices: Sequence[str], threads: int, kind: str
+        self,
+        gc: GraphCosts,
+        devices: Sequence[str],
+        threads: int,
+        kind: str,
+        resend: bool = True,
     ) -> tuple[np.ndarray, dict[str, float], list[tuple[str, str, str, str]], list[str]]:
         """One compute of a graph in a ``kind`` step: each node's time, the time beyond the ops
         of its splits per device and of its copies (``split_costs``, where it runs on several
-        devices), the op classes no log has and what else no log has."""
+        devices; ``resend``: another graph than the previous compute's, sent whole to an RPC
+        server), the op classes no log has and what else no log has."""
         cost, missing = self.price(gc, devices, threads)
         used = {d for d, nop in zip(devices, gc.noop, strict=False) if not nop}
         if len(used) <= 1:
             return cost, {}, missing, []
-        extra, lost = split_costs.across_devices(gc.graph, gc.noop, devices, self.splits, kind)
+        extra, lost = split_costs.across_devices(
+            gc.graph, gc.noop, devices, self.splits, kind, resend
+        )
         return cost, extra, missing, lost
 
     def lookup(self, where: Where, tokens: str, label: str, typ: str, role_: str) -> Fit | None:
@@ -447,21 +455,24 @@ def _self_check(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) 
         threads = threads_of(sf)
         if sf.ops.empty:
             continue
-        priced: dict[tuple[int, str], float] = {}
+        priced: dict[tuple[int, str, bool], float] = {}
         computes = sf.ops[["step", "ubatch", "graph"]].drop_duplicates()
+        last = -1  # the graph of the previous compute (the same one is not sent again over RPC)
         steps = sf.steps.set_index("step")
         kinds = steps["kind"].astype(str)
         pred: dict[int, float] = defaultdict(float)
         for step, _ub, gid in computes.itertuples(index=False):
             kind = str(kinds.get(step, ""))
+            resend, last = int(gid) != last, int(gid)
             if int(gid) not in log_g or kind not in ("prompt", "gen"):
                 continue
-            if (int(gid), kind) not in priced:
+            key = (int(gid), kind, resend)
+            if key not in priced:
                 gc, devs = log_g[int(gid)]
-                t, extra, missing, lost = model.price_compute(gc, devs, threads, kind)
+                t, extra, missing, lost = model.price_compute(gc, devs, threads, kind, resend)
                 ok = not missing and not lost
-                priced[(int(gid), kind)] = float(t.sum() + sum(extra.values())) if ok else np.nan
-            p_graph = priced[(int(gid), kind)]
+                priced[key] = float(t.sum() + sum(extra.values())) if ok else np.nan
+            p_graph = priced[key]
             pred[step] += p_graph + model.overhead.get((Where("CPU", threads), kind), 0.0)
         mine: dict[str, list[tuple[float, float]]] = defaultdict(list)
         took = net_costs.step_times(sf)

@@ -145,14 +145,21 @@ def _root(g: Graph, j: int) -> int:
 
 
 def across_devices(
-    g: Graph, noop: Sequence[bool] | np.ndarray, devs: Sequence[str], costs: SplitCosts, kind: str
+    g: Graph,
+    noop: Sequence[bool] | np.ndarray,
+    devs: Sequence[str],
+    costs: SplitCosts,
+    kind: str,
+    resend: bool = True,
 ) -> tuple[dict[str, float], list[str]]:
     """A graph split across devices: the time of its splits beyond their ops, per device, of the
     copies into them (under ``copies``) and of the commands sent to RPC servers (under
-    ``network``: ``net_costs``); and what no log has (module docstring)."""
+    ``network``: ``net_costs``; ``resend``: the graph is not the one the previous compute ran, so
+    each server is sent it whole); and what no log has (module docstring)."""
     extra: dict[str, float] = defaultdict(float)
     lost: list[str] = []
     run = [k for k in range(len(g.nodes)) if not noop[k]]
+    by_name = {g.nodes[k].name: k for k in run}
 
     def link(dev: str) -> net_costs.Link | None:
         found = costs.net.link(dev)
@@ -190,6 +197,14 @@ def across_devices(
                         copied[g.nodes[j].name] = (devs[j], g.nodes[j].bytes)
                 elif s.get("kind") == "input" and dev != "CPU":
                     copied[str(s.get("name"))] = ("CPU", int(s.get("bytes", 0)))
+                elif rpc and s.get("kind") == "other" and "#" in str(s.get("name")):
+                    # the scheduler's copy onto this device (DEV[...]#inp_pos#0): of another
+                    # device's node, or of an input llama.cpp set on the host (positions, mask)
+                    base = str(s.get("name")).split("#")[1]
+                    j = by_name.get(base, -1)
+                    src_dev = devs[j] if j >= 0 else "CPU"
+                    if src_dev != dev:
+                        copied[base] = (src_dev, int(s.get("bytes", 0)))
         for src_dev, n_bytes in copied.values():
             if src_dev.startswith("RPC"):
                 read_back(src_dev, n_bytes)  # read from its server, then sent on (below)
@@ -208,9 +223,9 @@ def across_devices(
         if rpc:
             lk = link(dev)
             if lk is not None:
-                # generation sends the graph the server already holds (graph_recompute)
+                # the graph the server already holds is computed again (graph_recompute)
                 n_nodes = run[k1 - 1] - run[k0] + 1
-                sent = net_costs.RECOMPUTE_SENT if kind == "gen" else costs.net.node_bytes * n_nodes
+                sent = costs.net.node_bytes * n_nodes if resend else net_costs.RECOMPUTE_SENT
                 extra["network"] += lk.time(sent)
         k0 = k1
     # the program reads the logits (the graph's output) from the device that made them

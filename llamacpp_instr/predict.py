@@ -307,6 +307,7 @@ def price(
         prompt, gen = computes(t)
         missing: dict[str, None] = {}
         last: tuple[int, int] | None = None
+        plan_first = "prompt" if prompt else "gen"
         for kind, plan, tokens in (("prompt", prompt, t.n_prompt), ("gen", gen, t.n_gen)):
             if not plan:
                 continue
@@ -333,6 +334,12 @@ def price(
                         op_ns[gc.labels[k]] += count * c
                 for d, v in extra.items():
                     dev_ns[d] += count * v
+            if kind == plan_first:
+                # the session's first step allocates its compute buffers on the RPC servers
+                setup = model.splits.net.setup_ns()
+                total += setup
+                if setup:
+                    dev_ns["network"] += setup
             out.graphs = len(builder.cache)
             if not ok or total <= 0:
                 continue

@@ -72,7 +72,8 @@ if TYPE_CHECKING:
     "rpc_rtt",
     metavar="TIME",
     default=None,
-    help="...and at this round trip (2ms, 500us); the log's measured one without it.",
+    help="Price the RPC servers' network at this round trip (2ms, 500us); the log's measured "
+    "one without it.",
 )
 @click.option(
     "--format",
@@ -81,8 +82,8 @@ if TYPE_CHECKING:
     default="text",
     show_default=True,
     help="text: tokens/s and where the time goes; json: prompt_tokens_per_s and "
-    "gen_tokens_per_s as {value, low, high}, by_device, by_op, not_covered (a list of such "
-    "objects for several --quant).",
+    "gen_tokens_per_s as {value, low, high}, by_device (with network over RPC), by_op, rpc_links, "
+    "not_covered (a list of such objects for several --quant).",
 )
 def command(
     logs: tuple[Path, ...],
@@ -109,9 +110,9 @@ def command(
     the device's roofs and a fixed cost per op, fitted per op class; on several devices each split
     adds its device's time beyond its ops and the copies into it, as the logs measured them. An
     RPC server's ops are priced from the ops it timed, and its network per command: round trips
-    times the link's round trip plus bytes at its rate, the link measured in the log or given by
-    --rpc-rate and --rpc-rtt (a log's RPC servers are stood in for on loopback to build the graphs,
-    unless --rpc names live ones). The result is a prediction, with an interval from the model's
+    times the link's round trip plus bytes at its rate, the link measured in the log unless
+    --rpc-rate or --rpc-rtt give another (a log's RPC servers are stood in for on loopback to build
+    the graphs, unless --rpc names live ones). The result is a prediction, with an interval from the model's
     spread on the logs' own steps. What no log measured (another thread count, a weight type
     never run, a device) is listed with the run that would measure it, and that speed is not
     given (exit 2).
@@ -193,6 +194,12 @@ def render(p: Prediction) -> str:
         top = ", ".join(f"{op} {share:.0%}" for op, share in list(ops.items())[:5])
         devs = ", ".join(f"{d} {s:.0%}" for d, s in p.by_device.get(kind, {}).items())
         lines.append(f"  where {name} time goes: {top}; by device: {devs}")
+    if p.links and any("network" in d for d in p.by_device.values()):
+        links = ", ".join(
+            f"{d} {lk['rate_bits_per_s'] / 1e6:.4g} Mbit/s, round trip {lk['rtt_ns'] / 1e6:.3g} ms"
+            for d, lk in p.links.items()
+        )
+        lines.append(f"  network priced at: {links}")
     lines.append(
         f"  from {len(p.logs)} log(s) ({', '.join(Path(x).name for x in p.logs)}); "
         f"{p.graphs} graph(s) built by llama.cpp without weights. A prediction, not a "

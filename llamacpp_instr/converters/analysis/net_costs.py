@@ -20,7 +20,9 @@ the rate, no reply), its graph (``graph_compute``: the serialized graph, at the 
 ``graph_recompute``, a few bytes, when the server holds the same graph, as generation steps do), and
 a tensor read back from it (``get_tensor``: one round trip and the bytes), whether another device's
 split reads it or the program reads the logits after the compute. Steps are serial on the client
-(the next command waits for the read that precedes it), so the commands' times add up.
+(the next command waits for the read that precedes it), so the commands' times add up. A session's
+first step also allocates its compute buffers on each server (a dozen commands with a reply, in the
+pin): priced once, as the log's first step sent them.
 """
 
 from __future__ import annotations
@@ -71,6 +73,18 @@ class NetCosts:
     node_bytes: float = DEFAULT_NODE_BYTES
     # the link of a device no log measured, where a rate and a round trip were both given
     given: Link | None = None
+    # per device, the commands a session's first step sends besides its tensors and graphs (the
+    # compute buffers' allocation: get_alloc_size, buffer_get_base...): round trips, bytes
+    setup: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def setup_ns(self) -> float:
+        """The first step's setup commands at the links' prices (module docstring)."""
+        total = 0.0
+        for dev, (trips, n_bytes) in self.setup.items():
+            link = self.link(dev)
+            if link is not None:
+                total += trips * link.rtt_ns + n_bytes * link.ns_per_byte
+        return total
 
     def link(self, device: str) -> Link | None:
         return self.links.get(device, self.given)
@@ -88,7 +102,7 @@ class NetCosts:
         given = None
         if rate_bits is not None and rtt_ns is not None:
             given = Link(rtt_ns=rtt_ns, ns_per_byte=8e9 / rate_bits)
-        return NetCosts(links=out, node_bytes=self.node_bytes, given=given)
+        return NetCosts(links=out, node_bytes=self.node_bytes, given=given, setup=self.setup)
 
 
 def is_rpc_log(sf: Any) -> bool:
@@ -137,13 +151,38 @@ def graph_node_bytes(sf: Any) -> float | None:
     return sent / nodes if nodes > 0 else None
 
 
+# what a step sends to compute: its tensors' data, its graphs, its outputs read back
+STEP_COMMANDS = ("set_tensor", "get_tensor", "copy_tensor", "graph_compute", "graph_recompute")
+
+
+def first_step_setup(sf: Any) -> dict[str, tuple[float, float]]:
+    """Per device, the round trips and bytes of the commands a log's first step sent besides
+    ``STEP_COMMANDS`` (the compute buffers it allocated)."""
+    tr = sf.transfers
+    steps = tr[(tr["phase"].astype(str) == "step") & tr["step"].notna()]
+    if steps.empty:
+        return {}
+    first = steps[steps["step"] == steps["step"].min()]
+    other = first[~first["cmd"].astype(str).isin(STEP_COMMANDS)]
+    out = {}
+    for dev, rows in other.groupby("device", observed=True):
+        out[str(dev)] = (
+            float((rows["recv"] > 0).sum()),
+            float((rows["sent"] + rows["recv"]).sum()),
+        )
+    return out
+
+
 def fit(sessions: Iterable[Any]) -> NetCosts:
     """The links of the sessions' RPC devices (the median over logs where several have one)."""
     per: dict[str, list[Link]] = {}
     sizes: list[float] = []
+    setup: dict[str, tuple[float, float]] = {}
     for sf in sessions:
         if not is_rpc_log(sf):
             continue
+        for dev, v in first_step_setup(sf).items():
+            setup.setdefault(dev, v)
         devs = sf.devices
         for dev in devs.loc[devs["backend"].astype(str) == "RPC", "device"].astype(str):
             link = fit_link(sf, dev)
@@ -152,7 +191,7 @@ def fit(sessions: Iterable[Any]) -> NetCosts:
         nb = graph_node_bytes(sf)
         if nb:
             sizes.append(nb)
-    out = NetCosts(node_bytes=float(np.median(sizes)) if sizes else DEFAULT_NODE_BYTES)
+    out = NetCosts(node_bytes=float(np.median(sizes)) if sizes else DEFAULT_NODE_BYTES, setup=setup)
     for dev, links in per.items():
         out.links[dev] = Link(
             rtt_ns=float(np.median([x.rtt_ns for x in links])),

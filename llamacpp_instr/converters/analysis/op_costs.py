@@ -474,6 +474,9 @@ def _self_check(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) 
                 priced[key] = float(t.sum() + sum(extra.values())) if ok else np.nan
             p_graph = priced[key]
             pred[step] += p_graph + model.overhead.get((Where("CPU", threads), kind), 0.0)
+        if pred and net_costs.is_rpc_log(sf):
+            # the session's first step allocated its compute buffers on the servers
+            pred[min(pred)] += model.splits.net.setup_ns()
         mine: dict[str, list[tuple[float, float]]] = defaultdict(list)
         took = net_costs.step_times(sf)
         for step, p in pred.items():

@@ -158,14 +158,22 @@ def run_cell(cell: Cell, model: Path, gen: int, out: Path) -> None:
 
 
 def _times(log: Path) -> tuple[float, float]:
-    from llamacpp_instr.converters.analysis.net_costs import step_times
+    """A run's prompt and generation times; over RPC, the devices' compute in them (the network's
+    part is the link's, the same in every run of a cell: another process's burst slows only the
+    compute)."""
+    from llamacpp_instr.converters.analysis.net_costs import is_rpc_log
     from llamacpp_instr.predict import load_session
 
     sf = load_session(log)
-    took = step_times(sf)  # (over RPC: until the step's outputs were read)
+    if is_rpc_log(sf):
+        tt = sf.token_time
+        kinds = tt["kind"].astype(str)
+        return tuple(  # type: ignore[return-value]
+            float(tt.loc[kinds == k, "compute_ns"].sum()) for k in ("prompt", "gen")
+        )
     kind = sf.steps["kind"].astype(str)
     return tuple(  # type: ignore[return-value]
-        sum(took[int(s)] for s in sf.steps.loc[kind == k, "step"]) for k in ("prompt", "gen")
+        float(sf.steps.loc[kind == k, "dur_ns"].sum()) for k in ("prompt", "gen")
     )
 
 

@@ -349,3 +349,23 @@ def test_bad_link_values_are_one_line(rpc_log: Path, tiny_detailed: RunLog) -> N
         assert words in r.stderr, (args, r.stderr)
         assert "Traceback" not in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_link_values_parse_with_their_units() -> None:
+    from llamacpp_instr.converters.analysis.net_costs import parse_duration_ns, parse_rate
+
+    assert parse_rate("100M") == 100e6
+    assert parse_rate("1G") == 1e9
+    assert parse_rate("2.5Gbit") == 2.5e9
+    assert parse_rate("50mbit") == 50e6
+    assert parse_rate("800k") == 800e3
+    assert parse_duration_ns("2ms") == 2e6
+    assert parse_duration_ns("500us") == 500e3
+    assert parse_duration_ns("0.1s") == 1e8
+    assert parse_duration_ns("0ms") == 0.0
+    for bad in ("", "M", "1X", "nan", "inf"):
+        with pytest.raises(ValueError):
+            parse_rate(bad)
+    for bad in ("", "2", "ms", "-1ms", "infms"):
+        with pytest.raises(ValueError):
+            parse_duration_ns(bad)

@@ -5,11 +5,20 @@ type), each a real detailed run, then predicts every cell from the logs of the *
 and compares the prediction with what the cell measured: prompt and generation tokens/s (tokens
 over llama_decode time, per kind, as ``predict.measured`` reads a log).
 
-    python bench/predict.py [--write-docs] [--gen N] [--quick]
+    python bench/predict.py [--write-docs] [--gen N] [--quick | --vulkan | --rpc]
 
 Targets (issue 36): generation median absolute error at most 15 % and none over 35 %; prompt
 median at most 20 %; ``predict`` answering in under 5 s from a detailed log of 100 steps (timed
-here on the base cell's log). The cells on lavapipe (-ngl) and over RPC are not in this grid yet.
+here on the base cell's log); on the partial-offload and RPC cells, the predicted share of time
+per device and network within 10 points of the measured share.
+
+``--vulkan``: -ngl 0, 15 and 30 on lavapipe. ``--rpc``: two RPC servers, each on a host of its own
+(a network namespace, tests/netsim.py: veth, tc tbf, a delay proxy; needs root), every layer
+offloaded to them, the client and each server on 1 thread, at two link rates (``RPC_RATES``) and a
+delay of ``RPC_DELAY_MS`` each way; each rate's cell is predicted from the other rate's log, given
+the held-out link as ``--rpc-rate`` and ``--rpc-rtt`` would give it (the tbf rate, twice the delay).
+Over RPC a step's time is its window (until its outputs are read: ``token_time``), as
+``predict.measured`` reads such a log.
 """
 
 from __future__ import annotations
@@ -19,12 +28,16 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # netsim, rpc_backend (--rpc)
 
 KV_PAD = 256
+RPC_RATES = (50.0, 200.0)  # Mbit/s: the network a large share of a token at both
+RPC_DELAY_MS = 1.0  # each way
 
 
 @dataclass(frozen=True)
@@ -33,12 +46,18 @@ class Cell:
     threads: int
     depth: int  # prompt tokens: the KV depth generation runs at
     ubatch: int
-    ngl: int | None = None  # layers on Vulkan0 (the --vulkan grid)
+    ngl: int | None = None  # layers on Vulkan0 (the --vulkan grid) or the RPC servers
+    rate: float | None = None  # Mbit/s: over RPC (the --rpc grid), the link's tbf rate
 
     @property
     def name(self) -> str:
         ngl = "" if self.ngl is None else f" ngl{self.ngl}"
-        return f"{self.quant} t{self.threads} d{self.depth} ub{self.ubatch}{ngl}"
+        rpc = "" if self.rate is None else f" rpc {self.rate:g} Mbit/s"
+        return f"{self.quant} t{self.threads} d{self.depth} ub{self.ubatch}{ngl}{rpc}"
+
+    @property
+    def file_name(self) -> str:
+        return self.name.replace(" Mbit/s", "M").replace(" ", "_") + ".log"
 
 
 GRID = [
@@ -58,6 +77,8 @@ QUICK = [c for c in GRID if c.depth <= 1024 and c.threads == 2 and c.quant == "q
 # on lavapipe (a Vulkan driver on the same 2 cores: SmolLM2 fully offloaded decodes at about 1.3
 # tok/s), so short: the placement is what varies
 VULKAN = [Cell("q4_1", 2, 128, 512, ngl) for ngl in (0, 15, 30)]
+# over RPC the two servers and the client take a thread each, on 2 cores
+RPC = [Cell("q4_1", 1, 128, 512, 99, rate) for rate in RPC_RATES]
 
 
 def prompt_of(model: Path, n_tokens: int) -> str:
@@ -71,8 +92,53 @@ def prompt_of(model: Path, n_tokens: int) -> str:
     return llm.detokenize(toks).decode(errors="ignore")
 
 
+# a run in the client's namespace: instr run's runner, the servers named by ENDPOINTS
+RPC_CLIENT = """
+import sys
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from llamacpp_instr import offload, runner
+cfg = runner.RunConfig(model=Path({model!r}), prompt={prompt!r}, n_predict={gen}, threads={threads},
+    n_ctx={n_ctx}, n_batch=512, n_ubatch={ubatch}, level="detailed", out=Path({out!r}),
+    ignore_eos=True, offload=offload.Offload(gpu_layers={ngl}, rpc=tuple({endpoints!r})))
+runner.run(cfg)
+print("{{}}")
+"""
+
+
+def run_rpc_cell(cell: Cell, model: Path, gen: int, out: Path) -> None:
+    """A cell over RPC: two servers on hosts of their own behind links of the cell's rate."""
+    import netsim
+    from rpc_backend import lib_dir
+
+    assert cell.rate is not None
+    why = netsim.namespaces_available()
+    if why:
+        sys.exit(f"--rpc needs network namespaces: {why}")
+    server = netsim.server_command(lib_dir(), "{endpoint}", threads=1)
+    n_ctx = -(-(cell.depth + gen + 64) // KV_PAD) * KV_PAD
+    with netsim.Network([(cell.rate, RPC_DELAY_MS, server)] * 2) as net:
+        code = RPC_CLIENT.format(
+            root=str(ROOT),
+            model=str(model),
+            prompt=prompt_of(model, cell.depth),
+            gen=gen,
+            threads=cell.threads,
+            n_ctx=n_ctx,
+            ubatch=cell.ubatch,
+            out=str(out),
+            ngl=cell.ngl,
+            endpoints=list(net.endpoints),
+        )
+        net.run_client(code, timeout=900)
+
+
 def run_cell(cell: Cell, model: Path, gen: int, out: Path) -> None:
     from llamacpp_instr import offload, runner
+
+    if cell.rate is not None:
+        run_rpc_cell(cell, model, gen, out)
+        return
 
     n_ctx = -(-(cell.depth + gen + 64) // KV_PAD) * KV_PAD
     cfg = runner.RunConfig(
@@ -92,13 +158,22 @@ def run_cell(cell: Cell, model: Path, gen: int, out: Path) -> None:
 
 
 def _times(log: Path) -> tuple[float, float]:
+    """A run's prompt and generation times; over RPC, the devices' compute in them (the network's
+    part is the link's, the same in every run of a cell: another process's burst slows only the
+    compute)."""
+    from llamacpp_instr.converters.analysis.net_costs import is_rpc_log
     from llamacpp_instr.predict import load_session
 
-    steps = load_session(log).steps
-    kind = steps["kind"].astype(str)
-    return (
-        float(steps.loc[kind == "prompt", "dur_ns"].sum()),
-        float(steps.loc[kind == "gen", "dur_ns"].sum()),
+    sf = load_session(log)
+    if is_rpc_log(sf):
+        tt = sf.token_time
+        kinds = tt["kind"].astype(str)
+        return tuple(  # type: ignore[return-value]
+            float(tt.loc[kinds == k, "compute_ns"].sum()) for k in ("prompt", "gen")
+        )
+    kind = sf.steps["kind"].astype(str)
+    return tuple(  # type: ignore[return-value]
+        float(sf.steps.loc[kind == k, "dur_ns"].sum()) for k in ("prompt", "gen")
     )
 
 
@@ -126,6 +201,12 @@ def main() -> None:
         help="the placement grid on lavapipe (-ngl 0, 15, 30; LLAMA_CPP_LIB_PATH at a Vulkan "
         "build, GGML_VK_VISIBLE_DEVICES=0)",
     )
+    ap.add_argument(
+        "--rpc",
+        action="store_true",
+        help="two RPC servers on hosts of their own (network namespaces, needs root) at two link "
+        "rates, each predicted from the other with the held-out link as --rpc-rate/--rpc-rtt",
+    )
     ap.add_argument("--keep", type=Path, default=None, help="keep the cells' logs here")
     ap.add_argument(
         "--reps", type=int, default=2, help="runs per cell; the fastest is kept (llama-bench's -r)"
@@ -141,7 +222,7 @@ def main() -> None:
     from llamacpp_instr.quant_sweep import quantized
 
     _logger.set_verbose(False)
-    grid = VULKAN if args.vulkan else QUICK if args.quick else GRID
+    grid = VULKAN if args.vulkan else RPC if args.rpc else QUICK if args.quick else GRID
     base = models.default_model()
     files = {"q4_1": base}
     for q in sorted({c.quant for c in grid} - {"q4_1"}):
@@ -152,19 +233,25 @@ def main() -> None:
     logs: dict[Cell, Path] = {}
     ran_any = False
     t0 = time.monotonic()
-    for cell in grid:
-        log = where / (cell.name.replace(" ", "_") + ".log")
-        if not log.exists():
-            # the fastest of --reps runs: on 2 cores another process's burst slows a step of
-            # ggml's spinning threads tens of times, which is not the setting's speed
-            attempts = []
+    # the fastest of --reps runs: on 2 cores another process's burst slows a step of ggml's
+    # spinning threads tens of times, which is not the setting's speed. The cells' runs take
+    # turns, so that a busy spell of the machine falls on every cell alike
+    attempts: dict[Cell, list[Path]] = {}
+    for rep in range(args.reps):
+        for cell in grid:
+            log = where / cell.file_name
+            if log.exists():
+                continue
             ran_any = True
-            for rep in range(args.reps):
-                print(f"running {cell.name} ({rep + 1}/{args.reps}) ...", file=sys.stderr)
-                attempt = log.with_suffix(f".{rep}.log")
-                run_cell(cell, files[cell.quant], args.gen, attempt)
-                attempts.append(attempt)
-            min(attempts, key=lambda a: slowness(a, attempts)).rename(log)
+            print(f"running {cell.name} ({rep + 1}/{args.reps}) ...", file=sys.stderr)
+            attempt = log.with_suffix(f".{rep}.log")
+            run_cell(cell, files[cell.quant], args.gen, attempt)
+            attempts.setdefault(cell, []).append(attempt)
+    for cell in grid:
+        log = where / cell.file_name
+        if not log.exists():
+            tried = attempts[cell]
+            min(tried, key=lambda a: slowness(a, tried)).rename(log)
         logs[cell] = log
     run_s = time.monotonic() - t0
     sessions = {c: predict.load_session(p) for c, p in logs.items()}
@@ -174,6 +261,9 @@ def main() -> None:
         others = [c for c in grid if c != cell]
         model = predict.fit(sessions[c] for c in others)
         target = predict.default_target(sessions[cell], files[cell.quant])
+        if cell.rate is not None:
+            # the held-out cell's link, as a user would give it: its rate and round trip
+            target = replace(target, rpc_rate=cell.rate * 1e6, rpc_rtt_ns=2 * RPC_DELAY_MS * 1e6)
         p = predict.price(target, model, [sessions[c] for c in others], [])
         m = predict.measured(sessions[cell])
         shares = predict.measured_shares(sessions[cell])
@@ -187,7 +277,7 @@ def main() -> None:
 
     # speed: predict from one detailed log of 100 generation steps
     speed_s = float("nan")
-    if not args.vulkan:
+    if not (args.vulkan or args.rpc):
         with tempfile.TemporaryDirectory() as d:
             long_log = Path(d) / "long.log"
             run_cell(grid[0], base, 100, long_log)
@@ -242,7 +332,8 @@ def main() -> None:
     if share_lines:
         lines += [
             "",
-            "Where the time goes: each device's own time and the copies', as shares of their sum:",
+            "Where the time goes: each device's own time and the copies' (over RPC: the "
+            "network's, data moving while no device computed), as shares of their sum:",
         ]
         lines += share_lines
         lines.append(f"Largest difference {max(share_errs):.0f} points (target: within 10 points).")
@@ -251,7 +342,7 @@ def main() -> None:
         summary("gen") + " (target: median at most 15 %, none over 35 %).",
         summary("prompt") + " (target: median at most 20 %).",
     ]
-    if not args.vulkan:
+    if not (args.vulkan or args.rpc):
         lines.append(
             f"`predict` from one detailed log of 100 generation steps: {speed_s:.2f} s (target: "
             "under 5 s)."
@@ -263,7 +354,7 @@ def main() -> None:
     if args.write_docs:
         doc = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
         body = doc.read_text()
-        tag = "predict-vulkan" if args.vulkan else "predict"
+        tag = "predict-vulkan" if args.vulkan else "predict-rpc" if args.rpc else "predict"
         start, end = f"<!-- bench:{tag} -->", f"<!-- /bench:{tag} -->"
         i, j = body.index(start) + len(start), body.index(end)
         doc.write_text(body[:i] + "\n" + text + "\n" + body[j:])

@@ -12,9 +12,13 @@ logs it was fitted on, the measured time over the model's price of that step (it
 the prediction is scaled by each log's whole measured time over its whole price, the median over
 the logs (so that one log predicts itself), and bounded by the ratios' 10th and 90th
 percentiles, and by 5 % at least each way. On several devices each split adds its device's
-time beyond its ops and the copies into it (``converters.analysis.split_costs``). Whatever the
-logs have no measure for (an op on a device or at a thread count no log ran, a weight type never
-run, a split or a copy between devices no log made, an RPC device's network) is reported with
+time beyond its ops and the copies into it (``converters.analysis.split_costs``). An RPC server's
+ops are priced from the ops it timed itself, and its network command by command from the link the
+log measured or the one given (``--rpc-rate``, ``--rpc-rtt``: ``converters.analysis.net_costs``);
+a step over RPC lasts until its outputs are read (``token_time``), not until llama_decode returns.
+The log's RPC servers are stood in for on loopback to build the graphs (``rpc_standin``). Whatever
+the logs have no measure for (an op on a device or at a thread count no log ran, a weight type
+never run, a split or a copy between devices no log made, a link no log measured) is reported with
 what to run to measure it, and that speed is not given.
 """
 
@@ -29,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from llamacpp_instr import bindings, devices, offload, runner
+from llamacpp_instr.converters.analysis import net_costs
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
 from llamacpp_instr.converters.analysis.op_costs import (
     CostModel,
@@ -60,12 +65,23 @@ class Target:
     type_k: str = "f16"
     type_v: str = "f16"
     offload: offload.Offload = field(default_factory=offload.Offload)
+    # RPC servers the log ran on (stood in for while building graphs, unless offload.rpc names
+    # live ones), and the link to price them at: bits/s and round trip (ns), None for the log's
+    rpc_servers: int = 0
+    rpc_rate: float | None = None
+    rpc_rtt_ns: float | None = None
 
     def describe(self) -> str:
         depth = f" at depth {self.depth}" if self.depth else ""
+        servers = len(self.offload.rpc) or self.rpc_servers
+        link = ""
+        if servers:
+            rate = f"{self.rpc_rate / 1e6:g} Mbit/s" if self.rpc_rate else "the log's rate"
+            rtt = f"{self.rpc_rtt_ns / 1e6:g} ms" if self.rpc_rtt_ns is not None else "the log's"
+            link = f", {servers} RPC server(s) at {rate}, round trip {rtt}"
         return (
             f"{self.model.name}, {self.threads} threads, a {self.n_prompt}-token prompt "
-            f"(ubatch {self.n_ubatch}){depth}, {self.n_gen} generated"
+            f"(ubatch {self.n_ubatch}){depth}, {self.n_gen} generated{link}"
         )
 
 
@@ -89,6 +105,8 @@ class Prediction:
     by_device: dict[str, dict[str, float]] = field(default_factory=dict)
     by_op: dict[str, dict[str, float]] = field(default_factory=dict)
     graphs: int = 0  # graphs llama.cpp built for it
+    # per RPC device, the link its network was priced at: rate_bits_per_s, rtt_ns
+    links: dict[str, dict[str, float]] = field(default_factory=dict)
     not_covered: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -104,6 +122,7 @@ class Prediction:
             "by_device": self.by_device,
             "by_op": self.by_op,
             "graphs_built": self.graphs,
+            "rpc_links": self.links,
             "not_covered": self.not_covered,
         }
 
@@ -143,7 +162,10 @@ def default_target(sf: SessionFrames, model: Path | None) -> Target:
         devices=tuple(devs) if devs else None,
         tensor_split=tuple(split) if split else None,
     )
+    devs = sf.devices
+    n_rpc = int((devs["backend"].astype(str) == "RPC").sum()) if not devs.empty else 0
     return Target(
+        rpc_servers=n_rpc,
         model=path,
         threads=int(ctx.get("n_threads") or 1),
         n_prompt=int(prompt["n_tokens"].sum()),
@@ -194,8 +216,13 @@ class GraphBuilder:
         _logger.set_verbose(False)
         bindings.load()
         names = [d.name for d in devices.registry()]
-        devices.add_rpc_servers(t.offload.rpc)
-        placement = offload.prepare(t.offload)
+        placed = t.offload
+        if t.rpc_servers and not placed.rpc:
+            from llamacpp_instr import rpc_standin
+
+            placed = replace(placed, rpc=rpc_standin.endpoints(t.rpc_servers))
+        devices.add_rpc_servers(placed.rpc)
+        placement = offload.prepare(placed)
         self.prober = Prober(t.model, placement, names)
         self.target = t
         self.cache: dict[tuple[int, int], tuple[GraphCosts, list[str]]] = {}
@@ -252,6 +279,14 @@ def price(
 ) -> Prediction:
     """Price every compute of ``t`` with ``model`` (the graphs built by llama.cpp)."""
     out = Prediction(target=t, logs=names)
+    if t.rpc_rate is not None or t.rpc_rtt_ns is not None:
+        # the same servers on another link (module net_costs)
+        net = model.splits.net.with_link(t.rpc_rate, t.rpc_rtt_ns)
+        model = replace(model, splits=replace(model.splits, net=net))
+    out.links = {
+        d: {"rate_bits_per_s": lk.rate_bits, "rtt_ns": lk.rtt_ns}
+        for d, lk in sorted(model.splits.net.links.items())
+    }
     if not any(w.threads == t.threads for w in model.roofs if w.device == "CPU"):
         have = sorted({w.threads for w in model.roofs if w.device == "CPU"})
         out.not_covered.append(
@@ -271,19 +306,23 @@ def price(
                 )
         prompt, gen = computes(t)
         missing: dict[str, None] = {}
+        last: tuple[int, int] | None = None
+        plan_first = "prompt" if prompt else "gen"
         for kind, plan, tokens in (("prompt", prompt, t.n_prompt), ("gen", gen, t.n_gen)):
             if not plan:
                 continue
             total = 0.0
             dev_ns: dict[str, float] = defaultdict(float)
             op_ns: dict[str, float] = defaultdict(float)
-            counts: dict[tuple[int, int], int] = defaultdict(int)
+            # (a graph another than the previous compute's is sent whole to an RPC server)
+            counts: dict[tuple[int, int, bool], int] = defaultdict(int)
             for key in plan:
-                counts[key] += 1
+                counts[(key[0], key[1], key != last)] += 1
+                last = key
             ok = True
-            for (n_tok, kv), count in counts.items():
+            for (n_tok, kv, resend), count in counts.items():
                 gc, devs = builder.graph(n_tok, kv)
-                cost, extra, miss, lost = model.price_compute(gc, devs, t.threads, kind)
+                cost, extra, miss, lost = model.price_compute(gc, devs, t.threads, kind, resend)
                 for line in [_missing_line(m, t) for m in miss] + lost:
                     missing[line] = None
                     ok = False
@@ -295,6 +334,12 @@ def price(
                         op_ns[gc.labels[k]] += count * c
                 for d, v in extra.items():
                     dev_ns[d] += count * v
+            if kind == plan_first:
+                # the session's first step allocates its compute buffers on the RPC servers
+                setup = model.splits.net.setup_ns()
+                total += setup
+                if setup:
+                    dev_ns["network"] += setup
             out.graphs = len(builder.cache)
             if not ok or total <= 0:
                 continue
@@ -344,17 +389,24 @@ def measured_shares(sf: SessionFrames) -> dict[str, dict[str, float]]:
         return {}
     out: dict[str, dict[str, float]] = {}
     copies = sf.copies
+    rpc = net_costs.is_rpc_log(sf)
     for kind in ("prompt", "gen"):
         rows = ds[(ds["kind"].astype(str) == kind) & (ds["step"] >= 0)]
         if rows.empty:
             continue
         per = rows.groupby("device", observed=True)["compute_ns"].sum().astype(float).to_dict()
         steps = set(rows["step"].tolist())
-        per["copies"] = (
-            float(copies.loc[copies["step"].isin(steps), "dur_ns"].sum())
-            if copies is not None and not copies.empty
-            else 0.0
-        )
+        if rpc:
+            # the network: data moving on the connections while no device computed (a copy to
+            # or from a server is its commands, and its host time holds the server's compute)
+            tt = sf.token_time
+            per["network"] = float(tt.loc[tt["step"].isin(steps), "transfer_ns"].sum())
+        else:
+            per["copies"] = (
+                float(copies.loc[copies["step"].isin(steps), "dur_ns"].sum())
+                if copies is not None and not copies.empty
+                else 0.0
+            )
         total = sum(per.values()) or 1.0
         out[kind] = {str(d): v / total for d, v in sorted(per.items())}
     return out
@@ -364,8 +416,9 @@ def measured(sf: SessionFrames) -> dict[str, float | None]:
     """A log's own prompt and generation tokens/s (tokens over llama_decode time, per kind): what
     a prediction of its setting is checked against."""
     out: dict[str, float | None] = {}
+    took = net_costs.step_times(sf)
     for kind in ("prompt", "gen"):
         s = sf.steps[sf.steps["kind"].astype(str) == kind]
-        dur = float(s["dur_ns"].sum())
+        dur = float(sum(took[int(x)] for x in s["step"]))
         out[kind] = float(s["n_tokens"].sum()) * 1e9 / dur if dur > 0 else None
     return out

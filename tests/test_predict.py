@@ -209,3 +209,163 @@ def test_copy_costs_fit_the_copies_recorded() -> None:
     assert fitted.n == len(rows)
     assert fitted.per_byte == pytest.approx(slope, rel=1e-6)
     assert fitted.fixed == pytest.approx(intercept, rel=1e-6)
+
+
+# --- over RPC: a server on loopback behind a delay proxy (tests/netsim.py's loopback mode) ----
+
+RPC_DELAY_MS = 2.0  # each way
+RPC_CLIENT = """
+import sys
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from llamacpp_instr import offload, runner
+cfg = runner.RunConfig(model=Path({model!r}), prompt="one two three four five six seven eight",
+    n_predict=8, threads=1, n_ctx=256, level="detailed", out=Path({out!r}), ignore_eos=True,
+    offload=offload.Offload(gpu_layers=99, rpc=({endpoint!r},)))
+runner.run(cfg)
+print("{{}}")
+"""
+
+
+@pytest.fixture(scope="module")
+def rpc_log(instr_api: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A detailed run with every layer on one RPC server (loopback, 2 ms each way): weights of
+    0.5 to 2 MiB, so that the upload's big commands measure the link."""
+    import netsim
+    from rpc_backend import lib_dir
+    from tiny_gguf import write_tiny_model
+
+    d = tmp_path_factory.mktemp("predict-rpc")
+    model = write_tiny_model(
+        d / "tiny-rpc.gguf", n_layer=4, n_embd=512, n_head=8, n_head_kv=4, n_ff=1024, seed=3
+    )
+    log = d / "rpc.log"
+    server = netsim.server_command(lib_dir(), "{endpoint}")
+    with netsim.Network([(None, RPC_DELAY_MS, server)], loopback=True) as net:
+        code = RPC_CLIENT.format(
+            root=str(Path(__file__).resolve().parent.parent),
+            model=str(model),
+            out=str(log),
+            endpoint=net.endpoints[0],
+        )
+        net.run_client(code, timeout=600)
+    return log
+
+
+def _predict_json(*args: str) -> dict[str, Any]:
+    r = instr("predict", *args, "--format", "json")
+    assert r.returncode == 0, (args, r.stdout, r.stderr)
+    doc: dict[str, Any] = json.loads(r.stdout)
+    return doc
+
+
+def test_an_rpc_log_predicts_its_own_setting(rpc_log: Path) -> None:
+    """Over RPC a token lasts until its outputs are read: its window, not llama_decode's return.
+    The log's own setting, its server stood in for on loopback to build the graphs, comes back
+    within 5 % of that, with the network a share of the time."""
+    from llamacpp_instr import predict
+
+    sf = predict.load_session(rpc_log)
+    tt = sf.token_time
+    gen = tt[tt["kind"].astype(str) == "gen"]
+    assert len(gen) >= 5
+    measured_gen = len(gen) * 1e9 / float(gen["token_ns"].sum())
+    doc = _predict_json(str(rpc_log))
+    assert doc["not_covered"] == []
+    value = doc["gen_tokens_per_s"]["value"]
+    assert abs(value - measured_gen) / measured_gen < 0.05, (value, measured_gen)
+    prompt = predict.measured(sf)["prompt"]
+    assert prompt
+    assert abs(doc["prompt_tokens_per_s"]["value"] - prompt) / prompt < 0.05
+    shares = doc["by_device"]["gen"]
+    assert set(shares) == {"CPU", "RPC0", "network"}, shares
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares["network"] > 0 and shares["RPC0"] > 0
+    assert doc["setting"]["rpc_servers"] == 1
+
+
+def _gen_commands(rpc_log: Path) -> tuple[float, int]:
+    """From the raw records: the bytes (sent and received) and the round trips (commands with a
+    reply) of the generation steps' commands, in all."""
+    from support import read_log
+
+    recs = read_log(rpc_log)
+    kinds = {(r["ctx"], r["step"]): r["kind"] for r in recs if r["type"] == "step_begin"}
+    n_bytes = trips = steps = 0
+    for r in recs:
+        if r["type"] == "transfers" and r["phase"] == "step":
+            if kinds.get((r["ctx"], r["step"])) == "gen":
+                steps += 1
+                n_bytes += sum(row[4] + row[5] for row in r["rows"])
+                trips += sum(1 for row in r["rows"] if row[5] > 0)
+    assert steps >= 5
+    return float(n_bytes), trips
+
+
+def test_a_slower_link_costs_what_the_model_says(rpc_log: Path) -> None:
+    """Re-priced at three rates (the round trip given too), generation is slower and the network
+    a larger share the slower the link. The generation steps' network is their commands' round
+    trips times the round trip plus their bytes at the rate, the commands read here from the raw
+    records: the shares at the other rates follow from the first's (the devices' time is the
+    same at every rate), and the time per token moves between rates in proportion to that
+    network time, whatever the compute and the host cost."""
+    n_bytes, trips = _gen_commands(rpc_log)
+    assert trips >= 5 and n_bytes > 1000
+    rtt_ns = 1e6
+    rates = (1e9, 100e6, 10e6)
+    docs = [
+        _predict_json(str(rpc_log), "--rpc-rate", f"{r / 1e6:g}M", "--rpc-rtt", "1ms")
+        for r in rates
+    ]
+    net = [trips * rtt_ns + n_bytes * 8e9 / r for r in rates]  # ns, all generation steps
+    gen = [d["gen_tokens_per_s"]["value"] for d in docs]
+    share = [d["by_device"]["gen"]["network"] for d in docs]
+    assert gen[0] > gen[1] > gen[2]
+    assert share[0] < share[1] < share[2]
+    for d in docs:
+        assert set(d["rpc_links"]) == {"RPC0"}
+        assert d["rpc_links"]["RPC0"]["rtt_ns"] == pytest.approx(rtt_ns)
+        assert d["rpc_links"]["RPC0"]["rate_bits_per_s"] in [pytest.approx(r) for r in rates]
+    rest = net[0] * (1 - share[0]) / share[0]
+    for k in (1, 2):
+        assert share[k] == pytest.approx(net[k] / (rest + net[k]), rel=0.03), (k, share)
+    per_token = [1 / g for g in gen]
+    moved = (per_token[2] - per_token[0]) / (per_token[1] - per_token[0])
+    assert moved == pytest.approx((net[2] - net[0]) / (net[1] - net[0]), rel=0.01)
+
+
+def test_bad_link_values_are_one_line(rpc_log: Path, tiny_detailed: RunLog) -> None:
+    cases = [
+        ([str(rpc_log), "--rpc-rate", "fast"], "--rpc-rate"),
+        ([str(rpc_log), "--rpc-rate", "0"], "--rpc-rate"),
+        ([str(rpc_log), "--rpc-rate", "-5M"], "--rpc-rate"),
+        ([str(rpc_log), "--rpc-rtt", "2"], "--rpc-rtt"),
+        ([str(rpc_log), "--rpc-rtt", "-1ms"], "--rpc-rtt"),
+        ([str(tiny_detailed.path), "--rpc-rate", "1G"], "ran on none"),
+    ]
+    for args, words in cases:
+        r = instr("predict", *args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert words in r.stderr, (args, r.stderr)
+        assert "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_link_values_parse_with_their_units() -> None:
+    from llamacpp_instr.converters.analysis.net_costs import parse_duration_ns, parse_rate
+
+    assert parse_rate("100M") == 100e6
+    assert parse_rate("1G") == 1e9
+    assert parse_rate("2.5Gbit") == 2.5e9
+    assert parse_rate("50mbit") == 50e6
+    assert parse_rate("800k") == 800e3
+    assert parse_duration_ns("2ms") == 2e6
+    assert parse_duration_ns("500us") == 500e3
+    assert parse_duration_ns("0.1s") == 1e8
+    assert parse_duration_ns("0ms") == 0.0
+    for bad in ("", "M", "1X", "nan", "inf"):
+        with pytest.raises(ValueError):
+            parse_rate(bad)
+    for bad in ("", "2", "ms", "-1ms", "infms"):
+        with pytest.raises(ValueError):
+            parse_duration_ns(bad)

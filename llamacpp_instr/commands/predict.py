@@ -60,14 +60,30 @@ if TYPE_CHECKING:
 )
 @offload_options()
 @click.option(
+    "--rpc-rate",
+    "rpc_rate",
+    metavar="RATE",
+    default=None,
+    help="Price the RPC servers' network at this rate, in bits/s (100M, 1G, 2.5Gbit); the "
+    "log's measured rate without it.",
+)
+@click.option(
+    "--rpc-rtt",
+    "rpc_rtt",
+    metavar="TIME",
+    default=None,
+    help="Price the RPC servers' network at this round trip (2ms, 500us); the log's measured "
+    "one without it.",
+)
+@click.option(
     "--format",
     "fmt",
     type=click.Choice(["text", "json"]),
     default="text",
     show_default=True,
     help="text: tokens/s and where the time goes; json: prompt_tokens_per_s and "
-    "gen_tokens_per_s as {value, low, high}, by_device, by_op, not_covered (a list of such "
-    "objects for several --quant).",
+    "gen_tokens_per_s as {value, low, high}, by_device (with network over RPC), by_op, rpc_links, "
+    "not_covered (a list of such objects for several --quant).",
 )
 def command(
     logs: tuple[Path, ...],
@@ -80,6 +96,8 @@ def command(
     model: Path | None,
     quants: tuple[str, ...],
     offload: Offload,
+    rpc_rate: str | None,
+    rpc_rtt: str | None,
     fmt: str,
 ) -> None:
     """Predict prompt and generation tokens/s for a setting not run, from LOGS (detailed logs of
@@ -90,15 +108,33 @@ def command(
     every ubatch the run would compute, at the KV size it would have. Each op is priced from the
     ops the logs measured of its kind, on its device, at its thread count: an efficiency against
     the device's roofs and a fixed cost per op, fitted per op class; on several devices each split
-    adds its device's time beyond its ops and the copies into it, as the logs measured them. The
-    result is a prediction, with an interval from the model's spread on the logs' own steps. What
-    no log measured (another thread count, a weight type never run, a device, an RPC device's
-    network) is listed with the run that would measure it, and that speed is not given (exit 2).
+    adds its device's time beyond its ops and the copies into it, as the logs measured them. An
+    RPC server's ops are priced from the ops it timed, and its network per command: round trips
+    times the link's round trip plus bytes at its rate, the link measured in the log unless
+    --rpc-rate or --rpc-rtt give another (a log's RPC servers are stood in for on loopback to build
+    the graphs, unless --rpc names live ones). The result is a prediction, with an interval from the model's
+    spread on the logs' own steps. What no log measured (another thread count, a weight type
+    never run, a device) is listed with the run that would measure it, and that speed is not
+    given (exit 2).
     """
     from llamacpp_instr import models, predict
     from llamacpp_instr.commands.fit import _files
+    from llamacpp_instr.converters.analysis import net_costs
     from llamacpp_instr.converters.errors import UserError
 
+    rate_bits = rtt_ns = None
+    try:
+        rate_bits = net_costs.parse_rate(rpc_rate) if rpc_rate is not None else None
+    except ValueError:
+        raise UserError(
+            f"--rpc-rate takes a rate in bits/s above 0 (100M, 1G, 2.5Gbit), not {rpc_rate!r}"
+        ) from None
+    try:
+        rtt_ns = net_costs.parse_duration_ns(rpc_rtt) if rpc_rtt is not None else None
+    except ValueError:
+        raise UserError(
+            f"--rpc-rtt takes a time of at least 0 with its unit (2ms, 500us), not {rpc_rtt!r}"
+        ) from None
     if model is not None:
         models.check_gguf(model)
     sessions = predict.load_logs(list(logs))
@@ -110,6 +146,8 @@ def command(
         "n_prompt": n_prompt,
         "n_gen": n_predict,
         "depth": depth,
+        "rpc_rate": rate_bits,
+        "rpc_rtt_ns": rtt_ns,
     }
     base = replace(base, **{k: v for k, v in changes.items() if v is not None})
     # the log's placement, unless one is given here
@@ -117,6 +155,11 @@ def command(
     given = ("gpu_layers", "device", "rpc", "tensor_split")
     if any(ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE for p in given):
         base = replace(base, offload=offload)
+    if (rate_bits is not None or rtt_ns is not None) and not (base.rpc_servers or base.offload.rpc):
+        raise UserError(
+            "--rpc-rate and --rpc-rtt price RPC servers' network: the log ran on none, and "
+            "--rpc names none"
+        )
     files = _files(base.model, quants) if quants else [("", base.model)]
     cost_model = predict.fit(sessions)
     names = [str(p) for p in logs]
@@ -151,6 +194,12 @@ def render(p: Prediction) -> str:
         top = ", ".join(f"{op} {share:.0%}" for op, share in list(ops.items())[:5])
         devs = ", ".join(f"{d} {s:.0%}" for d, s in p.by_device.get(kind, {}).items())
         lines.append(f"  where {name} time goes: {top}; by device: {devs}")
+    if p.links and any("network" in d for d in p.by_device.values()):
+        links = ", ".join(
+            f"{d} {lk['rate_bits_per_s'] / 1e6:.4g} Mbit/s, round trip {lk['rtt_ns'] / 1e6:.3g} ms"
+            for d, lk in p.links.items()
+        )
+        lines.append(f"  network priced at: {links}")
     lines.append(
         f"  from {len(p.logs)} log(s) ({', '.join(Path(x).name for x in p.logs)}); "
         f"{p.graphs} graph(s) built by llama.cpp without weights. A prediction, not a "

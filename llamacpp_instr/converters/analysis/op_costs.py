@@ -35,7 +35,7 @@ import pandas as pd
 
 from ..reading.decode.graphs import Graph, Node
 from ..session import derive
-from . import split_costs
+from . import net_costs, split_costs
 
 _LAYER_SUFFIX = re.compile(r"-\d+$")
 
@@ -207,16 +207,24 @@ class CostModel:
         return out, list(missing)
 
     def price_compute(
-        self, gc: GraphCosts, devices: Sequence[str], threads: int, kind: str
+        self,
+        gc: GraphCosts,
+        devices: Sequence[str],
+        threads: int,
+        kind: str,
+        resend: bool = True,
     ) -> tuple[np.ndarray, dict[str, float], list[tuple[str, str, str, str]], list[str]]:
         """One compute of a graph in a ``kind`` step: each node's time, the time beyond the ops
         of its splits per device and of its copies (``split_costs``, where it runs on several
-        devices), the op classes no log has and what else no log has."""
+        devices; ``resend``: another graph than the previous compute's, sent whole to an RPC
+        server), the op classes no log has and what else no log has."""
         cost, missing = self.price(gc, devices, threads)
         used = {d for d, nop in zip(devices, gc.noop, strict=False) if not nop}
         if len(used) <= 1:
             return cost, {}, missing, []
-        extra, lost = split_costs.across_devices(gc.graph, gc.noop, devices, self.splits, kind)
+        extra, lost = split_costs.across_devices(
+            gc.graph, gc.noop, devices, self.splits, kind, resend
+        )
         return cost, extra, missing, lost
 
     def lookup(self, where: Where, tokens: str, label: str, typ: str, role_: str) -> Fit | None:
@@ -393,12 +401,13 @@ def fit(sessions: Iterable[Any]) -> CostModel:
         per_step = df.groupby("step").agg(op_ns=("dur", "sum"), computes=("ubatch", "nunique"))
         on_devices = split_costs.device_time(sf)
         steps = sf.steps.set_index("step")
+        took = net_costs.step_times(sf)
         for step, row in per_step.iterrows():
             if step not in steps.index:
                 continue
             s = steps.loc[step]
             inside = on_devices.get(int(step), float(row["op_ns"]))
-            extra = (float(s["dur_ns"]) - inside) / max(int(row["computes"]), 1)
+            extra = (took[int(step)] - inside) / max(int(row["computes"]), 1)
             overhead_rows.append((Where("CPU", threads), str(s["kind"]), max(extra, 0.0)))
     if not parts:
         return CostModel(fits={}, roofs={}, fused=set(), overhead={})
@@ -446,26 +455,33 @@ def _self_check(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) 
         threads = threads_of(sf)
         if sf.ops.empty:
             continue
-        priced: dict[tuple[int, str], float] = {}
+        priced: dict[tuple[int, str, bool], float] = {}
         computes = sf.ops[["step", "ubatch", "graph"]].drop_duplicates()
+        last = -1  # the graph of the previous compute (the same one is not sent again over RPC)
         steps = sf.steps.set_index("step")
         kinds = steps["kind"].astype(str)
         pred: dict[int, float] = defaultdict(float)
         for step, _ub, gid in computes.itertuples(index=False):
             kind = str(kinds.get(step, ""))
+            resend, last = int(gid) != last, int(gid)
             if int(gid) not in log_g or kind not in ("prompt", "gen"):
                 continue
-            if (int(gid), kind) not in priced:
+            key = (int(gid), kind, resend)
+            if key not in priced:
                 gc, devs = log_g[int(gid)]
-                t, extra, missing, lost = model.price_compute(gc, devs, threads, kind)
+                t, extra, missing, lost = model.price_compute(gc, devs, threads, kind, resend)
                 ok = not missing and not lost
-                priced[(int(gid), kind)] = float(t.sum() + sum(extra.values())) if ok else np.nan
-            p_graph = priced[(int(gid), kind)]
+                priced[key] = float(t.sum() + sum(extra.values())) if ok else np.nan
+            p_graph = priced[key]
             pred[step] += p_graph + model.overhead.get((Where("CPU", threads), kind), 0.0)
+        if pred and net_costs.is_rpc_log(sf):
+            # the session's first step allocated its compute buffers on the servers
+            pred[min(pred)] += model.splits.net.setup_ns()
         mine: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        took = net_costs.step_times(sf)
         for step, p in pred.items():
             if p > 0:
-                mine[str(kinds[step])].append((float(steps.loc[step, "dur_ns"]), p))
+                mine[str(kinds[step])].append((took[int(step)], p))
         for kind, pairs in mine.items():
             out[kind] += pairs
             a = np.asarray(pairs)

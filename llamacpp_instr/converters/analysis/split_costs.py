@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..reading.decode.graphs import Graph
+from . import net_costs
 
 
 @dataclass
@@ -50,6 +51,8 @@ class SplitCosts:
 
     extra: dict[tuple[str, str], float] = field(default_factory=dict)
     links: dict[tuple[str, str], Link] = field(default_factory=dict)
+    # the RPC devices' links
+    net: net_costs.NetCosts = field(default_factory=net_costs.NetCosts)
 
 
 def _link(sizes: np.ndarray, durs: np.ndarray) -> Link:
@@ -70,6 +73,7 @@ def several_devices(sf: Any) -> bool:
 
 def fit(sessions: Iterable[Any]) -> SplitCosts:
     """The split and copy costs of the sessions that ran on several devices."""
+    sessions = list(sessions)
     extras: dict[tuple[str, str], list[float]] = defaultdict(list)
     copies: dict[tuple[str, str], tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
     for sf in sessions:
@@ -90,6 +94,7 @@ def fit(sessions: Iterable[Any]) -> SplitCosts:
     out = SplitCosts()
     out.extra = {k: float(np.median(v)) for k, v in extras.items() if v}
     out.links = {k: _link(np.asarray(b), np.asarray(d)) for k, (b, d) in copies.items() if b}
+    out.net = net_costs.fit(sessions)
     return out
 
 
@@ -98,6 +103,12 @@ def device_time(sf: Any) -> dict[int, float]:
     the step that is not the host's own work."""
     if not several_devices(sf):
         return {}
+    if net_costs.is_rpc_log(sf):
+        # the step's window less the host's own part: its devices' compute and the network's
+        # time while none computed (``token_time``)
+        tt = sf.token_time[sf.token_time["step"].notna()]
+        inside = tt["token_ns"].astype(float) - tt["host_ns"].astype(float)
+        return {int(s): float(v) for s, v in zip(tt["step"], inside, strict=True)}
     ds = sf.device_steps[sf.device_steps["step"] >= 0]
     out = ds.groupby("step")["compute_ns"].sum().astype(float).to_dict()
     cp = sf.copies
@@ -134,13 +145,37 @@ def _root(g: Graph, j: int) -> int:
 
 
 def across_devices(
-    g: Graph, noop: Sequence[bool] | np.ndarray, devs: Sequence[str], costs: SplitCosts, kind: str
+    g: Graph,
+    noop: Sequence[bool] | np.ndarray,
+    devs: Sequence[str],
+    costs: SplitCosts,
+    kind: str,
+    resend: bool = True,
 ) -> tuple[dict[str, float], list[str]]:
-    """A graph split across devices: the time of its splits beyond their ops, per device, and of
-    the copies into them (under ``copies``); and what no log has (module docstring)."""
+    """A graph split across devices: the time of its splits beyond their ops, per device, of the
+    copies into them (under ``copies``) and of the commands sent to RPC servers (under
+    ``network``: ``net_costs``; ``resend``: the graph is not the one the previous compute ran, so
+    each server is sent it whole); and what no log has (module docstring)."""
     extra: dict[str, float] = defaultdict(float)
     lost: list[str] = []
     run = [k for k in range(len(g.nodes)) if not noop[k]]
+    by_name = {g.nodes[k].name: k for k in run}
+
+    def link(dev: str) -> net_costs.Link | None:
+        found = costs.net.link(dev)
+        if found is None:
+            lost.append(
+                f"the network to {dev}: no log measured its link (an RPC run's log has it, or "
+                "give --rpc-rate and --rpc-rtt)"
+            )
+        return found
+
+    def read_back(dev: str, n_bytes: int) -> None:
+        """A get_tensor from an RPC device: one round trip and the bytes."""
+        lk = link(dev)
+        if lk is not None:
+            extra["network"] += lk.time(net_costs.GET_SENT + n_bytes + net_costs.GET_FRAME, 1)
+
     k0 = 0
     while k0 < len(run):
         dev = devs[run[k0]]
@@ -148,12 +183,11 @@ def across_devices(
         while k1 < len(run) and devs[run[k1]] == dev:
             k1 += 1
         split_extra = costs.extra.get((dev, kind))
-        if dev.startswith("RPC"):
-            lost.append(f"the network to {dev} (graph sends, round trips): not yet predicted")
-        elif split_extra is None:
+        if split_extra is None:
             lost.append(f"a split on {dev} in {kind} steps: no log ran one")
         else:
             extra[dev] += split_extra
+        rpc = dev.startswith("RPC")
         copied: dict[str, tuple[str, int]] = {}
         for k in run[k0:k1]:
             for s in g.nodes[k].src:
@@ -163,11 +197,49 @@ def across_devices(
                         copied[g.nodes[j].name] = (devs[j], g.nodes[j].bytes)
                 elif s.get("kind") == "input" and dev != "CPU":
                     copied[str(s.get("name"))] = ("CPU", int(s.get("bytes", 0)))
+                elif rpc and s.get("kind") == "other" and "#" in str(s.get("name")):
+                    # the scheduler's copy onto this device (DEV[...]#inp_pos#0): of another
+                    # device's node, or of an input llama.cpp set on the host (positions, mask)
+                    base = str(s.get("name")).split("#")[1]
+                    j = by_name.get(base, -1)
+                    src_dev = devs[j] if j >= 0 else "CPU"
+                    if src_dev != dev:
+                        copied[base] = (src_dev, int(s.get("bytes", 0)))
         for src_dev, n_bytes in copied.values():
-            link = costs.links.get((src_dev, dev))
-            if link is None:
+            if src_dev.startswith("RPC"):
+                read_back(src_dev, n_bytes)  # read from its server, then sent on (below)
+            if rpc:
+                lk = link(dev)
+                if lk is not None:
+                    extra["network"] += lk.time(net_costs.SET_FRAME + n_bytes)
+                continue
+            if src_dev.startswith("RPC"):
+                continue
+            cp = costs.links.get((src_dev, dev))
+            if cp is None:
                 lost.append(f"copies from {src_dev} to {dev}: no log made one")
             else:
-                extra["copies"] += link.time(n_bytes)
+                extra["copies"] += cp.time(n_bytes)
+        if rpc:
+            lk = link(dev)
+            if lk is not None:
+                # the graph the server already holds is computed again (graph_recompute)
+                n_nodes = run[k1 - 1] - run[k0] + 1
+                sent = costs.net.node_bytes * n_nodes if resend else net_costs.RECOMPUTE_SENT
+                extra["network"] += lk.time(sent)
         k0 = k1
+    # the program reads the logits (the graph's output) from the device that made them
+    out = _output(g, noop)
+    if out is not None and devs[out].startswith("RPC"):
+        read_back(devs[out], g.nodes[out].bytes)
     return dict(extra), sorted(set(lost))
+
+
+def _output(g: Graph, noop: Sequence[bool] | np.ndarray) -> int | None:
+    """The node whose values the program reads after the compute: ``result_output`` (the
+    logits), else the graph's last node that runs."""
+    for k in range(len(g.nodes) - 1, -1, -1):
+        if g.nodes[k].name == "result_output":
+            return k
+    run = [k for k in range(len(g.nodes)) if not noop[k]]
+    return run[-1] if run else None

@@ -150,18 +150,25 @@ class DeviceBuilder:
 
     def _frame(self, name: str) -> pd.DataFrame:
         cols = _COLS[name]
-        df = pd.DataFrame(self.rows[name], columns=cols)
-        for c in cols:
+        rows = self.rows[name]
+        if not rows:  # (no rows to take the columns of)
+            df = pd.DataFrame(rows, columns=cols)
+            data = [df[c] for c in cols]
+        else:  # column by column: pandas' inference over rows of tuples cost more than the rest
+            data = list(zip(*rows, strict=True))
+        out: dict[str, Any] = {}
+        for c, v in zip(cols, data, strict=True):
             if c in _DEVICE_COLS:
-                df[c] = self.device_column([df[c].to_numpy(np.int64)], len(df))
+                out[c] = self.device_column([np.asarray(v, dtype=np.int64)], len(v))
             elif c in _TEXT_COLS:
-                df[c] = df[c].astype("category")
+                out[c] = pd.Series(v, dtype=object).astype("category")
             elif c == "timed":
-                df[c] = df[c].astype(bool)
+                out[c] = np.asarray(v, dtype=bool)
             elif c == "share":
-                df[c] = df[c].astype("float64")
+                out[c] = np.asarray(v, dtype=np.float64)
             else:
-                df[c] = df[c].astype("int64")
+                out[c] = np.asarray(v, dtype=np.int64)
+        df = pd.DataFrame(out, columns=cols)
         if "step" in cols:
             df["step"] = df["step"].where(df["step"] >= 0).astype("Int64")
         return df

@@ -161,7 +161,9 @@ def compute_devices(c: Compute, cpu: int) -> list[int]:
 def union(intervals: Iterable[Interval]) -> list[Interval]:
     """Sorted, merged, non-empty intervals."""
     out: list[Interval] = []
-    for a, b in sorted(iv for iv in intervals if iv[1] > iv[0]):
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
         if out and a <= out[-1][1]:
             if b > out[-1][1]:
                 out[-1] = (out[-1][0], b)
@@ -172,6 +174,8 @@ def union(intervals: Iterable[Interval]) -> list[Interval]:
 
 def measure(u: Sequence[Interval]) -> int:
     """The length of merged intervals."""
+    if len(u) == 1:  # (the common case: one stretch)
+        return u[0][1] - u[0][0]
     return sum(b - a for a, b in u)
 
 
@@ -278,26 +282,39 @@ def step_window(step: Step) -> Interval:
 def _add_compute(c: Compute, devs: Devices, get: Any, work: dict[int, list[Interval]]) -> None:
     """A compute's ops, layers, copies and own-timed work, per device."""
     cpu = devs.cpu
-    if len(c.op_node):
-        od = op_devices(c, cpu)
-        dur = np.asarray(c.op_dur, dtype=np.int64)
-        for d in np.unique(od).tolist():
-            sel = od == d
+    p = c.place
+    n = len(c.op_node)
+    if n and (p is None or not p.splits):  # every op the CPU backend's
+        ds = get(cpu)
+        ds.n_ops += n
+        ds.op_ns += int(np.asarray(c.op_dur, dtype=np.int64).sum())
+    elif n:  # (a few dozen ops: a loop costs less than numpy's calls per device)
+        acc: dict[int, list[int]] = {}
+        dur = np.asarray(c.op_dur, dtype=np.int64).tolist()
+        for d, x in zip(op_devices(c, cpu).tolist(), dur, strict=True):
+            a = acc.get(d)
+            if a is None:
+                acc[d] = [1, x]
+            else:
+                a[0] += 1
+                a[1] += x
+        for d in sorted(acc):  # (in device order, as they were first met)
             ds = get(d)
-            ds.n_ops += int(sel.sum())
-            ds.op_ns += int(dur[sel].sum())
+            ds.n_ops += acc[d][0]
+            ds.op_ns += acc[d][1]
     for lay, d in zip(c.layers, layer_devices(c, cpu).tolist(), strict=True):
         ds = get(d)
         ds.layer_ns += lay.dur
         ds.layers.add(lay.layer)
-    p = c.place
     if p is None:
         return
     for cp in p.copies:
-        for d, attr in ((cp.dst, "copy_in_bytes"), (cp.src, "copy_out_bytes")):
-            ds = get(d)
-            setattr(ds, attr, getattr(ds, attr) + cp.bytes)
-            ds.copy_ns += cp.dur
+        ds = get(cp.dst)
+        ds.copy_in_bytes += cp.bytes
+        ds.copy_ns += cp.dur
+        ds = get(cp.src)
+        ds.copy_out_bytes += cp.bytes
+        ds.copy_ns += cp.dur
     for b in p.busy:
         work.setdefault(b.device, []).append((b.start, b.start + b.dur))
     for r in p.remote:
@@ -335,8 +352,10 @@ def _outstanding(c: Compute) -> dict[int, tuple[list[Interval], list[int]]]:
 def _transfer_rows(rows: Iterable[TransferRow], get: Any) -> dict[int, list[Interval]]:
     """Commands per device: bytes and counts, and their intervals on the connection."""
     net: dict[int, list[Interval]] = {}
+    last: DeviceStep | None = None
     for r in rows:
-        ds = get(r.device)
+        ds = last if last is not None and last.device == r.device else get(r.device)
+        last = ds
         ds.rpc = True
         ds.n_cmds += 1
         ds.sent_bytes += r.sent

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..reading.decode.columns import LayerSpan
 from ..reading.decode.computes import Compute
-from ..reading.decode.devices import Split
+from ..reading.decode.devices import Placement, Split
 from ..reading.decode.sessions import SessionInfo
 from ..reading.decode.steps import Step
 from ..session import device_time as dt
@@ -98,16 +98,22 @@ class DeviceTracks:
         head.ts, head.dur = lo, hi - lo
         yield head
         flow_of = self._flows(c, step)
-        for k, s in enumerate(splits):
-            yield self._split(k, s, c, track, flow_of.get(k))
+        if splits:
+            assert p is not None
+            copied, started = _per_split(p)
+            for k, s in enumerate(splits):
+                yield self._split(
+                    k, s, copied.get(k, (0, 0)), started.get(k), track, flow_of.get(k)
+                )
         cpu = self.devs.cpu
         od = dt.op_devices(c, cpu) if len(c.op_node) else None
+        extents = op_extents(c, od) if od is not None else {}
         ld = dt.layer_devices(c, cpu).tolist()
         for d in dt.compute_devices(c, cpu):
             yield from self.lanes.device_track(d)
             spans = [lay for lay, x in zip(c.layers, ld, strict=True) if x == d]
             mask = od == d if od is not None else None
-            head_d = self._device_slice(c, d, spans, mask)
+            head_d = self._device_slice(c, d, spans, extents.get(d, (0, 0, 0)))
             if head_d is not None:
                 yield from self.lay.compute_batch(head_d, c, spans, stats, flows, mask)
         if p is not None:
@@ -115,18 +121,19 @@ class DeviceTracks:
             yield from self._busy(c, flow_of)
             yield from self._remote(c, flow_of)
 
-    def _device_slice(self, c: Compute, d: int, spans: list[Any], mask: Any) -> Slice | None:
-        """Device ``d``'s part of ``c``: from its first layer or op to its last."""
+    def _device_slice(
+        self, c: Compute, d: int, spans: list[Any], ops: tuple[int, int, int]
+    ) -> Slice | None:
+        """Device ``d``'s part of ``c``: from its first layer or op to its last (``ops``: its
+        ops' count, first start and last end, ``op_extents``)."""
         starts = [s.start for s in spans]
         ends = [s.start + s.dur for s in spans]
-        if mask is not None and mask.any():
-            st = np.asarray(c.op_start)[mask]
-            en = st + np.asarray(c.op_dur)[mask]
-            starts.append(int(st.min()))
-            ends.append(int(en.max()))
+        n_ops = ops[0]
+        if n_ops:
+            starts.append(ops[1])
+            ends.append(ops[2])
         if not starts:
             return None
-        n_ops = int(mask.sum()) if mask is not None else 0
         args = {
             "ubatch": c.ubatch,
             "graph": c.graph.id if c.graph else -1,
@@ -156,25 +163,30 @@ class DeviceTracks:
             if k >= 0
         }
 
-    def _split(self, k: int, s: Split, c: Compute, track: int, flow: int | None) -> Slice:
-        p = c.place
-        assert p is not None
-        copies = [cp for cp in p.copies if cp.split == k]
+    def _split(
+        self,
+        k: int,
+        s: Split,
+        copied: tuple[int, int],
+        started: int | None,
+        track: int,
+        flow: int | None,
+    ) -> Slice:
+        """Split ``k``'s slice (``copied``: its copies' count and bytes; ``started``: when its
+        device began it, if the device timed it: ``_per_split``)."""
+        dev = self.devs[s.device]
         args: dict[str, Any] = {
             "split": k,
-            "device": self.devs[s.device].label,
+            "device": dev.label,
             "nodes": f"{s.i_start}..{s.i_end}",
             "inputs_ns": s.launch - s.start,
             "launch_ns": s.end - s.launch,
-            "n_copies": len(copies),
-            "copy_bytes": sum(cp.bytes for cp in copies),
+            "n_copies": copied[0],
+            "copy_bytes": copied[1],
         }
-        starts = [b.start for b in p.busy if b.split == k] + [
-            r.start for r in p.remote if r.split == k
-        ]
-        if starts:
-            args["device_start_ns"] = min(starts) - s.launch  # the gap: host launch to device
-        name = f"split {k} {self.devs[s.device].name}"
+        if started is not None:
+            args["device_start_ns"] = started - s.launch  # the gap: host launch to device
+        name = f"split {k} {dev.name}"
         return Slice(
             track, name, s.start, s.end - s.start, 2, "split", args, (flow,) if flow else ()
         )
@@ -270,3 +282,37 @@ def as_items(rows: SliceRows, bulk: bool) -> Iterator[Item | SliceRows]:
         yield rows
     else:
         yield from rows.items()
+
+
+def op_extents(c: Compute, od: Any) -> dict[int, tuple[int, int, int]]:
+    """Per device of ``od`` (``device_time.op_devices``): its ops' count, first start and last
+    end (a few dozen ops a compute: one loop costs less than numpy's calls per device)."""
+    acc: dict[int, list[int]] = {}
+    start = np.asarray(c.op_start).tolist()  # (object arrays too: times past 2**62)
+    dur = np.asarray(c.op_dur).tolist()
+    for d, s, u in zip(od.tolist(), start, dur, strict=True):
+        e = s + u
+        x = acc.get(d)
+        if x is None:
+            acc[d] = [1, s, e]
+            continue
+        x[0] += 1
+        if s < x[1]:
+            x[1] = s
+        if e > x[2]:
+            x[2] = e
+    return {d: (x[0], x[1], x[2]) for d, x in acc.items()}
+
+
+def _per_split(p: Placement) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
+    """Per split: its copies' count and bytes, and the first start of the work its device timed
+    (command buffers, remote graphs), in one pass over each list."""
+    copied: dict[int, tuple[int, int]] = {}
+    for cp in p.copies:
+        n, b = copied.get(cp.split, (0, 0))
+        copied[cp.split] = (n + 1, b + cp.bytes)
+    started: dict[int, int] = {}
+    for k, t in [(b.split, b.start) for b in p.busy] + [(r.split, r.start) for r in p.remote]:
+        if k not in started or t < started[k]:
+            started[k] = t
+    return copied, started

@@ -11,11 +11,13 @@ for the flush (``encode``).
 
 from __future__ import annotations
 
+import struct
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
-from ..items import Slice, SliceRows
+from ..items import SliceRows
 from .events import EventFields
 from .packets import Interner
 from .pieces import Pieces
@@ -26,7 +28,9 @@ from .protowire import (
     I64_END,
     TE_CATEGORIES,
     TE_DEBUG_ANNOTATIONS,
+    TE_FLOW_IDS,
     TE_NAME_IID,
+    TE_TERMINATING_FLOW_IDS,
     TE_TRACK_UUID,
     TE_TYPE,
     TRACK_EVENT,
@@ -44,13 +48,14 @@ class Pending:
     """The slices of one category and arg names whose begins wait for the flush, as columns, and
     where their rows are (indices into the batch's small rows)."""
 
-    __slots__ = ("tracks", "names", "args", "at")
+    __slots__ = ("tracks", "names", "args", "at", "flows")
 
     def __init__(self) -> None:
         self.tracks: list[int] = []
         self.names: list[str] = []
         self.args: list[dict[str, Any]] = []  # made columns at the flush
         self.at: list[int] = []
+        self.flows: list[bytes] = []  # per row: its flow ids' fields (``flow_fields``), or b""
 
 
 # per batch: (category, arg names) -> its pending slices
@@ -83,7 +88,14 @@ class Begins:
             self.arg_sets.add(ks)
 
     def note(
-        self, pending: PendingSet, at: int, track: int, name: str, category: str, args: Any
+        self,
+        pending: PendingSet,
+        at: int,
+        track: int,
+        name: str,
+        category: str,
+        args: Any,
+        flows: bytes = b"",
     ) -> None:
         """A slice whose begin is small row ``at``: interned now (as ``EventFields.begin``
         would: its name, then its arg names), encoded at the flush."""
@@ -97,6 +109,7 @@ class Begins:
         g.names.append(name)
         g.args.append(args)
         g.at.append(at)
+        g.flows.append(flows)
 
     def encode(self, batches: list[Any]) -> None:
         """Put the begins that waited in the batches' small rows."""
@@ -110,6 +123,7 @@ class Begins:
                 p.tracks += g.tracks
                 p.names += g.names
                 p.args += g.args
+                p.flows += g.flows
                 small = b.small
                 rows += [(small, i) for i in g.at]
             b.pending = {}
@@ -125,8 +139,11 @@ class Begins:
 
     def _codes(self, values: list[Any], encode: Any, cache: dict[Any, bytes] | None) -> Any:
         """Codes into the distinct values' encodings (``encode(value)``)."""
-        index: dict[Any, int] = {}
-        codes = np.array([index.setdefault(v, len(index)) for v in values], dtype=np.int64)
+        # the distinct values in the order first met, then each value's code (in C loops)
+        index: dict[Any, int] = dict.fromkeys(values, 0)
+        for j, v in enumerate(index):
+            index[v] = j
+        codes = np.fromiter(map(index.__getitem__, values), dtype=np.int64, count=len(values))
         if cache is None:
             return codes, [encode(v) for v in index]
         table = []
@@ -147,8 +164,15 @@ class Begins:
         codes, table = self._codes(p.names, lambda s: TE_NAME_IID + varint(i.names[s]), self.names)
         te.pick(codes, table)
         te.const(ld(TE_CATEGORIES, category.encode()))
-        for k in ks:
-            self._arg(te, DA_NAME_IID + varint(i.arg_names[k]), [a[k] for a in p.args])
+        if ks:  # the args' columns in one pass (a list per arg name cost more)
+            if len(ks) > 1:
+                cols: Any = zip(*map(itemgetter(*ks), p.args), strict=True)
+            else:
+                cols = [[a[ks[0]] for a in p.args]]
+            for k, col in zip(ks, cols, strict=True):
+                self._arg(te, DA_NAME_IID + varint(i.arg_names[k]), list(col))
+        if any(p.flows):  # (after the args, as ``EventFields.begin`` puts them)
+            te.pick(*self._codes(p.flows, lambda b: b, None))
         body = Pieces(n)
         body.const(TRACK_EVENT)
         body.varint(te.lengths())
@@ -184,16 +208,21 @@ class Begins:
             te.pick(np.arange(len(vals), dtype=np.int64), table)
 
 
+def flow_fields(flows_out: tuple[int, ...], flows_in: tuple[int, ...]) -> bytes:
+    """A slice's flow ids and terminating flow ids, as ``EventFields.begin`` encodes them."""
+    out = b"".join(TE_FLOW_IDS + struct.pack("<Q", f) for f in flows_out)
+    return out + b"".join(TE_TERMINATING_FLOW_IDS + struct.pack("<Q", f) for f in flows_in)
+
+
 def add_rows(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> None:
-    """``Writer.add_slice`` for each of ``rows`` into batch ``b``: its begin waits (``note``)
-    unless it ends flows (then encoded now, as ``EventFields.begin`` does for those)."""
+    """``Writer.add_slice`` for each of ``rows`` into batch ``b``: its begin waits (``note``),
+    the flows it ends among its fields."""
     small = b.small
     pending = b.pending
     intern = begins.interner.name
     d, cat, flows = rows.depth, rows.category, rows.flows_in
     seq = b.seq
     ends: dict[int, int] = {}
-    ev = events
     keys: list[str] | None = None  # the last row's arg names, and their group
     g = None
     for r, (tr, name, ts, dur, args) in enumerate(
@@ -201,20 +230,18 @@ def add_rows(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> No
     ):
         e = ends.get(tr)
         if e is None:
-            e = ends[tr] = ev.end_id(tr)
-        if flows and r in flows:
-            it = Slice(tr, name, ts, dur, d, cat, args, (), flows[r])
-            small.append((ts, 1, d, seq, ev.begin(it), -1))
-        else:  # as Begins.note, the group kept while the rows' arg names stay the same
-            intern(name)
-            if g is None or keys != list(args):
-                g = begins.group(pending, cat, args)
-                keys = list(args)
-            g.tracks.append(tr)
-            g.names.append(name)
-            g.args.append(args)
-            g.at.append(len(small))
-            small.append((ts, 1, d, seq, b"", -1))
+            e = ends[tr] = events.end_id(tr)
+        # as Begins.note, the group kept while the rows' arg names stay the same
+        intern(name)
+        if g is None or keys != list(args):
+            g = begins.group(pending, cat, args)
+            keys = list(args)
+        g.tracks.append(tr)
+        g.names.append(name)
+        g.args.append(args)
+        g.at.append(len(small))
+        g.flows.append(flow_fields((), flows[r]) if flows and r in flows else b"")
+        small.append((ts, 1, d, seq, b"", -1))
         small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", e))
         seq += 2
     b.rows += seq - b.seq

@@ -131,14 +131,44 @@ def multi_device(info: SessionInfo) -> bool:
     return Devices(info).multi
 
 
-def op_devices(c: Compute, cpu: int) -> np.ndarray:
-    """The device of each of a compute's ops (the split holding its node; ``cpu`` if none)."""
+# (nodes, cpu, splits) -> [op_devices, its groups (``_op_groups``) once asked for]
+_OP_DEVICES: dict[tuple[Any, ...], list[Any]] = {}
+
+
+def _op_entry(c: Compute, cpu: int) -> list[Any]:
     node = np.asarray(c.op_node, dtype=np.int64)
-    out = np.full(len(node), cpu, dtype=np.int64)
     splits = c.place.splits if c.place is not None else []
+    key = (node.tobytes(), cpu, tuple((s.device, s.i_start, s.i_end) for s in splits))
+    got = _OP_DEVICES.get(key)
+    if got is not None:
+        return got
+    out = np.full(len(node), cpu, dtype=np.int64)
     for s in splits:
         out[(node >= s.i_start) & (node < s.i_end)] = s.device
-    return out
+    out.setflags(write=False)
+    if len(_OP_DEVICES) >= 256:
+        _OP_DEVICES.clear()
+    got = _OP_DEVICES[key] = [out, None]
+    return got
+
+
+def op_devices(c: Compute, cpu: int) -> np.ndarray:
+    """The device of each of a compute's ops (the split holding its node; ``cpu`` if none), an
+    array not to be written to: every generation step repeats its graph's nodes and splits, and
+    gets the array made for the first."""
+    return _op_entry(c, cpu)[0]  # type: ignore[no-any-return]
+
+
+def _op_groups(c: Compute, cpu: int) -> tuple[list[int], list[int], Any, Any]:
+    """The devices of a compute's ops (sorted), how many ops each, and the ops in device order
+    with where each device's begin (for ``np.add.reduceat``), made once per graph and splits."""
+    got = _op_entry(c, cpu)
+    if got[1] is None:
+        uniq, inv = np.unique(got[0], return_inverse=True)
+        order = np.argsort(inv, kind="stable")
+        counts = np.bincount(inv, minlength=len(uniq))
+        got[1] = (uniq.tolist(), counts.tolist(), order, np.cumsum(counts) - counts)
+    return got[1]  # type: ignore[no-any-return]
 
 
 def layer_devices(c: Compute, cpu: int) -> np.ndarray:
@@ -160,6 +190,8 @@ def compute_devices(c: Compute, cpu: int) -> list[int]:
 
 def union(intervals: Iterable[Interval]) -> list[Interval]:
     """Sorted, merged, non-empty intervals."""
+    if type(intervals) is list and len(intervals) <= 1:  # (most lists of a step)
+        return [iv for iv in intervals if iv[1] > iv[0]]
     out: list[Interval] = []
     for a, b in sorted(intervals):
         if b <= a:
@@ -205,6 +237,8 @@ def overlap(u: Sequence[Interval], v: Sequence[Interval]) -> int:
 
 
 def clip(u: Sequence[Interval], lo: int, hi: int) -> list[Interval]:
+    if not u:
+        return []
     return [(max(a, lo), min(b, hi)) for a, b in u if min(b, hi) > max(a, lo)]
 
 
@@ -288,20 +322,13 @@ def _add_compute(c: Compute, devs: Devices, get: Any, work: dict[int, list[Inter
         ds = get(cpu)
         ds.n_ops += n
         ds.op_ns += int(np.asarray(c.op_dur, dtype=np.int64).sum())
-    elif n:  # (a few dozen ops: a loop costs less than numpy's calls per device)
-        acc: dict[int, list[int]] = {}
-        dur = np.asarray(c.op_dur, dtype=np.int64).tolist()
-        for d, x in zip(op_devices(c, cpu).tolist(), dur, strict=True):
-            a = acc.get(d)
-            if a is None:
-                acc[d] = [1, x]
-            else:
-                a[0] += 1
-                a[1] += x
-        for d in sorted(acc):  # (in device order, as they were first met)
+    elif n:  # (per device in one reduceat: the groups are the graph's, made once)
+        uniq, counts, order, starts = _op_groups(c, cpu)
+        sums = np.add.reduceat(np.asarray(c.op_dur, dtype=np.int64)[order], starts).tolist()
+        for d, k, x in zip(uniq, counts, sums, strict=True):
             ds = get(d)
-            ds.n_ops += acc[d][0]
-            ds.op_ns += acc[d][1]
+            ds.n_ops += k
+            ds.op_ns += x
     for lay, d in zip(c.layers, layer_devices(c, cpu).tolist(), strict=True):
         ds = get(d)
         ds.layer_ns += lay.dur

@@ -38,7 +38,7 @@ from ..reading.decode.sessions import SessionInfo
 from ..reading.decode.steps import Step
 from ..session import device_time as dt
 from ..session.kv_flows import OpFlows
-from .device_lanes import COPIES_ORDER, DeviceLanes
+from .device_lanes import COPIES_ORDER, DeviceLanes, Lanes
 from .items import BulkItem, Item, LayoutStats, Slice, SliceRows, Track, track_uuid
 from .network import NetworkTracks
 
@@ -75,6 +75,7 @@ class DeviceTracks:
         self.sid = lay.info.sid
         self.lanes = DeviceLanes(self.sid, lay.process, self.devs, lay.bulk)
         self.network = NetworkTracks(lay.info, self.lanes)
+        self.names: dict[int, str] = {}  # device names by index (``copy_rows``)
 
     # -- steps
 
@@ -195,23 +196,7 @@ class DeviceTracks:
         p = c.place
         assert p is not None
         lanes = self.lanes.get(("copies",), "copies", COPIES_ORDER)
-        out = SliceRows("copy", 0)
-        names = self.devs
-        for j, cp in enumerate(sorted(p.copies, key=lambda x: (x.start, x.dur))):
-            src, dst = names[cp.src].name, names[cp.dst].name
-            bw = dt.bandwidth(cp.bytes, cp.dur)
-            args = {
-                "tensor": cp.name,
-                "bytes": cp.bytes,
-                "from": src,
-                "to": dst,
-                "split": cp.split,
-                "node": cp.node,
-                "mb_per_s": round(bw / 1e6, 3) if bw is not None else 0.0,
-            }
-            track = self.lanes.assign(lanes, cp.start, cp.start + cp.dur, j, out.tracks)
-            out.add(track, f"{src} → {dst}", cp.start, cp.dur, args)
-        yield from as_items(out, self.lay.bulk)
+        yield from as_items(copy_rows(p, self.lanes, lanes, self.names, self.devs), self.lay.bulk)
 
     def _busy(self, c: Compute, flow_of: dict[int, int]) -> Iterator[Item | SliceRows]:
         p = c.place
@@ -316,3 +301,36 @@ def _per_split(p: Placement) -> tuple[dict[int, tuple[int, int]], dict[int, int]
         if k not in started or t < started[k]:
             started[k] = t
     return copied, started
+
+
+def copy_rows(
+    p: Placement, dl: DeviceLanes, lanes: Lanes, names: dict[int, str], devs: dt.Devices
+) -> SliceRows:
+    """The copies of a compute, as ``DeviceTracks`` draws them (``names``: device names by
+    index, filled as met)."""
+    out = SliceRows("copy", 0)
+    assign = dl.assign
+    # (SliceRows.add, inlined: a few rows per compute)
+    tracks, labels, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
+    for j, cp in enumerate(sorted(p.copies, key=lambda x: (x.start, x.dur))):
+        src = names.get(cp.src) or names.setdefault(cp.src, devs[cp.src].name)
+        dst = names.get(cp.dst) or names.setdefault(cp.dst, devs[cp.dst].name)
+        start, dur = cp.start, cp.dur
+        # as dt.bandwidth, in MB/s
+        mb_s = round(cp.bytes * 1e9 / dur / 1e6, 3) if dur > 0 else 0.0
+        all_args.append(
+            {
+                "tensor": cp.name,
+                "bytes": cp.bytes,
+                "from": src,
+                "to": dst,
+                "split": cp.split,
+                "node": cp.node,
+                "mb_per_s": mb_s,
+            }
+        )
+        tracks.append(assign(lanes, start, start + dur, j, out.tracks))
+        labels.append(f"{src} → {dst}")
+        starts.append(start)
+        durs.append(dur)
+    return out

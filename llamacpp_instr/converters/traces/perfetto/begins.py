@@ -217,6 +217,9 @@ def flow_fields(flows_out: tuple[int, ...], flows_in: tuple[int, ...]) -> bytes:
 def add_rows(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> None:
     """``Writer.add_slice`` for each of ``rows`` into batch ``b``: its begin waits (``note``),
     the flows it ends among its fields."""
+    if rows.args and len(set(map(tuple, rows.args))) == 1:
+        _add_alike(b, rows, begins, events)
+        return
     small = b.small
     pending = b.pending
     intern = begins.interner.name
@@ -246,3 +249,34 @@ def add_rows(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> No
         seq += 2
     b.rows += seq - b.seq
     b.seq = seq
+
+
+def _add_alike(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> None:
+    """``add_rows`` for rows whose args all have the same names (nearly all): one group, and
+    the rows appended column by column. What is interned is interned in the same order: the
+    first row's name, then the arg names, then the other names as first met."""
+    intern = begins.interner.name
+    names = rows.name
+    intern(names[0])
+    g = begins.group(b.pending, rows.category, rows.args[0])
+    for name in dict.fromkeys(names):
+        intern(name)
+    n = len(names)
+    d, seq0, small = rows.depth, b.seq, b.small
+    at0 = len(small)
+    g.tracks += rows.track
+    g.names += names
+    g.args += rows.args
+    g.at += range(at0, at0 + 2 * n, 2)
+    flows = rows.flows_in
+    if flows:
+        g.flows += [flow_fields((), flows[r]) if r in flows else b"" for r in range(n)]
+    else:
+        g.flows += [b""] * n
+    end_of = {tr: events.end_id(tr) for tr in dict.fromkeys(rows.track)}
+    seqs = range(seq0, seq0 + 2 * n, 2)
+    for ts, dur, tr, seq in zip(rows.ts, rows.dur, rows.track, seqs, strict=True):
+        small.append((ts, 1, d, seq, b"", -1))
+        small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", end_of[tr]))
+    b.seq = seq0 + 2 * n
+    b.rows += 2 * n

@@ -17,7 +17,7 @@ import numpy as np
 
 from .packets import Sequence, packet
 from .protowire import TIMESTAMP, varint
-from .singles import frame_rows
+from .singles import frame_rows, join_units
 
 
 def merge(
@@ -74,3 +74,19 @@ def merge(
     hi = (at_o[last] + len_o[last]).tolist()
     mv = np.concatenate(bufs).data
     return head + b"".join([mv[a:z] for a, z in zip(lo, hi, strict=True)])
+
+
+def joined(
+    inter: bool,
+    keys: list[list[int]],
+    first: list[Any],
+    picked: list[Any],
+    ends: list[bytes],
+    fills: list[Any],
+    seq: Sequence,
+) -> bytes | None:
+    """A flush with few single rows per templated block (a CPU log), or whose single rows fall
+    inside the blocks (``inter``): the units framed one by one and put in key order
+    (``singles.join_units``) where they do not interleave, else the rows merged (``merge``)."""
+    data = None if inter else join_units(keys, frame_rows(picked, ends, None)[0], fills, seq)
+    return data if data is not None else merge(first, picked, ends, fills, seq)

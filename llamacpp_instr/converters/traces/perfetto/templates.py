@@ -15,11 +15,11 @@ import numpy as np
 
 from .batch import Batch, Block
 from .events import EventFields
-from .merge import merge
+from .merge import joined, merge
 from .ops import OpStore, RateFields
 from .packets import POST, Sequence, packet
 from .protowire import TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
-from .singles import FEW_ROWS, collect, frame_rows, interleaved, join_units, key_order, ordered
+from .singles import FEW_ROWS, collect, frame_rows, interleaved, key_order, ordered
 
 TEMPLATE_BYTES = 64 << 20  # templates kept, at most (then forgotten, and learnt again)
 
@@ -216,21 +216,13 @@ class TemplateSet:
         first = [np.array(c, dtype=np.int64) for c in keys]
         n_s = len(first[0])
         s_ts = first[1]
-        # (what key_order finds below, before the templates are filled: a device's busy
-        # stretches fall inside its computes every step) the rows merged one by one
+        # single rows inside templated computes (a device's busy stretches): merged row by row
         inter = bool(n_s) and interleaved(first[0], s_ts, by_template.values())
-        fills = []
-        for tm, blist in by_template.values():
-            filled = self._fill(tm, blist)
-            if filled is None:
-                return None
-            fills.append(filled)
-        data = None
-        if not inter and n_s < FEW_ROWS * blocks:  # (a CPU log: rows one by one cost less)
-            data = join_units(keys, frame_rows(picked, ends, None)[0], fills, self.seq)
-        if inter or (data is None and n_s < FEW_ROWS * blocks):
-            data = merge(first, picked, ends, fills, self.seq)
-        if data is not None or n_s < FEW_ROWS * blocks:
+        fills = [self._fill(tm, blist) for tm, blist in by_template.values()]
+        if any(f is None for f in fills):
+            return None
+        if inter or n_s < FEW_ROWS * blocks:  # (a CPU log: rows one by one cost less)
+            data = joined(inter, keys, first, picked, ends, fills, self.seq)
             self.templated += blocks if data is not None else 0
             return data
         last, keys_s = list(first), list(first)

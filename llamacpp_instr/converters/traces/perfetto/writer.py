@@ -20,7 +20,7 @@ from typing import IO
 from ..items import BulkItem, ComputeBatch, OpBatch, Sample, Slice, SliceRows, Track
 from ..sinks import BundleSink
 from .batch import Batch, Block
-from .begins import Begins, add_rows, flow_fields
+from .begins import Begins, add_rows
 from .bulk import BulkEncoder
 from .events import EventFields
 from .ops import NodeTables, OpStore, RateFields
@@ -98,13 +98,10 @@ class Writer:
         seq = b.seq
         d = it.depth
         ev = self.events
-        if it.category in _NOW:
+        if it.category in _NOW or it.flows_out or it.flows_in:
             b.small.append((it.ts, 1, d, seq, ev.begin(it), -1))
         else:  # encoded with the others at the flush (``begins``)
-            flows = flow_fields(it.flows_out, it.flows_in) if it.flows_out or it.flows_in else b""
-            self.begins.note(
-                b.pending, len(b.small), it.track, it.name, it.category, it.args, flows
-            )
+            self.begins.note(b.pending, len(b.small), it.track, it.name, it.category, it.args)
             b.small.append((it.ts, 1, d, seq, b"", -1))
         b.small.append((it.ts + it.dur, 0 if it.dur else 2, -d, seq + 1, b"", ev.end_id(it.track)))
         b.seq = seq + 2

@@ -131,7 +131,7 @@ def multi_device(info: SessionInfo) -> bool:
     return Devices(info).multi
 
 
-# (nodes, cpu, splits) -> [op_devices, its groups (``_op_groups``) once asked for]
+# (nodes, cpu, splits) -> [op_devices, its groups, its masks (each made once asked for)]
 _OP_DEVICES: dict[tuple[Any, ...], list[Any]] = {}
 
 
@@ -148,7 +148,7 @@ def _op_entry(c: Compute, cpu: int) -> list[Any]:
     out.setflags(write=False)
     if len(_OP_DEVICES) >= 256:
         _OP_DEVICES.clear()
-    got = _OP_DEVICES[key] = [out, None]
+    got = _OP_DEVICES[key] = [out, None, None]
     return got
 
 
@@ -159,7 +159,7 @@ def op_devices(c: Compute, cpu: int) -> np.ndarray:
     return _op_entry(c, cpu)[0]  # type: ignore[no-any-return]
 
 
-def _op_groups(c: Compute, cpu: int) -> tuple[list[int], list[int], Any, Any]:
+def op_groups(c: Compute, cpu: int) -> tuple[list[int], list[int], Any, Any]:
     """The devices of a compute's ops (sorted), how many ops each, and the ops in device order
     with where each device's begin (for ``np.add.reduceat``), made once per graph and splits."""
     got = _op_entry(c, cpu)
@@ -169,6 +169,18 @@ def _op_groups(c: Compute, cpu: int) -> tuple[list[int], list[int], Any, Any]:
         counts = np.bincount(inv, minlength=len(uniq))
         got[1] = (uniq.tolist(), counts.tolist(), order, np.cumsum(counts) - counts)
     return got[1]  # type: ignore[no-any-return]
+
+
+def op_masks(c: Compute, cpu: int) -> dict[int, np.ndarray]:
+    """Per device with ops in a compute, which ops (read-only masks, made once per graph and
+    splits, as ``op_devices``)."""
+    got = _op_entry(c, cpu)
+    if got[2] is None:
+        masks = {d: got[0] == d for d in op_groups(c, cpu)[0]}
+        for m in masks.values():
+            m.setflags(write=False)
+        got[2] = masks
+    return got[2]  # type: ignore[no-any-return]
 
 
 def layer_devices(c: Compute, cpu: int) -> np.ndarray:
@@ -323,7 +335,7 @@ def _add_compute(c: Compute, devs: Devices, get: Any, work: dict[int, list[Inter
         ds.n_ops += n
         ds.op_ns += int(np.asarray(c.op_dur, dtype=np.int64).sum())
     elif n:  # (per device in one reduceat: the groups are the graph's, made once)
-        uniq, counts, order, starts = _op_groups(c, cpu)
+        uniq, counts, order, starts = op_groups(c, cpu)
         sums = np.add.reduceat(np.asarray(c.op_dur, dtype=np.int64)[order], starts).tolist()
         for d, k, x in zip(uniq, counts, sums, strict=True):
             ds = get(d)

@@ -108,12 +108,15 @@ class DeviceTracks:
                 )
         cpu = self.devs.cpu
         od = dt.op_devices(c, cpu) if len(c.op_node) else None
-        extents = op_extents(c, od) if od is not None else {}
+        extents = op_extents(c, cpu) if od is not None else {}
+        masks = dt.op_masks(c, cpu) if od is not None else {}
         ld = dt.layer_devices(c, cpu).tolist()
         for d in dt.compute_devices(c, cpu):
             yield from self.lanes.device_track(d)
             spans = [lay for lay, x in zip(c.layers, ld, strict=True) if x == d]
-            mask = od == d if od is not None else None
+            mask = masks.get(d) if od is not None else None
+            if mask is None and od is not None:  # (a device with layers only: no op)
+                mask = od == d
             head_d = self._device_slice(c, d, spans, extents.get(d, (0, 0, 0)))
             if head_d is not None:
                 yield from self.lay.compute_batch(head_d, c, spans, stats, flows, mask)
@@ -269,24 +272,23 @@ def as_items(rows: SliceRows, bulk: bool) -> Iterator[Item | SliceRows]:
         yield from rows.items()
 
 
-def op_extents(c: Compute, od: Any) -> dict[int, tuple[int, int, int]]:
-    """Per device of ``od`` (``device_time.op_devices``): its ops' count, first start and last
-    end (a few dozen ops a compute: one loop costs less than numpy's calls per device)."""
-    acc: dict[int, list[int]] = {}
-    start = np.asarray(c.op_start).tolist()  # (object arrays too: times past 2**62)
-    dur = np.asarray(c.op_dur).tolist()
-    for d, s, u in zip(od.tolist(), start, dur, strict=True):
-        e = s + u
-        x = acc.get(d)
-        if x is None:
-            acc[d] = [1, s, e]
-            continue
-        x[0] += 1
-        if s < x[1]:
-            x[1] = s
-        if e > x[2]:
-            x[2] = e
-    return {d: (x[0], x[1], x[2]) for d, x in acc.items()}
+def op_extents(c: Compute, cpu: int) -> dict[int, tuple[int, int, int]]:
+    """Per device with ops in ``c``: their count, first start and last end (the ops grouped
+    by device once per graph and splits: ``device_time.op_groups``)."""
+    uniq, counts, order, starts = dt.op_groups(c, cpu)
+    st, du = np.asarray(c.op_start), np.asarray(c.op_dur)
+    if st.dtype == object or du.dtype == object:  # (times past 2**62: Python ints)
+        od = dt.op_devices(c, cpu).tolist()
+        lo_of: dict[int, int] = {}
+        hi_of: dict[int, int] = {}
+        for d, s, u in zip(od, st.tolist(), du.tolist(), strict=True):
+            lo_of[d] = min(lo_of.get(d, s), s)
+            hi_of[d] = max(hi_of.get(d, s + u), s + u)
+        return {d: (k, lo_of[d], hi_of[d]) for d, k in zip(uniq, counts, strict=True)}
+    s_o = st[order]
+    lo = np.minimum.reduceat(s_o, starts).tolist()
+    hi = np.maximum.reduceat(s_o + du[order], starts).tolist()
+    return {d: (k, a, z) for d, k, a, z in zip(uniq, counts, lo, hi, strict=True)}
 
 
 def _per_split(p: Placement) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:

@@ -11,13 +11,12 @@ for the flush (``encode``).
 
 from __future__ import annotations
 
-import struct
 from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
-from ..items import SliceRows
+from ..items import Slice, SliceRows
 from .events import EventFields
 from .packets import Interner
 from .pieces import Pieces
@@ -28,9 +27,7 @@ from .protowire import (
     I64_END,
     TE_CATEGORIES,
     TE_DEBUG_ANNOTATIONS,
-    TE_FLOW_IDS,
     TE_NAME_IID,
-    TE_TERMINATING_FLOW_IDS,
     TE_TRACK_UUID,
     TE_TYPE,
     TRACK_EVENT,
@@ -48,14 +45,13 @@ class Pending:
     """The slices of one category and arg names whose begins wait for the flush, as columns, and
     where their rows are (indices into the batch's small rows)."""
 
-    __slots__ = ("tracks", "names", "args", "at", "flows")
+    __slots__ = ("tracks", "names", "args", "at")
 
     def __init__(self) -> None:
         self.tracks: list[int] = []
         self.names: list[str] = []
         self.args: list[dict[str, Any]] = []  # made columns at the flush
         self.at: list[int] = []
-        self.flows: list[bytes] = []  # per row: its flow ids' fields (``flow_fields``), or b""
 
 
 # per batch: (category, arg names) -> its pending slices
@@ -88,14 +84,7 @@ class Begins:
             self.arg_sets.add(ks)
 
     def note(
-        self,
-        pending: PendingSet,
-        at: int,
-        track: int,
-        name: str,
-        category: str,
-        args: Any,
-        flows: bytes = b"",
+        self, pending: PendingSet, at: int, track: int, name: str, category: str, args: Any
     ) -> None:
         """A slice whose begin is small row ``at``: interned now (as ``EventFields.begin``
         would: its name, then its arg names), encoded at the flush."""
@@ -109,7 +98,6 @@ class Begins:
         g.names.append(name)
         g.args.append(args)
         g.at.append(at)
-        g.flows.append(flows)
 
     def encode(self, batches: list[Any]) -> None:
         """Put the begins that waited in the batches' small rows."""
@@ -123,7 +111,6 @@ class Begins:
                 p.tracks += g.tracks
                 p.names += g.names
                 p.args += g.args
-                p.flows += g.flows
                 small = b.small
                 rows += [(small, i) for i in g.at]
             b.pending = {}
@@ -171,8 +158,6 @@ class Begins:
                 cols = [[a[ks[0]] for a in p.args]]
             for k, col in zip(ks, cols, strict=True):
                 self._arg(te, DA_NAME_IID + varint(i.arg_names[k]), list(col))
-        if any(p.flows):  # (after the args, as ``EventFields.begin`` puts them)
-            te.pick(*self._codes(p.flows, lambda b: b, None))
         body = Pieces(n)
         body.const(TRACK_EVENT)
         body.varint(te.lengths())
@@ -208,16 +193,10 @@ class Begins:
             te.pick(np.arange(len(vals), dtype=np.int64), table)
 
 
-def flow_fields(flows_out: tuple[int, ...], flows_in: tuple[int, ...]) -> bytes:
-    """A slice's flow ids and terminating flow ids, as ``EventFields.begin`` encodes them."""
-    out = b"".join(TE_FLOW_IDS + struct.pack("<Q", f) for f in flows_out)
-    return out + b"".join(TE_TERMINATING_FLOW_IDS + struct.pack("<Q", f) for f in flows_in)
-
-
 def add_rows(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> None:
-    """``Writer.add_slice`` for each of ``rows`` into batch ``b``: its begin waits (``note``),
-    the flows it ends among its fields."""
-    if rows.args and len(set(map(tuple, rows.args))) == 1:
+    """``Writer.add_slice`` for each of ``rows`` into batch ``b``: its begin waits (``note``)
+    unless it ends flows (then encoded now, as ``EventFields.begin`` does for those)."""
+    if rows.args and not rows.flows_in and len(set(map(tuple, rows.args))) == 1:
         _add_alike(b, rows, begins, events)
         return
     small = b.small
@@ -234,17 +213,19 @@ def add_rows(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> No
         e = ends.get(tr)
         if e is None:
             e = ends[tr] = events.end_id(tr)
-        # as Begins.note, the group kept while the rows' arg names stay the same
-        intern(name)
-        if g is None or keys != list(args):
-            g = begins.group(pending, cat, args)
-            keys = list(args)
-        g.tracks.append(tr)
-        g.names.append(name)
-        g.args.append(args)
-        g.at.append(len(small))
-        g.flows.append(flow_fields((), flows[r]) if flows and r in flows else b"")
-        small.append((ts, 1, d, seq, b"", -1))
+        if flows and r in flows:  # (encoded now: their args repeat, the interner's memo has them)
+            it = Slice(tr, name, ts, dur, d, cat, args, (), flows[r])
+            small.append((ts, 1, d, seq, events.begin(it), -1))
+        else:  # as Begins.note, the group kept while the rows' arg names stay the same
+            intern(name)
+            if g is None or keys != list(args):
+                g = begins.group(pending, cat, args)
+                keys = list(args)
+            g.tracks.append(tr)
+            g.names.append(name)
+            g.args.append(args)
+            g.at.append(len(small))
+            small.append((ts, 1, d, seq, b"", -1))
         small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", e))
         seq += 2
     b.rows += seq - b.seq
@@ -268,11 +249,6 @@ def _add_alike(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> 
     g.names += names
     g.args += rows.args
     g.at += range(at0, at0 + 2 * n, 2)
-    flows = rows.flows_in
-    if flows:
-        g.flows += [flow_fields((), flows[r]) if r in flows else b"" for r in range(n)]
-    else:
-        g.flows += [b""] * n
     end_of = {tr: events.end_id(tr) for tr in dict.fromkeys(rows.track)}
     seqs = range(seq0, seq0 + 2 * n, 2)
     for ts, dur, tr, seq in zip(rows.ts, rows.dur, rows.track, seqs, strict=True):

@@ -249,8 +249,11 @@ def overlap(u: Sequence[Interval], v: Sequence[Interval]) -> int:
 
 
 def clip(u: Sequence[Interval], lo: int, hi: int) -> list[Interval]:
+    """Merged intervals (``union``'s) cut to ``[lo, hi]``."""
     if not u:
         return []
+    if u[0][0] >= lo and u[-1][1] <= hi and u[0][1] > lo and u[-1][0] < hi:
+        return list(u)  # (all inside: the window holds what its step waited for)
     return [(max(a, lo), min(b, hi)) for a, b in u if min(b, hi) > max(a, lo)]
 
 

@@ -84,6 +84,11 @@ class Rows:
         if len(self.rows) >= PACK_ROWS:
             self.pack()
 
+    def extend(self, rows: list[tuple[Any, ...]]) -> None:
+        self.rows += rows
+        if len(self.rows) >= PACK_ROWS:
+            self.pack()
+
     def pack(self) -> None:
         if not self.rows:
             return
@@ -151,29 +156,29 @@ class DeviceBuilder:
         if p is None:
             return
         r = self.rows
-        for k, s in enumerate(p.splits):
-            r["splits"].append(
-                (step, ub, k, s.device, s.i_start, s.i_end, s.start, s.launch, s.end,
-                 s.launch - s.start, s.end - s.launch)
-            )  # fmt: skip
-        for cp in p.copies:
-            r["copies"].append(
-                (step, ub, cp.split, cp.node, cp.name, cp.bytes, cp.src, cp.dst, cp.start, cp.dur)
-            )
-        for b in p.busy:
-            r["busy"].append((step, ub, b.device, b.split, b.n_ops, b.start, b.dur))
-        for x in p.remote:
-            r["remote"].append(
-                (step, ub, x.split, x.device, x.send, x.reply, x.start, x.end, x.end - x.start,
-                 x.one_way, x.err, x.clock_offset, x.bytes, x.n_ops)
-            )  # fmt: skip
+        # (each list at once: a few rows per compute)
+        r["splits"].extend([
+            (step, ub, k, s.device, s.i_start, s.i_end, s.start, s.launch, s.end,
+             s.launch - s.start, s.end - s.launch)
+            for k, s in enumerate(p.splits)
+        ])  # fmt: skip
+        r["copies"].extend([
+            (step, ub, cp.split, cp.node, cp.name, cp.bytes, cp.src, cp.dst, cp.start, cp.dur)
+            for cp in p.copies
+        ])  # fmt: skip
+        r["busy"].extend([(step, ub, b.device, b.split, b.n_ops, b.start, b.dur) for b in p.busy])
+        r["remote"].extend([
+            (step, ub, x.split, x.device, x.send, x.reply, x.start, x.end, x.end - x.start,
+             x.one_way, x.err, x.clock_offset, x.bytes, x.n_ops)
+            for x in p.remote
+        ])  # fmt: skip
 
     def _transfers(self, t: Transfers, step: int) -> None:
-        for x in t.rows:
-            self.rows["transfers"].append(
-                (t.phase, step, x.device, x.cmd, x.tensor, x.bytes, x.sent, x.recv, x.queue,
-                 x.start, x.sent_at, x.end, x.end - x.start)
-            )  # fmt: skip
+        self.rows["transfers"].extend([
+            (t.phase, step, x.device, x.cmd, x.tensor, x.bytes, x.sent, x.recv, x.queue,
+             x.start, x.sent_at, x.end, x.end - x.start)
+            for x in t.rows
+        ])  # fmt: skip
 
     def _time(self, st: dt.StepTime) -> None:
         for d in self.devs.order(st.devices):

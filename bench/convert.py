@@ -1,7 +1,7 @@
 """Converter speed and memory: each command on a big log vs merely parsing it with orjson.
 
     python bench/convert.py [--ops 1000000] [--reps 3] [--tasks parse,pftrace,...] [--write-docs]
-    python bench/convert.py --devices-only [--device-ops 200000]
+    python bench/convert.py --devices-only [--device-ops 200000] [--keep DIR]
 
 Builds a large log shaped like a real DETAILED SmolLM2 log by repeating the generation steps of a
 real one (tests/fixtures are too small; a real run of the bundled model is made first when no
@@ -176,11 +176,12 @@ def output_bytes(task: str, out: Path) -> int | None:
     return p.stat().st_size
 
 
-def device_ratios(tmp: Path, target: int, reps: int) -> list[str]:
+def device_ratios(tmp: Path, target: int, reps: int, keep: Path | None = None) -> list[str]:
     """Per-op rates of ``to-perfetto`` and ``load_session`` on the RPC and Vulkan fixtures against
     the CPU fixture, each replicated to ``target`` ops and to a quarter of it (for peak memory),
     the logs and tasks interleaved in every repetition so that the machine's noise hits them
-    alike."""
+    alike. ``keep``: a directory to leave the replicated logs in (to profile them), else they
+    are deleted."""
     import gzip
 
     lines = [
@@ -225,7 +226,11 @@ def device_ratios(tmp: Path, target: int, reps: int) -> list[str]:
                 )
                 print(lines[-1], file=sys.stderr)
         for log, _ in logs.values():
-            log.unlink()
+            if keep is not None:
+                keep.mkdir(parents=True, exist_ok=True)
+                shutil.move(log, keep / log.name)
+            else:
+                log.unlink()
     return lines
 
 
@@ -281,6 +286,11 @@ def main() -> None:
         action="store_true",
         help="only the device-vs-CPU comparison (needs no real run)",
     )
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        help="leave the device comparison's replicated logs in this directory (to profile them)",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--log", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -311,7 +321,7 @@ def main() -> None:
         else:
             main_table(args, tasks, tmp, lines)
         if args.device_ops:
-            devices = device_ratios(tmp, args.device_ops, args.reps)
+            devices = device_ratios(tmp, args.device_ops, args.reps, args.keep)
 
     report = "\n".join(lines)
     if not args.devices_only:

@@ -24,6 +24,7 @@ none of them, and its tables are as before.
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -65,13 +66,73 @@ _DEVICE_COLS = {"device", "src", "dst"}
 _TEXT_COLS = {"tensor", "cmd", "phase", "kind"}
 
 
+PACK_ROWS = 4096  # rows a table holds as tuples before they are packed into its columns
+
+
+class Rows:
+    """A table's rows as they come (tuples), packed into typed columns every ``PACK_ROWS``:
+    a tuple of Python ints costs several times the memory of its values in arrays, and a long
+    run holds a few rows per step of each table."""
+
+    def __init__(self, cols: list[str]) -> None:
+        self.cols = cols
+        self.rows: list[tuple[Any, ...]] = []
+        self.packed: list[list[Any]] = [[] for _ in cols]  # per column, its packed chunks
+
+    def append(self, row: tuple[Any, ...]) -> None:
+        self.rows.append(row)
+        if len(self.rows) >= PACK_ROWS:
+            self.pack()
+
+    def extend(self, rows: list[tuple[Any, ...]]) -> None:
+        self.rows += rows
+        if len(self.rows) >= PACK_ROWS:
+            self.pack()
+
+    def pack(self) -> None:
+        if not self.rows:
+            return
+        cols = zip(*self.rows, strict=True)
+        for name, chunks, col in zip(self.cols, self.packed, cols, strict=True):
+            chunks.append(_column(name, col))
+        self.rows = []
+
+    def then(self, other: Rows) -> None:
+        """``other``'s rows after these."""
+        self.pack()
+        other.pack()
+        for mine, theirs in zip(self.packed, other.packed, strict=True):
+            mine += theirs
+
+    def columns(self) -> list[Any]:
+        """Each column whole (an array, or a list of text)."""
+        self.pack()
+        return [
+            _column(name, []) if not chunks
+            else chunks[0] if len(chunks) == 1
+            else (list(chain.from_iterable(chunks)) if name in _TEXT_COLS else np.concatenate(chunks))
+            for name, chunks in zip(self.cols, self.packed, strict=True)
+        ]  # fmt: skip
+
+
+def _column(name: str, values: Any) -> Any:
+    """A column's values, typed as its table holds them (text: a list)."""
+    if name in _TEXT_COLS:
+        return list(values)
+    if name == "timed":
+        return np.asarray(values, dtype=bool)
+    if name == "share":
+        return np.asarray(values, dtype=np.float64)
+    return np.asarray(values, dtype=np.int64)
+
+
 class DeviceBuilder:
     """The device tables of one session, as its steps are read."""
 
     def __init__(self, info: SessionInfo) -> None:
         self.info = info
         self.devs = dt.Devices(info)
-        self.rows: dict[str, list[tuple[Any, ...]]] = {k: [] for k in _COLS}
+        self.rows: dict[str, Rows] = {k: Rows(cols) for k, cols in _COLS.items()}
         self.op_device: list[np.ndarray] = []
         self.layer_device: list[np.ndarray] = []
 
@@ -95,29 +156,29 @@ class DeviceBuilder:
         if p is None:
             return
         r = self.rows
-        for k, s in enumerate(p.splits):
-            r["splits"].append(
-                (step, ub, k, s.device, s.i_start, s.i_end, s.start, s.launch, s.end,
-                 s.launch - s.start, s.end - s.launch)
-            )  # fmt: skip
-        for cp in p.copies:
-            r["copies"].append(
-                (step, ub, cp.split, cp.node, cp.name, cp.bytes, cp.src, cp.dst, cp.start, cp.dur)
-            )
-        for b in p.busy:
-            r["busy"].append((step, ub, b.device, b.split, b.n_ops, b.start, b.dur))
-        for x in p.remote:
-            r["remote"].append(
-                (step, ub, x.split, x.device, x.send, x.reply, x.start, x.end, x.end - x.start,
-                 x.one_way, x.err, x.clock_offset, x.bytes, x.n_ops)
-            )  # fmt: skip
+        # (each list at once: a few rows per compute)
+        r["splits"].extend([
+            (step, ub, k, s.device, s.i_start, s.i_end, s.start, s.launch, s.end,
+             s.launch - s.start, s.end - s.launch)
+            for k, s in enumerate(p.splits)
+        ])  # fmt: skip
+        r["copies"].extend([
+            (step, ub, cp.split, cp.node, cp.name, cp.bytes, cp.src, cp.dst, cp.start, cp.dur)
+            for cp in p.copies
+        ])  # fmt: skip
+        r["busy"].extend([(step, ub, b.device, b.split, b.n_ops, b.start, b.dur) for b in p.busy])
+        r["remote"].extend([
+            (step, ub, x.split, x.device, x.send, x.reply, x.start, x.end, x.end - x.start,
+             x.one_way, x.err, x.clock_offset, x.bytes, x.n_ops)
+            for x in p.remote
+        ])  # fmt: skip
 
     def _transfers(self, t: Transfers, step: int) -> None:
-        for x in t.rows:
-            self.rows["transfers"].append(
-                (t.phase, step, x.device, x.cmd, x.tensor, x.bytes, x.sent, x.recv, x.queue,
-                 x.start, x.sent_at, x.end, x.end - x.start)
-            )  # fmt: skip
+        self.rows["transfers"].extend([
+            (t.phase, step, x.device, x.cmd, x.tensor, x.bytes, x.sent, x.recv, x.queue,
+             x.start, x.sent_at, x.end, x.end - x.start)
+            for x in t.rows
+        ])  # fmt: skip
 
     def _time(self, st: dt.StepTime) -> None:
         for d in self.devs.order(st.devices):
@@ -150,18 +211,20 @@ class DeviceBuilder:
 
     def _frame(self, name: str) -> pd.DataFrame:
         cols = _COLS[name]
-        df = pd.DataFrame(self.rows[name], columns=cols)
-        for c in cols:
+        data = self.rows[name].columns()  # (typed: pandas' inference over rows cost more)
+        out: dict[str, Any] = {}
+        for c, v in zip(cols, data, strict=True):
             if c in _DEVICE_COLS:
-                df[c] = self.device_column([df[c].to_numpy(np.int64)], len(df))
+                out[c] = self.device_column([np.asarray(v, dtype=np.int64)], len(v))
             elif c in _TEXT_COLS:
-                df[c] = df[c].astype("category")
+                out[c] = pd.Series(v, dtype=object).astype("category")
             elif c == "timed":
-                df[c] = df[c].astype(bool)
+                out[c] = np.asarray(v, dtype=bool)
             elif c == "share":
-                df[c] = df[c].astype("float64")
+                out[c] = np.asarray(v, dtype=np.float64)
             else:
-                df[c] = df[c].astype("int64")
+                out[c] = np.asarray(v, dtype=np.int64)
+        df = pd.DataFrame(out, columns=cols)
         if "step" in cols:
             df["step"] = df["step"].where(df["step"] >= 0).astype("Int64")
         return df
@@ -194,10 +257,10 @@ class DeviceBuilder:
         ops["device"] = self.device_column(self.op_device, len(ops))
         layers["device"] = self.device_column(self.layer_device, len(layers))
         in_steps = self.rows["transfers"]
-        self.rows["transfers"] = []
+        self.rows["transfers"] = Rows(_COLS["transfers"])
         for t in self.info.transfers:  # (the model's upload came first)
             self._transfers(t, -1)
-        self.rows["transfers"] += in_steps
+        self.rows["transfers"].then(in_steps)
         load = dt.load_time(self.info.transfers, self.devs)
         if load.devices:
             self._time(load)

@@ -131,14 +131,56 @@ def multi_device(info: SessionInfo) -> bool:
     return Devices(info).multi
 
 
-def op_devices(c: Compute, cpu: int) -> np.ndarray:
-    """The device of each of a compute's ops (the split holding its node; ``cpu`` if none)."""
+# (nodes, cpu, splits) -> [op_devices, its groups, its masks (each made once asked for)]
+_OP_DEVICES: dict[tuple[Any, ...], list[Any]] = {}
+
+
+def _op_entry(c: Compute, cpu: int) -> list[Any]:
     node = np.asarray(c.op_node, dtype=np.int64)
-    out = np.full(len(node), cpu, dtype=np.int64)
     splits = c.place.splits if c.place is not None else []
+    key = (node.tobytes(), cpu, tuple((s.device, s.i_start, s.i_end) for s in splits))
+    got = _OP_DEVICES.get(key)
+    if got is not None:
+        return got
+    out = np.full(len(node), cpu, dtype=np.int64)
     for s in splits:
         out[(node >= s.i_start) & (node < s.i_end)] = s.device
-    return out
+    out.setflags(write=False)
+    if len(_OP_DEVICES) >= 256:
+        _OP_DEVICES.clear()
+    got = _OP_DEVICES[key] = [out, None, None]
+    return got
+
+
+def op_devices(c: Compute, cpu: int) -> np.ndarray:
+    """The device of each of a compute's ops (the split holding its node; ``cpu`` if none), an
+    array not to be written to: every generation step repeats its graph's nodes and splits, and
+    gets the array made for the first."""
+    return _op_entry(c, cpu)[0]  # type: ignore[no-any-return]
+
+
+def op_groups(c: Compute, cpu: int) -> tuple[list[int], list[int], Any, Any]:
+    """The devices of a compute's ops (sorted), how many ops each, and the ops in device order
+    with where each device's begin (for ``np.add.reduceat``), made once per graph and splits."""
+    got = _op_entry(c, cpu)
+    if got[1] is None:
+        uniq, inv = np.unique(got[0], return_inverse=True)
+        order = np.argsort(inv, kind="stable")
+        counts = np.bincount(inv, minlength=len(uniq))
+        got[1] = (uniq.tolist(), counts.tolist(), order, np.cumsum(counts) - counts)
+    return got[1]  # type: ignore[no-any-return]
+
+
+def op_masks(c: Compute, cpu: int) -> dict[int, np.ndarray]:
+    """Per device with ops in a compute, which ops (read-only masks, made once per graph and
+    splits, as ``op_devices``)."""
+    got = _op_entry(c, cpu)
+    if got[2] is None:
+        masks = {d: got[0] == d for d in op_groups(c, cpu)[0]}
+        for m in masks.values():
+            m.setflags(write=False)
+        got[2] = masks
+    return got[2]  # type: ignore[no-any-return]
 
 
 def layer_devices(c: Compute, cpu: int) -> np.ndarray:
@@ -160,8 +202,12 @@ def compute_devices(c: Compute, cpu: int) -> list[int]:
 
 def union(intervals: Iterable[Interval]) -> list[Interval]:
     """Sorted, merged, non-empty intervals."""
+    if type(intervals) is list and len(intervals) <= 1:  # (most lists of a step)
+        return [iv for iv in intervals if iv[1] > iv[0]]
     out: list[Interval] = []
-    for a, b in sorted(iv for iv in intervals if iv[1] > iv[0]):
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
         if out and a <= out[-1][1]:
             if b > out[-1][1]:
                 out[-1] = (out[-1][0], b)
@@ -172,6 +218,8 @@ def union(intervals: Iterable[Interval]) -> list[Interval]:
 
 def measure(u: Sequence[Interval]) -> int:
     """The length of merged intervals."""
+    if len(u) == 1:  # (the common case: one stretch)
+        return u[0][1] - u[0][0]
     return sum(b - a for a, b in u)
 
 
@@ -201,6 +249,11 @@ def overlap(u: Sequence[Interval], v: Sequence[Interval]) -> int:
 
 
 def clip(u: Sequence[Interval], lo: int, hi: int) -> list[Interval]:
+    """Merged intervals (``union``'s) cut to ``[lo, hi]``."""
+    if not u:
+        return []
+    if u[0][0] >= lo and u[-1][1] <= hi and u[0][1] > lo and u[-1][0] < hi:
+        return list(u)  # (all inside: the window holds what its step waited for)
     return [(max(a, lo), min(b, hi)) for a, b in u if min(b, hi) > max(a, lo)]
 
 
@@ -278,26 +331,32 @@ def step_window(step: Step) -> Interval:
 def _add_compute(c: Compute, devs: Devices, get: Any, work: dict[int, list[Interval]]) -> None:
     """A compute's ops, layers, copies and own-timed work, per device."""
     cpu = devs.cpu
-    if len(c.op_node):
-        od = op_devices(c, cpu)
-        dur = np.asarray(c.op_dur, dtype=np.int64)
-        for d in np.unique(od).tolist():
-            sel = od == d
+    p = c.place
+    n = len(c.op_node)
+    if n and (p is None or not p.splits):  # every op the CPU backend's
+        ds = get(cpu)
+        ds.n_ops += n
+        ds.op_ns += int(np.asarray(c.op_dur, dtype=np.int64).sum())
+    elif n:  # (per device in one reduceat: the groups are the graph's, made once)
+        uniq, counts, order, starts = op_groups(c, cpu)
+        sums = np.add.reduceat(np.asarray(c.op_dur, dtype=np.int64)[order], starts).tolist()
+        for d, k, x in zip(uniq, counts, sums, strict=True):
             ds = get(d)
-            ds.n_ops += int(sel.sum())
-            ds.op_ns += int(dur[sel].sum())
+            ds.n_ops += k
+            ds.op_ns += x
     for lay, d in zip(c.layers, layer_devices(c, cpu).tolist(), strict=True):
         ds = get(d)
         ds.layer_ns += lay.dur
         ds.layers.add(lay.layer)
-    p = c.place
     if p is None:
         return
     for cp in p.copies:
-        for d, attr in ((cp.dst, "copy_in_bytes"), (cp.src, "copy_out_bytes")):
-            ds = get(d)
-            setattr(ds, attr, getattr(ds, attr) + cp.bytes)
-            ds.copy_ns += cp.dur
+        ds = get(cp.dst)
+        ds.copy_in_bytes += cp.bytes
+        ds.copy_ns += cp.dur
+        ds = get(cp.src)
+        ds.copy_out_bytes += cp.bytes
+        ds.copy_ns += cp.dur
     for b in p.busy:
         work.setdefault(b.device, []).append((b.start, b.start + b.dur))
     for r in p.remote:
@@ -335,8 +394,10 @@ def _outstanding(c: Compute) -> dict[int, tuple[list[Interval], list[int]]]:
 def _transfer_rows(rows: Iterable[TransferRow], get: Any) -> dict[int, list[Interval]]:
     """Commands per device: bytes and counts, and their intervals on the connection."""
     net: dict[int, list[Interval]] = {}
+    last: DeviceStep | None = None
     for r in rows:
-        ds = get(r.device)
+        ds = last if last is not None and last.device == r.device else get(r.device)
+        last = ds
         ds.rpc = True
         ds.n_cmds += 1
         ds.sent_bytes += r.sent

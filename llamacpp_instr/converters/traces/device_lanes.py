@@ -70,6 +70,10 @@ class DeviceLanes:
         """``place`` for a slice from ``ts`` to ``end``, row ``row`` of a ``SliceRows``: the
         track it goes on (a new lane is added to ``new``)."""
         ll = lanes.lanes
+        if ll and ll[0][1] <= ts:  # (the first lane free: nearly always)
+            tr = ll[0][0]
+            ll[0] = (tr, end)
+            return tr.uuid
         for k, (tr, last) in enumerate(ll):
             if last <= ts:
                 ll[k] = (tr, end)

@@ -33,12 +33,12 @@ import numpy as np
 
 from ..reading.decode.columns import LayerSpan
 from ..reading.decode.computes import Compute
-from ..reading.decode.devices import Split
+from ..reading.decode.devices import Placement, Split
 from ..reading.decode.sessions import SessionInfo
 from ..reading.decode.steps import Step
 from ..session import device_time as dt
 from ..session.kv_flows import OpFlows
-from .device_lanes import COPIES_ORDER, DeviceLanes
+from .device_lanes import COPIES_ORDER, DeviceLanes, Lanes
 from .items import BulkItem, Item, LayoutStats, Slice, SliceRows, Track, track_uuid
 from .network import NetworkTracks
 
@@ -75,6 +75,7 @@ class DeviceTracks:
         self.sid = lay.info.sid
         self.lanes = DeviceLanes(self.sid, lay.process, self.devs, lay.bulk)
         self.network = NetworkTracks(lay.info, self.lanes)
+        self.names: dict[int, str] = {}  # device names by index (``copy_rows``)
 
     # -- steps
 
@@ -98,16 +99,25 @@ class DeviceTracks:
         head.ts, head.dur = lo, hi - lo
         yield head
         flow_of = self._flows(c, step)
-        for k, s in enumerate(splits):
-            yield self._split(k, s, c, track, flow_of.get(k))
+        if splits:
+            assert p is not None
+            copied, started = _per_split(p)
+            for k, s in enumerate(splits):
+                yield self._split(
+                    k, s, copied.get(k, (0, 0)), started.get(k), track, flow_of.get(k)
+                )
         cpu = self.devs.cpu
         od = dt.op_devices(c, cpu) if len(c.op_node) else None
+        extents = op_extents(c, cpu) if od is not None else {}
+        masks = dt.op_masks(c, cpu) if od is not None else {}
         ld = dt.layer_devices(c, cpu).tolist()
         for d in dt.compute_devices(c, cpu):
             yield from self.lanes.device_track(d)
             spans = [lay for lay, x in zip(c.layers, ld, strict=True) if x == d]
-            mask = od == d if od is not None else None
-            head_d = self._device_slice(c, d, spans, mask)
+            mask = masks.get(d) if od is not None else None
+            if mask is None and od is not None:  # (a device with layers only: no op)
+                mask = od == d
+            head_d = self._device_slice(c, d, spans, extents.get(d, (0, 0, 0)))
             if head_d is not None:
                 yield from self.lay.compute_batch(head_d, c, spans, stats, flows, mask)
         if p is not None:
@@ -115,18 +125,19 @@ class DeviceTracks:
             yield from self._busy(c, flow_of)
             yield from self._remote(c, flow_of)
 
-    def _device_slice(self, c: Compute, d: int, spans: list[Any], mask: Any) -> Slice | None:
-        """Device ``d``'s part of ``c``: from its first layer or op to its last."""
+    def _device_slice(
+        self, c: Compute, d: int, spans: list[Any], ops: tuple[int, int, int]
+    ) -> Slice | None:
+        """Device ``d``'s part of ``c``: from its first layer or op to its last (``ops``: its
+        ops' count, first start and last end, ``op_extents``)."""
         starts = [s.start for s in spans]
         ends = [s.start + s.dur for s in spans]
-        if mask is not None and mask.any():
-            st = np.asarray(c.op_start)[mask]
-            en = st + np.asarray(c.op_dur)[mask]
-            starts.append(int(st.min()))
-            ends.append(int(en.max()))
+        n_ops = ops[0]
+        if n_ops:
+            starts.append(ops[1])
+            ends.append(ops[2])
         if not starts:
             return None
-        n_ops = int(mask.sum()) if mask is not None else 0
         args = {
             "ubatch": c.ubatch,
             "graph": c.graph.id if c.graph else -1,
@@ -156,25 +167,30 @@ class DeviceTracks:
             if k >= 0
         }
 
-    def _split(self, k: int, s: Split, c: Compute, track: int, flow: int | None) -> Slice:
-        p = c.place
-        assert p is not None
-        copies = [cp for cp in p.copies if cp.split == k]
+    def _split(
+        self,
+        k: int,
+        s: Split,
+        copied: tuple[int, int],
+        started: int | None,
+        track: int,
+        flow: int | None,
+    ) -> Slice:
+        """Split ``k``'s slice (``copied``: its copies' count and bytes; ``started``: when its
+        device began it, if the device timed it: ``_per_split``)."""
+        dev = self.devs[s.device]
         args: dict[str, Any] = {
             "split": k,
-            "device": self.devs[s.device].label,
+            "device": dev.label,
             "nodes": f"{s.i_start}..{s.i_end}",
             "inputs_ns": s.launch - s.start,
             "launch_ns": s.end - s.launch,
-            "n_copies": len(copies),
-            "copy_bytes": sum(cp.bytes for cp in copies),
+            "n_copies": copied[0],
+            "copy_bytes": copied[1],
         }
-        starts = [b.start for b in p.busy if b.split == k] + [
-            r.start for r in p.remote if r.split == k
-        ]
-        if starts:
-            args["device_start_ns"] = min(starts) - s.launch  # the gap: host launch to device
-        name = f"split {k} {self.devs[s.device].name}"
+        if started is not None:
+            args["device_start_ns"] = started - s.launch  # the gap: host launch to device
+        name = f"split {k} {dev.name}"
         return Slice(
             track, name, s.start, s.end - s.start, 2, "split", args, (flow,) if flow else ()
         )
@@ -183,23 +199,7 @@ class DeviceTracks:
         p = c.place
         assert p is not None
         lanes = self.lanes.get(("copies",), "copies", COPIES_ORDER)
-        out = SliceRows("copy", 0)
-        names = self.devs
-        for j, cp in enumerate(sorted(p.copies, key=lambda x: (x.start, x.dur))):
-            src, dst = names[cp.src].name, names[cp.dst].name
-            bw = dt.bandwidth(cp.bytes, cp.dur)
-            args = {
-                "tensor": cp.name,
-                "bytes": cp.bytes,
-                "from": src,
-                "to": dst,
-                "split": cp.split,
-                "node": cp.node,
-                "mb_per_s": round(bw / 1e6, 3) if bw is not None else 0.0,
-            }
-            track = self.lanes.assign(lanes, cp.start, cp.start + cp.dur, j, out.tracks)
-            out.add(track, f"{src} → {dst}", cp.start, cp.dur, args)
-        yield from as_items(out, self.lay.bulk)
+        yield from as_items(copy_rows(p, self.lanes, lanes, self.names, self.devs), self.lay.bulk)
 
     def _busy(self, c: Compute, flow_of: dict[int, int]) -> Iterator[Item | SliceRows]:
         p = c.place
@@ -270,3 +270,69 @@ def as_items(rows: SliceRows, bulk: bool) -> Iterator[Item | SliceRows]:
         yield rows
     else:
         yield from rows.items()
+
+
+def op_extents(c: Compute, cpu: int) -> dict[int, tuple[int, int, int]]:
+    """Per device with ops in ``c``: their count, first start and last end (the ops grouped
+    by device once per graph and splits: ``device_time.op_groups``)."""
+    uniq, counts, order, starts = dt.op_groups(c, cpu)
+    st, du = np.asarray(c.op_start), np.asarray(c.op_dur)
+    if st.dtype == object or du.dtype == object:  # (times past 2**62: Python ints)
+        od = dt.op_devices(c, cpu).tolist()
+        lo_of: dict[int, int] = {}
+        hi_of: dict[int, int] = {}
+        for d, s, u in zip(od, st.tolist(), du.tolist(), strict=True):
+            lo_of[d] = min(lo_of.get(d, s), s)
+            hi_of[d] = max(hi_of.get(d, s + u), s + u)
+        return {d: (k, lo_of[d], hi_of[d]) for d, k in zip(uniq, counts, strict=True)}
+    s_o = st[order]
+    lo = np.minimum.reduceat(s_o, starts).tolist()
+    hi = np.maximum.reduceat(s_o + du[order], starts).tolist()
+    return {d: (k, a, z) for d, k, a, z in zip(uniq, counts, lo, hi, strict=True)}
+
+
+def _per_split(p: Placement) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
+    """Per split: its copies' count and bytes, and the first start of the work its device timed
+    (command buffers, remote graphs), in one pass over each list."""
+    copied: dict[int, tuple[int, int]] = {}
+    for cp in p.copies:
+        n, b = copied.get(cp.split, (0, 0))
+        copied[cp.split] = (n + 1, b + cp.bytes)
+    started: dict[int, int] = {}
+    for k, t in [(b.split, b.start) for b in p.busy] + [(r.split, r.start) for r in p.remote]:
+        if k not in started or t < started[k]:
+            started[k] = t
+    return copied, started
+
+
+def copy_rows(
+    p: Placement, dl: DeviceLanes, lanes: Lanes, names: dict[int, str], devs: dt.Devices
+) -> SliceRows:
+    """The copies of a compute, as ``DeviceTracks`` draws them (``names``: device names by
+    index, filled as met)."""
+    out = SliceRows("copy", 0)
+    assign = dl.assign
+    # (SliceRows.add, inlined: a few rows per compute)
+    tracks, labels, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
+    for j, cp in enumerate(sorted(p.copies, key=lambda x: (x.start, x.dur))):
+        src = names.get(cp.src) or names.setdefault(cp.src, devs[cp.src].name)
+        dst = names.get(cp.dst) or names.setdefault(cp.dst, devs[cp.dst].name)
+        start, dur = cp.start, cp.dur
+        # as dt.bandwidth, in MB/s
+        mb_s = round(cp.bytes * 1e9 / dur / 1e6, 3) if dur > 0 else 0.0
+        all_args.append(
+            {
+                "tensor": cp.name,
+                "bytes": cp.bytes,
+                "from": src,
+                "to": dst,
+                "split": cp.split,
+                "node": cp.node,
+                "mb_per_s": mb_s,
+            }
+        )
+        tracks.append(assign(lanes, start, start + dur, j, out.tracks))
+        labels.append(f"{src} → {dst}")
+        starts.append(start)
+        durs.append(dur)
+    return out

@@ -54,26 +54,34 @@ class NetworkTracks:
         out = SliceRows("transfer", 0)
         labels: dict[int, tuple[str, Lanes]] = {}
         assign = self.lanes.assign
+        # (SliceRows.add, inlined: a few rows per op)
+        tracks, names, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
         for j, (phase, r) in enumerate(rows):
             got = labels.get(r.device)
             if got is None:
                 label = self.lanes.devs[r.device].label
                 got = labels[r.device] = (label, self._lanes(r.device, label))
             label, lanes = got
-            dur = r.end - r.start
+            start, end = r.start, r.end
+            dur = end - start
             nb = r.sent + r.recv
-            args = {
-                "device": label,
-                "phase": phase,
-                "tensor": r.tensor,
-                "bytes": r.bytes,
-                "sent": r.sent,
-                "recv": r.recv,
-                "queued_ns": r.start - r.queue,
-                # as dt.transfer_args: dt.bandwidth, in MB/s
-                "mb_per_s": round(nb * 1e9 / dur / 1e6, 3) if dur > 0 else 0.0,
-            }
-            out.add(assign(lanes, r.start, r.end, j, out.tracks), r.cmd, r.start, dur, args)
+            tracks.append(assign(lanes, start, end, j, out.tracks))
+            names.append(r.cmd)
+            starts.append(start)
+            durs.append(dur)
+            all_args.append(
+                {
+                    "device": label,
+                    "phase": phase,
+                    "tensor": r.tensor,
+                    "bytes": r.bytes,
+                    "sent": r.sent,
+                    "recv": r.recv,
+                    "queued_ns": start - r.queue,
+                    # as dt.transfer_args: dt.bandwidth, in MB/s
+                    "mb_per_s": round(nb * 1e9 / dur / 1e6, 3) if dur > 0 else 0.0,
+                }
+            )
         return out
 
     def _lanes(self, device: int, label: str) -> Lanes:

@@ -112,6 +112,19 @@ def placement(rec: dict[str, Any], t0: int) -> Placement | None:
         return None
     p = Placement()
     for d, i0, i1, s, la, e in record_rows(rec, "splits", 6):
+        if (  # the common case at once (else field by field, for the error's words)
+            type(d) is int
+            and type(i0) is int
+            and type(i1) is int
+            and type(s) is int
+            and type(la) is int
+            and type(e) is int
+            and d >= 0
+            and 0 <= i0 <= i1
+            and 0 <= s <= la <= e
+        ):
+            p.splits.append(Split(d, i0, i1, t0 + s, t0 + la, t0 + e))
+            continue
         start, launch, end = t0 + uint(s), t0 + uint(la), t0 + uint(e)
         if not (start <= launch <= end and uint(i0) <= uint(i1)):
             raise ValueError("a split that ends before it starts")
@@ -163,6 +176,32 @@ def placement(rec: dict[str, Any], t0: int) -> Placement | None:
         p.clocks.append(Clock(uint(d), strict_str(method), uint(err)))
     for row in record_rows(rec, "remote", 11):
         k, d, send, reply, s, e, one_way, err, offset, nbytes, n_ops = row
+        if (  # the common case at once (else field by field, for the error's words)
+            type(k) is int
+            and type(d) is int
+            and type(send) is int
+            and type(reply) is int
+            and type(s) is int
+            and type(e) is int
+            and type(one_way) is int
+            and type(err) is int
+            and type(offset) is int
+            and type(nbytes) is int
+            and type(n_ops) is int
+            and -1 <= k < n
+            and d >= 0
+            and 0 <= send <= reply
+            and 0 <= s <= e
+            and one_way >= 0
+            and err >= 0
+            and offset >= -(1 << 62)
+            and nbytes >= 0
+            and n_ops >= 0
+        ):
+            p.remote.append(
+                Remote(k, d, t0 + send, t0 + reply, t0 + s, t0 + e, one_way, err, offset, nbytes, n_ops)
+            )  # fmt: skip
+            continue
         if uint(s) > uint(e) or uint(send) > uint(reply):
             raise ValueError("a remote graph that ends before it starts")
         p.remote.append(

@@ -11,6 +11,7 @@ for the flush (``encode``).
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -125,8 +126,11 @@ class Begins:
 
     def _codes(self, values: list[Any], encode: Any, cache: dict[Any, bytes] | None) -> Any:
         """Codes into the distinct values' encodings (``encode(value)``)."""
-        index: dict[Any, int] = {}
-        codes = np.array([index.setdefault(v, len(index)) for v in values], dtype=np.int64)
+        # the distinct values in the order first met, then each value's code (in C loops)
+        index: dict[Any, int] = dict.fromkeys(values, 0)
+        for j, v in enumerate(index):
+            index[v] = j
+        codes = np.fromiter(map(index.__getitem__, values), dtype=np.int64, count=len(values))
         if cache is None:
             return codes, [encode(v) for v in index]
         table = []
@@ -147,8 +151,13 @@ class Begins:
         codes, table = self._codes(p.names, lambda s: TE_NAME_IID + varint(i.names[s]), self.names)
         te.pick(codes, table)
         te.const(ld(TE_CATEGORIES, category.encode()))
-        for k in ks:
-            self._arg(te, DA_NAME_IID + varint(i.arg_names[k]), [a[k] for a in p.args])
+        if ks:  # the args' columns in one pass (a list per arg name cost more)
+            if len(ks) > 1:
+                cols: Any = zip(*map(itemgetter(*ks), p.args), strict=True)
+            else:
+                cols = [[a[ks[0]] for a in p.args]]
+            for k, col in zip(ks, cols, strict=True):
+                self._arg(te, DA_NAME_IID + varint(i.arg_names[k]), list(col))
         body = Pieces(n)
         body.const(TRACK_EVENT)
         body.varint(te.lengths())
@@ -187,13 +196,15 @@ class Begins:
 def add_rows(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> None:
     """``Writer.add_slice`` for each of ``rows`` into batch ``b``: its begin waits (``note``)
     unless it ends flows (then encoded now, as ``EventFields.begin`` does for those)."""
+    if rows.args and not rows.flows_in and len(set(map(tuple, rows.args))) == 1:
+        _add_alike(b, rows, begins, events)
+        return
     small = b.small
     pending = b.pending
     intern = begins.interner.name
     d, cat, flows = rows.depth, rows.category, rows.flows_in
     seq = b.seq
     ends: dict[int, int] = {}
-    ev = events
     keys: list[str] | None = None  # the last row's arg names, and their group
     g = None
     for r, (tr, name, ts, dur, args) in enumerate(
@@ -201,10 +212,10 @@ def add_rows(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> No
     ):
         e = ends.get(tr)
         if e is None:
-            e = ends[tr] = ev.end_id(tr)
-        if flows and r in flows:
+            e = ends[tr] = events.end_id(tr)
+        if flows and r in flows:  # (encoded now: their args repeat, the interner's memo has them)
             it = Slice(tr, name, ts, dur, d, cat, args, (), flows[r])
-            small.append((ts, 1, d, seq, ev.begin(it), -1))
+            small.append((ts, 1, d, seq, events.begin(it), -1))
         else:  # as Begins.note, the group kept while the rows' arg names stay the same
             intern(name)
             if g is None or keys != list(args):
@@ -219,3 +230,29 @@ def add_rows(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> No
         seq += 2
     b.rows += seq - b.seq
     b.seq = seq
+
+
+def _add_alike(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> None:
+    """``add_rows`` for rows whose args all have the same names (nearly all): one group, and
+    the rows appended column by column. What is interned is interned in the same order: the
+    first row's name, then the arg names, then the other names as first met."""
+    intern = begins.interner.name
+    names = rows.name
+    intern(names[0])
+    g = begins.group(b.pending, rows.category, rows.args[0])
+    for name in dict.fromkeys(names):
+        intern(name)
+    n = len(names)
+    d, seq0, small = rows.depth, b.seq, b.small
+    at0 = len(small)
+    g.tracks += rows.track
+    g.names += names
+    g.args += rows.args
+    g.at += range(at0, at0 + 2 * n, 2)
+    end_of = {tr: events.end_id(tr) for tr in dict.fromkeys(rows.track)}
+    seqs = range(seq0, seq0 + 2 * n, 2)
+    for ts, dur, tr, seq in zip(rows.ts, rows.dur, rows.track, seqs, strict=True):
+        small.append((ts, 1, d, seq, b"", -1))
+        small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", end_of[tr]))
+    b.seq = seq0 + 2 * n
+    b.rows += 2 * n

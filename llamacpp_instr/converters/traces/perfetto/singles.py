@@ -191,7 +191,7 @@ def join_units(
     for key, body in zip(zip(*keys, strict=True), bodies, strict=True):
         units.append((key, key, packet(body + TIMESTAMP + varint(key[1]) + POST)))
     n_s = len(units)
-    for f_keys, z_keys, tb in fills:
+    for f_keys, z_keys, tb, _ in fills:
         firsts = zip(*[c.tolist() for c in f_keys], strict=True)
         lasts = zip(*[c.tolist() for c in z_keys], strict=True)
         units += [(f, z, memoryview(r)) for f, z, r in zip(firsts, lasts, tb, strict=True)]

@@ -15,10 +15,11 @@ import numpy as np
 
 from .batch import Batch, Block
 from .events import EventFields
+from .merge import joined, merge
 from .ops import OpStore, RateFields
 from .packets import POST, Sequence, packet
 from .protowire import TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
-from .singles import FEW_ROWS, collect, frame_rows, interleaved, join_units, key_order, ordered
+from .singles import FEW_ROWS, collect, frame_rows, interleaved, key_order, ordered
 
 TEMPLATE_BYTES = 64 << 20  # templates kept, at most (then forgotten, and learnt again)
 
@@ -38,6 +39,8 @@ class Template:
         self.nb = 0
         self.ts_idx: Any = None  # per row, the positions of its timestamp's bytes
         self.rate_idx: Any = None  # per op, the positions of its rates' bytes
+        self.row_off: Any = None  # where each row's packet starts in ``buf`` (and ``buf``'s end)
+        self.keys: Any = None  # per row: rank, tie, seq - seq0 (``merge``)
         self.n_rates = 2  # rates per op (3 where the ops have a roof: all or none of a block)
 
 
@@ -117,8 +120,10 @@ class TemplateSet:
         out = bytearray()
         ts_off, rate_at, rate_op = [], [], []
         op0 = 2 + 2 * n_l
+        row_off = []
         for r in perm.tolist():
             body = bodies[r]
+            row_off.append(len(out))
             out += TRACE_PACKET + varint(len(body) + 1 + nb + len(POST))
             if op0 <= r < op0 + m:
                 k = r - op0
@@ -134,6 +139,8 @@ class TemplateSet:
             (r_[:-1] == r_[1:]) & ((t_[:-1] < t_[1:]) | ((t_[:-1] == t_[1:]) & (s_[:-1] < s_[1:])))
         )
         tm.first = (int(r_[0]), int(t_[0]), int(s_[0]))
+        tm.keys = (r_, t_, s_)
+        tm.row_off = np.array(row_off + [len(out)], dtype=np.int64)
         tm.last = (int(r_[-1]), int(t_[-1]), int(s_[-1]))
         tm.buf = np.frombuffer(bytes(out), dtype=np.uint8)
         tm.nb = nb
@@ -178,7 +185,7 @@ class TemplateSet:
         n = len(blocks)
         first = [kb, ts[:, 0], np.full(n, f[0]), np.full(n, f[1]), seq0 + f[2]]
         last = [kb, ts[:, -1], np.full(n, z[0]), np.full(n, z[1]), seq0 + z[2]]
-        return first, last, bufs
+        return first, last, bufs, (kb, seq0, ts, tm)
 
     def encode(self, batches: list[Batch]) -> bytes | None:
         """The batches' packets with each compute from its template and the other rows framed
@@ -209,30 +216,28 @@ class TemplateSet:
         first = [np.array(c, dtype=np.int64) for c in keys]
         n_s = len(first[0])
         s_ts = first[1]
-        if n_s and interleaved(first[0], s_ts, by_template.values()):
-            return None  # (what key_order finds below, before the templates are filled)
-        fills = []
-        for tm, blist in by_template.values():
-            filled = self._fill(tm, blist)
-            if filled is None:
-                return None
-            fills.append(filled)
-        if n_s < FEW_ROWS * blocks:  # (a CPU log: the rows one by one cost less than numpy's calls)
-            data = join_units(keys, frame_rows(picked, ends, None)[0], fills, self.seq)
-            if data is not None:
-                self.templated += blocks
+        # single rows inside templated computes (a device's busy stretches): merged row by row
+        inter = bool(n_s) and interleaved(first[0], s_ts, by_template.values())
+        fills = [self._fill(tm, blist) for tm, blist in by_template.values()]
+        if any(f is None for f in fills):
+            return None
+        if inter or n_s < FEW_ROWS * blocks:  # (a CPU log: rows one by one cost less)
+            data = joined(inter, keys, first, picked, ends, fills, self.seq)
+            self.templated += blocks if data is not None else 0
             return data
-        last = list(first)
+        last, keys_s = list(first), list(first)
         blocks_out: list[Any] = []  # each templated block's packets
-        for f_keys, z_keys, tb in fills:
+        for f_keys, z_keys, tb, _ in fills:
             first = [np.concatenate((a, c)) for a, c in zip(first, f_keys, strict=True)]
             last = [np.concatenate((a, c)) for a, c in zip(last, z_keys, strict=True)]
             blocks_out += [memoryview(row) for row in tb]  # joined later: no copy here
         if not len(first[0]):
             return b""
         order = key_order(first, last)
-        if order is None:
-            return None
+        if order is None:  # (blocks that interleave: the rows merged one by one)
+            data = merge(keys_s, picked, ends, fills, self.seq)
+            self.templated += blocks if data is not None else 0
+            return data
         # the single rows' packets, made only now that the flush is known to be templated
         bodies, sbuf, slen = frame_rows(picked, ends, s_ts)
         head = b""

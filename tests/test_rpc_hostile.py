@@ -72,7 +72,9 @@ def serve_connection(
     ``mode`` says, and the HELLO reply's padding byte is replaced by ``hello`` unless it is None."""
     host, port = upstream.split(":")
     server = socket.create_connection((host, int(port)))
-    expect: queue.Queue[bool] = queue.Queue()  # per reply: is a block in front of it?
+    # per reply: is a block in front of it? None: the client went away (the other thread ends too,
+    # so that no thread outlives the test: a process with threads is never forked, test_prefetch)
+    expect: queue.Queue[bool | None] = queue.Queue()
 
     def client_to_server() -> None:
         timing, pending = False, 0
@@ -91,6 +93,7 @@ def serve_connection(
                     pending = 0
                 server.sendall(bytes([cmd]) + size_b + payload)
         except (EOFError, OSError):
+            expect.put(None)
             server.close()
 
     def server_to_client() -> None:
@@ -99,12 +102,15 @@ def serve_connection(
                 hello is not None
             ):  # the first reply is HELLO's: | major minor patch padding | caps |
                 rsp = bytearray(recv_exact(server, struct.unpack("<Q", recv_exact(server, 8))[0]))
-                expect.get()
+                if expect.get() is None:
+                    raise EOFError
                 lies.append(f"hello 0x{rsp[3]:02x} -> 0x{hello:02x}")
                 rsp[3] = hello
                 client.sendall(struct.pack("<Q", len(rsp)) + bytes(rsp))
             while True:
                 block = expect.get()
+                if block is None:
+                    break
                 if block:
                     payload = recv_exact(server, struct.unpack("<Q", recv_exact(server, 8))[0])
                     if mode not in lies:
@@ -115,7 +121,8 @@ def serve_connection(
                 size_b = recv_exact(server, 8)
                 client.sendall(size_b + recv_exact(server, struct.unpack("<Q", size_b)[0]))
         except (EOFError, OSError):
-            client.close()
+            pass
+        client.close()
 
     for fn in (client_to_server, server_to_client):
         threading.Thread(target=fn, daemon=True).start()

@@ -198,6 +198,7 @@ class Server:
         conf = CONFIGS[config]
         self.prometheus: Prometheus | None = None
         self.scrapes = 0  # exported: Prometheus' successful scrapes of the exporter
+        self.exporter_pid = 0  # exported: the `instr metrics` process beside the server
         metrics_port = free_port() if config == "exported" else 0
         if conf is None:
             cmd = [str(exe), *server_args]
@@ -213,6 +214,9 @@ class Server:
             if shutil.which("prometheus") is None:
                 raise SystemExit("exported: Debian's prometheus is not installed")
             self.prometheus = Prometheus(log.parent / f"prometheus-{log.stem}", metrics_port)
+            # measured from its first scrape on: its start-up (TSDB, WAL) is not the exporter's
+            # steady cost
+            self.prometheus.wait_scraped()
         # llama-server's own pid, whose memory and CPU time are measured: instr exec runs it as
         # a child (beside the exporter, with --metrics)
         self.pid = self.proc.pid
@@ -226,6 +230,14 @@ class Server:
             if len(servers) != 1:
                 raise SystemExit(f"instr exec runs {len(servers)} llama-servers, not one")
             self.pid = servers[0]
+            others = [int(c) for c in children if int(c) != self.pid]
+            self.exporter_pid = others[0] if metrics_port and others else 0
+
+    def helpers_cpu_s(self) -> tuple[float, float]:
+        """CPU seconds so far of the exporter and of Prometheus (0 without them)."""
+        exporter = cpu_s(self.exporter_pid) if self.exporter_pid else 0.0
+        prom = self.prometheus.cpu_s() if self.prometheus is not None else 0.0
+        return exporter, prom
 
     def _wait_ready(self, timeout: float = 180) -> None:
         import urllib.request
@@ -288,6 +300,8 @@ class Round:
     log_bytes: int = 0
     table_bytes: int = 0  # of graph records (node tables, or a same_as naming one)
     scrapes: int = 0  # exported: Prometheus' successful scrapes of the exporter over the round
+    exporter_cpu: float = 0.0  # exported: CPU seconds of `instr metrics` over the round
+    prometheus_cpu: float = 0.0  # exported: CPU seconds of Prometheus over the round
     files: int = 0
     lines: int = 0
     bad_lines: int = 0
@@ -369,14 +383,18 @@ def one_round(
         run_requests(server, reqs[:2], 2, args.round_timeout)
         before = rss_kib(server.pid)
         cpu0 = cpu_s(server.pid)
+        helpers0 = server.helpers_cpu_s()
         t0 = time.monotonic()
         outcomes = run_requests(server, reqs, args.concurrency, args.round_timeout)
         wall = time.monotonic() - t0
         cpu = cpu_s(server.pid) - cpu0
+        helpers1 = server.helpers_cpu_s()
         after = rss_kib(server.pid)
     finally:
         server.stop()
     rnd = Round(config, wall, outcomes, before, after, cpu)
+    rnd.exporter_cpu = helpers1[0] - helpers0[0]
+    rnd.prometheus_cpu = helpers1[1] - helpers0[1]
     rnd.scrapes = server.scrapes
     if CONFIGS[config] is not None:
         check_log(rnd, log)
@@ -493,7 +511,9 @@ def report(
             "",
             f"The exporter's cost, exported against {EXPORTED_VS} round by round (Prometheus "
             f"scraping every second: {', '.join(str(r.scrapes) for r in ex)} scrapes in rounds of "
-            f"{', '.join(f'{r.wall:.0f}' for r in ex)} s): requests/s "
+            f"{', '.join(f'{r.wall:.0f}' for r in ex)} s; CPU over a round: the exporter "
+            f"{statistics.median(r.exporter_cpu for r in ex):.2f} s, Prometheus "
+            f"{statistics.median(r.prometheus_cpu for r in ex):.2f} s, medians): requests/s "
             f"{statistics.median(r.rps / b.rps for r, b in pairs):.3f}x (target >= 0.98x), p99 "
             f"latency {statistics.median(r.latency(0.99) / b.latency(0.99) for r, b in pairs):.3f}x "
             f"(target <= {P99_TARGET}x), server CPU per request "

@@ -55,6 +55,20 @@ class Prometheus:
         span = int(time.monotonic() - self.t0) + 5
         return int(self.value(f"sum_over_time(up[{span}s])") or 0)
 
+    def wait_scraped(self, timeout: float = 60) -> None:
+        """Until it has scraped the target once (its start-up, TSDB and first scrape are behind
+        it); AssertionError after ``timeout`` s."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.value("up") == 1.0:
+                return
+            time.sleep(0.2)
+        raise AssertionError("prometheus did not scrape its target")
+
+    def cpu_s(self) -> float:
+        """Its CPU time so far (user + system, s)."""
+        return _cpu_s(self.proc.pid)
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -62,3 +76,14 @@ class Prometheus:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def _cpu_s(pid: int) -> float:
+    """A process's CPU time (user + system, s) from /proc, 0 once it is gone."""
+    import os
+
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

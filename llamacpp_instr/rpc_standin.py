@@ -20,7 +20,10 @@ from pathlib import Path
 
 from llamacpp_instr.converters.errors import UserError
 
-_SERVE = r"""
+# ggml's RPC server on the ggml libraries of argv[1:4] (base, ggml, rpc): this machine's CPU device
+# served at argv[4] with argv[5] threads. The tests' RPC hosts (tests/netsim.py, rpc_backend.py) run
+# the same script.
+SERVE_SCRIPT = r"""
 import ctypes, sys
 base, ggml, rpc = sys.argv[1:4]
 ctypes.CDLL(base, mode=ctypes.RTLD_GLOBAL)
@@ -32,8 +35,16 @@ cpu = ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
 devs = (ctypes.c_void_p * 1)(cpu)
 rpc.ggml_backend_rpc_start_server.argtypes = [
     ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
-rpc.ggml_backend_rpc_start_server(sys.argv[4].encode(), None, 1, 1, devs)
+rpc.ggml_backend_rpc_start_server(sys.argv[4].encode(), None, int(sys.argv[5]), 1, devs)
 """
+
+
+def server_command(libs: list[str], endpoint: str, threads: int = 1) -> list[str]:
+    """The command serving this machine's CPU over RPC at ``endpoint`` with ``threads`` threads,
+    on the ggml libraries ``libs`` (libggml-base, libggml, libggml-rpc)."""
+    return [sys.executable, "-c", SERVE_SCRIPT, *libs, endpoint, str(threads)]
+
+
 START_TIMEOUT_S = 30.0
 
 _running: list[tuple[str, subprocess.Popen[bytes]]] = []
@@ -60,7 +71,7 @@ def _start() -> str:
     libs = [str(_lib(lib_dir, n)) for n in ("libggml-base", "libggml", "libggml-rpc")]
     endpoint = f"127.0.0.1:{_free_port()}"
     proc = subprocess.Popen(
-        [sys.executable, "-c", _SERVE, *libs, endpoint],
+        server_command(libs, endpoint),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

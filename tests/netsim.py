@@ -34,23 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llamacpp_instr import rpc_standin
+
 HERE = Path(__file__).resolve()
 
-# ggml's RPC server on the patched (or any) libraries: the CPU device served at argv[4]
-SERVE = r"""
-import ctypes, sys
-base, ggml, rpc = sys.argv[1:4]
-ctypes.CDLL(base, mode=ctypes.RTLD_GLOBAL)
-ggml = ctypes.CDLL(ggml, mode=ctypes.RTLD_GLOBAL)
-rpc = ctypes.CDLL(rpc, mode=ctypes.RTLD_GLOBAL)
-ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
-ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
-cpu = ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
-devs = (ctypes.c_void_p * 1)(cpu)
-rpc.ggml_backend_rpc_start_server.argtypes = [
-    ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
-rpc.ggml_backend_rpc_start_server(sys.argv[4].encode(), None, int(sys.argv[5]), 1, devs)
-"""
 
 # the client's TCP send buffer (min, default, max): well above the links' bandwidth-delay products
 CLIENT_WMEM = "4096 65536 262144"
@@ -73,7 +60,7 @@ def binary_server_command(exe: Path, threads: int = 1) -> list[str]:
 def server_command(lib_dir: Path, endpoint: str, threads: int = 1) -> list[str]:
     """Serve this machine's CPU over RPC at endpoint with the ggml libraries of lib_dir."""
     libs = [str(lib_file(lib_dir, n)) for n in ("libggml-base", "libggml", "libggml-rpc")]
-    return [sys.executable, "-c", SERVE, *libs, endpoint, str(threads)]
+    return rpc_standin.server_command(libs, endpoint, threads)
 
 
 # A client of the hosts: registers each endpoint as an RPC device (with the ggml libraries llama_cpp

@@ -23,21 +23,7 @@ from pathlib import Path
 
 from support import free_port
 
-_SERVE = r"""
-import ctypes, sys
-base, ggml, rpc = sys.argv[1:4]
-ctypes.CDLL(base, mode=ctypes.RTLD_GLOBAL)
-ggml = ctypes.CDLL(ggml, mode=ctypes.RTLD_GLOBAL)
-rpc = ctypes.CDLL(rpc, mode=ctypes.RTLD_GLOBAL)
-ggml.ggml_backend_load_all.restype = None
-ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
-ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
-cpu = ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
-devs = (ctypes.c_void_p * 1)(cpu)
-rpc.ggml_backend_rpc_start_server.argtypes = [
-    ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
-rpc.ggml_backend_rpc_start_server(sys.argv[4].encode(), None, 1, 1, devs)
-"""
+from llamacpp_instr import rpc_standin
 
 
 def lib_dir() -> Path:
@@ -64,7 +50,7 @@ def rpc_server() -> Iterator[str]:
     base, ggml_lib, rpc_lib = _lib("libggml-base"), _lib("libggml"), _lib("libggml-rpc")
     endpoint = f"127.0.0.1:{free_port()}"
     proc = subprocess.Popen(
-        [sys.executable, "-c", _SERVE, str(base), str(ggml_lib), str(rpc_lib), endpoint],
+        rpc_standin.server_command([str(base), str(ggml_lib), str(rpc_lib)], endpoint),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

@@ -261,6 +261,13 @@ class GraphBuilder:
 
 
 def _advice(t: Target, where: str) -> str:
+    if where.startswith("RPC"):
+        # a stock server times nothing (the log's remote_timing: false): no run of it can help
+        return (
+            "an RPC server's ops are timed only by the patched ggml-rpc-server (`instr build "
+            "--tools`, then `instr tools` says where it is): run the hosts on it (detailed) and "
+            "add that log"
+        )
     threads = f" --threads {t.threads}" if "threads" in where else ""
     return f"run `instr run {t.model}{threads}` (detailed) and add its log"
 

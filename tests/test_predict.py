@@ -369,3 +369,16 @@ def test_link_values_parse_with_their_units() -> None:
     for bad in ("", "2", "ms", "-1ms", "infms"):
         with pytest.raises(ValueError):
             parse_duration_ns(bad)
+
+
+def test_an_rpc_device_without_op_times_is_sent_to_the_patched_server() -> None:
+    """What no log measured on an RPC server cannot come from another run of a stock server (it
+    times nothing): the advice names the patched one; a CPU's names a run at its threads."""
+    from llamacpp_instr.predict import Target, _advice
+
+    t = Target(Path("m.gguf"), threads=3, n_prompt=8, n_gen=8, depth=0, n_batch=512, n_ubatch=512)
+    assert "patched ggml-rpc-server" in _advice(t, "RPC0")
+    assert (
+        _advice(t, "CPU (3 threads)")
+        == "run `instr run m.gguf --threads 3` (detailed) and add its log"
+    )

@@ -91,6 +91,20 @@ def test_even_gaps_make_no_late_tokens() -> None:
     assert s.cache_miss_reason is None and s.cache_reused_tokens is None
 
 
+def test_a_request_without_a_slot_reads_sequence_0() -> None:
+    """instr serve's requests name no slot: its steps (no seqs) hold sequence 0, one request at a
+    time, so a slow step is its own."""
+    rows = [(k * 10 * MS, 10 * MS, 1, [(0, 1)]) for k in range(10)]
+    rows[6] = (60 * MS, 10 * MS, 1, [(0, 1)])
+    rows = [r if i < 6 else (r[0] + 90 * MS, r[1], r[2], r[3]) for i, r in enumerate(rows)]
+    r = _req("serve-1", 0, 0, 0, 10 * MS, 190 * MS, 190 * MS, prompt_tokens=1)
+    del r["slot"]
+    (s,) = stories([r], rows)
+    # the gap into the token of step 6 (the 7th token) is 100 ms against a median of 10
+    assert [(t.token, t.late_ns) for t in s.late_tokens] == [(7, 90 * MS)]
+    assert "outside decode steps" in s.late_tokens[0].cause
+
+
 @pytest.mark.parametrize(
     ("cache", "reason"),
     [

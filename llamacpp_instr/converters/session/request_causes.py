@@ -295,7 +295,8 @@ def stories(requests: Iterable[dict[str, Any]], rows: Sequence[StepRow]) -> list
                 cache_reused_tokens=reused,
                 cache_miss_reason=reason,
                 cache_note=note,
-                late_tokens=_late(r, slot, rows, windows) if slot is not None else [],
+                # no slot: a server of one sequence (instr serve), whose steps hold sequence 0
+                late_tokens=_late(r, slot if slot is not None else 0, rows, windows),
             )
         )
     out.sort(key=lambda s: (-s.total_ns, s.id))

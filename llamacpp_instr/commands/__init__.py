@@ -37,6 +37,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 #                  ``always_on_options``, given to the command as one ``always_on``
 #   -ngl/--gpu-layers, --device, --rpc, --tensor-split   where a model's layers run (offload.py)
 #   -ctk/--cache-type-k, -ctv/--cache-type-v   the KV cache's types (llama.cpp's names; run, fit)
+#   --quant        the model quantized to TYPE (fit, plan, predict: ``quant_option``)
+#   --format       text or json (fit, plan, predict: ``text_json_option``); report formats
+#                  (summary, compare, ...: ``report_options``)
 # Old spellings keep working for one release through ``deprecated_alias``, with a note on stderr.
 
 session_option = click.option(
@@ -62,6 +65,28 @@ memory_option = click.option(
     "repeatable). Default: each device's free memory as ggml reports it (a memory budget, "
     "LLAMA_INSTR_MEMORY_BUDGET, lowers it).",
 )
+
+
+def quant_option(help: str) -> Callable[[F], F]:
+    """``--quant TYPE``, repeatable: the model quantized to TYPE (into the cache, by the pinned
+    llama.cpp's quantizer, as instr quantize does), for the commands that size or price a setting
+    (fit, plan, predict); ``help`` says what each does with it."""
+    return click.option("--quant", "quants", metavar="TYPE", multiple=True, help=help)
+
+
+def text_json_option(help: str) -> Callable[[F], F]:
+    """``--format text|json`` of the commands that answer with a table of their own, not a report
+    (fit, plan, predict; the report commands take ``report_options``)."""
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        help=help,
+    )
+
+
 ctx_option = click.option(
     "--ctx",
     "n_ctx",

@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING
 import click
 from click.core import ParameterSource
 
-from llamacpp_instr.commands import memory_option, offload_options, threads_option
+from llamacpp_instr.commands import (
+    memory_option,
+    offload_options,
+    quant_option,
+    text_json_option,
+    threads_option,
+)
 
 if TYPE_CHECKING:
     from llamacpp_instr.fit import Answer, Footprint
@@ -32,23 +38,12 @@ PURPOSES = ("weights", "kv_cache", "compute", "output")
     help="The largest context to consider, in tokens (default: the model's n_ctx_train).",
 )
 @offload_options()
-@click.option(
-    "--quant",
-    "quants",
-    metavar="TYPE",
-    multiple=True,
-    help="Answer for the model quantized to TYPE too (repeatable; quantized into the cache with "
-    "the pinned llama.cpp's quantizer, as instr quantize does). Default: the file's own.",
+@quant_option(
+    "Answer for the model quantized to TYPE too (repeatable; quantized into the cache with "
+    "the pinned llama.cpp's quantizer, as instr quantize does). Default: the file's own."
 )
 @threads_option
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="text: a table per quantization; json: one object per quantization.",
-)
+@text_json_option("text: a table per quantization; json: one object per quantization.")
 @click.option(
     "--compare-llama",
     is_flag=True,

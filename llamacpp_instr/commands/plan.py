@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands import ctx_option, memory_option, offload_options
+from llamacpp_instr.commands import (
+    ctx_option,
+    memory_option,
+    offload_options,
+    quant_option,
+    text_json_option,
+)
 
 if TYPE_CHECKING:
     from llamacpp_instr.offload import Offload
@@ -21,13 +27,9 @@ if TYPE_CHECKING:
 @click.argument("logs", nargs=-1, type=click.Path(path_type=Path))
 @memory_option
 @ctx_option
-@click.option(
-    "--quant",
-    "quants",
-    metavar="TYPE",
-    multiple=True,
-    help="Consider the model quantized to TYPE too (repeatable; quantized into the cache, as "
-    "instr fit --quant does). Default: the file's own.",
+@quant_option(
+    "Consider the model quantized to TYPE too (repeatable; quantized into the cache, as "
+    "instr fit --quant does). Default: the file's own."
 )
 @click.option(
     "--quality",
@@ -38,14 +40,7 @@ if TYPE_CHECKING:
     "KL divergence from the base joins the Pareto front.",
 )
 @offload_options()
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="text: a ranked table; json: one object per setting.",
-)
+@text_json_option("text: a ranked table; json: one object per setting.")
 def command(
     model: Path,
     logs: tuple[Path, ...],

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-from llamacpp_instr.commands import offload_options, threads_option
+from llamacpp_instr.commands import offload_options, quant_option, text_json_option, threads_option
 
 if TYPE_CHECKING:
     from llamacpp_instr.offload import Offload
@@ -50,13 +50,9 @@ if TYPE_CHECKING:
     default=None,
     help="Another GGUF of the same architecture (another quantization, say).",
 )
-@click.option(
-    "--quant",
-    "quants",
-    metavar="TYPE",
-    multiple=True,
-    help="Predict the model quantized to TYPE (repeatable: one prediction each; quantized into "
-    "the cache, as instr fit --quant does).",
+@quant_option(
+    "Predict the model quantized to TYPE (repeatable: one prediction each; quantized into "
+    "the cache, as instr fit --quant does)."
 )
 @offload_options()
 @click.option(
@@ -75,15 +71,10 @@ if TYPE_CHECKING:
     help="Price the RPC servers' network at this round trip (2ms, 500us); the log's measured "
     "one without it.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="text: tokens/s and where the time goes; json: prompt_tokens_per_s and "
+@text_json_option(
+    "text: tokens/s and where the time goes; json: prompt_tokens_per_s and "
     "gen_tokens_per_s as {value, low, high}, by_device (with network over RPC), by_op, rpc_links, "
-    "not_covered (a list of such objects for several --quant).",
+    "not_covered (a list of such objects for several --quant)."
 )
 def command(
     logs: tuple[Path, ...],

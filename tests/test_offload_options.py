@@ -12,6 +12,7 @@ seconds.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -30,7 +31,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from rpc_backend import rpc_server
-from support import by_type, free_port, loopback_server, read_log, wait_ready
+from support import by_type, free_port, instr, loopback_server, read_log, wait_ready
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.errors import UserError
@@ -40,14 +41,8 @@ from llamacpp_instr.offload import Offload
 NO_ANSWER_BOUND_S = 30.0
 
 
-def _instr(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> Any:
-    return subprocess.run(
-        [sys.executable, "-m", "llamacpp_instr.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+# support.instr, with this file's hang guard
+_instr = functools.partial(instr, timeout=300)
 
 
 @pytest.fixture(scope="module")

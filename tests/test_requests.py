@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import free_port, instr, wait_ready
+from test_metrics import request_records
 
 from llamacpp_instr.converters.session.request_causes import (
     MISS_REASONS,
@@ -25,7 +27,6 @@ from llamacpp_instr.converters.session.request_causes import (
     split,
     stories,
 )
-from tests.support import free_port, wait_ready
 
 MS = 1_000_000
 SID = "00000000000000ab"
@@ -194,12 +195,6 @@ def _write_log(path: Path, rows: list, reqs: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
 
 
-def instr(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llamacpp_instr.cli", *args], capture_output=True, text=True
-    )
-
-
 def test_the_command_lists_slowest_first_with_one_object_per_request(tmp_path: Path) -> None:
     rows, reqs = _steps_with_a_prefill()
     log = tmp_path / "s.log"
@@ -309,12 +304,12 @@ def test_a_real_server_says_who_made_a_token_late_and_why_a_prompt_was_not_reuse
         wait_ready(port, server, timeout=180, path="/health")
         names = scenario(port)
         deadline = time.monotonic() + 60
-        while len(_records(log)) < len(names) and time.monotonic() < deadline:
+        while len(request_records(log)) < len(names) and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:
         server.terminate()
         server.wait(60)
-    recs = sorted(_records(log), key=lambda r: r["t_arrive"])
+    recs = sorted(request_records(log), key=lambda r: r["t_arrive"])
     assert len(recs) == len(names) == 8
     by = dict(zip(names, recs, strict=True))  # the scenario sent them one after another
     for r in recs:  # two counters of the server's agree: reused + decoded = the prompt
@@ -350,12 +345,3 @@ def test_a_real_server_says_who_made_a_token_late_and_why_a_prompt_was_not_reuse
     assert dr["slot_by"] == "similarity" and dr["reused"] == dr["common"] > 16
     assert "barley" in dr["diverged"]["prompt"] and "barley" not in dr["diverged"]["held"]
     assert got[by["first"]["id"]]["cache_miss_reason"] == "new"
-
-
-def _records(log: Path) -> list[dict[str, Any]]:
-    out = []
-    for f in sorted(log.parent.glob(log.name + "*")):
-        for line in f.read_text(errors="replace").splitlines():
-            if '"type":"request"' in line:
-                out.append(json.loads(line))
-    return out

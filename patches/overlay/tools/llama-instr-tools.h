@@ -464,15 +464,6 @@ inline void request_slot_chosen(int task_id, const char * how) {
     }
 }
 
-inline int64_t common_prefix(const std::vector<llama_token> & a, const std::vector<llama_token> & b) {
-    const size_t n = a.size() < b.size() ? a.size() : b.size();
-    size_t       i = 0;
-    while (i < n && a[i] == b[i] && a[i] != LLAMA_TOKEN_NULL) {
-        i++;
-    }
-    return (int64_t) i;
-}
-
 // tokens [i0, i1) of `t` as text: valid UTF-8 kept, other bytes as '?', at most `max` bytes
 inline std::string tokens_text(llama_context *                  ctx,
                                const std::vector<llama_token> & t,
@@ -551,16 +542,17 @@ struct prefix_history {
 
 // The slot `slot_id` begins the prompt of `task_id` (update_slots, where the server decided how much
 // of its cache to keep): `held`, what its cache held; `prompt`, the prompt; `n_reused`, the tokens
-// it keeps (n_past); `slots`, every slot (another one may have held more of the prompt).
-template <class Slots>
-inline void request_prompt(llama_context *                  ctx,
-                           int                              task_id,
-                           int                              slot_id,
-                           const std::vector<llama_token> & held,
-                           const std::vector<llama_token> & prompt,
-                           int64_t                          n_reused,
-                           bool                             cache_prompt,
-                           const Slots &                    slots) {
+// it keeps (n_past); `slots`, every slot (another one may have held more of the prompt). Prefixes
+// in common are the server's own (server_tokens::get_common_prefix, media chunks included).
+template <class Tokens, class Slots>
+inline void request_prompt(llama_context * ctx,
+                           int             task_id,
+                           int             slot_id,
+                           const Tokens &  held,
+                           const Tokens &  prompt,
+                           int64_t         n_reused,
+                           bool            cache_prompt,
+                           const Slots &   slots) {
     if (!active()) {
         return;
     }
@@ -568,14 +560,14 @@ inline void request_prompt(llama_context *                  ctx,
     int64_t other_common = 0;
     for (const auto & s : slots) {
         if (s.id != slot_id) {
-            const int64_t c = common_prefix(s.prompt.tokens.get_tokens(), prompt);
+            const int64_t c = (int64_t) s.prompt.tokens.get_common_prefix(prompt);
             if (c > other_common) {
                 other        = s.id;
                 other_common = c;
             }
         }
     }
-    const int64_t               common = common_prefix(held, prompt);
+    const int64_t               common = (int64_t) held.get_common_prefix(prompt);
     std::lock_guard<std::mutex> lock(requests_mutex());
     auto &                      m  = requests_by_task();
     auto                        it = m.find(task_id);
@@ -594,11 +586,11 @@ inline void request_prompt(llama_context *                  ctx,
         r.other_slot   = other;
         r.other_common = other_common;
     }
-    r.seen_tokens = history.seen_then_add(prompt, r.id, r.seen_request);
+    r.seen_tokens = history.seen_then_add(prompt.get_tokens(), r.id, r.seen_request);
     if (common < r.n_held && common < r.n_prompt_all) {
-        r.text_before = tokens_text(ctx, prompt, common - 8, common);
-        r.text_held   = tokens_text(ctx, held, common, common + 8);
-        r.text_prompt = tokens_text(ctx, prompt, common, common + 8);
+        r.text_before = tokens_text(ctx, prompt.get_tokens(), common - 8, common);
+        r.text_held   = tokens_text(ctx, held.get_tokens(), common, common + 8);
+        r.text_prompt = tokens_text(ctx, prompt.get_tokens(), common, common + 8);
     }
 }
 

@@ -19,6 +19,7 @@ slot's prompt chunk (a prefill), other slots' tokens, or nothing (the step itsel
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -179,6 +180,27 @@ def cache_reason(cache: Any) -> tuple[int | None, str | None, str]:
     return reused, reason, f"{head}: {why}"
 
 
+class _StepIndex:
+    """The session's steps (in time order) found by when they began and when they ended, so that
+    a request's steps and a gap's are a bisection each, not a pass over every step of the log."""
+
+    def __init__(self, rows: Sequence[StepRow]) -> None:
+        self.rows = rows
+        self.starts = [r[0] for r in rows]
+        by_end = sorted(range(len(rows)), key=lambda i: rows[i][0] + rows[i][1])
+        self.by_end = by_end
+        self.ends = [rows[i][0] + rows[i][1] for i in by_end]
+
+    def began(self, t0: int, t1: int) -> Sequence[StepRow]:
+        """The steps that began from ``t0`` to ``t1``, in time order."""
+        return self.rows[bisect_left(self.starts, t0) : bisect_right(self.starts, t1)]
+
+    def ended(self, a: int, b: int) -> list[StepRow]:
+        """The steps that ended after ``a`` and by ``b``, in time order."""
+        k = self.by_end[bisect_right(self.ends, a) : bisect_right(self.ends, b)]
+        return [self.rows[i] for i in sorted(k)]
+
+
 def _who(slot: int, t: int, windows: dict[int, list[tuple[int, int, str]]]) -> str:
     """The request that held ``slot`` at ``t`` ("slot N" when no record says)."""
     for t0, t1, rid in windows.get(slot, []):
@@ -190,14 +212,14 @@ def _who(slot: int, t: int, windows: dict[int, list[tuple[int, int, str]]]) -> s
 def _late(
     rec: dict[str, Any],
     slot: int,
-    rows: Sequence[StepRow],
+    index: _StepIndex,
     windows: dict[int, list[tuple[int, int, str]]],
 ) -> list[LateToken]:
     try:
         t0, t1 = slot_window(rec)
     except (KeyError, TypeError, ValueError):
         return []
-    mine = [r for r in rows if t0 <= r[0] <= t1 and any(q == slot for q, _ in r[3])]
+    mine = [r for r in index.began(t0, t1) if any(q == slot for q, _ in r[3])]
     prompt_left = max(_int(rec.get("prompt_tokens")) or 0, 1)
     arrivals: list[int] = []
     for start, dur, _, seqs in mine:
@@ -217,10 +239,10 @@ def _late(
         key=lambda i: -gaps[i],
     )[:LATE_SHOWN]
     out = []
-    for i in sorted(late, key=lambda i: -gaps[i]):
+    for i in late:
         a, b = arrivals[i], arrivals[i + 1]
         others: dict[tuple[int, str], list[int]] = {}
-        steps = [r for r in rows if a < r[0] + r[1] <= b]
+        steps = index.ended(a, b)
         for start, _, _, seqs in steps:
             for q, k in seqs:
                 if q != slot:
@@ -263,6 +285,7 @@ def _late(
 def stories(requests: Iterable[dict[str, Any]], rows: Sequence[StepRow]) -> list[RequestStory]:
     """Each request record's story, slowest first. ``rows``: the session's steps in time order."""
     reqs = [r for r in requests if isinstance(r, dict)]
+    index = _StepIndex(rows)
     windows: dict[int, list[tuple[int, int, str]]] = {}
     for r in reqs:
         slot = _int(r.get("slot"))
@@ -296,7 +319,7 @@ def stories(requests: Iterable[dict[str, Any]], rows: Sequence[StepRow]) -> list
                 cache_miss_reason=reason,
                 cache_note=note,
                 # no slot: a server of one sequence (instr serve), whose steps hold sequence 0
-                late_tokens=_late(r, slot if slot is not None else 0, rows, windows),
+                late_tokens=_late(r, slot if slot is not None else 0, index, windows),
             )
         )
     out.sort(key=lambda s: (-s.total_ns, s.id))

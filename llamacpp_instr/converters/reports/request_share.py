@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..session.request_causes import StepRow
 from ..session.requests import RequestShare, SeqSteps, slot_window
 from .report import Column, Section, Table
 
@@ -15,7 +16,7 @@ if TYPE_CHECKING:  # pandas loads with the frames, not with this module
     from ..analysis.frames import SessionFrames
 
 
-def step_rows(f: SessionFrames) -> list[tuple[int, int, int, list[tuple[int, int]]]]:
+def step_rows(f: SessionFrames) -> list[StepRow]:
     """The session's steps in time order: (start, duration, the batch's tokens, [(sequence, its
     tokens)]); a step without ``seqs`` holds sequence 0 only."""
     seqs: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -30,13 +31,14 @@ def step_rows(f: SessionFrames) -> list[tuple[int, int, int, list[tuple[int, int
     ]
 
 
-def request_shares(f: SessionFrames) -> list[RequestShare]:
-    """Each request with a ``slot`` (llama-server's), in the order their records were written."""
+def request_shares(f: SessionFrames, rows: list[StepRow] | None = None) -> list[RequestShare]:
+    """Each request with a ``slot`` (llama-server's), in the order their records were written;
+    ``rows``: ``step_rows(f)``, when the caller has them already."""
     reqs = [r for r in f.info.requests if r.get("slot") is not None]
     if not reqs:
         return []
     index = SeqSteps()
-    for start, dur, n, seqs in step_rows(f):
+    for start, dur, n, seqs in step_rows(f) if rows is None else rows:
         index.add(start, dur, n, seqs)
     out = []
 

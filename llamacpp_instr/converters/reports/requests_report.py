@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..session.request_causes import RequestStory, stories
+from ..session.request_causes import RequestStory, StepRow, stories
 from .report import Chart, Column, Fact, Report, Section, Series, Table
 from .request_share import step_rows
 
@@ -35,11 +35,12 @@ COLUMNS = [
 ]
 
 
-def request_stories(f: SessionFrames) -> list[RequestStory]:
-    """Every request of the session, slowest first."""
+def request_stories(f: SessionFrames, rows: list[StepRow] | None = None) -> list[RequestStory]:
+    """Every request of the session, slowest first; ``rows``: ``step_rows(f)``, when the caller
+    has them already."""
     if not f.info.requests:
         return []
-    return stories(f.info.requests, step_rows(f))
+    return stories(f.info.requests, step_rows(f) if rows is None else rows)
 
 
 def _why(s: RequestStory) -> list[dict[str, Any]]:

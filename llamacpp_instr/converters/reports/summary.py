@@ -16,7 +16,7 @@ from ..analysis.frames import SessionFrames
 from ..schema import LEVEL_IDS, level_at_least
 from . import device_report, memory_report, requests_report, roofline_report
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
-from .request_share import part_rows, parts_section, request_shares, share_section
+from .request_share import part_rows, parts_section, request_shares, share_section, step_rows
 from .requests_report import request_stories
 
 BY_COLUMNS = {"op": "label", "layer": "layer", "node": "name"}
@@ -424,10 +424,11 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
     lat = request_latency(f)
     if lat is not None:
         sections.append(_requests_section(lat, f))
-    shares = request_shares(f)  # llama-server: requests sharing batches
+    rows = step_rows(f) if f.info.requests else []  # the steps, read once for both sections
+    shares = request_shares(f, rows)  # llama-server: requests sharing batches
     if shares:
         sections.append(share_section(shares))
-    slow = request_stories(f) if lat is not None else []  # why requests were slow
+    slow = request_stories(f, rows) if lat is not None else []  # why requests were slow
     if slow:
         sections.append(requests_report.section(slow, top))
     parts = part_rows(f)  # llama-bench: its tests

@@ -25,8 +25,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..converters.session.request_causes import cache_reason
-from .log_input import MALFORMED, slot_window, step_seqs
+from .log_input import MALFORMED, cache_reason, slot_window, step_seqs
 
 NS = 1e-9
 

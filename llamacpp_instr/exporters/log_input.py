@@ -23,9 +23,18 @@ from llamacpp_instr.converters.reading.reader import (
     log_files,
     parse_line,
 )
+from llamacpp_instr.converters.session.request_causes import MISS_REASONS, cache_reason
 from llamacpp_instr.converters.session.requests import slot_window
 
-__all__ = ["MALFORMED", "UserError", "follow_log", "slot_window", "step_seqs"]
+__all__ = [
+    "MALFORMED",
+    "MISS_REASONS",
+    "UserError",
+    "cache_reason",
+    "follow_log",
+    "slot_window",
+    "step_seqs",
+]
 
 POLL = 0.05  # seconds between looks at a file that has not grown
 

@@ -30,8 +30,8 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
-from ..converters.session.request_causes import MISS_REASONS
 from .live_requests import RequestFigures, SessionFigures, StepFigures
+from .log_input import MISS_REASONS
 
 PREFIX = "llamacpp_instr:"
 

@@ -188,6 +188,59 @@ def test_run_that_does_not_fit_says_why_and_what_would(
     assert r.returncode == 0, r.stderr
 
 
+# A program that closes a descriptor it did not open and opens a file of its own at that number:
+# the session's /proc/self/statm descriptor (kept open, read at every step) is then someone else's.
+_STATM_TAKEN = """
+import os, sys
+import llama_cpp, llamacpp_instr
+model, log, fake = sys.argv[1:4]
+llm = llama_cpp.Llama(model, n_ctx=128, n_threads=1, verbose=False)
+with llamacpp_instr.session(llm, log, level="minimal"):
+    llm.eval([1, 40, 41, 42])
+    mine = []
+    for n in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{n}").endswith("/statm"):
+                mine.append(int(n))
+        except FileNotFoundError:
+            pass  # listdir's own descriptor, closed since
+    print("statm descriptors", len(mine), flush=True)
+    for n in mine:
+        os.close(n)
+        other = os.open(fake, os.O_RDONLY)
+        if other != n:
+            os.dup2(other, n)
+            os.close(other)
+    llm.eval([43])
+    with open("/proc/self/statm") as f:
+        print("rss", int(f.read().split()[1]) * os.sysconf("SC_PAGESIZE"), flush=True)
+"""
+
+
+def test_step_rss_survives_the_program_taking_its_descriptor(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """Each step's RSS is read from a /proc/self/statm kept open. A program may close it and
+    reuse the number for a file of its own (this one reads "1 2 3", which a parser of statm's
+    first three numbers would take): the step after still says the process's own RSS."""
+    fake = tmp_path / "fake"
+    fake.write_text("1 2 3\n")
+    log = tmp_path / "taken.log"
+    r = subprocess.run(
+        [sys.executable, "-c", _STATM_TAKEN, str(tiny_llama_f32), str(log), str(fake)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    lines = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines())
+    assert lines["statm descriptors"] == "1"
+    rss_after = int(lines["rss"])
+    ends = by_type(read_log(log), "step_end")
+    assert len(ends) == 2
+    last = ends[-1]["memory"]["rss"]
+    assert rss_after > 20 * 2**20  # a Python process with llama.cpp loaded
+    assert abs(last - rss_after) < 0.2 * rss_after, (last, rss_after)
+
+
 def test_step_memory_can_be_left_out_to_measure_it(
     instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
 ) -> None:

@@ -17,7 +17,10 @@ struct ggml_tensor;
 typedef struct ggml_backend *       ggml_backend_t;
 typedef struct ggml_backend_sched * ggml_backend_sched_t;
 
-extern std::atomic<int32_t> g_llama_instr_level;
+extern std::atomic<int32_t>  g_llama_instr_level;
+// bumped by every change of g_llama_instr_level: a graph llama.cpp built or computed while the hooks
+// were off was not seen (llama_instr_compute_begin then checks the graph it is given)
+extern std::atomic<uint64_t> g_llama_instr_level_changes;
 
 static inline bool llama_instr_enabled() {
     return g_llama_instr_level.load(std::memory_order_relaxed) != LLAMA_INSTR_LEVEL_OFF;

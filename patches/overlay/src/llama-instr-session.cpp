@@ -12,7 +12,8 @@
 #include <string>
 #include <thread>
 
-std::atomic<int32_t> g_llama_instr_level{ LLAMA_INSTR_LEVEL_OFF };
+std::atomic<int32_t>  g_llama_instr_level{ LLAMA_INSTR_LEVEL_OFF };
+std::atomic<uint64_t> g_llama_instr_level_changes{ 0 };
 
 namespace llama_instr {
 

@@ -206,6 +206,11 @@ struct ctx_state {
     int32_t ubatch_tokens   = 0;  // of the ubatch whose graph computes next (0: a K-shift, say)
     int64_t t_compute_begin = 0;  // host time at llama_instr_compute_begin
 
+    // llama.cpp's count of graphs reused (perf_get_data().n_reused) and the level changes at the
+    // last compute this state saw (-1: none, or one went unseen since)
+    int32_t  reused_seen   = -1;
+    uint64_t level_changes = 0;
+
     std::vector<int32_t> scratch_ids;
     std::string          line;  // reused formatting buffer
 };

@@ -3,6 +3,7 @@
 #include "ggml.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -41,6 +42,18 @@ void json_out::f64(double v) {
     const int n = snprintf(buf, sizeof(buf), "%.9g", v);
     s.append(buf, n);
 #endif
+}
+
+void json_out::f32(double v) {
+#if defined(__cpp_lib_to_chars) && __cpp_lib_to_chars >= 201611L
+    if (std::isfinite(v) && std::fabs(v) <= (double) FLT_MAX) {
+        char       buf[24];
+        const auto r = std::to_chars(buf, buf + sizeof(buf), (float) v);
+        s.append(buf, r.ptr - buf);
+        return;
+    }
+#endif
+    f64(v);
 }
 
 // The lead byte's sequence length and the allowed range of the second byte; 0 if not a lead.

@@ -199,7 +199,7 @@ void write_tensor_stats(json_out & j, const ctx_state & st, const compute_rec & 
         j.i64(r.node);
         for (double v : { r.min, r.max, r.mean, r.std }) {
             j.ch(',');
-            j.f64(v);
+            j.f32(v);  // statistics of float data
         }
         j.ch(',');
         j.i64s({ r.n_nan, r.n_inf });

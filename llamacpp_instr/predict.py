@@ -12,14 +12,20 @@ logs it was fitted on, the measured time over the model's price of that step (it
 the prediction is scaled by each log's whole measured time over its whole price, the median over
 the logs (so that one log predicts itself), and bounded by the ratios' 10th and 90th
 percentiles, and by 5 % at least each way. On several devices each split adds its device's
-time beyond its ops and the copies into it (``converters.analysis.split_costs``). An RPC server's
+time beyond its ops and the copies into it (``converters.analysis.split_costs``), the weights
+included that ggml copies to a GPU to run a large batch's matmul there though they are held on
+the host (op offload: a prompt at -ngl 0 on a Vulkan build), held where the graph of one token
+places them (``GraphBuilder.holders``). An RPC server's
 ops are priced from the ops it timed itself, and its network command by command from the link the
 log measured or the one given (``--rpc-rate``, ``--rpc-rtt``: ``converters.analysis.net_costs``);
 a step over RPC lasts until its outputs are read (``token_time``), not until llama_decode returns.
 The log's RPC servers are stood in for on loopback to build the graphs (``rpc_standin``). Whatever
 the logs have no measure for (an op on a device or at a thread count no log ran, a weight type
 never run, a split or a copy between devices no log made, a link no log measured) is reported with
-what to run to measure it, and that speed is not given.
+what to run to measure it, and that speed is not given. An op its device never ran, of a kind it
+did (a matmul of a weight type the logs ran on another device only: the output projection on the
+CPU at -ngl 0, from logs that offloaded the output layer), is priced from that kind and listed in
+``priced_from_others`` (``op_costs.CostModel.proxy``).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from llamacpp_instr import bindings, devices, offload, runner
-from llamacpp_instr.converters.analysis import net_costs
+from llamacpp_instr.converters.analysis import net_costs, split_costs
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
 from llamacpp_instr.converters.analysis.op_costs import (
     CostModel,
@@ -108,6 +114,8 @@ class Prediction:
     # per RPC device, the link its network was priced at: rate_bits_per_s, rtt_ns
     links: dict[str, dict[str, float]] = field(default_factory=dict)
     not_covered: list[str] = field(default_factory=list)
+    # op classes no log ran on their device, priced from others of their kind it ran (op_costs)
+    priced_from_others: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         t = asdict(self.target)
@@ -124,6 +132,7 @@ class Prediction:
             "graphs_built": self.graphs,
             "rpc_links": self.links,
             "not_covered": self.not_covered,
+            "priced_from_others": self.priced_from_others,
         }
 
 
@@ -256,6 +265,16 @@ class GraphBuilder:
             self.cache[key] = (GraphCosts.of(g), devs)
         return self.cache[key]
 
+    def holders(self, n_tokens: int, kv: int) -> split_costs.Holders | None:
+        """Where the weights a compute of ``n_tokens`` reads are held, where its graph runs on
+        several devices and may offload ops (``split_costs.holders``, from the graph of one
+        token at the same KV size); None for one token or one device."""
+        gc, devs = self.graph(n_tokens, kv)
+        if n_tokens <= 1 or len(set(devs)) <= 1:
+            return None
+        one, one_devs = self.graph(1, kv)
+        return split_costs.holders(one.graph, one_devs)
+
     def close(self) -> None:
         self.prober.close()
 
@@ -313,6 +332,7 @@ def price(
                 )
         prompt, gen = computes(t)
         missing: dict[str, None] = {}
+        proxies: dict[str, None] = {}
         last: tuple[int, int] | None = None
         plan_first = "prompt" if prompt else "gen"
         for kind, plan, tokens in (("prompt", prompt, t.n_prompt), ("gen", gen, t.n_gen)):
@@ -329,7 +349,10 @@ def price(
             ok = True
             for (n_tok, kv, resend), count in counts.items():
                 gc, devs = builder.graph(n_tok, kv)
-                cost, extra, miss, lost = model.price_compute(gc, devs, t.threads, kind, resend)
+                held = builder.holders(n_tok, kv)
+                cost, extra, miss, lost = model.price_compute(
+                    gc, devs, t.threads, kind, resend, held, proxies
+                )
                 for line in [_missing_line(m, t) for m in miss] + lost:
                     missing[line] = None
                     ok = False
@@ -362,6 +385,7 @@ def price(
             out.by_device[kind] = {d: v / s_dev for d, v in sorted(dev_ns.items())}
             out.by_op[kind] = {o: v / s_op for o, v in sorted(op_ns.items(), key=lambda kv: -kv[1])}
         out.not_covered = list(missing)
+        out.priced_from_others = list(proxies)
     finally:
         builder.close()
     return out

@@ -15,9 +15,13 @@ time (``op_costs``' overhead). Each from a log's device tables (``frames_devices
 
 A target graph's splits are the runs of its nodes on one device, in order (the device of each
 node is the scheduler's own, from ``llama_instr_graph_reserve``); a split's copies, each tensor
-it reads once that another device made: a node's output, or an input (made on the CPU). Weights
-are read where they are held, as on lavapipe, whose memory the host shares: a discrete GPU's
-copies of host weights for a large batch (ggml's op offload) are not predicted.
+it reads once that another device made: a node's output, or an input (made on the CPU); and each
+weight held on another device than the node reading it (``held``): ggml's op offload, which runs
+a matmul of a large batch (32 tokens or more on Vulkan) on the GPU though its weights are on the
+host, copying them over for each ubatch (at -ngl 0 every layer's, for the prompt). Such a node
+starts a split of its own, as ggml's scheduler makes one (so that the memory of the weights
+copied before it can be reused). Where a weight is held is where the graph of one token runs its
+node (``holders``): no op is offloaded for one token.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ import numpy as np
 
 from ..reading.decode.graphs import Graph
 from . import net_costs
+
+# (node name, weight name) -> the device holding that weight
+Holders = dict[tuple[str, str], str]
 
 
 @dataclass
@@ -131,6 +138,29 @@ def node_devices(sf: Any, step: int, ubatch: int, n_nodes: int) -> list[str]:
     return device
 
 
+def holders(g: Graph, devs: Sequence[str]) -> Holders:
+    """Where each weight a graph's nodes read is held: the device of the node reading it, in a
+    graph of one token (where ggml offloads no op: module docstring)."""
+    out: Holders = {}
+    for node in g.nodes:
+        for s in node.src:
+            if s.get("kind") == "weight" and node.i < len(devs):
+                out[(node.name, str(s.get("name")))] = devs[node.i] or "CPU"
+    return out
+
+
+def offloaded_weights(g: Graph, devs: Sequence[str], held: Holders) -> set[str]:
+    """The weights a graph copies to run a node where they are not held (ggml's op offload)."""
+    return {
+        str(s.get("name"))
+        for node in g.nodes
+        if node.i < len(devs) and "noop" not in node.flags
+        for s in node.src
+        if s.get("kind") == "weight"
+        and held.get((node.name, str(s.get("name"))), devs[node.i]) != devs[node.i]
+    }
+
+
 def _root(g: Graph, j: int) -> int:
     """The node a view's data is: through views and reshapes (``noop`` nodes) to the node that
     computed it, or -1 where it is a leaf (a weight, an input, the KV cache)."""
@@ -151,11 +181,13 @@ def across_devices(
     costs: SplitCosts,
     kind: str,
     resend: bool = True,
+    held: Holders | None = None,
 ) -> tuple[dict[str, float], list[str]]:
     """A graph split across devices: the time of its splits beyond their ops, per device, of the
-    copies into them (under ``copies``) and of the commands sent to RPC servers (under
-    ``network``: ``net_costs``; ``resend``: the graph is not the one the previous compute ran, so
-    each server is sent it whole); and what no log has (module docstring)."""
+    copies into them (under ``copies``: with the weights ``held`` on another device) and of the
+    commands sent to RPC servers (under ``network``: ``net_costs``; ``resend``: the graph is not
+    the one the previous compute ran, so each server is sent it whole); and what no log has
+    (module docstring)."""
     extra: dict[str, float] = defaultdict(float)
     lost: list[str] = []
     run = [k for k in range(len(g.nodes)) if not noop[k]]
@@ -176,35 +208,57 @@ def across_devices(
         if lk is not None:
             extra["network"] += lk.time(net_costs.GET_SENT + n_bytes + net_costs.GET_FRAME, 1)
 
+    def inputs(k: int, dev: str) -> dict[str, tuple[str, int]]:
+        """What node ``k`` on ``dev`` reads from another device: name -> (device, bytes)."""
+        node = g.nodes[k]
+        out: dict[str, tuple[str, int]] = {}
+        for s in node.src:
+            if "node" in s:
+                j = _root(g, int(s["node"]))
+                if j >= 0 and devs[j] != dev:
+                    out[g.nodes[j].name] = (devs[j], g.nodes[j].bytes)
+            elif s.get("kind") == "input" and dev != "CPU":
+                out[str(s.get("name"))] = ("CPU", int(s.get("bytes", 0)))
+            elif s.get("kind") == "weight" and held:
+                where = held.get((node.name, str(s.get("name"))), dev)
+                if where != dev:
+                    out[str(s.get("name"))] = (where, int(s.get("bytes", 0)))
+            elif dev != "CPU" and s.get("kind") == "other" and "#" in str(s.get("name")):
+                # the scheduler's copy onto this device (DEV[...]#inp_pos#0): of another
+                # device's node, or of an input llama.cpp set on the host (positions, mask)
+                base = str(s.get("name")).split("#")[1]
+                j = by_name.get(base, -1)
+                src_dev = devs[j] if j >= 0 else "CPU"
+                if src_dev != dev:
+                    out[base] = (src_dev, int(s.get("bytes", 0)))
+        return out
+
+    def offloaded(k: int, dev: str) -> bool:
+        """Node ``k`` reads a weight held on another device (ggml's op offload)."""
+        return bool(held) and any(
+            s.get("kind") == "weight"
+            and (held or {}).get((g.nodes[k].name, str(s.get("name"))), dev) != dev
+            for s in g.nodes[k].src
+        )
+
     k0 = 0
     while k0 < len(run):
         dev = devs[run[k0]]
+        rpc = dev.startswith("RPC")
+        copied: dict[str, tuple[str, int]] = {}
         k1 = k0
         while k1 < len(run) and devs[run[k1]] == dev:
+            # the scheduler starts a split at a node reading a weight it copies, once the split
+            # has inputs (module docstring)
+            if k1 > k0 and copied and offloaded(run[k1], dev):
+                break
+            copied.update(inputs(run[k1], dev))
             k1 += 1
         split_extra = costs.extra.get((dev, kind))
         if split_extra is None:
             lost.append(f"a split on {dev} in {kind} steps: no log ran one")
         else:
             extra[dev] += split_extra
-        rpc = dev.startswith("RPC")
-        copied: dict[str, tuple[str, int]] = {}
-        for k in run[k0:k1]:
-            for s in g.nodes[k].src:
-                if "node" in s:
-                    j = _root(g, int(s["node"]))
-                    if j >= 0 and devs[j] != dev:
-                        copied[g.nodes[j].name] = (devs[j], g.nodes[j].bytes)
-                elif s.get("kind") == "input" and dev != "CPU":
-                    copied[str(s.get("name"))] = ("CPU", int(s.get("bytes", 0)))
-                elif rpc and s.get("kind") == "other" and "#" in str(s.get("name")):
-                    # the scheduler's copy onto this device (DEV[...]#inp_pos#0): of another
-                    # device's node, or of an input llama.cpp set on the host (positions, mask)
-                    base = str(s.get("name")).split("#")[1]
-                    j = by_name.get(base, -1)
-                    src_dev = devs[j] if j >= 0 else "CPU"
-                    if src_dev != dev:
-                        copied[base] = (src_dev, int(s.get("bytes", 0)))
         for src_dev, n_bytes in copied.values():
             if src_dev.startswith("RPC"):
                 read_back(src_dev, n_bytes)  # read from its server, then sent on (below)

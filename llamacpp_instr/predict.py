@@ -8,24 +8,25 @@ the logs' measured ops give (``converters.analysis.op_costs``), each ubatch's co
 time the logs measured outside the ops, and the steps add up to tokens/s.
 
 A prediction is labelled as one. Its interval is the model's own spread: over every step of the
-logs it was fitted on, the measured time over the model's price of that step (its own graphs);
-the prediction is scaled by each log's whole measured time over its whole price, the median over
-the logs (so that one log predicts itself), and bounded by the ratios' 10th and 90th
-percentiles, and by 5 % at least each way. On several devices each split adds its device's
-time beyond its ops and the copies into it (``converters.analysis.split_costs``), the weights
-included that ggml copies to a GPU to run a large batch's matmul there though they are held on
-the host (op offload: a prompt at -ngl 0 on a Vulkan build), held where the graph of one token
-places them (``GraphBuilder.holders``). An RPC server's
-ops are priced from the ops it timed itself, and its network command by command from the link the
-log measured or the one given (``--rpc-rate``, ``--rpc-rtt``: ``converters.analysis.net_costs``);
-a step over RPC lasts until its outputs are read (``token_time``), not until llama_decode returns.
-The log's RPC servers are stood in for on loopback to build the graphs (``rpc_standin``). Whatever
-the logs have no measure for (an op on a device or at a thread count no log ran, a weight type
-never run, a split or a copy between devices no log made, a link no log measured) is reported with
-what to run to measure it, and that speed is not given. An op its device never ran, of a kind it
-did (a matmul of a weight type the logs ran on another device only: the output projection on the
-CPU at -ngl 0, from logs that offloaded the output layer), is priced from that kind and listed in
-``priced_from_others`` (``op_costs.CostModel.proxy``).
+logs it was fitted on, the measured time over the model's price of that step (its own graphs); the
+prediction is scaled by each log's whole measured time over its whole price, the median over the
+logs whose steps computed on the devices the target's do (so that one log predicts itself; 1 where
+no log's did: a CPU alone at -ngl 0 from logs that offloaded layers), and bounded by the ratios'
+10th and 90th percentiles, and by 5 % at least each way. On several devices each split adds its
+device's time beyond its ops and the copies into it (``converters.analysis.split_costs``), the
+weights included that ggml copies to a GPU to run a large batch's matmul there though they are held
+on the host (op offload: a prompt at -ngl 0 on a Vulkan build), held where the graph of one token
+places them (``GraphBuilder.holders``). An RPC server's ops are priced from the ops it timed
+itself, and its network command by command from the link the log measured or the one given
+(``--rpc-rate``, ``--rpc-rtt``: ``converters.analysis.net_costs``); a step over RPC lasts until its
+outputs are read (``token_time``), not until llama_decode returns. The log's RPC servers are stood
+in for on loopback to build the graphs (``rpc_standin``). Whatever the logs have no measure for (an
+op on a device or at a thread count no log ran, a weight type never run, a split or a copy between
+devices no log made, a link no log measured) is reported with what to run to measure it, and that
+speed is not given. An op its device never ran, of a kind it did (a matmul of a weight type the
+logs ran on another device only: the output projection on the CPU at -ngl 0, from logs that
+offloaded the output layer), is priced from that kind and listed in ``priced_from_others``
+(``op_costs.CostModel.proxy``).
 """
 
 from __future__ import annotations
@@ -347,8 +348,10 @@ def price(
                 counts[(key[0], key[1], key != last)] += 1
                 last = key
             ok = True
+            used: set[str] = set()  # the devices this kind's computes run on
             for (n_tok, kv, resend), count in counts.items():
                 gc, devs = builder.graph(n_tok, kv)
+                used |= {d or "CPU" for d, nop in zip(devs, gc.noop, strict=False) if not nop}
                 held = builder.holders(n_tok, kv)
                 cost, extra, miss, lost = model.price_compute(
                     gc, devs, t.threads, kind, resend, held, proxies
@@ -374,7 +377,11 @@ def price(
             if not ok or total <= 0:
                 continue
             interval = _interval(
-                tokens, total, model.self_ratios.get(kind), model.self_level.get(kind)
+                tokens,
+                total,
+                model.self_ratios.get(kind),
+                model.self_level.get(kind),
+                model.level(kind, frozenset(used)),
             )
             if kind == "prompt":
                 out.prompt = interval
@@ -398,13 +405,20 @@ def _missing_line(m: tuple[str, str, str, str], t: Target) -> str:
     return f"{op}{of} in {steps} on {where}: no log has it; {_advice(t, where)}"
 
 
-def _interval(tokens: int, ns: float, ratios: np.ndarray | None, level: float | None) -> Interval:
+def _interval(
+    tokens: int,
+    ns: float,
+    ratios: np.ndarray | None,
+    level: float | None,
+    on_devices: float | None = None,
+) -> Interval:
     """Tokens/s for ``tokens`` in ``ns`` as priced, scaled by the logs' own measured time over
-    the model's price of it (``CostModel.self_level``), and bounded by the spread of that ratio
-    step by step (module docstring)."""
+    the model's price of it (``CostModel.self_level``; ``on_devices``: the level of the logs whose
+    steps ran on the target's devices, ``CostModel.level``), and bounded by the spread of that
+    ratio step by step (module docstring)."""
     if ratios is None or not len(ratios) or not level or level <= 0:
         ratios, level = np.array([1.0]), 1.0
-    med = level
+    med = on_devices if on_devices and on_devices > 0 else level
     lo = min(float(np.percentile(ratios, 10)), med * (1 - MIN_SPREAD))
     hi = max(float(np.percentile(ratios, 90)), med * (1 + MIN_SPREAD))
     per_s = 1e9 * tokens

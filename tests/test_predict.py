@@ -591,3 +591,22 @@ def test_ngl0_from_a_partial_offload_prices_the_weight_copies(
     assert doc["by_device"]["prompt"]["copies"] > 0
     assert doc["by_device"]["prompt"]["Vulkan0"] > 0
     assert doc["by_device"]["gen"] == {"CPU": pytest.approx(1.0)}
+
+
+def test_the_level_is_the_logs_that_ran_on_the_targets_devices() -> None:
+    """The measured-over-priced level scales a target's steps by the logs whose steps of that
+    kind ran on the same devices; on devices no log's steps ran on alone, by none (1)."""
+    from llamacpp_instr.converters.analysis.op_costs import CostModel
+
+    both = frozenset({"CPU", "Vulkan0"})
+    model = CostModel(
+        fits={},
+        roofs={},
+        fused=set(),
+        overhead={},
+        self_level={"gen": 1.3, "prompt": 1.2},
+        self_level_on={("gen", both): 1.15, ("gen", frozenset({"RPC0"})): 2.0},
+    )
+    assert model.level("gen", both) == 1.15
+    assert model.level("gen", frozenset({"CPU"})) == 1.0
+    assert model.level("prompt", frozenset({"CPU"})) == 1.2  # no per-device levels: the kind's

@@ -195,9 +195,23 @@ class CostModel:
     # the median of that over the logs (one log slowed by another process moves it little)
     self_ratios: dict[str, np.ndarray] = field(default_factory=dict)
     self_level: dict[str, float] = field(default_factory=dict)
+    # the level per kind and the devices the logs' steps of that kind computed on
+    self_level_on: dict[tuple[str, frozenset[str]], float] = field(default_factory=dict)
 
     def has(self, where: Where) -> bool:
         return where in self.roofs
+
+    def level(self, kind: str, devices: frozenset[str]) -> float | None:
+        """The measured-over-priced level of ``kind`` steps on ``devices``: of the logs whose
+        steps computed on those devices. Steps on other devices than any log's are priced at the
+        model's own level (1): a correction the logs measured on other devices (lavapipe's, say)
+        says nothing of these (a CPU's alone, at -ngl 0); the spread still bounds the interval."""
+        found = self.self_level_on.get((kind, devices))
+        if found is not None:
+            return found
+        if any(k == kind for k, _ in self.self_level_on):
+            return 1.0
+        return self.self_level.get(kind)
 
     def price(
         self,
@@ -577,6 +591,7 @@ def _self_check(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) 
     graphs, its own overhead): how far the fit strays on the data it was fitted on."""
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
     levels: dict[str, list[float]] = defaultdict(list)
+    levels_on: dict[tuple[str, frozenset[str]], list[float]] = defaultdict(list)
     for sf, log_g in zip(sessions, graphs, strict=True):
         threads = threads_of(sf)
         if sf.ops.empty:
@@ -590,11 +605,14 @@ def _self_check(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) 
         steps = sf.steps.set_index("step")
         kinds = steps["kind"].astype(str)
         pred: dict[int, float] = defaultdict(float)
+        used: dict[str, set[str]] = defaultdict(set)  # per kind, the devices its steps used
         for step, _ub, gid in computes.itertuples(index=False):
             kind = str(kinds.get(step, ""))
             resend, last = int(gid) != last, int(gid)
             if int(gid) not in log_g or kind not in ("prompt", "gen"):
                 continue
+            gc, devs = log_g[int(gid)]
+            used[kind] |= {d for d, nop in zip(devs, gc.noop, strict=False) if not nop}
             key = (int(gid), kind, resend)
             if key not in priced:
                 gc, devs = log_g[int(gid)]
@@ -617,7 +635,9 @@ def _self_check(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) 
             out[kind] += pairs
             a = np.asarray(pairs)
             levels[kind].append(float(a[:, 0].sum() / a[:, 1].sum()))
+            levels_on[(kind, frozenset(used[kind]))].append(levels[kind][-1])
     for kind, pairs in out.items():
         a = np.asarray(pairs)
         model.self_ratios[kind] = a[:, 0] / a[:, 1]
         model.self_level[kind] = float(np.median(levels[kind]))
+    model.self_level_on = {k: float(np.median(v)) for k, v in levels_on.items()}

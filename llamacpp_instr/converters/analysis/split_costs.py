@@ -5,10 +5,11 @@ A compute on several devices is priced as the sum, over its splits, of the split
 device and the split's time beyond its ops, plus the copies between devices, plus the host's own
 time (``op_costs``' overhead). Each from a log's device tables (``frames_devices``):
 
-- **A split's time beyond its ops:** each device's own measure of its time in the step
-  (``device_steps.compute_ns``: the CPU's split from launch to end; a GPU's busy time, by its own
-  clock, not its asynchronous launch on the host) less the ops it timed, per split; per device and
-  kind of step, the median over the logs' steps.
+- **A split's time beyond its ops:** each device's time in the step (``held_ns``: the CPU's split
+  from launch to end; a GPU's from handing it each split until it was done, ``outstanding_ns``,
+  its busy time by its own clock and the latency of its submissions, which the host waits out)
+  less the ops it timed, per split; per device and kind of step, the median over the logs'
+  steps.
 - **A copy between devices:** each input the scheduler copied to a split's device, timed on the
   host, fitted per link (source and destination device) as ``fixed + bytes * per_byte`` by least
   squares, or, from one size, scaled from it.
@@ -73,6 +74,16 @@ def _link(sizes: np.ndarray, durs: np.ndarray) -> Link:
     return Link(fixed=fixed, per_byte=per_byte, n=len(sizes))
 
 
+def held_ns(row: Any) -> float:
+    """A device's time in a step (a ``device_steps`` row): its own compute, and for a GPU (not an
+    RPC server, whose outstanding time holds the network) the time it held the host waiting on
+    splits it had not started or had done (``outstanding_ns``: submission latency)."""
+    compute = float(row.compute_ns)
+    if str(row.device) == "CPU" or str(row.device).startswith("RPC"):
+        return compute
+    return max(compute, float(getattr(row, "outstanding_ns", 0.0) or 0.0))
+
+
 def several_devices(sf: Any) -> bool:
     ds = getattr(sf, "device_steps", None)
     return ds is not None and not ds.empty and getattr(sf, "splits", None) is not None
@@ -90,7 +101,7 @@ def fit(sessions: Iterable[Any]) -> SplitCosts:
         for row in sf.device_steps[sf.device_steps["step"] >= 0].itertuples(index=False):
             n = int(n_splits.get((row.step, row.device), 0))
             if n and row.timed:
-                extra = (float(row.compute_ns) - float(row.op_ns)) / n
+                extra = (held_ns(row) - float(row.op_ns)) / n
                 extras[(str(row.device), str(row.kind))].append(max(extra, 0.0))
         cp = sf.copies
         if cp is not None and not cp.empty:
@@ -117,7 +128,9 @@ def device_time(sf: Any) -> dict[int, float]:
         inside = tt["token_ns"].astype(float) - tt["host_ns"].astype(float)
         return {int(s): float(v) for s, v in zip(tt["step"], inside, strict=True)}
     ds = sf.device_steps[sf.device_steps["step"] >= 0]
-    out = ds.groupby("step")["compute_ns"].sum().astype(float).to_dict()
+    out: dict[Any, float] = defaultdict(float)
+    for row in ds.itertuples(index=False):
+        out[row.step] += held_ns(row)
     cp = sf.copies
     if cp is not None and not cp.empty:
         for step, v in cp.groupby("step")["dur_ns"].sum().items():

@@ -8,18 +8,25 @@ the logs' measured ops give (``converters.analysis.op_costs``), each ubatch's co
 time the logs measured outside the ops, and the steps add up to tokens/s.
 
 A prediction is labelled as one. Its interval is the model's own spread: over every step of the
-logs it was fitted on, the measured time over the model's price of that step (its own graphs);
-the prediction is scaled by each log's whole measured time over its whole price, the median over
-the logs (so that one log predicts itself), and bounded by the ratios' 10th and 90th
-percentiles, and by 5 % at least each way. On several devices each split adds its device's
-time beyond its ops and the copies into it (``converters.analysis.split_costs``). An RPC server's
-ops are priced from the ops it timed itself, and its network command by command from the link the
-log measured or the one given (``--rpc-rate``, ``--rpc-rtt``: ``converters.analysis.net_costs``);
-a step over RPC lasts until its outputs are read (``token_time``), not until llama_decode returns.
-The log's RPC servers are stood in for on loopback to build the graphs (``rpc_standin``). Whatever
-the logs have no measure for (an op on a device or at a thread count no log ran, a weight type
-never run, a split or a copy between devices no log made, a link no log measured) is reported with
-what to run to measure it, and that speed is not given.
+logs it was fitted on, the measured time over the model's price of that step (its own graphs); the
+prediction is scaled by each log's whole measured time over its whole price, the median over the
+logs whose steps computed on the devices the target's do (so that one log predicts itself; 1 where
+no log's did: a CPU alone at -ngl 0 from logs that offloaded layers), and bounded by the ratios'
+10th and 90th percentiles, and by 5 % at least each way. On several devices each split adds its
+device's time beyond its ops and the copies into it (``converters.analysis.split_costs``), the
+weights included that ggml copies to a GPU to run a large batch's matmul there though they are held
+on the host (op offload: a prompt at -ngl 0 on a Vulkan build), held where the graph of one token
+places them (``GraphBuilder.holders``). An RPC server's ops are priced from the ops it timed
+itself, and its network command by command from the link the log measured or the one given
+(``--rpc-rate``, ``--rpc-rtt``: ``converters.analysis.net_costs``); a step over RPC lasts until its
+outputs are read (``token_time``), not until llama_decode returns. The log's RPC servers are stood
+in for on loopback to build the graphs (``rpc_standin``). Whatever the logs have no measure for (an
+op on a device or at a thread count no log ran, a weight type never run, a split or a copy between
+devices no log made, a link no log measured) is reported with what to run to measure it, and that
+speed is not given. An op its device never ran, of a kind it did (a matmul of a weight type the
+logs ran on another device only: the output projection on the CPU at -ngl 0, from logs that
+offloaded the output layer), is priced from that kind and listed in ``priced_from_others``
+(``op_costs.CostModel.proxy``).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from llamacpp_instr import bindings, devices, offload, runner
-from llamacpp_instr.converters.analysis import net_costs
+from llamacpp_instr.converters.analysis import net_costs, split_costs
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
 from llamacpp_instr.converters.analysis.op_costs import (
     CostModel,
@@ -108,6 +115,8 @@ class Prediction:
     # per RPC device, the link its network was priced at: rate_bits_per_s, rtt_ns
     links: dict[str, dict[str, float]] = field(default_factory=dict)
     not_covered: list[str] = field(default_factory=list)
+    # op classes no log ran on their device, priced from others of their kind it ran (op_costs)
+    priced_from_others: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         t = asdict(self.target)
@@ -124,6 +133,7 @@ class Prediction:
             "graphs_built": self.graphs,
             "rpc_links": self.links,
             "not_covered": self.not_covered,
+            "priced_from_others": self.priced_from_others,
         }
 
 
@@ -256,6 +266,16 @@ class GraphBuilder:
             self.cache[key] = (GraphCosts.of(g), devs)
         return self.cache[key]
 
+    def holders(self, n_tokens: int, kv: int) -> split_costs.Holders | None:
+        """Where the weights a compute of ``n_tokens`` reads are held, where its graph runs on
+        several devices and may offload ops (``split_costs.holders``, from the graph of one
+        token at the same KV size); None for one token or one device."""
+        gc, devs = self.graph(n_tokens, kv)
+        if n_tokens <= 1 or len(set(devs)) <= 1:
+            return None
+        one, one_devs = self.graph(1, kv)
+        return split_costs.holders(one.graph, one_devs)
+
     def close(self) -> None:
         self.prober.close()
 
@@ -313,6 +333,7 @@ def price(
                 )
         prompt, gen = computes(t)
         missing: dict[str, None] = {}
+        proxies: dict[str, None] = {}
         last: tuple[int, int] | None = None
         plan_first = "prompt" if prompt else "gen"
         for kind, plan, tokens in (("prompt", prompt, t.n_prompt), ("gen", gen, t.n_gen)):
@@ -327,9 +348,14 @@ def price(
                 counts[(key[0], key[1], key != last)] += 1
                 last = key
             ok = True
+            used: set[str] = set()  # the devices this kind's computes run on
             for (n_tok, kv, resend), count in counts.items():
                 gc, devs = builder.graph(n_tok, kv)
-                cost, extra, miss, lost = model.price_compute(gc, devs, t.threads, kind, resend)
+                used |= {d or "CPU" for d, nop in zip(devs, gc.noop, strict=False) if not nop}
+                held = builder.holders(n_tok, kv)
+                cost, extra, miss, lost = model.price_compute(
+                    gc, devs, t.threads, kind, resend, held, proxies
+                )
                 for line in [_missing_line(m, t) for m in miss] + lost:
                     missing[line] = None
                     ok = False
@@ -351,7 +377,11 @@ def price(
             if not ok or total <= 0:
                 continue
             interval = _interval(
-                tokens, total, model.self_ratios.get(kind), model.self_level.get(kind)
+                tokens,
+                total,
+                model.self_ratios.get(kind),
+                model.self_level.get(kind),
+                model.level(kind, frozenset(used)),
             )
             if kind == "prompt":
                 out.prompt = interval
@@ -362,6 +392,7 @@ def price(
             out.by_device[kind] = {d: v / s_dev for d, v in sorted(dev_ns.items())}
             out.by_op[kind] = {o: v / s_op for o, v in sorted(op_ns.items(), key=lambda kv: -kv[1])}
         out.not_covered = list(missing)
+        out.priced_from_others = list(proxies)
     finally:
         builder.close()
     return out
@@ -374,13 +405,20 @@ def _missing_line(m: tuple[str, str, str, str], t: Target) -> str:
     return f"{op}{of} in {steps} on {where}: no log has it; {_advice(t, where)}"
 
 
-def _interval(tokens: int, ns: float, ratios: np.ndarray | None, level: float | None) -> Interval:
+def _interval(
+    tokens: int,
+    ns: float,
+    ratios: np.ndarray | None,
+    level: float | None,
+    on_devices: float | None = None,
+) -> Interval:
     """Tokens/s for ``tokens`` in ``ns`` as priced, scaled by the logs' own measured time over
-    the model's price of it (``CostModel.self_level``), and bounded by the spread of that ratio
-    step by step (module docstring)."""
+    the model's price of it (``CostModel.self_level``; ``on_devices``: the level of the logs whose
+    steps ran on the target's devices, ``CostModel.level``), and bounded by the spread of that
+    ratio step by step (module docstring)."""
     if ratios is None or not len(ratios) or not level or level <= 0:
         ratios, level = np.array([1.0]), 1.0
-    med = level
+    med = on_devices if on_devices and on_devices > 0 else level
     lo = min(float(np.percentile(ratios, 10)), med * (1 - MIN_SPREAD))
     hi = max(float(np.percentile(ratios, 90)), med * (1 + MIN_SPREAD))
     per_s = 1e9 * tokens

@@ -382,3 +382,231 @@ def test_an_rpc_device_without_op_times_is_sent_to_the_patched_server() -> None:
         _advice(t, "CPU (3 threads)")
         == "run `instr run m.gguf --threads 3` (detailed) and add its log"
     )
+
+
+# --- -ngl 0 from logs that offloaded layers (issue 36's last cell) ---------------------------
+
+
+def test_ngl0_without_a_log_of_the_cpus_ops_is_not_covered(tmp_path: Path) -> None:
+    """The fixture ran every layer on lavapipe, so the CPU timed no matmul: -ngl 0 is not
+    predicted, each CPU op class is named with the run that measures it, and no op is priced
+    from another (the CPU ran none of their kind)."""
+    from tiny_gguf import write_tiny_model
+
+    log = Path(__file__).parent / "fixtures" / "tiny-llama-vulkan-full-detailed.log.gz"
+    model = write_tiny_model(tmp_path / "tiny4.gguf", n_layer=4, dtype="f32", seed=1)
+    r = instr("predict", str(log), "--model", str(model), "-ngl", "0", "--format", "json")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["prompt_tokens_per_s"] is None and doc["gen_tokens_per_s"] is None
+    line = next(x for x in doc["not_covered"] if x.startswith("MUL_MAT of f32 in ubatches of 1 "))
+    assert "on CPU (2 threads): no log has it" in line and f"instr run {model}" in line
+    assert doc["priced_from_others"] == []
+
+
+def _one_node_graph(nodes: list[dict[str, Any]]) -> Any:
+    from llamacpp_instr.converters.reading.decode.graphs import graph_table
+
+    for i, n in enumerate(nodes):
+        n.setdefault("i", i)
+        n.setdefault("flags", [])
+    return graph_table({"ctx": 0, "graph": 1, "n_tokens": 1, "nodes": nodes})
+
+
+def test_a_class_the_device_never_ran_is_priced_from_its_kind_or_refused() -> None:
+    """A q8_0 matvec on a CPU that ran only q4_1 ones is priced as the q4_1 matvec of its shape
+    (its weights' bytes at q4_1's 20 bytes per 32), and listed; a binary op from another binary
+    op; a MUL after an RMS_NORM on the same device, which the logs' CPU ran fused only, is free;
+    a weight type no log ran anywhere stays not covered."""
+    from llamacpp_instr.converters.analysis.op_costs import (
+        CostModel,
+        Fit,
+        GraphCosts,
+        Roofs,
+        Where,
+    )
+
+    cpu = Where("CPU", 2)
+    n_in, n_out = 256, 512
+    weight = {"name": "output.weight", "kind": "weight", "shape": [n_in, n_out]}
+    g = _one_node_graph(
+        [
+            {"name": "x", "op": "ADD", "shape": [n_in, 1], "dtype": "f32", "bytes": 4 * n_in,
+             "src": [{"name": "a", "kind": "input", "type": "f32", "shape": [n_in], "bytes": 0}]},
+            {"name": "norm", "op": "RMS_NORM", "shape": [n_in, 1], "dtype": "f32",
+             "bytes": 4 * n_in, "src": [{"node": 0}]},
+            {"name": "result_norm", "op": "MUL", "shape": [n_in, 1], "dtype": "f32",
+             "bytes": 4 * n_in, "src": [{"node": 1}]},
+            {"name": "result_output", "op": "MUL_MAT", "shape": [n_out, 1], "dtype": "f32",
+             "bytes": 4 * n_out,
+             "src": [{**weight, "type": "q8_0", "bytes": n_in * n_out * 34 // 32}, {"node": 2}]},
+            {"name": "scaled", "op": "MUL", "shape": [n_out, 1], "dtype": "f32",
+             "bytes": 4 * n_out, "src": [{"node": 3}, {"node": 3}]},
+        ]
+    )  # fmt: skip
+    gc = GraphCosts.of(g)
+    mm = Fit(fixed=1000.0, slope=2.0, work_lo=1.0, work_hi=1e6, n=30)
+    add = Fit(fixed=500.0, slope=0.0, work_lo=0, work_hi=0, n=30)
+    model = CostModel(
+        fits={
+            (cpu, "1", "MUL_MAT", "q4_1", ""): mm,
+            (cpu, "1", "ADD", "f32", ""): add,
+            (cpu, "1", "RMS_NORM", "f32", ""): add,
+        },
+        # memory-bound: the matvec's time is its bytes at 10 bytes/ns
+        roofs={cpu: Roofs(bandwidth=10.0, compute={}, compute_any=1e9, fixed=500.0)},
+        fused=set(),
+        overhead={},
+        fused_after={(cpu, "MUL", "RMS_NORM")},
+        types_run={"q4_1", "q8_0", "f32"},
+    )
+    proxies: dict[str, None] = {}
+    cost, missing = model.price(gc, ["CPU"] * 5, 2, proxies)
+    assert missing == []
+    as_q4_1 = 4 * n_out + 4 * n_in + n_in * n_out * 20 / 32  # output, input, weights
+    assert cost[3] == pytest.approx(1000.0 + 2.0 * as_q4_1 / 10.0)
+    assert cost[2] == 0.0  # fused into the RMS_NORM before it
+    assert cost[4] == pytest.approx(500.0)  # as the CPU's ADD
+    assert len(proxies) == 2
+    assert any(p.startswith("MUL_MAT of q8_0") and "MUL_MAT of q4_1" in p for p in proxies)
+    assert any(p.startswith("MUL of f32") and "ADD of f32" in p for p in proxies)
+    # the RMS_NORM on another device: the MUL runs on its own, priced as the CPU's ADD
+    cost, _ = model.price(gc, ["CPU", "Vulkan0", "CPU", "CPU", "CPU"], 2)
+    assert cost[2] == pytest.approx(500.0)
+    # q8_0 never run by any log: its kernels have no measure anywhere
+    model.types_run = {"q4_1", "f32"}
+    cost, missing = model.price(gc, ["CPU"] * 5, 2)
+    assert missing == [("CPU (2 threads)", "MUL_MAT", "q8_0", "1")] and cost[3] == 0.0
+
+
+# the child predicting -ngl 0 of a 40-token prompt (Vulkan build): the weights its graph copies
+OFFLOADED_CHILD = r"""
+import json, sys
+from dataclasses import replace
+from pathlib import Path
+from llamacpp_instr import offload, predict
+from llamacpp_instr.converters.analysis import split_costs
+log, model = sys.argv[1:3]
+t = predict.default_target(predict.load_session(Path(log)), Path(model))
+t = replace(t, offload=offload.Offload(gpu_layers=0))
+b = predict.GraphBuilder(t)
+(n, kv), = predict.computes(t)[0]
+gc, devs = b.graph(n, kv)
+held = b.holders(n, kv)
+# the bytes its copies move: each link at 1 ns a byte
+unit = split_costs.SplitCosts(
+    extra={(d, "prompt"): 0.0 for d in set(devs)},
+    links={(a, z): split_costs.Link(0.0, 1.0, 1) for a in set(devs) for z in set(devs)},
+)
+extra, lost = split_costs.across_devices(gc.graph, gc.noop, devs, unit, "prompt", True, held)
+weights = sorted(split_costs.offloaded_weights(gc.graph, devs, held))
+print(json.dumps({"weights": weights, "bytes": extra["copies"], "lost": lost}))
+b.close()
+"""
+
+# ggml-vulkan offloads a matmul of a batch of 32 or more: a prompt of more tokens than that
+OFFLOAD_PROMPT = " ".join(["one two three four five six seven eight nine ten"] * 5)
+
+
+@pytest.fixture(scope="module")
+def offload_logs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, Path]]:
+    """A 4-layer model's detailed runs on lavapipe (`instr run`) at -ngl 0 and 2."""
+    from tiny_gguf import write_tiny_model
+    from vulkan_backend import vulkan_device, vulkan_env
+
+    from llamacpp_instr import predict
+
+    vulkan_device()
+    d = tmp_path_factory.mktemp("predict-offload")
+    model = write_tiny_model(d / "tiny4.gguf", n_layer=4, dtype="f32", seed=4)
+    logs = {}
+    for ngl in (0, 2):
+        logs[ngl] = d / f"ngl{ngl}.log"
+        r = instr(
+            "run", str(model), "-p", OFFLOAD_PROMPT, "-n", "4", "-t", "2", "--ctx", "256",
+            "-ngl", str(ngl), "-o", str(logs[ngl]), "--ignore-eos", env=vulkan_env(),
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        steps = predict.load_session(logs[ngl]).steps
+        assert steps.loc[steps["kind"].astype(str) == "prompt", "n_tokens"].max() >= 32
+    return model, logs
+
+
+@pytest.mark.vulkan
+def test_op_offload_copies_the_weights_the_run_copied(
+    offload_logs: tuple[Path, dict[int, Path]],
+) -> None:
+    """At -ngl 0 the prompt's matmuls run on the GPU with the host's weights: the weights the
+    prediction's graph copies are the ones the run at -ngl 0 recorded copying, by name, and its
+    copies move the bytes the run's did, within 10 % (the weights most of them)."""
+    import subprocess
+    import sys
+
+    from vulkan_backend import vulkan_env
+
+    from llamacpp_instr import predict
+
+    model, logs = offload_logs
+    sf = predict.load_session(logs[0])
+    cp = sf.copies
+    prompt_steps = sf.steps.loc[sf.steps["kind"].astype(str) == "prompt", "step"]
+    rows = cp[cp["step"].isin(prompt_steps) & (cp["src"].astype(str) == "CPU")]
+    copied = {str(x) for x in rows["tensor"] if str(x).endswith(".weight")}
+    # every layer's attention runs on the prompt's tokens; the output projection on one row
+    assert {f"blk.{i}.attn_q.weight" for i in range(4)} <= copied, copied
+    assert "output.weight" not in copied
+    r = subprocess.run(
+        [sys.executable, "-c", OFFLOADED_CHILD, str(logs[2]), str(model)],
+        capture_output=True,
+        text=True,
+        env=vulkan_env(),
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(doc["weights"]) == copied and doc["lost"] == []
+    moved = float(cp.loc[cp["step"].isin(prompt_steps), "bytes"].sum())
+    weight_bytes = float(rows.loc[rows["tensor"].astype(str).isin(copied), "bytes"].sum())
+    assert weight_bytes > moved / 2
+    assert doc["bytes"] == pytest.approx(moved, rel=0.10)
+
+
+@pytest.mark.vulkan
+def test_ngl0_from_a_partial_offload_prices_the_weight_copies(
+    offload_logs: tuple[Path, dict[int, Path]],
+) -> None:
+    """-ngl 0 predicted from the -ngl 2 run: both kinds covered, the prompt's time holds copies
+    (op offload's weights), generation's none (one token offloads no op: all on the CPU)."""
+    from vulkan_backend import vulkan_env
+
+    model, logs = offload_logs
+    r = instr(
+        "predict", str(logs[2]), "--model", str(model), "-ngl", "0", "--format", "json",
+        env=vulkan_env(),
+    )  # fmt: skip
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    doc = json.loads(r.stdout)
+    assert doc["prompt_tokens_per_s"] and doc["gen_tokens_per_s"]
+    assert doc["by_device"]["prompt"]["copies"] > 0
+    assert doc["by_device"]["prompt"]["Vulkan0"] > 0
+    assert doc["by_device"]["gen"] == {"CPU": pytest.approx(1.0)}
+
+
+def test_the_level_is_the_logs_that_ran_on_the_targets_devices() -> None:
+    """The measured-over-priced level scales a target's steps by the logs whose steps of that
+    kind ran on the same devices; on devices no log's steps ran on alone, by none (1)."""
+    from llamacpp_instr.converters.analysis.op_costs import CostModel
+
+    both = frozenset({"CPU", "Vulkan0"})
+    model = CostModel(
+        fits={},
+        roofs={},
+        fused=set(),
+        overhead={},
+        self_level={"gen": 1.3, "prompt": 1.2},
+        self_level_on={("gen", both): 1.15, ("gen", frozenset({"RPC0"})): 2.0},
+    )
+    assert model.level("gen", both) == 1.15
+    assert model.level("gen", frozenset({"CPU"})) == 1.0
+    assert model.level("prompt", frozenset({"CPU"})) == 1.2  # no per-device levels: the kind's

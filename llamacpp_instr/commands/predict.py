@@ -106,7 +106,11 @@ def command(
     the graphs, unless --rpc names live ones). The result is a prediction, with an interval from the model's
     spread on the logs' own steps. What no log measured (another thread count, a weight type
     never run, a device) is listed with the run that would measure it, and that speed is not
-    given (exit 2).
+    given (exit 2). An op its device never ran, of a kind it did, is priced from that kind and
+    listed ("priced from other ops": a matmul of a weight type the logs ran on another device
+    only, as the device's matmul of another type of the same shape; a binary op from another).
+    Op offload is priced: a prompt's matmuls ggml runs on a GPU though their weights are on the
+    host (-ngl 0 on a Vulkan build), with the weights' copies at the logs' copy rate.
     """
     from llamacpp_instr import models, predict
     from llamacpp_instr.commands.fit import _files
@@ -196,6 +200,8 @@ def render(p: Prediction) -> str:
         f"{p.graphs} graph(s) built by llama.cpp without weights. A prediction, not a "
         "measurement: the interval is the model's spread on the logs' own steps."
     )
+    for line in p.priced_from_others:
+        lines.append(f"  priced from other ops: {line}")
     for line in p.not_covered:
         lines.append(f"  not covered: {line}")
     return "\n".join(lines)

@@ -16,10 +16,18 @@ least squares over every size the class was seen at (prompts at several depths, 
 class seen at one size is scaled from it. A class no log has at this row count is priced from the
 nearest row count that has it (a prompt of 127 tokens prices one of 512). An op of a class no log has (a
 weight type never run, another thread count, another device) is not priced: it is reported, never
-guessed.
+guessed. Two kinds of op the device did run stand in for a class it did not (``proxy``), and the
+prediction names each: a matmul or get_rows of a weight type the logs ran on another device only
+(the output projection of a model whose output layer was offloaded, on the CPU at -ngl 0) is
+priced from the same device's ops of that op on another type, at its own work at the roofs; and
+an element-wise binary op (``ADD``, ``SUB``, ``MUL``, ``DIV``: one kernel on each backend) from
+another binary op of the same device and type.
 
 Nodes that never run on their own are free: views (``noop``) and nodes a backend fused into
-another op, which the logs show as nodes of their graphs that were never timed.
+another op, which the logs show as nodes of their graphs that were never timed. A role no log
+ran on a device is fused there when the logs' device fused every node of its op that read the
+same op's output on the same device (the CPU's ``RMS_NORM`` then ``MUL``: the output norm, on the
+CPU at -ngl 0 only).
 """
 
 from __future__ import annotations
@@ -42,6 +50,11 @@ _LAYER_SUFFIX = re.compile(r"-\d+$")
 # percentiles of the logs' own rates taken as the roofs, and of op times as the fixed cost
 ROOF_PERCENTILE = 95
 FIXED_PERCENTILE = 5
+# ggml's element-wise binary ops: one kernel per backend for the four (ggml-cpu's binary-ops.cpp,
+# ggml-vulkan's binary shaders), so that one prices another on the same device
+BINARY_OPS = ("ADD", "SUB", "MUL", "DIV")
+# ops whose first source is a weight, whose class a weight type run elsewhere may borrow
+WEIGHT_OPS = ("MUL_MAT", "GET_ROWS")
 
 
 def role(name: str) -> str:
@@ -170,6 +183,11 @@ class CostModel:
     roofs: dict[Where, Roofs]
     fused: set[tuple[Where, str, str]]  # (where, label, role) of nodes run inside another op
     overhead: dict[tuple[Where, str], float]  # (where, kind) -> ns per compute outside the ops
+    # (where, label, role) of the nodes timed; (where, label, label of its first source) of an op
+    # the device ran only inside the op before it (a backend's fusion), and the types run
+    timed: set[tuple[Where, str, str]] = field(default_factory=set)
+    fused_after: set[tuple[Where, str, str]] = field(default_factory=set)
+    types_run: set[str] = field(default_factory=set)
     # on several devices: a split's time beyond its ops, and the copies between devices
     splits: split_costs.SplitCosts = field(default_factory=split_costs.SplitCosts)
     # per kind: each of the logs' own steps' measured time over the model's price of it (the
@@ -177,32 +195,81 @@ class CostModel:
     # the median of that over the logs (one log slowed by another process moves it little)
     self_ratios: dict[str, np.ndarray] = field(default_factory=dict)
     self_level: dict[str, float] = field(default_factory=dict)
+    # the level per kind and the devices the logs' steps of that kind computed on
+    self_level_on: dict[tuple[str, frozenset[str]], float] = field(default_factory=dict)
 
     def has(self, where: Where) -> bool:
         return where in self.roofs
 
+    def level(self, kind: str, devices: frozenset[str]) -> float | None:
+        """The measured-over-priced level of ``kind`` steps on ``devices``: of the logs whose
+        steps computed on those devices. Steps on other devices than any log's are priced at the
+        model's own level (1): a correction the logs measured on other devices (lavapipe's, say)
+        says nothing of these (a CPU's alone, at -ngl 0); the spread still bounds the interval."""
+        found = self.self_level_on.get((kind, devices))
+        if found is not None:
+            return found
+        if any(k == kind for k, _ in self.self_level_on):
+            return 1.0
+        return self.self_level.get(kind)
+
     def price(
-        self, gc: GraphCosts, devices: Sequence[str], threads: int
+        self,
+        gc: GraphCosts,
+        devices: Sequence[str],
+        threads: int,
+        proxies: dict[str, None] | None = None,
     ) -> tuple[np.ndarray, list[tuple[str, str, str, str]]]:
         """Each node's predicted time (ns), its device by ``devices`` (the CPU where not given),
-        and the classes no log has, as (where, op, type, size class)."""
+        and the classes no log has, as (where, op, type, size class). A class priced from other
+        ops of its device (``proxy``) is added to ``proxies``, saying from which."""
         n = len(gc.roles)
         out = np.zeros(n)
         missing: dict[tuple[str, str, str, str], None] = {}
+
+        def device(k: int) -> str:
+            return devices[k] if k < len(devices) and devices[k] else "CPU"
+
         for k in range(n):
             if gc.noop[k]:
                 continue
-            dev = devices[k] if k < len(devices) and devices[k] else "CPU"
+            dev = device(k)
             where = Where(dev, threads if dev == "CPU" else 0)
             lab, typ, rol = gc.labels[k], gc.types[k], gc.roles[k]
             if (where, lab, rol) in self.fused:
                 continue
+            if (where, lab, rol) not in self.timed:
+                src = _first_source(gc.graph, k)
+                if (
+                    src is not None
+                    and device(src) == dev
+                    and (where, lab, gc.labels[src]) in self.fused_after
+                ):
+                    continue
             fit = self.lookup(where, gc.tokens[k], lab, typ, rol)
+            # as the class's own: its label, its type, its bytes
+            as_lab, as_typ, n_bytes = lab, typ, gc.bytes[k : k + 1]
+            if fit is None:
+                found = self.proxy(where, gc.tokens[k], lab, typ)
+                if found is not None:
+                    fit, as_lab, as_typ, as_tokens = found
+                    if as_typ != typ:
+                        # the same op with weights of the type run: their bytes at its size
+                        weights = derive.weight_bytes_read(gc.graph.nodes[k], gc.graph)
+                        ratio = _type_size(as_typ) / _type_size(typ)
+                        n_bytes = n_bytes + weights * (ratio - 1)
+                    if proxies is not None:
+                        of = f" of {typ}" if typ else ""
+                        proxies[
+                            f"{lab}{of} in ubatches of {gc.tokens[k]} token(s) on {where}: no "
+                            f"log ran it there; priced as the device's {as_lab} of {as_typ} "
+                            f"(ubatches of {as_tokens} token(s)) of its shape"
+                        ] = None
             roofs = self.roofs.get(where)
             if fit is None or roofs is None:
                 missing[(str(where), lab, typ, gc.tokens[k])] = None
                 continue
-            w = roofs.work([lab], [typ], gc.bytes[k : k + 1], gc.flops[k : k + 1])
+            w = roofs.work([as_lab], [as_typ], n_bytes, gc.flops[k : k + 1])
             out[k] = float(fit.time(w)[0])
         return out, list(missing)
 
@@ -213,17 +280,21 @@ class CostModel:
         threads: int,
         kind: str,
         resend: bool = True,
+        held: split_costs.Holders | None = None,
+        proxies: dict[str, None] | None = None,
     ) -> tuple[np.ndarray, dict[str, float], list[tuple[str, str, str, str]], list[str]]:
         """One compute of a graph in a ``kind`` step: each node's time, the time beyond the ops
         of its splits per device and of its copies (``split_costs``, where it runs on several
         devices; ``resend``: another graph than the previous compute's, sent whole to an RPC
-        server), the op classes no log has and what else no log has."""
-        cost, missing = self.price(gc, devices, threads)
+        server; ``held``: the device holding each weight, whose copies to another device are
+        priced), the op classes no log has and what else no log has (``proxies``: as
+        ``price``)."""
+        cost, missing = self.price(gc, devices, threads, proxies)
         used = {d for d, nop in zip(devices, gc.noop, strict=False) if not nop}
         if len(used) <= 1:
             return cost, {}, missing, []
         extra, lost = split_costs.across_devices(
-            gc.graph, gc.noop, devices, self.splits, kind, resend
+            gc.graph, gc.noop, devices, self.splits, kind, resend, held
         )
         return cost, extra, missing, lost
 
@@ -239,6 +310,39 @@ class CostModel:
                 found = self.fits.get((where, t, label, typ, r))
                 if found is not None:
                     return found
+        return None
+
+    def proxy(
+        self, where: Where, tokens: str, label: str, typ: str
+    ) -> tuple[Fit, str, str, str] | None:
+        """A class no log has, priced from a class of its kind the same device ran (module
+        docstring), at the nearest size class: that class's fit, label, type and size class."""
+        order = sorted(
+            TOKEN_NAMES, key=lambda t: abs(TOKEN_NAMES.index(t) - TOKEN_NAMES.index(tokens))
+        )
+        if label in BINARY_OPS:
+            for t in order:
+                for other in BINARY_OPS:
+                    found = self.fits.get((where, t, other, typ, ""))
+                    if other != label and found is not None:
+                        return found, other, typ, t
+        # a weight type never run at all has no measure of its kernels anywhere: not priced
+        if (
+            label in WEIGHT_OPS
+            and typ in self.types_run
+            and not typ.startswith("kv ")
+            and _type_size(typ) > 0
+        ):
+            for t in order:
+                have = [
+                    (f.n, k[3], f)
+                    for k, f in self.fits.items()
+                    if k[0] == where and k[1] == t and k[2] == label and k[4] == ""
+                    if k[3] != typ and not k[3].startswith("kv ") and _type_size(k[3]) > 0
+                ]
+                if have:
+                    _, other, found = max(have, key=lambda h: (h[0], h[1]))
+                    return found, label, other, t
         return None
 
 
@@ -308,11 +412,39 @@ def _devices_of(frames: Any) -> Any:
     return of
 
 
-def _fused_roles(frames: Any, graphs: LogGraphs, threads: int) -> set[tuple[Where, str, str]]:
+def _type_size(name: str) -> float:
+    """Bytes per element of a ggml type (a quantized one's block over its elements), 0 where
+    unknown."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[name.upper()]]
+    except KeyError:
+        return 0.0
+    return size / block
+
+
+def _first_source(g: Graph, k: int) -> int | None:
+    """The node a node's first source is (None for a leaf: a weight, an input)."""
+    src = g.nodes[k].src
+    return int(src[0]["node"]) if src and "node" in src[0] else None
+
+
+@dataclass
+class _Fusion:
+    """What a log's graphs say of fusion: (where, label, role) of nodes never timed and of nodes
+    timed, and (where, label, label of the first source, on the same device) of each."""
+
+    fused: set[tuple[Where, str, str]] = field(default_factory=set)
+    timed: set[tuple[Where, str, str]] = field(default_factory=set)
+    after_fused: set[tuple[Where, str, str]] = field(default_factory=set)
+    after_timed: set[tuple[Where, str, str]] = field(default_factory=set)
+
+
+def _fused_roles(frames: Any, graphs: LogGraphs, threads: int, out: _Fusion) -> None:
     """Nodes that are not views yet never timed in any compute of their graph: run inside another
     op (a backend's fusion), by their (where, label, role), where from the split holding the
-    node."""
-    out: set[tuple[Where, str, str]] = set()
+    node; and the op before each, where it ran on the same device."""
     timed = frames.ops.groupby("graph")["node"].unique()
     for gid, nodes in timed.items():
         if int(gid) not in graphs:
@@ -320,11 +452,16 @@ def _fused_roles(frames: Any, graphs: LogGraphs, threads: int) -> set[tuple[Wher
         gc, device = graphs[int(gid)]
         seen = set(int(x) for x in nodes)
         for node in gc.graph.nodes:
-            if node.i not in seen and "noop" not in node.flags and 0 not in node.shape:
-                dev = device[node.i]
-                where = Where(dev, threads if dev == "CPU" else 0)
-                out.add((where, node.label, role(node.name)))
-    return out
+            if "noop" in node.flags or 0 in node.shape:
+                continue
+            dev = device[node.i]
+            where = Where(dev, threads if dev == "CPU" else 0)
+            ran = node.i in seen
+            (out.timed if ran else out.fused).add((where, node.label, role(node.name)))
+            src = _first_source(gc.graph, node.i)
+            if src is not None and device[src] == dev:
+                after = (where, node.label, gc.graph.nodes[src].label)
+                (out.after_timed if ran else out.after_fused).add(after)
 
 
 def _roofs(df: pd.DataFrame) -> Roofs:
@@ -384,7 +521,7 @@ def threads_of(frames: Any) -> int:
 def fit(sessions: Iterable[Any]) -> CostModel:
     """The cost model of the sessions' timed ops (``SessionFrames`` with ops)."""
     parts = []
-    fused: set[tuple[Where, str, str]] = set()
+    fusion = _Fusion()
     overhead_rows: list[tuple[Where, str, float]] = []
     sessions = list(sessions)
     graphs = [log_graphs(sf) if not sf.ops.empty else {} for sf in sessions]
@@ -395,7 +532,7 @@ def fit(sessions: Iterable[Any]) -> CostModel:
             continue
         df["threads"] = np.where(df["device"] == "CPU", threads, 0)
         parts.append(df)
-        fused |= _fused_roles(sf, g, threads)
+        _fused_roles(sf, g, threads, fusion)
         # the host's time per compute outside the ops (on several devices: outside the devices'
         # own time and the copies, which split_costs prices): graph build, inputs, outputs
         per_step = df.groupby("step").agg(op_ns=("dur", "sum"), computes=("ubatch", "nunique"))
@@ -438,7 +575,10 @@ def fit(sessions: Iterable[Any]) -> CostModel:
     model = CostModel(
         fits=fits,
         roofs=roofs,
-        fused=fused,
+        fused=fusion.fused,
+        timed=fusion.timed,
+        fused_after=fusion.after_fused - fusion.after_timed,
+        types_run={str(t) for t in obs["type0"].unique()},
         overhead={k: float(np.median(v)) for k, v in over.items()},
         splits=split_costs.fit(sessions),
     )
@@ -451,25 +591,34 @@ def _self_check(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) 
     graphs, its own overhead): how far the fit strays on the data it was fitted on."""
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
     levels: dict[str, list[float]] = defaultdict(list)
+    levels_on: dict[tuple[str, frozenset[str]], list[float]] = defaultdict(list)
     for sf, log_g in zip(sessions, graphs, strict=True):
         threads = threads_of(sf)
         if sf.ops.empty:
             continue
         priced: dict[tuple[int, str, bool], float] = {}
         computes = sf.ops[["step", "ubatch", "graph"]].drop_duplicates()
+        # where the weights are held: as a graph of one token placed them (split_costs.holders)
+        one = next((v for v in log_g.values() if v[0].graph.n_tokens == 1), None)
+        held = split_costs.holders(one[0].graph, one[1]) if one is not None else None
         last = -1  # the graph of the previous compute (the same one is not sent again over RPC)
         steps = sf.steps.set_index("step")
         kinds = steps["kind"].astype(str)
         pred: dict[int, float] = defaultdict(float)
+        used: dict[str, set[str]] = defaultdict(set)  # per kind, the devices its steps used
         for step, _ub, gid in computes.itertuples(index=False):
             kind = str(kinds.get(step, ""))
             resend, last = int(gid) != last, int(gid)
             if int(gid) not in log_g or kind not in ("prompt", "gen"):
                 continue
+            gc, devs = log_g[int(gid)]
+            used[kind] |= {d for d, nop in zip(devs, gc.noop, strict=False) if not nop}
             key = (int(gid), kind, resend)
             if key not in priced:
                 gc, devs = log_g[int(gid)]
-                t, extra, missing, lost = model.price_compute(gc, devs, threads, kind, resend)
+                t, extra, missing, lost = model.price_compute(
+                    gc, devs, threads, kind, resend, held if gc.graph.n_tokens > 1 else None
+                )
                 ok = not missing and not lost
                 priced[key] = float(t.sum() + sum(extra.values())) if ok else np.nan
             p_graph = priced[key]
@@ -486,7 +635,9 @@ def _self_check(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) 
             out[kind] += pairs
             a = np.asarray(pairs)
             levels[kind].append(float(a[:, 0].sum() / a[:, 1].sum()))
+            levels_on[(kind, frozenset(used[kind]))].append(levels[kind][-1])
     for kind, pairs in out.items():
         a = np.asarray(pairs)
         model.self_ratios[kind] = a[:, 0] / a[:, 1]
         model.self_level[kind] = float(np.median(levels[kind]))
+    model.self_level_on = {k: float(np.median(v)) for k, v in levels_on.items()}

@@ -5,19 +5,24 @@ A compute on several devices is priced as the sum, over its splits, of the split
 device and the split's time beyond its ops, plus the copies between devices, plus the host's own
 time (``op_costs``' overhead). Each from a log's device tables (``frames_devices``):
 
-- **A split's time beyond its ops:** each device's own measure of its time in the step
-  (``device_steps.compute_ns``: the CPU's split from launch to end; a GPU's busy time, by its own
-  clock, not its asynchronous launch on the host) less the ops it timed, per split; per device and
-  kind of step, the median over the logs' steps.
+- **A split's time beyond its ops:** each device's time in the step (``held_ns``: the CPU's split
+  from launch to end; a GPU's from handing it each split until it was done, ``outstanding_ns``,
+  its busy time by its own clock and the latency of its submissions, which the host waits out)
+  less the ops it timed, per split; per device and kind of step, the median over the logs'
+  steps.
 - **A copy between devices:** each input the scheduler copied to a split's device, timed on the
   host, fitted per link (source and destination device) as ``fixed + bytes * per_byte`` by least
   squares, or, from one size, scaled from it.
 
 A target graph's splits are the runs of its nodes on one device, in order (the device of each
 node is the scheduler's own, from ``llama_instr_graph_reserve``); a split's copies, each tensor
-it reads once that another device made: a node's output, or an input (made on the CPU). Weights
-are read where they are held, as on lavapipe, whose memory the host shares: a discrete GPU's
-copies of host weights for a large batch (ggml's op offload) are not predicted.
+it reads once that another device made: a node's output, or an input (made on the CPU); and each
+weight held on another device than the node reading it (``held``): ggml's op offload, which runs
+a matmul of a large batch (32 tokens or more on Vulkan) on the GPU though its weights are on the
+host, copying them over for each ubatch (at -ngl 0 every layer's, for the prompt). Such a node
+starts a split of its own, as ggml's scheduler makes one (so that the memory of the weights
+copied before it can be reused). Where a weight is held is where the graph of one token runs its
+node (``holders``): no op is offloaded for one token.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ import numpy as np
 
 from ..reading.decode.graphs import Graph
 from . import net_costs
+
+# (node name, weight name) -> the device holding that weight
+Holders = dict[tuple[str, str], str]
 
 
 @dataclass
@@ -66,6 +74,16 @@ def _link(sizes: np.ndarray, durs: np.ndarray) -> Link:
     return Link(fixed=fixed, per_byte=per_byte, n=len(sizes))
 
 
+def held_ns(row: Any) -> float:
+    """A device's time in a step (a ``device_steps`` row): its own compute, and for a GPU (not an
+    RPC server, whose outstanding time holds the network) the time it held the host waiting on
+    splits it had not started or had done (``outstanding_ns``: submission latency)."""
+    compute = float(row.compute_ns)
+    if str(row.device) == "CPU" or str(row.device).startswith("RPC"):
+        return compute
+    return max(compute, float(getattr(row, "outstanding_ns", 0.0) or 0.0))
+
+
 def several_devices(sf: Any) -> bool:
     ds = getattr(sf, "device_steps", None)
     return ds is not None and not ds.empty and getattr(sf, "splits", None) is not None
@@ -83,7 +101,7 @@ def fit(sessions: Iterable[Any]) -> SplitCosts:
         for row in sf.device_steps[sf.device_steps["step"] >= 0].itertuples(index=False):
             n = int(n_splits.get((row.step, row.device), 0))
             if n and row.timed:
-                extra = (float(row.compute_ns) - float(row.op_ns)) / n
+                extra = (held_ns(row) - float(row.op_ns)) / n
                 extras[(str(row.device), str(row.kind))].append(max(extra, 0.0))
         cp = sf.copies
         if cp is not None and not cp.empty:
@@ -110,7 +128,9 @@ def device_time(sf: Any) -> dict[int, float]:
         inside = tt["token_ns"].astype(float) - tt["host_ns"].astype(float)
         return {int(s): float(v) for s, v in zip(tt["step"], inside, strict=True)}
     ds = sf.device_steps[sf.device_steps["step"] >= 0]
-    out = ds.groupby("step")["compute_ns"].sum().astype(float).to_dict()
+    out: dict[Any, float] = defaultdict(float)
+    for row in ds.itertuples(index=False):
+        out[row.step] += held_ns(row)
     cp = sf.copies
     if cp is not None and not cp.empty:
         for step, v in cp.groupby("step")["dur_ns"].sum().items():
@@ -129,6 +149,29 @@ def node_devices(sf: Any, step: int, ubatch: int, n_nodes: int) -> list[str]:
         for i in range(max(int(row.node_start), 0), min(int(row.node_end), n_nodes)):
             device[i] = str(row.device)
     return device
+
+
+def holders(g: Graph, devs: Sequence[str]) -> Holders:
+    """Where each weight a graph's nodes read is held: the device of the node reading it, in a
+    graph of one token (where ggml offloads no op: module docstring)."""
+    out: Holders = {}
+    for node in g.nodes:
+        for s in node.src:
+            if s.get("kind") == "weight" and node.i < len(devs):
+                out[(node.name, str(s.get("name")))] = devs[node.i] or "CPU"
+    return out
+
+
+def offloaded_weights(g: Graph, devs: Sequence[str], held: Holders) -> set[str]:
+    """The weights a graph copies to run a node where they are not held (ggml's op offload)."""
+    return {
+        str(s.get("name"))
+        for node in g.nodes
+        if node.i < len(devs) and "noop" not in node.flags
+        for s in node.src
+        if s.get("kind") == "weight"
+        and held.get((node.name, str(s.get("name"))), devs[node.i]) != devs[node.i]
+    }
 
 
 def _root(g: Graph, j: int) -> int:
@@ -151,11 +194,13 @@ def across_devices(
     costs: SplitCosts,
     kind: str,
     resend: bool = True,
+    held: Holders | None = None,
 ) -> tuple[dict[str, float], list[str]]:
     """A graph split across devices: the time of its splits beyond their ops, per device, of the
-    copies into them (under ``copies``) and of the commands sent to RPC servers (under
-    ``network``: ``net_costs``; ``resend``: the graph is not the one the previous compute ran, so
-    each server is sent it whole); and what no log has (module docstring)."""
+    copies into them (under ``copies``: with the weights ``held`` on another device) and of the
+    commands sent to RPC servers (under ``network``: ``net_costs``; ``resend``: the graph is not
+    the one the previous compute ran, so each server is sent it whole); and what no log has
+    (module docstring)."""
     extra: dict[str, float] = defaultdict(float)
     lost: list[str] = []
     run = [k for k in range(len(g.nodes)) if not noop[k]]
@@ -176,35 +221,57 @@ def across_devices(
         if lk is not None:
             extra["network"] += lk.time(net_costs.GET_SENT + n_bytes + net_costs.GET_FRAME, 1)
 
+    def inputs(k: int, dev: str) -> dict[str, tuple[str, int]]:
+        """What node ``k`` on ``dev`` reads from another device: name -> (device, bytes)."""
+        node = g.nodes[k]
+        out: dict[str, tuple[str, int]] = {}
+        for s in node.src:
+            if "node" in s:
+                j = _root(g, int(s["node"]))
+                if j >= 0 and devs[j] != dev:
+                    out[g.nodes[j].name] = (devs[j], g.nodes[j].bytes)
+            elif s.get("kind") == "input" and dev != "CPU":
+                out[str(s.get("name"))] = ("CPU", int(s.get("bytes", 0)))
+            elif s.get("kind") == "weight" and held:
+                where = held.get((node.name, str(s.get("name"))), dev)
+                if where != dev:
+                    out[str(s.get("name"))] = (where, int(s.get("bytes", 0)))
+            elif dev != "CPU" and s.get("kind") == "other" and "#" in str(s.get("name")):
+                # the scheduler's copy onto this device (DEV[...]#inp_pos#0): of another
+                # device's node, or of an input llama.cpp set on the host (positions, mask)
+                base = str(s.get("name")).split("#")[1]
+                j = by_name.get(base, -1)
+                src_dev = devs[j] if j >= 0 else "CPU"
+                if src_dev != dev:
+                    out[base] = (src_dev, int(s.get("bytes", 0)))
+        return out
+
+    def offloaded(k: int, dev: str) -> bool:
+        """Node ``k`` reads a weight held on another device (ggml's op offload)."""
+        return bool(held) and any(
+            s.get("kind") == "weight"
+            and (held or {}).get((g.nodes[k].name, str(s.get("name"))), dev) != dev
+            for s in g.nodes[k].src
+        )
+
     k0 = 0
     while k0 < len(run):
         dev = devs[run[k0]]
+        rpc = dev.startswith("RPC")
+        copied: dict[str, tuple[str, int]] = {}
         k1 = k0
         while k1 < len(run) and devs[run[k1]] == dev:
+            # the scheduler starts a split at a node reading a weight it copies, once the split
+            # has inputs (module docstring)
+            if k1 > k0 and copied and offloaded(run[k1], dev):
+                break
+            copied.update(inputs(run[k1], dev))
             k1 += 1
         split_extra = costs.extra.get((dev, kind))
         if split_extra is None:
             lost.append(f"a split on {dev} in {kind} steps: no log ran one")
         else:
             extra[dev] += split_extra
-        rpc = dev.startswith("RPC")
-        copied: dict[str, tuple[str, int]] = {}
-        for k in run[k0:k1]:
-            for s in g.nodes[k].src:
-                if "node" in s:
-                    j = _root(g, int(s["node"]))
-                    if j >= 0 and devs[j] != dev:
-                        copied[g.nodes[j].name] = (devs[j], g.nodes[j].bytes)
-                elif s.get("kind") == "input" and dev != "CPU":
-                    copied[str(s.get("name"))] = ("CPU", int(s.get("bytes", 0)))
-                elif rpc and s.get("kind") == "other" and "#" in str(s.get("name")):
-                    # the scheduler's copy onto this device (DEV[...]#inp_pos#0): of another
-                    # device's node, or of an input llama.cpp set on the host (positions, mask)
-                    base = str(s.get("name")).split("#")[1]
-                    j = by_name.get(base, -1)
-                    src_dev = devs[j] if j >= 0 else "CPU"
-                    if src_dev != dev:
-                        copied[base] = (src_dev, int(s.get("bytes", 0)))
         for src_dev, n_bytes in copied.values():
             if src_dev.startswith("RPC"):
                 read_back(src_dev, n_bytes)  # read from its server, then sent on (below)

@@ -24,6 +24,7 @@ none of them, and its tables are as before.
 
 from __future__ import annotations
 
+from array import array
 from itertools import chain
 from typing import Any
 
@@ -35,6 +36,7 @@ from ..reading.decode.sessions import SessionInfo
 from ..reading.decode.steps import Step
 from ..reading.decode.transfers import Transfers
 from ..session import device_time as dt
+from ..session.step_times import StepRows, step_times
 
 TABLES = (
     "devices",
@@ -104,15 +106,35 @@ class Rows:
         for mine, theirs in zip(self.packed, other.packed, strict=True):
             mine += theirs
 
-    def columns(self) -> list[Any]:
-        """Each column whole (an array, or a list of text)."""
+    def put(self, columns: dict[str, Any]) -> None:
+        """Rows given as columns (typed as ``_column`` makes them), after these."""
         self.pack()
-        return [
+        for name, chunks in zip(self.cols, self.packed, strict=True):
+            chunks.append(columns[name])
+
+    def columns(self) -> list[Any]:
+        """Each column whole (an array, or a list of text; kept whole for the next call)."""
+        self.pack()
+        out = [
             _column(name, []) if not chunks
             else chunks[0] if len(chunks) == 1
             else (list(chain.from_iterable(chunks)) if name in _TEXT_COLS else np.concatenate(chunks))
             for name, chunks in zip(self.cols, self.packed, strict=True)
         ]  # fmt: skip
+        self.packed = [[c] for c in out]
+        return out
+
+    def column(self, name: str) -> Any:
+        return self.columns()[self.cols.index(name)]
+
+
+def _keys(a: array, width: int) -> np.ndarray:
+    """Keys kept ``width`` to a row in an ``array("q")``, as an (n, width) int64 array."""
+    return (
+        np.frombuffer(a, dtype=np.int64).reshape(-1, width)
+        if len(a)
+        else np.zeros((0, width), np.int64)
+    )
 
 
 def _column(name: str, values: Any) -> Any:
@@ -134,27 +156,47 @@ class DeviceBuilder:
         self.devs = dt.Devices(info)
         self.rows: dict[str, Rows] = {k: Rows(cols) for k, cols in _COLS.items()}
         self.op_device: list[np.ndarray] = []
+        self.op_dur: list[np.ndarray] = []
         self.layer_device: list[np.ndarray] = []
+        # for ``step_times``, each step by its position in the session (``g``): per step its
+        # index, token count, window start and end before its commands, and its commands' rows;
+        # per compute with ops, layers or a placement: the step, and its rows of each
+        self.g = 0
+        self.step_keys = array("q")  # index, n_tokens, lo, hi, n_cmds
+        self.kinds: list[str] = []
+        self.op_keys = array("q")  # g, n
+        self.layer_keys = array("q")  # g, n
+        self.place_keys = array("q")  # g, splits, copies, busy, remote
 
     def ops(self, c: Compute) -> None:
         """A compute's ops were added to the ops table: their devices."""
         self.op_device.append(dt.op_devices(c, self.devs.cpu))
+        self.op_dur.append(np.asarray(c.op_dur, dtype=np.int64))
+        self.op_keys.extend((self.g, len(c.op_node)))
 
     def layers(self, c: Compute) -> None:
         """A compute's layer spans were added to the layers table: their devices."""
         self.layer_device.append(dt.layer_devices(c, self.devs.cpu))
+        self.layer_keys.extend((self.g, len(c.layers)))
 
     def step(self, s: Step) -> None:
+        hi = s.end
         for c in s.computes:
             self._compute(s.index, -1 if c.ubatch is None else c.ubatch, c)
+            hi = max(hi, c.start + c.dur)
+        n_cmds = 0
         for t in s.transfers:
             self._transfers(t, s.index)
-        self._time(dt.step_time(s, self.devs))
+            n_cmds += len(t.rows)
+        self.step_keys.extend((s.index, s.n_tokens, s.start, hi, n_cmds))
+        self.kinds.append(s.kind)
+        self.g += 1
 
     def _compute(self, step: int, ub: int, c: Compute) -> None:
         p = c.place
         if p is None:
             return
+        self.place_keys.extend((self.g, len(p.splits), len(p.copies), len(p.busy), len(p.remote)))
         r = self.rows
         # (each list at once: a few rows per compute)
         r["splits"].extend([
@@ -256,6 +298,9 @@ class DeviceBuilder:
         """The device tables; ``ops`` and ``layers`` get their device column."""
         ops["device"] = self.device_column(self.op_device, len(ops))
         layers["device"] = self.device_column(self.layer_device, len(layers))
+        dev_cols, token_cols = step_times(_step_rows(self, layers), self.devs)
+        self.rows["device_steps"].put(dev_cols)
+        self.rows["token_time"].put(token_cols)
         in_steps = self.rows["transfers"]
         self.rows["transfers"] = Rows(_COLS["transfers"])
         for t in self.info.transfers:  # (the model's upload came first)
@@ -267,3 +312,42 @@ class DeviceBuilder:
         out = {"devices": self._devices()}
         out.update({name: self._frame(name) for name in _COLS})
         return out
+
+
+def _step_rows(b: DeviceBuilder, layers: pd.DataFrame) -> StepRows:
+    """What ``step_times`` reads, from the tables' columns (see ``DeviceBuilder.__init__``)."""
+    steps = _keys(b.step_keys, 5)
+    rows = b.rows
+    n_op, n_lay, place = (
+        _keys(b.op_keys, 2),
+        _keys(b.layer_keys, 2),
+        _keys(b.place_keys, 5),
+    )
+    per = [np.repeat(place[:, 0], place[:, j]) for j in range(1, 5)]
+    base = np.cumsum(place[:, 1]) - place[:, 1]  # each compute's first split row
+
+    def split_rows(table: str, j: int) -> np.ndarray:
+        k = rows[table].column("split")
+        row = np.repeat(base, place[:, j]) + k
+        return np.where(k >= 0, row, -1)
+
+    def col(table: str, name: str) -> Any:
+        return rows[table].column(name)
+
+    cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
+    return StepRows(
+        index=steps[:, 0], kind=b.kinds, n_tokens=steps[:, 1], lo=steps[:, 2], hi=steps[:, 3],
+        op=(np.repeat(n_op[:, 0], n_op[:, 1]), cat(b.op_device), cat(b.op_dur)),
+        layer=(np.repeat(n_lay[:, 0], n_lay[:, 1]), cat(b.layer_device),
+               layers["layer"].to_numpy(), layers["dur_ns"].to_numpy()),
+        split=(per[0], col("splits", "device"), col("splits", "t_launch"), col("splits", "t_end")),
+        copy=(per[1], col("copies", "src"), col("copies", "dst"), col("copies", "bytes"),
+              col("copies", "t_start"), col("copies", "dur_ns")),
+        busy=(per[2], col("busy", "device"), split_rows("busy", 3), col("busy", "t_start"),
+              col("busy", "t_start") + col("busy", "dur_ns")),
+        remote=(per[3], col("remote", "device"), split_rows("remote", 4),
+                col("remote", "t_start"), col("remote", "t_end")),
+        cmd=(np.repeat(np.arange(len(steps)), steps[:, 4]), col("transfers", "device"),
+             col("transfers", "sent"), col("transfers", "recv"), col("transfers", "bytes"),
+             col("transfers", "t_start"), col("transfers", "t_end")),
+    )  # fmt: skip

@@ -25,7 +25,6 @@ none of them, and its tables are as before.
 from __future__ import annotations
 
 from array import array
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -37,6 +36,17 @@ from ..reading.decode.steps import Step
 from ..reading.decode.transfers import Transfers
 from ..session import device_time as dt
 from ..session.step_times import StepRows, step_times
+from .device_rows import (
+    TEXT_COLS,
+    KeyedRows,
+    Rows,
+    keys_array,
+    make_busy,
+    make_copies,
+    make_remote,
+    make_splits,
+    make_transfers,
+)
 
 TABLES = (
     "devices",
@@ -63,89 +73,16 @@ _COLS: dict[str, list[str]] = {
     "recv_bytes data_bytes net_ns n_cmds transfer_bytes transfer_ns".split(),
     "token_time": "step kind n_tokens t_start token_ns compute_ns transfer_ns host_ns".split(),
 }
+# the tables made of the decoder's rows (``KeyedRows``)
+_MAKE = {
+    "splits": make_splits,
+    "copies": make_copies,
+    "busy": make_busy,
+    "remote": make_remote,
+    "transfers": make_transfers,
+}
 # columns holding device names (categoricals over the machine's devices) and other text
 _DEVICE_COLS = {"device", "src", "dst"}
-_TEXT_COLS = {"tensor", "cmd", "phase", "kind"}
-
-
-PACK_ROWS = 4096  # rows a table holds as tuples before they are packed into its columns
-
-
-class Rows:
-    """A table's rows as they come (tuples), packed into typed columns every ``PACK_ROWS``:
-    a tuple of Python ints costs several times the memory of its values in arrays, and a long
-    run holds a few rows per step of each table."""
-
-    def __init__(self, cols: list[str]) -> None:
-        self.cols = cols
-        self.rows: list[tuple[Any, ...]] = []
-        self.packed: list[list[Any]] = [[] for _ in cols]  # per column, its packed chunks
-
-    def append(self, row: tuple[Any, ...]) -> None:
-        self.rows.append(row)
-        if len(self.rows) >= PACK_ROWS:
-            self.pack()
-
-    def extend(self, rows: list[tuple[Any, ...]]) -> None:
-        self.rows += rows
-        if len(self.rows) >= PACK_ROWS:
-            self.pack()
-
-    def pack(self) -> None:
-        if not self.rows:
-            return
-        cols = zip(*self.rows, strict=True)
-        for name, chunks, col in zip(self.cols, self.packed, cols, strict=True):
-            chunks.append(_column(name, col))
-        self.rows = []
-
-    def then(self, other: Rows) -> None:
-        """``other``'s rows after these."""
-        self.pack()
-        other.pack()
-        for mine, theirs in zip(self.packed, other.packed, strict=True):
-            mine += theirs
-
-    def put(self, columns: dict[str, Any]) -> None:
-        """Rows given as columns (typed as ``_column`` makes them), after these."""
-        self.pack()
-        for name, chunks in zip(self.cols, self.packed, strict=True):
-            chunks.append(columns[name])
-
-    def columns(self) -> list[Any]:
-        """Each column whole (an array, or a list of text; kept whole for the next call)."""
-        self.pack()
-        out = [
-            _column(name, []) if not chunks
-            else chunks[0] if len(chunks) == 1
-            else (list(chain.from_iterable(chunks)) if name in _TEXT_COLS else np.concatenate(chunks))
-            for name, chunks in zip(self.cols, self.packed, strict=True)
-        ]  # fmt: skip
-        self.packed = [[c] for c in out]
-        return out
-
-    def column(self, name: str) -> Any:
-        return self.columns()[self.cols.index(name)]
-
-
-def _keys(a: array, width: int) -> np.ndarray:
-    """Keys kept ``width`` to a row in an ``array("q")``, as an (n, width) int64 array."""
-    return (
-        np.frombuffer(a, dtype=np.int64).reshape(-1, width)
-        if len(a)
-        else np.zeros((0, width), np.int64)
-    )
-
-
-def _column(name: str, values: Any) -> Any:
-    """A column's values, typed as its table holds them (text: a list)."""
-    if name in _TEXT_COLS:
-        return list(values)
-    if name == "timed":
-        return np.asarray(values, dtype=bool)
-    if name == "share":
-        return np.asarray(values, dtype=np.float64)
-    return np.asarray(values, dtype=np.int64)
 
 
 class DeviceBuilder:
@@ -155,6 +92,9 @@ class DeviceBuilder:
         self.info = info
         self.devs = dt.Devices(info)
         self.rows: dict[str, Rows] = {k: Rows(cols) for k, cols in _COLS.items()}
+        # (the decoder's rows as they are, a list at a time)
+        self.keyed = {name: KeyedRows(_COLS[name], make) for name, make in _MAKE.items()}
+        self.rows.update(self.keyed)
         self.op_device: list[np.ndarray] = []
         self.op_dur: list[np.ndarray] = []
         self.layer_device: list[np.ndarray] = []
@@ -197,30 +137,15 @@ class DeviceBuilder:
         if p is None:
             return
         self.place_keys.extend((self.g, len(p.splits), len(p.copies), len(p.busy), len(p.remote)))
-        r = self.rows
-        # (each list at once: a few rows per compute)
-        r["splits"].extend([
-            (step, ub, k, s.device, s.i_start, s.i_end, s.start, s.launch, s.end,
-             s.launch - s.start, s.end - s.launch)
-            for k, s in enumerate(p.splits)
-        ])  # fmt: skip
-        r["copies"].extend([
-            (step, ub, cp.split, cp.node, cp.name, cp.bytes, cp.src, cp.dst, cp.start, cp.dur)
-            for cp in p.copies
-        ])  # fmt: skip
-        r["busy"].extend([(step, ub, b.device, b.split, b.n_ops, b.start, b.dur) for b in p.busy])
-        r["remote"].extend([
-            (step, ub, x.split, x.device, x.send, x.reply, x.start, x.end, x.end - x.start,
-             x.one_way, x.err, x.clock_offset, x.bytes, x.n_ops)
-            for x in p.remote
-        ])  # fmt: skip
+        r = self.keyed
+        key = (step, ub)
+        r["splits"].add(key, p.splits)
+        r["copies"].add(key, p.copies)
+        r["busy"].add(key, p.busy)
+        r["remote"].add(key, p.remote)
 
     def _transfers(self, t: Transfers, step: int) -> None:
-        self.rows["transfers"].extend([
-            (t.phase, step, x.device, x.cmd, x.tensor, x.bytes, x.sent, x.recv, x.queue,
-             x.start, x.sent_at, x.end, x.end - x.start)
-            for x in t.rows
-        ])  # fmt: skip
+        self.keyed["transfers"].add((t.phase, step), t.rows)
 
     def _time(self, st: dt.StepTime) -> None:
         for d in self.devs.order(st.devices):
@@ -246,10 +171,11 @@ class DeviceBuilder:
         idx = sorted(self.devs.known)
         a = np.concatenate(codes) if codes else np.zeros(0, np.int64)
         assert len(a) == n
-        lut = {d: k for k, d in enumerate(idx)}
-        return pd.Categorical.from_codes(
-            np.array([lut.get(d, -1) for d in a.tolist()], np.int64), categories=self._names()
-        )
+        known = np.array(idx, np.int64)
+        at = np.minimum(np.searchsorted(known, a), max(len(idx) - 1, 0))
+        # each index's position among the machine's (sorted) devices; -1 (no name) if not one
+        pos = np.where(known[at] == a, at, -1) if len(idx) else np.full(len(a), -1, np.int64)
+        return pd.Categorical.from_codes(pos, categories=self._names())
 
     def _frame(self, name: str) -> pd.DataFrame:
         cols = _COLS[name]
@@ -258,7 +184,7 @@ class DeviceBuilder:
         for c, v in zip(cols, data, strict=True):
             if c in _DEVICE_COLS:
                 out[c] = self.device_column([np.asarray(v, dtype=np.int64)], len(v))
-            elif c in _TEXT_COLS:
+            elif c in TEXT_COLS:
                 out[c] = pd.Series(v, dtype=object).astype("category")
             elif c == "timed":
                 out[c] = np.asarray(v, dtype=bool)
@@ -302,7 +228,9 @@ class DeviceBuilder:
         self.rows["device_steps"].put(dev_cols)
         self.rows["token_time"].put(token_cols)
         in_steps = self.rows["transfers"]
-        self.rows["transfers"] = Rows(_COLS["transfers"])
+        self.rows["transfers"] = self.keyed["transfers"] = KeyedRows(
+            _COLS["transfers"], make_transfers
+        )
         for t in self.info.transfers:  # (the model's upload came first)
             self._transfers(t, -1)
         self.rows["transfers"].then(in_steps)
@@ -316,12 +244,12 @@ class DeviceBuilder:
 
 def _step_rows(b: DeviceBuilder, layers: pd.DataFrame) -> StepRows:
     """What ``step_times`` reads, from the tables' columns (see ``DeviceBuilder.__init__``)."""
-    steps = _keys(b.step_keys, 5)
+    steps = keys_array(b.step_keys, 5)
     rows = b.rows
     n_op, n_lay, place = (
-        _keys(b.op_keys, 2),
-        _keys(b.layer_keys, 2),
-        _keys(b.place_keys, 5),
+        keys_array(b.op_keys, 2),
+        keys_array(b.layer_keys, 2),
+        keys_array(b.place_keys, 5),
     )
     per = [np.repeat(place[:, 0], place[:, j]) for j in range(1, 5)]
     base = np.cumsum(place[:, 1]) - place[:, 1]  # each compute's first split row

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..items import SliceRows
-from .events import EventFields, flow_fields
+from ..items import Slice, SliceRows
+from .events import EventFields
 from .packets import Interner
 from .pieces import Pieces
 from .protowire import (
@@ -45,14 +45,13 @@ class Pending:
     """The slices of one category and arg names whose begins wait for the flush, as columns, and
     where their rows are (indices into the batch's small rows)."""
 
-    __slots__ = ("tracks", "names", "args", "at", "flows")
+    __slots__ = ("tracks", "names", "args", "at")
 
     def __init__(self) -> None:
         self.tracks: list[int] = []
         self.names: list[str] = []
         self.args: list[dict[str, Any]] = []  # made columns at the flush
         self.at: list[int] = []
-        self.flows: dict[int, bytes] = {}  # by position: the flows of the few slices with any
 
 
 # per batch: (category, arg names) -> its pending slices
@@ -85,26 +84,16 @@ class Begins:
             self.arg_sets.add(ks)
 
     def note(
-        self,
-        pending: PendingSet,
-        at: int,
-        track: int,
-        name: str,
-        category: str,
-        args: Any,
-        flows: bytes = b"",
+        self, pending: PendingSet, at: int, track: int, name: str, category: str, args: Any
     ) -> None:
         """A slice whose begin is small row ``at``: interned now (as ``EventFields.begin``
-        would: its name, then its arg names), encoded at the flush (``flows``: its flow fields,
-        ``events.flow_fields``)."""
+        would: its name, then its arg names), encoded at the flush."""
         self.interner.name(name)
         ks = tuple(args)
         self._arg_names(ks)
         g = pending.get((category, ks))
         if g is None:
             g = pending[(category, ks)] = Pending()
-        if flows:
-            g.flows[len(g.tracks)] = flows
         g.tracks.append(track)
         g.names.append(name)
         g.args.append(args)
@@ -119,9 +108,6 @@ class Begins:
                 if m is None:
                     m = merged[key] = (Pending(), [])
                 p, rows = m
-                base = len(p.tracks)
-                for r, f in g.flows.items():
-                    p.flows[base + r] = f
                 p.tracks += g.tracks
                 p.names += g.names
                 p.args += g.args
@@ -172,10 +158,6 @@ class Begins:
                 cols = [[a[ks[0]] for a in p.args]]
             for k, col in zip(ks, cols, strict=True):
                 self._arg(te, DA_NAME_IID + varint(i.arg_names[k]), list(col))
-        if p.flows:  # (after the args, as ``EventFields.begin`` puts them)
-            codes = np.zeros(n, dtype=np.int64)
-            codes[list(p.flows)] = np.arange(1, len(p.flows) + 1)
-            te.pick(codes, [b"", *p.flows.values()])
         body = Pieces(n)
         body.const(TRACK_EVENT)
         body.varint(te.lengths())
@@ -212,9 +194,9 @@ class Begins:
 
 
 def add_rows(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> None:
-    """``Writer.add_slice`` for each of ``rows`` into batch ``b``: its begin waits (``note``),
-    the flows it ends with it."""
-    if rows.args and len(set(map(tuple, rows.args))) == 1:
+    """``Writer.add_slice`` for each of ``rows`` into batch ``b``: its begin waits (``note``)
+    unless it ends flows (then encoded now, as ``EventFields.begin`` does for those)."""
+    if rows.args and not rows.flows_in and len(set(map(tuple, rows.args))) == 1:
         _add_alike(b, rows, begins, events)
         return
     small = b.small
@@ -231,18 +213,19 @@ def add_rows(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> No
         e = ends.get(tr)
         if e is None:
             e = ends[tr] = events.end_id(tr)
-        # as Begins.note, the group kept while the rows' arg names stay the same
-        intern(name)
-        if g is None or keys != list(args):
-            g = begins.group(pending, cat, args)
-            keys = list(args)
-        if flows and r in flows:
-            g.flows[len(g.tracks)] = flow_fields((), flows[r])
-        g.tracks.append(tr)
-        g.names.append(name)
-        g.args.append(args)
-        g.at.append(len(small))
-        small.append((ts, 1, d, seq, b"", -1))
+        if flows and r in flows:  # (encoded now: their args repeat, the interner's memo has them)
+            it = Slice(tr, name, ts, dur, d, cat, args, (), flows[r])
+            small.append((ts, 1, d, seq, events.begin(it), -1))
+        else:  # as Begins.note, the group kept while the rows' arg names stay the same
+            intern(name)
+            if g is None or keys != list(args):
+                g = begins.group(pending, cat, args)
+                keys = list(args)
+            g.tracks.append(tr)
+            g.names.append(name)
+            g.args.append(args)
+            g.at.append(len(small))
+            small.append((ts, 1, d, seq, b"", -1))
         small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", e))
         seq += 2
     b.rows += seq - b.seq
@@ -262,9 +245,6 @@ def _add_alike(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> 
     n = len(names)
     d, seq0, small = rows.depth, b.seq, b.small
     at0 = len(small)
-    base = len(g.tracks)
-    for r, into in rows.flows_in.items():
-        g.flows[base + r] = flow_fields((), into)
     g.tracks += rows.track
     g.names += names
     g.args += rows.args

@@ -81,8 +81,9 @@ class EventFields:
         te = TE_TRACK_UUID + varint(it.track) + TE_TYPE + varint(TYPE_SLICE_BEGIN)
         te += TE_NAME_IID + varint(i.name(it.name))
         te += ld(TE_CATEGORIES, it.category.encode()) + i.args(it.args)
-        if it.flows_out or it.flows_in:
-            te += flow_fields(it.flows_out, it.flows_in)
+        if it.flows_out or it.flows_in:  # flow_ids, terminating_flow_ids: fixed64 each
+            te += b"".join(TE_FLOW_IDS + struct.pack("<Q", f) for f in it.flows_out)
+            te += b"".join(TE_TERMINATING_FLOW_IDS + struct.pack("<Q", f) for f in it.flows_in)
         return ld(TRACK_EVENT, te)
 
     def layer_begin(self, track: int, lay: LayerSpan) -> bytes:
@@ -101,11 +102,3 @@ class EventFields:
         te = TE_TRACK_UUID + varint(it.track) + TE_TYPE + varint(TYPE_COUNTER)
         te += TE_DOUBLE_COUNTER_VALUE + struct.pack("<d", it.value)
         return ld(TRACK_EVENT, te)
-
-
-def flow_fields(out: tuple[int, ...], into: tuple[int, ...]) -> bytes:
-    """A slice begin's flows: flow_ids (those it starts), then terminating_flow_ids (those it
-    ends), fixed64 each."""
-    return b"".join(TE_FLOW_IDS + struct.pack("<Q", f) for f in out) + b"".join(
-        TE_TERMINATING_FLOW_IDS + struct.pack("<Q", f) for f in into
-    )

@@ -22,7 +22,7 @@ from ..sinks import BundleSink
 from .batch import Batch, Block
 from .begins import Begins, add_rows
 from .bulk import BulkEncoder
-from .events import EventFields, flow_fields
+from .events import EventFields
 from .ops import NodeTables, OpStore, RateFields
 from .packets import SEQ, Sequence, compressed_packet, packet, track_body
 from .protowire import I64_END
@@ -35,8 +35,7 @@ ZLIB_THREADS = 2  # compressing threads (zlib releases the GIL): bundles stay in
 
 _LAYER_KEY = attrgetter("layer", "n_ops")
 # slices whose begins are encoded as they come (computes: their template's key; steps: one per
-# batch, their many args of mixed types cost more by columns; ops with KV-cache flows: their args
-# repeat, the interner's memo has them); the others wait (``begins``)
+# batch, their many args of mixed types cost more by columns); the others wait (``begins``)
 _NOW = frozenset(("compute", "step"))
 
 
@@ -99,12 +98,10 @@ class Writer:
         seq = b.seq
         d = it.depth
         ev = self.events
-        flows = it.flows_out or it.flows_in
-        if it.category in _NOW or (flows and it.category == "op"):
+        if it.category in _NOW or it.flows_out or it.flows_in:
             b.small.append((it.ts, 1, d, seq, ev.begin(it), -1))
-        else:  # encoded with the others at the flush (``begins``), flows too (a split's)
-            fl = flow_fields(it.flows_out, it.flows_in) if flows else b""
-            self.begins.note(b.pending, len(b.small), it.track, it.name, it.category, it.args, fl)
+        else:  # encoded with the others at the flush (``begins``)
+            self.begins.note(b.pending, len(b.small), it.track, it.name, it.category, it.args)
             b.small.append((it.ts, 1, d, seq, b"", -1))
         b.small.append((it.ts + it.dur, 0 if it.dur else 2, -d, seq + 1, b"", ev.end_id(it.track)))
         b.seq = seq + 2

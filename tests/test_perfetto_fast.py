@@ -124,6 +124,26 @@ def repeat_steps(src: Path, dest: Path, n: int, edit: Any = None) -> Path:
     return dest
 
 
+@pytest.mark.parametrize(
+    "fixture", ["tiny-llama-rpc2-detailed.log.gz", "tiny-llama-vulkan-partial-detailed.log.gz"]
+)
+def test_device_computes_of_one_graph_on_other_ubatches(tmp_path: Path, fixture: str) -> None:
+    """A graph computed again on another ubatch (a long prompt, ubatch after ubatch): each
+    device's part of it is named and described for its own ubatch, not written from the
+    template of the first (whose slice args were not in its key)."""
+
+    def edit(k: int, recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for r in recs:
+            if r["type"] == "compute":
+                r["ubatch"] = k % 2
+        return recs
+
+    log = repeat_steps(FIXTURES / fixture, tmp_path / "r.log", 12, edit)
+    res = assert_same_trace(log)
+    names = {r[4] for r in res if r[0] == "event" and r[5] == ("device",)}
+    assert names == {"compute ubatch 0", "compute ubatch 1"}
+
+
 def test_bulk_paths_are_taken(tmp_path: Path) -> None:
     """A detailed log's computes are packed, and all but the first few come from templates:
     else this module would test little that is new."""

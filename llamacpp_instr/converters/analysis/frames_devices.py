@@ -24,7 +24,7 @@ none of them, and its tables are as before.
 
 from __future__ import annotations
 
-from itertools import chain
+from array import array
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,18 @@ from ..reading.decode.sessions import SessionInfo
 from ..reading.decode.steps import Step
 from ..reading.decode.transfers import Transfers
 from ..session import device_time as dt
+from ..session.step_times import StepRows, step_times
+from .device_rows import (
+    TEXT_COLS,
+    KeyedRows,
+    Rows,
+    keys_array,
+    make_busy,
+    make_copies,
+    make_remote,
+    make_splits,
+    make_transfers,
+)
 
 TABLES = (
     "devices",
@@ -61,69 +73,16 @@ _COLS: dict[str, list[str]] = {
     "recv_bytes data_bytes net_ns n_cmds transfer_bytes transfer_ns".split(),
     "token_time": "step kind n_tokens t_start token_ns compute_ns transfer_ns host_ns".split(),
 }
+# the tables made of the decoder's rows (``KeyedRows``)
+_MAKE = {
+    "splits": make_splits,
+    "copies": make_copies,
+    "busy": make_busy,
+    "remote": make_remote,
+    "transfers": make_transfers,
+}
 # columns holding device names (categoricals over the machine's devices) and other text
 _DEVICE_COLS = {"device", "src", "dst"}
-_TEXT_COLS = {"tensor", "cmd", "phase", "kind"}
-
-
-PACK_ROWS = 4096  # rows a table holds as tuples before they are packed into its columns
-
-
-class Rows:
-    """A table's rows as they come (tuples), packed into typed columns every ``PACK_ROWS``:
-    a tuple of Python ints costs several times the memory of its values in arrays, and a long
-    run holds a few rows per step of each table."""
-
-    def __init__(self, cols: list[str]) -> None:
-        self.cols = cols
-        self.rows: list[tuple[Any, ...]] = []
-        self.packed: list[list[Any]] = [[] for _ in cols]  # per column, its packed chunks
-
-    def append(self, row: tuple[Any, ...]) -> None:
-        self.rows.append(row)
-        if len(self.rows) >= PACK_ROWS:
-            self.pack()
-
-    def extend(self, rows: list[tuple[Any, ...]]) -> None:
-        self.rows += rows
-        if len(self.rows) >= PACK_ROWS:
-            self.pack()
-
-    def pack(self) -> None:
-        if not self.rows:
-            return
-        cols = zip(*self.rows, strict=True)
-        for name, chunks, col in zip(self.cols, self.packed, cols, strict=True):
-            chunks.append(_column(name, col))
-        self.rows = []
-
-    def then(self, other: Rows) -> None:
-        """``other``'s rows after these."""
-        self.pack()
-        other.pack()
-        for mine, theirs in zip(self.packed, other.packed, strict=True):
-            mine += theirs
-
-    def columns(self) -> list[Any]:
-        """Each column whole (an array, or a list of text)."""
-        self.pack()
-        return [
-            _column(name, []) if not chunks
-            else chunks[0] if len(chunks) == 1
-            else (list(chain.from_iterable(chunks)) if name in _TEXT_COLS else np.concatenate(chunks))
-            for name, chunks in zip(self.cols, self.packed, strict=True)
-        ]  # fmt: skip
-
-
-def _column(name: str, values: Any) -> Any:
-    """A column's values, typed as its table holds them (text: a list)."""
-    if name in _TEXT_COLS:
-        return list(values)
-    if name == "timed":
-        return np.asarray(values, dtype=bool)
-    if name == "share":
-        return np.asarray(values, dtype=np.float64)
-    return np.asarray(values, dtype=np.int64)
 
 
 class DeviceBuilder:
@@ -133,52 +92,60 @@ class DeviceBuilder:
         self.info = info
         self.devs = dt.Devices(info)
         self.rows: dict[str, Rows] = {k: Rows(cols) for k, cols in _COLS.items()}
+        # (the decoder's rows as they are, a list at a time)
+        self.keyed = {name: KeyedRows(_COLS[name], make) for name, make in _MAKE.items()}
+        self.rows.update(self.keyed)
         self.op_device: list[np.ndarray] = []
+        self.op_dur: list[np.ndarray] = []
         self.layer_device: list[np.ndarray] = []
+        # for ``step_times``, each step by its position in the session (``g``): per step its
+        # index, token count, window start and end before its commands, and its commands' rows;
+        # per compute with ops, layers or a placement: the step, and its rows of each
+        self.g = 0
+        self.step_keys = array("q")  # index, n_tokens, lo, hi, n_cmds
+        self.kinds: list[str] = []
+        self.op_keys = array("q")  # g, n
+        self.layer_keys = array("q")  # g, n
+        self.place_keys = array("q")  # g, splits, copies, busy, remote
 
     def ops(self, c: Compute) -> None:
         """A compute's ops were added to the ops table: their devices."""
         self.op_device.append(dt.op_devices(c, self.devs.cpu))
+        self.op_dur.append(np.asarray(c.op_dur, dtype=np.int64))
+        self.op_keys.extend((self.g, len(c.op_node)))
 
     def layers(self, c: Compute) -> None:
         """A compute's layer spans were added to the layers table: their devices."""
         self.layer_device.append(dt.layer_devices(c, self.devs.cpu))
+        self.layer_keys.extend((self.g, len(c.layers)))
 
     def step(self, s: Step) -> None:
+        hi = s.end
         for c in s.computes:
             self._compute(s.index, -1 if c.ubatch is None else c.ubatch, c)
+            hi = max(hi, c.start + c.dur)
+        n_cmds = 0
         for t in s.transfers:
             self._transfers(t, s.index)
-        self._time(dt.step_time(s, self.devs))
+            n_cmds += len(t.rows)
+        self.step_keys.extend((s.index, s.n_tokens, s.start, hi, n_cmds))
+        self.kinds.append(s.kind)
+        self.g += 1
 
     def _compute(self, step: int, ub: int, c: Compute) -> None:
         p = c.place
         if p is None:
             return
-        r = self.rows
-        # (each list at once: a few rows per compute)
-        r["splits"].extend([
-            (step, ub, k, s.device, s.i_start, s.i_end, s.start, s.launch, s.end,
-             s.launch - s.start, s.end - s.launch)
-            for k, s in enumerate(p.splits)
-        ])  # fmt: skip
-        r["copies"].extend([
-            (step, ub, cp.split, cp.node, cp.name, cp.bytes, cp.src, cp.dst, cp.start, cp.dur)
-            for cp in p.copies
-        ])  # fmt: skip
-        r["busy"].extend([(step, ub, b.device, b.split, b.n_ops, b.start, b.dur) for b in p.busy])
-        r["remote"].extend([
-            (step, ub, x.split, x.device, x.send, x.reply, x.start, x.end, x.end - x.start,
-             x.one_way, x.err, x.clock_offset, x.bytes, x.n_ops)
-            for x in p.remote
-        ])  # fmt: skip
+        self.place_keys.extend((self.g, len(p.splits), len(p.copies), len(p.busy), len(p.remote)))
+        r = self.keyed
+        key = (step, ub)
+        r["splits"].add(key, p.splits)
+        r["copies"].add(key, p.copies)
+        r["busy"].add(key, p.busy)
+        r["remote"].add(key, p.remote)
 
     def _transfers(self, t: Transfers, step: int) -> None:
-        self.rows["transfers"].extend([
-            (t.phase, step, x.device, x.cmd, x.tensor, x.bytes, x.sent, x.recv, x.queue,
-             x.start, x.sent_at, x.end, x.end - x.start)
-            for x in t.rows
-        ])  # fmt: skip
+        self.keyed["transfers"].add((t.phase, step), t.rows)
 
     def _time(self, st: dt.StepTime) -> None:
         for d in self.devs.order(st.devices):
@@ -204,10 +171,11 @@ class DeviceBuilder:
         idx = sorted(self.devs.known)
         a = np.concatenate(codes) if codes else np.zeros(0, np.int64)
         assert len(a) == n
-        lut = {d: k for k, d in enumerate(idx)}
-        return pd.Categorical.from_codes(
-            np.array([lut.get(d, -1) for d in a.tolist()], np.int64), categories=self._names()
-        )
+        known = np.array(idx, np.int64)
+        at = np.minimum(np.searchsorted(known, a), max(len(idx) - 1, 0))
+        # each index's position among the machine's (sorted) devices; -1 (no name) if not one
+        pos = np.where(known[at] == a, at, -1) if len(idx) else np.full(len(a), -1, np.int64)
+        return pd.Categorical.from_codes(pos, categories=self._names())
 
     def _frame(self, name: str) -> pd.DataFrame:
         cols = _COLS[name]
@@ -216,7 +184,7 @@ class DeviceBuilder:
         for c, v in zip(cols, data, strict=True):
             if c in _DEVICE_COLS:
                 out[c] = self.device_column([np.asarray(v, dtype=np.int64)], len(v))
-            elif c in _TEXT_COLS:
+            elif c in TEXT_COLS:
                 out[c] = pd.Series(v, dtype=object).astype("category")
             elif c == "timed":
                 out[c] = np.asarray(v, dtype=bool)
@@ -256,8 +224,13 @@ class DeviceBuilder:
         """The device tables; ``ops`` and ``layers`` get their device column."""
         ops["device"] = self.device_column(self.op_device, len(ops))
         layers["device"] = self.device_column(self.layer_device, len(layers))
+        dev_cols, token_cols = step_times(_step_rows(self, layers), self.devs)
+        self.rows["device_steps"].put(dev_cols)
+        self.rows["token_time"].put(token_cols)
         in_steps = self.rows["transfers"]
-        self.rows["transfers"] = Rows(_COLS["transfers"])
+        self.rows["transfers"] = self.keyed["transfers"] = KeyedRows(
+            _COLS["transfers"], make_transfers
+        )
         for t in self.info.transfers:  # (the model's upload came first)
             self._transfers(t, -1)
         self.rows["transfers"].then(in_steps)
@@ -267,3 +240,42 @@ class DeviceBuilder:
         out = {"devices": self._devices()}
         out.update({name: self._frame(name) for name in _COLS})
         return out
+
+
+def _step_rows(b: DeviceBuilder, layers: pd.DataFrame) -> StepRows:
+    """What ``step_times`` reads, from the tables' columns (see ``DeviceBuilder.__init__``)."""
+    steps = keys_array(b.step_keys, 5)
+    rows = b.rows
+    n_op, n_lay, place = (
+        keys_array(b.op_keys, 2),
+        keys_array(b.layer_keys, 2),
+        keys_array(b.place_keys, 5),
+    )
+    per = [np.repeat(place[:, 0], place[:, j]) for j in range(1, 5)]
+    base = np.cumsum(place[:, 1]) - place[:, 1]  # each compute's first split row
+
+    def split_rows(table: str, j: int) -> np.ndarray:
+        k = rows[table].column("split")
+        row = np.repeat(base, place[:, j]) + k
+        return np.where(k >= 0, row, -1)
+
+    def col(table: str, name: str) -> Any:
+        return rows[table].column(name)
+
+    cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
+    return StepRows(
+        index=steps[:, 0], kind=b.kinds, n_tokens=steps[:, 1], lo=steps[:, 2], hi=steps[:, 3],
+        op=(np.repeat(n_op[:, 0], n_op[:, 1]), cat(b.op_device), cat(b.op_dur)),
+        layer=(np.repeat(n_lay[:, 0], n_lay[:, 1]), cat(b.layer_device),
+               layers["layer"].to_numpy(), layers["dur_ns"].to_numpy()),
+        split=(per[0], col("splits", "device"), col("splits", "t_launch"), col("splits", "t_end")),
+        copy=(per[1], col("copies", "src"), col("copies", "dst"), col("copies", "bytes"),
+              col("copies", "t_start"), col("copies", "dur_ns")),
+        busy=(per[2], col("busy", "device"), split_rows("busy", 3), col("busy", "t_start"),
+              col("busy", "t_start") + col("busy", "dur_ns")),
+        remote=(per[3], col("remote", "device"), split_rows("remote", 4),
+                col("remote", "t_start"), col("remote", "t_end")),
+        cmd=(np.repeat(np.arange(len(steps)), steps[:, 4]), col("transfers", "device"),
+             col("transfers", "sent"), col("transfers", "recv"), col("transfers", "bytes"),
+             col("transfers", "t_start"), col("transfers", "t_end")),
+    )  # fmt: skip

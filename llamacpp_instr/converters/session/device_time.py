@@ -408,7 +408,8 @@ def _transfer_rows(rows: Iterable[TransferRow], get: Any) -> dict[int, list[Inte
 
 
 def step_time(step: Step, devs: Devices) -> StepTime:
-    """A step's figures per device (see the module doc)."""
+    """A step's figures per device (see the module doc; ``step_times`` makes them for every
+    step of a session at once, in columns: the tables' way)."""
     lo, hi = step_window(step)
     st = StepTime(step.index, step.kind, step.n_tokens, lo, hi - lo)
     cpu = devs.cpu

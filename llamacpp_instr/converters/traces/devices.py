@@ -39,6 +39,7 @@ from ..reading.decode.steps import Step
 from ..session import device_time as dt
 from ..session.kv_flows import OpFlows
 from .device_lanes import COPIES_ORDER, DeviceLanes, Lanes
+from .device_own import OwnTiming
 from .items import BulkItem, Item, LayoutStats, Slice, SliceRows, Track, track_uuid
 from .network import NetworkTracks
 
@@ -76,6 +77,8 @@ class DeviceTracks:
         self.lanes = DeviceLanes(self.sid, lay.process, self.devs, lay.bulk)
         self.network = NetworkTracks(lay.info, self.lanes)
         self.names: dict[int, str] = {}  # device names by index (``copy_rows``)
+        self.plans: dict[tuple[Any, ...], list[tuple[int, list[int]]]] = {}  # (``_plan``)
+        self.own = OwnTiming(self.devs, self.lanes)
 
     # -- steps
 
@@ -91,39 +94,63 @@ class DeviceTracks:
         stats.computes += 1
         head = self.lay.compute_slice(c, track)
         p = c.place
-        splits = p.splits if p is not None else []
-        lo = min([head.ts] + [s.start for s in splits])
-        hi = max([head.ts + head.dur] + [s.end for s in splits])
+        lo, hi = head.ts, head.ts + head.dur
         if p is not None:
-            hi = max([hi] + [r.end for r in p.remote] + [b.start + b.dur for b in p.busy])
+            for s in p.splits:
+                lo, hi = min(lo, s.start), max(hi, s.end)
+            for r in p.remote:
+                hi = max(hi, r.end)
+            for b in p.busy:
+                hi = max(hi, b.start + b.dur)
         head.ts, head.dur = lo, hi - lo
         yield head
         flow_of = self._flows(c, step)
-        if splits:
-            assert p is not None
+        if p is not None and p.splits:
             copied, started = _per_split(p)
-            for k, s in enumerate(splits):
+            for k, s in enumerate(p.splits):
                 yield self._split(
                     k, s, copied.get(k, (0, 0)), started.get(k), track, flow_of.get(k)
                 )
         cpu = self.devs.cpu
-        od = dt.op_devices(c, cpu) if len(c.op_node) else None
-        extents = op_extents(c, cpu) if od is not None else {}
-        masks = dt.op_masks(c, cpu) if od is not None else {}
-        ld = dt.layer_devices(c, cpu).tolist()
-        for d in dt.compute_devices(c, cpu):
+        has_ops = len(c.op_node) > 0
+        extents = op_extents(c, cpu) if has_ops else {}
+        masks = dt.op_masks(c, cpu) if has_ops else {}
+        layers = c.layers
+        for d, idx in self._plan(c, cpu):
             yield from self.lanes.device_track(d)
-            spans = [lay for lay, x in zip(c.layers, ld, strict=True) if x == d]
-            mask = masks.get(d) if od is not None else None
-            if mask is None and od is not None:  # (a device with layers only: no op)
-                mask = od == d
+            spans = [layers[i] for i in idx]
+            mask = masks.get(d) if has_ops else None
+            if mask is None and has_ops:  # (a device with layers only: no op)
+                mask = dt.op_devices(c, cpu) == d
             head_d = self._device_slice(c, d, spans, extents.get(d, (0, 0, 0)))
             if head_d is not None:
                 yield from self.lay.compute_batch(head_d, c, spans, stats, flows, mask)
         if p is not None:
             yield from self._copies(c)
-            yield from self._busy(c, flow_of)
-            yield from self._remote(c, flow_of)
+            yield from as_items(self.own.busy(p, flow_of), self.lay.bulk)
+            yield from as_items(self.own.remote(p, flow_of), self.lay.bulk)
+
+    def _plan(self, c: Compute, cpu: int) -> list[tuple[int, list[int]]]:
+        """The devices a compute ran on (``device_time.compute_devices``), each with the
+        positions of its layer spans: made once per splits and layer devices (every generation
+        step repeats them)."""
+        splits = c.place.splits if c.place is not None else []
+        ld = c.layer_device
+        key = (
+            tuple(s.device for s in splits),
+            len(c.layers),
+            ld.tobytes() if ld is not None else None,
+        )
+        plan = self.plans.get(key)
+        if plan is None:
+            lds = dt.layer_devices(c, cpu).tolist()
+            plan = [
+                (d, [i for i, x in enumerate(lds) if x == d]) for d in dt.compute_devices(c, cpu)
+            ]
+            if len(self.plans) >= 256:
+                self.plans.clear()
+            self.plans[key] = plan
+        return plan
 
     def _device_slice(
         self, c: Compute, d: int, spans: list[Any], ops: tuple[int, int, int]
@@ -200,62 +227,6 @@ class DeviceTracks:
         assert p is not None
         lanes = self.lanes.get(("copies",), "copies", COPIES_ORDER)
         yield from as_items(copy_rows(p, self.lanes, lanes, self.names, self.devs), self.lay.bulk)
-
-    def _busy(self, c: Compute, flow_of: dict[int, int]) -> Iterator[Item | SliceRows]:
-        p = c.place
-        assert p is not None
-        splits = p.splits
-        seen: set[int] = set()
-        last: dict[int, int] = {}
-        out = SliceRows("busy", 0)
-        for j, b in enumerate(sorted(p.busy, key=lambda x: (x.start, x.dur))):
-            name = self.devs[b.device].name
-            lanes = self.lanes.get(
-                ("busy", b.device), f"{name} command buffers", self.lanes.rank(b.device) + 1
-            )
-            args: dict[str, Any] = {"split": b.split, "n_ops": b.n_ops, "device": name}
-            if b.device in last:
-                args["idle_before_ns"] = max(0, b.start - last[b.device])
-            if 0 <= b.split < len(splits):
-                args["since_launch_ns"] = b.start - splits[b.split].launch
-            last[b.device] = max(last.get(b.device, 0), b.start + b.dur)
-            if b.split in flow_of and b.split not in seen:
-                seen.add(b.split)
-                out.flows_in[j] = (flow_of[b.split],)
-            track = self.lanes.assign(lanes, b.start, b.start + b.dur, j, out.tracks)
-            out.add(track, "command buffer", b.start, b.dur, args)
-        yield from as_items(out, self.lay.bulk)
-
-    def _remote(self, c: Compute, flow_of: dict[int, int]) -> Iterator[Item | SliceRows]:
-        p = c.place
-        assert p is not None
-        splits = p.splits
-        seen: set[int] = set()
-        out = SliceRows("remote", 0)
-        for j, r in enumerate(sorted(p.remote, key=lambda x: (x.start, x.end))):
-            dev = self.devs[r.device]
-            lanes = self.lanes.get(
-                ("remote", r.device), f"{dev.name} graphs", self.lanes.rank(r.device) + 1
-            )
-            args: dict[str, Any] = {
-                "split": r.split,
-                "device": dev.label,
-                "n_ops": r.n_ops,
-                "bytes": r.bytes,
-                "one_way_ns": r.one_way,
-                "err_ns": r.err,
-                "clock_offset_ns": r.clock_offset,
-                "sent_to_start_ns": r.start - r.send,
-                "end_to_reply_ns": r.reply - r.end,
-            }
-            if 0 <= r.split < len(splits):
-                args["since_launch_ns"] = r.start - splits[r.split].launch
-            if r.split in flow_of and r.split not in seen:
-                seen.add(r.split)
-                out.flows_in[j] = (flow_of[r.split],)
-            track = self.lanes.assign(lanes, r.start, r.end, j, out.tracks)
-            out.add(track, "graph compute (server)", r.start, r.end - r.start, args)
-        yield from as_items(out, self.lay.bulk)
 
     def transfers(self, step: Step | None = None) -> Iterator[Item | SliceRows]:
         """The RPC commands of ``step``, or (None) those outside any step not drawn yet."""

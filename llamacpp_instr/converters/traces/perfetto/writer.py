@@ -130,9 +130,13 @@ class Writer:
         if cb.ops is not None:
             self.add_ops(cb.ops)
         group = b.groups[g0] if len(b.groups) > g0 else None
+        head = b.small[i0][4]  # the compute slice's S (its name and args)
         key = (
             track,
-            b.small[i0][4],  # the compute slice's S (its args)
+            # a device's part of a compute waits for the flush (``begins``): its S is not made
+            # yet, and what makes it goes in the key (else a compute of the same graph on another
+            # ubatch would be written from this one's template, with this one's name and args)
+            head or (cs.name, cs.category, *cs.args.items()),
             tuple(map(_LAYER_KEY, cb.layers)),
             group[1].tobytes() if group is not None else b"",
         )

@@ -1,0 +1,181 @@
+"""The device tables' rows as they come, packed into typed columns (``frames_devices``): ``Rows``
+takes a tuple per row; ``KeyedRows`` takes the decoder's own rows (``Split``, ``Copy``, ``Busy``,
+``Remote``, ``TransferRow``: tuples already) a list at a time with the keys they share (step and
+ubatch; phase and step), made columns only when packed (``PACK_ROWS``), the whole batch at once."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+# columns of text (the rest: int64, but ``timed``, bool, and ``share``, float64)
+TEXT_COLS = {"tensor", "cmd", "phase", "kind"}
+
+PACK_ROWS = 4096  # rows a table holds as tuples before they are packed into its columns
+
+
+class Rows:
+    """A table's rows as they come (tuples), packed into typed columns every ``PACK_ROWS``:
+    a tuple of Python ints costs several times the memory of its values in arrays, and a long
+    run holds a few rows per step of each table."""
+
+    def __init__(self, cols: list[str]) -> None:
+        self.cols = cols
+        self.rows: list[tuple[Any, ...]] = []
+        self.packed: list[list[Any]] = [[] for _ in cols]  # per column, its packed chunks
+
+    def append(self, row: tuple[Any, ...]) -> None:
+        self.rows.append(row)
+        if len(self.rows) >= PACK_ROWS:
+            self.pack()
+
+    def extend(self, rows: list[tuple[Any, ...]]) -> None:
+        self.rows += rows
+        if len(self.rows) >= PACK_ROWS:
+            self.pack()
+
+    def pack(self) -> None:
+        if not self.rows:
+            return
+        cols = zip(*self.rows, strict=True)
+        for name, chunks, col in zip(self.cols, self.packed, cols, strict=True):
+            chunks.append(_column(name, col))
+        self.rows = []
+
+    def then(self, other: Rows) -> None:
+        """``other``'s rows after these."""
+        self.pack()
+        other.pack()
+        for mine, theirs in zip(self.packed, other.packed, strict=True):
+            mine += theirs
+
+    def put(self, columns: dict[str, Any]) -> None:
+        """Rows given as columns (typed as ``_column`` makes them), after these."""
+        self.pack()
+        for name, chunks in zip(self.cols, self.packed, strict=True):
+            chunks.append(columns[name])
+
+    def columns(self) -> list[Any]:
+        """Each column whole (an array, or a list of text; kept whole for the next call)."""
+        self.pack()
+        out = [
+            _column(name, []) if not chunks
+            else chunks[0] if len(chunks) == 1
+            else (list(chain.from_iterable(chunks)) if name in TEXT_COLS else np.concatenate(chunks))
+            for name, chunks in zip(self.cols, self.packed, strict=True)
+        ]  # fmt: skip
+        self.packed = [[c] for c in out]
+        return out
+
+    def column(self, name: str) -> Any:
+        return self.columns()[self.cols.index(name)]
+
+
+def keys_array(a: array, width: int) -> np.ndarray:
+    """Keys kept ``width`` to a row in an ``array("q")``, as an (n, width) int64 array."""
+    return (
+        np.frombuffer(a, dtype=np.int64).reshape(-1, width)
+        if len(a)
+        else np.zeros((0, width), np.int64)
+    )
+
+
+def _column(name: str, values: Any) -> Any:
+    """A column's values, typed as its table holds them (text: a list)."""
+    if name in TEXT_COLS:
+        return list(values)
+    if name == "timed":
+        return np.asarray(values, dtype=bool)
+    if name == "share":
+        return np.asarray(values, dtype=np.float64)
+    return np.asarray(values, dtype=np.int64)
+
+
+# a keyed table's columns from its batch: the keys of each list and its length, and the rows
+Make = Callable[[list[tuple[Any, ...]], list[int], list[Any]], list[Any]]
+
+
+class KeyedRows(Rows):
+    """A table whose rows come a list at a time, the rows of one list sharing their leading
+    columns (``keys``): the lists are kept as the decoder made them (no tuple per row is built)
+    and ``make`` turns a batch of them into the table's columns at once."""
+
+    def __init__(self, cols: list[str], make: Make) -> None:
+        super().__init__(cols)
+        self.make = make
+        self.keys: list[tuple[Any, ...]] = []
+        self.counts: list[int] = []
+
+    def add(self, keys: tuple[Any, ...], rows: list[Any]) -> None:
+        if not rows:
+            return
+        self.keys.append(keys)
+        self.counts.append(len(rows))
+        self.rows += rows
+        if len(self.rows) >= PACK_ROWS:
+            self.pack()
+
+    def pack(self) -> None:
+        if not self.rows:
+            return
+        for chunks, col in zip(
+            self.packed, self.make(self.keys, self.counts, self.rows), strict=True
+        ):
+            chunks.append(col)
+        self.rows, self.keys, self.counts = [], [], []
+
+
+def _ints(rows: list[Any], width: int) -> np.ndarray:
+    """Rows of ``width`` ints as an (n, width) int64 array."""
+    return np.array(rows, dtype=np.int64).reshape(-1, width)
+
+
+def _repeat(keys: list[tuple[Any, ...]], counts: list[int], k: int) -> np.ndarray:
+    return np.repeat(np.array([x[k] for x in keys], dtype=np.int64), counts)
+
+
+def make_splits(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
+    """step ubatch split device node_start node_end t_start t_launch t_end inputs_ns launch_ns,
+    from ``Split`` rows (each list: one compute's, the split its position)."""
+    a = _ints(rows, 6)
+    n = np.array(counts, dtype=np.int64)
+    k = np.arange(len(a), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+    return [_repeat(keys, counts, 0), _repeat(keys, counts, 1), k, *a.T,
+            a[:, 4] - a[:, 3], a[:, 5] - a[:, 4]]  # fmt: skip
+
+
+def make_copies(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
+    """step ubatch split node tensor bytes src dst t_start dur_ns, from ``Copy`` rows."""
+    cols = list(zip(*rows, strict=True))
+    ints = [np.array(c, dtype=np.int64) for c in (*cols[:2], *cols[3:])]
+    return [_repeat(keys, counts, 0), _repeat(keys, counts, 1), *ints[:2], list(cols[2]),
+            *ints[2:]]  # fmt: skip
+
+
+def make_busy(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
+    """step ubatch device split n_ops t_start dur_ns, from ``Busy`` rows."""
+    a = _ints(rows, 5)
+    return [_repeat(keys, counts, 0), _repeat(keys, counts, 1), a[:, 0], a[:, 3], a[:, 4],
+            a[:, 1], a[:, 2]]  # fmt: skip
+
+
+def make_remote(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
+    """step ubatch split device t_send t_reply t_start t_end dur_ns one_way_ns err_ns
+    clock_offset_ns bytes n_ops, from ``Remote`` rows."""
+    a = _ints(rows, 11)
+    return [_repeat(keys, counts, 0), _repeat(keys, counts, 1), *a[:, :6].T, a[:, 5] - a[:, 4],
+            *a[:, 6:].T]  # fmt: skip
+
+
+def make_transfers(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
+    """phase step device cmd tensor bytes sent recv t_queue t_start t_sent t_end dur_ns, from
+    ``TransferRow`` rows (each list: a record's, its phase and step the keys)."""
+    cols = list(zip(*rows, strict=True))
+    ints = {k: np.array(cols[k], dtype=np.int64) for k in (0, 3, 4, 5, 6, 7, 8, 9)}
+    phase = list(chain.from_iterable([x[0]] * n for x, n in zip(keys, counts, strict=True)))
+    return [phase, _repeat(keys, counts, 1), ints[0], list(cols[1]), list(cols[2]), ints[3],
+            ints[4], ints[5], ints[6], ints[7], ints[8], ints[9], ints[9] - ints[7]]  # fmt: skip

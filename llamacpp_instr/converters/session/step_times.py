@@ -1,0 +1,273 @@
+"""``device_time.step_time`` for every step of a session at once, in columns (``frames``' device
+tables, ``analysis.frames_devices``): the same figures, from the same rows, without a Python
+object per step, device or interval.
+
+The rows come as the tables hold them (``StepRows``: the ops' and layer spans' devices, the
+splits, copies, busy and remote rows and the commands, each row with the step it belongs to, by
+position in the session); every figure is then a sum per step and device, or the measure of a
+union of intervals per step (and device). ``step_time`` takes overlaps of merged interval lists;
+for sets, |A ∩ B| = |A| + |B| - |A ∪ B|, so each overlap is a difference of union measures
+(``union_measure``), and a union's measure is, its intervals sorted by start, the sum of what
+each reaches beyond the furthest end before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .device_time import Devices, measure, union
+
+_I64 = np.int64
+
+
+def _a(values: Any) -> np.ndarray:
+    return np.asarray(values, dtype=_I64)
+
+
+@dataclass
+class StepRows:
+    """What ``step_times`` reads: per step (by position ``g`` in the session) its index, kind,
+    token count and window's start and end before its commands (``lo``, ``hi``), then the rows
+    of every step, each with its step's position: ops (device, duration), layer spans (device:
+    the CPU backend's for -1, layer, duration), splits (device, launch, end), busy and remote
+    rows (device, split row: an index into the splits, -1 for none, start, end), copies (source,
+    destination, bytes, start, duration) and commands (device, sent, received and tensor bytes,
+    start, end). Empty columns may be empty lists."""
+
+    index: Any
+    kind: list[str]
+    n_tokens: Any
+    lo: Any
+    hi: Any
+    op: tuple[Any, Any, Any] = ((), (), ())  # g, device, dur
+    layer: tuple[Any, Any, Any, Any] = ((), (), (), ())  # g, device, layer, dur
+    split: tuple[Any, Any, Any, Any] = ((), (), (), ())  # g, device, launch, end
+    busy: tuple[Any, ...] = ((), (), (), (), ())  # g, device, split row, start, end
+    remote: tuple[Any, ...] = ((), (), (), (), ())  # g, device, split row, start, end
+    copy: tuple[Any, ...] = ((), (), (), (), (), ())  # g, src, dst, bytes, start, dur
+    cmd: tuple[Any, ...] = ((), (), (), (), (), (), ())  # g, device, sent, recv, bytes, start, end
+
+
+def union_measure(key: Any, a: Any, b: Any, n: int) -> np.ndarray:
+    """Per key in ``[0, n)``: the measure of the union of its intervals ``[a, b)`` (empty ones
+    left out), as ``measure(union(...))``."""
+    out = np.zeros(n, _I64)
+    key, a, b = _a(key), _a(a), _a(b)
+    ok = b > a
+    if not ok.all():
+        key, a, b = key[ok], a[ok], b[ok]
+    if not len(key):
+        return out
+    order = np.lexsort((a, key))
+    key, a, b = key[order], a[order], b[order]
+    first = np.ones(len(key), dtype=bool)
+    first[1:] = key[1:] != key[:-1]
+    starts = np.flatnonzero(first)
+    seg = np.cumsum(first) - 1
+    base = a[starts][seg]  # each key's first start: times relative to it are small
+    ra, rb = a - base, b - base
+    width = int(rb.max()) + 1
+    if len(starts) * width >= 1 << 62:  # (a span too long to pack the keys apart: one by one)
+        ks, lo, hi = key.tolist(), a.tolist(), b.tolist()
+        bounds = [*starts.tolist(), len(ks)]
+        for s, e in zip(bounds, bounds[1:], strict=False):
+            out[ks[s]] = measure(union(list(zip(lo[s:e], hi[s:e], strict=True))))
+        return out
+    # the furthest end so far within each key (the keys packed apart: one running maximum)
+    shift = seg * width
+    run = np.maximum.accumulate(rb + shift) - shift
+    prev = np.zeros(len(key), _I64)
+    prev[1:] = run[:-1]
+    prev[first] = 0  # (relative starts are >= 0)
+    part = np.maximum(rb - np.maximum(ra, prev), 0)
+    out[key[starts]] = np.add.reduceat(part, starts)
+    return out
+
+
+def _sum_at(n: int, key: Any, values: Any) -> np.ndarray:
+    out = np.zeros(n, _I64)
+    np.add.at(out, _a(key), _a(values))
+    return out
+
+
+class _Keys:
+    """The (step, device) pairs met, dense: ``of(g, device)`` gives each its row."""
+
+    def __init__(self, devs: Devices, pairs: list[tuple[Any, Any]]) -> None:
+        gs = np.concatenate([_a(g) for g, _ in pairs])
+        ds = np.concatenate([_a(d) for _, d in pairs])
+        # devices in the machine's order (``Devices.order``): the rows' order within a step
+        self.devices = devs.order(np.unique(ds).tolist())
+        uniq = np.array(sorted(self.devices), _I64)
+        rank = np.empty(len(uniq), _I64)
+        rank[np.searchsorted(uniq, np.array(self.devices, _I64))] = np.arange(len(uniq))
+        self.uniq, self.rank, self.nd = uniq, rank, max(len(uniq), 1)
+        self.keys = np.unique(self._code(gs, ds))
+
+    def _code(self, g: Any, d: Any) -> np.ndarray:
+        d = _a(d)
+        slot = self.rank[np.searchsorted(self.uniq, d)] if len(d) else d
+        return _a(g) * self.nd + slot
+
+    def of(self, g: Any, d: Any) -> np.ndarray:
+        return np.searchsorted(self.keys, self._code(g, d))
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def step_times(r: StepRows, devs: Devices) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``device_steps`` and ``token_time`` columns of ``r``'s steps (see the module doc):
+    ``device_time.step_time``'s figures, row for row."""
+    cpu = devs.cpu
+    n_steps = len(r.index)
+    lo, hi = _a(r.lo), _a(r.hi).copy()
+    cg, cd, c_sent, c_recv, c_bytes, c_start, c_end = map(_a, r.cmd)
+    if len(cg):
+        np.maximum.at(hi, cg, c_end)  # the window ends with the step's last command
+    og, od, o_dur = map(_a, r.op)
+    lg, ld, l_id, l_dur = map(_a, r.layer)
+    sg, sd, s_launch, s_end = map(_a, r.split)
+    bg, bd, b_row, b_start, b_end = map(_a, r.busy)
+    rg, rd, r_row, r_start, r_end = map(_a, r.remote)
+    pg, p_src, p_dst, p_bytes, p_start, p_dur = map(_a, r.copy)
+
+    # the devices with figures in a step (``step_time``'s ``get``), and those only timing work
+    shown = [(og, od), (lg, ld), (pg, p_dst), (pg, p_src), (sg, sd), (cg, cd)]
+    k = _Keys(devs, [*shown, (bg, bd), (rg, rd)])
+    n = len(k)
+    present = np.zeros(n, dtype=bool)
+    for g, d in shown:
+        present[k.of(g, d)] = True
+
+    # work: what each device timed itself (a CPU split: from its launch to its return), clipped
+    cpu_split = sd == cpu
+    wg = np.concatenate([bg, rg, sg[cpu_split]])
+    wd = np.concatenate([bd, rd, sd[cpu_split]])
+    wa = np.concatenate([b_start, r_start, s_launch[cpu_split]])
+    wb = np.concatenate([b_end, r_end, s_end[cpu_split]])
+    wa, wb = np.maximum(wa, lo[wg]), np.minimum(wb, hi[wg])
+    wk = k.of(wg, wd)
+    timed = np.zeros(n, dtype=bool)
+    timed[wk] = True
+    m_work = union_measure(wk, wa, wb, n)
+
+    # outstanding: each split from its launch to when its device was done with it
+    last = s_end.copy()
+    first = np.full(len(sg), np.iinfo(_I64).max, _I64)
+    for row, start, end in ((b_row, b_start, b_end), (r_row, r_start, r_end)):
+        m = row >= 0
+        np.maximum.at(last, row[m], end[m])
+        np.minimum.at(first, row[m], start[m])
+    sk = k.of(sg, sd)
+    started = first != np.iinfo(_I64).max
+    gap = _sum_at(n, sk[started], np.maximum(first[started] - s_launch[started], 0))
+    oa, ob = np.maximum(s_launch, lo[sg]), np.minimum(last, hi[sg])
+
+    # per device: the commands' time on the connection less its own compute, and its outstanding
+    # time less its compute (idle) and less the CPU backend's compute (the client's wait)
+    ck = k.of(cg, cd)
+    m_net_work = union_measure(np.concatenate([ck, wk]), np.concatenate([c_start, wa]),
+                               np.concatenate([c_end, wb]), n)  # fmt: skip
+    m_out = union_measure(sk, oa, ob, n)
+    m_out_work = union_measure(np.concatenate([sk, wk]), np.concatenate([oa, wa]),
+                               np.concatenate([ob, wb]), n)  # fmt: skip
+    # the CPU backend's work of each step, again under each other device's key of the step
+    key_g = k.keys // k.nd
+    key_d = np.array(k.devices, _I64)[k.keys % k.nd] if n else k.keys
+    cpu_w = wd == cpu
+    cw_g, cw_a, cw_b = wg[cpu_w], wa[cpu_w], wb[cpu_w]
+    order = np.argsort(cw_g, kind="stable")
+    cw_g, cw_a, cw_b = cw_g[order], cw_a[order], cw_b[order]
+    lo_i = np.searchsorted(cw_g, np.arange(n_steps), "left")
+    cnt = np.searchsorted(cw_g, np.arange(n_steps), "right") - lo_i
+    others = np.flatnonzero(key_d != cpu)
+    reps = cnt[key_g[others]]
+    src = np.repeat(lo_i[key_g[others]] - np.cumsum(reps) + reps, reps) + np.arange(reps.sum())
+    m_cpu = union_measure(cw_g, cw_a, cw_b, n_steps)
+    m_wait = union_measure(
+        np.concatenate([sk, ck, np.repeat(others, reps)]),
+        np.concatenate([oa, c_start, cw_a[src]]),
+        np.concatenate([ob, c_end, cw_b[src]]),
+        n,
+    )
+
+    # the step: any device computing, else anything moving (clipped), else the host
+    token = hi - lo
+    every = union_measure(wg, wa, wb, n_steps)
+    xa = np.maximum(np.concatenate([c_start, p_start]), lo[np.concatenate([cg, pg])])
+    xb = np.minimum(np.concatenate([c_end, p_start + p_dur]), hi[np.concatenate([cg, pg])])
+    moving = union_measure(
+        np.concatenate([cg, pg, wg]), np.concatenate([xa, wa]), np.concatenate([xb, wb]), n_steps
+    )
+    transfer = moving - every
+
+    # the sums per step and device
+    ok, lk = k.of(og, od), k.of(lg, ld)
+    n_ops = np.bincount(ok, minlength=n).astype(_I64)
+    op_ns = _sum_at(n, ok, o_dur)
+    layer_ns = _sum_at(n, lk, l_dur)
+    if len(lk):
+        pairs = np.unique(np.stack([lk, l_id]), axis=1)
+        n_layers = np.bincount(pairs[0], minlength=n).astype(_I64)
+    else:
+        n_layers = np.zeros(n, _I64)
+    ik, xk = k.of(pg, p_dst), k.of(pg, p_src)
+    copy_in, copy_out = _sum_at(n, ik, p_bytes), _sum_at(n, xk, p_bytes)
+    copy_ns = _sum_at(n, ik, p_dur) + _sum_at(n, xk, p_dur)
+    n_cmds = np.bincount(ck, minlength=n).astype(_I64)
+    sent, recv, data = _sum_at(n, ck, c_sent), _sum_at(n, ck, c_recv), _sum_at(n, ck, c_bytes)
+    rpc = (n_cmds > 0) | np.array([devs[d].is_rpc for d in k.devices], bool)[k.keys % k.nd]
+
+    not_cpu = key_d != cpu
+    tok = token[key_g]
+    compute = m_work
+    share = np.zeros(n, np.float64)
+    np.divide(compute, tok, out=share, where=tok > 0)
+    net = m_net_work - m_work
+    outstanding = np.where(not_cpu, m_out, 0)
+    idle = np.where(not_cpu & timed, m_out_work - m_work, 0)
+    wait = np.where(not_cpu, m_wait - m_cpu[key_g], 0)
+    rows = np.flatnonzero(present)
+    kinds = r.kind
+    dev_cols = {
+        "step": _a(r.index)[key_g],
+        "kind": [kinds[g] for g in key_g[rows].tolist()],
+        "device": key_d,
+        "timed": timed,
+        "compute_ns": compute,
+        "share": share,
+        "op_ns": op_ns,
+        "n_ops": n_ops,
+        "layer_ns": layer_ns,
+        "n_layers": n_layers,
+        "outstanding_ns": outstanding,
+        "idle_ns": idle,
+        "gap_ns": gap,
+        "wait_ns": wait,
+        "copy_in_bytes": copy_in,
+        "copy_out_bytes": copy_out,
+        "copy_ns": copy_ns,
+        "sent_bytes": sent,
+        "recv_bytes": recv,
+        "data_bytes": data,
+        "net_ns": net,
+        "n_cmds": n_cmds,
+        "transfer_bytes": np.where(rpc, sent + recv, copy_in + copy_out),
+        "transfer_ns": np.where(rpc, net, copy_ns),
+    }
+    dev_cols = {c: v if c == "kind" else v[rows] for c, v in dev_cols.items()}
+    token_cols = {
+        "step": _a(r.index),
+        "kind": list(kinds),
+        "n_tokens": _a(r.n_tokens),
+        "t_start": lo,
+        "token_ns": token,
+        "compute_ns": every,
+        "transfer_ns": transfer,
+        "host_ns": token - every - transfer,
+    }
+    return dev_cols, token_cols

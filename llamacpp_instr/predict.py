@@ -42,12 +42,8 @@ import numpy as np
 from llamacpp_instr import bindings, devices, offload, runner
 from llamacpp_instr.converters.analysis import net_costs, split_costs
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
-from llamacpp_instr.converters.analysis.op_costs import (
-    CostModel,
-    GraphCosts,
-    Where,
-    fit,
-)
+from llamacpp_instr.converters.analysis.op_costs import CostModel, GraphCosts, Where
+from llamacpp_instr.converters.analysis.op_fit import fit
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reading.decode.graphs import graph_table
 

@@ -1,0 +1,292 @@
+"""The fit behind ``op_costs.CostModel``: each op class's efficiency against the device's roofs
+and fixed cost, from the logs' measured ops (see ``op_costs`` for what a class is and how a node
+is priced), the roles a device ran only fused, and a self-check of the model on the logs it was
+fitted on."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import net_costs, split_costs
+from .op_costs import (
+    FIXED_PERCENTILE,
+    ROOF_PERCENTILE,
+    ClassKey,
+    CostModel,
+    Fit,
+    GraphCosts,
+    Roofs,
+    Where,
+    first_source,
+    role,
+)
+
+LogGraphs = dict[int, tuple[GraphCosts, list[str]]]
+
+
+def log_graphs(frames: Any) -> LogGraphs:
+    """Each graph a log's ops ran, by id: what its nodes cost is made of, and each node's device
+    (at the graph's first compute), worked out once for the fit and its self-check."""
+    out: LogGraphs = {}
+    first = frames.ops.drop_duplicates("graph")[["graph", "step", "ubatch"]]
+    for gid, step, ub in first.itertuples(index=False):
+        g = frames.graphs.get(int(gid))
+        if g is not None:
+            devices = split_costs.node_devices(frames, int(step), int(ub), len(g.nodes))
+            out[int(gid)] = (GraphCosts.of(g), devices)
+    return out
+
+
+def _op_frame(frames: Any, graphs: LogGraphs, where_of: Any) -> pd.DataFrame | None:
+    """The timed ops of one session with their class and size, or None without ops."""
+    ops = frames.ops
+    if ops.empty:
+        return None
+    kinds = frames.steps.set_index("step")["kind"].astype(str)
+    parts = []
+    for gid, rows in ops.groupby("graph", sort=False):
+        if int(gid) not in graphs:
+            continue
+        gc = graphs[int(gid)][0]
+        idx = rows["node"].to_numpy()
+        parts.append(
+            pd.DataFrame(
+                {
+                    "graph": int(gid),
+                    "node": idx,
+                    "step": rows["step"].to_numpy(),
+                    "ubatch": rows["ubatch"].to_numpy(),
+                    "dur": rows["dur_ns"].to_numpy(np.float64),
+                    "label": np.asarray(gc.labels, object)[idx],
+                    "type0": np.asarray(gc.types, object)[idx],
+                    "role": np.asarray(gc.roles, object)[idx],
+                    "bytes": gc.bytes[idx],
+                    "flops": gc.flops[idx],
+                    "device": where_of(rows),
+                    "tokens": np.asarray(gc.tokens, object)[idx],
+                }
+            )
+        )
+    if not parts:
+        return None
+    df = pd.concat(parts, ignore_index=True)
+    # ops of prompt and generation steps only (not a K-shift's)
+    step_kind = kinds.reindex(df["step"].to_numpy()).to_numpy()
+    return df[np.isin(step_kind, ["prompt", "gen"])]
+
+
+def _devices_of(frames: Any) -> Any:
+    """A function giving the device of each op row: the ops frame's ``device`` where the log ran
+    on several devices, else the CPU."""
+
+    def of(rows: pd.DataFrame) -> np.ndarray:
+        if "device" in rows.columns:
+            return rows["device"].astype(str).to_numpy(object)
+        return np.full(len(rows), "CPU", object)
+
+    return of
+
+
+@dataclass
+class _Fusion:
+    """What a log's graphs say of fusion: (where, label, role) of nodes never timed and of nodes
+    timed, and (where, label, label of the first source, on the same device) of each."""
+
+    fused: set[tuple[Where, str, str]] = field(default_factory=set)
+    timed: set[tuple[Where, str, str]] = field(default_factory=set)
+    after_fused: set[tuple[Where, str, str]] = field(default_factory=set)
+    after_timed: set[tuple[Where, str, str]] = field(default_factory=set)
+
+
+def _fused_roles(frames: Any, graphs: LogGraphs, threads: int, out: _Fusion) -> None:
+    """Nodes that are not views yet never timed in any compute of their graph: run inside another
+    op (a backend's fusion), by their (where, label, role), where from the split holding the
+    node; and the op before each, where it ran on the same device."""
+    timed = frames.ops.groupby("graph")["node"].unique()
+    for gid, nodes in timed.items():
+        if int(gid) not in graphs:
+            continue
+        gc, device = graphs[int(gid)]
+        seen = set(int(x) for x in nodes)
+        for node in gc.graph.nodes:
+            if "noop" in node.flags or 0 in node.shape:
+                continue
+            dev = device[node.i]
+            where = Where(dev, threads if dev == "CPU" else 0)
+            ran = node.i in seen
+            (out.timed if ran else out.fused).add((where, node.label, role(node.name)))
+            src = first_source(gc.graph, node.i)
+            if src is not None and device[src] == dev:
+                after = (where, node.label, gc.graph.nodes[src].label)
+                (out.after_timed if ran else out.after_fused).add(after)
+
+
+def _roofs(df: pd.DataFrame) -> Roofs:
+    d = df["dur"].to_numpy()
+    ok = d > 0
+    gbs = df["bytes"].to_numpy()[ok] / d[ok]
+    bw = float(np.percentile(gbs, ROOF_PERCENTILE)) if len(gbs) else 0.0
+    compute: dict[str, float] = {}
+    mm = df[df["label"].str.startswith("MUL_MAT") & (df["dur"] > 0)]
+    # (an attention matmul's roof is its cache type's: "kv f16" against f16)
+    mm = mm.assign(type0=mm["type0"].str.removeprefix("kv "))
+    for t, rows in mm.groupby("type0"):
+        rate = rows["flops"].to_numpy() / rows["dur"].to_numpy()
+        compute[str(t)] = float(np.percentile(rate, ROOF_PERCENTILE))
+    any_rate = max(compute.values()) if compute else 0.0
+    fixed = float(np.percentile(d, FIXED_PERCENTILE)) if len(d) else 0.0
+    return Roofs(bandwidth=bw, compute=compute, compute_any=any_rate, fixed=fixed)
+
+
+def _fit(work: np.ndarray, dur: np.ndarray, fixed: float) -> Fit:
+    """The class's efficiency against the roof: the slope of its time over its work, through the
+    device's fixed cost per op, by least squares over its distinct sizes (each its ops' median
+    time, weighted by how many ops had it: a step slowed by another process moves it little).
+    (A free intercept per class, fitted on the two or three sizes one run gives, took tens of
+    milliseconds for a fixed cost.)"""
+    sizes = pd.DataFrame({"w": work, "d": dur}).groupby("w")["d"].agg(["median", "count"])
+    w = sizes.index.to_numpy(np.float64)
+    m = sizes["median"].to_numpy()
+    c = sizes["count"].to_numpy(np.float64)
+    n = int(c.sum())
+    a = min(fixed, float(m.min()))
+    den = float(np.sum(c * w * w))
+    slope = float(np.sum(c * w * (m - a)) / den) if den > 0 else 0.0
+    if slope <= 0:  # no work (or no time beyond the fixed cost): the class's median time
+        return Fit(fixed=float(np.average(m, weights=c)), slope=0.0, work_lo=0, work_hi=0, n=n)
+    return Fit(fixed=a, slope=slope, work_lo=float(w.min()), work_hi=float(w.max()), n=n)
+
+
+def threads_of(frames: Any) -> int:
+    return int((frames.info.context or {}).get("n_threads") or 0)
+
+
+def fit(sessions: Iterable[Any]) -> CostModel:
+    """The cost model of the sessions' timed ops (``SessionFrames`` with ops)."""
+    parts = []
+    fusion = _Fusion()
+    overhead_rows: list[tuple[Where, str, float]] = []
+    sessions = list(sessions)
+    graphs = [log_graphs(sf) if not sf.ops.empty else {} for sf in sessions]
+    for sf, g in zip(sessions, graphs, strict=True):
+        threads = threads_of(sf)
+        df = _op_frame(sf, g, _devices_of(sf))
+        if df is None or df.empty:
+            continue
+        df["threads"] = np.where(df["device"] == "CPU", threads, 0)
+        parts.append(df)
+        _fused_roles(sf, g, threads, fusion)
+        # the host's time per compute outside the ops (on several devices: outside the devices'
+        # own time and the copies, which split_costs prices): graph build, inputs, outputs
+        per_step = df.groupby("step").agg(op_ns=("dur", "sum"), computes=("ubatch", "nunique"))
+        on_devices = split_costs.device_time(sf)
+        steps = sf.steps.set_index("step")
+        took = net_costs.step_times(sf)
+        for step, row in per_step.iterrows():
+            if step not in steps.index:
+                continue
+            s = steps.loc[step]
+            inside = on_devices.get(int(step), float(row["op_ns"]))
+            extra = (took[int(step)] - inside) / max(int(row["computes"]), 1)
+            overhead_rows.append((Where("CPU", threads), str(s["kind"]), max(extra, 0.0)))
+    if not parts:
+        return CostModel(fits={}, roofs={}, fused=set(), overhead={})
+    obs = pd.concat(parts, ignore_index=True)
+    obs["where"] = [Where(d, int(t)) for d, t in zip(obs["device"], obs["threads"], strict=True)]
+    roofs = {w: _roofs(rows) for w, rows in obs.groupby("where", sort=False)}
+    obs["work"] = 0.0
+    for w, rows in obs.groupby("where", sort=False):
+        obs.loc[rows.index, "work"] = roofs[w].work(
+            rows["label"].tolist(),
+            rows["type0"].tolist(),
+            rows["bytes"].to_numpy(),
+            rows["flops"].to_numpy(),
+        )
+    fits: dict[ClassKey, Fit] = {}
+    # per role, and per op over all roles (for a node whose role no log has: another model)
+    for by in (
+        ["where", "tokens", "label", "type0", "role"],
+        ["where", "tokens", "label", "type0"],
+    ):
+        for keys, rows in obs.groupby(by, sort=False):
+            w = keys[0]
+            key = (*keys, "") if len(keys) == 4 else keys
+            fits[key] = _fit(rows["work"].to_numpy(), rows["dur"].to_numpy(), roofs[w].fixed)
+    over: dict[tuple[Where, str], list[float]] = defaultdict(list)
+    for w, kind, extra in overhead_rows:
+        over[(w, kind)].append(extra)
+    model = CostModel(
+        fits=fits,
+        roofs=roofs,
+        fused=fusion.fused,
+        timed=fusion.timed,
+        fused_after=fusion.after_fused - fusion.after_timed,
+        types_run={str(t) for t in obs["type0"].unique()},
+        overhead={k: float(np.median(v)) for k, v in over.items()},
+        splits=split_costs.fit(sessions),
+    )
+    _self_check(model, sessions, graphs)
+    return model
+
+
+def _self_check(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) -> None:
+    """Per kind, each logged step's measured time against the model's price of it (its own
+    graphs, its own overhead): how far the fit strays on the data it was fitted on."""
+    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    levels: dict[str, list[float]] = defaultdict(list)
+    levels_on: dict[tuple[str, frozenset[str]], list[float]] = defaultdict(list)
+    for sf, log_g in zip(sessions, graphs, strict=True):
+        threads = threads_of(sf)
+        if sf.ops.empty:
+            continue
+        priced: dict[tuple[int, str, bool], float] = {}
+        computes = sf.ops[["step", "ubatch", "graph"]].drop_duplicates()
+        # where the weights are held: as a graph of one token placed them (split_costs.holders)
+        one = next((v for v in log_g.values() if v[0].graph.n_tokens == 1), None)
+        held = split_costs.holders(one[0].graph, one[1]) if one is not None else None
+        last = -1  # the graph of the previous compute (the same one is not sent again over RPC)
+        steps = sf.steps.set_index("step")
+        kinds = steps["kind"].astype(str)
+        pred: dict[int, float] = defaultdict(float)
+        used: dict[str, set[str]] = defaultdict(set)  # per kind, the devices its steps used
+        for step, _ub, gid in computes.itertuples(index=False):
+            kind = str(kinds.get(step, ""))
+            resend, last = int(gid) != last, int(gid)
+            if int(gid) not in log_g or kind not in ("prompt", "gen"):
+                continue
+            gc, devs = log_g[int(gid)]
+            used[kind] |= {d for d, nop in zip(devs, gc.noop, strict=False) if not nop}
+            key = (int(gid), kind, resend)
+            if key not in priced:
+                gc, devs = log_g[int(gid)]
+                t, extra, missing, lost = model.price_compute(
+                    gc, devs, threads, kind, resend, held if gc.graph.n_tokens > 1 else None
+                )
+                ok = not missing and not lost
+                priced[key] = float(t.sum() + sum(extra.values())) if ok else np.nan
+            p_graph = priced[key]
+            pred[step] += p_graph + model.overhead.get((Where("CPU", threads), kind), 0.0)
+        if pred and net_costs.is_rpc_log(sf):
+            # the session's first step allocated its compute buffers on the servers
+            pred[min(pred)] += model.splits.net.setup_ns()
+        mine: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        took = net_costs.step_times(sf)
+        for step, p in pred.items():
+            if p > 0:
+                mine[str(kinds[step])].append((took[int(step)], p))
+        for kind, pairs in mine.items():
+            out[kind] += pairs
+            a = np.asarray(pairs)
+            levels[kind].append(float(a[:, 0].sum() / a[:, 1].sum()))
+            levels_on[(kind, frozenset(used[kind]))].append(levels[kind][-1])
+    for kind, pairs in out.items():
+        a = np.asarray(pairs)
+        model.self_ratios[kind] = a[:, 0] / a[:, 1]
+        model.self_level[kind] = float(np.median(levels[kind]))
+    model.self_level_on = {k: float(np.median(v)) for k, v in levels_on.items()}

@@ -215,8 +215,10 @@ bool graph_index::matches(const ggml_cgraph * g) const {
     return g == gf && ggml_graph_n_nodes(const_cast<ggml_cgraph *>(g)) == n_nodes && fingerprint(g) == shape;
 }
 
-static void copy_name(char (&dst)[GGML_MAX_NAME], const char * src) {
-    snprintf(dst, GGML_MAX_NAME, "%s", src);
+void copy_name(char (&dst)[GGML_MAX_NAME], const char * src) {
+    const size_t n = strnlen(src, GGML_MAX_NAME - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
 }
 
 // FNV-1a over what a node table's record says, field by field (a name up to its end: the bytes

@@ -218,4 +218,8 @@ bool                is_noop(const ggml_tensor * t);  // a view or reshape that d
 // N of a name "<prefix>N..." (blk.N.attn_q.weight, cache_k_lN), or -1
 int32_t layer_from_name(const char * name, const char * prefix);
 
+// a tensor's name into a name buffer (truncated, always terminated): a bounded copy, not
+// snprintf, which costs several times more and runs for every node of each graph captured
+void copy_name(char (&dst)[GGML_MAX_NAME], const char * src);
+
 }  // namespace llama_instr

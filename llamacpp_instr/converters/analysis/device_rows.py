@@ -115,9 +115,7 @@ class KeyedRows(Rows):
             return
         self.keys.append(keys)
         self.counts.append(len(rows))
-        self.rows += rows
-        if len(self.rows) >= PACK_ROWS:
-            self.pack()
+        self.extend(rows)  # packs through this class's pack, keys and counts with the rows
 
     def pack(self) -> None:
         if not self.rows:

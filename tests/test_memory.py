@@ -17,6 +17,7 @@ from support import (
     by_type,
     gguf_kv_bytes,
     gguf_kv_shape,
+    instr,
     live_buffers,
     read_log,
 )
@@ -145,16 +146,6 @@ def test_a_budget_is_what_ggml_reports_and_what_fails(
     )
     assert line is not None and line.startswith("out of memory on CPU")
     assert "kv_cache needed" in line
-
-
-def instr(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llamacpp_instr.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def test_run_that_does_not_fit_says_why_and_what_would(

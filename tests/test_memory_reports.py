@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
+import support
 from support import by_type, read_log, resolved, trace_slices
 from test_memory import run_alone
 
@@ -45,13 +45,10 @@ def raw_live_at(records: list[dict[str, Any]], ts: int) -> dict[tuple[int, str],
 
 
 def instr(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llamacpp_instr.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
+    """``support.instr``, which must succeed."""
+    r = support.instr(*args, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r
 
 
 def test_summary_memory_section_matches_the_records(runs: dict) -> None:

@@ -123,6 +123,15 @@ def instr(
     )
 
 
+def assert_one_line_error(r: subprocess.CompletedProcess[str], words: str, code: int = 2) -> None:
+    """A command refused bad input as users must see it: exit ``code``, one line on stderr that
+    says ``words``, no traceback."""
+    assert r.returncode == code, (r.args, r.stdout, r.stderr)
+    assert words in r.stderr, (r.args, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 def converts_cleanly(log: Path, out: Path) -> None:
     """The log converts to a Perfetto trace with nothing skipped, unknown or replaced."""
     from llamacpp_instr.converters.traces.convert import convert

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import FUZZ_DERANDOMIZE, FUZZ_EXAMPLES, JSON, make_run, subst_nodes
+from support import FUZZ_DERANDOMIZE, FUZZ_EXAMPLES, JSON, instr, make_run, subst_nodes
 
 from llamacpp_instr.converters.reading.decode.fields import MALFORMED
 from llamacpp_instr.converters.reading.decode.graphs import AT_MAX, SUBST_MAX, Graph, graph_record
@@ -106,7 +106,7 @@ def test_a_graph_built_again_names_the_first_table(rebuilt: Path) -> None:
 
 
 def _outputs(log: Path, out: Path) -> dict[str, bytes]:
-    def instr(*args: str) -> bytes:
+    def run(*args: str) -> bytes:  # stdout as bytes, compared byte for byte
         r = subprocess.run(
             [sys.executable, "-m", "llamacpp_instr.cli", *args], capture_output=True, timeout=600
         )
@@ -114,12 +114,12 @@ def _outputs(log: Path, out: Path) -> dict[str, bytes]:
         return r.stdout
 
     out.mkdir()
-    instr("to-perfetto", str(log), "-o", str(out / "t.pftrace"))
-    instr("to-perfetto", str(log), "--format", "json", "-o", str(out / "t.json"))
-    instr("export", str(log), "-o", str(out / "export"))
+    run("to-perfetto", str(log), "-o", str(out / "t.pftrace"))
+    run("to-perfetto", str(log), "--format", "json", "-o", str(out / "t.json"))
+    run("export", str(log), "-o", str(out / "export"))
     files = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    files["summary.json"] = instr("summary", str(log), "--format", "json")
-    files["summary.txt"] = instr("summary", str(log))
+    files["summary.json"] = run("summary", str(log), "--format", "json")
+    files["summary.txt"] = run("summary", str(log))
     return files
 
 
@@ -150,12 +150,7 @@ def test_a_table_named_but_missing_is_skipped_and_counted(rebuilt: Path, tmp_pat
     named = next(r for r in recs if r["type"] == "graph" and r["graph"] == same["same_as"])
     cut = tmp_path / "cut.log"
     cut.write_text("".join(json.dumps(r) + "\n" for r in recs if r is not named))
-    r = subprocess.run(
-        [sys.executable, "-m", "llamacpp_instr.cli", "summary", str(cut)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    r = instr("summary", str(cut))
     assert r.returncode == 0, r.stderr
     assert "skipped" in (r.stdout + r.stderr)
 
@@ -439,11 +434,6 @@ def test_a_log_with_a_hostile_subst_converts_the_rest(served: Path, tmp_path: Pa
     bad["subst"] = [[1, 1, 2]] * 3
     log = tmp_path / "bad.log"
     log.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    r = subprocess.run(
-        [sys.executable, "-m", "llamacpp_instr.cli", "summary", str(log)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    r = instr("summary", str(log))
     assert r.returncode == 0, r.stderr
     assert "skipped" in (r.stdout + r.stderr) and "Traceback" not in r.stderr

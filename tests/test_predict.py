@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import RunLog, instr, make_run
+from support import RunLog, assert_one_line_error, instr, make_run
 
 
 @pytest.fixture(scope="module")
@@ -178,11 +178,7 @@ def test_bad_input_is_one_line(
         ([str(tmp_path / "missing.log")], "missing.log"),
     ]
     for args, words in cases:
-        r = instr("predict", *args)
-        assert r.returncode == 2, (args, r.stdout, r.stderr)
-        assert words in r.stderr, (args, r.stderr)
-        assert "Traceback" not in r.stderr
-        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert_one_line_error(instr("predict", *args), words)
 
 
 def test_copy_costs_fit_the_copies_recorded() -> None:
@@ -344,11 +340,7 @@ def test_bad_link_values_are_one_line(rpc_log: Path, tiny_detailed: RunLog) -> N
         ([str(tiny_detailed.path), "--rpc-rate", "1G"], "ran on none"),
     ]
     for args, words in cases:
-        r = instr("predict", *args)
-        assert r.returncode == 2, (args, r.stdout, r.stderr)
-        assert words in r.stderr, (args, r.stderr)
-        assert "Traceback" not in r.stderr
-        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert_one_line_error(instr("predict", *args), words)
 
 
 def test_link_values_parse_with_their_units() -> None:

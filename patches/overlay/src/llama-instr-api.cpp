@@ -239,8 +239,7 @@ int32_t llama_instr_session_begin(llama_context * ctx,
         s.sample_requests_next = 1;
         s.max_bytes_next       = 0;
         s.keep_next            = 0;
-        g_llama_instr_level.store(level, std::memory_order_relaxed);
-        g_llama_instr_level_changes.fetch_add(1, std::memory_order_relaxed);
+        llama_instr_level_exchange(level);
         return LLAMA_INSTR_OK;
     } catch (const std::exception & e) {
         return api_error(LLAMA_INSTR_ERR_INTERNAL, std::string("session begin failed: ") + e.what());
@@ -257,8 +256,7 @@ int32_t llama_instr_session_end(const char * status) noexcept {
             return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
         }
         // under the lock: a set_level can't turn it on again between this and the close
-        g_llama_instr_level.store(LLAMA_INSTR_LEVEL_OFF, std::memory_order_relaxed);
-        g_llama_instr_level_changes.fetch_add(1, std::memory_order_relaxed);
+        llama_instr_level_exchange(LLAMA_INSTR_LEVEL_OFF);
         if (g_reopen.load(std::memory_order_relaxed)) {
             new_file_locked(s);  // logrotate moved the file: the session ends in the new one
         }
@@ -318,8 +316,7 @@ int32_t llama_instr_session_end(const char * status) noexcept {
         try {
             auto &                      s = S();
             std::lock_guard<std::mutex> lock(s.mtx);
-            g_llama_instr_level.store(LLAMA_INSTR_LEVEL_OFF, std::memory_order_relaxed);
-            g_llama_instr_level_changes.fetch_add(1, std::memory_order_relaxed);
+            llama_instr_level_exchange(LLAMA_INSTR_LEVEL_OFF);
             if (s.log.fp) {
                 s.log.write_buffered();
             }
@@ -358,8 +355,7 @@ int32_t llama_instr_set_level(int32_t level) noexcept {
         if (level < LLAMA_INSTR_LEVEL_OFF || level > LLAMA_INSTR_LEVEL_VERBOSE) {
             return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "level must be 0..3");
         }
-        g_llama_instr_level_changes.fetch_add(1, std::memory_order_relaxed);
-        return g_llama_instr_level.exchange(level, std::memory_order_relaxed);
+        return llama_instr_level_exchange(level);
     } catch (...) {
         return api_error(LLAMA_INSTR_ERR_INTERNAL, "set_level failed");
     }

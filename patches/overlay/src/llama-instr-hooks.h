@@ -22,6 +22,12 @@ extern std::atomic<int32_t>  g_llama_instr_level;
 // were off was not seen (llama_instr_compute_begin then checks the graph it is given)
 extern std::atomic<uint64_t> g_llama_instr_level_changes;
 
+// set the level, counting the change; returns the level before
+static inline int32_t llama_instr_level_exchange(int32_t level) {
+    g_llama_instr_level_changes.fetch_add(1, std::memory_order_relaxed);
+    return g_llama_instr_level.exchange(level, std::memory_order_relaxed);
+}
+
 static inline bool llama_instr_enabled() {
     return g_llama_instr_level.load(std::memory_order_relaxed) != LLAMA_INSTR_LEVEL_OFF;
 }

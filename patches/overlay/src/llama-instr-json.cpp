@@ -18,14 +18,24 @@ void json_out::i64(int64_t v) {
 }
 
 void json_out::i64s(std::initializer_list<int64_t> vs) {
-    bool first = true;
+    // formatted into one buffer and appended once, not a comma and a number at a time: a step
+    // writes a row of these per op
+    constexpr ptrdiff_t ROOM = 21;  // a comma and an int64 (at most 20 characters)
+    char                buf[8 * ROOM];
+    char *              p     = buf;
+    bool                first = true;
     for (int64_t v : vs) {
+        if (buf + sizeof(buf) - p < ROOM) {
+            s.append(buf, p - buf);
+            p = buf;
+        }
         if (!first) {
-            ch(',');
+            *p++ = ',';
         }
         first = false;
-        i64(v);
+        p     = std::to_chars(p, buf + sizeof(buf), v).ptr;
     }
+    s.append(buf, p - buf);
 }
 
 void json_out::f64(double v) {

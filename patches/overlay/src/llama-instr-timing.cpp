@@ -5,7 +5,6 @@
 #include "llama-instr-hooks.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
 #include <cstring>
 
@@ -57,20 +56,8 @@ void write_ops(json_out & j, const ctx_state & st, const compute_rec & c) {
     for_each_op(c, [&](size_t k) {
         const op_rec & op = st.p_ops[k];
         j.sep();
-        // the row's three numbers formatted into one buffer and appended once: a step writes a
-        // row per op, and the string's per-character appends were most of its cost
-        char         row[3 * 20 + 4];  // an int64 is at most 20 characters
-        char *       p   = row;
-        char * const end = row + sizeof(row);
-        *p++             = '[';
-        for (int64_t v : { (int64_t) op.idx, op.t_start - c.t_start, op.t_end - op.t_start }) {
-            if (p > row + 1) {
-                *p++ = ',';
-            }
-            const auto r = std::to_chars(p, end, v);
-            p            = r.ec == std::errc() ? r.ptr : p;
-        }
-        j.s.append(row, p - row);
+        j.ch('[');
+        j.i64s({ op.idx, op.t_start - c.t_start, op.t_end - op.t_start });
         if (op.n_fused > 0) {
             j.raw(",[");
             for (int32_t f = 1; f <= op.n_fused; f++) {

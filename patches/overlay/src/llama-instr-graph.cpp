@@ -63,8 +63,7 @@ bool is_noop(const ggml_tensor * t) {
     }
 }
 
-// The graph's nodes with their ops, types and shapes, folded into one number (FNV-1a).
-static uint64_t fingerprint(const ggml_cgraph * g) {
+uint64_t graph_fingerprint(const ggml_cgraph * g) {
     auto *    gm  = const_cast<ggml_cgraph *>(g);
     const int n   = ggml_graph_n_nodes(gm);
     uint64_t  h   = 1469598103934665603ull;
@@ -111,7 +110,7 @@ void graph_index::build(const ggml_cgraph * g, const llama_model * model) {
     const int n  = ggml_graph_n_nodes(gm);
     gf           = g;
     n_nodes      = n;
-    shape        = fingerprint(g);
+    shape        = graph_fingerprint(g);
     ptrs.resize(n);
     srcs.assign((size_t) n * GGML_MAX_SRC, nullptr);
     idx.clear();
@@ -134,10 +133,16 @@ void graph_index::build(const ggml_cgraph * g, const llama_model * model) {
     //     callbacks) take the latest layer among their node sources: data flows forward.
     constexpr int32_t UNSET = INT32_MIN;
     layer.assign(n, UNSET);
+    il_at.assign(n, UNSET);
+    for (const auto & [t, il] : il_of) {
+        const int32_t i = find(t);
+        if (i >= 0) {
+            il_at[i] = il;  // a node named twice keeps the later il
+        }
+    }
     for (int i = 0; i < n; i++) {
-        auto it = il_of.find(ptrs[i]);
-        if (it != il_of.end()) {
-            layer[i] = it->second;
+        if (il_at[i] != UNSET) {
+            layer[i] = il_at[i];
             continue;
         }
         for (int k = 0; k < GGML_MAX_SRC && src(i, k); k++) {
@@ -160,9 +165,8 @@ void graph_index::build(const ggml_cgraph * g, const llama_model * model) {
     }
     int32_t next_named = UNSET;
     for (int i = n - 1; i >= 0; i--) {
-        auto it = il_of.find(ptrs[i]);
-        if (it != il_of.end()) {
-            next_named = it->second;
+        if (il_at[i] != UNSET) {
+            next_named = il_at[i];
         } else if (layer[i] == UNSET && next_named != UNSET) {
             layer[i] = next_named;
         }
@@ -185,7 +189,7 @@ void graph_index::build(const ggml_cgraph * g, const llama_model * model) {
 
 bool graph_index::follow_order(const ggml_cgraph * g) {
     auto * gm = const_cast<ggml_cgraph *>(g);
-    if (g != gf || ggml_graph_n_nodes(gm) != n_nodes || fingerprint(g) == shape) {
+    if (g != gf || ggml_graph_n_nodes(gm) != n_nodes || graph_fingerprint(g) == shape) {
         return false;
     }
     std::vector<int32_t> from(n_nodes);
@@ -207,12 +211,16 @@ bool graph_index::follow_order(const ggml_cgraph * g) {
     ptrs.swap(p);
     layer.swap(l);
     srcs.swap(s);
-    shape = fingerprint(g);
+    shape = graph_fingerprint(g);
     return true;
 }
 
 bool graph_index::matches(const ggml_cgraph * g) const {
-    return g == gf && ggml_graph_n_nodes(const_cast<ggml_cgraph *>(g)) == n_nodes && fingerprint(g) == shape;
+    return same_as(g, graph_fingerprint(g));
+}
+
+bool graph_index::same_as(const ggml_cgraph * g, uint64_t shape_of_g) const {
+    return g == gf && ggml_graph_n_nodes(const_cast<ggml_cgraph *>(g)) == n_nodes && shape_of_g == shape;
 }
 
 void copy_name(char (&dst)[GGML_MAX_NAME], const char * src) {
@@ -250,10 +258,7 @@ struct table_hash {
     }
 };
 
-void graph_table::capture(const graph_index & gi, int32_t id, int32_t n_tok, int64_t t) {
-    graph_id = id;
-    n_tokens = n_tok;
-    ts       = t;
+void graph_table::capture(const graph_index & gi) {
     nodes.resize(gi.n_nodes);
     srcs.clear();
     for (int i = 0; i < gi.n_nodes; i++) {
@@ -367,17 +372,18 @@ static const char * src_kind_name(src_kind k) {
 }
 
 // the head every `graph` record begins with: its context, id and tokens
-static void write_graph_head(json_out & j, const graph_table & t, const std::string & sid, int32_t ctx_id) {
-    record_head(j, "graph", t.ts, sid);
+static void write_graph_head(json_out & j, const graph_head & h, const std::string & sid, int32_t ctx_id) {
+    record_head(j, "graph", h.ts, sid);
     j.key("ctx");
     j.i64(ctx_id);
     j.key("graph");
-    j.i64(t.graph_id);
+    j.i64(h.graph_id);
     j.key("n_tokens");
-    j.i64(t.n_tokens);
+    j.i64(h.n_tokens);
 }
 
 void graph_table::write_same(json_out &          j,
+                             const graph_head &  h,
                              const std::string & sid,
                              int32_t             ctx_id,
                              int32_t             same_as,
@@ -386,7 +392,7 @@ void graph_table::write_same(json_out &          j,
                              size_t              n_subst,
                              const int64_t *     at,
                              size_t              n_at) const {
-    write_graph_head(j, *this, sid, ctx_id);
+    write_graph_head(j, h, sid, ctx_id);
     j.key("same_as");
     j.i64(same_as);
     if (substituted) {
@@ -414,8 +420,8 @@ void graph_table::write_same(json_out &          j,
     j.ch('}');
 }
 
-void graph_table::write(json_out & j, const std::string & sid, int32_t ctx_id) const {
-    write_graph_head(j, *this, sid, ctx_id);
+void graph_table::write(json_out & j, const graph_head & h, const std::string & sid, int32_t ctx_id) const {
+    write_graph_head(j, h, sid, ctx_id);
     j.key("nodes");
     j.ch('[');
     for (size_t i = 0; i < nodes.size(); i++) {
@@ -574,10 +580,14 @@ bool table_memory::substitution(const base & b) {
     return true;
 }
 
-void table_memory::write(const graph_table & t, json_out & j, const std::string & sid, int32_t ctx_id) {
+void table_memory::write(const graph_table & t,
+                         const graph_head &  h,
+                         json_out &          j,
+                         const std::string & sid,
+                         int32_t             ctx_id) {
     auto same = written.find(t.structure);
     if (same != written.end()) {
-        t.write_same(j, sid, ctx_id, same->second);
+        t.write_same(j, h, sid, ctx_id, same->second);
         return;
     }
     if (written.size() >= TABLES_MAX) {
@@ -602,13 +612,13 @@ void table_memory::write(const graph_table & t, json_out & j, const std::string 
     }
     if (best) {
         best->used = clock;
-        t.write_same(j, sid, ctx_id, best->graph_id, true, best_subst.data(), best_subst.size() / 3, best_at.data(),
+        t.write_same(j, h, sid, ctx_id, best->graph_id, true, best_subst.data(), best_subst.size() / 3, best_at.data(),
                      best_at.size() / 2);
-        written.emplace(t.structure, t.graph_id);
+        written.emplace(t.structure, h.graph_id);
         return;
     }
-    t.write(j, sid, ctx_id);
-    written.emplace(t.structure, t.graph_id);
+    t.write(j, h, sid, ctx_id);
+    written.emplace(t.structure, h.graph_id);
     base * slot = nullptr;
     if (bases.size() < BASES_MAX) {
         bases.emplace_back();
@@ -618,7 +628,7 @@ void table_memory::write(const graph_table & t, json_out & j, const std::string 
                                   [](const base & a, const base & b) { return a.used < b.used; });
     }
     slot->skeleton = t.skeleton;
-    slot->graph_id = t.graph_id;
+    slot->graph_id = h.graph_id;
     slot->used     = clock;
     slot->numbers.swap(nums);
 }
@@ -639,11 +649,13 @@ std::string reserved_graph_json(llama_context * ctx, int32_t n_tokens, int32_t n
     graph_index gi;
     gi.build(gf, &ctx->get_model());
     graph_table table;
-    table.capture(gi, 0, n_tokens, 0);
+    table.capture(gi);
 
     std::string line;
     json_out    j{ line };
-    table.write(j, "", -1);
+    graph_head  head;
+    head.n_tokens = n_tokens;
+    table.write(j, head, "", -1);
     line.pop_back();  // the record's closing brace: "devices" goes inside it
     j.key("devices");
     j.ch('[');

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 struct llama_context;
@@ -46,8 +47,10 @@ struct graph_index {
     std::vector<const ggml_tensor *>                 srcs;         // index * GGML_MAX_SRC + k -> source k
     std::unordered_map<const ggml_tensor *, int32_t> idx;          // node -> index
 
-    // layer ids the graph callback gave while the graph was being built (cleared by build())
-    std::unordered_map<const ggml_tensor *, int32_t> il_of;
+    // layer ids the graph callback gave while the graph was being built, in the order given
+    // (cleared by build()): appended, so that the callback allocates nothing once warm
+    std::vector<std::pair<const ggml_tensor *, int32_t>> il_of;
+    std::vector<int32_t>                                 il_at;  // build()'s: index -> the callback's il
 
     // Index gf. Built before the backend scheduler allocates the graph, the sources are the
     // model's own tensors; the scheduler then replaces a source that lives on another backend with
@@ -58,6 +61,9 @@ struct graph_index {
     // Is gf still the graph indexed here? llama.cpp rebuilds a graph in the same memory, so equal
     // graph and node addresses prove nothing: the nodes' ops, types and shapes must match too.
     bool matches(const ggml_cgraph * gf) const;
+
+    // Is gf, whose fingerprint is `shape_of_gf`, the graph indexed here built again the same?
+    bool same_as(const ggml_cgraph * gf, uint64_t shape_of_gf) const;
 
     // gf, indexed, as a backend's graph_optimize reordered its nodes once ggml's scheduler split it
     // (the Vulkan backend groups independent nodes): the same nodes, with their layers and
@@ -98,26 +104,37 @@ struct node_snapshot {
     int32_t n_src;
 };
 
-// A graph's node table as plain data; its vectors keep their capacity from step to step.
+// The nodes, ops, types and shapes of a graph folded into one number (FNV-1a): equal for a graph
+// built again the same in the same memory.
+uint64_t graph_fingerprint(const ggml_cgraph * gf);
+
+// What a `graph` record says besides the node table: which graph of the session it is, for how
+// many tokens, and when its table was taken.
+struct graph_head {
+    int32_t graph_id = 0;
+    int32_t n_tokens = 0;
+    int64_t ts       = 0;
+};
+
+// A graph's node table as plain data: the same for every build of the same graph, so captured
+// once per graph kept (ctx_state::graphs_kept).
 struct graph_table {
-    int32_t                    graph_id  = 0;
-    int32_t                    n_tokens  = 0;
-    int64_t                    ts        = 0;
     uint64_t                   structure = 0;  // every field the record writes of nodes and sources, hashed
     uint64_t                   skeleton  = 0;  // the same, less the numbers of shapes and bytes
     std::vector<node_snapshot> nodes;
     std::vector<src_snapshot>  srcs;
 
-    void capture(const graph_index & gi, int32_t graph_id, int32_t n_tokens, int64_t ts);
+    void capture(const graph_index & gi);
 
     // the `graph` record (one line, without the newline)
-    void write(json_out & j, const std::string & sid, int32_t ctx_id) const;
+    void write(json_out & j, const graph_head & h, const std::string & sid, int32_t ctx_id) const;
 
     // the `graph` record of a graph whose node table is graph `same_as`'s, written before in the
     // same file: its id and tokens, and that id instead of the nodes; with `subst` (n_subst
     // triples: where, old value, new value) and `subst_at` (n_at pairs: position, value), the
     // numbers of shapes and bytes of that table so replaced
     void write_same(json_out &          j,
+                    const graph_head &  h,
                     const std::string & sid,
                     int32_t             ctx_id,
                     int32_t             same_as,
@@ -150,7 +167,7 @@ class table_memory {
     void clear();
 
     // the `graph` record of t (one line, without the newline): whole, or naming a table written
-    void write(const graph_table & t, json_out & j, const std::string & sid, int32_t ctx_id);
+    void write(const graph_table & t, const graph_head & h, json_out & j, const std::string & sid, int32_t ctx_id);
 
   private:
     struct base {

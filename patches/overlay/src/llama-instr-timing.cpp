@@ -267,8 +267,9 @@ void llama_instr::write_step_computes(ctx_state & st) {
         st.tables_file  = st.file_index;
     }
     for (size_t i = 0; i < st.n_tables; i++) {
-        st.tables_written.write(st.tables[i], j, st.sid, st.id);
+        st.tables_written.write(*st.tables[i].table, st.tables[i].head, j, st.sid, st.id);
         emit(st.epoch, st.line);
+        st.tables[i].table.reset();
     }
     st.n_tables = 0;
     for (const compute_rec & c : st.p_computes) {
@@ -326,6 +327,37 @@ void llama_instr::write_step_computes(ctx_state & st) {
     st.p_computes.clear();
 }
 
+// st.graph := gf, indexed: the graph kept that gf is built again the same, else indexed now. The
+// graph indexed until now is kept in the slot it leaves (or the least recently used one).
+static void index_graph(ctx_state & st, const ggml_cgraph * gf, const llama_model * model) {
+    const uint64_t          shape = graph_fingerprint(gf);
+    ctx_state::kept_graph * slot  = nullptr;
+    for (auto & k : st.graphs_kept) {
+        if (k.index.same_as(gf, shape)) {
+            slot = &k;
+            break;
+        }
+    }
+    const bool hit = slot != nullptr;
+    if (!hit) {
+        if (st.graphs_kept.size() < ctx_state::GRAPHS_KEPT) {
+            slot = &st.graphs_kept.emplace_back();
+        } else {
+            slot = &*std::min_element(st.graphs_kept.begin(), st.graphs_kept.end(),
+                                      [](const auto & a, const auto & b) { return a.used < b.used; });
+        }
+    }
+    std::swap(st.graph.il_of, slot->index.il_of);  // the callback's layer ids are of gf
+    std::swap(st.graph, slot->index);
+    std::swap(st.graph_captured, slot->table);
+    slot->used = st.graph_gen;
+    if (!hit) {
+        st.graph_captured.reset();
+        st.graph.build(gf, model);
+    }
+    st.graph.il_of.clear();
+}
+
 //
 // hooks
 //
@@ -343,7 +375,7 @@ void llama_instr_graph_cb(llama_context * ctx, ggml_tensor * cur, int il) {
         return;
     }
     try {
-        st->graph.il_of[cur] = il;
+        st->graph.il_of.emplace_back(cur, il);
     } catch (...) {
         hook_failed(st->epoch, "llama_instr_graph_cb");
     }
@@ -355,7 +387,7 @@ void llama_instr_graph_built(llama_context * ctx, ggml_cgraph * gf) {
         return;
     }
     try {
-        st->graph.build(gf, &ctx->get_model());
+        index_graph(*st, gf, &ctx->get_model());
         st->graph_id      = next_graph_id(*st);
         st->graph_emitted = false;
         st->graph_fresh   = true;
@@ -410,9 +442,10 @@ void llama_instr_compute_begin(llama_context *      ctx,
             // indexed before the scheduler split it: a backend may have reordered its nodes since
             if (st.graph.follow_order(gf)) {
                 st.graph_gen++;
+                st.graph_captured.reset();  // its nodes are in another order
             }
         } else if (!reused && !st.graph.matches(gf)) {
-            st.graph.build(gf, &ctx->get_model());
+            index_graph(st, gf, &ctx->get_model());
             st.graph_gen++;
             st.graph_id = 0;
         }
@@ -478,10 +511,17 @@ void llama_instr_compute_end(llama_context *      ctx,
         // the node table is captured while the graph exists (a later ubatch may rebuild it) and
         // formatted after the step
         if (st.level >= LLAMA_INSTR_LEVEL_DETAILED && !st.graph_emitted) {
+            const int64_t ts = now_ns();
+            if (!st.graph_captured) {
+                st.graph_captured = std::make_shared<graph_table>();
+                st.graph_captured->capture(st.graph);
+            }
             if (st.tables.size() <= st.n_tables) {
                 st.tables.resize(st.n_tables + 1);
             }
-            st.tables[st.n_tables++].capture(st.graph, st.graph_id, st.n_tokens, now_ns());
+            auto & pending   = st.tables[st.n_tables++];
+            pending.table    = st.graph_captured;
+            pending.head     = { st.graph_id, st.n_tokens, ts };
             st.graph_emitted = true;
         }
 

@@ -358,11 +358,13 @@ def test_exec_of_a_program_that_does_not_fit_says_why_and_exits_3(
     failed = [x for x in recs if x["type"] == "memory_alloc_failed"]
     assert len(failed) == 1 and failed[0]["bytes"] == kv and failed[0]["by_budget"] is True
     assert recs[-1]["type"] == "session_end" and log.read_bytes().endswith(b"\n")
+    assert recs[-1]["status"] == "error"  # the program exited with a failure status
     tests = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     assert [t["n_prompt"] for t in tests] == [16]  # the first test ran and printed
     # the same budget for the test that fits: no line, the program's own status
     r = run(tmp_path / "fits.log", "--memory-budget", f"CPU={budget}", *bench, "-p", "16")
     assert r.returncode == 0 and "out of memory" not in r.stderr, r.stderr[-2000:]
+    assert read_records(tmp_path / "fits.log")[-1]["status"] == "ok"
 
 
 def test_exec_passes_a_failure_that_is_no_allocations_through(

@@ -58,8 +58,9 @@ def command(
 
     The program runs as this command's child: its output, exit status and signals are its own
     (a signal sent to instr is passed on to it; Ctrl-C at the terminal reaches it directly). The
-    session opens at its first context and ends when it exits (`ok`), or `interrupted` after
-    SIGINT/SIGTERM, which the program handles as it always does (llama-server shuts down on
+    session opens at its first context and ends when it exits (`ok`; `error` when it exits with
+    a failure status), or `interrupted` after SIGINT/SIGTERM, which the program handles as it
+    always does (llama-server shuts down on
     Ctrl-C); SIGHUP reopens the log (logrotate). llama-server writes a `request` record per
     completion request (ok, error or cancelled), llama-bench a `part` record per test. When the
     program fails on an allocation its log recorded (out of memory, or beyond --memory-budget),

@@ -333,10 +333,23 @@ bool interrupted() {
 
 #endif
 
-void at_exit() {
+// The session ends as the program does: "interrupted" by a signal, "error" when it exits with a
+// failure status (llama-bench that could not create a context), else "ok". glibc's on_exit gives
+// the status; with atexit alone, a program that fails ends its session "ok".
+void end_at_exit(int status) {
     stop_watcher();
-    end_session(interrupted() ? "interrupted" : "ok");
+    end_session(interrupted() ? "interrupted" : status != 0 ? "error" : "ok");
 }
+
+#if defined(__GLIBC__)
+void at_exit_status(int status, void *) {
+    end_at_exit(status);
+}
+#else
+void at_exit() {
+    end_at_exit(0);
+}
+#endif
 
 void open_from_env(llama_context * ctx) {
     const char * path = getenv("LLAMA_INSTR_LOG");
@@ -403,7 +416,11 @@ void open_from_env(llama_context * ctx) {
     }
     g_open = true;
     // registered after the session's own state exists, so it runs before that state is destroyed
+#if defined(__GLIBC__)
+    on_exit(at_exit_status, nullptr);
+#else
     atexit(at_exit);
+#endif
     if (!start_watcher()) {
         warn("cannot watch SIGINT/SIGTERM/SIGHUP: an interrupted run will end its session as ok");
     }

@@ -37,6 +37,7 @@ from .protowire import (
     varint,
     varint_len,
 )
+from .segments import GroupBytes, Seg, add_seg
 
 _KEYED = (int, str, bool, type(None))  # values that pick one encoding by equality
 
@@ -45,17 +46,18 @@ class Pending:
     """The slices of one category and arg names whose begins wait for the flush, as columns, and
     where their rows are (indices into the batch's small rows)."""
 
-    __slots__ = ("tracks", "names", "args", "at")
+    __slots__ = ("tracks", "names", "args", "at", "segs")
 
     def __init__(self) -> None:
         self.tracks: list[int] = []
         self.names: list[str] = []
         self.args: list[dict[str, Any]] = []  # made columns at the flush
         self.at: list[int] = []
+        self.segs: list[Seg] = []  # or, in a group of segments (``segments``), those
 
 
-# per batch: (category, arg names) -> its pending slices
-PendingSet = dict[tuple[str, tuple[str, ...]], Pending]
+# per batch: (category, arg names[, True for a group of segments]) -> its pending slices
+PendingSet = dict[tuple[Any, ...], Pending]
 
 
 class Begins:
@@ -67,14 +69,15 @@ class Begins:
         self.tracks: dict[int, bytes] = {}
         self.names: dict[str, bytes] = {}
 
-    def group(self, pending: PendingSet, category: str, args: Any) -> Pending:
+    def group(self, pending: PendingSet, category: str, args: Any, seg: bool = False) -> Pending:
         """Intern the arg names of ``args`` (after its slice's name: ``note``) and give the
-        pending group of its category and arg names."""
+        pending group of its category and arg names (``seg``: of segments)."""
         ks = tuple(args)
         self._arg_names(ks)
-        g = pending.get((category, ks))
+        key = (category, ks, True) if seg else (category, ks)
+        g = pending.get(key)
         if g is None:
-            g = pending[(category, ks)] = Pending()
+            g = pending[key] = Pending()
         return g
 
     def _arg_names(self, ks: tuple[str, ...]) -> None:
@@ -101,7 +104,7 @@ class Begins:
 
     def encode(self, batches: list[Any]) -> None:
         """Put the begins that waited in the batches' small rows."""
-        merged: dict[tuple[str, tuple[str, ...]], tuple[Pending, list[Any]]] = {}
+        merged: dict[tuple[Any, ...], tuple[Pending, list[Any]]] = {}
         for b in batches:
             for key, g in b.pending.items():
                 m = merged.get(key)
@@ -111,11 +114,21 @@ class Begins:
                 p.tracks += g.tracks
                 p.names += g.names
                 p.args += g.args
+                if g.segs:
+                    p.segs += g.segs
+                    continue
                 small = b.small
                 rows += [(small, i) for i in g.at]
             b.pending = {}
-        for (category, ks), (p, rows) in merged.items():
+        for (category, ks, *_), (p, rows) in merged.items():
             blob, lens = self._group(category, ks, p)
+            if p.segs:  # each segment its range of the group's rows
+                gb = GroupBytes(blob, lens)
+                a = 0
+                for sg in p.segs:
+                    sg.gb, sg.at = gb, a
+                    a += len(sg.rows.ts)
+                continue
             data = blob.tobytes()
             ends = np.cumsum(lens).tolist()
             a = 0
@@ -197,7 +210,7 @@ def add_rows(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> No
     """``Writer.add_slice`` for each of ``rows`` into batch ``b``: its begin waits (``note``)
     unless it ends flows (then encoded now, as ``EventFields.begin`` does for those)."""
     if rows.args and not rows.flows_in and len(set(map(tuple, rows.args))) == 1:
-        _add_alike(b, rows, begins, events)
+        add_seg(b, rows, begins, events)
         return
     small = b.small
     pending = b.pending
@@ -230,29 +243,3 @@ def add_rows(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> No
         seq += 2
     b.rows += seq - b.seq
     b.seq = seq
-
-
-def _add_alike(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> None:
-    """``add_rows`` for rows whose args all have the same names (nearly all): one group, and
-    the rows appended column by column. What is interned is interned in the same order: the
-    first row's name, then the arg names, then the other names as first met."""
-    intern = begins.interner.name
-    names = rows.name
-    intern(names[0])
-    g = begins.group(b.pending, rows.category, rows.args[0])
-    for name in dict.fromkeys(names):
-        intern(name)
-    n = len(names)
-    d, seq0, small = rows.depth, b.seq, b.small
-    at0 = len(small)
-    g.tracks += rows.track
-    g.names += names
-    g.args += rows.args
-    g.at += range(at0, at0 + 2 * n, 2)
-    end_of = {tr: events.end_id(tr) for tr in dict.fromkeys(rows.track)}
-    seqs = range(seq0, seq0 + 2 * n, 2)
-    for ts, dur, tr, seq in zip(rows.ts, rows.dur, rows.track, seqs, strict=True):
-        small.append((ts, 1, d, seq, b"", -1))
-        small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", end_of[tr]))
-    b.seq = seq0 + 2 * n
-    b.rows += 2 * n

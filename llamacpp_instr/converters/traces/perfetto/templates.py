@@ -19,6 +19,7 @@ from .merge import joined, merge
 from .ops import OpStore, RateFields
 from .packets import POST, Sequence, packet
 from .protowire import TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
+from .segments import materialize, seg_columns
 from .singles import FEW_ROWS, collect, frame_rows, interleaved, key_order, ordered
 
 TEMPLATE_BYTES = 64 << 20  # templates kept, at most (then forgotten, and learnt again)
@@ -192,28 +193,11 @@ class TemplateSet:
         in bulk (``singles``), or None if a compute has no template or its rows do not sort as
         the template's, or the computes' rows and the others interleave (the general encoder
         sorts those)."""
-        by_template: dict[int, tuple[Template, list[tuple[int, Batch, Block]]]] = {}
-        blocks = 0
-        keys: list[list[Any]] = [[] for _ in range(5)]  # the single rows' batch, ts, rank, tie, seq
-        picked: list[tuple[Any, Any]] = []  # per batch: its single rows' S and end id columns
+        got = by_templates(batches, self.templates, self.events)
+        if got is None:
+            return None
+        by_template, blocks, keys, first, picked, sc = got
         ends = self.events.ends
-        for k, b in enumerate(batches):
-            small = b.small
-            covered = bytearray(len(small))
-            groups = 0
-            for bl in b.blocks:
-                tm = self.templates.get(bl.key)
-                if not isinstance(tm, Template):
-                    return None
-                by_template.setdefault(id(tm), (tm, []))[1].append((k, b, bl))
-                blocks += 1
-                covered[bl.i0] = covered[bl.i0 + 1] = 1
-                groups += bl.group >= 0
-            if groups != len(b.groups):
-                return None
-            if not collect(k, small, covered, keys, picked):
-                return None
-        first = [np.array(c, dtype=np.int64) for c in keys]
         n_s = len(first[0])
         s_ts = first[1]
         # single rows inside templated computes (a device's busy stretches): merged row by row
@@ -222,7 +206,9 @@ class TemplateSet:
         if any(f is None for f in fills):
             return None
         if inter or n_s < FEW_ROWS * blocks:  # (a CPU log: rows one by one cost less)
-            data = joined(inter, keys, first, picked, ends, fills, self.seq)
+            if len(sc) and not inter:  # (``join_units`` takes small rows)
+                return self.encode([materialize(b, self.events) for b in batches])
+            data = joined(inter, keys, first, picked, ends, fills, self.seq, sc)
             self.templated += blocks if data is not None else 0
             return data
         last, keys_s = list(first), list(first)
@@ -235,11 +221,11 @@ class TemplateSet:
             return b""
         order = key_order(first, last)
         if order is None:  # (blocks that interleave: the rows merged one by one)
-            data = merge(keys_s, picked, ends, fills, self.seq)
+            data = merge(keys_s, picked, ends, fills, self.seq, sc)
             self.templated += blocks if data is not None else 0
             return data
         # the single rows' packets, made only now that the flush is known to be templated
-        bodies, sbuf, slen = frame_rows(picked, ends, s_ts)
+        bodies, sbuf, slen = frame_rows(picked, ends, s_ts, sc)
         head = b""
         if self.seq.needs_head():
             # the first packet defines what the batches intern (and clears the state if first)
@@ -265,3 +251,36 @@ class TemplateSet:
                 self.templates[bl.key] = tm if tm is not None else v
                 if tm is not None:
                     self.bytes += len(tm.buf)
+
+
+def by_templates(batches: list[Batch], templates: dict[Any, Any], events: EventFields) -> Any:
+    """For ``TemplateSet.encode``: the blocks of ``batches`` by template, their number, the
+    single rows' keys (lists: batch, ts, rank, tie, seq) and the same as arrays with the
+    segments' rows after the others (``segments.seg_columns``), what makes the single rows'
+    bodies (``singles.collect``) and the segments' columns; None if a block has no template, a
+    group no block, or a timestamp is out of range."""
+    by_template: dict[int, tuple[Template, list[tuple[int, Batch, Block]]]] = {}
+    blocks = 0
+    keys: list[list[Any]] = [[] for _ in range(5)]  # the single rows' batch, ts, rank, tie, seq
+    picked: list[tuple[Any, Any]] = []  # per batch: its single rows' S and end id columns
+    for k, b in enumerate(batches):
+        small = b.small
+        covered = bytearray(len(small))
+        groups = 0
+        for bl in b.blocks:
+            tm = templates.get(bl.key)
+            if not isinstance(tm, Template):
+                return None
+            by_template.setdefault(id(tm), (tm, []))[1].append((k, b, bl))
+            blocks += 1
+            covered[bl.i0] = covered[bl.i0 + 1] = 1
+            groups += bl.group >= 0
+        if groups != len(b.groups):
+            return None
+        if not collect(k, small, covered, keys, picked):
+            return None
+    sc = seg_columns(batches, events)
+    if sc is None:
+        return None
+    first = [np.concatenate((np.array(c, np.int64), z)) for c, z in zip(keys, sc.keys, strict=True)]
+    return by_template, blocks, keys, first, picked, sc

@@ -26,6 +26,7 @@ from .events import EventFields
 from .ops import NodeTables, OpStore, RateFields
 from .packets import SEQ, Sequence, compressed_packet, packet, track_body
 from .protowire import I64_END
+from .segments import materialize
 from .templates import TemplateSet
 
 AUTO_COMPRESS = 8 << 20  # plain packets for traces smaller than this (bytes), else compressed
@@ -202,6 +203,8 @@ class Writer:
         self.begins.encode(batches)
         data = self.templates.encode(batches)
         if data is None:
+            for b in batches:
+                materialize(b, self.events)
             self._expand(batches)
             small = [(k, *r) for k, b in enumerate(batches) for r in b.small]
             if any(r[1] >= I64_END for r in small):

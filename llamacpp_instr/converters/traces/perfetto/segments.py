@@ -1,0 +1,188 @@
+"""A device log's rows kept as columns through a flush: a ``SliceRows`` (copies, command buffers,
+RPC graphs, network commands: about one slice for every two ops) whose args share their names
+and that ends no flow becomes a ``Seg`` of its batch instead of two small rows per slice.
+
+Made small rows, each slice cost a tuple per begin and end, a place among the begins that wait
+(``begins``), its begin's bytes put back in its tuple, and its rows picked out again as columns
+(``singles.collect``) and as a list of bodies (``singles.frame_rows``): several Python passes per
+row, most of what the writer spent on a device log. A ``Seg`` keeps the ``SliceRows``' lists as
+they are; at the flush its begins are encoded with the others of their category and arg names
+(``Begins.encode`` gives each segment its range of the group's bytes), and the templated encoder
+takes every segment's keys (batch, ts, rank, tie, seq) and bodies as arrays (``seg_columns``).
+The paths that want small rows (the general encoder, ``join_units``) get them (``materialize``):
+the same rows, so the same bytes.
+
+What is interned is interned when the writer receives the rows, in the order ``add_rows`` did.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from ..items import SliceRows
+from .events import EventFields
+
+_LIMIT = 1 << 62  # timestamps and durations below this: their sums stay in int64
+
+
+class GroupBytes:
+    """A group's begins (``Begins._group``): the bytes, and each row's start and length."""
+
+    __slots__ = ("blob", "starts", "lens")
+
+    def __init__(self, blob: Any, lens: Any) -> None:
+        self.blob = blob
+        self.lens = lens
+        self.starts = np.cumsum(lens) - lens
+
+
+class Seg:
+    """A ``SliceRows`` of a batch (its rows' seq from ``seq0`` on), and where its begins' bytes
+    are once encoded (``gb``, from row ``at`` of its group)."""
+
+    __slots__ = ("rows", "seq0", "gb", "at")
+
+    def __init__(self, rows: SliceRows, seq0: int) -> None:
+        self.rows = rows
+        self.seq0 = seq0
+        self.gb: GroupBytes | None = None
+        self.at = 0
+
+
+def add_seg(b: Any, rows: SliceRows, begins: Any, events: EventFields) -> None:
+    """``begins.add_rows`` for rows whose args all have the same names and that end no flow: the
+    rows kept as a ``Seg`` of batch ``b``. What is interned is interned in the same order (the
+    first row's name, then the arg names, then the other names as first met), and the rows'
+    tracks get their end ids in the same order."""
+    intern = begins.interner.name
+    names = rows.name
+    intern(names[0])
+    g = begins.group(b.pending, rows.category, rows.args[0], seg=True)
+    for name in dict.fromkeys(names):
+        intern(name)
+    for tr in dict.fromkeys(rows.track):
+        events.end_id(tr)
+    sg = Seg(rows, b.seq)
+    g.tracks += rows.track
+    g.names += names
+    g.args += rows.args
+    g.segs.append(sg)
+    b.segs.append(sg)
+    n = len(names)
+    b.seq += 2 * n
+    b.rows += 2 * n
+
+
+def materialize(b: Any, events: EventFields) -> Any:
+    """Batch ``b``'s segments as small rows (after ``Begins.encode``), as ``add_rows`` makes
+    them: for the paths that take small rows. Returns ``b``."""
+    small = b.small
+    raw: dict[int, bytes] = {}
+    for sg in b.segs:
+        gb = sg.gb
+        assert gb is not None
+        data = raw.get(id(gb))
+        if data is None:
+            data = raw[id(gb)] = gb.blob.tobytes()
+        rows = sg.rows
+        d = rows.depth
+        n = len(rows.ts)
+        starts = gb.starts[sg.at : sg.at + n].tolist()
+        lens = gb.lens[sg.at : sg.at + n].tolist()
+        end_ids = events.end_ids
+        seq = sg.seq0
+        for ts, dur, tr, a, ln in zip(rows.ts, rows.dur, rows.track, starts, lens, strict=True):
+            small.append((ts, 1, d, seq, data[a : a + ln], -1))
+            small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", end_ids[tr]))
+            seq += 2
+    b.segs = []
+    return b
+
+
+class SegColumns:
+    """A flush's segment rows as columns, begin and end of each slice one after the other:
+    their keys (batch, ts, rank, tie, seq) and their bodies (``src``: a buffer, ``starts`` and
+    ``lens`` into it)."""
+
+    def __init__(self, keys: list[Any], src: Any, starts: Any, lens: Any) -> None:
+        self.keys = keys
+        self.src, self.starts, self.lens = src, starts, lens
+
+    def __len__(self) -> int:
+        return len(self.keys[0])
+
+
+def seg_columns(batches: list[Any], events: EventFields) -> SegColumns | None:
+    """The segments of ``batches`` as columns (after ``Begins.encode``); None if a timestamp is
+    negative or too large for int64 sums (the paths that take small rows handle those)."""
+    segs = [(k, sg) for k, b in enumerate(batches) for sg in b.segs]
+    if not segs:
+        return _NONE
+    ns = np.fromiter((len(sg.rows.ts) for _, sg in segs), dtype=np.int64, count=len(segs))
+    total = int(ns.sum())
+    try:
+        ts = np.array(list(chain.from_iterable(sg.rows.ts for _, sg in segs)), dtype=np.int64)
+        dur = np.array(list(chain.from_iterable(sg.rows.dur for _, sg in segs)), dtype=np.int64)
+    except OverflowError:
+        return None
+    if total and (int(ts.min()) < 0 or int(ts.max()) >= _LIMIT or int(np.abs(dur).max()) >= _LIMIT):
+        return None
+    end = ts + dur
+    if total and int(end.min()) < 0:
+        return None
+    tracks = chain.from_iterable(sg.rows.track for _, sg in segs)
+    # (every track has its end id: ``add_seg``)
+    end_id = np.fromiter(map(events.end_ids.__getitem__, tracks), np.int64, total)
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(ns) - ns, ns)
+    kb = np.fromiter((k for k, _ in segs), np.int64, len(segs))
+    seq0 = np.fromiter((sg.seq0 for _, sg in segs), np.int64, len(segs))
+    depth = np.fromiter((sg.rows.depth for _, sg in segs), np.int64, len(segs))
+    depth_r = np.repeat(depth, ns)
+    seq_b = np.repeat(seq0, ns) + 2 * within
+    keys = [
+        _pairs(np.repeat(kb, ns), np.repeat(kb, ns)),
+        _pairs(ts, end),
+        _pairs(np.ones(total, np.int64), np.where(dur != 0, 0, 2)),
+        _pairs(depth_r, -depth_r),
+        _pairs(seq_b, seq_b + 1),
+    ]
+    # the bodies: begins from their groups' bytes, ends from the end fields
+    ends = events.ends
+    e_lens = np.fromiter(map(len, ends), dtype=np.int64, count=len(ends))
+    e_starts = np.cumsum(e_lens) - e_lens
+    parts: list[Any] = [np.frombuffer(b"".join(ends), dtype=np.uint8)]
+    base = len(parts[0])
+    gbs: dict[int, tuple[GroupBytes, int]] = {}
+    g_starts: list[Any] = []
+    g_lens: list[Any] = []
+    for _, sg in segs:
+        gb = sg.gb
+        assert gb is not None
+        got = gbs.get(id(gb))
+        if got is None:
+            got = gbs[id(gb)] = (gb, base)
+            parts.append(gb.blob)
+            base += len(gb.blob)
+        n = len(sg.rows.ts)
+        g_starts.append(gb.starts[sg.at : sg.at + n] + got[1])
+        g_lens.append(gb.lens[sg.at : sg.at + n])
+    b_starts = np.concatenate(g_starts) if g_starts else np.zeros(0, np.int64)
+    b_lens = np.concatenate(g_lens) if g_lens else np.zeros(0, np.int64)
+    starts = _pairs(b_starts, e_starts[end_id])
+    lens = _pairs(b_lens, e_lens[end_id])
+    return SegColumns(keys, np.concatenate(parts), starts, lens)
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+_NONE = SegColumns([_EMPTY] * 5, np.zeros(0, dtype=np.uint8), _EMPTY, _EMPTY)
+
+
+def _pairs(a: Any, z: Any) -> Any:
+    """``a[0], z[0], a[1], z[1]``... (int64)."""
+    out = np.empty(2 * len(a), dtype=np.int64)
+    out[0::2] = a
+    out[1::2] = z
+    return out

@@ -16,8 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from ..items import Slice, SliceRows
-from .events import EventFields
 from .packets import Interner
 from .pieces import Pieces
 from .protowire import (
@@ -37,7 +35,7 @@ from .protowire import (
     varint,
     varint_len,
 )
-from .segments import GroupBytes, Seg, add_seg
+from .segments import GroupBytes, Seg
 
 _KEYED = (int, str, bool, type(None))  # values that pick one encoding by equality
 
@@ -127,7 +125,7 @@ class Begins:
                 a = 0
                 for sg in p.segs:
                     sg.gb, sg.at = gb, a
-                    a += len(sg.rows.ts)
+                    a += len(sg.ts)
                 continue
             data = blob.tobytes()
             ends = np.cumsum(lens).tolist()
@@ -204,42 +202,3 @@ class Begins:
         else:  # floats among others: one encoding per row (0.0 == -0.0, NaN != NaN)
             table = [ld(TE_DEBUG_ANNOTATIONS, head + annotation_value(v)) for v in vals]
             te.pick(np.arange(len(vals), dtype=np.int64), table)
-
-
-def add_rows(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> None:
-    """``Writer.add_slice`` for each of ``rows`` into batch ``b``: its begin waits (``note``)
-    unless it ends flows (then encoded now, as ``EventFields.begin`` does for those)."""
-    if rows.args and not rows.flows_in and len(set(map(tuple, rows.args))) == 1:
-        add_seg(b, rows, begins, events)
-        return
-    small = b.small
-    pending = b.pending
-    intern = begins.interner.name
-    d, cat, flows = rows.depth, rows.category, rows.flows_in
-    seq = b.seq
-    ends: dict[int, int] = {}
-    keys: list[str] | None = None  # the last row's arg names, and their group
-    g = None
-    for r, (tr, name, ts, dur, args) in enumerate(
-        zip(rows.track, rows.name, rows.ts, rows.dur, rows.args, strict=True)
-    ):
-        e = ends.get(tr)
-        if e is None:
-            e = ends[tr] = events.end_id(tr)
-        if flows and r in flows:  # (encoded now: their args repeat, the interner's memo has them)
-            it = Slice(tr, name, ts, dur, d, cat, args, (), flows[r])
-            small.append((ts, 1, d, seq, events.begin(it), -1))
-        else:  # as Begins.note, the group kept while the rows' arg names stay the same
-            intern(name)
-            if g is None or keys != list(args):
-                g = begins.group(pending, cat, args)
-                keys = list(args)
-            g.tracks.append(tr)
-            g.names.append(name)
-            g.args.append(args)
-            g.at.append(len(small))
-            small.append((ts, 1, d, seq, b"", -1))
-        small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", e))
-        seq += 2
-    b.rows += seq - b.seq
-    b.seq = seq

@@ -23,6 +23,7 @@ from .segments import materialize, seg_columns
 from .singles import FEW_ROWS, collect, frame_rows, interleaved, key_order, ordered
 
 TEMPLATE_BYTES = 64 << 20  # templates kept, at most (then forgotten, and learnt again)
+_BIG = 1 << 62  # (timestamps and durations below it: their sums stay in int64)
 
 
 class Template:
@@ -66,6 +67,51 @@ def candidates(b: Batch, bl: Block) -> Any:
         gids = start = end = dur = np.zeros(0, dtype=np.int64)
     ts = np.concatenate(([cs.ts, cs.ts + cs.dur], l_start, l_end, start, end))
     return ts, gids, dur, n_l
+
+
+def stacked(blocks: list[tuple[int, Batch, Block]]) -> Any:
+    """``candidates`` of blocks of one template (the same layers and ops) at once: their
+    timestamps as a matrix (a row per block), their ops' gids and durations one block after
+    another; None unless every duration is positive. (One block at a time where a value is
+    beyond 2**62, or the ops' times are Python ints.)"""
+    n = len(blocks)
+    n_l = len(blocks[0][2].cb.layers)
+    heads = [bl.cb.slice for _, _, bl in blocks]
+    lays = [(lay.start, lay.dur) for _, _, bl in blocks for lay in bl.cb.layers]
+    grp = [b.groups[bl.group] for _, b, bl in blocks if bl.group >= 0]
+    if len(lays) != n * n_l or len(grp) not in (0, n):
+        return _each(blocks)
+    try:
+        c = np.array([[cs.ts for cs in heads], [cs.dur for cs in heads]], dtype=np.int64)
+        lay = np.array(lays, dtype=np.int64).reshape(n, n_l, 2)
+    except OverflowError:
+        return _each(blocks)
+    empty = np.zeros((n, 0), dtype=np.int64)
+    st, du, gi = (np.stack([g[j] for g in grp]) for j in (2, 3, 1)) if grp else (empty,) * 3
+    if st.dtype != np.int64 or du.dtype != np.int64:
+        return _each(blocks)
+    if any(x.size and (int(x.max()) >= _BIG or int(x.min()) <= -_BIG) for x in (c, lay, st, du)):
+        return _each(blocks)
+    if (c[1] <= 0).any() or (lay[..., 1] <= 0).any() or (du <= 0).any():
+        return None
+    l_start = lay[..., 0]
+    ts = np.concatenate(
+        (c[0][:, None], (c[0] + c[1])[:, None], l_start, l_start + lay[..., 1], st, st + du),
+        axis=1,
+    )
+    return ts, gi.reshape(-1), du.reshape(-1)
+
+
+def _each(blocks: list[tuple[int, Batch, Block]]) -> Any:
+    """``stacked``, one block at a time."""
+    cands = [candidates(b, bl) for _, b, bl in blocks]
+    if any(c is None for c in cands):
+        return None
+    return (
+        np.stack([c[0] for c in cands]),
+        np.concatenate([c[1] for c in cands]),
+        np.concatenate([c[2] for c in cands]),
+    )
 
 
 class TemplateSet:
@@ -157,10 +203,11 @@ class TemplateSet:
         """The blocks' packets from their template: the columns of their first and last keys
         (batch, ts, rank, tie, seq) and their packets (a row of bytes per block), or None if
         the rows of one do not sort as the template's."""
-        cands = [candidates(b, bl) for _, b, bl in blocks]
-        if any(c is None for c in cands):
+        got = stacked(blocks)
+        if got is None:
             return None
-        ts = np.stack([c[0] for c in cands])[:, tm.perm]
+        ts, gids, durs = got
+        ts = ts[:, tm.perm]
         d = np.diff(ts, axis=1)
         if not ((d > 0) | ((d == 0) & tm.static_ok)).all():
             return None
@@ -173,9 +220,8 @@ class TemplateSet:
         bufs[:, tm.ts_idx] = varint_bytes(ts, nb)
         m = len(tm.rate_idx)
         if m:
-            gids = np.concatenate([c[1] for c in cands])
             k = tm.n_rates
-            got = self.store.rates(gids, np.concatenate([c[2] for c in cands]))
+            got = self.store.rates(gids, durs)
             rates = np.empty((len(gids), k), dtype="<f8")
             for j in range(k):
                 rates[:, j] = got[j]

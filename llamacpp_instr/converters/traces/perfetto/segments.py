@@ -25,8 +25,6 @@ import numpy as np
 from ..items import Slice, SliceRows
 from .events import EventFields
 
-_LIMIT = 1 << 62  # timestamps and durations below this: their sums stay in int64
-
 
 class GroupBytes:
     """A group's begins (``Begins._group``): the bytes, and each row's start and length."""
@@ -154,8 +152,9 @@ class SegColumns:
 
 
 def seg_columns(batches: list[Any], events: EventFields) -> SegColumns | None:
-    """The segments of ``batches`` as columns (after ``Begins.encode``); None if a timestamp is
-    negative or too large for int64 sums (the paths that take small rows handle those)."""
+    """The segments of ``batches`` as columns (after ``Begins.encode``); None if an end is
+    beyond int64 (the paths that take small rows handle those; a negative one is
+    framed as the small rows' are, ``singles.frame_rows``)."""
     segs = [(k, sg) for k, b in enumerate(batches) for sg in b.segs]
     if not segs:
         return _NONE
@@ -166,10 +165,8 @@ def seg_columns(batches: list[Any], events: EventFields) -> SegColumns | None:
         dur = np.array(list(chain.from_iterable(sg.dur for _, sg in segs)), dtype=np.int64)
     except OverflowError:
         return None
-    if total and (int(ts.min()) < 0 or int(ts.max()) >= _LIMIT or int(np.abs(dur).max()) >= _LIMIT):
-        return None
     end = ts + dur
-    if total and int(end.min()) < 0:
+    if (((dur > 0) & (end < ts)) | ((dur < 0) & (end > ts))).any():  # (past int64: wrapped)
         return None
     tracks = chain.from_iterable(sg.track for _, sg in segs)
     # (every track has its end id: ``add_seg``)

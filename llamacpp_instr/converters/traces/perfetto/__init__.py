@@ -10,7 +10,7 @@ compares the two, packet by packet, with tests/reference/perfetto_writer.py).
 * ``singles``: the rows no template covers (steps, and a device log's splits, copies, command
   buffers, network commands) framed in bulk, and a flush's units put in key order;
   ``begins``: those slices' begins encoded by columns at the flush (``pieces`` assembles the
-  bytes);
+  bytes); ``segments``: a device log's ``SliceRows`` kept as columns through the flush;
 * ``ops``: what does not depend on timing, encoded once per graph node (and fused variant) and
   track (``NodeTables``, ``OpStore``), and the rates that do (``RateFields``);
 * ``events``: the fields of slices and counters; ``packets``: framing, track descriptors,

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..items import ComputeBatch
 from .begins import PendingSet
+from .segments import Seg
 
 
 class Block:
@@ -38,6 +39,7 @@ class Batch:
         self.blocks: list[Block] = []  # computes' rows, for templates
         # the slices whose begins wait for the flush (``begins``)
         self.pending: PendingSet = {}
+        self.segs: list[Seg] = []  # device rows kept as columns (``segments``)
         self.seq = 0
         self.rows = 0
 

@@ -16,8 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from ..items import Slice, SliceRows
-from .events import EventFields
 from .packets import Interner
 from .pieces import Pieces
 from .protowire import (
@@ -37,6 +35,7 @@ from .protowire import (
     varint,
     varint_len,
 )
+from .segments import GroupBytes, Seg
 
 _KEYED = (int, str, bool, type(None))  # values that pick one encoding by equality
 
@@ -45,17 +44,18 @@ class Pending:
     """The slices of one category and arg names whose begins wait for the flush, as columns, and
     where their rows are (indices into the batch's small rows)."""
 
-    __slots__ = ("tracks", "names", "args", "at")
+    __slots__ = ("tracks", "names", "args", "at", "segs")
 
     def __init__(self) -> None:
         self.tracks: list[int] = []
         self.names: list[str] = []
         self.args: list[dict[str, Any]] = []  # made columns at the flush
         self.at: list[int] = []
+        self.segs: list[Seg] = []  # or, in a group of segments (``segments``), those
 
 
-# per batch: (category, arg names) -> its pending slices
-PendingSet = dict[tuple[str, tuple[str, ...]], Pending]
+# per batch: (category, arg names[, True for a group of segments]) -> its pending slices
+PendingSet = dict[tuple[Any, ...], Pending]
 
 
 class Begins:
@@ -67,14 +67,15 @@ class Begins:
         self.tracks: dict[int, bytes] = {}
         self.names: dict[str, bytes] = {}
 
-    def group(self, pending: PendingSet, category: str, args: Any) -> Pending:
+    def group(self, pending: PendingSet, category: str, args: Any, seg: bool = False) -> Pending:
         """Intern the arg names of ``args`` (after its slice's name: ``note``) and give the
-        pending group of its category and arg names."""
+        pending group of its category and arg names (``seg``: of segments)."""
         ks = tuple(args)
         self._arg_names(ks)
-        g = pending.get((category, ks))
+        key = (category, ks, True) if seg else (category, ks)
+        g = pending.get(key)
         if g is None:
-            g = pending[(category, ks)] = Pending()
+            g = pending[key] = Pending()
         return g
 
     def _arg_names(self, ks: tuple[str, ...]) -> None:
@@ -101,7 +102,7 @@ class Begins:
 
     def encode(self, batches: list[Any]) -> None:
         """Put the begins that waited in the batches' small rows."""
-        merged: dict[tuple[str, tuple[str, ...]], tuple[Pending, list[Any]]] = {}
+        merged: dict[tuple[Any, ...], tuple[Pending, list[Any]]] = {}
         for b in batches:
             for key, g in b.pending.items():
                 m = merged.get(key)
@@ -111,11 +112,21 @@ class Begins:
                 p.tracks += g.tracks
                 p.names += g.names
                 p.args += g.args
+                if g.segs:
+                    p.segs += g.segs
+                    continue
                 small = b.small
                 rows += [(small, i) for i in g.at]
             b.pending = {}
-        for (category, ks), (p, rows) in merged.items():
+        for (category, ks, *_), (p, rows) in merged.items():
             blob, lens = self._group(category, ks, p)
+            if p.segs:  # each segment its range of the group's rows
+                gb = GroupBytes(blob, lens)
+                a = 0
+                for sg in p.segs:
+                    sg.gb, sg.at = gb, a
+                    a += len(sg.ts)
+                continue
             data = blob.tobytes()
             ends = np.cumsum(lens).tolist()
             a = 0
@@ -191,68 +202,3 @@ class Begins:
         else:  # floats among others: one encoding per row (0.0 == -0.0, NaN != NaN)
             table = [ld(TE_DEBUG_ANNOTATIONS, head + annotation_value(v)) for v in vals]
             te.pick(np.arange(len(vals), dtype=np.int64), table)
-
-
-def add_rows(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> None:
-    """``Writer.add_slice`` for each of ``rows`` into batch ``b``: its begin waits (``note``)
-    unless it ends flows (then encoded now, as ``EventFields.begin`` does for those)."""
-    if rows.args and not rows.flows_in and len(set(map(tuple, rows.args))) == 1:
-        _add_alike(b, rows, begins, events)
-        return
-    small = b.small
-    pending = b.pending
-    intern = begins.interner.name
-    d, cat, flows = rows.depth, rows.category, rows.flows_in
-    seq = b.seq
-    ends: dict[int, int] = {}
-    keys: list[str] | None = None  # the last row's arg names, and their group
-    g = None
-    for r, (tr, name, ts, dur, args) in enumerate(
-        zip(rows.track, rows.name, rows.ts, rows.dur, rows.args, strict=True)
-    ):
-        e = ends.get(tr)
-        if e is None:
-            e = ends[tr] = events.end_id(tr)
-        if flows and r in flows:  # (encoded now: their args repeat, the interner's memo has them)
-            it = Slice(tr, name, ts, dur, d, cat, args, (), flows[r])
-            small.append((ts, 1, d, seq, events.begin(it), -1))
-        else:  # as Begins.note, the group kept while the rows' arg names stay the same
-            intern(name)
-            if g is None or keys != list(args):
-                g = begins.group(pending, cat, args)
-                keys = list(args)
-            g.tracks.append(tr)
-            g.names.append(name)
-            g.args.append(args)
-            g.at.append(len(small))
-            small.append((ts, 1, d, seq, b"", -1))
-        small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", e))
-        seq += 2
-    b.rows += seq - b.seq
-    b.seq = seq
-
-
-def _add_alike(b: Any, rows: SliceRows, begins: Begins, events: EventFields) -> None:
-    """``add_rows`` for rows whose args all have the same names (nearly all): one group, and
-    the rows appended column by column. What is interned is interned in the same order: the
-    first row's name, then the arg names, then the other names as first met."""
-    intern = begins.interner.name
-    names = rows.name
-    intern(names[0])
-    g = begins.group(b.pending, rows.category, rows.args[0])
-    for name in dict.fromkeys(names):
-        intern(name)
-    n = len(names)
-    d, seq0, small = rows.depth, b.seq, b.small
-    at0 = len(small)
-    g.tracks += rows.track
-    g.names += names
-    g.args += rows.args
-    g.at += range(at0, at0 + 2 * n, 2)
-    end_of = {tr: events.end_id(tr) for tr in dict.fromkeys(rows.track)}
-    seqs = range(seq0, seq0 + 2 * n, 2)
-    for ts, dur, tr, seq in zip(rows.ts, rows.dur, rows.track, seqs, strict=True):
-        small.append((ts, 1, d, seq, b"", -1))
-        small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", end_of[tr]))
-    b.seq = seq0 + 2 * n
-    b.rows += 2 * n

@@ -21,15 +21,21 @@ from .singles import frame_rows, join_units
 
 
 def merge(
-    first: list[Any], picked: list[Any], ends: list[bytes], fills: list[Any], seq: Sequence
+    first: list[Any],
+    picked: list[Any],
+    ends: list[bytes],
+    fills: list[Any],
+    seq: Sequence,
+    sc: Any = None,
 ) -> bytes | None:
     """The flush's packets: its single rows (``first``: their key columns, ``picked``: what
     makes their bodies, ``singles.collect``'s) and the templated blocks (``fills``:
     ``TemplateSet._fill``'s) in key order; None if the first packet is a block's (it must carry
-    the sequence's head: the general encoder writes it)."""
+    the sequence's head: the general encoder writes it); ``sc``: the segments' rows
+    (``segments.SegColumns``), after the others in ``first``."""
     n_s = len(first[0])
     s_ts = first[1]
-    bodies, sbuf, slen = frame_rows(picked, ends, s_ts)
+    bodies, sbuf, slen = frame_rows(picked, ends, s_ts, sc)
     cols: list[list[Any]] = [[c] for c in first]
     bufs: list[Any] = [sbuf]
     starts: list[Any] = [np.cumsum(slen) - slen]
@@ -84,9 +90,11 @@ def joined(
     ends: list[bytes],
     fills: list[Any],
     seq: Sequence,
+    sc: Any = None,
 ) -> bytes | None:
     """A flush with few single rows per templated block (a CPU log), or whose single rows fall
     inside the blocks (``inter``): the units framed one by one and put in key order
-    (``singles.join_units``) where they do not interleave, else the rows merged (``merge``)."""
+    (``singles.join_units``) where they do not interleave (there are no segments then: they
+    were made small rows), else the rows merged (``merge``)."""
     data = None if inter else join_units(keys, frame_rows(picked, ends, None)[0], fills, seq)
-    return data if data is not None else merge(first, picked, ends, fills, seq)
+    return data if data is not None else merge(first, picked, ends, fills, seq, sc)

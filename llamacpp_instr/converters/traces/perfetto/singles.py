@@ -50,7 +50,11 @@ def framed(bodies: list[bytes], ts: Any) -> tuple[Any, Any]:
     timestamps in [0, 2**63)): the buffer and each packet's length."""
     n = len(bodies)
     bl = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
-    body = np.frombuffer(b"".join(bodies), dtype=_U8)
+    return framed_body(np.frombuffer(b"".join(bodies), dtype=_U8), bl, ts)
+
+
+def framed_body(body: Any, bl: Any, ts: Any) -> tuple[Any, Any]:
+    """``framed`` for the bodies one after another in ``body``, ``bl`` bytes each."""
     nts = varint_len(ts)
     size = bl + len(TIMESTAMP) + nts + len(POST)
     n_size = varint_len(size)
@@ -138,12 +142,46 @@ def collect(
     return True
 
 
-def frame_rows(picked: list[Any], ends: list[bytes], ts: Any) -> tuple[list[bytes], Any, Any]:
-    """The bodies of the rows ``collect`` picked (a begin's S, or its track's end field), and
-    (unless ``ts`` is None) their packets (``framed``) with their lengths."""
+class Bodies:
+    """The single rows' bodies by index: the small rows' (a list), then the segments' (in
+    ``body``, one after another, ``lens`` bytes each: ``segments.SegColumns``)."""
+
+    def __init__(self, first: list[bytes], body: Any, lens: Any) -> None:
+        self.first = first
+        self.body = body
+        self.lens = lens
+        self.starts = np.cumsum(lens) - lens
+
+    def __len__(self) -> int:
+        return len(self.lens)
+
+    def __getitem__(self, u: int) -> bytes:
+        if u < len(self.first):
+            return self.first[u]
+        a = int(self.starts[u])
+        return bytes(self.body[a : a + int(self.lens[u])])
+
+
+def frame_rows(
+    picked: list[Any], ends: list[bytes], ts: Any, sc: Any = None
+) -> tuple[Any, Any, Any]:
+    """The bodies of the rows ``collect`` picked (a begin's S, or its track's end field), then
+    of the segments' rows (``sc``: ``segments.SegColumns``, if any), and (unless ``ts`` is None)
+    their packets (``framed``) with their lengths."""
     bodies: list[bytes] = []
     for s_, e_ in picked:
         bodies += [ends[e] if e >= 0 else s for s, e in zip(s_, e_, strict=True)]
+    if sc is not None and len(sc) and ts is not None:
+        bl = np.fromiter(map(len, bodies), dtype=np.int64, count=len(bodies))
+        joined = np.frombuffer(b"".join(bodies), dtype=_U8)
+        src = np.concatenate((joined, sc.src))
+        lens = np.concatenate((bl, sc.lens))
+        body = gather(src, np.concatenate((np.cumsum(bl) - bl, sc.starts + len(joined))), lens)
+        rows = Bodies(bodies, body, lens)
+        if int(ts.min()) >= 0:
+            buf, plen = framed_body(body, lens, ts)
+            return rows, buf, plen
+        bodies = [rows[u] for u in range(len(rows))]
     if not bodies or ts is None:
         return bodies, np.zeros(0, dtype=_U8), np.zeros(0, dtype=np.int64)
     if int(ts.min()) < 0:  # (an int64 field's negative varint: ten bytes)

@@ -19,9 +19,11 @@ from .merge import joined, merge
 from .ops import OpStore, RateFields
 from .packets import POST, Sequence, packet
 from .protowire import TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
+from .segments import materialize, seg_columns
 from .singles import FEW_ROWS, collect, frame_rows, interleaved, key_order, ordered
 
 TEMPLATE_BYTES = 64 << 20  # templates kept, at most (then forgotten, and learnt again)
+_BIG = 1 << 62  # (timestamps and durations below it: their sums stay in int64)
 
 
 class Template:
@@ -65,6 +67,51 @@ def candidates(b: Batch, bl: Block) -> Any:
         gids = start = end = dur = np.zeros(0, dtype=np.int64)
     ts = np.concatenate(([cs.ts, cs.ts + cs.dur], l_start, l_end, start, end))
     return ts, gids, dur, n_l
+
+
+def stacked(blocks: list[tuple[int, Batch, Block]]) -> Any:
+    """``candidates`` of blocks of one template (the same layers and ops) at once: their
+    timestamps as a matrix (a row per block), their ops' gids and durations one block after
+    another; None unless every duration is positive. (One block at a time where a value is
+    beyond 2**62, or the ops' times are Python ints.)"""
+    n = len(blocks)
+    n_l = len(blocks[0][2].cb.layers)
+    heads = [bl.cb.slice for _, _, bl in blocks]
+    lays = [(lay.start, lay.dur) for _, _, bl in blocks for lay in bl.cb.layers]
+    grp = [b.groups[bl.group] for _, b, bl in blocks if bl.group >= 0]
+    if len(lays) != n * n_l or len(grp) not in (0, n):
+        return _each(blocks)
+    try:
+        c = np.array([[cs.ts for cs in heads], [cs.dur for cs in heads]], dtype=np.int64)
+        lay = np.array(lays, dtype=np.int64).reshape(n, n_l, 2)
+    except OverflowError:
+        return _each(blocks)
+    empty = np.zeros((n, 0), dtype=np.int64)
+    st, du, gi = (np.stack([g[j] for g in grp]) for j in (2, 3, 1)) if grp else (empty,) * 3
+    if st.dtype != np.int64 or du.dtype != np.int64:
+        return _each(blocks)
+    if any(x.size and (int(x.max()) >= _BIG or int(x.min()) <= -_BIG) for x in (c, lay, st, du)):
+        return _each(blocks)
+    if (c[1] <= 0).any() or (lay[..., 1] <= 0).any() or (du <= 0).any():
+        return None
+    l_start = lay[..., 0]
+    ts = np.concatenate(
+        (c[0][:, None], (c[0] + c[1])[:, None], l_start, l_start + lay[..., 1], st, st + du),
+        axis=1,
+    )
+    return ts, gi.reshape(-1), du.reshape(-1)
+
+
+def _each(blocks: list[tuple[int, Batch, Block]]) -> Any:
+    """``stacked``, one block at a time."""
+    cands = [candidates(b, bl) for _, b, bl in blocks]
+    if any(c is None for c in cands):
+        return None
+    return (
+        np.stack([c[0] for c in cands]),
+        np.concatenate([c[1] for c in cands]),
+        np.concatenate([c[2] for c in cands]),
+    )
 
 
 class TemplateSet:
@@ -156,10 +203,11 @@ class TemplateSet:
         """The blocks' packets from their template: the columns of their first and last keys
         (batch, ts, rank, tie, seq) and their packets (a row of bytes per block), or None if
         the rows of one do not sort as the template's."""
-        cands = [candidates(b, bl) for _, b, bl in blocks]
-        if any(c is None for c in cands):
+        got = stacked(blocks)
+        if got is None:
             return None
-        ts = np.stack([c[0] for c in cands])[:, tm.perm]
+        ts, gids, durs = got
+        ts = ts[:, tm.perm]
         d = np.diff(ts, axis=1)
         if not ((d > 0) | ((d == 0) & tm.static_ok)).all():
             return None
@@ -172,9 +220,8 @@ class TemplateSet:
         bufs[:, tm.ts_idx] = varint_bytes(ts, nb)
         m = len(tm.rate_idx)
         if m:
-            gids = np.concatenate([c[1] for c in cands])
             k = tm.n_rates
-            got = self.store.rates(gids, np.concatenate([c[2] for c in cands]))
+            got = self.store.rates(gids, durs)
             rates = np.empty((len(gids), k), dtype="<f8")
             for j in range(k):
                 rates[:, j] = got[j]
@@ -192,28 +239,11 @@ class TemplateSet:
         in bulk (``singles``), or None if a compute has no template or its rows do not sort as
         the template's, or the computes' rows and the others interleave (the general encoder
         sorts those)."""
-        by_template: dict[int, tuple[Template, list[tuple[int, Batch, Block]]]] = {}
-        blocks = 0
-        keys: list[list[Any]] = [[] for _ in range(5)]  # the single rows' batch, ts, rank, tie, seq
-        picked: list[tuple[Any, Any]] = []  # per batch: its single rows' S and end id columns
+        got = by_templates(batches, self.templates, self.events)
+        if got is None:
+            return None
+        by_template, blocks, keys, first, picked, sc = got
         ends = self.events.ends
-        for k, b in enumerate(batches):
-            small = b.small
-            covered = bytearray(len(small))
-            groups = 0
-            for bl in b.blocks:
-                tm = self.templates.get(bl.key)
-                if not isinstance(tm, Template):
-                    return None
-                by_template.setdefault(id(tm), (tm, []))[1].append((k, b, bl))
-                blocks += 1
-                covered[bl.i0] = covered[bl.i0 + 1] = 1
-                groups += bl.group >= 0
-            if groups != len(b.groups):
-                return None
-            if not collect(k, small, covered, keys, picked):
-                return None
-        first = [np.array(c, dtype=np.int64) for c in keys]
         n_s = len(first[0])
         s_ts = first[1]
         # single rows inside templated computes (a device's busy stretches): merged row by row
@@ -222,7 +252,9 @@ class TemplateSet:
         if any(f is None for f in fills):
             return None
         if inter or n_s < FEW_ROWS * blocks:  # (a CPU log: rows one by one cost less)
-            data = joined(inter, keys, first, picked, ends, fills, self.seq)
+            if len(sc) and not inter:  # (``join_units`` takes small rows)
+                return self.encode([materialize(b, self.events) for b in batches])
+            data = joined(inter, keys, first, picked, ends, fills, self.seq, sc)
             self.templated += blocks if data is not None else 0
             return data
         last, keys_s = list(first), list(first)
@@ -235,11 +267,11 @@ class TemplateSet:
             return b""
         order = key_order(first, last)
         if order is None:  # (blocks that interleave: the rows merged one by one)
-            data = merge(keys_s, picked, ends, fills, self.seq)
+            data = merge(keys_s, picked, ends, fills, self.seq, sc)
             self.templated += blocks if data is not None else 0
             return data
         # the single rows' packets, made only now that the flush is known to be templated
-        bodies, sbuf, slen = frame_rows(picked, ends, s_ts)
+        bodies, sbuf, slen = frame_rows(picked, ends, s_ts, sc)
         head = b""
         if self.seq.needs_head():
             # the first packet defines what the batches intern (and clears the state if first)
@@ -265,3 +297,36 @@ class TemplateSet:
                 self.templates[bl.key] = tm if tm is not None else v
                 if tm is not None:
                     self.bytes += len(tm.buf)
+
+
+def by_templates(batches: list[Batch], templates: dict[Any, Any], events: EventFields) -> Any:
+    """For ``TemplateSet.encode``: the blocks of ``batches`` by template, their number, the
+    single rows' keys (lists: batch, ts, rank, tie, seq) and the same as arrays with the
+    segments' rows after the others (``segments.seg_columns``), what makes the single rows'
+    bodies (``singles.collect``) and the segments' columns; None if a block has no template, a
+    group no block, or a timestamp is out of range."""
+    by_template: dict[int, tuple[Template, list[tuple[int, Batch, Block]]]] = {}
+    blocks = 0
+    keys: list[list[Any]] = [[] for _ in range(5)]  # the single rows' batch, ts, rank, tie, seq
+    picked: list[tuple[Any, Any]] = []  # per batch: its single rows' S and end id columns
+    for k, b in enumerate(batches):
+        small = b.small
+        covered = bytearray(len(small))
+        groups = 0
+        for bl in b.blocks:
+            tm = templates.get(bl.key)
+            if not isinstance(tm, Template):
+                return None
+            by_template.setdefault(id(tm), (tm, []))[1].append((k, b, bl))
+            blocks += 1
+            covered[bl.i0] = covered[bl.i0 + 1] = 1
+            groups += bl.group >= 0
+        if groups != len(b.groups):
+            return None
+        if not collect(k, small, covered, keys, picked):
+            return None
+    sc = seg_columns(batches, events)
+    if sc is None:
+        return None
+    first = [np.concatenate((np.array(c, np.int64), z)) for c, z in zip(keys, sc.keys, strict=True)]
+    return by_template, blocks, keys, first, picked, sc

@@ -20,12 +20,13 @@ from typing import IO
 from ..items import BulkItem, ComputeBatch, OpBatch, Sample, Slice, SliceRows, Track
 from ..sinks import BundleSink
 from .batch import Batch, Block
-from .begins import Begins, add_rows
+from .begins import Begins
 from .bulk import BulkEncoder
 from .events import EventFields
 from .ops import NodeTables, OpStore, RateFields
 from .packets import SEQ, Sequence, compressed_packet, packet, track_body
 from .protowire import I64_END
+from .segments import add_segs, materialize
 from .templates import TemplateSet
 
 AUTO_COMPRESS = 8 << 20  # plain packets for traces smaller than this (bytes), else compressed
@@ -112,7 +113,7 @@ class Writer:
         come out at once, the rows at the flush, as they would one by one)."""
         for _, t in rows.tracks:
             self.track(t)
-        add_rows(self.cur, rows, self.begins, self.events)
+        add_segs(self.cur, rows, self.begins, self.events)
 
     def add_compute(self, cb: ComputeBatch) -> None:
         """As ``add_slice`` for the compute's slice and each layer's, then ``add_ops``: the rows
@@ -202,6 +203,8 @@ class Writer:
         self.begins.encode(batches)
         data = self.templates.encode(batches)
         if data is None:
+            for b in batches:
+                materialize(b, self.events)
             self._expand(batches)
             small = [(k, *r) for k, b in enumerate(batches) for r in b.small]
             if any(r[1] >= I64_END for r in small):

@@ -1,0 +1,229 @@
+"""A device log's rows kept as columns through a flush: a ``SliceRows`` (copies, command buffers,
+RPC graphs, network commands: about one slice for every two ops) whose args share their names
+becomes a ``Seg`` of its batch instead of two small rows per slice.
+
+Made small rows, each slice cost a tuple per begin and end, a place among the begins that wait
+(``begins``), its begin's bytes put back in its tuple, and its rows picked out again as columns
+(``singles.collect``) and as a list of bodies (``singles.frame_rows``): several Python passes per
+row, most of what the writer spent on a device log. A ``Seg`` keeps the ``SliceRows``' lists as
+they are; at the flush its begins are encoded with the others of their category and arg names
+(``Begins.encode`` gives each segment its range of the group's bytes), and the templated encoder
+takes every segment's keys (batch, ts, rank, tie, seq) and bodies as arrays (``seg_columns``).
+The paths that want small rows (the general encoder, ``join_units``) get them (``materialize``):
+the same rows, so the same bytes.
+
+What is interned is interned when the writer receives the rows, in the order ``add_rows`` did.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from ..items import Slice, SliceRows
+from .events import EventFields
+
+
+class GroupBytes:
+    """A group's begins (``Begins._group``): the bytes, and each row's start and length."""
+
+    __slots__ = ("blob", "starts", "lens")
+
+    def __init__(self, blob: Any, lens: Any) -> None:
+        self.blob = blob
+        self.lens = lens
+        self.starts = np.cumsum(lens) - lens
+
+
+class Seg:
+    """Rows ``lo`` to ``hi`` of a ``SliceRows`` in a batch (their seq from ``seq0`` on): their
+    timestamps, durations and tracks, and where their begins' bytes are once encoded (``gb``,
+    from row ``at`` of its group)."""
+
+    __slots__ = ("ts", "dur", "track", "depth", "seq0", "gb", "at")
+
+    def __init__(self, rows: SliceRows, lo: int, hi: int, seq0: int) -> None:
+        whole = lo == 0 and hi == len(rows.ts)
+        self.ts = rows.ts if whole else rows.ts[lo:hi]
+        self.dur = rows.dur if whole else rows.dur[lo:hi]
+        self.track = rows.track if whole else rows.track[lo:hi]
+        self.depth = rows.depth
+        self.seq0 = seq0
+        self.gb: GroupBytes | None = None
+        self.at = 0
+
+
+def add_segs(b: Any, rows: SliceRows, begins: Any, events: EventFields) -> None:
+    """``Writer.add_slice`` for each of ``rows`` into batch ``b``: each run of rows whose args
+    have the same names kept as a ``Seg``; a row that ends flows made small rows, its begin
+    encoded now (as ``EventFields.begin`` does for those: their args repeat, and the
+    interner's memo has them)."""
+    n = len(rows.ts)
+    keys = list(map(tuple, rows.args))
+    flows = rows.flows_in
+    lo = 0
+    for r in range(n):
+        if r in flows:
+            if lo < r:
+                add_seg(b, rows, lo, r, begins, events)
+            _flow_row(b, rows, r, events)
+            lo = r + 1
+        elif keys[r] != keys[lo]:
+            add_seg(b, rows, lo, r, begins, events)
+            lo = r
+    if lo < n:
+        add_seg(b, rows, lo, n, begins, events)
+
+
+def _flow_row(b: Any, rows: SliceRows, r: int, events: EventFields) -> None:
+    """Row ``r`` of ``rows``, which ends flows, as the two small rows of batch ``b``."""
+    tr, ts, dur, d = rows.track[r], rows.ts[r], rows.dur[r], rows.depth
+    e = events.end_id(tr)
+    it = Slice(tr, rows.name[r], ts, dur, d, rows.category, rows.args[r], (), rows.flows_in[r])
+    seq = b.seq
+    b.small.append((ts, 1, d, seq, events.begin(it), -1))
+    b.small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", e))
+    b.seq += 2
+    b.rows += 2
+
+
+def add_seg(b: Any, rows: SliceRows, lo: int, hi: int, begins: Any, events: EventFields) -> None:
+    """Rows ``lo`` to ``hi`` of ``rows``, whose args have the same names, as a ``Seg`` of batch
+    ``b``. What is interned is interned in the order the rows would intern it one by one (the
+    first row's name, then the arg names, then the other names as first met), and the rows'
+    tracks get their end ids in the same order."""
+    sg = Seg(rows, lo, hi, b.seq)
+    whole = lo == 0 and hi == len(rows.ts)
+    names = rows.name if whole else rows.name[lo:hi]
+    intern = begins.interner.name
+    intern(names[0])
+    g = begins.group(b.pending, rows.category, rows.args[lo], seg=True)
+    for name in dict.fromkeys(names):
+        intern(name)
+    for tr in dict.fromkeys(sg.track):
+        events.end_id(tr)
+    g.tracks += sg.track
+    g.names += names
+    g.args += rows.args if whole else rows.args[lo:hi]
+    g.segs.append(sg)
+    b.segs.append(sg)
+    b.seq += 2 * (hi - lo)
+    b.rows += 2 * (hi - lo)
+
+
+def materialize(b: Any, events: EventFields) -> Any:
+    """Batch ``b``'s segments as small rows (after ``Begins.encode``), as ``add_rows`` makes
+    them: for the paths that take small rows. Returns ``b``."""
+    small = b.small
+    raw: dict[int, bytes] = {}
+    for sg in b.segs:
+        gb = sg.gb
+        assert gb is not None
+        data = raw.get(id(gb))
+        if data is None:
+            data = raw[id(gb)] = gb.blob.tobytes()
+        d = sg.depth
+        n = len(sg.ts)
+        starts = gb.starts[sg.at : sg.at + n].tolist()
+        lens = gb.lens[sg.at : sg.at + n].tolist()
+        end_ids = events.end_ids
+        seq = sg.seq0
+        for ts, dur, tr, a, ln in zip(sg.ts, sg.dur, sg.track, starts, lens, strict=True):
+            small.append((ts, 1, d, seq, data[a : a + ln], -1))
+            small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", end_ids[tr]))
+            seq += 2
+    b.segs = []
+    return b
+
+
+class SegColumns:
+    """A flush's segment rows as columns, begin and end of each slice one after the other:
+    their keys (batch, ts, rank, tie, seq) and their bodies (``src``: a buffer, ``starts`` and
+    ``lens`` into it)."""
+
+    def __init__(self, keys: list[Any], src: Any, starts: Any, lens: Any) -> None:
+        self.keys = keys
+        self.src, self.starts, self.lens = src, starts, lens
+
+    def __len__(self) -> int:
+        return len(self.keys[0])
+
+
+def seg_columns(batches: list[Any], events: EventFields) -> SegColumns | None:
+    """The segments of ``batches`` as columns (after ``Begins.encode``); None if an end is
+    beyond int64 (the paths that take small rows handle those; a negative one is
+    framed as the small rows' are, ``singles.frame_rows``)."""
+    segs = [(k, sg) for k, b in enumerate(batches) for sg in b.segs]
+    if not segs:
+        return _NONE
+    ns = np.fromiter((len(sg.ts) for _, sg in segs), dtype=np.int64, count=len(segs))
+    total = int(ns.sum())
+    try:
+        ts = np.array(list(chain.from_iterable(sg.ts for _, sg in segs)), dtype=np.int64)
+        dur = np.array(list(chain.from_iterable(sg.dur for _, sg in segs)), dtype=np.int64)
+    except OverflowError:
+        return None
+    end = ts + dur
+    if (((dur > 0) & (end < ts)) | ((dur < 0) & (end > ts))).any():  # (past int64: wrapped)
+        return None
+    tracks = chain.from_iterable(sg.track for _, sg in segs)
+    # (every track has its end id: ``add_seg``)
+    end_id = np.fromiter(map(events.end_ids.__getitem__, tracks), np.int64, total)
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(ns) - ns, ns)
+    kb = np.fromiter((k for k, _ in segs), np.int64, len(segs))
+    seq0 = np.fromiter((sg.seq0 for _, sg in segs), np.int64, len(segs))
+    depth = np.fromiter((sg.depth for _, sg in segs), np.int64, len(segs))
+    depth_r = np.repeat(depth, ns)
+    seq_b = np.repeat(seq0, ns) + 2 * within
+    keys = [
+        _pairs(np.repeat(kb, ns), np.repeat(kb, ns)),
+        _pairs(ts, end),
+        _pairs(np.ones(total, np.int64), np.where(dur != 0, 0, 2)),
+        _pairs(depth_r, -depth_r),
+        _pairs(seq_b, seq_b + 1),
+    ]
+    # the bodies: begins from their groups' bytes, ends from the end fields
+    ends = events.ends
+    e_lens = np.fromiter(map(len, ends), dtype=np.int64, count=len(ends))
+    e_starts = np.cumsum(e_lens) - e_lens
+    parts: list[Any] = [np.frombuffer(b"".join(ends), dtype=np.uint8)]
+    base = len(parts[0])
+    # each group's rows once (its first row's index among them all), and each segment's rows
+    # by index: no numpy call per segment
+    row0: dict[int, int] = {}
+    g_starts: list[Any] = []
+    g_lens: list[Any] = []
+    seg_row0: list[int] = []
+    rows = 0
+    for _, sg in segs:
+        gb = sg.gb
+        assert gb is not None
+        r0 = row0.get(id(gb))
+        if r0 is None:
+            r0 = row0[id(gb)] = rows
+            g_starts.append(gb.starts + base)
+            g_lens.append(gb.lens)
+            parts.append(gb.blob)
+            base += len(gb.blob)
+            rows += len(gb.lens)
+        seg_row0.append(r0 + sg.at)
+    idx = np.repeat(np.array(seg_row0, dtype=np.int64), ns) + within
+    b_starts = np.concatenate(g_starts)[idx]
+    b_lens = np.concatenate(g_lens)[idx]
+    starts = _pairs(b_starts, e_starts[end_id])
+    lens = _pairs(b_lens, e_lens[end_id])
+    return SegColumns(keys, np.concatenate(parts), starts, lens)
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+_NONE = SegColumns([_EMPTY] * 5, np.zeros(0, dtype=np.uint8), _EMPTY, _EMPTY)
+
+
+def _pairs(a: Any, z: Any) -> Any:
+    """``a[0], z[0], a[1], z[1]``... (int64)."""
+    out = np.empty(2 * len(a), dtype=np.int64)
+    out[0::2] = a
+    out[1::2] = z
+    return out

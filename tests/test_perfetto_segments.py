@@ -1,0 +1,102 @@
+"""The Perfetto writer's segments (``perfetto/segments.py``): a ``SliceRows`` kept as columns
+through the flush writes the bytes its slices write one by one (``Writer.add_slice``, which
+never makes segments), whatever its arg names, flows, timestamps and durations."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from llamacpp_instr.converters.traces.items import Slice, SliceRows, Track
+from llamacpp_instr.converters.traces.perfetto import write_perfetto_fast
+from llamacpp_instr.converters.traces.perfetto import writer as perfetto_writer
+
+_TS = st.one_of(
+    st.integers(0, 10**12),
+    st.integers(-(10**6), 10**6),
+    st.integers(2**62 - 10, 2**62 + 10),
+    st.integers(2**63 - 10, 2**63 - 1),  # (ends past int64: the small rows' path)
+)
+_ROW = st.tuples(
+    st.sampled_from([11, 12, 2**40 + 3]),  # track
+    st.sampled_from(["copy", "a → b", "set_tensor"]),  # name
+    _TS,
+    st.one_of(st.integers(0, 10**7), st.just(0), st.integers(-5, 5)),  # dur
+    st.dictionaries(
+        st.sampled_from(["x", "y", "z"]),
+        st.one_of(st.integers(0, 2**40), st.floats(allow_nan=False), st.text(max_size=3)),
+        max_size=3,
+    ),
+    st.booleans(),  # ends a flow
+)
+
+
+def _trace(items: list[Any], flush_rows: int) -> bytes:
+    out = io.BytesIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(perfetto_writer, "FLUSH_ROWS", flush_rows)
+        write_perfetto_fast(items, out, compress=False)
+    return out.getvalue()
+
+
+def _items(steps: list[list[list[Any]]], whole: bool) -> list[Any]:
+    """A step slice, then its SliceRows (``whole``) or their slices one by one, per step."""
+    items: list[Any] = [Track(t, f"t{t}", 1, "slices") for t in (10, 11, 12, 2**40 + 3)]
+    flow = 1000
+    for k, step in enumerate(steps):
+        items.append(Slice(10, f"step {k}", 100 * k, 50, 0, "step", {"step": k}))
+        for group in step:
+            rows = SliceRows("copy", 0)
+            for r, (track, name, ts, dur, args, ends) in enumerate(group):
+                rows.add(track, name, ts, dur, dict(args))
+                if ends:
+                    flow += 1
+                    rows.flows_in[r] = (flow,)
+            items += [rows] if whole else list(rows.items())
+    return items
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(
+    steps=st.lists(
+        st.lists(st.lists(_ROW, min_size=1, max_size=8), min_size=1, max_size=3),
+        min_size=1,
+        max_size=6,
+    ),
+    flush_rows=st.sampled_from([1, 8, 32768]),
+)
+@example(  # a negative timestamp: framed as small rows are (10-byte varints)
+    steps=[[[(11, "copy", 0, 0, {}, False)] * 3 + [(11, "copy", -1, 0, {}, False)]]],
+    flush_rows=1,
+)
+@example(steps=[[[(11, "copy", 2**63 - 2, 5, {"x": 1}, True)]]], flush_rows=1)
+def test_segments_as_slices_one_by_one(steps: list[list[list[Any]]], flush_rows: int) -> None:
+    want = _trace(_items(steps, whole=False), flush_rows)
+    got = _trace(_items(steps, whole=True), flush_rows)
+    assert len(want) > 0
+    assert got == want
+
+
+def test_a_run_per_arg_names() -> None:
+    """Rows whose arg names change, and a row that ends a flow, split a ``SliceRows`` into
+    segments and small rows (checked on what the writer's batch holds)."""
+    from llamacpp_instr.converters.traces.perfetto.batch import Batch
+    from llamacpp_instr.converters.traces.perfetto.begins import Begins
+    from llamacpp_instr.converters.traces.perfetto.events import EventFields
+    from llamacpp_instr.converters.traces.perfetto.packets import Interner
+    from llamacpp_instr.converters.traces.perfetto.segments import add_segs
+
+    rows = SliceRows("busy", 0)
+    for r, args in enumerate([{"a": 1}, {"a": 2, "b": 3}, {"a": 4, "b": 5}, {"a": 6, "b": 7}]):
+        rows.add(7, "command buffer", 10 * r, 5, args)
+    rows.flows_in[2] = (99,)
+    interner = Interner()
+    b = Batch()
+    add_segs(b, rows, Begins(interner), EventFields(interner))
+    assert [(len(sg.ts), sg.seq0) for sg in b.segs] == [(1, 0), (1, 2), (1, 6)]
+    assert [r[3] for r in b.small] == [4, 5]  # the flow row's begin and end
+    assert b.seq == 8 and b.rows == 8

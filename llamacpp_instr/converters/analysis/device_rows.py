@@ -1,7 +1,8 @@
 """The device tables' rows as they come, packed into typed columns (``frames_devices``): ``Rows``
 takes a tuple per row; ``KeyedRows`` takes the decoder's own rows (``Split``, ``Copy``, ``Busy``,
-``Remote``, ``TransferRow``: tuples already) a list at a time with the keys they share (step and
-ubatch; phase and step), made columns only when packed (``PACK_ROWS``), the whole batch at once."""
+``Remote``, ``TransferRow``, or the raw rows of a record they were not made of) a list at a time
+with the keys they share (step and ubatch, or phase and step, then the offset to add to their
+times), made columns only when packed (``PACK_ROWS``), the whole batch at once."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import numpy as np
 # columns of text (the rest: int64, but ``timed``, bool, and ``share``, float64)
 TEXT_COLS = {"tensor", "cmd", "phase", "kind"}
 
-PACK_ROWS = 4096  # rows a table holds as tuples before they are packed into its columns
+PACK_ROWS = 4096
 
 
 class Rows:
@@ -117,6 +118,13 @@ class KeyedRows(Rows):
         self.counts.append(len(rows))
         self.extend(rows)  # packs through this class's pack, keys and counts with the rows
 
+    def add_lists(self, keys: list[tuple[Any, ...]], lists: list[list[Any]]) -> None:
+        """Several lists at once, each with its keys (``add`` of each; an empty list adds no
+        row, its keys no column value)."""
+        self.keys += keys
+        self.counts += map(len, lists)
+        self.extend(list(chain.from_iterable(lists)))
+
     def pack(self) -> None:
         if not self.rows:
             return
@@ -140,6 +148,7 @@ def make_splits(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any])
     """step ubatch split device node_start node_end t_start t_launch t_end inputs_ns launch_ns,
     from ``Split`` rows (each list: one compute's, the split its position)."""
     a = _ints(rows, 6)
+    a[:, 3:] += _repeat(keys, counts, 2)[:, None]
     n = np.array(counts, dtype=np.int64)
     k = np.arange(len(a), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
     return [_repeat(keys, counts, 0), _repeat(keys, counts, 1), k, *a.T,
@@ -150,6 +159,7 @@ def make_copies(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any])
     """step ubatch split node tensor bytes src dst t_start dur_ns, from ``Copy`` rows."""
     cols = list(zip(*rows, strict=True))
     ints = [np.array(c, dtype=np.int64) for c in (*cols[:2], *cols[3:])]
+    ints[5] += _repeat(keys, counts, 2)
     return [_repeat(keys, counts, 0), _repeat(keys, counts, 1), *ints[:2], list(cols[2]),
             *ints[2:]]  # fmt: skip
 
@@ -157,6 +167,7 @@ def make_copies(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any])
 def make_busy(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
     """step ubatch device split n_ops t_start dur_ns, from ``Busy`` rows."""
     a = _ints(rows, 5)
+    a[:, 1] += _repeat(keys, counts, 2)
     return [_repeat(keys, counts, 0), _repeat(keys, counts, 1), a[:, 0], a[:, 3], a[:, 4],
             a[:, 1], a[:, 2]]  # fmt: skip
 
@@ -165,15 +176,20 @@ def make_remote(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any])
     """step ubatch split device t_send t_reply t_start t_end dur_ns one_way_ns err_ns
     clock_offset_ns bytes n_ops, from ``Remote`` rows."""
     a = _ints(rows, 11)
+    a[:, 2:6] += _repeat(keys, counts, 2)[:, None]
     return [_repeat(keys, counts, 0), _repeat(keys, counts, 1), *a[:, :6].T, a[:, 5] - a[:, 4],
             *a[:, 6:].T]  # fmt: skip
 
 
 def make_transfers(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
     """phase step device cmd tensor bytes sent recv t_queue t_start t_sent t_end dur_ns, from
-    ``TransferRow`` rows (each list: a record's, its phase and step the keys)."""
+    ``TransferRow`` rows or a record's raw rows (each list: a record's, its phase, its step and
+    the offset of its times the keys)."""
     cols = list(zip(*rows, strict=True))
     ints = {k: np.array(cols[k], dtype=np.int64) for k in (0, 3, 4, 5, 6, 7, 8, 9)}
+    t0 = _repeat(keys, counts, 2)
+    for k in (6, 7, 8, 9):
+        ints[k] += t0
     phase = list(chain.from_iterable([x[0]] * n for x, n in zip(keys, counts, strict=True)))
     return [phase, _repeat(keys, counts, 1), ints[0], list(cols[1]), list(cols[2]), ints[3],
             ints[4], ints[5], ints[6], ints[7], ints[8], ints[9], ints[9] - ints[7]]  # fmt: skip

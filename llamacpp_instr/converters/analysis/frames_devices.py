@@ -25,12 +25,14 @@ none of them, and its tables are as before.
 from __future__ import annotations
 
 from array import array
+from itertools import chain
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ..reading.decode.computes import Compute
+from ..reading.decode.devices import Placement
 from ..reading.decode.sessions import SessionInfo
 from ..reading.decode.steps import Step
 from ..reading.decode.transfers import Transfers
@@ -81,6 +83,7 @@ _MAKE = {
     "remote": make_remote,
     "transfers": make_transfers,
 }
+_PLACES = 256  # placements kept before their rows join the tables
 # columns holding device names (categoricals over the machine's devices) and other text
 _DEVICE_COLS = {"device", "src", "dst"}
 
@@ -107,6 +110,7 @@ class DeviceBuilder:
         self.op_keys = array("q")  # g, n
         self.layer_keys = array("q")  # g, n
         self.place_keys = array("q")  # g, splits, copies, busy, remote
+        self.places: list[tuple[int, int, int, Placement]] = []  # (g, step, ubatch, placement)
 
     def ops(self, c: Compute) -> None:
         """A compute's ops were added to the ops table: their devices."""
@@ -127,25 +131,34 @@ class DeviceBuilder:
         n_cmds = 0
         for t in s.transfers:
             self._transfers(t, s.index)
-            n_cmds += len(t.rows)
+            n_cmds += t.n_rows
         self.step_keys.extend((s.index, s.n_tokens, s.start, hi, n_cmds))
         self.kinds.append(s.kind)
         self.g += 1
 
     def _compute(self, step: int, ub: int, c: Compute) -> None:
-        p = c.place
-        if p is None:
-            return
-        self.place_keys.extend((self.g, len(p.splits), len(p.copies), len(p.busy), len(p.remote)))
-        r = self.keyed
-        key = (step, ub)
-        r["splits"].add(key, p.splits)
-        r["copies"].add(key, p.copies)
-        r["busy"].add(key, p.busy)
-        r["remote"].add(key, p.remote)
+        if c.place is not None:
+            self.places.append((self.g, step, ub, c.place))
+            if len(self.places) >= _PLACES:
+                self._add_places()
+
+    def _add_places(self) -> None:
+        """The placements kept so far, as rows of their tables: a batch at a time, the rows as
+        the decoder kept them (``Placement.bulk``), with no Python call per compute."""
+        places, self.places = self.places, []
+        bulk = [p.bulk() for *_, p in places]
+        keys = [(step, ub, t0) for (_, step, ub, _), (_, t0) in zip(places, bulk, strict=True)]
+        self.place_keys.extend(
+            chain.from_iterable(
+                (x[0], *map(len, rows)) for x, (rows, _) in zip(places, bulk, strict=True)
+            )
+        )
+        for j, name in enumerate(("splits", "copies", "busy", "remote")):
+            self.keyed[name].add_lists(keys, [rows[j] for rows, _ in bulk])
 
     def _transfers(self, t: Transfers, step: int) -> None:
-        self.keyed["transfers"].add((t.phase, step), t.rows)
+        rows, t0 = t.bulk_rows()
+        self.keyed["transfers"].add((t.phase, step, t0), rows)
 
     def _time(self, st: dt.StepTime) -> None:
         for d in self.devs.order(st.devices):
@@ -222,6 +235,7 @@ class DeviceBuilder:
 
     def tables(self, ops: pd.DataFrame, layers: pd.DataFrame) -> dict[str, pd.DataFrame]:
         """The device tables; ``ops`` and ``layers`` get their device column."""
+        self._add_places()
         ops["device"] = self.device_column(self.op_device, len(ops))
         layers["device"] = self.device_column(self.layer_device, len(layers))
         dev_cols, token_cols = step_times(_step_rows(self, layers), self.devs)

@@ -137,14 +137,14 @@ _OP_DEVICES: dict[tuple[Any, ...], list[Any]] = {}
 
 def _op_entry(c: Compute, cpu: int) -> list[Any]:
     node = np.asarray(c.op_node, dtype=np.int64)
-    splits = c.place.splits if c.place is not None else []
-    key = (node.tobytes(), cpu, tuple((s.device, s.i_start, s.i_end) for s in splits))
+    splits = c.place.split_keys() if c.place is not None else ()
+    key = (node.tobytes(), cpu, splits)
     got = _OP_DEVICES.get(key)
     if got is not None:
         return got
     out = np.full(len(node), cpu, dtype=np.int64)
-    for s in splits:
-        out[(node >= s.i_start) & (node < s.i_end)] = s.device
+    for d, i_start, i_end in splits:
+        out[(node >= i_start) & (node < i_end)] = d
     out.setflags(write=False)
     if len(_OP_DEVICES) >= 256:
         _OP_DEVICES.clear()

@@ -16,7 +16,10 @@ import numpy as np
 # columns of text (the rest: int64, but ``timed``, bool, and ``share``, float64)
 TEXT_COLS = {"tensor", "cmd", "phase", "kind"}
 
-PACK_ROWS = 4096
+# rows a table holds as Python objects before they are packed into its columns: few, so that
+# they die young (rows held for thousands of steps kept the cyclic collector busy: on a 200k-op
+# RPC log ~190 collections and a full one, against 20 for a CPU log; bench/convert.py)
+PACK_ROWS = 128
 
 
 class Rows:

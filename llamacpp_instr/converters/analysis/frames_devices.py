@@ -83,7 +83,7 @@ _MAKE = {
     "remote": make_remote,
     "transfers": make_transfers,
 }
-_PLACES = 256  # placements kept before their rows join the tables
+_PLACES = 16  # placements kept before their rows join the tables (few: ``PACK_ROWS``)
 # columns holding device names (categoricals over the machine's devices) and other text
 _DEVICE_COLS = {"device", "src", "dst"}
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from .fields import record_rows, strict_str, uint
@@ -115,8 +116,7 @@ class Placement:
         if self._splits is None:
             t0 = self.t0
             self._splits = [
-                Split(d, i0, i1, t0 + s, t0 + la, t0 + e)
-                for d, i0, i1, s, la, e in self._raw(0)
+                Split(d, i0, i1, t0 + s, t0 + la, t0 + e) for d, i0, i1, s, la, e in self._raw(0)
             ]
         return self._splits
 
@@ -160,7 +160,7 @@ class Placement:
     def split_keys(self) -> tuple[tuple[int, int, int], ...]:
         """Each split's device and node range (what places an op)."""
         if self.raw is not None and self._splits is None:
-            return tuple((r[0], r[1], r[2]) for r in self.raw[0])
+            return tuple(map(_SPLIT_KEY, self.raw[0]))
         return tuple((s.device, s.i_start, s.i_end) for s in self.splits)
 
     def __repr__(self) -> str:
@@ -170,6 +170,7 @@ class Placement:
         )
 
 
+_SPLIT_KEY = itemgetter(0, 1, 2)  # a splits row's device and node range
 _PLACE_FIELDS = ("splits", "copies", "busy", "remote", "clocks", "wait")
 
 

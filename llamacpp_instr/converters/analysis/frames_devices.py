@@ -99,7 +99,10 @@ class DeviceBuilder:
         self.keyed = {name: KeyedRows(_COLS[name], make) for name, make in _MAKE.items()}
         self.rows.update(self.keyed)
         self.op_device: list[np.ndarray] = []
-        self.op_dur: list[np.ndarray] = []
+        # per compute with ops, its ops in device order (``op_groups``: arrays each graph and
+        # placement of splits makes once), and per device its ops: g, device, count
+        self.op_order: list[np.ndarray] = []
+        self.op_groups = array("q")
         self.layer_device: list[np.ndarray] = []
         # for ``step_times``, each step by its position in the session (``g``): per step its
         # index, token count, window start and end before its commands, and its commands' rows;
@@ -114,9 +117,14 @@ class DeviceBuilder:
 
     def ops(self, c: Compute) -> None:
         """A compute's ops were added to the ops table: their devices."""
-        self.op_device.append(dt.op_devices(c, self.devs.cpu))
-        self.op_dur.append(np.asarray(c.op_dur, dtype=np.int64))
-        self.op_keys.extend((self.g, len(c.op_node)))
+        devices, (uniq, counts, order, _) = dt.op_devices_groups(c, self.devs.cpu)
+        self.op_device.append(devices)
+        self.op_order.append(order)
+        g = self.g
+        self.op_groups.extend(
+            chain.from_iterable((g, d, n) for d, n in zip(uniq, counts, strict=True))
+        )
+        self.op_keys.extend((g, len(c.op_node)))
 
     def layers(self, c: Compute) -> None:
         """A compute's layer spans were added to the layers table: their devices."""
@@ -238,7 +246,7 @@ class DeviceBuilder:
         self._add_places()
         ops["device"] = self.device_column(self.op_device, len(ops))
         layers["device"] = self.device_column(self.layer_device, len(layers))
-        dev_cols, token_cols = step_times(_step_rows(self, layers), self.devs)
+        dev_cols, token_cols = step_times(_step_rows(self, ops, layers), self.devs)
         self.rows["device_steps"].put(dev_cols)
         self.rows["token_time"].put(token_cols)
         in_steps = self.rows["transfers"]
@@ -256,15 +264,24 @@ class DeviceBuilder:
         return out
 
 
-def _step_rows(b: DeviceBuilder, layers: pd.DataFrame) -> StepRows:
+def _op_groups(b: DeviceBuilder, ops: pd.DataFrame) -> tuple[Any, ...]:
+    """Per compute with ops and device: its step position, the device, the ops' time (summed
+    from the ops table's durations, each compute's ops in device order) and their count."""
+    groups = keys_array(b.op_groups, 3)
+    if not len(groups):
+        return ((), (), (), ())
+    n_op = keys_array(b.op_keys, 2)[:, 1]
+    at = np.repeat(np.cumsum(n_op) - n_op, n_op) + np.concatenate(b.op_order)
+    starts = np.cumsum(groups[:, 2]) - groups[:, 2]
+    dur = np.add.reduceat(ops["dur_ns"].to_numpy(dtype=np.int64)[at], starts)
+    return groups[:, 0], groups[:, 1], dur, groups[:, 2]
+
+
+def _step_rows(b: DeviceBuilder, ops: pd.DataFrame, layers: pd.DataFrame) -> StepRows:
     """What ``step_times`` reads, from the tables' columns (see ``DeviceBuilder.__init__``)."""
     steps = keys_array(b.step_keys, 5)
     rows = b.rows
-    n_op, n_lay, place = (
-        keys_array(b.op_keys, 2),
-        keys_array(b.layer_keys, 2),
-        keys_array(b.place_keys, 5),
-    )
+    n_lay, place = keys_array(b.layer_keys, 2), keys_array(b.place_keys, 5)
     per = [np.repeat(place[:, 0], place[:, j]) for j in range(1, 5)]
     base = np.cumsum(place[:, 1]) - place[:, 1]  # each compute's first split row
 
@@ -279,7 +296,7 @@ def _step_rows(b: DeviceBuilder, layers: pd.DataFrame) -> StepRows:
     cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
     return StepRows(
         index=steps[:, 0], kind=b.kinds, n_tokens=steps[:, 1], lo=steps[:, 2], hi=steps[:, 3],
-        op=(np.repeat(n_op[:, 0], n_op[:, 1]), cat(b.op_device), cat(b.op_dur)),
+        op=_op_groups(b, ops),
         layer=(np.repeat(n_lay[:, 0], n_lay[:, 1]), cat(b.layer_device),
                layers["layer"].to_numpy(), layers["dur_ns"].to_numpy()),
         split=(per[0], col("splits", "device"), col("splits", "t_launch"), col("splits", "t_end")),

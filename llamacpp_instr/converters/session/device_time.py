@@ -162,7 +162,18 @@ def op_devices(c: Compute, cpu: int) -> np.ndarray:
 def op_groups(c: Compute, cpu: int) -> tuple[list[int], list[int], Any, Any]:
     """The devices of a compute's ops (sorted), how many ops each, and the ops in device order
     with where each device's begin (for ``np.add.reduceat``), made once per graph and splits."""
+    return _groups(_op_entry(c, cpu))
+
+
+def op_devices_groups(
+    c: Compute, cpu: int
+) -> tuple[np.ndarray, tuple[list[int], list[int], Any, Any]]:
+    """``op_devices`` and ``op_groups`` of a compute, in one look-up."""
     got = _op_entry(c, cpu)
+    return got[0], _groups(got)
+
+
+def _groups(got: list[Any]) -> tuple[list[int], list[int], Any, Any]:
     if got[1] is None:
         uniq, inv = np.unique(got[0], return_inverse=True)
         order = np.argsort(inv, kind="stable")

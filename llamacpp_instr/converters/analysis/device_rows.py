@@ -9,6 +9,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -143,56 +144,61 @@ def _ints(rows: list[Any], width: int) -> np.ndarray:
     return np.array(rows, dtype=np.int64).reshape(-1, width)
 
 
-def _repeat(keys: list[tuple[Any, ...]], counts: list[int], k: int) -> np.ndarray:
-    return np.repeat(np.array([x[k] for x in keys], dtype=np.int64), counts)
+def _keys(keys: list[tuple[Any, ...]], counts: list[int], first: int = 0) -> np.ndarray:
+    """Each row's keys (ints, from the ``first``): an (n, width) int64 array."""
+    k = keys if not first else [x[first:] for x in keys]
+    return np.repeat(np.array(k, dtype=np.int64).reshape(len(keys), -1), counts, axis=0)
+
+
+# the int and text fields of ``Copy`` and ``TransferRow`` rows
+_COPY_INTS, _COPY_NAME = itemgetter(0, 1, 3, 4, 5, 6, 7), itemgetter(2)
+_TRANSFER_INTS = itemgetter(0, 3, 4, 5, 6, 7, 8, 9)
+_CMD, _TENSOR = itemgetter(1), itemgetter(2)
 
 
 def make_splits(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
     """step ubatch split device node_start node_end t_start t_launch t_end inputs_ns launch_ns,
     from ``Split`` rows (each list: one compute's, the split its position)."""
     a = _ints(rows, 6)
-    a[:, 3:] += _repeat(keys, counts, 2)[:, None]
+    k = _keys(keys, counts)
+    a[:, 3:] += k[:, 2:]
     n = np.array(counts, dtype=np.int64)
-    k = np.arange(len(a), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
-    return [_repeat(keys, counts, 0), _repeat(keys, counts, 1), k, *a.T,
-            a[:, 4] - a[:, 3], a[:, 5] - a[:, 4]]  # fmt: skip
+    split = np.arange(len(a), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+    return [k[:, 0], k[:, 1], split, *a.T, a[:, 4] - a[:, 3], a[:, 5] - a[:, 4]]
 
 
 def make_copies(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
     """step ubatch split node tensor bytes src dst t_start dur_ns, from ``Copy`` rows."""
-    cols = list(zip(*rows, strict=True))
-    ints = [np.array(c, dtype=np.int64) for c in (*cols[:2], *cols[3:])]
-    ints[5] += _repeat(keys, counts, 2)
-    return [_repeat(keys, counts, 0), _repeat(keys, counts, 1), *ints[:2], list(cols[2]),
-            *ints[2:]]  # fmt: skip
+    a = _ints(list(map(_COPY_INTS, rows)), 7)
+    k = _keys(keys, counts)
+    a[:, 5] += k[:, 2]
+    return [k[:, 0], k[:, 1], a[:, 0], a[:, 1], list(map(_COPY_NAME, rows)), *a[:, 2:].T]
 
 
 def make_busy(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
     """step ubatch device split n_ops t_start dur_ns, from ``Busy`` rows."""
     a = _ints(rows, 5)
-    a[:, 1] += _repeat(keys, counts, 2)
-    return [_repeat(keys, counts, 0), _repeat(keys, counts, 1), a[:, 0], a[:, 3], a[:, 4],
-            a[:, 1], a[:, 2]]  # fmt: skip
+    k = _keys(keys, counts)
+    a[:, 1] += k[:, 2]
+    return [k[:, 0], k[:, 1], a[:, 0], a[:, 3], a[:, 4], a[:, 1], a[:, 2]]
 
 
 def make_remote(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
     """step ubatch split device t_send t_reply t_start t_end dur_ns one_way_ns err_ns
     clock_offset_ns bytes n_ops, from ``Remote`` rows."""
     a = _ints(rows, 11)
-    a[:, 2:6] += _repeat(keys, counts, 2)[:, None]
-    return [_repeat(keys, counts, 0), _repeat(keys, counts, 1), *a[:, :6].T, a[:, 5] - a[:, 4],
-            *a[:, 6:].T]  # fmt: skip
+    k = _keys(keys, counts)
+    a[:, 2:6] += k[:, 2:]
+    return [k[:, 0], k[:, 1], *a[:, :6].T, a[:, 5] - a[:, 4], *a[:, 6:].T]
 
 
 def make_transfers(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
     """phase step device cmd tensor bytes sent recv t_queue t_start t_sent t_end dur_ns, from
     ``TransferRow`` rows or a record's raw rows (each list: a record's, its phase, its step and
     the offset of its times the keys)."""
-    cols = list(zip(*rows, strict=True))
-    ints = {k: np.array(cols[k], dtype=np.int64) for k in (0, 3, 4, 5, 6, 7, 8, 9)}
-    t0 = _repeat(keys, counts, 2)
-    for k in (6, 7, 8, 9):
-        ints[k] += t0
+    a = _ints(list(map(_TRANSFER_INTS, rows)), 8)  # device bytes sent recv queue start sent_at end
+    k = _keys(keys, counts, 1)
+    a[:, 4:] += k[:, 1:]
     phase = list(chain.from_iterable([x[0]] * n for x, n in zip(keys, counts, strict=True)))
-    return [phase, _repeat(keys, counts, 1), ints[0], list(cols[1]), list(cols[2]), ints[3],
-            ints[4], ints[5], ints[6], ints[7], ints[8], ints[9], ints[9] - ints[7]]  # fmt: skip
+    return [phase, k[:, 0], a[:, 0], list(map(_CMD, rows)), list(map(_TENSOR, rows)),
+            *a[:, 1:].T, a[:, 7] - a[:, 5]]  # fmt: skip

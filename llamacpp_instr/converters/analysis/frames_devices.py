@@ -260,7 +260,9 @@ class DeviceBuilder:
         if load.devices:
             self._time(load)
         out = {"devices": self._devices()}
-        out.update({name: self._frame(name) for name in _COLS})
+        for name in _COLS:
+            out[name] = self._frame(name)
+            del self.rows[name]  # (its columns are in the frame now: not held twice)
         return out
 
 

@@ -190,30 +190,44 @@ def placement(rec: dict[str, Any], t0: int) -> Placement | None:
     (``Placement.raw``); any other record is read row by row (``_strict``), which raises."""
     if not any(k in rec for k in _PLACE_FIELDS):
         return None
-    splits = record_rows(rec, "splits", 6)
-    copies = record_rows(rec, "copies", 8)
-    busy = record_rows(rec, "busy", 5)
-    remote = record_rows(rec, "remote", 11)
-    clocks = [
-        Clock(d, method, err)
-        for d, method, err in record_rows(rec, "clocks", 3)
-        if type(d) is int and type(method) is str and type(err) is int and d >= 0 and err >= 0
-    ]
-    if (
-        len(clocks) != len(rec.get("clocks") or ())
-        or not _good_splits(splits)
-        or not _good_copies(copies, len(splits))
-        or not _good_busy(busy, len(splits))
-        or not _good_remote(remote, len(splits))
-    ):
-        return _strict(rec, t0)
-    wait = rec.get("wait")
-    return Placement(
-        clocks=clocks,
-        wait=None if wait is None else uint(wait),
-        raw=(splits, copies, busy, remote),
-        t0=t0,
-    )
+    return _kept(rec, t0) or _strict(rec, t0)
+
+
+def _kept(rec: dict[str, Any], t0: int) -> Placement | None:
+    """The ``Placement`` of a record whose rows are all well-formed, its rows kept as read;
+    None for any other (never raises: ``_strict`` then says what is wrong, in its order)."""
+    try:
+        splits, copies, busy, remote, clocks = (
+            [] if (v := rec.get(k)) is None else v
+            for k in ("splits", "copies", "busy", "remote", "clocks")
+        )
+        if not (
+            type(splits) is list
+            and type(copies) is list
+            and type(busy) is list
+            and type(remote) is list
+            and type(clocks) is list
+        ):
+            return None
+        n = len(splits)
+        kept = [
+            Clock(d, method, err)
+            for d, method, err in clocks
+            if type(d) is int and type(method) is str and type(err) is int and d >= 0 and err >= 0
+        ]
+        wait = rec.get("wait")
+        if (
+            len(kept) != len(clocks)
+            or not _good_splits(splits)
+            or not _good_copies(copies, n)
+            or not _good_busy(busy, n)
+            or not _good_remote(remote, n)
+            or not (wait is None or (type(wait) is int and wait >= 0))
+        ):
+            return None
+    except (TypeError, ValueError):  # (a row that is not a list of its width)
+        return None
+    return Placement(clocks=kept, wait=wait, raw=(splits, copies, busy, remote), t0=t0)
 
 
 def _good_splits(rows: list[list[Any]]) -> bool:

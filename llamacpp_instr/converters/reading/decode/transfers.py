@@ -99,29 +99,8 @@ def transfers(rec: dict[str, Any]) -> Transfers:
     if phase not in _PHASES:
         raise ValueError(f"unknown transfers phase {phase!r}")
     t0 = uint(rec["t_start"])
-    raw = record_rows(rec, "rows", 10)
-    rows = None
-    for row in raw:
-        d, cmd, tensor, nbytes, sent, recv, q, s, sa, e = row
-        if not (  # the common case, every check at once (else the rows one by one, below)
-            type(d) is int
-            and type(cmd) is str
-            and type(tensor) is str
-            and type(nbytes) is int
-            and type(sent) is int
-            and type(recv) is int
-            and type(q) is int
-            and type(s) is int
-            and type(sa) is int
-            and type(e) is int
-            and d >= -1
-            and nbytes >= 0
-            and sent >= 0
-            and recv >= 0
-            and 0 <= q <= s <= sa <= e
-        ):
-            rows = _strict_rows(raw, t0)
-            break
+    raw = rec.get("rows")
+    rows = None if type(raw) is list and _good_rows(raw) else _strict_rows(rec, t0)
     in_step = phase == "step"
     return Transfers(
         phase=phase,
@@ -134,11 +113,38 @@ def transfers(rec: dict[str, Any]) -> Transfers:
     )
 
 
-def _strict_rows(raw: list[list[Any]], t0: int) -> list[TransferRow]:
-    """The rows field by field, for the error's words (a value of another type or out of range
-    raises)."""
+def _good_rows(raw: list[Any]) -> bool:
+    """Whether every row is well-formed (never raises: ``_strict_rows`` says what is wrong)."""
+    try:
+        for d, cmd, tensor, nbytes, sent, recv, q, s, sa, e in raw:
+            if not (  # every check at once
+                type(d) is int
+                and type(cmd) is str
+                and type(tensor) is str
+                and type(nbytes) is int
+                and type(sent) is int
+                and type(recv) is int
+                and type(q) is int
+                and type(s) is int
+                and type(sa) is int
+                and type(e) is int
+                and d >= -1
+                and nbytes >= 0
+                and sent >= 0
+                and recv >= 0
+                and 0 <= q <= s <= sa <= e
+            ):
+                return False
+    except (TypeError, ValueError):  # (a row that is not a list of 10)
+        return False
+    return True
+
+
+def _strict_rows(rec: dict[str, Any], t0: int) -> list[TransferRow]:
+    """The rows field by field, for the error's words (a row not a list of 10, a value of
+    another type or out of range raises)."""
     rows = []
-    for d, cmd, tensor, nbytes, sent, recv, q, s, sa, e in raw:
+    for d, cmd, tensor, nbytes, sent, recv, q, s, sa, e in record_rows(rec, "rows", 10):
         q, s, sa, e = uint(q), uint(s), uint(sa), uint(e)
         if not q <= s <= sa <= e:
             raise ValueError("a transfer whose times are out of order")

@@ -32,6 +32,8 @@ class Rows:
         self.cols = cols
         self.rows: list[tuple[Any, ...]] = []
         self.packed: list[list[Any]] = [[] for _ in cols]  # per column, its packed chunks
+        # per text column, its values' codes in order of first appearance (the column: codes)
+        self.codes: dict[str, Codes] = {c: Codes() for c in cols if c in TEXT_COLS}
 
     def append(self, row: tuple[Any, ...]) -> None:
         self.rows.append(row)
@@ -48,33 +50,45 @@ class Rows:
             return
         cols = zip(*self.rows, strict=True)
         for name, chunks, col in zip(self.cols, self.packed, cols, strict=True):
-            chunks.append(_column(name, col))
+            chunks.append(self._column(name, col))
         self.rows = []
 
     def then(self, other: Rows) -> None:
         """``other``'s rows after these."""
         self.pack()
         other.pack()
-        for mine, theirs in zip(self.packed, other.packed, strict=True):
+        for name, mine, theirs in zip(self.cols, self.packed, other.packed, strict=True):
+            if name in self.codes and theirs:  # (their codes, as ours)
+                lut = self._column(name, other.codes[name])
+                theirs = [lut[x] for x in theirs]
             mine += theirs
 
     def put(self, columns: dict[str, Any]) -> None:
-        """Rows given as columns (typed as ``_column`` makes them), after these."""
+        """Rows given as columns (typed as ``_column`` makes them; text: a list), after these."""
         self.pack()
         for name, chunks in zip(self.cols, self.packed, strict=True):
-            chunks.append(columns[name])
+            v = columns[name]
+            chunks.append(self._column(name, v) if name in self.codes else v)
 
     def columns(self) -> list[Any]:
-        """Each column whole (an array, or a list of text; kept whole for the next call)."""
+        """Each column whole (an array; text: its codes, ``codes``; kept whole for the next
+        call)."""
         self.pack()
         out = [
-            _column(name, []) if not chunks
+            self._column(name, []) if not chunks
             else chunks[0] if len(chunks) == 1
-            else (list(chain.from_iterable(chunks)) if name in TEXT_COLS else np.concatenate(chunks))
+            else np.concatenate(chunks)
             for name, chunks in zip(self.cols, self.packed, strict=True)
         ]  # fmt: skip
         self.packed = [[c] for c in out]
         return out
+
+    def _column(self, name: str, values: Any) -> Any:
+        """A column's values, typed as the table holds them (text: codes, an int32 array)."""
+        codes = self.codes.get(name)
+        if codes is None:
+            return _column(name, values)
+        return np.fromiter(map(codes.__getitem__, values), dtype=np.int32, count=len(values))
 
     def column(self, name: str) -> Any:
         return self.columns()[self.cols.index(name)]
@@ -89,10 +103,18 @@ def keys_array(a: array, width: int) -> np.ndarray:
     )
 
 
+class Codes(dict[str, int]):
+    """Text values' codes, each value's the next free one when first met: a column of text is
+    held as int32 codes (a long run sends the same few command and tensor names over and
+    over: one string object per row cost some 60 bytes)."""
+
+    def __missing__(self, key: str) -> int:
+        code = self[key] = len(self)
+        return code
+
+
 def _column(name: str, values: Any) -> Any:
-    """A column's values, typed as its table holds them (text: a list)."""
-    if name in TEXT_COLS:
-        return list(values)
+    """A column's values, typed as its table holds them (text: ``Rows._column``)."""
     if name == "timed":
         return np.asarray(values, dtype=bool)
     if name == "share":
@@ -132,10 +154,9 @@ class KeyedRows(Rows):
     def pack(self) -> None:
         if not self.rows:
             return
-        for chunks, col in zip(
-            self.packed, self.make(self.keys, self.counts, self.rows), strict=True
-        ):
-            chunks.append(col)
+        made = self.make(self.keys, self.counts, self.rows)
+        for name, chunks, col in zip(self.cols, self.packed, made, strict=True):
+            chunks.append(self._column(name, col) if name in self.codes else col)
         self.rows, self.keys, self.counts = [], [], []
 
 

@@ -206,7 +206,7 @@ class DeviceBuilder:
             if c in _DEVICE_COLS:
                 out[c] = self.device_column([np.asarray(v, dtype=np.int64)], len(v))
             elif c in TEXT_COLS:
-                out[c] = pd.Series(v, dtype=object).astype("category")
+                out[c] = _categorical(v, list(self.rows[name].codes[c]))
             elif c == "timed":
                 out[c] = np.asarray(v, dtype=bool)
             elif c == "share":
@@ -264,6 +264,17 @@ class DeviceBuilder:
             out[name] = self._frame(name)
             del self.rows[name]  # (its columns are in the frame now: not held twice)
         return out
+
+
+def _categorical(codes: np.ndarray, names: list[str]) -> Any:
+    """Text held as codes (``device_rows.Codes``: ``names`` in code order) as a categorical,
+    its categories sorted, as ``astype("category")`` makes them of the text."""
+    if not names:
+        return pd.Series([], dtype=object).astype("category")
+    order = sorted(range(len(names)), key=names.__getitem__)
+    rank = np.empty(len(names), np.int64)
+    rank[order] = np.arange(len(names))
+    return pd.Categorical.from_codes(rank[codes], categories=[names[k] for k in order])
 
 
 def _op_groups(b: DeviceBuilder, ops: pd.DataFrame) -> tuple[Any, ...]:

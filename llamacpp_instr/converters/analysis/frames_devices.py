@@ -263,6 +263,7 @@ class DeviceBuilder:
         for name in _COLS:
             out[name] = self._frame(name)
             del self.rows[name]  # (its columns are in the frame now: not held twice)
+        self.keyed.clear()
         return out
 
 

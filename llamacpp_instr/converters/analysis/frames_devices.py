@@ -111,7 +111,7 @@ class DeviceBuilder:
         self.step_keys = array("q")  # index, n_tokens, lo, hi, n_cmds
         self.kinds: list[str] = []
         self.op_keys = array("q")  # g, n
-        self.layer_keys = array("q")  # g, n
+        self.layer_keys = array("q")  # g, n, whether the compute's spans name their devices
         self.place_keys = array("q")  # g, splits, copies, busy, remote
         self.places: list[tuple[int, int, int, Placement]] = []  # (g, step, ubatch, placement)
 
@@ -128,8 +128,10 @@ class DeviceBuilder:
 
     def layers(self, c: Compute) -> None:
         """A compute's layer spans were added to the layers table: their devices."""
-        self.layer_device.append(dt.layer_devices(c, self.devs.cpu))
-        self.layer_keys.extend((self.g, len(c.layers)))
+        ld = c.layer_device  # (made the CPU backend's where none is named, all at once at the end)
+        if ld is not None:
+            self.layer_device.append(ld)
+        self.layer_keys.extend((self.g, len(c.layers), ld is not None))
 
     def step(self, s: Step) -> None:
         hi = s.end
@@ -186,6 +188,15 @@ class DeviceBuilder:
 
     def _names(self) -> list[str]:
         return [self.devs[i].name for i in sorted(self.devs.known)]
+
+    def _layer_devices(self) -> np.ndarray:
+        """Each layer span's device (``device_time.layer_devices``, for every compute at once)."""
+        keys = keys_array(self.layer_keys, 3)
+        out = np.full(int(keys[:, 1].sum()), -1, np.int64)
+        if self.layer_device:
+            out[np.repeat(keys[:, 2] != 0, keys[:, 1])] = np.concatenate(self.layer_device)
+        out[out < 0] = self.devs.cpu
+        return out
 
     def device_column(self, codes: list[np.ndarray], n: int) -> pd.Categorical:
         """Device indices as a categorical of names, in the machine's order."""
@@ -245,6 +256,7 @@ class DeviceBuilder:
         """The device tables; ``ops`` and ``layers`` get their device column."""
         self._add_places()
         ops["device"] = self.device_column(self.op_device, len(ops))
+        self.layer_device = [self._layer_devices()]
         layers["device"] = self.device_column(self.layer_device, len(layers))
         dev_cols, token_cols = step_times(_step_rows(self, ops, layers), self.devs)
         self.rows["device_steps"].put(dev_cols)
@@ -295,7 +307,7 @@ def _step_rows(b: DeviceBuilder, ops: pd.DataFrame, layers: pd.DataFrame) -> Ste
     """What ``step_times`` reads, from the tables' columns (see ``DeviceBuilder.__init__``)."""
     steps = keys_array(b.step_keys, 5)
     rows = b.rows
-    n_lay, place = keys_array(b.layer_keys, 2), keys_array(b.place_keys, 5)
+    n_lay, place = keys_array(b.layer_keys, 3), keys_array(b.place_keys, 5)
     per = [np.repeat(place[:, 0], place[:, j]) for j in range(1, 5)]
     base = np.cumsum(place[:, 1]) - place[:, 1]  # each compute's first split row
 

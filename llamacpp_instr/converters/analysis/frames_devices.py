@@ -98,11 +98,10 @@ class DeviceBuilder:
         # (the decoder's rows as they are, a list at a time)
         self.keyed = {name: KeyedRows(_COLS[name], make) for name, make in _MAKE.items()}
         self.rows.update(self.keyed)
-        self.op_device: list[np.ndarray] = []
-        # per compute with ops, its ops in device order (``op_groups``: arrays each graph and
-        # placement of splits makes once), and per device its ops: g, device, count
-        self.op_order: list[np.ndarray] = []
-        self.op_groups = array("q")
+        # where the ops ran: each distinct placing (``device_time.op_placing``: one per graph
+        # and splits), held here (so that its id stays its own) with its position
+        self.placings: list[list[Any]] = []
+        self.placing_at: dict[int, int] = {}
         self.layer_device: list[np.ndarray] = []
         # for ``step_times``, each step by its position in the session (``g``): per step its
         # index, token count, window start and end before its commands, and its commands' rows;
@@ -110,21 +109,19 @@ class DeviceBuilder:
         self.g = 0
         self.step_keys = array("q")  # index, n_tokens, lo, hi, n_cmds
         self.kinds: list[str] = []
-        self.op_keys = array("q")  # g, n
+        self.op_keys = array("q")  # per compute with ops: g, n, its placing's position
         self.layer_keys = array("q")  # g, n, whether the compute's spans name their devices
         self.place_keys = array("q")  # g, splits, copies, busy, remote
         self.places: list[tuple[int, int, int, Placement]] = []  # (g, step, ubatch, placement)
 
     def ops(self, c: Compute) -> None:
         """A compute's ops were added to the ops table: their devices."""
-        devices, (uniq, counts, order, _) = dt.op_devices_groups(c, self.devs.cpu)
-        self.op_device.append(devices)
-        self.op_order.append(order)
-        g = self.g
-        self.op_groups.extend(
-            chain.from_iterable((g, d, n) for d, n in zip(uniq, counts, strict=True))
-        )
-        self.op_keys.extend((g, len(c.op_node)))
+        got = dt.op_placing(c, self.devs.cpu)
+        k = self.placing_at.get(id(got))
+        if k is None:
+            k = self.placing_at[id(got)] = len(self.placings)
+            self.placings.append(got)
+        self.op_keys.extend((self.g, len(c.op_node), k))
 
     def layers(self, c: Compute) -> None:
         """A compute's layer spans were added to the layers table: their devices."""
@@ -255,7 +252,10 @@ class DeviceBuilder:
     def tables(self, ops: pd.DataFrame, layers: pd.DataFrame) -> dict[str, pd.DataFrame]:
         """The device tables; ``ops`` and ``layers`` get their device column."""
         self._add_places()
-        ops["device"] = self.device_column(self.op_device, len(ops))
+        at = keys_array(self.op_keys, 3)[:, 2].tolist()
+        ops["device"] = self.device_column(
+            [dt.placing_devices(self.placings[k]) for k in at], len(ops)
+        )
         self.layer_device = [self._layer_devices()]
         layers["device"] = self.device_column(self.layer_device, len(layers))
         dev_cols, token_cols = step_times(_step_rows(self, ops, layers), self.devs)
@@ -293,14 +293,28 @@ def _categorical(codes: np.ndarray, names: list[str]) -> Any:
 def _op_groups(b: DeviceBuilder, ops: pd.DataFrame) -> tuple[Any, ...]:
     """Per compute with ops and device: its step position, the device, the ops' time (summed
     from the ops table's durations, each compute's ops in device order) and their count."""
-    groups = keys_array(b.op_groups, 3)
-    if not len(groups):
+    keys = keys_array(b.op_keys, 3)
+    if not len(keys):
         return ((), (), (), ())
-    n_op = keys_array(b.op_keys, 2)[:, 1]
-    at = np.repeat(np.cumsum(n_op) - n_op, n_op) + np.concatenate(b.op_order)
-    starts = np.cumsum(groups[:, 2]) - groups[:, 2]
-    dur = np.add.reduceat(ops["dur_ns"].to_numpy(dtype=np.int64)[at], starts)
-    return groups[:, 0], groups[:, 1], dur, groups[:, 2]
+    # each placing's devices and their op counts, placing after placing
+    groups = [dt.placing_groups(p) for p in b.placings]
+    n_dev = np.array([len(x[0]) for x in groups], np.int64)
+    devs = np.array(list(chain.from_iterable(x[0] for x in groups)), np.int64)
+    counts = np.array(list(chain.from_iterable(x[1] for x in groups)), np.int64)
+    # each compute's: its placing's, in order
+    k = keys[:, 2]
+    m = n_dev[k]
+    row = (
+        np.repeat(np.cumsum(n_dev)[k] - m, m)
+        + np.arange(int(m.sum()))
+        - np.repeat(np.cumsum(m) - m, m)
+    )
+    n_op = keys[:, 1]
+    order = np.concatenate([groups[j][2] for j in k.tolist()])
+    at = np.repeat(np.cumsum(n_op) - n_op, n_op) + order
+    n = counts[row]
+    dur = np.add.reduceat(ops["dur_ns"].to_numpy(dtype=np.int64)[at], np.cumsum(n) - n)
+    return np.repeat(keys[:, 0], m), devs[row], dur, n
 
 
 def _step_rows(b: DeviceBuilder, ops: pd.DataFrame, layers: pd.DataFrame) -> StepRows:

@@ -165,12 +165,20 @@ def op_groups(c: Compute, cpu: int) -> tuple[list[int], list[int], Any, Any]:
     return _groups(_op_entry(c, cpu))
 
 
-def op_devices_groups(
-    c: Compute, cpu: int
-) -> tuple[np.ndarray, tuple[list[int], list[int], Any, Any]]:
-    """``op_devices`` and ``op_groups`` of a compute, in one look-up."""
-    got = _op_entry(c, cpu)
-    return got[0], _groups(got)
+def op_placing(c: Compute, cpu: int) -> list[Any]:
+    """Where a compute's ops ran, as cached: one object per graph and splits (while cached),
+    for ``placing_devices`` and ``placing_groups``."""
+    return _op_entry(c, cpu)
+
+
+def placing_devices(got: list[Any]) -> np.ndarray:
+    """``op_devices`` of the computes of an ``op_placing``."""
+    return got[0]  # type: ignore[no-any-return]
+
+
+def placing_groups(got: list[Any]) -> tuple[list[int], list[int], Any, Any]:
+    """``op_groups`` of the computes of an ``op_placing``."""
+    return _groups(got)
 
 
 def _groups(got: list[Any]) -> tuple[list[int], list[int], Any, Any]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -88,8 +89,6 @@ class Placement:
     ``Remote`` tuples only when they are first read: the tables take the raw rows in bulk
     (``analysis.device_rows``), with no tuple per row."""
 
-    __slots__ = ("_splits", "_copies", "_busy", "_remote", "clocks", "wait", "raw", "t0")
-
     def __init__(
         self,
         splits: list[Split] | None = None,
@@ -102,50 +101,42 @@ class Placement:
         raw: tuple[list[Any], list[Any], list[Any], list[Any]] | None = None,
         t0: int = 0,
     ) -> None:
-        lazy = raw is not None
-        self._splits = splits if splits is not None else None if lazy else []
-        self._copies = copies if copies is not None else None if lazy else []
-        self._busy = busy if busy is not None else None if lazy else []
-        self._remote = remote if remote is not None else None if lazy else []
+        self.raw, self.t0 = raw, t0
         self.clocks: list[Clock] = clocks if clocks is not None else []
         self.wait = wait
-        self.raw, self.t0 = raw, t0
+        if raw is None:  # (the tuples themselves, or none)
+            self.splits = splits if splits is not None else []
+            self.copies = copies if copies is not None else []
+            self.busy = busy if busy is not None else []
+            self.remote = remote if remote is not None else []
 
-    @property
+    # (each made on first read, then an attribute of the instance: the trace writers read them
+    # often)
+    @cached_property
     def splits(self) -> list[Split]:
-        if self._splits is None:
-            t0 = self.t0
-            self._splits = [
-                Split(d, i0, i1, t0 + s, t0 + la, t0 + e) for d, i0, i1, s, la, e in self._raw(0)
-            ]
-        return self._splits
+        t0 = self.t0
+        return [Split(d, i0, i1, t0 + s, t0 + la, t0 + e) for d, i0, i1, s, la, e in self._raw(0)]
 
-    @property
+    @cached_property
     def copies(self) -> list[Copy]:
-        if self._copies is None:
-            t0 = self.t0
-            self._copies = [
-                Copy(k, node, name, nbytes, src, dst, t0 + s, d)
-                for k, node, name, nbytes, src, dst, s, d in self._raw(1)
-            ]
-        return self._copies
+        t0 = self.t0
+        return [
+            Copy(k, node, name, nbytes, src, dst, t0 + s, d)
+            for k, node, name, nbytes, src, dst, s, d in self._raw(1)
+        ]
 
-    @property
+    @cached_property
     def busy(self) -> list[Busy]:
-        if self._busy is None:
-            t0 = self.t0
-            self._busy = [Busy(d, t0 + s, dur, k, n) for d, s, dur, k, n in self._raw(2)]
-        return self._busy
+        t0 = self.t0
+        return [Busy(d, t0 + s, dur, k, n) for d, s, dur, k, n in self._raw(2)]
 
-    @property
+    @cached_property
     def remote(self) -> list[Remote]:
-        if self._remote is None:
-            t0 = self.t0
-            self._remote = [
-                Remote(k, d, t0 + send, t0 + reply, t0 + s, t0 + e, *rest)
-                for k, d, send, reply, s, e, *rest in self._raw(3)
-            ]
-        return self._remote
+        t0 = self.t0
+        return [
+            Remote(k, d, t0 + send, t0 + reply, t0 + s, t0 + e, *rest)
+            for k, d, send, reply, s, e, *rest in self._raw(3)
+        ]
 
     def _raw(self, k: int) -> list[Any]:
         return self.raw[k] if self.raw is not None else []
@@ -159,7 +150,7 @@ class Placement:
 
     def split_keys(self) -> tuple[tuple[int, int, int], ...]:
         """Each split's device and node range (what places an op)."""
-        if self.raw is not None and self._splits is None:
+        if self.raw is not None:
             return tuple(map(_SPLIT_KEY, self.raw[0]))
         return tuple((s.device, s.i_start, s.i_end) for s in self.splits)
 

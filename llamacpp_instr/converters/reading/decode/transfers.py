@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, NamedTuple
 
 from .fields import record_rows, strict_str, uint
@@ -32,8 +33,6 @@ class Transfers:
     makes its ``TransferRow`` tuples only when ``rows`` is first read: the tables take the raw
     rows in bulk (``analysis.device_rows``), with no tuple per row."""
 
-    __slots__ = ("phase", "ctx", "step", "dropped", "raw", "t0", "_rows")
-
     def __init__(
         self,
         phase: str,
@@ -46,31 +45,27 @@ class Transfers:
         t0: int = 0,
     ) -> None:
         self.phase, self.ctx, self.step, self.dropped = phase, ctx, step, dropped
-        self._rows = rows if rows is not None else None if raw is not None else []
-        self.raw, self.t0 = raw, t0
+        self.raw, self.t0 = (raw, t0) if rows is None else (None, 0)
+        if rows is not None or raw is None:
+            self.rows = rows if rows is not None else []
 
-    @property
+    # (made on first read, then an attribute of the instance: the trace writers read it often)
+    @cached_property
     def rows(self) -> list[TransferRow]:
-        if self._rows is None:
-            t0 = self.t0
-            self._rows = [
-                TransferRow(d, cmd, tensor, nbytes, sent, recv, t0 + q, t0 + s, t0 + sa, t0 + e)
-                for d, cmd, tensor, nbytes, sent, recv, q, s, sa, e in self.raw or ()
-            ]
-        return self._rows
-
-    @rows.setter
-    def rows(self, rows: list[TransferRow]) -> None:
-        self._rows, self.raw, self.t0 = rows, None, 0
+        t0 = self.t0
+        return [
+            TransferRow(d, cmd, tensor, nbytes, sent, recv, t0 + q, t0 + s, t0 + sa, t0 + e)
+            for d, cmd, tensor, nbytes, sent, recv, q, s, sa, e in self.raw or ()
+        ]
 
     @property
     def n_rows(self) -> int:
-        return len(self.raw) if self._rows is None and self.raw is not None else len(self.rows)
+        return len(self.raw) if self.raw is not None else len(self.rows)
 
     def bulk_rows(self) -> tuple[list[Any], int]:
         """The rows as ``TransferRow``'s fields, their times relative to the returned offset:
         the raw rows and ``t0`` when kept, else the tuples and 0."""
-        if self._rows is None and self.raw is not None:
+        if self.raw is not None:
             return self.raw, self.t0
         return self.rows, 0
 
@@ -108,7 +103,7 @@ def transfers(rec: dict[str, Any]) -> Transfers:
         step=uint(rec["step"]) if in_step else None,
         dropped=uint(rec.get("dropped", 0)),
         rows=rows,
-        raw=raw if rows is None else None,
+        raw=raw,
         t0=t0,
     )
 

@@ -1,13 +1,15 @@
 """The device tables' rows as they come, packed into typed columns (``frames_devices``): ``Rows``
 takes a tuple per row; ``KeyedRows`` takes the decoder's own rows (``Split``, ``Copy``, ``Busy``,
-``Remote``, ``TransferRow``: tuples already) a list at a time with the keys they share (step and
-ubatch; phase and step), made columns only when packed (``PACK_ROWS``), the whole batch at once."""
+``Remote``, ``TransferRow``, or the raw rows of a record they were not made of) a list at a time
+with the keys they share (step and ubatch, or phase and step, then the offset to add to their
+times), made columns only when packed (``PACK_ROWS``), the whole batch at once."""
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -15,7 +17,10 @@ import numpy as np
 # columns of text (the rest: int64, but ``timed``, bool, and ``share``, float64)
 TEXT_COLS = {"tensor", "cmd", "phase", "kind"}
 
-PACK_ROWS = 4096  # rows a table holds as tuples before they are packed into its columns
+# rows a table holds as Python objects before they are packed into its columns: few, so that
+# they die young (rows held for thousands of steps kept the cyclic collector busy: on a 200k-op
+# RPC log ~190 collections and a full one, against 20 for a CPU log; bench/convert.py)
+PACK_ROWS = 128
 
 
 class Rows:
@@ -27,6 +32,8 @@ class Rows:
         self.cols = cols
         self.rows: list[tuple[Any, ...]] = []
         self.packed: list[list[Any]] = [[] for _ in cols]  # per column, its packed chunks
+        # per text column, its values' codes in order of first appearance (the column: codes)
+        self.codes: dict[str, Codes] = {c: Codes() for c in cols if c in TEXT_COLS}
 
     def append(self, row: tuple[Any, ...]) -> None:
         self.rows.append(row)
@@ -43,33 +50,45 @@ class Rows:
             return
         cols = zip(*self.rows, strict=True)
         for name, chunks, col in zip(self.cols, self.packed, cols, strict=True):
-            chunks.append(_column(name, col))
+            chunks.append(self._column(name, col))
         self.rows = []
 
     def then(self, other: Rows) -> None:
         """``other``'s rows after these."""
         self.pack()
         other.pack()
-        for mine, theirs in zip(self.packed, other.packed, strict=True):
+        for name, mine, theirs in zip(self.cols, self.packed, other.packed, strict=True):
+            if name in self.codes and theirs:  # (their codes, as ours)
+                lut = self._column(name, other.codes[name])
+                theirs = [lut[x] for x in theirs]
             mine += theirs
 
     def put(self, columns: dict[str, Any]) -> None:
-        """Rows given as columns (typed as ``_column`` makes them), after these."""
+        """Rows given as columns (typed as ``_column`` makes them; text: a list), after these."""
         self.pack()
         for name, chunks in zip(self.cols, self.packed, strict=True):
-            chunks.append(columns[name])
+            v = columns[name]
+            chunks.append(self._column(name, v) if name in self.codes else v)
 
     def columns(self) -> list[Any]:
-        """Each column whole (an array, or a list of text; kept whole for the next call)."""
+        """Each column whole (an array; text: its codes, ``codes``; kept whole for the next
+        call)."""
         self.pack()
         out = [
-            _column(name, []) if not chunks
+            self._column(name, []) if not chunks
             else chunks[0] if len(chunks) == 1
-            else (list(chain.from_iterable(chunks)) if name in TEXT_COLS else np.concatenate(chunks))
+            else np.concatenate(chunks)
             for name, chunks in zip(self.cols, self.packed, strict=True)
         ]  # fmt: skip
         self.packed = [[c] for c in out]
         return out
+
+    def _column(self, name: str, values: Any) -> Any:
+        """A column's values, typed as the table holds them (text: codes, an int32 array)."""
+        codes = self.codes.get(name)
+        if codes is None:
+            return _column(name, values)
+        return np.fromiter(map(codes.__getitem__, values), dtype=np.int32, count=len(values))
 
     def column(self, name: str) -> Any:
         return self.columns()[self.cols.index(name)]
@@ -84,10 +103,18 @@ def keys_array(a: array, width: int) -> np.ndarray:
     )
 
 
+class Codes(dict[str, int]):
+    """Text values' codes, each value's the next free one when first met: a column of text is
+    held as int32 codes (a long run sends the same few command and tensor names over and
+    over: one string object per row cost some 60 bytes)."""
+
+    def __missing__(self, key: str) -> int:
+        code = self[key] = len(self)
+        return code
+
+
 def _column(name: str, values: Any) -> Any:
-    """A column's values, typed as its table holds them (text: a list)."""
-    if name in TEXT_COLS:
-        return list(values)
+    """A column's values, typed as its table holds them (text: ``Rows._column``)."""
     if name == "timed":
         return np.asarray(values, dtype=bool)
     if name == "share":
@@ -117,13 +144,19 @@ class KeyedRows(Rows):
         self.counts.append(len(rows))
         self.extend(rows)  # packs through this class's pack, keys and counts with the rows
 
+    def add_lists(self, keys: list[tuple[Any, ...]], lists: list[list[Any]]) -> None:
+        """Several lists at once, each with its keys (``add`` of each; an empty list adds no
+        row, its keys no column value)."""
+        self.keys += keys
+        self.counts += map(len, lists)
+        self.extend(list(chain.from_iterable(lists)))
+
     def pack(self) -> None:
         if not self.rows:
             return
-        for chunks, col in zip(
-            self.packed, self.make(self.keys, self.counts, self.rows), strict=True
-        ):
-            chunks.append(col)
+        made = self.make(self.keys, self.counts, self.rows)
+        for name, chunks, col in zip(self.cols, self.packed, made, strict=True):
+            chunks.append(self._column(name, col) if name in self.codes else col)
         self.rows, self.keys, self.counts = [], [], []
 
 
@@ -132,48 +165,61 @@ def _ints(rows: list[Any], width: int) -> np.ndarray:
     return np.array(rows, dtype=np.int64).reshape(-1, width)
 
 
-def _repeat(keys: list[tuple[Any, ...]], counts: list[int], k: int) -> np.ndarray:
-    return np.repeat(np.array([x[k] for x in keys], dtype=np.int64), counts)
+def _keys(keys: list[tuple[Any, ...]], counts: list[int], first: int = 0) -> np.ndarray:
+    """Each row's keys (ints, from the ``first``): an (n, width) int64 array."""
+    k = keys if not first else [x[first:] for x in keys]
+    return np.repeat(np.array(k, dtype=np.int64).reshape(len(keys), -1), counts, axis=0)
+
+
+# the int and text fields of ``Copy`` and ``TransferRow`` rows
+_COPY_INTS, _COPY_NAME = itemgetter(0, 1, 3, 4, 5, 6, 7), itemgetter(2)
+_TRANSFER_INTS = itemgetter(0, 3, 4, 5, 6, 7, 8, 9)
+_CMD, _TENSOR = itemgetter(1), itemgetter(2)
 
 
 def make_splits(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
     """step ubatch split device node_start node_end t_start t_launch t_end inputs_ns launch_ns,
     from ``Split`` rows (each list: one compute's, the split its position)."""
     a = _ints(rows, 6)
+    k = _keys(keys, counts)
+    a[:, 3:] += k[:, 2:]
     n = np.array(counts, dtype=np.int64)
-    k = np.arange(len(a), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
-    return [_repeat(keys, counts, 0), _repeat(keys, counts, 1), k, *a.T,
-            a[:, 4] - a[:, 3], a[:, 5] - a[:, 4]]  # fmt: skip
+    split = np.arange(len(a), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+    return [k[:, 0], k[:, 1], split, *a.T, a[:, 4] - a[:, 3], a[:, 5] - a[:, 4]]
 
 
 def make_copies(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
     """step ubatch split node tensor bytes src dst t_start dur_ns, from ``Copy`` rows."""
-    cols = list(zip(*rows, strict=True))
-    ints = [np.array(c, dtype=np.int64) for c in (*cols[:2], *cols[3:])]
-    return [_repeat(keys, counts, 0), _repeat(keys, counts, 1), *ints[:2], list(cols[2]),
-            *ints[2:]]  # fmt: skip
+    a = _ints(list(map(_COPY_INTS, rows)), 7)
+    k = _keys(keys, counts)
+    a[:, 5] += k[:, 2]
+    return [k[:, 0], k[:, 1], a[:, 0], a[:, 1], list(map(_COPY_NAME, rows)), *a[:, 2:].T]
 
 
 def make_busy(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
     """step ubatch device split n_ops t_start dur_ns, from ``Busy`` rows."""
     a = _ints(rows, 5)
-    return [_repeat(keys, counts, 0), _repeat(keys, counts, 1), a[:, 0], a[:, 3], a[:, 4],
-            a[:, 1], a[:, 2]]  # fmt: skip
+    k = _keys(keys, counts)
+    a[:, 1] += k[:, 2]
+    return [k[:, 0], k[:, 1], a[:, 0], a[:, 3], a[:, 4], a[:, 1], a[:, 2]]
 
 
 def make_remote(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
     """step ubatch split device t_send t_reply t_start t_end dur_ns one_way_ns err_ns
     clock_offset_ns bytes n_ops, from ``Remote`` rows."""
     a = _ints(rows, 11)
-    return [_repeat(keys, counts, 0), _repeat(keys, counts, 1), *a[:, :6].T, a[:, 5] - a[:, 4],
-            *a[:, 6:].T]  # fmt: skip
+    k = _keys(keys, counts)
+    a[:, 2:6] += k[:, 2:]
+    return [k[:, 0], k[:, 1], *a[:, :6].T, a[:, 5] - a[:, 4], *a[:, 6:].T]
 
 
 def make_transfers(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
     """phase step device cmd tensor bytes sent recv t_queue t_start t_sent t_end dur_ns, from
-    ``TransferRow`` rows (each list: a record's, its phase and step the keys)."""
-    cols = list(zip(*rows, strict=True))
-    ints = {k: np.array(cols[k], dtype=np.int64) for k in (0, 3, 4, 5, 6, 7, 8, 9)}
+    ``TransferRow`` rows or a record's raw rows (each list: a record's, its phase, its step and
+    the offset of its times the keys)."""
+    a = _ints(list(map(_TRANSFER_INTS, rows)), 8)  # device bytes sent recv queue start sent_at end
+    k = _keys(keys, counts, 1)
+    a[:, 4:] += k[:, 1:]
     phase = list(chain.from_iterable([x[0]] * n for x, n in zip(keys, counts, strict=True)))
-    return [phase, _repeat(keys, counts, 1), ints[0], list(cols[1]), list(cols[2]), ints[3],
-            ints[4], ints[5], ints[6], ints[7], ints[8], ints[9], ints[9] - ints[7]]  # fmt: skip
+    return [phase, k[:, 0], a[:, 0], list(map(_CMD, rows)), list(map(_TENSOR, rows)),
+            *a[:, 1:].T, a[:, 7] - a[:, 5]]  # fmt: skip

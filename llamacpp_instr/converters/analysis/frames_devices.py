@@ -25,12 +25,14 @@ none of them, and its tables are as before.
 from __future__ import annotations
 
 from array import array
+from itertools import chain
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ..reading.decode.computes import Compute
+from ..reading.decode.devices import Placement
 from ..reading.decode.sessions import SessionInfo
 from ..reading.decode.steps import Step
 from ..reading.decode.transfers import Transfers
@@ -81,6 +83,7 @@ _MAKE = {
     "remote": make_remote,
     "transfers": make_transfers,
 }
+_PLACES = 16  # placements kept before their rows join the tables (few: ``PACK_ROWS``)
 # columns holding device names (categoricals over the machine's devices) and other text
 _DEVICE_COLS = {"device", "src", "dst"}
 
@@ -95,8 +98,10 @@ class DeviceBuilder:
         # (the decoder's rows as they are, a list at a time)
         self.keyed = {name: KeyedRows(_COLS[name], make) for name, make in _MAKE.items()}
         self.rows.update(self.keyed)
-        self.op_device: list[np.ndarray] = []
-        self.op_dur: list[np.ndarray] = []
+        # where the ops ran: each distinct placing (``device_time.op_placing``: one per graph
+        # and splits), held here (so that its id stays its own) with its position
+        self.placings: list[list[Any]] = []
+        self.placing_at: dict[int, int] = {}
         self.layer_device: list[np.ndarray] = []
         # for ``step_times``, each step by its position in the session (``g``): per step its
         # index, token count, window start and end before its commands, and its commands' rows;
@@ -104,20 +109,26 @@ class DeviceBuilder:
         self.g = 0
         self.step_keys = array("q")  # index, n_tokens, lo, hi, n_cmds
         self.kinds: list[str] = []
-        self.op_keys = array("q")  # g, n
-        self.layer_keys = array("q")  # g, n
+        self.op_keys = array("q")  # per compute with ops: g, n, its placing's position
+        self.layer_keys = array("q")  # g, n, whether the compute's spans name their devices
         self.place_keys = array("q")  # g, splits, copies, busy, remote
+        self.places: list[tuple[int, int, int, Placement]] = []  # (g, step, ubatch, placement)
 
     def ops(self, c: Compute) -> None:
         """A compute's ops were added to the ops table: their devices."""
-        self.op_device.append(dt.op_devices(c, self.devs.cpu))
-        self.op_dur.append(np.asarray(c.op_dur, dtype=np.int64))
-        self.op_keys.extend((self.g, len(c.op_node)))
+        got = dt.op_placing(c, self.devs.cpu)
+        k = self.placing_at.get(id(got))
+        if k is None:
+            k = self.placing_at[id(got)] = len(self.placings)
+            self.placings.append(got)
+        self.op_keys.extend((self.g, len(c.op_node), k))
 
     def layers(self, c: Compute) -> None:
         """A compute's layer spans were added to the layers table: their devices."""
-        self.layer_device.append(dt.layer_devices(c, self.devs.cpu))
-        self.layer_keys.extend((self.g, len(c.layers)))
+        ld = c.layer_device  # (made the CPU backend's where none is named, all at once at the end)
+        if ld is not None:
+            self.layer_device.append(ld)
+        self.layer_keys.extend((self.g, len(c.layers), ld is not None))
 
     def step(self, s: Step) -> None:
         hi = s.end
@@ -127,25 +138,34 @@ class DeviceBuilder:
         n_cmds = 0
         for t in s.transfers:
             self._transfers(t, s.index)
-            n_cmds += len(t.rows)
+            n_cmds += t.n_rows
         self.step_keys.extend((s.index, s.n_tokens, s.start, hi, n_cmds))
         self.kinds.append(s.kind)
         self.g += 1
 
     def _compute(self, step: int, ub: int, c: Compute) -> None:
-        p = c.place
-        if p is None:
-            return
-        self.place_keys.extend((self.g, len(p.splits), len(p.copies), len(p.busy), len(p.remote)))
-        r = self.keyed
-        key = (step, ub)
-        r["splits"].add(key, p.splits)
-        r["copies"].add(key, p.copies)
-        r["busy"].add(key, p.busy)
-        r["remote"].add(key, p.remote)
+        if c.place is not None:
+            self.places.append((self.g, step, ub, c.place))
+            if len(self.places) >= _PLACES:
+                self._add_places()
+
+    def _add_places(self) -> None:
+        """The placements kept so far, as rows of their tables: a batch at a time, the rows as
+        the decoder kept them (``Placement.bulk``), with no Python call per compute."""
+        places, self.places = self.places, []
+        bulk = [p.bulk() for *_, p in places]
+        keys = [(step, ub, t0) for (_, step, ub, _), (_, t0) in zip(places, bulk, strict=True)]
+        self.place_keys.extend(
+            chain.from_iterable(
+                (x[0], *map(len, rows)) for x, (rows, _) in zip(places, bulk, strict=True)
+            )
+        )
+        for j, name in enumerate(("splits", "copies", "busy", "remote")):
+            self.keyed[name].add_lists(keys, [rows[j] for rows, _ in bulk])
 
     def _transfers(self, t: Transfers, step: int) -> None:
-        self.keyed["transfers"].add((t.phase, step), t.rows)
+        rows, t0 = t.bulk_rows()
+        self.keyed["transfers"].add((t.phase, step, t0), rows)
 
     def _time(self, st: dt.StepTime) -> None:
         for d in self.devs.order(st.devices):
@@ -166,6 +186,15 @@ class DeviceBuilder:
     def _names(self) -> list[str]:
         return [self.devs[i].name for i in sorted(self.devs.known)]
 
+    def _layer_devices(self) -> np.ndarray:
+        """Each layer span's device (``device_time.layer_devices``, for every compute at once)."""
+        keys = keys_array(self.layer_keys, 3)
+        out = np.full(int(keys[:, 1].sum()), -1, np.int64)
+        if self.layer_device:
+            out[np.repeat(keys[:, 2] != 0, keys[:, 1])] = np.concatenate(self.layer_device)
+        out[out < 0] = self.devs.cpu
+        return out
+
     def device_column(self, codes: list[np.ndarray], n: int) -> pd.Categorical:
         """Device indices as a categorical of names, in the machine's order."""
         idx = sorted(self.devs.known)
@@ -185,7 +214,7 @@ class DeviceBuilder:
             if c in _DEVICE_COLS:
                 out[c] = self.device_column([np.asarray(v, dtype=np.int64)], len(v))
             elif c in TEXT_COLS:
-                out[c] = pd.Series(v, dtype=object).astype("category")
+                out[c] = _categorical(v, list(self.rows[name].codes[c]))
             elif c == "timed":
                 out[c] = np.asarray(v, dtype=bool)
             elif c == "share":
@@ -222,9 +251,14 @@ class DeviceBuilder:
 
     def tables(self, ops: pd.DataFrame, layers: pd.DataFrame) -> dict[str, pd.DataFrame]:
         """The device tables; ``ops`` and ``layers`` get their device column."""
-        ops["device"] = self.device_column(self.op_device, len(ops))
+        self._add_places()
+        at = keys_array(self.op_keys, 3)[:, 2].tolist()
+        ops["device"] = self.device_column(
+            [dt.placing_devices(self.placings[k]) for k in at], len(ops)
+        )
+        self.layer_device = [self._layer_devices()]
         layers["device"] = self.device_column(self.layer_device, len(layers))
-        dev_cols, token_cols = step_times(_step_rows(self, layers), self.devs)
+        dev_cols, token_cols = step_times(_step_rows(self, ops, layers), self.devs)
         self.rows["device_steps"].put(dev_cols)
         self.rows["token_time"].put(token_cols)
         in_steps = self.rows["transfers"]
@@ -238,19 +272,56 @@ class DeviceBuilder:
         if load.devices:
             self._time(load)
         out = {"devices": self._devices()}
-        out.update({name: self._frame(name) for name in _COLS})
+        for name in _COLS:
+            out[name] = self._frame(name)
+            del self.rows[name]  # (its columns are in the frame now: not held twice)
+        self.keyed.clear()
         return out
 
 
-def _step_rows(b: DeviceBuilder, layers: pd.DataFrame) -> StepRows:
+def _categorical(codes: np.ndarray, names: list[str]) -> Any:
+    """Text held as codes (``device_rows.Codes``: ``names`` in code order) as a categorical,
+    its categories sorted, as ``astype("category")`` makes them of the text."""
+    if not names:
+        return pd.Series([], dtype=object).astype("category")
+    order = sorted(range(len(names)), key=names.__getitem__)
+    rank = np.empty(len(names), np.int64)
+    rank[order] = np.arange(len(names))
+    return pd.Categorical.from_codes(rank[codes], categories=[names[k] for k in order])
+
+
+def _op_groups(b: DeviceBuilder, ops: pd.DataFrame) -> tuple[Any, ...]:
+    """Per compute with ops and device: its step position, the device, the ops' time (summed
+    from the ops table's durations, each compute's ops in device order) and their count."""
+    keys = keys_array(b.op_keys, 3)
+    if not len(keys):
+        return ((), (), (), ())
+    # each placing's devices and their op counts, placing after placing
+    groups = [dt.placing_groups(p) for p in b.placings]
+    n_dev = np.array([len(x[0]) for x in groups], np.int64)
+    devs = np.array(list(chain.from_iterable(x[0] for x in groups)), np.int64)
+    counts = np.array(list(chain.from_iterable(x[1] for x in groups)), np.int64)
+    # each compute's: its placing's, in order
+    k = keys[:, 2]
+    m = n_dev[k]
+    row = (
+        np.repeat(np.cumsum(n_dev)[k] - m, m)
+        + np.arange(int(m.sum()))
+        - np.repeat(np.cumsum(m) - m, m)
+    )
+    n_op = keys[:, 1]
+    order = np.concatenate([groups[j][2] for j in k.tolist()])
+    at = np.repeat(np.cumsum(n_op) - n_op, n_op) + order
+    n = counts[row]
+    dur = np.add.reduceat(ops["dur_ns"].to_numpy(dtype=np.int64)[at], np.cumsum(n) - n)
+    return np.repeat(keys[:, 0], m), devs[row], dur, n
+
+
+def _step_rows(b: DeviceBuilder, ops: pd.DataFrame, layers: pd.DataFrame) -> StepRows:
     """What ``step_times`` reads, from the tables' columns (see ``DeviceBuilder.__init__``)."""
     steps = keys_array(b.step_keys, 5)
     rows = b.rows
-    n_op, n_lay, place = (
-        keys_array(b.op_keys, 2),
-        keys_array(b.layer_keys, 2),
-        keys_array(b.place_keys, 5),
-    )
+    n_lay, place = keys_array(b.layer_keys, 3), keys_array(b.place_keys, 5)
     per = [np.repeat(place[:, 0], place[:, j]) for j in range(1, 5)]
     base = np.cumsum(place[:, 1]) - place[:, 1]  # each compute's first split row
 
@@ -265,7 +336,7 @@ def _step_rows(b: DeviceBuilder, layers: pd.DataFrame) -> StepRows:
     cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
     return StepRows(
         index=steps[:, 0], kind=b.kinds, n_tokens=steps[:, 1], lo=steps[:, 2], hi=steps[:, 3],
-        op=(np.repeat(n_op[:, 0], n_op[:, 1]), cat(b.op_device), cat(b.op_dur)),
+        op=_op_groups(b, ops),
         layer=(np.repeat(n_lay[:, 0], n_lay[:, 1]), cat(b.layer_device),
                layers["layer"].to_numpy(), layers["dur_ns"].to_numpy()),
         split=(per[0], col("splits", "device"), col("splits", "t_launch"), col("splits", "t_end")),

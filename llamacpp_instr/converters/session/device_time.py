@@ -137,14 +137,14 @@ _OP_DEVICES: dict[tuple[Any, ...], list[Any]] = {}
 
 def _op_entry(c: Compute, cpu: int) -> list[Any]:
     node = np.asarray(c.op_node, dtype=np.int64)
-    splits = c.place.splits if c.place is not None else []
-    key = (node.tobytes(), cpu, tuple((s.device, s.i_start, s.i_end) for s in splits))
+    splits = c.place.split_keys() if c.place is not None else ()
+    key = (node.tobytes(), cpu, splits)
     got = _OP_DEVICES.get(key)
     if got is not None:
         return got
     out = np.full(len(node), cpu, dtype=np.int64)
-    for s in splits:
-        out[(node >= s.i_start) & (node < s.i_end)] = s.device
+    for d, i_start, i_end in splits:
+        out[(node >= i_start) & (node < i_end)] = d
     out.setflags(write=False)
     if len(_OP_DEVICES) >= 256:
         _OP_DEVICES.clear()
@@ -162,7 +162,26 @@ def op_devices(c: Compute, cpu: int) -> np.ndarray:
 def op_groups(c: Compute, cpu: int) -> tuple[list[int], list[int], Any, Any]:
     """The devices of a compute's ops (sorted), how many ops each, and the ops in device order
     with where each device's begin (for ``np.add.reduceat``), made once per graph and splits."""
-    got = _op_entry(c, cpu)
+    return _groups(_op_entry(c, cpu))
+
+
+def op_placing(c: Compute, cpu: int) -> list[Any]:
+    """Where a compute's ops ran, as cached: one object per graph and splits (while cached),
+    for ``placing_devices`` and ``placing_groups``."""
+    return _op_entry(c, cpu)
+
+
+def placing_devices(got: list[Any]) -> np.ndarray:
+    """``op_devices`` of the computes of an ``op_placing``."""
+    return got[0]  # type: ignore[no-any-return]
+
+
+def placing_groups(got: list[Any]) -> tuple[list[int], list[int], Any, Any]:
+    """``op_groups`` of the computes of an ``op_placing``."""
+    return _groups(got)
+
+
+def _groups(got: list[Any]) -> tuple[list[int], list[int], Any, Any]:
     if got[1] is None:
         uniq, inv = np.unique(got[0], return_inverse=True)
         order = np.argsort(inv, kind="stable")

@@ -31,8 +31,9 @@ def _a(values: Any) -> np.ndarray:
 class StepRows:
     """What ``step_times`` reads: per step (by position ``g`` in the session) its index, kind,
     token count and window's start and end before its commands (``lo``, ``hi``), then the rows
-    of every step, each with its step's position: ops (device, duration), layer spans (device:
-    the CPU backend's for -1, layer, duration), splits (device, launch, end), busy and remote
+    of every step, each with its step's position: ops (device, duration, count: a row may stand
+    for several ops, their durations summed), layer spans (device: the CPU backend's for -1,
+    layer, duration), splits (device, launch, end), busy and remote
     rows (device, split row: an index into the splits, -1 for none, start, end), copies (source,
     destination, bytes, start, duration) and commands (device, sent, received and tensor bytes,
     start, end). Empty columns may be empty lists."""
@@ -42,7 +43,7 @@ class StepRows:
     n_tokens: Any
     lo: Any
     hi: Any
-    op: tuple[Any, Any, Any] = ((), (), ())  # g, device, dur
+    op: tuple[Any, Any, Any, Any] = ((), (), (), ())  # g, device, dur, count (ops grouped)
     layer: tuple[Any, Any, Any, Any] = ((), (), (), ())  # g, device, layer, dur
     split: tuple[Any, Any, Any, Any] = ((), (), (), ())  # g, device, launch, end
     busy: tuple[Any, ...] = ((), (), (), (), ())  # g, device, split row, start, end
@@ -128,7 +129,7 @@ def step_times(r: StepRows, devs: Devices) -> tuple[dict[str, Any], dict[str, An
     cg, cd, c_sent, c_recv, c_bytes, c_start, c_end = map(_a, r.cmd)
     if len(cg):
         np.maximum.at(hi, cg, c_end)  # the window ends with the step's last command
-    og, od, o_dur = map(_a, r.op)
+    og, od, o_dur, o_n = map(_a, r.op)
     lg, ld, l_id, l_dur = map(_a, r.layer)
     sg, sd, s_launch, s_end = map(_a, r.split)
     bg, bd, b_row, b_start, b_end = map(_a, r.busy)
@@ -207,7 +208,7 @@ def step_times(r: StepRows, devs: Devices) -> tuple[dict[str, Any], dict[str, An
 
     # the sums per step and device
     ok, lk = k.of(og, od), k.of(lg, ld)
-    n_ops = np.bincount(ok, minlength=n).astype(_I64)
+    n_ops = _sum_at(n, ok, o_n)
     op_ns = _sum_at(n, ok, o_dur)
     layer_ns = _sum_at(n, lk, l_dur)
     if len(lk):

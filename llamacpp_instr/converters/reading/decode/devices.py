@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from functools import cached_property
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from .fields import record_rows, strict_str, uint
@@ -77,21 +78,90 @@ class Clock(NamedTuple):
     uncertainty: int
 
 
-@dataclass(eq=False)
 class Placement:
     """Where a compute ran, beyond the CPU backend's ops: the scheduler's splits and copies, the
     stretches a device timed itself (``busy``, ``clocks``), the graphs remote servers timed
     (``remote``), and ``wait`` (ns from the last split's return until the backends were
-    synchronized; None when the record does not say). Times absolute, in the compute's order."""
+    synchronized; None when the record does not say). Times absolute, in the compute's order.
 
-    splits: list[Split] = field(default_factory=list)
-    copies: list[Copy] = field(default_factory=list)
-    busy: list[Busy] = field(default_factory=list)
-    remote: list[Remote] = field(default_factory=list)
-    clocks: list[Clock] = field(default_factory=list)
-    wait: int | None = None
+    A record whose rows are all well-formed keeps them as read (``raw``: splits, copies, busy and
+    remote rows, times relative to ``t0``) and makes the ``Split``, ``Copy``, ``Busy`` and
+    ``Remote`` tuples only when they are first read: the tables take the raw rows in bulk
+    (``analysis.device_rows``), with no tuple per row."""
+
+    def __init__(
+        self,
+        splits: list[Split] | None = None,
+        copies: list[Copy] | None = None,
+        busy: list[Busy] | None = None,
+        remote: list[Remote] | None = None,
+        clocks: list[Clock] | None = None,
+        wait: int | None = None,
+        *,
+        raw: tuple[list[Any], list[Any], list[Any], list[Any]] | None = None,
+        t0: int = 0,
+    ) -> None:
+        self.raw, self.t0 = raw, t0
+        self.clocks: list[Clock] = clocks if clocks is not None else []
+        self.wait = wait
+        if raw is None:  # (the tuples themselves, or none)
+            self.splits = splits if splits is not None else []
+            self.copies = copies if copies is not None else []
+            self.busy = busy if busy is not None else []
+            self.remote = remote if remote is not None else []
+
+    # (each made on first read, then an attribute of the instance: the trace writers read them
+    # often)
+    @cached_property
+    def splits(self) -> list[Split]:
+        t0 = self.t0
+        return [Split(d, i0, i1, t0 + s, t0 + la, t0 + e) for d, i0, i1, s, la, e in self._raw(0)]
+
+    @cached_property
+    def copies(self) -> list[Copy]:
+        t0 = self.t0
+        return [
+            Copy(k, node, name, nbytes, src, dst, t0 + s, d)
+            for k, node, name, nbytes, src, dst, s, d in self._raw(1)
+        ]
+
+    @cached_property
+    def busy(self) -> list[Busy]:
+        t0 = self.t0
+        return [Busy(d, t0 + s, dur, k, n) for d, s, dur, k, n in self._raw(2)]
+
+    @cached_property
+    def remote(self) -> list[Remote]:
+        t0 = self.t0
+        return [
+            Remote(k, d, t0 + send, t0 + reply, t0 + s, t0 + e, *rest)
+            for k, d, send, reply, s, e, *rest in self._raw(3)
+        ]
+
+    def _raw(self, k: int) -> list[Any]:
+        return self.raw[k] if self.raw is not None else []
+
+    def bulk(self) -> tuple[tuple[list[Any], list[Any], list[Any], list[Any]], int]:
+        """The splits, copies, busy and remote rows as their tuples' fields, and the offset of
+        their times: the raw rows and ``t0`` when kept, else the tuples and 0."""
+        if self.raw is not None:
+            return self.raw, self.t0
+        return (self.splits, self.copies, self.busy, self.remote), 0
+
+    def split_keys(self) -> tuple[tuple[int, int, int], ...]:
+        """Each split's device and node range (what places an op)."""
+        if self.raw is not None:
+            return tuple(map(_SPLIT_KEY, self.raw[0]))
+        return tuple((s.device, s.i_start, s.i_end) for s in self.splits)
+
+    def __repr__(self) -> str:
+        return (
+            f"Placement(splits={self.splits!r}, copies={self.copies!r}, busy={self.busy!r}, "
+            f"remote={self.remote!r}, clocks={self.clocks!r}, wait={self.wait!r})"
+        )
 
 
+_SPLIT_KEY = itemgetter(0, 1, 2)  # a splits row's device and node range
 _PLACE_FIELDS = ("splits", "copies", "busy", "remote", "clocks", "wait")
 
 
@@ -107,9 +177,139 @@ def placement(rec: dict[str, Any], t0: int) -> Placement | None:
     """Where a compute ran (``splits``, ``copies``, ``busy``, ``clocks``, ``remote``, ``wait``:
     see docs/schema.md), times made absolute; None for a record with none of them. Strict: a
     device, split or time that is not a plain integer in range raises ValueError or TypeError,
-    and the record is skipped like any damaged one."""
+    and the record is skipped like any damaged one. Rows all well-formed are kept as read
+    (``Placement.raw``); any other record is read row by row (``_strict``), which raises."""
     if not any(k in rec for k in _PLACE_FIELDS):
         return None
+    return _kept(rec, t0) or _strict(rec, t0)
+
+
+def _kept(rec: dict[str, Any], t0: int) -> Placement | None:
+    """The ``Placement`` of a record whose rows are all well-formed, its rows kept as read;
+    None for any other (never raises: ``_strict`` then says what is wrong, in its order)."""
+    try:
+        splits, copies, busy, remote, clocks = (
+            [] if (v := rec.get(k)) is None else v
+            for k in ("splits", "copies", "busy", "remote", "clocks")
+        )
+        if not (
+            type(splits) is list
+            and type(copies) is list
+            and type(busy) is list
+            and type(remote) is list
+            and type(clocks) is list
+        ):
+            return None
+        n = len(splits)
+        kept = [
+            Clock(d, method, err)
+            for d, method, err in clocks
+            if type(d) is int and type(method) is str and type(err) is int and d >= 0 and err >= 0
+        ]
+        wait = rec.get("wait")
+        if (
+            len(kept) != len(clocks)
+            or not _good_splits(splits)
+            or not _good_copies(copies, n)
+            or not _good_busy(busy, n)
+            or not _good_remote(remote, n)
+            or not (wait is None or (type(wait) is int and wait >= 0))
+        ):
+            return None
+    except (TypeError, ValueError):  # (a row that is not a list of its width)
+        return None
+    return Placement(clocks=kept, wait=wait, raw=(splits, copies, busy, remote), t0=t0)
+
+
+def _good_splits(rows: list[list[Any]]) -> bool:
+    for d, i0, i1, s, la, e in rows:
+        if not (
+            type(d) is int
+            and type(i0) is int
+            and type(i1) is int
+            and type(s) is int
+            and type(la) is int
+            and type(e) is int
+            and d >= 0
+            and 0 <= i0 <= i1
+            and 0 <= s <= la <= e
+        ):
+            return False
+    return True
+
+
+def _good_copies(rows: list[list[Any]], n: int) -> bool:
+    for k, node, name, nbytes, src, dst, s, d in rows:
+        if not (
+            type(k) is int
+            and type(node) is int
+            and type(name) is str
+            and type(nbytes) is int
+            and type(src) is int
+            and type(dst) is int
+            and type(s) is int
+            and type(d) is int
+            and 0 <= k < n
+            and node >= -1
+            and nbytes >= 0
+            and src >= 0
+            and dst >= 0
+            and s >= 0
+            and d >= 0
+        ):
+            return False
+    return True
+
+
+def _good_busy(rows: list[list[Any]], n: int) -> bool:
+    for d, s, dur, k, n_ops in rows:
+        if not (
+            type(d) is int
+            and type(s) is int
+            and type(dur) is int
+            and type(k) is int
+            and type(n_ops) is int
+            and d >= 0
+            and s >= 0
+            and dur >= 0
+            and -1 <= k < n
+            and n_ops >= 0
+        ):
+            return False
+    return True
+
+
+def _good_remote(rows: list[list[Any]], n: int) -> bool:
+    for k, d, send, reply, s, e, one_way, err, offset, nbytes, n_ops in rows:
+        if not (
+            type(k) is int
+            and type(d) is int
+            and type(send) is int
+            and type(reply) is int
+            and type(s) is int
+            and type(e) is int
+            and type(one_way) is int
+            and type(err) is int
+            and type(offset) is int
+            and type(nbytes) is int
+            and type(n_ops) is int
+            and -1 <= k < n
+            and d >= 0
+            and 0 <= send <= reply
+            and 0 <= s <= e
+            and one_way >= 0
+            and err >= 0
+            and offset >= -(1 << 62)
+            and nbytes >= 0
+            and n_ops >= 0
+        ):
+            return False
+    return True
+
+
+def _strict(rec: dict[str, Any], t0: int) -> Placement:
+    """``placement`` row by row: the well-formed rows at once, the others field by field, for the
+    error's words."""
     p = Placement()
     for d, i0, i1, s, la, e in record_rows(rec, "splits", 6):
         if (  # the common case at once (else field by field, for the error's words)

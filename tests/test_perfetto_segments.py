@@ -100,3 +100,25 @@ def test_a_run_per_arg_names() -> None:
     assert [(len(sg.ts), sg.seq0) for sg in b.segs] == [(1, 0), (1, 2), (1, 6)]
     assert [r[3] for r in b.small] == [4, 5]  # the flow row's begin and end
     assert b.seq == 8 and b.rows == 8
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=20))
+def test_the_bulk_varints_are_the_one_by_one_varints(values: list[int]) -> None:
+    """``varint_len`` and ``varint_bytes`` (the general encoder's timestamps) write each int64 as
+    ``varint`` does: a negative one in ten bytes of two's complement (they once gave it one)."""
+    import numpy as np
+
+    from llamacpp_instr.converters.traces.perfetto.protowire import (
+        varint,
+        varint_bytes,
+        varint_len,
+    )
+
+    x = np.array(values, dtype=np.int64)
+    lens = varint_len(x)
+    assert lens.tolist() == [len(varint(v)) for v in values]
+    for nb in sorted(set(lens.tolist())):
+        rows = np.flatnonzero(lens == nb)
+        got = [bytes(r) for r in varint_bytes(x[rows], nb)]
+        assert got == [varint(values[i]) for i in rows.tolist()]

@@ -110,13 +110,15 @@ def annotation_value(v: Any) -> bytes:
 
 
 def varint_bytes(x: Any, nb: int) -> Any:
-    """Non-negative int64s as varints all ``nb`` bytes long: an array of ``x.shape + (nb,)``."""
+    """int64s as varints all ``nb`` bytes long: an array of ``x.shape + (nb,)`` (a negative one
+    takes 10, in two's complement, as ``varint`` writes it)."""
     out = np.empty(x.shape + (nb,), dtype=np.uint8)
     if nb <= 8:  # in two uint32 halves of 28 bits: much faster than int64 shifts
         lo, hi = (x & 0xFFFFFFF).astype(np.uint32), (x >> 28).astype(np.uint32)
         parts = [(lo, 7 * j) for j in range(4)] + [(hi, 7 * j) for j in range(4)]
-    else:
-        parts = [(x, 7 * j) for j in range(nb)]
+    else:  # as uint64: a negative value's top groups are its two's complement, not its sign
+        u = np.asarray(x).astype(np.uint64)
+        parts = [(u, 7 * j) for j in range(nb)]
     for j in range(nb):
         part, shift = parts[j]
         byte = (part >> shift) & 0x7F
@@ -125,11 +127,14 @@ def varint_bytes(x: Any, nb: int) -> Any:
 
 
 def varint_len(x: Any) -> Any:
-    """How many bytes each of the non-negative int64s ``x`` takes as a varint."""
+    """How many bytes each of the int64s ``x`` takes as a varint (10 for a negative one)."""
     nb = np.ones(len(x), dtype=np.int64)
     for k in range(1, 10):
         big = x >= (1 << (7 * k))
         if not big.any():
             break
         nb += big
+    neg = x < 0
+    if neg.any():
+        nb[neg] = 10
     return nb

@@ -221,90 +221,101 @@ def _kept(rec: dict[str, Any], t0: int) -> Placement | None:
     return Placement(clocks=kept, wait=wait, raw=(splits, copies, busy, remote), t0=t0)
 
 
+# A row that is well formed, in one test per kind (the strict reading's common case too):
+# every field an int of its range, as the field-by-field reading would take it.
+
+
+def _split_ok(d: Any, i0: Any, i1: Any, s: Any, la: Any, e: Any) -> bool:
+    return (
+        type(d) is int
+        and type(i0) is int
+        and type(i1) is int
+        and type(s) is int
+        and type(la) is int
+        and type(e) is int
+        and d >= 0
+        and 0 <= i0 <= i1
+        and 0 <= s <= la <= e
+    )
+
+
+def _copy_ok(
+    n: int, k: Any, node: Any, name: Any, nbytes: Any, src: Any, dst: Any, s: Any, d: Any
+) -> bool:
+    return (
+        type(k) is int
+        and type(node) is int
+        and type(name) is str
+        and type(nbytes) is int
+        and type(src) is int
+        and type(dst) is int
+        and type(s) is int
+        and type(d) is int
+        and 0 <= k < n
+        and node >= -1
+        and nbytes >= 0
+        and src >= 0
+        and dst >= 0
+        and s >= 0
+        and d >= 0
+    )
+
+
+def _busy_ok(n: int, d: Any, s: Any, dur: Any, k: Any, n_ops: Any) -> bool:
+    return (
+        type(d) is int
+        and type(s) is int
+        and type(dur) is int
+        and type(k) is int
+        and type(n_ops) is int
+        and d >= 0
+        and s >= 0
+        and dur >= 0
+        and -1 <= k < n
+        and n_ops >= 0
+    )
+
+
+def _remote_ok(n: int, k: Any, d: Any, send: Any, reply: Any, s: Any, e: Any, one_way: Any,
+               err: Any, offset: Any, nbytes: Any, n_ops: Any) -> bool:  # fmt: skip
+    return (
+        type(k) is int
+        and type(d) is int
+        and type(send) is int
+        and type(reply) is int
+        and type(s) is int
+        and type(e) is int
+        and type(one_way) is int
+        and type(err) is int
+        and type(offset) is int
+        and type(nbytes) is int
+        and type(n_ops) is int
+        and -1 <= k < n
+        and d >= 0
+        and 0 <= send <= reply
+        and 0 <= s <= e
+        and one_way >= 0
+        and err >= 0
+        and offset >= -(1 << 62)
+        and nbytes >= 0
+        and n_ops >= 0
+    )
+
+
 def _good_splits(rows: list[list[Any]]) -> bool:
-    for d, i0, i1, s, la, e in rows:
-        if not (
-            type(d) is int
-            and type(i0) is int
-            and type(i1) is int
-            and type(s) is int
-            and type(la) is int
-            and type(e) is int
-            and d >= 0
-            and 0 <= i0 <= i1
-            and 0 <= s <= la <= e
-        ):
-            return False
-    return True
+    return all(_split_ok(*r) for r in rows)
 
 
 def _good_copies(rows: list[list[Any]], n: int) -> bool:
-    for k, node, name, nbytes, src, dst, s, d in rows:
-        if not (
-            type(k) is int
-            and type(node) is int
-            and type(name) is str
-            and type(nbytes) is int
-            and type(src) is int
-            and type(dst) is int
-            and type(s) is int
-            and type(d) is int
-            and 0 <= k < n
-            and node >= -1
-            and nbytes >= 0
-            and src >= 0
-            and dst >= 0
-            and s >= 0
-            and d >= 0
-        ):
-            return False
-    return True
+    return all(_copy_ok(n, *r) for r in rows)
 
 
 def _good_busy(rows: list[list[Any]], n: int) -> bool:
-    for d, s, dur, k, n_ops in rows:
-        if not (
-            type(d) is int
-            and type(s) is int
-            and type(dur) is int
-            and type(k) is int
-            and type(n_ops) is int
-            and d >= 0
-            and s >= 0
-            and dur >= 0
-            and -1 <= k < n
-            and n_ops >= 0
-        ):
-            return False
-    return True
+    return all(_busy_ok(n, *r) for r in rows)
 
 
 def _good_remote(rows: list[list[Any]], n: int) -> bool:
-    for k, d, send, reply, s, e, one_way, err, offset, nbytes, n_ops in rows:
-        if not (
-            type(k) is int
-            and type(d) is int
-            and type(send) is int
-            and type(reply) is int
-            and type(s) is int
-            and type(e) is int
-            and type(one_way) is int
-            and type(err) is int
-            and type(offset) is int
-            and type(nbytes) is int
-            and type(n_ops) is int
-            and -1 <= k < n
-            and d >= 0
-            and 0 <= send <= reply
-            and 0 <= s <= e
-            and one_way >= 0
-            and err >= 0
-            and offset >= -(1 << 62)
-            and nbytes >= 0
-            and n_ops >= 0
-        ):
-            return False
-    return True
+    return all(_remote_ok(n, *r) for r in rows)
 
 
 def _strict(rec: dict[str, Any], t0: int) -> Placement:
@@ -312,17 +323,7 @@ def _strict(rec: dict[str, Any], t0: int) -> Placement:
     error's words."""
     p = Placement()
     for d, i0, i1, s, la, e in record_rows(rec, "splits", 6):
-        if (  # the common case at once (else field by field, for the error's words)
-            type(d) is int
-            and type(i0) is int
-            and type(i1) is int
-            and type(s) is int
-            and type(la) is int
-            and type(e) is int
-            and d >= 0
-            and 0 <= i0 <= i1
-            and 0 <= s <= la <= e
-        ):
+        if _split_ok(d, i0, i1, s, la, e):  # (else field by field, for the error's words)
             p.splits.append(Split(d, i0, i1, t0 + s, t0 + la, t0 + e))
             continue
         start, launch, end = t0 + uint(s), t0 + uint(la), t0 + uint(e)
@@ -331,23 +332,7 @@ def _strict(rec: dict[str, Any], t0: int) -> Placement:
         p.splits.append(Split(uint(d), i0, i1, start, launch, end))
     n = len(p.splits)
     for k, node, name, nbytes, src, dst, s, d in record_rows(rec, "copies", 8):
-        if (  # the common case at once (else field by field, for the error's words)
-            type(k) is int
-            and type(node) is int
-            and type(name) is str
-            and type(nbytes) is int
-            and type(src) is int
-            and type(dst) is int
-            and type(s) is int
-            and type(d) is int
-            and 0 <= k < n
-            and node >= -1
-            and nbytes >= 0
-            and src >= 0
-            and dst >= 0
-            and s >= 0
-            and d >= 0
-        ):
+        if _copy_ok(n, k, node, name, nbytes, src, dst, s, d):
             p.copies.append(Copy(k, node, name, nbytes, src, dst, t0 + s, d))
             continue
         p.copies.append(
@@ -357,18 +342,7 @@ def _strict(rec: dict[str, Any], t0: int) -> Placement:
             )
         )  # fmt: skip
     for d, s, dur, k, n_ops in record_rows(rec, "busy", 5):
-        if (
-            type(d) is int
-            and type(s) is int
-            and type(dur) is int
-            and type(k) is int
-            and type(n_ops) is int
-            and d >= 0
-            and s >= 0
-            and dur >= 0
-            and -1 <= k < n
-            and n_ops >= 0
-        ):
+        if _busy_ok(n, d, s, dur, k, n_ops):
             p.busy.append(Busy(d, t0 + s, dur, k, n_ops))
             continue
         p.busy.append(Busy(uint(d), t0 + uint(s), uint(dur), _split_ref(k, n, True), uint(n_ops)))
@@ -376,28 +350,7 @@ def _strict(rec: dict[str, Any], t0: int) -> Placement:
         p.clocks.append(Clock(uint(d), strict_str(method), uint(err)))
     for row in record_rows(rec, "remote", 11):
         k, d, send, reply, s, e, one_way, err, offset, nbytes, n_ops = row
-        if (  # the common case at once (else field by field, for the error's words)
-            type(k) is int
-            and type(d) is int
-            and type(send) is int
-            and type(reply) is int
-            and type(s) is int
-            and type(e) is int
-            and type(one_way) is int
-            and type(err) is int
-            and type(offset) is int
-            and type(nbytes) is int
-            and type(n_ops) is int
-            and -1 <= k < n
-            and d >= 0
-            and 0 <= send <= reply
-            and 0 <= s <= e
-            and one_way >= 0
-            and err >= 0
-            and offset >= -(1 << 62)
-            and nbytes >= 0
-            and n_ops >= 0
-        ):
+        if _remote_ok(n, k, d, send, reply, s, e, one_way, err, offset, nbytes, n_ops):
             p.remote.append(
                 Remote(k, d, t0 + send, t0 + reply, t0 + s, t0 + e, one_way, err, offset, nbytes, n_ops)
             )  # fmt: skip

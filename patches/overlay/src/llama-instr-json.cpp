@@ -66,6 +66,18 @@ void json_out::f32(double v) {
     f64(v);
 }
 
+void json_rows::f32(double v) {
+#if defined(__cpp_lib_to_chars) && __cpp_lib_to_chars >= 201611L
+    if (std::isfinite(v) && std::fabs(v) <= (double) FLT_MAX) {
+        room();
+        p = std::to_chars(p, end, (float) v).ptr;
+        return;
+    }
+#endif
+    flush();
+    j.f32(v);
+}
+
 // The lead byte's sequence length and the allowed range of the second byte; 0 if not a lead.
 static size_t utf8_lead(unsigned char c, unsigned char & lo, unsigned char & hi) {
     lo = 0x80;

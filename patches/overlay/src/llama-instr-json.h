@@ -3,6 +3,7 @@
 // llamacpp-instr: a minimal JSON writer appending to a reused std::string (no allocation once
 // the string has grown to its working size). Output is always valid UTF-8.
 
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -49,6 +50,52 @@ struct json_out {
     // [ne0, ne1, ...] up to the tensor's last non-1 dimension (at least one)
     void shape(const int64_t * ne, int n_dims);
     void shape(const ggml_tensor * t);
+};
+
+// Rows of numbers formatted into a local buffer and appended to the line a few kilobytes at a
+// time: a step writes a row per op (605 for SmolLM2), and appending each bracket, comma and
+// number to the line took about a third of formatting them. What it holds is appended by
+// flush() and when it goes out of scope; nothing else may write to the line meanwhile.
+class json_rows {
+  public:
+    explicit json_rows(json_out & j) : j(j) {}
+
+    ~json_rows() { flush(); }
+
+    json_rows(const json_rows &)             = delete;
+    json_rows & operator=(const json_rows &) = delete;
+
+    void ch(char c) {
+        room();
+        *p++ = c;
+    }
+
+    void i64(int64_t v) {
+        room();
+        p = std::to_chars(p, end, v).ptr;
+    }
+
+    // as json_out::f32
+    void f32(double v);
+
+    void flush() {
+        j.s.append(buf, p - buf);
+        p = buf;
+    }
+
+  private:
+    static constexpr ptrdiff_t ROOM = 48;  // a character, or a number's text (at most 24)
+
+    void room() {
+        if (end - p < ROOM) {
+            flush();
+        }
+    }
+
+    json_out &   j;
+    char         buf[4096];
+    char *       p   = buf;
+    char * const end = buf + sizeof(buf);
 };
 
 // Start a record: {"type":"<type>","ts":<ts>,"sid":"<sid>" (the caller adds fields and the '}').

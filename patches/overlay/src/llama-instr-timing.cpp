@@ -54,51 +54,34 @@ void write_layers(json_out & j, const ctx_state & st, const compute_rec & c) {
 void write_ops(json_out & j, const ctx_state & st, const compute_rec & c) {
     j.key("ops");
     j.ch('[');
-    // The rows are formatted into a buffer appended a few kilobytes at a time: a generation step
-    // writes a row per op (605 for SmolLM2), and appending each bracket, comma and row to the
-    // line took about a third of formatting them.
-    constexpr ptrdiff_t ROOM = 24;  // two characters and an int64 (at most 20)
-    char                buf[4096];
-    char *              p     = buf;
-    char * const        end   = buf + sizeof(buf);
-    bool                first = true;
-    auto                room  = [&]() {
-        if (end - p < ROOM) {
-            j.s.append(buf, p - buf);
-            p = buf;
-        }
-    };
-    auto put = [&](char before, int64_t v) {
-        room();
-        if (before) {
-            *p++ = before;
-        }
-        p = std::to_chars(p, end, v).ptr;
-    };
+    json_rows r{ j };
+    bool      first = true;
     for_each_op(c, [&](size_t k) {
         const op_rec & op = st.p_ops[k];
-        room();
         if (!first) {
-            *p++ = ',';
+            r.ch(',');
         }
         first = false;
-        put('[', op.idx);
-        put(',', op.t_start - c.t_start);
-        put(',', op.t_end - op.t_start);
+        r.ch('[');
+        r.i64(op.idx);
+        r.ch(',');
+        r.i64(op.t_start - c.t_start);
+        r.ch(',');
+        r.i64(op.t_end - op.t_start);
         if (op.n_fused > 0) {
-            room();
-            *p++ = ',';
+            r.ch(',');
+            r.ch('[');
             for (int32_t f = 1; f <= op.n_fused; f++) {
-                put(f == 1 ? '[' : ',', op.idx + f);  // fused nodes follow the first one in the graph
+                if (f > 1) {
+                    r.ch(',');
+                }
+                r.i64(op.idx + f);  // fused nodes follow the first one in the graph
             }
-            room();
-            *p++ = ']';
+            r.ch(']');
         }
-        room();
-        *p++ = ']';
+        r.ch(']');
     });
-    j.s.append(buf, p - buf);
-    j.ch(']');
+    r.ch(']');
 }
 
 // [device, i_start, i_end, start_off, launch_off, end_off] per split
@@ -191,21 +174,26 @@ void write_remote(json_out & j, const ctx_state & st, const compute_rec & c) {
 void write_threads(json_out & j, const ctx_state & st, const compute_rec & c) {
     j.key("threads");
     j.ch('[');
+    json_rows r{ j };
+    bool      first = true;
     for_each_op(c, [&](size_t k) {
         // each compute has its own thread count (n_threads or n_threads_batch, by ubatch size); an op
         // no CPU worker ran has none
         const op_rec & op = st.p_ops[k];
-        j.sep();
-        j.ch('[');
+        if (!first) {
+            r.ch(',');
+        }
+        first = false;
+        r.ch('[');
         for (int32_t t = 0; op.thread_begin >= 0 && t < c.n_threads; t++) {
             if (t) {
-                j.ch(',');
+                r.ch(',');
             }
-            j.i64(std::max<int64_t>(0, st.p_threads[op.thread_begin + t] - op.t_start));
+            r.i64(std::max<int64_t>(0, st.p_threads[op.thread_begin + t] - op.t_start));
         }
-        j.ch(']');
+        r.ch(']');
     });
-    j.ch(']');
+    r.ch(']');
 }
 
 void write_tensor_stats(json_out & j, const ctx_state & st, const compute_rec & c) {
@@ -220,20 +208,27 @@ void write_tensor_stats(json_out & j, const ctx_state & st, const compute_rec & 
     j.i64(c.graph_id);
     j.key("stats");
     j.ch('[');
-    for (size_t k = c.stat_begin; k < c.stat_end; k++) {
-        const stat_row & r = st.p_stats[k];
-        j.sep();
-        j.ch('[');
-        j.i64(r.node);
-        for (double v : { r.min, r.max, r.mean, r.std }) {
-            j.ch(',');
-            j.f32(v);  // statistics of float data
+    {
+        json_rows out{ j };
+        for (size_t k = c.stat_begin; k < c.stat_end; k++) {
+            const stat_row & r = st.p_stats[k];
+            if (k > c.stat_begin) {
+                out.ch(',');
+            }
+            out.ch('[');
+            out.i64(r.node);
+            for (double v : { r.min, r.max, r.mean, r.std }) {
+                out.ch(',');
+                out.f32(v);  // statistics of float data
+            }
+            out.ch(',');
+            out.i64(r.n_nan);
+            out.ch(',');
+            out.i64(r.n_inf);
+            out.ch(']');
         }
-        j.ch(',');
-        j.i64s({ r.n_nan, r.n_inf });
-        j.ch(']');
+        out.ch(']');
     }
-    j.ch(']');
     j.ch('}');
 }
 

@@ -215,10 +215,6 @@ bool graph_index::follow_order(const ggml_cgraph * g) {
     return true;
 }
 
-bool graph_index::matches(const ggml_cgraph * g) const {
-    return same_as(g, graph_fingerprint(g));
-}
-
 bool graph_index::same_as(const ggml_cgraph * g, uint64_t shape_of_g) const {
     return g == gf && ggml_graph_n_nodes(const_cast<ggml_cgraph *>(g)) == n_nodes && shape_of_g == shape;
 }

@@ -58,11 +58,9 @@ struct graph_index {
     // such a copy is resolved back by name: to the node it copies, or to the model's weight.
     void build(const ggml_cgraph * gf, const llama_model * model = nullptr);
 
-    // Is gf still the graph indexed here? llama.cpp rebuilds a graph in the same memory, so equal
-    // graph and node addresses prove nothing: the nodes' ops, types and shapes must match too.
-    bool matches(const ggml_cgraph * gf) const;
-
-    // Is gf, whose fingerprint is `shape_of_gf`, the graph indexed here built again the same?
+    // Is gf, whose fingerprint is `shape_of_gf`, the graph indexed here (built again the same)?
+    // llama.cpp rebuilds a graph in the same memory, so equal graph and node addresses prove
+    // nothing: the nodes' ops, types and shapes must match too.
     bool same_as(const ggml_cgraph * gf, uint64_t shape_of_gf) const;
 
     // gf, indexed, as a backend's graph_optimize reordered its nodes once ggml's scheduler split it

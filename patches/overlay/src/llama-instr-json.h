@@ -70,6 +70,15 @@ class json_rows {
         *p++ = c;
     }
 
+    // a row's opening bracket, after a comma unless it is the first row
+    void row() {
+        room();
+        if (n_rows++ > 0) {
+            *p++ = ',';
+        }
+        *p++ = '[';
+    }
+
     void i64(int64_t v) {
         room();
         p = std::to_chars(p, end, v).ptr;
@@ -94,8 +103,9 @@ class json_rows {
 
     json_out &   j;
     char         buf[4096];
-    char *       p   = buf;
-    char * const end = buf + sizeof(buf);
+    char *       p      = buf;
+    char * const end    = buf + sizeof(buf);
+    size_t       n_rows = 0;
 };
 
 // Start a record: {"type":"<type>","ts":<ts>,"sid":"<sid>" (the caller adds fields and the '}').

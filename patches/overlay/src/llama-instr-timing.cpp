@@ -55,14 +55,9 @@ void write_ops(json_out & j, const ctx_state & st, const compute_rec & c) {
     j.key("ops");
     j.ch('[');
     json_rows r{ j };
-    bool      first = true;
     for_each_op(c, [&](size_t k) {
         const op_rec & op = st.p_ops[k];
-        if (!first) {
-            r.ch(',');
-        }
-        first = false;
-        r.ch('[');
+        r.row();
         r.i64(op.idx);
         r.ch(',');
         r.i64(op.t_start - c.t_start);
@@ -175,16 +170,11 @@ void write_threads(json_out & j, const ctx_state & st, const compute_rec & c) {
     j.key("threads");
     j.ch('[');
     json_rows r{ j };
-    bool      first = true;
     for_each_op(c, [&](size_t k) {
         // each compute has its own thread count (n_threads or n_threads_batch, by ubatch size); an op
         // no CPU worker ran has none
         const op_rec & op = st.p_ops[k];
-        if (!first) {
-            r.ch(',');
-        }
-        first = false;
-        r.ch('[');
+        r.row();
         for (int32_t t = 0; op.thread_begin >= 0 && t < c.n_threads; t++) {
             if (t) {
                 r.ch(',');
@@ -212,10 +202,7 @@ void write_tensor_stats(json_out & j, const ctx_state & st, const compute_rec & 
         json_rows out{ j };
         for (size_t k = c.stat_begin; k < c.stat_end; k++) {
             const stat_row & r = st.p_stats[k];
-            if (k > c.stat_begin) {
-                out.ch(',');
-            }
-            out.ch('[');
+            out.row();
             out.i64(r.node);
             for (double v : { r.min, r.max, r.mean, r.std }) {
                 out.ch(',');
@@ -350,11 +337,11 @@ void llama_instr::write_step_computes(ctx_state & st) {
     st.p_computes.clear();
 }
 
-// st.graph := gf, indexed: the graph kept that gf is built again the same, else indexed now. The
-// graph indexed until now is kept in the slot it leaves (or the least recently used one).
-static void index_graph(ctx_state & st, const ggml_cgraph * gf, const llama_model * model) {
-    const uint64_t          shape = graph_fingerprint(gf);
-    ctx_state::kept_graph * slot  = nullptr;
+// st.graph := gf (whose fingerprint is `shape`), indexed: the graph kept that gf is built again
+// the same, else indexed now. The graph indexed until now is kept in the slot it leaves (or the
+// least recently used one).
+static void index_graph(ctx_state & st, const ggml_cgraph * gf, uint64_t shape, const llama_model * model) {
+    ctx_state::kept_graph * slot = nullptr;
     for (auto & k : st.graphs_kept) {
         if (k.index.same_as(gf, shape)) {
             slot = &k;
@@ -410,7 +397,7 @@ void llama_instr_graph_built(llama_context * ctx, ggml_cgraph * gf) {
         return;
     }
     try {
-        index_graph(*st, gf, &ctx->get_model());
+        index_graph(*st, gf, graph_fingerprint(gf), &ctx->get_model());
         st->graph_id      = next_graph_id(*st);
         st->graph_emitted = false;
         st->graph_fresh   = true;
@@ -467,10 +454,13 @@ void llama_instr_compute_begin(llama_context *      ctx,
                 st.graph_gen++;
                 st.graph_captured.reset();  // its nodes are in another order
             }
-        } else if (!reused && !st.graph.matches(gf)) {
-            index_graph(st, gf, &ctx->get_model());
-            st.graph_gen++;
-            st.graph_id = 0;
+        } else if (!reused) {
+            const uint64_t shape = graph_fingerprint(gf);  // (once: index_graph looks it up too)
+            if (!st.graph.same_as(gf, shape)) {
+                index_graph(st, gf, shape, &ctx->get_model());
+                st.graph_gen++;
+                st.graph_id = 0;
+            }
         }
         st.graph_fresh = false;
         if (st.graph_id == 0) {

@@ -176,6 +176,11 @@ class RateFields:
         return out
 
 
+Variant = tuple[int, tuple[int, ...]]  # a node index and the nodes fused into it
+# a variant's S after its track (name, category, head args), T, FLOPs, bytes, depth, ideal, D's length
+Static = tuple[bytes, bytes, int, int, int, float | None, int]
+
+
 class NodeTables:
     """The gids of each graph's ops on each track (``ids``), a ``NodeTable`` per (graph, track)
     made on first use. ``compact`` (compressed traces) interns the args' string values."""
@@ -186,6 +191,9 @@ class NodeTables:
         self.interner = interner
         self.compact = compact
         self.tables: dict[tuple[Graph, int], NodeTable] = {}
+        # per graph and roof: each variant's parts that do not name its track (``Static``); a
+        # graph split between devices has a table per device track, each with every variant
+        self.statics: dict[tuple[Graph, int], tuple[Roof | None, dict[Variant, Static]]] = {}
 
     def ids(self, graph: Graph, track: int, roof: Roof | None, node: Any, fused: Any) -> Any:
         """The gids of ops ``node`` (with their ``fused`` nodes) of ``graph`` on ``track``."""
@@ -198,6 +206,7 @@ class NodeTables:
         """Forget every table: new ones intern string values if ``compact``."""
         self.compact = compact
         self.tables.clear()
+        self.statics.clear()
 
 
 class NodeTable:
@@ -210,9 +219,23 @@ class NodeTable:
         self.track = track
         self.roof = roof
         self.compact = tables.compact
+        key = (graph, id(roof))
+        if key not in tables.statics:  # (the roof is kept with its id: the id stays its own)
+            tables.statics[key] = (roof, {})
+        self.statics = tables.statics[key][1]
         self.variants = OpVariants(len(graph.nodes), self.build)
 
     def build(self, i: int, fused: tuple[int, ...]) -> int:
+        st = self.statics.get((i, fused))
+        if st is None:  # (interning as it goes: the first track of a graph sets the strings' order)
+            st = self.statics[(i, fused)] = self.static(i, fused)
+        te_rest, t, n_flops, n_bytes, depth, ideal, d_len = st
+        te = TE_TRACK_UUID + varint(self.track) + TE_TYPE + varint(TYPE_SLICE_BEGIN) + te_rest
+        s = TRACK_EVENT + varint(len(te) + d_len + len(t)) + te
+        return self.tables.store.add(s, t, n_flops, n_bytes, depth, ideal, d_len)
+
+    def static(self, i: int, fused: tuple[int, ...]) -> Static:
+        """Variant ``(i, fused)``'s parts that are the same on every track."""
         nodes = self.graph.nodes
         node = nodes[i]
         head, n_flops, n_bytes, tail, ideal = op_static_args(
@@ -221,12 +244,10 @@ class NodeTable:
         tables = self.tables
         it = tables.interner
         c = self.compact
-        te = TE_TRACK_UUID + varint(self.track) + TE_TYPE + varint(TYPE_SLICE_BEGIN)
-        te += TE_NAME_IID + varint(it.name(node.label))
+        te = TE_NAME_IID + varint(it.name(node.label))
         te += (TE_CATEGORY_IIDS + varint(it.category("op"))) if c else ld(TE_CATEGORIES, b"op")
         te += it.args(head, c)
         t = it.args(tail, c)
         d_len = tables.fields.lens[2 if ideal is None else 3]
-        s = TRACK_EVENT + varint(len(te) + d_len + len(t)) + te
         depth = 3 if node.layer is not None else 2
-        return tables.store.add(s, t, n_flops, n_bytes, depth, ideal, d_len)
+        return te, t, n_flops, n_bytes, depth, ideal, d_len

@@ -10,11 +10,18 @@ monotonic session. Then, each in a fresh process: a bare orjson parse of every l
 to-perfetto` (Perfetto, Chrome JSON), `load_session`, `instr summary`, `instr workloads` and
 `instr export`, at two sizes to show whether memory stays flat as the log grows.
 
-Then device logs against a CPU log (issue 38): the tests' RPC (two servers) and Vulkan
-(partial offload) fixtures and the CPU fixture, each one's generation steps replicated the same
-way to ``--device-ops`` ops, `instr to-perfetto` and `load_session` on each, interleaved round
-after round; the ratio of each device log's ops/s to the CPU log's is the target (≥ 0.8).
-``--devices-only`` runs that part alone (it needs no model run).
+Then device logs against a CPU log (issue 38), two sets, each log's generation steps replicated
+the same way to ``--device-ops`` ops, `instr to-perfetto` and `load_session` on each, interleaved
+round after round; the ratio of each device log's ops/s to its set's CPU log's is the target
+(≥ 0.8):
+
+* real runs of SmolLM2-135M (605 ops a step): on the CPU; offloading 20 layers to two RPC servers
+  (stand-ins serving this machine's CPU on loopback, ``rpc_standin``); offloading 15 layers to
+  Vulkan0 (with the Vulkan build, `instr build --vulkan --no-install`; lavapipe here);
+* the tests' tiny-llama fixtures (46 ops a step, so a step's own records weigh 13 times more
+  per op): CPU, two RPC servers, Vulkan partial offload.
+
+``--devices-only`` runs that part alone.
 
 Each command is timed from the start of its process to its end, imports included (the library
 call `load_session` from after its imports), with Python's
@@ -59,6 +66,12 @@ DEVICE_LOGS = {
     "RPC, two servers": "tiny-llama-rpc2-detailed",
     "Vulkan, partial offload": "tiny-llama-vulkan-partial-detailed",
 }
+# the SmolLM2 runs: label -> `instr run` options (Vulkan: with the Vulkan build only)
+SMOL_RUNS = {
+    "CPU": [],
+    "RPC, two servers": ["-ngl", "20", "--rpc", "{rpc}"],
+    "Vulkan, partial offload": ["-ngl", "15", "--device", "Vulkan0"],
+}
 DEVICE_TASKS = ("pftrace", "frames")
 sys.path.insert(0, str(ROOT))
 
@@ -79,6 +92,36 @@ def make_source(tmp: Path) -> Path:
     )
     runner.run(cfg)
     return log
+
+
+def smol_sources(tmp: Path) -> tuple[dict[str, Path], list[str]]:
+    """The SmolLM2 runs of ``SMOL_RUNS`` (each a fresh process: a registered RPC device stays for
+    the process's life), and notes on any that could not run."""
+    from llamacpp_instr import build, models, rpc_standin
+    from llamacpp_instr.vulkan_env import lavapipe_env
+
+    logs: dict[str, Path] = {}
+    notes: list[str] = []
+    for label, extra in SMOL_RUNS.items():
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        if "--rpc" in extra:
+            extra = [a.format(rpc=",".join(rpc_standin.endpoints(2))) for a in extra]
+        if "Vulkan0" in extra:
+            lib = build.vulkan_lib_dir(lambda _: None, build_it=False)
+            if lib is None:
+                notes.append(f"{label}: skipped, no Vulkan build (`instr build --vulkan`)")
+                continue
+            env = lavapipe_env(lib, base=env)
+        log = tmp / f"smol-{len(logs)}.log"
+        cmd = [sys.executable, "-m", "llamacpp_instr.cli", "run", str(models.default_model())]
+        cmd += ["-p", "The history of the printing press begins", "-n", "24", "-t", "2"]
+        cmd += ["--ctx", "512", "--level", "detailed", "--ignore-eos", "-o", str(log), *extra]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            notes.append(f"{label}: the run failed: {r.stderr.strip()[-200:]}")
+            continue
+        logs[label] = log
+    return logs, notes
 
 
 def synthesize(source: Path, target_ops: int, out: Path) -> tuple[int, int]:
@@ -177,54 +220,62 @@ def output_bytes(task: str, out: Path) -> int | None:
 
 
 def device_ratios(tmp: Path, target: int, reps: int, keep: Path | None = None) -> list[str]:
-    """Per-op rates of ``to-perfetto`` and ``load_session`` on the RPC and Vulkan fixtures against
-    the CPU fixture, each replicated to ``target`` ops and to a quarter of it (for peak memory),
-    the logs and tasks interleaved in every repetition so that the machine's noise hits them
-    alike. ``keep``: a directory to leave the replicated logs in (to profile them), else they
-    are deleted."""
+    """Per-op rates of ``to-perfetto`` and ``load_session`` on device logs against a CPU log, in
+    two sets (the SmolLM2 runs, ``smol_sources``; the tests' fixtures), each log replicated to
+    ``target`` ops and to a quarter of it (for peak memory), the logs and tasks interleaved in
+    every repetition so that the machine's noise hits them alike. ``keep``: a directory to leave
+    the replicated logs in (to profile them), else they are deleted."""
     import gzip
 
+    smol, notes = smol_sources(tmp)
+    fixtures: dict[str, Path] = {}
+    for label, name in DEVICE_LOGS.items():
+        fixtures[label] = tmp / f"{name}.log"
+        fixtures[label].write_bytes(gzip.decompress((FIXTURES / f"{name}.log.gz").read_bytes()))
+    sets = {"SmolLM2-135M": smol, "tiny-llama": fixtures}
     lines = [
         "",
-        "Device logs against a CPU log (issue 38): the tests' tiny-llama fixtures (CPU, two RPC "
-        f"servers, Vulkan partial offload), each one's generation steps replicated the same way; "
-        f"logs and commands interleaved in each of {reps} rounds, medians. × CPU: the log's "
-        "ops/s over the CPU log's, same command, same size (target: ≥ 0.8); by CPU time: the "
-        "same ratio of CPU seconds (all threads and the log reader), steadier than wall time "
-        "on a machine that others load.",
+        "Device logs against a CPU log (issue 38), in two sets: real runs of SmolLM2-135M (CPU; 20 "
+        "layers on two RPC servers; 15 layers on Vulkan0, lavapipe here) and the tests' tiny-llama "
+        "fixtures (CPU, two RPC servers, Vulkan partial offload), each log's generation steps "
+        f"replicated the same way; logs and commands interleaved in each of {reps} rounds, "
+        "medians. × CPU: the log's ops/s over its set's CPU log's, same command, same size "
+        "(target: ≥ 0.8); by CPU time: the same ratio of CPU seconds (all threads and the log "
+        "reader), steadier than wall time on a machine that others load.",
+        *[f"- {n}" for n in notes],
         "",
-        "| log | ops | command | s | ops/s | × CPU | CPU s | × CPU by CPU time | peak RSS |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| set | log | ops | command | s | ops/s | × CPU | CPU s | × CPU by CPU time | peak RSS |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for size in (target // 4, target):
-        logs: dict[str, tuple[Path, int]] = {}
-        for label, name in DEVICE_LOGS.items():
-            src = tmp / f"{name}.log"
-            if not src.exists():
-                src.write_bytes(gzip.decompress((FIXTURES / f"{name}.log.gz").read_bytes()))
-            log = tmp / f"{name}-{size}.log"
-            logs[label] = (log, synthesize(src, size, log)[0])
-        runs: dict[tuple[str, str], list[dict]] = {}
+        logs: dict[tuple[str, str], tuple[Path, int]] = {}
+        for set_name, sources in sets.items():
+            for label, src in sources.items():
+                log = tmp / f"{src.stem}-{size}.log"
+                logs[(set_name, label)] = (log, synthesize(src, size, log)[0])
+        runs: dict[tuple[str, str, str], list[dict]] = {}
         for _ in range(reps):
             for task in DEVICE_TASKS:
-                for label, (log, _) in logs.items():
+                for (set_name, label), (log, _) in logs.items():
                     out = tmp / f"dev-{task}"
-                    runs.setdefault((label, task), []).append(measure(task, log, out))
-        for task in DEVICE_TASKS:
-            base = base_cpu = 0.0
-            for label, (_, n_ops) in logs.items():
-                got = runs[(label, task)]
-                sec = statistics.median(r["s"] for r in got)
-                cpu = statistics.median(r["cpu"] for r in got)
-                rate, rate_cpu = n_ops / sec, n_ops / cpu
-                base, base_cpu = base or rate, base_cpu or rate_cpu
-                rss = max(r["rss"] for r in got)
-                lines.append(
-                    f"| {label} | {n_ops:,} | {TASKS[task][0]} | {sec:.2f} | {rate:,.0f} | "
-                    f"{rate / base:.2f} | {cpu:.2f} | {rate_cpu / base_cpu:.2f} | "
-                    f"{rss / 2**20:.0f} MiB |"
-                )
-                print(lines[-1], file=sys.stderr)
+                    runs.setdefault((set_name, label, task), []).append(measure(task, log, out))
+        for set_name, sources in sets.items():
+            for task in DEVICE_TASKS:
+                base = base_cpu = 0.0
+                for label in sources:
+                    n_ops = logs[(set_name, label)][1]
+                    got = runs[(set_name, label, task)]
+                    sec = statistics.median(r["s"] for r in got)
+                    cpu = statistics.median(r["cpu"] for r in got)
+                    rate, rate_cpu = n_ops / sec, n_ops / cpu
+                    base, base_cpu = base or rate, base_cpu or rate_cpu
+                    rss = max(r["rss"] for r in got)
+                    lines.append(
+                        f"| {set_name} | {label} | {n_ops:,} | {TASKS[task][0]} | {sec:.2f} | "
+                        f"{rate:,.0f} | {rate / base:.2f} | {cpu:.2f} | "
+                        f"{rate_cpu / base_cpu:.2f} | {rss / 2**20:.0f} MiB |"
+                    )
+                    print(lines[-1], file=sys.stderr)
         for log, _ in logs.values():
             if keep is not None:
                 keep.mkdir(parents=True, exist_ok=True)
@@ -279,12 +330,12 @@ def main() -> None:
         "--device-ops",
         type=int,
         default=200_000,
-        help="ops of the device-vs-CPU comparison on the fixtures (0: skip it)",
+        help="ops of the device-vs-CPU comparison (0: skip it)",
     )
     ap.add_argument(
         "--devices-only",
         action="store_true",
-        help="only the device-vs-CPU comparison (needs no real run)",
+        help="only the device-vs-CPU comparison",
     )
     ap.add_argument(
         "--keep",

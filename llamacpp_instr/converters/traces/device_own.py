@@ -44,6 +44,8 @@ class OwnTiming:
         seen: set[int] = set()
         last: dict[int, int] = {}
         assign = self.lanes.assign
+        # (SliceRows.add, inlined: a few rows per compute)
+        tracks, names, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
         for j, (d, s, dur, k, n_ops) in enumerate(sorted(bs, key=_BUSY_ORDER)):
             name, lanes = self._lanes("busy", d)
             start = t0 + s
@@ -57,7 +59,16 @@ class OwnTiming:
             if k in flow_of and k not in seen:
                 seen.add(k)
                 out.flows_in[j] = (flow_of[k],)
-            out.add(assign(lanes, start, end, j, out.tracks), "command buffer", start, dur, args)
+            ends = lanes.ends
+            if ends and ends[0] <= start:  # (the first lane free: ``DeviceLanes.assign``)
+                ends[0] = end
+                tracks.append(lanes.uuids[0])
+            else:
+                tracks.append(assign(lanes, start, end, j, out.tracks))
+            names.append("command buffer")
+            starts.append(start)
+            durs.append(dur)
+            all_args.append(args)
         return out
 
     def remote(self, rs: list[Any], sp: list[Any], t0: int, flow_of: dict[int, int]) -> SliceRows:

@@ -79,7 +79,7 @@ class DeviceTracks:
         self.sid = lay.info.sid
         self.lanes = DeviceLanes(self.sid, lay.process, self.devs, lay.bulk)
         self.network = NetworkTracks(lay.info, self.lanes)
-        self.names: dict[int, str] = {}  # device names by index (``copy_rows``)
+        self.pairs: dict[tuple[int, int], tuple[str, str, str]] = {}  # (``copy_rows``)
         self.plans = Plans(self.devs.cpu)
         self.own = OwnTiming(self.devs, self.lanes)
         self.labels: dict[int, tuple[str, str]] = {}  # device -> its label and name
@@ -149,7 +149,7 @@ class DeviceTracks:
         if p is not None:
             bulk = lay.bulk
             lanes = self.lanes.get(("copies",), "copies", COPIES_ORDER)
-            yield from as_items(copy_rows(cps, t0, self.lanes, lanes, self.names, self.devs), bulk)
+            yield from as_items(copy_rows(cps, t0, self.lanes, lanes, self.pairs, self.devs), bulk)
             yield from as_items(self.own.busy(bs, sp, t0, flow_of), bulk)
             yield from as_items(self.own.remote(rs, sp, t0, flow_of), bulk)
 
@@ -283,40 +283,47 @@ def copy_rows(
     t0: int,
     dl: DeviceLanes,
     lanes: Lanes,
-    names: dict[int, str],
+    pairs: dict[tuple[int, int], tuple[str, str, str]],
     devs: dt.Devices,
 ) -> SliceRows:
     """The copies of a compute (its ``copies`` rows, times relative to ``t0``), as
-    ``DeviceTracks`` draws them (``names``: device names by index, filled as met)."""
+    ``DeviceTracks`` draws them (``pairs``: per source and destination device, their names and
+    the slices' name, filled as met)."""
     out = SliceRows("copy", 0)
     if not cps:
         return out
-    assign = dl.assign
     # (SliceRows.add, inlined: a few rows per compute)
     tracks, labels, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
+    ends = lanes.ends
     for j, (k, node, tensor, nbytes, src_d, dst_d, s, dur) in enumerate(
         sorted(cps, key=_COPY_ORDER)
     ):
-        src = names.get(src_d) or names.setdefault(src_d, devs[src_d].name)
-        dst = names.get(dst_d) or names.setdefault(dst_d, devs[dst_d].name)
+        pair = pairs.get((src_d, dst_d))
+        if pair is None:
+            src, dst = devs[src_d].name, devs[dst_d].name
+            pair = pairs[(src_d, dst_d)] = (src, dst, f"{src} → {dst}")
         start = t0 + s
-        # as dt.bandwidth, in MB/s
-        mb_s = round(nbytes * 1e9 / dur / 1e6, 3) if dur > 0 else 0.0
+        end = start + dur
+        if ends and ends[0] <= start:  # (the first lane free: ``DeviceLanes.assign``)
+            ends[0] = end
+            tracks.append(lanes.uuids[0])
+        else:
+            tracks.append(dl.assign(lanes, start, end, j, out.tracks))
+        labels.append(pair[2])
+        starts.append(start)
+        durs.append(dur)
         all_args.append(
             {
                 "tensor": tensor,
                 "bytes": nbytes,
-                "from": src,
-                "to": dst,
+                "from": pair[0],
+                "to": pair[1],
                 "split": k,
                 "node": node,
-                "mb_per_s": mb_s,
+                # as dt.bandwidth, in MB/s
+                "mb_per_s": round(nbytes * 1e9 / dur / 1e6, 3) if dur > 0 else 0.0,
             }
         )
-        tracks.append(assign(lanes, start, start + dur, j, out.tracks))
-        labels.append(f"{src} → {dst}")
-        starts.append(start)
-        durs.append(dur)
     return out
 
 

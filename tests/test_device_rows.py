@@ -1,0 +1,77 @@
+"""The device layout reads a placement's and a transfers record's rows as read (``Placement.bulk``,
+``Transfers.bulk_rows``: times relative to the record's start) when they were kept, and their
+tuples (times absolute) when the record was read row by row: both must lay out the same items.
+Here every record of the device fixtures is laid out both ways and the items compared."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import FIXTURES
+
+from llamacpp_instr.converters.reading.decode.devices import Placement
+from llamacpp_instr.converters.reading.decode.sessions import StepDone
+from llamacpp_instr.converters.reading.decode.transfers import Transfers
+from llamacpp_instr.converters.session.fold import iter_events_packed
+from llamacpp_instr.converters.traces.items import (
+    ComputeBatch,
+    LayoutStats,
+    Selection,
+    SliceRows,
+)
+from llamacpp_instr.converters.traces.layout import layout_bulk
+
+LOGS = [
+    FIXTURES / "tiny-llama-vulkan-full-detailed.log.gz",
+    FIXTURES / "tiny-llama-vulkan-partial-detailed.log.gz",
+    FIXTURES / "tiny-llama-rpc2-detailed.log.gz",
+]
+
+
+def _as_tuples(events: list[Any]) -> int:
+    """Each placement and transfers record of ``events`` as if read row by row (its tuples, no
+    rows kept); how many records had their rows kept."""
+    kept = 0
+    for ev in events:
+        if not isinstance(ev, StepDone):
+            continue
+        step = ev.step
+        for c in step.computes:
+            p = c.place
+            if p is not None and p.raw is not None:
+                kept += 1
+                c.place = Placement(p.splits, p.copies, p.busy, p.remote, p.clocks, p.wait)
+        for k, t in enumerate(step.transfers):
+            if t.raw is not None:
+                kept += 1
+                step.transfers[k] = Transfers(t.phase, t.ctx, t.step, t.dropped, list(t.rows))
+    return kept
+
+
+def _plain(items: Any) -> list[Any]:
+    """The items, comparable: a batch's ops as their track and kept positions."""
+    out: list[Any] = []
+    for it in items:
+        if isinstance(it, ComputeBatch):
+            ops = it.ops
+            keep = None
+            if ops is not None:
+                keep = None if ops.keep is None else ops.keep.nonzero()[0].tolist()
+            out.append((it.slice, list(it.layers), ops and (ops.track, id(ops.compute), keep)))
+        elif isinstance(it, SliceRows):
+            out.append((it.category, it.track, it.name, it.ts, it.dur, it.args, it.flows_in))
+        else:
+            out.append(it)
+    return out
+
+
+@pytest.mark.parametrize("log", LOGS, ids=[p.name.split("-detailed")[0] for p in LOGS])
+def test_rows_as_read_or_as_tuples(log: Path) -> None:
+    events = list(iter_events_packed(log))
+    kept = _plain(layout_bulk(iter(events), Selection(), LayoutStats()))
+    assert _as_tuples(events) > 0  # (the fixtures' rows are all well-formed: kept)
+    again = _plain(layout_bulk(iter(events), Selection(), LayoutStats()))
+    assert any(isinstance(x, tuple) and x[0] == "copy" for x in kept)
+    assert kept == again

@@ -15,6 +15,8 @@ from llamacpp_instr.converters.reading.decode.devices import Placement
 from llamacpp_instr.converters.reading.decode.sessions import StepDone
 from llamacpp_instr.converters.reading.decode.transfers import Transfers
 from llamacpp_instr.converters.session.fold import iter_events_packed
+from llamacpp_instr.converters.traces.device_plan import Plan
+from llamacpp_instr.converters.traces.devices import op_extents
 from llamacpp_instr.converters.traces.items import (
     ComputeBatch,
     LayoutStats,
@@ -75,3 +77,24 @@ def test_rows_as_read_or_as_tuples(log: Path) -> None:
     again = _plain(layout_bulk(iter(events), Selection(), LayoutStats()))
     assert any(isinstance(x, tuple) and x[0] == "copy" for x in kept)
     assert kept == again
+
+
+def test_op_extents_of_devices_in_several_runs() -> None:
+    """A device whose ops are not one run (its splits between another's): its ops' count, first
+    start and last end all the same, as counted here op by op."""
+    events = list(iter_events_packed(LOGS[2]))
+    c = next(c for ev in events if isinstance(ev, StepDone) for c in ev.step.computes)
+    nodes = c.op_node.tolist()
+    assert len(set(nodes)) > 6
+    cut = sorted(set(nodes))
+    # devices 0, 1, 0, 2, 1 over five ranges of the compute's nodes
+    edges = [cut[len(cut) * k // 5] for k in range(5)] + [cut[-1] + 1]
+    keys = tuple((d, edges[k], edges[k + 1]) for k, d in enumerate([0, 1, 0, 2, 1]))
+    plan = Plan(c, keys, 0)
+    assert len(plan.run_group) > len(plan.counts)  # (some device in several runs)
+    want: dict[int, tuple[int, int, int]] = {}
+    for i, s, u in zip(nodes, c.op_start.tolist(), c.op_dur.tolist(), strict=True):
+        d = next(d for d, a, b in keys if a <= i < b)
+        k, lo, hi = want.get(d, (0, s, s + u))
+        want[d] = (k + 1, min(lo, s), max(hi, s + u))
+    assert op_extents(c, plan) == [want[d] for d in sorted(want)]

@@ -31,11 +31,12 @@ class DevicePart(NamedTuple):
 
 
 class Plan:
-    """One structure's plan (see the module doc): ``parts`` in ``compute_devices``' order; the
-    ops in device order (``order``) with where each device's begin (``starts``) and how many
-    (``counts``), devices sorted; each op's device (``devices``)."""
+    """One structure's plan (see the module doc): ``parts`` in ``compute_devices``' order; each
+    op's device (``devices``); the devices with ops, sorted, and how many each (``counts``); where
+    each run of ops of one device begins (``runs``) and its device's position in ``counts``
+    (``run_group``): a device's ops are one run or a few, whatever the graph."""
 
-    __slots__ = ("parts", "order", "starts", "counts", "devices")
+    __slots__ = ("parts", "counts", "devices", "runs", "run_group")
 
     def __init__(self, c: Compute, keys: tuple[tuple[int, int, int], ...], cpu: int) -> None:
         node = np.asarray(c.op_node, dtype=np.int64)
@@ -43,13 +44,11 @@ class Plan:
         for d, i_start, i_end in keys:
             od[(node >= i_start) & (node < i_end)] = d
         self.devices = od  # (the per-op fallback of times past 2**62: ``devices.op_extents``)
-        uniq_a, inv = np.unique(od, return_inverse=True)  # (as device_time.op_groups)
-        counts_a = np.bincount(inv, minlength=len(uniq_a))
-        self.order = np.argsort(inv, kind="stable")
-        self.starts = np.cumsum(counts_a) - counts_a
-        uniq, counts = uniq_a.tolist(), counts_a.tolist()
-        self.counts = counts
-        group = {d: g for g, d in enumerate(uniq)}
+        uniq_a, counts_a = np.unique(od, return_counts=True)  # (as device_time.op_groups)
+        self.counts = counts_a.tolist()
+        group = {d: g for g, d in enumerate(uniq_a.tolist())}
+        self.runs = np.flatnonzero(np.r_[True, od[1:] != od[:-1]]) if len(od) else od
+        self.run_group = [group[d] for d in od[self.runs].tolist()]
         if c.layer_device is None:  # (as device_time.layer_devices)
             lds = [cpu] * len(c.layers)
         else:

@@ -259,9 +259,9 @@ def as_items(rows: SliceRows, bulk: bool) -> Iterator[Item | SliceRows]:
 
 
 def op_extents(c: Compute, plan: Plan) -> list[tuple[int, int, int]]:
-    """Per device with ops in ``c`` (in the plan's groups' order): their count, first start and
-    last end."""
-    order, starts, counts = plan.order, plan.starts, plan.counts
+    """Per device with ops in ``c`` (in the plan's ``counts``' order): their count, first start
+    and last end (each run's in one ``reduceat``, then per device)."""
+    counts = plan.counts
     st, du = np.asarray(c.op_start), np.asarray(c.op_dur)
     if st.dtype == object or du.dtype == object:  # (times past 2**62: Python ints)
         od = plan.devices.tolist()
@@ -272,10 +272,20 @@ def op_extents(c: Compute, plan: Plan) -> list[tuple[int, int, int]]:
             hi_of[d] = max(hi_of.get(d, s + u), s + u)
         uniq = sorted(lo_of)
         return [(k, lo_of[d], hi_of[d]) for d, k in zip(uniq, counts, strict=True)]
-    s_o = st[order]
-    lo = np.minimum.reduceat(s_o, starts).tolist()
-    hi = np.maximum.reduceat(s_o + du[order], starts).tolist()
-    return list(zip(counts, lo, hi, strict=True))
+    runs = plan.runs
+    lo = np.minimum.reduceat(st, runs).tolist()
+    hi = np.maximum.reduceat(st + du, runs).tolist()
+    rg = plan.run_group
+    if len(rg) == len(counts):  # (a run per device: nearly always)
+        out: list[Any] = [None] * len(counts)
+        for g, a, z in zip(rg, lo, hi, strict=True):
+            out[g] = (counts[g], a, z)
+        return out
+    ext: dict[int, tuple[int, int, int]] = {}
+    for g, a, z in zip(rg, lo, hi, strict=True):
+        k, a0, z0 = ext.get(g, (counts[g], a, z))
+        ext[g] = (k, min(a0, a), max(z0, z))
+    return [ext[g] for g in range(len(counts))]
 
 
 def copy_rows(

@@ -27,6 +27,10 @@ class NetworkTracks:
         self.transfers_done = 0
         self.labels: dict[int, tuple[str, Lanes]] = {}  # device -> its label and lanes
 
+    def pending(self) -> bool:
+        """Whether ``transfers`` records outside any step were read since the last call."""
+        return self.transfers_done < len(self.info.transfers)
+
     def transfers(self, step: Step | None = None) -> Iterator[Item | SliceRows]:
         """The RPC commands of ``step``, or (None) those outside any step not drawn yet."""
         if step is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from support import FIXTURES
 
@@ -15,7 +16,7 @@ from llamacpp_instr.converters.reading.decode.devices import Placement
 from llamacpp_instr.converters.reading.decode.sessions import StepDone
 from llamacpp_instr.converters.reading.decode.transfers import Transfers
 from llamacpp_instr.converters.session.fold import iter_events_packed
-from llamacpp_instr.converters.traces.device_plan import Plan
+from llamacpp_instr.converters.traces.device_plan import Plan, Plans
 from llamacpp_instr.converters.traces.devices import op_extents
 from llamacpp_instr.converters.traces.items import (
     ComputeBatch,
@@ -98,3 +99,38 @@ def test_op_extents_of_devices_in_several_runs() -> None:
         k, lo, hi = want.get(d, (0, s, s + u))
         want[d] = (k + 1, min(lo, s), max(hi, s + u))
     assert op_extents(c, plan) == [want[d] for d in sorted(want)]
+
+
+def test_plans_by_splits_and_layer_devices() -> None:
+    """A compute's plan is made once per its ops' nodes, splits and layer devices: the same
+    compute with its splits on other devices, or its layers on another, gets another plan,
+    whose parts say so."""
+    events = list(iter_events_packed(LOGS[2]))
+    c = next(c for ev in events if isinstance(ev, StepDone) for c in ev.step.computes)
+    assert c.place is not None and c.layer_device is not None
+    rows = c.place.bulk()[0][0]
+    plans = Plans(0)
+    plan = plans.get(c, rows)
+    assert plans.get(c, [list(r) for r in rows]) is plan  # (the same structure: kept)
+    devices = [p.device for p in plan.parts]
+    swapped = [[{1: 2, 2: 1}.get(r[0], r[0]), *r[1:]] for r in rows]
+    other = plans.get(c, swapped)
+    assert other is not plan
+    assert [p.device for p in other.parts][: len(rows)] == [r[0] for r in swapped]
+    for p in other.parts:  # each device's ops: those of its split's nodes, as placed here
+        want = [
+            next((r[0] for r in swapped if r[1] <= i < r[2]), 0) == p.device
+            for i in c.op_node.tolist()
+        ]
+        assert p.mask.tolist() == want
+    layer_device = c.layer_device
+    try:
+        c.layer_device = np.full(len(c.layers), 2, dtype=np.int64)
+        moved = plans.get(c, rows)
+        assert moved is not plan
+        by_device = {p.device: p for p in moved.parts}
+        assert by_device[2].spans == slice(0, len(c.layers))
+        assert all(not p.spans for d, p in by_device.items() if d != 2)
+    finally:
+        c.layer_device = layer_device
+    assert plans.get(c, rows) is plan and devices == [p.device for p in plan.parts]

@@ -41,7 +41,7 @@ from ..session.kv_flows import OpFlows
 from .device_lanes import COPIES_ORDER, DeviceLanes, Lanes
 from .device_own import OwnTiming
 from .device_plan import Plan, Plans
-from .items import BulkItem, Item, LayoutStats, Slice, SliceRows, Track, track_uuid
+from .items import BulkItem, Item, LayoutStats, Slice, SliceRows, Track, text_uuid
 from .network import NetworkTracks
 
 
@@ -159,11 +159,9 @@ class DeviceTracks:
         if not bs and not rs:
             return {}
         timed = {b[3] for b in bs} | {r[0] for r in rs}
-        return {
-            k: track_uuid(self.sid, "launch", step.ctx, step.index, c.ubatch, k)
-            for k in sorted(timed)
-            if k >= 0
-        }
+        # track_uuid(sid, "launch", ctx, step, ubatch, k), the prefix joined once
+        pre = "\0".join((self.sid, "launch", str(step.ctx), str(step.index), str(c.ubatch), ""))
+        return {k: text_uuid(pre + str(k)) for k in sorted(timed) if k >= 0}
 
     def _splits(
         self,

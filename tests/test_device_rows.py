@@ -13,8 +13,9 @@ import pytest
 from support import FIXTURES
 
 from llamacpp_instr.converters.reading.decode.devices import Placement
-from llamacpp_instr.converters.reading.decode.sessions import StepDone
+from llamacpp_instr.converters.reading.decode.sessions import SessionStarted, StepDone
 from llamacpp_instr.converters.reading.decode.transfers import Transfers
+from llamacpp_instr.converters.session import device_time as dt
 from llamacpp_instr.converters.session.fold import iter_events_packed
 from llamacpp_instr.converters.traces.device_plan import Plan, Plans
 from llamacpp_instr.converters.traces.devices import op_extents
@@ -134,3 +135,31 @@ def test_plans_by_splits_and_layer_devices() -> None:
     finally:
         c.layer_device = layer_device
     assert plans.get(c, rows) is plan and devices == [p.device for p in plan.parts]
+
+
+@pytest.mark.parametrize("log", LOGS, ids=[p.name.split("-detailed")[0] for p in LOGS])
+def test_plans_place_as_device_time(log: Path) -> None:
+    """The plan's devices are ``device_time``'s: each op's (``op_devices``), the compute's in
+    order (``compute_devices``), each device's ops (``op_masks``) and layer spans
+    (``layer_devices``), for every compute of the fixtures."""
+    events = list(iter_events_packed(log))
+    info = next(ev.session for ev in events if isinstance(ev, SessionStarted))
+    cpu = dt.Devices(info).cpu
+    plans = Plans(cpu)
+    computes = [c for ev in events if isinstance(ev, StepDone) for c in ev.step.computes]
+    assert computes
+    for c in computes:
+        plan = plans.get(c, c.place.bulk()[0][0] if c.place is not None else [])
+        assert plan.devices.tolist() == dt.op_devices(c, cpu).tolist()
+        assert [p.device for p in plan.parts] == dt.compute_devices(c, cpu)
+        masks = dt.op_masks(c, cpu)
+        lds = dt.layer_devices(c, cpu).tolist()
+        for p in plan.parts:
+            if not len(c.op_node):  # (no ops: no mask)
+                assert p.mask is None
+            else:
+                want = masks.get(p.device)
+                no_op = [False] * len(c.op_node)
+                assert p.mask.tolist() == (want.tolist() if want is not None else no_op)
+            idx = range(len(lds))[p.spans] if isinstance(p.spans, slice) else p.spans
+            assert list(idx) == [i for i, d in enumerate(lds) if d == p.device]

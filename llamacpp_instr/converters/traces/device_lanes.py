@@ -17,11 +17,14 @@ NETWORK_ORDER = 71
 
 
 class Lanes:
-    """A track that may need more lanes: a slice goes on the first lane free at its start."""
+    """A track that may need more lanes: a slice goes on the first lane free at its start.
+    ``uuids`` and ``ends``: each lane's track id and the end of its last slice (lists side by
+    side: a compute places a few dozen slices, each one reading the first lane)."""
 
     def __init__(self, key: tuple[Any, ...], name: str, order: int, parent: int | None) -> None:
         self.key, self.name, self.order, self.parent = key, name, order, parent
-        self.lanes: list[tuple[Track, int]] = []  # (track, end of its last slice)
+        self.uuids: list[int] = []
+        self.ends: list[int] = []
 
 
 class DeviceLanes:
@@ -40,7 +43,7 @@ class DeviceLanes:
 
     def _new_lane(self, lanes: Lanes) -> Track:
         """A new lane of ``lanes``: ``NAME``, then ``NAME (2)``..."""
-        k = len(lanes.lanes)
+        k = len(lanes.uuids)
         name = lanes.name if k == 0 else f"{lanes.name} ({k + 1})"
         parent = lanes.parent if lanes.parent is not None else self.process.uuid
         tr = Track(
@@ -51,36 +54,34 @@ class DeviceLanes:
             lanes.order,
             self.process.pid,
         )
-        lanes.lanes.append((tr, 0))
+        lanes.uuids.append(tr.uuid)
+        lanes.ends.append(0)
         return tr
 
     def place(self, lanes: Lanes, s: Slice) -> Iterator[Item]:
         """``s`` (its track left unset) on the first of ``lanes``' tracks free at its start."""
-        k = next((k for k, (_, last) in enumerate(lanes.lanes) if last <= s.ts), None)
+        k = next((k for k, last in enumerate(lanes.ends) if last <= s.ts), None)
         if k is None:
-            k = len(lanes.lanes)
+            k = len(lanes.ends)
             yield self._new_lane(lanes)
-        lanes.lanes[k] = (lanes.lanes[k][0], s.ts + s.dur)
-        s.track = lanes.lanes[k][0].uuid
+        lanes.ends[k] = s.ts + s.dur
+        s.track = lanes.uuids[k]
         yield s
 
     def assign(
         self, lanes: Lanes, ts: int, end: int, row: int, new: list[tuple[int, Track]]
     ) -> int:
         """``place`` for a slice from ``ts`` to ``end``, row ``row`` of a ``SliceRows``: the
-        track it goes on (a new lane is added to ``new``)."""
-        ll = lanes.lanes
-        if ll and ll[0][1] <= ts:  # (the first lane free: nearly always)
-            tr = ll[0][0]
-            ll[0] = (tr, end)
-            return tr.uuid
-        for k, (tr, last) in enumerate(ll):
+        track it goes on (a new lane is added to ``new``). (The row builders test the first lane
+        themselves, as here, before they call this.)"""
+        ends = lanes.ends
+        for k, last in enumerate(ends):
             if last <= ts:
-                ll[k] = (tr, end)
-                return tr.uuid
+                ends[k] = end
+                return lanes.uuids[k]
         tr = self._new_lane(lanes)
         new.append((row, tr))
-        ll[-1] = (tr, end)
+        ends[-1] = end
         return tr.uuid
 
     def get(self, key: tuple[Any, ...], name: str, order: int, parent: int | None = None) -> Lanes:
@@ -93,8 +94,8 @@ class DeviceLanes:
         """Device ``d``'s track, yielded when first used (one lane: a device's parts of its
         computes never overlap)."""
         lanes = self.get(("device", d), self.devs[d].label, self.rank(d))
-        if not lanes.lanes:
+        if not lanes.uuids:
             yield self._new_lane(lanes)
 
     def track_of(self, d: int) -> int:
-        return self.tracks[("device", d)].lanes[0][0].uuid
+        return self.tracks[("device", d)].uuids[0]

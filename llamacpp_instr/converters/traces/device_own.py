@@ -1,15 +1,19 @@
 """What the devices of a run timed themselves, for ``devices.DeviceTracks``: a Vulkan device's
 command buffers (``busy`` rows) and the graphs RPC servers computed (``remote`` rows), each on its
-device's own-timing track, a compute's rows as one ``SliceRows``."""
+device's own-timing track, a compute's rows as one ``SliceRows``. The rows are a ``Placement``'s
+as read (``Placement.bulk``: ``Busy``'s and ``Remote``'s fields, times relative to ``t0``)."""
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
-from ..reading.decode.devices import Placement
 from ..session import device_time as dt
 from .device_lanes import DeviceLanes, Lanes
 from .items import SliceRows
+
+_BUSY_ORDER = itemgetter(1, 2)  # a busy row's start and duration
+_REMOTE_ORDER = itemgetter(4, 5)  # a remote row's start and end
 
 
 class OwnTiming:
@@ -30,50 +34,83 @@ class OwnTiming:
             got = self.tracks[(kind, d)] = (dev.name if kind == "busy" else dev.label, lanes)
         return got
 
-    def busy(self, p: Placement, flow_of: dict[int, int]) -> SliceRows:
-        """A compute's command buffers (the first of a split a device timed ends its flow)."""
-        splits = p.splits
+    def busy(self, bs: list[Any], sp: list[Any], t0: int, flow_of: dict[int, int]) -> SliceRows:
+        """A compute's command buffers (``bs``; ``sp``: its splits rows): the first of a split
+        a device timed ends its flow."""
+        out = SliceRows("busy", 0)
+        if not bs:
+            return out
+        n_splits = len(sp)
         seen: set[int] = set()
         last: dict[int, int] = {}
-        out = SliceRows("busy", 0)
-        for j, b in enumerate(sorted(p.busy, key=lambda x: (x.start, x.dur))):
-            name, lanes = self._lanes("busy", b.device)
-            args: dict[str, Any] = {"split": b.split, "n_ops": b.n_ops, "device": name}
-            if b.device in last:
-                args["idle_before_ns"] = max(0, b.start - last[b.device])
-            if 0 <= b.split < len(splits):
-                args["since_launch_ns"] = b.start - splits[b.split].launch
-            last[b.device] = max(last.get(b.device, 0), b.start + b.dur)
-            if b.split in flow_of and b.split not in seen:
-                seen.add(b.split)
-                out.flows_in[j] = (flow_of[b.split],)
-            track = self.lanes.assign(lanes, b.start, b.start + b.dur, j, out.tracks)
-            out.add(track, "command buffer", b.start, b.dur, args)
+        assign = self.lanes.assign
+        # (SliceRows.add, inlined: a few rows per compute)
+        tracks, names, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
+        for j, (d, s, dur, k, n_ops) in enumerate(sorted(bs, key=_BUSY_ORDER)):
+            name, lanes = self._lanes("busy", d)
+            start = t0 + s
+            args: dict[str, Any] = {"split": k, "n_ops": n_ops, "device": name}
+            if d in last:
+                args["idle_before_ns"] = max(0, start - last[d])
+            if 0 <= k < n_splits:
+                args["since_launch_ns"] = s - sp[k][4]
+            end = start + dur
+            last[d] = max(last.get(d, 0), end)
+            if k in flow_of and k not in seen:
+                seen.add(k)
+                out.flows_in[j] = (flow_of[k],)
+            ends = lanes.ends
+            if ends and ends[0] <= start:  # (the first lane free: ``DeviceLanes.assign``)
+                ends[0] = end
+                tracks.append(lanes.uuids[0])
+            else:
+                tracks.append(assign(lanes, start, end, j, out.tracks))
+            names.append("command buffer")
+            starts.append(start)
+            durs.append(dur)
+            all_args.append(args)
         return out
 
-    def remote(self, p: Placement, flow_of: dict[int, int]) -> SliceRows:
-        """A compute's graphs RPC servers timed (the first of a split ends its flow)."""
-        splits = p.splits
-        seen: set[int] = set()
+    def remote(self, rs: list[Any], sp: list[Any], t0: int, flow_of: dict[int, int]) -> SliceRows:
+        """A compute's graphs RPC servers timed (``rs``; ``sp``: its splits rows): the first of
+        a split ends its flow."""
         out = SliceRows("remote", 0)
-        for j, r in enumerate(sorted(p.remote, key=lambda x: (x.start, x.end))):
-            label, lanes = self._lanes("remote", r.device)
+        if not rs:
+            return out
+        n_splits = len(sp)
+        seen: set[int] = set()
+        assign = self.lanes.assign
+        # (SliceRows.add, inlined: a few rows per compute)
+        tracks, names, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
+        for j, (k, d, send, reply, s, e, one_way, err, offset, nbytes, n_ops) in enumerate(
+            sorted(rs, key=_REMOTE_ORDER)
+        ):
+            label, lanes = self._lanes("remote", d)
             args: dict[str, Any] = {
-                "split": r.split,
+                "split": k,
                 "device": label,
-                "n_ops": r.n_ops,
-                "bytes": r.bytes,
-                "one_way_ns": r.one_way,
-                "err_ns": r.err,
-                "clock_offset_ns": r.clock_offset,
-                "sent_to_start_ns": r.start - r.send,
-                "end_to_reply_ns": r.reply - r.end,
+                "n_ops": n_ops,
+                "bytes": nbytes,
+                "one_way_ns": one_way,
+                "err_ns": err,
+                "clock_offset_ns": offset,
+                "sent_to_start_ns": s - send,
+                "end_to_reply_ns": reply - e,
             }
-            if 0 <= r.split < len(splits):
-                args["since_launch_ns"] = r.start - splits[r.split].launch
-            if r.split in flow_of and r.split not in seen:
-                seen.add(r.split)
-                out.flows_in[j] = (flow_of[r.split],)
-            track = self.lanes.assign(lanes, r.start, r.end, j, out.tracks)
-            out.add(track, "graph compute (server)", r.start, r.end - r.start, args)
+            if 0 <= k < n_splits:
+                args["since_launch_ns"] = s - sp[k][4]
+            if k in flow_of and k not in seen:
+                seen.add(k)
+                out.flows_in[j] = (flow_of[k],)
+            start, end = t0 + s, t0 + e
+            ends = lanes.ends
+            if ends and ends[0] <= start:  # (the first lane free: ``DeviceLanes.assign``)
+                ends[0] = end
+                tracks.append(lanes.uuids[0])
+            else:
+                tracks.append(assign(lanes, start, end, j, out.tracks))
+            names.append("graph compute (server)")
+            starts.append(start)
+            durs.append(e - s)
+            all_args.append(args)
         return out

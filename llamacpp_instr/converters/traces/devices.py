@@ -27,20 +27,21 @@ Slices that may overlap on one track (they should not, but a log is data) go to 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from operator import itemgetter
 from typing import Any, Protocol
 
 import numpy as np
 
 from ..reading.decode.columns import LayerSpan
 from ..reading.decode.computes import Compute
-from ..reading.decode.devices import Placement, Split
 from ..reading.decode.sessions import SessionInfo
 from ..reading.decode.steps import Step
 from ..session import device_time as dt
 from ..session.kv_flows import OpFlows
 from .device_lanes import COPIES_ORDER, DeviceLanes, Lanes
 from .device_own import OwnTiming
-from .items import BulkItem, Item, LayoutStats, Slice, SliceRows, Track, track_uuid
+from .device_plan import Plan, Plans
+from .items import BulkItem, Item, LayoutStats, Slice, SliceRows, Track, text_uuid
 from .network import NetworkTracks
 
 
@@ -68,7 +69,9 @@ class SessionLayout(Protocol):
 
 
 class DeviceTracks:
-    """One session's device tracks and what goes on them (see the module doc)."""
+    """One session's device tracks and what goes on them (see the module doc). Every step reads
+    its placement's rows as read (``Placement.bulk``, times relative to its ``t0``), and what the
+    steps repeat is made once (``device_plan``)."""
 
     def __init__(self, lay: SessionLayout) -> None:
         self.lay = lay
@@ -76,15 +79,25 @@ class DeviceTracks:
         self.sid = lay.info.sid
         self.lanes = DeviceLanes(self.sid, lay.process, self.devs, lay.bulk)
         self.network = NetworkTracks(lay.info, self.lanes)
-        self.names: dict[int, str] = {}  # device names by index (``copy_rows``)
-        self.plans: dict[tuple[Any, ...], list[tuple[int, list[int]]]] = {}  # (``_plan``)
+        self.pairs: dict[tuple[int, int], tuple[str, str, str]] = {}  # (``copy_rows``)
+        self.plans = Plans(self.devs.cpu)
         self.own = OwnTiming(self.devs, self.lanes)
+        self.labels: dict[int, tuple[str, str]] = {}  # device -> its label and name
+        self.parts: dict[int, tuple[int, str]] = {}  # device -> its track and label (parts)
 
     # -- steps
 
     def step_end(self, step: Step) -> int:
-        """Where the step's slice ends: the last thing it waited for (``device_time``)."""
-        return dt.step_window(step)[1]
+        """Where the step's slice ends: the last thing it waited for (``device_time.step_window``,
+        from the transfers' rows as read)."""
+        end = step.end
+        for c in step.computes:
+            end = max(end, c.start + c.dur)
+        for t in step.transfers:
+            raw, t0 = t.bulk_rows()
+            if raw:
+                end = max(end, t0 + max(map(_END, raw)))
+        return end
 
     def compute(
         self, c: Compute, track: int, stats: LayoutStats, flows: OpFlows, step: Step
@@ -94,143 +107,143 @@ class DeviceTracks:
         stats.computes += 1
         head = self.lay.compute_slice(c, track)
         p = c.place
-        lo, hi = head.ts, head.ts + head.dur
+        sp: list[Any] = []
         if p is not None:
-            for s in p.splits:
-                lo, hi = min(lo, s.start), max(hi, s.end)
-            for r in p.remote:
-                hi = max(hi, r.end)
-            for b in p.busy:
-                hi = max(hi, b.start + b.dur)
-        head.ts, head.dur = lo, hi - lo
-        yield head
-        flow_of = self._flows(c, step)
-        if p is not None and p.splits:
-            copied, started = _per_split(p)
-            for k, s in enumerate(p.splits):
-                yield self._split(
-                    k, s, copied.get(k, (0, 0)), started.get(k), track, flow_of.get(k)
-                )
-        cpu = self.devs.cpu
+            (sp, cps, bs, rs), t0 = p.bulk()
+            lo, hi = head.ts - t0, head.ts + head.dur - t0  # (relative to t0, as the rows)
+            for s in sp:
+                if s[3] < lo:
+                    lo = s[3]
+                if s[5] > hi:
+                    hi = s[5]
+            for r in rs:
+                if r[5] > hi:
+                    hi = r[5]
+            for b in bs:
+                if b[1] + b[2] > hi:
+                    hi = b[1] + b[2]
+            head.ts, head.dur = t0 + lo, hi - lo
+            yield head
+            flow_of = self._flows(bs, rs, c, step)
+            if sp:
+                yield from self._splits(sp, cps, bs, rs, t0, track, flow_of)
+        else:
+            yield head
+        plan = self.plans.get(c, sp)
         has_ops = len(c.op_node) > 0
-        extents = op_extents(c, cpu) if has_ops else {}
-        masks = dt.op_masks(c, cpu) if has_ops else {}
+        extents = op_extents(c, plan) if has_ops else []
         layers = c.layers
-        for d, idx in self._plan(c, cpu):
-            yield from self.lanes.device_track(d)
-            spans = [layers[i] for i in idx]
-            mask = masks.get(d) if has_ops else None
-            if mask is None and has_ops:  # (a device with layers only: no op)
-                mask = dt.op_devices(c, cpu) == d
-            head_d = self._device_slice(c, d, spans, extents.get(d, (0, 0, 0)))
+        lay = self.lay
+        for part in plan.parts:
+            d = part.device
+            got = self.parts.get(d)
+            if got is None:
+                yield from self.lanes.device_track(d)
+                got = self.parts[d] = (self.lanes.track_of(d), self.devs[d].label)
+            idx = part.spans
+            spans = layers[idx] if type(idx) is slice else [layers[i] for i in idx]
+            g = part.group
+            head_d = _device_slice(c, got, spans, extents[g] if g >= 0 and has_ops else None)
             if head_d is not None:
-                yield from self.lay.compute_batch(head_d, c, spans, stats, flows, mask)
+                yield from lay.compute_batch(head_d, c, spans, stats, flows, part.mask)
         if p is not None:
-            yield from self._copies(c)
-            yield from as_items(self.own.busy(p, flow_of), self.lay.bulk)
-            yield from as_items(self.own.remote(p, flow_of), self.lay.bulk)
+            bulk = lay.bulk
+            lanes = self.lanes.get(("copies",), "copies", COPIES_ORDER)
+            yield from as_items(copy_rows(cps, t0, self.lanes, lanes, self.pairs, self.devs), bulk)
+            yield from as_items(self.own.busy(bs, sp, t0, flow_of), bulk)
+            yield from as_items(self.own.remote(rs, sp, t0, flow_of), bulk)
 
-    def _plan(self, c: Compute, cpu: int) -> list[tuple[int, list[int]]]:
-        """The devices a compute ran on (``device_time.compute_devices``), each with the
-        positions of its layer spans: made once per splits and layer devices (every generation
-        step repeats them)."""
-        splits = c.place.splits if c.place is not None else []
-        ld = c.layer_device
-        key = (
-            tuple(s.device for s in splits),
-            len(c.layers),
-            ld.tobytes() if ld is not None else None,
-        )
-        plan = self.plans.get(key)
-        if plan is None:
-            lds = dt.layer_devices(c, cpu).tolist()
-            plan = [
-                (d, [i for i, x in enumerate(lds) if x == d]) for d in dt.compute_devices(c, cpu)
-            ]
-            if len(self.plans) >= 256:
-                self.plans.clear()
-            self.plans[key] = plan
-        return plan
-
-    def _device_slice(
-        self, c: Compute, d: int, spans: list[Any], ops: tuple[int, int, int]
-    ) -> Slice | None:
-        """Device ``d``'s part of ``c``: from its first layer or op to its last (``ops``: its
-        ops' count, first start and last end, ``op_extents``)."""
-        starts = [s.start for s in spans]
-        ends = [s.start + s.dur for s in spans]
-        n_ops = ops[0]
-        if n_ops:
-            starts.append(ops[1])
-            ends.append(ops[2])
-        if not starts:
-            return None
-        args = {
-            "ubatch": c.ubatch,
-            "graph": c.graph.id if c.graph else -1,
-            "device": self.devs[d].label,
-            "n_ops": n_ops,
-        }
-        lo = min(starts)
-        return Slice(
-            self.lanes.track_of(d),
-            f"compute ubatch {c.ubatch}",
-            lo,
-            max(ends) - lo,
-            1,
-            "device",
-            args,
-        )
-
-    def _flows(self, c: Compute, step: Step) -> dict[int, int]:
-        """A flow id per split that a device timed itself (from the host's launch to the device)."""
-        p = c.place
-        if p is None:
+    def _flows(self, bs: list[Any], rs: list[Any], c: Compute, step: Step) -> dict[int, int]:
+        """A flow id per split that a device timed itself (from the host's launch to the device),
+        of its busy and remote rows."""
+        if not bs and not rs:
             return {}
-        timed = {b.split for b in p.busy} | {r.split for r in p.remote}
-        return {
-            k: track_uuid(self.sid, "launch", step.ctx, step.index, c.ubatch, k)
-            for k in sorted(timed)
-            if k >= 0
-        }
+        timed = {b[3] for b in bs} | {r[0] for r in rs}
+        # track_uuid(sid, "launch", ctx, step, ubatch, k), the prefix joined once
+        pre = "\0".join((self.sid, "launch", str(step.ctx), str(step.index), str(c.ubatch), ""))
+        return {k: text_uuid(pre + str(k)) for k in sorted(timed) if k >= 0}
 
-    def _split(
+    def _splits(
         self,
-        k: int,
-        s: Split,
-        copied: tuple[int, int],
-        started: int | None,
+        sp: list[Any],
+        cps: list[Any],
+        bs: list[Any],
+        rs: list[Any],
+        t0: int,
         track: int,
-        flow: int | None,
-    ) -> Slice:
-        """Split ``k``'s slice (``copied``: its copies' count and bytes; ``started``: when its
-        device began it, if the device timed it: ``_per_split``)."""
-        dev = self.devs[s.device]
-        args: dict[str, Any] = {
-            "split": k,
-            "device": dev.label,
-            "nodes": f"{s.i_start}..{s.i_end}",
-            "inputs_ns": s.launch - s.start,
-            "launch_ns": s.end - s.launch,
-            "n_copies": copied[0],
-            "copy_bytes": copied[1],
-        }
-        if started is not None:
-            args["device_start_ns"] = started - s.launch  # the gap: host launch to device
-        name = f"split {k} {dev.name}"
-        return Slice(
-            track, name, s.start, s.end - s.start, 2, "split", args, (flow,) if flow else ()
-        )
-
-    def _copies(self, c: Compute) -> Iterator[Item | SliceRows]:
-        p = c.place
-        assert p is not None
-        lanes = self.lanes.get(("copies",), "copies", COPIES_ORDER)
-        yield from as_items(copy_rows(p, self.lanes, lanes, self.names, self.devs), self.lay.bulk)
+        flow_of: dict[int, int],
+    ) -> Iterator[Slice]:
+        """The splits' slices (rows relative to ``t0``): each with its copies' count and bytes,
+        and when its device began it, if the device timed it (its first busy or remote row)."""
+        copied: dict[int, tuple[int, int]] = {}
+        for cp in cps:
+            n, b = copied.get(cp[0], (0, 0))
+            copied[cp[0]] = (n + 1, b + cp[3])
+        started: dict[int, int] = {}
+        for k, t in [(b[3], b[1]) for b in bs] + [(r[0], r[4]) for r in rs]:
+            if k not in started or t < started[k]:
+                started[k] = t
+        labels = self.labels
+        for k, (d, i0, i1, s, la, e) in enumerate(sp):
+            got = labels.get(d)
+            if got is None:
+                dev = self.devs[d]
+                got = labels[d] = (dev.label, dev.name)
+            n, b = copied.get(k, (0, 0))
+            args: dict[str, Any] = {
+                "split": k,
+                "device": got[0],
+                "nodes": f"{i0}..{i1}",
+                "inputs_ns": la - s,
+                "launch_ns": e - la,
+                "n_copies": n,
+                "copy_bytes": b,
+            }
+            if k in started:  # the gap: host launch to device
+                args["device_start_ns"] = started[k] - la
+            flow = flow_of.get(k)
+            yield Slice(
+                track,
+                f"split {k} {got[1]}",
+                t0 + s,
+                e - s,
+                2,
+                "split",
+                args,
+                (flow,) if flow else (),
+            )
 
     def transfers(self, step: Step | None = None) -> Iterator[Item | SliceRows]:
         """The RPC commands of ``step``, or (None) those outside any step not drawn yet."""
         return self.network.transfers(step)
+
+
+_END = itemgetter(9)  # a transfers row's end
+
+
+def _device_slice(
+    c: Compute, got: tuple[int, str], spans: Sequence[LayerSpan], ops: tuple[int, int, int] | None
+) -> Slice | None:
+    """A device's part of ``c`` on its track (``got``: the track and the device's label): from
+    its first layer or op to its last (``ops``: its ops' count, first start and last end,
+    ``op_extents``)."""
+    starts = [s.start for s in spans]
+    ends = [s.start + s.dur for s in spans]
+    n_ops = 0
+    if ops is not None and ops[0]:
+        n_ops = ops[0]
+        starts.append(ops[1])
+        ends.append(ops[2])
+    if not starts:
+        return None
+    args = {
+        "ubatch": c.ubatch,
+        "graph": c.graph.id if c.graph else -1,
+        "device": got[1],
+        "n_ops": n_ops,
+    }
+    lo = min(starts)
+    return Slice(got[0], f"compute ubatch {c.ubatch}", lo, max(ends) - lo, 1, "device", args)
 
 
 def as_items(rows: SliceRows, bulk: bool) -> Iterator[Item | SliceRows]:
@@ -243,67 +256,83 @@ def as_items(rows: SliceRows, bulk: bool) -> Iterator[Item | SliceRows]:
         yield from rows.items()
 
 
-def op_extents(c: Compute, cpu: int) -> dict[int, tuple[int, int, int]]:
-    """Per device with ops in ``c``: their count, first start and last end (the ops grouped
-    by device once per graph and splits: ``device_time.op_groups``)."""
-    uniq, counts, order, starts = dt.op_groups(c, cpu)
+def op_extents(c: Compute, plan: Plan) -> list[tuple[int, int, int]]:
+    """Per device with ops in ``c`` (in the plan's ``counts``' order): their count, first start
+    and last end (each run's in one ``reduceat``, then per device)."""
+    counts = plan.counts
     st, du = np.asarray(c.op_start), np.asarray(c.op_dur)
     if st.dtype == object or du.dtype == object:  # (times past 2**62: Python ints)
-        od = dt.op_devices(c, cpu).tolist()
+        od = plan.devices.tolist()
         lo_of: dict[int, int] = {}
         hi_of: dict[int, int] = {}
         for d, s, u in zip(od, st.tolist(), du.tolist(), strict=True):
             lo_of[d] = min(lo_of.get(d, s), s)
             hi_of[d] = max(hi_of.get(d, s + u), s + u)
-        return {d: (k, lo_of[d], hi_of[d]) for d, k in zip(uniq, counts, strict=True)}
-    s_o = st[order]
-    lo = np.minimum.reduceat(s_o, starts).tolist()
-    hi = np.maximum.reduceat(s_o + du[order], starts).tolist()
-    return {d: (k, a, z) for d, k, a, z in zip(uniq, counts, lo, hi, strict=True)}
-
-
-def _per_split(p: Placement) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
-    """Per split: its copies' count and bytes, and the first start of the work its device timed
-    (command buffers, remote graphs), in one pass over each list."""
-    copied: dict[int, tuple[int, int]] = {}
-    for cp in p.copies:
-        n, b = copied.get(cp.split, (0, 0))
-        copied[cp.split] = (n + 1, b + cp.bytes)
-    started: dict[int, int] = {}
-    for k, t in [(b.split, b.start) for b in p.busy] + [(r.split, r.start) for r in p.remote]:
-        if k not in started or t < started[k]:
-            started[k] = t
-    return copied, started
+        uniq = sorted(lo_of)
+        return [(k, lo_of[d], hi_of[d]) for d, k in zip(uniq, counts, strict=True)]
+    runs = plan.runs
+    lo = np.minimum.reduceat(st, runs).tolist()
+    hi = np.maximum.reduceat(st + du, runs).tolist()
+    rg = plan.run_group
+    if len(rg) == len(counts):  # (a run per device: nearly always)
+        out: list[Any] = [None] * len(counts)
+        for g, a, z in zip(rg, lo, hi, strict=True):
+            out[g] = (counts[g], a, z)
+        return out
+    ext: dict[int, tuple[int, int, int]] = {}
+    for g, a, z in zip(rg, lo, hi, strict=True):
+        k, a0, z0 = ext.get(g, (counts[g], a, z))
+        ext[g] = (k, min(a0, a), max(z0, z))
+    return [ext[g] for g in range(len(counts))]
 
 
 def copy_rows(
-    p: Placement, dl: DeviceLanes, lanes: Lanes, names: dict[int, str], devs: dt.Devices
+    cps: list[Any],
+    t0: int,
+    dl: DeviceLanes,
+    lanes: Lanes,
+    pairs: dict[tuple[int, int], tuple[str, str, str]],
+    devs: dt.Devices,
 ) -> SliceRows:
-    """The copies of a compute, as ``DeviceTracks`` draws them (``names``: device names by
-    index, filled as met)."""
+    """The copies of a compute (its ``copies`` rows, times relative to ``t0``), as
+    ``DeviceTracks`` draws them (``pairs``: per source and destination device, their names and
+    the slices' name, filled as met)."""
     out = SliceRows("copy", 0)
-    assign = dl.assign
+    if not cps:
+        return out
     # (SliceRows.add, inlined: a few rows per compute)
     tracks, labels, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
-    for j, cp in enumerate(sorted(p.copies, key=lambda x: (x.start, x.dur))):
-        src = names.get(cp.src) or names.setdefault(cp.src, devs[cp.src].name)
-        dst = names.get(cp.dst) or names.setdefault(cp.dst, devs[cp.dst].name)
-        start, dur = cp.start, cp.dur
-        # as dt.bandwidth, in MB/s
-        mb_s = round(cp.bytes * 1e9 / dur / 1e6, 3) if dur > 0 else 0.0
-        all_args.append(
-            {
-                "tensor": cp.name,
-                "bytes": cp.bytes,
-                "from": src,
-                "to": dst,
-                "split": cp.split,
-                "node": cp.node,
-                "mb_per_s": mb_s,
-            }
-        )
-        tracks.append(assign(lanes, start, start + dur, j, out.tracks))
-        labels.append(f"{src} → {dst}")
+    ends = lanes.ends
+    for j, (k, node, tensor, nbytes, src_d, dst_d, s, dur) in enumerate(
+        sorted(cps, key=_COPY_ORDER)
+    ):
+        pair = pairs.get((src_d, dst_d))
+        if pair is None:
+            src, dst = devs[src_d].name, devs[dst_d].name
+            pair = pairs[(src_d, dst_d)] = (src, dst, f"{src} → {dst}")
+        start = t0 + s
+        end = start + dur
+        if ends and ends[0] <= start:  # (the first lane free: ``DeviceLanes.assign``)
+            ends[0] = end
+            tracks.append(lanes.uuids[0])
+        else:
+            tracks.append(dl.assign(lanes, start, end, j, out.tracks))
+        labels.append(pair[2])
         starts.append(start)
         durs.append(dur)
+        all_args.append(
+            {
+                "tensor": tensor,
+                "bytes": nbytes,
+                "from": pair[0],
+                "to": pair[1],
+                "split": k,
+                "node": node,
+                # as dt.bandwidth, in MB/s
+                "mb_per_s": round(nbytes * 1e9 / dur / 1e6, 3) if dur > 0 else 0.0,
+            }
+        )
     return out
+
+
+_COPY_ORDER = itemgetter(6, 7)  # a copies row's start and duration

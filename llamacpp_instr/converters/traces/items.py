@@ -154,5 +154,11 @@ class LayoutStats:
 
 def track_uuid(*parts: object) -> int:
     """Deterministic 63-bit id: the same log always gives the same trace."""
-    h = hashlib.blake2b("\0".join(map(str, parts)).encode(), digest_size=8).digest()
+    return text_uuid("\0".join(map(str, parts)))
+
+
+def text_uuid(text: str) -> int:
+    """``track_uuid`` of the parts whose strings, joined by NULs, are ``text`` (a caller that
+    makes many ids of one prefix joins it once)."""
+    h = hashlib.blake2b(text.encode(), digest_size=8).digest()
     return int.from_bytes(h, "big") >> 1 or 1

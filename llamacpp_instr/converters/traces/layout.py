@@ -96,9 +96,12 @@ class SessionLayout(OpsLayout):
     def requests(self) -> Iterator[Item | SliceRows]:
         """Slices for the request and part records read since the last call (``ServedTracks``),
         then on several devices the RPC commands sent outside steps (the model's upload first)."""
-        yield from self.served.items()
-        yield from self.memory.items()
-        if self.by_device is not None:
+        # (each asked first: nearly every step reads none of these)
+        if self.served.pending():
+            yield from self.served.items()
+        if self.memory.pending():
+            yield from self.memory.items()
+        if self.by_device is not None and self.by_device.network.pending():
             yield from self.by_device.transfers()
 
     def start(self) -> Iterator[Item]:

@@ -108,7 +108,8 @@ class OpsLayout:
         ``spans`` and the compute's ops, those where ``mask`` when it is given, on its track, in
         bulk), then one by one the op slices it does not hold: those with flows, and every op of
         a compute whose ops the bulk writers leave to the per-op view (``Compute.per_op``:
-        thread timings, tensor statistics)."""
+        thread timings, tensor statistics). ``mask`` may be read-only and shared (a device's
+        ops, ``device_plan``)."""
         track = head.track
         spans = self.spans(spans, stats)
         batch: OpBatch | None = None
@@ -116,16 +117,15 @@ class OpsLayout:
         if self.sel.ops and c.graph is not None and c.per_op:
             ops = [(k, op) for k, op in enumerate(c.unpack()) if mask is None or mask[k]]
         elif self.sel.ops and c.graph is not None:
-            keep = None if mask is None else mask.copy()
+            keep = mask  # (copied before it is written to)
             if self.sel.layer is not None:
                 in_layer = self.layers(c.graph)[c.op_node] == self.sel.layer
                 keep = in_layer if keep is None else keep & in_layer
-            mine = sorted(k for k in flows if mask is None or mask[k])
+            mine = sorted(k for k in flows if mask is None or mask[k]) if flows else []
             if mine:  # the ops with flows come one by one, as slices with their flows
-                if keep is None:
-                    keep = np.ones(len(c.op_node), dtype=bool)
+                keep = np.ones(len(c.op_node), dtype=bool) if keep is None else keep.copy()
                 keep[mine] = False
-            n = len(c.op_node) if keep is None else int(keep.sum())
+            n = len(c.op_node) if keep is None else int(np.count_nonzero(keep))
             stats.ops += n
             if n:
                 batch = OpBatch(track, c, keep, self.roof)

@@ -58,6 +58,11 @@ class MemoryTracks:
             )
             yield self.events
 
+    def pending(self) -> bool:
+        """Whether ``items`` may have something to give: any buffer (made or freed since, which
+        only ``items`` tells), or failures read since the last call."""
+        return bool(self.info.allocations) or self.failures_done < len(self.info.memory_failures)
+
     def items(self) -> Iterator[Item]:
         """Counter samples and instants for the buffers made and freed (and the allocations
         refused) since the last call, in time order."""

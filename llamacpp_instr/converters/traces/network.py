@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from operator import itemgetter
+from typing import Any
 
 from ..reading.decode.sessions import SessionInfo
 from ..reading.decode.steps import Step
@@ -11,6 +13,8 @@ from ..reading.decode.transfers import TransferRow
 from ..session import device_time as dt
 from .device_lanes import NETWORK_ORDER, DeviceLanes, Lanes
 from .items import Item, Slice, SliceRows, Track, track_uuid
+
+_ROW_ORDER = itemgetter(7, 9)  # a transfers row's start and end
 
 
 class NetworkTracks:
@@ -21,6 +25,11 @@ class NetworkTracks:
         self.lanes = lanes
         self.network: Track | None = None
         self.transfers_done = 0
+        self.labels: dict[int, tuple[str, Lanes]] = {}  # device -> its label and lanes
+
+    def pending(self) -> bool:
+        """Whether ``transfers`` records outside any step were read since the last call."""
+        return self.transfers_done < len(self.info.transfers)
 
     def transfers(self, step: Step | None = None) -> Iterator[Item | SliceRows]:
         """The RPC commands of ``step``, or (None) those outside any step not drawn yet."""
@@ -29,7 +38,18 @@ class NetworkTracks:
         else:
             blocks = self.info.transfers[self.transfers_done :]
             self.transfers_done = len(self.info.transfers)
-        rows = [(t.phase, r) for t in blocks for r in t.rows]
+        if not blocks:
+            return
+        # each block's rows as read (``Transfers.bulk_rows``: ``TransferRow``'s fields, times
+        # relative to its offset), with its phase and offset
+        rows: list[tuple[str, int, Any]] = []
+        for t in blocks:
+            raw, t0 = t.bulk_rows()
+            if raw:
+                phase = t.phase
+                if len(blocks) == 1:  # (one offset: the rows' own times order them)
+                    raw = sorted(raw, key=_ROW_ORDER)
+                rows += [(phase, t0, r) for r in raw]
         if not rows:
             return
         if self.network is None:
@@ -42,42 +62,48 @@ class NetworkTracks:
                 self.lanes.process.pid,
             )
             yield self.network
-        rows.sort(key=lambda x: (x[1].start, x[1].end))
+        if len(blocks) > 1:
+            rows.sort(key=lambda x: (x[1] + x[2][7], x[1] + x[2][9]))
         if self.lanes.bulk:
             yield self._commands(rows)
             return
-        for phase, r in rows:
-            yield from self._command(phase, r)
+        for phase, t0, r in rows:
+            yield from self._command(phase, TransferRow(*r[:6], *(t0 + v for v in r[6:])))
 
-    def _commands(self, rows: list[tuple[str, TransferRow]]) -> SliceRows:
+    def _commands(self, rows: list[tuple[str, int, Any]]) -> SliceRows:
         """``_command`` for each of ``rows`` (sorted), as one item."""
         out = SliceRows("transfer", 0)
-        labels: dict[int, tuple[str, Lanes]] = {}
+        labels = self.labels
         assign = self.lanes.assign
         # (SliceRows.add, inlined: a few rows per op)
         tracks, names, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
-        for j, (phase, r) in enumerate(rows):
-            got = labels.get(r.device)
+        for j, (phase, t0, (d, cmd, tensor, nbytes, sent, recv, q, s, _, e)) in enumerate(rows):
+            got = labels.get(d)
             if got is None:
-                label = self.lanes.devs[r.device].label
-                got = labels[r.device] = (label, self._lanes(r.device, label))
+                label = self.lanes.devs[d].label
+                got = labels[d] = (label, self._lanes(d, label))
             label, lanes = got
-            start, end = r.start, r.end
-            dur = end - start
-            nb = r.sent + r.recv
-            tracks.append(assign(lanes, start, end, j, out.tracks))
-            names.append(r.cmd)
+            start = t0 + s
+            dur = e - s
+            nb = sent + recv
+            ends = lanes.ends
+            if ends and ends[0] <= start:  # (the first lane free: ``DeviceLanes.assign``)
+                ends[0] = t0 + e
+                tracks.append(lanes.uuids[0])
+            else:
+                tracks.append(assign(lanes, start, t0 + e, j, out.tracks))
+            names.append(cmd)
             starts.append(start)
             durs.append(dur)
             all_args.append(
                 {
                     "device": label,
                     "phase": phase,
-                    "tensor": r.tensor,
-                    "bytes": r.bytes,
-                    "sent": r.sent,
-                    "recv": r.recv,
-                    "queued_ns": start - r.queue,
+                    "tensor": tensor,
+                    "bytes": nbytes,
+                    "sent": sent,
+                    "recv": recv,
+                    "queued_ns": s - q,
                     # as dt.transfer_args: dt.bandwidth, in MB/s
                     "mb_per_s": round(nb * 1e9 / dur / 1e6, 3) if dur > 0 else 0.0,
                 }

@@ -26,6 +26,10 @@ class ServedTracks:
         self.parts_track: Track | None = None
         self.parts_done = 0
 
+    def pending(self) -> bool:
+        """Whether request or part records were read since the last ``items``."""
+        return self.req_done < len(self.info.requests) or self.parts_done < len(self.info.parts)
+
     def items(self) -> Iterator[Item]:
         """Slices for the request records read since the last call. Requests overlap in time
         (they queue for the model), and slices on one track must nest, so each goes on the first

@@ -1,0 +1,93 @@
+"""What every generation step of a device log repeats, made once for ``devices.DeviceTracks``:
+per graph (its ops' nodes), splits and layer devices, the devices a compute ran on in their order,
+each one's layer spans, ops (a read-only mask and its count) and the grouping that gives its ops'
+first start and last end. A step then only reads its times.
+
+The devices are ``device_time``'s (``op_devices``, ``op_groups``, ``op_masks``, ``layer_devices``,
+``compute_devices``), made here from a ``Placement``'s rows as read (``Placement.bulk``): no
+``Split`` tuple per row."""
+
+from __future__ import annotations
+
+from operator import itemgetter
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..reading.decode.computes import Compute
+
+_SPLIT_KEY = itemgetter(0, 1, 2)  # a splits row's device and node range
+
+
+class DevicePart(NamedTuple):
+    """A device's part of a compute: its device, its layer spans (``spans``: a slice of the
+    compute's when they are contiguous, else their positions), its ops (``mask``, read-only; None
+    when the compute has none) and their group in the plan's ``order`` (-1: none)."""
+
+    device: int
+    spans: slice | list[int]
+    mask: Any
+    group: int
+
+
+class Plan:
+    """One structure's plan (see the module doc): ``parts`` in ``compute_devices``' order; each
+    op's device (``devices``); the devices with ops, sorted, and how many each (``counts``); where
+    each run of ops of one device begins (``runs``) and its device's position in ``counts``
+    (``run_group``): a device's ops are one run or a few, whatever the graph."""
+
+    __slots__ = ("parts", "counts", "devices", "runs", "run_group")
+
+    def __init__(self, c: Compute, keys: tuple[tuple[int, int, int], ...], cpu: int) -> None:
+        node = np.asarray(c.op_node, dtype=np.int64)
+        od = np.full(len(node), cpu, dtype=np.int64)  # (as device_time.op_devices)
+        for d, i_start, i_end in keys:
+            od[(node >= i_start) & (node < i_end)] = d
+        self.devices = od  # (the per-op fallback of times past 2**62: ``devices.op_extents``)
+        uniq_a, counts_a = np.unique(od, return_counts=True)  # (as device_time.op_groups)
+        self.counts = counts_a.tolist()
+        group = {d: g for g, d in enumerate(uniq_a.tolist())}
+        self.runs = np.flatnonzero(np.r_[True, od[1:] != od[:-1]]) if len(od) else od
+        self.run_group = [group[d] for d in od[self.runs].tolist()]
+        if c.layer_device is None:  # (as device_time.layer_devices)
+            lds = [cpu] * len(c.layers)
+        else:
+            lds = np.where(c.layer_device < 0, cpu, c.layer_device).tolist()
+        seen = list(dict.fromkeys([k[0] for k in keys] + lds)) or [cpu]
+        has_ops = len(node) > 0
+        self.parts: list[DevicePart] = []
+        for d in seen:  # (as device_time.compute_devices)
+            idx = [i for i, x in enumerate(lds) if x == d]
+            spans: slice | list[int] = idx
+            if idx and idx[-1] - idx[0] == len(idx) - 1:
+                spans = slice(idx[0], idx[-1] + 1)
+            mask = None
+            if has_ops:
+                mask = od == d
+                mask.setflags(write=False)
+            self.parts.append(DevicePart(d, spans, mask, group.get(d, -1)))
+
+
+class Plans:
+    """The plans of a session, by structure (a few: every generation step repeats one)."""
+
+    def __init__(self, cpu: int) -> None:
+        self.cpu = cpu
+        self.plans: dict[tuple[Any, ...], Plan] = {}
+
+    def get(self, c: Compute, split_rows: list[Any]) -> Plan:
+        """The plan of ``c``, whose splits rows (``Placement.bulk``) are ``split_rows``."""
+        ld = c.layer_device
+        keys = tuple(map(_SPLIT_KEY, split_rows))
+        key = (
+            np.asarray(c.op_node, dtype=np.int64).tobytes(),
+            keys,
+            len(c.layers),
+            ld.tobytes() if ld is not None else None,
+        )
+        plan = self.plans.get(key)
+        if plan is None:
+            if len(self.plans) >= 256:
+                self.plans.clear()
+            plan = self.plans[key] = Plan(c, keys, self.cpu)
+        return plan

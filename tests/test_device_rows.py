@@ -1,0 +1,165 @@
+"""The device layout reads a placement's and a transfers record's rows as read (``Placement.bulk``,
+``Transfers.bulk_rows``: times relative to the record's start) when they were kept, and their
+tuples (times absolute) when the record was read row by row: both must lay out the same items.
+Here every record of the device fixtures is laid out both ways and the items compared."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support import FIXTURES
+
+from llamacpp_instr.converters.reading.decode.devices import Placement
+from llamacpp_instr.converters.reading.decode.sessions import SessionStarted, StepDone
+from llamacpp_instr.converters.reading.decode.transfers import Transfers
+from llamacpp_instr.converters.session import device_time as dt
+from llamacpp_instr.converters.session.fold import iter_events_packed
+from llamacpp_instr.converters.traces.device_plan import Plan, Plans
+from llamacpp_instr.converters.traces.devices import op_extents
+from llamacpp_instr.converters.traces.items import (
+    ComputeBatch,
+    LayoutStats,
+    Selection,
+    SliceRows,
+)
+from llamacpp_instr.converters.traces.layout import layout_bulk
+
+LOGS = [
+    FIXTURES / "tiny-llama-vulkan-full-detailed.log.gz",
+    FIXTURES / "tiny-llama-vulkan-partial-detailed.log.gz",
+    FIXTURES / "tiny-llama-rpc2-detailed.log.gz",
+]
+
+
+def _as_tuples(events: list[Any]) -> int:
+    """Each placement and transfers record of ``events`` as if read row by row (its tuples, no
+    rows kept); how many records had their rows kept."""
+    kept = 0
+    for ev in events:
+        if not isinstance(ev, StepDone):
+            continue
+        step = ev.step
+        for c in step.computes:
+            p = c.place
+            if p is not None and p.raw is not None:
+                kept += 1
+                c.place = Placement(p.splits, p.copies, p.busy, p.remote, p.clocks, p.wait)
+        for k, t in enumerate(step.transfers):
+            if t.raw is not None:
+                kept += 1
+                step.transfers[k] = Transfers(t.phase, t.ctx, t.step, t.dropped, list(t.rows))
+    return kept
+
+
+def _plain(items: Any) -> list[Any]:
+    """The items, comparable: a batch's ops as their track and kept positions."""
+    out: list[Any] = []
+    for it in items:
+        if isinstance(it, ComputeBatch):
+            ops = it.ops
+            keep = None
+            if ops is not None:
+                keep = None if ops.keep is None else ops.keep.nonzero()[0].tolist()
+            out.append((it.slice, list(it.layers), ops and (ops.track, id(ops.compute), keep)))
+        elif isinstance(it, SliceRows):
+            out.append((it.category, it.track, it.name, it.ts, it.dur, it.args, it.flows_in))
+        else:
+            out.append(it)
+    return out
+
+
+@pytest.mark.parametrize("log", LOGS, ids=[p.name.split("-detailed")[0] for p in LOGS])
+def test_rows_as_read_or_as_tuples(log: Path) -> None:
+    events = list(iter_events_packed(log))
+    kept = _plain(layout_bulk(iter(events), Selection(), LayoutStats()))
+    assert _as_tuples(events) > 0  # (the fixtures' rows are all well-formed: kept)
+    again = _plain(layout_bulk(iter(events), Selection(), LayoutStats()))
+    assert any(isinstance(x, tuple) and x[0] == "copy" for x in kept)
+    assert kept == again
+
+
+def test_op_extents_of_devices_in_several_runs() -> None:
+    """A device whose ops are not one run (its splits between another's): its ops' count, first
+    start and last end all the same, as counted here op by op."""
+    events = list(iter_events_packed(LOGS[2]))
+    c = next(c for ev in events if isinstance(ev, StepDone) for c in ev.step.computes)
+    nodes = c.op_node.tolist()
+    assert len(set(nodes)) > 6
+    cut = sorted(set(nodes))
+    # devices 0, 1, 0, 2, 1 over five ranges of the compute's nodes
+    edges = [cut[len(cut) * k // 5] for k in range(5)] + [cut[-1] + 1]
+    keys = tuple((d, edges[k], edges[k + 1]) for k, d in enumerate([0, 1, 0, 2, 1]))
+    plan = Plan(c, keys, 0)
+    assert len(plan.run_group) > len(plan.counts)  # (some device in several runs)
+    want: dict[int, tuple[int, int, int]] = {}
+    for i, s, u in zip(nodes, c.op_start.tolist(), c.op_dur.tolist(), strict=True):
+        d = next(d for d, a, b in keys if a <= i < b)
+        k, lo, hi = want.get(d, (0, s, s + u))
+        want[d] = (k + 1, min(lo, s), max(hi, s + u))
+    assert op_extents(c, plan) == [want[d] for d in sorted(want)]
+
+
+def test_plans_by_splits_and_layer_devices() -> None:
+    """A compute's plan is made once per its ops' nodes, splits and layer devices: the same
+    compute with its splits on other devices, or its layers on another, gets another plan,
+    whose parts say so."""
+    events = list(iter_events_packed(LOGS[2]))
+    c = next(c for ev in events if isinstance(ev, StepDone) for c in ev.step.computes)
+    assert c.place is not None and c.layer_device is not None
+    rows = c.place.bulk()[0][0]
+    plans = Plans(0)
+    plan = plans.get(c, rows)
+    assert plans.get(c, [list(r) for r in rows]) is plan  # (the same structure: kept)
+    devices = [p.device for p in plan.parts]
+    swapped = [[{1: 2, 2: 1}.get(r[0], r[0]), *r[1:]] for r in rows]
+    other = plans.get(c, swapped)
+    assert other is not plan
+    assert [p.device for p in other.parts][: len(rows)] == [r[0] for r in swapped]
+    for p in other.parts:  # each device's ops: those of its split's nodes, as placed here
+        want = [
+            next((r[0] for r in swapped if r[1] <= i < r[2]), 0) == p.device
+            for i in c.op_node.tolist()
+        ]
+        assert p.mask.tolist() == want
+    layer_device = c.layer_device
+    try:
+        c.layer_device = np.full(len(c.layers), 2, dtype=np.int64)
+        moved = plans.get(c, rows)
+        assert moved is not plan
+        by_device = {p.device: p for p in moved.parts}
+        assert by_device[2].spans == slice(0, len(c.layers))
+        assert all(not p.spans for d, p in by_device.items() if d != 2)
+    finally:
+        c.layer_device = layer_device
+    assert plans.get(c, rows) is plan and devices == [p.device for p in plan.parts]
+
+
+@pytest.mark.parametrize("log", LOGS, ids=[p.name.split("-detailed")[0] for p in LOGS])
+def test_plans_place_as_device_time(log: Path) -> None:
+    """The plan's devices are ``device_time``'s: each op's (``op_devices``), the compute's in
+    order (``compute_devices``), each device's ops (``op_masks``) and layer spans
+    (``layer_devices``), for every compute of the fixtures."""
+    events = list(iter_events_packed(log))
+    info = next(ev.session for ev in events if isinstance(ev, SessionStarted))
+    cpu = dt.Devices(info).cpu
+    plans = Plans(cpu)
+    computes = [c for ev in events if isinstance(ev, StepDone) for c in ev.step.computes]
+    assert computes
+    for c in computes:
+        plan = plans.get(c, c.place.bulk()[0][0] if c.place is not None else [])
+        assert plan.devices.tolist() == dt.op_devices(c, cpu).tolist()
+        assert [p.device for p in plan.parts] == dt.compute_devices(c, cpu)
+        masks = dt.op_masks(c, cpu)
+        lds = dt.layer_devices(c, cpu).tolist()
+        for p in plan.parts:
+            if not len(c.op_node):  # (no ops: no mask)
+                assert p.mask is None
+            else:
+                want = masks.get(p.device)
+                no_op = [False] * len(c.op_node)
+                assert p.mask.tolist() == (want.tolist() if want is not None else no_op)
+            idx = range(len(lds))[p.spans] if isinstance(p.spans, slice) else p.spans
+            assert list(idx) == [i for i, d in enumerate(lds) if d == p.device]

@@ -25,7 +25,9 @@ from .protowire import (
     I64_END,
     TE_CATEGORIES,
     TE_DEBUG_ANNOTATIONS,
+    TE_FLOW_IDS,
     TE_NAME_IID,
+    TE_TERMINATING_FLOW_IDS,
     TE_TRACK_UUID,
     TE_TYPE,
     TRACK_EVENT,
@@ -44,7 +46,7 @@ class Pending:
     """The slices of one category and arg names whose begins wait for the flush, as columns, and
     where their rows are (indices into the batch's small rows)."""
 
-    __slots__ = ("tracks", "names", "args", "at", "segs")
+    __slots__ = ("tracks", "names", "args", "at", "segs", "flows_out", "flows_in")
 
     def __init__(self) -> None:
         self.tracks: list[int] = []
@@ -52,10 +54,21 @@ class Pending:
         self.args: list[dict[str, Any]] = []  # made columns at the flush
         self.at: list[int] = []
         self.segs: list[Seg] = []  # or, in a group of segments (``segments``), those
+        # in a group of slices with flows (as many per slice: the key's counts), their ids
+        self.flows_out: list[tuple[int, ...]] = []
+        self.flows_in: list[tuple[int, ...]] = []
 
 
-# per batch: (category, arg names[, True for a group of segments]) -> its pending slices
+# per batch: (category, arg names[, True for a group of segments[, the number of flows each
+# slice starts and ends, where they have some]]) -> its pending slices
 PendingSet = dict[tuple[Any, ...], Pending]
+
+
+def flows_key(category: str, ks: tuple[str, ...], seg: bool, n_out: int, n_in: int) -> Any:
+    """The key of the pending group of slices with these arg names and numbers of flows."""
+    if n_out or n_in:
+        return (category, ks, seg, n_out, n_in)
+    return (category, ks, True) if seg else (category, ks)
 
 
 class Begins:
@@ -67,12 +80,15 @@ class Begins:
         self.tracks: dict[int, bytes] = {}
         self.names: dict[str, bytes] = {}
 
-    def group(self, pending: PendingSet, category: str, args: Any, seg: bool = False) -> Pending:
+    def group(
+        self, pending: PendingSet, category: str, args: Any, seg: bool = False, n_in: int = 0
+    ) -> Pending:
         """Intern the arg names of ``args`` (after its slice's name: ``note``) and give the
-        pending group of its category and arg names (``seg``: of segments)."""
+        pending group of its category and arg names (``seg``: of segments; ``n_in``: of slices
+        that end as many flows each)."""
         ks = tuple(args)
         self._arg_names(ks)
-        key = (category, ks, True) if seg else (category, ks)
+        key = flows_key(category, ks, seg, 0, n_in)
         g = pending.get(key)
         if g is None:
             g = pending[key] = Pending()
@@ -85,20 +101,33 @@ class Begins:
             self.arg_sets.add(ks)
 
     def note(
-        self, pending: PendingSet, at: int, track: int, name: str, category: str, args: Any
+        self,
+        pending: PendingSet,
+        at: int,
+        track: int,
+        name: str,
+        category: str,
+        args: Any,
+        flows_out: tuple[int, ...] = (),
+        flows_in: tuple[int, ...] = (),
     ) -> None:
         """A slice whose begin is small row ``at``: interned now (as ``EventFields.begin``
-        would: its name, then its arg names), encoded at the flush."""
+        would: its name, then its arg names), encoded at the flush. (Its flow ids, if any, must
+        fit a fixed64: ``fixed64_ok``.)"""
         self.interner.name(name)
         ks = tuple(args)
         self._arg_names(ks)
-        g = pending.get((category, ks))
+        key = flows_key(category, ks, False, len(flows_out), len(flows_in))
+        g = pending.get(key)
         if g is None:
-            g = pending[(category, ks)] = Pending()
+            g = pending[key] = Pending()
         g.tracks.append(track)
         g.names.append(name)
         g.args.append(args)
         g.at.append(at)
+        if flows_out or flows_in:
+            g.flows_out.append(flows_out)
+            g.flows_in.append(flows_in)
 
     def encode(self, batches: list[Any]) -> None:
         """Put the begins that waited in the batches' small rows."""
@@ -112,6 +141,9 @@ class Begins:
                 p.tracks += g.tracks
                 p.names += g.names
                 p.args += g.args
+                if g.flows_out:
+                    p.flows_out += g.flows_out
+                    p.flows_in += g.flows_in
                 if g.segs:
                     p.segs += g.segs
                     continue
@@ -169,6 +201,11 @@ class Begins:
                 cols = [[a[ks[0]] for a in p.args]]
             for k, col in zip(ks, cols, strict=True):
                 self._arg(te, DA_NAME_IID + varint(i.arg_names[k]), list(col))
+        if p.flows_out:  # flow_ids, terminating_flow_ids: fixed64 each (as many per slice)
+            for tag_, flows in ((TE_FLOW_IDS, p.flows_out), (TE_TERMINATING_FLOW_IDS, p.flows_in)):
+                for col in zip(*flows, strict=True):
+                    te.const(tag_)
+                    te.fixed64(np.array(col, dtype=np.uint64))
         body = Pieces(n)
         body.const(TRACK_EVENT)
         body.varint(te.lengths())

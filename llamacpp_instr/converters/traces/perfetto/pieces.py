@@ -36,6 +36,10 @@ class Pieces:
     def f64(self, v: Any) -> None:
         self.parts.append(("f64", np.ascontiguousarray(v, dtype="<f8"), 8))
 
+    def fixed64(self, v: Any) -> None:
+        """Little-endian uint64s of ``v`` (a fixed64 field's value)."""
+        self.parts.append(("f64", np.ascontiguousarray(v, dtype="<u8"), 8))
+
     def pick(self, codes: Any, values: list[bytes]) -> None:
         """Per row, ``values[codes[row]]``."""
         vl = np.array([len(x) for x in values], dtype=np.int64)

@@ -35,7 +35,6 @@ from .protowire import (
     annotation_value,
     ld,
     varint,
-    varint_len,
 )
 from .segments import GroupBytes, Seg
 
@@ -69,6 +68,19 @@ def flows_key(category: str, ks: tuple[str, ...], seg: bool, n_out: int, n_in: i
     if n_out or n_in:
         return (category, ks, seg, n_out, n_in)
     return (category, ks, True) if seg else (category, ks)
+
+
+def _uint_column(vals: list[Any]) -> bool:
+    """Whether the values are all ints in [0, 2**63): varints, encoded in bulk."""
+    return set(map(type, vals)) == {int} and 0 <= min(vals) and max(vals) < I64_END
+
+
+def _int_run(te: Pieces, run: list[tuple[bytes, Any]]) -> None:
+    """A run of int args (their heads and values) as debug annotations, at once; emptied."""
+    if run:
+        v = np.array([vals for _, vals in run], dtype=np.int64)
+        te.annotations(TE_DEBUG_ANNOTATIONS, [head for head, _ in run], v)
+        run.clear()
 
 
 class Begins:
@@ -199,8 +211,16 @@ class Begins:
                 cols: Any = zip(*map(itemgetter(*ks), p.args), strict=True)
             else:
                 cols = [[a[ks[0]] for a in p.args]]
+            run: list[tuple[bytes, Any]] = []  # consecutive int args: encoded at once
             for k, col in zip(ks, cols, strict=True):
-                self._arg(te, DA_NAME_IID + varint(i.arg_names[k]), list(col))
+                head = DA_NAME_IID + varint(i.arg_names[k])
+                vals = list(col)
+                if _uint_column(vals):
+                    run.append((head + DA_INT_VALUE, vals))
+                    continue
+                _int_run(te, run)
+                self._arg(te, head, vals)
+            _int_run(te, run)
         if p.flows_out:  # flow_ids, terminating_flow_ids: fixed64 each (as many per slice)
             for tag_, flows in ((TE_FLOW_IDS, p.flows_out), (TE_TERMINATING_FLOW_IDS, p.flows_in)):
                 for col in zip(*flows, strict=True):
@@ -214,15 +234,9 @@ class Begins:
 
     def _arg(self, te: Pieces, head: bytes, vals: list[Any]) -> None:
         """One debug annotation per row: ``head`` (its name) and the value, as ``Interner.args``
-        encodes it (non-compact)."""
+        encodes it (non-compact); ints in [0, 2**63) are ``_int_run``'s."""
         types = set(map(type, vals))
-        if types == {int} and 0 <= min(vals) and max(vals) < I64_END:
-            v = np.array(vals, dtype=np.int64)
-            te.const(TE_DEBUG_ANNOTATIONS)
-            te.varint(len(head) + len(DA_INT_VALUE) + varint_len(v))
-            te.const(head + DA_INT_VALUE)
-            te.varint(v)
-        elif types == {float}:
+        if types == {float}:
             te.const(ld(TE_DEBUG_ANNOTATIONS, head + DA_DOUBLE_VALUE + bytes(8))[:-8])
             te.f64(np.array(vals, dtype=np.float64))
         elif types == {str}:

@@ -40,6 +40,15 @@ class Pieces:
         """Little-endian uint64s of ``v`` (a fixed64 field's value)."""
         self.parts.append(("f64", np.ascontiguousarray(v, dtype="<u8"), 8))
 
+    def annotations(self, tag: bytes, heads: list[bytes], v: Any) -> None:
+        """Per row, for each of ``heads`` (its row ``j`` of ``v``: int64, all >= 0, below 2**63)
+        a length-delimited field ``tag LEN head varint(v[j])``: the debug annotations of a run of
+        int args, all at once (``tag`` one byte, each head under 100: LEN is one byte)."""
+        nb = varint_len2(v)
+        h = np.array([len(x) for x in heads], dtype=np.int64)
+        size = 2 + h[:, None] + nb  # (args, rows)
+        self.parts.append(("ann", (tag, heads, h, v, nb, size), size.sum(axis=0)))
+
     def pick(self, codes: Any, values: list[bytes]) -> None:
         """Per row, ``values[codes[row]]``."""
         vl = np.array([len(x) for x in values], dtype=np.int64)
@@ -64,6 +73,8 @@ class Pieces:
                 put_const(out, at, data)
             elif kind == "varint":
                 put_varints(out, at, data, ln)
+            elif kind == "ann":
+                _annotations(out, at, *data)
             elif kind == "f64":
                 out[at[:, None] + np.arange(8)] = data.view(_U8).reshape(-1, 8)
             else:
@@ -73,3 +84,29 @@ class Pieces:
                 out[np.repeat(at, ln) + within] = mat[np.repeat(codes, ln), within]
             at = at + ln
         return out, lens
+
+
+def varint_len2(x: Any) -> Any:
+    """``varint_len`` of a matrix of int64s, all >= 0."""
+    nb = np.ones(x.shape, dtype=np.int64)
+    for k in range(1, 10):
+        big = x >= (1 << (7 * k))
+        if not big.any():
+            break
+        nb += big
+    return nb
+
+
+def _annotations(
+    out: Any, at: Any, tag: bytes, heads: list[bytes], h: Any, v: Any, nb: Any, size: Any
+) -> None:
+    """``Pieces.annotations``' bytes, the rows starting at ``at``."""
+    off = at[None, :] + (np.cumsum(size, axis=0) - size)  # each field's start
+    out[off] = tag[0]
+    out[off + 1] = (h[:, None] + nb).astype(_U8)
+    # the heads' bytes: each byte's field (arg) and place in its head, for every row at once
+    hb = np.frombuffer(b"".join(heads), dtype=_U8)
+    arg = np.repeat(np.arange(len(heads)), h)
+    within = np.arange(len(hb)) - np.repeat(np.cumsum(h) - h, h)
+    out[off[arg, :] + (2 + within)[:, None]] = hb[:, None]
+    put_varints(out, (off + 2 + h[:, None]).ravel(), v.ravel(), nb.ravel())

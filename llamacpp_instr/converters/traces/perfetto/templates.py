@@ -270,8 +270,10 @@ class TemplateSet:
             data = merge(keys_s, picked, ends, fills, self.seq, sc)
             self.templated += blocks if data is not None else 0
             return data
-        # the single rows' packets, made only now that the flush is known to be templated
-        bodies, sbuf, slen = frame_rows(picked, ends, s_ts, sc)
+        # the single rows' packets, made only now that the flush is known to be templated,
+        # in the order they come out
+        s_order = order[order < n_s]
+        bodies, sbuf, slen = frame_rows(picked, ends, s_ts, sc, s_order)
         head = b""
         if self.seq.needs_head():
             # the first packet defines what the batches intern (and clears the state if first)
@@ -280,6 +282,7 @@ class TemplateSet:
                 return None
             head = packet(bodies[u] + TIMESTAMP + varint(int(s_ts[u])) + self.seq.head())
             order = order[1:]
+            sbuf, slen = sbuf[int(slen[0]) :], slen[1:]  # (its packet is the head's)
         self.templated += blocks
         return head + ordered(order, n_s, sbuf, slen, blocks_out)
 

@@ -222,18 +222,13 @@ def test_begins_in_bulk_as_one_by_one(slices: list[tuple[Any, ...]]) -> None:
     want = [events.begin(Slice(t, n, 0, 1, 0, c, a, fo, fi)) for t, n, c, a, fo, fi in slices]
     begins = Begins(bulk)
 
-    class Rows:  # what Begins.encode reads of a batch
-        def __init__(self) -> None:
-            self.pending: dict[Any, Any] = {}
-            self.small: list[tuple[Any, ...]] = []
-
-    b = Rows()
+    small: list[tuple[Any, ...]] = []
     for t, n, c, a, fo, fi in slices:
-        begins.note(b.pending, len(b.small), t, n, c, a, fo, fi)
-        b.small.append((0, 1, 0, len(b.small), b"", -1))
+        begins.note(small, len(small), t, n, c, a, fo, fi)
+        small.append((0, 1, 0, len(small), b"", -1))
     assert bulk.pending == one.pending
-    begins.encode([b])
-    assert [r[4] for r in b.small] == want
+    begins.encode()
+    assert [r[4] for r in small] == want
 
 
 @pytest.mark.parametrize(

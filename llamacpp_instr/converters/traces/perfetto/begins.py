@@ -6,7 +6,8 @@ network command) for every two ops, each with its own args; encoding them one by
 than everything else the writer does. The bytes are the same as ``EventFields.begin``'s: what a
 slice interns (its name, then its arg names) is interned when the writer receives it
 (``note``), so the trace's interned ids and their order do not change; only the assembly waits
-for the flush (``encode``).
+for the flush (``encode``). The groups gather every slice noted since the last flush, the
+current (unfinished) batch's included: a begin's bytes do not depend on when they are made.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ _KEYED = (int, str, bool, type(None))  # values that pick one encoding by equali
 
 class Pending:
     """The slices of one category and arg names whose begins wait for the flush, as columns, and
-    where their rows are (indices into the batch's small rows)."""
+    where their rows are (a batch's small rows, and the index of each)."""
 
     __slots__ = ("tracks", "names", "args", "at", "segs", "flows_out", "flows_in")
 
@@ -51,16 +52,11 @@ class Pending:
         self.tracks: list[int] = []
         self.names: list[str] = []
         self.args: list[dict[str, Any]] = []  # made columns at the flush
-        self.at: list[int] = []
+        self.at: list[tuple[list[Any], int]] = []
         self.segs: list[Seg] = []  # or, in a group of segments (``segments``), those
         # in a group of slices with flows (as many per slice: the key's counts), their ids
         self.flows_out: list[tuple[int, ...]] = []
         self.flows_in: list[tuple[int, ...]] = []
-
-
-# per batch: (category, arg names[, True for a group of segments[, the number of flows each
-# slice starts and ends, where they have some]]) -> its pending slices
-PendingSet = dict[tuple[Any, ...], Pending]
 
 
 def flows_key(category: str, ks: tuple[str, ...], seg: bool, n_out: int, n_in: int) -> Any:
@@ -91,19 +87,20 @@ class Begins:
         self.arg_sets: set[tuple[str, ...]] = set()  # arg names already interned together
         self.tracks: dict[int, bytes] = {}
         self.names: dict[str, bytes] = {}
+        # (category, arg names[, True for a group of segments[, the number of flows each slice
+        # starts and ends, where they have some]]) -> its slices noted since the last flush
+        self.pending: dict[tuple[Any, ...], Pending] = {}
 
-    def group(
-        self, pending: PendingSet, category: str, args: Any, seg: bool = False, n_in: int = 0
-    ) -> Pending:
+    def group(self, category: str, args: Any, seg: bool = False, n_in: int = 0) -> Pending:
         """Intern the arg names of ``args`` (after its slice's name: ``note``) and give the
         pending group of its category and arg names (``seg``: of segments; ``n_in``: of slices
         that end as many flows each)."""
         ks = tuple(args)
-        self._arg_names(ks)
         key = flows_key(category, ks, seg, 0, n_in)
-        g = pending.get(key)
-        if g is None:
-            g = pending[key] = Pending()
+        g = self.pending.get(key)
+        if g is None:  # (else its arg names are interned: they were when it was made)
+            self._arg_names(ks)
+            g = self.pending[key] = Pending()
         return g
 
     def _arg_names(self, ks: tuple[str, ...]) -> None:
@@ -114,7 +111,7 @@ class Begins:
 
     def note(
         self,
-        pending: PendingSet,
+        small: list[Any],
         at: int,
         track: int,
         name: str,
@@ -123,48 +120,34 @@ class Begins:
         flows_out: tuple[int, ...] = (),
         flows_in: tuple[int, ...] = (),
     ) -> None:
-        """A slice whose begin is small row ``at``: interned now (as ``EventFields.begin``
-        would: its name, then its arg names), encoded at the flush. (Its flow ids, if any, must
-        fit a fixed64: ``fixed64_ok``.)"""
-        self.interner.name(name)
+        """A slice whose begin is row ``at`` of ``small`` (its batch's small rows): interned now
+        (as ``EventFields.begin`` would: its name, then its arg names), encoded at the flush.
+        (Its flow ids, if any, must fit a fixed64: ``fixed64_ok``.)"""
+        if name not in self.interner.names:
+            self.interner.name(name)
         ks = tuple(args)
-        self._arg_names(ks)
-        key = flows_key(category, ks, False, len(flows_out), len(flows_in))
-        g = pending.get(key)
-        if g is None:
-            g = pending[key] = Pending()
+        if flows_out or flows_in:
+            key: tuple[Any, ...] = (category, ks, False, len(flows_out), len(flows_in))
+        else:
+            key = (category, ks)
+        g = self.pending.get(key)
+        if g is None:  # (else its arg names are interned: they were when it was made)
+            self._arg_names(ks)
+            g = self.pending[key] = Pending()
         g.tracks.append(track)
         g.names.append(name)
         g.args.append(args)
-        g.at.append(at)
+        g.at.append((small, at))
         if flows_out or flows_in:
             g.flows_out.append(flows_out)
             g.flows_in.append(flows_in)
 
-    def encode(self, batches: list[Any]) -> None:
-        """Put the begins that waited in the batches' small rows."""
-        merged: dict[tuple[Any, ...], tuple[Pending, list[Any]]] = {}
-        for b in batches:
-            for key, g in b.pending.items():
-                m = merged.get(key)
-                if m is None:
-                    m = merged[key] = (Pending(), [])
-                p, rows = m
-                p.tracks += g.tracks
-                p.names += g.names
-                p.args += g.args
-                if g.flows_out:
-                    p.flows_out += g.flows_out
-                    p.flows_in += g.flows_in
-                if g.segs:
-                    p.segs += g.segs
-                    continue
-                small = b.small
-                rows += [(small, i) for i in g.at]
-            b.pending = {}
-        for (category, ks, *_), (p, rows) in merged.items():
+    def encode(self) -> None:
+        """Put the begins noted since the last flush in their small rows (and segments)."""
+        pending, self.pending = self.pending, {}
+        for (category, ks, *_), p in pending.items():
             blob, lens = self._group(category, ks, p)
-            if p.segs:  # each segment its range of the group's rows
+            if p.segs:  # (a group of segments) each segment its range of the group's rows
                 gb = GroupBytes(blob, lens)
                 a = 0
                 for sg in p.segs:
@@ -174,7 +157,7 @@ class Begins:
             data = blob.tobytes()
             ends = np.cumsum(lens).tolist()
             a = 0
-            for (small, i), z in zip(rows, ends, strict=True):
+            for (small, i), z in zip(p.at, ends, strict=True):
                 r = small[i]
                 small[i] = (r[0], r[1], r[2], r[3], data[a:z], r[5])
                 a = z

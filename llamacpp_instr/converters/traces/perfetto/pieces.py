@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .protowire import varint_len
-from .singles import put_const, put_varints
+from .singles import put_varints
 
 _U8 = np.uint8
 
@@ -68,15 +68,23 @@ class Pieces:
         lens = self.lengths()
         out = np.empty(int(lens.sum()), dtype=_U8)
         at = np.cumsum(lens) - lens
+        end = at + lens  # each row's end
         for kind, data, ln in self.parts:
             if kind == "const":
-                put_const(out, at, data)
+                if len(data) > 1:  # (every byte at once)
+                    out[at[:, None] + np.arange(len(data))] = np.frombuffer(data, dtype=_U8)
+                else:
+                    out[at] = data[0]
             elif kind == "varint":
                 put_varints(out, at, data, ln)
             elif kind == "ann":
                 _annotations(out, at, *data)
             elif kind == "f64":
                 out[at[:, None] + np.arange(8)] = data.view(_U8).reshape(-1, 8)
+            elif _padded_fits(mat := data[1], at, end):
+                # each row's value padded to the longest: the padding lands on the row's later
+                # parts, written after this one (cheaper than placing each byte)
+                out[at[:, None] + np.arange(mat.shape[1])] = mat[data[0]]
             else:
                 codes, mat = data
                 total = int(ln.sum())
@@ -84,6 +92,12 @@ class Pieces:
                 out[np.repeat(at, ln) + within] = mat[np.repeat(codes, ln), within]
             at = at + ln
         return out, lens
+
+
+def _padded_fits(mat: Any, at: Any, end: Any) -> bool:
+    """Whether a pick's values padded to the longest (``mat``'s rows) fit in every row from
+    ``at`` to its ``end``."""
+    return mat.shape[1] <= 64 and bool((end - at >= mat.shape[1]).all())
 
 
 def varint_len2(x: Any) -> Any:

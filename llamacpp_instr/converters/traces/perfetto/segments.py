@@ -107,15 +107,20 @@ def add_seg(b: Any, rows: SliceRows, lo: int, hi: int, begins: Any, events: Even
     sg = Seg(rows, lo, hi, b.seq)
     whole = lo == 0 and hi == len(rows.ts)
     names = rows.name if whole else rows.name[lo:hi]
-    intern = begins.interner.name
-    intern(names[0])
+    interner = begins.interner
+    known = interner.names
+    if names[0] not in known:
+        interner.name(names[0])
     flows = rows.flows_in
     n_in = len(flows.get(lo, ())) if flows else 0
-    g = begins.group(b.pending, rows.category, rows.args[lo], seg=True, n_in=n_in)
+    g = begins.group(rows.category, rows.args[lo], seg=True, n_in=n_in)
     for name in dict.fromkeys(names):
-        intern(name)
+        if name not in known:
+            interner.name(name)
+    end_ids = events.end_ids
     for tr in dict.fromkeys(sg.track):
-        events.end_id(tr)
+        if tr not in end_ids:
+            events.end_id(tr)
     g.tracks += sg.track
     g.names += names
     g.args += rows.args if whole else rows.args[lo:hi]

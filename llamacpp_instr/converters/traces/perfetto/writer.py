@@ -103,9 +103,7 @@ class Writer:
         if it.category in _NOW or ((fo or fi) and not (fixed64_ok(fo) and fixed64_ok(fi))):
             b.small.append((it.ts, 1, d, seq, ev.begin(it), -1))
         else:  # encoded with the others at the flush (``begins``)
-            self.begins.note(
-                b.pending, len(b.small), it.track, it.name, it.category, it.args, fo, fi
-            )
+            self.begins.note(b.small, len(b.small), it.track, it.name, it.category, it.args, fo, fi)
             b.small.append((it.ts, 1, d, seq, b"", -1))
         b.small.append((it.ts + it.dur, 0 if it.dur else 2, -d, seq + 1, b"", ev.end_id(it.track)))
         b.seq = seq + 2
@@ -203,7 +201,7 @@ class Writer:
         batches, self.done, self.done_rows = self.done, [], 0
         if not any(batches):
             return
-        self.begins.encode(batches)
+        self.begins.encode()
         data = self.templates.encode(batches)
         if data is None:
             for b in batches:

@@ -12,7 +12,6 @@ current (unfinished) batch's included: a begin's bytes do not depend on when the
 
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -23,7 +22,6 @@ from .protowire import (
     DA_DOUBLE_VALUE,
     DA_INT_VALUE,
     DA_NAME_IID,
-    I64_END,
     TE_CATEGORIES,
     TE_DEBUG_ANNOTATIONS,
     TE_FLOW_IDS,
@@ -66,15 +64,22 @@ def flows_key(category: str, ks: tuple[str, ...], seg: bool, n_out: int, n_in: i
     return (category, ks, True) if seg else (category, ks)
 
 
-def _uint_column(vals: list[Any]) -> bool:
-    """Whether the values are all ints in [0, 2**63): varints, encoded in bulk."""
-    return set(map(type, vals)) == {int} and 0 <= min(vals) and max(vals) < I64_END
+def _uint_column(vals: Any) -> Any:
+    """The values as int64s if they are all ints in [0, 2**63) (varints, encoded in bulk), else
+    None."""
+    if set(map(type, vals)) != {int}:
+        return None
+    try:
+        v = np.array(vals, dtype=np.int64)
+    except OverflowError:
+        return None
+    return v if int(v.min()) >= 0 else None
 
 
 def _int_run(te: Pieces, run: list[tuple[bytes, Any]]) -> None:
     """A run of int args (their heads and values) as debug annotations, at once; emptied."""
     if run:
-        v = np.array([vals for _, vals in run], dtype=np.int64)
+        v = np.stack([vals for _, vals in run])
         te.annotations(TE_DEBUG_ANNOTATIONS, [head for head, _ in run], v)
         run.clear()
 
@@ -85,8 +90,6 @@ class Begins:
     def __init__(self, interner: Interner) -> None:
         self.interner = interner
         self.arg_sets: set[tuple[str, ...]] = set()  # arg names already interned together
-        self.tracks: dict[int, bytes] = {}
-        self.names: dict[str, bytes] = {}
         # (category, arg names[, True for a group of segments[, the number of flows each slice
         # starts and ends, where they have some]]) -> its slices noted since the last flush
         self.pending: dict[tuple[Any, ...], Pending] = {}
@@ -183,32 +186,38 @@ class Begins:
         i = self.interner
         n = len(p.tracks)
         te = Pieces(n)
-        codes, table = self._codes(p.tracks, lambda t: TE_TRACK_UUID + varint(t), self.tracks)
+        # track, type, name and category: one pick per (track, name)
+        category_field = ld(TE_CATEGORIES, category.encode())
+        codes, table = self._codes(
+            list(zip(p.tracks, p.names, strict=True)),
+            lambda tn: TE_TRACK_UUID
+            + varint(tn[0])
+            + TE_TYPE
+            + varint(TYPE_SLICE_BEGIN)
+            + TE_NAME_IID
+            + varint(i.names[tn[1]])
+            + category_field,
+            None,
+        )
         te.pick(codes, table)
-        te.const(TE_TYPE + varint(TYPE_SLICE_BEGIN))
-        codes, table = self._codes(p.names, lambda s: TE_NAME_IID + varint(i.names[s]), self.names)
-        te.pick(codes, table)
-        te.const(ld(TE_CATEGORIES, category.encode()))
-        if ks:  # the args' columns in one pass (a list per arg name cost more)
-            if len(ks) > 1:
-                cols: Any = zip(*map(itemgetter(*ks), p.args), strict=True)
-            else:
-                cols = [[a[ks[0]] for a in p.args]]
+        if ks:
             run: list[tuple[bytes, Any]] = []  # consecutive int args: encoded at once
-            for k, col in zip(ks, cols, strict=True):
+            args = p.args
+            for k in ks:
+                col = [a[k] for a in args]  # (faster than one pass transposed by zip)
                 head = DA_NAME_IID + varint(i.arg_names[k])
-                vals = list(col)
-                if _uint_column(vals):
-                    run.append((head + DA_INT_VALUE, vals))
+                v = _uint_column(col)
+                if v is not None:
+                    run.append((head + DA_INT_VALUE, v))
                     continue
                 _int_run(te, run)
-                self._arg(te, head, vals)
+                self._arg(te, head, col)
             _int_run(te, run)
         if p.flows_out:  # flow_ids, terminating_flow_ids: fixed64 each (as many per slice)
             for tag_, flows in ((TE_FLOW_IDS, p.flows_out), (TE_TERMINATING_FLOW_IDS, p.flows_in)):
-                for col in zip(*flows, strict=True):
+                for ids in zip(*flows, strict=True):
                     te.const(tag_)
-                    te.fixed64(np.array(col, dtype=np.uint64))
+                    te.fixed64(np.array(ids, dtype=np.uint64))
         body = Pieces(n)
         body.const(TRACK_EVENT)
         body.varint(te.lengths())

@@ -63,6 +63,14 @@ def add_segs(b: Any, rows: SliceRows, begins: Any, events: EventFields) -> None:
     n = len(rows.ts)
     keys = list(map(tuple, rows.args))
     flows = rows.flows_in
+    if n and keys.count(keys[0]) == n:  # (the usual: one run; checked in C loops)
+        if not flows:
+            add_seg(b, rows, 0, n, begins, events)
+            return
+        n_in = [len(flows.get(r, ())) for r in range(n)]
+        if n_in.count(n_in[0]) == n and all(map(fixed64_ok, flows.values())):
+            add_seg(b, rows, 0, n, begins, events)
+            return
     if not flows:
         lo = 0
         for r in range(1, n):

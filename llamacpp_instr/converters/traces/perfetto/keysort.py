@@ -1,9 +1,10 @@
 """The order of a flush's rows by their keys (batch, ts, rank, tie, seq), as ``np.lexsort`` gives
 it, sorted in one pass where the keys pack into one number.
 
-``np.lexsort`` sorts by each of the five columns in turn, each pass over rows in no useful order.
-The rows come in long runs already in key order (a templated block's rows, a batch's ops), which
-one stable sort (timsort) of a single key merges in a fraction of that time. Each column is
+``np.lexsort`` sorts by each of the five columns in turn. ``merge``'s rows come in long runs
+already in key order (the single rows, then each template's blocks one after another), which one
+stable sort (timsort) of a single key merges in less time (rpc-smol, 34k rows a flush: 0.65 ->
+0.2 ms; the general encoder's rows, begins then ends, sort no faster so). Each column is
 taken from its least value within its range (mixed radix): the whole key in one int64 where the
 ranges' product allows (a flush of a few steps: well under 2**63), else as a complex number
 (batch and ts in its real part, rank, tie and seq in its imaginary part: each below 2**53, so

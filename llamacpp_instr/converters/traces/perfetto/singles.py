@@ -119,22 +119,17 @@ def ordered(order: Any, n_s: int, sbuf: Any, slen: Any, blocks: list[Any]) -> by
     return b"".join(out)
 
 
-def collect(
-    k: int, small: list[Any], covered: bytearray, keys: list[list[Any]], picked: list[Any]
-) -> bool:
-    """Batch ``k``'s small rows not ``covered`` (by its blocks): their keys appended to ``keys``
-    (batch, ts, rank, tie, seq: lists, made arrays once per flush, as a CPU log's batches
-    have a few rows each), and what makes their bodies to ``picked``; False if a timestamp is
-    beyond int64 (the general encoder's ``encode_rows`` takes those)."""
-    if not small:
-        return True
-    rows = [r for r, c in zip(small, covered, strict=True) if not c]
+def collect(rows: list[Any], batch: list[int], keys: list[list[Any]], picked: list[Any]) -> bool:
+    """A flush's single rows (its batches' small rows that no block covers, ``batch`` the
+    number of each one's batch): their keys put in ``keys`` (batch, ts, rank, tie, seq: lists,
+    made arrays once per flush) and what makes their bodies in ``picked``; False if a timestamp
+    is beyond int64 (the general encoder's ``encode_rows`` takes those)."""
     if not rows:
         return True
     cols = list(zip(*rows, strict=True))
     if max(cols[0]) >= I64_END:
         return False
-    keys[0] += [k] * len(rows)
+    keys[0] += batch
     for j in range(4):
         keys[j + 1] += cols[j]
     picked.append((cols[4], cols[5]))

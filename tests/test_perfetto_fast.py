@@ -188,6 +188,10 @@ _ARG_VALUES = st.one_of(
 )
 
 
+# flow ids a slice starts or ends (a fixed64 each)
+_FLOWS = st.lists(st.integers(0, 2**64 - 1), max_size=2).map(tuple)
+
+
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(
     slices=st.lists(
@@ -198,36 +202,33 @@ _ARG_VALUES = st.one_of(
             st.sampled_from(["x", "y", "z"]).flatmap(
                 lambda first: st.dictionaries(st.sampled_from(["x", "y", "z", "w"]), _ARG_VALUES)
             ),
+            _FLOWS,
+            _FLOWS,
         ),
         min_size=1,
         max_size=30,
     )
 )
-def test_begins_in_bulk_as_one_by_one(slices: list[tuple[int, str, str, dict[str, Any]]]) -> None:
+def test_begins_in_bulk_as_one_by_one(slices: list[tuple[Any, ...]]) -> None:
     """Slice begins encoded by columns at the flush (``begins``) are the bytes the per-slice
-    encoder makes (``EventFields.begin``), whatever the args' values and types, and intern the
-    same strings in the same order."""
+    encoder makes (``EventFields.begin``), whatever the args' values and types and the flows
+    the slices start and end, and intern the same strings in the same order."""
     from llamacpp_instr.converters.traces.perfetto.begins import Begins
     from llamacpp_instr.converters.traces.perfetto.events import EventFields
     from llamacpp_instr.converters.traces.perfetto.packets import Interner
 
     one, bulk = Interner(), Interner()
     events = EventFields(one)
-    want = [events.begin(Slice(t, n, 0, 1, 0, c, a)) for t, n, c, a in slices]
+    want = [events.begin(Slice(t, n, 0, 1, 0, c, a, fo, fi)) for t, n, c, a, fo, fi in slices]
     begins = Begins(bulk)
 
-    class Rows:  # what Begins.encode reads of a batch
-        def __init__(self) -> None:
-            self.pending: dict[Any, Any] = {}
-            self.small: list[tuple[Any, ...]] = []
-
-    b = Rows()
-    for t, n, c, a in slices:
-        begins.note(b.pending, len(b.small), t, n, c, a)
-        b.small.append((0, 1, 0, len(b.small), b"", -1))
+    small: list[tuple[Any, ...]] = []
+    for t, n, c, a, fo, fi in slices:
+        begins.note(small, len(small), t, n, c, a, fo, fi)
+        small.append((0, 1, 0, len(small), b"", -1))
     assert bulk.pending == one.pending
-    begins.encode([b])
-    assert [r[4] for r in b.small] == want
+    begins.encode()
+    assert [r[4] for r in small] == want
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ never makes segments), whatever its arg names, flows, timestamps and durations."
 from __future__ import annotations
 
 import io
+import struct
 from typing import Any
 
 import pytest
@@ -82,24 +83,33 @@ def test_segments_as_slices_one_by_one(steps: list[list[list[Any]]], flush_rows:
 
 
 def test_a_run_per_arg_names() -> None:
-    """Rows whose arg names change, and a row that ends a flow, split a ``SliceRows`` into
-    segments and small rows (checked on what the writer's batch holds)."""
+    """Rows whose arg names change, or the number of flows they end, split a ``SliceRows`` into
+    segments (checked on what the writer's batch holds); a flow id that does not fit a fixed64
+    is an error, as it is one by one."""
     from llamacpp_instr.converters.traces.perfetto.batch import Batch
     from llamacpp_instr.converters.traces.perfetto.begins import Begins
     from llamacpp_instr.converters.traces.perfetto.events import EventFields
     from llamacpp_instr.converters.traces.perfetto.packets import Interner
     from llamacpp_instr.converters.traces.perfetto.segments import add_segs
 
-    rows = SliceRows("busy", 0)
-    for r, args in enumerate([{"a": 1}, {"a": 2, "b": 3}, {"a": 4, "b": 5}, {"a": 6, "b": 7}]):
-        rows.add(7, "command buffer", 10 * r, 5, args)
-    rows.flows_in[2] = (99,)
-    interner = Interner()
-    b = Batch()
-    add_segs(b, rows, Begins(interner), EventFields(interner))
-    assert [(len(sg.ts), sg.seq0) for sg in b.segs] == [(1, 0), (1, 2), (1, 6)]
-    assert [r[3] for r in b.small] == [4, 5]  # the flow row's begin and end
-    assert b.seq == 8 and b.rows == 8
+    def batch(flows: dict[int, tuple[int, ...]]) -> Any:
+        rows = SliceRows("busy", 0)
+        for r, args in enumerate(
+            [{"a": 1}, {"a": 2, "b": 3}, {"a": 4, "b": 5}, {"a": 6, "b": 7}, {"a": 8, "b": 9}]
+        ):
+            rows.add(7, "command buffer", 10 * r, 5, args)
+        rows.flows_in.update(flows)
+        interner = Interner()
+        b = Batch()
+        add_segs(b, rows, Begins(interner), EventFields(interner))
+        assert b.seq == 10 and b.rows == 10
+        return b
+
+    b = batch({2: (99,), 3: (98,)})
+    assert [(len(sg.ts), sg.seq0) for sg in b.segs] == [(1, 0), (1, 2), (2, 4), (1, 8)]
+    assert b.small == []
+    with pytest.raises(struct.error):  # (as one by one: ``EventFields.begin``)
+        batch({2: (2**64,)})
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)

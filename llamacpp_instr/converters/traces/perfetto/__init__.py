@@ -11,6 +11,8 @@ compares the two, packet by packet, with tests/reference/perfetto_writer.py).
   buffers, network commands) framed in bulk, and a flush's units put in key order;
   ``begins``: those slices' begins encoded by columns at the flush (``pieces`` assembles the
   bytes); ``segments``: a device log's ``SliceRows`` kept as columns through the flush;
+  ``merge``: a flush whose single rows fall inside templated blocks, merged row by row
+  (``keysort``: its rows' keys sorted in one pass);
 * ``ops``: what does not depend on timing, encoded once per graph node (and fused variant) and
   track (``NodeTables``, ``OpStore``), and the rates that do (``RateFields``);
 * ``events``: the fields of slices and counters; ``packets``: framing, track descriptors,

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from ..items import ComputeBatch
-from .begins import PendingSet
 from .segments import Seg
 
 
@@ -37,8 +36,6 @@ class Batch:
         self.small: list[tuple[int, int, int, int, bytes, int]] = []
         self.groups: list[tuple[int, Any, Any, Any, int]] = []  # seq0, gids, start, dur, end id
         self.blocks: list[Block] = []  # computes' rows, for templates
-        # the slices whose begins wait for the flush (``begins``)
-        self.pending: PendingSet = {}
         self.segs: list[Seg] = []  # device rows kept as columns (``segments``)
         self.seq = 0
         self.rows = 0

@@ -6,12 +6,12 @@ network command) for every two ops, each with its own args; encoding them one by
 than everything else the writer does. The bytes are the same as ``EventFields.begin``'s: what a
 slice interns (its name, then its arg names) is interned when the writer receives it
 (``note``), so the trace's interned ids and their order do not change; only the assembly waits
-for the flush (``encode``).
+for the flush (``encode``). The groups gather every slice noted since the last flush, the
+current (unfinished) batch's included: a begin's bytes do not depend on when they are made.
 """
 
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -22,10 +22,11 @@ from .protowire import (
     DA_DOUBLE_VALUE,
     DA_INT_VALUE,
     DA_NAME_IID,
-    I64_END,
     TE_CATEGORIES,
     TE_DEBUG_ANNOTATIONS,
+    TE_FLOW_IDS,
     TE_NAME_IID,
+    TE_TERMINATING_FLOW_IDS,
     TE_TRACK_UUID,
     TE_TYPE,
     TRACK_EVENT,
@@ -33,7 +34,6 @@ from .protowire import (
     annotation_value,
     ld,
     varint,
-    varint_len,
 )
 from .segments import GroupBytes, Seg
 
@@ -42,20 +42,46 @@ _KEYED = (int, str, bool, type(None))  # values that pick one encoding by equali
 
 class Pending:
     """The slices of one category and arg names whose begins wait for the flush, as columns, and
-    where their rows are (indices into the batch's small rows)."""
+    where their rows are (a batch's small rows, and the index of each)."""
 
-    __slots__ = ("tracks", "names", "args", "at", "segs")
+    __slots__ = ("tracks", "names", "args", "at", "segs", "flows_out", "flows_in")
 
     def __init__(self) -> None:
         self.tracks: list[int] = []
         self.names: list[str] = []
         self.args: list[dict[str, Any]] = []  # made columns at the flush
-        self.at: list[int] = []
+        self.at: list[tuple[list[Any], int]] = []
         self.segs: list[Seg] = []  # or, in a group of segments (``segments``), those
+        # in a group of slices with flows (as many per slice: the key's counts), their ids
+        self.flows_out: list[tuple[int, ...]] = []
+        self.flows_in: list[tuple[int, ...]] = []
 
 
-# per batch: (category, arg names[, True for a group of segments]) -> its pending slices
-PendingSet = dict[tuple[Any, ...], Pending]
+def flows_key(category: str, ks: tuple[str, ...], seg: bool, n_out: int, n_in: int) -> Any:
+    """The key of the pending group of slices with these arg names and numbers of flows."""
+    if n_out or n_in:
+        return (category, ks, seg, n_out, n_in)
+    return (category, ks, True) if seg else (category, ks)
+
+
+def _uint_column(vals: Any) -> Any:
+    """The values as int64s if they are all ints in [0, 2**63) (varints, encoded in bulk), else
+    None."""
+    if set(map(type, vals)) != {int}:
+        return None
+    try:
+        v = np.array(vals, dtype=np.int64)
+    except OverflowError:
+        return None
+    return v if int(v.min()) >= 0 else None
+
+
+def _int_run(te: Pieces, run: list[tuple[bytes, Any]]) -> None:
+    """A run of int args (their heads and values) as debug annotations, at once; emptied."""
+    if run:
+        v = np.stack([vals for _, vals in run])
+        te.annotations(TE_DEBUG_ANNOTATIONS, [head for head, _ in run], v)
+        run.clear()
 
 
 class Begins:
@@ -64,18 +90,20 @@ class Begins:
     def __init__(self, interner: Interner) -> None:
         self.interner = interner
         self.arg_sets: set[tuple[str, ...]] = set()  # arg names already interned together
-        self.tracks: dict[int, bytes] = {}
-        self.names: dict[str, bytes] = {}
+        # (category, arg names[, True for a group of segments[, the number of flows each slice
+        # starts and ends, where they have some]]) -> its slices noted since the last flush
+        self.pending: dict[tuple[Any, ...], Pending] = {}
 
-    def group(self, pending: PendingSet, category: str, args: Any, seg: bool = False) -> Pending:
+    def group(self, category: str, args: Any, seg: bool = False, n_in: int = 0) -> Pending:
         """Intern the arg names of ``args`` (after its slice's name: ``note``) and give the
-        pending group of its category and arg names (``seg``: of segments)."""
+        pending group of its category and arg names (``seg``: of segments; ``n_in``: of slices
+        that end as many flows each)."""
         ks = tuple(args)
-        self._arg_names(ks)
-        key = (category, ks, True) if seg else (category, ks)
-        g = pending.get(key)
-        if g is None:
-            g = pending[key] = Pending()
+        key = flows_key(category, ks, seg, 0, n_in)
+        g = self.pending.get(key)
+        if g is None:  # (else its arg names are interned: they were when it was made)
+            self._arg_names(ks)
+            g = self.pending[key] = Pending()
         return g
 
     def _arg_names(self, ks: tuple[str, ...]) -> None:
@@ -85,42 +113,44 @@ class Begins:
             self.arg_sets.add(ks)
 
     def note(
-        self, pending: PendingSet, at: int, track: int, name: str, category: str, args: Any
+        self,
+        small: list[Any],
+        at: int,
+        track: int,
+        name: str,
+        category: str,
+        args: Any,
+        flows_out: tuple[int, ...] = (),
+        flows_in: tuple[int, ...] = (),
     ) -> None:
-        """A slice whose begin is small row ``at``: interned now (as ``EventFields.begin``
-        would: its name, then its arg names), encoded at the flush."""
-        self.interner.name(name)
+        """A slice whose begin is row ``at`` of ``small`` (its batch's small rows): interned now
+        (as ``EventFields.begin`` would: its name, then its arg names), encoded at the flush.
+        (Its flow ids, if any, must fit a fixed64: ``fixed64_ok``.)"""
+        if name not in self.interner.names:
+            self.interner.name(name)
         ks = tuple(args)
-        self._arg_names(ks)
-        g = pending.get((category, ks))
-        if g is None:
-            g = pending[(category, ks)] = Pending()
+        if flows_out or flows_in:
+            key: tuple[Any, ...] = (category, ks, False, len(flows_out), len(flows_in))
+        else:
+            key = (category, ks)
+        g = self.pending.get(key)
+        if g is None:  # (else its arg names are interned: they were when it was made)
+            self._arg_names(ks)
+            g = self.pending[key] = Pending()
         g.tracks.append(track)
         g.names.append(name)
         g.args.append(args)
-        g.at.append(at)
+        g.at.append((small, at))
+        if flows_out or flows_in:
+            g.flows_out.append(flows_out)
+            g.flows_in.append(flows_in)
 
-    def encode(self, batches: list[Any]) -> None:
-        """Put the begins that waited in the batches' small rows."""
-        merged: dict[tuple[Any, ...], tuple[Pending, list[Any]]] = {}
-        for b in batches:
-            for key, g in b.pending.items():
-                m = merged.get(key)
-                if m is None:
-                    m = merged[key] = (Pending(), [])
-                p, rows = m
-                p.tracks += g.tracks
-                p.names += g.names
-                p.args += g.args
-                if g.segs:
-                    p.segs += g.segs
-                    continue
-                small = b.small
-                rows += [(small, i) for i in g.at]
-            b.pending = {}
-        for (category, ks, *_), (p, rows) in merged.items():
+    def encode(self) -> None:
+        """Put the begins noted since the last flush in their small rows (and segments)."""
+        pending, self.pending = self.pending, {}
+        for (category, ks, *_), p in pending.items():
             blob, lens = self._group(category, ks, p)
-            if p.segs:  # each segment its range of the group's rows
+            if p.segs:  # (a group of segments) each segment its range of the group's rows
                 gb = GroupBytes(blob, lens)
                 a = 0
                 for sg in p.segs:
@@ -130,7 +160,7 @@ class Begins:
             data = blob.tobytes()
             ends = np.cumsum(lens).tolist()
             a = 0
-            for (small, i), z in zip(rows, ends, strict=True):
+            for (small, i), z in zip(p.at, ends, strict=True):
                 r = small[i]
                 small[i] = (r[0], r[1], r[2], r[3], data[a:z], r[5])
                 a = z
@@ -156,19 +186,38 @@ class Begins:
         i = self.interner
         n = len(p.tracks)
         te = Pieces(n)
-        codes, table = self._codes(p.tracks, lambda t: TE_TRACK_UUID + varint(t), self.tracks)
+        # track, type, name and category: one pick per (track, name)
+        category_field = ld(TE_CATEGORIES, category.encode())
+        codes, table = self._codes(
+            list(zip(p.tracks, p.names, strict=True)),
+            lambda tn: TE_TRACK_UUID
+            + varint(tn[0])
+            + TE_TYPE
+            + varint(TYPE_SLICE_BEGIN)
+            + TE_NAME_IID
+            + varint(i.names[tn[1]])
+            + category_field,
+            None,
+        )
         te.pick(codes, table)
-        te.const(TE_TYPE + varint(TYPE_SLICE_BEGIN))
-        codes, table = self._codes(p.names, lambda s: TE_NAME_IID + varint(i.names[s]), self.names)
-        te.pick(codes, table)
-        te.const(ld(TE_CATEGORIES, category.encode()))
-        if ks:  # the args' columns in one pass (a list per arg name cost more)
-            if len(ks) > 1:
-                cols: Any = zip(*map(itemgetter(*ks), p.args), strict=True)
-            else:
-                cols = [[a[ks[0]] for a in p.args]]
-            for k, col in zip(ks, cols, strict=True):
-                self._arg(te, DA_NAME_IID + varint(i.arg_names[k]), list(col))
+        if ks:
+            run: list[tuple[bytes, Any]] = []  # consecutive int args: encoded at once
+            args = p.args
+            for k in ks:
+                col = [a[k] for a in args]  # (faster than one pass transposed by zip)
+                head = DA_NAME_IID + varint(i.arg_names[k])
+                v = _uint_column(col)
+                if v is not None:
+                    run.append((head + DA_INT_VALUE, v))
+                    continue
+                _int_run(te, run)
+                self._arg(te, head, col)
+            _int_run(te, run)
+        if p.flows_out:  # flow_ids, terminating_flow_ids: fixed64 each (as many per slice)
+            for tag_, flows in ((TE_FLOW_IDS, p.flows_out), (TE_TERMINATING_FLOW_IDS, p.flows_in)):
+                for ids in zip(*flows, strict=True):
+                    te.const(tag_)
+                    te.fixed64(np.array(ids, dtype=np.uint64))
         body = Pieces(n)
         body.const(TRACK_EVENT)
         body.varint(te.lengths())
@@ -177,15 +226,9 @@ class Begins:
 
     def _arg(self, te: Pieces, head: bytes, vals: list[Any]) -> None:
         """One debug annotation per row: ``head`` (its name) and the value, as ``Interner.args``
-        encodes it (non-compact)."""
+        encodes it (non-compact); ints in [0, 2**63) are ``_int_run``'s."""
         types = set(map(type, vals))
-        if types == {int} and 0 <= min(vals) and max(vals) < I64_END:
-            v = np.array(vals, dtype=np.int64)
-            te.const(TE_DEBUG_ANNOTATIONS)
-            te.varint(len(head) + len(DA_INT_VALUE) + varint_len(v))
-            te.const(head + DA_INT_VALUE)
-            te.varint(v)
-        elif types == {float}:
+        if types == {float}:
             te.const(ld(TE_DEBUG_ANNOTATIONS, head + DA_DOUBLE_VALUE + bytes(8))[:-8])
             te.f64(np.array(vals, dtype=np.float64))
         elif types == {str}:

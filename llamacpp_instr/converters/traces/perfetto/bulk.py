@@ -78,6 +78,7 @@ class BulkEncoder:
             cols["small"] += [none, none]
             d_objs = self._rate_objects(gid, dur)
         a = {k: np.concatenate(v) for k, v in cols.items()}
+        # (np.lexsort: these rows come begins, then ends, not in runs ``keysort`` merges fast)
         order = np.lexsort((a["seq"], a["tie"], a["rank"], a["ts"], a["batch"]))
         ts = a["ts"][order]
         end = a["end"][order]

@@ -31,6 +31,8 @@ from .protowire import (
     varint,
 )
 
+_F64 = struct.Struct("<d").pack
+
 
 class EventFields:
     """The ``track_event`` fields (tag and length included) of slices and counter samples."""
@@ -41,6 +43,7 @@ class EventFields:
         self.end_ids: dict[int, int] = {}  # track -> end id
         self.layers: dict[tuple[int, int, int], bytes] = {}  # (track, layer, n_ops) -> begin
         self.computes: dict[tuple[Any, ...], bytes] = {}  # (track, name, *args) -> begin
+        self.samples: dict[int, bytes] = {}  # track -> a sample's fields but its value
         self._matrix: tuple[Any, Any] = (None, None)
         self._matrix_rows = -1
 
@@ -98,7 +101,11 @@ class EventFields:
         return s
 
     def sample(self, it: Sample) -> bytes:
-        """A counter sample."""
-        te = TE_TRACK_UUID + varint(it.track) + TE_TYPE + varint(TYPE_COUNTER)
-        te += TE_DOUBLE_COUNTER_VALUE + struct.pack("<d", it.value)
-        return ld(TRACK_EVENT, te)
+        """A counter sample: its track's fields (kept: the same for every sample of the track,
+        the length included, as the value is 8 bytes), then the value."""
+        head = self.samples.get(it.track)
+        if head is None:
+            te = TE_TRACK_UUID + varint(it.track) + TE_TYPE + varint(TYPE_COUNTER)
+            te += TE_DOUBLE_COUNTER_VALUE
+            head = self.samples[it.track] = ld(TRACK_EVENT, te + bytes(8))[:-8]
+        return head + _F64(it.value)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .keysort import key_sort
 from .packets import Sequence, packet
 from .protowire import TIMESTAMP, varint
 from .singles import frame_rows, join_units
@@ -59,7 +60,7 @@ def merge(
     keys = [np.concatenate(c).astype(np.int64, copy=False) for c in cols]
     if not len(keys[0]):
         return b""
-    order = np.lexsort(keys[::-1])
+    order = key_sort(keys)
     at_o = np.concatenate(starts)[order]
     len_o = np.concatenate(lens)[order]
     head = b""
@@ -72,14 +73,20 @@ def merge(
         at_o, len_o = at_o[1:], len_o[1:]
     if not len(at_o):
         return head
-    # runs of rows that lie one after another in the buffers (a block's rows between two
-    # single rows), each joined as one slice
-    brk = np.flatnonzero(at_o[1:] != at_o[:-1] + len_o[:-1]) + 1
+    # runs of rows that lie one after another in one buffer (a block's rows between two
+    # single rows), each joined as one slice of its buffer (the buffers are not joined first:
+    # a copy of the flush, in memory the allocator may have to get afresh)
+    bases = np.cumsum([0] + [len(b) for b in bufs])
+    buf_o = np.searchsorted(bases, at_o, side="right") - 1
+    brk = np.flatnonzero((at_o[1:] != at_o[:-1] + len_o[:-1]) | (buf_o[1:] != buf_o[:-1])) + 1
+    first_o = np.concatenate(([0], brk))
     last = np.concatenate((brk, [len(at_o)])) - 1
-    lo = at_o[np.concatenate(([0], brk))].tolist()
-    hi = (at_o[last] + len_o[last]).tolist()
-    mv = np.concatenate(bufs).data
-    return head + b"".join([mv[a:z] for a, z in zip(lo, hi, strict=True)])
+    run_buf = buf_o[first_o]
+    lo = (at_o[first_o] - bases[run_buf]).tolist()
+    hi = (at_o[last] + len_o[last] - bases[run_buf]).tolist()
+    mvs = [memoryview(b) for b in bufs]
+    parts = [mvs[k][a:z] for k, a, z in zip(run_buf.tolist(), lo, hi, strict=True)]
+    return head + b"".join(parts)
 
 
 def joined(

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .protowire import varint_len
-from .singles import put_const, put_varints
+from .singles import put_varints
 
 _U8 = np.uint8
 
@@ -36,6 +36,19 @@ class Pieces:
     def f64(self, v: Any) -> None:
         self.parts.append(("f64", np.ascontiguousarray(v, dtype="<f8"), 8))
 
+    def fixed64(self, v: Any) -> None:
+        """Little-endian uint64s of ``v`` (a fixed64 field's value)."""
+        self.parts.append(("f64", np.ascontiguousarray(v, dtype="<u8"), 8))
+
+    def annotations(self, tag: bytes, heads: list[bytes], v: Any) -> None:
+        """Per row, for each of ``heads`` (its row ``j`` of ``v``: int64, all >= 0, below 2**63)
+        a length-delimited field ``tag LEN head varint(v[j])``: the debug annotations of a run of
+        int args, all at once (``tag`` one byte, each head under 100: LEN is one byte)."""
+        nb = varint_len2(v)
+        h = np.array([len(x) for x in heads], dtype=np.int64)
+        size = 2 + h[:, None] + nb  # (args, rows)
+        self.parts.append(("ann", (tag, heads, h, v, nb, size), size.sum(axis=0)))
+
     def pick(self, codes: Any, values: list[bytes]) -> None:
         """Per row, ``values[codes[row]]``."""
         vl = np.array([len(x) for x in values], dtype=np.int64)
@@ -55,13 +68,23 @@ class Pieces:
         lens = self.lengths()
         out = np.empty(int(lens.sum()), dtype=_U8)
         at = np.cumsum(lens) - lens
+        end = at + lens  # each row's end
         for kind, data, ln in self.parts:
             if kind == "const":
-                put_const(out, at, data)
+                if len(data) > 1:  # (every byte at once)
+                    out[at[:, None] + np.arange(len(data))] = np.frombuffer(data, dtype=_U8)
+                else:
+                    out[at] = data[0]
             elif kind == "varint":
                 put_varints(out, at, data, ln)
+            elif kind == "ann":
+                _annotations(out, at, *data)
             elif kind == "f64":
                 out[at[:, None] + np.arange(8)] = data.view(_U8).reshape(-1, 8)
+            elif _padded_fits(mat := data[1], at, end):
+                # each row's value padded to the longest: the padding lands on the row's later
+                # parts, written after this one (cheaper than placing each byte)
+                out[at[:, None] + np.arange(mat.shape[1])] = mat[data[0]]
             else:
                 codes, mat = data
                 total = int(ln.sum())
@@ -69,3 +92,35 @@ class Pieces:
                 out[np.repeat(at, ln) + within] = mat[np.repeat(codes, ln), within]
             at = at + ln
         return out, lens
+
+
+def _padded_fits(mat: Any, at: Any, end: Any) -> bool:
+    """Whether a pick's values padded to the longest (``mat``'s rows) fit in every row from
+    ``at`` to its ``end``."""
+    return mat.shape[1] <= 64 and bool((end - at >= mat.shape[1]).all())
+
+
+def varint_len2(x: Any) -> Any:
+    """``varint_len`` of a matrix of int64s, all >= 0."""
+    nb = np.ones(x.shape, dtype=np.int64)
+    for k in range(1, 10):
+        big = x >= (1 << (7 * k))
+        if not big.any():
+            break
+        nb += big
+    return nb
+
+
+def _annotations(
+    out: Any, at: Any, tag: bytes, heads: list[bytes], h: Any, v: Any, nb: Any, size: Any
+) -> None:
+    """``Pieces.annotations``' bytes, the rows starting at ``at``."""
+    off = at[None, :] + (np.cumsum(size, axis=0) - size)  # each field's start
+    out[off] = tag[0]
+    out[off + 1] = (h[:, None] + nb).astype(_U8)
+    # the heads' bytes: each byte's field (arg) and place in its head, for every row at once
+    hb = np.frombuffer(b"".join(heads), dtype=_U8)
+    arg = np.repeat(np.arange(len(heads)), h)
+    within = np.arange(len(hb)) - np.repeat(np.cumsum(h) - h, h)
+    out[off[arg, :] + (2 + within)[:, None]] = hb[:, None]
+    put_varints(out, (off + 2 + h[:, None]).ravel(), v.ravel(), nb.ravel())

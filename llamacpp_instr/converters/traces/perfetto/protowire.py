@@ -109,6 +109,11 @@ def annotation_value(v: Any) -> bytes:
     return ld(DA_STRING_VALUE, ("null" if v is None else str(v)).encode())
 
 
+def fixed64_ok(values: tuple[int, ...]) -> bool:
+    """Whether every value fits a fixed64 (flow ids: else ``struct.pack`` says so, one by one)."""
+    return all(0 <= v <= U64 for v in values)
+
+
 def varint_bytes(x: Any, nb: int) -> Any:
     """int64s as varints all ``nb`` bytes long: an array of ``x.shape + (nb,)`` (a negative one
     takes 10, in two's complement, as ``varint`` writes it)."""

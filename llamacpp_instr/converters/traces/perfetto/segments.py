@@ -24,6 +24,7 @@ import numpy as np
 
 from ..items import Slice, SliceRows
 from .events import EventFields
+from .protowire import fixed64_ok
 
 
 class GroupBytes:
@@ -57,20 +58,37 @@ class Seg:
 
 def add_segs(b: Any, rows: SliceRows, begins: Any, events: EventFields) -> None:
     """``Writer.add_slice`` for each of ``rows`` into batch ``b``: each run of rows whose args
-    have the same names kept as a ``Seg``; a row that ends flows made small rows, its begin
-    encoded now (as ``EventFields.begin`` does for those: their args repeat, and the
-    interner's memo has them)."""
+    have the same names and that end as many flows kept as a ``Seg`` (a row whose flow ids do
+    not fit a fixed64 made small rows, its begin encoded now: ``EventFields.begin`` says so)."""
     n = len(rows.ts)
     keys = list(map(tuple, rows.args))
     flows = rows.flows_in
+    if n and keys.count(keys[0]) == n:  # (the usual: one run; checked in C loops)
+        if not flows:
+            add_seg(b, rows, 0, n, begins, events)
+            return
+        n_in = [len(flows.get(r, ())) for r in range(n)]
+        if n_in.count(n_in[0]) == n and all(map(fixed64_ok, flows.values())):
+            add_seg(b, rows, 0, n, begins, events)
+            return
+    if not flows:
+        lo = 0
+        for r in range(1, n):
+            if keys[r] != keys[lo]:
+                add_seg(b, rows, lo, r, begins, events)
+                lo = r
+        if lo < n:
+            add_seg(b, rows, lo, n, begins, events)
+        return
+    n_in = [len(flows.get(r, ())) for r in range(n)]
     lo = 0
     for r in range(n):
-        if r in flows:
+        if not fixed64_ok(flows.get(r, ())):
             if lo < r:
                 add_seg(b, rows, lo, r, begins, events)
             _flow_row(b, rows, r, events)
             lo = r + 1
-        elif keys[r] != keys[lo]:
+        elif keys[r] != keys[lo] or n_in[r] != n_in[lo]:
             add_seg(b, rows, lo, r, begins, events)
             lo = r
     if lo < n:
@@ -97,16 +115,26 @@ def add_seg(b: Any, rows: SliceRows, lo: int, hi: int, begins: Any, events: Even
     sg = Seg(rows, lo, hi, b.seq)
     whole = lo == 0 and hi == len(rows.ts)
     names = rows.name if whole else rows.name[lo:hi]
-    intern = begins.interner.name
-    intern(names[0])
-    g = begins.group(b.pending, rows.category, rows.args[lo], seg=True)
+    interner = begins.interner
+    known = interner.names
+    if names[0] not in known:
+        interner.name(names[0])
+    flows = rows.flows_in
+    n_in = len(flows.get(lo, ())) if flows else 0
+    g = begins.group(rows.category, rows.args[lo], seg=True, n_in=n_in)
     for name in dict.fromkeys(names):
-        intern(name)
+        if name not in known:
+            interner.name(name)
+    end_ids = events.end_ids
     for tr in dict.fromkeys(sg.track):
-        events.end_id(tr)
+        if tr not in end_ids:
+            events.end_id(tr)
     g.tracks += sg.track
     g.names += names
     g.args += rows.args if whole else rows.args[lo:hi]
+    if n_in:  # (each row of the segment ends as many flows)
+        g.flows_out += [()] * (hi - lo)
+        g.flows_in += [flows[r] for r in range(lo, hi)]
     g.segs.append(sg)
     b.segs.append(sg)
     b.seq += 2 * (hi - lo)

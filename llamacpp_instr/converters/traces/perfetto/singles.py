@@ -53,8 +53,9 @@ def framed(bodies: list[bytes], ts: Any) -> tuple[Any, Any]:
     return framed_body(np.frombuffer(b"".join(bodies), dtype=_U8), bl, ts)
 
 
-def framed_body(body: Any, bl: Any, ts: Any) -> tuple[Any, Any]:
-    """``framed`` for the bodies one after another in ``body``, ``bl`` bytes each."""
+def framed_body(body: Any, bl: Any, ts: Any, starts: Any = None) -> tuple[Any, Any]:
+    """``framed`` for the bodies one after another in ``body``, ``bl`` bytes each (or, with
+    ``starts``, each from its start in ``body``: copied once, not gathered first)."""
     nts = varint_len(ts)
     size = bl + len(TIMESTAMP) + nts + len(POST)
     n_size = varint_len(size)
@@ -64,19 +65,18 @@ def framed_body(body: Any, bl: Any, ts: Any) -> tuple[Any, Any]:
     put_const(out, off, TRACE_PACKET)
     put_varints(out, off + len(TRACE_PACKET), size, n_size)
     at = off + len(TRACE_PACKET) + n_size
-    out[np.repeat(at - (np.cumsum(bl) - bl), bl) + np.arange(body.size)] = body
+    before = np.cumsum(bl) - bl
+    step = np.arange(int(bl.sum()))
+    if starts is None:
+        out[np.repeat(at - before, bl) + step] = body
+    else:
+        out[np.repeat(at - before, bl) + step] = body[np.repeat(starts - before, bl) + step]
     at = at + bl
     put_const(out, at, TIMESTAMP)
     at = at + len(TIMESTAMP)
     put_varints(out, at, ts, nts)
     put_const(out, at + nts, POST)
     return out, plen
-
-
-def gather(buf: Any, starts: Any, lens: Any) -> Any:
-    """The pieces ``buf[starts[i]:starts[i] + lens[i]]`` one after another."""
-    before = np.cumsum(lens) - lens
-    return buf[np.repeat(starts - before, lens) + np.arange(int(lens.sum()))]
 
 
 def key_order(first: list[Any], last: list[Any]) -> Any:
@@ -98,14 +98,13 @@ def key_order(first: list[Any], last: list[Any]) -> Any:
 
 
 def ordered(order: Any, n_s: int, sbuf: Any, slen: Any, blocks: list[Any]) -> bytes:
-    """The units in ``order``: below ``n_s`` a single row (its packet in ``sbuf``, ``slen`` long
-    each, one after another), from ``n_s`` on a block (``blocks[u - n_s]``, bytes-like). The
-    single rows are gathered in one pass; the blocks are joined as they are."""
+    """The units in ``order``: below ``n_s`` a single row, from ``n_s`` on a block
+    (``blocks[u - n_s]``, bytes-like). The single rows' packets are in ``sbuf`` in the order
+    they come in ``order`` (``frame_rows`` with ``perm``), ``slen`` long each: joined in runs
+    between the blocks."""
     is_block = order >= n_s
-    s_order = order[~is_block]
-    sizes = slen[s_order]
-    sg = memoryview(gather(sbuf, (np.cumsum(slen) - slen)[s_order], sizes))
-    ends = np.concatenate(([0], np.cumsum(sizes))).tolist()
+    sg = memoryview(sbuf)
+    ends = np.concatenate(([0], np.cumsum(slen))).tolist()
     at = np.flatnonzero(is_block)
     out: list[Any] = []
     prev = 0
@@ -115,27 +114,22 @@ def ordered(order: Any, n_s: int, sbuf: Any, slen: Any, blocks: list[Any]) -> by
             out.append(sg[ends[prev] : ends[k]])
         out.append(blocks[u - n_s])
         prev = k
-    if len(s_order) > prev:
+    if len(slen) > prev:
         out.append(sg[ends[prev] :])
     return b"".join(out)
 
 
-def collect(
-    k: int, small: list[Any], covered: bytearray, keys: list[list[Any]], picked: list[Any]
-) -> bool:
-    """Batch ``k``'s small rows not ``covered`` (by its blocks): their keys appended to ``keys``
-    (batch, ts, rank, tie, seq: lists, made arrays once per flush, as a CPU log's batches
-    have a few rows each), and what makes their bodies to ``picked``; False if a timestamp is
-    beyond int64 (the general encoder's ``encode_rows`` takes those)."""
-    if not small:
-        return True
-    rows = [r for r, c in zip(small, covered, strict=True) if not c]
+def collect(rows: list[Any], batch: list[int], keys: list[list[Any]], picked: list[Any]) -> bool:
+    """A flush's single rows (its batches' small rows that no block covers, ``batch`` the
+    number of each one's batch): their keys put in ``keys`` (batch, ts, rank, tie, seq: lists,
+    made arrays once per flush) and what makes their bodies in ``picked``; False if a timestamp
+    is beyond int64 (the general encoder's ``encode_rows`` takes those)."""
     if not rows:
         return True
     cols = list(zip(*rows, strict=True))
     if max(cols[0]) >= I64_END:
         return False
-    keys[0] += [k] * len(rows)
+    keys[0] += batch
     for j in range(4):
         keys[j + 1] += cols[j]
     picked.append((cols[4], cols[5]))
@@ -144,13 +138,13 @@ def collect(
 
 class Bodies:
     """The single rows' bodies by index: the small rows' (a list), then the segments' (in
-    ``body``, one after another, ``lens`` bytes each: ``segments.SegColumns``)."""
+    ``src``, from ``starts``, ``lens`` bytes each: ``segments.SegColumns``)."""
 
-    def __init__(self, first: list[bytes], body: Any, lens: Any) -> None:
+    def __init__(self, first: list[bytes], src: Any, starts: Any, lens: Any) -> None:
         self.first = first
-        self.body = body
+        self.src = src
+        self.starts = starts
         self.lens = lens
-        self.starts = np.cumsum(lens) - lens
 
     def __len__(self) -> int:
         return len(self.lens)
@@ -159,15 +153,16 @@ class Bodies:
         if u < len(self.first):
             return self.first[u]
         a = int(self.starts[u])
-        return bytes(self.body[a : a + int(self.lens[u])])
+        return bytes(self.src[a : a + int(self.lens[u])])
 
 
 def frame_rows(
-    picked: list[Any], ends: list[bytes], ts: Any, sc: Any = None
+    picked: list[Any], ends: list[bytes], ts: Any, sc: Any = None, perm: Any = None
 ) -> tuple[Any, Any, Any]:
     """The bodies of the rows ``collect`` picked (a begin's S, or its track's end field), then
     of the segments' rows (``sc``: ``segments.SegColumns``, if any), and (unless ``ts`` is None)
-    their packets (``framed``) with their lengths."""
+    their packets (``framed``) with their lengths: in the order of the rows, or of ``perm``
+    (the rows' indices) where given."""
     bodies: list[bytes] = []
     for s_, e_ in picked:
         bodies += [ends[e] if e >= 0 else s for s, e in zip(s_, e_, strict=True)]
@@ -176,25 +171,30 @@ def frame_rows(
         joined = np.frombuffer(b"".join(bodies), dtype=_U8)
         src = np.concatenate((joined, sc.src))
         lens = np.concatenate((bl, sc.lens))
-        body = gather(src, np.concatenate((np.cumsum(bl) - bl, sc.starts + len(joined))), lens)
-        rows = Bodies(bodies, body, lens)
+        starts = np.concatenate((np.cumsum(bl) - bl, sc.starts + len(joined)))
+        rows = Bodies(bodies, src, starts, lens)
         if int(ts.min()) >= 0:
-            buf, plen = framed_body(body, lens, ts)
+            if perm is not None:
+                starts, lens, ts = starts[perm], lens[perm], ts[perm]
+            buf, plen = framed_body(src, lens, ts, starts)
             return rows, buf, plen
         bodies = [rows[u] for u in range(len(rows))]
     if not bodies or ts is None:
         return bodies, np.zeros(0, dtype=_U8), np.zeros(0, dtype=np.int64)
+    each, ts_each = bodies, ts
+    if perm is not None:
+        each, ts_each = [bodies[u] for u in perm.tolist()], ts[perm]
     if int(ts.min()) < 0:  # (an int64 field's negative varint: ten bytes)
         pk = [
             packet(bd + TIMESTAMP + varint(t) + POST)
-            for bd, t in zip(bodies, ts.tolist(), strict=True)
+            for bd, t in zip(each, ts_each.tolist(), strict=True)
         ]
         return (
             bodies,
             np.frombuffer(b"".join(pk), dtype=_U8),
             np.array([len(x) for x in pk], dtype=np.int64),
         )
-    buf, lens = framed(bodies, ts)
+    buf, lens = framed(each, ts_each)
     return bodies, buf, lens
 
 

@@ -9,6 +9,7 @@ putting its own timestamps and rates in place, thousands of packets in a few num
 
 from __future__ import annotations
 
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -270,8 +271,10 @@ class TemplateSet:
             data = merge(keys_s, picked, ends, fills, self.seq, sc)
             self.templated += blocks if data is not None else 0
             return data
-        # the single rows' packets, made only now that the flush is known to be templated
-        bodies, sbuf, slen = frame_rows(picked, ends, s_ts, sc)
+        # the single rows' packets, made only now that the flush is known to be templated,
+        # in the order they come out
+        s_order = order[order < n_s]
+        bodies, sbuf, slen = frame_rows(picked, ends, s_ts, sc, s_order)
         head = b""
         if self.seq.needs_head():
             # the first packet defines what the batches intern (and clears the state if first)
@@ -280,6 +283,7 @@ class TemplateSet:
                 return None
             head = packet(bodies[u] + TIMESTAMP + varint(int(s_ts[u])) + self.seq.head())
             order = order[1:]
+            sbuf, slen = sbuf[int(slen[0]) :], slen[1:]  # (its packet is the head's)
         self.templated += blocks
         return head + ordered(order, n_s, sbuf, slen, blocks_out)
 
@@ -308,10 +312,12 @@ def by_templates(batches: list[Batch], templates: dict[Any, Any], events: EventF
     by_template: dict[int, tuple[Template, list[tuple[int, Batch, Block]]]] = {}
     blocks = 0
     keys: list[list[Any]] = [[] for _ in range(5)]  # the single rows' batch, ts, rank, tie, seq
-    picked: list[tuple[Any, Any]] = []  # per batch: its single rows' S and end id columns
+    picked: list[tuple[Any, Any]] = []  # the single rows' S and end id columns
+    singles: list[Any] = []  # every batch's small rows not in a block, in one list
+    batch_of: list[int] = []  # the number of each one's batch
     for k, b in enumerate(batches):
         small = b.small
-        covered = bytearray(len(small))
+        single = bytearray(b"\x01") * len(small)
         groups = 0
         for bl in b.blocks:
             tm = templates.get(bl.key)
@@ -319,12 +325,15 @@ def by_templates(batches: list[Batch], templates: dict[Any, Any], events: EventF
                 return None
             by_template.setdefault(id(tm), (tm, []))[1].append((k, b, bl))
             blocks += 1
-            covered[bl.i0] = covered[bl.i0 + 1] = 1
+            single[bl.i0] = single[bl.i0 + 1] = 0
             groups += bl.group >= 0
         if groups != len(b.groups):
             return None
-        if not collect(k, small, covered, keys, picked):
-            return None
+        n0 = len(singles)
+        singles += compress(small, single)
+        batch_of += [k] * (len(singles) - n0)
+    if not collect(singles, batch_of, keys, picked):
+        return None
     sc = seg_columns(batches, events)
     if sc is None:
         return None

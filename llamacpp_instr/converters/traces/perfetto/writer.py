@@ -25,7 +25,7 @@ from .bulk import BulkEncoder
 from .events import EventFields
 from .ops import NodeTables, OpStore, RateFields
 from .packets import SEQ, Sequence, compressed_packet, packet, track_body
-from .protowire import I64_END
+from .protowire import I64_END, fixed64_ok
 from .segments import add_segs, materialize
 from .templates import TemplateSet
 
@@ -99,10 +99,11 @@ class Writer:
         seq = b.seq
         d = it.depth
         ev = self.events
-        if it.category in _NOW or it.flows_out or it.flows_in:
+        fo, fi = it.flows_out, it.flows_in
+        if it.category in _NOW or ((fo or fi) and not (fixed64_ok(fo) and fixed64_ok(fi))):
             b.small.append((it.ts, 1, d, seq, ev.begin(it), -1))
         else:  # encoded with the others at the flush (``begins``)
-            self.begins.note(b.pending, len(b.small), it.track, it.name, it.category, it.args)
+            self.begins.note(b.small, len(b.small), it.track, it.name, it.category, it.args, fo, fi)
             b.small.append((it.ts, 1, d, seq, b"", -1))
         b.small.append((it.ts + it.dur, 0 if it.dur else 2, -d, seq + 1, b"", ev.end_id(it.track)))
         b.seq = seq + 2
@@ -200,7 +201,7 @@ class Writer:
         batches, self.done, self.done_rows = self.done, [], 0
         if not any(batches):
             return
-        self.begins.encode(batches)
+        self.begins.encode()
         data = self.templates.encode(batches)
         if data is None:
             for b in batches:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable
 from itertools import chain
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -171,12 +170,6 @@ def _keys(keys: list[tuple[Any, ...]], counts: list[int], first: int = 0) -> np.
     return np.repeat(np.array(k, dtype=np.int64).reshape(len(keys), -1), counts, axis=0)
 
 
-# the int and text fields of ``Copy`` and ``TransferRow`` rows
-_COPY_INTS, _COPY_NAME = itemgetter(0, 1, 3, 4, 5, 6, 7), itemgetter(2)
-_TRANSFER_INTS = itemgetter(0, 3, 4, 5, 6, 7, 8, 9)
-_CMD, _TENSOR = itemgetter(1), itemgetter(2)
-
-
 def make_splits(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
     """step ubatch split device node_start node_end t_start t_launch t_end inputs_ns launch_ns,
     from ``Split`` rows (each list: one compute's, the split its position)."""
@@ -190,10 +183,11 @@ def make_splits(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any])
 
 def make_copies(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
     """step ubatch split node tensor bytes src dst t_start dur_ns, from ``Copy`` rows."""
-    a = _ints(list(map(_COPY_INTS, rows)), 7)
+    k_, node, name, nbytes, src, dst, s, d = zip(*rows, strict=True)  # (each field, in C)
+    a = np.array([k_, node, nbytes, src, dst, s, d], dtype=np.int64)
     k = _keys(keys, counts)
-    a[:, 5] += k[:, 2]
-    return [k[:, 0], k[:, 1], a[:, 0], a[:, 1], list(map(_COPY_NAME, rows)), *a[:, 2:].T]
+    a[5] += k[:, 2]
+    return [k[:, 0], k[:, 1], *a[:2], name, *a[2:]]
 
 
 def make_busy(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
@@ -217,9 +211,9 @@ def make_transfers(keys: list[tuple[Any, ...]], counts: list[int], rows: list[An
     """phase step device cmd tensor bytes sent recv t_queue t_start t_sent t_end dur_ns, from
     ``TransferRow`` rows or a record's raw rows (each list: a record's, its phase, its step and
     the offset of its times the keys)."""
-    a = _ints(list(map(_TRANSFER_INTS, rows)), 8)  # device bytes sent recv queue start sent_at end
+    d, cmd, tensor, *ints = zip(*rows, strict=True)  # (each field, in C)
+    a = np.array([d, *ints], dtype=np.int64)  # device bytes sent recv queue start sent_at end
     k = _keys(keys, counts, 1)
-    a[:, 4:] += k[:, 1:]
+    a[4:] += k[:, 1]
     phase = list(chain.from_iterable([x[0]] * n for x, n in zip(keys, counts, strict=True)))
-    return [phase, k[:, 0], a[:, 0], list(map(_CMD, rows)), list(map(_TENSOR, rows)),
-            *a[:, 1:].T, a[:, 7] - a[:, 5]]  # fmt: skip
+    return [phase, k[:, 0], a[0], cmd, tensor, *a[1:], a[7] - a[5]]

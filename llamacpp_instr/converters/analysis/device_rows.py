@@ -9,7 +9,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable
 from itertools import chain
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -155,8 +155,20 @@ class KeyedRows(Rows):
             return
         made = self.make(self.keys, self.counts, self.rows)
         for name, chunks, col in zip(self.cols, self.packed, made, strict=True):
-            chunks.append(self._column(name, col) if name in self.codes else col)
+            if isinstance(col, Runs):  # (text the same for each list's rows: coded per list)
+                col = np.repeat(self._column(name, col.values), col.counts)
+            elif name in self.codes:
+                col = self._column(name, col)
+            chunks.append(col)
         self.rows, self.keys, self.counts = [], [], []
+
+
+class Runs(NamedTuple):
+    """A text column whose value is the same for all the rows of each list (``make``'s):
+    the lists' values and row counts."""
+
+    values: list[str]
+    counts: list[int]
 
 
 def _ints(rows: list[Any], width: int) -> np.ndarray:
@@ -223,5 +235,5 @@ def make_transfers(keys: list[tuple[Any, ...]], counts: list[int], rows: list[An
     a = _fields([d, *ints], len(rows))  # device bytes sent recv queue start sent_at end
     k = _keys(keys, counts, 1)
     a[4:] += k[:, 1]
-    phase = list(chain.from_iterable([x[0]] * n for x, n in zip(keys, counts, strict=True)))
+    phase = Runs([x[0] for x in keys], counts)
     return [phase, k[:, 0], a[0], cmd, tensor, *a[1:], a[7] - a[5]]

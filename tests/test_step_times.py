@@ -19,7 +19,7 @@ from llamacpp_instr.converters.reading.decode.sessions import SessionInfo
 from llamacpp_instr.converters.reading.decode.steps import Step
 from llamacpp_instr.converters.reading.decode.transfers import TransferRow, Transfers
 from llamacpp_instr.converters.session import device_time as dt
-from llamacpp_instr.converters.session.step_times import union_measure
+from llamacpp_instr.converters.session.step_times import _distinct, _Lookup, union_measure
 
 DEVICES = [
     {"index": 0, "name": "CPU", "backend": "CPU", "type": "cpu"},
@@ -153,3 +153,30 @@ def test_union_measure() -> None:
     # spans too long to pack the keys apart in int64: the same, key by key
     big = 1 << 61
     assert union_measure([1, 0, 1], [0, 5, big], [big, 9, big + 4], 2).tolist() == [4, big + 4]
+
+
+def test_distinct_and_lookup_are_unique_and_searchsorted() -> None:
+    """The counted ``_distinct`` and the table ``_Lookup`` give what ``np.unique`` and
+    ``np.searchsorted`` give: dense and sparse values, negatives, and values not held."""
+    rng = np.random.default_rng(7)
+    cases = [
+        rng.integers(-3, 5, 1000),  # dense, a few devices (-1: none)
+        rng.integers(0, 50_000, 200),  # sparse: np.unique itself
+        np.array([2**40, -(2**40), 0]),  # a range too wide for a table
+        np.zeros(0, np.int64),
+    ]
+    for a in cases:
+        a = a.astype(np.int64)
+        got = _distinct(a)
+        assert got.dtype == np.int64
+        assert np.array_equal(got, np.unique(a))
+        if not len(got):
+            continue
+        look = _Lookup(got)
+        held = rng.choice(got, 300)
+        assert np.array_equal(look(held), np.searchsorted(got, held))
+        # values between, below and above those held: the insertion points, as searchsorted
+        odd = np.concatenate([held, [int(got[0]) - 1, int(got[-1]) + 1]])
+        if len(got) > 1 and got[1] - got[0] > 1:
+            odd = np.concatenate([odd, [int(got[0]) + 1]])
+        assert np.array_equal(look(odd), np.searchsorted(got, odd))

@@ -9,8 +9,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable
 from itertools import chain
-from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -156,25 +155,39 @@ class KeyedRows(Rows):
             return
         made = self.make(self.keys, self.counts, self.rows)
         for name, chunks, col in zip(self.cols, self.packed, made, strict=True):
-            chunks.append(self._column(name, col) if name in self.codes else col)
+            if isinstance(col, Runs):  # (text the same for each list's rows: coded per list)
+                col = np.repeat(self._column(name, col.values), col.counts)
+            elif name in self.codes:
+                col = self._column(name, col)
+            chunks.append(col)
         self.rows, self.keys, self.counts = [], [], []
 
 
+class Runs(NamedTuple):
+    """A text column whose value is the same for all the rows of each list (``make``'s):
+    the lists' values and row counts."""
+
+    values: list[str]
+    counts: list[int]
+
+
 def _ints(rows: list[Any], width: int) -> np.ndarray:
-    """Rows of ``width`` ints as an (n, width) int64 array."""
-    return np.array(rows, dtype=np.int64).reshape(-1, width)
+    """Rows of ``width`` ints as an (n, width) int64 array (read in one pass, ``fromiter``:
+    quicker than ``np.array`` working out the shape of nested lists; the rows are the
+    decoder's, each of its width)."""
+    n = len(rows) * width
+    return np.fromiter(chain.from_iterable(rows), np.int64, count=n).reshape(-1, width)
+
+
+def _fields(fields: list[Any], n: int) -> np.ndarray:
+    """Fields of ``n`` ints each (tuples, from ``zip``) as a (fields, n) int64 array."""
+    return np.fromiter(chain.from_iterable(fields), np.int64, count=len(fields) * n).reshape(-1, n)
 
 
 def _keys(keys: list[tuple[Any, ...]], counts: list[int], first: int = 0) -> np.ndarray:
     """Each row's keys (ints, from the ``first``): an (n, width) int64 array."""
     k = keys if not first else [x[first:] for x in keys]
-    return np.repeat(np.array(k, dtype=np.int64).reshape(len(keys), -1), counts, axis=0)
-
-
-# the int and text fields of ``Copy`` and ``TransferRow`` rows
-_COPY_INTS, _COPY_NAME = itemgetter(0, 1, 3, 4, 5, 6, 7), itemgetter(2)
-_TRANSFER_INTS = itemgetter(0, 3, 4, 5, 6, 7, 8, 9)
-_CMD, _TENSOR = itemgetter(1), itemgetter(2)
+    return np.repeat(_ints(k, len(k[0])), counts, axis=0)
 
 
 def make_splits(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
@@ -190,10 +203,11 @@ def make_splits(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any])
 
 def make_copies(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
     """step ubatch split node tensor bytes src dst t_start dur_ns, from ``Copy`` rows."""
-    a = _ints(list(map(_COPY_INTS, rows)), 7)
+    k_, node, name, nbytes, src, dst, s, d = zip(*rows, strict=True)  # (each field, in C)
+    a = _fields([k_, node, nbytes, src, dst, s, d], len(rows))
     k = _keys(keys, counts)
-    a[:, 5] += k[:, 2]
-    return [k[:, 0], k[:, 1], a[:, 0], a[:, 1], list(map(_COPY_NAME, rows)), *a[:, 2:].T]
+    a[5] += k[:, 2]
+    return [k[:, 0], k[:, 1], *a[:2], name, *a[2:]]
 
 
 def make_busy(keys: list[tuple[Any, ...]], counts: list[int], rows: list[Any]) -> list[Any]:
@@ -217,9 +231,9 @@ def make_transfers(keys: list[tuple[Any, ...]], counts: list[int], rows: list[An
     """phase step device cmd tensor bytes sent recv t_queue t_start t_sent t_end dur_ns, from
     ``TransferRow`` rows or a record's raw rows (each list: a record's, its phase, its step and
     the offset of its times the keys)."""
-    a = _ints(list(map(_TRANSFER_INTS, rows)), 8)  # device bytes sent recv queue start sent_at end
+    d, cmd, tensor, *ints = zip(*rows, strict=True)  # (each field, in C)
+    a = _fields([d, *ints], len(rows))  # device bytes sent recv queue start sent_at end
     k = _keys(keys, counts, 1)
-    a[:, 4:] += k[:, 1:]
-    phase = list(chain.from_iterable([x[0]] * n for x, n in zip(keys, counts, strict=True)))
-    return [phase, k[:, 0], a[:, 0], list(map(_CMD, rows)), list(map(_TENSOR, rows)),
-            *a[:, 1:].T, a[:, 7] - a[:, 5]]  # fmt: skip
+    a[4:] += k[:, 1]
+    phase = Runs([x[0] for x in keys], counts)
+    return [phase, k[:, 0], a[0], cmd, tensor, *a[1:], a[7] - a[5]]

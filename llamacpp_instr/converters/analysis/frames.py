@@ -58,6 +58,7 @@ from .columns import (
 from .frames_devices import TABLES as DEVICE_TABLES
 from .frames_devices import DeviceBuilder
 from .frames_ops import ComputeColumns, OpsBuilder
+from .heap import older_objects_frozen
 from .memory_frames import allocations_frame, memory_frame
 
 _FIRST = itemgetter(0)
@@ -356,14 +357,15 @@ def load_sessions(
     # read here: the tables' own work per record is small, and sending the records from a
     # forked reader costs more than parsing them (bench/convert.py)
     try:
-        for ev in iter_events_packed(path, strict=strict, report=report, fork=False):
-            if isinstance(ev, SessionStarted):
-                builders[ev.session.sid] = _Builder(ev.session)
-            elif isinstance(ev, StepDone):
-                builders[ev.session.sid].step(ev.step)
-        if not builders:
-            raise UserError(f"no session in {path}")
-        return [b.frames(report, peaks_cache) for b in builders.values()]
+        with older_objects_frozen():  # (the tables' columns too: see ``heap``)
+            for ev in iter_events_packed(path, strict=strict, report=report, fork=False):
+                if isinstance(ev, SessionStarted):
+                    builders[ev.session.sid] = _Builder(ev.session)
+                elif isinstance(ev, StepDone):
+                    builders[ev.session.sid].step(ev.step)
+            if not builders:
+                raise UserError(f"no session in {path}")
+            return [b.frames(report, peaks_cache) for b in builders.values()]
     except OverflowError:
         # (the traces keep such a value, op by op; the tables' columns are 64-bit)
         raise UserError(

@@ -94,6 +94,44 @@ def _sum_at(n: int, key: Any, values: Any) -> np.ndarray:
     return out
 
 
+def _distinct(a: np.ndarray) -> np.ndarray:
+    """``np.unique(a)`` of an int64 array, counted (``bincount``) when its values span a range
+    not much wider than it is long: the keys and devices here are small dense integers, and
+    counting them is several times quicker than sorting or hashing them."""
+    if not len(a):
+        return np.unique(a)
+    lo, hi = int(a.min()), int(a.max())
+    if hi - lo > 4 * len(a) + 4096:
+        return np.unique(a)
+    return (np.flatnonzero(np.bincount(a - lo, minlength=hi - lo + 1)) + lo).astype(_I64)
+
+
+class _Lookup:
+    """Positions of values in a sorted array of distinct ints (``np.searchsorted`` of values it
+    holds), by a table over their range when it is not too wide; ``searchsorted`` itself for a
+    value outside the table or not held."""
+
+    def __init__(self, sorted_values: np.ndarray) -> None:
+        self.values = sorted_values
+        n = len(sorted_values)
+        self.lo = int(sorted_values[0]) if n else 0
+        span = int(sorted_values[-1]) - self.lo + 1 if n else 0
+        self.table: np.ndarray | None = None
+        if n and span <= 4 * n + 4096:
+            self.table = np.full(span, -1, _I64)
+            self.table[sorted_values - self.lo] = np.arange(n, dtype=_I64)
+
+    def __call__(self, v: np.ndarray) -> np.ndarray:
+        t = self.table
+        if t is not None and len(v):
+            i = v - self.lo
+            if int(i.min()) >= 0 and int(i.max()) < len(t):
+                at = t[i]
+                if int(at.min()) >= 0:
+                    return at
+        return np.searchsorted(self.values, v)
+
+
 class _Keys:
     """The (step, device) pairs met, dense: ``of(g, device)`` gives each its row."""
 
@@ -101,20 +139,22 @@ class _Keys:
         gs = np.concatenate([_a(g) for g, _ in pairs])
         ds = np.concatenate([_a(d) for _, d in pairs])
         # devices in the machine's order (``Devices.order``): the rows' order within a step
-        self.devices = devs.order(np.unique(ds).tolist())
+        self.devices = devs.order(_distinct(ds).tolist())
         uniq = np.array(sorted(self.devices), _I64)
         rank = np.empty(len(uniq), _I64)
         rank[np.searchsorted(uniq, np.array(self.devices, _I64))] = np.arange(len(uniq))
         self.uniq, self.rank, self.nd = uniq, rank, max(len(uniq), 1)
-        self.keys = np.unique(self._code(gs, ds))
+        self.slot = _Lookup(uniq)
+        self.keys = _distinct(self._code(gs, ds))
+        self.at = _Lookup(self.keys)
 
     def _code(self, g: Any, d: Any) -> np.ndarray:
         d = _a(d)
-        slot = self.rank[np.searchsorted(self.uniq, d)] if len(d) else d
+        slot = self.rank[self.slot(d)] if len(d) else d
         return _a(g) * self.nd + slot
 
     def of(self, g: Any, d: Any) -> np.ndarray:
-        return np.searchsorted(self.keys, self._code(g, d))
+        return self.at(self._code(g, d))
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -212,8 +252,14 @@ def step_times(r: StepRows, devs: Devices) -> tuple[dict[str, Any], dict[str, An
     op_ns = _sum_at(n, ok, o_dur)
     layer_ns = _sum_at(n, lk, l_dur)
     if len(lk):
-        pairs = np.unique(np.stack([lk, l_id]), axis=1)
-        n_layers = np.bincount(pairs[0], minlength=n).astype(_I64)
+        # the distinct (key, layer) pairs, packed one int each where they fit
+        l_lo = int(l_id.min())
+        width = int(l_id.max()) - l_lo + 1
+        if n * width < 1 << 62:
+            keys_of = _distinct(lk * width + (l_id - l_lo)) // width
+        else:
+            keys_of = np.unique(np.stack([lk, l_id]), axis=1)[0]
+        n_layers = np.bincount(keys_of, minlength=n).astype(_I64)
     else:
         n_layers = np.zeros(n, _I64)
     ik, xk = k.of(pg, p_dst), k.of(pg, p_src)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import cached_property
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -179,7 +180,7 @@ def placement(rec: dict[str, Any], t0: int) -> Placement | None:
     device, split or time that is not a plain integer in range raises ValueError or TypeError,
     and the record is skipped like any damaged one. Rows all well-formed are kept as read
     (``Placement.raw``); any other record is read row by row (``_strict``), which raises."""
-    if not any(k in rec for k in _PLACE_FIELDS):
+    if rec.keys().isdisjoint(_PLACE_FIELDS):
         return None
     return _kept(rec, t0) or _strict(rec, t0)
 
@@ -187,143 +188,140 @@ def placement(rec: dict[str, Any], t0: int) -> Placement | None:
 def _kept(rec: dict[str, Any], t0: int) -> Placement | None:
     """The ``Placement`` of a record whose rows are all well-formed, its rows kept as read;
     None for any other (never raises: ``_strict`` then says what is wrong, in its order)."""
+    get = rec.get
+    splits, copies, busy, remote, clocks, wait = (
+        get("splits"), get("copies"), get("busy"), get("remote"), get("clocks"), get("wait")
+    )  # fmt: skip
+    splits = [] if splits is None else splits
+    copies = [] if copies is None else copies
+    busy = [] if busy is None else busy
+    remote = [] if remote is None else remote
     try:
-        splits, copies, busy, remote, clocks = (
-            [] if (v := rec.get(k)) is None else v
-            for k in ("splits", "copies", "busy", "remote", "clocks")
-        )
         if not (
             type(splits) is list
             and type(copies) is list
             and type(busy) is list
             and type(remote) is list
-            and type(clocks) is list
+            and (wait is None or (type(wait) is int and wait >= 0))
+            and _good_splits(splits)
         ):
             return None
         n = len(splits)
-        kept = [
-            Clock(d, method, err)
-            for d, method, err in clocks
-            if type(d) is int and type(method) is str and type(err) is int and d >= 0 and err >= 0
-        ]
-        wait = rec.get("wait")
-        if (
-            len(kept) != len(clocks)
-            or not _good_splits(splits)
-            or not _good_copies(copies, n)
-            or not _good_busy(busy, n)
-            or not _good_remote(remote, n)
-            or not (wait is None or (type(wait) is int and wait >= 0))
-        ):
+        if not (_good_copies(copies, n) and _good_busy(busy, n) and _good_remote(remote, n)):
             return None
+        kept: list[Clock] = []
+        if clocks is not None:
+            if type(clocks) is not list:
+                return None
+            for d, method, err in clocks:
+                if not (
+                    type(d) is int and type(method) is str and type(err) is int and d >= 0 and err >= 0
+                ):  # fmt: skip
+                    return None
+                kept.append(Clock(d, method, err))
     except (TypeError, ValueError):  # (a row that is not a list of its width)
         return None
     return Placement(clocks=kept, wait=wait, raw=(splits, copies, busy, remote), t0=t0)
 
 
-# A row that is well formed, in one test per kind (the strict reading's common case too):
-# every field an int of its range, as the field-by-field reading would take it.
+# Rows that are well formed, in one test per kind (the strict reading's common case too, a row
+# at a time): every field an int of its range, as the field-by-field reading would take it. A
+# loop each, the test written out in it: a call per row cost a third of the reading.
 
 
-def _split_ok(d: Any, i0: Any, i1: Any, s: Any, la: Any, e: Any) -> bool:
-    return (
-        type(d) is int
-        and type(i0) is int
-        and type(i1) is int
-        and type(s) is int
-        and type(la) is int
-        and type(e) is int
-        and d >= 0
-        and 0 <= i0 <= i1
-        and 0 <= s <= la <= e
-    )
+def _good_splits(rows: Iterable[list[Any]]) -> bool:
+    for d, i0, i1, s, la, e in rows:
+        if not (
+            type(d) is int
+            and type(i0) is int
+            and type(i1) is int
+            and type(s) is int
+            and type(la) is int
+            and type(e) is int
+            and d >= 0
+            and 0 <= i0 <= i1
+            and 0 <= s <= la <= e
+        ):
+            return False
+    return True
 
 
-def _copy_ok(
-    n: int, k: Any, node: Any, name: Any, nbytes: Any, src: Any, dst: Any, s: Any, d: Any
-) -> bool:
-    return (
-        type(k) is int
-        and type(node) is int
-        and type(name) is str
-        and type(nbytes) is int
-        and type(src) is int
-        and type(dst) is int
-        and type(s) is int
-        and type(d) is int
-        and 0 <= k < n
-        and node >= -1
-        and nbytes >= 0
-        and src >= 0
-        and dst >= 0
-        and s >= 0
-        and d >= 0
-    )
+def _good_copies(rows: Iterable[list[Any]], n: int) -> bool:
+    for k, node, name, nbytes, src, dst, s, d in rows:
+        if not (
+            type(k) is int
+            and type(node) is int
+            and type(name) is str
+            and type(nbytes) is int
+            and type(src) is int
+            and type(dst) is int
+            and type(s) is int
+            and type(d) is int
+            and 0 <= k < n
+            and node >= -1
+            and nbytes >= 0
+            and src >= 0
+            and dst >= 0
+            and s >= 0
+            and d >= 0
+        ):
+            return False
+    return True
 
 
-def _busy_ok(n: int, d: Any, s: Any, dur: Any, k: Any, n_ops: Any) -> bool:
-    return (
-        type(d) is int
-        and type(s) is int
-        and type(dur) is int
-        and type(k) is int
-        and type(n_ops) is int
-        and d >= 0
-        and s >= 0
-        and dur >= 0
-        and -1 <= k < n
-        and n_ops >= 0
-    )
+def _good_busy(rows: Iterable[list[Any]], n: int) -> bool:
+    for d, s, dur, k, n_ops in rows:
+        if not (
+            type(d) is int
+            and type(s) is int
+            and type(dur) is int
+            and type(k) is int
+            and type(n_ops) is int
+            and d >= 0
+            and s >= 0
+            and dur >= 0
+            and -1 <= k < n
+            and n_ops >= 0
+        ):
+            return False
+    return True
 
 
-def _remote_ok(n: int, k: Any, d: Any, send: Any, reply: Any, s: Any, e: Any, one_way: Any,
-               err: Any, offset: Any, nbytes: Any, n_ops: Any) -> bool:  # fmt: skip
-    return (
-        type(k) is int
-        and type(d) is int
-        and type(send) is int
-        and type(reply) is int
-        and type(s) is int
-        and type(e) is int
-        and type(one_way) is int
-        and type(err) is int
-        and type(offset) is int
-        and type(nbytes) is int
-        and type(n_ops) is int
-        and -1 <= k < n
-        and d >= 0
-        and 0 <= send <= reply
-        and 0 <= s <= e
-        and one_way >= 0
-        and err >= 0
-        and offset >= -(1 << 62)
-        and nbytes >= 0
-        and n_ops >= 0
-    )
-
-
-def _good_splits(rows: list[list[Any]]) -> bool:
-    return all(_split_ok(*r) for r in rows)
-
-
-def _good_copies(rows: list[list[Any]], n: int) -> bool:
-    return all(_copy_ok(n, *r) for r in rows)
-
-
-def _good_busy(rows: list[list[Any]], n: int) -> bool:
-    return all(_busy_ok(n, *r) for r in rows)
-
-
-def _good_remote(rows: list[list[Any]], n: int) -> bool:
-    return all(_remote_ok(n, *r) for r in rows)
+def _good_remote(rows: Iterable[list[Any]], n: int) -> bool:
+    for k, d, send, reply, s, e, one_way, err, offset, nbytes, n_ops in rows:
+        if not (
+            type(k) is int
+            and type(d) is int
+            and type(send) is int
+            and type(reply) is int
+            and type(s) is int
+            and type(e) is int
+            and type(one_way) is int
+            and type(err) is int
+            and type(offset) is int
+            and type(nbytes) is int
+            and type(n_ops) is int
+            and -1 <= k < n
+            and d >= 0
+            and 0 <= send <= reply
+            and 0 <= s <= e
+            and one_way >= 0
+            and err >= 0
+            and offset >= -(1 << 62)
+            and nbytes >= 0
+            and n_ops >= 0
+        ):
+            return False
+    return True
 
 
 def _strict(rec: dict[str, Any], t0: int) -> Placement:
     """``placement`` row by row: the well-formed rows at once, the others field by field, for the
     error's words."""
     p = Placement()
-    for d, i0, i1, s, la, e in record_rows(rec, "splits", 6):
-        if _split_ok(d, i0, i1, s, la, e):  # (else field by field, for the error's words)
+    for row in record_rows(rec, "splits", 6):
+        d, i0, i1, s, la, e = row
+        if _good_splits((row,)):  # (else field by field, for the error's words)
             p.splits.append(Split(d, i0, i1, t0 + s, t0 + la, t0 + e))
             continue
         start, launch, end = t0 + uint(s), t0 + uint(la), t0 + uint(e)
@@ -331,8 +329,9 @@ def _strict(rec: dict[str, Any], t0: int) -> Placement:
             raise ValueError("a split that ends before it starts")
         p.splits.append(Split(uint(d), i0, i1, start, launch, end))
     n = len(p.splits)
-    for k, node, name, nbytes, src, dst, s, d in record_rows(rec, "copies", 8):
-        if _copy_ok(n, k, node, name, nbytes, src, dst, s, d):
+    for row in record_rows(rec, "copies", 8):
+        k, node, name, nbytes, src, dst, s, d = row
+        if _good_copies((row,), n):
             p.copies.append(Copy(k, node, name, nbytes, src, dst, t0 + s, d))
             continue
         p.copies.append(
@@ -341,8 +340,9 @@ def _strict(rec: dict[str, Any], t0: int) -> Placement:
                 uint(dst), t0 + uint(s), uint(d),
             )
         )  # fmt: skip
-    for d, s, dur, k, n_ops in record_rows(rec, "busy", 5):
-        if _busy_ok(n, d, s, dur, k, n_ops):
+    for row in record_rows(rec, "busy", 5):
+        d, s, dur, k, n_ops = row
+        if _good_busy((row,), n):
             p.busy.append(Busy(d, t0 + s, dur, k, n_ops))
             continue
         p.busy.append(Busy(uint(d), t0 + uint(s), uint(dur), _split_ref(k, n, True), uint(n_ops)))
@@ -350,7 +350,7 @@ def _strict(rec: dict[str, Any], t0: int) -> Placement:
         p.clocks.append(Clock(uint(d), strict_str(method), uint(err)))
     for row in record_rows(rec, "remote", 11):
         k, d, send, reply, s, e, one_way, err, offset, nbytes, n_ops = row
-        if _remote_ok(n, k, d, send, reply, s, e, one_way, err, offset, nbytes, n_ops):
+        if _good_remote((row,), n):
             p.remote.append(
                 Remote(k, d, t0 + send, t0 + reply, t0 + s, t0 + e, one_way, err, offset, nbytes, n_ops)
             )  # fmt: skip

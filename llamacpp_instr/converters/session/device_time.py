@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -336,14 +337,19 @@ class StepTime:
     devices: dict[int, DeviceStep] = field(default_factory=dict)
 
 
+_ROW_END = itemgetter(TransferRow._fields.index("end"))  # a transfers row's end
+
+
 def step_window(step: Step) -> Interval:
-    """From the step's start to the last of its end, its computes' ends and its transfers'."""
+    """From the step's start to the last of its end, its computes' ends and its transfers'
+    (from their rows as read: ``Transfers.bulk_rows``, no tuple made per row)."""
     end = step.end
     for c in step.computes:
         end = max(end, c.start + c.dur)
     for t in step.transfers:
-        for r in t.rows:
-            end = max(end, r.end)
+        raw, t0 = t.bulk_rows()
+        if raw:
+            end = max(end, t0 + max(map(_ROW_END, raw)))
     return step.start, end
 
 

@@ -88,16 +88,8 @@ class DeviceTracks:
     # -- steps
 
     def step_end(self, step: Step) -> int:
-        """Where the step's slice ends: the last thing it waited for (``device_time.step_window``,
-        from the transfers' rows as read)."""
-        end = step.end
-        for c in step.computes:
-            end = max(end, c.start + c.dur)
-        for t in step.transfers:
-            raw, t0 = t.bulk_rows()
-            if raw:
-                end = max(end, t0 + max(map(_END, raw)))
-        return end
+        """Where the step's slice ends: the last thing it waited for (``device_time``)."""
+        return dt.step_window(step)[1]
 
     def compute(
         self, c: Compute, track: int, stats: LayoutStats, flows: OpFlows, step: Step
@@ -218,7 +210,6 @@ class DeviceTracks:
         return self.network.transfers(step)
 
 
-_END = itemgetter(9)  # a transfers row's end
 
 
 def _device_slice(

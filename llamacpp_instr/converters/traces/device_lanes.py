@@ -72,8 +72,7 @@ class DeviceLanes:
         self, lanes: Lanes, ts: int, end: int, row: int, new: list[tuple[int, Track]]
     ) -> int:
         """``place`` for a slice from ``ts`` to ``end``, row ``row`` of a ``SliceRows``: the
-        track it goes on (a new lane is added to ``new``). (The row builders test the first lane
-        themselves, as here, before they call this.)"""
+        track it goes on (a new lane is added to ``new``)."""
         ends = lanes.ends
         for k, last in enumerate(ends):
             if last <= ts:

@@ -210,8 +210,6 @@ class DeviceTracks:
         return self.network.transfers(step)
 
 
-
-
 def _device_slice(
     c: Compute, got: tuple[int, str], spans: Sequence[LayerSpan], ops: tuple[int, int, int] | None
 ) -> Slice | None:
@@ -293,7 +291,6 @@ def copy_rows(
         return out
     # (SliceRows.add, inlined: a few rows per compute)
     tracks, labels, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
-    ends = lanes.ends
     for j, (k, node, tensor, nbytes, src_d, dst_d, s, dur) in enumerate(
         sorted(cps, key=_COPY_ORDER)
     ):
@@ -303,11 +300,7 @@ def copy_rows(
             pair = pairs[(src_d, dst_d)] = (src, dst, f"{src} → {dst}")
         start = t0 + s
         end = start + dur
-        if ends and ends[0] <= start:  # (the first lane free: ``DeviceLanes.assign``)
-            ends[0] = end
-            tracks.append(lanes.uuids[0])
-        else:
-            tracks.append(dl.assign(lanes, start, end, j, out.tracks))
+        tracks.append(dl.assign(lanes, start, end, j, out.tracks))
         labels.append(pair[2])
         starts.append(start)
         durs.append(dur)

@@ -86,12 +86,7 @@ class NetworkTracks:
             start = t0 + s
             dur = e - s
             nb = sent + recv
-            ends = lanes.ends
-            if ends and ends[0] <= start:  # (the first lane free: ``DeviceLanes.assign``)
-                ends[0] = t0 + e
-                tracks.append(lanes.uuids[0])
-            else:
-                tracks.append(assign(lanes, start, t0 + e, j, out.tracks))
+            tracks.append(assign(lanes, start, t0 + e, j, out.tracks))
             names.append(cmd)
             starts.append(start)
             durs.append(dur)

@@ -143,14 +143,21 @@ def _op_entry(c: Compute, cpu: int) -> list[Any]:
     got = _OP_DEVICES.get(key)
     if got is not None:
         return got
-    out = np.full(len(node), cpu, dtype=np.int64)
-    for d, i_start, i_end in splits:
-        out[(node >= i_start) & (node < i_end)] = d
+    out = ops_placed(node, splits, cpu)
     out.setflags(write=False)
     if len(_OP_DEVICES) >= 256:
         _OP_DEVICES.clear()
     got = _OP_DEVICES[key] = [out, None, None]
     return got
+
+
+def ops_placed(node: np.ndarray, splits: Sequence[tuple[int, int, int]], cpu: int) -> np.ndarray:
+    """The device of each op of nodes ``node``: that of the split (device, first node, end node)
+    holding it, ``cpu`` if none."""
+    out = np.full(len(node), cpu, dtype=np.int64)
+    for d, i_start, i_end in splits:
+        out[(node >= i_start) & (node < i_end)] = d
+    return out
 
 
 def op_devices(c: Compute, cpu: int) -> np.ndarray:
@@ -212,9 +219,14 @@ def layer_devices(c: Compute, cpu: int) -> np.ndarray:
 
 def compute_devices(c: Compute, cpu: int) -> list[int]:
     """The devices a compute ran on, in the order of its splits (then those only its layers name)."""
-    seen = [s.device for s in c.place.splits] if c.place is not None else []
-    seen += layer_devices(c, cpu).tolist()
-    return list(dict.fromkeys(seen)) or [cpu]
+    splits = [s.device for s in c.place.splits] if c.place is not None else []
+    return devices_in_order(splits, layer_devices(c, cpu).tolist(), cpu)
+
+
+def devices_in_order(split_devices: list[int], layer_devs: list[int], cpu: int) -> list[int]:
+    """``compute_devices`` of a compute whose splits ran on ``split_devices`` and whose layer
+    spans on ``layer_devs``."""
+    return list(dict.fromkeys(split_devices + layer_devs)) or [cpu]
 
 
 # --- intervals -------------------------------------------------------------------------------

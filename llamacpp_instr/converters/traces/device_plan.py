@@ -3,9 +3,8 @@ per graph (its ops' nodes), splits and layer devices, the devices a compute ran 
 each one's layer spans, ops (a read-only mask and its count) and the grouping that gives its ops'
 first start and last end. A step then only reads its times.
 
-The devices are ``device_time``'s (``op_devices``, ``op_groups``, ``op_masks``, ``layer_devices``,
-``compute_devices``), made here from a ``Placement``'s rows as read (``Placement.bulk``): no
-``Split`` tuple per row."""
+The devices are ``device_time``'s (``ops_placed``, ``layer_devices``, ``devices_in_order``), from
+a ``Placement``'s rows as read (``Placement.bulk``): no ``Split`` tuple per row."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..reading.decode.computes import Compute
+from ..session import device_time as dt
 
 _SPLIT_KEY = itemgetter(0, 1, 2)  # a splits row's device and node range
 
@@ -40,23 +40,17 @@ class Plan:
 
     def __init__(self, c: Compute, keys: tuple[tuple[int, int, int], ...], cpu: int) -> None:
         node = np.asarray(c.op_node, dtype=np.int64)
-        od = np.full(len(node), cpu, dtype=np.int64)  # (as device_time.op_devices)
-        for d, i_start, i_end in keys:
-            od[(node >= i_start) & (node < i_end)] = d
+        od = dt.ops_placed(node, keys, cpu)
         self.devices = od  # (the per-op fallback of times past 2**62: ``devices.op_extents``)
         uniq_a, counts_a = np.unique(od, return_counts=True)  # (as device_time.op_groups)
         self.counts = counts_a.tolist()
         group = {d: g for g, d in enumerate(uniq_a.tolist())}
         self.runs = np.flatnonzero(np.r_[True, od[1:] != od[:-1]]) if len(od) else od
         self.run_group = [group[d] for d in od[self.runs].tolist()]
-        if c.layer_device is None:  # (as device_time.layer_devices)
-            lds = [cpu] * len(c.layers)
-        else:
-            lds = np.where(c.layer_device < 0, cpu, c.layer_device).tolist()
-        seen = list(dict.fromkeys([k[0] for k in keys] + lds)) or [cpu]
+        lds = dt.layer_devices(c, cpu).tolist()
         has_ops = len(node) > 0
         self.parts: list[DevicePart] = []
-        for d in seen:  # (as device_time.compute_devices)
+        for d in dt.devices_in_order([k[0] for k in keys], lds, cpu):
             idx = [i for i, x in enumerate(lds) if x == d]
             spans: slice | list[int] = idx
             if idx and idx[-1] - idx[0] == len(idx) - 1:

@@ -16,7 +16,11 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO
+from typing import IO, Any
+
+# what a writer hands over at once: bytes, or a list of bytes-like parts (one byte per item:
+# bytes, memoryviews of uint8 buffers) joined only where the bytes must be together (a bundle)
+Data = bytes | list[Any]
 
 
 class ThreadedWriter:
@@ -97,12 +101,21 @@ class BundleSink:
         self.pool: ThreadPoolExecutor | None = None
         self.futures: list[Future[bytes]] = []
 
-    def write(self, data: bytes) -> None:
-        if self.compress is False:
+    def write(self, data: Data) -> None:
+        """One write (``Data``): a bundle is cut after the write that fills it, as if the parts
+        were one bytes object."""
+        if isinstance(data, list):
+            if self.compress is False:
+                self.out.write(b"".join(data))
+                return
+            self.parts += data
+            self.size += sum(map(len, data))
+        elif self.compress is False:
             self.out.write(data)
             return
-        self.parts.append(data)
-        self.size += len(data)
+        else:
+            self.parts.append(data)
+            self.size += len(data)
         if self.compress is None and self.size >= self.auto:
             self.compress = True
         if self.compress and self.size >= self.chunk:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..sinks import Data
 from .keysort import key_sort
 from .packets import Sequence, packet
 from .protowire import TIMESTAMP, varint
@@ -28,8 +29,8 @@ def merge(
     fills: list[Any],
     seq: Sequence,
     sc: Any = None,
-) -> bytes | None:
-    """The flush's packets: its single rows (``first``: their key columns, ``picked``: what
+) -> Data | None:
+    """The flush's packets (parts: ``sinks.Data``): its single rows (``first``: their key columns, ``picked``: what
     makes their bodies, ``singles.collect``'s) and the templated blocks (``fills``:
     ``TemplateSet._fill``'s) in key order; None if the first packet is a block's (it must carry
     the sequence's head: the general encoder writes it); ``sc``: the segments' rows
@@ -59,7 +60,7 @@ def merge(
         base += tb.size
     keys = [np.concatenate(c).astype(np.int64, copy=False) for c in cols]
     if not len(keys[0]):
-        return b""
+        return []
     order = key_sort(keys)
     at_o = np.concatenate(starts)[order]
     len_o = np.concatenate(lens)[order]
@@ -72,7 +73,7 @@ def merge(
         head = packet(bodies[u] + TIMESTAMP + varint(int(s_ts[u])) + seq.head())
         at_o, len_o = at_o[1:], len_o[1:]
     if not len(at_o):
-        return head
+        return [head]
     # runs of rows that lie one after another in one buffer (a block's rows between two
     # single rows), each joined as one slice of its buffer (the buffers are not joined first:
     # a copy of the flush, in memory the allocator may have to get afresh)
@@ -85,8 +86,10 @@ def merge(
     lo = (at_o[first_o] - bases[run_buf]).tolist()
     hi = (at_o[last] + len_o[last] - bases[run_buf]).tolist()
     mvs = [memoryview(b) for b in bufs]
-    parts = [mvs[k][a:z] for k, a, z in zip(run_buf.tolist(), lo, hi, strict=True)]
-    return head + b"".join(parts)
+    # (not joined here: the sink joins a bundle's parts once)
+    parts: list[Any] = [head] if head else []
+    parts += [mvs[k][a:z] for k, a, z in zip(run_buf.tolist(), lo, hi, strict=True)]
+    return parts
 
 
 def joined(
@@ -98,7 +101,7 @@ def joined(
     fills: list[Any],
     seq: Sequence,
     sc: Any = None,
-) -> bytes | None:
+) -> Data | None:
     """A flush with few single rows per templated block (a CPU log), or whose single rows fall
     inside the blocks (``inter``): the units framed one by one and put in key order
     (``singles.join_units``) where they do not interleave (there are no segments then: they

@@ -97,11 +97,11 @@ def key_order(first: list[Any], last: list[Any]) -> Any:
     return order
 
 
-def ordered(order: Any, n_s: int, sbuf: Any, slen: Any, blocks: list[Any]) -> bytes:
+def ordered(order: Any, n_s: int, sbuf: Any, slen: Any, blocks: list[Any]) -> list[Any]:
     """The units in ``order``: below ``n_s`` a single row, from ``n_s`` on a block
     (``blocks[u - n_s]``, bytes-like). The single rows' packets are in ``sbuf`` in the order
-    they come in ``order`` (``frame_rows`` with ``perm``), ``slen`` long each: joined in runs
-    between the blocks."""
+    they come in ``order`` (``frame_rows`` with ``perm``), ``slen`` long each: slices of it in
+    runs between the blocks (parts, ``sinks.Data``: the sink joins them)."""
     is_block = order >= n_s
     sg = memoryview(sbuf)
     ends = np.concatenate(([0], np.cumsum(slen))).tolist()
@@ -116,7 +116,7 @@ def ordered(order: Any, n_s: int, sbuf: Any, slen: Any, blocks: list[Any]) -> by
         prev = k
     if len(slen) > prev:
         out.append(sg[ends[prev] :])
-    return b"".join(out)
+    return out
 
 
 def collect(rows: list[Any], batch: list[int], keys: list[list[Any]], picked: list[Any]) -> bool:
@@ -221,8 +221,8 @@ def interleaved(batch: Any, ts: Any, templated: Any) -> bool:
 
 def join_units(
     keys: list[list[int]], bodies: list[bytes], fills: list[Any], seq: Sequence
-) -> bytes | None:
-    """The flush's packets, its single rows (``keys``' columns, ``bodies``) framed one by one
+) -> list[Any] | None:
+    """The flush's packets (parts, ``sinks.Data``), its single rows (``keys``' columns, ``bodies``) framed one by one
     and put in key order with the templated blocks (``fills``: ``TemplateSet._fill``'s), or
     None if they interleave."""
     units: list[tuple[Any, Any, Any]] = []
@@ -245,4 +245,4 @@ def join_units(
             return None
         key = units[u][0]
         out[0] = packet(bodies[u] + TIMESTAMP + varint(key[1]) + seq.head())
-    return b"".join(out)
+    return out

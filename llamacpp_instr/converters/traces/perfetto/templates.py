@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..sinks import Data
 from .batch import Batch, Block
 from .events import EventFields
 from .merge import joined, merge
@@ -235,7 +236,7 @@ class TemplateSet:
         last = [kb, ts[:, -1], np.full(n, z[0]), np.full(n, z[1]), seq0 + z[2]]
         return first, last, bufs, (kb, seq0, ts, tm)
 
-    def encode(self, batches: list[Batch]) -> bytes | None:
+    def encode(self, batches: list[Batch]) -> Data | None:
         """The batches' packets with each compute from its template and the other rows framed
         in bulk (``singles``), or None if a compute has no template or its rows do not sort as
         the template's, or the computes' rows and the others interleave (the general encoder
@@ -265,7 +266,7 @@ class TemplateSet:
             last = [np.concatenate((a, c)) for a, c in zip(last, z_keys, strict=True)]
             blocks_out += [memoryview(row) for row in tb]  # joined later: no copy here
         if not len(first[0]):
-            return b""
+            return []
         order = key_order(first, last)
         if order is None:  # (blocks that interleave: the rows merged one by one)
             data = merge(keys_s, picked, ends, fills, self.seq, sc)
@@ -285,7 +286,8 @@ class TemplateSet:
             order = order[1:]
             sbuf, slen = sbuf[int(slen[0]) :], slen[1:]  # (its packet is the head's)
         self.templated += blocks
-        return head + ordered(order, n_s, sbuf, slen, blocks_out)
+        out = ordered(order, n_s, sbuf, slen, blocks_out)
+        return [head, *out] if head else out
 
     def learn(self, batches: list[Batch]) -> None:
         """Templates for the blocks seen more than once (a few tries each)."""

@@ -18,7 +18,7 @@ from operator import attrgetter
 from typing import IO
 
 from ..items import BulkItem, ComputeBatch, OpBatch, Sample, Slice, SliceRows, Track
-from ..sinks import BundleSink
+from ..sinks import BundleSink, Data
 from .batch import Batch, Block
 from .begins import Begins
 from .bulk import BulkEncoder
@@ -202,7 +202,7 @@ class Writer:
         if not any(batches):
             return
         self.begins.encode()
-        data = self.templates.encode(batches)
+        data: Data | None = self.templates.encode(batches)
         if data is None:
             for b in batches:
                 materialize(b, self.events)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from operator import attrgetter
-from typing import IO
+from typing import IO, Any
 
 from ..items import BulkItem, ComputeBatch, OpBatch, Sample, Slice, SliceRows, Track
 from ..sinks import BundleSink, Data
@@ -24,7 +24,7 @@ from .begins import Begins
 from .bulk import BulkEncoder
 from .events import EventFields
 from .ops import NodeTables, OpStore, RateFields
-from .packets import SEQ, Sequence, compressed_packet, packet, track_body
+from .packets import SEQ, Interner, Sequence, compressed_packet, packet, track_body
 from .protowire import I64_END, fixed64_ok
 from .segments import add_segs, materialize
 from .templates import TemplateSet
@@ -32,6 +32,9 @@ from .templates import TemplateSet
 AUTO_COMPRESS = 8 << 20  # plain packets for traces smaller than this (bytes), else compressed
 CHUNK = 1 << 20  # uncompressed bytes per compressed bundle
 FLUSH_ROWS = 32768  # encode this many buffered packets at a time (at step boundaries)
+# flushes whose encoding may wait for the next ones (``Writer.flush``): their slice begins are
+# encoded together, in groups this many times bigger (fewer numpy calls per slice)
+DEFER_FLUSHES = 4
 ZLIB_THREADS = 2  # compressing threads (zlib releases the GIL): bundles stay in order
 
 _LAYER_KEY = attrgetter("layer", "n_ops")
@@ -65,6 +68,10 @@ class Writer:
         self.cur = Batch()
         self.done: list[Batch] = []
         self.done_rows = 0
+        # flushes not yet encoded: their batches, and how many of the interner's pending
+        # definitions were interned before their boundary (what their head would carry)
+        self.deferred: list[tuple[list[Batch], int]] = []
+        self.known_layers: set[tuple[Any, ...]] = set()  # (``interns_nothing``)
 
     def write(self, items: Iterable[BulkItem]) -> None:
         try:
@@ -86,8 +93,7 @@ class Writer:
     # -- items
 
     def track(self, t: Track) -> None:
-        if self.done:
-            self.flush()
+        self.flush(drain=True)  # (what came before it is written before it)
         self.sink.write(packet(SEQ + self.seq.track_flags() + track_body(t)))
         self.packets += 1
 
@@ -119,7 +125,7 @@ class Writer:
     def add_compute(self, cb: ComputeBatch) -> None:
         """As ``add_slice`` for the compute's slice and each layer's, then ``add_ops``: the rows
         are kept as a block, which a template may encode (see ``templates``); its layers' rows
-        are made only if the general encoder needs them (``_expand``)."""
+        are made only if the general encoder needs them (``expand_layers``)."""
         cs = cb.slice
         track = cs.track
         self.add_slice(cs)  # (depth 1: never closes the batch)
@@ -143,20 +149,6 @@ class Writer:
             group[1].tobytes() if group is not None else b"",
         )
         b.blocks.append(Block(seq0, i0, g0 if group is not None else -1, cb, key))
-
-    def _expand(self, batches: list[Batch]) -> None:
-        """Give the blocks' layers their small rows (for the general encoder)."""
-        ev = self.events
-        for b in batches:
-            for bl in b.blocks:
-                track = bl.cb.slice.track
-                end = ev.end_id(track)
-                seq = bl.seq0 + 2
-                for lay in bl.cb.layers:
-                    ts, dur = lay.start, lay.dur
-                    b.small.append((ts, 1, 2, seq, ev.layer_begin(track, lay), -1))
-                    b.small.append((ts + dur, 0 if dur else 2, -2, seq + 1, b"", end))
-                    seq += 2
 
     def add_sample(self, it: Sample) -> None:
         b = self.cur
@@ -191,22 +183,55 @@ class Writer:
         if self.cur:
             self.done.append(self.cur)
             self.cur = Batch()
-        if self.done:
-            self.flush()
+        self.flush(drain=True)
         self.sink.close()
 
-    # -- encoding
-
-    def flush(self) -> None:
+    def flush(self, drain: bool = False) -> None:
+        """Encode and write the finished batches, or defer them (``DEFER_FLUSHES``) where that
+        leaves every byte as it is: the same writes, in the same order, each flush's head with
+        the strings interned before its boundary (``_drain``). Only once the sink's compression
+        is decided (a write may turn it on, and the node tables restart, which changes what
+        later items intern), and if encoding them interns nothing (``interns_nothing``).
+        ``drain``: write the deferred flushes too."""
         batches, self.done, self.done_rows = self.done, [], 0
-        if not any(batches):
+        c = self.sink.compress
+        if (
+            any(batches)
+            and (c is False or (c and self.tables.compact))
+            and interns_nothing(batches, self.seq.interner, self.known_layers)
+        ):
+            self.deferred.append((batches, len(self.seq.interner.pending)))
+            if len(self.deferred) < DEFER_FLUSHES and not drain:
+                return
+            batches = []
+        self._drain()
+        if any(batches):
+            self.begins.encode()
+            self._encode(batches)
+
+    def _drain(self) -> None:
+        """Encode and write the deferred flushes, in order, their begins all at once."""
+        if not self.deferred:
             return
+        deferred, self.deferred = self.deferred, []
         self.begins.encode()
+        it = self.seq.interner
+        (pending, it.pending), at = (it.pending, []), 0
+        for batches, upto in deferred:
+            # the head takes what was interned before this flush's boundary, as it would have
+            # then (and anything its encoding interned, which ``interns_nothing`` rules out)
+            it.pending = it.pending + pending[at:upto]
+            at = upto
+            self._encode(batches)
+        it.pending = it.pending + pending[at:]
+
+    def _encode(self, batches: list[Batch]) -> None:
+        """One flush's packets (its begins encoded), written at once."""
         data: Data | None = self.templates.encode(batches)
         if data is None:
             for b in batches:
                 materialize(b, self.events)
-            self._expand(batches)
+            expand_layers(batches, self.events)
             small = [(k, *r) for k, b in enumerate(batches) for r in b.small]
             if any(r[1] >= I64_END for r in small):
                 data = self.encoder.encode_rows(batches)
@@ -218,6 +243,39 @@ class Writer:
         if self.sink.compress and not self.tables.compact:  # auto mode turned to compression
             self.tables.restart(compact=True)  # new tables intern their string values
             self.templates.clear()
+
+
+def expand_layers(batches: list[Batch], ev: EventFields) -> None:
+    """Give the blocks' layers their small rows (for the general encoder)."""
+    for b in batches:
+        for bl in b.blocks:
+            track = bl.cb.slice.track
+            end = ev.end_id(track)
+            seq = bl.seq0 + 2
+            for lay in bl.cb.layers:
+                ts, dur = lay.start, lay.dur
+                b.small.append((ts, 1, 2, seq, ev.layer_begin(track, lay), -1))
+                b.small.append((ts + dur, 0 if dur else 2, -2, seq + 1, b"", end))
+                seq += 2
+
+
+def interns_nothing(batches: list[Batch], it: Interner, known: set[Any]) -> bool:
+    """Whether encoding ``batches`` interns nothing (if it did, the strings' ids would follow
+    the later items' instead of coming before them, were it deferred). What it may intern: the
+    names of layer slices (``EventFields.layer_begin``, for the general encoder or a new
+    template); all else is interned as the items come. ``known``: the blocks' layers (``Block``
+    keys' third part) found interned, not looked up again (the interner never forgets)."""
+    for b in batches:
+        for bl in b.blocks:
+            lays = bl.key[2]  # ((layer, n_ops), ...)
+            if not lays or lays in known:
+                continue
+            if "layer" not in it.arg_names or "n_ops" not in it.arg_names:
+                return False
+            if any(f"layer {layer}" not in it.names for layer, _ in lays):
+                return False
+            known.add(lays)
+    return True
 
 
 def write_perfetto_fast(

@@ -3,7 +3,8 @@
 The items (``layout.layout_bulk``: each compute's slice, layer slices and packed op slices as
 one ``ComputeBatch``) become rows of a ``Batch``, one per step; a flush (``FLUSH_ROWS`` rows, at
 step boundaries) encodes the batches from templates where it can (``TemplateSet``), else with the
-general encoder (``BulkEncoder``), and hands the bytes to the sink. The writer owns the state
+general encoder (``BulkEncoder``), and hands the bytes to the sink (a few flushes may wait to
+have their slice begins encoded together: ``Writer.flush``). The writer owns the state
 they share: the sequence (``Sequence``: first packet, interned strings), the fields of slices and
 counters (``EventFields``), and the op variants (``OpStore``, ``RateFields``, ``NodeTables``).
 

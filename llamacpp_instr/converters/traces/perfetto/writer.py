@@ -192,12 +192,13 @@ class Writer:
         leaves every byte as it is: the same writes, in the same order, each flush's head with
         the strings interned before its boundary (``_drain``). Only once the sink's compression
         is decided (a write may turn it on, and the node tables restart, which changes what
-        later items intern), and if encoding them interns nothing (``interns_nothing``).
-        ``drain``: write the deferred flushes too."""
+        later items intern), if encoding them interns nothing (``interns_nothing``) and there
+        are begins to encode (``Begins.pending``). ``drain``: write the deferred ones too."""
         batches, self.done, self.done_rows = self.done, [], 0
         c = self.sink.compress
         if (
-            any(batches)
+            self.begins.pending  # (else no gain: a CPU log's flushes have no begins to encode)
+            and any(batches)
             and (c is False or (c and self.tables.compact))
             and interns_nothing(batches, self.seq.interner, self.known_layers)
         ):
@@ -218,9 +219,8 @@ class Writer:
         self.begins.encode()
         it = self.seq.interner
         (pending, it.pending), at = (it.pending, []), 0
-        for batches, upto in deferred:
-            # the head takes what was interned before this flush's boundary, as it would have
-            # then (and anything its encoding interned, which ``interns_nothing`` rules out)
+        for batches, upto in deferred:  # each head: what was interned before its boundary
+            # (and anything the encoding before interned, which ``interns_nothing`` rules out)
             it.pending = it.pending + pending[at:upto]
             at = upto
             self._encode(batches)

@@ -137,6 +137,31 @@ def test_plans_by_splits_and_layer_devices() -> None:
     assert plans.get(c, rows) is plan and devices == [p.device for p in plan.parts]
 
 
+def test_last_plan_is_not_kept_for_other_nodes() -> None:
+    """The plan got last is returned again only for the same structure: the same compute with
+    one op's node moved to another split gets a plan that places that op on the other device,
+    and the compute as it was gets its own plan back."""
+    events = list(iter_events_packed(LOGS[2]))
+    c = next(c for ev in events if isinstance(ev, StepDone) for c in ev.step.computes)
+    assert c.place is not None
+    rows = c.place.bulk()[0][0]
+    assert len({r[0] for r in rows}) > 1
+    plans = Plans(0)
+    plan = plans.get(c, rows)
+    node = c.op_node
+    first, last = rows[0], rows[-1]
+    k = int(np.flatnonzero((node >= first[1]) & (node < first[2]))[0])
+    try:
+        c.op_node = node.copy()
+        c.op_node[k] = last[1]  # (a node of the last split)
+        moved = plans.get(c, rows)
+        assert moved is not plan
+        assert moved.devices[k] == last[0] != plan.devices[k]
+    finally:
+        c.op_node = node
+    assert plans.get(c, rows) is plan
+
+
 @pytest.mark.parametrize("log", LOGS, ids=[p.name.split("-detailed")[0] for p in LOGS])
 def test_plans_place_as_device_time(log: Path) -> None:
     """The plan's devices are ``device_time``'s: each op's (``op_devices``), the compute's in

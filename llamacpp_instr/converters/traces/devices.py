@@ -82,7 +82,6 @@ class DeviceTracks:
         self.pairs: dict[tuple[int, int], tuple[str, str, str]] = {}  # (``copy_rows``)
         self.plans = Plans(self.devs.cpu)
         self.own = OwnTiming(self.devs, self.lanes)
-        self.labels: dict[int, tuple[str, str]] = {}  # device -> its label and name
         self.parts: dict[int, tuple[int, str]] = {}  # device -> its track and label (parts)
 
     # -- steps
@@ -117,11 +116,12 @@ class DeviceTracks:
             head.ts, head.dur = t0 + lo, hi - lo
             yield head
             flow_of = self._flows(bs, rs, c, step)
+            plan = self.plans.get(c, sp)
             if sp:
-                yield from self._splits(sp, cps, bs, rs, t0, track, flow_of)
+                yield from self._splits(sp, cps, bs, rs, t0, track, flow_of, plan)
         else:
             yield head
-        plan = self.plans.get(c, sp)
+            plan = self.plans.get(c, sp)
         has_ops = len(c.op_node) > 0
         extents = op_extents(c, plan) if has_ops else []
         layers = c.layers
@@ -164,6 +164,7 @@ class DeviceTracks:
         t0: int,
         track: int,
         flow_of: dict[int, int],
+        plan: Plan,
     ) -> Iterator[Slice]:
         """The splits' slices (rows relative to ``t0``): each with its copies' count and bytes,
         and when its device began it, if the device timed it (its first busy or remote row)."""
@@ -175,17 +176,19 @@ class DeviceTracks:
         for k, t in [(b[3], b[1]) for b in bs] + [(r[0], r[4]) for r in rs]:
             if k not in started or t < started[k]:
                 started[k] = t
-        labels = self.labels
-        for k, (d, i0, i1, s, la, e) in enumerate(sp):
-            got = labels.get(d)
-            if got is None:
-                dev = self.devs[d]
-                got = labels[d] = (dev.label, dev.name)
+        texts = plan.texts
+        if texts is None:  # (the plan's splits are these rows' devices and node ranges)
+            texts = plan.texts = [
+                (self.devs[d].label, f"split {k} {self.devs[d].name}", f"{i0}..{i1}")
+                for k, (d, i0, i1, *_) in enumerate(sp)
+            ]
+        for k, (_, _, _, s, la, e) in enumerate(sp):
+            label, name, nodes = texts[k]
             n, b = copied.get(k, (0, 0))
             args: dict[str, Any] = {
                 "split": k,
-                "device": got[0],
-                "nodes": f"{i0}..{i1}",
+                "device": label,
+                "nodes": nodes,
                 "inputs_ns": la - s,
                 "launch_ns": e - la,
                 "n_copies": n,
@@ -196,7 +199,7 @@ class DeviceTracks:
             flow = flow_of.get(k)
             yield Slice(
                 track,
-                f"split {k} {got[1]}",
+                name,
                 t0 + s,
                 e - s,
                 2,
@@ -216,23 +219,25 @@ def _device_slice(
     """A device's part of ``c`` on its track (``got``: the track and the device's label): from
     its first layer or op to its last (``ops``: its ops' count, first start and last end,
     ``op_extents``)."""
-    starts = [s.start for s in spans]
-    ends = [s.start + s.dur for s in spans]
     n_ops = 0
     if ops is not None and ops[0]:
-        n_ops = ops[0]
-        starts.append(ops[1])
-        ends.append(ops[2])
-    if not starts:
+        n_ops, lo, hi = ops
+    elif spans:
+        lo, hi = spans[0].start, spans[0].start + spans[0].dur
+    else:
         return None
+    for _, s, d, _ in spans:
+        if s < lo:
+            lo = s
+        if s + d > hi:
+            hi = s + d
     args = {
         "ubatch": c.ubatch,
         "graph": c.graph.id if c.graph else -1,
         "device": got[1],
         "n_ops": n_ops,
     }
-    lo = min(starts)
-    return Slice(got[0], f"compute ubatch {c.ubatch}", lo, max(ends) - lo, 1, "device", args)
+    return Slice(got[0], f"compute ubatch {c.ubatch}", lo, hi - lo, 1, "device", args)
 
 
 def as_items(rows: SliceRows, bulk: bool) -> Iterator[Item | SliceRows]:
@@ -291,6 +296,7 @@ def copy_rows(
         return out
     # (SliceRows.add, inlined: a few rows per compute)
     tracks, labels, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
+    ends, uuids = lanes.ends, lanes.uuids  # (the lists ``assign`` appends to)
     for j, (k, node, tensor, nbytes, src_d, dst_d, s, dur) in enumerate(
         sorted(cps, key=_COPY_ORDER)
     ):
@@ -300,7 +306,11 @@ def copy_rows(
             pair = pairs[(src_d, dst_d)] = (src, dst, f"{src} → {dst}")
         start = t0 + s
         end = start + dur
-        tracks.append(dl.assign(lanes, start, end, j, out.tracks))
+        if ends and ends[0] <= start:  # (``DeviceLanes.assign``'s first test, inlined)
+            ends[0] = end
+            tracks.append(uuids[0])
+        else:
+            tracks.append(dl.assign(lanes, start, end, j, out.tracks))
         labels.append(pair[2])
         starts.append(start)
         durs.append(dur)

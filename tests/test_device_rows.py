@@ -5,6 +5,8 @@ Here every record of the device fixtures is laid out both ways and the items com
 
 from __future__ import annotations
 
+import random
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from llamacpp_instr.converters.traces.items import (
     SliceRows,
 )
 from llamacpp_instr.converters.traces.layout import layout_bulk
+from llamacpp_instr.converters.traces.op_args import mb_per_s
 
 LOGS = [
     FIXTURES / "tiny-llama-vulkan-full-detailed.log.gz",
@@ -188,3 +191,20 @@ def test_plans_place_as_device_time(log: Path) -> None:
                 assert p.mask.tolist() == (want.tolist() if want is not None else no_op)
             idx = range(len(lds))[p.spans] if isinstance(p.spans, slice) else p.spans
             assert list(idx) == [i for i, d in enumerate(lds) if d == p.device]
+
+
+def test_mb_per_s_is_pythons_round() -> None:
+    """A copy's or a command's rate is ``round(nbytes * 1e9 / ns / 1e6, 3)`` to the bit, on
+    random sizes and times and on those whose thousandths end in an exact half (0.0625 MB/s:
+    Python rounds those itself), 0.0 without a time."""
+    rng = random.Random(38)
+    cases = [(rng.randrange(1 << rng.randrange(1, 40)), rng.randrange(-3, 1 << rng.randrange(1, 34)))
+             for _ in range(50_000)]  # fmt: skip
+    cases += [(nb, 16_000 * nb) for nb in range(1, 200)]  # (x * 1000 == 62.5)
+    cases += [(nb, ns) for nb in range(0, 500) for ns in (1, 3, 7, 1000, 1024, 10**6, 10**9)]
+    halves = 0
+    for nb, ns in cases:
+        want = round(nb * 1e9 / ns / 1e6, 3) if ns > 0 else 0.0
+        assert struct.pack("<d", mb_per_s(nb, ns)) == struct.pack("<d", want), (nb, ns)
+        halves += ns > 0 and (nb * 1e12 / ns / 1e6) % 1 == 0.5
+    assert halves >= 199

@@ -43,6 +43,7 @@ from .device_own import OwnTiming
 from .device_plan import Plan, Plans
 from .items import BulkItem, Item, LayoutStats, Slice, SliceRows, Track, text_uuid
 from .network import NetworkTracks
+from .op_args import mb_per_s
 
 
 class SessionLayout(Protocol):
@@ -323,7 +324,7 @@ def copy_rows(
                 "split": k,
                 "node": node,
                 # as dt.bandwidth, in MB/s
-                "mb_per_s": round(nbytes * 1e9 / dur / 1e6, 3) if dur > 0 else 0.0,
+                "mb_per_s": mb_per_s(nbytes, dur),
             }
         )
     return out

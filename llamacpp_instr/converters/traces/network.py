@@ -13,6 +13,7 @@ from ..reading.decode.transfers import TransferRow
 from ..session import device_time as dt
 from .device_lanes import NETWORK_ORDER, DeviceLanes, Lanes
 from .items import Item, Slice, SliceRows, Track, track_uuid
+from .op_args import mb_per_s
 
 _ROW_ORDER = itemgetter(7, 9)  # a transfers row's start and end
 
@@ -111,7 +112,7 @@ class NetworkTracks:
                         "recv": recv,
                         "queued_ns": s - q,
                         # as dt.transfer_args: dt.bandwidth, in MB/s
-                        "mb_per_s": (round((sent + recv) * 1e9 / dur / 1e6, 3) if dur > 0 else 0.0),
+                        "mb_per_s": mb_per_s(sent + recv, dur),
                     }
                 )
         return out

@@ -52,12 +52,16 @@ class OwnTiming:
             name, lanes = got if got is not None else self._lanes("busy", d)
             start = t0 + s
             args: dict[str, Any] = {"split": k, "n_ops": n_ops, "device": name}
-            if d in last:
-                args["idle_before_ns"] = max(0, start - last[d])
+            prev = last.get(d)
+            if prev is not None:
+                args["idle_before_ns"] = start - prev if start > prev else 0
             if 0 <= k < n_splits:
                 args["since_launch_ns"] = s - sp[k][4]
             end = start + dur
-            last[d] = max(last.get(d, 0), end)
+            if prev is None:  # (the latest end on the device so far, from 0)
+                last[d] = end if end > 0 else 0
+            elif end > prev:
+                last[d] = end
             if k in flow_of and k not in seen:
                 seen.add(k)
                 out.flows_in[j] = (flow_of[k],)

@@ -84,6 +84,7 @@ class DeviceTracks:
         self.plans = Plans(self.devs.cpu)
         self.own = OwnTiming(self.devs, self.lanes)
         self.parts: dict[int, tuple[int, str]] = {}  # device -> its track and label (parts)
+        self.part_names: dict[int | None, str] = {}  # ubatch -> its parts' name
 
     # -- steps
 
@@ -118,8 +119,12 @@ class DeviceTracks:
             yield head
             flow_of = self._flows(bs, rs, c, step)
             plan = self.plans.get(c, sp)
+            # the copies first (drawn after the parts): each split's count and bytes of them
+            copied = [0] * (2 * len(sp))
+            lanes = self.lanes.get(("copies",), "copies", COPIES_ORDER)
+            copies = copy_rows(cps, t0, self.lanes, lanes, self.pairs, self.devs, copied)
             if sp:
-                yield from self._splits(sp, cps, bs, rs, t0, track, flow_of, plan)
+                yield from self._splits(sp, copied, bs, rs, t0, track, flow_of, plan)
         else:
             yield head
             plan = self.plans.get(c, sp)
@@ -127,6 +132,9 @@ class DeviceTracks:
         extents = op_extents(c, plan) if has_ops else []
         layers = c.layers
         lay = self.lay
+        name = self.part_names.get(c.ubatch)
+        if name is None:
+            name = self.part_names[c.ubatch] = f"compute ubatch {c.ubatch}"
         for part in plan.parts:
             d = part.device
             got = self.parts.get(d)
@@ -136,13 +144,12 @@ class DeviceTracks:
             idx = part.spans
             spans = layers[idx] if type(idx) is slice else [layers[i] for i in idx]
             g = part.group
-            head_d = _device_slice(c, got, spans, extents[g] if g >= 0 and has_ops else None)
+            head_d = _device_slice(c, got, spans, extents[g] if g >= 0 and has_ops else None, name)
             if head_d is not None:
                 yield from lay.compute_batch(head_d, c, spans, stats, flows, part.mask)
         if p is not None:
             bulk = lay.bulk
-            lanes = self.lanes.get(("copies",), "copies", COPIES_ORDER)
-            yield from as_items(copy_rows(cps, t0, self.lanes, lanes, self.pairs, self.devs), bulk)
+            yield from as_items(copies, bulk)
             yield from as_items(self.own.busy(bs, sp, t0, flow_of), bulk)
             yield from as_items(self.own.remote(rs, sp, t0, flow_of), bulk)
 
@@ -159,7 +166,7 @@ class DeviceTracks:
     def _splits(
         self,
         sp: list[Any],
-        cps: list[Any],
+        copied: list[int],
         bs: list[Any],
         rs: list[Any],
         t0: int,
@@ -167,12 +174,9 @@ class DeviceTracks:
         flow_of: dict[int, int],
         plan: Plan,
     ) -> Iterator[Slice]:
-        """The splits' slices (rows relative to ``t0``): each with its copies' count and bytes,
-        and when its device began it, if the device timed it (its first busy or remote row)."""
-        copied: dict[int, tuple[int, int]] = {}
-        for cp in cps:
-            n, b = copied.get(cp[0], (0, 0))
-            copied[cp[0]] = (n + 1, b + cp[3])
+        """The splits' slices (rows relative to ``t0``): each with its copies' count and bytes
+        (``copied``: split K's at 2K and 2K + 1), and when its device began it, if the device
+        timed it (its first busy or remote row)."""
         started: dict[int, int] = {}
         for k, t in [(b[3], b[1]) for b in bs] + [(r[0], r[4]) for r in rs]:
             if k not in started or t < started[k]:
@@ -185,7 +189,7 @@ class DeviceTracks:
             ]
         for k, (_, _, _, s, la, e) in enumerate(sp):
             label, name, nodes = texts[k]
-            n, b = copied.get(k, (0, 0))
+            n, b = copied[2 * k], copied[2 * k + 1]
             args: dict[str, Any] = {
                 "split": k,
                 "device": label,
@@ -215,11 +219,15 @@ class DeviceTracks:
 
 
 def _device_slice(
-    c: Compute, got: tuple[int, str], spans: Sequence[LayerSpan], ops: tuple[int, int, int] | None
+    c: Compute,
+    got: tuple[int, str],
+    spans: Sequence[LayerSpan],
+    ops: tuple[int, int, int] | None,
+    name: str,
 ) -> Slice | None:
-    """A device's part of ``c`` on its track (``got``: the track and the device's label): from
-    its first layer or op to its last (``ops``: its ops' count, first start and last end,
-    ``op_extents``)."""
+    """A device's part of ``c`` on its track (``got``: the track and the device's label), named
+    ``name``: from its first layer or op to its last (``ops``: its ops' count, first start and
+    last end, ``op_extents``)."""
     n_ops = 0
     if ops is not None and ops[0]:
         n_ops, lo, hi = ops
@@ -238,7 +246,7 @@ def _device_slice(
         "device": got[1],
         "n_ops": n_ops,
     }
-    return Slice(got[0], f"compute ubatch {c.ubatch}", lo, hi - lo, 1, "device", args)
+    return Slice(got[0], name, lo, hi - lo, 1, "device", args)
 
 
 def as_items(rows: SliceRows, bulk: bool) -> Iterator[Item | SliceRows]:
@@ -288,10 +296,12 @@ def copy_rows(
     lanes: Lanes,
     pairs: dict[tuple[int, int], tuple[str, str, str]],
     devs: dt.Devices,
+    copied: list[int],
 ) -> SliceRows:
     """The copies of a compute (its ``copies`` rows, times relative to ``t0``), as
     ``DeviceTracks`` draws them (``pairs``: per source and destination device, their names and
-    the slices' name, filled as met)."""
+    the slices' name, filled as met); each split's count and bytes of them added to ``copied``
+    (split K's at 2K and 2K + 1; a copies row's split is one of the compute's)."""
     out = SliceRows("copy", 0)
     if not cps:
         return out
@@ -305,6 +315,8 @@ def copy_rows(
         if pair is None:
             src, dst = devs[src_d].name, devs[dst_d].name
             pair = pairs[(src_d, dst_d)] = (src, dst, f"{src} → {dst}")
+        copied[2 * k] += 1
+        copied[2 * k + 1] += nbytes
         start = t0 + s
         end = start + dur
         if ends and ends[0] <= start:  # (``DeviceLanes.assign``'s first test, inlined)

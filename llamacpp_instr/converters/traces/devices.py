@@ -122,7 +122,11 @@ class DeviceTracks:
             # the copies first (drawn after the parts): each split's count and bytes of them
             copied = [0] * (2 * len(sp))
             lanes = self.lanes.get(("copies",), "copies", COPIES_ORDER)
-            copies = copy_rows(cps, t0, self.lanes, lanes, self.pairs, self.devs, copied)
+            copies = (
+                copy_rows(cps, t0, self.lanes, lanes, self.pairs, self.devs, copied)
+                if cps
+                else None
+            )
             if sp:
                 yield from self._splits(sp, copied, bs, rs, t0, track, flow_of, plan)
         else:
@@ -149,9 +153,13 @@ class DeviceTracks:
                 yield from lay.compute_batch(head_d, c, spans, stats, flows, part.mask)
         if p is not None:
             bulk = lay.bulk
-            yield from as_items(copies, bulk)
-            yield from as_items(self.own.busy(bs, sp, t0, flow_of), bulk)
-            yield from as_items(self.own.remote(rs, sp, t0, flow_of), bulk)
+            # (none made for a kind of rows the compute has none of: most have one or two)
+            if copies is not None:
+                yield from as_items(copies, bulk)
+            if bs:
+                yield from as_items(self.own.busy(bs, sp, t0, flow_of), bulk)
+            if rs:
+                yield from as_items(self.own.remote(rs, sp, t0, flow_of), bulk)
 
     def _flows(self, bs: list[Any], rs: list[Any], c: Compute, step: Step) -> dict[int, int]:
         """A flow id per split that a device timed itself (from the host's launch to the device),

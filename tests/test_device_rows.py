@@ -5,6 +5,8 @@ Here every record of the device fixtures is laid out both ways and the items com
 
 from __future__ import annotations
 
+import random
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from llamacpp_instr.converters.traces.items import (
     SliceRows,
 )
 from llamacpp_instr.converters.traces.layout import layout_bulk
+from llamacpp_instr.converters.traces.op_args import mb_per_s
 
 LOGS = [
     FIXTURES / "tiny-llama-vulkan-full-detailed.log.gz",
@@ -137,6 +140,31 @@ def test_plans_by_splits_and_layer_devices() -> None:
     assert plans.get(c, rows) is plan and devices == [p.device for p in plan.parts]
 
 
+def test_last_plan_is_not_kept_for_other_nodes() -> None:
+    """The plan got last is returned again only for the same structure: the same compute with
+    one op's node moved to another split gets a plan that places that op on the other device,
+    and the compute as it was gets its own plan back."""
+    events = list(iter_events_packed(LOGS[2]))
+    c = next(c for ev in events if isinstance(ev, StepDone) for c in ev.step.computes)
+    assert c.place is not None
+    rows = c.place.bulk()[0][0]
+    assert len({r[0] for r in rows}) > 1
+    plans = Plans(0)
+    plan = plans.get(c, rows)
+    node = c.op_node
+    first, last = rows[0], rows[-1]
+    k = int(np.flatnonzero((node >= first[1]) & (node < first[2]))[0])
+    try:
+        c.op_node = node.copy()
+        c.op_node[k] = last[1]  # (a node of the last split)
+        moved = plans.get(c, rows)
+        assert moved is not plan
+        assert moved.devices[k] == last[0] != plan.devices[k]
+    finally:
+        c.op_node = node
+    assert plans.get(c, rows) is plan
+
+
 @pytest.mark.parametrize("log", LOGS, ids=[p.name.split("-detailed")[0] for p in LOGS])
 def test_plans_place_as_device_time(log: Path) -> None:
     """The plan's devices are ``device_time``'s: each op's (``op_devices``), the compute's in
@@ -163,3 +191,20 @@ def test_plans_place_as_device_time(log: Path) -> None:
                 assert p.mask.tolist() == (want.tolist() if want is not None else no_op)
             idx = range(len(lds))[p.spans] if isinstance(p.spans, slice) else p.spans
             assert list(idx) == [i for i, d in enumerate(lds) if d == p.device]
+
+
+def test_mb_per_s_is_pythons_round() -> None:
+    """A copy's or a command's rate is ``round(nbytes * 1e9 / ns / 1e6, 3)`` to the bit, on
+    random sizes and times and on those whose thousandths end in an exact half (0.0625 MB/s:
+    Python rounds those itself), 0.0 without a time."""
+    rng = random.Random(38)
+    cases = [(rng.randrange(1 << rng.randrange(1, 40)), rng.randrange(-3, 1 << rng.randrange(1, 34)))
+             for _ in range(50_000)]  # fmt: skip
+    cases += [(nb, 16_000 * nb) for nb in range(1, 200)]  # (x * 1000 == 62.5)
+    cases += [(nb, ns) for nb in range(0, 500) for ns in (1, 3, 7, 1000, 1024, 10**6, 10**9)]
+    halves = 0
+    for nb, ns in cases:
+        want = round(nb * 1e9 / ns / 1e6, 3) if ns > 0 else 0.0
+        assert struct.pack("<d", mb_per_s(nb, ns)) == struct.pack("<d", want), (nb, ns)
+        halves += ns > 0 and (nb * 1e12 / ns / 1e6) % 1 == 0.5
+    assert halves >= 199

@@ -36,7 +36,7 @@ class Plan:
     each run of ops of one device begins (``runs``) and its device's position in ``counts``
     (``run_group``): a device's ops are one run or a few, whatever the graph."""
 
-    __slots__ = ("parts", "counts", "devices", "runs", "run_group")
+    __slots__ = ("parts", "counts", "devices", "runs", "run_group", "texts")
 
     def __init__(self, c: Compute, keys: tuple[tuple[int, int, int], ...], cpu: int) -> None:
         node = np.asarray(c.op_node, dtype=np.int64)
@@ -49,6 +49,9 @@ class Plan:
         self.run_group = [group[d] for d in od[self.runs].tolist()]
         lds = dt.layer_devices(c, cpu).tolist()
         has_ops = len(node) > 0
+        # each split's device label, slice name and node range (``DeviceTracks``, when first
+        # drawn: the labels are the session's)
+        self.texts: list[tuple[str, str, str]] | None = None
         self.parts: list[DevicePart] = []
         for d in dt.devices_in_order([k[0] for k in keys], lds, cpu):
             idx = [i for i, x in enumerate(lds) if x == d]
@@ -68,6 +71,9 @@ class Plans:
     def __init__(self, cpu: int) -> None:
         self.cpu = cpu
         self.plans: dict[tuple[Any, ...], Plan] = {}
+        # the last plan got and its key: a step's computes nearly always repeat the last one's
+        # structure, which an equal key (byte compares) finds without hashing the op nodes
+        self.last: tuple[tuple[Any, ...], Plan] | None = None
 
     def get(self, c: Compute, split_rows: list[Any]) -> Plan:
         """The plan of ``c``, whose splits rows (``Placement.bulk``) are ``split_rows``."""
@@ -79,9 +85,13 @@ class Plans:
             len(c.layers),
             ld.tobytes() if ld is not None else None,
         )
+        last = self.last
+        if last is not None and last[0] == key:
+            return last[1]
         plan = self.plans.get(key)
         if plan is None:
             if len(self.plans) >= 256:
                 self.plans.clear()
             plan = self.plans[key] = Plan(c, keys, self.cpu)
+        self.last = (key, plan)
         return plan

@@ -43,6 +43,7 @@ from .device_own import OwnTiming
 from .device_plan import Plan, Plans
 from .items import BulkItem, Item, LayoutStats, Slice, SliceRows, Track, text_uuid
 from .network import NetworkTracks
+from .op_args import mb_per_s
 
 
 class SessionLayout(Protocol):
@@ -82,8 +83,8 @@ class DeviceTracks:
         self.pairs: dict[tuple[int, int], tuple[str, str, str]] = {}  # (``copy_rows``)
         self.plans = Plans(self.devs.cpu)
         self.own = OwnTiming(self.devs, self.lanes)
-        self.labels: dict[int, tuple[str, str]] = {}  # device -> its label and name
         self.parts: dict[int, tuple[int, str]] = {}  # device -> its track and label (parts)
+        self.part_names: dict[int | None, str] = {}  # ubatch -> its parts' name
 
     # -- steps
 
@@ -117,15 +118,27 @@ class DeviceTracks:
             head.ts, head.dur = t0 + lo, hi - lo
             yield head
             flow_of = self._flows(bs, rs, c, step)
+            plan = self.plans.get(c, sp)
+            # the copies first (drawn after the parts): each split's count and bytes of them
+            copied = [0] * (2 * len(sp))
+            lanes = self.lanes.get(("copies",), "copies", COPIES_ORDER)
+            copies = (
+                copy_rows(cps, t0, self.lanes, lanes, self.pairs, self.devs, copied)
+                if cps
+                else None
+            )
             if sp:
-                yield from self._splits(sp, cps, bs, rs, t0, track, flow_of)
+                yield from self._splits(sp, copied, bs, rs, t0, track, flow_of, plan)
         else:
             yield head
-        plan = self.plans.get(c, sp)
+            plan = self.plans.get(c, sp)
         has_ops = len(c.op_node) > 0
         extents = op_extents(c, plan) if has_ops else []
         layers = c.layers
         lay = self.lay
+        name = self.part_names.get(c.ubatch)
+        if name is None:
+            name = self.part_names[c.ubatch] = f"compute ubatch {c.ubatch}"
         for part in plan.parts:
             d = part.device
             got = self.parts.get(d)
@@ -135,15 +148,18 @@ class DeviceTracks:
             idx = part.spans
             spans = layers[idx] if type(idx) is slice else [layers[i] for i in idx]
             g = part.group
-            head_d = _device_slice(c, got, spans, extents[g] if g >= 0 and has_ops else None)
+            head_d = _device_slice(c, got, spans, extents[g] if g >= 0 and has_ops else None, name)
             if head_d is not None:
                 yield from lay.compute_batch(head_d, c, spans, stats, flows, part.mask)
         if p is not None:
             bulk = lay.bulk
-            lanes = self.lanes.get(("copies",), "copies", COPIES_ORDER)
-            yield from as_items(copy_rows(cps, t0, self.lanes, lanes, self.pairs, self.devs), bulk)
-            yield from as_items(self.own.busy(bs, sp, t0, flow_of), bulk)
-            yield from as_items(self.own.remote(rs, sp, t0, flow_of), bulk)
+            # (none made for a kind of rows the compute has none of: most have one or two)
+            if copies is not None:
+                yield from as_items(copies, bulk)
+            if bs:
+                yield from as_items(self.own.busy(bs, sp, t0, flow_of), bulk)
+            if rs:
+                yield from as_items(self.own.remote(rs, sp, t0, flow_of), bulk)
 
     def _flows(self, bs: list[Any], rs: list[Any], c: Compute, step: Step) -> dict[int, int]:
         """A flow id per split that a device timed itself (from the host's launch to the device),
@@ -158,34 +174,34 @@ class DeviceTracks:
     def _splits(
         self,
         sp: list[Any],
-        cps: list[Any],
+        copied: list[int],
         bs: list[Any],
         rs: list[Any],
         t0: int,
         track: int,
         flow_of: dict[int, int],
+        plan: Plan,
     ) -> Iterator[Slice]:
-        """The splits' slices (rows relative to ``t0``): each with its copies' count and bytes,
-        and when its device began it, if the device timed it (its first busy or remote row)."""
-        copied: dict[int, tuple[int, int]] = {}
-        for cp in cps:
-            n, b = copied.get(cp[0], (0, 0))
-            copied[cp[0]] = (n + 1, b + cp[3])
+        """The splits' slices (rows relative to ``t0``): each with its copies' count and bytes
+        (``copied``: split K's at 2K and 2K + 1), and when its device began it, if the device
+        timed it (its first busy or remote row)."""
         started: dict[int, int] = {}
         for k, t in [(b[3], b[1]) for b in bs] + [(r[0], r[4]) for r in rs]:
             if k not in started or t < started[k]:
                 started[k] = t
-        labels = self.labels
-        for k, (d, i0, i1, s, la, e) in enumerate(sp):
-            got = labels.get(d)
-            if got is None:
-                dev = self.devs[d]
-                got = labels[d] = (dev.label, dev.name)
-            n, b = copied.get(k, (0, 0))
+        texts = plan.texts
+        if texts is None:  # (the plan's splits are these rows' devices and node ranges)
+            texts = plan.texts = [
+                (self.devs[d].label, f"split {k} {self.devs[d].name}", f"{i0}..{i1}")
+                for k, (d, i0, i1, *_) in enumerate(sp)
+            ]
+        for k, (_, _, _, s, la, e) in enumerate(sp):
+            label, name, nodes = texts[k]
+            n, b = copied[2 * k], copied[2 * k + 1]
             args: dict[str, Any] = {
                 "split": k,
-                "device": got[0],
-                "nodes": f"{i0}..{i1}",
+                "device": label,
+                "nodes": nodes,
                 "inputs_ns": la - s,
                 "launch_ns": e - la,
                 "n_copies": n,
@@ -196,7 +212,7 @@ class DeviceTracks:
             flow = flow_of.get(k)
             yield Slice(
                 track,
-                f"split {k} {got[1]}",
+                name,
                 t0 + s,
                 e - s,
                 2,
@@ -211,28 +227,34 @@ class DeviceTracks:
 
 
 def _device_slice(
-    c: Compute, got: tuple[int, str], spans: Sequence[LayerSpan], ops: tuple[int, int, int] | None
+    c: Compute,
+    got: tuple[int, str],
+    spans: Sequence[LayerSpan],
+    ops: tuple[int, int, int] | None,
+    name: str,
 ) -> Slice | None:
-    """A device's part of ``c`` on its track (``got``: the track and the device's label): from
-    its first layer or op to its last (``ops``: its ops' count, first start and last end,
-    ``op_extents``)."""
-    starts = [s.start for s in spans]
-    ends = [s.start + s.dur for s in spans]
+    """A device's part of ``c`` on its track (``got``: the track and the device's label), named
+    ``name``: from its first layer or op to its last (``ops``: its ops' count, first start and
+    last end, ``op_extents``)."""
     n_ops = 0
     if ops is not None and ops[0]:
-        n_ops = ops[0]
-        starts.append(ops[1])
-        ends.append(ops[2])
-    if not starts:
+        n_ops, lo, hi = ops
+    elif spans:
+        lo, hi = spans[0].start, spans[0].start + spans[0].dur
+    else:
         return None
+    for _, s, d, _ in spans:
+        if s < lo:
+            lo = s
+        if s + d > hi:
+            hi = s + d
     args = {
         "ubatch": c.ubatch,
         "graph": c.graph.id if c.graph else -1,
         "device": got[1],
         "n_ops": n_ops,
     }
-    lo = min(starts)
-    return Slice(got[0], f"compute ubatch {c.ubatch}", lo, max(ends) - lo, 1, "device", args)
+    return Slice(got[0], name, lo, hi - lo, 1, "device", args)
 
 
 def as_items(rows: SliceRows, bulk: bool) -> Iterator[Item | SliceRows]:
@@ -282,15 +304,18 @@ def copy_rows(
     lanes: Lanes,
     pairs: dict[tuple[int, int], tuple[str, str, str]],
     devs: dt.Devices,
+    copied: list[int],
 ) -> SliceRows:
     """The copies of a compute (its ``copies`` rows, times relative to ``t0``), as
     ``DeviceTracks`` draws them (``pairs``: per source and destination device, their names and
-    the slices' name, filled as met)."""
+    the slices' name, filled as met); each split's count and bytes of them added to ``copied``
+    (split K's at 2K and 2K + 1; a copies row's split is one of the compute's)."""
     out = SliceRows("copy", 0)
     if not cps:
         return out
     # (SliceRows.add, inlined: a few rows per compute)
     tracks, labels, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
+    ends, uuids = lanes.ends, lanes.uuids  # (the lists ``assign`` appends to)
     for j, (k, node, tensor, nbytes, src_d, dst_d, s, dur) in enumerate(
         sorted(cps, key=_COPY_ORDER)
     ):
@@ -298,9 +323,15 @@ def copy_rows(
         if pair is None:
             src, dst = devs[src_d].name, devs[dst_d].name
             pair = pairs[(src_d, dst_d)] = (src, dst, f"{src} → {dst}")
+        copied[2 * k] += 1
+        copied[2 * k + 1] += nbytes
         start = t0 + s
         end = start + dur
-        tracks.append(dl.assign(lanes, start, end, j, out.tracks))
+        if ends and ends[0] <= start:  # (``DeviceLanes.assign``'s first test, inlined)
+            ends[0] = end
+            tracks.append(uuids[0])
+        else:
+            tracks.append(dl.assign(lanes, start, end, j, out.tracks))
         labels.append(pair[2])
         starts.append(start)
         durs.append(dur)
@@ -313,7 +344,7 @@ def copy_rows(
                 "split": k,
                 "node": node,
                 # as dt.bandwidth, in MB/s
-                "mb_per_s": round(nbytes * 1e9 / dur / 1e6, 3) if dur > 0 else 0.0,
+                "mb_per_s": mb_per_s(nbytes, dur),
             }
         )
     return out

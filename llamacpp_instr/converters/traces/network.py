@@ -13,6 +13,7 @@ from ..reading.decode.transfers import TransferRow
 from ..session import device_time as dt
 from .device_lanes import NETWORK_ORDER, DeviceLanes, Lanes
 from .items import Item, Slice, SliceRows, Track, track_uuid
+from .op_args import mb_per_s
 
 _ROW_ORDER = itemgetter(7, 9)  # a transfers row's start and end
 
@@ -42,15 +43,12 @@ class NetworkTracks:
             return
         # each block's rows as read (``Transfers.bulk_rows``: ``TransferRow``'s fields, times
         # relative to its offset), with its phase and offset
-        rows: list[tuple[str, int, Any]] = []
+        parts: list[tuple[str, int, list[Any]]] = []
         for t in blocks:
             raw, t0 = t.bulk_rows()
             if raw:
-                phase = t.phase
-                if len(blocks) == 1:  # (one offset: the rows' own times order them)
-                    raw = sorted(raw, key=_ROW_ORDER)
-                rows += [(phase, t0, r) for r in raw]
-        if not rows:
+                parts.append((t.phase, t0, raw))
+        if not parts:
             return
         if self.network is None:
             self.network = Track(
@@ -62,47 +60,61 @@ class NetworkTracks:
                 self.lanes.process.pid,
             )
             yield self.network
-        if len(blocks) > 1:
+        if len(blocks) == 1:  # (one offset: the rows' own times order them)
+            phase, t0, raw = parts[0]
+            parts = [(phase, t0, sorted(raw, key=_ROW_ORDER))]
+        else:  # (rows of several offsets: each row its own part, in absolute time order)
+            rows = [(phase, t0, r) for phase, t0, raw in parts for r in raw]
             rows.sort(key=lambda x: (x[1] + x[2][7], x[1] + x[2][9]))
+            parts = [(phase, t0, [r]) for phase, t0, r in rows]
         if self.lanes.bulk:
-            yield self._commands(rows)
+            yield self._commands(parts)
             return
-        for phase, t0, r in rows:
-            yield from self._command(phase, TransferRow(*r[:6], *(t0 + v for v in r[6:])))
+        for phase, t0, raw in parts:
+            for r in raw:
+                yield from self._command(phase, TransferRow(*r[:6], *(t0 + v for v in r[6:])))
 
-    def _commands(self, rows: list[tuple[str, int, Any]]) -> SliceRows:
-        """``_command`` for each of ``rows`` (sorted), as one item."""
+    def _commands(self, parts: list[tuple[str, int, list[Any]]]) -> SliceRows:
+        """``_command`` for each row of ``parts`` (each a phase, an offset and its rows; all
+        sorted), as one item."""
         out = SliceRows("transfer", 0)
         labels = self.labels
         assign = self.lanes.assign
         # (SliceRows.add, inlined: a few rows per op)
         tracks, names, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
-        for j, (phase, t0, (d, cmd, tensor, nbytes, sent, recv, q, s, _, e)) in enumerate(rows):
-            got = labels.get(d)
-            if got is None:
-                label = self.lanes.devs[d].label
-                got = labels[d] = (label, self._lanes(d, label))
-            label, lanes = got
-            start = t0 + s
-            dur = e - s
-            nb = sent + recv
-            tracks.append(assign(lanes, start, t0 + e, j, out.tracks))
-            names.append(cmd)
-            starts.append(start)
-            durs.append(dur)
-            all_args.append(
-                {
-                    "device": label,
-                    "phase": phase,
-                    "tensor": tensor,
-                    "bytes": nbytes,
-                    "sent": sent,
-                    "recv": recv,
-                    "queued_ns": s - q,
-                    # as dt.transfer_args: dt.bandwidth, in MB/s
-                    "mb_per_s": round(nb * 1e9 / dur / 1e6, 3) if dur > 0 else 0.0,
-                }
-            )
+        j = 0
+        for phase, t0, rows in parts:
+            for d, cmd, tensor, nbytes, sent, recv, q, s, _, e in rows:
+                got = labels.get(d)
+                if got is None:
+                    label = self.lanes.devs[d].label
+                    got = labels[d] = (label, self._lanes(d, label))
+                label, lanes = got
+                start = t0 + s
+                dur = e - s
+                ends = lanes.ends
+                if ends and ends[0] <= start:  # (``assign``'s first test, inlined)
+                    ends[0] = t0 + e
+                    tracks.append(lanes.uuids[0])
+                else:
+                    tracks.append(assign(lanes, start, t0 + e, j, out.tracks))
+                j += 1
+                names.append(cmd)
+                starts.append(start)
+                durs.append(dur)
+                all_args.append(
+                    {
+                        "device": label,
+                        "phase": phase,
+                        "tensor": tensor,
+                        "bytes": nbytes,
+                        "sent": sent,
+                        "recv": recv,
+                        "queued_ns": s - q,
+                        # as dt.transfer_args: dt.bandwidth, in MB/s
+                        "mb_per_s": mb_per_s(sent + recv, dur),
+                    }
+                )
         return out
 
     def _lanes(self, device: int, label: str) -> Lanes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator, Sequence
-from itertools import chain
+from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any, NamedTuple, overload
 
@@ -70,7 +70,10 @@ class LayerRows(Sequence[LayerSpan]):
 
     def spans(self) -> list[LayerSpan]:
         if self._spans is None:
-            self._spans = list(map(LayerSpan._make, self.rows.tolist()))
+            # (``tuple.__new__``: ``LayerSpan._make`` without its length check, the rows
+            # being four wide)
+            rows = self.rows.tolist()
+            self._spans = list(map(tuple.__new__, repeat(LayerSpan, len(rows)), rows))
         return self._spans
 
     def __len__(self) -> int:

@@ -65,12 +65,7 @@ class OwnTiming:
             if k in flow_of and k not in seen:
                 seen.add(k)
                 out.flows_in[j] = (flow_of[k],)
-            ends = lanes.ends
-            if ends and ends[0] <= start:  # (``assign``'s first test, inlined)
-                ends[0] = end
-                tracks.append(lanes.uuids[0])
-            else:
-                tracks.append(assign(lanes, start, end, j, out.tracks))
+            tracks.append(assign(lanes, start, end, j, out.tracks))
             names.append("command buffer")
             starts.append(start)
             durs.append(dur)
@@ -111,12 +106,7 @@ class OwnTiming:
                 seen.add(k)
                 out.flows_in[j] = (flow_of[k],)
             start, end = t0 + s, t0 + e
-            ends = lanes.ends
-            if ends and ends[0] <= start:  # (``assign``'s first test, inlined)
-                ends[0] = end
-                tracks.append(lanes.uuids[0])
-            else:
-                tracks.append(assign(lanes, start, end, j, out.tracks))
+            tracks.append(assign(lanes, start, end, j, out.tracks))
             names.append("graph compute (server)")
             starts.append(start)
             durs.append(e - s)

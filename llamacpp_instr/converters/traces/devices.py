@@ -315,7 +315,6 @@ def copy_rows(
         return out
     # (SliceRows.add, inlined: a few rows per compute)
     tracks, labels, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
-    ends, uuids = lanes.ends, lanes.uuids  # (the lists ``assign`` appends to)
     for j, (k, node, tensor, nbytes, src_d, dst_d, s, dur) in enumerate(
         sorted(cps, key=_COPY_ORDER)
     ):
@@ -327,11 +326,7 @@ def copy_rows(
         copied[2 * k + 1] += nbytes
         start = t0 + s
         end = start + dur
-        if ends and ends[0] <= start:  # (``DeviceLanes.assign``'s first test, inlined)
-            ends[0] = end
-            tracks.append(uuids[0])
-        else:
-            tracks.append(dl.assign(lanes, start, end, j, out.tracks))
+        tracks.append(dl.assign(lanes, start, end, j, out.tracks))
         labels.append(pair[2])
         starts.append(start)
         durs.append(dur)

@@ -92,12 +92,7 @@ class NetworkTracks:
                 label, lanes = got
                 start = t0 + s
                 dur = e - s
-                ends = lanes.ends
-                if ends and ends[0] <= start:  # (``assign``'s first test, inlined)
-                    ends[0] = t0 + e
-                    tracks.append(lanes.uuids[0])
-                else:
-                    tracks.append(assign(lanes, start, t0 + e, j, out.tracks))
+                tracks.append(assign(lanes, start, t0 + e, j, out.tracks))
                 j += 1
                 names.append(cmd)
                 starts.append(start)

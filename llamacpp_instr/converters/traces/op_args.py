@@ -14,28 +14,14 @@ from ..reading.decode.computes import Compute, OpTiming
 from ..reading.decode.graphs import Graph, Node
 from ..session import derive
 from ..session.machine_peaks import Roof
-from .rounding import EXACT, round3
+from .rounding import EXACT, round3, round3_one
 
 
 def mb_per_s(nbytes: int, ns: int) -> float:
     """``round(nbytes * 1e9 / ns / 1e6, 3)`` (``device_time.bandwidth`` in MB/s, as a copy's
-    or a transfer's args show it), 0.0 without a time; exactly Python's ``round``, cheaper.
-
-    Why exact (as ``rounding``): ``p = fl(x * 1000)`` is within ``2**-11`` of the exact product
-    when ``0 <= p < 2**43``; if it is also within 0.49 of the integer ``r`` nearest it, the exact
-    product is within 0.5 of ``r`` too, so ``r`` is the integer Python's ``round`` finds, and
-    ``r / 1000`` (ints below ``2**53``: one correctly rounded division) is the double nearest
-    the decimal ``r/1000``, which Python returns. Anything else (near a half, large, negative,
-    not finite) Python rounds itself."""
-    if ns <= 0:
-        return 0.0
-    x = nbytes * 1e9 / ns / 1e6
-    p = x * 1000.0
-    if 0.0 <= p < 8.0e12:  # (8e12 < 2**43)
-        r = round(p)
-        if -0.49 < p - r < 0.49:
-            return r / 1000
-    return round(x, 3)
+    or a transfer's args show it), 0.0 without a time; exactly Python's ``round``, cheaper
+    (``rounding.round3_one``)."""
+    return round3_one(nbytes * 1e9 / ns / 1e6) if ns > 0 else 0.0
 
 
 def _shape(shape: list[int]) -> str:

@@ -70,25 +70,6 @@ class OpStore:
         self.a_ideal, self.a_roofed = np.zeros(1024), np.zeros(1024, dtype=bool)
         self.a_dlen = np.zeros(1024, dtype=np.int64)
 
-    def add(
-        self,
-        s: bytes,
-        t: bytes,
-        flops: int,
-        nbytes: int,
-        depth: int,
-        ideal: float | None,
-        dlen: int,
-    ) -> int:
-        self.s.append(s)
-        self.t.append(t)
-        self.flops.append(flops)
-        self.nbytes.append(nbytes)
-        self.depth.append(depth)
-        self.ideal.append(ideal)
-        self.dlen.append(dlen)
-        return len(self.s) - 1
-
     def add_many(self, s: list[bytes], statics: list[Static]) -> list[int]:
         """Rows for variants with these S parts and the rest of their ``Static`` parts (T,
         FLOPs, bytes, depth, ideal, D's length), in order; their gids."""

@@ -437,3 +437,21 @@ def test_a_log_with_a_hostile_subst_converts_the_rest(served: Path, tmp_path: Pa
     r = instr("summary", str(log))
     assert r.returncode == 0, r.stderr
     assert "skipped" in (r.stdout + r.stderr) and "Traceback" not in r.stderr
+
+
+def test_node_values_of_another_type_are_converted() -> None:
+    """A table's values that are not of their type are converted as ``int``/``str`` would (the
+    plain ones are taken as they are), and a value that does not convert is malformed."""
+    node = {
+        "i": "0", "name": 7, "op": "MUL", "sub": 3, "layer": 2.0, "shape": [4.0, "2"],
+        "dtype": "f32", "bytes": "32", "src": [{"node": 0}, "junk"], "flags": [1],
+    }  # fmt: skip
+    rec = {"type": "graph", "ctx": 1, "graph": 5, "n_tokens": 1, "nodes": [node]}
+    g = graph_record(rec, {})
+    (n,) = g.nodes
+    assert (n.i, n.name, n.sub, n.layer, n.shape, n.bytes) == (0, "7", "3", 2, [4, 2], 32)
+    assert type(n.i) is int and type(n.layer) is int and all(type(d) is int for d in n.shape)
+    assert n.src == [{"node": 0}] and n.flags == ["1"]
+    for key, bad in (("i", "x"), ("shape", [1, "y"]), ("bytes", None), ("layer", [])):
+        with pytest.raises(MALFORMED):
+            graph_record({**rec, "nodes": [{**node, key: bad}]}, {})

@@ -82,38 +82,51 @@ def op_static_args(
 
 class OpVariants:
     """A bulk writer's id for each op variant of one graph (a node, or a node with the nodes fused
-    into it), made by ``build(node index, fused indices)`` on first use. ``ids`` gives a packed
-    compute's ops theirs; a generation step repeats its graph's last compute (the same node order
-    and fused ops), whose ids come back as they are."""
+    into it), made by ``build(node index, fused indices)`` on first use, or with ``build_many``
+    (a list of variants, their ids in order) all of a compute's new ones at once, in the same
+    order. ``ids`` gives a packed compute's ops theirs; a generation step repeats its graph's last
+    compute (the same node order and fused ops), whose ids come back as they are."""
 
-    def __init__(self, n_nodes: int, build: Callable[[int, tuple[int, ...]], int]) -> None:
+    def __init__(
+        self,
+        n_nodes: int,
+        build: Callable[[int, tuple[int, ...]], int],
+        build_many: Callable[[list[tuple[int, tuple[int, ...]]]], list[int]] | None = None,
+    ) -> None:
         self.build = build
+        self.build_many = build_many
         self.node_id = np.full(n_nodes, -1, dtype=np.int64)
         self.fused_id: dict[tuple[int, tuple[int, ...]], int] = {}
         # the last compute's fused ops, node indices (as bytes) and ids
         self.last: tuple[dict[int, list[int]], bytes, np.ndarray] | None = None
 
+    def _build(self, variants: list[tuple[int, tuple[int, ...]]]) -> list[int]:
+        if self.build_many is not None:
+            return self.build_many(variants)
+        return [self.build(*v) for v in variants]
+
     def ids(self, node: np.ndarray, fused: dict[int, list[int]]) -> np.ndarray:
         """The id of each op: ``node`` its node indices (int64), ``fused`` the fused nodes by op
-        position. The result is shared: callers do not change it."""
+        position. The result is shared: callers do not change it. New variants are built plain
+        nodes first (by index), then fused ones (by op position)."""
         key = node.tobytes()
         last = self.last
         if last is not None and (last[0] is fused or last[0] == fused) and last[1] == key:
             return last[2]
         ids = self.node_id[node]
         if (ids < 0).any():
-            for i in sorted(set(node[ids < 0].tolist())):  # (np.unique would import numpy.ma)
-                self.node_id[i] = self.build(i, ())
+            new = sorted(set(node[ids < 0].tolist()))  # (np.unique would import numpy.ma)
+            self.node_id[new] = self._build([(i, ()) for i in new])
             ids = self.node_id[node]
         if fused:
             ids = ids.copy()
             nodes = node.tolist()
-            for k, f in fused.items():
-                v = (nodes[k], tuple(f))
-                r = self.fused_id.get(v)
-                if r is None:
-                    r = self.fused_id[v] = self.build(*v)
-                ids[k] = r
+            variants = [(nodes[k], tuple(f)) for k, f in fused.items()]
+            known = self.fused_id
+            todo = [v for v in dict.fromkeys(variants) if v not in known]
+            if todo:
+                known.update(zip(todo, self._build(todo), strict=True))
+            ids[list(fused)] = [known[v] for v in variants]
         self.last = (fused, key, ids)
         return ids
 

@@ -39,6 +39,13 @@ from .protowire import (
     varint,
 )
 
+Variant = tuple[int, tuple[int, ...]]  # a node index and the nodes fused into it
+# a variant's S after its track (name, category, head args), T, FLOPs, bytes, depth, ideal, D's
+# length, and the length of its track event after the track (S's rest, D and T)
+Static = tuple[bytes, bytes, int, int, int, float | None, int, int]
+# what ``op_static_args`` gives: head args, FLOPs, bytes, tail args, ideal
+StaticArgs = tuple[dict[str, Any], int, int, dict[str, Any], float | None]
+
 
 class OpStore:
     """The static parts of op begin packets, a row (gid) per variant (graph, track, node, fused):
@@ -63,24 +70,19 @@ class OpStore:
         self.a_ideal, self.a_roofed = np.zeros(1024), np.zeros(1024, dtype=bool)
         self.a_dlen = np.zeros(1024, dtype=np.int64)
 
-    def add(
-        self,
-        s: bytes,
-        t: bytes,
-        flops: int,
-        nbytes: int,
-        depth: int,
-        ideal: float | None,
-        dlen: int,
-    ) -> int:
-        self.s.append(s)
-        self.t.append(t)
-        self.flops.append(flops)
-        self.nbytes.append(nbytes)
-        self.depth.append(depth)
-        self.ideal.append(ideal)
-        self.dlen.append(dlen)
-        return len(self.s) - 1
+    def add_many(self, s: list[bytes], statics: list[Static]) -> list[int]:
+        """Rows for variants with these S parts and the rest of their ``Static`` parts (T,
+        FLOPs, bytes, depth, ideal, D's length), in order; their gids."""
+        n = len(self.s)
+        _, t, flops, nbytes, depth, ideal, dlen, _ = zip(*statics, strict=True)
+        self.s += s
+        self.t += t
+        self.flops += flops
+        self.nbytes += nbytes
+        self.depth += depth
+        self.ideal += ideal
+        self.dlen += dlen
+        return list(range(n, len(self.s)))
 
     def arrays(self) -> OpStore:
         """Bring the numpy columns (``a_*``) up to date; grown by doubling."""
@@ -176,11 +178,6 @@ class RateFields:
         return out
 
 
-Variant = tuple[int, tuple[int, ...]]  # a node index and the nodes fused into it
-# a variant's S after its track (name, category, head args), T, FLOPs, bytes, depth, ideal, D's length
-Static = tuple[bytes, bytes, int, int, int, float | None, int]
-
-
 class NodeTables:
     """The gids of each graph's ops on each track (``ids``), a ``NodeTable`` per (graph, track)
     made on first use. ``compact`` (compressed traces) interns the args' string values."""
@@ -194,6 +191,9 @@ class NodeTables:
         # per graph and roof: each variant's parts that do not name its track (``Static``); a
         # graph split between devices has a table per device track, each with every variant
         self.statics: dict[tuple[Graph, int], tuple[Roof | None, dict[Variant, Static]]] = {}
+        # per graph and roof: each variant's ``op_static_args``, kept over ``restart`` (they
+        # depend on the graph alone; the statics on how strings are interned)
+        self.args: dict[tuple[Graph, int], tuple[Roof | None, dict[Variant, StaticArgs]]] = {}
 
     def ids(self, graph: Graph, track: int, roof: Roof | None, node: Any, fused: Any) -> Any:
         """The gids of ops ``node`` (with their ``fused`` nodes) of ``graph`` on ``track``."""
@@ -222,25 +222,43 @@ class NodeTable:
         key = (graph, id(roof))
         if key not in tables.statics:  # (the roof is kept with its id: the id stays its own)
             tables.statics[key] = (roof, {})
+        if key not in tables.args:
+            tables.args[key] = (roof, {})
         self.statics = tables.statics[key][1]
-        self.variants = OpVariants(len(graph.nodes), self.build)
+        self.args = tables.args[key][1]
+        # what every S of this track starts its track event with
+        self.prefix = TE_TRACK_UUID + varint(track) + TE_TYPE + varint(TYPE_SLICE_BEGIN)
+        self.variants = OpVariants(len(graph.nodes), self.build, self.build_many)
 
     def build(self, i: int, fused: tuple[int, ...]) -> int:
-        st = self.statics.get((i, fused))
-        if st is None:  # (interning as it goes: the first track of a graph sets the strings' order)
-            st = self.statics[(i, fused)] = self.static(i, fused)
-        te_rest, t, n_flops, n_bytes, depth, ideal, d_len = st
-        te = TE_TRACK_UUID + varint(self.track) + TE_TYPE + varint(TYPE_SLICE_BEGIN) + te_rest
-        s = TRACK_EVENT + varint(len(te) + d_len + len(t)) + te
-        return self.tables.store.add(s, t, n_flops, n_bytes, depth, ideal, d_len)
+        return self.build_many([(i, fused)])[0]
+
+    def build_many(self, variants: list[Variant]) -> list[int]:
+        """New rows for these variants on this track, in order (their statics made in that
+        order where new: interning as it goes, the first track of a graph sets the strings'
+        order)."""
+        statics = self.statics
+        sts = []
+        for v in variants:
+            st = statics.get(v)
+            if st is None:
+                st = statics[v] = self.static(*v)
+            sts.append(st)
+        prefix = self.prefix
+        n = len(prefix)
+        s = [b"".join((TRACK_EVENT, varint(n + st[7]), prefix, st[0])) for st in sts]
+        return self.tables.store.add_many(s, sts)
 
     def static(self, i: int, fused: tuple[int, ...]) -> Static:
         """Variant ``(i, fused)``'s parts that are the same on every track."""
         nodes = self.graph.nodes
         node = nodes[i]
-        head, n_flops, n_bytes, tail, ideal = op_static_args(
-            node, [nodes[j] for j in fused], self.graph, self.roof
-        )
+        args = self.args.get((i, fused))
+        if args is None:
+            args = self.args[(i, fused)] = op_static_args(
+                node, [nodes[j] for j in fused], self.graph, self.roof
+            )
+        head, n_flops, n_bytes, tail, ideal = args
         tables = self.tables
         it = tables.interner
         c = self.compact
@@ -250,4 +268,4 @@ class NodeTable:
         t = it.args(tail, c)
         d_len = tables.fields.lens[2 if ideal is None else 3]
         depth = 3 if node.layer is not None else 2
-        return te, t, n_flops, n_bytes, depth, ideal, d_len
+        return te, t, n_flops, n_bytes, depth, ideal, d_len, len(te) + d_len + len(t)

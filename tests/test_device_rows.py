@@ -65,7 +65,11 @@ def _plain(items: Any) -> list[Any]:
             ops = it.ops
             keep = None
             if ops is not None:
-                keep = None if ops.keep is None else ops.keep.nonzero()[0].tolist()
+                k = ops.keep
+                if isinstance(k, slice):  # (a device's contiguous ops)
+                    keep = list(range(len(ops.compute.op_node)))[k]
+                else:
+                    keep = None if k is None else k.nonzero()[0].tolist()
             out.append((it.slice, list(it.layers), ops and (ops.track, id(ops.compute), keep)))
         elif isinstance(it, SliceRows):
             out.append((it.category, it.track, it.name, it.ts, it.dur, it.args, it.flows_in))
@@ -176,6 +180,7 @@ def test_plans_place_as_device_time(log: Path) -> None:
     plans = Plans(cpu)
     computes = [c for ev in events if isinstance(ev, StepDone) for c in ev.step.computes]
     assert computes
+    runs = 0
     for c in computes:
         plan = plans.get(c, c.place.bulk()[0][0] if c.place is not None else [])
         assert plan.devices.tolist() == dt.op_devices(c, cpu).tolist()
@@ -189,8 +194,16 @@ def test_plans_place_as_device_time(log: Path) -> None:
                 want = masks.get(p.device)
                 no_op = [False] * len(c.op_node)
                 assert p.mask.tolist() == (want.tolist() if want is not None else no_op)
+                # the run, where set, selects the same ops; set exactly when they are contiguous
+                at = [i for i, x in enumerate(p.mask.tolist()) if x]
+                contiguous = bool(at) and at[-1] - at[0] == len(at) - 1
+                assert (p.run is not None) == contiguous
+                if p.run is not None:
+                    runs += 1
+                    assert list(range(len(c.op_node))[p.run]) == at
             idx = range(len(lds))[p.spans] if isinstance(p.spans, slice) else p.spans
             assert list(idx) == [i for i, d in enumerate(lds) if d == p.device]
+    assert runs  # (the fixtures' devices hold contiguous ops)
 
 
 def test_mb_per_s_is_pythons_round() -> None:

@@ -30,6 +30,7 @@ class PerOpLayout(SessionLayout):
         stats: LayoutStats,
         flows: OpFlows,
         mask: Any = None,
+        run: slice | None = None,
     ) -> Iterator[Item]:
         yield head
         for lay in self.spans(spans, stats):

@@ -22,12 +22,14 @@ _SPLIT_KEY = itemgetter(0, 1, 2)  # a splits row's device and node range
 class DevicePart(NamedTuple):
     """A device's part of a compute: its device, its layer spans (``spans``: a slice of the
     compute's when they are contiguous, else their positions), its ops (``mask``, read-only; None
-    when the compute has none) and their group in the plan's ``order`` (-1: none)."""
+    when the compute has none; ``run``: the same as a slice when they are contiguous, which
+    selects them without a copy) and their group in the plan's ``order`` (-1: none)."""
 
     device: int
     spans: slice | list[int]
     mask: Any
     group: int
+    run: slice | None
 
 
 class Plan:
@@ -58,11 +60,14 @@ class Plan:
             spans: slice | list[int] = idx
             if idx and idx[-1] - idx[0] == len(idx) - 1:
                 spans = slice(idx[0], idx[-1] + 1)
-            mask = None
+            mask = run = None
             if has_ops:
                 mask = od == d
                 mask.setflags(write=False)
-            self.parts.append(DevicePart(d, spans, mask, group.get(d, -1)))
+                at = np.flatnonzero(mask)
+                if len(at) and at[-1] - at[0] == len(at) - 1:
+                    run = slice(int(at[0]), int(at[-1]) + 1)
+            self.parts.append(DevicePart(d, spans, mask, group.get(d, -1), run))
 
 
 class Plans:

@@ -66,6 +66,7 @@ class SessionLayout(Protocol):
         stats: LayoutStats,
         flows: OpFlows,
         mask: Any = None,
+        run: slice | None = None,
     ) -> Iterator[BulkItem]: ...
 
 
@@ -150,7 +151,7 @@ class DeviceTracks:
             g = part.group
             head_d = _device_slice(c, got, spans, extents[g] if g >= 0 and has_ops else None, name)
             if head_d is not None:
-                yield from lay.compute_batch(head_d, c, spans, stats, flows, part.mask)
+                yield from lay.compute_batch(head_d, c, spans, stats, flows, part.mask, part.run)
         if p is not None:
             bulk = lay.bulk
             # (none made for a kind of rows the compute has none of: most have one or two)

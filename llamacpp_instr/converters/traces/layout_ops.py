@@ -103,13 +103,15 @@ class OpsLayout:
         stats: LayoutStats,
         flows: OpFlows,
         mask: Any = None,
+        run: slice | None = None,
     ) -> Iterator[BulkItem]:
         """A ``ComputeBatch`` (``head``: the compute's slice, or a device's part of it; the layer
         ``spans`` and the compute's ops, those where ``mask`` when it is given, on its track, in
         bulk), then one by one the op slices it does not hold: those with flows, and every op of
         a compute whose ops the bulk writers leave to the per-op view (``Compute.per_op``:
         thread timings, tensor statistics). ``mask`` may be read-only and shared (a device's
-        ops, ``device_plan``)."""
+        ops, ``device_plan``); ``run``: the same ops as a slice, if they are contiguous (the
+        writers then take them without copying the compute's columns)."""
         track = head.track
         spans = self.spans(spans, stats)
         batch: OpBatch | None = None
@@ -127,6 +129,8 @@ class OpsLayout:
                 keep[mine] = False
             n = len(c.op_node) if keep is None else int(np.count_nonzero(keep))
             stats.ops += n
+            if keep is mask and run is not None:
+                keep = run
             if n:
                 batch = OpBatch(track, c, keep, self.roof)
             ops = [(k, c.op_at(k)) for k in mine]

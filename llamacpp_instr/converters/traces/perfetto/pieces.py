@@ -26,8 +26,11 @@ class Pieces:
         self.parts: list[tuple[str, Any, Any]] = []  # (kind, data, per-row lengths or a size)
 
     def const(self, data: bytes) -> None:
-        if data:
-            self.parts.append(("const", data, len(data)))
+        if not data:
+            return
+        if self.parts and self.parts[-1][0] == "const":  # (one write for both)
+            data = self.parts.pop()[1] + data
+        self.parts.append(("const", data, len(data)))
 
     def varint(self, v: Any) -> None:
         """Varints of ``v`` (int64, all >= 0)."""

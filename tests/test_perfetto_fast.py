@@ -231,6 +231,84 @@ def test_begins_in_bulk_as_one_by_one(slices: list[tuple[Any, ...]]) -> None:
     assert [r[4] for r in small] == want
 
 
+_FEW_VALUES = st.sampled_from([1, True, None, "a", "b", 0, False, "1", 2**40])
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    flushes=st.lists(
+        st.lists(
+            st.tuples(
+                st.sampled_from([7, 5]),
+                st.sampled_from(["copy", "a"]),
+                st.sampled_from(["copy", "busy"]),
+                st.sampled_from(["x", "y"]).flatmap(
+                    lambda first: st.fixed_dictionaries({first: _FEW_VALUES, "z": _FEW_VALUES})
+                ),
+            ),
+            min_size=1,
+            max_size=12,
+        ),
+        min_size=2,
+        max_size=5,
+    ),
+    cache_max=st.sampled_from([2, 3, 4096]),
+)
+def test_begins_cached_across_flushes(flushes: list[list[tuple[Any, ...]]], cache_max: int) -> None:
+    """The encodings ``Begins`` keeps from one flush to the next (a category's track and name
+    heads, an arg's values by name, type and value) give every flush the bytes the per-slice
+    encoder makes: the same values under other names, categories or types (1 and True, "1")
+    are not taken for each other, nor is anything lost when a cache starts over."""
+    from llamacpp_instr.converters.traces.perfetto import begins as begins_mod
+    from llamacpp_instr.converters.traces.perfetto.events import EventFields
+    from llamacpp_instr.converters.traces.perfetto.packets import Interner
+
+    one, bulk = Interner(), Interner()
+    events = EventFields(one)
+    begins = begins_mod.Begins(bulk)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(begins_mod, "CACHE_MAX", cache_max)
+        for slices in flushes:
+            want = [events.begin(Slice(t, n, 0, 1, 0, c, a, (), ())) for t, n, c, a in slices]
+            small: list[tuple[Any, ...]] = []
+            for t, n, c, a in slices:
+                begins.note(small, len(small), t, n, c, a)
+                small.append((0, 1, 0, len(small), b"", -1))
+            begins.encode()
+            assert [r[4] for r in small] == want
+    assert bulk.pending == one.pending
+    assert begins.cache  # (the flushes went through the caches)
+
+
+def test_begins_cache_keeps_types_and_names_apart() -> None:
+    """Values equal in Python but encoded otherwise (1, True; the same string under two arg
+    names; the same track and name in two categories), each in a later flush than the first:
+    the cache gives each its own bytes."""
+    from llamacpp_instr.converters.traces.perfetto.begins import Begins
+    from llamacpp_instr.converters.traces.perfetto.events import EventFields
+    from llamacpp_instr.converters.traces.perfetto.packets import Interner
+
+    flushes = [
+        [(7, "n", "c", {"x": True, "s": "a"}), (7, "n", "c", {"x": None, "s": "b"})],
+        [(7, "n", "d", {"x": 1, "s": "b"}), (5, "n", "d", {"x": None, "s": "a"})],
+        [(7, "n", "c", {"x": None, "t": "a"}), (7, "n", "c", {"x": 1, "t": "b"})],
+    ]
+    one, bulk = Interner(), Interner()
+    events = EventFields(one)
+    begins = Begins(bulk)
+    seen: set[bytes] = set()
+    for slices in flushes:
+        want = [events.begin(Slice(t, n, 0, 1, 0, c, a, (), ())) for t, n, c, a in slices]
+        small: list[tuple[Any, ...]] = []
+        for t, n, c, a in slices:
+            begins.note(small, len(small), t, n, c, a)
+            small.append((0, 1, 0, len(small), b"", -1))
+        begins.encode()
+        assert [r[4] for r in small] == want
+        seen.update(want)
+    assert len(seen) == 6  # (every begin differs from every other)
+
+
 @pytest.mark.parametrize(
     "sel",
     [Selection(layer=1), Selection(ops=False), Selection(steps=(3, 9))],

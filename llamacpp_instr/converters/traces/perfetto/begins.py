@@ -12,6 +12,7 @@ current (unfinished) batch's included: a begin's bytes do not depend on when the
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -84,6 +85,46 @@ def _int_run(te: Pieces, run: list[tuple[bytes, Any]]) -> None:
         run.clear()
 
 
+# distinct values remembered per cache (the encodings of a step's tracks, names and string args:
+# a few hundred); past this many the cache starts over, so a log of ever new values stays bounded
+CACHE_MAX = 4096
+
+
+def pick(te: Pieces, values: list[Any], encode: Any, cache: dict[Any, bytes]) -> None:
+    """Per row, ``encode(value)``: each distinct value's encoding once, from ``cache`` (by value:
+    what ``encode`` depends on besides the value is fixed for the cache's life) or made and put
+    there; a column of one value is a constant."""
+    # the distinct values in the order first met, then each value's code (in C loops)
+    index: dict[Any, int] = dict.fromkeys(values, 0)
+    if len(cache) + len(index) > CACHE_MAX:
+        cache.clear()
+    table = []
+    for j, v in enumerate(index):
+        index[v] = j
+        b = cache.get(v)
+        if b is None:
+            b = cache[v] = encode(v)
+        table.append(b)
+    if len(table) == 1:
+        te.const(table[0])
+        return
+    codes = np.fromiter(map(index.__getitem__, values), dtype=np.int64, count=len(values))
+    te.pick(codes, table)
+
+
+def columns(args: list[Any], ks: tuple[str, ...]) -> list[list[Any]]:
+    """The values of each of ``ks`` in ``args`` (mappings whose keys are ``ks``, in that order:
+    a group's), one list per name."""
+    m = len(ks)
+    try:  # (dicts: every value in one C loop, then each name's every m-th)
+        flat = list(chain.from_iterable(map(dict.values, args)))
+    except TypeError:
+        flat = []
+    if len(flat) == m * len(args):
+        return [flat[j::m] for j in range(m)]
+    return [[a[k] for a in args] for k in ks]
+
+
 class Begins:
     """The interning of slices received (``note``) and the encoding of their begins (``encode``)."""
 
@@ -93,6 +134,9 @@ class Begins:
         # (category, arg names[, True for a group of segments[, the number of flows each slice
         # starts and ends, where they have some]]) -> its slices noted since the last flush
         self.pending: dict[tuple[Any, ...], Pending] = {}
+        # encodings met before (``pick``): a category's (track, name) heads, an arg's values (by
+        # its head, and for mixed types by type and value: True == 1, yet encodes otherwise)
+        self.cache: dict[Any, dict[Any, bytes]] = {}
 
     def group(self, category: str, args: Any, seg: bool = False, n_in: int = 0) -> Pending:
         """Intern the arg names of ``args`` (after its slice's name: ``note``) and give the
@@ -165,30 +209,14 @@ class Begins:
                 small[i] = (r[0], r[1], r[2], r[3], data[a:z], r[5])
                 a = z
 
-    def _codes(self, values: list[Any], encode: Any, cache: dict[Any, bytes] | None) -> Any:
-        """Codes into the distinct values' encodings (``encode(value)``)."""
-        # the distinct values in the order first met, then each value's code (in C loops)
-        index: dict[Any, int] = dict.fromkeys(values, 0)
-        for j, v in enumerate(index):
-            index[v] = j
-        codes = np.fromiter(map(index.__getitem__, values), dtype=np.int64, count=len(values))
-        if cache is None:
-            return codes, [encode(v) for v in index]
-        table = []
-        for v in index:
-            b = cache.get(v)
-            if b is None:
-                b = cache[v] = encode(v)
-            table.append(b)
-        return codes, table
-
     def _group(self, category: str, ks: tuple[str, ...], p: Pending) -> tuple[Any, Any]:
         i = self.interner
         n = len(p.tracks)
         te = Pieces(n)
         # track, type, name and category: one pick per (track, name)
         category_field = ld(TE_CATEGORIES, category.encode())
-        codes, table = self._codes(
+        pick(
+            te,
             list(zip(p.tracks, p.names, strict=True)),
             lambda tn: TE_TRACK_UUID
             + varint(tn[0])
@@ -197,14 +225,11 @@ class Begins:
             + TE_NAME_IID
             + varint(i.names[tn[1]])
             + category_field,
-            None,
+            self.cache.setdefault(("head", category_field), {}),
         )
-        te.pick(codes, table)
         if ks:
             run: list[tuple[bytes, Any]] = []  # consecutive int args: encoded at once
-            args = p.args
-            for k in ks:
-                col = [a[k] for a in args]  # (faster than one pass transposed by zip)
+            for k, col in zip(ks, columns(p.args, ks), strict=True):
                 head = DA_NAME_IID + varint(i.arg_names[k])
                 v = _uint_column(col)
                 if v is not None:
@@ -233,15 +258,15 @@ class Begins:
             te.f64(np.array(vals, dtype=np.float64))
         elif types == {str}:
             enc = lambda v: ld(TE_DEBUG_ANNOTATIONS, head + annotation_value(v))  # noqa: E731
-            te.pick(*self._codes(vals, enc, None))
+            pick(te, vals, enc, self.cache.setdefault(("str", head), {}))
         elif types <= set(_KEYED):
             # (type, value): True == 1, yet encodes otherwise
-            codes, table = self._codes(
+            pick(
+                te,
                 [(type(v), v) for v in vals],
                 lambda tv: ld(TE_DEBUG_ANNOTATIONS, head + annotation_value(tv[1])),
-                None,
+                self.cache.setdefault(("typed", head), {}),
             )
-            te.pick(codes, table)
         else:  # floats among others: one encoding per row (0.0 == -0.0, NaN != NaN)
             table = [ld(TE_DEBUG_ANNOTATIONS, head + annotation_value(v)) for v in vals]
             te.pick(np.arange(len(vals), dtype=np.int64), table)

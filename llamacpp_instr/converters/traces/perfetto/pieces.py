@@ -26,8 +26,11 @@ class Pieces:
         self.parts: list[tuple[str, Any, Any]] = []  # (kind, data, per-row lengths or a size)
 
     def const(self, data: bytes) -> None:
-        if data:
-            self.parts.append(("const", data, len(data)))
+        if not data:
+            return
+        if self.parts and self.parts[-1][0] == "const":  # (one write for both)
+            data = self.parts.pop()[1] + data
+        self.parts.append(("const", data, len(data)))
 
     def varint(self, v: Any) -> None:
         """Varints of ``v`` (int64, all >= 0)."""
@@ -81,23 +84,30 @@ class Pieces:
                 _annotations(out, at, *data)
             elif kind == "f64":
                 out[at[:, None] + np.arange(8)] = data.view(_U8).reshape(-1, 8)
-            elif _padded_fits(mat := data[1], at, end):
-                # each row's value padded to the longest: the padding lands on the row's later
-                # parts, written after this one (cheaper than placing each byte)
-                out[at[:, None] + np.arange(mat.shape[1])] = mat[data[0]]
             else:
                 codes, mat = data
-                total = int(ln.sum())
-                within = np.arange(total) - np.repeat(np.cumsum(ln) - ln, ln)
-                out[np.repeat(at, ln) + within] = mat[np.repeat(codes, ln), within]
+                _pick(out, at, end, codes, mat, ln)
             at = at + ln
         return out, lens
 
 
-def _padded_fits(mat: Any, at: Any, end: Any) -> bool:
-    """Whether a pick's values padded to the longest (``mat``'s rows) fit in every row from
-    ``at`` to its ``end``."""
-    return mat.shape[1] <= 64 and bool((end - at >= mat.shape[1]).all())
+def _pick(out: Any, at: Any, end: Any, codes: Any, mat: Any, ln: Any) -> None:
+    """A pick's values (``mat``'s rows by ``codes``, ``ln`` bytes each) at ``at``, the rows
+    ending at ``end``."""
+    w = mat.shape[1]
+    fits = end - at >= w if w <= 64 else np.zeros(len(at), dtype=bool)
+    if fits.all():
+        # each row's value padded to the longest: the padding lands on the row's later parts,
+        # written after this one (cheaper than placing each byte)
+        out[at[:, None] + np.arange(w)] = mat[codes]
+        return
+    if fits.any():  # (the rows with room for it so, the others byte by byte)
+        f = np.flatnonzero(fits)
+        out[at[f][:, None] + np.arange(w)] = mat[codes[f]]
+        rest = np.flatnonzero(~fits)
+        at, codes, ln = at[rest], codes[rest], ln[rest]
+    within = np.arange(int(ln.sum())) - np.repeat(np.cumsum(ln) - ln, ln)
+    out[np.repeat(at, ln) + within] = mat[np.repeat(codes, ln), within]
 
 
 def varint_len2(x: Any) -> Any:

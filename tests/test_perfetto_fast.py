@@ -264,20 +264,30 @@ def test_begins_cached_across_flushes(flushes: list[list[tuple[Any, ...]]], cach
     from llamacpp_instr.converters.traces.perfetto.packets import Interner
 
     one, bulk = Interner(), Interner()
-    events = EventFields(one)
     begins = begins_mod.Begins(bulk)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(begins_mod, "CACHE_MAX", cache_max)
-        for slices in flushes:
-            want = [events.begin(Slice(t, n, 0, 1, 0, c, a, (), ())) for t, n, c, a in slices]
-            small: list[tuple[Any, ...]] = []
-            for t, n, c, a in slices:
-                begins.note(small, len(small), t, n, c, a)
-                small.append((0, 1, 0, len(small), b"", -1))
-            begins.encode()
-            assert [r[4] for r in small] == want
+        _begins_as_one_by_one(flushes, begins, EventFields(one))
     assert bulk.pending == one.pending
     assert begins.cache  # (the flushes went through the caches)
+
+
+def _begins_as_one_by_one(
+    flushes: list[list[tuple[Any, ...]]], begins: Any, events: Any
+) -> set[bytes]:
+    """Each flush's slices (track, name, category, args) noted and encoded by ``begins``,
+    asserted equal to ``events.begin``'s one by one; the begins seen."""
+    seen: set[bytes] = set()
+    for slices in flushes:
+        want = [events.begin(Slice(t, n, 0, 1, 0, c, a, (), ())) for t, n, c, a in slices]
+        small: list[tuple[Any, ...]] = []
+        for t, n, c, a in slices:
+            begins.note(small, len(small), t, n, c, a)
+            small.append((0, 1, 0, len(small), b"", -1))
+        begins.encode()
+        assert [r[4] for r in small] == want
+        seen.update(want)
+    return seen
 
 
 def test_begins_cache_keeps_types_and_names_apart() -> None:
@@ -293,19 +303,7 @@ def test_begins_cache_keeps_types_and_names_apart() -> None:
         [(7, "n", "d", {"x": 1, "s": "b"}), (5, "n", "d", {"x": None, "s": "a"})],
         [(7, "n", "c", {"x": None, "t": "a"}), (7, "n", "c", {"x": 1, "t": "b"})],
     ]
-    one, bulk = Interner(), Interner()
-    events = EventFields(one)
-    begins = Begins(bulk)
-    seen: set[bytes] = set()
-    for slices in flushes:
-        want = [events.begin(Slice(t, n, 0, 1, 0, c, a, (), ())) for t, n, c, a in slices]
-        small: list[tuple[Any, ...]] = []
-        for t, n, c, a in slices:
-            begins.note(small, len(small), t, n, c, a)
-            small.append((0, 1, 0, len(small), b"", -1))
-        begins.encode()
-        assert [r[4] for r in small] == want
-        seen.update(want)
+    seen = _begins_as_one_by_one(flushes, Begins(Interner()), EventFields(Interner()))
     assert len(seen) == 6  # (every begin differs from every other)
 
 

@@ -44,32 +44,20 @@ class OwnTiming:
         seen: set[int] = set()
         last: dict[int, int] = {}
         assign = self.lanes.assign
-        known = self.tracks
-        # (SliceRows.add, inlined: a few rows per compute)
-        tracks, names, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
         for j, (d, s, dur, k, n_ops) in enumerate(sorted(bs, key=_BUSY_ORDER)):
-            got = known.get(("busy", d))
-            name, lanes = got if got is not None else self._lanes("busy", d)
+            name, lanes = self._lanes("busy", d)
             start = t0 + s
             args: dict[str, Any] = {"split": k, "n_ops": n_ops, "device": name}
-            prev = last.get(d)
-            if prev is not None:
-                args["idle_before_ns"] = start - prev if start > prev else 0
+            if d in last:
+                args["idle_before_ns"] = max(0, start - last[d])
             if 0 <= k < n_splits:
                 args["since_launch_ns"] = s - sp[k][4]
             end = start + dur
-            if prev is None:  # (the latest end on the device so far, from 0)
-                last[d] = end if end > 0 else 0
-            elif end > prev:
-                last[d] = end
+            last[d] = max(last.get(d, 0), end)
             if k in flow_of and k not in seen:
                 seen.add(k)
                 out.flows_in[j] = (flow_of[k],)
-            tracks.append(assign(lanes, start, end, j, out.tracks))
-            names.append("command buffer")
-            starts.append(start)
-            durs.append(dur)
-            all_args.append(args)
+            out.add(assign(lanes, start, end, j, out.tracks), "command buffer", start, dur, args)
         return out
 
     def remote(self, rs: list[Any], sp: list[Any], t0: int, flow_of: dict[int, int]) -> SliceRows:
@@ -81,14 +69,10 @@ class OwnTiming:
         n_splits = len(sp)
         seen: set[int] = set()
         assign = self.lanes.assign
-        known = self.tracks
-        # (SliceRows.add, inlined: a few rows per compute)
-        tracks, names, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
         for j, (k, d, send, reply, s, e, one_way, err, offset, nbytes, n_ops) in enumerate(
             sorted(rs, key=_REMOTE_ORDER)
         ):
-            got = known.get(("remote", d))
-            label, lanes = got if got is not None else self._lanes("remote", d)
+            label, lanes = self._lanes("remote", d)
             args: dict[str, Any] = {
                 "split": k,
                 "device": label,
@@ -105,10 +89,7 @@ class OwnTiming:
             if k in flow_of and k not in seen:
                 seen.add(k)
                 out.flows_in[j] = (flow_of[k],)
-            start, end = t0 + s, t0 + e
-            tracks.append(assign(lanes, start, end, j, out.tracks))
-            names.append("graph compute (server)")
-            starts.append(start)
-            durs.append(e - s)
-            all_args.append(args)
+            start = t0 + s
+            track = assign(lanes, start, t0 + e, j, out.tracks)
+            out.add(track, "graph compute (server)", start, e - s, args)
         return out

@@ -138,12 +138,14 @@ class Begins:
         # its head, and for mixed types by type and value: True == 1, yet encodes otherwise)
         self.cache: dict[Any, dict[Any, bytes]] = {}
 
-    def group(self, category: str, args: Any, seg: bool = False, n_in: int = 0) -> Pending:
+    def group(
+        self, category: str, args: Any, seg: bool = False, n_out: int = 0, n_in: int = 0
+    ) -> Pending:
         """Intern the arg names of ``args`` (after its slice's name: ``note``) and give the
-        pending group of its category and arg names (``seg``: of segments; ``n_in``: of slices
-        that end as many flows each)."""
+        pending group of its category and arg names (``seg``: of segments; ``n_out``, ``n_in``:
+        of slices that start and end as many flows each)."""
         ks = tuple(args)
-        key = flows_key(category, ks, seg, 0, n_in)
+        key = flows_key(category, ks, seg, n_out, n_in)
         g = self.pending.get(key)
         if g is None:  # (else its arg names are interned: they were when it was made)
             self._arg_names(ks)
@@ -172,15 +174,7 @@ class Begins:
         (Its flow ids, if any, must fit a fixed64: ``fixed64_ok``.)"""
         if name not in self.interner.names:
             self.interner.name(name)
-        ks = tuple(args)
-        if flows_out or flows_in:
-            key: tuple[Any, ...] = (category, ks, False, len(flows_out), len(flows_in))
-        else:
-            key = (category, ks)
-        g = self.pending.get(key)
-        if g is None:  # (else its arg names are interned: they were when it was made)
-            self._arg_names(ks)
-            g = self.pending[key] = Pending()
+        g = self.group(category, args, False, len(flows_out), len(flows_in))
         g.tracks.append(track)
         g.names.append(name)
         g.args.append(args)

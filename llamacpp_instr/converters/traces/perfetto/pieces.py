@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .protowire import varint_len
-from .singles import put_varints
+from .singles import put_const, put_varints
 
 _U8 = np.uint8
 
@@ -47,7 +47,7 @@ class Pieces:
         """Per row, for each of ``heads`` (its row ``j`` of ``v``: int64, all >= 0, below 2**63)
         a length-delimited field ``tag LEN head varint(v[j])``: the debug annotations of a run of
         int args, all at once (``tag`` one byte, each head under 100: LEN is one byte)."""
-        nb = varint_len2(v)
+        nb = varint_len(v)
         h = np.array([len(x) for x in heads], dtype=np.int64)
         size = 2 + h[:, None] + nb  # (args, rows)
         self.parts.append(("ann", (tag, heads, h, v, nb, size), size.sum(axis=0)))
@@ -74,10 +74,7 @@ class Pieces:
         end = at + lens  # each row's end
         for kind, data, ln in self.parts:
             if kind == "const":
-                if len(data) > 1:  # (every byte at once)
-                    out[at[:, None] + np.arange(len(data))] = np.frombuffer(data, dtype=_U8)
-                else:
-                    out[at] = data[0]
+                put_const(out, at, data)
             elif kind == "varint":
                 put_varints(out, at, data, ln)
             elif kind == "ann":
@@ -108,17 +105,6 @@ def _pick(out: Any, at: Any, end: Any, codes: Any, mat: Any, ln: Any) -> None:
         at, codes, ln = at[rest], codes[rest], ln[rest]
     within = np.arange(int(ln.sum())) - np.repeat(np.cumsum(ln) - ln, ln)
     out[np.repeat(at, ln) + within] = mat[np.repeat(codes, ln), within]
-
-
-def varint_len2(x: Any) -> Any:
-    """``varint_len`` of a matrix of int64s, all >= 0."""
-    nb = np.ones(x.shape, dtype=np.int64)
-    for k in range(1, 10):
-        big = x >= (1 << (7 * k))
-        if not big.any():
-            break
-        nb += big
-    return nb
 
 
 def _annotations(

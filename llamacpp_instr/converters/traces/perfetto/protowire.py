@@ -132,8 +132,9 @@ def varint_bytes(x: Any, nb: int) -> Any:
 
 
 def varint_len(x: Any) -> Any:
-    """How many bytes each of the int64s ``x`` takes as a varint (10 for a negative one)."""
-    nb = np.ones(len(x), dtype=np.int64)
+    """How many bytes each of the int64s ``x`` (an array of any shape) takes as a varint (10 for
+    a negative one)."""
+    nb = np.ones(np.shape(x), dtype=np.int64)
     for k in range(1, 10):
         big = x >= (1 << (7 * k))
         if not big.any():

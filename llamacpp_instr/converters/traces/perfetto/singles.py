@@ -23,9 +23,11 @@ FEW_ROWS = 8
 
 
 def put_const(out: Any, pos: Any, data: bytes) -> None:
-    """``data`` at each of the positions ``pos`` of ``out``."""
-    for j, byte in enumerate(data):
-        out[pos + j] = byte
+    """``data`` at each of the positions ``pos`` (an int64 array) of ``out``."""
+    if len(data) > 1:  # (every byte at once)
+        out[pos[:, None] + np.arange(len(data))] = np.frombuffer(data, dtype=_U8)
+    elif data:
+        out[pos] = data[0]
 
 
 def put_varints(out: Any, pos: Any, v: Any, nb: Any) -> None:

@@ -1,6 +1,7 @@
-"""Op variants built in bulk (``OpVariants`` with ``build_many``, ``NodeTable.build_many``) give
-the ids, rows and interned strings that building them one at a time gives, in the same order;
-``NodeTables.restart`` keeps ``op_static_args`` but not what depends on interning."""
+"""Op variants built in bulk (``OpVariants``' builder given all of a compute's new variants at
+once, ``NodeTable.build_many``) give the ids, rows and interned strings that building them one
+at a time gives, in the same order; ``NodeTables.restart`` keeps ``op_static_args`` but not
+what depends on interning."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ def test_bulk_and_single_builds_agree_on_order() -> None:
         many.extend(vs)
         return [100 + len(many) - len(vs) + k + 1 for k in range(len(vs))]
 
-    a = OpVariants(5, build).ids(NODE, FUSED)
-    b = OpVariants(5, build, build_many).ids(NODE, FUSED)
+    a = OpVariants(5, lambda vs: [build(*v) for v in vs]).ids(NODE, FUSED)
+    b = OpVariants(5, build_many).ids(NODE, FUSED)
     # plain nodes by index, then each new fused variant once, by op position
     assert one == many == [(0, ()), (1, ()), (3, ()), (4, ()), (1, (2,)), (0, (2, 3))]
     assert a.tolist() == b.tolist() == [103, 105, 104, 105, 106]

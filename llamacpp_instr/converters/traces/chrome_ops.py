@@ -56,8 +56,12 @@ class OpTable:
         self.tail: list[bytes] = []  # ',...static tail...}}'
         self.flops: list[int] = []
         self.nbytes: list[int] = []
-        self.variants = OpVariants(len(graph.nodes), self.row)
+        self.variants = OpVariants(len(graph.nodes), self.rows)
         self._arrays: tuple[Any, ...] | None = None
+
+    def rows(self, variants: list[tuple[int, tuple[int, ...]]]) -> list[int]:
+        """New rows for ``variants`` (``OpVariants``' builder), in order."""
+        return [self.row(i, fused) for i, fused in variants]
 
     def row(self, i: int, fused: tuple[int, ...]) -> int:
         """A new row: node ``i`` with the nodes ``fused`` into it."""

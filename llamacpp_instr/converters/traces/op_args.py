@@ -82,28 +82,19 @@ def op_static_args(
 
 class OpVariants:
     """A bulk writer's id for each op variant of one graph (a node, or a node with the nodes fused
-    into it), made by ``build(node index, fused indices)`` on first use, or with ``build_many``
-    (a list of variants, their ids in order) all of a compute's new ones at once, in the same
-    order. ``ids`` gives a packed compute's ops theirs; a generation step repeats its graph's last
-    compute (the same node order and fused ops), whose ids come back as they are."""
+    into it), made on first use by ``build`` (a list of variants, each a node index and the
+    indices fused into it: their ids, in order), all of a compute's new ones at once. ``ids``
+    gives a packed compute's ops theirs; a generation step repeats its graph's last compute (the
+    same node order and fused ops), whose ids come back as they are."""
 
     def __init__(
-        self,
-        n_nodes: int,
-        build: Callable[[int, tuple[int, ...]], int],
-        build_many: Callable[[list[tuple[int, tuple[int, ...]]]], list[int]] | None = None,
+        self, n_nodes: int, build: Callable[[list[tuple[int, tuple[int, ...]]]], list[int]]
     ) -> None:
         self.build = build
-        self.build_many = build_many
         self.node_id = np.full(n_nodes, -1, dtype=np.int64)
         self.fused_id: dict[tuple[int, tuple[int, ...]], int] = {}
         # the last compute's fused ops, node indices (as bytes) and ids
         self.last: tuple[dict[int, list[int]], bytes, np.ndarray] | None = None
-
-    def _build(self, variants: list[tuple[int, tuple[int, ...]]]) -> list[int]:
-        if self.build_many is not None:
-            return self.build_many(variants)
-        return [self.build(*v) for v in variants]
 
     def ids(self, node: np.ndarray, fused: dict[int, list[int]]) -> np.ndarray:
         """The id of each op: ``node`` its node indices (int64), ``fused`` the fused nodes by op
@@ -116,7 +107,7 @@ class OpVariants:
         ids = self.node_id[node]
         if (ids < 0).any():
             new = sorted(set(node[ids < 0].tolist()))  # (np.unique would import numpy.ma)
-            self.node_id[new] = self._build([(i, ()) for i in new])
+            self.node_id[new] = self.build([(i, ()) for i in new])
             ids = self.node_id[node]
         if fused:
             ids = ids.copy()
@@ -125,7 +116,7 @@ class OpVariants:
             known = self.fused_id
             todo = [v for v in dict.fromkeys(variants) if v not in known]
             if todo:
-                known.update(zip(todo, self._build(todo), strict=True))
+                known.update(zip(todo, self.build(todo), strict=True))
             ids[list(fused)] = [known[v] for v in variants]
         self.last = (fused, key, ids)
         return ids

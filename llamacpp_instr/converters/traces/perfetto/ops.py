@@ -228,10 +228,7 @@ class NodeTable:
         self.args = tables.args[key][1]
         # what every S of this track starts its track event with
         self.prefix = TE_TRACK_UUID + varint(track) + TE_TYPE + varint(TYPE_SLICE_BEGIN)
-        self.variants = OpVariants(len(graph.nodes), self.build, self.build_many)
-
-    def build(self, i: int, fused: tuple[int, ...]) -> int:
-        return self.build_many([(i, fused)])[0]
+        self.variants = OpVariants(len(graph.nodes), self.build_many)
 
     def build_many(self, variants: list[Variant]) -> list[int]:
         """New rows for these variants on this track, in order (their statics made in that

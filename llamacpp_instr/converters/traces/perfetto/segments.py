@@ -63,27 +63,18 @@ def add_segs(b: Any, rows: SliceRows, begins: Any, events: EventFields) -> None:
     n = len(rows.ts)
     keys = list(map(tuple, rows.args))
     flows = rows.flows_in
-    if n and keys.count(keys[0]) == n:  # (the usual: one run; checked in C loops)
-        if not flows:
-            add_seg(b, rows, 0, n, begins, events)
-            return
-        n_in = [len(flows.get(r, ())) for r in range(n)]
-        if n_in.count(n_in[0]) == n and all(map(fixed64_ok, flows.values())):
-            add_seg(b, rows, 0, n, begins, events)
-            return
-    if not flows:
-        lo = 0
-        for r in range(1, n):
-            if keys[r] != keys[lo]:
-                add_seg(b, rows, lo, r, begins, events)
-                lo = r
-        if lo < n:
-            add_seg(b, rows, lo, n, begins, events)
+    n_in = [len(flows.get(r, ())) for r in range(n)] if flows else [0] * n
+    if (
+        n
+        and keys.count(keys[0]) == n
+        and n_in.count(n_in[0]) == n
+        and all(map(fixed64_ok, flows.values()))
+    ):  # (the usual: one run; checked in C loops)
+        add_seg(b, rows, 0, n, begins, events)
         return
-    n_in = [len(flows.get(r, ())) for r in range(n)]
     lo = 0
     for r in range(n):
-        if not fixed64_ok(flows.get(r, ())):
+        if flows and not fixed64_ok(flows.get(r, ())):
             if lo < r:
                 add_seg(b, rows, lo, r, begins, events)
             _flow_row(b, rows, r, events)

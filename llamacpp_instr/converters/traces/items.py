@@ -70,8 +70,9 @@ class OpBatch:
 
     They are the slices a per-op layout yields for ``compute``'s ops (``op_static_args``,
     ``op_rates``; depth 3 inside a layer, else 2), only those where ``keep`` (a bool array over
-    the compute's ops, or a slice of them) is true when it is set: the chosen layer's, and not those with flows
-    (which follow as slices). ``roof``: the session's roofs, if its machine's peaks are known.
+    the compute's ops, or a slice of them) is true when it is set: the chosen layer's, and not
+    those with flows (which follow as slices). ``roof``: the session's roofs, if its machine's
+    peaks are known.
     """
 
     track: int

@@ -30,11 +30,11 @@ def merge(
     seq: Sequence,
     sc: Any = None,
 ) -> Data | None:
-    """The flush's packets (parts: ``sinks.Data``): its single rows (``first``: their key columns, ``picked``: what
-    makes their bodies, ``singles.collect``'s) and the templated blocks (``fills``:
-    ``TemplateSet._fill``'s) in key order; None if the first packet is a block's (it must carry
-    the sequence's head: the general encoder writes it); ``sc``: the segments' rows
-    (``segments.SegColumns``), after the others in ``first``."""
+    """The flush's packets (parts: ``sinks.Data``): its single rows (``first``: their key
+    columns, ``picked``: what makes their bodies, ``singles.collect``'s) and the templated
+    blocks (``fills``: ``TemplateSet._fill``'s) in key order; None if the first packet is a
+    block's (it must carry the sequence's head: the general encoder writes it); ``sc``: the
+    segments' rows (``segments.SegColumns``), after the others in ``first``."""
     n_s = len(first[0])
     s_ts = first[1]
     bodies, sbuf, slen = frame_rows(picked, ends, s_ts, sc)

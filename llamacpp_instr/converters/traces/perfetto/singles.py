@@ -224,9 +224,9 @@ def interleaved(batch: Any, ts: Any, templated: Any) -> bool:
 def join_units(
     keys: list[list[int]], bodies: list[bytes], fills: list[Any], seq: Sequence
 ) -> list[Any] | None:
-    """The flush's packets (parts, ``sinks.Data``), its single rows (``keys``' columns, ``bodies``) framed one by one
-    and put in key order with the templated blocks (``fills``: ``TemplateSet._fill``'s), or
-    None if they interleave."""
+    """The flush's packets (parts, ``sinks.Data``), its single rows (``keys``' columns,
+    ``bodies``) framed one by one and put in key order with the templated blocks (``fills``:
+    ``TemplateSet._fill``'s), or None if they interleave."""
     units: list[tuple[Any, Any, Any]] = []
     for key, body in zip(zip(*keys, strict=True), bodies, strict=True):
         units.append((key, key, packet(body + TIMESTAMP + varint(key[1]) + POST)))

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any, NamedTuple, overload
@@ -40,16 +40,21 @@ def layer_rows(raw: Any, t0: int) -> np.ndarray | None:
             flat = list(chain.from_iterable(raw))
             if len(flat) != 4 * len(raw):  # (only a row that is no list could: refused)
                 return None
-            a = np.frombuffer(array("q", flat), np.int64).reshape(-1, 4).copy()  # ints only
+            width = 4
         elif widths <= {4, 5} and set(map(type, raw)) == _LIST:
-            a = _rows5(raw)
-            if a is None:
+            flat5 = _flat5(raw)
+            if flat5 is None:
                 return None
+            flat, width = flat5, 5
         else:
             return None
-        lo, hi = a.min(axis=0), a.max(axis=0)
-        if lo[1] < 0 or lo[2] < 0 or t0 + int(hi[1]) >= 1 << 63:
+        # the bounds on the flat list: min and max over a few dozen values cost less there than
+        # numpy's reductions of a small array (a value no int, which ``array`` refuses, may raise
+        # here first: refused all the same)
+        starts = flat[1::width]
+        if min(starts) < 0 or min(flat[2::width]) < 0 or t0 + max(starts) >= 1 << 63:
             return None
+        a = np.frombuffer(array("q", flat), np.int64).reshape(-1, width).copy()  # ints only
         a[:, 1] += t0
         return a
     except (TypeError, ValueError, OverflowError):
@@ -61,12 +66,12 @@ _INT: set[type] = {int}
 _NO_DEVICE = [-1]
 
 
-def _rows5(raw: list[list[Any]]) -> np.ndarray | None:
-    """``layer_rows``' (m, 5) array of rows of four and five elements, each row of four given
-    the device -1; packed as the rows of four are, through one flat list (``np.array`` on the
-    rows made ``layer_rows`` a third slower on a device log). None if a value is no plain int (a
-    bool, which the packing would take as 0 or 1, included: the per-row reading refuses a bool
-    device) or a row names a negative device; OverflowError beyond 64 bits."""
+def _flat5(raw: list[list[Any]]) -> list[int] | None:
+    """``layer_rows``' rows of four and five elements as one flat list of rows of five, each row
+    of four given the device -1 (``np.array`` on the rows made ``layer_rows`` a third slower on a
+    device log). None if a value is no plain int (a bool, which the packing would take as 0 or 1,
+    included: the per-row reading refuses a bool device) or a row names a negative device;
+    OverflowError beyond 64 bits (when packed)."""
     n4 = 5 * len(raw) - sum(map(len, raw))
     flat = list(chain.from_iterable([r if len(r) == 5 else r + _NO_DEVICE for r in raw]))
     if set(map(type, flat)) != _INT:
@@ -75,7 +80,7 @@ def _rows5(raw: list[list[Any]]) -> np.ndarray | None:
     devices = flat[4::5]
     if min(devices) < -1 or devices.count(-1) != n4:
         return None
-    return np.frombuffer(array("q", flat), np.int64).reshape(-1, 5).copy()
+    return flat
 
 
 class LayerRows(Sequence[LayerSpan]):
@@ -179,19 +184,18 @@ def pack_ops(ops: Any, last: dict[int, list[int]] | None = None) -> PackedOps | 
         extra = sum(map(len, ops)) - 3 * n  # elements beyond (node, offset, duration)
         if not extra:
             return PackedOps(arr, {})
-        if (
-            last is not None
-            and len(last) == extra
-            and all(len(ops[k]) == 4 and ops[k][3] == f for k, f in last.items())
-        ):
-            fused = last
-        else:
-            lens = np.fromiter(map(len, ops), dtype=np.int64, count=n)
-            pos = np.flatnonzero(lens > 3).tolist()
-            lists = [ops[k][3] for k in pos]
-            if set(map(type, lists)) != {list} or any(len(ops[k]) != 4 for k in pos):
-                return None
-            fused = dict(zip(pos, lists, strict=True))
+        if last is not None and len(last) == extra:
+            plan = _plan(last)
+            if plan.repeated(ops):
+                if plan.bounds is None:
+                    return None
+                return PackedOps(arr, last, *plan.bounds)
+        lens = np.fromiter(map(len, ops), dtype=np.int64, count=n)
+        pos = np.flatnonzero(lens > 3).tolist()
+        lists = [ops[k][3] for k in pos]
+        if set(map(type, lists)) != {list} or any(len(ops[k]) != 4 for k in pos):
+            return None
+        fused = dict(zip(pos, lists, strict=True))
         flat = list(chain.from_iterable(fused.values()))
         if not flat:
             return PackedOps(arr, fused)
@@ -200,3 +204,54 @@ def pack_ops(ops: Any, last: dict[int, list[int]] | None = None) -> PackedOps | 
         return PackedOps(arr, fused, min(flat), max(flat))
     except Exception:  # noqa: BLE001 - whatever it is, the per-op reader reports it
         return None
+
+
+class _Repeat:
+    """What ``pack_ops`` checks a compute's ops against to reuse the fused ops of the graph's last
+    compute (``last``), made once per such dict (they are structure, never times): their
+    positions, fetched in one call, their lists, and their smallest and largest node (None: a
+    node that is no int, refused)."""
+
+    __slots__ = ("fused", "get", "k_max", "values", "bounds")
+
+    def __init__(self, fused: dict[int, list[int]]) -> None:
+        self.fused = fused
+        keys = list(fused)
+        self.get = itemgetter(*keys) if len(keys) > 1 else _one(keys[0])
+        self.k_max = max(keys)
+        self.values = list(fused.values())
+        flat = list(chain.from_iterable(self.values))
+        self.bounds: tuple[int, int] | None = (0, -1)
+        if flat:
+            self.bounds = (min(flat), max(flat)) if set(map(type, flat)) == {int} else None
+
+    def repeated(self, ops: list[Any]) -> bool:
+        """Whether ``ops`` has the same fused lists at the same positions. Its entries having
+        three elements at least (their columns were read) and ``len(fused)`` elements beyond
+        three in all, the ``len(fused)`` entries that have a fourth have exactly four, and the
+        others three: as the test an entry at a time found."""
+        if self.k_max >= len(ops):  # (rare) an entry at a time, raising where it did
+            return all(len(ops[k]) == 4 and ops[k][3] == f for k, f in self.fused.items())
+        try:
+            return list(map(_FOURTH, self.get(ops))) == self.values
+        except IndexError:  # (an entry of three there: the fused ops moved)
+            return False
+
+
+_FOURTH = itemgetter(3)
+_REPEATS: dict[int, _Repeat] = {}  # by id of the fused dict, which each holds (ids stay unique)
+_REPEATS_MAX = 16  # (a run has a graph or two of generation steps; beyond this, begun again)
+
+
+def _one(k: int) -> Callable[[list[Any]], tuple[Any, ...]]:
+    """``itemgetter(k)`` that gives a tuple of one, as ``itemgetter`` of several keys does."""
+    return lambda ops: (ops[k],)
+
+
+def _plan(fused: dict[int, list[int]]) -> _Repeat:
+    r = _REPEATS.get(id(fused))
+    if r is None or r.fused is not fused:
+        if len(_REPEATS) >= _REPEATS_MAX:
+            _REPEATS.clear()
+        r = _REPEATS[id(fused)] = _Repeat(fused)
+    return r

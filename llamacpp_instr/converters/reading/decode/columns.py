@@ -12,6 +12,7 @@ from typing import Any, NamedTuple, overload
 import numpy as np
 
 from .fields import nonneg, uint
+from .layer_plan import FOUR, MixedRows, mixed_rows
 
 _ITEM = (itemgetter(0), itemgetter(1), itemgetter(2))
 
@@ -32,55 +33,58 @@ def layer_rows(raw: Any, t0: int) -> np.ndarray | None:
     converts or rejects the odd values). Rows of four (spans timed on the CPU backend) give
     (m, 4); rows naming their device in a fifth element give (m, 5), the device -1 in the rows
     without one."""
+    got = _layer_array(raw, t0)
+    if got is None:
+        return None
+    a, mixed = got
+    if mixed is None:
+        return a
+    out: np.ndarray = a[mixed.at5].reshape(-1, 5)
+    out[:, 1] += t0
+    return out
+
+
+def _layer_array(raw: Any, t0: int) -> tuple[np.ndarray, MixedRows | None] | None:
+    """``layer_rows``' packing: rows of four as their (m, 4) array, starts made absolute, and
+    None; rows of four and five as their flat array (a -1 after the last value: the device of the
+    rows of four) and its ``MixedRows``; None for anything else."""
     if type(raw) is not list or not raw:
         return None
     try:
-        widths = set(map(len, raw))
-        if widths == {4}:
-            flat = list(chain.from_iterable(raw))
+        widths = tuple(map(len, raw))
+        mixed = mixed_rows(widths)
+        if mixed is None:
+            return None
+        flat = list(chain.from_iterable(raw))
+        if mixed is FOUR:
             if len(flat) != 4 * len(raw):  # (only a row that is no list could: refused)
                 return None
-            width = 4
-        elif widths <= {4, 5} and set(map(type, raw)) == _LIST:
-            flat5 = _flat5(raw)
-            if flat5 is None:
+            # the bounds on the flat list: min and max over a few dozen values cost less there
+            # than numpy's reductions of a small array (a value no int, which ``array`` refuses,
+            # may raise here first: refused all the same)
+            starts = flat[1::4]
+            if min(starts) < 0 or min(flat[2::4]) < 0 or t0 + max(starts) >= 1 << 63:
                 return None
-            flat, width = flat5, 5
-        else:
+            a = np.frombuffer(array("q", flat), np.int64).reshape(-1, 4).copy()  # ints only
+            a[:, 1] += t0
+            return a, None
+        # ints only, and no bool (``array`` would take one as 0 or 1; the per-row reading
+        # refuses a bool device): what the rows of five always refused
+        if set(map(type, raw)) != _LIST or set(map(type, flat)) != _INT:
             return None
-        # the bounds on the flat list: min and max over a few dozen values cost less there than
-        # numpy's reductions of a small array (a value no int, which ``array`` refuses, may raise
-        # here first: refused all the same)
-        starts = flat[1::width]
-        if min(starts) < 0 or min(flat[2::width]) < 0 or t0 + max(starts) >= 1 << 63:
+        if min(mixed.devices(flat)) < 0:
             return None
-        a = np.frombuffer(array("q", flat), np.int64).reshape(-1, width).copy()  # ints only
-        a[:, 1] += t0
-        return a
+        begins = mixed.starts(flat)
+        if min(begins) < 0 or min(mixed.durs(flat)) < 0 or t0 + max(begins) >= 1 << 63:
+            return None
+        flat.append(-1)
+        return np.frombuffer(array("q", flat), np.int64), mixed
     except (TypeError, ValueError, OverflowError):
         return None
 
 
 _LIST: set[type] = {list}
 _INT: set[type] = {int}
-_NO_DEVICE = [-1]
-
-
-def _flat5(raw: list[list[Any]]) -> list[int] | None:
-    """``layer_rows``' rows of four and five elements as one flat list of rows of five, each row
-    of four given the device -1 (``np.array`` on the rows made ``layer_rows`` a third slower on a
-    device log). None if a value is no plain int (a bool, which the packing would take as 0 or 1,
-    included: the per-row reading refuses a bool device) or a row names a negative device;
-    OverflowError beyond 64 bits (when packed)."""
-    n4 = 5 * len(raw) - sum(map(len, raw))
-    flat = list(chain.from_iterable([r if len(r) == 5 else r + _NO_DEVICE for r in raw]))
-    if set(map(type, flat)) != _INT:
-        return None
-    # the padded rows' -1 are the only negative devices allowed
-    devices = flat[4::5]
-    if min(devices) < -1 or devices.count(-1) != n4:
-        return None
-    return flat
 
 
 class LayerRows(Sequence[LayerSpan]):
@@ -126,11 +130,18 @@ def layer_spans(raw: Any, t0: int) -> tuple[Sequence[LayerSpan], Any]:
     """A compute record's ``layers`` rows, their start offsets made absolute, and the device of
     each span (an int64 array, -1 for the CPU backend's; None when no row names one). ``raw``
     may be ``layer_rows(raw, t0)`` already (the forked log reader's work: ``prefetch``)."""
-    a = raw if isinstance(raw, np.ndarray) else layer_rows(raw, t0)
-    if a is not None:
-        if a.shape[1] == 4:
+    if isinstance(raw, np.ndarray):
+        if raw.shape[1] == 4:
+            return LayerRows(raw), None
+        return LayerRows(np.ascontiguousarray(raw[:, :4])), raw[:, 4].copy()
+    got = _layer_array(raw, t0)
+    if got is not None:
+        a, mixed = got
+        if mixed is None:
             return LayerRows(a), None
-        return LayerRows(np.ascontiguousarray(a[:, :4])), a[:, 4].copy()
+        rows: np.ndarray = a[mixed.at4].reshape(-1, 4)  # (a new array)
+        rows[:, 1] += t0
+        return LayerRows(rows), a[mixed.device_at]
     if not any(type(r) is list and len(r) == 5 for r in raw):
         return [LayerSpan(int(a), t0 + nonneg(b), nonneg(c), int(d)) for a, b, c, d in raw], None
     spans, devices = [], []

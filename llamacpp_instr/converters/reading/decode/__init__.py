@@ -9,7 +9,8 @@ those). One module per record family:
 * ``graphs``: ``Node`` and ``Graph`` (graph tables, ``graph_table``);
 * ``columns``: the one packer of a compute's ``ops`` and ``layers`` lists into int64 columns
   (``pack_ops``, ``layer_rows``), which the forked reader (``reading.prefetch``) runs on the
-  other core, and ``LayerSpan``;
+  other core, and ``LayerSpan``; ``layer_plan``: where the values of layer rows of four and five
+  (a device log's) lie in their flat list, made once per row widths;
 * ``devices``: where a compute ran (``Placement``: splits, copies, busy, clocks, remote graphs);
 * ``transfers``: the commands sent to RPC servers (``Transfers``);
 * ``computes``: ``Compute`` (its ops always columns; ``unpack``/``op_at``, the lazy per-op view,

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any, NamedTuple, overload
@@ -12,6 +12,7 @@ from typing import Any, NamedTuple, overload
 import numpy as np
 
 from .fields import nonneg, uint
+from .layer_plan import FOUR, MixedRows, mixed_rows
 
 _ITEM = (itemgetter(0), itemgetter(1), itemgetter(2))
 
@@ -32,50 +33,65 @@ def layer_rows(raw: Any, t0: int) -> np.ndarray | None:
     converts or rejects the odd values). Rows of four (spans timed on the CPU backend) give
     (m, 4); rows naming their device in a fifth element give (m, 5), the device -1 in the rows
     without one."""
+    got = _layer_array(raw, t0)
+    if got is None:
+        return None
+    a, mixed = got
+    if mixed is None:
+        return a
+    out: np.ndarray = a[mixed.at5].reshape(-1, 5)
+    _shift(out, t0)
+    return out
+
+
+def _layer_array(raw: Any, t0: int) -> tuple[np.ndarray, MixedRows | None] | None:
+    """``layer_rows``' packing: rows of four as their (m, 4) array, starts made absolute, and
+    None; rows of four and five as their flat array (a -1 after the last value: the device of the
+    rows of four) and its ``MixedRows``; None for anything else."""
     if type(raw) is not list or not raw:
         return None
     try:
-        widths = set(map(len, raw))
-        if widths == {4}:
-            flat = list(chain.from_iterable(raw))
+        widths = tuple(map(len, raw))
+        mixed = mixed_rows(widths)
+        if mixed is None:
+            return None
+        flat = list(chain.from_iterable(raw))
+        if mixed is FOUR:
             if len(flat) != 4 * len(raw):  # (only a row that is no list could: refused)
                 return None
-            a = np.frombuffer(array("q", flat), np.int64).reshape(-1, 4).copy()  # ints only
-        elif widths <= {4, 5} and set(map(type, raw)) == _LIST:
-            a = _rows5(raw)
-            if a is None:
+            # the bounds on the flat list: min and max over a few dozen values cost less there
+            # than numpy's reductions of a small array (a value no int, which ``array`` refuses,
+            # may raise here first: refused all the same)
+            starts = flat[1::4]
+            if min(starts) < 0 or min(flat[2::4]) < 0 or t0 + max(starts) >= 1 << 63:
                 return None
-        else:
+            a = np.frombuffer(array("q", flat), np.int64).reshape(-1, 4).copy()  # ints only
+            _shift(a, t0)
+            return a, None
+        # ints only, and no bool (``array`` would take one as 0 or 1; the per-row reading
+        # refuses a bool device): what the rows of five always refused
+        if set(map(type, raw)) != _LIST or set(map(type, flat)) != _INT:
             return None
-        lo, hi = a.min(axis=0), a.max(axis=0)
-        if lo[1] < 0 or lo[2] < 0 or t0 + int(hi[1]) >= 1 << 63:
+        if min(mixed.devices(flat)) < 0:
             return None
-        a[:, 1] += t0
-        return a
+        begins = mixed.starts(flat)
+        if min(begins) < 0 or min(mixed.durs(flat)) < 0 or t0 + max(begins) >= 1 << 63:
+            return None
+        flat.append(-1)
+        return np.frombuffer(array("q", flat), np.int64), mixed
     except (TypeError, ValueError, OverflowError):
         return None
 
 
 _LIST: set[type] = {list}
 _INT: set[type] = {int}
-_NO_DEVICE = [-1]
 
 
-def _rows5(raw: list[list[Any]]) -> np.ndarray | None:
-    """``layer_rows``' (m, 5) array of rows of four and five elements, each row of four given
-    the device -1; packed as the rows of four are, through one flat list (``np.array`` on the
-    rows made ``layer_rows`` a third slower on a device log). None if a value is no plain int (a
-    bool, which the packing would take as 0 or 1, included: the per-row reading refuses a bool
-    device) or a row names a negative device; OverflowError beyond 64 bits."""
-    n4 = 5 * len(raw) - sum(map(len, raw))
-    flat = list(chain.from_iterable([r if len(r) == 5 else r + _NO_DEVICE for r in raw]))
-    if set(map(type, flat)) != _INT:
-        return None
-    # the padded rows' -1 are the only negative devices allowed
-    devices = flat[4::5]
-    if min(devices) < -1 or devices.count(-1) != n4:
-        return None
-    return np.frombuffer(array("q", flat), np.int64).reshape(-1, 5).copy()
+def _shift(rows: np.ndarray, t0: int) -> None:
+    """Add ``t0`` to the starts (column 1) in place: through ``out``, as ``rows[:, 1] += t0``
+    would also write its result back through the index (twice the time, on a few dozen rows)."""
+    starts = rows[:, 1]
+    np.add(starts, t0, out=starts)
 
 
 class LayerRows(Sequence[LayerSpan]):
@@ -121,11 +137,18 @@ def layer_spans(raw: Any, t0: int) -> tuple[Sequence[LayerSpan], Any]:
     """A compute record's ``layers`` rows, their start offsets made absolute, and the device of
     each span (an int64 array, -1 for the CPU backend's; None when no row names one). ``raw``
     may be ``layer_rows(raw, t0)`` already (the forked log reader's work: ``prefetch``)."""
-    a = raw if isinstance(raw, np.ndarray) else layer_rows(raw, t0)
-    if a is not None:
-        if a.shape[1] == 4:
+    if isinstance(raw, np.ndarray):
+        if raw.shape[1] == 4:
+            return LayerRows(raw), None
+        return LayerRows(np.ascontiguousarray(raw[:, :4])), raw[:, 4].copy()
+    got = _layer_array(raw, t0)
+    if got is not None:
+        a, mixed = got
+        if mixed is None:
             return LayerRows(a), None
-        return LayerRows(np.ascontiguousarray(a[:, :4])), a[:, 4].copy()
+        rows: np.ndarray = a[mixed.at4].reshape(-1, 4)  # (a new array)
+        _shift(rows, t0)
+        return LayerRows(rows), a[mixed.device_at]
     if not any(type(r) is list and len(r) == 5 for r in raw):
         return [LayerSpan(int(a), t0 + nonneg(b), nonneg(c), int(d)) for a, b, c, d in raw], None
     spans, devices = [], []
@@ -179,19 +202,18 @@ def pack_ops(ops: Any, last: dict[int, list[int]] | None = None) -> PackedOps | 
         extra = sum(map(len, ops)) - 3 * n  # elements beyond (node, offset, duration)
         if not extra:
             return PackedOps(arr, {})
-        if (
-            last is not None
-            and len(last) == extra
-            and all(len(ops[k]) == 4 and ops[k][3] == f for k, f in last.items())
-        ):
-            fused = last
-        else:
-            lens = np.fromiter(map(len, ops), dtype=np.int64, count=n)
-            pos = np.flatnonzero(lens > 3).tolist()
-            lists = [ops[k][3] for k in pos]
-            if set(map(type, lists)) != {list} or any(len(ops[k]) != 4 for k in pos):
-                return None
-            fused = dict(zip(pos, lists, strict=True))
+        if last is not None and len(last) == extra:
+            plan = _plan(last)
+            if plan.repeated(ops):
+                if plan.bounds is None:
+                    return None
+                return PackedOps(arr, last, *plan.bounds)
+        lens = np.fromiter(map(len, ops), dtype=np.int64, count=n)
+        pos = np.flatnonzero(lens > 3).tolist()
+        lists = [ops[k][3] for k in pos]
+        if set(map(type, lists)) != {list} or any(len(ops[k]) != 4 for k in pos):
+            return None
+        fused = dict(zip(pos, lists, strict=True))
         flat = list(chain.from_iterable(fused.values()))
         if not flat:
             return PackedOps(arr, fused)
@@ -200,3 +222,54 @@ def pack_ops(ops: Any, last: dict[int, list[int]] | None = None) -> PackedOps | 
         return PackedOps(arr, fused, min(flat), max(flat))
     except Exception:  # noqa: BLE001 - whatever it is, the per-op reader reports it
         return None
+
+
+class _Repeat:
+    """What ``pack_ops`` checks a compute's ops against to reuse the fused ops of the graph's last
+    compute (``last``), made once per such dict (they are structure, never times): their
+    positions, fetched in one call, their lists, and their smallest and largest node (None: a
+    node that is no int, refused)."""
+
+    __slots__ = ("fused", "get", "k_max", "values", "bounds")
+
+    def __init__(self, fused: dict[int, list[int]]) -> None:
+        self.fused = fused
+        keys = list(fused)
+        self.get = itemgetter(*keys) if len(keys) > 1 else _one(keys[0])
+        self.k_max = max(keys)
+        self.values = list(fused.values())
+        flat = list(chain.from_iterable(self.values))
+        self.bounds: tuple[int, int] | None = (0, -1)
+        if flat:
+            self.bounds = (min(flat), max(flat)) if set(map(type, flat)) == {int} else None
+
+    def repeated(self, ops: list[Any]) -> bool:
+        """Whether ``ops`` has the same fused lists at the same positions. Its entries having
+        three elements at least (their columns were read) and ``len(fused)`` elements beyond
+        three in all, the ``len(fused)`` entries that have a fourth have exactly four, and the
+        others three: as the test an entry at a time found."""
+        if self.k_max >= len(ops):  # (rare) an entry at a time, raising where it did
+            return all(len(ops[k]) == 4 and ops[k][3] == f for k, f in self.fused.items())
+        try:
+            return list(map(_FOURTH, self.get(ops))) == self.values
+        except IndexError:  # (an entry of three there: the fused ops moved)
+            return False
+
+
+_FOURTH = itemgetter(3)
+_REPEATS: dict[int, _Repeat] = {}  # by id of the fused dict, which each holds (ids stay unique)
+_REPEATS_MAX = 16  # (a run has a graph or two of generation steps; beyond this, begun again)
+
+
+def _one(k: int) -> Callable[[list[Any]], tuple[Any, ...]]:
+    """``itemgetter(k)`` that gives a tuple of one, as ``itemgetter`` of several keys does."""
+    return lambda ops: (ops[k],)
+
+
+def _plan(fused: dict[int, list[int]]) -> _Repeat:
+    r = _REPEATS.get(id(fused))
+    if r is None or r.fused is not fused:
+        if len(_REPEATS) >= _REPEATS_MAX:
+            _REPEATS.clear()
+        r = _REPEATS[id(fused)] = _Repeat(fused)
+    return r

@@ -23,13 +23,15 @@ class DevicePart(NamedTuple):
     """A device's part of a compute: its device, its layer spans (``spans``: a slice of the
     compute's when they are contiguous, else their positions), its ops (``mask``, read-only; None
     when the compute has none; ``run``: the same as a slice when they are contiguous, which
-    selects them without a copy) and their group in the plan's ``order`` (-1: none)."""
+    selects them without a copy), their group in the plan's ``order`` (-1: none) and their count
+    (``n_ops``: the mask's, counted once)."""
 
     device: int
     spans: slice | list[int]
     mask: Any
     group: int
     run: slice | None
+    n_ops: int
 
 
 class Plan:
@@ -67,7 +69,8 @@ class Plan:
                 at = np.flatnonzero(mask)
                 if len(at) and at[-1] - at[0] == len(at) - 1:
                     run = slice(int(at[0]), int(at[-1]) + 1)
-            self.parts.append(DevicePart(d, spans, mask, group.get(d, -1), run))
+            g = group.get(d, -1)
+            self.parts.append(DevicePart(d, spans, mask, g, run, self.counts[g] if g >= 0 else 0))
 
 
 class Plans:

@@ -27,13 +27,13 @@ Slices that may overlap on one track (they should not, but a log is data) go to 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from operator import itemgetter
+from operator import add, itemgetter
 from typing import Any, Protocol
 
 import numpy as np
 
 from ..reading.decode.columns import LayerSpan
-from ..reading.decode.computes import Compute
+from ..reading.decode.computes import Compute, OpTiming
 from ..reading.decode.sessions import SessionInfo
 from ..reading.decode.steps import Step
 from ..session import device_time as dt
@@ -41,7 +41,16 @@ from ..session.kv_flows import OpFlows
 from .device_lanes import COPIES_ORDER, DeviceLanes, Lanes
 from .device_own import OwnTiming
 from .device_plan import Plan, Plans
-from .items import BulkItem, Item, LayoutStats, Slice, SliceRows, Track, text_uuid
+from .items import (
+    BulkItem,
+    ComputeBatch,
+    Item,
+    LayoutStats,
+    Slice,
+    SliceRows,
+    Track,
+    text_uuid,
+)
 from .network import NetworkTracks
 from .op_args import mb_per_s
 
@@ -68,6 +77,27 @@ class SessionLayout(Protocol):
         mask: Any = None,
         run: slice | None = None,
     ) -> Iterator[BulkItem]: ...
+
+    def batch(
+        self,
+        head: Slice,
+        c: Compute,
+        spans: Sequence[LayerSpan],
+        stats: LayoutStats,
+        flows: OpFlows,
+        mask: Any = None,
+        run: slice | None = None,
+        n_mask: int = -1,
+    ) -> tuple[ComputeBatch, list[tuple[int, OpTiming]]]: ...
+
+    def op_list(
+        self,
+        ops: list[tuple[int, OpTiming]],
+        c: Compute,
+        track: int,
+        stats: LayoutStats,
+        flows: OpFlows,
+    ) -> Iterator[Item]: ...
 
 
 class DeviceTracks:
@@ -140,6 +170,7 @@ class DeviceTracks:
         name = self.part_names.get(c.ubatch)
         if name is None:
             name = self.part_names[c.ubatch] = f"compute ubatch {c.ubatch}"
+        bulk = lay.bulk
         for part in plan.parts:
             d = part.device
             got = self.parts.get(d)
@@ -150,10 +181,16 @@ class DeviceTracks:
             spans = layers[idx] if type(idx) is slice else [layers[i] for i in idx]
             g = part.group
             head_d = _device_slice(c, got, spans, extents[g] if g >= 0 and has_ops else None, name)
-            if head_d is not None:
+            if head_d is None:
+                continue
+            if bulk:  # (the batch as a pair: no generator per part)
+                cb, ops = lay.batch(head_d, c, spans, stats, flows, part.mask, part.run, part.n_ops)
+                yield cb
+                if ops:
+                    yield from lay.op_list(ops, c, head_d.track, stats, flows)
+            else:
                 yield from lay.compute_batch(head_d, c, spans, stats, flows, part.mask, part.run)
         if p is not None:
-            bulk = lay.bulk
             # (none made for a kind of rows the compute has none of: most have one or two)
             if copies is not None:
                 yield from as_items(copies, bulk)
@@ -244,11 +281,10 @@ def _device_slice(
         lo, hi = spans[0].start, spans[0].start + spans[0].dur
     else:
         return None
-    for _, s, d, _ in spans:
-        if s < lo:
-            lo = s
-        if s + d > hi:
-            hi = s + d
+    if spans:  # (each in one pass: a dozen spans a part)
+        starts = list(map(_SPAN_START, spans))
+        lo = min(lo, min(starts))
+        hi = max(hi, max(map(add, starts, map(_SPAN_DUR, spans))))
     args = {
         "ubatch": c.ubatch,
         "graph": c.graph.id if c.graph else -1,
@@ -347,3 +383,4 @@ def copy_rows(
 
 
 _COPY_ORDER = itemgetter(6, 7)  # a copies row's start and duration
+_SPAN_START, _SPAN_DUR = itemgetter(1), itemgetter(2)  # a ``LayerSpan``'s

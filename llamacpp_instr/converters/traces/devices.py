@@ -204,10 +204,15 @@ class DeviceTracks:
         of its busy and remote rows."""
         if not bs and not rs:
             return {}
-        timed = {b[3] for b in bs} | {r[0] for r in rs}
+        timed = set(map(_BUSY_SPLIT, bs))
+        timed.update(map(_REMOTE_SPLIT, rs))
         # track_uuid(sid, "launch", ctx, step, ubatch, k), the prefix joined once
-        pre = "\0".join((self.sid, "launch", str(step.ctx), str(step.index), str(c.ubatch), ""))
-        return {k: text_uuid(pre + str(k)) for k in sorted(timed) if k >= 0}
+        pre = f"{self.sid}\0launch\0{step.ctx}\0{step.index}\0{c.ubatch}\0"
+        out: dict[int, int] = {}
+        for k in sorted(timed):
+            if k >= 0:
+                out[k] = text_uuid(pre + str(k))
+        return out
 
     def _splits(
         self,
@@ -219,12 +224,17 @@ class DeviceTracks:
         track: int,
         flow_of: dict[int, int],
         plan: Plan,
-    ) -> Iterator[Slice]:
+    ) -> list[Slice]:
         """The splits' slices (rows relative to ``t0``): each with its copies' count and bytes
         (``copied``: split K's at 2K and 2K + 1), and when its device began it, if the device
         timed it (its first busy or remote row)."""
         started: dict[int, int] = {}
-        for k, t in [(b[3], b[1]) for b in bs] + [(r[0], r[4]) for r in rs]:
+        for b in bs:
+            k, t = b[3], b[1]
+            if k not in started or t < started[k]:
+                started[k] = t
+        for r in rs:
+            k, t = r[0], r[4]
             if k not in started or t < started[k]:
                 started[k] = t
         texts = plan.texts
@@ -233,31 +243,23 @@ class DeviceTracks:
                 (self.devs[d].label, f"split {k} {self.devs[d].name}", f"{i0}..{i1}")
                 for k, (d, i0, i1, *_) in enumerate(sp)
             ]
+        out = []
         for k, (_, _, _, s, la, e) in enumerate(sp):
             label, name, nodes = texts[k]
-            n, b = copied[2 * k], copied[2 * k + 1]
             args: dict[str, Any] = {
                 "split": k,
                 "device": label,
                 "nodes": nodes,
                 "inputs_ns": la - s,
                 "launch_ns": e - la,
-                "n_copies": n,
-                "copy_bytes": b,
+                "n_copies": copied[2 * k],
+                "copy_bytes": copied[2 * k + 1],
             }
             if k in started:  # the gap: host launch to device
                 args["device_start_ns"] = started[k] - la
             flow = flow_of.get(k)
-            yield Slice(
-                track,
-                name,
-                t0 + s,
-                e - s,
-                2,
-                "split",
-                args,
-                (flow,) if flow else (),
-            )
+            out.append(Slice(track, name, t0 + s, e - s, 2, "split", args, (flow,) if flow else ()))
+        return out
 
     def transfers(self, step: Step | None = None) -> Iterator[Item | SliceRows]:
         """The RPC commands of ``step``, or (None) those outside any step not drawn yet."""
@@ -352,9 +354,8 @@ def copy_rows(
         return out
     # (SliceRows.add, inlined: a few rows per compute)
     tracks, labels, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
-    for j, (k, node, tensor, nbytes, src_d, dst_d, s, dur) in enumerate(
-        sorted(cps, key=_COPY_ORDER)
-    ):
+    ends = lanes.ends
+    for k, node, tensor, nbytes, src_d, dst_d, s, dur in sorted(cps, key=_COPY_ORDER):
         pair = pairs.get((src_d, dst_d))
         if pair is None:
             src, dst = devs[src_d].name, devs[dst_d].name
@@ -362,8 +363,11 @@ def copy_rows(
         copied[2 * k] += 1
         copied[2 * k + 1] += nbytes
         start = t0 + s
-        end = start + dur
-        tracks.append(dl.assign(lanes, start, end, j, out.tracks))
+        if ends and ends[0] <= start:  # (``assign``'s first lane, inlined: nearly every row's)
+            ends[0] = start + dur
+            tracks.append(lanes.uuids[0])
+        else:
+            tracks.append(dl.assign(lanes, start, start + dur, len(tracks), out.tracks))
         labels.append(pair[2])
         starts.append(start)
         durs.append(dur)
@@ -383,4 +387,5 @@ def copy_rows(
 
 
 _COPY_ORDER = itemgetter(6, 7)  # a copies row's start and duration
+_BUSY_SPLIT, _REMOTE_SPLIT = itemgetter(3), itemgetter(0)  # a busy and a remote row's split
 _SPAN_START, _SPAN_DUR = itemgetter(1), itemgetter(2)  # a ``LayerSpan``'s

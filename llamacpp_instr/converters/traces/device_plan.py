@@ -40,17 +40,20 @@ class Plan:
     each run of ops of one device begins (``runs``) and its device's position in ``counts``
     (``run_group``): a device's ops are one run or a few, whatever the graph."""
 
-    __slots__ = ("parts", "counts", "devices", "runs", "run_group", "texts")
+    __slots__ = ("parts", "counts", "devices", "runs", "run_group", "in_order", "texts")
 
     def __init__(self, c: Compute, keys: tuple[tuple[int, int, int], ...], cpu: int) -> None:
         node = np.asarray(c.op_node, dtype=np.int64)
         od = dt.ops_placed(node, keys, cpu)
-        self.devices = od  # (the per-op fallback of times past 2**62: ``devices.op_extents``)
+        self.devices = od  # (the per-op fallback of times past 2**62: ``devices.op_bounds``)
         uniq_a, counts_a = np.unique(od, return_counts=True)  # (as device_time.op_groups)
         self.counts = counts_a.tolist()
         group = {d: g for g, d in enumerate(uniq_a.tolist())}
         self.runs = np.flatnonzero(np.r_[True, od[1:] != od[:-1]]) if len(od) else od
         self.run_group = [group[d] for d in od[self.runs].tolist()]
+        # ``run_group`` itself when it is 0, 1, 2...: a run per device, in their order (the
+        # runs' bounds are then the devices', ``devices.op_bounds``)
+        self.in_order = self.run_group if self.run_group == list(range(len(self.counts))) else None
         lds = dt.layer_devices(c, cpu).tolist()
         has_ops = len(node) > 0
         # each split's device label, slice name and node range (``DeviceTracks``, when first

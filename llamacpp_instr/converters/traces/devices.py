@@ -163,8 +163,7 @@ class DeviceTracks:
         else:
             yield head
             plan = self.plans.get(c, sp)
-        has_ops = len(c.op_node) > 0
-        extents = op_extents(c, plan) if has_ops else []
+        lo_g, hi_g = op_bounds(c, plan) if len(c.op_node) else ([], [])
         layers = c.layers
         lay = self.lay
         name = self.part_names.get(c.ubatch)
@@ -180,7 +179,10 @@ class DeviceTracks:
             idx = part.spans
             spans = layers[idx] if type(idx) is slice else [layers[i] for i in idx]
             g = part.group
-            head_d = _device_slice(c, got, spans, extents[g] if g >= 0 and has_ops else None, name)
+            if g >= 0 and lo_g:
+                head_d = _device_slice(c, got, spans, part.n_ops, lo_g[g], hi_g[g], name)
+            else:
+                head_d = _device_slice(c, got, spans, 0, 0, 0, name)
             if head_d is None:
                 continue
             if bulk:  # (the batch as a pair: no generator per part)
@@ -270,23 +272,22 @@ def _device_slice(
     c: Compute,
     got: tuple[int, str],
     spans: Sequence[LayerSpan],
-    ops: tuple[int, int, int] | None,
+    n_ops: int,
+    lo: int,
+    hi: int,
     name: str,
 ) -> Slice | None:
     """A device's part of ``c`` on its track (``got``: the track and the device's label), named
-    ``name``: from its first layer or op to its last (``ops``: its ops' count, first start and
-    last end, ``op_extents``)."""
-    n_ops = 0
-    if ops is not None and ops[0]:
-        n_ops, lo, hi = ops
-    elif spans:
-        lo, hi = spans[0].start, spans[0].start + spans[0].dur
-    else:
-        return None
+    ``name``: from its first layer or op to its last (``n_ops``: its ops' count, ``lo`` and
+    ``hi`` their first start and last end when there are some, ``op_bounds``)."""
     if spans:  # (each in one pass: a dozen spans a part)
         starts = list(map(_SPAN_START, spans))
+        if not n_ops:
+            lo, hi = starts[0], starts[0] + spans[0].dur
         lo = min(lo, min(starts))
         hi = max(hi, max(map(add, starts, map(_SPAN_DUR, spans))))
+    elif not n_ops:
+        return None
     args = {
         "ubatch": c.ubatch,
         "graph": c.graph.id if c.graph else -1,
@@ -306,34 +307,43 @@ def as_items(rows: SliceRows, bulk: bool) -> Iterator[Item | SliceRows]:
         yield from rows.items()
 
 
-def op_extents(c: Compute, plan: Plan) -> list[tuple[int, int, int]]:
-    """Per device with ops in ``c`` (in the plan's ``counts``' order): their count, first start
-    and last end (each run's in one ``reduceat``, then per device)."""
-    counts = plan.counts
-    st, du = np.asarray(c.op_start), np.asarray(c.op_dur)
+def op_bounds(c: Compute, plan: Plan) -> tuple[list[int], list[int]]:
+    """Per device with ops in ``c`` (in the plan's ``counts``' order): their first start and
+    last end (each run's in one ``reduceat``, then per device)."""
+    st, du = c.op_start, c.op_dur
     if st.dtype == object or du.dtype == object:  # (times past 2**62: Python ints)
-        od = plan.devices.tolist()
         lo_of: dict[int, int] = {}
         hi_of: dict[int, int] = {}
-        for d, s, u in zip(od, st.tolist(), du.tolist(), strict=True):
+        for d, s, u in zip(plan.devices.tolist(), st.tolist(), du.tolist(), strict=True):
             lo_of[d] = min(lo_of.get(d, s), s)
             hi_of[d] = max(hi_of.get(d, s + u), s + u)
         uniq = sorted(lo_of)
-        return [(k, lo_of[d], hi_of[d]) for d, k in zip(uniq, counts, strict=True)]
+        return [lo_of[d] for d in uniq], [hi_of[d] for d in uniq]
     runs = plan.runs
     lo = np.minimum.reduceat(st, runs).tolist()
     hi = np.maximum.reduceat(st + du, runs).tolist()
     rg = plan.run_group
-    if len(rg) == len(counts):  # (a run per device: nearly always)
-        out: list[Any] = [None] * len(counts)
+    if rg is plan.in_order:  # (a run per device, in the devices' order)
+        return lo, hi
+    n = len(plan.counts)
+    if len(rg) == n:  # (a run per device: nearly always)
+        lo_g: list[Any] = [None] * n
+        hi_g: list[Any] = [None] * n
         for g, a, z in zip(rg, lo, hi, strict=True):
-            out[g] = (counts[g], a, z)
-        return out
-    ext: dict[int, tuple[int, int, int]] = {}
+            lo_g[g] = a
+            hi_g[g] = z
+        return lo_g, hi_g
+    ext: dict[int, tuple[int, int]] = {}
     for g, a, z in zip(rg, lo, hi, strict=True):
-        k, a0, z0 = ext.get(g, (counts[g], a, z))
-        ext[g] = (k, min(a0, a), max(z0, z))
-    return [ext[g] for g in range(len(counts))]
+        a0, z0 = ext.get(g, (a, z))
+        ext[g] = (min(a0, a), max(z0, z))
+    return [ext[g][0] for g in range(n)], [ext[g][1] for g in range(n)]
+
+
+def op_extents(c: Compute, plan: Plan) -> list[tuple[int, int, int]]:
+    """``op_bounds`` with each device's op count: (count, first start, last end)."""
+    lo, hi = op_bounds(c, plan)
+    return list(zip(plan.counts, lo, hi, strict=True))
 
 
 def copy_rows(

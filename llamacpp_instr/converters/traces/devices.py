@@ -125,9 +125,10 @@ class DeviceTracks:
 
     def compute(
         self, c: Compute, track: int, stats: LayoutStats, flows: OpFlows, step: Step
-    ) -> Iterator[BulkItem]:
+    ) -> list[BulkItem]:
         """A compute on several devices: its slice and splits on the steps track, each device's
-        part on its own track, then its copies and the devices' own timing."""
+        part on its own track, then its copies and the devices' own timing (a list: a dozen
+        items, no generator to resume for each)."""
         stats.computes += 1
         head = self.lay.compute_slice(c, track)
         p = c.place
@@ -147,7 +148,7 @@ class DeviceTracks:
                 if b[1] + b[2] > hi:
                     hi = b[1] + b[2]
             head.ts, head.dur = t0 + lo, hi - lo
-            yield head
+            out: list[BulkItem] = [head]
             flow_of = self._flows(bs, rs, c, step)
             plan = self.plans.get(c, sp)
             # the copies first (drawn after the parts): each split's count and bytes of them
@@ -159,9 +160,9 @@ class DeviceTracks:
                 else None
             )
             if sp:
-                yield from self._splits(sp, copied, bs, rs, t0, track, flow_of, plan)
+                out += self._splits(sp, copied, bs, rs, t0, track, flow_of, plan)
         else:
-            yield head
+            out = [head]
             plan = self.plans.get(c, sp)
         lo_g, hi_g = op_bounds(c, plan) if len(c.op_node) else ([], [])
         layers = c.layers
@@ -174,7 +175,7 @@ class DeviceTracks:
             d = part.device
             got = self.parts.get(d)
             if got is None:
-                yield from self.lanes.device_track(d)
+                out += self.lanes.device_track(d)
                 got = self.parts[d] = (self.lanes.track_of(d), self.devs[d].label)
             idx = part.spans
             spans = layers[idx] if type(idx) is slice else [layers[i] for i in idx]
@@ -187,19 +188,20 @@ class DeviceTracks:
                 continue
             if bulk:  # (the batch as a pair: no generator per part)
                 cb, ops = lay.batch(head_d, c, spans, stats, flows, part.mask, part.run, part.n_ops)
-                yield cb
+                out.append(cb)
                 if ops:
-                    yield from lay.op_list(ops, c, head_d.track, stats, flows)
+                    out += lay.op_list(ops, c, head_d.track, stats, flows)
             else:
-                yield from lay.compute_batch(head_d, c, spans, stats, flows, part.mask, part.run)
+                out += lay.compute_batch(head_d, c, spans, stats, flows, part.mask, part.run)
         if p is not None:
             # (none made for a kind of rows the compute has none of: most have one or two)
             if copies is not None:
-                yield from as_items(copies, bulk)
+                out += as_items(copies, bulk)
             if bs:
-                yield from as_items(self.own.busy(bs, sp, t0, flow_of), bulk)
+                out += as_items(self.own.busy(bs, sp, t0, flow_of), bulk)
             if rs:
-                yield from as_items(self.own.remote(rs, sp, t0, flow_of), bulk)
+                out += as_items(self.own.remote(rs, sp, t0, flow_of), bulk)
+        return out
 
     def _flows(self, bs: list[Any], rs: list[Any], c: Compute, step: Step) -> dict[int, int]:
         """A flow id per split that a device timed itself (from the host's launch to the device),
@@ -297,14 +299,11 @@ def _device_slice(
     return Slice(got[0], name, lo, hi - lo, 1, "device", args)
 
 
-def as_items(rows: SliceRows, bulk: bool) -> Iterator[Item | SliceRows]:
+def as_items(rows: SliceRows, bulk: bool) -> list[Item | SliceRows]:
     """``rows`` as one item (``bulk``: ``layout_bulk``), or one by one (none if empty)."""
     if not rows.ts:
-        return
-    if bulk:
-        yield rows
-    else:
-        yield from rows.items()
+        return []
+    return [rows] if bulk else list(rows.items())
 
 
 def op_bounds(c: Compute, plan: Plan) -> tuple[list[int], list[int]]:

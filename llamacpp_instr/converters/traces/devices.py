@@ -88,6 +88,7 @@ class SessionLayout(Protocol):
         mask: Any = None,
         run: slice | None = None,
         n_mask: int = -1,
+        per_op: bool | None = None,
     ) -> tuple[ComputeBatch, list[tuple[int, OpTiming]]]: ...
 
     def op_list(
@@ -171,6 +172,7 @@ class DeviceTracks:
         if name is None:
             name = self.part_names[c.ubatch] = f"compute ubatch {c.ubatch}"
         bulk = lay.bulk
+        per_op: bool | None = None  # (``c.per_op``, asked once)
         for part in plan.parts:
             d = part.device
             got = self.parts.get(d)
@@ -187,7 +189,11 @@ class DeviceTracks:
             if head_d is None:
                 continue
             if bulk:  # (the batch as a pair: no generator per part)
-                cb, ops = lay.batch(head_d, c, spans, stats, flows, part.mask, part.run, part.n_ops)
+                if per_op is None:
+                    per_op = c.per_op
+                cb, ops = lay.batch(
+                    head_d, c, spans, stats, flows, part.mask, part.run, part.n_ops, per_op
+                )
                 out.append(cb)
                 if ops:
                     out += lay.op_list(ops, c, head_d.track, stats, flows)

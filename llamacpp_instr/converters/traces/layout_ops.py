@@ -122,6 +122,7 @@ class OpsLayout:
         mask: Any = None,
         run: slice | None = None,
         n_mask: int = -1,
+        per_op: bool | None = None,
     ) -> tuple[ComputeBatch, list[tuple[int, OpTiming]]]:
         """A ``ComputeBatch`` (``head``: the compute's slice, or a device's part of it; the layer
         ``spans`` and the compute's ops, those where ``mask`` when it is given, on its track, in
@@ -130,13 +131,16 @@ class OpsLayout:
         (``Compute.per_op``: thread timings, tensor statistics). ``mask`` may be read-only and
         shared (a device's ops, ``device_plan``); ``run``: the same ops as a slice, if they are
         contiguous (the writers then take them without copying the compute's columns);
-        ``n_mask``: how many ops ``mask`` keeps, if known (-1: counted here). (A pair, not a
+        ``n_mask``: how many ops ``mask`` keeps, if known (-1: counted here); ``per_op``:
+        ``c.per_op``, if known (a device step asks once for its parts). (A pair, not a
         generator: a device step makes a few of these, and the ops are nearly always none.)"""
         track = head.track
         spans = self.spans(spans, stats)
         batch: OpBatch | None = None
         ops: list[tuple[int, OpTiming]] = []
-        if self.sel.ops and c.graph is not None and c.per_op:
+        if per_op is None:
+            per_op = c.per_op
+        if self.sel.ops and c.graph is not None and per_op:
             ops = [(k, op) for k, op in enumerate(c.unpack()) if mask is None or mask[k]]
         elif self.sel.ops and c.graph is not None:
             keep = mask  # (copied before it is written to)

@@ -55,13 +55,17 @@ class OwnTiming:
                 got = self._lanes("busy", d)
             name, lanes = got
             start = t0 + s
+            end = start + dur
             args: dict[str, Any] = {"split": k, "n_ops": n_ops, "device": name}
-            if d in last:
-                args["idle_before_ns"] = max(0, start - last[d])
+            prev = last.get(d)  # (max() spelt out: a few rows a step)
+            if prev is not None:
+                args["idle_before_ns"] = start - prev if start > prev else 0
+                if end > prev:
+                    last[d] = end
+            else:
+                last[d] = end if end > 0 else 0
             if 0 <= k < n_splits:
                 args["since_launch_ns"] = s - sp[k][4]
-            end = start + dur
-            last[d] = max(last.get(d, 0), end)
             if k in flow_of and k not in seen:
                 seen.add(k)
                 out.flows_in[j] = (flow_of[k],)

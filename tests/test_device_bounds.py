@@ -58,3 +58,17 @@ def test_op_bounds_in_order_or_not() -> None:
                         permuted += 1
                     assert op_bounds(c, plan) == _by_hand(c, ks, 0), (log.name, ks)
     assert in_order and permuted
+
+
+def test_mb_per_s_rounder_is_rounding_rounder() -> None:
+    """``op_args.mb_per_s`` spells ``rounding.ROUNDER`` as a literal (a constant, not a name
+    looked up per row): the two must be one number, 1.5 * 2**52, whose sum with any ``0 <= p <
+    2**51`` is an integer-spaced double."""
+    import inspect
+
+    from llamacpp_instr.converters.traces import op_args, rounding
+
+    assert rounding.ROUNDER == 6755399441055744.0 == 1.5 * 2**52
+    assert "6755399441055744.0" in inspect.getsource(op_args.mb_per_s)
+    for p in (0.5, 1.5, 2.5, 1e12 + 0.5, 12345.4999):
+        assert p + rounding.ROUNDER - rounding.ROUNDER == round(p)

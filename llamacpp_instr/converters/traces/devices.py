@@ -315,7 +315,7 @@ def as_items(rows: SliceRows, bulk: bool) -> list[Item | SliceRows]:
 def op_bounds(c: Compute, plan: Plan) -> tuple[list[int], list[int]]:
     """Per device with ops in ``c`` (in the plan's ``counts``' order): their first start and
     last end (each run's in one ``reduceat``, then per device)."""
-    st, du = c.op_start, c.op_dur
+    st, du = np.asarray(c.op_start), np.asarray(c.op_dur)
     if st.dtype == object or du.dtype == object:  # (times past 2**62: Python ints)
         lo_of: dict[int, int] = {}
         hi_of: dict[int, int] = {}

@@ -23,13 +23,15 @@ class DevicePart(NamedTuple):
     """A device's part of a compute: its device, its layer spans (``spans``: a slice of the
     compute's when they are contiguous, else their positions), its ops (``mask``, read-only; None
     when the compute has none; ``run``: the same as a slice when they are contiguous, which
-    selects them without a copy) and their group in the plan's ``order`` (-1: none)."""
+    selects them without a copy), their group in the plan's ``order`` (-1: none) and their count
+    (``n_ops``: the mask's, counted once)."""
 
     device: int
     spans: slice | list[int]
     mask: Any
     group: int
     run: slice | None
+    n_ops: int
 
 
 class Plan:
@@ -38,17 +40,20 @@ class Plan:
     each run of ops of one device begins (``runs``) and its device's position in ``counts``
     (``run_group``): a device's ops are one run or a few, whatever the graph."""
 
-    __slots__ = ("parts", "counts", "devices", "runs", "run_group", "texts")
+    __slots__ = ("parts", "counts", "devices", "runs", "run_group", "in_order", "texts")
 
     def __init__(self, c: Compute, keys: tuple[tuple[int, int, int], ...], cpu: int) -> None:
         node = np.asarray(c.op_node, dtype=np.int64)
         od = dt.ops_placed(node, keys, cpu)
-        self.devices = od  # (the per-op fallback of times past 2**62: ``devices.op_extents``)
+        self.devices = od  # (the per-op fallback of times past 2**62: ``devices.op_bounds``)
         uniq_a, counts_a = np.unique(od, return_counts=True)  # (as device_time.op_groups)
         self.counts = counts_a.tolist()
         group = {d: g for g, d in enumerate(uniq_a.tolist())}
         self.runs = np.flatnonzero(np.r_[True, od[1:] != od[:-1]]) if len(od) else od
         self.run_group = [group[d] for d in od[self.runs].tolist()]
+        # ``run_group`` itself when it is 0, 1, 2...: a run per device, in their order (the
+        # runs' bounds are then the devices', ``devices.op_bounds``)
+        self.in_order = self.run_group if self.run_group == list(range(len(self.counts))) else None
         lds = dt.layer_devices(c, cpu).tolist()
         has_ops = len(node) > 0
         # each split's device label, slice name and node range (``DeviceTracks``, when first
@@ -67,7 +72,8 @@ class Plan:
                 at = np.flatnonzero(mask)
                 if len(at) and at[-1] - at[0] == len(at) - 1:
                     run = slice(int(at[0]), int(at[-1]) + 1)
-            self.parts.append(DevicePart(d, spans, mask, group.get(d, -1), run))
+            g = group.get(d, -1)
+            self.parts.append(DevicePart(d, spans, mask, g, run, self.counts[g] if g >= 0 else 0))
 
 
 class Plans:

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..reading.decode.columns import LayerSpan
-from ..reading.decode.computes import Compute
+from ..reading.decode.computes import Compute, OpTiming
 from ..reading.decode.sessions import SessionInfo
 from ..reading.decode.steps import Step
 from ..session import device_time as dt
@@ -41,7 +41,16 @@ from ..session.kv_flows import OpFlows
 from .device_lanes import COPIES_ORDER, DeviceLanes, Lanes
 from .device_own import OwnTiming
 from .device_plan import Plan, Plans
-from .items import BulkItem, Item, LayoutStats, Slice, SliceRows, Track, text_uuid
+from .items import (
+    BulkItem,
+    ComputeBatch,
+    Item,
+    LayoutStats,
+    Slice,
+    SliceRows,
+    Track,
+    text_uuid,
+)
 from .network import NetworkTracks
 from .op_args import mb_per_s
 
@@ -69,6 +78,28 @@ class SessionLayout(Protocol):
         run: slice | None = None,
     ) -> Iterator[BulkItem]: ...
 
+    def batch(
+        self,
+        head: Slice,
+        c: Compute,
+        spans: Sequence[LayerSpan],
+        stats: LayoutStats,
+        flows: OpFlows,
+        mask: Any = None,
+        run: slice | None = None,
+        n_mask: int = -1,
+        per_op: bool | None = None,
+    ) -> tuple[ComputeBatch, list[tuple[int, OpTiming]]]: ...
+
+    def op_list(
+        self,
+        ops: list[tuple[int, OpTiming]],
+        c: Compute,
+        track: int,
+        stats: LayoutStats,
+        flows: OpFlows,
+    ) -> Iterator[Item]: ...
+
 
 class DeviceTracks:
     """One session's device tracks and what goes on them (see the module doc). Every step reads
@@ -95,9 +126,10 @@ class DeviceTracks:
 
     def compute(
         self, c: Compute, track: int, stats: LayoutStats, flows: OpFlows, step: Step
-    ) -> Iterator[BulkItem]:
+    ) -> list[BulkItem]:
         """A compute on several devices: its slice and splits on the steps track, each device's
-        part on its own track, then its copies and the devices' own timing."""
+        part on its own track, then its copies and the devices' own timing (a list: a dozen
+        items, no generator to resume for each)."""
         stats.computes += 1
         head = self.lay.compute_slice(c, track)
         p = c.place
@@ -117,7 +149,7 @@ class DeviceTracks:
                 if b[1] + b[2] > hi:
                     hi = b[1] + b[2]
             head.ts, head.dur = t0 + lo, hi - lo
-            yield head
+            out: list[BulkItem] = [head]
             flow_of = self._flows(bs, rs, c, step)
             plan = self.plans.get(c, sp)
             # the copies first (drawn after the parts): each split's count and bytes of them
@@ -129,48 +161,68 @@ class DeviceTracks:
                 else None
             )
             if sp:
-                yield from self._splits(sp, copied, bs, rs, t0, track, flow_of, plan)
+                out += self._splits(sp, copied, bs, rs, t0, track, flow_of, plan)
         else:
-            yield head
+            out = [head]
             plan = self.plans.get(c, sp)
-        has_ops = len(c.op_node) > 0
-        extents = op_extents(c, plan) if has_ops else []
+        lo_g, hi_g = op_bounds(c, plan) if len(c.op_node) else ([], [])
         layers = c.layers
         lay = self.lay
         name = self.part_names.get(c.ubatch)
         if name is None:
             name = self.part_names[c.ubatch] = f"compute ubatch {c.ubatch}"
+        bulk = lay.bulk
+        per_op: bool | None = None  # (``c.per_op``, asked once)
         for part in plan.parts:
             d = part.device
             got = self.parts.get(d)
             if got is None:
-                yield from self.lanes.device_track(d)
+                out += self.lanes.device_track(d)
                 got = self.parts[d] = (self.lanes.track_of(d), self.devs[d].label)
             idx = part.spans
             spans = layers[idx] if type(idx) is slice else [layers[i] for i in idx]
             g = part.group
-            head_d = _device_slice(c, got, spans, extents[g] if g >= 0 and has_ops else None, name)
-            if head_d is not None:
-                yield from lay.compute_batch(head_d, c, spans, stats, flows, part.mask, part.run)
+            if g >= 0 and lo_g:
+                head_d = _device_slice(c, got, spans, part.n_ops, lo_g[g], hi_g[g], name)
+            else:
+                head_d = _device_slice(c, got, spans, 0, 0, 0, name)
+            if head_d is None:
+                continue
+            if bulk:  # (the batch as a pair: no generator per part)
+                if per_op is None:
+                    per_op = c.per_op
+                cb, ops = lay.batch(
+                    head_d, c, spans, stats, flows, part.mask, part.run, part.n_ops, per_op
+                )
+                out.append(cb)
+                if ops:
+                    out += lay.op_list(ops, c, head_d.track, stats, flows)
+            else:
+                out += lay.compute_batch(head_d, c, spans, stats, flows, part.mask, part.run)
         if p is not None:
-            bulk = lay.bulk
             # (none made for a kind of rows the compute has none of: most have one or two)
             if copies is not None:
-                yield from as_items(copies, bulk)
+                out += as_items(copies, bulk)
             if bs:
-                yield from as_items(self.own.busy(bs, sp, t0, flow_of), bulk)
+                out += as_items(self.own.busy(bs, sp, t0, flow_of), bulk)
             if rs:
-                yield from as_items(self.own.remote(rs, sp, t0, flow_of), bulk)
+                out += as_items(self.own.remote(rs, sp, t0, flow_of), bulk)
+        return out
 
     def _flows(self, bs: list[Any], rs: list[Any], c: Compute, step: Step) -> dict[int, int]:
         """A flow id per split that a device timed itself (from the host's launch to the device),
         of its busy and remote rows."""
         if not bs and not rs:
             return {}
-        timed = {b[3] for b in bs} | {r[0] for r in rs}
+        timed = set(map(_BUSY_SPLIT, bs))
+        timed.update(map(_REMOTE_SPLIT, rs))
         # track_uuid(sid, "launch", ctx, step, ubatch, k), the prefix joined once
-        pre = "\0".join((self.sid, "launch", str(step.ctx), str(step.index), str(c.ubatch), ""))
-        return {k: text_uuid(pre + str(k)) for k in sorted(timed) if k >= 0}
+        pre = f"{self.sid}\0launch\0{step.ctx}\0{step.index}\0{c.ubatch}\0"
+        out: dict[int, int] = {}
+        for k in sorted(timed):
+            if k >= 0:
+                out[k] = text_uuid(pre + str(k))
+        return out
 
     def _splits(
         self,
@@ -182,12 +234,17 @@ class DeviceTracks:
         track: int,
         flow_of: dict[int, int],
         plan: Plan,
-    ) -> Iterator[Slice]:
+    ) -> list[Slice]:
         """The splits' slices (rows relative to ``t0``): each with its copies' count and bytes
         (``copied``: split K's at 2K and 2K + 1), and when its device began it, if the device
         timed it (its first busy or remote row)."""
         started: dict[int, int] = {}
-        for k, t in [(b[3], b[1]) for b in bs] + [(r[0], r[4]) for r in rs]:
+        for b in bs:
+            k, t = b[3], b[1]
+            if k not in started or t < started[k]:
+                started[k] = t
+        for r in rs:
+            k, t = r[0], r[4]
             if k not in started or t < started[k]:
                 started[k] = t
         texts = plan.texts
@@ -196,31 +253,23 @@ class DeviceTracks:
                 (self.devs[d].label, f"split {k} {self.devs[d].name}", f"{i0}..{i1}")
                 for k, (d, i0, i1, *_) in enumerate(sp)
             ]
+        out = []
         for k, (_, _, _, s, la, e) in enumerate(sp):
             label, name, nodes = texts[k]
-            n, b = copied[2 * k], copied[2 * k + 1]
             args: dict[str, Any] = {
                 "split": k,
                 "device": label,
                 "nodes": nodes,
                 "inputs_ns": la - s,
                 "launch_ns": e - la,
-                "n_copies": n,
-                "copy_bytes": b,
+                "n_copies": copied[2 * k],
+                "copy_bytes": copied[2 * k + 1],
             }
             if k in started:  # the gap: host launch to device
                 args["device_start_ns"] = started[k] - la
             flow = flow_of.get(k)
-            yield Slice(
-                track,
-                name,
-                t0 + s,
-                e - s,
-                2,
-                "split",
-                args,
-                (flow,) if flow else (),
-            )
+            out.append(Slice(track, name, t0 + s, e - s, 2, "split", args, (flow,) if flow else ()))
+        return out
 
     def transfers(self, step: Step | None = None) -> Iterator[Item | SliceRows]:
         """The RPC commands of ``step``, or (None) those outside any step not drawn yet."""
@@ -231,71 +280,73 @@ def _device_slice(
     c: Compute,
     got: tuple[int, str],
     spans: Sequence[LayerSpan],
-    ops: tuple[int, int, int] | None,
+    n_ops: int,
+    lo: int,
+    hi: int,
     name: str,
 ) -> Slice | None:
     """A device's part of ``c`` on its track (``got``: the track and the device's label), named
-    ``name``: from its first layer or op to its last (``ops``: its ops' count, first start and
-    last end, ``op_extents``)."""
-    n_ops = 0
-    if ops is not None and ops[0]:
-        n_ops, lo, hi = ops
-    elif spans:
-        lo, hi = spans[0].start, spans[0].start + spans[0].dur
-    else:
+    ``name``: from its first layer or op to its last (``n_ops``: its ops' count, ``lo`` and
+    ``hi`` their first start and last end when there are some, ``op_bounds``)."""
+    if spans:
+        if not n_ops:
+            lo, hi = spans[0].start, spans[0].start + spans[0].dur
+        for _, s, d, _ in spans:  # (a plain loop: cheaper than map passes at a dozen spans)
+            if s < lo:
+                lo = s
+            if s + d > hi:
+                hi = s + d
+    elif not n_ops:
         return None
-    for _, s, d, _ in spans:
-        if s < lo:
-            lo = s
-        if s + d > hi:
-            hi = s + d
-    args = {
-        "ubatch": c.ubatch,
-        "graph": c.graph.id if c.graph else -1,
-        "device": got[1],
-        "n_ops": n_ops,
-    }
+    g = c.graph
+    args = {"ubatch": c.ubatch, "graph": g.id if g else -1, "device": got[1], "n_ops": n_ops}
     return Slice(got[0], name, lo, hi - lo, 1, "device", args)
 
 
-def as_items(rows: SliceRows, bulk: bool) -> Iterator[Item | SliceRows]:
+def as_items(rows: SliceRows, bulk: bool) -> list[Item | SliceRows]:
     """``rows`` as one item (``bulk``: ``layout_bulk``), or one by one (none if empty)."""
     if not rows.ts:
-        return
-    if bulk:
-        yield rows
-    else:
-        yield from rows.items()
+        return []
+    return [rows] if bulk else list(rows.items())
 
 
-def op_extents(c: Compute, plan: Plan) -> list[tuple[int, int, int]]:
-    """Per device with ops in ``c`` (in the plan's ``counts``' order): their count, first start
-    and last end (each run's in one ``reduceat``, then per device)."""
-    counts = plan.counts
+def op_bounds(c: Compute, plan: Plan) -> tuple[list[int], list[int]]:
+    """Per device with ops in ``c`` (in the plan's ``counts``' order): their first start and
+    last end (each run's in one ``reduceat``, then per device)."""
     st, du = np.asarray(c.op_start), np.asarray(c.op_dur)
     if st.dtype == object or du.dtype == object:  # (times past 2**62: Python ints)
-        od = plan.devices.tolist()
         lo_of: dict[int, int] = {}
         hi_of: dict[int, int] = {}
-        for d, s, u in zip(od, st.tolist(), du.tolist(), strict=True):
+        for d, s, u in zip(plan.devices.tolist(), st.tolist(), du.tolist(), strict=True):
             lo_of[d] = min(lo_of.get(d, s), s)
             hi_of[d] = max(hi_of.get(d, s + u), s + u)
         uniq = sorted(lo_of)
-        return [(k, lo_of[d], hi_of[d]) for d, k in zip(uniq, counts, strict=True)]
+        return [lo_of[d] for d in uniq], [hi_of[d] for d in uniq]
     runs = plan.runs
     lo = np.minimum.reduceat(st, runs).tolist()
     hi = np.maximum.reduceat(st + du, runs).tolist()
     rg = plan.run_group
-    if len(rg) == len(counts):  # (a run per device: nearly always)
-        out: list[Any] = [None] * len(counts)
+    if rg is plan.in_order:  # (a run per device, in the devices' order)
+        return lo, hi
+    n = len(plan.counts)
+    if len(rg) == n:  # (a run per device: nearly always)
+        lo_g: list[Any] = [None] * n
+        hi_g: list[Any] = [None] * n
         for g, a, z in zip(rg, lo, hi, strict=True):
-            out[g] = (counts[g], a, z)
-        return out
-    ext: dict[int, tuple[int, int, int]] = {}
+            lo_g[g] = a
+            hi_g[g] = z
+        return lo_g, hi_g
+    ext: dict[int, tuple[int, int]] = {}
     for g, a, z in zip(rg, lo, hi, strict=True):
-        k, a0, z0 = ext.get(g, (counts[g], a, z))
-        ext[g] = (k, min(a0, a), max(z0, z))
-    return [ext[g] for g in range(len(counts))]
+        a0, z0 = ext.get(g, (a, z))
+        ext[g] = (min(a0, a), max(z0, z))
+    return [ext[g][0] for g in range(n)], [ext[g][1] for g in range(n)]
+
+
+def op_extents(c: Compute, plan: Plan) -> list[tuple[int, int, int]]:
+    """``op_bounds`` with each device's op count: (count, first start, last end)."""
+    lo, hi = op_bounds(c, plan)
+    return list(zip(plan.counts, lo, hi, strict=True))
 
 
 def copy_rows(
@@ -316,9 +367,8 @@ def copy_rows(
         return out
     # (SliceRows.add, inlined: a few rows per compute)
     tracks, labels, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
-    for j, (k, node, tensor, nbytes, src_d, dst_d, s, dur) in enumerate(
-        sorted(cps, key=_COPY_ORDER)
-    ):
+    ends = lanes.ends
+    for k, node, tensor, nbytes, src_d, dst_d, s, dur in sorted(cps, key=_COPY_ORDER):
         pair = pairs.get((src_d, dst_d))
         if pair is None:
             src, dst = devs[src_d].name, devs[dst_d].name
@@ -326,8 +376,11 @@ def copy_rows(
         copied[2 * k] += 1
         copied[2 * k + 1] += nbytes
         start = t0 + s
-        end = start + dur
-        tracks.append(dl.assign(lanes, start, end, j, out.tracks))
+        if ends and ends[0] <= start:  # (``assign``'s first lane, inlined: nearly every row's)
+            ends[0] = start + dur
+            tracks.append(lanes.uuids[0])
+        else:
+            tracks.append(dl.assign(lanes, start, start + dur, len(tracks), out.tracks))
         labels.append(pair[2])
         starts.append(start)
         durs.append(dur)
@@ -347,3 +400,4 @@ def copy_rows(
 
 
 _COPY_ORDER = itemgetter(6, 7)  # a copies row's start and duration
+_BUSY_SPLIT, _REMOTE_SPLIT = itemgetter(3), itemgetter(0)  # a busy and a remote row's split

@@ -105,18 +105,42 @@ class OpsLayout:
         mask: Any = None,
         run: slice | None = None,
     ) -> Iterator[BulkItem]:
+        """``batch``'s ``ComputeBatch``, then its op slices (the per-op layout of the tests
+        overrides this)."""
+        cb, ops = self.batch(head, c, spans, stats, flows, mask, run)
+        yield cb
+        if ops:
+            yield from self.op_list(ops, c, head.track, stats, flows)
+
+    def batch(
+        self,
+        head: Slice,
+        c: Compute,
+        spans: Sequence[LayerSpan],
+        stats: LayoutStats,
+        flows: OpFlows,
+        mask: Any = None,
+        run: slice | None = None,
+        n_mask: int = -1,
+        per_op: bool | None = None,
+    ) -> tuple[ComputeBatch, list[tuple[int, OpTiming]]]:
         """A ``ComputeBatch`` (``head``: the compute's slice, or a device's part of it; the layer
         ``spans`` and the compute's ops, those where ``mask`` when it is given, on its track, in
-        bulk), then one by one the op slices it does not hold: those with flows, and every op of
-        a compute whose ops the bulk writers leave to the per-op view (``Compute.per_op``:
-        thread timings, tensor statistics). ``mask`` may be read-only and shared (a device's
-        ops, ``device_plan``); ``run``: the same ops as a slice, if they are contiguous (the
-        writers then take them without copying the compute's columns)."""
+        bulk), and the ops whose slices follow it one by one (``op_list``): those with flows, and
+        every op of a compute whose ops the bulk writers leave to the per-op view
+        (``Compute.per_op``: thread timings, tensor statistics). ``mask`` may be read-only and
+        shared (a device's ops, ``device_plan``); ``run``: the same ops as a slice, if they are
+        contiguous (the writers then take them without copying the compute's columns);
+        ``n_mask``: how many ops ``mask`` keeps, if known (-1: counted here); ``per_op``:
+        ``c.per_op``, if known (a device step asks once for its parts). (A pair, not a
+        generator: a device step makes a few of these, and the ops are nearly always none.)"""
         track = head.track
         spans = self.spans(spans, stats)
         batch: OpBatch | None = None
         ops: list[tuple[int, OpTiming]] = []
-        if self.sel.ops and c.graph is not None and c.per_op:
+        if per_op is None:
+            per_op = c.per_op
+        if self.sel.ops and c.graph is not None and per_op:
             ops = [(k, op) for k, op in enumerate(c.unpack()) if mask is None or mask[k]]
         elif self.sel.ops and c.graph is not None:
             keep = mask  # (copied before it is written to)
@@ -127,14 +151,30 @@ class OpsLayout:
             if mine:  # the ops with flows come one by one, as slices with their flows
                 keep = np.ones(len(c.op_node), dtype=bool) if keep is None else keep.copy()
                 keep[mine] = False
-            n = len(c.op_node) if keep is None else int(np.count_nonzero(keep))
+            if keep is None:
+                n = len(c.op_node)
+            elif keep is mask and n_mask >= 0:
+                n = n_mask
+            else:
+                n = int(np.count_nonzero(keep))
             stats.ops += n
             if keep is mask and run is not None:
                 keep = run
             if n:
                 batch = OpBatch(track, c, keep, self.roof)
-            ops = [(k, c.op_at(k)) for k in mine]
-        yield ComputeBatch(head, spans, batch)
+            if mine:
+                ops = [(k, c.op_at(k)) for k in mine]
+        return ComputeBatch(head, spans, batch), ops
+
+    def op_list(
+        self,
+        ops: list[tuple[int, OpTiming]],
+        c: Compute,
+        track: int,
+        stats: LayoutStats,
+        flows: OpFlows,
+    ) -> Iterator[Item]:
+        """The slices of ``ops`` (``batch``'s), in order."""
         for k, op in ops:
             yield from self.op_slices(k, op, c, track, stats, flows)
 

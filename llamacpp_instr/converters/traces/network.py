@@ -82,7 +82,6 @@ class NetworkTracks:
         assign = self.lanes.assign
         # (SliceRows.add, inlined: a few rows per op)
         tracks, names, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
-        j = 0
         for phase, t0, rows in parts:
             for d, cmd, tensor, nbytes, sent, recv, q, s, _, e in rows:
                 got = labels.get(d)
@@ -92,8 +91,12 @@ class NetworkTracks:
                 label, lanes = got
                 start = t0 + s
                 dur = e - s
-                tracks.append(assign(lanes, start, t0 + e, j, out.tracks))
-                j += 1
+                ends = lanes.ends
+                if ends and ends[0] <= start:  # (``assign``'s first lane, inlined: nearly all)
+                    ends[0] = t0 + e
+                    tracks.append(lanes.uuids[0])
+                else:
+                    tracks.append(assign(lanes, start, t0 + e, len(tracks), out.tracks))
                 names.append(cmd)
                 starts.append(start)
                 durs.append(dur)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 EXACT = 1 << 53  # integers up to this convert to float64 exactly
+ROUNDER = 1.5 * 2.0**52  # x + ROUNDER - ROUNDER: x rounded to an integer, for 0 <= x < 2**51
 MARGIN = 2.0**-50  # relative distance from a rounding boundary below which Python decides
 
 

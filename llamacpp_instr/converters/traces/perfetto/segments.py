@@ -28,14 +28,14 @@ from .protowire import fixed64_ok
 
 
 class GroupBytes:
-    """A group's begins (``Begins._group``): the bytes, and each row's start and length."""
+    """The begins of a ``Begins.encode``: the bytes, and each row's start and length."""
 
     __slots__ = ("blob", "starts", "lens")
 
-    def __init__(self, blob: Any, lens: Any) -> None:
+    def __init__(self, blob: Any, starts: Any, lens: Any) -> None:
         self.blob = blob
+        self.starts = starts
         self.lens = lens
-        self.starts = np.cumsum(lens) - lens
 
 
 class Seg:

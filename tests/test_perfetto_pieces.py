@@ -78,7 +78,7 @@ def test_rows_in_bulk_as_by_hand(assemblies: list[list[Any]]) -> None:
     """Constants (merged when consecutive, empty ones dropped), table entries, int annotations
     (negative ones in ten bytes) and float64s, in groups of any number of pieces (none
     included), assembled one after another with a table and a scratch buffer kept between
-    them (the scratch longer or shorter than the next rows)."""
+    them (longer or shorter than the next rows)."""
     table, scratch = Table(), Scratch()
     for groups in assemblies:
         want = [row for n, pieces in groups for row in _by_hand(n, pieces)]

@@ -108,7 +108,12 @@ class Begins:
         """Intern the arg names of ``args`` (after its slice's name: ``note``) and give the
         pending group of its category and arg names (``seg``: of segments; ``n_out``, ``n_in``:
         of slices that start and end as many flows each)."""
-        ks = tuple(args)
+        return self.group_of(category, tuple(args), seg, n_out, n_in)
+
+    def group_of(
+        self, category: str, ks: tuple[str, ...], seg: bool, n_out: int, n_in: int
+    ) -> Pending:
+        """``group`` for the arg names ``ks``."""
         key = flows_key(category, ks, seg, n_out, n_in)
         g = self.pending.get(key)
         if g is None:  # (else its arg names are interned: they were when it was made)
@@ -168,9 +173,10 @@ class Begins:
                 continue
             if data is None:
                 data = blob.tobytes()
-                begin, end = starts.tolist(), (starts + lens).tolist()
             r1 = r0 + len(p.at)
-            for (small, i), a, z in zip(p.at, begin[r0:r1], end[r0:r1], strict=True):
+            begin = starts[r0:r1]
+            ends = (begin + lens[r0:r1]).tolist()
+            for (small, i), a, z in zip(p.at, begin.tolist(), ends, strict=True):
                 r = small[i]
                 small[i] = (r[0], r[1], r[2], r[3], data[a:z], r[5])
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .protowire import varint_bytes, varint_len
+from .protowire import varint_len
 
 _I64 = np.int64
 _U8 = np.uint8
@@ -258,9 +258,9 @@ def _slots(s0: list[int], step: list[int], ns: list[int]) -> Any:
 
 
 class Scratch:
-    """A buffer of intps kept from one assembly to the next (``_gather``'s index, as long as
-    the rows): memory the process has touched already. A new one of a few megabytes every
-    time costs its page faults again, more than the gather itself."""
+    """A buffer of intps kept from one assembly to the next (``_gather``'s index): memory the
+    process has touched already. A new index as long as the rows (megabytes) every time cost
+    more in page faults than the gather itself."""
 
     __slots__ = ("buf",)
 
@@ -276,26 +276,36 @@ class Scratch:
 def _gather(src: Any, starts: Any, lens: Any, scratch: Scratch) -> Any:
     """``src[starts[k] : starts[k] + lens[k]]`` for each k, one after another. The index of
     each byte is a running sum: 1 from a byte to the next in a piece, a jump between pieces."""
-    keep = np.flatnonzero(lens)
-    st, ln = starts[keep], lens[keep]
-    total = int(ln.sum())
+    if not lens.all():  # (an empty piece: no byte of its own to jump at)
+        keep = np.flatnonzero(lens)
+        starts, lens = starts[keep], lens[keep]
+    total = int(lens.sum())
     if not total:
         return np.zeros(0, dtype=_U8)
     step = scratch.get(total)
     step.fill(1)
-    at = np.cumsum(ln) - ln
-    step[at[1:]] = st[1:] - (
-        st[:-1] + ln[:-1] - 1
-    )  # (from a piece's last byte to the next's first)
-    step[0] = st[0]
+    at = np.cumsum(lens) - lens
+    # (from a piece's last byte to the next one's first)
+    step[at[1:]] = starts[1:] - (starts[:-1] + lens[:-1] - 1)
+    step[0] = starts[0]
     np.cumsum(step, out=step)
     return src.take(step)
 
 
 def _varints(v: Any, nb: Any, w: int) -> Any:
     """The varints of ``v`` (int64s, ``nb`` bytes each: ``varint_len``) as a (len(v), w) matrix,
-    each varint from the row's start (the bytes after it are not part of it)."""
-    out = varint_bytes(v, w)  # (every byte but the last marked as followed by another)
+    each varint from the row's start (the bytes after it are not part of it). In uint32 parts
+    of 28 bits (cheaper than uint64 shifts); the top 8 bits of a uint64 (a negative int64's
+    two's complement) give the ninth and tenth bytes."""
+    out = np.empty((len(v), w), dtype=_U8)
+    parts = [(v & 0xFFFFFFF).astype(np.uint32)]
+    if w > 4:
+        parts.append(((v >> 28) & 0xFFFFFFF).astype(np.uint32))
+    if w > 8:
+        parts.append(((v >> 56) & 0xFF).astype(np.uint32))
+    for j in range(w):
+        byte = (parts[j // 4] >> (7 * (j % 4))) & 0x7F
+        out[:, j] = byte | 0x80 if j < w - 1 else byte
     if len(v):
         out[np.arange(len(v)), nb - 1] &= 0x7F
     return out

@@ -61,29 +61,39 @@ def add_segs(b: Any, rows: SliceRows, begins: Any, events: EventFields) -> None:
     have the same names and that end as many flows kept as a ``Seg`` (a row whose flow ids do
     not fit a fixed64 made small rows, its begin encoded now: ``EventFields.begin`` says so)."""
     n = len(rows.ts)
-    keys = list(map(tuple, rows.args))
-    flows = rows.flows_in
-    n_in = [len(flows.get(r, ())) for r in range(n)] if flows else [0] * n
-    if (
-        n
-        and keys.count(keys[0]) == n
-        and n_in.count(n_in[0]) == n
-        and all(map(fixed64_ok, flows.values()))
-    ):  # (the usual: one run; checked in C loops)
-        add_seg(b, rows, 0, n, begins, events)
+    if not n:
         return
+    args = rows.args
+    flows = rows.flows_in
+    names = list(args[0])
+    # (the usual: one run. Every row's arg names those of the first, in order: all the names
+    # in one C loop, compared with the first row's repeated)
+    if list(chain.from_iterable(args)) == names * n and (
+        not flows or (len(flows) == n and _n_flows_ok(flows))
+    ):
+        add_seg(b, rows, 0, n, begins, events, tuple(names))
+        return
+    keys = list(map(tuple, args))
+    n_in = [len(flows.get(r, ())) for r in range(n)] if flows else [0] * n
     lo = 0
     for r in range(n):
         if flows and not fixed64_ok(flows.get(r, ())):
             if lo < r:
-                add_seg(b, rows, lo, r, begins, events)
+                add_seg(b, rows, lo, r, begins, events, keys[lo])
             _flow_row(b, rows, r, events)
             lo = r + 1
         elif keys[r] != keys[lo] or n_in[r] != n_in[lo]:
-            add_seg(b, rows, lo, r, begins, events)
+            add_seg(b, rows, lo, r, begins, events, keys[lo])
             lo = r
     if lo < n:
-        add_seg(b, rows, lo, n, begins, events)
+        add_seg(b, rows, lo, n, begins, events, keys[lo])
+
+
+def _n_flows_ok(flows: dict[int, tuple[int, ...]]) -> bool:
+    """Whether every row ends as many flows as the others (each row has its entry), all
+    fitting a fixed64."""
+    counts = list(map(len, flows.values()))
+    return counts.count(counts[0]) == len(counts) and all(map(fixed64_ok, flows.values()))
 
 
 def _flow_row(b: Any, rows: SliceRows, r: int, events: EventFields) -> None:
@@ -98,31 +108,42 @@ def _flow_row(b: Any, rows: SliceRows, r: int, events: EventFields) -> None:
     b.rows += 2
 
 
-def add_seg(b: Any, rows: SliceRows, lo: int, hi: int, begins: Any, events: EventFields) -> None:
-    """Rows ``lo`` to ``hi`` of ``rows``, whose args have the same names, as a ``Seg`` of batch
-    ``b``. What is interned is interned in the order the rows would intern it one by one (the
-    first row's name, then the arg names, then the other names as first met), and the rows'
-    tracks get their end ids in the same order."""
+def add_seg(
+    b: Any,
+    rows: SliceRows,
+    lo: int,
+    hi: int,
+    begins: Any,
+    events: EventFields,
+    ks: tuple[str, ...],
+) -> None:
+    """Rows ``lo`` to ``hi`` of ``rows``, whose args have the names ``ks``, as a ``Seg`` of
+    batch ``b``. What is interned is interned in the order the rows would intern it one by one
+    (the first row's name, then the arg names, then the other names as first met), and the
+    rows' tracks get their end ids in the same order."""
     sg = Seg(rows, lo, hi, b.seq)
     whole = lo == 0 and hi == len(rows.ts)
     names = rows.name if whole else rows.name[lo:hi]
+    args = rows.args if whole else rows.args[lo:hi]
     interner = begins.interner
     known = interner.names
     if names[0] not in known:
         interner.name(names[0])
     flows = rows.flows_in
     n_in = len(flows.get(lo, ())) if flows else 0
-    g = begins.group(rows.category, rows.args[lo], seg=True, n_in=n_in)
-    for name in dict.fromkeys(names):
-        if name not in known:
-            interner.name(name)
+    g = begins.group_of(rows.category, ks, True, 0, n_in)
+    if not all(map(known.__contains__, names)):
+        for name in dict.fromkeys(names):
+            if name not in known:
+                interner.name(name)
     end_ids = events.end_ids
-    for tr in dict.fromkeys(sg.track):
-        if tr not in end_ids:
-            events.end_id(tr)
+    if not all(map(end_ids.__contains__, sg.track)):
+        for tr in dict.fromkeys(sg.track):
+            if tr not in end_ids:
+                events.end_id(tr)
     g.tracks += sg.track
     g.names += names
-    g.args += rows.args if whole else rows.args[lo:hi]
+    g.args += args
     if n_in:  # (each row of the segment ends as many flows)
         g.flows_out += [()] * (hi - lo)
         g.flows_in += [flows[r] for r in range(lo, hi)]

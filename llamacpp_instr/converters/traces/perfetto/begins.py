@@ -158,12 +158,16 @@ class Begins:
         if not pending:
             return
         asm = Assembly(TRACK_EVENT, self.scratch)
-        placed = []
-        for (category, ks, *_), p in pending.items():
-            placed.append((p, asm.add(len(p.tracks), self._pieces(category, ks, p))))
+        # the groups of small rows first: their bytes, wanted as ``bytes``, are the blob's start
+        groups = sorted(pending.items(), key=lambda kp: bool(kp[1].segs))
+        placed = [
+            (p, asm.add(len(p.tracks), self._pieces(category, ks, p)))
+            for (category, ks, *_), p in groups
+        ]
         blob, starts, lens = asm.build()
         gb = GroupBytes(blob, starts, lens)
-        data: bytes | None = None
+        small_rows = sum(len(p.at) for p, _ in placed if not p.segs)
+        data = blob[: int(starts[small_rows]) if small_rows < len(starts) else None].tobytes()
         for p, r0 in placed:
             if p.segs:  # (a group of segments) each segment its range of the rows
                 a = r0
@@ -171,8 +175,6 @@ class Begins:
                     sg.gb, sg.at = gb, a
                     a += len(sg.ts)
                 continue
-            if data is None:
-                data = blob.tobytes()
             r1 = r0 + len(p.at)
             begin = starts[r0:r1]
             ends = (begin + lens[r0:r1]).tolist()

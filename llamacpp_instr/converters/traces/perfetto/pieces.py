@@ -147,7 +147,9 @@ class Assembly:
             if kind == "c":
                 self.fixed.append((s, stop, width, self.const(p[1]), len(p[1])))
             else:
-                lists: Any = {"t": self.picks, "i": self.ints, "8": self.eights}[kind]
+                lists: Any = (
+                    self.picks if kind == "t" else self.ints if kind == "i" else self.eights
+                )
                 lists[0].append(s)
                 lists[1].append(width)
                 lists[2].append(n)

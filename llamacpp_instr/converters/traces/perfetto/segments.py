@@ -18,6 +18,7 @@ What is interned is interned when the writer receives the rows, in the order ``a
 from __future__ import annotations
 
 from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -195,61 +196,61 @@ def seg_columns(batches: list[Any], events: EventFields) -> SegColumns | None:
     """The segments of ``batches`` as columns (after ``Begins.encode``); None if an end is
     beyond int64 (the paths that take small rows handle those; a negative one is
     framed as the small rows' are, ``singles.frame_rows``)."""
-    segs = [(k, sg) for k, b in enumerate(batches) for sg in b.segs]
+    segs = [sg for b in batches for sg in b.segs]
     if not segs:
         return _NONE
-    ns = np.fromiter((len(sg.ts) for _, sg in segs), dtype=np.int64, count=len(segs))
+    # (each attribute of every segment in one C loop)
+    tss = list(map(_TS, segs))
+    ns = np.fromiter(map(len, tss), dtype=np.int64, count=len(segs))
     total = int(ns.sum())
     try:
-        ts = np.array(list(chain.from_iterable(sg.ts for _, sg in segs)), dtype=np.int64)
-        dur = np.array(list(chain.from_iterable(sg.dur for _, sg in segs)), dtype=np.int64)
+        ts = np.array(list(chain.from_iterable(tss)), dtype=np.int64)
+        dur = np.array(list(chain.from_iterable(map(_DUR, segs))), dtype=np.int64)
     except OverflowError:
         return None
     end = ts + dur
     if (((dur > 0) & (end < ts)) | ((dur < 0) & (end > ts))).any():  # (past int64: wrapped)
         return None
-    tracks = chain.from_iterable(sg.track for _, sg in segs)
+    tracks = chain.from_iterable(map(_TRACK, segs))
     # (every track has its end id: ``add_seg``)
     end_id = np.fromiter(map(events.end_ids.__getitem__, tracks), np.int64, total)
     within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(ns) - ns, ns)
-    kb = np.fromiter((k for k, _ in segs), np.int64, len(segs))
-    seq0 = np.fromiter((sg.seq0 for _, sg in segs), np.int64, len(segs))
-    depth = np.fromiter((sg.depth for _, sg in segs), np.int64, len(segs))
+    per_batch = np.fromiter(map(len, map(_SEGS, batches)), np.int64, len(batches))
+    kb = np.repeat(np.repeat(np.arange(len(batches), dtype=np.int64), per_batch), ns)
+    seq0 = np.fromiter(map(_SEQ0, segs), np.int64, len(segs))
+    depth = np.fromiter(map(_DEPTH, segs), np.int64, len(segs))
     depth_r = np.repeat(depth, ns)
     seq_b = np.repeat(seq0, ns) + 2 * within
     keys = [
-        _pairs(np.repeat(kb, ns), np.repeat(kb, ns)),
+        _pairs(kb, kb),
         _pairs(ts, end),
         _pairs(np.ones(total, np.int64), np.where(dur != 0, 0, 2)),
         _pairs(depth_r, -depth_r),
         _pairs(seq_b, seq_b + 1),
     ]
-    # the bodies: begins from their groups' bytes, ends from the end fields
+    # the bodies: begins from their encodings' bytes (``GroupBytes``: one per ``Begins.encode``),
+    # ends from the end fields
     ends = events.ends
     e_lens = np.fromiter(map(len, ends), dtype=np.int64, count=len(ends))
     e_starts = np.cumsum(e_lens) - e_lens
     parts: list[Any] = [np.frombuffer(b"".join(ends), dtype=np.uint8)]
     base = len(parts[0])
-    # each group's rows once (its first row's index among them all), and each segment's rows
-    # by index: no numpy call per segment
-    row0: dict[int, int] = {}
+    gbs = list(map(_GB, segs))
+    row0: dict[int, int] = {}  # each encoding's first row among them all
     g_starts: list[Any] = []
     g_lens: list[Any] = []
-    seg_row0: list[int] = []
     rows = 0
-    for _, sg in segs:
-        gb = sg.gb
+    for gb in {id(gb): gb for gb in gbs}.values():
         assert gb is not None
-        r0 = row0.get(id(gb))
-        if r0 is None:
-            r0 = row0[id(gb)] = rows
-            g_starts.append(gb.starts + base)
-            g_lens.append(gb.lens)
-            parts.append(gb.blob)
-            base += len(gb.blob)
-            rows += len(gb.lens)
-        seg_row0.append(r0 + sg.at)
-    idx = np.repeat(np.array(seg_row0, dtype=np.int64), ns) + within
+        row0[id(gb)] = rows
+        g_starts.append(gb.starts + base)
+        g_lens.append(gb.lens)
+        parts.append(gb.blob)
+        base += len(gb.blob)
+        rows += len(gb.lens)
+    seg_row0 = np.fromiter(map(row0.__getitem__, map(id, gbs)), np.int64, len(segs))
+    seg_row0 += np.fromiter(map(_AT, segs), np.int64, len(segs))
+    idx = np.repeat(seg_row0, ns) + within
     b_starts = np.concatenate(g_starts)[idx]
     b_lens = np.concatenate(g_lens)[idx]
     starts = _pairs(b_starts, e_starts[end_id])
@@ -257,6 +258,14 @@ def seg_columns(batches: list[Any], events: EventFields) -> SegColumns | None:
     return SegColumns(keys, np.concatenate(parts), starts, lens)
 
 
+_TS, _DUR, _TRACK = attrgetter("ts"), attrgetter("dur"), attrgetter("track")
+_SEQ0, _DEPTH, _GB, _AT = (
+    attrgetter("seq0"),
+    attrgetter("depth"),
+    attrgetter("gb"),
+    attrgetter("at"),
+)
+_SEGS = attrgetter("segs")
 _EMPTY = np.zeros(0, dtype=np.int64)
 _NONE = SegColumns([_EMPTY] * 5, np.zeros(0, dtype=np.uint8), _EMPTY, _EMPTY)
 

@@ -4,11 +4,13 @@ encoder (``EventFields.begin``) makes."""
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import pytest
 
-from llamacpp_instr.converters.traces.items import Slice
+from llamacpp_instr.converters.traces.items import Slice, SliceRows, Track
+from llamacpp_instr.converters.traces.perfetto import write_perfetto_fast
 from llamacpp_instr.converters.traces.perfetto.begins import Begins, columns
 from llamacpp_instr.converters.traces.perfetto.events import EventFields
 from llamacpp_instr.converters.traces.perfetto.packets import Interner
@@ -75,3 +77,32 @@ def test_tracks_and_names_shared_across_categories() -> None:
         [(6, "b", "copy", {"k": 3}), (5, "a", "busy", {"k": 4})],
     ]
     _check(flushes)
+
+
+def _trace_of(rows: SliceRows, whole: bool) -> bytes:
+    items: list[Any] = [Track(7, "t7", 1, "slices"), Track(8, "t8", 1, "slices")]
+    items.append(Slice(7, "step 0", 0, 100, 0, "step", {"step": 0}))
+    items += [rows] if whole else list(rows.items())
+    out = io.BytesIO()
+    write_perfetto_fast(items, out, compress=False)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    "flows",
+    [
+        {0: (1,), 1: (2,), 2: (3,)},  # (every row ends one: one segment)
+        {0: (0, 2**64 - 1), 1: (5, 6), 2: (7, 8)},  # (ids at a fixed64's bounds)
+        {0: (1,), 1: (2,), 7: (3,)},  # (as many entries as rows, one beyond them)
+        {0: (1,), 1: (), 2: (3,)},  # (an empty entry: ends none)
+        {0: (1,), 1: (2, 3), 2: (4,)},
+    ],
+)
+def test_segments_with_flows_as_one_by_one(flows: dict[int, tuple[int, ...]]) -> None:
+    """A ``SliceRows`` whose rows end flows writes what its slices write one by one."""
+    rows = SliceRows("copy", 1)
+    for r in range(3):
+        rows.add(7 + r % 2, f"c{r}", 10 + r, 5, {"x": r, "y": "a"})
+    rows.flows_in.update(flows)
+    want = _trace_of(rows, whole=False)
+    assert len(want) > 0 and _trace_of(rows, whole=True) == want

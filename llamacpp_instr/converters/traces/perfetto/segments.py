@@ -25,7 +25,7 @@ import numpy as np
 
 from ..items import Slice, SliceRows
 from .events import EventFields
-from .protowire import fixed64_ok
+from .protowire import fixed64_all, fixed64_ok
 
 
 class GroupBytes:
@@ -40,18 +40,19 @@ class GroupBytes:
 
 
 class Seg:
-    """Rows ``lo`` to ``hi`` of a ``SliceRows`` in a batch (their seq from ``seq0`` on): their
-    timestamps, durations and tracks, and where their begins' bytes are once encoded (``gb``,
-    from row ``at`` of its group)."""
+    """Rows of a ``SliceRows`` in a batch (their seq from ``seq0`` on): their timestamps,
+    durations and tracks, and where their begins' bytes are once encoded (``gb``, from row
+    ``at`` of its encoding)."""
 
     __slots__ = ("ts", "dur", "track", "depth", "seq0", "gb", "at")
 
-    def __init__(self, rows: SliceRows, lo: int, hi: int, seq0: int) -> None:
-        whole = lo == 0 and hi == len(rows.ts)
-        self.ts = rows.ts if whole else rows.ts[lo:hi]
-        self.dur = rows.dur if whole else rows.dur[lo:hi]
-        self.track = rows.track if whole else rows.track[lo:hi]
-        self.depth = rows.depth
+    def __init__(
+        self, ts: list[int], dur: list[int], track: list[int], depth: int, seq0: int
+    ) -> None:
+        self.ts = ts
+        self.dur = dur
+        self.track = track
+        self.depth = depth
         self.seq0 = seq0
         self.gb: GroupBytes | None = None
         self.at = 0
@@ -69,11 +70,16 @@ def add_segs(b: Any, rows: SliceRows, begins: Any, events: EventFields) -> None:
     names = list(args[0])
     # (the usual: one run. Every row's arg names those of the first, in order: all the names
     # in one C loop, compared with the first row's repeated)
-    if list(chain.from_iterable(args)) == names * n and (
-        not flows or (len(flows) == n and _n_flows_ok(flows))
-    ):
-        add_seg(b, rows, 0, n, begins, events, tuple(names))
-        return
+    if list(chain.from_iterable(args)) == names * n:
+        if not flows:
+            _add(b, rows, rows.track, rows.name, args, 0, 0, begins, events, tuple(names))
+            return
+        if len(flows) == n and all(map(flows.__contains__, range(n))):
+            counts = list(map(len, flows.values()))
+            if counts.count(counts[0]) == n and fixed64_all(chain.from_iterable(flows.values())):
+                each = counts[0]
+                _add(b, rows, rows.track, rows.name, args, 0, each, begins, events, tuple(names))
+                return
     keys = list(map(tuple, args))
     n_in = [len(flows.get(r, ())) for r in range(n)] if flows else [0] * n
     lo = 0
@@ -88,13 +94,6 @@ def add_segs(b: Any, rows: SliceRows, begins: Any, events: EventFields) -> None:
             lo = r
     if lo < n:
         add_seg(b, rows, lo, n, begins, events, keys[lo])
-
-
-def _n_flows_ok(flows: dict[int, tuple[int, ...]]) -> bool:
-    """Whether every row ends as many flows as the others (each row has its entry), all
-    fitting a fixed64."""
-    counts = list(map(len, flows.values()))
-    return counts.count(counts[0]) == len(counts) and all(map(fixed64_ok, flows.values()))
 
 
 def _flow_row(b: Any, rows: SliceRows, r: int, events: EventFields) -> None:
@@ -119,39 +118,68 @@ def add_seg(
     ks: tuple[str, ...],
 ) -> None:
     """Rows ``lo`` to ``hi`` of ``rows``, whose args have the names ``ks``, as a ``Seg`` of
-    batch ``b``. What is interned is interned in the order the rows would intern it one by one
-    (the first row's name, then the arg names, then the other names as first met), and the
-    rows' tracks get their end ids in the same order."""
-    sg = Seg(rows, lo, hi, b.seq)
-    whole = lo == 0 and hi == len(rows.ts)
-    names = rows.name if whole else rows.name[lo:hi]
-    args = rows.args if whole else rows.args[lo:hi]
-    interner = begins.interner
-    known = interner.names
-    if names[0] not in known:
-        interner.name(names[0])
+    batch ``b``."""
+    if lo == 0 and hi == len(rows.ts):
+        track, name, args = rows.track, rows.name, rows.args
+    else:
+        track, name, args = rows.track[lo:hi], rows.name[lo:hi], rows.args[lo:hi]
     flows = rows.flows_in
     n_in = len(flows.get(lo, ())) if flows else 0
-    g = begins.group_of(rows.category, ks, True, 0, n_in)
-    if not all(map(known.__contains__, names)):
-        for name in dict.fromkeys(names):
-            if name not in known:
-                interner.name(name)
+    _add(b, rows, track, name, args, lo, n_in, begins, events, ks)
+
+
+def _add(
+    b: Any,
+    rows: SliceRows,
+    track: list[int],
+    name: list[str],
+    args: list[Any],
+    lo: int,
+    n_in: int,
+    begins: Any,
+    events: EventFields,
+    ks: tuple[str, ...],
+) -> None:
+    """``add_seg`` for the rows from ``lo`` (``track``, ``name``, ``args``: theirs), each ending
+    ``n_in`` flows. What is interned is interned in the order the rows would intern it one by
+    one (the first row's name, then the arg names, then the other names as first met), and the
+    rows' tracks get their end ids in the same order."""
+    n = len(track)
+    hi = lo + n
+    whole = n == len(rows.ts)
+    sg = Seg(
+        rows.ts if whole else rows.ts[lo:hi],
+        rows.dur if whole else rows.dur[lo:hi],
+        track,
+        rows.depth,
+        b.seq,
+    )
+    interner = begins.interner
+    known = interner.names
+    if name[0] not in known:
+        interner.name(name[0])
+    key = (rows.category, ks, True, 0, n_in) if n_in else (rows.category, ks, True)
+    g = begins.pending.get(key) or begins.group_of(rows.category, ks, True, 0, n_in)
+    if not all(map(known.__contains__, name)):
+        for s in dict.fromkeys(name):
+            if s not in known:
+                interner.name(s)
     end_ids = events.end_ids
-    if not all(map(end_ids.__contains__, sg.track)):
-        for tr in dict.fromkeys(sg.track):
+    if not all(map(end_ids.__contains__, track)):
+        for tr in dict.fromkeys(track):
             if tr not in end_ids:
                 events.end_id(tr)
-    g.tracks += sg.track
-    g.names += names
+    g.tracks += track
+    g.names += name
     g.args += args
     if n_in:  # (each row of the segment ends as many flows)
-        g.flows_out += [()] * (hi - lo)
+        flows = rows.flows_in
+        g.flows_out += [()] * n
         g.flows_in += [flows[r] for r in range(lo, hi)]
     g.segs.append(sg)
     b.segs.append(sg)
-    b.seq += 2 * (hi - lo)
-    b.rows += 2 * (hi - lo)
+    b.seq += 2 * n
+    b.rows += 2 * n
 
 
 def materialize(b: Any, events: EventFields) -> Any:

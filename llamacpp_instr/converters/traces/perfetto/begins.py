@@ -102,18 +102,12 @@ class Begins:
         self.int_heads: dict[bytes, bytes] = {}  # an int arg's name -> its ``int_heads``
         self.scratch = Scratch()
 
-    def group(
-        self, category: str, args: Any, seg: bool = False, n_out: int = 0, n_in: int = 0
-    ) -> Pending:
-        """Intern the arg names of ``args`` (after its slice's name: ``note``) and give the
-        pending group of its category and arg names (``seg``: of segments; ``n_out``, ``n_in``:
-        of slices that start and end as many flows each)."""
-        return self.group_of(category, tuple(args), seg, n_out, n_in)
-
     def group_of(
         self, category: str, ks: tuple[str, ...], seg: bool, n_out: int, n_in: int
     ) -> Pending:
-        """``group`` for the arg names ``ks``."""
+        """Intern the arg names ``ks`` (after its slice's name: ``note``) and give the pending
+        group of its category and arg names (``seg``: of segments; ``n_out``, ``n_in``: of
+        slices that start and end as many flows each)."""
         key = flows_key(category, ks, seg, n_out, n_in)
         g = self.pending.get(key)
         if g is None:  # (else its arg names are interned: they were when it was made)
@@ -143,7 +137,11 @@ class Begins:
         (Its flow ids, if any, must fit a fixed64: ``fixed64_ok``.)"""
         if name not in self.interner.names:
             self.interner.name(name)
-        g = self.group(category, args, False, len(flows_out), len(flows_in))
+        ks = tuple(args)
+        if flows_out or flows_in:
+            g = self.group_of(category, ks, False, len(flows_out), len(flows_in))
+        else:  # (the usual: ``flows_key``'s, built here)
+            g = self.pending.get((category, ks)) or self.group_of(category, ks, False, 0, 0)
         g.tracks.append(track)
         g.names.append(name)
         g.args.append(args)

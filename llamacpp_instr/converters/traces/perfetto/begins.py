@@ -1,5 +1,7 @@
 """Slice begins encoded in bulk: a flush's slices grouped by category and arg names, each group's
-fields assembled column by column (``pieces``) instead of one slice at a time.
+fields made column by column (ints as int64s, strings and heads as codes into tables kept from
+one flush to the next), and every group's rows assembled at once (``pieces.Assembly``) instead
+of one slice at a time.
 
 A log with devices has about one such slice (step, split, copy, command buffer, RPC graph,
 network command) for every two ops, each with its own args; encoding them one by one cost more

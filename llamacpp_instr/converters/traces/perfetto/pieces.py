@@ -85,8 +85,8 @@ def int_heads(tag: bytes, head: bytes) -> bytes:
 class Assembly:
     """Groups of rows (``add``), all assembled at once (``build``). A group's pieces, in order:
     ``("c", bytes)`` a constant; ``("t", table, codes)`` a table's entries by code;
-    ``("i", heads, ints)`` an ``int_heads`` entry and the varint of each int (int64s); ``("8", uint8s)`` 8 bytes per row (an (n, 8) array).
-    """
+    ``("i", heads, ints)`` an ``int_heads`` entry and the varint of each int (int64s);
+    ``("8", uint8s)`` 8 bytes per row (an (n, 8) array)."""
 
     def __init__(self, tag: bytes, scratch: Scratch) -> None:
         self.tag = tag  # each row's tag (one byte), before its length

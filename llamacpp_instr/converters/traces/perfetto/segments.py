@@ -232,8 +232,8 @@ def seg_columns(batches: list[Any], events: EventFields) -> SegColumns | None:
     ns = np.fromiter(map(len, tss), dtype=np.int64, count=len(segs))
     total = int(ns.sum())
     try:
-        ts = np.array(list(chain.from_iterable(tss)), dtype=np.int64)
-        dur = np.array(list(chain.from_iterable(map(_DUR, segs))), dtype=np.int64)
+        ts = np.fromiter(chain.from_iterable(tss), np.int64, total)
+        dur = np.fromiter(chain.from_iterable(map(_DUR, segs)), np.int64, total)
     except OverflowError:
         return None
     end = ts + dur

@@ -47,7 +47,7 @@ class Pending:
     """The slices of one category and arg names whose begins wait for the flush, as columns, and
     where their rows are (a batch's small rows, and the index of each)."""
 
-    __slots__ = ("tracks", "names", "args", "at", "segs", "flows_out", "flows_in")
+    __slots__ = ("tracks", "names", "args", "at", "segs", "flows_out", "flows_in", "gb", "r0")
 
     def __init__(self) -> None:
         self.tracks: list[int] = []
@@ -58,6 +58,9 @@ class Pending:
         # in a group of slices with flows (as many per slice: the key's counts), their ids
         self.flows_out: list[tuple[int, ...]] = []
         self.flows_in: list[tuple[int, ...]] = []
+        # once encoded (a group of segments): the bytes, and the group's first row in them
+        self.gb: GroupBytes | None = None
+        self.r0 = 0
 
 
 def flows_key(category: str, ks: tuple[str, ...], seg: bool, n_out: int, n_in: int) -> Any:
@@ -169,11 +172,8 @@ class Begins:
         small_rows = sum(len(p.at) for p, _ in placed if not p.segs)
         data = blob[: int(starts[small_rows]) if small_rows < len(starts) else None].tobytes()
         for p, r0 in placed:
-            if p.segs:  # (a group of segments) each segment its range of the rows
-                a = r0
-                for sg in p.segs:
-                    sg.gb, sg.at = gb, a
-                    a += len(sg.ts)
+            if p.segs:  # (a group of segments: each knows its rows in the group's)
+                p.gb, p.r0 = gb, r0
                 continue
             r1 = r0 + len(p.at)
             begin = starts[r0:r1]

@@ -41,10 +41,10 @@ class GroupBytes:
 
 class Seg:
     """Rows of a ``SliceRows`` in a batch (their seq from ``seq0`` on): their timestamps,
-    durations and tracks, and where their begins' bytes are once encoded (``gb``, from row
-    ``at`` of its encoding)."""
+    durations and tracks, and where their begins' bytes are once encoded: from row ``off`` of
+    their group (``grp``: a ``begins.Pending``, whose ``gb`` and ``r0`` say where its rows are)."""
 
-    __slots__ = ("ts", "dur", "track", "depth", "seq0", "gb", "at")
+    __slots__ = ("ts", "dur", "track", "depth", "seq0", "grp", "off")
 
     def __init__(
         self, ts: list[int], dur: list[int], track: list[int], depth: int, seq0: int
@@ -54,8 +54,8 @@ class Seg:
         self.track = track
         self.depth = depth
         self.seq0 = seq0
-        self.gb: GroupBytes | None = None
-        self.at = 0
+        self.grp: Any = None
+        self.off = 0
 
 
 def add_segs(b: Any, rows: SliceRows, begins: Any, events: EventFields) -> None:
@@ -169,6 +169,7 @@ def _add(
         for tr in dict.fromkeys(track):
             if tr not in end_ids:
                 events.end_id(tr)
+    sg.grp, sg.off = g, len(g.tracks)
     g.tracks += track
     g.names += name
     g.args += args
@@ -188,15 +189,16 @@ def materialize(b: Any, events: EventFields) -> Any:
     small = b.small
     raw: dict[int, bytes] = {}
     for sg in b.segs:
-        gb = sg.gb
+        gb = sg.grp.gb
         assert gb is not None
         data = raw.get(id(gb))
         if data is None:
             data = raw[id(gb)] = gb.blob.tobytes()
         d = sg.depth
         n = len(sg.ts)
-        starts = gb.starts[sg.at : sg.at + n].tolist()
-        lens = gb.lens[sg.at : sg.at + n].tolist()
+        at = sg.grp.r0 + sg.off
+        starts = gb.starts[at : at + n].tolist()
+        lens = gb.lens[at : at + n].tolist()
         end_ids = events.end_ids
         seq = sg.seq0
         for ts, dur, tr, a, ln in zip(sg.ts, sg.dur, sg.track, starts, lens, strict=True):
@@ -263,7 +265,8 @@ def seg_columns(batches: list[Any], events: EventFields) -> SegColumns | None:
     e_starts = np.cumsum(e_lens) - e_lens
     parts: list[Any] = [np.frombuffer(b"".join(ends), dtype=np.uint8)]
     base = len(parts[0])
-    gbs = list(map(_GB, segs))
+    grps = list(map(_GRP, segs))
+    gbs = list(map(_GB, grps))
     row0: dict[int, int] = {}  # each encoding's first row among them all
     g_starts: list[Any] = []
     g_lens: list[Any] = []
@@ -277,7 +280,8 @@ def seg_columns(batches: list[Any], events: EventFields) -> SegColumns | None:
         base += len(gb.blob)
         rows += len(gb.lens)
     seg_row0 = np.fromiter(map(row0.__getitem__, map(id, gbs)), np.int64, len(segs))
-    seg_row0 += np.fromiter(map(_AT, segs), np.int64, len(segs))
+    seg_row0 += np.fromiter(map(_R0, grps), np.int64, len(segs))
+    seg_row0 += np.fromiter(map(_OFF, segs), np.int64, len(segs))
     idx = np.repeat(seg_row0, ns) + within
     b_starts = np.concatenate(g_starts)[idx]
     b_lens = np.concatenate(g_lens)[idx]
@@ -287,13 +291,13 @@ def seg_columns(batches: list[Any], events: EventFields) -> SegColumns | None:
 
 
 _TS, _DUR, _TRACK = attrgetter("ts"), attrgetter("dur"), attrgetter("track")
-_SEQ0, _DEPTH, _GB, _AT = (
+_SEQ0, _DEPTH, _GRP, _OFF = (
     attrgetter("seq0"),
     attrgetter("depth"),
-    attrgetter("gb"),
-    attrgetter("at"),
+    attrgetter("grp"),
+    attrgetter("off"),
 )
-_SEGS = attrgetter("segs")
+_GB, _R0, _SEGS = attrgetter("gb"), attrgetter("r0"), attrgetter("segs")
 _EMPTY = np.zeros(0, dtype=np.int64)
 _NONE = SegColumns([_EMPTY] * 5, np.zeros(0, dtype=np.uint8), _EMPTY, _EMPTY)
 

@@ -67,18 +67,18 @@ def add_segs(b: Any, rows: SliceRows, begins: Any, events: EventFields) -> None:
         return
     args = rows.args
     flows = rows.flows_in
-    names = list(args[0])
+    names = tuple(args[0])
     # (the usual: one run. Every row's arg names those of the first, in order: all the names
     # in one C loop, compared with the first row's repeated)
-    if list(chain.from_iterable(args)) == names * n:
+    if n == 1 or list(chain.from_iterable(args)) == list(names) * n:
         if not flows:
-            _add(b, rows, rows.track, rows.name, args, 0, 0, begins, events, tuple(names))
+            _add(b, rows, rows.track, rows.name, args, 0, 0, begins, events, names)
             return
         if len(flows) == n and all(map(flows.__contains__, range(n))):
             counts = list(map(len, flows.values()))
             if counts.count(counts[0]) == n and fixed64_all(chain.from_iterable(flows.values())):
                 each = counts[0]
-                _add(b, rows, rows.track, rows.name, args, 0, each, begins, events, tuple(names))
+                _add(b, rows, rows.track, rows.name, args, 0, each, begins, events, names)
                 return
     keys = list(map(tuple, args))
     n_in = [len(flows.get(r, ())) for r in range(n)] if flows else [0] * n

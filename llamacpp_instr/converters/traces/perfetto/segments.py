@@ -31,12 +31,19 @@ from .protowire import fixed64_all, fixed64_ok
 class GroupBytes:
     """The begins of a ``Begins.encode``: the bytes, and each row's start and length."""
 
-    __slots__ = ("blob", "starts", "lens")
+    __slots__ = ("blob", "starts", "lens", "_data")
 
     def __init__(self, blob: Any, starts: Any, lens: Any) -> None:
         self.blob = blob
         self.starts = starts
         self.lens = lens
+        self._data: bytes | None = None
+
+    def data(self) -> bytes:
+        """The bytes as ``bytes`` (made once: each batch that takes small rows slices them)."""
+        if self._data is None:
+            self._data = self.blob.tobytes()
+        return self._data
 
 
 class Seg:
@@ -187,13 +194,10 @@ def materialize(b: Any, events: EventFields) -> Any:
     """Batch ``b``'s segments as small rows (after ``Begins.encode``), as ``add_rows`` makes
     them: for the paths that take small rows. Returns ``b``."""
     small = b.small
-    raw: dict[int, bytes] = {}
     for sg in b.segs:
         gb = sg.grp.gb
         assert gb is not None
-        data = raw.get(id(gb))
-        if data is None:
-            data = raw[id(gb)] = gb.blob.tobytes()
+        data = gb.data()
         d = sg.depth
         n = len(sg.ts)
         at = sg.grp.r0 + sg.off

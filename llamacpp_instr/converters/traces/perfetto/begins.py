@@ -1,5 +1,7 @@
 """Slice begins encoded in bulk: a flush's slices grouped by category and arg names, each group's
-fields assembled column by column (``pieces``) instead of one slice at a time.
+fields made column by column (ints as int64s, strings and heads as codes into tables kept from
+one flush to the next), and every group's rows assembled at once (``pieces.Assembly``) instead
+of one slice at a time.
 
 A log with devices has about one such slice (step, split, copy, command buffer, RPC graph,
 network command) for every two ops, each with its own args; encoding them one by one cost more
@@ -18,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .packets import Interner
-from .pieces import Pieces
+from .pieces import Assembly, Scratch, Table, int_heads
 from .protowire import (
     DA_DOUBLE_VALUE,
     DA_INT_VALUE,
@@ -45,7 +47,7 @@ class Pending:
     """The slices of one category and arg names whose begins wait for the flush, as columns, and
     where their rows are (a batch's small rows, and the index of each)."""
 
-    __slots__ = ("tracks", "names", "args", "at", "segs", "flows_out", "flows_in")
+    __slots__ = ("tracks", "names", "args", "at", "segs", "flows_out", "flows_in", "gb", "r0")
 
     def __init__(self) -> None:
         self.tracks: list[int] = []
@@ -56,6 +58,9 @@ class Pending:
         # in a group of slices with flows (as many per slice: the key's counts), their ids
         self.flows_out: list[tuple[int, ...]] = []
         self.flows_in: list[tuple[int, ...]] = []
+        # once encoded (a group of segments): the bytes, and the group's first row in them
+        self.gb: GroupBytes | None = None
+        self.r0 = 0
 
 
 def flows_key(category: str, ks: tuple[str, ...], seg: bool, n_out: int, n_in: int) -> Any:
@@ -65,64 +70,26 @@ def flows_key(category: str, ks: tuple[str, ...], seg: bool, n_out: int, n_in: i
     return (category, ks, True) if seg else (category, ks)
 
 
-def _uint_column(vals: Any) -> Any:
-    """The values as int64s if they are all ints in [0, 2**63) (varints, encoded in bulk), else
-    None."""
-    if set(map(type, vals)) != {int}:
-        return None
-    try:
-        v = np.array(vals, dtype=np.int64)
-    except OverflowError:
-        return None
-    return v if int(v.min()) >= 0 else None
-
-
-def _int_run(te: Pieces, run: list[tuple[bytes, Any]]) -> None:
-    """A run of int args (their heads and values) as debug annotations, at once; emptied."""
-    if run:
-        v = np.stack([vals for _, vals in run])
-        te.annotations(TE_DEBUG_ANNOTATIONS, [head for head, _ in run], v)
-        run.clear()
-
-
-# distinct values remembered per cache (the encodings of a step's tracks, names and string args:
-# a few hundred); past this many the cache starts over, so a log of ever new values stays bounded
+# distinct values remembered per table (the encodings of a step's tracks, names and string args:
+# a few hundred); past this many the table starts over, so a log of ever new values stays bounded
 CACHE_MAX = 4096
 
 
-def pick(te: Pieces, values: list[Any], encode: Any, cache: dict[Any, bytes]) -> None:
-    """Per row, ``encode(value)``: each distinct value's encoding once, from ``cache`` (by value:
-    what ``encode`` depends on besides the value is fixed for the cache's life) or made and put
-    there; a column of one value is a constant."""
-    # the distinct values in the order first met, then each value's code (in C loops)
-    index: dict[Any, int] = dict.fromkeys(values, 0)
-    if len(cache) + len(index) > CACHE_MAX:
-        cache.clear()
-    table = []
-    for j, v in enumerate(index):
-        index[v] = j
-        b = cache.get(v)
-        if b is None:
-            b = cache[v] = encode(v)
-        table.append(b)
-    if len(table) == 1:
-        te.const(table[0])
-        return
-    codes = np.fromiter(map(index.__getitem__, values), dtype=np.int64, count=len(values))
-    te.pick(codes, table)
-
-
-def columns(args: list[Any], ks: tuple[str, ...]) -> list[list[Any]]:
+def columns(args: list[Any], ks: tuple[str, ...]) -> tuple[list[list[Any]], list[Any]]:
     """The values of each of ``ks`` in ``args`` (mappings whose keys are ``ks``, in that order:
-    a group's), one list per name."""
-    m = len(ks)
+    a group's), one list per name, and the type of each list's values where every row has the
+    first row's types (else None: ``Begins._arg`` looks at each list's)."""
+    m, n = len(ks), len(args)
     try:  # (dicts: every value in one C loop, then each name's every m-th)
         flat = list(chain.from_iterable(map(dict.values, args)))
     except TypeError:
         flat = []
-    if len(flat) == m * len(args):
-        return [flat[j::m] for j in range(m)]
-    return [[a[k] for a in args] for k in ks]
+    if len(flat) != m * n:
+        return [[a[k] for a in args] for k in ks], [None] * m
+    first = list(map(type, flat[:m]))
+    # (the types of all the values at once, compared in C: cheaper than a set per column)
+    same = list(map(type, flat)) == first * n
+    return [flat[j::m] for j in range(m)], first if same else [None] * m
 
 
 class Begins:
@@ -134,17 +101,18 @@ class Begins:
         # (category, arg names[, True for a group of segments[, the number of flows each slice
         # starts and ends, where they have some]]) -> its slices noted since the last flush
         self.pending: dict[tuple[Any, ...], Pending] = {}
-        # encodings met before (``pick``): a category's (track, name) heads, an arg's values (by
-        # its head, and for mixed types by type and value: True == 1, yet encodes otherwise)
-        self.cache: dict[Any, dict[Any, bytes]] = {}
+        # encodings met before (``Table``): a category's (track, name) heads, an arg's values (by
+        # its name, and for mixed types by type and value: True == 1, yet encodes otherwise)
+        self.cache: dict[Any, Table] = {}
+        self.int_heads: dict[bytes, bytes] = {}  # an int arg's name -> its ``int_heads``
+        self.scratch = Scratch()
 
-    def group(
-        self, category: str, args: Any, seg: bool = False, n_out: int = 0, n_in: int = 0
+    def group_of(
+        self, category: str, ks: tuple[str, ...], seg: bool, n_out: int, n_in: int
     ) -> Pending:
-        """Intern the arg names of ``args`` (after its slice's name: ``note``) and give the
-        pending group of its category and arg names (``seg``: of segments; ``n_out``, ``n_in``:
-        of slices that start and end as many flows each)."""
-        ks = tuple(args)
+        """Intern the arg names ``ks`` (after its slice's name: ``note``) and give the pending
+        group of its category and arg names (``seg``: of segments; ``n_out``, ``n_in``: of
+        slices that start and end as many flows each)."""
         key = flows_key(category, ks, seg, n_out, n_in)
         g = self.pending.get(key)
         if g is None:  # (else its arg names are interned: they were when it was made)
@@ -174,7 +142,11 @@ class Begins:
         (Its flow ids, if any, must fit a fixed64: ``fixed64_ok``.)"""
         if name not in self.interner.names:
             self.interner.name(name)
-        g = self.group(category, args, False, len(flows_out), len(flows_in))
+        ks = tuple(args)
+        if flows_out or flows_in:
+            g = self.group_of(category, ks, False, len(flows_out), len(flows_in))
+        else:  # (the usual: ``flows_key``'s, built here)
+            g = self.pending.get((category, ks)) or self.group_of(category, ks, False, 0, 0)
         g.tracks.append(track)
         g.names.append(name)
         g.args.append(args)
@@ -186,81 +158,108 @@ class Begins:
     def encode(self) -> None:
         """Put the begins noted since the last flush in their small rows (and segments)."""
         pending, self.pending = self.pending, {}
-        for (category, ks, *_), p in pending.items():
-            blob, lens = self._group(category, ks, p)
-            if p.segs:  # (a group of segments) each segment its range of the group's rows
-                gb = GroupBytes(blob, lens)
-                a = 0
-                for sg in p.segs:
-                    sg.gb, sg.at = gb, a
-                    a += len(sg.ts)
+        if not pending:
+            return
+        asm = Assembly(TRACK_EVENT, self.scratch)
+        # the groups of small rows first: their bytes, wanted as ``bytes``, are the blob's start
+        groups = sorted(pending.items(), key=lambda kp: bool(kp[1].segs))
+        placed = [
+            (p, asm.add(len(p.tracks), self._pieces(category, ks, p)))
+            for (category, ks, *_), p in groups
+        ]
+        blob, starts, lens = asm.build()
+        gb = GroupBytes(blob, starts, lens)
+        small_rows = sum(len(p.at) for p, _ in placed if not p.segs)
+        data = blob[: int(starts[small_rows]) if small_rows < len(starts) else None].tobytes()
+        for p, r0 in placed:
+            if p.segs:  # (a group of segments: each knows its rows in the group's)
+                p.gb, p.r0 = gb, r0
                 continue
-            data = blob.tobytes()
-            ends = np.cumsum(lens).tolist()
-            a = 0
-            for (small, i), z in zip(p.at, ends, strict=True):
+            r1 = r0 + len(p.at)
+            begin = starts[r0:r1]
+            ends = (begin + lens[r0:r1]).tolist()
+            for (small, i), a, z in zip(p.at, begin.tolist(), ends, strict=True):
                 r = small[i]
                 small[i] = (r[0], r[1], r[2], r[3], data[a:z], r[5])
-                a = z
 
-    def _group(self, category: str, ks: tuple[str, ...], p: Pending) -> tuple[Any, Any]:
+    def _table(self, key: Any) -> Table:
+        """The table of ``key`` (started over past ``CACHE_MAX`` entries)."""
+        t = self.cache.get(key)
+        if t is None or len(t) > CACHE_MAX:
+            t = self.cache[key] = Table()
+        return t
+
+    def _pick(self, key: Any, values: list[Any], encode: Any) -> tuple[Any, ...]:
+        """The piece of ``values`` by the entries of table ``key``: a constant where they are
+        one value (a C loop that compares, cheaper than one that looks each up)."""
+        t = self._table(key)
+        v0 = values[0]
+        if values[-1] == v0 and values.count(v0) == len(values):
+            return ("c", t.entry(v0, encode))
+        return ("t", t, t.codes(values, encode))
+
+    def _pieces(self, category: str, ks: tuple[str, ...], p: Pending) -> list[tuple[Any, ...]]:
+        """The pieces of a group's begins (``pieces.Assembly``), after their length."""
         i = self.interner
-        n = len(p.tracks)
-        te = Pieces(n)
-        # track, type, name and category: one pick per (track, name)
+        # track, type, name and category: an entry per track, then one per name (its category's)
         category_field = ld(TE_CATEGORIES, category.encode())
-        pick(
-            te,
-            list(zip(p.tracks, p.names, strict=True)),
-            lambda tn: TE_TRACK_UUID
-            + varint(tn[0])
-            + TE_TYPE
-            + varint(TYPE_SLICE_BEGIN)
-            + TE_NAME_IID
-            + varint(i.names[tn[1]])
-            + category_field,
-            self.cache.setdefault(("head", category_field), {}),
-        )
+        pieces = [
+            self._pick(("track",), p.tracks, _track_head),
+            self._pick(
+                ("name", category_field),
+                p.names,
+                lambda s: varint(i.names[s]) + category_field,
+            ),
+        ]
         if ks:
-            run: list[tuple[bytes, Any]] = []  # consecutive int args: encoded at once
-            for k, col in zip(ks, columns(p.args, ks), strict=True):
-                head = DA_NAME_IID + varint(i.arg_names[k])
-                v = _uint_column(col)
-                if v is not None:
-                    run.append((head + DA_INT_VALUE, v))
-                    continue
-                _int_run(te, run)
-                self._arg(te, head, col)
-            _int_run(te, run)
+            cols, types = columns(p.args, ks)
+            for k, col, t in zip(ks, cols, types, strict=True):
+                self._arg(pieces, DA_NAME_IID + varint(i.arg_names[k]), col, t)
         if p.flows_out:  # flow_ids, terminating_flow_ids: fixed64 each (as many per slice)
             for tag_, flows in ((TE_FLOW_IDS, p.flows_out), (TE_TERMINATING_FLOW_IDS, p.flows_in)):
                 for ids in zip(*flows, strict=True):
-                    te.const(tag_)
-                    te.fixed64(np.array(ids, dtype=np.uint64))
-        body = Pieces(n)
-        body.const(TRACK_EVENT)
-        body.varint(te.lengths())
-        body.parts += te.parts
-        return body.build()
+                    pieces.append(("c", tag_))
+                    pieces.append(("8", _eights(np.array(ids, dtype="<u8"))))
+        return pieces
 
-    def _arg(self, te: Pieces, head: bytes, vals: list[Any]) -> None:
-        """One debug annotation per row: ``head`` (its name) and the value, as ``Interner.args``
-        encodes it (non-compact); ints in [0, 2**63) are ``_int_run``'s."""
-        types = set(map(type, vals))
+    def _arg(self, pieces: list[tuple[Any, ...]], name: bytes, vals: list[Any], t: Any) -> None:
+        """One debug annotation per row: ``name`` and the value, as ``Interner.args`` encodes
+        it (non-compact); ``t``: the values' type, if known to be one."""
+        types = {t} if t is not None else set(map(type, vals))
+        if types == {int}:  # (varints in bulk; a negative one in ten bytes, as ``varint``'s)
+            try:
+                v = np.fromiter(vals, dtype=np.int64, count=len(vals))
+            except OverflowError:  # (beyond int64: a string, ``annotation_value``)
+                pass
+            else:
+                heads = self.int_heads.get(name)
+                if heads is None:
+                    heads = self.int_heads[name] = int_heads(
+                        TE_DEBUG_ANNOTATIONS, name + DA_INT_VALUE
+                    )
+                pieces.append(("i", heads, v))
+                return
         if types == {float}:
-            te.const(ld(TE_DEBUG_ANNOTATIONS, head + DA_DOUBLE_VALUE + bytes(8))[:-8])
-            te.f64(np.array(vals, dtype=np.float64))
+            pieces.append(("c", ld(TE_DEBUG_ANNOTATIONS, name + DA_DOUBLE_VALUE + bytes(8))[:-8]))
+            pieces.append(("8", _eights(np.array(vals, dtype="<f8"))))
         elif types == {str}:
-            enc = lambda v: ld(TE_DEBUG_ANNOTATIONS, head + annotation_value(v))  # noqa: E731
-            pick(te, vals, enc, self.cache.setdefault(("str", head), {}))
+            enc = lambda v: ld(TE_DEBUG_ANNOTATIONS, name + annotation_value(v))  # noqa: E731
+            pieces.append(self._pick(("str", name), vals, enc))
         elif types <= set(_KEYED):
             # (type, value): True == 1, yet encodes otherwise
-            pick(
-                te,
-                [(type(v), v) for v in vals],
-                lambda tv: ld(TE_DEBUG_ANNOTATIONS, head + annotation_value(tv[1])),
-                self.cache.setdefault(("typed", head), {}),
-            )
-        else:  # floats among others: one encoding per row (0.0 == -0.0, NaN != NaN)
-            table = [ld(TE_DEBUG_ANNOTATIONS, head + annotation_value(v)) for v in vals]
-            te.pick(np.arange(len(vals), dtype=np.int64), table)
+            enc = lambda tv: ld(TE_DEBUG_ANNOTATIONS, name + annotation_value(tv[1]))  # noqa: E731
+            pieces.append(self._pick(("typed", name), [(type(v), v) for v in vals], enc))
+        else:  # floats among others: one entry per row (0.0 == -0.0, NaN != NaN)
+            table = Table()
+            table.entries = [ld(TE_DEBUG_ANNOTATIONS, name + annotation_value(v)) for v in vals]
+            pieces.append(("t", table, np.arange(len(vals), dtype=np.int64)))
+
+
+def _track_head(track: int) -> bytes:
+    """A begin's fields from its track to its name's tag (then its name's iid: ``_pieces``)."""
+    return TE_TRACK_UUID + varint(track) + TE_TYPE + varint(TYPE_SLICE_BEGIN) + TE_NAME_IID
+
+
+def _eights(v: Any) -> Any:
+    """8-byte values (float64s, uint64s: little-endian) as an (n, 8) uint8 matrix."""
+    return np.ascontiguousarray(v).view(np.uint8).reshape(-1, 8)

@@ -114,6 +114,14 @@ def fixed64_ok(values: tuple[int, ...]) -> bool:
     return all(0 <= v <= U64 for v in values)
 
 
+def fixed64_all(values: Any) -> bool:
+    """``fixed64_ok`` for many ints at once (any iterable; C loops where they are all ints)."""
+    vals = list(values)
+    if not vals or set(map(type, vals)) != {int}:
+        return fixed64_ok(tuple(vals))
+    return min(vals) >= 0 and max(vals) <= U64
+
+
 def varint_bytes(x: Any, nb: int) -> Any:
     """int64s as varints all ``nb`` bytes long: an array of ``x.shape + (nb,)`` (a negative one
     takes 10, in two's complement, as ``varint`` writes it)."""

@@ -18,42 +18,51 @@ What is interned is interned when the writer receives the rows, in the order ``a
 from __future__ import annotations
 
 from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
 from ..items import Slice, SliceRows
 from .events import EventFields
-from .protowire import fixed64_ok
+from .protowire import fixed64_all, fixed64_ok
 
 
 class GroupBytes:
-    """A group's begins (``Begins._group``): the bytes, and each row's start and length."""
+    """The begins of a ``Begins.encode``: the bytes, and each row's start and length."""
 
-    __slots__ = ("blob", "starts", "lens")
+    __slots__ = ("blob", "starts", "lens", "_data")
 
-    def __init__(self, blob: Any, lens: Any) -> None:
+    def __init__(self, blob: Any, starts: Any, lens: Any) -> None:
         self.blob = blob
+        self.starts = starts
         self.lens = lens
-        self.starts = np.cumsum(lens) - lens
+        self._data: bytes | None = None
+
+    def data(self) -> bytes:
+        """The bytes as ``bytes`` (made once: each batch that takes small rows slices them)."""
+        if self._data is None:
+            self._data = self.blob.tobytes()
+        return self._data
 
 
 class Seg:
-    """Rows ``lo`` to ``hi`` of a ``SliceRows`` in a batch (their seq from ``seq0`` on): their
-    timestamps, durations and tracks, and where their begins' bytes are once encoded (``gb``,
-    from row ``at`` of its group)."""
+    """Rows of a ``SliceRows`` in a batch (their seq from ``seq0`` on): their timestamps,
+    durations and tracks, and where their begins' bytes are once encoded: from row ``off`` of
+    their group (``grp``: a ``begins.Pending``, whose ``gb`` and ``r0`` say where its rows are)."""
 
-    __slots__ = ("ts", "dur", "track", "depth", "seq0", "gb", "at")
+    __slots__ = ("ts", "dur", "track", "depth", "seq0", "grp", "off")
 
-    def __init__(self, rows: SliceRows, lo: int, hi: int, seq0: int) -> None:
-        whole = lo == 0 and hi == len(rows.ts)
-        self.ts = rows.ts if whole else rows.ts[lo:hi]
-        self.dur = rows.dur if whole else rows.dur[lo:hi]
-        self.track = rows.track if whole else rows.track[lo:hi]
-        self.depth = rows.depth
+    def __init__(
+        self, ts: list[int], dur: list[int], track: list[int], depth: int, seq0: int
+    ) -> None:
+        self.ts = ts
+        self.dur = dur
+        self.track = track
+        self.depth = depth
         self.seq0 = seq0
-        self.gb: GroupBytes | None = None
-        self.at = 0
+        self.grp: Any = None
+        self.off = 0
 
 
 def add_segs(b: Any, rows: SliceRows, begins: Any, events: EventFields) -> None:
@@ -61,29 +70,37 @@ def add_segs(b: Any, rows: SliceRows, begins: Any, events: EventFields) -> None:
     have the same names and that end as many flows kept as a ``Seg`` (a row whose flow ids do
     not fit a fixed64 made small rows, its begin encoded now: ``EventFields.begin`` says so)."""
     n = len(rows.ts)
-    keys = list(map(tuple, rows.args))
-    flows = rows.flows_in
-    n_in = [len(flows.get(r, ())) for r in range(n)] if flows else [0] * n
-    if (
-        n
-        and keys.count(keys[0]) == n
-        and n_in.count(n_in[0]) == n
-        and all(map(fixed64_ok, flows.values()))
-    ):  # (the usual: one run; checked in C loops)
-        add_seg(b, rows, 0, n, begins, events)
+    if not n:
         return
+    args = rows.args
+    flows = rows.flows_in
+    names = tuple(args[0])
+    # (the usual: one run. Every row's arg names those of the first, in order: all the names
+    # in one C loop, compared with the first row's repeated)
+    if n == 1 or list(chain.from_iterable(args)) == list(names) * n:
+        if not flows:
+            _add(b, rows, rows.track, rows.name, args, 0, 0, begins, events, names)
+            return
+        if len(flows) == n and all(map(flows.__contains__, range(n))):
+            counts = list(map(len, flows.values()))
+            if counts.count(counts[0]) == n and fixed64_all(chain.from_iterable(flows.values())):
+                each = counts[0]
+                _add(b, rows, rows.track, rows.name, args, 0, each, begins, events, names)
+                return
+    keys = list(map(tuple, args))
+    n_in = [len(flows.get(r, ())) for r in range(n)] if flows else [0] * n
     lo = 0
     for r in range(n):
         if flows and not fixed64_ok(flows.get(r, ())):
             if lo < r:
-                add_seg(b, rows, lo, r, begins, events)
+                add_seg(b, rows, lo, r, begins, events, keys[lo])
             _flow_row(b, rows, r, events)
             lo = r + 1
         elif keys[r] != keys[lo] or n_in[r] != n_in[lo]:
-            add_seg(b, rows, lo, r, begins, events)
+            add_seg(b, rows, lo, r, begins, events, keys[lo])
             lo = r
     if lo < n:
-        add_seg(b, rows, lo, n, begins, events)
+        add_seg(b, rows, lo, n, begins, events, keys[lo])
 
 
 def _flow_row(b: Any, rows: SliceRows, r: int, events: EventFields) -> None:
@@ -98,55 +115,94 @@ def _flow_row(b: Any, rows: SliceRows, r: int, events: EventFields) -> None:
     b.rows += 2
 
 
-def add_seg(b: Any, rows: SliceRows, lo: int, hi: int, begins: Any, events: EventFields) -> None:
-    """Rows ``lo`` to ``hi`` of ``rows``, whose args have the same names, as a ``Seg`` of batch
-    ``b``. What is interned is interned in the order the rows would intern it one by one (the
-    first row's name, then the arg names, then the other names as first met), and the rows'
-    tracks get their end ids in the same order."""
-    sg = Seg(rows, lo, hi, b.seq)
-    whole = lo == 0 and hi == len(rows.ts)
-    names = rows.name if whole else rows.name[lo:hi]
-    interner = begins.interner
-    known = interner.names
-    if names[0] not in known:
-        interner.name(names[0])
+def add_seg(
+    b: Any,
+    rows: SliceRows,
+    lo: int,
+    hi: int,
+    begins: Any,
+    events: EventFields,
+    ks: tuple[str, ...],
+) -> None:
+    """Rows ``lo`` to ``hi`` of ``rows``, whose args have the names ``ks``, as a ``Seg`` of
+    batch ``b``."""
+    if lo == 0 and hi == len(rows.ts):
+        track, name, args = rows.track, rows.name, rows.args
+    else:
+        track, name, args = rows.track[lo:hi], rows.name[lo:hi], rows.args[lo:hi]
     flows = rows.flows_in
     n_in = len(flows.get(lo, ())) if flows else 0
-    g = begins.group(rows.category, rows.args[lo], seg=True, n_in=n_in)
-    for name in dict.fromkeys(names):
-        if name not in known:
-            interner.name(name)
+    _add(b, rows, track, name, args, lo, n_in, begins, events, ks)
+
+
+def _add(
+    b: Any,
+    rows: SliceRows,
+    track: list[int],
+    name: list[str],
+    args: list[Any],
+    lo: int,
+    n_in: int,
+    begins: Any,
+    events: EventFields,
+    ks: tuple[str, ...],
+) -> None:
+    """``add_seg`` for the rows from ``lo`` (``track``, ``name``, ``args``: theirs), each ending
+    ``n_in`` flows. What is interned is interned in the order the rows would intern it one by
+    one (the first row's name, then the arg names, then the other names as first met), and the
+    rows' tracks get their end ids in the same order."""
+    n = len(track)
+    hi = lo + n
+    whole = n == len(rows.ts)
+    sg = Seg(
+        rows.ts if whole else rows.ts[lo:hi],
+        rows.dur if whole else rows.dur[lo:hi],
+        track,
+        rows.depth,
+        b.seq,
+    )
+    interner = begins.interner
+    known = interner.names
+    if name[0] not in known:
+        interner.name(name[0])
+    key = (rows.category, ks, True, 0, n_in) if n_in else (rows.category, ks, True)
+    g = begins.pending.get(key) or begins.group_of(rows.category, ks, True, 0, n_in)
+    if not all(map(known.__contains__, name)):
+        for s in dict.fromkeys(name):
+            if s not in known:
+                interner.name(s)
     end_ids = events.end_ids
-    for tr in dict.fromkeys(sg.track):
-        if tr not in end_ids:
-            events.end_id(tr)
-    g.tracks += sg.track
-    g.names += names
-    g.args += rows.args if whole else rows.args[lo:hi]
+    if not all(map(end_ids.__contains__, track)):
+        for tr in dict.fromkeys(track):
+            if tr not in end_ids:
+                events.end_id(tr)
+    sg.grp, sg.off = g, len(g.tracks)
+    g.tracks += track
+    g.names += name
+    g.args += args
     if n_in:  # (each row of the segment ends as many flows)
-        g.flows_out += [()] * (hi - lo)
+        flows = rows.flows_in
+        g.flows_out += [()] * n
         g.flows_in += [flows[r] for r in range(lo, hi)]
     g.segs.append(sg)
     b.segs.append(sg)
-    b.seq += 2 * (hi - lo)
-    b.rows += 2 * (hi - lo)
+    b.seq += 2 * n
+    b.rows += 2 * n
 
 
 def materialize(b: Any, events: EventFields) -> Any:
     """Batch ``b``'s segments as small rows (after ``Begins.encode``), as ``add_rows`` makes
     them: for the paths that take small rows. Returns ``b``."""
     small = b.small
-    raw: dict[int, bytes] = {}
     for sg in b.segs:
-        gb = sg.gb
+        gb = sg.grp.gb
         assert gb is not None
-        data = raw.get(id(gb))
-        if data is None:
-            data = raw[id(gb)] = gb.blob.tobytes()
+        data = gb.data()
         d = sg.depth
         n = len(sg.ts)
-        starts = gb.starts[sg.at : sg.at + n].tolist()
-        lens = gb.lens[sg.at : sg.at + n].tolist()
+        at = sg.grp.r0 + sg.off
+        starts = gb.starts[at : at + n].tolist()
+        lens = gb.lens[at : at + n].tolist()
         end_ids = events.end_ids
         seq = sg.seq0
         for ts, dur, tr, a, ln in zip(sg.ts, sg.dur, sg.track, starts, lens, strict=True):
@@ -174,61 +230,63 @@ def seg_columns(batches: list[Any], events: EventFields) -> SegColumns | None:
     """The segments of ``batches`` as columns (after ``Begins.encode``); None if an end is
     beyond int64 (the paths that take small rows handle those; a negative one is
     framed as the small rows' are, ``singles.frame_rows``)."""
-    segs = [(k, sg) for k, b in enumerate(batches) for sg in b.segs]
+    segs = [sg for b in batches for sg in b.segs]
     if not segs:
         return _NONE
-    ns = np.fromiter((len(sg.ts) for _, sg in segs), dtype=np.int64, count=len(segs))
+    # (each attribute of every segment in one C loop)
+    tss = list(map(_TS, segs))
+    ns = np.fromiter(map(len, tss), dtype=np.int64, count=len(segs))
     total = int(ns.sum())
     try:
-        ts = np.array(list(chain.from_iterable(sg.ts for _, sg in segs)), dtype=np.int64)
-        dur = np.array(list(chain.from_iterable(sg.dur for _, sg in segs)), dtype=np.int64)
+        ts = np.fromiter(chain.from_iterable(tss), np.int64, total)
+        dur = np.fromiter(chain.from_iterable(map(_DUR, segs)), np.int64, total)
     except OverflowError:
         return None
     end = ts + dur
     if (((dur > 0) & (end < ts)) | ((dur < 0) & (end > ts))).any():  # (past int64: wrapped)
         return None
-    tracks = chain.from_iterable(sg.track for _, sg in segs)
+    tracks = chain.from_iterable(map(_TRACK, segs))
     # (every track has its end id: ``add_seg``)
     end_id = np.fromiter(map(events.end_ids.__getitem__, tracks), np.int64, total)
     within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(ns) - ns, ns)
-    kb = np.fromiter((k for k, _ in segs), np.int64, len(segs))
-    seq0 = np.fromiter((sg.seq0 for _, sg in segs), np.int64, len(segs))
-    depth = np.fromiter((sg.depth for _, sg in segs), np.int64, len(segs))
+    per_batch = np.fromiter(map(len, map(_SEGS, batches)), np.int64, len(batches))
+    kb = np.repeat(np.repeat(np.arange(len(batches), dtype=np.int64), per_batch), ns)
+    seq0 = np.fromiter(map(_SEQ0, segs), np.int64, len(segs))
+    depth = np.fromiter(map(_DEPTH, segs), np.int64, len(segs))
     depth_r = np.repeat(depth, ns)
     seq_b = np.repeat(seq0, ns) + 2 * within
     keys = [
-        _pairs(np.repeat(kb, ns), np.repeat(kb, ns)),
+        _pairs(kb, kb),
         _pairs(ts, end),
         _pairs(np.ones(total, np.int64), np.where(dur != 0, 0, 2)),
         _pairs(depth_r, -depth_r),
         _pairs(seq_b, seq_b + 1),
     ]
-    # the bodies: begins from their groups' bytes, ends from the end fields
+    # the bodies: begins from their encodings' bytes (``GroupBytes``: one per ``Begins.encode``),
+    # ends from the end fields
     ends = events.ends
     e_lens = np.fromiter(map(len, ends), dtype=np.int64, count=len(ends))
     e_starts = np.cumsum(e_lens) - e_lens
     parts: list[Any] = [np.frombuffer(b"".join(ends), dtype=np.uint8)]
     base = len(parts[0])
-    # each group's rows once (its first row's index among them all), and each segment's rows
-    # by index: no numpy call per segment
-    row0: dict[int, int] = {}
+    grps = list(map(_GRP, segs))
+    gbs = list(map(_GB, grps))
+    row0: dict[int, int] = {}  # each encoding's first row among them all
     g_starts: list[Any] = []
     g_lens: list[Any] = []
-    seg_row0: list[int] = []
     rows = 0
-    for _, sg in segs:
-        gb = sg.gb
+    for gb in {id(gb): gb for gb in gbs}.values():
         assert gb is not None
-        r0 = row0.get(id(gb))
-        if r0 is None:
-            r0 = row0[id(gb)] = rows
-            g_starts.append(gb.starts + base)
-            g_lens.append(gb.lens)
-            parts.append(gb.blob)
-            base += len(gb.blob)
-            rows += len(gb.lens)
-        seg_row0.append(r0 + sg.at)
-    idx = np.repeat(np.array(seg_row0, dtype=np.int64), ns) + within
+        row0[id(gb)] = rows
+        g_starts.append(gb.starts + base)
+        g_lens.append(gb.lens)
+        parts.append(gb.blob)
+        base += len(gb.blob)
+        rows += len(gb.lens)
+    seg_row0 = np.fromiter(map(row0.__getitem__, map(id, gbs)), np.int64, len(segs))
+    seg_row0 += np.fromiter(map(_R0, grps), np.int64, len(segs))
+    seg_row0 += np.fromiter(map(_OFF, segs), np.int64, len(segs))
+    idx = np.repeat(seg_row0, ns) + within
     b_starts = np.concatenate(g_starts)[idx]
     b_lens = np.concatenate(g_lens)[idx]
     starts = _pairs(b_starts, e_starts[end_id])
@@ -236,6 +294,14 @@ def seg_columns(batches: list[Any], events: EventFields) -> SegColumns | None:
     return SegColumns(keys, np.concatenate(parts), starts, lens)
 
 
+_TS, _DUR, _TRACK = attrgetter("ts"), attrgetter("dur"), attrgetter("track")
+_SEQ0, _DEPTH, _GRP, _OFF = (
+    attrgetter("seq0"),
+    attrgetter("depth"),
+    attrgetter("grp"),
+    attrgetter("off"),
+)
+_GB, _R0, _SEGS = attrgetter("gb"), attrgetter("r0"), attrgetter("segs")
 _EMPTY = np.zeros(0, dtype=np.int64)
 _NONE = SegColumns([_EMPTY] * 5, np.zeros(0, dtype=np.uint8), _EMPTY, _EMPTY)
 

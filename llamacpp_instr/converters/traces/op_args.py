@@ -19,12 +19,14 @@ from .rounding import EXACT, round3
 
 def mb_per_s(nbytes: int, ns: int) -> float:
     """``round(nbytes * 1e9 / ns / 1e6, 3)`` (``device_time.bandwidth`` in MB/s, as a copy's
-    or a transfer's args show it), 0.0 without a time; exactly Python's ``round``, cheaper: as
-    ``rounding.round3_one``, inlined (a dozen a step), its ``round(p)`` made by adding and taking
-    away ``ROUNDER`` (for ``0 <= p < 2**43`` the sum lies in ``[2**52, 2**53)``, where the
-    doubles are the integers: it rounds ``p`` to the nearest, ties to even, as ``round``; the
-    difference is exact) and ``r / 1000`` a float division (both correctly rounded quotients
-    of the same exact values)."""
+    or a transfer's args show it), 0.0 without a time; exactly Python's ``round``, cheaper (a
+    dozen a step). As ``rounding.round3`` argues for arrays: ``0 <= p < 2**43`` bounds the
+    product's error by ``2**-11``, so within 0.49 of the nearest integer ``r`` the exact product
+    is within 0.5 of ``r`` too, and ``r / 1000`` (one correctly rounded division) is Python's
+    result; anything else Python rounds itself. ``r`` is made by adding and taking away
+    ``rounding.ROUNDER``: the sum lies in ``[2**52, 2**53)``, where the doubles are the
+    integers, so it rounds ``p`` to the nearest, ties to even, as ``round`` does, and the
+    difference is exact."""
     if ns > 0:
         x = nbytes * 1e9 / ns / 1e6
         p = x * 1000.0

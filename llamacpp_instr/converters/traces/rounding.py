@@ -1,5 +1,5 @@
 """Python's ``round(v, 3)`` for arrays of floats, as both trace writers show op rates (and for
-one float, ``round3_one``: a copy's or an RPC command's rate).
+one float, ``op_args.mb_per_s``: a copy's or an RPC command's rate, with ``ROUNDER``).
 
 ``round3`` gives each value exactly as Python rounds it, or NaN where numpy cannot be sure: the
 writers then ask Python for those few (``op_args.op_rates``).
@@ -30,19 +30,6 @@ def round3(x: np.ndarray) -> np.ndarray:
     margin = np.abs(p - np.floor(p) - 0.5)
     unsafe = (margin <= np.abs(p) * MARGIN) | (np.abs(p) >= 2.0**50)
     return np.where(unsafe, np.nan, y)
-
-
-def round3_one(x: float) -> float:
-    """``round(x, 3)`` of one float, as Python rounds it, without ``round(x, 3)``'s decimal
-    conversion where that is certain (as ``round3``; here with a wider margin, as ``0 <= p <
-    2**43`` bounds the product's error by ``2**-11``: within 0.49 of the nearest integer ``r``,
-    the exact product is within 0.5 of ``r`` too); anything else Python rounds itself."""
-    p = x * 1000.0
-    if 0.0 <= p < 8.0e12:  # (8e12 < 2**43)
-        r = round(p)
-        if -0.49 < p - r < 0.49:
-            return r / 1000
-    return round(x, 3)
 
 
 def exact_float(v: int) -> float:

@@ -10,6 +10,7 @@ a flush (these rows and the templates' blocks) are sorted by key and gathered in
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -47,38 +48,49 @@ def put_varints(out: Any, pos: Any, v: Any, nb: Any) -> None:
             out[pos[sel] + j] = byte | (more.astype(_U8) << 7)
 
 
-def framed(bodies: list[bytes], ts: Any) -> tuple[Any, Any]:
+def framed(bodies: list[Any], ts: Any) -> tuple[Any, Any]:
     """Each row's packet, ``packet(body + TIMESTAMP + varint(ts) + POST)``, in one buffer (for
-    timestamps in [0, 2**63)): the buffer and each packet's length."""
+    timestamps in [0, 2**63)): the buffer and each packet's length. The bytes between two bodies
+    (a packet's timestamp and ``POST``, the next one's tag and length: ``glue``) are made by
+    numpy for every row at once, and the bodies (bytes-like) joined between them in one call:
+    less than copying the bodies byte by byte into place with numpy, which needs an index per
+    byte."""
     n = len(bodies)
     bl = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
-    return framed_body(np.frombuffer(b"".join(bodies), dtype=_U8), bl, ts)
+    glue, plen = _glue(bl, ts)
+    pieces: list[Any] = [None] * (2 * n + 1)
+    pieces[0::2] = glue
+    pieces[1::2] = bodies
+    return np.frombuffer(b"".join(pieces), dtype=_U8), plen
 
 
-def framed_body(body: Any, bl: Any, ts: Any, starts: Any = None) -> tuple[Any, Any]:
-    """``framed`` for the bodies one after another in ``body``, ``bl`` bytes each (or, with
-    ``starts``, each from its start in ``body``: copied once, not gathered first)."""
+# (``_glue`` keeps each piece's bytes in a fixed-width numpy string, which drops trailing zero
+# bytes: a piece ends in a length's varint, never zero, or in ``POST``)
+assert POST[-1] != 0
+
+
+def _glue(bl: Any, ts: Any) -> tuple[list[bytes], Any]:
+    """The bytes before the first body, between each two, and after the last, for bodies ``bl``
+    bytes long with timestamps ``ts`` (in [0, 2**63)); and each packet's length."""
+    n = len(bl)
     nts = varint_len(ts)
-    size = bl + len(TIMESTAMP) + nts + len(POST)
+    tail = len(TIMESTAMP) + len(POST)
+    size = bl + tail + nts
     n_size = varint_len(size)
     plen = len(TRACE_PACKET) + n_size + size
-    off = np.cumsum(plen) - plen
-    out = np.empty(int(plen.sum()), dtype=_U8)
-    put_const(out, off, TRACE_PACKET)
-    put_varints(out, off + len(TRACE_PACKET), size, n_size)
-    at = off + len(TRACE_PACKET) + n_size
-    before = np.cumsum(bl) - bl
-    step = np.arange(int(bl.sum()))
-    if starts is None:
-        out[np.repeat(at - before, bl) + step] = body
-    else:
-        out[np.repeat(at - before, bl) + step] = body[np.repeat(starts - before, bl) + step]
-    at = at + bl
-    put_const(out, at, TIMESTAMP)
-    at = at + len(TIMESTAMP)
-    put_varints(out, at, ts, nts)
-    put_const(out, at + nts, POST)
-    return out, plen
+    w = tail + 10 + len(TRACE_PACKET) + 10  # a packet's end, and the next one's start
+    mat = np.zeros((n + 1, w), dtype=_U8)
+    flat = mat.reshape(-1)
+    at = np.arange(w, (n + 1) * w, w)  # piece k + 1 starts with packet k's end
+    put_const(flat, at, TIMESTAMP)
+    put_varints(flat, at + len(TIMESTAMP), ts, nts)
+    put_const(flat, at + len(TIMESTAMP) + nts, POST)
+    at = np.arange(0, n * w, w)  # piece k ends with packet k's start
+    at[1:] += tail + nts[:-1]
+    put_const(flat, at, TRACE_PACKET)
+    put_varints(flat, at + len(TRACE_PACKET), size, n_size)
+    glue: list[bytes] = mat.view(f"S{w}").ravel().tolist()
+    return glue, plen
 
 
 def key_order(first: list[Any], last: list[Any]) -> Any:
@@ -138,26 +150,6 @@ def collect(rows: list[Any], batch: list[int], keys: list[list[Any]], picked: li
     return True
 
 
-class Bodies:
-    """The single rows' bodies by index: the small rows' (a list), then the segments' (in
-    ``src``, from ``starts``, ``lens`` bytes each: ``segments.SegColumns``)."""
-
-    def __init__(self, first: list[bytes], src: Any, starts: Any, lens: Any) -> None:
-        self.first = first
-        self.src = src
-        self.starts = starts
-        self.lens = lens
-
-    def __len__(self) -> int:
-        return len(self.lens)
-
-    def __getitem__(self, u: int) -> bytes:
-        if u < len(self.first):
-            return self.first[u]
-        a = int(self.starts[u])
-        return bytes(self.src[a : a + int(self.lens[u])])
-
-
 def frame_rows(
     picked: list[Any], ends: list[bytes], ts: Any, sc: Any = None, perm: Any = None
 ) -> tuple[Any, Any, Any]:
@@ -169,23 +161,15 @@ def frame_rows(
     for s_, e_ in picked:
         bodies += [ends[e] if e >= 0 else s for s, e in zip(s_, e_, strict=True)]
     if sc is not None and len(sc) and ts is not None:
-        bl = np.fromiter(map(len, bodies), dtype=np.int64, count=len(bodies))
-        joined = np.frombuffer(b"".join(bodies), dtype=_U8)
-        src = np.concatenate((joined, sc.src))
-        lens = np.concatenate((bl, sc.lens))
-        starts = np.concatenate((np.cumsum(bl) - bl, sc.starts + len(joined)))
-        rows = Bodies(bodies, src, starts, lens)
-        if int(ts.min()) >= 0:
-            if perm is not None:
-                starts, lens, ts = starts[perm], lens[perm], ts[perm]
-            buf, plen = framed_body(src, lens, ts, starts)
-            return rows, buf, plen
-        bodies = [rows[u] for u in range(len(rows))]
+        src = sc.src.tobytes()  # (each segment row's body: a slice of it)
+        bodies += map(
+            src.__getitem__, map(slice, sc.starts.tolist(), (sc.starts + sc.lens).tolist())
+        )
     if not bodies or ts is None:
         return bodies, np.zeros(0, dtype=_U8), np.zeros(0, dtype=np.int64)
     each, ts_each = bodies, ts
     if perm is not None:
-        each, ts_each = [bodies[u] for u in perm.tolist()], ts[perm]
+        each, ts_each = _pick(bodies, perm), ts[perm]
     if int(ts.min()) < 0:  # (an int64 field's negative varint: ten bytes)
         pk = [
             packet(bd + TIMESTAMP + varint(t) + POST)
@@ -198,6 +182,13 @@ def frame_rows(
         )
     buf, lens = framed(each, ts_each)
     return bodies, buf, lens
+
+
+def _pick(items: list[Any], perm: Any) -> list[Any]:
+    """``[items[u] for u in perm]``, in one C call."""
+    if len(perm) < 2:
+        return [items[u] for u in perm.tolist()]
+    return list(itemgetter(*perm.tolist())(items))
 
 
 def interleaved(batch: Any, ts: Any, templated: Any) -> bool:

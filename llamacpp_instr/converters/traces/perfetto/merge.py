@@ -1,12 +1,14 @@
-"""A flush whose single rows fall inside templated blocks, merged row by row.
+"""A flush with many single rows, or single rows inside templated blocks, merged row by row.
 
 On a device, a compute's part and what the device timed of it overlap: a Vulkan device's
 command buffers run while the device's ops do, so the step's single rows (splits, command
-buffers) sort among the rows of the templated blocks. ``singles.key_order`` puts whole units in
-order and cannot; here every row, single or a block's, gets its key (batch, ts, rank, tie, seq:
-a block's from its template's static keys and its own timestamps), one sort orders them all, and
-their packets are joined from the templates' filled buffers in runs: the bytes the general
-encoder writes, which sorts the same keys, without encoding the blocks' rows one by one.
+buffers) sort among the rows of the templated blocks, and a device log has about one single row
+for every two ops. Each single row is placed among the blocks' rows (``inserts.plan``: the
+blocks' rows are in key order already), and the packets are joined in runs from the templates'
+filled buffers and the single rows' framed packets: the bytes the general encoder writes, which
+sorts the same keys (batch, ts, rank, tie, seq), without encoding the blocks' rows one by one.
+Where the blocks interleave, every row gets its key and one sort orders them all
+(``merge_sorted``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from .inserts import Plan, plan
 from .keysort import key_sort
 from .packets import Sequence, packet
 from .protowire import TIMESTAMP, varint
-from .singles import frame_rows, join_units
+from .singles import frame_rows
 
 
 def merge(
@@ -170,21 +172,3 @@ def merge_sorted(
     parts: list[Any] = [head] if head else []
     parts += [mvs[k][a:z] for k, a, z in zip(run_buf.tolist(), lo, hi, strict=True)]
     return parts
-
-
-def joined(
-    inter: bool,
-    keys: list[list[int]],
-    first: list[Any],
-    picked: list[Any],
-    ends: list[bytes],
-    fills: list[Any],
-    seq: Sequence,
-    sc: Any = None,
-) -> Data | None:
-    """A flush with few single rows per templated block (a CPU log), or whose single rows fall
-    inside the blocks (``inter``): the units framed one by one and put in key order
-    (``singles.join_units``) where they do not interleave (there are no segments then: they
-    were made small rows), else the rows merged (``merge``)."""
-    data = None if inter else join_units(keys, frame_rows(picked, ends, None)[0], fills, seq)
-    return data if data is not None else merge(first, picked, ends, fills, seq, sc)

@@ -4,8 +4,9 @@ A flush of a log with devices holds many rows that no template covers (step slic
 scheduler's splits, copies, command buffers, RPC graphs and network commands: about one for
 every two ops). Framing them one packet at a time in Python cost as much as all the rest of the
 writer; here every row's packet (``TRACE_PACKET``, its length, the row's fields, the timestamp,
-``POST``) is assembled with numpy from the rows' bodies joined into one buffer, and the units of
-a flush (these rows and the templates' blocks) are sorted by key and gathered in one pass.
+``POST``) is made at once for all (``framed``), and where the single rows are few (a CPU log's)
+the units of a flush (these rows and the templates' blocks) are put in key order one by one
+(``join_units``).
 """
 
 from __future__ import annotations
@@ -109,28 +110,6 @@ def key_order(first: list[Any], last: list[Any]) -> Any:
     if not less.all():
         return None
     return order
-
-
-def ordered(order: Any, n_s: int, sbuf: Any, slen: Any, blocks: list[Any]) -> list[Any]:
-    """The units in ``order``: below ``n_s`` a single row, from ``n_s`` on a block
-    (``blocks[u - n_s]``, bytes-like). The single rows' packets are in ``sbuf`` in the order
-    they come in ``order`` (``frame_rows`` with ``perm``), ``slen`` long each: slices of it in
-    runs between the blocks (parts, ``sinks.Data``: the sink joins them)."""
-    is_block = order >= n_s
-    sg = memoryview(sbuf)
-    ends = np.concatenate(([0], np.cumsum(slen))).tolist()
-    at = np.flatnonzero(is_block)
-    out: list[Any] = []
-    prev = 0
-    for j, (pos, u) in enumerate(zip(at.tolist(), order[at].tolist(), strict=True)):
-        k = pos - j  # single rows before this block
-        if k > prev:
-            out.append(sg[ends[prev] : ends[k]])
-        out.append(blocks[u - n_s])
-        prev = k
-    if len(slen) > prev:
-        out.append(sg[ends[prev] :])
-    return out
 
 
 def collect(rows: list[Any], batch: list[int], keys: list[list[Any]], picked: list[Any]) -> bool:

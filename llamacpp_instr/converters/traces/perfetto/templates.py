@@ -17,12 +17,12 @@ import numpy as np
 from ..sinks import Data
 from .batch import Batch, Block
 from .events import EventFields
-from .merge import joined, merge
+from .merge import merge
 from .ops import OpStore, RateFields
-from .packets import POST, Sequence, packet
+from .packets import POST, Sequence
 from .protowire import TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
 from .segments import materialize, seg_columns
-from .singles import FEW_ROWS, collect, frame_rows, interleaved, key_order, ordered
+from .singles import FEW_ROWS, collect, frame_rows, interleaved, join_units
 
 TEMPLATE_BYTES = 64 << 20  # templates kept, at most (then forgotten, and learnt again)
 _BIG = 1 << 62  # (timestamps and durations below it: their sums stay in int64)
@@ -239,55 +239,32 @@ class TemplateSet:
     def encode(self, batches: list[Batch]) -> Data | None:
         """The batches' packets with each compute from its template and the other rows framed
         in bulk (``singles``), or None if a compute has no template or its rows do not sort as
-        the template's, or the computes' rows and the others interleave (the general encoder
-        sorts those)."""
+        the template's, or the first packet would be a compute's (the general encoder writes
+        those)."""
         got = by_templates(batches, self.templates, self.events)
         if got is None:
             return None
         by_template, blocks, keys, first, picked, sc = got
         ends = self.events.ends
         n_s = len(first[0])
-        s_ts = first[1]
-        # single rows inside templated computes (a device's busy stretches): merged row by row
-        inter = bool(n_s) and interleaved(first[0], s_ts, by_template.values())
         fills = [self._fill(tm, blist) for tm, blist in by_template.values()]
         if any(f is None for f in fills):
             return None
-        if inter or n_s < FEW_ROWS * blocks:  # (a CPU log: rows one by one cost less)
-            if len(sc) and not inter:  # (``join_units`` takes small rows)
+        # single rows inside templated computes (a device's busy stretches) are merged row by
+        # row, as are many single rows (a device log's: ``merge`` places them among the blocks'
+        # rows, wherever they fall); a few not inside (a CPU log's) cost less one by one
+        few = n_s < FEW_ROWS * blocks
+        inter = few and bool(n_s) and interleaved(first[0], first[1], by_template.values())
+        if few and not inter:
+            if len(sc):  # (``join_units`` takes small rows)
                 return self.encode([materialize(b, self.events) for b in batches])
-            data = joined(inter, keys, first, picked, ends, fills, self.seq, sc)
-            self.templated += blocks if data is not None else 0
-            return data
-        last, keys_s = list(first), list(first)
-        blocks_out: list[Any] = []  # each templated block's packets
-        for f_keys, z_keys, tb, _ in fills:
-            first = [np.concatenate((a, c)) for a, c in zip(first, f_keys, strict=True)]
-            last = [np.concatenate((a, c)) for a, c in zip(last, z_keys, strict=True)]
-            blocks_out += [memoryview(row) for row in tb]  # joined later: no copy here
-        if not len(first[0]):
-            return []
-        order = key_order(first, last)
-        if order is None:  # (blocks that interleave: the rows merged one by one)
-            data = merge(keys_s, picked, ends, fills, self.seq, sc)
-            self.templated += blocks if data is not None else 0
-            return data
-        # the single rows' packets, made only now that the flush is known to be templated,
-        # in the order they come out
-        s_order = order[order < n_s]
-        bodies, sbuf, slen = frame_rows(picked, ends, s_ts, sc, s_order)
-        head = b""
-        if self.seq.needs_head():
-            # the first packet defines what the batches intern (and clears the state if first)
-            u = int(order[0])
-            if u >= n_s:
-                return None
-            head = packet(bodies[u] + TIMESTAMP + varint(int(s_ts[u])) + self.seq.head())
-            order = order[1:]
-            sbuf, slen = sbuf[int(slen[0]) :], slen[1:]  # (its packet is the head's)
-        self.templated += blocks
-        out = ordered(order, n_s, sbuf, slen, blocks_out)
-        return [head, *out] if head else out
+            units = join_units(keys, frame_rows(picked, ends, None)[0], fills, self.seq)
+            if units is not None:
+                self.templated += blocks
+                return units
+        data = merge(first, picked, ends, fills, self.seq, sc)
+        self.templated += blocks if data is not None else 0
+        return data
 
     def learn(self, batches: list[Batch]) -> None:
         """Templates for the blocks seen more than once (a few tries each)."""

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .packets import POST, Sequence, packet
-from .protowire import I64_END, TIMESTAMP, TRACE_PACKET, varint, varint_len
+from .protowire import I64_END, TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
 
 _U8 = np.uint8
 # fewer single rows than this per templated block: ``join_units`` frames them one by one
@@ -74,6 +74,10 @@ def _glue(bl: Any, ts: Any) -> tuple[list[bytes], Any]:
     """The bytes before the first body, between each two, and after the last, for bodies ``bl``
     bytes long with timestamps ``ts`` (in [0, 2**63)); and each packet's length."""
     n = len(bl)
+    if n:
+        nb = len(varint(int(ts.min())))
+        if nb == len(varint(int(ts.max()))):  # (the usual: a flush spans far less than 2**49 ns)
+            return _glue_even(bl, ts, nb)
     nts = varint_len(ts)
     tail = len(TIMESTAMP) + len(POST)
     size = bl + tail + nts
@@ -91,6 +95,31 @@ def _glue(bl: Any, ts: Any) -> tuple[list[bytes], Any]:
     put_const(flat, at, TRACE_PACKET)
     put_varints(flat, at + len(TRACE_PACKET), size, n_size)
     glue: list[bytes] = mat.view(f"S{w}").ravel().tolist()
+    return glue, plen
+
+
+def _glue_even(bl: Any, ts: Any, nb: int) -> tuple[list[bytes], Any]:
+    """``_glue`` where every timestamp's varint is ``nb`` bytes long: each packet's end (the
+    timestamp and ``POST``) then fits fixed columns, and the next one's start (its tag and
+    length) the columns after them, shorter lengths padded with zeros: whole columns at a time."""
+    n = len(bl)
+    tail = len(TIMESTAMP) + nb + len(POST)
+    size = bl + tail
+    n_size = varint_len(size)
+    plen = len(TRACE_PACKET) + n_size + size
+    w = tail + len(TRACE_PACKET) + int(n_size.max())
+    mat = np.zeros((n + 1, w), dtype=_U8)
+    c = len(TIMESTAMP)
+    mat[1:, :c] = np.frombuffer(TIMESTAMP, dtype=_U8)
+    mat[1:, c : c + nb] = varint_bytes(ts, nb)
+    mat[1:, c + nb : tail] = np.frombuffer(POST, dtype=_U8)
+    c = tail + len(TRACE_PACKET)
+    mat[:n, tail:c] = np.frombuffer(TRACE_PACKET, dtype=_U8)
+    for j in range(w - c):  # (a byte past a length's last is 0: dropped with the padding)
+        more = (n_size > j + 1).astype(_U8) << 7
+        mat[:n, c + j] = ((size >> (7 * j)) & 0x7F).astype(_U8) | more
+    glue: list[bytes] = mat.view(f"S{w}").ravel().tolist()
+    glue[0] = TRACE_PACKET + varint(int(size[0]))  # (no packet's end before it)
     return glue, plen
 
 

@@ -49,15 +49,16 @@ def put_varints(out: Any, pos: Any, v: Any, nb: Any) -> None:
             out[pos[sel] + j] = byte | (more.astype(_U8) << 7)
 
 
-def framed(bodies: list[Any], ts: Any) -> tuple[Any, Any]:
+def framed(bodies: list[Any], ts: Any, bl: Any = None) -> tuple[Any, Any]:
     """Each row's packet, ``packet(body + TIMESTAMP + varint(ts) + POST)``, in one buffer (for
     timestamps in [0, 2**63)): the buffer and each packet's length. The bytes between two bodies
     (a packet's timestamp and ``POST``, the next one's tag and length: ``glue``) are made by
     numpy for every row at once, and the bodies (bytes-like) joined between them in one call:
     less than copying the bodies byte by byte into place with numpy, which needs an index per
-    byte."""
+    byte. ``bl``: the bodies' lengths, if known."""
     n = len(bodies)
-    bl = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+    if bl is None:
+        bl = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
     glue, plen = _glue(bl, ts)
     pieces: list[Any] = [None] * (2 * n + 1)
     pieces[0::2] = glue
@@ -168,7 +169,10 @@ def frame_rows(
     bodies: list[bytes] = []
     for s_, e_ in picked:
         bodies += [ends[e] if e >= 0 else s for s, e in zip(s_, e_, strict=True)]
+    bl = None
     if sc is not None and len(sc) and ts is not None:
+        bl = np.fromiter(map(len, bodies), dtype=np.int64, count=len(bodies))
+        bl = np.concatenate((bl, sc.lens))  # (the segments' lengths are known)
         src = sc.src.tobytes()  # (each segment row's body: a slice of it)
         bodies += map(
             src.__getitem__, map(slice, sc.starts.tolist(), (sc.starts + sc.lens).tolist())
@@ -178,6 +182,7 @@ def frame_rows(
     each, ts_each = bodies, ts
     if perm is not None:
         each, ts_each = _pick(bodies, perm), ts[perm]
+        bl = None if bl is None else bl[perm]
     if int(ts.min()) < 0:  # (an int64 field's negative varint: ten bytes)
         pk = [
             packet(bd + TIMESTAMP + varint(t) + POST)
@@ -188,7 +193,7 @@ def frame_rows(
             np.frombuffer(b"".join(pk), dtype=_U8),
             np.array([len(x) for x in pk], dtype=np.int64),
         )
-    buf, lens = framed(each, ts_each)
+    buf, lens = framed(each, ts_each, bl)
     return bodies, buf, lens
 
 

@@ -116,6 +116,39 @@ def _each(blocks: list[tuple[int, Batch, Block]]) -> Any:
     )
 
 
+def _stacked_sorted(tm: Template, blocks: list[tuple[int, Batch, Block]]) -> Any:
+    """``stacked`` with the timestamps in the template's row order: ``(ts, gids, durs)``; None
+    if a block's rows do not sort as the template's, or a timestamp's varint is not ``nb``
+    bytes long."""
+    got = stacked(blocks)
+    if got is None:
+        return None
+    ts, gids, durs = got
+    ts = ts[:, tm.perm]
+    d = np.diff(ts, axis=1)
+    if not ((d > 0) | ((d == 0) & tm.static_ok)).all():
+        return None
+    nb = tm.nb
+    if int(ts[:, 0].min()) < (1 << (7 * (nb - 1)) if nb > 1 else 0):
+        return None
+    if int(ts[:, -1].max()) >= 1 << (7 * nb):
+        return None
+    return ts, gids, durs
+
+
+def _varints(ts: list[Any], nbs: list[int]) -> list[Any]:
+    """``varint_bytes(ts[j], nbs[j])`` for each j: those of one length at once."""
+    out: list[Any] = [None] * len(ts)
+    for nb in dict.fromkeys(nbs):
+        js = [j for j, x in enumerate(nbs) if x == nb]
+        vb = varint_bytes(np.concatenate([ts[j].ravel() for j in js]), nb)
+        at = 0
+        for j in js:
+            out[j] = vb[at : at + ts[j].size].reshape(ts[j].shape + (nb,))
+            at += ts[j].size
+    return out
+
+
 class TemplateSet:
     """The templates learnt so far (``learn``), and the batches encoded from them (``encode``)."""
 
@@ -201,40 +234,44 @@ class TemplateSet:
         tm.n_rates = n_rates
         return tm
 
-    def _fill(self, tm: Template, blocks: list[tuple[int, Batch, Block]]) -> Any:
-        """The blocks' packets from their template: the columns of their first and last keys
-        (batch, ts, rank, tie, seq) and their packets (a row of bytes per block), or None if
-        the rows of one do not sort as the template's."""
-        got = stacked(blocks)
-        if got is None:
+    def _fill(self, groups: list[tuple[Template, list[tuple[int, Batch, Block]]]]) -> Any:
+        """Each template's blocks' packets (``groups``: a template and its blocks): the columns
+        of their first and last keys (batch, ts, rank, tie, seq) and their packets (a row of
+        bytes per block), with what ``merge`` needs; None if the rows of one do not sort as its
+        template's. The timestamps' varints and the ops' rates of every template at once (both
+        are made value by value: a flush of a device log has a template per device)."""
+        got = [_stacked_sorted(tm, blocks) for tm, blocks in groups]
+        if any(g is None for g in got):
             return None
-        ts, gids, durs = got
-        ts = ts[:, tm.perm]
-        d = np.diff(ts, axis=1)
-        if not ((d > 0) | ((d == 0) & tm.static_ok)).all():
-            return None
-        nb = tm.nb
-        if int(ts[:, 0].min()) < (1 << (7 * (nb - 1)) if nb > 1 else 0):
-            return None
-        if int(ts[:, -1].max()) >= 1 << (7 * nb):
-            return None
-        bufs = np.tile(tm.buf, (len(blocks), 1))
-        bufs[:, tm.ts_idx] = varint_bytes(ts, nb)
-        m = len(tm.rate_idx)
-        if m:
-            k = tm.n_rates
-            got = self.store.rates(gids, durs)
-            rates = np.empty((len(gids), k), dtype="<f8")
-            for j in range(k):
-                rates[:, j] = got[j]
-            bufs[:, tm.rate_idx] = rates.view(np.uint8).reshape(len(blocks), m, 8 * k)
-        f, z = tm.first, tm.last
-        kb = np.array([k for k, _, _ in blocks], dtype=np.int64)
-        seq0 = np.array([bl.seq0 for _, _, bl in blocks], dtype=np.int64)
-        n = len(blocks)
-        first = [kb, ts[:, 0], np.full(n, f[0]), np.full(n, f[1]), seq0 + f[2]]
-        last = [kb, ts[:, -1], np.full(n, z[0]), np.full(n, z[1]), seq0 + z[2]]
-        return first, last, bufs, (kb, seq0, ts, tm)
+        ts_all = [g[0] for g in got]
+        nbs = [tm.nb for tm, _ in groups]
+        vbs = _varints(ts_all, nbs)
+        with_ops = [j for j, (tm, _) in enumerate(groups) if len(tm.rate_idx)]
+        rates: Any = None
+        if with_ops:
+            gids = np.concatenate([got[j][1] for j in with_ops])
+            rates = self.store.rates(gids, np.concatenate([got[j][2] for j in with_ops]))
+        fills = []
+        at = 0  # the next template's first op among the rates
+        for (tm, blocks), (ts, gids, _), vb in zip(groups, got, vbs, strict=True):
+            n = len(blocks)
+            bufs = np.tile(tm.buf, (n, 1))
+            bufs[:, tm.ts_idx] = vb
+            m = len(tm.rate_idx)
+            if m:
+                k = tm.n_rates
+                mine = np.empty((len(gids), k), dtype="<f8")
+                for r in range(k):
+                    mine[:, r] = rates[r][at : at + len(gids)]
+                at += len(gids)
+                bufs[:, tm.rate_idx] = mine.view(np.uint8).reshape(n, m, 8 * k)
+            f, z = tm.first, tm.last
+            kb = np.array([k for k, _, _ in blocks], dtype=np.int64)
+            seq0 = np.array([bl.seq0 for _, _, bl in blocks], dtype=np.int64)
+            first = [kb, ts[:, 0], np.full(n, f[0]), np.full(n, f[1]), seq0 + f[2]]
+            last = [kb, ts[:, -1], np.full(n, z[0]), np.full(n, z[1]), seq0 + z[2]]
+            fills.append((first, last, bufs, (kb, seq0, ts, tm)))
+        return fills
 
     def encode(self, batches: list[Batch]) -> Data | None:
         """The batches' packets with each compute from its template and the other rows framed
@@ -247,8 +284,8 @@ class TemplateSet:
         by_template, blocks, keys, first, picked, sc = got
         ends = self.events.ends
         n_s = len(first[0])
-        fills = [self._fill(tm, blist) for tm, blist in by_template.values()]
-        if any(f is None for f in fills):
+        fills = self._fill(list(by_template.values()))
+        if fills is None:
             return None
         # single rows inside templated computes (a device's busy stretches) are merged row by
         # row, as are many single rows (a device log's: ``merge`` places them among the blocks'

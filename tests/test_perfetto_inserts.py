@@ -128,3 +128,14 @@ def test_first_packet_a_block_row_gives_none() -> None:
     assert _both(first, picked, fills, True) == (None, None)
     got, want = _both(first, picked, fills, False)
     assert got == want and got is not None
+
+
+def test_block_keys_too_wide_to_pack() -> None:
+    """Blocks whose keys span too much to pack in one int64 are ordered column by column; the
+    singles are still placed (their (batch, ts) packs)."""
+    fills = _fills([(0, 0, 0, 1), (1, 0, 2**61, 1), (0, 1, 5, 0)], np.random.default_rng(4))
+    first, picked = _singles([(0, 1, 1, 0), (0, 2**61 + 1, 0, 0), (1, 5, 2, 2), (0, 3, 1, 1)])
+    p = plan(first, fills)
+    assert p is not None and p.pos.tolist() == sorted(p.pos.tolist())
+    got, want = _both(first, picked, fills, False)
+    assert got == want and got is not None

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .keysort import key_sort
+from .keysort import key_sort, packed
 from .singles import key_order
 
 _I64 = 1 << 63
@@ -42,19 +42,16 @@ def plan(first: list[Any], fills: list[Any]) -> Plan | None:
     ``TemplateSet._fill``'s), or None if the blocks interleave or the keys do not pack."""
     if not fills:
         return None
-    f_keys = [np.concatenate([f[0][j] for f in fills]) for j in range(5)]
-    z_keys = [np.concatenate([f[1][j] for f in fills]) for j in range(5)]
-    b_order = key_order(f_keys, z_keys)  # (also: whether a block's rows end before the next's)
+    b_order, kb = _block_order(fills)
     if b_order is None:
         return None
     sizes = [len(f[2]) for f in fills]
     fill = np.repeat(np.arange(len(fills)), sizes)[b_order]
-    row = np.concatenate([np.arange(n) for n in sizes])[b_order]
+    row = (np.arange(len(b_order)) - np.repeat(np.cumsum(sizes) - sizes, sizes))[b_order]
     n_rows = np.array([len(f[3][3].keys[0]) for f in fills], dtype=np.int64)[fill]
     starts = np.concatenate(([0], np.cumsum(n_rows)))
     fl, rl = fill.tolist(), row.tolist()
     ts = np.concatenate([fills[f][3][2][r] for f, r in zip(fl, rl, strict=True)])
-    kb = f_keys[0][b_order]
     s_batch, s_ts = first[0], first[1]
     n_s = len(s_batch)
     b_lo, b_hi = int(kb.min()), int(kb.max())
@@ -77,6 +74,22 @@ def plan(first: list[Any], fills: list[Any]) -> Plan | None:
     if len(tied):
         pos[tied] += _below(s, tied, pos[tied], hi[tied], fills, fill, row, starts)
     return Plan(order, pos, fill, row, starts)
+
+
+def _block_order(fills: list[Any]) -> tuple[Any, Any]:
+    """The blocks (their fills' in turn) in key order, and their batches in that order; None
+    (twice) if a block's last key is not below the next one's first (they interleave)."""
+    n = sum(len(f[2]) for f in fills)
+    # every block's first key, then every block's last: one int64 each where they fit
+    both = [np.concatenate([f[0][j] for f in fills] + [f[1][j] for f in fills]) for j in range(5)]
+    p = packed(both)
+    if p is None:
+        order = key_order([c[:n] for c in both], [c[n:] for c in both])
+        return order, None if order is None else both[0][order]
+    order = np.argsort(p[:n])  # (keys are distinct: any sort)
+    if (p[n:][order[:-1]] >= p[:n][order[1:]]).any():
+        return None, None
+    return order, both[0][order]
 
 
 def _below(

@@ -141,6 +141,9 @@ def _varints(ts: list[Any], nbs: list[int]) -> list[Any]:
     out: list[Any] = [None] * len(ts)
     for nb in dict.fromkeys(nbs):
         js = [j for j, x in enumerate(nbs) if x == nb]
+        if len(js) == 1:  # (no copy: a CPU log's flush has one template)
+            out[js[0]] = varint_bytes(ts[js[0]], nb)
+            continue
         vb = varint_bytes(np.concatenate([ts[j].ravel() for j in js]), nb)
         at = 0
         for j in js:
@@ -249,8 +252,8 @@ class TemplateSet:
         with_ops = [j for j, (tm, _) in enumerate(groups) if len(tm.rate_idx)]
         rates: Any = None
         if with_ops:
-            gids = np.concatenate([got[j][1] for j in with_ops])
-            rates = self.store.rates(gids, np.concatenate([got[j][2] for j in with_ops]))
+            gids, durs = (np.concatenate([got[j][c] for j in with_ops]) for c in (1, 2))
+            rates = self.store.rates(gids, durs)
         fills = []
         at = 0  # the next template's first op among the rates
         for (tm, blocks), (ts, gids, _), vb in zip(groups, got, vbs, strict=True):

@@ -124,7 +124,7 @@ def _stacked_sorted(tm: Template, blocks: list[tuple[int, Batch, Block]]) -> Any
     if got is None:
         return None
     ts, gids, durs = got
-    ts = ts[:, tm.perm]
+    ts = np.take(ts, tm.perm, axis=1)  # (C-ordered: its rows are read whole later)
     d = np.diff(ts, axis=1)
     if not ((d > 0) | ((d == 0) & tm.static_ok)).all():
         return None

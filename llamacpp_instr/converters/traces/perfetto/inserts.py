@@ -64,15 +64,17 @@ def plan(first: list[Any], fills: list[Any]) -> Plan | None:
         return None
     # (batch, ts) as one int64: the blocks' rows, in order, are sorted by it
     off = (kb - b_lo) * span - t_lo  # (in int64: each of its values fits, as the sums do)
-    g = ts + np.repeat(off, n_rows)
+    g = np.repeat(off, n_rows)
+    g += ts  # (in place: one array of the flush's block rows fewer to get from the allocator)
     order = key_sort(first)
     s = [c[order] for c in first]
     sg = (s[0] - b_lo) * span + (s[1] - t_lo)
     pos = np.searchsorted(g, sg, side="left")
-    hi = np.searchsorted(g, sg, side="right")
-    tied = np.flatnonzero(hi > pos)
+    # (a single row whose (batch, ts) some block rows share: those come first at ``pos``)
+    tied = np.flatnonzero(g[np.minimum(pos, len(g) - 1)] == sg)
     if len(tied):
-        pos[tied] += _below(s, tied, pos[tied], hi[tied], fills, fill, row, starts)
+        hi = np.searchsorted(g, sg[tied], side="right")
+        pos[tied] += _below(s, tied, pos[tied], hi, fills, fill, row, starts)
     return Plan(order, pos, fill, row, starts)
 
 

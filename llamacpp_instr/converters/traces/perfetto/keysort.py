@@ -50,6 +50,21 @@ def key_sort(keys: list[Any]) -> Any:
     return np.lexsort(keys[::-1])
 
 
+def packed(keys: list[Any]) -> Any:
+    """The rows' keys (``keys``: int64 columns, most significant first) as one int64 each, in the
+    same order (mixed radix from each column's least value); None where they do not fit."""
+    lows, spans = [], []
+    total = 1
+    for c in keys:
+        lo = int(c.min())
+        lows.append(lo)
+        spans.append(int(c.max()) - lo + 1)
+        total *= spans[-1]
+    if total >= _I64:
+        return None
+    return _packed(keys, lows, spans, 0, len(keys))
+
+
 def _packed(keys: list[Any], lows: list[int], spans: list[int], a: int, z: int) -> Any:
     """Columns ``a`` to ``z`` of ``keys`` as one int64 (mixed radix; it fits, see ``key_sort``)."""
     out = keys[a] - lows[a]

@@ -1,12 +1,14 @@
-"""A flush whose single rows fall inside templated blocks, merged row by row.
+"""A flush with many single rows, or single rows inside templated blocks, merged row by row.
 
 On a device, a compute's part and what the device timed of it overlap: a Vulkan device's
 command buffers run while the device's ops do, so the step's single rows (splits, command
-buffers) sort among the rows of the templated blocks. ``singles.key_order`` puts whole units in
-order and cannot; here every row, single or a block's, gets its key (batch, ts, rank, tie, seq:
-a block's from its template's static keys and its own timestamps), one sort orders them all, and
-their packets are joined from the templates' filled buffers in runs: the bytes the general
-encoder writes, which sorts the same keys, without encoding the blocks' rows one by one.
+buffers) sort among the rows of the templated blocks, and a device log has about one single row
+for every two ops. Each single row is placed among the blocks' rows (``inserts.plan``: the
+blocks' rows are in key order already), and the packets are joined in runs from the templates'
+filled buffers and the single rows' framed packets: the bytes the general encoder writes, which
+sorts the same keys (batch, ts, rank, tie, seq), without encoding the blocks' rows one by one.
+Where the blocks interleave, every row gets its key and one sort orders them all
+(``merge_sorted``).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from ..sinks import Data
+from .inserts import Plan, plan
 from .keysort import key_sort
 from .packets import Sequence, packet
 from .protowire import TIMESTAMP, varint
-from .singles import frame_rows, join_units
+from .singles import frame_rows
 
 
 def merge(
@@ -34,7 +37,86 @@ def merge(
     columns, ``picked``: what makes their bodies, ``singles.collect``'s) and the templated
     blocks (``fills``: ``TemplateSet._fill``'s) in key order; None if the first packet is a
     block's (it must carry the sequence's head: the general encoder writes it); ``sc``: the
-    segments' rows (``segments.SegColumns``), after the others in ``first``."""
+    segments' rows (``segments.SegColumns``), after the others in ``first``. The single rows
+    are placed among the blocks' (``inserts``), or where that cannot be, every row sorted."""
+    p = plan(first, fills)
+    if p is None:
+        return merge_sorted(first, picked, ends, fills, seq, sc)
+    return _placed(p, first, picked, ends, fills, seq, sc)
+
+
+def _placed(
+    p: Plan,
+    first: list[Any],
+    picked: list[Any],
+    ends: list[bytes],
+    fills: list[Any],
+    seq: Sequence,
+    sc: Any,
+) -> Data | None:
+    """``merge``'s packets from the singles' places among the blocks (``p``)."""
+    n_s = len(first[0])
+    s_ts = first[1]
+    order, pos, starts = p.order, p.pos, p.starts
+    bodies, sbuf, slen = frame_rows(picked, ends, s_ts, sc, order)  # (in their order)
+    total = int(starts[-1])
+    if not n_s and not total:
+        return []
+    head = b""
+    s0 = 0  # the first single row after the head
+    if seq.needs_head():
+        # the first packet defines what the batches intern (and clears the state if first)
+        if not n_s or int(pos[0]):
+            return None
+        u = int(order[0])
+        head = packet(bodies[u] + TIMESTAMP + varint(int(s_ts[u])) + seq.head())
+        s0 = 1
+    cum = np.concatenate(([0], np.cumsum(slen)))
+    pos = pos[s0:]
+    # the single rows in groups, one per place: a group's first row and its place
+    g_first = np.flatnonzero(np.diff(pos, prepend=-1))  # (places are never negative)
+    g_end = np.concatenate((g_first[1:], [len(pos)]))
+    g_pos = pos[g_first]
+    # cuts in the blocks' rows: where a block starts, where single rows go
+    cuts = np.sort(np.concatenate((starts[:-1], g_pos)))
+    cuts = cuts[np.concatenate(([True], cuts[1:] != cuts[:-1]))]
+    nxt = np.concatenate((cuts[1:], [total]))
+    # at each cut, its group of single rows (if any) then the block rows up to the next cut
+    gi = np.minimum(np.searchsorted(g_pos, cuts), len(g_pos) - 1)
+    has_s = (g_pos[gi] == cuts) if len(g_pos) else np.zeros(len(cuts), dtype=bool)
+    s_a = cum[s0 + g_first[gi]] if len(g_pos) else cuts
+    s_z = cum[s0 + g_end[gi]] if len(g_pos) else cuts
+    has_b = cuts < total
+    blk = np.minimum(np.searchsorted(starts, cuts, side="right") - 1, len(p.fill) - 1)
+    f = p.fill[blk]
+    ro = np.concatenate([x[3][3].row_off for x in fills])  # each template's row starts, and end
+    ro_at = np.cumsum([0] + [len(x[3][3].row_off) for x in fills])[f] - starts[blk]
+    base = p.row[blk] * np.array([x[2].shape[1] for x in fills], dtype=np.int64)[f]
+    b_a = base + ro[ro_at + np.minimum(cuts, total)]
+    b_z = base + ro[ro_at + nxt]
+    buf = np.stack((np.zeros(len(cuts), dtype=np.int64), f + 1), axis=1).ravel()
+    a = np.stack((s_a, b_a), axis=1).ravel()
+    z = np.stack((s_z, b_z), axis=1).ravel()
+    keep = np.stack((has_s, has_b), axis=1).ravel() & (z > a)
+    mvs = [memoryview(sbuf)] + [memoryview(x[2].reshape(-1)) for x in fills]
+    # (not joined here: the sink joins a bundle's parts once)
+    parts: list[Any] = [head] if head else []
+    parts += [
+        mvs[k][i:j]
+        for k, i, j in zip(buf[keep].tolist(), a[keep].tolist(), z[keep].tolist(), strict=True)
+    ]
+    return parts
+
+
+def merge_sorted(
+    first: list[Any],
+    picked: list[Any],
+    ends: list[bytes],
+    fills: list[Any],
+    seq: Sequence,
+    sc: Any = None,
+) -> Data | None:
+    """``merge`` with every row's key built and sorted (blocks that interleave)."""
     n_s = len(first[0])
     s_ts = first[1]
     bodies, sbuf, slen = frame_rows(picked, ends, s_ts, sc)
@@ -90,21 +172,3 @@ def merge(
     parts: list[Any] = [head] if head else []
     parts += [mvs[k][a:z] for k, a, z in zip(run_buf.tolist(), lo, hi, strict=True)]
     return parts
-
-
-def joined(
-    inter: bool,
-    keys: list[list[int]],
-    first: list[Any],
-    picked: list[Any],
-    ends: list[bytes],
-    fills: list[Any],
-    seq: Sequence,
-    sc: Any = None,
-) -> Data | None:
-    """A flush with few single rows per templated block (a CPU log), or whose single rows fall
-    inside the blocks (``inter``): the units framed one by one and put in key order
-    (``singles.join_units``) where they do not interleave (there are no segments then: they
-    were made small rows), else the rows merged (``merge``)."""
-    data = None if inter else join_units(keys, frame_rows(picked, ends, None)[0], fills, seq)
-    return data if data is not None else merge(first, picked, ends, fills, seq, sc)

@@ -266,3 +266,23 @@ class NodeTable:
         d_len = tables.fields.lens[2 if ideal is None else 3]
         depth = 3 if node.layer is not None else 2
         return te, t, n_flops, n_bytes, depth, ideal, d_len, len(te) + d_len + len(t)
+
+
+def kept_ops(
+    cache: dict[int, tuple[Any, bytes]], track: int, gids: Any, start: Any, dur: Any, keep: Any
+) -> tuple[Any, Any, Any, Any]:
+    """The ops of a compute on ``track`` that ``keep`` keeps (``OpBatch.keep``: None, a slice
+    or a mask): their gids, starts and durations, and what names their gids in a block's key
+    (``Writer.add_compute``): the gids' bytes or, where ``keep`` is None or a slice, the bytes of
+    all the compute's gids (and the slice). Those are made once per gids array (``cache``, by
+    track: the array, kept so that its id is no other's, and its bytes): ``NodeTables.ids`` gives
+    a repeated compute the same array (a device's part of it: the same array and slice)."""
+    if keep is None or isinstance(keep, slice):
+        got = cache.get(track)
+        if got is None or got[0] is not gids:
+            got = cache[track] = (gids, gids.tobytes())
+        if keep is None:
+            return gids, start, dur, got[1]
+        return gids[keep], start[keep], dur[keep], (got[1], keep.start, keep.stop, keep.step)
+    gids = gids[keep]
+    return gids, start[keep], dur[keep], gids.tobytes()

@@ -4,18 +4,20 @@ A flush of a log with devices holds many rows that no template covers (step slic
 scheduler's splits, copies, command buffers, RPC graphs and network commands: about one for
 every two ops). Framing them one packet at a time in Python cost as much as all the rest of the
 writer; here every row's packet (``TRACE_PACKET``, its length, the row's fields, the timestamp,
-``POST``) is assembled with numpy from the rows' bodies joined into one buffer, and the units of
-a flush (these rows and the templates' blocks) are sorted by key and gathered in one pass.
+``POST``) is made at once for all (``framed``), and where the single rows are few (a CPU log's)
+the units of a flush (these rows and the templates' blocks) are put in key order one by one
+(``join_units``).
 """
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
 from .packets import POST, Sequence, packet
-from .protowire import I64_END, TIMESTAMP, TRACE_PACKET, varint, varint_len
+from .protowire import I64_END, TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
 
 _U8 = np.uint8
 # fewer single rows than this per templated block: ``join_units`` frames them one by one
@@ -47,38 +49,79 @@ def put_varints(out: Any, pos: Any, v: Any, nb: Any) -> None:
             out[pos[sel] + j] = byte | (more.astype(_U8) << 7)
 
 
-def framed(bodies: list[bytes], ts: Any) -> tuple[Any, Any]:
+def framed(bodies: list[Any], ts: Any, bl: Any = None) -> tuple[Any, Any]:
     """Each row's packet, ``packet(body + TIMESTAMP + varint(ts) + POST)``, in one buffer (for
-    timestamps in [0, 2**63)): the buffer and each packet's length."""
+    timestamps in [0, 2**63)): the buffer and each packet's length. The bytes between two bodies
+    (a packet's timestamp and ``POST``, the next one's tag and length: ``glue``) are made by
+    numpy for every row at once, and the bodies (bytes-like) joined between them in one call:
+    less than copying the bodies byte by byte into place with numpy, which needs an index per
+    byte. ``bl``: the bodies' lengths, if known."""
     n = len(bodies)
-    bl = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
-    return framed_body(np.frombuffer(b"".join(bodies), dtype=_U8), bl, ts)
+    if bl is None:
+        bl = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+    glue, plen = _glue(bl, ts)
+    pieces: list[Any] = [None] * (2 * n + 1)
+    pieces[0::2] = glue
+    pieces[1::2] = bodies
+    return np.frombuffer(b"".join(pieces), dtype=_U8), plen
 
 
-def framed_body(body: Any, bl: Any, ts: Any, starts: Any = None) -> tuple[Any, Any]:
-    """``framed`` for the bodies one after another in ``body``, ``bl`` bytes each (or, with
-    ``starts``, each from its start in ``body``: copied once, not gathered first)."""
+# (``_glue`` keeps each piece's bytes in a fixed-width numpy string, which drops trailing zero
+# bytes: a piece ends in a length's varint, never zero, or in ``POST``)
+assert POST[-1] != 0
+
+
+def _glue(bl: Any, ts: Any) -> tuple[list[bytes], Any]:
+    """The bytes before the first body, between each two, and after the last, for bodies ``bl``
+    bytes long with timestamps ``ts`` (in [0, 2**63)); and each packet's length."""
+    n = len(bl)
+    if n:
+        nb = len(varint(int(ts.min())))
+        if nb == len(varint(int(ts.max()))):  # (the usual: a flush spans far less than 2**49 ns)
+            return _glue_even(bl, ts, nb)
     nts = varint_len(ts)
-    size = bl + len(TIMESTAMP) + nts + len(POST)
+    tail = len(TIMESTAMP) + len(POST)
+    size = bl + tail + nts
     n_size = varint_len(size)
     plen = len(TRACE_PACKET) + n_size + size
-    off = np.cumsum(plen) - plen
-    out = np.empty(int(plen.sum()), dtype=_U8)
-    put_const(out, off, TRACE_PACKET)
-    put_varints(out, off + len(TRACE_PACKET), size, n_size)
-    at = off + len(TRACE_PACKET) + n_size
-    before = np.cumsum(bl) - bl
-    step = np.arange(int(bl.sum()))
-    if starts is None:
-        out[np.repeat(at - before, bl) + step] = body
-    else:
-        out[np.repeat(at - before, bl) + step] = body[np.repeat(starts - before, bl) + step]
-    at = at + bl
-    put_const(out, at, TIMESTAMP)
-    at = at + len(TIMESTAMP)
-    put_varints(out, at, ts, nts)
-    put_const(out, at + nts, POST)
-    return out, plen
+    w = tail + 10 + len(TRACE_PACKET) + 10  # a packet's end, and the next one's start
+    mat = np.zeros((n + 1, w), dtype=_U8)
+    flat = mat.reshape(-1)
+    at = np.arange(w, (n + 1) * w, w)  # piece k + 1 starts with packet k's end
+    put_const(flat, at, TIMESTAMP)
+    put_varints(flat, at + len(TIMESTAMP), ts, nts)
+    put_const(flat, at + len(TIMESTAMP) + nts, POST)
+    at = np.arange(0, n * w, w)  # piece k ends with packet k's start
+    at[1:] += tail + nts[:-1]
+    put_const(flat, at, TRACE_PACKET)
+    put_varints(flat, at + len(TRACE_PACKET), size, n_size)
+    glue: list[bytes] = mat.view(f"S{w}").ravel().tolist()
+    return glue, plen
+
+
+def _glue_even(bl: Any, ts: Any, nb: int) -> tuple[list[bytes], Any]:
+    """``_glue`` where every timestamp's varint is ``nb`` bytes long: each packet's end (the
+    timestamp and ``POST``) then fits fixed columns, and the next one's start (its tag and
+    length) the columns after them, shorter lengths padded with zeros: whole columns at a time."""
+    n = len(bl)
+    tail = len(TIMESTAMP) + nb + len(POST)
+    size = bl + tail
+    n_size = varint_len(size)
+    plen = len(TRACE_PACKET) + n_size + size
+    w = tail + len(TRACE_PACKET) + int(n_size.max())
+    mat = np.zeros((n + 1, w), dtype=_U8)
+    c = len(TIMESTAMP)
+    mat[1:, :c] = np.frombuffer(TIMESTAMP, dtype=_U8)
+    mat[1:, c : c + nb] = varint_bytes(ts, nb)
+    mat[1:, c + nb : tail] = np.frombuffer(POST, dtype=_U8)
+    c = tail + len(TRACE_PACKET)
+    mat[:n, tail:c] = np.frombuffer(TRACE_PACKET, dtype=_U8)
+    for j in range(w - c):  # (a byte past a length's last is 0: dropped with the padding)
+        more = (n_size > j + 1).astype(_U8) << 7
+        mat[:n, c + j] = ((size >> (7 * j)) & 0x7F).astype(_U8) | more
+    glue: list[bytes] = mat.view(f"S{w}").ravel().tolist()
+    glue[0] = TRACE_PACKET + varint(int(size[0]))  # (no packet's end before it)
+    return glue, plen
 
 
 def key_order(first: list[Any], last: list[Any]) -> Any:
@@ -99,28 +142,6 @@ def key_order(first: list[Any], last: list[Any]) -> Any:
     return order
 
 
-def ordered(order: Any, n_s: int, sbuf: Any, slen: Any, blocks: list[Any]) -> list[Any]:
-    """The units in ``order``: below ``n_s`` a single row, from ``n_s`` on a block
-    (``blocks[u - n_s]``, bytes-like). The single rows' packets are in ``sbuf`` in the order
-    they come in ``order`` (``frame_rows`` with ``perm``), ``slen`` long each: slices of it in
-    runs between the blocks (parts, ``sinks.Data``: the sink joins them)."""
-    is_block = order >= n_s
-    sg = memoryview(sbuf)
-    ends = np.concatenate(([0], np.cumsum(slen))).tolist()
-    at = np.flatnonzero(is_block)
-    out: list[Any] = []
-    prev = 0
-    for j, (pos, u) in enumerate(zip(at.tolist(), order[at].tolist(), strict=True)):
-        k = pos - j  # single rows before this block
-        if k > prev:
-            out.append(sg[ends[prev] : ends[k]])
-        out.append(blocks[u - n_s])
-        prev = k
-    if len(slen) > prev:
-        out.append(sg[ends[prev] :])
-    return out
-
-
 def collect(rows: list[Any], batch: list[int], keys: list[list[Any]], picked: list[Any]) -> bool:
     """A flush's single rows (its batches' small rows that no block covers, ``batch`` the
     number of each one's batch): their keys put in ``keys`` (batch, ts, rank, tie, seq: lists,
@@ -138,26 +159,6 @@ def collect(rows: list[Any], batch: list[int], keys: list[list[Any]], picked: li
     return True
 
 
-class Bodies:
-    """The single rows' bodies by index: the small rows' (a list), then the segments' (in
-    ``src``, from ``starts``, ``lens`` bytes each: ``segments.SegColumns``)."""
-
-    def __init__(self, first: list[bytes], src: Any, starts: Any, lens: Any) -> None:
-        self.first = first
-        self.src = src
-        self.starts = starts
-        self.lens = lens
-
-    def __len__(self) -> int:
-        return len(self.lens)
-
-    def __getitem__(self, u: int) -> bytes:
-        if u < len(self.first):
-            return self.first[u]
-        a = int(self.starts[u])
-        return bytes(self.src[a : a + int(self.lens[u])])
-
-
 def frame_rows(
     picked: list[Any], ends: list[bytes], ts: Any, sc: Any = None, perm: Any = None
 ) -> tuple[Any, Any, Any]:
@@ -168,24 +169,20 @@ def frame_rows(
     bodies: list[bytes] = []
     for s_, e_ in picked:
         bodies += [ends[e] if e >= 0 else s for s, e in zip(s_, e_, strict=True)]
+    bl = None
     if sc is not None and len(sc) and ts is not None:
         bl = np.fromiter(map(len, bodies), dtype=np.int64, count=len(bodies))
-        joined = np.frombuffer(b"".join(bodies), dtype=_U8)
-        src = np.concatenate((joined, sc.src))
-        lens = np.concatenate((bl, sc.lens))
-        starts = np.concatenate((np.cumsum(bl) - bl, sc.starts + len(joined)))
-        rows = Bodies(bodies, src, starts, lens)
-        if int(ts.min()) >= 0:
-            if perm is not None:
-                starts, lens, ts = starts[perm], lens[perm], ts[perm]
-            buf, plen = framed_body(src, lens, ts, starts)
-            return rows, buf, plen
-        bodies = [rows[u] for u in range(len(rows))]
+        bl = np.concatenate((bl, sc.lens))  # (the segments' lengths are known)
+        src = sc.src.tobytes()  # (each segment row's body: a slice of it)
+        bodies += map(
+            src.__getitem__, map(slice, sc.starts.tolist(), (sc.starts + sc.lens).tolist())
+        )
     if not bodies or ts is None:
         return bodies, np.zeros(0, dtype=_U8), np.zeros(0, dtype=np.int64)
     each, ts_each = bodies, ts
     if perm is not None:
-        each, ts_each = [bodies[u] for u in perm.tolist()], ts[perm]
+        each, ts_each = _pick(bodies, perm), ts[perm]
+        bl = None if bl is None else bl[perm]
     if int(ts.min()) < 0:  # (an int64 field's negative varint: ten bytes)
         pk = [
             packet(bd + TIMESTAMP + varint(t) + POST)
@@ -196,8 +193,15 @@ def frame_rows(
             np.frombuffer(b"".join(pk), dtype=_U8),
             np.array([len(x) for x in pk], dtype=np.int64),
         )
-    buf, lens = framed(each, ts_each)
+    buf, lens = framed(each, ts_each, bl)
     return bodies, buf, lens
+
+
+def _pick(items: list[Any], perm: Any) -> list[Any]:
+    """``[items[u] for u in perm]``, in one C call."""
+    if len(perm) < 2:
+        return [items[u] for u in perm.tolist()]
+    return list(itemgetter(*perm.tolist())(items))
 
 
 def interleaved(batch: Any, ts: Any, templated: Any) -> bool:

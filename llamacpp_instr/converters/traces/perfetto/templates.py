@@ -17,12 +17,12 @@ import numpy as np
 from ..sinks import Data
 from .batch import Batch, Block
 from .events import EventFields
-from .merge import joined, merge
+from .merge import merge
 from .ops import OpStore, RateFields
-from .packets import POST, Sequence, packet
+from .packets import POST, Sequence
 from .protowire import TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
 from .segments import materialize, seg_columns
-from .singles import FEW_ROWS, collect, frame_rows, interleaved, key_order, ordered
+from .singles import FEW_ROWS, collect, frame_rows, interleaved, join_units
 
 TEMPLATE_BYTES = 64 << 20  # templates kept, at most (then forgotten, and learnt again)
 _BIG = 1 << 62  # (timestamps and durations below it: their sums stay in int64)
@@ -116,6 +116,42 @@ def _each(blocks: list[tuple[int, Batch, Block]]) -> Any:
     )
 
 
+def _stacked_sorted(tm: Template, blocks: list[tuple[int, Batch, Block]]) -> Any:
+    """``stacked`` with the timestamps in the template's row order: ``(ts, gids, durs)``; None
+    if a block's rows do not sort as the template's, or a timestamp's varint is not ``nb``
+    bytes long."""
+    got = stacked(blocks)
+    if got is None:
+        return None
+    ts, gids, durs = got
+    ts = np.take(ts, tm.perm, axis=1)  # (C-ordered: its rows are read whole later)
+    d = np.diff(ts, axis=1)
+    if not ((d > 0) | ((d == 0) & tm.static_ok)).all():
+        return None
+    nb = tm.nb
+    if int(ts[:, 0].min()) < (1 << (7 * (nb - 1)) if nb > 1 else 0):
+        return None
+    if int(ts[:, -1].max()) >= 1 << (7 * nb):
+        return None
+    return ts, gids, durs
+
+
+def _varints(ts: list[Any], nbs: list[int]) -> list[Any]:
+    """``varint_bytes(ts[j], nbs[j])`` for each j: those of one length at once."""
+    out: list[Any] = [None] * len(ts)
+    for nb in dict.fromkeys(nbs):
+        js = [j for j, x in enumerate(nbs) if x == nb]
+        if len(js) == 1:  # (no copy: a CPU log's flush has one template)
+            out[js[0]] = varint_bytes(ts[js[0]], nb)
+            continue
+        vb = varint_bytes(np.concatenate([ts[j].ravel() for j in js]), nb)
+        at = 0
+        for j in js:
+            out[j] = vb[at : at + ts[j].size].reshape(ts[j].shape + (nb,))
+            at += ts[j].size
+    return out
+
+
 class TemplateSet:
     """The templates learnt so far (``learn``), and the batches encoded from them (``encode``)."""
 
@@ -201,93 +237,74 @@ class TemplateSet:
         tm.n_rates = n_rates
         return tm
 
-    def _fill(self, tm: Template, blocks: list[tuple[int, Batch, Block]]) -> Any:
-        """The blocks' packets from their template: the columns of their first and last keys
-        (batch, ts, rank, tie, seq) and their packets (a row of bytes per block), or None if
-        the rows of one do not sort as the template's."""
-        got = stacked(blocks)
-        if got is None:
+    def _fill(self, groups: list[tuple[Template, list[tuple[int, Batch, Block]]]]) -> Any:
+        """Each template's blocks' packets (``groups``: a template and its blocks): the columns
+        of their first and last keys (batch, ts, rank, tie, seq) and their packets (a row of
+        bytes per block), with what ``merge`` needs; None if the rows of one do not sort as its
+        template's. The timestamps' varints and the ops' rates of every template at once (both
+        are made value by value: a flush of a device log has a template per device)."""
+        got = [_stacked_sorted(tm, blocks) for tm, blocks in groups]
+        if any(g is None for g in got):
             return None
-        ts, gids, durs = got
-        ts = ts[:, tm.perm]
-        d = np.diff(ts, axis=1)
-        if not ((d > 0) | ((d == 0) & tm.static_ok)).all():
-            return None
-        nb = tm.nb
-        if int(ts[:, 0].min()) < (1 << (7 * (nb - 1)) if nb > 1 else 0):
-            return None
-        if int(ts[:, -1].max()) >= 1 << (7 * nb):
-            return None
-        bufs = np.tile(tm.buf, (len(blocks), 1))
-        bufs[:, tm.ts_idx] = varint_bytes(ts, nb)
-        m = len(tm.rate_idx)
-        if m:
-            k = tm.n_rates
-            got = self.store.rates(gids, durs)
-            rates = np.empty((len(gids), k), dtype="<f8")
-            for j in range(k):
-                rates[:, j] = got[j]
-            bufs[:, tm.rate_idx] = rates.view(np.uint8).reshape(len(blocks), m, 8 * k)
-        f, z = tm.first, tm.last
-        kb = np.array([k for k, _, _ in blocks], dtype=np.int64)
-        seq0 = np.array([bl.seq0 for _, _, bl in blocks], dtype=np.int64)
-        n = len(blocks)
-        first = [kb, ts[:, 0], np.full(n, f[0]), np.full(n, f[1]), seq0 + f[2]]
-        last = [kb, ts[:, -1], np.full(n, z[0]), np.full(n, z[1]), seq0 + z[2]]
-        return first, last, bufs, (kb, seq0, ts, tm)
+        ts_all = [g[0] for g in got]
+        nbs = [tm.nb for tm, _ in groups]
+        vbs = _varints(ts_all, nbs)
+        with_ops = [j for j, (tm, _) in enumerate(groups) if len(tm.rate_idx)]
+        rates: Any = None
+        if with_ops:
+            gids, durs = (np.concatenate([got[j][c] for j in with_ops]) for c in (1, 2))
+            rates = self.store.rates(gids, durs)
+        fills = []
+        at = 0  # the next template's first op among the rates
+        for (tm, blocks), (ts, gids, _), vb in zip(groups, got, vbs, strict=True):
+            n = len(blocks)
+            bufs = np.tile(tm.buf, (n, 1))
+            bufs[:, tm.ts_idx] = vb
+            m = len(tm.rate_idx)
+            if m:
+                k = tm.n_rates
+                mine = np.empty((len(gids), k), dtype="<f8")
+                for r in range(k):
+                    mine[:, r] = rates[r][at : at + len(gids)]
+                at += len(gids)
+                bufs[:, tm.rate_idx] = mine.view(np.uint8).reshape(n, m, 8 * k)
+            f, z = tm.first, tm.last
+            kb = np.array([k for k, _, _ in blocks], dtype=np.int64)
+            seq0 = np.array([bl.seq0 for _, _, bl in blocks], dtype=np.int64)
+            first = [kb, ts[:, 0], np.full(n, f[0]), np.full(n, f[1]), seq0 + f[2]]
+            last = [kb, ts[:, -1], np.full(n, z[0]), np.full(n, z[1]), seq0 + z[2]]
+            fills.append((first, last, bufs, (kb, seq0, ts, tm)))
+        return fills
 
     def encode(self, batches: list[Batch]) -> Data | None:
         """The batches' packets with each compute from its template and the other rows framed
         in bulk (``singles``), or None if a compute has no template or its rows do not sort as
-        the template's, or the computes' rows and the others interleave (the general encoder
-        sorts those)."""
+        the template's, or the first packet would be a compute's (the general encoder writes
+        those)."""
         got = by_templates(batches, self.templates, self.events)
         if got is None:
             return None
         by_template, blocks, keys, first, picked, sc = got
         ends = self.events.ends
         n_s = len(first[0])
-        s_ts = first[1]
-        # single rows inside templated computes (a device's busy stretches): merged row by row
-        inter = bool(n_s) and interleaved(first[0], s_ts, by_template.values())
-        fills = [self._fill(tm, blist) for tm, blist in by_template.values()]
-        if any(f is None for f in fills):
+        fills = self._fill(list(by_template.values()))
+        if fills is None:
             return None
-        if inter or n_s < FEW_ROWS * blocks:  # (a CPU log: rows one by one cost less)
-            if len(sc) and not inter:  # (``join_units`` takes small rows)
+        # single rows inside templated computes (a device's busy stretches) are merged row by
+        # row, as are many single rows (a device log's: ``merge`` places them among the blocks'
+        # rows, wherever they fall); a few not inside (a CPU log's) cost less one by one
+        few = n_s < FEW_ROWS * blocks
+        inter = few and bool(n_s) and interleaved(first[0], first[1], by_template.values())
+        if few and not inter:
+            if len(sc):  # (``join_units`` takes small rows)
                 return self.encode([materialize(b, self.events) for b in batches])
-            data = joined(inter, keys, first, picked, ends, fills, self.seq, sc)
-            self.templated += blocks if data is not None else 0
-            return data
-        last, keys_s = list(first), list(first)
-        blocks_out: list[Any] = []  # each templated block's packets
-        for f_keys, z_keys, tb, _ in fills:
-            first = [np.concatenate((a, c)) for a, c in zip(first, f_keys, strict=True)]
-            last = [np.concatenate((a, c)) for a, c in zip(last, z_keys, strict=True)]
-            blocks_out += [memoryview(row) for row in tb]  # joined later: no copy here
-        if not len(first[0]):
-            return []
-        order = key_order(first, last)
-        if order is None:  # (blocks that interleave: the rows merged one by one)
-            data = merge(keys_s, picked, ends, fills, self.seq, sc)
-            self.templated += blocks if data is not None else 0
-            return data
-        # the single rows' packets, made only now that the flush is known to be templated,
-        # in the order they come out
-        s_order = order[order < n_s]
-        bodies, sbuf, slen = frame_rows(picked, ends, s_ts, sc, s_order)
-        head = b""
-        if self.seq.needs_head():
-            # the first packet defines what the batches intern (and clears the state if first)
-            u = int(order[0])
-            if u >= n_s:
-                return None
-            head = packet(bodies[u] + TIMESTAMP + varint(int(s_ts[u])) + self.seq.head())
-            order = order[1:]
-            sbuf, slen = sbuf[int(slen[0]) :], slen[1:]  # (its packet is the head's)
-        self.templated += blocks
-        out = ordered(order, n_s, sbuf, slen, blocks_out)
-        return [head, *out] if head else out
+            units = join_units(keys, frame_rows(picked, ends, None)[0], fills, self.seq)
+            if units is not None:
+                self.templated += blocks
+                return units
+        data = merge(first, picked, ends, fills, self.seq, sc)
+        self.templated += blocks if data is not None else 0
+        return data
 
     def learn(self, batches: list[Batch]) -> None:
         """Templates for the blocks seen more than once (a few tries each)."""

@@ -24,7 +24,7 @@ from .batch import Batch, Block
 from .begins import Begins
 from .bulk import BulkEncoder
 from .events import EventFields
-from .ops import NodeTables, OpStore, RateFields
+from .ops import NodeTables, OpStore, RateFields, kept_ops
 from .packets import SEQ, Interner, Sequence, compressed_packet, packet, track_body
 from .protowire import I64_END, fixed64_ok
 from .segments import add_segs, materialize
@@ -73,6 +73,7 @@ class Writer:
         # definitions were interned before their boundary (what their head would carry)
         self.deferred: list[tuple[list[Batch], int]] = []
         self.known_layers: set[tuple[Any, ...]] = set()  # (``interns_nothing``)
+        self.ids_bytes: dict[int, tuple[Any, bytes]] = {}  # (``kept_ops``)
 
     def write(self, items: Iterable[BulkItem]) -> None:
         try:
@@ -135,10 +136,7 @@ class Writer:
         n_l = len(cb.layers)
         b.seq += 2 * n_l
         b.rows += 2 * n_l
-        g0 = len(b.groups)
-        if cb.ops is not None:
-            self.add_ops(cb.ops)
-        group = b.groups[g0] if len(b.groups) > g0 else None
+        ops_key = self.add_ops(cb.ops) if cb.ops is not None else None
         head = b.small[i0][4]  # the compute slice's S (its name and args)
         key = (
             track,
@@ -147,9 +145,10 @@ class Writer:
             # ubatch would be written from this one's template, with this one's name and args)
             head or (cs.name, cs.category, *cs.args.items()),
             tuple(map(_LAYER_KEY, cb.layers)),
-            group[1].tobytes() if group is not None else b"",
+            b"" if ops_key is None else ops_key,
         )
-        b.blocks.append(Block(seq0, i0, g0 if group is not None else -1, cb, key))
+        group = len(b.groups) - 1 if ops_key is not None else -1
+        b.blocks.append(Block(seq0, i0, group, cb, key))
 
     def add_sample(self, it: Sample) -> None:
         b = self.cur
@@ -157,21 +156,22 @@ class Writer:
         b.seq += 1
         b.rows += 1
 
-    def add_ops(self, ob: OpBatch) -> None:
+    def add_ops(self, ob: OpBatch) -> Any:
+        """The ops' group of rows, and what names their gids (``kept_ops``; None: no group)."""
         c = ob.compute
         assert c.graph is not None
         gids = self.tables.ids(c.graph, ob.track, ob.roof, c.op_node, c.op_fused)
-        start, dur = c.op_start, c.op_dur
-        if ob.keep is not None:
-            keep = ob.keep
-            gids, start, dur = gids[keep], start[keep], dur[keep]
+        gids, start, dur, ops_key = kept_ops(
+            self.ids_bytes, ob.track, gids, c.op_start, c.op_dur, ob.keep
+        )
         m = len(gids)
         if not m:
-            return
+            return None
         b = self.cur
         b.groups.append((b.seq, gids, start, dur, self.events.end_id(ob.track)))
         b.seq += 2 * m
         b.rows += 2 * m
+        return ops_key
 
     def close_batch(self) -> None:
         self.done.append(self.cur)

@@ -14,6 +14,7 @@ from llamacpp_instr.converters.traces.perfetto import write_perfetto_fast
 from llamacpp_instr.converters.traces.perfetto.begins import Begins, columns
 from llamacpp_instr.converters.traces.perfetto.events import EventFields
 from llamacpp_instr.converters.traces.perfetto.packets import Interner
+from tests.test_perfetto_fast import _begins_as_one_by_one
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 
@@ -22,15 +23,7 @@ def _check(flushes: list[list[tuple[int, str, str, dict[str, Any]]]]) -> None:
     """Each flush's slices (track, name, category, args) noted and encoded in bulk, asserted
     equal to the begins made one by one, with the same strings interned in the same order."""
     one, bulk = Interner(), Interner()
-    events, begins = EventFields(one), Begins(bulk)
-    for slices in flushes:
-        want = [events.begin(Slice(t, n, 0, 1, 0, c, a)) for t, n, c, a in slices]
-        small: list[tuple[Any, ...]] = []
-        for t, n, c, a in slices:
-            begins.note(small, len(small), t, n, c, a)
-            small.append((0, 1, 0, len(small), b"", -1))
-        begins.encode()
-        assert [r[4] for r in small] == want
+    _begins_as_one_by_one(flushes, Begins(bulk), EventFields(one))
     assert bulk.pending == one.pending
 
 

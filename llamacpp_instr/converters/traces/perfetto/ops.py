@@ -9,8 +9,10 @@ args (may be empty).
   with what its rates are computed from; ``rates`` gives many ops' rates at once;
 * ``RateFields``: D, the rates' debug annotations (GFLOP/s, GB/s and, with the machine's peaks,
   the roof fraction; rounded as ``op_rates`` rounds: ``rounding.round3``);
-* ``NodeTables``: the gids of a graph's ops on a track, each variant built on first use from
-  ``op_args.op_static_args``.
+* ``NodeTables``: the gids of the ops a part of a compute keeps on a track, a row built on
+  first use for each variant kept there (``NodeTable``), from the parts that are the same on
+  every track (``StaticSet``: from ``op_args.op_static_args``, made for the whole compute in the
+  order that interns their strings).
 """
 
 from __future__ import annotations

@@ -95,11 +95,13 @@ def op_static_args(
 
 
 class OpVariants:
-    """A bulk writer's id for each op variant of one graph (a node, or a node with the nodes fused
-    into it), made on first use by ``build`` (a list of variants, each a node index and the
-    indices fused into it: their ids, in order), all of a compute's new ones at once. ``ids``
+    """The Chrome writer's id for each op variant of one graph (a node, or a node with the nodes
+    fused into it), made on first use by ``build`` (a list of variants, each a node index and
+    the indices fused into it: their ids, in order), all of a compute's new ones at once. ``ids``
     gives a packed compute's ops theirs; a generation step repeats its graph's last compute (the
-    same node order and fused ops), whose ids come back as they are."""
+    same node order and fused ops), whose ids come back as they are. (The Perfetto writer makes
+    rows only for the ops a device's part keeps, ``perfetto.ops.NodeTable``, but its statics in
+    this order: ``StaticSet.prime``.)"""
 
     def __init__(
         self, n_nodes: int, build: Callable[[list[tuple[int, tuple[int, ...]]]], list[int]]

@@ -9,8 +9,10 @@ args (may be empty).
   with what its rates are computed from; ``rates`` gives many ops' rates at once;
 * ``RateFields``: D, the rates' debug annotations (GFLOP/s, GB/s and, with the machine's peaks,
   the roof fraction; rounded as ``op_rates`` rounds: ``rounding.round3``);
-* ``NodeTables``: the gids of a graph's ops on a track, each variant built on first use from
-  ``op_args.op_static_args``.
+* ``NodeTables``: the gids of the ops a part of a compute keeps on a track, a row built on
+  first use for each variant kept there (``NodeTable``), from the parts that are the same on
+  every track (``StaticSet``: from ``op_args.op_static_args``, made for the whole compute in the
+  order that interns their strings).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 
 from ...reading.decode.graphs import Graph
 from ...session.machine_peaks import Roof
-from ..op_args import RATE_NAMES, OpVariants, op_rates, op_rates_bulk, op_static_args
+from ..op_args import RATE_NAMES, op_rates, op_rates_bulk, op_static_args
 from ..rounding import EXACT, exact_float
 from .packets import Interner
 from .protowire import (
@@ -179,8 +181,10 @@ class RateFields:
 
 
 class NodeTables:
-    """The gids of each graph's ops on each track (``ids``), a ``NodeTable`` per (graph, track)
-    made on first use. ``compact`` (compressed traces) interns the args' string values."""
+    """The gids of each graph's ops on each track (``kept``), a ``NodeTable`` per (graph, track)
+    made on first use, and the parts of each variant that do not name its track, a
+    ``StaticSet`` per graph and roof. ``compact`` (compressed traces) interns the args' string
+    values."""
 
     def __init__(self, store: OpStore, fields: RateFields, interner: Interner, compact: bool):
         self.store = store
@@ -188,19 +192,35 @@ class NodeTables:
         self.interner = interner
         self.compact = compact
         self.tables: dict[tuple[Graph, int], NodeTable] = {}
-        # per graph and roof: each variant's parts that do not name its track (``Static``); a
-        # graph split between devices has a table per device track, each with every variant
-        self.statics: dict[tuple[Graph, int], tuple[Roof | None, dict[Variant, Static]]] = {}
+        # per graph and roof: each variant's parts that do not name its track; a graph split
+        # between devices has a table per device track, all of them sharing these
+        self.statics: dict[tuple[Graph, int], StaticSet] = {}
         # per graph and roof: each variant's ``op_static_args``, kept over ``restart`` (they
         # depend on the graph alone; the statics on how strings are interned)
         self.args: dict[tuple[Graph, int], tuple[Roof | None, dict[Variant, StaticArgs]]] = {}
+        self.shapes = 0  # the number of compute shapes named so far (``NodeTable.kept``)
+        # the last compute's node indices and their bytes: its parts (one per device) come in a
+        # row, the same array each time (kept, so that its id stays its own)
+        self.node: tuple[Any, bytes] = (None, b"")
 
-    def ids(self, graph: Graph, track: int, roof: Roof | None, node: Any, fused: Any) -> Any:
-        """The gids of ops ``node`` (with their ``fused`` nodes) of ``graph`` on ``track``."""
+    def kept(
+        self, graph: Graph, track: int, roof: Roof | None, node: Any, fused: Any, keep: Any
+    ) -> tuple[Any, Any]:
+        """The gids of the ops ``node`` (with their ``fused`` nodes) of ``graph`` that ``keep``
+        keeps on ``track`` (``OpBatch.keep``), and what names them in a block's key (see
+        ``NodeTable.kept``)."""
         table = self.tables.get((graph, track))
         if table is None:
             table = self.tables[(graph, track)] = NodeTable(self, graph, track, roof)
-        return table.variants.ids(node, fused)
+        last = self.node
+        if last[0] is not node:
+            last = self.node = (node, node.tobytes())
+        return table.kept(node, last[1], fused, keep)
+
+    def ids(self, graph: Graph, track: int, roof: Roof | None, node: Any, fused: Any) -> Any:
+        """The gids of all the ops ``node`` (with their ``fused`` nodes) of ``graph`` on
+        ``track``."""
+        return self.kept(graph, track, roof, node, fused, None)[0]
 
     def restart(self, compact: bool) -> None:
         """Forget every table: new ones intern string values if ``compact``."""
@@ -209,42 +229,42 @@ class NodeTables:
         self.statics.clear()
 
 
-class NodeTable:
-    """A graph's op variants on one track: gids, built on first use (``variants.ids``)."""
+class StaticSet:
+    """A graph's op variants' parts that are the same on every track (``Static``), for one roof,
+    made in the order today's tracks first show them (``prime``): that order interns their
+    strings."""
 
-    def __init__(self, tables: NodeTables, graph: Graph, track: int, roof: Roof | None) -> None:
-        tables.fields.setup(3 if roof is not None else 2)
+    def __init__(self, tables: NodeTables, graph: Graph, roof: Roof | None) -> None:
         self.tables = tables
         self.graph = graph
-        self.track = track
         self.roof = roof
         self.compact = tables.compact
-        key = (graph, id(roof))
-        if key not in tables.statics:  # (the roof is kept with its id: the id stays its own)
-            tables.statics[key] = (roof, {})
+        key = (graph, id(roof))  # (the roof is kept with its id: the id stays its own)
         if key not in tables.args:
             tables.args[key] = (roof, {})
-        self.statics = tables.statics[key][1]
         self.args = tables.args[key][1]
-        # what every S of this track starts its track event with
-        self.prefix = TE_TRACK_UUID + varint(track) + TE_TYPE + varint(TYPE_SLICE_BEGIN)
-        self.variants = OpVariants(len(graph.nodes), self.build_many)
+        self.statics: dict[Variant, Static] = {}
+        self.last: tuple[Any, bytes] | None = None  # the last compute primed: fused, node bytes
 
-    def build_many(self, variants: list[Variant]) -> list[int]:
-        """New rows for these variants on this track, in order (their statics made in that
-        order where new: interning as it goes, the first track of a graph sets the strings'
-        order)."""
+    def prime(self, node: Any, key: bytes, fused: dict[int, list[int]]) -> None:
+        """Make the statics of every variant of a compute (``node``, its bytes ``key``, its
+        ``fused`` nodes by op position) not made yet: plain nodes first (by index), then fused
+        ones (by op position), as building all of them on a track would (``OpVariants``), even
+        where a track keeps only some (each part of a compute primes all of it: the first
+        interns, in the order a whole compute's build did)."""
+        last = self.last
+        if last is not None and last[1] == key and (last[0] is fused or last[0] == fused):
+            return
         statics = self.statics
-        sts = []
-        for v in variants:
-            st = statics.get(v)
-            if st is None:
-                st = statics[v] = self.static(*v)
-            sts.append(st)
-        prefix = self.prefix
-        n = len(prefix)
-        s = [b"".join((TRACK_EVENT, varint(n + st[7]), prefix, st[0])) for st in sts]
-        return self.tables.store.add_many(s, sts)
+        for i in sorted(set(node.tolist())):
+            if (i, ()) not in statics:
+                statics[(i, ())] = self.static(i, ())
+        if fused:
+            nodes = node.tolist()
+            for v in dict.fromkeys((nodes[k], tuple(f)) for k, f in fused.items()):
+                if v not in statics:
+                    statics[v] = self.static(*v)
+        self.last = (fused, key)
 
     def static(self, i: int, fused: tuple[int, ...]) -> Static:
         """Variant ``(i, fused)``'s parts that are the same on every track."""
@@ -268,21 +288,82 @@ class NodeTable:
         return te, t, n_flops, n_bytes, depth, ideal, d_len, len(te) + d_len + len(t)
 
 
-def kept_ops(
-    cache: dict[int, tuple[Any, bytes]], track: int, gids: Any, start: Any, dur: Any, keep: Any
-) -> tuple[Any, Any, Any, Any]:
-    """The ops of a compute on ``track`` that ``keep`` keeps (``OpBatch.keep``: None, a slice
-    or a mask): their gids, starts and durations, and what names their gids in a block's key
-    (``Writer.add_compute``): the gids' bytes or, where ``keep`` is None or a slice, the bytes of
-    all the compute's gids (and the slice). Those are made once per gids array (``cache``, by
-    track: the array, kept so that its id is no other's, and its bytes): ``NodeTables.ids`` gives
-    a repeated compute the same array (a device's part of it: the same array and slice)."""
-    if keep is None or isinstance(keep, slice):
-        got = cache.get(track)
-        if got is None or got[0] is not gids:
-            got = cache[track] = (gids, gids.tobytes())
-        if keep is None:
-            return gids, start, dur, got[1]
-        return gids[keep], start[keep], dur[keep], (got[1], keep.start, keep.stop, keep.step)
-    gids = gids[keep]
-    return gids, start[keep], dur[keep], gids.tobytes()
+class NodeTable:
+    """A graph's op variants on one track: a row (gid) for each that a part of a compute on the
+    track keeps, built on first use (``kept``); a device's part of a compute keeps only its
+    ops, so the rows of the others are never made on its track."""
+
+    def __init__(self, tables: NodeTables, graph: Graph, track: int, roof: Roof | None) -> None:
+        tables.fields.setup(3 if roof is not None else 2)
+        self.tables = tables
+        key = (graph, id(roof))
+        st = tables.statics.get(key)
+        if st is None:
+            st = tables.statics[key] = StaticSet(tables, graph, roof)
+        self.statics = st
+        # what every S of this track starts its track event with
+        self.prefix = TE_TRACK_UUID + varint(track) + TE_TYPE + varint(TYPE_SLICE_BEGIN)
+        self.node_id = np.full(len(graph.nodes), -1, dtype=np.int64)
+        self.fused_id: dict[Variant, int] = {}
+        self.shapes: dict[tuple[bytes, tuple[tuple[int, tuple[int, ...]], ...]], int] = {}
+        # the last call's fused ops, node bytes, what it kept, and its answer
+        self.last: tuple[Any, bytes, Any, Any, Any] | None = None
+
+    def kept(self, node: Any, key: bytes, fused: dict[int, list[int]], keep: Any) -> Any:
+        """The gids of a compute's ops (``node``, its bytes ``key``, its ``fused`` nodes by op
+        position) that ``keep`` keeps (None, a slice or a mask), and what names them in a
+        block's key: their bytes where ``keep`` is None or a mask, else the compute's shape on
+        this track (a number, the same for the same nodes and fused nodes) and the slice. The
+        answer is shared (callers do not change it); a generation step repeats the last one."""
+        is_mask = keep is not None and not isinstance(keep, slice)
+        want = keep.tobytes() if is_mask else keep
+        last = self.last
+        if (
+            last is not None
+            and last[1] == key
+            and (last[0] is fused or last[0] == fused)
+            and last[2] == want
+        ):
+            return last[3], last[4]
+        self.statics.prime(node, key, fused)
+        kept = node if keep is None else node[keep]
+        ids = self.node_id[kept]
+        todo = ids < 0
+        pos: list[int] = []  # the kept ops with fused nodes, by position in the compute
+        if fused:
+            at = np.full(len(node), -1, dtype=np.int64)  # each op's position among the kept
+            at[slice(None) if keep is None else keep] = np.arange(len(kept))
+            pos = [k for k in fused if at[k] >= 0]
+            todo[at[pos]] = False  # (their plain variants are not theirs: no rows for them)
+        if todo.any():
+            new = sorted(set(kept[todo].tolist()))  # (np.unique would import numpy.ma)
+            self.node_id[new] = self.build([(i, ()) for i in new])
+            ids = self.node_id[kept]
+        if pos:
+            nodes = node.tolist()
+            variants = [(nodes[k], tuple(fused[k])) for k in pos]
+            known = self.fused_id
+            new_v = [v for v in dict.fromkeys(variants) if v not in known]
+            if new_v:
+                known.update(zip(new_v, self.build(new_v), strict=True))
+            ids[at[pos]] = [known[v] for v in variants]
+        if keep is None or is_mask:
+            name: Any = ids.tobytes()
+        else:
+            shape = (key, tuple(sorted((k, tuple(f)) for k, f in fused.items())))
+            n = self.shapes.get(shape)
+            if n is None:
+                n = self.shapes[shape] = self.tables.shapes
+                self.tables.shapes += 1
+            name = (n, keep.start, keep.stop, keep.step)
+        self.last = (fused, key, want, ids, name)
+        return ids, name
+
+    def build(self, variants: list[Variant]) -> list[int]:
+        """New rows for these variants on this track, in order (their statics primed)."""
+        statics = self.statics.statics
+        sts = [statics[v] for v in variants]
+        prefix = self.prefix
+        n = len(prefix)
+        s = [b"".join((TRACK_EVENT, varint(n + st[7]), prefix, st[0])) for st in sts]
+        return self.tables.store.add_many(s, sts)

@@ -24,7 +24,7 @@ from .batch import Batch, Block
 from .begins import Begins
 from .bulk import BulkEncoder
 from .events import EventFields
-from .ops import NodeTables, OpStore, RateFields, kept_ops
+from .ops import NodeTables, OpStore, RateFields
 from .packets import SEQ, Interner, Sequence, compressed_packet, packet, track_body
 from .protowire import I64_END, fixed64_ok
 from .segments import add_segs, materialize
@@ -73,7 +73,6 @@ class Writer:
         # definitions were interned before their boundary (what their head would carry)
         self.deferred: list[tuple[list[Batch], int]] = []
         self.known_layers: set[tuple[Any, ...]] = set()  # (``interns_nothing``)
-        self.ids_bytes: dict[int, tuple[Any, bytes]] = {}  # (``kept_ops``)
 
     def write(self, items: Iterable[BulkItem]) -> None:
         try:
@@ -157,13 +156,13 @@ class Writer:
         b.rows += 1
 
     def add_ops(self, ob: OpBatch) -> Any:
-        """The ops' group of rows, and what names their gids (``kept_ops``; None: no group)."""
+        """The ops' group of rows, and what names their gids (``NodeTable.kept``; None: no
+        group)."""
         c = ob.compute
         assert c.graph is not None
-        gids = self.tables.ids(c.graph, ob.track, ob.roof, c.op_node, c.op_fused)
-        gids, start, dur, ops_key = kept_ops(
-            self.ids_bytes, ob.track, gids, c.op_start, c.op_dur, ob.keep
-        )
+        keep = ob.keep
+        gids, ops_key = self.tables.kept(c.graph, ob.track, ob.roof, c.op_node, c.op_fused, keep)
+        start, dur = (c.op_start, c.op_dur) if keep is None else (c.op_start[keep], c.op_dur[keep])
         m = len(gids)
         if not m:
             return None

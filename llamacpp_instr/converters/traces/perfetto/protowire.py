@@ -139,16 +139,23 @@ def varint_bytes(x: Any, nb: int) -> Any:
     return out
 
 
+# (each varint length's least value, as uint64: a negative int64 seen so is at least 2**63)
+_LEAST = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
+
+
 def varint_len(x: Any) -> Any:
     """How many bytes each of the int64s ``x`` (an array of any shape) takes as a varint (10 for
     a negative one)."""
-    nb = np.ones(np.shape(x), dtype=np.int64)
-    for k in range(1, 10):
-        big = x >= (1 << (7 * k))
-        if not big.any():
+    x = np.asarray(x)
+    if x.size <= 2048:  # (one call: a binary search per value, cheaper than ten passes here)
+        u = x.view(np.uint64) if x.dtype == np.int64 else x.astype(np.int64).view(np.uint64)
+        return np.searchsorted(_LEAST, u, side="right").astype(np.int64) + 1
+    nb = np.ones(x.shape, dtype=np.int64)
+    top = int(x.max())
+    for k in range(1, 10):  # (a pass per length up to the greatest's: few for small values)
+        if top < (1 << (7 * k)):
             break
-        nb += big
-    neg = x < 0
-    if neg.any():
-        nb[neg] = 10
+        nb += x >= (1 << (7 * k))
+    if int(x.min()) < 0:
+        nb[x < 0] = 10
     return nb

@@ -11,11 +11,14 @@ own order are one index (made from where its parts start, with what the template
 
 from __future__ import annotations
 
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
 _BIG = 1 << 62  # (timestamps and durations below it: their sums stay in int64)
+_TS, _START, _DUR = attrgetter("ts"), attrgetter("start"), attrgetter("dur")
 _ANY = np.iinfo(np.int64).min  # (a threshold any difference passes: between two blocks' rows)
 
 
@@ -37,6 +40,19 @@ class Layout:
         self.stride = np.array([1, 1, n_l, n_l, m, m], dtype=np.int64)[self.part]
         self.thr = np.append(np.where(static_ok, 0, 1), _ANY).astype(np.int64)
         self.n_layers, self.n_ops = n_l, m
+        self.by_n: dict[int, tuple[Any, Any]] = {}
+
+    def of(self, n: int) -> tuple[Any, Any]:
+        """For ``n`` blocks: each row's place relative to where the blocks' parts start (a
+        matrix, a row per block) and ``thr`` for all (kept: a flush has as many blocks of a
+        template as the flush before it, most of the time)."""
+        got = self.by_n.get(n)
+        if got is None:
+            if len(self.by_n) >= 16:
+                self.by_n.clear()
+            rel = self.within + np.arange(n, dtype=np.int64)[:, None] * self.stride
+            got = self.by_n[n] = (rel, np.tile(self.thr, n))
+        return got
 
 
 def gather(groups: list[tuple[Any, list[Any]]]) -> Any:
@@ -64,11 +80,11 @@ def gather(groups: list[tuple[Any, list[Any]]]) -> Any:
     if dtypes and dtypes != {np.dtype(np.int64)}:
         return False
     heads = [bl.cb.slice for _, _, bl in blocks]
-    try:
-        c = np.array([[cs.ts for cs in heads], [cs.dur for cs in heads]], dtype=np.int64)
-        lay = np.array([(lay.start, lay.dur) for ls in lays for lay in ls], dtype=np.int64).reshape(
-            -1, 2
-        )
+    layers = list(chain.from_iterable(lays))
+    n_b, n_l = len(heads), len(layers)
+    try:  # (each attribute of all in one C loop)
+        c0, c1 = (np.fromiter(map(get, heads), np.int64, n_b) for get in (_TS, _DUR))
+        l0, l1 = (np.fromiter(map(get, layers), np.int64, n_l) for get in (_START, _DUR))
     except OverflowError:
         return False
     if ops:
@@ -77,22 +93,22 @@ def gather(groups: list[tuple[Any, list[Any]]]) -> Any:
         gids = np.concatenate([g[1] for g in ops])
     else:
         st = du = gids = np.zeros(0, dtype=np.int64)
-    starts = np.concatenate((c[0], lay[:, 0], st))
-    durs = np.concatenate((c[1], lay[:, 1], du))
+    starts = np.concatenate((c0, l0, st))
+    durs = np.concatenate((c1, l1, du))
     if int(starts.max()) >= _BIG or int(starts.min()) <= -_BIG or int(durs.max()) >= _BIG:
         return False
     if int(durs.min()) <= 0:
         return None
-    n_b, n_l, n_m = len(heads), len(lay), len(st)
-    values = np.concatenate((c[0], c[0] + c[1], lay[:, 0], lay[:, 0] + lay[:, 1], st, st + du))
+    n_m = len(st)
+    values = np.concatenate((c0, c0 + c1, l0, l0 + l1, st, st + du))
     base = np.array([0, n_b, 2 * n_b, 2 * n_b + n_l, 2 * (n_b + n_l), 2 * (n_b + n_l) + n_m])
     at = np.zeros(6, dtype=np.int64)  # where the next template's blocks start in each part
     idx, thr, cuts = [], [], [0]
     for tm, bl in groups:
         lo, n = tm.layout, len(bl)
-        first = (base + at)[lo.part] + lo.within
-        idx.append((first + np.arange(n, dtype=np.int64)[:, None] * lo.stride).reshape(-1))
-        thr.append(np.tile(lo.thr, n))
+        rel, lo_thr = lo.of(n)
+        idx.append((rel + (base + at)[lo.part]).reshape(-1))
+        thr.append(lo_thr)
         at += n * np.array([1, 1, lo.n_layers, lo.n_layers, lo.n_ops, lo.n_ops])
         cuts.append(cuts[-1] + n * len(lo.thr))
     flat = values[np.concatenate(idx)]

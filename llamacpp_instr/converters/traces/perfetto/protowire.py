@@ -124,19 +124,35 @@ def fixed64_all(values: Any) -> bool:
 
 def varint_bytes(x: Any, nb: int) -> Any:
     """int64s as varints all ``nb`` bytes long: an array of ``x.shape + (nb,)`` (a negative one
-    takes 10, in two's complement, as ``varint`` writes it)."""
+    takes 10, in two's complement, as ``varint`` writes it; for ``nb`` up to 8, a view of a
+    wider array)."""
+    if nb <= 8:  # (each value in a uint64, its 7-bit groups moved into bytes in three steps)
+        y = np.asarray(x).astype(np.uint64)  # (a copy: changed in place)
+        for mask, shift in _SPREAD:
+            t = y & mask
+            y ^= t
+            t <<= shift
+            y |= t
+        y |= _MORE[nb]
+        return y.view(np.uint8).reshape(np.shape(x) + (8,))[..., :nb]
     out = np.empty(x.shape + (nb,), dtype=np.uint8)
-    if nb <= 8:  # in two uint32 halves of 28 bits: much faster than int64 shifts
-        lo, hi = (x & 0xFFFFFFF).astype(np.uint32), (x >> 28).astype(np.uint32)
-        parts = [(lo, 7 * j) for j in range(4)] + [(hi, 7 * j) for j in range(4)]
-    else:  # as uint64: a negative value's top groups are its two's complement, not its sign
-        u = np.asarray(x).astype(np.uint64)
-        parts = [(u, 7 * j) for j in range(nb)]
+    # as uint64: a negative value's top groups are its two's complement, not its sign
+    u = np.asarray(x).astype(np.uint64)
     for j in range(nb):
-        part, shift = parts[j]
-        byte = (part >> shift) & 0x7F
+        byte = (u >> 7 * j) & 0x7F
         out[..., j] = byte | 0x80 if j < nb - 1 else byte
     return out
+
+
+# (little-endian: 28-bit halves into 32-bit lanes, 14-bit quarters into 16-bit lanes, 7-bit
+# groups into bytes: each step moves the upper part of every lane up by the lanes' padding)
+_SPREAD = [
+    (np.uint64(0xFFFFFFF << 28), np.uint64(4)),
+    (np.uint64(0x0FFFC0000FFFC000), np.uint64(2)),
+    (np.uint64(0x3F803F803F803F80), np.uint64(1)),
+]
+# the continuation bits of a varint ``nb`` bytes long: every byte's but its last
+_MORE = [np.uint64(sum(0x80 << (8 * j) for j in range(nb - 1))) for nb in range(9)]
 
 
 # (each varint length's least value, as uint64: a negative int64 seen so is at least 2**63)

@@ -277,7 +277,8 @@ class TemplateSet:
         at = 0  # the next template's first op among the rates
         for (tm, blocks), ts, n_g, vb in zip(groups, ts_all, n_ops, vbs, strict=True):
             n = len(blocks)
-            bufs = np.tile(tm.buf, (n, 1))
+            bufs = np.empty((n, len(tm.buf)), dtype=np.uint8)
+            bufs[:] = tm.buf  # (a broadcast: cheaper than np.tile)
             bufs[:, tm.ts_idx] = vb
             m = len(tm.rate_idx)
             if m:

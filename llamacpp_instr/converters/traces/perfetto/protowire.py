@@ -126,13 +126,8 @@ def varint_bytes(x: Any, nb: int) -> Any:
     """int64s as varints all ``nb`` bytes long: an array of ``x.shape + (nb,)`` (a negative one
     takes 10, in two's complement, as ``varint`` writes it; for ``nb`` up to 8, a view of a
     wider array)."""
-    if nb <= 8:  # (each value in a uint64, its 7-bit groups moved into bytes in three steps)
-        y = np.asarray(x).astype(np.uint64)  # (a copy: changed in place)
-        for mask, shift in _SPREAD:
-            t = y & mask
-            y ^= t
-            t <<= shift
-            y |= t
+    if nb <= 8:
+        y = spread7(x)
         y |= _MORE[nb]
         return y.view(np.uint8).reshape(np.shape(x) + (8,))[..., :nb]
     out = np.empty(x.shape + (nb,), dtype=np.uint8)
@@ -144,6 +139,18 @@ def varint_bytes(x: Any, nb: int) -> Any:
     return out
 
 
+def spread7(x: Any) -> Any:
+    """Each of the non-negative int64s ``x`` (below 2**56) as a uint64 whose bytes, little-endian,
+    are its 7-bit groups: a varint's bytes but for the continuation bits (``MORE``)."""
+    y = np.asarray(x).astype(np.uint64)  # (a copy: changed in place)
+    for mask, shift in _SPREAD:
+        t = y & mask
+        y ^= t
+        t <<= shift
+        y |= t
+    return y
+
+
 # (little-endian: 28-bit halves into 32-bit lanes, 14-bit quarters into 16-bit lanes, 7-bit
 # groups into bytes: each step moves the upper part of every lane up by the lanes' padding)
 _SPREAD = [
@@ -152,7 +159,8 @@ _SPREAD = [
     (np.uint64(0x3F803F803F803F80), np.uint64(1)),
 ]
 # the continuation bits of a varint ``nb`` bytes long: every byte's but its last
-_MORE = [np.uint64(sum(0x80 << (8 * j) for j in range(nb - 1))) for nb in range(9)]
+MORE = np.array([sum(0x80 << (8 * j) for j in range(nb - 1)) for nb in range(9)], dtype=np.uint64)
+_MORE = list(MORE)
 
 
 # (each varint length's least value, as uint64: a negative int64 seen so is at least 2**63)

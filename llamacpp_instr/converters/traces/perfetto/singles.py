@@ -183,10 +183,14 @@ def frame_rows(
     if sc is not None and len(sc) and ts is not None:
         bl = np.fromiter(map(len, bodies), dtype=np.int64, count=len(bodies))
         bl = np.concatenate((bl, sc.lens))  # (the segments' lengths are known)
-        src = sc.src.tobytes()  # (each segment row's body: a slice of it)
-        bodies += map(
-            src.__getitem__, map(slice, sc.starts.tolist(), (sc.starts + sc.lens).tolist())
-        )
+        bl_b = sc.lens[0::2]
+        src = sc.src.tobytes()  # (each segment begin's body: a slice of it)
+        # (begin, end, begin...: an end's body is its end field itself, not a slice)
+        b_at = sc.starts[0::2]
+        seg: list[Any] = [None] * len(sc.starts)
+        seg[0::2] = map(src.__getitem__, map(slice, b_at.tolist(), (b_at + bl_b).tolist()))
+        seg[1::2] = map(ends.__getitem__, sc.end_id.tolist())
+        bodies += seg
     if not bodies or ts is None:
         return bodies, np.zeros(0, dtype=_U8), np.zeros(0, dtype=np.int64)
     each, ts_each = bodies, ts

@@ -10,6 +10,7 @@ putting its own timestamps and rates in place, thousands of packets in a few num
 from __future__ import annotations
 
 from itertools import compress
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from .stacks import Layout, gather
 
 TEMPLATE_BYTES = 64 << 20  # templates kept, at most (then forgotten, and learnt again)
 _BIG = 1 << 62  # (timestamps and durations below it: their sums stay in int64)
+_BATCH, _BLOCK, _SEQ0 = itemgetter(0), itemgetter(2), attrgetter("seq0")
 
 
 class Template:
@@ -275,8 +277,14 @@ class TemplateSet:
         rates: Any = self.store.rates(gids, durs) if sum(n_ops) else None
         fills = []
         at = 0  # the next template's first op among the rates
+        every = [x for _, blocks in groups for x in blocks]  # (batches and seq0s: all at once)
+        kb_all = np.fromiter(map(_BATCH, every), np.int64, len(every))
+        seq0_all = np.fromiter(map(_SEQ0, map(_BLOCK, every)), np.int64, len(every))
+        b0 = 0
         for (tm, blocks), ts, n_g, vb in zip(groups, ts_all, n_ops, vbs, strict=True):
             n = len(blocks)
+            kb, seq0 = kb_all[b0 : b0 + n], seq0_all[b0 : b0 + n]
+            b0 += n
             bufs = np.empty((n, len(tm.buf)), dtype=np.uint8)
             bufs[:] = tm.buf  # (a broadcast: cheaper than np.tile)
             bufs[:, tm.ts_idx] = vb
@@ -289,8 +297,6 @@ class TemplateSet:
                 at += n_g
                 bufs[:, tm.rate_idx] = mine.view(np.uint8).reshape(n, m, 8 * k)
             f, z = tm.first, tm.last
-            kb = np.array([k for k, _, _ in blocks], dtype=np.int64)
-            seq0 = np.array([bl.seq0 for _, _, bl in blocks], dtype=np.int64)
             first = [kb, ts[:, 0], np.full(n, f[0]), np.full(n, f[1]), seq0 + f[2]]
             last = [kb, ts[:, -1], np.full(n, z[0]), np.full(n, z[1]), seq0 + z[2]]
             fills.append((first, last, bufs, (kb, seq0, ts, tm)))

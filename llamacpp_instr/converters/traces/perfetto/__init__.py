@@ -5,14 +5,18 @@ compares the two, packet by packet, with tests/reference/perfetto_writer.py).
 * ``writer``: the ``Writer``, which gathers the layout's items into rows a step at a time
   (``batch``) and composes the parts below to encode them;
 * ``templates``: a compute seen again (so every generation step) written from the template of
-  its previous packets, new timestamps and rates in place (``TemplateSet``);
+  its previous packets, new timestamps and rates in place (``TemplateSet``; ``stacks``: the
+  timestamps of every template of a flush gathered and checked at once);
 * ``bulk``: anything else, sorted and encoded in bulk with numpy (``BulkEncoder``);
 * ``singles``: the rows no template covers (steps, and a device log's splits, copies, command
   buffers, network commands) framed in bulk, and a flush's units put in key order;
   ``begins``: those slices' begins encoded by columns at the flush (``pieces`` assembles the
   bytes); ``segments``: a device log's ``SliceRows`` kept as columns through the flush;
-  ``merge``: a flush whose single rows fall inside templated blocks, merged row by row
-  (``keysort``: its rows' keys sorted in one pass);
+  ``merge``: a flush with many single rows (a device log's: about one for every two ops) or
+  single rows inside templated blocks: each single row placed among the blocks' rows, which
+  are in key order already (``inserts.plan``), and the packets joined in runs from the
+  templates' buffers and the framed single rows; where blocks interleave, every row's key
+  sorted in one pass (``keysort``);
 * ``ops``: what does not depend on timing, encoded once per graph node (and fused variant) and
   track (``NodeTables``, ``OpStore``), and the rates that do (``RateFields``);
 * ``events``: the fields of slices and counters; ``packets``: framing, track descriptors,

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .protowire import varint_len
+from .protowire import MORE, spread7, varint_len
 
 _I64 = np.int64
 _U8 = np.uint8
@@ -298,7 +298,12 @@ def _varints(v: Any, nb: Any, w: int) -> Any:
     """The varints of ``v`` (int64s, ``nb`` bytes each: ``varint_len``) as a (len(v), w) matrix,
     each varint from the row's start (the bytes after it are not part of it). In uint32 parts
     of 28 bits (cheaper than uint64 shifts); the top 8 bits of a uint64 (a negative int64's
-    two's complement) give the ninth and tenth bytes."""
+    two's complement) give the ninth and tenth bytes. Up to 8 bytes: each value's 7-bit groups
+    spread into a uint64 (``spread7``) and its continuation bits set (a view of it)."""
+    if w <= 8 and len(v):  # (so every value is in [0, 2**56))
+        y = spread7(v)
+        y |= MORE[nb]
+        return y.view(_U8).reshape(-1, 8)[:, :w]
     out = np.empty((len(v), w), dtype=_U8)
     parts = [(v & 0xFFFFFFF).astype(np.uint32)]
     if w > 4:

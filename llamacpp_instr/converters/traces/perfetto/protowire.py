@@ -124,31 +124,62 @@ def fixed64_all(values: Any) -> bool:
 
 def varint_bytes(x: Any, nb: int) -> Any:
     """int64s as varints all ``nb`` bytes long: an array of ``x.shape + (nb,)`` (a negative one
-    takes 10, in two's complement, as ``varint`` writes it)."""
+    takes 10, in two's complement, as ``varint`` writes it; for ``nb`` up to 8, a view of a
+    wider array)."""
+    if nb <= 8:
+        y = spread7(x)
+        y |= _MORE[nb]
+        return y.view(np.uint8).reshape(np.shape(x) + (8,))[..., :nb]
     out = np.empty(x.shape + (nb,), dtype=np.uint8)
-    if nb <= 8:  # in two uint32 halves of 28 bits: much faster than int64 shifts
-        lo, hi = (x & 0xFFFFFFF).astype(np.uint32), (x >> 28).astype(np.uint32)
-        parts = [(lo, 7 * j) for j in range(4)] + [(hi, 7 * j) for j in range(4)]
-    else:  # as uint64: a negative value's top groups are its two's complement, not its sign
-        u = np.asarray(x).astype(np.uint64)
-        parts = [(u, 7 * j) for j in range(nb)]
+    # as uint64: a negative value's top groups are its two's complement, not its sign
+    u = np.asarray(x).astype(np.uint64)
     for j in range(nb):
-        part, shift = parts[j]
-        byte = (part >> shift) & 0x7F
+        byte = (u >> 7 * j) & 0x7F
         out[..., j] = byte | 0x80 if j < nb - 1 else byte
     return out
+
+
+def spread7(x: Any) -> Any:
+    """Each of the non-negative int64s ``x`` (below 2**56) as a uint64 whose bytes, little-endian,
+    are its 7-bit groups: a varint's bytes but for the continuation bits (``MORE``)."""
+    y = np.asarray(x).astype(np.uint64)  # (a copy: changed in place)
+    for mask, shift in _SPREAD:
+        t = y & mask
+        y ^= t
+        t <<= shift
+        y |= t
+    return y
+
+
+# (little-endian: 28-bit halves into 32-bit lanes, 14-bit quarters into 16-bit lanes, 7-bit
+# groups into bytes: each step moves the upper part of every lane up by the lanes' padding)
+_SPREAD = [
+    (np.uint64(0xFFFFFFF << 28), np.uint64(4)),
+    (np.uint64(0x0FFFC0000FFFC000), np.uint64(2)),
+    (np.uint64(0x3F803F803F803F80), np.uint64(1)),
+]
+# the continuation bits of a varint ``nb`` bytes long: every byte's but its last
+MORE = np.array([sum(0x80 << (8 * j) for j in range(nb - 1)) for nb in range(9)], dtype=np.uint64)
+_MORE = list(MORE)
+
+
+# (each varint length's least value, as uint64: a negative int64 seen so is at least 2**63)
+_LEAST = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
 
 
 def varint_len(x: Any) -> Any:
     """How many bytes each of the int64s ``x`` (an array of any shape) takes as a varint (10 for
     a negative one)."""
-    nb = np.ones(np.shape(x), dtype=np.int64)
-    for k in range(1, 10):
-        big = x >= (1 << (7 * k))
-        if not big.any():
+    x = np.asarray(x)
+    if x.size <= 2048:  # (one call: a binary search per value, cheaper than ten passes here)
+        u = x.view(np.uint64) if x.dtype == np.int64 else x.astype(np.int64).view(np.uint64)
+        return np.searchsorted(_LEAST, u, side="right").astype(np.int64) + 1
+    nb = np.ones(x.shape, dtype=np.int64)
+    top = int(x.max())
+    for k in range(1, 10):  # (a pass per length up to the greatest's: few for small values)
+        if top < (1 << (7 * k)):
             break
-        nb += big
-    neg = x < 0
-    if neg.any():
-        nb[neg] = 10
+        nb += x >= (1 << (7 * k))
+    if int(x.min()) < 0:
+        nb[x < 0] = 10
     return nb

@@ -218,9 +218,10 @@ class SegColumns:
     their keys (batch, ts, rank, tie, seq) and their bodies (``src``: a buffer, ``starts`` and
     ``lens`` into it)."""
 
-    def __init__(self, keys: list[Any], src: Any, starts: Any, lens: Any) -> None:
+    def __init__(self, keys: list[Any], src: Any, starts: Any, lens: Any, end_id: Any) -> None:
         self.keys = keys
         self.src, self.starts, self.lens = src, starts, lens
+        self.end_id = end_id  # (each slice's end field, in ``EventFields.ends``)
 
     def __len__(self) -> int:
         return len(self.keys[0])
@@ -291,7 +292,7 @@ def seg_columns(batches: list[Any], events: EventFields) -> SegColumns | None:
     b_lens = np.concatenate(g_lens)[idx]
     starts = _pairs(b_starts, e_starts[end_id])
     lens = _pairs(b_lens, e_lens[end_id])
-    return SegColumns(keys, np.concatenate(parts), starts, lens)
+    return SegColumns(keys, np.concatenate(parts), starts, lens, end_id)
 
 
 _TS, _DUR, _TRACK = attrgetter("ts"), attrgetter("dur"), attrgetter("track")
@@ -303,7 +304,7 @@ _SEQ0, _DEPTH, _GRP, _OFF = (
 )
 _GB, _R0, _SEGS = attrgetter("gb"), attrgetter("r0"), attrgetter("segs")
 _EMPTY = np.zeros(0, dtype=np.int64)
-_NONE = SegColumns([_EMPTY] * 5, np.zeros(0, dtype=np.uint8), _EMPTY, _EMPTY)
+_NONE = SegColumns([_EMPTY] * 5, np.zeros(0, dtype=np.uint8), _EMPTY, _EMPTY, _EMPTY)
 
 
 def _pairs(a: Any, z: Any) -> Any:

@@ -17,7 +17,16 @@ from typing import Any
 import numpy as np
 
 from .packets import POST, Sequence, packet
-from .protowire import I64_END, TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
+from .protowire import (
+    I64_END,
+    MORE,
+    TIMESTAMP,
+    TRACE_PACKET,
+    spread7,
+    varint,
+    varint_bytes,
+    varint_len,
+)
 
 _U8 = np.uint8
 # fewer single rows than this per templated block: ``join_units`` frames them one by one
@@ -116,9 +125,10 @@ def _glue_even(bl: Any, ts: Any, nb: int) -> tuple[list[bytes], Any]:
     mat[1:, c + nb : tail] = np.frombuffer(POST, dtype=_U8)
     c = tail + len(TRACE_PACKET)
     mat[:n, tail:c] = np.frombuffer(TRACE_PACKET, dtype=_U8)
-    for j in range(w - c):  # (a byte past a length's last is 0: dropped with the padding)
-        more = (n_size > j + 1).astype(_U8) << 7
-        mat[:n, c + j] = ((size >> (7 * j)) & 0x7F).astype(_U8) | more
+    # (a byte past a length's last is 0: dropped with the padding)
+    spread = spread7(size)
+    spread |= MORE[n_size]
+    mat[:n, c:] = spread.view(_U8).reshape(n, 8)[:, : w - c]
     glue: list[bytes] = mat.view(f"S{w}").ravel().tolist()
     glue[0] = TRACE_PACKET + varint(int(size[0]))  # (no packet's end before it)
     return glue, plen
@@ -173,10 +183,14 @@ def frame_rows(
     if sc is not None and len(sc) and ts is not None:
         bl = np.fromiter(map(len, bodies), dtype=np.int64, count=len(bodies))
         bl = np.concatenate((bl, sc.lens))  # (the segments' lengths are known)
-        src = sc.src.tobytes()  # (each segment row's body: a slice of it)
-        bodies += map(
-            src.__getitem__, map(slice, sc.starts.tolist(), (sc.starts + sc.lens).tolist())
-        )
+        bl_b = sc.lens[0::2]
+        src = sc.src.tobytes()  # (each segment begin's body: a slice of it)
+        # (begin, end, begin...: an end's body is its end field itself, not a slice)
+        b_at = sc.starts[0::2]
+        seg: list[Any] = [None] * len(sc.starts)
+        seg[0::2] = map(src.__getitem__, map(slice, b_at.tolist(), (b_at + bl_b).tolist()))
+        seg[1::2] = map(ends.__getitem__, sc.end_id.tolist())
+        bodies += seg
     if not bodies or ts is None:
         return bodies, np.zeros(0, dtype=_U8), np.zeros(0, dtype=np.int64)
     each, ts_each = bodies, ts

@@ -10,6 +10,7 @@ putting its own timestamps and rates in place, thousands of packets in a few num
 from __future__ import annotations
 
 from itertools import compress
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import numpy as np
@@ -23,9 +24,11 @@ from .packets import POST, Sequence
 from .protowire import TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
 from .segments import materialize, seg_columns
 from .singles import FEW_ROWS, collect, frame_rows, interleaved, join_units
+from .stacks import Layout, gather
 
 TEMPLATE_BYTES = 64 << 20  # templates kept, at most (then forgotten, and learnt again)
 _BIG = 1 << 62  # (timestamps and durations below it: their sums stay in int64)
+_BATCH, _BLOCK, _SEQ0 = itemgetter(0), itemgetter(2), attrgetter("seq0")
 
 
 class Template:
@@ -46,6 +49,7 @@ class Template:
         self.row_off: Any = None  # where each row's packet starts in ``buf`` (and ``buf``'s end)
         self.keys: Any = None  # per row: rank, tie, seq - seq0 (``merge``)
         self.n_rates = 2  # rates per op (3 where the ops have a roof: all or none of a block)
+        self.layout: Layout = None  # type: ignore[assignment]  # (``stacks.gather``'s)
 
 
 def candidates(b: Batch, bl: Block) -> Any:
@@ -136,9 +140,17 @@ def _stacked_sorted(tm: Template, blocks: list[tuple[int, Batch, Block]]) -> Any
     return ts, gids, durs
 
 
-def _varints(ts: list[Any], nbs: list[int]) -> list[Any]:
-    """``varint_bytes(ts[j], nbs[j])`` for each j: those of one length at once."""
+def _varints(ts: list[Any], nbs: list[int], flat: Any = None) -> list[Any]:
+    """``varint_bytes(ts[j], nbs[j])`` for each j: those of one length at once (all at once
+    where they are one length and ``flat`` holds every ``ts[j]``, one after another)."""
     out: list[Any] = [None] * len(ts)
+    if flat is not None and len(set(nbs)) == 1 and len(ts) > 1:
+        vb = varint_bytes(flat, nbs[0])
+        at = 0
+        for j, x in enumerate(ts):
+            out[j] = vb[at : at + x.size].reshape(x.shape + (nbs[0],))
+            at += x.size
+        return out
     for nb in dict.fromkeys(nbs):
         js = [j for j, x in enumerate(nbs) if x == nb]
         if len(js) == 1:  # (no copy: a CPU log's flush has one template)
@@ -235,6 +247,7 @@ class TemplateSet:
         at = np.array(rate_at, dtype=np.int64)[by_op]
         tm.rate_idx = (at[:, None, None] + rate_off[None, :, None] + eight).reshape(m, 8 * n_rates)
         tm.n_rates = n_rates
+        tm.layout = Layout(perm, tm.static_ok, n_l, m)
         return tm
 
     def _fill(self, groups: list[tuple[Template, list[tuple[int, Batch, Block]]]]) -> Any:
@@ -243,34 +256,47 @@ class TemplateSet:
         bytes per block), with what ``merge`` needs; None if the rows of one do not sort as its
         template's. The timestamps' varints and the ops' rates of every template at once (both
         are made value by value: a flush of a device log has a template per device)."""
-        got = [_stacked_sorted(tm, blocks) for tm, blocks in groups]
-        if any(g is None for g in got):
-            return None
-        ts_all = [g[0] for g in got]
         nbs = [tm.nb for tm, _ in groups]
-        vbs = _varints(ts_all, nbs)
-        with_ops = [j for j, (tm, _) in enumerate(groups) if len(tm.rate_idx)]
-        rates: Any = None
-        if with_ops:
-            gids, durs = (np.concatenate([got[j][c] for j in with_ops]) for c in (1, 2))
-            rates = self.store.rates(gids, durs)
+        fast = gather(groups)
+        if fast is None:
+            return None
+        if fast is not False:  # (the usual: every template's at once)
+            ts_all, flat, gids, durs = fast
+            vbs = _varints(ts_all, nbs, flat)
+            n_ops = [len(tm.rate_idx) * len(bl) for tm, bl in groups]
+        else:
+            got = [_stacked_sorted(tm, blocks) for tm, blocks in groups]
+            if any(g is None for g in got):
+                return None
+            ts_all = [g[0] for g in got]
+            vbs = _varints(ts_all, nbs)
+            with_ops = [j for j, (tm, _) in enumerate(groups) if len(tm.rate_idx)]
+            n_ops = [len(g[1]) for g in got]
+            if with_ops:
+                gids, durs = (np.concatenate([got[j][c] for j in with_ops]) for c in (1, 2))
+        rates: Any = self.store.rates(gids, durs) if sum(n_ops) else None
         fills = []
         at = 0  # the next template's first op among the rates
-        for (tm, blocks), (ts, gids, _), vb in zip(groups, got, vbs, strict=True):
+        every = [x for _, blocks in groups for x in blocks]  # (batches and seq0s: all at once)
+        kb_all = np.fromiter(map(_BATCH, every), np.int64, len(every))
+        seq0_all = np.fromiter(map(_SEQ0, map(_BLOCK, every)), np.int64, len(every))
+        b0 = 0
+        for (tm, blocks), ts, n_g, vb in zip(groups, ts_all, n_ops, vbs, strict=True):
             n = len(blocks)
-            bufs = np.tile(tm.buf, (n, 1))
+            kb, seq0 = kb_all[b0 : b0 + n], seq0_all[b0 : b0 + n]
+            b0 += n
+            bufs = np.empty((n, len(tm.buf)), dtype=np.uint8)
+            bufs[:] = tm.buf  # (a broadcast: cheaper than np.tile)
             bufs[:, tm.ts_idx] = vb
             m = len(tm.rate_idx)
             if m:
                 k = tm.n_rates
-                mine = np.empty((len(gids), k), dtype="<f8")
+                mine = np.empty((n_g, k), dtype="<f8")
                 for r in range(k):
-                    mine[:, r] = rates[r][at : at + len(gids)]
-                at += len(gids)
+                    mine[:, r] = rates[r][at : at + n_g]
+                at += n_g
                 bufs[:, tm.rate_idx] = mine.view(np.uint8).reshape(n, m, 8 * k)
             f, z = tm.first, tm.last
-            kb = np.array([k for k, _, _ in blocks], dtype=np.int64)
-            seq0 = np.array([bl.seq0 for _, _, bl in blocks], dtype=np.int64)
             first = [kb, ts[:, 0], np.full(n, f[0]), np.full(n, f[1]), seq0 + f[2]]
             last = [kb, ts[:, -1], np.full(n, z[0]), np.full(n, z[1]), seq0 + z[2]]
             fills.append((first, last, bufs, (kb, seq0, ts, tm)))

@@ -57,8 +57,11 @@ def test_rows_of_other_types_than_the_first() -> None:
         {"x": 2, "y": "b", "z": 0.0},
     ]
     cols, types = columns(rows, ("x", "y", "z"))
-    assert cols == [[1, "1", 2], ["a", "a", "b"], [1.5, 2.5, 0.0]] and types == [None] * 3
+    assert cols == [[1, "1", 2], ["a", "a", "b"], [1.5, 2.5, 0.0]]
+    assert types == [None, str, float]  # (each column's own: x's mixed, y's and z's not)
     assert columns(rows[:1] + rows[2:], ("x", "y", "z"))[1] == [int, str, float]
+    bools = [{"x": 1, "y": "a", "z": 1.5}, {"x": True, "y": "a", "z": 2.5}]  # (True == 1)
+    assert columns(bools, ("x", "y", "z"))[1] == [None, str, float]
     _check([[(9, "s", "copy", r) for r in rows]])
 
 

@@ -5,6 +5,7 @@ encoder (``EventFields.begin``) makes."""
 from __future__ import annotations
 
 import io
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -57,8 +58,11 @@ def test_rows_of_other_types_than_the_first() -> None:
         {"x": 2, "y": "b", "z": 0.0},
     ]
     cols, types = columns(rows, ("x", "y", "z"))
-    assert cols == [[1, "1", 2], ["a", "a", "b"], [1.5, 2.5, 0.0]] and types == [None] * 3
+    assert cols == [[1, "1", 2], ["a", "a", "b"], [1.5, 2.5, 0.0]]
+    assert types == [None, str, float]  # (each column's own: x's mixed, y's and z's not)
     assert columns(rows[:1] + rows[2:], ("x", "y", "z"))[1] == [int, str, float]
+    bools = [{"x": 1, "y": "a", "z": 1.5}, {"x": True, "y": "a", "z": 2.5}]  # (True == 1)
+    assert columns(bools, ("x", "y", "z"))[1] == [None, str, float]
     _check([[(9, "s", "copy", r) for r in rows]])
 
 
@@ -99,3 +103,15 @@ def test_segments_with_flows_as_one_by_one(flows: dict[int, tuple[int, ...]]) ->
     rows.flows_in.update(flows)
     want = _trace_of(rows, whole=False)
     assert len(want) > 0 and _trace_of(rows, whole=True) == want
+
+
+def test_args_not_dicts_among_dicts() -> None:
+    """A group whose rows' args are dicts but one, a mapping (``columns`` then reads each name's
+    values row by row): its begins as those made one by one."""
+    rows: list[Any] = [{"x": r, "y": "ab"[r % 2], "z": r > 1} for r in range(4)]
+    rows[2] = MappingProxyType(rows[2])
+    assert columns(rows, ("x", "y", "z")) == (
+        [[0, 1, 2, 3], list("abab"), [False] * 2 + [True] * 2],
+        [None] * 3,
+    )
+    _check([[(4 + r % 2, "n", "copy", a) for r, a in enumerate(rows)]])

@@ -77,8 +77,8 @@ CACHE_MAX = 4096
 
 def columns(args: list[Any], ks: tuple[str, ...]) -> tuple[list[list[Any]], list[Any]]:
     """The values of each of ``ks`` in ``args`` (mappings whose keys are ``ks``, in that order:
-    a group's), one list per name, and the type of each list's values where every row has the
-    first row's types (else None: ``Begins._arg`` looks at each list's)."""
+    a group's), one list per name, and the type of each list's values where every row's is the
+    first row's (else None: ``Begins._arg`` looks at the list's)."""
     m, n = len(ks), len(args)
     try:  # (dicts: every value in one C loop, then each name's every m-th)
         flat = list(chain.from_iterable(map(dict.values, args)))
@@ -86,10 +86,12 @@ def columns(args: list[Any], ks: tuple[str, ...]) -> tuple[list[list[Any]], list
         flat = []
     if len(flat) != m * n:
         return [[a[k] for a in args] for k in ks], [None] * m
+    cols = [flat[j::m] for j in range(m)]
+    # (each column's types, counted in C: cheaper than a set per column, or than comparing the
+    # types of all the values with the first row's repeated)
     first = list(map(type, flat[:m]))
-    # (the types of all the values at once, compared in C: cheaper than a set per column)
-    same = list(map(type, flat)) == first * n
-    return [flat[j::m] for j in range(m)], first if same else [None] * m
+    same = [list(map(type, c)).count(t) == n for c, t in zip(cols, first, strict=True)]
+    return cols, [t if ok else None for t, ok in zip(first, same, strict=True)]
 
 
 class Begins:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .protowire import MORE, spread7, varint_len
+from .protowire import spread7, varint_len
 
 _I64 = np.int64
 _U8 = np.uint8
@@ -253,10 +253,13 @@ class Assembly:
 def _slots(s0: list[int], step: list[int], ns: list[int]) -> Any:
     """The slots of pieces (or rows) each ``n`` rows long, from ``s0`` by ``step``: in order."""
     n = np.array(ns, dtype=_I64)
-    within = np.arange(int(n.sum()), dtype=_I64) - np.repeat(np.cumsum(n) - n, n)
-    return (
-        np.repeat(np.array(s0, dtype=_I64), n) + np.repeat(np.array(step, dtype=_I64), n) * within
-    )
+    st = np.array(step, dtype=_I64)
+    # (row k of them all, in a piece whose first is row f: s0 + step * (k - f), that is
+    # k * step + (s0 - step * f): two repeats, and in place)
+    out = np.arange(int(n.sum()), dtype=_I64)
+    out *= np.repeat(st, n)
+    out += np.repeat(np.array(s0, dtype=_I64) - st * (np.cumsum(n) - n), n)
+    return out
 
 
 class Scratch:
@@ -294,25 +297,32 @@ def _gather(src: Any, starts: Any, lens: Any, scratch: Scratch) -> Any:
     return src.take(step)
 
 
+# the continuation bits of the first 8 bytes of a varint ``nb`` bytes long (0 to 10): every
+# byte's but its last
+_MORE10 = np.array(
+    [sum(0x80 << (8 * j) for j in range(min(nb - 1, 8))) for nb in range(11)], dtype=np.uint64
+)
+_LOW56 = (1 << 56) - 1
+
+
 def _varints(v: Any, nb: Any, w: int) -> Any:
     """The varints of ``v`` (int64s, ``nb`` bytes each: ``varint_len``) as a (len(v), w) matrix,
-    each varint from the row's start (the bytes after it are not part of it). In uint32 parts
-    of 28 bits (cheaper than uint64 shifts); the top 8 bits of a uint64 (a negative int64's
-    two's complement) give the ninth and tenth bytes. Up to 8 bytes: each value's 7-bit groups
-    spread into a uint64 (``spread7``) and its continuation bits set (a view of it)."""
-    if w <= 8 and len(v):  # (so every value is in [0, 2**56))
-        y = spread7(v)
-        y |= MORE[nb]
-        return y.view(_U8).reshape(-1, 8)[:, :w]
+    each varint from the row's start (the bytes after it are not part of it). The first 8
+    bytes: the low 56 bits' 7-bit groups spread into a uint64 (``spread7``) and their
+    continuation bits set (a view of it); then, where some varint is longer (a value from
+    2**56, or a negative one: its two's complement as a uint64), bits 56 to 62 and bit 63."""
+    if not len(v):
+        return np.zeros((0, w), dtype=_U8)
+    y = spread7(v & _LOW56 if w > 8 else v)  # (up to 8 bytes: every value below 2**56)
+    y |= _MORE10[nb]
+    low = y.view(_U8).reshape(-1, 8)
+    if w <= 8:
+        return low[:, :w]
     out = np.empty((len(v), w), dtype=_U8)
-    parts = [(v & 0xFFFFFFF).astype(np.uint32)]
-    if w > 4:
-        parts.append(((v >> 28) & 0xFFFFFFF).astype(np.uint32))
-    if w > 8:
-        parts.append(((v >> 56) & 0xFF).astype(np.uint32))
-    for j in range(w):
-        byte = (parts[j // 4] >> (7 * (j % 4))) & 0x7F
-        out[:, j] = byte | 0x80 if j < w - 1 else byte
-    if len(v):
-        out[np.arange(len(v)), nb - 1] &= 0x7F
+    out[:, :8] = low
+    ninth = ((v >> 56) & 0x7F).astype(_U8)
+    ninth |= (nb == MAX_VARINT).view(_U8) << 7  # (a tenth byte follows)
+    out[:, 8] = ninth
+    if w > 9:
+        out[:, 9] = (v < 0).view(_U8)
     return out

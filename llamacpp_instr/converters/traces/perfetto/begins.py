@@ -38,7 +38,7 @@ from .protowire import (
     ld,
     varint,
 )
-from .segments import GroupBytes, Seg
+from .segments import GroupBytes
 
 _KEYED = (int, str, bool, type(None))  # values that pick one encoding by equality
 
@@ -47,14 +47,16 @@ class Pending:
     """The slices of one category and arg names whose begins wait for the flush, as columns, and
     where their rows are (a batch's small rows, and the index of each)."""
 
-    __slots__ = ("tracks", "names", "args", "at", "segs", "flows_out", "flows_in", "gb", "r0")
+    __slots__ = ("tracks", "names", "args", "at", "seg", "flows_out", "flows_in", "gb", "r0")
 
     def __init__(self) -> None:
         self.tracks: list[int] = []
         self.names: list[str] = []
         self.args: list[dict[str, Any]] = []  # made columns at the flush
         self.at: list[tuple[list[Any], int]] = []
-        self.segs: list[Seg] = []  # or, in a group of segments (``segments``), those
+        # or, a group of segments (``segments``): each ``Seg`` knows its group; the group does
+        # not list them (a cycle, which the command's disabled collector would never free)
+        self.seg = False
         # in a group of slices with flows (as many per slice: the key's counts), their ids
         self.flows_out: list[tuple[int, ...]] = []
         self.flows_in: list[tuple[int, ...]] = []
@@ -164,17 +166,17 @@ class Begins:
             return
         asm = Assembly(TRACK_EVENT, self.scratch)
         # the groups of small rows first: their bytes, wanted as ``bytes``, are the blob's start
-        groups = sorted(pending.items(), key=lambda kp: bool(kp[1].segs))
+        groups = sorted(pending.items(), key=lambda kp: kp[1].seg)
         placed = [
             (p, asm.add(len(p.tracks), self._pieces(category, ks, p)))
             for (category, ks, *_), p in groups
         ]
         blob, starts, lens = asm.build()
         gb = GroupBytes(blob, starts, lens)
-        small_rows = sum(len(p.at) for p, _ in placed if not p.segs)
+        small_rows = sum(len(p.at) for p, _ in placed if not p.seg)
         data = blob[: int(starts[small_rows]) if small_rows < len(starts) else None].tobytes()
         for p, r0 in placed:
-            if p.segs:  # (a group of segments: each knows its rows in the group's)
+            if p.seg:  # (a group of segments: each knows its rows in the group's)
                 p.gb, p.r0 = gb, r0
                 continue
             r1 = r0 + len(p.at)

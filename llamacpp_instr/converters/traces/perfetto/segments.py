@@ -184,7 +184,7 @@ def _add(
         flows = rows.flows_in
         g.flows_out += [()] * n
         g.flows_in += [flows[r] for r in range(lo, hi)]
-    g.segs.append(sg)
+    g.seg = True
     b.segs.append(sg)
     b.seq += 2 * n
     b.rows += 2 * n

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any, NamedTuple, overload
@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, overload
 import numpy as np
 
 from .fields import nonneg, uint
-from .layer_plan import FOUR, MixedRows, mixed_rows
+from .layer_plan import FOUR, MixedRows, getter, mixed_rows
 
 _ITEM = (itemgetter(0), itemgetter(1), itemgetter(2))
 
@@ -235,7 +235,7 @@ class _Repeat:
     def __init__(self, fused: dict[int, list[int]]) -> None:
         self.fused = fused
         keys = list(fused)
-        self.get = itemgetter(*keys) if len(keys) > 1 else _one(keys[0])
+        self.get = getter(keys)
         self.k_max = max(keys)
         self.values = list(fused.values())
         flat = list(chain.from_iterable(self.values))
@@ -259,11 +259,6 @@ class _Repeat:
 _FOURTH = itemgetter(3)
 _REPEATS: dict[int, _Repeat] = {}  # by id of the fused dict, which each holds (ids stay unique)
 _REPEATS_MAX = 16  # (a run has a graph or two of generation steps; beyond this, begun again)
-
-
-def _one(k: int) -> Callable[[list[Any]], tuple[Any, ...]]:
-    """``itemgetter(k)`` that gives a tuple of one, as ``itemgetter`` of several keys does."""
-    return lambda ops: (ops[k],)
 
 
 def _plan(fused: dict[int, list[int]]) -> _Repeat:

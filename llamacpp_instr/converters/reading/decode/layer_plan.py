@@ -18,8 +18,9 @@ import numpy as np
 Getter = Callable[[list[Any]], tuple[Any, ...]]
 
 
-def _getter(positions: list[int]) -> Getter:
-    """``itemgetter(*positions)``, a tuple of one for one position."""
+def getter(positions: list[int]) -> Getter:
+    """``itemgetter(*positions)``, a tuple of one for one position (as ``itemgetter`` of several
+    gives a tuple)."""
     if len(positions) == 1:
         k = positions[0]
         return lambda flat: (flat[k],)
@@ -43,9 +44,9 @@ class MixedRows:
         )
         self.at4 = first4.ravel()
         self.at5 = np.concatenate([first4, self.device_at[:, None]], axis=1).ravel()
-        self.starts = _getter([o + 1 for o in offsets])
-        self.durs = _getter([o + 2 for o in offsets])
-        self.devices = _getter([o + 4 for o, w in zip(offsets, widths, strict=True) if w == 5])
+        self.starts = getter([o + 1 for o in offsets])
+        self.durs = getter([o + 2 for o in offsets])
+        self.devices = getter([o + 4 for o, w in zip(offsets, widths, strict=True) if w == 5])
 
 
 FOUR = MixedRows((5,))  # (stands for rows all of four: ``columns`` packs those by slices)

@@ -44,6 +44,8 @@ def test_the_last_op_ends_when_its_slowest_thread_does(testing_lib: Path) -> Non
     # one thread: thread 0 does all the work, which is small (a copy of 16 KiB)
     assert 0 < last_op[1] < SLOW_NS / 10
     # several: the op lasts as long as its slowest thread (before the fix, about as long as one
-    # thread's copy: 0.004 ms here)
+    # thread's copy: 0.004 ms here). Not all of SLOW_NS: the op begins when thread 0 is past the
+    # barrier before it, and on a loaded machine another thread may start its sleep first (a cold
+    # CI run beside other work measured 47.98 ms for 50)
     for n in (2, 4):
-        assert SLOW_NS <= last_op[n] < 20 * SLOW_NS, (n, last_op)
+        assert SLOW_NS // 2 <= last_op[n] < 20 * SLOW_NS, (n, last_op)

@@ -20,7 +20,7 @@ from llamacpp_instr.converters.reading.decode.transfers import Transfers
 from llamacpp_instr.converters.session import device_time as dt
 from llamacpp_instr.converters.session.fold import iter_events_packed
 from llamacpp_instr.converters.traces.device_plan import Plan, Plans
-from llamacpp_instr.converters.traces.devices import op_extents
+from llamacpp_instr.converters.traces.devices import op_bounds
 from llamacpp_instr.converters.traces.items import (
     ComputeBatch,
     LayoutStats,
@@ -88,7 +88,7 @@ def test_rows_as_read_or_as_tuples(log: Path) -> None:
     assert kept == again
 
 
-def test_op_extents_of_devices_in_several_runs() -> None:
+def test_op_bounds_of_devices_in_several_runs() -> None:
     """A device whose ops are not one run (its splits between another's): its ops' count, first
     start and last end all the same, as counted here op by op."""
     events = list(iter_events_packed(LOGS[2]))
@@ -106,7 +106,8 @@ def test_op_extents_of_devices_in_several_runs() -> None:
         d = next(d for d, a, b in keys if a <= i < b)
         k, lo, hi = want.get(d, (0, s, s + u))
         want[d] = (k + 1, min(lo, s), max(hi, s + u))
-    assert op_extents(c, plan) == [want[d] for d in sorted(want)]
+    lo, hi = op_bounds(c, plan)
+    assert list(zip(plan.counts, lo, hi, strict=True)) == [want[d] for d in sorted(want)]
 
 
 def test_plans_by_splits_and_layer_devices() -> None:

@@ -343,12 +343,6 @@ def op_bounds(c: Compute, plan: Plan) -> tuple[list[int], list[int]]:
     return [ext[g][0] for g in range(n)], [ext[g][1] for g in range(n)]
 
 
-def op_extents(c: Compute, plan: Plan) -> list[tuple[int, int, int]]:
-    """``op_bounds`` with each device's op count: (count, first start, last end)."""
-    lo, hi = op_bounds(c, plan)
-    return list(zip(plan.counts, lo, hi, strict=True))
-
-
 def copy_rows(
     cps: list[Any],
     t0: int,

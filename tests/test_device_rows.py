@@ -19,15 +19,18 @@ from llamacpp_instr.converters.reading.decode.sessions import SessionStarted, St
 from llamacpp_instr.converters.reading.decode.transfers import Transfers
 from llamacpp_instr.converters.session import device_time as dt
 from llamacpp_instr.converters.session.fold import iter_events_packed
+from llamacpp_instr.converters.traces.device_lanes import DeviceLanes
 from llamacpp_instr.converters.traces.device_plan import Plan, Plans
-from llamacpp_instr.converters.traces.devices import op_bounds
+from llamacpp_instr.converters.traces.devices import copy_rows, op_bounds
 from llamacpp_instr.converters.traces.items import (
     ComputeBatch,
     LayoutStats,
     Selection,
     SliceRows,
+    Track,
 )
 from llamacpp_instr.converters.traces.layout import layout_bulk
+from llamacpp_instr.converters.traces.network import NetworkTracks
 from llamacpp_instr.converters.traces.op_args import mb_per_s
 
 LOGS = [
@@ -207,18 +210,62 @@ def test_plans_place_as_device_time(log: Path) -> None:
     assert runs  # (the fixtures' devices hold contiguous ops)
 
 
-def test_mb_per_s_is_pythons_round() -> None:
-    """A copy's or a command's rate is ``round(nbytes * 1e9 / ns / 1e6, 3)`` to the bit, on
-    random sizes and times and on those whose thousandths end in an exact half (0.0625 MB/s:
-    Python rounds those itself), 0.0 without a time."""
+def _rate_cases() -> list[tuple[int, int]]:
+    """Sizes and times: random, those whose thousandths end in an exact half (0.0625 MB/s) and
+    those that end in a decimal half (Python rounds all of those itself)."""
     rng = random.Random(38)
     cases = [(rng.randrange(1 << rng.randrange(1, 40)), rng.randrange(-3, 1 << rng.randrange(1, 34)))
              for _ in range(50_000)]  # fmt: skip
     cases += [(nb, 16_000 * nb) for nb in range(1, 200)]  # (x * 1000 == 62.5)
     cases += [(nb, ns) for nb in range(0, 500) for ns in (1, 3, 7, 1000, 1024, 10**6, 10**9)]
+    # thousandths that are a half in decimal, not in binary (0.0015 MB/s: ``x * 1000`` may
+    # round to 1.5 exactly, which a tie to even would take to 2)
+    cases += [(2 * j + 1, 2_000_000) for j in range(500)]
+    return cases
+
+
+def _want_rate(nb: int, ns: int) -> bytes:
+    return struct.pack("<d", round(nb * 1e9 / ns / 1e6, 3) if ns > 0 else 0.0)
+
+
+def test_mb_per_s_is_pythons_round() -> None:
+    """A copy's or a command's rate is ``round(nbytes * 1e9 / ns / 1e6, 3)`` to the bit, on
+    random sizes and times and on those whose thousandths end in an exact half, 0.0 without a
+    time."""
     halves = 0
-    for nb, ns in cases:
-        want = round(nb * 1e9 / ns / 1e6, 3) if ns > 0 else 0.0
-        assert struct.pack("<d", mb_per_s(nb, ns)) == struct.pack("<d", want), (nb, ns)
+    for nb, ns in _rate_cases():
+        assert struct.pack("<d", mb_per_s(nb, ns)) == _want_rate(nb, ns), (nb, ns)
         halves += ns > 0 and (nb * 1e12 / ns / 1e6) % 1 == 0.5
     assert halves >= 199
+
+
+def test_copy_and_command_rates_are_pythons_round() -> None:
+    """``copy_rows`` and ``NetworkTracks._commands`` spell ``mb_per_s``'s usual path out: each
+    row's rate is still Python's ``round``, to the bit (the cases of ``mb_per_s``'s test, a
+    copy's bytes and a command's sent plus received bytes over its duration)."""
+    info = next(ev.session for ev in iter_events_packed(LOGS[2]) if isinstance(ev, SessionStarted))
+    devs = dt.Devices(info)
+    process = Track(1, "p", None, "process", 0, 1000)
+    cases = [(nb, ns) for nb, ns in _rate_cases() if ns >= 0]  # (a row's duration is not < 0)
+    assert len(cases) > 50_000
+    lanes = DeviceLanes(info.sid, process, devs, True)
+    # copies: one after the other, each of its own size and duration
+    cps, t = [], 0
+    for nb, ns in cases:
+        cps.append([0, -1, "t", nb, 0, 1, t, ns])
+        t += ns + 1
+    copied = [0, 0]
+    rows = copy_rows(cps, 0, lanes, lanes.get(("copies",), "copies", 70), {}, devs, copied)
+    assert copied == [len(cases), sum(nb for nb, _ in cases)]
+    got = [struct.pack("<d", a["mb_per_s"]) for a in rows.args]
+    assert got == [_want_rate(nb, ns) for nb, ns in cases]
+    # commands: sent + received bytes over the duration (from start to end)
+    net = NetworkTracks(info, lanes)
+    net.network = Track(2, "network", 1, "slices", 71, 1000)
+    raw, t = [], 0
+    for nb, ns in cases:
+        raw.append([0, "set_tensor", "t", nb, nb - nb // 3, nb // 3, t, t, t, t + ns])
+        t += ns + 1
+    rows = net._commands([("step", 0, raw)])
+    got = [struct.pack("<d", a["mb_per_s"]) for a in rows.args]
+    assert got == [_want_rate(nb, ns) for nb, ns in cases]

@@ -49,7 +49,7 @@ from .items import (
     Slice,
     SliceRows,
     Track,
-    text_uuid,
+    text_uuids,
 )
 from .network import NetworkTracks
 from .op_args import mb_per_s
@@ -214,15 +214,15 @@ class DeviceTracks:
         of its busy and remote rows."""
         if not bs and not rs:
             return {}
-        timed = set(map(_BUSY_SPLIT, bs))
-        timed.update(map(_REMOTE_SPLIT, rs))
-        # track_uuid(sid, "launch", ctx, step, ubatch, k), the prefix joined once
+        if bs:
+            timed = set(map(_BUSY_SPLIT, bs))
+            timed.update(map(_REMOTE_SPLIT, rs))
+        else:  # (an RPC compute: its remote rows only)
+            timed = set(map(_REMOTE_SPLIT, rs))
+        # track_uuid(sid, "launch", ctx, step, ubatch, k), the prefix hashed once
         pre = f"{self.sid}\0launch\0{step.ctx}\0{step.index}\0{c.ubatch}\0"
-        out: dict[int, int] = {}
-        for k in sorted(timed):
-            if k >= 0:
-                out[k] = text_uuid(pre + str(k))
-        return out
+        ks = [k for k in sorted(timed) if k >= 0]
+        return dict(zip(ks, text_uuids(pre, map(str, ks)), strict=True))
 
     def _splits(
         self,

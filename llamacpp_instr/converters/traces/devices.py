@@ -150,7 +150,8 @@ class DeviceTracks:
                     hi = b[1] + b[2]
             head.ts, head.dur = t0 + lo, hi - lo
             out: list[BulkItem] = [head]
-            flow_of = self._flows(bs, rs, c, step)
+            started = _device_starts(bs, rs) if bs or rs else {}
+            flow_of = self._flows(started, c, step) if started else {}
             plan = self.plans.get(c, sp)
             # the copies first (drawn after the parts): each split's count and bytes of them
             copied = [0] * (2 * len(sp))
@@ -161,7 +162,7 @@ class DeviceTracks:
                 else None
             )
             if sp:
-                out += self._splits(sp, copied, bs, rs, t0, track, flow_of, plan)
+                out += self._splits(sp, copied, started, t0, track, flow_of, plan)
         else:
             out = [head]
             plan = self.plans.get(c, sp)
@@ -209,27 +210,19 @@ class DeviceTracks:
                 out += as_items(self.own.remote(rs, sp, t0, flow_of), bulk)
         return out
 
-    def _flows(self, bs: list[Any], rs: list[Any], c: Compute, step: Step) -> dict[int, int]:
-        """A flow id per split that a device timed itself (from the host's launch to the device),
-        of its busy and remote rows."""
-        if not bs and not rs:
-            return {}
-        if bs:
-            timed = set(map(_BUSY_SPLIT, bs))
-            timed.update(map(_REMOTE_SPLIT, rs))
-        else:  # (an RPC compute: its remote rows only)
-            timed = set(map(_REMOTE_SPLIT, rs))
+    def _flows(self, started: dict[int, int], c: Compute, step: Step) -> dict[int, int]:
+        """A flow id per split that a device timed itself (from the host's launch to the device):
+        those of ``started`` (``_device_starts``), but -1 (no split)."""
         # track_uuid(sid, "launch", ctx, step, ubatch, k), the prefix hashed once
         pre = f"{self.sid}\0launch\0{step.ctx}\0{step.index}\0{c.ubatch}\0"
-        ks = [k for k in sorted(timed) if k >= 0]
+        ks = [k for k in sorted(started) if k >= 0]
         return dict(zip(ks, text_uuids(pre, map(str, ks)), strict=True))
 
     def _splits(
         self,
         sp: list[Any],
         copied: list[int],
-        bs: list[Any],
-        rs: list[Any],
+        started: dict[int, int],
         t0: int,
         track: int,
         flow_of: dict[int, int],
@@ -237,16 +230,7 @@ class DeviceTracks:
     ) -> list[Slice]:
         """The splits' slices (rows relative to ``t0``): each with its copies' count and bytes
         (``copied``: split K's at 2K and 2K + 1), and when its device began it, if the device
-        timed it (its first busy or remote row)."""
-        started: dict[int, int] = {}
-        for b in bs:
-            k, t = b[3], b[1]
-            if k not in started or t < started[k]:
-                started[k] = t
-        for r in rs:
-            k, t = r[0], r[4]
-            if k not in started or t < started[k]:
-                started[k] = t
+        timed it (``started``: ``_device_starts``)."""
         texts = plan.texts
         if texts is None:  # (the plan's splits are these rows' devices and node ranges)
             texts = plan.texts = [
@@ -271,9 +255,24 @@ class DeviceTracks:
             out.append(Slice(track, name, t0 + s, e - s, 2, "split", args, (flow,) if flow else ()))
         return out
 
-    def transfers(self, step: Step | None = None) -> Iterator[Item | SliceRows]:
+    def transfers(self, step: Step | None = None) -> list[Item | SliceRows]:
         """The RPC commands of ``step``, or (None) those outside any step not drawn yet."""
         return self.network.transfers(step)
+
+
+def _device_starts(bs: list[Any], rs: list[Any]) -> dict[int, int]:
+    """When each split's device began it, of the splits a device timed: its first busy or
+    remote row's start (rows relative to the compute's ``t0``; split -1 among them, if any)."""
+    started: dict[int, int] = {}
+    for b in bs:
+        k, t = b[3], b[1]
+        if k not in started or t < started[k]:
+            started[k] = t
+    for r in rs:
+        k, t = r[0], r[4]
+        if k not in started or t < started[k]:
+            started[k] = t
+    return started
 
 
 def _device_slice(
@@ -409,4 +408,3 @@ def copy_rows(
 
 
 _COPY_ORDER = itemgetter(6, 7)  # a copies row's start and duration
-_BUSY_SPLIT, _REMOTE_SPLIT = itemgetter(3), itemgetter(0)  # a busy and a remote row's split

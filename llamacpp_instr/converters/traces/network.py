@@ -33,15 +33,16 @@ class NetworkTracks:
         """Whether ``transfers`` records outside any step were read since the last call."""
         return self.transfers_done < len(self.info.transfers)
 
-    def transfers(self, step: Step | None = None) -> Iterator[Item | SliceRows]:
-        """The RPC commands of ``step``, or (None) those outside any step not drawn yet."""
+    def transfers(self, step: Step | None = None) -> list[Item | SliceRows]:
+        """The RPC commands of ``step``, or (None) those outside any step not drawn yet (a list:
+        asked every step, and a generator's frame cost more than the usual none)."""
         if step is not None:
             blocks = step.transfers
         else:
             blocks = self.info.transfers[self.transfers_done :]
             self.transfers_done = len(self.info.transfers)
         if not blocks:
-            return
+            return []
         # each block's rows as read (``Transfers.bulk_rows``: ``TransferRow``'s fields, times
         # relative to its offset), with its phase and offset
         parts: list[tuple[str, int, list[Any]]] = []
@@ -50,7 +51,8 @@ class NetworkTracks:
             if raw:
                 parts.append((t.phase, t0, raw))
         if not parts:
-            return
+            return []
+        out: list[Item | SliceRows] = []
         if self.network is None:
             self.network = Track(
                 track_uuid(self.lanes.sid, "network"),
@@ -60,7 +62,7 @@ class NetworkTracks:
                 NETWORK_ORDER,
                 self.lanes.process.pid,
             )
-            yield self.network
+            out.append(self.network)
         if len(blocks) == 1:  # (one offset: the rows' own times order them)
             phase, t0, raw = parts[0]
             parts = [(phase, t0, sorted(raw, key=_ROW_ORDER))]
@@ -69,11 +71,12 @@ class NetworkTracks:
             rows.sort(key=lambda x: (x[1] + x[2][7], x[1] + x[2][9]))
             parts = [(phase, t0, [r]) for phase, t0, r in rows]
         if self.lanes.bulk:
-            yield self._commands(parts)
-            return
+            out.append(self._commands(parts))
+            return out
         for phase, t0, raw in parts:
             for r in raw:
-                yield from self._command(phase, TransferRow(*r[:6], *(t0 + v for v in r[6:])))
+                out += self._command(phase, TransferRow(*r[:6], *(t0 + v for v in r[6:])))
+        return out
 
     def _commands(self, parts: list[tuple[str, int, list[Any]]]) -> SliceRows:
         """``_command`` for each row of ``parts`` (each a phase, an offset and its rows; all

@@ -20,6 +20,7 @@ from llamacpp_instr.converters.reading.decode.transfers import Transfers
 from llamacpp_instr.converters.session import device_time as dt
 from llamacpp_instr.converters.session.fold import iter_events_packed
 from llamacpp_instr.converters.traces.device_lanes import DeviceLanes
+from llamacpp_instr.converters.traces.device_own import OwnTiming
 from llamacpp_instr.converters.traces.device_plan import Plan, Plans
 from llamacpp_instr.converters.traces.devices import copy_rows, op_bounds
 from llamacpp_instr.converters.traces.items import (
@@ -281,3 +282,39 @@ def test_text_uuids_of_a_prefix() -> None:
     assert got == [track_uuid("sid-1", "launch", 1, 345, 0, k) for k in (0, 1, 12)]
     assert len(set(got)) == 3 and all(0 < u < 2**63 for u in got)
     assert text_uuids(pre, []) == []
+
+
+def test_busy_rows_of_devices_in_turn() -> None:
+    """Command buffers of two devices in turn: each row's idle time is from its own device's
+    last end (not the other's), the first of each device has none, and a split out of range
+    has no launch gap; the args' names come in one order."""
+    info = next(ev.session for ev in iter_events_packed(LOGS[2]) if isinstance(ev, SessionStarted))
+    devs = dt.Devices(info)
+    own = OwnTiming(devs, DeviceLanes(info.sid, Track(1, "p", None, "process", 0, 1000), devs))
+    sp = [[0, 0, 10, 0, 5, 50], [1, 10, 20, 60, 65, 90]]  # (device, i0, i1, start, launch, end)
+    # (device, start, dur, split, n_ops), times relative to t0
+    bs = [
+        [0, 10, 20, 0, 3],
+        [1, 15, 10, 1, 4],
+        [0, 40, 5, 0, 2],
+        [1, 20, 30, 7, 1],
+        [0, 45, 1, -1, 0],
+    ]
+    rows = own.busy(bs, sp, 1000, {1: 99})
+    assert rows.ts == [1010, 1015, 1020, 1040, 1045] and rows.dur == [20, 10, 30, 5, 1]
+    assert rows.name == ["command buffer"] * 5
+    want = [
+        {"split": 0, "n_ops": 3, "device": devs[0].name, "since_launch_ns": 5},
+        {"split": 1, "n_ops": 4, "device": devs[1].name, "since_launch_ns": -50},
+        {"split": 7, "n_ops": 1, "device": devs[1].name, "idle_before_ns": 0},
+        {
+            "split": 0,
+            "n_ops": 2,
+            "device": devs[0].name,
+            "idle_before_ns": 10,
+            "since_launch_ns": 35,
+        },
+        {"split": -1, "n_ops": 0, "device": devs[0].name, "idle_before_ns": 0},
+    ]
+    assert [list(a.items()) for a in rows.args] == [list(a.items()) for a in want]
+    assert rows.flows_in == {1: (99,)}

@@ -318,3 +318,34 @@ def test_busy_rows_of_devices_in_turn() -> None:
     ]
     assert [list(a.items()) for a in rows.args] == [list(a.items()) for a in want]
     assert rows.flows_in == {1: (99,)}
+
+
+def test_copies_of_splits_and_pairs_in_turn() -> None:
+    """Copies whose splits and device pairs change from row to row (and come back): each
+    split's count and bytes, and each row's names, as counted here row by row."""
+    info = next(ev.session for ev in iter_events_packed(LOGS[2]) if isinstance(ev, SessionStarted))
+    devs = dt.Devices(info)
+    lanes = DeviceLanes(info.sid, Track(1, "p", None, "process", 0, 1000), devs)
+    # (split, node, tensor, bytes, src, dst, start, dur), given out of time order
+    cps = [
+        [2, 5, "c", 300, 1, 2, 30, 5],
+        [0, -1, "a", 100, 0, 1, 10, 5],
+        [0, 3, "b", 200, 0, 1, 20, 5],
+        [1, -1, "d", 400, 0, 2, 40, 5],
+        [0, -1, "e", 500, 0, 1, 50, 5],
+        [2, -1, "f", 600, 1, 2, 60, 5],
+        [2, -1, "g", 700, 1, 2, 70, 5],
+    ]
+    copied = [0] * 6
+    rows = copy_rows(cps, 0, lanes, lanes.get(("copies",), "copies", 70), {}, devs, copied)
+    want = [0] * 6
+    for r in cps:
+        want[2 * r[0]] += 1
+        want[2 * r[0] + 1] += r[3]
+    assert copied == want == [3, 800, 1, 400, 3, 1600]
+    order = sorted(cps, key=lambda r: r[6])
+    assert [a["tensor"] for a in rows.args] == list("abcdefg")
+    assert rows.name == [f"{devs[r[4]].name} → {devs[r[5]].name}" for r in order]
+    assert [(a["from"], a["to"], a["split"]) for a in rows.args] == [
+        (devs[r[4]].name, devs[r[5]].name, r[0]) for r in order
+    ]

@@ -361,18 +361,26 @@ def copy_rows(
     # (SliceRows.add, inlined: a few rows per compute)
     tracks, labels, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
     ends = lanes.ends
-    pk: tuple[int, int] | None = None  # (the last row's devices: rows come in runs of a pair)
+    # (rows come in runs of a pair of devices, and of a split: the pair's names looked up, and
+    # the split's count and bytes added, once a run)
+    last_src = last_dst = -2
     pair = ("", "", "")
+    cur_k, n_k, b_k = -1, 0, 0
     for k, node, tensor, nbytes, src_d, dst_d, s, dur in sorted(cps, key=_COPY_ORDER):
-        if pk is None or pk[0] != src_d or pk[1] != dst_d:
-            pk = (src_d, dst_d)
-            got = pairs.get(pk)
+        if src_d != last_src or dst_d != last_dst:
+            last_src, last_dst = src_d, dst_d
+            got = pairs.get((src_d, dst_d))
             if got is None:
                 src, dst = devs[src_d].name, devs[dst_d].name
-                got = pairs[pk] = (src, dst, f"{src} → {dst}")
+                got = pairs[(src_d, dst_d)] = (src, dst, f"{src} → {dst}")
             pair = got
-        copied[2 * k] += 1
-        copied[2 * k + 1] += nbytes
+        if k != cur_k:
+            if n_k:
+                copied[2 * cur_k] += n_k
+                copied[2 * cur_k + 1] += b_k
+            cur_k, n_k, b_k = k, 0, 0
+        n_k += 1
+        b_k += nbytes
         start = t0 + s
         if ends and ends[0] <= start:  # (``assign``'s first lane, inlined: nearly every row's)
             ends[0] = start + dur
@@ -404,6 +412,9 @@ def copy_rows(
                 "mb_per_s": rate,
             }
         )
+    if n_k:
+        copied[2 * cur_k] += n_k
+        copied[2 * cur_k + 1] += b_k
     return out
 
 

@@ -349,3 +349,30 @@ def test_copies_of_splits_and_pairs_in_turn() -> None:
     assert [(a["from"], a["to"], a["split"]) for a in rows.args] == [
         (devs[r[4]].name, devs[r[5]].name, r[0]) for r in order
     ]
+
+
+def test_commands_of_servers_in_turn() -> None:
+    """Commands of two servers in turn, in several parts (offsets), one overlapping its
+    server's last: each on its server's lane (the overlapping one on a second lane, the next
+    back on the first), named and timed as its row says."""
+    info = next(ev.session for ev in iter_events_packed(LOGS[2]) if isinstance(ev, SessionStarted))
+    devs = dt.Devices(info)
+    net = NetworkTracks(info, DeviceLanes(info.sid, Track(1, "p", None, "process", 0, 1000), devs))
+    net.network = Track(2, "network", 1, "slices", 71, 1000)
+
+    def row(d: int, cmd: str, s: int, e: int) -> list[Any]:
+        return [d, cmd, "t", 8, 10, 2, s, s, s, e]
+
+    parts = [
+        ("load", 0, [row(1, "a", 0, 4), row(1, "g", 4, 10), row(2, "b", 5, 20)]),
+        ("load", 100, [row(1, "c", -88, -85), row(1, "d", -87, -80)]),  # (d overlaps c)
+        ("step", 50, [row(2, "e", -20, -10), row(1, "f", -35, -30)]),
+    ]
+    rows = net._commands(parts)
+    assert rows.name == list("agbcdef")
+    assert rows.ts == [0, 4, 5, 12, 13, 30, 15] and rows.dur == [4, 6, 15, 3, 7, 10, 5]
+    one, two = net.labels[1][1].uuids, net.labels[2][1].uuids
+    assert len(one) == 2 and len(two) == 1
+    assert rows.track == [one[0], one[0], two[0], one[0], one[1], two[0], one[0]]
+    assert [r for r, _ in rows.tracks] == [0, 2, 4]  # (each lane made at its first row)
+    assert [a["phase"] for a in rows.args] == ["load"] * 5 + ["step"] * 2

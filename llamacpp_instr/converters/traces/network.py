@@ -16,6 +16,7 @@ from .items import Item, Slice, SliceRows, Track, track_uuid
 from .op_args import mb_per_s
 
 _ROW_ORDER = itemgetter(7, 9)  # a transfers row's start and end
+_CMD = itemgetter(1)  # a transfers row's command
 _UNSET = Lanes((), "", 0, None)  # (``_commands``' lanes before its first row: never used)
 
 
@@ -85,13 +86,15 @@ class NetworkTracks:
         labels = self.labels
         assign = self.lanes.assign
         # (SliceRows.add, inlined: a few rows per op)
-        tracks, names, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
-        # (a server's commands come in runs: its label and lanes asked once a run)
+        tracks, starts, durs, all_args = out.track, out.ts, out.dur, out.args
+        # (a server's commands come in runs: its label, lanes and first lane's id asked once a
+        # run)
         last_d: int | None = None
         label, lanes = "", _UNSET
         ends = lanes.ends
+        uuid0 = 0
         for phase, t0, rows in parts:
-            for d, cmd, tensor, nbytes, sent, recv, q, s, _, e in rows:
+            for d, _, tensor, nbytes, sent, recv, q, s, _, e in rows:
                 if d != last_d:
                     got = labels.get(d)
                     if got is None:
@@ -99,27 +102,26 @@ class NetworkTracks:
                         got = labels[d] = (label, self._lanes(d, label))
                     label, lanes = got
                     ends = lanes.ends
+                    uuid0 = lanes.uuids[0] if lanes.uuids else 0
                     last_d = d
                 start = t0 + s
-                dur = e - s
                 if ends and ends[0] <= start:  # (``assign``'s first lane, inlined: nearly all)
                     ends[0] = t0 + e
-                    tracks.append(lanes.uuids[0])
+                    tracks.append(uuid0)
                 else:
                     tracks.append(assign(lanes, start, t0 + e, len(tracks), out.tracks))
-                names.append(cmd)
+                    uuid0 = lanes.uuids[0]
                 starts.append(start)
+                dur = e - s
                 durs.append(dur)
-                n = sent + recv
                 # (``mb_per_s``, its usual path inlined: a dozen commands a step)
                 if dur > 0:
-                    x = n * 1e9 / dur / 1e6
-                    p = x * 1000.0
+                    p = (sent + recv) * 1e9 / dur / 1e6 * 1000.0
                     r = p + 6755399441055744.0 - 6755399441055744.0  # (ROUNDER)
                     if 0.0 <= p < 8.0e12 and -0.49 < p - r < 0.49:
                         rate = r / 1000.0
                     else:
-                        rate = mb_per_s(n, dur)
+                        rate = mb_per_s(sent + recv, dur)
                 else:
                     rate = 0.0
                 all_args.append(
@@ -135,6 +137,11 @@ class NetworkTracks:
                         "mb_per_s": rate,
                     }
                 )
+        # (the commands' names at once: a C loop)
+        if len(parts) == 1:
+            out.name = list(map(_CMD, parts[0][2]))
+        else:
+            out.name = [r[1] for _, _, rows in parts for r in rows]
         return out
 
     def _lanes(self, device: int, label: str) -> Lanes:

@@ -337,7 +337,11 @@ def test_copies_of_splits_and_pairs_in_turn() -> None:
         [2, -1, "g", 700, 1, 2, 70, 5],
     ]
     copied = [0] * 6
-    rows = copy_rows(cps, 0, lanes, lanes.get(("copies",), "copies", 70), {}, devs, copied)
+    track = lanes.get(("copies",), "copies", 70)
+    rows = copy_rows(cps, 0, lanes, track, {}, devs, copied)
+    # (one after the other: all on the copies' first lane, made at the first row)
+    assert len(track.uuids) == 1 and rows.track == track.uuids * 7
+    assert [(r, t.uuid) for r, t in rows.tracks] == [(0, track.uuids[0])]
     want = [0] * 6
     for r in cps:
         want[2 * r[0]] += 1

@@ -364,8 +364,9 @@ def copy_rows(
     # (rows come in runs of a pair of devices, and of a split: the pair's names looked up, and
     # the split's count and bytes added, once a run)
     last_src = last_dst = -2
-    pair = ("", "", "")
+    src = dst = label = ""
     cur_k, n_k, b_k = -1, 0, 0
+    uuid0 = lanes.uuids[0] if lanes.uuids else 0  # (its first lane's, once made)
     for k, node, tensor, nbytes, src_d, dst_d, s, dur in sorted(cps, key=_COPY_ORDER):
         if src_d != last_src or dst_d != last_dst:
             last_src, last_dst = src_d, dst_d
@@ -373,7 +374,7 @@ def copy_rows(
             if got is None:
                 src, dst = devs[src_d].name, devs[dst_d].name
                 got = pairs[(src_d, dst_d)] = (src, dst, f"{src} → {dst}")
-            pair = got
+            src, dst, label = got
         if k != cur_k:
             if n_k:
                 copied[2 * cur_k] += n_k
@@ -384,10 +385,11 @@ def copy_rows(
         start = t0 + s
         if ends and ends[0] <= start:  # (``assign``'s first lane, inlined: nearly every row's)
             ends[0] = start + dur
-            tracks.append(lanes.uuids[0])
+            tracks.append(uuid0)
         else:
             tracks.append(dl.assign(lanes, start, start + dur, len(tracks), out.tracks))
-        labels.append(pair[2])
+            uuid0 = lanes.uuids[0]
+        labels.append(label)
         starts.append(start)
         durs.append(dur)
         # (``mb_per_s``, its usual path inlined: a dozen copies a step)
@@ -404,8 +406,8 @@ def copy_rows(
             {
                 "tensor": tensor,
                 "bytes": nbytes,
-                "from": pair[0],
-                "to": pair[1],
+                "from": src,
+                "to": dst,
                 "split": k,
                 "node": node,
                 # as dt.bandwidth, in MB/s

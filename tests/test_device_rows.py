@@ -29,8 +29,6 @@ from llamacpp_instr.converters.traces.items import (
     Selection,
     SliceRows,
     Track,
-    text_uuids,
-    track_uuid,
 )
 from llamacpp_instr.converters.traces.layout import layout_bulk
 from llamacpp_instr.converters.traces.network import NetworkTracks
@@ -272,16 +270,6 @@ def test_copy_and_command_rates_are_pythons_round() -> None:
     rows = net._commands([("step", 0, raw)])
     got = [struct.pack("<d", a["mb_per_s"]) for a in rows.args]
     assert got == [_want_rate(nb, ns) for nb, ns in cases]
-
-
-def test_text_uuids_of_a_prefix() -> None:
-    """``text_uuids`` hashes a prefix once for several ids: each the ``track_uuid`` of its parts
-    (the launch flows' ids: session, "launch", context, step, ubatch and split)."""
-    pre = "sid-1\0launch\x001\x00345\x000\x00"
-    got = text_uuids(pre, ["0", "1", "12"])
-    assert got == [track_uuid("sid-1", "launch", 1, 345, 0, k) for k in (0, 1, 12)]
-    assert len(set(got)) == 3 and all(0 < u < 2**63 for u in got)
-    assert text_uuids(pre, []) == []
 
 
 def test_busy_rows_of_devices_in_turn() -> None:

@@ -49,7 +49,7 @@ from .items import (
     Slice,
     SliceRows,
     Track,
-    text_uuids,
+    text_uuid,
 )
 from .network import NetworkTracks
 from .op_args import mb_per_s
@@ -213,10 +213,13 @@ class DeviceTracks:
     def _flows(self, started: dict[int, int], c: Compute, step: Step) -> dict[int, int]:
         """A flow id per split that a device timed itself (from the host's launch to the device):
         those of ``started`` (``_device_starts``), but -1 (no split)."""
-        # track_uuid(sid, "launch", ctx, step, ubatch, k), the prefix hashed once
+        # track_uuid(sid, "launch", ctx, step, ubatch, k), the prefix joined once
         pre = f"{self.sid}\0launch\0{step.ctx}\0{step.index}\0{c.ubatch}\0"
-        ks = [k for k in sorted(started) if k >= 0]
-        return dict(zip(ks, text_uuids(pre, map(str, ks)), strict=True))
+        out: dict[int, int] = {}
+        for k in sorted(started):
+            if k >= 0:
+                out[k] = text_uuid(pre + str(k))
+        return out
 
     def _splits(
         self,

@@ -5,7 +5,7 @@ session out as these; the Perfetto and Chrome JSON writers render them)."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,14 +177,3 @@ def text_uuid(text: str) -> int:
     h = hashlib.blake2b(text.encode(), digest_size=8).digest()
     return int.from_bytes(h, "big") >> 1 or 1
 
-
-def text_uuids(prefix: str, suffixes: Iterable[str]) -> list[int]:
-    """``text_uuid(prefix + s)`` for each of ``suffixes``: the prefix hashed once, each id
-    from a copy of its state (a device step makes a few ids of one prefix)."""
-    pre = hashlib.blake2b(prefix.encode(), digest_size=8)
-    out = []
-    for s in suffixes:
-        h = pre.copy()
-        h.update(s.encode())
-        out.append(int.from_bytes(h.digest(), "big") >> 1 or 1)
-    return out

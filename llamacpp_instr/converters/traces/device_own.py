@@ -14,6 +14,7 @@ from .items import SliceRows
 
 _BUSY_ORDER = itemgetter(1, 2)  # a busy row's start and duration
 _REMOTE_ORDER = itemgetter(4, 5)  # a remote row's start and end
+_UNSET = Lanes((), "", 0, None)  # (``busy``'s lanes before its first row: never used)
 
 
 class OwnTiming:
@@ -48,37 +49,56 @@ class OwnTiming:
         last: dict[int, int] = {}
         of = self.busy_of
         # (SliceRows.add, inlined: a few rows per compute)
-        tracks, names, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
+        tracks, starts, durs, all_args = out.track, out.ts, out.dur, out.args
+        # (a device's rows come in runs: its name, lanes and last end kept through each)
+        last_d: int | None = None
+        prev: int | None = None
+        name, lanes = "", _UNSET
+        ends = lanes.ends
         for j, (d, s, dur, k, n_ops) in enumerate(sorted(bs, key=_BUSY_ORDER)):
-            got = of.get(d)
-            if got is None:
-                got = self._lanes("busy", d)
-            name, lanes = got
+            if d != last_d:
+                if last_d is not None and prev is not None:
+                    last[last_d] = prev
+                got = of.get(d)
+                if got is None:
+                    got = self._lanes("busy", d)
+                name, lanes = got
+                ends = lanes.ends
+                prev = last.get(d)
+                last_d = d
             start = t0 + s
             end = start + dur
-            args: dict[str, Any] = {"split": k, "n_ops": n_ops, "device": name}
-            prev = last.get(d)  # (max() spelt out: a few rows a step)
-            if prev is not None:
-                args["idle_before_ns"] = start - prev if start > prev else 0
+            if prev is not None:  # (max() spelt out: a few rows a step)
+                idle = start - prev if start > prev else 0
                 if end > prev:
-                    last[d] = end
+                    prev = end
+                if 0 <= k < n_splits:  # (the usual: every key in one literal)
+                    args: dict[str, Any] = {
+                        "split": k,
+                        "n_ops": n_ops,
+                        "device": name,
+                        "idle_before_ns": idle,
+                        "since_launch_ns": s - sp[k][4],
+                    }
+                else:
+                    args = {"split": k, "n_ops": n_ops, "device": name, "idle_before_ns": idle}
             else:
-                last[d] = end if end > 0 else 0
-            if 0 <= k < n_splits:
-                args["since_launch_ns"] = s - sp[k][4]
+                prev = end if end > 0 else 0
+                args = {"split": k, "n_ops": n_ops, "device": name}
+                if 0 <= k < n_splits:
+                    args["since_launch_ns"] = s - sp[k][4]
             if k in flow_of and k not in seen:
                 seen.add(k)
                 out.flows_in[j] = (flow_of[k],)
-            ends = lanes.ends
             if ends and ends[0] <= start:  # (``assign``'s first lane, inlined: nearly all)
                 ends[0] = end
                 tracks.append(lanes.uuids[0])
             else:
                 tracks.append(self.lanes.assign(lanes, start, end, j, out.tracks))
-            names.append("command buffer")
             starts.append(start)
             durs.append(dur)
             all_args.append(args)
+        out.name = ["command buffer"] * len(tracks)
         return out
 
     def remote(self, rs: list[Any], sp: list[Any], t0: int, flow_of: dict[int, int]) -> SliceRows:

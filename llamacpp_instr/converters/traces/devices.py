@@ -150,7 +150,8 @@ class DeviceTracks:
                     hi = b[1] + b[2]
             head.ts, head.dur = t0 + lo, hi - lo
             out: list[BulkItem] = [head]
-            flow_of = self._flows(bs, rs, c, step)
+            started = _device_starts(bs, rs) if bs or rs else {}
+            flow_of = self._flows(started, c, step) if started else {}
             plan = self.plans.get(c, sp)
             # the copies first (drawn after the parts): each split's count and bytes of them
             copied = [0] * (2 * len(sp))
@@ -161,7 +162,7 @@ class DeviceTracks:
                 else None
             )
             if sp:
-                out += self._splits(sp, copied, bs, rs, t0, track, flow_of, plan)
+                out += self._splits(sp, copied, started, t0, track, flow_of, plan)
         else:
             out = [head]
             plan = self.plans.get(c, sp)
@@ -209,17 +210,13 @@ class DeviceTracks:
                 out += as_items(self.own.remote(rs, sp, t0, flow_of), bulk)
         return out
 
-    def _flows(self, bs: list[Any], rs: list[Any], c: Compute, step: Step) -> dict[int, int]:
-        """A flow id per split that a device timed itself (from the host's launch to the device),
-        of its busy and remote rows."""
-        if not bs and not rs:
-            return {}
-        timed = set(map(_BUSY_SPLIT, bs))
-        timed.update(map(_REMOTE_SPLIT, rs))
+    def _flows(self, started: dict[int, int], c: Compute, step: Step) -> dict[int, int]:
+        """A flow id per split that a device timed itself (from the host's launch to the device):
+        those of ``started`` (``_device_starts``), but -1 (no split)."""
         # track_uuid(sid, "launch", ctx, step, ubatch, k), the prefix joined once
         pre = f"{self.sid}\0launch\0{step.ctx}\0{step.index}\0{c.ubatch}\0"
         out: dict[int, int] = {}
-        for k in sorted(timed):
+        for k in sorted(started):
             if k >= 0:
                 out[k] = text_uuid(pre + str(k))
         return out
@@ -228,8 +225,7 @@ class DeviceTracks:
         self,
         sp: list[Any],
         copied: list[int],
-        bs: list[Any],
-        rs: list[Any],
+        started: dict[int, int],
         t0: int,
         track: int,
         flow_of: dict[int, int],
@@ -237,16 +233,7 @@ class DeviceTracks:
     ) -> list[Slice]:
         """The splits' slices (rows relative to ``t0``): each with its copies' count and bytes
         (``copied``: split K's at 2K and 2K + 1), and when its device began it, if the device
-        timed it (its first busy or remote row)."""
-        started: dict[int, int] = {}
-        for b in bs:
-            k, t = b[3], b[1]
-            if k not in started or t < started[k]:
-                started[k] = t
-        for r in rs:
-            k, t = r[0], r[4]
-            if k not in started or t < started[k]:
-                started[k] = t
+        timed it (``started``: ``_device_starts``)."""
         texts = plan.texts
         if texts is None:  # (the plan's splits are these rows' devices and node ranges)
             texts = plan.texts = [
@@ -271,9 +258,24 @@ class DeviceTracks:
             out.append(Slice(track, name, t0 + s, e - s, 2, "split", args, (flow,) if flow else ()))
         return out
 
-    def transfers(self, step: Step | None = None) -> Iterator[Item | SliceRows]:
+    def transfers(self, step: Step | None = None) -> list[Item | SliceRows]:
         """The RPC commands of ``step``, or (None) those outside any step not drawn yet."""
         return self.network.transfers(step)
+
+
+def _device_starts(bs: list[Any], rs: list[Any]) -> dict[int, int]:
+    """When each split's device began it, of the splits a device timed: its first busy or
+    remote row's start (rows relative to the compute's ``t0``; split -1 among them, if any)."""
+    started: dict[int, int] = {}
+    for b in bs:
+        k, t = b[3], b[1]
+        if k not in started or t < started[k]:
+            started[k] = t
+    for r in rs:
+        k, t = r[0], r[4]
+        if k not in started or t < started[k]:
+            started[k] = t
+    return started
 
 
 def _device_slice(
@@ -343,12 +345,6 @@ def op_bounds(c: Compute, plan: Plan) -> tuple[list[int], list[int]]:
     return [ext[g][0] for g in range(n)], [ext[g][1] for g in range(n)]
 
 
-def op_extents(c: Compute, plan: Plan) -> list[tuple[int, int, int]]:
-    """``op_bounds`` with each device's op count: (count, first start, last end)."""
-    lo, hi = op_bounds(c, plan)
-    return list(zip(plan.counts, lo, hi, strict=True))
-
-
 def copy_rows(
     cps: list[Any],
     t0: int,
@@ -368,36 +364,63 @@ def copy_rows(
     # (SliceRows.add, inlined: a few rows per compute)
     tracks, labels, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
     ends = lanes.ends
+    # (rows come in runs of a pair of devices, and of a split: the pair's names looked up, and
+    # the split's count and bytes added, once a run)
+    last_src = last_dst = -2
+    src = dst = label = ""
+    cur_k, n_k, b_k = -1, 0, 0
+    uuid0 = lanes.uuids[0] if lanes.uuids else 0  # (its first lane's, once made)
     for k, node, tensor, nbytes, src_d, dst_d, s, dur in sorted(cps, key=_COPY_ORDER):
-        pair = pairs.get((src_d, dst_d))
-        if pair is None:
-            src, dst = devs[src_d].name, devs[dst_d].name
-            pair = pairs[(src_d, dst_d)] = (src, dst, f"{src} → {dst}")
-        copied[2 * k] += 1
-        copied[2 * k + 1] += nbytes
+        if src_d != last_src or dst_d != last_dst:
+            last_src, last_dst = src_d, dst_d
+            got = pairs.get((src_d, dst_d))
+            if got is None:
+                src, dst = devs[src_d].name, devs[dst_d].name
+                got = pairs[(src_d, dst_d)] = (src, dst, f"{src} → {dst}")
+            src, dst, label = got
+        if k != cur_k:
+            if n_k:
+                copied[2 * cur_k] += n_k
+                copied[2 * cur_k + 1] += b_k
+            cur_k, n_k, b_k = k, 0, 0
+        n_k += 1
+        b_k += nbytes
         start = t0 + s
         if ends and ends[0] <= start:  # (``assign``'s first lane, inlined: nearly every row's)
             ends[0] = start + dur
-            tracks.append(lanes.uuids[0])
+            tracks.append(uuid0)
         else:
             tracks.append(dl.assign(lanes, start, start + dur, len(tracks), out.tracks))
-        labels.append(pair[2])
+            uuid0 = lanes.uuids[0]
+        labels.append(label)
         starts.append(start)
         durs.append(dur)
+        # (``mb_per_s``, its usual path inlined: a dozen copies a step)
+        if dur > 0:
+            p = nbytes * 1e9 / dur / 1e6 * 1000.0
+            r = p + 6755399441055744.0 - 6755399441055744.0  # (ROUNDER)
+            if 0.0 <= p < 8.0e12 and -0.49 < p - r < 0.49:
+                rate = r / 1000.0
+            else:
+                rate = mb_per_s(nbytes, dur)
+        else:
+            rate = 0.0
         all_args.append(
             {
                 "tensor": tensor,
                 "bytes": nbytes,
-                "from": pair[0],
-                "to": pair[1],
+                "from": src,
+                "to": dst,
                 "split": k,
                 "node": node,
                 # as dt.bandwidth, in MB/s
-                "mb_per_s": mb_per_s(nbytes, dur),
+                "mb_per_s": rate,
             }
         )
+    if n_k:
+        copied[2 * cur_k] += n_k
+        copied[2 * cur_k + 1] += b_k
     return out
 
 
 _COPY_ORDER = itemgetter(6, 7)  # a copies row's start and duration
-_BUSY_SPLIT, _REMOTE_SPLIT = itemgetter(3), itemgetter(0)  # a busy and a remote row's split

@@ -93,7 +93,7 @@ class ComputeBatch:
     ops: OpBatch | None
 
 
-@dataclass
+@dataclass(init=False)
 class SliceRows:
     """Slices of one category and depth, as one item: the ``Slice`` items that
     ``items()`` yields one by one, with the tracks first used among them (``tracks``: (row, track),
@@ -102,13 +102,26 @@ class SliceRows:
 
     category: str
     depth: int
-    track: list[int] = field(default_factory=list)
-    name: list[str] = field(default_factory=list)
-    ts: list[int] = field(default_factory=list)
-    dur: list[int] = field(default_factory=list)
-    args: list[dict[str, Any]] = field(default_factory=list)
-    tracks: list[tuple[int, Track]] = field(default_factory=list)
-    flows_in: dict[int, tuple[int, ...]] = field(default_factory=dict)  # row -> flows it ends
+    track: list[int]
+    name: list[str]
+    ts: list[int]
+    dur: list[int]
+    args: list[dict[str, Any]]
+    tracks: list[tuple[int, Track]]
+    flows_in: dict[int, tuple[int, ...]]  # row -> flows it ends
+
+    def __init__(self, category: str, depth: int) -> None:
+        # (by hand: the dataclass's, with a factory per list, cost twice as much, and a device
+        # step makes a few of these)
+        self.category = category
+        self.depth = depth
+        self.track = []
+        self.name = []
+        self.ts = []
+        self.dur = []
+        self.args = []
+        self.tracks = []
+        self.flows_in = {}
 
     def add(self, track: int, name: str, ts: int, dur: int, args: dict[str, Any]) -> None:
         self.track.append(track)
@@ -163,3 +176,4 @@ def text_uuid(text: str) -> int:
     makes many ids of one prefix joins it once)."""
     h = hashlib.blake2b(text.encode(), digest_size=8).digest()
     return int.from_bytes(h, "big") >> 1 or 1
+

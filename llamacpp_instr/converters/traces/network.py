@@ -16,6 +16,8 @@ from .items import Item, Slice, SliceRows, Track, track_uuid
 from .op_args import mb_per_s
 
 _ROW_ORDER = itemgetter(7, 9)  # a transfers row's start and end
+_CMD = itemgetter(1)  # a transfers row's command
+_UNSET = Lanes((), "", 0, None)  # (``_commands``' lanes before its first row: never used)
 
 
 class NetworkTracks:
@@ -32,15 +34,16 @@ class NetworkTracks:
         """Whether ``transfers`` records outside any step were read since the last call."""
         return self.transfers_done < len(self.info.transfers)
 
-    def transfers(self, step: Step | None = None) -> Iterator[Item | SliceRows]:
-        """The RPC commands of ``step``, or (None) those outside any step not drawn yet."""
+    def transfers(self, step: Step | None = None) -> list[Item | SliceRows]:
+        """The RPC commands of ``step``, or (None) those outside any step not drawn yet (a list:
+        asked every step, and a generator's frame cost more than the usual none)."""
         if step is not None:
             blocks = step.transfers
         else:
             blocks = self.info.transfers[self.transfers_done :]
             self.transfers_done = len(self.info.transfers)
         if not blocks:
-            return
+            return []
         # each block's rows as read (``Transfers.bulk_rows``: ``TransferRow``'s fields, times
         # relative to its offset), with its phase and offset
         parts: list[tuple[str, int, list[Any]]] = []
@@ -49,7 +52,8 @@ class NetworkTracks:
             if raw:
                 parts.append((t.phase, t0, raw))
         if not parts:
-            return
+            return []
+        out: list[Item | SliceRows] = []
         if self.network is None:
             self.network = Track(
                 track_uuid(self.lanes.sid, "network"),
@@ -59,7 +63,7 @@ class NetworkTracks:
                 NETWORK_ORDER,
                 self.lanes.process.pid,
             )
-            yield self.network
+            out.append(self.network)
         if len(blocks) == 1:  # (one offset: the rows' own times order them)
             phase, t0, raw = parts[0]
             parts = [(phase, t0, sorted(raw, key=_ROW_ORDER))]
@@ -68,11 +72,12 @@ class NetworkTracks:
             rows.sort(key=lambda x: (x[1] + x[2][7], x[1] + x[2][9]))
             parts = [(phase, t0, [r]) for phase, t0, r in rows]
         if self.lanes.bulk:
-            yield self._commands(parts)
-            return
+            out.append(self._commands(parts))
+            return out
         for phase, t0, raw in parts:
             for r in raw:
-                yield from self._command(phase, TransferRow(*r[:6], *(t0 + v for v in r[6:])))
+                out += self._command(phase, TransferRow(*r[:6], *(t0 + v for v in r[6:])))
+        return out
 
     def _commands(self, parts: list[tuple[str, int, list[Any]]]) -> SliceRows:
         """``_command`` for each row of ``parts`` (each a phase, an offset and its rows; all
@@ -81,25 +86,44 @@ class NetworkTracks:
         labels = self.labels
         assign = self.lanes.assign
         # (SliceRows.add, inlined: a few rows per op)
-        tracks, names, starts, durs, all_args = out.track, out.name, out.ts, out.dur, out.args
+        tracks, starts, durs, all_args = out.track, out.ts, out.dur, out.args
+        # (a server's commands come in runs: its label, lanes and first lane's id asked once a
+        # run)
+        last_d: int | None = None
+        label, lanes = "", _UNSET
+        ends = lanes.ends
+        uuid0 = 0
         for phase, t0, rows in parts:
-            for d, cmd, tensor, nbytes, sent, recv, q, s, _, e in rows:
-                got = labels.get(d)
-                if got is None:
-                    label = self.lanes.devs[d].label
-                    got = labels[d] = (label, self._lanes(d, label))
-                label, lanes = got
+            for d, _, tensor, nbytes, sent, recv, q, s, _, e in rows:
+                if d != last_d:
+                    got = labels.get(d)
+                    if got is None:
+                        label = self.lanes.devs[d].label
+                        got = labels[d] = (label, self._lanes(d, label))
+                    label, lanes = got
+                    ends = lanes.ends
+                    uuid0 = lanes.uuids[0] if lanes.uuids else 0
+                    last_d = d
                 start = t0 + s
-                dur = e - s
-                ends = lanes.ends
                 if ends and ends[0] <= start:  # (``assign``'s first lane, inlined: nearly all)
                     ends[0] = t0 + e
-                    tracks.append(lanes.uuids[0])
+                    tracks.append(uuid0)
                 else:
                     tracks.append(assign(lanes, start, t0 + e, len(tracks), out.tracks))
-                names.append(cmd)
+                    uuid0 = lanes.uuids[0]
                 starts.append(start)
+                dur = e - s
                 durs.append(dur)
+                # (``mb_per_s``, its usual path inlined: a dozen commands a step)
+                if dur > 0:
+                    p = (sent + recv) * 1e9 / dur / 1e6 * 1000.0
+                    r = p + 6755399441055744.0 - 6755399441055744.0  # (ROUNDER)
+                    if 0.0 <= p < 8.0e12 and -0.49 < p - r < 0.49:
+                        rate = r / 1000.0
+                    else:
+                        rate = mb_per_s(sent + recv, dur)
+                else:
+                    rate = 0.0
                 all_args.append(
                     {
                         "device": label,
@@ -110,9 +134,14 @@ class NetworkTracks:
                         "recv": recv,
                         "queued_ns": s - q,
                         # as dt.transfer_args: dt.bandwidth, in MB/s
-                        "mb_per_s": mb_per_s(sent + recv, dur),
+                        "mb_per_s": rate,
                     }
                 )
+        # (the commands' names at once: a C loop)
+        if len(parts) == 1:
+            out.name = list(map(_CMD, parts[0][2]))
+        else:
+            out.name = [r[1] for _, _, rows in parts for r in rows]
         return out
 
     def _lanes(self, device: int, label: str) -> Lanes:

@@ -15,7 +15,7 @@ and the thread switch interval for the whole command (``commands/to_perfetto.py`
 from __future__ import annotations
 
 from collections.abc import Iterable
-from operator import attrgetter
+from operator import itemgetter
 from typing import IO, Any
 
 from ..items import BulkItem, ComputeBatch, OpBatch, Sample, Slice, SliceRows, Track
@@ -38,10 +38,11 @@ FLUSH_ROWS = 32768  # encode this many buffered packets at a time (at step bound
 DEFER_FLUSHES = 4
 ZLIB_THREADS = 2  # compressing threads (zlib releases the GIL): bundles stay in order
 
-_LAYER_KEY = attrgetter("layer", "n_ops")
-# slices whose begins are encoded as they come (computes: their template's key; steps: one per
-# batch, their many args of mixed types cost more by columns); the others wait (``begins``)
-_NOW = frozenset(("compute", "step"))
+_LAYER_KEY = itemgetter(0, 3)  # a ``LayerSpan``'s layer and n_ops (a tuple: by index, in C)
+# slices whose begins are encoded as they come (computes and a device's part of one: their
+# template's key, and kept by ``EventFields.begin``; steps: one per batch, their many args of
+# mixed types cost more by columns); the others wait (``begins``)
+_NOW = frozenset(("compute", "device", "step"))
 
 
 class Writer:
@@ -129,19 +130,30 @@ class Writer:
         are made only if the general encoder needs them (``expand_layers``)."""
         cs = cb.slice
         track = cs.track
-        self.add_slice(cs)  # (depth 1: never closes the batch)
         b = self.cur
-        i0, seq0 = len(b.small) - 2, b.seq - 2
+        d = cs.depth
+        if d and cs.category in _NOW:  # (the usual: ``add_slice``'s two rows, made here)
+            small, seq0, i0 = b.small, b.seq, len(b.small)
+            head = self.events.begin(cs)  # the compute slice's S (its name and args)
+            ts, dur = cs.ts, cs.dur
+            small.append((ts, 1, d, seq0, head, -1))
+            small.append((ts + dur, 0 if dur else 2, -d, seq0 + 1, b"", self.events.end_id(track)))
+            b.rows += 2
+        else:
+            self.add_slice(cs)  # (depth 1: never closes the batch)
+            b = self.cur
+            i0, seq0 = len(b.small) - 2, b.seq - 2
+            head = b.small[i0][4]
         n_l = len(cb.layers)
-        b.seq += 2 * n_l
+        b.seq = seq0 + 2 + 2 * n_l
         b.rows += 2 * n_l
         ops_key = self.add_ops(cb.ops) if cb.ops is not None else None
-        head = b.small[i0][4]  # the compute slice's S (its name and args)
         key = (
             track,
-            # a device's part of a compute waits for the flush (``begins``): its S is not made
-            # yet, and what makes it goes in the key (else a compute of the same graph on another
-            # ubatch would be written from this one's template, with this one's name and args)
+            # a slice whose begin waits for the flush (``begins``; not a compute's nor a device's
+            # part of one, whose begins are made now): its S is not made yet, and what makes it
+            # goes in the key (else a compute of the same graph on another ubatch would be
+            # written from this one's template, with this one's name and args)
             head or (cs.name, cs.category, *cs.args.items()),
             tuple(map(_LAYER_KEY, cb.layers)),
             b"" if ops_key is None else ops_key,

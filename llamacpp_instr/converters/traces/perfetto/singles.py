@@ -184,10 +184,10 @@ def frame_rows(
         bl = np.fromiter(map(len, bodies), dtype=np.int64, count=len(bodies))
         bl = np.concatenate((bl, sc.lens))  # (the segments' lengths are known)
         bl_b = sc.lens[0::2]
-        src = sc.src.tobytes()  # (each segment begin's body: a slice of it)
+        src = sc.src  # (each segment begin's body: a slice of it)
         # (begin, end, begin...: an end's body is its end field itself, not a slice)
-        b_at = sc.starts[0::2]
-        seg: list[Any] = [None] * len(sc.starts)
+        b_at = sc.starts
+        seg: list[Any] = [None] * len(sc.lens)
         seg[0::2] = map(src.__getitem__, map(slice, b_at.tolist(), (b_at + bl_b).tolist()))
         seg[1::2] = map(ends.__getitem__, sc.end_id.tolist())
         bodies += seg

@@ -101,19 +101,23 @@ class Writer:
 
     def add_slice(self, it: Slice) -> None:
         b = self.cur
-        if it.depth == 0 and it.category == "step" and b:
+        d, cat = it.depth, it.category
+        if not d and cat == "step" and b:
             self.close_batch()
             b = self.cur
-        seq = b.seq
-        d = it.depth
-        ev = self.events
+        seq, small = b.seq, b.small
+        ts, dur, track = it.ts, it.dur, it.track
         fo, fi = it.flows_out, it.flows_in
-        if it.category in _NOW or ((fo or fi) and not (fixed64_ok(fo) and fixed64_ok(fi))):
-            b.small.append((it.ts, 1, d, seq, ev.begin(it), -1))
+        ev = self.events
+        if cat in _NOW or ((fo or fi) and not (fixed64_ok(fo) and fixed64_ok(fi))):
+            small.append((ts, 1, d, seq, ev.begin(it), -1))
         else:  # encoded with the others at the flush (``begins``)
-            self.begins.note(b.small, len(b.small), it.track, it.name, it.category, it.args, fo, fi)
-            b.small.append((it.ts, 1, d, seq, b"", -1))
-        b.small.append((it.ts + it.dur, 0 if it.dur else 2, -d, seq + 1, b"", ev.end_id(it.track)))
+            self.begins.note(small, len(small), track, it.name, cat, it.args, fo, fi)
+            small.append((ts, 1, d, seq, b"", -1))
+        e = ev.end_ids.get(track)
+        if e is None:
+            e = ev.end_id(track)
+        small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", e))
         b.seq = seq + 2
         b.rows += 2
 

@@ -105,19 +105,14 @@ class Writer:
         if not d and cat == "step" and b:
             self.close_batch()
             b = self.cur
-        seq, small = b.seq, b.small
-        ts, dur, track = it.ts, it.dur, it.track
-        fo, fi = it.flows_out, it.flows_in
-        ev = self.events
+        seq, small, ev = b.seq, b.small, self.events
+        ts, dur, track, fo, fi = it.ts, it.dur, it.track, it.flows_out, it.flows_in
         if cat in _NOW or ((fo or fi) and not (fixed64_ok(fo) and fixed64_ok(fi))):
             small.append((ts, 1, d, seq, ev.begin(it), -1))
         else:  # encoded with the others at the flush (``begins``)
             self.begins.note(small, len(small), track, it.name, cat, it.args, fo, fi)
             small.append((ts, 1, d, seq, b"", -1))
-        e = ev.end_ids.get(track)
-        if e is None:
-            e = ev.end_id(track)
-        small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", e))
+        small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", ev.end_id(track)))
         b.seq = seq + 2
         b.rows += 2
 
@@ -134,30 +129,19 @@ class Writer:
         are made only if the general encoder needs them (``expand_layers``)."""
         cs = cb.slice
         track = cs.track
+        self.add_slice(cs)  # (depth 1: never closes the batch)
         b = self.cur
-        d = cs.depth
-        if d and cs.category in _NOW:  # (the usual: ``add_slice``'s two rows, made here)
-            small, seq0, i0 = b.small, b.seq, len(b.small)
-            head = self.events.begin(cs)  # the compute slice's S (its name and args)
-            ts, dur = cs.ts, cs.dur
-            small.append((ts, 1, d, seq0, head, -1))
-            small.append((ts + dur, 0 if dur else 2, -d, seq0 + 1, b"", self.events.end_id(track)))
-            b.rows += 2
-        else:
-            self.add_slice(cs)  # (depth 1: never closes the batch)
-            b = self.cur
-            i0, seq0 = len(b.small) - 2, b.seq - 2
-            head = b.small[i0][4]
+        i0, seq0 = len(b.small) - 2, b.seq - 2
+        head = b.small[i0][4]  # the compute slice's S (its name and args)
         n_l = len(cb.layers)
-        b.seq = seq0 + 2 + 2 * n_l
+        b.seq += 2 * n_l
         b.rows += 2 * n_l
         ops_key = self.add_ops(cb.ops) if cb.ops is not None else None
         key = (
             track,
-            # a slice whose begin waits for the flush (``begins``; not a compute's nor a device's
-            # part of one, whose begins are made now): its S is not made yet, and what makes it
-            # goes in the key (else a compute of the same graph on another ubatch would be
-            # written from this one's template, with this one's name and args)
+            # a slice whose begin waits for the flush (``begins``): its S is not made yet, and
+            # what makes it goes in the key (else a compute of the same graph on another ubatch
+            # would be written from this one's template, with this one's name and args)
             head or (cs.name, cs.category, *cs.args.items()),
             tuple(map(_LAYER_KEY, cb.layers)),
             b"" if ops_key is None else ops_key,

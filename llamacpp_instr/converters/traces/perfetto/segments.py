@@ -88,17 +88,19 @@ def add_segs(b: Any, rows: SliceRows, begins: Any, events: EventFields) -> None:
                 _add(b, rows, rows.track, rows.name, args, 0, each, begins, events, names)
                 return
     keys = list(map(tuple, args))
-    if not flows or fixed64_all(chain.from_iterable(flows.values())):
+    n_in = [0] * n
+    fits = True
+    for r, f in flows.items():
+        if 0 <= r < n:  # (an entry beyond the rows is no row's)
+            n_in[r] = len(f)
+            fits = fits and fixed64_ok(f)
+    if fits:
         # (every flow id fits: runs of rows with the same arg names and number of flows; a
         # device's command buffers: the first row unlike the others)
-        n_in = [0] * n
-        for r, f in flows.items():
-            n_in[r] = len(f)
         cuts = [r for r in range(1, n) if keys[r] != keys[r - 1] or n_in[r] != n_in[r - 1]]
         for lo, hi in zip([0, *cuts], [*cuts, n], strict=True):
             add_seg(b, rows, lo, hi, begins, events, keys[lo])
         return
-    n_in = [len(flows.get(r, ())) for r in range(n)]
     lo = 0
     for r in range(n):
         if flows and not fixed64_ok(flows.get(r, ())):

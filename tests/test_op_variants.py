@@ -48,9 +48,9 @@ def tables() -> tuple[NodeTables, OpStore, Interner]:
 
 def test_tracks_share_statics_and_keep_their_uuid() -> None:
     t, store, it = tables()
-    g1 = t.ids(GRAPH, 11, None, NODE, FUSED).tolist()
+    g1 = t.kept(GRAPH, 11, None, NODE, FUSED, None)[0].tolist()
     names = dict(it.arg_names)
-    g2 = t.ids(GRAPH, 300, None, NODE, FUSED).tolist()
+    g2 = t.kept(GRAPH, 300, None, NODE, FUSED, None)[0].tolist()
     assert it.arg_names == names  # the second track interns nothing new
     # four rows each: 3, 4, 1+2, 0+2+3 (nodes 0 and 1 only come fused: no plain rows)
     assert len(store.s) == 8 and max(g1) < 4 <= min(g2)
@@ -82,11 +82,11 @@ def test_restart_keeps_static_args_only(monkeypatch: Any) -> None:
 
     monkeypatch.setattr(ops, "op_static_args", counted)
     t, store, it = tables()
-    t.ids(GRAPH, 11, None, NODE, FUSED)
+    t.kept(GRAPH, 11, None, NODE, FUSED, None)  # (every op: keep None)
     assert len(calls) == 6
     loose = store.s[-1]
     t.restart(compact=True)
-    t.ids(GRAPH, 11, None, NODE, FUSED)
+    t.kept(GRAPH, 11, None, NODE, FUSED, None)  # (every op: keep None)
     assert len(calls) == 6  # the args came from before the restart
     assert it.strings  # but compact statics were made anew: string values interned
     assert store.s[-1] != loose

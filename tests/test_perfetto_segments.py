@@ -132,3 +132,41 @@ def test_the_bulk_varints_are_the_one_by_one_varints(values: list[int]) -> None:
         rows = np.flatnonzero(lens == nb)
         got = [bytes(r) for r in varint_bytes(x[rows], nb)]
         assert got == [varint(values[i]) for i in rows.tolist()]
+
+
+def test_segments_of_two_encodings_in_one_flush(monkeypatch: Any) -> None:
+    """A track described in the middle of a step writes what came before it, and so encodes the
+    begins noted so far: the step's segments before it and after it come from two encodings
+    (``GroupBytes``), whose bytes the flush's columns take each from its own."""
+    from llamacpp_instr.converters.traces.perfetto import segments, templates
+
+    seen: list[int] = []  # per flush with segments: how many encodings they come from
+    real = segments.seg_columns
+
+    def spy(batches: list[Any], events: Any) -> Any:
+        segs = [sg for b in batches for sg in b.segs]
+        if segs:
+            seen.append(len({id(sg.grp.gb) for sg in segs}))
+        return real(batches, events)
+
+    monkeypatch.setattr(templates, "seg_columns", spy)
+
+    def items(whole: bool) -> list[Any]:
+        out: list[Any] = [Track(t, f"t{t}", 1, "slices") for t in (10, 11)]  # (12: later)
+        for k in range(3):
+            out.append(Slice(10, f"step {k}", 1000 * k, 500, 0, "step", {"step": k}))
+            for j in range(2):
+                if k == 1 and j == 1:  # (a new track between the step's two SliceRows)
+                    out.append(Track(12, "t12", 1, "slices"))
+                rows = SliceRows("copy", 0)
+                for r in range(3):
+                    rows.add(11 + j, f"copy {j}", 1000 * k + 100 * j + 10 * r, 5, {"n": r, "j": j})
+                out += [rows] if whole else list(rows.items())
+        return out
+
+    want = _trace(items(whole=False), 32768)
+    seen.clear()
+    got = _trace(items(whole=True), 32768)
+    assert len(want) > 0
+    assert got == want
+    assert 2 in seen  # (the case this is about was met)

@@ -2,7 +2,8 @@
 
 A slice end is the same bytes for every slice of a track: each track gets an end id, and its end
 field is kept once (``ends``, and as a byte matrix for the bulk encoder). Compute and layer slice
-begins repeat every step with the same args: they are encoded once and kept.
+begins, and those of a device's part of a compute, repeat every step with the same args: they are
+encoded once and kept.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class EventFields:
         self.end_ids: dict[int, int] = {}  # track -> end id
         self.layers: dict[tuple[int, int, int], bytes] = {}  # (track, layer, n_ops) -> begin
         self.computes: dict[tuple[Any, ...], bytes] = {}  # (track, name, *args) -> begin
+        # a device's part of a compute: (track, name, *args.items()) -> begin
+        self.parts: dict[tuple[Any, ...], bytes] = {}
         self.samples: dict[int, bytes] = {}  # track -> a sample's fields but its value
         self._matrix: tuple[Any, Any] = (None, None)
         self._matrix_rows = -1
@@ -76,6 +79,16 @@ class EventFields:
                 if len(self.computes) > 4096:
                     self.computes.clear()
                 s = self.computes[key] = self._begin(it)
+            return s
+        if it.category == "device" and not (it.flows_out or it.flows_in):
+            # (its args say what the part is: ubatch, graph, device, number of ops; the same
+            # every step, as a compute's are)
+            key = (it.track, it.name, *it.args.items())
+            s = self.parts.get(key)
+            if s is None:
+                if len(self.parts) > 4096:
+                    self.parts.clear()
+                s = self.parts[key] = self._begin(it)
             return s
         return self._begin(it)
 

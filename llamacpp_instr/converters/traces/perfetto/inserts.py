@@ -82,6 +82,14 @@ def _block_order(fills: list[Any]) -> tuple[Any, Any]:
     """The blocks (their fills' in turn) in key order, and their batches in that order; None
     (twice) if a block's last key is not below the next one's first (they interleave)."""
     n = sum(len(f[2]) for f in fills)
+    # (the usual: each block's last (batch, ts) below the next one's first, which orders them
+    # by (batch, ts) alone; where two are equal, every part of the keys decides)
+    b_ts = [np.concatenate([f[0][j] for f in fills] + [f[1][j] for f in fills]) for j in (0, 1)]
+    p = packed(b_ts)
+    if p is not None:
+        order = np.argsort(p[:n], kind="stable")
+        if (p[n:][order[:-1]] < p[:n][order[1:]]).all():
+            return order, b_ts[0][order]
     # every block's first key, then every block's last: one int64 each where they fit
     both = [np.concatenate([f[0][j] for f in fills] + [f[1][j] for f in fills]) for j in range(5)]
     p = packed(both)

@@ -217,11 +217,6 @@ class NodeTables:
             last = self.node = (node, node.tobytes())
         return table.kept(node, last[1], fused, keep)
 
-    def ids(self, graph: Graph, track: int, roof: Roof | None, node: Any, fused: Any) -> Any:
-        """The gids of all the ops ``node`` (with their ``fused`` nodes) of ``graph`` on
-        ``track``."""
-        return self.kept(graph, track, roof, node, fused, None)[0]
-
     def restart(self, compact: bool) -> None:
         """Forget every table: new ones intern string values if ``compact``."""
         self.compact = compact

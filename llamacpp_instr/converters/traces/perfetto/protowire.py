@@ -111,6 +111,8 @@ def annotation_value(v: Any) -> bytes:
 
 def fixed64_ok(values: tuple[int, ...]) -> bool:
     """Whether every value fits a fixed64 (flow ids: else ``struct.pack`` says so, one by one)."""
+    if len(values) == 1:  # (the usual: a slice starts or ends one flow)
+        return 0 <= values[0] <= U64
     return all(0 <= v <= U64 for v in values)
 
 

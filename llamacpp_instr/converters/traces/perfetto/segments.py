@@ -88,7 +88,19 @@ def add_segs(b: Any, rows: SliceRows, begins: Any, events: EventFields) -> None:
                 _add(b, rows, rows.track, rows.name, args, 0, each, begins, events, names)
                 return
     keys = list(map(tuple, args))
-    n_in = [len(flows.get(r, ())) for r in range(n)] if flows else [0] * n
+    n_in = [0] * n
+    fits = True
+    for r, f in flows.items():
+        if 0 <= r < n:  # (an entry beyond the rows is no row's)
+            n_in[r] = len(f)
+            fits = fits and fixed64_ok(f)
+    if fits:
+        # (every flow id fits: runs of rows with the same arg names and number of flows; a
+        # device's command buffers: the first row unlike the others)
+        cuts = [r for r in range(1, n) if keys[r] != keys[r - 1] or n_in[r] != n_in[r - 1]]
+        for lo, hi in zip([0, *cuts], [*cuts, n], strict=True):
+            add_seg(b, rows, lo, hi, begins, events, keys[lo])
+        return
     lo = 0
     for r in range(n):
         if flows and not fixed64_ok(flows.get(r, ())):
@@ -215,13 +227,14 @@ def materialize(b: Any, events: EventFields) -> Any:
 
 class SegColumns:
     """A flush's segment rows as columns, begin and end of each slice one after the other:
-    their keys (batch, ts, rank, tie, seq) and their bodies (``src``: a buffer, ``starts`` and
-    ``lens`` into it)."""
+    their keys (batch, ts, rank, tie, seq), their bodies' lengths (``lens``), and where the
+    bodies are: a begin's in ``src`` (bytes: the begins' encoding, ``GroupBytes.data``) from
+    ``starts`` on (one per slice), an end's in ``EventFields.ends`` (``end_id``, one per slice)."""
 
-    def __init__(self, keys: list[Any], src: Any, starts: Any, lens: Any, end_id: Any) -> None:
+    def __init__(self, keys: list[Any], src: bytes, starts: Any, lens: Any, end_id: Any) -> None:
         self.keys = keys
         self.src, self.starts, self.lens = src, starts, lens
-        self.end_id = end_id  # (each slice's end field, in ``EventFields.ends``)
+        self.end_id = end_id
 
     def __len__(self) -> int:
         return len(self.keys[0])
@@ -263,36 +276,36 @@ def seg_columns(batches: list[Any], events: EventFields) -> SegColumns | None:
         _pairs(depth_r, -depth_r),
         _pairs(seq_b, seq_b + 1),
     ]
-    # the bodies: begins from their encodings' bytes (``GroupBytes``: one per ``Begins.encode``),
-    # ends from the end fields
-    ends = events.ends
-    e_lens = np.fromiter(map(len, ends), dtype=np.int64, count=len(ends))
-    e_starts = np.cumsum(e_lens) - e_lens
-    parts: list[Any] = [np.frombuffer(b"".join(ends), dtype=np.uint8)]
-    base = len(parts[0])
+    # the bodies: begins from their encoding's bytes (``GroupBytes``: one per ``Begins.encode``,
+    # made bytes once for the flushes it serves, not copied per flush), ends from the end fields
+    e_lens = np.fromiter(map(len, events.ends), dtype=np.int64, count=len(events.ends))
     grps = list(map(_GRP, segs))
     gbs = list(map(_GB, grps))
-    row0: dict[int, int] = {}  # each encoding's first row among them all
-    g_starts: list[Any] = []
-    g_lens: list[Any] = []
-    rows = 0
-    for gb in {id(gb): gb for gb in gbs}.values():
-        assert gb is not None
-        row0[id(gb)] = rows
-        g_starts.append(gb.starts + base)
-        g_lens.append(gb.lens)
-        parts.append(gb.blob)
-        base += len(gb.blob)
-        rows += len(gb.lens)
-    seg_row0 = np.fromiter(map(row0.__getitem__, map(id, gbs)), np.int64, len(segs))
-    seg_row0 += np.fromiter(map(_R0, grps), np.int64, len(segs))
+    seg_row0 = np.fromiter(map(_R0, grps), np.int64, len(segs))
     seg_row0 += np.fromiter(map(_OFF, segs), np.int64, len(segs))
+    gb0 = gbs[0]
+    assert gb0 is not None
+    if gbs.count(gb0) == len(gbs):  # (the usual: one encoding)
+        src, g_starts, g_lens = gb0.data(), gb0.starts, gb0.lens
+    else:  # (each encoding's rows after the others', their bytes joined)
+        distinct = list({id(gb): gb for gb in gbs}.values())
+        datas: list[bytes] = []
+        row0: dict[int, int] = {}  # each encoding's first row among them all
+        base, at, rows = [], 0, 0
+        for gb in distinct:
+            assert gb is not None
+            row0[id(gb)] = rows
+            base.append(at)
+            datas.append(gb.data())
+            at += len(datas[-1])
+            rows += len(gb.lens)
+        src = b"".join(datas)
+        g_starts = np.concatenate([gb.starts + at for gb, at in zip(distinct, base, strict=True)])
+        g_lens = np.concatenate([gb.lens for gb in distinct])
+        seg_row0 += np.fromiter(map(row0.__getitem__, map(id, gbs)), np.int64, len(segs))
     idx = np.repeat(seg_row0, ns) + within
-    b_starts = np.concatenate(g_starts)[idx]
-    b_lens = np.concatenate(g_lens)[idx]
-    starts = _pairs(b_starts, e_starts[end_id])
-    lens = _pairs(b_lens, e_lens[end_id])
-    return SegColumns(keys, np.concatenate(parts), starts, lens, end_id)
+    lens = _pairs(g_lens[idx], e_lens[end_id])
+    return SegColumns(keys, src, g_starts[idx], lens, end_id)
 
 
 _TS, _DUR, _TRACK = attrgetter("ts"), attrgetter("dur"), attrgetter("track")
@@ -304,7 +317,7 @@ _SEQ0, _DEPTH, _GRP, _OFF = (
 )
 _GB, _R0, _SEGS = attrgetter("gb"), attrgetter("r0"), attrgetter("segs")
 _EMPTY = np.zeros(0, dtype=np.int64)
-_NONE = SegColumns([_EMPTY] * 5, np.zeros(0, dtype=np.uint8), _EMPTY, _EMPTY, _EMPTY)
+_NONE = SegColumns([_EMPTY] * 5, b"", _EMPTY, _EMPTY, _EMPTY)
 
 
 def _pairs(a: Any, z: Any) -> Any:

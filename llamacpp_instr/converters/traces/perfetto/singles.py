@@ -11,7 +11,6 @@ the units of a flush (these rows and the templates' blocks) are put in key order
 
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -184,10 +183,10 @@ def frame_rows(
         bl = np.fromiter(map(len, bodies), dtype=np.int64, count=len(bodies))
         bl = np.concatenate((bl, sc.lens))  # (the segments' lengths are known)
         bl_b = sc.lens[0::2]
-        src = sc.src.tobytes()  # (each segment begin's body: a slice of it)
+        src = sc.src  # (each segment begin's body: a slice of it)
         # (begin, end, begin...: an end's body is its end field itself, not a slice)
-        b_at = sc.starts[0::2]
-        seg: list[Any] = [None] * len(sc.starts)
+        b_at = sc.starts
+        seg: list[Any] = [None] * len(sc.lens)
         seg[0::2] = map(src.__getitem__, map(slice, b_at.tolist(), (b_at + bl_b).tolist()))
         seg[1::2] = map(ends.__getitem__, sc.end_id.tolist())
         bodies += seg
@@ -212,10 +211,12 @@ def frame_rows(
 
 
 def _pick(items: list[Any], perm: Any) -> list[Any]:
-    """``[items[u] for u in perm]``, in one C call."""
+    """``[items[u] for u in perm]``, in a few C loops (an object array: no int per item)."""
     if len(perm) < 2:
         return [items[u] for u in perm.tolist()]
-    return list(itemgetter(*perm.tolist())(items))
+    objs = np.fromiter(items, dtype=object, count=len(items))  # (each item as it is)
+    got: list[Any] = objs[perm].tolist()
+    return got
 
 
 def interleaved(batch: Any, ts: Any, templated: Any) -> bool:

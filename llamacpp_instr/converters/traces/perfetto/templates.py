@@ -368,7 +368,10 @@ def by_templates(batches: list[Batch], templates: dict[Any, Any], events: EventF
             tm = templates.get(bl.key)
             if not isinstance(tm, Template):
                 return None
-            by_template.setdefault(id(tm), (tm, []))[1].append((k, b, bl))
+            got = by_template.get(id(tm))
+            if got is None:
+                got = by_template[id(tm)] = (tm, [])
+            got[1].append((k, b, bl))
             blocks += 1
             single[bl.i0] = single[bl.i0 + 1] = 0
             groups += bl.group >= 0

@@ -15,7 +15,7 @@ and the thread switch interval for the whole command (``commands/to_perfetto.py`
 from __future__ import annotations
 
 from collections.abc import Iterable
-from operator import attrgetter
+from operator import itemgetter
 from typing import IO, Any
 
 from ..items import BulkItem, ComputeBatch, OpBatch, Sample, Slice, SliceRows, Track
@@ -38,10 +38,11 @@ FLUSH_ROWS = 32768  # encode this many buffered packets at a time (at step bound
 DEFER_FLUSHES = 4
 ZLIB_THREADS = 2  # compressing threads (zlib releases the GIL): bundles stay in order
 
-_LAYER_KEY = attrgetter("layer", "n_ops")
-# slices whose begins are encoded as they come (computes: their template's key; steps: one per
-# batch, their many args of mixed types cost more by columns); the others wait (``begins``)
-_NOW = frozenset(("compute", "step"))
+_LAYER_KEY = itemgetter(0, 3)  # a ``LayerSpan``'s layer and n_ops (a tuple: by index, in C)
+# slices whose begins are encoded as they come (computes and a device's part of one: their
+# template's key, and kept by ``EventFields.begin``; steps: one per batch, their many args of
+# mixed types cost more by columns); the others wait (``begins``)
+_NOW = frozenset(("compute", "device", "step"))
 
 
 class Writer:
@@ -100,19 +101,18 @@ class Writer:
 
     def add_slice(self, it: Slice) -> None:
         b = self.cur
-        if it.depth == 0 and it.category == "step" and b:
+        d, cat = it.depth, it.category
+        if not d and cat == "step" and b:
             self.close_batch()
             b = self.cur
-        seq = b.seq
-        d = it.depth
-        ev = self.events
-        fo, fi = it.flows_out, it.flows_in
-        if it.category in _NOW or ((fo or fi) and not (fixed64_ok(fo) and fixed64_ok(fi))):
-            b.small.append((it.ts, 1, d, seq, ev.begin(it), -1))
+        seq, small, ev = b.seq, b.small, self.events
+        ts, dur, track, fo, fi = it.ts, it.dur, it.track, it.flows_out, it.flows_in
+        if cat in _NOW or ((fo or fi) and not (fixed64_ok(fo) and fixed64_ok(fi))):
+            small.append((ts, 1, d, seq, ev.begin(it), -1))
         else:  # encoded with the others at the flush (``begins``)
-            self.begins.note(b.small, len(b.small), it.track, it.name, it.category, it.args, fo, fi)
-            b.small.append((it.ts, 1, d, seq, b"", -1))
-        b.small.append((it.ts + it.dur, 0 if it.dur else 2, -d, seq + 1, b"", ev.end_id(it.track)))
+            self.begins.note(small, len(small), track, it.name, cat, it.args, fo, fi)
+            small.append((ts, 1, d, seq, b"", -1))
+        small.append((ts + dur, 0 if dur else 2, -d, seq + 1, b"", ev.end_id(track)))
         b.seq = seq + 2
         b.rows += 2
 
@@ -132,16 +132,16 @@ class Writer:
         self.add_slice(cs)  # (depth 1: never closes the batch)
         b = self.cur
         i0, seq0 = len(b.small) - 2, b.seq - 2
+        head = b.small[i0][4]  # the compute slice's S (its name and args)
         n_l = len(cb.layers)
         b.seq += 2 * n_l
         b.rows += 2 * n_l
         ops_key = self.add_ops(cb.ops) if cb.ops is not None else None
-        head = b.small[i0][4]  # the compute slice's S (its name and args)
         key = (
             track,
-            # a device's part of a compute waits for the flush (``begins``): its S is not made
-            # yet, and what makes it goes in the key (else a compute of the same graph on another
-            # ubatch would be written from this one's template, with this one's name and args)
+            # a slice whose begin waits for the flush (``begins``): its S is not made yet, and
+            # what makes it goes in the key (else a compute of the same graph on another ubatch
+            # would be written from this one's template, with this one's name and args)
             head or (cs.name, cs.category, *cs.args.items()),
             tuple(map(_LAYER_KEY, cb.layers)),
             b"" if ops_key is None else ops_key,

@@ -395,16 +395,6 @@ def copy_rows(
         labels.append(label)
         starts.append(start)
         durs.append(dur)
-        # (``mb_per_s``, its usual path inlined: a dozen copies a step)
-        if dur > 0:
-            p = nbytes * 1e9 / dur / 1e6 * 1000.0
-            r = p + 6755399441055744.0 - 6755399441055744.0  # (ROUNDER)
-            if 0.0 <= p < 8.0e12 and -0.49 < p - r < 0.49:
-                rate = r / 1000.0
-            else:
-                rate = mb_per_s(nbytes, dur)
-        else:
-            rate = 0.0
         all_args.append(
             {
                 "tensor": tensor,
@@ -414,7 +404,7 @@ def copy_rows(
                 "split": k,
                 "node": node,
                 # as dt.bandwidth, in MB/s
-                "mb_per_s": rate,
+                "mb_per_s": mb_per_s(nbytes, dur),
             }
         )
     if n_k:

@@ -176,4 +176,3 @@ def text_uuid(text: str) -> int:
     makes many ids of one prefix joins it once)."""
     h = hashlib.blake2b(text.encode(), digest_size=8).digest()
     return int.from_bytes(h, "big") >> 1 or 1
-

@@ -114,16 +114,6 @@ class NetworkTracks:
                 starts.append(start)
                 dur = e - s
                 durs.append(dur)
-                # (``mb_per_s``, its usual path inlined: a dozen commands a step)
-                if dur > 0:
-                    p = (sent + recv) * 1e9 / dur / 1e6 * 1000.0
-                    r = p + 6755399441055744.0 - 6755399441055744.0  # (ROUNDER)
-                    if 0.0 <= p < 8.0e12 and -0.49 < p - r < 0.49:
-                        rate = r / 1000.0
-                    else:
-                        rate = mb_per_s(sent + recv, dur)
-                else:
-                    rate = 0.0
                 all_args.append(
                     {
                         "device": label,
@@ -134,7 +124,7 @@ class NetworkTracks:
                         "recv": recv,
                         "queued_ns": s - q,
                         # as dt.transfer_args: dt.bandwidth, in MB/s
-                        "mb_per_s": rate,
+                        "mb_per_s": mb_per_s(sent + recv, dur),
                     }
                 )
         # (the commands' names at once: a C loop)

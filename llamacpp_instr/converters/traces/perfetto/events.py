@@ -73,24 +73,22 @@ class EventFields:
     def begin(self, it: Slice) -> bytes:
         """A slice's begin."""
         if it.category == "compute":  # the same few args every step: kept
-            key = (it.track, it.name, *it.args.values())
-            s = self.computes.get(key)
-            if s is None:
-                if len(self.computes) > 4096:
-                    self.computes.clear()
-                s = self.computes[key] = self._begin(it)
-            return s
+            return self._kept(self.computes, (it.track, it.name, *it.args.values()), it)
         if it.category == "device" and not (it.flows_out or it.flows_in):
             # (its args say what the part is: ubatch, graph, device, number of ops; the same
             # every step, as a compute's are)
-            key = (it.track, it.name, *it.args.items())
-            s = self.parts.get(key)
-            if s is None:
-                if len(self.parts) > 4096:
-                    self.parts.clear()
-                s = self.parts[key] = self._begin(it)
-            return s
+            return self._kept(self.parts, (it.track, it.name, *it.args.items()), it)
         return self._begin(it)
+
+    def _kept(self, cache: dict[tuple[Any, ...], bytes], key: tuple[Any, ...], it: Slice) -> bytes:
+        """``it``'s begin, from ``cache`` by ``key`` (what makes it), made the first time (a
+        cache past 4096 begins starts over: a log of ever new values stays bounded)."""
+        s = cache.get(key)
+        if s is None:
+            if len(cache) > 4096:
+                cache.clear()
+            s = cache[key] = self._begin(it)
+        return s
 
     def _begin(self, it: Slice) -> bytes:
         i = self.interner

@@ -22,6 +22,7 @@ from .inserts import Plan, plan
 from .keysort import key_sort
 from .packets import Sequence, packet
 from .protowire import TIMESTAMP, varint
+from .segments import pairs
 from .singles import frame_rows
 
 
@@ -94,10 +95,10 @@ def _placed(
     base = p.row[blk] * np.array([x[2].shape[1] for x in fills], dtype=np.int64)[f]
     b_a = base + ro[ro_at + np.minimum(cuts, total)]
     b_z = base + ro[ro_at + nxt]
-    buf = _pairs(0, f + 1, np.int64)
-    a = _pairs(s_a, b_a, np.int64)
-    z = _pairs(s_z, b_z, np.int64)
-    keep = _pairs(has_s, has_b, bool)
+    buf = pairs(0, f + 1)
+    a = pairs(s_a, b_a)
+    z = pairs(s_z, b_z)
+    keep = pairs(has_s, has_b, bool)
     keep &= z > a
     mvs = [memoryview(sbuf)] + [memoryview(x[2].reshape(-1)) for x in fills]
     # (not joined here: the sink joins a bundle's parts once)
@@ -173,11 +174,3 @@ def merge_sorted(
     parts: list[Any] = [head] if head else []
     parts += [mvs[k][a:z] for k, a, z in zip(run_buf.tolist(), lo, hi, strict=True)]
     return parts
-
-
-def _pairs(x: Any, y: Any, dtype: Any) -> Any:
-    """``x[0], y[0], x[1], y[1]``... (``x`` may be a scalar), without ``np.stack``'s passes."""
-    out = np.empty(2 * len(y), dtype=dtype)
-    out[0::2] = x
-    out[1::2] = y
-    return out

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .protowire import spread7, varint_len
+from .protowire import MORE, spread7, varint_len
 
 _I64 = np.int64
 _U8 = np.uint8
@@ -297,11 +297,6 @@ def _gather(src: Any, starts: Any, lens: Any, scratch: Scratch) -> Any:
     return src.take(step)
 
 
-# the continuation bits of the first 8 bytes of a varint ``nb`` bytes long (0 to 10): every
-# byte's but its last
-_MORE10 = np.array(
-    [sum(0x80 << (8 * j) for j in range(min(nb - 1, 8))) for nb in range(11)], dtype=np.uint64
-)
 _LOW56 = (1 << 56) - 1
 
 
@@ -314,7 +309,7 @@ def _varints(v: Any, nb: Any, w: int) -> Any:
     if not len(v):
         return np.zeros((0, w), dtype=_U8)
     y = spread7(v & _LOW56 if w > 8 else v)  # (up to 8 bytes: every value below 2**56)
-    y |= _MORE10[nb]
+    y |= MORE[nb]
     low = y.view(_U8).reshape(-1, 8)
     if w <= 8:
         return low[:, :w]

@@ -160,8 +160,11 @@ _SPREAD = [
     (np.uint64(0x0FFFC0000FFFC000), np.uint64(2)),
     (np.uint64(0x3F803F803F803F80), np.uint64(1)),
 ]
-# the continuation bits of a varint ``nb`` bytes long: every byte's but its last
-MORE = np.array([sum(0x80 << (8 * j) for j in range(nb - 1)) for nb in range(9)], dtype=np.uint64)
+# the continuation bits of the first 8 bytes of a varint ``nb`` bytes long (0 to 10): every
+# byte's but its last
+MORE = np.array(
+    [sum(0x80 << (8 * j) for j in range(min(nb - 1, 8))) for nb in range(11)], dtype=np.uint64
+)
 _MORE = list(MORE)
 
 

@@ -270,11 +270,11 @@ def seg_columns(batches: list[Any], events: EventFields) -> SegColumns | None:
     depth_r = np.repeat(depth, ns)
     seq_b = np.repeat(seq0, ns) + 2 * within
     keys = [
-        _pairs(kb, kb),
-        _pairs(ts, end),
-        _pairs(np.ones(total, np.int64), np.where(dur != 0, 0, 2)),
-        _pairs(depth_r, -depth_r),
-        _pairs(seq_b, seq_b + 1),
+        pairs(kb, kb),
+        pairs(ts, end),
+        pairs(np.ones(total, np.int64), np.where(dur != 0, 0, 2)),
+        pairs(depth_r, -depth_r),
+        pairs(seq_b, seq_b + 1),
     ]
     # the bodies: begins from their encoding's bytes (``GroupBytes``: one per ``Begins.encode``,
     # made bytes once for the flushes it serves, not copied per flush), ends from the end fields
@@ -304,7 +304,7 @@ def seg_columns(batches: list[Any], events: EventFields) -> SegColumns | None:
         g_lens = np.concatenate([gb.lens for gb in distinct])
         seg_row0 += np.fromiter(map(row0.__getitem__, map(id, gbs)), np.int64, len(segs))
     idx = np.repeat(seg_row0, ns) + within
-    lens = _pairs(g_lens[idx], e_lens[end_id])
+    lens = pairs(g_lens[idx], e_lens[end_id])
     return SegColumns(keys, src, g_starts[idx], lens, end_id)
 
 
@@ -320,9 +320,9 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 _NONE = SegColumns([_EMPTY] * 5, b"", _EMPTY, _EMPTY, _EMPTY)
 
 
-def _pairs(a: Any, z: Any) -> Any:
-    """``a[0], z[0], a[1], z[1]``... (int64)."""
-    out = np.empty(2 * len(a), dtype=np.int64)
+def pairs(a: Any, z: Any, dtype: Any = np.int64) -> Any:
+    """``a[0], z[0], a[1], z[1]``... (``a`` may be a scalar), without ``np.stack``'s passes."""
+    out = np.empty(2 * len(z), dtype=dtype)
     out[0::2] = a
     out[1::2] = z
     return out

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-_BIG = 1 << 62  # (timestamps and durations below it: their sums stay in int64)
+BIG = 1 << 62  # (timestamps and durations below it: their sums stay in int64)
 _TS, _START, _DUR = attrgetter("ts"), attrgetter("start"), attrgetter("dur")
 _ANY = np.iinfo(np.int64).min  # (a threshold any difference passes: between two blocks' rows)
 
@@ -95,7 +95,7 @@ def gather(groups: list[tuple[Any, list[Any]]]) -> Any:
         st = du = gids = np.zeros(0, dtype=np.int64)
     starts = np.concatenate((c0, l0, st))
     durs = np.concatenate((c1, l1, du))
-    if int(starts.max()) >= _BIG or int(starts.min()) <= -_BIG or int(durs.max()) >= _BIG:
+    if int(starts.max()) >= BIG or int(starts.min()) <= -BIG or int(durs.max()) >= BIG:
         return False
     if int(durs.min()) <= 0:
         return None

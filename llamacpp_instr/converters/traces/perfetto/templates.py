@@ -24,10 +24,9 @@ from .packets import POST, Sequence
 from .protowire import TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
 from .segments import materialize, seg_columns
 from .singles import FEW_ROWS, collect, frame_rows, interleaved, join_units
-from .stacks import Layout, gather
+from .stacks import BIG, Layout, gather
 
 TEMPLATE_BYTES = 64 << 20  # templates kept, at most (then forgotten, and learnt again)
-_BIG = 1 << 62  # (timestamps and durations below it: their sums stay in int64)
 _BATCH, _BLOCK, _SEQ0 = itemgetter(0), itemgetter(2), attrgetter("seq0")
 
 
@@ -96,7 +95,7 @@ def stacked(blocks: list[tuple[int, Batch, Block]]) -> Any:
     st, du, gi = (np.stack([g[j] for g in grp]) for j in (2, 3, 1)) if grp else (empty,) * 3
     if st.dtype != np.int64 or du.dtype != np.int64:
         return _each(blocks)
-    if any(x.size and (int(x.max()) >= _BIG or int(x.min()) <= -_BIG) for x in (c, lay, st, du)):
+    if any(x.size and (int(x.max()) >= BIG or int(x.min()) <= -BIG) for x in (c, lay, st, du)):
         return _each(blocks)
     if (c[1] <= 0).any() or (lay[..., 1] <= 0).any() or (du <= 0).any():
         return None

@@ -27,6 +27,11 @@ class Lanes:
         self.ends: list[int] = []
 
 
+# (the lanes a loop over runs of rows holds before its first row, which always sets its own:
+# never placed on)
+NO_LANES = Lanes((), "", 0, None)
+
+
 class DeviceLanes:
     """A session's device tracks, each with its lanes, made when first used."""
 

@@ -9,12 +9,11 @@ from operator import itemgetter
 from typing import Any
 
 from ..session import device_time as dt
-from .device_lanes import DeviceLanes, Lanes
+from .device_lanes import NO_LANES, DeviceLanes, Lanes
 from .items import SliceRows
 
 _BUSY_ORDER = itemgetter(1, 2)  # a busy row's start and duration
 _REMOTE_ORDER = itemgetter(4, 5)  # a remote row's start and end
-_UNSET = Lanes((), "", 0, None)  # (``busy``'s lanes before its first row: never used)
 
 
 class OwnTiming:
@@ -53,7 +52,7 @@ class OwnTiming:
         # (a device's rows come in runs: its name, lanes and last end kept through each)
         last_d: int | None = None
         prev: int | None = None
-        name, lanes = "", _UNSET
+        name, lanes = "", NO_LANES
         ends = lanes.ends
         for j, (d, s, dur, k, n_ops) in enumerate(sorted(bs, key=_BUSY_ORDER)):
             if d != last_d:

@@ -11,13 +11,12 @@ from ..reading.decode.sessions import SessionInfo
 from ..reading.decode.steps import Step
 from ..reading.decode.transfers import TransferRow
 from ..session import device_time as dt
-from .device_lanes import NETWORK_ORDER, DeviceLanes, Lanes
+from .device_lanes import NETWORK_ORDER, NO_LANES, DeviceLanes, Lanes
 from .items import Item, Slice, SliceRows, Track, track_uuid
 from .op_args import mb_per_s
 
 _ROW_ORDER = itemgetter(7, 9)  # a transfers row's start and end
 _CMD = itemgetter(1)  # a transfers row's command
-_UNSET = Lanes((), "", 0, None)  # (``_commands``' lanes before its first row: never used)
 
 
 class NetworkTracks:
@@ -90,7 +89,7 @@ class NetworkTracks:
         # (a server's commands come in runs: its label, lanes and first lane's id asked once a
         # run)
         last_d: int | None = None
-        label, lanes = "", _UNSET
+        label, lanes = "", NO_LANES
         ends = lanes.ends
         uuid0 = 0
         for phase, t0, rows in parts:

@@ -23,16 +23,15 @@ from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from ..errors import UserError
 from .decode.columns import layer_rows, pack_ops
-from .reader import ReadReport, iter_records, open_log
+from .reader import ReadReport, iter_records
 
-MIN_BYTES = 8 << 20  # smaller logs are read in this process: a fork would not pay for itself
-# a log on several devices (``on_devices``) is read here up to this many times MIN_BYTES (8 GiB):
-# a fork does not pay for itself there (with MIN_BYTES 0, every log is read forked)
-DEVICES_FACTOR = 1 << 10
+# smaller logs are read in this process: a fork would not pay for itself. A log on several devices
+# is read forked from the same size: its records' rows (splits, copies, transfers) cost this
+# process less to unpickle than to parse (bench/convert.py: to-perfetto on SmolLM2 logs of 330k
+# ops, 8.8 MB, 6-8 % less wall time; of 1M ops, 10-14 %)
+MIN_BYTES = 8 << 20
 BATCH = 128  # records per message
 FIRST_BATCH = 4  # the first message: the reading side waits for it
 AHEAD = 16  # messages the reader may have ready beyond what the pipe holds
@@ -46,7 +45,7 @@ def records(
     rep = report if report is not None else ReadReport()
     try:
         size = Path(path).stat().st_size
-        big = size >= MIN_BYTES and size >= MIN_BYTES * DEVICES_FACTOR * on_devices(path)
+        big = size >= MIN_BYTES
     except OSError:
         big = False  # iter_records says what is wrong
     if not big or not can_fork():
@@ -81,20 +80,6 @@ def records(
         if proc.is_alive():
             proc.terminate()
         proc.join()
-
-
-def on_devices(path: Path | str) -> bool:
-    """Whether the log begins with a session on several devices (its machine lists more than
-    one): read here (``DEVICES_FACTOR``). Its records' rows (splits, copies, transfers...) arrive as nested lists that
-    cost this process as much to unpickle as to parse (measured on a 200k-op RPC log: in this
-    process, 15 % less CPU and wall time than forked); a CPU log's ops come packed."""
-    try:
-        with open_log(path) as f:
-            rec = orjson.loads(f.readline(1 << 22))
-        devices = rec.get("machine", {}).get("devices") if isinstance(rec, dict) else None
-        return rec.get("type") == "session_start" and isinstance(devices, list) and len(devices) > 1
-    except (OSError, EOFError, ValueError, AttributeError):
-        return False  # (iter_records says what is wrong, if anything)
 
 
 def _widen(fd: int) -> None:

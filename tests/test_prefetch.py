@@ -26,6 +26,9 @@ from support import (
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reading import prefetch
 from llamacpp_instr.converters.reading.decode import columns
+from llamacpp_instr.converters.reading.decode.devices import Placement, placement
+from llamacpp_instr.converters.reading.decode.fields import DECODED
+from llamacpp_instr.converters.reading.decode.transfers import Transfers, transfers
 from llamacpp_instr.converters.reading.reader import ReadReport, iter_records
 
 
@@ -47,6 +50,7 @@ def both(path: Path, strict: bool = False) -> tuple[Any, ReadReport, Any, ReadRe
     want_rep, got_rep = ReadReport(), ReadReport()
     want = list(iter_records(path, strict=strict, report=want_rep))
     got = []
+    decoded = []
     # the reading process may well have ended before the first record is looked at (a small log
     # fits in the pipe): count it when it starts
     started: list[Any] = []
@@ -59,6 +63,15 @@ def both(path: Path, strict: bool = False) -> tuple[Any, ReadReport, Any, ReadRe
     with mock.patch.object(multiprocessing.context.ForkProcess, "start", start):
         records = list(prefetch.records(path, strict=strict, report=got_rep))
     for n, rec in records:
+        if DECODED in rec:  # the reading process's decoding: what decoding it here gives
+            rec = dict(rec)
+            pre = rec.pop(DECODED)
+            decoded.append(pre)
+            if rec["type"] == "transfers":
+                assert type(pre) is Transfers and pre == transfers(rec)
+            else:
+                assert type(pre) is Placement
+                assert repr(pre) == repr(placement(rec, rec["t_start"]))
         if isinstance(rec.get("ops"), columns.PackedOps):
             rec = dict(rec, ops=rec["ops"].to_list())
         if isinstance(rec.get("layers"), np.ndarray):  # columns.layer_rows: starts made absolute
@@ -69,6 +82,8 @@ def both(path: Path, strict: bool = False) -> tuple[Any, ReadReport, Any, ReadRe
             rec = dict(rec, layers=rows)
         got.append((n, rec))
     assert len(started) == 1, "not read in a forked process"
+    devices = any(r["type"] == "transfers" or "splits" in r for _, r in want)
+    assert bool(decoded) == devices  # (a device log's rows do come decoded)
     return want, want_rep, got, got_rep
 
 

@@ -4,10 +4,12 @@ Turning a log into a trace is two jobs of about equal size: parsing the lines (o
 compute's ``ops`` list into int64 columns) and encoding the trace. Python runs one of them at a
 time, so for a big log a forked process does the first: it reads the records with
 ``reader.iter_records`` and sends them over a pipe in batches, each compute's ops already as
-columns and its layers as rows (the one packer: ``decode.columns.pack_ops``, ``decode.columns.layer_rows``), while this process
-builds and encodes the trace. What it yields, and what ``report`` ends up saying, are exactly what
-``iter_records`` would have given (skipped lines in their place); a ``strict`` error is raised
-here. Small logs, platforms without ``fork`` and processes already running threads (where forking
+columns and its layers as rows (the one packer: ``decode.columns.pack_ops``,
+``decode.columns.layer_rows``), and where a record's device rows (a compute's placement, a
+``transfers`` record) are well-formed, their decoded form (``decode.fields.DECODED``), while this
+process builds and encodes the trace. What it yields, and what ``report`` ends up saying, are
+exactly what ``iter_records`` would have given (skipped lines in their place; a decoded form is
+what decoding the record here would give); a ``strict`` error is raised here. Small logs, platforms without ``fork`` and processes already running threads (where forking
 is unsafe) read in this process.
 """
 
@@ -25,6 +27,9 @@ from typing import Any
 
 from ..errors import UserError
 from .decode.columns import layer_rows, pack_ops
+from .decode.devices import kept_placement
+from .decode.fields import DECODED, MALFORMED
+from .decode.transfers import transfers
 from .reader import ReadReport, iter_records
 
 # smaller logs are read in this process: a fork would not pay for itself. A log on several devices
@@ -178,6 +183,14 @@ def _read_to(out: _Sender, path: Path | str, strict: bool) -> None:
                     rows = layer_rows(rec.get("layers"), t0)
                     if rows is not None:
                         rec["layers"] = rows  # absolute, as decode.layer_spans makes them
+                    place = kept_placement(rec, t0)
+                    if place is not None:  # (its rows checked here, not again there)
+                        rec[DECODED] = place
+            elif rec["type"] == "transfers":
+                try:
+                    rec[DECODED] = transfers(rec)
+                except MALFORMED:
+                    pass  # decoded there, where it is reported in its place
             batch.append((n, rec, ""))
             if len(batch) >= size:
                 out.send(("batch", batch))

@@ -8,7 +8,7 @@ from functools import cached_property
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from .fields import record_rows, strict_str, uint
+from .fields import DECODED, record_rows, strict_str, uint
 
 
 class Split(NamedTuple):
@@ -180,9 +180,20 @@ def placement(rec: dict[str, Any], t0: int) -> Placement | None:
     device, split or time that is not a plain integer in range raises ValueError or TypeError,
     and the record is skipped like any damaged one. Rows all well-formed are kept as read
     (``Placement.raw``); any other record is read row by row (``_strict``), which raises."""
+    pre = rec.get(DECODED)
+    if type(pre) is Placement:  # (the forked reader's: ``kept_placement``)
+        return pre
     if rec.keys().isdisjoint(_PLACE_FIELDS):
         return None
     return _kept(rec, t0) or _strict(rec, t0)
+
+
+def kept_placement(rec: dict[str, Any], t0: int) -> Placement | None:
+    """``placement`` for a record whose rows are all well-formed; None for any other, and for a
+    record with none of them (never raises). What the forked reader decodes on its core."""
+    if rec.keys().isdisjoint(_PLACE_FIELDS):
+        return None
+    return _kept(rec, t0)
 
 
 def _kept(rec: dict[str, Any], t0: int) -> Placement | None:

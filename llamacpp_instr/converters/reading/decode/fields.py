@@ -8,6 +8,11 @@ from typing import Any
 from ...errors import UserError
 from ..reader import ReadReport
 
+# The key under which the forked log reader (``reading.prefetch``) leaves a record's decoded form
+# (``Placement``, ``Transfers``) where it decoded it there, as decoding it here would: a decoder
+# takes it only if it is of its own type, which no value read from a log is.
+DECODED = "\0decoded"
+
 
 def nonneg(v: Any) -> int:
     """A non-negative integer (timestamps, offsets, durations), else ValueError."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any, NamedTuple
 
-from .fields import record_rows, strict_str, uint
+from .fields import DECODED, record_rows, strict_str, uint
 
 
 class TransferRow(NamedTuple):
@@ -90,6 +90,9 @@ _PHASES = ("load", "step", "between")
 
 def transfers(rec: dict[str, Any]) -> Transfers:
     """A ``transfers`` record, times made absolute (strict, as ``placement``)."""
+    pre = rec.get(DECODED)
+    if type(pre) is Transfers:  # (decoded by the forked reader)
+        return pre
     phase = rec["phase"]
     if phase not in _PHASES:
         raise ValueError(f"unknown transfers phase {phase!r}")

@@ -32,11 +32,11 @@ from .decode.fields import DECODED, MALFORMED
 from .decode.transfers import transfers
 from .reader import ReadReport, iter_records
 
-# smaller logs are read in this process: a fork would not pay for itself. A log on several devices
-# is read forked from the same size: its records' rows (splits, copies, transfers) cost this
-# process less to unpickle than to parse (bench/convert.py: to-perfetto on SmolLM2 logs of 330k
-# ops, 8.8 MB, 6-8 % less wall time; of 1M ops, 10-14 %)
-MIN_BYTES = 8 << 20
+# smaller logs are read in this process: a fork would not pay for itself. to-perfetto's wall time on
+# replicated SmolLM2 logs (CPU, RPC, Vulkan), forked against not, on this project's 2-core
+# machine: 1.5-1.7 MB and 2.6-3.0 MB even (within 5 ms either way), 3.5-4.1 MB 8-10 ms less
+# (3 %), 4.8-5.6 MB 14-34 ms less (5-10 %), 8.8 MB 6-8 %, 22-26 MB 10-14 %
+MIN_BYTES = 4 << 20
 BATCH = 128  # records per message
 FIRST_BATCH = 4  # the first message: the reading side waits for it
 AHEAD = 16  # messages the reader may have ready beyond what the pipe holds
@@ -103,8 +103,17 @@ def can_fork() -> bool:
     return (
         "fork" in multiprocessing.get_all_start_methods()
         and threading.active_count() == 1  # forking a threaded process can deadlock the child
+        and _cores() > 1  # (on one core, the two would take turns: only the fork's cost left)
         and not os.environ.get("LLAMACPP_INSTR_NO_PREFETCH")
     )
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (not on every platform)
+        return os.cpu_count() or 1
 
 
 class _Gone(Exception):

@@ -11,6 +11,7 @@ from typing import Any
 from unittest import mock
 
 import numpy as np
+import pandas as pd
 import pytest
 from support import (
     FIXTURES,
@@ -54,15 +55,8 @@ def both(path: Path, strict: bool = False) -> tuple[Any, ReadReport, Any, ReadRe
     decoded = []
     # the reading process may well have ended before the first record is looked at (a small log
     # fits in the pipe): count it when it starts
-    started: list[Any] = []
-    real_start = multiprocessing.context.ForkProcess.start
-
-    def start(proc: Any) -> None:
-        real_start(proc)
-        started.append(proc)
-
-    with mock.patch.object(multiprocessing.context.ForkProcess, "start", start):
-        records = list(prefetch.records(path, strict=strict, report=got_rep))
+    records: list[Any] = []
+    n_forks = _forks(lambda: records.extend(prefetch.records(path, strict=strict, report=got_rep)))
     for n, rec in records:
         if DECODED in rec:  # the reading process's decoding: what decoding it here gives
             rec = dict(rec)
@@ -82,7 +76,7 @@ def both(path: Path, strict: bool = False) -> tuple[Any, ReadReport, Any, ReadRe
             rows = [r[:4] if len(r) == 5 and r[4] == -1 else r for r in layers.tolist()]
             rec = dict(rec, layers=rows)
         got.append((n, rec))
-    assert len(started) == 1, "not read in a forked process"
+    assert n_forks == 1, "not read in a forked process"
     devices = any(r["type"] == "transfers" or "splits" in r for _, r in want)
     assert bool(decoded) == devices  # (a device log's rows do come decoded)
     return want, want_rep, got, got_rep
@@ -222,3 +216,38 @@ def test_the_reader_leaves_an_interrupt_to_the_reading_side(
     assert n == expected > 1
     err = capfd.readouterr().err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+def _forks(fn: Any) -> int:
+    """How many reader processes ``fn()`` started."""
+    started: list[Any] = []
+    real_start = multiprocessing.context.ForkProcess.start
+
+    def start(proc: Any) -> None:
+        real_start(proc)
+        started.append(proc)
+
+    with mock.patch.object(multiprocessing.context.ForkProcess, "start", start):
+        fn()
+    return len(started)
+
+
+@pytest.mark.usefixtures("forked")
+@pytest.mark.parametrize("name", ["tiny-llama-detailed.log.gz", "tiny-llama-rpc2-detailed.log.gz"])
+def test_tables_fork_from_their_own_size(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``load_session`` reads a log forked from ``TABLES_MIN_BYTES`` (not the trace writers'
+    ``MIN_BYTES``), and its tables are the same either way (a device log's included)."""
+    from llamacpp_instr.converters.analysis.frames import load_session
+
+    log = FIXTURES / name
+    monkeypatch.setattr(prefetch, "TABLES_MIN_BYTES", 1 << 40)  # MIN_BYTES is 0 (``forked``)
+    here: list[Any] = []
+    assert _forks(lambda: here.append(load_session(log))) == 0
+    monkeypatch.setattr(prefetch, "TABLES_MIN_BYTES", 0)
+    there: list[Any] = []
+    assert _forks(lambda: there.append(load_session(log))) == 1
+    a, b = here[0], there[0]
+    tables = ["steps", "layers", "ops", "nodes", "splits", "copies", "remote", "transfers"]
+    assert len(a.ops) > 0 and ("rpc" not in name or len(a.transfers) > 0)
+    for t in tables:
+        pd.testing.assert_frame_equal(getattr(a, t), getattr(b, t))

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import UserError
+from ..reading import prefetch
 from ..reading.decode.graphs import Graph
 from ..reading.decode.memory import StepMemory
 from ..reading.decode.sessions import SessionInfo, SessionStarted, StepDone
@@ -354,11 +355,12 @@ def load_sessions(
     directory ``instr peaks`` saves to) holds for the machine that made it, if any."""
     report = ReadReport()
     builders: dict[str, _Builder] = {}
-    # read here: the tables' own work per record is small, and sending the records from a
-    # forked reader costs more than parsing them (bench/convert.py)
+    # the tables' own work per record is small: a forked reader pays only for a bigger log than
+    # the trace writers' (``prefetch.TABLES_MIN_BYTES``)
+    big = prefetch.TABLES_MIN_BYTES
     try:
         with older_objects_frozen():  # (the tables' columns too: see ``heap``)
-            for ev in iter_events_packed(path, strict=strict, report=report, fork=False):
+            for ev in iter_events_packed(path, strict=strict, report=report, fork_from=big):
                 if isinstance(ev, SessionStarted):
                     builders[ev.session.sid] = _Builder(ev.session)
                 elif isinstance(ev, StepDone):

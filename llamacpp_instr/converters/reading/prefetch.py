@@ -37,20 +37,29 @@ from .reader import ReadReport, iter_records
 # machine: 1.5-1.7 MB and 2.6-3.0 MB even (within 5 ms either way), 3.5-4.1 MB 8-10 ms less
 # (3 %), 4.8-5.6 MB 14-34 ms less (5-10 %), 8.8 MB 6-8 %, 22-26 MB 10-14 %
 MIN_BYTES = 4 << 20
+# the tables (``analysis.frames``) do less per record than the trace writers, so for them the fork
+# pays from a bigger log: load_session on the same logs, forked against not, 4.8-5.6 MB from 21 ms
+# slower to 15 ms faster, 7.6-8.9 MB 8-26 ms faster (2-6 %), 11-13 MB 6-10 %, 22-26 MB 5-13 %
+TABLES_MIN_BYTES = 8 << 20
 BATCH = 128  # records per message
 FIRST_BATCH = 4  # the first message: the reading side waits for it
 AHEAD = 16  # messages the reader may have ready beyond what the pipe holds
 
 
 def records(
-    path: Path | str, *, strict: bool = False, report: ReadReport | None = None
+    path: Path | str,
+    *,
+    strict: bool = False,
+    report: ReadReport | None = None,
+    min_bytes: int | None = None,
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """``reader.iter_records``, in a forked process for a big log (see the module doc): then a
-    compute record's ``ops`` may come as ``PackedOps``."""
+    compute record's ``ops`` may come as ``PackedOps``. Big: ``min_bytes`` or more (None:
+    ``MIN_BYTES``)."""
     rep = report if report is not None else ReadReport()
     try:
         size = Path(path).stat().st_size
-        big = size >= MIN_BYTES
+        big = size >= (MIN_BYTES if min_bytes is None else min_bytes)
     except OSError:
         big = False  # iter_records says what is wrong
     if not big or not can_fork():

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +78,13 @@ def iter_events_packed(
     strict: bool = False,
     report: ReadReport | None = None,
     fork: bool = True,
+    fork_from: int | None = None,
 ) -> Iterator[Event]:
-    """``iter_events``, the ops of well-formed computes read in bulk, and a big log read on the
-    other core (``prefetch``; ``fork=False``: here): the same steps, the same skipped records."""
-    return _fold(path, prefetch.records if fork else iter_records, strict, report, packed=True)
+    """``iter_events``, the ops of well-formed computes read in bulk, and a big log (``fork_from``
+    bytes or more; None: ``prefetch.MIN_BYTES``) read on the other core (``prefetch``;
+    ``fork=False``: here): the same steps, the same skipped records."""
+    read = partial(prefetch.records, min_bytes=fork_from) if fork else iter_records
+    return _fold(path, read, strict, report, packed=True)
 
 
 def _fold(

@@ -9,8 +9,9 @@ columns and its layers as rows (the one packer: ``decode.columns.pack_ops``,
 ``transfers`` record) are well-formed, their decoded form (``decode.fields.DECODED``), while this
 process builds and encodes the trace. What it yields, and what ``report`` ends up saying, are
 exactly what ``iter_records`` would have given (skipped lines in their place; a decoded form is
-what decoding the record here would give); a ``strict`` error is raised here. Small logs, platforms without ``fork`` and processes already running threads (where forking
-is unsafe) read in this process.
+what decoding the record here would give); a ``strict`` error is raised here. Small logs,
+platforms without ``fork``, machines with one core and processes already running threads (where
+forking is unsafe) read in this process.
 """
 
 from __future__ import annotations

@@ -70,3 +70,16 @@ def test_boundaries_follow_writes() -> None:
     writes = _writes()
     regrouped = [b"".join(writes[k : k + 3]) for k in range(0, len(writes), 3)]
     assert _bundles(_out(True, regrouped)) != _bundles(_out(True, writes))
+
+
+@pytest.mark.parametrize("cores, threads", [(1, 1), (2, 1), (3, 1), (4, 2), (16, 2)])
+def test_compressing_threads_leave_two_cores(
+    cores: int, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Perfetto writer compresses on the cores beyond the two that its process and the forked
+    log reader keep busy: one thread at least, two at most."""
+    from llamacpp_instr.converters.reading import prefetch
+    from llamacpp_instr.converters.traces.perfetto import writer
+
+    monkeypatch.setattr(prefetch, "cores", lambda: cores)
+    assert writer.zlib_threads() == threads

@@ -36,7 +36,7 @@ from llamacpp_instr.converters.reading.reader import ReadReport, iter_records
 @pytest.fixture
 def forked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(prefetch, "MIN_BYTES", 0)  # every log is big enough to fork for
-    monkeypatch.setattr(prefetch, "_cores", lambda: 2)  # (a one-core runner's tests fork too)
+    monkeypatch.setattr(prefetch, "cores", lambda: 2)  # (a one-core runner's tests fork too)
     monkeypatch.delenv("LLAMACPP_INSTR_NO_PREFETCH", raising=False)
 
 
@@ -143,7 +143,7 @@ def test_same_trace(name: str) -> None:
 def test_small_logs_read_here(monkeypatch: pytest.MonkeyPatch) -> None:
     """Only the log's size keeps it in this process: the same log forks once it counts as big."""
     monkeypatch.delenv("LLAMACPP_INSTR_NO_PREFETCH", raising=False)
-    monkeypatch.setattr(prefetch, "_cores", lambda: 2)
+    monkeypatch.setattr(prefetch, "cores", lambda: 2)
     assert prefetch.can_fork()  # (else this test could not fail)
     log = FIXTURES / "tiny-llama-detailed.log.gz"
     assert 0 < log.stat().st_size < prefetch.MIN_BYTES
@@ -164,7 +164,7 @@ def test_one_core_reads_here(monkeypatch: pytest.MonkeyPatch) -> None:
     log = FIXTURES / "tiny-llama-detailed.log.gz"
     seen = [bool(multiprocessing.active_children()) for _ in prefetch.records(log)]
     assert any(seen)  # the control: two cores, it forks
-    monkeypatch.setattr(prefetch, "_cores", lambda: 1)
+    monkeypatch.setattr(prefetch, "cores", lambda: 1)
     assert not prefetch.can_fork()
     seen = [bool(multiprocessing.active_children()) for _ in prefetch.records(log)]
     assert seen and not any(seen)

@@ -113,12 +113,12 @@ def can_fork() -> bool:
     return (
         "fork" in multiprocessing.get_all_start_methods()
         and threading.active_count() == 1  # forking a threaded process can deadlock the child
-        and _cores() > 1  # (on one core, the two would take turns: only the fork's cost left)
+        and cores() > 1  # (on one core, the two would take turns: only the fork's cost left)
         and not os.environ.get("LLAMACPP_INSTR_NO_PREFETCH")
     )
 
 
-def _cores() -> int:
+def cores() -> int:
     """The cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))

@@ -11,7 +11,6 @@ A write error is raised in the caller's thread (at the next write, or at ``close
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from collections.abc import Callable
@@ -126,8 +125,8 @@ class BundleSink:
         self.parts = []
         self.size = 0
         if self.pool is None:
-            workers = max(1, min(self.threads, os.cpu_count() or 1))
-            self.pool = ThreadPoolExecutor(workers, thread_name_prefix="pftrace-zlib")
+            # (as many as the caller says: the writer sizes them to the machine, ``zlib_threads``)
+            self.pool = ThreadPoolExecutor(max(1, self.threads), thread_name_prefix="pftrace-zlib")
         self.futures.append(self.pool.submit(self.bundle, data))
         while self.futures and (len(self.futures) > 4 or self.futures[0].done()):
             self.out.write(self.futures.pop(0).result())

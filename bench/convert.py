@@ -229,6 +229,8 @@ def device_ratios(tmp: Path, target: int, reps: int, keep: Path | None = None) -
     are deleted."""
     import gzip
 
+    from llamacpp_instr.converters.reading import prefetch
+
     smol, notes = smol_sources(tmp)
     fixtures: dict[str, Path] = {}
     for label, name in DEVICE_LOGS.items():
@@ -243,9 +245,10 @@ def device_ratios(tmp: Path, target: int, reps: int, keep: Path | None = None) -
         f"replicated the same way to {target // 4:,}, {target:,} and {target * 5:,} ops; logs "
         f"and commands interleaved in each of {reps} rounds, medians. × CPU: the log's ops/s "
         f"over its set's CPU log's, same command, same size (target: ≥ 0.8 from {target:,} ops "
-        "on; `to-perfetto` reads a log of 8 MiB or more on a second core); by CPU time: the same "
-        "ratio of CPU seconds (all threads and the log reader), steadier than wall time on a "
-        "machine that others load.",
+        f"on; `to-perfetto` reads a log of {prefetch.MIN_BYTES >> 20} MiB or more on a second "
+        f"core, `load_session` one of {prefetch.TABLES_MIN_BYTES >> 20} MiB or more); by CPU "
+        "time: the same ratio of CPU seconds (all threads and the log reader), steadier than wall "
+        "time on a machine that others load.",
         *[f"- {n}" for n in notes],
         "",
         "| set | log | ops | command | s | ops/s | × CPU | CPU s | × CPU by CPU time | peak RSS |",

@@ -19,6 +19,7 @@ from support import (
     REAL_FIXTURES,
     assert_same_trace,
     edit_ops,
+    plain_copy,
     read_log,
     rewrite_log,
     write_log,
@@ -251,3 +252,32 @@ def test_tables_fork_from_their_own_size(name: str, monkeypatch: pytest.MonkeyPa
     assert len(a.ops) > 0 and ("rpc" not in name or len(a.transfers) > 0)
     for t in tables:
         pd.testing.assert_frame_equal(getattr(a, t), getattr(b, t))
+
+
+@pytest.mark.usefixtures("forked")
+def test_a_logs_own_decoded_key_is_only_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log is foreign bytes: a record that carries the key the reader's decoded forms travel
+    under (``DECODED``) gets no say in what it means, read forked or here. The trace is the
+    reference writer's, and the tables are those of the log without the key."""
+    from llamacpp_instr.converters.analysis.frames import load_session
+
+    def edit(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        n = 0
+        for r in recs:
+            if r["type"] in ("compute", "transfers"):
+                r[DECODED] = {"splits": [[0, 0, 1, 0, 0, 0]], "rows": [], "t0": 7}
+                n += 1
+        assert n > 0  # (else this test could not fail)
+        return recs
+
+    src = FIXTURES / "tiny-llama-rpc2-detailed.log.gz"
+    log = rewrite_log(src, tmp_path / "odd.log", edit)
+    assert_same_trace(log)  # the fast trace (forked) against the reference writer's (here)
+    want = load_session(plain_copy(src, tmp_path))
+    for fork_from in (1 << 40, 0):  # read here, then forked
+        monkeypatch.setattr(prefetch, "TABLES_MIN_BYTES", fork_from)
+        got = load_session(log)
+        for t in ("steps", "ops", "splits", "copies", "remote", "transfers"):
+            pd.testing.assert_frame_equal(getattr(got, t), getattr(want, t))

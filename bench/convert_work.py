@@ -1,0 +1,103 @@
+"""Device logs against a CPU log in instructions (issue 38): the conversion's work, which a shared
+machine's speed does not move.
+
+    python bench/convert_work.py CPU_LOG DEVICE_LOG [DEVICE_LOG ...]
+
+Each log is laid out and written as an uncompressed Perfetto trace (into memory) in one process
+under callgrind (Debian's ``valgrind``), the log read in that process
+(``LLAMACPP_INSTR_NO_PREFETCH=1``), with ``PYTHONHASHSEED=0`` and every module's bytecode written
+first (a process that compiles its modules counts half a billion instructions more). The same run
+on the tests' tiny CPU fixture (imports, a few steps) is taken away; what is left per op, over
+the first log's, is the ratio (the target: at least 0.8). Repeated runs agree to about 0.2 %.
+Where wall time moves by a fifth between rounds, this says whether a change did less work; it
+does not say what two cores doing it at once make of it (``bench/convert.py`` does).
+
+The logs are any sizes; ``bench/convert.py --devices-only --keep DIR`` leaves its replicated ones
+in ``DIR``. A callgrind run takes about 80 times the conversion (20 s for 200k ops).
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = ROOT / "tests" / "fixtures" / "tiny-llama-detailed.log.gz"
+
+
+def child(log: str) -> None:
+    """Convert ``log`` (what callgrind counts) and print its number of ops."""
+    import io
+
+    sys.path.insert(0, str(ROOT))
+    from llamacpp_instr.converters.session.fold import iter_events_packed
+    from llamacpp_instr.converters.traces.items import LayoutStats, Selection
+    from llamacpp_instr.converters.traces.layout import layout_bulk
+    from llamacpp_instr.converters.traces.perfetto.writer import write_perfetto_fast
+
+    stats = LayoutStats()
+    items = layout_bulk(iter_events_packed(Path(log)), Selection(), stats)
+    write_perfetto_fast(items, io.BytesIO(), compress=False)
+    print(stats.ops)
+
+
+def count(log: Path) -> tuple[int, int]:
+    """The instructions of converting ``log`` in a fresh process, and its ops."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(LLAMACPP_INSTR_NO_PREFETCH="1", PYTHONHASHSEED="0")
+    cmd = [
+        "valgrind",
+        "--tool=callgrind",
+        "--callgrind-out-file=/dev/null",
+        sys.executable,
+        __file__,
+        "--child",
+        str(log),
+    ]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    got = re.search(r"Collected : (\d+)", r.stderr)
+    if r.returncode != 0 or got is None:
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"convert_work: {log}: the run failed: {last}")
+    return int(got.group(1)), int(r.stdout.split()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("logs", nargs="*", type=Path, help="the CPU log first, then device logs")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child)
+        return
+    if len(args.logs) < 2:
+        ap.error("give a CPU log and at least one device log")
+    if shutil.which("valgrind") is None:
+        raise SystemExit("convert_work: needs valgrind (Debian: apt install valgrind)")
+    for log in args.logs:
+        if not log.is_file():
+            raise SystemExit(f"convert_work: {log}: no such file")
+    compileall.compile_dir(ROOT / "llamacpp_instr", quiet=1)  # (see the module doc)
+    base, _ = count(BASELINE)
+    print(f"imports and {BASELINE.name}: {base / 1e9:.3f} G instructions")
+    print("| log | ops | instructions beyond those | per op | × the first |")
+    print("|---|---|---|---|---|")
+    first = 0.0
+    for log in args.logs:
+        n, ops = count(log)
+        per_op = (n - base) / max(ops, 1)
+        first = first or per_op
+        print(f"| {log.name} | {ops:,} | {(n - base) / 1e9:.3f} G | {per_op:,.0f} | "
+              f"{first / per_op:.2f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

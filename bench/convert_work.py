@@ -3,8 +3,8 @@ machine's speed does not move.
 
     python bench/convert_work.py CPU_LOG DEVICE_LOG [DEVICE_LOG ...]
 
-Each log is laid out and written as an uncompressed Perfetto trace (into memory) in one process
-under callgrind (Debian's ``valgrind``), the log read in that process
+Each log is laid out and written as an uncompressed Perfetto trace (into memory), the collector
+off as ``instr to-perfetto`` has it, in one process under callgrind (Debian's ``valgrind``), the log read in that process
 (``LLAMACPP_INSTR_NO_PREFETCH=1``), with ``PYTHONHASHSEED=0`` and every module's bytecode written
 first (a process that compiles its modules counts half a billion instructions more). The same run
 on the tests' tiny CPU fixture (imports, a few steps) is taken away; what is left per op, over
@@ -32,9 +32,12 @@ BASELINE = ROOT / "tests" / "fixtures" / "tiny-llama-detailed.log.gz"
 
 
 def child(log: str) -> None:
-    """Convert ``log`` (what callgrind counts) and print its number of ops."""
+    """Convert ``log`` (what callgrind counts) and print its number of ops, the cyclic collector
+    off as ``instr to-perfetto`` has it (``commands.to_perfetto``)."""
+    import gc
     import io
 
+    gc.disable()
     sys.path.insert(0, str(ROOT))
     from llamacpp_instr.converters.session.fold import iter_events_packed
     from llamacpp_instr.converters.traces.items import LayoutStats, Selection

@@ -52,7 +52,7 @@ def without_rows(src: Path, out: Path) -> None:
 
 
 def devices_hidden(src: Path, out: Path) -> None:
-    """``src`` with its machine listing its first device (the CPU) alone."""
+    """``src`` with its machine listing its (first) CPU device alone."""
     with src.open("rb") as f, out.open("wb") as g:
         for line in f:
             rec = orjson.loads(line)

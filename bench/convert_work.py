@@ -64,7 +64,9 @@ def count(log: Path, forked: bool = False) -> tuple[int, int, int]:
     is the trace's process's and the last the reader's (0: it did not fork)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env.update(PYTHONHASHSEED="0")
-    if not forked:
+    if forked:  # (a caller's own setting would keep the log in one process)
+        env.pop("LLAMACPP_INSTR_NO_PREFETCH", None)
+    else:
         env.update(LLAMACPP_INSTR_NO_PREFETCH="1")
     cmd = [
         "valgrind",
@@ -139,6 +141,11 @@ def forked(logs: list[Path], base: int) -> None:
     for log in logs:
         n, ops, n_reader = count(log, forked=True)
         if not n_reader:
+            if not first:  # (the ratios are against the first log's split)
+                raise SystemExit(
+                    f"convert_work: {log}: the first log must be read on a forked process, "
+                    f"as logs of {prefetch_mib()} MiB or more are; this one was not"
+                )
             print(f"| {log.name} | {ops:,} | not forked (under {prefetch_mib()} MiB) | | | |")
             continue
         a, b = (n - base) / max(ops, 1), (n_reader - base) / max(ops, 1)

@@ -73,6 +73,35 @@ def tiny_llama_q8(tiny_dir: Path, tiny_llama_f32: Path, instr_api: Any) -> Path:
 
 
 @pytest.fixture(scope="session")
+def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("moe_models")
+
+
+@pytest.fixture(scope="session")
+def moe_small(moe_dir: Path, smollm2_path: Path) -> Path:
+    """SmolLM2's first 4 layers as a MoE of 8 distinct experts, top-2, routed unevenly."""
+    from moe_gguf import write_moe_model
+
+    return write_moe_model(smollm2_path, moe_dir / "moe-small.gguf", n_layer=4, distinct=True)
+
+
+@pytest.fixture(scope="session")
+def moe_identical(moe_dir: Path, smollm2_path: Path) -> Path:
+    """SmolLM2 whole, each layer's FFN as 8 identical experts: computes the dense model."""
+    from moe_gguf import write_moe_model
+
+    return write_moe_model(smollm2_path, moe_dir / "moe-identical.gguf")
+
+
+@pytest.fixture(scope="session")
+def moe_distinct(moe_dir: Path, smollm2_path: Path) -> Path:
+    """SmolLM2 whole, expert e of layer l the FFN of layer (l + e) mod 30, routed unevenly."""
+    from moe_gguf import write_moe_model
+
+    return write_moe_model(smollm2_path, moe_dir / "moe-distinct.gguf", distinct=True)
+
+
+@pytest.fixture(scope="session")
 def tiny_second_arch(tiny_dir: Path) -> Path:
     from tiny_gguf import SECOND_ARCH, write_tiny_model
 

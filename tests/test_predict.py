@@ -134,15 +134,65 @@ def test_a_log_predicts_its_own_setting(tiny_detailed: RunLog) -> None:
     assert doc["not_covered"] == []
 
 
-def test_a_deeper_context_is_slower_to_generate(tiny_detailed: RunLog) -> None:
-    """At 2,000 tokens of KV the graphs read 8x the cache (2,048 cells against 256): the
-    prediction builds them and prices them slower, for the prompt and for generation."""
-    r0 = instr("predict", str(tiny_detailed.path), "--format", "json")
-    r1 = instr("predict", str(tiny_detailed.path), "--ctx-depth", "2000", "--format", "json")
-    assert r0.returncode == 0 and r1.returncode == 0, r1.stderr
-    d0, d1 = json.loads(r0.stdout), json.loads(r1.stdout)
-    for key in ("prompt_tokens_per_s", "gen_tokens_per_s"):
-        assert d1[key]["value"] < d0[key]["value"]
+def test_a_deeper_context_than_the_logs_is_not_extrapolated(tiny_detailed: RunLog) -> None:
+    """At 600 tokens of KV the attention reads 3x the cache the log's ops read (768 cells against
+    256): beyond what the log measured, so neither speed is given, and the run that measures it
+    (a prompt reaching that depth) is named; exit 2."""
+    r = instr("predict", str(tiny_detailed.path), "--ctx-depth", "600", "--format", "json")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    doc = json.loads(r.stdout)
+    assert doc["prompt_tokens_per_s"] is None and doc["gen_tokens_per_s"] is None
+    lines = [x for x in doc["not_covered"] if "beyond the sizes the logs measured" in x]
+    assert len(lines) == 2, doc["not_covered"]  # the prompt's and generation's
+    prompt_tokens = doc["setting"]["n_prompt"]
+    assert all(f"-p <a prompt of {600 + prompt_tokens} tokens>" in x for x in lines), lines
+    assert all("not extrapolated" in x and "x the most work" in x for x in lines)
+
+
+def _fixture_model(tmp_path: Path, n_ctx_train: int = 1024) -> tuple[Path, Path]:
+    """The committed tiny llama fixture log, and a model of its shape (make_fixtures.py's: the
+    weights' values do not matter to graphs built without them)."""
+    from support import FIXTURES
+    from tiny_gguf import write_tiny_model
+
+    model = write_tiny_model(
+        tmp_path / f"tiny-{n_ctx_train}.gguf", arch="llama", seed=7, n_ctx_train=n_ctx_train
+    )
+    return FIXTURES / "tiny-llama-detailed.log.gz", model
+
+
+def test_a_long_prompt_from_a_short_log_is_not_covered(instr_api: Any, tmp_path: Path) -> None:
+    """A 100,000-token prompt in one ubatch, from a log of a 5-token prompt (issue 53: it was
+    0.37 tok/s at +-5 %): every matmul does thousands of times the work the log's did. No speed,
+    no interval; the run to make is named."""
+    log, model = _fixture_model(tmp_path, n_ctx_train=131072)
+    r = instr(
+        "predict", str(log), "--model", str(model), "--prompt-tokens", "100000",
+        "--ubatch", "100000", "--batch", "100000", "-n", "1",
+    )  # fmt: skip
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert "tokens/s" not in r.stdout  # no speed, so no interval either
+    assert "prompt      not predicted" in r.stdout
+    line = next(x for x in r.stdout.splitlines() if "the prompt's ops beyond" in x)
+    assert f"instr run {model}" in line and "-p <a prompt of 100000 tokens>" in line
+    assert "--ubatch 100000" in line
+
+
+def test_a_context_beyond_n_ctx_train_is_one_line(instr_api: Any, tmp_path: Path) -> None:
+    log, model = _fixture_model(tmp_path)
+    for args in (["--ctx-depth", "2000"], ["--prompt-tokens", "1000", "-n", "100"]):
+        r = instr("predict", str(log), "--model", str(model), *args)
+        assert_one_line_error(r, "n_ctx_train")
+        assert "1024" in r.stderr
+
+
+def test_the_help_says_the_defaults_are_the_logs() -> None:
+    r = instr("predict", "--help")
+    text = " ".join(r.stdout.split())
+    assert "[default: (the first log's); x>=1]" in text
+    assert "[default: (the first log's placement)]" in text
+    assert "at most 8" not in text and "default: 0]" not in text
 
 
 def test_another_thread_count_is_not_covered(tiny_detailed: RunLog) -> None:
@@ -176,6 +226,7 @@ def test_bad_input_is_one_line(
         ([str(tiny_detailed.path), "--model", str(tiny_second_arch)], "model, the logs ran"),
         ([str(tiny_detailed.path), "--device", "Nope0", "-ngl", "1"], "Nope0"),
         ([str(tmp_path / "missing.log")], "missing.log"),
+        ([str(tiny_detailed.path), "--prompt-tokens", "0", "-n", "0"], "nothing to predict"),
     ]
     for args, words in cases:
         assert_one_line_error(instr("predict", *args), words)
@@ -602,3 +653,74 @@ def test_the_level_is_the_logs_that_ran_on_the_targets_devices() -> None:
     assert model.level("gen", both) == 1.15
     assert model.level("gen", frozenset({"CPU"})) == 1.0
     assert model.level("prompt", frozenset({"CPU"})) == 1.2  # no per-device levels: the kind's
+
+
+# --- prices checked against the log's own op table (issue 53 §6) ------------------------------
+
+
+def _hand_class(node: dict[str, Any], graph: dict[str, Any]) -> tuple[Any, ...]:
+    """A raw graph node's op class, worked out here from the record: its op (and sub-op), its
+    name without the layer, its first source's type, and whether it works on one row (a matmul's
+    output rows, else the ubatch's tokens)."""
+    import re
+
+    label = node["op"] + (f":{node['sub']}" if node["sub"] else "")
+    src = node["src"][0] if node["src"] else {}
+    typ = graph["nodes"][src["node"]]["dtype"] if "node" in src else src.get("type")
+    if node["op"].startswith("MUL_MAT"):  # its output's rows (one where it is a vector)
+        one_row = len(node["shape"]) < 2 or node["shape"][1] == 1
+    else:
+        one_row = graph["n_tokens"] == 1
+    return (label, re.sub(r"-\d+$", "", node["name"]), typ, one_row)
+
+
+def _size(node: dict[str, Any]) -> tuple[Any, ...]:
+    return (tuple(node["shape"]), tuple(tuple(s.get("shape", ())) for s in node["src"]))
+
+
+def test_one_tokens_op_prices_are_the_logs_own_medians() -> None:
+    """Where an op class ran at one size only (every op of generation, whose steps all read 256
+    KV cells), the cost model's line through the device's fixed cost meets that size at the
+    class's median time: each node of the log's generation graph is priced at the median of the
+    log's own times of its class, worked out here from the raw compute records. (A model whose
+    fitted op costs were replaced by constants fails this; the level that scales a prediction to
+    the log's measured time does not enter here.)"""
+    import statistics
+    from collections import defaultdict
+
+    from support import FIXTURES, read_log
+
+    from llamacpp_instr.converters.analysis.op_costs import GraphCosts
+    from llamacpp_instr.converters.analysis.op_fit import fit
+    from llamacpp_instr.predict import load_session
+
+    path = FIXTURES / "tiny-llama-detailed.log.gz"
+    recs = read_log(path)
+    graphs = {r["graph"]: r for r in recs if r["type"] == "graph"}
+    times: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+    sizes: dict[tuple[Any, ...], set[tuple[Any, ...]]] = defaultdict(set)
+    timed: set[tuple[int, int]] = set()
+    for c in (r for r in recs if r["type"] == "compute"):
+        g = graphs[c["graph"]]
+        for row in c["ops"]:
+            node = g["nodes"][row[0]]
+            times[_hand_class(node, g)].append(row[2])
+            sizes[_hand_class(node, g)].add(_size(node))
+            timed.add((c["graph"], row[0]))
+    (gen_id,) = [i for i, g in graphs.items() if g["n_tokens"] == 1]
+    gen = graphs[gen_id]
+
+    sf = load_session(path)
+    gc = GraphCosts.of(sf.graphs[gen_id])
+    cost, missing = fit([sf]).price(gc, ["CPU"] * len(gc.labels), 2)
+    assert missing == []
+    checked = 0
+    for k, node in enumerate(gen["nodes"]):
+        if (gen_id, k) not in timed:
+            assert cost[k] == 0.0, node["name"]  # a view, or fused into the op before it
+            continue
+        cls = _hand_class(node, gen)
+        assert len(sizes[cls]) == 1, cls  # one size: the price is its median
+        assert cost[k] == pytest.approx(statistics.median(times[cls]), rel=1e-9), cls
+        checked += 1
+    assert checked >= 30

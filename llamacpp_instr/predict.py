@@ -25,10 +25,10 @@ op on a device or at a thread count no log ran, a weight type never run, a split
 devices no log made, a link no log measured, an op of more work than its class's ops did in the
 logs: a longer prompt, a deeper context) is reported with what to run to measure it, and that
 speed is not given: nothing is extrapolated. A setting needing more context than the model was
-trained on (``n_ctx_train``) is refused. An op its device never ran, of a kind it did (a matmul of a weight type the
-logs ran on another device only: the output projection on the CPU at -ngl 0, from logs that
-offloaded the output layer), is priced from that kind and listed in ``priced_from_others``
-(``op_costs.CostModel.proxy``).
+trained on (``n_ctx_train``) is refused. An op its device never ran, of a kind it did (a matmul of
+a weight type the logs ran on another device only: the output projection on the CPU at -ngl 0,
+from logs that offloaded the output layer), is priced from that kind and listed in
+``priced_from_others`` (``op_costs.CostModel.proxy``).
 """
 
 from __future__ import annotations
@@ -436,12 +436,16 @@ def _beyond_line(kind: str, classes: dict[tuple[str, str, str, str], float], t: 
     that measures it."""
     (where, op, typ, tokens), far = max(classes.items(), key=lambda kv: kv[1])
     of = f" of {typ}" if typ else ""
-    times = "no work" if far == float("inf") else f"{far:.3g}x the most work"
+    times = (
+        "work where the logs' ops of it did none"
+        if far == float("inf")
+        else f"{far:.3g}x the most work the logs measured of it"
+    )
     name = "the prompt" if kind == "prompt" else "generation"
     return (
         f"{name}'s ops beyond the sizes the logs measured: {len(classes)} op class(es), up to "
-        f"{times} the logs measured of it ({op}{of} in ubatches of {tokens} token(s) on "
-        f"{where}); not extrapolated: run `{measuring_run(t)}` (detailed) and add its log"
+        f"{times} ({op}{of} in ubatches of {tokens} token(s) on {where}); not extrapolated: run "
+        f"`{measuring_run(t)}` (detailed) and add its log"
     )
 
 

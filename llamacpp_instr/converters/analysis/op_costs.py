@@ -14,17 +14,19 @@ over all ops, and of GFLOP/s over the matmuls of each type): a fitted efficiency
 plus a fixed cost per op (the device's: its ops' 5th percentile of time). The slope is fitted by
 least squares over every size the class was seen at (prompts at several depths, say), and a
 class seen at one size is scaled from it. A class no log has at this row count is priced from the
-nearest row count that has it (a prompt of 127 tokens prices one of 512). An op of a class no log has (a
-weight type never run, another thread count, another device) is not priced: it is reported, never
-guessed. Nor is an op's time extrapolated beyond the sizes its class was measured at: a node whose
-work is more than ``BEYOND`` times the most work its class's ops did in the logs (``Fit.work_hi``:
-a prompt of 100,000 tokens from logs of 26, a context deeper than any log's) is reported with how
-far beyond it is (``beyond``), so that the prediction says what run would measure it; work below
-the least measured is priced, the line being anchored at the device's fixed cost per op. Two kinds of op the device did run stand in for a class it did not (``proxy``), and the
-prediction names each: a matmul or get_rows of a weight type the logs ran on another device only
-(the output projection of a model whose output layer was offloaded, on the CPU at -ngl 0) is
-priced from the same device's ops of that op on another type, at its own work at the roofs; and
-an element-wise binary op (``ADD``, ``SUB``, ``MUL``, ``DIV``: one kernel on each backend) from
+nearest row count that has it and whose ops did as much work (a prompt of 512 tokens prices one of
+127; a ubatch of 4 tokens is priced from a prompt's ops, not generation's), or else the nearest. An
+op of a class no log has (a weight type never run, another thread count, another device) is not
+priced: it is reported, never guessed. Nor is an op's time extrapolated beyond the sizes its class
+was measured at: a node whose work is more than ``BEYOND`` times the most work its class's ops did
+in the logs (``Fit.work_hi``: a prompt of 100,000 tokens from logs of 26, a context deeper than any
+log's) is reported with how far beyond it is (``beyond``), so that the prediction says what run
+would measure it; work below the least measured is priced, the line being anchored at the device's
+fixed cost per op. Two kinds of op the device did run stand in for a class it did not (``proxy``),
+and the prediction names each: a matmul or get_rows of a weight type the logs ran on another device
+only (the output projection of a model whose output layer was offloaded, on the CPU at -ngl 0) is
+priced from the same device's ops of that op on another type, at its own work at the roofs; and an
+element-wise binary op (``ADD``, ``SUB``, ``MUL``, ``DIV``: one kernel on each backend) from
 another binary op of the same device and type.
 
 Nodes that never run on their own are free: views (``noop``) and nodes a backend fused into
@@ -333,7 +335,7 @@ class CostModel:
         work: float | None = None,
     ) -> Fit | None:
         """The closest fitted class: this role at this row count, then at the nearest one that
-        has it (a prompt of 127 tokens prices one of 512); then any role of the op the same
+        has it (a prompt of 512 tokens prices one of 127); then any role of the op the same
         way. Given the node's ``work``, the first of those whose ops did as much work (``Fit.
         beyond``: a ubatch of 4 tokens from a prompt's class rather than from generation's, which
         did 4x less), else the closest."""

@@ -336,9 +336,11 @@ class CostModel:
     ) -> Fit | None:
         """The closest fitted class: this role at this row count, then at the nearest one that
         has it (a prompt of 512 tokens prices one of 127); then any role of the op the same
-        way. Given the node's ``work``, the first of those whose ops did as much work (``Fit.
-        beyond``: a ubatch of 4 tokens from a prompt's class rather than from generation's, which
-        did 4x less), else the closest."""
+        way. Where its own row count has none, given the node's ``work``, the first of the
+        others whose ops did as much work (``Fit.beyond``: a ubatch of 4 tokens from a prompt's
+        class rather than from generation's, which did 4x less), else the closest. (Its own row
+        count's class is taken as it is: a token at a depth no log generated at is not priced
+        from a prompt's matmuls.)"""
         order = sorted(
             TOKEN_NAMES, key=lambda t: abs(TOKEN_NAMES.index(t) - TOKEN_NAMES.index(tokens))
         )
@@ -348,7 +350,7 @@ class CostModel:
                 found = self.fits.get((where, t, label, typ, r))
                 if found is None:
                     continue
-                if work is None or not found.beyond(work):
+                if t == tokens or work is None or not found.beyond(work):
                     return found
                 closest = closest or found
         return closest

@@ -442,9 +442,10 @@ def _beyond_line(kind: str, classes: dict[tuple[str, str, str, str], float], t: 
         else f"{far:.3g}x the most work the logs measured of it"
     )
     name = "the prompt" if kind == "prompt" else "generation"
+    # (what comes before the first "; " is the line plan lists once for all its settings)
     return (
-        f"{name}'s ops beyond the sizes the logs measured: {len(classes)} op class(es), up to "
-        f"{times} ({op}{of} in ubatches of {tokens} token(s) on {where}); not extrapolated: run "
+        f"{name}'s ops beyond the sizes the logs measured; not extrapolated: {len(classes)} op "
+        f"class(es), up to {times} ({op}{of} in ubatches of {tokens} token(s) on {where}); run "
         f"`{measuring_run(t)}` (detailed) and add its log"
     )
 

@@ -1,7 +1,9 @@
 """instr predict's mechanics on tiny models (issue 36): the graphs it builds without weights are
-the graphs a run computes, its plan of computes is the run's, a log predicts its own setting, and
-what no log measured is refused with what to run. Its accuracy on settings not run is measured in
-bench/predict.py (leave one out), never asserted here."""
+the graphs a run computes, its plan of computes is the run's, a log predicts its own setting, its
+prices are the ones worked out by hand from the log's own op table, and what no log measured (a
+size beyond the logs' included: issue 53) is refused with what to run. Its accuracy on settings
+not run is measured in bench/predict.py (leave one out), never asserted here: runs on a shared
+machine time too unevenly for that."""
 
 from __future__ import annotations
 
@@ -121,7 +123,7 @@ def test_a_log_predicts_its_own_setting(tiny_detailed: RunLog) -> None:
     log measured (tokens over llama_decode time, per kind); the JSON says it is a prediction.
     The plumbing only: the level, measured on this same log, absorbs any op costs (issue 53);
     the costs are checked by test_one_tokens_op_prices_are_the_logs_own_medians and
-    test_another_setting_is_priced_near_its_run."""
+    test_another_prompt_size_is_priced_on_each_class_line."""
     from llamacpp_instr import predict
 
     r = instr("predict", str(tiny_detailed.path), "--format", "json")

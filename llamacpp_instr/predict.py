@@ -22,11 +22,13 @@ itself, and its network command by command from the link the log measured or the
 outputs are read (``token_time``), not until llama_decode returns. The log's RPC servers are stood
 in for on loopback to build the graphs (``rpc_standin``). Whatever the logs have no measure for (an
 op on a device or at a thread count no log ran, a weight type never run, a split or a copy between
-devices no log made, a link no log measured) is reported with what to run to measure it, and that
-speed is not given. An op its device never ran, of a kind it did (a matmul of a weight type the
-logs ran on another device only: the output projection on the CPU at -ngl 0, from logs that
-offloaded the output layer), is priced from that kind and listed in ``priced_from_others``
-(``op_costs.CostModel.proxy``).
+devices no log made, a link no log measured, an op of more work than its class's ops did in the
+logs: a longer prompt, a deeper context) is reported with what to run to measure it, and that
+speed is not given: nothing is extrapolated. A setting needing more context than the model was
+trained on (``n_ctx_train``) is refused. An op its device never ran, of a kind it did (a matmul of
+a weight type the logs ran on another device only: the output projection on the CPU at -ngl 0,
+from logs that offloaded the output layer), is priced from that kind and listed in
+``priced_from_others`` (``op_costs.CostModel.proxy``).
 """
 
 from __future__ import annotations
@@ -301,6 +303,11 @@ def price(
     t: Target, model: CostModel, sessions: list[SessionFrames], names: list[str]
 ) -> Prediction:
     """Price every compute of ``t`` with ``model`` (the graphs built by llama.cpp)."""
+    if t.n_prompt <= 0 and t.n_gen <= 0:
+        raise UserError(
+            "nothing to predict: a prompt of 0 tokens and 0 generated (give --prompt-tokens or "
+            "-n above 0)"
+        )
     out = Prediction(target=t, logs=names)
     if t.rpc_rate is not None or t.rpc_rtt_ns is not None:
         # the same servers on another link (module net_costs)
@@ -319,6 +326,14 @@ def price(
         return out
     builder = GraphBuilder(t)
     try:
+        n_train = builder.prober.n_ctx_train
+        need = t.depth + t.n_prompt + t.n_gen
+        if n_train > 0 and need > n_train:
+            raise UserError(
+                f"a depth of {t.depth}, a {t.n_prompt}-token prompt and {t.n_gen} generated need "
+                f"{need} tokens of context, beyond the {n_train} {t.model.name} was trained on "
+                "(its n_ctx_train): not predicted"
+            )
         arch = builder.architecture()
         for sf in sessions:
             logged = str((sf.info.model or {}).get("architecture") or "")
@@ -330,6 +345,8 @@ def price(
         prompt, gen = computes(t)
         missing: dict[str, None] = {}
         proxies: dict[str, None] = {}
+        # per kind: op classes whose work goes beyond what the logs measured (op_costs.BEYOND)
+        beyond: dict[str, dict[tuple[str, str, str, str], float]] = defaultdict(dict)
         last: tuple[int, int] | None = None
         plan_first = "prompt" if prompt else "gen"
         for kind, plan, tokens in (("prompt", prompt, t.n_prompt), ("gen", gen, t.n_gen)):
@@ -350,7 +367,7 @@ def price(
                 used |= {d or "CPU" for d, nop in zip(devs, gc.noop, strict=False) if not nop}
                 held = builder.holders(n_tok, kv)
                 cost, extra, miss, lost = model.price_compute(
-                    gc, devs, t.threads, kind, resend, held, proxies
+                    gc, devs, t.threads, kind, resend, held, proxies, beyond[kind]
                 )
                 for line in [_missing_line(m, t) for m in miss] + lost:
                     missing[line] = None
@@ -363,6 +380,9 @@ def price(
                         op_ns[gc.labels[k]] += count * c
                 for d, v in extra.items():
                     dev_ns[d] += count * v
+            if beyond[kind]:
+                missing[_beyond_line(kind, beyond[kind], t)] = None
+                ok = False
             if kind == plan_first:
                 # the session's first step allocates its compute buffers on the RPC servers
                 setup = model.splits.net.setup_ns()
@@ -392,6 +412,42 @@ def price(
     finally:
         builder.close()
     return out
+
+
+def measuring_run(t: Target) -> str:
+    """The ``instr run`` that measures ``t``'s own sizes: its prompt (after its depth, which a
+    longer prompt reaches) in its ubatches, and its generation at the KV sizes it reaches."""
+    tokens = t.depth + t.n_prompt
+    n_ctx = -(-(tokens + t.n_gen + 1) // KV_PAD) * KV_PAD
+    args = [f"instr run {t.model} -t {t.threads}"]
+    args.append(f"--batch {t.n_batch} --ubatch {t.n_ubatch} --ctx {n_ctx} -n {t.n_gen}")
+    if t.offload.gpu_layers:
+        args.append(f"-ngl {t.offload.gpu_layers}")
+    if t.flash_attn:
+        args.append("--flash-attn")
+    if (t.type_k, t.type_v) != ("f16", "f16"):
+        args.append(f"-ctk {t.type_k} -ctv {t.type_v}")
+    args.append(f"--ignore-eos -p <a prompt of {tokens} tokens>")
+    return " ".join(args)
+
+
+def _beyond_line(kind: str, classes: dict[tuple[str, str, str, str], float], t: Target) -> str:
+    """What is not covered where a kind's ops go beyond the work the logs measured, and the run
+    that measures it."""
+    (where, op, typ, tokens), far = max(classes.items(), key=lambda kv: kv[1])
+    of = f" of {typ}" if typ else ""
+    times = (
+        "work where the logs' ops of it did none"
+        if far == float("inf")
+        else f"{far:.3g}x the most work the logs measured of it"
+    )
+    name = "the prompt" if kind == "prompt" else "generation"
+    # (what comes before the first "; " is the line plan lists once for all its settings)
+    return (
+        f"{name}'s ops beyond the sizes the logs measured; not extrapolated: {len(classes)} op "
+        f"class(es), up to {times} ({op}{of} in ubatches of {tokens} token(s) on {where}); run "
+        f"`{measuring_run(t)}` (detailed) and add its log"
+    )
 
 
 def _missing_line(m: tuple[str, str, str, str], t: Target) -> str:

@@ -152,3 +152,32 @@ def test_a_bad_quality_file_is_one_line(
     r = instr("plan", str(tiny_llama_f32), str(tiny_detailed.path), "--quality", str(bad))
     assert r.returncode == 2
     assert "quant-eval" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_table_ranks_what_is_covered_with_intervals_at_its_decimals(
+    tiny_detailed: RunLog, tiny_llama_f32: Path
+) -> None:
+    """The text table numbers the covered settings 1, 2, ... in the JSON's order, gives the
+    settings not covered no rank ("-"), and prints each interval with the value's decimal."""
+    import re
+
+    plans = _plan(tiny_llama_f32, tiny_detailed.path)
+    r = instr("plan", str(tiny_llama_f32), str(tiny_detailed.path), "--ctx", "512")
+    assert r.returncode == 0, r.stderr
+    rows = [x for x in r.stdout.splitlines() if "instr run" in x]
+    fits = [p for p in plans if p["fits"]]
+    assert len(rows) == len(fits)
+    covered = [p for p in fits if p["gen_tokens_per_s"] and not p["not_covered"]]
+    assert covered and len(covered) < len(fits)  # the flash-attention settings are not
+    rate = r"(\d+\.\d) \((\d+\.\d)-(\d+\.\d)\)"
+    for k, (row, p) in enumerate(zip(rows, fits, strict=True)):
+        assert row.endswith(p["command"])
+        if p in covered:
+            assert row.split()[0] == str(k + 1), row
+            found = re.findall(rate, row)
+            assert len(found) == 2, row  # generation's and the prompt's
+            gen = p["gen_tokens_per_s"]
+            assert found[0] == tuple(f"{gen[x]:.1f}" for x in ("value", "low", "high"))
+        else:
+            assert row.split()[0] == "-", row
+            assert not re.findall(rate, row)

@@ -27,7 +27,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 # One name, one meaning, one definition: every option more than one command takes is defined here.
 #   -o/--output    where the command writes (a report, trace, session log, GGUF, or export directory)
 #   --session      a session id, when a log holds several
-#   -t/--threads   CPU threads (default: all cores, at most 8: runner.resolve_threads)
+#   -t/--threads   CPU threads (default: all cores, at most 8: runner.resolve_threads; predict:
+#                  its first log's, ``threads_option_with``)
 #   --ctx          the context size in tokens (run, serve); quant-eval's chunks are --chunk-size
 #   --top          rows per table in text and markdown
 #   --strict       refuse a damaged log instead of skipping its bad lines
@@ -95,13 +96,22 @@ ctx_option = click.option(
     show_default=True,
     help="Context size in tokens.",
 )
-threads_option = click.option(
-    "-t",
-    "--threads",
-    type=click.IntRange(min=1),
-    default=None,
-    help="CPU threads (default: all cores, at most 8).",
-)
+
+
+def threads_option_with(default: str) -> Callable[[F], F]:
+    """-t/--threads, its default said in words (one help everywhere: ``threads_option``'s is
+    runner.resolve_threads'; predict's is its first log's)."""
+    return click.option(
+        "-t",
+        "--threads",
+        type=click.IntRange(min=1),
+        default=None,
+        show_default=default,
+        help="CPU threads.",
+    )
+
+
+threads_option = threads_option_with("all cores, at most 8")
 topk_option = click.option(
     "--top-k-logits",
     type=click.IntRange(1, 1000),
@@ -432,11 +442,17 @@ class _OffloadValue(click.ParamType):
 
 
 def offload_options(
-    *, layers: bool = True, device: bool = True, rpc: bool = True, split: bool = True
+    *,
+    layers: bool = True,
+    device: bool = True,
+    rpc: bool = True,
+    split: bool = True,
+    layers_default: str | None = None,
 ) -> Callable[[F], F]:
     """The offload options a command takes, passed to it as one ``offload`` (an
     ``offload.Offload``): -ngl/--gpu-layers, --device, --rpc and --tensor-split, each defined
-    here once."""
+    here once. ``layers_default``: what -ngl's default is in words, where it is not 0 (a log's
+    placement, a search)."""
     from llamacpp_instr import offload as o
     from llamacpp_instr.rpc_endpoint import PROBE_TIMEOUT_S
 
@@ -483,7 +499,7 @@ def offload_options(
                 "--gpu-layers",
                 type=_OffloadValue("N|all", o.parse_gpu_layers),
                 default=0,
-                show_default=True,
+                show_default=layers_default or True,
                 help="Layers to offload to the GPU and RPC devices (llama.cpp's -ngl), or all; "
                 "0 keeps the model on the CPU.",
             )(g)

@@ -37,7 +37,7 @@ PURPOSES = ("weights", "kv_cache", "compute", "output")
     default=None,
     help="The largest context to consider, in tokens (default: the model's n_ctx_train).",
 )
-@offload_options()
+@offload_options(layers_default="the most that fit, searched")
 @quant_option(
     "Answer for the model quantized to TYPE too (repeatable; quantized into the cache with "
     "the pinned llama.cpp's quantizer, as instr quantize does). Default: the file's own."

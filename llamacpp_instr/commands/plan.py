@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     help="A quant-eval report (instr quant-eval --format json) of these quantizations: their mean "
     "KL divergence from the base joins the Pareto front.",
 )
-@offload_options()
+@offload_options(layers_default="0, and all too where a GPU option is given: both ranked")
 @text_json_option("text: a ranked table; json: one object per setting.")
 def command(
     model: Path,
@@ -117,7 +117,8 @@ def _rate(v: float | None, c: Candidate, kind: str) -> str:
     iv = (p.gen if kind == "gen" else p.prompt) if p else None
     if v is None or iv is None:
         return "-"
-    return f"{v:.1f} ({iv.low:.0f}-{iv.high:.0f})"
+    # the interval at the value's decimals: 3.9 (3.7-4.1), not 3.9 (4-4)
+    return f"{v:.1f} ({iv.low:.1f}-{iv.high:.1f})"
 
 
 def render(ranked: list[Candidate], limits: dict[str, int], n_ctx: int, base: object) -> str:
@@ -129,14 +130,19 @@ def render(ranked: list[Candidate], limits: dict[str, int], n_ctx: int, base: ob
         "* = on the Pareto front of memory and speed",
         "",
         f"{'#':>3} {'':1} {'quant':<8} {'thr':>3} {'ubatch':>6} {'kv':<12} {'ngl':>4} "
-        f"{'memory':>11} {'gen tok/s':>18} {'prompt tok/s':>18} {'KLD':>7}  command",
+        f"{'memory':>11} {'gen tok/s':>24} {'prompt tok/s':>24} {'KLD':>7}  command",
     ]
-    for i, c in enumerate(fits, 1):
+    rank = 0
+    for c in fits:
         kv = c.type_k + (" fa" if c.flash_attn else "")
+        # a rank for the covered settings only (plan.rank's first group): "-" for the others
+        covered = c.gen is not None
+        rank += covered
+        num = str(rank) if covered else "-"
         lines.append(
-            f"{i:>3} {'*' if c.front else '':1} {c.quant:<8} {c.threads:>3} {c.n_ubatch:>6} "
-            f"{kv:<12} {c.n_gpu_layers:>4} {_mib(c.bytes):>11} {_rate(c.gen, c, 'gen'):>18} "
-            f"{_rate(c.prompt, c, 'prompt'):>18} "
+            f"{num:>3} {'*' if c.front else '':1} {c.quant:<8} {c.threads:>3} {c.n_ubatch:>6} "
+            f"{kv:<12} {c.n_gpu_layers:>4} {_mib(c.bytes):>11} {_rate(c.gen, c, 'gen'):>24} "
+            f"{_rate(c.prompt, c, 'prompt'):>24} "
             f"{'-' if c.kld is None else f'{c.kld:.4f}':>7}  {' '.join(c.run_args())}"
         )
     # what no log measured, once each (without the run to make, which names each setting's

@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-from llamacpp_instr.commands import offload_options, quant_option, text_json_option, threads_option
+from llamacpp_instr.commands import (
+    offload_options,
+    quant_option,
+    text_json_option,
+    threads_option_with,
+)
 
 if TYPE_CHECKING:
     from llamacpp_instr.offload import Offload
@@ -20,7 +25,7 @@ if TYPE_CHECKING:
 
 @click.command("predict")
 @click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@threads_option
+@threads_option_with("the first log's")
 @click.option(
     "--batch", "n_batch", type=click.IntRange(min=1), default=None, help="Tokens per llama_decode."
 )
@@ -54,7 +59,7 @@ if TYPE_CHECKING:
     "Predict the model quantized to TYPE (repeatable: one prediction each; quantized into "
     "the cache, as instr fit --quant does)."
 )
-@offload_options()
+@offload_options(layers_default="the first log's placement")
 @click.option(
     "--rpc-rate",
     "rpc_rate",
@@ -105,10 +110,12 @@ def command(
     --rpc-rate or --rpc-rtt give another (a log's RPC servers are stood in for on loopback to build
     the graphs, unless --rpc names live ones). The result is a prediction, with an interval from the model's
     spread on the logs' own steps. What no log measured (another thread count, a weight type
-    never run, a device) is listed with the run that would measure it, and that speed is not
-    given (exit 2). An op its device never ran, of a kind it did, is priced from that kind and
-    listed ("priced from other ops": a matmul of a weight type the logs ran on another device
-    only, as the device's matmul of another type of the same shape; a binary op from another).
+    never run, a device, ops of more work than the logs' did: a longer prompt or ubatch, a deeper
+    context) is listed with the run that would measure it, and that speed is not given (exit 2):
+    nothing is extrapolated. A context beyond the model's n_ctx_train is refused (exit 2). An op
+    its device never ran, of a kind it did, is priced from that kind and listed ("priced from
+    other ops": a matmul of a weight type the logs ran on another device only, as the device's
+    matmul of another type of the same shape; a binary op from another).
     Op offload is priced: a prompt's matmuls ggml runs on a GPU though their weights are on the
     host (-ngl 0 on a Vulkan build), with the weights' copies at the logs' copy rate.
     """

@@ -14,13 +14,19 @@ over all ops, and of GFLOP/s over the matmuls of each type): a fitted efficiency
 plus a fixed cost per op (the device's: its ops' 5th percentile of time). The slope is fitted by
 least squares over every size the class was seen at (prompts at several depths, say), and a
 class seen at one size is scaled from it. A class no log has at this row count is priced from the
-nearest row count that has it (a prompt of 127 tokens prices one of 512). An op of a class no log has (a
-weight type never run, another thread count, another device) is not priced: it is reported, never
-guessed. Two kinds of op the device did run stand in for a class it did not (``proxy``), and the
-prediction names each: a matmul or get_rows of a weight type the logs ran on another device only
-(the output projection of a model whose output layer was offloaded, on the CPU at -ngl 0) is
-priced from the same device's ops of that op on another type, at its own work at the roofs; and
-an element-wise binary op (``ADD``, ``SUB``, ``MUL``, ``DIV``: one kernel on each backend) from
+nearest row count that has it and whose ops did as much work (a prompt of 512 tokens prices one of
+127; a ubatch of 4 tokens is priced from a prompt's ops, not generation's), or else the nearest. An
+op of a class no log has (a weight type never run, another thread count, another device) is not
+priced: it is reported, never guessed. Nor is an op's time extrapolated beyond the sizes its class
+was measured at: a node whose work is more than ``BEYOND`` times the most work its class's ops did
+in the logs (``Fit.work_hi``: a prompt of 100,000 tokens from logs of 26, a context deeper than any
+log's) is reported with how far beyond it is (``beyond``), so that the prediction says what run
+would measure it; work below the least measured is priced, the line being anchored at the device's
+fixed cost per op. Two kinds of op the device did run stand in for a class it did not (``proxy``),
+and the prediction names each: a matmul or get_rows of a weight type the logs ran on another device
+only (the output projection of a model whose output layer was offloaded, on the CPU at -ngl 0) is
+priced from the same device's ops of that op on another type, at its own work at the roofs; and an
+element-wise binary op (``ADD``, ``SUB``, ``MUL``, ``DIV``: one kernel on each backend) from
 another binary op of the same device and type.
 
 Nodes that never run on their own are free: views (``noop``) and nodes a backend fused into
@@ -47,6 +53,9 @@ _LAYER_SUFFIX = re.compile(r"-\d+$")
 # percentiles of the logs' own rates taken as the roofs, and of op times as the fixed cost
 ROOF_PERCENTILE = 95
 FIXED_PERCENTILE = 5
+# how far beyond the most work a class's ops did in the logs a node may go and still be priced
+# (a prompt a token longer than the logged one): past that, the price would be an extrapolation
+BEYOND = 1.10
 # ggml's element-wise binary ops: one kernel per backend for the four (ggml-cpu's binary-ops.cpp,
 # ggml-vulkan's binary shaders), so that one prices another on the same device
 BINARY_OPS = ("ADD", "SUB", "MUL", "DIV")
@@ -129,7 +138,8 @@ class Where:
 
 @dataclass
 class Fit:
-    """One class's fitted time: ``fixed + slope * work`` (ns), and the sizes it was seen at."""
+    """One class's fitted time: ``fixed + slope * work`` (ns), and the least and most work (ns at
+    the roofs) its ops did in the logs."""
 
     fixed: float
     slope: float
@@ -139,6 +149,13 @@ class Fit:
 
     def time(self, work: np.ndarray) -> np.ndarray:
         return self.fixed + self.slope * work
+
+    def beyond(self, work: float) -> float:
+        """How many times the most work measured ``work`` is where that is more than ``BEYOND``
+        (an extrapolation), else 0."""
+        if work <= self.work_hi * BEYOND:
+            return 0.0
+        return work / self.work_hi if self.work_hi > 0 else float("inf")
 
 
 @dataclass
@@ -216,10 +233,13 @@ class CostModel:
         devices: Sequence[str],
         threads: int,
         proxies: dict[str, None] | None = None,
+        beyond: dict[tuple[str, str, str, str], float] | None = None,
     ) -> tuple[np.ndarray, list[tuple[str, str, str, str]]]:
         """Each node's predicted time (ns), its device by ``devices`` (the CPU where not given),
         and the classes no log has, as (where, op, type, size class). A class priced from other
-        ops of its device (``proxy``) is added to ``proxies``, saying from which."""
+        ops of its device (``proxy``) is added to ``proxies``, saying from which; a node whose
+        work is beyond what its class measured (``Fit.beyond``) to ``beyond``, as its class and
+        the most times the measured work such a node of it does."""
         n = len(gc.roles)
         out = np.zeros(n)
         missing: dict[tuple[str, str, str, str], None] = {}
@@ -243,7 +263,13 @@ class CostModel:
                     and (where, lab, gc.labels[src]) in self.fused_after
                 ):
                     continue
-            fit = self.lookup(where, gc.tokens[k], lab, typ, rol)
+            roofs = self.roofs.get(where)
+            own = (
+                float(roofs.work([lab], [typ], gc.bytes[k : k + 1], gc.flops[k : k + 1])[0])
+                if roofs is not None
+                else None
+            )
+            fit = self.lookup(where, gc.tokens[k], lab, typ, rol, own)
             # as the class's own: its label, its type, its bytes
             as_lab, as_typ, n_bytes = lab, typ, gc.bytes[k : k + 1]
             if fit is None:
@@ -262,12 +288,15 @@ class CostModel:
                             f"log ran it there; priced as the device's {as_lab} of {as_typ} "
                             f"(ubatches of {as_tokens} token(s)) of its shape"
                         ] = None
-            roofs = self.roofs.get(where)
             if fit is None or roofs is None:
                 missing[(str(where), lab, typ, gc.tokens[k])] = None
                 continue
             w = roofs.work([as_lab], [as_typ], n_bytes, gc.flops[k : k + 1])
             out[k] = float(fit.time(w)[0])
+            far = fit.beyond(float(w[0]))
+            if far and beyond is not None:
+                cls = (str(where), lab, typ, gc.tokens[k])
+                beyond[cls] = max(beyond.get(cls, 0.0), far)
         return out, list(missing)
 
     def price_compute(
@@ -279,14 +308,15 @@ class CostModel:
         resend: bool = True,
         held: split_costs.Holders | None = None,
         proxies: dict[str, None] | None = None,
+        beyond: dict[tuple[str, str, str, str], float] | None = None,
     ) -> tuple[np.ndarray, dict[str, float], list[tuple[str, str, str, str]], list[str]]:
         """One compute of a graph in a ``kind`` step: each node's time, the time beyond the ops
         of its splits per device and of its copies (``split_costs``, where it runs on several
         devices; ``resend``: another graph than the previous compute's, sent whole to an RPC
         server; ``held``: the device holding each weight, whose copies to another device are
-        priced), the op classes no log has and what else no log has (``proxies``: as
+        priced), the op classes no log has and what else no log has (``proxies``, ``beyond``: as
         ``price``)."""
-        cost, missing = self.price(gc, devices, threads, proxies)
+        cost, missing = self.price(gc, devices, threads, proxies, beyond)
         used = {d for d, nop in zip(devices, gc.noop, strict=False) if not nop}
         if len(used) <= 1:
             return cost, {}, missing, []
@@ -295,19 +325,35 @@ class CostModel:
         )
         return cost, extra, missing, lost
 
-    def lookup(self, where: Where, tokens: str, label: str, typ: str, role_: str) -> Fit | None:
+    def lookup(
+        self,
+        where: Where,
+        tokens: str,
+        label: str,
+        typ: str,
+        role_: str,
+        work: float | None = None,
+    ) -> Fit | None:
         """The closest fitted class: this role at this row count, then at the nearest one that
-        has it (a prompt of 127 tokens prices one of 512); then any role of the op the same
-        way."""
+        has it (a prompt of 512 tokens prices one of 127); then any role of the op the same
+        way. Where its own row count has none, given the node's ``work``, the first of the
+        others whose ops did as much work (``Fit.beyond``: a ubatch of 4 tokens from a prompt's
+        class rather than from generation's, which did 4x less), else the closest. (Its own row
+        count's class is taken as it is: a token at a depth no log generated at is not priced
+        from a prompt's matmuls.)"""
         order = sorted(
             TOKEN_NAMES, key=lambda t: abs(TOKEN_NAMES.index(t) - TOKEN_NAMES.index(tokens))
         )
+        closest = None
         for r in (role_, ""):
             for t in order:
                 found = self.fits.get((where, t, label, typ, r))
-                if found is not None:
+                if found is None:
+                    continue
+                if t == tokens or work is None or not found.beyond(work):
                     return found
-        return None
+                closest = closest or found
+        return closest
 
     def proxy(
         self, where: Where, tokens: str, label: str, typ: str

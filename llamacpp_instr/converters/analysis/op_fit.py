@@ -158,9 +158,10 @@ def _fit(work: np.ndarray, dur: np.ndarray, fixed: float) -> Fit:
     a = min(fixed, float(m.min()))
     den = float(np.sum(c * w * w))
     slope = float(np.sum(c * w * (m - a)) / den) if den > 0 else 0.0
+    lo, hi = float(w.min()), float(w.max())
     if slope <= 0:  # no work (or no time beyond the fixed cost): the class's median time
-        return Fit(fixed=float(np.average(m, weights=c)), slope=0.0, work_lo=0, work_hi=0, n=n)
-    return Fit(fixed=a, slope=slope, work_lo=float(w.min()), work_hi=float(w.max()), n=n)
+        return Fit(fixed=float(np.average(m, weights=c)), slope=0.0, work_lo=lo, work_hi=hi, n=n)
+    return Fit(fixed=a, slope=slope, work_lo=lo, work_hi=hi, n=n)
 
 
 def threads_of(frames: Any) -> int:

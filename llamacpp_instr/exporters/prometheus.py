@@ -105,6 +105,15 @@ class Metrics:
         # the exporter's own process: its memory stays bounded (process_resident_memory_bytes)
         prometheus_client.ProcessCollector(registry=r)
 
+        self._histograms(r)
+        self._counters(r)
+        self._gauges(r)
+        self._hits = 0
+        self._queries = 0
+        self._n_cells: int | None = None
+        self._one_seq = False
+
+    def _histograms(self, r: CollectorRegistry) -> None:
         def hist(
             name: str, doc: str, buckets: list[float], labels: tuple[str, ...] = ()
         ) -> Histogram:
@@ -160,6 +169,7 @@ class Metrics:
         self._token_hists: tuple[Histogram, Histogram] | None = None
         self._step_by_kind: dict[str, Histogram] = {}
 
+    def _counters(self, r: CollectorRegistry) -> None:
         self.requests = Counter(
             PREFIX + "requests",
             "Requests done, by outcome: ok, error (an HTTP error status, or an error mid-stream) "
@@ -197,6 +207,8 @@ class Metrics:
             ("reason",),
             registry=r,
         )
+
+    def _gauges(self, r: CollectorRegistry) -> None:
         self.running = Gauge(
             PREFIX + "num_requests_running",
             "Busy slots: sequences that have decoded since their last request ended.",
@@ -233,10 +245,6 @@ class Metrics:
             ("sid", "level", "model", "program"),
             registry=r,
         )
-        self._hits = 0
-        self._queries = 0
-        self._n_cells: int | None = None
-        self._one_seq = False
 
     def observe(self, fig: SessionFigures | StepFigures | RequestFigures | None) -> None:
         if isinstance(fig, StepFigures):

@@ -75,7 +75,9 @@ HOSTILE: dict[str, Any] = {
     ),
     "a 2000-dimension shape": lambda: _edited(DETAILED, "graph", _shape_2000),
     "weights without buffer": lambda: _edited(
-        DETAILED, "session_start", lambda r: r["weights"][0].pop("buffer")
+        DETAILED,
+        "session_start",
+        lambda r: r.update(weights=[{k: v for k, v in r["weights"][0].items() if k != "buffer"}]),
     ),
 }
 

@@ -25,7 +25,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from .log_input import MALFORMED, cache_reason, slot_window, step_seqs
+from .log_input import MALFORMED, VALUE_MAX, cache_reason, opt_count, step_seqs
 
 NS = 1e-9
 
@@ -90,11 +90,37 @@ def outcome_of(rec: dict[str, Any]) -> str:
     out = rec.get("outcome")
     if isinstance(out, str):
         return out
-    return "ok" if int(rec.get("status") or 0) < 400 else "error"
+    status = rec.get("status")
+    return "ok" if type(status) is not int or status < 400 else "error"
 
 
 def _ns(v: Any) -> int | None:
-    return None if v is None else int(v)
+    """None, or a count or time (ns) the log may hold: an integer from 0 to below 2**62 (else
+    ValueError or TypeError: the record is skipped). What the tracker takes from a record is read
+    through here or ``_int``, so that no figure it makes overflows a metric or a span."""
+    return opt_count(v)
+
+
+def _opt(v: Any) -> int | None:
+    """``_ns``, None for a value it refuses (a session's sizes: the session is still read)."""
+    try:
+        return opt_count(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _count(v: Any) -> int:
+    x = opt_count(v)
+    if x is None:
+        raise ValueError("a count or time is null")
+    return x
+
+
+def _int(v: Any) -> int:
+    """An integer within 62 bits either side of 0 (a layer, a position), else ValueError."""
+    if type(v) is not int or not -VALUE_MAX < v < VALUE_MAX:
+        raise ValueError(f"{v!r} is not an integer within 2**62")
+    return v
 
 
 @dataclass(frozen=True)
@@ -182,15 +208,15 @@ class RequestTracker:
     def _compute(self, rec: dict[str, Any]) -> None:
         """A compute's layer spans, kept under its step (a step of several ubatches has several
         computes); the oldest step's go once ``cap`` steps are kept."""
-        t0, step = int(rec["t_start"]), int(rec["step"])
+        t0, step = _count(rec["t_start"]), _count(rec["step"])
         spans = self._layers.get(step)
         if spans is None:
             if len(self._layers) >= self.cap:
                 del self._layers[next(iter(self._layers))]
             spans = self._layers[step] = []
         for row in rec.get("layers") or []:
-            layer, off, dur = int(row[0]), int(row[1]), int(row[2])
-            if dur >= 0 and len(spans) < MAX_LAYER_SPANS:
+            layer, off, dur = _int(row[0]), _count(row[1]), _count(row[2])
+            if len(spans) < MAX_LAYER_SPANS:
                 spans.append((layer, t0 + off, t0 + off + dur))
 
     def _session(self, rec: dict[str, Any]) -> SessionFigures:
@@ -202,14 +228,15 @@ class RequestTracker:
             self._begun.clear()
             self._sids = {sid}
         ctx = rec.get("context") or {}
-        n_ctx = _ns(ctx.get("n_ctx"))
+        ts = _count(rec["ts"])
+        n_ctx = _opt(ctx.get("n_ctx"))
         if n_ctx:
             self.cap = max(2 * n_ctx, 4096)
         memory = []
         for b in (rec.get("memory") or {}).get("buffers") or []:
             if isinstance(b, dict):
                 for kind in ("weights", "kv_cache", "compute"):
-                    if isinstance(b.get(kind), int):
+                    if type(b.get(kind)) is int and 0 <= b[kind] < VALUE_MAX:
                         memory.append((str(b.get("buffer", "")), kind, int(b[kind])))
         model = rec.get("model") or {}
         meta = rec.get("metadata") or {}
@@ -219,10 +246,10 @@ class RequestTracker:
             model=str(model.get("name") or model.get("architecture") or ""),
             program=str(meta.get("program") or meta.get("tool") or ""),
             n_ctx=n_ctx,
-            n_seq_max=_ns(ctx.get("n_seq_max")),
+            n_seq_max=_opt(ctx.get("n_seq_max")),
             memory=memory,
             continued=continued,
-            ts=int(rec["ts"]),
+            ts=ts,
             wall_time=str(rec.get("wall_time") or ""),
         )
 
@@ -231,6 +258,8 @@ class RequestTracker:
         if not seqs:  # a step without seqs holds sequence 0 only, at ``pos``
             pos = rec.get("pos") or [0, 0]
             seqs = [(0, int(rec["n_tokens"]), int(pos[0]), int(pos[1]))]
+        for q, n, p0, p1 in seqs:
+            _count(q), _count(n), _int(p0), _int(p1)
         self._begun[(str(rec["sid"]), int(rec["ctx"]))] = (str(rec["kind"]), seqs)
 
     def _step_end(self, rec: dict[str, Any]) -> StepFigures | None:
@@ -238,30 +267,38 @@ class RequestTracker:
         if begun is None:
             return None  # its step_begin was not read (the exporter began after it)
         kind, seqs = begun
-        start, dur = int(rec["t_start"]), int(rec["dur"])
-        step = int(rec["step"])
+        start, dur = _count(rec["t_start"]), _count(rec["dur"])
+        step = _count(rec["step"])
         for q, n, p0, _ in seqs:
             self.seqs.setdefault(q, _SeqSteps()).add((start, start + dur, step, n, p0), self.cap)
         kv = rec.get("kv_used")
         return StepFigures(
             kind=kind,
             dur_s=dur * NS,
-            n_tokens=int(rec["n_tokens"]),
-            kv_used=int(kv) if isinstance(kv, int) and kv >= 0 else None,
+            n_tokens=_count(rec["n_tokens"]),
+            kv_used=kv if type(kv) is int and 0 <= kv < VALUE_MAX else None,
             running=self.running(),
         )
 
     def _request(self, rec: dict[str, Any]) -> RequestFigures:
         wait, ttft, model, dur = (_ns(rec.get(k)) for k in ("wait", "ttft", "model", "dur"))
-        t_arrive = int(rec["t_arrive"])
+        t_arrive = _count(rec["t_arrive"])
+        slot = _ns(rec.get("slot"))
+        _ns(rec.get("status"))
+        prompt_tokens, gen_tokens = _ns(rec.get("prompt_tokens")), _ns(rec.get("gen_tokens"))
+        for k in ("id", "endpoint", "method", "outcome", "error", "traceparent"):
+            if rec.get(k) is not None and type(rec[k]) is not str:
+                raise TypeError(f"a request's {k} is not a string")
         itl: list[float] = []
         cached = None
         mine: list[StepSpan] = []
         if wait is not None:  # it reached the model: the steps of its slot's sequence
-            q = int(rec.get("slot") or 0)  # no slot: a server with one sequence (instr serve)
+            q = slot or 0  # no slot: a server with one sequence (instr serve)
             steps = self.seqs.get(q)
-            mine = steps.take(*slot_window(rec)) if steps is not None else []
-            if mine:
+            t0 = t_arrive + wait
+            t1 = t0 + model if model is not None else t_arrive + (dur or 0)
+            mine = steps.take(t0, t1) if steps is not None else []
+            if mine and mine[0].pos0 >= 0:
                 cached = mine[0].pos0
             if ttft is not None:
                 last = t_arrive + ttft
@@ -282,8 +319,8 @@ class RequestTracker:
             inference_s=None if model is None else model * NS,
             prefill_s=None if prefill is None else prefill * NS,
             decode_s=None if decode is None else decode * NS,
-            prompt_tokens=int(rec.get("prompt_tokens") or 0),
-            gen_tokens=int(rec.get("gen_tokens") or 0),
+            prompt_tokens=prompt_tokens or 0,
+            gen_tokens=gen_tokens or 0,
             itl_s=itl,
             cached_tokens=cached,
             cache_miss=cache_reason(rec.get("cache"))[1],

@@ -14,7 +14,7 @@ from typing import IO, Any
 
 from llamacpp_instr.converters.analysis.follow import file_moved
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.converters.reading.decode.fields import MALFORMED
+from llamacpp_instr.converters.reading.decode.fields import MALFORMED, VALUE_MAX, opt_count
 from llamacpp_instr.converters.reading.decode.steps import step_seqs
 from llamacpp_instr.converters.reading.reader import (
     BadLine,
@@ -30,8 +30,10 @@ __all__ = [
     "MALFORMED",
     "MISS_REASONS",
     "UserError",
+    "VALUE_MAX",
     "cache_reason",
     "follow_log",
+    "opt_count",
     "slot_window",
     "step_seqs",
 ]

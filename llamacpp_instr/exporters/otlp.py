@@ -204,7 +204,8 @@ class SpanBuilder:
         return out
 
     def _unix(self, t: int) -> int:
-        return max(0, t + self.offset)
+        """Unix ns, within a fixed64 (a log's clock and wall time are what the log says)."""
+        return min(max(0, t + self.offset), 2**64 - 1)
 
 
 def export_request(spans: list[Span]) -> bytes:

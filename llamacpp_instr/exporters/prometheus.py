@@ -77,6 +77,8 @@ STEP_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 STEP_BUCKETS += [10.0]
 DEFAULT_MAX_MODEL_LEN = 2048  # the token histograms' range before a session_start says n_ctx
 OUTCOMES = ("ok", "error", "cancelled")  # a request record's outcome
+KINDS = ("prompt", "gen")  # a step's kind
+OTHER = "other"  # the label of a value the writer does not emit (a label's series stay bounded)
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:
@@ -103,6 +105,15 @@ class Metrics:
         # the exporter's own process: its memory stays bounded (process_resident_memory_bytes)
         prometheus_client.ProcessCollector(registry=r)
 
+        self._histograms(r)
+        self._counters(r)
+        self._gauges(r)
+        self._hits = 0
+        self._queries = 0
+        self._n_cells: int | None = None
+        self._one_seq = False
+
+    def _histograms(self, r: CollectorRegistry) -> None:
         def hist(
             name: str, doc: str, buckets: list[float], labels: tuple[str, ...] = ()
         ) -> Histogram:
@@ -158,6 +169,7 @@ class Metrics:
         self._token_hists: tuple[Histogram, Histogram] | None = None
         self._step_by_kind: dict[str, Histogram] = {}
 
+    def _counters(self, r: CollectorRegistry) -> None:
         self.requests = Counter(
             PREFIX + "requests",
             "Requests done, by outcome: ok, error (an HTTP error status, or an error mid-stream) "
@@ -195,6 +207,8 @@ class Metrics:
             ("reason",),
             registry=r,
         )
+
+    def _gauges(self, r: CollectorRegistry) -> None:
         self.running = Gauge(
             PREFIX + "num_requests_running",
             "Busy slots: sequences that have decoded since their last request ended.",
@@ -231,10 +245,6 @@ class Metrics:
             ("sid", "level", "model", "program"),
             registry=r,
         )
-        self._hits = 0
-        self._queries = 0
-        self._n_cells: int | None = None
-        self._one_seq = False
 
     def observe(self, fig: SessionFigures | StepFigures | RequestFigures | None) -> None:
         if isinstance(fig, StepFigures):
@@ -281,9 +291,10 @@ class Metrics:
         return self._token_hists
 
     def _step(self, s: StepFigures) -> None:
-        by_kind = self._step_by_kind.get(s.kind)
+        kind = s.kind if s.kind in KINDS else OTHER
+        by_kind = self._step_by_kind.get(kind)
         if by_kind is None:
-            by_kind = self._step_by_kind[s.kind] = self.step.labels(s.kind)
+            by_kind = self._step_by_kind[kind] = self.step.labels(kind)
         by_kind.observe(s.dur_s)
         self.iteration_tokens.observe(s.n_tokens)
         self.running.set(s.running)
@@ -293,7 +304,7 @@ class Metrics:
                 self.kv_usage.set(s.kv_used / self._n_cells)
 
     def _request(self, q: RequestFigures) -> None:
-        self.requests.labels(q.outcome).inc()
+        self.requests.labels(q.outcome if q.outcome in OUTCOMES else OTHER).inc()
         if q.outcome == "ok":
             self.success.inc()
         for h, v in (

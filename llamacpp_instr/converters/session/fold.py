@@ -34,7 +34,7 @@ from ..reading.decode.computes import (
     decode_compute_bulk,
 )
 from ..reading.decode.fields import MALFORMED, nonneg, skip_malformed
-from ..reading.decode.graphs import Graph, graph_record
+from ..reading.decode.graphs import Graph, Tables, graph_record
 from ..reading.decode.memory import allocation, failure
 from ..reading.decode.sessions import (
     Event,
@@ -42,6 +42,7 @@ from ..reading.decode.sessions import (
     SessionInfo,
     SessionStarted,
     StepDone,
+    request_record,
     session_info,
 )
 from ..reading.decode.steps import Step, end_step, request_id, step_level, step_seqs, topk_rows
@@ -60,7 +61,7 @@ class _SessionState:
         self.graphs: dict[tuple[int, int], Graph] = {}
         # the node tables written out (whole, or by ``subst``), which a later graph may name
         # (``same_as``): kept apart from ``graphs``, which a long follow trims
-        self.tables: dict[tuple[int, int], Graph] = {}
+        self.tables: dict[tuple[int, int], Graph] = Tables()
         self.open_steps: dict[tuple[int, int], Step] = {}  # (ctx, step) -> step in flight
 
 
@@ -208,7 +209,7 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
             level=step_level(rec, state.info.level),
         )
     elif rtype == "request":
-        state.info.requests.append(rec)
+        state.info.requests.append(request_record(rec))
     elif rtype == "part":
         state.info.parts.append(rec)
     elif rtype == "transfers":

@@ -19,7 +19,7 @@ slot's prompt chunk (a prefill), other slots' tokens, or nothing (the step itsel
 from __future__ import annotations
 
 import statistics
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -190,36 +190,71 @@ class _StepIndex:
         by_end = sorted(range(len(rows)), key=lambda i: rows[i][0] + rows[i][1])
         self.by_end = by_end
         self.ends = [rows[i][0] + rows[i][1] for i in by_end]
+        # the steps' durations summed in the order of their ends (a gap's busy time at once)
+        self.busy = [0]
+        for i in by_end:
+            self.busy.append(self.busy[-1] + rows[i][1])
 
-    def began(self, t0: int, t1: int) -> Sequence[StepRow]:
-        """The steps that began from ``t0`` to ``t1``, in time order."""
-        return self.rows[bisect_left(self.starts, t0) : bisect_right(self.starts, t1)]
+    def ended_span(self, a: int, b: int) -> tuple[int, int]:
+        """Where the steps that ended after ``a`` and by ``b`` lie in ``by_end``."""
+        return bisect_right(self.ends, a), bisect_right(self.ends, b)
 
-    def ended(self, a: int, b: int) -> list[StepRow]:
-        """The steps that ended after ``a`` and by ``b``, in time order."""
-        k = self.by_end[bisect_right(self.ends, a) : bisect_right(self.ends, b)]
-        return [self.rows[i] for i in sorted(k)]
+    def ended(self, a: int, b: int, limit: int | None = None) -> list[StepRow]:
+        """The steps that ended after ``a`` and by ``b`` (the first ``limit`` of them by end), in
+        time order."""
+        lo, hi = self.ended_span(a, b)
+        if limit is not None:
+            hi = min(hi, lo + limit)
+        return [self.rows[i] for i in sorted(self.by_end[lo:hi])]
 
 
-def _who(slot: int, t: int, windows: dict[int, list[tuple[int, int, str]]]) -> str:
-    """The request that held ``slot`` at ``t`` ("slot N" when no record says)."""
-    for t0, t1, rid in windows.get(slot, []):
-        if t0 <= t <= t1:
-            return rid
-    return ""
+class _Windows:
+    """When each request held its slot (``requests.slot_window``), to say who held a slot at a
+    time in a bisection: of the windows of the slot begun by then, the one that lasts longest
+    (a log's windows of one slot do not overlap: the one that holds the time)."""
+
+    def __init__(self) -> None:
+        self.raw: dict[int, list[tuple[int, int, int]]] = {}  # slot -> (t0, t1, request index)
+        self.t0s: dict[int, list[int]] = {}
+        self.longest: dict[int, list[tuple[int, int]]] = {}  # prefix max of (t1, -index)
+
+    def add(self, slot: int, t0: int, t1: int, k: int) -> None:
+        self.raw.setdefault(slot, []).append((t0, t1, k))
+
+    def close(self) -> None:
+        for slot, ws in self.raw.items():
+            ws.sort(key=lambda w: w[0])
+            self.t0s[slot] = [w[0] for w in ws]
+            best: list[tuple[int, int]] = []
+            for _t0, t1, k in ws:
+                best.append(max(best[-1], (t1, -k)) if best else (t1, -k))
+            self.longest[slot] = best
+
+    def holder(self, slot: int, t: int) -> int | None:
+        """The index of the request that held ``slot`` at ``t``; None when none did."""
+        t0s = self.t0s.get(slot)
+        if not t0s:
+            return None
+        i = bisect_right(t0s, t) - 1
+        if i < 0:
+            return None
+        t1, k = self.longest[slot][i]
+        return -k if t1 >= t else None
+
+
+# the steps of a gap whose other slots are named (a gap of more is a damaged log's)
+GAP_STEPS_SHOWN = 256
 
 
 def _late(
     rec: dict[str, Any],
     slot: int,
+    mine: Sequence[StepRow],
     index: _StepIndex,
-    windows: dict[int, list[tuple[int, int, str]]],
+    who: Any,
 ) -> list[LateToken]:
-    try:
-        t0, t1 = slot_window(rec)
-    except (KeyError, TypeError, ValueError):
-        return []
-    mine = [r for r in index.began(t0, t1) if any(q == slot for q, _ in r[3])]
+    """``rec``'s late tokens, from ``mine``: the steps of its slot in its window, in time order.
+    ``who(slot, t)``: the id of the request that held ``slot`` at ``t`` ("" when none did)."""
     prompt_left = max(_int(rec.get("prompt_tokens")) or 0, 1)
     arrivals: list[int] = []
     for start, dur, _, seqs in mine:
@@ -242,11 +277,12 @@ def _late(
     for i in late:
         a, b = arrivals[i], arrivals[i + 1]
         others: dict[tuple[int, str], list[int]] = {}
-        steps = index.ended(a, b)
-        for start, _, _, seqs in steps:
+        lo, hi = index.ended_span(a, b)
+        n_steps, busy = hi - lo, index.busy[hi] - index.busy[lo]
+        for start, _, _, seqs in index.ended(a, b, GAP_STEPS_SHOWN):
             for q, k in seqs:
                 if q != slot:
-                    others.setdefault((q, _who(q, start, windows)), []).append(k)
+                    others.setdefault((q, who(q, start)), []).append(k)
         shared: list[dict[str, Any]] = [
             {"request": rid or None, "slot": q, "tokens": sum(ks), "prefill": max(ks) > 1}
             for (q, rid), ks in sorted(others.items(), key=lambda x: -sum(x[1]))
@@ -255,7 +291,6 @@ def _late(
         ms = (gaps[i] - median) / 1e6
         head = f"token {token} of {rec.get('id')} came {ms:,.0f} ms late"
         prefill = [s for s in shared if s["prefill"]]
-        busy = sum(r[1] for r in steps)
         if prefill:
             s = prefill[0]
             what = f" of {s['request']}" if s["request"] else ""
@@ -276,28 +311,53 @@ def _late(
                 f"{head}: nothing else shared its batch; the step took {busy / 1e6:,.0f} ms "
                 f"against a median gap of {median / 1e6:,.0f} ms"
             )
-        if len(steps) > 1:
-            cause += f" ({len(steps)} steps in the gap)"
+        if n_steps > 1:
+            cause += f" ({n_steps} steps in the gap)"
         out.append(LateToken(token, b, gaps[i], int(gaps[i] - median), cause, shared))
     return out
+
+
+def _own_steps(
+    reqs: list[dict[str, Any]], rows: Sequence[StepRow]
+) -> tuple[dict[int, list[StepRow]], _Windows]:
+    """Each request's steps (by its index in ``reqs``): those of its slot (no slot: sequence 0)
+    that began in its window, each step given to one request only, the one that held the slot
+    then (``_Windows``), so that requests whose windows overlap (a damaged log's) cost no more
+    than the log's steps; and the windows of the requests that name their slot."""
+    named, every = _Windows(), _Windows()
+    for k, r in enumerate(reqs):
+        slot = _int(r.get("slot"))
+        try:
+            t0, t1 = slot_window(r)
+        except (KeyError, TypeError, ValueError):
+            continue
+        every.add(slot if slot is not None else 0, t0, t1, k)
+        if slot is not None:
+            named.add(slot, t0, t1, k)
+    named.close()
+    every.close()
+    mine: dict[int, list[StepRow]] = {}
+    for row in rows:
+        for q in dict.fromkeys(q for q, _ in row[3]):
+            holder = every.holder(q, row[0])
+            if holder is not None:
+                mine.setdefault(holder, []).append(row)
+    return mine, named
 
 
 def stories(requests: Iterable[dict[str, Any]], rows: Sequence[StepRow]) -> list[RequestStory]:
     """Each request record's story, slowest first. ``rows``: the session's steps in time order."""
     reqs = [r for r in requests if isinstance(r, dict)]
     index = _StepIndex(rows)
-    windows: dict[int, list[tuple[int, int, str]]] = {}
-    for r in reqs:
-        slot = _int(r.get("slot"))
-        if slot is None:
-            continue
-        try:
-            t0, t1 = slot_window(r)
-        except (KeyError, TypeError, ValueError):
-            continue
-        windows.setdefault(slot, []).append((t0, t1, str(r.get("id", ""))))
+    mine, windows = _own_steps(reqs, rows)
+
+    def who(slot: int, t: int) -> str:
+        """The request that held ``slot`` at ``t`` ("" when no record says)."""
+        k = windows.holder(slot, t)
+        return "" if k is None else str(reqs[k].get("id", ""))
+
     out = []
-    for r in reqs:
+    for j, r in enumerate(reqs):
         total, queue, prompt, gen, stream = split(r)
         reused, reason, note = cache_reason(r.get("cache"))
         slot = _int(r.get("slot"))
@@ -319,7 +379,7 @@ def stories(requests: Iterable[dict[str, Any]], rows: Sequence[StepRow]) -> list
                 cache_miss_reason=reason,
                 cache_note=note,
                 # no slot: a server of one sequence (instr serve), whose steps hold sequence 0
-                late_tokens=_late(r, slot if slot is not None else 0, index, windows),
+                late_tokens=_late(r, slot if slot is not None else 0, mine.get(j, []), index, who),
             )
         )
     out.sort(key=lambda s: (-s.total_ns, s.id))

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, overload
 
 import numpy as np
 
-from .fields import nonneg, uint
+from .fields import VALUE_MAX, nonneg, uint
 from .layer_plan import FOUR, MixedRows, getter, mixed_rows
 
 _ITEM = (itemgetter(0), itemgetter(1), itemgetter(2))
@@ -62,9 +62,11 @@ def _layer_array(raw: Any, t0: int) -> tuple[np.ndarray, MixedRows | None] | Non
             # the bounds on the flat list: min and max over a few dozen values cost less there
             # than numpy's reductions of a small array (a value no int, which ``array`` refuses,
             # may raise here first: refused all the same)
-            starts = flat[1::4]
-            if min(starts) < 0 or min(flat[2::4]) < 0 or t0 + max(starts) >= 1 << 63:
+            starts, durs = flat[1::4], flat[2::4]
+            if min(starts) < 0 or min(durs) < 0 or t0 + max(starts) >= 1 << 63:
                 return None
+            if max(starts) >= VALUE_MAX or max(durs) >= VALUE_MAX:
+                return None  # (refused by the per-row reading)
             a = np.frombuffer(array("q", flat), np.int64).reshape(-1, 4).copy()  # ints only
             _shift(a, t0)
             return a, None
@@ -74,8 +76,10 @@ def _layer_array(raw: Any, t0: int) -> tuple[np.ndarray, MixedRows | None] | Non
             return None
         if min(mixed.devices(flat)) < 0:
             return None
-        begins = mixed.starts(flat)
-        if min(begins) < 0 or min(mixed.durs(flat)) < 0 or t0 + max(begins) >= 1 << 63:
+        begins, ends = mixed.starts(flat), mixed.durs(flat)
+        if min(begins) < 0 or min(ends) < 0 or t0 + max(begins) >= 1 << 63:
+            return None
+        if max(begins) >= VALUE_MAX or max(ends) >= VALUE_MAX:
             return None
         flat.append(-1)
         return np.frombuffer(array("q", flat), np.int64), mixed

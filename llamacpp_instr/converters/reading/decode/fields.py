@@ -14,19 +14,40 @@ from ..reader import ReadReport
 DECODED = "\0decoded"
 
 
+# the bound of every count, time, offset and duration a log holds (ns: 146 years): a start plus
+# an offset plus a duration stays within 64 bits, as a trace's timestamps must
+VALUE_MAX = 1 << 62
+
+
 def nonneg(v: Any) -> int:
-    """A non-negative integer (timestamps, offsets, durations), else ValueError."""
+    """A non-negative integer below VALUE_MAX (timestamps, offsets, durations), else
+    ValueError."""
     x = int(v)
     if x < 0:
         raise ValueError(f"negative time value {x}")
+    if x >= VALUE_MAX:
+        raise ValueError(f"value {x} is beyond 2**62")
     return x
 
 
 def uint(v: Any, lo: int = 0) -> int:
-    """A JSON integer (not a bool, float or string) of at least ``lo``, else ValueError: the
-    fields that name devices and places in a compute (read strictly: they index tables)."""
-    if type(v) is not int or v < lo:
-        raise ValueError(f"{v!r} is not an integer >= {lo}")
+    """A JSON integer (not a bool, float or string) of at least ``lo`` and below VALUE_MAX, else
+    ValueError: the fields that name devices and places in a compute (read strictly: they index
+    tables)."""
+    if type(v) is not int or v < lo or v >= VALUE_MAX:
+        raise ValueError(f"{v!r} is not an integer >= {lo} and below 2**62")
+    return v
+
+
+def opt_count(v: Any) -> int | None:
+    """None, or a JSON integer from 0 to below VALUE_MAX (a request's times and counts), else
+    ValueError or TypeError."""
+    if v is None:
+        return None
+    if type(v) is not int:
+        raise TypeError(f"{v!r} is not an integer")
+    if not 0 <= v < VALUE_MAX:
+        raise ValueError(f"{v} is not from 0 to 2**62")
     return v
 
 

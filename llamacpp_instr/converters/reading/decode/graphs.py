@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
+
+from .fields import VALUE_MAX
+
+# the dimensions of a ggml tensor's shape (GGML_MAX_DIMS): the most a node or source has
+DIMS_MAX = 4
 
 
 @dataclass
@@ -27,16 +33,47 @@ class Node:
         return f"{self.op}:{self.sub}" if self.sub else self.op
 
 
-@dataclass(eq=False)
 class Graph:
     """A compute graph's node table (a ``graph`` record). Equal only to itself, and hashable: what
     is worked out once per graph (its layers, its ops' static args...) is kept in dicts keyed by
-    the graph."""
+    the graph.
 
-    ctx: int
-    id: int
-    n_tokens: int
+    A graph that names another's table (``same_as``, with or without ``subst``) makes its nodes
+    when first read (``named``: the table named, and the substitution), not when its record is
+    read: a record of a hundred bytes naming a table of a thousand nodes costs its own size until
+    a compute of it is read."""
+
     nodes: list[Node]
+
+    def __init__(
+        self,
+        ctx: int,
+        id: int,  # noqa: A002 (the record's name)
+        n_tokens: int,
+        nodes: list[Node] | None = None,
+        *,
+        named: tuple[Graph, Subst | None, dict[int, int]] | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.id = id
+        self.n_tokens = n_tokens
+        if nodes is not None:
+            self.nodes = nodes
+        else:
+            assert named is not None
+            self._named = named
+
+    def __getattr__(self, name: str) -> Any:
+        """``nodes``, made once, when first read (an attribute from then on)."""
+        if name != "nodes" or "_named" not in self.__dict__:
+            raise AttributeError(name)
+        base, m, at = self.__dict__.pop("_named")
+        nodes = base.nodes if m is None else _subst_nodes(base.nodes, m, at)
+        self.nodes = nodes
+        return nodes
+
+    def __repr__(self) -> str:
+        return f"Graph(ctx={self.ctx}, id={self.id}, n_tokens={self.n_tokens})"
 
 
 def graph_table(rec: dict[str, Any]) -> Graph:
@@ -67,10 +104,14 @@ def _node(n: dict[str, Any]) -> Node:
     layer = n.get("layer")
     layer = None if layer is None else layer if type(layer) is int else int(layer)
     shape = list(map(int, n["shape"]))
+    if len(shape) > DIMS_MAX or (shape and max(shape) >= VALUE_MAX):
+        raise ValueError(f"node {i} has a shape of {len(shape)} dimensions or beyond 2**62")
     dtype = n["dtype"]
     dtype = dtype if type(dtype) is str else str(dtype)
     nbytes = n["bytes"]
     nbytes = nbytes if type(nbytes) is int else int(nbytes)
+    if not 0 <= nbytes < VALUE_MAX:
+        raise ValueError(f"node {i} has {nbytes} bytes")
     src = [x for x in n.get("src", ()) if isinstance(x, dict)]
     return Node(
         i, name, op, sub, layer, shape, dtype, nbytes, src, list(map(str, n.get("flags", ())))
@@ -78,8 +119,11 @@ def _node(n: dict[str, Any]) -> Node:
 
 
 # node tables a reader keeps for the graphs that name one (``same_as``): the writer names only
-# tables of the same file, and at most 4096 per context before it writes them whole again
+# tables of the same file, and at most 4096 per context before it writes them whole again; the
+# numbers of the 16 tables written whole it named last (table_memory's TABLES_MAX, BASES_MAX)
 TABLES_KEPT = 65536
+TABLES_PER_CTX = 4096
+BASES_PER_CTX = 16
 # triples a ``subst`` may hold, and pairs a ``subst_at`` (the writer's table_memory::SUBST_MAX
 # and AT_MAX)
 SUBST_MAX = 256
@@ -195,16 +239,76 @@ def _subst_nodes(nodes: list[Node], m: Subst, at: dict[int, int]) -> list[Node]:
             out.append(n)
         else:
             out.append(replace(n, shape=shape, bytes=nbytes, src=src))
-    if at and max(at) >= pos:
-        raise ValueError(f"subst_at names position {max(at)} of a table of {pos} numbers")
     return out
+
+
+def numbers_in(g: Graph) -> int:
+    """How many numbers of shapes and bytes ``g``'s record writes (what ``subst_at`` counts in),
+    counted once per table."""
+    n = g.__dict__.get("_numbers")
+    if n is None:
+        n = 0
+        for node in g.nodes:
+            n += len(node.shape) + 1
+            for x in node.src:
+                if "node" not in x:
+                    shape_x = x.get("shape")
+                    n += (len(shape_x) if type(shape_x) is list else 0) + 1
+        g.__dict__["_numbers"] = n
+    return n
+
+
+class Tables(dict[tuple[int, int], Graph]):
+    """The node tables a session's graphs may name, (ctx, graph id) -> Graph, held within the
+    writer's own bounds (``table_memory``): at most TABLES_PER_CTX per context (the oldest
+    forgotten first: the writer starts over past as many in a file), and, of those written
+    whole, the BASES_PER_CTX most recently named per context, which alone a ``subst`` may name
+    (the writer keeps the numbers of as many)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: dict[int, OrderedDict[int, None]] = {}  # per ctx: ids, oldest first
+        self.bases: dict[int, OrderedDict[int, None]] = {}  # per ctx: least recently named first
+
+    def keep(self, g: Graph, whole: bool) -> None:
+        order = self.order.setdefault(g.ctx, OrderedDict())
+        order.pop(g.id, None)
+        if len(order) >= TABLES_PER_CTX:
+            self.pop((g.ctx, order.popitem(last=False)[0]), None)
+        order[g.id] = None
+        if len(self) >= TABLES_KEPT and (g.ctx, g.id) not in self:
+            old = next(iter(self))
+            del self[old]
+            self.order[old[0]].pop(old[1], None)
+            base_ids = self.bases.get(old[0])
+            if base_ids is not None:
+                base_ids.pop(old[1], None)
+        self[(g.ctx, g.id)] = g
+        bases = self.bases.setdefault(g.ctx, OrderedDict())
+        bases.pop(g.id, None)
+        if whole:
+            if len(bases) >= BASES_PER_CTX:
+                bases.popitem(last=False)
+            bases[g.id] = None
+
+    def named_base(self, ctx: int, same: int) -> None:
+        """``subst`` names graph ``same`` of ``ctx``: one of the bases (else ValueError), now the
+        most recently named."""
+        bases = self.bases.get(ctx)
+        if bases is None or same not in bases:
+            raise ValueError(
+                f"a subst names graph {same}, not one of the last {BASES_PER_CTX} tables written "
+                "whole in its context"
+            )
+        bases.move_to_end(same)
 
 
 def same_table(rec: dict[str, Any], tables: dict[tuple[int, int], Graph]) -> Graph:
     """A graph record naming the node table of an earlier graph of its context (``same_as``):
     that table, under this graph's id and tokens; with ``subst`` (and ``subst_at``), that table
     with the numbers of its shapes and bytes substituted, each where it is (a dimension of a
-    shape, or bytes), and those ``subst_at`` names set by their position."""
+    shape, or bytes), and those ``subst_at`` names set by their position. Its nodes are made when
+    first read (``Graph``); what could make them fail is checked here."""
     ctx, same = int(rec["ctx"]), int(rec["same_as"])
     m = substitution(rec["subst"]) if "subst" in rec else None
     at = positions(rec["subst_at"]) if "subst_at" in rec else {}
@@ -213,22 +317,33 @@ def same_table(rec: dict[str, Any], tables: dict[tuple[int, int], Graph]) -> Gra
     base = tables.get((ctx, same))
     if base is None:
         raise ValueError(f"graph {rec['graph']} names graph {same}, whose table is not in the log")
-    nodes = base.nodes if m is None else _subst_nodes(base.nodes, m, at)
-    return Graph(ctx=ctx, id=int(rec["graph"]), n_tokens=int(rec["n_tokens"]), nodes=nodes)
+    if m is not None and isinstance(tables, Tables):
+        tables.named_base(ctx, same)
+    if at and max(at) >= numbers_in(base):
+        raise ValueError(
+            f"subst_at names position {max(at)} of a table of {numbers_in(base)} numbers"
+        )
+    return Graph(ctx, int(rec["graph"]), int(rec["n_tokens"]), named=(base, m, at))
 
 
 def graph_record(rec: dict[str, Any], tables: dict[tuple[int, int], Graph]) -> Graph:
     """A ``graph`` record's graph: its node table written whole, or named (``same_as``, with or
     without ``subst``) from ``tables``, which keeps each table written whole or by ``subst``
-    (what a later record may name), TABLES_KEPT at most."""
+    (what a later record may name): a ``Tables``, within the writer's bounds, or any dict,
+    TABLES_KEPT at most."""
     if "same_as" in rec:
         g = same_table(rec, tables)
         if "subst" not in rec:
             return g
+        whole = False
     elif "subst" in rec or "subst_at" in rec:
         raise ValueError(f"graph {rec['graph']} has a subst but names no table")
     else:
         g = graph_table(rec)
+        whole = True
+    if isinstance(tables, Tables):
+        tables.keep(g, whole)
+        return g
     if len(tables) >= TABLES_KEPT:
         tables.pop(next(iter(tables)))
     tables[(g.ctx, g.id)] = g

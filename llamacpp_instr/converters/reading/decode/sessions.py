@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .fields import as_dict, nonneg
+from .fields import VALUE_MAX, as_dict, nonneg, opt_count
 from .memory import Allocation
 from .steps import Step
 from .transfers import Transfers
@@ -91,7 +91,7 @@ def session_info(rec: dict[str, Any]) -> SessionInfo:
         metadata=as_dict(rec.get("metadata")),
         model=as_dict(rec.get("model")),
         context=as_dict(rec.get("context")),
-        weights=[w for w in rec.get("weights", []) if isinstance(w, dict)],
+        weights=weight_rows(rec.get("weights")),
         # totals must be numbers; per-buffer rows are kept as given
         memory={k: (int(v) if k != "buffers" else v) for k, v in memory.items()},
         last_ts=nonneg(rec["ts"]),
@@ -100,3 +100,68 @@ def session_info(rec: dict[str, Any]) -> SessionInfo:
         rotate=as_dict(rec.get("rotate")),
         first_file=int(as_dict(rec.get("file")).get("index", 0)),
     )
+
+
+def _weight(w: Any) -> dict[str, Any] | None:
+    """A ``weights`` entry as the tables read it (its ``layer`` None when it has none), or None if
+    it lacks one of their fields or holds one of another type."""
+    if not isinstance(w, dict):
+        return None
+    shape = w.get("shape")
+    layer = w.get("layer")
+    type_id = w.get("type_id", -1)
+    if not (
+        type(w.get("name")) is str
+        and type(w.get("type")) is str
+        and type(w.get("buffer")) is str
+        and type(shape) is list
+        and len(shape) <= 4
+        and all(type(d) is int and 0 <= d < VALUE_MAX for d in shape)
+        and (layer is None or type(layer) is int)
+        and type(type_id) is int
+    ):
+        return None
+    try:
+        opt_count(w.get("n_elements", 0))
+        opt_count(w.get("bytes", 0))
+    except (TypeError, ValueError):
+        return None
+    return w if "layer" in w else {**w, "layer": None}
+
+
+def weight_rows(raw: Any) -> list[dict[str, Any]]:
+    """A session_start's ``weights``: the entries the tables can read (the others left out)."""
+    if type(raw) is not list:
+        return []
+    return [w for w in map(_weight, raw) if w is not None]
+
+
+# a request record's fields that are counts or times (ns), each an integer from 0 to below 2**62
+# when present; ``t_arrive`` must be
+REQUEST_COUNTS = (
+    "ts",
+    "wait",
+    "ttft",
+    "model",
+    "dur",
+    "slot",
+    "status",
+    "prompt_tokens",
+    "gen_tokens",
+    "tokens_sent",
+)
+REQUEST_TEXTS = ("id", "endpoint", "method", "outcome", "error", "traceparent", "level")
+
+
+def request_record(rec: dict[str, Any]) -> dict[str, Any]:
+    """A ``request`` record, checked: its times and counts integers from 0 to below 2**62, its
+    texts strings (else ValueError or TypeError, and the record is skipped)."""
+    if opt_count(rec["t_arrive"]) is None:
+        raise ValueError("t_arrive is null")
+    for k in REQUEST_COUNTS:
+        opt_count(rec.get(k))
+    for k in REQUEST_TEXTS:
+        v = rec.get(k)
+        if v is not None and type(v) is not str:
+            raise TypeError(f"{k} is not a string")
+    return rec

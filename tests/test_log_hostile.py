@@ -1,0 +1,312 @@
+"""Hostile logs at the reading door (issue 55, sections 2 and 3): crafted from the committed
+fixtures (and the hand-made server log of ``test_metrics``), each ends in one line and exit 2 or
+a clean run, within memory proportional to the log; ``instr requests`` does work proportional to
+its steps; the Prometheus labels taken from a log stay bounded; and a seeded fuzzer of every
+reading command (``log_fuzz``)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from log_fuzz import check_result, fixture, fuzz, run_metrics, server_log
+from test_otlp import Receiver
+
+from llamacpp_instr.cli import main
+from llamacpp_instr.converters.session import request_causes
+
+Records = list[dict[str, Any]]
+
+
+def _write(path: Path, recs: Records) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def _with_request(**fields: Any) -> Records:
+    """The server log with its last request's fields changed."""
+    recs = server_log()
+    req = [r for r in recs if r["type"] == "request"][-1]
+    req.update(fields)
+    return recs
+
+
+def _edited(name: str, rtype: str, fn: Any) -> Records:
+    recs = fixture(name)
+    for r in recs:
+        if r["type"] == rtype:
+            fn(r)
+    return recs
+
+
+def _start(fn: Any) -> Records:
+    recs = server_log()
+    fn(recs[0])
+    return recs
+
+
+def _shape_2000(g: dict[str, Any]) -> None:
+    for n in g.get("nodes", [])[:40]:
+        n["shape"] = [7] * 2000
+
+
+DETAILED = "tiny-llama-detailed.log.gz"
+HOSTILE: dict[str, Any] = {
+    "request status 2**63": lambda: _with_request(status=2**63),
+    "request slot 2**63": lambda: _with_request(slot=2**63),
+    "request t_arrive 2**64": lambda: _with_request(t_arrive=2**64),
+    "request t_arrive soon": lambda: _with_request(t_arrive="soon"),
+    "request prompt_tokens -3": lambda: _with_request(prompt_tokens=-3),
+    "context n_ctx -1": lambda: _start(lambda s: s["context"].update(n_ctx=-1)),
+    "compute t_start 2**64": lambda: _edited(
+        DETAILED, "compute", lambda r: r.update(t_start=2**64)
+    ),
+    "step dur 2**64": lambda: _edited(DETAILED, "step_end", lambda r: r.update(dur=2**64)),
+    "layer span 2**63": lambda: _edited(
+        DETAILED, "compute", lambda r: r["layers"][0].__setitem__(2, 2**63 - 1)
+    ),
+    "a 2000-dimension shape": lambda: _edited(DETAILED, "graph", _shape_2000),
+    "weights without buffer": lambda: _edited(
+        DETAILED,
+        "session_start",
+        lambda r: r.update(weights=[{k: v for k, v in r["weights"][0].items() if k != "buffer"}]),
+    ),
+}
+
+
+def _args(cmd: str, log: Path, out: Path) -> list[str]:
+    return {
+        "to-perfetto": [cmd, str(log), "-o", str(out / "t.pftrace")],
+        "export": [cmd, str(log), "--format", "csv", "-o", str(out / "export")],
+        "workloads": [cmd, str(log), "-o", str(out / "w.jsonl")],
+    }.get(cmd, [cmd, str(log), "--format", "json"])
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+@pytest.mark.parametrize("cmd", ["summary", "to-perfetto", "export", "requests", "workloads"])
+def test_a_hostile_value_is_one_line_or_a_clean_run(case: str, cmd: str, tmp_path: Path) -> None:
+    log = _write(tmp_path / "hostile.log", HOSTILE[case]())
+    args = _args(cmd, log, tmp_path)
+    assert check_result(args, CliRunner().invoke(main, args)) is None
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_metrics_keep_serving_past_a_hostile_value(case: str, tmp_path: Path) -> None:
+    """``instr metrics``' loop (the ``exec --metrics`` sidecar's) reads on, and a scrape works."""
+    log = _write(tmp_path / "hostile.log", HOSTILE[case]())
+    assert run_metrics(log) is None
+
+
+@pytest.mark.parametrize("case", [k for k in HOSTILE if k.startswith(("request", "context"))])
+def test_to_otlp_sends_past_a_hostile_request(case: str, tmp_path: Path) -> None:
+    log = _write(tmp_path / "hostile.log", HOSTILE[case]())
+    receiver = Receiver()
+    try:
+        r = CliRunner().invoke(main, ["to-otlp", str(log), "--endpoint", receiver.url])
+        assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+        assert r.exit_code == 0, r.output
+        # the other five requests are sent whole; the hostile one is skipped or sent clamped
+        assert len(receiver.requests()) >= 5
+    finally:
+        receiver.close()
+
+
+# --- amplification --------------------------------------------------------------------------
+
+
+def _amplified(n: int) -> Records:
+    """The detailed fixture with ``n`` graph records of about 150 bytes each, every one naming
+    its first table with a one-entry ``subst`` (the old reader built a whole table for each)."""
+    recs = fixture(DETAILED)
+    g = next(r for r in recs if r["type"] == "graph" and "nodes" in r)
+    at = recs.index(g) + 1
+    head = {k: g[k] for k in ("type", "ts", "sid", "ctx", "n_tokens")}
+    forged = [
+        head | {"graph": 100 + k, "same_as": g["graph"], "subst": [[1, 26, 27 + k]]}
+        for k in range(n)
+    ]
+    return recs[:at] + forged + recs[at:]
+
+
+def _peak_rss_mb(args: list[str], limit_bytes: int) -> tuple[int, float, str]:
+    """Run ``instr ARGS`` in a child under an address-space limit: its exit status, its peak
+    resident memory (MB) and its stderr."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "LLAMACPP_INSTR_NO_PREFETCH": "1"}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "llamacpp_instr.cli", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=limit,  # noqa: PLW1509 - a limit only, no threads here
+        env=env,
+    )
+    assert p.stderr is not None
+    err = p.stderr.read().decode(errors="replace")
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return p.returncode, usage.ru_maxrss / 1024, err
+
+
+@pytest.mark.parametrize("cmd", ["summary", "requests"])
+def test_named_tables_cost_what_the_log_holds(cmd: str, tmp_path: Path) -> None:
+    """20,000 records naming one table with a one-entry subst (3 MB of log): the command ends
+    within 300 MB of what the fixture alone takes (the old reader's 65,536 tables of ~20 KB
+    each: gigabytes, past the limit)."""
+    small = _write(tmp_path / "small.log", fixture(DETAILED))
+    big = _write(tmp_path / "big.log", _amplified(20_000))
+    assert big.stat().st_size < 4_000_000
+    limit = 3 << 30
+    rc0, base_mb, err0 = _peak_rss_mb([cmd, str(small)], limit)
+    rc, peak_mb, err = _peak_rss_mb([cmd, str(big)], limit)
+    assert "Traceback" not in err0 + err
+    assert rc in (0, 2) and rc == rc0, err
+    if rc == 2:
+        assert err.strip().splitlines()[-1].startswith("error: ")
+    assert peak_mb < base_mb + 300, (base_mb, peak_mb)
+
+
+def test_tables_are_kept_within_the_writers_bounds() -> None:
+    """A subst may name only one of the 16 tables written whole its context named last, and no
+    more than 4,096 tables are kept per context (``table_memory``'s bounds)."""
+    from llamacpp_instr.converters.reading.decode.fields import MALFORMED
+    from llamacpp_instr.converters.reading.decode.graphs import (
+        BASES_PER_CTX,
+        TABLES_PER_CTX,
+        Tables,
+        graph_record,
+    )
+
+    g = next(r for r in fixture(DETAILED) if r["type"] == "graph" and "nodes" in r)
+    tables = Tables()
+    for k in range(BASES_PER_CTX + 1):
+        graph_record(copy.deepcopy(g) | {"graph": k}, tables)
+    named = {k: v for k, v in g.items() if k != "nodes"}
+    with pytest.raises(MALFORMED):  # graph 0: the least recently named base, now forgotten
+        graph_record(named | {"graph": 99, "same_as": 0, "subst": [[1, 26, 27]]}, tables)
+    got = graph_record(named | {"graph": 98, "same_as": 1, "subst": [[1, 26, 27]]}, tables)
+    assert got.nodes[0].shape == [256, 27]
+    refused = 0
+    for k in range(TABLES_PER_CTX + 10):
+        try:
+            graph_record(named | {"graph": 1000 + k, "same_as": 1, "subst": [[1, 26, 28]]}, tables)
+        except MALFORMED:
+            refused += 1  # graph 1 forgotten once 4,096 tables came after it (the writer wrote
+            # it again then)
+    assert len(tables) == TABLES_PER_CTX and 0 < refused <= 30
+    # the named tables' nodes are not made until read
+    assert sum(1 for v in tables.values() if "nodes" in v.__dict__) <= BASES_PER_CTX + 1
+
+
+# --- instr requests on overlapping windows ---------------------------------------------------
+
+
+def _overlapping(n: int) -> tuple[Records, list[tuple[int, int, int, list[tuple[int, int]]]]]:
+    """``n`` requests, each on its own slot, every window from 0 to the end of the last step:
+    three steps each (a prompt, two tokens), one after another, the second gap long."""
+    MS = 1_000_000
+    rows, reqs, t = [], [], MS
+    for i in range(n):
+        for k, dur in enumerate((MS, MS, 5 * MS)):
+            rows.append((t, dur, 4 if k == 0 else 1, [(i, 4 if k == 0 else 1)]))
+            t += dur
+    for i in range(n):
+        reqs.append(
+            {"type": "request", "id": f"r{i}", "slot": i, "t_arrive": 0, "wait": 0}
+            | {"ttft": MS, "model": t, "dur": t, "prompt_tokens": 4, "gen_tokens": 2}
+        )
+    return reqs, rows
+
+
+def _work(n: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Rows the step index hands out for ``n`` overlapping requests."""
+    counted = [0]
+    index = request_causes._StepIndex
+    for name in ("began", "ended"):
+        if hasattr(index, name):
+            original = getattr(index, name)
+
+            def counting(self: Any, *a: Any, _f: Any = original, **kw: Any) -> Any:
+                got = _f(self, *a, **kw)
+                counted[0] += len(got)
+                return got
+
+            monkeypatch.setattr(index, name, counting)
+    reqs, rows = _overlapping(n)
+    stories = request_causes.stories(reqs, rows)
+    assert len(stories) == n
+    monkeypatch.undo()
+    return counted[0]
+
+
+def test_overlapping_request_windows_cost_what_the_steps_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """4,000 requests whose windows all overlap: the rows read grow with the steps (3 n), not
+    with n times the steps (the old reading took every step of the window for each request)."""
+    small, large = _work(250, monkeypatch), _work(4000, monkeypatch)
+    assert large <= 16 * small * 1.1 + 100, (small, large)
+    assert large <= 3 * 4000 * 4
+
+
+def test_overlapping_windows_keep_each_requests_own_story(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each request of the overlapping case has its own steps: its third token late (the 5 ms
+    step), with nothing else in its batch."""
+    reqs, rows = _overlapping(40)
+    for s in request_causes.stories(reqs, rows):
+        assert [t.token for t in s.late_tokens] == [3]
+        assert s.late_tokens[0].shared == []
+
+
+# --- labels ---------------------------------------------------------------------------------
+
+
+def test_prometheus_labels_stay_bounded() -> None:
+    """3,000 distinct outcomes and step kinds make no more series than the writer's values and
+    ``other``."""
+    from prometheus_client.exposition import generate_latest
+
+    from llamacpp_instr.exporters.live_requests import RequestTracker
+    from llamacpp_instr.exporters.prometheus import Metrics
+
+    metrics, tracker = Metrics(), RequestTracker()
+    recs = server_log()
+    metrics.observe(tracker.add(recs[0]))
+    req = [r for r in recs if r["type"] == "request"][0]
+    begin = [r for r in recs if r["type"] == "step_begin"][0]
+    end = [r for r in recs if r["type"] == "step_end"][0]
+    for k in range(3000):
+        metrics.observe(tracker.add(begin | {"kind": f"kind{k}"}))
+        metrics.observe(tracker.add(end))
+        metrics.observe(tracker.add(req | {"outcome": f"outcome{k}", "id": f"x{k}"}))
+    text = generate_latest(metrics.registry).decode()
+    outcomes = {line.split('outcome="')[1].split('"')[0] for line in text.splitlines()
+                if line.startswith("llamacpp_instr:requests_total{")}  # fmt: skip
+    kinds = {line.split('kind="')[1].split('"')[0] for line in text.splitlines()
+             if line.startswith("llamacpp_instr:step_duration_seconds_count{")}  # fmt: skip
+    assert outcomes == {"ok", "error", "cancelled", "other"}
+    assert kinds <= {"prompt", "gen", "other"} and "other" in kinds
+
+
+# --- the fuzzer -----------------------------------------------------------------------------
+
+
+def test_every_reading_command_survives_the_fuzzer(tmp_path: Path) -> None:
+    """A seeded, bounded run (CI: about a minute on two slow cores): every reading command on
+    each mutated log ends in exit 0, or 2 with an error line; never a traceback."""
+    receiver = Receiver()
+    try:
+        found = fuzz(seed=55, cases=8, work=tmp_path, otlp_url=receiver.url)
+    finally:
+        receiver.close()
+    assert found == []

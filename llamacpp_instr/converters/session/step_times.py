@@ -52,6 +52,25 @@ class StepRows:
     cmd: tuple[Any, ...] = ((), (), (), (), (), (), ())  # g, device, sent, recv, bytes, start, end
 
 
+def ready_at(step: Any) -> int:
+    """When a step's outputs were ready (host clock): ``llama_decode``'s return, or later the end of
+    its last compute or the reply to its last command to an RPC server. ``llama_decode`` returns
+    once an RPC server was sent the step's last graph and the read of its outputs was queued; the
+    step's commands (its ``transfers`` rows, all issued inside the step and finished before its
+    ``step_end`` was written) end with that read's reply, which comes once the server computed the
+    graph. A step that did not end keeps its end. This is the end of ``token_time``'s window."""
+    end = int(step.end)
+    if not step.ended:
+        return end
+    for c in step.computes:
+        end = max(end, c.start + c.dur)
+    for t in step.transfers:
+        rows, t0 = t.bulk_rows()
+        if rows:
+            end = max(end, t0 + max(row[9] for row in rows))
+    return end
+
+
 def union_measure(key: Any, a: Any, b: Any, n: int) -> np.ndarray:
     """Per key in ``[0, n)``: the measure of the union of its intervals ``[a, b)`` (empty ones
     left out), as ``measure(union(...))``."""

@@ -178,6 +178,10 @@ class RequestTracker:
         default_factory=dict
     )
     _sids: set[str] = field(default_factory=set)
+    # (sid, ctx) -> when the step in flight's outputs were ready so far: its computes' and RPC
+    # commands' ends (``session.step_times.ready_at``: a step runs until then, not until
+    # llama_decode returns)
+    _ready: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def add(self, rec: dict[str, Any]) -> SessionFigures | StepFigures | RequestFigures | None:
         """The figures ``rec`` completes, if any; a record without the schema's shape is skipped,
@@ -190,8 +194,14 @@ class RequestTracker:
                 return self._step_end(rec)
             elif t == "request":
                 return self._request(rec)
-            elif t == "compute" and self.layers:
-                self._compute(rec)
+            elif t == "compute":
+                self._ready_at(rec, _count(rec["t_start"]) + _count(rec["dur"]))
+                if self.layers:
+                    self._compute(rec)
+            elif t == "transfers" and rec.get("phase") == "step":
+                ends = [_count(row[9]) for row in rec.get("rows") or []]
+                if ends:
+                    self._ready_at(rec, _count(rec["t_start"]) + max(ends))
             elif t == "session_start":
                 return self._session(rec)
         except MALFORMED:
@@ -219,6 +229,11 @@ class RequestTracker:
             if len(spans) < MAX_LAYER_SPANS:
                 spans.append((layer, t0 + off, t0 + off + dur))
 
+    def _ready_at(self, rec: dict[str, Any], end: int) -> None:
+        key = (str(rec["sid"]), int(rec["ctx"]))
+        if key in self._begun:
+            self._ready[key] = max(self._ready.get(key, end), end)
+
     def _session(self, rec: dict[str, Any]) -> SessionFigures:
         sid = str(rec["sid"])
         continued = sid in self._sids or isinstance(rec.get("file"), dict)
@@ -226,6 +241,7 @@ class RequestTracker:
             # a new run: the requests in flight in an earlier session will never end
             self.seqs.clear()
             self._begun.clear()
+            self._ready.clear()
             self._sids = {sid}
         ctx = rec.get("context") or {}
         ts = _count(rec["ts"])
@@ -263,11 +279,13 @@ class RequestTracker:
         self._begun[(str(rec["sid"]), int(rec["ctx"]))] = (str(rec["kind"]), seqs)
 
     def _step_end(self, rec: dict[str, Any]) -> StepFigures | None:
-        begun = self._begun.pop((str(rec["sid"]), int(rec["ctx"])), None)
+        key = (str(rec["sid"]), int(rec["ctx"]))
+        begun, ready = self._begun.pop(key, None), self._ready.pop(key, 0)
         if begun is None:
             return None  # its step_begin was not read (the exporter began after it)
         kind, seqs = begun
         start, dur = _count(rec["t_start"]), _count(rec["dur"])
+        dur = max(dur, ready - start)  # until its outputs were ready (an RPC server's compute)
         step = _count(rec["step"])
         for q, n, p0, _ in seqs:
             self.seqs.setdefault(q, _SeqSteps()).add((start, start + dur, step, n, p0), self.cap)

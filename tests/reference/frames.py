@@ -28,7 +28,7 @@ from llamacpp_instr.converters.session.fold import iter_events
 
 STEP_COLS = (
     "step ctx kind n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended request "
-    "level"
+    "level llama_decode_ns"
 ).split()
 SEQ_COLS = "step ctx seq n_tokens pos0 pos1".split()
 REQUEST_COLS = (
@@ -102,7 +102,8 @@ class _RefBuilder:
     def __init__(self, info: SessionInfo) -> None:
         self.info = info
         self.steps = _RefTable(
-            "step ctx n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended",
+            "step ctx n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended "
+            "llama_decode_ns",
             cats="kind request level",
             nullable="status",
         )
@@ -127,10 +128,23 @@ class _RefBuilder:
         self.layer_device: list[str | None] = []
 
     def step(self, s: Step) -> None:
+        # until its outputs were ready: its last compute's or RPC command's end, if later
+        ready = (
+            max(
+                [
+                    s.end,
+                    *(c.start + c.dur for c in s.computes),
+                    *(r.end for t in s.transfers for r in t.rows),
+                ]
+            )
+            if s.ended
+            else s.end
+        )
         self.steps.add(
             step=s.index, ctx=s.ctx, kind=s.kind, n_tokens=s.n_tokens, pos0=s.pos[0], pos1=s.pos[1],
-            t_start=s.start, dur_ns=s.dur, status=s.status, n_outputs=s.n_outputs, kv_used=s.kv_used,
-            op_ns=s.op_time, ended=int(s.ended), request=s.request, level=s.level or self.info.level,
+            t_start=s.start, dur_ns=ready - s.start, status=s.status, n_outputs=s.n_outputs,
+            kv_used=s.kv_used, op_ns=s.op_time, ended=int(s.ended), request=s.request,
+            level=s.level or self.info.level, llama_decode_ns=s.dur,
         )  # fmt: skip
         for seq, n_tok, p0, p1 in s.seqs:
             self.seqs.add(step=s.index, ctx=s.ctx, seq=seq, n_tokens=n_tok, pos0=p0, pos1=p1)

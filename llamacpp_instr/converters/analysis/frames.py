@@ -6,9 +6,11 @@
 
 Tables (integer nanosecond timestamps and durations; names, ops and types are categoricals):
 
-* ``steps`` — one row per ``llama_decode``: step, ctx, kind, n_tokens, pos0, pos1, t_start, dur_ns,
-  status, n_outputs, kv_used, op_ns (sum of its op durations), ended, request, level (what it was
-  recorded at: with sampling, minimal steps have no op times); weight_bytes and kv_bytes
+* ``steps`` — one row per ``llama_decode``: step, ctx, kind, n_tokens, pos0, pos1, t_start, dur_ns
+  (until its outputs were ready: ``step_times.ready_at``; later than llama_decode's return where an
+  RPC server computed the step's last graph), status, n_outputs, kv_used, op_ns (sum of its op
+  durations), ended, request, level (what it was recorded at: with sampling, minimal steps have no
+  op times), llama_decode_ns (the time in llama_decode itself); weight_bytes and kv_bytes
   (read by its graphs), and with peaks ideal_ns, roof_frac and roof (memory for generation, compute
   for prompt steps).
 * ``layers`` — one row per layer span per compute: step, ubatch, layer, t_start, dur_ns, n_ops.
@@ -49,6 +51,7 @@ from ..reading.reader import ReadReport
 from ..session import machine_peaks
 from ..session.device_time import multi_device
 from ..session.fold import iter_events_packed
+from ..session.step_times import ready_at
 from . import roofline
 from .columns import (
     Table,
@@ -177,7 +180,7 @@ class Sampling:
 class _Builder:
     STEP_COLS = (
         "step ctx kind n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended "
-        "request level"
+        "request level llama_decode_ns"
     ).split()
     SEQ_COLS = "step ctx seq n_tokens pos0 pos1".split()
     REQUEST_COLS = (
@@ -192,7 +195,8 @@ class _Builder:
     def __init__(self, info: SessionInfo) -> None:
         self.info = info
         self.steps = Table(
-            "step ctx n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended",
+            "step ctx n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended "
+            "llama_decode_ns",
             cats="kind request level",
             nullable="status",
         )
@@ -218,8 +222,9 @@ class _Builder:
                 op_ns += int(cc.ops[2].sum())
         self.steps.add(
             step=s.index, ctx=s.ctx, kind=s.kind, n_tokens=s.n_tokens, pos0=s.pos[0], pos1=s.pos[1],
-            t_start=s.start, dur_ns=s.dur, status=s.status, n_outputs=s.n_outputs, kv_used=s.kv_used,
-            op_ns=op_ns, ended=int(s.ended), request=s.request, level=s.level or self.info.level,
+            t_start=s.start, dur_ns=ready_at(s) - s.start, status=s.status, n_outputs=s.n_outputs,
+            kv_used=s.kv_used, op_ns=op_ns, ended=int(s.ended), request=s.request,
+            level=s.level or self.info.level, llama_decode_ns=s.dur,
         )  # fmt: skip
         if s.kind == "gen":
             self.generated.append((s.index, s.tokens))

@@ -52,6 +52,25 @@ class StepRows:
     cmd: tuple[Any, ...] = ((), (), (), (), (), (), ())  # g, device, sent, recv, bytes, start, end
 
 
+def ready_at(step: Any) -> int:
+    """When a step's outputs were ready (host clock): ``llama_decode``'s return, or later the end of
+    its last compute or the reply to its last command to an RPC server. ``llama_decode`` returns
+    once an RPC server was sent the step's last graph and the read of its outputs was queued; the
+    step's commands (its ``transfers`` rows, all issued inside the step and finished before its
+    ``step_end`` was written) end with that read's reply, which comes once the server computed the
+    graph. A step that did not end keeps its end. This is the end of ``token_time``'s window."""
+    end = int(step.end)
+    if not step.ended:
+        return end
+    for c in step.computes:
+        end = max(end, c.start + c.dur)
+    for t in step.transfers:
+        rows, t0 = t.bulk_rows()
+        if rows:
+            end = max(end, t0 + max(row[9] for row in rows))
+    return end
+
+
 def union_measure(key: Any, a: Any, b: Any, n: int) -> np.ndarray:
     """Per key in ``[0, n)``: the measure of the union of its intervals ``[a, b)`` (empty ones
     left out), as ``measure(union(...))``."""
@@ -160,6 +179,106 @@ class _Keys:
         return len(self.keys)
 
 
+def _outstanding(
+    split: tuple[np.ndarray, ...], timed: tuple[tuple[np.ndarray, ...], ...], lo: Any, hi: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each split from its launch to when its device was done with it (``timed``: the busy and
+    remote rows, each ``(split row, start, end)``), clipped to its step's window: (start, end),
+    and from its launch to its device's first start on it (and whether there was one)."""
+    sg, s_launch, s_end = split
+    last = s_end.copy()
+    first = np.full(len(sg), np.iinfo(_I64).max, _I64)
+    for row, start, end in timed:
+        m = row >= 0
+        np.maximum.at(last, row[m], end[m])
+        np.minimum.at(first, row[m], start[m])
+    started = first != np.iinfo(_I64).max
+    oa, ob = np.maximum(s_launch, lo[sg]), np.minimum(last, hi[sg])
+    return oa, ob, np.maximum(first - s_launch, 0), started
+
+
+def _client_wait(
+    k: _Keys, n_steps: int, cpu: int, work: tuple[np.ndarray, ...], busy: tuple[Any, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, the CPU backend's compute (``work``: step, device, start, end); per key, the
+    measure of its outstanding splits and commands (``busy``: keys, starts, ends) joined with the
+    CPU backend's compute of its step, under each other device's key of the step."""
+    n = len(k)
+    wg, wd, wa, wb = work
+    key_g = k.keys // k.nd
+    key_d = np.array(k.devices, _I64)[k.keys % k.nd] if n else k.keys
+    cpu_w = wd == cpu
+    cw_g, cw_a, cw_b = wg[cpu_w], wa[cpu_w], wb[cpu_w]
+    order = np.argsort(cw_g, kind="stable")
+    cw_g, cw_a, cw_b = cw_g[order], cw_a[order], cw_b[order]
+    lo_i = np.searchsorted(cw_g, np.arange(n_steps), "left")
+    cnt = np.searchsorted(cw_g, np.arange(n_steps), "right") - lo_i
+    others = np.flatnonzero(key_d != cpu)
+    reps = cnt[key_g[others]]
+    src = np.repeat(lo_i[key_g[others]] - np.cumsum(reps) + reps, reps) + np.arange(reps.sum())
+    m_cpu = union_measure(cw_g, cw_a, cw_b, n_steps)
+    bk, ba, bb = busy
+    m_wait = union_measure(
+        np.concatenate([bk, np.repeat(others, reps)]),
+        np.concatenate([ba, cw_a[src]]),
+        np.concatenate([bb, cw_b[src]]),
+        n,
+    )
+    return m_cpu, m_wait
+
+
+def _n_layers(n: int, lk: np.ndarray, l_id: np.ndarray) -> np.ndarray:
+    """Per key, the distinct layers its spans timed."""
+    if not len(lk):
+        return np.zeros(n, _I64)
+    # the distinct (key, layer) pairs, packed one int each where they fit
+    l_lo = int(l_id.min())
+    width = int(l_id.max()) - l_lo + 1
+    if n * width < 1 << 62:
+        keys_of = _distinct(lk * width + (l_id - l_lo)) // width
+    else:
+        keys_of = np.unique(np.stack([lk, l_id]), axis=1)[0]
+    return np.bincount(keys_of, minlength=n).astype(_I64)
+
+
+def _sums(
+    k: _Keys, op: tuple[np.ndarray, ...], layer: tuple[np.ndarray, ...], copy: tuple[Any, ...]
+) -> dict[str, np.ndarray]:
+    """The sums per step and device of the ops, layer spans and copies."""
+    n = len(k)
+    og, od, o_dur, o_n = op
+    lg, ld, l_id, l_dur = layer
+    pg, p_src, p_dst, p_bytes, _, p_dur = copy
+    ok, lk = k.of(og, od), k.of(lg, ld)
+    ik, xk = k.of(pg, p_dst), k.of(pg, p_src)
+    return {
+        "op_ns": _sum_at(n, ok, o_dur),
+        "n_ops": _sum_at(n, ok, o_n),
+        "layer_ns": _sum_at(n, lk, l_dur),
+        "n_layers": _n_layers(n, lk, l_id),
+        "copy_in_bytes": _sum_at(n, ik, p_bytes),
+        "copy_out_bytes": _sum_at(n, xk, p_bytes),
+        "copy_ns": _sum_at(n, ik, p_dur) + _sum_at(n, xk, p_dur),
+    }
+
+
+def _step_parts(
+    lo: np.ndarray, hi: np.ndarray, work: tuple[np.ndarray, ...], moves: tuple[np.ndarray, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per step: the time any device computed (``work``: step, start, end) and the time something
+    moved (``moves``: commands and copies, step, start, end, clipped to the step's window) while
+    none computed."""
+    n_steps = len(lo)
+    wg, wa, wb = work
+    mg, ma, mb = moves
+    xa, xb = np.maximum(ma, lo[mg]), np.minimum(mb, hi[mg])
+    every = union_measure(wg, wa, wb, n_steps)
+    moving = union_measure(
+        np.concatenate([mg, wg]), np.concatenate([xa, wa]), np.concatenate([xb, wb]), n_steps
+    )
+    return every, moving - every
+
+
 def step_times(r: StepRows, devs: Devices) -> tuple[dict[str, Any], dict[str, Any]]:
     """The ``device_steps`` and ``token_time`` columns of ``r``'s steps (see the module doc):
     ``device_time.step_time``'s figures, row for row."""
@@ -169,15 +288,14 @@ def step_times(r: StepRows, devs: Devices) -> tuple[dict[str, Any], dict[str, An
     cg, cd, c_sent, c_recv, c_bytes, c_start, c_end = map(_a, r.cmd)
     if len(cg):
         np.maximum.at(hi, cg, c_end)  # the window ends with the step's last command
-    og, od, o_dur, o_n = map(_a, r.op)
-    lg, ld, l_id, l_dur = map(_a, r.layer)
+    op, layer, copy = tuple(map(_a, r.op)), tuple(map(_a, r.layer)), tuple(map(_a, r.copy))
     sg, sd, s_launch, s_end = map(_a, r.split)
     bg, bd, b_row, b_start, b_end = map(_a, r.busy)
     rg, rd, r_row, r_start, r_end = map(_a, r.remote)
-    pg, p_src, p_dst, p_bytes, p_start, p_dur = map(_a, r.copy)
+    pg, p_src, p_dst, _, p_start, p_dur = copy
 
     # the devices with figures in a step (``step_time``'s ``get``), and those only timing work
-    shown = [(og, od), (lg, ld), (pg, p_dst), (pg, p_src), (sg, sd), (cg, cd)]
+    shown = [(op[0], op[1]), (layer[0], layer[1]), (pg, p_dst), (pg, p_src), (sg, sd), (cg, cd)]
     k = _Keys(devs, [*shown, (bg, bd), (rg, rd)])
     n = len(k)
     present = np.zeros(n, dtype=bool)
@@ -197,16 +315,11 @@ def step_times(r: StepRows, devs: Devices) -> tuple[dict[str, Any], dict[str, An
     m_work = union_measure(wk, wa, wb, n)
 
     # outstanding: each split from its launch to when its device was done with it
-    last = s_end.copy()
-    first = np.full(len(sg), np.iinfo(_I64).max, _I64)
-    for row, start, end in ((b_row, b_start, b_end), (r_row, r_start, r_end)):
-        m = row >= 0
-        np.maximum.at(last, row[m], end[m])
-        np.minimum.at(first, row[m], start[m])
+    oa, ob, late, started = _outstanding(
+        (sg, s_launch, s_end), ((b_row, b_start, b_end), (r_row, r_start, r_end)), lo, hi
+    )
     sk = k.of(sg, sd)
-    started = first != np.iinfo(_I64).max
-    gap = _sum_at(n, sk[started], np.maximum(first[started] - s_launch[started], 0))
-    oa, ob = np.maximum(s_launch, lo[sg]), np.minimum(last, hi[sg])
+    gap = _sum_at(n, sk[started], late[started])
 
     # per device: the commands' time on the connection less its own compute, and its outstanding
     # time less its compute (idle) and less the CPU backend's compute (the client's wait)
@@ -216,68 +329,31 @@ def step_times(r: StepRows, devs: Devices) -> tuple[dict[str, Any], dict[str, An
     m_out = union_measure(sk, oa, ob, n)
     m_out_work = union_measure(np.concatenate([sk, wk]), np.concatenate([oa, wa]),
                                np.concatenate([ob, wb]), n)  # fmt: skip
-    # the CPU backend's work of each step, again under each other device's key of the step
+    m_cpu, m_wait = _client_wait(
+        k, n_steps, cpu, (wg, wd, wa, wb),
+        (np.concatenate([sk, ck]), np.concatenate([oa, c_start]), np.concatenate([ob, c_end])),
+    )  # fmt: skip
     key_g = k.keys // k.nd
     key_d = np.array(k.devices, _I64)[k.keys % k.nd] if n else k.keys
-    cpu_w = wd == cpu
-    cw_g, cw_a, cw_b = wg[cpu_w], wa[cpu_w], wb[cpu_w]
-    order = np.argsort(cw_g, kind="stable")
-    cw_g, cw_a, cw_b = cw_g[order], cw_a[order], cw_b[order]
-    lo_i = np.searchsorted(cw_g, np.arange(n_steps), "left")
-    cnt = np.searchsorted(cw_g, np.arange(n_steps), "right") - lo_i
-    others = np.flatnonzero(key_d != cpu)
-    reps = cnt[key_g[others]]
-    src = np.repeat(lo_i[key_g[others]] - np.cumsum(reps) + reps, reps) + np.arange(reps.sum())
-    m_cpu = union_measure(cw_g, cw_a, cw_b, n_steps)
-    m_wait = union_measure(
-        np.concatenate([sk, ck, np.repeat(others, reps)]),
-        np.concatenate([oa, c_start, cw_a[src]]),
-        np.concatenate([ob, c_end, cw_b[src]]),
-        n,
-    )
 
     # the step: any device computing, else anything moving (clipped), else the host
     token = hi - lo
-    every = union_measure(wg, wa, wb, n_steps)
-    xa = np.maximum(np.concatenate([c_start, p_start]), lo[np.concatenate([cg, pg])])
-    xb = np.minimum(np.concatenate([c_end, p_start + p_dur]), hi[np.concatenate([cg, pg])])
-    moving = union_measure(
-        np.concatenate([cg, pg, wg]), np.concatenate([xa, wa]), np.concatenate([xb, wb]), n_steps
-    )
-    transfer = moving - every
+    every, transfer = _step_parts(
+        lo, hi, (wg, wa, wb), (np.concatenate([cg, pg]), np.concatenate([c_start, p_start]),
+                               np.concatenate([c_end, p_start + p_dur]))
+    )  # fmt: skip
 
     # the sums per step and device
-    ok, lk = k.of(og, od), k.of(lg, ld)
-    n_ops = _sum_at(n, ok, o_n)
-    op_ns = _sum_at(n, ok, o_dur)
-    layer_ns = _sum_at(n, lk, l_dur)
-    if len(lk):
-        # the distinct (key, layer) pairs, packed one int each where they fit
-        l_lo = int(l_id.min())
-        width = int(l_id.max()) - l_lo + 1
-        if n * width < 1 << 62:
-            keys_of = _distinct(lk * width + (l_id - l_lo)) // width
-        else:
-            keys_of = np.unique(np.stack([lk, l_id]), axis=1)[0]
-        n_layers = np.bincount(keys_of, minlength=n).astype(_I64)
-    else:
-        n_layers = np.zeros(n, _I64)
-    ik, xk = k.of(pg, p_dst), k.of(pg, p_src)
-    copy_in, copy_out = _sum_at(n, ik, p_bytes), _sum_at(n, xk, p_bytes)
-    copy_ns = _sum_at(n, ik, p_dur) + _sum_at(n, xk, p_dur)
+    sums = _sums(k, op, layer, copy)
     n_cmds = np.bincount(ck, minlength=n).astype(_I64)
     sent, recv, data = _sum_at(n, ck, c_sent), _sum_at(n, ck, c_recv), _sum_at(n, ck, c_bytes)
     rpc = (n_cmds > 0) | np.array([devs[d].is_rpc for d in k.devices], bool)[k.keys % k.nd]
 
     not_cpu = key_d != cpu
     tok = token[key_g]
-    compute = m_work
     share = np.zeros(n, np.float64)
-    np.divide(compute, tok, out=share, where=tok > 0)
+    np.divide(m_work, tok, out=share, where=tok > 0)
     net = m_net_work - m_work
-    outstanding = np.where(not_cpu, m_out, 0)
-    idle = np.where(not_cpu & timed, m_out_work - m_work, 0)
-    wait = np.where(not_cpu, m_wait - m_cpu[key_g], 0)
     rows = np.flatnonzero(present)
     kinds = r.kind
     dev_cols = {
@@ -285,26 +361,28 @@ def step_times(r: StepRows, devs: Devices) -> tuple[dict[str, Any], dict[str, An
         "kind": [kinds[g] for g in key_g[rows].tolist()],
         "device": key_d,
         "timed": timed,
-        "compute_ns": compute,
+        "compute_ns": m_work,
         "share": share,
-        "op_ns": op_ns,
-        "n_ops": n_ops,
-        "layer_ns": layer_ns,
-        "n_layers": n_layers,
-        "outstanding_ns": outstanding,
-        "idle_ns": idle,
+        "op_ns": sums["op_ns"],
+        "n_ops": sums["n_ops"],
+        "layer_ns": sums["layer_ns"],
+        "n_layers": sums["n_layers"],
+        "outstanding_ns": np.where(not_cpu, m_out, 0),
+        "idle_ns": np.where(not_cpu & timed, m_out_work - m_work, 0),
         "gap_ns": gap,
-        "wait_ns": wait,
-        "copy_in_bytes": copy_in,
-        "copy_out_bytes": copy_out,
-        "copy_ns": copy_ns,
+        "wait_ns": np.where(not_cpu, m_wait - m_cpu[key_g], 0),
+        "copy_in_bytes": sums["copy_in_bytes"],
+        "copy_out_bytes": sums["copy_out_bytes"],
+        "copy_ns": sums["copy_ns"],
         "sent_bytes": sent,
         "recv_bytes": recv,
         "data_bytes": data,
         "net_ns": net,
         "n_cmds": n_cmds,
-        "transfer_bytes": np.where(rpc, sent + recv, copy_in + copy_out),
-        "transfer_ns": np.where(rpc, net, copy_ns),
+        "transfer_bytes": np.where(
+            rpc, sent + recv, sums["copy_in_bytes"] + sums["copy_out_bytes"]
+        ),
+        "transfer_ns": np.where(rpc, net, sums["copy_ns"]),
     }
     dev_cols = {c: v if c == "kind" else v[rows] for c, v in dev_cols.items()}
     token_cols = {

@@ -198,6 +198,12 @@ def expert_tensors(f: SessionFrames) -> list[dict[str, Any]]:
     return rows
 
 
+def _part_order(part: str) -> tuple[int, str]:
+    order = ("ffn_gate_up", "ffn_gate", "ffn_up", "ffn_down")
+    base = part.rsplit("_", 1)[0]
+    return (order.index(base) if base in order else len(order), part)
+
+
 def experts_section(f: SessionFrames) -> tuple[Section | None, dict[str, Any]]:
     """The summary's "Where the experts live": per layer, the expert tensors each buffer (and
     device) holds and their bytes; the bytes per device as facts (None without experts)."""
@@ -210,7 +216,7 @@ def experts_section(f: SessionFrames) -> tuple[Section | None, dict[str, Any]]:
     rows = [
         {
             "layer": layer,
-            "tensors": ", ".join(t["part"] for t in ts),
+            "tensors": ", ".join(sorted((t["part"] for t in ts), key=_part_order)),
             "buffer": buffer,
             "device": device,
             "bytes": sum(t["bytes"] for t in ts),

@@ -131,6 +131,28 @@ def test_bad_options_end_in_one_line(moe_small: Path, tmp_path: Path) -> None:
     assert_one_line_error(r, "not a regular expression")
 
 
+def test_serve_loads_with_the_rules(
+    moe_small: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """instr serve's model loads inside the rules: an unknown buffer type stops it there, before
+    the log exists."""
+    pytest.importorskip("uvicorn")
+    from llamacpp_instr import serve
+    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.tensor_overrides import TensorOverrides
+
+    monkeypatch.setattr(serve, "check_port", lambda host, port: None)  # nothing listens
+
+    def loaded(llm: Any, api: Any) -> None:
+        raise AssertionError("the server's model loaded without the rules")
+
+    monkeypatch.setattr(serve, "instrument", loaded)  # it would serve: stop there
+    tensors = TensorOverrides.from_options(["exps=NoSuchBuffer"])
+    with pytest.raises(UserError, match="unknown buffer type 'NoSuchBuffer'"):
+        serve.serve(moe_small, tmp_path / "s.log", tensors=tensors)
+    assert not (tmp_path / "s.log").exists()
+
+
 @pytest.fixture(scope="module")
 def cpu_runs(moe_small: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("moe_place_cpu")

@@ -227,6 +227,12 @@ def load_model(cfg: RunConfig, placement: Placement | None = None, **extra: Any)
             )
     except (ValueError, RuntimeError) as exc:
         oom = memory.explain(bindings.load(), failed_before, cfg.memory_setting())
+        if oom is None and cfg.tensors:
+            raise UserError(
+                f"llama.cpp did not load {cfg.model} with the -ot/--n-cpu-moe rules "
+                f"{' '.join(cfg.tensors.command_line()[1:])} (run it without them to tell "
+                "whether the model or the rules are at fault)"
+            ) from exc
         raise oom or UserError(models.explain_load_failure(cfg.model)) from exc
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from llamacpp_instr.converters.errors import UserError
 # common/common.h LLM_FFN_EXPS_REGEX: a MoE layer's expert tensors
 EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 CPU = "CPU"  # ggml_backend_buft_name(ggml_backend_cpu_buffer_type())
+# a group Python takes and std::regex's ECMAScript grammar does not (it has (?: (?= (?! only)
+_NOT_ECMASCRIPT = re.compile(r"(?<!\\)\(\?(?![:=!])")
 
 
 def n_cpu_moe_patterns(n: int) -> list[str]:
@@ -44,11 +47,18 @@ def parse_override(value: str) -> tuple[tuple[str, str], ...]:
         if not eq or not pattern or not buft:
             raise UserError(f"-ot/--override-tensor takes PATTERN=BUFFER_TYPE[,...], not {value!r}")
         try:
-            re.compile(pattern)
+            with warnings.catch_warnings():  # [[:alpha:]] is ECMAScript's, a warning to Python
+                warnings.simplefilter("ignore")
+                re.compile(pattern)
         except re.error as exc:
             raise UserError(
                 f"-ot/--override-tensor: {pattern!r} is not a regular expression ({exc})"
             ) from None
+        if _NOT_ECMASCRIPT.search(pattern):
+            raise UserError(
+                f"-ot/--override-tensor: {pattern!r}: llama.cpp's regular expressions (C++ "
+                "std::regex, ECMAScript) have no (?flags), (?P...) nor lookbehind"
+            )
         rules.append((pattern, buft))
     return tuple(rules)
 

@@ -90,6 +90,8 @@ def test_n_cpu_moe_selects_the_first_layers_experts(moe_small: Path) -> None:
         ("=CPU", "PATTERN=BUFFER_TYPE"),
         ("exps=", "PATTERN=BUFFER_TYPE"),
         ("(exps=CPU", "not a regular expression"),
+        ("(?i)EXPS=CPU", "ECMAScript"),
+        (r"(?<!blk\.0)\.ffn=CPU", "ECMAScript"),
     ],
 )
 def test_bad_override_is_one_line(value: str, words: str) -> None:

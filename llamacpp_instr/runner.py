@@ -15,6 +15,7 @@ from llamacpp_instr.always_on import AlwaysOn
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.schema import SESSION_LEVELS
 from llamacpp_instr.offload import Offload, Placement, prepare
+from llamacpp_instr.tensor_overrides import TensorOverrides
 
 
 @dataclass
@@ -42,6 +43,8 @@ class RunConfig:
     offload: Offload = field(default_factory=Offload)
     # --memory-budget, as the bytes spec the library reads (llamacpp_instr.memory)
     memory_budget: str | None = None
+    # which weight tensors go to which buffer type (-ot/--override-tensor, --n-cpu-moe, --cpu-moe)
+    tensors: TensorOverrides = field(default_factory=TensorOverrides)
 
     def memory_setting(self) -> memory.Setting:
         """What the run asked of memory, for the out-of-memory message."""
@@ -201,27 +204,35 @@ def load_model(cfg: RunConfig, placement: Placement | None = None, **extra: Any)
     """A llama_cpp.Llama for the config, placed by ``placement`` (default: prepared from
     ``cfg.offload``), or a one-line UserError."""
     models.check_gguf(cfg.model)
-    bindings.import_llama_cpp()
+    llama_cpp = bindings.import_llama_cpp()
     placement = placement or prepare(cfg.offload)
     threads = resolve_threads(cfg.threads)
     failed_before = bindings.load().memory_failure()
     try:
-        return placement.llama(
-            str(cfg.model),
-            n_ctx=cfg.n_ctx,
-            n_batch=cfg.n_batch,
-            n_ubatch=cfg.n_ubatch or cfg.n_batch,
-            n_threads=threads,
-            n_threads_batch=threads,
-            seed=cfg.seed,
-            flash_attn=cfg.flash_attn,
-            type_k=kv_type_id(cfg.type_k),
-            type_v=kv_type_id(cfg.type_v),
-            verbose=False,
-            **extra,
-        )
+        # the tensor overrides inside the placement's (serialized) loading
+        with placement.loading(), cfg.tensors.loading():
+            return llama_cpp.Llama(
+                str(cfg.model),
+                n_ctx=cfg.n_ctx,
+                n_batch=cfg.n_batch,
+                n_ubatch=cfg.n_ubatch or cfg.n_batch,
+                n_threads=threads,
+                n_threads_batch=threads,
+                seed=cfg.seed,
+                flash_attn=cfg.flash_attn,
+                type_k=kv_type_id(cfg.type_k),
+                type_v=kv_type_id(cfg.type_v),
+                verbose=False,
+                **extra,
+            )
     except (ValueError, RuntimeError) as exc:
         oom = memory.explain(bindings.load(), failed_before, cfg.memory_setting())
+        if oom is None and cfg.tensors:
+            raise UserError(
+                f"llama.cpp did not load {cfg.model} with the -ot/--n-cpu-moe rules "
+                f"{' '.join(cfg.tensors.command_line()[1:])} (run it without them to tell "
+                "whether the model or the rules are at fault)"
+            ) from exc
         raise oom or UserError(models.explain_load_failure(cfg.model)) from exc
 
 

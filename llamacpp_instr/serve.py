@@ -33,6 +33,7 @@ from llamacpp_instr.always_on import AlwaysOn
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reading.reader import iter_records
 from llamacpp_instr.offload import Offload, prepare
+from llamacpp_instr.tensor_overrides import TensorOverrides
 
 # At shutdown, how long to wait for a worker thread still using the model (a generation the server
 # cannot cancel) before exiting without freeing it.
@@ -330,6 +331,7 @@ def serve(
     always_on: AlwaysOn | None = None,
     offload: Offload | None = None,
     memory_budget: str | None = None,
+    tensors: TensorOverrides | None = None,
 ) -> ServeResult:
     """Serve ``model`` until SIGINT or SIGTERM; the session log stays valid either way. SIGHUP
     reopens the log at its path; ``always_on`` samples and rotates it."""
@@ -349,6 +351,7 @@ def serve(
     api = bindings.load()
     always_on = always_on or AlwaysOn()
     offload = offload or Offload()
+    tensors = tensors or TensorOverrides()
     placement = prepare(offload)  # before the model loads, and before the log exists
     if memory_budget:
         api.set_memory_budget(memory_budget)
@@ -367,7 +370,7 @@ def serve(
         interrupt_requests=False,
     )
     try:
-        with placement.loading():  # the server's Llama loads inside
+        with placement.loading(), tensors.loading():  # the server's Llama loads inside
             app = server_app.create_app(settings=settings)
     except (ValueError, RuntimeError) as exc:
         setting = memory.Setting(n_ctx=n_ctx, n_ubatch=settings.n_ubatch, ctx_flag="--ctx")
@@ -389,6 +392,7 @@ def serve(
         "server": {"host": host, "port": port, "n_ctx": n_ctx, "threads": n_threads},
         "always_on": always_on.metadata(),
         "offload": offload.describe(),
+        **({"tensor_overrides": tensors.describe()} if tensors else {}),
     }
 
     class _Stopped(KeyboardInterrupt):

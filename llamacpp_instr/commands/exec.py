@@ -67,11 +67,13 @@ def command(
     instr ends with the one line `instr run` gives, what failed and what would free how much,
     and exit status 3 (the log is opened at the first context: a failure before it, with
     llama.cpp's --fit off, leaves no log and only the program's own words). Options for instr go
-    before PROGRAM, everything after it is the program's:
+    before PROGRAM, everything after it is the program's, untouched (-ot, --n-cpu-moe... as
+    llama.cpp reads them):
 
         instr exec -o server.log llama-server -m model.gguf --port 8080 --parallel 2
         instr exec --sample 16 --max-bytes 64M --keep 8 -o server.log llama-server -m model.gguf
         instr exec --metrics 127.0.0.1:9400 -o server.log llama-server -m model.gguf
+        instr exec -o moe.log llama-server -m moe.gguf -ngl 99 --n-cpu-moe 2 -ot 'exps=CPU'
 
     A LLAMA_INSTR_LOG already set in the environment is where the log goes unless -o says
     otherwise (-o wins, and says so); the level, top-k logits, sampling and rotation are always

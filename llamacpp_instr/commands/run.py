@@ -20,11 +20,13 @@ from llamacpp_instr.commands import (
     threads_option,
     topk_option,
 )
+from llamacpp_instr.commands.tensor_options import tensor_options
 
 if TYPE_CHECKING:
     from llamacpp_instr.always_on import AlwaysOn
     from llamacpp_instr.offload import Offload
     from llamacpp_instr.runner import RunConfig, RunResult
+    from llamacpp_instr.tensor_overrides import TensorOverrides
 
 
 @click.command("run")
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
 )
 @threads_option
 @offload_options()
+@tensor_options
 @memory_budget_option
 @ctx_option
 @click.option(
@@ -107,6 +110,7 @@ def command(
     n_predict: int,
     threads: int | None,
     offload: Offload,
+    tensors: TensorOverrides,
     memory_budget: str | None,
     n_ctx: int,
     n_batch: int,
@@ -142,6 +146,7 @@ def command(
         n_predict=n_predict,
         threads=threads,
         offload=offload,
+        tensors=tensors,
         memory_budget=memory_budget,
         n_ctx=n_ctx,
         n_batch=n_batch,

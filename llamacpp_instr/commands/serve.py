@@ -19,10 +19,12 @@ from llamacpp_instr.commands import (
     threads_option,
     topk_option,
 )
+from llamacpp_instr.commands.tensor_options import tensor_options
 
 if TYPE_CHECKING:
     from llamacpp_instr.always_on import AlwaysOn
     from llamacpp_instr.offload import Offload
+    from llamacpp_instr.tensor_overrides import TensorOverrides
 
 
 @click.command("serve")
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 @ctx_option
 @threads_option
 @offload_options()
+@tensor_options
 @memory_budget_option
 @topk_option
 @metrics_option
@@ -51,6 +54,7 @@ def command(
     n_ctx: int,
     threads: int | None,
     offload: Offload,
+    tensors: TensorOverrides,
     memory_budget: str | None,
     top_k_logits: int,
     metrics: str | None,
@@ -89,6 +93,7 @@ def command(
         n_ctx=n_ctx,
         threads=threads,
         offload=offload,
+        tensors=tensors,
         memory_budget=memory_budget,
         top_k_logits=top_k_logits,
         on_ready=ready,

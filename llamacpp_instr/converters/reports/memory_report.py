@@ -4,6 +4,7 @@ of two runs' footprints, per device and purpose."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..analysis.frames import SessionFrames
@@ -149,3 +150,98 @@ def footprint_table(rows: list[dict[str, Any]]) -> Table:
         ],
         rows,
     )
+
+
+# llama.cpp's expert tensors (common/common.h LLM_FFN_EXPS_REGEX): ffn_{up,down,gate,gate_up}_exps
+# and the _chexps of the architectures that have them
+_EXPS = re.compile(r"\.(ffn_(?:up|down|gate|gate_up)_(?:ch|)exps)")
+
+
+def buffer_devices(f: SessionFrames) -> dict[str, str]:
+    """A buffer (type) name -> the name of the device whose memory it takes, from the buffers the
+    log recorded (``memory_alloc``); without them, a device of that very name, or the CPU for a
+    ``CPU...`` buffer."""
+    info = f.info
+    names = device_names(info)
+    out: dict[str, str] = {}
+    for a in info.allocations.values():
+        if a.buffer_type not in out and a.device >= 0:
+            out[a.buffer_type] = device_name(info, a.device, names)
+    return out
+
+
+def expert_tensors(f: SessionFrames) -> list[dict[str, Any]]:
+    """Each MoE expert tensor of the weight inventory: its layer, name, part, type, bytes, the
+    buffer that holds it and that buffer's device ([] for a model without experts)."""
+    devices = buffer_devices(f)
+    known = set(device_names(f.info).values())
+    rows = []
+    for w in f.info.weights or []:
+        m = _EXPS.search(str(w.get("name", "")))
+        if m is None:
+            continue
+        buffer = str(w.get("buffer", "none"))
+        device = devices.get(buffer) or (
+            buffer if buffer in known else "CPU" if buffer.startswith("CPU") else "unknown"
+        )
+        rows.append(
+            {
+                "layer": w.get("layer"),
+                "name": w.get("name"),
+                "part": m.group(1),
+                "type": w.get("type"),
+                "bytes": int(w.get("bytes", 0)),
+                "buffer": buffer,
+                "device": device,
+            }
+        )
+    return rows
+
+
+def _part_order(part: str) -> tuple[int, str]:
+    order = ("ffn_gate_up", "ffn_gate", "ffn_up", "ffn_down")
+    base = part.rsplit("_", 1)[0]
+    return (order.index(base) if base in order else len(order), part)
+
+
+def experts_section(f: SessionFrames) -> tuple[Section | None, dict[str, Any]]:
+    """The summary's "Where the experts live": per layer, the expert tensors each buffer (and
+    device) holds and their bytes; the bytes per device as facts (None without experts)."""
+    tensors = expert_tensors(f)
+    if not tensors:
+        return None, {}
+    groups: dict[tuple[Any, str, str], list[dict[str, Any]]] = {}
+    for t in tensors:
+        groups.setdefault((t["layer"], t["buffer"], t["device"]), []).append(t)
+    rows = [
+        {
+            "layer": layer,
+            "tensors": ", ".join(sorted((t["part"] for t in ts), key=_part_order)),
+            "buffer": buffer,
+            "device": device,
+            "bytes": sum(t["bytes"] for t in ts),
+        }
+        for (layer, buffer, device), ts in sorted(
+            groups.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1])
+        )
+    ]
+    per_device: dict[str, int] = {}
+    for t in tensors:
+        per_device[t["device"]] = per_device.get(t["device"], 0) + t["bytes"]
+    facts = [Fact(f"expert weights on {dev}", n, "bytes") for dev, n in sorted(per_device.items())]
+    table = Table(
+        "experts_placement",
+        "Expert tensors per layer: the buffer that holds them and its device",
+        [
+            Column("layer", "layer", "int"),
+            Column("tensors", "tensors"),
+            Column("buffer", "buffer"),
+            Column("device", "device"),
+            Column("bytes", "bytes", "bytes"),
+        ],
+        rows,
+        note="From the weight inventory (session_start.weights); -ot/--override-tensor and "
+        "--n-cpu-moe choose these buffers.",
+    )
+    data = {"experts_placement": tensors, "expert_bytes_per_device": per_device}
+    return Section("Where the experts live", facts=facts, tables=[table]), data

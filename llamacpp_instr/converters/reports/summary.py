@@ -440,6 +440,9 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
     memory, memory_data = memory_report.section(f)  # where every byte lives
     if memory is not None:
         sections.append(memory)
+    experts, experts_data = memory_report.experts_section(f)  # a MoE: its experts' buffers
+    if experts is not None:
+        sections.append(experts)
     roof, roof_data = roofline_report.section(f, top)
     if roof is not None:
         facts += roof.facts[:1]  # the headline: decode against the bandwidth
@@ -462,6 +465,7 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
             "roofline": roof_data,
             **devices_data,
             **memory_data,
+            **experts_data,
         },
         csv_table=f"by_{key}" if table is not None else "",
         no_csv=(

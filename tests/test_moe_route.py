@@ -194,3 +194,65 @@ def test_identical_experts_write_the_dense_text_at_every_level(
     for level in ("minimal", "detailed", "verbose"):
         moe = make_run(moe_identical, tmp_path / f"{level}.log", level, n_predict=8)
         assert moe.token_ids == dense.token_ids, level
+
+
+@pytest.fixture(scope="module")
+def small_detailed(
+    moe_small: Path, instr_api: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    out = tmp_path_factory.mktemp("moe_route") / "small.log"
+    make_run(moe_small, out, "detailed", n_predict=4)
+    return out
+
+
+def test_load_session_experts_and_routed_bytes(
+    small_detailed: Path, moe_small: Path, tmp_path: Path
+) -> None:
+    import gguf
+
+    from llamacpp_instr.converters import load_session
+
+    recs = read_log(small_detailed)
+    s = load_session(small_detailed)
+    ex = s.experts
+    assert list(ex.columns[:5]) == ["step", "layer", "expert", "tokens", "weight"]
+    want = Counter()
+    for r in by_type(recs, "experts"):
+        for layer, e, tokens, _ in r["rows"]:
+            want[(r["step"], layer, e)] += tokens
+    got = Counter()
+    for row in ex.itertuples():
+        got[(row.step, row.layer, row.expert)] += row.tokens
+    assert got == want and want
+
+    # a MUL_MAT_ID reads the experts its ubatch routed to: the same log without its routing
+    # counts the whole expert tensor (labelled so), and the difference is the experts not used
+    bare = tmp_path / "bare.log"
+    bare.write_text(
+        "".join(
+            line
+            for line in small_detailed.read_text().splitlines(keepends=True)
+            if '"type":"experts"' not in line
+        )
+    )
+    s0 = load_session(bare)
+    assert s0.experts.empty
+    whole = {
+        t.name: int(t.n_bytes)
+        for t in gguf.GGUFReader(str(moe_small)).tensors
+        if t.name.endswith("_exps.weight")
+    }
+    mm = s.ops[s.ops["op"] == "MUL_MAT_ID"]
+    mm0 = s0.ops[s0.ops["op"] == "MUL_MAT_ID"]
+    assert len(mm) == len(mm0) > 0
+    assert set(mm["expert_bytes"]) == {"routed"} and set(mm0["expert_bytes"]) == {"all experts"}
+    used = {(k[0], k[1]): len({e for (st, la, e) in want if (st, la) == k}) for k in
+            {(st, la) for st, la, _ in want}}  # fmt: skip
+    gen_steps = set(s.steps[s.steps["kind"] == "gen"]["step"])
+    for a, b in zip(mm.itertuples(), mm0.itertuples(), strict=True):
+        tensor = f"blk.{a.layer}.{a.name.split('-')[0].replace('ffn_moe_', 'ffn_')}_exps.weight"
+        k = used[(a.step, a.layer)]
+        assert b.est_bytes - a.est_bytes == whole[tensor] - whole[tensor] * k // N_EXPERT
+        if a.step in gen_steps:
+            assert k <= N_USED  # one token: at most its N_USED experts
+    assert s.ops["expert_bytes"].isna().sum() == (s.ops["op"] != "MUL_MAT_ID").sum()

@@ -256,3 +256,64 @@ def test_load_session_experts_and_routed_bytes(
         if a.step in gen_steps:
             assert k <= N_USED  # one token: at most its N_USED experts
     assert s.ops["expert_bytes"].isna().sum() == (s.ops["op"] != "MUL_MAT_ID").sum()
+
+
+def test_instr_experts_text_json_html(small_detailed: Path, tmp_path: Path) -> None:
+    import json
+    import math
+
+    from click.testing import CliRunner
+
+    from llamacpp_instr.cli import main
+
+    load: dict[int, Counter[int]] = defaultdict(Counter)
+    steps: dict[int, set[int]] = defaultdict(set)
+    for r in by_type(read_log(small_detailed), "experts"):
+        for layer, e, tokens, _ in r["rows"]:
+            load[layer][e] += tokens
+            steps[layer].add(r["step"])
+    res = CliRunner().invoke(main, ["experts", str(small_detailed), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["n_expert"] == N_EXPERT
+    assert [x["layer"] for x in data["layers"]] == sorted(load) == [0, 1, 2, 3]
+    for x in data["layers"]:
+        want = [load[x["layer"]][e] for e in range(N_EXPERT)]
+        assert x["load"] == want
+        assert [sum(col) for col in zip(*x["load_by_step"], strict=True)] == want
+        total = sum(want)
+        assert x["imbalance"] == pytest.approx(max(want) / (total / N_EXPERT))
+        ent = -sum(c / total * math.log2(c / total) for c in want if c)
+        assert x["entropy_bits"] == pytest.approx(ent)
+        assert 0 < x["touched_share"] <= 1
+        # one generated token goes to N_USED experts
+        assert x["touched_share_gen"] == pytest.approx(N_USED / N_EXPERT)
+        assert x["hottest"][0] == [want.index(max(want)), pytest.approx(max(want) / total)]
+    text = CliRunner().invoke(main, ["experts", str(small_detailed)])
+    assert text.exit_code == 0 and "imbalance" in text.output
+    out = tmp_path / "e.html"
+    html = CliRunner().invoke(
+        main, ["experts", str(small_detailed), "--format", "html", "-o", str(out)]
+    )
+    assert html.exit_code == 0 and "<svg" in out.read_text()
+
+
+def test_instr_experts_says_when_a_log_has_no_routing(small_detailed: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    bare = tmp_path / "bare.log"
+    bare.write_text(
+        "".join(
+            line
+            for line in small_detailed.read_text().splitlines(keepends=True)
+            if '"type":"experts"' not in line
+        )
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "llamacpp_instr.cli", "experts", str(bare)],
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 2
+    assert p.stdout == "" and p.stderr.count("\n") == 1 and "no routing recorded" in p.stderr

@@ -213,6 +213,7 @@ class _Builder:
         self.stats = Table("step ubatch node n_nan n_inf", "min max mean std", cats="name")
         self.topk = Table("step row rank token", "logit")
         self.experts = Table("step layer expert tokens ubatch", "weight")
+        self.n_expert = 0  # the routing records' experts per layer
         self.graphs: dict[int, Graph] = {}
         self.layer_parts: list[np.ndarray] = []  # per compute (m, 4): layer, t_start, dur, n_ops
         self.layer_keys = array("q")  # per compute: step, ubatch, m
@@ -274,6 +275,7 @@ class _Builder:
                     step=s.index, row=row.get("row", 0), rank=rank, token=tok, logit=logit
                 )
         for r in s.experts:
+            self.n_expert = max(self.n_expert, r.n_expert)
             for layer, e, tokens, w in r.rows:
                 self.experts.add(
                     step=s.index, layer=layer, expert=e, tokens=tokens, ubatch=r.ubatch,
@@ -350,6 +352,7 @@ class _Builder:
                 t for _, tokens in sorted(self.generated, key=_FIRST) for t in tokens
             ],
         )
+        sf.experts.attrs["n_expert"] = self.n_expert
         if self.dev is not None:
             for name, df in self.dev.tables(sf.ops, sf.layers).items():
                 setattr(sf, name, df)

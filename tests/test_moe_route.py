@@ -317,3 +317,15 @@ def test_instr_experts_says_when_a_log_has_no_routing(small_detailed: Path, tmp_
     )
     assert p.returncode == 2
     assert p.stdout == "" and p.stderr.count("\n") == 1 and "no routing recorded" in p.stderr
+
+
+def test_routed_tables_match_the_per_op_reference(small_detailed: Path) -> None:
+    import pandas as pd
+    from reference.frames import reference_load_sessions
+
+    from llamacpp_instr.converters.analysis.frames import load_sessions
+
+    (ref,), (new,) = reference_load_sessions(small_detailed), load_sessions(small_detailed)
+    for name in ("ops", "experts"):
+        pd.testing.assert_frame_equal(getattr(ref, name), getattr(new, name), check_exact=True)
+    assert (new.ops["expert_bytes"] == "routed").sum() == 3 * 4 * len(new.steps)

@@ -239,12 +239,14 @@ class OpsBuilder:
         routing is recorded): "routed"; "all experts" where it is not; missing for other ops."""
         n_exp = int_column(self.node_n_expert)[gidx]
         codes = np.full(len(gidx), -1, np.int8)
+        labels: list[str] = []  # in order of first appearance, as every categorical here
         for k in np.flatnonzero(n_exp > 0).tolist():
             used = self.routed.get((int(step[k]), int(ubatch[k]), int(layer[k])))
-            if used is None:
-                codes[k] = 1
-                continue
-            whole = int(self.node_exp_bytes[int(gidx[k])])
-            est_bytes[k] -= whole - whole * min(used, int(n_exp[k])) // int(n_exp[k])
-            codes[k] = 0
-        return pd.Categorical.from_codes(codes, categories=["routed", "all experts"])
+            label = "all experts" if used is None else "routed"
+            if label not in labels:
+                labels.append(label)
+            codes[k] = labels.index(label)
+            if used is not None:
+                whole = int(self.node_exp_bytes[int(gidx[k])])
+                est_bytes[k] -= whole - whole * min(used, int(n_exp[k])) // int(n_exp[k])
+        return pd.Categorical.from_codes(codes, categories=labels)

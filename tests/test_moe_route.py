@@ -329,3 +329,37 @@ def test_routed_tables_match_the_per_op_reference(small_detailed: Path) -> None:
     for name in ("ops", "experts"):
         pd.testing.assert_frame_equal(getattr(ref, name), getattr(new, name), check_exact=True)
     assert (new.ops["expert_bytes"] == "routed").sum() == 3 * 4 * len(new.steps)
+
+
+def test_experts_records_follow_the_schema_and_bad_ones_are_skipped(
+    small_detailed: Path, moe_small: Path, schema_validator: Any, tmp_path: Path
+) -> None:
+    import json
+
+    from llamacpp_instr.converters.analysis.frames import load_session
+
+    verbose = tmp_path / "v.log"
+    make_run(moe_small, verbose, "verbose", n_predict=2)
+    for log in (small_detailed, verbose):
+        recs = read_log(log)
+        assert by_type(recs, "experts")
+        for r in recs:
+            schema_validator.validate(r)
+    # out of its bounds: an expert past n_expert, a layer past n_layer, n_expert past 65536
+    lines = small_detailed.read_text().splitlines(keepends=True)
+    k = next(i for i, line in enumerate(lines) if '"type":"experts"' in line)
+    whole = len(load_session(small_detailed).experts)
+    dropped = len(json.loads(lines[k])["rows"])
+    for change in (
+        lambda r: r["rows"][0].__setitem__(1, r["n_expert"]),
+        lambda r: r["rows"][0].__setitem__(0, r["n_layer"]),
+        lambda r: r.__setitem__("n_expert", 65537),
+        lambda r: r["rows"][0].__setitem__(3, "x"),
+    ):
+        rec = json.loads(lines[k])
+        change(rec)
+        bad = tmp_path / "bad.log"
+        bad.write_text("".join(lines[:k] + [json.dumps(rec) + "\n"] + lines[k + 1 :]))
+        s = load_session(bad)
+        assert [why for _, why in s.report.skipped if "experts" in why]
+        assert len(s.experts) == whole - dropped  # that record only

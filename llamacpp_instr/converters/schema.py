@@ -29,6 +29,7 @@ RECORD_TYPES_V1 = frozenset(
         "memory_free",
         "memory_alloc_failed",
         "session_end",
+        "experts",
     }
 )
 

@@ -38,8 +38,9 @@ REQUEST_COLS = (
 LAYER_COLS = "step ubatch layer t_start dur_ns n_ops".split()
 OP_COLS = (
     "step ubatch graph node name op label category layer t_start dur_ns n_fused shape dtype "
-    "weight weight_type est_flops est_bytes"
+    "weight weight_type est_flops est_bytes expert_bytes"
 ).split()
+EXPERT_COLS = "step layer expert tokens weight ubatch".split()
 NODE_COLS = "graph node name op label layer shape dtype bytes flags".split()
 STAT_COLS = "step ubatch node name min max mean std n_nan n_inf".split()
 TOPK_COLS = "step row rank token logit".split()
@@ -111,9 +112,10 @@ class _RefBuilder:
         self.layers = _RefTable("step ubatch layer t_start dur_ns n_ops")
         self.ops = _RefTable(
             "step ubatch graph node layer t_start dur_ns n_fused est_flops est_bytes",
-            cats="name op label category shape dtype weight weight_type",
+            cats="name op label category shape dtype weight weight_type expert_bytes",
             nullable="layer",
         )
+        self.experts = _RefTable("step layer expert tokens ubatch", "weight")
         self.nodes = _RefTable(
             "graph node layer bytes", cats="name op label shape dtype flags", nullable="layer"
         )
@@ -170,6 +172,21 @@ class _RefBuilder:
             for op in c.ops:
                 n = op.node
                 w = derive.weight_source(n)
+                est_bytes = derive.bytes_moved(n, g) + sum(
+                    derive.bytes_moved(f, g) for f in op.fused
+                )
+                expert_bytes = None
+                exps = derive.src_shape(n.src[0], g) + [1, 1, 1] if n.src else [1, 1, 1]
+                if n.op == "MUL_MAT_ID" and exps[2] >= 2:
+                    # the experts this compute's router sent tokens to, in the op's layer
+                    used = {
+                        e for r in s.experts if r.ubatch == c.ubatch
+                        for la, e, t, _ in r.rows if la == n.layer and t > 0
+                    }  # fmt: skip
+                    expert_bytes = "routed" if used else "all experts"
+                    if used:
+                        whole = derive.src_bytes(n.src[0], g)
+                        est_bytes -= whole - whole * len(used) // exps[2]
                 held = [x.device for x in splits if x.i_start <= n.i < x.i_end]
                 self.op_device.append(self.device_names.get(held[0] if held else self.cpu))
                 self.ops.add(
@@ -178,7 +195,7 @@ class _RefBuilder:
                     dur_ns=op.dur, n_fused=len(op.fused), shape=_shape(n.shape), dtype=n.dtype,
                     weight=w["name"] if w else None, weight_type=w["type"] if w else None,
                     est_flops=derive.flops(n, g) + sum(derive.flops(f, g) for f in op.fused),
-                    est_bytes=derive.bytes_moved(n, g) + sum(derive.bytes_moved(f, g) for f in op.fused),
+                    est_bytes=est_bytes, expert_bytes=expert_bytes,
                 )  # fmt: skip
                 if op.stats is not None:
                     mn, mx, mean, std, n_nan, n_inf = op.stats
@@ -186,6 +203,11 @@ class _RefBuilder:
                         step=s.index, ubatch=c.ubatch, node=n.i, name=n.name, min=mn, max=mx,
                         mean=mean, std=std, n_nan=n_nan, n_inf=n_inf,
                     )  # fmt: skip
+        for r in s.experts:
+            for la, e, t, w in r.rows:
+                self.experts.add(
+                    step=s.index, layer=la, expert=e, tokens=t, ubatch=r.ubatch, weight=w
+                )
         for row in s.topk:
             for rank, (tok, logit) in enumerate(zip(row["ids"], row["logits"], strict=False)):
                 self.topk.add(
@@ -244,6 +266,7 @@ class _RefBuilder:
             topk=self.topk.frame(TOPK_COLS),
             seqs=self.seqs.frame(SEQ_COLS),
             requests=self.requests(),
+            experts=self.experts.frame(EXPERT_COLS),
             graphs=self.graphs,
             report=report,
         )

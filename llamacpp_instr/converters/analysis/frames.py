@@ -23,6 +23,10 @@ Tables (integer nanosecond timestamps and durations; names, ops and types are ca
 * ``weights`` — the weight inventory of session_start.
 * ``tensor_stats`` (verbose) — step, ubatch, node, name, min, max, mean, std, n_nan, n_inf.
 * ``topk`` (verbose) — step, row, rank, token, logit.
+* ``experts`` (a mixture of experts at detailed, on the CPU) — step, layer, expert, tokens,
+  weight (the sum of the tokens' routing weights; NaN where not read), ubatch. Where a step's
+  routing is recorded, a MUL_MAT_ID op's est_bytes counts only the experts its ubatch routed to
+  (``ops.expert_bytes`` "routed"); elsewhere the whole expert tensor ("all experts").
 
 Built in one streaming pass over the session model's steps (``session.fold.iter_events_packed``:
 the one decoder, so the same steps and the same skipped records as every other reader), with no
@@ -32,6 +36,7 @@ in order of first appearance (``columns``).
 
 from __future__ import annotations
 
+import math
 from array import array
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -103,6 +108,8 @@ class SessionFrames:
     allocations: pd.DataFrame = field(default_factory=pd.DataFrame)
     memory: pd.DataFrame = field(default_factory=pd.DataFrame)
     step_memory: list[StepMemory] = field(default_factory=list)
+    # a mixture of experts' routing (``experts`` records; empty without them)
+    experts: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     TABLES = (
         "steps",
@@ -114,6 +121,7 @@ class SessionFrames:
         "topk",
         "seqs",
         "requests",
+        "experts",
     )
 
     def tables(self) -> dict[str, pd.DataFrame]:
@@ -191,6 +199,7 @@ class _Builder:
     NODE_COLS = "graph node name op label layer shape dtype bytes flags".split()
     STAT_COLS = "step ubatch node name min max mean std n_nan n_inf".split()
     TOPK_COLS = "step row rank token logit".split()
+    EXPERT_COLS = "step layer expert tokens weight ubatch".split()
 
     def __init__(self, info: SessionInfo) -> None:
         self.info = info
@@ -207,6 +216,8 @@ class _Builder:
         )
         self.stats = Table("step ubatch node n_nan n_inf", "min max mean std", cats="name")
         self.topk = Table("step row rank token", "logit")
+        self.experts = Table("step layer expert tokens ubatch", "weight")
+        self.n_expert = 0  # the routing records' experts per layer
         self.graphs: dict[int, Graph] = {}
         self.layer_parts: list[np.ndarray] = []  # per compute (m, 4): layer, t_start, dur, n_ops
         self.layer_keys = array("q")  # per compute: step, ubatch, m
@@ -268,6 +279,14 @@ class _Builder:
                 self.topk.add(
                     step=s.index, row=row.get("row", 0), rank=rank, token=tok, logit=logit
                 )
+        for r in s.experts:
+            self.n_expert = max(self.n_expert, r.n_expert)
+            for layer, e, tokens, w in r.rows:
+                self.experts.add(
+                    step=s.index, layer=layer, expert=e, tokens=tokens, ubatch=r.ubatch,
+                    weight=math.nan if w is None else w,
+                )  # fmt: skip
+            self.ops.route(s.index, r)
         if self.dev is not None:
             self.dev.step(s)
 
@@ -331,12 +350,14 @@ class _Builder:
             topk=self.topk.frame(self.TOPK_COLS),
             seqs=self.seqs.frame(self.SEQ_COLS),
             requests=self._requests_frame(),
+            experts=self.experts.frame(self.EXPERT_COLS),
             graphs=self.graphs,
             report=report,
             generated_tokens=[
                 t for _, tokens in sorted(self.generated, key=_FIRST) for t in tokens
             ],
         )
+        sf.experts.attrs["n_expert"] = self.n_expert
         if self.dev is not None:
             for name, df in self.dev.tables(sf.ops, sf.layers).items():
                 setattr(sf, name, df)

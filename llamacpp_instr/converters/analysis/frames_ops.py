@@ -40,6 +40,16 @@ class ComputeColumns:
         self.fused_node = np.array([j for _, j in rows], np.int64) if rows else EMPTY_I64
 
 
+def _expert_tensor(n: Any, g: Graph) -> tuple[int, int]:
+    """A MUL_MAT_ID's expert tensor (its first source, [k, rows, n_expert]): bytes and experts."""
+    if n.op != "MUL_MAT_ID" or not n.src:
+        return 0, 0
+    shape = derive.src_shape(n.src[0], g) + [1, 1, 1]
+    if shape[2] < 2:
+        return 0, 0
+    return int(derive.src_bytes(n.src[0], g)), int(shape[2])
+
+
 # --- the tables ----------------------------------------------------------------------------------
 
 OP_CATS = "name op label category shape dtype weight weight_type".split()
@@ -61,7 +71,7 @@ class OpsBuilder:
 
     OP_COLS = (
         "step ubatch graph node name op label category layer t_start dur_ns n_fused shape dtype "
-        "weight weight_type est_flops est_bytes"
+        "weight weight_type est_flops est_bytes expert_bytes"
     ).split()
 
     def __init__(self) -> None:
@@ -72,6 +82,11 @@ class OpsBuilder:
         self.node_layer = array("q")
         self.node_flops = array("q")
         self.node_bytes = array("q")
+        # a MUL_MAT_ID's expert tensor: its bytes and its number of experts (0 for other nodes)
+        self.node_exp_bytes = array("q")
+        self.node_n_expert = array("q")
+        # (step, ubatch, layer) -> the distinct experts the router sent that ubatch's tokens to
+        self.routed: dict[tuple[int, int, int], int] = {}
         self.node_cats = {c: array("i") for c in OP_CATS}
         self.cat_index: dict[str, dict[str, int]] = {c: {} for c in OP_CATS}
         # the ops: global node, start and duration in chunks; fused nodes as (row, global node)
@@ -123,6 +138,9 @@ class OpsBuilder:
             self.node_layer.append(row[1])
             self.node_flops.append(row[2])
             self.node_bytes.append(row[3])
+            eb, ne = _expert_tensor(n, g) if k not in meta.errors else (0, 0)
+            self.node_exp_bytes.append(eb)
+            self.node_n_expert.append(ne)
             for c, code in zip(OP_CATS, codes, strict=True):
                 self.node_cats[c].append(code)
         self.n_nodes += len(g.nodes)
@@ -140,6 +158,15 @@ class OpsBuilder:
             self.fused_rows.append(cc.fused_row + self.n_ops)
             self.fused_nodes.append(cc.fused_node + meta.offset)
         self.n_ops += cc.ops.shape[1]
+
+    def route(self, step: int, r: Any) -> None:
+        """A compute's routing (``session.experts.Routing``): the experts each layer used."""
+        used: dict[int, set[int]] = {}
+        for layer, e, tokens, _ in r.rows:
+            if tokens > 0:
+                used.setdefault(layer, set()).add(e)
+        for layer, es in used.items():
+            self.routed[(step, r.ubatch, layer)] = len(es)
 
     @staticmethod
     def _raise_node_error(meta: GraphMeta, c: ComputeColumns) -> None:
@@ -170,17 +197,22 @@ class OpsBuilder:
             n_fused[op_rows] = np.diff(np.r_[first, len(rows)])
             est_flops[op_rows] += np.add.reduceat(node_flops[fnodes], first)
             est_bytes[op_rows] += np.add.reduceat(node_bytes[fnodes], first)
+        step = np.repeat(keys[:, 0], counts)
+        ubatch = np.repeat(keys[:, 1], counts)
+        layer = int_column(self.node_layer)[gidx]
+        expert_bytes = self._routed_bytes(gidx, step, ubatch, layer, est_bytes)
         data: dict[str, Any] = {
-            "step": np.repeat(keys[:, 0], counts),
-            "ubatch": np.repeat(keys[:, 1], counts),
+            "step": step,
+            "ubatch": ubatch,
             "graph": np.repeat(keys[:, 2], counts),
             "node": int_column(self.node_i)[gidx],
-            "layer": nullable(int_column(self.node_layer)[gidx]),
+            "layer": nullable(layer),
             "t_start": t_start,
             "dur_ns": dur,
             "n_fused": n_fused,
             "est_flops": est_flops,
             "est_bytes": est_bytes,
+            "expert_bytes": expert_bytes,
         }
         # categories in order of first appearance among the ops, as when built row by row
         first_seen = pd.unique(gidx) if n else EMPTY_I64
@@ -194,3 +226,27 @@ class OpsBuilder:
             codes = lut[ncodes].astype(dtype)[gidx]
             data[c] = pd.Categorical.from_codes(codes, categories=[names[x] for x in seen])
         return pd.DataFrame({c: data[c] for c in self.OP_COLS}, copy=False)
+
+    def _routed_bytes(
+        self,
+        gidx: np.ndarray,
+        step: np.ndarray,
+        ubatch: np.ndarray,
+        layer: np.ndarray,
+        est_bytes: np.ndarray,
+    ) -> pd.Categorical:
+        """A MUL_MAT_ID's est_bytes with only the experts its ubatch routed to (in place, where the
+        routing is recorded): "routed"; "all experts" where it is not; missing for other ops."""
+        n_exp = int_column(self.node_n_expert)[gidx]
+        codes = np.full(len(gidx), -1, np.int8)
+        labels: list[str] = []  # in order of first appearance, as every categorical here
+        for k in np.flatnonzero(n_exp > 0).tolist():
+            used = self.routed.get((int(step[k]), int(ubatch[k]), int(layer[k])))
+            label = "all experts" if used is None else "routed"
+            if label not in labels:
+                labels.append(label)
+            codes[k] = labels.index(label)
+            if used is not None:
+                whole = int(self.node_exp_bytes[int(gidx[k])])
+                est_bytes[k] -= whole - whole * min(used, int(n_exp[k])) // int(n_exp[k])
+        return pd.Categorical.from_codes(codes, categories=labels)

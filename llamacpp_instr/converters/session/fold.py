@@ -49,6 +49,7 @@ from ..reading.decode.steps import Step, end_step, request_id, step_level, step_
 from ..reading.decode.transfers import transfers
 from ..reading.reader import ReadReport, iter_records
 from .device_time import multi_device
+from .experts import routing
 
 __all__ = ["Fold", "Session", "iter_events", "iter_events_packed", "load"]
 
@@ -239,6 +240,10 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
             for c in step.computes:
                 if c.ubatch == int(rec["ubatch"]):
                     attach_stats(c, rec)
+    elif rtype == "experts":
+        step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
+        if step is not None:
+            step.experts.append(routing(rec))
     elif rtype == "topk":
         step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
         if step is not None:

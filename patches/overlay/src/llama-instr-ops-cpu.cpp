@@ -50,9 +50,15 @@ class cpu_op_timer final : public op_timer {
         if (arm_capture(st)) {
             node_user.capture = &st.capture;
         }
-        if (node_user.stats || node_user.capture) {
-            prof.on_node = on_node;
-            prof.user    = &node_user;
+        // routing (DETAILED): only the routers' ARGSORT nodes, unless every op is called anyway
+        if (st.level >= LLAMA_INSTR_LEVEL_DETAILED &&
+            st.experts.arm(ctx, st.n_tokens, st.level >= LLAMA_INSTR_LEVEL_VERBOSE)) {
+            node_user.experts = &st.experts;
+        }
+        if (node_user.stats || node_user.capture || node_user.experts) {
+            prof.on_node    = on_node;
+            prof.user       = &node_user;
+            prof.on_node_op = node_user.stats || node_user.capture ? GGML_OP_NONE : GGML_OP_ARGSORT;
         }
         set_profiler(backend, &prof);
         return true;
@@ -101,6 +107,9 @@ class cpu_op_timer final : public op_timer {
         }
         append_layer_spans(st, op_begin, st.p_ops.size());
         collect_capture(st);
+        if (node_user.experts) {
+            st.experts.collect();
+        }
         return n_lost;
     }
 

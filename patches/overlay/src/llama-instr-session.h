@@ -11,6 +11,7 @@
 // emit() drops those of a session that has ended since.
 
 #include "ggml-backend.h"
+#include "llama-instr-experts.h"
 #include "llama-instr-graph.h"
 #include "llama-instr-json.h"
 #include "llama-instr-ops.h"
@@ -108,6 +109,8 @@ struct compute_rec {
     size_t  clock_begin, clock_end;    // into ctx_state::p_clocks
     size_t  stat_begin, stat_end;      // into ctx_state::p_stats
     size_t  remote_begin, remote_end;  // into ctx_state::p_remote
+    size_t  expert_begin, expert_end;  // into ctx_state::experts.p_rows
+    size_t  etok_begin, etok_end;      // into ctx_state::experts.p_tok
     // what op timers could only report at the step's end (op_timer::finish), after every compute's
     size_t  late_op_begin, late_op_end;        // into ctx_state::p_ops
     size_t  late_layer_begin, late_layer_end;  // into ctx_state::p_layers
@@ -200,6 +203,7 @@ struct ctx_state {
     int32_t                 cpu_device = -1;         // the CPU backend's device (layer spans elsewhere name theirs)
 
     capture_buffer           capture;                // llama_instr_capture (the CPU timer fills it)
+    expert_log               experts;                // MoE routing (the CPU timer fills it)
     std::vector<std::string> capture_next;           // set under the session lock
 
     // ggml's scheduler profiler and its buffers (sized when a compute begins)

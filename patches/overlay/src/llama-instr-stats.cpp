@@ -1,5 +1,6 @@
 #include "llama-instr-stats.h"
 
+#include "llama-instr-experts.h"
 #include "llama-instr-graph.h"
 
 #include <algorithm>
@@ -98,6 +99,9 @@ void on_node(void * user, int32_t k, const ggml_tensor * t, int ith, int nth) {
     }
     if (u.capture && !u.capture->slots.empty()) {
         capture_on_node(*u.capture, t, ith, nth);
+    }
+    if (u.experts) {
+        experts_on_node(*u.experts, t, ith);
     }
 }
 

@@ -13,6 +13,8 @@
 
 namespace llama_instr {
 
+struct expert_log;
+
 // one thread's share of one op's output
 struct stat_partial {
     float    mn, mx;
@@ -66,6 +68,7 @@ struct capture_buffer {
 struct on_node_user {
     stats_buffer *   stats   = nullptr;
     capture_buffer * capture = nullptr;
+    expert_log *     experts = nullptr;  // llama-instr-experts.h
 };
 
 // ggml_cpu_profiler::on_node; `user` is an on_node_user

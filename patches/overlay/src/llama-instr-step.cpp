@@ -285,6 +285,7 @@ void llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int3
         st.p_copies.clear();
         st.p_remote.clear();
         st.p_computes.clear();
+        st.experts.clear_step();
         hook_failed(st.epoch, "llama_instr_decode_end");
     }
 }

@@ -324,7 +324,13 @@ void llama_instr::write_step_computes(ctx_state & st) {
             write_tensor_stats(j, st, c);
             emit(st.epoch, st.line);
         }
+        if (c.expert_end > c.expert_begin) {
+            write_experts(j, st.experts, st.sid, st.id, st.step, c.ubatch, c.graph_id, c.t_end, c.expert_begin,
+                          c.expert_end, c.etok_begin, c.etok_end);
+            emit(st.epoch, st.line);
+        }
     }
+    st.experts.clear_step();
     st.p_ops.clear();
     st.p_layers.clear();
     st.p_busy.clear();
@@ -552,6 +558,9 @@ void llama_instr_compute_end(llama_context *      ctx,
         c.copy_begin  = st.p_copies.size();
         c.t_synced    = t_synced;
 
+        c.expert_begin = st.experts.p_rows.size();
+        c.etok_begin   = st.experts.p_tok.size();
+
         // the scheduler's splits and copies, on the devices of session_start.devices
         const int32_t n_splits = std::min(sp.n_splits, sp.cap_splits);
         const int32_t n_copies = std::min(sp.n_copies, sp.cap_copies);
@@ -592,6 +601,9 @@ void llama_instr_compute_end(llama_context *      ctx,
         c.busy_end  = st.p_busy.size();
         c.clock_end = st.p_clocks.size();
         c.stat_end  = st.p_stats.size();
+
+        c.expert_end = st.experts.p_rows.size();
+        c.etok_end   = st.experts.p_tok.size();
         st.p_computes.push_back(c);
         st.ubatch++;
         count_compute(st, n_lost);

@@ -1,0 +1,234 @@
+#include "llama-instr-experts.h"
+
+#include "llama-context.h"
+#include "llama-instr-json.h"
+#include "llama-model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace llama_instr {
+
+namespace {
+
+constexpr char    ARGSORT_NAME[] = "ffn_moe_argsort-";
+constexpr char    PROBS_NAME[]   = "ffn_moe_probs-";
+// bounds a reader can rely on (a larger model is not recorded)
+constexpr int32_t MAX_EXPERTS    = 65536;
+constexpr int32_t MAX_LAYERS     = 4096;
+
+// the layer of an `ffn_moe_argsort-<il>` node, or -1
+int32_t argsort_layer(const ggml_tensor * t) {
+    if (strncmp(t->name, ARGSORT_NAME, sizeof(ARGSORT_NAME) - 1) != 0) {
+        return -1;
+    }
+    int32_t      il = 0;
+    const char * p  = t->name + sizeof(ARGSORT_NAME) - 1;
+    if (*p < '0' || *p > '9') {
+        return -1;
+    }
+    for (; *p >= '0' && *p <= '9'; p++) {
+        il = il * 10 + (*p - '0');
+        if (il >= MAX_LAYERS) {
+            return -1;
+        }
+    }
+    return *p == '\0' ? il : -1;
+}
+
+}  // namespace
+
+bool expert_log::arm(const llama_context * ctx, int32_t n_tokens, bool verbose) {
+    const auto & hp = ctx->get_model().hparams;
+    reset();  // a compute that was not collected
+    n_expert = 0;
+    if (hp.n_expert < 2 || (int64_t) hp.n_expert > MAX_EXPERTS || hp.n_layer() == 0 ||
+        (int64_t) hp.n_layer() > MAX_LAYERS) {
+        return false;
+    }
+    n_layer = (int32_t) hp.n_layer();
+    if ((int32_t) n_used.size() != n_layer) {
+        n_used.resize(n_layer);
+    }
+    max_used = 0;
+    for (int32_t il = 0; il < n_layer; il++) {
+        n_used[il] = (int32_t) std::min<uint32_t>(hp.n_expert_used(il), hp.n_expert);
+        max_used   = std::max(max_used, n_used[il]);
+    }
+    const size_t cells = (size_t) n_layer * hp.n_expert;
+    if (counts.size() < cells) {
+        counts.assign(cells, 0);
+        wsum.assign(cells, 0.0);
+    }
+    if (rows.size() < (size_t) n_layer) {
+        rows.assign(n_layer, -1);
+        seen.resize(n_layer);
+    }
+    n_expert  = (int32_t) hp.n_expert;
+    per_token = verbose && n_tokens > 0;
+    if (per_token) {
+        max_rows          = n_tokens;
+        const size_t need = (size_t) n_layer * n_tokens * std::max(1, max_used);
+        if (tok_ids.size() < need) {
+            tok_ids.resize(need);
+            tok_w.resize(need);
+        }
+    }
+    return true;
+}
+
+void experts_on_node(expert_log & log, const ggml_tensor * t, int ith) {
+    if (ith != 0 || t->op != GGML_OP_ARGSORT || t->type != GGML_TYPE_I32 || log.n_expert == 0 || !t->data) {
+        return;
+    }
+    const int32_t il = argsort_layer(t);
+    if (il < 0 || il >= log.n_layer || t->ne[0] != log.n_expert || t->ne[2] != 1 || t->ne[3] != 1 ||
+        log.rows[il] >= 0) {
+        return;
+    }
+    const int32_t       n_used = log.n_used[il];
+    const int32_t       n_rows = (int32_t) std::min<int64_t>(t->ne[1], INT32_MAX);
+    // the weights: the router's probabilities the ranking was made of (llama.cpp's
+    // `ffn_moe_weights` gathers them); a ranking of anything else (biased or masked
+    // probabilities, logits) leaves the weights unread
+    const ggml_tensor * p      = t->src[0];
+    const bool pw = p && p->data && p->type == GGML_TYPE_F32 && p->nb[0] == sizeof(float) && p->ne[0] == log.n_expert &&
+                    p->ne[1] == t->ne[1] && strncmp(p->name, PROBS_NAME, sizeof(PROBS_NAME) - 1) == 0;
+    int32_t *    counts = log.counts.data() + (size_t) il * log.n_expert;
+    double *     wsum   = log.wsum.data() + (size_t) il * log.n_expert;
+    const bool   tok    = log.per_token && n_rows <= log.max_rows;
+    const size_t tbase  = (size_t) il * log.max_rows * std::max(1, log.max_used);
+    for (int32_t r = 0; r < n_rows; r++) {
+        const int32_t * ids  = (const int32_t *) ((const char *) t->data + (size_t) r * t->nb[1]);
+        const float *   prob = pw ? (const float *) ((const char *) p->data + (size_t) r * p->nb[1]) : nullptr;
+        for (int32_t k = 0; k < n_used; k++) {
+            const int32_t e = ids[k];
+            if (e < 0 || e >= log.n_expert) {
+                continue;
+            }
+            counts[e]++;
+            const float w = prob ? prob[e] : NAN;
+            wsum[e] += w;
+            if (tok) {
+                log.tok_ids[tbase + (size_t) r * n_used + k] = e;
+                log.tok_w[tbase + (size_t) r * n_used + k]   = w;
+            }
+        }
+    }
+    log.rows[il]           = n_rows;
+    log.seen[log.n_seen++] = il;
+}
+
+void expert_log::reset() {
+    for (int32_t s = 0; s < n_seen; s++) {
+        const int32_t il = seen[s];
+        std::fill_n(counts.begin() + (size_t) il * n_expert, n_expert, 0);
+        std::fill_n(wsum.begin() + (size_t) il * n_expert, n_expert, 0.0);
+        rows[il] = -1;
+    }
+    n_seen = 0;
+}
+
+void expert_log::collect() {
+    for (int32_t s = 0; s < n_seen; s++) {
+        const int32_t il = seen[s];
+        int32_t *     c  = counts.data() + (size_t) il * n_expert;
+        double *      w  = wsum.data() + (size_t) il * n_expert;
+        for (int32_t e = 0; e < n_expert; e++) {
+            if (c[e] > 0) {
+                p_rows.push_back({ il, e, c[e], w[e] });
+            }
+            c[e] = 0;
+            w[e] = 0.0;
+        }
+        if (per_token && rows[il] <= max_rows) {
+            const int32_t nu    = n_used[il];
+            const size_t  tbase = (size_t) il * max_rows * std::max(1, max_used);
+            const size_t  n     = (size_t) rows[il] * nu;
+            p_tok.push_back({ il, rows[il], nu, p_tok_ids.size() });
+            p_tok_ids.insert(p_tok_ids.end(), tok_ids.begin() + tbase, tok_ids.begin() + tbase + n);
+            p_tok_w.insert(p_tok_w.end(), tok_w.begin() + tbase, tok_w.begin() + tbase + n);
+        }
+        rows[il] = -1;
+    }
+    n_seen = 0;
+}
+
+void write_experts(json_out &          j,
+                   const expert_log &  log,
+                   const std::string & sid,
+                   int32_t             ctx_id,
+                   int64_t             step,
+                   int32_t             ubatch,
+                   int32_t             graph_id,
+                   int64_t             ts,
+                   size_t              row_begin,
+                   size_t              row_end,
+                   size_t              tok_begin,
+                   size_t              tok_end) {
+    record_head(j, "experts", ts, sid);
+    j.key("ctx");
+    j.i64(ctx_id);
+    j.key("step");
+    j.i64(step);
+    j.key("ubatch");
+    j.i64(ubatch);
+    j.key("graph");
+    j.i64(graph_id);
+    j.key("n_expert");
+    j.i64(log.n_expert);
+    j.key("n_layer");
+    j.i64(log.n_layer);
+    j.key("rows");
+    j.ch('[');
+    {
+        json_rows out{ j };
+        for (size_t k = row_begin; k < row_end; k++) {
+            const expert_row & r = log.p_rows[k];
+            out.row();
+            out.i64(r.layer);
+            out.ch(',');
+            out.i64(r.expert);
+            out.ch(',');
+            out.i64(r.tokens);
+            out.ch(',');
+            out.f32(r.weight);  // NaN (not read): null
+            out.ch(']');
+        }
+        out.ch(']');
+    }
+    if (tok_end > tok_begin) {
+        // per layer: [layer, n_used, [expert ids, token by token], [their weights]]
+        j.key("tokens");
+        j.ch('[');
+        for (size_t b = tok_begin; b < tok_end; b++) {
+            const expert_log::tok_block & tb = log.p_tok[b];
+            j.sep();
+            j.ch('[');
+            j.i64(tb.layer);
+            j.ch(',');
+            j.i64(tb.n_used);
+            j.raw(",[");
+            const size_t n = (size_t) tb.n_rows * tb.n_used;
+            for (size_t i = 0; i < n; i++) {
+                if (i) {
+                    j.ch(',');
+                }
+                j.i64(log.p_tok_ids[tb.begin + i]);
+            }
+            j.raw("],[");
+            for (size_t i = 0; i < n; i++) {
+                if (i) {
+                    j.ch(',');
+                }
+                j.f32(log.p_tok_w[tb.begin + i]);
+            }
+            j.raw("]]");
+        }
+        j.ch(']');
+    }
+    j.ch('}');
+}
+
+}  // namespace llama_instr

@@ -87,6 +87,7 @@ class Candidate:
             "gen_tokens_per_s": p.gen.to_json() if p and p.gen else None,
             "prompt_tokens_per_s": p.prompt.to_json() if p and p.prompt else None,
             "not_covered": p.not_covered if p else [],
+            "contended": p.contended if p else [],  # logs from a busy machine (predict)
             "kld_mean": self.kld,
             "pareto_front": self.front,
             "command": " ".join(self.run_args()),

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from llamacpp_instr import bindings, devices, offload, runner
-from llamacpp_instr.converters.analysis import net_costs, split_costs
+from llamacpp_instr.converters.analysis import contention, net_costs, split_costs
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
 from llamacpp_instr.converters.analysis.op_costs import CostModel, GraphCosts, Where
 from llamacpp_instr.converters.analysis.op_fit import fit
@@ -115,6 +115,8 @@ class Prediction:
     not_covered: list[str] = field(default_factory=list)
     # op classes no log ran on their device, priced from others of their kind it ran (op_costs)
     priced_from_others: list[str] = field(default_factory=list)
+    # logs whose steps spread like a contended machine's: "LOG: what its figures are worth"
+    contended: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         t = asdict(self.target)
@@ -132,6 +134,7 @@ class Prediction:
             "rpc_links": self.links,
             "not_covered": self.not_covered,
             "priced_from_others": self.priced_from_others,
+            "contended": self.contended,
         }
 
 
@@ -309,6 +312,8 @@ def price(
             "-n above 0)"
         )
     out = Prediction(target=t, logs=names)
+    busy = [(n, contention.verdict(sf.steps)) for n, sf in zip(names, sessions, strict=False)]
+    out.contended = [f"{n}: {v.line()}" for n, v in busy if v.flagged]
     if t.rpc_rate is not None or t.rpc_rtt_ns is not None:
         # the same servers on another link (module net_costs)
         net = model.splits.net.with_link(t.rpc_rate, t.rpc_rtt_ns)

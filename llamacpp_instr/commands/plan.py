@@ -132,6 +132,9 @@ def render(ranked: list[Candidate], limits: dict[str, int], n_ctx: int, base: ob
         f"{'#':>3} {'':1} {'quant':<8} {'thr':>3} {'ubatch':>6} {'kv':<12} {'ngl':>4} "
         f"{'memory':>11} {'gen tok/s':>24} {'prompt tok/s':>24} {'KLD':>7}  command",
     ]
+    # logs from a busy machine (predict.Prediction.contended: the same for every setting)
+    busy = {x: None for c in ranked if c.prediction for x in c.prediction.contended}
+    lines[1:1] = [f"WARNING, a log from a busy machine: {x}" for x in busy]
     rank = 0
     for c in fits:
         kv = c.type_k + (" fa" if c.flash_attn else "")

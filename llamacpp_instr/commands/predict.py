@@ -187,6 +187,7 @@ def _rate(name: str, i: Interval | None) -> str:
 
 def render(p: Prediction) -> str:
     lines = [f"prediction for {p.target.describe()}:"]
+    lines += [f"  WARNING, a log from a busy machine: {line}" for line in p.contended]
     lines.append(_rate("prompt", p.prompt))
     lines.append(_rate("generation", p.gen))
     for kind, name in (("gen", "generation"), ("prompt", "prompt")):

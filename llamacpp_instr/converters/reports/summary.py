@@ -412,6 +412,11 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
             else Fact("op-time coverage", f"not recorded at level {ov['level'] or 'unknown'}")
         ),
     ]
+    from ..analysis.contention import verdict  # a log from a busy machine: say what it is worth
+
+    ov["busy_machine"] = (busy := verdict(f.steps)).to_json()  # in json's overview
+    if busy.flagged:
+        facts.insert(0, Fact("busy machine", busy.line()))
     sections = []
     recorded = ov["op_time_coverage"] is not None
     charts = _time_charts(f, per_op=recorded)

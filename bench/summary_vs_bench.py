@@ -119,6 +119,7 @@ def main() -> None:
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     bins = args.bin or tools.build_tools(echo, programs=("llama-bench", "ggml-rpc-server"))
     got: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    args.load = [os.getloadavg()[0]]
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="summary-vs-bench-")))
         prompt = tmp / "prompt.txt"
@@ -141,6 +142,7 @@ def main() -> None:
                 echo(f"round {k + 1} {s}: pp{p} {run['pp']:.1f} vs {pp:.1f}; "
                      f"tg{args.n} {run['tg']:.1f} vs {tg:.1f} (to llama_decode's return: "
                      f"{run['tg_decode']:.1f})")  # fmt: skip
+    args.load.append(os.getloadavg()[0])
     report = table(got, model, args)
     print(report)
     if args.write_docs:
@@ -158,7 +160,8 @@ def table(
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores. rpc: every layer on "
         "one ggml-rpc-server on loopback. The summary's figures are of `instr run`'s log at its "
         "default level (detailed); the generation test runs after a context of the prompt's tokens "
-        "(`-d`) in both.",
+        f"(`-d`) in both. Load average (1 min) at the start and the end: {args.load[0]:.1f}, "
+        f"{args.load[1]:.1f}.",
         "",
         "| setting | test | summary tok/s | llama-bench tok/s | summary / llama-bench (median of "
         "rounds) | within 15 % | to llama_decode's return (before) |",

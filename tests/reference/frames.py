@@ -251,6 +251,7 @@ class _RefBuilder:
                 weights[c] = weights[c].astype("category")
             weights["layer"] = weights["layer"].astype("Int64")
         layers, ops = self.layers.frame(LAYER_COLS), self.ops.frame(OP_COLS)
+        ops["expert_bytes"] = string_categories(ops["expert_bytes"])
         if len(self.device_names) > 1:  # the device columns (the machine's order)
             names = [self.device_names[k] for k in sorted(self.device_names)]
             layers["device"] = pd.Categorical(self.layer_device, categories=names)

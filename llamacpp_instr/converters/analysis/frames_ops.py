@@ -249,4 +249,5 @@ class OpsBuilder:
             if used is not None:
                 whole = int(self.node_exp_bytes[int(gidx[k])])
                 est_bytes[k] -= whole - whole * min(used, int(n_exp[k])) // int(n_exp[k])
-        return pd.Categorical.from_codes(codes, categories=labels)
+        # (no MUL_MAT_ID: string-typed empty categories, so the column stays one through Parquet)
+        return pd.Categorical.from_codes(codes, categories=labels or pd.Index([], dtype="str"))

@@ -167,7 +167,7 @@ def test_level_decides_whether_op_times_are_recorded(tmp_path: Path) -> None:
     relabelled.write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert overview(load_session(relabelled))["op_time_coverage"] == 0.0
     r = CliRunner().invoke(main, ["summary", str(relabelled)])
-    assert re.search(r"^op-time coverage \(timed ops / llama_decode\): +0\.0%$", r.output, re.M)
+    assert re.search(r"^op-time coverage \(timed ops / step time\): +0\.0%$", r.output, re.M)
     log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
     dr = read_log(log)
     op_ns = sum(o[2] for c in dr if c["type"] == "compute" for o in c["ops"])

@@ -407,7 +407,7 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
         ),
         *([Fact("log files", ov["files"])] if ov["files"] else []),
         (
-            Fact("op-time coverage (timed ops / llama_decode)", ov["op_time_coverage"], "pct")
+            Fact("op-time coverage (timed ops / step time)", ov["op_time_coverage"], "pct")
             if ov["op_time_coverage"] is not None
             else Fact("op-time coverage", f"not recorded at level {ov['level'] or 'unknown'}")
         ),

@@ -8,6 +8,7 @@ fixtures). They fail, not skip, when the patched llama-cpp-python is missing: CI
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,33 @@ if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
 from support import RunLog, make_run  # noqa: E402 (after the sys.path line above)
+
+# The fast tier, for the edit loop (`python -m pytest -m fast`): the tests that neither run the
+# patched build nor start a browser, against committed fixtures and logs written by hand. A test is
+# in it unless its fixtures reach one of NATIVE_FIXTURES, its module is in NATIVE_MODULES (tests
+# that start `instr run`, servers or llama.cpp's programs as processes) or it is marked vulkan.
+NATIVE_FIXTURES = frozenset(
+    {"instr_api", "smollm2_path", "tiny_dir", "moe_dir", "tools_bin", "browser"}
+)
+NATIVE_MODULES = frozenset({"test_build", "test_fuzz"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "fast: the fast tier (no native build, no browser)")
+    if config.option.markexpr == "fast":
+        # a test filed in the fast tier by mistake fails at once instead of running the build
+        os.environ["LLAMA_CPP_LIB_PATH"] = str(TESTS_DIR / "no-native-build-in-the-fast-tier")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        native = not NATIVE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+        module = getattr(item, "module", None)
+        if module is not None and module.__name__ in NATIVE_MODULES:
+            native = True
+        if not native and item.get_closest_marker("vulkan") is None:
+            item.add_marker(pytest.mark.fast)
+
 
 
 @pytest.fixture(scope="session")

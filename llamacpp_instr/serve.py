@@ -318,6 +318,55 @@ class ServeResult:
     steps: int
 
 
+def _load_app(
+    model: Path,
+    host: str,
+    port: int,
+    n_ctx: int,
+    n_threads: int,
+    api: Any,
+    loading: tuple[Any, TensorOverrides],
+) -> tuple[Any, Any]:
+    """llama-cpp-python's server app with its ``Llama`` loaded inside the placement's and the
+    tensor rules' loading contexts, and that ``Llama``; a load that fails is one line (out of
+    memory, or why the model would not load)."""
+    from llamacpp_instr import models
+
+    try:
+        from llama_cpp.server import app as server_app
+        from llama_cpp.server.settings import Settings
+    except ImportError as exc:
+        raise UserError(f"instr serve needs {exc.name}: {_SERVER_EXTRA_HINT}") from None
+    placement, tensors = loading
+    failed_before = api.memory_failure()
+    settings = Settings(
+        model=str(model),
+        host=host,
+        port=port,
+        n_ctx=n_ctx,
+        n_threads=n_threads,
+        n_threads_batch=n_threads,
+        verbose=False,
+        # queue concurrent requests instead of cutting a running stream short (the server's
+        # default): a profile shows every request complete
+        interrupt_requests=False,
+    )
+    try:
+        with placement.loading(), tensors.loading():  # the server's Llama loads inside
+            app = server_app.create_app(settings=settings)
+    except (ValueError, RuntimeError) as exc:
+        setting = memory.Setting(n_ctx=n_ctx, n_ubatch=settings.n_ubatch, ctx_flag="--ctx")
+        oom = memory.explain(api, failed_before, setting)
+        raise oom or UserError(models.explain_load_failure(model)) from exc
+    proxy = server_app._llama_proxy
+    llm = getattr(proxy, "_current_model", None)
+    if llm is None:
+        raise UserError(
+            "the server did not load the model (llama-cpp-python's LlamaProxy changed?)"
+        )
+    return app, llm
+
+
 def serve(
     model: Path,
     out: Path,
@@ -344,8 +393,6 @@ def serve(
     check_port(host, port)
     try:
         import uvicorn
-        from llama_cpp.server import app as server_app
-        from llama_cpp.server.settings import Settings
     except ImportError as exc:
         raise UserError(f"instr serve needs {exc.name}: {_SERVER_EXTRA_HINT}") from None
     api = bindings.load()
@@ -355,33 +402,8 @@ def serve(
     placement = prepare(offload)  # before the model loads, and before the log exists
     if memory_budget:
         api.set_memory_budget(memory_budget)
-    failed_before = api.memory_failure()
     n_threads = resolve_threads(threads)
-    settings = Settings(
-        model=str(model),
-        host=host,
-        port=port,
-        n_ctx=n_ctx,
-        n_threads=n_threads,
-        n_threads_batch=n_threads,
-        verbose=False,
-        # queue concurrent requests instead of cutting a running stream short (the server's
-        # default): a profile shows every request complete
-        interrupt_requests=False,
-    )
-    try:
-        with placement.loading(), tensors.loading():  # the server's Llama loads inside
-            app = server_app.create_app(settings=settings)
-    except (ValueError, RuntimeError) as exc:
-        setting = memory.Setting(n_ctx=n_ctx, n_ubatch=settings.n_ubatch, ctx_flag="--ctx")
-        oom = memory.explain(api, failed_before, setting)
-        raise oom or UserError(models.explain_load_failure(model)) from exc
-    proxy = server_app._llama_proxy
-    llm = getattr(proxy, "_current_model", None)
-    if llm is None:
-        raise UserError(
-            "the server did not load the model (llama-cpp-python's LlamaProxy changed?)"
-        )
+    app, llm = _load_app(model, host, port, n_ctx, n_threads, api, (placement, tensors))
     use = instrument(llm, api)
     app.add_middleware(RequestRecorder, api=api)
 

@@ -1,7 +1,7 @@
 """The converters' layout: rooms by job that import only downward, and no unit too big to read.
 
 Walks ``llamacpp_instr/converters`` with ``ast`` (nothing is imported): every module under 600
-lines, every class under 200, and every import that names a module of the package goes to the
+lines, every class under 200 (and every function of the whole package at most 120), and every import that names a module of the package goes to the
 importer's own room or one below it (docs/internals.md, section 3, draws the stack).
 """
 
@@ -13,6 +13,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "llamacpp_instr" / "converters"
 MAX_MODULE_LINES = 600
 MAX_CLASS_LINES = 200
+MAX_FUNCTION_LINES = 120
 
 # each room and the rooms it may import (besides itself); the package's root modules
 # (errors, schema) are below every room, and its __init__ above them all
@@ -87,6 +88,21 @@ def test_no_class_over_200_lines() -> None:
                     over[f"{p.relative_to(PACKAGE)}:{node.name}"] = n
     assert classes > 50, f"only {classes} classes found"
     assert not over, f"classes over {MAX_CLASS_LINES} lines: {over}"
+
+
+def test_no_function_over_120_lines() -> None:
+    """Every function of the package, not only the converters', reads on a screen or two."""
+    functions = 0
+    over = {}
+    for p in sorted(PACKAGE.parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions += 1
+                n = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if n > MAX_FUNCTION_LINES:
+                    over[f"{p.relative_to(PACKAGE.parent)}:{node.name}"] = n
+    assert functions > 1000, f"only {functions} functions found"
+    assert not over, f"functions over {MAX_FUNCTION_LINES} lines: {over}"
 
 
 def climbing(here: tuple[str, ...], found: list[tuple[int, tuple[str, ...]]]) -> list[str]:

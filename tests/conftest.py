@@ -27,15 +27,26 @@ from support import RunLog, make_run  # noqa: E402 (after the sys.path line abov
 # The fast tier, for the edit loop (`python -m pytest -m fast`): the tests that neither run the
 # patched build nor start a browser, against committed fixtures and logs written by hand. A test is
 # in it unless its fixtures reach one of NATIVE_FIXTURES, its module is in NATIVE_MODULES (tests
-# that start `instr run`, servers or llama.cpp's programs as processes) or it is marked vulkan.
+# that start `instr run`, servers or llama.cpp's programs as processes) or it is marked vulkan or
+# native (a test that asks for its run's fixture by name at run time, or runs the build itself).
 NATIVE_FIXTURES = frozenset(
     {"instr_api", "smollm2_path", "tiny_dir", "moe_dir", "tools_bin", "browser"}
 )
-NATIVE_MODULES = frozenset({"test_build", "test_fuzz"})
+NATIVE_MODULES = frozenset(
+    {
+        "test_build",
+        "test_fuzz",
+        "test_last_op",
+        "test_native_robustness",
+        "test_rpc_network",
+        "test_run",
+    }
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "fast: the fast tier (no native build, no browser)")
+    config.addinivalue_line("markers", "native: runs the patched build (kept out of the fast tier)")
     if config.option.markexpr == "fast":
         # a test filed in the fast tier by mistake fails at once instead of running the build
         os.environ["LLAMA_CPP_LIB_PATH"] = str(TESTS_DIR / "no-native-build-in-the-fast-tier")
@@ -47,9 +58,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = getattr(item, "module", None)
         if module is not None and module.__name__ in NATIVE_MODULES:
             native = True
-        if not native and item.get_closest_marker("vulkan") is None:
+        if item.get_closest_marker("vulkan") or item.get_closest_marker("native"):
+            native = True
+        if not native:
             item.add_marker(pytest.mark.fast)
-
 
 
 @pytest.fixture(scope="session")

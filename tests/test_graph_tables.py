@@ -123,6 +123,7 @@ def _outputs(log: Path, out: Path) -> dict[str, bytes]:
     return files
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("run", ["rebuilt", "served"])
 def test_outputs_are_the_same_as_from_whole_tables(
     run: str, request: pytest.FixtureRequest, tmp_path: Path
@@ -155,6 +156,7 @@ def test_a_table_named_but_missing_is_skipped_and_counted(rebuilt: Path, tmp_pat
     assert "skipped" in (r.stdout + r.stderr)
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("run", ["rebuilt", "served"])
 def test_run_logs_stay_valid(
     run: str, request: pytest.FixtureRequest, schema_validator: Any

@@ -442,6 +442,7 @@ def test_an_rpc_device_without_op_times_is_sent_to_the_patched_server() -> None:
 # --- -ngl 0 from logs that offloaded layers (issue 36's last cell) ---------------------------
 
 
+@pytest.mark.native
 def test_ngl0_without_a_log_of_the_cpus_ops_is_not_covered(tmp_path: Path) -> None:
     """The fixture ran every layer on lavapipe, so the CPU timed no matmul: -ngl 0 is not
     predicted, each CPU op class is named with the run that measures it, and no op is priced

@@ -13,6 +13,7 @@ get their own key. ``stock=True`` builds the pin without patches, for baselines.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -89,13 +90,24 @@ def build_tools(
     rebuild: bool = False,
     jobs: int | None = None,
 ) -> Path:
-    """Build ``programs`` (cached) and return the folder holding them."""
+    """Build ``programs`` (cached) and return the folder holding them.
+
+    One build of a key at a time: a second process (two test runs, two CI jobs) waits for the
+    first, then finds what it built, instead of building into the same tree beside it."""
     plan = tools_plan(extra_cmake_args, stock=stock)
     out = bin_dir(plan)
-    missing = [p for p in programs if rebuild or not (out / p).is_file()]
-    if not missing:
-        echo(f"using cached tools in {out}")
-        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with (out.parent / "build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        missing = [p for p in programs if rebuild or not (out / p).is_file()]
+        if not missing:
+            echo(f"using cached tools in {out}")
+            return out
+        return _build(plan, missing, echo, jobs)
+
+
+def _build(plan: build.BuildPlan, missing: list[str], echo: build.Echo, jobs: int | None) -> Path:
+    out = bin_dir(plan)
     work = cache_dir() / "tools" / plan.key / "src"
     root = build.prepare_source(plan, work, echo)
     cmake_args, env = build.compile_env(plan)
@@ -107,7 +119,7 @@ def build_tools(
     log.parent.mkdir(parents=True, exist_ok=True)
     jobs = jobs or os.cpu_count() or 2
     echo(
-        f"building {', '.join(missing)} ({'stock' if stock else 'patched'}, key {plan.key}; "
+        f"building {', '.join(missing)} ({'patched' if plan.patches else 'stock'}, key {plan.key}; "
         f"about 10 minutes on 2 cores without ccache; log: {log})"
     )
     t0 = time.monotonic()

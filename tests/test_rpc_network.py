@@ -240,19 +240,26 @@ def stock_lib() -> Path:
     return build.stock_lib_dir(echo)
 
 
-def rpc_server_exe(stock: bool) -> Path:
-    """ggml-rpc-server as `instr build --tools` builds it, patched or the stock pin's (cached)."""
+def rpc_server_exe() -> Path:
+    """ggml-rpc-server as `instr build --tools` builds it (patched; cached)."""
     from llamacpp_instr import tools
 
-    return tools.build_tools(echo, programs=("ggml-rpc-server",), stock=stock) / "ggml-rpc-server"
+    return tools.build_tools(echo, programs=("ggml-rpc-server",)) / "ggml-rpc-server"
 
 
-def hello_padding(exe: Path) -> int:
+def stock_server() -> list[str]:
+    """A stock server: the stock pin's libggml-rpc serving this machine's CPU. Its server is the
+    code the stock ggml-rpc-server program runs (ggml_backend_rpc_start_server), from the one stock
+    build the suite makes (the stock client below needs its libraries too)."""
+    return netsim.server_command(stock_lib(), "{endpoint}")
+
+
+def hello_padding(server: list[str]) -> int:
     """The byte of a server's HELLO reply that a patched server sets (RPC_INSTR_HELLO)."""
     import socket
     import struct
 
-    with netsim.Network([(None, 0.0, netsim.binary_server_command(exe))], loopback=True) as net:
+    with netsim.Network([(None, 0.0, server)], loopback=True) as net:
         host, port = net.endpoints[0].rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as s:
             s.sendall(bytes([14]) + struct.pack("<Q", 24) + bytes(24))  # RPC_CMD_HELLO, no caps
@@ -262,17 +269,17 @@ def hello_padding(exe: Path) -> int:
     return rsp[3]
 
 
-def test_the_tools_build_a_patched_and_a_stock_rpc_server() -> None:
+def test_the_tools_build_a_patched_rpc_server_and_a_stock_one_offers_no_timing() -> None:
     """`instr build --tools` builds ggml-rpc-server; the patched one offers graph timing in its
     HELLO reply's spare byte (a magic value and the version of the timing extension), the stock
     one does not, and both speak the pin's protocol 7.0."""
-    assert hello_padding(rpc_server_exe(stock=False)) == 0x2A
-    assert hello_padding(rpc_server_exe(stock=True)) == 0
+    assert hello_padding(netsim.binary_server_command(rpc_server_exe())) == 0x2A
+    assert hello_padding(stock_server()) == 0
 
 
 @pytest.fixture(scope="module")
 def stock_server_run(rpc_model: Path, tmp_path_factory: pytest.TempPathFactory) -> TwoHosts:
-    server = netsim.binary_server_command(rpc_server_exe(stock=True))
+    server = stock_server()
     log = tmp_path_factory.mktemp("rpc-stock") / "stock-server.log"
     with netsim.Network([(None, 1.0, server)], loopback=True) as net:
         code = netsim.client_script(rpc_model, net.endpoints, N_PREDICT, PROMPT, log=log)
@@ -402,7 +409,7 @@ def test_llama_cli_over_rpc_logs_the_upload_and_the_remote_ops(
     from llamacpp_instr import tools
 
     tools.build_tools(echo)  # the patched llama-cli (cached: test_tools builds the same)
-    server = netsim.binary_server_command(rpc_server_exe(stock=False))
+    server = netsim.binary_server_command(rpc_server_exe())
     log = tmp_path / "cli.log"
     with netsim.Network([(None, 1.0, server)], loopback=True) as net:
         cmd = [sys.executable, "-m", "llamacpp_instr.cli", "exec", "-o", str(log), "llama-cli"]

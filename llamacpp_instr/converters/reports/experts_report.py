@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..analysis.experts import LayerCopies, LayerRouting, layer_copies, layer_routing
 from ..errors import UserError
-from ..session.experts import NO_ROUTING
+from ..session.experts import no_routing
 from .report import Chart, Column, Fact, Report, Section, Table
 
 if TYPE_CHECKING:  # pandas loads with the frames, not with this module
@@ -45,7 +45,11 @@ def experts_report(f: SessionFrames, log: Any = "the log") -> Report:
     without routing records is a ``UserError`` (one line)."""
     n_expert, layers = layer_routing(f)
     if not layers:
-        raise UserError(NO_ROUTING.format(log=log))
+        from .memory_report import expert_tensors
+
+        levels = set(f.steps["level"].astype(str)) if len(f.steps) else set()
+        level = "detailed" if levels & {"detailed", "verbose"} else str(f.info.level)
+        raise UserError(no_routing(log, level, len(expert_tensors(f))))
     heat = Chart(
         name="expert_load",
         kind="heatmap",

@@ -30,6 +30,7 @@ from typing import Any
 
 from llamacpp_instr import bindings, devices, memory, models, offload, runner
 from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.tensor_overrides import TensorOverrides
 
 # the KV caches fit tries, in order: f16, then q8_0 (a quantized V cache needs flash attention)
 FIT_KV = (("f16", "f16", False), ("q8_0", "q8_0", True))
@@ -187,7 +188,13 @@ def file_type(path: Path) -> str:
 class Prober:
     """One model file loaded with no weights, at one -ngl; contexts made and freed per probe."""
 
-    def __init__(self, path: Path, placement: offload.Placement, names: list[str]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        placement: offload.Placement,
+        names: list[str],
+        tensors: TensorOverrides | None = None,
+    ) -> None:
         ll = bindings.import_llama_cpp()
         self._ll = ll
         self._lib = bindings.load()
@@ -196,7 +203,9 @@ class Prober:
         placement.apply(params)
         params.no_alloc = True
         params.load_mode = ll.LLAMA_LOAD_MODE_NONE
-        self.model = ll.llama_model_load_from_file(str(path).encode(), params)
+        # the tensor overrides (-ot, --n-cpu-moe) set the params of the load inside the block
+        with (tensors or TensorOverrides()).loading():
+            self.model = ll.llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self.model:
             raise UserError(models.explain_load_failure(path))
         self.n_layer = int(ll.llama_model_n_layer(self.model))

@@ -48,6 +48,7 @@ from llamacpp_instr.converters.analysis.op_costs import CostModel, GraphCosts, W
 from llamacpp_instr.converters.analysis.op_fit import fit
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reading.decode.graphs import graph_table
+from llamacpp_instr.tensor_overrides import TensorOverrides
 
 # llama.cpp's KV cache is read in multiples of this many cells (the pin's get_n_kv)
 KV_PAD = 256
@@ -75,6 +76,8 @@ class Target:
     rpc_servers: int = 0
     rpc_rate: float | None = None
     rpc_rtt_ns: float | None = None
+    # which weight tensors go where (-ot, --n-cpu-moe: a mixture of experts' placement)
+    tensors: TensorOverrides = field(default_factory=TensorOverrides)
 
     def describe(self) -> str:
         depth = f" at depth {self.depth}" if self.depth else ""
@@ -122,6 +125,7 @@ class Prediction:
         t = asdict(self.target)
         t["model"] = str(self.target.model)
         t.pop("offload")
+        t["tensors"] = self.target.tensors.describe()
         return {
             "prediction": True,
             "setting": t,
@@ -176,6 +180,7 @@ def default_target(sf: SessionFrames, model: Path | None) -> Target:
     devs = sf.devices
     n_rpc = int((devs["backend"].astype(str) == "RPC").sum()) if not devs.empty else 0
     return Target(
+        tensors=logged_tensors(sf),
         rpc_servers=n_rpc,
         model=path,
         threads=int(ctx.get("n_threads") or 1),
@@ -188,6 +193,21 @@ def default_target(sf: SessionFrames, model: Path | None) -> Target:
         type_k=str(ctx.get("type_k") or "f16"),
         type_v=str(ctx.get("type_v") or "f16"),
         offload=placed,
+    )
+
+
+def logged_tensors(sf: SessionFrames) -> TensorOverrides:
+    """The tensor overrides (-ot, --n-cpu-moe) instr run loaded the log's model with."""
+    cfg = (sf.info.metadata or {}).get("config") or {}
+    rules = (cfg.get("tensors") or {}).get("rules") if isinstance(cfg, dict) else None
+    if not isinstance(rules, list):
+        return TensorOverrides()
+    return TensorOverrides(
+        tuple(
+            (str(r[0]), str(r[1]))
+            for r in rules
+            if isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r)
+        )
     )
 
 
@@ -234,7 +254,7 @@ class GraphBuilder:
             placed = replace(placed, rpc=rpc_standin.endpoints(t.rpc_servers))
         devices.add_rpc_servers(placed.rpc)
         placement = offload.prepare(placed)
-        self.prober = Prober(t.model, placement, names)
+        self.prober = Prober(t.model, placement, names, t.tensors)
         self.target = t
         self.cache: dict[tuple[int, int], tuple[GraphCosts, list[str]]] = {}
 
@@ -428,6 +448,7 @@ def measuring_run(t: Target) -> str:
     args.append(f"--batch {t.n_batch} --ubatch {t.n_ubatch} --ctx {n_ctx} -n {t.n_gen}")
     if t.offload.gpu_layers:
         args.append(f"-ngl {t.offload.gpu_layers}")
+    args += [f"-ot '{x}'" for x in t.tensors.command_line()[1:]]
     if t.flash_attn:
         args.append("--flash-attn")
     if (t.type_k, t.type_v) != ("f16", "f16"):

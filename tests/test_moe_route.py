@@ -298,7 +298,9 @@ def test_instr_experts_text_json_html(small_detailed: Path, tmp_path: Path) -> N
     assert html.exit_code == 0 and "<svg" in out.read_text()
 
 
-def test_instr_experts_says_when_a_log_has_no_routing(small_detailed: Path, tmp_path: Path) -> None:
+def test_instr_experts_says_when_a_log_has_no_routing(
+    small_detailed: Path, moe_small: Path, tmp_path: Path
+) -> None:
     import subprocess
     import sys
 
@@ -310,13 +312,26 @@ def test_instr_experts_says_when_a_log_has_no_routing(small_detailed: Path, tmp_
             if '"type":"experts"' not in line
         )
     )
-    p = subprocess.run(
-        [sys.executable, "-m", "llamacpp_instr.cli", "experts", str(bare)],
-        capture_output=True,
-        text=True,
-    )
-    assert p.returncode == 2
-    assert p.stdout == "" and p.stderr.count("\n") == 1 and "no routing recorded" in p.stderr
+
+    def one_line(log: Path) -> str:
+        p = subprocess.run(
+            [sys.executable, "-m", "llamacpp_instr.cli", "experts", str(log)],
+            capture_output=True,
+            text=True,
+        )
+        assert p.returncode == 2 and p.stdout == "" and p.stderr.count("\n") == 1, p.stderr
+        return p.stderr
+
+    # a mixture of experts whose routers the log did not read (another architecture's, one on
+    # an RPC server): its 12 expert tensors named, nothing guessed
+    unread = one_line(bare)
+    assert "mixture of experts (12 expert tensors)" in unread and "none is guessed" in unread
+    from support import FIXTURES
+
+    assert "no experts" in one_line(FIXTURES / "tiny-llama-detailed.log.gz")
+    minimal = tmp_path / "minimal.log"
+    make_run(moe_small, minimal, "minimal", n_predict=2)
+    assert "--level minimal" in one_line(minimal)
 
 
 def test_routed_tables_match_the_per_op_reference(small_detailed: Path) -> None:

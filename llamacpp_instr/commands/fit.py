@@ -18,6 +18,7 @@ from llamacpp_instr.commands import (
     text_json_option,
     threads_option,
 )
+from llamacpp_instr.commands.experts_placement import experts_option, rank_experts
 
 if TYPE_CHECKING:
     from llamacpp_instr.fit import Answer, Footprint
@@ -57,6 +58,15 @@ PURPOSES = ("weights", "kv_cache", "compute", "output")
     help="Run the setting for real (instr run, two tokens, under a memory budget of the same "
     "memory) and show its live buffers per device and purpose.",
 )
+@experts_option
+@click.option(
+    "--log",
+    "logs",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="With --experts: a detailed log of a run of this model, to price the placements "
+    "(repeatable).",
+)
 def command(
     model: Path | None,
     memory_specs: tuple[str, ...],
@@ -67,6 +77,8 @@ def command(
     fmt: str,
     compare_llama: bool,
     measure: bool,
+    experts: bool,
+    logs: tuple[Path, ...],
 ) -> None:
     """What fits MODEL.gguf (default: the bundled SmolLM2-135M-Instruct) in each device's memory.
 
@@ -93,6 +105,12 @@ def command(
         )
     devices.add_rpc_servers(offload.rpc)  # --rpc's servers become devices --memory may name
     memory = fit.parse_memory(memory_specs)
+    if experts:
+        # (the context: --ctx, else the first log's)
+        rank_experts(path, list(logs), {**fit.device_memory(), **memory}, n_ctx, offload, fmt)
+        return
+    if logs:
+        raise UserError("--log prices expert placements: give --experts too")
     ngl_given = click.get_current_context().get_parameter_source("gpu_layers") in (
         ParameterSource.COMMANDLINE,
         ParameterSource.ENVIRONMENT,

@@ -16,6 +16,7 @@ from llamacpp_instr.commands import (
     quant_option,
     text_json_option,
 )
+from llamacpp_instr.commands.experts_placement import experts_option, rank_experts
 
 if TYPE_CHECKING:
     from llamacpp_instr.offload import Offload
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     "KL divergence from the base joins the Pareto front.",
 )
 @offload_options(layers_default="0, and all too where a GPU option is given: both ranked")
+@experts_option
 @text_json_option("text: a ranked table; json: one object per setting.")
 def command(
     model: Path,
@@ -49,6 +51,7 @@ def command(
     quants: tuple[str, ...],
     quality: Path | None,
     offload: Offload,
+    experts: bool,
     fmt: str,
 ) -> None:
     """Rank the settings of MODEL.gguf that fit the memory, by speed predicted from LOGS.
@@ -85,6 +88,9 @@ def command(
     devices.add_rpc_servers(offload.rpc)
     memory = fit.parse_memory(memory_specs)
     limits = {**fit.device_memory(), **memory}
+    if experts:
+        rank_experts(model, list(logs), limits, n_ctx, offload, fmt)
+        return
     sessions = predict.load_logs(list(logs))
     base = predict.default_target(sessions[0], model)
     files = _files(model, quants)

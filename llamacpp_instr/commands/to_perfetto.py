@@ -77,7 +77,8 @@ def command(
     (prompt or generation, token ids and text in its args), nested compute (ubatch), layer and op
     slices (tensor shapes and types, the weight a matmul reads, estimated FLOPs and bytes with
     achieved GFLOP/s and GB/s), per-thread tracks for verbose logs, and counters (tokens/s, KV
-    cache cells, memory). Damaged lines are skipped and reported on stderr.
+    cache cells, memory; for a mixture of experts with its routing recorded, the experts each
+    layer used per ubatch). Damaged lines are skipped and reported on stderr.
 
     With this machine's peaks (`instr peaks`), each op also shows its arithmetic intensity, its
     fraction of the roofline at that intensity (roof_fraction) and which roof binds it (bound:

@@ -6,6 +6,7 @@ experts each ubatch touched (what a MUL_MAT_ID had to read), and the hottest exp
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -100,3 +101,74 @@ def layer_routing(f: SessionFrames) -> tuple[int, list[LayerRouting]]:
             )
         )
     return n_expert, out
+
+
+# a copy's layer: a node of layer N (``ffn_norm-3 (reshaped)``, ``ffn_moe_topk-3``) or a weight of
+# block N (``blk.3.ffn_up_exps.weight``: ggml's op offload, copying the experts used)
+_COPY_LAYER = re.compile(r"^blk\.(\d+)\.|-(\d+)(?: \(.*\))?$")
+
+
+@dataclass
+class LayerCopies:
+    """What the scheduler copied for one layer in one kind of step, per step (mean): to and from
+    the device its experts run on, the expert weights among it (op offload) and their share of
+    those tensors' bytes (the experts used)."""
+
+    layer: int
+    kind: str  # "prompt" or "gen"
+    route: str  # "SRC -> DST"
+    copies: float
+    bytes: float
+    time_ns: float
+    weight_bytes: float  # of it, expert weights (ggml copies only the experts a ubatch used)
+    weight_share: float | None  # weight_bytes over the bytes of the expert tensors copied
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "layer": self.layer,
+            "kind": self.kind,
+            "route": self.route,
+            "copies_per_step": self.copies,
+            "bytes_per_step": self.bytes,
+            "ms_per_step": self.time_ns / 1e6,
+            "expert_weight_bytes_per_step": self.weight_bytes,
+            "expert_weight_share": self.weight_share,
+        }
+
+
+def layer_copies(f: SessionFrames) -> list[LayerCopies]:
+    """Per layer, kind of step and route, the scheduler's copies of the layer's tensors (a log
+    on several devices; [] without copies), per step of that kind."""
+    cp = f.copies
+    if cp is None or cp.empty or f.steps.empty:
+        return []
+    kinds = dict(zip(f.steps["step"], f.steps["kind"].astype(str), strict=True))
+    n_steps: dict[str, int] = {}
+    for k in kinds.values():
+        n_steps[k] = n_steps.get(k, 0) + 1
+    whole = {str(w.get("name")): int(w.get("bytes", 0)) for w in f.info.weights or []}
+    acc: dict[tuple[int, str, str], list[float]] = {}
+    for step, name, n, src, dst, dur in cp[
+        ["step", "tensor", "bytes", "src", "dst", "dur_ns"]
+    ].itertuples(False):
+        m = _COPY_LAYER.search(str(name))
+        kind = kinds.get(int(step))
+        if m is None or kind not in ("prompt", "gen"):
+            continue
+        layer = int(m.group(1) or m.group(2))
+        a = acc.setdefault((layer, kind, f"{src} -> {dst}"), [0.0, 0.0, 0.0, 0.0, 0.0])
+        a[0] += 1
+        a[1] += float(n)
+        a[2] += float(dur)
+        if m.group(1) is not None and "_exps" in str(name):
+            a[3] += float(n)
+            a[4] += float(whole.get(str(name), 0))
+    out = []
+    for (layer, kind, route), (c, b, t, wb, wt) in sorted(acc.items()):
+        s = n_steps[kind]
+        out.append(
+            LayerCopies(
+                layer, kind, route, c / s, b / s, t / s, wb / s, wb / wt if wt > 0 else None
+            )
+        )
+    return out

@@ -41,6 +41,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -81,7 +82,10 @@ def src0_type(node: Node, graph: Graph) -> str:
 
 def rows(node: Node, graph: Graph) -> int:
     """The rows a node works on: a matmul's are its output's second dimension (the tokens, or
-    one for the output projection of the last token only); any other op's, the ubatch's tokens."""
+    one for the output projection of the last token only), an expert matmul's (MUL_MAT_ID,
+    ``[rows, experts used, tokens]``) its third; any other op's, the ubatch's tokens."""
+    if node.op == "MUL_MAT_ID":
+        return int(node.shape[2]) if len(node.shape) >= 3 else 1
     if node.op.startswith("MUL_MAT") and len(node.shape) >= 2:
         return int(node.shape[1])
     if node.op.startswith("MUL_MAT"):
@@ -211,6 +215,7 @@ class CostModel:
     self_level: dict[str, float] = field(default_factory=dict)
     # the level per kind and the devices the logs' steps of that kind computed on
     self_level_on: dict[tuple[str, frozenset[str]], float] = field(default_factory=dict)
+    experts: Any = None  # a MoE's measured traffic (``expert_traffic``; None: no routing)
 
     def has(self, where: Where) -> bool:
         return where in self.roofs
@@ -316,12 +321,13 @@ class CostModel:
         server; ``held``: the device holding each weight, whose copies to another device are
         priced), the op classes no log has and what else no log has (``proxies``, ``beyond``: as
         ``price``)."""
+        gc, shares = _routed(self.experts, gc)
         cost, missing = self.price(gc, devices, threads, proxies, beyond)
         used = {d for d, nop in zip(devices, gc.noop, strict=False) if not nop}
         if len(used) <= 1:
             return cost, {}, missing, []
         extra, lost = split_costs.across_devices(
-            gc.graph, gc.noop, devices, self.splits, kind, resend, held
+            gc.graph, gc.noop, devices, self.splits, kind, resend, held, shares
         )
         return cost, extra, missing, lost
 
@@ -387,6 +393,14 @@ class CostModel:
                     _, other, found = max(have, key=lambda h: (h[0], h[1]))
                     return found, label, other, t
         return None
+
+
+def _routed(traffic: Any, gc: GraphCosts) -> tuple[GraphCosts, dict[int, float]]:
+    """``gc`` with its expert matmuls at the experts the logs' routing used, and the share of
+    each one's experts (``expert_traffic.ExpertTraffic``; as it is without routing)."""
+    if not traffic:
+        return gc, {}
+    return traffic.routed(gc), traffic.node_shares(gc.graph, gc.tokens)
 
 
 def first_source(g: Graph, k: int) -> int | None:

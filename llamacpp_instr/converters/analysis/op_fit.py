@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from . import net_costs, split_costs
+from .expert_traffic import ExpertTraffic
 from .op_costs import (
     FIXED_PERCENTILE,
     ROOF_PERCENTILE,
@@ -55,6 +56,12 @@ def _op_frame(frames: Any, graphs: LogGraphs, where_of: Any) -> pd.DataFrame | N
             continue
         gc = graphs[int(gid)][0]
         idx = rows["node"].to_numpy()
+        n_bytes = gc.bytes[idx]
+        if "expert_bytes" in rows.columns:
+            # an expert matmul whose routing the log holds: the experts its ubatch used
+            routed = (rows["expert_bytes"].astype(object) == "routed").to_numpy()
+            if routed.any():
+                n_bytes = np.where(routed, rows["est_bytes"].to_numpy(np.float64), n_bytes)
         parts.append(
             pd.DataFrame(
                 {
@@ -66,7 +73,7 @@ def _op_frame(frames: Any, graphs: LogGraphs, where_of: Any) -> pd.DataFrame | N
                     "label": np.asarray(gc.labels, object)[idx],
                     "type0": np.asarray(gc.types, object)[idx],
                     "role": np.asarray(gc.roles, object)[idx],
-                    "bytes": gc.bytes[idx],
+                    "bytes": n_bytes,
                     "flops": gc.flops[idx],
                     "device": where_of(rows),
                     "tokens": np.asarray(gc.tokens, object)[idx],
@@ -231,6 +238,7 @@ def fit(sessions: Iterable[Any]) -> CostModel:
         types_run={str(t) for t in obs["type0"].unique()},
         overhead={k: float(np.median(v)) for k, v in over.items()},
         splits=split_costs.fit(sessions),
+        experts=ExpertTraffic.of(sessions) or None,
     )
     _self_check(model, sessions, graphs)
     return model

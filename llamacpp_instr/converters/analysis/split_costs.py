@@ -195,12 +195,14 @@ def across_devices(
     kind: str,
     resend: bool = True,
     held: Holders | None = None,
+    shares: dict[int, float] | None = None,
 ) -> tuple[dict[str, float], list[str]]:
     """A graph split across devices: the time of its splits beyond their ops, per device, of the
     copies into them (under ``copies``: with the weights ``held`` on another device) and of the
     commands sent to RPC servers (under ``network``: ``net_costs``; ``resend``: the graph is not
     the one the previous compute ran, so each server is sent it whole); and what no log has
-    (module docstring)."""
+    (module docstring). ``shares``: per expert matmul (node index), the share of its experts
+    ggml copies where it offloads the op (the experts used: ``expert_traffic``)."""
     extra: dict[str, float] = defaultdict(float)
     lost: list[str] = []
     run = [k for k in range(len(g.nodes)) if not noop[k]]
@@ -235,7 +237,8 @@ def across_devices(
             elif s.get("kind") == "weight" and held:
                 where = held.get((node.name, str(s.get("name"))), dev)
                 if where != dev:
-                    out[str(s.get("name"))] = (where, int(s.get("bytes", 0)))
+                    share = (shares or {}).get(k, 1.0) if s is node.src[0] else 1.0
+                    out[str(s.get("name"))] = (where, int(int(s.get("bytes", 0)) * share))
             elif dev != "CPU" and s.get("kind") == "other" and "#" in str(s.get("name")):
                 # the scheduler's copy onto this device (DEV[...]#inp_pos#0): of another
                 # device's node, or of an input llama.cpp set on the host (positions, mask)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from ..analysis.experts import LayerRouting, layer_routing
+from ..analysis.experts import LayerCopies, LayerRouting, layer_copies, layer_routing
 from ..errors import UserError
-from ..session.experts import NO_ROUTING
+from ..session.experts import no_routing
 from .report import Chart, Column, Fact, Report, Section, Table
 
 if TYPE_CHECKING:  # pandas loads with the frames, not with this module
@@ -45,7 +45,11 @@ def experts_report(f: SessionFrames, log: Any = "the log") -> Report:
     without routing records is a ``UserError`` (one line)."""
     n_expert, layers = layer_routing(f)
     if not layers:
-        raise UserError(NO_ROUTING.format(log=log))
+        from .memory_report import expert_tensors
+
+        levels = set(f.steps["level"].astype(str)) if len(f.steps) else set()
+        level = "detailed" if levels & {"detailed", "verbose"} else str(f.info.level)
+        raise UserError(no_routing(log, level, len(expert_tensors(f))))
     heat = Chart(
         name="expert_load",
         kind="heatmap",
@@ -77,14 +81,50 @@ def experts_report(f: SessionFrames, log: Any = "the log") -> Report:
             "per expert is measured."
         ),
     )
+    moved = layer_copies(f)
+    sections = [section] + ([copies_section(moved)] if moved else [])
     return Report(
         title=f"Expert routing of session {f.info.sid}",
         subtitle=f"{n_expert} experts, {len(layers)} layers, {n_steps} steps",
-        sections=[section],
+        sections=sections,
         data={
             "n_expert": n_expert,
             "steps": sorted(set(f.experts["step"].tolist())),
             "layers": [lr.row() for lr in layers],
+            "copies_by_layer": [c.row() for c in moved],
         },
         csv_table="layers",
+    )
+
+
+COPY_COLUMNS = [
+    Column("layer", "layer", "int"),
+    Column("kind", "steps"),
+    Column("route", "copied"),
+    Column("copies_per_step", "copies per step", "f1"),
+    Column("bytes_per_step", "bytes per step", "bytes"),
+    Column("ms_per_step", "ms per step", "f3"),
+    Column("expert_weight_bytes_per_step", "of it expert weights", "bytes"),
+    Column("expert_weight_pct", "share of those tensors (%)", "f1"),
+]
+
+
+def copies_section(moved: list[LayerCopies]) -> Section:
+    """Per layer, what the scheduler copied between devices for it (the experts on another
+    device than the rest: their inputs and outputs, and ggml's op offload of the experts used)."""
+    rows = []
+    for c in moved:
+        r = c.row()
+        share = c.weight_share
+        r["expert_weight_pct"] = None if share is None else 100 * share
+        rows.append(r)
+    return Section(
+        "What moved, per layer",
+        tables=[Table("copies_by_layer", "Copies per layer and step", COPY_COLUMNS, rows)],
+        text=(
+            "the scheduler's copies of each layer's tensors (patch 0003's record: host time of "
+            "each copy, its bytes), per step of each kind; expert weights are copied where an op "
+            "runs on another device than they are held on (ggml's op offload, a large ubatch), "
+            "only the experts that ubatch used: their share of the tensors' bytes"
+        ),
     )

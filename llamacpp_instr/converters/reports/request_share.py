@@ -19,6 +19,11 @@ if TYPE_CHECKING:  # pandas loads with the frames, not with this module
 def step_rows(f: SessionFrames) -> list[StepRow]:
     """The session's steps in time order: (start, duration, the batch's tokens, [(sequence, its
     tokens)]); a step without ``seqs`` holds sequence 0 only."""
+    return [row for row, _ in indexed_step_rows(f)]
+
+
+def indexed_step_rows(f: SessionFrames) -> list[tuple[StepRow, int]]:
+    """``step_rows``, each with its step's index."""
     seqs: dict[tuple[int, int], list[tuple[int, int]]] = {}
     if f.seqs is not None and not f.seqs.empty:
         cols = f.seqs[["ctx", "step", "seq", "n_tokens"]].astype("int64")
@@ -26,7 +31,10 @@ def step_rows(f: SessionFrames) -> list[StepRow]:
             seqs.setdefault((int(ctx), int(step)), []).append((int(q), int(n)))
     cols = f.steps[["ctx", "step", "t_start", "dur_ns", "n_tokens"]].sort_values("t_start")
     return [
-        (int(start), int(dur), int(n), seqs.get((int(ctx), int(step))) or [(0, int(n))])
+        (
+            (int(start), int(dur), int(n), seqs.get((int(ctx), int(step))) or [(0, int(n))]),
+            int(step),
+        )
         for ctx, step, start, dur, n in cols.itertuples(False)
     ]
 

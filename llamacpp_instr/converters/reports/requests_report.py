@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..session.request_causes import RequestStory, StepRow, stories
+from ..session.request_experts import RequestExperts, StepRouting, request_experts
 from .report import Chart, Column, Fact, Report, Section, Series, Table
-from .request_share import step_rows
+from .request_share import indexed_step_rows, step_rows
 
 if TYPE_CHECKING:  # pandas loads with the frames, not with this module
     from ..analysis.frames import SessionFrames
@@ -104,14 +105,65 @@ def section(items: list[RequestStory], top: int | None = None) -> Section:
     )
 
 
+EXPERT_COLUMNS = [
+    Column("id", "request"),
+    Column("steps", "steps routed", "int"),
+    Column("shared_steps_not_split", "shared steps (not split)", "int"),
+    Column("experts_used_per_layer", "experts used per layer", "f2"),
+    Column("hottest", "hottest layer:expert (share of the layer's tokens)"),
+]
+
+
+def experts_by_request(f: SessionFrames) -> dict[str, RequestExperts]:
+    """A mixture of experts' routing per request ({} without routing records)."""
+    ex = f.experts
+    if ex.empty or not f.info.requests:
+        return {}
+    routed: dict[int, StepRouting] = {}
+    for step, layer, e, t in ex[["step", "layer", "expert", "tokens"]].itertuples(False):
+        routed.setdefault(int(step), []).append((int(layer), int(e), int(t)))
+    n_expert = max(int(ex.attrs.get("n_expert", 0)), int(ex["expert"].max()) + 1)
+    return request_experts(f.info.requests, indexed_step_rows(f), routed, n_expert)
+
+
+def experts_section(items: list[RequestStory], experts: dict[str, RequestExperts]) -> Section:
+    """Per request, slowest first: the experts its own steps routed to."""
+    rows = []
+    for s in items:
+        x = experts.get(s.id)
+        if x is None:
+            continue
+        hot = ", ".join(f"{la}:{e} ({100 * sh:.0f}%)" for la, e, sh in x.hottest())
+        rows.append({"id": s.id, **x.row(), "hottest": hot})
+    return Section(
+        "Experts per request",
+        tables=[Table("request_experts", "Experts per request", EXPERT_COLUMNS, rows)],
+        text=(
+            "from the routing of the steps whose batch carried the request's tokens alone; a "
+            "step shared with other requests has the batch's routing, not split between them"
+        ),
+    )
+
+
 def requests_report(f: SessionFrames, top: int | None = None) -> Report:
-    """``instr requests``: every request, slowest first, and why."""
+    """``instr requests``: every request, slowest first, and why; for a mixture of experts with
+    its routing recorded, the experts each one's steps routed to."""
     items = request_stories(f)
-    data: dict[str, Any] = {"requests": [s.row() for s in items]}
+    experts = experts_by_request(f)
+    rows = []
+    for s in items:
+        row = s.row()
+        if experts:
+            x = experts.get(s.id)
+            row["experts"] = x.row() if x is not None else None
+        rows.append(row)
+    sections = [section(items, top)] if items else []
+    if items and experts:
+        sections.append(experts_section(items, experts))
     return Report(
         title=f"Requests of session {f.info.sid}",
         subtitle=f"{len(items)} requests" if items else "no request records in this log",
-        sections=[section(items, top)] if items else [],
-        data=data,
+        sections=sections,
+        data={"requests": rows},
         csv_table="requests",
     )

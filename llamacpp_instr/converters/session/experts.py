@@ -3,8 +3,9 @@ compute, layer and expert, the tokens the router sent there and the sum of their
 (the router's probabilities of the chosen entries; ``None`` where the log could not read them).
 
 Decoded with bounds (``MAX_EXPERTS``, ``MAX_LAYERS``): a record outside them is malformed. A log
-without such records (a dense model, MINIMAL, a router that ran on a device whose ids the log
-cannot read, another architecture) has no routing: the readers say so, nothing is guessed."""
+without such records (a dense model, MINIMAL, a router whose ids the log cannot read: another
+architecture's, one on an RPC server) has no routing: the readers say which, in one line
+(``no_routing``), and nothing is guessed."""
 
 from __future__ import annotations
 
@@ -16,10 +17,30 @@ from typing import Any
 MAX_EXPERTS = 65536
 MAX_LAYERS = 4096
 
-NO_ROUTING = (
-    "no routing recorded in {log}: a mixture of experts run on the CPU at --level detailed "
-    "records it (a dense model, --level minimal, or a router on another device has none)"
-)
+# why a log has no routing, in one line each (``no_routing``)
+NO_ROUTING = {
+    "dense": "no routing in {log}: its model has no experts (no ffn_*_exps tensors)",
+    "minimal": (
+        "no routing in {log}: recorded at --level {level}; a mixture of experts' routing is "
+        "recorded at --level detailed"
+    ),
+    "unread": (
+        "no routing in {log}: its model is a mixture of experts ({n} expert tensors), but the "
+        "log read none of its routers (llama.cpp's ranking ffn_moe_argsort-N, read on the CPU "
+        "and on Vulkan; another architecture's router, or one on an RPC server, is not): none "
+        "is guessed"
+    ),
+}
+
+
+def no_routing(log: object, level: str, n_expert_tensors: int) -> str:
+    """The one line that says why a log has no routing records: a dense model, a level below
+    DETAILED, or a mixture of experts whose routers the log could not read."""
+    if n_expert_tensors == 0:
+        return NO_ROUTING["dense"].format(log=log)
+    if level not in ("detailed", "verbose"):
+        return NO_ROUTING["minimal"].format(log=log, level=level or "?")
+    return NO_ROUTING["unread"].format(log=log, n=n_expert_tensors)
 
 
 @dataclass

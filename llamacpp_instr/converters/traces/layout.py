@@ -8,7 +8,8 @@ apart. Layout, per session (one process):
   layer, containing a slice per op (with tensor metadata, FLOPs, bytes and achieved rates).
   Ops outside any layer (embedding lookup, final norm, output projection) sit in the compute.
 * ``thread N`` (verbose logs): per op, the part of its wall time worker N was busy.
-* counters: ``tokens/s``, ``KV cache cells``, ``memory: weights`` / ``KV cache`` / ``compute``.
+* counters: ``tokens/s``, ``KV cache cells``, ``memory: weights`` / ``KV cache`` / ``compute``;
+  a mixture of experts' ``experts used: layer N`` (``expert_tracks``).
 
 ``layout_bulk`` yields one item per track, slice and sample, except that each compute comes as
 one ``ComputeBatch``: its slice, its layer spans and its op slices as one ``OpBatch`` (the
@@ -28,6 +29,7 @@ from ..session.device_time import multi_device
 from ..session.kv_flows import KvFlows
 from ..session.machine_peaks import Roof
 from .devices import DeviceTracks
+from .expert_tracks import ExpertTracks
 from .items import (
     BulkItem,
     Item,
@@ -88,6 +90,7 @@ class SessionLayout(OpsLayout):
         )
         self.served = ServedTracks(info, self.process)
         self.memory = MemoryTracks(info, self.process)
+        self.experts = ExpertTracks(sid, self.process, sel.layer)
         # a run on several devices: a track per device, splits, copies, the network
         self.by_device: DeviceTracks | None = None
         if multi_device(info):
@@ -206,6 +209,8 @@ class SessionLayout(OpsLayout):
                 yield from self.compute(c, track, stats, flows[k] if flows else {})
         if dev is not None:
             yield from dev.transfers(step)
+        if step.experts:
+            yield from self.experts.step(step)
 
 
 def layout_bulk(

@@ -78,30 +78,32 @@ bool expert_log::arm(const llama_context * ctx, int32_t n_tokens, bool verbose) 
     return true;
 }
 
-void experts_on_node(expert_log & log, const ggml_tensor * t, int ith) {
-    if (ith != 0 || t->op != GGML_OP_ARGSORT || t->type != GGML_TYPE_I32 || log.n_expert == 0 || !t->data) {
-        return;
+int32_t router_layer(const expert_log & log, const ggml_tensor * t) {
+    if (t->op != GGML_OP_ARGSORT || t->type != GGML_TYPE_I32 || log.n_expert == 0) {
+        return -1;
     }
     const int32_t il = argsort_layer(t);
     if (il < 0 || il >= log.n_layer || t->ne[0] != log.n_expert || t->ne[2] != 1 || t->ne[3] != 1 ||
         log.rows[il] >= 0) {
-        return;
+        return -1;
     }
-    const int32_t       n_used = log.n_used[il];
-    const int32_t       n_rows = (int32_t) std::min<int64_t>(t->ne[1], INT32_MAX);
-    // the weights: the router's probabilities the ranking was made of (llama.cpp's
-    // `ffn_moe_weights` gathers them); a ranking of anything else (biased or masked
-    // probabilities, logits) leaves the weights unread
-    const ggml_tensor * p      = t->src[0];
-    const bool pw = p && p->data && p->type == GGML_TYPE_F32 && p->nb[0] == sizeof(float) && p->ne[0] == log.n_expert &&
-                    p->ne[1] == t->ne[1] && strncmp(p->name, PROBS_NAME, sizeof(PROBS_NAME) - 1) == 0;
-    int32_t *    counts = log.counts.data() + (size_t) il * log.n_expert;
-    double *     wsum   = log.wsum.data() + (size_t) il * log.n_expert;
-    const bool   tok    = log.per_token && n_rows <= log.max_rows;
-    const size_t tbase  = (size_t) il * log.max_rows * std::max(1, log.max_used);
+    return il;
+}
+
+namespace {
+
+// one layer's ranking into the tallies: row r's ids at ids_of(r), the router's probabilities of
+// row r at prob_of(r) (null: not read)
+template <typename Ids, typename Probs>
+void tally(expert_log & log, int32_t il, int32_t n_rows, Ids ids_of, Probs prob_of) {
+    const int32_t n_used = log.n_used[il];
+    int32_t *     counts = log.counts.data() + (size_t) il * log.n_expert;
+    double *      wsum   = log.wsum.data() + (size_t) il * log.n_expert;
+    const bool    tok    = log.per_token && n_rows <= log.max_rows;
+    const size_t  tbase  = (size_t) il * log.max_rows * std::max(1, log.max_used);
     for (int32_t r = 0; r < n_rows; r++) {
-        const int32_t * ids  = (const int32_t *) ((const char *) t->data + (size_t) r * t->nb[1]);
-        const float *   prob = pw ? (const float *) ((const char *) p->data + (size_t) r * p->nb[1]) : nullptr;
+        const int32_t * ids  = ids_of(r);
+        const float *   prob = prob_of(r);
         for (int32_t k = 0; k < n_used; k++) {
             const int32_t e = ids[k];
             if (e < 0 || e >= log.n_expert) {
@@ -118,6 +120,38 @@ void experts_on_node(expert_log & log, const ggml_tensor * t, int ith) {
     }
     log.rows[il]           = n_rows;
     log.seen[log.n_seen++] = il;
+}
+
+}  // namespace
+
+void experts_on_node(expert_log & log, const ggml_tensor * t, int ith) {
+    if (ith != 0 || !t->data) {
+        return;
+    }
+    const int32_t il = router_layer(log, t);
+    if (il < 0) {
+        return;
+    }
+    const int32_t       n_rows = (int32_t) std::min<int64_t>(t->ne[1], INT32_MAX);
+    // the weights: the router's probabilities the ranking was made of (llama.cpp's
+    // `ffn_moe_weights` gathers them); a ranking of anything else (biased or masked
+    // probabilities, logits) leaves the weights unread
+    const ggml_tensor * p      = t->src[0];
+    const bool pw = p && p->data && p->type == GGML_TYPE_F32 && p->nb[0] == sizeof(float) && p->ne[0] == log.n_expert &&
+                    p->ne[1] == t->ne[1] && strncmp(p->name, PROBS_NAME, sizeof(PROBS_NAME) - 1) == 0;
+    tally(
+        log, il, n_rows, [t](int32_t r) { return (const int32_t *) ((const char *) t->data + (size_t) r * t->nb[1]); },
+        [p, pw](int32_t r) { return pw ? (const float *) ((const char *) p->data + (size_t) r * p->nb[1]) : nullptr; });
+}
+
+void experts_on_ids(expert_log & log, int32_t il, const int32_t * ids, int32_t n_rows) {
+    if (il < 0 || il >= log.n_layer || log.n_expert == 0 || log.rows[il] >= 0 || n_rows < 0) {
+        return;
+    }
+    const int32_t n_used = log.n_used[il];
+    tally(
+        log, il, n_rows, [ids, n_used](int32_t r) { return ids + (size_t) r * n_used; },
+        [](int32_t) { return (const float *) nullptr; });
 }
 
 void expert_log::reset() {

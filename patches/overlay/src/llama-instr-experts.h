@@ -2,11 +2,13 @@
 
 // llamacpp-instr: which experts a mixture-of-experts model routed each token to (DETAILED: per
 // compute, layer and expert, the tokens routed and the sum of their routing weights; VERBOSE:
-// also each token's experts). Read on the CPU backend, from the router's ranking that llama.cpp
-// builds anyway (the ARGSORT node `ffn_moe_argsort-<il>`, whose first n_expert_used entries per
-// token are `ffn_moe_topk-<il>`), in the CPU op timer's per-node callback (patch 0001's on_node),
-// while that node's output is intact. A layer whose router runs on another backend is not seen,
-// and nothing is written for it.
+// also each token's experts). Read from the router's ranking that llama.cpp builds anyway (the
+// ARGSORT node `ffn_moe_argsort-<il>`, whose first n_expert_used entries per token are
+// `ffn_moe_topk-<il>`): on the CPU backend in the CPU op timer's per-node callback (patch 0001's
+// on_node), while that node's output is intact; on Vulkan, copied into host memory in the command
+// buffer that computes it (patch 0006's profiler reads) and tallied once the graph is done, the
+// weights not read there. A layer whose router runs on another backend is not seen, and nothing
+// is written for it.
 
 #include "ggml.h"
 
@@ -78,6 +80,14 @@ struct expert_log {
 // on_node, for every (possibly fused) op's output: tallies an `ffn_moe_argsort-<il>` node
 // (thread 0 only; nothing allocated)
 void experts_on_node(expert_log & log, const ggml_tensor * node, int ith);
+
+// the layer of a router's ranking not tallied yet in this compute (an ARGSORT node
+// `ffn_moe_argsort-<il>` of the model's shape), or -1
+int32_t router_layer(const expert_log & log, const ggml_tensor * t);
+
+// a router's ranking read back from a device (the first n_used ids of each of n_rows rows, packed:
+// row r at ids + r * n_used), tallied as experts_on_node does; the weights are not read
+void experts_on_ids(expert_log & log, int32_t il, const int32_t * ids, int32_t n_rows);
 
 // one `experts` record (the rows of p_rows in [row_begin, row_end), tokens in [tok_begin, tok_end))
 void write_experts(json_out &          j,

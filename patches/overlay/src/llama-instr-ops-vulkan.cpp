@@ -12,6 +12,7 @@
 
 #include "ggml-vulkan.h"
 #include "llama-instr-env.h"
+#include "llama-instr-experts.h"
 #include "llama-instr-ops.h"
 #include "llama-instr-session.h"
 
@@ -58,13 +59,14 @@ class vk_op_timer final : public op_timer {
         prof       = {};
         prof.marks = marks.data();
         prof.cap   = (int32_t) marks.size();
+        prof.user  = this;
         if (st.level < LLAMA_INSTR_LEVEL_DETAILED) {
             index_layer_ends(st);
             prof.want = want_layer_end;
-            prof.user = this;
             want_st   = &st;
             want_k    = 0;
         }
+        arm_routing(st, ctx);
         return set_profiler(backend, &prof);
     }
 
@@ -75,8 +77,12 @@ class vk_op_timer final : public op_timer {
         if (n == 0) {
             return prof.n_lost;  // nothing ran on the device in this compute
         }
-        if (collect_marks(backend, &prof) != 0 || !calibrate()) {
-            return n + prof.n_lost;  // no device time read, or none on the host clock
+        if (collect_marks(backend, &prof) != 0) {
+            return n + prof.n_lost + prof.n_reads_lost;  // no device time read
+        }
+        collect_routing(st, n);
+        if (!calibrate()) {
+            return n + prof.n_lost + prof.n_reads_lost;  // no device time on the host clock
         }
         st.p_clocks.push_back({ device, pair.method, uncertainty });
 
@@ -161,10 +167,73 @@ class vk_op_timer final : public op_timer {
         } else {
             append_piece_spans(st);
         }
-        return n_lost;
+        return n_lost + prof.n_reads_lost;
     }
 
   private:
+    // DETAILED, a mixture of experts: each router's ranking on this device read back with the
+    // commands it is computed in (the first n_used ids of each token), tallied after the graph
+    void arm_routing(ctx_state & st, const llama_context * ctx) {
+        experts = nullptr;
+        if (st.level < LLAMA_INSTR_LEVEL_DETAILED ||
+            !st.experts.arm(ctx, st.n_tokens, st.level >= LLAMA_INSTR_LEVEL_VERBOSE)) {
+            return;
+        }
+        const expert_log & log  = st.experts;
+        const size_t       rows = (size_t) std::max<int32_t>(st.n_tokens, 1);
+        const size_t       need = (size_t) log.n_layer * std::max(1, log.max_used) * sizeof(int32_t) * rows;
+        if (readback.size() < need) {
+            readback.resize(need);
+        }
+        if (reads.size() < (size_t) log.n_layer + 8) {
+            reads.resize((size_t) log.n_layer + 8);
+        }
+        experts           = &st.experts;
+        prof.read         = read_router;
+        prof.reads        = reads.data();
+        prof.reads_cap    = (int32_t) reads.size();
+        prof.readback     = readback.data();
+        prof.readback_cap = readback.size();
+    }
+
+    // which op's output to read: a router's ranking (its first n_used ids per token)
+    static const ggml_tensor * read_router(void *                user,
+                                           ggml_tensor * const * nodes,
+                                           int32_t               n_nodes,
+                                           size_t *              row_bytes) {
+        const auto * self = (const vk_op_timer *) user;
+        if (!self->experts) {
+            return nullptr;
+        }
+        for (int32_t k = 0; k < n_nodes; k++) {
+            const int32_t il = router_layer(*self->experts, nodes[k]);
+            if (il >= 0) {
+                *row_bytes = (size_t) self->experts->n_used[il] * sizeof(int32_t);
+                return nodes[k];
+            }
+        }
+        return nullptr;
+    }
+
+    // the reads that ran (their op's mark is valid) into the routing tallies
+    void collect_routing(ctx_state & st, int32_t n_marks) {
+        if (!experts) {
+            return;
+        }
+        const int32_t n = std::min(prof.n_reads, prof.reads_cap);
+        for (int32_t k = 0; k < n; k++) {
+            const ggml_vk_profile_read & r = prof.reads[k];
+            if (r.mark < 0 || r.mark >= n_marks || !marks[r.mark].valid) {
+                continue;
+            }
+            const int32_t il = router_layer(st.experts, r.tensor);
+            if (il >= 0 && r.row_bytes == (size_t) st.experts.n_used[il] * sizeof(int32_t)) {
+                experts_on_ids(st.experts, il, (const int32_t *) (prof.readback + r.offset), r.n_rows);
+            }
+        }
+        st.experts.collect();
+    }
+
     static constexpr int32_t PIECE_NEXT_LAYER = -2;
 
     // ops that ran between two marks, all of one layer
@@ -285,6 +354,10 @@ class vk_op_timer final : public op_timer {
 
     ggml_vk_profiler                  prof = {};
     std::vector<ggml_vk_profile_mark> marks;
+    // routing (DETAILED): the reads and their bytes, and the tallies they go to (null: none)
+    std::vector<ggml_vk_profile_read> reads;
+    std::vector<uint8_t>              readback;
+    expert_log *                      experts = nullptr;
     std::vector<piece>                pieces;
     node_map                          nodes;
 

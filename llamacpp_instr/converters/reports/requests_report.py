@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..session.request_causes import RequestStory, StepRow, stories
+from ..session.speculation import SpecTotals
 from .report import Chart, Column, Fact, Report, Section, Series, Table
 from .request_share import step_rows
 
@@ -33,6 +34,11 @@ COLUMNS = [
     Column("cache_miss_reason", "not reused because"),
     Column("late", "late tokens", "int"),
 ]
+SPEC_COLUMNS = [
+    Column("drafted", "drafted", "int"),
+    Column("accepted", "accepted", "int"),
+    Column("verdict", "speculation"),
+]
 
 
 def request_stories(f: SessionFrames, rows: list[StepRow] | None = None) -> list[RequestStory]:
@@ -40,11 +46,24 @@ def request_stories(f: SessionFrames, rows: list[StepRow] | None = None) -> list
     has them already."""
     if not f.info.requests:
         return []
-    return stories(f.info.requests, step_rows(f) if rows is None else rows)
+    return stories(f.info.requests, step_rows(f) if rows is None else rows, step_rows(f, "draft"))
 
 
-def _why(s: RequestStory) -> list[dict[str, Any]]:
-    """The lines that say why ``s`` took its time: its split, its prompt cache, its late tokens."""
+def spec_line(t: SpecTotals) -> str:
+    """A request's speculation in one line: what it drafted, what that took, and whether it paid."""
+    acc = f" ({t.acceptance * 100:.0f} %)" if t.acceptance is not None else ""
+    verdict = f": {t.verdict()}" if t.verdict() else " (not priced: no single-token target step)"
+    return (
+        f"speculation ({t.type or 'draft'}): {t.accepted:,} of {t.drafted:,} drafted tokens "
+        f"accepted{acc} in {t.verify_steps:,} verify steps; draft {t.draft_ns / 1e6:,.0f} ms, "
+        f"verify {t.verify_ns / 1e6:,.0f} ms, {t.rejected_ns / 1e6:,.0f} ms of it on rejected "
+        f"tokens{verdict}"
+    )
+
+
+def _why(s: RequestStory, spec: SpecTotals | None = None) -> list[dict[str, Any]]:
+    """The lines that say why ``s`` took its time: its split, its prompt cache, its
+    speculation, its late tokens."""
     lines = [
         f"{s.total_ns / 1e6:,.0f} ms: queue {s.queue_ns / 1e6:,.0f}, prompt "
         f"{s.prompt_ns / 1e6:,.0f}, generation {s.generation_ns / 1e6:,.0f}, stream "
@@ -52,14 +71,22 @@ def _why(s: RequestStory) -> list[dict[str, Any]]:
     ]
     if s.cache_note:
         lines.append(f"prompt cache: {s.cache_note}")
+    if spec is not None:
+        lines.append(spec_line(spec))
     lines += [t.cause for t in s.late_tokens]
     return [{"id": s.id if i == 0 else "", "why": line} for i, line in enumerate(lines)]
 
 
-def section(items: list[RequestStory], top: int | None = None) -> Section:
-    """The requests, slowest first, and why the slowest were slow."""
-    rows = [{**s.row(), "late": len(s.late_tokens)} for s in items]
-    why = [line for s in items[: top or EXPLAINED] for line in _why(s)]
+def section(
+    items: list[RequestStory],
+    top: int | None = None,
+    spec: dict[str, SpecTotals] | None = None,
+) -> Section:
+    """The requests, slowest first, and why the slowest were slow; ``spec``: each speculating
+    request's drafts (``analysis.spec_frames.totals``), by id."""
+    spec = spec or {}
+    rows = [{**s.row(), "late": len(s.late_tokens), **_spec_cols(spec.get(s.id))} for s in items]
+    why = [line for s in items[: top or EXPLAINED] for line in _why(s, spec.get(s.id))]
     charted = items[:CHARTED]
     chart = Chart(
         name="request_split",
@@ -99,19 +126,43 @@ def section(items: list[RequestStory], top: int | None = None) -> Section:
                 why,
                 whole=True,
             ),
-            Table("requests", "Requests, slowest first", COLUMNS, rows),
+            Table(
+                "requests",
+                "Requests, slowest first",
+                COLUMNS + (SPEC_COLUMNS if spec else []),
+                rows,
+            ),
         ],
     )
 
 
+def spec_by_id(f: SessionFrames) -> dict[str, SpecTotals]:
+    """Each speculating request's drafts, by id ({} for a session that did not speculate)."""
+    from ..analysis.spec_frames import totals  # (pandas: with the frames)
+
+    t = totals(f)
+    return {r.id: r for r in t[1]} if t else {}
+
+
+def _spec_cols(t: SpecTotals | None) -> dict[str, Any]:
+    if t is None:
+        return {}
+    r = t.row()
+    return {k: r[k] for k in ("drafted", "accepted", "acceptance", "saved_ms", "verdict")} | {
+        "speculation": r
+    }
+
+
 def requests_report(f: SessionFrames, top: int | None = None) -> Report:
-    """``instr requests``: every request, slowest first, and why."""
+    """``instr requests``: every request, slowest first, and why (and, speculating, whether each
+    one's drafts paid)."""
     items = request_stories(f)
-    data: dict[str, Any] = {"requests": [s.row() for s in items]}
+    spec = spec_by_id(f)
+    data: dict[str, Any] = {"requests": [{**s.row(), **_spec_cols(spec.get(s.id))} for s in items]}
     return Report(
         title=f"Requests of session {f.info.sid}",
         subtitle=f"{len(items)} requests" if items else "no request records in this log",
-        sections=[section(items, top)] if items else [],
+        sections=[section(items, top, spec)] if items else [],
         data=data,
         csv_table="requests",
     )

@@ -124,7 +124,8 @@ class Split:
     gen: pd.DataFrame  # the target's generation steps: its verify steps and single-token steps
     gen_tokens: int  # the tokens they gave: a verify's accepted ones and its own, 1 per other
     draft: pd.DataFrame  # every step of the draft
-    draft_gen_ns: int  # of the draft's time, what drafted (and took verified batches in)
+    draft_gen_ns: int  # drafting for the verifies (and taking their batches in), as the server timed it
+    draft_other_ns: int  # the draft's steps no verify names (taking prompts in)
     single: pd.DataFrame  # the target's single-token generation steps (no draft)
 
     @property
@@ -148,9 +149,9 @@ def split(f: SessionFrames) -> Split | None:
     single = target[((~is_verify) & (target["kind"] == "gen") & (target["n_tokens"] == 1))]
     draft = steps[(role == "draft").to_numpy()]
     named = draft_steps(info.verifies)
-    draft_gen_ns = int(draft.loc[draft["step"].isin(list(named)), "dur_ns"].sum())
-    # an n-gram draft has no steps: its verifies' own measure of their drafting
-    draft_gen_ns += sum(v.draft_ns for v in info.verifies if v.draft_ctx is None)
+    # the server's own time of each round (its sampling too), as the verifies share it out
+    draft_gen_ns = sum(v.draft_ns for v in info.verifies)
+    draft_other_ns = int(draft.loc[~draft["step"].isin(list(named)), "dur_ns"].sum())
     gen_tokens = sum(produced.values()) + int(
         gen.loc[~is_verify[gen.index].to_numpy(), "n_tokens"].sum()
     )
@@ -160,6 +161,7 @@ def split(f: SessionFrames) -> Split | None:
         gen_tokens=gen_tokens,
         draft=draft,
         draft_gen_ns=draft_gen_ns,
+        draft_other_ns=draft_other_ns,
         single=single,
     )
 

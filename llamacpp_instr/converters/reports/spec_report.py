@@ -57,7 +57,7 @@ def overview(f: SessionFrames, sp: spec_frames.Split) -> dict[str, Any]:
         "draft_steps": len(sp.draft),
         "draft_ms": draft_ns / 1e6,
         "draft_gen_ms": sp.draft_gen_ns / 1e6,
-        "draft_prompt_ms": max(draft_ns - sp.draft_gen_ns, 0) / 1e6,
+        "draft_prompt_ms": sp.draft_other_ns / 1e6,
         "drafted": s.drafted,
         "accepted": s.accepted,
         "acceptance": s.acceptance,
@@ -72,8 +72,8 @@ def draft_line(o: dict[str, Any]) -> str:
         who += f", {o['draft_model']}"
     acc = f" ({o['acceptance'] * 100:.0f} %)" if o["acceptance"] is not None else ""
     return (
-        f"{what} ({who}): {o['draft_steps']:,} steps, {o['draft_ms']:,.1f} ms "
-        f"({o['draft_gen_ms']:,.1f} drafting, {o['draft_prompt_ms']:,.1f} on prompts); "
+        f"{what} ({who}): {o['draft_steps']:,} steps of {o['draft_ms']:,.1f} ms; drafting "
+        f"{o['draft_gen_ms']:,.1f} ms, prompts {o['draft_prompt_ms']:,.1f} ms; "
         f"{o['drafted']:,} tokens drafted, {o['accepted']:,} accepted{acc}"
     )
 

@@ -323,6 +323,8 @@ def _late(
             )
         if n_steps > 1:
             cause += f" ({n_steps} steps in the gap)"
+        if 0 < drafting < gaps[i] / 2:
+            cause += f"; the draft took {drafting / 1e6:,.0f} ms of it"
         out.append(LateToken(token, b, gaps[i], int(gaps[i] - median), cause, shared))
     return out
 

@@ -144,14 +144,17 @@ class SpecTotals:
         return None if plain is None else plain - self.spent_ns
 
     def verdict(self) -> str:
-        """ "speculation saved 120 ms (31 %)", "speculation cost 1,130 ms (57 %)"; "" with no
-        price or no verify."""
+        """ "speculation saved 120 ms (31 % of a plain decode's 390 ms)", "speculation cost
+        1,130 ms (57 % more than a plain decode's 1,980 ms)"; "" with no price or no verify."""
         saved, plain = self.saved_ns, self.plain_ns
         if saved is None or plain is None or not self.verify_steps:
             return ""
         pct = 100 * abs(saved) / plain if plain > 0 else 0.0
-        what = "saved" if saved >= 0 else "cost"
-        return f"speculation {what} {abs(saved) / 1e6:,.0f} ms ({pct:,.0f} %)"
+        what, than = ("saved", "of") if saved >= 0 else ("cost", "more than")
+        return (
+            f"speculation {what} {abs(saved) / 1e6:,.0f} ms ({pct:,.0f} % {than} a plain "
+            f"decode's {plain / 1e6:,.0f} ms)"
+        )
 
     def row(self) -> dict[str, Any]:
         saved, plain = self.saved_ns, self.plain_ns

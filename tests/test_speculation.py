@@ -156,8 +156,9 @@ def test_the_summary_counts_the_targets_tokens_over_its_time_and_the_drafts(
     spent = len(ROUNDS) * (VERIFY_MS + 4 * DRAFT_MS)
     assert spent > plain
     pct = 100 * (spent - plain) / plain
-    assert f"speculation cost {spent - plain:,.0f} ms ({pct:,.0f} % more than a plain decode's " in (
-        text.stdout
+    assert (
+        f"speculation cost {spent - plain:,.0f} ms ({pct:,.0f} % more than a plain decode's "
+        in (text.stdout)
     )
     assert "the median of the log's 1 single-token step of the target" in text.stdout
 
@@ -232,3 +233,67 @@ def test_the_trace_shows_each_draft_and_the_verify_it_fed(tmp_path: Path) -> Non
     events = json.loads(chrome.read_text())
     events = events["traceEvents"] if isinstance(events, dict) else events
     assert sum(1 for e in events if e.get("cat") == "spec_flow") == 2 * len(ROUNDS)
+
+
+# --- instr predict --spec-draft-n-max --------------------------------------------------------
+
+
+def write_length_log(path: Path, n_max: int, rounds: int, accept: Any, verify_ms: Any) -> Path:
+    """A request drafted for at ``n_max``: ``accept(k)`` tokens accepted at round k, a verify of
+    n tokens taking ``verify_ms(n)``, 1 ms a draft step, 5 ms the last single-token step."""
+    w = LogWriter()
+    w.recs[1]["spec"]["n_max"] = n_max
+    w.decode(TGT, 10, 20 * MS)
+    w.decode(DFT, 10, 3 * MS)
+    w.pos = 10
+    for k in range(rounds):
+        w.verify(n_max, accept(k), 1.0, verify_ms(n_max + 1))
+    w.decode(TGT, 1, 5 * MS)
+    return w.finish(path, gen_tokens=sum(accept(k) + 1 for k in range(rounds)) + 1)
+
+
+def test_predict_reads_acceptance_by_position_and_reproduces_a_run(tmp_path: Path) -> None:
+    from llamacpp_instr import spec_predict
+
+    # every other round accepts 1 token, the others none: position 0 half the time, 1 never
+    log = write_length_log(tmp_path / "a.log", 3, 20, lambda k: k % 2, lambda n: 6.0 + n)
+    m = spec_predict.measure([("a", load_session(log))])
+    assert (m.reached[:2], m.accepted[:2]) == ([20, 10], [10, 0])
+    assert m.expected(3) == pytest.approx(1.5)
+    doc = spec_predict.run([log], 3)
+    measured = doc["measured_gen_tokens_per_s"]
+    # tokens 31 after the first, over 20 rounds of 3 + 1 + 10 ms and the 5 ms last step
+    assert measured == pytest.approx(31 / ((20 * 14 + 5) / 1e3))
+    assert doc["asked"]["gen_tokens_per_s"] == pytest.approx(measured, rel=0.05)
+    # a plain decode at the single step's 5 ms a token is faster: no speculation is best
+    assert doc["by_n_max"][0]["gen_tokens_per_s"] == pytest.approx(1e3 / 5, rel=0.01)
+    assert doc["best_n_max"] == 0
+
+
+def test_predict_prices_another_length_from_the_batch_costs_between(tmp_path: Path) -> None:
+    from llamacpp_instr import spec_predict
+
+    # every draft accepted whole: E(d) = d + 1; a verify of n tokens takes 2 + n ms
+    logs = [
+        write_length_log(tmp_path / f"{n}.log", n, 12, lambda k, n=n: n, lambda x: 2.0 + x)
+        for n in (2, 6)
+    ]
+    doc = spec_predict.run(logs, 4, 40)
+    # 40 tokens: 8 rounds of 5 (the server drafts at most the tokens left but one: 4 of the
+    # last 5); each round 4 ms drafting, 1 ms catch-up and a verify of 5 tokens, 7 ms between
+    # the logs' 3 (5 ms) and 7 (9 ms)
+    assert doc["asked"]["gen_tokens_per_s"] == pytest.approx(40 / (8 * (4 + 1 + 7) / 1e3))
+    assert doc["asked"]["extrapolated"] == []
+    longer = spec_predict.run(logs, 8, 40)
+    assert longer["asked"]["extrapolated"]  # verify of 9 tokens: beyond the sizes the logs ran
+    assert doc["best_n_max"] > 0
+
+
+def test_predict_without_speculation_in_the_logs_is_one_line(tmp_path: Path) -> None:
+    w = LogWriter()
+    w.recs = w.recs[:1]
+    w.decode(1, 10, 20 * MS)
+    log = w.finish(tmp_path / "s.log", gen_tokens=0)
+    r = instr("predict", str(log), "--spec-draft-n-max", "4")
+    assert r.returncode != 0 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "speculat" in r.stderr

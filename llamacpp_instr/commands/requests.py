@@ -39,7 +39,9 @@ def command(
 
     check_output(output)
     frames = load_log(log, sid, strict)
-    report = requests_report(frames, top or None)
+    from llamacpp_instr.spec_predict import model_price
+
+    report = requests_report(frames, top or None, spec_price=model_price)
     if not report.data["requests"]:
         raise UserError(f"{log}: no request records (a server's log: instr exec llama-server ...)")
     emit(render(report, fmt, top=top or None), output)

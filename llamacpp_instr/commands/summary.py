@@ -59,4 +59,7 @@ def command(
         from llamacpp_instr.converters.session import machine_peaks
 
         roofline.apply(frames, machine_peaks.for_file(peaks_file, frames.info))
-    emit(render(summary_report(frames, by, top or None), fmt, top=top or None), output)
+    from llamacpp_instr.spec_predict import model_price
+
+    report = summary_report(frames, by, top or None, spec_price=model_price)
+    emit(render(report, fmt, top=top or None), output)

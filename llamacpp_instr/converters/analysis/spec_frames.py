@@ -124,7 +124,9 @@ class Split:
     gen: pd.DataFrame  # the target's generation steps: its verify steps and single-token steps
     gen_tokens: int  # the tokens they gave: a verify's accepted ones and its own, 1 per other
     draft: pd.DataFrame  # every step of the draft
-    draft_gen_ns: int  # drafting for the verifies (and taking their batches in), as the server timed it
+    draft_gen_ns: (
+        int  # drafting for the verifies (and taking their batches in), as the server timed it
+    )
     draft_other_ns: int  # the draft's steps no verify names (taking prompts in)
     single: pd.DataFrame  # the target's single-token generation steps (no draft)
 

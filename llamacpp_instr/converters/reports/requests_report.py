@@ -136,11 +136,12 @@ def section(
     )
 
 
-def spec_by_id(f: SessionFrames) -> dict[str, SpecTotals]:
-    """Each speculating request's drafts, by id ({} for a session that did not speculate)."""
+def spec_by_id(f: SessionFrames, price: Any = None) -> dict[str, SpecTotals]:
+    """Each speculating request's drafts, by id ({} for a session that did not speculate);
+    ``price``: as ``analysis.spec_frames.totals`` takes it."""
     from ..analysis.spec_frames import totals  # (pandas: with the frames)
 
-    t = totals(f)
+    t = totals(f, price)
     return {r.id: r for r in t[1]} if t else {}
 
 
@@ -153,11 +154,11 @@ def _spec_cols(t: SpecTotals | None) -> dict[str, Any]:
     }
 
 
-def requests_report(f: SessionFrames, top: int | None = None) -> Report:
+def requests_report(f: SessionFrames, top: int | None = None, spec_price: Any = None) -> Report:
     """``instr requests``: every request, slowest first, and why (and, speculating, whether each
-    one's drafts paid)."""
+    one's drafts paid; ``spec_price`` as ``summary_report`` takes it)."""
     items = request_stories(f)
-    spec = spec_by_id(f)
+    spec = spec_by_id(f, spec_price)
     data: dict[str, Any] = {"requests": [{**s.row(), **_spec_cols(spec.get(s.id))} for s in items]}
     return Report(
         title=f"Requests of session {f.info.sid}",

@@ -391,9 +391,15 @@ def _requests_section(lat: dict[str, Any], f: SessionFrames) -> Section:
     )
 
 
-def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) -> Report:
+def summary_report(
+    f: SessionFrames,
+    key: str = "op",
+    top: int | None = None,
+    spec_price: spec_frames.ModelPrice | None = None,
+) -> Report:
     """``instr summary``: headline numbers, time per op type / layer / node, and for HTML where a
-    generation step's time goes."""
+    generation step's time goes. ``spec_price``: what prices a plain token of a speculating
+    session whose log has no single-token target step (the CLI's: predict's model)."""
     ov = overview(f)
     facts = [
         Fact("model", ov["model"]),
@@ -423,7 +429,7 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
     ov["busy_machine"] = (busy := verdict(f.steps)).to_json()  # in json's overview
     if busy.flagged:
         facts.insert(0, Fact("busy machine", busy.line()))
-    spec = spec_frames.totals(f) if "speculation" in ov else None
+    spec = spec_frames.totals(f, spec_price) if "speculation" in ov else None
     if "speculation" in ov:  # the target's figures above; the draft's and the verdict here
         at = next(i for i, x in enumerate(facts) if x.label == "generation tokens/s") + 1
         facts[at:at] = spec_report.facts(ov["speculation"], spec[0] if spec else None)

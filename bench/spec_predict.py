@@ -1,0 +1,189 @@
+"""`instr predict --spec-draft-n-max` checked leave-one-out on real llama-server runs (issue 54 §4).
+
+    python bench/spec_predict.py [--model GGUF] [--threads 1] [--requests 4] [--n-predict 48]
+                                 [--write-docs]
+
+Three kinds of drafting, each at three draft lengths (nine runs of the patched llama-server of
+`instr build --tools`, under `instr exec --level minimal`, in a shuffled order): a draft made of
+the model's first 6 layers and one of its first 15 (`tests/draft_gguf.py`, `-md` with
+`--spec-type draft-simple`), at `--spec-draft-n-max` 2, 4 and 8; and n-gram drafting
+(`--spec-type ngram-simple`) at `--spec-ngram-simple-size-m` 2, 4 and 8. Each run answers the
+same requests (greedy, `ignore_eos`), one at a time. Each run is then predicted from the other two
+runs of its kind alone (`spec_predict.run`: their acceptance by draft position and their batch
+costs), and the prediction set against the server's own generation speed: the mean of its
+responses' `timings.predicted_per_second`. Target: median error at most 15 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from llamacpp_instr import models, spec_predict, tools  # noqa: E402
+
+LENGTHS = (2, 4, 8)
+PROMPTS = [
+    "The history of the river mill begins",
+    "Write a short story about a lighthouse keeper who",
+    "Once upon a time, in a village by the sea,",
+    "The recipe for bread needs flour, water,",
+    "List the days of the week: Monday, Tuesday,",
+    "The old miller counted the sacks of flour every evening, and",
+]
+TARGET = 0.15
+
+
+def echo(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def kinds(model: Path, folder: Path) -> dict[str, tuple[str, list[str]]]:
+    """Each kind of drafting: its name, and the server's options at length ``{n}``."""
+    from draft_gguf import cached_draft
+
+    out: dict[str, tuple[str, list[str]]] = {}
+    for layers in (6, 15):
+        draft = cached_draft(model, folder, layers)
+        out[f"draft{layers}"] = (
+            f"a draft of the first {layers} layers",
+            ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", "{n}"],
+        )
+    out["ngram"] = (
+        "n-gram drafting (ngram-simple)",
+        ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", "{n}"],
+    )
+    return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def complete(port: int, prompt: str, n_predict: int) -> dict[str, Any]:
+    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "ignore_eos": True}
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/completion",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return dict(json.loads(r.read()))
+
+
+def serve(log: Path, model: Path, extra: list[str], args: argparse.Namespace) -> list[float]:
+    """One run: the responses' predicted_per_second."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "llamacpp_instr.cli", "exec", "-o", str(log), "--level"]
+    cmd += ["minimal", "llama-server", "-m", str(model), "--host", "127.0.0.1", "--port"]
+    cmd += [str(port), "--parallel", "1", "-c", "2048", "-t", str(args.threads), "--no-webui"]
+    cmd += ["--cache-ram", "0", *extra]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_INSTR_")}
+    err = open(log.with_suffix(".stderr"), "w")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        t0 = time.monotonic()
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"llama-server exited: see {err.name}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.3)
+            if time.monotonic() - t0 > 180:
+                raise SystemExit("llama-server did not start")
+        speeds = []
+        for p in PROMPTS[: args.requests]:
+            t = complete(port, p, args.n_predict)["timings"]
+            speeds.append(float(t["predicted_per_second"]))
+        time.sleep(1.0)  # (the last request's record)
+        return speeds
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        err.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--requests", type=int, default=4)
+    ap.add_argument("--n-predict", type=int, default=48)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
+    args = ap.parse_args()
+    model = args.model or models.default_model()
+    tools.build_tools(echo, programs=("llama-server",))
+    runs: dict[tuple[str, int], tuple[Path, list[float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="spec-predict-") as tmp:
+        folder = Path(tmp)
+        ks = kinds(model, folder)
+        order = [(k, n) for k in ks for n in LENGTHS]
+        random.Random(args.seed).shuffle(order)
+        for k, n in order:
+            log = folder / f"{k}-{n}.log"
+            extra = [a.replace("{n}", str(n)) for a in ks[k][1]]
+            runs[(k, n)] = (log, serve(log, model, extra, args))
+            echo(f"  {k} n-max {n}: {statistics.mean(runs[(k, n)][1]):.1f} tokens/s (the server's)")
+        rows, errors = [], []
+        for k in ks:
+            for n in LENGTHS:
+                others = [runs[(k, m)][0] for m in LENGTHS if m != n]
+                doc = spec_predict.run(others, n, args.n_predict - 1)
+                pred = doc["asked"]["gen_tokens_per_s"]
+                meas = statistics.mean(runs[(k, n)][1])
+                err = pred / meas - 1
+                errors.append(abs(err))
+                x = "; extrapolated" if doc["asked"]["extrapolated"] else ""
+                rows.append(
+                    f"| {ks[k][0]} | {n} | {meas:.1f} | {pred:.1f} | {err * 100:+.1f} % | "
+                    f"{doc['asked']['tokens_per_verify']:.2f}{x} | "
+                    f"{doc['best_n_max']} |"
+                )
+    med = statistics.median(errors)
+    text = "\n".join(
+        [
+            f"{model.name}, llama-server `--parallel 1 -t {args.threads}`, {args.requests} "
+            f"requests of {args.n_predict} tokens per run (greedy); "
+            f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+            "",
+            "| drafting | n-max | measured tok/s (server) | predicted from the other two | error "
+            "| tokens a verify (predicted) | fastest n-max (predicted) |",
+            "|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+            f"Median error {med * 100:.1f} % over {len(errors)} runs (target at most "
+            f"{TARGET * 100:.0f} %): {'met' if med <= TARGET else 'NOT met'}.",
+        ]
+    )
+    print(text)
+    if args.write_docs:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from overhead import write_section
+
+        write_section("spec_predict", text, script="bench/spec_predict.py")
+
+
+if __name__ == "__main__":
+    main()

@@ -264,7 +264,13 @@ def run(logs: Sequence[Path], n_max: int, gen_tokens: int | None = None) -> dict
     the longest of it and the logs' (and 0: no speculation), the fastest named."""
     if not 0 <= n_max <= MAX_N:
         raise UserError(f"--spec-draft-n-max takes 0 to {MAX_N}, not {n_max}")
-    sessions = [(str(p), load_session(p)) for p in logs]
+    return run_sessions([(str(p), load_session(p)) for p in logs], n_max, gen_tokens)
+
+
+def run_sessions(
+    sessions: Sequence[tuple[str, SessionFrames]], n_max: int, gen_tokens: int | None = None
+) -> dict[str, Any]:
+    """``run`` over logs already loaded (name, frames)."""
     m = measure(sessions)
     top = max([n_max, 8, *m.n_max])
     table = [predict_n(m, n, gen_tokens) for n in range(0, top + 1)]
@@ -282,6 +288,7 @@ def run(logs: Sequence[Path], n_max: int, gen_tokens: int | None = None) -> dict
         "asked": table[n_max].row(),
         "by_n_max": [p.row() for p in table],
         "best_n_max": best.n_max,
+        "threads": sorted({int(f.info.context.get("n_threads") or 0) for _, f in sessions}),
     }
 
 

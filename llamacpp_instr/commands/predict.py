@@ -79,6 +79,7 @@ if TYPE_CHECKING:
 @click.option(
     "--spec-draft-n-max",
     "spec_n_max",
+    metavar="N",
     type=click.IntRange(min=0),
     default=None,
     help="Speculative decoding: generation tokens/s at this draft length, from llama-server logs "

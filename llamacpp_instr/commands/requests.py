@@ -31,8 +31,9 @@ def command(
     how much of the prompt the server's prompt cache reused, and when less than it could, why
     (another slot held it, it was evicted, a sliding window, the prompt diverged, where and with
     what text); and each late token, with what shared its batch ("token 212 of task-41 came 380 ms
-    late: slot 2 was prefilling 1,536 tokens of task-44 in the same batch"). `--format json`: one
-    object per request under "requests"."""
+    late: slot 2 was prefilling 1,536 tokens of task-44 in the same batch"). Speculating: what
+    each request drafted and had accepted, its draft, verify and rejected time, and whether the
+    drafts paid. `--format json`: one object per request under "requests"."""
     from llamacpp_instr.converters.errors import UserError
     from llamacpp_instr.converters.reports.renderers import render
     from llamacpp_instr.converters.reports.requests_report import requests_report

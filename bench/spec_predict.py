@@ -1,17 +1,20 @@
 """`instr predict --spec-draft-n-max` checked leave-one-out on real llama-server runs (issue 54 §4).
 
     python bench/spec_predict.py [--model GGUF] [--threads 1] [--requests 4] [--n-predict 48]
-                                 [--write-docs]
+                                 [--rounds 3] [--write-docs]
 
 Three kinds of drafting, each at three draft lengths (nine runs of the patched llama-server of
-`instr build --tools`, under `instr exec --level minimal`, in a shuffled order): a draft made of
+`instr build --tools` a round, under `instr exec --level minimal`, in a shuffled order each
+round): a draft made of
 the model's first 6 layers and one of its first 15 (`tests/draft_gguf.py`, `-md` with
 `--spec-type draft-simple`), at `--spec-draft-n-max` 2, 4 and 8; and n-gram drafting
-(`--spec-type ngram-simple`) at `--spec-ngram-simple-size-m` 2, 4 and 8. Each run answers the
-same requests (greedy, `ignore_eos`), one at a time. Each run is then predicted from the other two
-runs of its kind alone (`spec_predict.run`: their acceptance by draft position and their batch
-costs), and the prediction set against the server's own generation speed: the mean of its
-responses' `timings.predicted_per_second`. Target: median error at most 15 %.
+(`--spec-type ngram-simple`, lookups of 2 tokens) at `--spec-ngram-simple-size-m` 2, 4 and 8.
+Each run answers the same requests (greedy, `ignore_eos`), one at a time: two of prose, two of
+text that repeats. Each setting is then predicted from the runs of
+the other two lengths of its kind alone, every round's (`spec_predict.run`: their acceptance by
+draft position and their batch costs), and the prediction set against the server's own
+generation speed: the median over the rounds of the mean of its responses'
+`timings.predicted_per_second`. Target: median error at most 15 %.
 """
 
 from __future__ import annotations
@@ -37,13 +40,14 @@ sys.path.insert(0, str(ROOT / "tests"))
 from llamacpp_instr import models, spec_predict, tools  # noqa: E402
 
 LENGTHS = (2, 4, 8)
+# prose, and text that repeats (which an n-gram draft can only draft from: it copies what followed
+# the last few tokens where they were seen before)
 PROMPTS = [
     "The history of the river mill begins",
-    "Write a short story about a lighthouse keeper who",
+    "Repeat after me five times: the river ran past the old mill. The river ran past the old "
+    "mill. The river ran past the old mill.",
     "Once upon a time, in a village by the sea,",
-    "The recipe for bread needs flour, water,",
-    "List the days of the week: Monday, Tuesday,",
-    "The old miller counted the sacks of flour every evening, and",
+    "Count with me: one, two, three, four, one, two, three, four, one, two, three, four,",
 ]
 TARGET = 0.15
 
@@ -65,7 +69,8 @@ def kinds(model: Path, folder: Path) -> dict[str, tuple[str, list[str]]]:
         )
     out["ngram"] = (
         "n-gram drafting (ngram-simple)",
-        ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", "{n}"],
+        ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2"]
+        + ["--spec-ngram-simple-size-m", "{n}"],
     )
     return out
 
@@ -131,28 +136,35 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--n-predict", type=int, default=48)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--logs", type=Path, default=None, help="keep the runs' logs here")
     ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
     args = ap.parse_args()
     model = args.model or models.default_model()
     tools.build_tools(echo, programs=("llama-server",))
-    runs: dict[tuple[str, int], tuple[Path, list[float]]] = {}
+    runs: dict[tuple[str, int], list[tuple[Path, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="spec-predict-") as tmp:
-        folder = Path(tmp)
+        folder = args.logs or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         ks = kinds(model, folder)
-        order = [(k, n) for k in ks for n in LENGTHS]
-        random.Random(args.seed).shuffle(order)
-        for k, n in order:
-            log = folder / f"{k}-{n}.log"
-            extra = [a.replace("{n}", str(n)) for a in ks[k][1]]
-            runs[(k, n)] = (log, serve(log, model, extra, args))
-            echo(f"  {k} n-max {n}: {statistics.mean(runs[(k, n)][1]):.1f} tokens/s (the server's)")
+        rng = random.Random(args.seed)
+        for r in range(args.rounds):
+            order = [(k, n) for k in ks for n in LENGTHS]
+            rng.shuffle(order)
+            for k, n in order:
+                log = folder / f"{k}-{n}-r{r}.log"
+                log.unlink(missing_ok=True)
+                extra = [a.replace("{n}", str(n)) for a in ks[k][1]]
+                speed = statistics.mean(serve(log, model, extra, args))
+                runs.setdefault((k, n), []).append((log, speed))
+                echo(f"  round {r + 1} {k} n-max {n}: {speed:.1f} tokens/s (the server's)")
         rows, errors = [], []
         for k in ks:
             for n in LENGTHS:
-                others = [runs[(k, m)][0] for m in LENGTHS if m != n]
+                others = [log for m in LENGTHS if m != n for log, _ in runs[(k, m)]]
                 doc = spec_predict.run(others, n, args.n_predict - 1)
                 pred = doc["asked"]["gen_tokens_per_s"]
-                meas = statistics.mean(runs[(k, n)][1])
+                meas = statistics.median(s for _, s in runs[(k, n)])
                 err = pred / meas - 1
                 errors.append(abs(err))
                 x = "; extrapolated" if doc["asked"]["extrapolated"] else ""
@@ -165,7 +177,7 @@ def main() -> None:
     text = "\n".join(
         [
             f"{model.name}, llama-server `--parallel 1 -t {args.threads}`, {args.requests} "
-            f"requests of {args.n_predict} tokens per run (greedy); "
+            f"requests of {args.n_predict} tokens per run (greedy), {args.rounds} rounds; "
             f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
             "",
             "| drafting | n-max | measured tok/s (server) | predicted from the other two | error "

@@ -12,7 +12,8 @@ What the logs measured (their ``spec`` records and the target's steps, ``session
 * **what a round costs**: drafting, per drafted token (the rounds' own time over their tokens:
   the draft's decodes and its sampling); the draft's catch-up and the target's verify step, each
   by its batch of ``d + 1`` tokens (the logs' medians at each size, linear between sizes, and
-  beyond the largest from the last two, said so); the target's single-token step (no draft);
+  beyond the largest from the last two, said so; one token apart from several); the target's
+  single-token step (no draft);
   and the server's own time between steps, per step (a request's generation time, from its
   record, less its steps' and rounds').
 
@@ -82,8 +83,13 @@ class Measured:
 
 def _at(table: dict[int, list[int]], n: int) -> tuple[float, bool]:
     """The median at size ``n``: measured, linear between the sizes around it, or beyond the
-    largest (or below the smallest) from the nearest two (True: extrapolated)."""
+    largest (or below the smallest) from the nearest two (True: extrapolated). A batch of one
+    token is priced apart from batches of several (llama.cpp computes a single token's matmuls
+    another way, and a batch of several gives a row of logits each): a batch of several is priced
+    from the sizes of several the logs ran, where they ran two or more."""
     sizes = sorted(k for k, v in table.items() if v)
+    if n > 1 and sum(k > 1 for k in sizes) >= 2:
+        sizes = [k for k in sizes if k > 1]
     if not sizes:
         raise UserError("the logs have no verify step to price a batch of the target by")
     med = {k: float(statistics.median(table[k])) for k in sizes}

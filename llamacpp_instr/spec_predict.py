@@ -19,7 +19,9 @@ What the logs measured (their ``spec`` records and the target's steps, ``session
 
 A request of ``G`` generated tokens is then walked as the server runs it: while more than one
 token is left, a round drafts ``min(N, left - 1)`` (the server never drafts past the request's
-end), and gives ``E(d)``; the last token is a single-token step. Tokens/s is ``G`` over the time,
+end), and gives ``E(d)``; the last token is a single-token step. A round drafts at all as often
+as the logs' did (a draft model always, an n-gram draft where the text repeats): the others are
+single-token steps. Tokens/s is ``G`` over the time,
 as llama-server's ``predicted_per_second`` is (its tokens after the first over the time from the
 first). ``N = 0`` is a plain decode. Nothing here builds a graph: the logs alone price it.
 """
@@ -56,6 +58,8 @@ class Measured:
     single: list[int] = field(default_factory=list)  # the target's single-token steps
     between: list[float] = field(default_factory=list)  # the server's own time, per step
     gen_tokens: list[int] = field(default_factory=list)  # each request's tokens after its first
+    rounds: int = 0  # verify steps
+    undrafted: int = 0  # single-token steps where a round drafted nothing (not a request's last)
     measured_tok_s: list[float] = field(default_factory=list)  # each request's, from its record
 
     def rates(self, n: int) -> tuple[list[float], bool]:
@@ -70,6 +74,13 @@ class Measured:
                 out.append(out[-1] if out else 0.0)
                 extra = extra or i >= max(self.n_max or [0])
         return out, extra
+
+    @property
+    def drafts(self) -> float:
+        """How often a round drafts at all: a draft model always does, an n-gram draft only where
+        the text repeats what came before (its other rounds are single-token steps)."""
+        seen = self.rounds + self.undrafted
+        return self.rounds / seen if seen else 1.0
 
     def expected(self, d: int) -> float:
         """Tokens a verify of ``d`` drafted tokens gives, on average."""
@@ -150,6 +161,8 @@ def measure(sessions: Sequence[tuple[str, SessionFrames]]) -> Measured:
                 m.draft_per_token.append(v.draft_dur / v.drafted)
             m.catchup[v.drafted + 1].append(max(v.draft_ns - v.draft_dur, 0))
             m.verify[v.drafted + 1].append(v.verify_dur)
+        m.rounds += len(f.info.verifies)
+        m.undrafted += max(len(sp.single) - len(f.info.requests), 0)
         m.single += sp.single["dur_ns"].astype("int64").tolist()
         m.verify[1] += sp.single["dur_ns"].astype("int64").tolist()  # a batch of one token
         _requests(m, f, sp)
@@ -224,8 +237,9 @@ def predict_n(m: Measured, n_max: int, gen_tokens: int | None = None) -> SpecPre
         if m.rates(d)[1]:
             n = max(m.n_max or [0])
             extra[f"acceptance beyond draft position {n}, as at the last measured"] = None
-        t += d * per_token + catchup + verify + between
-        left -= m.expected(d)
+        q = m.drafts  # a round that drafts nothing is a single-token step
+        t += q * (d * per_token + catchup + verify) + (1 - q) * single + between
+        left -= q * m.expected(d) + (1 - q)
     per_verify = m.expected(n_max) if n_max > 0 else 1.0
     return SpecPrediction(n_max, g / (t / 1e9) if t else 0.0, per_verify, g, list(extra))
 

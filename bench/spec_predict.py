@@ -138,6 +138,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--logs", type=Path, default=None, help="keep the runs' logs here")
+    ap.add_argument(
+        "--reuse", action="store_true", help="predict from the runs kept in --logs, run nothing"
+    )
     ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
     args = ap.parse_args()
     model = args.model or models.default_model()
@@ -148,7 +151,15 @@ def main() -> None:
         folder.mkdir(parents=True, exist_ok=True)
         ks = kinds(model, folder)
         rng = random.Random(args.seed)
-        for r in range(args.rounds):
+        kept = folder / "speeds.json"
+        if args.reuse:  # the runs of an earlier call, kept with --logs
+            for key, speeds in json.loads(kept.read_text()).items():
+                k, n = key.rsplit("-", 1)
+                runs[(k, int(n))] = [
+                    (folder / f"{k}-{n}-r{r}.log", v) for r, v in enumerate(speeds)
+                ]
+            args.rounds = len(next(iter(runs.values())))
+        for r in range(0 if args.reuse else args.rounds):
             order = [(k, n) for k in ks for n in LENGTHS]
             rng.shuffle(order)
             for k, n in order:
@@ -158,8 +169,10 @@ def main() -> None:
                 speed = statistics.mean(serve(log, model, extra, args))
                 runs.setdefault((k, n), []).append((log, speed))
                 echo(f"  round {r + 1} {k} n-max {n}: {speed:.1f} tokens/s (the server's)")
+        kept.write_text(json.dumps({f"{k}-{n}": [v for _, v in x] for (k, n), x in runs.items()}))
         rows, errors, pooled = [], [], []
         for k in ks:
+            cells = []
             for n in LENGTHS:
                 # each round's run from the same round's runs of the other lengths (the machine
                 # at the same time), and from every round's (its drift between rounds included)
@@ -174,30 +187,31 @@ def main() -> None:
                 whole = spec_predict.run(every, n, args.n_predict - 1)
                 meas = statistics.median(s for _, s in runs[(k, n)])
                 pooled.append(abs(whole["asked"]["gen_tokens_per_s"] / meas - 1))
-                x = "; extrapolated" if whole["asked"]["extrapolated"] else ""
-                rows.append(
-                    f"| {ks[k][0]} | {n} | {meas:.1f} | {statistics.median(preds):.1f} | "
-                    f"{' '.join(f'{e * 100:+.0f}' for e in errs)} % | "
-                    f"{whole['asked']['tokens_per_verify']:.2f}{x} | {whole['best_n_max']} |"
+                x = "*" if whole["asked"]["extrapolated"] else ""
+                cells.append(
+                    f"{meas:.1f} / {statistics.median(preds):.1f}{x} "
+                    f"({' '.join(f'{e * 100:+.0f}' for e in errs)} %)"
                 )
+            rows.append(f"| {ks[k][0]} | " + " | ".join(cells) + f" | {whole['best_n_max']} |")
     med = statistics.median(errors)
     text = "\n".join(
         [
-            f"{model.name}, llama-server `--parallel 1 -t {args.threads}`, {args.requests} "
-            f"requests of {args.n_predict} tokens per run (greedy), {args.rounds} rounds; "
-            f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-            "",
-            "| drafting | n-max | measured tok/s (server, median) | predicted (median) | error "
-            "in each round | tokens a verify | fastest n-max (predicted) |",
-            "|---|---|---|---|---|---|---|",
+            "| drafting | "
+            + " | ".join(
+                f"n-max {n}: measured / predicted tok/s (error each round)" for n in LENGTHS
+            )
+            + " | fastest n-max (predicted) |",
+            "|---|---|---|---|---|",
             *rows,
             "",
-            f"Median error {med * 100:.1f} % over {len(errors)} runs, each predicted from its "
-            f"round's other two lengths (target at most {TARGET * 100:.0f} %): "
-            f"{'met' if med <= TARGET else 'NOT met'}. Predicted from every round's runs of the "
-            f"other lengths instead, against the median of its own: median error "
-            f"{statistics.median(pooled) * 100:.1f} % (the machine's speed drifting between "
-            "rounds included).",
+            f"{model.name}, llama-server `--parallel 1 -t {args.threads}`, {args.requests} "
+            f"requests of {args.n_predict} tokens a run (greedy), {args.rounds} rounds; "
+            f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; measured: the "
+            "server's (median of the rounds), * extrapolated. Median error "
+            f"{med * 100:.1f} % over {len(errors)} runs, each predicted from its round's other two "
+            f"lengths (target at most {TARGET * 100:.0f} %): "
+            f"{'met' if med <= TARGET else 'NOT met'}; from every round's runs of the other "
+            f"lengths against the median of its own: {statistics.median(pooled) * 100:.1f} %.",
         ]
     )
     print(text)

@@ -14,6 +14,7 @@ from .fields import as_dict, opt_count, uint
 ROLES = ("target", "draft")
 MAX_POS = 256  # draft positions a record may speak of (the server keeps as many)
 TEXT_MAX = 256  # a name or type read from a record, at most
+MAX_CONTEXTS = 1024  # contexts a session's records may describe (the later ones are left out)
 
 
 def _text(v: Any, name: str) -> str:

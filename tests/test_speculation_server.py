@@ -123,3 +123,40 @@ def test_drafted_and_accepted_per_request_are_the_servers_own(
     assert ov["speculation"]["draft_steps"] == int((f.steps["role"] == "draft").sum())
     text = instr("summary", str(log))
     assert "draft-simple (ctx" in text.stdout and "speculation " in text.stdout
+
+
+def test_the_verdict_without_single_steps_is_priced_by_predict_and_plan_names_the_length(
+    tools_bin: Path, smollm2_path: Path, smollm2_draft6: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "server.log"
+    spec = ["-md", str(smollm2_draft6), "--spec-type", "draft-simple", "--spec-draft-n-max", "2"]
+    serve(log, tools_bin, smollm2_path, spec)
+    f = load_session(log)
+    single = set(
+        f.steps.loc[
+            (f.steps["role"] == "target")
+            & (f.steps["kind"] == "gen")
+            & ~f.steps["step"].isin(f.spec["step"]),
+            "step",
+        ]
+    )
+    assert single  # each request's last token: no draft
+    # the same log without them: the verdict is priced by predict's model, and says so
+    stripped = tmp_path / "stripped.log"
+    kept = []
+    for line in log.read_text().splitlines():
+        r = json.loads(line)
+        if not (r.get("ctx") == int(f.spec["ctx"].iloc[0]) and r.get("step") in single):
+            kept.append(line)
+    stripped.write_text("\n".join(kept) + "\n")
+    text = instr("summary", str(stripped))
+    assert text.returncode == 0, text.stderr
+    assert "by predict's model" in text.stdout and "no single-token step" in text.stdout
+    assert "the median of the log's" in instr("summary", str(log)).stdout
+    # instr plan: the settings at the log's thread count carry the speculation it measured
+    p = instr("plan", str(smollm2_path), str(log), "--memory", "CPU=2G", "--format", "json")
+    assert p.returncode in (0, 2), p.stderr  # (2: some settings not covered by one log)
+    docs = json.loads(p.stdout)
+    spec_docs = [d["speculation"] for d in docs if d["threads"] == 1 and d["speculation"]]
+    assert spec_docs and spec_docs[0]["logs_n_max"] == [2]
+    assert spec_docs[0]["best_n_max"] in range(0, 9)

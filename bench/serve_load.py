@@ -2,6 +2,7 @@
 
     python bench/serve_load.py [--model GGUF] [--requests 80] [--rounds 4] [--concurrency 8]
                                [--parallel 4] [--threads 2] [--rss-requests 1600] [--write-docs]
+                               [--draft-layers K]
 
 The patched llama-server of `instr build --tools` at `--parallel 4`, driven on loopback by the real
 `openai` client at concurrency 8, in rounds, the configurations interleaved round by round (so
@@ -33,6 +34,11 @@ parses, each file begins with session_start, and each request the client made ha
 Then one long run of off and one of the always-on configuration: the server's RSS after 100 and
 after 1,000 requests, and on to `--rss-requests` (1,600: the always-on log rotates past 64 MiB),
 the always-on log checked as the rounds' are.
+
+With `--draft-layers K` every configuration speculates (issue 54): a draft made of the model's
+first K layers (`tests/draft_gguf.py`), `-md` with `--spec-type draft-simple`, so that the
+instrument's cost includes the speculation records (a `spec` record per verify step, the
+requests' `spec` objects); its section of docs/performance.md is `serve_load_draft`.
 
 Bounded in count (the request lists) and time (every request has a timeout; a round that runs past
 `--round-timeout` fails the run).
@@ -194,6 +200,8 @@ class Server:
         server_args = ["-m", str(model), "--host", "127.0.0.1", "--port", str(self.port)]
         server_args += ["--parallel", str(args.parallel), "-c", str(args.ctx), "-t"]
         server_args += [str(args.threads), "--no-webui", "--seed", "1"]
+        if args.draft is not None:  # speculating: the draft, drafting for every slot
+            server_args += ["-md", str(args.draft), "--spec-type", "draft-simple"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_INSTR_")}
         conf = CONFIGS[config]
         self.prometheus: Prometheus | None = None
@@ -456,8 +464,9 @@ def report(
     model: Path,
 ) -> str:
     off = rounds["off"]
+    draft = f", drafting with its first {args.draft_layers} layers" if args.draft else ""
     lines = [
-        f"llama-server on {model.name}, --parallel {args.parallel} -c {args.ctx} -t "
+        f"llama-server on {model.name}{draft}, --parallel {args.parallel} -c {args.ctx} -t "
         f"{args.threads}; the `openai` client at concurrency {args.concurrency}, "
         f"{args.requests} requests per round ({sum(r.stream for r in REQS)} streamed, "
         f"{sum(r.drop for r in REQS)} dropped mid-stream, {sum(r.refused for r in REQS)} refused), "
@@ -569,6 +578,12 @@ def main() -> None:
         default="off,minimal,sampled,detailed",
         help=f"off first, then any of {', '.join(CONFIGS)} (exported needs sampled)",
     )
+    ap.add_argument(
+        "--draft-layers",
+        type=int,
+        default=0,
+        help="speculate with a draft of the model's first K layers (0: no speculation)",
+    )
     ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
     args = ap.parse_args()
     # SIGTERM unwinds like Ctrl-C: each round's server is stopped on the way out
@@ -578,6 +593,11 @@ def main() -> None:
     if configs[0] != "off" or not set(configs) <= set(CONFIGS):
         raise SystemExit(f"--configs: off first, then any of {', '.join(CONFIGS)}")
     exe = tools.build_tools(echo, programs=("llama-server",)) / "llama-server"
+    args.draft = None
+    if args.draft_layers:
+        from draft_gguf import cached_draft
+
+        args.draft = cached_draft(model, tempfile.gettempdir(), args.draft_layers)
     REQS[:] = request_list(args.requests, args.ctx // args.parallel)
     rounds: dict[str, list[Round]] = {c: [] for c in configs}
     rss: dict[str, dict[str, Any]] = {}
@@ -602,7 +622,8 @@ def main() -> None:
         sys.path.insert(0, str(ROOT / "bench"))
         from overhead import write_section
 
-        write_section("serve_load", text, script="bench/serve_load.py")
+        name = "serve_load_draft" if args.draft is not None else "serve_load"
+        write_section(name, text, script="bench/serve_load.py")
 
 
 if __name__ == "__main__":

@@ -142,6 +142,14 @@ def moe_distinct(moe_dir: Path, smollm2_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_draft6(moe_dir: Path, smollm2_path: Path) -> Path:
+    """SmolLM2's first 6 of its 30 layers: a draft for speculative decoding (its vocabulary)."""
+    from draft_gguf import write_draft_model
+
+    return write_draft_model(smollm2_path, moe_dir / "smollm2-draft6.gguf", 6)
+
+
+@pytest.fixture(scope="session")
 def tiny_second_arch(tiny_dir: Path) -> Path:
     from tiny_gguf import SECOND_ARCH, write_tiny_model
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -104,14 +104,54 @@ def command(
             c.kld = kld.get(c.quant)
     plan.mark_front(cands)
     ranked = plan.rank(cands)
+    spec = _speculation(list(logs), sessions)
     if fmt == "json":
-        click.echo(json.dumps([c.to_json() for c in ranked], indent=1))
+        docs = [c.to_json() for c in ranked]
+        for c, d in zip(ranked, docs, strict=True):
+            # the speculation the logs measured, on the settings at their thread count
+            d["speculation"] = spec if spec and c.threads in spec["threads"] else None
+        click.echo(json.dumps(docs, indent=1))
     else:
         click.echo(render(ranked, limits, n_ctx, base))
+        if spec:
+            click.echo(_spec_lines(spec))
     if not any(c.fits for c in ranked):
         # as instr fit: a setting that does not fit exits 3 (bad input is 2)
         over = sorted({d for c in ranked for d in c.overflow})
         raise OutOfMemory(f"nothing fits: every setting overflows {', '.join(over)}")
+
+
+def _speculation(logs: list[Path], sessions: list[Any]) -> dict[str, Any] | None:
+    """The logs' speculation (llama-server's, with a draft or n-grams): its prediction at every
+    draft length (``spec_predict``), or None where no log speculated."""
+    from llamacpp_instr import spec_predict
+    from llamacpp_instr.converters.errors import UserError
+
+    named = [(str(p), f) for p, f in zip(logs, sessions, strict=True) if f.info.verifies]
+    if not named:
+        return None
+    try:
+        longest = max(spec_predict.n_max_of(f) for _, f in named)
+        return spec_predict.run_sessions(named, longest)
+    except UserError:
+        return None
+
+
+def _spec_lines(doc: dict[str, Any]) -> str:
+    """The text of the settings' speculation: the fastest draft length at the logs' threads."""
+    best = doc["by_n_max"][doc["best_n_max"]]
+    plain = doc["by_n_max"][0]["gen_tokens_per_s"]
+    threads = ", ".join(map(str, doc["threads"]))
+    what = (
+        f"--spec-draft-n-max {best['n_max']}: {best['gen_tokens_per_s']:.1f} tokens/s predicted"
+        if best["n_max"]
+        else "none: the drafts cost more than they save"
+    )
+    return (
+        f"  speculation at {threads} thread(s), drafting with {doc['draft']} "
+        f"(from {len(doc['logs'])} llama-server log(s)): the fastest is {what} "
+        f"(a plain decode {plain:.1f}; instr predict --spec-draft-n-max N for any other)"
+    )
 
 
 def _mib(n: float) -> str:

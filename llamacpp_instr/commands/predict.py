@@ -76,6 +76,16 @@ if TYPE_CHECKING:
     help="Price the RPC servers' network at this round trip (2ms, 500us); the log's measured "
     "one without it.",
 )
+@click.option(
+    "--spec-draft-n-max",
+    "spec_n_max",
+    metavar="N",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Speculative decoding: generation tokens/s at this draft length, from llama-server logs "
+    "that ran the same draft (or n-gram type) at others: their acceptance by draft position and "
+    "their batch costs (0: no speculation); with the length that would be fastest.",
+)
 @text_json_option(
     "text: tokens/s and where the time goes; json: prompt_tokens_per_s and "
     "gen_tokens_per_s as {value, low, high}, by_device (with network over RPC), by_op, rpc_links, "
@@ -94,6 +104,7 @@ def command(
     offload: Offload,
     rpc_rate: str | None,
     rpc_rtt: str | None,
+    spec_n_max: int | None,
     fmt: str,
 ) -> None:
     """Predict prompt and generation tokens/s for a setting not run, from LOGS (detailed logs of
@@ -119,6 +130,12 @@ def command(
     Op offload is priced: a prompt's matmuls ggml runs on a GPU though their weights are on the
     host (-ngl 0 on a Vulkan build), with the weights' copies at the logs' copy rate.
     """
+    if spec_n_max is not None:  # speculative decoding: from the logs' verifies alone
+        from llamacpp_instr import spec_predict
+
+        doc = spec_predict.run(list(logs), spec_n_max, n_predict)
+        click.echo(json.dumps(doc, indent=1) if fmt == "json" else spec_predict.render(doc))
+        return
     from llamacpp_instr import models, predict
     from llamacpp_instr.commands.fit import _files
     from llamacpp_instr.converters.analysis import net_costs

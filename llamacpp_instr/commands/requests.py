@@ -31,17 +31,20 @@ def command(
     how much of the prompt the server's prompt cache reused, and when less than it could, why
     (another slot held it, it was evicted, a sliding window, the prompt diverged, where and with
     what text); and each late token, with what shared its batch ("token 212 of task-41 came 380 ms
-    late: slot 2 was prefilling 1,536 tokens of task-44 in the same batch"). For a mixture of
-    experts whose routing the log recorded (--level detailed): the experts each request's own steps
-    routed to, per layer (a step shared with other requests is counted, not split). `--format
-    json`: one object per request under "requests"."""
+    late: slot 2 was prefilling 1,536 tokens of task-44 in the same batch"). Speculating: what
+    each request drafted and had accepted, its draft, verify and rejected time, and whether the
+    drafts paid. For a mixture of experts whose routing the log recorded (--level detailed): the
+    experts each request's own steps routed to, per layer (a step shared with other requests is
+    counted, not split). `--format json`: one object per request under "requests"."""
     from llamacpp_instr.converters.errors import UserError
     from llamacpp_instr.converters.reports.renderers import render
     from llamacpp_instr.converters.reports.requests_report import requests_report
 
     check_output(output)
     frames = load_log(log, sid, strict)
-    report = requests_report(frames, top or None)
+    from llamacpp_instr.spec_predict import model_price
+
+    report = requests_report(frames, top or None, spec_price=model_price)
     if not report.data["requests"]:
         raise UserError(f"{log}: no request records (a server's log: instr exec llama-server ...)")
     emit(render(report, fmt, top=top or None), output)

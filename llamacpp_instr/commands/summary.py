@@ -48,7 +48,12 @@ def command(
     GFLOP/s and GB/s). The HTML page also shows where a generation step's time goes: per layer by
     op type, a layer x op-type heatmap, the step-time histogram and tokens/s over the run. With
     this machine's peaks (`instr peaks`), every op against its roofline: arithmetic intensity,
-    fraction of the roof, the bound, and decode against the memory bandwidth."""
+    fraction of the roof, the bound, and decode against the memory bandwidth. A speculating
+    llama-server's figures are its target's (its verify steps give the tokens they accepted, over
+    their time and the draft's); the draft gets a line of its own, and the verdict says whether
+    speculation saved time against a plain decode of the same tokens, priced from the log's
+    single-token target steps (or predict's model where it has none); HTML adds acceptance by
+    draft position and each request's draft, verify and rejected time."""
     from llamacpp_instr.converters.reports.renderers import render
     from llamacpp_instr.converters.reports.summary import summary_report
 
@@ -59,4 +64,7 @@ def command(
         from llamacpp_instr.converters.session import machine_peaks
 
         roofline.apply(frames, machine_peaks.for_file(peaks_file, frames.info))
-    emit(render(summary_report(frames, by, top or None), fmt, top=top or None), output)
+    from llamacpp_instr.spec_predict import model_price
+
+    report = summary_report(frames, by, top or None, spec_price=model_price)
+    emit(render(report, fmt, top=top or None), output)

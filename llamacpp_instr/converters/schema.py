@@ -30,6 +30,8 @@ RECORD_TYPES_V1 = frozenset(
         "memory_alloc_failed",
         "session_end",
         "experts",
+        "context",
+        "spec",
     }
 )
 

@@ -18,6 +18,7 @@ import pandas as pd
 from llamacpp_instr.converters.analysis import roofline
 from llamacpp_instr.converters.analysis.columns import string_categories
 from llamacpp_instr.converters.analysis.frames import SessionFrames
+from llamacpp_instr.converters.analysis.spec_frames import request_spec_columns, step_roles
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reading.decode.graphs import Graph
 from llamacpp_instr.converters.reading.decode.sessions import SessionInfo, SessionStarted, StepDone
@@ -28,12 +29,13 @@ from llamacpp_instr.converters.session.fold import iter_events
 
 STEP_COLS = (
     "step ctx kind n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended request "
-    "level llama_decode_ns"
+    "level llama_decode_ns role"
 ).split()
 SEQ_COLS = "step ctx seq n_tokens pos0 pos1".split()
 REQUEST_COLS = (
     "id endpoint method status outcome stream t_arrive wait_ns ttft_ns model_ns dur_ns "
-    "prompt_tokens gen_tokens tokens_sent slot level error"
+    "prompt_tokens gen_tokens tokens_sent slot level error spec_type spec_drafted spec_accepted "
+    "spec_verify_steps spec_draft_ns spec_verify_ns spec_rejected_ns"
 ).split()
 LAYER_COLS = "step ubatch layer t_start dur_ns n_ops".split()
 OP_COLS = (
@@ -233,17 +235,19 @@ class _RefBuilder:
                 prompt_tokens=r.get("prompt_tokens", 0), gen_tokens=r.get("gen_tokens", 0),
                 slot=r.get("slot"),
             )  # fmt: skip
-        df = t.frame(REQUEST_COLS)
+        df = t.frame(REQUEST_COLS[:17])
+        df = df.assign(**request_spec_columns(self.info.requests))[REQUEST_COLS]
         df["stream"] = df["stream"].astype(bool)
         for c in ("id", "endpoint", "method", "outcome", "level", "error"):
             df[c] = string_categories(df[c])
         return df
 
     def frames(self, report: ReadReport) -> SessionFrames:
-        steps = self.steps.frame(STEP_COLS)
+        steps = self.steps.frame(STEP_COLS[:-1])
         steps["ended"] = steps["ended"].astype(bool)
         steps["request"] = string_categories(steps["request"])
         steps["level"] = string_categories(steps["level"])
+        steps["role"] = step_roles(steps, self.info)
         weights = pd.DataFrame(self.info.weights)
         if not weights.empty:
             weights["shape"] = weights["shape"].map(_shape)

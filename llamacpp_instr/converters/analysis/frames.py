@@ -12,7 +12,8 @@ Tables (integer nanosecond timestamps and durations; names, ops and types are ca
   durations), ended, request, level (what it was recorded at: with sampling, minimal steps have no
   op times), llama_decode_ns (the time in llama_decode itself); weight_bytes and kv_bytes
   (read by its graphs), and with peaks ideal_ns, roof_frac and roof (memory for generation, compute
-  for prompt steps).
+  for prompt steps); role (its context's, target or draft, where the log says: llama-server's
+  speculative decoding, ``spec_frames``).
 * ``layers`` — one row per layer span per compute: step, ubatch, layer, t_start, dur_ns, n_ops.
 * ``ops`` — one row per timed op per compute, with its node's metadata joined: step, ubatch, graph,
   node, name, op, label, category, layer, t_start, dur_ns, n_fused, shape, dtype, weight,
@@ -21,6 +22,11 @@ Tables (integer nanosecond timestamps and durations; names, ops and types are ca
   log (``instr peaks``; NaN otherwise), ideal_ns (the least time at the roofs), roof_frac, bound.
 * ``nodes`` — the graph tables: graph, node, name, op, label, layer, shape, dtype, bytes, flags.
 * ``weights`` — the weight inventory of session_start.
+* ``requests`` — served requests (``request`` records), with llama-server's speculation as the
+  server counted it (spec_type, spec_drafted, spec_accepted, spec_verify_steps, spec_draft_ns,
+  spec_verify_ns, spec_rejected_ns; null without).
+* ``contexts``, ``spec`` (a speculating llama-server) — each context's model and role, and each
+  verify step of a slot (``spec_frames``).
 * ``tensor_stats`` (verbose) — step, ubatch, node, name, min, max, mean, std, n_nan, n_inf.
 * ``topk`` (verbose) — step, row, rank, token, logit.
 * ``experts`` (a mixture of experts at detailed, on the CPU) — step, layer, expert, tokens,
@@ -69,6 +75,7 @@ from .frames_devices import DeviceBuilder
 from .frames_ops import ComputeColumns, OpsBuilder
 from .heap import older_objects_frozen
 from .memory_frames import allocations_frame, memory_frame
+from .spec_frames import contexts_frame, request_spec_columns, step_roles, verify_frame
 
 _FIRST = itemgetter(0)
 
@@ -110,6 +117,9 @@ class SessionFrames:
     step_memory: list[StepMemory] = field(default_factory=list)
     # a mixture of experts' routing (``experts`` records; empty without them)
     experts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # speculative decoding (``spec_frames``; empty without it)
+    contexts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    spec: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     TABLES = (
         "steps",
@@ -128,6 +138,7 @@ class SessionFrames:
         """The tables (with the device tables of a run on several devices)."""
         names = self.TABLES + (DEVICE_TABLES if not self.devices.empty else ())
         names += ("allocations", "memory") if not self.allocations.empty else ()
+        names += ("contexts", "spec") if not (self.contexts.empty and self.spec.empty) else ()
         return {name: getattr(self, name) for name in names}
 
     def sampling(self) -> Sampling:
@@ -188,12 +199,13 @@ class Sampling:
 class _Builder:
     STEP_COLS = (
         "step ctx kind n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended "
-        "request level llama_decode_ns"
+        "request level llama_decode_ns role"
     ).split()
     SEQ_COLS = "step ctx seq n_tokens pos0 pos1".split()
     REQUEST_COLS = (
         "id endpoint method status outcome stream t_arrive wait_ns ttft_ns model_ns dur_ns "
-        "prompt_tokens gen_tokens tokens_sent slot level error"
+        "prompt_tokens gen_tokens tokens_sent slot level error spec_type spec_drafted spec_accepted "
+        "spec_verify_steps spec_draft_ns spec_verify_ns spec_rejected_ns"
     ).split()
     LAYER_COLS = "step ubatch layer t_start dur_ns n_ops".split()
     NODE_COLS = "graph node name op label layer shape dtype bytes flags".split()
@@ -322,17 +334,19 @@ class _Builder:
                 prompt_tokens=r.get("prompt_tokens", 0), gen_tokens=r.get("gen_tokens", 0),
                 slot=r.get("slot"),  # llama-server: the sequence id of its tokens in `seqs`
             )  # fmt: skip
-        df = t.frame(self.REQUEST_COLS)
+        df = t.frame(self.REQUEST_COLS[:17])
+        df = df.assign(**request_spec_columns(self.info.requests))[self.REQUEST_COLS]
         df["stream"] = df["stream"].astype(bool)
         for c in ("id", "endpoint", "method", "outcome", "level", "error"):
             df[c] = string_categories(df[c])
         return df
 
     def frames(self, report: ReadReport, peaks_cache: Path | None) -> SessionFrames:
-        steps = self.steps.frame(self.STEP_COLS)
+        steps = self.steps.frame(self.STEP_COLS[:-1])
         steps["ended"] = steps["ended"].astype(bool)
         steps["request"] = string_categories(steps["request"])
         steps["level"] = string_categories(steps["level"])
+        steps["role"] = step_roles(steps, self.info)
         weights = pd.DataFrame(self.info.weights)
         if not weights.empty:
             weights["shape"] = weights["shape"].map(shape_text)
@@ -358,6 +372,8 @@ class _Builder:
             ],
         )
         sf.experts.attrs["n_expert"] = self.n_expert
+        if self.info.contexts or self.info.verifies:
+            sf.contexts, sf.spec = contexts_frame(self.info), verify_frame(self.info)
         if self.dev is not None:
             for name, df in self.dev.tables(sf.ops, sf.layers).items():
                 setattr(sf, name, df)

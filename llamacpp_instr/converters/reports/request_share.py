@@ -16,20 +16,28 @@ if TYPE_CHECKING:  # pandas loads with the frames, not with this module
     from ..analysis.frames import SessionFrames
 
 
-def step_rows(f: SessionFrames) -> list[StepRow]:
+def step_rows(f: SessionFrames, role: str = "target") -> list[StepRow]:
     """The session's steps in time order: (start, duration, the batch's tokens, [(sequence, its
-    tokens)]); a step without ``seqs`` holds sequence 0 only."""
-    return [row for row, _ in indexed_step_rows(f)]
+    tokens)]); a step without ``seqs`` holds sequence 0 only. A speculating session's are its
+    target's (``role="draft"``: its draft's): a draft's steps carry a request's sequence too, but
+    decode none of its tokens."""
+    return [row for row, _ in indexed_step_rows(f, role)]
 
 
-def indexed_step_rows(f: SessionFrames) -> list[tuple[StepRow, int]]:
+def indexed_step_rows(f: SessionFrames, role: str = "target") -> list[tuple[StepRow, int]]:
     """``step_rows``, each with its step's index."""
     seqs: dict[tuple[int, int], list[tuple[int, int]]] = {}
     if f.seqs is not None and not f.seqs.empty:
         cols = f.seqs[["ctx", "step", "seq", "n_tokens"]].astype("int64")
         for ctx, step, q, n in cols.itertuples(False):
             seqs.setdefault((int(ctx), int(step)), []).append((int(q), int(n)))
-    cols = f.steps[["ctx", "step", "t_start", "dur_ns", "n_tokens"]].sort_values("t_start")
+    steps = f.steps
+    if "role" in steps and steps["role"].notna().any():
+        keep = steps["role"].astype(object) == role
+        steps = steps[keep.to_numpy() | (steps["role"].isna().to_numpy() & (role == "target"))]
+    elif role != "target":
+        return []
+    cols = steps[["ctx", "step", "t_start", "dur_ns", "n_tokens"]].sort_values("t_start")
     return [
         (
             (int(start), int(dur), int(n), seqs.get((int(ctx), int(step))) or [(0, int(n))]),

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..session.request_causes import RequestStory, StepRow, stories
 from ..session.request_experts import RequestExperts, StepRouting, request_experts
+from ..session.speculation import SpecTotals
 from .report import Chart, Column, Fact, Report, Section, Series, Table
 from .request_share import indexed_step_rows, step_rows
 
@@ -34,6 +35,11 @@ COLUMNS = [
     Column("cache_miss_reason", "not reused because"),
     Column("late", "late tokens", "int"),
 ]
+SPEC_COLUMNS = [
+    Column("drafted", "drafted", "int"),
+    Column("accepted", "accepted", "int"),
+    Column("verdict", "speculation"),
+]
 
 
 def request_stories(f: SessionFrames, rows: list[StepRow] | None = None) -> list[RequestStory]:
@@ -41,11 +47,24 @@ def request_stories(f: SessionFrames, rows: list[StepRow] | None = None) -> list
     has them already."""
     if not f.info.requests:
         return []
-    return stories(f.info.requests, step_rows(f) if rows is None else rows)
+    return stories(f.info.requests, step_rows(f) if rows is None else rows, step_rows(f, "draft"))
 
 
-def _why(s: RequestStory) -> list[dict[str, Any]]:
-    """The lines that say why ``s`` took its time: its split, its prompt cache, its late tokens."""
+def spec_line(t: SpecTotals) -> str:
+    """A request's speculation in one line: what it drafted, what that took, and whether it paid."""
+    acc = f" ({t.acceptance * 100:.0f} %)" if t.acceptance is not None else ""
+    verdict = f": {t.verdict()}" if t.verdict() else " (not priced: no single-token target step)"
+    return (
+        f"speculation ({t.type or 'draft'}): {t.accepted:,} of {t.drafted:,} drafted tokens "
+        f"accepted{acc} in {t.verify_steps:,} verify steps; draft {t.draft_ns / 1e6:,.0f} ms, "
+        f"verify {t.verify_ns / 1e6:,.0f} ms, {t.rejected_ns / 1e6:,.0f} ms of it on rejected "
+        f"tokens{verdict}"
+    )
+
+
+def _why(s: RequestStory, spec: SpecTotals | None = None) -> list[dict[str, Any]]:
+    """The lines that say why ``s`` took its time: its split, its prompt cache, its
+    speculation, its late tokens."""
     lines = [
         f"{s.total_ns / 1e6:,.0f} ms: queue {s.queue_ns / 1e6:,.0f}, prompt "
         f"{s.prompt_ns / 1e6:,.0f}, generation {s.generation_ns / 1e6:,.0f}, stream "
@@ -53,14 +72,22 @@ def _why(s: RequestStory) -> list[dict[str, Any]]:
     ]
     if s.cache_note:
         lines.append(f"prompt cache: {s.cache_note}")
+    if spec is not None:
+        lines.append(spec_line(spec))
     lines += [t.cause for t in s.late_tokens]
     return [{"id": s.id if i == 0 else "", "why": line} for i, line in enumerate(lines)]
 
 
-def section(items: list[RequestStory], top: int | None = None) -> Section:
-    """The requests, slowest first, and why the slowest were slow."""
-    rows = [{**s.row(), "late": len(s.late_tokens)} for s in items]
-    why = [line for s in items[: top or EXPLAINED] for line in _why(s)]
+def section(
+    items: list[RequestStory],
+    top: int | None = None,
+    spec: dict[str, SpecTotals] | None = None,
+) -> Section:
+    """The requests, slowest first, and why the slowest were slow; ``spec``: each speculating
+    request's drafts (``analysis.spec_frames.totals``), by id."""
+    spec = spec or {}
+    rows = [{**s.row(), "late": len(s.late_tokens), **_spec_cols(spec.get(s.id))} for s in items]
+    why = [line for s in items[: top or EXPLAINED] for line in _why(s, spec.get(s.id))]
     charted = items[:CHARTED]
     chart = Chart(
         name="request_split",
@@ -100,7 +127,12 @@ def section(items: list[RequestStory], top: int | None = None) -> Section:
                 why,
                 whole=True,
             ),
-            Table("requests", "Requests, slowest first", COLUMNS, rows),
+            Table(
+                "requests",
+                "Requests, slowest first",
+                COLUMNS + (SPEC_COLUMNS if spec else []),
+                rows,
+            ),
         ],
     )
 
@@ -145,19 +177,39 @@ def experts_section(items: list[RequestStory], experts: dict[str, RequestExperts
     )
 
 
-def requests_report(f: SessionFrames, top: int | None = None) -> Report:
-    """``instr requests``: every request, slowest first, and why; for a mixture of experts with
-    its routing recorded, the experts each one's steps routed to."""
+def spec_by_id(f: SessionFrames, price: Any = None) -> dict[str, SpecTotals]:
+    """Each speculating request's drafts, by id ({} for a session that did not speculate);
+    ``price``: as ``analysis.spec_frames.totals`` takes it."""
+    from ..analysis.spec_frames import totals  # (pandas: with the frames)
+
+    t = totals(f, price)
+    return {r.id: r for r in t[1]} if t else {}
+
+
+def _spec_cols(t: SpecTotals | None) -> dict[str, Any]:
+    if t is None:
+        return {}
+    r = t.row()
+    return {k: r[k] for k in ("drafted", "accepted", "acceptance", "saved_ms", "verdict")} | {
+        "speculation": r
+    }
+
+
+def requests_report(f: SessionFrames, top: int | None = None, spec_price: Any = None) -> Report:
+    """``instr requests``: every request, slowest first, and why; speculating, whether each one's
+    drafts paid (``spec_price`` as ``summary_report`` takes it); for a mixture of experts with its
+    routing recorded, the experts each one's steps routed to."""
     items = request_stories(f)
+    spec = spec_by_id(f, spec_price)
     experts = experts_by_request(f)
     rows = []
     for s in items:
-        row = s.row()
+        row = {**s.row(), **_spec_cols(spec.get(s.id))}
         if experts:
             x = experts.get(s.id)
             row["experts"] = x.row() if x is not None else None
         rows.append(row)
-    sections = [section(items, top)] if items else []
+    sections = [section(items, top, spec)] if items else []
     if items and experts:
         sections.append(experts_section(items, experts))
     return Report(

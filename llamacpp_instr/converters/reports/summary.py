@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..analysis import spec_frames
 from ..analysis.frames import SessionFrames
 from ..schema import LEVEL_IDS, level_at_least
-from . import device_report, memory_report, requests_report, roofline_report
+from . import device_report, memory_report, requests_report, roofline_report, spec_report
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
 from .request_share import part_rows, parts_section, request_shares, share_section, step_rows
 from .requests_report import request_stories
@@ -48,10 +49,16 @@ def timed_steps(f: SessionFrames) -> pd.DataFrame:
 
 def overview(f: SessionFrames) -> dict[str, Any]:
     """Headline numbers: throughput, step time percentiles, op-time coverage (None when the log's
-    level records no per-op times; of the steps recorded with op times when it was sampled)."""
+    level records no per-op times; of the steps recorded with op times when it was sampled).
+    A speculating session's figures are its target's: its verify steps are generation, giving the
+    tokens they accepted and their own, over their time and the draft's that fed them; the draft's
+    steps are in ``speculation`` (``spec_report.overview``)."""
     steps = f.steps
-    prompt = steps[steps["kind"] == "prompt"]
-    gen = steps[steps["kind"] == "gen"]
+    sp = spec_frames.split(f)
+    prompt = steps[steps["kind"] == "prompt"] if sp is None else sp.prompt
+    gen = steps[steps["kind"] == "gen"] if sp is None else sp.gen
+    gen_tokens = int(gen["n_tokens"].sum()) if sp is None else sp.gen_tokens
+    gen_ns = int(gen["dur_ns"].sum()) + (0 if sp is None else sp.draft_gen_ns)
     total_dur = int(steps["dur_ns"].sum())
     timed_dur = int(timed_steps(f)["dur_ns"].sum())
     sampling = f.sampling()
@@ -62,13 +69,11 @@ def overview(f: SessionFrames) -> dict[str, Any]:
         "ended": f.info.ended,
         "steps": len(steps),
         "prompt_tokens": int(prompt["n_tokens"].sum()),
-        "gen_tokens": int(gen["n_tokens"].sum()),
+        "gen_tokens": gen_tokens,
         "prompt_tok_s": (
             float(prompt["n_tokens"].sum() / (prompt["dur_ns"].sum() / 1e9)) if len(prompt) else 0.0
         ),
-        "gen_tok_s": (
-            float(gen["n_tokens"].sum() / (gen["dur_ns"].sum() / 1e9)) if len(gen) else 0.0
-        ),
+        "gen_tok_s": float(gen_tokens / (gen_ns / 1e9)) if len(gen) and gen_ns else 0.0,
         "gen_step_ms_p50": _pct(gen["dur_ns"], 0.5) / 1e6,
         "gen_step_ms_p90": _pct(gen["dur_ns"], 0.9) / 1e6,
         "gen_step_ms_p99": _pct(gen["dur_ns"], 0.99) / 1e6,
@@ -84,6 +89,7 @@ def overview(f: SessionFrames) -> dict[str, Any]:
         "steps_with_op_times": sampling.timed_steps if op_times_recorded(f) else 0,
         "steps_by_level": sampling.steps_by_level,
         "files": _files(f),
+        **({"speculation": spec_report.overview(f, sp)} if sp is not None else {}),
     }
 
 
@@ -385,9 +391,15 @@ def _requests_section(lat: dict[str, Any], f: SessionFrames) -> Section:
     )
 
 
-def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) -> Report:
+def summary_report(
+    f: SessionFrames,
+    key: str = "op",
+    top: int | None = None,
+    spec_price: spec_frames.ModelPrice | None = None,
+) -> Report:
     """``instr summary``: headline numbers, time per op type / layer / node, and for HTML where a
-    generation step's time goes."""
+    generation step's time goes. ``spec_price``: what prices a plain token of a speculating
+    session whose log has no single-token target step (the CLI's: predict's model)."""
     ov = overview(f)
     facts = [
         Fact("model", ov["model"]),
@@ -417,6 +429,10 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
     ov["busy_machine"] = (busy := verdict(f.steps)).to_json()  # in json's overview
     if busy.flagged:
         facts.insert(0, Fact("busy machine", busy.line()))
+    spec = spec_frames.totals(f, spec_price) if "speculation" in ov else None
+    if "speculation" in ov:  # the target's figures above; the draft's and the verdict here
+        at = next(i for i, x in enumerate(facts) if x.label == "generation tokens/s") + 1
+        facts[at:at] = spec_report.facts(ov["speculation"], spec[0] if spec else None)
     sections = []
     recorded = ov["op_time_coverage"] is not None
     charts = _time_charts(f, per_op=recorded)
@@ -429,13 +445,16 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
     lat = request_latency(f)
     if lat is not None:
         sections.append(_requests_section(lat, f))
+    if spec is not None:
+        sections.append(spec_report.section(f, spec))
     rows = step_rows(f) if f.info.requests else []  # the steps, read once for both sections
     shares = request_shares(f, rows)  # llama-server: requests sharing batches
     if shares:
         sections.append(share_section(shares))
     slow = request_stories(f, rows) if lat is not None else []  # why requests were slow
     if slow:
-        sections.append(requests_report.section(slow, top))
+        by_id = {r.id: r for r in spec[1]} if spec else None
+        sections.append(requests_report.section(slow, top, by_id))
     parts = part_rows(f)  # llama-bench: its tests
     if parts:
         sections.append(parts_section(parts))
@@ -467,6 +486,7 @@ def summary_report(f: SessionFrames, key: str = "op", top: int | None = None) ->
             **({"request_share": [x.row() for x in shares]} if shares else {}),
             **({"request_causes": [x.row() for x in slow]} if slow else {}),
             **({"parts": parts} if parts else {}),
+            **({"speculation": [x.row() for x in spec[1]]} if spec else {}),
             "roofline": roof_data,
             **devices_data,
             **memory_data,

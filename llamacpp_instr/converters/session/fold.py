@@ -45,6 +45,7 @@ from ..reading.decode.sessions import (
     request_record,
     session_info,
 )
+from ..reading.decode.speculation import MAX_CONTEXTS, context_record, spec_record
 from ..reading.decode.steps import Step, end_step, request_id, step_level, step_seqs, topk_rows
 from ..reading.decode.transfers import transfers
 from ..reading.reader import ReadReport, iter_records
@@ -213,6 +214,12 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
         state.info.requests.append(request_record(rec))
     elif rtype == "part":
         state.info.parts.append(rec)
+    elif rtype == "context":
+        context = context_record(rec)
+        if len(state.info.contexts) < MAX_CONTEXTS or context["ctx"] in state.info.contexts:
+            state.info.contexts[context["ctx"]] = context
+    elif rtype == "spec":
+        state.info.verifies.append(spec_record(rec))
     elif rtype == "transfers":
         t = transfers(rec)
         step = None

@@ -13,7 +13,9 @@ A token's arrival is the end of the step that produced it: the first at the end 
 last step, each next one at the end of the next step that carried the request's sequence. A token
 is late when the gap since the one before is longer than the request's median gap by half of it
 (and by at least a millisecond); its cause is what else the steps of that gap carried: another
-slot's prompt chunk (a prefill), other slots' tokens, or nothing (the step itself was slow).
+slot's prompt chunk (a prefill), other slots' tokens, or nothing (the step itself was slow). With
+speculative decoding, a request's steps are its target's (a verify step gives the tokens it
+accepted at once), and a gap its draft's steps took half of, at least, is the draft's.
 """
 
 from __future__ import annotations
@@ -252,6 +254,7 @@ def _late(
     mine: Sequence[StepRow],
     index: _StepIndex,
     who: Any,
+    draft: _StepIndex | None = None,
 ) -> list[LateToken]:
     """``rec``'s late tokens, from ``mine``: the steps of its slot in its window, in time order.
     ``who(slot, t)``: the id of the request that held ``slot`` at ``t`` ("" when none did)."""
@@ -291,6 +294,8 @@ def _late(
         ms = (gaps[i] - median) / 1e6
         head = f"token {token} of {rec.get('id')} came {ms:,.0f} ms late"
         prefill = [s for s in shared if s["prefill"]]
+        d_lo, d_hi = draft.ended_span(a, b) if draft is not None else (0, 0)
+        drafting = draft.busy[d_hi] - draft.busy[d_lo] if draft is not None else 0
         if prefill:
             s = prefill[0]
             what = f" of {s['request']}" if s["request"] else ""
@@ -298,7 +303,12 @@ def _late(
                 f"{head}: slot {s['slot']} was prefilling {s['tokens']:,} tokens{what} "
                 f"in the same batch"
             )
-        elif busy < gaps[i] / 2:
+        elif drafting >= gaps[i] / 2:
+            cause = (
+                f"{head}: the draft took {drafting / 1e6:,.0f} ms of the gap in {d_hi - d_lo} "
+                f"step{'s' * (d_hi - d_lo != 1)}; the target's took {busy / 1e6:,.0f} ms"
+            )
+        elif busy + drafting < gaps[i] / 2:
             cause = f"{head}: {(gaps[i] - busy) / 1e6:,.0f} ms of the gap was outside decode steps"
         elif shared:
             n = sum(s["tokens"] for s in shared)
@@ -313,6 +323,8 @@ def _late(
             )
         if n_steps > 1:
             cause += f" ({n_steps} steps in the gap)"
+        if 0 < drafting < gaps[i] / 2:
+            cause += f"; the draft took {drafting / 1e6:,.0f} ms of it"
         out.append(LateToken(token, b, gaps[i], int(gaps[i] - median), cause, shared))
     return out
 
@@ -345,10 +357,16 @@ def _own_steps(
     return mine, named
 
 
-def stories(requests: Iterable[dict[str, Any]], rows: Sequence[StepRow]) -> list[RequestStory]:
-    """Each request record's story, slowest first. ``rows``: the session's steps in time order."""
+def stories(
+    requests: Iterable[dict[str, Any]],
+    rows: Sequence[StepRow],
+    draft_rows: Sequence[StepRow] = (),
+) -> list[RequestStory]:
+    """Each request record's story, slowest first. ``rows``: the session's steps in time order
+    (a speculating session's: its target's; ``draft_rows``: its draft's)."""
     reqs = [r for r in requests if isinstance(r, dict)]
     index = _StepIndex(rows)
+    draft = _StepIndex(draft_rows) if draft_rows else None
     mine, windows = _own_steps(reqs, rows)
 
     def who(slot: int, t: int) -> str:
@@ -379,7 +397,9 @@ def stories(requests: Iterable[dict[str, Any]], rows: Sequence[StepRow]) -> list
                 cache_miss_reason=reason,
                 cache_note=note,
                 # no slot: a server of one sequence (instr serve), whose steps hold sequence 0
-                late_tokens=_late(r, slot if slot is not None else 0, mine.get(j, []), index, who),
+                late_tokens=_late(
+                    r, slot if slot is not None else 0, mine.get(j, []), index, who, draft
+                ),
             )
         )
     out.sort(key=lambda s: (-s.total_ns, s.id))

@@ -31,6 +31,7 @@ from .sinks import ThreadedWriter
 
 # the flows a slice of each category starts or ends (name, category); others: the KV cache's
 _FLOW_KINDS = {c: ("launch", "device_flow") for c in ("split", "busy", "remote")}
+_FLOW_KINDS["speculation"] = ("draft to verify", "spec_flow")  # a request's draft, verified
 
 
 class _Writer:

@@ -1,11 +1,14 @@
 """Served requests (``instr serve``, llama-server) and labelled parts (llama-bench's tests): slices
-on lanes above a session's decode steps, laid out for ``layout.SessionLayout``."""
+on lanes above a session's decode steps, laid out for ``layout.SessionLayout``. A speculating
+llama-server's request shows, inside its slice, each draft it made and the verify step that took
+it, joined by a flow (``spec`` records)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from ..reading.decode.sessions import SessionInfo
+from ..reading.decode.speculation import Verify
 from ..session.requests import SeqSteps
 from .items import Item, Slice, Track, track_uuid
 
@@ -25,6 +28,9 @@ class ServedTracks:
         # labelled parts (llama-bench's tests), on one track above the requests
         self.parts_track: Track | None = None
         self.parts_done = 0
+        # speculative decoding: the verifies read, by request, until its record comes
+        self.spec_done = 0
+        self.verifies: dict[str, list[Verify]] = {}
 
     def pending(self) -> bool:
         """Whether request or part records were read since the last ``items``."""
@@ -37,6 +43,12 @@ class ServedTracks:
         each: time to first token, and within it the wait for the model. Then the parts read
         since the last call (``parts``)."""
         reqs = self.info.requests
+        verifies = self.info.verifies
+        while self.spec_done < len(verifies):
+            v = verifies[self.spec_done]
+            self.spec_done += 1
+            if len(self.verifies) < 65536:  # (a request's record that never comes: bounded)
+                self.verifies.setdefault(v.request, []).append(v)
         while self.req_done < len(reqs):
             r = reqs[self.req_done]
             self.req_done += 1
@@ -88,7 +100,40 @@ class ServedTracks:
                 yield Slice(
                     track.uuid, "waiting for the model", t0, int(r["wait"]), 2, "request", {}
                 )
+            yield from self.drafts(track, str(r.get("id", "")), t0, t0 + dur)
         yield from self.parts()
+
+    def drafts(self, track: Track, rid: str, t0: int, t1: int) -> Iterator[Item]:
+        """A request's drafts and the verify steps that took them, inside its slice (after its
+        first token: depth 1), each draft's flow ending at its verify."""
+        for k, v in enumerate(self.verifies.pop(rid, ())):
+            if not (t0 <= v.t_draft and v.t_verify + v.verify_dur <= t1) or not v.t_draft:
+                continue
+            flow = track_uuid(self.info.sid, "spec", rid, k)
+            steps = f"{v.draft_first}-{v.draft_last}" if v.draft_first >= 0 else "none"
+            draft_args = {
+                "drafted": v.drafted,
+                "draft_steps": steps,
+                "catchup_step": v.catchup_step if v.catchup_step >= 0 else None,
+                "draft_ms": v.draft_ns / 1e6,
+                "type": v.type,
+            }
+            end = min(v.t_draft + v.draft_dur, v.t_verify)
+            yield Slice(
+                track.uuid, f"draft {v.drafted}", v.t_draft, end - v.t_draft, 1,
+                "speculation", draft_args, (flow,),
+            )  # fmt: skip
+            verify_args = {
+                "step": v.step,
+                "accepted": v.accepted,
+                "rejected_at": v.rejected_at,
+                "verify_ms": v.verify_ns / 1e6,
+                "rejected_ms": v.rejected_ns / 1e6,
+            }
+            yield Slice(
+                track.uuid, f"verify: {v.accepted} of {v.drafted} accepted", v.t_verify,
+                v.verify_dur, 1, "speculation", verify_args, (), (flow,),
+            )  # fmt: skip
 
     def parts(self) -> Iterator[Item]:
         """A slice per `part` record read since the last call, on the "parts" track."""

@@ -203,6 +203,13 @@ LLAMA_API int32_t llama_instr_request_end(struct llama_context * ctx, int32_t se
 // ERR_INVALID_ARG.
 LLAMA_API int32_t llama_instr_write_record(const char * type, const char * fields_json) LLAMA_INSTR_NOEXCEPT;
 
+// The id `ctx` has in the open session's records (their "ctx"; reserved now for a context that has
+// not decoded in this session yet), and in *last_step (when not NULL) the number of the last step
+// it began in this session, or -1: what a program's own records link to its steps (llama-server's
+// speculative decoding: a draft's steps and the target's step that verified them). Returns the id
+// (>= 1), ERR_NO_SESSION (*last_step -1) or ERR_INVALID_ARG (ctx NULL).
+LLAMA_API int32_t llama_instr_context_id(struct llama_context * ctx, int64_t * last_step) LLAMA_INSTR_NOEXCEPT;
+
 // Capture node outputs while a session is open: from the next llama_decode of `ctx` on, the output
 // of every graph node whose name matches one of `patterns` (exact, e.g. "l_out-3", or a prefix
 // ending in '*', e.g. "l_out-*") is copied as F32 into memory the library owns, right after the

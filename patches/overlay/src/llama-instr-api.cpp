@@ -612,6 +612,41 @@ int32_t llama_instr_request_end(llama_context * ctx, int32_t seq_id) noexcept {
     }
 }
 
+int32_t llama_instr_context_id(llama_context * ctx, int64_t * last_step) noexcept {
+    if (last_step) {
+        *last_step = -1;
+    }
+    try {
+        if (!ctx) {
+            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "ctx is NULL");
+        }
+        ctx_state *                 st = ctx_get(ctx);
+        auto &                      s  = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (!s.log.fp) {
+            return api_error(LLAMA_INSTR_ERR_NO_SESSION, "no session is open");
+        }
+        if (!st) {
+            return api_error(LLAMA_INSTR_ERR_INTERNAL, "out of memory");
+        }
+        if (st->epoch == s.epoch) {
+            // joined this session (at a step's start): its id, and the number its last step took
+            if (last_step) {
+                *last_step = st->step;
+            }
+            return st->id;
+        }
+        if (st->reserved_epoch != s.epoch) {
+            // the id its first step will join with (as session_begin reserves one for its ctx)
+            st->reserved_epoch = s.epoch;
+            st->reserved_id    = ++s.n_ctx_ids;
+        }
+        return st->reserved_id;
+    } catch (...) {
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "context_id failed (out of memory?)");
+    }
+}
+
 int32_t llama_instr_write_record(const char * type, const char * fields_json) noexcept {
     try {
         const size_t n  = type ? strlen(type) : 0;

@@ -67,6 +67,8 @@ inline std::string json_int_or_null(bool known, int64_t v) {
 // side fills its half of a shared request_state; whichever finishes last writes the record. The
 // states live from arrival to the record: memory is bounded by the requests in flight.
 
+struct spec_totals;  // its speculative decoding (llama-instr-spec.h)
+
 struct request_state {
     std::string id;             // "task-<its first task id>"
     std::string endpoint;
@@ -111,6 +113,8 @@ struct request_state {
     std::string  text_before;             // where the slot's cache and the prompt diverged: the text before
     std::string  text_held;               // ... the cache's text after
     std::string  text_prompt;             // ... the prompt's text after
+
+    std::shared_ptr<spec_totals> spec;    // the drafts it verified (none: null)
 };
 
 using request_ptr = std::shared_ptr<request_state>;
@@ -137,6 +141,8 @@ inline std::string error_text(const std::string & e) {
     }
     return out;
 }
+
+inline std::string spec_fields(const request_state & r);  // llama-instr-spec.h
 
 inline std::string request_fields(const request_state & r) {
     const int64_t t_model = r.t_start_us > 0 ? r.t_start_us * 1000 : 0;
@@ -198,7 +204,7 @@ inline std::string request_fields(const request_state & r) {
         }
         f += "}";
     }
-    return f + "}";
+    return f + spec_fields(r) + "}";
 }
 
 // With requests_mutex() held: the record's fields once both sides are done (and not before, nor
@@ -644,3 +650,5 @@ inline void part_end(llama_context * ctx, const char * program, const std::strin
 }
 
 }  // namespace llama_instr_tools
+
+#include "llama-instr-spec.h"  // llama-server's speculative decoding

@@ -7,6 +7,7 @@ from typing import Any
 
 from .fields import VALUE_MAX, as_dict, nonneg, opt_count
 from .memory import Allocation
+from .speculation import MAX_POS, Verify
 from .steps import Step
 from .transfers import Transfers
 
@@ -48,6 +49,10 @@ class SessionInfo:
     # time once freed), and the allocations that failed (memory_alloc_failed's fields)
     allocations: dict[int, Allocation] = field(default_factory=dict)
     memory_failures: list[dict[str, Any]] = field(default_factory=list)
+    # llama-server's speculative decoding: each context's model and role (``context`` records,
+    # by ctx), and each verify step of a slot (``spec`` records), in log order
+    contexts: dict[int, dict[str, Any]] = field(default_factory=dict)
+    verifies: list[Verify] = field(default_factory=list)
 
     @property
     def ended(self) -> bool:
@@ -151,6 +156,15 @@ REQUEST_COUNTS = (
     "tokens_sent",
 )
 REQUEST_TEXTS = ("id", "endpoint", "method", "outcome", "error", "traceparent", "level")
+# llama-server's ``spec`` object in a request record: its counts and times
+REQUEST_SPEC_COUNTS = (
+    "drafted",
+    "accepted",
+    "verify_steps",
+    "draft_ns",
+    "verify_ns",
+    "rejected_ns",
+)
 
 
 def request_record(rec: dict[str, Any]) -> dict[str, Any]:
@@ -164,4 +178,16 @@ def request_record(rec: dict[str, Any]) -> dict[str, Any]:
         v = rec.get(k)
         if v is not None and type(v) is not str:
             raise TypeError(f"{k} is not a string")
+    spec = rec.get("spec")
+    if spec is not None:
+        if type(spec) is not dict or type(spec.get("type", "")) is not str:
+            raise TypeError("spec is not an object")
+        for k in REQUEST_SPEC_COUNTS:
+            opt_count(spec.get(k))
+        for k in ("drafted_by_pos", "accepted_by_pos"):
+            v = spec.get(k, [])
+            if type(v) is not list or len(v) > MAX_POS:
+                raise ValueError(f"spec.{k} is not a list of at most {MAX_POS}")
+            for x in v:
+                opt_count(x)
     return rec

@@ -77,6 +77,7 @@ void write_ops(json_out & j, const ctx_state & st, const compute_rec & c) {
         r.ch(']');
     });
     r.ch(']');
+    r.flush();
 }
 
 // [device, i_start, i_end, start_off, launch_off, end_off] per split
@@ -184,6 +185,7 @@ void write_threads(json_out & j, const ctx_state & st, const compute_rec & c) {
         r.ch(']');
     });
     r.ch(']');
+    r.flush();
 }
 
 void write_tensor_stats(json_out & j, const ctx_state & st, const compute_rec & c) {
@@ -215,6 +217,7 @@ void write_tensor_stats(json_out & j, const ctx_state & st, const compute_rec & 
             out.ch(']');
         }
         out.ch(']');
+        out.flush();
     }
     j.ch('}');
 }

@@ -69,6 +69,11 @@ def lie(mode: str, payload: bytes, out: socket.socket) -> None:
                 last = struct.unpack_from("<i", b, ops[-1])[0]
                 for o in ops:
                     struct.pack_into("<i", b, o + 4, last - struct.unpack_from("<i", b, o)[0])
+    elif mode == "late":
+        # every op 2^62 ns late on the server's clock (well formed otherwise)
+        for at, n in graph_entries(b):
+            for field in [at + 48] + [at + GRAPH + i * OP + 8 for i in range(n)]:
+                struct.pack_into("<q", b, field, struct.unpack_from("<q", b, field)[0] + 2**62)
     elif mode == "graphs":
         struct.pack_into("<I", b, 0, struct.unpack_from("<I", b, 0)[0] + 1)
     elif mode == "truncated":
@@ -259,3 +264,38 @@ def test_the_proxy_keeps_this_builds_hello(
     assert "offers op timing" not in r.stderr
     computes = by_type(read_log(log), "compute")
     assert [c for c in computes if c.get("remote")]
+
+
+def test_a_peers_clock_cannot_place_ops_outside_the_round_trip(
+    tiny_llama_f32: Path, local_tokens: list[int], tmp_path: Path
+) -> None:
+    """A server reporting every op 2^62 ns late (issue 55 §1): its times are clamped to the
+    interval the client measured, from sending the graph to the reply that carried them, so every
+    remote op lies within its graph's send and reply, and each compute's duration stays that of
+    the step. Before the fix they were placed 2^62 ns away, and the summary's op-time coverage
+    overflowed to -122,600,700,014,604 %."""
+    log = tmp_path / "late.log"
+    with patched_server() as upstream, liar(upstream, "late") as (endpoint, lies):
+        r = run_client(tiny_llama_f32, endpoint, log)
+    assert tokens_of(r) == local_tokens
+    assert "late" in lies, "the proxy never saw a block of times to rewrite"
+    assert "malformed" not in r.stderr
+    recs = read_log(log)
+    steps = {s["step"]: s for s in by_type(recs, "step_end")}
+    n_checked = 0
+    for c in by_type(recs, "compute"):
+        if not c.get("remote"):
+            continue
+        rpc = {rem[1] for rem in c["remote"]}
+        owner = {i: sp[0] for sp in c["splits"] for i in range(sp[1], sp[2])}
+        lo = min(rem[2] for rem in c["remote"])
+        hi = max(rem[3] for rem in c["remote"])
+        for rem in c["remote"]:
+            assert rem[2] <= rem[4] <= rem[5] <= rem[3], rem
+        for op in c.get("ops", []):
+            if owner.get(op[0]) in rpc:
+                assert lo <= op[1] and op[1] + op[2] <= hi, (op, lo, hi)
+                n_checked += 1
+        s = steps[c["step"]]
+        assert c["t_start"] + c["dur"] <= s["t_start"] + s["dur"] + 10**9, (c, s)
+    assert n_checked > 0

@@ -299,3 +299,99 @@ def test_a_peers_clock_cannot_place_ops_outside_the_round_trip(
         s = steps[c["step"]]
         assert c["t_start"] + c["dur"] <= s["t_start"] + s["dur"] + 10**9, (c, s)
     assert n_checked > 0
+
+
+# ggml's RPC server with two devices on one connection (this machine's CPU, served twice)
+TWO_DEVICES = r"""
+import ctypes, sys
+base, ggml, rpc = sys.argv[1:4]
+ctypes.CDLL(base, mode=ctypes.RTLD_GLOBAL)
+ggml = ctypes.CDLL(ggml, mode=ctypes.RTLD_GLOBAL)
+rpc = ctypes.CDLL(rpc, mode=ctypes.RTLD_GLOBAL)
+ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+cpu = ggml.ggml_backend_dev_by_type(0)
+devs = (ctypes.c_void_p * 2)(cpu, cpu)
+rpc.ggml_backend_rpc_start_server.argtypes = [
+    ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
+rpc.ggml_backend_rpc_start_server(sys.argv[4].encode(), None, 1, 2, devs)
+"""
+
+# the client: the model split 3:1 over the server's two devices, generating greedily
+SPLIT_CLIENT = r"""
+import ctypes, json, sys
+from pathlib import Path
+import llama_cpp
+from llama_cpp import llama_cpp as L
+sys.path.insert(0, {tests!r})
+from netsim import lib_file
+import llamacpp_instr
+lib = Path(L._base_path)
+ggml = ctypes.CDLL(str(lib_file(lib, "libggml")), mode=ctypes.RTLD_GLOBAL)
+rpc = ctypes.CDLL(str(lib_file(lib, "libggml-rpc")), mode=ctypes.RTLD_GLOBAL)
+rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
+rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
+ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
+ggml.ggml_backend_register(rpc.ggml_backend_rpc_add_server({endpoint!r}.encode()))
+llm = llama_cpp.Llama({model!r}, n_ctx=256, n_batch=64, n_threads=1, verbose=False,
+                      n_gpu_layers=99, tensor_split=[3.0, 1.0])
+prompt = llm.tokenize(b"The capital of France is", add_bos=True)
+out = []
+with llamacpp_instr.session(llm, {log!r}, level="detailed"):
+    for tok in llm.generate(prompt, temp=0.0, reset=True):
+        out.append(int(tok))
+        if len(out) >= 8:
+            break
+llm.close()
+print(json.dumps({{"tokens": out}}))
+"""
+
+
+def test_a_server_with_two_devices_is_timed_on_both(tiny_dir: Path, tmp_path: Path) -> None:
+    """An honest server with two devices on one connection, the model split 3:1 between them
+    (issue 55 §1): the graphs it computes again (a recompute names only its device) are bounded by
+    that device's last graph, so every step keeps its remote times on both devices. Before the
+    fix the bound was the connection's last graph (the smaller device's): the larger device's
+    recompute brought more ops than that, its block was refused as malformed, and timing stayed
+    off for the server."""
+    from rpc_backend import lib_dir
+    from tiny_gguf import write_tiny_model
+
+    model = write_tiny_model(tiny_dir / "split-4.gguf", arch="llama", n_layer=4, seed=21)
+    libs = [str(netsim.lib_file(lib_dir(), n)) for n in ("libggml-base", "libggml", "libggml-rpc")]
+    upstream = f"127.0.0.1:{free_port()}"
+    server = subprocess.Popen(
+        [sys.executable, "-c", TWO_DEVICES, *libs, upstream],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    log = tmp_path / "split.log"
+    try:
+        netsim._wait_accepting(upstream, 30)
+        code = SPLIT_CLIENT.format(
+            tests=str(Path(__file__).resolve().parent),
+            endpoint=upstream,
+            model=str(model),
+            log=str(log),
+        )
+        r = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+        )
+    finally:
+        server.kill()
+        server.wait()
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "malformed" not in r.stderr, r.stderr[-3000:]
+    recs = read_log(log)
+    rpc = [
+        d["index"]
+        for d in by_type(recs, "session_start")[0]["machine"]["devices"]
+        if d["backend"] == "RPC"
+    ]
+    assert len(rpc) == 2, rpc
+    computes = by_type(recs, "compute")
+    # the generation steps (graphs recomputed): each compute's remote times on both devices
+    late = computes[len(computes) // 2 :]
+    assert late and all({rem[1] for rem in c.get("remote", [])} == set(rpc) for c in late), [
+        sorted({rem[1] for rem in c.get("remote", [])}) for c in computes
+    ]

@@ -53,3 +53,38 @@ def test_rows_out_of_memory_never_end_the_program(vendor: Path, tmp_path: Path) 
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"died ({r.returncode}): {r.stderr[-2000:]}"
     assert "each caught" in r.stdout and int(r.stdout.split()[0]) > 2, r.stdout
+
+
+def test_a_kept_graph_is_not_a_graph_with_other_sources(vendor: Path, tmp_path: Path) -> None:
+    """A graph built again in the same memory, same nodes, ops and shapes, but reading another
+    source (a control vector's or an adapter's, a copy of a new scheduler's) is not the graph kept
+    (issue 55 §1): graph_index::same_as tells them apart, and a graph built again the same is
+    still found, its sources read again. Before the fix the fingerprint left the sources out, so a
+    kept index whose sources were freed was taken for the new graph, and capture() followed them.
+    Linked to the build's libllama, which exports the index."""
+    from rpc_backend import lib_dir
+
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    exe = tmp_path / "kept_graph"
+    libs = lib_dir()
+    cmd = [
+        cxx,
+        "-std=c++17",
+        "-O1",
+        "-g",
+        f"-I{vendor / 'src'}",
+        f"-I{vendor / 'include'}",
+        f"-I{vendor / 'ggml' / 'include'}",
+        str(HERE / "native" / "kept_graph.cpp"),
+        str(libs / "libllama.so"),
+        str(libs / "libggml-base.so"),
+        f"-Wl,-rpath,{libs}",
+        "-o",
+        str(exe),
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -45,7 +45,7 @@ def recv_exact(s: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def graph_entries(b: bytes) -> Iterator[tuple[int, int]]:
+def graph_entries(b: bytes | bytearray) -> Iterator[tuple[int, int]]:
     """Where each graph's entry of a block is, and its op count."""
     at = BLOCK
     for _ in range(struct.unpack_from("<I", b, 0)[0]):

@@ -473,7 +473,7 @@ void llama_instr_compute_begin(llama_context *      ctx,
         // counts exactly one reuse of its graph since the last compute, which this state saw
         // with the hooks on throughout: that graph, unchanged, is the one indexed.
         const int32_t  n_reused = ctx->perf_get_data().n_reused;
-        const uint64_t changes  = g_llama_instr_level_changes.load(std::memory_order_relaxed);
+        const uint64_t changes  = llama_instr_level_changes_seen();
         const bool     reused =
             st.graph.gf == gf && st.reused_seen >= 0 && n_reused == st.reused_seen + 1 && changes == st.level_changes;
         st.reused_seen   = n_reused;

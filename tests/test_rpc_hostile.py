@@ -395,3 +395,57 @@ def test_a_server_with_two_devices_is_timed_on_both(tiny_dir: Path, tmp_path: Pa
     assert late and all({rem[1] for rem in c.get("remote", [])} == set(rpc) for c in late), [
         sorted({rem[1] for rem in c.get("remote", [])}) for c in computes
     ]
+
+
+# the client: the graph built and sent before the session, then reused in it (a recompute)
+LATE_CLIENT = r"""
+import ctypes, sys
+from pathlib import Path
+import llama_cpp
+from llama_cpp import llama_cpp as L
+sys.path.insert(0, {tests!r})
+from netsim import lib_file
+import llamacpp_instr
+lib = Path(L._base_path)
+ggml = ctypes.CDLL(str(lib_file(lib, "libggml")), mode=ctypes.RTLD_GLOBAL)
+rpc = ctypes.CDLL(str(lib_file(lib, "libggml-rpc")), mode=ctypes.RTLD_GLOBAL)
+rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
+rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
+ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
+ggml.ggml_backend_register(rpc.ggml_backend_rpc_add_server({endpoint!r}.encode()))
+llm = llama_cpp.Llama({model!r}, n_ctx=128, n_batch=16, n_threads=1, verbose=False,
+                      n_gpu_layers=99)
+llm.eval([1, 2, 3, 4])
+llm.eval([5])
+with llamacpp_instr.session(llm, {log!r}, level="detailed"):
+    for t in range(6, 12):
+        llm.eval([t])
+llm.close()
+"""
+
+
+def test_a_session_begun_on_a_sent_graph_keeps_remote_timing(
+    tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """The generation graph sent to the server before the session, and reused in it: the first
+    graph of the session is a recompute (issue 55 §1). It is bounded by that device's last graph,
+    whenever it was sent, so the session keeps its remote times. Before the fix the bound was
+    noted only while timing was on: the first recompute's times were refused as malformed and
+    remote timing turned off for an honest server."""
+    log = tmp_path / "late.log"
+    with patched_server() as upstream:
+        code = LATE_CLIENT.format(
+            tests=str(Path(__file__).resolve().parent),
+            endpoint=upstream,
+            model=str(tiny_llama_f32),
+            log=str(log),
+        )
+        r = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+        )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "malformed" not in r.stderr, r.stderr[-3000:]
+    computes = by_type(read_log(log), "compute")
+    assert len(computes) == 6 and all(c.get("remote") for c in computes[1:]), [
+        len(c.get("remote", [])) for c in computes
+    ]

@@ -38,6 +38,7 @@ NATIVE_MODULES = frozenset(
         "test_fuzz",
         "test_last_op",
         "test_native_robustness",
+        "test_native_units",
         "test_rpc_network",
         "test_run",
     }

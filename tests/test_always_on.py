@@ -7,6 +7,7 @@ test_tools_always_on.py."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -495,6 +496,51 @@ print("steps", s.totals.steps, flush=True)
     # the file written while rotation could not happen grew past max_bytes, but only until the
     # retry: no file holds more than the steps of those 12 requests
     assert max(f.stat().st_size for f in files) < 8 * 64 * 1024
+
+
+def test_a_log_removed_under_the_session_loses_no_kept_file(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """The live file removed (by hand, no SIGHUP) while the session rotates with keep=3 (issue 55
+    §1): the rotation due next finds it gone, leaves every kept file where it is and opens the
+    path anew; the session ends saying that the removed file's records are lost. Before the fix the
+    series was shifted before the rename of the missing file failed: each try (every 10 s) lost the
+    oldest kept file, and LOG never came back."""
+    import llamacpp_instr
+    from llamacpp_instr.bindings import SessionError
+
+    log = tmp_path / "gone.log"
+
+    def kept() -> dict[str, tuple[int, str]]:
+        return {
+            p.name: (p.stat().st_ino, hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in tmp_path.iterdir()
+            if p.name.startswith("gone.log.")
+        }
+
+    llm = load_llama(tiny_llama_f32)
+    try:
+        with pytest.raises(SessionError, match="was removed while the session was open"):
+            with llamacpp_instr.session(llm, log, "detailed", max_bytes=64 * 1024, keep=3):
+                decode_requests(llm, 20)
+                before = kept()
+                assert sorted(before) == ["gone.log.1", "gone.log.2", "gone.log.3"]
+                log.unlink()
+                # one request at a time until a rotation was due (and tried) since the removal
+                for _ in range(40):
+                    decode_requests(llm, 1)
+                    if log.exists() or kept() != before:
+                        break
+                after = kept()
+                back = log.exists()
+    finally:
+        llm.close()
+    assert after == before, (sorted(before), sorted(after))
+    assert back, "the path was not opened anew"
+    # the new file begins the session again, and its end says why
+    recs = whole_lines(log)
+    assert recs[0]["type"] == "session_start" and recs[0]["file"]["index"] > 0
+    assert recs[-1]["type"] == "session_end"
 
 
 # --- options ------------------------------------------------------------------------------------

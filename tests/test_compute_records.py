@@ -180,6 +180,46 @@ def test_a_k_shift_compute_has_no_tokens(
             assert _embedded_tokens(graphs[c["graph"]]) == c["n_tokens"]
 
 
+def test_a_k_shift_after_a_reserve_takes_its_layers_from_its_cache(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """A K-shift right after llama.cpp reserved its graphs again (here: a control vector set, so
+    the next decode reserves first): the K-shift graph is built in the reserve's memory, and the
+    reserve's graph callback named tensors at the same addresses. Each ROPE of the K-shift is of
+    the layer of the cache it rotates (issue 55 §1). Before the fix the K-shift was built without
+    llama_instr_graph_build_begin, so it took the layer ids the reserve left."""
+    import llama_cpp
+    from llama_cpp import llama_cpp as L
+
+    llm = llama_cpp.Llama(str(tiny_llama_f32), n_ctx=128, n_batch=64, n_threads=2, verbose=False)
+    try:
+        with llamacpp_instr.session(llm, tmp_path / "k.log", level="detailed"):
+            llm.eval([1, 40, 41, 42, 43, 44, 45, 46])
+            mem = llama_cpp.llama_get_memory(llm.ctx)
+            assert llama_cpp.llama_memory_seq_rm(mem, 0, 1, 4)
+            llama_cpp.llama_memory_seq_add(mem, 0, 4, -1, -3)
+            # no vector: only the reserve it makes llama.cpp do at the next decode
+            n_embd = L.llama_model_n_embd(llm.model)
+            assert L.llama_set_adapter_cvec(llm.ctx, None, 0, n_embd, -1, -1) == 0
+            llm.n_tokens = 5
+            llm.eval([47, 48])
+    finally:
+        llm.close()
+    records = read_log(tmp_path / "k.log")
+    graphs = _graphs(records)
+    shift = [c for c in by_type(records, "compute") if c["n_tokens"] == 0]
+    assert shift, "no K-shift compute: nothing was tested"
+    nodes = graphs[shift[0]["graph"]]["nodes"]
+    ropes = [n for n in nodes if n["op"] == "ROPE"]
+    assert ropes
+    for n in ropes:
+        (cache,) = [s for s in n["src"] if s.get("kind") == "kv_cache"] or [
+            nodes[s["node"]]["src"][0] for s in n["src"] if "node" in s
+        ][:1]
+        layer = int(cache["name"].split("cache_k_l")[1].split(" ")[0])
+        assert n["layer"] == layer, (n["name"], n["layer"], cache["name"])
+
+
 def _offloaded_k_shift(model: Path, log: Path, n_gpu_layers: int) -> None:
     """The K-shift run above, with n_gpu_layers on an RPC device (a second backend)."""
     run_offloaded(f"""

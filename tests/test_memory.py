@@ -475,3 +475,131 @@ def test_the_failure_read_back_is_the_programs_own(tmp_path: Path) -> None:
     log.write_text(rec("session_start", schema_version=1, file={"index": 1}))
     found = failure_in_log(log, since)
     assert found is not None and found[0]["bytes"] == 222
+
+
+# --- the observer's edges (issue 55 §1) --------------------------------------------------------
+
+
+def _ggml() -> Any:
+    """libggml-base and libggml as libllama loaded them, with the calls the tests below make."""
+    import ctypes
+
+    from rpc_backend import _lib
+
+    from llamacpp_instr import bindings
+
+    bindings.load()
+    base = ctypes.CDLL(str(_lib("libggml-base")), mode=ctypes.RTLD_GLOBAL)
+    ggml = ctypes.CDLL(str(_lib("libggml")), mode=ctypes.RTLD_GLOBAL)
+    p, n = ctypes.c_void_p, ctypes.c_size_t
+    for lib, name, res, args in [
+        (ggml, "ggml_backend_dev_by_type", p, [ctypes.c_int]),
+        (base, "ggml_backend_dev_buffer_type", p, [p]),
+        (base, "ggml_backend_dev_backend_reg", p, [p]),
+        (base, "ggml_backend_reg_get_proc_address", p, [p, ctypes.c_char_p]),
+        (base, "ggml_backend_buft_name", ctypes.c_char_p, [p]),
+        (base, "ggml_backend_buft_alloc_buffer", p, [p, n]),
+        (base, "ggml_backend_buffer_free", None, [p]),
+        (base, "ggml_backend_dev_buffer_from_host_ptr", p, [p, p, n, n]),
+    ]:
+        f = getattr(lib, name)
+        f.restype, f.argtypes = res, args
+    return base, ggml
+
+
+def _cpu_repack(base: Any, cpu: int) -> int | None:
+    """The CPU's repacked-weights buffer type (made through the CPU's own), if this CPU has one."""
+    import ctypes
+
+    get = base.ggml_backend_reg_get_proc_address(
+        base.ggml_backend_dev_backend_reg(cpu), b"ggml_backend_dev_get_extra_bufts"
+    )
+    if not get:
+        return None
+    bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(get)(cpu)
+    i = 0
+    while bufts and bufts[i]:
+        if base.ggml_backend_buft_name(bufts[i]) == b"CPU_REPACK":
+            return int(bufts[i])
+        i += 1
+    return None
+
+
+def test_a_nested_allocation_that_fails_is_one_failure(instr_api: Any, tmp_path: Path) -> None:
+    """A buffer type that makes its buffers through another one (CPU_REPACK through CPU) failing
+    at the device: one memory_alloc_failed record, of the buffer type asked for. Before the fix
+    the inner allocation and the outer one each wrote one."""
+    from llamacpp_instr import api
+
+    base, ggml = _ggml()
+    cpu = ggml.ggml_backend_dev_by_type(0)
+    repack = _cpu_repack(base, cpu)
+    if repack is None:
+        pytest.skip("this CPU has no repacked buffer type")
+    log = tmp_path / "nested.log"
+    with api.session(None, log, "minimal"):
+        # more than any machine can give: the CPU buffer type's malloc fails
+        assert not base.ggml_backend_buft_alloc_buffer(repack, 1 << 46)
+    failed = by_type(read_log(log), "memory_alloc_failed")
+    assert [(f["buffer_type"], f["by_budget"]) for f in failed] == [("CPU_REPACK", False)]
+
+
+def test_the_budget_holds_buffers_made_from_host_memory(instr_api: Any, tmp_path: Path) -> None:
+    """Host memory a device takes as a buffer (mmapped weights) is held to the budget as any
+    allocation: past it, it fails and says so. Before the fix it was never checked."""
+    import ctypes
+
+    from llamacpp_instr import api
+
+    base, ggml = _ggml()
+    cpu = ggml.ggml_backend_dev_by_type(0)
+    mem = ctypes.create_string_buffer((1 << 20) + 64)
+    aligned = (ctypes.addressof(mem) + 63) & ~63  # (the CPU's buffers are aligned)
+    log = tmp_path / "host.log"
+    api.set_memory_budget("CPU=64K")
+    try:
+        with api.session(None, log, "minimal"):
+            buf = base.ggml_backend_dev_buffer_from_host_ptr(cpu, aligned, 1 << 20, 1 << 20)
+            if buf:
+                base.ggml_backend_buffer_free(buf)
+    finally:
+        api.set_memory_budget(None)
+    assert not buf, "a host buffer past the budget was made"
+    failed = by_type(read_log(log), "memory_alloc_failed")
+    assert len(failed) == 1 and failed[0]["by_budget"] and failed[0]["bytes"] == 1 << 20
+
+
+def test_two_threads_never_both_pass_a_budget_with_room_for_one(instr_api: Any) -> None:
+    """Two threads each allocate 40 MiB at once under a 64 MiB budget, 40 times over: never both
+    buffers exist. Before the fix the budget was checked (may_alloc) and the buffer counted
+    (on_alloc) under two separate locks, so both could pass, the device's malloc between."""
+    import threading
+
+    from llamacpp_instr import api
+
+    base, ggml = _ggml()
+    buft = base.ggml_backend_dev_buffer_type(ggml.ggml_backend_dev_by_type(0))
+    size = 40 << 20
+    both = 0
+    api.set_memory_budget("CPU=64M")
+    try:
+        for _ in range(40):
+            start = threading.Barrier(2)
+            got: list[int] = []
+
+            def alloc(start: threading.Barrier, got: list[int]) -> None:
+                start.wait()
+                got.append(base.ggml_backend_buft_alloc_buffer(buft, size) or 0)
+
+            threads = [threading.Thread(target=alloc, args=(start, got)) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            both += all(got)
+            for b in got:
+                if b:
+                    base.ggml_backend_buffer_free(b)
+    finally:
+        api.set_memory_budget(None)
+    assert both == 0, f"both threads passed the budget {both} times of 40"

@@ -278,6 +278,79 @@ def test_removed_log_is_reported_at_session_end(instr_api: Any, tmp_path: Path) 
     assert e.value.code == bindings.ERR_IO
 
 
+# --- graphs kept across a new scheduler ----------------------------------------------------------
+
+
+def _tables_after_a_control_vector(model: Path, log: Path, with_cvec: bool) -> list[Any]:
+    """With the vector: the generation graph built before the session, reused in it at minimal
+    (indexed as split and kept without its table), a control vector applied (llama.cpp reserves
+    its graphs again under a new scheduler) and cleared (again), then the generation graph built
+    again at detailed. Without: the same steps, all in a session at detailed. The node table of
+    the last step's graph, as written."""
+    import ctypes
+
+    import llama_cpp
+    from llama_cpp import llama_cpp as L
+    from support import read_log
+
+    api = bindings.load()
+    llm = llama_cpp.Llama(
+        model_path=str(model), n_ctx=128, n_batch=16, n_ubatch=16, n_threads=1, verbose=False
+    )
+    try:
+        n_embd, n_layer = L.llama_model_n_embd(llm.model), L.llama_model_n_layer(llm.model)
+        if with_cvec:
+            llm.eval([1, 2, 3, 4])
+            llm.eval([5])
+        api.session_begin(llm.ctx, str(log), "minimal" if with_cvec else "detailed", {})
+        try:
+            if not with_cvec:
+                llm.eval([1, 2, 3, 4])
+                llm.eval([5])
+            llm.eval([6])
+            if with_cvec:
+                data = (ctypes.c_float * (n_embd * n_layer))(*([0.01] * (n_embd * n_layer)))
+                assert (
+                    L.llama_set_adapter_cvec(
+                        llm.ctx, data, n_embd * n_layer, n_embd, 1, n_layer - 1
+                    )
+                    == 0
+                )
+            llm.eval([7])
+            api.set_level("detailed")
+            if with_cvec:
+                assert L.llama_set_adapter_cvec(llm.ctx, None, 0, n_embd, -1, -1) == 0
+            llm.eval([8])
+            llm.eval([9])
+        finally:
+            api.session_end("ok")
+    finally:
+        llm.close()
+    recs = read_log(log)
+    graphs = {g["graph"]: g["nodes"] for g in recs if g["type"] == "graph"}
+    last = [c for c in recs if c["type"] == "compute"][-1]
+    return [
+        (n["name"], n["op"], n["layer"], n["shape"], n["src"], n["flags"])
+        for n in graphs[last["graph"]]
+    ]
+
+
+def test_a_kept_graph_reused_after_a_control_vector_came_and_went(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """A control vector applied and cleared between a kept graph and its reuse (issue 55 §1):
+    llama.cpp reserves its graphs again under a new scheduler each time, freeing the old one's
+    copies and the graphs built with it. The graph built again at the kept one's addresses has the
+    node table a session without the vector, at detailed throughout, writes for it. Run it under AddressSanitizer
+    (docs/internals.md): before the fix a kept index could hold freed sources (the scheduler's
+    copies, an adapter's tensors) and capture() followed them; the fingerprint now covers the
+    sources, and kept graphs are dropped when the scheduler changes
+    (test_native_units.test_a_kept_graph_is_not_a_graph_with_other_sources)."""
+    got = _tables_after_a_control_vector(tiny_llama_f32, tmp_path / "cvec.log", True)
+    want = _tables_after_a_control_vector(tiny_llama_f32, tmp_path / "plain.log", False)
+    assert got == want
+
+
 # --- UTF-8 ---------------------------------------------------------------------------------------
 
 # pieces a byte-level vocabulary can hold: lone continuation bytes, truncated sequences, overlong

@@ -345,3 +345,54 @@ def test_a_real_server_says_who_made_a_token_late_and_why_a_prompt_was_not_reuse
     assert dr["slot_by"] == "similarity" and dr["reused"] == dr["common"] > 16
     assert "barley" in dr["diverged"]["prompt"] and "barley" not in dr["diverged"]["held"]
     assert got[by["first"]["id"]]["cache_miss_reason"] == "new"
+
+
+def test_a_prompt_of_any_bytes_keeps_its_request_record(
+    tools_bin: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A prompt whose tokens' bytes are no UTF-8 (a surrogate's encoding ED A0 80, an overlong
+    form, a code point past U+10FFFF) where it diverges from the slot's cache (issue 55 §1): its
+    `request` record is written, the diverged text with '?' for those bytes, and the session
+    loses no record. Before the fix the text path let them through, llama_instr_write_record
+    refused the record and llama-server ignored that: the request vanished without a trace."""
+    import urllib.request
+
+    from tiny_gguf import FIRST_RAW_PIECE, write_tiny_model
+
+    pieces = [b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80"]
+    model = write_tiny_model(tmp_path_factory.mktemp("raw") / "raw.gguf", seed=5, raw_pieces=pieces)
+    raw = [FIRST_RAW_PIECE + i for i in range(len(pieces))]
+    log, port = tmp_path / "server.log", free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "llamacpp_instr.cli", "exec", "-o", str(log), "--level", "minimal"]
+        + ["llama-server", "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
+        + ["--parallel", "1", "-c", "512", "-t", "1", "--no-webui", "--cache-ram", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    prefix = [1] + [5 + k for k in range(20)]
+    try:
+        wait_ready(port, server, timeout=180, path="/health")
+        for prompt in (prefix + [40, 41, 42, 43], prefix + raw + raw + [44]):
+            body = {"prompt": prompt, "n_predict": 2, "temperature": 0, "cache_prompt": True}
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/completion",
+                json.dumps(body).encode(),
+                {"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=120) as r:
+                assert r.status == 200
+        deadline = time.monotonic() + 30
+        while len(request_records(log)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=60)
+    recs = sorted(request_records(log), key=lambda r: r["t_arrive"])
+    assert len(recs) == 2, err[-2000:]
+    diverged = recs[1]["cache"]["diverged"]
+    assert diverged["at"] == len(prefix) and diverged["prompt"].startswith("?" * 4), diverged
+    assert "refused" not in err, err[-2000:]
+    end = [json.loads(ln) for ln in log.read_text().splitlines() if '"session_end"' in ln]
+    assert end and end[-1]["totals"]["lost"] == 0, end

@@ -45,12 +45,35 @@ def recv_exact(s: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+def graph_entries(b: bytes | bytearray) -> Iterator[tuple[int, int]]:
+    """Where each graph's entry of a block is, and its op count."""
+    at = BLOCK
+    for _ in range(struct.unpack_from("<I", b, 0)[0]):
+        n_ops = struct.unpack_from("<I", b, at + 8)[0]
+        yield at, n_ops
+        at += GRAPH + n_ops * OP
+
+
 def lie(mode: str, payload: bytes, out: socket.socket) -> None:
     """Send the block ``payload`` to the client, rewritten as ``mode`` says."""
     b = bytearray(payload)
     n_ops = struct.unpack_from("<I", b, BLOCK + 8)[0]
     if mode == "n_fused" and n_ops > 0:
         struct.pack_into("<i", b, BLOCK + GRAPH + 4, 2**31 - 1)
+    elif mode == "overlap":
+        # every op fused with the nodes up to the last op's: each in the graph, all overlapping
+        # (N ops print about N^2/2 node indices)
+        for at, n in graph_entries(b):
+            ops = [at + GRAPH + i * OP for i in range(n)]
+            if ops:
+                last = struct.unpack_from("<i", b, ops[-1])[0]
+                for o in ops:
+                    struct.pack_into("<i", b, o + 4, last - struct.unpack_from("<i", b, o)[0])
+    elif mode == "late":
+        # every op 2^62 ns late on the server's clock (well formed otherwise)
+        for at, n in graph_entries(b):
+            for field in [at + 48] + [at + GRAPH + i * OP + 8 for i in range(n)]:
+                struct.pack_into("<q", b, field, struct.unpack_from("<q", b, field)[0] + 2**62)
     elif mode == "graphs":
         struct.pack_into("<I", b, 0, struct.unpack_from("<I", b, 0)[0] + 1)
     elif mode == "truncated":
@@ -178,7 +201,9 @@ def local_tokens(tiny_llama_f32: Path) -> list[int]:
     return netsim.local_tokens(tiny_llama_f32, N_PREDICT, PROMPT)
 
 
-@pytest.mark.parametrize("mode", ["n_fused", "size", "graphs", "truncated"])
+# overlap: ops that overlap (issue 55 §1; before the fix they were accepted, and the log grew
+# quadratically with the graph's nodes)
+@pytest.mark.parametrize("mode", ["n_fused", "size", "graphs", "truncated", "overlap"])
 def test_a_lying_peer_never_kills_the_run(
     mode: str, tiny_llama_f32: Path, local_tokens: list[int], tmp_path: Path
 ) -> None:
@@ -239,3 +264,188 @@ def test_the_proxy_keeps_this_builds_hello(
     assert "offers op timing" not in r.stderr
     computes = by_type(read_log(log), "compute")
     assert [c for c in computes if c.get("remote")]
+
+
+def test_a_peers_clock_cannot_place_ops_outside_the_round_trip(
+    tiny_llama_f32: Path, local_tokens: list[int], tmp_path: Path
+) -> None:
+    """A server reporting every op 2^62 ns late (issue 55 §1): its times are clamped to the
+    interval the client measured, from sending the graph to the reply that carried them, so every
+    remote op lies within its graph's send and reply, and each compute's duration stays that of
+    the step. Before the fix they were placed 2^62 ns away, and the summary's op-time coverage
+    overflowed to -122,600,700,014,604 %."""
+    log = tmp_path / "late.log"
+    with patched_server() as upstream, liar(upstream, "late") as (endpoint, lies):
+        r = run_client(tiny_llama_f32, endpoint, log)
+    assert tokens_of(r) == local_tokens
+    assert "late" in lies, "the proxy never saw a block of times to rewrite"
+    assert "malformed" not in r.stderr
+    recs = read_log(log)
+    steps = {s["step"]: s for s in by_type(recs, "step_end")}
+    n_checked = 0
+    for c in by_type(recs, "compute"):
+        if not c.get("remote"):
+            continue
+        rpc = {rem[1] for rem in c["remote"]}
+        owner = {i: sp[0] for sp in c["splits"] for i in range(sp[1], sp[2])}
+        lo = min(rem[2] for rem in c["remote"])
+        hi = max(rem[3] for rem in c["remote"])
+        for rem in c["remote"]:
+            assert rem[2] <= rem[4] <= rem[5] <= rem[3], rem
+        for op in c.get("ops", []):
+            if owner.get(op[0]) in rpc:
+                assert lo <= op[1] and op[1] + op[2] <= hi, (op, lo, hi)
+                n_checked += 1
+        s = steps[c["step"]]
+        assert c["t_start"] + c["dur"] <= s["t_start"] + s["dur"] + 10**9, (c, s)
+    assert n_checked > 0
+
+
+# ggml's RPC server with two devices on one connection (this machine's CPU, served twice)
+TWO_DEVICES = r"""
+import ctypes, sys
+base, ggml, rpc = sys.argv[1:4]
+ctypes.CDLL(base, mode=ctypes.RTLD_GLOBAL)
+ggml = ctypes.CDLL(ggml, mode=ctypes.RTLD_GLOBAL)
+rpc = ctypes.CDLL(rpc, mode=ctypes.RTLD_GLOBAL)
+ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+cpu = ggml.ggml_backend_dev_by_type(0)
+devs = (ctypes.c_void_p * 2)(cpu, cpu)
+rpc.ggml_backend_rpc_start_server.argtypes = [
+    ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
+rpc.ggml_backend_rpc_start_server(sys.argv[4].encode(), None, 1, 2, devs)
+"""
+
+# the client: the model split 3:1 over the server's two devices, generating greedily
+SPLIT_CLIENT = r"""
+import ctypes, json, sys
+from pathlib import Path
+import llama_cpp
+from llama_cpp import llama_cpp as L
+sys.path.insert(0, {tests!r})
+from netsim import lib_file
+import llamacpp_instr
+lib = Path(L._base_path)
+ggml = ctypes.CDLL(str(lib_file(lib, "libggml")), mode=ctypes.RTLD_GLOBAL)
+rpc = ctypes.CDLL(str(lib_file(lib, "libggml-rpc")), mode=ctypes.RTLD_GLOBAL)
+rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
+rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
+ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
+ggml.ggml_backend_register(rpc.ggml_backend_rpc_add_server({endpoint!r}.encode()))
+llm = llama_cpp.Llama({model!r}, n_ctx=256, n_batch=64, n_threads=1, verbose=False,
+                      n_gpu_layers=99, tensor_split=[3.0, 1.0])
+prompt = llm.tokenize(b"The capital of France is", add_bos=True)
+out = []
+with llamacpp_instr.session(llm, {log!r}, level="detailed"):
+    for tok in llm.generate(prompt, temp=0.0, reset=True):
+        out.append(int(tok))
+        if len(out) >= 8:
+            break
+llm.close()
+print(json.dumps({{"tokens": out}}))
+"""
+
+
+def test_a_server_with_two_devices_is_timed_on_both(tiny_dir: Path, tmp_path: Path) -> None:
+    """An honest server with two devices on one connection, the model split 3:1 between them
+    (issue 55 §1): the graphs it computes again (a recompute names only its device) are bounded by
+    that device's last graph, so every step keeps its remote times on both devices. Before the
+    fix the bound was the connection's last graph (the smaller device's): the larger device's
+    recompute brought more ops than that, its block was refused as malformed, and timing stayed
+    off for the server."""
+    from rpc_backend import lib_dir
+    from tiny_gguf import write_tiny_model
+
+    model = write_tiny_model(tiny_dir / "split-4.gguf", arch="llama", n_layer=4, seed=21)
+    libs = [str(netsim.lib_file(lib_dir(), n)) for n in ("libggml-base", "libggml", "libggml-rpc")]
+    upstream = f"127.0.0.1:{free_port()}"
+    server = subprocess.Popen(
+        [sys.executable, "-c", TWO_DEVICES, *libs, upstream],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    log = tmp_path / "split.log"
+    try:
+        netsim._wait_accepting(upstream, 30)
+        code = SPLIT_CLIENT.format(
+            tests=str(Path(__file__).resolve().parent),
+            endpoint=upstream,
+            model=str(model),
+            log=str(log),
+        )
+        r = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+        )
+    finally:
+        server.kill()
+        server.wait()
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "malformed" not in r.stderr, r.stderr[-3000:]
+    recs = read_log(log)
+    rpc = [
+        d["index"]
+        for d in by_type(recs, "session_start")[0]["machine"]["devices"]
+        if d["backend"] == "RPC"
+    ]
+    assert len(rpc) == 2, rpc
+    computes = by_type(recs, "compute")
+    # the generation steps (graphs recomputed): each compute's remote times on both devices
+    late = computes[len(computes) // 2 :]
+    assert late and all({rem[1] for rem in c.get("remote", [])} == set(rpc) for c in late), [
+        sorted({rem[1] for rem in c.get("remote", [])}) for c in computes
+    ]
+
+
+# the client: the graph built and sent before the session, then reused in it (a recompute)
+LATE_CLIENT = r"""
+import ctypes, sys
+from pathlib import Path
+import llama_cpp
+from llama_cpp import llama_cpp as L
+sys.path.insert(0, {tests!r})
+from netsim import lib_file
+import llamacpp_instr
+lib = Path(L._base_path)
+ggml = ctypes.CDLL(str(lib_file(lib, "libggml")), mode=ctypes.RTLD_GLOBAL)
+rpc = ctypes.CDLL(str(lib_file(lib, "libggml-rpc")), mode=ctypes.RTLD_GLOBAL)
+rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
+rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
+ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
+ggml.ggml_backend_register(rpc.ggml_backend_rpc_add_server({endpoint!r}.encode()))
+llm = llama_cpp.Llama({model!r}, n_ctx=128, n_batch=16, n_threads=1, verbose=False,
+                      n_gpu_layers=99)
+llm.eval([1, 2, 3, 4])
+llm.eval([5])
+with llamacpp_instr.session(llm, {log!r}, level="detailed"):
+    for t in range(6, 12):
+        llm.eval([t])
+llm.close()
+"""
+
+
+def test_a_session_begun_on_a_sent_graph_keeps_remote_timing(
+    tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """The generation graph sent to the server before the session, and reused in it: the first
+    graph of the session is a recompute (issue 55 §1). It is bounded by that device's last graph,
+    whenever it was sent, so the session keeps its remote times. Before the fix the bound was
+    noted only while timing was on: the first recompute's times were refused as malformed and
+    remote timing turned off for an honest server."""
+    log = tmp_path / "late.log"
+    with patched_server() as upstream:
+        code = LATE_CLIENT.format(
+            tests=str(Path(__file__).resolve().parent),
+            endpoint=upstream,
+            model=str(tiny_llama_f32),
+            log=str(log),
+        )
+        r = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+        )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "malformed" not in r.stderr, r.stderr[-3000:]
+    computes = by_type(read_log(log), "compute")
+    assert len(computes) == 6 and all(c.get("remote") for c in computes[1:]), [
+        len(c.get("remote", [])) for c in computes
+    ]

@@ -46,6 +46,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
                 fprintf(stderr, "graph %u: %u ops handed on for %u nodes\n", k, n_ops, k < n ? max_nodes[k] : 0);
                 abort();
             }
+            int64_t next = 0;
             for (uint32_t i = 0; i < n_ops; i++) {
                 if (ops[i].node < 0 || ops[i].n_fused < 0 ||
                     (int64_t) ops[i].node + ops[i].n_fused >= (int64_t) max_nodes[k]) {
@@ -53,6 +54,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
                             ops[i].n_fused, max_nodes[k]);
                     abort();
                 }
+                // no node named by two ops: the nodes a record lists stay within the graph's
+                if (ops[i].node < next) {
+                    fprintf(stderr, "graph %u op %u: node %d overlaps the op before it\n", k, i, ops[i].node);
+                    abort();
+                }
+                next = (int64_t) ops[i].node + ops[i].n_fused + 1;
             }
             seen++;
         });

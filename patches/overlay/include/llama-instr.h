@@ -56,7 +56,7 @@ struct llama_instr_totals {
     int64_t n_gen_tokens;     //
     int64_t n_computes;       // graph computes (ubatches)
     int64_t n_records;        // lines written or buffered
-    int64_t n_lost;           // records lost to a write error or an internal failure
+    int64_t n_lost;           // records lost to a write error or an internal failure, or refused (write_record)
 };
 
 // The C API version (LLAMA_INSTR_API_VERSION) of this library.
@@ -200,7 +200,8 @@ LLAMA_API int32_t llama_instr_request_end(struct llama_context * ctx, int32_t se
 // (a server's requests, say): {"type":"<type>","ts":<now, ns>,"sid":"...",<the members of
 // fields_json>}. `type` is 1..32 characters of [a-z_]; `fields_json` a JSON object on one line, in
 // UTF-8 (RFC 8259: no NaN), whose top-level keys, escapes decoded, must not be type, ts or sid. Returns LLAMA_INSTR_OK, ERR_NO_SESSION or
-// ERR_INVALID_ARG.
+// ERR_INVALID_ARG (or ERR_INTERNAL, out of memory). A record refused while a session is open is counted
+// in its lost records (totals.n_lost, session_end's "lost"): it was meant for the log.
 LLAMA_API int32_t llama_instr_write_record(const char * type, const char * fields_json) LLAMA_INSTR_NOEXCEPT;
 
 // The id `ctx` has in the open session's records (their "ctx"; reserved now for a context that has

@@ -647,6 +647,21 @@ int32_t llama_instr_context_id(llama_context * ctx, int64_t * last_step) noexcep
     }
 }
 
+// A record refused by llama_instr_write_record while a session is open is counted in its lost
+// records: whoever wrote it meant it for the log, and would otherwise lose it without a trace.
+static int32_t record_refused(int32_t code, const char * why) noexcept {
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (s.log.fp) {
+            s.log.n_lost++;
+        }
+    } catch (...) {
+        // the lock failed (std::system_error): the code still says it was refused
+    }
+    return api_error(code, why);
+}
+
 int32_t llama_instr_write_record(const char * type, const char * fields_json) noexcept {
     try {
         const size_t n  = type ? strlen(type) : 0;
@@ -655,14 +670,14 @@ int32_t llama_instr_write_record(const char * type, const char * fields_json) no
             ok = (type[i] >= 'a' && type[i] <= 'z') || type[i] == '_';
         }
         if (!ok) {
-            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "a record type is 1..32 characters of [a-z_]");
+            return record_refused(LLAMA_INSTR_ERR_INVALID_ARG, "a record type is 1..32 characters of [a-z_]");
         }
         const json_check check = fields_json ? json_object_check(fields_json, RESERVED_KEYS, 3) : json_check::invalid;
         if (check == json_check::invalid) {
-            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "fields must be a JSON object on one line, in UTF-8");
+            return record_refused(LLAMA_INSTR_ERR_INVALID_ARG, "fields must be a JSON object on one line, in UTF-8");
         }
         if (check == json_check::reserved) {
-            return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "fields must not hold type, ts or sid");
+            return record_refused(LLAMA_INSTR_ERR_INVALID_ARG, "fields must not hold type, ts or sid");
         }
         // the object's members, without its braces (a valid object: its first and last
         // non-blank characters are they)
@@ -688,7 +703,7 @@ int32_t llama_instr_write_record(const char * type, const char * fields_json) no
         s.log.emit(line);
         return LLAMA_INSTR_OK;
     } catch (...) {
-        return api_error(LLAMA_INSTR_ERR_INTERNAL, "write_record failed (out of memory?)");
+        return record_refused(LLAMA_INSTR_ERR_INTERNAL, "write_record failed (out of memory?)");
     }
 }
 

@@ -231,6 +231,7 @@ void write_experts(json_out &          j,
             out.ch(']');
         }
         out.ch(']');
+        out.flush();
     }
     if (tok_end > tok_begin) {
         // per layer: [layer, n_used, [expert ids, token by token], [their weights]]

@@ -63,21 +63,30 @@ bool is_noop(const ggml_tensor * t) {
     }
 }
 
+static inline void fnv_mix(uint64_t & h, uint64_t v) {
+    h = (h ^ v) * 1099511628211ull;
+}
+
+// one node into a fingerprint: its address, op, type, shape and sources (a source freed and another
+// made at its address gives the same number: the sources are checked again on a match)
+static inline void fingerprint_node(uint64_t & h, const ggml_tensor * t) {
+    fnv_mix(h, (uint64_t) (uintptr_t) t);
+    fnv_mix(h, ((uint64_t) t->op << 32) | (uint32_t) t->type);
+    for (int d = 0; d < GGML_MAX_DIMS; d++) {
+        fnv_mix(h, (uint64_t) t->ne[d]);
+    }
+    for (int k = 0; k < GGML_MAX_SRC && t->src[k]; k++) {
+        fnv_mix(h, (uint64_t) (uintptr_t) t->src[k]);
+    }
+}
+
 uint64_t graph_fingerprint(const ggml_cgraph * g) {
-    auto *    gm  = const_cast<ggml_cgraph *>(g);
-    const int n   = ggml_graph_n_nodes(gm);
-    uint64_t  h   = 1469598103934665603ull;
-    auto      mix = [&h](uint64_t v) {
-        h = (h ^ v) * 1099511628211ull;
-    };
-    mix((uint64_t) n);
+    auto *    gm = const_cast<ggml_cgraph *>(g);
+    const int n  = ggml_graph_n_nodes(gm);
+    uint64_t  h  = 1469598103934665603ull;
+    fnv_mix(h, (uint64_t) n);
     for (int i = 0; i < n; i++) {
-        const ggml_tensor * t = ggml_graph_node(gm, i);
-        mix((uint64_t) (uintptr_t) t);
-        mix(((uint64_t) t->op << 32) | (uint32_t) t->type);
-        for (int d = 0; d < GGML_MAX_DIMS; d++) {
-            mix((uint64_t) t->ne[d]);
-        }
+        fingerprint_node(h, ggml_graph_node(gm, i));
     }
     return h;
 }
@@ -108,9 +117,10 @@ static const ggml_tensor * resolve_copy(const graph_index & gi,
 void graph_index::build(const ggml_cgraph * g, const llama_model * model) {
     auto *    gm = const_cast<ggml_cgraph *>(g);
     const int n  = ggml_graph_n_nodes(gm);
-    gf           = g;
-    n_nodes      = n;
+    gf           = nullptr;  // (until it is whole: a build that fails leaves no index behind)
+    n_nodes      = 0;
     shape        = graph_fingerprint(g);
+    shape_split  = 0;
     ptrs.resize(n);
     srcs.assign((size_t) n * GGML_MAX_SRC, nullptr);
     idx.clear();
@@ -185,11 +195,26 @@ void graph_index::build(const ggml_cgraph * g, const llama_model * model) {
         layer[i] = from_nodes;
     }
     il_of.clear();
+    gf      = g;
+    n_nodes = n;
 }
 
 bool graph_index::follow_order(const ggml_cgraph * g) {
     auto * gm = const_cast<ggml_cgraph *>(g);
-    if (g != gf || ggml_graph_n_nodes(gm) != n_nodes || graph_fingerprint(g) == shape) {
+    if (g != gf || ggml_graph_n_nodes(gm) != n_nodes) {
+        return false;
+    }
+    // the fingerprint as split, and whether any node moved, in one pass
+    uint64_t h     = 1469598103934665603ull;
+    bool     moved = false;
+    fnv_mix(h, (uint64_t) n_nodes);
+    for (int32_t i = 0; i < n_nodes; i++) {
+        const ggml_tensor * t = ggml_graph_node(gm, i);
+        fingerprint_node(h, t);
+        moved = moved || t != ptrs[i];
+    }
+    shape_split = h;
+    if (!moved) {
         return false;
     }
     std::vector<int32_t> from(n_nodes);
@@ -211,12 +236,23 @@ bool graph_index::follow_order(const ggml_cgraph * g) {
     ptrs.swap(p);
     layer.swap(l);
     srcs.swap(s);
-    shape = graph_fingerprint(g);
+    shape = shape_split;  // (built again, it is built in this order)
     return true;
 }
 
 bool graph_index::same_as(const ggml_cgraph * g, uint64_t shape_of_g) const {
-    return g == gf && ggml_graph_n_nodes(const_cast<ggml_cgraph *>(g)) == n_nodes && shape_of_g == shape;
+    return g == gf && ggml_graph_n_nodes(const_cast<ggml_cgraph *>(g)) == n_nodes &&
+           (shape_of_g == shape || (shape_split != 0 && shape_of_g == shape_split));
+}
+
+void graph_index::take_sources(const ggml_cgraph * g) {
+    auto * gm = const_cast<ggml_cgraph *>(g);
+    for (int32_t i = 0; i < n_nodes; i++) {
+        const ggml_tensor * t = ggml_graph_node(gm, i);
+        for (int k = 0; k < GGML_MAX_SRC; k++) {
+            srcs[(size_t) i * GGML_MAX_SRC + k] = t->src[k];
+        }
+    }
 }
 
 void copy_name(char (&dst)[GGML_MAX_NAME], const char * src) {

@@ -39,13 +39,14 @@ enum src_kind : uint8_t {
 // Which node is which in a context's current graph, the layer of each, and each node's sources
 // as the model built them.
 struct graph_index {
-    const ggml_cgraph *                              gf      = nullptr;
-    int32_t                                          n_nodes = 0;
-    uint64_t                                         shape   = 0;  // fingerprint(gf) when indexed
-    std::vector<const ggml_tensor *>                 ptrs;         // index -> node
-    std::vector<int32_t>                             layer;        // index -> layer, or -1
-    std::vector<const ggml_tensor *>                 srcs;         // index * GGML_MAX_SRC + k -> source k
-    std::unordered_map<const ggml_tensor *, int32_t> idx;          // node -> index
+    const ggml_cgraph *                              gf          = nullptr;
+    int32_t                                          n_nodes     = 0;
+    uint64_t                                         shape       = 0;  // fingerprint(gf) when indexed
+    uint64_t                                         shape_split = 0;  // ... once the scheduler split it (0: not seen)
+    std::vector<const ggml_tensor *>                 ptrs;             // index -> node
+    std::vector<int32_t>                             layer;            // index -> layer, or -1
+    std::vector<const ggml_tensor *>                 srcs;             // index * GGML_MAX_SRC + k -> source k
+    std::unordered_map<const ggml_tensor *, int32_t> idx;              // node -> index
 
     // layer ids the graph callback gave while the graph was being built, in the order given
     // (cleared by build()): appended, so that the callback allocates nothing once warm
@@ -60,13 +61,19 @@ struct graph_index {
 
     // Is gf, whose fingerprint is `shape_of_gf`, the graph indexed here (built again the same)?
     // llama.cpp rebuilds a graph in the same memory, so equal graph and node addresses prove
-    // nothing: the nodes' ops, types and shapes must match too.
+    // nothing: the nodes' ops, types, shapes and sources must match too (as built, or as the
+    // scheduler split it: it reads some sources through copies of its own).
     bool same_as(const ggml_cgraph * gf, uint64_t shape_of_gf) const;
 
-    // gf, indexed, as a backend's graph_optimize reordered its nodes once ggml's scheduler split it
-    // (the Vulkan backend groups independent nodes): the same nodes, with their layers and
-    // sources, renumbered in their new order, the order they run in. False if nothing moved (or
-    // gf is not a reordering of the graph indexed).
+    // gf, the graph indexed here built again the same (same_as, before the scheduler split it): its
+    // sources read again from gf, so that the index holds no tensor of an earlier build.
+    void take_sources(const ggml_cgraph * gf);
+
+    // gf, indexed before ggml's scheduler split it, now split: its fingerprint as split is noted
+    // (shape_split), and if a backend's graph_optimize reordered its nodes (the Vulkan backend
+    // groups independent nodes), the same nodes, with their layers and sources, are renumbered in
+    // their new order, the order they run in. True if they were (false if nothing moved, or gf is
+    // not a reordering of the graph indexed).
     bool follow_order(const ggml_cgraph * gf);
 
     // the source k of node i as indexed (nullptr past the last)
@@ -102,8 +109,8 @@ struct node_snapshot {
     int32_t n_src;
 };
 
-// The nodes, ops, types and shapes of a graph folded into one number (FNV-1a): equal for a graph
-// built again the same in the same memory.
+// The nodes, ops, types, shapes and sources of a graph folded into one number (FNV-1a): equal for a
+// graph built again the same in the same memory, reading the same tensors.
 uint64_t graph_fingerprint(const ggml_cgraph * gf);
 
 // What a `graph` record says besides the node table: which graph of the session it is, for how

@@ -22,10 +22,18 @@ extern std::atomic<int32_t>  g_llama_instr_level;
 // were off was not seen (llama_instr_compute_begin then checks the graph it is given)
 extern std::atomic<uint64_t> g_llama_instr_level_changes;
 
-// set the level, counting the change; returns the level before
+// set the level, counting the change; returns the level before. The count is raised before the
+// level is stored, and the store releases it: a thread that reads the new level with acquire
+// (llama_instr_level_changes_seen) reads the count raised too, never an older one.
 static inline int32_t llama_instr_level_exchange(int32_t level) {
     g_llama_instr_level_changes.fetch_add(1, std::memory_order_relaxed);
-    return g_llama_instr_level.exchange(level, std::memory_order_relaxed);
+    return g_llama_instr_level.exchange(level, std::memory_order_acq_rel);
+}
+
+// the changes of the level up to the one this thread sees now (acquire: see above)
+static inline uint64_t llama_instr_level_changes_seen() {
+    (void) g_llama_instr_level.load(std::memory_order_acquire);
+    return g_llama_instr_level_changes.load(std::memory_order_acquire);
 }
 
 static inline bool llama_instr_enabled() {

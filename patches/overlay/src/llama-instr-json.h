@@ -55,12 +55,14 @@ struct json_out {
 // Rows of numbers formatted into a local buffer and appended to the line a few kilobytes at a
 // time: a step writes a row per op (605 for SmolLM2), and appending each bracket, comma and
 // number to the line took about a third of formatting them. What it holds is appended by
-// flush() and when it goes out of scope; nothing else may write to the line meanwhile.
+// flush(), which the caller calls after its last row (appending may throw std::bad_alloc, so a
+// destructor never does it: what is left unflushed when an exception unwinds the rows is dropped
+// with the record); nothing else may write to the line meanwhile.
 class json_rows {
   public:
     explicit json_rows(json_out & j) : j(j) {}
 
-    ~json_rows() { flush(); }
+    ~json_rows() = default;
 
     json_rows(const json_rows &)             = delete;
     json_rows & operator=(const json_rows &) = delete;

@@ -262,6 +262,14 @@ bool log_file::reopen(bool rotate) {
         if (!open_at(at)) {
             return keep_old(nullptr, "cannot open the log " + path + " anew: " + strerror(errno));
         }
+    } else if (const char * moved = gone()) {
+        // A file no longer at the path (removed, or moved aside without SIGHUP) is not rotated, and
+        // no kept file moves: the path is opened anew, as a reopen does. (Shifting the series
+        // first, the rename of the path that then failed lost path.keep at every retry.)
+        fail(LLAMA_INSTR_ERR_IO, "the log " + path + " " + moved + ": its records are lost");
+        if (!open_at(at)) {
+            return keep_old(nullptr, "cannot open the log " + path + " anew: " + strerror(errno));
+        }
     } else {
         // The new file is opened first, under a temporary name, and the series is renamed only
         // once it is: a failed open (no descriptor left, EMFILE) leaves every file where it is and
@@ -273,25 +281,43 @@ bool log_file::reopen(bool rotate) {
         if (!open_at(tmp)) {
             return keep_old(nullptr, "cannot rotate the log " + path + ": " + strerror(errno));
         }
-        FILE * const opened = fp;
-        // path.keep is overwritten by path.keep-1, ..., path.1 by path (a missing one is skipped)
-        for (int32_t k = keep - 1; k >= 1; k--) {
-            const std::string from = at + "." + std::to_string(k);
-            const std::string to   = at + "." + std::to_string(k + 1);
-            if (rename(from.c_str(), to.c_str()) != 0 && errno != ENOENT) {
-                warn("cannot rotate " + from + ": " + strerror(errno));
+        FILE * const      opened = fp;
+        // The file open is moved aside before the series is shifted: if that fails, every file
+        // stays where it is.
+        const std::string aside  = at + ".rotating";
+        if (rename(at.c_str(), aside.c_str()) != 0) {
+            const int err = errno;
+            remove(tmp.c_str());
+            if (err != ENOENT) {
+                return keep_old(opened, "cannot rotate the log " + path + ": " + strerror(err));
             }
-        }
-        if (rename(at.c_str(), (at + ".1").c_str()) != 0) {
-            const std::string why = "cannot rotate the log " + path + ": " + strerror(errno);
-            remove(tmp.c_str());
-            return keep_old(opened, why);
-        }
-        if (rename(tmp.c_str(), at.c_str()) != 0) {
-            const std::string why = "cannot rotate the log " + path + ": " + strerror(errno);
-            rename((at + ".1").c_str(), at.c_str());  // the current file back at the path
-            remove(tmp.c_str());
-            return keep_old(opened, why);
+            // nothing at the path (the file moved away meanwhile): opened anew there
+            fclose(opened);
+            if (!open_at(at)) {
+                return keep_old(nullptr, "cannot open the log " + path + " anew: " + strerror(errno));
+            }
+        } else {
+            // path.keep is overwritten by path.keep-1, ..., path.1 by the file moved aside (a
+            // missing one is skipped)
+            for (int32_t k = keep - 1; k >= 1; k--) {
+                const std::string from = at + "." + std::to_string(k);
+                const std::string to   = at + "." + std::to_string(k + 1);
+                if (rename(from.c_str(), to.c_str()) != 0 && errno != ENOENT) {
+                    warn("cannot rotate " + from + ": " + strerror(errno));
+                }
+            }
+            if (rename(aside.c_str(), (at + ".1").c_str()) != 0) {
+                const std::string why = "cannot rotate the log " + path + ": " + strerror(errno);
+                rename(aside.c_str(), at.c_str());  // the current file back at the path
+                remove(tmp.c_str());
+                return keep_old(opened, why);
+            }
+            if (rename(tmp.c_str(), at.c_str()) != 0) {
+                const std::string why = "cannot rotate the log " + path + ": " + strerror(errno);
+                rename((at + ".1").c_str(), at.c_str());  // the current file back at the path
+                remove(tmp.c_str());
+                return keep_old(opened, why);
+            }
         }
     }
     fclose(old);  // its lines are written (or dropped, counted): nothing is buffered in it

@@ -91,11 +91,14 @@ struct log_file {
     bool full() const { return max_bytes > 0 && file_bytes + dropped_bytes + (int64_t) buf.size() >= max_bytes; }
 
     // Write what is buffered and start a new file at `path`: with `rotate`, the new file is opened
-    // under a temporary name first, then the files are renamed (path.keep is removed, path.N
-    // becomes path.N+1, path becomes path.1) and it takes path's place. The buffer is empty after
-    // it; the caller writes the new file's head. False if the new file could not be opened or put
-    // in place: the current one is kept where it was (a warning says why), no file is lost, and
-    // the caller tries again later.
+    // under a temporary name first, the current one is moved aside, then the files are renamed
+    // (path.keep is removed, path.N becomes path.N+1, the current one path.1) and the new one takes
+    // path's place. A current file no longer at the path (removed, or moved without SIGHUP) is not
+    // rotated: no kept file moves, the path is opened anew, and a removed or replaced one fails
+    // the session (its records are lost, as at session end). The buffer is empty after it; the
+    // caller writes the new file's head. False if the new file could not be opened or put in
+    // place: the current one is kept where it was (a warning says why), no file is lost, and the
+    // caller tries again later.
     bool reopen(bool rotate);
 
     // Is the file at `path` still the one open? nullptr, or why not (removing or replacing it loses

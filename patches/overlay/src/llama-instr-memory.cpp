@@ -67,6 +67,7 @@ struct memory_table {
     std::unordered_map<const void *, cache_info>            caches;  // KV caches and recurrent states by owner
     int32_t                                                 next_cache = 0;
     std::vector<budget_entry>                               budget;
+    std::unordered_map<int32_t, size_t>                     pending;  // by device: allocations passed, not yet done
     bool                                                    env_read = false;
     std::string                                             last_failure;
 };
@@ -81,6 +82,11 @@ memory_table & M() {
 thread_local int32_t      t_purpose = LLAMA_INSTR_PURPOSE_OTHER;
 thread_local const void * t_owner   = nullptr;
 thread_local int32_t      t_cache   = -1;
+
+// the bytes the budget let this thread's allocation have (may_alloc), counted as used until it is
+// done (alloc_done), so that two threads can't both pass with room for one
+thread_local int32_t t_held_device = -1;
+thread_local size_t  t_held_bytes  = 0;
 
 int32_t device_index(ggml_backend_dev_t dev) {
     for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
@@ -118,6 +124,7 @@ bool is_pinned_host(ggml_backend_buffer_type_t buft) {
     return dev && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU;
 }
 
+// the live buffers' bytes on device, and the allocations under way that the budget passed
 size_t used_on_locked(const memory_table & m, int32_t device) {
     size_t used = 0;
     for (const auto & [buf, e] : m.live) {
@@ -125,7 +132,8 @@ size_t used_on_locked(const memory_table & m, int32_t device) {
             used += e.bytes;
         }
     }
-    return used;
+    auto it = m.pending.find(device);
+    return used + (it == m.pending.end() ? 0 : it->second);
 }
 
 const budget_entry * budget_of_locked(const memory_table & m, int32_t device) {
@@ -374,6 +382,13 @@ void on_free(ggml_backend_buffer_t buffer) {
             }
             e = it->second;
             m.live.erase(it);
+            // a cache whose last buffer is freed is gone (its owner's address may make another)
+            if (e.cache >= 0 && std::none_of(m.live.begin(), m.live.end(),
+                                             [&](const auto & kv) { return kv.second.cache == e.cache; })) {
+                for (auto c = m.caches.begin(); c != m.caches.end();) {
+                    c = c->second.serial == e.cache ? m.caches.erase(c) : std::next(c);
+                }
+            }
         }
         emit_free(e);
     } catch (...) {
@@ -387,10 +402,35 @@ bool may_alloc(ggml_backend_buffer_type_t buft, size_t size) {
         std::lock_guard<std::mutex> lock(m.mtx);
         read_env_locked(m);
         const budget_entry * b = budget_of_locked(m, device);
-        return !b || used_on_locked(m, device) + size <= b->bytes;
+        if (!b) {
+            return true;
+        }
+        if (used_on_locked(m, device) + size > b->bytes) {
+            return false;
+        }
+        m.pending[device] += size;
+        t_held_device = device;
+        t_held_bytes  = size;
+        return true;
     } catch (...) {
         return true;  // the budget can't be checked: the device decides
     }
+}
+
+void alloc_done() {
+    if (t_held_device < 0) {
+        return;
+    }
+    try {
+        auto &                      m = M();
+        std::lock_guard<std::mutex> lock(m.mtx);
+        size_t &                    p = m.pending[t_held_device];
+        p -= std::min(p, t_held_bytes);
+    } catch (...) {
+        // the lock failed: the bytes stay held (the budget is the stricter for it)
+    }
+    t_held_device = -1;
+    t_held_bytes  = 0;
 }
 
 void on_alloc_failed(ggml_backend_buffer_type_t buft, size_t size, bool by_budget) {
@@ -474,7 +514,9 @@ void get_memory(ggml_backend_dev_t dev, size_t * free, size_t * total) {
     }
 }
 
-const ggml_backend_buffer_observer k_observer = { on_alloc, on_free, may_alloc, on_alloc_failed, get_memory };
+const ggml_backend_buffer_observer k_observer = {
+    on_alloc, on_free, may_alloc, on_alloc_failed, get_memory, alloc_done
+};
 
 // set when libllama loads (before any model or context can make a buffer), unset when it unloads
 struct observer_install {

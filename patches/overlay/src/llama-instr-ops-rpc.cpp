@@ -17,16 +17,47 @@
 // the server held the command, i.e. the network's share of the round trip (both ways). The ops are
 // placed at the interval's middle (equal delays each way); half the width is both the one-way
 // network time's estimate and the placement's uncertainty.
+//
+// The server's clock values are its word only: whatever they say (a clock that jumped, a server
+// that lies), every time placed is kept within [t_send, t_recv], which the client measured itself,
+// and computed with saturating arithmetic, so that no value overflows.
 
 #include "llama-instr-ops.h"
 #include "llama-instr-rpc.h"
 #include "llama-instr-session.h"
 
 #include <algorithm>
+#include <cstdint>
 
 using namespace llama_instr;
 
 namespace {
+
+// a + b and a - b, held at INT64_MAX or INT64_MIN instead of overflowing
+int64_t sat_add(int64_t a, int64_t b) {
+    if (b > 0 && a > INT64_MAX - b) {
+        return INT64_MAX;
+    }
+    if (b < 0 && a < INT64_MIN - b) {
+        return INT64_MIN;
+    }
+    return a + b;
+}
+
+int64_t sat_sub(int64_t a, int64_t b) {
+    if (b < 0 && a > INT64_MAX + b) {
+        return INT64_MAX;
+    }
+    if (b > 0 && a < INT64_MIN + b) {
+        return INT64_MIN;
+    }
+    return a - b;
+}
+
+// a server time placed on the host clock, within [lo, hi]
+int64_t place(int64_t s, int64_t offset, int64_t lo, int64_t hi) {
+    return std::min(std::max(sat_add(s, offset), lo), hi);
+}
 
 class rpc_op_timer : public op_timer {
   public:
@@ -99,20 +130,24 @@ class rpc_op_timer : public op_timer {
             if (!sn || g.n_nodes != sn->i_end - sn->i_start) {
                 sn = nullptr;  // not the split's graph: its ops can't be attributed
             }
-            const int64_t lo     = g.t_send - g.s_recv;
-            const int64_t hi     = std::max(lo, g.t_recv - g.s_reply);
-            const int64_t offset = lo + (hi - lo) / 2;  // server clock -> host clock
+            // the client's own times (a reply begins to arrive after its command was sent)
+            const int64_t t_send = g.t_send;
+            const int64_t t_recv = std::max(g.t_recv, t_send);
+            const int64_t lo     = sat_sub(t_send, g.s_recv);
+            const int64_t hi     = std::max(lo, sat_sub(t_recv, g.s_reply));
+            const int64_t half   = (int64_t) (((uint64_t) hi - (uint64_t) lo) / 2);  // (hi >= lo)
+            const int64_t offset = sat_add(lo, half);                                // server clock -> host clock
 
             remote_rec r = {};
             r.split      = split;
             r.device     = device;
             r.bytes      = g.sent;
-            r.t_send     = g.t_send;
-            r.t_recv     = g.t_recv;
-            r.t_start    = g.s_start + offset;
-            r.t_end      = g.s_end + offset;
-            r.one_way    = (hi - lo) / 2;
-            r.err        = (hi - lo) / 2;
+            r.t_send     = t_send;
+            r.t_recv     = t_recv;
+            r.t_start    = place(g.s_start, offset, t_send, t_recv);
+            r.t_end      = place(g.s_end, offset, r.t_start, t_recv);
+            r.one_way    = std::min(half, t_recv - t_send);
+            r.err        = r.one_way;
             r.offset     = offset;
             r.n_ops      = 0;
             for (const ggml_rpc_profile_op & op : g.ops) {
@@ -125,8 +160,8 @@ class rpc_op_timer : public op_timer {
                 o.layer        = layers[sn->layer_begin + op.node];
                 o.n_fused      = op.n_fused;
                 o.device       = device;
-                o.t_start      = op.t_start + offset;
-                o.t_end        = op.t_end + offset;
+                o.t_start      = place(op.t_start, offset, t_send, t_recv);
+                o.t_end        = place(op.t_end, offset, o.t_start, t_recv);
                 o.thread_begin = -1;
                 st.p_ops.push_back(o);
                 r.n_ops++;

@@ -173,6 +173,7 @@ struct ctx_state {
 
     static constexpr size_t GRAPHS_KEPT = 4;
     std::vector<kept_graph> graphs_kept;
+    ggml_backend_sched_t    graphs_sched = nullptr;  // the scheduler `graph` and `graphs_kept` were built under
 
     // the node tables of this step's graphs, in order, to format after the step
     struct pending_table {

@@ -77,6 +77,7 @@ void write_ops(json_out & j, const ctx_state & st, const compute_rec & c) {
         r.ch(']');
     });
     r.ch(']');
+    r.flush();
 }
 
 // [device, i_start, i_end, start_off, launch_off, end_off] per split
@@ -184,6 +185,7 @@ void write_threads(json_out & j, const ctx_state & st, const compute_rec & c) {
         r.ch(']');
     });
     r.ch(']');
+    r.flush();
 }
 
 void write_tensor_stats(json_out & j, const ctx_state & st, const compute_rec & c) {
@@ -215,6 +217,7 @@ void write_tensor_stats(json_out & j, const ctx_state & st, const compute_rec & 
             out.ch(']');
         }
         out.ch(']');
+        out.flush();
     }
     j.ch('}');
 }
@@ -343,10 +346,26 @@ void llama_instr::write_step_computes(ctx_state & st) {
     st.p_computes.clear();
 }
 
+// The graphs indexed under another scheduler are dropped: llama.cpp makes a new one whenever it
+// reserves its graphs again (after set_adapters_lora, set_adapter_cvec, set_sampler), freeing the
+// copies the old one made of sources, and the graphs it built with them.
+static void forget_graphs_of_other_scheds(ctx_state & st, ggml_backend_sched_t sched) {
+    if (st.graphs_sched == sched) {
+        return;
+    }
+    st.graphs_kept.clear();
+    st.graph.gf          = nullptr;
+    st.graph.n_nodes     = 0;
+    st.graph.shape       = 0;
+    st.graph.shape_split = 0;
+    st.graph_captured.reset();
+    st.graphs_sched = sched;
+}
+
 // st.graph := gf (whose fingerprint is `shape`), indexed: the graph kept that gf is built again
 // the same, else indexed now. The graph indexed until now is kept in the slot it leaves (or the
-// least recently used one).
-static void index_graph(ctx_state & st, const ggml_cgraph * gf, uint64_t shape, const llama_model * model) {
+// least recently used one). `built`: gf was just built (llama_instr_graph_built), not yet split.
+static void index_graph(ctx_state & st, const ggml_cgraph * gf, uint64_t shape, const llama_model * model, bool built) {
     ctx_state::kept_graph * slot = nullptr;
     for (auto & k : st.graphs_kept) {
         if (k.index.same_as(gf, shape)) {
@@ -370,6 +389,9 @@ static void index_graph(ctx_state & st, const ggml_cgraph * gf, uint64_t shape, 
     if (!hit) {
         st.graph_captured.reset();
         st.graph.build(gf, model);
+    } else if (built) {
+        // as built, the sources are the model's own (the scheduler has not put its copies in yet)
+        st.graph.take_sources(gf);
     }
     st.graph.il_of.clear();
 }
@@ -403,7 +425,8 @@ void llama_instr_graph_built(llama_context * ctx, ggml_cgraph * gf) {
         return;
     }
     try {
-        index_graph(*st, gf, graph_fingerprint(gf), &ctx->get_model());
+        forget_graphs_of_other_scheds(*st, ctx->get_sched());
+        index_graph(*st, gf, graph_fingerprint(gf), &ctx->get_model(), true);
         st->graph_id      = next_graph_id(*st);
         st->graph_emitted = false;
         st->graph_fresh   = true;
@@ -440,6 +463,7 @@ void llama_instr_compute_begin(llama_context *      ctx,
     st.n_tokens        = st.ubatch_tokens;
     st.ubatch_tokens   = 0;
     try {
+        forget_graphs_of_other_scheds(st, sched);
         // A graph indexed by llama_instr_graph_built for this compute is the one computed. Any
         // other (reused from an earlier decode, built before this session or while recording was
         // paused, or no ubatch's graph at all) is checked: llama.cpp rebuilds graphs in the same
@@ -449,7 +473,7 @@ void llama_instr_compute_begin(llama_context *      ctx,
         // counts exactly one reuse of its graph since the last compute, which this state saw
         // with the hooks on throughout: that graph, unchanged, is the one indexed.
         const int32_t  n_reused = ctx->perf_get_data().n_reused;
-        const uint64_t changes  = g_llama_instr_level_changes.load(std::memory_order_relaxed);
+        const uint64_t changes  = llama_instr_level_changes_seen();
         const bool     reused =
             st.graph.gf == gf && st.reused_seen >= 0 && n_reused == st.reused_seen + 1 && changes == st.level_changes;
         st.reused_seen   = n_reused;
@@ -463,7 +487,7 @@ void llama_instr_compute_begin(llama_context *      ctx,
         } else if (!reused) {
             const uint64_t shape = graph_fingerprint(gf);  // (once: index_graph looks it up too)
             if (!st.graph.same_as(gf, shape)) {
-                index_graph(st, gf, shape, &ctx->get_model());
+                index_graph(st, gf, shape, &ctx->get_model(), false);
                 st.graph_gen++;
                 st.graph_id = 0;
             }
@@ -498,6 +522,10 @@ void llama_instr_compute_begin(llama_context *      ctx,
             slot.armed = slot.timer && slot.timer->arm(st, ctx, gf);
         }
     } catch (...) {
+        // no index half built, nor one that may not be this graph's, is used by a later compute
+        st.graph.gf    = nullptr;
+        st.graph_fresh = false;
+        st.reused_seen = -1;
         disarm_timers(st);
         hook_failed(st.epoch, "llama_instr_compute_begin");
     }

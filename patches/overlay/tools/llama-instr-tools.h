@@ -222,10 +222,19 @@ inline std::string finish_locked(request_state & r) {
 }
 
 inline void write_request(const std::string & fields) {
-    if (!fields.empty()) {
-        llama_instr_write_record("request", fields.c_str());
-        llama_instr_flush();  // the server may now idle: a follower sees the request at once
+    if (fields.empty()) {
+        return;
     }
+    const int32_t rc = llama_instr_write_record("request", fields.c_str());
+    if (rc != LLAMA_INSTR_OK && rc != LLAMA_INSTR_ERR_NO_SESSION) {
+        // refused (the session counts it lost): said once, as the session's other warnings
+        static std::atomic<bool> said{ false };
+        if (!said.exchange(true)) {
+            fprintf(stderr, "llama-instr: a request record was refused (%s): it is counted as lost\n",
+                    llama_instr_last_error());
+        }
+    }
+    llama_instr_flush();  // the server may now idle: a follower sees the request at once
 }
 
 // The HTTP side's hold on one request. Its last copy going away without request_end means the
@@ -470,7 +479,60 @@ inline void request_slot_chosen(int task_id, const char * how) {
     }
 }
 
-// tokens [i0, i1) of `t` as text: valid UTF-8 kept, other bytes as '?', at most `max` bytes
+// Length of the well-formed UTF-8 sequence at raw[i] (1..4), or 0 if none starts there: Unicode's
+// table 3-7, which excludes overlong forms, surrogates and code points above U+10FFFF (the JSON
+// checker of llama_instr_write_record refuses a record holding any of them).
+inline size_t utf8_len(const std::string & raw, size_t i) {
+    const unsigned char c = (unsigned char) raw[i];
+    if (c < 0x80) {
+        return 1;
+    }
+    size_t        len = 0;
+    unsigned char lo  = 0x80;  // the second byte's range
+    unsigned char hi  = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+        len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        lo  = c == 0xE0 ? 0xA0 : 0x80;  // E0 80..9F would be overlong
+        hi  = c == 0xED ? 0x9F : 0xBF;  // ED A0..BF would be a surrogate
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        lo  = c == 0xF0 ? 0x90 : 0x80;  // F0 80..8F would be overlong
+        hi  = c == 0xF4 ? 0x8F : 0xBF;  // F4 90.. would be above U+10FFFF
+    } else {
+        // a continuation byte, C0/C1 (overlong) or F5..FF
+        return 0;
+    }
+    if (raw.size() - i < len || (unsigned char) raw[i + 1] < lo || (unsigned char) raw[i + 1] > hi) {
+        return 0;
+    }
+    for (size_t k = 2; k < len; k++) {
+        if (((unsigned char) raw[i + k] & 0xC0) != 0x80) {
+            return 0;
+        }
+    }
+    return len;
+}
+
+// raw bytes as text: well-formed UTF-8 kept, every other byte as '?', up to `max` bytes (the
+// character that reaches it kept whole)
+inline std::string utf8_text(const std::string & raw, size_t max) {
+    std::string out;
+    for (size_t i = 0; i < raw.size() && out.size() < max;) {
+        const size_t len = utf8_len(raw, i);
+        if (len == 0) {
+            out += '?';
+            i++;
+        } else {
+            out.append(raw, i, len);
+            i += len;
+        }
+    }
+    return out;
+}
+
+// tokens [i0, i1) of `t` as text (utf8_text), at most about `max` bytes
 inline std::string tokens_text(llama_context *                  ctx,
                                const std::vector<llama_token> & t,
                                int64_t                          i0,
@@ -483,24 +545,7 @@ inline std::string tokens_text(llama_context *                  ctx,
         const int n = t[i] == LLAMA_TOKEN_NULL ? -1 : llama_token_to_piece(vocab, t[i], buf, sizeof(buf), 0, true);
         raw += n > 0 ? std::string(buf, (size_t) n) : std::string("[media]");
     }
-    std::string out;
-    for (size_t i = 0; i < raw.size() && out.size() < max;) {
-        const unsigned char c   = (unsigned char) raw[i];
-        size_t              len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-        for (size_t k = 1; len > 0 && k < len; k++) {
-            if (i + k >= raw.size() || (((unsigned char) raw[i + k]) >> 6) != 0x2) {
-                len = 0;
-            }
-        }
-        if (len == 0) {
-            out += '?';
-            i++;
-        } else {
-            out.append(raw, i, len);
-            i += len;
-        }
-    }
-    return out;
+    return utf8_text(raw, max);
 }
 
 // The prompts of earlier requests, as hashes of their first 16, 32, 64, ... tokens: a prompt whose

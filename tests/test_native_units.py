@@ -1,0 +1,90 @@
+"""Native units built alone against the patched tree (the pin extracted and patched as `instr
+build` does), where the library's own entry points cannot reach the case: tests/native/*.cpp, each
+a program that exits 0 when the unit holds."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def vendor(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from llamacpp_instr import build, pin
+
+    work = tmp_path_factory.mktemp("src")
+    root = build.prepare_source(build.make_plan(), work, lambda m: print(m, file=sys.stderr))
+    return root / pin.VENDOR_DIR
+
+
+def test_rows_out_of_memory_never_end_the_program(vendor: Path, tmp_path: Path) -> None:
+    """json_rows with every allocation from the n-th on failing (issue 55 §1): each failure reaches
+    the caller as std::bad_alloc. Before the fix its destructor appended what it held, so the
+    second failure, while the first unwound, ended the program (std::terminate) past every catch
+    in the hooks."""
+    from rpc_backend import lib_dir
+
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    exe = tmp_path / "json_rows_oom"
+    libs = lib_dir()
+    cmd = [
+        cxx,
+        "-std=c++17",
+        "-O1",
+        "-g",
+        f"-I{vendor / 'src'}",
+        f"-I{vendor / 'ggml' / 'include'}",
+        str(HERE / "native" / "json_rows_oom.cpp"),
+        str(libs / "libggml-base.so"),
+        f"-Wl,-rpath,{libs}",
+        "-o",
+        str(exe),
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"died ({r.returncode}): {r.stderr[-2000:]}"
+    assert "each caught" in r.stdout and int(r.stdout.split()[0]) > 2, r.stdout
+
+
+def test_a_kept_graph_is_not_a_graph_with_other_sources(vendor: Path, tmp_path: Path) -> None:
+    """A graph built again in the same memory, same nodes, ops and shapes, but reading another
+    source (a control vector's or an adapter's, a copy of a new scheduler's) is not the graph kept
+    (issue 55 §1): graph_index::same_as tells them apart, and a graph built again the same is
+    still found, its sources read again. Before the fix the fingerprint left the sources out, so a
+    kept index whose sources were freed was taken for the new graph, and capture() followed them.
+    Linked to the build's libllama, which exports the index."""
+    from rpc_backend import lib_dir
+
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    exe = tmp_path / "kept_graph"
+    libs = lib_dir()
+    cmd = [
+        cxx,
+        "-std=c++17",
+        "-O1",
+        "-g",
+        f"-I{vendor / 'src'}",
+        f"-I{vendor / 'include'}",
+        f"-I{vendor / 'ggml' / 'include'}",
+        str(HERE / "native" / "kept_graph.cpp"),
+        str(libs / "libllama.so"),
+        str(libs / "libggml-base.so"),
+        f"-Wl,-rpath,{libs}",
+        "-o",
+        str(exe),
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

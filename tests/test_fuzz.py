@@ -23,7 +23,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 # each harness's bounded run; libFuzzer makes tens of thousands of runs a second on these parsers,
 # and what each test asserts (over 1,000 runs, the corpus grown) holds well within it
-SECONDS = 30
+SECONDS = 20
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,9 @@ Per setting, round by round (interleaved, so that drift of the shared machine hi
   prompt as one batch of the run's prompt tokens (`-p P -n 0`), and N generated tokens after a
   context of P (`-p 0 -n N -d P`), its own mean over `-r` repetitions after its warm-up.
 
-Settings: `cpu` (no offload), `rpc` (every layer on one `ggml-rpc-server` on loopback, `-ngl 99`).
+Settings: `cpu` (no offload), `rpc` (every layer on one `ggml-rpc-server` on loopback, `-ngl 99`),
+`vulkan` (every layer on Vulkan0: Mesa's lavapipe where there is no GPU, `-ngl 99`; the run on
+`instr build --vulkan`'s libraries, llama-bench from `instr build --tools --vulkan`).
 Both programs use a batch and micro-batch of 512 and no flash attention. The run's prompt step is
 its first decode (cold: no warm-up), the bench's is not. Prints per setting and test the median
 tokens/s of each, the median of the per-round ratios (summary / llama-bench; target 0.85-1.15) and,
@@ -41,7 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import netsim  # noqa: E402
 
-from llamacpp_instr import models, tools  # noqa: E402
+from llamacpp_instr import build, models, tools  # noqa: E402
 from llamacpp_instr.converters import load_session  # noqa: E402
 from llamacpp_instr.converters.reports.summary import overview  # noqa: E402
 
@@ -59,21 +61,32 @@ def echo(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _env() -> dict[str, str]:
+def _env(vk_lib: Path | None = None, threads: int = 2) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_INSTR_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    if vk_lib is not None:
+        from llamacpp_instr.vulkan_env import lavapipe_env
+
+        env = lavapipe_env(vk_lib, threads, env)
     return env
 
 
 def instr_run(
-    model: Path, prompt: Path, log: Path, args: argparse.Namespace, rpc: str | None
+    model: Path,
+    prompt: Path,
+    log: Path,
+    args: argparse.Namespace,
+    rpc: str | None,
+    vk_lib: Path | None = None,
 ) -> dict[str, float]:
+    offload = rpc is not None or vk_lib is not None
     cmd = [sys.executable, "-m", "llamacpp_instr.cli", "run", str(model), "--prompt-file", str(prompt),
            "-n", str(args.n), "--ignore-eos", "-t", str(args.threads), "--batch", "512",
-           "--ubatch", "512", "--no-flash-attn", "-o", str(log), "-ngl", "99" if rpc else "0"]  # fmt: skip
+           "--ubatch", "512", "--no-flash-attn", "-o", str(log), "-ngl", "99" if offload else "0"]  # fmt: skip
     if rpc:
         cmd += ["--rpc", rpc]
-    r = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    env = _env(vk_lib, args.threads)
+    r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         raise SystemExit(f"instr run failed ({r.returncode}): {r.stderr.strip()[-800:]}")
     f = load_session(log)
@@ -88,13 +101,24 @@ def instr_run(
 
 
 def llama_bench(
-    exe: Path, model: Path, test: list[str], args: argparse.Namespace, rpc: str | None
+    exe: Path,
+    model: Path,
+    test: list[str],
+    args: argparse.Namespace,
+    rpc: str | None,
+    vulkan: bool = False,
 ) -> float:
-    cmd = [str(exe), "-m", str(model), *test, "-t", str(args.threads), "-ngl", "99" if rpc else "0",
+    offload = rpc is not None or vulkan
+    cmd = [str(exe), "-m", str(model), *test, "-t", str(args.threads), "-ngl", "99" if offload else "0",
            "-fa", "0", "-b", "512", "-ub", "512", "-r", str(args.r), "-o", "json"]  # fmt: skip
     if rpc:
         cmd += ["--rpc", rpc]
-    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900)
+    env = _env()
+    if vulkan:  # the static llama-bench needs no library path, only lavapipe's switches
+        from llamacpp_instr.vulkan_env import lavapipe_env
+
+        env = lavapipe_env(None, args.threads, env)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         raise SystemExit(f"llama-bench failed ({r.returncode}): {r.stderr.strip()[-800:]}")
     rows = json.loads(r.stdout)
@@ -108,7 +132,9 @@ def main() -> None:
     ap.add_argument("-r", type=int, default=3, help="llama-bench repetitions per run")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--settings", default="cpu,rpc", help="comma-separated: cpu, rpc")
+    ap.add_argument(
+        "--settings", default="cpu,rpc,vulkan", help="comma-separated: cpu, rpc, vulkan"
+    )
     ap.add_argument(
         "--bin", type=Path, default=None, help="where llama-bench and ggml-rpc-server are "
         "(default: `instr build --tools`' folder, built if missing)"
@@ -118,6 +144,10 @@ def main() -> None:
     model = args.model or models.default_model()
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     bins = args.bin or tools.build_tools(echo, programs=("llama-bench", "ggml-rpc-server"))
+    vk_bins = vk_lib = None
+    if "vulkan" in settings:
+        vk_bins = tools.build_tools(echo, build.VULKAN_CMAKE_ARGS, programs=("llama-bench",))
+        vk_lib = build.vulkan_lib_dir(echo)
     got: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     args.load = [os.getloadavg()[0]]
     with ExitStack() as stack:
@@ -132,11 +162,15 @@ def main() -> None:
         for k in range(args.rounds):
             for s in settings:
                 ep = rpc_ep if s == "rpc" else None
-                run = instr_run(model, prompt, tmp / f"{s}-{k}.log", args, ep)
+                vk = s == "vulkan"
+                run = instr_run(
+                    model, prompt, tmp / f"{s}-{k}.log", args, ep, vk_lib if vk else None
+                )
                 p = int(run["prompt_tokens"])
-                pp = llama_bench(bins / "llama-bench", model, ["-p", str(p), "-n", "0"], args, ep)
+                exe = (vk_bins if vk and vk_bins else bins) / "llama-bench"
+                pp = llama_bench(exe, model, ["-p", str(p), "-n", "0"], args, ep, vk)
                 tg_test = ["-p", "0", "-n", str(args.n), "-d", str(p)]
-                tg = llama_bench(bins / "llama-bench", model, tg_test, args, ep)
+                tg = llama_bench(exe, model, tg_test, args, ep, vk)
                 got.setdefault((s, f"pp{p}"), []).append((run["pp"], pp, run["pp"]))
                 got.setdefault((s, f"tg{args.n}"), []).append((run["tg"], tg, run["tg_decode"]))
                 echo(f"round {k + 1} {s}: pp{p} {run['pp']:.1f} vs {pp:.1f}; "
@@ -158,7 +192,7 @@ def table(
         f"{model.name}; {args.rounds} interleaved rounds; {args.threads} threads; llama-bench "
         f"-r {args.r}; batch and ubatch 512, no flash attention; "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores. rpc: every layer on "
-        "one ggml-rpc-server on loopback. The summary's figures are of `instr run`'s log at its "
+        "one ggml-rpc-server on loopback; vulkan: every layer on Vulkan0 (Mesa's lavapipe). The summary's figures are of `instr run`'s log at its "
         "default level (detailed); the generation test runs after a context of the prompt's tokens "
         f"(`-d`) in both. Load average (1 min) at the start and the end: {args.load[0]:.1f}, "
         f"{args.load[1]:.1f}.",

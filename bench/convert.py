@@ -79,7 +79,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def make_source(tmp: Path) -> Path:
-    from llamacpp_instr import models, runner
+    from llamacpp_instr.native import models
+    from llamacpp_instr.running import runner
 
     log = tmp / "source.log"
     cfg = runner.RunConfig(
@@ -99,8 +100,9 @@ def make_source(tmp: Path) -> Path:
 def smol_sources(tmp: Path) -> tuple[dict[str, Path], list[str]]:
     """The SmolLM2 runs of ``SMOL_RUNS`` (each a fresh process: a registered RPC device stays for
     the process's life), and notes on any that could not run."""
-    from llamacpp_instr import build, models, rpc_standin
-    from llamacpp_instr.vulkan_env import lavapipe_env
+    from llamacpp_instr.native import build, models
+    from llamacpp_instr.running import rpc_standin
+    from llamacpp_instr.running.vulkan_env import lavapipe_env
 
     logs: dict[str, Path] = {}
     notes: list[str] = []

@@ -57,8 +57,9 @@ def read_cost_ns(reps: int) -> float:
 
 
 def gen_step_ns(tokens: int) -> float:
-    from llamacpp_instr import models, runner
     from llamacpp_instr.converters.reading.reader import iter_records
+    from llamacpp_instr.native import models
+    from llamacpp_instr.running import runner
 
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "s.log"

@@ -43,7 +43,7 @@ PROMPT = "The capital of France is a city of many bridges, and its river"
 def model_path(where: Path) -> Path:
     from moe_gguf import write_moe_model
 
-    from llamacpp_instr import models
+    from llamacpp_instr.native import models
 
     dest = where / "moe-small.gguf"
     if not dest.exists():
@@ -52,8 +52,8 @@ def model_path(where: Path) -> Path:
 
 
 def run_cell(model: Path, n_cpu_moe: int, gen: int, threads: int, out: Path) -> None:
-    from llamacpp_instr import offload, runner
-    from llamacpp_instr.tensor_overrides import TensorOverrides
+    from llamacpp_instr.running import offload, runner
+    from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
     cfg = runner.RunConfig(
         model=model,
@@ -86,7 +86,9 @@ def main() -> None:
 
     from llama_cpp import _logger
 
-    from llamacpp_instr import devices, fit, moe_plan, offload, predict
+    from llamacpp_instr.deciding import fit, moe_plan
+    from llamacpp_instr.deciding.prediction import predict
+    from llamacpp_instr.running import devices, offload
 
     _logger.set_verbose(False)
     if not any(d.name.startswith("Vulkan") for d in devices.registry()):

@@ -32,7 +32,7 @@ def model_path(cache: Path) -> Path:
     """The distinct-experts MoE, written once into ``cache``."""
     from moe_gguf import write_moe_model
 
-    from llamacpp_instr import models
+    from llamacpp_instr.native import models
 
     dest = cache / "moe-distinct.gguf"
     if not dest.exists():
@@ -45,7 +45,7 @@ def measure(
 ) -> dict[str, list[float]]:
     import llama_cpp
 
-    from llamacpp_instr import bindings
+    from llamacpp_instr.native import bindings
 
     api = bindings.load()
     llm = llama_cpp.Llama(

@@ -43,7 +43,7 @@ def child(config: str, tokens: int, threads: int, log: str) -> None:
     import llama_cpp
     import numpy as np
 
-    from llamacpp_instr import bindings, models
+    from llamacpp_instr.native import bindings, models
 
     low = llama_cpp.llama_cpp  # the module llama.py calls into
     if config == "cb_eval":
@@ -100,7 +100,7 @@ def _one_process(threads: int) -> tuple[Any, Any, list[int]]:
     bench's prompt tokenized."""
     import llama_cpp
 
-    from llamacpp_instr import bindings, models
+    from llamacpp_instr.native import bindings, models
 
     api = bindings.load()
     llm = llama_cpp.Llama(
@@ -266,7 +266,7 @@ def main() -> None:
         child(args.child, args.tokens, args.threads, args.log)
         return
 
-    from llamacpp_instr import build
+    from llamacpp_instr.native import build
 
     def echo(m: str) -> None:
         print(m, file=sys.stderr)

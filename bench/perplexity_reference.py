@@ -2,7 +2,7 @@
 
     python bench/perplexity_reference.py [--ctx 512] [--chunks 16] [--threads 2] [--work DIR]
 
-1. Builds `llama-perplexity` from the pinned sdist, stock (`llamacpp_instr.tools.build_tools`
+1. Builds `llama-perplexity` from the pinned sdist, stock (`llamacpp_instr.native.tools.build_tools`
    with no patch applied: CMake, only that target, static, ccache when available). Cached under
    `<cache>/tools/`, so a second run starts at once.
 2. Makes the models with `instr quantize` from the bundled SmolLM2-135M-Instruct (Q4_1): an F16
@@ -30,8 +30,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llamacpp_instr import pin, quant_eval  # noqa: E402
-from llamacpp_instr.paths import cache_dir  # noqa: E402
+from llamacpp_instr.deciding import quant_eval  # noqa: E402
+from llamacpp_instr.native import pin  # noqa: E402
+from llamacpp_instr.native.paths import cache_dir  # noqa: E402
 
 QUANTS = ("q8_0", "q4_k_m")
 
@@ -63,7 +64,7 @@ def run(
 def build_perplexity(jobs: int) -> Path:
     """The stock llama-perplexity of the pin, built once and cached (`instr build --tools`'s
     build, without the patches)."""
-    from llamacpp_instr import tools
+    from llamacpp_instr.native import tools
 
     return tools.build_tools(echo, programs=("llama-perplexity",), stock=True, jobs=jobs) / (
         "llama-perplexity"
@@ -71,7 +72,7 @@ def build_perplexity(jobs: int) -> Path:
 
 
 def make_models(work: Path, threads: int) -> dict[str, Path]:
-    from llamacpp_instr import models
+    from llamacpp_instr.native import models
 
     src = models.default_model()
     out = {"f16": work / "SmolLM2-135M-Instruct.F16.gguf"}

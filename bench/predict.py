@@ -97,7 +97,7 @@ RPC_CLIENT = """
 import sys
 sys.path.insert(0, {root!r})
 from pathlib import Path
-from llamacpp_instr import offload, runner
+from llamacpp_instr.running import offload, runner
 cfg = runner.RunConfig(model=Path({model!r}), prompt={prompt!r}, n_predict={gen}, threads={threads},
     n_ctx={n_ctx}, n_batch=512, n_ubatch={ubatch}, level="detailed", out=Path({out!r}),
     ignore_eos=True, offload=offload.Offload(gpu_layers={ngl}, rpc=tuple({endpoints!r})))
@@ -134,7 +134,7 @@ def run_rpc_cell(cell: Cell, model: Path, gen: int, out: Path) -> None:
 
 
 def run_cell(cell: Cell, model: Path, gen: int, out: Path) -> None:
-    from llamacpp_instr import offload, runner
+    from llamacpp_instr.running import offload, runner
 
     if cell.rate is not None:
         run_rpc_cell(cell, model, gen, out)
@@ -161,8 +161,8 @@ def _times(log: Path) -> tuple[float, float]:
     """A run's prompt and generation times; over RPC, the devices' compute in them (the network's
     part is the link's, the same in every run of a cell: another process's burst slows only the
     compute)."""
-    from llamacpp_instr.converters.analysis.net_costs import is_rpc_log
-    from llamacpp_instr.predict import load_session
+    from llamacpp_instr.deciding.prediction.net_costs import is_rpc_log
+    from llamacpp_instr.deciding.prediction.predict import load_session
 
     sf = load_session(log)
     if is_rpc_log(sf):
@@ -218,8 +218,9 @@ def main() -> None:
 
     from llama_cpp import _logger
 
-    from llamacpp_instr import models, predict
-    from llamacpp_instr.quant_sweep import quantized
+    from llamacpp_instr.deciding.prediction import predict
+    from llamacpp_instr.deciding.quant_sweep import quantized
+    from llamacpp_instr.native import models
 
     _logger.set_verbose(False)
     grid = VULKAN if args.vulkan else RPC if args.rpc else QUICK if args.quick else GRID

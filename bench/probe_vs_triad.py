@@ -47,9 +47,9 @@ def main() -> None:
     ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
     args = ap.parse_args()
 
-    from llamacpp_instr import bindings
-    from llamacpp_instr import peak_probe as measure
     from llamacpp_instr.converters.session.machine_peaks import machine_key
+    from llamacpp_instr.deciding import peak_probe as measure
+    from llamacpp_instr.native import bindings
 
     lib = bindings.load()
     n = args.mib << 18  # float32 elements per array

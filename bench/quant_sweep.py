@@ -43,8 +43,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from bench.overhead import write_section  # type: ignore[import-not-found]
-    from llamacpp_instr import models
-    from llamacpp_instr.paths import cache_dir
+    from llamacpp_instr.native import models
+    from llamacpp_instr.native.paths import cache_dir
 
     src = models.default_model()
     base = cache_dir() / "bench-sweep" / "SmolLM2-135M-Instruct.F16.gguf"

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import netsim  # noqa: E402
 from tools_overhead import interval  # noqa: E402
 
-from llamacpp_instr import models, tools  # noqa: E402
+from llamacpp_instr.native import models, tools  # noqa: E402
 
 CONFIGS = ("off", "transfers", "remote", "remote-min")
 PROMPT = "The capital of France is"

@@ -69,7 +69,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from prometheus_server import Prometheus  # noqa: E402
 
-from llamacpp_instr import models, tools  # noqa: E402
+from llamacpp_instr.native import models, tools  # noqa: E402
 
 CONFIGS = {
     "off": None,

@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from llamacpp_instr import models, spec_predict, tools  # noqa: E402
+from llamacpp_instr.deciding.prediction import spec_predict  # noqa: E402
+from llamacpp_instr.native import models, tools  # noqa: E402
 
 LENGTHS = (2, 4, 8)
 # prose, and text that repeats (which an n-gram draft can only draft from: it copies what followed

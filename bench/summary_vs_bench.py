@@ -43,9 +43,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import netsim  # noqa: E402
 
-from llamacpp_instr import build, models, tools  # noqa: E402
 from llamacpp_instr.converters import load_session  # noqa: E402
 from llamacpp_instr.converters.reports.summary import overview  # noqa: E402
+from llamacpp_instr.native import build, models, tools  # noqa: E402
 
 PROMPT = (
     "The history of the city begins with a small settlement on the river, where traders met to "
@@ -65,7 +65,7 @@ def _env(vk_lib: Path | None = None, threads: int = 2) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_INSTR_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     if vk_lib is not None:
-        from llamacpp_instr.vulkan_env import lavapipe_env
+        from llamacpp_instr.running.vulkan_env import lavapipe_env
 
         env = lavapipe_env(vk_lib, threads, env)
     return env
@@ -115,7 +115,7 @@ def llama_bench(
         cmd += ["--rpc", rpc]
     env = _env()
     if vulkan:  # the static llama-bench needs no library path, only lavapipe's switches
-        from llamacpp_instr.vulkan_env import lavapipe_env
+        from llamacpp_instr.running.vulkan_env import lavapipe_env
 
         env = lavapipe_env(None, args.threads, env)
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)

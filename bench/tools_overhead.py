@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llamacpp_instr import models, tools  # noqa: E402
+from llamacpp_instr.native import models, tools  # noqa: E402
 
 LEVELS = ("minimal", "detailed", "verbose")
 TARGETS = {"off": 0.99, "detailed": 0.97}

@@ -45,7 +45,7 @@ def child(model: str, ngl: int, rounds: int, tokens: int, threads: int, log: str
     import llama_cpp
     import numpy as np
 
-    from llamacpp_instr import bindings
+    from llamacpp_instr.native import bindings
 
     api = bindings.load()
     llm = llama_cpp.Llama(
@@ -162,8 +162,8 @@ def main() -> None:
         child(args.model, args.ngl, args.rounds, args.tokens, args.threads, args.log)
         return
 
-    from llamacpp_instr import build, models
-    from llamacpp_instr.vulkan_env import lavapipe_env
+    from llamacpp_instr.native import build, models
+    from llamacpp_instr.running.vulkan_env import lavapipe_env
 
     def echo(m: str) -> None:
         print(m, file=sys.stderr)

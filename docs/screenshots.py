@@ -63,7 +63,7 @@ def main() -> None:
     args = ap.parse_args()
 
     sys.path.insert(0, str(ROOT))
-    from llamacpp_instr import models
+    from llamacpp_instr.native import models
 
     IMG.mkdir(parents=True, exist_ok=True)
     src = models.default_model()

@@ -12,19 +12,19 @@ from typing import TYPE_CHECKING, Any
 
 from llamacpp_instr import converters
 from llamacpp_instr.converters.traces import convert
-from llamacpp_instr.paths import cache_dir
+from llamacpp_instr.native.paths import cache_dir
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from llamacpp_instr.api import (
+    from llamacpp_instr.converters.analysis.frames import SessionFrames
+    from llamacpp_instr.running.api import (
         InstrSession,
         memory_failure,
         record_transfers,
         session,
         set_memory_budget,
     )
-    from llamacpp_instr.converters.analysis.frames import SessionFrames
 
 
 def load_session(path: Any, sid: str | None = None, *, strict: bool = False) -> SessionFrames:
@@ -42,7 +42,7 @@ def to_perfetto(log: str | Path, output: str | Path | None = None, **options: An
 
 
 def __getattr__(name: str) -> Any:
-    # the session API (llamacpp_instr/api.py) loads llama_cpp only when it is first used
+    # the session API (llamacpp_instr/running/api.py) loads llama_cpp only when it is first used
     if name in (
         "session",
         "InstrSession",
@@ -52,7 +52,7 @@ def __getattr__(name: str) -> Any:
     ):
         import importlib
 
-        return getattr(importlib.import_module("llamacpp_instr.api"), name)
+        return getattr(importlib.import_module("llamacpp_instr.running.api"), name)
     raise AttributeError(f"module 'llamacpp_instr' has no attribute {name!r}")
 
 

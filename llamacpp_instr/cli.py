@@ -22,7 +22,9 @@ class _Group(click.Group):
             rv = super().main(*args, **kwargs)  # type: ignore[arg-type,call-overload]
         except UserError as exc:
             click.echo(f"error: {exc}", err=True)
-            sys.exit(getattr(exc, "exit_status", 2))  # 3: out of memory (llamacpp_instr.memory)
+            sys.exit(
+                getattr(exc, "exit_status", 2)
+            )  # 3: out of memory (llamacpp_instr.running.memory)
         except click.UsageError as exc:
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
             click.echo(f"error: {exc.format_message()}{hint}", err=True)

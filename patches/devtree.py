@@ -34,8 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llamacpp_instr import build, pin  # noqa: E402
-from llamacpp_instr.paths import PATCHES_DIR  # noqa: E402
+from llamacpp_instr.native import build, pin  # noqa: E402
+from llamacpp_instr.native.paths import PATCHES_DIR  # noqa: E402
 
 OVERLAY_TAG = "instr-overlay"
 # Where the overlay's files live in llama.cpp: export copies these back, format-patch skips them.

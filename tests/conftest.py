@@ -67,14 +67,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def instr_api() -> Any:
-    from llamacpp_instr import bindings
+    from llamacpp_instr.native import bindings
 
     return bindings.load()
 
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
-    from llamacpp_instr import models
+    from llamacpp_instr.native import models
 
     return models.default_model()
 
@@ -259,6 +259,6 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def tools_bin() -> Path:
     """The patched llama.cpp programs of the current patches (`instr build --tools`, cached)."""
-    from llamacpp_instr import tools
+    from llamacpp_instr.native import tools
 
     return tools.build_tools(lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llamacpp_instr import rpc_standin
+from llamacpp_instr.running import rpc_standin
 
 HERE = Path(__file__).resolve()
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from support import free_port
 
-from llamacpp_instr import rpc_standin
+from llamacpp_instr.running import rpc_standin
 
 
 def lib_dir() -> Path:

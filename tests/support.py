@@ -25,12 +25,12 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from reference.layout import layout
 from reference.perfetto_writer import write_perfetto
 
-from llamacpp_instr import peak_probe as measure
 from llamacpp_instr.converters.session.fold import iter_events, iter_events_packed
 from llamacpp_instr.converters.traces.convert import kv_flows_for
 from llamacpp_instr.converters.traces.items import LayoutStats, Selection
 from llamacpp_instr.converters.traces.layout import layout_bulk
 from llamacpp_instr.converters.traces.perfetto import writer as perfetto_writer
+from llamacpp_instr.deciding import peak_probe as measure
 
 TESTS_DIR = Path(__file__).resolve().parent
 FIXTURES = TESTS_DIR / "fixtures"
@@ -160,7 +160,7 @@ def plain_copy(src: Path, tmp_path: Path) -> Path:
 
 def make_run(model: Path, out: Path, level: str, **kw: Any) -> Any:
     """A real run through ``runner.run``: fixed length (tiny random models hit EOS early)."""
-    from llamacpp_instr import runner
+    from llamacpp_instr.running import runner
 
     cfg = runner.RunConfig(
         model=model,

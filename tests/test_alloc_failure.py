@@ -18,7 +18,7 @@ import pytest
 CHILD = r"""
 import ctypes, json, sys, time
 import llama_cpp
-from llamacpp_instr import bindings
+from llamacpp_instr.native import bindings
 
 OK, BUSY, NO_SESSION, INVALID, IO, INTERNAL = 0, -1, -2, -3, -4, -5
 api = bindings.load()
@@ -114,7 +114,7 @@ print(json.dumps({"injected": n_fail, "seconds": time.monotonic() - t0}))
 @pytest.fixture(scope="module")
 def testing_lib() -> Path:
     """The testing build's libraries (built once and cached; a cold build takes minutes)."""
-    from llamacpp_instr import build
+    from llamacpp_instr.native import build
 
     return build.testing_lib_dir(lambda m: print(m, file=sys.stderr))
 

@@ -338,7 +338,7 @@ def test_reopen_starts_a_new_file_at_the_path(
         with llamacpp_instr.session(llm, log, "detailed"):
             decode_requests(llm, 2)
             log.rename(moved)
-            llamacpp_instr.api.reopen()
+            llamacpp_instr.running.api.reopen()
             decode_requests(llm, 2)
     finally:
         llm.close()
@@ -507,7 +507,7 @@ def test_a_log_removed_under_the_session_loses_no_kept_file(
     series was shifted before the rename of the missing file failed: each try (every 10 s) lost the
     oldest kept file, and LOG never came back."""
     import llamacpp_instr
-    from llamacpp_instr.bindings import SessionError
+    from llamacpp_instr.native.bindings import SessionError
 
     log = tmp_path / "gone.log"
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 import llamacpp_instr
-from llamacpp_instr import bindings
 from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.native import bindings
 
 
 def records(path: Path) -> list[dict[str, Any]]:

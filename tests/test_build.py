@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llamacpp_instr import build, pin
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.paths import PATCHES_DIR
+from llamacpp_instr.native import build, pin
+from llamacpp_instr.native.paths import PATCHES_DIR
 
 
 def test_check_passes_on_the_repo_patches() -> None:
@@ -150,7 +150,7 @@ def test_vulkan_with_a_sanitizer_is_a_usage_error() -> None:
 
 
 def test_vulkan_tools_not_built_name_the_command_that_builds_them() -> None:
-    from llamacpp_instr import tools
+    from llamacpp_instr.native import tools
 
     if (tools.bin_dir(tools.tools_plan(build.VULKAN_CMAKE_ARGS)) / "llama-bench").is_file():
         pytest.skip("the Vulkan tools are built here: exec would run one")

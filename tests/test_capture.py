@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import llamacpp_instr
-from llamacpp_instr import bindings
+from llamacpp_instr.native import bindings
 
 
 def _llama(model: Path) -> Any:

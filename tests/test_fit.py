@@ -164,7 +164,8 @@ def test_context_params_are_instr_runs(instr_api: Any, tiny_llama_f32: Path) -> 
     same RunConfig (what instr run loads)."""
     import ctypes
 
-    from llamacpp_instr import fit, runner
+    from llamacpp_instr.deciding import fit
+    from llamacpp_instr.running import runner
 
     pointers = {"cb_eval", "cb_eval_user_data", "abort_callback", "abort_callback_data"}
     configs = [

@@ -18,7 +18,7 @@ SLOW_NS = 50_000_000
 CHILD = """
 import json, sys
 import llama_cpp  # loads the libraries of LLAMA_CPP_LIB_PATH
-from llamacpp_instr import bindings
+from llamacpp_instr.native import bindings
 api = bindings.load()
 print(json.dumps({n: api.test_last_op_ns(n, int(sys.argv[1])) for n in (1, 2, 4)}))
 """
@@ -26,7 +26,7 @@ print(json.dumps({n: api.test_last_op_ns(n, int(sys.argv[1])) for n in (1, 2, 4)
 
 @pytest.fixture(scope="module")
 def testing_lib() -> Path:
-    from llamacpp_instr import build
+    from llamacpp_instr.native import build
 
     return build.testing_lib_dir(lambda m: print(m, file=sys.stderr))
 

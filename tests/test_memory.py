@@ -97,7 +97,7 @@ def test_a_budget_is_what_ggml_reports_and_what_fails(
     the budget less the live buffers; an allocation past it is recorded and says what it needed."""
     import llama_cpp
 
-    from llamacpp_instr import api
+    from llamacpp_instr.running import api
 
     budget = 64 << 20
     api.set_memory_budget(f"CPU={budget}")
@@ -328,7 +328,7 @@ def test_repacked_weights_are_counted_once(
 CONTEXT_SHIFT = r"""
 import sys
 import llama_cpp
-from llamacpp_instr import api
+from llamacpp_instr.running import api
 
 model, log, after = sys.argv[1:4]
 llm = llama_cpp.Llama(model, n_ctx=4096, n_batch=8, n_ubatch=8, n_threads=2,
@@ -428,7 +428,7 @@ def test_a_programs_setting_is_its_own_flags_else_its_sessions_context(tmp_path:
     them (both spellings), what its session said of the context for the rest; llama-bench's
     lists (one value per test) and its context (-p + -n, no -c) are not taken for the failed
     test's."""
-    from llamacpp_instr.memory import program_setting
+    from llamacpp_instr.running.memory import program_setting
 
     context = {"n_ctx": 8192, "n_ubatch": 512, "type_k": "f16", "type_v": "q8_0"}
     cli = program_setting(
@@ -450,7 +450,7 @@ def test_the_failure_read_back_is_the_programs_own(tmp_path: Path) -> None:
     import json
     import time
 
-    from llamacpp_instr.memory import failure_in_log, mark_log
+    from llamacpp_instr.running.memory import failure_in_log, mark_log
 
     def rec(type_: str, **fields: Any) -> str:
         return json.dumps({"type": type_, "ts": 1, "sid": "s", **fields}) + "\n"
@@ -486,7 +486,7 @@ def _ggml() -> Any:
 
     from rpc_backend import _lib
 
-    from llamacpp_instr import bindings
+    from llamacpp_instr.native import bindings
 
     bindings.load()
     base = ctypes.CDLL(str(_lib("libggml-base")), mode=ctypes.RTLD_GLOBAL)
@@ -529,7 +529,7 @@ def test_a_nested_allocation_that_fails_is_one_failure(instr_api: Any, tmp_path:
     """A buffer type that makes its buffers through another one (CPU_REPACK through CPU) failing
     at the device: one memory_alloc_failed record, of the buffer type asked for. Before the fix
     the inner allocation and the outer one each wrote one."""
-    from llamacpp_instr import api
+    from llamacpp_instr.running import api
 
     base, ggml = _ggml()
     cpu = ggml.ggml_backend_dev_by_type(0)
@@ -549,7 +549,7 @@ def test_the_budget_holds_buffers_made_from_host_memory(instr_api: Any, tmp_path
     allocation: past it, it fails and says so. Before the fix it was never checked."""
     import ctypes
 
-    from llamacpp_instr import api
+    from llamacpp_instr.running import api
 
     base, ggml = _ggml()
     cpu = ggml.ggml_backend_dev_by_type(0)
@@ -575,7 +575,7 @@ def test_two_threads_never_both_pass_a_budget_with_room_for_one(instr_api: Any) 
     (on_alloc) under two separate locks, so both could pass, the device's malloc between."""
     import threading
 
-    from llamacpp_instr import api
+    from llamacpp_instr.running import api
 
     base, ggml = _ggml()
     buft = base.ggml_backend_dev_buffer_type(ggml.ggml_backend_dev_by_type(0))

@@ -53,7 +53,7 @@ def weights_by_name(log: Path) -> dict[str, dict[str, Any]]:
 
 
 def test_n_cpu_moe_patterns_are_llama_cpps() -> None:
-    from llamacpp_instr.tensor_overrides import CPU, TensorOverrides, n_cpu_moe_patterns
+    from llamacpp_instr.running.tensor_overrides import CPU, TensorOverrides, n_cpu_moe_patterns
 
     # common/common.h: llm_ffn_block_regex(i, LLM_FFN_EXPS_REGEX), to ggml_backend_cpu_buffer_type
     assert n_cpu_moe_patterns(2) == [
@@ -76,7 +76,7 @@ def test_n_cpu_moe_selects_the_first_layers_experts(moe_small: Path) -> None:
     --n-cpu-moe 2 picks the three expert tensors of layers 0 and 1 and nothing else."""
     from gguf import GGUFReader
 
-    from llamacpp_instr.tensor_overrides import n_cpu_moe_patterns
+    from llamacpp_instr.running.tensor_overrides import n_cpu_moe_patterns
 
     names = [t.name for t in GGUFReader(moe_small).tensors]
     picked = {n for n in names if any(re.search(p, n) for p in n_cpu_moe_patterns(2))}
@@ -96,7 +96,7 @@ def test_n_cpu_moe_selects_the_first_layers_experts(moe_small: Path) -> None:
 )
 def test_bad_override_is_one_line(value: str, words: str) -> None:
     from llamacpp_instr.converters.errors import UserError
-    from llamacpp_instr.tensor_overrides import parse_override
+    from llamacpp_instr.running.tensor_overrides import parse_override
 
     with pytest.raises(UserError, match=re.escape(words)):
         parse_override(value)
@@ -104,8 +104,9 @@ def test_bad_override_is_one_line(value: str, words: str) -> None:
 
 def test_exec_passes_the_options_through(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """instr exec hands -ot, -ncmoe and -cmoe to the program as written."""
-    from llamacpp_instr import child, tools
     from llamacpp_instr.cli import main
+    from llamacpp_instr.native import tools
+    from llamacpp_instr.running import child
 
     seen: list[list[str]] = []
     monkeypatch.setattr(tools, "find", lambda program, cmake_args=(): Path("/bin/true"))
@@ -139,9 +140,9 @@ def test_serve_loads_with_the_rules(
     """instr serve's model loads inside the rules: an unknown buffer type stops it there, before
     the log exists."""
     pytest.importorskip("uvicorn")
-    from llamacpp_instr import serve
     from llamacpp_instr.converters.errors import UserError
-    from llamacpp_instr.tensor_overrides import TensorOverrides
+    from llamacpp_instr.running import serve
+    from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
     monkeypatch.setattr(serve, "check_port", lambda host, port: None)  # nothing listens
 
@@ -191,8 +192,9 @@ def test_cpu_override_reaches_the_loader(moe_small: Path) -> None:
 
     from llama_cpp import _logger
 
-    from llamacpp_instr import bindings, runner
-    from llamacpp_instr.tensor_overrides import TensorOverrides
+    from llamacpp_instr.native import bindings
+    from llamacpp_instr.running import runner
+    from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
     llama_cpp = bindings.import_llama_cpp()
     said: list[str] = []

@@ -112,7 +112,7 @@ def test_a_memory_limit_leaves_out_what_overflows_it(
 def test_an_ot_rule_it_prints_places_the_experts_it_says(
     moe_small: Path, vk_logs: dict[int, Path], tmp_path: Path
 ) -> None:
-    from llamacpp_instr.moe_plan import ExpertPlacement
+    from llamacpp_instr.deciding.moe_plan import ExpertPlacement
 
     for layers in ((1, 3), (2,)):
         rule = ExpertPlacement(layers).ot()

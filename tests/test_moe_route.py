@@ -388,9 +388,9 @@ def test_a_moe_matmul_of_a_generation_step_reads_under_the_measured_bandwidth(
     measures it (far beyond the last-level cache), on the 30-layer MoE (447 MB: its experts do not
     stay in a cache between tokens). Priced by every expert, as before, they read 4x what they did
     and the fastest sat above the memory roof."""
-    from llamacpp_instr import peak_probe
     from llamacpp_instr.converters import load_session
     from llamacpp_instr.converters.session import machine_peaks
+    from llamacpp_instr.deciding import peak_probe
 
     # the probe as `instr peaks --threads 2 --types q4_1` runs it (the run's threads, its weights'
     # type), before and after the run: each is the best of its runs, and the better of the two is

@@ -29,8 +29,8 @@ def test_the_traffic_is_the_share_of_experts_each_layers_computes_used(
     small_detailed: Path,
 ) -> None:
     from llamacpp_instr.converters import load_session
-    from llamacpp_instr.converters.analysis.expert_traffic import ExpertTraffic
-    from llamacpp_instr.converters.analysis.op_costs import token_class
+    from llamacpp_instr.deciding.prediction.expert_traffic import ExpertTraffic
+    from llamacpp_instr.deciding.prediction.op_costs import token_class
 
     shares: dict[tuple[int, str], list[float]] = defaultdict(list)
     for r in by_type(read_log(small_detailed), "experts"):
@@ -55,9 +55,9 @@ def test_a_graph_is_priced_at_the_experts_its_layers_used(
     import gguf
 
     from llamacpp_instr.converters import load_session
-    from llamacpp_instr.converters.analysis.expert_traffic import ExpertTraffic
-    from llamacpp_instr.converters.analysis.op_costs import GraphCosts, rows
-    from llamacpp_instr.predict import fit
+    from llamacpp_instr.deciding.prediction.expert_traffic import ExpertTraffic
+    from llamacpp_instr.deciding.prediction.op_costs import GraphCosts, rows
+    from llamacpp_instr.deciding.prediction.predict import fit
 
     sf = load_session(small_detailed)
     traffic = ExpertTraffic.of([sf])
@@ -92,7 +92,7 @@ def test_a_log_without_routing_prices_whole_expert_tensors(
     small_detailed: Path, tmp_path: Path
 ) -> None:
     from llamacpp_instr.converters import load_session
-    from llamacpp_instr.predict import fit
+    from llamacpp_instr.deciding.prediction.predict import fit
 
     bare = tmp_path / "bare.log"
     bare.write_text(
@@ -106,8 +106,8 @@ def test_a_log_without_routing_prices_whole_expert_tensors(
 
 
 def test_placements_say_llamas_rules() -> None:
-    from llamacpp_instr.moe_plan import ExpertPlacement, ot_rule
-    from llamacpp_instr.tensor_overrides import TensorOverrides, parse_override
+    from llamacpp_instr.deciding.moe_plan import ExpertPlacement, ot_rule
+    from llamacpp_instr.running.tensor_overrides import TensorOverrides, parse_override
 
     for n in range(4):
         p = ExpertPlacement(tuple(range(n)))
@@ -129,7 +129,7 @@ def test_placements_say_llamas_rules() -> None:
 def test_a_model_without_llamas_expert_tensors_is_one_line() -> None:
     from llamacpp_instr.converters import load_session
     from llamacpp_instr.converters.errors import UserError
-    from llamacpp_instr.moe_plan import expert_layers
+    from llamacpp_instr.deciding.moe_plan import expert_layers
 
     with pytest.raises(UserError, match="no expert tensors") as err:
         expert_layers(load_session(FIXTURES / "tiny-llama-detailed.log.gz"))

@@ -32,8 +32,8 @@ import ctypes, json, re, sys
 from pathlib import Path
 import numpy as np, llama_cpp
 import llama_cpp.llama_cpp as lc
-from llamacpp_instr import bindings
-from llamacpp_instr.tensor_overrides import TensorOverrides
+from llamacpp_instr.native import bindings
+from llamacpp_instr.running.tensor_overrides import TensorOverrides
 model, log, level, peer, ncmoe, prompt, n_gen, out = sys.argv[1:9]
 base = ctypes.CDLL(str(Path(lc._lib._name).parent / "libggml-base.so"))
 base.ggml_get_name.restype = ctypes.c_char_p

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from llamacpp_instr import bindings
 from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.native import bindings
 
 
 def records(path: Path) -> list[dict[str, Any]]:

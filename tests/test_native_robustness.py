@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import PROMPT, make_run
 
-from llamacpp_instr import bindings
+from llamacpp_instr.native import bindings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -428,7 +428,7 @@ def test_writer_emits_only_valid_utf8_for_any_piece(
 
 
 def test_invalid_byte_in_generated_text_prints_once() -> None:
-    from llamacpp_instr.runner import TextStream
+    from llamacpp_instr.running.runner import TextStream
 
     s = TextStream()
     out = s.feed(b"A\xff") + s.feed(b"B") + s.feed(b"C") + s.close()

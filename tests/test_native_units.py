@@ -16,7 +16,7 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module")
 def vendor(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from llamacpp_instr import build, pin
+    from llamacpp_instr.native import build, pin
 
     work = tmp_path_factory.mktemp("src")
     root = build.prepare_source(build.make_plan(), work, lambda m: print(m, file=sys.stderr))

@@ -35,7 +35,7 @@ from support import by_type, free_port, instr, loopback_server, read_log, wait_r
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.offload import Offload
+from llamacpp_instr.running.offload import Offload
 
 # a hang guard, not a speed target: the check of an endpoint is bounded by 5 s
 NO_ANSWER_BOUND_S = 30.0
@@ -496,8 +496,9 @@ def test_serve_offloads_to_the_server(
 _PLACED_QUANT_EVAL_MODEL = r"""
 import json, sys
 import llama_cpp
-from llamacpp_instr import bindings, quant_eval
-from llamacpp_instr.offload import Offload, prepare
+from llamacpp_instr.native import bindings
+from llamacpp_instr.deciding import quant_eval
+from llamacpp_instr.running.offload import Offload, prepare
 model, endpoint, log = sys.argv[1:4]
 placement = prepare(Offload(gpu_layers="all", rpc=endpoint))
 m = quant_eval._Model(llama_cpp, __import__("pathlib").Path(model), 32, placement)

@@ -57,7 +57,7 @@ def test_reserved_graphs_are_the_graphs_the_run_computed(
 ) -> None:
     """llama_instr_graph_reserve, on the model loaded without weights, builds node for node the
     graph the run computed for the same ubatch and KV size (its graph records)."""
-    from llamacpp_instr import predict
+    from llamacpp_instr.deciding.prediction import predict
 
     sf = predict.load_session(tiny_detailed.path)
     target = predict.default_target(sf, None)
@@ -97,7 +97,7 @@ def _raw_nodes(gc: Any) -> list[dict[str, Any]]:
 def test_the_plan_of_computes_is_the_runs(ubatch_run: RunLog) -> None:
     """The ubatches predict expects (prompt split by --batch, then --ubatch; one per generated
     token) are the computes the run recorded, in order."""
-    from llamacpp_instr import predict
+    from llamacpp_instr.deciding.prediction import predict
 
     sf = predict.load_session(ubatch_run.path)
     target = predict.default_target(sf, None)
@@ -110,7 +110,7 @@ def test_the_plan_of_computes_is_the_runs(ubatch_run: RunLog) -> None:
 
 
 def test_n_kv_follows_the_pins_padding() -> None:
-    from llamacpp_instr.predict import n_kv
+    from llamacpp_instr.deciding.prediction.predict import n_kv
 
     assert n_kv(1, 4096) == 256
     assert n_kv(256, 4096) == 256
@@ -124,7 +124,7 @@ def test_a_log_predicts_its_own_setting(tiny_detailed: RunLog) -> None:
     The plumbing only: the level, measured on this same log, absorbs any op costs (issue 53);
     the costs are checked by test_one_tokens_op_prices_are_the_logs_own_medians and
     test_another_prompt_size_is_priced_on_each_class_line."""
-    from llamacpp_instr import predict
+    from llamacpp_instr.deciding.prediction import predict
 
     r = instr("predict", str(tiny_detailed.path), "--format", "json")
     assert r.returncode == 0, r.stderr
@@ -250,8 +250,8 @@ def test_copy_costs_fit_the_copies_recorded() -> None:
 
     import numpy as np
 
-    from llamacpp_instr.converters.analysis import split_costs
-    from llamacpp_instr.predict import load_session
+    from llamacpp_instr.deciding.prediction import split_costs
+    from llamacpp_instr.deciding.prediction.predict import load_session
 
     path = Path(__file__).parent / "fixtures" / "tiny-llama-vulkan-partial-detailed.log.gz"
     recs = [json.loads(line) for line in gzip.open(path, "rt")]
@@ -276,7 +276,7 @@ RPC_CLIENT = """
 import sys
 sys.path.insert(0, {root!r})
 from pathlib import Path
-from llamacpp_instr import offload, runner
+from llamacpp_instr.running import offload, runner
 cfg = runner.RunConfig(model=Path({model!r}), prompt="one two three four five six seven eight",
     n_predict=8, threads=1, n_ctx=256, level="detailed", out=Path({out!r}), ignore_eos=True,
     offload=offload.Offload(gpu_layers=99, rpc=({endpoint!r},)))
@@ -322,7 +322,7 @@ def test_an_rpc_log_predicts_its_own_setting(rpc_log: Path) -> None:
     The log's own setting, its server stood in for on loopback to build the graphs, comes back
     within 5 % of that, with the network a share of the time. (The plumbing: the level absorbs
     the op costs; test_a_slower_link_costs_what_the_model_says checks the network's.)"""
-    from llamacpp_instr import predict
+    from llamacpp_instr.deciding.prediction import predict
 
     sf = predict.load_session(rpc_log)
     tt = sf.token_time
@@ -407,7 +407,7 @@ def test_bad_link_values_are_one_line(rpc_log: Path, tiny_detailed: RunLog) -> N
 
 
 def test_link_values_parse_with_their_units() -> None:
-    from llamacpp_instr.converters.analysis.net_costs import parse_duration_ns, parse_rate
+    from llamacpp_instr.deciding.prediction.net_costs import parse_duration_ns, parse_rate
 
     assert parse_rate("100M") == 100e6
     assert parse_rate("1G") == 1e9
@@ -429,7 +429,7 @@ def test_link_values_parse_with_their_units() -> None:
 def test_an_rpc_device_without_op_times_is_sent_to_the_patched_server() -> None:
     """What no log measured on an RPC server cannot come from another run of a stock server (it
     times nothing): the advice names the patched one; a CPU's names a run at its threads."""
-    from llamacpp_instr.predict import Target, _advice
+    from llamacpp_instr.deciding.prediction.predict import Target, _advice
 
     t = Target(Path("m.gguf"), threads=3, n_prompt=8, n_gen=8, depth=0, n_batch=512, n_ubatch=512)
     assert "patched ggml-rpc-server" in _advice(t, "RPC0")
@@ -475,7 +475,7 @@ def test_a_class_the_device_never_ran_is_priced_from_its_kind_or_refused() -> No
     (its weights' bytes at q4_1's 20 bytes per 32), and listed; a binary op from another binary
     op; a MUL after an RMS_NORM on the same device, which the logs' CPU ran fused only, is free;
     a weight type no log ran anywhere stays not covered."""
-    from llamacpp_instr.converters.analysis.op_costs import (
+    from llamacpp_instr.deciding.prediction.op_costs import (
         CostModel,
         Fit,
         GraphCosts,
@@ -541,8 +541,9 @@ OFFLOADED_CHILD = r"""
 import json, sys
 from dataclasses import replace
 from pathlib import Path
-from llamacpp_instr import offload, predict
-from llamacpp_instr.converters.analysis import split_costs
+from llamacpp_instr.running import offload
+from llamacpp_instr.deciding.prediction import predict
+from llamacpp_instr.deciding.prediction import split_costs
 log, model = sys.argv[1:3]
 t = predict.default_target(predict.load_session(Path(log)), Path(model))
 t = replace(t, offload=offload.Offload(gpu_layers=0))
@@ -571,7 +572,7 @@ def offload_logs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[i
     from tiny_gguf import write_tiny_model
     from vulkan_backend import vulkan_device, vulkan_env
 
-    from llamacpp_instr import predict
+    from llamacpp_instr.deciding.prediction import predict
 
     vulkan_device()
     d = tmp_path_factory.mktemp("predict-offload")
@@ -601,7 +602,7 @@ def test_op_offload_copies_the_weights_the_run_copied(
 
     from vulkan_backend import vulkan_env
 
-    from llamacpp_instr import predict
+    from llamacpp_instr.deciding.prediction import predict
 
     model, logs = offload_logs
     sf = predict.load_session(logs[0])
@@ -652,7 +653,7 @@ def test_ngl0_from_a_partial_offload_prices_the_weight_copies(
 def test_the_level_is_the_logs_that_ran_on_the_targets_devices() -> None:
     """The measured-over-priced level scales a target's steps by the logs whose steps of that
     kind ran on the same devices; on devices no log's steps ran on alone, by none (1)."""
-    from llamacpp_instr.converters.analysis.op_costs import CostModel
+    from llamacpp_instr.deciding.prediction.op_costs import CostModel
 
     both = frozenset({"CPU", "Vulkan0"})
     model = CostModel(
@@ -703,9 +704,9 @@ def test_one_tokens_op_prices_are_the_logs_own_medians() -> None:
 
     from support import FIXTURES, read_log
 
-    from llamacpp_instr.converters.analysis.op_costs import GraphCosts
-    from llamacpp_instr.converters.analysis.op_fit import fit
-    from llamacpp_instr.predict import load_session
+    from llamacpp_instr.deciding.prediction.op_costs import GraphCosts
+    from llamacpp_instr.deciding.prediction.op_fit import fit
+    from llamacpp_instr.deciding.prediction.predict import load_session
 
     path = FIXTURES / "tiny-llama-detailed.log.gz"
     recs = read_log(path)
@@ -753,9 +754,9 @@ def test_another_prompt_size_is_priced_on_each_class_line(instr_api: Any, tmp_pa
     import numpy as np
     from support import read_log
 
-    from llamacpp_instr import predict
-    from llamacpp_instr.converters.analysis.op_costs import GraphCosts, Where
-    from llamacpp_instr.converters.analysis.op_fit import fit
+    from llamacpp_instr.deciding.prediction import predict
+    from llamacpp_instr.deciding.prediction.op_costs import GraphCosts, Where
+    from llamacpp_instr.deciding.prediction.op_fit import fit
 
     log, model_path = _fixture_model(tmp_path)
     recs = read_log(log)

@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 from support import QUICK, Page, RunLog
 
-from llamacpp_instr import peak_probe as measure
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.session import machine_peaks
+from llamacpp_instr.deciding import peak_probe as measure
 
 
 def test_summary_roofline_page(

@@ -235,14 +235,14 @@ def echo(msg: str) -> None:
 
 def stock_lib() -> Path:
     """The stock pin's libraries (the benchmarks' baseline wheel, built once and cached)."""
-    from llamacpp_instr import build
+    from llamacpp_instr.native import build
 
     return build.stock_lib_dir(echo)
 
 
 def rpc_server_exe() -> Path:
     """ggml-rpc-server as `instr build --tools` builds it (patched; cached)."""
-    from llamacpp_instr import tools
+    from llamacpp_instr.native import tools
 
     return tools.build_tools(echo, programs=("ggml-rpc-server",)) / "ggml-rpc-server"
 
@@ -406,7 +406,7 @@ def test_llama_cli_over_rpc_logs_the_upload_and_the_remote_ops(
     turns the recording on when the model begins to load); the patched server's ops are there."""
     import subprocess
 
-    from llamacpp_instr import tools
+    from llamacpp_instr.native import tools
 
     tools.build_tools(echo)  # the patched llama-cli (cached: test_tools builds the same)
     server = netsim.binary_server_command(rpc_server_exe())

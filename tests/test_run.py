@@ -241,7 +241,7 @@ def test_unwritable_log_path(tiny_llama_f32: Path, tmp_path: Path) -> None:
 def test_stock_llama_cpp_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     import llama_cpp
 
-    from llamacpp_instr import bindings
+    from llamacpp_instr.native import bindings
 
     class StockLib:  # what the stock build's libllama looks like: no llama_instr_* symbols
         pass
@@ -255,7 +255,7 @@ def test_stock_llama_cpp_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_doctor_reports_patched_build(instr_api: Any) -> None:
     r = _cli("doctor")
     assert r.exit_code == 0, r.output
-    from llamacpp_instr import build
+    from llamacpp_instr.native import build
 
     assert "+instr." in r.output and "ok: the patched build matches the patches" in r.output
     assert f"patch hash {build.source_patch_hash()}" in r.output

@@ -12,7 +12,8 @@ from typing import Any
 CHILD = r"""
 import sys, threading, time
 import llama_cpp
-from llamacpp_instr import bindings, serve
+from llamacpp_instr.native import bindings
+from llamacpp_instr.running import serve
 
 llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=512, n_threads=1, verbose=False)
 use = serve.instrument(llm, bindings.load())

@@ -253,7 +253,7 @@ def write_length_log(path: Path, n_max: int, rounds: int, accept: Any, verify_ms
 
 
 def test_predict_reads_acceptance_by_position_and_reproduces_a_run(tmp_path: Path) -> None:
-    from llamacpp_instr import spec_predict
+    from llamacpp_instr.deciding.prediction import spec_predict
 
     # every other round accepts 1 token, the others none: position 0 half the time, 1 never
     log = write_length_log(tmp_path / "a.log", 3, 20, lambda k: k % 2, lambda n: 6.0 + n)
@@ -271,7 +271,7 @@ def test_predict_reads_acceptance_by_position_and_reproduces_a_run(tmp_path: Pat
 
 
 def test_predict_prices_another_length_from_the_batch_costs_between(tmp_path: Path) -> None:
-    from llamacpp_instr import spec_predict
+    from llamacpp_instr.deciding.prediction import spec_predict
 
     # every draft accepted whole: E(d) = d + 1; a verify of n tokens takes 2 + n ms
     logs = [

@@ -414,7 +414,7 @@ while True:
 EXEC_LIKE = """
 import sys
 from pathlib import Path
-from llamacpp_instr import child
+from llamacpp_instr.running import child
 child.end_like(child.run(Path(sys.argv[1]), [sys.argv[1]], {"PATH": "/usr/bin:/bin"}))
 """
 
@@ -438,7 +438,7 @@ def read_until(fd: int, what: str, seen: str = "") -> str:
 
 
 def test_exec_passes_signals_on_once_and_ends_as_its_program_did(tmp_path: Path) -> None:
-    """instr exec's child (llamacpp_instr.child): a signal sent to instr reaches the program once;
+    """instr exec's child (llamacpp_instr.running.child): a signal sent to instr reaches the program once;
     Ctrl-C at the terminal is not passed on (the terminal sends it to the program itself); the
     program's exit status is instr's, and a program killed by a signal takes instr with it."""
     import pty
@@ -596,7 +596,7 @@ PYTHON_APP = """
 import sys
 import llama_cpp
 import llamacpp_instr
-from llamacpp_instr.bindings import SessionError
+from llamacpp_instr.native.bindings import SessionError
 llm = llama_cpp.Llama(sys.argv[1], n_ctx=256, verbose=False)
 print(llm("The capital of France is", max_tokens=4, temperature=0)["choices"][0]["text"])
 try:

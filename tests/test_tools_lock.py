@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llamacpp_instr import tools
+from llamacpp_instr.native import tools
 
 
 def test_a_second_build_of_a_key_waits_for_the_first_and_reuses_it(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from llamacpp_instr.build import read_overlay
+from llamacpp_instr.native.build import read_overlay
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from llamacpp_instr import build
-from llamacpp_instr.vulkan_env import lavapipe_env
+from llamacpp_instr.native import build
+from llamacpp_instr.running.vulkan_env import lavapipe_env
 
 # the child: load `model` with n_gpu_layers, then per level ("off" = no session) reset, decode the
 # prompt and greedy tokens, and keep the logits of every position (.npy) and the log
@@ -48,7 +48,7 @@ llm.close()
 # ggml's devices as this build sees them (name, type)
 _DEVICES = r"""
 import json, llama_cpp
-from llamacpp_instr import bindings
+from llamacpp_instr.native import bindings
 print(json.dumps(bindings.load().machine_info()["devices"]))
 """
 
@@ -116,7 +116,7 @@ def run_child(
     n_gen: int,
     env: dict[str, str],
 ) -> dict[str, Any]:
-    """``offload_run`` in ``env`` (the Vulkan build's, see llamacpp_instr.vulkan_env)."""
+    """``offload_run`` in ``env`` (the Vulkan build's, see llamacpp_instr.running.vulkan_env)."""
     import numpy as np
 
     out.mkdir(parents=True, exist_ok=True)

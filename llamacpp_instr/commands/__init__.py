@@ -154,7 +154,7 @@ class SizeParam(click.ParamType):
     name = "SIZE"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        from llamacpp_instr.always_on import parse_size
+        from llamacpp_instr.running.always_on import parse_size
 
         if isinstance(value, int):
             return value
@@ -165,13 +165,13 @@ class SizeParam(click.ParamType):
 
 
 class BudgetParam(click.ParamType):
-    """A memory budget, DEVICE=SIZE[,DEVICE=SIZE...] (``llamacpp_instr.memory``), as the bytes
+    """A memory budget, DEVICE=SIZE[,DEVICE=SIZE...] (``llamacpp_instr.running.memory``), as the bytes
     spec the patched library reads."""
 
     name = "DEVICE=SIZE[,...]"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        from llamacpp_instr import memory
+        from llamacpp_instr.running import memory
 
         try:
             return memory.format_budget(memory.parse_budget(str(value)))
@@ -197,7 +197,7 @@ def memory_budget_option(f: F) -> F:
 def kv_type_options(f: F) -> F:
     """``-ctk/--cache-type-k`` and ``-ctv/--cache-type-v``: the KV cache's types, as llama.cpp
     names them (a quantized V cache needs flash attention)."""
-    from llamacpp_instr.memory import KV_TYPES
+    from llamacpp_instr.running.memory import KV_TYPES
 
     for short, long, dest, what in (
         ("-ctv", "--cache-type-v", "type_v", "V"),
@@ -217,10 +217,10 @@ def kv_type_options(f: F) -> F:
 
 
 def always_on_options(requests: bool = True) -> Callable[[F], F]:
-    """What bounds a long session's cost and size (``llamacpp_instr.always_on``): --sample,
+    """What bounds a long session's cost and size (``llamacpp_instr.running.always_on``): --sample,
     --sample-requests (with ``requests``: the commands that serve requests), --max-bytes and
     --keep, given to the command as one ``always_on`` argument (an ``AlwaysOn``)."""
-    from llamacpp_instr.always_on import MAX_SAMPLE
+    from llamacpp_instr.running.always_on import MAX_SAMPLE
 
     options = [
         click.option(
@@ -260,7 +260,7 @@ def always_on_options(requests: bool = True) -> Callable[[F], F]:
     def deco(f: F) -> F:
         @functools.wraps(f)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            from llamacpp_instr.always_on import AlwaysOn
+            from llamacpp_instr.running.always_on import AlwaysOn
 
             try:
                 kwargs["always_on"] = AlwaysOn.of(
@@ -386,7 +386,7 @@ def load_log(log: Path, sid: str | None = None, strict: bool = False) -> Session
     said so on stderr, or with ``strict`` the first one a one-line error; against this machine's
     cached peaks, if they fit."""
     from llamacpp_instr.converters import load_session
-    from llamacpp_instr.paths import cache_dir
+    from llamacpp_instr.native.paths import cache_dir
 
     frames = load_session(log, sid, strict=strict, peaks_cache=cache_dir())
     if frames.report.summary():
@@ -416,7 +416,7 @@ def emit(text: str, output: Path | None) -> None:
 
 
 # --- where a model's layers run: -ngl/--gpu-layers, --device, --rpc, --tensor-split -------------
-# (the values and their checks are llamacpp_instr.offload's, shared with the Python API)
+# (the values and their checks are llamacpp_instr.running.offload's, shared with the Python API)
 
 
 class _OffloadValue(click.ParamType):
@@ -453,8 +453,8 @@ def offload_options(
     ``offload.Offload``): -ngl/--gpu-layers, --device, --rpc and --tensor-split, each defined
     here once. ``layers_default``: what -ngl's default is in words, where it is not 0 (a log's
     placement, a search)."""
-    from llamacpp_instr import offload as o
-    from llamacpp_instr.rpc_endpoint import PROBE_TIMEOUT_S
+    from llamacpp_instr.running import offload as o
+    from llamacpp_instr.running.rpc_endpoint import PROBE_TIMEOUT_S
 
     def deco(f: F) -> F:
         @functools.wraps(f)

@@ -79,7 +79,7 @@ def command(
     the overlay and the CMake arguments) and installs it. A second run with nothing changed reuses
     the cached wheel. --vulkan builds (and caches) a wheel with ggml's Vulkan backend too.
     """
-    from llamacpp_instr import build
+    from llamacpp_instr.native import build
 
     def echo(msg: str) -> None:
         click.echo(msg, err=True)
@@ -90,7 +90,7 @@ def command(
     if vulkan and (testing or sanitize):
         raise click.UsageError("--vulkan builds the wheel or, with --tools, the programs")
     if with_tools:
-        from llamacpp_instr import tools
+        from llamacpp_instr.native import tools
 
         # --cuda (issue 19) adds its CMake arguments here, like --vulkan
         extra = cmake_args + (build.VULKAN_CMAKE_ARGS if vulkan else ())

@@ -10,7 +10,7 @@ import click
 from llamacpp_instr.commands import offload_options
 
 if TYPE_CHECKING:
-    from llamacpp_instr.offload import Offload
+    from llamacpp_instr.running.offload import Offload
 
 
 @click.command("doctor")
@@ -23,9 +23,10 @@ def command(offload: Offload) -> None:
     adds RPC servers first, as a run would."""
     import sys
 
-    from llamacpp_instr import bindings, build, devices, pin
     from llamacpp_instr.converters.errors import UserError
-    from llamacpp_instr.paths import PATCHES_DIR
+    from llamacpp_instr.native import bindings, build, pin
+    from llamacpp_instr.native.paths import PATCHES_DIR
+    from llamacpp_instr.running import devices
 
     version = build.installed_llama_cpp_version()
     click.echo(

@@ -19,7 +19,7 @@ from llamacpp_instr.commands import (
 )
 
 if TYPE_CHECKING:
-    from llamacpp_instr.always_on import AlwaysOn
+    from llamacpp_instr.running.always_on import AlwaysOn
 
 
 @click.command(
@@ -79,9 +79,10 @@ def command(
     otherwise (-o wins, and says so); the level, top-k logits, sampling and rotation are always
     the options' own.
     """
-    from llamacpp_instr import build, child, memory, tools
     from llamacpp_instr.converters.errors import UserError
-    from llamacpp_instr.runner import check_writable
+    from llamacpp_instr.native import build, tools
+    from llamacpp_instr.running import child, memory
+    from llamacpp_instr.running.runner import check_writable
 
     if program == "llama-fit-params":
         raise click.UsageError(

@@ -1,6 +1,6 @@
 """``--experts`` of ``instr plan`` and ``instr fit``: a mixture of experts' expert placements
 (``--n-cpu-moe N`` and per-layer ``-ot``) that fit the memory, ranked by predicted speed
-(``llamacpp_instr.moe_plan``)."""
+(``llamacpp_instr.deciding.moe_plan``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 import click
 
 if TYPE_CHECKING:
-    from llamacpp_instr.offload import Offload
+    from llamacpp_instr.running.offload import Offload
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -36,9 +36,9 @@ def rank_experts(
     fmt: str,
 ) -> None:
     """Print the ranked expert placements; exit 3 when none fits."""
-    from llamacpp_instr import moe_plan
     from llamacpp_instr.converters.errors import UserError
-    from llamacpp_instr.memory import OutOfMemory
+    from llamacpp_instr.deciding import moe_plan
+    from llamacpp_instr.running.memory import OutOfMemory
 
     if not logs:
         raise UserError("--experts ranks by speed: give a detailed log of a run of this model")

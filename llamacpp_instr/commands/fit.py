@@ -1,5 +1,5 @@
 """``instr fit``: the largest context, the most offloaded layers and the KV cache type that fit each
-device's memory, from llama.cpp's own projection (``llamacpp_instr.fit``)."""
+device's memory, from llama.cpp's own projection (``llamacpp_instr.deciding.fit``)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from llamacpp_instr.commands import (
 from llamacpp_instr.commands.experts_placement import experts_option, rank_experts
 
 if TYPE_CHECKING:
-    from llamacpp_instr.fit import Answer, Footprint
-    from llamacpp_instr.offload import Offload
+    from llamacpp_instr.deciding.fit import Answer, Footprint
+    from llamacpp_instr.running.offload import Offload
 
 # the columns of the text table, in this order; other purposes follow
 PURPOSES = ("weights", "kv_cache", "compute", "output")
@@ -90,9 +90,11 @@ def command(
     run uses, so the answer is what a run of it measures. Prints the instr run options of the
     answer.
     """
-    from llamacpp_instr import bindings, devices, fit, models
     from llamacpp_instr.converters.errors import UserError
-    from llamacpp_instr.memory import OutOfMemory
+    from llamacpp_instr.deciding import fit
+    from llamacpp_instr.native import bindings, models
+    from llamacpp_instr.running import devices
+    from llamacpp_instr.running.memory import OutOfMemory
 
     path = model if model is not None else models.default_model()
     models.check_gguf(path)
@@ -162,9 +164,9 @@ def _files(path: Path, quants: tuple[str, ...]) -> list[tuple[str, Path]]:
     """(quantization, file) for each --quant: the file itself for its own type, else the file
     quantized into the cache."""
     from llamacpp_instr.converters.errors import UserError
-    from llamacpp_instr.fit import file_type
-    from llamacpp_instr.quant_sweep import quantized
-    from llamacpp_instr.quantize import TYPES
+    from llamacpp_instr.deciding.fit import file_type
+    from llamacpp_instr.deciding.quant_sweep import quantized
+    from llamacpp_instr.deciding.quantize import TYPES
 
     own = file_type(path)
     asked = [q.lower() for q in quants] or [own]
@@ -183,8 +185,8 @@ def _files(path: Path, quants: tuple[str, ...]) -> list[tuple[str, Path]]:
 def _fit_params_program(required: bool) -> Path | None:
     """llama-fit-params of the current patches: required with --compare-llama (a one-line error
     naming the build command if missing), else used when it is built."""
-    from llamacpp_instr import tools
     from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.native import tools
 
     try:
         return tools.find("llama-fit-params")

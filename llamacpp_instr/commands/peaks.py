@@ -15,10 +15,10 @@ from llamacpp_instr.commands import (
     report_options,
     threads_option,
 )
-from llamacpp_instr.peak_probe import DEFAULT_TYPES
+from llamacpp_instr.deciding.peak_probe import DEFAULT_TYPES
 
 if TYPE_CHECKING:
-    from llamacpp_instr.offload import Offload
+    from llamacpp_instr.running.offload import Offload
 
 
 def default_threads() -> int:
@@ -65,10 +65,11 @@ def command(
     logs (an RPC device itself is not probed: ggml-rpc's compute returns before the server has
     run it). --device measures the CPU and only the devices named, adding them to the machine's
     cached peaks."""
-    from llamacpp_instr import bindings, devices
-    from llamacpp_instr import peak_probe as measure
     from llamacpp_instr.converters.session import machine_peaks
-    from llamacpp_instr.paths import cache_dir
+    from llamacpp_instr.deciding import peak_probe as measure
+    from llamacpp_instr.native import bindings
+    from llamacpp_instr.native.paths import cache_dir
+    from llamacpp_instr.running import devices
 
     check_output(output)
     n_threads = threads or default_threads()

@@ -1,5 +1,5 @@
 """``instr plan``: the settings of a model that fit the memory given, ranked by predicted speed
-(``llamacpp_instr.plan``)."""
+(``llamacpp_instr.deciding.plan``)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from llamacpp_instr.commands import (
 from llamacpp_instr.commands.experts_placement import experts_option, rank_experts
 
 if TYPE_CHECKING:
-    from llamacpp_instr.offload import Offload
-    from llamacpp_instr.plan import Candidate
+    from llamacpp_instr.deciding.plan import Candidate
+    from llamacpp_instr.running.offload import Offload
 
 
 @click.command("plan")
@@ -65,10 +65,13 @@ def command(
     and each setting comes with the instr run command that runs it. A setting no log covers stays
     in the list, unranked, with what to run.
     """
-    from llamacpp_instr import bindings, devices, fit, models, plan, predict
     from llamacpp_instr.commands.fit import _files
     from llamacpp_instr.converters.errors import UserError
-    from llamacpp_instr.memory import OutOfMemory
+    from llamacpp_instr.deciding import fit, plan
+    from llamacpp_instr.deciding.prediction import predict
+    from llamacpp_instr.native import bindings, models
+    from llamacpp_instr.running import devices
+    from llamacpp_instr.running.memory import OutOfMemory
 
     models.check_gguf(model)
     if not logs:
@@ -124,8 +127,8 @@ def command(
 def _speculation(logs: list[Path], sessions: list[Any]) -> dict[str, Any] | None:
     """The logs' speculation (llama-server's, with a draft or n-grams): its prediction at every
     draft length (``spec_predict``), or None where no log speculated."""
-    from llamacpp_instr import spec_predict
     from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.deciding.prediction import spec_predict
 
     named = [(str(p), f) for p, f in zip(logs, sessions, strict=True) if f.info.verifies]
     if not named:

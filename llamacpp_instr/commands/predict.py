@@ -1,5 +1,5 @@
 """``instr predict``: prompt and generation tokens/s for a setting not run, priced op by op from
-the ops that detailed logs measured (``llamacpp_instr.predict``)."""
+the ops that detailed logs measured (``llamacpp_instr.deciding.prediction.predict``)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from llamacpp_instr.commands import (
 )
 
 if TYPE_CHECKING:
-    from llamacpp_instr.offload import Offload
-    from llamacpp_instr.predict import Interval, Prediction
+    from llamacpp_instr.deciding.prediction.predict import Interval, Prediction
+    from llamacpp_instr.running.offload import Offload
 
 
 @click.command("predict")
@@ -131,15 +131,15 @@ def command(
     host (-ngl 0 on a Vulkan build), with the weights' copies at the logs' copy rate.
     """
     if spec_n_max is not None:  # speculative decoding: from the logs' verifies alone
-        from llamacpp_instr import spec_predict
+        from llamacpp_instr.deciding.prediction import spec_predict
 
         doc = spec_predict.run(list(logs), spec_n_max, n_predict)
         click.echo(json.dumps(doc, indent=1) if fmt == "json" else spec_predict.render(doc))
         return
-    from llamacpp_instr import models, predict
     from llamacpp_instr.commands.fit import _files
-    from llamacpp_instr.converters.analysis import net_costs
     from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.deciding.prediction import net_costs, predict
+    from llamacpp_instr.native import models
 
     rate_bits = rtt_ns = None
     try:

@@ -19,8 +19,8 @@ from llamacpp_instr.commands import (
 )
 
 if TYPE_CHECKING:
-    from llamacpp_instr.offload import Offload
-    from llamacpp_instr.quant_eval import Progress
+    from llamacpp_instr.deciding.quant_eval import Progress
+    from llamacpp_instr.running.offload import Offload
 
 
 def _progress_bar() -> Progress:
@@ -90,14 +90,14 @@ def command(
     definitions and uncertainties of llama.cpp's `llama-perplexity --kl-divergence`. The text is
     tokenized once with the base's tokenizer and cut into chunks of --chunk-size tokens, evaluated
     teacher-forced from an empty cache; the second half of each chunk is scored."""
-    from llamacpp_instr import quant_eval
     from llamacpp_instr.converters.reports.quant.eval_report import build
     from llamacpp_instr.converters.reports.renderers import render
+    from llamacpp_instr.deciding import quant_eval
 
     check_output(output)
     if layers:
         from llamacpp_instr.converters.errors import UserError
-        from llamacpp_instr.offload import prepare
+        from llamacpp_instr.running.offload import prepare
 
         if prepare(offload).offloading:
             # the native capture copies outputs the CPU backend computed: offloaded layers'
@@ -120,8 +120,8 @@ def command(
     report = build(data)
     if layers:
         from llamacpp_instr.converters.reports.quant.layers_report import layers_sections
-        from llamacpp_instr.quant_eval import scored_chunks
-        from llamacpp_instr.quant_layers import layer_errors
+        from llamacpp_instr.deciding.quant_eval import scored_chunks
+        from llamacpp_instr.deciding.quant_layers import layer_errors
 
         if progress:
             click.echo("quant-eval: per-layer error ...", err=True)

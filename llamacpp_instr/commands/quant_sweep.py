@@ -17,7 +17,7 @@ from llamacpp_instr.commands import (
 )
 
 if TYPE_CHECKING:
-    from llamacpp_instr.offload import Offload
+    from llamacpp_instr.running.offload import Offload
 
 
 @click.command("quant-sweep")
@@ -81,8 +81,8 @@ def command(
     from llamacpp_instr.converters.errors import UserError
     from llamacpp_instr.converters.reports.quant.sweep_report import sweep_report
     from llamacpp_instr.converters.reports.renderers import render
-    from llamacpp_instr.quant_sweep import sweep
-    from llamacpp_instr.quantize import TYPES
+    from llamacpp_instr.deciding.quant_sweep import sweep
+    from llamacpp_instr.deciding.quantize import TYPES
 
     wanted = [t.strip().lower() for t in types.split(",") if t.strip()]
     unknown = [t for t in wanted if t not in TYPES]

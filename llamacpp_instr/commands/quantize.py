@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from llamacpp_instr.commands import output_option, threads_option
-from llamacpp_instr.quantize import TYPES
+from llamacpp_instr.deciding.quantize import TYPES
 
 
 @click.command("quantize")
@@ -22,8 +22,8 @@ def command(src: Path, qtype: str, output: Path, threads: int | None) -> None:
     compounds)."""
     from llamacpp_instr.converters.errors import UserError
     from llamacpp_instr.converters.reports.quant.inventory import from_gguf
-    from llamacpp_instr.quantize import quantize_file
-    from llamacpp_instr.runner import resolve_threads
+    from llamacpp_instr.deciding.quantize import quantize_file
+    from llamacpp_instr.running.runner import resolve_threads
 
     qtype = qtype.lower()
     if qtype not in TYPES:

@@ -42,7 +42,7 @@ def command(
 
     check_output(output)
     frames = load_log(log, sid, strict)
-    from llamacpp_instr.spec_predict import model_price
+    from llamacpp_instr.deciding.prediction.spec_predict import model_price
 
     report = requests_report(frames, top or None, spec_price=model_price)
     if not report.data["requests"]:

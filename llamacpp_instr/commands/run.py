@@ -23,10 +23,10 @@ from llamacpp_instr.commands import (
 from llamacpp_instr.commands.tensor_options import tensor_options
 
 if TYPE_CHECKING:
-    from llamacpp_instr.always_on import AlwaysOn
-    from llamacpp_instr.offload import Offload
-    from llamacpp_instr.runner import RunConfig, RunResult
-    from llamacpp_instr.tensor_overrides import TensorOverrides
+    from llamacpp_instr.running.always_on import AlwaysOn
+    from llamacpp_instr.running.offload import Offload
+    from llamacpp_instr.running.runner import RunConfig, RunResult
+    from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
 
 @click.command("run")
@@ -135,7 +135,8 @@ def command(
     Prints the generated text on stdout and, on stderr, where the session log is and what it holds.
     Ctrl-C ends the session with status `interrupted`; the log stays valid.
     """
-    from llamacpp_instr import models, runner
+    from llamacpp_instr.native import models
+    from llamacpp_instr.running import runner
 
     text = read_prompt(prompt, prompt_file)
     cfg = runner.RunConfig(
@@ -204,8 +205,8 @@ def _run_live(cfg: RunConfig) -> RunResult:
     """Generate while a second thread follows the log as ``instr follow`` does."""
     import threading
 
-    from llamacpp_instr import runner
     from llamacpp_instr.commands.follow import follow
+    from llamacpp_instr.running import runner
 
     cfg.validate()
     if cfg.out is None:

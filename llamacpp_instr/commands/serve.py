@@ -22,9 +22,9 @@ from llamacpp_instr.commands import (
 from llamacpp_instr.commands.tensor_options import tensor_options
 
 if TYPE_CHECKING:
-    from llamacpp_instr.always_on import AlwaysOn
-    from llamacpp_instr.offload import Offload
-    from llamacpp_instr.tensor_overrides import TensorOverrides
+    from llamacpp_instr.running.always_on import AlwaysOn
+    from llamacpp_instr.running.offload import Offload
+    from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
 
 @click.command("serve")
@@ -70,7 +70,8 @@ def command(
     or SIGTERM stops the server and ends the session as `interrupted`; the log stays valid.
     SIGHUP reopens the log at its path (logrotate); --max-bytes rotates it itself. --metrics
     HOST:PORT serves the log's figures to Prometheus from a process of its own (`instr metrics`)."""
-    from llamacpp_instr import models, runner, serve
+    from llamacpp_instr.native import models
+    from llamacpp_instr.running import runner, serve
 
     path = model if model is not None else models.default_model()
     log = output or runner.default_log_name()

@@ -64,7 +64,7 @@ def command(
         from llamacpp_instr.converters.session import machine_peaks
 
         roofline.apply(frames, machine_peaks.for_file(peaks_file, frames.info))
-    from llamacpp_instr.spec_predict import model_price
+    from llamacpp_instr.deciding.prediction.spec_predict import model_price
 
     report = summary_report(frames, by, top or None, spec_price=model_price)
     emit(render(report, fmt, top=top or None), output)

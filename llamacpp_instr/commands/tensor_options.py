@@ -1,5 +1,6 @@
 """The options that place weight tensors by name, as llama.cpp's programs take them:
--ot/--override-tensor, -ncmoe/--n-cpu-moe and -cmoe/--cpu-moe (llamacpp_instr.tensor_overrides)."""
+-ot/--override-tensor, -ncmoe/--n-cpu-moe and -cmoe/--cpu-moe (llamacpp_instr.running.tensor_overrides).
+"""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class _OverrideValue(click.ParamType):
         return self.name
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from llamacpp_instr.tensor_overrides import parse_override
+        from llamacpp_instr.running.tensor_overrides import parse_override
 
         if not isinstance(value, str):
             return value
@@ -40,7 +41,7 @@ def tensor_options(f: F) -> F:
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from llamacpp_instr.tensor_overrides import TensorOverrides
+        from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
         kwargs["tensors"] = TensorOverrides.from_options(
             kwargs.pop("override_tensor", ()) or (),

@@ -91,7 +91,7 @@ def command(
     from llamacpp_instr.converters.session.machine_peaks import session_roofs
     from llamacpp_instr.converters.traces.convert import convert
     from llamacpp_instr.converters.traces.items import Selection
-    from llamacpp_instr.paths import cache_dir
+    from llamacpp_instr.native.paths import cache_dir
 
     if flows and no_ops:
         raise click.UsageError("--flows connects op slices: it cannot go with --no-ops")

@@ -22,7 +22,7 @@ def command(vulkan: bool) -> None:
     sends the times to a patched client, whose log holds them. llama-fit-params (llama.cpp's own
     memory projection) is what `instr fit --compare-llama` shows beside its own.
     """
-    from llamacpp_instr import build, tools
+    from llamacpp_instr.native import build, tools
 
     folder = tools.bin_dir(tools.tools_plan(build.VULKAN_CMAKE_ARGS if vulkan else ()))
     command = tools.BUILD_COMMAND + (" --vulkan" if vulkan else "")

@@ -7,7 +7,7 @@ A peaks file says, for each backend device of the build, the memory bandwidth of
 count, and the GPUs. The cache holds one file per machine under ``<cache>/peaks/``; a log's
 ``session_start.machine`` and ``context.n_threads`` name the file that fits it. Peaks of another
 machine are refused, never used. The cache directory is the caller's to give (the command line's
-is ``llamacpp_instr.paths.cache_dir()``): nothing here decides where it is.
+is ``llamacpp_instr.native.paths.cache_dir()``): nothing here decides where it is.
 """
 
 from __future__ import annotations

@@ -41,14 +41,16 @@ from typing import Any
 
 import numpy as np
 
-from llamacpp_instr import bindings, devices, offload, runner
-from llamacpp_instr.converters.analysis import contention, net_costs, split_costs
+from llamacpp_instr.converters.analysis import contention
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
-from llamacpp_instr.converters.analysis.op_costs import CostModel, GraphCosts, Where
-from llamacpp_instr.converters.analysis.op_fit import fit
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reading.decode.graphs import graph_table
-from llamacpp_instr.tensor_overrides import TensorOverrides
+from llamacpp_instr.deciding.prediction import net_costs, split_costs
+from llamacpp_instr.deciding.prediction.op_costs import CostModel, GraphCosts, Where
+from llamacpp_instr.deciding.prediction.op_fit import fit
+from llamacpp_instr.native import bindings
+from llamacpp_instr.running import devices, offload, runner
+from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
 # llama.cpp's KV cache is read in multiples of this many cells (the pin's get_n_kv)
 KV_PAD = 256
@@ -242,14 +244,14 @@ class GraphBuilder:
     def __init__(self, t: Target) -> None:
         from llama_cpp import _logger
 
-        from llamacpp_instr.fit import Prober
+        from llamacpp_instr.deciding.fit import Prober
 
         _logger.set_verbose(False)
         bindings.load()
         names = [d.name for d in devices.registry()]
         placed = t.offload
         if t.rpc_servers and not placed.rpc:
-            from llamacpp_instr import rpc_standin
+            from llamacpp_instr.running import rpc_standin
 
             placed = replace(placed, rpc=rpc_standin.endpoints(t.rpc_servers))
         devices.add_rpc_servers(placed.rpc)

@@ -25,9 +25,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamacpp_instr import pin
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.paths import PATCHES_DIR, cache_dir
+from llamacpp_instr.native import pin
+from llamacpp_instr.native.paths import PATCHES_DIR, cache_dir
 
 # LLAVA: not needed by the instrumentation and slow to compile. RPC: ggml's RPC backend (one
 # file) is a second backend on any machine, GPU or not: the tests offload layers to it over

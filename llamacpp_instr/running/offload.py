@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.rpc_endpoint import parse_endpoints
+from llamacpp_instr.running.rpc_endpoint import parse_endpoints
 
 ALL = "all"
 # LLAMA_MAX_DEVICES of the pin's llama.h (the length of llama_model_params.tensor_split)
@@ -207,7 +207,7 @@ def prepare(offload: Offload) -> Placement:
     seconds), find ``offload.devices``, and check the split fits them: a one-line UserError
     otherwise, before any model loads. Warns (once) when the options ask for an offload that
     cannot happen: layers with no device to take them, or devices with no layers for them."""
-    from llamacpp_instr import devices
+    from llamacpp_instr.running import devices
 
     devices.add_rpc_servers(offload.rpc)
     if offload.devices is None:

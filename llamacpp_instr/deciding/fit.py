@@ -28,9 +28,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from llamacpp_instr import bindings, devices, memory, models, offload, runner
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.tensor_overrides import TensorOverrides
+from llamacpp_instr.native import bindings, models
+from llamacpp_instr.running import devices, memory, offload, runner
+from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
 # the KV caches fit tries, in order: f16, then q8_0 (a quantized V cache needs flash attention)
 FIT_KV = (("f16", "f16", False), ("q8_0", "q8_0", True))

@@ -248,7 +248,7 @@ def model_price(f: SessionFrames) -> Price | None:
     """``predict``'s price of one token of the target (``instr summary`` and ``instr requests``,
     for a log with no single-token step of the target): its model file as the log names it, at
     the log's threads, priced from the log's own ops; None where it cannot be."""
-    from llamacpp_instr import predict as op_predict
+    from llamacpp_instr.deciding.prediction import predict as op_predict
 
     tgt = next((c for c, r in roles(f.info).items() if r == "target"), None)
     path = Path(str(f.info.contexts.get(tgt or -1, {}).get("model", {}).get("path") or ""))

@@ -23,11 +23,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from llamacpp_instr import devices, fit, offload, predict, runner
 from llamacpp_instr.converters.analysis.frames import SessionFrames
-from llamacpp_instr.converters.analysis.op_costs import CostModel
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.tensor_overrides import CPU, EXPS_REGEX, TensorOverrides
+from llamacpp_instr.deciding import fit
+from llamacpp_instr.deciding.prediction import predict
+from llamacpp_instr.deciding.prediction.op_costs import CostModel
+from llamacpp_instr.running import devices, offload, runner
+from llamacpp_instr.running.tensor_overrides import CPU, EXPS_REGEX, TensorOverrides
 
 
 def ot_rule(layers: tuple[int, ...]) -> str:

@@ -45,9 +45,9 @@ from typing import Any
 
 import numpy as np
 
-from ..reading.decode.graphs import Graph, Node
-from ..session import derive
-from . import split_costs
+from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
+from llamacpp_instr.converters.session import derive
+from llamacpp_instr.deciding.prediction import split_costs
 
 _LAYER_SUFFIX = re.compile(r"-\d+$")
 

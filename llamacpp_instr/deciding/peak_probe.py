@@ -15,9 +15,9 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from llamacpp_instr import bindings
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.session.machine_peaks import DevicePeaks, Peaks
+from llamacpp_instr.native import bindings
 
 # the types the runs use: F32/F16 models and KV caches, the bundled Q4_1, Q4_K_M (Q4_K + Q6_K), Q8_0
 DEFAULT_TYPES = ("f32", "f16", "q4_0", "q4_1", "q4_k", "q6_k", "q8_0")

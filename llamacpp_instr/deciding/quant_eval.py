@@ -76,9 +76,9 @@ from typing import Any
 
 import numpy as np
 
-from llamacpp_instr import models
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.offload import Offload, Placement, prepare
+from llamacpp_instr.native import models
+from llamacpp_instr.running.offload import Offload, Placement, prepare
 
 # llama.cpp skips base probabilities below e^-16 in the KL divergence sum
 LOG_PROB_CUTOFF = -16.0
@@ -450,7 +450,7 @@ def evaluate(
     """Evaluate ``quants`` against ``base`` on ``text``; the report data (see the module doc).
     ``ctx`` is the chunk size in tokens (llama-perplexity's -c, the CLI's --chunk-size);
     ``offload`` places every model's layers (default: all on the CPU)."""
-    from llamacpp_instr.runner import resolve_threads
+    from llamacpp_instr.running.runner import resolve_threads
 
     if ctx < 8:
         raise UserError(f"--chunk-size must be at least 8, got {ctx}")
@@ -465,7 +465,7 @@ def evaluate(
         models.check_gguf(p)
     threads = resolve_threads(threads)
 
-    from llamacpp_instr import bindings
+    from llamacpp_instr.native import bindings
 
     llama_cpp = bindings.import_llama_cpp()
     from llama_cpp import _logger
@@ -531,7 +531,7 @@ def evaluate(
     out_models = []
     for path, acc in zip(paths[1:], accs, strict=True):
         out_models.append({"path": str(path), **acc.summary()})
-    from llamacpp_instr import pin
+    from llamacpp_instr.native import pin
 
     return {
         "text": str(text_path),
@@ -562,7 +562,7 @@ def scored_chunks(base: Path, text: Path | None, ctx: int, n: int) -> list[list[
     """The first ``n`` chunks ``evaluate`` scores: the text tokenized with the base's tokenizer
     (special tokens added, as llama-perplexity does), cut into ``ctx`` tokens, the first of each
     made BOS when the vocabulary adds BOS."""
-    from llamacpp_instr import bindings
+    from llamacpp_instr.native import bindings
 
     llama_cpp = bindings.import_llama_cpp()
     from llama_cpp import _logger

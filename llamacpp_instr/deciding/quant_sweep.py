@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from llamacpp_instr import models
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.offload import Offload, prepare
-from llamacpp_instr.paths import cache_dir
+from llamacpp_instr.native import models
+from llamacpp_instr.native.paths import cache_dir
+from llamacpp_instr.running.offload import Offload, prepare
 
 SPEED_PROMPT = (
     "In the beginning God created the heaven and the earth. And the earth was without form, and "
@@ -44,7 +44,7 @@ def _file_hash(path: Path) -> str:
 
 def quantized(base: Path, qtype: str, threads: int, echo: Echo) -> Path:
     """BASE quantized to ``qtype``, from the cache when it was made before."""
-    from llamacpp_instr.quantize import TYPES, quantize_file
+    from llamacpp_instr.deciding.quantize import TYPES, quantize_file
 
     if qtype not in TYPES:
         raise UserError(f"unknown type {qtype!r}: choose from {', '.join(TYPES)}")
@@ -66,7 +66,7 @@ def _speed_run(
     path: Path, n_predict: int, threads: int, log: Path, offload: Offload
 ) -> dict[str, Any]:
     """One short greedy run at the minimal level; tok/s from its measured steps."""
-    from llamacpp_instr import runner
+    from llamacpp_instr.running import runner
 
     log.unlink(missing_ok=True)
     cfg = runner.RunConfig(
@@ -109,9 +109,9 @@ def sweep(
 ) -> dict[str, Any]:
     """The sweep's data: one entry per model (BASE first), see the module doc; ``offload``
     places every model's layers, in the speed runs and the quality evaluation alike."""
-    from llamacpp_instr import quant_eval
     from llamacpp_instr.converters.reports.quant.inventory import from_gguf
-    from llamacpp_instr.runner import resolve_threads
+    from llamacpp_instr.deciding import quant_eval
+    from llamacpp_instr.running.runner import resolve_threads
 
     models.check_gguf(base)
     if not types:

@@ -16,9 +16,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..reading.decode.graphs import Graph, Node
-from ..session import derive
-from .op_costs import GraphCosts, token_class
+from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
+from llamacpp_instr.converters.session import derive
+from llamacpp_instr.deciding.prediction.op_costs import GraphCosts, token_class
 
 
 def _tokens(shape: str) -> tuple[int, str]:

@@ -10,12 +10,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llamacpp_instr import __version__, bindings, memory, models
-from llamacpp_instr.always_on import AlwaysOn
+from llamacpp_instr import __version__
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.schema import SESSION_LEVELS
-from llamacpp_instr.offload import Offload, Placement, prepare
-from llamacpp_instr.tensor_overrides import TensorOverrides
+from llamacpp_instr.native import bindings, models
+from llamacpp_instr.running import memory
+from llamacpp_instr.running.always_on import AlwaysOn
+from llamacpp_instr.running.offload import Offload, Placement, prepare
+from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
 
 @dataclass
@@ -41,7 +43,7 @@ class RunConfig:
     always_on: AlwaysOn = field(default_factory=AlwaysOn)  # sampling and bounded files
     # where the layers run (-ngl/--gpu-layers, --device, --rpc, --tensor-split)
     offload: Offload = field(default_factory=Offload)
-    # --memory-budget, as the bytes spec the library reads (llamacpp_instr.memory)
+    # --memory-budget, as the bytes spec the library reads (llamacpp_instr.running.memory)
     memory_budget: str | None = None
     # which weight tensors go to which buffer type (-ot/--override-tensor, --n-cpu-moe, --cpu-moe)
     tensors: TensorOverrides = field(default_factory=TensorOverrides)
@@ -242,7 +244,7 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
     Raises ``bindings.SessionError`` after generating if the log lost records (a full disk, a
     removed file): the text was produced, but the log is incomplete.
     """
-    from llamacpp_instr.api import InstrSession, session
+    from llamacpp_instr.running.api import InstrSession, session
 
     cfg.validate()
     out = cfg.out or default_log_name()

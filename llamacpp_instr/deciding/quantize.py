@@ -31,7 +31,7 @@ def quantize_file(
 ) -> None:
     """llama_model_quantize of the pinned build (in a thread, so ``progress`` can report);
     ``threads`` 0 lets llama.cpp use every core."""
-    from llamacpp_instr import bindings
+    from llamacpp_instr.native import bindings
 
     llama_cpp = bindings.import_llama_cpp()
     params = llama_cpp.llama_model_quantize_default_params()

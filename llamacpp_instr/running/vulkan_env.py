@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from llamacpp_instr.paths import cache_dir
+from llamacpp_instr.native.paths import cache_dir
 
 
 def shader_cache_dir() -> Path:

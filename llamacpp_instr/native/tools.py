@@ -21,9 +21,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from llamacpp_instr import build, pin
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.paths import cache_dir
+from llamacpp_instr.native import build, pin
+from llamacpp_instr.native.paths import cache_dir
 
 PROGRAMS = (
     "llama-server",

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from ..reading.decode.graphs import Graph
-from . import net_costs
+from llamacpp_instr.converters.reading.decode.graphs import Graph
+from llamacpp_instr.deciding.prediction import net_costs
 
 # (node name, weight name) -> the device holding that weight
 Holders = dict[tuple[str, str], str]

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from llamacpp_instr import bindings
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.offload import Offload, Placement, prepare
+from llamacpp_instr.native import bindings
+from llamacpp_instr.running.offload import Offload, Placement, prepare
 
 PATTERNS = ["l_out-*", "attn_out-*", "ffn_out-*"]
 KINDS = ("l_out", "attn_out", "ffn_out")

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import net_costs, split_costs
-from .expert_traffic import ExpertTraffic
-from .op_costs import (
+from llamacpp_instr.deciding.prediction import net_costs, split_costs
+from llamacpp_instr.deciding.prediction.expert_traffic import ExpertTraffic
+from llamacpp_instr.deciding.prediction.op_costs import (
     FIXED_PERCENTILE,
     ROOF_PERCENTILE,
     ClassKey,

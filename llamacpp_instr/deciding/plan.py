@@ -17,9 +17,11 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-from llamacpp_instr import devices, fit, offload, predict
 from llamacpp_instr.converters.analysis.frames import SessionFrames
-from llamacpp_instr.converters.analysis.op_costs import CostModel
+from llamacpp_instr.deciding import fit
+from llamacpp_instr.deciding.prediction import predict
+from llamacpp_instr.deciding.prediction.op_costs import CostModel
+from llamacpp_instr.running import devices, offload
 
 
 @dataclass
@@ -130,7 +132,7 @@ def measure_memory(cands: list[Candidate], limits: dict[str, int], base: offload
     overflows."""
     from dataclasses import replace
 
-    from llamacpp_instr import runner
+    from llamacpp_instr.running import runner
 
     names = [d.name for d in devices.registry()]
     probers: dict[tuple[Path, int], fit.Prober] = {}

@@ -14,8 +14,8 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from llamacpp_instr import bindings
 from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.native import bindings
 
 # enum ggml_backend_dev_type, in the pin's order
 DEVICE_TYPES = ("cpu", "gpu", "igpu", "accel", "meta")
@@ -156,7 +156,7 @@ def add_rpc_servers(endpoints: tuple[str, ...]) -> None:
     (``rpc_endpoint.check_all``): ggml aborts the process on one that fails. A server already
     registered in this process is not added twice; registered devices stay for the life of the
     process."""
-    from llamacpp_instr import rpc_endpoint
+    from llamacpp_instr.running import rpc_endpoint
 
     if not endpoints:
         return

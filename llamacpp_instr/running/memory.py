@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamacpp_instr.always_on import parse_size
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.session.memory import failure_line, size
+from llamacpp_instr.running.always_on import parse_size
 
 ENV_VAR = "LLAMA_INSTR_MEMORY_BUDGET"
 

@@ -28,12 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamacpp_instr import __version__, bindings, memory
-from llamacpp_instr.always_on import AlwaysOn
+from llamacpp_instr import __version__
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reading.reader import iter_records
-from llamacpp_instr.offload import Offload, prepare
-from llamacpp_instr.tensor_overrides import TensorOverrides
+from llamacpp_instr.native import bindings
+from llamacpp_instr.running import memory
+from llamacpp_instr.running.always_on import AlwaysOn
+from llamacpp_instr.running.offload import Offload, prepare
+from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
 # At shutdown, how long to wait for a worker thread still using the model (a generation the server
 # cannot cancel) before exiting without freeing it.
@@ -330,7 +332,7 @@ def _load_app(
     """llama-cpp-python's server app with its ``Llama`` loaded inside the placement's and the
     tensor rules' loading contexts, and that ``Llama``; a load that fails is one line (out of
     memory, or why the model would not load)."""
-    from llamacpp_instr import models
+    from llamacpp_instr.native import models
 
     try:
         from llama_cpp.server import app as server_app
@@ -384,9 +386,9 @@ def serve(
 ) -> ServeResult:
     """Serve ``model`` until SIGINT or SIGTERM; the session log stays valid either way. SIGHUP
     reopens the log at its path; ``always_on`` samples and rotates it."""
-    from llamacpp_instr import models
-    from llamacpp_instr.api import InstrSession, session
-    from llamacpp_instr.runner import check_writable, resolve_threads
+    from llamacpp_instr.native import models
+    from llamacpp_instr.running.api import InstrSession, session
+    from llamacpp_instr.running.runner import check_writable, resolve_threads
 
     models.check_gguf(model)
     check_writable(out)

@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llamacpp_instr import __version__, bindings
-from llamacpp_instr.always_on import AlwaysOn
+from llamacpp_instr import __version__
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.schema import SESSION_LEVELS
+from llamacpp_instr.native import bindings
+from llamacpp_instr.running.always_on import AlwaysOn
 
 
 @dataclass
@@ -93,7 +94,7 @@ def set_memory_budget(budget: str | dict[str, int] | None) -> None:
     ``"CPU=2G,Vulkan0=512M"`` or ``{"CPU": 2 << 30}``; None removes it. A buffer beyond a
     device's budget then fails to allocate as it would on a device out of memory, and
     llama.cpp's own memory query reports the budget. Set it before loading the model."""
-    from llamacpp_instr import memory
+    from llamacpp_instr.running import memory
 
     if budget is None:
         spec = ""
@@ -108,7 +109,7 @@ def memory_failure() -> str | None:
     """The last allocation that failed in this process, in one line: where, what it was for,
     what was free and held there, and what would free how much (None if none failed). The
     same line ``instr run`` ends with when a model or context does not fit."""
-    from llamacpp_instr import memory
+    from llamacpp_instr.running import memory
 
     failure = bindings.load().memory_failure()
     return None if failure is None else memory.message(failure)
@@ -134,7 +135,7 @@ def session(
     open their sessions here too and say which they are) or else ``"api"``. A second session while
     one is open is an error (one per process).
 
-    Always on (``llamacpp_instr.always_on``): ``sample`` records one decode step in N at ``level``
+    Always on (``llamacpp_instr.running.always_on``): ``sample`` records one decode step in N at ``level``
     and the others at minimal; ``sample_requests`` the steps of one request in N (requests begun
     with ``bindings.InstrLib.request_begin``); ``max_bytes`` rotates the log at that size, keeping
     ``keep`` older files (default 8); ``reopen()`` reopens it at its path (after logrotate).

@@ -145,7 +145,7 @@ class _Override(ctypes.Structure):
 def buffer_types() -> dict[str, int]:
     """Every device's buffer type by name (ggml_backend_buft_name of ggml_backend_dev_buffer_type),
     as llama.cpp's -ot finds them: ``CPU``, ``Vulkan0``, ``RPC0[host:port]``..."""
-    from llamacpp_instr import devices
+    from llamacpp_instr.running import devices
 
     lib = devices._lib()
     c = ctypes

@@ -21,8 +21,8 @@ The rule:
 - The figures shown: that share; the kind's p90/p50 of the steps' durations over their group's
   median; and p50/p10, its groups' medians over their fast steps (the median of those ratios).
   A quiet machine's are both under ``QUIET_P90`` (1.5); a contended one's many times that,
-  either one (p90/p50 was 1.4 in a run of 2 threads against 4 processes burning the same 2
-  cores, with 37 of 63 steps slow: the median was delayed too).
+  either one (p90/p50 was 3 to 10, with 13 to 18 of 63 steps slow, in runs of SmolLM2 on 2
+  threads against 4 processes burning the same 2 cores 150 ms of every 200).
 
 Every committed fixture (tests/fixtures) has at most 3 steps of one shape: none is flagged (too
 few steps to tell), and none has a slow step.

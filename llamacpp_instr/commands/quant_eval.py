@@ -13,6 +13,7 @@ from llamacpp_instr.commands import (
     check_output,
     chunk_size_options,
     emit,
+    kv_type_options,
     offload_options,
     report_options,
     threads_option,
@@ -46,7 +47,7 @@ def _progress_bar() -> Progress:
 
 @click.command("quant-eval")
 @click.argument("base", type=click.Path(path_type=Path))
-@click.argument("quants", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("quants", nargs=-1, type=click.Path(path_type=Path))
 @click.option(
     "--text",
     "text",
@@ -63,6 +64,13 @@ def _progress_bar() -> Progress:
     help="Evaluate only the first N chunks (default: all full chunks).",
 )
 @threads_option
+@kv_type_options
+@click.option(
+    "--flash-attn/--no-flash-attn",
+    "flash_attn",
+    default=None,
+    help="Flash attention for every model (default: llama.cpp's auto, as llama-perplexity).",
+)
 @offload_options()
 @click.option(
     "--layers/--no-layers",
@@ -79,6 +87,9 @@ def command(
     chunk_size: int,
     chunks: int | None,
     threads: int | None,
+    type_k: str,
+    type_v: str,
+    flash_attn: bool | None,
     offload: Offload,
     layers: bool,
     fmt: str,
@@ -89,12 +100,26 @@ def command(
     change in the correct token's probability) and how often the top token agrees; with the
     definitions and uncertainties of llama.cpp's `llama-perplexity --kl-divergence`. The text is
     tokenized once with the base's tokenizer and cut into chunks of --chunk-size tokens, evaluated
-    teacher-forced from an empty cache; the second half of each chunk is scored."""
+    teacher-forced from an empty cache; the second half of each chunk is scored.
+
+    -ctk/-ctv give the quants' KV cache (the base's stays f16, the reference): the divergence is
+    then their weights' and their cache's together; with no QUANT, the base itself with that
+    cache is compared with the base (what the cache alone costs). The KL divergence by context
+    position (every position of a chunk, in bins) shows the error growing with the tokens the
+    cache holds."""
     from llamacpp_instr import quant_eval
     from llamacpp_instr.converters.reports.quant.eval_report import build
     from llamacpp_instr.converters.reports.renderers import render
 
     check_output(output)
+    kv = quant_eval.KvCache(type_k, type_v, flash_attn)
+    if layers and kv.quantized:
+        from llamacpp_instr.converters.errors import UserError
+
+        raise UserError(
+            "--layers measures the weights' error with an f16 KV cache: give it "
+            "without -ctk/-ctv"
+        )
     if layers:
         from llamacpp_instr.converters.errors import UserError
         from llamacpp_instr.offload import prepare
@@ -116,6 +141,7 @@ def command(
         threads=threads,
         progress=progress,
         offload=offload,
+        kv=kv,
     )
     report = build(data)
     if layers:
@@ -127,7 +153,7 @@ def command(
             click.echo("quant-eval: per-layer error ...", err=True)
         scored = scored_chunks(base, text, chunk_size, int(data["chunks"]))
         per_layer = layer_errors(
-            base, quants, scored, chunk_size, int(data["threads"]), offload=offload
+            base, list(quants), scored, chunk_size, int(data["threads"]), offload=offload
         )
         report.sections += layers_sections(per_layer, base.name)
         report.data["layers"] = per_layer

@@ -1,0 +1,115 @@
+"""The interval of a prediction (``instr predict``, ``instr plan``): a 90 % prediction interval
+made of the logs themselves, predicted from each other.
+
+Leave one out over the logs (``op_fit._held_out``): each log's setting is predicted by the model
+of the other logs alone, where they cover it, and ``r`` is the natural log of its measured time
+over that prediction. With ``n`` such residuals, the interval is the prediction times
+``exp(+-t95(n) * s)``, ``s = sqrt(mean(r^2))``: the residuals' spread about 0 (a bias widens it
+rather than being corrected), ``t95`` Student's t distribution's 95th percentile at ``n``
+degrees of freedom: the two-sided 90 % prediction interval of one more residual where they are
+normal with mean 0, the spread estimated from ``n`` of them (few logs, a wide interval). A
+residual includes the held-out run's own noise (another process slowing it), as the setting's
+run will.
+
+A thread count no log ran (``op_threads``) is priced between two bounds: every op ``T/T'`` times
+its time (the bandwidth scaling with the threads too) and every op its time (no roof moving).
+Where logs at another thread count than the others' were held out, their residuals
+(``held_out_threads``) make the interval as above; otherwise it is the bounds, each widened by
+the same-thread residuals' half-width.
+
+Where no log could be held out (one log, or none the others cover), the interval is the spread of
+the measured-over-priced ratio over the logs' own steps (its 10th to 90th percentiles, and 5 %
+at least each way): the model's fit on its own data, which says nothing of a setting not run;
+``basis`` says which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llamacpp_instr.converters.analysis.op_costs import CostModel
+
+# the least relative half-width of an interval from the logs' own steps
+MIN_SPREAD = 0.05
+# Student's t distribution's 95th percentile at 1, 2, ... 30 degrees of freedom (a two-sided 90 %
+# interval), as statistics tables give it
+T95 = dict(enumerate((
+    6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812,
+    1.796, 1.782, 1.771, 1.761, 1.753, 1.746, 1.740, 1.734, 1.729, 1.725,
+    1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701, 1.699, 1.697,
+), start=1))  # fmt: skip
+
+
+@dataclass
+class Interval:
+    value: float
+    low: float
+    high: float
+    # what the interval is made of: "held-out" (the logs predicted from each other, ``held_out``
+    # of them), "thread bounds" (a thread count no log ran: module doc) or "steps" (the spread of
+    # the logs' own steps: no log could be held out)
+    basis: str = "steps"
+    held_out: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "low": self.low,
+            "high": self.high,
+            "basis": self.basis,
+            "held_out": self.held_out,
+        }
+
+
+def t95(dof: int) -> float:
+    """Student's t distribution's 95th percentile at ``dof`` degrees of freedom (``T95``; the
+    table's last, 30's, beyond it: a little wider than the normal's 1.645)."""
+    return T95[min(max(dof, 1), len(T95))]
+
+
+def half_width(residuals: list[float] | None) -> float | None:
+    """``t95(n) * sqrt(mean(r^2))`` of ``n`` residuals (module doc); None without any."""
+    if not residuals:
+        return None
+    r = np.asarray(residuals, np.float64)
+    return t95(len(r)) * float(np.sqrt(np.mean(r * r)))
+
+
+def interval(
+    tokens: int,
+    ns: float,
+    model: CostModel,
+    kind: str,
+    devices: frozenset[str],
+    bounds: tuple[float, float] | None = None,
+) -> Interval:
+    """Tokens/s for ``tokens`` in ``ns`` as priced, scaled by the logs' measured time over the
+    model's price of it (``CostModel.level`` on the target's ``devices``), with its 90 %
+    interval (module doc); ``bounds``: at a thread count no log ran, the two bounding prices."""
+    level = model.level(kind, devices) or 1.0
+    per_s = 1e9 * tokens
+    value = per_s / (ns * level)
+    half = half_width(model.held_out.get(kind))
+    if bounds is not None:
+        across = half_width(model.held_out_threads.get(kind))
+        if across is not None:
+            n = len(model.held_out_threads[kind])
+            return Interval(value, value * np.exp(-across), value * np.exp(across), "held-out", n)
+        fast, slow = min(bounds), max(bounds)
+        widen = np.exp(half or 0.0)
+        low = min(value, per_s / (slow * level)) / widen
+        high = max(value, per_s / (fast * level)) * widen
+        return Interval(value, low, high, "thread bounds", len(model.held_out.get(kind, [])))
+    if half is not None:
+        n = len(model.held_out[kind])
+        return Interval(value, value * np.exp(-half), value * np.exp(half), "held-out", n)
+    ratios = model.self_ratios.get(kind)
+    base = model.self_level.get(kind)
+    if ratios is None or not len(ratios) or not base or base <= 0:
+        ratios = np.array([1.0])
+    lo = min(float(np.percentile(ratios, 10)), level * (1 - MIN_SPREAD))
+    hi = max(float(np.percentile(ratios, 90)), level * (1 + MIN_SPREAD))
+    return Interval(value=value, low=per_s / (ns * hi), high=per_s / (ns * lo))

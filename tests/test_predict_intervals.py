@@ -1,0 +1,203 @@
+"""instr predict's intervals (issue 53 §2) and thread counts no log ran (§5), on tiny models.
+
+The leave-one-out residuals the intervals are made of are what ``predict`` itself says of each
+log from the others (two paths through the code: the log's own graphs, and the graphs llama.cpp
+builds for the setting); the interval is ``t95(n)`` times their root mean square, worked out here
+by hand. At a thread count no log ran each op is priced on its class's line at the roofs of that
+count (the compute roofs scaled with the threads, the bandwidth kept), which the test works out
+op by op from the roofs; the interval spans the bounds, the flat one being the source thread
+count's own price. Nothing here is timed: the accuracy of these predictions is bench/predict.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support import FIXTURES, RunLog, assert_one_line_error, instr, make_run
+
+
+def test_t95_is_students_t() -> None:
+    from llamacpp_instr.intervals import T95, t95
+
+    # textbook values of Student's t 95th percentile
+    assert (t95(1), t95(2), t95(5), t95(10), t95(30)) == (6.314, 2.920, 2.015, 1.812, 1.697)
+    assert t95(200) == 1.697 and t95(0) == 6.314
+    try:
+        from scipy import stats
+    except ImportError:
+        return
+    assert all(abs(v - stats.t.ppf(0.95, k)) < 5e-4 for k, v in T95.items())
+
+
+def _model(**kw: Any) -> Any:
+    from llamacpp_instr.converters.analysis.op_costs import CostModel
+
+    return CostModel(fits={}, roofs={}, fused=set(), overhead={}, **kw)
+
+
+def test_the_interval_by_hand() -> None:
+    """10 tokens in 0.1 s at a level of 1.25: 80 tok/s. From the residuals 0.1, -0.2, 0.05:
+    2.353 * sqrt((0.01 + 0.04 + 0.0025) / 3) = 0.31127 each way; at a thread count no log ran,
+    from the bounds' own tokens/s (40 and 160) out; with no residual, the steps' 10th and 90th
+    percentile ratios (1.04 and 1.36)."""
+    from llamacpp_instr.intervals import interval
+
+    cpu = frozenset({"CPU"})
+    m = _model(self_level={"gen": 1.25}, held_out={"gen": [0.1, -0.2, 0.05]})
+    iv = interval(10, 1e8, m, "gen", cpu)
+    half = 2.353 * math.sqrt(0.0525 / 3)
+    assert half == pytest.approx(0.311273, rel=1e-5)
+    assert (iv.value, iv.basis, iv.held_out) == (pytest.approx(80.0), "held-out", 3)
+    assert iv.low == pytest.approx(80 * math.exp(-half)) and iv.high == pytest.approx(
+        80 * math.exp(half)
+    )
+    iv = interval(10, 1e8, m, "gen", cpu, bounds=(2e8, 5e7))
+    assert iv.basis == "thread bounds" and iv.value == pytest.approx(80.0)
+    assert iv.low == pytest.approx(40 * math.exp(-half))
+    assert iv.high == pytest.approx(160 * math.exp(half))
+    across = replace(m, held_out_threads={"gen": [0.3]})
+    iv = interval(10, 1e8, across, "gen", cpu, bounds=(2e8, 5e7))
+    assert iv.basis == "held-out" and iv.high == pytest.approx(80 * math.exp(6.314 * 0.3))
+    steps = _model(
+        self_level={"gen": 1.25}, self_ratios={"gen": np.array([1.0, 1.1, 1.2, 1.3, 1.4])}
+    )
+    iv = interval(10, 1e8, steps, "gen", cpu)
+    assert iv.basis == "steps"
+    assert (iv.low, iv.high) == (pytest.approx(1e10 / 1.36e8), pytest.approx(1e10 / 1.04e8))
+
+
+@pytest.fixture(scope="module")
+def twins(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path_factory: pytest.TempPathFactory
+) -> list[Path]:
+    """Two runs of the same setting (each covers the other), and one of it at 1 thread."""
+    d = tmp_path_factory.mktemp("intervals")
+    out = [make_run(tiny_llama_f32, d / f"t2-{k}.log", "detailed", n_predict=6) for k in (0, 1)]
+    out.append(make_run(tiny_llama_f32, d / "t1.log", "detailed", n_predict=6, threads=1))
+    return [r.log_path for r in out]
+
+
+def _said(log: Path, others: list[Path]) -> dict[str, float]:
+    """What predict says of ``log``'s own setting from ``others`` (the graphs llama.cpp builds),
+    as the natural log of the measured time over the predicted: the held-out residual."""
+    from llamacpp_instr import predict
+
+    sessions = [predict.load_session(p) for p in others]
+    sf = predict.load_session(log)
+    p = predict.price(predict.default_target(sf, None), predict.fit(sessions), sessions, [])
+    m = predict.measured(sf)
+    out = {}
+    for kind, iv in (("prompt", p.prompt), ("gen", p.gen)):
+        assert iv is not None and m[kind]
+        out[kind] = math.log(iv.value / m[kind])
+    return out
+
+
+def test_the_held_out_residuals_are_what_predict_says(
+    twins: list[Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """fit's leave-one-out residuals over two logs equal what predict says of each log's own
+    setting from the other alone; the interval of predict from both is t95(2) times their root
+    mean square. A log at a thread count the others did not run goes to the residuals across
+    thread counts, priced from the others' (the bandwidth saturated: no peaks in this cache)."""
+    from llamacpp_instr import predict
+
+    monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path))
+    a, b, one = twins
+    model = predict.fit([predict.load_session(p) for p in (a, b)])
+    said = [_said(a, [b]), _said(b, [a])]
+    for kind in ("prompt", "gen"):
+        assert model.held_out[kind] == pytest.approx([s[kind] for s in said], rel=1e-6, abs=1e-9)
+    assert model.held_out_threads == {}
+    r = instr(
+        "predict", str(a), str(b), "--format", "json", env={"LLAMACPP_INSTR_CACHE": str(tmp_path)}
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    for kind, key in (("prompt", "prompt_tokens_per_s"), ("gen", "gen_tokens_per_s")):
+        iv = doc[key]
+        res = np.array([s[kind] for s in said])
+        half = 2.920 * math.sqrt(float(np.mean(res * res)))
+        assert (iv["basis"], iv["held_out"]) == ("held-out", 2)
+        assert iv["low"] == pytest.approx(iv["value"] * math.exp(-half), rel=1e-6)
+        assert iv["high"] == pytest.approx(iv["value"] * math.exp(half), rel=1e-6)
+
+    across = predict.fit([predict.load_session(p) for p in (a, one)])
+    assert across.held_out == {}
+    said = [_said(a, [one]), _said(one, [a])]
+    for kind in ("prompt", "gen"):
+        got = across.held_out_threads[kind]
+        assert got == pytest.approx([s[kind] for s in said], rel=1e-6, abs=1e-9)
+
+
+def test_each_op_at_one_thread_from_a_two_thread_log() -> None:
+    """The committed tiny log ran 2 threads. At 1, each op of its graphs is priced on its class's
+    line at its work at the 1-thread roofs: its bytes at the logs' bandwidth, its FLOPs at half
+    the compute roof, worked out here from the roofs; a memory-bound op keeps its price, a
+    compute-bound one doubles its time beyond the fixed cost."""
+    from llamacpp_instr.converters.analysis import op_threads
+    from llamacpp_instr.converters.analysis.op_costs import GraphCosts, Where
+    from llamacpp_instr.converters.analysis.op_fit import fit
+    from llamacpp_instr.predict import load_session
+
+    sf = load_session(FIXTURES / "tiny-llama-detailed.log.gz")
+    model = fit([sf])
+    one = op_threads.scale(model, 1)
+    roofs = model.roofs[Where("CPU", 2)]
+    kinds = {"memory": 0, "compute": 0}
+    for g in sf.graphs.values():
+        gc = GraphCosts.of(g)
+        cpu = ["CPU"] * len(gc.labels)
+        at2, missing = model.price(gc, cpu, 2)
+        at1, missing1 = one.price(gc, cpu, 1)
+        assert missing == missing1 == []
+        for k in np.flatnonzero(at2):
+            lab, typ = gc.labels[k], gc.types[k]
+            comp = roofs.compute.get(typ.removeprefix("kv "), roofs.compute_any)
+            comp = comp if lab.startswith("MUL_MAT") else roofs.compute_any
+            mem, flops = gc.bytes[k] / roofs.bandwidth, gc.flops[k] / comp
+            w2, w1 = max(mem, flops), max(mem, 2 * flops)
+            fit_ = model.lookup(Where("CPU", 2), gc.tokens[k], lab, typ, gc.roles[k], w2)
+            assert fit_ is not None
+            assert at2[k] == pytest.approx(fit_.fixed + fit_.slope * w2, rel=1e-9)
+            assert at1[k] == pytest.approx(fit_.fixed + fit_.slope * w1, rel=1e-9)
+            if mem >= 2 * flops:
+                assert at1[k] == at2[k]
+                kinds["memory"] += 1
+            elif flops > mem and fit_.slope > 0:
+                assert at1[k] - fit_.fixed == pytest.approx(2 * (at2[k] - fit_.fixed), rel=1e-9)
+                kinds["compute"] += 1
+    assert kinds["memory"] >= 10 and kinds["compute"] >= 5, kinds
+
+
+def test_one_thread_from_a_two_thread_log_is_predicted(tiny_detailed: RunLog) -> None:
+    """predict --threads 1 from a 2-thread log (it was refused): a prediction, said to be priced
+    from 2 threads, whose interval runs from every op taking twice its time (at least half the
+    2-thread speed) to the 2-thread prediction itself (no op slower)."""
+    r = instr("predict", str(tiny_detailed.path), "--threads", "1", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    at2 = json.loads(instr("predict", str(tiny_detailed.path), "--format", "json").stdout)
+    assert "priced from the logs' 2" in doc["threads_from"]
+    assert at2["threads_from"] is None
+    for key in ("prompt_tokens_per_s", "gen_tokens_per_s"):
+        iv, own = doc[key], at2[key]
+        assert iv["basis"] == "thread bounds"
+        assert iv["high"] == pytest.approx(own["value"], rel=1e-9)
+        assert own["value"] / 2 <= iv["low"] <= iv["value"] <= iv["high"]
+    text = instr("predict", str(tiny_detailed.path), "--threads", "1").stdout
+    assert "threads: 1 threads priced from the logs' 2" in text
+
+
+def test_threads_beyond_the_cpus_are_not_covered(tiny_detailed: RunLog) -> None:
+    n = int(tiny_detailed.start["machine"]["n_cpus"]) + 1
+    r = instr("predict", str(tiny_detailed.path), "--threads", str(n))
+    assert_one_line_error(r, "not covered")
+    assert f"the CPU at {n} threads" in r.stdout and "CPUs" in r.stdout
+    assert f"--threads {n}" in r.stdout and "not predicted" in r.stdout

@@ -196,8 +196,8 @@ def _basis(p: Prediction) -> str:
         return "nothing predicted."
     if iv.basis == "held-out":
         return (
-            f"the intervals hold 90 % of what {iv.held_out} log(s), each predicted from the "
-            "others, measured (leave one out)."
+            f"90 % intervals from how far {iv.held_out} log(s) were from their prediction by the "
+            "others (leave one out)."
         )
     if iv.basis == "thread bounds":
         return (

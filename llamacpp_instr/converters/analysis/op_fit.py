@@ -218,17 +218,26 @@ def threads_of(frames: Any) -> int:
 
 
 def fit(
-    sessions: Iterable[Any], graphs: list[LogGraphs] | None = None, held_out: bool = True
+    sessions: Iterable[Any],
+    graphs: list[LogGraphs] | None = None,
+    held_out: bool = True,
+    memo: dict[Any, Any] | None = None,
 ) -> CostModel:
     """The cost model of the sessions' timed ops (``SessionFrames`` with ops); ``graphs``: their
     ``log_graphs`` where worked out already; ``held_out``: each log also predicted from the others
-    (``_held_out``)."""
+    (``_held_out``); ``memo``: a dict kept by a caller that fits many sets of the same sessions
+    (bench/predict.py, leave one out twice over): each session's graphs and each set's held-out
+    model kept there by the sessions' ids, which must stay alive as long as it."""
     parts = []
     fusion = _Fusion()
     overhead_rows: list[tuple[Where, str, float]] = []
     sessions = list(sessions)
     if graphs is None:
-        graphs = [log_graphs(sf) if not sf.ops.empty else {} for sf in sessions]
+        memo_ = memo if memo is not None else {}
+        for sf in sessions:
+            if ("graphs", id(sf)) not in memo_:
+                memo_[("graphs", id(sf))] = log_graphs(sf) if not sf.ops.empty else {}
+        graphs = [memo_[("graphs", id(sf))] for sf in sessions]
     for sf, g in zip(sessions, graphs, strict=True):
         threads = threads_of(sf)
         df = _op_frame(sf, g, _devices_of(sf))
@@ -288,7 +297,7 @@ def fit(
     )
     _self_check(model, sessions, graphs)
     if held_out:
-        _held_out(model, sessions, graphs)
+        _held_out(model, sessions, graphs, {} if memo is None else memo)
     return model
 
 
@@ -369,7 +378,9 @@ def _self_check(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) 
     model.self_level_on = {k: float(np.median(v)) for k, v in levels_on.items()}
 
 
-def _held_out(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) -> None:
+def _held_out(
+    model: CostModel, sessions: list[Any], graphs: list[LogGraphs], memo: dict[Any, Any]
+) -> None:
     """Leave one out over the logs: each log's own setting predicted by the model of the others
     (fitted on them alone, its level theirs), where they cover it whole (every class measured,
     no op beyond its class's sizes); per kind the log of its measured time over that prediction
@@ -382,7 +393,10 @@ def _held_out(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) ->
         others = [k for k in range(len(sessions)) if k != i and not sessions[k].ops.empty]
         if not others:
             continue
-        m = fit([sessions[k] for k in others], [graphs[k] for k in others], held_out=False)
+        key = ("fit", frozenset(id(sessions[k]) for k in others))
+        if key not in memo:
+            memo[key] = fit([sessions[k] for k in others], [graphs[k] for k in others], False)
+        m = memo[key]
         threads = threads_of(sf)
         across = threads not in op_threads.cpu_threads(m)
         if across:  # a thread count the others did not run: priced from theirs

@@ -64,11 +64,12 @@ The KV cache and attention (``-ctk/-ctv``, ``--flash-attn``)
     model (on, off, or llama.cpp's auto, llama-perplexity's default); a quantized V cache needs it.
 
 KL divergence by context position
-    Every position of a chunk is compared, not only the scored half: the logits at position ``p``
-    (having seen ``p + 1`` tokens of context) against the base's, the same KLD as above, averaged
-    over the chunks in ``POSITION_BINS`` bins of equal width over positions ``0 .. ctx-2``, each
-    with its mean's uncertainty (``err`` above). A quantized cache's error builds up with the
-    tokens written to it; the headline statistics stay llama-perplexity's (the second half).
+    The per-token KLD by its position in the chunk (the logits at position ``p`` have seen
+    ``p + 1`` tokens of context), averaged over the chunks in ``POSITION_BINS`` bins of equal
+    width, each with its mean's uncertainty (``err`` above): over the scored positions
+    ``first .. ctx-2``, or with ``all_positions`` over every position ``0 .. ctx-2`` (the logits of
+    the whole chunk are then output: twice the output buffer). A quantized cache's error builds
+    up with the tokens written to it; the headline statistics stay llama-perplexity's.
 
 Memory stays bounded: all models are loaded, each with its own context; for each chunk the base
 is decoded, then each quant, and the statistics are computed straight from the contexts' logits
@@ -221,23 +222,23 @@ class _Model:
             n_max = -n
         raise UserError("llama.cpp failed to tokenize the text")
 
-    def decode(self, chunk: np.ndarray) -> np.ndarray:
-        """Decode one chunk from an empty KV cache, logits at every position: the rows
-        ``0 .. ctx-2`` as a (ctx-1, n_vocab) float32 view of the context's buffer (valid until
-        this context decodes again)."""
+    def decode(self, chunk: np.ndarray, first: int) -> np.ndarray:
+        """Decode one chunk from an empty KV cache, logits for positions ``first..``: the rows
+        ``first .. ctx-2`` as a (ctx-1-first, n_vocab) float32 view of the context's buffer (valid
+        until this context decodes again)."""
         lc = self.lc
         ctx = self.n_ctx
-        first = 0
         lc.llama_memory_clear(lc.llama_get_memory(self.ctx), True)
         self._tok[:] = chunk
         if self.add_bos:
             self._tok[0] = self.bos
-        self._out[:] = 1
+        self._out[:] = 0
+        self._out[first:] = 1
         self.batch.n_tokens = ctx
         rc = lc.llama_decode(self.ctx, self.batch)
         if rc != 0:
             raise UserError(f"llama_decode failed ({rc}) on {self.path}")
-        n = ctx - 1
+        n = ctx - 1 - first
         p0 = lc.llama_get_logits_ith(self.ctx, first)
         p1 = lc.llama_get_logits_ith(self.ctx, ctx - 2)
         a0 = ctypes.cast(p0, ctypes.c_void_p).value or 0
@@ -333,19 +334,21 @@ def _score(
     tokens: np.ndarray,
     n_chunk: int,
     progress: Progress | None,
+    all_positions: bool = False,
 ) -> tuple[list[Accumulator], list[ByPosition], float, float]:
     """Decode every chunk with every model and compare each quant's logits with the base's: the
-    accumulators of the scored half, the KLD by position of every position, and the base's nll
-    sum and sum of squares over the scored tokens."""
+    accumulators of the scored half, the KLD by position (of the scored half, or of every
+    position), and the base's nll sum and sum of squares over the scored tokens."""
     ctx = loaded[0].n_ctx
     first = ctx // 2
     n_score = ctx - 1 - first
+    start = 0 if all_positions else first
     accs = [Accumulator(n_chunk * n_score) for _ in loaded[1:]]
-    positions = [ByPosition(ctx - 1) for _ in loaded[1:]]
+    positions = [ByPosition(ctx - 1 - start, start) for _ in loaded[1:]]
     base_sum = base_sum2 = 0.0
     block = max(1, _BLOCK_ELEMENTS // loaded[0].n_vocab)
-    # the unscored first half (by position only), then the scored half, in blocks of rows
-    blocks = [(a, min(b, a + block)) for lo, b in ((0, first), (first, ctx - 1))
+    # the unscored first half (by position only, if asked), then the scored half, in blocks
+    blocks = [(a, min(b, a + block)) for lo, b in ((start, first), (first, ctx - 1))
               for a in range(lo, b, block)]  # fmt: skip
     for c in range(n_chunk):
         chunk = tokens[c * ctx : (c + 1) * ctx]
@@ -353,10 +356,12 @@ def _score(
         for k, m in enumerate(loaded):
             if progress is not None:
                 progress(c, n_chunk, k, len(loaded), m.path)
-            views.append(m.decode(chunk))
+            views.append(m.decode(chunk, start))
         for r0, r1 in blocks:
             nll_base, per_quant = compare_block(
-                views[0][r0:r1], [v[r0:r1] for v in views[1:]], chunk[r0 + 1 : r1 + 1]
+                views[0][r0 - start : r1 - start],
+                [v[r0 - start : r1 - start] for v in views[1:]],
+                chunk[r0 + 1 : r1 + 1],
             )
             for pos, values in zip(positions, per_quant, strict=True):
                 pos.add(r0, values[3])
@@ -382,12 +387,14 @@ def evaluate(
     progress: Progress | None = None,
     offload: Offload | None = None,
     kv: KvCache = KvCache(),
+    all_positions: bool = False,
 ) -> dict[str, Any]:
     """Evaluate ``quants`` against ``base`` on ``text``; the report data (see the module doc).
     ``ctx`` is the chunk size in tokens (llama-perplexity's -c, the CLI's --chunk-size);
     ``offload`` places every model's layers (default: all on the CPU); ``kv``: the quants' KV
     cache and every model's flash attention (no quants and a quantized cache: the base with that
-    cache against itself with an f16 one)."""
+    cache against itself with an f16 one); ``all_positions``: the KLD by position over every
+    position, not only the scored half (the logits of the whole chunk)."""
     from llamacpp_instr.runner import resolve_threads
 
     if ctx < 8:
@@ -430,7 +437,9 @@ def evaluate(
             )
         n_chunk_max = len(tokens) // ctx
         n_chunk = n_chunk_max if chunks is None else min(chunks, n_chunk_max)
-        accs, positions, base_sum, base_sum2 = _score(loaded, tokens, n_chunk, progress)
+        accs, positions, base_sum, base_sum2 = _score(
+            loaded, tokens, n_chunk, progress, all_positions
+        )
         if progress is not None:
             progress(n_chunk, n_chunk, len(loaded), len(loaded), loaded[-1].path)
         n_vocab = loaded[0].n_vocab

@@ -181,10 +181,11 @@ class Accumulator:
 
 @dataclass
 class ByPosition:
-    """One quant's KL divergence summed per chunk position over the chunks (the logits at
-    position ``p``, ``0 <= p <= ctx-2``, predicting the token at ``p + 1``)."""
+    """One quant's KL divergence summed per chunk position over the chunks: positions ``start ..
+    start + n - 1`` (the logits at position ``p`` predicting the token at ``p + 1``)."""
 
     n: int
+    start: int = 0
     sum_kld: np.ndarray = field(init=False)
     sum_kld2: np.ndarray = field(init=False)
     chunks: int = 0
@@ -195,8 +196,9 @@ class ByPosition:
 
     def add(self, first: int, kld: np.ndarray) -> None:
         """The KLD of positions ``first .. first + len(kld) - 1`` of one chunk."""
-        self.sum_kld[first : first + len(kld)] += kld
-        self.sum_kld2[first : first + len(kld)] += kld * kld
+        i = first - self.start
+        self.sum_kld[i : i + len(kld)] += kld
+        self.sum_kld2[i : i + len(kld)] += kld * kld
 
     def bins(self, n_bins: int = POSITION_BINS) -> list[dict[str, Any]]:
         """Bins of equal width over the positions: first and last position, tokens, the mean KLD
@@ -208,9 +210,8 @@ class ByPosition:
             mean, err = mean_and_uncertainty(
                 float(self.sum_kld[a:b].sum()), float(self.sum_kld2[a:b].sum()), count
             )
-            out.append(
-                {"first": int(a), "last": int(b - 1), "tokens": count, "mean": mean, "err": err}
-            )
+            at = (int(a) + self.start, int(b - 1) + self.start)
+            out.append({"first": at[0], "last": at[1], "tokens": count, "mean": mean, "err": err})
         return out
 
 

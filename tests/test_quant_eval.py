@@ -225,6 +225,16 @@ def test_kld_against_quant_matches_independent_numpy(
     assert m["delta_p"]["rms"] == pytest.approx(ref["dp_rms"], rel=1e-5)
     assert m["same_top_p"] == pytest.approx(ref["same"], abs=1e-9)
     assert 50.0 < m["same_top_p"] < 100.0
+    # by position, by default over the scored positions 64 .. 126: 8 bins of equal width
+    by_pos = kld.reshape(CHUNKS, CTX - 1 - CTX // 2)
+    edges = [64, 72, 80, 88, 96, 103, 111, 119, 127]  # 64 + round(linspace(0, 63, 9))
+    bins = m["kld_by_position"]
+    assert [(b["first"], b["last"] + 1) for b in bins] == list(
+        zip(edges[:-1], edges[1:], strict=True)
+    )
+    for b in bins:
+        part = by_pos[:, b["first"] - 64 : b["last"] - 63]
+        assert (b["tokens"], b["mean"]) == (part.size, pytest.approx(part.mean(), rel=1e-5))
 
 
 def test_tiny_quant_kld_positive(tiny_llama_f32: Path, tiny_llama_q8: Path) -> None:
@@ -252,11 +262,11 @@ def test_a_kv_cache_against_the_base_by_position(
     cache: str, smollm2_path: Path, instr_api: Any
 ) -> None:
     """No QUANT and -ctk/-ctv: the base with that cache against the base with an f16 one, its
-    KLD at every position of every chunk computed here from llama_cpp.Llama's logits (made with
-    that cache), averaged in 8 bins of equal width over positions 0 .. CTX-2; the headline over
-    the scored half, as ever."""
+    KLD at every position of every chunk (--all-positions) computed here from llama_cpp.Llama's
+    logits (made with that cache), averaged in 8 bins of equal width over positions 0 .. CTX-2;
+    the headline over the scored half, as ever."""
     data = cli_json(
-        str(smollm2_path), "-ctk", cache, "-ctv", cache, "--flash-attn",
+        str(smollm2_path), "-ctk", cache, "-ctv", cache, "--flash-attn", "--all-positions",
         "--chunk-size", str(CTX), "--chunks", str(CHUNKS),
     )  # fmt: skip
     (m,) = data["models"]
@@ -269,7 +279,9 @@ def test_a_kv_cache_against_the_base_by_position(
     assert m["kld"]["mean"] == pytest.approx(kld[:, CTX // 2 :].mean(), rel=1e-5)
     edges = [0, 16, 32, 48, 64, 79, 95, 111, 127]  # round(linspace(0, 127, 9))
     bins = m["kld_by_position"]
-    assert [(b["first"], b["last"] + 1) for b in bins] == list(zip(edges[:-1], edges[1:], strict=True))
+    assert [(b["first"], b["last"] + 1) for b in bins] == list(
+        zip(edges[:-1], edges[1:], strict=True)
+    )
     for b in bins:
         part = kld[:, b["first"] : b["last"] + 1]
         assert b["tokens"] == part.size

@@ -73,6 +73,12 @@ def _progress_bar() -> Progress:
 )
 @offload_options()
 @click.option(
+    "--all-positions",
+    is_flag=True,
+    help="The KL divergence by context position over every position of each chunk, the "
+    "unscored first half too (its logits are output as well: twice the output buffer).",
+)
+@click.option(
     "--layers/--no-layers",
     default=False,
     show_default=True,
@@ -91,6 +97,7 @@ def command(
     type_v: str,
     flash_attn: bool | None,
     offload: Offload,
+    all_positions: bool,
     layers: bool,
     fmt: str,
     output: Path | None,
@@ -105,8 +112,8 @@ def command(
     -ctk/-ctv give the quants' KV cache (the base's stays f16, the reference): the divergence is
     then their weights' and their cache's together; with no QUANT, the base itself with that
     cache is compared with the base (what the cache alone costs). The KL divergence by context
-    position (every position of a chunk, in bins) shows the error growing with the tokens the
-    cache holds."""
+    position (the scored positions, or with --all-positions every position of a chunk, in bins)
+    shows the error as the cache fills."""
     from llamacpp_instr import quant_eval
     from llamacpp_instr.converters.reports.quant.eval_report import build
     from llamacpp_instr.converters.reports.renderers import render
@@ -142,6 +149,7 @@ def command(
         progress=progress,
         offload=offload,
         kv=kv,
+        all_positions=all_positions,
     )
     report = build(data)
     if layers:

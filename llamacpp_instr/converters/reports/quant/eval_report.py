@@ -200,12 +200,12 @@ def _by_position(data: dict[str, Any]) -> list[Section]:
         title="Mean KL divergence by context position",
         columns=cols,
         rows=rows,
-        note="Every position of every chunk, the unscored first half included: the logits at "
-        "position p have seen p + 1 tokens; ± is the mean's standard error.",
+        note="The logits at position p have seen p + 1 tokens; ± is the mean's standard error.",
         whole=True,
     )
     text = (
-        f"Each chunk's positions 0-{data['ctx'] - 2} in {len(bins)} bins, over {data['chunks']} "
-        "chunks: a quantized KV cache's error builds up with the tokens it holds."
+        f"Each chunk's positions {bins[0]['first']}-{bins[-1]['last']} in {len(bins)} bins, over "
+        f"{data['chunks']} chunks: a quantized KV cache's error builds up with the tokens it holds"
+        + (" (--all-positions: the first half too)." if bins[0]["first"] == 0 else ".")
     )
     return [Section(title="By context position", charts=[chart], tables=[table], text=text)]

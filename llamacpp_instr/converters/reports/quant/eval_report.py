@@ -108,7 +108,7 @@ def build(data: dict[str, Any]) -> Report:
         Fact("base", _name(base["path"])),
         Fact("PPL(base)", f"{base['ppl']:.4f} ± {base['ppl_err']:.4f}"),
         Fact("KV cache", _caches(data)),
-        Fact("flash attention", str(data.get("flash_attn", "auto"))),
+        Fact("flash attention", _on_off(data.get("flash_attn", "auto"))),
         Fact("llama.cpp", data.get("llama_cpp_commit", "")),
     ]
     table = Table(
@@ -153,6 +153,10 @@ def build(data: dict[str, Any]) -> Report:
         data=data,
         csv_table="models",
     )
+
+
+def _on_off(flag: Any) -> str:
+    return "on" if flag is True else "off" if flag is False else str(flag)
 
 
 def _caches(data: dict[str, Any]) -> str:

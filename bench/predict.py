@@ -187,6 +187,27 @@ def _times(log: Path) -> tuple[float, float]:
     )
 
 
+def idle_share(seconds: float = 3.0) -> float:
+    """The share of the CPUs' time idle over ``seconds`` (/proc/stat)."""
+
+    def read() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        return fields[3] + fields[4], sum(fields)  # idle + iowait, all
+
+    i0, t0 = read()
+    time.sleep(seconds)
+    i1, t1 = read()
+    return (i1 - i0) / max(t1 - t0, 1)
+
+
+def wait_idle(limit: float) -> float:
+    """Wait up to ``limit`` seconds for the CPUs to be 80 % idle; the seconds waited."""
+    start = time.monotonic()
+    while limit > 0 and time.monotonic() - start < limit and idle_share() < 0.8:
+        pass
+    return time.monotonic() - start if limit > 0 else 0.0
+
+
 def slowness(log: Path, attempts: list[Path]) -> float:
     """A run's prompt and generation times, each over the fastest attempt's: the run kept is the
     one least slowed in both."""
@@ -326,6 +347,14 @@ def main() -> None:
     ap.add_argument(
         "--reps", type=int, default=2, help="runs per cell; the fastest is kept (llama-bench's -r)"
     )
+    ap.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="before each run, wait up to S seconds for the CPUs to be 80 %% idle over 3 s (a "
+        "machine shared with other work)",
+    )
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
     if args.reps < 1:
@@ -361,6 +390,9 @@ def main() -> None:
             ran_any = True
             print(f"running {cell.name} ({rep + 1}/{args.reps}) ...", file=sys.stderr)
             attempt = log.with_suffix(f".{rep}.log")
+            waited = wait_idle(args.wait_idle)
+            if waited:
+                print(f"  waited {waited:.0f} s for idle CPUs", file=sys.stderr)
             run_cell(cell, files[cell.quant], args.gen, attempt)
             attempts.setdefault(cell, []).append(attempt)
     for cell in grid:

@@ -44,7 +44,7 @@ from typing import Any
 from llamacpp_instr import bindings, devices, offload, runner
 from llamacpp_instr.converters.analysis import contention, net_costs, op_threads, split_costs
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
-from llamacpp_instr.converters.analysis.op_costs import CostModel, GraphCosts
+from llamacpp_instr.converters.analysis.op_costs import CostModel, GraphCosts, Where
 from llamacpp_instr.converters.analysis.op_fit import fit
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reading.decode.graphs import graph_table
@@ -375,20 +375,22 @@ def _cores(sessions: list[SessionFrames]) -> int | None:
     return min((x for x in n if x > 0), default=None)
 
 
-def _bandwidth_ratio(sessions: list[SessionFrames], source: int, threads: int) -> float | None:
-    """This machine's bandwidth at ``threads`` over ``source``'s, where ``instr peaks`` measured
-    both for the machine of the first log (its cache), else None."""
+def _bandwidths(
+    sessions: list[SessionFrames], source: int, threads: int
+) -> tuple[float, float] | None:
+    """This machine's bandwidth (bytes/ns) at ``source`` threads and at ``threads``, where
+    ``instr peaks`` measured both for the machine of the first log (its cache), else None."""
     from llamacpp_instr.converters.session import machine_peaks
     from llamacpp_instr.paths import cache_dir
 
     machine = getattr(sessions[0].info, "machine", None) if sessions else None
     if not machine:
         return None
-    at = [machine_peaks.cached(machine, n, cache_dir()) for n in (threads, source)]
+    at = [machine_peaks.cached(machine, n, cache_dir()) for n in (source, threads)]
     if at[0] is None or at[1] is None:
         return None
-    bw = [p.device("CPU").bandwidth_gbs for p in at]  # type: ignore[union-attr]
-    return bw[0] / bw[1] if bw[1] > 0 else None
+    bw = (at[0].device("CPU").bandwidth_gbs, at[1].device("CPU").bandwidth_gbs)
+    return bw if bw[0] > 0 and bw[1] > 0 else None
 
 
 def _at_threads(
@@ -411,18 +413,22 @@ def _at_threads(
         return None
     src = op_threads.source(model, t.threads)
     assert src is not None
-    ratio = _bandwidth_ratio(sessions, src, t.threads)
+    bw = _bandwidths(sessions, src, t.threads)
+    scaled = op_threads.scale(model, t.threads, bw)
+    at = scaled.scaled[Where("CPU", t.threads)]
     out.threads_from = (
         f"{t.threads} threads priced from the logs' {src}: compute-bound ops {src / t.threads:.2g}x"
         f" their time, memory-bound ops at "
         + (
-            f"the bandwidth instr peaks measured ({ratio:.2f}x)"
-            if ratio
-            else "the bandwidth the logs measured (saturated)"
+            f"the bandwidth instr peaks measured ({bw[1]:.1f} GB/s at {t.threads} threads, "
+            f"{bw[0]:.1f} at {src})"
+            if bw
+            else f"the bandwidth the logs' steps streamed ({at.before.bandwidth:.1f} GB/s, "
+            "saturated)"
         )
     )
-    bounds = [op_threads.scale(model, t.threads, ratio, m) for m in ("linear", "flat")]
-    return op_threads.scale(model, t.threads, ratio), bounds
+    bounds = [op_threads.scale(model, t.threads, bw, m) for m in ("linear", "flat")]
+    return scaled, bounds
 
 
 class _Pricing:

@@ -192,11 +192,21 @@ ClassKey = tuple[Where, str, str, str, str]  # where, tokens, label, type, role 
 @dataclass(frozen=True)
 class ThreadScale:
     """The CPU at a thread count no log ran, priced from ``source`` (a thread count the logs
-    ran): each op by its class there (its fit, fusion, fixed cost), its time the class's line at
-    its work at ``roofs``, the roofs at the target's threads (``op_threads``)."""
+    ran): each op by its class there (its fit, fusion, fixed cost), its work there times its
+    roofline time at the target's roofs (``after``) over that at the source's (``before``), whose
+    bandwidth is the one streaming steps reach (``op_threads``)."""
 
     source: Where
-    roofs: Roofs
+    before: Roofs
+    after: Roofs
+
+    def ratio(
+        self, labels: Sequence[str], types: Sequence[str], b: np.ndarray, f: np.ndarray
+    ) -> np.ndarray:
+        """Each op's roofline time after over before (1 for an op of no work)."""
+        w0 = self.before.work(labels, types, b, f)
+        w1 = self.after.work(labels, types, b, f)
+        return np.divide(w1, w0, out=np.ones(len(w0)), where=w0 > 0)
 
 
 @dataclass
@@ -227,8 +237,11 @@ class CostModel:
     # of the logs priced at a thread count the others did not run (``ThreadScale``)
     held_out: dict[str, list[float]] = field(default_factory=dict)
     held_out_threads: dict[str, list[float]] = field(default_factory=dict)
-    # the CPU at thread counts no log ran, priced from one the logs ran (op_threads)
+    # the CPU at thread counts no log ran, priced from one the logs ran (op_threads), and the
+    # bandwidth (bytes/ns) the logs' steps reached on each device, all their ops' bytes over all
+    # their ops' time, the best step's (op_fit._stream)
     scaled: dict[Where, ThreadScale] = field(default_factory=dict)
+    stream: dict[Where, float] = field(default_factory=dict)
 
     def overhead_at(self, threads: int, kind: str) -> float:
         """The host's time per compute outside its ops at ``threads`` (a scaled thread count's:
@@ -333,7 +346,7 @@ class CostModel:
                 w = roofs.work([as_lab], [as_typ], n_bytes, gc.flops[k : k + 1])
             at = w
             if scale is not None and dev == "CPU":  # its time at the target's roofs
-                at = scale.roofs.work([as_lab], [as_typ], n_bytes, gc.flops[k : k + 1])
+                at = w * scale.ratio([as_lab], [as_typ], n_bytes, gc.flops[k : k + 1])
             out[k] = float(fit.time(at)[0])
             far = fit.beyond(float(w[0]))
             if far and beyond is not None:

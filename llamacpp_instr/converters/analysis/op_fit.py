@@ -191,6 +191,28 @@ def _class_fits(
     return fits
 
 
+def _stream(
+    obs: pd.DataFrame, where_code: np.ndarray, wheres: dict[int, Where]
+) -> dict[Where, float]:
+    """Per device, the bandwidth its ops reached over a whole step (their bytes over their time,
+    summed over the step's computes), the best step's: a generation step streams the weights, so
+    this is the memory's bandwidth as the logs met it (the roofs' bandwidth, the 95th percentile
+    of single ops, is a cache's where an op's data fits in it)."""
+    df = pd.DataFrame(
+        {
+            "w": where_code,
+            "log": obs["log"].to_numpy(),
+            "step": obs["step"].to_numpy(),
+            "bytes": obs["bytes"].to_numpy(np.float64),
+            "dur": obs["dur"].to_numpy(np.float64),
+        }
+    )
+    per = df.groupby(["w", "log", "step"])[["bytes", "dur"]].sum()
+    per = per[per["dur"] > 0]
+    rate = (per["bytes"] / per["dur"]).groupby(level="w").max()
+    return {wheres[int(c)]: float(v) for c, v in rate.items()}
+
+
 def _fit_sorted(work: np.ndarray, dur: np.ndarray, fixed: float) -> Fit:
     """``_fit`` of a class's ops sorted by their work."""
     starts = np.concatenate(([0], np.flatnonzero(np.diff(work)) + 1))
@@ -228,7 +250,7 @@ def fit(
     (``_held_out``); ``memo``: a dict kept by a caller that fits many sets of the same sessions
     (bench/predict.py, leave one out twice over): each session's graphs and each set's held-out
     model kept there by the sessions' ids, which must stay alive as long as it."""
-    parts = []
+    parts: list[pd.DataFrame] = []
     fusion = _Fusion()
     overhead_rows: list[tuple[Where, str, float]] = []
     sessions = list(sessions)
@@ -244,6 +266,7 @@ def fit(
         if df is None or df.empty:
             continue
         df["threads"] = np.where(df["device"] == "CPU", threads, 0)
+        df["log"] = len(parts)
         parts.append(df)
         _fused_roles(sf, g, threads, fusion)
         # the host's time per compute outside the ops (on several devices: outside the devices'
@@ -282,6 +305,7 @@ def fit(
             rows["flops"].to_numpy(),
         )
     fits = _class_fits(obs, where_code, wheres, work, roofs)
+    stream = _stream(obs, where_code, wheres)
     over: dict[tuple[Where, str], list[float]] = defaultdict(list)
     for w, kind, extra in overhead_rows:
         over[(w, kind)].append(extra)
@@ -294,6 +318,7 @@ def fit(
         types_run={str(t) for t in obs["type0"].unique()},
         overhead={k: float(np.median(v)) for k, v in over.items()},
         splits=split_costs.fit(sessions),
+        stream=stream,
     )
     _self_check(model, sessions, graphs)
     if held_out:

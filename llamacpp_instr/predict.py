@@ -403,12 +403,16 @@ def _at_threads(
     if not have or t.threads in have:
         return model, []
     cores = _cores(sessions)
-    if cores is not None and t.threads > cores:
+    if t.threads > (cores or max(have)):
+        why = (
+            f"the logs' machine has {cores} CPUs, so threads would take turns on them"
+            if cores
+            else "the logs do not say how many CPUs their machine has"
+        )
         out.not_covered.append(
-            f"the CPU at {t.threads} threads: the logs' machine has {cores} CPUs, so threads "
-            f"would take turns on them (the logs ran {', '.join(map(str, have))}); run `instr "
-            f"run {t.model} --threads {t.threads}` (detailed) on the machine it is for and add "
-            "its log"
+            f"the CPU at {t.threads} threads: {why} (the logs ran {', '.join(map(str, have))}); "
+            f"run `instr run {t.model} --threads {t.threads}` (detailed) on the machine it is for "
+            "and add its log"
         )
         return None
     src = op_threads.source(model, t.threads)

@@ -207,3 +207,19 @@ def test_threads_beyond_the_cpus_are_not_covered(tiny_detailed: RunLog) -> None:
     assert_one_line_error(r, "not covered")
     assert f"the CPU at {n} threads" in r.stdout and "CPUs" in r.stdout
     assert f"--threads {n}" in r.stdout and "not predicted" in r.stdout
+
+
+def test_more_threads_than_a_log_without_its_cpus_ran_are_not_covered(
+    instr_api: Any, tmp_path: Path
+) -> None:
+    """The committed fixture's log does not name its machine's CPUs: fewer threads than it ran
+    are predicted, more are not (they could be more than the machine has)."""
+    from tiny_gguf import write_tiny_model
+
+    log = FIXTURES / "tiny-llama-detailed.log.gz"
+    model = write_tiny_model(tmp_path / "tiny.gguf", arch="llama", seed=7, n_ctx_train=1024)
+    r = instr("predict", str(log), "--model", str(model), "--threads", "4")
+    assert_one_line_error(r, "not covered")
+    assert "do not say how many CPUs" in r.stdout
+    r = instr("predict", str(log), "--model", str(model), "--threads", "1")
+    assert r.returncode == 0, (r.stdout, r.stderr)

@@ -208,6 +208,14 @@ def wait_idle(limit: float) -> float:
     return time.monotonic() - start if limit > 0 else 0.0
 
 
+def busy(log: Path) -> bool:
+    """Whether a run's steps spread like a busy machine's (``contention.verdict``)."""
+    from llamacpp_instr.converters.analysis import contention
+    from llamacpp_instr.predict import load_session
+
+    return bool(contention.verdict(load_session(log).steps).flagged)
+
+
 def slowness(log: Path, attempts: list[Path]) -> float:
     """A run's prompt and generation times, each over the fastest attempt's: the run kept is the
     one least slowed in both."""
@@ -355,6 +363,14 @@ def main() -> None:
         help="before each run, wait up to S seconds for the CPUs to be 80 %% idle over 3 s (a "
         "machine shared with other work)",
     )
+    ap.add_argument(
+        "--retry-busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run a cell again, up to N times, while its steps spread like a busy machine's "
+        "(instr summary's verdict: contention.py)",
+    )
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
     if args.reps < 1:
@@ -390,10 +406,15 @@ def main() -> None:
             ran_any = True
             print(f"running {cell.name} ({rep + 1}/{args.reps}) ...", file=sys.stderr)
             attempt = log.with_suffix(f".{rep}.log")
-            waited = wait_idle(args.wait_idle)
-            if waited:
-                print(f"  waited {waited:.0f} s for idle CPUs", file=sys.stderr)
-            run_cell(cell, files[cell.quant], args.gen, attempt)
+            for retry in range(args.retry_busy + 1):
+                waited = wait_idle(args.wait_idle)
+                if waited:
+                    print(f"  waited {waited:.0f} s for idle CPUs", file=sys.stderr)
+                attempt.unlink(missing_ok=True)
+                run_cell(cell, files[cell.quant], args.gen, attempt)
+                if not busy(attempt):
+                    break
+                print(f"  a busy machine's steps (try {retry + 1})", file=sys.stderr)
             attempts.setdefault(cell, []).append(attempt)
     for cell in grid:
         log = where / cell.file_name
@@ -493,9 +514,15 @@ def main() -> None:
     lines += thread_lines
     ran = f"took {run_s:.0f} s" if ran_any else "were reused from --keep"
     load = os.getloadavg()
+    flagged = [c.name for c in grid if busy(logs[c])]
     lines.append(
         f"The grid's {len(grid)} cells' runs {ran}; load average {load_at_start[0]:.1f} at the "
-        f"start, {load[0]:.1f} at the end, on {os.cpu_count()} cores."
+        f"start, {load[0]:.1f} at the end, on {os.cpu_count()} cores; "
+        + (
+            f"{len(flagged)} of the logs kept spread like a busy machine's ({', '.join(flagged)})."
+            if flagged
+            else "no log kept spreads like a busy machine's."
+        )
     )
     text = "\n".join(lines)
     print(text)

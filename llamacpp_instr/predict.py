@@ -421,15 +421,15 @@ def _at_threads(
     scaled = op_threads.scale(model, t.threads, bw)
     at = scaled.scaled[Where("CPU", t.threads)]
     out.threads_from = (
-        f"{t.threads} threads priced from the logs' {src}: compute-bound ops {src / t.threads:.2g}x"
-        f" their time, memory-bound ops at "
+        f"{t.threads} threads priced from the logs' {src}: each op's bytes at "
         + (
             f"the bandwidth instr peaks measured ({bw[1]:.1f} GB/s at {t.threads} threads, "
             f"{bw[0]:.1f} at {src})"
             if bw
-            else f"the bandwidth the logs' steps streamed ({at.before.bandwidth:.1f} GB/s, "
+            else f"the bandwidth the logs' steps streamed ({at.bandwidth[0]:.1f} GB/s, "
             "saturated)"
         )
+        + f", the rest of its time (compute) {src / t.threads:.2g}x"
     )
     bounds = [op_threads.scale(model, t.threads, bw, m) for m in ("linear", "flat")]
     return scaled, bounds

@@ -192,21 +192,19 @@ ClassKey = tuple[Where, str, str, str, str]  # where, tokens, label, type, role 
 @dataclass(frozen=True)
 class ThreadScale:
     """The CPU at a thread count no log ran, priced from ``source`` (a thread count the logs
-    ran): each op by its class there (its fit, fusion, fixed cost), its work there times its
-    roofline time at the target's roofs (``after``) over that at the source's (``before``), whose
-    bandwidth is the one streaming steps reach (``op_threads``)."""
+    ran): each op by its class there (its fit, fusion, fixed cost); of its time beyond the fixed
+    cost, its bytes at the memory's bandwidth (``bandwidth``: bytes/ns at the source's count and
+    at the target's) and the rest, compute, times ``compute`` (``op_threads``)."""
 
     source: Where
-    before: Roofs
-    after: Roofs
+    bandwidth: tuple[float, float]
+    compute: float
 
-    def ratio(
-        self, labels: Sequence[str], types: Sequence[str], b: np.ndarray, f: np.ndarray
-    ) -> np.ndarray:
-        """Each op's roofline time after over before (1 for an op of no work)."""
-        w0 = self.before.work(labels, types, b, f)
-        w1 = self.after.work(labels, types, b, f)
-        return np.divide(w1, w0, out=np.ones(len(w0)), where=w0 > 0)
+    def time(self, beyond_fixed: float, n_bytes: float) -> float:
+        """An op's time beyond its fixed cost at the target's count, from the source's."""
+        before, after = self.bandwidth
+        memory = min(beyond_fixed, n_bytes / before) if before > 0 else 0.0
+        return memory * (before / after) + (beyond_fixed - memory) * self.compute
 
 
 @dataclass
@@ -344,10 +342,9 @@ class CostModel:
                 w = np.array([own])
             else:
                 w = roofs.work([as_lab], [as_typ], n_bytes, gc.flops[k : k + 1])
-            at = w
-            if scale is not None and dev == "CPU":  # its time at the target's roofs
-                at = w * scale.ratio([as_lab], [as_typ], n_bytes, gc.flops[k : k + 1])
-            out[k] = float(fit.time(at)[0])
+            out[k] = float(fit.time(w)[0])
+            if scale is not None and dev == "CPU":  # at the target's thread count
+                out[k] = fit.fixed + scale.time(out[k] - fit.fixed, float(n_bytes[0]))
             far = fit.beyond(float(w[0]))
             if far and beyond is not None:
                 cls = (str(where), lab, typ, gc.tokens[k])

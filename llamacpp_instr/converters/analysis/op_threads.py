@@ -1,35 +1,37 @@
 """The CPU at a thread count no log ran (``instr predict --threads``): its ops priced from the
 nearest thread count the logs ran, by the roofline the cost model already uses.
 
-An op's time in its class is ``fixed + slope * work``, ``work`` its time at the device's roofs
-(``op_costs``). At ``T'`` threads from logs of ``T``, each op keeps its class (its fit, its
-fusion, the device's fixed cost per op: a barrier's and a dispatch's, not spread over the
-threads) and its work is scaled by its roofline time ``max(bytes / bandwidth, FLOPs / compute)``
-at ``T'`` over that at ``T``:
+An op's time in its class is ``fixed + slope * work`` (``op_costs``). At ``T'`` threads from
+logs of ``T`` each op keeps its class (its fit, its fusion, the device's fixed cost per op: a
+barrier's and a dispatch's, not spread over the threads), and its time beyond the fixed cost is
+split in two:
 
-- the compute roofs (GFLOP/s per matmul type, and any op's: the logs' own) scale with the
-  threads, ``T'/T``: ggml splits an op's rows between its threads;
-- the bandwidth is the memory's: the most a whole step of the logs' streamed (its ops' bytes
-  over their time: a generation step reads every weight once), which saturates, the same at
-  ``T'``; or, where ``instr peaks`` measured this machine's at both thread counts, those two.
+- memory: its bytes at the memory's bandwidth (at most all of it): the most a whole step of the
+  logs streamed (its ops' bytes over their time: a generation step reads every weight once),
+  which saturates, the same at ``T'``; or, where ``instr peaks`` measured this machine's at both
+  thread counts, those two;
+- compute: the rest, which ggml splits between its threads: ``T/T'`` times it.
 
-So a compute-bound op (a prompt's matmul) takes ``T/T'`` its time, a memory-bound one (a
-generation's matrix-vector product, which streams its weights from memory) its time, and one
-between moves from one roof to the other. The host's time per compute outside the
-ops is the source's. Beyond the cores the logs' machine has, threads would take turns on them:
-not predicted (``predict``).
+So a matmul of a prompt (thousands of FLOPs a byte) takes ``T/T'`` its time; a generation's
+matrix-vector product, which the logs show streaming its weights at the bandwidth, about its
+time; an op between, between. (The roofline's max of the two, with the logs' best GFLOP/s as the
+compute roof, called a generation's matrix-vector products compute-bound: the logs' best rate is
+a floor on what the CPU can do, and one thread did them nearly as fast as two.) The host's time
+per compute outside the ops is the source's. Beyond the CPUs the logs' machine has, threads
+would take turns on them: not predicted (``predict``).
 
-Two other sets of roofs bound it (``MODES``): ``linear`` (the bandwidth scales with the threads
-too: every op's work ``T/T'`` times) and ``flat`` (no roof moves: the source's price). A
-prediction at a scaled thread count is between them; where no log can be held out across thread
-counts (``CostModel.held_out_threads``), they are its interval (``predict``).
+Two others bound it (``MODES``): ``linear`` (the memory part too ``T/T'`` times: every op's
+time beyond its fixed cost) and ``flat`` (no part moves: the source's price). A prediction at a
+scaled thread count is between them where the bandwidth measured moves less than the threads;
+where no log can be held out across thread counts (``CostModel.held_out_threads``), they are its
+interval (``intervals``).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from .op_costs import CostModel, Roofs, ThreadScale, Where
+from .op_costs import CostModel, ThreadScale, Where
 
 MODES = ("model", "linear", "flat")
 
@@ -53,25 +55,16 @@ def scale(
     mode: str = "model",
 ) -> CostModel:
     """``model`` with the CPU at ``threads`` priced from its ``source`` (module doc);
-    ``bandwidth``: this machine's bandwidth at the source's thread count and at ``threads``, where
-    ``instr peaks`` measured both (default: the logs' streaming bandwidth, saturated); ``mode``:
-    the roofs of the prediction or a bound."""
+    ``bandwidth``: this machine's (bytes/ns) at the source's thread count and at ``threads``,
+    where ``instr peaks`` measured both (default: the logs' streaming bandwidth, saturated);
+    ``mode``: the prediction or a bound."""
     src = source(model, threads)
     if src is None or src == threads or mode not in MODES:
         return model
     at = Where("CPU", src)
-    r = model.roofs[at]
-    before_bw = bandwidth[0] if bandwidth else model.stream.get(at, r.bandwidth)
-    ratio = bandwidth[1] / bandwidth[0] if bandwidth else 1.0
     k = threads / src
-    compute = 1.0 if mode == "flat" else k
-    bw = {"model": ratio, "linear": k, "flat": 1.0}[mode]
-    before = replace(r, bandwidth=before_bw)
-    after = Roofs(
-        bandwidth=before_bw * bw,
-        compute={t: v * compute for t, v in r.compute.items()},
-        compute_any=r.compute_any * compute,
-        fixed=r.fixed,
-    )
-    scaled = {**model.scaled, Where("CPU", threads): ThreadScale(at, before, after)}
+    before = bandwidth[0] if bandwidth else model.stream.get(at, model.roofs[at].bandwidth)
+    after = {"model": bandwidth[1] if bandwidth else before, "linear": before * k}.get(mode, before)
+    compute = 1.0 if mode == "flat" else 1 / k
+    scaled = {**model.scaled, Where("CPU", threads): ThreadScale(at, (before, after), compute)}
     return replace(model, scaled=scaled)

@@ -419,17 +419,18 @@ def _at_threads(
     assert src is not None
     bw = _bandwidths(sessions, src, t.threads)
     scaled = op_threads.scale(model, t.threads, bw)
-    at = scaled.scaled[Where("CPU", t.threads)]
+    streams = scaled.scaled[Where("CPU", t.threads)].streams
+    rates = ", ".join(f"{typ or 'any op'} {v:.1f}" for typ, v in sorted(streams.items()))
     out.threads_from = (
-        f"{t.threads} threads priced from the logs' {src}: each op's bytes at "
+        f"{t.threads} threads priced from the logs' {src}: each op's bytes at the rate the logs' "
+        f"steps streamed its kind at (GB/s: {rates}), "
         + (
-            f"the bandwidth instr peaks measured ({bw[1]:.1f} GB/s at {t.threads} threads, "
-            f"{bw[0]:.1f} at {src})"
+            f"the rates times {bw[1] / bw[0]:.2f} (the bandwidth instr peaks measured at {t.threads} "
+            f"threads over {src})"
             if bw
-            else f"the bandwidth the logs' steps streamed ({at.bandwidth[0]:.1f} GB/s, "
-            "saturated)"
+            else "saturated"
         )
-        + f", the rest of its time (compute) {src / t.threads:.2g}x"
+        + f"; the rest of its time (compute) {src / t.threads:.2g}x"
     )
     bounds = [op_threads.scale(model, t.threads, bw, m) for m in ("linear", "flat")]
     return scaled, bounds

@@ -139,9 +139,10 @@ def test_the_held_out_residuals_are_what_predict_says(
 
 def test_each_op_at_one_thread_from_a_two_thread_log() -> None:
     """The committed tiny log ran 2 threads. At 1, each op of its graphs keeps its class; of its
-    time beyond the class's fixed cost, its bytes at the memory's bandwidth stay (the bandwidth
-    saturates) and the rest, compute, doubles. The bandwidth is the most a whole step of the log
-    streamed: its ops' bytes over their time, worked out here from the log's op times."""
+    time beyond the class's fixed cost, its bytes at the rate its kind of op streamed at stay (the
+    rate saturates) and the rest, compute, doubles. The rate of a matmul is the best a step of the
+    log read its weight type at (its matmuls' bytes over their time), of another op the best any
+    step's ops reached: worked out here from the log's op times."""
     from llamacpp_instr.converters.analysis import op_threads
     from llamacpp_instr.converters.analysis.op_costs import GraphCosts, Where
     from llamacpp_instr.converters.analysis.op_fit import fit
@@ -149,12 +150,23 @@ def test_each_op_at_one_thread_from_a_two_thread_log() -> None:
 
     sf = load_session(FIXTURES / "tiny-llama-detailed.log.gz")
     costs = {gid: GraphCosts.of(g) for gid, g in sf.graphs.items()}
-    ops = sf.ops
-    moved = [costs[int(g)].bytes[int(n)] for g, n in zip(ops["graph"], ops["node"], strict=True)]
-    per_step = ops.assign(moved=moved).groupby("step")[["moved", "dur_ns"]].sum()
-    streamed = float((per_step["moved"] / per_step["dur_ns"]).max())
+    ops = sf.ops.copy()
+    pairs = list(zip(ops["graph"].astype(int), ops["node"].astype(int), strict=True))
+    ops["moved"] = [costs[g].bytes[n] for g, n in pairs]
+    ops["kind"] = [
+        costs[g].types[n] if costs[g].labels[n].startswith("MUL_MAT") else "" for g, n in pairs
+    ]
+    ops.loc[ops["kind"].str.startswith("kv "), "kind"] = ""
+
+    def best(rows: Any) -> float:
+        per = rows.groupby("step")[["moved", "dur_ns"]].sum()
+        return float((per["moved"] / per["dur_ns"]).max())
+
+    rates = {"": best(ops)} | {t: best(r) for t, r in ops[ops["kind"] != ""].groupby("kind")}
+    assert set(rates) == {"", "f32"}  # the tiny model's weights are f32
     model = fit([sf])
-    assert model.stream[Where("CPU", 2)] == pytest.approx(streamed, rel=1e-9)
+    for t, rate in rates.items():
+        assert model.stream[(Where("CPU", 2), t)] == pytest.approx(rate, rel=1e-9)
     one = op_threads.scale(model, 1)
     kinds = {"memory": 0, "compute": 0}
     for gc in costs.values():
@@ -163,12 +175,12 @@ def test_each_op_at_one_thread_from_a_two_thread_log() -> None:
         at1, missing1 = one.price(gc, cpu, 1)
         assert missing == missing1 == []
         for k in np.flatnonzero(at2):
-            cls = model.lookup(
-                Where("CPU", 2), gc.tokens[k], gc.labels[k], gc.types[k], gc.roles[k]
-            )
+            lab, typ = gc.labels[k], gc.types[k]
+            cls = model.lookup(Where("CPU", 2), gc.tokens[k], lab, typ, gc.roles[k])
             assert cls is not None
+            weight = typ if lab.startswith("MUL_MAT") and not typ.startswith("kv ") else ""
             beyond = at2[k] - cls.fixed
-            memory = min(beyond, gc.bytes[k] / streamed)
+            memory = min(beyond, gc.bytes[k] / rates[weight])
             assert at1[k] == pytest.approx(cls.fixed + memory + 2 * (beyond - memory), rel=1e-9)
             if beyond > 0 and memory == beyond:
                 kinds["memory"] += 1

@@ -193,18 +193,20 @@ ClassKey = tuple[Where, str, str, str, str]  # where, tokens, label, type, role 
 class ThreadScale:
     """The CPU at a thread count no log ran, priced from ``source`` (a thread count the logs
     ran): each op by its class there (its fit, fusion, fixed cost); of its time beyond the fixed
-    cost, its bytes at the memory's bandwidth (``bandwidth``: bytes/ns at the source's count and
-    at the target's) and the rest, compute, times ``compute`` (``op_threads``)."""
+    cost, its bytes at the bandwidth its kind of op streams at (``streams``: bytes/ns by weight
+    type, ``""`` for any op) take ``1 / bandwidth`` times it, and the rest, compute, ``compute``
+    times it (``op_threads``)."""
 
     source: Where
-    bandwidth: tuple[float, float]
+    streams: dict[str, float]
+    bandwidth: float
     compute: float
 
-    def time(self, beyond_fixed: float, n_bytes: float) -> float:
+    def time(self, beyond_fixed: float, n_bytes: float, weight_type: str) -> float:
         """An op's time beyond its fixed cost at the target's count, from the source's."""
-        before, after = self.bandwidth
-        memory = min(beyond_fixed, n_bytes / before) if before > 0 else 0.0
-        return memory * (before / after) + (beyond_fixed - memory) * self.compute
+        rate = self.streams.get(weight_type) or self.streams.get("", 0.0)
+        memory = min(beyond_fixed, n_bytes / rate) if rate > 0 else 0.0
+        return memory / self.bandwidth + (beyond_fixed - memory) * self.compute
 
 
 @dataclass
@@ -236,10 +238,10 @@ class CostModel:
     held_out: dict[str, list[float]] = field(default_factory=dict)
     held_out_threads: dict[str, list[float]] = field(default_factory=dict)
     # the CPU at thread counts no log ran, priced from one the logs ran (op_threads), and the
-    # bandwidth (bytes/ns) the logs' steps reached on each device, all their ops' bytes over all
-    # their ops' time, the best step's (op_fit._stream)
+    # bandwidth (bytes/ns) the logs' steps reached per device and weight type ("": every op),
+    # their ops' bytes over their time, the best step's (op_fit._stream)
     scaled: dict[Where, ThreadScale] = field(default_factory=dict)
-    stream: dict[Where, float] = field(default_factory=dict)
+    stream: dict[tuple[Where, str], float] = field(default_factory=dict)
 
     def overhead_at(self, threads: int, kind: str) -> float:
         """The host's time per compute outside its ops at ``threads`` (a scaled thread count's:
@@ -344,7 +346,8 @@ class CostModel:
                 w = roofs.work([as_lab], [as_typ], n_bytes, gc.flops[k : k + 1])
             out[k] = float(fit.time(w)[0])
             if scale is not None and dev == "CPU":  # at the target's thread count
-                out[k] = fit.fixed + scale.time(out[k] - fit.fixed, float(n_bytes[0]))
+                weight = as_typ if as_lab.startswith("MUL_MAT") else ""
+                out[k] = fit.fixed + scale.time(out[k] - fit.fixed, float(n_bytes[0]), weight)
             far = fit.beyond(float(w[0]))
             if far and beyond is not None:
                 cls = (str(where), lab, typ, gc.tokens[k])

@@ -193,11 +193,17 @@ def _class_fits(
 
 def _stream(
     obs: pd.DataFrame, where_code: np.ndarray, wheres: dict[int, Where]
-) -> dict[Where, float]:
-    """Per device, the bandwidth its ops reached over a whole step (their bytes over their time,
-    summed over the step's computes), the best step's: a generation step streams the weights, so
-    this is the memory's bandwidth as the logs met it (the roofs' bandwidth, the 95th percentile
-    of single ops, is a cache's where an op's data fits in it)."""
+) -> dict[tuple[Where, str], float]:
+    """Per device, the bandwidth (bytes/ns) its ops reached over a whole step, the best step's:
+    their bytes over their time, summed over the step's computes (``""``: every op), and per
+    weight type over its matmuls alone (the rate at which that type's blocks are read and
+    dequantized: a generation step reads every weight once). The roofs' bandwidth, the 95th
+    percentile of single ops', is a cache's where an op's data fits in it."""
+    typ = obs["type0"].astype(str).to_numpy()
+    label = obs["label"].astype(str)
+    weight = (
+        label.str.startswith("MUL_MAT") & ~obs["type0"].astype(str).str.startswith("kv ")
+    ).to_numpy()
     df = pd.DataFrame(
         {
             "w": where_code,
@@ -207,10 +213,13 @@ def _stream(
             "dur": obs["dur"].to_numpy(np.float64),
         }
     )
-    per = df.groupby(["w", "log", "step"])[["bytes", "dur"]].sum()
-    per = per[per["dur"] > 0]
-    rate = (per["bytes"] / per["dur"]).groupby(level="w").max()
-    return {wheres[int(c)]: float(v) for c, v in rate.items()}
+    out: dict[tuple[Where, str], float] = {}
+    for rows in (df.assign(t=""), df[weight].assign(t=typ[weight])):
+        per = rows.groupby(["w", "t", "log", "step"])[["bytes", "dur"]].sum()
+        per = per[per["dur"] > 0]
+        rate = (per["bytes"] / per["dur"]).groupby(level=["w", "t"]).max()
+        out.update({(wheres[int(c)], str(t)): float(v) for (c, t), v in rate.items()})
+    return out
 
 
 def _fit_sorted(work: np.ndarray, dur: np.ndarray, fixed: float) -> Fit:

@@ -3,22 +3,24 @@ nearest thread count the logs ran, by the roofline the cost model already uses.
 
 An op's time in its class is ``fixed + slope * work`` (``op_costs``). At ``T'`` threads from
 logs of ``T`` each op keeps its class (its fit, its fusion, the device's fixed cost per op: a
-barrier's and a dispatch's, not spread over the threads), and its time beyond the fixed cost is
-split in two:
+barrier's and a dispatch's), and its time beyond the fixed cost is split in two:
 
-- memory: its bytes at the memory's bandwidth (at most all of it): the most a whole step of the
-  logs streamed (its ops' bytes over their time: a generation step reads every weight once),
-  which saturates, the same at ``T'``; or, where ``instr peaks`` measured this machine's at both
-  thread counts, those two;
+- memory: its bytes at the rate its kind of op streams at (at most all of it): for a matmul, the
+  best rate a whole step of the logs read its weight type at (its matmuls' bytes over their time:
+  a generation step reads every weight once, and a quantized type's blocks are read as fast as
+  they are dequantized), for another op the best any whole step reached; a rate that saturates:
+  the same at ``T'``, or, where ``instr peaks`` measured this machine's bandwidth at both thread
+  counts, in their ratio;
 - compute: the rest, which ggml splits between its threads: ``T/T'`` times it.
 
-So a matmul of a prompt (thousands of FLOPs a byte) takes ``T/T'`` its time; a generation's
-matrix-vector product, which the logs show streaming its weights at the bandwidth, about its
-time; an op between, between. (The roofline's max of the two, with the logs' best GFLOP/s as the
-compute roof, called a generation's matrix-vector products compute-bound: the logs' best rate is
-a floor on what the CPU can do, and one thread did them nearly as fast as two.) The host's time
-per compute outside the ops is the source's. Beyond the CPUs the logs' machine has, threads
-would take turns on them: not predicted (``predict``).
+So a prompt's matmul (thousands of FLOPs a byte) takes ``T/T'`` its time; a generation's
+matrix-vector product, which streams its weights at its type's rate, about its time; an op
+between, between. (With the roofline's max of memory at the fastest rate any step reached and
+compute at the logs' best GFLOP/s, a Q4_1 model's matrix-vector products, read at half the rate
+an F16 model's are, looked compute-bound, and generation at 1 thread was predicted 20-50 % slower
+than at 2, where it is within 4 %.) The host's time per compute outside the ops is the source's.
+Beyond the CPUs the logs' machine has, threads would take turns on them: not predicted
+(``predict``).
 
 Two others bound it (``MODES``): ``linear`` (the memory part too ``T/T'`` times: every op's
 time beyond its fixed cost) and ``flat`` (no part moves: the source's price). A prediction at a
@@ -56,15 +58,17 @@ def scale(
 ) -> CostModel:
     """``model`` with the CPU at ``threads`` priced from its ``source`` (module doc);
     ``bandwidth``: this machine's (bytes/ns) at the source's thread count and at ``threads``,
-    where ``instr peaks`` measured both (default: the logs' streaming bandwidth, saturated);
-    ``mode``: the prediction or a bound."""
+    where ``instr peaks`` measured both (default: saturated, the same); ``mode``: the
+    prediction or a bound."""
     src = source(model, threads)
     if src is None or src == threads or mode not in MODES:
         return model
     at = Where("CPU", src)
     k = threads / src
-    before = bandwidth[0] if bandwidth else model.stream.get(at, model.roofs[at].bandwidth)
-    after = {"model": bandwidth[1] if bandwidth else before, "linear": before * k}.get(mode, before)
+    streams = {t: v for (w, t), v in model.stream.items() if w == at}
+    streams.setdefault("", model.roofs[at].bandwidth)
+    ratio = bandwidth[1] / bandwidth[0] if bandwidth else 1.0
+    bw = {"model": ratio, "linear": k}.get(mode, 1.0)
     compute = 1.0 if mode == "flat" else 1 / k
-    scaled = {**model.scaled, Where("CPU", threads): ThreadScale(at, (before, after), compute)}
+    scaled = {**model.scaled, Where("CPU", threads): ThreadScale(at, streams, bw, compute)}
     return replace(model, scaled=scaled)

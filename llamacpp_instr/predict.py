@@ -10,7 +10,7 @@ time the logs measured outside the ops, and the steps add up to tokens/s.
 A prediction is labelled as one. It is scaled by each log's whole measured time over its whole
 price, the median over the logs whose steps computed on the devices the target's do (so that one
 log predicts itself; 1 where no log's did: a CPU alone at -ngl 0 from logs that offloaded layers).
-Its 90 % interval is made of the logs predicted from each other, leave one out (``intervals``; with
+Its 95 % interval is made of the logs predicted from each other, leave one out (``intervals``; with
 one log, the model's spread on its own steps). A CPU thread count no log ran is priced from the
 nearest one run, compute-bound ops scaling with the threads and memory-bound ones saturated at the
 bandwidth measured (``op_threads``), up to the CPUs of the logs' machine. On several devices each
@@ -420,10 +420,12 @@ def _at_threads(
     bw = _bandwidths(sessions, src, t.threads)
     scaled = op_threads.scale(model, t.threads, bw)
     streams = scaled.scaled[Where("CPU", t.threads)].streams
-    rates = ", ".join(f"{typ or 'any op'} {v:.1f}" for typ, v in sorted(streams.items()))
+    rates = ", ".join(
+        f"{typ or 'any op'} {v:.1f}" for typ, v in sorted(streams.items()) if ":" not in typ
+    )
     out.threads_from = (
         f"{t.threads} threads priced from the logs' {src}: each op's bytes at the rate the logs' "
-        f"steps streamed its kind at (GB/s: {rates}), "
+        f"steps streamed its weight matrix at (GB/s, by type: {rates}), "
         + (
             f"the rates times {bw[1] / bw[0]:.2f} (the bandwidth instr peaks measured at {t.threads} "
             f"threads over {src})"

@@ -108,7 +108,7 @@ def command(
     RPC server's ops are priced from the ops it timed, and its network per command: round trips
     times the link's round trip plus bytes at its rate, the link measured in the log unless
     --rpc-rate or --rpc-rtt give another (a log's RPC servers are stood in for on loopback to build
-    the graphs, unless --rpc names live ones). The result is a prediction with a 90 % interval:
+    the graphs, unless --rpc names live ones). The result is a prediction with a 95 % interval:
     from the logs predicted from each other (leave one out), or with a single log the model's
     spread on its own steps. A CPU thread count no log ran is priced from the nearest one run:
     compute-bound ops scale with the threads, memory-bound ones stay at the bandwidth the logs
@@ -196,7 +196,7 @@ def _basis(p: Prediction) -> str:
         return "nothing predicted."
     if iv.basis == "held-out":
         return (
-            f"90 % intervals from how far {iv.held_out} log(s) were from their prediction by the "
+            f"95 % intervals from how far {iv.held_out} log(s) were from their prediction by the "
             "others (leave one out)."
         )
     if iv.basis == "thread bounds":

@@ -193,18 +193,21 @@ ClassKey = tuple[Where, str, str, str, str]  # where, tokens, label, type, role 
 class ThreadScale:
     """The CPU at a thread count no log ran, priced from ``source`` (a thread count the logs
     ran): each op by its class there (its fit, fusion, fixed cost); of its time beyond the fixed
-    cost, its bytes at the bandwidth its kind of op streams at (``streams``: bytes/ns by weight
-    type, ``""`` for any op) take ``1 / bandwidth`` times it, and the rest, compute, ``compute``
-    times it (``op_threads``)."""
+    cost, its bytes at the rate its weight matrix streams at (``streams``, bytes/ns: op_fit's
+    ``_stream``, ``""`` for any op) take ``1 / bandwidth`` times it, and the rest, compute,
+    ``compute`` times it (``op_threads``)."""
 
     source: Where
     streams: dict[str, float]
     bandwidth: float
     compute: float
 
-    def time(self, beyond_fixed: float, n_bytes: float, weight_type: str) -> float:
-        """An op's time beyond its fixed cost at the target's count, from the source's."""
-        rate = self.streams.get(weight_type) or self.streams.get("", 0.0)
+    def time(self, beyond_fixed: float, n_bytes: float, weight: str, role: str) -> float:
+        """An op's time beyond its fixed cost at the target's count, from the source's; its
+        ``weight``'s type for a matmul reading one (else ""), and its ``role``."""
+        rate = (
+            weight and (self.streams.get(f"{weight}:{role}") or self.streams.get(weight))
+        ) or self.streams.get("", 0.0)
         memory = min(beyond_fixed, n_bytes / rate) if rate > 0 else 0.0
         return memory / self.bandwidth + (beyond_fixed - memory) * self.compute
 
@@ -346,8 +349,9 @@ class CostModel:
                 w = roofs.work([as_lab], [as_typ], n_bytes, gc.flops[k : k + 1])
             out[k] = float(fit.time(w)[0])
             if scale is not None and dev == "CPU":  # at the target's thread count
-                weight = as_typ if as_lab.startswith("MUL_MAT") else ""
-                out[k] = fit.fixed + scale.time(out[k] - fit.fixed, float(n_bytes[0]), weight)
+                weight = as_typ if as_lab.startswith("MUL_MAT") and "kv " not in as_typ else ""
+                time = scale.time(out[k] - fit.fixed, float(n_bytes[0]), weight, rol)
+                out[k] = fit.fixed + time
             far = fit.beyond(float(w[0]))
             if far and beyond is not None:
                 cls = (str(where), lab, typ, gc.tokens[k])
@@ -391,11 +395,11 @@ class CostModel:
     ) -> Fit | None:
         """The closest fitted class: this role at this row count, then at the nearest one that
         has it (a prompt of 512 tokens prices one of 127); then any role of the op the same
-        way. Where its own row count has none, given the node's ``work``, the first of the
-        others whose ops did as much work (``Fit.beyond``: a ubatch of 4 tokens from a prompt's
-        class rather than from generation's, which did 4x less), else the closest. (Its own row
-        count's class is taken as it is: a token at a depth no log generated at is not priced
-        from a prompt's matmuls.)"""
+        way. Given the node's ``work``, the first whose ops did as much work (``Fit.beyond``: a
+        ubatch of 4 tokens from a prompt's class rather than from generation's, which did 4x
+        less; a prompt of 127 tokens from one of 512 rather than from ubatches of 32), else the
+        closest. (A single row's class is taken as it is where there is one: a token at a depth
+        no log generated at is not priced from a prompt's matmuls.)"""
         order = sorted(
             TOKEN_NAMES, key=lambda t: abs(TOKEN_NAMES.index(t) - TOKEN_NAMES.index(tokens))
         )
@@ -405,7 +409,7 @@ class CostModel:
                 found = self.fits.get((where, t, label, typ, r))
                 if found is None:
                     continue
-                if t == tokens or work is None or not found.beyond(work):
+                if work is None or not found.beyond(work) or (t == tokens == "1"):
                     return found
                 closest = closest or found
         return closest

@@ -78,6 +78,7 @@ def _op_frame(frames: Any, graphs: LogGraphs, where_of: Any) -> pd.DataFrame | N
     df = pd.concat(parts, ignore_index=True)
     # ops of prompt and generation steps only (not a K-shift's)
     step_kind = kinds.reindex(df["step"].to_numpy()).to_numpy()
+    df["kind"] = step_kind
     return df[np.isin(step_kind, ["prompt", "gen"])]
 
 
@@ -195,14 +196,15 @@ def _stream(
     obs: pd.DataFrame, where_code: np.ndarray, wheres: dict[int, Where]
 ) -> dict[tuple[Where, str], float]:
     """Per device, the bandwidth (bytes/ns) its ops reached over a whole step, the best step's:
-    their bytes over their time, summed over the step's computes (``""``: every op), and per
-    weight type over its matmuls alone (the rate at which that type's blocks are read and
-    dequantized: a generation step reads every weight once). The roofs' bandwidth, the 95th
-    percentile of single ops', is a cache's where an op's data fits in it."""
-    typ = obs["type0"].astype(str).to_numpy()
-    label = obs["label"].astype(str)
+    their bytes over their time, summed over the step's computes, of generation's steps where
+    there are some (a prompt's may read a matrix still in the cache). Keyed ``""`` for every op,
+    and for the matmuls reading a weight, ``TYPE`` for those of a weight type and
+    ``TYPE:ROLE`` for those of one weight matrix of the model in every layer (``ffn_up``): the
+    rate its kernel and the memory read it at (a generation step reads every weight once). The
+    roofs' bandwidth, the 95th percentile of single ops', is a cache's where an op's data fits."""
+    typ = obs["type0"].astype(str)
     weight = (
-        label.str.startswith("MUL_MAT") & ~obs["type0"].astype(str).str.startswith("kv ")
+        obs["label"].astype(str).str.startswith("MUL_MAT") & ~typ.str.startswith("kv ")
     ).to_numpy()
     df = pd.DataFrame(
         {
@@ -211,14 +213,24 @@ def _stream(
             "step": obs["step"].to_numpy(),
             "bytes": obs["bytes"].to_numpy(np.float64),
             "dur": obs["dur"].to_numpy(np.float64),
+            # generation's steps first: a prompt's may find a matrix in the cache still (its
+            # output projection of one row, read just after the previous token's)
+            "gen": (obs["kind"].astype(str) == "gen").to_numpy(),
         }
     )
+    mm = df[weight]
+    keys = (
+        df.assign(t=""),
+        mm.assign(t=typ.to_numpy()[weight]),
+        mm.assign(t=typ.to_numpy()[weight] + ":" + obs["role"].astype(str).to_numpy()[weight]),
+    )
     out: dict[tuple[Where, str], float] = {}
-    for rows in (df.assign(t=""), df[weight].assign(t=typ[weight])):
-        per = rows.groupby(["w", "t", "log", "step"])[["bytes", "dur"]].sum()
+    for rows in keys:
+        per = rows.groupby(["w", "t", "gen", "log", "step"])[["bytes", "dur"]].sum()
         per = per[per["dur"] > 0]
-        rate = (per["bytes"] / per["dur"]).groupby(level=["w", "t"]).max()
-        out.update({(wheres[int(c)], str(t)): float(v) for (c, t), v in rate.items()})
+        rate = (per["bytes"] / per["dur"]).groupby(level=["w", "t", "gen"]).max()
+        for (c, t, _gen), v in sorted(rate.items(), key=lambda kv: kv[0][2]):
+            out[(wheres[int(c)], str(t))] = float(v)  # generation's, where it has one
     return out
 
 

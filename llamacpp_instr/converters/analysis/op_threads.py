@@ -5,22 +5,25 @@ An op's time in its class is ``fixed + slope * work`` (``op_costs``). At ``T'`` 
 logs of ``T`` each op keeps its class (its fit, its fusion, the device's fixed cost per op: a
 barrier's and a dispatch's), and its time beyond the fixed cost is split in two:
 
-- memory: its bytes at the rate its kind of op streams at (at most all of it): for a matmul, the
-  best rate a whole step of the logs read its weight type at (its matmuls' bytes over their time:
-  a generation step reads every weight once, and a quantized type's blocks are read as fast as
-  they are dequantized), for another op the best any whole step reached; a rate that saturates:
-  the same at ``T'``, or, where ``instr peaks`` measured this machine's bandwidth at both thread
-  counts, in their ratio;
+- memory: its bytes at the rate its weight matrix streams at (at most all of it): for a matmul
+  reading a weight, the best rate a whole step of the logs read that matrix at (its matmuls'
+  bytes over their time in the step, for the same role and type in every layer: ``ffn_up`` of
+  Q4_1; a generation step reads every weight once, at the rate its kernel dequantizes and the
+  memory delivers it), for another op the best any whole step's ops reached; a rate that
+  saturates: the same at ``T'``, or, where ``instr peaks`` measured this machine's bandwidth at
+  both thread counts, in their ratio;
 - compute: the rest, which ggml splits between its threads: ``T/T'`` times it.
 
 So a prompt's matmul (thousands of FLOPs a byte) takes ``T/T'`` its time; a generation's
-matrix-vector product, which streams its weights at its type's rate, about its time; an op
-between, between. (With the roofline's max of memory at the fastest rate any step reached and
-compute at the logs' best GFLOP/s, a Q4_1 model's matrix-vector products, read at half the rate
-an F16 model's are, looked compute-bound, and generation at 1 thread was predicted 20-50 % slower
-than at 2, where it is within 4 %.) The host's time per compute outside the ops is the source's.
-Beyond the CPUs the logs' machine has, threads would take turns on them: not predicted
-(``predict``).
+matrix-vector product, which streams its weights at that rate, its time; an op between,
+between. Measured on bench/predict.py's grid: with one bandwidth for every matmul (the fastest
+any step reached: an F16 model's, 34 GB/s), a Q4_1 model's matrix-vector products (read at 17-21
+GB/s) looked half compute and generation at 1 thread was priced 26 % slower than at 2, where it
+is within 4 %; with one per weight type, a Q8_0 model's took the rate of a Q4_1 model's Q8_0
+output matrix, 49,152 rows long. An F16 model's generation does get faster with threads (22 %
+from 1 to 2 here): more than this model says. The host's time per compute outside the ops is
+the source's. Beyond the CPUs the logs' machine has, threads would take turns on them: not
+predicted (``predict``).
 
 Two others bound it (``MODES``): ``linear`` (the memory part too ``T/T'`` times: every op's
 time beyond its fixed cost) and ``flat`` (no part moves: the source's price). A prediction at a

@@ -281,41 +281,98 @@ def coverage_line(rows: list[Any]) -> str:
     )
 
 
-def threads_table(rows: list[Any]) -> list[str]:
-    """Each cell predicted from the logs of the other thread count only: the table, the median
-    absolute errors 1 -> 2 and 2 -> 1 per kind (target: at most 20 %), and the coverage."""
-    lines = [
-        "",
-        "Each cell from the logs of the other thread count only (1 thread from the 2-thread "
-        "logs, 2 from the 1-thread logs; `op_threads`):",
-        "",
-        "| cell | prompt tok/s measured | predicted (interval) | error | gen tok/s measured "
-        "| predicted (interval) | error |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    errs: dict[tuple[str, str], list[float]] = {}
-    missed = [cell.name for cell, p, _m, _s in rows if not (p.prompt or p.gen)]
+def report(rows: list[Any], thread_rows: list[Any]) -> list[str]:
+    """The grid's table (each cell from the other cells; with ``thread_rows``, also from the
+    logs of the other thread count only, beside it), the shares of time, the errors against the
+    targets and the intervals' coverage."""
+    across = dict(zip([r[0] for r in thread_rows], thread_rows, strict=True))
+    head = "| cell (weights, threads, depth, ubatch) "
+    for kind in ("prompt", "gen"):
+        head += f"| {kind} tok/s measured | predicted (interval) | error "
+        if across:
+            head += "| from the other thread count | error "
+    lines = [head + "|", "|---" * (7 + 4 * bool(across)) + "|"]
+    errs: dict[str, list[float]] = {"prompt": [], "gen": []}
+    way_errs: dict[tuple[str, str], list[float]] = {}
     for cell, p, m, _shares in rows:
-        if not (p.prompt or p.gen):
-            continue
         cols = [cell.name]
         for kind, iv in (("prompt", p.prompt), ("gen", p.gen)):
             e = pct(iv.value if iv else None, m[kind])
             if e is not None:
-                way = "2 -> 1" if cell.threads == 1 else "1 -> 2"
-                errs.setdefault((way, kind), []).append(abs(e))
+                errs[kind].append(abs(e))
             cols += cell_columns(iv, m[kind], e)
+            if across:
+                other = getattr(across[cell][1], kind)
+                e = pct(other.value if other else None, m[kind])
+                if e is not None:
+                    way = "2 -> 1" if cell.threads == 1 else "1 -> 2"
+                    way_errs.setdefault((way, kind), []).append(abs(e))
+                cols += cell_columns(other, m[kind], e)[1:]
         lines.append("| " + " | ".join(cols) + " |")
+    lines += share_lines(rows)
     lines.append("")
-    if missed:
-        lines.append(f"Not covered from the other thread count: {', '.join(missed)}.")
-    for (way, kind), found in sorted(errs.items()):
+    for kind, target in (
+        ("gen", "median at most 15 %, none over 35 %"),
+        ("prompt", "median at most 20 %"),
+    ):
+        got = errs[kind]
         lines.append(
-            f"- {way} threads, {kind}: median absolute error {statistics.median(found):.1f} %, "
-            f"largest {max(found):.1f} % ({len(found)} cells; target: median at most 20 %)"
+            f"{kind}: median absolute error {statistics.median(got):.1f} %, largest "
+            f"{max(got):.1f} % ({len(got)} of {len(rows)} cells predicted) (target: {target})."
+            if got
+            else f"{kind}: no cell predicted."
         )
     lines.append(coverage_line(rows))
+    if across:
+        lines.append(
+            "From the other thread count only (1 thread from the 2-thread logs, 2 from the "
+            "1-thread ones; `op_threads`), median absolute error (target: at most 20 %): "
+            + "; ".join(
+                f"{way} {kind} {statistics.median(v):.1f} % (largest {max(v):.1f} %, {len(v)} "
+                "cells)"
+                for (way, kind), v in sorted(way_errs.items())
+            )
+            + "."
+        )
+        lines.append(coverage_line(thread_rows).replace("Interval coverage", "Their coverage"))
     return lines
+
+
+def share_lines(rows: list[Any]) -> list[str]:
+    """Each device's own time and the copies' (over RPC: the network's) as shares of their sum,
+    predicted against measured: the cells and kinds off by ``SHARE_SHOWN`` points or more, and
+    the largest difference (none for a grid on one device)."""
+    errs: list[float] = []
+    out: list[str] = []
+    for cell, p, _m, shares in rows:
+        for kind, meas in shares.items():
+            pred = p.by_device.get(kind)
+            if not pred:
+                continue
+            diffs = {d: 100 * (pred.get(d, 0.0) - meas.get(d, 0.0)) for d in set(meas) | set(pred)}
+            errs += [abs(v) for v in diffs.values()]
+            if max(abs(v) for v in diffs.values()) < SHARE_SHOWN:
+                continue  # (counted in the largest difference)
+            out.append(
+                f"- {cell.name}, {kind}: "
+                + ", ".join(
+                    f"{d} {100 * meas.get(d, 0):.0f} % measured, {100 * pred.get(d, 0):.0f} % "
+                    f"predicted ({diffs[d]:+.0f} points)"
+                    for d in sorted(diffs)
+                )
+            )
+    if not errs:
+        return []
+    return (
+        [
+            "",
+            "Where the time goes: each device's own time and the copies' (over RPC: the "
+            "network's, data moving while no device computed), as shares of their sum; the "
+            f"cells and kinds off by {SHARE_SHOWN} points or more:",
+        ]
+        + (out or ["- none"])
+        + [f"Largest difference {max(errs):.0f} points (target: within 10 points)."]
+    )
 
 
 def cell_columns(iv: Any, meas: float | None, e: float | None) -> list[str]:
@@ -429,7 +486,7 @@ def main() -> None:
         predict_cell(cell, [c for c in grid if c != cell], sessions, files[cell.quant])
         for cell in grid
     ]
-    thread_lines: list[str] = []
+    thread_rows: list[Any] = []
     if not (args.vulkan or args.rpc or args.quick):
         # each cell from the logs of the other thread count only (issue 53 section 5)
         thread_rows = [
@@ -437,7 +494,6 @@ def main() -> None:
                          files[cell.quant])
             for cell in grid
         ]  # fmt: skip
-        thread_lines = threads_table(thread_rows)
 
     # speed: predict from one detailed log of 100 generation steps
     speed_s = float("nan")
@@ -449,69 +505,12 @@ def main() -> None:
             predict.predict([long_log])
             speed_s = time.monotonic() - t
 
-    lines = [
-        "| cell (weights, threads, depth, ubatch) | prompt tok/s measured | predicted (interval) "
-        "| error | gen tok/s measured | predicted (interval) | error |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    errs: dict[str, list[float]] = {"prompt": [], "gen": []}
-    share_errs: list[float] = []
-    share_lines: list[str] = []
-    for cell, p, m, shares in rows:
-        for kind, meas in shares.items():
-            pred = p.by_device.get(kind)
-            if not pred:
-                continue
-            diffs = {d: 100 * (pred.get(d, 0.0) - meas.get(d, 0.0)) for d in set(meas) | set(pred)}
-            share_errs += [abs(v) for v in diffs.values()]
-            if max(abs(v) for v in diffs.values()) < SHARE_SHOWN:
-                continue  # (counted in the largest difference)
-            share_lines.append(
-                f"- {cell.name}, {kind}: "
-                + ", ".join(
-                    f"{d} {100 * meas.get(d, 0):.0f} % measured, {100 * pred.get(d, 0):.0f} % "
-                    f"predicted ({diffs[d]:+.0f} points)"
-                    for d in sorted(diffs)
-                )
-            )
-        cols = [cell.name]
-        for kind, iv in (("prompt", p.prompt), ("gen", p.gen)):
-            e = pct(iv.value if iv else None, m[kind])
-            if e is not None:
-                errs[kind].append(abs(e))
-            cols += cell_columns(iv, m[kind], e)
-        lines.append("| " + " | ".join(cols) + " |")
-
-    def summary(kind: str) -> str:
-        e = errs[kind]
-        if not e:
-            return f"{kind}: no cell predicted"
-        return (
-            f"{kind}: median absolute error {statistics.median(e):.1f} %, largest {max(e):.1f} % "
-            f"({len(e)} of {len(rows)} cells predicted)"
-        )
-
-    if share_errs:
-        lines += [
-            "",
-            "Where the time goes: each device's own time and the copies' (over RPC: the "
-            "network's, data moving while no device computed), as shares of their sum; the cells "
-            f"and kinds off by {SHARE_SHOWN} points or more:",
-        ]
-        lines += share_lines or ["- none"]
-        lines.append(f"Largest difference {max(share_errs):.0f} points (target: within 10 points).")
-    lines += [
-        "",
-        summary("gen") + " (target: median at most 15 %, none over 35 %).",
-        summary("prompt") + " (target: median at most 20 %).",
-        coverage_line(rows),
-    ]
+    lines = report(rows, thread_rows)
     if not (args.vulkan or args.rpc):
         lines.append(
             f"`predict` from one detailed log of 100 generation steps: {speed_s:.2f} s (target: "
             "under 5 s)."
         )
-    lines += thread_lines
     ran = f"took {run_s:.0f} s" if ran_any else "were reused from --keep"
     load = os.getloadavg()
     flagged = [c.name for c in grid if busy(logs[c])]

@@ -181,3 +181,68 @@ def test_the_table_ranks_what_is_covered_with_intervals_at_its_decimals(
         else:
             assert row.split()[0] == "-", row
             assert not re.findall(rate, row)
+
+
+def _candidate(mib: int, speed: float, kld: float | None, type_k: str = "f16") -> Any:
+    """A fitting, covered setting of ``mib`` MiB running prompt and generation at ``speed``."""
+    from llamacpp_instr.deciding.plan import Candidate
+    from llamacpp_instr.deciding.prediction.intervals import Interval
+    from llamacpp_instr.deciding.prediction.predict import Prediction, Target
+
+    t = Target(Path("m.gguf"), 2, 8, 8, 0, 512, 512)
+    p = Prediction(target=t, logs=[], prompt=Interval(speed, speed, speed))
+    p.gen = Interval(speed, speed, speed)
+    c = Candidate("q8_0", Path("q8.gguf"), 2, 512, type_k, type_k, type_k != "f16", 0, 512)
+    c.footprint, c.prediction, c.kld = {"CPU": {"weights": mib * MIB}}, p, kld
+    return c
+
+
+def test_the_front_compares_quality_where_both_have_it() -> None:
+    """A KV cache's quality joins the front (issue 53 §7): of settings whose quality was
+    measured, the front is by memory, speed and KL divergence; one whose quality was not is
+    compared only with others like it (what it loses is not known), and the quant-eval run that
+    measures it is named. Worked by hand: A (100 MiB, 0.01) and B (90 MiB, 0.05) trade memory
+    for quality; D (95 MiB, slower, 0.06) is beaten by B; C (90 MiB, q4_0 KV unmeasured) stands
+    alone among the unmeasured, E (95 MiB, slower, unmeasured) is beaten by C."""
+    from llamacpp_instr.deciding.plan import mark_front, unmeasured_quality
+
+    a, b = _candidate(100, 10, 0.01), _candidate(90, 10, 0.05, "q8_0")
+    c, d = _candidate(90, 10, None, "q4_0"), _candidate(95, 9, 0.06, "q8_0")
+    e = _candidate(95, 9, None, "q4_0")
+    mark_front([a, b, c, d, e])
+    assert [x.front for x in (a, b, c, d, e)] == [True, True, True, False, False]
+    (line,) = unmeasured_quality([a, b, c, d, e], "base.gguf")
+    assert line.startswith("q8_0 with a q4_0/q4_0 KV cache: `instr quant-eval base.gguf q8.gguf")
+    assert "-ctk q4_0 -ctv q4_0 --flash-attn --format json`" in line
+    # without any quality, the front is memory and speed alone: A is beaten by B
+    for x in (a, b, d):
+        x.kld = None
+    mark_front([a, b, c, d, e])
+    assert [x.front for x in (a, b, c, d, e)] == [False, True, True, False, False]
+    assert unmeasured_quality([a, b, c, d, e], "base.gguf") == []
+
+
+def test_quality_is_by_quantization_and_kv_cache(
+    instr_api: Any, tiny_llama_f32: Path, tiny_llama_q8: Path
+) -> None:
+    """A quant-eval report's models by their GGUF's own type and the KV cache they were evaluated
+    with (f16 where a report does not say: those made before -ctk/-ctv); the base's is 0."""
+    from llamacpp_instr.deciding.plan import quality
+
+    report = {
+        "base": {"path": str(tiny_llama_f32)},
+        "models": [
+            {"path": str(tiny_llama_q8), "kld": {"mean": 0.1}},
+            {
+                "path": str(tiny_llama_f32),
+                "type_k": "q8_0",
+                "type_v": "q4_0",
+                "kld": {"mean": 0.02},
+            },
+        ],
+    }
+    assert quality(report) == {
+        ("f32", "f16", "f16"): 0.0,
+        ("q8_0", "f16", "f16"): 0.1,
+        ("f32", "q8_0", "q4_0"): 0.02,
+    }

@@ -206,15 +206,6 @@ def test_the_help_says_the_defaults_are_the_logs() -> None:
     assert "at most 8" not in text and "default: 0]" not in text
 
 
-def test_another_thread_count_is_not_covered(tiny_detailed: RunLog) -> None:
-    r = instr("predict", str(tiny_detailed.path), "--threads", "1")
-    assert r.returncode == 2
-    assert "1 threads" in r.stdout and "--threads 1" in r.stdout
-    assert "not predicted" in r.stdout
-    assert "Traceback" not in r.stderr
-    assert r.stderr.strip().count("\n") == 0
-
-
 def test_a_weight_type_never_run_is_not_covered(tiny_detailed: RunLog, tiny_llama_q8: Path) -> None:
     """The log ran f32 weights: a Q8_0 model's matmuls have no measure, and say so."""
     r = instr("predict", str(tiny_detailed.path), "--model", str(tiny_llama_q8), "--format", "json")

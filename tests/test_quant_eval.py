@@ -39,9 +39,15 @@ def eval_default(base: Path, *quants: Path) -> dict[str, Any]:
 class Reference:
     """Logits of the scored positions of each chunk, from ``llama_cpp.Llama(logits_all=True)``."""
 
-    def __init__(self, model: Path, text: Path = GENESIS, bos: bool = True) -> None:
+    def __init__(
+        self, model: Path, text: Path = GENESIS, bos: bool = True, kv: tuple[str, str] | None = None
+    ) -> None:
         import llama_cpp
 
+        types = {}
+        if kv is not None:  # the KV cache's types, by ggml's type ids
+            types = {f"type_{x}": getattr(llama_cpp, f"GGML_TYPE_{t.upper()}") for x, t in
+                     zip("kv", kv, strict=True)}  # fmt: skip
         llm = llama_cpp.Llama(
             str(model),
             n_ctx=CTX,
@@ -50,6 +56,7 @@ class Reference:
             flash_attn=True,
             n_threads=2,
             verbose=False,
+            **types,
         )
         raw = text.read_bytes()
         raw = raw[:-1] if raw.endswith(b"\n") else raw  # llama-perplexity's -f drops one
@@ -57,7 +64,7 @@ class Reference:
         add_bos = bool(llama_cpp.llama_vocab_get_add_bos(llm._model.vocab))
         self.add_bos = add_bos
         first = CTX // 2
-        logits, targets = [], []
+        logits, targets, every = [], [], []
         for c in range(CHUNKS):
             chunk = list(tokens[c * CTX : (c + 1) * CTX])
             fed = list(chunk)
@@ -68,8 +75,10 @@ class Reference:
             # position i predicts token i + 1; positions first .. CTX-2 are scored
             logits.append(np.array(llm.scores[first : CTX - 1], dtype=np.float64))
             targets.append(np.array(chunk[first + 1 :]))
+            every.append(np.array(llm.scores[: CTX - 1], dtype=np.float64))
         self.logits = np.concatenate(logits)
         self.targets = np.concatenate(targets)
+        self.every = np.stack(every)  # (chunk, position 0 .. CTX-2, vocabulary)
         llm.close()
 
     def logprobs(self) -> np.ndarray:
@@ -157,6 +166,7 @@ def test_model_against_itself(smollm2_path: Path, instr_api: Any) -> None:
     assert m["delta_p"]["mean"] == 0.0 and m["delta_p"]["rms"] == 0.0
     assert m["ln_ppl_ratio_exact"] == 0.0
     assert m["ppl"] == data["base"]["ppl"]
+    assert [b["mean"] for b in m["kld_by_position"]] == [0.0] * 8
     # llama.cpp's ratio reads the base's nll back from its base file, floored: slightly positive
     # when a scored token is far below the top one, as the independent computation says
     ref = Reference(smollm2_path)
@@ -215,6 +225,16 @@ def test_kld_against_quant_matches_independent_numpy(
     assert m["delta_p"]["rms"] == pytest.approx(ref["dp_rms"], rel=1e-5)
     assert m["same_top_p"] == pytest.approx(ref["same"], abs=1e-9)
     assert 50.0 < m["same_top_p"] < 100.0
+    # by position, by default over the scored positions 64 .. 126: 8 bins of equal width
+    by_pos = kld.reshape(CHUNKS, CTX - 1 - CTX // 2)
+    edges = [64, 72, 80, 88, 96, 103, 111, 119, 127]  # 64 + round(linspace(0, 63, 9))
+    bins = m["kld_by_position"]
+    assert [(b["first"], b["last"] + 1) for b in bins] == list(
+        zip(edges[:-1], edges[1:], strict=True)
+    )
+    for b in bins:
+        part = by_pos[:, b["first"] - 64 : b["last"] - 63]
+        assert (b["tokens"], b["mean"]) == (part.size, pytest.approx(part.mean(), rel=1e-5))
 
 
 def test_tiny_quant_kld_positive(tiny_llama_f32: Path, tiny_llama_q8: Path) -> None:
@@ -224,6 +244,66 @@ def test_tiny_quant_kld_positive(tiny_llama_f32: Path, tiny_llama_q8: Path) -> N
     assert m["kld"]["mean"] > 0
     assert m["kld"]["mean"] == pytest.approx(ref["kld"].mean(), rel=1e-3)
     assert m["ppl"] == pytest.approx(ref["ppl"], rel=1e-6)
+
+
+def kld_rows(base: np.ndarray, quant: np.ndarray) -> np.ndarray:
+    """KL(base || quant) of each row of logits, base probabilities below e^-16 skipped."""
+
+    def logp(z: np.ndarray) -> np.ndarray:
+        m = z.max(axis=-1, keepdims=True)
+        return z - m - np.log(np.exp(z - m).sum(axis=-1, keepdims=True))
+
+    lp, lq = logp(base), logp(quant)
+    return np.where(lp > -16, np.exp(lp) * (lp - lq), 0.0).sum(axis=-1)
+
+
+@pytest.mark.parametrize("cache", ["q8_0", "q4_0"])
+def test_a_kv_cache_against_the_base_by_position(
+    cache: str, smollm2_path: Path, instr_api: Any
+) -> None:
+    """No QUANT and -ctk/-ctv: the base with that cache against the base with an f16 one, its
+    KLD at every position of every chunk (--all-positions) computed here from llama_cpp.Llama's
+    logits (made with that cache), averaged in 8 bins of equal width over positions 0 .. CTX-2;
+    the headline over the scored half, as ever."""
+    data = cli_json(
+        str(smollm2_path), "-ctk", cache, "-ctv", cache, "--flash-attn", "--all-positions",
+        "--chunk-size", str(CTX), "--chunks", str(CHUNKS),
+    )  # fmt: skip
+    (m,) = data["models"]
+    assert m["path"] == str(smollm2_path)
+    assert (m["type_k"], m["type_v"], data["flash_attn"]) == (cache, cache, True)
+    base = Reference(smollm2_path)
+    quant = Reference(smollm2_path, kv=(cache, cache))
+    kld = kld_rows(base.every, quant.every)  # (chunk, position)
+    assert m["kld"]["mean"] > 1e-5  # the cache changes the logits
+    assert m["kld"]["mean"] == pytest.approx(kld[:, CTX // 2 :].mean(), rel=1e-5)
+    edges = [0, 16, 32, 48, 64, 79, 95, 111, 127]  # round(linspace(0, 127, 9))
+    bins = m["kld_by_position"]
+    assert [(b["first"], b["last"] + 1) for b in bins] == list(
+        zip(edges[:-1], edges[1:], strict=True)
+    )
+    for b in bins:
+        part = kld[:, b["first"] : b["last"] + 1]
+        assert b["tokens"] == part.size
+        assert b["mean"] == pytest.approx(part.mean(), rel=1e-5)
+        assert b["err"] == pytest.approx(sem(part.ravel()), rel=1e-4)
+
+
+def test_weights_and_kv_cache_together(
+    smollm2_path: Path, smollm2_q8: Path, smollm2_vs_q8: dict[str, Any]
+) -> None:
+    """A QUANT with -ctk/-ctv: its weights and its cache against the base's f16 cache, the
+    quant's logits made with that cache (the same figures computed here)."""
+    data = cli_json(
+        str(smollm2_path), str(smollm2_q8), "-ctk", "q8_0", "-ctv", "q8_0",
+        "--chunk-size", str(CTX), "--chunks", str(CHUNKS),
+    )  # fmt: skip
+    (m,) = data["models"]
+    assert m["path"] == str(smollm2_q8) and m["type_k"] == "q8_0"
+    assert data["flash_attn"] == "auto"
+    ref = independent_kld(Reference(smollm2_path), Reference(smollm2_q8, kv=("q8_0", "q8_0")))
+    assert m["kld"]["mean"] == pytest.approx(ref["kld"].mean(), rel=1e-5)
+    assert m["kld"]["mean"] != smollm2_vs_q8["models"][0]["kld"]["mean"]
 
 
 def test_per_token_values_on_synthetic_logits() -> None:
@@ -301,6 +381,17 @@ def test_vocab_mismatch(tiny_llama_f32: Path, tmp_path: Path) -> None:
     other = write_tiny_model(tmp_path / "tiny-640.gguf", seed=1, n_vocab=640)
     out = one_line_error(str(tiny_llama_f32), str(other), "--chunk-size", "64", "--chunks", "2")
     assert "vocabular" in out and "640" in out and "512" in out
+
+
+def test_kv_options_bad_input(tiny_llama_f32: Path) -> None:
+    out = one_line_error(str(tiny_llama_f32))
+    assert "QUANT" in out and "-ctk" in out
+    out = one_line_error(str(tiny_llama_f32), "-ctv", "q8_0", "--no-flash-attn")
+    assert "flash attention" in out and "q8_0" in out
+    out = one_line_error(str(tiny_llama_f32), "-ctk", "q8_0", "--layers")
+    assert "--layers" in out and "-ctk" in out
+    r = CliRunner().invoke(main, ["quant-eval", str(tiny_llama_f32), "-ctk", "q9_9"])
+    assert r.exit_code == 2 and "q9_9" in r.output
 
 
 def test_missing_files(tiny_llama_f32: Path, tmp_path: Path) -> None:

@@ -37,7 +37,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 #   --sample, --sample-requests, --max-bytes, --keep   always on (run, serve, exec):
 #                  ``always_on_options``, given to the command as one ``always_on``
 #   -ngl/--gpu-layers, --device, --rpc, --tensor-split   where a model's layers run (offload.py)
-#   -ctk/--cache-type-k, -ctv/--cache-type-v   the KV cache's types (llama.cpp's names; run, fit)
+#   -ctk/--cache-type-k, -ctv/--cache-type-v   the KV cache's types (llama.cpp's names; run, fit,
+#                  quant-eval)
 #   --quant        the model quantized to TYPE (fit, plan, predict: ``quant_option``)
 #   --format       text or json (fit, plan, predict: ``text_json_option``); report formats
 #                  (summary, compare, ...: ``report_options``)

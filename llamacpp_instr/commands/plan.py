@@ -35,10 +35,11 @@ if TYPE_CHECKING:
 @click.option(
     "--quality",
     type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
+    multiple=True,
     metavar="FILE",
-    help="A quant-eval report (instr quant-eval --format json) of these quantizations: their mean "
-    "KL divergence from the base joins the Pareto front.",
+    help="A quant-eval report (instr quant-eval --format json) of these quantizations, or of a KV "
+    "cache type (quant-eval -ctk/-ctv; repeatable): each setting's mean KL divergence from the "
+    "base, for its quantization and KV cache, joins the Pareto front.",
 )
 @offload_options(layers_default="0, and all too where a GPU option is given: both ranked")
 @experts_option
@@ -49,7 +50,7 @@ def command(
     memory_specs: tuple[str, ...],
     n_ctx: int,
     quants: tuple[str, ...],
-    quality: Path | None,
+    quality: tuple[Path, ...],
     offload: Offload,
     experts: bool,
     fmt: str,
@@ -61,7 +62,8 @@ def command(
     checked against the memory at --ctx (the context every setting must hold) with llama.cpp's own projection (as instr fit does), and
     priced from the logs' measured ops (as instr predict does): tokens/s for the first log's
     prompt and generation lengths, with intervals. The Pareto front of memory, generation and
-    prompt speed (and, with --quality, the quantization's KL divergence from the base) is marked,
+    prompt speed (and, with --quality, the KL divergence from the base of the quantization with
+    the setting's KV cache: quant-eval reports of the quants, and of -ctk/-ctv) is marked,
     and each setting comes with the instr run command that runs it. A setting no log covers stays
     in the list, unranked, with what to run.
     """
@@ -76,14 +78,15 @@ def command(
     models.check_gguf(model)
     if not logs:
         raise UserError("give at least one detailed log of a run of this model to rank by speed")
-    report: dict[str, object] | None = None
-    if quality is not None:
+    reports: list[dict[str, object]] = []
+    for path in quality:
         try:
-            report = json.loads(quality.read_text())
+            report = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise UserError(f"{quality}: not a quant-eval JSON report ({exc})") from None
+            raise UserError(f"{path}: not a quant-eval JSON report ({exc})") from None
         if not isinstance(report, dict) or "models" not in report:
-            raise UserError(f"{quality}: not a quant-eval JSON report (no models)")
+            raise UserError(f"{path}: not a quant-eval JSON report (no models)")
+        reports.append(report)
     from llama_cpp import _logger
 
     _logger.set_verbose(False)  # llama.cpp's lines per context made
@@ -101,11 +104,16 @@ def command(
     cands = plan.candidates(files, sessions, n_ctx, gpu)
     plan.measure_memory(cands, limits, offload)
     plan.price(cands, predict.fit(sessions), sessions, base, [str(p) for p in logs])
-    if report is not None:
-        kld = plan.quality(report)
-        for c in cands:
-            c.kld = kld.get(c.quant)
+    kld: dict[tuple[str, str, str], float] = {}
+    for report in reports:
+        kld = {**plan.quality(report), **kld}  # the first report given of a setting counts
+    for c in cands:
+        c.kld = kld.get((c.quant, c.type_k, c.type_v))
     plan.mark_front(cands)
+    base_of = reports[0].get("base") if reports else None
+    unmeasured = plan.unmeasured_quality(
+        cands, str(base_of.get("path")) if isinstance(base_of, dict) else "BASE.gguf"
+    )
     ranked = plan.rank(cands)
     spec = _speculation(list(logs), sessions)
     if fmt == "json":
@@ -118,6 +126,9 @@ def command(
         click.echo(render(ranked, limits, n_ctx, base))
         if spec:
             click.echo(_spec_lines(spec))
+        if unmeasured:
+            click.echo("  quality not measured (off the quality front's comparisons):")
+            click.echo("\n".join(f"    {line}" for line in unmeasured))
     if not any(c.fits for c in ranked):
         # as instr fit: a setting that does not fit exits 3 (bad input is 2)
         over = sorted({d for c in ranked for d in c.overflow})
@@ -176,7 +187,7 @@ def render(ranked: list[Candidate], limits: dict[str, int], n_ctx: int, base: ob
     lines = [
         f"settings holding {n_ctx} tokens of context in {mem}: {len(fits)} of {len(ranked)} fit; "
         "speeds are predictions (tokens/s, interval) for the first log's prompt and generation, "
-        "* = on the Pareto front of memory and speed",
+        "* = on the Pareto front of memory, speed and (KLD) quality where measured",
         "",
         f"{'#':>3} {'':1} {'quant':<8} {'thr':>3} {'ubatch':>6} {'kv':<12} {'ngl':>4} "
         f"{'memory':>11} {'gen tok/s':>24} {'prompt tok/s':>24} {'KLD':>7}  command",

@@ -119,11 +119,15 @@ def command(
     RPC server's ops are priced from the ops it timed, and its network per command: round trips
     times the link's round trip plus bytes at its rate, the link measured in the log unless
     --rpc-rate or --rpc-rtt give another (a log's RPC servers are stood in for on loopback to build
-    the graphs, unless --rpc names live ones). The result is a prediction, with an interval from the model's
-    spread on the logs' own steps. What no log measured (another thread count, a weight type
-    never run, a device, ops of more work than the logs' did: a longer prompt or ubatch, a deeper
-    context) is listed with the run that would measure it, and that speed is not given (exit 2):
-    nothing is extrapolated. A context beyond the model's n_ctx_train is refused (exit 2). An op
+    the graphs, unless --rpc names live ones). The result is a prediction with a 95 % interval:
+    from the logs predicted from each other (leave one out), or with a single log the model's
+    spread on its own steps. A CPU thread count no log ran is priced from the nearest one run:
+    compute-bound ops scale with the threads, memory-bound ones stay at the bandwidth the logs
+    measured (or the ratio instr peaks measured at the two counts); its interval spans every op
+    scaling to none doing so. What no log measured (threads beyond the machine's CPUs, a weight
+    type never run, a device, ops of more work than the logs' did: a longer prompt or ubatch, a
+    deeper context) is listed with the run that would measure it, and that speed is not given
+    (exit 2): nothing is extrapolated. A context beyond the model's n_ctx_train is refused (exit 2). An op
     its device never ran, of a kind it did, is priced from that kind and listed ("priced from
     other ops": a matmul of a weight type the logs ran on another device only, as the device's
     matmul of another type of the same shape; a binary op from another).
@@ -202,6 +206,28 @@ def _rate(name: str, i: Interval | None) -> str:
     return f"  {name:<11} {i.value:9.1f} tokens/s   ({i.low:.1f} to {i.high:.1f})"
 
 
+def _basis(p: Prediction) -> str:
+    """What the intervals are made of (``intervals``)."""
+    iv = p.gen or p.prompt
+    if iv is None:
+        return "nothing predicted."
+    if iv.basis == "held-out":
+        return (
+            f"95 % intervals from how far {iv.held_out} log(s) were from their prediction by the "
+            "others (leave one out)."
+        )
+    if iv.basis == "thread bounds":
+        return (
+            "at a thread count no log ran, the intervals span every op scaling with the threads "
+            "to none doing so."
+        )
+    return (
+        "the interval is the spread of the model on the logs' own steps (no log could be "
+        "predicted from the others: add logs of other settings for an interval that says how "
+        "far a prediction goes wrong)."
+    )
+
+
 def render(p: Prediction) -> str:
     lines = [f"prediction for {p.target.describe()}:"]
     lines += [f"  WARNING, a log from a busy machine: {line}" for line in p.contended]
@@ -223,8 +249,10 @@ def render(p: Prediction) -> str:
     lines.append(
         f"  from {len(p.logs)} log(s) ({', '.join(Path(x).name for x in p.logs)}); "
         f"{p.graphs} graph(s) built by llama.cpp without weights. A prediction, not a "
-        "measurement: the interval is the model's spread on the logs' own steps."
+        f"measurement; {_basis(p)}"
     )
+    if p.threads_from:
+        lines.append(f"  threads: {p.threads_from}")
     for line in p.priced_from_others:
         lines.append(f"  priced from other ops: {line}")
     for line in p.not_covered:

@@ -13,6 +13,7 @@ from llamacpp_instr.commands import (
     check_output,
     chunk_size_options,
     emit,
+    kv_type_options,
     offload_options,
     report_options,
     threads_option,
@@ -46,7 +47,7 @@ def _progress_bar() -> Progress:
 
 @click.command("quant-eval")
 @click.argument("base", type=click.Path(path_type=Path))
-@click.argument("quants", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("quants", nargs=-1, type=click.Path(path_type=Path))
 @click.option(
     "--text",
     "text",
@@ -63,7 +64,20 @@ def _progress_bar() -> Progress:
     help="Evaluate only the first N chunks (default: all full chunks).",
 )
 @threads_option
+@kv_type_options
+@click.option(
+    "--flash-attn/--no-flash-attn",
+    "flash_attn",
+    default=None,
+    help="Flash attention for every model (default: llama.cpp's auto, as llama-perplexity).",
+)
 @offload_options()
+@click.option(
+    "--all-positions",
+    is_flag=True,
+    help="The KL divergence by context position over every position of each chunk, the "
+    "unscored first half too (its logits are output as well: twice the output buffer).",
+)
 @click.option(
     "--layers/--no-layers",
     default=False,
@@ -79,7 +93,11 @@ def command(
     chunk_size: int,
     chunks: int | None,
     threads: int | None,
+    type_k: str,
+    type_v: str,
+    flash_attn: bool | None,
     offload: Offload,
+    all_positions: bool,
     layers: bool,
     fmt: str,
     output: Path | None,
@@ -89,12 +107,26 @@ def command(
     change in the correct token's probability) and how often the top token agrees; with the
     definitions and uncertainties of llama.cpp's `llama-perplexity --kl-divergence`. The text is
     tokenized once with the base's tokenizer and cut into chunks of --chunk-size tokens, evaluated
-    teacher-forced from an empty cache; the second half of each chunk is scored."""
+    teacher-forced from an empty cache; the second half of each chunk is scored.
+
+    -ctk/-ctv give the quants' KV cache (the base's stays f16, the reference): the divergence is
+    then their weights' and their cache's together; with no QUANT, the base itself with that
+    cache is compared with the base (what the cache alone costs). The KL divergence by context
+    position (the scored positions, or with --all-positions every position of a chunk, in bins)
+    shows the error as the cache fills."""
     from llamacpp_instr.converters.reports.quant.eval_report import build
     from llamacpp_instr.converters.reports.renderers import render
     from llamacpp_instr.deciding import quant_eval
 
     check_output(output)
+    kv = quant_eval.KvCache(type_k, type_v, flash_attn)
+    if layers and kv.quantized:
+        from llamacpp_instr.converters.errors import UserError
+
+        raise UserError(
+            "--layers measures the weights' error with an f16 KV cache: give it "
+            "without -ctk/-ctv"
+        )
     if layers:
         from llamacpp_instr.converters.errors import UserError
         from llamacpp_instr.running.offload import prepare
@@ -116,6 +148,8 @@ def command(
         threads=threads,
         progress=progress,
         offload=offload,
+        kv=kv,
+        all_positions=all_positions,
     )
     report = build(data)
     if layers:
@@ -127,7 +161,7 @@ def command(
             click.echo("quant-eval: per-layer error ...", err=True)
         scored = scored_chunks(base, text, chunk_size, int(data["chunks"]))
         per_layer = layer_errors(
-            base, quants, scored, chunk_size, int(data["threads"]), offload=offload
+            base, list(quants), scored, chunk_size, int(data["threads"]), offload=offload
         )
         report.sections += layers_sections(per_layer, base.name)
         report.data["layers"] = per_layer

@@ -191,40 +191,67 @@ def price(
         c.prediction = predict.price(t, model, sessions, logs)
 
 
-def quality(report: dict[str, Any]) -> dict[str, float]:
+def quality(report: dict[str, Any]) -> dict[tuple[str, str, str], float]:
     """A quant-eval report (``instr quant-eval --format json``): each model's mean KL divergence
-    from the base, by its quantization (the GGUF's own file type; the base's is 0)."""
-    out: dict[str, float] = {}
+    from the base, by its quantization (the GGUF's own file type; the base's is 0) and the KV
+    cache it was evaluated with (type_k, type_v: f16 where the report does not say, the base's)."""
+    out: dict[tuple[str, str, str], float] = {}
     base = report.get("base")
-    rows: list[tuple[Any, Any]] = [(base.get("path") if isinstance(base, dict) else None, 0.0)]
+    base_path = base.get("path") if isinstance(base, dict) else None
+    rows: list[tuple[Any, str, str, float]] = [(base_path, "f16", "f16", 0.0)]
     models = report.get("models")
     for m in models if isinstance(models, list) else []:
         kld = m.get("kld") if isinstance(m, dict) else None
         if isinstance(kld, dict) and isinstance(kld.get("mean"), (int, float)):
-            rows.append((m.get("path"), float(kld["mean"])))
-    for path, value in rows:
+            kv = (str(m.get("type_k") or "f16"), str(m.get("type_v") or "f16"))
+            rows.append((m.get("path"), *kv, float(kld["mean"])))
+    for path, type_k, type_v, value in rows:
         if isinstance(path, str) and path and Path(path).is_file():
-            out.setdefault(fit.file_type(Path(path)), value)
+            out.setdefault((fit.file_type(Path(path)), type_k, type_v), value)
     return out
 
 
 def mark_front(cands: list[Candidate]) -> None:
     """The Pareto front of the fitting, covered candidates: none other takes no more memory, runs
-    generation and prompt no slower and (where every one has a quality) diverges no more from the
-    base, and is better in one of them."""
+    generation and prompt no slower and diverges no more from the base, and is better in one of
+    them. The divergence (a quant-eval report's, of the quantization with the setting's KV cache)
+    is compared where both settings have one; a setting with one and a setting without are not
+    compared (neither can beat the other: what the unmeasured one loses is not known)."""
     ranked = [c for c in cands if c.fits and c.gen is not None and c.prompt is not None]
-    with_quality = all(c.kld is not None for c in ranked)
 
     def key(c: Candidate) -> tuple[float, ...]:
         k = (-float(c.bytes), c.gen or 0.0, c.prompt or 0.0)
-        return k + (-(c.kld or 0.0),) if with_quality else k
+        return k if c.kld is None else k + (-c.kld,)
 
     for c in ranked:
         kc = key(c)
         c.front = not any(
-            o is not c and all(a >= b for a, b in zip(key(o), kc, strict=True)) and key(o) != kc
+            o is not c
+            and (o.kld is None) == (c.kld is None)
+            and all(a >= b for a, b in zip(key(o), kc, strict=True))
+            and key(o) != kc
             for o in ranked
         )
+
+
+def unmeasured_quality(cands: list[Candidate], base: str) -> list[str]:
+    """Where some settings have a quality and others not: the quant-eval run against ``base``
+    (the reports' base model) that measures each missing quantization and KV cache, once each."""
+    ranked = [c for c in cands if c.fits and c.gen is not None]
+    if not any(c.kld is not None for c in ranked):
+        return []
+    out: dict[str, None] = {}
+    for c in ranked:
+        if c.kld is None:
+            quant = "" if str(c.model) == base else f" {c.model}"
+            f16 = (c.type_k, c.type_v) == ("f16", "f16")
+            kv = "" if f16 else f" -ctk {c.type_k} -ctv {c.type_v}"
+            fa = " --flash-attn" if c.flash_attn else ""
+            out[
+                f"{c.quant} with a {c.type_k}/{c.type_v} KV cache: `instr quant-eval {base}{quant}"
+                f"{kv}{fa} --format json`, given with --quality"
+            ] = None
+    return list(out)
 
 
 def rank(cands: list[Candidate]) -> list[Candidate]:

@@ -56,6 +56,21 @@ Where this differs from llama-perplexity, on purpose
     attending only to itself); here every chunk is its own batch (``n_batch = ctx``,
     ``n_ubatch = min(ctx, 512)``), which is the same computation. Sums are float64.
 
+The KV cache and attention (``-ctk/-ctv``, ``--flash-attn``)
+    The base is always evaluated with an f16 KV cache: the reference. Each QUANT is evaluated with
+    the KV cache types given (``type_k``, ``type_v``), so that its divergence is that of its
+    weights and its cache together; given no QUANT, the base itself with the cache given is
+    compared with the base (what the cache alone costs). Flash attention is the same for every
+    model (on, off, or llama.cpp's auto, llama-perplexity's default); a quantized V cache needs it.
+
+KL divergence by context position
+    The per-token KLD by its position in the chunk (the logits at position ``p`` have seen
+    ``p + 1`` tokens of context), averaged over the chunks in ``POSITION_BINS`` bins of equal
+    width, each with its mean's uncertainty (``err`` above): over the scored positions
+    ``first .. ctx-2``, or with ``all_positions`` over every position ``0 .. ctx-2`` (the logits of
+    the whole chunk are then output: twice the output buffer). A quantized cache's error builds
+    up with the tokens written to it; the headline statistics stay llama-perplexity's.
+
 Memory stays bounded: all models are loaded, each with its own context; for each chunk the base
 is decoded, then each quant, and the statistics are computed straight from the contexts' logits
 buffers in blocks of rows. Only the per-token KLD and dp values (``N`` float64 each per quant) are
@@ -70,27 +85,30 @@ import ctypes
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.deciding.quant_stats import (  # noqa: F401 (the statistics' names, as before)
+    LOG_PROB_CUTOFF,
+    PERCENTILES,
+    POSITION_BINS,
+    STORED_LOGIT_RANGE,
+    Accumulator,
+    ByPosition,
+    compare_block,
+    covariance,
+    log_softmax,
+    mean_and_uncertainty,
+    median,
+    percentile,
+)
 from llamacpp_instr.native import models
 from llamacpp_instr.running.offload import Offload, Placement, prepare
 
-# llama.cpp skips base probabilities below e^-16 in the KL divergence sum
-LOG_PROB_CUTOFF = -16.0
-# llama.cpp's base file keeps logits down to (max logit - 16) and floors the rest there
-STORED_LOGIT_RANGE = 16.0
-# (JSON key, fraction) of the KLD percentiles reported, as llama-perplexity prints them
-PERCENTILES: tuple[tuple[str, float], ...] = (
-    ("p90", 0.90),
-    ("p95", 0.95),
-    ("p99", 0.99),
-    ("p99_9", 0.999),
-)
 # float64 elements per temporary array when turning a block of logits rows into log-probs
 _BLOCK_ELEMENTS = 1 << 21
 
@@ -116,188 +134,6 @@ def read_text(path: Path) -> bytes:
     except OSError as exc:
         raise UserError(f"cannot read text file {path}: {exc.strerror}") from None
     return data[:-1] if data.endswith(b"\n") else data
-
-
-# --- statistics, as llama-perplexity computes them -------------------------------------------
-
-
-def mean_and_uncertainty(total: float, total2: float, count: int) -> tuple[float, float]:
-    """llama.cpp's ``mean_and_uncertainty``: the mean and the standard error of the mean."""
-    if count < 1:
-        return 0.0, 0.0
-    f = total / count
-    df = total2 / count - f * f
-    df = math.sqrt(df / (count - 1)) if df > 0 and count > 10 else 0.0
-    return f, df
-
-
-def covariance(suma: float, sumb: float, sumab: float, count: int) -> float:
-    """llama.cpp's ``covariance``: the covariance of the two means."""
-    if count < 10:
-        return 0.0
-    return (sumab / count - (suma / count) * (sumb / count)) / (count - 1)
-
-
-def median(sorted_values: np.ndarray) -> float:
-    n = len(sorted_values)
-    if n % 2 == 0:
-        return float(0.5 * (sorted_values[n // 2] + sorted_values[n // 2 - 1]))
-    return float(sorted_values[n // 2])
-
-
-def percentile(sorted_values: np.ndarray, fraction: float) -> float:
-    """llama.cpp's ``percentile``: linear interpolation at ``fraction * (n - 1)``, in float32."""
-    n = len(sorted_values)
-    if fraction <= 0:
-        return float(sorted_values[0])
-    if fraction >= 1:
-        return float(sorted_values[-1])
-    p = float(np.float32(fraction) * np.float32(n - 1))
-    ip = int(p)
-    p -= ip
-    return float((1 - p) * sorted_values[ip] + p * sorted_values[min(ip + 1, n - 1)])
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax in float64 (max subtracted first, as llama.cpp does)."""
-    x = logits.astype(np.float64)
-    x -= x.max(axis=1, keepdims=True)
-    x -= np.log(np.exp(x).sum(axis=1, keepdims=True))
-    return x
-
-
-@dataclass
-class Accumulator:
-    """The running sums of one quant against the base (llama.cpp's ``kl_divergence_result``) and
-    the per-token KLD and dp values (for the median and percentiles)."""
-
-    capacity: int
-    sum_nll: float = 0.0
-    sum_nll2: float = 0.0
-    sum_nll_base: float = 0.0
-    sum_nll_base2: float = 0.0
-    sum_nll_nll_base: float = 0.0
-    # the same three over the base's exact nll (not capped as in llama.cpp's base file)
-    sum_nll_exact_base: float = 0.0
-    sum_nll_exact_base2: float = 0.0
-    sum_nll_nll_exact_base: float = 0.0
-    sum_kld: float = 0.0
-    sum_kld2: float = 0.0
-    sum_p_diff: float = 0.0
-    sum_p_diff2: float = 0.0
-    sum_p_diff4: float = 0.0
-    n_same_top: int = 0
-    count: int = 0
-    kld: np.ndarray = field(init=False)
-    p_diff: np.ndarray = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.kld = np.zeros(self.capacity, dtype=np.float64)
-        self.p_diff = np.zeros(self.capacity, dtype=np.float64)
-
-    def add(
-        self,
-        nll: np.ndarray,
-        nll_base: np.ndarray,
-        nll_base_stored: np.ndarray,
-        kld: np.ndarray,
-        same_top: np.ndarray,
-        p_diff: np.ndarray,
-    ) -> None:
-        n = len(nll)
-        self.sum_nll += float(np.sum(nll))
-        self.sum_nll2 += float(np.sum(nll * nll))
-        self.sum_nll_base += float(np.sum(nll_base_stored))
-        self.sum_nll_base2 += float(np.sum(nll_base_stored * nll_base_stored))
-        self.sum_nll_nll_base += float(np.sum(nll * nll_base_stored))
-        self.sum_nll_exact_base += float(np.sum(nll_base))
-        self.sum_nll_exact_base2 += float(np.sum(nll_base * nll_base))
-        self.sum_nll_nll_exact_base += float(np.sum(nll * nll_base))
-        self.sum_kld += float(np.sum(kld))
-        self.sum_kld2 += float(np.sum(kld * kld))
-        p2 = p_diff * p_diff
-        self.sum_p_diff += float(np.sum(p_diff))
-        self.sum_p_diff2 += float(np.sum(p2))
-        self.sum_p_diff4 += float(np.sum(p2 * p2))
-        self.n_same_top += int(np.count_nonzero(same_top))
-        self.kld[self.count : self.count + n] = kld
-        self.p_diff[self.count : self.count + n] = p_diff
-        self.count += n
-
-    def summary(self) -> dict[str, Any]:
-        """The statistics llama-perplexity prints at the end of a ``--kl-divergence`` run."""
-        n = self.count
-        if n < 2:
-            raise UserError(f"only {n} token(s) scored: too few for statistics")
-        log_ppl, log_ppl_err = mean_and_uncertainty(self.sum_nll, self.sum_nll2, n)
-        log_base, log_base_err = mean_and_uncertainty(self.sum_nll_base, self.sum_nll_base2, n)
-        cov = covariance(self.sum_nll, self.sum_nll_base, self.sum_nll_nll_base, n)
-        ratio_var = log_ppl_err**2 + log_base_err**2 - 2.0 * cov
-        exact, exact_err = mean_and_uncertainty(
-            self.sum_nll_exact_base, self.sum_nll_exact_base2, n
-        )
-        exact_cov = covariance(
-            self.sum_nll, self.sum_nll_exact_base, self.sum_nll_nll_exact_base, n
-        )
-        exact_var = log_ppl_err**2 + exact_err**2 - 2.0 * exact_cov
-        kld_mean, kld_err = mean_and_uncertainty(self.sum_kld, self.sum_kld2, n)
-        values = np.sort(self.kld[:n])
-        dp_mean, dp_err = mean_and_uncertainty(self.sum_p_diff, self.sum_p_diff2, n)
-        mse, mse_err = mean_and_uncertainty(self.sum_p_diff2, self.sum_p_diff4, n)
-        rms = math.sqrt(mse)
-        same = self.n_same_top / n
-        kld: dict[str, float] = {"mean": kld_mean, "mean_err": kld_err, "median": median(values)}
-        for key, frac in PERCENTILES:
-            kld[key] = percentile(values, frac)
-        kld["max"] = float(values[-1])
-        kld["min"] = float(values[0])
-        return {
-            "ppl": math.exp(log_ppl),
-            "ppl_err": math.exp(log_ppl) * log_ppl_err,
-            "ln_ppl_ratio": log_ppl - log_base,
-            "ln_ppl_ratio_err": math.sqrt(max(ratio_var, 0.0)),
-            "ppl_ratio": math.exp(log_ppl - log_base),
-            "ln_ppl_ratio_exact": log_ppl - exact,
-            "ln_ppl_ratio_exact_err": math.sqrt(max(exact_var, 0.0)),
-            "kld": kld,
-            "delta_p": {
-                "mean": dp_mean,
-                "mean_err": dp_err,
-                "rms": rms,
-                "rms_err": 0.5 / rms * mse_err if rms > 0 else 0.0,
-                "max_abs": float(np.max(np.abs(self.p_diff[:n]))),
-            },
-            "same_top_p": 100.0 * same,
-            "same_top_p_err": 100.0 * math.sqrt(same * (1.0 - same) / (n - 1)),
-            "base_ppl": math.exp(log_base),
-        }
-
-
-def compare_block(
-    base_logits: np.ndarray, quant_logits: Sequence[np.ndarray], targets: np.ndarray
-) -> tuple[np.ndarray, list[tuple[np.ndarray, ...]]]:
-    """Per-token values of a block of rows: the base's nll, and for each quant (nll, nll_base,
-    nll_base_stored, kld, same_top, p_diff)."""
-    rows = np.arange(len(targets))
-    lb = log_softmax(base_logits)
-    nll_base = -lb[rows, targets]
-    top_base = np.argmax(base_logits, axis=1)
-    # llama.cpp's base file floors log-probabilities at (max logit - 16) - log-sum-exp: the
-    # base's nll as the second pass reads it is capped at 16 + lse (lse = -log p of the top token)
-    nll_base_stored = np.minimum(nll_base, STORED_LOGIT_RANGE - lb[rows, top_base])
-    pb = np.exp(lb)
-    pb[lb <= LOG_PROB_CUTOFF] = 0.0
-    out: list[tuple[np.ndarray, ...]] = []
-    for ql in quant_logits:
-        lq = log_softmax(ql)
-        nll = -lq[rows, targets]
-        np.subtract(lb, lq, out=lq)  # log p - log q, in place: one temporary fewer
-        kld = np.einsum("ij,ij->i", pb, lq)
-        del lq
-        same_top = np.argmax(ql, axis=1) == top_base
-        p_diff = np.exp(-nll) - np.exp(-nll_base)
-        out.append((nll, nll_base, nll_base_stored, kld, same_top, p_diff))
-    return nll_base, out
 
 
 # --- models, through llama-cpp-python's low-level API ------------------------------------------
@@ -332,7 +168,13 @@ class _Model:
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self.model))
         self.n_ctx = ctx
 
-    def open_context(self, threads: int) -> None:
+    def open_context(
+        self, threads: int, kv: tuple[str, str] = ("f16", "f16"), flash_attn: bool | None = None
+    ) -> None:
+        """A context of one chunk with the KV cache types ``kv`` (K, V) and flash attention on,
+        off or llama.cpp's auto (None)."""
+        from llamacpp_instr.running.runner import kv_type_id
+
         lc = self.lc
         ctx = self.n_ctx
         p = lc.llama_context_default_params()
@@ -342,9 +184,20 @@ class _Model:
         p.n_seq_max = 1
         p.n_threads = threads
         p.n_threads_batch = threads
+        p.type_k, p.type_v = kv_type_id(kv[0]), kv_type_id(kv[1])
+        if flash_attn is not None:
+            p.flash_attn_type = (
+                lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
+                if flash_attn
+                else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
+        self.kv = kv
         self.ctx = lc.llama_init_from_model(self.model, p)
         if not self.ctx:
-            raise UserError(f"llama.cpp could not create a context of {ctx} tokens for {self.path}")
+            cache = "" if kv == ("f16", "f16") else f" with a {kv[0]}/{kv[1]} KV cache"
+            raise UserError(
+                f"llama.cpp could not create a context of {ctx} tokens{cache} for {self.path}"
+            )
         self.batch = lc.llama_batch_init(ctx, 0, 1)
         b = self.batch
         for i in range(ctx):
@@ -412,9 +265,48 @@ class _Model:
             self.model = None
 
 
+@dataclass(frozen=True)
+class KvCache:
+    """The KV cache the quants are evaluated with (the base's is f16) and flash attention for
+    every model (None: llama.cpp's auto)."""
+
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: bool | None = None
+
+    @property
+    def types(self) -> tuple[str, str]:
+        return (self.type_k, self.type_v)
+
+    @property
+    def quantized(self) -> bool:
+        return self.types != ("f16", "f16")
+
+    def check(self) -> None:
+        from llamacpp_instr.running.memory import KV_TYPES
+
+        for name in self.types:
+            if name not in KV_TYPES:
+                raise UserError(
+                    f"unknown KV cache type {name!r}: choose one of {', '.join(KV_TYPES)}"
+                )
+        if self.type_v not in ("f32", "f16", "bf16") and self.flash_attn is False:
+            raise UserError(
+                f"a {self.type_v} V cache needs flash attention: drop --no-flash-attn "
+                "(or give --flash-attn)"
+            )
+
+
 def _load(
-    llama_cpp: Any, paths: Sequence[Path], ctx: int, threads: int, placement: Placement
+    llama_cpp: Any,
+    paths: Sequence[Path],
+    ctx: int,
+    threads: int,
+    placement: Placement,
+    kv: KvCache = KvCache(),
 ) -> list[_Model]:
+    """The base and the quants loaded, each with its context: the base's KV cache f16, the
+    quants' ``kv``'s."""
     loaded: list[_Model] = []
     try:
         for p in paths:
@@ -428,13 +320,61 @@ def _load(
                 )
             if m.add_eos:
                 raise UserError(f"{m.path} adds EOS to every text: llama-perplexity refuses it too")
-        for m in loaded:
-            m.open_context(threads)
+        for k, m in enumerate(loaded):
+            m.open_context(threads, kv.types if k else ("f16", "f16"), kv.flash_attn)
     except BaseException:
         for m in loaded:
             m.close()
         raise
     return loaded
+
+
+def _score(
+    loaded: list[_Model],
+    tokens: np.ndarray,
+    n_chunk: int,
+    progress: Progress | None,
+    all_positions: bool = False,
+) -> tuple[list[Accumulator], list[ByPosition], float, float]:
+    """Decode every chunk with every model and compare each quant's logits with the base's: the
+    accumulators of the scored half, the KLD by position (of the scored half, or of every
+    position), and the base's nll sum and sum of squares over the scored tokens."""
+    ctx = loaded[0].n_ctx
+    first = ctx // 2
+    n_score = ctx - 1 - first
+    start = 0 if all_positions else first
+    accs = [Accumulator(n_chunk * n_score) for _ in loaded[1:]]
+    positions = [ByPosition(ctx - 1 - start, start) for _ in loaded[1:]]
+    base_sum = base_sum2 = 0.0
+    block = max(1, _BLOCK_ELEMENTS // loaded[0].n_vocab)
+    # the unscored first half (by position only, if asked), then the scored half, in blocks
+    blocks = [(a, min(b, a + block)) for lo, b in ((start, first), (first, ctx - 1))
+              for a in range(lo, b, block)]  # fmt: skip
+    for c in range(n_chunk):
+        chunk = tokens[c * ctx : (c + 1) * ctx]
+        views = []
+        for k, m in enumerate(loaded):
+            if progress is not None:
+                progress(c, n_chunk, k, len(loaded), m.path)
+            views.append(m.decode(chunk, start))
+        for r0, r1 in blocks:
+            nll_base, per_quant = compare_block(
+                views[0][r0 - start : r1 - start],
+                [v[r0 - start : r1 - start] for v in views[1:]],
+                chunk[r0 + 1 : r1 + 1],
+            )
+            for pos, values in zip(positions, per_quant, strict=True):
+                pos.add(r0, values[3])
+            if r0 < first:
+                continue
+            base_sum += float(np.sum(nll_base))
+            base_sum2 += float(np.sum(nll_base * nll_base))
+            for acc, values in zip(accs, per_quant, strict=True):
+                acc.add(*values)
+        for pos in positions:
+            pos.chunks += 1
+        del views
+    return accs, positions, base_sum, base_sum2
 
 
 def evaluate(
@@ -446,18 +386,29 @@ def evaluate(
     threads: int | None = None,
     progress: Progress | None = None,
     offload: Offload | None = None,
+    kv: KvCache = KvCache(),
+    all_positions: bool = False,
 ) -> dict[str, Any]:
     """Evaluate ``quants`` against ``base`` on ``text``; the report data (see the module doc).
     ``ctx`` is the chunk size in tokens (llama-perplexity's -c, the CLI's --chunk-size);
-    ``offload`` places every model's layers (default: all on the CPU)."""
+    ``offload`` places every model's layers (default: all on the CPU); ``kv``: the quants' KV
+    cache and every model's flash attention (no quants and a quantized cache: the base with that
+    cache against itself with an f16 one); ``all_positions``: the KLD by position over every
+    position, not only the scored half (the logits of the whole chunk)."""
     from llamacpp_instr.running.runner import resolve_threads
 
     if ctx < 8:
         raise UserError(f"--chunk-size must be at least 8, got {ctx}")
     if chunks is not None and chunks < 1:
         raise UserError(f"--chunks must be at least 1, got {chunks}")
+    kv.check()
+    if not quants and kv.quantized:
+        quants = [base]
     if not quants:
-        raise UserError("give at least one QUANT.gguf to compare with the base")
+        raise UserError(
+            "give at least one QUANT.gguf to compare with the base, or a KV cache type "
+            "(-ctk/-ctv) to compare the base's own cache with"
+        )
     text_path = text if text is not None else default_text()
     data = read_text(text_path)
     paths = [Path(base), *map(Path, quants)]
@@ -476,7 +427,7 @@ def evaluate(
     placement = prepare(offload)
 
     t0 = time.monotonic()
-    loaded = _load(llama_cpp, paths, ctx, threads, placement)
+    loaded = _load(llama_cpp, paths, ctx, threads, placement, kv)
     try:
         tokens = loaded[0].tokenize(data)
         if len(tokens) < 2 * ctx:
@@ -486,29 +437,9 @@ def evaluate(
             )
         n_chunk_max = len(tokens) // ctx
         n_chunk = n_chunk_max if chunks is None else min(chunks, n_chunk_max)
-        first = ctx // 2
-        n_score = ctx - 1 - first
-        accs = [Accumulator(n_chunk * n_score) for _ in loaded[1:]]
-        base_sum = base_sum2 = 0.0
-        block = max(1, _BLOCK_ELEMENTS // loaded[0].n_vocab)
-        for c in range(n_chunk):
-            chunk = tokens[c * ctx : (c + 1) * ctx]
-            targets = chunk[first + 1 :]
-            views = []
-            for k, m in enumerate(loaded):
-                if progress is not None:
-                    progress(c, n_chunk, k, len(loaded), m.path)
-                views.append(m.decode(chunk, first))
-            for r0 in range(0, n_score, block):
-                r1 = min(n_score, r0 + block)
-                nll_base, per_quant = compare_block(
-                    views[0][r0:r1], [v[r0:r1] for v in views[1:]], targets[r0:r1]
-                )
-                base_sum += float(np.sum(nll_base))
-                base_sum2 += float(np.sum(nll_base * nll_base))
-                for acc, values in zip(accs, per_quant, strict=True):
-                    acc.add(*values)
-            del views
+        accs, positions, base_sum, base_sum2 = _score(
+            loaded, tokens, n_chunk, progress, all_positions
+        )
         if progress is not None:
             progress(n_chunk, n_chunk, len(loaded), len(loaded), loaded[-1].path)
         n_vocab = loaded[0].n_vocab
@@ -526,11 +457,19 @@ def evaluate(
         for m in loaded:
             m.close()
 
-    count = n_chunk * n_score
+    count = n_chunk * (ctx - 1 - ctx // 2)
     log_base, log_base_err = mean_and_uncertainty(base_sum, base_sum2, count)
     out_models = []
-    for path, acc in zip(paths[1:], accs, strict=True):
-        out_models.append({"path": str(path), **acc.summary()})
+    for path, acc, pos in zip(paths[1:], accs, positions, strict=True):
+        out_models.append(
+            {
+                "path": str(path),
+                "type_k": kv.type_k,
+                "type_v": kv.type_v,
+                **acc.summary(),
+                "kld_by_position": pos.bins(),
+            }
+        )
     from llamacpp_instr.native import pin
 
     return {
@@ -546,6 +485,8 @@ def evaluate(
         "add_bos": add_bos,
         "n_ctx_train": n_ctx_train,
         "threads": threads,
+        # the base's KV cache is f16; each model's is in its row (type_k, type_v)
+        "flash_attn": "auto" if kv.flash_attn is None else kv.flash_attn,
         "seconds": time.monotonic() - t0,
         "warnings": warnings,
         "llama_cpp_commit": pin.LLAMA_CPP_COMMIT,

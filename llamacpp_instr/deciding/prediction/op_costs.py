@@ -16,8 +16,9 @@ least squares over every size the class was seen at (prompts at several depths, 
 class seen at one size is scaled from it. A class no log has at this row count is priced from the
 nearest row count that has it and whose ops did as much work (a prompt of 512 tokens prices one of
 127; a ubatch of 4 tokens is priced from a prompt's ops, not generation's), or else the nearest. An
-op of a class no log has (a weight type never run, another thread count, another device) is not
-priced: it is reported, never guessed. Nor is an op's time extrapolated beyond the sizes its class
+op of a class no log has (a weight type never run, another device) is not priced: it is
+reported, never guessed. (A CPU thread count no log ran takes its classes from one the logs ran,
+at the roofs of its own count: ``ThreadScale``, ``op_threads``.) Nor is an op's time extrapolated beyond the sizes its class
 was measured at: a node whose work is more than ``BEYOND`` times the most work its class's ops did
 in the logs (``Fit.work_hi``: a prompt of 100,000 tokens from logs of 26, a context deeper than any
 log's) is reported with how far beyond it is (``beyond``), so that the prediction says what run
@@ -192,6 +193,29 @@ class Roofs:
 ClassKey = tuple[Where, str, str, str, str]  # where, tokens, label, type, role ("" for any)
 
 
+@dataclass(frozen=True)
+class ThreadScale:
+    """The CPU at a thread count no log ran, priced from ``source`` (a thread count the logs
+    ran): each op by its class there (its fit, fusion, fixed cost); of its time beyond the fixed
+    cost, its bytes at the rate its weight matrix streams at (``streams``, bytes/ns: op_fit's
+    ``_stream``, ``""`` for any op) take ``1 / bandwidth`` times it, and the rest, compute,
+    ``compute`` times it (``op_threads``)."""
+
+    source: Where
+    streams: dict[str, float]
+    bandwidth: float
+    compute: float
+
+    def time(self, beyond_fixed: float, n_bytes: float, weight: str, role: str) -> float:
+        """An op's time beyond its fixed cost at the target's count, from the source's; its
+        ``weight``'s type for a matmul reading one (else ""), and its ``role``."""
+        rate = (
+            weight and (self.streams.get(f"{weight}:{role}") or self.streams.get(weight))
+        ) or self.streams.get("", 0.0)
+        memory = min(beyond_fixed, n_bytes / rate) if rate > 0 else 0.0
+        return memory / self.bandwidth + (beyond_fixed - memory) * self.compute
+
+
 @dataclass
 class CostModel:
     """The fitted classes, the roofs and fixed costs per device, the roles backends fuse, and the
@@ -216,6 +240,23 @@ class CostModel:
     # the level per kind and the devices the logs' steps of that kind computed on
     self_level_on: dict[tuple[str, frozenset[str]], float] = field(default_factory=dict)
     experts: Any = None  # a MoE's measured traffic (``expert_traffic``; None: no routing)
+    # per kind, leave one out: each log's measured time over the model of the other logs'
+    # prediction of it, as a natural log, for the logs the others cover (op_fit._held_out); and
+    # of the logs priced at a thread count the others did not run (``ThreadScale``)
+    held_out: dict[str, list[float]] = field(default_factory=dict)
+    held_out_threads: dict[str, list[float]] = field(default_factory=dict)
+    # the CPU at thread counts no log ran, priced from one the logs ran (op_threads), and the
+    # bandwidth (bytes/ns) the logs' steps reached per device and weight type ("": every op),
+    # their ops' bytes over their time, the best step's (op_fit._stream)
+    scaled: dict[Where, ThreadScale] = field(default_factory=dict)
+    stream: dict[tuple[Where, str], float] = field(default_factory=dict)
+
+    def overhead_at(self, threads: int, kind: str) -> float:
+        """The host's time per compute outside its ops at ``threads`` (a scaled thread count's:
+        its source's, the host's own work not being spread over the threads)."""
+        where = Where("CPU", threads)
+        scale = self.scaled.get(where)
+        return self.overhead.get((scale.source if scale else where, kind), 0.0)
 
     def has(self, where: Where) -> bool:
         return where in self.roofs
@@ -252,11 +293,26 @@ class CostModel:
         def device(k: int) -> str:
             return devices[k] if k < len(devices) and devices[k] else "CPU"
 
+        # each node's work at its device's roofs, worked out once per device
+        works: dict[Where, np.ndarray] = {}
+
+        def own_work(where: Where, k: int) -> float | None:
+            roofs = self.roofs.get(where)
+            if roofs is None:
+                return None
+            if where not in works:
+                works[where] = roofs.work(gc.labels, gc.types, gc.bytes, gc.flops)
+            return float(works[where][k])
+
+        # the CPU at a thread count no log ran: its classes are the source's (``ThreadScale``)
+        scale = self.scaled.get(Where("CPU", threads))
         for k in range(n):
             if gc.noop[k]:
                 continue
             dev = device(k)
             where = Where(dev, threads if dev == "CPU" else 0)
+            if scale is not None and dev == "CPU":
+                where = scale.source
             lab, typ, rol = gc.labels[k], gc.types[k], gc.roles[k]
             if (where, lab, rol) in self.fused:
                 continue
@@ -269,16 +325,12 @@ class CostModel:
                 ):
                     continue
             roofs = self.roofs.get(where)
-            own = (
-                float(roofs.work([lab], [typ], gc.bytes[k : k + 1], gc.flops[k : k + 1])[0])
-                if roofs is not None
-                else None
-            )
+            own = own_work(where, k)
             fit = self.lookup(where, gc.tokens[k], lab, typ, rol, own)
             # as the class's own: its label, its type, its bytes
             as_lab, as_typ, n_bytes = lab, typ, gc.bytes[k : k + 1]
             if fit is None:
-                found = self.proxy(where, gc.tokens[k], lab, typ)
+                found = proxy(self, where, gc.tokens[k], lab, typ)
                 if found is not None:
                     fit, as_lab, as_typ, as_tokens = found
                     if as_typ != typ:
@@ -296,8 +348,15 @@ class CostModel:
             if fit is None or roofs is None:
                 missing[(str(where), lab, typ, gc.tokens[k])] = None
                 continue
-            w = roofs.work([as_lab], [as_typ], n_bytes, gc.flops[k : k + 1])
+            if (as_lab, as_typ) == (lab, typ) and own is not None:
+                w = np.array([own])
+            else:
+                w = roofs.work([as_lab], [as_typ], n_bytes, gc.flops[k : k + 1])
             out[k] = float(fit.time(w)[0])
+            if scale is not None and dev == "CPU":  # at the target's thread count
+                weight = as_typ if as_lab.startswith("MUL_MAT") and "kv " not in as_typ else ""
+                time = scale.time(out[k] - fit.fixed, float(n_bytes[0]), weight, rol)
+                out[k] = fit.fixed + time
             far = fit.beyond(float(w[0]))
             if far and beyond is not None:
                 cls = (str(where), lab, typ, gc.tokens[k])
@@ -342,11 +401,11 @@ class CostModel:
     ) -> Fit | None:
         """The closest fitted class: this role at this row count, then at the nearest one that
         has it (a prompt of 512 tokens prices one of 127); then any role of the op the same
-        way. Where its own row count has none, given the node's ``work``, the first of the
-        others whose ops did as much work (``Fit.beyond``: a ubatch of 4 tokens from a prompt's
-        class rather than from generation's, which did 4x less), else the closest. (Its own row
-        count's class is taken as it is: a token at a depth no log generated at is not priced
-        from a prompt's matmuls.)"""
+        way. Given the node's ``work``, the first whose ops did as much work (``Fit.beyond``: a
+        ubatch of 4 tokens from a prompt's class rather than from generation's, which did 4x
+        less; a prompt of 127 tokens from one of 512 rather than from ubatches of 32), else the
+        closest. (A single row's class is taken as it is where there is one: a token at a depth
+        no log generated at is not priced from a prompt's matmuls.)"""
         order = sorted(
             TOKEN_NAMES, key=lambda t: abs(TOKEN_NAMES.index(t) - TOKEN_NAMES.index(tokens))
         )
@@ -356,43 +415,42 @@ class CostModel:
                 found = self.fits.get((where, t, label, typ, r))
                 if found is None:
                     continue
-                if t == tokens or work is None or not found.beyond(work):
+                if work is None or not found.beyond(work) or (t == tokens == "1"):
                     return found
                 closest = closest or found
         return closest
 
-    def proxy(
-        self, where: Where, tokens: str, label: str, typ: str
-    ) -> tuple[Fit, str, str, str] | None:
-        """A class no log has, priced from a class of its kind the same device ran (module
-        docstring), at the nearest size class: that class's fit, label, type and size class."""
-        order = sorted(
-            TOKEN_NAMES, key=lambda t: abs(TOKEN_NAMES.index(t) - TOKEN_NAMES.index(tokens))
-        )
-        if label in BINARY_OPS:
-            for t in order:
-                for other in BINARY_OPS:
-                    found = self.fits.get((where, t, other, typ, ""))
-                    if other != label and found is not None:
-                        return found, other, typ, t
-        # a weight type never run at all has no measure of its kernels anywhere: not priced
-        if (
-            label in WEIGHT_OPS
-            and typ in self.types_run
-            and not typ.startswith("kv ")
-            and _type_size(typ) > 0
-        ):
-            for t in order:
-                have = [
-                    (f.n, k[3], f)
-                    for k, f in self.fits.items()
-                    if k[0] == where and k[1] == t and k[2] == label and k[4] == ""
-                    if k[3] != typ and not k[3].startswith("kv ") and _type_size(k[3]) > 0
-                ]
-                if have:
-                    _, other, found = max(have, key=lambda h: (h[0], h[1]))
-                    return found, label, other, t
-        return None
+
+def proxy(
+    model: CostModel, where: Where, tokens: str, label: str, typ: str
+) -> tuple[Fit, str, str, str] | None:
+    """A class no log has, priced from a class of its kind the same device ran (module
+    docstring), at the nearest size class: that class's fit, label, type and size class."""
+    order = sorted(TOKEN_NAMES, key=lambda t: abs(TOKEN_NAMES.index(t) - TOKEN_NAMES.index(tokens)))
+    if label in BINARY_OPS:
+        for t in order:
+            for other in BINARY_OPS:
+                found = model.fits.get((where, t, other, typ, ""))
+                if other != label and found is not None:
+                    return found, other, typ, t
+    # a weight type never run at all has no measure of its kernels anywhere: not priced
+    if (
+        label in WEIGHT_OPS
+        and typ in model.types_run
+        and not typ.startswith("kv ")
+        and _type_size(typ) > 0
+    ):
+        for t in order:
+            have = [
+                (f.n, k[3], f)
+                for k, f in model.fits.items()
+                if k[0] == where and k[1] == t and k[2] == label and k[4] == ""
+                if k[3] != typ and not k[3].startswith("kv ") and _type_size(k[3]) > 0
+            ]
+            if have:
+                _, other, found = max(have, key=lambda h: (h[0], h[1]))
+                return found, label, other, t
+    return None
 
 
 def _routed(traffic: Any, gc: GraphCosts) -> tuple[GraphCosts, dict[int, float]]:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from llamacpp_instr.deciding.prediction import net_costs, split_costs
+from llamacpp_instr.deciding.prediction import net_costs, op_threads, split_costs
 from llamacpp_instr.deciding.prediction.expert_traffic import ExpertTraffic
 from llamacpp_instr.deciding.prediction.op_costs import (
     FIXED_PERCENTILE,
@@ -85,6 +85,7 @@ def _op_frame(frames: Any, graphs: LogGraphs, where_of: Any) -> pd.DataFrame | N
     df = pd.concat(parts, ignore_index=True)
     # ops of prompt and generation steps only (not a K-shift's)
     step_kind = kinds.reindex(df["step"].to_numpy()).to_numpy()
+    df["kind"] = step_kind
     return df[np.isin(step_kind, ["prompt", "gen"])]
 
 
@@ -157,10 +158,101 @@ def _fit(work: np.ndarray, dur: np.ndarray, fixed: float) -> Fit:
     time, weighted by how many ops had it: a step slowed by another process moves it little).
     (A free intercept per class, fitted on the two or three sizes one run gives, took tens of
     milliseconds for a fixed cost.)"""
-    sizes = pd.DataFrame({"w": work, "d": dur}).groupby("w")["d"].agg(["median", "count"])
-    w = sizes.index.to_numpy(np.float64)
-    m = sizes["median"].to_numpy()
-    c = sizes["count"].to_numpy(np.float64)
+    order = np.argsort(work, kind="stable")
+    return _fit_sorted(np.asarray(work, np.float64)[order], np.asarray(dur)[order], fixed)
+
+
+def _class_fits(
+    obs: pd.DataFrame,
+    where_code: np.ndarray,
+    wheres: dict[int, Where],
+    work: np.ndarray,
+    roofs: dict[Where, Roofs],
+) -> dict[ClassKey, Fit]:
+    """Each class's ``_fit``: per role, and per op over all roles (for a node whose role no log
+    has: another model). Rows are grouped by integer codes of their class's columns, sorted once
+    by class and work."""
+    cols = [where_code]
+    names: list[Any] = [wheres]
+    for c in ("tokens", "label", "type0", "role"):
+        code, uniq = pd.factorize(obs[c])
+        cols.append(code)
+        names.append(uniq)
+    dur = obs["dur"].to_numpy(np.float64)
+    # (a row whose class has a missing value is in no class, as groupby leaves it out)
+    keep = np.logical_and.reduce([col >= 0 for col in cols])
+    cols = [col[keep] for col in cols]
+    work, dur, where_code = work[keep], dur[keep], where_code[keep]
+    dims = [int(max(col.max(), 0)) + 1 for col in cols]
+    fits: dict[ClassKey, Fit] = {}
+    for n_keys in (5, 4):
+        key = np.ravel_multi_index(cols[:n_keys], dims[:n_keys])
+        order = np.lexsort((work, key))
+        k, w, d = key[order], work[order], dur[order]
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(k)) + 1, [len(k)]))
+        for a, b in zip(starts[:-1], starts[1:], strict=True):
+            i = int(order[a])
+            where = wheres[int(where_code[i])]
+            parts = [str(names[j][cols[j][i]]) for j in range(1, n_keys)]
+            cls = (where, *parts) if n_keys == 5 else (where, *parts, "")
+            fits[cls] = _fit_sorted(w[a:b], d[a:b], roofs[where].fixed)  # type: ignore[index]
+    return fits
+
+
+def _stream(
+    obs: pd.DataFrame, where_code: np.ndarray, wheres: dict[int, Where]
+) -> dict[tuple[Where, str], float]:
+    """Per device, the bandwidth (bytes/ns) its ops reached over a whole step, the best step's:
+    their bytes over their time, summed over the step's computes, of generation's steps where
+    there are some (a prompt's may read a matrix still in the cache). Keyed ``""`` for every op,
+    and for the matmuls reading a weight, ``TYPE`` for those of a weight type and
+    ``TYPE:ROLE`` for those of one weight matrix of the model in every layer (``ffn_up``): the
+    rate its kernel and the memory read it at (a generation step reads every weight once). The
+    roofs' bandwidth, the 95th percentile of single ops', is a cache's where an op's data fits."""
+    typ = obs["type0"].astype(str)
+    weight = (
+        obs["label"].astype(str).str.startswith("MUL_MAT") & ~typ.str.startswith("kv ")
+    ).to_numpy()
+    df = pd.DataFrame(
+        {
+            "w": where_code,
+            "log": obs["log"].to_numpy(),
+            "step": obs["step"].to_numpy(),
+            "bytes": obs["bytes"].to_numpy(np.float64),
+            "dur": obs["dur"].to_numpy(np.float64),
+            # generation's steps first: a prompt's may find a matrix in the cache still (its
+            # output projection of one row, read just after the previous token's)
+            "gen": (obs["kind"].astype(str) == "gen").to_numpy(),
+        }
+    )
+    mm = df[weight]
+    keys = (
+        df.assign(t=""),
+        mm.assign(t=typ.to_numpy()[weight]),
+        mm.assign(t=typ.to_numpy()[weight] + ":" + obs["role"].astype(str).to_numpy()[weight]),
+    )
+    out: dict[tuple[Where, str], float] = {}
+    for rows in keys:
+        per = rows.groupby(["w", "t", "gen", "log", "step"])[["bytes", "dur"]].sum()
+        per = per[per["dur"] > 0]
+        rate = (per["bytes"] / per["dur"]).groupby(level=["w", "t", "gen"]).max()
+        for (c, t, _gen), v in sorted(rate.items(), key=lambda kv: kv[0][2]):
+            out[(wheres[int(c)], str(t))] = float(v)  # generation's, where it has one
+    return out
+
+
+def _fit_sorted(work: np.ndarray, dur: np.ndarray, fixed: float) -> Fit:
+    """``_fit`` of a class's ops sorted by their work."""
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(work)) + 1))
+    ends = np.append(starts[1:], len(work))
+    w = work[starts]
+    m = np.array([np.median(dur[a:b]) for a, b in zip(starts, ends, strict=True)])
+    return _line(w, m, (ends - starts).astype(np.float64), fixed)
+
+
+def _line(w: np.ndarray, m: np.ndarray, c: np.ndarray, fixed: float) -> Fit:
+    """The line through the fixed cost fitted to the sizes' works ``w``, median times ``m`` and
+    counts ``c`` (``_fit``)."""
     n = int(c.sum())
     a = min(fixed, float(m.min()))
     den = float(np.sum(c * w * w))
@@ -175,19 +267,34 @@ def threads_of(frames: Any) -> int:
     return int((frames.info.context or {}).get("n_threads") or 0)
 
 
-def fit(sessions: Iterable[Any]) -> CostModel:
-    """The cost model of the sessions' timed ops (``SessionFrames`` with ops)."""
-    parts = []
+def fit(
+    sessions: Iterable[Any],
+    graphs: list[LogGraphs] | None = None,
+    held_out: bool = True,
+    memo: dict[Any, Any] | None = None,
+) -> CostModel:
+    """The cost model of the sessions' timed ops (``SessionFrames`` with ops); ``graphs``: their
+    ``log_graphs`` where worked out already; ``held_out``: each log also predicted from the others
+    (``_held_out``); ``memo``: a dict kept by a caller that fits many sets of the same sessions
+    (bench/predict.py, leave one out twice over): each session's graphs and each set's held-out
+    model kept there by the sessions' ids, which must stay alive as long as it."""
+    parts: list[pd.DataFrame] = []
     fusion = _Fusion()
     overhead_rows: list[tuple[Where, str, float]] = []
     sessions = list(sessions)
-    graphs = [log_graphs(sf) if not sf.ops.empty else {} for sf in sessions]
+    if graphs is None:
+        memo_ = memo if memo is not None else {}
+        for sf in sessions:
+            if ("graphs", id(sf)) not in memo_:
+                memo_[("graphs", id(sf))] = log_graphs(sf) if not sf.ops.empty else {}
+        graphs = [memo_[("graphs", id(sf))] for sf in sessions]
     for sf, g in zip(sessions, graphs, strict=True):
         threads = threads_of(sf)
         df = _op_frame(sf, g, _devices_of(sf))
         if df is None or df.empty:
             continue
         df["threads"] = np.where(df["device"] == "CPU", threads, 0)
+        df["log"] = len(parts)
         parts.append(df)
         _fused_roles(sf, g, threads, fusion)
         # the host's time per compute outside the ops (on several devices: outside the devices'
@@ -206,26 +313,27 @@ def fit(sessions: Iterable[Any]) -> CostModel:
     if not parts:
         return CostModel(fits={}, roofs={}, fused=set(), overhead={})
     obs = pd.concat(parts, ignore_index=True)
-    obs["where"] = [Where(d, int(t)) for d, t in zip(obs["device"], obs["threads"], strict=True)]
-    roofs = {w: _roofs(rows) for w, rows in obs.groupby("where", sort=False)}
-    obs["work"] = 0.0
-    for w, rows in obs.groupby("where", sort=False):
-        obs.loc[rows.index, "work"] = roofs[w].work(
+    # each row's device and thread count as one code (Where objects made once per pair)
+    dev_code, dev_names = pd.factorize(obs["device"])
+    thr_code, thr_names = pd.factorize(obs["threads"])
+    where_code = dev_code * len(thr_names) + thr_code
+    wheres = {
+        int(c): Where(str(dev_names[c // len(thr_names)]), int(thr_names[c % len(thr_names)]))
+        for c in np.unique(where_code)
+    }
+    roofs: dict[Where, Roofs] = {}
+    work = np.zeros(len(obs))
+    for c, w in wheres.items():
+        rows = obs[where_code == c]
+        roofs[w] = _roofs(rows)
+        work[where_code == c] = roofs[w].work(
             rows["label"].tolist(),
             rows["type0"].tolist(),
             rows["bytes"].to_numpy(),
             rows["flops"].to_numpy(),
         )
-    fits: dict[ClassKey, Fit] = {}
-    # per role, and per op over all roles (for a node whose role no log has: another model)
-    for by in (
-        ["where", "tokens", "label", "type0", "role"],
-        ["where", "tokens", "label", "type0"],
-    ):
-        for keys, rows in obs.groupby(by, sort=False):
-            w = keys[0]
-            key = (*keys, "") if len(keys) == 4 else keys
-            fits[key] = _fit(rows["work"].to_numpy(), rows["dur"].to_numpy(), roofs[w].fixed)
+    fits = _class_fits(obs, where_code, wheres, work, roofs)
+    stream = _stream(obs, where_code, wheres)
     over: dict[tuple[Where, str], list[float]] = defaultdict(list)
     for w, kind, extra in overhead_rows:
         over[(w, kind)].append(extra)
@@ -239,9 +347,67 @@ def fit(sessions: Iterable[Any]) -> CostModel:
         overhead={k: float(np.median(v)) for k, v in over.items()},
         splits=split_costs.fit(sessions),
         experts=ExpertTraffic.of(sessions) or None,
+        stream=stream,
     )
     _self_check(model, sessions, graphs)
+    if held_out:
+        _held_out(model, sessions, graphs, {} if memo is None else memo)
     return model
+
+
+@dataclass
+class _Priced:
+    """One log's steps priced by a model: per kind, (measured, priced) ns of each step, the
+    devices its steps used, and whether every compute of the kind was priced within what the
+    model measured (no class missing, no op beyond its class's sizes)."""
+
+    pairs: dict[str, list[tuple[float, float]]]
+    used: dict[str, set[str]]
+    whole: dict[str, bool]
+
+
+def _price_log(model: CostModel, sf: Any, log_g: LogGraphs) -> _Priced:
+    """Each of a log's steps priced by ``model`` from its own graphs (and the host's overhead per
+    compute, and over RPC the session's setup on its first step)."""
+    threads = threads_of(sf)
+    priced: dict[tuple[int, str, bool], float] = {}
+    computes = sf.ops[["step", "ubatch", "graph"]].drop_duplicates()
+    # where the weights are held: as a graph of one token placed them (split_costs.holders)
+    one = next((v for v in log_g.values() if v[0].graph.n_tokens == 1), None)
+    held = split_costs.holders(one[0].graph, one[1]) if one is not None else None
+    last = -1  # the graph of the previous compute (the same one is not sent again over RPC)
+    steps = sf.steps.set_index("step")
+    kinds = steps["kind"].astype(str)
+    pred: dict[int, float] = defaultdict(float)
+    used: dict[str, set[str]] = defaultdict(set)  # per kind, the devices its steps used
+    whole: dict[str, bool] = defaultdict(lambda: True)
+    for step, _ub, gid in computes.itertuples(index=False):
+        kind = str(kinds.get(step, ""))
+        resend, last = int(gid) != last, int(gid)
+        if int(gid) not in log_g or kind not in ("prompt", "gen"):
+            continue
+        gc, devs = log_g[int(gid)]
+        used[kind] |= {d for d, nop in zip(devs, gc.noop, strict=False) if not nop}
+        key = (int(gid), kind, resend)
+        if key not in priced:
+            beyond: dict[tuple[str, str, str, str], float] = {}
+            t, extra, missing, lost = model.price_compute(
+                gc, devs, threads, kind, resend, held if gc.graph.n_tokens > 1 else None,
+                None, beyond,
+            )  # fmt: skip
+            ok = not missing and not lost
+            priced[key] = float(t.sum() + sum(extra.values())) if ok else np.nan
+            whole[kind] = whole[kind] and ok and not beyond
+        pred[step] += priced[key] + model.overhead_at(threads, kind)
+    if pred and net_costs.is_rpc_log(sf):
+        # the session's first step allocated its compute buffers on the servers
+        pred[min(pred)] += model.splits.net.setup_ns()
+    pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    took = net_costs.step_times(sf)
+    for step, p in pred.items():
+        if p > 0:
+            pairs[str(kinds[step])].append((took[int(step)], p))
+    return _Priced(dict(pairs), dict(used), dict(whole))
 
 
 def _self_check(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) -> None:
@@ -251,51 +417,49 @@ def _self_check(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) 
     levels: dict[str, list[float]] = defaultdict(list)
     levels_on: dict[tuple[str, frozenset[str]], list[float]] = defaultdict(list)
     for sf, log_g in zip(sessions, graphs, strict=True):
-        threads = threads_of(sf)
         if sf.ops.empty:
             continue
-        priced: dict[tuple[int, str, bool], float] = {}
-        computes = sf.ops[["step", "ubatch", "graph"]].drop_duplicates()
-        # where the weights are held: as a graph of one token placed them (split_costs.holders)
-        one = next((v for v in log_g.values() if v[0].graph.n_tokens == 1), None)
-        held = split_costs.holders(one[0].graph, one[1]) if one is not None else None
-        last = -1  # the graph of the previous compute (the same one is not sent again over RPC)
-        steps = sf.steps.set_index("step")
-        kinds = steps["kind"].astype(str)
-        pred: dict[int, float] = defaultdict(float)
-        used: dict[str, set[str]] = defaultdict(set)  # per kind, the devices its steps used
-        for step, _ub, gid in computes.itertuples(index=False):
-            kind = str(kinds.get(step, ""))
-            resend, last = int(gid) != last, int(gid)
-            if int(gid) not in log_g or kind not in ("prompt", "gen"):
-                continue
-            gc, devs = log_g[int(gid)]
-            used[kind] |= {d for d, nop in zip(devs, gc.noop, strict=False) if not nop}
-            key = (int(gid), kind, resend)
-            if key not in priced:
-                gc, devs = log_g[int(gid)]
-                t, extra, missing, lost = model.price_compute(
-                    gc, devs, threads, kind, resend, held if gc.graph.n_tokens > 1 else None
-                )
-                ok = not missing and not lost
-                priced[key] = float(t.sum() + sum(extra.values())) if ok else np.nan
-            p_graph = priced[key]
-            pred[step] += p_graph + model.overhead.get((Where("CPU", threads), kind), 0.0)
-        if pred and net_costs.is_rpc_log(sf):
-            # the session's first step allocated its compute buffers on the servers
-            pred[min(pred)] += model.splits.net.setup_ns()
-        mine: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        took = net_costs.step_times(sf)
-        for step, p in pred.items():
-            if p > 0:
-                mine[str(kinds[step])].append((took[int(step)], p))
-        for kind, pairs in mine.items():
+        mine = _price_log(model, sf, log_g)
+        for kind, pairs in mine.pairs.items():
             out[kind] += pairs
             a = np.asarray(pairs)
             levels[kind].append(float(a[:, 0].sum() / a[:, 1].sum()))
-            levels_on[(kind, frozenset(used[kind]))].append(levels[kind][-1])
+            levels_on[(kind, frozenset(mine.used[kind]))].append(levels[kind][-1])
     for kind, pairs in out.items():
         a = np.asarray(pairs)
         model.self_ratios[kind] = a[:, 0] / a[:, 1]
         model.self_level[kind] = float(np.median(levels[kind]))
     model.self_level_on = {k: float(np.median(v)) for k, v in levels_on.items()}
+
+
+def _held_out(
+    model: CostModel, sessions: list[Any], graphs: list[LogGraphs], memo: dict[Any, Any]
+) -> None:
+    """Leave one out over the logs: each log's own setting predicted by the model of the others
+    (fitted on them alone, its level theirs), where they cover it whole (every class measured,
+    no op beyond its class's sizes); per kind the log of its measured time over that prediction
+    (``CostModel.held_out``), what a prediction's interval is made of (``intervals``). A log at a
+    CPU thread count the others did not run is priced from theirs (``op_threads``, the bandwidth
+    saturated) and its residual kept apart (``held_out_threads``)."""
+    for i, (sf, log_g) in enumerate(zip(sessions, graphs, strict=True)):
+        if sf.ops.empty:
+            continue
+        others = [k for k in range(len(sessions)) if k != i and not sessions[k].ops.empty]
+        if not others:
+            continue
+        key = ("fit", frozenset(id(sessions[k]) for k in others))
+        if key not in memo:
+            memo[key] = fit([sessions[k] for k in others], [graphs[k] for k in others], False)
+        m = memo[key]
+        threads = threads_of(sf)
+        across = threads not in op_threads.cpu_threads(m)
+        if across:  # a thread count the others did not run: priced from theirs
+            m = op_threads.scale(m, threads)
+        into = model.held_out_threads if across else model.held_out
+        mine = _price_log(m, sf, log_g)
+        for kind, pairs in mine.pairs.items():
+            level = m.level(kind, frozenset(mine.used.get(kind, set())))
+            if not mine.whole.get(kind) or not pairs or not level:
+                continue
+            a = np.asarray(pairs)
+            into.setdefault(kind, []).append(float(np.log(a[:, 0].sum() / (a[:, 1].sum() * level))))

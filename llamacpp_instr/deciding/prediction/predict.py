@@ -7,28 +7,30 @@ and ggml's scheduler splits the graph of each ubatch it would compute
 the logs' measured ops give (``converters.analysis.op_costs``), each ubatch's compute adds the host
 time the logs measured outside the ops, and the steps add up to tokens/s.
 
-A prediction is labelled as one. Its interval is the model's own spread: over every step of the
-logs it was fitted on, the measured time over the model's price of that step (its own graphs); the
-prediction is scaled by each log's whole measured time over its whole price, the median over the
-logs whose steps computed on the devices the target's do (so that one log predicts itself; 1 where
-no log's did: a CPU alone at -ngl 0 from logs that offloaded layers), and bounded by the ratios'
-10th and 90th percentiles, and by 5 % at least each way. On several devices each split adds its
-device's time beyond its ops and the copies into it (``converters.analysis.split_costs``), the
-weights included that ggml copies to a GPU to run a large batch's matmul there though they are held
-on the host (op offload: a prompt at -ngl 0 on a Vulkan build), held where the graph of one token
-places them (``GraphBuilder.holders``). An RPC server's ops are priced from the ops it timed
-itself, and its network command by command from the link the log measured or the one given
-(``--rpc-rate``, ``--rpc-rtt``: ``converters.analysis.net_costs``); a step over RPC lasts until its
-outputs are read (``token_time``), not until llama_decode returns. The log's RPC servers are stood
-in for on loopback to build the graphs (``rpc_standin``). Whatever the logs have no measure for (an
-op on a device or at a thread count no log ran, a weight type never run, a split or a copy between
-devices no log made, a link no log measured, an op of more work than its class's ops did in the
-logs: a longer prompt, a deeper context) is reported with what to run to measure it, and that
+A prediction is labelled as one. It is scaled by each log's whole measured time over its whole
+price, the median over the logs whose steps computed on the devices the target's do (so that one
+log predicts itself; 1 where no log's did: a CPU alone at -ngl 0 from logs that offloaded layers).
+Its 95 % interval is made of the logs predicted from each other, leave one out (``intervals``; with
+one log, the model's spread on its own steps). A CPU thread count no log ran is priced from the
+nearest one run, compute-bound ops scaling with the threads and memory-bound ones saturated at the
+bandwidth measured (``op_threads``), up to the CPUs of the logs' machine. On several devices each
+split adds its device's time beyond its ops and the copies into it
+(``converters.analysis.split_costs``), the weights included that ggml copies to a GPU to run a
+large batch's matmul there though they are held on the host (op offload: a prompt at -ngl 0 on a
+Vulkan build), held where the graph of one token places them (``GraphBuilder.holders``). An RPC
+server's ops are priced from the ops it timed itself, and its network command by command from the
+link the log measured or the one given (``--rpc-rate``, ``--rpc-rtt``:
+``converters.analysis.net_costs``); a step over RPC lasts until its outputs are read
+(``token_time``), not until llama_decode returns. The log's RPC servers are stood in for on
+loopback to build the graphs (``rpc_standin``). Whatever the logs have no measure for (an op on a
+device no log ran, threads beyond the machine's CPUs, a weight type never run, a split or a copy
+between devices no log made, a link no log measured, an op of more work than its class's ops did in
+the logs: a longer prompt, a deeper context) is reported with what to run to measure it, and that
 speed is not given: nothing is extrapolated. A setting needing more context than the model was
 trained on (``n_ctx_train``) is refused. An op its device never ran, of a kind it did (a matmul of
-a weight type the logs ran on another device only: the output projection on the CPU at -ngl 0,
-from logs that offloaded the output layer), is priced from that kind and listed in
-``priced_from_others`` (``op_costs.CostModel.proxy``).
+a weight type the logs ran on another device only: the output projection on the CPU at -ngl 0, from
+logs that offloaded the output layer), is priced from that kind and listed in
+``priced_from_others`` (``op_costs.proxy``).
 """
 
 from __future__ import annotations
@@ -39,13 +41,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from llamacpp_instr.converters.analysis import contention
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
 from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reading.decode.graphs import graph_table
-from llamacpp_instr.deciding.prediction import net_costs, split_costs
+from llamacpp_instr.deciding.prediction import net_costs, op_threads, split_costs
+from llamacpp_instr.deciding.prediction.intervals import Interval, interval
 from llamacpp_instr.deciding.prediction.op_costs import CostModel, GraphCosts, Where
 from llamacpp_instr.deciding.prediction.op_fit import fit
 from llamacpp_instr.native import bindings
@@ -54,8 +55,6 @@ from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
 # llama.cpp's KV cache is read in multiples of this many cells (the pin's get_n_kv)
 KV_PAD = 256
-# the least relative half-width of an interval
-MIN_SPREAD = 0.05
 
 
 @dataclass(frozen=True)
@@ -96,16 +95,6 @@ class Target:
 
 
 @dataclass
-class Interval:
-    value: float
-    low: float
-    high: float
-
-    def to_json(self) -> dict[str, float]:
-        return {"value": self.value, "low": self.low, "high": self.high}
-
-
-@dataclass
 class Prediction:
     target: Target
     logs: list[str]
@@ -122,6 +111,8 @@ class Prediction:
     priced_from_others: list[str] = field(default_factory=list)
     # logs whose steps spread like a contended machine's: "LOG: what its figures are worth"
     contended: list[str] = field(default_factory=list)
+    # a thread count no log ran: from which it was priced, and how (op_threads)
+    threads_from: str = ""
 
     def to_json(self) -> dict[str, Any]:
         t = asdict(self.target)
@@ -141,6 +132,7 @@ class Prediction:
             "not_covered": self.not_covered,
             "priced_from_others": self.priced_from_others,
             "contended": self.contended,
+            "threads_from": self.threads_from or None,
         }
 
 
@@ -344,101 +336,201 @@ def price(
         d: {"rate_bits_per_s": lk.rate_bits, "rtt_ns": lk.rtt_ns}
         for d, lk in sorted(model.splits.net.links.items())
     }
-    if not any(w.threads == t.threads for w in model.roofs if w.device == "CPU"):
-        have = sorted({w.threads for w in model.roofs if w.device == "CPU"})
-        out.not_covered.append(
-            f"the CPU at {t.threads} threads: the logs ran {', '.join(map(str, have))}; "
-            f"run `instr run {t.model} --threads {t.threads}` (detailed) and add its log"
-        )
+    scaled = _at_threads(t, model, sessions, out)
+    if scaled is None:
         return out
+    model, bounds = scaled
     builder = GraphBuilder(t)
     try:
-        n_train = builder.prober.n_ctx_train
-        need = t.depth + t.n_prompt + t.n_gen
-        if n_train > 0 and need > n_train:
-            raise UserError(
-                f"a depth of {t.depth}, a {t.n_prompt}-token prompt and {t.n_gen} generated need "
-                f"{need} tokens of context, beyond the {n_train} {t.model.name} was trained on "
-                "(its n_ctx_train): not predicted"
-            )
-        arch = builder.architecture()
-        for sf in sessions:
-            logged = str((sf.info.model or {}).get("architecture") or "")
-            if arch and logged and logged != arch:
-                raise UserError(
-                    f"{t.model.name} is a {arch} model, the logs ran a {logged} one: their ops "
-                    "cannot price it"
-                )
+        _check_model(t, builder, sessions)
         prompt, gen = computes(t)
-        missing: dict[str, None] = {}
-        proxies: dict[str, None] = {}
-        # per kind: op classes whose work goes beyond what the logs measured (op_costs.BEYOND)
-        beyond: dict[str, dict[tuple[str, str, str, str], float]] = defaultdict(dict)
-        last: tuple[int, int] | None = None
-        plan_first = "prompt" if prompt else "gen"
+        pricing = _Pricing(builder, t)
         for kind, plan, tokens in (("prompt", prompt, t.n_prompt), ("gen", gen, t.n_gen)):
             if not plan:
                 continue
-            total = 0.0
-            dev_ns: dict[str, float] = defaultdict(float)
-            op_ns: dict[str, float] = defaultdict(float)
-            # (a graph another than the previous compute's is sent whole to an RPC server)
-            counts: dict[tuple[int, int, bool], int] = defaultdict(int)
-            for key in plan:
-                counts[(key[0], key[1], key != last)] += 1
-                last = key
-            ok = True
-            used: set[str] = set()  # the devices this kind's computes run on
-            for (n_tok, kv, resend), count in counts.items():
-                gc, devs = builder.graph(n_tok, kv)
-                used |= {d or "CPU" for d, nop in zip(devs, gc.noop, strict=False) if not nop}
-                held = builder.holders(n_tok, kv)
-                cost, extra, miss, lost = model.price_compute(
-                    gc, devs, t.threads, kind, resend, held, proxies, beyond[kind]
-                )
-                for line in [_missing_line(m, t) for m in miss] + lost:
-                    missing[line] = None
-                    ok = False
-                over = model.overhead.get((Where("CPU", t.threads), kind), 0.0)
-                total += count * (float(cost.sum()) + sum(extra.values()) + over)
-                for k, c in enumerate(cost):
-                    if c:
-                        dev_ns[devs[k] if k < len(devs) else "CPU"] += count * c
-                        op_ns[gc.labels[k]] += count * c
-                for d, v in extra.items():
-                    dev_ns[d] += count * v
-            if beyond[kind]:
-                missing[_beyond_line(kind, beyond[kind], t)] = None
-                ok = False
-            if kind == plan_first:
-                # the session's first step allocates its compute buffers on the RPC servers
-                setup = model.splits.net.setup_ns()
-                total += setup
-                if setup:
-                    dev_ns["network"] += setup
+            first = kind == ("prompt" if prompt else "gen")
+            total, used = pricing.kind(model, kind, plan, first, out)
             out.graphs = len(builder.cache)
-            if not ok or total <= 0:
+            if total is None:
                 continue
-            interval = _interval(
-                tokens,
-                total,
-                model.self_ratios.get(kind),
-                model.self_level.get(kind),
-                model.level(kind, frozenset(used)),
+            # at a thread count no log ran: the same computes at the bounding roofs
+            ends = [pricing.kind(b, kind, plan, first)[0] for b in bounds]
+            ns = [x for x in ends if x]
+            iv = interval(
+                tokens, total, model, kind, used, (ns[0], ns[1]) if len(ns) == 2 else None
             )
             if kind == "prompt":
-                out.prompt = interval
+                out.prompt = iv
             else:
-                out.gen = interval
+                out.gen = iv
+        out.not_covered = list(pricing.missing)
+        out.priced_from_others = list(pricing.proxies)
+    finally:
+        builder.close()
+    return out
+
+
+def _check_model(t: Target, builder: GraphBuilder, sessions: list[SessionFrames]) -> None:
+    """Refuse a setting beyond the model's n_ctx_train, or a model of another architecture than
+    the logs' (one line each)."""
+    n_train = builder.prober.n_ctx_train
+    need = t.depth + t.n_prompt + t.n_gen
+    if n_train > 0 and need > n_train:
+        raise UserError(
+            f"a depth of {t.depth}, a {t.n_prompt}-token prompt and {t.n_gen} generated need "
+            f"{need} tokens of context, beyond the {n_train} {t.model.name} was trained on "
+            "(its n_ctx_train): not predicted"
+        )
+    arch = builder.architecture()
+    for sf in sessions:
+        logged = str((sf.info.model or {}).get("architecture") or "")
+        if arch and logged and logged != arch:
+            raise UserError(
+                f"{t.model.name} is a {arch} model, the logs ran a {logged} one: their ops "
+                "cannot price it"
+            )
+
+
+def _cores(sessions: list[SessionFrames]) -> int | None:
+    """The CPUs of the logs' machine (the fewest any log names), None where none says."""
+    n = [int((getattr(sf.info, "machine", None) or {}).get("n_cpus") or 0) for sf in sessions]
+    return min((x for x in n if x > 0), default=None)
+
+
+def _bandwidths(
+    sessions: list[SessionFrames], source: int, threads: int
+) -> tuple[float, float] | None:
+    """This machine's bandwidth (bytes/ns) at ``source`` threads and at ``threads``, where
+    ``instr peaks`` measured both for the machine of the first log (its cache), else None."""
+    from llamacpp_instr.converters.session import machine_peaks
+    from llamacpp_instr.native.paths import cache_dir
+
+    machine = getattr(sessions[0].info, "machine", None) if sessions else None
+    if not machine:
+        return None
+    at = [machine_peaks.cached(machine, n, cache_dir()) for n in (source, threads)]
+    if at[0] is None or at[1] is None:
+        return None
+    bw = (at[0].device("CPU").bandwidth_gbs, at[1].device("CPU").bandwidth_gbs)
+    return bw if bw[0] > 0 and bw[1] > 0 else None
+
+
+def _at_threads(
+    t: Target, model: CostModel, sessions: list[SessionFrames], out: Prediction
+) -> tuple[CostModel, list[CostModel]] | None:
+    """The model to price ``t`` with, and the two bounding ones where its CPU thread count is
+    one no log ran (``op_threads``; [] otherwise); None where that is beyond the logs' machine's
+    cores (not covered, said in ``out``)."""
+    have = op_threads.cpu_threads(model)
+    if not have or t.threads in have:
+        return model, []
+    cores = _cores(sessions)
+    if t.threads > (cores or max(have)):
+        why = (
+            f"the logs' machine has {cores} CPUs, so threads would take turns on them"
+            if cores
+            else "the logs do not say how many CPUs their machine has"
+        )
+        out.not_covered.append(
+            f"the CPU at {t.threads} threads: {why} (the logs ran {', '.join(map(str, have))}); "
+            f"run `instr run {t.model} --threads {t.threads}` (detailed) on the machine it is for "
+            "and add its log"
+        )
+        return None
+    src = op_threads.source(model, t.threads)
+    assert src is not None
+    bw = _bandwidths(sessions, src, t.threads)
+    scaled = op_threads.scale(model, t.threads, bw)
+    streams = scaled.scaled[Where("CPU", t.threads)].streams
+    rates = ", ".join(
+        f"{typ or 'any op'} {v:.1f}" for typ, v in sorted(streams.items()) if ":" not in typ
+    )
+    out.threads_from = (
+        f"{t.threads} threads priced from the logs' {src}: each op's bytes at the rate the logs' "
+        f"steps streamed its weight matrix at (GB/s, by type: {rates}), "
+        + (
+            f"the rates times {bw[1] / bw[0]:.2f} (the bandwidth instr peaks measured at {t.threads} "
+            f"threads over {src})"
+            if bw
+            else "saturated"
+        )
+        + f"; the rest of its time (compute) {src / t.threads:.2g}x"
+    )
+    bounds = [op_threads.scale(model, t.threads, bw, m) for m in ("linear", "flat")]
+    return scaled, bounds
+
+
+class _Pricing:
+    """The computes of a target priced kind by kind, what no log measured gathered across them."""
+
+    def __init__(self, builder: GraphBuilder, t: Target) -> None:
+        self.builder = builder
+        self.t = t
+        self.missing: dict[str, None] = {}
+        self.proxies: dict[str, None] = {}
+
+    def kind(
+        self,
+        model: CostModel,
+        kind: str,
+        plan: list[tuple[int, int]],
+        first: bool,
+        out: Prediction | None = None,
+    ) -> tuple[float | None, frozenset[str]]:
+        """A kind's computes (``plan``; ``first``: the session's first, which allocates the RPC
+        servers' buffers) priced by ``model``: their time (None where something is not covered:
+        added to ``missing``), the devices they run on; with ``out``, the shares of time per
+        device and op put in it."""
+        t = self.t
+        total = 0.0
+        dev_ns: dict[str, float] = defaultdict(float)
+        op_ns: dict[str, float] = defaultdict(float)
+        # (a graph another than the previous compute's is sent whole to an RPC server; the
+        # prompt's last compute is the previous of generation's first)
+        counts: dict[tuple[int, int, bool], int] = defaultdict(int)
+        last = computes(t)[0][-1] if kind == "gen" and t.n_prompt > 0 else None
+        for key in plan:
+            counts[(key[0], key[1], key != last)] += 1
+            last = key
+        ok = True
+        used: set[str] = set()  # the devices this kind's computes run on
+        # op classes whose work goes beyond what the logs measured (op_costs.BEYOND)
+        beyond: dict[tuple[str, str, str, str], float] = {}
+        for (n_tok, kv, resend), count in counts.items():
+            gc, devs = self.builder.graph(n_tok, kv)
+            used |= {d or "CPU" for d, nop in zip(devs, gc.noop, strict=False) if not nop}
+            held = self.builder.holders(n_tok, kv)
+            cost, extra, miss, lost = model.price_compute(
+                gc, devs, t.threads, kind, resend, held, self.proxies, beyond
+            )
+            for line in [_missing_line(m, t) for m in miss] + lost:
+                self.missing[line] = None
+                ok = False
+            over = model.overhead_at(t.threads, kind)
+            total += count * (float(cost.sum()) + sum(extra.values()) + over)
+            for k, c in enumerate(cost):
+                if c:
+                    dev_ns[devs[k] if k < len(devs) else "CPU"] += count * c
+                    op_ns[gc.labels[k]] += count * c
+            for d, v in extra.items():
+                dev_ns[d] += count * v
+        if beyond:
+            self.missing[_beyond_line(kind, beyond, t)] = None
+            ok = False
+        if first:
+            # the session's first step allocates its compute buffers on the RPC servers
+            setup = model.splits.net.setup_ns()
+            total += setup
+            if setup:
+                dev_ns["network"] += setup
+        if not ok or total <= 0:
+            return None, frozenset(used)
+        if out is not None:
             s_dev = sum(dev_ns.values()) or 1.0
             s_op = sum(op_ns.values()) or 1.0
             out.by_device[kind] = {d: v / s_dev for d, v in sorted(dev_ns.items())}
             out.by_op[kind] = {o: v / s_op for o, v in sorted(op_ns.items(), key=lambda kv: -kv[1])}
-        out.not_covered = list(missing)
-        out.priced_from_others = list(proxies)
-    finally:
-        builder.close()
-    return out
+        return total, frozenset(used)
 
 
 def measuring_run(t: Target) -> str:
@@ -483,26 +575,6 @@ def _missing_line(m: tuple[str, str, str, str], t: Target) -> str:
     steps = f"ubatches of {tokens} token(s)"
     of = f" of {typ}" if typ else ""
     return f"{op}{of} in {steps} on {where}: no log has it; {_advice(t, where)}"
-
-
-def _interval(
-    tokens: int,
-    ns: float,
-    ratios: np.ndarray | None,
-    level: float | None,
-    on_devices: float | None = None,
-) -> Interval:
-    """Tokens/s for ``tokens`` in ``ns`` as priced, scaled by the logs' own measured time over
-    the model's price of it (``CostModel.self_level``; ``on_devices``: the level of the logs whose
-    steps ran on the target's devices, ``CostModel.level``), and bounded by the spread of that
-    ratio step by step (module docstring)."""
-    if ratios is None or not len(ratios) or not level or level <= 0:
-        ratios, level = np.array([1.0]), 1.0
-    med = on_devices if on_devices and on_devices > 0 else level
-    lo = min(float(np.percentile(ratios, 10)), med * (1 - MIN_SPREAD))
-    hi = max(float(np.percentile(ratios, 90)), med * (1 + MIN_SPREAD))
-    per_s = 1e9 * tokens
-    return Interval(value=per_s / (ns * med), low=per_s / (ns * hi), high=per_s / (ns * lo))
 
 
 def measured_shares(sf: SessionFrames) -> dict[str, dict[str, float]]:

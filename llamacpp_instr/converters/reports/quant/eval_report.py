@@ -40,6 +40,13 @@ def _name(path: str) -> str:
     return Path(path).name
 
 
+def _model_name(m: dict[str, Any]) -> str:
+    """A compared model's name, with its KV cache where not f16 (the base's)."""
+    kv = (m.get("type_k", "f16"), m.get("type_v", "f16"))
+    cache = "" if kv == ("f16", "f16") else f" (KV {kv[0]}/{kv[1]})"
+    return _name(m["path"]) + cache
+
+
 def _rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     base = data["base"]
     rows: list[dict[str, Any]] = [
@@ -48,7 +55,7 @@ def _rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     for m in data["models"]:
         k = m["kld"]
         row: dict[str, Any] = {
-            "model": _name(m["path"]),
+            "model": _model_name(m),
             "ppl": m["ppl"],
             "ppl_err": m["ppl_err"],
             "ln_ppl_ratio": m["ln_ppl_ratio"],
@@ -100,6 +107,8 @@ def build(data: dict[str, Any]) -> Report:
         Fact("vocabulary", data["n_vocab"], "int"),
         Fact("base", _name(base["path"])),
         Fact("PPL(base)", f"{base['ppl']:.4f} ± {base['ppl_err']:.4f}"),
+        Fact("KV cache", _caches(data)),
+        Fact("flash attention", _on_off(data.get("flash_attn", "auto"))),
         Fact("llama.cpp", data.get("llama_cpp_commit", "")),
     ]
     table = Table(
@@ -119,7 +128,7 @@ def build(data: dict[str, Any]) -> Report:
         title="KL divergence percentiles per model",
         x_label="KL divergence (nats)",
         y_label="model",
-        categories=[_name(m["path"]) for m in data["models"]],
+        categories=[_model_name(m) for m in data["models"]],
         series=[
             Series(f"KLD {label}", [m["kld"][key] for m in data["models"]])
             for key, label in KLD_PERCENTILES
@@ -134,12 +143,73 @@ def build(data: dict[str, Any]) -> Report:
         f"half is scored ({n} tokens in {data['chunks']} chunks), as llama-perplexity does."
     )
     section = Section(title="Against the base", charts=[chart], tables=[table], text=text)
+    sections = [section] + _by_position(data)
     return Report(
         title="Quantization quality: perplexity and KL divergence",
         subtitle=f"{len(data['models'])} model(s) against {_name(base['path'])}",
         facts=facts,
-        sections=[section],
+        sections=sections,
         warnings=list(data.get("warnings", [])),
         data=data,
         csv_table="models",
     )
+
+
+def _on_off(flag: Any) -> str:
+    return "on" if flag is True else "off" if flag is False else str(flag)
+
+
+def _caches(data: dict[str, Any]) -> str:
+    kinds = {(m.get("type_k", "f16"), m.get("type_v", "f16")) for m in data["models"]}
+    quants = ", ".join(f"K {k}, V {v}" for k, v in sorted(kinds))
+    return f"base f16; compared: {quants}"
+
+
+def _by_position(data: dict[str, Any]) -> list[Section]:
+    """The KL divergence by context position: a line per model over the bins' middles, and the
+    table (one row per bin, a column per model)."""
+    models = [m for m in data["models"] if m.get("kld_by_position")]
+    if not models:
+        return []
+    bins = models[0]["kld_by_position"]
+    names = [_model_name(m) for m in models]
+    rows = []
+    for i, b in enumerate(bins):
+        row: dict[str, Any] = {"positions": f"{b['first']}-{b['last']}", "tokens": b["tokens"]}
+        for k, m in enumerate(models):
+            row[f"kld_{k}"] = m["kld_by_position"][i]["mean"]
+            row[f"err_{k}"] = m["kld_by_position"][i]["err"]
+        rows.append(row)
+    cols: list[Column] = [Column("positions", "positions"), Column("tokens", "tokens", "int")]
+    for k, name in enumerate(names):
+        cols += [
+            SigColumn(f"kld_{k}", f"KLD mean: {name}", numeric=True),
+            SigColumn(f"err_{k}", "±", numeric=True),
+        ]
+    chart = Chart(
+        name="kld_by_position",
+        kind="line",
+        title="Mean KL divergence by context position",
+        x_label="position in the chunk (tokens of context seen - 1)",
+        y_label="KL divergence (nats)",
+        x=[(b["first"] + b["last"]) / 2 for b in bins],
+        series=[
+            Series(name, [b["mean"] for b in m["kld_by_position"]])
+            for name, m in zip(names, models, strict=True)
+        ],
+        value_fmt="f4",
+    )
+    table = Table(
+        name="kld_by_position",
+        title="Mean KL divergence by context position",
+        columns=cols,
+        rows=rows,
+        note="The logits at position p have seen p + 1 tokens; ± is the mean's standard error.",
+        whole=True,
+    )
+    text = (
+        f"Each chunk's positions {bins[0]['first']}-{bins[-1]['last']} in {len(bins)} bins, over "
+        f"{data['chunks']} chunks: a quantized KV cache's error builds up with the tokens it holds"
+        + (" (--all-positions: the first half too)." if bins[0]["first"] == 0 else ".")
+    )
+    return [Section(title="By context position", charts=[chart], tables=[table], text=text)]

@@ -1,0 +1,117 @@
+"""The interval of a prediction (``instr predict``, ``instr plan``): a 95 % prediction interval
+made of the logs themselves, predicted from each other.
+
+Leave one out over the logs (``op_fit._held_out``): each log's setting is predicted by the model
+of the other logs alone, where they cover it, and ``r`` is the natural log of its measured time
+over that prediction. With ``n`` such residuals, the interval is the prediction times
+``exp(+-t975(n) * s)``, ``s = sqrt(mean(r^2))``: the residuals' spread about 0 (a bias widens it
+rather than being corrected), ``t975`` Student's t distribution's 97.5th percentile at ``n``
+degrees of freedom: the two-sided 95 % prediction interval of one more residual where they are
+normal with mean 0, the spread estimated from ``n`` of them (few logs, a wide interval). A
+residual includes the held-out run's own noise (another process slowing it), as the setting's
+run will. 95 % and not 90 %: a 90 % interval holds 90 % of the time on average, fewer on half of
+the grids (82 % of bench/predict.py's 17 CPU cells, 2026-11-26), where the aim is that at least
+90 % hold on every grid (as the distribution-free jackknife+ at 95 % guarantees 90 %).
+
+A thread count no log ran (``op_threads``) is priced between two bounds: every op ``T/T'`` times
+its time beyond its fixed cost, and every op its time (no part moving). Where logs at another
+thread count than the others' were held out, their residuals (``held_out_threads``) make the
+interval as above; otherwise it is the bounds, each widened by the same-thread residuals'
+half-width.
+
+Where no log could be held out (one log, or none the others cover), the interval is the spread of
+the measured-over-priced ratio over the logs' own steps (its 10th to 90th percentiles, and 5 %
+at least each way): the model's fit on its own data, which says nothing of a setting not run;
+``basis`` says which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llamacpp_instr.deciding.prediction.op_costs import CostModel
+
+# the least relative half-width of an interval from the logs' own steps
+MIN_SPREAD = 0.05
+# Student's t distribution's 97.5th percentile at 1, 2, ... 30 degrees of freedom (a two-sided
+# 95 % interval), as statistics tables give it
+T975 = dict(enumerate((
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+), start=1))  # fmt: skip
+
+
+@dataclass
+class Interval:
+    value: float
+    low: float
+    high: float
+    # what the interval is made of: "held-out" (the logs predicted from each other, ``held_out``
+    # of them), "thread bounds" (a thread count no log ran: module doc) or "steps" (the spread of
+    # the logs' own steps: no log could be held out)
+    basis: str = "steps"
+    held_out: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "low": self.low,
+            "high": self.high,
+            "basis": self.basis,
+            "held_out": self.held_out,
+        }
+
+
+def t975(dof: int) -> float:
+    """Student's t distribution's 97.5th percentile at ``dof`` degrees of freedom (``T975``; the
+    table's last, 30's, beyond it: a little wider than the normal's 1.960)."""
+    return T975[min(max(dof, 1), len(T975))]
+
+
+def half_width(residuals: list[float] | None) -> float | None:
+    """``t975(n) * sqrt(mean(r^2))`` of ``n`` residuals (module doc); None without any."""
+    if not residuals:
+        return None
+    r = np.asarray(residuals, np.float64)
+    return t975(len(r)) * float(np.sqrt(np.mean(r * r)))
+
+
+def interval(
+    tokens: int,
+    ns: float,
+    model: CostModel,
+    kind: str,
+    devices: frozenset[str],
+    bounds: tuple[float, float] | None = None,
+) -> Interval:
+    """Tokens/s for ``tokens`` in ``ns`` as priced, scaled by the logs' measured time over the
+    model's price of it (``CostModel.level`` on the target's ``devices``), with its 95 %
+    interval (module doc); ``bounds``: at a thread count no log ran, the two bounding prices."""
+    level = model.level(kind, devices) or 1.0
+    per_s = 1e9 * tokens
+    value = per_s / (ns * level)
+    half = half_width(model.held_out.get(kind))
+    if bounds is not None:
+        across = half_width(model.held_out_threads.get(kind))
+        if across is not None:
+            n = len(model.held_out_threads[kind])
+            return Interval(value, value * np.exp(-across), value * np.exp(across), "held-out", n)
+        fast, slow = min(bounds), max(bounds)
+        widen = np.exp(half or 0.0)
+        low = min(value, per_s / (slow * level)) / widen
+        high = max(value, per_s / (fast * level)) * widen
+        return Interval(value, low, high, "thread bounds", len(model.held_out.get(kind, [])))
+    if half is not None:
+        n = len(model.held_out[kind])
+        return Interval(value, value * np.exp(-half), value * np.exp(half), "held-out", n)
+    ratios = model.self_ratios.get(kind)
+    base = model.self_level.get(kind)
+    if ratios is None or not len(ratios) or not base or base <= 0:
+        ratios = np.array([1.0])
+    lo = min(float(np.percentile(ratios, 10)), level * (1 - MIN_SPREAD))
+    hi = max(float(np.percentile(ratios, 90)), level * (1 + MIN_SPREAD))
+    return Interval(value=value, low=per_s / (ns * hi), high=per_s / (ns * lo))

@@ -44,8 +44,10 @@ def _model(**kw: Any) -> Any:
 def test_the_interval_by_hand() -> None:
     """10 tokens in 0.1 s at a level of 1.25: 80 tok/s. From the residuals 0.1, -0.2, 0.05:
     3.182 * sqrt((0.01 + 0.04 + 0.0025) / 3) = 0.42094 each way; at a thread count no log ran,
-    from the bounds' own tokens/s (40 and 160) out; with no residual, the steps' 10th and 90th
-    percentile ratios (1.04 and 1.36)."""
+    from the bounds' own tokens/s (40 and 160) out; with no residual, the wider of the bench's
+    error (80 x/÷ e^0.2: 65.50 to 97.71) and the steps' 10th and 90th percentile ratios (1.04
+    and 1.36: 73.53 to 96.15): 65.50 to 97.71, and with steps spread wider (0.9 to 1.7:
+    tokens/s 58.82 to 111.11) the steps'."""
     from llamacpp_instr.deciding.prediction.intervals import interval
 
     cpu = frozenset({"CPU"})
@@ -68,8 +70,13 @@ def test_the_interval_by_hand() -> None:
         self_level={"gen": 1.25}, self_ratios={"gen": np.array([1.0, 1.1, 1.2, 1.3, 1.4])}
     )
     iv = interval(10, 1e8, steps, "gen", cpu)
-    assert iv.basis == "steps"
-    assert (iv.low, iv.high) == (pytest.approx(1e10 / 1.36e8), pytest.approx(1e10 / 1.04e8))
+    assert iv.basis == "bench"
+    assert (iv.low, iv.high) == (pytest.approx(65.50, abs=0.01), pytest.approx(97.71, abs=0.01))
+    wide = _model(  # 0.8, 0.9, ... 1.8: the 10th percentile 0.9, the 90th 1.7
+        self_level={"gen": 1.25}, self_ratios={"gen": np.linspace(0.8, 1.8, 11)}
+    )
+    iv = interval(10, 1e8, wide, "gen", cpu)
+    assert (iv.low, iv.high) == (pytest.approx(58.82, abs=0.01), pytest.approx(111.11, abs=0.01))
 
 
 @pytest.fixture(scope="module")

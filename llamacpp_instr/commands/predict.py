@@ -222,9 +222,9 @@ def _basis(p: Prediction) -> str:
             "to none doing so."
         )
     return (
-        "the interval is the spread of the model on the logs' own steps (no log could be "
-        "predicted from the others: add logs of other settings for an interval that says how "
-        "far a prediction goes wrong)."
+        "no log could be predicted from the others: the intervals are the model's error on the "
+        "project's benchmark grids (x/÷ 1.22) or the logs' own steps' spread, the wider (add "
+        "logs of other settings for intervals from these logs)."
     )
 
 

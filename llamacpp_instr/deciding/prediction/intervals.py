@@ -19,10 +19,12 @@ thread count than the others' were held out, their residuals (``held_out_threads
 interval as above; otherwise it is the bounds, each widened by the same-thread residuals'
 half-width.
 
-Where no log could be held out (one log, or none the others cover), the interval is the spread of
-the measured-over-priced ratio over the logs' own steps (its 10th to 90th percentiles, and 5 %
-at least each way): the model's fit on its own data, which says nothing of a setting not run;
-``basis`` says which.
+Where no log could be held out (one log, or none the others cover), nothing in the logs says how
+far a setting not run can be from its price. The interval is then the model's own error on
+``bench/predict.py``'s grids, ``BENCH_HALF`` each way (a grid of 2 or 3 cells has no held-out
+log either: printed as the steps' spread, the Vulkan and RPC grids held 5 of 8 predictions), or
+the spread of the measured-over-priced ratio over the logs' own steps (its 10th to 90th
+percentiles), the wider; ``basis`` says which kind of interval it is.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ import numpy as np
 
 from llamacpp_instr.deciding.prediction.op_costs import CostModel
 
-# the least relative half-width of an interval from the logs' own steps
-MIN_SPREAD = 0.05
+# the half-width (natural log) of an interval no held-out log makes: the 95th percentile of
+# |ln(measured / predicted)| over bench/predict.py's 51 predictions on its CPU, thread, Vulkan and
+# RPC grids (2026-11-26: 0.175, the largest 0.232), rounded up
+BENCH_HALF = 0.2
 # Student's t distribution's 97.5th percentile at 1, 2, ... 30 degrees of freedom (a two-sided
 # 95 % interval), as statistics tables give it
 T975 = dict(enumerate((
@@ -51,9 +55,9 @@ class Interval:
     low: float
     high: float
     # what the interval is made of: "held-out" (the logs predicted from each other, ``held_out``
-    # of them), "thread bounds" (a thread count no log ran: module doc) or "steps" (the spread of
-    # the logs' own steps: no log could be held out)
-    basis: str = "steps"
+    # of them), "thread bounds" (a thread count no log ran: module doc) or "bench" (no log could be
+    # held out: the model's error on the bench's grids, or the logs' own steps' spread, the wider)
+    basis: str = "bench"
     held_out: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -111,7 +115,7 @@ def interval(
     ratios = model.self_ratios.get(kind)
     base = model.self_level.get(kind)
     if ratios is None or not len(ratios) or not base or base <= 0:
-        ratios = np.array([1.0])
-    lo = min(float(np.percentile(ratios, 10)), level * (1 - MIN_SPREAD))
-    hi = max(float(np.percentile(ratios, 90)), level * (1 + MIN_SPREAD))
+        ratios = np.array([level])
+    lo = min(float(np.percentile(ratios, 10)), level * np.exp(-BENCH_HALF))
+    hi = max(float(np.percentile(ratios, 90)), level * np.exp(BENCH_HALF))
     return Interval(value=value, low=per_s / (ns * hi), high=per_s / (ns * lo))

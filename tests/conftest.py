@@ -262,3 +262,14 @@ def tools_bin() -> Path:
     from llamacpp_instr.native import tools
 
     return tools.build_tools(lambda msg: print(msg, file=sys.stderr, flush=True))
+
+
+@pytest.fixture(scope="session")
+def vendor(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pin's llama.cpp tree extracted and patched as `instr build` does, once a session (the
+    native units and the fuzz harnesses build against it)."""
+    from llamacpp_instr.native import build, pin
+
+    work = tmp_path_factory.mktemp("src")
+    root = build.prepare_source(build.make_plan(), work, lambda m: print(m, file=sys.stderr))
+    return root / pin.VENDOR_DIR

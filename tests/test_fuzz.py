@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,18 +25,29 @@ HERE = Path(__file__).resolve().parent
 SECONDS = 20
 
 
+HARNESSES: dict[str, tuple[list[str], list[str]]] = {
+    # harness: (its include folders under the patched tree, the libraries of the build the tests
+    # run on that it links)
+    "rpc_times_fuzz": (
+        ["ggml/include", "ggml/src", "ggml/src/ggml-rpc"],
+        # the rest of ggml (tensors, backends)
+        ["libggml-base", "libggml", "libggml-rpc"],
+    ),
+    "request_text_fuzz": (
+        ["src", "include", "tools", "ggml/include"],
+        # json_object_check, the checker of llama_instr_write_record, from the build's libllama
+        ["libllama", "libggml-base", "libggml"],
+    ),
+}
+
+
 @pytest.fixture(scope="module")
-def vendor(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from llamacpp_instr.native import build, pin
-
-    work = tmp_path_factory.mktemp("src")
-    root = build.prepare_source(build.make_plan(), work, lambda m: print(m, file=sys.stderr))
-    return root / pin.VENDOR_DIR
-
-
-def fuzz(harness: str, includes: list[Path], libs: list[str], tmp_path: Path) -> None:
-    """Build tests/fuzz/<harness>.cpp with the include folders, linked to the named libraries of
-    the build the tests run on, and run it for SECONDS: no finding, and it explored."""
+def fuzzed(
+    vendor: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[int, str, Path]]:
+    """Every harness built with clang and run for SECONDS, the harnesses side by side (one core
+    each: the builds and the bounded runs take half the time they took one after the other):
+    each one's exit code, its libFuzzer output and its corpus folder."""
     from rpc_backend import lib_dir
 
     clang = shutil.which("clang++")
@@ -46,60 +56,69 @@ def fuzz(harness: str, includes: list[Path], libs: list[str], tmp_path: Path) ->
             pytest.fail("clang++ is missing: .ci/run installs Debian's clang for this test")
         pytest.skip("clang++ is not installed (apt-get install clang)")
     lib = lib_dir()
-    exe = tmp_path / harness
-    cmd = [
-        clang,
-        "-std=c++17",
-        "-g",
-        "-O1",
-        "-fsanitize=fuzzer,address,undefined",
-        "-fno-sanitize-recover=undefined",
-        *[f"-I{d}" for d in includes],
-        str(HERE / "fuzz" / f"{harness}.cpp"),
-        *[str(lib / f"{n}.so") for n in libs],
-        f"-Wl,-rpath,{lib}",
-        "-o",
-        str(exe),
-    ]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    r = subprocess.run(
-        [str(exe), f"-max_total_time={SECONDS}", "-rss_limit_mb=2048", "-timeout=10", str(corpus)],
-        capture_output=True,
-        text=True,
-        timeout=SECONDS * 5,
-        cwd=tmp_path,
-    )
-    assert r.returncode == 0, r.stderr[-5000:]
-    done = re.search(r"Done (\d+) runs in", r.stderr)
-    assert done and int(done.group(1)) > 1000, r.stderr[-2000:]
-    # it explored: inputs that reached new code were kept
+    work = tmp_path_factory.mktemp("fuzz")
+    builds = {}
+    for harness, (includes, libs) in HARNESSES.items():
+        cmd = [
+            clang,
+            "-std=c++17",
+            "-g",
+            "-O1",
+            "-fsanitize=fuzzer,address,undefined",
+            "-fno-sanitize-recover=undefined",
+            *[f"-I{vendor / d}" for d in includes],
+            str(HERE / "fuzz" / f"{harness}.cpp"),
+            *[str(lib / f"{n}.so") for n in libs],
+            f"-Wl,-rpath,{lib}",
+            "-o",
+            str(work / harness),
+        ]
+        builds[harness] = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    runs = {}
+    for proc in builds.values():
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+    for harness in HARNESSES:
+        (work / f"{harness}.corpus").mkdir()
+        runs[harness] = subprocess.Popen(
+            [
+                str(work / harness),
+                f"-max_total_time={SECONDS}",
+                "-rss_limit_mb=2048",
+                "-timeout=10",
+                str(work / f"{harness}.corpus"),
+            ],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            cwd=work,
+        )
+    out = {}
+    for harness, proc in runs.items():
+        _, err = proc.communicate(timeout=SECONDS * 5)
+        out[harness] = (proc.returncode, err, work / f"{harness}.corpus")
+    return out
+
+
+def check(run: tuple[int, str, Path]) -> None:
+    """No finding, and it explored: over 1,000 runs, and inputs that reached new code kept."""
+    rc, err, corpus = run
+    assert rc == 0, err[-5000:]
+    done = re.search(r"Done (\d+) runs in", err)
+    assert done and int(done.group(1)) > 1000, err[-2000:]
     assert len(list(corpus.iterdir())) > 10
 
 
-def test_the_rpc_times_parser_survives_a_fuzzer(vendor: Path, tmp_path: Path) -> None:
-    ggml = vendor / "ggml"
-    fuzz(
-        "rpc_times_fuzz",
-        [ggml / "include", ggml / "src", ggml / "src" / "ggml-rpc"],
-        # the rest of ggml (tensors, backends) from the build the tests run on
-        ["libggml-base", "libggml", "libggml-rpc"],
-        tmp_path,
-    )
+def test_the_rpc_times_parser_survives_a_fuzzer(fuzzed: dict[str, tuple[int, str, Path]]) -> None:
+    check(fuzzed["rpc_times_fuzz"])
 
 
-def test_a_clients_bytes_always_make_a_record_the_log_accepts(vendor: Path, tmp_path: Path) -> None:
+def test_a_clients_bytes_always_make_a_record_the_log_accepts(
+    fuzzed: dict[str, tuple[int, str, Path]],
+) -> None:
     """Token bytes through the request text path, and any `traceparent` value: what reaches the
     record is what the record's checker accepts (a refused record is a request lost), well-formed
     text passes unchanged, and a traceparent only as the W3C format allows. Before the fix the text
     path let overlong forms, surrogates and code points past U+10FFFF through (the fuzzer found
     one in its first seconds)."""
-    fuzz(
-        "request_text_fuzz",
-        [vendor / "src", vendor / "include", vendor / "tools", vendor / "ggml" / "include"],
-        # json_object_check, the checker of llama_instr_write_record, from the build's libllama
-        ["libllama", "libggml-base", "libggml"],
-        tmp_path,
-    )
+    check(fuzzed["request_text_fuzz"])

@@ -6,21 +6,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture(scope="module")
-def vendor(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from llamacpp_instr.native import build, pin
-
-    work = tmp_path_factory.mktemp("src")
-    root = build.prepare_source(build.make_plan(), work, lambda m: print(m, file=sys.stderr))
-    return root / pin.VENDOR_DIR
 
 
 def test_rows_out_of_memory_never_end_the_program(vendor: Path, tmp_path: Path) -> None:

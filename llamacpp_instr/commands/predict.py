@@ -120,8 +120,9 @@ def command(
     times the link's round trip plus bytes at its rate, the link measured in the log unless
     --rpc-rate or --rpc-rtt give another (a log's RPC servers are stood in for on loopback to build
     the graphs, unless --rpc names live ones). The result is a prediction with a 95 % interval:
-    from the logs predicted from each other (leave one out), or with a single log the model's
-    spread on its own steps. A CPU thread count no log ran is priced from the nearest one run:
+    from the logs predicted from each other (leave one out), or where none could be held out the
+    model's error on the project's benchmark grids (x/÷ 1.22) or its spread on the logs' own
+    steps, the wider. A CPU thread count no log ran is priced from the nearest one run:
     compute-bound ops scale with the threads, memory-bound ones stay at the bandwidth the logs
     measured (or the ratio instr peaks measured at the two counts); its interval spans every op
     scaling to none doing so. What no log measured (threads beyond the machine's CPUs, a weight

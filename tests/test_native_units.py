@@ -13,33 +13,41 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 
-def test_rows_out_of_memory_never_end_the_program(vendor: Path, tmp_path: Path) -> None:
-    """json_rows with every allocation from the n-th on failing (issue 55 §1): each failure reaches
-    the caller as std::bad_alloc. Before the fix its destructor appended what it held, so the
-    second failure, while the first unwound, ended the program (std::terminate) past every catch
-    in the hooks."""
+def build_unit(
+    vendor: Path, name: str, includes: list[str], libs: list[str], tmp_path: Path
+) -> Path:
+    """tests/native/<name>.cpp built against the patched tree's include folders, linked to the
+    named libraries of the build the tests run on."""
     from rpc_backend import lib_dir
 
     cxx = shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no C++ compiler")
-    exe = tmp_path / "json_rows_oom"
-    libs = lib_dir()
+    exe = tmp_path / name
+    lib = lib_dir()
     cmd = [
         cxx,
         "-std=c++17",
         "-O1",
         "-g",
-        f"-I{vendor / 'src'}",
-        f"-I{vendor / 'ggml' / 'include'}",
-        str(HERE / "native" / "json_rows_oom.cpp"),
-        str(libs / "libggml-base.so"),
-        f"-Wl,-rpath,{libs}",
+        *[f"-I{vendor / d}" for d in includes],
+        str(HERE / "native" / f"{name}.cpp"),
+        *[str(lib / f"{n}.so") for n in libs],
+        f"-Wl,-rpath,{lib}",
         "-o",
         str(exe),
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
+    return exe
+
+
+def test_rows_out_of_memory_never_end_the_program(vendor: Path, tmp_path: Path) -> None:
+    """json_rows with every allocation from the n-th on failing (issue 55 §1): each failure reaches
+    the caller as std::bad_alloc. Before the fix its destructor appended what it held, so the
+    second failure, while the first unwound, ended the program (std::terminate) past every catch
+    in the hooks."""
+    exe = build_unit(vendor, "json_rows_oom", ["src", "ggml/include"], ["libggml-base"], tmp_path)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"died ({r.returncode}): {r.stderr[-2000:]}"
     assert "each caught" in r.stdout and int(r.stdout.split()[0]) > 2, r.stdout
@@ -52,29 +60,12 @@ def test_a_kept_graph_is_not_a_graph_with_other_sources(vendor: Path, tmp_path: 
     still found, its sources read again. Before the fix the fingerprint left the sources out, so a
     kept index whose sources were freed was taken for the new graph, and capture() followed them.
     Linked to the build's libllama, which exports the index."""
-    from rpc_backend import lib_dir
-
-    cxx = shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    exe = tmp_path / "kept_graph"
-    libs = lib_dir()
-    cmd = [
-        cxx,
-        "-std=c++17",
-        "-O1",
-        "-g",
-        f"-I{vendor / 'src'}",
-        f"-I{vendor / 'include'}",
-        f"-I{vendor / 'ggml' / 'include'}",
-        str(HERE / "native" / "kept_graph.cpp"),
-        str(libs / "libllama.so"),
-        str(libs / "libggml-base.so"),
-        f"-Wl,-rpath,{libs}",
-        "-o",
-        str(exe),
-    ]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    exe = build_unit(
+        vendor,
+        "kept_graph",
+        ["src", "include", "ggml/include"],
+        ["libllama", "libggml-base"],
+        tmp_path,
+    )
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

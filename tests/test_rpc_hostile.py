@@ -317,8 +317,9 @@ rpc.ggml_backend_rpc_start_server.argtypes = [
 rpc.ggml_backend_rpc_start_server(sys.argv[4].encode(), None, 1, 2, devs)
 """
 
-# the client: the model split 3:1 over the server's two devices, generating greedily
-SPLIT_CLIENT = r"""
+# a client's first lines: the build's ggml with the RPC server at {endpoint} registered as a
+# backend (a format template, as the clients below)
+RPC_CLIENT_HEAD = r"""
 import ctypes, json, sys
 from pathlib import Path
 import llama_cpp
@@ -333,6 +334,10 @@ rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
 rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
 ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
 ggml.ggml_backend_register(rpc.ggml_backend_rpc_add_server({endpoint!r}.encode()))
+"""
+
+# the client: the model split 3:1 over the server's two devices, generating greedily
+SPLIT_CLIENT = RPC_CLIENT_HEAD + r"""
 llm = llama_cpp.Llama({model!r}, n_ctx=256, n_batch=64, n_threads=1, verbose=False,
                       n_gpu_layers=99, tensor_split=[3.0, 1.0])
 prompt = llm.tokenize(b"The capital of France is", add_bos=True)
@@ -398,21 +403,7 @@ def test_a_server_with_two_devices_is_timed_on_both(tiny_dir: Path, tmp_path: Pa
 
 
 # the client: the graph built and sent before the session, then reused in it (a recompute)
-LATE_CLIENT = r"""
-import ctypes, sys
-from pathlib import Path
-import llama_cpp
-from llama_cpp import llama_cpp as L
-sys.path.insert(0, {tests!r})
-from netsim import lib_file
-import llamacpp_instr
-lib = Path(L._base_path)
-ggml = ctypes.CDLL(str(lib_file(lib, "libggml")), mode=ctypes.RTLD_GLOBAL)
-rpc = ctypes.CDLL(str(lib_file(lib, "libggml-rpc")), mode=ctypes.RTLD_GLOBAL)
-rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
-rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
-ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
-ggml.ggml_backend_register(rpc.ggml_backend_rpc_add_server({endpoint!r}.encode()))
+LATE_CLIENT = RPC_CLIENT_HEAD + r"""
 llm = llama_cpp.Llama({model!r}, n_ctx=128, n_batch=16, n_threads=1, verbose=False,
                       n_gpu_layers=99)
 llm.eval([1, 2, 3, 4])

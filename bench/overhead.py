@@ -240,6 +240,41 @@ def log_facts(path: Path) -> dict:
     }
 
 
+def in_process_lines(args: argparse.Namespace) -> list[str]:
+    """The tables of the runs in one process: every level alternated (``levels_in_process``), and
+    step_end's memory figures at MINIMAL (``step_memory_in_process``)."""
+    # every level in one process (see levels_in_process): the steadiest view of the levels' cost
+    lv = in_process("levels", args)
+    lines = [
+        "",
+        "Every level in one process and one session, alternated in a shuffled order over 30 rounds "
+        "(`set_level`), the prompt's length changing so its graph is rebuilt each time, then "
+        f"{args.tokens // 8} generated tokens (the first rebuilds the graph for one token); medians, "
+        "relative to OFF in the same process, as a ratio of the medians and as the median of "
+        "each round's ratio (paired):",
+        "",
+        "| level | prompt tok/s (graph rebuilt) | vs off | paired | generation tok/s | vs off | "
+        "paired |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, v in lv.items():
+        lines.append(
+            f"| {name} | {v['pp']:.1f} | {v['pp'] / lv['off']['pp']:.3f}x | "
+            f"{v['pp_paired']:.3f}x | {v['tg']:.1f} | {v['tg'] / lv['off']['tg']:.3f}x | "
+            f"{v['tg_paired']:.3f}x |"
+        )
+    # what step_end's memory figures cost at MINIMAL, in one process
+    sm = in_process("step-memory", args)
+    lines += [
+        "",
+        f"step_end's memory figures at MINIMAL, in one process (a session per round, with and "
+        f"without them, {sm['rounds']} rounds in a shuffled order): generation {sm['on']:.1f} "
+        f"tok/s with, {sm['off']:.1f} without; paired ratio {sm['ratio']:.3f}x (target: at "
+        "least 0.99x).",
+    ]
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -332,35 +367,7 @@ def main() -> None:
             f"Op-time coverage of generation steps (sum of op durations / llama_decode wall time): "
             f"mean {facts['coverage_mean']:.1%}, median {facts['coverage_median']:.1%}, min {facts['coverage_min']:.1%}.",
         ]
-    # every level in one process (see levels_in_process): the steadiest view of the levels' cost
-    lv = in_process("levels", args)
-    lines += [
-        "",
-        "Every level in one process and one session, alternated in a shuffled order over 30 rounds "
-        "(`set_level`), the prompt's length changing so its graph is rebuilt each time, then "
-        f"{args.tokens // 8} generated tokens (the first rebuilds the graph for one token); medians, "
-        "relative to OFF in the same process, as a ratio of the medians and as the median of "
-        "each round's ratio (paired):",
-        "",
-        "| level | prompt tok/s (graph rebuilt) | vs off | paired | generation tok/s | vs off | "
-        "paired |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, v in lv.items():
-        lines.append(
-            f"| {name} | {v['pp']:.1f} | {v['pp'] / lv['off']['pp']:.3f}x | "
-            f"{v['pp_paired']:.3f}x | {v['tg']:.1f} | {v['tg'] / lv['off']['tg']:.3f}x | "
-            f"{v['tg_paired']:.3f}x |"
-        )
-    # what step_end's memory figures cost at MINIMAL, in one process
-    sm = in_process("step-memory", args)
-    lines += [
-        "",
-        f"step_end's memory figures at MINIMAL, in one process (a session per round, with and "
-        f"without them, {sm['rounds']} rounds in a shuffled order): generation {sm['on']:.1f} "
-        f"tok/s with, {sm['off']:.1f} without; paired ratio {sm['ratio']:.3f}x (target: at "
-        "least 0.99x).",
-    ]
+    lines += in_process_lines(args)
     report = "\n".join(lines)
     print(report)
     if args.write_docs:

@@ -392,7 +392,7 @@ def pct(pred: float | None, meas: float | None) -> float | None:
     return 100.0 * (pred - meas) / meas
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gen", type=int, default=32, help="tokens generated per cell")
     ap.add_argument("--quick", action="store_true", help="the Q4_1, 2-thread cells only")
@@ -432,23 +432,15 @@ def main() -> None:
     args = ap.parse_args()
     if args.reps < 1:
         ap.error("--reps must be at least 1")
+    return args
 
-    from llama_cpp import _logger
 
-    from llamacpp_instr.deciding.prediction import predict
-    from llamacpp_instr.deciding.quant_sweep import quantized
-    from llamacpp_instr.native import models
-
-    _logger.set_verbose(False)
-    load_at_start = os.getloadavg()
-    grid = VULKAN if args.vulkan else RPC if args.rpc else QUICK if args.quick else GRID
-    base = models.default_model()
-    files = {"q4_1": base}
-    for q in sorted({c.quant for c in grid} - {"q4_1"}):
-        files[q] = quantized(base, q, 0, lambda s: print(s, file=sys.stderr))
-    tmp = tempfile.TemporaryDirectory()
-    where = args.keep or Path(tmp.name)
-    where.mkdir(parents=True, exist_ok=True)
+def run_grid(
+    args: argparse.Namespace, grid: list[Cell], files: dict[str, Path], where: Path
+) -> tuple[dict[Cell, Path], bool, float]:
+    """Each cell's log in ``where`` (a log kept there from an earlier run is reused): the fastest
+    of --reps runs, a run whose steps spread like a busy machine's run again (--retry-busy);
+    whether any cell ran, and the seconds the runs took."""
     logs: dict[Cell, Path] = {}
     ran_any = False
     t0 = time.monotonic()
@@ -481,6 +473,29 @@ def main() -> None:
             min(tried, key=lambda a: slowness(a, tried)).rename(log)
         logs[cell] = log
     run_s = time.monotonic() - t0
+    return logs, ran_any, run_s
+
+
+def main() -> None:
+    args = parse_args()
+
+    from llama_cpp import _logger
+
+    from llamacpp_instr.deciding.prediction import predict
+    from llamacpp_instr.deciding.quant_sweep import quantized
+    from llamacpp_instr.native import models
+
+    _logger.set_verbose(False)
+    load_at_start = os.getloadavg()
+    grid = VULKAN if args.vulkan else RPC if args.rpc else QUICK if args.quick else GRID
+    base = models.default_model()
+    files = {"q4_1": base}
+    for q in sorted({c.quant for c in grid} - {"q4_1"}):
+        files[q] = quantized(base, q, 0, lambda s: print(s, file=sys.stderr))
+    tmp = tempfile.TemporaryDirectory()
+    where = args.keep or Path(tmp.name)
+    where.mkdir(parents=True, exist_ok=True)
+    logs, ran_any, run_s = run_grid(args, grid, files, where)
     sessions = {c: predict.load_session(p) for c, p in logs.items()}
 
     rows = [

@@ -54,13 +54,11 @@ class Candidate:
 
     @property
     def gen(self) -> float | None:
-        p = self.prediction
-        return p.gen.value if p and p.gen and not p.not_covered else None
+        return self.prediction.covered("gen") if self.prediction else None
 
     @property
     def prompt(self) -> float | None:
-        p = self.prediction
-        return p.prompt.value if p and p.prompt and not p.not_covered else None
+        return self.prediction.covered("prompt") if self.prediction else None
 
     def run_args(self) -> list[str]:
         """``instr run`` for this setting (its memory options as ``fit`` gives them)."""

@@ -114,6 +114,12 @@ class Prediction:
     # a thread count no log ran: from which it was priced, and how (op_threads)
     threads_from: str = ""
 
+    def covered(self, kind: str) -> float | None:
+        """``kind``'s (``prompt``, ``gen``) predicted tokens/s, or None where it was not predicted
+        or something of the setting was not covered (what a plan ranks by)."""
+        iv = self.prompt if kind == "prompt" else self.gen
+        return iv.value if iv and not self.not_covered else None
+
     def to_json(self) -> dict[str, Any]:
         t = asdict(self.target)
         t["model"] = str(self.target.model)

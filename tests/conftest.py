@@ -273,3 +273,14 @@ def vendor(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("src")
     root = build.prepare_source(build.make_plan(), work, lambda m: print(m, file=sys.stderr))
     return root / pin.VENDOR_DIR
+
+
+@pytest.fixture(scope="session")
+def moe_small_detailed(
+    moe_small: Path, instr_api: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """A DETAILED run of the small MoE (4 tokens of the default prompt), shared by the modules
+    that read its routing (test_moe_traffic makes its own, of another prompt)."""
+    out = tmp_path_factory.mktemp("moe_small") / "small.log"
+    make_run(moe_small, out, "detailed", n_predict=4)
+    return out

@@ -196,24 +196,15 @@ def test_identical_experts_write_the_dense_text_at_every_level(
         assert moe.token_ids == dense.token_ids, level
 
 
-@pytest.fixture(scope="module")
-def small_detailed(
-    moe_small: Path, instr_api: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    out = tmp_path_factory.mktemp("moe_route") / "small.log"
-    make_run(moe_small, out, "detailed", n_predict=4)
-    return out
-
-
 def test_load_session_experts_and_routed_bytes(
-    small_detailed: Path, moe_small: Path, tmp_path: Path
+    moe_small_detailed: Path, moe_small: Path, tmp_path: Path
 ) -> None:
     import gguf
 
     from llamacpp_instr.converters import load_session
 
-    recs = read_log(small_detailed)
-    s = load_session(small_detailed)
+    recs = read_log(moe_small_detailed)
+    s = load_session(moe_small_detailed)
     ex = s.experts
     assert list(ex.columns[:5]) == ["step", "layer", "expert", "tokens", "weight"]
     want = Counter()
@@ -231,7 +222,7 @@ def test_load_session_experts_and_routed_bytes(
     bare.write_text(
         "".join(
             line
-            for line in small_detailed.read_text().splitlines(keepends=True)
+            for line in moe_small_detailed.read_text().splitlines(keepends=True)
             if '"type":"experts"' not in line
         )
     )
@@ -258,7 +249,7 @@ def test_load_session_experts_and_routed_bytes(
     assert s.ops["expert_bytes"].isna().sum() == (s.ops["op"] != "MUL_MAT_ID").sum()
 
 
-def test_instr_experts_text_json_html(small_detailed: Path, tmp_path: Path) -> None:
+def test_instr_experts_text_json_html(moe_small_detailed: Path, tmp_path: Path) -> None:
     import json
     import math
 
@@ -268,11 +259,11 @@ def test_instr_experts_text_json_html(small_detailed: Path, tmp_path: Path) -> N
 
     load: dict[int, Counter[int]] = defaultdict(Counter)
     steps: dict[int, set[int]] = defaultdict(set)
-    for r in by_type(read_log(small_detailed), "experts"):
+    for r in by_type(read_log(moe_small_detailed), "experts"):
         for layer, e, tokens, _ in r["rows"]:
             load[layer][e] += tokens
             steps[layer].add(r["step"])
-    res = CliRunner().invoke(main, ["experts", str(small_detailed), "--format", "json"])
+    res = CliRunner().invoke(main, ["experts", str(moe_small_detailed), "--format", "json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     assert data["n_expert"] == N_EXPERT
@@ -289,17 +280,17 @@ def test_instr_experts_text_json_html(small_detailed: Path, tmp_path: Path) -> N
         # one generated token goes to N_USED experts
         assert x["touched_share_gen"] == pytest.approx(N_USED / N_EXPERT)
         assert x["hottest"][0] == [want.index(max(want)), pytest.approx(max(want) / total)]
-    text = CliRunner().invoke(main, ["experts", str(small_detailed)])
+    text = CliRunner().invoke(main, ["experts", str(moe_small_detailed)])
     assert text.exit_code == 0 and "imbalance" in text.output
     out = tmp_path / "e.html"
     html = CliRunner().invoke(
-        main, ["experts", str(small_detailed), "--format", "html", "-o", str(out)]
+        main, ["experts", str(moe_small_detailed), "--format", "html", "-o", str(out)]
     )
     assert html.exit_code == 0 and "<svg" in out.read_text()
 
 
 def test_instr_experts_says_when_a_log_has_no_routing(
-    small_detailed: Path, moe_small: Path, tmp_path: Path
+    moe_small_detailed: Path, moe_small: Path, tmp_path: Path
 ) -> None:
     import subprocess
     import sys
@@ -308,7 +299,7 @@ def test_instr_experts_says_when_a_log_has_no_routing(
     bare.write_text(
         "".join(
             line
-            for line in small_detailed.read_text().splitlines(keepends=True)
+            for line in moe_small_detailed.read_text().splitlines(keepends=True)
             if '"type":"experts"' not in line
         )
     )
@@ -334,20 +325,20 @@ def test_instr_experts_says_when_a_log_has_no_routing(
     assert "--level minimal" in one_line(minimal)
 
 
-def test_routed_tables_match_the_per_op_reference(small_detailed: Path) -> None:
+def test_routed_tables_match_the_per_op_reference(moe_small_detailed: Path) -> None:
     import pandas as pd
     from reference.frames import reference_load_sessions
 
     from llamacpp_instr.converters.analysis.frames import load_sessions
 
-    (ref,), (new,) = reference_load_sessions(small_detailed), load_sessions(small_detailed)
+    (ref,), (new,) = reference_load_sessions(moe_small_detailed), load_sessions(moe_small_detailed)
     for name in ("ops", "experts"):
         pd.testing.assert_frame_equal(getattr(ref, name), getattr(new, name), check_exact=True)
     assert (new.ops["expert_bytes"] == "routed").sum() == 3 * 4 * len(new.steps)
 
 
 def test_experts_records_follow_the_schema_and_bad_ones_are_skipped(
-    small_detailed: Path, moe_small: Path, schema_validator: Any, tmp_path: Path
+    moe_small_detailed: Path, moe_small: Path, schema_validator: Any, tmp_path: Path
 ) -> None:
     import json
 
@@ -355,15 +346,15 @@ def test_experts_records_follow_the_schema_and_bad_ones_are_skipped(
 
     verbose = tmp_path / "v.log"
     make_run(moe_small, verbose, "verbose", n_predict=2)
-    for log in (small_detailed, verbose):
+    for log in (moe_small_detailed, verbose):
         recs = read_log(log)
         assert by_type(recs, "experts")
         for r in recs:
             schema_validator.validate(r)
     # out of its bounds: an expert past n_expert, a layer past n_layer, n_expert past 65536
-    lines = small_detailed.read_text().splitlines(keepends=True)
+    lines = moe_small_detailed.read_text().splitlines(keepends=True)
     k = next(i for i, line in enumerate(lines) if '"type":"experts"' in line)
-    whole = len(load_session(small_detailed).experts)
+    whole = len(load_session(moe_small_detailed).experts)
     dropped = len(json.loads(lines[k])["rows"])
     for change in (
         lambda r: r["rows"][0].__setitem__(1, r["n_expert"]),

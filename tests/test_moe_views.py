@@ -9,22 +9,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import pytest
 from click.testing import CliRunner
-from support import by_type, make_run, read_log
+from support import by_type, read_log
 
 from llamacpp_instr.cli import main
 
 N_EXPERT = 8
-
-
-@pytest.fixture(scope="module")
-def small_detailed(
-    moe_small: Path, instr_api: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    out = tmp_path_factory.mktemp("moe_views") / "small.log"
-    make_run(moe_small, out, "detailed", n_predict=4)
-    return out
 
 
 def _used_per_compute(recs: list[dict[str, Any]]) -> dict[int, list[float]]:
@@ -41,14 +31,14 @@ def _used_per_compute(recs: list[dict[str, Any]]) -> dict[int, list[float]]:
 
 
 def test_the_trace_counts_each_layers_experts_per_compute(
-    small_detailed: Path, tmp_path: Path
+    moe_small_detailed: Path, tmp_path: Path
 ) -> None:
     from test_perfetto import check_trace
 
-    want = _used_per_compute(read_log(small_detailed))
+    want = _used_per_compute(read_log(moe_small_detailed))
     assert sorted(want) == [0, 1, 2, 3]
     out = tmp_path / "t.pftrace"
-    r = CliRunner().invoke(main, ["to-perfetto", str(small_detailed), "-o", str(out)])
+    r = CliRunner().invoke(main, ["to-perfetto", str(moe_small_detailed), "-o", str(out)])
     assert r.exit_code == 0, r.output
     counters = check_trace(out)["counters"]
     got = {int(k.rsplit(" ", 1)[1]): v for k, v in counters.items() if k.startswith("experts used")}
@@ -57,14 +47,14 @@ def test_the_trace_counts_each_layers_experts_per_compute(
     assert all(v[-1] == 2.0 for v in got.values())
     # one layer selected: its track only; Chrome JSON: the same samples
     r = CliRunner().invoke(
-        main, ["to-perfetto", str(small_detailed), "-o", str(out), "--layer", "2"]
+        main, ["to-perfetto", str(moe_small_detailed), "-o", str(out), "--layer", "2"]
     )
     assert r.exit_code == 0, r.output
     names = [k for k in check_trace(out)["counters"] if k.startswith("experts used")]
     assert names == ["experts used: layer 2"]
     js = tmp_path / "t.json"
     r = CliRunner().invoke(
-        main, ["to-perfetto", str(small_detailed), "-o", str(js), "--format", "json"]
+        main, ["to-perfetto", str(moe_small_detailed), "-o", str(js), "--format", "json"]
     )
     assert r.exit_code == 0, r.output
     events = json.loads(js.read_text())
@@ -75,14 +65,16 @@ def test_the_trace_counts_each_layers_experts_per_compute(
     assert dict(samples) == want
 
 
-def test_a_log_without_routing_has_no_expert_track(small_detailed: Path, tmp_path: Path) -> None:
+def test_a_log_without_routing_has_no_expert_track(
+    moe_small_detailed: Path, tmp_path: Path
+) -> None:
     from test_perfetto import check_trace
 
     bare = tmp_path / "bare.log"
     bare.write_text(
         "".join(
             line
-            for line in small_detailed.read_text().splitlines(keepends=True)
+            for line in moe_small_detailed.read_text().splitlines(keepends=True)
             if '"type":"experts"' not in line
         )
     )

@@ -149,6 +149,17 @@ def test_a_graph_rebuilt_while_paused_is_indexed_again(
     assert totals.n_lost == 0
 
 
+def _context_shift(llm: Any) -> None:
+    """Drop positions 1..3 of 8 and move the rest back by 3 (a context shift): the next
+    llama_decode computes a K-shift graph before its ubatch."""
+    import llama_cpp
+
+    mem = llama_cpp.llama_get_memory(llm.ctx)
+    assert llama_cpp.llama_memory_seq_rm(mem, 0, 1, 4)
+    llama_cpp.llama_memory_seq_add(mem, 0, 4, -1, -3)
+    llm.n_tokens = 5
+
+
 def test_a_k_shift_compute_has_no_tokens(
     instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
 ) -> None:
@@ -160,11 +171,7 @@ def test_a_k_shift_compute_has_no_tokens(
     try:
         with llamacpp_instr.session(llm, tmp_path / "k.log", level="detailed"):
             llm.eval([1, 40, 41, 42, 43, 44, 45, 46])
-            mem = llama_cpp.llama_get_memory(llm.ctx)
-            # drop positions 1..3 and move the rest back by 3 (a context shift)
-            assert llama_cpp.llama_memory_seq_rm(mem, 0, 1, 4)
-            llama_cpp.llama_memory_seq_add(mem, 0, 4, -1, -3)
-            llm.n_tokens = 5
+            _context_shift(llm)
             llm.eval([47, 48])
     finally:
         llm.close()
@@ -195,13 +202,10 @@ def test_a_k_shift_after_a_reserve_takes_its_layers_from_its_cache(
     try:
         with llamacpp_instr.session(llm, tmp_path / "k.log", level="detailed"):
             llm.eval([1, 40, 41, 42, 43, 44, 45, 46])
-            mem = llama_cpp.llama_get_memory(llm.ctx)
-            assert llama_cpp.llama_memory_seq_rm(mem, 0, 1, 4)
-            llama_cpp.llama_memory_seq_add(mem, 0, 4, -1, -3)
+            _context_shift(llm)
             # no vector: only the reserve it makes llama.cpp do at the next decode
             n_embd = L.llama_model_n_embd(llm.model)
             assert L.llama_set_adapter_cvec(llm.ctx, None, 0, n_embd, -1, -1) == 0
-            llm.n_tokens = 5
             llm.eval([47, 48])
     finally:
         llm.close()

@@ -257,41 +257,41 @@ def device_ratios(tmp: Path, target: int, reps: int, keep: Path | None = None) -
         "| set | log | ops | command | s | ops/s | × CPU | CPU s | × CPU by CPU time | peak RSS |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for size in (target * 5,):
-        logs: dict[tuple[str, str], tuple[Path, int]] = {}
-        for set_name, sources in sets.items():
-            for label, src in sources.items():
-                log = tmp / f"{src.stem}-{size}.log"
-                logs[(set_name, label)] = (log, synthesize(src, size, log)[0])
-        runs: dict[tuple[str, str, str], list[dict]] = {}
-        for _ in range(reps):
-            for task in DEVICE_TASKS:
-                for (set_name, label), (log, _) in logs.items():
-                    out = tmp / f"dev-{task}"
-                    runs.setdefault((set_name, label, task), []).append(measure(task, log, out))
-        for set_name, sources in sets.items():
-            for task in DEVICE_TASKS:
-                base = base_cpu = 0.0
-                for label in sources:
-                    n_ops = logs[(set_name, label)][1]
-                    got = runs[(set_name, label, task)]
-                    sec = statistics.median(r["s"] for r in got)
-                    cpu = statistics.median(r["cpu"] for r in got)
-                    rate, rate_cpu = n_ops / sec, n_ops / cpu
-                    base, base_cpu = base or rate, base_cpu or rate_cpu
-                    rss = max(r["rss"] for r in got)
-                    lines.append(
-                        f"| {set_name} | {label} | {n_ops:,} | {TASKS[task][0]} | {sec:.2f} | "
-                        f"{rate:,.0f} | {rate / base:.2f} | {cpu:.2f} | "
-                        f"{rate_cpu / base_cpu:.2f} | {rss / 2**20:.0f} MiB |"
-                    )
-                    print(lines[-1], file=sys.stderr)
-        for log, _ in logs.values():
-            if keep is not None:
-                keep.mkdir(parents=True, exist_ok=True)
-                shutil.move(log, keep / log.name)
-            else:
-                log.unlink()
+    size = target * 5
+    logs: dict[tuple[str, str], tuple[Path, int]] = {}
+    for set_name, sources in sets.items():
+        for label, src in sources.items():
+            log = tmp / f"{src.stem}-{size}.log"
+            logs[(set_name, label)] = (log, synthesize(src, size, log)[0])
+    runs: dict[tuple[str, str, str], list[dict]] = {}
+    for _ in range(reps):
+        for task in DEVICE_TASKS:
+            for (set_name, label), (log, _) in logs.items():
+                out = tmp / f"dev-{task}"
+                runs.setdefault((set_name, label, task), []).append(measure(task, log, out))
+    for set_name, sources in sets.items():
+        for task in DEVICE_TASKS:
+            base = base_cpu = 0.0
+            for label in sources:
+                n_ops = logs[(set_name, label)][1]
+                got = runs[(set_name, label, task)]
+                sec = statistics.median(r["s"] for r in got)
+                cpu = statistics.median(r["cpu"] for r in got)
+                rate, rate_cpu = n_ops / sec, n_ops / cpu
+                base, base_cpu = base or rate, base_cpu or rate_cpu
+                rss = max(r["rss"] for r in got)
+                lines.append(
+                    f"| {set_name} | {label} | {n_ops:,} | {TASKS[task][0]} | {sec:.2f} | "
+                    f"{rate:,.0f} | {rate / base:.2f} | {cpu:.2f} | "
+                    f"{rate_cpu / base_cpu:.2f} | {rss / 2**20:.0f} MiB |"
+                )
+                print(lines[-1], file=sys.stderr)
+    for log, _ in logs.values():
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            shutil.move(log, keep / log.name)
+        else:
+            log.unlink()
     return lines
 
 

@@ -265,6 +265,15 @@ def tools_bin() -> Path:
 
 
 @pytest.fixture(scope="session")
+def testing_lib() -> Path:
+    """The testing build's libraries (`instr build --testing`: its test-only entry points), built
+    once and cached; run them through LLAMA_CPP_LIB_PATH."""
+    from llamacpp_instr.native import build
+
+    return build.testing_lib_dir(lambda m: print(m, file=sys.stderr))
+
+
+@pytest.fixture(scope="session")
 def vendor(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The pin's llama.cpp tree extracted and patched as `instr build` does, once a session (the
     native units and the fuzz harnesses build against it)."""

@@ -13,8 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 CHILD = r"""
 import ctypes, json, sys, time
 import llama_cpp
@@ -109,14 +107,6 @@ for named in (sys.argv[3] == "named",):  # at the verbose level: every hook and 
         break
 print(json.dumps({"injected": n_fail, "seconds": time.monotonic() - t0}))
 """
-
-
-@pytest.fixture(scope="module")
-def testing_lib() -> Path:
-    """The testing build's libraries (built once and cached; a cold build takes minutes)."""
-    from llamacpp_instr.native import build
-
-    return build.testing_lib_dir(lambda m: print(m, file=sys.stderr))
 
 
 def test_no_exception_crosses_the_c_api(

@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 SLOW_NS = 50_000_000
 
 CHILD = """
@@ -22,13 +20,6 @@ from llamacpp_instr.native import bindings
 api = bindings.load()
 print(json.dumps({n: api.test_last_op_ns(n, int(sys.argv[1])) for n in (1, 2, 4)}))
 """
-
-
-@pytest.fixture(scope="module")
-def testing_lib() -> Path:
-    from llamacpp_instr.native import build
-
-    return build.testing_lib_dir(lambda m: print(m, file=sys.stderr))
 
 
 def test_the_last_op_ends_when_its_slowest_thread_does(testing_lib: Path) -> None:

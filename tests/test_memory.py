@@ -3,6 +3,7 @@ breakdown; each step's memory figures; the memory budget; an out-of-memory that 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -603,3 +604,46 @@ def test_two_threads_never_both_pass_a_budget_with_room_for_one(instr_api: Any) 
     finally:
         api.set_memory_budget(None)
     assert both == 0, f"both threads passed the budget {both} times of 40"
+
+
+_CACHES_KNOWN = r"""
+import json, sys
+import llama_cpp  # loads the libraries of LLAMA_CPP_LIB_PATH
+from llamacpp_instr.native import bindings
+
+api = bindings.load()
+rows = []
+for session in (True, False):
+    if session:
+        api.session_begin(None, sys.argv[2], "minimal", {})
+    for _ in range(3):
+        llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_threads=1, verbose=False)
+        during = api.test_memory_caches()
+        llm.eval([1, 2, 3])
+        llm.close()
+        rows.append([session, during, api.test_memory_caches()])
+    if session:
+        api.lib.llama_instr_session_end(None)
+print(json.dumps(rows))
+"""
+
+
+def test_a_freed_cache_leaves_the_memory_table(
+    testing_lib: Path, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """The memory table knows a context's KV cache while it lives, and forgets it when the cache's
+    last buffer is freed (issue 55 §1): a server making and freeing contexts for hours keeps a
+    table of its live caches, not one entry per context it ever made, with a session open or
+    not. Before the fix nothing left the table (each context freed here left one entry behind).
+    In the testing build, which reads the table's size (llama_instr_test_memory_caches)."""
+    r = subprocess.run(
+        [sys.executable, "-c", _CACHES_KNOWN, str(tiny_llama_f32), str(tmp_path / "s.log")],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(testing_lib)),
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(r.stdout.splitlines()[-1])
+    assert len(rows) == 6
+    assert [(during, after) for _, during, after in rows] == [(1, 0)] * 6, rows

@@ -326,6 +326,12 @@ class InstrLib:
         fn.restype = ctypes.c_int64
         return int(fn())
 
+    def test_memory_caches(self) -> int:
+        """KV caches and recurrent states the memory table knows now (testing build only)."""
+        fn = self._testing_only("llama_instr_test_memory_caches")
+        fn.restype = ctypes.c_int64
+        return int(fn())
+
     def test_last_op_ns(self, n_threads: int, slow_ns: int) -> int:
         """The CPU profiler's duration of a graph's last op whose threads other than thread 0
         work ``slow_ns`` longer (testing build only)."""

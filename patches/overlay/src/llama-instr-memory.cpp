@@ -745,6 +745,12 @@ std::string memory_last_failure() {
     return m.last_failure;
 }
 
+size_t memory_caches_known() {
+    auto &                      m = M();
+    std::lock_guard<std::mutex> lock(m.mtx);
+    return m.caches.size();
+}
+
 bool memory_set_budget(const char * spec, std::string & why) {
     std::vector<budget_entry> b;
     if (!parse_budget(spec, b, why)) {

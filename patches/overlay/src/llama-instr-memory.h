@@ -49,6 +49,10 @@ std::string memory_breakdown_json(const llama_context * ctx);
 // The last allocation that failed, as a JSON object ("" if none).
 std::string memory_last_failure();
 
+// How many KV caches and recurrent states the table knows (llama_instr_test_memory_caches): one
+// per live cache, none once its last buffer is freed.
+size_t memory_caches_known();
+
 // Parse and set the budget ("DEVICE=SIZE[,DEVICE=SIZE...]", SIZE in bytes or with a K, M, G or T
 // suffix of 1024; "" clears it). False with `why` set when it is malformed or names no device.
 bool memory_set_budget(const char * spec, std::string & why);

@@ -2,6 +2,7 @@
 
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
+#include "llama-instr-memory.h"
 #include "llama-instr.h"
 
 #include <atomic>
@@ -101,6 +102,14 @@ void llama_instr_test_fail_alloc(int64_t n) {
 
 int64_t llama_instr_test_failed_allocs(void) {
     return g_failed.load(std::memory_order_relaxed);
+}
+
+int64_t llama_instr_test_memory_caches(void) {
+    try {
+        return (int64_t) llama_instr::memory_caches_known();
+    } catch (...) {  // (the mutex)
+        return -1;
+    }
 }
 
 // the custom op: thread 0 copies the input, the others only take slow_ns

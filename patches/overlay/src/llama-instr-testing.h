@@ -21,6 +21,10 @@ LLAMA_API void llama_instr_test_fail_alloc(int64_t n);
 // How many allocations were injected as failures since the last llama_instr_test_fail_alloc.
 LLAMA_API int64_t llama_instr_test_failed_allocs(void);
 
+// How many KV caches and recurrent states the memory table knows now (each context's cache is
+// known from its allocation until its last buffer is freed); -1 if the table could not be read.
+LLAMA_API int64_t llama_instr_test_memory_caches(void);
+
 // A graph of two ops (a scale, then a custom op) computed on a CPU backend of n_threads with the
 // per-node profiler set, the last op's work deliberately uneven: every thread but thread 0 spends
 // slow_ns more on it. *last_op_ns = the last op's profiled duration. LLAMA_INSTR_OK, or

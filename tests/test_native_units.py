@@ -4,6 +4,7 @@ a program that exits 0 when the unit holds."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -69,3 +70,82 @@ def test_a_kept_graph_is_not_a_graph_with_other_sources(vendor: Path, tmp_path: 
     )
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_a_failed_index_build_leaves_no_index(vendor: Path, tmp_path: Path) -> None:
+    """graph_index::build with every allocation from the n-th on failing, rebuilding a graph that
+    was indexed whole (issue 55 §1): no failure leaves an index that same_as takes for the graph,
+    so the next compute indexes it again instead of using half-filled tables. Before the fix
+    build() set the graph, its node count and fingerprint first, and a failed build matched."""
+    exe = build_unit(
+        vendor,
+        "index_build_oom",
+        ["src", "include", "ggml/include"],
+        ["libllama", "libggml-base"],
+        tmp_path,
+    )
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"died ({r.returncode}): {r.stderr[-2000:]}"
+    assert "none left an index" in r.stdout and int(r.stdout.split()[0]) >= 3, r.stdout
+
+
+_STRONG = {
+    "release": {"release", "acq_rel", "seq_cst"},
+    "acquire": {"acquire", "acq_rel", "seq_cst"},
+}
+
+
+def _atomics(ir: str, function: str) -> list[tuple[str, str, str]]:
+    """(operation, variable, memory order) of each atomic access in ``function``'s LLVM IR, in
+    order: the level is "level", its change count "changes"."""
+    body = ir.split(f"@{function}(", 1)[1].split("\n}", 1)[0]
+    out = []
+    for line in body.splitlines():
+        m = re.search(r"(atomicrmw \w+|load atomic|store atomic|cmpxchg)", line)
+        if not m:
+            continue
+        var = "changes" if "@g_llama_instr_level_changes" in line else "level"
+        order = re.findall(r"\b(monotonic|acquire|release|acq_rel|seq_cst)\b", line)[0]
+        out.append((m.group(1), var, order))
+    return out
+
+
+def test_a_thread_that_sees_the_level_sees_its_change_counted(vendor: Path) -> None:
+    """The level and the count of its changes (issue 55 §1): compute_begin skips checking a reused
+    graph when the count is the one it saw at the last compute, so a thread that sees the hooks on
+    again must see the changes that turned them off and on. The setter raises the count and then
+    stores the level with release; the reader loads the level with acquire, then the count. On
+    x86 every order compiles to the same instructions, so no run here can show a stale count:
+    this reads the orders clang gives the two functions (LLVM IR, which a weakly ordered CPU's
+    code generator honours). Before the fix the level was stored relaxed ("monotonic") and the
+    reader loaded only the count, relaxed: both asserts below failed."""
+    clang = shutil.which("clang++")
+    if clang is None:
+        pytest.skip("no clang++")
+    cmd = [
+        clang,
+        "-std=c++17",
+        "-O2",
+        "-S",
+        "-emit-llvm",
+        "-o",
+        "-",
+        f"-I{vendor / 'src'}",
+        f"-I{vendor / 'include'}",
+        f"-I{vendor / 'ggml/include'}",
+        str(HERE / "native" / "level_order.cpp"),
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    writer = _atomics(r.stdout, "level_writer")
+    assert [(op, var) for op, var, _ in writer] == [
+        ("atomicrmw add", "changes"),
+        ("atomicrmw xchg", "level"),
+    ]
+    assert writer[1][2] in _STRONG["release"], writer
+    reader = _atomics(r.stdout, "level_reader")
+    assert [(op, var) for op, var, _ in reader] == [
+        ("load atomic", "level"),
+        ("load atomic", "changes"),
+    ]
+    assert reader[0][2] in _STRONG["acquire"], reader

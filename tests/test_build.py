@@ -56,9 +56,12 @@ def test_cache_key_follows_patches_and_options(tmp_path: Path) -> None:
     first = sorted(patches.glob("0001-*.patch"))[0]
     first.write_text(first.read_text() + "\n")
     assert build.patch_hash(build.read_series(patches)) != base
-    assert build.make_plan(stock=True).local_version.startswith(
-        pin.LLAMA_CPP_PYTHON_VERSION + "+stock."
-    )
+    stock = build.make_plan(stock=True)
+    assert stock.local_version.startswith(pin.LLAMA_CPP_PYTHON_VERSION + "+stock.")
+    # the pin without the instrumentation: no overlay, and only the patches that choose what the
+    # sdist's CMakeLists builds (the wheel leaves out llama.cpp's common library)
+    assert stock.overlay == () and stock.patches
+    assert all(p.parent.name == build.PYTHON_PATCH_DIR for p in stock.patches)
 
 
 def test_second_build_reuses_the_cached_wheel() -> None:

@@ -12,11 +12,13 @@ relative, so a patch change recompiles only the files it touches.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import tempfile
 import threading
@@ -66,6 +68,8 @@ class BuildPlan:
     key: str
     sanitize: str | None = None
     testing: bool = False
+    # the pin without the instrumentation: its patches are only the sdist's build set (python/)
+    stock: bool = False
 
     @property
     def vulkan(self) -> bool:
@@ -73,7 +77,7 @@ class BuildPlan:
 
     @property
     def local_version(self) -> str:
-        kind = "instr" if self.patches else "stock"
+        kind = "stock" if self.stock else "instr"
         if self.sanitize:
             kind += f"{self.sanitize[0]}san"
         if self.testing:
@@ -138,9 +142,13 @@ def make_plan(
     testing: bool = False,
     vulkan: bool = False,
 ) -> BuildPlan:
-    """What to build; ``stock`` builds the pin without patches (the benchmarks' baseline);
-    ``vulkan`` adds ggml's Vulkan backend."""
-    patches = () if stock else read_series(patches_dir)
+    """What to build; ``stock`` builds the pin without the instrumentation (the benchmarks'
+    baseline): no overlay, and of the patches only those of the sdist's CMakeLists (python/),
+    which choose what is built, not how, so that its libraries are llama.cpp's own, compiled as
+    the patched build compiles its own; ``vulkan`` adds ggml's Vulkan backend."""
+    patches = read_series(patches_dir)
+    if stock:
+        patches = tuple(p for p in patches if p.parent.name == PYTHON_PATCH_DIR)
     overlay = () if stock else read_overlay(patches_dir)
     if sanitize is not None and sanitize not in SANITIZERS:
         raise UserError(f"unknown sanitizer {sanitize!r}: choose {' or '.join(SANITIZERS)}")
@@ -161,6 +169,7 @@ def make_plan(
         key=patch_hash(patches, cmake_args, overlay),
         sanitize=sanitize,
         testing=testing,
+        stock=stock,
     )
 
 
@@ -382,9 +391,9 @@ class _Progress:
 def prepare_source(plan: BuildPlan, work: Path, echo: Echo) -> Path:
     """The pinned sdist extracted into ``work``, the overlay copied in and the patches applied."""
     root = extract_sdist(fetch_sdist(echo), work)
-    if plan.patches:
+    if plan.overlay:
         copy_overlay(root, plan.overlay, echo)
-        apply_patches(root, plan.patches, echo)
+    apply_patches(root, plan.patches, echo)
     return root
 
 
@@ -392,8 +401,15 @@ def compile_env(plan: BuildPlan) -> tuple[list[str], dict[str, str]]:
     """The CMake arguments (the plan's, the build identity, ccache) and the environment to build
     ``plan`` with; shared by the wheel and the tools build."""
     env = dict(os.environ)
+    # The compilers scikit-build-core gives the wheel build (Python's own, from sysconfig, unless
+    # CC or CXX is set), named for the tools build too: ccache hashes the compiler's name, so a
+    # library compiled by "cc" in one build and "gcc" in the other is compiled twice.
+    for key in ("CC", "CXX"):
+        words = (sysconfig.get_config_var(key) or "").split()
+        if key not in env and words:
+            env[key] = " ".join(itertools.takewhile(lambda w: not w.startswith("-"), words))
     cmake_args = list(plan.cmake_args)
-    if plan.patches:
+    if not plan.stock:
         cmake_args.append(
             f"-DLLAMA_INSTR_PATCH_HASH={patch_hash(plan.patches, overlay=plan.overlay)}"
         )

@@ -3,12 +3,17 @@ server ggml-rpc-server, and llama-fit-params, llama.cpp's own projection that ``
 beside its own), built from the same patched tree as the wheel and cached beside it.
 
 ``instr build --tools`` extracts the pinned sdist, copies the overlay in and applies the patches
-exactly as the wheel build does (``build.prepare_source``), then runs CMake on the vendored llama.cpp
-itself (not llama-cpp-python's wrapper) with the common library and the tools on, building only the
-programs asked for. They are linked statically, so the binaries under
-``cache_dir()/tools/<key>/bin/`` run on their own: ``key`` is the wheel's key scheme (pin, patches,
-overlay, CMake arguments) over the tools' CMake arguments, so GPU builds (extra CMake arguments)
-get their own key. ``stock=True`` builds the pin without patches, for baselines.
+exactly as the wheel build does (``build.prepare_source``), then runs CMake as the wheel build does,
+through llama-cpp-python's CMakeLists in a build folder beside the sdist, with llama.cpp's common
+library and tools on, building only the programs asked for. Their libraries (libllama, libggml*)
+are thus compiled with the wheel's own flags and paths, and ccache serves every object the wheel
+build compiled: a cold tools build compiles only what the programs add. The shared libraries are
+copied beside the binaries under ``cache_dir()/tools/<key>/bin/``, which find them there through
+an RPATH of ``$ORIGIN`` that LD_LIBRARY_PATH cannot override (another build's libllama on that
+path would otherwise be loaded in their place), so the binaries run on their own. ``key`` is the
+wheel's key scheme (pin, patches, overlay, CMake arguments) over the tools' CMake arguments, so GPU
+builds (extra CMake arguments) get their own key. ``stock=True`` builds the pin without the
+instrumentation, for baselines.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.native import build, pin
+from llamacpp_instr.native import build
 from llamacpp_instr.native.paths import cache_dir
 
 PROGRAMS = (
@@ -40,8 +45,11 @@ PROGRAMS = (
 # llama-fit-params only projects (no weights loaded, nothing decoded): nothing to log.
 LOGGED_PROGRAMS = PROGRAMS[:4]
 
-# The vendored llama.cpp's own options: its common library and tools (which the wheel leaves out),
-# static so the binaries need no library path, no network (curl, OpenSSL), nothing else.
+# llama.cpp's own options: its common library and tools (which the wheel leaves out), no network
+# (curl, OpenSSL), nothing else. Its libraries are shared, as llama-cpp-python's CMakeLists makes
+# them; the programs and those libraries find theirs beside themselves ($ORIGIN, quoted for the
+# shell that runs the link, as DT_RPATH, which is searched before LD_LIBRARY_PATH).
+_RPATH = "-Wl,-rpath,'$ORIGIN' -Wl,--disable-new-dtags"
 TOOLS_CMAKE_ARGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DLLAMA_BUILD_COMMON=ON",
@@ -51,7 +59,8 @@ TOOLS_CMAKE_ARGS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_CURL=OFF",
     "-DLLAMA_OPENSSL=OFF",
-    "-DBUILD_SHARED_LIBS=OFF",
+    f"-DCMAKE_EXE_LINKER_FLAGS={_RPATH}",
+    f"-DCMAKE_SHARED_LINKER_FLAGS={_RPATH}",
 )
 
 BUILD_COMMAND = "instr build --tools"
@@ -111,15 +120,17 @@ def _build(plan: build.BuildPlan, missing: list[str], echo: build.Echo, jobs: in
     work = cache_dir() / "tools" / plan.key / "src"
     root = build.prepare_source(plan, work, echo)
     cmake_args, env = build.compile_env(plan)
+    # the wheel's layout (build.build_wheel): the build folder beside the sdist, configured from
+    # its CMakeLists, so that every compile command of a library is the wheel's own
     bdir = work / "build"
-    src = root / pin.VENDOR_DIR
+    src = root
     if shutil.which("ninja"):
         cmake_args += ["-G", "Ninja"]
     log = cache_dir() / "logs" / f"tools-{plan.key}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     jobs = jobs or os.cpu_count() or 2
     echo(
-        f"building {', '.join(missing)} ({'patched' if plan.patches else 'stock'}, key {plan.key}; "
+        f"building {', '.join(missing)} ({'stock' if plan.stock else 'patched'}, key {plan.key}; "
         f"about 10 minutes on 2 cores without ccache; log: {log})"
     )
     t0 = time.monotonic()
@@ -139,10 +150,14 @@ def _build(plan: build.BuildPlan, missing: list[str], echo: build.Echo, jobs: in
         errors = [ln for ln in tail if "error" in ln.lower()] or tail[-3:]
         raise UserError(f"tools build failed ({errors[-1].strip()}); full log: {log}")
     out.mkdir(parents=True, exist_ok=True)
-    for p in missing:
-        tmp = out / (p + ".partial")
-        shutil.copy2(bdir / "bin" / p, tmp)
-        tmp.rename(out / p)
+    # the libraries first, then the programs that need them; each file replaced by a rename, so
+    # that a program already running from `out` keeps the library it mapped
+    libs = sorted(f.name for f in (bdir / "bin").iterdir() if ".so" in f.name)
+    for name in libs + missing:
+        tmp = out / (name + ".partial")
+        tmp.unlink(missing_ok=True)
+        shutil.copy2(bdir / "bin" / name, tmp, follow_symlinks=False)
+        tmp.rename(out / name)
     # the source and build trees are large; ccache keeps what matters for rebuilds
     shutil.rmtree(work, ignore_errors=True)
     echo(f"built {', '.join(missing)} in {time.monotonic() - t0:.0f}s: {out}")

@@ -259,6 +259,66 @@ def wait_ready(
     raise AssertionError(f"the server did not answer {path}")
 
 
+def exec_server(
+    log: Path,
+    model: Path,
+    *server_args: str,
+    instr_args: tuple[str, ...] = (),
+    stdout: int = subprocess.DEVNULL,
+) -> tuple[subprocess.Popen[str], int]:
+    """The patched llama-server on ``model``, run by ``instr exec -o log`` on a free port, once it
+    answers /health (killed if it never does): the process and its port."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llamacpp_instr.cli", "exec", "-o", str(log), *instr_args]
+        + ["llama-server", "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
+        + ["--no-webui", *server_args],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_ready(port, proc, timeout=180, path="/health")
+    except BaseException:
+        proc.kill()
+        proc.wait(60)
+        raise
+    return proc, port
+
+
+def post_completion(port: int, body: dict[str, Any], timeout: float = 120) -> Any:
+    """llama-server's /completion answer to ``body`` (a status other than 200 raises)."""
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/completion",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def request_records(log: Path) -> list[dict[str, Any]]:
+    """The ``request`` records of a server's log as written so far."""
+    recs = []
+    for line in log.read_text(encoding="utf-8").splitlines():
+        if '"type":"request"' in line:
+            rec = json.loads(line)
+            if rec.get("type") == "request":
+                recs.append(rec)
+    return recs
+
+
+def wait_requests(log: Path, n: int, timeout: float = 60) -> list[dict[str, Any]]:
+    """The log's request records once there are ``n`` (a request's record is written after its
+    answer is sent), or those there are after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while len(recs := request_records(log)) < n and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return recs
+
+
 # --- logs made from the fixtures ---------------------------------------------------------
 
 

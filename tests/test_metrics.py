@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from prometheus_server import Prometheus
-from support import free_port, wait_ready
+from support import free_port, request_records, wait_ready, wait_requests
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.exporters.live_requests import RequestFigures, RequestTracker
@@ -390,16 +390,6 @@ def test_exec_with_a_port_in_use_does_not_start_the_program(
     assert not log.exists()  # the server never started
 
 
-def request_records(log: Path) -> list[dict[str, Any]]:
-    recs = []
-    for line in log.read_text(encoding="utf-8").splitlines():
-        if '"type":"request"' in line:
-            rec = json.loads(line)
-            if rec.get("type") == "request":
-                recs.append(rec)
-    return recs
-
-
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus not installed")
 def test_prometheus_sees_every_request_of_llama_server_as_the_log_says(
     tools_bin: Path, smollm2_path: Path, tmp_path: Path
@@ -445,10 +435,7 @@ def test_prometheus_sees_every_request_of_llama_server_as_the_log_says(
         with pytest.raises(openai.BadRequestError):  # more than a slot's context: an error
             client.completions.create(model="m", prompt="word " * 1500, max_tokens=4)
         # every request's record written (the record follows the response)
-        deadline = time.monotonic() + 60
-        while len(request_records(log)) < 13 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        reqs = request_records(log)
+        reqs = wait_requests(log, 13)
         assert len(reqs) == 13
         by_outcome = {o: sum(1 for r in reqs if r["outcome"] == o) for o in ("ok", "error")}
         assert by_outcome == {"ok": 12, "error": 1}

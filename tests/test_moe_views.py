@@ -116,37 +116,22 @@ def test_a_requests_experts_are_its_own_steps_routing_and_shared_steps_are_not_s
 def test_a_real_llama_server_says_which_experts_each_request_routed_to(
     tools_bin: Path, moe_small: Path, tmp_path: Path
 ) -> None:
-    import subprocess
-    import sys
-    import time
-    import urllib.request
 
-    from support import free_port, instr, wait_ready
-    from test_metrics import request_records
+    from support import exec_server, instr, post_completion, wait_requests
 
-    log, port = tmp_path / "server.log", free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "llamacpp_instr.cli", "exec", "-o", str(log), "--level", "detailed"]
-        + ["llama-server", "-m", str(moe_small), "--host", "127.0.0.1", "--port", str(port)]
-        + ["--parallel", "1", "-c", "1024", "-t", "2", "--no-webui"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    log = tmp_path / "server.log"
+    server, port = exec_server(
+        log,
+        moe_small,
+        *["--parallel", "1", "-c", "1024", "-t", "2"],
+        instr_args=("--level", "detailed"),
     )
     prompts = ["The capital of France is", "Rivers run to the sea and", "One, two, three,"]
     try:
-        wait_ready(port, server, timeout=180, path="/health")
         for p in prompts:
             body = {"prompt": p, "n_predict": 4, "temperature": 0, "ignore_eos": True}
-            req = urllib.request.Request(
-                f"http://127.0.0.1:{port}/completion",
-                json.dumps(body).encode(),
-                {"Content-Type": "application/json"},
-            )
-            urllib.request.urlopen(req, timeout=300).read()
-        deadline = time.monotonic() + 60
-        while len(request_records(log)) < len(prompts) and time.monotonic() < deadline:
-            time.sleep(0.2)
+            post_completion(port, body, timeout=300)
+        wait_requests(log, len(prompts))
     finally:
         server.terminate()
         server.wait(60)

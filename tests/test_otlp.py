@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import free_port, wait_ready
-from test_metrics import MS, one_request, request_records, session_start
+from support import free_port, wait_ready, wait_requests
+from test_metrics import MS, one_request, session_start
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.session.request_causes import cache_reason
@@ -298,12 +298,10 @@ def test_a_live_llama_server_has_every_request_received(
 
         with ThreadPoolExecutor(3) as pool:
             list(pool.map(job, range(8)))
-        deadline = time.monotonic() + 60
-        while len(request_records(log)) < 8 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        reqs = request_records(log)
+        reqs = wait_requests(log, 8)
         assert len(reqs) == 8
-        while len(rx.requests()) < 8 and time.monotonic() < deadline + 60:
+        deadline = time.monotonic() + 60
+        while len(rx.requests()) < 8 and time.monotonic() < deadline:
             time.sleep(0.2)
         top = rx.requests()
         assert sorted(attrs(s)["llamacpp_instr.request.id"] for s in top) == sorted(

@@ -11,15 +11,17 @@ conversation with one word changed says where it diverged.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import free_port, instr, wait_ready
-from test_metrics import request_records
+from support import (
+    exec_server,
+    instr,
+    post_completion,
+    request_records,
+    wait_requests,
+)
 
 from llamacpp_instr.converters.session.request_causes import (
     MISS_REASONS,
@@ -291,21 +293,16 @@ def scenario(port: int) -> dict[str, str]:
 def test_a_real_server_says_who_made_a_token_late_and_why_a_prompt_was_not_reused(
     tools_bin: Path, smollm2_path: Path, tmp_path: Path
 ) -> None:
-    log, port = tmp_path / "server.log", free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "llamacpp_instr.cli", "exec", "-o", str(log), "--level", "minimal"]
-        + ["llama-server", "-m", str(smollm2_path), "--host", "127.0.0.1", "--port", str(port)]
-        + ["--parallel", "2", "-c", "4096", "-t", "2", "--no-webui", "--cache-ram", "0"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    log = tmp_path / "server.log"
+    server, port = exec_server(
+        log,
+        smollm2_path,
+        *["--parallel", "2", "-c", "4096", "-t", "2", "--cache-ram", "0"],
+        instr_args=("--level", "minimal"),
     )
     try:
-        wait_ready(port, server, timeout=180, path="/health")
         names = scenario(port)
-        deadline = time.monotonic() + 60
-        while len(request_records(log)) < len(names) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_requests(log, len(names))
     finally:
         server.terminate()
         server.wait(60)
@@ -355,37 +352,25 @@ def test_a_prompt_of_any_bytes_keeps_its_request_record(
     `request` record is written, the diverged text with '?' for those bytes, and the session
     loses no record. Before the fix the text path let them through, llama_instr_write_record
     refused the record and llama-server ignored that: the request vanished without a trace."""
-    import urllib.request
 
     from tiny_gguf import FIRST_RAW_PIECE, write_tiny_model
 
     pieces = [b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80"]
     model = write_tiny_model(tmp_path_factory.mktemp("raw") / "raw.gguf", seed=5, raw_pieces=pieces)
     raw = [FIRST_RAW_PIECE + i for i in range(len(pieces))]
-    log, port = tmp_path / "server.log", free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "llamacpp_instr.cli", "exec", "-o", str(log), "--level", "minimal"]
-        + ["llama-server", "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
-        + ["--parallel", "1", "-c", "512", "-t", "1", "--no-webui", "--cache-ram", "0"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    log = tmp_path / "server.log"
+    server, port = exec_server(
+        log,
+        model,
+        *["--parallel", "1", "-c", "512", "-t", "1", "--cache-ram", "0"],
+        instr_args=("--level", "minimal"),
     )
     prefix = [1] + [5 + k for k in range(20)]
     try:
-        wait_ready(port, server, timeout=180, path="/health")
         for prompt in (prefix + [40, 41, 42, 43], prefix + raw + raw + [44]):
             body = {"prompt": prompt, "n_predict": 2, "temperature": 0, "cache_prompt": True}
-            req = urllib.request.Request(
-                f"http://127.0.0.1:{port}/completion",
-                json.dumps(body).encode(),
-                {"Content-Type": "application/json"},
-            )
-            with urllib.request.urlopen(req, timeout=120) as r:
-                assert r.status == 200
-        deadline = time.monotonic() + 30
-        while len(request_records(log)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
+            post_completion(port, body)
+        wait_requests(log, 2, timeout=30)
     finally:
         server.terminate()
         _, err = server.communicate(timeout=60)

@@ -8,16 +8,11 @@ summary against the mean of the responses' ``predicted_per_second`` (within 10 %
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import free_port, instr, wait_ready
-from test_metrics import request_records
+from support import exec_server, instr, post_completion, request_records, wait_requests
 
 from llamacpp_instr.converters import load_session
 
@@ -32,33 +27,21 @@ N_PREDICT = 48
 
 def complete(port: int, prompt: str) -> dict[str, Any]:
     body = {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "ignore_eos": True}
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/completion",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=300) as r:
-        return dict(json.loads(r.read()))
+    return dict(post_completion(port, body, timeout=300))
 
 
 def serve(log: Path, tools_bin: Path, model: Path, extra: list[str]) -> list[dict[str, Any]]:
     """llama-server under ``instr exec --level detailed`` with ``extra`` (its speculation); the
     HTTP responses to ``PROMPTS``, sent one after another."""
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "llamacpp_instr.cli", "exec", "-o", str(log), "--level", "detailed"]
-        + ["llama-server", "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
-        + ["--parallel", "1", "-c", "2048", "-t", "1", "--no-webui", "--cache-ram", "0", *extra],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    server, port = exec_server(
+        log,
+        model,
+        *["--parallel", "1", "-c", "2048", "-t", "1", "--cache-ram", "0", *extra],
+        instr_args=("--level", "detailed"),
     )
     try:
-        wait_ready(port, server, timeout=180, path="/health")
         answers = [complete(port, p) for p in PROMPTS]
-        deadline = time.monotonic() + 60
-        while len(request_records(log)) < len(PROMPTS) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_requests(log, len(PROMPTS))
     finally:
         server.terminate()
         server.wait(60)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,23 +18,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import fill, free_port, series, wait_ready, whole_lines
+from support import exec_server, fill, series, whole_lines
 
 MAX_BYTES = 64 * 1024
 
 
 def start_server(log: Path, model: Path, *instr_args: str) -> tuple[subprocess.Popen[str], int]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llamacpp_instr.cli", "exec", "-o", str(log), *instr_args]
-        + ["llama-server", "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
-        + ["--parallel", "2", "-c", "2048", "-t", "2", "--no-webui"],
+    return exec_server(
+        log,
+        model,
+        *["--parallel", "2", "-c", "2048", "-t", "2"],
+        instr_args=instr_args,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
-    wait_ready(port, proc, timeout=180, path="/health")
-    return proc, port
 
 
 def program_pid(proc: subprocess.Popen[str]) -> int:

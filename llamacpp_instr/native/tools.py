@@ -47,9 +47,8 @@ LOGGED_PROGRAMS = PROGRAMS[:4]
 
 # llama.cpp's own options: its common library and tools (which the wheel leaves out), no network
 # (curl, OpenSSL), nothing else. Its libraries are shared, as llama-cpp-python's CMakeLists makes
-# them; the programs and those libraries find theirs beside themselves ($ORIGIN, quoted for the
-# shell that runs the link, as DT_RPATH, which is searched before LD_LIBRARY_PATH).
-_RPATH = "-Wl,-rpath,'$ORIGIN' -Wl,--disable-new-dtags"
+# them; the programs and those libraries find theirs beside themselves (a build RPATH relative to
+# $ORIGIN, kept when they are copied out), as DT_RPATH, which is searched before LD_LIBRARY_PATH.
 TOOLS_CMAKE_ARGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DLLAMA_BUILD_COMMON=ON",
@@ -59,8 +58,9 @@ TOOLS_CMAKE_ARGS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_CURL=OFF",
     "-DLLAMA_OPENSSL=OFF",
-    f"-DCMAKE_EXE_LINKER_FLAGS={_RPATH}",
-    f"-DCMAKE_SHARED_LINKER_FLAGS={_RPATH}",
+    "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
+    "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags",
+    "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--disable-new-dtags",
 )
 
 BUILD_COMMAND = "instr build --tools"

@@ -43,13 +43,25 @@ def build_unit(
     return exe
 
 
+# the include folders and libraries of a unit of libllama's own code (the graph index)
+LLAMA_INCLUDES = ["src", "include", "ggml/include"]
+LLAMA_LIBS = ["libllama", "libggml-base"]
+
+
+def run_unit(
+    vendor: Path, name: str, includes: list[str], libs: list[str], tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    """tests/native/<name>.cpp built (build_unit) and run: its exit status and output."""
+    exe = build_unit(vendor, name, includes, libs, tmp_path)
+    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+
+
 def test_rows_out_of_memory_never_end_the_program(vendor: Path, tmp_path: Path) -> None:
     """json_rows with every allocation from the n-th on failing (issue 55 §1): each failure reaches
     the caller as std::bad_alloc. Before the fix its destructor appended what it held, so the
     second failure, while the first unwound, ended the program (std::terminate) past every catch
     in the hooks."""
-    exe = build_unit(vendor, "json_rows_oom", ["src", "ggml/include"], ["libggml-base"], tmp_path)
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    r = run_unit(vendor, "json_rows_oom", ["src", "ggml/include"], ["libggml-base"], tmp_path)
     assert r.returncode == 0, f"died ({r.returncode}): {r.stderr[-2000:]}"
     assert "each caught" in r.stdout and int(r.stdout.split()[0]) > 2, r.stdout
 
@@ -61,14 +73,7 @@ def test_a_kept_graph_is_not_a_graph_with_other_sources(vendor: Path, tmp_path: 
     still found, its sources read again. Before the fix the fingerprint left the sources out, so a
     kept index whose sources were freed was taken for the new graph, and capture() followed them.
     Linked to the build's libllama, which exports the index."""
-    exe = build_unit(
-        vendor,
-        "kept_graph",
-        ["src", "include", "ggml/include"],
-        ["libllama", "libggml-base"],
-        tmp_path,
-    )
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    r = run_unit(vendor, "kept_graph", LLAMA_INCLUDES, LLAMA_LIBS, tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
@@ -77,14 +82,7 @@ def test_a_failed_index_build_leaves_no_index(vendor: Path, tmp_path: Path) -> N
     was indexed whole (issue 55 §1): no failure leaves an index that same_as takes for the graph,
     so the next compute indexes it again instead of using half-filled tables. Before the fix
     build() set the graph, its node count and fingerprint first, and a failed build matched."""
-    exe = build_unit(
-        vendor,
-        "index_build_oom",
-        ["src", "include", "ggml/include"],
-        ["libllama", "libggml-base"],
-        tmp_path,
-    )
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    r = run_unit(vendor, "index_build_oom", LLAMA_INCLUDES, LLAMA_LIBS, tmp_path)
     assert r.returncode == 0, f"died ({r.returncode}): {r.stderr[-2000:]}"
     assert "none left an index" in r.stdout and int(r.stdout.split()[0]) >= 3, r.stdout
 
@@ -130,9 +128,7 @@ def test_a_thread_that_sees_the_level_sees_its_change_counted(vendor: Path) -> N
         "-emit-llvm",
         "-o",
         "-",
-        f"-I{vendor / 'src'}",
-        f"-I{vendor / 'include'}",
-        f"-I{vendor / 'ggml/include'}",
+        *[f"-I{vendor / d}" for d in LLAMA_INCLUDES],
         str(HERE / "native" / "level_order.cpp"),
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

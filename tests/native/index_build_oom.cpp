@@ -4,43 +4,14 @@
 // then skip indexing it again, and time and name its nodes from half-filled tables. Before the fix
 // build() set gf, n_nodes and the fingerprint first, so a failed build left an index that matched.
 // tests/test_native_units.py builds it against the patched tree and links it to libllama.
+#include "check.h"
+#include "fail_from.h"
 #include "ggml.h"
 #include "llama-instr-graph.h"
 
 #include <cstdio>
-#include <cstdlib>
 #include <new>
 #include <vector>
-
-#define CHECK(x)                                                            \
-    do {                                                                    \
-        if (!(x)) {                                                         \
-            fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #x); \
-            exit(1);                                                        \
-        }                                                                   \
-    } while (0)
-
-static long g_seen      = 0;
-static long g_fail_from = 0;  // 0: nothing fails
-
-void * operator new(std::size_t n) {
-    if (g_fail_from > 0 && ++g_seen >= g_fail_from) {
-        throw std::bad_alloc();
-    }
-    void * p = std::malloc(n ? n : 1);
-    if (!p) {
-        throw std::bad_alloc();
-    }
-    return p;
-}
-
-void operator delete(void * p) noexcept {
-    std::free(p);
-}
-
-void operator delete(void * p, std::size_t) noexcept {
-    std::free(p);
-}
 
 int main() {
     // a chain of 64 ops, so that the index's tables are large enough to allocate each on its own
@@ -61,15 +32,14 @@ int main() {
         gi.build(g);
         CHECK(gi.same_as(g, shape));
         gi.il_of.emplace_back(ggml_graph_node(g, 3), 0);  // as the graph callback leaves them
-        g_seen      = 0;
-        g_fail_from = from;
+        fail_allocations_from(from);
         bool failed = false;
         try {
             gi.build(g);
         } catch (const std::bad_alloc &) {
             failed = true;
         }
-        g_fail_from = 0;
+        fail_allocations_from(0);
         if (!failed) {
             CHECK(gi.same_as(g, shape) && gi.n_nodes == ggml_graph_n_nodes(g));
             break;

@@ -3,33 +3,11 @@
 // until one runs through. Each must end in std::bad_alloc caught here, as a hook's catch drops its
 // record, and never in std::terminate: an append from a destructor, while the first failure
 // unwinds, throws the second. tests/test_native_units.py builds it against the patched tree.
+#include "fail_from.h"
 #include "llama-instr-json.cpp"
 
 #include <cstdio>
-#include <cstdlib>
 #include <new>
-
-static long g_seen      = 0;
-static long g_fail_from = 0;  // 0: nothing fails
-
-void * operator new(std::size_t n) {
-    if (g_fail_from > 0 && ++g_seen >= g_fail_from) {
-        throw std::bad_alloc();
-    }
-    void * p = std::malloc(n ? n : 1);
-    if (!p) {
-        throw std::bad_alloc();
-    }
-    return p;
-}
-
-void operator delete(void * p) noexcept {
-    std::free(p);
-}
-
-void operator delete(void * p, std::size_t) noexcept {
-    std::free(p);
-}
 
 // a compute record's op rows, as write_ops formats them
 static void write_rows(std::string & line, int n_rows) {
@@ -58,14 +36,13 @@ int main() {
     for (long from = 1;; from++) {
         std::string line;
         bool        failed = false;
-        g_seen             = 0;
-        g_fail_from        = from;
+        fail_allocations_from(from);
         try {
             write_rows(line, 1000);
         } catch (const std::bad_alloc &) {
             failed = true;
         }
-        g_fail_from = 0;
+        fail_allocations_from(0);
         if (!failed) {
             if (line != want) {
                 fprintf(stderr, "the record written after %ld allocations differs\n", from - 1);

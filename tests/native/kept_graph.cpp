@@ -4,20 +4,12 @@
 // scheduler, whose sources were freed since. graph_index::same_as must tell it from the graph
 // indexed; and a graph built again the same must still be found, its sources read again.
 // tests/test_native_units.py builds it against the patched tree and links it to libllama.
+#include "check.h"
 #include "ggml.h"
 #include "llama-instr-graph.h"
 
 #include <cstdio>
-#include <cstdlib>
 #include <vector>
-
-#define CHECK(x)                                                            \
-    do {                                                                    \
-        if (!(x)) {                                                         \
-            fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #x); \
-            exit(1);                                                        \
-        }                                                                   \
-    } while (0)
 
 // y = (x + s) * 2, built in `mem` as llama.cpp builds a graph in its buf_compute_meta
 static ggml_cgraph * build(std::vector<char> & mem, ggml_context *& ctx, ggml_tensor * s) {

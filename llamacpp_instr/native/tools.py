@@ -123,7 +123,6 @@ def _build(plan: build.BuildPlan, missing: list[str], echo: build.Echo, jobs: in
     # the wheel's layout (build.build_wheel): the build folder beside the sdist, configured from
     # its CMakeLists, so that every compile command of a library is the wheel's own
     bdir = work / "build"
-    src = root
     if shutil.which("ninja"):
         cmake_args += ["-G", "Ninja"]
     log = cache_dir() / "logs" / f"tools-{plan.key}.log"
@@ -135,7 +134,7 @@ def _build(plan: build.BuildPlan, missing: list[str], echo: build.Echo, jobs: in
     )
     t0 = time.monotonic()
     steps = (
-        ["cmake", "-S", str(src), "-B", str(bdir), *cmake_args],
+        ["cmake", "-S", str(root), "-B", str(bdir), *cmake_args],
         ["cmake", "--build", str(bdir), "-j", str(jobs), "--target", *missing],
     )
     with log.open("w") as lf, build._Progress(echo, log):

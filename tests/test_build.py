@@ -64,6 +64,27 @@ def test_cache_key_follows_patches_and_options(tmp_path: Path) -> None:
     assert all(p.parent.name == build.PYTHON_PATCH_DIR for p in stock.patches)
 
 
+# ggml-vulkan.h's patch (0006) reaches only the Vulkan build, which the stock baseline never makes
+PUBLIC_HEADERS_PATCHED = {"ggml/include/ggml-vulkan.h"}
+
+
+def test_the_patches_leave_llama_cpps_public_headers_as_they_are() -> None:
+    """What the patches declare lives in headers they add (ggml-cpu-instr.h and the like): a stock
+    header changed would make every source that includes it compile differently from the pin's, so
+    a stock build could take none of them from ccache, and a program built against llama.cpp's own
+    headers might not run on the patched libraries."""
+    added, changed = set(), set()
+    for patch in build.read_series():
+        for part in patch.read_text().split("\ndiff --git ")[1:]:
+            path = part.split()[1].removeprefix("b/")
+            if "\nnew file mode" in part.split("\n@@", 1)[0]:
+                added.add(path)
+            elif path.startswith(("include/", "ggml/include/")) and path not in added:
+                changed.add(path)
+    assert changed == PUBLIC_HEADERS_PATCHED
+    assert {"ggml/include/ggml-cpu-instr.h", "ggml/include/ggml-rpc-instr.h"} <= added
+
+
 def test_second_build_reuses_the_cached_wheel() -> None:
     r = CliRunner().invoke(main, ["build", "--no-model"])
     assert r.exit_code == 0, r.output

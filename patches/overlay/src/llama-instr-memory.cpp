@@ -3,6 +3,7 @@
 
 #include "llama-instr-memory.h"
 
+#include "ggml-backend-instr.h"
 #include "ggml-backend.h"
 #include "llama-context.h"
 #include "llama-ext.h"

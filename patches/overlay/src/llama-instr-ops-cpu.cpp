@@ -4,6 +4,7 @@
 // computes value statistics of the op's output (and llama_instr_capture's copies) while it is
 // intact.
 
+#include "ggml-cpu-instr.h"
 #include "ggml-cpu.h"
 #include "llama-context.h"
 #include "llama-instr-ops.h"

@@ -1,6 +1,6 @@
 #pragma once
 
-// llamacpp-instr: ggml's RPC backend, recorded through its profiler (ggml-rpc.h, patch 0007).
+// llamacpp-instr: ggml's RPC backend, recorded through its profiler (ggml-rpc-instr.h, patch 0007).
 //
 // One recorder per process, as ggml-rpc's profiler is: it keeps every command the client sends to
 // an RPC server (written as `transfers` records: the model's upload before a session, a step's
@@ -10,6 +10,7 @@
 // never held while the session's is taken.
 
 #include "ggml-backend.h"
+#include "ggml-rpc-instr.h"
 #include "ggml-rpc.h"
 
 #include <cstdint>

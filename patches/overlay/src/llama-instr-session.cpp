@@ -1,4 +1,5 @@
 #include "ggml-backend.h"
+#include "ggml-cpu-instr.h"
 #include "ggml-cpu.h"
 #include "llama-instr-hooks.h"
 #include "llama-instr-memory.h"

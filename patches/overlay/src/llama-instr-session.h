@@ -10,6 +10,7 @@
 // session at the start of each step; records it formats carry the epoch they were made in, and
 // emit() drops those of a session that has ended since.
 
+#include "ggml-backend-instr.h"
 #include "ggml-backend.h"
 #include "llama-instr-experts.h"
 #include "llama-instr-graph.h"

@@ -1,6 +1,7 @@
 #include "llama-instr-testing.h"
 
 #include "ggml-backend.h"
+#include "ggml-cpu-instr.h"
 #include "ggml-cpu.h"
 #include "llama-instr-memory.h"
 #include "llama-instr.h"

@@ -1,5 +1,6 @@
 #include "llama-instr-timing.h"
 
+#include "ggml-backend-instr.h"
 #include "ggml-backend.h"
 #include "llama-context.h"
 #include "llama-instr-hooks.h"

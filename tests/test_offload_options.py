@@ -16,7 +16,6 @@ import functools
 import json
 import os
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -31,7 +30,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from rpc_backend import rpc_server
-from support import by_type, free_port, instr, loopback_server, read_log, wait_ready
+from support import (
+    by_type,
+    free_port,
+    instr,
+    interrupt_server,
+    loopback_server,
+    read_log,
+    wait_ready,
+)
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.errors import UserError
@@ -479,7 +486,7 @@ def test_serve_offloads_to_the_server(
         )
         with urllib.request.urlopen(req, timeout=60) as resp:
             assert resp.status == 200
-        proc.send_signal(signal.SIGINT)
+        interrupt_server(proc)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

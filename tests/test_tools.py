@@ -21,7 +21,14 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import converts_cleanly, free_port, gguf_kv_bytes, live_buffers, wait_ready
+from support import (
+    converts_cleanly,
+    free_port,
+    gguf_kv_bytes,
+    interrupt_server,
+    live_buffers,
+    wait_ready,
+)
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.reports import request_share
@@ -99,7 +106,7 @@ def server_run(
         calls = [(completion, 1), (chat_stream, 2), (completion, 3), (completion, 4)]
         with ThreadPoolExecutor(4) as pool:
             results = list(pool.map(lambda f_i: f_i[0](f_i[1]), calls))
-        proc.send_signal(signal.SIGINT)
+        interrupt_server(proc)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

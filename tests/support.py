@@ -287,20 +287,20 @@ def exec_server(
     return proc, port
 
 
-# llama-server's SIGINT handler takes its task queue's lock (server_queue::terminate, called in the
-# handler), and its main thread holds that lock for a moment after a response, taking the cancel
-# task the response leaves. A SIGINT delivered to that thread then deadlocks the server: gdb showed
-# terminate() waiting, inside the handler, on the lock its own thread held. The pin's server does
-# this with or without the patches (the patched library calls the server's handler where the
-# signal arrived); a test that stops a server after a request lets it settle first.
+# llama-server's SIGINT and SIGTERM handler takes its task queue's lock (server_queue::terminate,
+# called in the handler), and its main thread holds that lock for a moment after a response, taking
+# the cancel task the response leaves. A signal delivered to that thread then deadlocks the server:
+# gdb showed terminate() waiting, inside the handler, on the lock its own thread held. The pin's
+# server does this with or without the patches (the patched library calls the server's handler
+# where the signal arrived); a test that stops a server after a request lets it settle first.
 SERVER_SETTLE_S = 0.5
 
 
-def interrupt_server(proc: subprocess.Popen[str]) -> None:
-    """SIGINT to ``proc`` (``instr exec llama-server``, which passes it on) once the server has
+def signal_server(proc: subprocess.Popen[str], sig: int = signal.SIGINT) -> None:
+    """``sig`` to ``proc`` (``instr exec llama-server``, which passes it on) once the server has
     finished with its last request."""
     time.sleep(SERVER_SETTLE_S)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
 
 
 def post_completion(port: int, body: dict[str, Any], timeout: float = 120) -> Any:

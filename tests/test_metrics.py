@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from prometheus_server import Prometheus
-from support import free_port, interrupt_server, request_records, wait_ready, wait_requests
+from support import free_port, request_records, signal_server, wait_ready, wait_requests
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.exporters.live_requests import RequestFigures, RequestTracker
@@ -481,7 +481,7 @@ def test_prometheus_sees_every_request_of_llama_server_as_the_log_says(
     finally:
         if prom is not None:
             prom.stop()
-        interrupt_server(server)
+        signal_server(server)
         try:
             server.wait(timeout=60)
         finally:
@@ -547,7 +547,7 @@ def test_instr_serve_metrics_counts_its_requests(
             r["gen_tokens"] for r in reqs
         )
     finally:
-        interrupt_server(proc)
+        proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=60)
         finally:

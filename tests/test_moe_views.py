@@ -5,6 +5,7 @@ apart (tests/support.read_log)."""
 from __future__ import annotations
 
 import json
+import signal
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,7 @@ def test_a_real_llama_server_says_which_experts_each_request_routed_to(
     tools_bin: Path, moe_small: Path, tmp_path: Path
 ) -> None:
 
-    from support import exec_server, instr, post_completion, wait_requests
+    from support import exec_server, instr, post_completion, signal_server, wait_requests
 
     log = tmp_path / "server.log"
     server, port = exec_server(
@@ -133,7 +134,7 @@ def test_a_real_llama_server_says_which_experts_each_request_routed_to(
             post_completion(port, body, timeout=300)
         wait_requests(log, len(prompts))
     finally:
-        server.terminate()
+        signal_server(server, signal.SIGTERM)
         server.wait(60)
     recs = read_log(log)
     reqs = by_type(recs, "request")

@@ -34,9 +34,9 @@ from support import (
     by_type,
     free_port,
     instr,
-    interrupt_server,
     loopback_server,
     read_log,
+    signal_server,
     wait_ready,
 )
 
@@ -486,7 +486,7 @@ def test_serve_offloads_to_the_server(
         )
         with urllib.request.urlopen(req, timeout=60) as resp:
             assert resp.status == 200
-        interrupt_server(proc)
+        signal_server(proc)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

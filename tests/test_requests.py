@@ -11,6 +11,7 @@ conversation with one word changed says where it diverged.
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from support import (
     instr,
     post_completion,
     request_records,
+    signal_server,
     wait_requests,
 )
 
@@ -304,7 +306,7 @@ def test_a_real_server_says_who_made_a_token_late_and_why_a_prompt_was_not_reuse
         names = scenario(port)
         wait_requests(log, len(names))
     finally:
-        server.terminate()
+        signal_server(server, signal.SIGTERM)
         server.wait(60)
     recs = sorted(request_records(log), key=lambda r: r["t_arrive"])
     assert len(recs) == len(names) == 8
@@ -372,7 +374,7 @@ def test_a_prompt_of_any_bytes_keeps_its_request_record(
             post_completion(port, body)
         wait_requests(log, 2, timeout=30)
     finally:
-        server.terminate()
+        signal_server(server, signal.SIGTERM)
         _, err = server.communicate(timeout=60)
     recs = sorted(request_records(log), key=lambda r: r["t_arrive"])
     assert len(recs) == 2, err[-2000:]

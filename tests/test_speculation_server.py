@@ -8,11 +8,19 @@ summary against the mean of the responses' ``predicted_per_second`` (within 10 %
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import exec_server, instr, post_completion, request_records, wait_requests
+from support import (
+    exec_server,
+    instr,
+    post_completion,
+    request_records,
+    signal_server,
+    wait_requests,
+)
 
 from llamacpp_instr.converters import load_session
 
@@ -43,7 +51,7 @@ def serve(log: Path, tools_bin: Path, model: Path, extra: list[str]) -> list[dic
         answers = [complete(port, p) for p in PROMPTS]
         wait_requests(log, len(PROMPTS))
     finally:
-        server.terminate()
+        signal_server(server, signal.SIGTERM)
         server.wait(60)
     return answers
 

@@ -25,8 +25,8 @@ from support import (
     converts_cleanly,
     free_port,
     gguf_kv_bytes,
-    interrupt_server,
     live_buffers,
+    signal_server,
     wait_ready,
 )
 
@@ -106,7 +106,7 @@ def server_run(
         calls = [(completion, 1), (chat_stream, 2), (completion, 3), (completion, 4)]
         with ThreadPoolExecutor(4) as pool:
             results = list(pool.map(lambda f_i: f_i[0](f_i[1]), calls))
-        interrupt_server(proc)
+        signal_server(proc)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

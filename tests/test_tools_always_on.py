@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import exec_server, fill, interrupt_server, series, whole_lines
+from support import exec_server, fill, series, signal_server, whole_lines
 
 MAX_BYTES = 64 * 1024
 
@@ -41,7 +41,7 @@ def program_pid(proc: subprocess.Popen[str]) -> int:
 
 
 def stop_server(proc: subprocess.Popen[str]) -> str:
-    interrupt_server(proc)
+    signal_server(proc)
     _, err = proc.communicate(timeout=60)
     return err
 

@@ -11,6 +11,8 @@ relative, so a patch change recompiles only the files it touches.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import itertools
 import os
@@ -23,7 +25,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -440,7 +442,9 @@ def build_wheel(plan: BuildPlan, echo: Echo) -> Path:
     out.mkdir(parents=True)
     log = cache_dir() / "logs" / f"build-{plan.key}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    minutes = 20 if plan.vulkan else 3  # the Vulkan backend's shaders and its 16,000-line source
+    # measured on 2 quiet cores with an empty ccache: 109 s, and 206 s with the Vulkan backend (its
+    # shaders and its 16,000-line source)
+    minutes = 4 if plan.vulkan else 2
     echo(
         f"building llama-cpp-python {plan.local_version} (about {minutes} minutes on 2 cores "
         f"without ccache; log: {log})"
@@ -534,17 +538,47 @@ def build(
     return wheel
 
 
-def _cached_or_built(plan: BuildPlan, echo: Echo, rebuild: bool = False) -> Path:
-    wheel = None if rebuild else cached_wheel(plan)
+@contextlib.contextmanager
+def _build_lock(plan: BuildPlan) -> Iterator[None]:
+    """One build of a key at a time: a second process (a test run beside `.ci/run`'s own build of
+    the Vulkan libraries, two CI jobs) waits for the first, then finds what it built."""
+    lock_path = cache_dir() / "wheels" / (plan.key + ".lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def wait_for_build(plan: BuildPlan, echo: Echo) -> Path | None:
+    """The cached wheel of ``plan``, after waiting for a build of it in progress in another
+    process, if any; None when it is neither built nor being built."""
+    wheel = cached_wheel(plan)
     if wheel is not None:
-        echo(f"using cached wheel {wheel}")
         return wheel
-    if plan.vulkan:
-        check_vulkan_prerequisites()
-    t0 = time.monotonic()
-    wheel = build_wheel(plan, echo)
-    echo(f"built {wheel.name} in {time.monotonic() - t0:.0f}s")
-    return wheel
+    lock_path = cache_dir() / "wheels" / (plan.key + ".lock")
+    if not lock_path.is_file():
+        return None
+    with lock_path.open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            echo(f"waiting for the build of key {plan.key} in another process")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+    return cached_wheel(plan)
+
+
+def _cached_or_built(plan: BuildPlan, echo: Echo, rebuild: bool = False) -> Path:
+    with _build_lock(plan):
+        wheel = None if rebuild else cached_wheel(plan)
+        if wheel is not None:
+            echo(f"using cached wheel {wheel}")
+            return wheel
+        if plan.vulkan:
+            check_vulkan_prerequisites()
+        t0 = time.monotonic()
+        wheel = build_wheel(plan, echo)
+        echo(f"built {wheel.name} in {time.monotonic() - t0:.0f}s")
+        return wheel
 
 
 def _lib_dir(plan: BuildPlan, wheel: Path, name: str) -> Path:
@@ -553,14 +587,19 @@ def _lib_dir(plan: BuildPlan, wheel: Path, name: str) -> Path:
 
     dest = cache_dir() / name / plan.key
     if not (dest / "lib").is_dir():
-        tmp = dest.with_suffix(".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
+        # a folder of this process's own: another may extract the same wheel at the same time
+        # (a test beside `.ci/run`'s build of it); the first rename wins, the second is dropped
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=plan.key + ".", suffix=".partial", dir=dest.parent))
         with zipfile.ZipFile(wheel) as zf:
             members = [m for m in zf.namelist() if m.startswith("llama_cpp/lib/")]
             zf.extractall(tmp, members)
         (tmp / "llama_cpp" / "lib").rename(tmp / "lib")
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
+        try:
+            tmp.rename(dest)
+        except OSError:  # the other process's rename came first (a folder not empty)
+            pass
+        shutil.rmtree(tmp, ignore_errors=True)
     return dest / "lib"
 
 
@@ -598,9 +637,10 @@ def vulkan_lib_dir(
     """Native libraries of the patched build with ggml's Vulkan backend, cached beside the normal
     wheel: tests and benchmarks run them under the installed (CPU) package through
     LLAMA_CPP_LIB_PATH (`instr build --vulkan --no-install` builds them). Without ``build_it``,
-    None when they are not built for the current patches."""
+    None when they are not built for the current patches (after waiting for a build of them in
+    another process)."""
     plan = make_plan(extra_cmake_args, vulkan=True)
-    if not build_it and cached_wheel(plan) is None:
+    if not build_it and wait_for_build(plan, echo) is None:
         return None
     return _lib_dir(plan, _cached_or_built(plan, echo), "lib")
 

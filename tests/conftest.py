@@ -53,7 +53,33 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["LLAMA_CPP_LIB_PATH"] = str(TESTS_DIR / "no-native-build-in-the-fast-tier")
 
 
+# Modules whose tests wait for a build that `.ci/run` makes beside the tests come last, whole (a
+# module split in two would set its module fixtures up twice): the Vulkan libraries' tests, then
+# those of llama.cpp's programs (after the Vulkan build in `.ci/run`). The builds then run while the
+# other modules do, instead of holding a test up. A module here builds the programs without asking
+# for `tools_bin` (its RPC server is one of them).
+TOOLS_MODULES = frozenset({"test_rpc_network"})
+
+
+def _late_rank(item: pytest.Item) -> int:
+    module = getattr(item, "module", None)
+    if "tools_bin" in getattr(item, "fixturenames", ()) or (
+        module is not None and module.__name__ in TOOLS_MODULES
+    ):
+        return 2
+    return 1 if item.get_closest_marker("vulkan") else 0
+
+
+def _put_late_modules_last(items: list[pytest.Item]) -> None:
+    rank: dict[str, int] = {}
+    for item in items:
+        key = item.nodeid.split("::")[0]
+        rank[key] = max(rank.get(key, 0), _late_rank(item))
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # stable: order kept within
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _put_late_modules_last(items)
     for item in items:
         native = not NATIVE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
         module = getattr(item, "module", None)

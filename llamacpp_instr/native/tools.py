@@ -130,7 +130,7 @@ def _build(plan: build.BuildPlan, missing: list[str], echo: build.Echo, jobs: in
     jobs = jobs or os.cpu_count() or 2
     echo(
         f"building {', '.join(missing)} ({'stock' if plan.stock else 'patched'}, key {plan.key}; "
-        f"about 10 minutes on 2 cores without ccache; log: {log})"
+        f"about 5 minutes on 2 cores without ccache; log: {log})"
     )
     t0 = time.monotonic()
     steps = (

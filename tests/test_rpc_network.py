@@ -224,9 +224,11 @@ def test_the_whole_upload_matches_the_rates(two_hosts: TwoHosts) -> None:
         last = max(t0 + row[9] for t0, *row in rs)
         nbytes = sum(row[4] for _, *row in rs)
         expected = nbytes / (RATES_MBIT[host] * 1e6 / 8)
-        # between two weights the client reads and serializes the next: time the link idles
+        # between two weights the client reads and serializes the next: time the link idles, which
+        # a slower or busier CPU stretches (1.28x on two cores at half speed); no faster than the
+        # link, and an upload timed from the wrong records would be far off either way
         measured = (last - first) / 1e9
-        assert (1 - TOLERANCE) * expected <= measured <= (1 + TOLERANCE) * expected, host
+        assert (1 - TOLERANCE) * expected <= measured <= (1 + 2 * TOLERANCE) * expected, host
 
 
 def echo(msg: str) -> None:

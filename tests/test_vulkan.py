@@ -210,8 +210,10 @@ def test_the_fenced_clock_pair_where_the_driver_has_no_calibration(
     assert computes
     for c in computes:
         assert c["clocks"][0][1] == "fence"
-        # half a submit's round trip, plus drift since the pair: well under a millisecond
-        assert 0 < c["clocks"][0][2] < 1_000_000
+        # half a submit's round trip, plus drift since the pair: well under a millisecond on a
+        # quiet machine, 3.7 ms on two cores at half speed (the round trip waits for the CPU);
+        # a pair from another clock or another submit would be off by far more
+        assert 0 < c["clocks"][0][2] < 100_000_000
         _assert_on_the_host_clock(c, vk)
 
 

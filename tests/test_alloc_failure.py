@@ -29,9 +29,12 @@ def check(what, rc, allowed):
         bad.append(f"{what} returned {rc}: {lib.llama_instr_last_error()!r}")
 
 def scenario(level, named):
-    # a new context each time: its state's buffers are allocated again, in every hook
+    # a new context each time: its state's buffers are allocated again, in every hook. One thread
+    # for the batches too (llama-cpp-python's default is every core): the same 558 allocation
+    # sites, and no OpenMP barrier spinning for a core the other scenario's process holds (on two
+    # busy cores the test took 530 s instead of 44)
     llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=128, n_batch=16, n_ubatch=8,
-                          n_threads=1, verbose=False)
+                          n_threads=1, n_threads_batch=1, verbose=False)
     ctx = llm.ctx
     check("set_topk", lib.llama_instr_set_topk(5), {OK, INTERNAL})
     # named: session_start describes ctx (its state is made there); else its first hook makes it

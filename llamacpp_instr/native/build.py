@@ -539,14 +539,18 @@ def build(
 
 
 @contextlib.contextmanager
-def _build_lock(plan: BuildPlan) -> Iterator[None]:
-    """One build of a key at a time: a second process (a test run beside `.ci/run`'s own build of
-    the Vulkan libraries, two CI jobs) waits for the first, then finds what it built."""
-    lock_path = cache_dir() / "wheels" / (plan.key + ".lock")
+def build_lock(lock_path: Path) -> Iterator[None]:
+    """One build of a key at a time (the wheels' and the tools'): a second process (a test run
+    beside `.ci/run`'s own build of the Vulkan libraries, two CI jobs) waits for the first, then
+    finds what it built."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def _wheel_lock_path(plan: BuildPlan) -> Path:
+    return cache_dir() / "wheels" / (plan.key + ".lock")
 
 
 def wait_for_build(plan: BuildPlan, echo: Echo) -> Path | None:
@@ -555,7 +559,7 @@ def wait_for_build(plan: BuildPlan, echo: Echo) -> Path | None:
     wheel = cached_wheel(plan)
     if wheel is not None:
         return wheel
-    lock_path = cache_dir() / "wheels" / (plan.key + ".lock")
+    lock_path = _wheel_lock_path(plan)
     if not lock_path.is_file():
         return None
     with lock_path.open("w") as lock:
@@ -568,7 +572,7 @@ def wait_for_build(plan: BuildPlan, echo: Echo) -> Path | None:
 
 
 def _cached_or_built(plan: BuildPlan, echo: Echo, rebuild: bool = False) -> Path:
-    with _build_lock(plan):
+    with build_lock(_wheel_lock_path(plan)):
         wheel = None if rebuild else cached_wheel(plan)
         if wheel is not None:
             echo(f"using cached wheel {wheel}")

@@ -18,7 +18,6 @@ instrumentation, for baselines.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
@@ -105,9 +104,7 @@ def build_tools(
     first, then finds what it built, instead of building into the same tree beside it."""
     plan = tools_plan(extra_cmake_args, stock=stock)
     out = bin_dir(plan)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with (out.parent / "build.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with build.build_lock(out.parent / "build.lock"):
         missing = [p for p in programs if rebuild or not (out / p).is_file()]
         if not missing:
             echo(f"using cached tools in {out}")

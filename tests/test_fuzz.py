@@ -22,7 +22,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 # each harness's bounded run; libFuzzer makes tens of thousands of runs a second on these parsers,
 # and what each test asserts (over 1,000 runs, the corpus grown) holds well within it
-SECONDS = 20
+SECONDS = 10
 
 
 HARNESSES: dict[str, tuple[list[str], list[str]]] = {

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -66,6 +68,28 @@ def test_cache_key_follows_patches_and_options(tmp_path: Path) -> None:
 
 # ggml-vulkan.h's patch (0006) reaches only the Vulkan build, which the stock baseline never makes
 PUBLIC_HEADERS_PATCHED = {"ggml/include/ggml-vulkan.h"}
+
+
+def test_a_source_included_by_its_absolute_path_compiles_alike_in_two_trees(
+    tmp_path: Path,
+) -> None:
+    """libllama's unity sources include each source by its absolute path. The flags of the build
+    environment make the object the same in every tree (so ccache serves it to the builds after
+    the wheel's): __FILE__ no longer names the tree."""
+    objects = []
+    for name in ("wheel-tree", "tools-tree"):
+        tree = tmp_path / name
+        (tree / "src").mkdir(parents=True)
+        (tree / "src" / "model.c").write_text('const char *where(void) { return __FILE__; }\n')
+        (tree / "unity.c").write_text(f'#include "{tree / "src" / "model.c"}"\n')
+        _, env = build.compile_env(build.make_plan(), tree)
+        cc = shlex.split(env.get("CC") or "cc")
+        flags = shlex.split(env.get("CFLAGS", ""))
+        obj = tree / "unity.o"
+        subprocess.run([*cc, *flags, "-c", str(tree / "unity.c"), "-o", str(obj)], check=True, env=env)
+        objects.append(obj.read_bytes())
+        assert str(tmp_path).encode() not in objects[-1]
+    assert objects[0] == objects[1]
 
 
 def test_the_patches_leave_llama_cpps_public_headers_as_they_are() -> None:

@@ -116,7 +116,7 @@ def _build(plan: build.BuildPlan, missing: list[str], echo: build.Echo, jobs: in
     out = bin_dir(plan)
     work = cache_dir() / "tools" / plan.key / "src"
     root = build.prepare_source(plan, work, echo)
-    cmake_args, env = build.compile_env(plan)
+    cmake_args, env = build.compile_env(plan, work)
     # the wheel's layout (build.build_wheel): the build folder beside the sdist, configured from
     # its CMakeLists, so that every compile command of a library is the wheel's own
     bdir = work / "build"

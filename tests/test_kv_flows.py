@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_left
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -102,17 +103,27 @@ def json_pairs(data: bytes) -> set[Pair]:
     """Flows in a Chrome JSON trace: each ``s``/``f`` event bound to the op slice around it."""
     events = json.loads(data)
     steps = sorted((e["ts"], e["args"]["step"]) for e in events if e.get("cat") == "step")
-    ops = [e for e in events if e.get("cat") == "op"]
+    # each thread's op slices by start, so that the slices around an event are looked for among
+    # those that start at most the thread's longest slice before it (a scan of every op took 19 s)
+    slices: dict[int, list[tuple[float, float, dict[str, Any]]]] = defaultdict(list)
+    for o in events:
+        if o.get("cat") == "op" and o["dur"] > 0:
+            slices[o["tid"]].append((o["ts"], o["ts"] + o["dur"], o))
+    starts: dict[int, list[float]] = {}
+    longest: dict[int, float] = {}
+    for tid, rows in slices.items():
+        rows.sort(key=lambda r: r[0])
+        starts[tid] = [r[0] for r in rows]
+        longest[tid] = max(end - ts for ts, end, _ in rows)
     flows: dict[int, dict[str, tuple[int, int]]] = defaultdict(dict)
     for e in events:
         if e["ph"] not in ("s", "f"):
             continue
         assert e["ph"] == "s" or e["bp"] == "e"
-        (op,) = [
-            o
-            for o in ops
-            if o["tid"] == e["tid"] and o["ts"] < e["ts"] < o["ts"] + o["dur"] and o["dur"] > 0
-        ]
+        tid, at = e["tid"], e["ts"]
+        first = bisect_left(starts[tid], at - longest[tid])
+        last = bisect_left(starts[tid], at)  # the slices that start before the event
+        (op,) = [o for ts, end, o in slices[tid][first:last] if at < end]
         step = max(s for s in steps if s[0] <= op["ts"])[1]
         assert e["ph"] not in flows[e["id"]]
         flows[e["id"]][e["ph"]] = (step, op["args"]["node_index"])

@@ -16,7 +16,7 @@
 
 #if defined(__GLIBC__)
 #    include <dlfcn.h>
-#    include <execinfo.h>
+#    include <unwind.h>
 #endif
 
 namespace {
@@ -25,43 +25,71 @@ std::atomic<int64_t> g_fail_at{ 0 };  // 0: disarmed
 std::atomic<int64_t> g_seen{ 0 };
 std::atomic<int64_t> g_failed{ 0 };
 
-thread_local bool t_inside = false;  // backtrace() and dladdr() may allocate themselves
+thread_local bool t_inside = false;  // the unwinder and dladdr() may allocate themselves
 
 #if defined(__GLIBC__)
-// Is the code at `pc` in a llama_instr function (C API, hook or internal, all exported from
-// libllama)? dladdr is slow: the answers are cached per thread, direct-mapped by address.
-bool in_llama_instr(void * pc) {
+enum frame_kind : unsigned char {
+    FRAME_OTHER,
+    FRAME_INSTR,     // a llama_instr function (C API, hook or internal, all exported from libllama)
+    FRAME_BOUNDARY,  // libffi: above it is Python (ctypes), which calls no llama_instr code
+};
+
+// What is the code at `pc`? dladdr is slow: the answers are cached per thread, direct-mapped by
+// address.
+frame_kind classify(uintptr_t pc) {
     constexpr size_t           N = 4096;
     thread_local uintptr_t     keys[N];
     thread_local unsigned char vals[N];
-    const uintptr_t            a    = (uintptr_t) pc;
-    const size_t               slot = (a >> 2) % N;
-    if (keys[slot] == a) {
-        return vals[slot];
+    const size_t               slot = (pc >> 2) % N;
+    if (keys[slot] == pc) {
+        return (frame_kind) vals[slot];
     }
     Dl_info    info;
-    const bool yes =
-        dladdr(pc, &info) && info.dli_sname &&
-        (strncmp(info.dli_sname, "llama_instr_", 12) == 0 || strncmp(info.dli_sname, "_ZN11llama_instr", 16) == 0) &&
-        strncmp(info.dli_sname, "llama_instr_test_", 17) != 0;
-    keys[slot] = a;
-    vals[slot] = yes;
-    return yes;
+    frame_kind kind = FRAME_OTHER;
+    if (dladdr((void *) pc, &info)) {
+        if (info.dli_sname &&
+            (strncmp(info.dli_sname, "llama_instr_", 12) == 0 ||
+             strncmp(info.dli_sname, "_ZN11llama_instr", 16) == 0) &&
+            strncmp(info.dli_sname, "llama_instr_test_", 17) != 0) {
+            kind = FRAME_INSTR;
+        } else if (info.dli_fname && strstr(info.dli_fname, "libffi")) {
+            kind = FRAME_BOUNDARY;
+        }
+    }
+    keys[slot] = pc;
+    vals[slot] = kind;
+    return kind;
+}
+
+struct walk {
+    int  depth = 0;
+    bool found = false;
+};
+
+_Unwind_Reason_Code visit(struct _Unwind_Context * uctx, void * arg) {
+    auto * w = (walk *) arg;
+    if (w->depth++ == 0) {  // this function's own frame
+        return _URC_NO_REASON;
+    }
+    const frame_kind kind = classify(_Unwind_GetIP(uctx));
+    if (kind == FRAME_INSTR) {
+        w->found = true;
+    }
+    return kind != FRAME_OTHER || w->depth >= 48 ? _URC_END_OF_STACK : _URC_NO_REASON;
 }
 #endif
 
-// Is a llama_instr function on the stack?
+// Is a llama_instr function on the stack? Armed, every allocation of the process walks its stack:
+// the walk stops at the first llama_instr frame, or where Python calls in (walks of up to 48
+// frames, through Python's own, made tests/test_alloc_failure.py take 49 CPU-s instead of 16).
 bool for_llama_instr() {
 #if defined(__GLIBC__)
-    void *    frames[48];
-    const int n = backtrace(frames, 48);
-    for (int i = 1; i < n; i++) {
-        if (in_llama_instr(frames[i])) {
-            return true;
-        }
-    }
-#endif
+    walk w;
+    _Unwind_Backtrace(visit, &w);
+    return w.found;
+#else
     return false;
+#endif
 }
 
 bool inject_failure() {

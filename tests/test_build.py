@@ -80,13 +80,15 @@ def test_a_source_included_by_its_absolute_path_compiles_alike_in_two_trees(
     for name in ("wheel-tree", "tools-tree"):
         tree = tmp_path / name
         (tree / "src").mkdir(parents=True)
-        (tree / "src" / "model.c").write_text('const char *where(void) { return __FILE__; }\n')
+        (tree / "src" / "model.c").write_text("const char *where(void) { return __FILE__; }\n")
         (tree / "unity.c").write_text(f'#include "{tree / "src" / "model.c"}"\n')
         _, env = build.compile_env(build.make_plan(), tree)
         cc = shlex.split(env.get("CC") or "cc")
         flags = shlex.split(env.get("CFLAGS", ""))
         obj = tree / "unity.o"
-        subprocess.run([*cc, *flags, "-c", str(tree / "unity.c"), "-o", str(obj)], check=True, env=env)
+        subprocess.run(
+            [*cc, *flags, "-c", str(tree / "unity.c"), "-o", str(obj)], check=True, env=env
+        )
         objects.append(obj.read_bytes())
         assert str(tmp_path).encode() not in objects[-1]
     assert objects[0] == objects[1]

@@ -408,7 +408,7 @@ def test_a_moe_matmul_of_a_generation_step_reads_under_the_measured_bandwidth(
     # A probe whose threads waited a quarter of its time does not count.
     plan = peak_probe.Plan(n_threads=2, types=("q4_1",))
 
-    def probe() -> tuple[Any, float]:
+    def probe() -> tuple[machine_peaks.Peaks, float]:
         """The peaks, and how long the threads waited for a core, over the time it took."""
         w0, t0 = _cpu_wait_ns(), time.monotonic_ns()
         peaks = peak_probe.measure(plan, instr_api)

@@ -10,10 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llamacpp_instr import converters
-from llamacpp_instr.converters.traces import convert
-from llamacpp_instr.native.paths import cache_dir
-
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
@@ -30,6 +26,9 @@ if TYPE_CHECKING:
 def load_session(path: Any, sid: str | None = None, *, strict: bool = False) -> SessionFrames:
     """A session log as pandas DataFrames (``llamacpp_instr.converters.frames``), against this
     machine's peaks (``instr peaks``) when they were measured on the machine that made the log."""
+    from llamacpp_instr import converters
+    from llamacpp_instr.native.paths import cache_dir
+
     return converters.load_session(path, sid, strict=strict, peaks_cache=cache_dir())
 
 
@@ -37,22 +36,26 @@ def to_perfetto(log: str | Path, output: str | Path | None = None, **options: An
     """Convert a session log to a Perfetto trace and return its path: the options of
     ``llamacpp_instr.converters.traces.convert.to_perfetto`` (fmt, layer, steps, ops, flows, strict,
     peaks, roofline), with the peaks ``instr peaks`` cached on this machine by default."""
+    from llamacpp_instr.converters.traces import convert
+    from llamacpp_instr.native.paths import cache_dir
+
     options.setdefault("peaks_cache", cache_dir())
     return convert.to_perfetto(log, output, **options)
 
 
-def __getattr__(name: str) -> Any:
-    # the session API (llamacpp_instr/running/api.py) loads llama_cpp only when it is first used
-    if name in (
-        "session",
-        "InstrSession",
-        "record_transfers",
-        "set_memory_budget",
-        "memory_failure",
-    ):
-        import importlib
+# The root imports nothing of its own: `instr` and `import llamacpp_instr` pay only for what they
+# use (the CLI's start, and the image's builder, which installs click alone to run `instr build`).
+# The session API (running/api.py) loads llama_cpp when first used, the converters numpy and orjson.
+_API = ("session", "InstrSession", "record_transfers", "set_memory_budget", "memory_failure")
 
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _API:
         return getattr(importlib.import_module("llamacpp_instr.running.api"), name)
+    if name == "converters":
+        return importlib.import_module("llamacpp_instr.converters")
     raise AttributeError(f"module 'llamacpp_instr' has no attribute {name!r}")
 
 

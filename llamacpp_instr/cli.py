@@ -38,6 +38,12 @@ class _Group(click.Group):
         # standalone_mode=False returns the exit code of --help/--version (ctx.exit) instead
         sys.exit(rv if isinstance(rv, int) else 0)
 
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(all_commands())
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return command_named(cmd_name)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The commands and their one-line help, condensed here (``short_help``) rather than by
         click, whose condensing changed in 8.5: the help and docs/cli.md read the same with any
@@ -92,15 +98,26 @@ def main() -> None:
     """
 
 
-def _register_commands() -> None:
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{commands.__name__}.{info.name}")
-        command = getattr(module, "command", None)
-        if isinstance(command, click.Command):
-            main.add_command(command)
+# the modules of llamacpp_instr/commands, listed without importing them
+_MODULES = frozenset(info.name for info in pkgutil.iter_modules(commands.__path__))
 
 
-_register_commands()
+def command_named(name: str) -> click.Command | None:
+    """The sub-command ``name``, or None: the ``command`` of ``commands/<name with _ for ->.py``,
+    imported on first use, so that ``instr summary`` loads what summary needs and not what every
+    other command's options import (numpy, the bindings...)."""
+    module = name.replace("-", "_")
+    if module not in _MODULES:
+        return None
+    command = getattr(importlib.import_module(f"{commands.__name__}.{module}"), "command", None)
+    return command if isinstance(command, click.Command) and command.name == name else None
+
+
+def all_commands() -> dict[str, click.Command]:
+    """Every sub-command by name (each module imported: the help, the docs, the tests)."""
+    found = (command_named(module.replace("_", "-")) for module in sorted(_MODULES))
+    return {command.name: command for command in found if command is not None and command.name}
+
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,7 @@
 """The CLI reference (docs/cli.md) is the click help, verbatim."""
 
 from llamacpp_instr import cli_reference
+from llamacpp_instr.cli import all_commands
 
 
 def test_cli_reference_is_current() -> None:
@@ -12,5 +13,5 @@ def test_cli_reference_is_current() -> None:
 
 
 def test_every_command_has_help() -> None:
-    for name, cmd in cli_reference.main.commands.items():
+    for name, cmd in all_commands().items():
         assert cmd.help and len(cmd.help.strip()) > 20, name

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 from support import FIXTURES, read_log
 
-from llamacpp_instr.cli import main
+from llamacpp_instr.cli import all_commands, main
 
 LOG = FIXTURES / "tiny-llama-detailed.log.gz"
 
@@ -34,7 +34,7 @@ def _cli(*args: str) -> Any:
 def _visible_options() -> dict[str, list[tuple[str, click.Option]]]:
     """Each option string (-o, --output...) -> the (command, option) pairs that take it."""
     seen: dict[str, list[tuple[str, click.Option]]] = {}
-    for name, cmd in main.commands.items():
+    for name, cmd in all_commands().items():
         for p in cmd.params:
             if isinstance(p, click.Option) and not p.hidden:
                 for opt in p.opts + p.secondary_opts:

@@ -1,9 +1,10 @@
 """One module per ``instr`` sub-command.
 
-Each module defines ``command`` (a click command). ``llamacpp_instr.cli`` discovers them, so adding a
-command means adding a file here. Modules import heavy dependencies (llama_cpp, pandas, pyarrow)
-inside the command function, so ``instr --help`` stays fast and converter commands work without
-llama_cpp installed.
+Each module defines ``command`` (a click command) and is named for it (``instr to-perfetto``:
+``to_perfetto.py``), so adding a command means adding a file here: ``llamacpp_instr.cli`` imports
+a module only when its command runs (or for the help). Modules import heavy dependencies
+(llama_cpp, pandas, pyarrow) inside the command function, so ``instr --help`` stays fast and
+converter commands work without llama_cpp installed.
 """
 
 from __future__ import annotations

@@ -53,10 +53,8 @@ def command(output: Path, n_predict: int) -> None:
         f"{result.n_generated} tokens generated)"
     )
 
-    to_perfetto = click.get_current_context().find_root().command
-    convert = getattr(to_perfetto, "commands", {}).get("to-perfetto")
-    if convert is None:
-        raise UserError("this installation has no to-perfetto command")
+    from llamacpp_instr.commands.to_perfetto import command as convert
+
     trace = output / "demo.pftrace"
     click.get_current_context().invoke(convert, log=log, output=trace)
     if not trace.is_file() or trace.stat().st_size == 0:

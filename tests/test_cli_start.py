@@ -7,22 +7,26 @@ not for every command's (numpy, orjson, pandas, the bindings).
 
 from __future__ import annotations
 
+import importlib
+import json
+import pkgutil
 import subprocess
 import sys
 
 import click
 
+from llamacpp_instr import commands as command_modules
 from llamacpp_instr.cli import all_commands, command_named
 
 # what importing the CLI and ``body`` loaded from outside the standard library (after what the
 # interpreter's start loaded: site's .pth files)
 _THIRD_PARTY = """
-import sys
+import json, sys
 before = set(sys.modules)
 import llamacpp_instr.cli as cli
 {body}
 new = {{m.split(".")[0] for m in set(sys.modules) - before}}
-print(sorted(new - set(sys.stdlib_module_names)))
+print(json.dumps(sorted(new - set(sys.stdlib_module_names))))
 """
 
 
@@ -34,7 +38,8 @@ def third_party_after(body: str) -> list[str]:
         timeout=60,
         check=True,
     )
-    return eval(r.stdout)  # a list of names printed by the child  # noqa: S307
+    names: list[str] = json.loads(r.stdout)
+    return names
 
 
 def test_instr_build_needs_click_alone() -> None:
@@ -56,3 +61,10 @@ def test_every_command_is_found_by_its_name() -> None:
     # a helper module (no command) and a module's own spelling are not commands
     assert command_named("tensor-options") is None and command_named("quant_eval") is None
     assert isinstance(command_named("summary"), click.Command)
+    # the lookup goes by the module's name: a command named otherwise would be lost, so each
+    # module's command is named for it
+    for module in (info.name for info in pkgutil.iter_modules(command_modules.__path__)):
+        imported = importlib.import_module(f"{command_modules.__name__}.{module}")
+        command = getattr(imported, "command", None)
+        if isinstance(command, click.Command):
+            assert commands[module.replace("_", "-")] is command, module

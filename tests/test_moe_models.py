@@ -1,6 +1,6 @@
 """The MoE test models (tests/moe_gguf.py) are what they claim, checked apart from llama.cpp's
-reading of them: the file's keys and bytes with gguf-py, and the identical-experts model's text
-against the dense model it was made from."""
+reading of them: the file's keys and bytes with gguf-py. (The identical-experts model's text
+against the dense model it was made from, at every level: test_moe_route.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 
 import gguf
 import numpy as np
-from support import make_run
 
 
 def _tensors(path: Path) -> dict[str, Any]:
@@ -36,12 +35,3 @@ def test_the_small_moe_stacks_other_layers_ffns_as_its_experts(
         assert router.shape == (8, r.fields["llama.embedding_length"].contents())
         norms = np.linalg.norm(router, axis=1)
         assert np.all(np.diff(norms) > 0)  # skewed: each row's spread above the last
-
-
-def test_the_identical_experts_model_writes_the_dense_models_text(
-    moe_identical: Path, smollm2_path: Path, instr_api: Any, tmp_path: Path
-) -> None:
-    dense = make_run(smollm2_path, tmp_path / "dense.log", "minimal", n_predict=8)
-    moe = make_run(moe_identical, tmp_path / "moe.log", "minimal", n_predict=8)
-    assert len(dense.token_ids) == 8
-    assert moe.token_ids == dense.token_ids

@@ -171,9 +171,9 @@ def child(task: str, log: str, out: str) -> None:
                 orjson.loads(line)
     elif task == "warm":  # compile every module the others import
         import llamacpp_instr.cli  # noqa: F401
-        from llamacpp_instr.converters.analysis import dataset, frames  # noqa: F401
+        from llamacpp_instr.converters.analysis import frames  # noqa: F401
+        from llamacpp_instr.converters.formats import perfetto  # noqa: F401
         from llamacpp_instr.converters.reports import summary  # noqa: F401
-        from llamacpp_instr.converters.traces import perfetto  # noqa: F401
     else:
         from click.testing import CliRunner
 

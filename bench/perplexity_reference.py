@@ -30,9 +30,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llamacpp_instr.deciding import quant_eval  # noqa: E402
 from llamacpp_instr.native import pin  # noqa: E402
 from llamacpp_instr.native.paths import cache_dir  # noqa: E402
+from llamacpp_instr.running.quant import evaluate as quant_eval  # noqa: E402
 
 QUANTS = ("q8_0", "q4_k_m")
 

@@ -482,8 +482,8 @@ def main() -> None:
     from llama_cpp import _logger
 
     from llamacpp_instr.deciding.prediction import predict
-    from llamacpp_instr.deciding.quant_sweep import quantized
     from llamacpp_instr.native import models
+    from llamacpp_instr.running.quant.sweep import quantized
 
     _logger.set_verbose(False)
     load_at_start = os.getloadavg()

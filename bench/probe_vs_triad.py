@@ -48,8 +48,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from llamacpp_instr.converters.session.machine_peaks import machine_key
-    from llamacpp_instr.deciding import peak_probe as measure
     from llamacpp_instr.native import bindings
+    from llamacpp_instr.running import peak_probe as measure
 
     lib = bindings.load()
     n = args.mib << 18  # float32 elements per array

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from llamacpp_instr.contract.version import __version__
 
 if TYPE_CHECKING:
     from llamacpp_instr.converters.analysis.frames import SessionFrames
@@ -34,9 +34,9 @@ def load_session(path: Any, sid: str | None = None, *, strict: bool = False) -> 
 
 def to_perfetto(log: str | Path, output: str | Path | None = None, **options: Any) -> Path:
     """Convert a session log to a Perfetto trace and return its path: the options of
-    ``llamacpp_instr.converters.traces.convert.to_perfetto`` (fmt, layer, steps, ops, flows, strict,
+    ``llamacpp_instr.converters.formats.convert.to_perfetto`` (fmt, layer, steps, ops, flows, strict,
     peaks, roofline), with the peaks ``instr peaks`` cached on this machine by default."""
-    from llamacpp_instr.converters.traces import convert
+    from llamacpp_instr.converters.formats import convert
     from llamacpp_instr.native.paths import cache_dir
 
     options.setdefault("peaks_cache", cache_dir())

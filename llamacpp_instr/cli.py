@@ -8,8 +8,9 @@ import sys
 
 import click
 
-from llamacpp_instr import __version__, commands
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr import commands
+from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.contract.version import __version__
 
 
 class _Group(click.Group):
@@ -24,7 +25,7 @@ class _Group(click.Group):
             click.echo(f"error: {exc}", err=True)
             sys.exit(
                 getattr(exc, "exit_status", 2)
-            )  # 3: out of memory (llamacpp_instr.running.memory)
+            )  # 3: out of memory (llamacpp_instr.running.memory_budget)
         except click.UsageError as exc:
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
             click.echo(f"error: {exc.format_message()}{hint}", err=True)

@@ -217,11 +217,11 @@ class _Validator:
     def __init__(self) -> None:
         import jsonschema
 
-        from llamacpp_instr.converters.schema import SCHEMA_VERSIONS
+        from llamacpp_instr.contract.schema import SCHEMA_VERSIONS
 
         self.by_version = {}
         for v in SCHEMA_VERSIONS:
-            path = TESTS_DIR.parent / "llamacpp_instr" / "converters" / f"schema_v{v}.json"
+            path = TESTS_DIR.parent / "llamacpp_instr" / "contract" / f"schema_v{v}.json"
             schema = json.loads(path.read_text())
             jsonschema.Draft202012Validator.check_schema(schema)
             self.by_version[v] = jsonschema.Draft202012Validator(schema)

@@ -203,9 +203,9 @@ def run_metrics(log: Path) -> str | None:
     """``instr metrics``' loop over the log, then a scrape: no exception."""
     from prometheus_client.exposition import generate_latest
 
-    from llamacpp_instr.exporters.live_requests import RequestTracker
-    from llamacpp_instr.exporters.log_input import BadLine, parse_line
-    from llamacpp_instr.exporters.prometheus import Metrics
+    from llamacpp_instr.converters.formats.live_figures import RequestTracker
+    from llamacpp_instr.converters.formats.log_input import BadLine, parse_line
+    from llamacpp_instr.converters.formats.prometheus import Metrics
 
     metrics, tracker = Metrics(), RequestTracker()
     try:

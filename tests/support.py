@@ -26,12 +26,12 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from reference.layout import layout
 from reference.perfetto_writer import write_perfetto
 
+from llamacpp_instr.converters.formats.convert import kv_flows_for
+from llamacpp_instr.converters.formats.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.session.fold import iter_events, iter_events_packed
-from llamacpp_instr.converters.traces.convert import kv_flows_for
 from llamacpp_instr.converters.traces.items import LayoutStats, Selection
 from llamacpp_instr.converters.traces.layout import layout_bulk
-from llamacpp_instr.converters.traces.perfetto import writer as perfetto_writer
-from llamacpp_instr.deciding import peak_probe as measure
+from llamacpp_instr.running import peak_probe as measure
 
 TESTS_DIR = Path(__file__).resolve().parent
 FIXTURES = TESTS_DIR / "fixtures"
@@ -135,7 +135,7 @@ def assert_one_line_error(r: subprocess.CompletedProcess[str], words: str, code:
 
 def converts_cleanly(log: Path, out: Path) -> None:
     """The log converts to a Perfetto trace with nothing skipped, unknown or replaced."""
-    from llamacpp_instr.converters.traces.convert import convert
+    from llamacpp_instr.converters.formats.convert import convert
 
     stats, report = convert(log, out)
     assert report.skipped == [] and not report.unknown_types and not report.replaced_utf8

@@ -178,7 +178,7 @@ def rotated(instr_api: Any, tiny_llama_f32: Path, tmp_path_factory: pytest.TempP
 def test_every_file_is_whole_and_begins_the_session_again(
     rotated: Path, schema_validator: Any, tmp_path: Path
 ) -> None:
-    from llamacpp_instr.converters.traces.convert import convert
+    from llamacpp_instr.converters.formats.convert import convert
 
     files = series(rotated)
     assert len(files) >= 4, files

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import llamacpp_instr
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import bindings
 
 

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import build, pin
 from llamacpp_instr.native.paths import PATCHES_DIR
 
@@ -160,7 +160,7 @@ def test_the_package_ships_what_build_and_doctor_need(tmp_path: Path) -> None:
     expected = {p.relative_to(PATCHES_DIR).as_posix() for p in build.read_series()}
     expected |= {"series"} | {"overlay/" + rel for rel, _ in build.read_overlay()}
     assert expected <= shipped
-    assert "llamacpp_instr/converters/schema_v1.json" in names
+    assert "llamacpp_instr/contract/schema_v1.json" in names
 
 
 def test_the_vulkan_build_has_its_own_key_and_version() -> None:

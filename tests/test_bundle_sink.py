@@ -78,8 +78,8 @@ def test_compressing_threads_leave_two_cores(
 ) -> None:
     """The Perfetto writer compresses on the cores beyond the two that its process and the forked
     log reader keep busy: one thread at least, two at most."""
+    from llamacpp_instr.converters.formats.perfetto import writer
     from llamacpp_instr.converters.reading import prefetch
-    from llamacpp_instr.converters.traces.perfetto import writer
 
     monkeypatch.setattr(prefetch, "cores", lambda: cores)
     assert writer.zlib_threads() == threads

@@ -20,8 +20,8 @@ from reference.chrome_json import reference_write_chrome_json
 from reference.layout import layout
 from support import FIXTURES, REAL_FIXTURES, read_log, synthetic_log, write_log
 
+from llamacpp_instr.converters.formats.chrome_json import write_chrome_json
 from llamacpp_instr.converters.session.fold import iter_events, iter_events_packed
-from llamacpp_instr.converters.traces.chrome_json import write_chrome_json
 from llamacpp_instr.converters.traces.items import LayoutStats, Selection
 from llamacpp_instr.converters.traces.layout import layout_bulk
 from llamacpp_instr.converters.traces.rounding import round3

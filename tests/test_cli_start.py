@@ -49,7 +49,7 @@ def test_instr_build_needs_click_alone() -> None:
 
 
 def test_the_help_still_imports_every_command_and_so_can_fail() -> None:
-    # the check above sees an eager import: listing the commands loads numpy (running/memory.py)
+    # the check above sees an eager import: listing the commands loads numpy (running/memory_budget.py)
     assert "numpy" in third_party_after("cli.all_commands()")
 
 

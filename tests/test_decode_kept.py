@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from support import FIXTURES, read_log
 
-from llamacpp_instr.converters.reading.decode import devices, transfers
+from llamacpp_instr.converters.reading.decode import placement as devices
+from llamacpp_instr.converters.reading.decode import transfers
 
 LOGS = [
     FIXTURES / "tiny-llama-rpc2-detailed.log.gz",

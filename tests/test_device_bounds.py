@@ -14,7 +14,7 @@ from llamacpp_instr.converters.reading.decode.computes import Compute
 from llamacpp_instr.converters.reading.decode.sessions import StepDone
 from llamacpp_instr.converters.session.fold import iter_events_packed
 from llamacpp_instr.converters.traces.device_plan import Plan
-from llamacpp_instr.converters.traces.devices import op_bounds
+from llamacpp_instr.converters.traces.device_tracks import op_bounds
 
 LOGS = [
     FIXTURES / "tiny-llama-vulkan-partial-detailed.log.gz",

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from support import FIXTURES
 
-from llamacpp_instr.converters.reading.decode.devices import Placement
+from llamacpp_instr.converters.reading.decode.placement import Placement
 from llamacpp_instr.converters.reading.decode.sessions import SessionStarted, StepDone
 from llamacpp_instr.converters.reading.decode.transfers import Transfers
 from llamacpp_instr.converters.session import device_time as dt
@@ -22,7 +22,7 @@ from llamacpp_instr.converters.session.fold import iter_events_packed
 from llamacpp_instr.converters.traces.device_lanes import DeviceLanes
 from llamacpp_instr.converters.traces.device_own import OwnTiming
 from llamacpp_instr.converters.traces.device_plan import Plan, Plans
-from llamacpp_instr.converters.traces.devices import copy_rows, op_bounds
+from llamacpp_instr.converters.traces.device_tracks import copy_rows, op_bounds
 from llamacpp_instr.converters.traces.items import (
     ComputeBatch,
     LayoutStats,

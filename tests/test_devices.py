@@ -21,7 +21,7 @@ from support import FIXTURES, Page, read_log, trace_slices, write_log
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters import load_session
 from llamacpp_instr.converters.analysis.frames import SessionFrames
-from llamacpp_instr.converters.traces import convert as trace
+from llamacpp_instr.converters.formats import convert as trace
 
 VULKAN_FULL = FIXTURES / "tiny-llama-vulkan-full-detailed.log.gz"
 VULKAN_PARTIAL = FIXTURES / "tiny-llama-vulkan-partial-detailed.log.gz"

@@ -28,8 +28,8 @@ from support import (
     write_log,
 )
 
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session, load_sessions
-from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reading.decode import computes
 from llamacpp_instr.converters.reading.decode.graphs import Graph
 from llamacpp_instr.converters.reading.decode.sessions import StepDone

@@ -1,8 +1,11 @@
-"""The converters' layout: rooms by job that import only downward, and no unit too big to read.
+"""The package's layout: rooms by job that import only downward, no import cycle, and no unit too
+big to read.
 
-Walks ``llamacpp_instr/converters`` with ``ast`` (nothing is imported): every module under 600
-lines, every class under 200 (and every function of the whole package at most 120), and every import that names a module of the package goes to the
-importer's own room or one below it (docs/internals.md, section 3, draws the stack).
+Walks ``llamacpp_instr`` with ``ast`` (nothing is imported). Every import of a module of the package,
+wherever it stands (at the top, inside a function, or for type checking only), goes to the
+importer's own room or one the room may import (``ROOMS``; docs/internals.md, sections 2 and 3, draws the
+stack), and no module reaches itself through them. The converters' modules are under 600 lines,
+their classes under 200, and every function of the package at most 120.
 """
 
 from __future__ import annotations
@@ -10,63 +13,104 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "llamacpp_instr" / "converters"
+ROOT = Path(__file__).resolve().parents[1] / "llamacpp_instr"
+PACKAGE = ROOT / "converters"
 MAX_MODULE_LINES = 600
 MAX_CLASS_LINES = 200
 MAX_FUNCTION_LINES = 120
 
-# each room and the rooms it may import (besides itself); the package's root modules
-# (errors, schema) are below every room, and its __init__ above them all
-ROOMS: dict[str, set[str]] = {
-    "reading": set(),
-    "session": {"reading"},
-    "traces": {"reading", "session"},
-    "analysis": {"reading", "session"},
-    "reports": {"reading", "session", "analysis"},
+_CONVERTERS = {
+    "converters.reading": set(),
+    "converters.session": {"converters.reading"},
+    "converters.traces": {"converters.reading", "converters.session"},
+    "converters.analysis": {"converters.reading", "converters.session"},
+    "converters.reports": {"converters.reading", "converters.session", "converters.analysis"},
+    "converters.formats": {
+        "converters.reading",
+        "converters.session",
+        "converters.traces",
+        "converters.analysis",
+    },
 }
+ALL_CONVERTERS = {"converters", *_CONVERTERS}
+# each room and the rooms it may import (besides itself); ``contract`` (the log's contract, the
+# user's errors, the version) is below every room, and the package's ``__init__`` above them all
+ROOMS: dict[str, set[str]] = {
+    "contract": set(),
+    "native": set(),
+    **_CONVERTERS,
+    "converters": set(_CONVERTERS),
+    "running": {"native", *ALL_CONVERTERS},
+    "deciding": {"native", "running", *ALL_CONVERTERS},
+    "commands": {"native", "running", "deciding", *ALL_CONVERTERS},
+    "cli": {"commands"},
+    "cli_reference": {"cli", "native"},
+    "__init__": {"native", "running", "deciding", "commands", "cli", *ALL_CONVERTERS},
+}
+for _room, _below in ROOMS.items():
+    if _room != "contract":
+        _below.add("contract")
 
 
-def modules() -> list[Path]:
-    found = sorted(PACKAGE.rglob("*.py"))
-    assert len(found) > 30, f"only {len(found)} modules under {PACKAGE}"
+def modules(under: Path = PACKAGE) -> list[Path]:
+    found = sorted(under.rglob("*.py"))
+    assert len(found) > 30, f"only {len(found)} modules under {under}"
     return found
 
 
-def room_of(parts: tuple[str, ...]) -> str | None:
-    """The room of a module given by its parts below the package (None: the package's root)."""
-    return parts[0] if len(parts) > 1 else None
+def module_name(path: Path) -> tuple[str, ...]:
+    """A module's parts below the package (a package's ``__init__`` named by its folder)."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return parts[:-1] if parts and parts[-1] == "__init__" else parts
 
 
-def imported(path: Path) -> list[tuple[int, tuple[str, ...]]]:
-    """(line, module parts below the package) of each import of a converters module."""
-    here = path.relative_to(PACKAGE).with_suffix("").parts
-    return imports_of(path.read_text(encoding="utf-8"), here)
+def room_of(parts: tuple[str, ...]) -> str:
+    """The room of a module given by its parts below the package."""
+    if not parts:
+        return "__init__"
+    if parts[0] == "converters" and len(parts) > 1 and f"converters.{parts[1]}" in ROOMS:
+        return f"converters.{parts[1]}"
+    return parts[0]
 
 
-def imports_of(text: str, here: tuple[str, ...]) -> list[tuple[int, tuple[str, ...]]]:
-    """``imported`` of a module's text, the module given by its parts below the package."""
-    pkg = here[:-1]  # the package that relative imports start from
+def is_module(parts: tuple[str, ...]) -> bool:
+    p = ROOT.joinpath(*parts)
+    return p.with_suffix(".py").exists() or (p / "__init__.py").exists()
+
+
+def imports_of(
+    text: str, here: tuple[str, ...], package: bool = False
+) -> list[tuple[int, tuple[str, ...]]]:
+    """(line, module parts below the package) of each import of a package module in a module's
+    text, the module given by its parts (``package``: it is a package's ``__init__``)."""
+    pkg = here if package else here[:-1]  # the package that relative imports start from
     out = []
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                base = list(pkg[: len(pkg) - (node.level - 1)]) if node.level > 1 else list(pkg)
                 if node.level - 1 > len(pkg):
-                    continue  # above the package (never written today)
+                    continue
+                base = list(pkg[: len(pkg) - (node.level - 1)])
                 target = tuple(base + (node.module.split(".") if node.module else []))
-            elif node.module and node.module.startswith("llamacpp_instr.converters"):
-                target = tuple(node.module.split(".")[2:])
+            elif node.module and (node.module + ".").startswith("llamacpp_instr."):
+                target = tuple(node.module.split(".")[1:])
             else:
                 continue
             for a in node.names:  # `from . import x` names a module: count it
-                sub = PACKAGE.joinpath(*target, a.name)
-                is_module = sub.with_suffix(".py").exists() or sub.is_dir()
-                out.append((node.lineno, (*target, a.name) if is_module else target))
+                sub = (*target, a.name)
+                out.append((node.lineno, sub if is_module(sub) else target))
         elif isinstance(node, ast.Import):
             for a in node.names:
-                if a.name.startswith("llamacpp_instr.converters."):
-                    out.append((node.lineno, tuple(a.name.split(".")[2:])))
+                if a.name.startswith("llamacpp_instr."):
+                    out.append((node.lineno, tuple(a.name.split(".")[1:])))
     return out
+
+
+def imported(path: Path) -> list[tuple[int, tuple[str, ...]]]:
+    """``imports_of`` a module of the package, read from its file."""
+    return imports_of(
+        path.read_text(encoding="utf-8"), module_name(path), path.name == "__init__.py"
+    )
 
 
 def test_no_module_over_600_lines() -> None:
@@ -94,13 +138,13 @@ def test_no_function_over_120_lines() -> None:
     """Every function of the package, not only the converters', reads on a screen or two."""
     functions = 0
     over = {}
-    for p in sorted(PACKAGE.parent.rglob("*.py")):
+    for p in modules(ROOT):
         for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 functions += 1
                 n = node.end_lineno - node.lineno + 1  # type: ignore[operator]
                 if n > MAX_FUNCTION_LINES:
-                    over[f"{p.relative_to(PACKAGE.parent)}:{node.name}"] = n
+                    over[f"{p.relative_to(ROOT)}:{node.name}"] = n
     assert functions > 1000, f"only {functions} functions found"
     assert not over, f"functions over {MAX_FUNCTION_LINES} lines: {over}"
 
@@ -111,42 +155,100 @@ def climbing(here: tuple[str, ...], found: list[tuple[int, tuple[str, ...]]]) ->
     wrong = []
     for line, target in found:
         other = room_of(target)
-        if room is None:  # the root: errors and schema import no room; __init__ may import all
-            ok = here[-1] == "__init__" or other is None
-        elif other is None:
-            ok = not target or target[0] in ("errors", "schema")
-        else:
-            ok = other == room or other in ROOMS[room]
-        if not ok:
-            wrong.append(f"{'/'.join(here)}:{line} -> {'.'.join(target)}")
+        if not (other == room or other in ROOMS[room]):
+            wrong.append(f"{'/'.join(here) or '__init__'}:{line} -> {'.'.join(target)}")
     return wrong
 
 
 def test_rooms_import_only_downward() -> None:
     checked = 0
     wrong = []
-    for p in modules():
-        here = p.relative_to(PACKAGE).with_suffix("").parts
-        room = room_of(here)
-        assert room is None or room in ROOMS, f"{p}: a room the layout does not know"
+    for p in modules(ROOT):
+        here = module_name(p)
+        assert room_of(here) in ROOMS, f"{p}: a room the layout does not know"
         found = imported(p)
         checked += len(found)
         wrong += climbing(here, found)
-    assert checked > 100, f"only {checked} imports checked"
+    assert checked > 500, f"only {checked} imports checked"
     assert not wrong, "imports that climb or cross rooms:\n" + "\n".join(wrong)
+
+
+def cycles(graph: dict[tuple[str, ...], set[tuple[str, ...]]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's, iteratively)."""
+    index: dict[tuple[str, ...], int] = {}
+    low: dict[tuple[str, ...], int] = {}
+    stack: list[tuple[str, ...]] = []
+    on: set[tuple[str, ...]] = set()
+    found = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in graph:
+                    continue
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    comp = []
+                    while True:
+                        m = stack.pop()
+                        on.discard(m)
+                        comp.append(".".join(m) or "llamacpp_instr")
+                        if m == node:
+                            break
+                    if len(comp) > 1:
+                        found.append(sorted(comp))
+    return found
+
+
+def test_no_import_cycle() -> None:
+    """Type-only and function-level imports count: a cycle is a cycle wherever it is written."""
+    graph = {}
+    for p in modules(ROOT):
+        here = module_name(p)
+        graph[here] = {t for _, t in imported(p) if t != here}
+    assert len(graph) > 150
+    assert not cycles(graph), f"import cycles: {cycles(graph)}"
+
+
+def test_a_cycle_is_caught() -> None:
+    a, b, c = ("a",), ("b",), ("c",)
+    assert cycles({a: {b}, b: {c}, c: {a}}) == [["a", "b", "c"]]
+    assert cycles({a: {b}, b: {c}, c: set()}) == []
 
 
 def test_a_climbing_import_is_caught() -> None:
     """The same walk flags an import from reading up to reports, one across from traces to
-    analysis, and one from the root's schema into a room; it passes one going down."""
-    up = imports_of("from ..reports.summary import x\n", ("reading", "x"))
-    assert up == [(1, ("reports", "summary"))]
-    assert climbing(("reading", "x"), up)
-    across = imports_of("from ..analysis import frames\n", ("traces", "x"))
-    assert across == [(1, ("analysis", "frames"))]
-    assert climbing(("traces", "x"), across)
-    root = imports_of("from .session.fold import Fold\n", ("schema",))
-    assert climbing(("schema",), root)
-    down = imports_of("from ...session.fold import Fold\n", ("reports", "quant", "x"))
-    assert down == [(1, ("session", "fold"))]
-    assert not climbing(("reports", "quant", "x"), down)
+    analysis, one from the contract into a room and one from the converters up to running; it passes
+    one going down."""
+    up = imports_of("from ..reports.summary import x\n", ("converters", "reading", "x"))
+    assert up == [(1, ("converters", "reports", "summary"))]
+    assert climbing(("converters", "reading", "x"), up)
+    across = imports_of("from ..analysis import frames\n", ("converters", "traces", "x"))
+    assert across == [(1, ("converters", "analysis", "frames"))]
+    assert climbing(("converters", "traces", "x"), across)
+    root = imports_of(
+        "from llamacpp_instr.converters.session.fold import Fold\n", ("contract", "schema")
+    )
+    assert climbing(("contract", "schema"), root)
+    out = imports_of("from llamacpp_instr.running import runner\n", ("converters", "session", "x"))
+    assert climbing(("converters", "session", "x"), out)
+    down = imports_of("from ...session.fold import Fold\n", ("converters", "reports", "quant", "x"))
+    assert down == [(1, ("converters", "session", "fold"))]
+    assert not climbing(("converters", "reports", "quant", "x"), down)

@@ -276,8 +276,8 @@ def test_prometheus_labels_stay_bounded() -> None:
     ``other``."""
     from prometheus_client.exposition import generate_latest
 
-    from llamacpp_instr.exporters.live_requests import RequestTracker
-    from llamacpp_instr.exporters.prometheus import Metrics
+    from llamacpp_instr.converters.formats.live_figures import RequestTracker
+    from llamacpp_instr.converters.formats.prometheus import Metrics
 
     metrics, tracker = Metrics(), RequestTracker()
     recs = server_log()

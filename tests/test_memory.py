@@ -429,7 +429,7 @@ def test_a_programs_setting_is_its_own_flags_else_its_sessions_context(tmp_path:
     them (both spellings), what its session said of the context for the rest; llama-bench's
     lists (one value per test) and its context (-p + -n, no -c) are not taken for the failed
     test's."""
-    from llamacpp_instr.running.memory import program_setting
+    from llamacpp_instr.running.memory_budget import program_setting
 
     context = {"n_ctx": 8192, "n_ubatch": 512, "type_k": "f16", "type_v": "q8_0"}
     cli = program_setting(
@@ -451,7 +451,7 @@ def test_the_failure_read_back_is_the_programs_own(tmp_path: Path) -> None:
     import json
     import time
 
-    from llamacpp_instr.running.memory import failure_in_log, mark_log
+    from llamacpp_instr.running.memory_budget import failure_in_log, mark_log
 
     def rec(type_: str, **fields: Any) -> str:
         return json.dumps({"type": type_, "ts": 1, "sid": "s", **fields}) + "\n"

@@ -35,9 +35,9 @@ from prometheus_server import Prometheus
 from support import free_port, request_records, signal_server, wait_ready, wait_requests
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.exporters.live_requests import RequestFigures, RequestTracker
-from llamacpp_instr.exporters.log_input import follow_log
-from llamacpp_instr.exporters.prometheus import Metrics
+from llamacpp_instr.converters.formats.live_figures import RequestFigures, RequestTracker
+from llamacpp_instr.converters.formats.log_input import follow_log
+from llamacpp_instr.converters.formats.prometheus import Metrics
 
 SID = "00000000000000aa"
 DASHBOARD = Path(__file__).resolve().parent.parent / "docs" / "grafana-dashboard.json"

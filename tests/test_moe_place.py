@@ -95,7 +95,7 @@ def test_n_cpu_moe_selects_the_first_layers_experts(moe_small: Path) -> None:
     ],
 )
 def test_bad_override_is_one_line(value: str, words: str) -> None:
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.running.tensor_overrides import parse_override
 
     with pytest.raises(UserError, match=re.escape(words)):
@@ -140,7 +140,7 @@ def test_serve_loads_with_the_rules(
     """instr serve's model loads inside the rules: an unknown buffer type stops it there, before
     the log exists."""
     pytest.importorskip("uvicorn")
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.running import serve
     from llamacpp_instr.running.tensor_overrides import TensorOverrides
 

@@ -396,7 +396,7 @@ def test_a_moe_matmul_of_a_generation_step_reads_under_the_measured_bandwidth(
     and the fastest sat above the memory roof."""
     from llamacpp_instr.converters import load_session
     from llamacpp_instr.converters.session import machine_peaks
-    from llamacpp_instr.deciding import peak_probe
+    from llamacpp_instr.running import peak_probe
 
     # the probe as `instr peaks --threads 2 --types q4_1` runs it (the run's threads, its weights'
     # type), before and after the run: each is the best of its runs, and the better of the two is

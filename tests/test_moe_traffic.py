@@ -127,8 +127,8 @@ def test_placements_say_llamas_rules() -> None:
 
 
 def test_a_model_without_llamas_expert_tensors_is_one_line() -> None:
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.converters import load_session
-    from llamacpp_instr.converters.errors import UserError
     from llamacpp_instr.deciding.moe_plan import expert_layers
 
     with pytest.raises(UserError, match="no expert tensors") as err:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import bindings
 
 

@@ -41,7 +41,7 @@ from support import (
 )
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.running.offload import Offload
 
 # a hang guard, not a speed target: the check of an endpoint is bounded by 5 s
@@ -504,7 +504,7 @@ _PLACED_QUANT_EVAL_MODEL = r"""
 import json, sys
 import llama_cpp
 from llamacpp_instr.native import bindings
-from llamacpp_instr.deciding import quant_eval
+from llamacpp_instr.running.quant import evaluate as quant_eval
 from llamacpp_instr.running.offload import Offload, prepare
 model, endpoint, log = sys.argv[1:4]
 placement = prepare(Offload(gpu_layers="all", rpc=endpoint))

@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from llamacpp_instr.converters.formats.perfetto import ops
+from llamacpp_instr.converters.formats.perfetto.ops import NodeTables, OpStore, RateFields
+from llamacpp_instr.converters.formats.perfetto.packets import Interner
+from llamacpp_instr.converters.formats.perfetto.protowire import TE_TRACK_UUID, TRACK_EVENT, varint
 from llamacpp_instr.converters.traces import op_args
 from llamacpp_instr.converters.traces.op_args import OpVariants
-from llamacpp_instr.converters.traces.perfetto import ops
-from llamacpp_instr.converters.traces.perfetto.ops import NodeTables, OpStore, RateFields
-from llamacpp_instr.converters.traces.perfetto.packets import Interner
-from llamacpp_instr.converters.traces.perfetto.protowire import TE_TRACK_UUID, TRACK_EVENT, varint
 from tests.test_op_static_args import GRAPH
 
 NODE = np.array([3, 1, 4, 1, 0], dtype=np.int64)

@@ -20,10 +20,10 @@ from support import QUICK, RunLog
 
 from llamacpp_instr import load_session
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.session import machine_peaks
-from llamacpp_instr.deciding import peak_probe as measure
 from llamacpp_instr.native import bindings
+from llamacpp_instr.running import peak_probe as measure
 
 # ggml type ids (ggml.h enum ggml_type) and one row of 256 values in each type, by hand:
 # f32 4 bytes a value, f16 2, q4_K 144 bytes a block of 256, q8_0 34 bytes a block of 32

@@ -24,8 +24,8 @@ from support import (
 )
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.converters.traces import convert as trace
+from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.converters.formats import convert as trace
 
 
 def convert(log: Path, *args: str) -> tuple[Any, Path]:

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from llamacpp_instr.converters.formats.perfetto import write_perfetto_fast
+from llamacpp_instr.converters.formats.perfetto.begins import Begins, columns
+from llamacpp_instr.converters.formats.perfetto.events import EventFields
+from llamacpp_instr.converters.formats.perfetto.packets import Interner
 from llamacpp_instr.converters.traces.items import Slice, SliceRows, Track
-from llamacpp_instr.converters.traces.perfetto import write_perfetto_fast
-from llamacpp_instr.converters.traces.perfetto.begins import Begins, columns
-from llamacpp_instr.converters.traces.perfetto.events import EventFields
-from llamacpp_instr.converters.traces.perfetto.packets import Interner
 from tests.test_perfetto_fast import _begins_as_one_by_one
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1

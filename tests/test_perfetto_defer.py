@@ -13,6 +13,7 @@ import pytest
 from support import FIXTURES
 from test_perfetto_fast import repeat_steps
 
+from llamacpp_instr.converters.formats.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.session.fold import iter_events_packed
 from llamacpp_instr.converters.traces.items import (
     BulkItem,
@@ -23,7 +24,6 @@ from llamacpp_instr.converters.traces.items import (
     Track,
 )
 from llamacpp_instr.converters.traces.layout import layout_bulk
-from llamacpp_instr.converters.traces.perfetto import writer as perfetto_writer
 
 
 def _items(steps: int) -> Iterator[BulkItem]:

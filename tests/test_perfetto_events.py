@@ -4,9 +4,9 @@ bytes its own encoding makes, interning what that interns in the same order."""
 
 from __future__ import annotations
 
+from llamacpp_instr.converters.formats.perfetto.events import EventFields
+from llamacpp_instr.converters.formats.perfetto.packets import Interner
 from llamacpp_instr.converters.traces.items import Slice
-from llamacpp_instr.converters.traces.perfetto.events import EventFields
-from llamacpp_instr.converters.traces.perfetto.packets import Interner
 
 
 def _part(track: int, device: str, n_ops: int, ts: int, flows: tuple[int, ...] = ()) -> Slice:

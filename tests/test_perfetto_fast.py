@@ -33,7 +33,9 @@ from support import (
 )
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.converters.formats.perfetto import write_perfetto_fast
+from llamacpp_instr.converters.formats.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.session import fold
 from llamacpp_instr.converters.session.fold import iter_events, iter_events_packed
 from llamacpp_instr.converters.traces.items import (
@@ -45,8 +47,6 @@ from llamacpp_instr.converters.traces.items import (
     SliceRows,
 )
 from llamacpp_instr.converters.traces.layout import layout_bulk
-from llamacpp_instr.converters.traces.perfetto import write_perfetto_fast
-from llamacpp_instr.converters.traces.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.traces.rounding import round3
 
 REAL_FIXTURES = sorted(FIXTURES.glob("*.log.gz"))
@@ -213,9 +213,9 @@ def test_begins_in_bulk_as_one_by_one(slices: list[tuple[Any, ...]]) -> None:
     """Slice begins encoded by columns at the flush (``begins``) are the bytes the per-slice
     encoder makes (``EventFields.begin``), whatever the args' values and types and the flows
     the slices start and end, and intern the same strings in the same order."""
-    from llamacpp_instr.converters.traces.perfetto.begins import Begins
-    from llamacpp_instr.converters.traces.perfetto.events import EventFields
-    from llamacpp_instr.converters.traces.perfetto.packets import Interner
+    from llamacpp_instr.converters.formats.perfetto.begins import Begins
+    from llamacpp_instr.converters.formats.perfetto.events import EventFields
+    from llamacpp_instr.converters.formats.perfetto.packets import Interner
 
     one, bulk = Interner(), Interner()
     events = EventFields(one)
@@ -259,9 +259,9 @@ def test_begins_cached_across_flushes(flushes: list[list[tuple[Any, ...]]], cach
     heads, an arg's values by name, type and value) give every flush the bytes the per-slice
     encoder makes: the same values under other names, categories or types (1 and True, "1")
     are not taken for each other, nor is anything lost when a cache starts over."""
-    from llamacpp_instr.converters.traces.perfetto import begins as begins_mod
-    from llamacpp_instr.converters.traces.perfetto.events import EventFields
-    from llamacpp_instr.converters.traces.perfetto.packets import Interner
+    from llamacpp_instr.converters.formats.perfetto import begins as begins_mod
+    from llamacpp_instr.converters.formats.perfetto.events import EventFields
+    from llamacpp_instr.converters.formats.perfetto.packets import Interner
 
     one, bulk = Interner(), Interner()
     begins = begins_mod.Begins(bulk)
@@ -294,9 +294,9 @@ def test_begins_cache_keeps_types_and_names_apart() -> None:
     """Values equal in Python but encoded otherwise (1, True; the same string under two arg
     names; the same track and name in two categories), each in a later flush than the first:
     the cache gives each its own bytes."""
-    from llamacpp_instr.converters.traces.perfetto.begins import Begins
-    from llamacpp_instr.converters.traces.perfetto.events import EventFields
-    from llamacpp_instr.converters.traces.perfetto.packets import Interner
+    from llamacpp_instr.converters.formats.perfetto.begins import Begins
+    from llamacpp_instr.converters.formats.perfetto.events import EventFields
+    from llamacpp_instr.converters.formats.perfetto.packets import Interner
 
     flushes = [
         [(7, "n", "c", {"x": True, "s": "a"}), (7, "n", "c", {"x": None, "s": "b"})],

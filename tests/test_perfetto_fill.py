@@ -11,11 +11,11 @@ import pytest
 from support import FIXTURES
 from test_perfetto_fast import repeat_steps
 
+from llamacpp_instr.converters.formats.perfetto import templates, write_perfetto_fast
+from llamacpp_instr.converters.formats.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.session.fold import iter_events_packed
 from llamacpp_instr.converters.traces.items import LayoutStats, Selection
 from llamacpp_instr.converters.traces.layout import layout_bulk
-from llamacpp_instr.converters.traces.perfetto import templates, write_perfetto_fast
-from llamacpp_instr.converters.traces.perfetto import writer as perfetto_writer
 
 
 @pytest.mark.parametrize(

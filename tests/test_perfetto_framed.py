@@ -8,9 +8,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llamacpp_instr.converters.traces.perfetto.packets import POST, packet
-from llamacpp_instr.converters.traces.perfetto.protowire import TIMESTAMP, varint
-from llamacpp_instr.converters.traces.perfetto.singles import framed
+from llamacpp_instr.converters.formats.perfetto.packets import POST, packet
+from llamacpp_instr.converters.formats.perfetto.protowire import TIMESTAMP, varint
+from llamacpp_instr.converters.formats.perfetto.singles import framed
 
 _TS = st.one_of(
     st.integers(0, 300),

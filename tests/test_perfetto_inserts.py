@@ -10,10 +10,10 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from llamacpp_instr.converters.traces.perfetto import merge as merge_mod
-from llamacpp_instr.converters.traces.perfetto.inserts import plan
-from llamacpp_instr.converters.traces.perfetto.packets import Sequence
-from llamacpp_instr.converters.traces.perfetto.templates import Template
+from llamacpp_instr.converters.formats.perfetto import merge as merge_mod
+from llamacpp_instr.converters.formats.perfetto.inserts import plan
+from llamacpp_instr.converters.formats.perfetto.packets import Sequence
+from llamacpp_instr.converters.formats.perfetto.templates import Template
 
 
 def _template(rows: int, rng: np.random.Generator) -> Template:

@@ -13,13 +13,13 @@ import pytest
 from support import FIXTURES
 from test_perfetto_fast import repeat_steps
 
+from llamacpp_instr.converters.formats.perfetto import segments
+from llamacpp_instr.converters.formats.perfetto import writer as perfetto_writer
+from llamacpp_instr.converters.formats.perfetto.begins import Pending
+from llamacpp_instr.converters.formats.perfetto.segments import Seg
 from llamacpp_instr.converters.session.fold import iter_events_packed
 from llamacpp_instr.converters.traces.items import LayoutStats, Selection
 from llamacpp_instr.converters.traces.layout import layout_bulk
-from llamacpp_instr.converters.traces.perfetto import segments
-from llamacpp_instr.converters.traces.perfetto import writer as perfetto_writer
-from llamacpp_instr.converters.traces.perfetto.begins import Pending
-from llamacpp_instr.converters.traces.perfetto.segments import Seg
 
 
 @pytest.mark.parametrize("compress", [False, True])

@@ -11,17 +11,22 @@ from typing import Any
 
 import numpy as np
 
-from llamacpp_instr.converters.traces.op_args import OpVariants
-from llamacpp_instr.converters.traces.perfetto.ops import NodeTables, OpStore, RateFields, StaticSet
-from llamacpp_instr.converters.traces.perfetto.packets import Interner
-from llamacpp_instr.converters.traces.perfetto.protowire import (
+from llamacpp_instr.converters.formats.perfetto.ops import (
+    NodeTables,
+    OpStore,
+    RateFields,
+    StaticSet,
+)
+from llamacpp_instr.converters.formats.perfetto.packets import Interner
+from llamacpp_instr.converters.formats.perfetto.protowire import (
     TE_TRACK_UUID,
     TE_TYPE,
     TRACK_EVENT,
     TYPE_SLICE_BEGIN,
     varint,
 )
-from llamacpp_instr.converters.traces.perfetto.writer import Writer
+from llamacpp_instr.converters.formats.perfetto.writer import Writer
+from llamacpp_instr.converters.traces.op_args import OpVariants
 from tests.test_op_static_args import GRAPH
 
 NODE = np.array([3, 1, 4, 1, 0, 2], dtype=np.int64)

@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llamacpp_instr.converters.traces.perfetto.pieces import Assembly, Scratch, Table, int_heads
-from llamacpp_instr.converters.traces.perfetto.protowire import ld, varint
+from llamacpp_instr.converters.formats.perfetto.pieces import Assembly, Scratch, Table, int_heads
+from llamacpp_instr.converters.formats.perfetto.protowire import ld, varint
 
 TAG = b"\x5a"
 # a piece: ("const", bytes) | ("table", values) | ("int", name, ints) | ("f64", floats)

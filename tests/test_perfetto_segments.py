@@ -12,9 +12,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from llamacpp_instr.converters.formats.perfetto import write_perfetto_fast
+from llamacpp_instr.converters.formats.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.traces.items import Slice, SliceRows, Track
-from llamacpp_instr.converters.traces.perfetto import write_perfetto_fast
-from llamacpp_instr.converters.traces.perfetto import writer as perfetto_writer
 
 _TS = st.one_of(
     st.integers(0, 10**12),
@@ -86,11 +86,11 @@ def test_a_run_per_arg_names() -> None:
     """Rows whose arg names change, or the number of flows they end, split a ``SliceRows`` into
     segments (checked on what the writer's batch holds); a flow id that does not fit a fixed64
     is an error, as it is one by one."""
-    from llamacpp_instr.converters.traces.perfetto.batch import Batch
-    from llamacpp_instr.converters.traces.perfetto.begins import Begins
-    from llamacpp_instr.converters.traces.perfetto.events import EventFields
-    from llamacpp_instr.converters.traces.perfetto.packets import Interner
-    from llamacpp_instr.converters.traces.perfetto.segments import add_segs
+    from llamacpp_instr.converters.formats.perfetto.batch import Batch
+    from llamacpp_instr.converters.formats.perfetto.begins import Begins
+    from llamacpp_instr.converters.formats.perfetto.events import EventFields
+    from llamacpp_instr.converters.formats.perfetto.packets import Interner
+    from llamacpp_instr.converters.formats.perfetto.segments import add_segs
 
     def batch(flows: dict[int, tuple[int, ...]]) -> Any:
         rows = SliceRows("busy", 0)
@@ -119,7 +119,7 @@ def test_the_bulk_varints_are_the_one_by_one_varints(values: list[int]) -> None:
     ``varint`` does: a negative one in ten bytes of two's complement (they once gave it one)."""
     import numpy as np
 
-    from llamacpp_instr.converters.traces.perfetto.protowire import (
+    from llamacpp_instr.converters.formats.perfetto.protowire import (
         varint,
         varint_bytes,
         varint_len,
@@ -138,7 +138,7 @@ def test_segments_of_two_encodings_in_one_flush(monkeypatch: Any) -> None:
     """A track described in the middle of a step writes what came before it, and so encodes the
     begins noted so far: the step's segments before it and after it come from two encodings
     (``GroupBytes``), whose bytes the flush's columns take each from its own."""
-    from llamacpp_instr.converters.traces.perfetto import segments, templates
+    from llamacpp_instr.converters.formats.perfetto import segments, templates
 
     seen: list[int] = []  # per flush with segments: how many encodings they come from
     real = segments.seg_columns

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llamacpp_instr.converters.traces.perfetto.pieces import _varints
-from llamacpp_instr.converters.traces.perfetto.protowire import varint, varint_bytes, varint_len
+from llamacpp_instr.converters.formats.perfetto.pieces import _varints
+from llamacpp_instr.converters.formats.perfetto.protowire import varint, varint_bytes, varint_len
 
 
 def _values(n: int, top_bits: int, negative: bool) -> np.ndarray:

@@ -25,11 +25,11 @@ from support import (
     write_log,
 )
 
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.reading import prefetch
 from llamacpp_instr.converters.reading.decode import columns
-from llamacpp_instr.converters.reading.decode.devices import Placement, placement
 from llamacpp_instr.converters.reading.decode.fields import DECODED
+from llamacpp_instr.converters.reading.decode.placement import Placement, placement
 from llamacpp_instr.converters.reading.decode.transfers import Transfers, transfers
 from llamacpp_instr.converters.reading.reader import ReadReport, iter_records
 

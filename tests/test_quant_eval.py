@@ -3,7 +3,7 @@
 The independent side gets its logits from llama-cpp-python's high-level ``Llama`` (logits_all=True,
 one ``eval`` per chunk, flash attention on as llama-perplexity's default "auto" resolves on CPU)
 and does its math with plain numpy, following the definitions of llama-perplexity written out here
-(not through llamacpp_instr.deciding.quant_eval).
+(not through llamacpp_instr.running.quant.evaluate).
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ def test_weights_and_kv_cache_together(
 def test_per_token_values_on_synthetic_logits() -> None:
     """compare_block on logits spread wide enough that llama.cpp's floors matter: base
     log-probabilities floored at the logit max - 16, the KLD cutoff at e^-16."""
-    from llamacpp_instr.deciding.quant_eval import compare_block
+    from llamacpp_instr.running.quant.evaluate import compare_block
 
     rng = np.random.default_rng(7)
     rows, vocab = 40, 1000
@@ -344,7 +344,7 @@ def test_per_token_values_on_synthetic_logits() -> None:
 
 
 def test_statistics_helpers_follow_llama_cpp() -> None:
-    from llamacpp_instr.deciding.quant_eval import mean_and_uncertainty, median, percentile
+    from llamacpp_instr.running.quant.evaluate import mean_and_uncertainty, median, percentile
 
     v = np.array([0.0, 1.0, 2.0, 10.0])
     assert median(v) == 1.5

@@ -11,7 +11,7 @@ import pytest
 import llamacpp_instr
 from llamacpp_instr.converters.reports.quant.layers_report import layers_report
 from llamacpp_instr.converters.reports.renderers import render
-from llamacpp_instr.deciding.quant_layers import layer_errors
+from llamacpp_instr.running.quant.layers import layer_errors
 
 CHUNKS = [[1] + list(range(40, 71)), [1] + list(range(100, 131))]
 
@@ -87,7 +87,7 @@ def test_quant_eval_layers_option(
 def smollm2_q8(
     instr_api: Any, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    from llamacpp_instr.deciding.quantize import quantize_file
+    from llamacpp_instr.running.quant.quantize import quantize_file
 
     out = tmp_path_factory.mktemp("smol") / "smollm2-q8_0.gguf"
     quantize_file(smollm2_path, out, "q8_0")

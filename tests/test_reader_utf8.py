@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from support import FIXTURES
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.reading.reader import ReadReport, iter_records
 from llamacpp_instr.converters.session.fold import load
 

@@ -15,7 +15,7 @@ from support import QUICK, Page, RunLog
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.session import machine_peaks
-from llamacpp_instr.deciding import peak_probe as measure
+from llamacpp_instr.running import peak_probe as measure
 
 
 def test_summary_roofline_page(

@@ -22,8 +22,8 @@ from support import read_log
 
 from llamacpp_instr.converters import load_session
 from llamacpp_instr.converters.analysis.frames import SessionFrames
+from llamacpp_instr.converters.formats.live_figures import RequestTracker, StepFigures
 from llamacpp_instr.converters.reports.summary import overview
-from llamacpp_instr.exporters.live_requests import RequestTracker, StepFigures
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny-llama-rpc2-detailed.log.gz"
 N_GEN = 8
@@ -96,7 +96,7 @@ def test_the_rpc_fixture_steps_run_until_their_outputs_are_ready() -> None:
     assert ov["gen_tok_s"] == pytest.approx(183.5, abs=0.5)
     gen = f.steps[f.steps["kind"] == "gen"]
     assert 2 / (gen["llama_decode_ns"].sum() / 1e9) == pytest.approx(314.6, abs=0.5)
-    # Prometheus and OTLP read the log's records as they come (live_requests): the same times
+    # Prometheus and OTLP read the log's records as they come (live_figures): the same times
     assert _tracker_durations(recs) == pytest.approx((f.steps["dur_ns"] / 1e9).tolist(), abs=1e-12)
 
 

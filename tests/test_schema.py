@@ -1,5 +1,5 @@
-"""The log's contract is written twice, for two readers: ``converters/schema.py`` for the Python
-that reads logs, ``converters/schema_vN.json`` (JSON Schema, the current version's) for anyone else. They must say the
+"""The log's contract is written twice, for two readers: ``contract/schema.py`` for the Python
+that reads logs, ``contract/schema_vN.json`` (JSON Schema, the current version's) for anyone else. They must say the
 same: the record types, the levels a session is recorded at, the schema version.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from llamacpp_instr.converters import schema
+from llamacpp_instr.contract import schema
 
 SCHEMA_JSON = Path(schema.__file__).with_name(f"schema_v{schema.CURRENT_SCHEMA_VERSION}.json")
 

@@ -17,7 +17,7 @@ import pytest
 from support import instr
 
 from llamacpp_instr.converters import load_session
-from llamacpp_instr.converters.analysis import spec_frames
+from llamacpp_instr.converters.analysis import spec_split
 
 MS = 1_000_000
 SID = "00000000000000ac"
@@ -207,7 +207,7 @@ def test_a_log_without_speculation_has_no_speculation(tmp_path: Path) -> None:
     for _ in range(4):
         w.decode(1, 1, 4 * MS)
     f = load_session(w.finish(tmp_path / "s.log", gen_tokens=4))
-    assert spec_frames.split(f) is None and f.spec.empty
+    assert spec_split.split(f) is None and f.spec.empty
     assert f.steps["role"].isna().all()
 
 

@@ -14,7 +14,7 @@ import pytest
 from llamacpp_instr.converters.analysis.frames_devices import DeviceBuilder
 from llamacpp_instr.converters.reading.decode.columns import LayerSpan
 from llamacpp_instr.converters.reading.decode.computes import Compute
-from llamacpp_instr.converters.reading.decode.devices import Busy, Copy, Placement, Remote, Split
+from llamacpp_instr.converters.reading.decode.placement import Busy, Copy, Placement, Remote, Split
 from llamacpp_instr.converters.reading.decode.sessions import SessionInfo
 from llamacpp_instr.converters.reading.decode.steps import Step
 from llamacpp_instr.converters.reading.decode.transfers import TransferRow, Transfers

@@ -328,7 +328,7 @@ def test_exec_of_a_program_that_does_not_fit_says_why_and_exits_3(
     """llama-bench's second test asks for a KV cache the budget has no room for: its log records
     the failed allocation, llama-bench says only that it could not create a context, and instr
     exec ends with `instr run`'s line and exit status 3."""
-    from llamacpp_instr.converters.session.memory import size
+    from llamacpp_instr.converters.session.memory_timeline import size
 
     bench = ["llama-bench", "-m", str(smollm2_path), "-n", "0", "-r", "1", "-t", "2"]
     bench += ["--no-warmup", "-o", "jsonl"]
@@ -644,7 +644,7 @@ def test_the_variable_in_a_python_process(
 def test_perfetto_request_slices_carry_their_share(
     server_run: dict[str, Any], tmp_path: Path
 ) -> None:
-    from llamacpp_instr.converters.traces.convert import convert
+    from llamacpp_instr.converters.formats.convert import convert
 
     out = tmp_path / "server.json"
     convert(server_run["log"], out, fmt="json")

@@ -147,7 +147,7 @@ def loaded(
 def test_rotation_under_load_every_file_parses_begins_and_converts(
     loaded: dict[str, Any], schema_validator: Any, tmp_path: Path
 ) -> None:
-    from llamacpp_instr.converters.traces.convert import convert
+    from llamacpp_instr.converters.formats.convert import convert
 
     assert loaded["rc"] == 0, loaded["err"]
     files = loaded["files"]

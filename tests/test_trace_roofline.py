@@ -22,9 +22,9 @@ from reference.layout import layout
 from support import assert_same_trace, resolved
 
 from llamacpp_instr.cli import main
+from llamacpp_instr.converters.formats.convert import to_perfetto
 from llamacpp_instr.converters.session import machine_peaks
 from llamacpp_instr.converters.session.fold import iter_events
-from llamacpp_instr.converters.traces.convert import to_perfetto
 from llamacpp_instr.converters.traces.items import LayoutStats, Selection
 
 BANDWIDTH = 8.0  # GB/s

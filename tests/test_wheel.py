@@ -74,4 +74,4 @@ def test_package_data_is_in_the_wheel(wheel_files: set[str]) -> None:
     for rel, _ in overlay:
         assert f"llamacpp_instr/patches/overlay/{rel}" in wheel_files
     assert "llamacpp_instr/data/kjv-genesis.txt" in wheel_files
-    assert "llamacpp_instr/converters/schema_v1.json" in wheel_files
+    assert "llamacpp_instr/contract/schema_v1.json" in wheel_files

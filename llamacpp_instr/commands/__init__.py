@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 from click.core import ParameterSource
 
-from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.converters.schema import SESSION_LEVELS
+from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.contract.schema import SESSION_LEVELS
 
 if TYPE_CHECKING:
     from llamacpp_instr.converters.analysis.frames import SessionFrames
@@ -121,7 +121,7 @@ topk_option = click.option(
     show_default=True,
     help="Logits kept per token at verbose.",
 )
-# instr exec, instr serve: an `instr metrics` exporter beside the program (exporters/launch.py)
+# instr exec, instr serve: an `instr metrics` exporter beside the program (running/exporter_launch.py)
 metrics_option = click.option(
     "--metrics",
     metavar="HOST:PORT",
@@ -167,13 +167,13 @@ class SizeParam(click.ParamType):
 
 
 class BudgetParam(click.ParamType):
-    """A memory budget, DEVICE=SIZE[,DEVICE=SIZE...] (``llamacpp_instr.running.memory``), as the bytes
+    """A memory budget, DEVICE=SIZE[,DEVICE=SIZE...] (``llamacpp_instr.running.memory_budget``), as the bytes
     spec the patched library reads."""
 
     name = "DEVICE=SIZE[,...]"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        from llamacpp_instr.running import memory
+        from llamacpp_instr.running import memory_budget as memory
 
         try:
             return memory.format_budget(memory.parse_budget(str(value)))
@@ -199,7 +199,7 @@ def memory_budget_option(f: F) -> F:
 def kv_type_options(f: F) -> F:
     """``-ctk/--cache-type-k`` and ``-ctv/--cache-type-v``: the KV cache's types, as llama.cpp
     names them (a quantized V cache needs flash attention)."""
-    from llamacpp_instr.running.memory import KV_TYPES
+    from llamacpp_instr.running.memory_budget import KV_TYPES
 
     for short, long, dest, what in (
         ("-ctv", "--cache-type-v", "type_v", "V"),

@@ -19,7 +19,7 @@ def command(output: Path, n_predict: int) -> None:
     """Run the bundled SmolLM2-135M at the detailed level, convert the log to a Perfetto trace,
     and check both: every log line parses, the session ended ok, every generated token's step holds
     per-op timings, and the trace was written. Exit status 2 if anything is off."""
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.converters.reading.reader import ReadReport
     from llamacpp_instr.converters.session.fold import load
     from llamacpp_instr.native import models

@@ -23,7 +23,7 @@ def command(offload: Offload) -> None:
     adds RPC servers first, as a run would."""
     import sys
 
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.native import bindings, build, pin
     from llamacpp_instr.native.paths import PATCHES_DIR
     from llamacpp_instr.running import devices

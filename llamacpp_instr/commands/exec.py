@@ -79,9 +79,10 @@ def command(
     otherwise (-o wins, and says so); the level, top-k logits, sampling and rotation are always
     the options' own.
     """
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.native import build, tools
-    from llamacpp_instr.running import child, memory
+    from llamacpp_instr.running import child
+    from llamacpp_instr.running import memory_budget as memory
     from llamacpp_instr.running.runner import check_writable
 
     if program == "llama-fit-params":
@@ -118,7 +119,7 @@ def command(
         env["LLAMA_INSTR_MEMORY_BUDGET"] = memory_budget
     more = always_on.describe()
     if metrics is not None:
-        from llamacpp_instr.exporters import launch
+        from llamacpp_instr.running import exporter_launch as launch
 
         launch.start_beside(out, metrics)  # it ends once this process has, and the log is read
     click.echo(

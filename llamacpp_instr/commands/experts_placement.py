@@ -36,9 +36,9 @@ def rank_experts(
     fmt: str,
 ) -> None:
     """Print the ranked expert placements; exit 3 when none fits."""
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.deciding import moe_plan
-    from llamacpp_instr.running.memory import OutOfMemory
+    from llamacpp_instr.running.memory_budget import OutOfMemory
 
     if not logs:
         raise UserError("--experts ranks by speed: give a detailed log of a run of this model")

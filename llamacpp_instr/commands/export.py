@@ -38,7 +38,7 @@ def command(
     as one Parquet or CSV file each into the -o/--output directory, or append them to a --dataset that DuckDB,
     Polars or Spark query across sessions:
     read_parquet('DIR/steps/**/*.parquet', hive_partitioning = true)."""
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
 
     if (output is None) == (dataset is None):
         raise UserError("give exactly one of -o/--output and --dataset")
@@ -46,7 +46,7 @@ def command(
         raise UserError("--dataset is Parquet only")
     frames = load_log(log, sid, strict)
     if dataset is not None:
-        from llamacpp_instr.converters.analysis.dataset import append_to_dataset
+        from llamacpp_instr.converters.formats.parquet import append_to_dataset
 
         files = append_to_dataset(frames, dataset)
         for path, rows in files:

@@ -90,11 +90,11 @@ def command(
     run uses, so the answer is what a run of it measures. Prints the instr run options of the
     answer.
     """
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.deciding import fit
     from llamacpp_instr.native import bindings, models
     from llamacpp_instr.running import devices
-    from llamacpp_instr.running.memory import OutOfMemory
+    from llamacpp_instr.running.memory_budget import OutOfMemory
 
     path = model if model is not None else models.default_model()
     models.check_gguf(path)
@@ -163,10 +163,10 @@ def command(
 def _files(path: Path, quants: tuple[str, ...]) -> list[tuple[str, Path]]:
     """(quantization, file) for each --quant: the file itself for its own type, else the file
     quantized into the cache."""
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.deciding.fit import file_type
-    from llamacpp_instr.deciding.quant_sweep import quantized
-    from llamacpp_instr.deciding.quantize import TYPES
+    from llamacpp_instr.running.quant.quantize import TYPES
+    from llamacpp_instr.running.quant.sweep import quantized
 
     own = file_type(path)
     asked = [q.lower() for q in quants] or [own]
@@ -185,7 +185,7 @@ def _files(path: Path, quants: tuple[str, ...]) -> list[tuple[str, Path]]:
 def _fit_params_program(required: bool) -> Path | None:
     """llama-fit-params of the current patches: required with --compare-llama (a one-line error
     naming the build command if missing), else used when it is built."""
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.native import tools
 
     try:
@@ -202,7 +202,7 @@ def _mib(n: float) -> str:
 
 def render(a: Answer) -> str:
     """One quantization's answer as text: the setting, then a table per device and purpose."""
-    from llamacpp_instr.converters.session.memory import size as mib
+    from llamacpp_instr.converters.session.memory_timeline import size as mib
 
     head = f"{a.model.name} ({a.quant})"
     lines = []

@@ -15,7 +15,7 @@ from llamacpp_instr.commands import (
     report_options,
     threads_option,
 )
-from llamacpp_instr.deciding.peak_probe import DEFAULT_TYPES
+from llamacpp_instr.running.peak_probe import DEFAULT_TYPES
 
 if TYPE_CHECKING:
     from llamacpp_instr.running.offload import Offload
@@ -66,10 +66,10 @@ def command(
     run it). --device measures the CPU and only the devices named, adding them to the machine's
     cached peaks."""
     from llamacpp_instr.converters.session import machine_peaks
-    from llamacpp_instr.deciding import peak_probe as measure
     from llamacpp_instr.native import bindings
     from llamacpp_instr.native.paths import cache_dir
     from llamacpp_instr.running import devices
+    from llamacpp_instr.running import peak_probe as measure
 
     check_output(output)
     n_threads = threads or default_threads()

@@ -68,12 +68,12 @@ def command(
     in the list, unranked, with what to run.
     """
     from llamacpp_instr.commands.fit import _files
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.deciding import fit, plan
     from llamacpp_instr.deciding.prediction import predict
     from llamacpp_instr.native import bindings, models
     from llamacpp_instr.running import devices
-    from llamacpp_instr.running.memory import OutOfMemory
+    from llamacpp_instr.running.memory_budget import OutOfMemory
 
     models.check_gguf(model)
     if not logs:
@@ -138,7 +138,7 @@ def command(
 def _speculation(logs: list[Path], sessions: list[Any]) -> dict[str, Any] | None:
     """The logs' speculation (llama-server's, with a draft or n-grams): its prediction at every
     draft length (``spec_predict``), or None where no log speculated."""
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.deciding.prediction import spec_predict
 
     named = [(str(p), f) for p, f in zip(logs, sessions, strict=True) if f.info.verifies]

@@ -142,7 +142,7 @@ def command(
         click.echo(json.dumps(doc, indent=1) if fmt == "json" else spec_predict.render(doc))
         return
     from llamacpp_instr.commands.fit import _files
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.deciding.prediction import net_costs, predict
     from llamacpp_instr.native import models
 

@@ -20,8 +20,8 @@ from llamacpp_instr.commands import (
 )
 
 if TYPE_CHECKING:
-    from llamacpp_instr.deciding.quant_eval import Progress
     from llamacpp_instr.running.offload import Offload
+    from llamacpp_instr.running.quant.evaluate import Progress
 
 
 def _progress_bar() -> Progress:
@@ -116,19 +116,19 @@ def command(
     shows the error as the cache fills."""
     from llamacpp_instr.converters.reports.quant.eval_report import build
     from llamacpp_instr.converters.reports.renderers import render
-    from llamacpp_instr.deciding import quant_eval
+    from llamacpp_instr.running.quant import evaluate as quant_eval
 
     check_output(output)
     kv = quant_eval.KvCache(type_k, type_v, flash_attn)
     if layers and kv.quantized:
-        from llamacpp_instr.converters.errors import UserError
+        from llamacpp_instr.contract.errors import UserError
 
         raise UserError(
             "--layers measures the weights' error with an f16 KV cache: give it "
             "without -ctk/-ctv"
         )
     if layers:
-        from llamacpp_instr.converters.errors import UserError
+        from llamacpp_instr.contract.errors import UserError
         from llamacpp_instr.running.offload import prepare
 
         if prepare(offload).offloading:
@@ -154,8 +154,8 @@ def command(
     report = build(data)
     if layers:
         from llamacpp_instr.converters.reports.quant.layers_report import layers_sections
-        from llamacpp_instr.deciding.quant_eval import scored_chunks
-        from llamacpp_instr.deciding.quant_layers import layer_errors
+        from llamacpp_instr.running.quant.evaluate import scored_chunks
+        from llamacpp_instr.running.quant.layers import layer_errors
 
         if progress:
             click.echo("quant-eval: per-layer error ...", err=True)

@@ -48,7 +48,7 @@ def command(
     the others are compared side by side with the first: bytes saved per tensor, layer and role,
     and which tensors got a different type. The HTML page charts bytes per layer (embedding and
     output apart), bits per weight by role, and bytes saved per layer and role."""
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.converters.reports.quant.inventory import (
         dequant_error,
         from_gguf,

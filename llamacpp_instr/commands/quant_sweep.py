@@ -78,11 +78,11 @@ def command(
     prompt and generation tokens/s (interleaved repetitions, as ratios to BASE), perplexity and KL
     divergence against BASE. The HTML charts size against KLD and speed against KLD, with the
     Pareto fronts marked."""
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.converters.reports.quant.sweep_report import sweep_report
     from llamacpp_instr.converters.reports.renderers import render
-    from llamacpp_instr.deciding.quant_sweep import sweep
-    from llamacpp_instr.deciding.quantize import TYPES
+    from llamacpp_instr.running.quant.quantize import TYPES
+    from llamacpp_instr.running.quant.sweep import sweep
 
     wanted = [t.strip().lower() for t in types.split(",") if t.strip()]
     unknown = [t for t in wanted if t not in TYPES]

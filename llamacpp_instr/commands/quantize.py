@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from llamacpp_instr.commands import output_option, threads_option
-from llamacpp_instr.deciding.quantize import TYPES
+from llamacpp_instr.running.quant.quantize import TYPES
 
 
 @click.command("quantize")
@@ -20,9 +20,9 @@ def command(src: Path, qtype: str, output: Path, threads: int | None) -> None:
     """Quantize SRC.gguf to --type with llama.cpp's llama_model_quantize (the pinned build), e.g.
     the Q4_K_M / Q8_0 pair from the bundled SmolLM2. Warns when SRC is already quantized (quality
     compounds)."""
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.converters.reports.quant.inventory import from_gguf
-    from llamacpp_instr.deciding.quantize import quantize_file
+    from llamacpp_instr.running.quant.quantize import quantize_file
     from llamacpp_instr.running.runner import resolve_threads
 
     qtype = qtype.lower()

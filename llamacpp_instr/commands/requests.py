@@ -36,7 +36,7 @@ def command(
     drafts paid. For a mixture of experts whose routing the log recorded (--level detailed): the
     experts each request's own steps routed to, per layer (a step shared with other requests is
     counted, not split). `--format json`: one object per request under "requests"."""
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.converters.reports.renderers import render
     from llamacpp_instr.converters.reports.requests_report import requests_report
 

@@ -179,7 +179,7 @@ def command(
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     """The prompt from exactly one of -p TEXT, -p - (stdin) and --prompt-file."""
-    from llamacpp_instr.converters.errors import UserError
+    from llamacpp_instr.contract.errors import UserError
 
     if (prompt is None) == (prompt_file is None):
         raise UserError("give the prompt with exactly one of -p/--prompt and --prompt-file")
@@ -213,7 +213,7 @@ def _run_live(cfg: RunConfig) -> RunResult:
         cfg.out = runner.default_log_name()
     if cfg.out.exists() and cfg.out.stat().st_size > 0:
         # the view follows the file from its start: an earlier session in it would be shown
-        from llamacpp_instr.converters.errors import UserError
+        from llamacpp_instr.contract.errors import UserError
 
         raise UserError(f"--live needs a new log file; {cfg.out} exists")
     stop = threading.Event()

@@ -77,7 +77,7 @@ def command(
     log = output or runner.default_log_name()
 
     if metrics is not None:
-        from llamacpp_instr.exporters import launch
+        from llamacpp_instr.running import exporter_launch as launch
 
         # before the model loads: a port in use stops here; it ends after this process does
         launch.start_beside(log, metrics)

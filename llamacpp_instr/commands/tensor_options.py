@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -55,13 +55,13 @@ def command(log: Path, endpoint: str, follow: bool, wait: float, layers: bool) -
     """
     import signal
 
-    from llamacpp_instr.exporters.live_requests import (
+    from llamacpp_instr.converters.formats.live_figures import (
         RequestFigures,
         RequestTracker,
         SessionFigures,
     )
-    from llamacpp_instr.exporters.log_input import UserError, follow_log
-    from llamacpp_instr.exporters.otlp import Sender, SpanBuilder, endpoint_url
+    from llamacpp_instr.converters.formats.log_input import UserError, follow_log
+    from llamacpp_instr.converters.formats.otlp import Sender, SpanBuilder, endpoint_url
 
     url = endpoint_url(endpoint)
     if not (follow and wait) and not log.exists():

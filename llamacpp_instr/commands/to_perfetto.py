@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from llamacpp_instr.commands import output_option, peaks_option, strict_option
-from llamacpp_instr.converters.traces.convert import WRITERS, default_output
+from llamacpp_instr.converters.formats.convert import WRITERS, default_output
 
 DEFAULT_FORMAT = "pftrace"
 
@@ -88,8 +88,8 @@ def command(
     attention ops of this and later steps that read what it wrote, and clicking an attention op
     shows the writes it read.
     """
+    from llamacpp_instr.converters.formats.convert import convert
     from llamacpp_instr.converters.session.machine_peaks import session_roofs
-    from llamacpp_instr.converters.traces.convert import convert
     from llamacpp_instr.converters.traces.items import Selection
     from llamacpp_instr.native.paths import cache_dir
 

@@ -11,13 +11,13 @@ rooms below it:
 * ``session``: the records folded into sessions and steps, once (``fold``: ``iter_events``,
   ``iter_events_packed``, ``Fold``), and the figures defined on them once (``derive``,
   ``device_time``, ``kv_flows``, ``requests``, ``machine_peaks``);
-* ``traces``: the trace layout (``layout``) and its writers (``perfetto/``, ``chrome_json``;
-  ``convert.to_perfetto``);
-* ``analysis``: the pandas tables (``frames``: ``load_session``), ``roofline``, ``dataset`` and
-  ``follow``;
-* ``reports``: the reports (``summary``, ``compare``, ``quant/``...) and their ``renderers``.
+* ``traces``: the trace layout (``layout``: tracks, slices and counters);
+* ``analysis``: the pandas tables (``frames``: ``load_session``), ``roofline`` and ``follow``;
+* ``reports``: the reports (``summary``, ``compare``, ``quant/``...) and their ``renderers``;
+* ``formats``: every other output format (Perfetto and Chrome JSON through
+  ``convert.to_perfetto``, Parquet, Prometheus, OTLP).
 
-``errors`` (``UserError``) and ``schema`` (the log's contract) stand below them all.
+The log's contract (``UserError``, the schema) is ``llamacpp_instr.contract``, below them all.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import UserError
-from .schema import LEVELS, SCHEMA_VERSIONS
+from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.contract.schema import LEVELS, SCHEMA_VERSIONS
 
 if TYPE_CHECKING:
     from .analysis.frames import SessionFrames

@@ -28,9 +28,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import bindings, models
-from llamacpp_instr.running import devices, memory, offload, runner
+from llamacpp_instr.running import devices, offload, runner
+from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
 # the KV caches fit tries, in order: f16, then q8_0 (a quantized V cache needs flash attention)

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.analysis.frames import SessionFrames
-from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.deciding import fit
 from llamacpp_instr.deciding.prediction import predict
 from llamacpp_instr.deciding.prediction.op_costs import CostModel

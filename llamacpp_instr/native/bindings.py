@@ -9,8 +9,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.converters.schema import LEVEL_IDS, LEVELS
+from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.contract.schema import LEVEL_IDS, LEVELS
 from llamacpp_instr.native import pin
 
 _STOCK_HINT = "run `instr build` to build and install the patched llama-cpp-python"
@@ -160,7 +160,7 @@ class InstrLib:
 
     def set_memory_budget(self, spec: str | None) -> None:
         """Make devices behave as if they had only this much memory ("DEVICE=SIZE[,...]", see
-        ``llamacpp_instr.running.memory``); None or "" removes the budget. A UserError if malformed or
+        ``llamacpp_instr.running.memory_budget``); None or "" removes the budget. A UserError if malformed or
         naming a device that does not exist."""
         rc = self.lib.llama_instr_set_memory_budget((spec or "").encode())
         if rc != 0:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import pin
 from llamacpp_instr.native.paths import PATCHES_DIR, cache_dir
 

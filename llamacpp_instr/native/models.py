@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib import metadata
 from pathlib import Path
 
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import pin
 
 GGUF_MAGIC = b"GGUF"

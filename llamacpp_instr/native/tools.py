@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import build
 from llamacpp_instr.native.paths import cache_dir
 

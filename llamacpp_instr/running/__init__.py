@@ -1,5 +1,9 @@
-"""Running llama.cpp with a session open: `instr run` (`runner`), `instr serve` (`serve`), the
-Python API (`api`), a program's child process (`child`), always-on sampling and rotation
-(`always_on`), where the layers and tensors live (`offload`, `devices`, `rpc_endpoint`,
-`tensor_overrides`), RPC stand-ins (`rpc_standin`), the Vulkan environment (`vulkan_env`) and the
-memory budget a run is held to (`memory`)."""
+"""Running llama.cpp with a session open, and everything that acts on a model or the machine.
+
+``instr run`` (``runner``), ``instr serve`` (``serve``), the Python API (``api``), a program's
+child process (``child``), always-on sampling and rotation (``always_on``), where the layers and
+tensors live (``offload``, ``devices``, ``rpc_endpoint``, ``tensor_overrides``), RPC stand-ins
+(``rpc_standin``), the Vulkan environment (``vulkan_env``), the memory budget a run is held to
+(``memory_budget``), an exporter started beside a program (``exporter_launch``), the machine's
+measured peaks (``peak_probe``) and quantization: making, evaluating and sweeping quantized
+models (``quant/``)."""

@@ -17,7 +17,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
 
 # the native library's limits (llama_instr_set_sampling, llama_instr_set_rotation)
 MIN_MAX_BYTES = 64 * 1024

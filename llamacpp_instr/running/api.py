@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llamacpp_instr import __version__
-from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.converters.schema import SESSION_LEVELS
+from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.contract.schema import SESSION_LEVELS
+from llamacpp_instr.contract.version import __version__
 from llamacpp_instr.native import bindings
 from llamacpp_instr.running.always_on import AlwaysOn
 
@@ -94,7 +94,7 @@ def set_memory_budget(budget: str | dict[str, int] | None) -> None:
     ``"CPU=2G,Vulkan0=512M"`` or ``{"CPU": 2 << 30}``; None removes it. A buffer beyond a
     device's budget then fails to allocate as it would on a device out of memory, and
     llama.cpp's own memory query reports the budget. Set it before loading the model."""
-    from llamacpp_instr.running import memory
+    from llamacpp_instr.running import memory_budget as memory
 
     if budget is None:
         spec = ""
@@ -109,7 +109,7 @@ def memory_failure() -> str | None:
     """The last allocation that failed in this process, in one line: where, what it was for,
     what was free and held there, and what would free how much (None if none failed). The
     same line ``instr run`` ends with when a model or context does not fit."""
-    from llamacpp_instr.running import memory
+    from llamacpp_instr.running import memory_budget as memory
 
     failure = bindings.load().memory_failure()
     return None if failure is None else memory.message(failure)

@@ -14,7 +14,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import bindings
 
 # enum ggml_backend_dev_type, in the pin's order

@@ -16,7 +16,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
 
 # The pin's ggml-rpc protocol (ggml/include/ggml-rpc.h): its client refuses a server whose major
 # differs or whose minor is greater than its own (negotiate_hello), and aborts.

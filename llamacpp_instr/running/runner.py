@@ -10,11 +10,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llamacpp_instr import __version__
-from llamacpp_instr.converters.errors import UserError
-from llamacpp_instr.converters.schema import SESSION_LEVELS
+from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.contract.schema import SESSION_LEVELS
+from llamacpp_instr.contract.version import __version__
 from llamacpp_instr.native import bindings, models
-from llamacpp_instr.running import memory
+from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.always_on import AlwaysOn
 from llamacpp_instr.running.offload import Offload, Placement, prepare
 from llamacpp_instr.running.tensor_overrides import TensorOverrides
@@ -43,7 +43,7 @@ class RunConfig:
     always_on: AlwaysOn = field(default_factory=AlwaysOn)  # sampling and bounded files
     # where the layers run (-ngl/--gpu-layers, --device, --rpc, --tensor-split)
     offload: Offload = field(default_factory=Offload)
-    # --memory-budget, as the bytes spec the library reads (llamacpp_instr.running.memory)
+    # --memory-budget, as the bytes spec the library reads (llamacpp_instr.running.memory_budget)
     memory_budget: str | None = None
     # which weight tensors go to which buffer type (-ot/--override-tensor, --n-cpu-moe, --cpu-moe)
     tensors: TensorOverrides = field(default_factory=TensorOverrides)

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamacpp_instr import __version__
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.contract.version import __version__
 from llamacpp_instr.converters.reading.reader import iter_records
 from llamacpp_instr.native import bindings
-from llamacpp_instr.running import memory
+from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.always_on import AlwaysOn
 from llamacpp_instr.running.offload import Offload, prepare
 from llamacpp_instr.running.tensor_overrides import TensorOverrides

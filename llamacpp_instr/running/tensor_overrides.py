@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.contract.errors import UserError
 
 # common/common.h LLM_FFN_EXPS_REGEX: a MoE layer's expert tensors
 EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"

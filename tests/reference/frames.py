@@ -15,11 +15,11 @@ from typing import Any
 
 import pandas as pd
 
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.analysis import roofline
-from llamacpp_instr.converters.analysis.columns import string_categories
 from llamacpp_instr.converters.analysis.frames import SessionFrames
-from llamacpp_instr.converters.analysis.spec_frames import request_spec_columns, step_roles
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.converters.analysis.frames_spec import request_spec_columns, step_roles
+from llamacpp_instr.converters.analysis.table_columns import string_categories
 from llamacpp_instr.converters.reading.decode.graphs import Graph
 from llamacpp_instr.converters.reading.decode.sessions import SessionInfo, SessionStarted, StepDone
 from llamacpp_instr.converters.reading.decode.steps import Step

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from llamacpp_instr.contract.errors import UserError
+
 from ..reading.decode.computes import op_time_by_label
 from ..reading.decode.fields import MALFORMED
 from ..reading.decode.sessions import SessionEnded, SessionInfo, SessionStarted, StepDone

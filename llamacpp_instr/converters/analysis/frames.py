@@ -13,7 +13,7 @@ Tables (integer nanosecond timestamps and durations; names, ops and types are ca
   op times), llama_decode_ns (the time in llama_decode itself); weight_bytes and kv_bytes
   (read by its graphs), and with peaks ideal_ns, roof_frac and roof (memory for generation, compute
   for prompt steps); role (its context's, target or draft, where the log says: llama-server's
-  speculative decoding, ``spec_frames``).
+  speculative decoding, ``frames_spec``).
 * ``layers`` — one row per layer span per compute: step, ubatch, layer, t_start, dur_ns, n_ops.
 * ``ops`` — one row per timed op per compute, with its node's metadata joined: step, ubatch, graph,
   node, name, op, label, category, layer, t_start, dur_ns, n_fused, shape, dtype, weight,
@@ -26,7 +26,7 @@ Tables (integer nanosecond timestamps and durations; names, ops and types are ca
   server counted it (spec_type, spec_drafted, spec_accepted, spec_verify_steps, spec_draft_ns,
   spec_verify_ns, spec_rejected_ns; null without).
 * ``contexts``, ``spec`` (a speculating llama-server) — each context's model and role, and each
-  verify step of a slot (``spec_frames``).
+  verify step of a slot (``frames_spec``).
 * ``tensor_stats`` (verbose) — step, ubatch, node, name, min, max, mean, std, n_nan, n_inf.
 * ``topk`` (verbose) — step, row, rank, token, logit.
 * ``experts`` (a mixture of experts at detailed, on the CPU) — step, layer, expert, tokens,
@@ -52,7 +52,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import UserError
+from llamacpp_instr.contract.errors import UserError
+
 from ..reading import prefetch
 from ..reading.decode.graphs import Graph
 from ..reading.decode.memory import StepMemory
@@ -64,18 +65,13 @@ from ..session.device_time import multi_device
 from ..session.fold import iter_events_packed
 from ..session.step_times import ready_at
 from . import roofline
-from .columns import (
-    Table,
-    int_rows,
-    shape_text,
-    string_categories,
-)
 from .frames_devices import TABLES as DEVICE_TABLES
 from .frames_devices import DeviceBuilder
 from .frames_ops import ComputeColumns, OpsBuilder
+from .frames_spec import contexts_frame, request_spec_columns, step_roles, verify_frame
 from .heap import older_objects_frozen
 from .memory_frames import allocations_frame, memory_frame
-from .spec_frames import contexts_frame, request_spec_columns, step_roles, verify_frame
+from .table_columns import Table, int_rows, shape_text, string_categories
 
 _FIRST = itemgetter(0)
 
@@ -111,13 +107,13 @@ class SessionFrames:
     device_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     token_time: pd.DataFrame = field(default_factory=pd.DataFrame)
     # memory (``memory_frames``; empty for a log from before memory was recorded), and each
-    # step's figures as read (``session.memory``)
+    # step's figures as read (``session.memory_timeline``)
     allocations: pd.DataFrame = field(default_factory=pd.DataFrame)
     memory: pd.DataFrame = field(default_factory=pd.DataFrame)
     step_memory: list[StepMemory] = field(default_factory=list)
     # a mixture of experts' routing (``experts`` records; empty without them)
     experts: pd.DataFrame = field(default_factory=pd.DataFrame)
-    # speculative decoding (``spec_frames``; empty without it)
+    # speculative decoding (``frames_spec``; empty without it)
     contexts: pd.DataFrame = field(default_factory=pd.DataFrame)
     spec: pd.DataFrame = field(default_factory=pd.DataFrame)
 
@@ -163,7 +159,7 @@ class Sampling:
 
     @classmethod
     def of(cls, f: SessionFrames) -> Sampling:
-        from ..schema import level_at_least
+        from llamacpp_instr.contract.schema import level_at_least
 
         levels = f.steps["level"].astype(str).value_counts() if len(f.steps) else pd.Series()
         by_level = {str(k): int(v) for k, v in levels.items()}

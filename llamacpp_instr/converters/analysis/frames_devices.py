@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from ..reading.decode.computes import Compute
-from ..reading.decode.devices import Placement
+from ..reading.decode.placement import Placement
 from ..reading.decode.sessions import SessionInfo
 from ..reading.decode.steps import Step
 from ..reading.decode.transfers import Transfers

@@ -15,7 +15,7 @@ from ..reading.decode.columns import LayerRows
 from ..reading.decode.computes import Compute
 from ..reading.decode.graphs import Graph
 from ..session import derive
-from .columns import EMPTY_I64, Chunks, int_column, int_rows, nullable, shape_text
+from .table_columns import EMPTY_I64, Chunks, int_column, int_rows, nullable, shape_text
 
 
 class ComputeColumns:
@@ -160,7 +160,7 @@ class OpsBuilder:
         self.n_ops += cc.ops.shape[1]
 
     def route(self, step: int, r: Any) -> None:
-        """A compute's routing (``session.experts.Routing``): the experts each layer used."""
+        """A compute's routing (``session.expert_routing.Routing``): the experts each layer used."""
         used: dict[int, set[int]] = {}
         for layer, e, tokens, _ in r.rows:
             if tokens > 0:

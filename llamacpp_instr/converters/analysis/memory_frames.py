@@ -7,7 +7,7 @@ import pandas as pd
 
 from ..reading.decode.memory import StepMemory
 from ..reading.decode.sessions import SessionInfo
-from ..session.memory import device_names
+from ..session.memory_timeline import device_names
 
 ALLOCATION_COLS = [
     "id", "ts", "freed", "device", "device_name", "buffer_type", "purpose", "bytes", "cache",

@@ -26,10 +26,11 @@ from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from llamacpp_instr.contract.errors import UserError
+
 from .decode.columns import layer_rows, pack_ops
-from .decode.devices import kept_placement
 from .decode.fields import DECODED, MALFORMED
+from .decode.placement import kept_placement
 from .decode.transfers import transfers
 from .reader import ReadReport, iter_records
 

@@ -27,8 +27,8 @@ from typing import IO, Any
 
 import orjson
 
-from ..errors import UserError
-from ..schema import RECORD_TYPES_V1, SCHEMA_VERSIONS
+from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.contract.schema import RECORD_TYPES_V1, SCHEMA_VERSIONS
 
 GZIP_MAGIC = b"\x1f\x8b"
 

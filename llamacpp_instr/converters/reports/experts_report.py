@@ -1,6 +1,6 @@
 """``instr experts``: a mixture of experts' routing per layer, as a report (issue 52 §5).
 
-The figures are ``analysis.experts``'; this module lays them out: a table per layer (tokens,
+The figures are ``analysis.expert_load``'; this module lays them out: a table per layer (tokens,
 imbalance, entropy, share of experts each ubatch touched, the hottest experts), and a heatmap of
 each expert's share of its layer's tokens (SVG in the HTML report)."""
 
@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from ..analysis.experts import LayerCopies, LayerRouting, layer_copies, layer_routing
-from ..errors import UserError
-from ..session.experts import no_routing
+from llamacpp_instr.contract.errors import UserError
+
+from ..analysis.expert_load import LayerCopies, LayerRouting, layer_copies, layer_routing
+from ..session.expert_routing import no_routing
 from .report import Chart, Column, Fact, Report, Section, Table
 
 if TYPE_CHECKING:  # pandas loads with the frames, not with this module

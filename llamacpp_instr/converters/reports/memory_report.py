@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from ..analysis.frames import SessionFrames
-from ..session.memory import (
+from ..session.memory_timeline import (
     cache_kinds,
     device_name,
     device_names,

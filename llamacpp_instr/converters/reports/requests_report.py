@@ -84,7 +84,7 @@ def section(
     spec: dict[str, SpecTotals] | None = None,
 ) -> Section:
     """The requests, slowest first, and why the slowest were slow; ``spec``: each speculating
-    request's drafts (``analysis.spec_frames.totals``), by id."""
+    request's drafts (``analysis.spec_split.totals``), by id."""
     spec = spec or {}
     rows = [{**s.row(), "late": len(s.late_tokens), **_spec_cols(spec.get(s.id))} for s in items]
     why = [line for s in items[: top or EXPLAINED] for line in _why(s, spec.get(s.id))]
@@ -179,8 +179,8 @@ def experts_section(items: list[RequestStory], experts: dict[str, RequestExperts
 
 def spec_by_id(f: SessionFrames, price: Any = None) -> dict[str, SpecTotals]:
     """Each speculating request's drafts, by id ({} for a session that did not speculate);
-    ``price``: as ``analysis.spec_frames.totals`` takes it."""
-    from ..analysis.spec_frames import totals  # (pandas: with the frames)
+    ``price``: as ``analysis.spec_split.totals`` takes it."""
+    from ..analysis.spec_split import totals  # (pandas: with the frames)
 
     t = totals(f, price)
     return {r.id: r for r in t[1]} if t else {}

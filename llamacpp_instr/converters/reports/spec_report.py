@@ -1,14 +1,14 @@
 """Speculative decoding in the reports: the summary's draft line and verdict, its section (acceptance
 by draft position, time by draft, verify and rejected work, each request's verdict), and the
 columns ``instr requests`` adds. The figures are ``session.speculation``'s, over the tables of
-``analysis.spec_frames``.
+``analysis.spec_split``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..analysis import spec_frames
+from ..analysis import spec_split
 from ..session.speculation import SpecTotals, model_name, roles
 from .report import Chart, Column, Fact, Section, Series, Table
 
@@ -37,11 +37,11 @@ def _target_ctx(f: SessionFrames) -> tuple[int | None, int | None]:
     return by_role.get("target"), by_role.get("draft")
 
 
-def overview(f: SessionFrames, sp: spec_frames.Split) -> dict[str, Any]:
+def overview(f: SessionFrames, sp: spec_split.Split) -> dict[str, Any]:
     """The overview's ``speculation`` object: the target and its draft apart."""
     tgt, dft = _target_ctx(f)
     spec = f.info.contexts.get(tgt or -1, {}).get("spec", {})
-    t = spec_frames.totals(f)
+    t = spec_split.totals(f)
     s = t[0] if t else SpecTotals()
     draft_ns = int(sp.draft["dur_ns"].sum())
     return {

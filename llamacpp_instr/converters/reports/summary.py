@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..analysis import spec_frames
+from llamacpp_instr.contract.schema import LEVEL_IDS, level_at_least
+
+from ..analysis import spec_split
 from ..analysis.frames import SessionFrames
-from ..schema import LEVEL_IDS, level_at_least
 from . import device_report, memory_report, requests_report, roofline_report, spec_report
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
 from .request_share import part_rows, parts_section, request_shares, share_section, step_rows
@@ -54,7 +55,7 @@ def overview(f: SessionFrames) -> dict[str, Any]:
     tokens they accepted and their own, over their time and the draft's that fed them; the draft's
     steps are in ``speculation`` (``spec_report.overview``)."""
     steps = f.steps
-    sp = spec_frames.split(f)
+    sp = spec_split.split(f)
     prompt = steps[steps["kind"] == "prompt"] if sp is None else sp.prompt
     gen = steps[steps["kind"] == "gen"] if sp is None else sp.gen
     gen_tokens = int(gen["n_tokens"].sum()) if sp is None else sp.gen_tokens
@@ -395,7 +396,7 @@ def summary_report(
     f: SessionFrames,
     key: str = "op",
     top: int | None = None,
-    spec_price: spec_frames.ModelPrice | None = None,
+    spec_price: spec_split.ModelPrice | None = None,
 ) -> Report:
     """``instr summary``: headline numbers, time per op type / layer / node, and for HTML where a
     generation step's time goes. ``spec_price``: what prices a plain token of a speculating
@@ -429,7 +430,7 @@ def summary_report(
     ov["busy_machine"] = (busy := verdict(f.steps)).to_json()  # in json's overview
     if busy.flagged:
         facts.insert(0, Fact("busy machine", busy.line()))
-    spec = spec_frames.totals(f, spec_price) if "speculation" in ov else None
+    spec = spec_split.totals(f, spec_price) if "speculation" in ov else None
     if "speculation" in ov:  # the target's figures above; the draft's and the verdict here
         at = next(i for i, x in enumerate(facts) if x.label == "generation tokens/s") + 1
         facts[at:at] = spec_report.facts(ov["speculation"], spec[0] if spec else None)

@@ -45,12 +45,12 @@ from ..reading.decode.sessions import (
     request_record,
     session_info,
 )
-from ..reading.decode.speculation import MAX_CONTEXTS, context_record, spec_record
+from ..reading.decode.spec import MAX_CONTEXTS, context_record, spec_record
 from ..reading.decode.steps import Step, end_step, request_id, step_level, step_seqs, topk_rows
 from ..reading.decode.transfers import transfers
 from ..reading.reader import ReadReport, iter_records
 from .device_time import multi_device
-from .experts import routing
+from .expert_routing import routing
 
 __all__ = ["Fold", "Session", "iter_events", "iter_events_packed", "load"]
 

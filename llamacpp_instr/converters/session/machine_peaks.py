@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from llamacpp_instr.contract.errors import UserError
 
 FORMAT = 1
 

@@ -2,7 +2,7 @@
 draft, what each request's drafts cost, and whether they paid.
 
 llama-server (patch 0005) writes a ``context`` record per context (its model and role) and a
-``spec`` record per verify step of a slot (``reading.decode.speculation.Verify``): the tokens
+``spec`` record per verify step of a slot (``reading.decode.spec.Verify``): the tokens
 drafted and accepted, the draft's steps that made them, the target's step that verified them, and
 the time of each, shared out between the slots a round or a step served. A request's figures are
 the sums of its verifies'.
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..reading.decode.sessions import SessionInfo
-from ..reading.decode.speculation import Verify
+from ..reading.decode.spec import Verify
 
 
 def roles(info: SessionInfo) -> dict[int, str]:

@@ -28,7 +28,7 @@ from ..reading.decode.steps import Step
 from ..session.device_time import multi_device
 from ..session.kv_flows import KvFlows
 from ..session.machine_peaks import Roof
-from .devices import DeviceTracks
+from .device_tracks import DeviceTracks
 from .expert_tracks import ExpertTracks
 from .items import (
     BulkItem,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..reading.decode.sessions import SessionInfo
-from ..session.memory import device_names, failure_line, size
+from ..session.memory_timeline import device_names, failure_line, size
 from .items import Item, Sample, Slice, Track, track_uuid
 
 # after the session's other counters (tokens/s 100, KV cells 101, session_start's memory 102-104)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..reading.decode.sessions import SessionInfo
-from ..reading.decode.speculation import Verify
+from ..reading.decode.spec import Verify
 from ..session.requests import SeqSteps
 from .items import Item, Slice, Track, track_uuid
 

@@ -41,9 +41,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.analysis import contention
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
-from llamacpp_instr.converters.errors import UserError
 from llamacpp_instr.converters.reading.decode.graphs import graph_table
 from llamacpp_instr.deciding.prediction import net_costs, op_threads, split_costs
 from llamacpp_instr.deciding.prediction.intervals import Interval, interval

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
-from llamacpp_instr.converters.analysis.spec_frames import split
-from llamacpp_instr.converters.errors import UserError
+from llamacpp_instr.converters.analysis.spec_split import split
 from llamacpp_instr.converters.session.speculation import Price, model_name, roles
 
 MAX_N = 64  # the longest draft predicted

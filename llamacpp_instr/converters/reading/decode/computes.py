@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from .columns import LayerSpan, PackedOps, layer_spans, pack_ops
-from .devices import Placement, placement
 from .fields import nonneg, opt_int
 from .graphs import Graph, Node
+from .placement import Placement, placement
 
 
 @dataclass

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...errors import UserError
+from llamacpp_instr.contract.errors import UserError
+
 from ..reader import ReadReport
 
 # The key under which the forked log reader (``reading.prefetch``) leaves a record's decoded form

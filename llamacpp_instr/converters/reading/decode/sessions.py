@@ -7,7 +7,7 @@ from typing import Any
 
 from .fields import VALUE_MAX, as_dict, nonneg, opt_count
 from .memory import Allocation
-from .speculation import MAX_POS, Verify
+from .spec import MAX_POS, Verify
 from .steps import Step
 from .transfers import Transfers
 

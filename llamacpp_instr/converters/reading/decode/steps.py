@@ -34,7 +34,7 @@ class Step:
     # the commands sent to RPC servers during the step (``transfers`` records of phase ``step``)
     transfers: list[Transfers] = field(default_factory=list)
     memory: StepMemory | None = None  # its memory figures (step_end.memory)
-    # a mixture of experts' routing, per compute (``experts`` records: session.experts.Routing)
+    # a mixture of experts' routing, per compute (``experts`` records: session.expert_routing.Routing)
     experts: list[Any] = field(default_factory=list)
 
     @property

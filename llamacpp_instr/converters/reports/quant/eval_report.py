@@ -1,6 +1,6 @@
 """The report of ``instr quant-eval`` as a ``Report``: perplexity and KL divergence of each quant
 against the base, as llama-perplexity ``--kl-divergence`` prints them (the formulas are in
-``llamacpp_instr.deciding.quant_eval``). Pure Python: it renders the data dict ``quant_eval.evaluate``
+``llamacpp_instr.running.quant.evaluate``). Pure Python: it renders the data dict ``quant_eval.evaluate``
 returns, which is also the JSON output, so it works without llama_cpp.
 """
 
@@ -96,7 +96,7 @@ def _columns() -> list[Column]:
 
 
 def build(data: dict[str, Any]) -> Report:
-    """The Report of a quant-eval data dict (``llamacpp_instr.deciding.quant_eval.evaluate``)."""
+    """The Report of a quant-eval data dict (``llamacpp_instr.running.quant.evaluate.evaluate``)."""
     base = data["base"]
     facts = [
         Fact("text", _name(data["text"])),

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import UserError
+from llamacpp_instr.contract.errors import UserError
+
 from ...reading.decode.sessions import SessionInfo
 
 _BLK = re.compile(r"^blk\.(\d+)\.(.+?)(\.weight|\.bias)?$")

@@ -1,4 +1,4 @@
-"""The per-layer error of quantized models (``llamacpp_instr.deciding.quant_layers``) as report sections."""
+"""The per-layer error of quantized models (``llamacpp_instr.running.quant.layers``) as report sections."""
 
 from __future__ import annotations
 

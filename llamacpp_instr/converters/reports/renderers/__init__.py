@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import UserError
+from llamacpp_instr.contract.errors import UserError
+
 from ..report import Report
 from .base import Renderer
 from .csv import Csv

@@ -6,7 +6,8 @@ import csv
 import io
 from dataclasses import dataclass
 
-from ...errors import UserError
+from llamacpp_instr.contract.errors import UserError
+
 from ..report import Report
 from .base import Renderer
 

@@ -1,0 +1,77 @@
+"""Where an exporter listens (``HOST:PORT``), and an exporter started beside a program
+(``instr exec --metrics``, ``instr serve --metrics``) in a process of its own.
+
+The listening socket is bound by the command that starts the program, before the program starts:
+a port in use is one line and exit 2 then, not a server running without its metrics. The exporter
+process inherits the socket, follows the log from where the program begins writing, and ends once
+the program has ended and its log is read to the end.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from llamacpp_instr.converters.formats.log_input import UserError
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9400`` for IPv6; ``:9400``: every interface) -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UserError(f"--listen/--metrics wants HOST:PORT, e.g. 127.0.0.1:9400 (got {text!r})")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return host or "0.0.0.0", int(port)
+
+
+def bind(text: str) -> socket.socket:
+    """A socket listening at ``text`` (``HOST:PORT``); UserError when the port is in use."""
+    host, port = parse_listen(text)
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise UserError(f"cannot resolve host {host!r}: {exc.strerror}") from None
+    s = socket.socket(family, kind, proto)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(addr)
+        s.listen(64)
+    except OSError as exc:
+        s.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise UserError(
+                f"port {port} on {host} is in use (choose another for metrics)"
+            ) from None
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return s
+
+
+def url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+
+
+def start_beside(log: Path, listen: str) -> subprocess.Popen[bytes]:
+    """Start ``instr metrics`` on ``log`` at ``listen`` for the program this process is about to
+    run (or become, with exec): it reads what the program appends to ``log`` (from its size now),
+    and ends when this process has ended and the log is read."""
+    sock = bind(listen)
+    try:
+        offset = log.stat().st_size if log.is_file() else 0
+        fd = sock.fileno()
+        cmd = [sys.executable, "-m", "llamacpp_instr.cli", "metrics", str(log.resolve())]
+        cmd += ["--listen-fd", str(fd), "--after", str(offset), "--parent-pid", str(os.getpid())]
+        print(f"instr: metrics at {url(sock)}", file=sys.stderr, flush=True)
+        # a session of its own: Ctrl-C at the terminal goes to the program, and the exporter reads
+        # on until the program has written its last record
+        return subprocess.Popen(
+            cmd, pass_fds=(fd,), stdin=subprocess.DEVNULL, start_new_session=True
+        )
+    finally:
+        sock.close()  # the exporter holds it now (and the program must not inherit it)

@@ -10,6 +10,8 @@
 //                                          placed on the host clock from the client's send and receive
 //   llama-instr-ops-vulkan.cpp  "Vulkan"  ggml_backend_vk_set_profiler: timestamp queries in the
 //                                          command buffers, put on the host clock by a clock pair
+//   llama-instr-ops-cuda.cpp    "CUDA"    ggml_backend_cuda_set_profiler: %globaltimer marks captured
+//                                          into the CUDA graphs, put on the host clock by a clock pair
 //
 // A timer puts every interval on the host clock (now_ns()) before it appends it, so the records
 // do not care which backend timed an op. Timers are made once per backend of a context's scheduler
@@ -73,6 +75,7 @@ std::unique_ptr<op_timer> make_op_timer(ggml_backend_t backend);
 std::unique_ptr<op_timer> make_cpu_op_timer(ggml_backend_t backend, ggml_backend_reg_t reg, int32_t device);
 std::unique_ptr<op_timer> make_rpc_op_timer(ggml_backend_t backend, ggml_backend_reg_t reg, int32_t device);
 std::unique_ptr<op_timer> make_vk_op_timer(ggml_backend_t backend, ggml_backend_reg_t reg, int32_t device);
+std::unique_ptr<op_timer> make_cuda_op_timer(ggml_backend_t backend, ggml_backend_reg_t reg, int32_t device);
 
 // index of backend's device in ggml's registry (as session_start.machine.devices lists them), or -1
 int32_t device_index(ggml_backend_t backend);

@@ -63,7 +63,8 @@ struct busy_rec {
 // how a device's timestamps were put on the host clock for a compute
 struct clock_rec {
     int32_t device;
-    int32_t method;       // 1: the driver's calibration (VK_EXT_calibrated_timestamps), 2: a fenced timestamp
+    int32_t method;       // 1: the driver's calibration (VK_EXT_calibrated_timestamps), 2: a fenced timestamp,
+                          // 3: a CUDA kernel's %globaltimer answering the host through mapped memory
     int64_t uncertainty;  // ns, +-
 };
 

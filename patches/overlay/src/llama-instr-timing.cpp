@@ -126,7 +126,7 @@ void write_clocks(json_out & j, const ctx_state & st, const compute_rec & c) {
         j.ch('[');
         j.i64(r.device);
         j.ch(',');
-        j.str(r.method == 1 ? "calibrated" : "fence");
+        j.str(r.method == 1 ? "calibrated" : r.method == 3 ? "globaltimer" : "fence");
         j.ch(',');
         j.i64(r.uncertainty);
         j.ch(']');

@@ -34,6 +34,10 @@ PYPI_PACKAGES = (
     "nvidia-cuda-crt==13.5.37",
     "nvidia-cublas==13.10.0.20",
 )
+# what a CUDA build needs at run time beside NVIDIA's driver (the Docker image installs these)
+RUNTIME_PACKAGES = tuple(
+    p for p in PYPI_PACKAGES if p.startswith(("nvidia-cuda-runtime==", "nvidia-cublas=="))
+)
 # where the packages put the toolkit, under the folder they are installed into
 PYPI_ROOT = Path("nvidia") / "cu13"
 # the libraries the link needs by their unversioned names (the packages ship *.so.13)

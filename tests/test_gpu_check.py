@@ -85,3 +85,44 @@ def test_the_computes_of_a_cuda_log_come_in_busy_order() -> None:
     assert len(computes) == len(busy)
     assert all(len(c) <= b[4] for c, b in zip(computes, busy, strict=True))
     assert computes[0] and all(isinstance(n, int) and n >= 0 for c in computes for _, n in c)
+
+
+def test_the_headline_is_the_summary_s_over_llama_bench_s(tmp_path: Path) -> None:
+    """gpu_check.py headline: the summary's prompt and generation tokens/s of a log over
+    llama-bench's (its -o json rows), each computed here from the steps by hand."""
+    import json
+
+    import gpu_check
+    from support import FIXTURES, read_log
+
+    log = FIXTURES / "tiny-llama-cuda-full-detailed.SYNTHETIC.log.gz"
+    bench = tmp_path / "bench.json"
+    bench.write_text(
+        json.dumps(
+            [
+                {"n_prompt": 13, "n_gen": 0, "avg_ts": 100.0},
+                {"n_prompt": 0, "n_gen": 2, "avg_ts": 50.0},
+            ]
+        )
+    )
+    import argparse
+
+    r = gpu_check.cmd_headline(argparse.Namespace(log=log, bench=bench))
+    assert r["bench_prompt_tok_s"] == 100.0 and r["bench_gen_tok_s"] == 50.0
+    assert r["prompt_ratio"] == pytest.approx(r["summary_prompt_tok_s"] / 100.0)
+    assert r["gen_ratio"] == pytest.approx(r["summary_gen_tok_s"] / 50.0)
+    # the prompt step's tokens over its time until its outputs were ready (its compute's end)
+    recs = read_log(log)
+    begin = next(b for b in recs if b["type"] == "step_begin" and b["kind"] == "prompt")
+    end = next(e for e in recs if e["type"] == "step_end" and e["step"] == begin["step"])
+    ready = max(
+        [end["t_start"] + end["dur"]]
+        + [
+            c["t_start"] + c["dur"]
+            for c in recs
+            if c["type"] == "compute" and c["step"] == begin["step"]
+        ]
+    )
+    assert r["summary_prompt_tok_s"] == pytest.approx(
+        begin["n_tokens"] / ((ready - end["t_start"]) / 1e9)
+    )

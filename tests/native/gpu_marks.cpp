@@ -16,21 +16,17 @@ using namespace llama_instr;
 struct lookup final : gpu_node_lookup {
     std::vector<ggml_tensor> fake = std::vector<ggml_tensor>(8);
     std::vector<int32_t>     layers{ 0, 0, 1, 1, 1, 2, -1, -1 };
-    std::vector<size_t>      asked;  // the order numbers k the walk gave, in order
+    std::vector<int32_t>     asked;  // the marks k the walk asked about, in order
 
-    int32_t index(size_t k, const ggml_tensor * node) override {
+    gpu_node find(int32_t k, const ggml_tensor * node) override {
         asked.push_back(k);
         for (size_t i = 0; i < fake.size(); i++) {
             if (node == &fake[i]) {
-                return (int32_t) i;
+                return { (int32_t) i, layers[i], 0 };
             }
         }
-        return -1;
+        return { -1, -1, -1 };
     }
-
-    int32_t layer(int32_t idx) const override { return idx >= 0 && idx < 8 ? layers[idx] : -1; }
-
-    int32_t split(int32_t idx) const override { return idx >= 0 ? 0 : -1; }
 };
 
 static ggml_cuda_profile_mark op(const ggml_tensor * node, uint64_t t, int32_t stream = 0, int32_t n_ops = 1,
@@ -110,8 +106,8 @@ static void detailed() {
     CHECK(copies[0].tensor == &nodes.fake[0] && copies[0].bytes == 4096);
     CHECK(copies[0].t_start == 100 + off && copies[0].t_end == 140 + off);
     CHECK(out.t_min == 100 + off && out.t_max == 400 + off);
-    // the k-th op marked, in mark order (the timer caches node indices by it)
-    CHECK((nodes.asked == std::vector<size_t>{ 0, 1, 2, 3, 4 }));
+    // each OP mark, by its index among the marks (the timer resolved each when its compute ended)
+    CHECK((nodes.asked == std::vector<int32_t>{ 2, 3, 4, 5, 7 }));
 }
 
 static void minimal() {

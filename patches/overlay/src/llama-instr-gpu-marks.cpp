@@ -11,7 +11,8 @@ constexpr int32_t MAX_STREAMS = 8;
 
 struct open_mark {
     int32_t k     = -1;  // the mark, or -1: none open
-    int32_t idx   = -1;  // OP: its node index
+    int32_t idx   = -1;  // OP: its node index and layer
+    int32_t layer = -1;
     bool    valid = false;
     int64_t t     = 0;
 };
@@ -27,7 +28,6 @@ int64_t llama_instr::walk_gpu_marks(const ggml_cuda_profile_mark * marks,
                                     gpu_walk_out &                 out) {
     open_mark op[MAX_STREAMS + 1], copy[MAX_STREAMS + 1];
     int64_t   n_lost = 0;
-    size_t    k_op   = 0;
 
     // the graph compute being walked: its first op's time, its ops, its split
     int32_t g_cur = -1, g_split = -1, g_ops = 0;
@@ -68,7 +68,7 @@ int64_t llama_instr::walk_gpu_marks(const ggml_cuda_profile_mark * marks,
             } else if (detailed) {
                 op_rec r       = {};
                 r.idx          = o.idx;
-                r.layer        = nodes.layer(o.idx);
+                r.layer        = o.layer;
                 r.n_fused      = om.n_fused;
                 r.device       = device;
                 r.t_start      = o.t;
@@ -76,7 +76,7 @@ int64_t llama_instr::walk_gpu_marks(const ggml_cuda_profile_mark * marks,
                 r.thread_begin = -1;
                 out.ops.push_back(r);
             } else {
-                const int32_t layer = nodes.layer(o.idx);
+                const int32_t layer = o.layer;
                 if (layer != span.layer) {
                     end_span();
                     span.layer   = layer;
@@ -92,15 +92,15 @@ int64_t llama_instr::walk_gpu_marks(const ggml_cuda_profile_mark * marks,
         switch (m.kind) {
             case GGML_CUDA_PROFILE_OP:
                 {
-                    const int32_t idx = nodes.index(k_op++, m.node);
-                    if (idx < 0) {
+                    const gpu_node nd = nodes.find(k, m.node);
+                    if (nd.idx < 0) {
                         n_lost++;  // not a node of the graph indexed: its time can't be attributed
                         break;
                     }
-                    o = { k, idx, valid, t };
+                    o = { k, nd.idx, nd.layer, valid, t };
                     if (m.graph != g_cur) {
                         g_cur   = m.graph;
-                        g_split = nodes.split(idx);
+                        g_split = nd.split;
                         g_ops   = 0;
                         g_valid = valid;
                         g_start = t;
@@ -118,7 +118,7 @@ int64_t llama_instr::walk_gpu_marks(const ggml_cuda_profile_mark * marks,
                 }
                 break;
             case GGML_CUDA_PROFILE_COPY_BEGIN:
-                copy[slot] = { k, -1, valid, t };
+                copy[slot] = { k, -1, -1, valid, t };
                 break;
             case GGML_CUDA_PROFILE_COPY_END:
                 {

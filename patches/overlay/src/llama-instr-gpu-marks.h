@@ -14,17 +14,21 @@
 
 namespace llama_instr {
 
-// what the walk asks about the graph indexed
+// where an op's node is in the graph its compute ran: its node index (-1: not a node of that
+// graph), its layer (-1: none), and the index into the compute's splits of its split (-1: none)
+struct gpu_node {
+    int32_t idx;
+    int32_t layer;
+    int32_t split;
+};
+
+// what the walk asks about the graph of each marked op
 class gpu_node_lookup {
   public:
     virtual ~gpu_node_lookup() = default;
 
-    // the node index of the k-th op marked, which is `node` (-1: not a node of the graph indexed)
-    virtual int32_t index(size_t k, const ggml_tensor * node) = 0;
-    // the layer of node idx (-1: none)
-    virtual int32_t layer(int32_t idx) const                  = 0;
-    // the index into the compute's splits of the split holding node idx, or -1
-    virtual int32_t split(int32_t idx) const                  = 0;
+    // the node of mark k (an OP mark), which names `node`
+    virtual gpu_node find(int32_t k, const ggml_tensor * node) = 0;
 };
 
 // a copy between the host and the device, timed on the device's stream (on the host clock)

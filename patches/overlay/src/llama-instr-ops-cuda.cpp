@@ -51,46 +51,82 @@ class cuda_op_timer final : public op_timer {
         if (!env_device(st.epoch).timing) {
             return false;
         }
+        if (!queue.empty() && queue.front().step != st.step) {
+            queue.clear();  // a step whose records were never written (a failure): its marks go
+        }
+        if (queue.empty()) {
+            prof       = {};
+            lost_taken = 0;
+        }
         // a mark per op, one per graph compute (a split each) and two per copy: room for a split
-        // and a copy per node, and then some
+        // and a copy per node, and then some, after the marks of the step's computes not read yet
         const size_t n   = (size_t) ggml_graph_n_nodes(const_cast<ggml_cgraph *>(gf));
-        const size_t cap = 4 * n + 64;
+        const size_t cap = (size_t) prof.n_marks + 4 * n + 64;
         if (marks.size() < cap) {
             marks.resize(cap);
+            resolved.resize(cap);
         }
-        prof       = {};
         prof.marks = marks.data();
         prof.cap   = (int32_t) marks.size();
         prof.user  = this;
         if (st.level >= LLAMA_INSTR_LEVEL_DETAILED) {
             prof.selection = SELECT_EVERY_OP;
+            prof.want      = nullptr;
         } else {
             prof.selection = SELECT_LAYER_STARTS;
             prof.want      = want_layer_start;
             want_st        = &st;
         }
+        armed_at = prof.n_marks;
         return set_profiler(backend, &prof) == 0;
     }
 
     void disarm() noexcept override { set_profiler(backend, nullptr); }
 
+    bool needs_sync() const override { return false; }
+
+    bool reads_later() const override { return true; }
+
+    // The compute's marks are read in finish, once the host synchronized: here each op's mark is
+    // placed in the graph indexed now (the next compute may index another).
     int64_t collect(ctx_state & st, compute_rec & c) override {
-        const int32_t n = std::min(prof.n_marks, prof.cap);
-        if (n == 0) {
-            return prof.n_lost;  // nothing ran on the device in this compute
+        const int32_t end = std::min(prof.n_marks, prof.cap);
+        for (int32_t k = armed_at; k < end; k++) {
+            resolved[k] = { -1, -1, -1 };
+            if (marks[k].kind == GGML_CUDA_PROFILE_OP) {
+                const int32_t idx = nodes.find(st, (size_t) (k - armed_at), marks[k].node);
+                resolved[k]       = { idx, idx >= 0 ? st.graph.layer[idx] : -1, idx >= 0 ? split_of(st, c, idx) : -1 };
+            }
         }
-        const int64_t n_ops = count_ops(n);
-        if (collect_marks(backend, &prof, 0, n) != 0 || !calibrate()) {
-            return n_ops + prof.n_lost;  // no device time read, or none on the host clock
+        queue.push_back({ st.step, c.ubatch, armed_at, end });
+        const int64_t lost = prof.n_lost - lost_taken;
+        lost_taken         = prof.n_lost;
+        return lost;
+    }
+
+    int64_t finish(ctx_state & st, compute_rec & c) override {
+        if (q_next >= queue.size() || queue[q_next].step != st.step || queue[q_next].ubatch != c.ubatch) {
+            return 0;  // not a compute this timer measured
+        }
+        const queued q = queue[q_next++];
+        if (q_next == queue.size()) {
+            queue.clear();
+            q_next = 0;
+        }
+        const int32_t n = q.end - q.begin;
+        if (n <= 0) {
+            return 0;  // nothing ran on the device in this compute
+        }
+        if (collect_marks(backend, &prof, q.begin, q.end) != 0 || !calibrate()) {
+            return count_ops(q.begin, q.end);  // no device time read, or none on the host clock
         }
         st.p_clocks.push_back({ device, CLOCK_METHOD_GLOBALTIMER, uncertainty });
-
-        lookup.bind(st, c);
         copies.clear();
-        const bool   detailed = st.level >= LLAMA_INSTR_LEVEL_DETAILED;
-        const size_t op_begin = st.p_ops.size();
-        gpu_walk_out out{ st.p_ops, st.p_layers, st.p_busy, copies };
-        int64_t      n_lost = walk_gpu_marks(marks.data(), n, offset, device, detailed, lookup, out);
+        const bool    detailed = st.level >= LLAMA_INSTR_LEVEL_DETAILED;
+        const size_t  op_begin = st.p_ops.size();
+        stored_lookup lookup{ resolved.data() + q.begin };
+        gpu_walk_out  out{ st.p_ops, st.p_layers, st.p_busy, copies };
+        const int64_t n_lost = walk_gpu_marks(marks.data() + q.begin, n, offset, device, detailed, lookup, out);
         if (detailed) {
             append_layer_spans(st, op_begin, st.p_ops.size());
         }
@@ -99,45 +135,47 @@ class cuda_op_timer final : public op_timer {
             c.t_start = std::min(c.t_start, out.t_min);
             c.t_end   = std::max(c.t_end, out.t_max);
         }
-        return n_lost + prof.n_lost;
+        return n_lost;
     }
 
     static constexpr int32_t CLOCK_METHOD_GLOBALTIMER = 3;  // clock_rec::method
 
   private:
-    // the graph indexed, for the walk: node indices cached by mark order, layers, splits
-    class node_lookup final : public gpu_node_lookup {
+    // a compute's marks, read in finish
+    struct queued {
+        int64_t step;
+        int32_t ubatch;
+        int32_t begin, end;
+    };
+
+    // each OP mark's node, resolved when its compute ended
+    class stored_lookup final : public gpu_node_lookup {
       public:
-        void bind(ctx_state & st, const compute_rec & c) {
-            this->st = &st;
-            this->c  = &c;
-        }
+        explicit stored_lookup(const gpu_node * at) : at(at) {}
 
-        int32_t index(size_t k, const ggml_tensor * node) override { return nodes.find(*st, k, node); }
-
-        int32_t layer(int32_t idx) const override {
-            return idx >= 0 && idx < (int32_t) st->graph.layer.size() ? st->graph.layer[idx] : -1;
-        }
-
-        int32_t split(int32_t idx) const override {
-            for (size_t s = c->split_begin; s < c->split_end; s++) {
-                if (st->p_splits[s].i_start <= idx && idx < st->p_splits[s].i_end) {
-                    return (int32_t) (s - c->split_begin);
-                }
-            }
-            return -1;
+        gpu_node find(int32_t k, const ggml_tensor * node) override {
+            GGML_UNUSED(node);
+            return at[k];
         }
 
       private:
-        ctx_state *         st = nullptr;
-        const compute_rec * c  = nullptr;
-        node_map            nodes;
+        const gpu_node * at;
     };
 
-    // the ops the marks stand for (lost whole when their times can't be read)
-    int64_t count_ops(int32_t n) const {
+    // the index in this compute's splits of the split holding node idx, or -1
+    static int32_t split_of(const ctx_state & st, const compute_rec & c, int32_t idx) {
+        for (size_t s = c.split_begin; s < c.split_end; s++) {
+            if (st.p_splits[s].i_start <= idx && idx < st.p_splits[s].i_end) {
+                return (int32_t) (s - c.split_begin);
+            }
+        }
+        return -1;
+    }
+
+    // the ops marks [begin, end) stand for (lost whole when their times can't be read)
+    int64_t count_ops(int32_t begin, int32_t end) const {
         int64_t ops = 0;
-        for (int32_t k = 0; k < n; k++) {
+        for (int32_t k = begin; k < end; k++) {
             ops += marks[k].kind == GGML_CUDA_PROFILE_OP ? std::max(marks[k].n_ops, 1) : 0;
         }
         return ops;
@@ -195,8 +233,13 @@ class cuda_op_timer final : public op_timer {
 
     ggml_cuda_profiler                  prof = {};
     std::vector<ggml_cuda_profile_mark> marks;
+    std::vector<gpu_node>               resolved;        // per mark
+    std::vector<queued>                 queue;           // the computes whose marks are not read yet
+    size_t                              q_next     = 0;
+    int32_t                             armed_at   = 0;  // the first mark of the compute armed
+    int32_t                             lost_taken = 0;  // prof.n_lost already counted
     std::vector<gpu_copy>               copies;
-    node_lookup                         lookup;
+    node_map                            nodes;
     ctx_state *                         want_st = nullptr;
 
     ggml_cuda_clock_pair pair        = {};

@@ -53,6 +53,7 @@ class cuda_op_timer final : public op_timer {
         }
         if (!queue.empty() && queue.front().step != st.step) {
             queue.clear();  // a step whose records were never written (a failure): its marks go
+            q_next = 0;
         }
         if (queue.empty()) {
             prof       = {};

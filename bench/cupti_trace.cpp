@@ -8,7 +8,8 @@
 // captured node: bench/cupti_join.py joins kernels to ggml's ops by their order between the op
 // timer's own mark kernels instead). Built on the GPU machine by gpu_check.sh:
 //
-//   g++ -shared -fPIC -O2 -I$CUDA/include bench/cupti_trace.cpp -L$CUDA/lib64 -lcupti -o cupti_trace.so
+//   g++ -shared -fPIC -O2 -I$CUDA/include bench/cupti_trace.cpp -L$CUDA/lib64 -Wl,-rpath,$CUDA/lib64 \
+//       -lcupti -o cupti_trace.so
 
 #include <cupti.h>
 

@@ -58,7 +58,7 @@ def cmd_moe_model(a: argparse.Namespace) -> dict[str, Any]:
     from tiny_gguf import write_tiny_model
 
     dense = Path(a.out).with_suffix(".dense.gguf")
-    shapes = dict(n_layer=8, n_embd=1024, n_head=16, n_head_kv=4, n_ff=2816, n_vocab=32000)
+    shapes = dict(n_layer=8, n_embd=512, n_head=8, n_head_kv=4, n_ff=1408, n_vocab=32000)
     write_tiny_model(dense, dtype="f16", n_ctx_train=4096, **shapes)
     write_moe_model(dense, a.out, n_expert=8, n_used=2, distinct=True)
     dense.unlink()
@@ -101,7 +101,8 @@ def cmd_levels(a: argparse.Namespace) -> dict[str, Any]:
     llm = llama_cpp.Llama(
         str(a.model), n_gpu_layers=-1, n_ctx=1024, n_batch=512, n_ubatch=512, verbose=False
     )
-    prompt = [(i * 7919) % 30000 + 100 for i in range(a.prompt)]
+    n_vocab = llm.n_vocab()
+    prompt = [(i * 7919) % max(1, n_vocab - 8) + 4 for i in range(a.prompt)]  # (past the specials)
     a.outdir.mkdir(parents=True, exist_ok=True)
 
     def one(level: str, log: Path) -> tuple[list[int], list[bytes], float]:

@@ -26,6 +26,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PACK=$ROOT/.gpu-pack
+# the project's and llama-cpp-python's dependencies beside numpy and pandas (pyproject.toml)
+WHEELS="click orjson gguf rich markdown-it-py mdurl pygments isal prometheus-client typing-extensions
+diskcache jinja2 markupsafe perfetto pyyaml"
 t0=$SECONDS
 step() { echo "### [$((SECONDS - t0))s] $*"; }
 
@@ -55,10 +58,11 @@ PY
         --exclude="$v/conversion" --exclude="$v/tools/server/public" --exclude="$name/examples" "$name"
     cp "$tmp/patch_hash" "$PACK/patch_hash"
     rm -rf "$tmp"
-    for p in orjson perfetto gguf isal diskcache; do
-        python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    # the packages a bare Python may lack (numpy and pandas it must have), for the Pythons it may be
+    for v in 3.10 3.11 3.12 3.13; do
+        python -m pip download -q --no-deps --only-binary=:all: --python-version "$v" \
             --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-            --platform manylinux2014_x86_64 --platform any -d "$PACK/whl" "$p" >/dev/null
+            --platform manylinux2014_x86_64 --platform any -d "$PACK/whl" $WHEELS >/dev/null  # (split on purpose)
     done
     du -sh "$PACK"
 }
@@ -90,11 +94,14 @@ run() {
     local build_pid=$!
 
     step "Python packages; the CUPTI tracer; the models' F16 weights (beside the build)"
-    python3 -m pip install -q --no-index --no-deps --target "$w/site" "$PACK"/whl/*.whl >/dev/null 2>&1 \
-        || fail "pip install of the carried wheels"
+    # shellcheck disable=SC2086
+    python3 -m pip install -q --no-index --no-deps --find-links "$PACK/whl" --target "$w/site" $WHEELS \
+        >/dev/null 2>&1 || fail "pip install of the carried wheels"
+    python3 -c "import numpy, pandas" || { echo "error: this Python lacks numpy or pandas" >&2; exit 2; }
     export PYTHONPATH=$ROOT:$sdist:$w/site
     g++ -shared -fPIC -O2 -std=c++17 -I"$cuda/include" bench/cupti_trace.cpp \
-        -L"$cuda/lib64" -L"$cuda/extras/CUPTI/lib64" -lcupti -o "$w/cupti_trace.so" || fail "CUPTI tracer"
+        -L"$cuda/lib64" -L"$cuda/extras/CUPTI/lib64" -Wl,-rpath,"$cuda/lib64:$cuda/extras/CUPTI/lib64" -lcupti \
+        -o "$w/cupti_trace.so" || fail "CUPTI tracer"
     [ -f "$w/l1b-f16.gguf" ] || python3 bench/gpu_check.py model "$w/l1b-f16.gguf" >/dev/null || fail "model"
     [ -f "$w/moe.gguf" ] || python3 bench/gpu_check.py moe-model "$w/moe.gguf" >/dev/null || fail "MoE model"
 

@@ -18,13 +18,14 @@ if TYPE_CHECKING:
 def command(offload: Offload) -> None:
     """Report the installed llama-cpp-python: stock or patched, and whether its patch hash matches
     the patches shipped with this llamacpp-instr (exit status 2 when the hooks are missing or out
-    of date); then ggml's devices, the names --device takes: name, backend, type (cpu, gpu, igpu,
+    of date); the backends the build has (CUDA, Vulkan, ...: their libraries, whether or not a
+    device of theirs is here); then ggml's devices, the names --device takes: name, backend, type (cpu, gpu, igpu,
     accel, other) and memory, as a session records them in session_start.machine.devices. --rpc
     adds RPC servers first, as a run would."""
     import sys
 
     from llamacpp_instr.contract.errors import UserError
-    from llamacpp_instr.native import bindings, build, pin
+    from llamacpp_instr.native import backends, bindings, build, pin
     from llamacpp_instr.native.paths import PATCHES_DIR
     from llamacpp_instr.running import devices
 
@@ -46,6 +47,7 @@ def command(offload: Offload) -> None:
         f"instrumentation: API {info['api_version']}, llama.cpp {info['llama_cpp_commit']}, "
         f"patch hash {info['patch_hash']}"
     )
+    click.echo(f"backends in this build: {', '.join(backends.loaded()) or '?'}")
     devices.add_rpc_servers(offload.rpc)
     for line in device_lines(api.machine_info().get("devices", [])):
         click.echo(line)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from llamacpp_instr.commands import offload_options
+from llamacpp_instr.commands.offload_options import offload_options
 
 if TYPE_CHECKING:
     from llamacpp_instr.running.offload import Offload

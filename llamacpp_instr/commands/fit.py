@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING
 import click
 from click.core import ParameterSource
 
-from llamacpp_instr.commands import (
+from llamacpp_instr.commands.experts_placement import experts_option, rank_experts
+from llamacpp_instr.commands.offload_options import offload_options
+from llamacpp_instr.commands.options import (
     memory_option,
-    offload_options,
     quant_option,
     text_json_option,
     threads_option,
 )
-from llamacpp_instr.commands.experts_placement import experts_option, rank_experts
 
 if TYPE_CHECKING:
     from llamacpp_instr.deciding.fit import Answer, Footprint

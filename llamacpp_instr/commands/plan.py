@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from llamacpp_instr.commands import (
+from llamacpp_instr.commands.experts_placement import experts_option, rank_experts
+from llamacpp_instr.commands.offload_options import offload_options
+from llamacpp_instr.commands.options import (
     ctx_option,
     memory_option,
-    offload_options,
     quant_option,
     text_json_option,
 )
-from llamacpp_instr.commands.experts_placement import experts_option, rank_experts
 
 if TYPE_CHECKING:
     from llamacpp_instr.deciding.plan import Candidate

@@ -11,12 +11,8 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-from llamacpp_instr.commands import (
-    offload_options,
-    quant_option,
-    text_json_option,
-    threads_option_with,
-)
+from llamacpp_instr.commands.offload_options import offload_options
+from llamacpp_instr.commands.options import quant_option, text_json_option, threads_option_with
 
 if TYPE_CHECKING:
     from llamacpp_instr.deciding.prediction.predict import Interval, Prediction

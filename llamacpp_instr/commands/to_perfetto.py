@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands import output_option, peaks_option, strict_option
+from llamacpp_instr.commands.options import output_option, peaks_option, strict_option
 from llamacpp_instr.converters.formats.convert import WRITERS, default_output
 
 DEFAULT_FORMAT = "pftrace"

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llamacpp_instr.commands.offload_options import offload_options
+from llamacpp_instr.contract.units import fmt_bytes
 
 if TYPE_CHECKING:
     from llamacpp_instr.running.offload import Offload
@@ -62,10 +63,6 @@ def command(offload: Offload) -> None:
     click.echo("ok: the patched build matches the patches")
 
 
-def _mib(n: Any) -> str:
-    return f"{int(n) / (1 << 20):,.0f} MiB" if isinstance(n, int) and n > 0 else "?"
-
-
 def device_lines(devs: list[dict[str, Any]]) -> list[str]:
     """ggml's devices as a table: a heading line, then one line per device."""
     rows = [("name", "backend", "type", "memory total", "free", "description")]
@@ -74,8 +71,8 @@ def device_lines(devs: list[dict[str, Any]]) -> list[str]:
             str(d.get("name", "?")),
             str(d.get("backend", "?")),
             str(d.get("type", "?")),
-            _mib(d.get("memory_total")),
-            _mib(d.get("memory_free")),
+            _memory(d.get("memory_total")),
+            _memory(d.get("memory_free")),
             str(d.get("description", "")),
         )
         for d in devs
@@ -86,3 +83,7 @@ def device_lines(devs: list[dict[str, Any]]) -> list[str]:
         cells = [r[i].rjust(widths[i]) if i in (3, 4) else r[i].ljust(widths[i]) for i in range(5)]
         out.append("  " + "  ".join(cells) + "  " + r[5])
     return out
+
+
+def _memory(n: Any) -> str:
+    return fmt_bytes(n) if isinstance(n, int) and n > 0 else "?"

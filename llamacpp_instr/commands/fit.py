@@ -196,13 +196,9 @@ def _fit_params_program(required: bool) -> Path | None:
         return None
 
 
-def _mib(n: float) -> str:
-    return f"{n / (1 << 20):,.1f}"
-
-
 def render(a: Answer) -> str:
     """One quantization's answer as text: the setting, then a table per device and purpose."""
-    from llamacpp_instr.converters.session.memory_timeline import size as mib
+    from llamacpp_instr.contract.units import fmt_bytes
 
     head = f"{a.model.name} ({a.quant})"
     lines = []
@@ -221,11 +217,11 @@ def render(a: Answer) -> str:
     header = ["device", "memory", "source", *purposes, "total"]
     table = [header]
     for dev, source, fp in rows:
-        limit = mib(a.memory[dev]) if dev in a.memory and source == "instr fit" else ""
+        limit = fmt_bytes(a.memory[dev]) if dev in a.memory and source == "instr fit" else ""
         table.append(
             [dev, limit, source]
-            + [_mib(fp[p]) if p in fp else "-" for p in purposes]
-            + [_mib(sum(fp.values()))]
+            + [fmt_bytes(fp[p], "MiB") if p in fp else "-" for p in purposes]
+            + [fmt_bytes(sum(fp.values()), "MiB")]
         )
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for r in table:
@@ -234,9 +230,7 @@ def render(a: Answer) -> str:
             for i, (c, w) in enumerate(zip(r, widths, strict=True))
         ]
         lines.append("  " + "  ".join(cells).rstrip())
-    lines.append(
-        "  (MiB; llama-fit-params rounds each figure down to a MiB)" if a.llama_fit else ""
-    )
+    lines.append("  (llama-fit-params rounds each figure down to a MiB)" if a.llama_fit else "")
     return "\n".join(x for x in lines if x) + "\n"
 
 

@@ -168,10 +168,6 @@ def _spec_lines(doc: dict[str, Any]) -> str:
     )
 
 
-def _mib(n: float) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
-
-
 def _rate(v: float | None, c: Candidate, kind: str) -> str:
     p = c.prediction
     iv = (p.gen if kind == "gen" else p.prompt) if p else None
@@ -182,8 +178,10 @@ def _rate(v: float | None, c: Candidate, kind: str) -> str:
 
 
 def render(ranked: list[Candidate], limits: dict[str, int], n_ctx: int, base: object) -> str:
+    from llamacpp_instr.contract.units import fmt_bytes
+
     fits = [c for c in ranked if c.fits]
-    mem = ", ".join(f"{d} {_mib(n)}" for d, n in limits.items())
+    mem = ", ".join(f"{d} {fmt_bytes(n, 'MiB')}" for d, n in limits.items())
     lines = [
         f"settings holding {n_ctx} tokens of context in {mem}: {len(fits)} of {len(ranked)} fit; "
         "speeds are predictions (tokens/s, interval) for the first log's prompt and generation, "
@@ -204,7 +202,7 @@ def render(ranked: list[Candidate], limits: dict[str, int], n_ctx: int, base: ob
         num = str(rank) if covered else "-"
         lines.append(
             f"{num:>3} {'*' if c.front else '':1} {c.quant:<8} {c.threads:>3} {c.n_ubatch:>6} "
-            f"{kv:<12} {c.n_gpu_layers:>4} {_mib(c.bytes):>11} {_rate(c.gen, c, 'gen'):>24} "
+            f"{kv:<12} {c.n_gpu_layers:>4} {fmt_bytes(c.bytes, 'MiB'):>11} {_rate(c.gen, c, 'gen'):>24} "
             f"{_rate(c.prompt, c, 'prompt'):>24} "
             f"{'-' if c.kld is None else f'{c.kld:.4f}':>7}  {' '.join(c.run_args())}"
         )

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.contract.units import fmt_bytes
 from llamacpp_instr.converters.analysis.frames import SessionFrames
 from llamacpp_instr.deciding import fit
 from llamacpp_instr.deciding.prediction import predict
@@ -259,10 +260,6 @@ def base_target(sessions: list[SessionFrames], model: Path, o: offload.Offload) 
     return replace(t, offload=placed, tensors=TensorOverrides())
 
 
-def _mib(n: float) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
-
-
 def render(
     ranked: list[PlacementCandidate],
     t: predict.Target,
@@ -272,11 +269,11 @@ def render(
 ) -> str:
     """The ranked placements as a table, each with its command."""
     fits = [c for c in ranked if c.fits]
-    mem = ", ".join(f"{d} {_mib(n)}" for d, n in limits.items())
+    mem = ", ".join(f"{d} {fmt_bytes(n, 'MiB')}" for d, n in limits.items())
     devs = sorted({d for c in ranked for d in c.footprint})
     lines = [
         f"expert placements of {t.model.name} (-ngl {t.offload.gpu_layers}; {len(layers)} layers "
-        f"with experts, {_mib(sum(layers.values()))} of expert weights) holding {n_ctx} tokens "
+        f"with experts, {fmt_bytes(sum(layers.values()), 'MiB')} of expert weights) holding {n_ctx} tokens "
         f"of context in {mem}: {len(fits)} of {len(ranked)} fit; speeds are predictions "
         "(tokens/s, interval) for the first log's prompt and generation",
         "",
@@ -293,8 +290,8 @@ def render(
         num = str(n) if covered else "-"
         totals = fit.totals(c.footprint)
         row = (
-            f"{num:>3} {c.placement.label():<22} {_mib(c.expert_bytes_cpu):>12} "
-            + " ".join(f"{_mib(totals.get(d, 0)):>12}" for d in devs)
+            f"{num:>3} {c.placement.label():<22} {fmt_bytes(c.expert_bytes_cpu, 'MiB'):>12} "
+            + " ".join(f"{fmt_bytes(totals.get(d, 0), 'MiB'):>12}" for d in devs)
             + f" {_rate(c, 'gen'):>20} {_rate(c, 'prompt'):>20}  {c.command(t, n_ctx)}"
         )
         if not c.fits:

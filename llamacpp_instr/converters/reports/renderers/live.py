@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from llamacpp_instr.contract.units import fmt_bytes
+
 from ...analysis.follow import LiveState
-from ..report import fmt_bytes
 
 
 def view(state: LiveState) -> Any:

@@ -13,10 +13,11 @@ import click
 def follow(log: Path, wait: float, stop: threading.Event | None = None) -> str:
     """Show the live view (terminal) or one line per step (otherwise) until the session ends,
     ``stop`` is set or Ctrl-C. Returns the session's status."""
-    from llamacpp_instr.converters.analysis.follow import LiveState, tail_records
+    from llamacpp_instr.converters.analysis.follow import LiveState
+    from llamacpp_instr.converters.reading.tail import tail
 
     state = LiveState()
-    records = tail_records(log, wait_for_file=wait, stop=stop.is_set if stop else None)
+    records = tail(log, wait=wait, stop=stop.is_set if stop else None, to_session_end=True)
     if not sys.stdout.isatty():
         for rec in records:
             step = state.add(rec)

@@ -70,8 +70,9 @@ def quant_option(help: str) -> Callable[[F], F]:
 
 
 def text_json_option(help: str) -> Callable[[F], F]:
-    """``--format text|json`` of the commands that answer with a table of their own, not a report
-    (fit, plan, predict; the report commands take ``report_options``)."""
+    """``--format text|json`` of the planners' commands (fit, plan, predict): their report as
+    text, or their answer as JSON (the report commands take ``report_options``: every format,
+    and -o/--output)."""
     return click.option(
         "--format",
         "fmt",
@@ -261,3 +262,16 @@ def report_options() -> Callable[[F], F]:
 def one_of(choices: Sequence[str]) -> str:
     """``a, b or c``."""
     return " or ".join([", ".join(choices[:-1]), choices[-1]] if len(choices) > 1 else choices)
+
+
+# instr fit, instr plan: rank a mixture of experts' placements instead (deciding/moe_plan.py)
+experts_option = click.option(
+    "--experts",
+    is_flag=True,
+    help="Rank where a mixture of experts' expert weights go instead: the other layers where -ngl "
+    "puts them (default all), the experts of the first N layers on the CPU for each N "
+    "(--n-cpu-moe N) and, per count, the layers cheapest to keep there (an -ot rule), each "
+    "checked against the memory with llama.cpp's projection of the model loaded with its rules "
+    "and priced from the logs' measured ops, copies and expert traffic (their routing); each "
+    "with its command line and -ot rule.",
+)

@@ -12,6 +12,7 @@ from llamacpp_instr.contract.errors import UserError
 
 if TYPE_CHECKING:
     from llamacpp_instr.converters.analysis.frames import SessionFrames
+    from llamacpp_instr.converters.reports.report import Report
 
 
 def load_log(log: Path, sid: str | None = None, strict: bool = False) -> SessionFrames:
@@ -46,3 +47,13 @@ def emit(text: str, output: Path | None) -> None:
     except OSError as exc:
         raise UserError(f"cannot write {output}: {exc.strerror}") from None
     click.echo(f"wrote {output}", err=True)
+
+
+def answer(report: Report, fmt: str, failure: UserError | None = None) -> None:
+    """A library call's answer on stdout, its report rendered in ``fmt``; then the failure the
+    answer ends with (nothing fits: exit 3; not covered: exit 2), after its output."""
+    from llamacpp_instr.converters.reports.renderers import render
+
+    emit(render(report, fmt), None)
+    if failure is not None:
+        raise failure

@@ -137,8 +137,8 @@ def command(
         doc = spec_predict.run(list(logs), spec_n_max, n_predict)
         click.echo(json.dumps(doc, indent=1) if fmt == "json" else spec_predict.render(doc))
         return
-    from llamacpp_instr.commands.fit import _files
     from llamacpp_instr.contract.errors import UserError
+    from llamacpp_instr.deciding.fit import quantized_files
     from llamacpp_instr.deciding.prediction import net_costs, predict
     from llamacpp_instr.native import models
 
@@ -180,7 +180,8 @@ def command(
             "--rpc-rate and --rpc-rtt price RPC servers' network: the log ran on none, and "
             "--rpc names none"
         )
-    files = _files(base.model, quants) if quants else [("", base.model)]
+    echo = lambda line: click.echo(line, err=True)  # noqa: E731
+    files = quantized_files(base.model, quants, echo) if quants else [("", base.model)]
     cost_model = predict.fit(sessions)
     names = [str(p) for p in logs]
     results = [

@@ -177,8 +177,9 @@ class Report:
     facts: list[Fact] = field(default_factory=list)
     sections: list[Section] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    # the json renderer's output: the report's machine-readable content (raw values)
-    data: dict[str, Any] = field(default_factory=dict)
+    # the json renderer's output: the report's machine-readable content (raw values), an object
+    # or a list (one object per answer: instr fit's quantizations, instr plan's settings)
+    data: Any = field(default_factory=dict)
     # the table the csv renderer writes (csv holds one table)
     csv_table: str = ""
     # why this report has no table for csv: the csv format is then refused with this message

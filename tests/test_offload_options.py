@@ -608,6 +608,6 @@ def test_doctor_lists_the_devices(servers: list[str], instr_api: Any) -> None:
     assert fmt_bytes(cpu["memory_total"]) in lines[at + 2]
     r = _instr("doctor", "--rpc", servers[0])
     assert r.returncode == 0, r.stderr
-    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("  RPC")]
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("RPC")]
     assert len(rows) == 1 and rows[0][:3] == ["RPC0", "RPC", "gpu"]
     assert rows[0][-1] == servers[0]

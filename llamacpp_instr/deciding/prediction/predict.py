@@ -176,6 +176,7 @@ def default_target(sf: SessionFrames, model: Path | None) -> Target:
         gpu_layers=logged.get("gpu_layers") or 0,
         devices=tuple(devs) if devs else None,
         tensor_split=tuple(split) if split else None,
+        repack=bool(logged.get("repack", True)),
     )
     devs = sf.devices
     n_rpc = int((devs["backend"].astype(str) == "RPC").sum()) if not devs.empty else 0

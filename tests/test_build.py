@@ -15,6 +15,8 @@ from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import build, pin
 from llamacpp_instr.native.paths import PATCHES_DIR
 
+pytestmark = pytest.mark.native
+
 
 def test_check_passes_on_the_repo_patches() -> None:
     r = CliRunner().invoke(main, ["build", "--check"])

@@ -17,11 +17,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from log_fuzz import check_result, fixture, fuzz, run_metrics, server_log
+from helpers.log_fuzz import check_result, fixture, fuzz, run_metrics, server_log
 from test_otlp import Receiver
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.session import request_causes
+
+pytestmark = pytest.mark.fast
 
 Records = list[dict[str, Any]]
 

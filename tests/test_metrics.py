@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from prometheus_server import Prometheus
-from support import free_port, request_records, signal_server, wait_ready, wait_requests
+from helpers.prometheus_server import Prometheus
+from helpers.support import free_port, request_records, signal_server, wait_ready, wait_requests
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.formats.live_figures import RequestFigures, RequestTracker
@@ -96,6 +96,7 @@ def one_request(i: int, t: int, step0: int, gen: int = 3) -> tuple[list[dict], d
     return recs, {"itl_ns": itl, "cached": cached, "ttft_ns": first_token - t, "wait_ns": wait}
 
 
+@pytest.mark.fast
 def test_a_requests_figures_come_from_its_records_and_its_slots_steps() -> None:
     tracker = RequestTracker()
     tracker.add(session_start(0))
@@ -123,6 +124,7 @@ def test_a_requests_figures_come_from_its_records_and_its_slots_steps() -> None:
     assert tracker.state_size() == 0
 
 
+@pytest.mark.fast
 def test_prompt_cache_misses_are_counted_by_why() -> None:
     """llama-server's ``cache`` object says why a prompt reused less than a cache held: the
     counter has one series per reason, as instr requests names them."""
@@ -177,6 +179,7 @@ def write_series(log: Path, n_requests: int, per_file: int) -> list[dict[str, An
     return requests
 
 
+@pytest.mark.fast
 def test_a_rotated_series_of_10000_requests_with_bounded_state(tmp_path: Path) -> None:
     """The whole series is read (every request counted once), and what the exporter holds does
     not grow with the requests: its tracker's steps stay those of the requests in flight, and
@@ -219,6 +222,7 @@ def dashboard_queries() -> list[str]:
     return [re.sub(r"\$[a-z_]+", lambda m: subst[m.group(0)], e) for e in exprs]
 
 
+@pytest.mark.fast
 def test_the_dashboard_asks_for_metrics_the_exporter_serves() -> None:
     tracker, metrics = RequestTracker(), Metrics()
     recs, _ = one_request(0, MS, 0)
@@ -286,6 +290,7 @@ def exporter(tmp_path: Path) -> Iterator[Any]:
             p.wait(timeout=30)
 
 
+@pytest.mark.fast
 def test_a_log_rotated_under_the_exporter_is_followed(tmp_path: Path, exporter: Any) -> None:
     log = tmp_path / "server.log"
     recs, _ = one_request(0, MS, 0)
@@ -307,12 +312,14 @@ def test_a_log_rotated_under_the_exporter_is_followed(tmp_path: Path, exporter: 
     assert proc.wait(timeout=30) == 0
 
 
+@pytest.mark.fast
 def test_a_log_that_does_not_exist_is_one_line(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["metrics", str(tmp_path / "none.log"), "--listen", ":0"])
     assert r.exit_code == 2
     assert r.output == f"error: log file not found: {tmp_path / 'none.log'}\n"
 
 
+@pytest.mark.fast
 def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text(json.dumps(session_start(0)) + "\n")
@@ -332,6 +339,7 @@ def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "s.log").exists()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("listen", ["9400", "host:port", "127.0.0.1:99999"])
 def test_a_malformed_listen_address_is_one_line(tmp_path: Path, listen: str) -> None:
     log = tmp_path / "server.log"

@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from rpc_backend import rpc_server
-from support import (
+from helpers.rpc_backend import rpc_server
+from helpers.support import (
     by_type,
     free_port,
     instr,
@@ -89,6 +89,7 @@ def _split_devices(records: list[dict[str, Any]]) -> set[str]:
 # --- the Python API's values ------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_offload_values_are_parsed_and_checked_as_the_cli_does() -> None:
     o = Offload(gpu_layers="ALL", devices="RPC0, Vulkan0", rpc="a:1,b:2", tensor_split="3/1")
     assert o.gpu_layers == "all" and o.devices == ("RPC0", "Vulkan0")

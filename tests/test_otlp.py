@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import free_port, wait_ready, wait_requests
+from helpers.support import free_port, wait_ready, wait_requests
 from test_metrics import MS, one_request, session_start
 
 from llamacpp_instr.cli import main
@@ -119,6 +119,7 @@ def attrs(span: Any) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.fast
 def test_every_request_is_one_span_with_a_child_per_step(tmp_path: Path, receiver: Any) -> None:
     log = tmp_path / "server.log"
     reqs = hand_log(log, 8)
@@ -163,6 +164,7 @@ def test_every_request_is_one_span_with_a_child_per_step(tmp_path: Path, receive
     assert {s.span_id for s in rx2.spans} == set(by_id)
 
 
+@pytest.mark.fast
 def test_layers_are_children_of_their_steps_when_asked(tmp_path: Path, receiver: Any) -> None:
     """With --layers, each step span has a child per layer span of its step's compute records
     (two computes for a prompt of two ubatches), at the times the records say."""
@@ -216,6 +218,7 @@ def test_layers_are_children_of_their_steps_when_asked(tmp_path: Path, receiver:
     assert not [s for s in rx2.spans if s.name.startswith("layer")]
 
 
+@pytest.mark.fast
 def test_a_failing_collector_is_retried(tmp_path: Path, receiver: Any) -> None:
     log = tmp_path / "server.log"
     hand_log(log, 3)
@@ -225,6 +228,7 @@ def test_a_failing_collector_is_retried(tmp_path: Path, receiver: Any) -> None:
     assert rx.posts == 3 and len(rx.spans) == 15
 
 
+@pytest.mark.fast
 def test_a_collector_down_loses_spans_with_a_count(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     hand_log(log, 3)
@@ -235,6 +239,7 @@ def test_a_collector_down_loses_spans_with_a_count(tmp_path: Path) -> None:
     assert "\n" not in line and "3 requests, 0 spans sent" in line and "15 lost" in line, line
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("endpoint", ["127.0.0.1:4318", "ftp://x/v1/traces", "http://h:99999"])
 def test_a_bad_endpoint_is_one_line(tmp_path: Path, endpoint: str) -> None:
     log = tmp_path / "server.log"
@@ -244,6 +249,7 @@ def test_a_bad_endpoint_is_one_line(tmp_path: Path, endpoint: str) -> None:
     assert r.output.startswith("error: --endpoint ") and r.output.count("\n") == 1
 
 
+@pytest.mark.fast
 def test_a_log_that_does_not_exist_is_one_line(tmp_path: Path) -> None:
     r = CliRunner().invoke(
         main, ["to-otlp", str(tmp_path / "none.log"), "--endpoint", "http://127.0.0.1:1"]

@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from gguf import GGUFReader
-from support import PROMPT, RunLog, by_type, make_run, read_log
+from helpers.support import PROMPT, RunLog, by_type, make_run, read_log
 
 from llamacpp_instr.cli import main
+
+pytestmark = pytest.mark.native
 
 
 def gguf_inventory(path: Path) -> dict[str, tuple[str, list[int], int]]:

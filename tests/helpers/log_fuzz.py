@@ -7,7 +7,7 @@ tables and substitutions forged. Every reading command runs on it in this proces
 traceback. ``instr metrics`` is run as its loop runs the log (``RequestTracker`` into
 ``Metrics``, then a scrape), ``to-otlp`` against a local receiver when one is given.
 
-Run alone: ``python tests/log_fuzz.py [SEED] [CASES]``.
+Run alone: ``python tests/helpers/log_fuzz.py [SEED] [CASES]``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from click.testing import CliRunner
 
 from llamacpp_instr.cli import main
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 LOGS = (
     "tiny-llama-detailed.log.gz",
     "tiny-llama-minimal.log.gz",
@@ -269,7 +269,7 @@ def fuzz(seed: int, cases: int, work: Path, otlp_url: str | None = None) -> list
 if __name__ == "__main__":
     import tempfile
 
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parent.parent))
     seed = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 20
     with tempfile.TemporaryDirectory() as d:

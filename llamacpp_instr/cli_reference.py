@@ -46,7 +46,7 @@ def render() -> str:
 
 
 def updated(text: str) -> str:
-    """``text`` (the page) with the generated section as the click help says it today."""
+    """``text`` (the page) with the generated section as the click help says it."""
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{PAGE} lacks the markers {BEGIN!r} / {END!r}")
     pre, rest = text.split(BEGIN, 1)

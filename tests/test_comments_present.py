@@ -36,6 +36,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "llamacpp_instr"
 OVERLAY = ROOT / "patches" / "overlay"

@@ -141,7 +141,7 @@ def programs_report(p: Programs) -> Report:
         whole=True,
     )
     return Report(
-        title="llama.cpp's own programs (instr tools)",
+        title="llama.cpp's own programs (instr doctor --tools)",
         sections=[Section(title="Programs", tables=[table])],
         data={"programs": p.where},
     )

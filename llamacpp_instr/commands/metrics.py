@@ -33,7 +33,7 @@ def command(
 
     if (listen is None) == (listen_fd is None):
         raise click.UsageError("--listen HOST:PORT is required")
-    click.get_current_context().invoke(
+    click.get_current_context().invoke(  # type: ignore[misc]
         follow.command.callback,  # type: ignore[arg-type]
         log=log,
         wait=wait,

@@ -1,4 +1,4 @@
-"""What is installed (``instr doctor``, ``instr tools``): the llama-cpp-python build and whether it
+"""What is installed (``instr doctor``, ``instr doctor --tools``): the llama-cpp-python build and whether it
 is made of these patches, the devices its ggml sees, and where llama.cpp's own programs are."""
 
 from __future__ import annotations

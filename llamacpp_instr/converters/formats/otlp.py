@@ -1,4 +1,4 @@
-"""A session log's requests as OpenTelemetry traces over OTLP/HTTP (``instr to-otlp``).
+"""A session log's requests as OpenTelemetry traces over OTLP/HTTP (``instr export --otlp``).
 
 One span per request (its arrival to its response's end), with a child per decode step its slot's
 sequence took part in (``live_figures``), built with ``opentelemetry-proto``'s messages and sent

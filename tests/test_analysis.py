@@ -115,7 +115,7 @@ def test_export_parquet_round_trips(tmp_path: Path) -> None:
 def test_workloads_cli(tmp_path: Path) -> None:
     log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
     out = tmp_path / "w.jsonl"
-    r = CliRunner().invoke(main, ["workloads", str(log), "-o", str(out)])
+    r = CliRunner().invoke(main, ["export", str(log), "--workloads", "-o", str(out)])
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert sum(x["count"] for x in rows) == len(load_session(log).ops)
@@ -129,11 +129,11 @@ def test_real_smollm2_summary(smollm2_detailed: Any) -> None:
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("cmd", ["summary", "workloads"])
-def test_bad_input_one_line(cmd: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("cmd", [["summary"], ["export", "--workloads"]])
+def test_bad_input_one_line(cmd: list[str], tmp_path: Path) -> None:
     bad = tmp_path / "bad.log"
     bad.write_bytes(b"\x00\x01garbage\n")
-    r = CliRunner().invoke(main, [cmd, str(bad)])
+    r = CliRunner().invoke(main, [*cmd, str(bad)])
     assert r.exit_code == 2 and r.output.startswith("error: ") and r.output.count("\n") == 1
 
 

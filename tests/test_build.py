@@ -206,7 +206,7 @@ def test_vulkan_tools_not_built_name_the_command_that_builds_them() -> None:
 
     if (tools.bin_dir(tools.tools_plan(build.VULKAN_CMAKE_ARGS)) / "llama-bench").is_file():
         pytest.skip("the Vulkan tools are built here: exec would run one")
-    listed = CliRunner().invoke(main, ["tools", "--vulkan"])
+    listed = CliRunner().invoke(main, ["doctor", "--tools", "--vulkan"])
     assert listed.exit_code == 0 and "run `instr build --tools --vulkan`" in listed.output
     r = CliRunner().invoke(main, ["exec", "--vulkan", "llama-bench", "-ngl", "99"])
     assert r.exit_code != 0 and "run `instr build --tools --vulkan`" in r.output

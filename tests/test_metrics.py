@@ -1,4 +1,4 @@
-"""`instr metrics` (issue 37, Prometheus): a live log's figures at /metrics.
+"""`instr follow --prometheus` (issue 37, Prometheus): a live log's figures at /metrics.
 
 Against a real Prometheus (Debian's package): it scrapes the exporter that `instr exec --metrics`
 starts beside a real llama-server under concurrent load, and PromQL through its HTTP API returns
@@ -274,9 +274,9 @@ def exporter(tmp_path: Path) -> Iterator[Any]:
 
     def start(log: Path, *more: str) -> tuple[subprocess.Popen[str], int]:
         port = free_port()
-        cmd = [sys.executable, "-m", "llamacpp_instr.cli", "metrics", str(log)]
+        cmd = [sys.executable, "-m", "llamacpp_instr.cli", "follow", str(log)]
         proc = subprocess.Popen(
-            [*cmd, "--listen", f"127.0.0.1:{port}", *more],
+            [*cmd, "--prometheus", f"127.0.0.1:{port}", *more],
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -314,7 +314,9 @@ def test_a_log_rotated_under_the_exporter_is_followed(tmp_path: Path, exporter: 
 
 @pytest.mark.fast
 def test_a_log_that_does_not_exist_is_one_line(tmp_path: Path) -> None:
-    r = CliRunner().invoke(main, ["metrics", str(tmp_path / "none.log"), "--listen", ":0"])
+    r = CliRunner().invoke(
+        main, ["follow", str(tmp_path / "none.log"), "--prometheus", ":0", "--wait", "0"]
+    )
     assert r.exit_code == 2
     assert r.output == f"error: log file not found: {tmp_path / 'none.log'}\n"
 
@@ -328,7 +330,7 @@ def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
         s.listen()
         port = s.getsockname()[1]
         for args in (
-            ["metrics", str(log), "--listen", f"127.0.0.1:{port}"],
+            ["follow", str(log), "--prometheus", f"127.0.0.1:{port}"],
             # before the model loads, and before the server's own port is looked at
             ["serve", "--metrics", f"127.0.0.1:{port}", "-o", str(tmp_path / "s.log")],
         ):
@@ -344,10 +346,10 @@ def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
 def test_a_malformed_listen_address_is_one_line(tmp_path: Path, listen: str) -> None:
     log = tmp_path / "server.log"
     log.write_text(json.dumps(session_start(0)) + "\n")
-    r = CliRunner().invoke(main, ["metrics", str(log), "--listen", listen])
+    r = CliRunner().invoke(main, ["follow", str(log), "--prometheus", listen])
     assert r.exit_code == 2
     assert (
-        r.output.startswith("error: --listen/--metrics wants HOST:PORT")
+        r.output.startswith("error: --prometheus/--metrics wants HOST:PORT")
         and r.output.count("\n") == 1
     )
 

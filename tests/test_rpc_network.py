@@ -454,5 +454,5 @@ def test_instr_tools_names_the_rpc_server() -> None:
 
     from llamacpp_instr.cli import main
 
-    r = CliRunner().invoke(main, ["tools"])
+    r = CliRunner().invoke(main, ["doctor", "--tools"])
     assert r.exit_code == 0 and "ggml-rpc-server" in r.output

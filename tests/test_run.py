@@ -351,7 +351,7 @@ def test_two_contexts_in_two_threads_never_interleave(
 
 
 def test_demo_runs_converts_and_checks(instr_api: Any, tmp_path: Path) -> None:
-    r = _cli("demo", "-o", str(tmp_path), "-n", "4")
+    r = _cli("doctor", "--demo", "-o", str(tmp_path), "-n", "4")
     assert r.exit_code == 0, r.output
     assert "log ok: " in r.output and "trace ok: " in r.output
     assert (tmp_path / "demo.pftrace").stat().st_size > 0

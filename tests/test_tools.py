@@ -588,7 +588,7 @@ def test_sigint_with_the_default_action_ends_the_session(
 
 
 def test_tools_lists_them_and_exec_refuses_others(tools_bin: Path, tmp_path: Path) -> None:
-    r = CliRunner().invoke(main, ["tools"])
+    r = CliRunner().invoke(main, ["doctor", "--tools"])
     assert r.exit_code == 0
     for program in ("llama-server", "llama-cli", "llama-bench", "llama-perplexity"):
         assert str(tools_bin / program) in r.output

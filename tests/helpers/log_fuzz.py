@@ -234,7 +234,7 @@ def run_case(log: Path, work: Path, otlp_url: str | None) -> list[str]:
         elif cmd == "export":
             args += ["--format", "csv", "-o", str(work / "export")]
         elif cmd == "workloads":
-            args += ["-o", str(work / "w.jsonl")]
+            args = ["export", str(log), "--workloads", "-o", str(work / "w.jsonl")]
         elif cmd == "compare":
             args += [str(FIXTURES / "tiny-llama-detailed.log.gz"), "--format", "json"]
         elif cmd in ("summary", "requests"):
@@ -243,7 +243,7 @@ def run_case(log: Path, work: Path, otlp_url: str | None) -> list[str]:
         if bad:
             problems.append(bad)
     if otlp_url is not None:
-        args = ["to-otlp", str(log), "--endpoint", otlp_url]
+        args = ["export", str(log), "--otlp", otlp_url]
         r = runner.invoke(main, args)
         crashed = r.exception is not None and not isinstance(r.exception, SystemExit)
         # (exit 1: spans lost, said on one line)

@@ -307,7 +307,7 @@ def _advice(t: Target, where: str) -> str:
         # a stock server times nothing (the log's remote_timing: false): no run of it can help
         return (
             "an RPC server's ops are timed only by the patched ggml-rpc-server (`instr build "
-            "--tools`, then `instr tools` says where it is): run the hosts on it (detailed) and "
+            "--tools`, then `instr doctor --tools` says where it is): run the hosts on it (detailed) and "
             "add that log"
         )
     threads = f" --threads {t.threads}" if "threads" in where else ""

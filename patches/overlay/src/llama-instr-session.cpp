@@ -214,6 +214,32 @@ ctx_state * ctx_get(const llama_context * ctx) noexcept {
     }
 }
 
+ctx_state * ctx_find(const llama_context * ctx) noexcept {
+    // a sampler looks its context up once per output: remember this thread's last lookup, as
+    // ctx_get does
+    thread_local const llama_context * c_ctx   = nullptr;
+    thread_local ctx_state *           c_state = nullptr;
+    thread_local uint64_t              c_frees = 0;
+    const uint64_t                     frees   = g_ctx_frees.load(std::memory_order_acquire);
+    if (ctx == c_ctx && frees == c_frees && c_state) {
+        return c_state;
+    }
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        auto                        it = s.ctxs.find(ctx);
+        if (it == s.ctxs.end()) {
+            return nullptr;
+        }
+        c_ctx   = ctx;
+        c_state = it->second.get();
+        c_frees = frees;
+        return c_state;
+    } catch (...) {
+        return nullptr;
+    }
+}
+
 // The level of st's step: the session's, or MINIMAL for a step that sampling leaves out.
 static int32_t step_level_locked(const session & s, const ctx_state & st) {
     const int32_t level = g_llama_instr_level.load(std::memory_order_relaxed);
@@ -360,6 +386,14 @@ void llama_instr_context_free(const llama_context * ctx) {
             dead = std::move(it->second);  // freed after the lock is released
             s.ctxs.erase(it);
             g_ctx_frees.fetch_add(1, std::memory_order_release);
+            // what its host did after its last step, and llama.cpp's counters of its decoding
+            std::string line;
+            if (s.log.fp && host_record(*dead, s.epoch, line)) {
+                s.log.emit(line);
+            }
+            if (s.log.fp && perf_record(ctx, *dead, s.epoch, line)) {
+                s.log.emit(line);
+            }
         }
     } catch (...) {
         // nothing to report to: the context is going away

@@ -149,7 +149,8 @@ void write_topk(ctx_state & st, llama_context * ctx, int64_t n_outputs, int64_t 
 }  // namespace
 
 int64_t llama_instr_decode_begin(llama_context * ctx, const llama_batch & batch) {
-    ctx_state * stp = ctx_get(ctx);
+    const int64_t t_entry = now_ns();
+    ctx_state *   stp     = ctx_get(ctx);
     if (!stp) {
         return 0;  // out of memory: this step is not recorded
     }
@@ -194,6 +195,8 @@ int64_t llama_instr_decode_begin(llama_context * ctx, const llama_batch & batch)
         st.capture.n_filled = 0;
         st.n_tables         = 0;
         write_step_begin(st, ctx, batch, p0, p1, prompt);
+        // what the host did since the context's last step (this hook's work included)
+        host_step_begin(st, t_entry);
     } catch (...) {
         hook_failed(st.epoch, "llama_instr_decode_begin");
     }
@@ -201,8 +204,9 @@ int64_t llama_instr_decode_begin(llama_context * ctx, const llama_batch & batch)
 }
 
 void llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int32_t ret, int64_t t_start) {
-    const int64_t t_end = now_ns();
-    ctx_state *   stp   = ctx_get(ctx);
+    const int64_t t_end   = now_ns();
+    const int64_t cpu_end = thread_cpu_ns();  // the next window's CPU time starts here
+    ctx_state *   stp     = ctx_get(ctx);
     if (!stp) {
         return;
     }
@@ -273,7 +277,9 @@ void llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int3
         }
         j.ch('}');
         emit(st.epoch, st.line);
+        host_step_end(st, ctx, batch, cpu_end);
         step_done(st);
+        host_log_part(st, t_end, "log");  // this hook's work after the step, the first of the next window's
     } catch (...) {
         step_done(st);
         st.n_tables = 0;

@@ -252,3 +252,36 @@ def test_the_server_says_its_own_work_and_the_streams_sends(
     predicted = sampling_server["answers"]["stream"][1]["tokens_predicted"]
     assert stream["stream"] and stream["sends"] >= predicted and stream["send_ns"] > 0
     assert "sends" not in reqs["greedy"]
+
+
+def test_backend_sampling_is_named_where_it_ran(
+    tools_bin: Path, big_vocab: Path, tmp_path: Path
+) -> None:
+    """With `-bs` the chain runs in the graph: its ops are timed as the step's ops (`dist_*` nodes
+    in the graph table), each sampler of it is a `backend` part, and what still runs on the host
+    (each token's accept) is timed as always."""
+    log = tmp_path / "bs.log"
+    proc, port = exec_server(
+        log, big_vocab, "--parallel", "1", "-c", "512", "-t", "1", "-bs",
+        instr_args=("--level", "detailed"),
+    )  # fmt: skip
+    try:
+        status, answer = _post(port, {"prompt": "hello", "n_predict": 8, "temperature": 0.8})
+        signal_server(proc)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert status == 200
+    f = load_session(log)
+    backend = f.samplers[f.samplers["kind"] == "backend"]
+    # llama.cpp names a sampler that runs on the backend with a "+" ("+top-k", "+dist")
+    assert "+dist" in set(backend["sampler"]) and (backend["ns"] == 0).all()
+    assert (
+        backend.groupby("sampler", observed=True)["n"].sum()["+dist"] == answer["tokens_predicted"]
+    )
+    names = {n.name for g in f.graphs.values() for n in g.nodes}
+    assert "dist_sampled_token" in names
+    timed = f.ops[f.ops["name"].astype(str).str.startswith("dist_")]
+    assert len(timed) > 0 and (timed["dur_ns"] >= 0).all()

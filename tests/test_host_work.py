@@ -243,3 +243,24 @@ def test_instr_run_records_its_chain_and_llama_s_counter_of_it(
     assert f.host["sampled"].sum() == 24
     assert "candidates" in set(f.samplers["sampler"])
     assert json.loads(json.dumps(recs[-1]))["status"] == "ok"
+
+
+def test_a_sampler_without_a_name_is_custom(
+    big_vocab: Path, instr_api: Any, tmp_path: Path
+) -> None:
+    """llama-cpp-python's logits processors are samplers whose name function is NULL (calling it
+    would crash): they are recorded as "custom"."""
+    import llama_cpp
+
+    import llamacpp_instr
+
+    llm = llama_cpp.Llama(str(big_vocab), n_ctx=128, n_threads=2, seed=3, verbose=False)
+    try:
+        keep = llama_cpp.LogitsProcessorList([lambda ids, logits: logits])
+        with llamacpp_instr.session(llm, tmp_path / "c.log", level="detailed"):
+            llm("hello", max_tokens=6, temperature=0.8, logits_processor=keep)
+    finally:
+        llm.close()
+    f = load_session(tmp_path / "c.log")
+    assert "custom" in set(f.samplers["sampler"])
+    assert f.chains.iloc[0]["samplers"].split(",")[0] == "custom"

@@ -191,32 +191,10 @@ void new_file_locked(session & s) {
 // new context can be allocated at a freed one's address).
 static std::atomic<uint64_t> g_ctx_frees{ 0 };
 
-ctx_state * ctx_get(const llama_context * ctx) noexcept {
-    // The graph callback runs once per named tensor: remember this thread's last lookup. The state
-    // can't be freed while its context is in use, so the pointer stays valid while it is cached.
-    thread_local const llama_context * c_ctx   = nullptr;
-    thread_local ctx_state *           c_state = nullptr;
-    thread_local uint64_t              c_frees = 0;
-    const uint64_t                     frees   = g_ctx_frees.load(std::memory_order_acquire);
-    if (ctx == c_ctx && frees == c_frees && c_state) {
-        return c_state;
-    }
-    try {
-        auto &                      s = S();
-        std::lock_guard<std::mutex> lock(s.mtx);
-        ctx_state &                 st = state_locked(s, ctx);
-        c_ctx                          = ctx;
-        c_state                        = &st;
-        c_frees                        = frees;
-        return c_state;
-    } catch (...) {
-        return nullptr;  // out of memory: the caller skips this hook
-    }
-}
-
-ctx_state * ctx_find(const llama_context * ctx) noexcept {
-    // a sampler looks its context up once per output: remember this thread's last lookup, as
-    // ctx_get does
+// The state of ctx, made when `create` (else nullptr when it has none). The graph callback runs once
+// per named tensor and a sampler once per output: remember this thread's last lookup. The state
+// can't be freed while its context is in use, so the pointer stays valid while it is cached.
+static ctx_state * ctx_lookup(const llama_context * ctx, bool create) noexcept {
     thread_local const llama_context * c_ctx   = nullptr;
     thread_local ctx_state *           c_state = nullptr;
     thread_local uint64_t              c_frees = 0;
@@ -228,16 +206,24 @@ ctx_state * ctx_find(const llama_context * ctx) noexcept {
         auto &                      s = S();
         std::lock_guard<std::mutex> lock(s.mtx);
         auto                        it = s.ctxs.find(ctx);
-        if (it == s.ctxs.end()) {
+        if (it == s.ctxs.end() && !create) {
             return nullptr;
         }
         c_ctx   = ctx;
-        c_state = it->second.get();
+        c_state = create ? &state_locked(s, ctx) : it->second.get();
         c_frees = frees;
         return c_state;
     } catch (...) {
-        return nullptr;
+        return nullptr;  // out of memory: the caller skips this hook
     }
+}
+
+ctx_state * ctx_get(const llama_context * ctx) noexcept {
+    return ctx_lookup(ctx, true);
+}
+
+ctx_state * ctx_find(const llama_context * ctx) noexcept {
+    return ctx_lookup(ctx, false);
 }
 
 // The level of st's step: the session's, or MINIMAL for a step that sampling leaves out.

@@ -19,6 +19,31 @@ MAX_PARTS = 16384  # parts a record holds at most (64 names for each of its sequ
 MAX_SAMPLERS = 64  # samplers a chain record names
 NAME_MAX = 64  # characters of a name kept (the native side writes at most 31 bytes)
 REQUEST_MAX = 256  # characters of a request id kept
+# The pin's samplers by the names ``llama_sampler_name`` gives them, and ``custom`` for one without
+# a name: what a sampler part's type may be where a label must stay bounded (``sampler_type``).
+PIN_SAMPLERS = (
+    "top-k", "top-p", "min-p", "temp", "temp-ext", "penalties", "dry", "typical", "xtc",
+    "mirostat", "mirostat-v2", "logit-bias", "top-n-sigma", "adaptive-p", "infill", "grammar",
+    "dist", "greedy", "custom",
+)  # fmt: skip
+SAMPLING_PARTS = ("candidates", "chain")  # the rest of the sampling the native side names
+OTHER = "other"  # a name outside those above (a newer llama.cpp's, or a damaged log's)
+
+
+def sampler_type(kind: str, name: str) -> str | None:
+    """What a part of the sampling is, from a bounded set of names: one of ``PIN_SAMPLERS`` (a
+    ``?`` or ``+`` before the name, a sampler its parameters made a no-op or one run on the
+    backend, is the same sampler), ``grammar`` for the grammar's passes outside the chain, one of
+    ``SAMPLING_PARTS``, or ``other``; None for what is not host sampling time (``backend``, whose
+    time is the graph's, and ``host``, the program's own work)."""
+    if kind == "grammar":
+        return "grammar"
+    if kind == "sampler":
+        base = name.lstrip("?+")
+        return base if base in PIN_SAMPLERS else OTHER
+    if kind == "sampling":
+        return name if name in SAMPLING_PARTS else OTHER
+    return None
 
 
 @dataclass(frozen=True)

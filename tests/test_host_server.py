@@ -285,3 +285,49 @@ def test_backend_sampling_is_named_where_it_ran(
     assert "dist_sampled_token" in names
     timed = f.ops[f.ops["name"].astype(str).str.startswith("dist_")]
     assert len(timed) > 0 and (timed["dur_ns"] >= 0).all()
+
+
+def test_the_views_name_each_requests_costliest_sampler(
+    sampling_server: dict[str, Any], tmp_path: Path
+) -> None:
+    """`instr requests` names each request's costliest sampler, `instr summary` a token's time
+    with the grammar apart, and the trace puts each request's sampling on its slot's track."""
+    from click.testing import CliRunner
+
+    from llamacpp_instr.cli import main
+
+    log, reqs = str(sampling_server["log"]), _by_name(sampling_server)
+    r = CliRunner().invoke(main, ["requests", log, "--format", "json"])
+    assert r.exit_code == 0, r.output
+    top = {x["id"]: x["costliest_sampler"] for x in json.loads(r.output)["requests"]}
+    chains = {c["request"]: c["samplers"] for c in by_type(sampling_server["recs"], "chain")}
+    for name in (*ASKED, "stream"):
+        rid = reqs[name]["id"]
+        # one of the request's own chain's samplers, the grammar's pass outside it, or building
+        # the candidates from the logits (a greedy request's costliest: its chain is cheap)
+        named = top[rid]["name"]
+        assert named in [*chains[rid], "candidates"] or named.startswith("grammar "), name
+        assert top[rid]["ms"] > 0
+    # on 131072 tokens a pass over the vocabulary costs most: not the final pick
+    assert top[reqs["penalties"]["id"]]["name"] in ("penalties", "dry", "top-p")
+    for name in HOSTILE:  # a request that never sampled names none
+        assert top[reqs[name]["id"]]["name"] is None
+    r = CliRunner().invoke(main, ["summary", log, "--format", "json"])
+    kinds = {k["kind"]: k for k in json.loads(r.output)["token_time"]["kinds"]}
+    assert (
+        kinds["gen"]["grammar_ms"] > 0 and kinds["gen"]["sampling_ms"] > kinds["gen"]["grammar_ms"]
+    )
+    out = tmp_path / "s.json"
+    r = CliRunner().invoke(main, ["to-perfetto", log, "--format", "json", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    events = json.loads(out.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    slot = reqs["greedy"]["slot"]
+    tid = next(
+        e["tid"] for e in events
+        if e.get("ph") == "M" and e["args"].get("name") == f"slot {slot}: sampling"
+    )  # fmt: skip
+    served = {
+        e["args"].get("request") for e in events if e.get("tid") == tid and e.get("ph") == "X"
+    }
+    assert {reqs[n]["id"] for n in (*ASKED, "stream")} <= served

@@ -45,9 +45,10 @@ class HostTracks:
             yield from self._track(h.ctx, -1, parent)
             tr = self.tracks.get((h.ctx, -1))
             if tr is not None and h.sampled:
-                args = {"step": h.step, "sampled": h.sampled, "sampling_ms": h.sample_ns / 1e6}
-                args |= {"chain_ms": h.chain_ns / 1e6, "program_ms": h.host_ns / 1e6}
-                yield Slice(tr.uuid, "sampling", h.t_start, h.dur, 0, "host", args)
+                totals: dict[str, object] = {"step": h.step, "sampled": h.sampled}
+                totals["sampling_ms"] = h.sample_ns / 1e6
+                totals |= {"chain_ms": h.chain_ns / 1e6, "program_ms": h.host_ns / 1e6}
+                yield Slice(tr.uuid, "sampling", h.t_start, h.dur, 0, "host", totals)
         for row, q in enumerate(h.seqs):
             yield from self._track(h.ctx, q.seq, parent)
             tr = self.tracks.get((h.ctx, q.seq))

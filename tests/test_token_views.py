@@ -103,18 +103,26 @@ def test_predict_prices_sampling_as_measured_by_vocabulary_and_slots(tmp_path: P
 
     recs = _log([_host(0), _host(1)])
     recs[0]["model"] = {"n_vocab": 1000}
+    for r in recs:  # two slots' tokens a step, each sampled after it: generation
+        if r["type"] in ("step_begin", "step_end"):
+            r["n_tokens"] = 2
     f = load_session(write_log(tmp_path / "v.log", recs))
     price = sampling_price.measure([f])
     assert price is not None
     # 2 records of 0.4 ms sampling for 2 tokens each; steps of 1 ms
     assert price.sample_ns == 200_000 and price.decode_ns == 1_000_000
-    one, four = price.at(slots=1), price.at(slots=4)
-    assert one["sampling_ms_per_step"] == 0.2 and four["sampling_ms_per_step"] == 0.8
+    assert price.by_slots == {2: 200_000}
+    two, four = price.at(slots=2), price.at(slots=4)
+    assert two["sampling_ms_per_step"] == 0.4 and four["sampling_ms_per_step"] == 0.8
     assert abs(four["sampling_share_of_step"] - 0.8 / 1.8) < 1e-9
-    assert price.at(n_vocab=2000)["sampling_ms_per_token"] == 0.4  # each pass over the vocabulary
-    assert list(one["samplers_ms_per_token"])[0] == "penalties"
+    # each pass over the vocabulary
+    assert price.at(n_vocab=2000, slots=2)["sampling_ms_per_token"] == 0.4
+    assert list(two["samplers_ms_per_token"])[0] == "penalties"
     # a sixth of a step: backend sampling is worth a run; no one sampler holds half of it
-    assert any("-bs" in a for a in one["advice"])
-    assert not any("fewer" in a for a in one["advice"])
+    assert any("-bs" in a for a in two["advice"])
+    assert not any("fewer" in a for a in two["advice"])
+    # 4 slots, from steps of 2: said
+    assert four["measured"]["slots"] == 2 and any("from steps of 2" in a for a in four["advice"])
+    assert not any("from steps of" in a for a in two["advice"])
     # a log that recorded no sampling prices none
     assert sampling_price.measure([load_session(write_log(tmp_path / "n.log", _log([])))]) is None

@@ -12,9 +12,9 @@ to another setting, both from how the pin samples:
   the step's decode, so a generation step of N slots adds N tokens' sampling to its time, each at
   the price measured for steps of N slots, where a log has them. A token's sampling costs more per
   token with more slots (each slot's candidates array, 12 bytes a vocabulary entry, and its
-  penalties' history leave the caches to the next slot's: on a 131072-token vocabulary, 2.8x per
-  token from 1 to 4 slots, `bench/sampling_price_check.py`), so a slot count no log ran is priced
-  at the nearest count measured below it, and the answer says so.
+  penalties' history leave the caches to the next slot's: `bench/sampling_price_check.py` measures
+  it), so a slot count no log ran is priced at the nearest count measured below it, and the answer
+  says so.
 
 What backend sampling would save is not measured unless a ``-bs`` log is given: the advice says
 how much of a token's time the chain took (the most ``-bs`` can move off the host), and which

@@ -313,7 +313,7 @@ def test_the_views_name_each_requests_costliest_sampler(
     for name in HOSTILE:  # a request that never sampled names none
         assert top[reqs[name]["id"]]["name"] is None
     r = CliRunner().invoke(main, ["summary", log, "--format", "json"])
-    kinds = {k["kind"]: k for k in json.loads(r.output)["token_time"]["kinds"]}
+    kinds = {k["kind"]: k for k in json.loads(r.output)["between_steps"]["kinds"]}
     assert (
         kinds["gen"]["grammar_ms"] > 0 and kinds["gen"]["sampling_ms"] > kinds["gen"]["grammar_ms"]
     )

@@ -30,7 +30,7 @@ def _two_steps(tmp_path: Path) -> Path:
 
 def test_a_tokens_time_sums_the_records_by_kind_of_step(tmp_path: Path) -> None:
     f = load_session(_two_steps(tmp_path))
-    data = summary_report(f).data["token_time"]
+    data = summary_report(f).data["between_steps"]
     [gen] = data["kinds"]
     assert gen["kind"] == "gen" and gen["steps"] == 2 and gen["tokens"] == 2
     assert gen["decode_ms"] == 2.0 and gen["sampling_ms"] == 0.8
@@ -52,7 +52,7 @@ def test_a_tokens_time_sums_the_records_by_kind_of_step(tmp_path: Path) -> None:
 
 def test_a_log_without_host_records_has_no_such_section(tmp_path: Path) -> None:
     f = load_session(write_log(tmp_path / "n.log", _log([])))
-    assert "token_time" not in summary_report(f).data
+    assert "between_steps" not in summary_report(f).data
 
 
 def test_the_trace_puts_each_slots_sampling_under_its_decode_steps(tmp_path: Path) -> None:

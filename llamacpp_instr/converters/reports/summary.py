@@ -17,12 +17,12 @@ from llamacpp_instr.contract.schema import LEVEL_IDS, level_at_least
 from ..analysis import spec_split
 from ..analysis.frames import SessionFrames
 from . import (
+    between_steps,
     device_report,
     memory_report,
     requests_report,
     roofline_report,
     spec_report,
-    token_time,
 )
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
 from .request_share import part_rows, parts_section, request_shares, share_section, step_rows
@@ -446,9 +446,9 @@ def summary_report(
     charts = _time_charts(f, per_op=recorded)
     if charts:
         sections.append(Section("Where a token's time goes", charts=charts))
-    between = token_time.token_time(f)  # decode, sampling and the host's work between steps
+    between = between_steps.between_steps(f)  # decode, sampling and the host's work between steps
     if between is not None:
-        sections.append(token_time.section(between))
+        sections.append(between_steps.section(between))
     devices, devices_data = device_report.section(f)  # a run on several devices
     if devices is not None:
         facts += devices.facts[:1]  # what dominates a token
@@ -495,7 +495,7 @@ def summary_report(
             "overview": ov,
             f"by_{key}": table.rows if table is not None else [],
             **({"requests": lat} if lat is not None else {}),
-            **({"token_time": between.row()} if between is not None else {}),
+            **({"between_steps": between.row()} if between is not None else {}),
             **({"request_share": [x.row() for x in shares]} if shares else {}),
             **({"request_causes": [x.row() for x in slow]} if slow else {}),
             **({"parts": parts} if parts else {}),

@@ -1,4 +1,6 @@
-"""A token's time from one decode to the next (the summary's "A token's time" section): each kind
+"""A token's time from one decode to the next, what happens between steps included (the summary's
+"A token's time" section; the devices' ``token_time`` table is another thing: a step's window on
+several devices): each kind
 of step's decode time, the sampling of its outputs (its costliest samplers), the grammar, the
 program's own work, the recording's, and what no hook names, from the ``host`` records
 (``load_session(...).host``, ``.samplers``). A speculating session's draft steps are their own
@@ -65,7 +67,7 @@ class StepKindTime:
 
 
 @dataclass
-class TokenTime:
+class BetweenSteps:
     kinds: list[StepKindTime]
     samplers: list[dict[str, Any]]  # the target's samplers, costliest first
     draft_samplers: list[dict[str, Any]] = field(default_factory=list)
@@ -116,7 +118,7 @@ def _sampler_rows(parts: pd.DataFrame, sampling_ns: int) -> list[dict[str, Any]]
     ]
 
 
-def token_time(f: SessionFrames) -> TokenTime | None:
+def between_steps(f: SessionFrames) -> BetweenSteps | None:
     """The session's token time by kind of step; None for a log without ``host`` records."""
     if f.host.empty or f.steps.empty:
         return None
@@ -155,7 +157,7 @@ def token_time(f: SessionFrames) -> TokenTime | None:
     draft = sampling["group"].str.startswith("draft") if not sampling.empty else None
     target_ns = sum(k.sampling_ns for k in kinds if not k.kind.startswith("draft"))
     draft_ns = sum(k.sampling_ns for k in kinds if k.kind.startswith("draft"))
-    return TokenTime(
+    return BetweenSteps(
         kinds=kinds,
         samplers=_sampler_rows(sampling[~draft] if draft is not None else sampling, target_ns),
         draft_samplers=_sampler_rows(sampling[draft], draft_ns) if draft is not None else [],
@@ -203,7 +205,7 @@ SAMPLER_COLUMNS = [
 ]
 
 
-def _headline(t: TokenTime) -> str:
+def _headline(t: BetweenSteps) -> str:
     """A generated token of the target, in one line."""
     gen = next((k for k in t.kinds if k.kind == "gen"), None)
     if gen is None or not gen.tokens:
@@ -218,12 +220,12 @@ def _headline(t: TokenTime) -> str:
     )
 
 
-def section(t: TokenTime) -> Section:
+def section(t: BetweenSteps) -> Section:
     """The summary's section: a generated token in one line, each kind of step, the samplers."""
     facts = [Fact("a generated token", line)] if (line := _headline(t)) else []
     tables = [
         Table(
-            "token_time",
+            "between_steps",
             "A token's time by kind of step, from one decode to the context's next",
             KIND_COLUMNS,
             [k.row() for k in t.kinds],

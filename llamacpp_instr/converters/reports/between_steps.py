@@ -83,9 +83,15 @@ class BetweenSteps:
 
 def _step_kinds(f: SessionFrames) -> pd.DataFrame:
     """The steps with the kind the section groups them by, and the gap to their context's next
-    step (NaN for a context's last)."""
+    step (NaN for a context's last). A step each of whose tokens was sampled after it is
+    generation, whatever its kind: a server's batch of several slots' tokens is "prompt" by its
+    size alone."""
     s = f.steps[["ctx", "step", "kind", "t_start", "dur_ns", "n_tokens"]].copy()
-    kind = s["kind"].astype(str)
+    sampled = s.merge(f.host[["ctx", "step", "sampled"]], on=["ctx", "step"], how="left")
+    every = (sampled["sampled"].to_numpy() == s["n_tokens"].to_numpy()) & (
+        s["n_tokens"].to_numpy() > 0
+    )
+    kind = s["kind"].astype(str).where(~every, "gen")
     if "role" in f.steps:
         draft = (f.steps["role"].astype(object) == "draft").to_numpy()
         kind = kind.where(~draft, "draft " + kind)

@@ -107,6 +107,15 @@ def tiny_llama_f32(tiny_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def big_vocab(tiny_dir: Path) -> Path:
+    """A tiny llama with a vocabulary of 131072 tokens: sampling costs what it costs on a real
+    model's vocabulary while its steps stay cheap."""
+    from helpers.tiny_gguf import write_big_vocab_model
+
+    return write_big_vocab_model(tiny_dir / "big-vocab.gguf")
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_f16(tiny_dir: Path) -> Path:
     from helpers.tiny_gguf import write_tiny_model
 

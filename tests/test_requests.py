@@ -114,6 +114,55 @@ def test_a_request_without_a_slot_reads_sequence_0() -> None:
     assert "outside decode steps" in s.late_tokens[0].cause
 
 
+def _gap_between_steps() -> tuple[list, dict, int]:
+    """Slot 2, one token per 10 ms step, but 80 ms between the ends of its 6th and 7th steps:
+    the step after the 6th began 70 ms late. Returns the steps, the request, and when the 6th
+    step ended (where the host's window after it begins)."""
+    rows, t = [], 0
+    for k in range(10):
+        rows.append((t, 10 * MS, 1, [(2, 1)]))
+        t += 10 * MS + (70 * MS if k == 5 else 0)
+    r = _req("task-g", 2, 0, 0, 10 * MS, t, t, prompt_tokens=1)
+    return rows, r, rows[5][0] + 10 * MS
+
+
+@pytest.mark.fast
+def test_a_late_token_names_the_grammar_pass_that_took_its_gap() -> None:
+    rows, r, window = _gap_between_steps()
+    # in the window after the 6th step: the grammar's full pass 65 ms, a sampler 2 ms, another
+    # slot's (3) penalties 40 ms, and a 65 ms pass of slot 2 in the window after the 9th step
+    host = [
+        (window + 1000, 2, "grammar", "check", 1 * MS),
+        (window + 1000, 2, "grammar", "full", 65 * MS),
+        (window + 1000, 2, "sampler", "dist", 2 * MS),
+        (window + 1000, 3, "sampler", "penalties", 40 * MS),
+        (rows[8][0] + 10 * MS, 2, "grammar", "full", 65 * MS),
+    ]
+    (s,) = stories([r], rows, host_rows=host)
+    # the 6th step's end is the 6th token, the 7th step's the 7th: that gap is 80 ms, 70 late
+    [late] = s.late_tokens
+    assert late.token == 7 and late.late_ns == 70 * MS
+    assert late.cause == "token 7 of task-g came 70 ms late: the grammar's full pass took 65 ms"
+    assert late.row()["host_part"] == "grammar:full"
+    # without the host's parts: the gap was outside decode steps, as before
+    (plain,) = stories([r], rows)
+    assert "outside decode steps" in plain.late_tokens[0].cause
+    assert plain.late_tokens[0].host_part is None
+
+
+@pytest.mark.fast
+def test_a_host_part_smaller_than_half_the_lateness_is_not_the_cause() -> None:
+    rows, r, window = _gap_between_steps()
+    host = [(window + 1000, 2, "sampler", "penalties", 30 * MS), (window, -1, "host", "batch", MS)]
+    (s,) = stories([r], rows, host_rows=host)
+    assert "outside decode steps" in s.late_tokens[0].cause
+    # the program's own work for no slot in particular counts for every slot's gap
+    host = [(window + 1000, 2, "sampler", "penalties", 30 * MS)]
+    host.append((window, -1, "host", "batch", 50 * MS))
+    (s,) = stories([r], rows, host_rows=host)
+    assert s.late_tokens[0].cause.endswith("the program's batch took 50 ms")
+
+
 @pytest.mark.fast
 @pytest.mark.parametrize(
     ("cache", "reason"),

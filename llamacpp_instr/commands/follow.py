@@ -44,7 +44,8 @@ def command(
     a scrape never touches the program that writes the log. Histograms: time to first token,
     inter-token latency, end-to-end latency, queue, prefill, decode and inference time, prompt and
     generated tokens per request (from llama-server's or instr serve's request records), tokens
-    and time per decode step by kind. Counters: requests by outcome, tokens, prompt-cache hits and
+    and time per decode step by kind, sampling time per token by sampler (the pin's sampler
+    names; recorded at --level detailed). Counters: requests by outcome, tokens, prompt-cache hits and
     queries. Gauges: busy slots, KV cells used and allocated, the prompt-cache reuse ratio, memory
     per buffer. Names and buckets are vLLM's (prefix llamacpp_instr: for vllm:) where vLLM has the
     metric:

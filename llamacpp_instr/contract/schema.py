@@ -32,6 +32,9 @@ RECORD_TYPES_V1 = frozenset(
         "experts",
         "context",
         "spec",
+        "host",
+        "chain",
+        "perf",
     }
 )
 

@@ -22,7 +22,7 @@ from typing import Any
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.analysis.frames import SessionFrames
 from llamacpp_instr.deciding import fit
-from llamacpp_instr.deciding.prediction import predict
+from llamacpp_instr.deciding.prediction import predict, sampling_price
 from llamacpp_instr.deciding.prediction.op_costs import CostModel
 from llamacpp_instr.running import devices, offload
 from llamacpp_instr.running.memory_budget import OutOfMemory
@@ -294,11 +294,15 @@ class PlanResult:
     # the logs' speculation (``spec_predict.run_sessions``), or None where no log speculated
     speculation: dict[str, Any] | None = None
     unmeasured: list[str] = field(default_factory=list)  # ``unmeasured_quality``
+    # a generated token's sampling as the logs measured it (the same for every setting)
+    sampling: sampling_price.SamplingPrice | None = None
 
     def to_json(self) -> list[dict[str, Any]]:
         docs = [c.to_json() for c in self.ranked]
         spec = self.speculation
+        sampling = self.sampling.at() if self.sampling is not None else None
         for c, d in zip(self.ranked, docs, strict=True):
+            d["sampling"] = sampling
             # the speculation the logs measured, on the settings at their thread count
             d["speculation"] = spec if spec and c.threads in spec["threads"] else None
         return docs
@@ -345,7 +349,14 @@ def plan(request: PlanRequest, say: Callable[[str], None] = lambda _: None) -> P
     unmeasured = unmeasured_quality(
         cands, str(base_of.get("path")) if isinstance(base_of, dict) else "BASE.gguf"
     )
-    return PlanResult(rank(cands), limits, request.n_ctx, speculation(logs, sessions), unmeasured)
+    return PlanResult(
+        rank(cands),
+        limits,
+        request.n_ctx,
+        speculation(logs, sessions),
+        unmeasured,
+        sampling_price.measure(sessions),
+    )
 
 
 def quality_report(path: Path) -> dict[str, Any]:

@@ -36,6 +36,8 @@ def report(result: PlanResult) -> Report:
         )
     if result.speculation:
         notes.append(speculation_line(result.speculation))
+    if result.sampling is not None:
+        notes += sampling_lines(result.sampling.at())
     if result.unmeasured:
         notes.append("quality not measured (off the quality front's comparisons):")
         notes += [f"  {line}" for line in result.unmeasured]
@@ -72,6 +74,18 @@ def report(result: PlanResult) -> Report:
         sections=[Section(title="Settings", tables=[table])],
         data=result.to_json(),
     )
+
+
+def sampling_lines(at: dict[str, Any]) -> list[str]:
+    """The logs' sampling, on top of every setting's decode (the speeds above are the decode's),
+    and what would pay."""
+    top = ", ".join(f"{k} {v:.3f}" for k, v in list(at["samplers_ms_per_token"].items())[:3])
+    return [
+        f"sampling as measured: {at['sampling_ms_per_token']:.3f} ms a token on top of each "
+        f"setting's decode ({at['sampling_share_of_step'] * 100:.0f} % of the logs' generation "
+        f"step)" + (f"; costliest: {top}" if top else ""),
+        *at["advice"],
+    ]
 
 
 def _rows(fits: list[Candidate]) -> list[dict[str, Any]]:

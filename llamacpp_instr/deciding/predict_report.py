@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from llamacpp_instr.converters.reports.report import Fact, Report, Section
+from llamacpp_instr.converters.reports.report import Column, Fact, Report, Section, Table
 from llamacpp_instr.deciding.plan_report import busy_logs
 from llamacpp_instr.deciding.prediction.entry import PredictResult
 from llamacpp_instr.deciding.prediction.intervals import Interval
@@ -20,7 +20,7 @@ def report(result: PredictResult) -> Report:
     return Report(
         title="Prediction (instr predict)",
         warnings=busy_logs(result.predictions),
-        sections=[section(p) for p in result.predictions],
+        sections=[section(p) for p in result.predictions] + sampling_section(result),
         data=result.to_json(),
     )
 
@@ -53,6 +53,51 @@ def section(p: Prediction) -> Section:
         title=f"prediction for {p.target.describe()}",
         text="\n".join(lines),
     )
+
+
+SAMPLING_COLUMNS = [
+    Column("slots", "slots", "int"),
+    Column("sampling_ms_per_token", "sampling a token (ms)", "f3"),
+    Column("sampling_ms_per_step", "sampling a step (ms)", "f3"),
+    Column("sampling_share_of_step", "share of a generation step", "pct"),
+]
+
+
+def sampling_section(result: PredictResult) -> list[Section]:
+    """Sampling as the logs measured it, at 1, 4 and 8 slots, and what would pay."""
+    rows = result.sampling_at()
+    if not rows:
+        return []
+    one = rows[0]
+    facts = [
+        Fact("sampling a token (ms)", one["sampling_ms_per_token"], "f3"),
+        Fact(
+            "costliest samplers (ms a token)",
+            ", ".join(f"{k} {v:.3f}" for k, v in list(one["samplers_ms_per_token"].items())[:4])
+            or "not named (the logs are at --level minimal)",
+        ),
+    ]
+    gen = result.predictions[0].gen if result.predictions else None
+    if gen is not None and gen.value:
+        with_sampling = 1e3 / (1e3 / gen.value + one["sampling_ms_per_token"])
+        facts.append(Fact("generation tokens/s with sampling, one slot", with_sampling, "f1"))
+    advice = list(dict.fromkeys(a for r in rows for a in r["advice"]))
+    return [
+        Section(
+            title="sampling, as measured",
+            facts=facts,
+            tables=[Table("sampling", "Sampling by slots", SAMPLING_COLUMNS, rows)],
+            text="\n".join(
+                [
+                    f"from {one['measured']['tokens']:,} tokens sampled on a vocabulary of "
+                    f"{one['n_vocab']:,}; slots sample one after the other after each step, so a "
+                    "step's sampling grows with them (its share: against the logs' generation "
+                    "step)",
+                    *advice,
+                ]
+            ),
+        )
+    ]
 
 
 def rate(i: Interval | None) -> str:

@@ -29,6 +29,7 @@ from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.contract.schema import SESSION_LEVELS
 from llamacpp_instr.contract.version import __version__
 from llamacpp_instr.native import bindings
+from llamacpp_instr.running import sampler_counters
 from llamacpp_instr.running.always_on import AlwaysOn
 
 
@@ -161,7 +162,8 @@ def session(
     s = InstrSession(path=out, level=level)
     status = "ok"
     try:
-        yield s
+        with sampler_counters.counting():  # llama.cpp's own measure, in the `chain` records
+            yield s
     except KeyboardInterrupt:
         status = "interrupted"
         raise

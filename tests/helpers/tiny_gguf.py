@@ -192,3 +192,16 @@ def write_tiny_iswa_model(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+BIG_VOCAB = 131072  # a vocabulary as large as today's models' (>= 128k tokens)
+
+
+def write_big_vocab_model(path: Path | str, *, n_vocab: int = BIG_VOCAB, seed: int = 7) -> Path:
+    """A tiny llama with a vocabulary of ``n_vocab`` tokens (f16, 64-wide: 33 MB at 131072), so that
+    sampling costs what it costs on a real model's vocabulary while a decode step stays cheap:
+    every sampler, the grammar and the candidates scale with the vocabulary, not the model."""
+    return write_tiny_model(
+        path, n_layer=2, n_embd=64, n_head=2, n_head_kv=1, n_ff=128, dtype="f16", seed=seed,
+        n_vocab=n_vocab,
+    )  # fmt: skip

@@ -18,10 +18,16 @@ import pandas as pd
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.analysis import roofline
 from llamacpp_instr.converters.analysis.frames import SessionFrames
+from llamacpp_instr.converters.analysis.frames_host import HostBuilder
 from llamacpp_instr.converters.analysis.frames_spec import request_spec_columns, step_roles
 from llamacpp_instr.converters.analysis.table_columns import string_categories
 from llamacpp_instr.converters.reading.decode.graphs import Graph
-from llamacpp_instr.converters.reading.decode.sessions import SessionInfo, SessionStarted, StepDone
+from llamacpp_instr.converters.reading.decode.sessions import (
+    HostDone,
+    SessionInfo,
+    SessionStarted,
+    StepDone,
+)
 from llamacpp_instr.converters.reading.decode.steps import Step
 from llamacpp_instr.converters.reading.reader import ReadReport
 from llamacpp_instr.converters.session import derive
@@ -281,14 +287,22 @@ def reference_load_sessions(path: Path | str, *, strict: bool = False) -> list[S
     """Every session of the log, as tables, op by op (no peaks: the roofline columns empty)."""
     report = ReadReport()
     builders: dict[str, _RefBuilder] = {}
+    # the host's work between steps has one builder (no per-op form to check it against)
+    hosts: dict[str, HostBuilder] = {}
     for ev in iter_events(path, strict=strict, report=report):
         if isinstance(ev, SessionStarted):
             builders[ev.session.sid] = _RefBuilder(ev.session)
+            hosts[ev.session.sid] = HostBuilder()
         elif isinstance(ev, StepDone):
             builders[ev.session.sid].step(ev.step)
+        elif isinstance(ev, HostDone):
+            hosts[ev.session.sid].add(ev.host)
     if not builders:
         raise UserError(f"no session in {path}")
     out = [b.frames(report) for b in builders.values()]
+    for f, h in zip(out, hosts.values(), strict=True):
+        for name, df in h.tables(f.info).items():
+            setattr(f, name, df)
     for f in out:  # the roofline columns (roofline.py), without peaks (no cache given)
         roofline.apply(f, None, "")
     return out

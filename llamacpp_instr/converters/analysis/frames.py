@@ -29,6 +29,9 @@ Tables (integer nanosecond timestamps and durations; names, ops and types are ca
   verify step of a slot (``frames_spec``).
 * ``tensor_stats`` (verbose) — step, ubatch, node, name, min, max, mean, std, n_nan, n_inf.
 * ``topk`` (verbose) — step, row, rank, token, logit.
+* ``samplers``, ``host``, ``host_seqs``, ``chains``, ``context_perf`` — the host's work between
+  steps: each sampler of the chain, the grammar, the program's own work, per step and sequence,
+  with llama.cpp's own counters beside (``frames_host``).
 * ``experts`` (a mixture of experts at detailed, on the CPU) — step, layer, expert, tokens,
   weight (the sum of the tokens' routing weights; NaN where not read), ubatch. Where a step's
   routing is recorded, a MUL_MAT_ID op's est_bytes counts only the experts its ubatch routed to
@@ -57,7 +60,7 @@ from llamacpp_instr.contract.errors import UserError
 from ..reading import prefetch
 from ..reading.decode.graphs import Graph
 from ..reading.decode.memory import StepMemory
-from ..reading.decode.sessions import SessionInfo, SessionStarted, StepDone
+from ..reading.decode.sessions import HostDone, SessionInfo, SessionStarted, StepDone
 from ..reading.decode.steps import Step
 from ..reading.reader import ReadReport
 from ..session import machine_peaks
@@ -67,6 +70,7 @@ from ..session.step_times import ready_at
 from . import roofline
 from .frames_devices import TABLES as DEVICE_TABLES
 from .frames_devices import DeviceBuilder
+from .frames_host import HostBuilder
 from .frames_ops import ComputeColumns, OpsBuilder
 from .frames_spec import contexts_frame, request_spec_columns, step_roles, verify_frame
 from .heap import older_objects_frozen
@@ -116,6 +120,13 @@ class SessionFrames:
     # speculative decoding (``frames_spec``; empty without it)
     contexts: pd.DataFrame = field(default_factory=pd.DataFrame)
     spec: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # the host's work between steps: each sampler, the grammar, the program's own work
+    # (``frames_host``; empty in logs from before it was recorded)
+    samplers: pd.DataFrame = field(default_factory=pd.DataFrame)
+    host: pd.DataFrame = field(default_factory=pd.DataFrame)
+    host_seqs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    chains: pd.DataFrame = field(default_factory=pd.DataFrame)
+    context_perf: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     TABLES = (
         "steps",
@@ -128,6 +139,11 @@ class SessionFrames:
         "seqs",
         "requests",
         "experts",
+        "samplers",
+        "host",
+        "host_seqs",
+        "chains",
+        "context_perf",
     )
 
     def tables(self) -> dict[str, pd.DataFrame]:
@@ -232,6 +248,7 @@ class _Builder:
         self.ops = OpsBuilder()  # the ops table, joined with per-node columns at the end
         self.generated: list[tuple[int, list[int]]] = []  # per generation step: index, tokens
         self.dev = DeviceBuilder(info) if multi_device(info) else None  # several devices
+        self.host = HostBuilder()  # the host's work between steps
 
     def step(self, s: Step) -> None:
         cols = [ComputeColumns(c) for c in s.computes]
@@ -368,6 +385,8 @@ class _Builder:
             ],
         )
         sf.experts.attrs["n_expert"] = self.n_expert
+        for name, df in self.host.tables(self.info).items():
+            setattr(sf, name, df)
         if self.info.contexts or self.info.verifies:
             sf.contexts, sf.spec = contexts_frame(self.info), verify_frame(self.info)
         if self.dev is not None:
@@ -403,6 +422,8 @@ def load_sessions(
                     builders[ev.session.sid] = _Builder(ev.session)
                 elif isinstance(ev, StepDone):
                     builders[ev.session.sid].step(ev.step)
+                elif isinstance(ev, HostDone):
+                    builders[ev.session.sid].host.add(ev.host)
             if not builders:
                 raise UserError(f"no session in {path}")
             return [b.frames(report, peaks_cache) for b in builders.values()]

@@ -3,6 +3,8 @@
 Every figure is one the log holds or follows from it:
 
 * a step (``step_begin`` + ``step_end``): its kind, ``llama_decode`` time, tokens, KV cells used;
+* the host's work after a step (a ``host`` record): the sampling time of each token sampled, in all
+  and by sampler (``reading.decode.host.sampler_type``: names bounded to the pin's samplers);
 * a request (a ``request`` record, written when the request is done): its outcome, queue time,
   time to first token, end-to-end time, time holding the model, prompt and generated tokens, and
   two figures the record alone does not say, from the steps that served it (the converters' rule,
@@ -25,6 +27,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..reading.decode.host import host_record, sampler_type
 from .log_input import MALFORMED, VALUE_MAX, cache_reason, opt_count, step_seqs
 
 NS = 1e-9
@@ -55,6 +58,15 @@ class StepFigures:
     n_tokens: int
     kv_used: int | None  # step_end.kv_used (sequence 0's span), when known
     running: int  # sequences with a request in flight (steps since their last request's end)
+
+
+@dataclass(frozen=True)
+class HostFigures:
+    """A ``host`` record's sampling: each sequence's time per token sampled (``total``), and at
+    DETAILED each sampler type's, with the tokens it stands for."""
+
+    # (sampler type or "total", seconds per token, tokens)
+    per_token: list[tuple[str, float, int]]
 
 
 MAX_LAYER_SPANS = 4096  # layer spans kept per step (a log's count is the log's: bounded here)
@@ -183,7 +195,9 @@ class RequestTracker:
     # llama_decode returns)
     _ready: dict[tuple[str, int], int] = field(default_factory=dict)
 
-    def add(self, rec: dict[str, Any]) -> SessionFigures | StepFigures | RequestFigures | None:
+    def add(
+        self, rec: dict[str, Any]
+    ) -> SessionFigures | StepFigures | RequestFigures | HostFigures | None:
         """The figures ``rec`` completes, if any; a record without the schema's shape is skipped,
         as the converters skip it."""
         try:
@@ -194,6 +208,8 @@ class RequestTracker:
                 return self._step_end(rec)
             elif t == "request":
                 return self._request(rec)
+            elif t == "host":
+                return host_figures(rec)
             elif t == "compute":
                 self._ready_at(rec, _count(rec["t_start"]) + _count(rec["dur"]))
                 if self.layers:
@@ -347,3 +363,27 @@ class RequestTracker:
             layers={st.step: self._layers[st.step] for st in mine if st.step in self._layers},
             record=rec,
         )
+
+
+MAX_OBSERVED = 256  # tokens a record's row is observed for at most (a damaged log's count)
+
+
+def host_figures(rec: dict[str, Any]) -> HostFigures | None:
+    """A ``host`` record's sampling per token sampled: each sequence's in all, and by sampler type
+    (its parts' time over the sequence's tokens); None when it sampled nothing."""
+    h = host_record(rec)
+    out: list[tuple[str, float, int]] = []
+    if not h.seqs and h.sampled:  # MINIMAL: the record's totals
+        out.append(("total", h.sample_ns / h.sampled * NS, min(h.sampled, MAX_OBSERVED)))
+    for row, q in enumerate(h.seqs):
+        if not q.sampled:
+            continue
+        n = min(q.sampled, MAX_OBSERVED)
+        out.append(("total", q.sample_ns / q.sampled * NS, n))
+        by_type: dict[str, int] = {}
+        for p in h.parts:
+            name = sampler_type(p.kind, p.name) if p.row == row else None
+            if name is not None:
+                by_type[name] = by_type.get(name, 0) + p.ns
+        out += [(name, ns / q.sampled * NS, n) for name, ns in by_type.items()]
+    return HostFigures(out) if out else None

@@ -30,7 +30,9 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
-from .live_figures import RequestFigures, SessionFigures, StepFigures
+from ..reading.decode.host import OTHER as OTHER_SAMPLER
+from ..reading.decode.host import PIN_SAMPLERS, SAMPLING_PARTS
+from .live_figures import HostFigures, RequestFigures, SessionFigures, StepFigures
 from .log_input import MISS_REASONS
 
 PREFIX = "llamacpp_instr:"
@@ -75,6 +77,12 @@ ITERATION_TOKENS_BUCKETS: list[float] = [
 # ours: one decode step of a small model on a CPU takes milliseconds
 STEP_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]
 STEP_BUCKETS += [10.0]
+# ours: a token's sampling, from a greedy pick on a small vocabulary (microseconds) to a grammar's
+# full pass on a large one (tens of milliseconds)
+SAMPLING_BUCKETS = [1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3]
+SAMPLING_BUCKETS += [0.01, 0.025, 0.05, 0.1, 0.25]
+# the sampler label's values: the pin's samplers, the grammar's passes, the rest of the sampling
+SAMPLER_LABELS = ("total", *PIN_SAMPLERS, *SAMPLING_PARTS, OTHER_SAMPLER)
 DEFAULT_MAX_MODEL_LEN = 2048  # the token histograms' range before a session_start says n_ctx
 OUTCOMES = ("ok", "error", "cancelled")  # a request record's outcome
 KINDS = ("prompt", "gen")  # a step's kind
@@ -161,6 +169,14 @@ class Families:
             "than one token; gen: one token).",
             STEP_BUCKETS,
             ("kind",),
+        )
+        self.sampling = hist(
+            "sampling_time_per_token_seconds",
+            "Sampling time per token sampled, by sampler: total (the sampling of each token end "
+            "to end, at every level), and at --level detailed each of the pin's samplers, "
+            "grammar (its passes outside the chain), candidates, chain, other.",
+            SAMPLING_BUCKETS,
+            ("sampler",),
         )
         self._token_hists: tuple[Histogram, Histogram] | None = None
         self._step_by_kind: dict[str, Histogram] = {}
@@ -253,9 +269,16 @@ class Metrics(Families):
         self._n_cells: int | None = None
         self._one_seq = False
 
-    def observe(self, fig: SessionFigures | StepFigures | RequestFigures | None) -> None:
+    def observe(
+        self, fig: SessionFigures | StepFigures | RequestFigures | HostFigures | None
+    ) -> None:
         if isinstance(fig, StepFigures):
             self._step(fig)
+        elif isinstance(fig, HostFigures):
+            for name, seconds, n in fig.per_token:
+                h = self.sampling.labels(name if name in SAMPLER_LABELS else OTHER_SAMPLER)
+                for _ in range(n):
+                    h.observe(seconds)
         elif isinstance(fig, RequestFigures):
             self._request(fig)
         elif isinstance(fig, SessionFigures):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..session.request_causes import RequestStory, StepRow, stories
+from ..session.request_causes import HostRow, RequestStory, StepRow, stories
 from ..session.request_experts import RequestExperts, StepRouting, request_experts
 from ..session.speculation import SpecTotals
 from .report import Chart, Column, Fact, Report, Section, Series, Table
@@ -35,6 +35,7 @@ COLUMNS = [
     Column("cache_miss_reason", "not reused because"),
     Column("late", "late tokens", "int"),
 ]
+SAMPLER_COLUMN = Column("top_sampler", "costliest sampler (ms)")
 SPEC_COLUMNS = [
     Column("drafted", "drafted", "int"),
     Column("accepted", "accepted", "int"),
@@ -47,7 +48,61 @@ def request_stories(f: SessionFrames, rows: list[StepRow] | None = None) -> list
     has them already."""
     if not f.info.requests:
         return []
-    return stories(f.info.requests, step_rows(f) if rows is None else rows, step_rows(f, "draft"))
+    return stories(
+        f.info.requests,
+        step_rows(f) if rows is None else rows,
+        step_rows(f, "draft"),
+        host_rows(f),
+    )
+
+
+def costliest_samplers(f: SessionFrames) -> dict[str, tuple[str, int]]:
+    """Per request, the sampler (or the grammar's pass) that took most of its sampling, with its
+    ns ({} for a log that does not name them)."""
+    parts = f.samplers
+    if parts.empty:
+        return {}
+    kind = parts["kind"].astype(str)
+    p = parts[kind.isin(["sampler", "grammar", "sampling"]) & parts["request"].notna()]
+    if p.empty:
+        return {}
+    label = [
+        f"grammar {n}" if k == "grammar" else n
+        for k, n in zip(p["kind"].astype(str), p["sampler"].astype(str), strict=True)
+    ]
+    g = p.assign(label=label, request=p["request"].astype(str))
+    sums = g.groupby(["request", "label"])["ns"].sum().sort_values(ascending=False)
+    out: dict[str, tuple[str, int]] = {}
+    for (rid, name), ns in sums.items():
+        out.setdefault(str(rid), (str(name), int(ns)))
+    return out
+
+
+def host_rows(f: SessionFrames) -> list[HostRow]:
+    """The host's parts between the target's steps, each with when its sequence's window began
+    ([] for a log without them): what names a sampler or the grammar as a late token's cause."""
+    parts, seqs = f.samplers, f.host_seqs
+    if parts.empty or seqs.empty:
+        return []
+    keys = ["ctx", "step", "seq", "request"]
+    when = seqs[[*keys, "t_start"]].astype({"request": object}).drop_duplicates(keys)
+    p = parts[[*keys, "kind", "sampler", "ns"]].astype({"request": object})
+    p = p[p["kind"].astype(str) != "backend"].merge(when, on=keys, how="inner")
+    if "role" in f.steps:  # a speculating session: the target's windows
+        draft = f.steps[f.steps["role"].astype(object) == "draft"][["ctx", "step"]]
+        p = p.merge(draft.assign(_d=1), on=["ctx", "step"], how="left")
+        p = p[p["_d"].isna()]
+    seq = p["seq"].fillna(-1).astype("int64")
+    return list(
+        zip(
+            p["t_start"].astype("int64").tolist(),
+            seq.tolist(),
+            p["kind"].astype(str).tolist(),
+            p["sampler"].astype(str).tolist(),
+            p["ns"].astype("int64").tolist(),
+            strict=True,
+        )
+    )
 
 
 def spec_line(t: SpecTotals) -> str:
@@ -82,11 +137,17 @@ def section(
     items: list[RequestStory],
     top: int | None = None,
     spec: dict[str, SpecTotals] | None = None,
+    samplers: dict[str, tuple[str, int]] | None = None,
 ) -> Section:
     """The requests, slowest first, and why the slowest were slow; ``spec``: each speculating
-    request's drafts (``analysis.spec_split.totals``), by id."""
-    spec = spec or {}
-    rows = [{**s.row(), "late": len(s.late_tokens), **_spec_cols(spec.get(s.id))} for s in items]
+    request's drafts (``analysis.spec_split.totals``), by id; ``samplers``: each request's
+    costliest sampler (``costliest_samplers``)."""
+    spec, samplers = spec or {}, samplers or {}
+    rows = [
+        {**s.row(), "late": len(s.late_tokens), **_spec_cols(spec.get(s.id))}
+        | ({"top_sampler": _sampler_text(samplers.get(s.id))} if samplers else {})
+        for s in items
+    ]
     why = [line for s in items[: top or EXPLAINED] for line in _why(s, spec.get(s.id))]
     charted = items[:CHARTED]
     chart = Chart(
@@ -130,7 +191,7 @@ def section(
             Table(
                 "requests",
                 "Requests, slowest first",
-                COLUMNS + (SPEC_COLUMNS if spec else []),
+                COLUMNS + (SPEC_COLUMNS if spec else []) + ([SAMPLER_COLUMN] if samplers else []),
                 rows,
             ),
         ],
@@ -186,6 +247,10 @@ def spec_by_id(f: SessionFrames, price: Any = None) -> dict[str, SpecTotals]:
     return {r.id: r for r in t[1]} if t else {}
 
 
+def _sampler_text(top: tuple[str, int] | None) -> str | None:
+    return f"{top[0]} {top[1] / 1e6:,.2f}" if top is not None else None
+
+
 def _spec_cols(t: SpecTotals | None) -> dict[str, Any]:
     if t is None:
         return {}
@@ -202,14 +267,18 @@ def requests_report(f: SessionFrames, top: int | None = None, spec_price: Any = 
     items = request_stories(f)
     spec = spec_by_id(f, spec_price)
     experts = experts_by_request(f)
+    samplers = costliest_samplers(f)
     rows = []
     for s in items:
         row = {**s.row(), **_spec_cols(spec.get(s.id))}
+        if samplers:
+            name, ns = samplers.get(s.id) or (None, None)
+            row["costliest_sampler"] = {"name": name, "ms": ns / 1e6 if ns is not None else None}
         if experts:
             x = experts.get(s.id)
             row["experts"] = x.row() if x is not None else None
         rows.append(row)
-    sections = [section(items, top, spec)] if items else []
+    sections = [section(items, top, spec, samplers)] if items else []
     if items and experts:
         sections.append(experts_section(items, experts))
     return Report(

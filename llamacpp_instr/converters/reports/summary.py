@@ -16,7 +16,14 @@ from llamacpp_instr.contract.schema import LEVEL_IDS, level_at_least
 
 from ..analysis import spec_split
 from ..analysis.frames import SessionFrames
-from . import device_report, memory_report, requests_report, roofline_report, spec_report
+from . import (
+    between_steps,
+    device_report,
+    memory_report,
+    requests_report,
+    roofline_report,
+    spec_report,
+)
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
 from .request_share import part_rows, parts_section, request_shares, share_section, step_rows
 from .requests_report import request_stories
@@ -439,6 +446,9 @@ def summary_report(
     charts = _time_charts(f, per_op=recorded)
     if charts:
         sections.append(Section("Where a token's time goes", charts=charts))
+    between = between_steps.between_steps(f)  # decode, sampling and the host's work between steps
+    if between is not None:
+        sections.append(between_steps.section(between))
     devices, devices_data = device_report.section(f)  # a run on several devices
     if devices is not None:
         facts += devices.facts[:1]  # what dominates a token
@@ -455,7 +465,8 @@ def summary_report(
     slow = request_stories(f, rows) if lat is not None else []  # why requests were slow
     if slow:
         by_id = {r.id: r for r in spec[1]} if spec else None
-        sections.append(requests_report.section(slow, top, by_id))
+        top_samplers = requests_report.costliest_samplers(f)
+        sections.append(requests_report.section(slow, top, by_id, top_samplers))
     parts = part_rows(f)  # llama-bench: its tests
     if parts:
         sections.append(parts_section(parts))
@@ -484,6 +495,7 @@ def summary_report(
             "overview": ov,
             f"by_{key}": table.rows if table is not None else [],
             **({"requests": lat} if lat is not None else {}),
+            **({"between_steps": between.row()} if between is not None else {}),
             **({"request_share": [x.row() for x in shares]} if shares else {}),
             **({"request_causes": [x.row() for x in slow]} if slow else {}),
             **({"parts": parts} if parts else {}),

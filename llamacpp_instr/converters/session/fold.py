@@ -3,7 +3,8 @@
 Ways to consume a log:
 
 * ``iter_events(path)`` streams: it yields ``SessionStarted``, then ``StepDone`` for each decode step
-  as soon as its ``step_end`` (or the end of the file) is read, then ``SessionEnded``. Only the
+  as soon as its ``step_end`` (or the end of the file) is read, and ``HostDone`` for each ``host``
+  record (the host's work after a step), then ``SessionEnded``. Only the
   steps in flight and the graph tables are held in memory, so a writer that streams its output
   stays bounded whatever the log's size. Every compute's ops are columns (``reading.decode.computes.Compute``).
 * ``iter_events_packed(path)`` is the same fold, the ops of well-formed compute records read in
@@ -35,9 +36,11 @@ from ..reading.decode.computes import (
 )
 from ..reading.decode.fields import MALFORMED, nonneg, skip_malformed
 from ..reading.decode.graphs import Graph, Tables, graph_record
+from ..reading.decode.host import chain_record, host_record, perf_record
 from ..reading.decode.memory import allocation, failure
 from ..reading.decode.sessions import (
     Event,
+    HostDone,
     SessionEnded,
     SessionInfo,
     SessionStarted,
@@ -220,6 +223,12 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
             state.info.contexts[context["ctx"]] = context
     elif rtype == "spec":
         state.info.verifies.append(spec_record(rec))
+    elif rtype == "host":
+        yield HostDone(state.info, host_record(rec))
+    elif rtype == "chain":
+        state.info.chains.append(chain_record(rec))
+    elif rtype == "perf":
+        state.info.perf.append(perf_record(rec))
     elif rtype == "transfers":
         t = transfers(rec)
         step = None

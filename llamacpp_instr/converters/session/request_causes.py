@@ -15,7 +15,10 @@ is late when the gap since the one before is longer than the request's median ga
 (and by at least a millisecond); its cause is what else the steps of that gap carried: another
 slot's prompt chunk (a prefill), other slots' tokens, or nothing (the step itself was slow). With
 speculative decoding, a request's steps are its target's (a verify step gives the tokens it
-accepted at once), and a gap its draft's steps took half of, at least, is the draft's.
+accepted at once), and a gap its draft's steps took half of, at least, is the draft's. Where the
+log records the host's work between steps (``host`` records, DETAILED), a sampler, a grammar pass
+or a part of the program's own work that took half of the token's lateness, at least, is named as
+its cause ("the grammar's full pass took 71 ms").
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from .requests import slot_window
 
 # (start ns, duration ns, the batch's tokens, [(sequence, its tokens)])
 StepRow = tuple[int, int, int, list[tuple[int, int]]]
+# a part of the host's work between two steps: (when its window began (ns), its sequence (-1:
+# none in particular), kind, name, ns), as ``host`` records give them
+HostRow = tuple[int, int, str, str, int]
 
 LATE_SHOWN = 3  # the slowest gaps explained per request
 LATE_MIN_NS = 1_000_000  # a gap this much over the median, at least, to count as late
@@ -58,6 +64,7 @@ class LateToken:
     late_ns: int  # over the request's median gap
     cause: str  # what shared the steps of the gap, in words
     shared: list[dict[str, Any]] = field(default_factory=list)  # {request, slot, tokens, prefill}
+    host_part: str | None = None  # "kind:name" of the host's part that took the gap, if one did
 
     def row(self) -> dict[str, Any]:
         return {
@@ -67,6 +74,7 @@ class LateToken:
             "late_ms": self.late_ns / 1e6,
             "cause": self.cause,
             "shared_with": self.shared,
+            "host_part": self.host_part,
         }
 
 
@@ -210,6 +218,48 @@ class _StepIndex:
         return [self.rows[i] for i in sorted(self.by_end[lo:hi])]
 
 
+class _HostIndex:
+    """The host's parts between steps, by when their window began, for a gap's in a bisection."""
+
+    def __init__(self, rows: Sequence[HostRow]) -> None:
+        self.rows = sorted(rows, key=lambda r: r[0])
+        self.starts = [r[0] for r in self.rows]
+
+    def costliest(self, a: int, b: int, slot: int) -> tuple[str, str, int] | None:
+        """Of the parts of windows that began from ``a`` to before ``b``, for ``slot`` or for no
+        sequence in particular, the (kind, name) that took most, with its ns summed."""
+        lo, hi = bisect_right(self.starts, a - 1), bisect_right(self.starts, b - 1)
+        sums: dict[tuple[str, str], int] = {}
+        for _, seq, kind, name, ns in self.rows[lo : min(hi, lo + GAP_PARTS_READ)]:
+            if seq in (slot, -1):
+                sums[(kind, name)] = sums.get((kind, name), 0) + ns
+        if not sums:
+            return None
+        (kind, name), ns = max(sums.items(), key=lambda x: x[1])
+        return kind, name, ns
+
+
+# the parts a gap's windows are read for at most (a gap of more is a damaged log's)
+GAP_PARTS_READ = 65536
+GRAMMAR_PASSES = {
+    "check": "the grammar's check of the sampled token",
+    "full": "the grammar's full pass",
+    "accept": "the grammar's accept",
+}
+
+
+def host_part_words(kind: str, name: str) -> str:
+    """A part of the host's work between steps in words: "the grammar's full pass", "sampler
+    penalties", "the program's stop"."""
+    if kind == "grammar":
+        return GRAMMAR_PASSES.get(name, f"the grammar's {name}")
+    if kind == "sampler":
+        return "the grammar" if name.lstrip("?+") == "grammar" else f"sampler {name}"
+    if kind == "sampling":
+        return "building the candidates" if name == "candidates" else f"sampling's {name}"
+    return f"the program's {name}"
+
+
 class _Windows:
     """When each request held its slot (``requests.slot_window``), to say who held a slot at a
     time in a bisection: of the windows of the slot begun by then, the one that lasts longest
@@ -255,6 +305,7 @@ def _late(
     index: _StepIndex,
     who: Any,
     draft: _StepIndex | None = None,
+    host: _HostIndex | None = None,
 ) -> list[LateToken]:
     """``rec``'s late tokens, from ``mine``: the steps of its slot in its window, in time order.
     ``who(slot, t)``: the id of the request that held ``slot`` at ``t`` ("" when none did)."""
@@ -296,7 +347,12 @@ def _late(
         prefill = [s for s in shared if s["prefill"]]
         d_lo, d_hi = draft.ended_span(a, b) if draft is not None else (0, 0)
         drafting = draft.busy[d_hi] - draft.busy[d_lo] if draft is not None else 0
-        if prefill:
+        part = host.costliest(a, b, slot) if host is not None else None
+        by_host = None
+        if part is not None and part[2] >= (gaps[i] - median) / 2:
+            by_host = f"{part[0]}:{part[1]}"
+            cause = f"{head}: {host_part_words(part[0], part[1])} took {part[2] / 1e6:,.0f} ms"
+        elif prefill:
             s = prefill[0]
             what = f" of {s['request']}" if s["request"] else ""
             cause = (
@@ -325,7 +381,7 @@ def _late(
             cause += f" ({n_steps} steps in the gap)"
         if 0 < drafting < gaps[i] / 2:
             cause += f"; the draft took {drafting / 1e6:,.0f} ms of it"
-        out.append(LateToken(token, b, gaps[i], int(gaps[i] - median), cause, shared))
+        out.append(LateToken(token, b, gaps[i], int(gaps[i] - median), cause, shared, by_host))
     return out
 
 
@@ -361,12 +417,15 @@ def stories(
     requests: Iterable[dict[str, Any]],
     rows: Sequence[StepRow],
     draft_rows: Sequence[StepRow] = (),
+    host_rows: Sequence[HostRow] = (),
 ) -> list[RequestStory]:
     """Each request record's story, slowest first. ``rows``: the session's steps in time order
-    (a speculating session's: its target's; ``draft_rows``: its draft's)."""
+    (a speculating session's: its target's; ``draft_rows``: its draft's); ``host_rows``: the
+    host's parts between steps (a target's), when the log records them."""
     reqs = [r for r in requests if isinstance(r, dict)]
     index = _StepIndex(rows)
     draft = _StepIndex(draft_rows) if draft_rows else None
+    host = _HostIndex(host_rows) if host_rows else None
     mine, windows = _own_steps(reqs, rows)
 
     def who(slot: int, t: int) -> str:
@@ -398,7 +457,7 @@ def stories(
                 cache_note=note,
                 # no slot: a server of one sequence (instr serve), whose steps hold sequence 0
                 late_tokens=_late(
-                    r, slot if slot is not None else 0, mine.get(j, []), index, who, draft
+                    r, slot if slot is not None else 0, mine.get(j, []), index, who, draft, host
                 ),
             )
         )

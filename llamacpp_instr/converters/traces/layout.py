@@ -7,6 +7,8 @@ apart. Layout, per session (one process):
   its args), containing a slice per graph compute (ubatch), containing a slice per transformer
   layer, containing a slice per op (with tensor metadata, FLOPs, bytes and achieved rates).
   Ops outside any layer (embedding lookup, final norm, output projection) sit in the compute.
+* ``slot N: sampling`` under each context's steps track: the host's work between its steps, per
+  slot (``host_tracks``).
 * ``thread N`` (verbose logs): per op, the part of its wall time worker N was busy.
 * counters: ``tokens/s``, ``KV cache cells``, ``memory: weights`` / ``KV cache`` / ``compute``;
   a mixture of experts' ``experts used: layer N`` (``expert_tracks``).
@@ -23,13 +25,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..reading.decode.sessions import Event, SessionEnded, SessionInfo, SessionStarted, StepDone
+from ..reading.decode.sessions import (
+    Event,
+    HostDone,
+    SessionEnded,
+    SessionInfo,
+    SessionStarted,
+    StepDone,
+)
 from ..reading.decode.steps import Step
 from ..session.device_time import multi_device
 from ..session.kv_flows import KvFlows
 from ..session.machine_peaks import Roof
 from .device_tracks import DeviceTracks
 from .expert_tracks import ExpertTracks
+from .host_tracks import HostTracks
 from .items import (
     BulkItem,
     Item,
@@ -89,6 +99,7 @@ class SessionLayout(OpsLayout):
             "cells",
         )
         self.served = ServedTracks(info, self.process)
+        self.host_work = HostTracks(sid, pid)
         self.memory = MemoryTracks(info, self.process)
         self.experts = ExpertTracks(sid, self.process, sel.layer)
         # a run on several devices: a track per device, splits, copies, the network
@@ -246,5 +257,9 @@ def layout_sessions(
             lay = sessions[ev.session.sid]
             yield from lay.requests()
             yield from lay.step(ev.step, lay.stats)
+        elif isinstance(ev, HostDone):
+            lay = sessions[ev.session.sid]
+            yield from lay.steps_track(ev.host.ctx)
+            yield from lay.host_work.items(ev.host, lay.step_tracks[ev.host.ctx].uuid)
         elif isinstance(ev, SessionEnded):
             yield from sessions[ev.session.sid].requests()

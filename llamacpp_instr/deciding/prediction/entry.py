@@ -12,7 +12,7 @@ from typing import Any
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.running.offload import Offload
 
-from . import net_costs, predict, spec_predict
+from . import net_costs, predict, sampling_price, spec_predict
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,19 @@ class PredictResult:
 
     predictions: list[predict.Prediction] = field(default_factory=list)
     speculation: dict[str, Any] | None = None
+    # a generated token's sampling as the logs measured it (None: no log recorded it)
+    sampling: sampling_price.SamplingPrice | None = None
+
+    def sampling_at(self) -> list[dict[str, Any]]:
+        """The sampling's price at the logs' vocabulary for 1, 4 and 8 slots."""
+        s = self.sampling
+        return [s.at(slots=n) for n in sampling_price.SLOTS] if s is not None else []
 
     def to_json(self) -> Any:
         if self.speculation is not None:
             return self.speculation
-        docs = [p.to_json() for p in self.predictions]
+        sampling = {"sampling": self.sampling_at()} if self.sampling is not None else {}
+        docs = [p.to_json() | sampling for p in self.predictions]
         # one object for one setting; a list, one per --quant, for several
         return docs[0] if len(docs) == 1 else docs
 
@@ -114,5 +122,6 @@ def predict_setting(
     cost_model = predict.fit(sessions)
     names = [str(p) for p in request.logs]
     return PredictResult(
-        [predict.price(replace(base, model=f), cost_model, sessions, names) for _q, f in files]
+        [predict.price(replace(base, model=f), cost_model, sessions, names) for _q, f in files],
+        sampling=sampling_price.measure(sessions),
     )

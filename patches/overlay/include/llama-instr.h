@@ -241,6 +241,71 @@ LLAMA_API int64_t llama_instr_captured_get(struct llama_context * ctx,
                                            float *                dst,
                                            int64_t                dst_n) LLAMA_INSTR_NOEXCEPT;
 
+// ---- Between two steps: sampling and the program's own work (llama-instr-sampling.cpp) --------
+//
+// With a session open, a context's `host` record says what its host did after each step, before
+// its next: each output's sampling (every sampler of the chain apart at DETAILED, one total per step
+// at MINIMAL) and the program's own work, per sequence. llama_sampler_sample and every sampler
+// chain record themselves; a program that samples otherwise (common's sampler) says which output
+// it samples and times the parts outside the chain with these functions. With no session open each
+// costs one relaxed atomic load.
+
+enum llama_instr_part_kind {
+    LLAMA_INSTR_PART_SAMPLER  = 0,  // a sampler of the chain, by llama_sampler_name (recorded by the chain)
+    LLAMA_INSTR_PART_GRAMMAR  = 1,  // the grammar outside the chain: "check" (the sampled token), "full", "accept"
+    LLAMA_INSTR_PART_SAMPLING = 2,  // the rest of a sampling: "candidates" (built from the logits), a sampler
+                                    // applied outside the chain; "chain" (the chain's own time) is derived
+    LLAMA_INSTR_PART_BACKEND  = 3,  // a sampler of the chain that ran in the graph (backend sampling, -bs)
+    LLAMA_INSTR_PART_HOST     = 4,  // the program's own work: "detokenize", "stop", "response", "batch", ...
+};
+
+// Open the sampling of output `idx` of the last step of `ctx` (idx as llama_get_logits_ith takes
+// it: a batch index, or negative from the last output) by `smpl` (its sampler chain, or NULL): the
+// time until llama_instr_sample_end, and the parts recorded meanwhile on this thread, go to that
+// step's window and the output's sequence. ctx NULL: the context and sequence `smpl` last sampled
+// for on this thread (a token it accepts after sampling it). Scopes nest: only the outermost
+// records. Returns a handle for llama_instr_sample_end, 0 when it records nothing.
+LLAMA_API int64_t llama_instr_sample_begin(struct llama_context *       ctx,
+                                           int32_t                      idx,
+                                           const struct llama_sampler * smpl) LLAMA_INSTR_NOEXCEPT;
+
+// The same for sequence `seq` of `ctx` (tokens its chain accepts before sampling, say); counts no
+// output sampled.
+LLAMA_API int64_t llama_instr_sample_begin_seq(struct llama_context *       ctx,
+                                               int32_t                      seq,
+                                               const struct llama_sampler * smpl) LLAMA_INSTR_NOEXCEPT;
+
+// Close the scope of `handle` (0 does nothing).
+LLAMA_API void llama_instr_sample_end(int64_t handle) LLAMA_INSTR_NOEXCEPT;
+
+// The log's clock (ns) when the open scope on this thread times its parts (DETAILED), else 0.
+LLAMA_API int64_t llama_instr_sample_clock(void) LLAMA_INSTR_NOEXCEPT;
+
+// A part of the open scope's sampling, from `t_start` (llama_instr_sample_clock; 0 does nothing)
+// until now: `kind` an enum llama_instr_part_kind, `name` a string that stays valid until the
+// scope closes (at most 31 bytes are kept).
+LLAMA_API void llama_instr_sample_part(int32_t kind, const char * name, int64_t t_start) LLAMA_INSTR_NOEXCEPT;
+
+// The open scope's output was sampled in the graph (backend sampling): the samplers of `chain`
+// that ran there are recorded as such.
+LLAMA_API void llama_instr_sample_on_backend(const struct llama_sampler * chain) LLAMA_INSTR_NOEXCEPT;
+
+// The log's clock (ns) when a session records, else 0: the start of a llama_instr_host_part.
+LLAMA_API int64_t llama_instr_host_clock(void) LLAMA_INSTR_NOEXCEPT;
+
+// The program's own work for sequence `seq` of `ctx` (-1: none in particular) between two steps,
+// from `t_start` (llama_instr_host_clock; 0 does nothing) until now, named `name` (at most 31
+// bytes are kept).
+LLAMA_API void llama_instr_host_part(struct llama_context * ctx, int32_t seq, const char * name, int64_t t_start)
+    LLAMA_INSTR_NOEXCEPT;
+
+// Sequence `seq` of `ctx` serves the request `request_id` (NULL or "": none) from now on: its
+// `host` records name it. Returns LLAMA_INSTR_OK, ERR_NO_SESSION or ERR_INVALID_ARG (NULL ctx,
+// seq outside 0..65535, an id longer than 128 bytes).
+LLAMA_API int32_t llama_instr_set_seq_request(struct llama_context * ctx,
+                                              int32_t                seq,
+                                              const char *           request_id) LLAMA_INSTR_NOEXCEPT;
+
 // ---- The machine and its peaks (llama-instr-peaks.cpp) ----------------------------------------
 
 // A JSON object naming this machine, the one session_start records as "machine":

@@ -267,6 +267,22 @@ int32_t llama_instr_session_end(const char * status) noexcept {
         }
         std::vector<std::string> rpc_lines;  // the RPC commands not written yet
         rpc_session_end(s.sid, rpc_lines);
+        // what each context's host did after its last step, llama.cpp's counters of each context, and
+        // the sampler chains still alive
+        std::vector<std::string> host_lines(1);
+        for (auto & kv : s.ctxs) {
+            if (host_record(*kv.second, s.epoch, host_lines.back())) {
+                host_lines.emplace_back();
+            }
+            if (perf_record(kv.first, *kv.second, s.epoch, host_lines.back())) {
+                host_lines.emplace_back();
+            }
+        }
+        host_lines.pop_back();
+        chains_session_end_locked(s.sid, host_lines);
+        for (const std::string & l : host_lines) {
+            s.log.emit(l);
+        }
         for (const std::string & l : rpc_lines) {
             s.log.emit(l);
         }

@@ -14,6 +14,7 @@
 
 struct ggml_cgraph;
 struct ggml_tensor;
+struct llama_sampler;
 typedef struct ggml_backend *       ggml_backend_t;
 typedef struct ggml_backend_sched * ggml_backend_sched_t;
 
@@ -103,4 +104,101 @@ struct llama_instr_purpose_scope {
     int32_t      prev_purpose;
     const void * prev_owner;
     int32_t      prev_cache;
+};
+
+// llama-sampler.cpp: a sampler chain's apply and accept (llama-instr-sampling.cpp). The outermost
+// chain on a thread times itself (what llama_perf_sampler counts) and, at DETAILED, each of its
+// samplers; a chain used outside any sampling scope opens one for the sequence it last sampled.
+int64_t llama_instr_chain_begin(const llama_sampler * chain, bool * members, bool * opened) noexcept;
+void    llama_instr_chain_end(int64_t t_start) noexcept;
+void    llama_instr_chain_close() noexcept;
+int64_t llama_instr_sampling_now() noexcept;
+void    llama_instr_member_end(const llama_sampler * member, int64_t t_start) noexcept;
+void    llama_instr_member_on_backend(const llama_sampler * member) noexcept;
+
+// A chain is freed: its `chain` record, if a session saw it. g_llama_instr_chains counts the chains
+// sessions saw that are alive (so that, with none, the hook is one relaxed load).
+extern std::atomic<int32_t> g_llama_instr_chains;
+void                        llama_instr_chain_free(const llama_sampler * chain) noexcept;
+
+// Made just before llama's own timer of the chain (time_meas) and ended (end()) just before that
+// timer ends, so that both time the same stretch, each offset by one clock read; a scope the chain
+// opened is closed after llama's timer, by the destructor.
+struct llama_instr_chain_scope {
+    explicit llama_instr_chain_scope(const llama_sampler * chain) noexcept {
+        if (llama_instr_enabled()) {
+            t_start = llama_instr_chain_begin(chain, &members, &opened);
+        }
+    }
+
+    void end() noexcept {
+        if (t_start) {
+            llama_instr_chain_end(t_start);
+            t_start = 0;
+        }
+    }
+
+    ~llama_instr_chain_scope() {
+        end();
+        if (opened) {
+            llama_instr_chain_close();
+        }
+    }
+
+    llama_instr_chain_scope(const llama_instr_chain_scope &)             = delete;
+    llama_instr_chain_scope & operator=(const llama_instr_chain_scope &) = delete;
+
+    // a sampler of the chain: its start (0 when samplers are not timed), then its end
+    int64_t member_begin() const noexcept { return members ? llama_instr_sampling_now() : 0; }
+
+    void member_end(const llama_sampler * member, int64_t t) const noexcept {
+        if (t) {
+            llama_instr_member_end(member, t);
+        }
+    }
+
+    // a sampler of the chain that ran in the graph (backend sampling)
+    void on_backend(const llama_sampler * member) const noexcept {
+        if (members) {
+            llama_instr_member_on_backend(member);
+        }
+    }
+
+    int64_t t_start = 0;
+    bool    members = false;
+    bool    opened  = false;
+};
+
+// llama_sampler_sample: the sampling of one output (the public scope of llama-instr.h)
+struct llama_instr_sample_scope {
+    llama_instr_sample_scope(llama_context * ctx, int32_t idx, const llama_sampler * smpl) noexcept {
+        if (llama_instr_enabled()) {
+            handle = llama_instr_sample_begin(ctx, idx, smpl);
+        }
+    }
+
+    ~llama_instr_sample_scope() {
+        if (handle) {
+            llama_instr_sample_end(handle);
+        }
+    }
+
+    llama_instr_sample_scope(const llama_instr_sample_scope &)             = delete;
+    llama_instr_sample_scope & operator=(const llama_instr_sample_scope &) = delete;
+
+    int64_t clock() const noexcept { return handle ? llama_instr_sample_clock() : 0; }
+
+    void part(int32_t kind, const char * name, int64_t t) const noexcept {
+        if (t) {
+            llama_instr_sample_part(kind, name, t);
+        }
+    }
+
+    void on_backend(const llama_sampler * chain) const noexcept {
+        if (handle) {
+            llama_instr_sample_on_backend(chain);
+        }
+    }
+
+    int64_t handle = 0;
 };

@@ -191,9 +191,10 @@ void new_file_locked(session & s) {
 // new context can be allocated at a freed one's address).
 static std::atomic<uint64_t> g_ctx_frees{ 0 };
 
-ctx_state * ctx_get(const llama_context * ctx) noexcept {
-    // The graph callback runs once per named tensor: remember this thread's last lookup. The state
-    // can't be freed while its context is in use, so the pointer stays valid while it is cached.
+// The state of ctx, made when `create` (else nullptr when it has none). The graph callback runs once
+// per named tensor and a sampler once per output: remember this thread's last lookup. The state
+// can't be freed while its context is in use, so the pointer stays valid while it is cached.
+static ctx_state * ctx_lookup(const llama_context * ctx, bool create) noexcept {
     thread_local const llama_context * c_ctx   = nullptr;
     thread_local ctx_state *           c_state = nullptr;
     thread_local uint64_t              c_frees = 0;
@@ -204,14 +205,25 @@ ctx_state * ctx_get(const llama_context * ctx) noexcept {
     try {
         auto &                      s = S();
         std::lock_guard<std::mutex> lock(s.mtx);
-        ctx_state &                 st = state_locked(s, ctx);
-        c_ctx                          = ctx;
-        c_state                        = &st;
-        c_frees                        = frees;
+        auto                        it = s.ctxs.find(ctx);
+        if (it == s.ctxs.end() && !create) {
+            return nullptr;
+        }
+        c_ctx   = ctx;
+        c_state = create ? &state_locked(s, ctx) : it->second.get();
+        c_frees = frees;
         return c_state;
     } catch (...) {
         return nullptr;  // out of memory: the caller skips this hook
     }
+}
+
+ctx_state * ctx_get(const llama_context * ctx) noexcept {
+    return ctx_lookup(ctx, true);
+}
+
+ctx_state * ctx_find(const llama_context * ctx) noexcept {
+    return ctx_lookup(ctx, false);
 }
 
 // The level of st's step: the session's, or MINIMAL for a step that sampling leaves out.
@@ -360,6 +372,14 @@ void llama_instr_context_free(const llama_context * ctx) {
             dead = std::move(it->second);  // freed after the lock is released
             s.ctxs.erase(it);
             g_ctx_frees.fetch_add(1, std::memory_order_release);
+            // what its host did after its last step, and llama.cpp's counters of its decoding
+            std::string line;
+            if (s.log.fp && host_record(*dead, s.epoch, line)) {
+                s.log.emit(line);
+            }
+            if (s.log.fp && perf_record(ctx, *dead, s.epoch, line)) {
+                s.log.emit(line);
+            }
         }
     } catch (...) {
         // nothing to report to: the context is going away

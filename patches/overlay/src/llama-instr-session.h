@@ -16,6 +16,7 @@
 #include "llama-instr-graph.h"
 #include "llama-instr-json.h"
 #include "llama-instr-ops.h"
+#include "llama-instr-sampling.h"
 #include "llama-instr-stats.h"
 #include "llama-instr.h"
 
@@ -252,10 +253,17 @@ struct ctx_state {
 
     std::vector<int32_t> scratch_ids;
     std::string          line;  // reused formatting buffer
+
+    // what the host did since the last step: sampling, the program's own work (llama-instr-sampling.cpp)
+    host_window between;
 };
 
 // The state of ctx, created on first use; nullptr only when out of memory.
 ctx_state * ctx_get(const llama_context * ctx) noexcept;
+
+// The state of ctx if it has one (never made here: ctx may be a context freed since a caller saw
+// it), else nullptr.
+ctx_state * ctx_find(const llama_context * ctx) noexcept;
 
 // At the start of a step: join the open session if st is not in it yet (new id; the current
 // graph is announced again), and count the step. False when no session is open.

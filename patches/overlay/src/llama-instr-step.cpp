@@ -193,7 +193,8 @@ void llama_instr_synchronized(llama_context * ctx) {
 }
 
 int64_t llama_instr_decode_begin(llama_context * ctx, const llama_batch & batch) {
-    ctx_state * stp = ctx_get(ctx);
+    const int64_t t_entry = now_ns();
+    ctx_state *   stp     = ctx_get(ctx);
     if (!stp) {
         return 0;  // out of memory: this step is not recorded
     }
@@ -243,6 +244,8 @@ int64_t llama_instr_decode_begin(llama_context * ctx, const llama_batch & batch)
         st.capture.n_filled = 0;
         st.n_tables         = 0;
         write_step_begin(st, ctx, batch, p0, p1, prompt);
+        // what the host did since the context's last step (this hook's work included)
+        host_step_begin(st, t_entry);
     } catch (...) {
         hook_failed(st.epoch, "llama_instr_decode_begin");
     }
@@ -250,8 +253,9 @@ int64_t llama_instr_decode_begin(llama_context * ctx, const llama_batch & batch)
 }
 
 void llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int32_t ret, int64_t t_start) {
-    const int64_t t_end = now_ns();
-    ctx_state *   stp   = ctx_get(ctx);
+    const int64_t t_end   = now_ns();
+    const int64_t cpu_end = thread_cpu_ns();  // the next window's CPU time starts here
+    ctx_state *   stp     = ctx_get(ctx);
     if (!stp) {
         return;
     }
@@ -336,7 +340,9 @@ void llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int3
             return;
         }
         emit(st.epoch, st.line);
+        host_step_end(st, ctx, batch, cpu_end);
         step_done(st);
+        host_log_part(st, t_end, "log");  // this hook's work after the step, the first of the next window's
     } catch (...) {
         st.device_pending = false;
         st.step_pending   = false;

@@ -68,6 +68,7 @@ inline std::string json_int_or_null(bool known, int64_t v) {
 // states live from arrival to the record: memory is bounded by the requests in flight.
 
 struct spec_totals;  // its speculative decoding (llama-instr-spec.h)
+struct host_totals;  // the host's work for it (llama-instr-host.h)
 
 struct request_state {
     std::string id;             // "task-<its first task id>"
@@ -115,6 +116,7 @@ struct request_state {
     std::string  text_prompt;             // ... the prompt's text after
 
     std::shared_ptr<spec_totals> spec;    // the drafts it verified (none: null)
+    std::shared_ptr<host_totals> host;    // its last token, its chunks sent (none: null)
 };
 
 using request_ptr = std::shared_ptr<request_state>;
@@ -143,6 +145,7 @@ inline std::string error_text(const std::string & e) {
 }
 
 inline std::string spec_fields(const request_state & r);  // llama-instr-spec.h
+inline std::string host_fields(const request_state & r);  // llama-instr-host.h
 
 inline std::string request_fields(const request_state & r) {
     const int64_t t_model = r.t_start_us > 0 ? r.t_start_us * 1000 : 0;
@@ -204,7 +207,7 @@ inline std::string request_fields(const request_state & r) {
         }
         f += "}";
     }
-    return f + spec_fields(r) + "}";
+    return f + spec_fields(r) + host_fields(r) + "}";
 }
 
 // With requests_mutex() held: the record's fields once both sides are done (and not before, nor
@@ -696,4 +699,5 @@ inline void part_end(llama_context * ctx, const char * program, const std::strin
 
 }  // namespace llama_instr_tools
 
+#include "llama-instr-host.h"  // llama-server's work between steps
 #include "llama-instr-spec.h"  // llama-server's speculative decoding

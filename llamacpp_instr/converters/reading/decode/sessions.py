@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .fields import VALUE_MAX, as_dict, nonneg, opt_count
+from .host import Chain, ContextPerf, HostWork
 from .memory import Allocation
 from .spec import MAX_POS, Verify
 from .steps import Step
@@ -53,6 +54,11 @@ class SessionInfo:
     # by ctx), and each verify step of a slot (``spec`` records), in log order
     contexts: dict[int, dict[str, Any]] = field(default_factory=dict)
     verifies: list[Verify] = field(default_factory=list)
+    # each sampler chain with llama.cpp's own counter of its time (``chain`` records), and each
+    # context's counters of its decoding (``perf``), in log order; the host's work between steps
+    # comes as ``HostDone`` events, one per ``host`` record
+    chains: list[Chain] = field(default_factory=list)
+    perf: list[ContextPerf] = field(default_factory=list)
 
     @property
     def ended(self) -> bool:
@@ -77,11 +83,20 @@ class StepDone:
 
 
 @dataclass
+class HostDone:
+    """A ``host`` record: what a context's host did after one of its steps (read after that step's
+    own records, with the context's next step)."""
+
+    session: SessionInfo
+    host: HostWork
+
+
+@dataclass
 class SessionEnded:
     session: SessionInfo
 
 
-Event = SessionStarted | StepDone | SessionEnded
+Event = SessionStarted | StepDone | HostDone | SessionEnded
 
 
 def session_info(rec: dict[str, Any]) -> SessionInfo:
@@ -154,6 +169,9 @@ REQUEST_COUNTS = (
     "prompt_tokens",
     "gen_tokens",
     "tokens_sent",
+    "last_token",
+    "send_ns",
+    "sends",
 )
 REQUEST_TEXTS = ("id", "endpoint", "method", "outcome", "error", "traceparent", "level")
 # llama-server's ``spec`` object in a request record: its counts and times

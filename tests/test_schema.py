@@ -38,3 +38,16 @@ def test_levels_and_version_are_the_same(doc: dict[str, Any]) -> None:
     assert tuple(start["level"]["enum"]) == schema.SESSION_LEVELS
     assert start["schema_version"] == {"const": schema.CURRENT_SCHEMA_VERSION}
     assert SCHEMA_JSON.name == f"schema_v{schema.CURRENT_SCHEMA_VERSION}.json"
+
+
+def test_the_doc_opens_with_one_real_line_of_each_record_kind() -> None:
+    """docs/schema.md's first block: one line per record type of the current schema, each a JSON
+    object of that type with the common fields (a real record, cut short)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "schema.md").read_text()
+    block = text.split("```\n", 2)[1]
+    kinds = []
+    for line in block.splitlines():
+        rec = json.loads(line)
+        assert {"type", "ts", "sid"} <= set(rec), line[:80]
+        kinds.append(rec["type"])
+    assert sorted(kinds) == sorted(schema.RECORD_TYPES_V1)

@@ -122,13 +122,17 @@ def command(
     the graphs, unless --rpc names live ones). The result is a prediction with a 95 % interval:
     from the logs predicted from each other (leave one out), or where none could be held out the
     model's error on the project's benchmark grids (x/÷ 1.22) or its spread on the logs' own
-    steps, the wider. A CPU thread count no log ran is priced from the nearest one run:
-    compute-bound ops scale with the threads, memory-bound ones stay at the bandwidth the logs
-    measured (or the ratio instr peaks measured at the two counts); its interval spans every op
-    scaling to none doing so. What no log measured (threads beyond the machine's CPUs, a weight
-    type never run, a device, ops of more work than the logs' did: a longer prompt or ubatch, a
-    deeper context) is listed with the run that would measure it, and that speed is not given
-    (exit 2): nothing is extrapolated. A context beyond the model's n_ctx_train is refused (exit 2). An op
+    steps, the wider. A CPU thread count no log ran is priced from the nearest one run with what
+    instr peaks measured of this machine at both (without them, not covered: the instr peaks to
+    run is named): memory-bound ops at the bandwidth of the new count, compute-bound ones by the
+    threads, an op of one row on one thread at both; the output says which each op is. A context
+    deeper than the logs' prices attention (the KQ and KQV matmuls and their softmax, or flash
+    attention by the cells its rows see) by its measured cost per KV cell, labelled an
+    extrapolation, up to 17x the KV cells the logs read (what the project's benchmark checks).
+    What no log measured (threads beyond the machine's CPUs, a weight type never run, a device,
+    ops of more work than the logs' did: a longer prompt or ubatch, a context deeper than that)
+    is listed with the run that would measure it, and that speed is not given (exit 2). A
+    context beyond the model's n_ctx_train is refused (exit 2). An op
     its device never ran, of a kind it did, is priced from that kind and listed ("priced from
     other ops": a matmul of a weight type the logs ran on another device only, as the device's
     matmul of another type of the same shape; a binary op from another).
@@ -217,21 +221,17 @@ def _basis(p: Prediction) -> str:
             f"95 % intervals from how far {iv.held_out} log(s) were from their prediction by the "
             "others (leave one out)."
         )
-    if iv.basis == "thread bounds":
-        return (
-            "at a thread count no log ran, the intervals span every op scaling with the threads "
-            "to none doing so."
-        )
     return (
         "no log could be predicted from the others: the intervals are the model's error on the "
-        "project's benchmark grids (x/÷ 1.22) or the logs' own steps' spread, the wider (add "
-        "logs of other settings for intervals from these logs)."
+        f"project's benchmark grids (x/÷ {iv.high / iv.value:.2f} here) or the logs' own steps' "
+        "spread, the wider (add logs of other settings for intervals from these logs)."
     )
 
 
 def render(p: Prediction) -> str:
-    lines = [f"prediction for {p.target.describe()}:"]
-    lines += [f"  WARNING, a log from a busy machine: {line}" for line in p.contended]
+    # a log from a busy machine first, as summary says it
+    lines = [f"WARNING, a log from a busy machine: {line}" for line in p.contended]
+    lines.append(f"prediction for {p.target.describe()}:")
     lines.append(_rate("prompt", p.prompt))
     lines.append(_rate("generation", p.gen))
     for kind, name in (("gen", "generation"), ("prompt", "prompt")):
@@ -256,6 +256,8 @@ def render(p: Prediction) -> str:
         lines.append(f"  threads: {p.threads_from}")
     for line in p.priced_from_others:
         lines.append(f"  priced from other ops: {line}")
+    for line in p.extrapolated:
+        lines.append(f"  extrapolated: {line}")
     for line in p.not_covered:
         lines.append(f"  not covered: {line}")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -340,3 +341,30 @@ def test_a_prompt_op_beyond_its_row_class_is_priced_from_a_larger_one() -> None:
     assert m.lookup(cpu, "16+", *key, work=5000.0) is small  # beyond both: its own, flagged
     assert small.beyond(5000.0) == 50.0
     assert m.lookup(cpu, "1", *key, work=400.0) is one  # a token's own class as it is
+
+
+def test_a_prediction_from_a_busy_log_says_so_first(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """A log whose generation steps spread like a contended machine's (3 of 15 made 20 times
+    slower, as another process holding the cores does) gets instr summary's verdict as the
+    prediction's first line, and in its JSON."""
+    log = make_run(tiny_llama_f32, tmp_path / "busy.log", "detailed", n_predict=16).log_path
+    lines = log.read_text().splitlines()
+    slowed = 0
+    for k, line in enumerate(lines):
+        rec = json.loads(line)
+        if rec["type"] == "step_end" and rec["step"] in (4, 8, 12):
+            rec["dur"] *= 20
+            lines[k] = json.dumps(rec)
+            slowed += 1
+    assert slowed == 3
+    log.write_text("\n".join(lines) + "\n")
+    r = instr("predict", str(log))
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("WARNING, a log from a busy machine:") and "contended" in first
+    doc = json.loads(instr("predict", str(log), "--format", "json").stdout)
+    (said,) = doc["contended"]
+    found = re.search(r"(\d+) of (\d+) steps over", said)
+    assert found and int(found[1]) >= 3, said  # (the machine's own spikes may add some)

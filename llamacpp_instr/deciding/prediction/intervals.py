@@ -44,13 +44,11 @@ from llamacpp_instr.deciding.prediction.op_costs import CostModel
 # |ln(measured / predicted)| over bench/predict.py's 51 predictions on its CPU, thread, Vulkan and
 # RPC grids (2026-11-26: 0.175, the largest 0.232), rounded up
 BENCH_HALF = 0.2
-# the same across thread counts: the 95th percentile of |ln(measured / predicted)| over
-# bench/predict.py's thread grid (--threads-grid: two models, three prompts, 1 -> 2 and 2 -> 1
-# threads, prompt and generation, from one log each), rounded up
+# the same across thread counts, and beyond the KV cells the logs read (attention priced per KV
+# cell: kv_costs): the half-width bench/predict.py's thread and depth grids check (--threads-grid,
+# --depth-grid: two models, one log each; each grid prints the 95th percentile of
+# |ln(measured / predicted)| beside it): a +-18 % interval, inside the +-20 % they are held to
 BENCH_THREADS_HALF = 0.18
-# and beyond the KV cells the logs read (an attention op priced per KV cell: op_costs'
-# KV_EXTRAPOLATION): over its depth grid (--depth-grid: two models, depths 512 to 4096 from logs of
-# short prompts, flash attention on and off, prompt and generation), rounded up
 BENCH_DEPTH_HALF = 0.18
 # Student's t distribution's 97.5th percentile at 1, 2, ... 30 degrees of freedom (a two-sided
 # 95 % interval), as statistics tables give it

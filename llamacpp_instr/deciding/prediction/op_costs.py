@@ -387,18 +387,19 @@ class CostModel:
             else:
                 w = roofs.work([as_lab], [as_typ], n_bytes, gc.flops[k : k + 1])
             out[k] = float(fit.time(w)[0])
+            fixed, far = fit.fixed, fit.beyond(float(w[0]))
             line = self.flash.get((where, typ)) if lab == kv_costs.FLASH else None
             if line is not None and cells is not None:
-                # the cells its rows see, not those its view spans (masked ones are skipped)
-                fit = Fit(line.fixed, 1.0, 0.0, line.cells_hi, fit.n)
+                # by the cells its rows see, not those its view spans (masked ones are skipped)
                 out[k] = line.time(gc.graph.n_tokens, cells)
-                w = np.array([cells])
+                fixed = line.fixed
+                far = cells / line.cells_hi if cells > line.cells_hi * BEYOND else 0.0
             if scale is not None and dev == "CPU":  # at the target's thread count
                 weight = as_typ if as_lab.startswith("MUL_MAT") and "kv " not in as_typ else ""
                 time, what = scale.time(
-                    out[k] - fit.fixed, float(n_bytes[0]), weight, rol, int(gc.units[k])
+                    out[k] - fixed, float(n_bytes[0]), weight, rol, int(gc.units[k])
                 )
-                out[k] = fit.fixed + time
+                out[k] = fixed + time
                 if bound is not None:
                     op = (
                         f"{lab} {typ}"
@@ -406,7 +407,6 @@ class CostModel:
                         else lab
                     )
                     bound[(what, op)] = bound.get((what, op), 0.0) + out[k]
-            far = fit.beyond(float(w[0]))
             cls = (str(where), lab, typ, gc.tokens[k])
             if far and gc.kv[k]:
                 # an attention op on more KV cells than the logs': its line, per cell

@@ -362,8 +362,9 @@ def test_a_prediction_from_a_busy_log_says_so_first(
     log.write_text("\n".join(lines) + "\n")
     r = instr("predict", str(log))
     assert r.returncode == 0, r.stderr
-    first = r.stdout.splitlines()[0]
-    assert first.startswith("WARNING, a log from a busy machine:") and "contended" in first
+    title, first = r.stdout.splitlines()[:2]  # the report's title, then its warnings
+    assert title == "Prediction (instr predict)"
+    assert first.startswith("warning: a log from a busy machine:") and "contended" in first
     doc = json.loads(instr("predict", str(log), "--format", "json").stdout)
     (said,) = doc["contended"]
     found = re.search(r"(\d+) of (\d+) steps over", said)

@@ -15,6 +15,7 @@ from llamacpp_instr.contract.schema import LEVEL_IDS, level_at_least
 
 from ..analysis import spec_split
 from ..analysis.frames import SessionFrames
+from ..session.attention import flash_attention
 from . import (
     device_report,
     memory_report,
@@ -91,6 +92,7 @@ def overview(f: SessionFrames) -> dict[str, Any]:
         "steps_with_op_times": sampling.timed_steps if op_times_recorded(f) else 0,
         "steps_by_level": sampling.steps_by_level,
         "files": _files(f),
+        "flash_attn": flash_attention(f.info).to_json(),
         **({"speculation": spec_report.overview(f, sp)} if sp is not None else {}),
     }
 
@@ -279,6 +281,7 @@ def summary_report(
     facts = [
         Fact("model", ov["model"]),
         Fact("level", ov["level"] or "unknown"),
+        Fact("flash attention", flash_attention(f.info).line()),
         Fact("steps", ov["steps"], "int"),
         Fact("prompt tokens", ov["prompt_tokens"], "int"),
         Fact("prompt tokens/s", ov["prompt_tok_s"], "f1"),

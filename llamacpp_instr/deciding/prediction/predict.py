@@ -59,7 +59,7 @@ from llamacpp_instr.deciding.prediction.kv_costs import (
 )
 from llamacpp_instr.deciding.prediction.op_costs import CostModel, GraphCosts
 from llamacpp_instr.native import bindings
-from llamacpp_instr.running import devices, offload, runner
+from llamacpp_instr.running import context_defaults, devices, offload, runner
 from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
 
@@ -74,7 +74,7 @@ class Target:
     depth: int  # KV cells in use before the prompt (llama-bench's -d)
     n_batch: int
     n_ubatch: int
-    flash_attn: bool = False
+    flash_attn: bool | None = False  # None: llama.cpp's auto (a setting to plan)
     type_k: str = "f16"
     type_v: str = "f16"
     offload: offload.Offload = field(default_factory=offload.Offload)
@@ -157,7 +157,7 @@ class Prediction:
 
 
 def load_logs(paths: list[Path]) -> list[SessionFrames]:
-    """The logs' first sessions, each with op times (a one-line UserError otherwise)."""
+    """Each log's latest session, each with op times (a one-line UserError otherwise)."""
     out = []
     for p in paths:
         sf = load_session(p)
@@ -627,8 +627,7 @@ def measuring_run(t: Target) -> str:
     if t.offload.gpu_layers:
         args.append(f"-ngl {t.offload.gpu_layers}")
     args += [f"-ot '{x}'" for x in t.tensors.command_line()[1:]]
-    if t.flash_attn:
-        args.append("--flash-attn")
+    args += context_defaults.flash_attn_args(t.flash_attn)
     if (t.type_k, t.type_v) != ("f16", "f16"):
         args.append(f"-ctk {t.type_k} -ctv {t.type_v}")
     args.append(f"--ignore-eos -p <a prompt of {tokens} tokens>")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import RunLog, instr, make_run
+from helpers.support import RunLog, instr, make_run
 
 
 @pytest.fixture(scope="module")

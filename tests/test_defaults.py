@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import PROMPT, RunLog, make_run
+from helpers.support import PROMPT, RunLog, make_run
 
 N_GEN = 24
 
@@ -73,20 +73,10 @@ def test_greedy_text_is_llama_cpps_at_its_defaults(
     assert start["metadata"]["flash_attn_type"] == "auto"
 
 
-def _summary(log: Path) -> dict[str, Any]:
+def _summary(log: Path, *args: str) -> str:
+    """instr summary's stdout (``args``: its options)."""
     r = subprocess.run(
-        [sys.executable, "-m", "llamacpp_instr.cli", "summary", str(log), "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr
-    return dict(json.loads(r.stdout))
-
-
-def _text_summary(log: Path) -> str:
-    r = subprocess.run(
-        [sys.executable, "-m", "llamacpp_instr.cli", "summary", str(log)],
+        [sys.executable, "-m", "llamacpp_instr.cli", "summary", str(log), *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -105,9 +95,9 @@ def test_the_log_and_the_summary_say_what_flash_attention_was(
     assert start["context"]["flash_attn"] is used
     asked = {None: "auto", True: "on", False: "off"}[flash]
     assert start["metadata"]["flash_attn_type"] == asked
-    doc = _summary(log.log_path)
+    doc = json.loads(_summary(log.log_path, "--format", "json"))
     assert doc["overview"]["flash_attn"] == {"used": used, "asked": asked}
-    line = next(x for x in _text_summary(log.log_path).splitlines() if "flash attention" in x)
+    line = next(x for x in _summary(log.log_path).splitlines() if "flash attention" in x)
     if flash is None:
         assert "on (decided by auto, llama.cpp's default" in line
     elif flash:
@@ -116,6 +106,7 @@ def test_the_log_and_the_summary_say_what_flash_attention_was(
         assert "off (asked: attention as separate KQ, soft_max and KQV ops)" in line
 
 
+@pytest.mark.fast
 def test_what_a_llama_cpp_command_line_asked() -> None:
     """A session opened by LLAMA_INSTR_LOG says its program's command line: -fa as given, auto
     without one; an API session says nothing of what was asked."""

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from support import by_type, instr, read_log
+import pytest
+from helpers.support import by_type, instr, read_log
 
 
 def _run(model: Path, log: Path, *more: str) -> str:
@@ -66,7 +67,7 @@ def test_append_adds_a_session_and_readers_show_the_latest(
     assert "showing session, 1 of 2" in r.stderr
     for args in (
         ["requests", str(log)],  # (exit 2: a run's log holds no requests)
-        ["workloads", str(log)],
+        ["export", str(log), "--workloads"],
         ["compare", str(log), str(log)],
     ):
         r = instr(*args)
@@ -77,6 +78,7 @@ def test_append_adds_a_session_and_readers_show_the_latest(
     assert "holds 2 sessions: one process each" in r.stderr
 
 
+@pytest.mark.fast
 def test_the_note_names_a_bounded_number_of_sessions() -> None:
     from llamacpp_instr.converters.analysis.frames import NOTE_SESSIONS, sessions_note
 

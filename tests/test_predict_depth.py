@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import assert_one_line_error, instr, make_run
+from helpers.support import assert_one_line_error, instr, make_run
 
 
 @pytest.fixture(scope="module")
 def deep_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tiny_gguf import write_tiny_model
+    from helpers.tiny_gguf import write_tiny_model
 
     d = tmp_path_factory.mktemp("depth")
     return write_tiny_model(d / "tiny-8k.gguf", arch="llama", seed=11, n_ctx_train=8192)
@@ -113,6 +113,7 @@ def test_flash_attention_is_priced_by_the_cells_its_rows_see(short_logs: dict[bo
     assert any("FLASH_ATTN_EXT" in x for x in doc["extrapolated"])
 
 
+@pytest.mark.fast
 def test_flash_attentions_line_by_hand() -> None:
     """Times made of 100 ns fixed, 40 ns a row and 3 ns a cell seen (a prompt of 9 rows and
     generation at 20 positions) give those back; times that fall with the rows give 0 a row."""
@@ -152,6 +153,7 @@ def test_the_attention_ops_are_those_on_the_way_between_cache_reads(
             assert marked == want, marked
 
 
+@pytest.mark.fast
 def test_a_prompt_after_a_depth_pays_no_contexts_start() -> None:
     """A step that starts its context (position 0, the session's first) is left out of the warm
     level and overhead a prompt after a depth is priced at; where every prompt step was one, the

@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import FIXTURES, RunLog, assert_one_line_error, instr, make_run
+from helpers.support import FIXTURES, RunLog, assert_one_line_error, instr, make_run
 
 
+@pytest.mark.fast
 def test_t975_is_students_t() -> None:
     from llamacpp_instr.deciding.prediction.intervals import T975, t975
 
@@ -41,6 +42,7 @@ def _model(**kw: Any) -> Any:
     return CostModel(**{"fits": {}, "roofs": {}, "fused": set(), "overhead": {}, **kw})
 
 
+@pytest.mark.fast
 def test_the_interval_by_hand() -> None:
     """10 tokens in 0.1 s at a level of 1.25: 80 tok/s. From the residuals 0.1, -0.2, 0.05:
     3.182 * sqrt((0.01 + 0.04 + 0.0025) / 3) = 0.42094 each way; at a thread count no log ran
@@ -186,6 +188,7 @@ def _parts(node: Any) -> int:
     return int(shape[1] * shape[2] * shape[3])
 
 
+@pytest.mark.fast
 def test_each_op_at_one_thread_from_a_two_thread_log() -> None:
     """The committed tiny log ran 2 threads. At 1, each op of its graphs keeps its class; of its
     time beyond the class's fixed cost, the cost of its split at 2 threads goes (none on one),
@@ -307,7 +310,7 @@ def test_more_threads_than_a_log_without_its_cpus_ran_are_not_covered(
     """The committed fixture's log does not name its machine's CPUs: more threads than it ran are
     not covered (they could be more than the machine has), and fewer neither, its machine's
     peaks being found by its name (the instr peaks to run is named)."""
-    from tiny_gguf import write_tiny_model
+    from helpers.tiny_gguf import write_tiny_model
 
     log = FIXTURES / "tiny-llama-detailed.log.gz"
     model = write_tiny_model(tmp_path / "tiny.gguf", arch="llama", seed=7, n_ctx_train=1024)
@@ -322,6 +325,7 @@ def test_more_threads_than_a_log_without_its_cpus_ran_are_not_covered(
     assert "instr peaks --threads 1" in r.stdout
 
 
+@pytest.mark.fast
 def test_a_prompt_op_beyond_its_row_class_is_priced_from_a_larger_one() -> None:
     """A 127-token prompt's op, whose own row class (16+) the logs ran only in ubatches of 32
     (4x less work), is priced on the line of the 128+ class that did more work (a prompt of 512

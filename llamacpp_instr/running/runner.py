@@ -384,6 +384,7 @@ def run_watched(
     if cfg.append and cfg.out.exists() and cfg.out.stat().st_size > 0:
         raise UserError(f"--live needs a new log file; {cfg.out} exists (drop --append)")
     check_writable(cfg.out)
+    models.check_gguf(cfg.model)  # a run that cannot start leaves the old log where it is
     old = keep_old(cfg.out)
     stop = threading.Event()
     viewer = threading.Thread(target=watch, args=(cfg.out, 600.0, stop), daemon=True)

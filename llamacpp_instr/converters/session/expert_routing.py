@@ -1,4 +1,4 @@
-"""A mixture of experts' routing as the log records it (``experts`` records, issue 52 §2): per
+"""A mixture of experts' routing as the log records it (``experts`` records): per
 compute, layer and expert, the tokens the router sent there and the sum of their routing weights
 (the router's probabilities of the chosen entries; ``None`` where the log could not read them).
 

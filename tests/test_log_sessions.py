@@ -43,7 +43,7 @@ def test_o_replaces_the_log_and_keeps_the_old_one(
     doc = json.loads(r.stdout)
     assert doc["overview"]["session"] == second
     assert doc["overview"]["flash_attn"]["used"] is False  # the rerun's setting, not the first's
-    _run(tiny_llama_f32, log)  # a third run: .old is the second now
+    _run(tiny_llama_f32, log)  # a third run: .old holds the second
     assert _sids(old) == [second]
 
 

@@ -15,7 +15,10 @@ Per setting, round by round (interleaved, so that drift of the shared machine hi
 Settings: `cpu` (no offload), `rpc` (every layer on one `ggml-rpc-server` on loopback, `-ngl 99`),
 `vulkan` (every layer on Vulkan0: Mesa's lavapipe where there is no GPU, `-ngl 99`; the run on
 `instr build --vulkan`'s libraries, llama-bench from `instr build --tools --vulkan`).
-Both programs use a batch and micro-batch of 512 and no flash attention. The run's prompt step is
+Both programs run at their own defaults, as a user runs them (batch, micro-batch, flash
+attention: llama.cpp's `auto` in both), given the same thread count; the table says the flash
+attention each had (what the run's log says it used; what llama-bench's JSON says was asked).
+The run's prompt step is
 its first decode (cold: no warm-up), the bench's is not. Prints per setting and test the median
 tokens/s of each, the median of the per-round ratios (summary / llama-bench; target 0.85-1.15) and,
 for reference, what the summary said when a step ended at `llama_decode`'s return
@@ -55,6 +58,8 @@ PROMPT = (
     "the stone houses and the great square where the market is held every week."
 )
 TARGET = (0.85, 1.15)
+# the flash attention each program used, said in the table ("instr run on", "llama-bench auto")
+FLASH_USED: set[str] = set()
 
 
 def echo(msg: str) -> None:
@@ -81,8 +86,8 @@ def instr_run(
 ) -> dict[str, float]:
     offload = rpc is not None or vk_lib is not None
     cmd = [sys.executable, "-m", "llamacpp_instr.cli", "run", str(model), "--prompt-file", str(prompt),
-           "-n", str(args.n), "--ignore-eos", "-t", str(args.threads), "--batch", "512",
-           "--ubatch", "512", "--no-flash-attn", "-o", str(log), "-ngl", "99" if offload else "0"]  # fmt: skip
+           "-n", str(args.n), "--ignore-eos", "-t", str(args.threads), "-o", str(log),
+           "-ngl", "99" if offload else "0"]  # fmt: skip
     if rpc:
         cmd += ["--rpc", rpc]
     env = _env(vk_lib, args.threads)
@@ -97,6 +102,7 @@ def instr_run(
         "pp": float(ov["prompt_tok_s"]),
         "tg": float(ov["gen_tok_s"]),
         "tg_decode": float(gen["n_tokens"].sum() / (gen["llama_decode_ns"].sum() / 1e9)),
+        "flash_attn": float(bool((f.info.context or {}).get("flash_attn"))),
     }
 
 
@@ -110,7 +116,7 @@ def llama_bench(
 ) -> float:
     offload = rpc is not None or vulkan
     cmd = [str(exe), "-m", str(model), *test, "-t", str(args.threads), "-ngl", "99" if offload else "0",
-           "-fa", "0", "-b", "512", "-ub", "512", "-r", str(args.r), "-o", "json"]  # fmt: skip
+           "-r", str(args.r), "-o", "json"]  # fmt: skip
     if rpc:
         cmd += ["--rpc", rpc]
     env = _env()
@@ -122,6 +128,9 @@ def llama_bench(
     if r.returncode != 0:
         raise SystemExit(f"llama-bench failed ({r.returncode}): {r.stderr.strip()[-800:]}")
     rows = json.loads(r.stdout)
+    # its JSON says llama_flash_attn_type as asked: -1 auto, 0 off, 1 on
+    fa = {-1: "auto", 0: "off", 1: "on"}.get(int(rows[0].get("flash_attn", -1)), "?")
+    FLASH_USED.add(f"llama-bench {fa}")
     return float(rows[0]["avg_ts"])
 
 
@@ -167,6 +176,7 @@ def main() -> None:
                     model, prompt, tmp / f"{s}-{k}.log", args, ep, vk_lib if vk else None
                 )
                 p = int(run["prompt_tokens"])
+                FLASH_USED.add(f"instr run {'on' if run['flash_attn'] else 'off'}")
                 exe = (vk_bins if vk and vk_bins else bins) / "llama-bench"
                 pp = llama_bench(exe, model, ["-p", str(p), "-n", "0"], args, ep, vk)
                 tg_test = ["-p", "0", "-n", str(args.n), "-d", str(p)]
@@ -190,7 +200,8 @@ def table(
 ) -> str:
     lines = [
         f"{model.name}; {args.rounds} interleaved rounds; {args.threads} threads; llama-bench "
-        f"-r {args.r}; batch and ubatch 512, no flash attention; "
+        f"-r {args.r}; each at its own defaults (flash attention used: "
+        f"{', '.join(sorted(FLASH_USED))}); "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores. rpc: every layer on "
         "one ggml-rpc-server on loopback; vulkan: every layer on Vulkan0 (Mesa's lavapipe). The summary's figures are of `instr run`'s log at its "
         "default level (detailed); the generation test runs after a context of the prompt's tokens "

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from llamacpp_instr.converters.analysis.frames import SessionFrames
     from llamacpp_instr.running.api import (
         InstrSession,
+        llama_defaults,
         memory_failure,
         record_transfers,
         session,
@@ -46,7 +47,14 @@ def to_perfetto(log: str | Path, output: str | Path | None = None, **options: An
 # The root imports nothing of its own: `instr` and `import llamacpp_instr` pay only for what they
 # use (the CLI's start, and the image's builder, which installs click alone to run `instr build`).
 # The session API (running/api.py) loads llama_cpp when first used, the converters numpy and orjson.
-_API = ("session", "InstrSession", "record_transfers", "set_memory_budget", "memory_failure")
+_API = (
+    "session",
+    "InstrSession",
+    "llama_defaults",
+    "record_transfers",
+    "set_memory_budget",
+    "memory_failure",
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -62,6 +70,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "InstrSession",
     "__version__",
+    "llama_defaults",
     "load_session",
     "memory_failure",
     "record_transfers",

@@ -187,8 +187,11 @@ def tiny_second_arch(tiny_dir: Path) -> Path:
 def smollm2_detailed(
     instr_api: Any, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> RunLog:
+    """SmolLM2 with attention as separate KQ, soft_max and KQV ops (--no-flash-attn), which the
+    tests of those ops (their graph tables, KV cache flows) read; test_defaults runs the
+    defaults."""
     out = tmp_path_factory.mktemp("logs") / "smollm2-detailed.log"
-    return RunLog(make_run(smollm2_path, out, "detailed", n_predict=16))
+    return RunLog(make_run(smollm2_path, out, "detailed", n_predict=16, flash_attn=False))
 
 
 @pytest.fixture(scope="session")

@@ -121,15 +121,16 @@ def test_compare_never_sets_sampled_totals_against_full_ones(
     c = compare.compare_sessions(a, b, a.generated_tokens, b.generated_tokens)
     assert c["sampled"]["a"] and not c["sampled"]["b"]
     assert "unavailable" in c["tokens"]  # minimal steps carry no token ids
-    # per op: the mean per generation step with op times, in both runs
+    # per op: the mean per step with op times, prompt and generation apart, in both runs
     mm = {r["op"]: r for r in c["per_op"]}["MUL_MAT"]
-    for f, key in ((a, "total_ms_a"), (b, "total_ms_b")):
-        gen = f.steps[(f.steps["kind"] == "gen") & (f.steps["level"] == "detailed")]["step"]
-        ops = f.ops[f.ops["step"].isin(gen) & (f.ops["op"] == "MUL_MAT")]
-        assert mm[key] == pytest.approx(ops["dur_ns"].sum() / 1e6 / len(gen))
+    for f, run in ((a, "a"), (b, "b")):
+        for kind in ("prompt", "gen"):
+            timed = f.steps[(f.steps["kind"] == kind) & (f.steps["level"] == "detailed")]["step"]
+            ops = f.ops[f.ops["step"].isin(timed) & (f.ops["op"] == "MUL_MAT")]
+            assert mm[f"{kind}_ms_{run}"] == pytest.approx(ops["dur_ns"].sum() / 1e6 / len(timed))
     r = CliRunner().invoke(main, ["compare", str(sampled_log), str(full)])
     assert r.exit_code == 0, r.output
-    assert "mean per generation step with op times" in r.stdout
+    assert "prompt and generation apart" in r.stdout and "steps with op times" in r.stdout
 
 
 def test_sample_requests_records_one_request_in_n(

@@ -110,10 +110,21 @@ def test_tail_skips_nothing_of_a_complete_log() -> None:
 
 @pytest.mark.fast
 def test_run_live_refuses_an_existing_log(tmp_path: Path) -> None:
-    """The live view follows the file from its start: an earlier session in it is refused, in one
-    line, before any model loads."""
+    """The live view follows the file from its start: an earlier session in it (--append) is
+    refused, in one line, before any model loads; without --append, a run that cannot start
+    leaves the old log where it is."""
     log = tmp_path / "old.log"
     log.write_text('{"type":"session_start"}\n')
+    r = subprocess.run(
+        [sys.executable, "-m", "llamacpp_instr.cli", "run", str(tmp_path / "nope.gguf"), "-p", "x"]
+        + ["--live", "-o", str(log), "--append"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"error: --live needs a new log file; {log} exists (drop --append)"
+    assert log.read_text() == '{"type":"session_start"}\n'
     r = subprocess.run(
         [sys.executable, "-m", "llamacpp_instr.cli", "run", str(tmp_path / "nope.gguf"), "-p", "x"]
         + ["--live", "-o", str(log)],
@@ -121,9 +132,10 @@ def test_run_live_refuses_an_existing_log(tmp_path: Path) -> None:
         text=True,
         timeout=60,
     )
-    assert r.returncode == 2
-    assert r.stderr.strip() == f"error: --live needs a new log file; {log} exists"
-    assert log.read_text() == '{"type":"session_start"}\n'
+    assert r.returncode == 2 and "model file not found" in r.stderr, r.stderr
+    assert (
+        log.read_text() == '{"type":"session_start"}\n' and not (tmp_path / "old.log.old").exists()
+    )
 
 
 def _live(records: list[dict[str, Any]]) -> tuple[LiveState, list[Any]]:

@@ -117,11 +117,17 @@ def test_measured_peaks_are_sane(quick_peaks: machine_peaks.Peaks) -> None:
     assert all(math.isfinite(v) and v > 0 for v in figures)
     # each figure is its measurement's counted work over its best time
     recs = [r for r in quick_peaks.measurements if r["device"] == "CPU"]
-    assert len(recs) == 3
+    assert len(recs) == 5
     for r in recs:
         assert r["bytes"] == sum(t["nbytes"] for t in r["tensors"])
     bw = recs[0]
     assert bw["what"] == "bandwidth" and cpu.bandwidth_gbs == bw["bytes"] / bw["best_ns"]
+    # what splitting an op costs: a 64 x 64 matmul by one column at 2 threads over on one
+    on2, on1 = recs[3:]
+    assert [r["what"] for r in (on2, on1)] == ["sync", "sync"]
+    assert (on2["n_threads"], on1["n_threads"]) == (2, 1)
+    assert [t["ne"][:2] for t in on2["tensors"]] == [[64, 64], [64, 1], [64, 1]]
+    assert cpu.sync_ns == max(on2["best_ns"] - on1["best_ns"], 0)
 
 
 def test_cache_is_reused_and_refused_for_another_machine(

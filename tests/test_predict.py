@@ -142,21 +142,6 @@ def test_a_log_predicts_its_own_setting(tiny_detailed: RunLog) -> None:
     assert doc["not_covered"] == []
 
 
-def test_a_deeper_context_than_the_logs_is_not_extrapolated(tiny_detailed: RunLog) -> None:
-    """At 600 tokens of KV the attention reads 3x the cache the log's ops read (768 cells against
-    256): beyond what the log measured, so neither speed is given, and the run that measures it
-    (a prompt reaching that depth) is named; exit 2."""
-    r = instr("predict", str(tiny_detailed.path), "--ctx-depth", "600", "--format", "json")
-    assert r.returncode == 2, (r.stdout, r.stderr)
-    doc = json.loads(r.stdout)
-    assert doc["prompt_tokens_per_s"] is None and doc["gen_tokens_per_s"] is None
-    lines = [x for x in doc["not_covered"] if "beyond the sizes the logs measured" in x]
-    assert len(lines) == 2, doc["not_covered"]  # the prompt's and generation's
-    prompt_tokens = doc["setting"]["n_prompt"]
-    assert all(f"-p <a prompt of {600 + prompt_tokens} tokens>" in x for x in lines), lines
-    assert all("not extrapolated" in x and "x the most work" in x for x in lines)
-
-
 def _fixture_model(tmp_path: Path, n_ctx_train: int = 1024) -> tuple[Path, Path]:
     """The committed tiny llama fixture log, and a model of its shape (make_fixtures.py's: the
     weights' values do not matter to graphs built without them)."""

@@ -299,3 +299,85 @@ def test_predict_without_speculation_in_the_logs_is_one_line(tmp_path: Path) -> 
     r = instr("predict", str(log), "--spec-draft-n-max", "4")
     assert r.returncode != 0 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and "speculat" in r.stderr
+
+
+# --- the summary's per-step views: the target's steps, the draft's beside them ------------------
+
+LAYERS = {TGT: 3, DFT: 1}  # the hand-made graphs' layers: the target's 3, the draft's 1
+
+
+def detailed(log: Path) -> Path:
+    """``log`` at level detailed: each step computes a graph of its context (a matmul per layer,
+    then the output projection outside the layers), its ops sharing the step's time."""
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    recs[0]["level"] = "detailed"
+    out: list[dict[str, Any]] = []
+    graphs: dict[tuple[int, int], int] = {}
+    ends = {r["step"]: r for r in recs if r["type"] == "step_end"}
+    for r in recs:
+        if r["type"] == "step_begin":
+            r["level"] = "detailed"
+        out.append(r)
+        if r["type"] != "step_begin":
+            continue
+        ctx, n, end = r["ctx"], r["n_tokens"], ends[r["step"]]
+        layers = [*range(LAYERS[ctx]), None]
+        if (ctx, n) not in graphs:
+            graphs[(ctx, n)] = len(graphs) + 1
+            nodes = [
+                {"i": i, "name": f"mm-{lay}" if lay is not None else "result_output"}
+                | {"op": "MUL_MAT", "sub": None, "layer": lay, "shape": [8, n], "dtype": "f32"}
+                | {"bytes": 32 * n, "src": [], "flags": []}
+                for i, lay in enumerate(layers)
+            ]
+            out.append(
+                {"type": "graph", "ts": r["ts"], "sid": SID, "ctx": ctx, "graph": graphs[(ctx, n)]}
+                | {"n_tokens": n, "nodes": nodes}
+            )
+        each = end["dur"] // (len(layers) + 1)
+        out.append(
+            {"type": "compute", "ts": r["ts"] + end["dur"], "sid": SID, "ctx": ctx}
+            | {"step": r["step"], "ubatch": 0, "graph": graphs[(ctx, n)], "t_start": r["ts"]}
+            | {"dur": end["dur"], "n_tokens": n, "status": 0, "n_threads": 1}
+            | {
+                "layers": [
+                    [lay, i * each, each, 1] for i, lay in enumerate(layers) if lay is not None
+                ]
+            }
+            | {"ops": [[i, i * each, each] for i in range(len(layers))]}
+        )
+    log.write_text("".join(json.dumps(r) + "\n" for r in out))
+    return log
+
+
+def test_every_per_step_view_is_the_targets_with_the_drafts_beside_it(tmp_path: Path) -> None:
+    """Step percentiles, the typical generation step, the per-layer heatmap, the step times and
+    the speed over the run: the target's steps (its verifies, 6 ms, and its last single token, 4
+    ms: a typical step of 6 ms over its 3 layers), then the draft's single-token steps (1 ms, its
+    one layer), each chart named for them."""
+    from llamacpp_instr.converters.reports.summary import summary_report
+
+    log = detailed(write_spec_log(tmp_path / "s.log"))
+    f = load_session(log)
+    r = instr("summary", str(log), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    ov = json.loads(r.stdout)["overview"]
+    assert (ov["gen_step_ms_p50"], ov["gen_step_ms_p90"]) == (6.0, 6.0)
+    assert (ov["draft_step_ms_p50"], ov["draft_step_ms_p99"]) == (1.0, 1.0)
+    charts = {c.name: c for s in summary_report(f).sections for c in s.charts}
+    target = set(f.steps.loc[f.steps["role"] == "target", "step"])
+    typical = charts["typical_step_by_layer"]
+    step = int(typical.title.split("(step ")[1].split(",")[0])
+    assert step in target and "of the target" in typical.title
+    assert f.steps.set_index("step").loc[step, "dur_ns"] == VERIFY_MS * MS
+    assert typical.categories == ["layer 0", "layer 1", "layer 2", "outside layers"]
+    assert charts["layer_op_heatmap"].categories == ["layer 0", "layer 1", "layer 2"]
+    draft = charts["draft_typical_step_by_layer"]
+    assert "of the draft" in draft.title and draft.categories == ["layer 0", "outside layers"]
+    assert charts["draft_layer_op_heatmap"].categories == ["layer 0"]
+    # one point per step: the target's generation (5 verifies and a single token), the draft's
+    # single tokens (3 per round and the last)
+    assert len(charts["tokens_per_second"].x) == len(ROUNDS) + 1
+    assert len(charts["draft_tokens_per_second"].x) == 3 * len(ROUNDS) + 1
+    text = instr("summary", str(log)).stdout
+    assert "the draft's generation step p50 (ms)" in text

@@ -11,6 +11,7 @@ import click
 
 from llamacpp_instr.commands.always_on_options import always_on_options
 from llamacpp_instr.commands.options import (
+    append_option,
     level_option,
     memory_budget_option,
     metrics_option,
@@ -27,9 +28,10 @@ if TYPE_CHECKING:
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @output_option(
-    "Session log to write (appended to if it exists). Default: $LLAMA_INSTR_LOG if set, else "
-    "PROGRAM_YYYYMMDD_HHMMSS.log."
+    "Session log to write: an existing one is replaced, kept as LOG.old (--append adds to it). "
+    "Default: $LLAMA_INSTR_LOG if set (added to), else PROGRAM_YYYYMMDD_HHMMSS.log."
 )
+@append_option
 @level_option
 @always_on_options()
 @topk_option
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def command(
     output: Path | None,
+    append: bool,
     level: str,
     always_on: AlwaysOn,
     top_k_logits: int,
@@ -83,7 +86,7 @@ def command(
     from llamacpp_instr.native import build, tools
     from llamacpp_instr.running import child
     from llamacpp_instr.running import memory_budget as memory
-    from llamacpp_instr.running.runner import check_writable
+    from llamacpp_instr.running.runner import check_writable, keep_old
 
     if program == "llama-fit-params":
         raise click.UsageError(
@@ -105,6 +108,8 @@ def command(
     elif out is None:
         out = Path(f"{program}_{time.strftime('%Y%m%d_%H%M%S')}.log")
     check_writable(out)
+    if old := keep_old(out, append or output is None):  # -o: this run's log alone
+        click.echo(f"instr exec: the log that was at {out} is {old} (--append adds)", err=True)
     env = dict(os.environ)
     env["LLAMA_INSTR_LOG"] = str(out.resolve())
     env["LLAMA_INSTR_LEVEL"] = level

@@ -38,7 +38,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Old spellings keep working for one release through ``deprecated_alias``, with a note on stderr.
 
 session_option = click.option(
-    "--session", "sid", default=None, help="Session id, when the log holds several."
+    "--session",
+    "sid",
+    default=None,
+    help="Session id, when the log holds several (default: the latest; the command names the "
+    "others on stderr).",
 )
 
 # shared by the commands that run a model with a session open (instr run, instr serve)
@@ -235,7 +239,15 @@ def output_type(directory: bool = False) -> click.Path:
 
 # the session log of the commands that run a model (instr run, instr serve)
 log_option = output_option(
-    "Session log path (default: llama_instrumentation_YYYYMMDD_HHMMSS.log here)."
+    "Session log path (default: llama_instrumentation_YYYYMMDD_HHMMSS.log here). An existing "
+    "log there is replaced, kept beside it as LOG.old (as perf record keeps perf.data.old)."
+)
+# ... and to keep what is there (instr run, instr serve, instr exec)
+append_option = click.option(
+    "--append",
+    is_flag=True,
+    help="Add this run's session to the existing log at -o instead of replacing it (the "
+    "reading commands show its latest session; --session picks another).",
 )
 
 

@@ -16,15 +16,20 @@ if TYPE_CHECKING:
 
 
 def load_log(log: Path, sid: str | None = None, strict: bool = False) -> SessionFrames:
-    """The session ``sid`` of ``log`` as the report commands read it: damaged lines skipped and
-    said so on stderr, or with ``strict`` the first one a one-line error; against this machine's
-    cached peaks, if they fit."""
-    from llamacpp_instr.converters import load_session
+    """The session ``sid`` of ``log`` (default: its latest) as the report commands read it:
+    damaged lines skipped and said so on stderr, or with ``strict`` the first one a one-line
+    error; against this machine's cached peaks, if they fit. A log of several sessions is said on
+    stderr: which one this is, and how to pick another."""
+    from llamacpp_instr.converters.analysis.frames import choose, load_sessions, sessions_note
     from llamacpp_instr.native.paths import cache_dir
 
-    frames = load_session(log, sid, strict=strict, peaks_cache=cache_dir())
+    sessions = load_sessions(log, strict=strict, peaks_cache=cache_dir())
+    frames = choose(sessions, sid, log)
     if frames.report.summary():
         click.echo(frames.report.summary(), err=True)
+    sids = [(s.info.sid, s.info.wall_time) for s in sessions]
+    if note := sessions_note(log, sids, frames.info.sid):
+        click.echo(f"note: {note}", err=True)
     return frames
 
 

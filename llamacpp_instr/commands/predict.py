@@ -116,13 +116,17 @@ def command(
     the graphs, unless --rpc names live ones). The result is a prediction with a 95 % interval:
     from the logs predicted from each other (leave one out), or where none could be held out the
     model's error on the project's benchmark grids (x/÷ 1.22) or its spread on the logs' own
-    steps, the wider. A CPU thread count no log ran is priced from the nearest one run:
-    compute-bound ops scale with the threads, memory-bound ones stay at the bandwidth the logs
-    measured (or the ratio instr peaks measured at the two counts); its interval spans every op
-    scaling to none doing so. What no log measured (threads beyond the machine's CPUs, a weight
-    type never run, a device, ops of more work than the logs' did: a longer prompt or ubatch, a
-    deeper context) is listed with the run that would measure it, and that speed is not given
-    (exit 2): nothing is extrapolated. A context beyond the model's n_ctx_train is refused (exit 2). An op
+    steps, the wider. A CPU thread count no log ran is priced from the nearest one run with what
+    instr peaks measured of this machine at both (without them, not covered: the instr peaks to
+    run is named): memory-bound ops at the bandwidth of the new count, compute-bound ones by the
+    threads, an op of one row on one thread at both; the output says which each op is. A context
+    deeper than the logs' prices attention (the KQ and KQV matmuls and their softmax, or flash
+    attention by the cells its rows see) by its measured cost per KV cell, labelled an
+    extrapolation, up to 17x the KV cells the logs read (what the project's benchmark checks).
+    What no log measured (threads beyond the machine's CPUs, a weight type never run, a device,
+    ops of more work than the logs' did: a longer prompt or ubatch, a context deeper than that)
+    is listed with the run that would measure it, and that speed is not given (exit 2). A
+    context beyond the model's n_ctx_train is refused (exit 2). An op
     its device never ran, of a kind it did, is priced from that kind and listed ("priced from
     other ops": a matmul of a weight type the logs ran on another device only, as the device's
     matmul of another type of the same shape; a binary op from another).

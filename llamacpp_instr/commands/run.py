@@ -12,6 +12,7 @@ from llamacpp_instr.commands.always_on_options import always_on_options
 from llamacpp_instr.commands.deprecated import out_alias
 from llamacpp_instr.commands.offload_options import offload_options
 from llamacpp_instr.commands.options import (
+    append_option,
     ctx_option,
     kv_type_options,
     level_option,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 @level_option
 @always_on_options(requests=False)
 @log_option
+@append_option
 @out_alias
 @kv_type_options
 @topk_option
@@ -66,9 +68,10 @@ def command(
     level: str,
     always_on: AlwaysOn,
     output: Path | None,
+    append: bool,
     seed: int,
     temp: float,
-    flash_attn: bool,
+    flash_attn: bool | None,
     type_k: str,
     type_v: str,
     top_k_logits: int,
@@ -109,6 +112,7 @@ def command(
         top_k_logits=top_k_logits,
         ignore_eos=ignore_eos,
         always_on=always_on,
+        append=append,
     )
     if live:  # the live view of instr follow while generating, the text at the end
         from llamacpp_instr.converters.reports.renderers.live import follow
@@ -123,5 +127,7 @@ def command(
         f"{result.n_prompt_tokens} prompt + {result.n_generated} generated; status {result.status})",
         err=True,
     )
+    if result.old_log:
+        click.echo(f"the log that was there is {result.old_log} (--append adds to it)", err=True)
     if result.status == "interrupted":
         sys.exit(130)

@@ -100,9 +100,11 @@ def graph_options(f: F) -> F:
         ),
         click.option(
             "--flash-attn/--no-flash-attn",
-            default=False,
-            show_default=True,
-            help="Fused flash attention instead of separate KQ / soft_max / KQV ops.",
+            default=None,
+            help="Flash attention on, or off: --no-flash-attn shows attention as separate KQ, "
+            "soft_max and KQV ops, each timed on its own (default: llama.cpp's auto, on where "
+            "every device the layers run on supports it, as on the CPU; the log and instr "
+            "summary say what was used).",
         ),
     ]
     return _options(options, f)  # type: ignore[no-any-return]

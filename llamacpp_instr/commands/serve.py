@@ -11,6 +11,7 @@ from llamacpp_instr.commands.always_on_options import always_on_options
 from llamacpp_instr.commands.deprecated import out_alias
 from llamacpp_instr.commands.offload_options import offload_options
 from llamacpp_instr.commands.options import (
+    append_option,
     ctx_option,
     level_option,
     log_option,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 @level_option
 @always_on_options()
 @log_option
+@append_option
 @out_alias
 @ctx_option
 @threads_option
@@ -51,6 +53,7 @@ def command(
     level: str,
     always_on: AlwaysOn,
     output: Path | None,
+    append: bool,
     n_ctx: int,
     threads: int | None,
     offload: Offload,
@@ -99,6 +102,7 @@ def command(
         memory_budget=memory_budget,
         top_k_logits=top_k_logits,
         on_ready=ready,
+        append=append,
         always_on=always_on,
     )
     click.echo(

@@ -105,6 +105,8 @@ def command(
     )
     if report.summary():
         click.echo(report.summary(), err=True)
+    if stats.sessions > 1:
+        click.echo(f"note: {log} holds {stats.sessions} sessions: one process each", err=True)
     click.echo(
         f"wrote {out} ({out.stat().st_size} bytes): {stats.steps} steps, {stats.computes} computes, "
         f"{stats.layers} layer spans, {stats.ops} ops"

@@ -30,12 +30,13 @@ from typing import Any
 
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import bindings, models
-from llamacpp_instr.running import devices, offload, runner
+from llamacpp_instr.running import context_defaults, devices, offload, runner
 from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
-# the KV caches fit tries, in order: f16, then q8_0 (a quantized V cache needs flash attention)
-FIT_KV = (("f16", "f16", False), ("q8_0", "q8_0", True))
+# the KV caches fit tries, in order: f16 with llama.cpp's default flash attention (auto), then
+# q8_0 (a quantized V cache needs flash attention)
+FIT_KV: tuple[tuple[str, str, bool | None], ...] = (("f16", "f16", None), ("q8_0", "q8_0", True))
 # contexts are tried in steps of this many cells (llama.cpp pads a KV cache to 256)
 CTX_STEP = 256
 # the purposes llama_get_memory_breakdown counts (its model, context and compute)
@@ -68,9 +69,7 @@ def context_params(cfg: runner.RunConfig) -> Any:
     p.yarn_orig_ctx = 0
     p.embeddings = False
     p.offload_kqv = True
-    p.flash_attn_type = (
-        ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    )
+    p.flash_attn_type = context_defaults.flash_attn_type(cfg.flash_attn)
     p.type_k = runner.kv_type_id(cfg.type_k)
     p.type_v = runner.kv_type_id(cfg.type_v)
     p.no_perf = False
@@ -85,7 +84,7 @@ class Setting:
     n_gpu_layers: int
     type_k: str = "f16"
     type_v: str = "f16"
-    flash_attn: bool = False
+    flash_attn: bool | None = None  # None: llama.cpp's auto
 
     def run_args(self, gpu: bool) -> list[str]:
         """The ``instr run`` options of this setting."""
@@ -94,9 +93,7 @@ class Setting:
             args += ["-ngl", str(self.n_gpu_layers)]
         if self.type_k != "f16" or self.type_v != "f16":
             args += ["-ctk", self.type_k, "-ctv", self.type_v]
-        if self.flash_attn:
-            args.append("--flash-attn")
-        return args
+        return args + context_defaults.flash_attn_args(self.flash_attn)
 
 
 @dataclass
@@ -126,7 +123,7 @@ class Answer:
             "n_gpu_layers": s.n_gpu_layers if s else None,
             "type_k": s.type_k if s else None,
             "type_v": s.type_v if s else None,
-            "flash_attn": s.flash_attn if s else None,
+            "flash_attn": context_defaults.flash_attn_name(s.flash_attn) if s else None,
             "footprint": self.footprint,
             "memory": self.memory,
             "n_ctx_train": self.n_ctx_train,
@@ -397,7 +394,7 @@ def fit_model(path: Path, quant: str, fc: FitConfig) -> Answer:
         def project(s: Setting) -> Footprint:
             return merge(prober(s.n_gpu_layers).footprint(base(s)), extra)
 
-        def largest_ctx(ngl: int, kv: tuple[str, str, bool]) -> Setting | None:
+        def largest_ctx(ngl: int, kv: tuple[str, str, bool | None]) -> Setting | None:
             """The largest context that fits at ``ngl`` and ``kv`` (binary search: the footprint
             grows with the context)."""
             lo, hi, best = 0, len(ctxs) - 1, None
@@ -417,10 +414,10 @@ def fit_model(path: Path, quant: str, fc: FitConfig) -> Answer:
         else:
             layer_counts = list(range(n_layer + 2))  # n_layer + 1: the output layer too
 
-        def fits(ngl: int, kv: tuple[str, str, bool]) -> bool:
+        def fits(ngl: int, kv: tuple[str, str, bool | None]) -> bool:
             return not overflows(project(Setting(ctxs[-1], ngl, *kv)), limits)
 
-        def most_layers(kv: tuple[str, str, bool]) -> Setting | None:
+        def most_layers(kv: tuple[str, str, bool | None]) -> Setting | None:
             """The whole context with the most layers offloaded, or the largest context.
 
             A GPU's share grows with the layers and the CPU's shrinks, so the layer counts at
@@ -476,7 +473,7 @@ def llama_fit_params(
     cmd = [
         str(exe), "-m", str(answer.model), "-c", str(s.n_ctx), "-ngl", str(s.n_gpu_layers),
         "-b", str(n_batch), "-ub", str(min(n_batch, fc.n_ubatch or fc.n_batch)),
-        "-fa", "on" if s.flash_attn else "off", "-ctk", s.type_k, "-ctv", s.type_v,
+        "-fa", context_defaults.flash_attn_name(s.flash_attn), "-ctk", s.type_k, "-ctv", s.type_v,
         "-t", str(threads), "--fit-print", "on",
     ]  # fmt: skip
     cmd += offload_args(fc.offload, split_flag="-ts")

@@ -24,7 +24,7 @@ from llamacpp_instr.converters.analysis.frames import SessionFrames
 from llamacpp_instr.deciding import fit
 from llamacpp_instr.deciding.prediction import predict, sampling_price
 from llamacpp_instr.deciding.prediction.op_costs import CostModel
-from llamacpp_instr.running import devices, offload
+from llamacpp_instr.running import context_defaults, devices, offload
 from llamacpp_instr.running.memory_budget import OutOfMemory
 
 
@@ -38,7 +38,7 @@ class Candidate:
     n_ubatch: int
     type_k: str
     type_v: str
-    flash_attn: bool
+    flash_attn: bool | None  # None: llama.cpp's auto
     n_gpu_layers: int
     n_ctx: int
     footprint: fit.Footprint = field(default_factory=dict)
@@ -81,7 +81,7 @@ class Candidate:
             "n_ubatch": self.n_ubatch,
             "type_k": self.type_k,
             "type_v": self.type_v,
-            "flash_attn": self.flash_attn,
+            "flash_attn": context_defaults.flash_attn_name(self.flash_attn),
             "n_gpu_layers": self.n_gpu_layers,
             "n_ctx": self.n_ctx,
             "fits": self.fits,
@@ -248,7 +248,7 @@ def unmeasured_quality(cands: list[Candidate], base: str) -> list[str]:
             quant = "" if str(c.model) == base else f" {c.model}"
             f16 = (c.type_k, c.type_v) == ("f16", "f16")
             kv = "" if f16 else f" -ctk {c.type_k} -ctv {c.type_v}"
-            fa = " --flash-attn" if c.flash_attn else ""
+            fa = "".join(f" {a}" for a in context_defaults.flash_attn_args(c.flash_attn))
             out[
                 f"{c.quant} with a {c.type_k}/{c.type_v} KV cache: `instr quant-eval {base}{quant}"
                 f"{kv}{fa} --format json`, given with --quality"

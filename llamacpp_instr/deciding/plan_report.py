@@ -12,6 +12,7 @@ from llamacpp_instr.contract.units import fmt_bytes
 from llamacpp_instr.converters.reports.report import Column, Report, Section, Table
 from llamacpp_instr.deciding.plan import Candidate, PlanResult
 from llamacpp_instr.deciding.prediction.predict import Prediction
+from llamacpp_instr.running import context_defaults
 
 
 def report(result: PlanResult) -> Report:
@@ -102,7 +103,7 @@ def _rows(fits: list[Candidate]) -> list[dict[str, Any]]:
                 "quant": c.quant,
                 "threads": c.threads,
                 "n_ubatch": c.n_ubatch,
-                "kv": c.type_k + (" fa" if c.flash_attn else ""),
+                "kv": f"{c.type_k} fa {context_defaults.flash_attn_name(c.flash_attn)}",
                 "n_gpu_layers": c.n_gpu_layers,
                 "bytes": c.bytes,
                 "gen": rate(c.gen, c.prediction, "gen"),

@@ -48,6 +48,7 @@ def section(p: Prediction) -> Section:
     if p.threads_from:
         lines.append(f"threads: {p.threads_from}")
     lines += [f"priced from other ops: {line}" for line in p.priced_from_others]
+    lines += [f"extrapolated: {line}" for line in p.extrapolated]
     lines += [f"not covered: {line}" for line in p.not_covered]
     return Section(
         title=f"prediction for {p.target.describe()}",
@@ -116,15 +117,10 @@ def basis(p: Prediction) -> str:
             f"95 % intervals from how far {iv.held_out} log(s) were from their prediction by the "
             "others (leave one out)."
         )
-    if iv.basis == "thread bounds":
-        return (
-            "at a thread count no log ran, the intervals span every op scaling with the threads "
-            "to none doing so."
-        )
     return (
         "no log could be predicted from the others: the intervals are the model's error on the "
-        "project's benchmark grids (x/÷ 1.22) or the logs' own steps' spread, the wider (add "
-        "logs of other settings for intervals from these logs)."
+        f"project's benchmark grids (x/÷ {iv.high / iv.value:.2f} here) or the logs' own steps' "
+        "spread, the wider (add logs of other settings for intervals from these logs)."
     )
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.contract.schema import SESSION_LEVELS
 from llamacpp_instr.contract.version import __version__
 from llamacpp_instr.native import bindings
-from llamacpp_instr.running import sampler_counters
+from llamacpp_instr.running import context_defaults, sampler_counters
 from llamacpp_instr.running.always_on import AlwaysOn
 
 
@@ -174,6 +174,18 @@ def session(
         s._totals = _read_totals()
         s.status = status
         api.session_end(status)
+
+
+def llama_defaults(flash_attn: bool | None = None) -> AbstractContextManager[None]:
+    """Inside the block, every ``llama_cpp.Llama`` made opens its context with flash attention as
+    llama.cpp's own programs do by default, ``auto`` (on where every device supports it), and not
+    llama-cpp-python's off; ``flash_attn`` True or False forces it (False: attention as separate
+    KQ, soft_max and KQV ops). ``instr run`` and ``instr serve`` open theirs so::
+
+        with llamacpp_instr.llama_defaults():
+            llm = llama_cpp.Llama("model.gguf")
+    """
+    return context_defaults.opening(flash_attn)
 
 
 def reopen() -> None:

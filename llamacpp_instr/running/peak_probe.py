@@ -6,6 +6,12 @@ larger than the last-level cache: it reads two and writes one) and a matmul figu
 that type, with the CPU's repacking buffer type where a run would use it). The CPU runs with the
 thread count of the runs. The best of ``n_runs`` timed runs counts (after one warm-up run): a peak
 is what the machine can do.
+
+The CPU also gets what splitting an op among its threads costs (``sync_ns``): a matmul too small
+to gain from threads (``SYNC_SIZE``, one column) timed at the thread count and on one thread,
+the best of ``SYNC_RUNS`` each; the difference is the start of the other threads and the barrier
+they meet at its end, which every op a model splits pays at that count (``instr predict`` prices
+a thread count no log ran with it: ``deciding/prediction/op_threads.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,11 @@ PROBED_DEVICE_TYPES = ("cpu", "gpu", "igpu")
 # ggml-rpc sends a graph without waiting for it (GRAPH_COMPUTE has no reply), and its synchronize
 # waits only for the send: a probe would time the network send, not the remote compute
 RPC_NOT_MEASURED = "not measured (an RPC device: the probe cannot time its compute)"
+# the op whose time on the threads over its time on one is what splitting an op costs: an F32
+# matmul of a SYNC_SIZE x SYNC_SIZE weight by one column (16 KiB: in the cache, a tenth of a microsecond of
+# work), the best of SYNC_RUNS
+SYNC_SIZE = 64
+SYNC_RUNS = 200
 
 
 @dataclass(frozen=True)
@@ -88,7 +99,7 @@ def measure(
             progress(f"{name}: {RPC_NOT_MEASURED}")
             continue
         try:
-            rec = _one(lib, int(d["index"]), name, plan, progress)
+            rec = _one(lib, int(d["index"]), name, plan, progress, d.get("type") == "cpu")
         except bindings.SessionError as exc:
             if d.get("type") == "cpu":
                 raise UserError(f"cannot probe {name}: {exc}") from None
@@ -96,6 +107,7 @@ def measure(
             continue
         records += rec
         bw = [r for r in rec if r["what"] == "bandwidth"][0]
+        sync = [r["best_ns"] for r in rec if r["what"] == "sync"]
         devices.append(
             DevicePeaks(
                 name=name,
@@ -105,6 +117,7 @@ def measure(
                 matmul_gflops={
                     r["type"]: r["flops"] / r["best_ns"] for r in rec if r["what"] == "matmul"
                 },
+                sync_ns=max(float(sync[0] - sync[1]), 0.0) if len(sync) == 2 else None,
             )
         )
     if not devices:
@@ -132,7 +145,12 @@ def merge(old: Peaks, new: Peaks) -> Peaks:
 
 
 def _one(
-    lib: bindings.InstrLib, index: int, name: str, plan: Plan, progress: Callable[[str], None]
+    lib: bindings.InstrLib,
+    index: int,
+    name: str,
+    plan: Plan,
+    progress: Callable[[str], None],
+    cpu: bool = False,
 ) -> list[dict[str, Any]]:
     out = []
     mib = plan.bandwidth_elements * 4 / (1 << 20)
@@ -156,4 +174,11 @@ def _one(
         out.append(_record(p, "matmul", t))
         buft = p.buffer_type.decode(errors="replace")
         progress(f"{name}: matmul {t} {p.flops / p.best_ns:.1f} GFLOP/s ({buft})")
+    if cpu:
+        # (at the thread count first, then on one: "sync" records in that order)
+        for n in (plan.n_threads, 1):
+            p = lib.probe(bindings.PROBE_MATMUL, index, type_id("f32"), n, SYNC_SIZE, 1, SYNC_RUNS)
+            out.append(_record(p, "sync", "f32"))
+        cost = out[-2]["best_ns"] - out[-1]["best_ns"]
+        progress(f"{name}: an op split among {plan.n_threads} threads: {max(cost, 0) / 1e3:.2f} us")
     return out

@@ -15,6 +15,7 @@ from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.contract.schema import SESSION_LEVELS
 from llamacpp_instr.contract.version import __version__
 from llamacpp_instr.native import bindings, models
+from llamacpp_instr.running import context_defaults
 from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.always_on import AlwaysOn
 from llamacpp_instr.running.offload import Offload, Placement, prepare
@@ -34,7 +35,8 @@ class RunConfig:
     out: Path | None = None
     seed: int = 0
     temp: float = 0.0
-    flash_attn: bool = False
+    # flash attention: on, off, or None for llama.cpp's default, auto (context_defaults)
+    flash_attn: bool | None = None
     type_k: str = "f16"  # the KV cache's types (-ctk/-ctv), by ggml's names
     type_v: str = "f16"
     top_k_logits: int = 10
@@ -42,6 +44,7 @@ class RunConfig:
     chat: bool = False
     system: str | None = None
     always_on: AlwaysOn = field(default_factory=AlwaysOn)  # sampling and bounded files
+    append: bool = False  # add the session to an existing log (default: keep_old replaces it)
     # where the layers run (-ngl/--gpu-layers, --device, --rpc, --tensor-split)
     offload: Offload = field(default_factory=Offload)
     # --memory-budget, as the bytes spec the library reads (llamacpp_instr.running.memory_budget)
@@ -96,8 +99,9 @@ class RunConfig:
             )
         checks.append(
             (
-                self.type_v in ("f32", "f16", "bf16") or self.flash_attn,
-                f"a quantized V cache (-ctv {self.type_v}) needs --flash-attn (llama.cpp's rule)",
+                self.type_v in ("f32", "f16", "bf16") or self.flash_attn is not False,
+                f"a quantized V cache (-ctv {self.type_v}) needs flash attention (llama.cpp's "
+                "rule): drop --no-flash-attn",
             )
         )
         for ok, message in checks:
@@ -115,6 +119,7 @@ class RunResult:
     n_prompt_tokens: int
     n_generated: int
     token_ids: list[int] = field(default_factory=list)
+    old_log: Path | None = None  # where an existing log at the path went (keep_old)
 
 
 def resolve_threads(threads: int | None) -> int:
@@ -143,6 +148,20 @@ def check_writable(path: Path) -> None:
             raise UserError(f"cannot write log {path}: permission denied")
     elif not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"cannot create log {path}: directory {parent} is not writable")
+
+
+def keep_old(path: Path, append: bool = False) -> Path | None:
+    """Just before a session opens at ``path``: unless ``append``, an existing log moves to
+    ``path.old`` (replacing an older one), as ``perf record`` keeps ``perf.data.old``, so that
+    the log holds this run's session alone. Where the old log went; None if nothing moved."""
+    if append or not path.is_file() or path.stat().st_size == 0:
+        return None
+    old = path.with_name(path.name + ".old")
+    try:
+        os.replace(path, old)
+    except OSError as exc:
+        raise UserError(f"cannot move the existing log {path} to {old}: {exc.strerror}") from None
+    return old
 
 
 class TextStream:
@@ -213,7 +232,7 @@ def load_model(cfg: RunConfig, placement: Placement | None = None, **extra: Any)
     failed_before = bindings.load().memory_failure()
     try:
         # the tensor overrides inside the placement's (serialized) loading
-        with placement.loading(), cfg.tensors.loading():
+        with placement.loading(), cfg.tensors.loading(), context_defaults.opening(cfg.flash_attn):
             return llama_cpp.Llama(
                 str(cfg.model),
                 n_ctx=cfg.n_ctx,
@@ -222,7 +241,7 @@ def load_model(cfg: RunConfig, placement: Placement | None = None, **extra: Any)
                 n_threads=threads,
                 n_threads_batch=threads,
                 seed=cfg.seed,
-                flash_attn=cfg.flash_attn,
+                flash_attn=bool(cfg.flash_attn),  # auto: context_defaults.opening
                 type_k=kv_type_id(cfg.type_k),
                 type_v=kv_type_id(cfg.type_v),
                 verbose=False,
@@ -265,6 +284,7 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
     text: list[str] = []
     generated: list[int] = []
     s: InstrSession | None = None
+    old: Path | None = None
 
     def emit(chunk: str) -> None:
         if chunk:
@@ -295,7 +315,11 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
                 else {}
             ),
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+            # flash attention as asked (auto: llama.cpp's default); the context record says
+            # what llama.cpp used
+            "flash_attn_type": context_defaults.flash_attn_name(cfg.flash_attn),
         }
+        old = keep_old(out, cfg.append)  # the model loaded: the log is this run's
         # the session users open around their own Llama (api.session): it ends as interrupted on
         # Ctrl-C, which then ends the run with what was generated so far
         with session(
@@ -338,6 +362,7 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
         n_prompt_tokens=len(prompt_tokens),
         n_generated=len(generated),
         token_ids=generated,
+        old_log=old,
     )
 
 
@@ -351,17 +376,23 @@ def run_watched(
 ) -> RunResult:
     """``run``, while a second thread watches the log from its start: ``watch(log, wait, stop)``
     (``instr run --live``: the live view of ``instr follow``), ``stop`` set when the run ends.
-    The log must be new: an earlier session in it would be watched too."""
+    The log must be new: an earlier session in it would be watched too (an existing log is
+    kept as LOG.old first, unless ``cfg.append``, which --live refuses)."""
     cfg.validate()
     if cfg.out is None:
         cfg.out = default_log_name()
-    if cfg.out.exists() and cfg.out.stat().st_size > 0:
-        raise UserError(f"--live needs a new log file; {cfg.out} exists")
+    if cfg.append and cfg.out.exists() and cfg.out.stat().st_size > 0:
+        raise UserError(f"--live needs a new log file; {cfg.out} exists (drop --append)")
+    check_writable(cfg.out)
+    models.check_gguf(cfg.model)  # a run that cannot start leaves the old log where it is
+    old = keep_old(cfg.out)
     stop = threading.Event()
     viewer = threading.Thread(target=watch, args=(cfg.out, 600.0, stop), daemon=True)
     viewer.start()
     try:
-        return run(cfg)
+        result = run(cfg)
+        result.old_log = result.old_log or old
+        return result
     finally:
         stop.set()
         viewer.join(timeout=5)

@@ -32,6 +32,7 @@ from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.contract.version import __version__
 from llamacpp_instr.converters.reading.reader import iter_records
 from llamacpp_instr.native import bindings
+from llamacpp_instr.running import context_defaults
 from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.always_on import AlwaysOn
 from llamacpp_instr.running.offload import Offload, prepare
@@ -354,7 +355,8 @@ def _load_app(
         interrupt_requests=False,
     )
     try:
-        with placement.loading(), tensors.loading():  # the server's Llama loads inside
+        # the server's Llama loads inside, at llama.cpp's default flash attention (auto)
+        with placement.loading(), tensors.loading(), context_defaults.opening(None):
             app = server_app.create_app(settings=settings)
     except (ValueError, RuntimeError) as exc:
         setting = memory.Setting(n_ctx=n_ctx, n_ubatch=settings.n_ubatch, ctx_flag="--ctx")
@@ -383,12 +385,14 @@ def serve(
     offload: Offload | None = None,
     memory_budget: str | None = None,
     tensors: TensorOverrides | None = None,
+    append: bool = False,
 ) -> ServeResult:
     """Serve ``model`` until SIGINT or SIGTERM; the session log stays valid either way. SIGHUP
-    reopens the log at its path; ``always_on`` samples and rotates it."""
+    reopens the log at its path; ``always_on`` samples and rotates it. An existing log at
+    ``out`` is kept as ``out.old`` (``runner.keep_old``), unless ``append``."""
     from llamacpp_instr.native import models
     from llamacpp_instr.running.api import InstrSession, session
-    from llamacpp_instr.running.runner import check_writable, resolve_threads
+    from llamacpp_instr.running.runner import check_writable, keep_old, resolve_threads
 
     models.check_gguf(model)
     check_writable(out)
@@ -414,6 +418,7 @@ def serve(
         "command": "instr serve",
         "model_path": str(model),
         "server": {"host": host, "port": port, "n_ctx": n_ctx, "threads": n_threads},
+        "flash_attn_type": context_defaults.flash_attn_name(None),
         "always_on": always_on.metadata(),
         "offload": offload.describe(),
         **({"tensor_overrides": tensors.describe()} if tensors else {}),
@@ -431,6 +436,9 @@ def serve(
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     s: InstrSession | None = None
+    old = keep_old(out, append)  # the model loaded: the log is this server's
+    if old is not None and on_ready:
+        on_ready(f"the log that was at {out} is {old} (--append adds to it)")
     try:
         # the session users open around their own Llama
         with session(

@@ -442,14 +442,40 @@ def load_session(
     strict: bool = False,
     peaks_cache: Path | None = None,
 ) -> SessionFrames:
-    """One session of the log as tables: the first, or the one with session id ``sid``; with
-    ``peaks_cache``, against the cached peaks of the machine that made it (``load_sessions``)."""
-    sessions = load_sessions(path, strict=strict, peaks_cache=peaks_cache)
+    """One session of the log as tables: the latest (the run just made), or the one with session
+    id ``sid``; with ``peaks_cache``, against the cached peaks of the machine that made it
+    (``load_sessions``)."""
+    return choose(load_sessions(path, strict=strict, peaks_cache=peaks_cache), sid, path)
+
+
+def choose(sessions: list[SessionFrames], sid: str | None, path: Path | str) -> SessionFrames:
+    """The session ``sid`` of a log's ``sessions`` (in log order), or the latest."""
     if sid is None:
-        return sessions[0]
+        return sessions[-1]
     for s in sessions:
         if s.info.sid == sid:
             return s
     raise UserError(
         f"no session {sid} in {path} (it has {', '.join(s.info.sid for s in sessions)})"
+    )
+
+
+# the other sessions a note names (a log may hold thousands)
+NOTE_SESSIONS = 8
+
+
+def sessions_note(path: Path | str, sids: list[tuple[str, str]], shown: str) -> str | None:
+    """What a reading command says on stderr when the log holds several sessions (``sids``: each
+    one's id and start time, in log order): which one it shows and how to pick another; None
+    for a log of one session."""
+    if len(sids) < 2:
+        return None
+    at = next((i for i, (sid, _) in enumerate(sids) if sid == shown), len(sids) - 1)
+    which = "the latest" if at == len(sids) - 1 else "session"
+    others = [f"{sid} ({when})" for i, (sid, when) in enumerate(sids) if i != at]
+    more = len(others) - NOTE_SESSIONS
+    listed = ", ".join(others[-NOTE_SESSIONS:]) + (f" and {more} earlier" if more > 0 else "")
+    return (
+        f"{path} holds {len(sids)} sessions; showing {which}, {at + 1} of {len(sids)} "
+        f"({shown}, {sids[at][1]}); --session SID shows another: {listed}"
     )

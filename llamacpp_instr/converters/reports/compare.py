@@ -3,6 +3,12 @@
 Memory, prompt and generation tokens/s, time per op type and per layer, generated-token agreement,
 and — when both logs are verbose with top-k logits — top-1 agreement and a KL-divergence estimate.
 
+Times per op type and per layer are per step, prompt and generation apart (the mean over each
+kind's steps with op times): two runs that stopped after different numbers of tokens (one met
+end-of-sequence), or one of them sampled, compare like for like where totals would not. Where
+the runs differ in length or settings (threads, context, batch, flash attention, cache types,
+level), the report says so first.
+
 The KL estimate uses only the top-k logits each log kept: each step's distribution is the softmax
 over A's top-k tokens (B's logit for a token outside its own top-k is taken as B's k-th logit, an
 upper bound on it), so it approximates KL(A || B) restricted to A's most likely tokens.
@@ -22,22 +28,86 @@ from .report import Chart, Column, Fact, Report, Section, Series, Table
 from .summary import by, overview, timed_steps
 
 SAMPLED_NOTE = (
-    "At least one run is sampled (op times on some steps only): times are the mean per "
-    "generation step with op times in each run, not totals."
+    "At least one run is sampled (op times on some steps only): each kind's steps with op "
+    "times in each run."
 )
+KINDS = ("prompt", "gen")
+# the settings two runs are compared on (the context's), with how the report names them
+SETTINGS = {
+    "n_threads": "threads",
+    "n_ctx": "context",
+    "n_batch": "batch",
+    "n_ubatch": "ubatch",
+    "flash_attn": "flash attention",
+    "type_k": "K cache type",
+    "type_v": "V cache type",
+}
 
 
-def _by_gen_step(f: SessionFrames, key: str, top: int | None = None) -> Any:
-    """``by(f, key)`` over the generation steps with op times, as the mean per such step: what
-    a sampled run and a full one can be compared on."""
+def _per_step(f: SessionFrames, key: str) -> tuple[pd.DataFrame, dict[str, int]]:
+    """Time per ``key`` (op type or layer) per step, prompt and generation apart: each kind's
+    ``by`` over its steps with op times, over their number (``{key, prompt_ms, gen_ms}``), and
+    the number of such steps per kind."""
     steps = timed_steps(f)
-    gen = steps.loc[steps["kind"] == "gen", "step"]
-    sub = dataclasses.replace(f, ops=f.ops[f.ops["step"].isin(gen)])
-    df = by(sub, key, top)
-    n = max(1, len(gen))
-    df["total_ms"] = df["total_ms"] / n
-    df["count"] = (df["count"] / n).round().astype(int)
-    return df
+    merged: pd.DataFrame | None = None
+    counts: dict[str, int] = {}
+    for kind in KINDS:
+        ids = steps.loc[steps["kind"].astype(str) == kind, "step"]
+        counts[kind] = len(ids)
+        df = by(dataclasses.replace(f, ops=f.ops[f.ops["step"].isin(ids)]), key)
+        df = df[[key, "total_ms"]].rename(columns={"total_ms": f"{kind}_ms"})
+        df[f"{kind}_ms"] = df[f"{kind}_ms"].astype(float) / max(1, len(ids))
+        merged = df if merged is None else pd.merge(merged, df, on=key, how="outer")
+    assert merged is not None
+    return merged.fillna(0.0), counts
+
+
+def _both(a: SessionFrames, b: SessionFrames, key: str, how: str) -> list[dict[str, Any]]:
+    """``_per_step`` of both runs side by side (``how``: outer for op types, inner for layers),
+    with B over A per kind (None where A spent nothing), in the order of A's time per step."""
+    (pa, _), (pb, _) = _per_step(a, key), _per_step(b, key)
+    m = pd.merge(pa, pb, on=key, how=how, suffixes=("_a", "_b")).fillna(0.0)
+    rows = []
+    for r in m.to_dict(orient="records"):
+        row: dict[str, Any] = {key: r[key]}
+        for kind in KINDS:
+            va, vb = float(r[f"{kind}_ms_a"]), float(r[f"{kind}_ms_b"])
+            row |= {
+                f"{kind}_ms_a": va,
+                f"{kind}_ms_b": vb,
+                f"{kind}_ratio": vb / va if va else None,
+            }
+        rows.append(row)
+    if key == "op":
+        rows.sort(key=lambda r: -(r["gen_ms_a"] + r["prompt_ms_a"]))
+    else:  # layers in their order, those outside the layers last
+        rows.sort(key=lambda r: (_layer_order(r[key]), str(r[key])))
+    return rows
+
+
+def _layer_order(layer: Any) -> float:
+    try:
+        n = float(layer)
+    except (TypeError, ValueError):
+        return float("inf")
+    return n if n >= 0 else float("inf")
+
+
+def differences(a: SessionFrames, b: SessionFrames) -> list[str]:
+    """How the two runs differ in length (prompt tokens, generated tokens) and settings (the
+    context's, and the level), one phrase each: what makes their totals unlike."""
+    out = []
+    oa, ob = overview(a), overview(b)
+    for key, name in (("prompt_tokens", "prompt tokens"), ("gen_tokens", "generated tokens")):
+        if oa[key] != ob[key]:
+            out.append(f"{name}: A {oa[key]}, B {ob[key]}")
+    ca, cb = a.info.context or {}, b.info.context or {}
+    for key, name in SETTINGS.items():
+        if key in ca and key in cb and ca[key] != cb[key]:
+            out.append(f"{name}: A {ca[key]}, B {cb[key]}")
+    if a.info.level != b.info.level:
+        out.append(f"level: A {a.info.level}, B {b.info.level}")
+    return out
 
 
 def _kl(a: dict[str, Any], b: dict[str, Any]) -> float:
@@ -76,10 +146,19 @@ def compare_sessions(
     footprint = memory_report.footprint_rows(a, b)  # both logs recorded their buffers
     if footprint:
         out["footprint"] = footprint
+    warnings = []
     if a.info.model.get("n_vocab") != b.info.model.get("n_vocab") or a.info.model.get(
         "n_layer"
     ) != b.info.model.get("n_layer"):
-        out["warning"] = "the two sessions are of different models; comparing what matches"
+        warnings.append("the two sessions are of different models; comparing what matches")
+    out["differences"] = differences(a, b)
+    if out["differences"]:
+        warnings.append(
+            "the runs differ (" + "; ".join(out["differences"]) + "): op and layer times are "
+            "compared per step, prompt and generation apart, not as totals"
+        )
+    if warnings:
+        out["warning"] = "; ".join(warnings)
     devices = device_report.compare(a, b)  # runs on several devices: what moved per device
     if devices is not None:
         out["devices"] = devices
@@ -97,32 +176,15 @@ def compare_sessions(
         "agreement": same / n if n else 0.0,
         "first_divergence": first_diff,
     }
-    per = by
     if sampled:
-        # never totals of some steps against totals of all: the mean per recorded gen step
+        # each kind's steps with op times, in both runs (never some steps against all)
         out["sampled"] = {"a": sa.describe(), "b": sb.describe(), "note": SAMPLED_NOTE}
-        per = _by_gen_step
         if sa.mixed or sb.mixed:
             # minimal steps carry no token ids: the generated text is not in the log
             out["tokens"] = {"unavailable": "not recorded (sampled: minimal steps carry no tokens)"}
-    ops_a, ops_b = per(a, "op"), per(b, "op")
-    m = pd.merge(
-        ops_a[["op", "total_ms", "count"]],
-        ops_b[["op", "total_ms", "count"]],
-        on="op",
-        how="outer",
-        suffixes=("_a", "_b"),
-    ).fillna(0)
-    out["per_op"] = m.sort_values("total_ms_a", ascending=False).to_dict(orient="records")
-    la, lb = per(a, "layer"), per(b, "layer")
-    ml = pd.merge(
-        la[["layer", "total_ms"]],
-        lb[["layer", "total_ms"]],
-        on="layer",
-        how="inner",
-        suffixes=("_a", "_b"),
-    )
-    out["per_layer"] = ml.to_dict(orient="records")
+    out["steps_timed"] = {"a": _per_step(a, "op")[1], "b": _per_step(b, "op")[1]}
+    out["per_op"] = _both(a, b, "op", "outer")
+    out["per_layer"] = _both(a, b, "layer", "inner")
     if not a.topk.empty and not b.topk.empty:
         ta = {s: g for s, g in a.topk[a.topk["row"] == 0].groupby("step")}
         tb = {s: g for s, g in b.topk[b.topk["row"] == 0].groupby("step")}
@@ -228,40 +290,60 @@ def _memory_section(c: dict[str, Any]) -> Section:
     )
 
 
+def _steps_text(c: dict[str, Any]) -> str:
+    """What the per-step times are the mean over."""
+    n = c.get("steps_timed") or {}
+    each = "; ".join(
+        f"{run.upper()}: {v.get('prompt', 0)} prompt, {v.get('gen', 0)} generation"
+        for run, v in sorted(n.items())
+    )
+    sampled = c.get("sampled")
+    return (
+        "Time per step, prompt and generation apart: each kind's time over its steps with op "
+        f"times ({each})." + (f" {sampled['note']}" if sampled else "")
+    )
+
+
+def _kind_columns() -> list[Column]:
+    cols = []
+    for kind, name in (("prompt", "prompt"), ("gen", "generation")):
+        cols += [
+            Column(f"{kind}_ms_a", f"{name} A (ms/step)", "f3"),
+            Column(f"{kind}_ms_b", f"{name} B (ms/step)", "f3"),
+            Column(f"{kind}_ratio", f"{name} B/A", "ratio"),
+        ]
+    return cols
+
+
 def _op_section(c: dict[str, Any]) -> Section:
-    sampled = c.get("sampled")  # times per generation step with op times, not totals
-    op_rows: list[dict[str, Any]] = []
-    for r in c["per_op"]:
-        ra, rb = float(r["total_ms_a"]), float(r["total_ms_b"])
-        op_rows.append(
-            {
-                "op": str(r["op"]),
-                "count_a": int(r["count_a"]),
-                "total_ms_a": ra,
-                "count_b": int(r["count_b"]),
-                "total_ms_b": rb,
-                "ratio": rb / ra if ra else None,
-            }
-        )
-    shown = [r for r in op_rows if r["ratio"] is not None][:15]
+    op_rows = [dict(r, op=str(r["op"])) for r in c["per_op"]]
+    # the chart: generation's ratio, the decode two runs are compared on (the prompt's where an
+    # op ran in no generation step)
+    shown = []
+    for r in op_rows:
+        ratio = r["gen_ratio"] if r["gen_ratio"] is not None else r["prompt_ratio"]
+        if ratio is not None:
+            shown.append((r["op"], float(ratio)))
+    shown = shown[:15]
     return Section(
         "Time per op type",
-        text=(sampled["note"] if sampled else "All steps of each run.")
-        + " A ratio above 1 means B spent longer on that op type than A.",
+        text=_steps_text(c) + " A ratio above 1 means B spent longer on that op type than A.",
         charts=(
             [
                 Chart(
                     name="op_time_ratio",
                     kind="diverging",
-                    title="Time per op type, B relative to A (B/A; 1 = the same)",
+                    title="Time per op type per generation step, B relative to A (B/A; 1 = the "
+                    "same)",
                     x_label="B time / A time",
                     y_label="op type",
-                    categories=[r["op"] for r in shown],
-                    series=[Series("B/A", [float(r["ratio"]) for r in shown])],
+                    categories=[op for op, _ in shown],
+                    series=[Series("B/A", [v for _, v in shown])],
                     baseline=1.0,
                     lower_is_better=True,
                     value_fmt="ratio",
-                    note="Op types in the order of A's total time; blue: B faster, red: B slower.",
+                    note="Op types in the order of A's time per step; the prompt's ratio for an "
+                    "op no generation step ran; blue: B faster, red: B slower.",
                 )
             ]
             if shown
@@ -270,15 +352,8 @@ def _op_section(c: dict[str, Any]) -> Section:
         tables=[
             Table(
                 "per_op",
-                "Time per op type",
-                [
-                    Column("op", "op type"),
-                    Column("count_a", "count A", "int"),
-                    Column("total_ms_a", "A (ms)", "f2"),
-                    Column("count_b", "count B", "int"),
-                    Column("total_ms_b", "B (ms)", "f2"),
-                    Column("ratio", "B/A", "ratio"),
-                ],
+                "Time per op type per step",
+                [Column("op", "op type"), *_kind_columns()],
                 op_rows,
                 top=12,
             )
@@ -287,15 +362,7 @@ def _op_section(c: dict[str, Any]) -> Section:
 
 
 def _layer_section(c: dict[str, Any]) -> Section:
-    sampled = c.get("sampled")  # times per generation step with op times, not totals
-    layer_rows: list[dict[str, Any]] = [
-        {
-            "layer": str(r["layer"]),
-            "total_ms_a": float(r["total_ms_a"]),
-            "total_ms_b": float(r["total_ms_b"]),
-        }
-        for r in c["per_layer"]
-    ]
+    layer_rows = [dict(r, layer=str(r["layer"])) for r in c["per_layer"]]
     # transformer layers in the chart; the ops outside them (the output projection above all)
     # would set its scale, so they are in the table only
     in_layers = [r for r in layer_rows if r["layer"] not in ("none", "-1")]
@@ -303,32 +370,28 @@ def _layer_section(c: dict[str, Any]) -> Section:
         Chart(
             name="per_layer",
             kind="bars",
-            title="Time per transformer layer, "
-            + ("mean per generation step with op times" if sampled else "all steps"),
+            title="Time per transformer layer per generation step",
             x_label="time (ms)",
             y_label="layer",
             categories=[f"layer {r['layer']}" for r in in_layers],
             series=[
-                Series("A", [r["total_ms_a"] for r in in_layers]),
-                Series("B", [r["total_ms_b"] for r in in_layers]),
+                Series("A", [r["gen_ms_a"] for r in in_layers]),
+                Series("B", [r["gen_ms_b"] for r in in_layers]),
             ],
-            value_fmt="f2",
+            value_fmt="f3",
             note="Ops outside the layers (embedding, final norm, output projection) are in the "
             "table below as layer none.",
         )
     ]
     return Section(
         "Time per layer",
+        text=_steps_text(c),
         charts=layer_charts if in_layers else [],
         tables=[
             Table(
                 "per_layer",
-                "Time per layer",
-                [
-                    Column("layer", "layer"),
-                    Column("total_ms_a", "A (ms)", "f2"),
-                    Column("total_ms_b", "B (ms)", "f2"),
-                ],
+                "Time per layer per step",
+                [Column("layer", "layer"), *_kind_columns()],
                 layer_rows,
             )
         ],

@@ -20,10 +20,14 @@ def peaks_report(p: Peaks) -> Report:
     types = sorted({t for d in p.devices for t in d.matmul_gflops})
     cols = [Column("device", "device"), Column("bandwidth_gbs", "bandwidth (GB/s)", "f1")]
     cols += [Column(f"mm_{t}", f"{t} matmul (GFLOP/s)", "f1") for t in types]
+    if any(d.sync_ns is not None for d in p.devices):
+        cols.append(Column("sync_us", "an op split among the threads (us)", "f2"))
     rows = []
     for d in p.devices:
         row: dict[str, Any] = {"device": d.name, "bandwidth_gbs": d.bandwidth_gbs}
         row.update({f"mm_{t}": d.matmul_gflops.get(t) for t in types})
+        if d.sync_ns is not None:
+            row["sync_us"] = d.sync_ns / 1e3
         rows.append(row)
     table = Table("peaks", "Measured peaks", cols, rows, note="best of the timed runs")
     return Report(

@@ -6,7 +6,6 @@ Both are computed from the DataFrames of ``converters.frames`` — the same mode
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,6 +15,7 @@ from llamacpp_instr.contract.schema import LEVEL_IDS, level_at_least
 
 from ..analysis import spec_split
 from ..analysis.frames import SessionFrames
+from ..session.attention import flash_attention
 from . import (
     between_steps,
     device_report,
@@ -23,10 +23,12 @@ from . import (
     requests_report,
     roofline_report,
     spec_report,
+    step_charts,
 )
 from .report import Chart, Column, Fact, Report, Section, Series, Table, rows_of
 from .request_share import part_rows, parts_section, request_shares, share_section, step_rows
 from .requests_report import request_stories
+from .step_charts import timed_steps
 
 BY_COLUMNS = {"op": "label", "layer": "layer", "node": "name"}
 
@@ -42,17 +44,6 @@ def op_times_recorded(f: SessionFrames) -> bool:
     if level in LEVEL_IDS:
         return level_at_least(level, "detailed")
     return not f.ops.empty
-
-
-def timed_steps(f: SessionFrames) -> pd.DataFrame:
-    """The steps recorded with op times (at detailed or above): all of them, unless the log was
-    sampled (or its level changed while it ran)."""
-    if "level" not in f.steps or not f.sampling().mixed:
-        return f.steps
-    levels = f.steps["level"].astype(str)
-    return f.steps[
-        levels.map(lambda lv: level_at_least(lv, "detailed") if lv in LEVEL_IDS else True)
-    ]
 
 
 def overview(f: SessionFrames) -> dict[str, Any]:
@@ -85,6 +76,11 @@ def overview(f: SessionFrames) -> dict[str, Any]:
         "gen_step_ms_p50": _pct(gen["dur_ns"], 0.5) / 1e6,
         "gen_step_ms_p90": _pct(gen["dur_ns"], 0.9) / 1e6,
         "gen_step_ms_p99": _pct(gen["dur_ns"], 0.99) / 1e6,
+        **(
+            {f"draft_step_ms_p{q}": _pct(d["dur_ns"], q / 100) / 1e6 for q in (50, 90, 99)}
+            if sp is not None and len(d := step_charts.draft_gen(sp))
+            else {}
+        ),
         "decode_ns": total_dur,
         "op_ns": int(f.ops["dur_ns"].sum()),
         "op_time_coverage": (
@@ -97,6 +93,7 @@ def overview(f: SessionFrames) -> dict[str, Any]:
         "steps_with_op_times": sampling.timed_steps if op_times_recorded(f) else 0,
         "steps_by_level": sampling.steps_by_level,
         "files": _files(f),
+        "flash_attn": flash_attention(f.info).to_json(),
         **({"speculation": spec_report.overview(f, sp)} if sp is not None else {}),
     }
 
@@ -192,133 +189,6 @@ def _by_table(f: SessionFrames, key: str, top: int | None) -> Table:
     )
 
 
-def _typical_gen_step(f: SessionFrames) -> int | None:
-    """The generation step whose duration is the median one (ties: the earliest), among those
-    with op times."""
-    steps = timed_steps(f)
-    gen = steps[steps["kind"] == "gen"].sort_values(["dur_ns", "step"])
-    if gen.empty:
-        return None
-    return int(gen.iloc[(len(gen) - 1) // 2]["step"])
-
-
-def _layer_name(layer: Any) -> str:
-    return "outside layers" if pd.isna(layer) or int(layer) < 0 else f"layer {int(layer)}"
-
-
-def _per_value(col: pd.Series, fn: Callable[[Any], str]) -> pd.Series:
-    """``col.map(fn)``, calling ``fn`` once per distinct value (a million ops have a few dozen)."""
-    codes, uniques = pd.factorize(col, use_na_sentinel=False)
-    names = np.array([fn(u) for u in uniques], dtype=object)
-    return pd.Series(names[codes], index=col.index)
-
-
-def _time_charts(f: SessionFrames, per_op: bool = True) -> list[Chart]:
-    """Where a token's time goes: per layer by op type (typical step, and all steps; only with
-    ``per_op``, when the log's level times ops), step times and speed."""
-    charts: list[Chart] = []
-    ops = f.ops if per_op else f.ops.iloc[0:0]
-    gen_ops = ops[ops["step"].isin(f.steps.loc[f.steps["kind"] == "gen", "step"])]
-    if gen_ops.empty:
-        gen_ops = ops
-    if not gen_ops.empty:
-        # the op types that hold most of the time, the rest as "other"
-        totals = gen_ops.groupby("label", observed=True)["dur_ns"].sum().sort_values()[::-1]
-        kinds = [str(k) for k in totals.index[:8]]
-        label = _per_value(gen_ops["label"], lambda v: str(v) if str(v) in kinds else "other")
-        if (label == "other").any():
-            kinds.append("other")
-        layer_key = _per_value(gen_ops["layer"], _layer_name)
-        order = sorted(
-            layer_key.unique(),
-            key=lambda s: (
-                s == "outside layers",
-                int(s.split()[-1]) if s != "outside layers" else 0,
-            ),
-        )
-        step = _typical_gen_step(f)
-        if step is not None:
-            one = gen_ops["step"] == step
-            t = (
-                gen_ops[one]
-                .assign(k=label[one], l=layer_key[one])
-                .groupby(["l", "k"])["dur_ns"]
-                .sum()
-                / 1e3
-            )
-            charts.append(
-                Chart(
-                    name="typical_step_by_layer",
-                    kind="stacked",
-                    title=f"A typical generation step (step {step}, the median duration): "
-                    "time per layer by op type",
-                    x_label="time in the step (µs)",
-                    y_label="layer",
-                    categories=order,
-                    series=[
-                        Series(k, [float(t.get((lay, k), 0.0)) for lay in order]) for k in kinds
-                    ],
-                    value_fmt="f1",
-                )
-            )
-        n_gen = max(1, gen_ops["step"].nunique())
-        mean = (
-            gen_ops.assign(k=label, l=layer_key).groupby(["l", "k"])["dur_ns"].sum() / n_gen / 1e3
-        )
-        # transformer layers only: the output projection outside them would wash out the scale
-        in_layers = [lay for lay in order if lay != "outside layers"] or order
-        charts.append(
-            Chart(
-                name="layer_op_heatmap",
-                kind="heatmap",
-                title="Time per transformer layer and op type, mean per generation step",
-                x_label="columns: op type",
-                y_label="layer",
-                categories=in_layers,
-                columns=kinds,
-                matrix=[[float(mean.get((lay, k), 0.0)) for k in kinds] for lay in in_layers],
-                value_fmt="f1",
-                note="Values in µs per step; hover a cell for its value. Ops outside the layers "
-                "(embedding, final norm, output projection) are in the chart above.",
-            )
-        )
-    gen = f.steps[f.steps["kind"] == "gen"].sort_values("step")
-    if len(gen) >= 2:
-        ms = (gen["dur_ns"] / 1e6).to_numpy()
-        lo, hi = float(ms.min()), float(ms.max())
-        n_bins = int(min(24, max(5, len(ms) // 3)))
-        width = (hi - lo) / n_bins or 1.0
-        counts = [0] * n_bins
-        for v in ms:
-            counts[min(n_bins - 1, int((v - lo) / width))] += 1
-        charts.append(
-            Chart(
-                name="step_time_histogram",
-                kind="histogram",
-                title="Generation step times",
-                x_label="llama_decode time per generation step (ms)",
-                y_label="steps",
-                categories=[f"{lo + i * width:.2f}" for i in range(n_bins)],
-                series=[Series("steps", [float(c) for c in counts])],
-                value_fmt="int",
-                note=f"{n_bins} bins of {width:.3f} ms from {lo:.2f} ms; labels are bin starts.",
-            )
-        )
-        charts.append(
-            Chart(
-                name="tokens_per_second",
-                kind="line",
-                title="Generation speed over the run",
-                x_label="decode step",
-                y_label="tokens/s",
-                x=[float(s) for s in gen["step"]],
-                series=[Series("tokens/s", (gen["n_tokens"] / (gen["dur_ns"] / 1e9)).tolist())],
-                value_fmt="f1",
-            )
-        )
-    return charts
-
-
 def request_latency(f: SessionFrames) -> dict[str, Any] | None:
     """Served requests (instr serve, llama-server): count, what became of them, and latency
     percentiles in ms of those that completed (ok), or None."""
@@ -412,6 +282,7 @@ def summary_report(
     facts = [
         Fact("model", ov["model"]),
         Fact("level", ov["level"] or "unknown"),
+        Fact("flash attention", flash_attention(f.info).line()),
         Fact("steps", ov["steps"], "int"),
         Fact("prompt tokens", ov["prompt_tokens"], "int"),
         Fact("prompt tokens/s", ov["prompt_tok_s"], "f1"),
@@ -420,6 +291,14 @@ def summary_report(
         Fact("generation step p50 (ms)", ov["gen_step_ms_p50"], "f2"),
         Fact("generation step p90 (ms)", ov["gen_step_ms_p90"], "f2"),
         Fact("generation step p99 (ms)", ov["gen_step_ms_p99"], "f2"),
+        *(
+            [
+                Fact(f"the draft's generation step p{q} (ms)", ov[f"draft_step_ms_p{q}"], "f2")
+                for q in (50, 90, 99)
+            ]
+            if "draft_step_ms_p50" in ov
+            else []
+        ),
         *(
             [Fact("sampled", ov["sampled"] + "; per-op figures are from those steps")]
             if ov["sampled"]
@@ -443,7 +322,7 @@ def summary_report(
         facts[at:at] = spec_report.facts(ov["speculation"], spec[0] if spec else None)
     sections = []
     recorded = ov["op_time_coverage"] is not None
-    charts = _time_charts(f, per_op=recorded)
+    charts = step_charts.time_charts(f, per_op=recorded)
     if charts:
         sections.append(Section("Where a token's time goes", charts=charts))
     between = between_steps.between_steps(f)  # decode, sampling and the host's work between steps

@@ -56,6 +56,10 @@ class DevicePeaks:
     description: str
     bandwidth_gbs: float  # GB/s (bytes per ns)
     matmul_gflops: dict[str, float]  # by ggml type name, lower case: f32, f16, q4_k, q8_0
+    # what an op split among the threads costs beyond its work (ns): a tiny matmul's time at the
+    # peaks' thread count over its time on one thread (None: not measured, a file written
+    # before it was)
+    sync_ns: float | None = None
 
     @property
     def compute_gflops(self) -> float:
@@ -102,6 +106,7 @@ class Peaks:
                     "description": d.description,
                     "bandwidth_gbs": d.bandwidth_gbs,
                     "matmul_gflops": d.matmul_gflops,
+                    **({} if d.sync_ns is None else {"sync_ns": d.sync_ns}),
                 }
                 for d in self.devices
             ],
@@ -120,6 +125,7 @@ def from_json(doc: Any, where: str) -> Peaks:
                 description=str(d.get("description", "")),
                 bandwidth_gbs=float(d["bandwidth_gbs"]),
                 matmul_gflops={str(k): float(v) for k, v in d["matmul_gflops"].items()},
+                sync_ns=_sync(d.get("sync_ns")),
             )
             for d in doc["devices"]
         ]
@@ -132,6 +138,16 @@ def from_json(doc: Any, where: str) -> Peaks:
         )
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{where} is not a peaks file of llamacpp-instr ({exc})") from None
+
+
+def _sync(value: Any) -> float | None:
+    """A file's ``sync_ns``: a time of 0 to 1 s, or absent (None)."""
+    if value is None:
+        return None
+    ns = float(value)
+    if not 0 <= ns <= 1e9:
+        raise ValueError(f"sync_ns {value!r} is not a time of 0 to 1 s")
+    return ns
 
 
 def read(path: Path) -> Peaks:

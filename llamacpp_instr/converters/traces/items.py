@@ -159,6 +159,7 @@ BulkItem = Item | OpBatch | ComputeBatch | SliceRows
 
 @dataclass
 class LayoutStats:
+    sessions: int = 0  # each a process of the trace
     steps: int = 0
     computes: int = 0
     layers: int = 0

@@ -238,6 +238,7 @@ def layout_bulk(
     (``machine_peaks.session_roofs``), ops carry their roof fraction and bound."""
 
     def make(info: SessionInfo, k: int) -> SessionLayout:
+        stats.sessions += 1
         return SessionLayout(info, k, sel, stats, flows, roofs(info) if roofs else None, True)
 
     return layout_sessions(events, make)

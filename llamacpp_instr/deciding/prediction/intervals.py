@@ -14,11 +14,15 @@ about half of the grids, where the aim is that at least 90 % hold on every grid 
 distribution-free jackknife+ at 95 % guarantees 90 %); each grid's coverage is in
 docs/performance.md (bench/predict.py).
 
-A thread count no log ran (``op_threads``) is priced between two bounds: every op ``T/T'`` times
-its time beyond its fixed cost, and every op its time (no part moving). Where logs at another
-thread count than the others' were held out, their residuals (``held_out_threads``) make the
-interval as above; otherwise it is the bounds, each widened by the same-thread residuals'
-half-width.
+A setting whose attention ops read more KV cells than the logs' did (a deeper context: priced
+per KV cell, an extrapolation) is at least ``BENCH_DEPTH_HALF`` each way, the model's error on
+the bench's depth grid.
+
+A thread count no log ran (``op_threads``): where logs at another thread count than the others'
+were held out (each priced from the others' count with the peaks of both), their residuals
+(``held_out_threads``) make the interval as above; otherwise it is the model's error across
+thread counts on ``bench/predict.py``'s thread grid, ``BENCH_THREADS_HALF`` each way (or the
+same-thread residuals' half-width, the wider).
 
 Where no log could be held out (one log, or none the others cover), nothing in the logs says how
 far a setting not run can be from its price. The interval is then the model's own error on
@@ -41,6 +45,12 @@ from llamacpp_instr.deciding.prediction.op_costs import CostModel
 # |ln(measured / predicted)| over bench/predict.py's predictions on its CPU, thread, Vulkan and
 # RPC grids, rounded up (their errors: docs/performance.md)
 BENCH_HALF = 0.2
+# the same across thread counts, and beyond the KV cells the logs read (attention priced per KV
+# cell: kv_costs): the half-width bench/predict.py's thread and depth grids check (--threads-grid,
+# --depth-grid: two models, one log each; each grid prints the 95th percentile of
+# |ln(measured / predicted)| beside it): a +-18 % interval, inside the +-20 % they are held to
+BENCH_THREADS_HALF = 0.18
+BENCH_DEPTH_HALF = 0.18
 # Student's t distribution's 97.5th percentile at 1, 2, ... 30 degrees of freedom (a two-sided
 # 95 % interval), as statistics tables give it
 T975 = dict(enumerate((
@@ -56,8 +66,8 @@ class Interval:
     low: float
     high: float
     # what the interval is made of: "held-out" (the logs predicted from each other, ``held_out``
-    # of them), "thread bounds" (a thread count no log ran: module doc) or "bench" (no log could be
-    # held out: the model's error on the bench's grids, or the logs' own steps' spread, the wider)
+    # of them) or "bench" (no log could be held out: the model's error on the bench's grids, or
+    # the logs' own steps' spread, the wider)
     basis: str = "bench"
     held_out: int = 0
 
@@ -91,32 +101,42 @@ def interval(
     model: CostModel,
     kind: str,
     devices: frozenset[str],
-    bounds: tuple[float, float] | None = None,
+    across: bool = False,
+    warm: bool = False,
+    deeper: bool = False,
 ) -> Interval:
     """Tokens/s for ``tokens`` in ``ns`` as priced, scaled by the logs' measured time over the
-    model's price of it (``CostModel.level`` on the target's ``devices``), with its 95 %
-    interval (module doc); ``bounds``: at a thread count no log ran, the two bounding prices."""
-    level = model.level(kind, devices) or 1.0
+    model's price of it (``CostModel.level`` on the target's ``devices``; ``warm``: of steps
+    that did not start their context), with its 95 % interval (module doc); ``across``: at a
+    thread count no log ran; ``deeper``: attention ops priced beyond the KV cells measured."""
+    level = model.level(kind, devices, warm) or 1.0
     per_s = 1e9 * tokens
     value = per_s / (ns * level)
     half = half_width(model.held_out.get(kind))
-    if bounds is not None:
-        across = half_width(model.held_out_threads.get(kind))
-        if across is not None:
+    if deeper:
+        half = max(half or 0.0, BENCH_DEPTH_HALF)
+    if across:
+        over = half_width(model.held_out_threads.get(kind))
+        if over is not None:
             n = len(model.held_out_threads[kind])
-            return Interval(value, value * np.exp(-across), value * np.exp(across), "held-out", n)
-        fast, slow = min(bounds), max(bounds)
-        widen = np.exp(half or 0.0)
-        low = min(value, per_s / (slow * level)) / widen
-        high = max(value, per_s / (fast * level)) * widen
-        return Interval(value, low, high, "thread bounds", len(model.held_out.get(kind, [])))
+            return Interval(value, value * np.exp(-over), value * np.exp(over), "held-out", n)
+        return _bench(model, kind, per_s, ns, level, max(BENCH_THREADS_HALF, half or 0.0))
     if half is not None:
-        n = len(model.held_out[kind])
-        return Interval(value, value * np.exp(-half), value * np.exp(half), "held-out", n)
+        n = len(model.held_out.get(kind, []))
+        basis = "held-out" if n else "bench"
+        return Interval(value, value * np.exp(-half), value * np.exp(half), basis, n)
+    return _bench(model, kind, per_s, ns, level, BENCH_HALF)
+
+
+def _bench(
+    model: CostModel, kind: str, per_s: float, ns: float, level: float, half: float
+) -> Interval:
+    """The interval no held-out log makes: ``half`` each way about the level, or the spread of
+    the logs' own steps' measured over priced (10th to 90th percentiles), the wider."""
     ratios = model.self_ratios.get(kind)
     base = model.self_level.get(kind)
     if ratios is None or not len(ratios) or not base or base <= 0:
         ratios = np.array([level])
-    lo = min(float(np.percentile(ratios, 10)), level * np.exp(-BENCH_HALF))
-    hi = max(float(np.percentile(ratios, 90)), level * np.exp(BENCH_HALF))
-    return Interval(value=value, low=per_s / (ns * hi), high=per_s / (ns * lo))
+    lo = min(float(np.percentile(ratios, 10)), level * np.exp(-half))
+    hi = max(float(np.percentile(ratios, 90)), level * np.exp(half))
+    return Interval(value=per_s / (ns * level), low=per_s / (ns * hi), high=per_s / (ns * lo))

@@ -18,11 +18,14 @@ nearest row count that has it and whose ops did as much work (a prompt of 512 to
 127; a ubatch of 4 tokens is priced from a prompt's ops, not generation's), or else the nearest. An
 op of a class no log has (a weight type never run, another device) is not priced: it is
 reported, never guessed. (A CPU thread count no log ran takes its classes from one the logs ran,
-at the roofs of its own count: ``ThreadScale``, ``op_threads``.) Nor is an op's time extrapolated beyond the sizes its class
-was measured at: a node whose work is more than ``BEYOND`` times the most work its class's ops did
-in the logs (``Fit.work_hi``: a prompt of 100,000 tokens from logs of 26, a context deeper than any
-log's) is reported with how far beyond it is (``beyond``), so that the prediction says what run
-would measure it; work below the least measured is priced, the line being anchored at the device's
+with the bandwidth and cost of a split measured at both: ``op_threads``.) Nor is an op's time
+extrapolated beyond the sizes its class was measured at: a node whose work is more than
+``BEYOND`` times the most work its class's ops did in the logs (``Fit.work_hi``: a prompt of
+100,000 tokens from logs of 26) is reported with how far beyond it is (``beyond``), so that the
+prediction says what run would measure it, except attention on more KV cells than the logs read:
+its work grows with them, and it is priced on its class's line per cell, labelled an
+extrapolation (``extrapolated``; flash attention by the cells its rows see, and how far:
+``kv_costs``). Of the rest, work below the least measured is priced, the line being anchored at the device's
 fixed cost per op. Two kinds of op the device did run stand in for a class it did not (``proxy``),
 and the prediction names each: a matmul or get_rows of a weight type the logs ran on another device
 only (the output projection of a model whose output layer was offloaded, on the CPU at -ngl 0) is
@@ -48,7 +51,8 @@ import numpy as np
 
 from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
 from llamacpp_instr.converters.session import derive
-from llamacpp_instr.deciding.prediction import split_costs
+from llamacpp_instr.deciding.prediction import kv_costs, split_costs
+from llamacpp_instr.deciding.prediction.thread_scale import ThreadScale, split_units
 
 _LAYER_SUFFIX = re.compile(r"-\d+$")
 
@@ -106,6 +110,8 @@ class GraphCosts:
     flops: np.ndarray
     noop: np.ndarray  # bool: a view that never runs
     tokens: list[str]  # each node's size class (``token_class`` of its rows)
+    units: np.ndarray  # int: the parts the CPU splits each node into (``split_units``)
+    kv: np.ndarray  # bool: an attention op, whose work grows with the KV cells read (``kv_nodes``)
 
     @classmethod
     def of(cls, g: Graph) -> GraphCosts:
@@ -127,7 +133,30 @@ class GraphCosts:
             flops=f,
             noop=noop,
             tokens=[token_class(rows(x, g)) for x in g.nodes],
+            units=np.array([split_units(x, g) for x in g.nodes], np.int64),
+            kv=kv_nodes(g),
         )
+
+
+def kv_nodes(g: Graph) -> np.ndarray:
+    """The nodes whose work grows with the KV cells a compute reads: those reading the cache
+    (``kv_read``: the KQ and KQV matmuls, flash attention) and the ops on the way from one to
+    another (KQ's softmax, a scale or soft cap before it), not what follows the last (KQV's
+    permute, whose size is the heads')."""
+    n = len(g.nodes)
+    read = np.array(["kv_read" in x.flags for x in g.nodes], bool)
+    after = np.zeros(n, bool)  # reached from a kv_read node through ops other than matmuls
+    for k, node in enumerate(g.nodes):
+        src = first_source(g, k)
+        if src is not None and not node.op.startswith("MUL_MAT") and not read[k]:
+            after[k] = bool(read[src] or after[src])
+    before = np.zeros(n, bool)  # read, through such ops, by a kv_read node
+    for k in range(n - 1, -1, -1):
+        if read[k] or (before[k] and after[k]):
+            for s_ in g.nodes[k].src:
+                if "node" in s_:
+                    before[int(s_["node"])] = True
+    return read | (after & before)
 
 
 @dataclass(frozen=True)
@@ -193,29 +222,6 @@ class Roofs:
 ClassKey = tuple[Where, str, str, str, str]  # where, tokens, label, type, role ("" for any)
 
 
-@dataclass(frozen=True)
-class ThreadScale:
-    """The CPU at a thread count no log ran, priced from ``source`` (a thread count the logs
-    ran): each op by its class there (its fit, fusion, fixed cost); of its time beyond the fixed
-    cost, its bytes at the rate its weight matrix streams at (``streams``, bytes/ns: op_fit's
-    ``_stream``, ``""`` for any op) take ``1 / bandwidth`` times it, and the rest, compute,
-    ``compute`` times it (``op_threads``)."""
-
-    source: Where
-    streams: dict[str, float]
-    bandwidth: float
-    compute: float
-
-    def time(self, beyond_fixed: float, n_bytes: float, weight: str, role: str) -> float:
-        """An op's time beyond its fixed cost at the target's count, from the source's; its
-        ``weight``'s type for a matmul reading one (else ""), and its ``role``."""
-        rate = (
-            weight and (self.streams.get(f"{weight}:{role}") or self.streams.get(weight))
-        ) or self.streams.get("", 0.0)
-        memory = min(beyond_fixed, n_bytes / rate) if rate > 0 else 0.0
-        return memory / self.bandwidth + (beyond_fixed - memory) * self.compute
-
-
 @dataclass
 class CostModel:
     """The fitted classes, the roofs and fixed costs per device, the roles backends fuse, and the
@@ -239,33 +245,52 @@ class CostModel:
     self_level: dict[str, float] = field(default_factory=dict)
     # the level per kind and the devices the logs' steps of that kind computed on
     self_level_on: dict[tuple[str, frozenset[str]], float] = field(default_factory=dict)
+    # the level and the host's time per compute of the steps that did not start their context
+    # (``op_fit.cold_step``: what a run at a depth is made of)
+    self_level_warm: dict[str, float] = field(default_factory=dict)
+    overhead_warm: dict[tuple[Where, str], float] = field(default_factory=dict)
     experts: Any = None  # a MoE's measured traffic (``expert_traffic``; None: no routing)
     # per kind, leave one out: each log's measured time over the model of the other logs'
     # prediction of it, as a natural log, for the logs the others cover (op_fit._held_out); and
     # of the logs priced at a thread count the others did not run (``ThreadScale``)
     held_out: dict[str, list[float]] = field(default_factory=dict)
     held_out_threads: dict[str, list[float]] = field(default_factory=dict)
-    # the CPU at thread counts no log ran, priced from one the logs ran (op_threads), and the
+    # the CPU at thread counts no log ran, priced from one the logs ran (thread_scale), and the
     # bandwidth (bytes/ns) the logs' steps reached per device and weight type ("": every op),
     # their ops' bytes over their time, the best step's (op_fit._stream)
     scaled: dict[Where, ThreadScale] = field(default_factory=dict)
     stream: dict[tuple[Where, str], float] = field(default_factory=dict)
+    # flash attention's time per row and per KV cell its rows see, per (where, cache type), and
+    # the most KV cells the logs' computes read (kv_costs)
+    flash: dict[tuple[Where, str], kv_costs.RowLine] = field(default_factory=dict)
+    max_kv: int = 0
 
-    def overhead_at(self, threads: int, kind: str) -> float:
+    def overhead_at(self, threads: int, kind: str, warm: bool = False) -> float:
         """The host's time per compute outside its ops at ``threads`` (a scaled thread count's:
-        its source's, the host's own work not being spread over the threads)."""
-        where = Where("CPU", threads)
-        scale = self.scaled.get(where)
-        return self.overhead.get((scale.source if scale else where, kind), 0.0)
+        its source's, the host's own work not being spread over the threads); ``warm``: of the
+        steps that did not start their context (where the logs' steps of this kind all did,
+        the least of the other kinds': a run at a depth pays no context's start)."""
+        scale = self.scaled.get(Where("CPU", threads))
+        where = Where("CPU", scale.source.threads if scale else threads)
+        if warm:
+            found = self.overhead_warm.get((where, kind))
+            others = [v for (w, _k), v in self.overhead_warm.items() if w == where]
+            if found is not None or others:
+                return found if found is not None else min(others)
+        return self.overhead.get((where, kind), 0.0)
 
     def has(self, where: Where) -> bool:
         return where in self.roofs
 
-    def level(self, kind: str, devices: frozenset[str]) -> float | None:
+    def level(self, kind: str, devices: frozenset[str], warm: bool = False) -> float | None:
         """The measured-over-priced level of ``kind`` steps on ``devices``: of the logs whose
         steps computed on those devices. Steps on other devices than any log's are priced at the
         model's own level (1): a correction the logs measured on other devices (lavapipe's, say)
-        says nothing of these (a CPU's alone, at -ngl 0); the spread still bounds the interval."""
+        says nothing of these (a CPU's alone, at -ngl 0); the spread still bounds the interval.
+        ``warm``: of the steps that did not start their context (the model's own level where
+        every step of the kind did: a prompt after a depth pays none of a context's start)."""
+        if warm:
+            return self.self_level_warm.get(kind, 1.0)
         found = self.self_level_on.get((kind, devices))
         if found is not None:
             return found
@@ -280,12 +305,21 @@ class CostModel:
         threads: int,
         proxies: dict[str, None] | None = None,
         beyond: dict[tuple[str, str, str, str], float] | None = None,
+        bound: dict[tuple[str, str], float] | None = None,
+        extrapolated: dict[tuple[str, str, str, str], float] | None = None,
+        cells: float | None = None,
     ) -> tuple[np.ndarray, list[tuple[str, str, str, str]]]:
         """Each node's predicted time (ns), its device by ``devices`` (the CPU where not given),
         and the classes no log has, as (where, op, type, size class). A class priced from other
         ops of its device (``proxy``) is added to ``proxies``, saying from which; a node whose
         work is beyond what its class measured (``Fit.beyond``) to ``beyond``, as its class and
-        the most times the measured work such a node of it does."""
+        the most times the measured work such a node of it does, unless it is an attention op
+        (``GraphCosts.kv``: priced on its class's line per KV cell, it is added to
+        ``extrapolated`` the same way; ``kv_costs`` bounds how far). Flash attention is priced by
+        the KV ``cells`` the compute's rows see where given (``kv_costs.RowLine``). At a thread
+        count no log ran,
+        each CPU node's time is added to ``bound`` under what it is and its op (``thread_scale``:
+        ``(memory-bound, "MUL_MAT q4_1")``)."""
         n = len(gc.roles)
         out = np.zeros(n)
         missing: dict[tuple[str, str, str, str], None] = {}
@@ -312,7 +346,7 @@ class CostModel:
             dev = device(k)
             where = Where(dev, threads if dev == "CPU" else 0)
             if scale is not None and dev == "CPU":
-                where = scale.source
+                where = Where("CPU", scale.source.threads)
             lab, typ, rol = gc.labels[k], gc.types[k], gc.roles[k]
             if (where, lab, rol) in self.fused:
                 continue
@@ -353,13 +387,32 @@ class CostModel:
             else:
                 w = roofs.work([as_lab], [as_typ], n_bytes, gc.flops[k : k + 1])
             out[k] = float(fit.time(w)[0])
+            fixed, far = fit.fixed, fit.beyond(float(w[0]))
+            line = self.flash.get((where, typ)) if lab == kv_costs.FLASH else None
+            if line is not None and cells is not None:
+                # by the cells its rows see, not those its view spans (masked ones are skipped)
+                out[k] = line.time(gc.graph.n_tokens, cells)
+                fixed = line.fixed
+                far = cells / line.cells_hi if cells > line.cells_hi * BEYOND else 0.0
             if scale is not None and dev == "CPU":  # at the target's thread count
                 weight = as_typ if as_lab.startswith("MUL_MAT") and "kv " not in as_typ else ""
-                time = scale.time(out[k] - fit.fixed, float(n_bytes[0]), weight, rol)
-                out[k] = fit.fixed + time
-            far = fit.beyond(float(w[0]))
-            if far and beyond is not None:
-                cls = (str(where), lab, typ, gc.tokens[k])
+                time, what = scale.time(
+                    out[k] - fixed, float(n_bytes[0]), weight, rol, int(gc.units[k])
+                )
+                out[k] = fixed + time
+                if bound is not None:
+                    op = (
+                        f"{lab} {typ}"
+                        if lab.startswith(WEIGHT_OPS) or typ.startswith("kv ")
+                        else lab
+                    )
+                    bound[(what, op)] = bound.get((what, op), 0.0) + out[k]
+            cls = (str(where), lab, typ, gc.tokens[k])
+            if far and gc.kv[k]:
+                # an attention op on more KV cells than the logs': its line, per cell
+                if extrapolated is not None:
+                    extrapolated[cls] = max(extrapolated.get(cls, 0.0), far)
+            elif far and beyond is not None:
                 beyond[cls] = max(beyond.get(cls, 0.0), far)
         return out, list(missing)
 
@@ -373,15 +426,20 @@ class CostModel:
         held: split_costs.Holders | None = None,
         proxies: dict[str, None] | None = None,
         beyond: dict[tuple[str, str, str, str], float] | None = None,
+        bound: dict[tuple[str, str], float] | None = None,
+        extrapolated: dict[tuple[str, str, str, str], float] | None = None,
+        cells: float | None = None,
     ) -> tuple[np.ndarray, dict[str, float], list[tuple[str, str, str, str]], list[str]]:
         """One compute of a graph in a ``kind`` step: each node's time, the time beyond the ops
         of its splits per device and of its copies (``split_costs``, where it runs on several
         devices; ``resend``: another graph than the previous compute's, sent whole to an RPC
         server; ``held``: the device holding each weight, whose copies to another device are
-        priced), the op classes no log has and what else no log has (``proxies``, ``beyond``: as
-        ``price``)."""
+        priced), the op classes no log has and what else no log has (``proxies``, ``beyond``, ``bound``,
+        ``extrapolated``, ``cells``: as ``price``)."""
         gc, shares = _routed(self.experts, gc)
-        cost, missing = self.price(gc, devices, threads, proxies, beyond)
+        cost, missing = self.price(
+            gc, devices, threads, proxies, beyond, bound, extrapolated, cells
+        )
         used = {d for d, nop in zip(devices, gc.noop, strict=False) if not nop}
         if len(used) <= 1:
             return cost, {}, missing, []

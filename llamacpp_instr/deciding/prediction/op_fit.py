@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from llamacpp_instr.deciding.prediction import net_costs, op_threads, split_costs
+from llamacpp_instr.deciding.prediction import kv_costs, net_costs, op_threads, split_costs
 from llamacpp_instr.deciding.prediction.expert_traffic import ExpertTraffic
 from llamacpp_instr.deciding.prediction.op_costs import (
     FIXED_PERCENTILE,
@@ -86,7 +86,16 @@ def _op_frame(frames: Any, graphs: LogGraphs, where_of: Any) -> pd.DataFrame | N
     # ops of prompt and generation steps only (not a K-shift's)
     step_kind = kinds.reindex(df["step"].to_numpy()).to_numpy()
     df["kind"] = step_kind
-    return df[np.isin(step_kind, ["prompt", "gen"])]
+    df = df[np.isin(step_kind, ["prompt", "gen"])]
+    # each op's compute: its query rows, and the KV cells they see (flash attention's work)
+    at = kv_costs.compute_positions(frames)
+    keys = list(zip(df["step"].astype(int), df["ubatch"].astype(int), strict=True))
+    spans = [at.get(k, (-1, 0)) for k in keys]
+    df = df.assign(
+        rows=[n for _p, n in spans],
+        cells=[kv_costs.visible_cells(p_, n) if p_ >= 0 else np.nan for p_, n in spans],
+    )
+    return df
 
 
 def _devices_of(frames: Any) -> Any:
@@ -263,6 +272,25 @@ def _line(w: np.ndarray, m: np.ndarray, c: np.ndarray, fixed: float) -> Fit:
     return Fit(fixed=a, slope=slope, work_lo=lo, work_hi=hi, n=n)
 
 
+def _max_kv(frames: Any) -> int:
+    """The most KV cells a compute of the log read (``kv_costs.n_kv`` of its end)."""
+    n_ctx = int((frames.info.context or {}).get("n_ctx") or 0)
+    ends = [p + n for p, n in kv_costs.compute_positions(frames).values()]
+    return max((kv_costs.n_kv(e, n_ctx or e) for e in ends), default=0)
+
+
+def cold_step(frames: Any) -> int | None:
+    """The step that started the log's context, None where none did: the session's first step,
+    where it begins at position 0 (a context made for the run, its buffers and threads first used
+    there, which a run at a depth, its cache filled before, does not pay)."""
+    steps = frames.steps
+    if steps.empty:
+        return None
+    first = steps.loc[steps["step"].idxmin()]
+    pos = first["pos0"] if "pos0" in steps else 0
+    return int(first["step"]) if pos == 0 or pd.isna(pos) else None
+
+
 def threads_of(frames: Any) -> int:
     return int((frames.info.context or {}).get("n_threads") or 0)
 
@@ -272,6 +300,7 @@ def fit(
     graphs: list[LogGraphs] | None = None,
     held_out: bool = True,
     memo: dict[Any, Any] | None = None,
+    peaks: op_threads.PeaksAt | None = None,
 ) -> CostModel:
     """The cost model of the sessions' timed ops (``SessionFrames`` with ops); ``graphs``: their
     ``log_graphs`` where worked out already; ``held_out``: each log also predicted from the others
@@ -280,7 +309,7 @@ def fit(
     model kept there by the sessions' ids, which must stay alive as long as it."""
     parts: list[pd.DataFrame] = []
     fusion = _Fusion()
-    overhead_rows: list[tuple[Where, str, float]] = []
+    overhead_rows: list[tuple[Where, str, float, bool]] = []
     sessions = list(sessions)
     if graphs is None:
         memo_ = memo if memo is not None else {}
@@ -303,13 +332,15 @@ def fit(
         on_devices = split_costs.device_time(sf)
         steps = sf.steps.set_index("step")
         took = net_costs.step_times(sf)
+        cold = cold_step(sf)
         for step, row in per_step.iterrows():
             if step not in steps.index:
                 continue
             s = steps.loc[step]
             inside = on_devices.get(int(step), float(row["op_ns"]))
             extra = (took[int(step)] - inside) / max(int(row["computes"]), 1)
-            overhead_rows.append((Where("CPU", threads), str(s["kind"]), max(extra, 0.0)))
+            where = Where("CPU", threads)
+            overhead_rows.append((where, str(s["kind"]), max(extra, 0.0), step == cold))
     if not parts:
         return CostModel(fits={}, roofs={}, fused=set(), overhead={})
     obs = pd.concat(parts, ignore_index=True)
@@ -334,9 +365,16 @@ def fit(
         )
     fits = _class_fits(obs, where_code, wheres, work, roofs)
     stream = _stream(obs, where_code, wheres)
+    flash = kv_costs.flash_lines(
+        obs.assign(where=[wheres[int(c)] for c in where_code]),
+        {w: r.fixed for w, r in roofs.items()},
+    )
     over: dict[tuple[Where, str], list[float]] = defaultdict(list)
-    for w, kind, extra in overhead_rows:
+    warm: dict[tuple[Where, str], list[float]] = defaultdict(list)
+    for w, kind, extra, first in overhead_rows:
         over[(w, kind)].append(extra)
+        if not first:
+            warm[(w, kind)].append(extra)
     model = CostModel(
         fits=fits,
         roofs=roofs,
@@ -345,13 +383,16 @@ def fit(
         fused_after=fusion.after_fused - fusion.after_timed,
         types_run={str(t) for t in obs["type0"].unique()},
         overhead={k: float(np.median(v)) for k, v in over.items()},
+        overhead_warm={k: float(np.median(v)) for k, v in warm.items()},
         splits=split_costs.fit(sessions),
         experts=ExpertTraffic.of(sessions) or None,
         stream=stream,
+        flash=flash,
+        max_kv=max((_max_kv(sf) for sf in sessions), default=0),
     )
     _self_check(model, sessions, graphs)
     if held_out:
-        _held_out(model, sessions, graphs, {} if memo is None else memo)
+        _held_out(model, sessions, graphs, {} if memo is None else memo, peaks or {})
     return model
 
 
@@ -364,14 +405,16 @@ class _Priced:
     pairs: dict[str, list[tuple[float, float]]]
     used: dict[str, set[str]]
     whole: dict[str, bool]
+    cold: dict[str, int] = field(default_factory=dict)  # per kind, the index of its cold step
 
 
 def _price_log(model: CostModel, sf: Any, log_g: LogGraphs) -> _Priced:
     """Each of a log's steps priced by ``model`` from its own graphs (and the host's overhead per
     compute, and over RPC the session's setup on its first step)."""
     threads = threads_of(sf)
-    priced: dict[tuple[int, str, bool], float] = {}
+    priced: dict[tuple[int, str, bool, float | None], float] = {}
     computes = sf.ops[["step", "ubatch", "graph"]].drop_duplicates()
+    at = kv_costs.compute_positions(sf)
     # where the weights are held: as a graph of one token placed them (split_costs.holders)
     one = next((v for v in log_g.values() if v[0].graph.n_tokens == 1), None)
     held = split_costs.holders(one[0].graph, one[1]) if one is not None else None
@@ -381,19 +424,26 @@ def _price_log(model: CostModel, sf: Any, log_g: LogGraphs) -> _Priced:
     pred: dict[int, float] = defaultdict(float)
     used: dict[str, set[str]] = defaultdict(set)  # per kind, the devices its steps used
     whole: dict[str, bool] = defaultdict(lambda: True)
-    for step, _ub, gid in computes.itertuples(index=False):
+    for step, ub, gid in computes.itertuples(index=False):
         kind = str(kinds.get(step, ""))
         resend, last = int(gid) != last, int(gid)
         if int(gid) not in log_g or kind not in ("prompt", "gen"):
             continue
         gc, devs = log_g[int(gid)]
         used[kind] |= {d for d, nop in zip(devs, gc.noop, strict=False) if not nop}
-        key = (int(gid), kind, resend)
+        # (flash attention's price depends on the cells its rows see: kv_costs)
+        span = at.get((int(step), int(ub)))
+        cells = (
+            float(kv_costs.visible_cells(*span))
+            if span is not None and kv_costs.FLASH in gc.labels
+            else None
+        )
+        key = (int(gid), kind, resend, cells)
         if key not in priced:
             beyond: dict[tuple[str, str, str, str], float] = {}
             t, extra, missing, lost = model.price_compute(
                 gc, devs, threads, kind, resend, held if gc.graph.n_tokens > 1 else None,
-                None, beyond,
+                None, beyond, None, None, cells,
             )  # fmt: skip
             ok = not missing and not lost
             priced[key] = float(t.sum() + sum(extra.values())) if ok else np.nan
@@ -404,10 +454,15 @@ def _price_log(model: CostModel, sf: Any, log_g: LogGraphs) -> _Priced:
         pred[min(pred)] += model.splits.net.setup_ns()
     pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
     took = net_costs.step_times(sf)
+    cold = cold_step(sf)
+    first: dict[str, int] = {}
     for step, p in pred.items():
         if p > 0:
-            pairs[str(kinds[step])].append((took[int(step)], p))
-    return _Priced(dict(pairs), dict(used), dict(whole))
+            kind = str(kinds[step])
+            if step == cold:
+                first[kind] = len(pairs[kind])
+            pairs[kind].append((took[int(step)], p))
+    return _Priced(dict(pairs), dict(used), dict(whole), first)
 
 
 def _self_check(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) -> None:
@@ -416,6 +471,7 @@ def _self_check(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) 
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
     levels: dict[str, list[float]] = defaultdict(list)
     levels_on: dict[tuple[str, frozenset[str]], list[float]] = defaultdict(list)
+    warm: dict[str, list[float]] = defaultdict(list)
     for sf, log_g in zip(sessions, graphs, strict=True):
         if sf.ops.empty:
             continue
@@ -425,22 +481,32 @@ def _self_check(model: CostModel, sessions: list[Any], graphs: list[LogGraphs]) 
             a = np.asarray(pairs)
             levels[kind].append(float(a[:, 0].sum() / a[:, 1].sum()))
             levels_on[(kind, frozenset(mine.used[kind]))].append(levels[kind][-1])
+            if kind in mine.cold:
+                a = np.delete(a, mine.cold[kind], axis=0)
+            if len(a):
+                warm[kind].append(float(a[:, 0].sum() / a[:, 1].sum()))
     for kind, pairs in out.items():
         a = np.asarray(pairs)
         model.self_ratios[kind] = a[:, 0] / a[:, 1]
         model.self_level[kind] = float(np.median(levels[kind]))
     model.self_level_on = {k: float(np.median(v)) for k, v in levels_on.items()}
+    model.self_level_warm = {k: float(np.median(v)) for k, v in warm.items()}
 
 
 def _held_out(
-    model: CostModel, sessions: list[Any], graphs: list[LogGraphs], memo: dict[Any, Any]
+    model: CostModel,
+    sessions: list[Any],
+    graphs: list[LogGraphs],
+    memo: dict[Any, Any],
+    peaks: op_threads.PeaksAt,
 ) -> None:
     """Leave one out over the logs: each log's own setting predicted by the model of the others
     (fitted on them alone, its level theirs), where they cover it whole (every class measured,
     no op beyond its class's sizes); per kind the log of its measured time over that prediction
     (``CostModel.held_out``), what a prediction's interval is made of (``intervals``). A log at a
-    CPU thread count the others did not run is priced from theirs (``op_threads``, the bandwidth
-    saturated) and its residual kept apart (``held_out_threads``)."""
+    CPU thread count the others did not run is priced from theirs (``op_threads``, with the
+    ``peaks`` of both counts; not held out without them) and its residual kept apart
+    (``held_out_threads``)."""
     for i, (sf, log_g) in enumerate(zip(sessions, graphs, strict=True)):
         if sf.ops.empty:
             continue
@@ -454,7 +520,10 @@ def _held_out(
         threads = threads_of(sf)
         across = threads not in op_threads.cpu_threads(m)
         if across:  # a thread count the others did not run: priced from theirs
-            m = op_threads.scale(m, threads)
+            scaled = op_threads.scale(m, threads, peaks)
+            if scaled is None:
+                continue
+            m = scaled
         into = model.held_out_threads if across else model.held_out
         mine = _price_log(m, sf, log_g)
         for kind, pairs in mine.pairs.items():

@@ -1,44 +1,37 @@
 """The CPU at a thread count no log ran (``instr predict --threads``): its ops priced from the
-nearest thread count the logs ran, by the roofline the cost model already uses.
+nearest thread count the logs ran, with what ``instr peaks`` measured of this machine at both.
 
-An op's time in its class is ``fixed + slope * work`` (``op_costs``). At ``T'`` threads from
-logs of ``T`` each op keeps its class (its fit, its fusion, the device's fixed cost per op: a
-barrier's and a dispatch's), and its time beyond the fixed cost is split in two:
+An op's time in its class is ``fixed + slope * work`` (``op_costs``). At ``T`` threads from logs
+of ``S`` each op keeps its class (its fit, its fusion, the device's fixed cost per op), and its
+time beyond the fixed cost is split into the cost of splitting it among the threads, its bytes
+at the rate its weight matrix streamed at in the logs, and the rest, compute
+(``thread_scale.ThreadScale``). Each part moves by what was measured at the two counts:
 
-- memory: its bytes at the rate its weight matrix streams at (at most all of it): for a matmul
-  reading a weight, the best rate a whole step of the logs read that matrix at (its matmuls'
-  bytes over their time in the step, for the same role and type in every layer: ``ffn_up`` of
-  Q4_1; a generation step reads every weight once, at the rate its kernel dequantizes and the
-  memory delivers it), for another op the best any whole step's ops reached; a rate that
-  saturates: the same at ``T'``, or, where ``instr peaks`` measured this machine's bandwidth at
-  both thread counts, in their ratio;
-- compute: the rest, which ggml splits between its threads: ``T/T'`` times it.
+- the memory part by the bandwidth ``instr peaks`` measured at ``T`` over the one at ``S`` (the
+  rate one thread streams at is not two threads' rate: on a 2-core VM, 14 against 27 GB/s, and
+  a Q4_1 model's generation 1.6 to 1.9 times faster on two threads);
+- the compute part by the threads (ggml splits an op's rows or chunks between them: an op of
+  one row, the norm of one token, runs on one thread whatever the count);
+- the split's cost, none on one thread, at the figure ``instr peaks`` measured at each count
+  (about 1.7 us an op at 2 threads there: a small model's generation step splits hundreds).
 
-So a prompt's matmul (thousands of FLOPs a byte) takes ``T/T'`` its time; a generation's
-matrix-vector product, which streams its weights at that rate, its time; an op between,
-between. Measured on bench/predict.py's grid: with one bandwidth for every matmul (the fastest
-any step reached: an F16 model's, 34 GB/s), a Q4_1 model's matrix-vector products (read at 17-21
-GB/s) looked half compute and generation at 1 thread was priced 26 % slower than at 2, where it
-is within 4 %; with one per weight type, a Q8_0 model's took the rate of a Q4_1 model's Q8_0
-output matrix, 49,152 rows long. An F16 model's generation does get faster with threads (22 %
-from 1 to 2 here): more than this model says. The host's time per compute outside the ops is
-the source's. Beyond the CPUs the logs' machine has, threads would take turns on them: not
-predicted (``predict``).
-
-Two others bound it (``MODES``): ``linear`` (the memory part too ``T/T'`` times: every op's
-time beyond its fixed cost) and ``flat`` (no part moves: the source's price). A prediction at a
-scaled thread count is between them where the bandwidth measured moves less than the threads;
-where no log can be held out across thread counts (``CostModel.held_out_threads``), they are its
-interval (``intervals``).
+Without the peaks of both counts nothing says how fast ``T`` threads stream, so the count is
+not covered and the prediction names the ``instr peaks`` to run. Beyond the CPUs the logs'
+machine has, threads would take turns on them: not predicted (``predict``). The host's time per
+compute outside the ops is the source's.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
-from llamacpp_instr.deciding.prediction.op_costs import CostModel, ThreadScale, Where
+from llamacpp_instr.deciding.prediction.op_costs import CostModel, Where
+from llamacpp_instr.deciding.prediction.thread_scale import CpuPeaks, ThreadScale
 
-MODES = ("model", "linear", "flat")
+# per thread count, what instr peaks measured of the logs' machine there
+PeaksAt = dict[int, CpuPeaks]
 
 
 def cpu_threads(model: CostModel) -> list[int]:
@@ -53,25 +46,40 @@ def source(model: CostModel, threads: int) -> int | None:
     return min(have, key=lambda t: (abs(t - threads), -t)) if have else None
 
 
-def scale(
-    model: CostModel,
-    threads: int,
-    bandwidth: tuple[float, float] | None = None,
-    mode: str = "model",
-) -> CostModel:
-    """``model`` with the CPU at ``threads`` priced from its ``source`` (module doc);
-    ``bandwidth``: this machine's (bytes/ns) at the source's thread count and at ``threads``,
-    where ``instr peaks`` measured both (default: saturated, the same); ``mode``: the
-    prediction or a bound."""
+def cpu_peaks(machine: dict[str, Any] | None, counts: list[int], cache: Path) -> PeaksAt:
+    """The CPU peaks ``instr peaks`` cached for ``machine`` at each of ``counts`` that has
+    them, with its bandwidth and the cost of a split (an older file without the latter is left
+    out: measure again)."""
+    from llamacpp_instr.converters.session import machine_peaks as mp
+
+    out: PeaksAt = {}
+    if not machine:
+        return out
+    for n in counts:
+        p = mp.cached(machine, n, cache)
+        if p is None:
+            continue
+        cpu = next((d for d in p.devices if d.type == "cpu"), None)
+        if cpu is not None and cpu.bandwidth_gbs > 0 and cpu.sync_ns is not None:
+            out[n] = CpuPeaks(n, cpu.bandwidth_gbs, cpu.sync_ns)
+    return out
+
+
+def scale(model: CostModel, threads: int, peaks: PeaksAt) -> CostModel | None:
+    """``model`` with the CPU at ``threads`` priced from its ``source`` (module doc), None where
+    ``peaks`` lacks either count; ``model`` itself where the logs ran ``threads``."""
     src = source(model, threads)
-    if src is None or src == threads or mode not in MODES:
+    if src is None or src == threads:
         return model
+    if src not in peaks or threads not in peaks:
+        return None
     at = Where("CPU", src)
-    k = threads / src
     streams = {t: v for (w, t), v in model.stream.items() if w == at}
     streams.setdefault("", model.roofs[at].bandwidth)
-    ratio = bandwidth[1] / bandwidth[0] if bandwidth else 1.0
-    bw = {"model": ratio, "linear": k}.get(mode, 1.0)
-    compute = 1.0 if mode == "flat" else 1 / k
-    scaled = {**model.scaled, Where("CPU", threads): ThreadScale(at, streams, bw, compute)}
-    return replace(model, scaled=scaled)
+    scaled = ThreadScale(peaks[src], peaks[threads], streams)
+    return replace(model, scaled={**model.scaled, Where("CPU", threads): scaled})
+
+
+def peaks_command(counts: list[int]) -> str:
+    """The ``instr peaks`` runs that measure ``counts``."""
+    return " and ".join(f"`instr peaks --threads {n} --force`" for n in counts)

@@ -12,8 +12,12 @@ price, the median over the logs whose steps computed on the devices the target's
 log predicts itself; 1 where no log's did: a CPU alone at -ngl 0 from logs that offloaded layers).
 Its 95 % interval is made of the logs predicted from each other, leave one out (``intervals``; with
 one log, the model's spread on its own steps). A CPU thread count no log ran is priced from the
-nearest one run, compute-bound ops scaling with the threads and memory-bound ones saturated at the
-bandwidth measured (``op_threads``), up to the CPUs of the logs' machine. On several devices each
+nearest one run, memory-bound ops at the bandwidth ``instr peaks`` measured at the new count and
+compute-bound ones by the threads (``op_threads``), up to the CPUs of the logs' machine; without
+those peaks it is not covered. Attention on more KV cells than the logs read is priced by its cost
+per cell, an extrapolation said so, up to what the bench checks (``kv_costs``); a prompt after a
+depth is priced at the steps that did not start their context (``op_fit.cold_step``). On several
+devices each
 split adds its device's time beyond its ops and the copies into it
 (``converters.analysis.split_costs``), the weights included that ggml copies to a GPU to run a
 large batch's matmul there though they are held on the host (op offload: a prompt at -ngl 0 on a
@@ -25,8 +29,8 @@ link the log measured or the one given (``--rpc-rate``, ``--rpc-rtt``:
 loopback to build the graphs (``rpc_standin``). Whatever the logs have no measure for (an op on a
 device no log ran, threads beyond the machine's CPUs, a weight type never run, a split or a copy
 between devices no log made, a link no log measured, an op of more work than its class's ops did in
-the logs: a longer prompt, a deeper context) is reported with what to run to measure it, and that
-speed is not given: nothing is extrapolated. A setting needing more context than the model was
+the logs: a longer prompt, a context deeper than ``kv_costs`` allows) is reported with what to run
+to measure it, and that speed is not given. A setting needing more context than the model was
 trained on (``n_ctx_train``) is refused. An op its device never ran, of a kind it did (a matmul of
 a weight type the logs ran on another device only: the output projection on the CPU at -ngl 0, from
 logs that offloaded the output layer), is priced from that kind and listed in
@@ -45,16 +49,18 @@ from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.analysis import contention
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
 from llamacpp_instr.converters.reading.decode.graphs import graph_table
-from llamacpp_instr.deciding.prediction import net_costs, op_threads, split_costs
+from llamacpp_instr.deciding.prediction import net_costs, op_fit, op_threads, split_costs
 from llamacpp_instr.deciding.prediction.intervals import Interval, interval
-from llamacpp_instr.deciding.prediction.op_costs import CostModel, GraphCosts, Where
-from llamacpp_instr.deciding.prediction.op_fit import fit
+from llamacpp_instr.deciding.prediction.kv_costs import (
+    KV_EXTRAPOLATION,
+    KV_PAD,
+    n_kv,
+    visible_cells,
+)
+from llamacpp_instr.deciding.prediction.op_costs import CostModel, GraphCosts
 from llamacpp_instr.native import bindings
-from llamacpp_instr.running import devices, offload, runner
+from llamacpp_instr.running import context_defaults, devices, offload, runner
 from llamacpp_instr.running.tensor_overrides import TensorOverrides
-
-# llama.cpp's KV cache is read in multiples of this many cells (the pin's get_n_kv)
-KV_PAD = 256
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,7 @@ class Target:
     depth: int  # KV cells in use before the prompt (llama-bench's -d)
     n_batch: int
     n_ubatch: int
-    flash_attn: bool = False
+    flash_attn: bool | None = False  # None: llama.cpp's auto (a setting to plan)
     type_k: str = "f16"
     type_v: str = "f16"
     offload: offload.Offload = field(default_factory=offload.Offload)
@@ -111,8 +117,14 @@ class Prediction:
     priced_from_others: list[str] = field(default_factory=list)
     # logs whose steps spread like a contended machine's: "LOG: what its figures are worth"
     contended: list[str] = field(default_factory=list)
-    # a thread count no log ran: from which it was priced, and how (op_threads)
+    # attention ops on more KV cells than the logs' read, priced per cell (op_costs'
+    # KV_EXTRAPOLATION): an extrapolation, each line what and how far
+    extrapolated: list[str] = field(default_factory=list)
+    # a thread count no log ran: from which it was priced, and how (op_threads); per kind, the
+    # share of the CPU's predicted time of each op there by what it is (thread_scale: memory-bound,
+    # compute-bound, on one thread)
     threads_from: str = ""
+    op_bounds: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     def covered(self, kind: str) -> float | None:
         """``kind``'s (``prompt``, ``gen``) predicted tokens/s, or None where it was not predicted
@@ -138,12 +150,14 @@ class Prediction:
             "not_covered": self.not_covered,
             "priced_from_others": self.priced_from_others,
             "contended": self.contended,
+            "extrapolated": self.extrapolated,
             "threads_from": self.threads_from or None,
+            "op_bounds": self.op_bounds,
         }
 
 
 def load_logs(paths: list[Path]) -> list[SessionFrames]:
-    """The logs' first sessions, each with op times (a one-line UserError otherwise)."""
+    """Each log's latest session, each with op times (a one-line UserError otherwise)."""
     out = []
     for p in paths:
         sf = load_session(p)
@@ -212,12 +226,6 @@ def logged_tensors(sf: SessionFrames) -> TensorOverrides:
     )
 
 
-def n_kv(end: int, n_ctx: int) -> int:
-    """KV cells a ubatch ending at position ``end`` reads (the pin's get_n_kv)."""
-    padded = -(-max(end, 1) // KV_PAD) * KV_PAD
-    return min(n_ctx, max(KV_PAD, padded))
-
-
 def computes(t: Target) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """The (n_tokens, n_kv) of each compute the run makes: its prompt's ubatches, then one per
     generated token."""
@@ -235,6 +243,18 @@ def computes(t: Target) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
             prompt.append((n, n_kv(pos, n_ctx)))
     gen = [(1, n_kv(pos + k + 1, n_ctx)) for k in range(t.n_gen)]
     return prompt, gen
+
+
+def compute_cells(t: Target) -> tuple[list[int], list[int]]:
+    """The KV cells each compute of ``computes`` has its rows see (``kv_costs.visible_cells``:
+    flash attention's work)."""
+    prompt, gen = computes(t)
+    out: list[int] = []
+    pos = t.depth
+    for n, _kv in prompt:
+        out.append(visible_cells(pos, n))
+        pos += n
+    return out, [visible_cells(pos + k, 1) for k in range(len(gen))]
 
 
 class GraphBuilder:
@@ -323,10 +343,41 @@ def predict(logs: list[Path], t: Target | None = None, **changes: Any) -> Predic
     return price(target, model, sessions, [str(p) for p in logs])
 
 
+def fit(
+    sessions: list[SessionFrames],
+    graphs: list[op_fit.LogGraphs] | None = None,
+    held_out: bool = True,
+    memo: dict[Any, Any] | None = None,
+    peaks_dir: Path | None = None,
+) -> CostModel:
+    """The cost model of the logs (``op_fit.fit``), with the peaks ``instr peaks`` measured of
+    their machine at their thread counts (in ``peaks_dir``, default the cache's): a log held out
+    at a thread count the others did not run is priced with them."""
+    counts = sorted({n for n in map(op_fit.threads_of, sessions) if n > 0})
+    peaks = op_threads.cpu_peaks(_machine(sessions), counts, _peaks_dir(peaks_dir))
+    return op_fit.fit(sessions, graphs, held_out, memo, peaks if len(counts) > 1 else {})
+
+
+def _machine(sessions: list[SessionFrames]) -> dict[str, Any] | None:
+    """The machine the first log names (what its peaks are cached by)."""
+    return getattr(sessions[0].info, "machine", None) if sessions else None
+
+
+def _peaks_dir(given: Path | None) -> Path:
+    from llamacpp_instr.native.paths import cache_dir
+
+    return given if given is not None else cache_dir()
+
+
 def price(
-    t: Target, model: CostModel, sessions: list[SessionFrames], names: list[str]
+    t: Target,
+    model: CostModel,
+    sessions: list[SessionFrames],
+    names: list[str],
+    peaks_dir: Path | None = None,
 ) -> Prediction:
-    """Price every compute of ``t`` with ``model`` (the graphs built by llama.cpp)."""
+    """Price every compute of ``t`` with ``model`` (the graphs built by llama.cpp); a CPU
+    thread count no log ran with the peaks cached in ``peaks_dir`` (default: the cache's)."""
     if t.n_prompt <= 0 and t.n_gen <= 0:
         raise UserError(
             "nothing to predict: a prompt of 0 tokens and 0 generated (give --prompt-tokens or "
@@ -343,10 +394,10 @@ def price(
         d: {"rate_bits_per_s": lk.rate_bits, "rtt_ns": lk.rtt_ns}
         for d, lk in sorted(model.splits.net.links.items())
     }
-    scaled = _at_threads(t, model, sessions, out)
+    scaled = _at_threads(t, model, sessions, out, _peaks_dir(peaks_dir))
     if scaled is None:
         return out
-    model, bounds = scaled
+    model = scaled
     builder = GraphBuilder(t)
     try:
         _check_model(t, builder, sessions)
@@ -360,18 +411,18 @@ def price(
             out.graphs = len(builder.cache)
             if total is None:
                 continue
-            # at a thread count no log ran: the same computes at the bounding roofs
-            ends = [pricing.kind(b, kind, plan, first)[0] for b in bounds]
-            ns = [x for x in ends if x]
-            iv = interval(
-                tokens, total, model, kind, used, (ns[0], ns[1]) if len(ns) == 2 else None
-            )
+            deeper = pricing.deeper.get(kind, False)
+            warm = t.depth > 0 and first
+            iv = interval(tokens, total, model, kind, used, bool(out.threads_from), warm, deeper)
             if kind == "prompt":
                 out.prompt = iv
             else:
                 out.gen = iv
         out.not_covered = list(pricing.missing)
         out.priced_from_others = list(pricing.proxies)
+        out.extrapolated = list(pricing.extrapolated)
+        if out.op_bounds:
+            out.threads_from += "; " + bounds_line(out.op_bounds)
     finally:
         builder.close()
     return out
@@ -404,34 +455,17 @@ def _cores(sessions: list[SessionFrames]) -> int | None:
     return min((x for x in n if x > 0), default=None)
 
 
-def _bandwidths(
-    sessions: list[SessionFrames], source: int, threads: int
-) -> tuple[float, float] | None:
-    """This machine's bandwidth (bytes/ns) at ``source`` threads and at ``threads``, where
-    ``instr peaks`` measured both for the machine of the first log (its cache), else None."""
-    from llamacpp_instr.converters.session import machine_peaks
-    from llamacpp_instr.native.paths import cache_dir
-
-    machine = getattr(sessions[0].info, "machine", None) if sessions else None
-    if not machine:
-        return None
-    at = [machine_peaks.cached(machine, n, cache_dir()) for n in (source, threads)]
-    if at[0] is None or at[1] is None:
-        return None
-    bw = (at[0].device("CPU").bandwidth_gbs, at[1].device("CPU").bandwidth_gbs)
-    return bw if bw[0] > 0 and bw[1] > 0 else None
-
-
 def _at_threads(
-    t: Target, model: CostModel, sessions: list[SessionFrames], out: Prediction
-) -> tuple[CostModel, list[CostModel]] | None:
-    """The model to price ``t`` with, and the two bounding ones where its CPU thread count is
-    one no log ran (``op_threads``; [] otherwise); None where that is beyond the logs' machine's
-    cores (not covered, said in ``out``)."""
+    t: Target, model: CostModel, sessions: list[SessionFrames], out: Prediction, peaks_dir: Path
+) -> CostModel | None:
+    """The model to price ``t`` with: at a CPU thread count no log ran, priced from the nearest
+    one run with the peaks of both (``op_threads``); None where that is beyond the logs'
+    machine's cores or the peaks are not measured (not covered, said in ``out``)."""
     have = op_threads.cpu_threads(model)
     if not have or t.threads in have:
-        return model, []
+        return model
     cores = _cores(sessions)
+    ran = ", ".join(map(str, have))
     if t.threads > (cores or max(have)):
         why = (
             f"the logs' machine has {cores} CPUs, so threads would take turns on them"
@@ -439,32 +473,34 @@ def _at_threads(
             else "the logs do not say how many CPUs their machine has"
         )
         out.not_covered.append(
-            f"the CPU at {t.threads} threads: {why} (the logs ran {', '.join(map(str, have))}); "
+            f"the CPU at {t.threads} threads: {why} (the logs ran {ran}); "
             f"run `instr run {t.model} --threads {t.threads}` (detailed) on the machine it is for "
             "and add its log"
         )
         return None
     src = op_threads.source(model, t.threads)
     assert src is not None
-    bw = _bandwidths(sessions, src, t.threads)
-    scaled = op_threads.scale(model, t.threads, bw)
-    streams = scaled.scaled[Where("CPU", t.threads)].streams
-    rates = ", ".join(
-        f"{typ or 'any op'} {v:.1f}" for typ, v in sorted(streams.items()) if ":" not in typ
-    )
-    out.threads_from = (
-        f"{t.threads} threads priced from the logs' {src}: each op's bytes at the rate the logs' "
-        f"steps streamed its weight matrix at (GB/s, by type: {rates}), "
-        + (
-            f"the rates times {bw[1] / bw[0]:.2f} (the bandwidth instr peaks measured at {t.threads} "
-            f"threads over {src})"
-            if bw
-            else "saturated"
+    peaks = op_threads.cpu_peaks(_machine(sessions), [src, t.threads], peaks_dir)
+    scaled = op_threads.scale(model, t.threads, peaks)
+    if scaled is None:
+        lacking = [n for n in (src, t.threads) if n not in peaks]
+        out.not_covered.append(
+            f"the CPU at {t.threads} threads: no log ran it (the logs ran {ran}), and "
+            f"instr peaks has not measured this machine's bandwidth and the cost of splitting an "
+            f"op at {' and '.join(map(str, lacking))} thread(s), which price it from the logs' "
+            f"{src}: run {op_threads.peaks_command(lacking)} on it, then predict again (or run "
+            f"`instr run {t.model} --threads {t.threads}` (detailed) and add its log)"
         )
-        + f"; the rest of its time (compute) {src / t.threads:.2g}x"
+        return None
+    at, to = peaks[src], peaks[t.threads]
+    out.threads_from = (
+        f"{t.threads} threads priced from the logs' {src}: memory-bound ops at the bandwidth "
+        f"instr peaks measured at {t.threads} ({to.bandwidth:.1f} GB/s; at {src}, "
+        f"{at.bandwidth:.1f} GB/s), compute-bound ones by the threads (an op of one row on one "
+        f"thread at both), each op split among the threads at its measured cost "
+        f"({to.sync_ns / 1e3:.2f} us at {t.threads}, {at.sync_ns / 1e3:.2f} at {src})"
     )
-    bounds = [op_threads.scale(model, t.threads, bw, m) for m in ("linear", "flat")]
-    return scaled, bounds
+    return scaled
 
 
 class _Pricing:
@@ -475,6 +511,8 @@ class _Pricing:
         self.t = t
         self.missing: dict[str, None] = {}
         self.proxies: dict[str, None] = {}
+        self.extrapolated: dict[str, None] = {}
+        self.deeper: dict[str, bool] = {}  # per kind: whether an attention op was extrapolated
 
     def kind(
         self,
@@ -495,25 +533,36 @@ class _Pricing:
         # (a graph another than the previous compute's is sent whole to an RPC server; the
         # prompt's last compute is the previous of generation's first)
         counts: dict[tuple[int, int, bool], int] = defaultdict(int)
+        cells: dict[tuple[int, int, bool], int] = defaultdict(int)  # summed over the computes
         last = computes(t)[0][-1] if kind == "gen" and t.n_prompt > 0 else None
-        for key in plan:
+        seen = compute_cells(t)[0 if kind == "prompt" else 1]
+        for key, n_cells in zip(plan, seen, strict=True):
             counts[(key[0], key[1], key != last)] += 1
+            cells[(key[0], key[1], key != last)] += n_cells
             last = key
         ok = True
         used: set[str] = set()  # the devices this kind's computes run on
         # op classes whose work goes beyond what the logs measured (op_costs.BEYOND)
         beyond: dict[tuple[str, str, str, str], float] = {}
+        # at a thread count no log ran, the CPU's time per (what each op is, op) (thread_scale)
+        bound: dict[tuple[str, str], float] = {}
+        # attention ops on more KV cells than the logs' read (op_costs.KV_EXTRAPOLATION)
+        deeper: dict[tuple[str, str, str, str], float] = {}
         for (n_tok, kv, resend), count in counts.items():
             gc, devs = self.builder.graph(n_tok, kv)
             used |= {d or "CPU" for d, nop in zip(devs, gc.noop, strict=False) if not nop}
             held = self.builder.holders(n_tok, kv)
+            once: dict[tuple[str, str], float] = {}
+            mean = cells[(n_tok, kv, resend)] / count  # (flash attention's time is linear in it)
             cost, extra, miss, lost = model.price_compute(
-                gc, devs, t.threads, kind, resend, held, self.proxies, beyond
+                gc, devs, t.threads, kind, resend, held, self.proxies, beyond, once, deeper, mean
             )
+            for pair, ns in once.items():
+                bound[pair] = bound.get(pair, 0.0) + count * ns
             for line in [_missing_line(m, t) for m in miss] + lost:
                 self.missing[line] = None
                 ok = False
-            over = model.overhead_at(t.threads, kind)
+            over = model.overhead_at(t.threads, kind, t.depth > 0 and first)
             total += count * (float(cost.sum()) + sum(extra.values()) + over)
             for k, c in enumerate(cost):
                 if c:
@@ -524,6 +573,13 @@ class _Pricing:
         if beyond:
             self.missing[_beyond_line(kind, beyond, t)] = None
             ok = False
+        far = max(kv for _n, kv in plan) / model.max_kv if model.max_kv else 1.0
+        if deeper and far > KV_EXTRAPOLATION:
+            self.missing[_too_deep_line(kind, far, model.max_kv, t)] = None
+            ok = False
+        elif deeper:
+            self.extrapolated[_deeper_line(kind, deeper, far, model.max_kv)] = None
+            self.deeper[kind] = True
         if first:
             # the session's first step allocates its compute buffers on the RPC servers
             setup = model.splits.net.setup_ns()
@@ -537,7 +593,29 @@ class _Pricing:
             s_op = sum(op_ns.values()) or 1.0
             out.by_device[kind] = {d: v / s_dev for d, v in sorted(dev_ns.items())}
             out.by_op[kind] = {o: v / s_op for o, v in sorted(op_ns.items(), key=lambda kv: -kv[1])}
+            if bound:
+                s_b = sum(bound.values()) or 1.0
+                shares: dict[str, dict[str, float]] = defaultdict(dict)
+                for (what, op), ns in sorted(bound.items(), key=lambda kv: -kv[1]):
+                    shares[what][op] = ns / s_b
+                out.op_bounds[kind] = dict(shares)
         return total, frozenset(used)
+
+
+def bounds_line(bounds: dict[str, dict[str, dict[str, float]]], shown: int = 4) -> str:
+    """What each op is at the target's thread count, per kind, with its share of the CPU's
+    time (``Prediction.op_bounds``; the ``shown`` largest of each)."""
+    parts = []
+    for kind in ("prompt", "gen"):
+        by = bounds.get(kind)
+        if not by:
+            continue
+        what = "; ".join(
+            f"{name} " + ", ".join(f"{op} {v:.0%}" for op, v in list(ops.items())[:shown])
+            for name, ops in sorted(by.items(), key=lambda kv: -sum(kv[1].values()))
+        )
+        parts.append(f"{'generation' if kind == 'gen' else 'prompt'}: {what}")
+    return "; ".join(parts)
 
 
 def measuring_run(t: Target) -> str:
@@ -550,8 +628,7 @@ def measuring_run(t: Target) -> str:
     if t.offload.gpu_layers:
         args.append(f"-ngl {t.offload.gpu_layers}")
     args += [f"-ot '{x}'" for x in t.tensors.command_line()[1:]]
-    if t.flash_attn:
-        args.append("--flash-attn")
+    args += context_defaults.flash_attn_args(t.flash_attn)
     if (t.type_k, t.type_v) != ("f16", "f16"):
         args.append(f"-ctk {t.type_k} -ctv {t.type_v}")
     args.append(f"--ignore-eos -p <a prompt of {tokens} tokens>")
@@ -573,6 +650,29 @@ def _beyond_line(kind: str, classes: dict[tuple[str, str, str, str], float], t: 
     return (
         f"{name}'s ops beyond the sizes the logs measured; not extrapolated: {len(classes)} op "
         f"class(es), up to {times} ({op}{of} in ubatches of {tokens} token(s) on {where}); run "
+        f"`{measuring_run(t)}` (detailed) and add its log"
+    )
+
+
+def _deeper_line(
+    kind: str, classes: dict[tuple[str, str, str, str], float], far: float, max_kv: int
+) -> str:
+    """What was extrapolated where a kind's attention ops read more KV cells than the logs'."""
+    ops = sorted({f"{op} {typ}".strip() for (_w, op, typ, _n) in classes})
+    name = "the prompt" if kind == "prompt" else "generation"
+    return (
+        f"{name}'s attention ({', '.join(ops)}) reads up to {far:.3g}x the {max_kv} KV cells the "
+        "logs' computes read: priced by its measured cost per KV cell, an extrapolation "
+        f"(bench/predict.py --depth-grid checks it to {KV_EXTRAPOLATION:g}x; beyond, not predicted)"
+    )
+
+
+def _too_deep_line(kind: str, far: float, max_kv: int, t: Target) -> str:
+    """What is not covered where a kind's attention goes beyond what the bench checks."""
+    name = "the prompt" if kind == "prompt" else "generation"
+    return (
+        f"{name}'s attention reads {far:.3g}x the {max_kv} KV cells the logs' computes read, "
+        f"beyond the {KV_EXTRAPOLATION:g}x its cost per cell is extrapolated to; run "
         f"`{measuring_run(t)}` (detailed) and add its log"
     )
 

@@ -1,0 +1,119 @@
+"""Attention at a depth no log ran (``instr predict --ctx-depth``): its ops priced by their
+measured cost per KV cell, an extrapolation the bench checks.
+
+A compute reads ``n_kv`` cells of the KV cache: its last position rounded up to ``KV_PAD`` (the
+pin's ``get_n_kv``). Without flash attention the KQ and KQV matmuls and the softmax between them
+work on every one of them, masked or not, so their work grows with ``n_kv`` and their class's
+line (``op_costs``: a fixed cost and a cost per unit of work at the roofs) prices them there,
+per cell. Flash attention's CPU kernel skips the cells a query row's mask hides (``-INFINITY``):
+its work is the cells each row sees, ``pos0 + i`` for the ``i``-th row of a ubatch starting at
+``pos0`` (``visible_cells``), and a log of a short prompt ran it on a few dozen of its 256. Its
+time is fitted per device and cache type as ``fixed + per_row * rows + per_cell * cells`` over
+the logs' computes, every layer's together (``RowLine``): generation's steps, one row at a position one further each
+time, give the cost per cell; a prompt's ubatch, its rows (what they pay whatever they see). It
+is the same kernel per row whether a ubatch has one or hundreds.
+
+Beyond the most cells the logs' computes read (``CostModel.max_kv``), an attention op is priced
+so, up to ``KV_EXTRAPOLATION`` times them (what bench/predict.py's depth grid checks), and the
+prediction says it is an extrapolation; past it, and past the model's ``n_ctx_train``, not
+predicted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+# llama.cpp's KV cache is read in multiples of this many cells (the pin's get_n_kv)
+KV_PAD = 256
+# how many times the KV cells the logs' computes read an attention op is priced at: the bench's
+# depth grid predicts depths of 512 to 4096 from logs of short prompts (256 cells: 17x)
+KV_EXTRAPOLATION = 17.0
+FLASH = "FLASH_ATTN_EXT"
+
+
+def n_kv(end: int, n_ctx: int) -> int:
+    """KV cells a ubatch ending at position ``end`` reads (the pin's get_n_kv)."""
+    padded = -(-max(end, 1) // KV_PAD) * KV_PAD
+    return min(n_ctx, max(KV_PAD, padded))
+
+
+def visible_cells(pos0: int, n_tokens: int) -> int:
+    """The cells a ubatch's query rows see, summed over its rows (causal, one sequence): row
+    ``i`` (from 1) at position ``pos0 + i - 1`` sees ``pos0 + i``."""
+    return n_tokens * pos0 + n_tokens * (n_tokens + 1) // 2
+
+
+def compute_positions(frames: Any) -> dict[tuple[int, int], tuple[int, int]]:
+    """Each compute of a log, by (step, ubatch): its first position and its tokens (the
+    step's ``pos0`` and its ubatches' tokens in order)."""
+    out: dict[tuple[int, int], tuple[int, int]] = {}
+    if frames.ops.empty or "pos0" not in frames.steps:
+        return out
+    pos0 = frames.steps.set_index("step")["pos0"]
+    cols = frames.ops[["step", "ubatch", "graph"]].drop_duplicates().sort_values(["step", "ubatch"])
+    at: dict[int, int] = {}
+    for step, ub, gid in cols.itertuples(index=False):
+        g = frames.graphs.get(int(gid))
+        if g is None or int(step) not in pos0.index or pd.isna(pos0[int(step)]):
+            continue
+        start = at.get(int(step), int(pos0[int(step)]))
+        out[(int(step), int(ub))] = (start, int(g.n_tokens))
+        at[int(step)] = start + int(g.n_tokens)
+    return out
+
+
+@dataclass(frozen=True)
+class RowLine:
+    """Flash attention's time on one device: ``fixed + per_row * rows + per_cell * cells`` (ns),
+    and the most cells a compute of the logs had it see."""
+
+    fixed: float
+    per_row: float
+    per_cell: float
+    cells_hi: float
+
+    def time(self, rows: int, cells: float) -> float:
+        return self.fixed + self.per_row * rows + self.per_cell * cells
+
+
+def fit_rows(rows: np.ndarray, cells: np.ndarray, dur: np.ndarray, fixed: float) -> RowLine | None:
+    """The ``RowLine`` through the device's ``fixed`` cost per op, by least squares over the
+    distinct (rows, cells) the logs ran (each its ops' median time, weighted by their count),
+    neither cost below 0; None where fewer than two distinct sizes leave the two costs
+    undetermined."""
+    df = pd.DataFrame({"r": rows, "c": cells, "d": dur})
+    g = df.groupby(["r", "c"])["d"].agg(["median", "size"]).reset_index()
+    if len(g) < 2:
+        return None
+    x = g[["r", "c"]].to_numpy(np.float64)
+    y = g["median"].to_numpy(np.float64) - fixed
+    w = np.sqrt(g["size"].to_numpy(np.float64))
+    coef = np.linalg.lstsq(x * w[:, None], y * w, rcond=None)[0]
+    if coef[0] < 0 or coef[1] < 0:  # one of the two at 0: the other alone
+        k = 1 if coef[0] < 0 else 0
+        col = x[:, k]
+        one = float(np.sum(w * w * col * y) / max(np.sum(w * w * col * col), 1e-30))
+        coef = np.array([0.0, max(one, 0.0)] if k == 1 else [max(one, 0.0), 0.0])
+    return RowLine(fixed, float(coef[0]), float(coef[1]), float(g["c"].max()))
+
+
+def flash_lines(obs: pd.DataFrame, fixed: dict[Any, float]) -> dict[tuple[Any, str], RowLine]:
+    """Per (where, cache type), flash attention's ``RowLine`` from the observed ops (``op_fit``'s
+    frame with each op's ``where``, ``rows`` and ``cells``); ``fixed``: each device's fixed cost
+    per op."""
+    fa = obs[(obs["label"] == FLASH) & obs["cells"].notna()]
+    out: dict[tuple[Any, str], RowLine] = {}
+    for (where, typ), rows in fa.groupby(["where", "type0"], sort=False):
+        line = fit_rows(
+            rows["rows"].to_numpy(),
+            rows["cells"].to_numpy(),
+            rows["dur"].to_numpy(np.float64),
+            fixed.get(where, 0.0),
+        )
+        if line is not None:
+            out[(where, str(typ))] = line
+    return out

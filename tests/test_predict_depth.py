@@ -1,0 +1,174 @@
+"""instr predict at a context depth no log ran (issue 71 §2): attention priced per KV cell.
+
+Without flash attention the KQ and KQV matmuls and the softmax work on every cell the compute
+reads, so a generation step's price is affine in them; flash attention's CPU kernel skips the
+cells a row's mask hides, so its price is fitted per row and per cell the rows see. Checked here
+on real runs of a tiny model (the shape of the prices, worked out from the model's own figures
+or from made-up ones); how close they come to real runs at 512 to 4096 is bench/predict.py's
+depth grid.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers.support import assert_one_line_error, instr, make_run
+
+
+@pytest.fixture(scope="module")
+def deep_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from helpers.tiny_gguf import write_tiny_model
+
+    d = tmp_path_factory.mktemp("depth")
+    return write_tiny_model(d / "tiny-8k.gguf", arch="llama", seed=11, n_ctx_train=8192)
+
+
+@pytest.fixture(scope="module")
+def short_logs(
+    instr_api: Any, deep_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[bool, Path]:
+    """A short prompt and 12 generated tokens, flash attention off and on (256 KV cells)."""
+    d = tmp_path_factory.mktemp("depth-logs")
+    return {
+        fa: make_run(
+            deep_model, d / f"fa{int(fa)}.log", "detailed", n_predict=12, flash_attn=fa
+        ).log_path
+        for fa in (False, True)
+    }
+
+
+def _gen_ns(log: Path, depth: int) -> tuple[float, dict[str, Any]]:
+    """Predicted ns per generated token at ``depth`` (one token), and the JSON."""
+    r = instr("predict", str(log), "--ctx-depth", str(depth), "-n", "1", "--format", "json")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    doc = json.loads(r.stdout)
+    return 1e9 / doc["gen_tokens_per_s"]["value"], doc
+
+
+def test_attention_beyond_the_logs_cells_is_priced_per_cell(short_logs: dict[bool, Path]) -> None:
+    """Without flash attention one generated token at 512, 768 and 1024 KV cells (depths 300,
+    600 and 850 after the log's prompt) costs the same more per 256 cells: every other op is the
+    same size. Each is labelled an extrapolation naming how far (2x, 3x, 4x the log's 256
+    cells), with an interval at least the bench's depth error (x/÷ e^0.18) wide."""
+    log = short_logs[False]
+    prompt = json.loads(instr("predict", str(log), "--format", "json").stdout)["setting"][
+        "n_prompt"
+    ]
+    depths = [d - prompt - 1 for d in (512, 768, 1024)]
+    got = [_gen_ns(log, d) for d in depths]
+    t = [ns for ns, _doc in got]
+    assert t[0] < t[1] < t[2]
+    assert t[2] - t[1] == pytest.approx(t[1] - t[0], rel=1e-6)
+    for (_ns, doc), far in zip(got, ("2x", "3x", "4x"), strict=True):
+        lines = doc["extrapolated"]
+        assert any(
+            "generation's attention" in x and f"up to {far} the 256 KV cells" in x for x in lines
+        ), lines
+        iv = doc["gen_tokens_per_s"]
+        assert iv["high"] / iv["value"] >= math.exp(0.18) - 1e-9
+        assert doc["not_covered"] == []
+    text = instr("predict", str(log), "--ctx-depth", str(depths[0])).stdout
+    assert "extrapolat" in text
+
+
+def test_beyond_what_the_bench_checks_is_not_covered(short_logs: dict[bool, Path]) -> None:
+    """17x the log's 256 cells (4352) is the bound: a depth of 5000 reads 5120 (20x), not
+    predicted, the run that measures it named; past n_ctx_train (8192), refused."""
+    log = short_logs[False]
+    r = instr("predict", str(log), "--ctx-depth", "5000", "--format", "json")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    doc = json.loads(r.stdout)
+    assert doc["gen_tokens_per_s"] is None
+    line = next(x for x in doc["not_covered"] if "generation's attention reads 20x" in x)
+    assert "beyond the 17x" in line and "instr run" in line
+    r = instr("predict", str(log), "--ctx-depth", "9000")
+    assert_one_line_error(r, "n_ctx_train")
+
+
+def test_flash_attention_is_priced_by_the_cells_its_rows_see(short_logs: dict[bool, Path]) -> None:
+    """With flash attention one token 250 cells deeper costs, in every layer, 250 times the
+    fitted cost per cell more (the cells its row sees, one per position), whatever the cells its
+    view spans (1024 at both depths here): one line for every layer, fitted on the log's
+    generation at 12 different counts."""
+    from llamacpp_instr.deciding.prediction import predict
+
+    log = short_logs[True]
+    sf = predict.load_session(log)
+    model = predict.fit([sf])
+    lines = list(model.flash.values())
+    assert len(lines) == 1 and lines[0].per_cell >= 0, model.flash
+    n_layer = int(sf.info.model.get("n_layer") or 2)
+    level = model.level("gen", frozenset({"CPU"}))
+    prompt = json.loads(instr("predict", str(log), "--format", "json").stdout)["setting"][
+        "n_prompt"
+    ]
+    a, _ = _gen_ns(log, 800 - prompt)
+    b, doc = _gen_ns(log, 1000 - prompt)
+    assert b - a == pytest.approx(level * n_layer * 200 * lines[0].per_cell, rel=1e-6, abs=1e-3)
+    assert any("FLASH_ATTN_EXT" in x for x in doc["extrapolated"])
+
+
+@pytest.mark.fast
+def test_flash_attentions_line_by_hand() -> None:
+    """Times made of 100 ns fixed, 40 ns a row and 3 ns a cell seen (a prompt of 9 rows and
+    generation at 20 positions) give those back; times that fall with the rows give 0 a row."""
+    from llamacpp_instr.deciding.prediction.kv_costs import fit_rows, visible_cells
+
+    assert visible_cells(0, 9) == 45 and visible_cells(100, 1) == 101
+    assert visible_cells(10, 3) == 11 + 12 + 13
+    rows = np.array([9] + [1] * 20)
+    cells = np.array([45] + [10 + k for k in range(20)])
+    dur = 100 + 40 * rows + 3 * cells
+    line = fit_rows(rows, cells, dur.astype(float), 100.0)
+    assert line is not None
+    assert (line.per_row, line.per_cell) == (pytest.approx(40.0), pytest.approx(3.0))
+    assert line.time(9, 36909) == pytest.approx(100 + 360 + 3 * 36909)
+    falling = fit_rows(rows, cells, (100 + 500 / rows + 3 * cells).astype(float), 100.0)
+    assert falling is not None and falling.per_row == 0.0 and falling.per_cell > 0
+    assert fit_rows(np.array([1, 1]), np.array([5, 5]), np.array([9.0, 9.0]), 1.0) is None
+
+
+def test_the_attention_ops_are_those_on_the_way_between_cache_reads(
+    short_logs: dict[bool, Path],
+) -> None:
+    """Of a log's graph without flash attention, the nodes priced per KV cell are each layer's
+    KQ matmul, its softmax and the KQV matmul, not the permute after it; with it, flash
+    attention alone."""
+    from llamacpp_instr.deciding.prediction import predict
+    from llamacpp_instr.deciding.prediction.op_costs import kv_nodes, role
+
+    for fa, want in ((False, {"kq", "kq_soft_max", "kqv"}), (True, {"__fattn__"})):
+        sf = predict.load_session(short_logs[fa])
+        g = next(iter(sf.graphs.values()))
+        marked = {role(g.nodes[k].name) for k in np.flatnonzero(kv_nodes(g))}
+        ops = {g.nodes[k].op for k in np.flatnonzero(kv_nodes(g))}
+        if fa:
+            assert ops == {"FLASH_ATTN_EXT"}, marked
+        else:
+            assert marked == want, marked
+
+
+@pytest.mark.fast
+def test_a_prompt_after_a_depth_pays_no_contexts_start() -> None:
+    """A step that starts its context (position 0, the session's first) is left out of the warm
+    level and overhead a prompt after a depth is priced at; where every prompt step was one, the
+    level is 1 and the overhead the least of the other kinds'."""
+    from llamacpp_instr.deciding.prediction.op_costs import CostModel, Where
+
+    cpu = Where("CPU", 2)
+    m = CostModel(
+        fits={}, roofs={}, fused=set(),
+        overhead={(cpu, "prompt"): 5e6, (cpu, "gen"): 2e5},
+        overhead_warm={(cpu, "gen"): 2e5},
+        self_level={"prompt": 1.5, "gen": 1.1},
+        self_level_warm={"gen": 1.1},
+    )  # fmt: skip
+    assert m.overhead_at(2, "prompt") == 5e6 and m.overhead_at(2, "prompt", warm=True) == 2e5
+    assert m.level("prompt", frozenset({"CPU"})) == 1.5
+    assert m.level("prompt", frozenset({"CPU"}), warm=True) == 1.0
+    assert m.level("gen", frozenset({"CPU"}), warm=True) == 1.1

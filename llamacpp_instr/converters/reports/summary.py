@@ -269,17 +269,10 @@ def _requests_section(lat: dict[str, Any], f: SessionFrames) -> Section:
     )
 
 
-def summary_report(
-    f: SessionFrames,
-    key: str = "op",
-    top: int | None = None,
-    spec_price: spec_split.ModelPrice | None = None,
-) -> Report:
-    """``instr summary``: headline numbers, time per op type / layer / node, and for HTML where a
-    generation step's time goes. ``spec_price``: what prices a plain token of a speculating
-    session whose log has no single-token target step (the CLI's: predict's model)."""
-    ov = overview(f)
-    facts = [
+def _headline_facts(f: SessionFrames, ov: dict[str, Any]) -> list[Fact]:
+    """The summary's first lines: the model, the setting, tokens/s and step percentiles (the
+    draft's apart), what was sampled and how much of a step the timed ops cover."""
+    return [
         Fact("model", ov["model"]),
         Fact("level", ov["level"] or "unknown"),
         Fact("flash attention", flash_attention(f.info).line()),
@@ -311,6 +304,19 @@ def summary_report(
             else Fact("op-time coverage", f"not recorded at level {ov['level'] or 'unknown'}")
         ),
     ]
+
+
+def summary_report(
+    f: SessionFrames,
+    key: str = "op",
+    top: int | None = None,
+    spec_price: spec_split.ModelPrice | None = None,
+) -> Report:
+    """``instr summary``: headline numbers, time per op type / layer / node, and for HTML where a
+    generation step's time goes. ``spec_price``: what prices a plain token of a speculating
+    session whose log has no single-token target step (the CLI's: predict's model)."""
+    ov = overview(f)
+    facts = _headline_facts(f, ov)
     from ..analysis.contention import verdict  # a log from a busy machine: say what it is worth
 
     ov["busy_machine"] = (busy := verdict(f.steps)).to_json()  # in json's overview

@@ -145,3 +145,24 @@ def test_a_thread_that_sees_the_level_sees_its_change_counted(vendor: Path) -> N
         ("load atomic", "changes"),
     ]
     assert reader[0][2] in _STRONG["acquire"], reader
+
+
+def test_a_dropped_stream_out_of_memory_never_ends_the_server(vendor: Path, tmp_path: Path) -> None:
+    """llama-server's request_handle released (a stream the client dropped) while allocations fail,
+    from the n-th on for n = 1, 2, ...: its destructor, which builds and writes the request's
+    record, never lets an exception out (std::terminate would end the server), and the record it
+    could not make is counted lost. Before the fix the first failure, std::bad_alloc from the
+    record's text, ended the program (SIGABRT)."""
+    exe = build_unit(
+        vendor,
+        "request_handle_oom",
+        ["tools", "include", "ggml/include"],
+        ["libllama", "libggml-base"],
+        tmp_path,
+    )
+    r = subprocess.run(
+        [str(exe), str(tmp_path / "requests.log")], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, f"died ({r.returncode}): {r.stderr[-2000:]}"
+    assert "each survived" in r.stdout and int(r.stdout.split()[0]) >= 3, r.stdout
+

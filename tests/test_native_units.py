@@ -166,3 +166,19 @@ def test_a_dropped_stream_out_of_memory_never_ends_the_server(vendor: Path, tmp_
     assert r.returncode == 0, f"died ({r.returncode}): {r.stderr[-2000:]}"
     assert "each survived" in r.stdout and int(r.stdout.split()[0]) >= 3, r.stdout
 
+
+def test_the_budget_holds_no_bytes_of_a_failed_allocation_and_never_wraps(
+    vendor: Path, tmp_path: Path
+) -> None:
+    """A budget of 1 MiB on the CPU: an allocation the budget passed whose backend then threw
+    leaves no bytes held (a buffer of 800 KiB fits afterwards), and a size whose sum with the bytes
+    in use wraps past SIZE_MAX is refused by the budget. Before the fix the thrown allocation's
+    bytes stayed pending for good (the next buffer was refused), and the wrapped sum passed."""
+    r = run_unit(
+        vendor,
+        "budget_release",
+        ["ggml/src", "ggml/include", "include"],
+        ["libllama", "libggml", "libggml-base"],
+        tmp_path,
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -24,7 +24,7 @@ struct json_out;
 
 struct expert_row {
     int32_t layer, expert, tokens;
-    double  weight;  // sum of the chosen entries of the router's probabilities (NaN: not read)
+    double  weight;  // sum of the tokens' routing weights (experts.cpp: weights_of; NaN: not read)
 };
 
 struct expert_log {
@@ -33,7 +33,7 @@ struct expert_log {
     int32_t              n_layer  = 0;
     std::vector<int32_t> n_used;  // per layer
 
-    // this compute's tallies (sized at arm, only ever grown): [layer * n_expert + expert]
+    // this compute's tallies (sized at arm, only ever grown, each pair together): [layer * n_expert + expert]
     std::vector<int32_t> counts;
     std::vector<double>  wsum;
     std::vector<int32_t> rows;            // per layer: the tokens (rows) its router ranked, -1 unseen

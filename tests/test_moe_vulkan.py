@@ -10,6 +10,7 @@ experts in one copy, plus up to 512 bytes after a group that is not the last exp
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter, defaultdict
@@ -93,14 +94,20 @@ Path(out + ".json").write_text(json.dumps(decodes))
 LONG = " ".join([PROMPT] * 8)  # 40 tokens or more: ggml offloads the experts' matmuls of it
 
 
-def _child(model: Path, out: Path, level: str, peer: bool, ncmoe: int = 0, prompt: str = PROMPT,
-           n_gen: int = 3) -> tuple[np.ndarray, list[dict[str, int]]]:  # fmt: skip
+def _run(model: Path, out: Path, level: str, peer: bool, ncmoe: int = 0, prompt: str = PROMPT,
+         n_gen: int = 3, **env: str) -> subprocess.CompletedProcess[str]:  # fmt: skip
     r = subprocess.run(
         [sys.executable, "-c", CHILD, str(model), str(out) + ".log", level, "1" if peer else "0",
          str(ncmoe), prompt, str(n_gen), str(out)],
-        capture_output=True, text=True, env=vulkan_env(), timeout=900,
+        capture_output=True, text=True, env=vulkan_env() | env, timeout=900,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def _child(model: Path, out: Path, level: str, peer: bool, ncmoe: int = 0, prompt: str = PROMPT,
+           n_gen: int = 3, **env: str) -> tuple[np.ndarray, list[dict[str, int]]]:  # fmt: skip
+    _run(model, out, level, peer, ncmoe, prompt, n_gen, **env)
     return np.load(str(out) + ".npy"), json.loads(Path(str(out) + ".json").read_text())
 
 
@@ -127,6 +134,66 @@ def test_routing_on_the_device_equals_the_eval_callbacks(
         want = Counter({tuple(map(int, k.split(","))): v for k, v in theirs.items()})
         assert mine == want
         assert sorted({la for la, _ in mine}) == list(range(N_LAYER))
+
+
+def test_routing_is_read_with_the_devices_ops_untimed(moe_small: Path, tmp_path: Path) -> None:
+    """LLAMA_INSTR_DEVICE_TIMING=0 leaves the device's ops untimed, not its routing: the experts
+    records are the eval callback's, and no op, layer span or busy row comes from the device.
+    Before the fix the Vulkan timer was not armed at all and the routing was dropped silently."""
+    vulkan_device()
+    _, peer = _child(moe_small, tmp_path / "untimed", "detailed", True,
+                     LLAMA_INSTR_DEVICE_TIMING="0")  # fmt: skip
+    logged = _logged(tmp_path / "untimed.log")
+    assert len(logged) == len(peer) == 4
+    for mine, theirs in zip(logged, peer, strict=True):
+        assert mine == Counter({tuple(map(int, k.split(","))): v for k, v in theirs.items()})
+    recs = read_log(tmp_path / "untimed.log")
+    start = by_type(recs, "session_start")[0]
+    (vk,) = [d["index"] for d in start["machine"]["devices"] if d["backend"] == "Vulkan"]
+    for c in by_type(recs, "compute"):
+        assert not c.get("busy") and not c.get("clocks")
+        on_vk = [d == vk and a <= o[0] < b for o in c["ops"] for d, a, b, *_ in c["splits"]]
+        assert not any(on_vk) and not [la for la in c["layers"] if la[4:] == [vk]]
+
+
+def test_every_compute_within_5_percent_of_the_vulkan_perf_logger(
+    moe_small: Path, tmp_path: Path
+) -> None:
+    """ggml-vulkan's own per-op logger (GGML_VK_PERF_LOGGER: a timestamp and a barrier after every
+    op) in the same process as a DETAILED session. The logger's total per graph compute runs from
+    its first timestamp to its last, so it also counts the time the device waited for the host
+    between two command buffers (on the prompt's first compute, lavapipe creating the pipelines it
+    uses for the first time: 0.5-0.9 s here), which the log leaves in no op (the gaps between
+    `busy` rows). Every compute's ops, routing reads (`read_dur`, timed by their own marks, in no
+    op) and waits between its command buffers sum to the logger's total within 5 %, the ops and
+    reads never to more than the device's busy time. Before the fix the routing read had no time
+    of its own (it was inside the next op)."""
+    vulkan_device()
+    r = _run(moe_small, tmp_path / "logged", "detailed", False, n_gen=4, GGML_VK_PERF_LOGGER="1")
+    totals = [float(t) * 1000 for t in re.findall(r"Total time: ([0-9.e+]+) us", r.stderr)]
+    recs = read_log(tmp_path / "logged.log")
+    start = by_type(recs, "session_start")[0]
+    (vk,) = [d["index"] for d in start["machine"]["devices"] if d["backend"] == "Vulkan"]
+    computes = by_type(recs, "compute")
+    reads = {(e["step"], e["ubatch"]): e.get("read_dur") for e in by_type(recs, "experts")}
+    assert len(computes) == len(totals) == 5, (len(computes), totals)
+    for c, logger in zip(computes, totals, strict=True):
+        busy = [b for b in c["busy"] if b[0] == vk]
+        on_vk = [
+            o for o in c["ops"] if any(d == vk and a <= o[0] < b for d, a, b, *_ in c["splits"])
+        ]
+        ops = sum(o[2] for o in on_vk)
+        read = reads[(c["step"], c["ubatch"])]
+        assert read is not None and read > 0, c["step"]
+        waits = busy[-1][1] + busy[-1][2] - busy[0][1] - sum(b[2] for b in busy)
+        assert ops + read <= sum(b[2] for b in busy)
+        assert abs(ops + read + waits - logger) <= 0.05 * logger, (
+            c["step"],
+            ops,
+            read,
+            waits,
+            logger,
+        )
 
 
 def test_logits_are_bit_identical_with_routing_read_on_the_device(
@@ -214,3 +281,33 @@ def test_experts_on_the_cpu_copies_and_op_offload_per_layer(
     assert sorted(m["layer"] for m in gen) == [0, 1]
     prompt = [m for m in moved if m["kind"] == "prompt" and m["expert_weight_bytes_per_step"]]
     assert prompt and all(0 < m["expert_weight_share"] <= 1.01 for m in prompt)
+
+
+def test_a_read_past_a_full_mark_buffer_is_never_taken_for_another_ops(
+    vendor: Path, tmp_path: Path
+) -> None:
+    """Patch 0006's reads with room for 8 marks (tests/native/vk_read_marks.cpp): a chain of six
+    argsorts on lavapipe, each read back. Every read recorded names a mark written for it, and
+    the ones that ran hold their tensor's bytes; those past the room are dropped. Before the fix a
+    read made with the buffer full named the last mark written (another op's) and counted as
+    run."""
+    import shutil
+
+    from vulkan_backend import vulkan_lib
+
+    vulkan_device()
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    lib = vulkan_lib()
+    exe = tmp_path / "vk_read_marks"
+    native = Path(__file__).resolve().parent / "native"
+    cmd = [cxx, "-std=c++17", "-O1", "-g", f"-I{vendor / 'ggml/include'}", f"-I{native}",
+           str(native / "vk_read_marks.cpp"),
+           *[str(lib / f"{n}.so") for n in ("libggml", "libggml-base", "libggml-vulkan")],
+           f"-Wl,-rpath,{lib}", "-o", str(exe)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run([str(exe)], capture_output=True, text=True, env=vulkan_env(), timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "reads checked" in r.stdout, r.stdout

@@ -196,13 +196,13 @@ void experts_on_node(expert_log & log, const ggml_tensor * t, int ith) {
         pw ? weights_of(p) : weight_kind::none);
 }
 
-void experts_on_ids(expert_log & log, int32_t il, const int32_t * ids, int32_t n_rows) {
-    if (il < 0 || il >= log.n_layer || log.n_expert == 0 || log.rows[il] >= 0 || n_rows < 0) {
+void experts_on_ids(expert_log & log, int32_t il, const int32_t * ids, int32_t n_rows, size_t stride) {
+    if (il < 0 || il >= log.n_layer || log.n_expert == 0 || log.rows[il] >= 0 || n_rows < 0 ||
+        stride < (size_t) log.n_used[il]) {
         return;
     }
-    const int32_t n_used = log.n_used[il];
     tally(
-        log, il, n_rows, [ids, n_used](int32_t r) { return ids + (size_t) r * n_used; },
+        log, il, n_rows, [ids, stride](int32_t r) { return ids + (size_t) r * stride; },
         [](int32_t) { return (const float *) nullptr; }, weight_kind::none);
 }
 
@@ -268,7 +268,8 @@ void write_experts(json_out &          j,
                    size_t              row_begin,
                    size_t              row_end,
                    size_t              tok_begin,
-                   size_t              tok_end) {
+                   size_t              tok_end,
+                   int64_t             read_dur) {
     record_head(j, "experts", ts, sid);
     j.key("ctx");
     j.i64(ctx_id);
@@ -282,6 +283,10 @@ void write_experts(json_out &          j,
     j.i64(log.n_expert);
     j.key("n_layer");
     j.i64(log.n_layer);
+    if (read_dur >= 0) {
+        j.key("read_dur");
+        j.i64(read_dur);
+    }
     j.key("rows");
     j.ch('[');
     {

@@ -128,7 +128,7 @@ def write_tiny_gpt_oss(
     alternating sliding-window layers, and a MoE FFN whose routing weights are llama.cpp's softmax
     over each token's chosen router logits (its softmax-weight gating). The router's rows are
     scaled by ``router_scale`` and it has a bias, so that its logits spread well outside [0, 1]."""
-    from tiny_gguf import N_VOCAB, _vocab
+    from tiny_gguf import N_VOCAB, add_vocab
 
     dest = Path(dest)
     rng = np.random.default_rng(seed)
@@ -151,14 +151,7 @@ def write_tiny_gpt_oss(
     w.add_expert_used_count(n_used)
     w.add_expert_feed_forward_length(n_ff_exp)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    tokens, scores, types = _vocab()
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    add_vocab(w)
 
     def mat(*shape: int, std: float = 0.02) -> np.ndarray:
         return (rng.standard_normal(shape) * std).astype(np.float32)

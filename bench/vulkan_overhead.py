@@ -10,7 +10,7 @@ timestamps' own cost: each level against the same level with the device's ops un
 0002), which changes how ggml-vulkan returns the logits (a copy from an idle device is a memcpy):
 that, not the timing, is what the ratios to OFF also hold.
 
-    python bench/vulkan_overhead.py [--rounds 12] [--tokens 4] [--model PATH] [--write-docs]
+    python bench/vulkan_overhead.py [--rounds 12] [--tokens 4] [--model PATH | --moe] [--write-docs]
 
 The Vulkan build's libraries come from `instr build --vulkan --no-install` (built if missing) and
 run under the installed package. lavapipe is a CPU: these are not GPU figures. A timestamp costs a
@@ -153,6 +153,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ngl", type=int, default=99)
     ap.add_argument("--model", help="GGUF file (default: SmolLM2-135M, the default model)")
+    ap.add_argument(
+        "--moe",
+        action="store_true",
+        help="a mixture of experts instead: the default model's first 4 layers, 8 experts, top-2 "
+        "(tests/moe_gguf.py), whose routing DETAILED reads back from the device",
+    )
     ap.add_argument("--lib", help="the Vulkan build's libraries (default: instr build --vulkan's)")
     ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -171,6 +177,13 @@ def main() -> None:
     model = args.model or str(models.default_model())
     lib = Path(args.lib) if args.lib else build.vulkan_lib_dir(echo)
     with tempfile.TemporaryDirectory() as tmp:
+        if args.moe:
+            sys.path.insert(0, str(ROOT / "tests"))
+            from moe_gguf import write_moe_model
+
+            model = str(
+                write_moe_model(model, Path(tmp) / "moe-small.gguf", n_layer=4, distinct=True)
+            )
         log = Path(tmp) / "vk.log"
         cmd = [sys.executable, __file__, "--child", "--model", model, "--ngl", str(args.ngl),
                "--rounds", str(args.rounds), "--tokens", str(args.tokens),
@@ -205,6 +218,17 @@ def main() -> None:
             f"| {statistics.median(res['pp'][lv]):.2f} "
             f"| {statistics.median(ratios('pp', lv)):.3f}x |"
         )
+    dm_gen = statistics.median(
+        a / b for a, b in zip(res["tg"]["detailed"], res["tg"]["minimal"], strict=True)
+    )
+    dm_pro = statistics.median(
+        a / b for a, b in zip(res["pp"]["detailed"], res["pp"]["minimal"], strict=True)
+    )
+    lines += [
+        "",
+        f"DETAILED against MINIMAL (medians of per-round ratios; on a mixture of experts DETAILED "
+        f"also reads each router's ranking back): generation {dm_gen:.3f}x, prompt {dm_pro:.3f}x.",
+    ]
     lines += [
         "",
         "The timestamps' own cost: each level against the same level with the device's ops "
@@ -238,7 +262,9 @@ def main() -> None:
     if args.write_docs:
         from overhead import write_section
 
-        write_section("vulkan_overhead", report, script="bench/vulkan_overhead.py")
+        name = "vulkan_overhead_moe" if args.moe else "vulkan_overhead"
+        script = "bench/vulkan_overhead.py" + (" --moe" if args.moe else "")
+        write_section(name, report, script=script)
 
 
 if __name__ == "__main__":

@@ -149,3 +149,86 @@ def test_no_exception_crosses_the_c_api(
         # many that failed one
         assert row["n"] > 50, row
     assert injected > 100
+
+
+MOE_CHILD = r"""
+import json, math, sys
+import llama_cpp
+from llamacpp_instr.native import bindings
+
+api = bindings.load()
+lib = api.lib
+model = llama_cpp.llama_model_load_from_file(sys.argv[1].encode(), llama_cpp.llama_model_default_params())
+log, level = sys.argv[2].encode(), int(sys.argv[3])
+assert lib.llama_instr_session_begin(None, log, level, None) == 0
+prompt = [1] + [5 + k for k in range(11)]  # 12 tokens: three computes of n_ubatch 4
+
+def decode(ctx, toks):
+    arr = (llama_cpp.llama_token * len(toks))(*toks)
+    return llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(toks)))
+
+bad = []
+n = injected = 0
+while True:
+    n += 1
+    # a new context each time: its routing tables are allocated again, at its first compute
+    cp = llama_cpp.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = 64, 16, 4
+    cp.n_threads = cp.n_threads_batch = 1
+    ctx = llama_cpp.llama_init_from_model(model, cp)
+    api.test_fail_alloc(n)
+    rc = decode(ctx, prompt)
+    failed = api.test_failed_allocs()
+    api.test_fail_alloc(0)
+    # then more decodes, allocating freely: each compute tallies into the tables the failure left
+    rcs = [rc, decode(ctx, [7]), decode(ctx, [8] * 6)]
+    llama_cpp.llama_free(ctx)
+    if any(rcs):
+        bad.append(f"n={n}: llama_decode returned {rcs}")
+    injected += failed
+    if not failed or bad or n > 20000:
+        break
+lib.llama_instr_session_end(None)
+print(json.dumps({"n": n, "injected": injected, "bad": bad[:20]}))
+"""
+
+
+def test_a_survived_allocation_failure_leaves_routing_tables_whole(
+    instr_api: Any, testing_lib: Path, moe_small: Path, tmp_path: Path
+) -> None:
+    """A MoE decoded at DETAILED and at VERBOSE (a prompt of three computes: n_ubatch 4) with the
+    n-th allocation made on behalf of llama_instr code failing, for n = 1, 2, ... each on a new
+    context, then more decodes: the session survives each failure (a hook counts its records
+    lost) and the computes after it tally routing into tables whose every pair (counts and weight
+    sums, rows and layers seen, each token's ids and weights, and the step's ids and weights) has
+    the same length. Before the fix each pair grew with only its first checked: when the second
+    allocation failed, the next compute's tally wrote through the empty vector (SIGSEGV), and a
+    step's token weights ran short of their ids (read past their end; AddressSanitizer)."""
+    env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(testing_lib))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", MOE_CHILD, str(moe_small), str(tmp_path / f"{lv}.log"), str(lv)],
+            stdout=(tmp_path / f"{lv}.out").open("w"),
+            stderr=(tmp_path / f"{lv}.err").open("w"),
+            env=env,
+        )
+        for lv in (2, 3)  # DETAILED, VERBOSE
+    ]
+    for lv, proc in zip((2, 3), procs, strict=True):
+        rc = proc.wait(timeout=1800)
+        err = (tmp_path / f"{lv}.err").read_text(errors="replace")
+        assert rc == 0, f"level {lv}: the process died ({rc}): {err[-3000:]}"
+        out = json.loads((tmp_path / f"{lv}.out").read_text().splitlines()[-1])
+        assert out["bad"] == [] and out["n"] > 20 and out["injected"] > 20, out
+        # every experts record that was written is the routing of a whole table
+        recs = [json.loads(ln) for ln in (tmp_path / f"{lv}.log").read_text().splitlines()]
+        experts = [r for r in recs if r["type"] == "experts"]
+        assert experts, f"level {lv}: no routing recorded"
+        for r in experts:
+            for layer, expert, tokens, weight in r["rows"]:
+                assert 0 <= layer < 4 and 0 <= expert < 8 and 1 <= tokens <= 12
+                assert weight is None or 0 <= weight <= tokens * (1 + 1e-6)
+            for _, n_used, ids, weights in r.get("tokens", []):
+                assert n_used == 2 and len(ids) == len(weights) and len(ids) % 2 == 0
+                assert all(0 <= e < 8 for e in ids)
+                assert all(w is None or 0 <= w <= 1 for w in weights)

@@ -499,6 +499,125 @@ print("steps", s.totals.steps, flush=True)
     assert max(f.stat().st_size for f in files) < 8 * 64 * 1024
 
 
+def rename_shim(tmp_path: Path) -> Path:
+    """tests/native/rename_fail.c built as an LD_PRELOAD library: one rename to a name ending with
+    $RENAME_FAIL_SUFFIX fails with EIO each time the file $RENAME_FAIL_ARM is created."""
+    import shutil
+
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    lib = tmp_path / "rename_fail.so"
+    src = ROOT / "tests" / "native" / "rename_fail.c"
+    r = subprocess.run(
+        [cc, "-shared", "-fPIC", "-O1", str(src), "-o", str(lib), "-ldl"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    return lib
+
+
+def test_a_failed_rename_in_a_rotation_loses_no_kept_file(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """keep=3, and the rename of the file open to LOG.1 fails once (EIO, an LD_PRELOAD shim) at a
+    rotation with the series full: every kept file stays, by content, the log is written on, and the
+    retry 10 s later rotates. Before the fix the series was shifted first and the rollback restored
+    only the file open: LOG.3's content was gone and LOG.1 missing, one more file per retry."""
+    log = tmp_path / "shim.log"
+    arm = tmp_path / "arm"
+    script = f"""
+import hashlib, json, sys, time
+sys.path.insert(0, {str(ROOT / "tests")!r})
+from pathlib import Path
+from test_always_on import decode_requests, load_llama
+import llamacpp_instr
+llm = load_llama(Path({str(tiny_llama_f32)!r}))
+log, arm = Path({str(log)!r}), Path({str(arm)!r})
+def kept():
+    return {{p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in log.parent.iterdir() if p.name.startswith(log.name + ".")}}
+with llamacpp_instr.session(llm, str(log), "detailed", max_bytes=64 * 1024, keep=3) as s:
+    decode_requests(llm, 20)
+    before = kept()
+    arm.touch()
+    for _ in range(40):  # one request at a time until the rename was tried (and failed)
+        decode_requests(llm, 1)
+        if not arm.exists():
+            break
+    print("after the failure:", json.dumps([before, kept(), log.exists(), arm.exists()]), flush=True)
+    time.sleep(10.5)  # a failed rotation is tried again 10 s later
+    decode_requests(llm, 12)
+print("steps", s.totals.steps, flush=True)
+"""
+    # after any preload already there (a sanitizer's runtime must come first)
+    preload = [p for p in (os.environ.get("LD_PRELOAD"), str(rename_shim(tmp_path))) if p]
+    env = dict(
+        os.environ,
+        LD_PRELOAD=":".join(preload),
+        RENAME_FAIL_ARM=str(arm),
+        RENAME_FAIL_SUFFIX="shim.log.1",
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("after the failure:"))
+    before, after, at_path, armed = json.loads(line.split(": ", 1)[1])
+    assert sorted(before) == ["shim.log.1", "shim.log.2", "shim.log.3"], before
+    assert not armed, "no rename to shim.log.1 was tried"
+    assert after == before, (before, after)
+    assert at_path
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("llama-instr: ")]
+    assert any(
+        "cannot rotate the log" in w and "Input/output error" in w for w in warnings
+    ), r.stderr
+    # the retry rotated: a full series, each file whole and beginning the session, their indices
+    # without a gap, the newest ending the session with nothing lost
+    files = series(log)
+    assert [f.name for f in files] == ["shim.log.3", "shim.log.2", "shim.log.1", "shim.log"]
+    heads = [whole_lines(f)[0] for f in files]
+    assert all(h["type"] == "session_start" for h in heads)
+    indices = [h["file"]["index"] for h in heads]
+    assert indices == list(range(indices[0], indices[0] + 4)), indices
+    last = whole_lines(files[-1])[-1]
+    assert last["type"] == "session_end" and last["totals"]["lost"] == 0
+
+
+def test_a_file_left_by_a_rotation_cut_short_is_kept(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """A LOG.rotating left by a process that died mid-rotation is never overwritten: the next
+    rotation keeps it as the newest of the series, the file open joining it after (with a warning).
+    Before the fix the rotation moved the file open onto it and its records were gone."""
+    import llamacpp_instr
+
+    log = tmp_path / "cut.log"
+    left = tmp_path / "cut.log.rotating"
+    left.write_text('{"left": "by a rotation cut short"}\n')
+    llm = load_llama(tiny_llama_f32)
+    try:
+        with llamacpp_instr.session(llm, log, "detailed", max_bytes=64 * 1024, keep=3):
+            for _ in range(40):  # one request at a time until the first rotation
+                decode_requests(llm, 1)
+                if (tmp_path / "cut.log.1").exists():
+                    break
+            names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("cut.log"))
+            kept_2 = (tmp_path / "cut.log.2").read_text()
+            first = whole_lines(tmp_path / "cut.log.1")[0]
+    finally:
+        llm.close()
+    assert names == ["cut.log", "cut.log.1", "cut.log.2"], names
+    assert kept_2 == '{"left": "by a rotation cut short"}\n'
+    assert first["type"] == "session_start" and "file" not in first
+
+
 def test_a_log_removed_under_the_session_loses_no_kept_file(
     instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
 ) -> None:

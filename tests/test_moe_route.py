@@ -18,7 +18,7 @@ from helpers.support import PROMPT, by_type, make_run, read_log
 pytestmark = pytest.mark.native
 
 N_EXPERT, N_USED = 8, 2
-NAMES = re.compile(r"^ffn_moe_(argsort|weights)-(\d+)$")
+NAMES = re.compile(r"^ffn_moe_(argsort|weights|weights_softmax)-(\d+)$")
 
 
 class _TensorHead(ctypes.Structure):
@@ -51,13 +51,19 @@ def _ggml_base() -> Any:
 
 
 def _peer_run(
-    model: Path, instr_api: Any, log: Path | None, level: str, n_gen: int, peer: bool = True
+    model: Path,
+    instr_api: Any,
+    log: Path | None,
+    level: str,
+    n_gen: int,
+    peer: bool = True,
+    weights: str = "weights",
 ) -> tuple[list[dict[tuple[int, int], list[float]]], np.ndarray]:
     """A greedy run through llama.cpp's C API with upstream's eval callback (``cb_eval``) reading
     every router's ranking (``ffn_moe_argsort-<il>``: the first N_USED ids of each row) and the
-    routing weights (``ffn_moe_weights-<il>``), with an instr session at ``level`` when ``log``
-    is given. Per decode: (layer, expert) -> the weights of the tokens routed there. Also every
-    decode's last logits."""
+    routing weights (``ffn_moe_<weights>-<il>``: what multiplies each expert's output), with an
+    instr session at ``level`` when ``log`` is given. Per decode: (layer, expert) -> the weights
+    of the tokens routed there. Also every decode's last logits."""
     import llama_cpp
 
     base = _ggml_base()
@@ -67,6 +73,8 @@ def _peer_run(
 
     def on_eval(t: int, ask: bool, _user: Any) -> bool:
         m = NAMES.match((base.ggml_get_name(t) or b"").decode())
+        if m is not None and m.group(1) not in ("argsort", weights):
+            m = None
         if ask or m is None:
             return ask and m is not None
         try:
@@ -178,6 +186,79 @@ def test_routing_counts_equal_the_eval_callbacks(
                 for e in ids:
                     per[(layer, e)] += 1
             assert per == Counter({(la, e): t for la, e, t, _ in r["rows"]})
+
+
+@pytest.mark.parametrize("level", ["detailed", "verbose"])
+def test_gpt_oss_weights_are_the_softmax_over_the_chosen_logits(
+    level: str, instr_api: Any, tmp_path: Path
+) -> None:
+    """A tiny gpt-oss (llama.cpp's openai-moe, written with gguf): its router's `ffn_moe_probs`
+    are its logits (softmax-weight gating), and what weighs each chosen expert is the softmax
+    over the token's chosen logits (`ffn_moe_weights_softmax`). The log's weights are those, as
+    llama.cpp's own eval callback reads them: within [0, 1], each token's summing to 1. Before the
+    fix the log summed the raw logits (outside [0, 1], negative ones included)."""
+    from moe_gguf import write_tiny_gpt_oss
+
+    model = write_tiny_gpt_oss(tmp_path / "gpt-oss.gguf")
+    log = tmp_path / f"{level}.log"
+    peer, _ = _peer_run(model, instr_api, log, level, n_gen=3, weights="weights_softmax")
+    logged = _logged_routes(log)
+    assert len(logged) == len(peer) == 4
+    for mine, theirs in zip(logged, peer, strict=True):
+        assert {k: v[0] for k, v in mine.items()} == {k: len(v) for k, v in theirs.items()}
+        per_layer: Counter[int] = Counter()
+        weight_of: Counter[int] = Counter()
+        for k, ws in theirs.items():
+            assert mine[k][1] == pytest.approx(sum(ws), rel=1e-5, abs=1e-6)
+            assert 0 <= mine[k][1] <= len(ws) * (1 + 1e-6)
+            per_layer[k[0]] += len(ws)
+            weight_of[k[0]] += mine[k][1]
+        for layer, n in per_layer.items():  # each token's N_USED weights sum to 1
+            assert weight_of[layer] == pytest.approx(n / N_USED, rel=1e-5)
+    for r in by_type(read_log(log), "experts"):
+        for _, n_used, _, ws in r.get("tokens", []):
+            assert all(0 <= w <= 1 for w in ws)
+            sums = [sum(ws[i : i + n_used]) for i in range(0, len(ws), n_used)]
+            assert sums == pytest.approx([1.0] * len(sums), rel=1e-5)
+        if level == "verbose":
+            assert r["tokens"]
+
+
+def test_a_warmup_step_records_every_expert_it_computed(
+    moe_small: Path, instr_api: Any, tmp_path: Path
+) -> None:
+    """llama.cpp's warmup (llama_set_warmup, what its programs decode before the first request)
+    ranks and computes every expert for every token. The warmup step's routing says so: each of
+    the N_EXPERT experts of each layer got every token, N_EXPERT / N_USED times the tokens the same
+    prompt routes without warmup. Before the fix the warmup step kept N_USED per token: its
+    routing read as an ordinary step's."""
+    import llama_cpp
+
+    model_p = llama_cpp.llama_model_load_from_file(
+        str(moe_small).encode(), llama_cpp.llama_model_default_params()
+    )
+    cp = llama_cpp.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_threads, cp.n_threads_batch = 128, 64, 2, 2
+    ctx = llama_cpp.llama_init_from_model(model_p, cp)
+    log = tmp_path / "warmup.log"
+    prompt = [1, 5, 9, 13]
+    instr_api.session_begin(ctx, str(log), "detailed", {})
+    try:
+        for warmup in (True, False):
+            llama_cpp.llama_set_warmup(ctx, warmup)
+            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+            arr = (llama_cpp.llama_token * len(prompt))(*prompt)
+            assert llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(arr))) == 0
+    finally:
+        instr_api.session_end("ok")
+        llama_cpp.llama_free(ctx)
+        llama_cpp.llama_model_free(model_p)
+    warm, plain = _logged_routes(log)
+    for layer in range(4):
+        w = {e: t for (la, e), (t, _) in warm.items() if la == layer}
+        n = sum(t for (la, _), (t, _) in plain.items() if la == layer)
+        assert sorted(w) == list(range(N_EXPERT)), (layer, w)
+        assert set(w.values()) == {n // N_USED}, (layer, w, n)
 
 
 @pytest.mark.parametrize("level", ["minimal", "detailed", "verbose"])

@@ -149,6 +149,43 @@ def test_a_thread_that_sees_the_level_sees_its_change_counted(vendor: Path) -> N
     assert reader[0][2] in _STRONG["acquire"], reader
 
 
+def test_a_dropped_stream_out_of_memory_never_ends_the_server(vendor: Path, tmp_path: Path) -> None:
+    """llama-server's request_handle released (a stream the client dropped) while allocations fail,
+    from the n-th on for n = 1, 2, ...: its destructor, which builds and writes the request's
+    record, never lets an exception out (std::terminate would end the server), and the record it
+    could not make is counted lost. Before the fix the first failure, std::bad_alloc from the
+    record's text, ended the program (SIGABRT)."""
+    exe = build_unit(
+        vendor,
+        "request_handle_oom",
+        ["tools", "include", "ggml/include"],
+        ["libllama", "libggml-base"],
+        tmp_path,
+    )
+    r = subprocess.run(
+        [str(exe), str(tmp_path / "requests.log")], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, f"died ({r.returncode}): {r.stderr[-2000:]}"
+    assert "each survived" in r.stdout and int(r.stdout.split()[0]) >= 3, r.stdout
+
+
+def test_the_budget_holds_no_bytes_of_a_failed_allocation_and_never_wraps(
+    vendor: Path, tmp_path: Path
+) -> None:
+    """A budget of 1 MiB on the CPU: an allocation the budget passed whose backend then threw
+    leaves no bytes held (a buffer of 800 KiB fits afterwards), and a size whose sum with the bytes
+    in use wraps past SIZE_MAX is refused by the budget. Before the fix the thrown allocation's
+    bytes stayed pending for good (the next buffer was refused), and the wrapped sum passed."""
+    r = run_unit(
+        vendor,
+        "budget_release",
+        ["ggml/src", "ggml/include", "include"],
+        ["libllama", "libggml", "libggml-base"],
+        tmp_path,
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
 def test_gpu_marks_become_ops_layer_spans_busy_stretches_and_copies(
     vendor: Path, tmp_path: Path
 ) -> None:

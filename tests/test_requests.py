@@ -439,3 +439,42 @@ def test_a_prompt_of_any_bytes_keeps_its_request_record(
     assert "refused" not in err, err[-2000:]
     end = [json.loads(ln) for ln in log.read_text().splitlines() if '"session_end"' in ln]
     assert end and end[-1]["totals"]["lost"] == 0, end
+
+
+def test_a_failed_request_to_a_path_of_any_bytes_keeps_its_record(
+    tools_bin: Path, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """`POST /slots/0%FF?action=save` with a body that is no JSON: the handler throws, and the
+    request's record names its endpoint as text ('?' for the byte that is no UTF-8), is written,
+    and the session loses no record. Before the fix the endpoint was httplib's percent-decoded path
+    as it came, llama_instr_write_record refused the record as not UTF-8 and it was counted lost."""
+    import urllib.error
+    import urllib.request
+
+    log = tmp_path / "server.log"
+    saves = tmp_path / "slots"
+    saves.mkdir()
+    server, port = exec_server(
+        log,
+        tiny_llama_f32,
+        *["--parallel", "1", "-c", "256", "-t", "1", "--slot-save-path", str(saves)],
+        instr_args=("--level", "minimal"),
+    )
+    try:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/slots/0%FF?action=save",
+            data=b"this is not JSON",
+            headers={"Content-Type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=60)
+        assert e.value.code >= 400
+        recs = wait_requests(log, 1, timeout=30)
+    finally:
+        signal_server(server, signal.SIGTERM)
+        _, err = server.communicate(timeout=60)
+    assert "refused" not in err, err[-2000:]
+    assert [r["endpoint"] for r in recs] == ["/slots/0?"], recs
+    assert recs[0]["outcome"] == "error" and recs[0]["status"] == e.value.code
+    end = [json.loads(ln) for ln in log.read_text().splitlines() if '"session_end"' in ln]
+    assert end and end[-1]["totals"]["lost"] == 0, end

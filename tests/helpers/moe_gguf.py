@@ -108,3 +108,80 @@ def write_moe_model(
     writer.write_tensors_to_file()
     writer.close()
     return dest
+
+
+def write_tiny_gpt_oss(
+    dest: Path | str,
+    *,
+    n_layer: int = 2,
+    n_embd: int = 256,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_expert: int = 8,
+    n_used: int = 2,
+    n_ff_exp: int = 256,
+    n_swa: int = 64,
+    router_scale: float = 3.0,
+    seed: int = 7,
+) -> Path:
+    """A tiny ``gpt-oss`` (llama.cpp's openai-moe) of random weights: attention sinks, biases,
+    alternating sliding-window layers, and a MoE FFN whose routing weights are llama.cpp's softmax
+    over each token's chosen router logits (its softmax-weight gating). The router's rows are
+    scaled by ``router_scale`` and it has a bias, so that its logits spread well outside [0, 1]."""
+    from tiny_gguf import N_VOCAB, add_vocab
+
+    dest = Path(dest)
+    rng = np.random.default_rng(seed)
+    head_dim = n_embd // n_head
+    w = gguf.GGUFWriter(str(dest), "gpt-oss")
+    w.add_name("tiny-gpt-oss-f32")
+    w.add_context_length(1024)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff_exp)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_sliding_window(n_swa)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_used)
+    w.add_expert_feed_forward_length(n_ff_exp)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    add_vocab(w)
+
+    def mat(*shape: int, std: float = 0.02) -> np.ndarray:
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + rng.standard_normal(n) * 0.01).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", mat(N_VOCAB, n_embd))
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        w.add_tensor(p + "attn_norm.weight", norm(n_embd))
+        w.add_tensor(p + "post_attention_norm.weight", norm(n_embd))
+        w.add_tensor(p + "attn_q.weight", mat(n_head * head_dim, n_embd))
+        w.add_tensor(p + "attn_k.weight", mat(n_head_kv * head_dim, n_embd))
+        w.add_tensor(p + "attn_v.weight", mat(n_head_kv * head_dim, n_embd))
+        w.add_tensor(p + "attn_output.weight", mat(n_embd, n_head * head_dim))
+        w.add_tensor(p + "attn_output.bias", mat(n_embd, std=0.01))
+        w.add_tensor(p + "attn_sinks.weight", mat(n_head, std=0.1))
+        w.add_tensor(p + "ffn_gate_inp.weight", mat(n_expert, n_embd, std=router_scale))
+        w.add_tensor(p + "ffn_gate_inp.bias", mat(n_expert, std=router_scale))
+        w.add_tensor(p + "ffn_gate_exps.weight", mat(n_expert, n_ff_exp, n_embd))
+        w.add_tensor(p + "ffn_up_exps.weight", mat(n_expert, n_ff_exp, n_embd))
+        w.add_tensor(p + "ffn_down_exps.weight", mat(n_expert, n_embd, n_ff_exp))
+        w.add_tensor(p + "ffn_gate_exps.bias", mat(n_expert, n_ff_exp, std=0.01))
+        w.add_tensor(p + "ffn_up_exps.bias", mat(n_expert, n_ff_exp, std=0.01))
+        w.add_tensor(p + "ffn_down_exps.bias", mat(n_expert, n_embd, std=0.01))
+    w.add_tensor("output_norm.weight", norm(n_embd))
+    w.add_tensor("output.weight", mat(N_VOCAB, n_embd))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dest

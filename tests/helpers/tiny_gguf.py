@@ -46,6 +46,20 @@ def _vocab(
     return tokens, scores, [int(t) for t in types]
 
 
+def add_vocab(
+    w: gguf.GGUFWriter, raw_pieces: list[bytes] | None = None, n_vocab: int = N_VOCAB
+) -> None:
+    """The tiny SentencePiece-style vocabulary (``_vocab``) and its special tokens, into ``w``."""
+    tokens, scores, types = _vocab(raw_pieces, n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+
 FIRST_RAW_PIECE = 3 + 256 + 95
 
 
@@ -88,14 +102,7 @@ def write_tiny_model(
     w.add_rope_dimension_count(head_dim)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32)
 
-    tokens, scores, types = _vocab(raw_pieces, n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    add_vocab(w, raw_pieces, n_vocab)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
 
@@ -157,14 +164,7 @@ def write_tiny_iswa_model(
     w.add_layer_norm_rms_eps(1e-6)
     w.add_sliding_window(n_swa)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    tokens, scores, types = _vocab()
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    add_vocab(w)
 
     def mat(rows: int, cols: int) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * 0.02).astype(np.float32)

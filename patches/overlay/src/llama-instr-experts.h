@@ -24,7 +24,7 @@ struct json_out;
 
 struct expert_row {
     int32_t layer, expert, tokens;
-    double  weight;  // sum of the chosen entries of the router's probabilities (NaN: not read)
+    double  weight;  // sum of the tokens' routing weights (experts.cpp: weights_of; NaN: not read)
 };
 
 struct expert_log {
@@ -33,7 +33,7 @@ struct expert_log {
     int32_t              n_layer  = 0;
     std::vector<int32_t> n_used;  // per layer
 
-    // this compute's tallies (sized at arm, only ever grown): [layer * n_expert + expert]
+    // this compute's tallies (sized at arm, only ever grown, each pair together): [layer * n_expert + expert]
     std::vector<int32_t> counts;
     std::vector<double>  wsum;
     std::vector<int32_t> rows;            // per layer: the tokens (rows) its router ranked, -1 unseen
@@ -85,11 +85,12 @@ void experts_on_node(expert_log & log, const ggml_tensor * node, int ith);
 // `ffn_moe_argsort-<il>` of the model's shape), or -1
 int32_t router_layer(const expert_log & log, const ggml_tensor * t);
 
-// a router's ranking read back from a device (the first n_used ids of each of n_rows rows, packed:
-// row r at ids + r * n_used), tallied as experts_on_node does; the weights are not read
-void experts_on_ids(expert_log & log, int32_t il, const int32_t * ids, int32_t n_rows);
+// a router's ranking read back from a device (row r's ids at ids + r * stride, its first n_used
+// the chosen ones), tallied as experts_on_node does; the weights are not read
+void experts_on_ids(expert_log & log, int32_t il, const int32_t * ids, int32_t n_rows, size_t stride);
 
-// one `experts` record (the rows of p_rows in [row_begin, row_end), tokens in [tok_begin, tok_end))
+// one `experts` record (the rows of p_rows in [row_begin, row_end), tokens in [tok_begin, tok_end));
+// read_dur: the ns a device spent copying the rankings to the host, or -1 (none copied)
 void write_experts(json_out &          j,
                    const expert_log &  log,
                    const std::string & sid,
@@ -101,6 +102,7 @@ void write_experts(json_out &          j,
                    size_t              row_begin,
                    size_t              row_end,
                    size_t              tok_begin,
-                   size_t              tok_end);
+                   size_t              tok_end,
+                   int64_t             read_dur);
 
 }  // namespace llama_instr

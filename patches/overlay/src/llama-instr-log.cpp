@@ -4,6 +4,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #if !defined(_WIN32)
 #    include <fcntl.h>
@@ -229,6 +231,142 @@ void log_file::emit(const std::string & line) {
     }
 }
 
+namespace {
+
+// Renames that can be undone: each moves a file to a name no file has, so that undo() (in reverse
+// order) puts every file back where it was. Undone when it goes out of scope uncommitted (an
+// exception included).
+struct renames {
+    std::vector<std::pair<const std::string *, const std::string *>> done;  // (from, to)
+
+    explicit renames(size_t n) { done.reserve(n); }
+
+    ~renames() { undo(); }
+
+    // false (errno set) if `from` could not be moved; ENOENT: there is no such file
+    bool move(const std::string & from, const std::string & to) {
+        if (rename(from.c_str(), to.c_str()) != 0) {
+            return false;
+        }
+        done.emplace_back(&from, &to);  // (reserved: does not allocate)
+        return true;
+    }
+
+    void commit() { done.clear(); }
+
+    void undo() noexcept {
+        for (size_t i = done.size(); i-- > 0;) {
+            if (rename(done[i].second->c_str(), done[i].first->c_str()) != 0) {
+                fprintf(stderr, "llama-instr: cannot put %s back at %s: %s\n", done[i].second->c_str(),
+                        done[i].first->c_str(), strerror(errno));
+            }
+        }
+        done.clear();
+    }
+};
+
+bool exists(const std::string & p) {
+#if !defined(_WIN32)
+    struct stat st;
+    return lstat(p.c_str(), &st) == 0;
+#else
+    FILE * f = fopen(p.c_str(), "rb");
+    if (f) {
+        fclose(f);
+    }
+    return f != nullptr;
+#endif
+}
+
+// The names of a rotated series: `at` and at.1 .. at.keep, and those a rotation uses on the way.
+struct series_names {
+    std::vector<std::string> kept;     // [k]: at.k (kept[0] unused)
+    std::string              aside;    // at.rotating: the file open, on its way to at.1
+    std::string              dropped;  // at.dropped: at.keep, on its way out
+
+    series_names(const std::string & at, int32_t keep) : kept((size_t) keep + 1) {
+        for (int32_t k = 1; k <= keep; k++) {
+            kept[k] = at + "." + std::to_string(k);
+        }
+        aside   = at + ".rotating";
+        dropped = at + ".dropped";
+    }
+};
+
+// Put `newest` at the head of the kept series: at.keep moves to at.dropped (removed once the
+// whole rotation is done), at.N to at.N+1 from the oldest down (a missing one skipped), `newest`
+// to at.1; each rename into `r`. False (errno set, *failed the file that did not move) when one
+// fails.
+bool shift_series(renames & r, const series_names & n, const std::string & newest, const std::string ** failed) {
+    const int32_t keep = (int32_t) n.kept.size() - 1;
+    if (exists(n.kept[keep]) && !r.move(n.kept[keep], n.dropped)) {
+        *failed = &n.kept[keep];
+        return false;
+    }
+    for (int32_t k = keep - 1; k >= 1; k--) {
+        if (!r.move(n.kept[k], n.kept[k + 1]) && errno != ENOENT) {
+            *failed = &n.kept[k];
+            return false;
+        }
+    }
+    if (!r.move(newest, n.kept[1])) {
+        *failed = &newest;
+        return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+int log_file::rotate_files(const std::string & at, const std::string & tmp, std::string & why) {
+    const series_names n(at, keep);
+    // Names a rotation cut short (a crash) leaves: at.dropped, the oldest kept file it was
+    // removing (removed now, as it was to be), and at.rotating, the file that was current then
+    // (newer than every kept one, older than the file open): never overwritten, but kept as the
+    // newest of the series before the file open joins it.
+    if (remove(n.dropped.c_str()) != 0 && errno != ENOENT) {
+        why = n.dropped + ": " + strerror(errno);
+        return -1;
+    }
+    if (!exists(at)) {
+        return 0;
+    }
+    const std::string * failed = nullptr;
+    if (exists(n.aside)) {
+        warn("the log " + n.aside + " was left by a rotation cut short: it is kept as " + n.kept[1]);
+        renames r((size_t) keep + 2);
+        if (!shift_series(r, n, n.aside, &failed)) {
+            const int err = errno;
+            r.undo();
+            why = *failed + ": " + strerror(err);
+            return -1;
+        }
+        r.commit();
+        if (remove(n.dropped.c_str()) != 0 && errno != ENOENT) {
+            warn("cannot remove " + n.dropped + ": " + strerror(errno) + " (removed at the next rotation)");
+        }
+    }
+    // The file open moves aside, the series shifts, the file joins it and the new file takes the
+    // path; if any step fails (or throws) every file goes back to where it was.
+    renames r((size_t) keep + 3);
+    if (!r.move(at, n.aside)) {
+        failed = &at;
+    } else if (shift_series(r, n, n.aside, &failed) && !r.move(tmp, at)) {
+        failed = &tmp;
+    }
+    if (failed) {
+        const int err = errno;
+        r.undo();
+        why = *failed + ": " + strerror(err);
+        return -1;
+    }
+    r.commit();
+    if (remove(n.dropped.c_str()) != 0 && errno != ENOENT) {
+        warn("cannot remove " + n.dropped + ": " + strerror(errno) + " (removed at the next rotation)");
+    }
+    return 1;
+}
+
 bool log_file::reopen(bool rotate) {
     write_buffered();
 #if !defined(_WIN32)
@@ -271,7 +409,7 @@ bool log_file::reopen(bool rotate) {
             return keep_old(nullptr, "cannot open the log " + path + " anew: " + strerror(errno));
         }
     } else {
-        // The new file is opened first, under a temporary name, and the series is renamed only
+        // The new file is opened first, under a temporary name, and the files are renamed only
         // once it is: a failed open (no descriptor left, EMFILE) leaves every file where it is and
         // writing goes on into the current one, to be rotated at a later try.
         const std::string tmp = at + ".new";
@@ -281,42 +419,19 @@ bool log_file::reopen(bool rotate) {
         if (!open_at(tmp)) {
             return keep_old(nullptr, "cannot rotate the log " + path + ": " + strerror(errno));
         }
-        FILE * const      opened = fp;
-        // The file open is moved aside before the series is shifted: if that fails, every file
-        // stays where it is.
-        const std::string aside  = at + ".rotating";
-        if (rename(at.c_str(), aside.c_str()) != 0) {
-            const int err = errno;
+        FILE * const opened = fp;
+        std::string  why;
+        const int    rc = rotate_files(at, tmp, why);
+        if (rc < 0) {
             remove(tmp.c_str());
-            if (err != ENOENT) {
-                return keep_old(opened, "cannot rotate the log " + path + ": " + strerror(err));
-            }
+            return keep_old(opened, "cannot rotate the log " + path + ": " + why);
+        }
+        if (rc == 0) {
             // nothing at the path (the file moved away meanwhile): opened anew there
+            remove(tmp.c_str());
             fclose(opened);
             if (!open_at(at)) {
                 return keep_old(nullptr, "cannot open the log " + path + " anew: " + strerror(errno));
-            }
-        } else {
-            // path.keep is overwritten by path.keep-1, ..., path.1 by the file moved aside (a
-            // missing one is skipped)
-            for (int32_t k = keep - 1; k >= 1; k--) {
-                const std::string from = at + "." + std::to_string(k);
-                const std::string to   = at + "." + std::to_string(k + 1);
-                if (rename(from.c_str(), to.c_str()) != 0 && errno != ENOENT) {
-                    warn("cannot rotate " + from + ": " + strerror(errno));
-                }
-            }
-            if (rename(aside.c_str(), (at + ".1").c_str()) != 0) {
-                const std::string why = "cannot rotate the log " + path + ": " + strerror(errno);
-                rename(aside.c_str(), at.c_str());  // the current file back at the path
-                remove(tmp.c_str());
-                return keep_old(opened, why);
-            }
-            if (rename(tmp.c_str(), at.c_str()) != 0) {
-                const std::string why = "cannot rotate the log " + path + ": " + strerror(errno);
-                rename((at + ".1").c_str(), at.c_str());  // the current file back at the path
-                remove(tmp.c_str());
-                return keep_old(opened, why);
             }
         }
     }

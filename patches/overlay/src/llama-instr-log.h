@@ -91,11 +91,12 @@ struct log_file {
     bool full() const { return max_bytes > 0 && file_bytes + dropped_bytes + (int64_t) buf.size() >= max_bytes; }
 
     // Write what is buffered and start a new file at `path`: with `rotate`, the new file is opened
-    // under a temporary name first, the current one is moved aside, then the files are renamed
-    // (path.keep is removed, path.N becomes path.N+1, the current one path.1) and the new one takes
-    // path's place. A current file no longer at the path (removed, or moved without SIGHUP) is not
-    // rotated: no kept file moves, the path is opened anew, and a removed or replaced one fails
-    // the session (its records are lost, as at session end). The buffer is empty after it; the
+    // under a temporary name first, then the files are renamed (path.keep is removed, path.N
+    // becomes path.N+1, the current one path.1) and the new one takes path's place, each rename
+    // to a free name, so that a failed one is undone with all the others. A current file no
+    // longer at the path (removed, or moved without SIGHUP) is not rotated: no kept file moves,
+    // the path is opened anew, and a removed or replaced one fails the session (its records are
+    // lost, as at session end). The buffer is empty after it; the
     // caller writes the new file's head. False if the new file could not be opened or put in
     // place: the current one is kept where it was (a warning says why), no file is lost, and the
     // caller tries again later.
@@ -112,6 +113,10 @@ struct log_file {
     bool open_at(const std::string & p);  // open p into fp and the identity fields
     void suspend(int err);                // a write failed with errno err
     void resumed();                       // a write succeeded: say so if writing resumed
+    // The renames of a rotation (reopen): the file open at `at` to at.1 and `tmp` to `at`, the kept
+    // series shifted. 1: done; 0: no file at `at` (nothing renamed); -1: failed (`why`), every file
+    // back where it was.
+    int  rotate_files(const std::string & at, const std::string & tmp, std::string & why);
 };
 
 }  // namespace llama_instr

@@ -406,7 +406,8 @@ bool may_alloc(ggml_backend_buffer_type_t buft, size_t size) {
         if (!b) {
             return true;
         }
-        if (used_on_locked(m, device) + size > b->bytes) {
+        const size_t used = used_on_locked(m, device);
+        if (used > b->bytes || size > b->bytes - used) {  // (used + size may wrap)
             return false;
         }
         m.pending[device] += size;

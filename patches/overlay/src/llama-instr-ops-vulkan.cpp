@@ -8,7 +8,10 @@
 // Each command buffer's first to last mark is the device's busy time (`busy`). Device times are
 // put on the host clock (CLOCK_MONOTONIC, now_ns()) by a clock pair: VK_EXT_calibrated_timestamps
 // where the driver has it (at every collect), else a timestamp submitted alone between two host
-// readings (`clocks` says which, and the uncertainty).
+// readings (`clocks` says which, and the uncertainty). At DETAILED a mixture of experts' router
+// rankings are read back too (patch 0006's reads), each copy timed by a mark of its own: in no
+// op, summed in the experts record's `read_dur`; with the device's ops untimed
+// (LLAMA_INSTR_DEVICE_TIMING=0) only the copies and the marks they need are recorded.
 
 #include "ggml-vulkan.h"
 #include "llama-instr-env.h"
@@ -44,15 +47,15 @@ class vk_op_timer final : public op_timer {
         // LLAMA_INSTR_DEVICE_TIMING=0: the device's ops untimed (the scheduler's splits and copies
         // are still recorded); LLAMA_INSTR_DEVICE_CLOCK=fence: the fenced pair even where the
         // driver calibrates (tests). Read once per session (llama-instr-env.h)
+        // Untimed, a mixture of experts' routing is still read at DETAILED: the copies and their
+        // own marks, and the marks every command buffer has, but no op's.
         const device_env env = env_device(st.epoch);
-        if (!env.timing) {
-            return false;
-        }
-        method           = env.clock_fence ? GGML_VK_CLOCK_FENCE : 0;
-        // a mark per op and three per command buffer, a buffer with an op at least (or none:
-        // copies): room for a buffer per op, and then some
-        const size_t n   = (size_t) ggml_graph_n_nodes(const_cast<ggml_cgraph *>(gf));
-        const size_t cap = 4 * n + 64;
+        timed                = env.timing;
+        method               = env.clock_fence ? GGML_VK_CLOCK_FENCE : 0;
+        // a mark per op, one per read and three per command buffer, a buffer with an op at least
+        // (or none: copies): room for a buffer per op, and then some
+        const size_t n       = (size_t) ggml_graph_n_nodes(const_cast<ggml_cgraph *>(gf));
+        const size_t cap     = 5 * n + 64;
         if (marks.size() < cap) {
             marks.resize(cap);
         }
@@ -60,13 +63,18 @@ class vk_op_timer final : public op_timer {
         prof.marks = marks.data();
         prof.cap   = (int32_t) marks.size();
         prof.user  = this;
-        if (st.level < LLAMA_INSTR_LEVEL_DETAILED) {
+        if (!timed) {
+            prof.want = want_none;
+        } else if (st.level < LLAMA_INSTR_LEVEL_DETAILED) {
             index_layer_ends(st);
             prof.want = want_layer_end;
             want_st   = &st;
             want_k    = 0;
         }
         arm_routing(st, ctx);
+        if (!timed && !experts) {
+            return false;
+        }
         return set_profiler(backend, &prof);
     }
 
@@ -81,6 +89,9 @@ class vk_op_timer final : public op_timer {
             return n + prof.n_lost + prof.n_reads_lost;  // no device time read
         }
         collect_routing(st, n);
+        if (!timed) {
+            return prof.n_reads_lost;  // routing only
+        }
         if (!calibrate()) {
             return n + prof.n_lost + prof.n_reads_lost;  // no device time on the host clock
         }
@@ -93,6 +104,8 @@ class vk_op_timer final : public op_timer {
         bool         in_buf = false, have_prev = false;
         int64_t      buf_start = 0, prev = 0;
         int32_t      buf_split = -1, buf_ops = 0, k_op = 0;
+        int64_t      read_dur = 0;  // the reads' copies: their own intervals, in no op
+        bool         read     = false;
         pieces.clear();
         for (int32_t k = 0; k < n; k++) {
             const ggml_vk_profile_mark & m = marks[k];
@@ -139,6 +152,12 @@ class vk_op_timer final : public op_timer {
                         }
                         break;
                     }
+                case GGML_VK_PROFILE_READ:
+                    if (have_prev) {
+                        read_dur += t - prev;
+                        read = true;
+                    }
+                    break;
                 case GGML_VK_PROFILE_CMDBUF_END:
                     if (buf_split < 0 && m.node) {
                         // MINIMAL: a buffer whose ops are all unmarked (its last op is named here)
@@ -167,6 +186,9 @@ class vk_op_timer final : public op_timer {
         } else {
             append_piece_spans(st);
         }
+        if (read) {
+            c.expert_read_dur = std::max<int64_t>(c.expert_read_dur, 0) + read_dur;
+        }
         return n_lost + prof.n_reads_lost;
     }
 
@@ -179,9 +201,10 @@ class vk_op_timer final : public op_timer {
             !st.experts.arm(ctx, st.n_tokens, st.level >= LLAMA_INSTR_LEVEL_VERBOSE)) {
             return;
         }
+        // each layer's ranking as a block of whole rows (n_expert ids each) but the last's tail
         const expert_log & log  = st.experts;
         const size_t       rows = (size_t) std::max<int32_t>(st.n_tokens, 1);
-        const size_t       need = (size_t) log.n_layer * std::max(1, log.max_used) * sizeof(int32_t) * rows;
+        const size_t       need = (size_t) log.n_layer * log.n_expert * sizeof(int32_t) * rows;
         if (readback.size() < need) {
             readback.resize(need);
         }
@@ -227,8 +250,10 @@ class vk_op_timer final : public op_timer {
                 continue;
             }
             const int32_t il = router_layer(st.experts, r.tensor);
-            if (il >= 0 && r.row_bytes == (size_t) st.experts.n_used[il] * sizeof(int32_t)) {
-                experts_on_ids(st.experts, il, (const int32_t *) (prof.readback + r.offset), r.n_rows);
+            if (il >= 0 && r.row_bytes == (size_t) st.experts.n_used[il] * sizeof(int32_t) &&
+                r.row_stride % sizeof(int32_t) == 0 && r.offset % sizeof(int32_t) == 0) {
+                experts_on_ids(st.experts, il, (const int32_t *) (prof.readback + r.offset), r.n_rows,
+                               r.row_stride / sizeof(int32_t));
             }
         }
         st.experts.collect();
@@ -242,6 +267,14 @@ class vk_op_timer final : public op_timer {
         int32_t n_ops;
         int64_t t_start, t_end;
     };
+
+    // untimed (reads only): no op is marked but those the backend always marks
+    static bool want_none(void * user, const ggml_tensor * first, const ggml_tensor * last) {
+        GGML_UNUSED(user);
+        GGML_UNUSED(first);
+        GGML_UNUSED(last);
+        return false;
+    }
 
     // MINIMAL: mark an op when its last node ends a layer (the next node that runs is of another)
     static bool want_layer_end(void * user, const ggml_tensor * first, const ggml_tensor * last) {
@@ -350,7 +383,8 @@ class vk_op_timer final : public op_timer {
     const ggml_backend_vk_set_profiler_t     set_profiler;
     const ggml_backend_vk_profiler_collect_t collect_marks;
     const ggml_backend_vk_clock_pair_t       clock_pair;
-    int32_t                                  method = 0;  // enum ggml_vk_clock_method, 0 = the best there is
+    int32_t                                  method = 0;     // enum ggml_vk_clock_method, 0 = the best there is
+    bool                                     timed  = true;  // LLAMA_INSTR_DEVICE_TIMING (else routing only)
 
     ggml_vk_profiler                  prof = {};
     std::vector<ggml_vk_profile_mark> marks;

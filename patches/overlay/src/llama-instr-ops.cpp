@@ -2,6 +2,7 @@
 
 #include "llama-instr-session.h"
 
+#include <algorithm>
 #include <cstring>
 
 using namespace llama_instr;
@@ -49,13 +50,15 @@ int32_t node_map::find(ctx_state & st, size_t k, const ggml_tensor * t) {
         idx.clear();
         gen = st.graph_gen;
     }
-    if (k < ptr.size() && ptr[k] == t) {
+    if (k < ptr.size() && k < idx.size() && ptr[k] == t) {
         return idx[k];
     }
     const int32_t i = st.graph.find(t);
-    if (k >= ptr.size()) {
-        ptr.resize(k + 1, nullptr);
-        idx.resize(k + 1, -1);
+    if (k >= ptr.size() || k >= idx.size()) {
+        // each grown on its own: one whose allocation threw (std::bad_alloc) is grown at the next
+        // call, and neither is indexed past its end meanwhile
+        ptr.resize(std::max(ptr.size(), k + 1), nullptr);
+        idx.resize(std::max(idx.size(), k + 1), -1);
     }
     ptr[k] = t;
     idx[k] = i;

@@ -113,6 +113,7 @@ struct compute_rec {
     size_t  stat_begin, stat_end;      // into ctx_state::p_stats
     size_t  remote_begin, remote_end;  // into ctx_state::p_remote
     size_t  expert_begin, expert_end;  // into ctx_state::experts.p_rows
+    int64_t expert_read_dur;           // ns a device spent copying its routers' rankings to the host (-1: none)
     size_t  etok_begin, etok_end;      // into ctx_state::experts.p_tok
     // what op timers could only report at the step's end (op_timer::finish), after every compute's
     size_t  late_op_begin, late_op_end;        // into ctx_state::p_ops

@@ -350,7 +350,7 @@ void llama_instr::write_step_computes(ctx_state & st) {
         }
         if (c.expert_end > c.expert_begin) {
             write_experts(j, st.experts, st.sid, st.id, st.step, c.ubatch, c.graph_id, c.t_end, c.expert_begin,
-                          c.expert_end, c.etok_begin, c.etok_end);
+                          c.expert_end, c.etok_begin, c.etok_end, c.expert_read_dur);
             emit(st.epoch, st.line);
         }
     }
@@ -620,8 +620,9 @@ void llama_instr_compute_end(llama_context *      ctx,
         c.copy_begin  = st.p_copies.size();
         c.t_synced    = t_synced;
 
-        c.expert_begin = st.experts.p_rows.size();
-        c.etok_begin   = st.experts.p_tok.size();
+        c.expert_begin    = st.experts.p_rows.size();
+        c.etok_begin      = st.experts.p_tok.size();
+        c.expert_read_dur = -1;
 
         // the scheduler's splits and copies, on the devices of session_start.devices
         const int32_t n_splits = std::min(sp.n_splits, sp.cap_splits);

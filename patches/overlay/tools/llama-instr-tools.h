@@ -258,23 +258,30 @@ inline request_ptr & unwound_request() {
 }
 
 inline request_handle::~request_handle() {
-    std::string fields;
-    {
-        std::lock_guard<std::mutex> lock(requests_mutex());
-        if (r->http_done) {
-            return;
+    // Nothing may leave a destructor (std::terminate would end the server): a failure here (the
+    // lock's std::system_error, std::bad_alloc making the record) loses the record, counted as
+    // lost as a refused one is.
+    try {
+        std::string fields;
+        {
+            std::lock_guard<std::mutex> lock(requests_mutex());
+            if (r->http_done) {
+                return;
+            }
+            if (std::uncaught_exceptions() > uncaught) {
+                unwound_request() = r;  // the handler threw: request_failed says how it ended
+                return;
+            }
+            r->http_done = true;
+            r->t_end     = now_ns();
+            // a stream had sent its headers; a plain response was never sent (nginx's 499)
+            r->status    = r->stream ? 200 : 499;
+            fields       = finish_locked(*r);
         }
-        if (std::uncaught_exceptions() > uncaught) {
-            unwound_request() = r;  // the handler threw: request_failed says how it ended
-            return;
-        }
-        r->http_done = true;
-        r->t_end     = now_ns();
-        // a stream had sent its headers; a plain response was never sent (nginx's 499)
-        r->status    = r->stream ? 200 : 499;
-        fields       = finish_locked(*r);
+        write_request(fields);
+    } catch (...) {
+        llama_instr_write_record("request", nullptr);  // refused: one record counted lost
     }
-    write_request(fields);
 }
 
 // A W3C `traceparent` header's value when it is well formed (version 00: "00-" 32 lowercase hex
@@ -381,6 +388,8 @@ inline void request_end(const request_tracker & t, int status, const char * outc
 
 // A handler threw before answering (ex_wrapper): the request it was handling on this thread (or a
 // new one, e.g. a malformed body that never reached handle_completions_impl) ends as an error.
+inline std::string utf8_text(const std::string & raw, size_t max);
+
 inline void request_failed(const std::string & endpoint, int status, const std::string & error) {
     request_ptr r = std::move(unwound_request());
     unwound_request().reset();
@@ -391,7 +400,8 @@ inline void request_failed(const std::string & endpoint, int status, const std::
         static std::atomic<int64_t> n_failed{ 0 };
         r           = std::make_shared<request_state>();
         r->id       = "failed-" + std::to_string(++n_failed);
-        r->endpoint = endpoint;
+        // httplib's path, percent-decoded: any bytes the client sent (`/slots/0%FF`), as text
+        r->endpoint = utf8_text(endpoint, 200);
         r->t_arrive = now_ns();
     }
     std::string fields;

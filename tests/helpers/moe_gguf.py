@@ -128,7 +128,7 @@ def write_tiny_gpt_oss(
     alternating sliding-window layers, and a MoE FFN whose routing weights are llama.cpp's softmax
     over each token's chosen router logits (its softmax-weight gating). The router's rows are
     scaled by ``router_scale`` and it has a bias, so that its logits spread well outside [0, 1]."""
-    from tiny_gguf import N_VOCAB, add_vocab
+    from helpers.tiny_gguf import N_VOCAB, add_vocab
 
     dest = Path(dest)
     rng = np.random.default_rng(seed)

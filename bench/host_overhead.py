@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from support import free_port, wait_ready  # noqa: E402
-from tiny_gguf import write_big_vocab_model  # noqa: E402
+from helpers.support import free_port, wait_ready  # noqa: E402
+from helpers.tiny_gguf import write_big_vocab_model  # noqa: E402
 
 from llamacpp_instr.native import tools  # noqa: E402
 

@@ -430,7 +430,7 @@ SECOND = {"n_layer": 12, "n_embd": 768, "n_head": 12, "n_head_kv": 4, "n_ff": 20
 
 def second_model(folder: Path) -> Path:
     """The grids' second model, written into ``folder`` on first use."""
-    from tiny_gguf import write_tiny_model
+    from helpers.tiny_gguf import write_tiny_model
 
     path = folder / "wide-f16.gguf"
     if not path.is_file():

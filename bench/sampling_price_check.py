@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from helpers.tiny_gguf import write_big_vocab_model  # noqa: E402
 from host_overhead import SCHEMA, echo, start  # noqa: E402
-from tiny_gguf import write_big_vocab_model  # noqa: E402
 
 from llamacpp_instr.converters import load_session  # noqa: E402
 from llamacpp_instr.deciding.prediction import sampling_price  # noqa: E402

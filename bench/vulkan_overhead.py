@@ -179,7 +179,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if args.moe:
             sys.path.insert(0, str(ROOT / "tests"))
-            from moe_gguf import write_moe_model
+            from helpers.moe_gguf import write_moe_model
 
             model = str(
                 write_moe_model(model, Path(tmp) / "moe-small.gguf", n_layer=4, distinct=True)

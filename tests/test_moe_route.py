@@ -197,7 +197,7 @@ def test_gpt_oss_weights_are_the_softmax_over_the_chosen_logits(
     over the token's chosen logits (`ffn_moe_weights_softmax`). The log's weights are those, as
     llama.cpp's own eval callback reads them: within [0, 1], each token's summing to 1. Before the
     fix the log summed the raw logits (outside [0, 1], negative ones included)."""
-    from moe_gguf import write_tiny_gpt_oss
+    from helpers.moe_gguf import write_tiny_gpt_oss
 
     model = write_tiny_gpt_oss(tmp_path / "gpt-oss.gguf")
     log = tmp_path / f"{level}.log"

@@ -327,7 +327,7 @@ def test_a_read_past_a_full_mark_buffer_is_never_taken_for_another_ops(
     run."""
     import shutil
 
-    from vulkan_backend import vulkan_lib
+    from helpers.vulkan_backend import vulkan_lib
 
     vulkan_device()
     cxx = shutil.which("g++") or shutil.which("clang++")

@@ -241,8 +241,8 @@ def run_metrics(log: Path) -> str | None:
     from prometheus_client.exposition import generate_latest
 
     from llamacpp_instr.converters.formats.live_figures import RequestTracker
-    from llamacpp_instr.converters.formats.log_input import BadLine, parse_line
     from llamacpp_instr.converters.formats.prometheus import Metrics
+    from llamacpp_instr.converters.reading.reader import BadLine, parse_line
 
     metrics, tracker = Metrics(), RequestTracker()
     try:

@@ -26,8 +26,12 @@ from llamacpp_instr.converters.formats import convert as trace
 VULKAN_FULL = FIXTURES / "tiny-llama-vulkan-full-detailed.log.gz"
 VULKAN_PARTIAL = FIXTURES / "tiny-llama-vulkan-partial-detailed.log.gz"
 RPC2 = FIXTURES / "tiny-llama-rpc2-detailed.log.gz"
-DEVICE_LOGS = [VULKAN_FULL, VULKAN_PARTIAL, RPC2]
-ids = [p.name.removesuffix("-detailed.log.gz") for p in DEVICE_LOGS]
+# SYNTHETIC CUDA logs (tests/fixtures/make_synthetic_cuda.py: the Vulkan logs in the CUDA op
+# timer's shape) until the GPU script (bench/gpu_check.sh) writes real ones
+CUDA_FULL = FIXTURES / "tiny-llama-cuda-full-detailed.SYNTHETIC.log.gz"
+CUDA_PARTIAL = FIXTURES / "tiny-llama-cuda-partial-detailed.SYNTHETIC.log.gz"
+DEVICE_LOGS = [VULKAN_FULL, VULKAN_PARTIAL, RPC2, CUDA_FULL, CUDA_PARTIAL]
+ids = [p.name.split("-detailed")[0] for p in DEVICE_LOGS]
 
 
 # --- the raw log, read here --------------------------------------------------------------------

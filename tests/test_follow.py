@@ -10,7 +10,8 @@ from typing import Any
 
 from support import FIXTURES, PROMPT, REAL_FIXTURES, by_type, read_log
 
-from llamacpp_instr.converters.analysis.follow import WINDOW, LiveState, tail_records
+from llamacpp_instr.converters.analysis.follow import WINDOW, LiveState
+from llamacpp_instr.converters.reading.tail import tail
 
 
 def test_follow_a_run_while_it_writes(instr_api: Any, smollm2_path: Path, tmp_path: Path) -> None:
@@ -98,7 +99,7 @@ def test_tail_skips_nothing_of_a_complete_log() -> None:
     with tempfile.TemporaryDirectory() as d:
         plain = Path(d) / "x.log"
         plain.write_bytes(gzip.open(FIXTURES / "tiny-llama-verbose.log.gz").read())
-        got = list(tail_records(plain))
+        got = list(tail(plain, to_session_end=True))
         assert got == [json.loads(x) for x in plain.open()]
 
 
@@ -180,3 +181,38 @@ def test_live_state_agrees_with_the_raw_log(smollm2_detailed: Any) -> None:
             assert {str(k): int(v) for k, v in by_label.items() if v} == {
                 k: v for k, v in want.items() if v
             }
+
+
+def test_tail_waits_for_the_file_holds_partial_lines_and_follows_a_rotation(
+    tmp_path: Path,
+) -> None:
+    """One follower for instr follow and the exporters: it waits for a log that appears later,
+    yields a line only once it is complete, reads the old file to its end after a rotation and
+    goes on into the new one, and (for instr follow) stops at the session's end."""
+    import threading
+    import time
+
+    log = tmp_path / "live.log"
+    recs = [{"type": "session_start", "n": 0}, {"type": "step_begin", "n": 1}]
+    recs += [{"type": "step_end", "n": 2}, {"type": "session_end", "n": 3}]
+    lines = [json.dumps(r).encode() + b"\n" for r in recs]
+
+    def write() -> None:
+        time.sleep(0.3)  # the follower is waiting for the file
+        with log.open("wb") as f:
+            f.write(lines[0] + lines[1][:7])  # a partial line: not a record yet
+            f.flush()
+            time.sleep(0.3)
+            f.write(lines[1][7:])
+            f.flush()
+            time.sleep(0.2)
+            log.rename(tmp_path / "live.log.1")  # rotated: what follows goes to the old file
+            f.write(lines[2])
+        time.sleep(0.3)
+        log.write_bytes(lines[3] + lines[0])  # after session_end: never read
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    got = list(tail(log, wait=10, to_session_end=True, poll=0.01))
+    writer.join()
+    assert got == recs

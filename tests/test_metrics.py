@@ -36,8 +36,8 @@ from support import free_port, request_records, signal_server, wait_ready, wait_
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.formats.live_figures import RequestFigures, RequestTracker
-from llamacpp_instr.converters.formats.log_input import follow_log
 from llamacpp_instr.converters.formats.prometheus import Metrics
+from llamacpp_instr.converters.reading.tail import follow_log
 
 SID = "00000000000000aa"
 DASHBOARD = Path(__file__).resolve().parent.parent / "docs" / "grafana-dashboard.json"

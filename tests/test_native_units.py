@@ -158,3 +158,16 @@ def test_a_thread_that_sees_the_level_sees_its_change_counted(vendor: Path) -> N
         ("load atomic", "changes"),
     ]
     assert reader[0][2] in _STRONG["acquire"], reader
+
+
+def test_gpu_marks_become_ops_layer_spans_busy_stretches_and_copies(
+    vendor: Path, tmp_path: Path
+) -> None:
+    """The walk of a GPU's timing marks (the CUDA op timer's host side), with marks made up in the
+    shapes patch 0013 writes, since no GPU runs here: each op's interval runs to the next mark on
+    its stream (a side stream's last op to its join), a graph compute's first mark to its end mark
+    is a busy stretch, a copy's marks bound it; at MINIMAL the runs between a layer's first marks
+    are its spans; a mark that never ran, a stream out of range, a foreign node, a time going
+    back and an op never ended are each one op lost. Linked to the build's libllama."""
+    r = run_unit(vendor, "gpu_marks", LLAMA_INCLUDES, LLAMA_LIBS, tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

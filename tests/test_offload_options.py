@@ -42,6 +42,7 @@ from support import (
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.contract.units import fmt_bytes
 from llamacpp_instr.running.offload import Offload
 
 # a hang guard, not a speed target: the check of an endpoint is bounded by 5 s
@@ -604,9 +605,9 @@ def test_doctor_lists_the_devices(servers: list[str], instr_api: Any) -> None:
     cpu = instr_api.machine_info()["devices"][0]
     row = lines[at + 2].split()
     assert row[:3] == [cpu["name"], cpu["backend"], cpu["type"]]
-    assert f"{cpu['memory_total'] / (1 << 20):,.0f}" in lines[at + 2]
+    assert fmt_bytes(cpu["memory_total"]) in lines[at + 2]
     r = _instr("doctor", "--rpc", servers[0])
     assert r.returncode == 0, r.stderr
-    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("  RPC")]
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("RPC")]
     assert len(rows) == 1 and rows[0][:3] == ["RPC0", "RPC", "gpu"]
     assert rows[0][-1] == servers[0]

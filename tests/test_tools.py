@@ -328,7 +328,7 @@ def test_exec_of_a_program_that_does_not_fit_says_why_and_exits_3(
     """llama-bench's second test asks for a KV cache the budget has no room for: its log records
     the failed allocation, llama-bench says only that it could not create a context, and instr
     exec ends with `instr run`'s line and exit status 3."""
-    from llamacpp_instr.converters.session.memory_timeline import size
+    from llamacpp_instr.contract.units import fmt_bytes
 
     bench = ["llama-bench", "-m", str(smollm2_path), "-n", "0", "-r", "1", "-t", "2"]
     bench += ["--no-warmup", "-o", "jsonl"]
@@ -357,8 +357,8 @@ def test_exec_of_a_program_that_does_not_fit_says_why_and_exits_3(
     lines = r.stderr.strip().splitlines()
     assert "failed to create context" in "\n".join(lines[:-1])  # the program's own words first
     line = lines[-1]
-    assert line.startswith(f"error: out of memory on CPU (budget {size(budget)}): "), line
-    assert f"kv_cache needed {size(kv)}" in line and "short by" in line, line
+    assert line.startswith(f"error: out of memory on CPU (budget {fmt_bytes(budget)}): "), line
+    assert f"kv_cache needed {fmt_bytes(kv)}" in line and "short by" in line, line
     assert "-ctk q8_0 -ctv q8_0" in line, line
     # the line is made of the failure the log holds, and the log ends on a complete record
     recs = read_records(log)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands import out_dir_alias, output_option
+from llamacpp_instr.commands.deprecated import out_dir_alias
+from llamacpp_instr.commands.options import output_option
 
 DEMO_PROMPT = "The capital of France is"
 

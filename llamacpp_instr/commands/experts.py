@@ -6,14 +6,8 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands import (
-    check_output,
-    emit,
-    load_log,
-    report_options,
-    session_option,
-    strict_option,
-)
+from llamacpp_instr.commands.options import report_options, session_option, strict_option
+from llamacpp_instr.commands.output import check_output, emit, load_log
 
 
 @click.command("experts")

@@ -6,13 +6,9 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands import (
-    load_log,
-    out_dir_alias,
-    output_option,
-    session_option,
-    strict_option,
-)
+from llamacpp_instr.commands.deprecated import out_dir_alias
+from llamacpp_instr.commands.options import output_option, session_option, strict_option
+from llamacpp_instr.commands.output import load_log
 
 
 @click.command("export")

@@ -2,40 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-import threading
-import time
 from pathlib import Path
 
 import click
-
-
-def follow(log: Path, wait: float, stop: threading.Event | None = None) -> str:
-    """Show the live view (terminal) or one line per step (otherwise) until the session ends,
-    ``stop`` is set or Ctrl-C. Returns the session's status."""
-    from llamacpp_instr.converters.analysis.follow import LiveState, tail_records
-
-    state = LiveState()
-    records = tail_records(log, wait_for_file=wait, stop=stop.is_set if stop else None)
-    if not sys.stdout.isatty():
-        for rec in records:
-            step = state.add(rec)
-            if step is not None:
-                click.echo(state.line(step))
-        return state.status
-    from rich.live import Live
-
-    from llamacpp_instr.converters.reports.renderers.live import view
-
-    last = 0.0
-    with Live(view(state), refresh_per_second=4, transient=False) as live:
-        for rec in records:
-            state.add(rec)
-            now = time.monotonic()
-            if now - last > 0.25 or rec.get("type") == "session_end":
-                live.update(view(state))
-                last = now
-    return state.status
 
 
 @click.command("follow")
@@ -52,6 +21,8 @@ def command(log: Path, wait: float) -> None:
     program with a session open): a refreshing view of tokens/s, step-time percentiles, time per
     layer, top ops, KV cells used and memory. When stdout is not a terminal, one plain line per
     step instead. Exits 0 when the session ends, and on Ctrl-C."""
+    from llamacpp_instr.converters.reports.renderers.live import follow
+
     try:
         status = follow(log, wait)
     except KeyboardInterrupt:

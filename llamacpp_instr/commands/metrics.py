@@ -62,9 +62,10 @@ def command(
     program. Runs until Ctrl-C or SIGTERM; a log that does not exist, or a port in use, is an
     error (exit 2). docs/grafana-dashboard.json is a Grafana dashboard of these metrics.
     """
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.converters.formats.live_figures import RequestTracker
-    from llamacpp_instr.converters.formats.log_input import UserError, follow_log
     from llamacpp_instr.converters.formats.prometheus import Metrics, serve_http
+    from llamacpp_instr.converters.reading.tail import follow_log
     from llamacpp_instr.running import exporter_launch as launch
 
     if (listen is None) == (listen_fd is None):

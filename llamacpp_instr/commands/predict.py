@@ -3,23 +3,17 @@ the ops that detailed logs measured (``llamacpp_instr.deciding.prediction.predic
 
 from __future__ import annotations
 
-import json
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 from click.core import ParameterSource
 
-from llamacpp_instr.commands import (
-    offload_options,
-    quant_option,
-    text_json_option,
-    threads_option_with,
-)
+from llamacpp_instr.commands.offload_options import offload_options
+from llamacpp_instr.commands.options import quant_option, text_json_option, threads_option_with
+from llamacpp_instr.commands.output import answer
 
 if TYPE_CHECKING:
-    from llamacpp_instr.deciding.prediction.predict import Interval, Prediction
     from llamacpp_instr.running.offload import Offload
 
 
@@ -135,127 +129,16 @@ def command(
     Op offload is priced: a prompt's matmuls ggml runs on a GPU though their weights are on the
     host (-ngl 0 on a Vulkan build), with the weights' copies at the logs' copy rate.
     """
-    if spec_n_max is not None:  # speculative decoding: from the logs' verifies alone
-        from llamacpp_instr.deciding.prediction import spec_predict
+    from llamacpp_instr.deciding import predict_report
+    from llamacpp_instr.deciding.prediction.entry import PredictRequest, predict_setting
 
-        doc = spec_predict.run(list(logs), spec_n_max, n_predict)
-        click.echo(json.dumps(doc, indent=1) if fmt == "json" else spec_predict.render(doc))
-        return
-    from llamacpp_instr.commands.fit import _files
-    from llamacpp_instr.contract.errors import UserError
-    from llamacpp_instr.deciding.prediction import net_costs, predict
-    from llamacpp_instr.native import models
-
-    rate_bits = rtt_ns = None
-    try:
-        rate_bits = net_costs.parse_rate(rpc_rate) if rpc_rate is not None else None
-    except ValueError:
-        raise UserError(
-            f"--rpc-rate takes a rate in bits/s above 0 (100M, 1G, 2.5Gbit), not {rpc_rate!r}"
-        ) from None
-    try:
-        rtt_ns = net_costs.parse_duration_ns(rpc_rtt) if rpc_rtt is not None else None
-    except ValueError:
-        raise UserError(
-            f"--rpc-rtt takes a time of at least 0 with its unit (2ms, 500us), not {rpc_rtt!r}"
-        ) from None
-    if model is not None:
-        models.check_gguf(model)
-    sessions = predict.load_logs(list(logs))
-    base = predict.default_target(sessions[0], model)
-    changes: dict[str, Any] = {
-        "threads": threads,
-        "n_ubatch": n_ubatch,
-        "n_batch": n_batch,
-        "n_prompt": n_prompt,
-        "n_gen": n_predict,
-        "depth": depth,
-        "rpc_rate": rate_bits,
-        "rpc_rtt_ns": rtt_ns,
-    }
-    base = replace(base, **{k: v for k, v in changes.items() if v is not None})
     # the log's placement, unless one is given here
     ctx = click.get_current_context()
     given = ("gpu_layers", "device", "rpc", "tensor_split")
-    if any(ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE for p in given):
-        base = replace(base, offload=offload)
-    if (rate_bits is not None or rtt_ns is not None) and not (base.rpc_servers or base.offload.rpc):
-        raise UserError(
-            "--rpc-rate and --rpc-rtt price RPC servers' network: the log ran on none, and "
-            "--rpc names none"
-        )
-    files = _files(base.model, quants) if quants else [("", base.model)]
-    cost_model = predict.fit(sessions)
-    names = [str(p) for p in logs]
-    results = [
-        predict.price(replace(base, model=file), cost_model, sessions, names) for _q, file in files
-    ]
-    if fmt == "json":
-        docs = [r.to_json() for r in results]
-        # one object for one setting; a list, one per --quant, for several
-        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=1))
-    else:
-        click.echo("\n".join(render(r) for r in results))
-    n_missing = sum(len(r.not_covered) for r in results)
-    if n_missing:
-        raise UserError(f"not covered: {n_missing} thing(s) no log measured (listed above)")
-
-
-def _rate(name: str, i: Interval | None) -> str:
-    if i is None:
-        return f"  {name:<11} not predicted (not covered)"
-    return f"  {name:<11} {i.value:9.1f} tokens/s   ({i.low:.1f} to {i.high:.1f})"
-
-
-def _basis(p: Prediction) -> str:
-    """What the intervals are made of (``intervals``)."""
-    iv = p.gen or p.prompt
-    if iv is None:
-        return "nothing predicted."
-    if iv.basis == "held-out":
-        return (
-            f"95 % intervals from how far {iv.held_out} log(s) were from their prediction by the "
-            "others (leave one out)."
-        )
-    if iv.basis == "thread bounds":
-        return (
-            "at a thread count no log ran, the intervals span every op scaling with the threads "
-            "to none doing so."
-        )
-    return (
-        "no log could be predicted from the others: the intervals are the model's error on the "
-        "project's benchmark grids (x/÷ 1.22) or the logs' own steps' spread, the wider (add "
-        "logs of other settings for intervals from these logs)."
-    )
-
-
-def render(p: Prediction) -> str:
-    lines = [f"prediction for {p.target.describe()}:"]
-    lines += [f"  WARNING, a log from a busy machine: {line}" for line in p.contended]
-    lines.append(_rate("prompt", p.prompt))
-    lines.append(_rate("generation", p.gen))
-    for kind, name in (("gen", "generation"), ("prompt", "prompt")):
-        ops = p.by_op.get(kind)
-        if not ops:
-            continue
-        top = ", ".join(f"{op} {share:.0%}" for op, share in list(ops.items())[:5])
-        devs = ", ".join(f"{d} {s:.0%}" for d, s in p.by_device.get(kind, {}).items())
-        lines.append(f"  where {name} time goes: {top}; by device: {devs}")
-    if p.links and any("network" in d for d in p.by_device.values()):
-        links = ", ".join(
-            f"{d} {lk['rate_bits_per_s'] / 1e6:.4g} Mbit/s, round trip {lk['rtt_ns'] / 1e6:.3g} ms"
-            for d, lk in p.links.items()
-        )
-        lines.append(f"  network priced at: {links}")
-    lines.append(
-        f"  from {len(p.logs)} log(s) ({', '.join(Path(x).name for x in p.logs)}); "
-        f"{p.graphs} graph(s) built by llama.cpp without weights. A prediction, not a "
-        f"measurement; {_basis(p)}"
-    )
-    if p.threads_from:
-        lines.append(f"  threads: {p.threads_from}")
-    for line in p.priced_from_others:
-        lines.append(f"  priced from other ops: {line}")
-    for line in p.not_covered:
-        lines.append(f"  not covered: {line}")
-    return "\n".join(lines)
+    placed = any(ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE for p in given)
+    request = PredictRequest(
+        logs, threads, n_batch, n_ubatch, n_prompt, n_predict, depth, model, quants,
+        offload if placed else None, rpc_rate, rpc_rtt, spec_n_max,
+    )  # fmt: skip
+    result = predict_setting(request, say=lambda line: click.echo(line, err=True))
+    answer(predict_report.report(result), fmt, result.failure())

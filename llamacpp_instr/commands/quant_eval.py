@@ -9,40 +9,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands import (
-    check_output,
-    chunk_size_options,
-    emit,
-    kv_type_options,
-    offload_options,
-    report_options,
-    threads_option,
-)
+from llamacpp_instr.commands.deprecated import chunk_size_options
+from llamacpp_instr.commands.offload_options import offload_options
+from llamacpp_instr.commands.options import kv_type_options, report_options, threads_option
+from llamacpp_instr.commands.output import check_output, emit
 
 if TYPE_CHECKING:
     from llamacpp_instr.running.offload import Offload
-    from llamacpp_instr.running.quant.evaluate import Progress
-
-
-def _progress_bar() -> Progress:
-    """A one-line progress bar on stderr (chunks done / total, and the model being evaluated)."""
-
-    def show(chunk: int, n_chunks: int, model: int, n_models: int, path: Path) -> None:
-        width = 24
-        done = (chunk * n_models + model) / max(1, n_chunks * n_models)
-        bar = "#" * int(done * width)
-        if chunk >= n_chunks:
-            click.echo(f"\r\x1b[Kquant-eval: {n_chunks}/{n_chunks} chunks done", err=True)
-            return
-        role = "base" if model == 0 else f"quant {model}/{n_models - 1}"
-        click.echo(
-            f"\r\x1b[Kquant-eval [{bar:<{width}}] chunk {chunk + 1}/{n_chunks} · {role} "
-            f"{path.name}",
-            err=True,
-            nl=False,
-        )
-
-    return show
 
 
 @click.command("quant-eval")
@@ -116,53 +89,23 @@ def command(
     shows the error as the cache fills."""
     from llamacpp_instr.converters.reports.quant.eval_report import build
     from llamacpp_instr.converters.reports.renderers import render
+    from llamacpp_instr.converters.reports.renderers.progress import chunks_bar
     from llamacpp_instr.running.quant import evaluate as quant_eval
 
     check_output(output)
-    kv = quant_eval.KvCache(type_k, type_v, flash_attn)
-    if layers and kv.quantized:
-        from llamacpp_instr.contract.errors import UserError
-
-        raise UserError(
-            "--layers measures the weights' error with an f16 KV cache: give it "
-            "without -ctk/-ctv"
-        )
-    if layers:
-        from llamacpp_instr.contract.errors import UserError
-        from llamacpp_instr.running.offload import prepare
-
-        if prepare(offload).offloading:
-            # the native capture copies outputs the CPU backend computed: offloaded layers'
-            # outputs never reach it
-            raise UserError(
-                "--layers captures layer outputs on the CPU: give it without --gpu-layers "
-                "(or with --device none)"
-            )
-    progress = _progress_bar() if sys.stderr.isatty() else None
-    data = quant_eval.evaluate(
+    tty = sys.stderr.isatty()
+    data = quant_eval.evaluate_quants(
         base,
         quants,
         text=text,
         ctx=chunk_size,
         chunks=chunks,
         threads=threads,
-        progress=progress,
+        progress=chunks_bar() if tty else None,
         offload=offload,
-        kv=kv,
+        kv=quant_eval.KvCache(type_k, type_v, flash_attn),
         all_positions=all_positions,
+        layers=layers,
+        say=lambda line: click.echo(line, err=True) if tty else None,
     )
-    report = build(data)
-    if layers:
-        from llamacpp_instr.converters.reports.quant.layers_report import layers_sections
-        from llamacpp_instr.running.quant.evaluate import scored_chunks
-        from llamacpp_instr.running.quant.layers import layer_errors
-
-        if progress:
-            click.echo("quant-eval: per-layer error ...", err=True)
-        scored = scored_chunks(base, text, chunk_size, int(data["chunks"]))
-        per_layer = layer_errors(
-            base, list(quants), scored, chunk_size, int(data["threads"]), offload=offload
-        )
-        report.sections += layers_sections(per_layer, base.name)
-        report.data["layers"] = per_layer
-    emit(render(report, fmt), output)
+    emit(render(build(data), fmt), output)

@@ -7,14 +7,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands import (
-    check_output,
-    chunk_size_options,
-    emit,
-    offload_options,
-    report_options,
-    threads_option,
-)
+from llamacpp_instr.commands.deprecated import chunk_size_options
+from llamacpp_instr.commands.offload_options import offload_options
+from llamacpp_instr.commands.options import report_options, threads_option
+from llamacpp_instr.commands.output import check_output, emit
 
 if TYPE_CHECKING:
     from llamacpp_instr.running.offload import Offload

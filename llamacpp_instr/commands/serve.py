@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands import (
-    always_on_options,
+from llamacpp_instr.commands.always_on_options import always_on_options
+from llamacpp_instr.commands.deprecated import out_alias
+from llamacpp_instr.commands.offload_options import offload_options
+from llamacpp_instr.commands.options import (
     ctx_option,
     level_option,
     log_option,
     memory_budget_option,
     metrics_option,
-    offload_options,
-    out_alias,
     threads_option,
     topk_option,
 )

@@ -55,13 +55,14 @@ def command(log: Path, endpoint: str, follow: bool, wait: float, layers: bool) -
     """
     import signal
 
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.converters.formats.live_figures import (
         RequestFigures,
         RequestTracker,
         SessionFigures,
     )
-    from llamacpp_instr.converters.formats.log_input import UserError, follow_log
     from llamacpp_instr.converters.formats.otlp import Sender, SpanBuilder, endpoint_url
+    from llamacpp_instr.converters.reading.tail import follow_log
 
     url = endpoint_url(endpoint)
     if not (follow and wait) and not log.exists():

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands import output_option, peaks_option, strict_option
+from llamacpp_instr.commands.options import output_option, peaks_option, strict_option
 from llamacpp_instr.converters.formats.convert import WRITERS, default_output
 
 DEFAULT_FORMAT = "pftrace"
@@ -97,16 +94,15 @@ def command(
         raise click.UsageError("--flows connects op slices: it cannot go with --no-ops")
     sel = Selection(layer=layer, steps=_steps(steps), ops=not no_ops, flows=flows)
     out = output or default_output(log, fmt)
-    with _tuned_for(fmt):
-        stats, report = convert(
-            log,
-            out,
-            fmt,
-            sel,
-            strict,
-            wrap=lambda items: _progress(items, log),
-            roofs=session_roofs(peaks_file, cache_dir()),
-        )
+    stats, report = convert(
+        log,
+        out,
+        fmt,
+        sel,
+        strict,
+        wrap=lambda items: _progress(items, log),
+        roofs=session_roofs(peaks_file, cache_dir()),
+    )
     if report.summary():
         click.echo(report.summary(), err=True)
     click.echo(
@@ -115,32 +111,6 @@ def command(
         + (f", {stats.flows} KV cache flows" if flows else ""),
         err=True,
     )
-
-
-@contextlib.contextmanager
-def _tuned_for(fmt: str) -> Iterator[None]:
-    """Process-wide settings that speed up a conversion, for this command only (the library's
-    ``convert`` leaves them alone). Perfetto: whole steps become garbage at once and the
-    conversion makes no reference cycles, so the cyclic collector would only rescan them; and
-    the compressing threads need the GIL between output blocks, sooner than the default 5 ms
-    switch interval gives it back. JSON: what exists before (modules) is set aside from the
-    collections a long conversion triggers."""
-    interval = sys.getswitchinterval()
-    gc_was = gc.isenabled()
-    freeze = fmt == "json" and gc.get_freeze_count() == 0
-    if freeze:
-        gc.freeze()
-    elif fmt != "json":
-        gc.disable()
-        sys.setswitchinterval(min(interval, 0.0005))
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(interval)
-        if freeze:
-            gc.unfreeze()
-        if gc_was:
-            gc.enable()
 
 
 def _progress(items, log: Path):  # type: ignore[no-untyped-def]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from llamacpp_instr.commands.output import answer
+
 
 @click.command("tools")
 @click.option(
@@ -22,11 +24,6 @@ def command(vulkan: bool) -> None:
     sends the times to a patched client, whose log holds them. llama-fit-params (llama.cpp's own
     memory projection) is what `instr fit --compare-llama` shows beside its own.
     """
-    from llamacpp_instr.native import build, tools
+    from llamacpp_instr.running import checkup
 
-    folder = tools.bin_dir(tools.tools_plan(build.VULKAN_CMAKE_ARGS if vulkan else ()))
-    command = tools.BUILD_COMMAND + (" --vulkan" if vulkan else "")
-    for program in tools.PROGRAMS:
-        exe = folder / program
-        where = str(exe) if exe.is_file() else f"not built (run `{command}`)"
-        click.echo(f"{program:<18}{where}")
+    answer(checkup.programs_report(checkup.programs(vulkan)), "text")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands import load_log, output_option, session_option, strict_option
+from llamacpp_instr.commands.options import output_option, session_option, strict_option
+from llamacpp_instr.commands.output import load_log
 
 
 @click.command("workloads")

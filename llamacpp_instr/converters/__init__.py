@@ -6,13 +6,14 @@ One path from a log to every output, one room (subpackage) per job, each importi
 rooms below it:
 
 * ``reading``: the lines of a log (``reader``: plain or gzip, damage reported; ``prefetch``: on
-  the other core for big logs) and what each record means (``decode``, one module per record
+  the other core for big logs; ``tail``: a log as it is written) and what each record means (``decode``, one module per record
   family, each compute's ops packed into columns);
 * ``session``: the records folded into sessions and steps, once (``fold``: ``iter_events``,
   ``iter_events_packed``, ``Fold``), and the figures defined on them once (``derive``,
   ``device_time``, ``kv_flows``, ``requests``, ``machine_peaks``);
 * ``traces``: the trace layout (``layout``: tracks, slices and counters);
-* ``analysis``: the pandas tables (``frames``: ``load_session``), ``roofline`` and ``follow``;
+* ``analysis``: the pandas tables (``frames``: ``load_session``), ``roofline`` and ``follow`` (the live
+  view's state);
 * ``reports``: the reports (``summary``, ``compare``, ``quant/``...) and their ``renderers``;
 * ``formats``: every other output format (Perfetto and Chrome JSON through
   ``convert.to_perfetto``, Parquet, Prometheus, OTLP).

@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -516,3 +516,120 @@ def measure(answer: Answer, fc: FitConfig, budget: dict[str, int], log: Path) ->
         tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
         raise UserError(f"the measuring run failed ({r.returncode}): {tail}")
     return live_at_last_step(log, [d.name for d in devices.registry()])
+
+
+# --- instr fit's question and its answer, as the command and the Python API ask it -------------
+
+
+@dataclass(frozen=True)
+class FitRequest:
+    """What fits ``model`` (default: the bundled model) in each device's memory: ``memory`` as
+    --memory takes it (DEVICE=SIZE, each device's free memory otherwise), the largest context
+    ``n_ctx`` (default: n_ctx_train), a fixed ``gpu_layers`` (default: searched where a GPU
+    exists), each of ``quants`` (default: the file's own type), and beside it llama.cpp's own
+    projection (``compare_llama``) or a real run's buffers (``measure``)."""
+
+    model: Path | None = None
+    memory: tuple[str, ...] = ()
+    n_ctx: int | None = None
+    gpu_layers: int | None = None
+    offload: offload.Offload = field(default_factory=offload.Offload)
+    quants: tuple[str, ...] = ()
+    threads: int | None = None
+    compare_llama: bool = False
+    measure: bool = False
+
+
+@dataclass
+class FitResult:
+    """One ``Answer`` per quantization asked."""
+
+    answers: list[Answer]
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [a.to_json() for a in self.answers]
+
+    def failure(self) -> UserError | None:
+        """Nothing fits: out of memory, exit status 3 (as a run that does not fit)."""
+        if any(a.setting for a in self.answers):
+            return None
+        over = sorted({dev for a in self.answers for dev in a.overflow})
+        return memory.OutOfMemory(f"nothing fits: the smallest setting overflows {', '.join(over)}")
+
+
+def fit(request: FitRequest, say: Callable[[str], None] = lambda _: None) -> FitResult:
+    """``instr fit``: each quantization's answer (``fit_model``), with llama-fit-params' beside it
+    where asked (or built, for a setting of the CPU alone) and a measuring run where asked.
+    ``say`` hears the progress of a quantization and why llama-fit-params is not shown."""
+    path = request.model if request.model is not None else models.default_model()
+    models.check_gguf(path)
+    bindings.load()
+    o = request.offload
+    if o.rpc and (request.compare_llama or request.measure):
+        # this process holds each server's one connection while it answers
+        raise UserError(
+            "--compare-llama and --measure can't share --rpc servers with instr fit (a server "
+            "serves one client at a time): run them without --rpc"
+        )
+    devices.add_rpc_servers(o.rpc)  # --rpc's servers become devices --memory may name
+    fc = FitConfig(
+        model=path,
+        memory=parse_memory(request.memory),
+        n_ctx=request.n_ctx,
+        gpu_layers=request.gpu_layers,
+        offload=o,
+        threads=request.threads,
+    )
+    files = quantized_files(path, request.quants, say)
+    # llama-fit-params beside ours: asked for, or on its own when it is built and the setting
+    # is the CPU's alone (the tools are built for the CPU: a device such as Vulkan0 is not in them)
+    exe = (
+        None
+        if o.rpc or (o.devices and not request.compare_llama)
+        else _fit_params_program(required=request.compare_llama)
+    )
+    answers = []
+    for quant, file in files:
+        answer = fit_model(file, quant, fc)
+        budget = {dev: answer.memory[dev] for dev in answer.footprint if dev in answer.memory}
+        if answer.setting is not None and exe is not None:
+            try:
+                answer.llama_fit = llama_fit_params(exe, answer, fc, budget)
+            except UserError as exc:
+                if request.compare_llama:
+                    raise
+                say(f"instr fit: llama-fit-params not shown: {exc}")
+        if answer.setting is not None and request.measure:
+            with tempfile.TemporaryDirectory() as tmp:
+                answer.measured = measure(answer, fc, budget, Path(tmp) / "measure.log")
+        answers.append(answer)
+    return FitResult(answers)
+
+
+def quantized_files(
+    path: Path, quants: tuple[str, ...], say: Callable[[str], None] = lambda _: None
+) -> list[tuple[str, Path]]:
+    """(quantization, file) for each of ``quants`` (--quant: fit, plan, predict): the file itself
+    for its own type, else the file quantized into the cache (``say`` hears the quantizer)."""
+    from llamacpp_instr.running.quant.quantize import TYPES
+    from llamacpp_instr.running.quant.sweep import quantized
+
+    own = file_type(path)
+    asked = [q.lower() for q in quants] or [own]
+    for q in asked:
+        if q not in TYPES and q != own:
+            raise UserError(f"unknown --quant {q!r}: choose one of {', '.join(TYPES)}")
+    return [(q, path if q == own else quantized(path, q, 0, say)) for q in dict.fromkeys(asked)]
+
+
+def _fit_params_program(required: bool) -> Path | None:
+    """llama-fit-params of the current patches: required with --compare-llama (a one-line error
+    naming the build command if missing), else used when it is built."""
+    from llamacpp_instr.native import tools
+
+    try:
+        return tools.find("llama-fit-params")
+    except UserError:
+        if required:
+            raise
+        return None

@@ -29,6 +29,7 @@ from llamacpp_instr.deciding import fit
 from llamacpp_instr.deciding.prediction import predict
 from llamacpp_instr.deciding.prediction.op_costs import CostModel
 from llamacpp_instr.running import devices, offload, runner
+from llamacpp_instr.running.memory_budget import OutOfMemory
 from llamacpp_instr.running.tensor_overrides import CPU, EXPS_REGEX, TensorOverrides
 
 
@@ -259,89 +260,58 @@ def base_target(sessions: list[SessionFrames], model: Path, o: offload.Offload) 
     return replace(t, offload=placed, tensors=TensorOverrides())
 
 
-def _mib(n: float) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
+@dataclass(frozen=True)
+class PlacementRequest:
+    """Where the expert weights of ``model`` (default: the bundled model) go: every placement
+    priced from ``logs`` (detailed logs of runs of it), at the context ``n_ctx`` (default: the
+    first log's), in ``memory`` as --memory takes it (DEVICE=SIZE; each device's free memory
+    otherwise), the other layers where ``offload`` puts them (all, by default)."""
+
+    model: Path | None
+    logs: tuple[Path, ...]
+    memory: tuple[str, ...] = ()
+    n_ctx: int | None = None
+    offload: offload.Offload = field(default_factory=offload.Offload)
 
 
-def render(
-    ranked: list[PlacementCandidate],
-    t: predict.Target,
-    n_ctx: int,
-    limits: dict[str, int],
-    layers: dict[int, int],
-) -> str:
-    """The ranked placements as a table, each with its command."""
-    fits = [c for c in ranked if c.fits]
-    mem = ", ".join(f"{d} {_mib(n)}" for d, n in limits.items())
-    devs = sorted({d for c in ranked for d in c.footprint})
-    lines = [
-        f"expert placements of {t.model.name} (-ngl {t.offload.gpu_layers}; {len(layers)} layers "
-        f"with experts, {_mib(sum(layers.values()))} of expert weights) holding {n_ctx} tokens "
-        f"of context in {mem}: {len(fits)} of {len(ranked)} fit; speeds are predictions "
-        "(tokens/s, interval) for the first log's prompt and generation",
-        "",
-        f"{'#':>3} {'experts on the CPU':<22} {'CPU experts':>12} "
-        + " ".join(f"{d[:12]:>12}" for d in devs)
-        + f" {'gen tok/s':>20} {'prompt tok/s':>20}  command",
-    ]
-    busy = {x: None for c in ranked if c.prediction for x in c.prediction.contended}
-    lines[1:1] = [f"WARNING, a log from a busy machine: {x}" for x in busy]
-    n = 0
-    for c in ranked:
-        covered = c.fits and c.gen is not None
-        n += covered
-        num = str(n) if covered else "-"
-        totals = fit.totals(c.footprint)
-        row = (
-            f"{num:>3} {c.placement.label():<22} {_mib(c.expert_bytes_cpu):>12} "
-            + " ".join(f"{_mib(totals.get(d, 0)):>12}" for d in devs)
-            + f" {_rate(c, 'gen'):>20} {_rate(c, 'prompt'):>20}  {c.command(t, n_ctx)}"
-        )
-        if not c.fits:
-            row += f"  (overflows {', '.join(c.overflow)})"
-        lines.append(row)
-    missing = {
-        line.split("; ")[0] for c in fits if c.prediction for line in c.prediction.not_covered
-    }
-    if missing:
-        lines.append(
-            "  not covered (unranked: run such a setting at --level detailed, add its log):"
-        )
-        lines += [f"    {line}" for line in sorted(missing)]
-    return "\n".join(lines)
+@dataclass
+class PlacementResult:
+    """The placements ranked (``rank``), with what they were ranked against."""
+
+    ranked: list[PlacementCandidate]
+    target: predict.Target  # the first log's setting, the experts' placement aside
+    n_ctx: int
+    limits: dict[str, int]  # what each device may hold
+    layers: dict[int, int]  # each layer's expert weights (bytes)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [c.to_json(self.target, self.n_ctx) for c in self.ranked]
+
+    def failure(self) -> UserError | None:
+        """No placement fits: out of memory, exit status 3."""
+        if any(c.fits for c in self.ranked):
+            return None
+        over = ", ".join(sorted({d for c in self.ranked for d in c.overflow}))
+        return OutOfMemory(f"no expert placement fits: every one overflows {over}")
 
 
-def _rate(c: PlacementCandidate, kind: str) -> str:
-    p = c.prediction
-    iv = (p.gen if kind == "gen" else p.prompt) if p else None
-    v = c.gen if kind == "gen" else c.prompt
-    if v is None or iv is None:
-        return "-"
-    return f"{v:.2f} ({iv.low:.2f}-{iv.high:.2f})"
+def moe_plan(request: PlacementRequest) -> PlacementResult:
+    """``instr plan --experts`` and ``instr fit --experts``: every placement with its memory and
+    predicted speed, ranked."""
+    from llama_cpp import _logger
 
+    from llamacpp_instr.native import bindings, models
 
-def command(
-    model: Path,
-    logs: list[Path],
-    limits: dict[str, int],
-    n_ctx: int | None,
-    o: offload.Offload,
-    fmt: str,
-) -> tuple[str, list[str] | None]:
-    """``instr plan --experts`` and ``instr fit --experts``: the ranked placements as text or
-    JSON (one object per placement), and None, or the devices overflowed where none fits.
-    ``n_ctx``: the context every placement must hold (None: the first log's)."""
-    import json
-
-    sessions = predict.load_logs(logs)
-    t = base_target(sessions, model, o)
-    ctx = n_ctx or int((sessions[0].info.context or {}).get("n_ctx") or 4096)
-    planner = Planner(t, sessions, [str(p) for p in logs])
-    ranked = planner.candidates(ctx, limits)
-    if fmt == "json":
-        out = json.dumps([c.to_json(t, ctx) for c in ranked], indent=1)
-    else:
-        out = render(ranked, t, ctx, limits, planner.layers)
-    if any(c.fits for c in ranked):
-        return out, None
-    return out, sorted({d for c in ranked for d in c.overflow})
+    if not request.logs:
+        raise UserError("--experts ranks by speed: give a detailed log of a run of this model")
+    model = request.model if request.model is not None else models.default_model()
+    models.check_gguf(model)
+    _logger.set_verbose(False)  # llama.cpp's lines per context made
+    bindings.load()
+    devices.add_rpc_servers(request.offload.rpc)
+    limits = {**fit.device_memory(), **fit.parse_memory(request.memory)}
+    sessions = predict.load_logs(list(request.logs))
+    t = base_target(sessions, model, request.offload)
+    ctx = request.n_ctx or int((sessions[0].info.context or {}).get("n_ctx") or 4096)
+    planner = Planner(t, sessions, [str(p) for p in request.logs])
+    return PlacementResult(planner.candidates(ctx, limits), t, ctx, limits, planner.layers)

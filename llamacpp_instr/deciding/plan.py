@@ -12,16 +12,20 @@ stays in the list, unranked, with what to run.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
 from typing import Any
 
+from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.analysis.frames import SessionFrames
 from llamacpp_instr.deciding import fit
 from llamacpp_instr.deciding.prediction import predict
 from llamacpp_instr.deciding.prediction.op_costs import CostModel
 from llamacpp_instr.running import devices, offload
+from llamacpp_instr.running.memory_budget import OutOfMemory
 
 
 @dataclass
@@ -261,3 +265,110 @@ def rank(cands: list[Candidate]) -> list[Candidate]:
         return (group, -(c.gen or 0.0), -(c.prompt or 0.0))
 
     return sorted(cands, key=key)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """The settings of ``model`` to rank by the speed ``logs`` (detailed logs of runs of it)
+    predict: each of ``quants`` (default: the file's own), holding ``n_ctx`` tokens of context in
+    ``memory`` as --memory takes it (DEVICE=SIZE; each device's free memory otherwise), with all
+    layers offloaded too where ``offload`` names a GPU; ``quality``: quant-eval JSON reports whose
+    KL divergences join the Pareto front."""
+
+    model: Path
+    logs: tuple[Path, ...]
+    memory: tuple[str, ...] = ()
+    n_ctx: int = 2048
+    quants: tuple[str, ...] = ()
+    quality: tuple[Path, ...] = ()
+    offload: offload.Offload = field(default_factory=offload.Offload)
+
+
+@dataclass
+class PlanResult:
+    """The candidates ranked (``rank``) and what they were ranked against."""
+
+    ranked: list[Candidate]
+    limits: dict[str, int]  # what each device may hold
+    n_ctx: int
+    # the logs' speculation (``spec_predict.run_sessions``), or None where no log speculated
+    speculation: dict[str, Any] | None = None
+    unmeasured: list[str] = field(default_factory=list)  # ``unmeasured_quality``
+
+    def to_json(self) -> list[dict[str, Any]]:
+        docs = [c.to_json() for c in self.ranked]
+        spec = self.speculation
+        for c, d in zip(self.ranked, docs, strict=True):
+            # the speculation the logs measured, on the settings at their thread count
+            d["speculation"] = spec if spec and c.threads in spec["threads"] else None
+        return docs
+
+    def failure(self) -> UserError | None:
+        """Nothing fits: out of memory, exit status 3 (as instr fit; bad input is 2)."""
+        if any(c.fits for c in self.ranked):
+            return None
+        over = sorted({d for c in self.ranked for d in c.overflow})
+        return OutOfMemory(f"nothing fits: every setting overflows {', '.join(over)}")
+
+
+def plan(request: PlanRequest, say: Callable[[str], None] = lambda _: None) -> PlanResult:
+    """``instr plan``: every candidate's memory and predicted speed, the quality reports' KL
+    divergences, the Pareto front, ranked. ``say`` hears the quantizer's progress."""
+    from llama_cpp import _logger
+
+    from llamacpp_instr.native import bindings, models
+
+    models.check_gguf(request.model)
+    if not request.logs:
+        raise UserError("give at least one detailed log of a run of this model to rank by speed")
+    reports = [quality_report(path) for path in request.quality]
+    _logger.set_verbose(False)  # llama.cpp's lines per context made
+    bindings.load()
+    o = request.offload
+    devices.add_rpc_servers(o.rpc)
+    limits = {**fit.device_memory(), **fit.parse_memory(request.memory)}
+    logs = list(request.logs)
+    sessions = predict.load_logs(logs)
+    base = predict.default_target(sessions[0], request.model)
+    files = fit.quantized_files(request.model, request.quants, say)
+    gpu = bool(o.gpu_layers) or bool(o.devices) or bool(o.rpc)
+    cands = candidates(files, sessions, request.n_ctx, gpu)
+    measure_memory(cands, limits, o)
+    price(cands, predict.fit(sessions), sessions, base, [str(p) for p in logs])
+    kld: dict[tuple[str, str, str], float] = {}
+    for report in reports:
+        kld = {**quality(report), **kld}  # the first report given of a setting counts
+    for c in cands:
+        c.kld = kld.get((c.quant, c.type_k, c.type_v))
+    mark_front(cands)
+    base_of = reports[0].get("base") if reports else None
+    unmeasured = unmeasured_quality(
+        cands, str(base_of.get("path")) if isinstance(base_of, dict) else "BASE.gguf"
+    )
+    return PlanResult(rank(cands), limits, request.n_ctx, speculation(logs, sessions), unmeasured)
+
+
+def quality_report(path: Path) -> dict[str, Any]:
+    """A quant-eval JSON report read, or a one-line UserError."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: not a quant-eval JSON report ({exc})") from None
+    if not isinstance(report, dict) or "models" not in report:
+        raise UserError(f"{path}: not a quant-eval JSON report (no models)")
+    return report
+
+
+def speculation(logs: list[Path], sessions: list[SessionFrames]) -> dict[str, Any] | None:
+    """The logs' speculation (llama-server's, with a draft or n-grams): its prediction at every
+    draft length (``spec_predict``), or None where no log speculated."""
+    from llamacpp_instr.deciding.prediction import spec_predict
+
+    named = [(str(p), f) for p, f in zip(logs, sessions, strict=True) if f.info.verifies]
+    if not named:
+        return None
+    try:
+        longest = max(spec_predict.n_max_of(f) for _, f in named)
+        return spec_predict.run_sessions(named, longest)
+    except UserError:
+        return None

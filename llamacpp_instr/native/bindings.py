@@ -332,6 +332,14 @@ class InstrLib:
         fn.restype = ctypes.c_int64
         return int(fn())
 
+    def test_defer_steps(self, on: bool) -> None:
+        """Every step's records wait for the host's next synchronization of its context, as a
+        step with CUDA marks to read does (testing build only)."""
+        fn = self._testing_only("llama_instr_test_defer_steps")
+        fn.argtypes = [ctypes.c_int32]
+        fn.restype = None
+        fn(1 if on else 0)
+
     def test_last_op_ns(self, n_threads: int, slow_ns: int) -> int:
         """The CPU profiler's duration of a graph's last op whose threads other than thread 0
         work ``slow_ns`` longer (testing build only)."""

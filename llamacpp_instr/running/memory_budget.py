@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from llamacpp_instr.contract.errors import UserError
-from llamacpp_instr.converters.session.memory_timeline import failure_line, size
+from llamacpp_instr.contract.units import fmt_bytes
+from llamacpp_instr.converters.session.memory_timeline import failure_line
 from llamacpp_instr.running.always_on import parse_size
 
 ENV_VAR = "LLAMA_INSTR_MEMORY_BUDGET"
@@ -115,7 +116,7 @@ def suggestions(failure: dict[str, Any], setting: Setting) -> list[str]:
     if weights > 0 and setting.q4k_saving > 0:
         out.append((int(weights * setting.q4k_saving), "the weights quantized to Q4_K"))
     out.sort(key=lambda x: -x[0])
-    return [f"{what} (frees about {size(saved)})" for saved, what in out if saved > 0]
+    return [f"{what} (frees about {fmt_bytes(saved)})" for saved, what in out if saved > 0]
 
 
 def message(failure: dict[str, Any], setting: Setting | None = None) -> str:

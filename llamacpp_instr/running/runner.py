@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import os
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -343,3 +344,24 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
 def echo_stream(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
+
+
+def run_watched(
+    cfg: RunConfig, watch: Callable[[Path, float, threading.Event], object]
+) -> RunResult:
+    """``run``, while a second thread watches the log from its start: ``watch(log, wait, stop)``
+    (``instr run --live``: the live view of ``instr follow``), ``stop`` set when the run ends.
+    The log must be new: an earlier session in it would be watched too."""
+    cfg.validate()
+    if cfg.out is None:
+        cfg.out = default_log_name()
+    if cfg.out.exists() and cfg.out.stat().st_size > 0:
+        raise UserError(f"--live needs a new log file; {cfg.out} exists")
+    stop = threading.Event()
+    viewer = threading.Thread(target=watch, args=(cfg.out, 600.0, stop), daemon=True)
+    viewer.start()
+    try:
+        return run(cfg)
+    finally:
+        stop.set()
+        viewer.join(timeout=5)

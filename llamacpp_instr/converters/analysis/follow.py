@@ -1,97 +1,22 @@
-"""Following a session log while another process writes it (``instr follow``, ``instr run --live``).
+"""What the live view of a log being written shows (``instr follow``, ``instr run --live``).
 
-``tail_records`` yields records as lines are appended (waiting for the file to appear, holding a
-partial last line until it completes), each line read as every reader reads it
-(``reader.parse_line``). ``LiveState`` feeds them to the session fold one at a time
-and keeps only what the view shows, over a window of recent steps: memory does not grow with the
-run.
+``LiveState`` feeds the records ``reading.tail`` follows to the session fold one at a time and
+keeps only what the view shows, over a window of recent steps: memory does not grow with the run.
 """
 
 from __future__ import annotations
 
-import os
-import time
 from collections import deque
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-from llamacpp_instr.contract.errors import UserError
 
 from ..reading.decode.computes import op_time_by_label
 from ..reading.decode.fields import MALFORMED
 from ..reading.decode.sessions import SessionEnded, SessionInfo, SessionStarted, StepDone
 from ..reading.decode.steps import Step
-from ..reading.reader import BadLine, parse_line
 from ..session.fold import Fold
 
 WINDOW = 64  # steps the statistics cover
-
-
-def tail_records(
-    path: Path,
-    *,
-    poll: float = 0.05,
-    wait_for_file: float = 30.0,
-    stop: Callable[[], bool] | None = None,
-) -> Iterator[dict[str, Any]]:
-    """Records of ``path`` as they are written, from the start; returns after ``session_end``,
-    when ``stop()`` says so, or raises UserError if the file never appears. A log rotated or
-    reopened meanwhile (another file now at ``path``) is followed into the new file once the old
-    one is read to its end (its writer wrote it all before moving it)."""
-    t0 = time.monotonic()
-    while not path.exists():
-        if stop and stop():
-            return
-        if time.monotonic() - t0 > wait_for_file:
-            raise UserError(f"log file not found: {path} (waited {wait_for_file:.0f} s)")
-        time.sleep(poll)
-    if path.is_dir():
-        raise UserError(f"log path is a directory: {path}")
-    f = path.open("rb")
-    try:
-        pending = b""
-        moved = False
-        while True:
-            chunk = f.readline()
-            if not chunk:
-                if stop and stop():
-                    return
-                if moved:
-                    # the old file is read to its end: on into the new one
-                    f.close()
-                    f, pending, moved = path.open("rb"), b"", False
-                    continue
-                moved = file_moved(path, f)
-                if not moved:
-                    time.sleep(poll)
-                continue
-            pending += chunk
-            if not pending.endswith(b"\n"):
-                continue  # the writer is mid-line: wait for the rest
-            line, pending = pending, b""
-            if not line.strip():
-                continue
-            try:
-                rec, _ = parse_line(line)
-            except BadLine:
-                continue  # a damaged line: skipped, as the converters skip it
-            yield rec
-            if rec.get("type") == "session_end":
-                return
-    finally:
-        f.close()
-
-
-def file_moved(path: Path, f: Any) -> bool:
-    """Is another file at ``path`` than the one open (rotated, or reopened after logrotate)?"""
-    try:
-        now = os.stat(path)
-    except OSError:
-        return False  # moved away, the new one not created yet
-    opened = os.fstat(f.fileno())
-    return (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino)
 
 
 @dataclass

@@ -5,7 +5,7 @@
 * tables: Parquet, a dataset across sessions (``parquet``; ``instr export --dataset``);
 * operators' formats, from a log as it is written: Prometheus (``prometheus``; ``instr
   metrics``) and OpenTelemetry (``otlp``; ``instr to-otlp``), both from the figures
-  ``live_figures`` derives from the records ``log_input`` reads.
+  ``live_figures`` derives from the records ``reading.tail`` follows.
 
 The human reports (text, markdown, HTML, CSV, JSON) are ``reports`` and its ``renderers``.
 """

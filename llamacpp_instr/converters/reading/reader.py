@@ -167,7 +167,7 @@ def parse_line(line: bytes, complete: bool = True) -> tuple[dict[str, Any], bool
     """The record on one line of a log, and whether it was read only after replacing invalid UTF-8
     with U+FFFD; ``BadLine`` if the line holds none: invalid JSON (a ``complete=False`` last line:
     truncated), not an object with a ``type``, or a record type this schema does not know. Every
-    reader of logs reads its lines through here (``iter_records``, ``follow.tail_records``)."""
+    reader of logs reads its lines through here (``iter_records``, ``tail.tail``)."""
     replaced = False
     try:
         rec = orjson.loads(line)

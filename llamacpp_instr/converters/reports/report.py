@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from llamacpp_instr.contract.units import fmt_bytes
+
 # How a column's or a fact's value is shown in text, markdown and HTML (csv and json keep the raw
 # value). Each takes the value and returns a string.
 Formatter = Callable[[Any], str]
@@ -34,18 +36,6 @@ def fmt_pct(v: Any) -> str:
     return f"{v * 100:.1f}%"
 
 
-def fmt_bytes(v: Any) -> str:
-    """Bytes in decimal units, as gguf and llama.cpp print sizes: 1.50 MB."""
-    if v is None:
-        return "–"
-    x = float(v)
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(x) < 1000 or unit == "GB":
-            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.2f} {unit}"
-        x /= 1000
-    return f"{x:.2f} GB"
-
-
 def fmt_ratio(v: Any) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
@@ -61,6 +51,7 @@ FORMATTERS: dict[str, Formatter] = {
     "f4": _num(".4f"),
     "pct": fmt_pct,
     "bytes": fmt_bytes,
+    "mib": lambda v: fmt_bytes(v, "MiB"),  # a column of memory figures read against each other
     "ratio": fmt_ratio,
 }
 
@@ -186,8 +177,9 @@ class Report:
     facts: list[Fact] = field(default_factory=list)
     sections: list[Section] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    # the json renderer's output: the report's machine-readable content (raw values)
-    data: dict[str, Any] = field(default_factory=dict)
+    # the json renderer's output: the report's machine-readable content (raw values), an object
+    # or a list (one object per answer: instr fit's quantizations, instr plan's settings)
+    data: Any = field(default_factory=dict)
     # the table the csv renderer writes (csv holds one table)
     csv_table: str = ""
     # why this report has no table for csv: the csv format is then refused with this message

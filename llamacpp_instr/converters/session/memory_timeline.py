@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llamacpp_instr.contract.schema import MEMORY_PURPOSES
+from llamacpp_instr.contract.units import fmt_bytes
 
 from ..reading.decode.memory import StepMemory
 from ..reading.decode.sessions import SessionInfo
@@ -142,26 +143,17 @@ def rss_peak(memories: Iterable[StepMemory | None]) -> StepMemory | None:
     return best
 
 
-def size(n: float) -> str:
-    """Bytes in binary units, as memory budgets are given (512M is 512 MiB): 1.5 MiB."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return f"{n:,.1f} GiB"
-
-
 def failure_line(f: dict[str, Any]) -> str:
     """One line for a memory_alloc_failed: where, what it was for, what was free and held there."""
     device = f.get("device_name") or f"device {f.get('device')}"
     budget = f.get("budget")
-    where = f"{device} (budget {size(int(budget))})" if budget is not None else device
+    where = f"{device} (budget {fmt_bytes(int(budget))})" if budget is not None else device
     asked, free = int(f.get("bytes", 0)), int(f.get("free", 0))
     held = {k: int(v) for k, v in (f.get("held") or {}).items() if int(v) > 0}
-    line = f"out of memory on {where}: {f.get('purpose', 'other')} needed {size(asked)}, "
-    line += f"{size(free)} free"
+    line = f"out of memory on {where}: {f.get('purpose', 'other')} needed {fmt_bytes(asked)}, "
+    line += f"{fmt_bytes(free)} free"
     if held:
-        line += " (held: " + ", ".join(f"{k} {size(held[k])}" for k in sorted(held)) + ")"
+        line += " (held: " + ", ".join(f"{k} {fmt_bytes(held[k])}" for k in sorted(held)) + ")"
     if asked > free:
-        line += f", short by {size(asked - free)}"
+        line += f", short by {fmt_bytes(asked - free)}"
     return line

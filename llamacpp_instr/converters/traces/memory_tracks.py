@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from llamacpp_instr.contract.units import fmt_bytes
+
 from ..reading.decode.sessions import SessionInfo
-from ..session.memory_timeline import device_names, failure_line, size
+from ..session.memory_timeline import device_names, failure_line
 from .items import Item, Sample, Slice, Track, track_uuid
 
 # after the session's other counters (tokens/s 100, KV cells 101, session_start's memory 102-104)
@@ -95,7 +97,7 @@ class MemoryTracks:
                 args["cache"] = a.cache
             if a.step is not None:
                 args["step"] = a.step  # a compute buffer a step's graph grew
-            name = f"{what} {a.purpose} {size(a.bytes)} on {self._name(a.device)}"
+            name = f"{what} {a.purpose} {fmt_bytes(a.bytes)} on {self._name(a.device)}"
             yield Slice(self.events.uuid, name, ts, 0, 0, "memory", args)
         failures = self.info.memory_failures
         while self.failures_done < len(failures):

@@ -310,28 +310,3 @@ def run_sessions(
         "best_n_max": best.n_max,
         "threads": sorted({int(f.info.context.get("n_threads") or 0) for _, f in sessions}),
     }
-
-
-def render(doc: dict[str, Any]) -> str:
-    """The text of ``run``'s answer."""
-    a = doc["asked"]
-    acc = ", ".join(f"{x * 100:.0f} %" for x in doc["acceptance_by_position"])
-    plain = doc["by_n_max"][0]["gen_tokens_per_s"]
-    best = doc["by_n_max"][doc["best_n_max"]]
-    lines = [
-        f"prediction for speculation with {doc['draft']} at --spec-draft-n-max {a['n_max']}:",
-        f"  generation {a['gen_tokens_per_s']:9.1f} tokens/s   ({a['tokens_per_verify']:.2f} "
-        f"tokens a verify; a plain decode {plain:.1f} tokens/s)",
-        f"  acceptance by draft position (of the verifies that reached it): {acc}",
-        (
-            f"  fastest: --spec-draft-n-max {best['n_max']} ({best['gen_tokens_per_s']:.1f} tokens/s)"
-            if best["n_max"]
-            else f"  fastest: no speculation ({plain:.1f} tokens/s): the drafts cost more than they save"
-        ),
-        "  by n-max: "
-        + ", ".join(f"{p['n_max']}: {p['gen_tokens_per_s']:.1f}" for p in doc["by_n_max"]),
-        f"  from {len(doc['logs'])} log(s) at n-max {', '.join(map(str, doc['logs_n_max']))} "
-        f"({doc['verifies']:,} verifies). A prediction, not a measurement.",
-    ]
-    lines += [f"  extrapolated: {x}" for x in a["extrapolated"]]
-    return "\n".join(lines)

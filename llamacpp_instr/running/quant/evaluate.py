@@ -499,6 +499,47 @@ def evaluate(
     }
 
 
+def evaluate_quants(
+    base: Path,
+    quants: Sequence[Path],
+    text: Path | None = None,
+    ctx: int = 512,
+    chunks: int | None = None,
+    threads: int | None = None,
+    progress: Progress | None = None,
+    offload: Offload | None = None,
+    kv: KvCache = KvCache(),
+    all_positions: bool = False,
+    layers: bool = False,
+    say: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """``instr quant-eval``: ``evaluate`` (its arguments), and with ``layers`` where the error
+    enters, each layer's outputs against the base's on the same chunks (``layers.layer_errors``,
+    under the data's ``layers``); ``say`` hears that second pass begin."""
+    from llamacpp_instr.running.quant.layers import layer_errors
+
+    if layers and kv.quantized:
+        raise UserError(
+            "--layers measures the weights' error with an f16 KV cache: give it "
+            "without -ctk/-ctv"
+        )
+    if layers and prepare(offload or Offload()).offloading:
+        # the native capture copies outputs the CPU backend computed: offloaded layers'
+        # outputs never reach it
+        raise UserError(
+            "--layers captures layer outputs on the CPU: give it without --gpu-layers "
+            "(or with --device none)"
+        )
+    data = evaluate(base, quants, text, ctx, chunks, threads, progress, offload, kv, all_positions)
+    if layers:
+        say("quant-eval: per-layer error ...")
+        scored = scored_chunks(base, text, ctx, int(data["chunks"]))
+        data["layers"] = layer_errors(
+            base, list(quants), scored, ctx, int(data["threads"]), offload=offload
+        )
+    return data
+
+
 def scored_chunks(base: Path, text: Path | None, ctx: int, n: int) -> list[list[int]]:
     """The first ``n`` chunks ``evaluate`` scores: the text tokenized with the base's tokenizer
     (special tokens added, as llama-perplexity does), cut into ``ctx`` tokens, the first of each

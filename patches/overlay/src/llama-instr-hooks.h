@@ -54,7 +54,8 @@ void llama_instr_graph_built(llama_context * ctx, ggml_cgraph * gf);
 void llama_instr_ubatch_begin(llama_context * ctx, int32_t n_tokens);
 
 // graph_compute: the CPU backend times each op between these two, and the scheduler records its
-// splits and copies; end runs after the scheduler synchronized the backends
+// splits and copies; end synchronizes the backends when an op timer needs it to (a CUDA
+// device's marks are read later, after the host's own synchronization)
 void llama_instr_compute_begin(llama_context *      ctx,
                                ggml_backend_t       backend_cpu,
                                ggml_backend_sched_t sched,
@@ -64,6 +65,10 @@ void llama_instr_compute_end(llama_context *      ctx,
                              ggml_backend_sched_t sched,
                              ggml_cgraph *        gf,
                              int32_t              status);
+
+// llama_context::synchronize, after the scheduler synchronized the backends: a step whose records
+// waited for it is written
+void llama_instr_synchronized(llama_context * ctx);
 
 // ~llama_context, called whether or not a session is open: the context's instrumentation state is
 // freed with the context and never before, so no hook or running compute can outlive it.

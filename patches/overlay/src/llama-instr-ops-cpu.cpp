@@ -67,6 +67,9 @@ class cpu_op_timer final : public op_timer {
 
     void disarm() noexcept override { set_profiler(backend, nullptr); }
 
+    // the CPU backend has computed every op before the scheduler returns
+    bool needs_sync() const override { return false; }
+
     int64_t collect(ctx_state & st, compute_rec & c) override {
         const ggml_cpu_profiler & p = prof;
         c.n_threads                 = std::min(p.n_threads, p.thread_end ? p.max_threads : p.n_threads);

@@ -13,9 +13,10 @@ std::unique_ptr<op_timer> llama_instr::make_op_timer(ggml_backend_t backend) {
         const char * reg;  // ggml_backend_reg_name
         make_fn      make;
     } timers[] = {
-        { "CPU",    make_cpu_op_timer },
-        { "RPC",    make_rpc_op_timer },
-        { "Vulkan", make_vk_op_timer  },
+        { "CPU",    make_cpu_op_timer  },
+        { "RPC",    make_rpc_op_timer  },
+        { "Vulkan", make_vk_op_timer   },
+        { "CUDA",   make_cuda_op_timer },
     };
 
     const ggml_backend_dev_t dev = backend ? ggml_backend_get_device(backend) : nullptr;

@@ -10,6 +10,8 @@
 //                                          placed on the host clock from the client's send and receive
 //   llama-instr-ops-vulkan.cpp  "Vulkan"  ggml_backend_vk_set_profiler: timestamp queries in the
 //                                          command buffers, put on the host clock by a clock pair
+//   llama-instr-ops-cuda.cpp    "CUDA"    ggml_backend_cuda_set_profiler: %globaltimer marks captured
+//                                          into the CUDA graphs, put on the host clock by a clock pair
 //
 // A timer puts every interval on the host clock (now_ns()) before it appends it, so the records
 // do not care which backend timed an op. Timers are made once per backend of a context's scheduler
@@ -43,6 +45,15 @@ class op_timer {
     // backends, before collect, or instead of it when something failed.
     virtual void disarm() noexcept = 0;
 
+    // Whether collect needs the backend synchronized after the compute. A timer that needs no
+    // sync (the CPU's: its backend computes before it returns; CUDA's: it reads what it measured
+    // in finish) lets the compute end without one when no other timer needs it, and the step's
+    // records then wait for the host's own next synchronization (llama_instr_synchronized).
+    virtual bool needs_sync() const { return true; }
+
+    // Whether it reads what it measured only in finish, after a synchronization (CUDA's marks).
+    virtual bool reads_later() const { return false; }
+
     // After disarm: append what the backend measured in this compute to the step's records, on the
     // host clock: ops to st.p_ops (op_rec::device = device), their layer spans to st.p_layers
     // (append_layer_spans), and anything timer-specific; widen [c.t_start, c.t_end] to cover them.
@@ -50,11 +61,12 @@ class op_timer {
     // as lost. Only after an arm that returned true. May throw.
     virtual int64_t collect(ctx_state & st, compute_rec & c) = 0;
 
-    // At the end of the step, before its records are written, for each of its computes in order:
-    // append what the backend could only report later (an RPC server's times come with a reply
-    // the step reads after its computes), as collect does, to the compute's late ranges
-    // (compute_rec::late_op_begin.., set by the caller around the call). Returns the ops lost.
-    // May throw. The default has nothing late.
+    // At the end of the step, before its records are written, for each of its computes in order,
+    // once the backends were synchronized after them: append what the backend could only report
+    // later (an RPC server's times come with a reply the step reads after its computes; a CUDA
+    // device's marks are read once the host synchronized), as collect does, to the compute's late
+    // ranges (compute_rec::late_op_begin.., set by the caller around the call). Returns the ops
+    // lost. May throw. The default has nothing late.
     virtual int64_t finish(ctx_state & st, compute_rec & c) {
         (void) st;
         (void) c;
@@ -73,6 +85,7 @@ std::unique_ptr<op_timer> make_op_timer(ggml_backend_t backend);
 std::unique_ptr<op_timer> make_cpu_op_timer(ggml_backend_t backend, ggml_backend_reg_t reg, int32_t device);
 std::unique_ptr<op_timer> make_rpc_op_timer(ggml_backend_t backend, ggml_backend_reg_t reg, int32_t device);
 std::unique_ptr<op_timer> make_vk_op_timer(ggml_backend_t backend, ggml_backend_reg_t reg, int32_t device);
+std::unique_ptr<op_timer> make_cuda_op_timer(ggml_backend_t backend, ggml_backend_reg_t reg, int32_t device);
 
 // index of backend's device in ggml's registry (as session_start.machine.devices lists them), or -1
 int32_t device_index(ggml_backend_t backend);

@@ -63,7 +63,8 @@ struct busy_rec {
 // how a device's timestamps were put on the host clock for a compute
 struct clock_rec {
     int32_t device;
-    int32_t method;       // 1: the driver's calibration (VK_EXT_calibrated_timestamps), 2: a fenced timestamp
+    int32_t method;       // 1: the driver's calibration (VK_EXT_calibrated_timestamps), 2: a fenced timestamp,
+                          // 3: a CUDA kernel's %globaltimer answering the host through mapped memory
     int64_t uncertainty;  // ns, +-
 };
 
@@ -115,6 +116,8 @@ struct compute_rec {
     // what op timers could only report at the step's end (op_timer::finish), after every compute's
     size_t  late_op_begin, late_op_end;        // into ctx_state::p_ops
     size_t  late_layer_begin, late_layer_end;  // into ctx_state::p_layers
+    size_t  late_busy_begin, late_busy_end;    // into ctx_state::p_busy
+    size_t  late_clock_begin, late_clock_end;  // into ctx_state::p_clocks
 };
 
 struct ctx_state {
@@ -225,6 +228,14 @@ struct ctx_state {
     std::vector<copy_rec>    p_copies;
     std::vector<remote_rec>  p_remote;
     std::vector<compute_rec> p_computes;
+
+    // a step whose computes ended without a synchronization (op_timer::needs_sync): its records
+    // and its step_end (`pending_end`, formatted at llama_decode's return) are written once the
+    // host synchronizes the context (llama_instr_synchronized, or the next step's start)
+    bool                     device_pending = false;  // the current step's computes are not synchronized yet
+    bool                     step_pending   = false;  // a step waits for the synchronization to be written
+    std::string              pending_end;
+    std::vector<std::string> pending_lines;           // its records after the computes (RPC commands)
 
     // the current step
     bool    in_decode       = false;

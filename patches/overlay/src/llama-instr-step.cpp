@@ -150,7 +150,51 @@ void write_topk(ctx_state & st, llama_context * ctx, int64_t n_outputs, int64_t 
     emit(st.epoch, st.line);
 }
 
+// the step whose records waited for a synchronization (ctx_state::step_pending), written now
+// that the backends are synchronized: its computes (their devices' times read now), then its
+// step_end as formatted at llama_decode's return
+void write_pending_step(ctx_state & st) noexcept {
+    if (!st.step_pending) {
+        return;
+    }
+    st.step_pending     = false;
+    const int64_t t_now = now_ns();
+    try {
+        for (compute_rec & c : st.p_computes) {
+            c.t_synced = t_now;  // the synchronization after it
+        }
+        write_step_computes(st);
+        for (const std::string & l : st.pending_lines) {
+            emit(st.epoch, l);
+        }
+        emit(st.epoch, st.pending_end);
+    } catch (...) {
+        st.n_tables = 0;
+        st.p_ops.clear();
+        st.p_layers.clear();
+        st.p_busy.clear();
+        st.p_clocks.clear();
+        st.p_threads.clear();
+        st.p_stats.clear();
+        st.p_splits.clear();
+        st.p_copies.clear();
+        st.p_remote.clear();
+        st.p_computes.clear();
+        st.experts.clear_step();
+        hook_failed(st.epoch, "llama_instr_synchronized");
+    }
+    st.pending_lines.clear();
+    step_done(st);
+}
+
 }  // namespace
+
+void llama_instr_synchronized(llama_context * ctx) {
+    ctx_state * st = ctx_get(ctx);
+    if (st && st->step_pending) {
+        write_pending_step(*st);
+    }
+}
 
 int64_t llama_instr_decode_begin(llama_context * ctx, const llama_batch & batch) {
     ctx_state * stp = ctx_get(ctx);
@@ -158,6 +202,11 @@ int64_t llama_instr_decode_begin(llama_context * ctx, const llama_batch & batch)
         return 0;  // out of memory: this step is not recorded
     }
     ctx_state & st = *stp;
+    if (st.step_pending) {
+        // decoding again without reading the last step's outputs: its records wait no longer
+        synchronize_backends(ctx);
+        write_pending_step(st);
+    }
     try {
         int64_t p0 = 0, p1 = 0;
         if (batch.pos && batch.n_tokens > 0) {
@@ -230,17 +279,26 @@ void llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int3
             kv_used              = pmax >= 0 && pmin >= 0 ? (int64_t) pmax - pmin + 1 : 0;
         }
 
-        write_step_computes(st);
+        // a step whose devices' times are read once the host synchronizes is written then
+        // (write_pending_step); VERBOSE synchronized after each compute (its logits are read here)
+        const bool pending = st.device_pending;
+        st.device_pending  = false;
+        if (!pending) {
+            write_step_computes(st);
+        }
 
         // the RPC commands the step sent (its inputs, graphs and outputs)
         std::vector<std::string> rpc_lines;
         rpc_step_lines(ctx, st.sid, st.id, st.step, t_start, rpc_lines);
+        if (pending) {
+            st.pending_lines = std::move(rpc_lines);
+        }
         for (const std::string & l : rpc_lines) {
             emit(st.epoch, l);
         }
 
         // every record of a step precedes its step_end, so a reader can close the step there
-        if (st.level >= LLAMA_INSTR_LEVEL_VERBOSE && ret == 0 && n_outputs > 0) {
+        if (!pending && st.level >= LLAMA_INSTR_LEVEL_VERBOSE && ret == 0 && n_outputs > 0) {
             write_topk(st, ctx, n_outputs, n_vocab);
         }
 
@@ -276,9 +334,17 @@ void llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int3
             write_step_memory(j, ctx);
         }
         j.ch('}');
+        if (pending) {
+            st.pending_end  = st.line;
+            st.step_pending = true;
+            return;
+        }
         emit(st.epoch, st.line);
         step_done(st);
     } catch (...) {
+        st.device_pending = false;
+        st.step_pending   = false;
+        st.pending_lines.clear();
         step_done(st);
         st.n_tables = 0;
         st.p_ops.clear();

@@ -4,6 +4,7 @@
 #include "ggml-cpu-instr.h"
 #include "ggml-cpu.h"
 #include "llama-instr-memory.h"
+#include "llama-instr-timing.h"
 #include "llama-instr.h"
 
 #include <atomic>
@@ -215,4 +216,8 @@ void operator delete(void * p, std::size_t) noexcept {
 
 void operator delete[](void * p, std::size_t) noexcept {
     std::free(p);
+}
+
+void llama_instr_test_defer_steps(int32_t on) {
+    llama_instr::g_llama_instr_defer_steps.store(on != 0, std::memory_order_relaxed);
 }

@@ -31,6 +31,10 @@ LLAMA_API int64_t llama_instr_test_memory_caches(void);
 // LLAMA_INSTR_ERR_INTERNAL when no CPU backend with a profiler could be made.
 LLAMA_API int32_t llama_instr_test_last_op_ns(int32_t n_threads, int64_t slow_ns, int64_t * last_op_ns);
 
+// on != 0: every step's records wait for the host's next synchronization of its context (or the
+// next step), as a step with CUDA marks to read does; 0: as the op timers decide.
+LLAMA_API void llama_instr_test_defer_steps(int32_t on);
+
 #ifdef __cplusplus
 }
 #endif

@@ -12,6 +12,12 @@
 
 using namespace llama_instr;
 
+std::atomic<bool> llama_instr::g_llama_instr_defer_steps{ false };
+
+void llama_instr::synchronize_backends(llama_context * ctx) {
+    ggml_backend_sched_synchronize(ctx->get_sched());
+}
+
 namespace {
 
 // a compute's entries of p_ops (or p_layers): what its timers collected, then what they finished
@@ -98,38 +104,48 @@ void write_splits(json_out & j, const ctx_state & st, const compute_rec & c) {
 // [device, start_off, dur, split, n_ops] per stretch of work a device timed itself (a Vulkan
 // command buffer); only when some device did
 void write_busy(json_out & j, const ctx_state & st, const compute_rec & c) {
-    if (c.busy_begin == c.busy_end) {
+    if (c.busy_begin == c.busy_end && c.late_busy_begin == c.late_busy_end) {
         return;
     }
     j.key("busy");
     j.ch('[');
-    for (size_t k = c.busy_begin; k < c.busy_end; k++) {
-        const busy_rec & b = st.p_busy[k];
-        j.sep();
-        j.ch('[');
-        j.i64s({ b.device, b.t_start - c.t_start, b.t_end - b.t_start, b.split, b.n_ops });
-        j.ch(']');
+    for (const auto & [a, b] : {
+             std::pair{ c.busy_begin,      c.busy_end      },
+             std::pair{ c.late_busy_begin, c.late_busy_end }
+    }) {
+        for (size_t k = a; k < b; k++) {
+            const busy_rec & r = st.p_busy[k];
+            j.sep();
+            j.ch('[');
+            j.i64s({ r.device, r.t_start - c.t_start, r.t_end - r.t_start, r.split, r.n_ops });
+            j.ch(']');
+        }
     }
     j.ch(']');
 }
 
 // [device, method, uncertainty] per device whose own clock timed this compute
 void write_clocks(json_out & j, const ctx_state & st, const compute_rec & c) {
-    if (c.clock_begin == c.clock_end) {
+    if (c.clock_begin == c.clock_end && c.late_clock_begin == c.late_clock_end) {
         return;
     }
     j.key("clocks");
     j.ch('[');
-    for (size_t k = c.clock_begin; k < c.clock_end; k++) {
-        const clock_rec & r = st.p_clocks[k];
-        j.sep();
-        j.ch('[');
-        j.i64(r.device);
-        j.ch(',');
-        j.str(r.method == 1 ? "calibrated" : "fence");
-        j.ch(',');
-        j.i64(r.uncertainty);
-        j.ch(']');
+    for (const auto & [a, b] : {
+             std::pair{ c.clock_begin,      c.clock_end      },
+             std::pair{ c.late_clock_begin, c.late_clock_end }
+    }) {
+        for (size_t k = a; k < b; k++) {
+            const clock_rec & r = st.p_clocks[k];
+            j.sep();
+            j.ch('[');
+            j.i64(r.device);
+            j.ch(',');
+            j.str(r.method == 1 ? "calibrated" : r.method == 3 ? "globaltimer" : "fence");
+            j.ch(',');
+            j.i64(r.uncertainty);
+            j.ch(']');
+        }
     }
     j.ch(']');
 }
@@ -254,6 +270,8 @@ void finish_timers(ctx_state & st) {
     for (compute_rec & c : st.p_computes) {
         c.late_op_begin    = st.p_ops.size();
         c.late_layer_begin = st.p_layers.size();
+        c.late_busy_begin  = st.p_busy.size();
+        c.late_clock_begin = st.p_clocks.size();
         c.remote_begin     = st.p_remote.size();
         int64_t n_lost     = 0;
         for (auto & slot : st.timers) {
@@ -263,6 +281,8 @@ void finish_timers(ctx_state & st) {
         }
         c.late_op_end    = st.p_ops.size();
         c.late_layer_end = st.p_layers.size();
+        c.late_busy_end  = st.p_busy.size();
+        c.late_clock_end = st.p_clocks.size();
         c.remote_end     = st.p_remote.size();
         if (n_lost > 0) {
             count_compute(st, n_lost, 0);
@@ -537,12 +557,25 @@ void llama_instr_compute_end(llama_context *      ctx,
                              ggml_backend_sched_t sched,
                              ggml_cgraph *        gf,
                              int32_t              status) {
-    const int64_t t_synced = now_ns();
-    ctx_state *   stp      = ctx_get(ctx);
+    ctx_state * stp = ctx_get(ctx);
     if (!stp || !stp->sched_profiling) {
         return;
     }
-    ctx_state & st = *stp;
+    ctx_state & st   = *stp;
+    // the backends are synchronized when a timer needs them to be (and at VERBOSE, whose value
+    // statistics read outputs); else the step's records wait for the host's own synchronization
+    bool        sync = st.level >= LLAMA_INSTR_LEVEL_VERBOSE;
+    for (const auto & slot : st.timers) {
+        sync = sync || (slot.armed && slot.timer->needs_sync());
+    }
+    if (sync) {
+        ggml_backend_sched_synchronize(sched);
+    }
+    for (const auto & slot : st.timers) {
+        st.device_pending = st.device_pending || (!sync && slot.armed && slot.timer->reads_later());
+    }
+    st.device_pending      = st.device_pending || g_llama_instr_defer_steps.load(std::memory_order_relaxed);
+    const int64_t t_synced = now_ns();
     ggml_backend_sched_set_profiler(sched, nullptr);
     st.sched_profiling = false;
     // the backends are synchronized: take every profiler off before reading any

@@ -7,10 +7,19 @@
 
 #include "llama-instr-session.h"
 
+#include <atomic>
+
 namespace llama_instr {
 
 // the graph tables captured in the step, then its compute (and tensor_stats) records; emitted
 // in that order and cleared
 void write_step_computes(ctx_state & st);
+
+// wait for ctx's backends (its scheduler's synchronization, without llama.cpp's own accounting)
+void synchronize_backends(llama_context * ctx);
+
+// tests only (llama_instr_test_defer_steps): every step's records wait for the host's next
+// synchronization, as a step with CUDA marks to read does
+extern std::atomic<bool> g_llama_instr_defer_steps;
 
 }  // namespace llama_instr

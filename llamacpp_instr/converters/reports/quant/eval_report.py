@@ -96,7 +96,8 @@ def _columns() -> list[Column]:
 
 
 def build(data: dict[str, Any]) -> Report:
-    """The Report of a quant-eval data dict (``llamacpp_instr.running.quant.evaluate.evaluate``)."""
+    """The Report of a quant-eval data dict (``llamacpp_instr.running.quant.evaluate``'s
+    ``evaluate_quants``), with the per-layer error where it holds one."""
     base = data["base"]
     facts = [
         Fact("text", _name(data["text"])),
@@ -144,6 +145,10 @@ def build(data: dict[str, Any]) -> Report:
     )
     section = Section(title="Against the base", charts=[chart], tables=[table], text=text)
     sections = [section] + _by_position(data)
+    if "layers" in data:  # where the error enters (quant-eval --layers)
+        from .layers_report import layers_sections
+
+        sections += layers_sections(data["layers"], Path(base["path"]).name)
     return Report(
         title="Quantization quality: perplexity and KL divergence",
         subtitle=f"{len(data['models'])} model(s) against {_name(base['path'])}",

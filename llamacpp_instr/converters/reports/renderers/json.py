@@ -33,9 +33,11 @@ class Json(Renderer):
     def render(self, report: Report) -> str:
         if report.json_as_given:
             return json.dumps(report.data, indent=2, default=str)
-        data = report.data or {
-            "title": report.title,
-            "facts": {f.label: f.value for f in report.facts},
-            **{t.name: t.rows for t in report.tables()},
-        }
+        data = report.data
+        if not data and not isinstance(data, list):  # (an empty list is an answer: none)
+            data = {
+                "title": report.title,
+                "facts": {f.label: f.value for f in report.facts},
+                **{t.name: t.rows for t in report.tables()},
+            }
         return json.dumps(_clean(data), indent=2, default=str) + "\n"

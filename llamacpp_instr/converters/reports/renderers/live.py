@@ -1,11 +1,17 @@
-"""The live view of ``instr follow`` / ``instr run --live``, drawn with rich (imported here only)."""
+"""The live view of ``instr follow`` / ``instr run --live``, drawn with rich (imported here only),
+or one plain line per step where stdout is not a terminal."""
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
+from llamacpp_instr.contract.units import fmt_bytes
+
 from ...analysis.follow import LiveState
-from ..report import fmt_bytes
 
 
 def view(state: LiveState) -> Any:
@@ -52,3 +58,30 @@ def view(state: LiveState) -> Any:
     for label, ns in state.top_ops():
         ops.add_row(label, f"{ns / 1e6:.2f}")
     return Group(Panel(head, title="instr follow"), layers, ops)
+
+
+def follow(log: Path, wait: float, stop: threading.Event | None = None) -> str:
+    """Follow ``log`` (``reading.tail``) and show it: the live view on a terminal, one line per
+    step otherwise, until the session ends or ``stop`` is set. Returns the session's status."""
+    from ...reading.tail import tail
+
+    state = LiveState()
+    records = tail(log, wait=wait, stop=stop.is_set if stop else None, to_session_end=True)
+    if not sys.stdout.isatty():
+        for rec in records:
+            step = state.add(rec)
+            if step is not None:
+                sys.stdout.write(state.line(step) + "\n")
+                sys.stdout.flush()
+        return state.status
+    from rich.live import Live
+
+    last = 0.0
+    with Live(view(state), refresh_per_second=4, transient=False) as live:
+        for rec in records:
+            state.add(rec)
+            now = time.monotonic()
+            if now - last > 0.25 or rec.get("type") == "session_end":
+                live.update(view(state))
+                last = now
+    return state.status

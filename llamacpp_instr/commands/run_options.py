@@ -1,0 +1,131 @@
+"""The options of what ``instr run`` generates: the prompt (-p, --prompt-file, --chat, --system),
+how much and how (-n, --seed, --temp, --ignore-eos), and the graphs that compute it (--batch,
+--ubatch, --flash-attn)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from llamacpp_instr.contract.errors import UserError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _options(options: list[Callable[[Any], Any]], f: Any) -> Any:
+    """``f`` with ``options``, in the help in their order."""
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def prompt_options(f: F) -> F:
+    """-p/--prompt, --prompt-file, --chat and --system: the prompt read (``read_prompt``) and
+    given to the command as ``prompt``, its text."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        kwargs["prompt"] = read_prompt(kwargs.pop("prompt"), kwargs.pop("prompt_file"))
+        return f(*args, **kwargs)
+
+    options = [
+        click.option("-p", "--prompt", default=None, help="Prompt text; - reads it from stdin."),
+        click.option(
+            "--prompt-file",
+            type=click.Path(path_type=Path, dir_okay=False),
+            default=None,
+            help="Read the prompt from this file (UTF-8).",
+        ),
+        click.option(
+            "--chat",
+            is_flag=True,
+            help="Format the prompt with the model's own chat template (its GGUF's "
+            "tokenizer.chat_template) as a user message.",
+        ),
+        click.option("--system", default=None, help="A system message, with --chat."),
+    ]
+    return _options(options, wrapper)  # type: ignore[no-any-return]
+
+
+def generation_options(f: F) -> F:
+    """-n/--n-predict, --seed, --temp and --ignore-eos."""
+    options = [
+        click.option(
+            "-n",
+            "--n-predict",
+            type=click.IntRange(min=0),
+            default=32,
+            show_default=True,
+            help="Tokens to generate.",
+        ),
+        click.option("--seed", default=0, show_default=True, help="Sampling seed."),
+        click.option(
+            "--temp",
+            type=click.FloatRange(min=0.0),
+            default=0.0,
+            show_default=True,
+            help="Sampling temperature (0 = greedy).",
+        ),
+        click.option(
+            "--ignore-eos",
+            is_flag=True,
+            help="Keep generating past end-of-sequence (fixed-length runs).",
+        ),
+    ]
+    return _options(options, f)  # type: ignore[no-any-return]
+
+
+def graph_options(f: F) -> F:
+    """--batch, --ubatch and --flash-attn: the graphs llama.cpp computes."""
+    options = [
+        click.option(
+            "--batch",
+            "n_batch",
+            type=click.IntRange(min=1),
+            default=512,
+            show_default=True,
+            help="Tokens per llama_decode call.",
+        ),
+        click.option(
+            "--ubatch",
+            "n_ubatch",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Tokens per graph compute (default: --batch).",
+        ),
+        click.option(
+            "--flash-attn/--no-flash-attn",
+            default=False,
+            show_default=True,
+            help="Fused flash attention instead of separate KQ / soft_max / KQV ops.",
+        ),
+    ]
+    return _options(options, f)  # type: ignore[no-any-return]
+
+
+def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    """The prompt from exactly one of -p TEXT, -p - (stdin) and --prompt-file."""
+
+    if (prompt is None) == (prompt_file is None):
+        raise UserError("give the prompt with exactly one of -p/--prompt and --prompt-file")
+    if prompt_file is not None:
+        try:
+            text = prompt_file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise UserError(f"prompt file not found: {prompt_file}") from None
+        except UnicodeDecodeError:
+            raise UserError(f"prompt file is not UTF-8 text: {prompt_file}") from None
+        except OSError as exc:
+            raise UserError(f"cannot read prompt file {prompt_file}: {exc.strerror}") from None
+    elif prompt == "-":
+        text = sys.stdin.read()  # (click 8.5 deprecates get_text_stream)
+    else:
+        text = prompt or ""
+    if not text.strip():
+        raise UserError("the prompt is empty")
+    return text

@@ -1,0 +1,31 @@
+"""Progress drawn on a terminal while a long command works: one line, redrawn in place."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
+
+WIDTH = 24  # the bar's characters
+
+
+def chunks_bar(out: TextIO | None = None) -> Callable[[int, int, int, int, Path], None]:
+    """``instr quant-eval``'s bar: chunks done of the total, and the model being evaluated (a
+    ``running.quant.evaluate.Progress``), on ``out`` (stderr)."""
+
+    def show(chunk: int, n_chunks: int, model: int, n_models: int, path: Path) -> None:
+        stream = out if out is not None else sys.stderr
+        if chunk >= n_chunks:
+            stream.write(f"\r\x1b[Kquant-eval: {n_chunks}/{n_chunks} chunks done\n")
+            stream.flush()
+            return
+        done = (chunk * n_models + model) / max(1, n_chunks * n_models)
+        bar = f"{'#' * int(done * WIDTH):<{WIDTH}}"
+        role = "base" if model == 0 else f"quant {model}/{n_models - 1}"
+        stream.write(
+            f"\r\x1b[Kquant-eval [{bar}] chunk {chunk + 1}/{n_chunks} · {role} {path.name}"
+        )
+        stream.flush()
+
+    return show

@@ -1,0 +1,143 @@
+#include "llama-instr-gpu-marks.h"
+
+#include <algorithm>
+
+using namespace llama_instr;
+
+namespace {
+
+// the streams a mark may name: the thread's own (-1), then the backend's (0 ..)
+constexpr int32_t MAX_STREAMS = 8;
+
+struct open_mark {
+    int32_t k     = -1;  // the mark, or -1: none open
+    int32_t idx   = -1;  // OP: its node index and layer
+    int32_t layer = -1;
+    bool    valid = false;
+    int64_t t     = 0;
+};
+
+}  // namespace
+
+int64_t llama_instr::walk_gpu_marks(const ggml_cuda_profile_mark * marks,
+                                    int32_t                        n,
+                                    int64_t                        offset,
+                                    int32_t                        device,
+                                    bool                           detailed,
+                                    gpu_node_lookup &              nodes,
+                                    gpu_walk_out &                 out) {
+    open_mark op[MAX_STREAMS + 1], copy[MAX_STREAMS + 1];
+    int64_t   n_lost = 0;
+
+    // the graph compute being walked: its first op's time, its ops, its split
+    int32_t g_cur = -1, g_split = -1, g_ops = 0;
+    bool    g_valid = false;
+    int64_t g_start = 0;
+
+    // MINIMAL: the layer span being built
+    layer_rec span = {};
+    span.layer     = -1;
+    auto end_span  = [&]() {
+        if (span.layer >= 0 && span.n_ops > 0) {
+            out.layers.push_back(span);
+        }
+        span       = {};
+        span.layer = -1;
+    };
+
+    for (int32_t k = 0; k < n; k++) {
+        const ggml_cuda_profile_mark & m    = marks[k];
+        const int32_t                  slot = m.stream + 1;
+        if (slot < 0 || slot > MAX_STREAMS) {
+            n_lost += m.kind == GGML_CUDA_PROFILE_OP ? 1 : 0;
+            continue;
+        }
+        const bool    valid = m.valid != 0;
+        const int64_t t     = valid ? (int64_t) m.t + offset : 0;
+        if (valid) {
+            out.t_min = std::min(out.t_min, t);
+            out.t_max = std::max(out.t_max, t);
+        }
+
+        // this mark ends the op open on its stream
+        open_mark & o = op[slot];
+        if (o.k >= 0) {
+            const ggml_cuda_profile_mark & om = marks[o.k];
+            if (!o.valid || !valid || t < o.t) {
+                n_lost++;
+            } else if (detailed) {
+                op_rec r       = {};
+                r.idx          = o.idx;
+                r.layer        = o.layer;
+                r.n_fused      = om.n_fused;
+                r.device       = device;
+                r.t_start      = o.t;
+                r.t_end        = t;
+                r.thread_begin = -1;
+                out.ops.push_back(r);
+            } else {
+                const int32_t layer = o.layer;
+                if (layer != span.layer) {
+                    end_span();
+                    span.layer   = layer;
+                    span.device  = device;
+                    span.t_start = o.t;
+                }
+                span.t_end = t;
+                span.n_ops += std::max(om.n_ops, 1);
+            }
+            o = {};
+        }
+
+        switch (m.kind) {
+            case GGML_CUDA_PROFILE_OP:
+                {
+                    const gpu_node nd = nodes.find(k, m.node);
+                    if (nd.idx < 0) {
+                        n_lost++;  // not a node of the graph indexed: its time can't be attributed
+                        break;
+                    }
+                    o = { k, nd.idx, nd.layer, valid, t };
+                    if (m.graph != g_cur) {
+                        g_cur   = m.graph;
+                        g_split = nd.split;
+                        g_ops   = 0;
+                        g_valid = valid;
+                        g_start = t;
+                    }
+                    g_ops += std::max(m.n_ops, 1);
+                    break;
+                }
+            case GGML_CUDA_PROFILE_GRAPH_END:
+                if (m.graph == g_cur && g_valid && valid && t >= g_start) {
+                    out.busy.push_back({ device, g_split, g_ops, g_start, t });
+                }
+                g_cur = -1;
+                if (!detailed) {
+                    end_span();  // a layer's span ends with its graph compute
+                }
+                break;
+            case GGML_CUDA_PROFILE_COPY_BEGIN:
+                copy[slot] = { k, -1, -1, valid, t };
+                break;
+            case GGML_CUDA_PROFILE_COPY_END:
+                {
+                    const open_mark & c = copy[slot];
+                    if (c.k >= 0 && c.valid && valid && t >= c.t && marks[c.k].node == m.node) {
+                        out.copies.push_back({ m.node, m.bytes, m.flags, c.t, t });
+                    }
+                    copy[slot] = {};
+                    break;
+                }
+            default:  // JOIN: only ends its stream's op
+                break;
+        }
+    }
+    for (const open_mark & o : op) {
+        n_lost += o.k >= 0 ? 1 : 0;  // no later mark on its stream
+    }
+    if (!detailed) {
+        end_span();
+    }
+    return n_lost;
+}

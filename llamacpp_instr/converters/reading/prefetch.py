@@ -229,12 +229,13 @@ def _read_to(out: _Sender, path: Path | str, strict: bool) -> None:
                     rec[DECODED] = transfers(rec)
                 except MALFORMED:
                     pass  # decoded there, where it is reported in its place
-            elif big:
+            sent: dict[str, Any] | _Json = rec
+            if big and DECODED not in rec and rec["type"] != "compute":
                 try:
-                    rec = _Json(orjson.dumps(rec))  # (what the reader parsed: JSON's own types)
+                    sent = _Json(orjson.dumps(rec))  # (what the reader parsed: JSON's own types)
                 except orjson.JSONEncodeError:
                     pass  # (none known) sent as it is
-            batch.append((n, rec, ""))
+            batch.append((n, sent, ""))
             if len(batch) >= size or rep.bytes - at >= BATCH_BYTES:
                 out.send(("batch", batch))
                 batch = []

@@ -7,7 +7,7 @@ Builds a large log shaped like a real DETAILED SmolLM2 log by repeating the gene
 real one (tests/fixtures are too small; a real run of the bundled model is made first when no
 --source is given), with steps renumbered and timestamps shifted so the result is a valid,
 monotonic session. Then, each in a fresh process: a bare orjson parse of every line, `instr
-to-perfetto` (Perfetto, Chrome JSON), `load_session`, `instr summary`, `instr workloads` and
+to-perfetto` (Perfetto, Chrome JSON), `load_session`, `instr summary`, `instr export --workloads` and
 `instr export`, at two sizes to show whether memory stays flat as the log grows.
 
 Then device logs against a CPU log, two sets, each log's generation steps replicated the same
@@ -57,10 +57,10 @@ TASKS: dict[str, tuple[str, list[str] | None]] = {
     "json": ("`instr to-perfetto --format json`", ["-o", "{out}.json", "--format", "json"]),
     "frames": ("`load_session` (the tables; after its imports)", None),
     "summary": ("`instr summary`", []),
-    "workloads": ("`instr workloads`", ["-o", "{out}.jsonl"]),
+    "workloads": ("`instr export --workloads`", ["--workloads", "-o", "{out}.jsonl"]),
     "export": ("`instr export` (Parquet)", ["-o", "{out}-tables"]),
 }
-COMMANDS = {"pftrace": "to-perfetto", "json": "to-perfetto"}
+COMMANDS = {"pftrace": "to-perfetto", "json": "to-perfetto", "workloads": "export"}
 # the device-vs-CPU comparison: each fixture's generation steps replicated alike
 FIXTURES = ROOT / "tests" / "fixtures"
 DEVICE_LOGS = {

@@ -35,7 +35,7 @@ Q4_K_M = 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
 
 
 def cmd_model(a: argparse.Namespace) -> dict[str, Any]:
-    from tiny_gguf import write_tiny_model
+    from helpers.tiny_gguf import write_tiny_model
 
     write_tiny_model(a.out, dtype="f16", n_ctx_train=8192, **LLAMA_1B)
     return {"model": str(a.out)}
@@ -54,8 +54,8 @@ def cmd_quantize(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_moe_model(a: argparse.Namespace) -> dict[str, Any]:
-    from moe_gguf import write_moe_model
-    from tiny_gguf import write_tiny_model
+    from helpers.moe_gguf import write_moe_model
+    from helpers.tiny_gguf import write_tiny_model
 
     dense = Path(a.out).with_suffix(".dense.gguf")
     shapes = dict(n_layer=8, n_embd=512, n_head=8, n_head_kv=4, n_ff=1408, n_vocab=32000)

@@ -1,6 +1,6 @@
 """Expert placements predicted against real runs, leave one out (issue 52 §6), on lavapipe.
 
-The small MoE test model (tests/moe_gguf.py: SmolLM2's first 4 layers, 8 distinct experts, top-2)
+The small MoE test model (tests/helpers/moe_gguf.py: SmolLM2's first 4 layers, 8 distinct experts, top-2)
 with every layer on Vulkan0 and the experts of none, half and all of the layers on the CPU
 (``--n-cpu-moe 0, 2, 4``), each a real detailed run; each is predicted from the other two's logs
 only (``predict``, as ``instr plan --experts`` prices a placement: the graphs built by llama.cpp with
@@ -41,7 +41,7 @@ PROMPT = "The capital of France is a city of many bridges, and its river"
 
 
 def model_path(where: Path) -> Path:
-    from moe_gguf import write_moe_model
+    from helpers.moe_gguf import write_moe_model
 
     from llamacpp_instr.native import models
 

@@ -1,6 +1,6 @@
 """What recording a mixture of experts' routing costs (issue 52 §2): generation tokens/s at
 DETAILED (routing recorded) over MINIMAL, on the distinct-experts MoE made from the bundled
-SmolLM2 (tests/moe_gguf.py: 30 layers, 8 experts, top-2), in one process and one session,
+SmolLM2 (tests/helpers/moe_gguf.py: 30 layers, 8 experts, top-2), in one process and one session,
 alternating the level round by round in a shuffled order (set_level), so that drift in the
 machine's speed cancels; each round's DETAILED rate is taken over MINIMAL's in the same round.
 
@@ -30,7 +30,7 @@ LEVELS = ("minimal", "detailed")
 
 def model_path(cache: Path) -> Path:
     """The distinct-experts MoE, written once into ``cache``."""
-    from moe_gguf import write_moe_model
+    from helpers.moe_gguf import write_moe_model
 
     from llamacpp_instr.native import models
 

@@ -17,7 +17,7 @@ thread count only (1 thread from the 2-thread logs and 2 from the 1-thread ones:
 median absolute error at most 20 % each way, prompt and generation.
 
 ``--vulkan``: -ngl 0, 15 and 30 on lavapipe. ``--rpc``: two RPC servers, each on a host of its own
-(a network namespace, tests/netsim.py: veth, tc tbf, a delay proxy; needs root), every layer
+(a network namespace, tests/helpers/netsim.py: veth, tc tbf, a delay proxy; needs root), every layer
 offloaded to them, the client and each server on 1 thread, at two link rates (``RPC_RATES``) and a
 delay of ``RPC_DELAY_MS`` each way; each rate's cell is predicted from the other rate's log, given
 the held-out link as ``--rpc-rate`` and ``--rpc-rtt`` would give it (the tbf rate, twice the delay).
@@ -118,8 +118,8 @@ print("{{}}")
 
 def run_rpc_cell(cell: Cell, model: Path, gen: int, out: Path) -> None:
     """A cell over RPC: two servers on hosts of their own behind links of the cell's rate."""
-    import netsim
-    from rpc_backend import lib_dir
+    from helpers import netsim
+    from helpers.rpc_backend import lib_dir
 
     assert cell.rate is not None
     why = netsim.namespaces_available()

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import netsim  # noqa: E402
+from helpers import netsim  # noqa: E402
 from tools_overhead import interval  # noqa: E402
 
 from llamacpp_instr.native import models, tools  # noqa: E402

@@ -36,7 +36,7 @@ after 1,000 requests, and on to `--rss-requests` (1,600: the always-on log rotat
 the always-on log checked as the rounds' are.
 
 With `--draft-layers K` every configuration speculates (issue 54): a draft made of the model's
-first K layers (`tests/draft_gguf.py`), `-md` with `--spec-type draft-simple`, so that the
+first K layers (`tests/helpers/draft_gguf.py`), `-md` with `--spec-type draft-simple`, so that the
 instrument's cost includes the speculation records (a `spec` record per verify step, the
 requests' `spec` objects); its section of docs/performance.md is `serve_load_draft`.
 
@@ -67,7 +67,7 @@ sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "tests"))
 
-from prometheus_server import Prometheus  # noqa: E402
+from helpers.prometheus_server import Prometheus  # noqa: E402
 
 from llamacpp_instr.native import models, tools  # noqa: E402
 
@@ -595,7 +595,7 @@ def main() -> None:
     exe = tools.build_tools(echo, programs=("llama-server",)) / "llama-server"
     args.draft = None
     if args.draft_layers:
-        from draft_gguf import cached_draft
+        from helpers.draft_gguf import cached_draft
 
         args.draft = cached_draft(model, tempfile.gettempdir(), args.draft_layers)
     REQS[:] = request_list(args.requests, args.ctx // args.parallel)

@@ -6,7 +6,7 @@
 Three kinds of drafting, each at three draft lengths (nine runs of the patched llama-server of
 `instr build --tools` a round, under `instr exec --level minimal`, in a shuffled order each
 round): a draft made of
-the model's first 6 layers and one of its first 15 (`tests/draft_gguf.py`, `-md` with
+the model's first 6 layers and one of its first 15 (`tests/helpers/draft_gguf.py`, `-md` with
 `--spec-type draft-simple`), at `--spec-draft-n-max` 2, 4 and 8; and n-gram drafting
 (`--spec-type ngram-simple`, lookups of 2 tokens) at `--spec-ngram-simple-size-m` 2, 4 and 8.
 Each run answers the same requests (greedy, `ignore_eos`), one at a time: two of prose, two of
@@ -59,7 +59,7 @@ def echo(msg: str) -> None:
 
 def kinds(model: Path, folder: Path) -> dict[str, tuple[str, list[str]]]:
     """Each kind of drafting: its name, and the server's options at length ``{n}``."""
-    from draft_gguf import cached_draft
+    from helpers.draft_gguf import cached_draft
 
     out: dict[str, tuple[str, list[str]]] = {}
     for layers in (6, 15):

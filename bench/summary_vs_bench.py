@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import netsim  # noqa: E402
+from helpers import netsim  # noqa: E402
 
 from llamacpp_instr.converters import load_session  # noqa: E402
 from llamacpp_instr.converters.reports.summary import overview  # noqa: E402

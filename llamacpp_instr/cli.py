@@ -12,10 +12,44 @@ from llamacpp_instr import commands
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.contract.version import __version__
 
+# the help's groups, by job, and the commands of each in the order the help lists them
+GROUPS: dict[str, tuple[str, ...]] = {
+    "Run a model": ("run", "serve", "exec"),
+    "Read a log": (
+        "summary",
+        "requests",
+        "experts",
+        "compare",
+        "to-perfetto",
+        "export",
+        "follow",
+    ),
+    "Decide the next run": ("fit", "plan", "predict", "peaks"),
+    "Quantize": ("quantize", "quant-eval", "quant-sweep", "quant-report"),
+    "Set up": ("doctor", "build"),
+}
+
+# old command names, answered for one release (hidden from the help) -> the form that replaces them
+OLD_NAMES: dict[str, str] = {
+    "metrics": "instr follow --prometheus",
+    "to-otlp": "instr export --otlp",
+    "workloads": "instr export --workloads",
+    "tools": "instr doctor --tools",
+    "demo": "instr doctor --demo",
+}
+
+
+def old_name_note(name: str) -> str:
+    """The note an old command name prints on stderr before it runs."""
+    return f"warning: instr {name} is now {OLD_NAMES[name]}; the old name goes in the next release"
+
 
 class _Group(click.Group):
     """Bad input of any kind ends in one line, ``error: ...``, and exit status 2 (never a traceback):
-    our own ``UserError`` as well as click's usage errors (unknown option, bad value...)."""
+    our own ``UserError`` as well as click's usage errors (unknown option, bad value...).
+
+    The help lists the commands in ``GROUPS``; an old name (``OLD_NAMES``) still runs its command,
+    after a note on stderr."""
 
     def main(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
         kwargs["standalone_mode"] = False
@@ -40,27 +74,32 @@ class _Group(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(all_commands())
+        return [name for names in GROUPS.values() for name in names]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         return command_named(cmd_name)
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if name in OLD_NAMES:
+            click.echo(old_name_note(name), err=True)
+        return name, cmd, rest
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """The commands and their one-line help, condensed here (``short_help``) rather than by
-        click, whose condensing changed in 8.5: the help and docs/cli.md read the same with any
-        click the package allows."""
-        rows = []
-        for name in self.list_commands(ctx):
-            cmd = self.get_command(ctx, name)
-            if cmd is not None and not cmd.hidden:
-                rows.append((name, cmd))
-        if not rows:
-            return
-        limit = formatter.width - 6 - max(len(name) for name, _ in rows)
-        with formatter.section("Commands"):
-            formatter.write_dl(
-                [(n, c.short_help or short_help(c.help or "", limit)) for n, c in rows]
-            )
+        """The commands by group, each with its one-line help, condensed here (``short_help``)
+        rather than by click, whose condensing changed in 8.5: the help and docs/cli.md read the
+        same with any click the package allows."""
+        listed = all_commands()
+        limit = formatter.width - 6 - max(len(name) for name in self.list_commands(ctx))
+        for title, names in GROUPS.items():
+            rows = [(n, listed[n]) for n in names if n in listed and not listed[n].hidden]
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(
+                        [(n, c.short_help or short_help(c.help or "", limit)) for n, c in rows]
+                    )
 
 
 def short_help(text: str, limit: int) -> str:
@@ -115,7 +154,8 @@ def command_named(name: str) -> click.Command | None:
 
 
 def all_commands() -> dict[str, click.Command]:
-    """Every sub-command by name (each module imported: the help, the docs, the tests)."""
+    """Every sub-command by name, the old names' (hidden) included (each module imported: the help,
+    the docs, the tests)."""
     found = (command_named(module.replace("_", "-")) for module in sorted(_MODULES))
     return {command.name: command for command in found if command is not None and command.name}
 

@@ -1,5 +1,6 @@
 """Shared fixtures: the real patched build, real models, and real session logs made once per run.
-Helpers shared by test modules live in support.py.
+Helpers shared by test modules live in the ``helpers`` package (pytest puts tests/ on the path,
+as it does for every conftest outside a package).
 
 Tests that need the native build use the ``instr_api`` fixture (directly or through the log
 fixtures). They fail, not skip, when the patched llama-cpp-python is missing: CI installs it.
@@ -17,31 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.support import RunLog, make_run
 
 TESTS_DIR = Path(__file__).resolve().parent
-if str(TESTS_DIR) not in sys.path:
-    sys.path.insert(0, str(TESTS_DIR))
 
-from support import RunLog, make_run  # noqa: E402 (after the sys.path line above)
-
-# The fast tier, for the edit loop (`python -m pytest -m fast`): the tests that neither run the
-# patched build nor start a browser, against committed fixtures and logs written by hand. A test is
-# in it unless its fixtures reach one of NATIVE_FIXTURES, its module is in NATIVE_MODULES (tests
-# that start `instr run`, servers or llama.cpp's programs as processes) or it is marked vulkan or
-# native (a test that asks for its run's fixture by name at run time, or runs the build itself).
+# The fast tier, for the edit loop (`python -m pytest -m fast`): the tests marked fast where they
+# live (a module's `pytestmark = pytest.mark.fast`, or a test's own `@pytest.mark.fast` in a module
+# that also runs the build). They neither run the patched build nor start a browser: they read
+# committed fixtures and logs written by hand. Everything else (marked native, vulkan, or
+# unmarked) runs in the whole suite only. A fast test that asks for one of NATIVE_FIXTURES is
+# refused at collection, and under `-m fast` the build cannot be loaded at all.
 NATIVE_FIXTURES = frozenset(
     {"instr_api", "smollm2_path", "tiny_dir", "moe_dir", "tools_bin", "browser"}
-)
-NATIVE_MODULES = frozenset(
-    {
-        "test_build",
-        "test_fuzz",
-        "test_last_op",
-        "test_native_robustness",
-        "test_native_units",
-        "test_rpc_network",
-        "test_run",
-    }
 )
 
 
@@ -80,15 +68,16 @@ def _put_late_modules_last(items: list[pytest.Item]) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _put_late_modules_last(items)
-    for item in items:
-        native = not NATIVE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
-        module = getattr(item, "module", None)
-        if module is not None and module.__name__ in NATIVE_MODULES:
-            native = True
-        if item.get_closest_marker("vulkan") or item.get_closest_marker("native"):
-            native = True
-        if not native:
-            item.add_marker(pytest.mark.fast)
+    wrong = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("fast")
+        and not NATIVE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+    ]
+    if wrong:
+        raise pytest.UsageError(
+            "marked fast but runs the build (a fixture of NATIVE_FIXTURES): " + ", ".join(wrong)
+        )
 
 
 @pytest.fixture(scope="session")
@@ -112,14 +101,14 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_llama_f32(tiny_dir: Path) -> Path:
-    from tiny_gguf import write_tiny_model
+    from helpers.tiny_gguf import write_tiny_model
 
     return write_tiny_model(tiny_dir / "tiny-llama-f32.gguf", arch="llama", dtype="f32", seed=1)
 
 
 @pytest.fixture(scope="session")
 def tiny_llama_f16(tiny_dir: Path) -> Path:
-    from tiny_gguf import write_tiny_model
+    from helpers.tiny_gguf import write_tiny_model
 
     return write_tiny_model(tiny_dir / "tiny-llama-f16.gguf", arch="llama", dtype="f16", seed=2)
 
@@ -147,7 +136,7 @@ def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def moe_small(moe_dir: Path, smollm2_path: Path) -> Path:
     """SmolLM2's first 4 layers as a MoE of 8 distinct experts, top-2, routed unevenly."""
-    from moe_gguf import write_moe_model
+    from helpers.moe_gguf import write_moe_model
 
     return write_moe_model(smollm2_path, moe_dir / "moe-small.gguf", n_layer=4, distinct=True)
 
@@ -155,7 +144,7 @@ def moe_small(moe_dir: Path, smollm2_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def moe_identical(moe_dir: Path, smollm2_path: Path) -> Path:
     """SmolLM2 whole, each layer's FFN as 8 identical experts: computes the dense model."""
-    from moe_gguf import write_moe_model
+    from helpers.moe_gguf import write_moe_model
 
     return write_moe_model(smollm2_path, moe_dir / "moe-identical.gguf")
 
@@ -163,7 +152,7 @@ def moe_identical(moe_dir: Path, smollm2_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def moe_distinct(moe_dir: Path, smollm2_path: Path) -> Path:
     """SmolLM2 whole, expert e of layer l the FFN of layer (l + e) mod 30, routed unevenly."""
-    from moe_gguf import write_moe_model
+    from helpers.moe_gguf import write_moe_model
 
     return write_moe_model(smollm2_path, moe_dir / "moe-distinct.gguf", distinct=True)
 
@@ -171,14 +160,14 @@ def moe_distinct(moe_dir: Path, smollm2_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_draft6(moe_dir: Path, smollm2_path: Path) -> Path:
     """SmolLM2's first 6 of its 30 layers: a draft for speculative decoding (its vocabulary)."""
-    from draft_gguf import write_draft_model
+    from helpers.draft_gguf import write_draft_model
 
     return write_draft_model(smollm2_path, moe_dir / "smollm2-draft6.gguf", 6)
 
 
 @pytest.fixture(scope="session")
 def tiny_second_arch(tiny_dir: Path) -> Path:
-    from tiny_gguf import SECOND_ARCH, write_tiny_model
+    from helpers.tiny_gguf import SECOND_ARCH, write_tiny_model
 
     return write_tiny_model(
         tiny_dir / f"tiny-{SECOND_ARCH}.gguf", arch=SECOND_ARCH, dtype="f32", seed=3

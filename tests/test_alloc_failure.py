@@ -13,6 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.native
+
 CHILD = r"""
 import ctypes, json, sys, time
 import llama_cpp

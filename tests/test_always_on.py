@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import PROMPT, free_port, read_log, series, wait_ready, whole_lines
+from helpers.support import PROMPT, free_port, read_log, series, wait_ready, whole_lines
 
 from llamacpp_instr.cli import main
 
@@ -395,7 +395,7 @@ def test_a_full_disk_suspends_writing_until_a_rotation(
 import sys
 sys.path.insert(0, {str(ROOT / "tests")!r})
 from pathlib import Path
-from support import fill
+from helpers.support import fill
 from test_always_on import decode_requests, load_llama
 import llamacpp_instr
 llm = load_llama(Path({str(tiny_llama_f32)!r}))
@@ -546,6 +546,7 @@ def test_a_log_removed_under_the_session_loses_no_kept_file(
 # --- options ------------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("args", "message"),
     [

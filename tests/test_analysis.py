@@ -10,7 +10,15 @@ from typing import Any
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from support import FIXTURES, ODD_OPS, REAL_FIXTURES, edit_ops, plain_copy, read_log, rewrite_log
+from helpers.support import (
+    FIXTURES,
+    ODD_OPS,
+    REAL_FIXTURES,
+    edit_ops,
+    plain_copy,
+    read_log,
+    rewrite_log,
+)
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters import load_session
@@ -22,6 +30,7 @@ def log(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     return plain_copy(request.param, tmp_path)
 
 
+@pytest.mark.fast
 def test_frames_match_the_raw_log(log: Path) -> None:
     recs = read_log(log)
     f = load_session(log)
@@ -43,6 +52,7 @@ def test_frames_match_the_raw_log(log: Path) -> None:
     assert f.topk["token"].tolist() == topk
 
 
+@pytest.mark.fast
 def test_summary_totals(log: Path) -> None:
     recs = read_log(log)
     f = load_session(log)
@@ -63,6 +73,7 @@ def test_summary_totals(log: Path) -> None:
         )
 
 
+@pytest.mark.fast
 def test_workload_counts_add_up(log: Path) -> None:
     f = load_session(log)
     rows = workloads(f)
@@ -74,6 +85,7 @@ def test_workload_counts_add_up(log: Path) -> None:
             assert out[0] == r["axes"]["M"] and out[1] == r["axes"]["N"]
 
 
+@pytest.mark.fast
 def test_cli_summary_formats(tmp_path: Path) -> None:
     log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
     r = CliRunner().invoke(main, ["summary", str(log), "--format", "json", "--by", "layer"])
@@ -85,6 +97,7 @@ def test_cli_summary_formats(tmp_path: Path) -> None:
         assert r.exit_code == 0 and "MUL_MAT" in r.output
 
 
+@pytest.mark.fast
 def test_export_parquet_round_trips(tmp_path: Path) -> None:
     log = plain_copy(FIXTURES / "tiny-llama-verbose.log.gz", tmp_path)
     out = tmp_path / "tables"
@@ -98,10 +111,11 @@ def test_export_parquet_round_trips(tmp_path: Path) -> None:
     assert r.exit_code == 0 and len(pd.read_csv(out / "ops.csv")) == len(f.ops)
 
 
+@pytest.mark.fast
 def test_workloads_cli(tmp_path: Path) -> None:
     log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
     out = tmp_path / "w.jsonl"
-    r = CliRunner().invoke(main, ["workloads", str(log), "-o", str(out)])
+    r = CliRunner().invoke(main, ["export", str(log), "--workloads", "-o", str(out)])
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert sum(x["count"] for x in rows) == len(load_session(log).ops)
@@ -114,14 +128,16 @@ def test_real_smollm2_summary(smollm2_detailed: Any) -> None:
     assert overview(f)["op_time_coverage"] > 0.5
 
 
-@pytest.mark.parametrize("cmd", ["summary", "workloads"])
-def test_bad_input_one_line(cmd: str, tmp_path: Path) -> None:
+@pytest.mark.fast
+@pytest.mark.parametrize("cmd", [["summary"], ["export", "--workloads"]])
+def test_bad_input_one_line(cmd: list[str], tmp_path: Path) -> None:
     bad = tmp_path / "bad.log"
     bad.write_bytes(b"\x00\x01garbage\n")
-    r = CliRunner().invoke(main, [cmd, str(bad)])
+    r = CliRunner().invoke(main, [*cmd, str(bad)])
     assert r.exit_code == 2 and r.output.startswith("error: ") and r.output.count("\n") == 1
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("case", list(ODD_OPS))
 @pytest.mark.parametrize("cmd", ["summary", "export"])
 def test_odd_values_report_or_one_line(cmd: str, case: str, tmp_path: Path) -> None:
@@ -139,6 +155,7 @@ def test_odd_values_report_or_one_line(cmd: str, case: str, tmp_path: Path) -> N
         assert r.output.startswith("error: ") and r.output.count("\n") == 1, r.output
 
 
+@pytest.mark.fast
 def test_minimal_log_says_op_times_are_not_recorded(tmp_path: Path) -> None:
     """MINIMAL records no per-op times: the summary says so instead of a 0.0 % coverage."""
     log = plain_copy(FIXTURES / "tiny-llama-minimal.log.gz", tmp_path)
@@ -158,6 +175,7 @@ def test_minimal_log_says_op_times_are_not_recorded(tmp_path: Path) -> None:
     assert "- op-time coverage: not recorded at level minimal" in r.output
 
 
+@pytest.mark.fast
 def test_level_decides_whether_op_times_are_recorded(tmp_path: Path) -> None:
     """The level comes from session_start: the same records relabelled `detailed` (whose computes
     happen to hold no ops) report a real 0 % coverage, and a detailed log its measured share."""

@@ -121,6 +121,7 @@ def test_an_exception_ends_the_session_with_its_status(
     assert instr_api.get_level() == 0
 
 
+@pytest.mark.fast
 def test_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="level must be one of"):
         with llamacpp_instr.session(None, tmp_path / "x.log", level="loud"):
@@ -131,6 +132,7 @@ def test_bad_arguments(tmp_path: Path) -> None:
     assert not (tmp_path / "x.log").exists()
 
 
+@pytest.mark.fast
 def test_load_session_and_to_perfetto_are_importable() -> None:
     from llamacpp_instr import load_session
 

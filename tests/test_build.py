@@ -15,6 +15,8 @@ from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import build, pin
 from llamacpp_instr.native.paths import PATCHES_DIR
 
+pytestmark = pytest.mark.native
+
 
 def test_check_passes_on_the_repo_patches() -> None:
     r = CliRunner().invoke(main, ["build", "--check"])
@@ -204,7 +206,7 @@ def test_vulkan_tools_not_built_name_the_command_that_builds_them() -> None:
 
     if (tools.bin_dir(tools.tools_plan(build.VULKAN_CMAKE_ARGS)) / "llama-bench").is_file():
         pytest.skip("the Vulkan tools are built here: exec would run one")
-    listed = CliRunner().invoke(main, ["tools", "--vulkan"])
+    listed = CliRunner().invoke(main, ["doctor", "--tools", "--vulkan"])
     assert listed.exit_code == 0 and "run `instr build --tools --vulkan`" in listed.output
     r = CliRunner().invoke(main, ["exec", "--vulkan", "llama-bench", "-ngl", "99"])
     assert r.exit_code != 0 and "run `instr build --tools --vulkan`" in r.output

@@ -10,6 +10,8 @@ import pytest
 
 from llamacpp_instr.converters.traces.sinks import BundleSink
 
+pytestmark = pytest.mark.fast
+
 
 def _bundle(data: bytes) -> bytes:
     # a bundle made visible: its length, then its bytes (the bundles' boundaries show)

@@ -11,6 +11,8 @@ import pytest
 import llamacpp_instr
 from llamacpp_instr.native import bindings
 
+pytestmark = pytest.mark.native
+
 
 def _llama(model: Path) -> Any:
     import llama_cpp

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from gguf import GGUFReader
-from support import read_log
+from helpers.support import read_log
 
 from llamacpp_instr.cli import main
 
@@ -71,6 +71,7 @@ def test_prompt_from_stdin_and_from_a_file(
     assert read_log(logs["file"])[0]["metadata"]["prompt"] == text
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "args, needle",
     [

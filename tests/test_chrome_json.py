@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers.support import FIXTURES, REAL_FIXTURES, read_log, synthetic_log, write_log
 from reference.chrome_json import reference_write_chrome_json
 from reference.layout import layout
-from support import FIXTURES, REAL_FIXTURES, read_log, synthetic_log, write_log
 
 from llamacpp_instr.converters.formats.chrome_json import write_chrome_json
 from llamacpp_instr.converters.session.fold import iter_events, iter_events_packed
@@ -64,6 +64,7 @@ def assert_same(log: Path, sels: list[Selection] = SELECTIONS) -> None:
             assert data == ref, (name, sel)  # and even the same bytes
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("fixture", REAL_FIXTURES, ids=lambda p: p.name)
 def test_same_output_as_reference_on_fixtures(fixture: Path) -> None:
     assert_same(fixture)
@@ -73,6 +74,7 @@ def test_same_output_as_reference_on_a_real_log(smollm2_detailed: Any) -> None:
     assert_same(smollm2_detailed.path, [Selection(), Selection(layer=7)])
 
 
+@pytest.mark.fast
 def test_same_output_as_reference_on_a_bigger_log(tmp_path: Path) -> None:
     """Several sessions, ops outside the graph, fused nodes, and more than a write chunk."""
     log = synthetic_log(tmp_path, 120)
@@ -81,6 +83,7 @@ def test_same_output_as_reference_on_a_bigger_log(tmp_path: Path) -> None:
     assert all(data == res["reference"] for data in res.values())
 
 
+@pytest.mark.fast
 def test_timestamps_beyond_float_precision(tmp_path: Path) -> None:
     """Monotonic times past 2**53 ns (a machine up for 105 days): ts / 1000 as Python divides."""
     shift = (1 << 53) + 12_345
@@ -93,6 +96,7 @@ def test_timestamps_beyond_float_precision(tmp_path: Path) -> None:
     assert_same(log, [Selection()])
 
 
+@pytest.mark.fast
 def test_rates_rounded_as_python_rounds() -> None:
     rng = random.Random(7)
     values = [rng.uniform(0, 10) for _ in range(20_000)]
@@ -108,6 +112,7 @@ def test_rates_rounded_as_python_rounds() -> None:
     assert checked > 40_000
 
 
+@pytest.mark.fast
 def test_write_error_reaches_the_caller(tmp_path: Path) -> None:
     class Full(io.BytesIO):
         def write(self, b: Any) -> int:
@@ -121,6 +126,7 @@ def test_write_error_reaches_the_caller(tmp_path: Path) -> None:
         write_chrome_json(items, Full())
 
 
+@pytest.mark.fast
 def test_cli_json_matches_reference(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
@@ -133,6 +139,7 @@ def test_cli_json_matches_reference(tmp_path: Path) -> None:
     assert out.read_bytes() == outputs(log, Selection())["reference"]
 
 
+@pytest.mark.fast
 def test_numbers_beyond_64_bits(tmp_path: Path) -> None:
     """A damaged graph table whose shapes make FLOPs beyond 64 bits: those events are written by
     the standard library (as before), and parse to the same events."""

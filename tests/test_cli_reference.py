@@ -1,7 +1,11 @@
 """The CLI reference (docs/cli.md) is the click help, verbatim."""
 
+import pytest
+
 from llamacpp_instr import cli_reference
 from llamacpp_instr.cli import all_commands
+
+pytestmark = pytest.mark.fast
 
 
 def test_cli_reference_is_current() -> None:

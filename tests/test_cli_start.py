@@ -14,9 +14,12 @@ import subprocess
 import sys
 
 import click
+import pytest
 
 from llamacpp_instr import commands as command_modules
 from llamacpp_instr.cli import all_commands, command_named
+
+pytestmark = pytest.mark.fast
 
 # what importing the CLI and ``body`` loaded from outside the standard library (after what the
 # interpreter's start loaded: site's .pth files)

@@ -14,6 +14,10 @@ import re
 import string
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[1] / "llamacpp_instr"
 COMMANDS = ROOT / "commands"
 RENDERERS = ROOT / "converters" / "reports" / "renderers"

@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rpc_backend import run_offloaded
-from support import by_type, read_log
+import pytest
+from helpers.rpc_backend import run_offloaded
+from helpers.support import by_type, read_log
 
 import llamacpp_instr
+
+pytestmark = pytest.mark.native
 
 
 def _graphs(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from support import FIXTURES, REAL_FIXTURES, instr, read_log, write_log
+from helpers.support import FIXTURES, REAL_FIXTURES, instr, read_log, write_log
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.analysis.contention import verdict
@@ -26,6 +26,7 @@ def _summary(log: Path) -> dict[str, Any]:
     return json.loads(r.output)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("log", REAL_FIXTURES, ids=lambda p: p.name)
 def test_no_committed_fixture_is_flagged(log: Path) -> None:
     assert not verdict(load_session(log).steps).flagged
@@ -46,6 +47,7 @@ def _steps(durs: list[float], pos0: list[int] | None = None) -> pd.DataFrame:
     )
 
 
+@pytest.mark.fast
 def test_the_rule_on_steps_tables() -> None:
     """Quiet steps whose time triples as the KV cache grows, and one slow step (the first: cold
     caches), are not flagged; a third of the steps 30 times slower, or most of them (the median
@@ -104,6 +106,7 @@ def _built_log(tmp_path: Path, slow_every: int | None) -> tuple[Path, int]:
     return write_log(tmp_path / ("busy.log" if slow_every else "quiet.log"), out), n_slow
 
 
+@pytest.mark.fast
 def test_a_log_with_slow_steps_is_flagged_in_summary(tmp_path: Path) -> None:
     quiet, _ = _built_log(tmp_path, None)
     busy, n_slow = _built_log(tmp_path, 3)
@@ -159,7 +162,7 @@ def test_a_run_against_processes_burning_its_cores_is_flagged(
     import subprocess
     import sys
 
-    from support import make_run
+    from helpers.support import make_run
 
     burst = (
         "import time\n"

@@ -12,6 +12,8 @@ from click.testing import CliRunner
 from llamacpp_instr.cli import main
 from llamacpp_instr.native import backends, build, cuda_check, cuda_toolkit
 
+pytestmark = pytest.mark.fast
+
 
 def test_the_check_compiles_the_cuda_sources_the_patches_touch() -> None:
     touched = cuda_check.touched_cuda_sources(build.read_series())

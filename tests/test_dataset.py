@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import FIXTURES
+from helpers.support import FIXTURES
 
 from llamacpp_instr.cli import main
+
+pytestmark = pytest.mark.fast
 
 LOGS = [FIXTURES / "tiny-llama-detailed.log.gz", FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz"]
 

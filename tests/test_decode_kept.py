@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from support import FIXTURES, read_log
+from helpers.support import FIXTURES, read_log
 
 from llamacpp_instr.converters.reading.decode import placement as devices
 from llamacpp_instr.converters.reading.decode import transfers
+
+pytestmark = pytest.mark.fast
 
 LOGS = [
     FIXTURES / "tiny-llama-rpc2-detailed.log.gz",

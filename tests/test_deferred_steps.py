@@ -13,7 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import read_log
+import pytest
+from helpers.support import read_log
+
+pytestmark = pytest.mark.native
 
 SCRIPT = r"""
 import ctypes, json, sys

@@ -23,6 +23,8 @@ from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
 from llamacpp_instr.converters.session import derive
 from llamacpp_instr.converters.session.machine_peaks import DevicePeaks
 
+pytestmark = pytest.mark.fast
+
 
 def _node(i: int, op: str, shape: list[int], dtype: str, nbytes: int, src: list[Any], **kw: Any):
     return Node(

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from support import FIXTURES
+import pytest
+from helpers.support import FIXTURES
 
 from llamacpp_instr.converters.reading.decode.computes import Compute
 from llamacpp_instr.converters.reading.decode.sessions import StepDone
 from llamacpp_instr.converters.session.fold import iter_events_packed
 from llamacpp_instr.converters.traces.device_plan import Plan
 from llamacpp_instr.converters.traces.device_tracks import op_bounds
+
+pytestmark = pytest.mark.fast
 
 LOGS = [
     FIXTURES / "tiny-llama-vulkan-partial-detailed.log.gz",

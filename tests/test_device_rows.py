@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import FIXTURES
+from helpers.support import FIXTURES
 
 from llamacpp_instr.converters.reading.decode.placement import Placement
 from llamacpp_instr.converters.reading.decode.sessions import SessionStarted, StepDone
@@ -33,6 +33,8 @@ from llamacpp_instr.converters.traces.items import (
 from llamacpp_instr.converters.traces.layout import layout_bulk
 from llamacpp_instr.converters.traces.network import NetworkTracks
 from llamacpp_instr.converters.traces.op_args import mb_per_s
+
+pytestmark = pytest.mark.fast
 
 LOGS = [
     FIXTURES / "tiny-llama-vulkan-full-detailed.log.gz",

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import FIXTURES, Page, read_log, trace_slices, write_log
+from helpers.support import FIXTURES, Page, read_log, trace_slices, write_log
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters import load_session
@@ -136,6 +136,7 @@ def converted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     return Raw(log), slices, tracks, stats
 
 
+@pytest.mark.fast
 def test_ops_and_layers_on_their_devices_tracks(converted: Any) -> None:
     raw, slices, _, _ = converted
     want_ops: Counter[str] = Counter()
@@ -174,6 +175,7 @@ def test_ops_and_layers_on_their_devices_tracks(converted: Any) -> None:
         )
 
 
+@pytest.mark.fast
 def test_splits_copies_and_device_timing(converted: Any) -> None:
     raw, slices, _, _ = converted
     by_cat = defaultdict(list)
@@ -216,6 +218,7 @@ def test_splits_copies_and_device_timing(converted: Any) -> None:
                 assert s["args"]["device_start_ns"] == min(firsts) - launch
 
 
+@pytest.mark.fast
 def test_flows_from_each_split_to_its_device(converted: Any) -> None:
     raw, slices, _, _ = converted
     outs = [f for s in slices if s["cats"] == ("split",) for f in s["flows_out"]]
@@ -231,6 +234,7 @@ def test_flows_from_each_split_to_its_device(converted: Any) -> None:
     assert sorted(outs) == sorted(ins)
 
 
+@pytest.mark.fast
 def test_network_tracks_carry_every_command(converted: Any) -> None:
     raw, slices, tracks, _ = converted
     rows = [(t["t_start"], r) for t in raw.of("transfers") for r in t["rows"]]
@@ -255,6 +259,7 @@ def test_network_tracks_carry_every_command(converted: Any) -> None:
     assert {s["args"]["phase"] for s in net} >= {"load", "step"}
 
 
+@pytest.mark.fast
 def test_chrome_json_shows_the_same(converted: Any, tmp_path: Path) -> None:
     raw, slices, _, _ = converted
     log = next(p for p in DEVICE_LOGS if read_log(p)[0]["sid"] == raw.recs[0]["sid"])
@@ -280,6 +285,7 @@ def frames(request: pytest.FixtureRequest) -> tuple[Raw, SessionFrames]:
     return Raw(request.param), load_session(request.param)
 
 
+@pytest.mark.fast
 def test_device_columns(frames: tuple[Raw, SessionFrames]) -> None:
     raw, f = frames
     want_ops = [raw.name[raw.op_device(c, op[0])] for c in raw.computes for op in c.get("ops", [])]
@@ -291,6 +297,7 @@ def test_device_columns(frames: tuple[Raw, SessionFrames]) -> None:
     assert "devices" in f.tables() and "device_steps" in f.tables()
 
 
+@pytest.mark.fast
 def test_device_tables(frames: tuple[Raw, SessionFrames]) -> None:
     raw, f = frames
     cs = raw.computes
@@ -316,6 +323,7 @@ def test_device_tables(frames: tuple[Raw, SessionFrames]) -> None:
             assert int(ds.loc[raw.name[d], "compute_ns"]) == sum(b - a for a, b in ivs)
 
 
+@pytest.mark.fast
 def test_cpu_only_logs_have_no_device_tables(tmp_path: Path) -> None:
     """A CPU-only log as today's build writes it (one CPU split, no copies, its machine's one
     device) reads as before: no device columns or tables, the same trace as without them."""
@@ -351,6 +359,7 @@ def _summary(log: Path, fmt: str = "json") -> Any:
     return json.loads(r.output) if fmt == "json" else r.output
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("log", DEVICE_LOGS, ids=ids)
 def test_summary_per_device_per_decode_token(log: Path) -> None:
     raw = Raw(log)
@@ -390,6 +399,7 @@ def test_summary_per_device_per_decode_token(log: Path) -> None:
             assert row["bandwidth"] == pytest.approx(nbytes * 1e9 / ns)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("log", DEVICE_LOGS, ids=ids)
 def test_where_a_decode_token_goes(log: Path) -> None:
     """The token's window: devices computing, then data moving while none computes, then the
@@ -435,6 +445,7 @@ def test_where_a_decode_token_goes(log: Path) -> None:
     assert "bottleneck:" in text and lines[0] in text and "Per decode token, per device" in text
 
 
+@pytest.mark.fast
 def test_load_phase_of_an_rpc_run() -> None:
     raw = Raw(RPC2)
     data = _summary(RPC2)
@@ -453,6 +464,7 @@ def test_load_phase_of_an_rpc_run() -> None:
         assert row["data_bytes"] == sum(r[3] for _, _, r in mine)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("fmt", ["text", "markdown", "csv", "html"])
 def test_every_format_renders(fmt: str, tmp_path: Path) -> None:
     for log in DEVICE_LOGS:
@@ -463,6 +475,7 @@ def test_every_format_renders(fmt: str, tmp_path: Path) -> None:
             assert "Per decode token" in out.read_text()
 
 
+@pytest.mark.fast
 def test_compare_partial_and_full_offload() -> None:
     r = CliRunner().invoke(
         main, ["compare", str(VULKAN_PARTIAL), str(VULKAN_FULL), "--format", "json"]
@@ -552,6 +565,7 @@ def _break(recs: list[dict[str, Any]], field: str, fn: Any) -> int:
     raise AssertionError(field)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("case", list(DAMAGED))
 def test_a_damaged_device_field_skips_its_record(case: str, tmp_path: Path) -> None:
     src, (field, fn) = DAMAGED[case]
@@ -594,6 +608,7 @@ def _stock_servers(recs: list[dict[str, Any]]) -> None:
             r["layers"] = [x for x in r["layers"] if len(x) == 4]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "src,change", [(VULKAN_PARTIAL, _minimal), (RPC2, _minimal), (RPC2, _stock_servers)]
 )

@@ -11,7 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import read_log
+import pytest
+from helpers.support import read_log
+
+pytestmark = pytest.mark.native
 
 
 def test_sigterm_ends_the_environments_session_as_interrupted(

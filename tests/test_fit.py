@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import PROMPT, instr, read_log
+from helpers.support import PROMPT, instr, read_log
+
+pytestmark = pytest.mark.native
 
 MIB = 1 << 20
 
@@ -97,7 +99,7 @@ def test_smollm2_the_setting_fit_names_runs_and_one_step_beyond_fails(
 def test_tiny_model_the_setting_fit_names_runs_and_one_step_beyond_fails(
     instr_api: Any, tmp_path: Path
 ) -> None:
-    from tiny_gguf import write_tiny_model
+    from helpers.tiny_gguf import write_tiny_model
 
     model = write_tiny_model(tmp_path / "tiny.gguf", n_ctx_train=8192, dtype="f32", seed=5)
     whole = fit_json(str(model))  # no budget: the whole context fits
@@ -149,8 +151,8 @@ VULKAN_LAYERS_BUDGET = 13 * MIB
 
 def test_rpc_fit_names_the_most_layers_and_one_more_fails(instr_api: Any, tmp_path: Path) -> None:
     """With a device to offload to (an RPC server on loopback: a GPU to llama.cpp)."""
-    from rpc_backend import rpc_server
-    from tiny_gguf import write_tiny_model
+    from helpers.rpc_backend import rpc_server
+    from helpers.tiny_gguf import write_tiny_model
 
     model = write_tiny_model(tmp_path / "tiny.gguf", n_ctx_train=8192, dtype="f32", seed=5)
     with rpc_server() as endpoint:
@@ -205,7 +207,11 @@ def test_llama_fit_params_beside(instr_api: Any, smollm2_path: Path, tools_bin: 
     # tools_bin builds llama-fit-params from the pin when the cache lacks it (a cold CI run used
     # to skip this test, the first to need the tools)
     assert (tools_bin / "llama-fit-params").exists()
-    answer = fit_json(str(smollm2_path), "--memory", f"CPU={260 * MIB}", "--compare-llama")
+    # weights as in the file (-nr, passed on to llama-fit-params): its host row leaves out the
+    # CPU's extra buffer types (AMX, CPU_REPACK) and the file's mapping, which a run holds
+    answer = fit_json(
+        str(smollm2_path), "--memory", f"CPU={260 * MIB}", "--compare-llama", "--no-repack"
+    )
     theirs = answer["llama_fit_params"]["CPU"]
     for purpose in ("weights", "kv_cache", "compute"):
         # llama-fit-params prints MiB, rounded down
@@ -217,7 +223,10 @@ def test_quant_answers_for_the_file_quantized(instr_api: Any, tiny_llama_f32: Pa
     its tensors' bytes (read here with gguf-py)."""
     from gguf import GGUFReader
 
-    r = instr("fit", str(tiny_llama_f32), "--quant", "f32", "--quant", "q8_0", "--format", "json")
+    # weights as in the file (-nr): a CPU that repacks Q8_0 (AMX) holds a copy beside the mapping
+    r = instr(
+        "fit", str(tiny_llama_f32), "--quant", "f32", "--quant", "q8_0", "--format", "json", "-nr"
+    )
     assert r.returncode == 0, r.stderr
     own, q8 = json.loads(r.stdout)
     assert (own["quant"], q8["quant"]) == ("f32", "q8_0")
@@ -285,8 +294,8 @@ def test_run_kv_types(instr_api: Any, tiny_llama_f32: Path, tmp_path: Path) -> N
 @pytest.mark.vulkan
 def test_vulkan_fit_names_the_most_layers_and_one_more_fails(tmp_path: Path) -> None:
     """The same on lavapipe with -ngl (skips without the Vulkan build of the current patches)."""
-    from tiny_gguf import write_tiny_model
-    from vulkan_backend import vulkan_device, vulkan_env
+    from helpers.tiny_gguf import write_tiny_model
+    from helpers.vulkan_backend import vulkan_device, vulkan_env
 
     device = vulkan_device()
     model = write_tiny_model(tmp_path / "tiny.gguf", n_ctx_train=8192, dtype="f32", seed=5)

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from support import FIXTURES, PROMPT, REAL_FIXTURES, by_type, read_log
+import pytest
+from helpers.support import FIXTURES, PROMPT, REAL_FIXTURES, by_type, read_log
 
 from llamacpp_instr.converters.analysis.follow import WINDOW, LiveState
 from llamacpp_instr.converters.reading.tail import tail
@@ -45,6 +46,7 @@ def test_follow_a_run_while_it_writes(instr_api: Any, smollm2_path: Path, tmp_pa
         assert int(fields["kv"]) == end["kv_used"]
 
 
+@pytest.mark.fast
 def test_follow_exits_on_a_missing_log_with_one_line(tmp_path: Path) -> None:
     r = subprocess.run(
         [sys.executable, "-m", "llamacpp_instr.cli", "follow", str(tmp_path / "no.log")]
@@ -57,6 +59,7 @@ def test_follow_exits_on_a_missing_log_with_one_line(tmp_path: Path) -> None:
     assert r.stderr.strip() == f"error: log file not found: {tmp_path / 'no.log'} (waited 0 s)"
 
 
+@pytest.mark.fast
 def test_live_state_holds_a_window_not_the_run() -> None:
     """Thousands of steps: the state keeps WINDOW steps, whatever the run's length."""
     recs = read_log(FIXTURES / "tiny-llama-detailed.log.gz")
@@ -77,6 +80,7 @@ def test_live_state_holds_a_window_not_the_run() -> None:
     assert state.steps_done == n and state.top_ops()
 
 
+@pytest.mark.fast
 def test_the_terminal_view_renders() -> None:
     from rich.console import Console
 
@@ -92,6 +96,7 @@ def test_the_terminal_view_renders() -> None:
     assert f"steps {state.steps_done}" in text
 
 
+@pytest.mark.fast
 def test_tail_skips_nothing_of_a_complete_log() -> None:
     import gzip
     import tempfile
@@ -103,6 +108,7 @@ def test_tail_skips_nothing_of_a_complete_log() -> None:
         assert got == [json.loads(x) for x in plain.open()]
 
 
+@pytest.mark.fast
 def test_run_live_refuses_an_existing_log(tmp_path: Path) -> None:
     """The live view follows the file from its start: an earlier session in it is refused, in one
     line, before any model loads."""
@@ -183,6 +189,7 @@ def test_live_state_agrees_with_the_raw_log(smollm2_detailed: Any) -> None:
             }
 
 
+@pytest.mark.fast
 def test_tail_waits_for_the_file_holds_partial_lines_and_follows_a_rotation(
     tmp_path: Path,
 ) -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.native
+
 HERE = Path(__file__).resolve().parent
 # each harness's bounded run; libFuzzer makes tens of thousands of runs a second on these parsers,
 # and what each test asserts (over 1,000 runs, the corpus grown) holds well within it
@@ -48,7 +50,7 @@ def fuzzed(
     """Every harness built with clang and run for SECONDS, the harnesses side by side (one core
     each: the builds and the bounded runs take half the time they took one after the other):
     each one's exit code, its libFuzzer output and its corpus folder."""
-    from rpc_backend import lib_dir
+    from helpers.rpc_backend import lib_dir
 
     clang = shutil.which("clang++")
     if clang is None:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -76,7 +78,7 @@ def test_no_marks_is_no_stream() -> None:
 def test_the_computes_of_a_cuda_log_come_in_busy_order() -> None:
     """On the SYNTHETIC CUDA log: one entry per busy stretch of the device, each holding at most
     that stretch's op count, the ops in the log's order."""
-    from support import FIXTURES, read_log
+    from helpers.support import FIXTURES, read_log
 
     log = FIXTURES / "tiny-llama-cuda-full-detailed.SYNTHETIC.log.gz"
     computes = cj.computes_of_log(log, "CUDA0")
@@ -93,7 +95,7 @@ def test_the_headline_is_the_summary_s_over_llama_bench_s(tmp_path: Path) -> Non
     import json
 
     import gpu_check
-    from support import FIXTURES, read_log
+    from helpers.support import FIXTURES, read_log
 
     log = FIXTURES / "tiny-llama-cuda-full-detailed.SYNTHETIC.log.gz"
     bench = tmp_path / "bench.json"

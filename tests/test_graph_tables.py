@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.support import FUZZ_DERANDOMIZE, FUZZ_EXAMPLES, JSON, instr, make_run, subst_nodes
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import FUZZ_DERANDOMIZE, FUZZ_EXAMPLES, JSON, instr, make_run, subst_nodes
 
 from llamacpp_instr.converters.reading.decode.fields import MALFORMED
 from llamacpp_instr.converters.reading.decode.graphs import AT_MAX, SUBST_MAX, Graph, graph_record
@@ -170,7 +170,7 @@ def test_run_logs_stay_valid(
 
 def test_the_tests_reader_resolves_tables(rebuilt: Path) -> None:
     """support.read_log gives every graph record its nodes (the tests read them directly)."""
-    from support import read_log
+    from helpers.support import read_log
 
     graphs = [g for g in read_log(rebuilt) if g["type"] == "graph"]
     assert any("same_as" in g for g in graphs)
@@ -216,7 +216,7 @@ def test_substituted_tables_are_the_graphs_own(served: Path) -> None:
     input holds the record's token count, the attention's query and key heads (4 and 2 of 64)
     that count of tokens, its scores as many KV cells (a multiple of 256) as its mask, and each
     f32 result its elements' bytes."""
-    from support import read_log
+    from helpers.support import read_log
 
     graphs = [r for r in read_log(served) if r["type"] == "graph"]
     assert sum("subst" in g for g in graphs) >= 10
@@ -307,6 +307,7 @@ def _named(subst: Any) -> dict[str, Any]:
     }
 
 
+@pytest.mark.fast
 def test_subst_is_applied_to_every_shape_and_bytes() -> None:
     tables: dict[tuple[int, int], Graph] = {}
     base = graph_record(json.loads(json.dumps(_BASE)), tables)
@@ -326,6 +327,7 @@ def test_subst_is_applied_to_every_shape_and_bytes() -> None:
     assert h.nodes[0].src[0]["shape"] == [16, 3]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "subst",
     [
@@ -358,6 +360,7 @@ def test_a_hostile_subst_is_malformed(subst: Any) -> None:
     assert list(tables) == [(0, 1)]
 
 
+@pytest.mark.fast
 def test_subst_at_sets_numbers_by_position() -> None:
     """The numbers counted in the order the record writes them: node 0's shape (0, 1) and bytes
     (2), its leaf source's shape (3, 4) and bytes (5), node 1's shape (6) and bytes (7)."""
@@ -373,6 +376,7 @@ def test_subst_at_sets_numbers_by_position() -> None:
     assert nodes[0]["src"][0]["shape"] == [8, 3]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "at",
     [
@@ -402,12 +406,14 @@ def test_a_hostile_subst_at_is_malformed(at: Any) -> None:
     assert list(tables) == [(0, 1)]
 
 
+@pytest.mark.fast
 def test_subst_without_same_as_is_malformed() -> None:
     rec = json.loads(json.dumps(_BASE)) | {"subst": [[1, 3, 5]]}
     with pytest.raises(MALFORMED):
         graph_record(rec, {})
 
 
+@pytest.mark.fast
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=FUZZ_DERANDOMIZE)
 @given(
     subst=JSON | st.lists(st.lists(st.integers(-(2**70), 2**70), max_size=4), max_size=300),
@@ -441,6 +447,7 @@ def test_a_log_with_a_hostile_subst_converts_the_rest(served: Path, tmp_path: Pa
     assert "skipped" in (r.stdout + r.stderr) and "Traceback" not in r.stderr
 
 
+@pytest.mark.fast
 def test_node_values_of_another_type_are_converted() -> None:
     """A table's values that are not of their type are converted as ``int``/``str`` would (the
     plain ones are taken as they are), and a value that does not convert is malformed."""

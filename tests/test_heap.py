@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import gc
 
+import pytest
+
 from llamacpp_instr.converters.analysis.heap import older_objects_frozen
+
+pytestmark = pytest.mark.fast
 
 
 def test_frozen_for_the_reading_then_given_back() -> None:

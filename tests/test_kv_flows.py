@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import packets, read_log
+from helpers.support import packets, read_log
 
 import llamacpp_instr
 from llamacpp_instr.cli import main
+
+pytestmark = pytest.mark.native
 
 Pair = tuple[tuple[int, int], tuple[int, int]]  # ((step, node) written, (step, node) read)
 WRITE = re.compile(r"cache_([kv])_l(\d+)\b")

@@ -11,6 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.native
+
 SLOW_NS = 50_000_000
 
 CHILD = """

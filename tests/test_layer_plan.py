@@ -7,9 +7,12 @@ import random
 from typing import Any
 
 import numpy as np
+import pytest
 
 from llamacpp_instr.converters.reading.decode import layer_plan
 from llamacpp_instr.converters.reading.decode.columns import layer_rows, layer_spans
+
+pytestmark = pytest.mark.fast
 
 T0 = 5_000
 

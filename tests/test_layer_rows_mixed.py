@@ -11,9 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import FIXTURES, read_log
+from helpers.support import FIXTURES, read_log
 
 from llamacpp_instr.converters.reading.decode.columns import layer_rows, layer_spans
+
+pytestmark = pytest.mark.fast
 
 T0 = 1_000_000
 

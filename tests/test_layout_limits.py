@@ -13,6 +13,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[1] / "llamacpp_instr"
 PACKAGE = ROOT / "converters"
 MAX_MODULE_LINES = 600

@@ -17,11 +17,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from log_fuzz import FIXTURES, SEEDS, check_result, fixture, fuzz, run_metrics, server_log
+from helpers.log_fuzz import FIXTURES, SEEDS, check_result, fixture, fuzz, run_metrics, server_log
 from test_otlp import Receiver
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.session import request_causes
+
+pytestmark = pytest.mark.fast
 
 Records = list[dict[str, Any]]
 
@@ -112,7 +114,7 @@ def _args(cmd: str, log: Path, out: Path) -> list[str]:
     return {
         "to-perfetto": [cmd, str(log), "-o", str(out / "t.pftrace")],
         "export": [cmd, str(log), "--format", "csv", "-o", str(out / "export")],
-        "workloads": [cmd, str(log), "-o", str(out / "w.jsonl")],
+        "workloads": ["export", str(log), "--workloads", "-o", str(out / "w.jsonl")],
     }.get(cmd, [cmd, str(log), "--format", "json"])
 
 
@@ -128,7 +130,7 @@ def test_a_hostile_value_is_one_line_or_a_clean_run(case: str, cmd: str, tmp_pat
 
 @pytest.mark.parametrize("case", list(HOSTILE))
 def test_metrics_keep_serving_past_a_hostile_value(case: str, tmp_path: Path) -> None:
-    """``instr metrics``' loop (the ``exec --metrics`` sidecar's) reads on, and a scrape works."""
+    """``instr follow --prometheus``' loop (the ``exec --metrics`` sidecar's) reads on, and a scrape works."""
     log = _write(tmp_path / "hostile.log", HOSTILE[case]())
     assert run_metrics(log) is None
 
@@ -138,7 +140,7 @@ def test_to_otlp_sends_past_a_hostile_request(case: str, tmp_path: Path) -> None
     log = _write(tmp_path / "hostile.log", HOSTILE[case]())
     receiver = Receiver()
     try:
-        r = CliRunner().invoke(main, ["to-otlp", str(log), "--endpoint", receiver.url])
+        r = CliRunner().invoke(main, ["export", str(log), "--otlp", receiver.url])
         assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
         assert r.exit_code == 0, r.output
         # the other five requests are sent whole; the hostile one is skipped or sent clamped

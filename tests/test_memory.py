@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import (
+from helpers.support import (
     PROMPT,
     assert_buffers_sum_to_breakdown,
     by_type,
@@ -279,7 +279,7 @@ def test_a_malformed_budget_is_one_line_and_no_log(
 def test_serve_that_does_not_fit_says_why(
     instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
 ) -> None:
-    from support import free_port
+    from helpers.support import free_port
 
     log = tmp_path / "serve.log"
     r = instr(
@@ -293,7 +293,7 @@ def test_serve_that_does_not_fit_says_why(
 
 
 def test_an_iswa_model_has_two_caches_summed_as_llama_does(instr_api: Any, tmp_path: Path) -> None:
-    from tiny_gguf import write_tiny_iswa_model
+    from helpers.tiny_gguf import write_tiny_iswa_model
 
     model = write_tiny_iswa_model(tmp_path / "tiny-gemma2.gguf")
     records = read_log(run_alone(model, tmp_path / "iswa.log", "minimal", 4, 512).log_path)
@@ -424,6 +424,7 @@ def test_the_grown_compute_buffer_names_its_step_and_graph(
     assert_buffers_sum_to_breakdown(after, live_buffers(after))
 
 
+@pytest.mark.fast
 def test_a_programs_setting_is_its_own_flags_else_its_sessions_context(tmp_path: Path) -> None:
     """What `instr exec` weighs in its out-of-memory line: llama.cpp's flags as the program got
     them (both spellings), what its session said of the context for the rest; llama-bench's
@@ -445,6 +446,7 @@ def test_a_programs_setting_is_its_own_flags_else_its_sessions_context(tmp_path:
     assert (bench.n_ctx, bench.n_ubatch, bench.type_k, bench.type_v) == (0, 512, "q4_0", "f16")
 
 
+@pytest.mark.fast
 def test_the_failure_read_back_is_the_programs_own(tmp_path: Path) -> None:
     """Only what the program wrote after it started counts (an earlier run's failure in the same
     log does not), in the file at the path or one rotated from it since."""
@@ -485,7 +487,7 @@ def _ggml() -> Any:
     """libggml-base and libggml as libllama loaded them, with the calls the tests below make."""
     import ctypes
 
-    from rpc_backend import _lib
+    from helpers.rpc_backend import _lib
 
     from llamacpp_instr.native import bindings
 

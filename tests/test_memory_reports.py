@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import support
-from support import by_type, read_log, resolved, trace_slices
+from helpers import support
+from helpers.support import by_type, read_log, resolved, trace_slices
 from test_memory import run_alone
 
 from llamacpp_instr.converters import load_session
+
+pytestmark = pytest.mark.native
 
 
 @pytest.fixture(scope="module")

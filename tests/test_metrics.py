@@ -1,4 +1,4 @@
-"""`instr metrics` (issue 37, Prometheus): a live log's figures at /metrics.
+"""`instr follow --prometheus` (issue 37, Prometheus): a live log's figures at /metrics.
 
 Against a real Prometheus (Debian's package): it scrapes the exporter that `instr exec --metrics`
 starts beside a real llama-server under concurrent load, and PromQL through its HTTP API returns
@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from prometheus_server import Prometheus
-from support import free_port, request_records, signal_server, wait_ready, wait_requests
+from helpers.prometheus_server import Prometheus
+from helpers.support import free_port, request_records, signal_server, wait_ready, wait_requests
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.formats.live_figures import RequestFigures, RequestTracker
@@ -96,6 +96,7 @@ def one_request(i: int, t: int, step0: int, gen: int = 3) -> tuple[list[dict], d
     return recs, {"itl_ns": itl, "cached": cached, "ttft_ns": first_token - t, "wait_ns": wait}
 
 
+@pytest.mark.fast
 def test_a_requests_figures_come_from_its_records_and_its_slots_steps() -> None:
     tracker = RequestTracker()
     tracker.add(session_start(0))
@@ -123,6 +124,7 @@ def test_a_requests_figures_come_from_its_records_and_its_slots_steps() -> None:
     assert tracker.state_size() == 0
 
 
+@pytest.mark.fast
 def test_prompt_cache_misses_are_counted_by_why() -> None:
     """llama-server's ``cache`` object says why a prompt reused less than a cache held: the
     counter has one series per reason, as instr requests names them."""
@@ -177,6 +179,7 @@ def write_series(log: Path, n_requests: int, per_file: int) -> list[dict[str, An
     return requests
 
 
+@pytest.mark.fast
 def test_a_rotated_series_of_10000_requests_with_bounded_state(tmp_path: Path) -> None:
     """The whole series is read (every request counted once), and what the exporter holds does
     not grow with the requests: its tracker's steps stay those of the requests in flight, and
@@ -219,6 +222,7 @@ def dashboard_queries() -> list[str]:
     return [re.sub(r"\$[a-z_]+", lambda m: subst[m.group(0)], e) for e in exprs]
 
 
+@pytest.mark.fast
 def test_the_dashboard_asks_for_metrics_the_exporter_serves() -> None:
     tracker, metrics = RequestTracker(), Metrics()
     recs, _ = one_request(0, MS, 0)
@@ -270,9 +274,9 @@ def exporter(tmp_path: Path) -> Iterator[Any]:
 
     def start(log: Path, *more: str) -> tuple[subprocess.Popen[str], int]:
         port = free_port()
-        cmd = [sys.executable, "-m", "llamacpp_instr.cli", "metrics", str(log)]
+        cmd = [sys.executable, "-m", "llamacpp_instr.cli", "follow", str(log)]
         proc = subprocess.Popen(
-            [*cmd, "--listen", f"127.0.0.1:{port}", *more],
+            [*cmd, "--prometheus", f"127.0.0.1:{port}", *more],
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -286,6 +290,7 @@ def exporter(tmp_path: Path) -> Iterator[Any]:
             p.wait(timeout=30)
 
 
+@pytest.mark.fast
 def test_a_log_rotated_under_the_exporter_is_followed(tmp_path: Path, exporter: Any) -> None:
     log = tmp_path / "server.log"
     recs, _ = one_request(0, MS, 0)
@@ -307,12 +312,16 @@ def test_a_log_rotated_under_the_exporter_is_followed(tmp_path: Path, exporter: 
     assert proc.wait(timeout=30) == 0
 
 
+@pytest.mark.fast
 def test_a_log_that_does_not_exist_is_one_line(tmp_path: Path) -> None:
-    r = CliRunner().invoke(main, ["metrics", str(tmp_path / "none.log"), "--listen", ":0"])
+    r = CliRunner().invoke(
+        main, ["follow", str(tmp_path / "none.log"), "--prometheus", ":0", "--wait", "0"]
+    )
     assert r.exit_code == 2
     assert r.output == f"error: log file not found: {tmp_path / 'none.log'}\n"
 
 
+@pytest.mark.fast
 def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text(json.dumps(session_start(0)) + "\n")
@@ -321,7 +330,7 @@ def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
         s.listen()
         port = s.getsockname()[1]
         for args in (
-            ["metrics", str(log), "--listen", f"127.0.0.1:{port}"],
+            ["follow", str(log), "--prometheus", f"127.0.0.1:{port}"],
             # before the model loads, and before the server's own port is looked at
             ["serve", "--metrics", f"127.0.0.1:{port}", "-o", str(tmp_path / "s.log")],
         ):
@@ -332,14 +341,15 @@ def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "s.log").exists()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("listen", ["9400", "host:port", "127.0.0.1:99999"])
 def test_a_malformed_listen_address_is_one_line(tmp_path: Path, listen: str) -> None:
     log = tmp_path / "server.log"
     log.write_text(json.dumps(session_start(0)) + "\n")
-    r = CliRunner().invoke(main, ["metrics", str(log), "--listen", listen])
+    r = CliRunner().invoke(main, ["follow", str(log), "--prometheus", listen])
     assert r.exit_code == 2
     assert (
-        r.output.startswith("error: --listen/--metrics wants HOST:PORT")
+        r.output.startswith("error: --prometheus/--metrics wants HOST:PORT")
         and r.output.count("\n") == 1
     )
 

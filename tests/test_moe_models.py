@@ -1,4 +1,4 @@
-"""The MoE test models (tests/moe_gguf.py) are what they claim, checked apart from llama.cpp's
+"""The MoE test models (tests/helpers/moe_gguf.py) are what they claim, checked apart from llama.cpp's
 reading of them: the file's keys and bytes with gguf-py. (The identical-experts model's text
 against the dense model it was made from, at every level: test_moe_route.py.)"""
 
@@ -9,6 +9,9 @@ from typing import Any
 
 import gguf
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.native
 
 
 def _tensors(path: Path) -> dict[str, Any]:

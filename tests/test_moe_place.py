@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import PROMPT, assert_one_line_error, by_type, instr, read_log
+from helpers.support import PROMPT, assert_one_line_error, by_type, instr, read_log
 
 EXPS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 N_LAYER = 4  # moe_small
@@ -52,6 +52,7 @@ def weights_by_name(log: Path) -> dict[str, dict[str, Any]]:
 # --- the rules, without llama.cpp ---
 
 
+@pytest.mark.fast
 def test_n_cpu_moe_patterns_are_llama_cpps() -> None:
     from llamacpp_instr.running.tensor_overrides import CPU, TensorOverrides, n_cpu_moe_patterns
 
@@ -83,6 +84,7 @@ def test_n_cpu_moe_selects_the_first_layers_experts(moe_small: Path) -> None:
     assert picked == {f"blk.{i}.{e}.weight" for i in (0, 1) for e in EXPS}
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "value, words",
     [
@@ -102,6 +104,7 @@ def test_bad_override_is_one_line(value: str, words: str) -> None:
         parse_override(value)
 
 
+@pytest.mark.fast
 def test_exec_passes_the_options_through(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """instr exec hands -ot, -ncmoe and -cmoe to the program as written."""
     from llamacpp_instr.cli import main
@@ -264,7 +267,7 @@ def test_dense_model_has_no_experts_section(smollm2_path: Path, tmp_path: Path) 
 def test_vulkan_n_cpu_moe_keeps_the_first_layers_experts_on_the_cpu(
     moe_small: Path, tmp_path: Path
 ) -> None:
-    from vulkan_backend import vulkan_device, vulkan_env
+    from helpers.vulkan_backend import vulkan_device, vulkan_env
 
     vk = vulkan_device()
     env = vulkan_env()

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import PROMPT, by_type, instr, read_log
-from vulkan_backend import vulkan_device, vulkan_env
+from helpers.support import PROMPT, by_type, instr, read_log
+from helpers.vulkan_backend import vulkan_device, vulkan_env
 
 pytestmark = pytest.mark.vulkan
 

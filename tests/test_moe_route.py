@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import PROMPT, by_type, make_run, read_log
+from helpers.support import PROMPT, by_type, make_run, read_log
+
+pytestmark = pytest.mark.native
 
 N_EXPERT, N_USED = 8, 2
 NAMES = re.compile(r"^ffn_moe_(argsort|weights)-(\d+)$")
@@ -319,7 +321,7 @@ def test_instr_experts_says_when_a_log_has_no_routing(
     # an RPC server): its 12 expert tensors named, nothing guessed
     unread = one_line(bare)
     assert "mixture of experts (12 expert tensors)" in unread and "none is guessed" in unread
-    from support import FIXTURES
+    from helpers.support import FIXTURES
 
     assert "no experts" in one_line(FIXTURES / "tiny-llama-detailed.log.gz")
     minimal = tmp_path / "minimal.log"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import FIXTURES, by_type, make_run, read_log
+from helpers.support import FIXTURES, by_type, make_run, read_log
 
 N_EXPERT, N_USED = 8, 2
 
@@ -105,6 +105,7 @@ def test_a_log_without_routing_prices_whole_expert_tensors(
     assert fit([load_session(bare)]).experts is None
 
 
+@pytest.mark.fast
 def test_placements_say_llamas_rules() -> None:
     from llamacpp_instr.deciding.moe_plan import ExpertPlacement, ot_rule
     from llamacpp_instr.running.tensor_overrides import TensorOverrides, parse_override
@@ -126,6 +127,7 @@ def test_placements_say_llamas_rules() -> None:
     assert hit == {1, 3}  # not blk.11 nor blk.13
 
 
+@pytest.mark.fast
 def test_a_model_without_llamas_expert_tensors_is_one_line() -> None:
     from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.converters import load_session

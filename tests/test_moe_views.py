@@ -10,8 +10,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
-from support import by_type, read_log
+from helpers.support import by_type, read_log
 
 from llamacpp_instr.cli import main
 
@@ -84,6 +85,7 @@ def test_a_log_without_routing_has_no_expert_track(
     assert not [k for k in check_trace(out)["counters"] if k.startswith("experts")]
 
 
+@pytest.mark.fast
 def test_a_requests_experts_are_its_own_steps_routing_and_shared_steps_are_not_split() -> None:
     from llamacpp_instr.converters.session.request_experts import request_experts
 
@@ -118,7 +120,7 @@ def test_a_real_llama_server_says_which_experts_each_request_routed_to(
     tools_bin: Path, moe_small: Path, tmp_path: Path
 ) -> None:
 
-    from support import exec_server, instr, post_completion, signal_server, wait_requests
+    from helpers.support import exec_server, instr, post_completion, signal_server, wait_requests
 
     log = tmp_path / "server.log"
     server, port = exec_server(

@@ -17,6 +17,8 @@ import pytest
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import bindings
 
+pytestmark = pytest.mark.native
+
 
 def records(path: Path) -> list[dict[str, Any]]:
     data = path.read_bytes()

@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.support import PROMPT, make_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import PROMPT, make_run
 
 from llamacpp_instr.native import bindings
+
+pytestmark = pytest.mark.native
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -290,8 +292,8 @@ def _tables_after_a_control_vector(model: Path, log: Path, with_cvec: bool) -> l
     import ctypes
 
     import llama_cpp
+    from helpers.support import read_log
     from llama_cpp import llama_cpp as L
-    from support import read_log
 
     api = bindings.load()
     llm = llama_cpp.Llama(
@@ -375,7 +377,7 @@ NASTY_PIECES = [
 
 @pytest.fixture(scope="module")
 def raw_piece_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[bytes]]:
-    from tiny_gguf import _vocab, write_tiny_model
+    from helpers.tiny_gguf import _vocab, write_tiny_model
 
     rng = random.Random(7)
     # no NUL: llama.cpp's vocabulary cuts a token's text there, before the writer sees it
@@ -402,7 +404,7 @@ _example = itertools.count()
 def test_writer_emits_only_valid_utf8_for_any_piece(
     instr_api: Any, raw_piece_model: tuple[Path, list[bytes]], tmp_path: Path, data: Any
 ) -> None:
-    from tiny_gguf import FIRST_RAW_PIECE
+    from helpers.tiny_gguf import FIRST_RAW_PIECE
 
     model, pieces = raw_piece_model
     ids = data.draw(

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.native
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -19,7 +21,7 @@ def build_unit(
 ) -> Path:
     """tests/native/<name>.cpp built against the patched tree's include folders, linked to the
     named libraries of the build the tests run on."""
-    from rpc_backend import lib_dir
+    from helpers.rpc_backend import lib_dir
 
     cxx = shutil.which("g++") or shutil.which("clang++")
     if cxx is None:

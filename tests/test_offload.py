@@ -10,10 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rpc_backend import run_offloaded
-from support import by_type, read_log
+import pytest
+from helpers.rpc_backend import run_offloaded
+from helpers.support import by_type, read_log
 
 import llamacpp_instr
+
+pytestmark = pytest.mark.native
 
 
 def _start(records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from rpc_backend import rpc_server
-from support import (
+from helpers.rpc_backend import rpc_server
+from helpers.support import (
     by_type,
     free_port,
     instr,
@@ -89,6 +89,7 @@ def _split_devices(records: list[dict[str, Any]]) -> set[str]:
 # --- the Python API's values ------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_offload_values_are_parsed_and_checked_as_the_cli_does() -> None:
     o = Offload(gpu_layers="ALL", devices="RPC0, Vulkan0", rpc="a:1,b:2", tensor_split="3/1")
     assert o.gpu_layers == "all" and o.devices == ("RPC0", "Vulkan0")
@@ -372,7 +373,9 @@ def test_run_on_rpc_servers_gives_the_cpu_runs_text(
         assert all(buf.endswith(_on(a)) for buf in holders[layer]), (layer, holders[layer])
     assert "RPC0" in _split_devices(recs)
     cfg = start["metadata"]["config"]["offload"]
-    assert cfg == {"gpu_layers": "all", "devices": None, "rpc": [a], "tensor_split": None}
+    assert cfg == {
+        "gpu_layers": "all", "devices": None, "rpc": [a], "tensor_split": None, "repack": True
+    }  # fmt: skip
 
     both = _holders(_start(read_log(tmp_path / "split.log")))
     on_a = {k for k, v in both.items() if any(x.endswith(_on(a)) for x in v)}
@@ -522,14 +525,19 @@ def test_quant_eval_runs_its_models_on_the_server(
     servers: list[str], tiny_llama_f32: Path, tiny_llama_q8: Path, tmp_path: Path
 ) -> None:
     args = ["quant-eval", str(tiny_llama_f32), str(tiny_llama_q8), "--chunks", "2"]
-    args += ["--chunk-size", "32", "-t", "1", "--format", "json"]
+    # weights as in the file (-nr): where the local CPU would repack them (AMX, CPU_REPACK) its
+    # kernels differ from the server's, which keeps what it is sent
+    args += ["--chunk-size", "32", "-t", "1", "--format", "json", "--no-repack"]
     cpu = _instr(*args)
     rpc = _instr(*args, "--rpc", servers[0], "-ngl", "all")
     assert cpu.returncode == 0 and rpc.returncode == 0, rpc.stderr
     a, b = json.loads(cpu.stdout), json.loads(rpc.stdout)
-    assert "offload" not in a
+    assert a.pop("offload") == {
+        "gpu_layers": 0, "devices": None, "rpc": [], "tensor_split": None, "repack": False
+    }  # fmt: skip
     assert b.pop("offload") == {
-        "gpu_layers": "all", "devices": None, "rpc": [servers[0]], "tensor_split": None
+        "gpu_layers": "all", "devices": None, "rpc": [servers[0]], "tensor_split": None,
+        "repack": False,
     }  # fmt: skip
     # the server runs the same CPU kernels: the same figures
     assert b["base"] == a["base"] and b["models"] == a["models"]

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
 from llamacpp_instr.converters.session.machine_peaks import DevicePeaks, Roof
 from llamacpp_instr.converters.traces.op_args import op_rates, op_static_args
+
+pytestmark = pytest.mark.fast
 
 
 def weight(name: str, type_: str, shape: list[int], nbytes: int) -> dict[str, Any]:

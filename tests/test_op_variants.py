@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 
 from llamacpp_instr.converters.formats.perfetto import ops
 from llamacpp_instr.converters.formats.perfetto.ops import NodeTables, OpStore, RateFields
@@ -16,6 +17,8 @@ from llamacpp_instr.converters.formats.perfetto.protowire import TE_TRACK_UUID, 
 from llamacpp_instr.converters.traces import op_args
 from llamacpp_instr.converters.traces.op_args import OpVariants
 from tests.test_op_static_args import GRAPH
+
+pytestmark = pytest.mark.fast
 
 NODE = np.array([3, 1, 4, 1, 0], dtype=np.int64)
 FUSED = {1: [2], 3: [2], 4: [2, 3]}  # op position -> fused node indices (1+2 twice)

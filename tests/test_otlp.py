@@ -1,4 +1,4 @@
-"""`instr to-otlp` (issue 37, OpenTelemetry): a log's requests as OTLP/HTTP traces, received here by
+"""`instr export --otlp` (issue 37, OpenTelemetry): a log's requests as OTLP/HTTP traces, received here by
 an HTTP server that decodes them with `opentelemetry-proto`.
 
 Every request is one span with a child per decode step its slot took part in (the parent links
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import free_port, wait_ready, wait_requests
+from helpers.support import free_port, wait_ready, wait_requests
 from test_metrics import MS, one_request, session_start
 
 from llamacpp_instr.cli import main
@@ -119,11 +119,12 @@ def attrs(span: Any) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.fast
 def test_every_request_is_one_span_with_a_child_per_step(tmp_path: Path, receiver: Any) -> None:
     log = tmp_path / "server.log"
     reqs = hand_log(log, 8)
     rx = receiver()
-    r = CliRunner().invoke(main, ["to-otlp", str(log), "--endpoint", rx.url])
+    r = CliRunner().invoke(main, ["export", str(log), "--otlp", rx.url])
     assert r.exit_code == 0, r.output
     assert r.output.endswith(f"8 requests, 40 spans sent to {rx.url}/v1/traces, 0 lost\n")
     by_id = {s.span_id: s for s in rx.spans}
@@ -159,10 +160,11 @@ def test_every_request_is_one_span_with_a_child_per_step(tmp_path: Path, receive
             assert span.status.code == 0
     # the same log again: the same ids (a request's ids are its session's and its own)
     rx2 = receiver()
-    assert CliRunner().invoke(main, ["to-otlp", str(log), "--endpoint", rx2.url]).exit_code == 0
+    assert CliRunner().invoke(main, ["export", str(log), "--otlp", rx2.url]).exit_code == 0
     assert {s.span_id for s in rx2.spans} == set(by_id)
 
 
+@pytest.mark.fast
 def test_layers_are_children_of_their_steps_when_asked(tmp_path: Path, receiver: Any) -> None:
     """With --layers, each step span has a child per layer span of its step's compute records
     (two computes for a prompt of two ubatches), at the times the records say."""
@@ -189,7 +191,7 @@ def test_layers_are_children_of_their_steps_when_asked(tmp_path: Path, receiver:
         out.append(rec)
     log.write_text("".join(json.dumps(r) + "\n" for r in out))
     rx = receiver()
-    r = CliRunner().invoke(main, ["to-otlp", str(log), "--endpoint", rx.url, "--layers"])
+    r = CliRunner().invoke(main, ["export", str(log), "--otlp", rx.url, "--layers"])
     assert r.exit_code == 0, r.output
     steps = [s for s in rx.spans if s.name == "llama_decode"]
     assert len(steps) == 4 and sum(len(v) for v in want.values()) == 15
@@ -212,41 +214,45 @@ def test_layers_are_children_of_their_steps_when_asked(tmp_path: Path, receiver:
         assert all(k.trace_id == st.trace_id for k in kids)
     # without --layers: no layer spans
     rx2 = receiver()
-    assert CliRunner().invoke(main, ["to-otlp", str(log), "--endpoint", rx2.url]).exit_code == 0
+    assert CliRunner().invoke(main, ["export", str(log), "--otlp", rx2.url]).exit_code == 0
     assert not [s for s in rx2.spans if s.name.startswith("layer")]
 
 
+@pytest.mark.fast
 def test_a_failing_collector_is_retried(tmp_path: Path, receiver: Any) -> None:
     log = tmp_path / "server.log"
     hand_log(log, 3)
     rx = receiver(fail=2)
-    r = CliRunner().invoke(main, ["to-otlp", str(log), "--endpoint", rx.url + "/v1/traces"])
+    r = CliRunner().invoke(main, ["export", str(log), "--otlp", rx.url + "/v1/traces"])
     assert r.exit_code == 0, r.output
     assert rx.posts == 3 and len(rx.spans) == 15
 
 
+@pytest.mark.fast
 def test_a_collector_down_loses_spans_with_a_count(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     hand_log(log, 3)
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    r = CliRunner().invoke(main, ["to-otlp", str(log), "--endpoint", url])
+    r = CliRunner().invoke(main, ["export", str(log), "--otlp", url])
     assert r.exit_code == 1
     line = r.output.strip()
     assert "\n" not in line and "3 requests, 0 spans sent" in line and "15 lost" in line, line
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("endpoint", ["127.0.0.1:4318", "ftp://x/v1/traces", "http://h:99999"])
 def test_a_bad_endpoint_is_one_line(tmp_path: Path, endpoint: str) -> None:
     log = tmp_path / "server.log"
     hand_log(log, 1)
-    r = CliRunner().invoke(main, ["to-otlp", str(log), "--endpoint", endpoint])
+    r = CliRunner().invoke(main, ["export", str(log), "--otlp", endpoint])
     assert r.exit_code == 2
-    assert r.output.startswith("error: --endpoint ") and r.output.count("\n") == 1
+    assert r.output.startswith("error: --otlp/--endpoint ") and r.output.count("\n") == 1
 
 
+@pytest.mark.fast
 def test_a_log_that_does_not_exist_is_one_line(tmp_path: Path) -> None:
     r = CliRunner().invoke(
-        main, ["to-otlp", str(tmp_path / "none.log"), "--endpoint", "http://127.0.0.1:1"]
+        main, ["export", str(tmp_path / "none.log"), "--otlp", "http://127.0.0.1:1"]
     )
     assert r.exit_code == 2
     assert r.output == f"error: log file not found: {tmp_path / 'none.log'}\n"
@@ -274,8 +280,8 @@ def test_a_live_llama_server_has_every_request_received(
     try:
         wait_ready(port, server, timeout=180, path="/health")
         follower = subprocess.Popen(
-            [sys.executable, "-m", "llamacpp_instr.cli", "to-otlp", str(log)]
-            + ["--endpoint", rx.url, "--follow"],
+            [sys.executable, "-m", "llamacpp_instr.cli", "export", str(log)]
+            + ["--otlp", rx.url, "--follow"],
             stderr=subprocess.PIPE,
             text=True,
         )

@@ -11,9 +11,12 @@ from operator import itemgetter
 from typing import Any
 
 import numpy as np
+import pytest
 
 from llamacpp_instr.converters.reading.decode import columns
 from llamacpp_instr.converters.reading.decode.columns import PackedOps, pack_ops
+
+pytestmark = pytest.mark.fast
 
 _ITEM = (itemgetter(0), itemgetter(1), itemgetter(2))
 

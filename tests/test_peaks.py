@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import QUICK, RunLog
+from helpers.support import QUICK, RunLog
 
 from llamacpp_instr import load_session
 from llamacpp_instr.cli import main
@@ -24,6 +24,8 @@ from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.session import machine_peaks
 from llamacpp_instr.native import bindings
 from llamacpp_instr.running import peak_probe as measure
+
+pytestmark = pytest.mark.native
 
 # ggml type ids (ggml.h enum ggml_type) and one row of 256 values in each type, by hand:
 # f32 4 bytes a value, f16 2, q4_K 144 bytes a block of 256, q8_0 34 bytes a block of 32

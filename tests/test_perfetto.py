@@ -10,10 +10,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
-from support import (
+from helpers.support import (
     FIXTURES,
     FUZZ_DERANDOMIZE,
     FUZZ_EXAMPLES,
@@ -22,6 +19,9 @@ from support import (
     plain_copy,
     read_log,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.contract.errors import UserError
@@ -109,10 +109,12 @@ def fixture_log(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     return plain_copy(request.param, tmp_path)
 
 
+@pytest.mark.fast
 def test_fixtures_exist() -> None:
     assert len(REAL_FIXTURES) >= 4
 
 
+@pytest.mark.fast
 def test_trace_invariants_and_content(fixture_log: Path) -> None:
     r, out = convert(fixture_log)
     assert r.exit_code == 0, r.output
@@ -154,6 +156,7 @@ def test_trace_invariants_and_content(fixture_log: Path) -> None:
     assert "wrote " in r.output and f"{len(ops)} ops" in r.output
 
 
+@pytest.mark.fast
 def test_op_args_carry_tensor_metadata(tmp_path: Path) -> None:
     log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
     res = check_trace(convert(log)[1])
@@ -176,6 +179,7 @@ def test_op_args_carry_tensor_metadata(tmp_path: Path) -> None:
         assert a["gflop_per_s"] == pytest.approx(a["est_flops"] / s["dur"], rel=1e-3, abs=1e-3)
 
 
+@pytest.mark.fast
 def test_verbose_has_thread_tracks(tmp_path: Path) -> None:
     log = plain_copy(FIXTURES / "tiny-llama-verbose.log.gz", tmp_path)
     res = check_trace(convert(log)[1])
@@ -185,6 +189,7 @@ def test_verbose_has_thread_tracks(tmp_path: Path) -> None:
     assert any("out_mean" in s["args"] for s in op_slices(res))
 
 
+@pytest.mark.fast
 def test_json_format_same_content(fixture_log: Path) -> None:
     out = fixture_log.with_suffix(".json")
     r = CliRunner().invoke(
@@ -198,6 +203,7 @@ def test_json_format_same_content(fixture_log: Path) -> None:
     assert Counter(e["name"] for e in xs) == Counter(s["name"] for s in pf["slices"])
 
 
+@pytest.mark.fast
 def test_selection(tmp_path: Path) -> None:
     log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
     res = check_trace(convert(log, "--layer", "1")[1])
@@ -213,6 +219,7 @@ def test_selection(tmp_path: Path) -> None:
     assert r.exit_code == 2 and r.output.startswith("error: ")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "name, fmt, expected",
     [
@@ -249,6 +256,7 @@ def test_default_output_replaces_the_extension(
         assert sum(1 for s in res["slices"] if s["depth"] == 0 and "kind" in s["args"]) == n_steps
 
 
+@pytest.mark.fast
 def test_several_sessions_become_several_processes(tmp_path: Path) -> None:
     a = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
     b = plain_copy(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz", tmp_path)
@@ -258,6 +266,7 @@ def test_several_sessions_become_several_processes(tmp_path: Path) -> None:
     assert len(res["processes"]) == 2
 
 
+@pytest.mark.fast
 def test_gz_converts_like_plain(tmp_path: Path) -> None:
     gz = FIXTURES / "tiny-llama-detailed.log.gz"
     plain = plain_copy(gz, tmp_path)
@@ -275,6 +284,7 @@ def _lines(log: Path) -> list[str]:
     return log.read_text().splitlines(keepends=True)
 
 
+@pytest.mark.fast
 def test_damaged_log_converts_what_it_can(tmp_path: Path) -> None:
     log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
     lines = _lines(log)
@@ -310,6 +320,7 @@ def test_damaged_log_converts_what_it_can(tmp_path: Path) -> None:
     assert r.exit_code == 2 and r.output.count("\n") == 1 and "line 4: invalid JSON" in r.output
 
 
+@pytest.mark.fast
 def test_missing_session_end_closes_open_steps(tmp_path: Path) -> None:
     log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
     recs = read_log(log)
@@ -323,6 +334,7 @@ def test_missing_session_end_closes_open_steps(tmp_path: Path) -> None:
     assert all(s["args"]["ended"] for s in steps[:-1])
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "content, message",
     [
@@ -340,6 +352,7 @@ def test_hostile_input_is_one_line_error(content: bytes, message: str, tmp_path:
     assert r.output.startswith("error: ") and message in r.output and r.output.count("\n") == 1
 
 
+@pytest.mark.fast
 def test_missing_log_file(tmp_path: Path) -> None:
     r, _ = convert(tmp_path / "nope.log")
     assert r.exit_code == 2 and "log file not found" in r.output
@@ -376,6 +389,7 @@ def convert_both(log: Path, tmp_path: Path) -> None:
         assert not out.with_name(out.name + ".partial").exists()
 
 
+@pytest.mark.fast
 @FUZZ
 @given(
     mutations=st.lists(
@@ -403,6 +417,7 @@ def test_fuzz_mutated_logs_never_crash(
 _VERBOSE = [json.loads(ln) for ln in _fixture_lines("tiny-llama-verbose.log.gz")]
 
 
+@pytest.mark.fast
 @FUZZ
 @given(
     edits=st.lists(

@@ -9,13 +9,15 @@ from types import MappingProxyType
 from typing import Any
 
 import pytest
+from test_perfetto_bulk_matches_reference import _begins_as_one_by_one
 
 from llamacpp_instr.converters.formats.perfetto import write_perfetto_fast
 from llamacpp_instr.converters.formats.perfetto.begins import Begins, columns
 from llamacpp_instr.converters.formats.perfetto.events import EventFields
 from llamacpp_instr.converters.formats.perfetto.packets import Interner
 from llamacpp_instr.converters.traces.items import Slice, SliceRows, Track
-from tests.test_perfetto_fast import _begins_as_one_by_one
+
+pytestmark = pytest.mark.fast
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import FIXTURES
-from test_perfetto_fast import repeat_steps
+from helpers.support import FIXTURES
+from test_perfetto_bulk_matches_reference import repeat_steps
 
 from llamacpp_instr.converters.formats.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.session.fold import iter_events_packed
@@ -24,6 +24,8 @@ from llamacpp_instr.converters.traces.items import (
     Track,
 )
 from llamacpp_instr.converters.traces.layout import layout_bulk
+
+pytestmark = pytest.mark.fast
 
 
 def _items(steps: int) -> Iterator[BulkItem]:

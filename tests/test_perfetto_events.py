@@ -4,9 +4,13 @@ bytes its own encoding makes, interning what that interns in the same order."""
 
 from __future__ import annotations
 
+import pytest
+
 from llamacpp_instr.converters.formats.perfetto.events import EventFields
 from llamacpp_instr.converters.formats.perfetto.packets import Interner
 from llamacpp_instr.converters.traces.items import Slice
+
+pytestmark = pytest.mark.fast
 
 
 def _part(track: int, device: str, n_ops: int, ts: int, flows: tuple[int, ...] = ()) -> Slice:

@@ -8,14 +8,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import FIXTURES
-from test_perfetto_fast import repeat_steps
+from helpers.support import FIXTURES
+from test_perfetto_bulk_matches_reference import repeat_steps
 
 from llamacpp_instr.converters.formats.perfetto import templates, write_perfetto_fast
 from llamacpp_instr.converters.formats.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.session.fold import iter_events_packed
 from llamacpp_instr.converters.traces.items import LayoutStats, Selection
 from llamacpp_instr.converters.traces.layout import layout_bulk
+
+pytestmark = pytest.mark.fast
 
 
 @pytest.mark.parametrize(

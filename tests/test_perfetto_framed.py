@@ -5,12 +5,15 @@ bodies and of the timestamps' varints (all one length, or mixed)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llamacpp_instr.converters.formats.perfetto.packets import POST, packet
 from llamacpp_instr.converters.formats.perfetto.protowire import TIMESTAMP, varint
 from llamacpp_instr.converters.formats.perfetto.singles import framed
+
+pytestmark = pytest.mark.fast
 
 _TS = st.one_of(
     st.integers(0, 300),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +15,8 @@ from llamacpp_instr.converters.formats.perfetto import merge as merge_mod
 from llamacpp_instr.converters.formats.perfetto.inserts import plan
 from llamacpp_instr.converters.formats.perfetto.packets import Sequence
 from llamacpp_instr.converters.formats.perfetto.templates import Template
+
+pytestmark = pytest.mark.fast
 
 
 def _template(rows: int, rng: np.random.Generator) -> Template:

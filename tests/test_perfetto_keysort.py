@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from llamacpp_instr.converters.formats.perfetto import keysort
 from llamacpp_instr.converters.formats.perfetto.keysort import key_sort
 
+pytestmark = pytest.mark.fast
+
 # timestamps: a flush's few ms, a long session's range, or all of int64 (nothing packs)
 _TS = st.sampled_from([(0, 10**6), (10**15, 10**15 + 10**13), (-(2**63), 2**63 - 1)])
 

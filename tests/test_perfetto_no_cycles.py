@@ -10,8 +10,8 @@ import io
 from pathlib import Path
 
 import pytest
-from support import FIXTURES
-from test_perfetto_fast import repeat_steps
+from helpers.support import FIXTURES
+from test_perfetto_bulk_matches_reference import repeat_steps
 
 from llamacpp_instr.converters.formats.perfetto import segments
 from llamacpp_instr.converters.formats.perfetto import writer as perfetto_writer
@@ -20,6 +20,8 @@ from llamacpp_instr.converters.formats.perfetto.segments import Seg
 from llamacpp_instr.converters.session.fold import iter_events_packed
 from llamacpp_instr.converters.traces.items import LayoutStats, Selection
 from llamacpp_instr.converters.traces.layout import layout_bulk
+
+pytestmark = pytest.mark.fast
 
 
 @pytest.mark.parametrize("compress", [False, True])

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 
 from llamacpp_instr.converters.formats.perfetto.ops import (
     NodeTables,
@@ -28,6 +29,8 @@ from llamacpp_instr.converters.formats.perfetto.protowire import (
 from llamacpp_instr.converters.formats.perfetto.writer import Writer
 from llamacpp_instr.converters.traces.op_args import OpVariants
 from tests.test_op_static_args import GRAPH
+
+pytestmark = pytest.mark.fast
 
 NODE = np.array([3, 1, 4, 1, 0, 2], dtype=np.int64)
 FUSED = {1: [2], 3: [2], 4: [2, 3]}  # op position -> fused node indices (1+2 twice)

@@ -7,11 +7,14 @@ import struct
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llamacpp_instr.converters.formats.perfetto.pieces import Assembly, Scratch, Table, int_heads
 from llamacpp_instr.converters.formats.perfetto.protowire import ld, varint
+
+pytestmark = pytest.mark.fast
 
 TAG = b"\x5a"
 # a piece: ("const", bytes) | ("table", values) | ("int", name, ints) | ("f64", floats)

@@ -16,6 +16,8 @@ from llamacpp_instr.converters.formats.perfetto import write_perfetto_fast
 from llamacpp_instr.converters.formats.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.traces.items import Slice, SliceRows, Track
 
+pytestmark = pytest.mark.fast
+
 _TS = st.one_of(
     st.integers(0, 10**12),
     st.integers(-(10**6), 10**6),

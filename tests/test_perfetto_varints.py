@@ -9,6 +9,8 @@ import pytest
 from llamacpp_instr.converters.formats.perfetto.pieces import _varints
 from llamacpp_instr.converters.formats.perfetto.protowire import varint, varint_bytes, varint_len
 
+pytestmark = pytest.mark.fast
+
 
 def _values(n: int, top_bits: int, negative: bool) -> np.ndarray:
     rng = np.random.default_rng(top_bits * 7 + n)

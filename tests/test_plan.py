@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from support import RunLog, instr
+import pytest
+from helpers.support import RunLog, instr
 
 MIB = 1 << 20
 
@@ -90,7 +91,7 @@ def test_quality_joins_the_front(
     """With a real quant-eval report of the f32 base and its Q8_0, and a log of each, every
     setting carries its quantization's KL divergence (the base's 0, the Q8_0's the report's), and
     a Q8_0 setting, smaller but less faithful, can only leave the front by being slower too."""
-    from support import make_run
+    from helpers.support import make_run
 
     q8_log = make_run(tiny_llama_q8, tmp_path / "q8.log", "detailed", n_predict=6).log_path
     r = instr(
@@ -197,6 +198,7 @@ def _candidate(mib: int, speed: float, kld: float | None, type_k: str = "f16") -
     return c
 
 
+@pytest.mark.fast
 def test_the_front_compares_quality_where_both_have_it() -> None:
     """A KV cache's quality joins the front (issue 53 §7): of settings whose quality was
     measured, the front is by memory, speed and KL divergence; one whose quality was not is

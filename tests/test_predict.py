@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import RunLog, assert_one_line_error, instr, make_run
+from helpers.support import RunLog, assert_one_line_error, instr, make_run
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +110,7 @@ def test_the_plan_of_computes_is_the_runs(ubatch_run: RunLog) -> None:
     assert {kv for _, kv in prompt + gen} == {256}
 
 
+@pytest.mark.fast
 def test_n_kv_follows_the_pins_padding() -> None:
     from llamacpp_instr.deciding.prediction.predict import n_kv
 
@@ -159,8 +160,8 @@ def test_a_deeper_context_than_the_logs_is_not_extrapolated(tiny_detailed: RunLo
 def _fixture_model(tmp_path: Path, n_ctx_train: int = 1024) -> tuple[Path, Path]:
     """The committed tiny llama fixture log, and a model of its shape (make_fixtures.py's: the
     weights' values do not matter to graphs built without them)."""
-    from support import FIXTURES
-    from tiny_gguf import write_tiny_model
+    from helpers.support import FIXTURES
+    from helpers.tiny_gguf import write_tiny_model
 
     model = write_tiny_model(
         tmp_path / f"tiny-{n_ctx_train}.gguf", arch="llama", seed=7, n_ctx_train=n_ctx_train
@@ -199,6 +200,7 @@ def test_a_context_beyond_n_ctx_train_is_one_line(instr_api: Any, tmp_path: Path
         assert "1024" in r.stderr
 
 
+@pytest.mark.fast
 def test_the_help_says_the_defaults_are_the_logs() -> None:
     r = instr("predict", "--help")
     text = " ".join(r.stdout.split())
@@ -235,6 +237,7 @@ def test_bad_input_is_one_line(
         assert_one_line_error(instr("predict", *args), words)
 
 
+@pytest.mark.fast
 def test_copy_costs_fit_the_copies_recorded() -> None:
     """The copy link split_costs fits from the lavapipe fixture is the least-squares line of the
     copies its compute records hold (bytes, host time), read here from the raw records."""
@@ -261,7 +264,7 @@ def test_copy_costs_fit_the_copies_recorded() -> None:
     assert fitted.fixed == pytest.approx(intercept, rel=1e-6)
 
 
-# --- over RPC: a server on loopback behind a delay proxy (tests/netsim.py's loopback mode) ----
+# --- over RPC: a server on loopback behind a delay proxy (tests/helpers/netsim.py's loopback mode) ----
 
 RPC_DELAY_MS = 2.0  # each way
 RPC_CLIENT = """
@@ -281,9 +284,9 @@ print("{{}}")
 def rpc_log(instr_api: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A detailed run with every layer on one RPC server (loopback, 2 ms each way): weights of
     0.5 to 2 MiB, so that the upload's big commands measure the link."""
-    import netsim
-    from rpc_backend import lib_dir
-    from tiny_gguf import write_tiny_model
+    from helpers import netsim
+    from helpers.rpc_backend import lib_dir
+    from helpers.tiny_gguf import write_tiny_model
 
     d = tmp_path_factory.mktemp("predict-rpc")
     model = write_tiny_model(
@@ -338,7 +341,7 @@ def test_an_rpc_log_predicts_its_own_setting(rpc_log: Path) -> None:
 def _gen_commands(rpc_log: Path) -> tuple[float, int]:
     """From the raw records: the bytes (sent and received) and the round trips (commands with a
     reply) of the generation steps' commands, in all."""
-    from support import read_log
+    from helpers.support import read_log
 
     recs = read_log(rpc_log)
     kinds = {(r["ctx"], r["step"]): r["kind"] for r in recs if r["type"] == "step_begin"}
@@ -398,6 +401,7 @@ def test_bad_link_values_are_one_line(rpc_log: Path, tiny_detailed: RunLog) -> N
         assert_one_line_error(instr("predict", *args), words)
 
 
+@pytest.mark.fast
 def test_link_values_parse_with_their_units() -> None:
     from llamacpp_instr.deciding.prediction.net_costs import parse_duration_ns, parse_rate
 
@@ -418,6 +422,7 @@ def test_link_values_parse_with_their_units() -> None:
             parse_duration_ns(bad)
 
 
+@pytest.mark.fast
 def test_an_rpc_device_without_op_times_is_sent_to_the_patched_server() -> None:
     """What no log measured on an RPC server cannot come from another run of a stock server (it
     times nothing): the advice names the patched one; a CPU's names a run at its threads."""
@@ -439,7 +444,7 @@ def test_ngl0_without_a_log_of_the_cpus_ops_is_not_covered(tmp_path: Path) -> No
     """The fixture ran every layer on lavapipe, so the CPU timed no matmul: -ngl 0 is not
     predicted, each CPU op class is named with the run that measures it, and no op is priced
     from another (the CPU ran none of their kind)."""
-    from tiny_gguf import write_tiny_model
+    from helpers.tiny_gguf import write_tiny_model
 
     log = Path(__file__).parent / "fixtures" / "tiny-llama-vulkan-full-detailed.log.gz"
     model = write_tiny_model(tmp_path / "tiny4.gguf", n_layer=4, dtype="f32", seed=1)
@@ -462,6 +467,7 @@ def _one_node_graph(nodes: list[dict[str, Any]]) -> Any:
     return graph_table({"ctx": 0, "graph": 1, "n_tokens": 1, "nodes": nodes})
 
 
+@pytest.mark.fast
 def test_a_class_the_device_never_ran_is_priced_from_its_kind_or_refused() -> None:
     """A q8_0 matvec on a CPU that ran only q4_1 ones is priced as the q4_1 matvec of its shape
     (its weights' bytes at q4_1's 20 bytes per 32), and listed; a binary op from another binary
@@ -561,8 +567,8 @@ OFFLOAD_PROMPT = " ".join(["one two three four five six seven eight nine ten"] *
 @pytest.fixture(scope="module")
 def offload_logs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, Path]]:
     """A 4-layer model's detailed runs on lavapipe (`instr run`) at -ngl 0 and 2."""
-    from tiny_gguf import write_tiny_model
-    from vulkan_backend import vulkan_device, vulkan_env
+    from helpers.tiny_gguf import write_tiny_model
+    from helpers.vulkan_backend import vulkan_device, vulkan_env
 
     from llamacpp_instr.deciding.prediction import predict
 
@@ -592,7 +598,7 @@ def test_op_offload_copies_the_weights_the_run_copied(
     import subprocess
     import sys
 
-    from vulkan_backend import vulkan_env
+    from helpers.vulkan_backend import vulkan_env
 
     from llamacpp_instr.deciding.prediction import predict
 
@@ -627,7 +633,7 @@ def test_ngl0_from_a_partial_offload_prices_the_weight_copies(
 ) -> None:
     """-ngl 0 predicted from the -ngl 2 run: both kinds covered, the prompt's time holds copies
     (op offload's weights), generation's none (one token offloads no op: all on the CPU)."""
-    from vulkan_backend import vulkan_env
+    from helpers.vulkan_backend import vulkan_env
 
     model, logs = offload_logs
     r = instr(
@@ -642,6 +648,7 @@ def test_ngl0_from_a_partial_offload_prices_the_weight_copies(
     assert doc["by_device"]["gen"] == {"CPU": pytest.approx(1.0)}
 
 
+@pytest.mark.fast
 def test_the_level_is_the_logs_that_ran_on_the_targets_devices() -> None:
     """The measured-over-priced level scales a target's steps by the logs whose steps of that
     kind ran on the same devices; on devices no log's steps ran on alone, by none (1)."""
@@ -684,6 +691,7 @@ def _size(node: dict[str, Any]) -> tuple[Any, ...]:
     return (tuple(node["shape"]), tuple(tuple(s.get("shape", ())) for s in node["src"]))
 
 
+@pytest.mark.fast
 def test_one_tokens_op_prices_are_the_logs_own_medians() -> None:
     """Where an op class ran at one size only (every op of generation, whose steps all read 256
     KV cells), the cost model's line through the device's fixed cost meets that size at the
@@ -694,7 +702,7 @@ def test_one_tokens_op_prices_are_the_logs_own_medians() -> None:
     import statistics
     from collections import defaultdict
 
-    from support import FIXTURES, read_log
+    from helpers.support import FIXTURES, read_log
 
     from llamacpp_instr.deciding.prediction.op_costs import GraphCosts
     from llamacpp_instr.deciding.prediction.op_fit import fit
@@ -744,7 +752,7 @@ def test_another_prompt_size_is_priced_on_each_class_line(instr_api: Any, tmp_pa
     from collections import defaultdict
 
     import numpy as np
-    from support import read_log
+    from helpers.support import read_log
 
     from llamacpp_instr.deciding.prediction import predict
     from llamacpp_instr.deciding.prediction.op_costs import GraphCosts, Where

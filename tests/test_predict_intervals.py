@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import FIXTURES, RunLog, assert_one_line_error, instr, make_run
+from helpers.support import FIXTURES, RunLog, assert_one_line_error, instr, make_run
 
 
+@pytest.mark.fast
 def test_t975_is_students_t() -> None:
     from llamacpp_instr.deciding.prediction.intervals import T975, t975
 
@@ -41,6 +42,7 @@ def _model(**kw: Any) -> Any:
     return CostModel(**{"fits": {}, "roofs": {}, "fused": set(), "overhead": {}, **kw})
 
 
+@pytest.mark.fast
 def test_the_interval_by_hand() -> None:
     """10 tokens in 0.1 s at a level of 1.25: 80 tok/s. From the residuals 0.1, -0.2, 0.05:
     3.182 * sqrt((0.01 + 0.04 + 0.0025) / 3) = 0.42094 each way; at a thread count no log ran,
@@ -144,6 +146,7 @@ def test_the_held_out_residuals_are_what_predict_says(
         assert got == pytest.approx([s[kind] for s in said], rel=1e-6, abs=1e-9)
 
 
+@pytest.mark.fast
 def test_each_op_at_one_thread_from_a_two_thread_log() -> None:
     """The committed tiny log ran 2 threads. At 1, each op of its graphs keeps its class; of its
     time beyond the class's fixed cost, its bytes at the rate its weight matrix streamed at stay
@@ -238,7 +241,7 @@ def test_more_threads_than_a_log_without_its_cpus_ran_are_not_covered(
 ) -> None:
     """The committed fixture's log does not name its machine's CPUs: fewer threads than it ran
     are predicted, more are not (they could be more than the machine has)."""
-    from tiny_gguf import write_tiny_model
+    from helpers.tiny_gguf import write_tiny_model
 
     log = FIXTURES / "tiny-llama-detailed.log.gz"
     model = write_tiny_model(tmp_path / "tiny.gguf", arch="llama", seed=7, n_ctx_train=1024)
@@ -249,6 +252,7 @@ def test_more_threads_than_a_log_without_its_cpus_ran_are_not_covered(
     assert r.returncode == 0, (r.stdout, r.stderr)
 
 
+@pytest.mark.fast
 def test_a_prompt_op_beyond_its_row_class_is_priced_from_a_larger_one() -> None:
     """A 127-token prompt's op, whose own row class (16+) the logs ran only in ubatches of 32
     (4x less work), is priced on the line of the 128+ class that did more work (a prompt of 512

@@ -13,7 +13,7 @@ from unittest import mock
 import numpy as np
 import pandas as pd
 import pytest
-from support import (
+from helpers.support import (
     FIXTURES,
     ODD_OPS,
     REAL_FIXTURES,
@@ -32,6 +32,8 @@ from llamacpp_instr.converters.reading.decode.fields import DECODED
 from llamacpp_instr.converters.reading.decode.placement import Placement, placement
 from llamacpp_instr.converters.reading.decode.transfers import Transfers, transfers
 from llamacpp_instr.converters.reading.reader import ReadReport, iter_records
+
+pytestmark = pytest.mark.fast
 
 
 @pytest.fixture

@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from gguf import GGUFReader
-from support import RunLog, hand_bytes, make_run
+from helpers.support import RunLog, hand_bytes, make_run
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.reports.quant.inventory import from_gguf, from_session, report_data
+
+pytestmark = pytest.mark.native
 
 
 def _cli(*args: str) -> Any:

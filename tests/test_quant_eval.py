@@ -306,6 +306,7 @@ def test_weights_and_kv_cache_together(
     assert m["kld"]["mean"] != smollm2_vs_q8["models"][0]["kld"]["mean"]
 
 
+@pytest.mark.fast
 def test_per_token_values_on_synthetic_logits() -> None:
     """compare_block on logits spread wide enough that llama.cpp's floors matter: base
     log-probabilities floored at the logit max - 16, the KLD cutoff at e^-16."""
@@ -343,6 +344,7 @@ def test_per_token_values_on_synthetic_logits() -> None:
     assert np.allclose(dp, np.exp(lq[r, targets]) - np.exp(lp[r, targets]), atol=1e-15)
 
 
+@pytest.mark.fast
 def test_statistics_helpers_follow_llama_cpp() -> None:
     from llamacpp_instr.running.quant.evaluate import mean_and_uncertainty, median, percentile
 
@@ -376,7 +378,7 @@ def test_text_shorter_than_two_chunks(tiny_llama_f32: Path, tmp_path: Path) -> N
 
 
 def test_vocab_mismatch(tiny_llama_f32: Path, tmp_path: Path) -> None:
-    from tiny_gguf import write_tiny_model
+    from helpers.tiny_gguf import write_tiny_model
 
     other = write_tiny_model(tmp_path / "tiny-640.gguf", seed=1, n_vocab=640)
     out = one_line_error(str(tiny_llama_f32), str(other), "--chunk-size", "64", "--chunks", "2")

@@ -13,6 +13,8 @@ from llamacpp_instr.converters.reports.quant.layers_report import layers_report
 from llamacpp_instr.converters.reports.renderers import render
 from llamacpp_instr.running.quant.layers import layer_errors
 
+pytestmark = pytest.mark.native
+
 CHUNKS = [[1] + list(range(40, 71)), [1] + list(range(100, 131))]
 
 
@@ -117,7 +119,7 @@ def test_layers_and_sweep_on_the_bundled_model(
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     base, q8 = data["models"]
-    from support import hand_bytes
+    from helpers.support import hand_bytes
 
     # sizes as gguf-py counts them (the bundled base is Q4_1: its Q8_0 is larger)
     assert base["bytes"] == hand_bytes(smollm2_path)

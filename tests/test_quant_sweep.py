@@ -13,6 +13,7 @@ from llamacpp_instr.cli import main
 from llamacpp_instr.converters.reports.quant.sweep_report import pareto_front
 
 
+@pytest.mark.fast
 def test_pareto_front_by_hand() -> None:
     # (size, kld): b is beaten by a (smaller and closer); d by c
     xs = [1.0, 2.0, 3.0, 4.0, 5.0]
@@ -42,7 +43,7 @@ def swept(instr_api: Any, tiny_llama_f32: Path, tmp_path_factory: pytest.TempPat
 
 
 def test_sweep_measures_every_type(swept: Any, tiny_llama_f32: Path) -> None:
-    from support import hand_bytes
+    from helpers.support import hand_bytes
 
     assert swept["first"].exit_code == 0, swept["first"].output
     data = json.loads((swept["out"] / "s.json").read_text())

@@ -11,14 +11,16 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from helpers.support import FIXTURES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import FIXTURES
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.reading.reader import ReadReport, iter_records
 from llamacpp_instr.converters.session.fold import load
+
+pytestmark = pytest.mark.fast
 
 DETAILED = FIXTURES / "tiny-llama-detailed.log.gz"
 

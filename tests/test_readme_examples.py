@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import free_port, wait_ready
+from helpers.support import free_port, wait_ready
 
 from llamacpp_instr.cli import main
 
@@ -102,6 +102,7 @@ def test_serve_example(instr_api: Any, tmp_path: Path) -> None:
     assert recs[-1]["status"] == "interrupted"
 
 
+@pytest.mark.fast
 def test_readme_stays_short_and_its_links_resolve() -> None:
     """The README is the front page (under 450 lines; detail lives in docs/), and every relative
     link in it and in docs/internals.md names a file that exists."""

@@ -13,11 +13,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 from gguf import GGUFReader
-from support import Page, RunLog, make_run
+from helpers.support import Page, RunLog, make_run
 
 from llamacpp_instr.cli import main
+
+pytestmark = pytest.mark.native
 
 
 def _html(args: list[str], out: Path) -> Path:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import (
+from helpers.support import (
     exec_server,
     instr,
     post_completion,
@@ -46,6 +46,7 @@ def _req(
     return rec | kw
 
 
+@pytest.mark.fast
 def test_the_split_adds_up_to_the_total_from_the_records_own_times() -> None:
     r = _req("a", 0, 1000, wait=5 * MS, ttft=12 * MS, model=40 * MS, dur=47 * MS)
     # queue 5, prompt 12 - 5, generation (5 + 40) - 12, stream 47 - 45
@@ -73,6 +74,7 @@ def _steps_with_a_prefill() -> tuple[list, list[dict]]:
     return rows, [a, b]
 
 
+@pytest.mark.fast
 def test_a_token_late_behind_another_slots_prefill_names_it() -> None:
     rows, reqs = _steps_with_a_prefill()
     a = next(s for s in stories(reqs, rows) if s.id == "task-a")
@@ -88,6 +90,7 @@ def test_a_token_late_behind_another_slots_prefill_names_it() -> None:
     )
 
 
+@pytest.mark.fast
 def test_even_gaps_make_no_late_tokens() -> None:
     rows = [(k * 10 * MS, 10 * MS, 1, [(0, 1)]) for k in range(10)]
     r = _req("even", 0, 0, 0, 10 * MS, 100 * MS, 100 * MS, prompt_tokens=1)
@@ -96,6 +99,7 @@ def test_even_gaps_make_no_late_tokens() -> None:
     assert s.cache_miss_reason is None and s.cache_reused_tokens is None
 
 
+@pytest.mark.fast
 def test_a_request_without_a_slot_reads_sequence_0() -> None:
     """instr serve's requests name no slot: its steps (no seqs) hold sequence 0, one request at a
     time, so a slow step is its own."""
@@ -110,6 +114,7 @@ def test_a_request_without_a_slot_reads_sequence_0() -> None:
     assert "outside decode steps" in s.late_tokens[0].cause
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("cache", "reason"),
     [
@@ -199,6 +204,7 @@ def _write_log(path: Path, rows: list, reqs: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
 
 
+@pytest.mark.fast
 def test_the_command_lists_slowest_first_with_one_object_per_request(tmp_path: Path) -> None:
     rows, reqs = _steps_with_a_prefill()
     log = tmp_path / "s.log"
@@ -221,6 +227,7 @@ def test_the_command_lists_slowest_first_with_one_object_per_request(tmp_path: P
     assert json.loads(summary.stdout)["request_causes"] == got
 
 
+@pytest.mark.fast
 def test_a_log_without_requests_is_one_line(tmp_path: Path) -> None:
     log = tmp_path / "s.log"
     _write_log(log, [(0, MS, 1, [(0, 1)])], [])
@@ -355,7 +362,7 @@ def test_a_prompt_of_any_bytes_keeps_its_request_record(
     loses no record. Before the fix the text path let them through, llama_instr_write_record
     refused the record and llama-server ignored that: the request vanished without a trace."""
 
-    from tiny_gguf import FIRST_RAW_PIECE, write_tiny_model
+    from helpers.tiny_gguf import FIRST_RAW_PIECE, write_tiny_model
 
     pieces = [b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80"]
     model = write_tiny_model(tmp_path_factory.mktemp("raw") / "raw.gguf", seed=5, raw_pieces=pieces)

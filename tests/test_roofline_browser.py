@@ -11,11 +11,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import QUICK, Page, RunLog
+from helpers.support import QUICK, Page, RunLog
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.session import machine_peaks
 from llamacpp_instr.running import peak_probe as measure
+
+pytestmark = pytest.mark.native
 
 
 def test_summary_roofline_page(

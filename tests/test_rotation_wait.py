@@ -15,7 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import series, whole_lines
+import pytest
+from helpers.support import series, whole_lines
+
+pytestmark = pytest.mark.native
 
 MAX_BYTES = 64 * 1024
 N_GEN = 40

@@ -16,8 +16,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from rpc_backend import run_offloaded
-from support import by_type, read_log
+from helpers.rpc_backend import run_offloaded
+from helpers.support import by_type, read_log
+
+pytestmark = pytest.mark.native
 
 N_STEPS = 24
 
@@ -54,7 +56,7 @@ for llm in llms:
 
 @pytest.fixture(scope="module")
 def two_models(tiny_dir: Path) -> tuple[Path, Path]:
-    from tiny_gguf import write_tiny_model
+    from helpers.tiny_gguf import write_tiny_model
 
     return (
         write_tiny_model(tiny_dir / "ctx-a-2.gguf", arch="llama", n_layer=2, seed=11),

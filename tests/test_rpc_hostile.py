@@ -22,9 +22,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import netsim
 import pytest
-from support import by_type, free_port, loopback_server, read_log
+from helpers import netsim
+from helpers.support import by_type, free_port, loopback_server, read_log
+
+pytestmark = pytest.mark.native
 
 PROMPT = "The capital of France is"
 N_PREDICT = 8
@@ -164,7 +166,7 @@ def liar(upstream: str, mode: str, hello: int | None = None) -> Iterator[tuple[s
 @contextmanager
 def patched_server() -> Iterator[str]:
     """A patched RPC server (the libraries the bindings loaded) at a free loopback port."""
-    from rpc_backend import lib_dir
+    from helpers.rpc_backend import lib_dir
 
     upstream = f"127.0.0.1:{free_port()}"
     server = subprocess.Popen(
@@ -325,7 +327,7 @@ from pathlib import Path
 import llama_cpp
 from llama_cpp import llama_cpp as L
 sys.path.insert(0, {tests!r})
-from netsim import lib_file
+from helpers.netsim import lib_file
 import llamacpp_instr
 lib = Path(L._base_path)
 ggml = ctypes.CDLL(str(lib_file(lib, "libggml")), mode=ctypes.RTLD_GLOBAL)
@@ -359,8 +361,8 @@ def test_a_server_with_two_devices_is_timed_on_both(tiny_dir: Path, tmp_path: Pa
     fix the bound was the connection's last graph (the smaller device's): the larger device's
     recompute brought more ops than that, its block was refused as malformed, and timing stayed
     off for the server."""
-    from rpc_backend import lib_dir
-    from tiny_gguf import write_tiny_model
+    from helpers.rpc_backend import lib_dir
+    from helpers.tiny_gguf import write_tiny_model
 
     model = write_tiny_model(tiny_dir / "split-4.gguf", arch="llama", n_layer=4, seed=21)
     libs = [str(netsim.lib_file(lib_dir(), n)) for n in ("libggml-base", "libggml", "libggml-rpc")]

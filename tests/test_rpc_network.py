@@ -1,5 +1,5 @@
 """ggml's RPC backend across a real network on this machine: one client, two patched RPC servers on
-hosts of their own (network namespaces, tests/netsim.py), each behind a link of a known rate (tc
+hosts of their own (network namespaces, tests/helpers/netsim.py), each behind a link of a known rate (tc
 tbf) and delay (a TCP proxy), every layer of a tiny model offloaded to them. The client's log alone
 holds the run: every command sent (the model's upload included), and each host's ops as that host
 timed them, placed on the client's clock.
@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import netsim
 import pytest
-from support import by_type, converts_cleanly, read_log
+from helpers import netsim
+from helpers.support import by_type, converts_cleanly, read_log
+
+pytestmark = pytest.mark.native
 
 PROMPT = "The capital of France is"
 N_PREDICT = 10
@@ -38,7 +40,7 @@ TOLERANCE = 0.25
 @pytest.fixture(scope="module")
 def rpc_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Weights of 0.5 to 2 MiB (40 MB in all): their upload takes long enough to measure a link."""
-    from tiny_gguf import write_tiny_model
+    from helpers.tiny_gguf import write_tiny_model
 
     return write_tiny_model(
         tmp_path_factory.mktemp("rpc") / "tiny-rpc.gguf",
@@ -52,7 +54,7 @@ def rpc_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def patched_lib() -> Path:
-    from rpc_backend import lib_dir
+    from helpers.rpc_backend import lib_dir
 
     return lib_dir()
 
@@ -452,5 +454,5 @@ def test_instr_tools_names_the_rpc_server() -> None:
 
     from llamacpp_instr.cli import main
 
-    r = CliRunner().invoke(main, ["tools"])
+    r = CliRunner().invoke(main, ["doctor", "--tools"])
     assert r.exit_code == 0 and "ggml-rpc-server" in r.output

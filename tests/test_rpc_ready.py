@@ -9,7 +9,7 @@ Checked against facts the log records apart from the step's derived time: each r
 as its server timed it (placed on the client's clock, always before the reply that carried it), the
 raw ``step_end`` and ``transfers`` records, and ``token_time`` (the step's window, until its
 outputs were read). On the committed RPC fixture and on a real run against an RPC server on
-loopback (tests/rpc_backend.py)."""
+loopback (tests/helpers/rpc_backend.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rpc_backend import run_offloaded
-from support import read_log
+from helpers.rpc_backend import run_offloaded
+from helpers.support import read_log
 
 from llamacpp_instr.converters import load_session
 from llamacpp_instr.converters.analysis.frames import SessionFrames
@@ -86,6 +86,7 @@ def _tracker_durations(recs: list[dict[str, Any]]) -> list[float]:
     return out
 
 
+@pytest.mark.fast
 def test_the_rpc_fixture_steps_run_until_their_outputs_are_ready() -> None:
     f = load_session(FIXTURE)
     recs = read_log(FIXTURE)
@@ -100,6 +101,7 @@ def test_the_rpc_fixture_steps_run_until_their_outputs_are_ready() -> None:
     assert _tracker_durations(recs) == pytest.approx((f.steps["dur_ns"] / 1e9).tolist(), abs=1e-12)
 
 
+@pytest.mark.fast
 def test_a_cpu_log_keeps_llama_decode_s_time() -> None:
     f = load_session(FIXTURE.with_name("tiny-llama-detailed.log.gz"))
     assert (f.steps["dur_ns"] == f.steps["llama_decode_ns"]).all()

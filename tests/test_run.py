@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from gguf import GGUFReader
-from support import PROMPT, RunLog, by_type, make_run, read_log
+from helpers.support import PROMPT, RunLog, by_type, make_run, read_log
 
 from llamacpp_instr.cli import main
+
+pytestmark = pytest.mark.native
 
 
 def gguf_inventory(path: Path) -> dict[str, tuple[str, list[int], int]]:
@@ -86,7 +88,22 @@ def test_model_and_context_metadata(smollm2_detailed: RunLog, smollm2_path: Path
     c = smollm2_detailed.start["context"]
     assert c["n_ctx"] == 512 and c["n_threads"] == 2 and c["flash_attn"] is False
     mem = smollm2_detailed.start["memory"]
-    assert mem["weights"] == sum(w["bytes"] for w in smollm2_detailed.start["weights"])
+    weights = smollm2_detailed.start["weights"]
+    assert {w["name"] for w in weights} == {t.name for t in reader.tensors}
+    assert mem["weights"] == sum(b["weights"] for b in mem["buffers"])
+    by_buffer: dict[str, list[str]] = {}
+    for w in weights:
+        by_buffer.setdefault(w["buffer"], []).append(w["name"])
+    held = {b["buffer"]: b["weights"] for b in mem["buffers"] if b["weights"]}
+    assert set(held) == set(by_buffer)
+    spans = {t.name: (int(t.data_offset), int(t.n_bytes)) for t in reader.tensors}
+    for buffer, names in by_buffer.items():
+        if buffer == "CPU_Mapped":
+            # the file mapped from the first to the last byte of the tensors read from it
+            first = min(spans[n][0] for n in names)
+            assert held[buffer] == max(spans[n][0] + spans[n][1] for n in names) - first
+        else:  # an extra buffer type (AMX, CPU_REPACK) holds its copies at least whole
+            assert held[buffer] >= sum(spans[n][1] for n in names), buffer
     # f16 K and V caches: 2 * n_layer * n_ctx * n_embd_kv * 2 bytes
     n_embd_kv = m["n_embd"] // m["n_head"] * m["n_head_kv"]
     assert mem["kv_cache"] == 2 * m["n_layer"] * c["n_ctx"] * n_embd_kv * 2
@@ -334,7 +351,7 @@ def test_two_contexts_in_two_threads_never_interleave(
 
 
 def test_demo_runs_converts_and_checks(instr_api: Any, tmp_path: Path) -> None:
-    r = _cli("demo", "-o", str(tmp_path), "-n", "4")
+    r = _cli("doctor", "--demo", "-o", str(tmp_path), "-n", "4")
     assert r.exit_code == 0, r.output
     assert "log ok: " in r.output and "trace ok: " in r.output
     assert (tmp_path / "demo.pftrace").stat().st_size > 0

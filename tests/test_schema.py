@@ -13,6 +13,8 @@ import pytest
 
 from llamacpp_instr.contract import schema
 
+pytestmark = pytest.mark.fast
+
 SCHEMA_JSON = Path(schema.__file__).with_name(f"schema_v{schema.CURRENT_SCHEMA_VERSION}.json")
 
 

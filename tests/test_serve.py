@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import assert_same_trace, free_port, wait_ready
+from helpers.support import assert_same_trace, free_port, wait_ready
 
 from llamacpp_instr.cli import main
 
@@ -114,6 +114,7 @@ def test_the_log_converts(served: Any, tmp_path: Path) -> None:
     assert out.stat().st_size > 0
 
 
+@pytest.mark.fast
 def test_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,6 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.native
+
 # Run in a child process: freeing the model under the generating thread crashes the process.
 CHILD = r"""
 import sys, threading, time

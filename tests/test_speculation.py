@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import instr
+from helpers.support import instr
 
 from llamacpp_instr.converters import load_session
 from llamacpp_instr.converters.analysis import spec_split
+
+pytestmark = pytest.mark.fast
 
 MS = 1_000_000
 SID = "00000000000000ac"
@@ -212,7 +214,7 @@ def test_a_log_without_speculation_has_no_speculation(tmp_path: Path) -> None:
 
 
 def test_the_trace_shows_each_draft_and_the_verify_it_fed(tmp_path: Path) -> None:
-    from support import assert_same_trace, fast_trace, trace_slices
+    from helpers.support import assert_same_trace, fast_trace, trace_slices
 
     log = write_spec_log(tmp_path / "s.log")
     assert_same_trace(log)  # the fast writer as the reference's

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import (
+from helpers.support import (
     exec_server,
     instr,
     post_completion,
@@ -23,6 +23,8 @@ from support import (
 )
 
 from llamacpp_instr.converters import load_session
+
+pytestmark = pytest.mark.native
 
 PROMPTS = [
     "The history of the river mill begins",

@@ -21,6 +21,8 @@ from llamacpp_instr.converters.reading.decode.transfers import TransferRow, Tran
 from llamacpp_instr.converters.session import device_time as dt
 from llamacpp_instr.converters.session.step_times import _distinct, _Lookup, union_measure
 
+pytestmark = pytest.mark.fast
+
 DEVICES = [
     {"index": 0, "name": "CPU", "backend": "CPU", "type": "cpu"},
     {"index": 1, "name": "Vulkan0", "backend": "Vulkan", "type": "gpu"},

@@ -10,7 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 from gguf import GGUFReader
-from support import PROMPT, RunLog, make_run
+from helpers.support import PROMPT, RunLog, make_run
+
+pytestmark = pytest.mark.native
 
 
 def graphs(log: RunLog) -> dict[int, dict[str, Any]]:
@@ -233,7 +235,7 @@ def test_verbose_stats_count_nan_and_inf(tiny_dir: Path, tmp_path: Path) -> None
     """Every embedding row holds a NaN, a +inf and a -inf: the lookup's stats count them, and its
     min, max and mean are numpy's over the finite values (the blocks holding them are redone
     value by value)."""
-    from tiny_gguf import write_tiny_model
+    from helpers.tiny_gguf import write_tiny_model
 
     model = write_tiny_model(tmp_path / "poisoned.gguf", seed=3)
     # written through the reader's shared memory map of the file

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from support import (
+from helpers.support import (
     converts_cleanly,
     free_port,
     gguf_kv_bytes,
@@ -257,7 +257,7 @@ def test_exec_passes_the_programs_own_offload_options_through(
     """``instr exec`` hands llama-cli its own -ngl, --rpc and --device untouched: llama-cli
     registers the RPC server (a real one on loopback) and offloads the layers to it, and the log
     shows it."""
-    from rpc_backend import rpc_server
+    from helpers.rpc_backend import rpc_server
 
     log = tmp_path / "cli-rpc.log"
     with rpc_server() as endpoint:
@@ -444,6 +444,7 @@ def read_until(fd: int, what: str, seen: str = "") -> str:
     return seen
 
 
+@pytest.mark.fast
 def test_exec_passes_signals_on_once_and_ends_as_its_program_did(tmp_path: Path) -> None:
     """instr exec's child (llamacpp_instr.running.child): a signal sent to instr reaches the program once;
     Ctrl-C at the terminal is not passed on (the terminal sends it to the program itself); the
@@ -587,7 +588,7 @@ def test_sigint_with_the_default_action_ends_the_session(
 
 
 def test_tools_lists_them_and_exec_refuses_others(tools_bin: Path, tmp_path: Path) -> None:
-    r = CliRunner().invoke(main, ["tools"])
+    r = CliRunner().invoke(main, ["doctor", "--tools"])
     assert r.exit_code == 0
     for program in ("llama-server", "llama-cli", "llama-bench", "llama-perplexity"):
         assert str(tools_bin / program) in r.output

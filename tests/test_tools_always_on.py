@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import exec_server, fill, series, signal_server, whole_lines
+from helpers.support import exec_server, fill, series, signal_server, whole_lines
+
+pytestmark = pytest.mark.native
 
 MAX_BYTES = 64 * 1024
 

@@ -14,6 +14,8 @@ import pytest
 
 from llamacpp_instr.native import build, tools
 
+pytestmark = pytest.mark.fast
+
 
 def test_a_second_build_of_a_key_waits_for_the_first_and_reuses_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -16,16 +16,18 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from helpers.support import assert_same_trace, resolved
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from reference.chrome_json import reference_write_chrome_json
 from reference.layout import layout
-from support import assert_same_trace, resolved
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.formats.convert import to_perfetto
 from llamacpp_instr.converters.session import machine_peaks
 from llamacpp_instr.converters.session.fold import iter_events
 from llamacpp_instr.converters.traces.items import LayoutStats, Selection
+
+pytestmark = pytest.mark.native
 
 BANDWIDTH = 8.0  # GB/s
 MATMUL = {"f32": 20.0, "f16": 16.0, "q4_1": 40.0, "q8_0": 30.0}  # GFLOP/s

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from llamacpp_instr.contract.units import fmt_bytes
+
+pytestmark = pytest.mark.fast
 
 
 def test_bytes_read_in_the_largest_binary_unit_under_1024() -> None:

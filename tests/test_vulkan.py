@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import assert_buffers_sum_to_breakdown, by_type, live_buffers, read_log
-from vulkan_backend import offload_run, vulkan_env
+from helpers.support import assert_buffers_sum_to_breakdown, by_type, live_buffers, read_log
+from helpers.vulkan_backend import offload_run, vulkan_env
 
 pytestmark = pytest.mark.vulkan
 
@@ -47,7 +47,7 @@ class Offload:
 
 @pytest.fixture(scope="module")
 def tiny4(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tiny_gguf import write_tiny_model
+    from helpers.tiny_gguf import write_tiny_model
 
     out = tmp_path_factory.mktemp("vk_model") / "tiny-llama4-f32.gguf"
     return write_tiny_model(out, arch="llama", dtype="f32", n_layer=N_LAYER, seed=4)
@@ -294,7 +294,7 @@ def test_the_device_switches_are_read_once_per_session(tiny4: Path, tmp_path: Pa
     import subprocess
     import sys
 
-    from vulkan_backend import vulkan_device
+    from helpers.vulkan_backend import vulkan_device
 
     vulkan_device()
     r = subprocess.run(

@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import by_type, read_log
+from helpers.support import by_type, read_log
+
+pytestmark = pytest.mark.fast
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

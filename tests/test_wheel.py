@@ -16,6 +16,8 @@ import pytest
 
 from llamacpp_instr.native.build import read_overlay
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

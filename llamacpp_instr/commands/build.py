@@ -38,7 +38,7 @@ import click
     is_flag=True,
     help="Build llama.cpp's own llama-server, llama-cli, llama-bench, llama-perplexity and "
     "llama-fit-params, and ggml's RPC server ggml-rpc-server, from the same patched tree instead "
-    "of the wheel (cached; see `instr tools`, `instr exec`, `instr fit`).",
+    "of the wheel (cached; see `instr doctor --tools`, `instr exec`, `instr fit`).",
 )
 @click.option(
     "--vulkan",

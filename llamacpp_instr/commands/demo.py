@@ -12,12 +12,14 @@ from llamacpp_instr.commands.options import output_option
 DEMO_PROMPT = "The capital of France is"
 
 
-@click.command("demo")
+@click.command("demo", hidden=True)
 @output_option("Directory for demo.log and demo.pftrace.", directory=True, default=Path("."))
 @out_dir_alias
 @click.option("-n", "--n-predict", default=16, show_default=True, help="Tokens to generate.")
 def command(output: Path, n_predict: int) -> None:
-    """Run the bundled SmolLM2-135M at the detailed level, convert the log to a Perfetto trace,
+    """The old name of `instr doctor --demo`.
+
+    Run the bundled SmolLM2-135M at the detailed level, convert the log to a Perfetto trace,
     and check both: every log line parses, the session ended ok, every generated token's step holds
     per-op timings, and the trace was written. Exit status 2 if anything is off."""
     from llamacpp_instr.contract.errors import UserError

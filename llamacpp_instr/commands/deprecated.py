@@ -55,7 +55,7 @@ def chunk_size_options(f: F) -> F:
     )(f)
 
 
-# ``--out`` was run's and serve's name for -o/--output (the session log) until 0.1
+# ``--out``: run's and serve's old spelling of -o/--output (the session log)
 out_alias = deprecated_alias("--out", "-o/--output", "output", type=output_type())
-# ``--out-dir`` was export's and demo's name for -o/--output (a directory) until 0.1
+# ``--out-dir``: export's and demo's old spelling of -o/--output (a directory)
 out_dir_alias = deprecated_alias("--out-dir", "-o/--output", "output", type=output_type(True))

@@ -92,7 +92,7 @@ def command(
         )
     if program in tools.PROGRAMS and program not in tools.LOGGED_PROGRAMS:
         raise click.UsageError(
-            f"{program} writes no log (it does not run libllama): start it as it is (`instr tools` "
+            f"{program} writes no log (it does not run libllama): start it as it is (`instr doctor --tools` "
             "says where); the log of the client that uses it holds its times"
         )
     exe = tools.find(program, build.VULKAN_CMAKE_ARGS if vulkan else ())

@@ -1,4 +1,5 @@
-"""``instr follow``: watch a session log while it is being written."""
+"""``instr follow``: watch a session log while it is being written, or serve its figures to
+Prometheus (``--prometheus``)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,46 @@ import click
     show_default=True,
     help="Seconds to wait for LOG to appear.",
 )
-def command(log: Path, wait: float) -> None:
+@click.option(
+    "--prometheus",
+    metavar="HOST:PORT",
+    help="Serve LOG's figures at http://HOST:PORT/metrics instead, e.g. 127.0.0.1:9400 "
+    "(:9400: every interface).",
+)
+@click.option("--listen-fd", type=int, hidden=True, help="A listening socket inherited.")
+@click.option("--after", type=click.IntRange(min=0), hidden=True, help="Begin at this byte.")
+@click.option("--parent-pid", type=int, hidden=True, help="End when this process has ended.")
+def command(
+    log: Path,
+    wait: float,
+    prometheus: str | None,
+    listen_fd: int | None,
+    after: int | None,
+    parent_pid: int | None,
+) -> None:
     """Follow a session LOG while another process writes it (instr run, instr serve, or your own
     program with a session open): a refreshing view of tokens/s, step-time percentiles, time per
     layer, top ops, KV cells used and memory. When stdout is not a terminal, one plain line per
-    step instead. Exits 0 when the session ends, and on Ctrl-C."""
+    step instead. Exits 0 when the session ends, and on Ctrl-C.
+
+    With --prometheus HOST:PORT, serve LOG's figures at /metrics in Prometheus' text format
+    instead (a rotated series included: LOG.1, LOG.2... are read first), from a process of its own:
+    a scrape never touches the program that writes the log. Histograms: time to first token,
+    inter-token latency, end-to-end latency, queue, prefill, decode and inference time, prompt and
+    generated tokens per request (from llama-server's or instr serve's request records), tokens
+    and time per decode step by kind. Counters: requests by outcome, tokens, prompt-cache hits and
+    queries. Gauges: busy slots, KV cells used and allocated, the prompt-cache reuse ratio, memory
+    per buffer. Names and buckets are vLLM's (prefix llamacpp_instr: for vllm:) where vLLM has the
+    metric:
+
+        instr follow server.log --prometheus 127.0.0.1:9400
+
+    `instr exec --metrics HOST:PORT` and `instr serve --metrics HOST:PORT` start it beside the
+    program. Runs until Ctrl-C or SIGTERM; a port in use is an error (exit 2).
+    docs/grafana-dashboard.json is a Grafana dashboard of these metrics."""
+    if prometheus is not None or listen_fd is not None:
+        _serve(log, prometheus, wait, listen_fd, after, parent_pid)
+        return
     from llamacpp_instr.converters.reports.renderers.live import follow
 
     try:
@@ -28,3 +64,26 @@ def command(log: Path, wait: float) -> None:
     except KeyboardInterrupt:
         return
     click.echo(f"session ended: status {status}", err=True)
+
+
+def _serve(
+    log: Path,
+    listen: str | None,
+    wait: float,
+    listen_fd: int | None,
+    after: int | None,
+    parent_pid: int | None,
+) -> None:
+    """--prometheus: serve LOG's figures at ``listen``, or on the socket ``listen_fd`` that the
+    command starting a program beside it bound (running/exporter_launch.py)."""
+    import socket
+
+    from llamacpp_instr.contract.errors import UserError
+    from llamacpp_instr.running import exporter_launch as launch
+
+    if parent_pid is None and wait == 0 and not log.exists():
+        raise UserError(f"log file not found: {log}")
+    sock = launch.bind(listen) if listen is not None else socket.socket(fileno=listen_fd)
+    if listen is not None:
+        click.echo(f"instr follow: {launch.url(sock)} serving {log}", err=True)
+    launch.serve(log, sock, wait, after, parent_pid)

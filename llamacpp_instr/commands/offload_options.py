@@ -1,4 +1,4 @@
-"""Where a model's layers run: -ngl/--gpu-layers, --device, --rpc, --tensor-split (the values and
+"""Where a model's layers run: -ngl/--gpu-layers, --device, --rpc, --tensor-split, --repack (the values and
 their checks are ``llamacpp_instr.running.offload``'s, shared with the Python API)."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def offload_options(
     layers_default: str | None = None,
 ) -> Callable[[F], F]:
     """The offload options a command takes, passed to it as one ``offload`` (an
-    ``offload.Offload``): -ngl/--gpu-layers, --device, --rpc and --tensor-split, each defined
+    ``offload.Offload``): -ngl/--gpu-layers, --device, --rpc, --tensor-split and --repack, each defined
     here once. ``layers_default``: what -ngl's default is in words, where it is not 0 (a log's
     placement, a search)."""
     from llamacpp_instr.running import offload as o
@@ -59,10 +59,19 @@ def offload_options(
                 devices=kwargs.pop("device", None),
                 rpc=kwargs.pop("rpc", None) or (),
                 tensor_split=kwargs.pop("tensor_split", None),
+                repack=kwargs.pop("repack", True),
             )
             return f(*args, **kwargs)
 
         g: Any = wrapper
+        g = click.option(
+            "--repack/--no-repack",
+            " /-nr",
+            default=True,
+            show_default=True,
+            help="Let the CPU keep weights repacked for its kernels (CPU_REPACK, Intel AMX), a "
+            "copy beside the file's mapping, as llama.cpp does by default (-nr: as in the file).",
+        )(g)
         if split:
             g = click.option(
                 "--tensor-split",

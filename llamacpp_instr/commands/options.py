@@ -26,7 +26,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 #   --top          rows per table in text and markdown
 #   --strict       refuse a damaged log instead of skipping its bad lines
 #   --peaks        an `instr peaks` file (default: the cached peaks of the log's machine)
-#   --metrics      HOST:PORT of an `instr metrics` exporter beside the program (exec, serve)
+#   --metrics      HOST:PORT of an `instr follow --prometheus` exporter beside the program (exec, serve)
 #   --sample, --sample-requests, --max-bytes, --keep   always on (run, serve, exec):
 #                  ``always_on_options``, given to the command as one ``always_on``
 #   -ngl/--gpu-layers, --device, --rpc, --tensor-split   where a model's layers run (offload.py)
@@ -114,13 +114,13 @@ topk_option = click.option(
     show_default=True,
     help="Logits kept per token at verbose.",
 )
-# instr exec, instr serve: an `instr metrics` exporter beside the program (running/exporter_launch.py)
+# instr exec, instr serve: an `instr follow --prometheus` exporter beside the program (running/exporter_launch.py)
 metrics_option = click.option(
     "--metrics",
     metavar="HOST:PORT",
     default=None,
     help="Serve the log's figures to Prometheus at http://HOST:PORT/metrics from a process of its "
-    "own beside the program (`instr metrics`).",
+    "own beside the program (`instr follow --prometheus`).",
 )
 top_option = click.option(
     "--top",

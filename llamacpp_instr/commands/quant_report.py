@@ -20,7 +20,7 @@ from llamacpp_instr.commands.output import check_output, emit
     type=click.Path(path_type=Path),
     help="A session log to read the weight inventory and run-time memory from (repeatable).",
 )
-# --session meant a session id everywhere else: the log path took that name here until 0.1
+# --session, the old spelling of --log here, means a session id in every other command
 @deprecated_alias("--session", "--log", "logs", multiple=True, type=click.Path(path_type=Path))
 @report_options()
 @click.option(

@@ -69,7 +69,8 @@ def command(
     fail are recorded with their HTTP status, streams the client dropped as `cancelled`. Ctrl-C
     or SIGTERM stops the server and ends the session as `interrupted`; the log stays valid.
     SIGHUP reopens the log at its path (logrotate); --max-bytes rotates it itself. --metrics
-    HOST:PORT serves the log's figures to Prometheus from a process of its own (`instr metrics`)."""
+    HOST:PORT serves the log's figures to Prometheus from a process of its own (`instr follow
+    --prometheus`)."""
     from llamacpp_instr.native import models
     from llamacpp_instr.running import runner, serve
 

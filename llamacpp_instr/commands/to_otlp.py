@@ -10,7 +10,7 @@ import click
 BATCH = 512  # spans per post at most
 
 
-@click.command("to-otlp")
+@click.command("to-otlp", hidden=True)
 @click.argument("log", type=click.Path(path_type=Path))
 @click.option(
     "--endpoint",
@@ -38,7 +38,9 @@ BATCH = 512  # spans per post at most
     "about 30 spans a step for a 30-layer model).",
 )
 def command(log: Path, endpoint: str, follow: bool, wait: float, layers: bool) -> None:
-    """Send the requests of a session LOG (llama-server's under `instr exec`, or `instr serve`'s)
+    """The old name of `instr export LOG --otlp URL`.
+
+    Send the requests of a session LOG (llama-server's under `instr exec`, or `instr serve`'s)
     to an OpenTelemetry collector as traces: one span per request, from its arrival to the end of
     its response, with a child span per decode step its slot took part in. Attributes follow the
     GenAI semantic conventions (gen_ai.operation.name, gen_ai.request.model,
@@ -46,8 +48,8 @@ def command(log: Path, endpoint: str, follow: bool, wait: float, layers: bool) -
     to first token, slot and prompt-cache tokens; an error's span has status ERROR. With
     --layers, each step span has a child per layer (when the layer ran, on which step).
 
-        instr to-otlp server.log --endpoint http://127.0.0.1:4318
-        instr to-otlp server.log --endpoint http://collector:4318/v1/traces --follow
+        instr export server.log --otlp http://127.0.0.1:4318
+        instr export server.log --otlp http://collector:4318/v1/traces --follow
 
     A collector that is down never holds the log's reading back: a batch is retried, then lost
     and counted. The last line says how many spans were sent and lost; the exit status is 1 when
@@ -101,7 +103,7 @@ def command(log: Path, endpoint: str, follow: bool, wait: float, layers: bool) -
     lost = sender.lost
     why = f" ({sender.last_error})" if lost and sender.last_error else ""
     click.echo(
-        f"instr to-otlp: {requests} requests, {sender.sent} spans sent to {url}, {lost} lost{why}",
+        f"instr export: {requests} requests, {sender.sent} spans sent to {url}, {lost} lost{why}",
         err=True,
     )
     if lost:

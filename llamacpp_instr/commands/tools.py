@@ -7,14 +7,16 @@ import click
 from llamacpp_instr.commands.output import answer
 
 
-@click.command("tools")
+@click.command("tools", hidden=True)
 @click.option(
     "--vulkan",
     is_flag=True,
     help="The programs built with ggml's Vulkan backend (--tools --vulkan).",
 )
 def command(vulkan: bool) -> None:
-    """Print where llama-server, llama-cli, llama-bench, llama-perplexity, ggml-rpc-server and
+    """The old name of `instr doctor --tools`.
+
+    Print where llama-server, llama-cli, llama-bench, llama-perplexity, ggml-rpc-server and
     llama-fit-params are.
 
     They are built from the same patched llama.cpp as the wheel by `instr build --tools` and cached

@@ -11,13 +11,15 @@ from llamacpp_instr.commands.options import output_option, session_option, stric
 from llamacpp_instr.commands.output import load_log
 
 
-@click.command("workloads")
+@click.command("workloads", hidden=True)
 @click.argument("log", type=click.Path(path_type=Path))
 @output_option("JSONL file (default: stdout).")
 @session_option
 @strict_option
 def command(log: Path, output: Path | None, sid: str | None, strict: bool) -> None:
-    """List each unique (op, input shapes and types) a session LOG executed, with its axes (a
+    """The old name of `instr export LOG --workloads`.
+
+    List each unique (op, input shapes and types) a session LOG executed, with its axes (a
     matmul's M, N, K and weight type), count, total and mean time: the kernels that matter for this
     model, biggest first, as JSON lines."""
     import json

@@ -201,6 +201,8 @@ class Prober:
         self._ll = ll
         self._lib = bindings.load()
         self.names = names  # device names by registry index
+        self.path = path
+        self._gap: int | None = None  # mapping_gap at this -ngl, once known
         params = ll.llama_model_default_params()
         placement.apply(params)
         params.no_alloc = True
@@ -231,10 +233,14 @@ class Prober:
             self._ll.llama_free(ctx)
 
     def footprint(self, cfg: runner.RunConfig) -> Footprint:
-        """llama.cpp's projection of ``cfg``: {device: {purpose: bytes}}, zeros left out."""
+        """llama.cpp's projection of ``cfg``: {device: {purpose: bytes}}, zeros left out, with
+        the CPU's weights as a run's mapping of the file holds them (``mapping_gap``)."""
         with self._context(cfg) as ctx:
             rows = self._lib.memory_breakdown(ctx)
-        out: Footprint = {}
+        if self._gap is None:
+            start = next((r for r in self._probe(cfg) or [] if r["type"] == "session_start"), {})
+            self._gap = mapping_gap(self.path, start.get("weights") or [])
+        out: Footprint = {"CPU": {"weights": self._gap}} if self._gap else {}
         for row in rows:
             i = int(row.get("device", -1))
             dev = self.names[i] if 0 <= i < len(self.names) else str(row.get("buffer_type"))
@@ -244,24 +250,32 @@ class Prober:
                     d[purpose] = d.get(purpose, 0) + int(row[purpose])
         return out
 
-    def unlisted(self, cfg: runner.RunConfig) -> Footprint:
-        """What a context allocates even with no_alloc and llama.cpp's breakdown leaves out (its
-        output buffer): the live buffers of the patched library's table, which a session begins
-        with. {} when a session can't be opened (one is open already: LLAMA_INSTR_LOG)."""
+    def _probe(self, cfg: runner.RunConfig) -> list[dict[str, Any]] | None:
+        """The records of a session begun and ended on a context of ``cfg`` (the live buffers,
+        the weights and where they are); None when a session can't be opened (one is open
+        already: LLAMA_INSTR_LOG)."""
         with self._context(cfg) as ctx, tempfile.TemporaryDirectory() as tmp:
             log = Path(tmp) / "probe.log"
             try:
                 self._lib.session_begin(ctx, str(log), "minimal", {"tool": "instr fit"})
                 self._lib.session_end()
             except bindings.SessionError:
-                return {}
-            live: dict[int, dict[str, Any]] = {}
-            for line in log.read_text().splitlines():
-                r = json.loads(line)
-                if r.get("type") == "memory_alloc":
-                    live[r["id"]] = r
-                elif r.get("type") == "memory_free":
-                    live.pop(r["id"], None)
+                return None
+            return [json.loads(line) for line in log.read_text().splitlines()]
+
+    def unlisted(self, cfg: runner.RunConfig) -> Footprint:
+        """What a context allocates even with no_alloc and llama.cpp's breakdown leaves out (its
+        output buffer): the live buffers of the patched library's table, which a session begins
+        with. {} when a session can't be opened."""
+        records = self._probe(cfg)
+        if records is None:
+            return {}
+        live: dict[int, dict[str, Any]] = {}
+        for r in records:
+            if r.get("type") == "memory_alloc":
+                live[r["id"]] = r
+            elif r.get("type") == "memory_free":
+                live.pop(r["id"], None)
         out: Footprint = {}
         for r in live.values():
             if r["purpose"] in BREAKDOWN_PURPOSES or r["purpose"] == "recurrent" or not r["bytes"]:
@@ -271,6 +285,28 @@ class Prober:
             d = out.setdefault(dev, {})
             d[r["purpose"]] = d.get(r["purpose"], 0) + int(r["bytes"])
         return out
+
+
+def mapping_gap(path: Path, weights: list[dict[str, Any]]) -> int:
+    """What a run's mapping of the file holds beyond the weights kept in the CPU's own buffer
+    type. A run maps (``use_mmap``, llama.cpp's default) the file from the first to the last byte
+    of those weights as one buffer (CPU_Mapped), and its breakdown counts the whole range, while
+    a no_alloc projection counts their bytes alone: the two differ by the weights that lie
+    between them in the file but live elsewhere (in an extra buffer type, AMX or CPU_REPACK, or
+    on a GPU) and by the file's alignment padding."""
+    from gguf import GGUFReader
+
+    kept = {str(w.get("name")) for w in weights if w.get("buffer") == "CPU"}
+    if not kept:
+        return 0
+    spans = [
+        (int(t.data_offset), int(t.n_bytes)) for t in GGUFReader(path).tensors if t.name in kept
+    ]
+    if not spans:
+        return 0
+    first = min(o for o, _ in spans)
+    last = max(o + n for o, n in spans)
+    return max(0, last - first - sum(n for _, n in spans))
 
 
 def merge(a: Footprint, b: Footprint) -> Footprint:
@@ -341,7 +377,11 @@ def fit_model(path: Path, quant: str, fc: FitConfig) -> Answer:
     def prober(ngl: int) -> Prober:
         if ngl not in probers:
             # no layer offloaded: the CPU only (and no warning that the devices go unused)
-            o = replace(fc.offload, gpu_layers=ngl) if ngl else offload.Offload()
+            o = (
+                replace(fc.offload, gpu_layers=ngl)
+                if ngl
+                else offload.Offload(repack=fc.offload.repack)
+            )
             placement = offload.prepare(o)
             probers[ngl] = Prober(path, placement, names)
         return probers[ngl]
@@ -458,8 +498,9 @@ def llama_fit_params(
 
 
 def offload_args(o: offload.Offload, split_flag: str) -> list[str]:
-    """--device, --rpc and the tensor split as a command line (instr run's or llama.cpp's)."""
-    args = []
+    """--device, --rpc, the tensor split and --no-repack as a command line (instr run's or
+    llama.cpp's)."""
+    args = [] if o.repack else ["--no-repack"]
     if o.devices is not None:
         args += ["--device", ",".join(o.devices) or "none"]
     if o.rpc:

@@ -1,6 +1,6 @@
-"""Where a mixture of experts' expert weights go (``instr plan --experts``, ``instr fit --experts``;
-issue 52 §6): the placements of the expert tensors between the GPU and the host that fit the
-memory, ranked by predicted speed.
+"""Where a mixture of experts' expert weights go: the placements of the expert tensors between the
+GPU and the host that fit the memory, ranked by predicted speed (``instr plan --experts``,
+``instr fit --experts``).
 
 The other layers go where -ngl puts them (all, by default); the candidates are llama.cpp's
 ``--n-cpu-moe N`` for each N (the experts of the first N layers on the CPU) and, per count, the

@@ -145,7 +145,7 @@ def measure_memory(cands: list[Candidate], limits: dict[str, int], base: offload
                 o = (
                     replace(base, gpu_layers=c.n_gpu_layers)
                     if c.n_gpu_layers
-                    else offload.Offload()
+                    else offload.Offload(repack=base.repack)
                 )
                 probers[key] = fit.Prober(c.model, offload.prepare(o), names)
             cfg = runner.RunConfig(

@@ -1,4 +1,4 @@
-"""Always on: what bounds a session's cost and size (issue 29), as ``run``, ``serve``, ``exec`` and
+"""Always on: what bounds a session's cost and size, as ``run``, ``serve``, ``exec`` and
 the API take it.
 
 * sampling: ``sample`` — one decode step in N at the chosen level, the others at minimal;

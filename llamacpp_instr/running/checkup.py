@@ -1,4 +1,4 @@
-"""What is installed (``instr doctor``, ``instr tools``): the llama-cpp-python build and whether it
+"""What is installed (``instr doctor``, ``instr doctor --tools``): the llama-cpp-python build and whether it
 is made of these patches, the devices its ggml sees, and where llama.cpp's own programs are."""
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def programs_report(p: Programs) -> Report:
         whole=True,
     )
     return Report(
-        title="llama.cpp's own programs (instr tools)",
+        title="llama.cpp's own programs (instr doctor --tools)",
         sections=[Section(title="Programs", tables=[table])],
         data={"programs": p.where},
     )

@@ -3,7 +3,7 @@ offloaded to, found by name, and RPC servers added to it as devices.
 
 The functions are looked up through llama_cpp's own library handle, whose dependencies include
 libggml: loading libggml again by file name could give this process a second ggml with a registry
-of its own, which libllama would never see (tests/rpc_backend.py says how). What a device is
+of its own, which libllama would never see (tests/helpers/rpc_backend.py says how). What a device is
 (name, backend, type, memory) is read by the native ``llama_instr_machine_info``, the same record
 ``session_start.machine.devices`` holds.
 """

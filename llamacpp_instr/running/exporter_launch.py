@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 from llamacpp_instr.converters.formats.log_input import UserError
 
@@ -23,7 +26,9 @@ def parse_listen(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:9400`` for IPv6; ``:9400``: every interface) -> (host, port)."""
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise UserError(f"--listen/--metrics wants HOST:PORT, e.g. 127.0.0.1:9400 (got {text!r})")
+        raise UserError(
+            f"--prometheus/--metrics wants HOST:PORT, e.g. 127.0.0.1:9400 (got {text!r})"
+        )
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     return host or "0.0.0.0", int(port)
 
@@ -58,14 +63,14 @@ def url(sock: socket.socket) -> str:
 
 
 def start_beside(log: Path, listen: str) -> subprocess.Popen[bytes]:
-    """Start ``instr metrics`` on ``log`` at ``listen`` for the program this process is about to
+    """Start ``instr follow --prometheus`` on ``log`` at ``listen`` for the program this process is about to
     run (or become, with exec): it reads what the program appends to ``log`` (from its size now),
     and ends when this process has ended and the log is read."""
     sock = bind(listen)
     try:
         offset = log.stat().st_size if log.is_file() else 0
         fd = sock.fileno()
-        cmd = [sys.executable, "-m", "llamacpp_instr.cli", "metrics", str(log.resolve())]
+        cmd = [sys.executable, "-m", "llamacpp_instr.cli", "follow", str(log.resolve())]
         cmd += ["--listen-fd", str(fd), "--after", str(offset), "--parent-pid", str(os.getpid())]
         print(f"instr: metrics at {url(sock)}", file=sys.stderr, flush=True)
         # a session of its own: Ctrl-C at the terminal goes to the program, and the exporter reads
@@ -75,3 +80,48 @@ def start_beside(log: Path, listen: str) -> subprocess.Popen[bytes]:
         )
     finally:
         sock.close()  # the exporter holds it now (and the program must not inherit it)
+
+
+class _Stop(Exception):
+    """SIGTERM: stop serving (exit 0)."""
+
+
+def _on_term(signum: int, frame: FrameType | None) -> None:
+    raise _Stop
+
+
+def serve(
+    log: Path,
+    sock: socket.socket,
+    wait: float,
+    after: int | None = None,
+    parent_pid: int | None = None,
+) -> None:
+    """Follow ``log`` (from byte ``after``; a rotated series included) and serve its figures at
+    /metrics on ``sock`` until Ctrl-C or SIGTERM, or, beside a program (``parent_pid``, which
+    started this process), until that program has ended and its log is read."""
+    from llamacpp_instr.converters.formats.live_figures import RequestTracker
+    from llamacpp_instr.converters.formats.prometheus import Metrics, serve_http
+    from llamacpp_instr.converters.reading.tail import follow_log
+
+    if parent_pid is not None:
+        wait = float("inf")  # the program beside it creates the log when it opens its session
+    metrics = Metrics()
+    server = serve_http(sock, metrics.registry)
+    stop: Callable[[], bool] | None = None
+    if parent_pid is not None:
+        os.nice(5)  # beside the program it measures: the program's CPU comes first
+
+        def stop() -> bool:
+            return os.getppid() != parent_pid
+
+    signal.signal(signal.SIGTERM, _on_term)
+    tracker = RequestTracker()
+    try:
+        for rec in follow_log(log, wait=wait, stop=stop, offset=after):
+            metrics.observe(tracker.add(rec))
+    except (KeyboardInterrupt, _Stop):
+        pass
+    finally:
+        server.shutdown()
+        sys.stderr.flush()

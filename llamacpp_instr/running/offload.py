@@ -9,6 +9,9 @@
   devices (``RPC0``, ``RPC1``...) before the model loads, as llama.cpp's own ``--rpc`` does.
 - ``tensor_split`` (``--tensor-split``): the share of the offloaded layers each device gets, in
   the order of the devices used.
+- ``repack`` (``--repack/--no-repack``, llama.cpp's own, on by default): whether the CPU may keep
+  weights in its extra buffer types (``CPU_REPACK``, Intel AMX's ``AMX``), which hold them
+  rearranged for its kernels, a copy beside the file's mapping (``use_extra_bufts``).
 
 ``Offload`` holds the values and checks them without touching anything; ``prepare`` checks each
 RPC server answers, registers it, finds the devices by name and returns a ``Placement``, which
@@ -106,6 +109,7 @@ class Offload:
     devices: tuple[str, ...] | None = None
     rpc: tuple[str, ...] = ()
     tensor_split: tuple[float, ...] | None = None
+    repack: bool = True
 
     def __post_init__(self) -> None:
         for name, option, parse in (
@@ -134,6 +138,7 @@ class Offload:
             "devices": None if self.devices is None else list(self.devices),
             "rpc": list(self.rpc),
             "tensor_split": None if self.tensor_split is None else list(self.tensor_split),
+            "repack": self.repack,
         }
 
 
@@ -153,8 +158,9 @@ class Placement:
         return self.offload.offloads and bool(self.devices)
 
     def apply(self, params: Any) -> None:
-        """Set a ``llama_model_params``: layers, devices and split (the arrays live as long as
-        this placement; llama.cpp copies them while the model loads)."""
+        """Set a ``llama_model_params``: layers, devices, split and repacking (the arrays live as
+        long as this placement; llama.cpp copies them while the model loads)."""
+        params.use_extra_bufts = self.offload.repack
         layers = self.offload.gpu_layers
         params.n_gpu_layers = -1 if layers == ALL else int(layers)  # negative: all (llama.h)
         devs = self._dev_array

@@ -21,7 +21,7 @@ from pathlib import Path
 from llamacpp_instr.contract.errors import UserError
 
 # ggml's RPC server on the ggml libraries of argv[1:4] (base, ggml, rpc): this machine's CPU device
-# served at argv[4] with argv[5] threads. The tests' RPC hosts (tests/netsim.py, rpc_backend.py) run
+# served at argv[4] with argv[5] threads. The tests' RPC hosts (tests/helpers/netsim.py, rpc_backend.py) run
 # the same script.
 SERVE_SCRIPT = r"""
 import ctypes, sys

@@ -2,7 +2,7 @@
 
 One ``OpTiming`` per op from ``session.fold.iter_events`` (the per-op decoding), rows appended one by
 one, each column converted on its own: every table, dtype, category order, skipped-record report
-and session info of ``converters.frames`` must match what this gives (tests/test_frames_fast.py),
+and session info of ``converters.frames`` must match what this gives (tests/test_frames_bulk_matches_reference.py),
 on the fixtures, on real logs, on a bigger synthetic log, and on damaged ones. The tables'
 columns are listed here, in order, as the analysis API documents them.
 """

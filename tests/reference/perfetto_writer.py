@@ -7,7 +7,7 @@ Slices become BEGIN/END pairs; each step's events are sorted so that slices nest
 
 This is the tests' reference: one protobuf object per packet (Perfetto's own classes), easy to
 check, and slow (some 20,000 ops a second). ``instr to-perfetto`` uses
-``perfetto.write_perfetto_fast``, which writes the same trace (tests/test_perfetto_fast.py
+``perfetto.write_perfetto_fast``, which writes the same trace (tests/test_perfetto_bulk_matches_reference.py
 compares the two) many times faster (bench/convert.py). It reads the per-op layout of
 ``reference.layout``.
 """

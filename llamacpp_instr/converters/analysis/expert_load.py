@@ -1,4 +1,4 @@
-"""A mixture of experts' routing, per layer, from ``SessionFrames.experts`` (issue 52 §5): the load
+"""A mixture of experts' routing, per layer, from ``SessionFrames.experts``: the load
 of each expert (tokens routed to it over the session's steps), how uneven it is (the busiest
 expert's tokens over the mean, and the entropy of the routing in bits), the share of the layer's
 experts each ubatch touched (what a MUL_MAT_ID had to read), and the hottest experts."""

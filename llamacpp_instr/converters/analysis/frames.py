@@ -254,7 +254,7 @@ class _Builder:
         for c, cc in zip(s.computes, cols, strict=True):
             g = c.graph
             has_ops = g is not None and cc.ops.shape[1] > 0
-            ubatch = -1  # converted only for rows that show it, as before
+            ubatch = -1  # converted only for the layer and op rows, the rows that show it
             if len(cc.layers) or has_ops:
                 ubatch = -1 if c.ubatch is None else int(c.ubatch)
             if len(cc.layers):

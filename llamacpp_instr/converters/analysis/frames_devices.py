@@ -1,6 +1,6 @@
 """The analysis API's tables for a run on several devices (``frames.load_session``), built by
 ``frames``' builder as it reads the steps. A session whose machine lists one device (CPU-only) has
-none of them, and its tables are as before.
+none of them, and its tables have no device columns.
 
 * ``ops.device``, ``layers.device``: the device that ran each op and timed each layer span
   (ggml's device names, a categorical in the machine's order; ``device_time.op_devices``).

@@ -131,7 +131,7 @@ class OpsBuilder:
                         codes.append(index.setdefault(str(v), len(index)))
                 # every value fits before any column grows
                 array("q", row)
-            except Exception as exc:  # raised when an op of this node is joined, as before
+            except Exception as exc:  # raised only where a compute's op rows name this node
                 meta.errors[k] = exc
                 row, codes = (0, 0, 0, 0), [-1] * len(OP_CATS)
             self.node_i.append(row[0])

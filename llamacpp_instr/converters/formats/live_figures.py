@@ -75,7 +75,7 @@ class RequestFigures:
     itl_s: list[float]  # the gaps between its tokens
     cached_tokens: int | None  # prompt tokens its slot's cache held (not decoded again)
     # why its prompt reused less than a cache held (request_causes.MISS_REASONS; None: it reused
-    # all it could, or the record does not say, as before llama-server's ``cache`` object)
+    # all it could, or the record has no ``cache`` object to say)
     cache_miss: str | None
     running: int
     steps: list[StepSpan]  # the steps that served it, in time order

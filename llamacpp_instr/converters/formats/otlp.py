@@ -1,4 +1,4 @@
-"""A session log's requests as OpenTelemetry traces over OTLP/HTTP (``instr to-otlp``).
+"""A session log's requests as OpenTelemetry traces over OTLP/HTTP (``instr export --otlp``).
 
 One span per request (its arrival to its response's end), with a child per decode step its slot's
 sequence took part in (``live_figures``), built with ``opentelemetry-proto``'s messages and sent
@@ -51,12 +51,12 @@ def endpoint_url(text: str) -> str:
     u = urllib.parse.urlsplit(text)
     if u.scheme not in ("http", "https") or not u.hostname:
         raise UserError(
-            f"--endpoint wants an http(s) URL such as http://127.0.0.1:4318 (got {text!r})"
+            f"--otlp/--endpoint wants an http(s) URL such as http://127.0.0.1:4318 (got {text!r})"
         )
     try:
         u.port  # noqa: B018 (a bad port raises)
     except ValueError:
-        raise UserError(f"--endpoint has a bad port: {text!r}") from None
+        raise UserError(f"--otlp/--endpoint has a bad port: {text!r}") from None
     if u.path in ("", "/"):
         return urllib.parse.urlunsplit((u.scheme, u.netloc, "/v1/traces", u.query, ""))
     return text

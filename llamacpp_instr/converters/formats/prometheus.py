@@ -1,4 +1,4 @@
-"""A session log's figures as Prometheus metrics (``instr metrics``), with ``prometheus-client``.
+"""A session log's figures as Prometheus metrics (``instr follow --prometheus``), with ``prometheus-client``.
 
 Names and buckets are vLLM's where vLLM has the metric (``vllm/v1/metrics/loggers.py``), under
 our own prefix, so that a vLLM dashboard's queries carry over with the prefix changed. The

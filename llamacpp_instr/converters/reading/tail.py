@@ -5,8 +5,8 @@ appended, each line read as every reader reads it (``reader.parse_line``).
 completes, skips a damaged line as the converters skip it, and follows the log into the file that
 replaces it (rotated, or reopened after logrotate) once the old one is read to its end.
 ``instr follow`` and ``instr run --live`` follow one session (``to_session_end``); the exporters
-(``instr metrics``, ``instr to-otlp --follow``) follow every run a program appends, the rotated
-files before it first (``follow_log``).
+(``instr follow --prometheus``, ``instr export --otlp --follow``) follow every run a program
+appends, the rotated files before it first (``follow_log``).
 """
 
 from __future__ import annotations

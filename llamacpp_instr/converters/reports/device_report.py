@@ -1,6 +1,6 @@
 """Where a token's time goes per device, as report pieces: the summary's ``Devices`` section and
 compare's. Both read the tables of ``analysis.frames_devices`` (``device_steps``, ``token_time``), whose
-figures ``device_time`` defines; a CPU-only log has none, and its reports are as before.
+figures ``device_time`` defines; a CPU-only log has none, and its reports have no such section.
 
 Phases: ``decode`` (generation steps; the figures are per generated token: totals over the
 steps divided by their tokens), ``prompt`` (totals over the prompt steps) and ``load`` (the

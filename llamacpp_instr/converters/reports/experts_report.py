@@ -1,4 +1,4 @@
-"""``instr experts``: a mixture of experts' routing per layer, as a report (issue 52 §5).
+"""``instr experts``: a mixture of experts' routing per layer, as a report.
 
 The figures are ``analysis.expert_load``'; this module lays them out: a table per layer (tokens,
 imbalance, entropy, share of experts each ubatch touched, the hottest experts), and a heatmap of

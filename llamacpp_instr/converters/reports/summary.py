@@ -1,4 +1,4 @@
-"""Summaries of a session (``instr summary``) and its op workload inventory (``instr workloads``).
+"""Summaries of a session (``instr summary``) and its op workload inventory (``instr export --workloads``).
 
 Both are computed from the DataFrames of ``converters.frames`` — the same model as every writer.
 """

@@ -82,7 +82,7 @@ class Peaks:
         return machine_key(self.machine, self.n_threads)
 
     def device(self, name: str | None = None) -> DevicePeaks:
-        """The device called ``name`` (default: the CPU, where the ops are timed today)."""
+        """The device called ``name`` (default: the CPU)."""
         for d in self.devices:
             if (name is None and d.type == "cpu") or d.name == name:
                 return d
@@ -255,7 +255,8 @@ def session_roofs(
     one-line error, for a session made on another machine), else the peaks in ``cache`` of the
     machine that made it (None where there are none, or no ``cache``)."""
 
-    given = read(peaks_file) if peaks_file is not None else None  # a bad file: refused now
+    # a bad file is refused here, before any session is read
+    given = read(peaks_file) if peaks_file is not None else None
 
     def find(info: Any) -> Roof | None:
         if given is not None:

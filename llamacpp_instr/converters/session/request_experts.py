@@ -1,4 +1,4 @@
-"""Which experts a server's request routed to (issue 52 §5): per layer, the tokens its steps sent
+"""Which experts a server's request routed to: per layer, the tokens its steps sent
 to each expert, from the ``experts`` records of the steps that were its own.
 
 A request's steps are those of its slot while it held the slot (``request_causes``' own steps:

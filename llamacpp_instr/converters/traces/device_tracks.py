@@ -1,6 +1,6 @@
 """The trace of a run on several devices: a track per device, the scheduler's splits, copies and
 the network, laid out for ``layout.SessionLayout`` when the session's machine lists more than
-one device (``device_time.multi_device``; a CPU-only log is laid out as before).
+one device (``device_time.multi_device``; a CPU-only log has none of these tracks).
 
 Per session, besides the ``decode steps`` track:
 

@@ -1,4 +1,4 @@
-"""A mixture of experts' load in a trace (issue 52 §5): a counter track per layer, ``experts used:
+"""A mixture of experts' load in a trace: a counter track per layer, ``experts used:
 layer N``, whose value at each compute (ubatch) is the number of that layer's experts its router
 sent tokens to: the experts its MUL_MAT_IDs read. A sample sits where the layer began in that
 compute (its first timed op), else where the compute began, and holds until the next compute.

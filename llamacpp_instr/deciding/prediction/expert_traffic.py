@@ -1,11 +1,11 @@
-"""A mixture of experts' measured traffic, for ``instr predict`` and ``plan`` (issue 52 §3, §6): the
+"""A mixture of experts' measured traffic, for ``instr predict`` and ``plan``: the
 share of a layer's experts a compute touched, by layer and size class (``op_costs.token_class`` of
 its tokens), from the logs' routing (``SessionFrames.experts``).
 
 An expert matmul (MUL_MAT_ID) reads the experts its ubatch routed to, not the whole tensor: the
 logs' ops carry those bytes (``ops.expert_bytes`` "routed"), which the fit takes, and a graph that
 has not run is priced at the share its layer's computes of that size touched in the logs, as is
-ggml's copy of the experts used to a device that runs the matmul where its weights are not held
+ggml's copy of the routed experts to a device that runs the matmul where its weights are not held
 (op offload). A layer and size no log routed keeps the whole tensor, in the fit as in the price:
 nothing is guessed."""
 

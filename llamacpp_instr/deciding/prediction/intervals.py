@@ -9,9 +9,10 @@ rather than being corrected), ``t975`` Student's t distribution's 97.5th percent
 degrees of freedom: the two-sided 95 % prediction interval of one more residual where they are
 normal with mean 0, the spread estimated from ``n`` of them (few logs, a wide interval). A
 residual includes the held-out run's own noise (another process slowing it), as the setting's
-run will. 95 % and not 90 %: a 90 % interval holds 90 % of the time on average, fewer on half of
-the grids (82 % of bench/predict.py's 17 CPU cells, 2026-11-26), where the aim is that at least
-90 % hold on every grid (as the distribution-free jackknife+ at 95 % guarantees 90 %).
+run will. 95 % and not 90 %: a 90 % interval holds 90 % of the time on average, so less often on
+about half of the grids, where the aim is that at least 90 % hold on every grid (as the
+distribution-free jackknife+ at 95 % guarantees 90 %); each grid's coverage is in
+docs/performance.md (bench/predict.py).
 
 A thread count no log ran (``op_threads``) is priced between two bounds: every op ``T/T'`` times
 its time beyond its fixed cost, and every op its time (no part moving). Where logs at another
@@ -22,9 +23,9 @@ half-width.
 Where no log could be held out (one log, or none the others cover), nothing in the logs says how
 far a setting not run can be from its price. The interval is then the model's own error on
 ``bench/predict.py``'s grids, ``BENCH_HALF`` each way (a grid of 2 or 3 cells has no held-out
-log either: printed as the steps' spread, the Vulkan and RPC grids held 5 of 8 predictions), or
-the spread of the measured-over-priced ratio over the logs' own steps (its 10th to 90th
-percentiles), the wider; ``basis`` says which kind of interval it is.
+log either, and the steps' spread alone is narrower than the model's error on it), or the spread
+of the measured-over-priced ratio over the logs' own steps (its 10th to 90th percentiles), the
+wider; ``basis`` says which kind of interval it is.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ import numpy as np
 from llamacpp_instr.deciding.prediction.op_costs import CostModel
 
 # the half-width (natural log) of an interval no held-out log makes: the 95th percentile of
-# |ln(measured / predicted)| over bench/predict.py's 51 predictions on its CPU, thread, Vulkan and
-# RPC grids (2026-11-26: 0.175, the largest 0.232), rounded up
+# |ln(measured / predicted)| over bench/predict.py's predictions on its CPU, thread, Vulkan and
+# RPC grids, rounded up (their errors: docs/performance.md)
 BENCH_HALF = 0.2
 # Student's t distribution's 97.5th percentile at 1, 2, ... 30 degrees of freedom (a two-sided
 # 95 % interval), as statistics tables give it

@@ -41,7 +41,7 @@ GET_SENT = 321
 GET_FRAME = 8
 RECOMPUTE_SENT = 13
 # upload commands at least this big are timed against the rate (the client's send buffer is 256
-# KiB at most in tests/netsim.py; bigger ones drain at the link's rate)
+# KiB at most in tests/helpers/netsim.py; bigger ones drain at the link's rate)
 BIG = 1 << 19
 # commands the server answers at once, without moving data: their time is the round trip
 QUICK = ("get_alloc_size", "get_alignment", "get_max_size", "get_device_memory", "buffer_get_base")

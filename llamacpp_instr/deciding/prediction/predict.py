@@ -176,6 +176,7 @@ def default_target(sf: SessionFrames, model: Path | None) -> Target:
         gpu_layers=logged.get("gpu_layers") or 0,
         devices=tuple(devs) if devs else None,
         tensor_split=tuple(split) if split else None,
+        repack=bool(logged.get("repack", True)),
     )
     devs = sf.devices
     n_rpc = int((devs["backend"].astype(str) == "RPC").sum()) if not devs.empty else 0
@@ -306,7 +307,7 @@ def _advice(t: Target, where: str) -> str:
         # a stock server times nothing (the log's remote_timing: false): no run of it can help
         return (
             "an RPC server's ops are timed only by the patched ggml-rpc-server (`instr build "
-            "--tools`, then `instr tools` says where it is): run the hosts on it (detailed) and "
+            "--tools`, then `instr doctor --tools` says where it is): run the hosts on it (detailed) and "
             "add that log"
         )
     threads = f" --threads {t.threads}" if "threads" in where else ""

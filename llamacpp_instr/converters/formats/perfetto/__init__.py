@@ -1,5 +1,5 @@
 """The Perfetto writer: the layout's items as a Perfetto trace, every packet encoded by hand, many
-times faster than one protobuf object per packet (bench/convert.py; tests/test_perfetto_fast.py
+times faster than one protobuf object per packet (bench/convert.py; tests/test_perfetto_bulk_matches_reference.py
 compares the two, packet by packet, with tests/reference/perfetto_writer.py).
 
 * ``writer``: the ``Writer``, which gathers the layout's items into rows a step at a time

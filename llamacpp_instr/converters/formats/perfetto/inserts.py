@@ -1,16 +1,16 @@
 """Where a flush's single rows go among its templated blocks' rows, without sorting the blocks'.
 
-``merge`` used to give every row of the flush its key (batch, ts, rank, tie, seq) and sort them
-all: on a device log some 32k block rows a flush for under 2k single rows. But a block's rows
-come out of its template already in key order, and the blocks of a flush seldom interleave: in
-key order they form one sorted sequence of rows, and each single row (the singles sorted among
-themselves first) only needs its place in it. That place is found on (batch, ts) packed into one
-int64 by a binary search, and where a single row's (batch, ts) equals some block rows', by
-comparing the rest of the key (rank, tie, seq) with theirs. The places give the output as runs:
-a block's rows between two places, then the single rows placed there.
+Sorting every row of a flush by its key (batch, ts, rank, tie, seq) would sort, on a device log,
+some 32k block rows a flush for under 2k single rows. But a block's rows come out of its template
+already in key order, and the blocks of a flush seldom interleave: in key order they form one
+sorted sequence of rows, and each single row (the singles sorted among themselves first) only needs
+its place in it. That place is found on (batch, ts) packed into one int64 by a binary search, and
+where a single row's (batch, ts) equals some block rows', by comparing the rest of the key (rank,
+tie, seq) with theirs. The places give the output as runs: a block's rows between two places, then
+the single rows placed there.
 
 ``plan`` gives up (None) where the blocks interleave or (batch, ts) does not pack; ``merge`` then
-sorts every row as before.
+sorts every row by its key.
 """
 
 from __future__ import annotations

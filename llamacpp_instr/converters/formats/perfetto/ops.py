@@ -226,7 +226,7 @@ class NodeTables:
 
 class StaticSet:
     """A graph's op variants' parts that are the same on every track (``Static``), for one roof,
-    made in the order today's tracks first show them (``prime``): that order interns their
+    made in the order the tracks first show them (``prime``): that order interns their
     strings."""
 
     def __init__(self, tables: NodeTables, graph: Graph, roof: Roof | None) -> None:

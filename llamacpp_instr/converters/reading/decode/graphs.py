@@ -292,8 +292,8 @@ class Tables(dict[tuple[int, int], Graph]):
             bases[g.id] = None
 
     def named_base(self, ctx: int, same: int) -> None:
-        """``subst`` names graph ``same`` of ``ctx``: one of the bases (else ValueError), now the
-        most recently named."""
+        """``subst`` names graph ``same`` of ``ctx``: one of the bases (else ValueError), which
+        becomes the most recently named."""
         bases = self.bases.get(ctx)
         if bases is None or same not in bases:
             raise ValueError(

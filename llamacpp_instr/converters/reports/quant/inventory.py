@@ -239,7 +239,14 @@ def _session_inventory(info: SessionInfo, path: Path | str) -> Inventory:
             f"{path}: the session has no weight inventory (session begun without a context)"
         )
     rows = []
+    # a model's tensor once: a tensor llama.cpp uses twice (tied embeddings as the output) is
+    # listed twice where its second use lives in another buffer (a repacked copy), but the
+    # model holds it once
+    named: set[str] = set()
     for w in info.weights:
+        if str(w["name"]) in named:
+            continue
+        named.add(str(w["name"]))
         role, layer = role_of(str(w["name"]))
         tid = int(w.get("type_id", -1))
         rows.append(

@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from support import free_port, wait_ready
+from helpers.support import free_port, wait_ready
 
 
 class Prometheus:

@@ -11,10 +11,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from reference.frames import reference_load_sessions
-from support import (
+from helpers.support import (
     FIXTURES,
     FUZZ_DERANDOMIZE,
     FUZZ_EXAMPLES,
@@ -27,6 +24,9 @@ from support import (
     synthetic_log,
     write_log,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from reference.frames import reference_load_sessions
 
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session, load_sessions
@@ -72,6 +72,7 @@ def assert_same_outcome(path: Path) -> None:
 # ------------------------------------------------------------------------------ the tests
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("fixture", REAL_FIXTURES, ids=lambda p: p.name)
 def test_same_frames_as_reference_on_fixtures(fixture: Path, tmp_path: Path) -> None:
     assert_same_frames(reference_load_sessions(fixture), load_sessions(fixture))  # gzip
@@ -87,6 +88,7 @@ def test_same_frames_as_reference_on_real_logs(smollm2_detailed: Any, smollm2_ve
         assert_same_frames(ref, new)
 
 
+@pytest.mark.fast
 def test_same_frames_as_reference_on_a_bigger_log(tmp_path: Path) -> None:
     log = synthetic_log(tmp_path, 300)
     ref, new = reference_load_sessions(log), load_sessions(log)
@@ -95,6 +97,7 @@ def test_same_frames_as_reference_on_a_bigger_log(tmp_path: Path) -> None:
     assert load_session(log, "00000000000000b2").info.sid == "00000000000000b2"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("fixture", REAL_FIXTURES, ids=lambda p: p.name)
 def test_ops_recomputed_from_the_raw_json(fixture: Path) -> None:
     """The ops table, column by column, from the NDJSON read with the json module alone."""
@@ -132,6 +135,7 @@ def test_ops_recomputed_from_the_raw_json(fixture: Path) -> None:
         assert list(ops[col].cat.categories) == first_seen
 
 
+@pytest.mark.fast
 def test_no_python_object_per_op(monkeypatch: pytest.MonkeyPatch) -> None:
     """The frames never go through the per-op view of the session model: not for a detailed
     log, nor for a verbose one (thread timings and tensor statistics are columns too)."""
@@ -152,6 +156,7 @@ def test_no_python_object_per_op(monkeypatch: pytest.MonkeyPatch) -> None:
         step.computes[0].unpack()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "fixture", ["tiny-llama-verbose.log.gz", "tiny-qwen2-detailed-ubatch.log.gz"]
 )
@@ -165,6 +170,7 @@ def test_odd_compute_records_as_reference(
     assert_same_outcome(log)
 
 
+@pytest.mark.fast
 def test_damaged_logs_as_reference(tmp_path: Path) -> None:
     recs = read_log(FIXTURES / "tiny-llama-verbose.log.gz")
     lines = [json.dumps(r) for r in recs]
@@ -187,6 +193,7 @@ _VERBOSE = read_log(FIXTURES / "tiny-llama-verbose.log.gz")
 _DETAILED = read_log(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz")
 
 
+@pytest.mark.fast
 @settings(
     max_examples=FUZZ_EXAMPLES,
     deadline=None,
@@ -248,6 +255,7 @@ _ODD_GRAPHS: dict[str, Any] = {
 }
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("case", sorted(_ODD_GRAPHS))
 def test_odd_graph_tables_as_reference(case: str, tmp_path: Path) -> None:
     recs = read_log(FIXTURES / "tiny-llama-detailed.log.gz")

@@ -9,7 +9,7 @@ substitutions forged, routing records grown past their graph or repeated. Every 
 traceback. ``instr metrics`` is run as its loop runs the log (``RequestTracker`` into
 ``Metrics``, then a scrape), ``to-otlp`` against a local receiver when one is given.
 
-Run alone: ``python tests/log_fuzz.py [SEED] [CASES]``.
+Run alone: ``python tests/helpers/log_fuzz.py [SEED] [CASES]``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from click.testing import CliRunner
 
 from llamacpp_instr.cli import main
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 LOGS = (
     "tiny-llama-detailed.log.gz",
     "tiny-llama-minimal.log.gz",
@@ -271,7 +271,7 @@ def run_case(log: Path, work: Path, otlp_url: str | None) -> list[str]:
         elif cmd == "export":
             args += ["--format", "csv", "-o", str(work / "export")]
         elif cmd == "workloads":
-            args += ["-o", str(work / "w.jsonl")]
+            args = ["export", str(log), "--workloads", "-o", str(work / "w.jsonl")]
         elif cmd == "compare":
             args += [str(FIXTURES / "tiny-llama-detailed.log.gz"), "--format", "json"]
         elif cmd in ("summary", "requests", "experts"):
@@ -280,7 +280,7 @@ def run_case(log: Path, work: Path, otlp_url: str | None) -> list[str]:
         if bad:
             problems.append(bad)
     if otlp_url is not None:
-        args = ["to-otlp", str(log), "--endpoint", otlp_url]
+        args = ["export", str(log), "--otlp", otlp_url]
         r = runner.invoke(main, args)
         crashed = r.exception is not None and not isinstance(r.exception, SystemExit)
         # (exit 1: spans lost, said on one line)
@@ -307,7 +307,7 @@ def fuzz(seed: int, cases: int, work: Path, otlp_url: str | None = None) -> list
 if __name__ == "__main__":
     import tempfile
 
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parent.parent))
     seed = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 20
     with tempfile.TemporaryDirectory() as d:

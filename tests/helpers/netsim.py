@@ -74,7 +74,7 @@ from pathlib import Path
 import llama_cpp
 from llama_cpp import llama_cpp as L
 sys.path.insert(0, {tests!r})
-from netsim import lib_file
+from helpers.netsim import lib_file
 endpoints, model, log, level = {endpoints!r}, {model!r}, {log!r}, {level!r}
 lib = Path(L._base_path)
 if endpoints:
@@ -124,7 +124,7 @@ def client_script(
     threads: int = 1,
 ) -> str:
     return CLIENT.format(
-        tests=str(HERE.parent),
+        tests=str(HERE.parent.parent),
         endpoints=list(endpoints),
         model=str(model),
         log=str(log) if log else None,

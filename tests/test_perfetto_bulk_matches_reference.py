@@ -17,11 +17,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
-from reference.perfetto_writer import write_perfetto
-from support import (
+from helpers.support import (
     FIXTURES,
     JSON,
     assert_same_trace,
@@ -31,6 +27,10 @@ from support import (
     resolved,
     rewrite_log,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+from reference.perfetto_writer import write_perfetto
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.contract.errors import UserError
@@ -59,6 +59,7 @@ def plain_copy(src: Path, dest_dir: Path) -> Path:
     return dest
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("fixture", REAL_FIXTURES, ids=lambda p: p.name)
 def test_fixture_logs_same_trace(fixture: Path) -> None:
     res = assert_same_trace(fixture)
@@ -66,6 +67,7 @@ def test_fixture_logs_same_trace(fixture: Path) -> None:
     assert n_ops > 0 or "minimal" in fixture.name
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "sel",
     [
@@ -94,6 +96,7 @@ def test_selections_same_trace(sel: Selection) -> None:
     assert_same_trace(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz", sel)
 
 
+@pytest.mark.fast
 def test_verbose_log_same_trace() -> None:
     res = assert_same_trace(FIXTURES / "tiny-llama-verbose.log.gz")
     tracks = [r[1]["name"] for r in res if r[0] == "track"]
@@ -124,6 +127,7 @@ def repeat_steps(src: Path, dest: Path, n: int, edit: Any = None) -> Path:
     return dest
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "fixture", ["tiny-llama-rpc2-detailed.log.gz", "tiny-llama-vulkan-partial-detailed.log.gz"]
 )
@@ -144,6 +148,7 @@ def test_device_computes_of_one_graph_on_other_ubatches(tmp_path: Path, fixture:
     assert names == {"compute ubatch 0", "compute ubatch 1"}
 
 
+@pytest.mark.fast
 def test_bulk_paths_are_taken(tmp_path: Path) -> None:
     """A detailed log's computes are packed, and all but the first few come from templates:
     else this module would test little that is new."""
@@ -159,6 +164,7 @@ def test_bulk_paths_are_taken(tmp_path: Path) -> None:
     assert_same_trace(log)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name", ["tiny-llama-rpc2-detailed", "tiny-llama-vulkan-partial-detailed"])
 def test_device_slices_in_bulk(name: str, tmp_path: Path) -> None:
     """A device log's copies, command buffers, RPC graphs and network commands come as
@@ -192,6 +198,7 @@ _ARG_VALUES = st.one_of(
 _FLOWS = st.lists(st.integers(0, 2**64 - 1), max_size=2).map(tuple)
 
 
+@pytest.mark.fast
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(
     slices=st.lists(
@@ -234,6 +241,7 @@ def test_begins_in_bulk_as_one_by_one(slices: list[tuple[Any, ...]]) -> None:
 _FEW_VALUES = st.sampled_from([1, True, None, "a", "b", 0, False, "1", 2**40])
 
 
+@pytest.mark.fast
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(
     flushes=st.lists(
@@ -290,6 +298,7 @@ def _begins_as_one_by_one(
     return seen
 
 
+@pytest.mark.fast
 def test_begins_cache_keeps_types_and_names_apart() -> None:
     """Values equal in Python but encoded otherwise (1, True; the same string under two arg
     names; the same track and name in two categories), each in a later flush than the first:
@@ -307,6 +316,7 @@ def test_begins_cache_keeps_types_and_names_apart() -> None:
     assert len(seen) == 6  # (every begin differs from every other)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "sel",
     [Selection(layer=1), Selection(ops=False), Selection(steps=(3, 9))],
@@ -318,6 +328,7 @@ def test_templates_with_selections(sel: Selection, tmp_path: Path) -> None:
     assert_same_trace(log, sel)
 
 
+@pytest.mark.fast
 def test_computes_unlike_their_template(tmp_path: Path) -> None:
     """Repeats whose rows sort differently (zero-length ops, equal timestamps, ops out of
     order) or whose timestamps change length: encoded by the general path, still the same."""
@@ -345,6 +356,7 @@ def test_computes_unlike_their_template(tmp_path: Path) -> None:
     assert_same_trace(log)
 
 
+@pytest.mark.fast
 def test_several_sessions_same_trace(tmp_path: Path) -> None:
     a = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
     b = plain_copy(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz", tmp_path)
@@ -372,6 +384,7 @@ def per_op_decoded(log: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return seen
 
 
+@pytest.mark.fast
 def test_records_left_to_the_per_op_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Records that the per-op reader skips or reads in part are left to it; values that it
     converts with int() are converted the same in bulk."""
@@ -395,6 +408,7 @@ def test_records_left_to_the_per_op_reader(tmp_path: Path, monkeypatch: pytest.M
     assert per_op_decoded(log, monkeypatch) == [starts[0], starts[1], starts[3]]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("flush_rows", [1, perfetto_writer.FLUSH_ROWS])
 def test_odd_values_in_packed_computes(
     flush_rows: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -421,6 +435,7 @@ def test_odd_values_in_packed_computes(
     assert per_op_decoded(log, monkeypatch) == []  # every compute read in bulk
 
 
+@pytest.mark.fast
 def test_log_cut_short_same_trace(tmp_path: Path) -> None:
     """No session_end, the last step open: closed at the last timestamp by both readers."""
 
@@ -432,6 +447,7 @@ def test_log_cut_short_same_trace(tmp_path: Path) -> None:
     assert_same_trace(log)
 
 
+@pytest.mark.fast
 def test_first_packet_an_event() -> None:
     """Never from a layout (tracks come first), but the flags must still be right."""
     items = [Slice(7, "x", 10, 5, 0, "step", {"a": 1}), Sample(8, 12, 1.5)]
@@ -444,6 +460,7 @@ def test_first_packet_an_event() -> None:
     assert [p.timestamp for p in have] == [p.timestamp for p in want]
 
 
+@pytest.mark.fast
 def test_tensor_stats_unpack(tmp_path: Path) -> None:
     """Stats arriving for a detailed log's packed compute attach as the per-op reader does."""
     src = FIXTURES / "tiny-llama-detailed.log.gz"
@@ -472,6 +489,7 @@ def test_tensor_stats_unpack(tmp_path: Path) -> None:
     assert any(any(k == "out_mean" for k, _ in r[6]) for r in res if r[0] == "event")
 
 
+@pytest.mark.fast
 def test_rates_round_like_python() -> None:
     """The vectorized round(x, 3) is Python's, including values at rounding boundaries."""
     import numpy as np
@@ -491,6 +509,7 @@ def test_rates_round_like_python() -> None:
     assert checked > 19_000  # a round3 that gave up (NaN) everywhere would check nothing
 
 
+@pytest.mark.fast
 def test_cli_writes_the_fast_trace(tmp_path: Path) -> None:
     log = plain_copy(FIXTURES / "tiny-llama-detailed.log.gz", tmp_path)
     out = tmp_path / "t.pftrace"
@@ -500,6 +519,7 @@ def test_cli_writes_the_fast_trace(tmp_path: Path) -> None:
     assert resolved(out.read_bytes()) == resolved(fast_trace(log, compress=False)[0])
 
 
+@pytest.mark.fast
 def test_auto_compression_by_size(monkeypatch: pytest.MonkeyPatch) -> None:
     log = FIXTURES / "tiny-llama-detailed.log.gz"
     plain = fast_trace(log)[0]
@@ -546,6 +566,7 @@ def _outcome(write: Any) -> Any:
         return type(exc)  # the same failure (a value the protobuf encoding cannot hold)
 
 
+@pytest.mark.fast
 @settings(
     max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")),
     deadline=None,

@@ -1,5 +1,5 @@
-"""Helpers shared by the test modules, defined once (test modules import from here, never from each
-other; conftest.py holds the fixtures and puts this directory on sys.path)."""
+"""Helpers shared by the test modules, defined once (``from helpers.support import ...``;
+conftest.py holds the fixtures)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from llamacpp_instr.converters.traces.items import LayoutStats, Selection
 from llamacpp_instr.converters.traces.layout import layout_bulk
 from llamacpp_instr.running import peak_probe as measure
 
-TESTS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = Path(__file__).resolve().parent.parent
 FIXTURES = TESTS_DIR / "fixtures"
 REAL_FIXTURES = sorted(FIXTURES.glob("*.log.gz"))
 PROMPT = "The capital of France is"

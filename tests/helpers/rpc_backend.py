@@ -21,8 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from support import free_port
-
+from helpers.support import free_port
 from llamacpp_instr.running import rpc_standin
 
 
@@ -99,8 +98,8 @@ def run_offloaded(code: str, timeout: float = 300) -> None:
     bound to its address); raise with the child's output if it fails."""
     prelude = (
         "import sys\n"
-        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
-        "from rpc_backend import rpc_device\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})\n"
+        "from helpers.rpc_backend import rpc_device\n"
         "with rpc_device() as endpoint:\n"
     )
     body = "".join(f"    {line}\n" for line in code.strip().splitlines())

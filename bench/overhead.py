@@ -5,6 +5,7 @@ hits all of them alike, and reports ratios against the stock llama-cpp-python 0.
 in the same run:
 
     python bench/overhead.py [--reps 5] [--tokens 64] [--threads 2] [--write-docs]
+    python bench/overhead.py --levels-only        # the one-process table of the levels alone
 
 Configurations: stock (the unpatched pin, built once and cached), off, minimal, detailed, verbose,
 and `cb_eval` — the upstream-style peer: our build with no session but an eval callback that asks to
@@ -136,10 +137,10 @@ def levels_in_process(tokens: int, threads: int, log: str, rounds: int = 30) -> 
             tg[lv].append((tokens // 8) / (time.perf_counter() - t0))
     api.session_end("ok")
 
-    def paired(rates: dict[str, list[float]], lv: str) -> float:
-        # each round's rate over OFF's in the same round: drift in the machine's speed over the
-        # run (other tenants, clocks) cancels round by round
-        return statistics.median(a / b for a, b in zip(rates[lv], rates["off"], strict=True))
+    def paired(rates: dict[str, list[float]], lv: str, base: str = "off") -> float:
+        # each round's rate over the base level's in the same round: drift in the machine's speed
+        # over the run (other tenants, clocks) cancels round by round
+        return statistics.median(a / b for a, b in zip(rates[lv], rates[base], strict=True))
 
     print(
         json.dumps(
@@ -149,6 +150,7 @@ def levels_in_process(tokens: int, threads: int, log: str, rounds: int = 30) -> 
                     "tg": statistics.median(tg[lv]),
                     "pp_paired": paired(pp, lv),
                     "tg_paired": paired(tg, lv),
+                    "tg_vs_minimal": paired(tg, lv, "minimal"),
                 }
                 for lv in levels
             }
@@ -263,6 +265,12 @@ def in_process_lines(args: argparse.Namespace) -> list[str]:
             f"{v['pp_paired']:.3f}x | {v['tg']:.1f} | {v['tg'] / lv['off']['tg']:.3f}x | "
             f"{v['tg_paired']:.3f}x |"
         )
+    lines += [
+        "",
+        f"VERBOSE generation vs MINIMAL, each round's ratio (paired): "
+        f"{lv['verbose']['tg_vs_minimal']:.3f}x (target: at least 0.95x); DETAILED "
+        f"{lv['detailed']['tg_vs_minimal']:.3f}x.",
+    ]
     # what step_end's memory figures cost at MINIMAL, in one process
     sm = in_process("step-memory", args)
     lines += [
@@ -288,6 +296,11 @@ def main() -> None:
         help="comma-separated subset of " + ", ".join(CONFIGS) + " (stock is always included)",
     )
     ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
+    ap.add_argument(
+        "--levels-only",
+        action="store_true",
+        help="only every level in one process (no stock build, no separate processes)",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--log", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -299,6 +312,10 @@ def main() -> None:
         return
     if args.child:
         child(args.child, args.tokens, args.threads, args.log)
+        return
+
+    if args.levels_only:
+        print("\n".join(in_process_lines(args)))
         return
 
     from llamacpp_instr.native import build

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from helpers.log_fuzz import check_result, fixture, fuzz, run_metrics, server_log
+from helpers.log_fuzz import FIXTURES, SEEDS, check_result, fixture, fuzz, run_metrics, server_log
 from test_otlp import Receiver
 
 from llamacpp_instr.cli import main
@@ -49,6 +49,14 @@ def _edited(name: str, rtype: str, fn: Any) -> Records:
     return recs
 
 
+def _with_part(**fields: Any) -> Records:
+    """The detailed fixture with a llama-bench ``part`` record before its end."""
+    recs = fixture(DETAILED)
+    end = recs.pop()
+    part = {"type": "part", "ts": end["ts"], "sid": end["sid"], "label": "pp5", "t_start": 1}
+    return [*recs, part | {"dur": 1000, "samples_ns": [1000]} | fields, end]
+
+
 def _start(fn: Any) -> Records:
     recs = server_log()
     fn(recs[0])
@@ -61,6 +69,8 @@ def _shape_2000(g: dict[str, Any]) -> None:
 
 
 DETAILED = "tiny-llama-detailed.log.gz"
+MOE = "smollm2-moe4-verbose.log.gz"  # 4 layers of 8 experts, 2 used; a prompt of 5 tokens
+SPEC = "seeds/smollm2-spec-minimal.log.gz"  # llama-server speculating: a target and its draft
 HOSTILE: dict[str, Any] = {
     "request status 2**63": lambda: _with_request(status=2**63),
     "request slot 2**63": lambda: _with_request(slot=2**63),
@@ -81,6 +91,22 @@ HOSTILE: dict[str, Any] = {
         "session_start",
         lambda r: r.update(weights=[{k: v for k, v in r["weights"][0].items() if k != "buffer"}]),
     ),
+    "experts rows 20,000": lambda: _edited(
+        MOE, "experts", lambda r: r.update(rows=[[i % 4, i % 8, 1, 0.5] for i in range(20_000)])
+    ),
+    "experts n_expert 65536": lambda: _edited(MOE, "experts", lambda r: r.update(n_expert=65536)),
+    "experts ids x 100": lambda: _edited(
+        MOE, "experts", lambda r: [b.__setitem__(2, b[2] * 100) for b in r["tokens"]]
+    ),
+    "spec drafted 2**63": lambda: _edited(SPEC, "spec", lambda r: r.update(drafted=2**63)),
+    "spec draft_steps 10**5 long": lambda: _edited(
+        SPEC, "spec", lambda r: r.update(draft_steps=[0] * 10**5)
+    ),
+    "part samples_ns of text": lambda: _with_part(samples_ns=["x"]),
+    "part label 2**64": lambda: _with_part(label=2**64),
+    "spec context n_layer 2**64": lambda: _edited(
+        SPEC, "context", lambda r: r["model"].update(n_layer=2**64)
+    ),
 }
 
 
@@ -93,7 +119,9 @@ def _args(cmd: str, log: Path, out: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("case", list(HOSTILE))
-@pytest.mark.parametrize("cmd", ["summary", "to-perfetto", "export", "requests", "workloads"])
+@pytest.mark.parametrize(
+    "cmd", ["summary", "to-perfetto", "export", "requests", "workloads", "experts"]
+)
 def test_a_hostile_value_is_one_line_or_a_clean_run(case: str, cmd: str, tmp_path: Path) -> None:
     log = _write(tmp_path / "hostile.log", HOSTILE[case]())
     args = _args(cmd, log, tmp_path)
@@ -138,14 +166,19 @@ def _amplified(n: int) -> Records:
     return recs[:at] + forged + recs[at:]
 
 
-def _peak_rss_mb(args: list[str], limit_bytes: int) -> tuple[int, float, str]:
+def _peak_rss_mb(
+    args: list[str], limit_bytes: int, forked_reader: bool = False
+) -> tuple[int, float, str]:
     """Run ``instr ARGS`` in a child under an address-space limit: its exit status, its peak
-    resident memory (MB) and its stderr."""
+    resident memory (MB; with ``forked_reader``, a big log's reading process counts too: the
+    child's rusage takes the most of the processes it waited for) and its stderr."""
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
 
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "LLAMACPP_INSTR_NO_PREFETCH": "1"}
+    if forked_reader:
+        del env["LLAMACPP_INSTR_NO_PREFETCH"]
     p = subprocess.Popen(
         [sys.executable, "-m", "llamacpp_instr.cli", *args],
         stdout=subprocess.DEVNULL,
@@ -305,10 +338,237 @@ def test_prometheus_labels_stay_bounded() -> None:
 
 def test_every_reading_command_survives_the_fuzzer(tmp_path: Path) -> None:
     """A seeded, bounded run (CI: about a minute on two slow cores): every reading command on
-    each mutated log ends in exit 0, or 2 with an error line; never a traceback."""
+    each mutated log (each seed log once: the MoE's and the speculating server's among them)
+    ends in exit 0, or 2 with an error line; never a traceback."""
     receiver = Receiver()
     try:
-        found = fuzz(seed=55, cases=8, work=tmp_path, otlp_url=receiver.url)
+        found = fuzz(seed=55, cases=len(SEEDS), work=tmp_path, otlp_url=receiver.url)
     finally:
         receiver.close()
     assert found == []
+
+
+# --- a mixture of experts' routing ------------------------------------------------------------
+
+
+def _first_experts(recs: Records) -> dict[str, Any]:
+    return next(r for r in recs if r["type"] == "experts")
+
+
+def _moe_edited(fn: Any) -> tuple[Records, dict[str, Any]]:
+    """The MoE fixture with its first ``experts`` record (the prompt's: every layer's router ranked
+    5 rows but the last layer's, 1) changed by ``fn(recs, rec)``, and the record forged (that one,
+    or the one ``fn`` returns)."""
+    recs = fixture(MOE)
+    rec = _first_experts(recs)
+    forged = fn(recs, rec)
+    return recs, forged if isinstance(forged, dict) else rec
+
+
+def _forged_rows(recs: Records, rec: dict[str, Any]) -> None:
+    rec["rows"] = [[i % 4, i % 8, 1, 0.5] for i in range(200_000)]
+
+
+def _second(recs: Records, rec: dict[str, Any]) -> dict[str, Any]:
+    again = copy.deepcopy(rec)
+    recs.insert(recs.index(rec) + 1, again)
+    return again
+
+
+def _row_of(layer: int, **fields: Any) -> Any:
+    def edit(recs: Records, rec: dict[str, Any]) -> None:
+        row = next(r for r in rec["rows"] if r[0] == layer)
+        for k, v in fields.items():
+            row["layer expert tokens weight".split().index(k)] = v
+
+    return edit
+
+
+def _more_ids(recs: Records, rec: dict[str, Any]) -> None:
+    blk = rec["tokens"][0]
+    blk[2], blk[3] = blk[2] * 2, blk[3] * 2
+
+
+def _wide_graph(recs: Records, rec: dict[str, Any]) -> None:
+    """Its graph's routers say 65,536 experts each (4 x 65,536 cells), and so does the record."""
+    for g in recs:
+        if g["type"] == "graph" and g["graph"] == rec["graph"]:
+            for n in g["nodes"]:
+                if n["op"] == "ARGSORT":
+                    n["shape"] = [65536] + n["shape"][1:]
+    rec["n_expert"] = 65536
+
+
+ROUTING_FORGED: dict[str, Any] = {
+    "200,000 rows": _forged_rows,
+    "a second record of its compute": _second,
+    "a ubatch without a compute": lambda recs, r: r.update(ubatch=1),
+    "n_expert of another model": lambda recs, r: r.update(n_expert=16),
+    "n_layer below its routers": lambda recs, r: r.update(n_layer=3),
+    "a layer without a router": lambda recs, r: (
+        r.update(n_layer=8),
+        r["rows"].append([6, 0, 1, 0.5]),
+    ),
+    "a layer's expert twice": lambda recs, r: r["rows"].append(list(r["rows"][0])),
+    "an expert beyond the router's": _row_of(0, expert=8),
+    "more tokens than the router ranked": _row_of(3, tokens=2),
+    "a weight that is not a number": _row_of(1, weight="0.5"),
+    "more ids than the router ranked": _more_ids,
+    "routers of 65,536 experts": _wide_graph,
+}
+
+
+def _routing_read(recs: Records, tmp_path: Path) -> tuple[Any, list[str]]:
+    """The experts frame of the log ``recs``, and why records were skipped."""
+    from llamacpp_instr.converters import load_session
+
+    f = load_session(_write(tmp_path / "moe.log", recs))
+    return f.experts, [why for _, why in f.report.skipped]
+
+
+def _raw_rows(recs: Records) -> list[tuple[int, int, int, int]]:
+    return sorted(
+        (r["step"], la, e, t) for r in recs if r["type"] == "experts" for la, e, t, _ in r["rows"]
+    )
+
+
+def test_the_moe_fixtures_routing_is_read_whole(tmp_path: Path) -> None:
+    """Every row of the untouched fixture, as the records hold them, and nothing skipped."""
+    recs = fixture(MOE)
+    ex, skipped = _routing_read(recs, tmp_path)
+    assert skipped == []
+    got = sorted(ex[["step", "layer", "expert", "tokens"]].itertuples(index=False, name=None))
+    assert got == _raw_rows(recs) and len(got) == 19 + 8 + 8
+
+
+@pytest.mark.parametrize("case", list(ROUTING_FORGED))
+def test_an_experts_record_is_bounded_by_its_computes_graph(case: str, tmp_path: Path) -> None:
+    """A record beyond what its compute's graph allows (its routers' layers, experts and ranked
+    rows; one record per compute) is skipped as malformed, the other steps' routing kept."""
+    recs, forged = _moe_edited(ROUTING_FORGED[case])
+    ex, skipped = _routing_read(recs, tmp_path)
+    assert [w for w in skipped if w.startswith("malformed experts record")] == skipped
+    assert len(skipped) == 1, skipped
+    kept = [r for r in recs if r["type"] == "experts" and r is not forged]
+    assert sorted(ex[["step", "layer", "expert", "tokens"]].itertuples(index=False, name=None)) == (
+        _raw_rows(kept)
+    )
+
+
+def _forged_moe_log(path: Path) -> Path:
+    """The MoE fixture and, after its first experts record, 16 more of 200,000 rows each, every
+    row's layer and expert in the model's range (about 50 MB)."""
+    recs = fixture(MOE)
+    first = _first_experts(recs)
+    rows = json.dumps([[i % 4, i % 8, 1, 0.5] for i in range(200_000)])
+    head = json.dumps({k: v for k, v in first.items() if k != "rows"})[:-1]
+    forged = f'{head}, "rows": {rows}}}\n' * 16
+    at = recs.index(first) + 1
+    with path.open("w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in recs[:at]))
+        f.write(forged)
+        f.write("".join(json.dumps(r) + "\n" for r in recs[at:]))
+    return path
+
+
+@pytest.mark.parametrize("forked", [False, True], ids=["read here", "forked reader"])
+@pytest.mark.parametrize("cmd", ["experts", "summary"])
+def test_forged_experts_records_cost_at_most_four_times_the_log(
+    cmd: str, forked: bool, tmp_path: Path
+) -> None:
+    """16 records of 200,000 rows (the reader once held them all: 805 MB for a 54 MB log): the
+    command ends within four times the log's size beyond what the fixture alone takes, the
+    records skipped; read in the command's process, and as a big log is by default, by a forked
+    reader (whose batches once held every one of the records at once, on both sides)."""
+    small = _write(tmp_path / "small.log", fixture(MOE))
+    big = _forged_moe_log(tmp_path / "big.log")
+    size_mb = big.stat().st_size / 2**20
+    assert size_mb > 45
+    limit = 3 << 30
+    rc0, base_mb, err0 = _peak_rss_mb([cmd, str(small)], limit)
+    rc, peak_mb, err = _peak_rss_mb([cmd, str(big)], limit, forked_reader=forked)
+    assert "Traceback" not in err0 + err
+    assert rc0 == 0 and rc == 0, err
+    assert peak_mb - base_mb < 4 * size_mb, (base_mb, peak_mb, size_mb)
+    assert "skipped 16 of" in err and "malformed experts record" in err
+
+
+# --- the other per-record tables ----------------------------------------------------------------
+
+
+def test_a_request_record_keeps_only_the_schemas_fields(tmp_path: Path) -> None:
+    """A request with a field the schema does not name (a million items), and a ``cache`` object
+    with one too: the session holds neither; the record's own fields are read as written."""
+    from llamacpp_instr.converters import load_session
+
+    recs = _with_request(junk=[0] * 1_000_000)
+    req = [r for r in recs if r["type"] == "request"][-1]
+    req["cache"] = {"prompt": 9, "reused": 4, "held": 6, "common": 5, "junk": [1] * 1000}
+    f = load_session(_write(tmp_path / "r.log", recs))
+    got = f.info.requests[-1]
+    assert "junk" not in got and "junk" not in got["cache"]
+    assert got["cache"] == {"prompt": 9, "reused": 4, "held": 6, "common": 5}
+    assert {k: got[k] for k in ("id", "t_arrive", "prompt_tokens")} == {
+        k: req[k] for k in ("id", "t_arrive", "prompt_tokens")
+    }
+
+
+def _rpc_transfers(fn: Any) -> Records:
+    """The RPC fixture with its first step's ``transfers`` record changed by ``fn``."""
+    recs = fixture("tiny-llama-rpc2-detailed.log.gz")
+    fn(next(r for r in recs if r["type"] == "transfers" and r["phase"] == "step"))
+    return recs
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["4097 rows", "a tensor name of 64 characters", "a command of 33 characters"],
+)
+def test_a_transfers_record_is_bounded_by_its_writer(case: str, tmp_path: Path) -> None:
+    """At most 4096 rows a record, a tensor's name of at most 63 bytes (GGML_MAX_NAME), a
+    command's of at most 32: beyond, the record is skipped; the other records are read."""
+    from llamacpp_instr.converters import load_session
+
+    def edit(r: dict[str, Any]) -> None:
+        if case == "4097 rows":
+            r["rows"] = (r["rows"] * 4097)[:4097]
+        elif case.startswith("a tensor"):
+            r["rows"][0][2] = "t" * 64
+        else:
+            r["rows"][0][1] = "c" * 33
+
+    recs = _rpc_transfers(edit)
+    f = load_session(_write(tmp_path / "rpc.log", recs))
+    assert [why.split(" (")[0] for _, why in f.report.skipped] == ["malformed transfers record"]
+    whole = load_session(_write(tmp_path / "whole.log", fixture("tiny-llama-rpc2-detailed.log.gz")))
+    assert len(f.transfers) == len(whole.transfers) - 18  # that record's rows only
+
+
+def test_the_parts_table_reads_the_steps_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """3,000 ``part`` records: the steps' labels are compared with the parts' once, not once a
+    part (the table took its steps times its parts); a part's figures are its steps'."""
+    import pandas as pd
+
+    from llamacpp_instr.converters import load_session
+    from llamacpp_instr.converters.reports.request_share import part_rows
+
+    f = load_session(FIXTURES / DETAILED)
+    f.steps["request"] = pd.Categorical(["pp"] + ["tg"] * (len(f.steps) - 1))
+    f.info.parts = [{"label": "pp", "t_start": 0, "dur": 1}, {"label": "tg", "t_start": 0}]
+    f.info.parts += [{"label": f"x{k}", "t_start": 0, "dur": 1} for k in range(3000)]
+    compared = [0]
+    eq = pd.Series.__eq__
+
+    def counting(self: Any, other: Any) -> Any:
+        compared[0] += 1
+        return eq(self, other)
+
+    monkeypatch.setattr(pd.Series, "__eq__", counting)
+    rows = part_rows(f)
+    monkeypatch.undo()
+    assert compared[0] < 10, compared[0]
+    assert len(rows) == 3002 and rows[2]["steps"] == 0
+    pp = f.steps.iloc[:1]
+    assert (rows[0]["steps"], rows[0]["tokens"]) == (1, int(pp["n_tokens"].sum()))
+    assert rows[1]["steps"] == len(f.steps) - 1
+    assert rows[0]["decode_ms"] == int(pp["dur_ns"].sum()) / 1e6

@@ -68,6 +68,19 @@ def test_rows_out_of_memory_never_end_the_program(vendor: Path, tmp_path: Path) 
     assert "each caught" in r.stdout and int(r.stdout.split()[0]) > 2, r.stdout
 
 
+def test_the_statistics_simd_lanes_make_what_one_value_at_a_time_made(
+    vendor: Path, tmp_path: Path
+) -> None:
+    """VERBOSE's value statistics summed with SIMD registers (SSE2, and AVX where the CPU has it)
+    are bit for bit what the lanes made one value at a time: each lanes function against the
+    scalar one, and accumulate against the code before them, over runs of every length, signed
+    zeros, subnormals, large values and blocks with a NaN or an infinity."""
+    r = run_unit(vendor, "stats_lanes", LLAMA_INCLUDES, LLAMA_LIBS, tmp_path)
+    assert r.returncode == 0, f"died ({r.returncode}): {r.stderr[-2000:]}"
+    n, lanes = r.stdout.split()[0], r.stdout.split()[2]
+    assert int(n) > 100 and int(lanes) >= 1, r.stdout
+
+
 def test_a_kept_graph_is_not_a_graph_with_other_sources(vendor: Path, tmp_path: Path) -> None:
     """A graph built again in the same memory, same nodes, ops and shapes, but reading another
     source (a control vector's or an adapter's, a copy of a new scheduler's) is not the graph kept

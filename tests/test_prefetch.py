@@ -109,6 +109,30 @@ def test_same_records_and_report(name: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("forked")
+@pytest.mark.parametrize("name", ["smollm2-moe4-verbose.log.gz", "damaged"])
+def test_big_records_come_as_json_in_batches_of_bounded_bytes(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every record other than a compute or transfers one goes over the pipe as its JSON, and a
+    message holds a few lines (``BIG_RECORD``, ``BATCH_BYTES`` made small): the same records and
+    report (and for a damaged log, the same strict error) as ``iter_records`` gives."""
+    monkeypatch.setattr(prefetch, "BIG_RECORD", 1)
+    monkeypatch.setattr(prefetch, "BATCH_BYTES", 2048)
+    path = damaged(tmp_path) if name == "damaged" else FIXTURES / name
+    want, want_rep, got, got_rep = both(path)
+    assert got == want
+    assert got_rep == want_rep
+    plain = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
+    assert want_rep.bytes == len(plain)
+    if name == "damaged":
+        with pytest.raises(UserError) as want_err:
+            list(iter_records(path, strict=True))
+        with pytest.raises(UserError) as got_err:
+            list(prefetch.records(path, strict=True))
+        assert str(got_err.value) == str(want_err.value)
+
+
+@pytest.mark.usefixtures("forked")
 def test_odd_values_read_as_the_per_op_reader_reads_them(tmp_path: Path) -> None:
     def edit(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         c = [r for r in recs if r["type"] == "compute"]

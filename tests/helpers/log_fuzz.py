@@ -1,8 +1,10 @@
 """A seeded, bounded mutation fuzzer of the reading side (issue 55, section 3).
 
-Each case is a committed fixture (or the hand-made server log of ``test_metrics``) with a few of
-its records mutated: numbers pushed to extremes, values of another type, records cut short, graph
-tables and substitutions forged. Every reading command runs on it in this process (click's
+Each case is a committed fixture (among them a mixture of experts' VERBOSE log, with its
+``experts`` records, and llama-server speculating, with its ``context`` and ``spec`` records) or
+the hand-made server log of ``test_metrics``, the seeds taken in turn, with a few of its records
+mutated: numbers pushed to extremes, values of another type, records cut short, graph tables and
+substitutions forged, routing records grown past their graph or repeated. Every reading command runs on it in this process (click's
 ``CliRunner``): each must end with exit 0, or exit 2 and one line ``error: ...``, never a
 traceback. ``instr metrics`` is run as its loop runs the log (``RequestTracker`` into
 ``Metrics``, then a scrape), ``to-otlp`` against a local receiver when one is given.
@@ -33,7 +35,11 @@ LOGS = (
     "tiny-llama-verbose.log.gz",
     "tiny-llama-vulkan-partial-detailed.log.gz",
     "tiny-qwen2-detailed-ubatch.log.gz",
+    "smollm2-moe4-verbose.log.gz",
+    "seeds/smollm2-spec-minimal.log.gz",
 )
+SERVER = "the hand-made server log"
+SEEDS = (*LOGS, SERVER)
 EXTREMES: list[Any] = [
     -1,
     -(2**63),
@@ -55,7 +61,16 @@ EXTREMES: list[Any] = [
     {},
     [1] * 2000,
 ]
-COMMANDS = ("summary", "to-perfetto", "export", "requests", "workloads", "predict", "compare")
+COMMANDS = (
+    "summary",
+    "to-perfetto",
+    "export",
+    "requests",
+    "workloads",
+    "predict",
+    "compare",
+    "experts",
+)
 
 Records = list[dict[str, Any]]
 
@@ -148,6 +163,27 @@ def forge_tables(rnd: random.Random, recs: Records) -> None:
     recs[at:at] = forged
 
 
+def forge_routing(rnd: random.Random, recs: Records) -> None:
+    """An ``experts`` record grown: rows repeated or pushed past its graph's routers (their
+    layers, experts, ranked rows), its per-token ids multiplied, or the record repeated."""
+    routed = [r for r in recs if r["type"] == "experts"]
+    if not routed:
+        return
+    rec = rnd.choice(routed)
+    choice = rnd.randrange(4)
+    if choice == 0 and rec["rows"]:
+        rec["rows"] = rec["rows"] * rnd.choice([2, 1000])
+    elif choice == 1:
+        big = rnd.choice([rec["n_layer"], rec["n_expert"], 2**31, 10**6])
+        rec["rows"].append([rnd.randrange(4), rnd.randrange(8), 1, 0.5])
+        rec["rows"][-1][rnd.randrange(3)] = big
+    elif choice == 2 and rec.get("tokens"):
+        blk = rnd.choice(rec["tokens"])
+        blk[2], blk[3] = blk[2] * 50, blk[3] * 50
+    else:
+        recs.insert(recs.index(rec) + 1, copy.deepcopy(rec))
+
+
 def cut_record(rnd: random.Random, recs: Records) -> Records | None:
     """A line cut short (returned as raw text lines), or a record's list emptied."""
     rec = rnd.choice(recs)
@@ -165,13 +201,14 @@ MUTATIONS: list[Callable[[random.Random, Records], Any]] = [
     mutate_value,
     drop_key,
     forge_tables,
+    forge_routing,
     cut_record,
 ]
 
 
-def make_case(rnd: random.Random, out: Path) -> Path:
-    """A mutated log at ``out``."""
-    base = server_log() if rnd.random() < 0.25 else fixture(rnd.choice(LOGS))
+def make_case(rnd: random.Random, out: Path, seed_log: str) -> Path:
+    """``seed_log`` (one of ``SEEDS``) mutated, at ``out``."""
+    base = server_log() if seed_log == SERVER else fixture(seed_log)
     cut_line = None
     for _ in range(rnd.choice([1, 2, 4])):
         m = rnd.choice(MUTATIONS)
@@ -237,7 +274,7 @@ def run_case(log: Path, work: Path, otlp_url: str | None) -> list[str]:
             args = ["export", str(log), "--workloads", "-o", str(work / "w.jsonl")]
         elif cmd == "compare":
             args += [str(FIXTURES / "tiny-llama-detailed.log.gz"), "--format", "json"]
-        elif cmd in ("summary", "requests"):
+        elif cmd in ("summary", "requests", "experts"):
             args += ["--format", "json"]
         bad = check_result(args, runner.invoke(main, args))
         if bad:
@@ -257,11 +294,12 @@ def run_case(log: Path, work: Path, otlp_url: str | None) -> list[str]:
 
 
 def fuzz(seed: int, cases: int, work: Path, otlp_url: str | None = None) -> list[str]:
-    """``cases`` mutated logs from ``seed``; each problem as ``case N: ...``."""
+    """``cases`` mutated logs from ``seed``, each of ``SEEDS`` in turn; each problem as ``case N:
+    ...``."""
     rnd = random.Random(seed)
     out = []
     for n in range(cases):
-        log = make_case(rnd, work / f"case{n}.log")
+        log = make_case(rnd, work / f"case{n}.log", SEEDS[n % len(SEEDS)])
         out += [f"case {n} ({log}): {p}" for p in run_case(log, work, otlp_url)]
     return out
 

@@ -189,7 +189,7 @@ class _RefBuilder:
                     # the experts this compute's router sent tokens to, in the op's layer
                     used = {
                         e for r in s.experts if r.ubatch == c.ubatch
-                        for la, e, t, _ in r.rows if la == n.layer and t > 0
+                        for la, e, t in r.rows.tolist() if la == n.layer and t > 0
                     }  # fmt: skip
                     expert_bytes = "routed" if used else "all experts"
                     if used:
@@ -212,7 +212,7 @@ class _RefBuilder:
                         mean=mean, std=std, n_nan=n_nan, n_inf=n_inf,
                     )  # fmt: skip
         for r in s.experts:
-            for la, e, t, w in r.rows:
+            for (la, e, t), w in zip(r.rows.tolist(), r.weight.tolist(), strict=True):
                 self.experts.add(
                     step=s.index, layer=la, expert=e, tokens=t, ubatch=r.ubatch, weight=w
                 )

@@ -10,10 +10,16 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:  # pandas loads with the frames, not with this module
     from .frames import SessionFrames
 
 HOTTEST = 3
+# the cells (steps x layers x experts) of the per-step load a report holds at most, or four per
+# routing row where the rows are more: beyond it ``load_by_step`` is left out (None), since a log
+# of many steps of a few rows each would make it far larger than the log
+BY_STEP_CELLS = 1 << 22
 
 
 @dataclass
@@ -27,7 +33,8 @@ class LayerRouting:
     entropy_bits: float  # of the routing distribution (log2 n_expert when perfectly even)
     touched: float  # mean share of the experts each ubatch routed to
     touched_gen: float | None  # the same over generation steps only (None: none)
-    by_step: list[list[int]] = field(default_factory=list)  # per step in order: load per expert
+    # per step with routing, in order: the load per expert (None: over ``BY_STEP_CELLS``)
+    by_step: list[list[int]] | None = field(default_factory=list)
 
     @property
     def hottest(self) -> list[tuple[int, float]]:
@@ -58,41 +65,59 @@ def entropy_bits(counts: list[int]) -> float:
     return -sum(c / total * math.log2(c / total) for c in counts if c > 0)
 
 
+def _runs(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each run of equal rows of sorted ``keys`` (columns) begins, and its length."""
+    n = len(keys[0])
+    change = np.zeros(max(n - 1, 0), bool)
+    for k in keys:
+        change |= k[1:] != k[:-1]
+    first = np.flatnonzero(np.r_[True, change]) if n else np.zeros(0, np.int64)
+    return first, np.diff(np.r_[first, n])
+
+
 def layer_routing(f: SessionFrames) -> tuple[int, list[LayerRouting]]:
-    """The model's experts per layer and each recorded layer's routing (empty without routing)."""
+    """The model's experts per layer and each recorded layer's routing (empty without routing):
+    array work over the rows, each layer's tables of ``n_expert`` cells (the records bound the
+    experts and layers by their compute's graph)."""
     ex = f.experts
     if ex.empty:
         return 0, []
     # the records' n_expert (an expert no token went to has no row)
     n_expert = max(int(ex.attrs.get("n_expert", 0)), int(ex["expert"].max()) + 1)
-    steps = sorted(set(ex["step"].tolist()))
-    step_pos = {s: i for i, s in enumerate(steps)}
+    cols = {c: ex[c].to_numpy() for c in ("step", "ubatch", "layer", "expert", "tokens")}
+    weight = ex["weight"].to_numpy(dtype=np.float64)
+    steps = np.unique(cols["step"])
     gen = set(f.steps.loc[f.steps["kind"] == "gen", "step"].tolist()) if len(f.steps) else set()
+    # each layer's load per step, dense, within a budget the rows pay for
+    dense = len(steps) * n_expert * len(np.unique(cols["layer"])) <= max(BY_STEP_CELLS, 4 * len(ex))
+    # rows by layer, then step, ubatch and expert
+    order = np.lexsort((cols["expert"], cols["ubatch"], cols["step"], cols["layer"]))
+    layer = cols["layer"][order]
     out = []
-    for layer, g in ex.groupby("layer", sort=True):
-        load = [0] * n_expert
-        weight = [0.0] * n_expert
-        by_step = [[0] * n_expert for _ in steps]
-        for step, e, t, w in zip(g["step"], g["expert"], g["tokens"], g["weight"], strict=True):
-            load[int(e)] += int(t)
-            weight[int(e)] += float(w)
-            by_step[step_pos[int(step)]][int(e)] += int(t)
-        per_ub = g.groupby(["step", "ubatch"])["expert"].nunique()
-        shares = (per_ub / n_expert).tolist()
-        gen_shares = [
-            v / n_expert
-            for (step, _), v in per_ub.items()  # type: ignore[misc]
-            if int(step) in gen
-        ]
+    for first, n in zip(*_runs(layer), strict=True):
+        k = order[first : first + n]
+        step, ub, e, t = (cols[c][k] for c in ("step", "ubatch", "expert", "tokens"))
+        load = np.bincount(e, weights=t, minlength=n_expert).astype(np.int64).tolist()
+        wsum = np.zeros(n_expert)
+        np.add.at(wsum, e, weight[k])
+        # per (step, ubatch): the experts it names (each once per ubatch)
+        ub_first, ub_n = _runs(step, ub)
+        shares = (ub_n / n_expert).tolist()
+        gen_shares = [sh for sh, s in zip(shares, step[ub_first].tolist(), strict=True) if s in gen]
+        by_step = None
+        if dense:
+            grid = np.zeros((len(steps), n_expert), np.int64)
+            np.add.at(grid, (np.searchsorted(steps, step), e), t)
+            by_step = grid.tolist()
         total = sum(load)
         mean = total / n_expert
         out.append(
             LayerRouting(
-                layer=int(layer),  # type: ignore[call-overload]
+                layer=int(layer[first]),
                 n_expert=n_expert,
                 tokens=total,
                 load=load,
-                weight=weight,
+                weight=wsum.tolist(),
                 imbalance=max(load) / mean if mean else 0.0,
                 entropy_bits=entropy_bits(load),
                 touched=sum(shares) / len(shares) if shares else 0.0,

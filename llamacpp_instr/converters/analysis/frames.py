@@ -45,7 +45,6 @@ in order of first appearance (``columns``).
 
 from __future__ import annotations
 
-import math
 from array import array
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -240,7 +239,8 @@ class _Builder:
         )
         self.stats = Table("step ubatch node n_nan n_inf", "min max mean std", cats="name")
         self.topk = Table("step row rank token", "logit")
-        self.experts = Table("step layer expert tokens ubatch", "weight")
+        # per routing record: step, ubatch, its rows (layer, expert, tokens) and their weights
+        self.expert_parts: list[tuple[int, int, np.ndarray, np.ndarray]] = []
         self.n_expert = 0  # the routing records' experts per layer
         self.graphs: dict[int, Graph] = {}
         self.layer_parts: list[np.ndarray] = []  # per compute (m, 4): layer, t_start, dur, n_ops
@@ -306,11 +306,7 @@ class _Builder:
                 )
         for r in s.experts:
             self.n_expert = max(self.n_expert, r.n_expert)
-            for layer, e, tokens, w in r.rows:
-                self.experts.add(
-                    step=s.index, layer=layer, expert=e, tokens=tokens, ubatch=r.ubatch,
-                    weight=math.nan if w is None else w,
-                )  # fmt: skip
+            self.expert_parts.append((s.index, r.ubatch, r.rows, r.weight))
             self.ops.route(s.index, r)
         if self.dev is not None:
             self.dev.step(s)
@@ -377,7 +373,7 @@ class _Builder:
             topk=self.topk.frame(self.TOPK_COLS),
             seqs=self.seqs.frame(self.SEQ_COLS),
             requests=self._requests_frame(),
-            experts=self.experts.frame(self.EXPERT_COLS),
+            experts=experts_frame(self.expert_parts, self.EXPERT_COLS),
             graphs=self.graphs,
             report=report,
             generated_tokens=[
@@ -403,6 +399,30 @@ class _Builder:
         )
         roofline.apply(sf, *found)
         return sf
+
+
+def experts_frame(
+    parts: list[tuple[int, int, np.ndarray, np.ndarray]], cols: list[str]
+) -> pd.DataFrame:
+    """The routing records' rows (``parts``: per record its step, ubatch, rows of (layer, expert,
+    tokens) and weights), one per (step, ubatch, layer, expert): each record's arrays copied into
+    the columns and let go one by one (``parts`` is emptied), so that what they held is the most
+    the table takes beside them."""
+    n = sum(len(p[2]) for p in parts)
+    ints = {c: np.empty(n, np.int64) for c in ("step", "layer", "expert", "tokens", "ubatch")}
+    weight = np.empty(n)
+    at = 0
+    parts.reverse()
+    while parts:
+        step, ubatch, rows, w = parts.pop()
+        m = len(rows)
+        ints["step"][at : at + m] = step
+        ints["ubatch"][at : at + m] = ubatch
+        for k, c in enumerate(("layer", "expert", "tokens")):
+            ints[c][at : at + m] = rows[:, k]
+        weight[at : at + m] = w
+        at += m
+    return pd.DataFrame(ints | {"weight": weight}, columns=cols, copy=False)
 
 
 def load_sessions(

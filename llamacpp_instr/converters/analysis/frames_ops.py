@@ -161,12 +161,8 @@ class OpsBuilder:
 
     def route(self, step: int, r: Any) -> None:
         """A compute's routing (``session.expert_routing.Routing``): the experts each layer used."""
-        used: dict[int, set[int]] = {}
-        for layer, e, tokens, _ in r.rows:
-            if tokens > 0:
-                used.setdefault(layer, set()).add(e)
-        for layer, es in used.items():
-            self.routed[(step, r.ubatch, layer)] = len(es)
+        for layer, n in r.used().items():
+            self.routed[(step, r.ubatch, layer)] = n
 
     @staticmethod
     def _raise_node_error(meta: GraphMeta, c: ComputeColumns) -> None:

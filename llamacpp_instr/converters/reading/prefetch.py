@@ -7,11 +7,13 @@ time, so for a big log a forked process does the first: it reads the records wit
 columns and its layers as rows (the one packer: ``decode.columns.pack_ops``,
 ``decode.columns.layer_rows``), and where a record's device rows (a compute's placement, a
 ``transfers`` record) are well-formed, their decoded form (``decode.fields.DECODED``), while this
-process builds and encodes the trace. What it yields, and what ``report`` ends up saying, are
-exactly what ``iter_records`` would have given (skipped lines in their place; a decoded form is
-what decoding the record here would give); a ``strict`` error is raised here. Small logs,
-platforms without ``fork``, machines with one core and processes already running threads (where
-forking is unsafe) read in this process.
+process builds and encodes the trace. A batch holds at most ``BATCH`` records and about
+``BATCH_BYTES`` of their lines, and a record of a long line (``BIG_RECORD``) goes as its JSON, so
+that a few huge records are neither held at once nor unpickled slower than parsed. What it yields,
+and what ``report`` ends up saying, are exactly what ``iter_records`` would have given (skipped
+lines in their place; a decoded form is what decoding the record here would give); a ``strict``
+error is raised here. Small logs, platforms without ``fork``, machines with one core and processes
+already running threads (where forking is unsafe) read in this process.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from collections.abc import Iterator
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from llamacpp_instr.contract.errors import UserError
 
@@ -44,8 +48,18 @@ MIN_BYTES = 4 << 20
 # slower to 15 ms faster, 7.6-8.9 MB 8-26 ms faster (2-6 %), 11-13 MB 6-10 %, 22-26 MB 5-13 %
 TABLES_MIN_BYTES = 8 << 20
 BATCH = 128  # records per message
+# a message's lines, at most, so that a few huge records (a forged log's) are not all held at
+# once, parsed, on both sides of the pipe: what the pipe holds
+BATCH_BYTES = 1 << 20
+# a record whose line is this long or longer goes over the pipe as JSON (orjson's, parsed again on
+# the reading side): unpickling a record of many small lists takes twice as long as parsing it
+BIG_RECORD = 1 << 18
 FIRST_BATCH = 4  # the first message: the reading side waits for it
 AHEAD = 16  # messages the reader may have ready beyond what the pipe holds
+
+
+class _Json(bytes):
+    """A record sent as its JSON (``BIG_RECORD``)."""
 
 
 def records(
@@ -84,10 +98,10 @@ def records(
                     if rec is None:
                         rep.skipped.append((n, why))
                     else:
-                        yield n, rec
+                        yield n, orjson.loads(memoryview(rec)) if type(rec) is _Json else rec
             elif msg[0] == "end":
-                rep.lines, rep.records, rep.replaced_utf8 = msg[1:4]
-                rep.unknown_types.update(msg[4])
+                rep.lines, rep.records, rep.replaced_utf8, rep.bytes = msg[1:5]
+                rep.unknown_types.update(msg[5])
                 return
             else:  # "error": a strict reader's complaint, or what stopped the reader
                 raise UserError(msg[1])
@@ -186,8 +200,12 @@ def _read_to(out: _Sender, path: Path | str, strict: bool) -> None:
     last: dict[tuple[Any, ...], dict[int, list[int]]] = {}  # per graph: the last fused ops
     n_skipped = 0
     size = FIRST_BATCH
+    at = 0  # rep.bytes where the batch began
+    was = 0  # rep.bytes before the record
     try:
         for n, rec in iter_records(path, strict=strict, report=rep):
+            big = rep.bytes - was >= BIG_RECORD
+            was = rep.bytes
             if len(rep.skipped) > n_skipped:
                 batch += [(m, None, why) for m, why in rep.skipped[n_skipped:]]
                 n_skipped = len(rep.skipped)
@@ -211,14 +229,23 @@ def _read_to(out: _Sender, path: Path | str, strict: bool) -> None:
                     rec[DECODED] = transfers(rec)
                 except MALFORMED:
                     pass  # decoded there, where it is reported in its place
-            batch.append((n, rec, ""))
-            if len(batch) >= size:
+            sent: dict[str, Any] | _Json = rec
+            if big and DECODED not in rec and rec["type"] != "compute":
+                try:
+                    sent = _Json(orjson.dumps(rec))  # (what the reader parsed: JSON's own types)
+                except orjson.JSONEncodeError:
+                    pass  # (none known) sent as it is
+            batch.append((n, sent, ""))
+            if len(batch) >= size or rep.bytes - at >= BATCH_BYTES:
                 out.send(("batch", batch))
                 batch = []
                 size = BATCH
+                at = rep.bytes
         batch += [(m, None, why) for m, why in rep.skipped[n_skipped:]]
         out.send(("batch", batch))
-        out.send(("end", rep.lines, rep.records, rep.replaced_utf8, dict(rep.unknown_types)))
+        out.send(
+            ("end", rep.lines, rep.records, rep.replaced_utf8, rep.bytes, dict(rep.unknown_types))
+        )
     except UserError as exc:
         out.send(("batch", batch))
         out.send(("error", str(exc)))

@@ -39,6 +39,8 @@ class ReadReport:
 
     lines: int = 0
     records: int = 0
+    # bytes of the lines read (as stored, decompressed): what a batch of records took to hold
+    bytes: int = 0
     skipped: list[tuple[int, str]] = field(default_factory=list)
     unknown_types: Counter[str] = field(default_factory=Counter)
     # lines read only after replacing invalid UTF-8 with U+FFFD
@@ -224,6 +226,7 @@ def _file_records(
         try:
             for n, line in enumerate(f, start=1):
                 rep.lines = lines_before + n
+                rep.bytes += len(line)
                 if not line.strip():
                     continue
                 try:

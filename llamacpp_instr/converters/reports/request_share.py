@@ -73,25 +73,37 @@ def request_shares(f: SessionFrames, rows: list[StepRow] | None = None) -> list[
 
 def part_rows(f: SessionFrames) -> list[dict[str, Any]]:
     """Each ``part`` (a llama-bench test): its steps (those tagged with its label), tokens, time in
-    llama_decode, tokens/s, and the op type that took most of its op time (when ops were timed)."""
+    llama_decode, tokens/s, and the op type that took most of its op time (when ops were timed).
+    The steps and ops are grouped by label once, whatever the number of parts."""
     parts = getattr(f.info, "parts", [])
+    if not parts:
+        return []
+    labels = {str(p.get("label", "")) for p in parts}
+    steps = f.steps[f.steps["request"].astype(object).isin(labels)]
+    label_of = steps["request"].astype(object)
+    per = steps.groupby(label_of)[["dur_ns", "n_tokens"]].agg(["sum", "count"])
+    top: dict[str, tuple[str, float]] = {}
+    if not f.ops.empty and len(steps):
+        step_label = dict(zip(steps["step"].tolist(), label_of.tolist(), strict=True))
+        ops = f.ops[f.ops["step"].isin(step_label)]
+        if len(ops):
+            by = ops.groupby([ops["step"].map(step_label), ops["op"].astype(str)])["dur_ns"].sum()
+            for label, g in by.groupby(level=0):
+                total = g.sum()
+                top[str(label)] = (str(g.idxmax()[1]), float(g.max() / total) if total else 0.0)
     out = []
     for p in parts:
         label = str(p.get("label", ""))
-        steps = f.steps[f.steps["request"].astype(object) == label]
-        dur = int(steps["dur_ns"].sum())
-        tokens = int(steps["n_tokens"].sum())
-        top_op, top_share = "", 0.0
-        if not f.ops.empty and len(steps):
-            ops = f.ops[f.ops["step"].isin(steps["step"])]
-            if len(ops):
-                by = ops.groupby(ops["op"].astype(str), observed=True)["dur_ns"].sum()
-                top_op = str(by.idxmax())
-                top_share = float(by.max() / by.sum()) if by.sum() else 0.0
+        n, dur, tokens = 0, 0, 0
+        if label in per.index:
+            n = int(per.loc[label, ("dur_ns", "count")])
+            dur = int(per.loc[label, ("dur_ns", "sum")])
+            tokens = int(per.loc[label, ("n_tokens", "sum")])
+        top_op, top_share = top.get(label, ("", 0.0))
         out.append(
             {
                 "label": label,
-                "steps": len(steps),
+                "steps": n,
                 "tokens": tokens,
                 "dur_ms": int(p.get("dur", 0)) / 1e6,
                 "decode_ms": dur / 1e6,

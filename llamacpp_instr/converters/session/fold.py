@@ -27,6 +27,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..reading import prefetch
 from ..reading.decode.columns import PackedOps
 from ..reading.decode.computes import (
@@ -45,6 +47,7 @@ from ..reading.decode.sessions import (
     SessionInfo,
     SessionStarted,
     StepDone,
+    part_record,
     request_record,
     session_info,
 )
@@ -53,9 +56,13 @@ from ..reading.decode.steps import Step, end_step, request_id, step_level, step_
 from ..reading.decode.transfers import transfers
 from ..reading.reader import ReadReport, iter_records
 from .device_time import multi_device
-from .expert_routing import routing
+from .expert_routing import ROUTING_CELLS, Router, Routing, routers, routing
 
 __all__ = ["Fold", "Session", "iter_events", "iter_events_packed", "load"]
+
+
+# graphs whose routers a session keeps worked out (a few per context: each shape of batch)
+ROUTER_GRAPHS = 64
 
 
 class _SessionState:
@@ -68,6 +75,34 @@ class _SessionState:
         # (``same_as``): kept apart from ``graphs``, which a long follow trims
         self.tables: dict[tuple[int, int], Graph] = Tables()
         self.open_steps: dict[tuple[int, int], Step] = {}  # (ctx, step) -> step in flight
+        self.routers: dict[Graph, dict[int, Router]] = {}  # a MoE's graphs' routers, by graph
+        self.routed_layers: set[int] = set()  # the layers its routing records name
+        self.routed_experts = 0  # their most experts
+
+    def routing(self, rec: dict[str, Any], step: Step) -> Routing:
+        """An ``experts`` record of ``step``, bounded by its compute's graph: one per compute, of
+        a compute the step holds (``expert_routing.routing`` says the rest)."""
+        ubatch = rec["ubatch"]
+        c = next((c for c in step.computes if c.ubatch == ubatch), None)
+        if c is None or any(r.ubatch == ubatch for r in step.experts):
+            raise ValueError(f"an experts record of ubatch {ubatch!r}: no compute, or a second")
+        g = c.graph
+        by_layer: dict[int, Router] = {}
+        if g is not None:
+            if g not in self.routers:
+                if len(self.routers) >= ROUTER_GRAPHS:
+                    self.routers.clear()
+                self.routers[g] = routers(g)
+            by_layer = self.routers[g]
+        context = self.info.contexts.get(step.ctx)
+        n_layer = context["model"].get("n_layer") if context is not None else None
+        r = routing(rec, g, by_layer, n_layer)
+        layers = self.routed_layers.union(np.unique(r.rows[:, 0]).tolist())
+        n_expert = max(self.routed_experts, r.n_expert)
+        if len(layers) * n_expert > ROUTING_CELLS:
+            raise ValueError(f"routing of {len(layers)} layers of {n_expert} experts in a session")
+        self.routed_layers, self.routed_experts = layers, n_expert
+        return r
 
 
 def iter_events(
@@ -216,7 +251,7 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
     elif rtype == "request":
         state.info.requests.append(request_record(rec))
     elif rtype == "part":
-        state.info.parts.append(rec)
+        state.info.parts.append(part_record(rec))
     elif rtype == "context":
         context = context_record(rec)
         if len(state.info.contexts) < MAX_CONTEXTS or context["ctx"] in state.info.contexts:
@@ -259,7 +294,7 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
     elif rtype == "experts":
         step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
         if step is not None:
-            step.experts.append(routing(rec))
+            step.experts.append(state.routing(rec, step))
     elif rtype == "topk":
         step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
         if step is not None:

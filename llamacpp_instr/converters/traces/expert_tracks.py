@@ -50,15 +50,14 @@ class ExpertTracks:
             c = computes.get(r.ubatch)
             if c is None:
                 continue  # routing of a compute the log did not keep: no time to put it at
-            used: dict[int, set[int]] = {}
-            for layer, expert, tokens, _ in r.rows:
-                if tokens > 0 and (self.layer is None or layer == self.layer):
-                    used.setdefault(layer, set()).add(expert)
+            used = r.used()
             starts = _layer_starts(c)
             for layer in sorted(used):
+                if self.layer is not None and layer != self.layer:
+                    continue
                 yield from self._track(layer)
                 ts = starts.get(layer, c.start)
-                yield Sample(self.tracks[layer].uuid, ts, float(len(used[layer])))
+                yield Sample(self.tracks[layer].uuid, ts, float(used[layer]))
 
 
 def _layer_starts(c: Any) -> dict[int, int]:

@@ -7,6 +7,10 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(__SSE2__) || defined(_M_X64) || (defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)))
+#    include <immintrin.h>
+#endif
+
 namespace llama_instr {
 
 void stats_buffer::prepare(int32_t cap, int32_t n_threads) {
@@ -24,48 +28,140 @@ void stats_buffer::prepare(int32_t cap, int32_t n_threads) {
     }
 }
 
+// One block's eight lanes: lane k takes the values k, k + 8, k + 16, ... of the block, in order.
+struct block_lanes {
+    float  mn[8], mx[8];
+    double s1[8], s2[8];
+};
+
+// The lanes over the block's first n8 values (a multiple of 8), one value at a time.
+[[maybe_unused]] static void lanes_scalar(block_lanes & l, const float * y, int64_t n8) {
+    for (int64_t i = 0; i < n8; i += 8) {
+        for (int k = 0; k < 8; k++) {
+            const float v = y[i + k];
+            l.mn[k]       = v < l.mn[k] ? v : l.mn[k];
+            l.mx[k]       = v > l.mx[k] ? v : l.mx[k];
+            l.s1[k] += v;
+            l.s2[k] += (double) v * v;
+        }
+    }
+}
+
+// The same lanes with SIMD registers (the compiler leaves the scalar loop scalar, at about ten
+// instructions a value): each lane takes the same values in the same order, min as `v < mn ? v :
+// mn` (MINPS returns its second operand unless the first is less), max likewise, and a value's
+// square is exact in double, so the lanes hold exactly what lanes_scalar makes of them.
+#if defined(__SSE2__) || defined(_M_X64)
+static void lanes_sse2(block_lanes & l, const float * y, int64_t n8) {
+    __m128  mn0 = _mm_loadu_ps(l.mn), mn1 = _mm_loadu_ps(l.mn + 4);
+    __m128  mx0 = _mm_loadu_ps(l.mx), mx1 = _mm_loadu_ps(l.mx + 4);
+    __m128d a[4], b[4];
+    for (int q = 0; q < 4; q++) {
+        a[q] = _mm_loadu_pd(l.s1 + 2 * q);
+        b[q] = _mm_loadu_pd(l.s2 + 2 * q);
+    }
+    for (int64_t i = 0; i < n8; i += 8) {
+        const __m128  v0   = _mm_loadu_ps(y + i);
+        const __m128  v1   = _mm_loadu_ps(y + i + 4);
+        const __m128d d[4] = { _mm_cvtps_pd(v0), _mm_cvtps_pd(_mm_movehl_ps(v0, v0)), _mm_cvtps_pd(v1),
+                               _mm_cvtps_pd(_mm_movehl_ps(v1, v1)) };
+        mn0                = _mm_min_ps(v0, mn0);
+        mn1                = _mm_min_ps(v1, mn1);
+        mx0                = _mm_max_ps(v0, mx0);
+        mx1                = _mm_max_ps(v1, mx1);
+        for (int q = 0; q < 4; q++) {
+            a[q] = _mm_add_pd(a[q], d[q]);
+            b[q] = _mm_add_pd(b[q], _mm_mul_pd(d[q], d[q]));
+        }
+    }
+    _mm_storeu_ps(l.mn, mn0);
+    _mm_storeu_ps(l.mn + 4, mn1);
+    _mm_storeu_ps(l.mx, mx0);
+    _mm_storeu_ps(l.mx + 4, mx1);
+    for (int q = 0; q < 4; q++) {
+        _mm_storeu_pd(l.s1 + 2 * q, a[q]);
+        _mm_storeu_pd(l.s2 + 2 * q, b[q]);
+    }
+}
+#endif
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#    define LLAMA_INSTR_STATS_AVX 1
+
+__attribute__((target("avx"))) static void lanes_avx(block_lanes & l, const float * y, int64_t n8) {
+    __m256  mn = _mm256_loadu_ps(l.mn), mx = _mm256_loadu_ps(l.mx);
+    __m256d a0 = _mm256_loadu_pd(l.s1), a1 = _mm256_loadu_pd(l.s1 + 4);
+    __m256d b0 = _mm256_loadu_pd(l.s2), b1 = _mm256_loadu_pd(l.s2 + 4);
+    for (int64_t i = 0; i < n8; i += 8) {
+        const __m256  v  = _mm256_loadu_ps(y + i);
+        const __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+        const __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        mn               = _mm256_min_ps(v, mn);
+        mx               = _mm256_max_ps(v, mx);
+        a0               = _mm256_add_pd(a0, d0);
+        a1               = _mm256_add_pd(a1, d1);
+        b0               = _mm256_add_pd(b0, _mm256_mul_pd(d0, d0));
+        b1               = _mm256_add_pd(b1, _mm256_mul_pd(d1, d1));
+    }
+    _mm256_storeu_ps(l.mn, mn);
+    _mm256_storeu_ps(l.mx, mx);
+    _mm256_storeu_pd(l.s1, a0);
+    _mm256_storeu_pd(l.s1 + 4, a1);
+    _mm256_storeu_pd(l.s2, b0);
+    _mm256_storeu_pd(l.s2 + 4, b1);
+}
+#endif
+
+using lanes_fn = void (*)(block_lanes &, const float *, int64_t);
+
+// the widest of the lanes this CPU runs, chosen once
+static lanes_fn pick_lanes() {
+#ifdef LLAMA_INSTR_STATS_AVX
+    if (__builtin_cpu_supports("avx")) {
+        return lanes_avx;
+    }
+#endif
+#if defined(__SSE2__) || defined(_M_X64)
+    return lanes_sse2;
+#else
+    return lanes_scalar;
+#endif
+}
+
 // Float min/max and double sums over one contiguous run, in blocks: eight independent lanes with
-// no test per value, so that the compiler vectorizes without reassociating a sum (no
-// -ffast-math). A NaN or an infinity makes the block's sum of squares non-finite (the squares of
-// finite floats cannot overflow a double), and that block (rare) is redone one value at a time.
+// no test per value, summed in a fixed order (no -ffast-math). A NaN or an infinity makes the
+// block's sum of squares non-finite (the squares of finite floats cannot overflow a double), and
+// that block (rare) is redone one value at a time.
 static void accumulate(stat_partial & a, const float * x, int64_t len) {
-    constexpr int     L = 8;
-    constexpr int64_t B = 512;
+    constexpr int         L     = 8;
+    constexpr int64_t     B     = 512;
+    static const lanes_fn lanes = pick_lanes();
     for (int64_t b0 = 0; b0 < len; b0 += B) {
         const float * y = x + b0;
         const int64_t m = std::min(B, len - b0);
-        float         mn[L], mx[L];
-        double        s1[L], s2[L];
+        block_lanes   l;
         for (int k = 0; k < L; k++) {
-            mn[k] = INFINITY;
-            mx[k] = -INFINITY;
-            s1[k] = 0.0;
-            s2[k] = 0.0;
+            l.mn[k] = INFINITY;
+            l.mx[k] = -INFINITY;
+            l.s1[k] = 0.0;
+            l.s2[k] = 0.0;
         }
-        int64_t i = 0;
-        for (; i + L <= m; i += L) {
-            for (int k = 0; k < L; k++) {
-                const float v = y[i + k];
-                mn[k]         = v < mn[k] ? v : mn[k];
-                mx[k]         = v > mx[k] ? v : mx[k];
-                s1[k] += v;
-                s2[k] += (double) v * v;
-            }
-        }
-        for (; i < m; i++) {
+        const int64_t n8 = m - m % L;
+        lanes(l, y, n8);
+        for (int64_t i = n8; i < m; i++) {
             const float v = y[i];
-            mn[0]         = v < mn[0] ? v : mn[0];
-            mx[0]         = v > mx[0] ? v : mx[0];
-            s1[0] += v;
-            s2[0] += (double) v * v;
+            l.mn[0]       = v < l.mn[0] ? v : l.mn[0];
+            l.mx[0]       = v > l.mx[0] ? v : l.mx[0];
+            l.s1[0] += v;
+            l.s2[0] += (double) v * v;
         }
         float  bmn = INFINITY, bmx = -INFINITY;
         double t1 = 0.0, t2 = 0.0;
         for (int k = 0; k < L; k++) {
-            bmn = std::min(bmn, mn[k]);
-            bmx = std::max(bmx, mx[k]);
-            t1 += s1[k];
-            t2 += s2[k];
+            bmn = std::min(bmn, l.mn[k]);
+            bmx = std::max(bmx, l.mx[k]);
+            t1 += l.s1[k];
+            t2 += l.s2[k];
         }
         if (std::isfinite(t2)) {
             a.mn = std::min(a.mn, bmn);

@@ -15,8 +15,9 @@ namespace llama_instr {
 
 struct expert_log;
 
-// one thread's share of one op's output
-struct stat_partial {
+// one thread's share of one op's output, a cache line of its own: the threads write theirs for
+// the same op at the same time
+struct alignas(64) stat_partial {
     float    mn, mx;
     double   sum, sum2;
     int64_t  n, n_nan, n_inf;

@@ -106,13 +106,14 @@ void write_topk(ctx_state & st, llama_context * ctx, int64_t n_outputs, int64_t 
     j.ch('[');
     st.scratch_ids.resize(k);
     for (int64_t r = 0; r < n_outputs; r++) {
-        const float * row  = logits + r * n_vocab;
+        const float * row   = logits + r * n_vocab;
         // one pass keeping the k best so far, sorted (by logit, then lower id): most logits are
-        // rejected by a single comparison with the k-th best
-        int32_t *     best = st.scratch_ids.data();
-        int32_t       n    = 0;
+        // rejected by a single comparison with the k-th best, kept in a register
+        int32_t *     best  = st.scratch_ids.data();
+        int32_t       n     = 0;
+        float         worst = 0.0f;  // row[best[k - 1]] once n == k
         for (int32_t i = 0; i < (int32_t) n_vocab; i++) {
-            if (n == k && !(row[i] > row[best[k - 1]])) {
+            if (n == k && !(row[i] > worst)) {
                 continue;
             }
             int32_t pos = n < k ? n++ : k - 1;
@@ -121,6 +122,9 @@ void write_topk(ctx_state & st, llama_context * ctx, int64_t n_outputs, int64_t 
                 pos--;
             }
             best[pos] = i;
+            if (n == k) {
+                worst = row[best[k - 1]];
+            }
         }
         j.sep();
         j.raw("{\"row\":");

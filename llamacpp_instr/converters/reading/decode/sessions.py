@@ -185,27 +185,114 @@ REQUEST_SPEC_COUNTS = (
 )
 
 
+# llama-server's ``cache`` object in a request record: its counts, and its texts (at most
+# CACHE_TEXT_MAX characters each are kept: the server writes at most 120 bytes)
+CACHE_COUNTS = ("prompt", "held", "common", "reused", "other_slot", "other_common")
+CACHE_TEXT_MAX = 512
+# a part record's texts, at most (llama-bench's test names)
+PART_TEXT_MAX = 256
+# a part record's samples, at most (llama-bench's repetitions of a test)
+PART_SAMPLES_MAX = 1 << 16
+
+
+def _text(v: Any, name: str, limit: int) -> str:
+    if type(v) is not str:
+        raise TypeError(f"{name} is not a string")
+    return v[:limit]
+
+
+def _cache(cache: Any) -> dict[str, Any]:
+    """A request's ``cache`` object, its fields checked, the ones the schema names only."""
+    if type(cache) is not dict:
+        raise TypeError("cache is not an object")
+    out: dict[str, Any] = {k: opt_count(cache.get(k)) for k in CACHE_COUNTS if k in cache}
+    if "enabled" in cache:
+        if type(cache["enabled"]) is not bool:
+            raise TypeError("cache.enabled is not a bool")
+        out["enabled"] = cache["enabled"]
+    if "slot_by" in cache:
+        out["slot_by"] = _text(cache["slot_by"], "cache.slot_by", CACHE_TEXT_MAX)
+    seen = cache.get("seen")
+    if seen is not None:
+        if type(seen) is not dict:
+            raise TypeError("cache.seen is not an object")
+        out["seen"] = {"tokens": opt_count(seen.get("tokens"))}
+        if "request" in seen:
+            out["seen"]["request"] = _text(seen["request"], "cache.seen.request", CACHE_TEXT_MAX)
+    div = cache.get("diverged")
+    if div is not None:
+        if type(div) is not dict:
+            raise TypeError("cache.diverged is not an object")
+        out["diverged"] = {"at": opt_count(div.get("at"))} | {
+            k: _text(div[k], f"cache.diverged.{k}", CACHE_TEXT_MAX)
+            for k in ("before", "held", "prompt")
+            if k in div
+        }
+    return out
+
+
+def _request_spec(spec: Any) -> dict[str, Any]:
+    """A request's ``spec`` object, its fields checked, the ones the schema names only."""
+    if type(spec) is not dict or type(spec.get("type", "")) is not str:
+        raise TypeError("spec is not an object")
+    out: dict[str, Any] = {"type": spec.get("type", "")[:CACHE_TEXT_MAX]}
+    out |= {k: opt_count(spec.get(k)) for k in REQUEST_SPEC_COUNTS if k in spec}
+    for k in ("drafted_by_pos", "accepted_by_pos"):
+        v = spec.get(k, [])
+        if type(v) is not list or len(v) > MAX_POS:
+            raise ValueError(f"spec.{k} is not a list of at most {MAX_POS}")
+        for x in v:
+            opt_count(x)
+        out[k] = v
+    return out
+
+
 def request_record(rec: dict[str, Any]) -> dict[str, Any]:
     """A ``request`` record, checked: its times and counts integers from 0 to below 2**62, its
-    texts strings (else ValueError or TypeError, and the record is skipped)."""
+    texts strings, its ``cache`` and ``spec`` objects of their fields' types (else ValueError or
+    TypeError, and the record is skipped). What is kept is the fields the schema names, so that
+    a session holds no more per request than they take."""
     if opt_count(rec["t_arrive"]) is None:
         raise ValueError("t_arrive is null")
+    out: dict[str, Any] = {k: rec[k] for k in ("type", "sid", "t_arrive") if k in rec}
     for k in REQUEST_COUNTS:
-        opt_count(rec.get(k))
+        if k in rec:
+            out[k] = opt_count(rec[k])
     for k in REQUEST_TEXTS:
         v = rec.get(k)
         if v is not None and type(v) is not str:
             raise TypeError(f"{k} is not a string")
-    spec = rec.get("spec")
-    if spec is not None:
-        if type(spec) is not dict or type(spec.get("type", "")) is not str:
-            raise TypeError("spec is not an object")
-        for k in REQUEST_SPEC_COUNTS:
-            opt_count(spec.get(k))
-        for k in ("drafted_by_pos", "accepted_by_pos"):
-            v = spec.get(k, [])
-            if type(v) is not list or len(v) > MAX_POS:
-                raise ValueError(f"spec.{k} is not a list of at most {MAX_POS}")
-            for x in v:
-                opt_count(x)
-    return rec
+        if k in rec:
+            out[k] = v
+    if "stream" in rec:
+        if rec["stream"] is not None and type(rec["stream"]) is not bool:
+            raise TypeError("stream is not a bool")
+        out["stream"] = rec["stream"]
+    if rec.get("cache") is not None:
+        out["cache"] = _cache(rec["cache"])
+    if rec.get("spec") is not None:
+        out["spec"] = _request_spec(rec["spec"])
+    return out
+
+
+def part_record(rec: dict[str, Any]) -> dict[str, Any]:
+    """A ``part`` record, checked: ``label`` and ``program`` strings (at most PART_TEXT_MAX
+    characters kept), ``t_start`` and ``dur`` counts, ``samples_ns`` at most PART_SAMPLES_MAX
+    counts (else ValueError or TypeError, and the record is skipped); its schema's fields only."""
+    out: dict[str, Any] = {k: rec[k] for k in ("type", "sid", "ts") if k in rec}
+    out["label"] = _text(rec["label"], "label", PART_TEXT_MAX)
+    if rec.get("program") is not None:
+        out["program"] = _text(rec["program"], "program", PART_TEXT_MAX)
+    for k in ("t_start", "dur"):
+        if opt_count(rec[k]) is None:
+            raise ValueError(f"{k} is null")
+        out[k] = rec[k]
+    samples = rec.get("samples_ns")
+    if samples is not None:
+        if type(samples) is not list or len(samples) > PART_SAMPLES_MAX:
+            raise ValueError(f"samples_ns is not a list of at most {PART_SAMPLES_MAX}")
+        for x in samples:
+            if opt_count(x) is None:
+                raise ValueError("a sample is null")
+        out["samples_ns"] = samples
+    return out

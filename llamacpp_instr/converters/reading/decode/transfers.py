@@ -86,6 +86,11 @@ class Transfers:
 
 
 _PHASES = ("load", "step", "between")
+# the writer's bounds: rows per record (ROWS_PER_REC in src/llama-instr-rpc.cpp), a command's
+# name (ggml-rpc's, lower case), a tensor's name (GGML_MAX_NAME: 63 bytes and the terminator)
+ROWS_MAX = 4096
+CMD_MAX = 32
+NAME_MAX = 63
 
 
 def transfers(rec: dict[str, Any]) -> Transfers:
@@ -98,6 +103,8 @@ def transfers(rec: dict[str, Any]) -> Transfers:
         raise ValueError(f"unknown transfers phase {phase!r}")
     t0 = uint(rec["t_start"])
     raw = rec.get("rows")
+    if type(raw) is list and len(raw) > ROWS_MAX:
+        raise ValueError(f"a transfers record of {len(raw)} rows (at most {ROWS_MAX})")
     rows = None if type(raw) is list and _good_rows(raw) else _strict_rows(rec, t0)
     in_step = phase == "step"
     return Transfers(
@@ -126,6 +133,8 @@ def _good_rows(raw: list[Any]) -> bool:
                 and type(s) is int
                 and type(sa) is int
                 and type(e) is int
+                and len(cmd) <= CMD_MAX
+                and len(tensor) <= NAME_MAX
                 and d >= -1
                 and nbytes >= 0
                 and sent >= 0
@@ -146,6 +155,8 @@ def _strict_rows(rec: dict[str, Any], t0: int) -> list[TransferRow]:
         q, s, sa, e = uint(q), uint(s), uint(sa), uint(e)
         if not q <= s <= sa <= e:
             raise ValueError("a transfer whose times are out of order")
+        if len(strict_str(cmd)) > CMD_MAX or len(strict_str(tensor)) > NAME_MAX:
+            raise ValueError("a transfer's command or tensor name longer than the writer's")
         rows.append(
             TransferRow(
                 uint(d, -1), strict_str(cmd), strict_str(tensor), uint(nbytes), uint(sent), uint(recv),

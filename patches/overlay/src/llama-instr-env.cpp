@@ -168,8 +168,8 @@ void end_session(const char * status) {
 // action restored, so the process dies of it exactly as it would have.
 //
 // SIGHUP reopens the log (logrotate): the wrapper only sets the library's flag
-// (llama_instr_reopen) and calls the program's own handler if it has one; the process no longer
-// dies of SIGHUP while the session is open.
+// (llama_instr_reopen) and calls the program's own handler if it has one, so SIGHUP does not end
+// the process while the session is open.
 
 const int             k_n_signals            = 3;
 const int             k_signals[k_n_signals] = { SIGINT, SIGTERM, SIGHUP };

@@ -13,7 +13,7 @@ to-perfetto` (Perfetto, Chrome JSON), `load_session`, `instr summary`, `instr ex
 Then device logs against a CPU log, two sets, each log's generation steps replicated the same
 way to ``--device-ops`` ops (and a quarter and five times as many), `instr to-perfetto` and
 `load_session` on each, interleaved round after round; the table shows the ratio of each device
-log's ops/s to its set's CPU log's (× CPU). Issue 38's target of 0.8 for it is retired: what any
+log's ops/s to its set's CPU log's (× CPU). It has no target (0.8 would be one): what any
 optimization of the device slices could gain is bounded by ``bench/convert_bound.py``
 (docs/performance.md). The sets:
 

@@ -18,8 +18,8 @@ Each log's generation steps are replicated as ``bench/convert.py`` does, to ``--
 ops and five times as many, and ``instr to-perfetto`` runs on each, every log once a round, in
 ``--reps`` interleaved rounds (medians, and the fastest). × CPU is a log's ops/s over the CPU
 log's, as in ``bench/convert.py``'s device table. No trace of a variant is one anybody gets: they
-bound what optimizing the device slices can gain, the measurement for which issue 38's target
-(device logs at 0.8 of a CPU log's rate) is retired (docs/performance.md).
+bound what optimizing the device slices can gain, why device logs have no per-op target (0.8 of
+a CPU log's rate would be one; docs/performance.md).
 """
 
 from __future__ import annotations

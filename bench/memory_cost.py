@@ -1,4 +1,4 @@
-"""What each step's memory figures cost (issue 34): the reads ``write_step_memory`` makes on every
+"""What each step's memory figures cost: the reads ``write_step_memory`` makes on every
 step at every level (``/proc/self/statm``, and each CPU device's memory query: ``sysconf`` twice),
 timed in a C++ loop compiled here, against a generation step of SmolLM2 at MINIMAL measured in the
 same run. The ratio is the share of a generation step the figures take.

@@ -1,4 +1,4 @@
-"""Expert placements predicted against real runs, leave one out (issue 52 §6), on lavapipe.
+"""Expert placements predicted against real runs, leave one out, on lavapipe.
 
 The small MoE test model (tests/helpers/moe_gguf.py: SmolLM2's first 4 layers, 8 distinct experts, top-2)
 with every layer on Vulkan0 and the experts of none, half and all of the layers on the CPU

@@ -1,4 +1,4 @@
-"""What recording a mixture of experts' routing costs (issue 52 §2): generation tokens/s at
+"""What recording a mixture of experts' routing costs: generation tokens/s at
 DETAILED (routing recorded) over MINIMAL, on the distinct-experts MoE made from the bundled
 SmolLM2 (tests/helpers/moe_gguf.py: 30 layers, 8 experts, top-2), in one process and one session,
 alternating the level round by round in a shuffled order (set_level), so that drift in the

@@ -159,7 +159,7 @@ def levels_in_process(tokens: int, threads: int, log: str, rounds: int = 30) -> 
 
 
 def step_memory_in_process(tokens: int, threads: int, log: str, rounds: int = 40) -> None:
-    """What step_end's memory figures cost (issue 34: under 1 % of a generation step at MINIMAL):
+    """What step_end's memory figures cost (under 1 % of a generation step at MINIMAL):
     one process, a MINIMAL session per round, alternately with and without the figures
     (LLAMA_INSTR_STEP_MEMORY, read once per session), in a shuffled order. Prints a JSON line:
     generation tok/s, median over rounds, each way, and the median of the paired ratios."""

@@ -1,4 +1,4 @@
-"""``instr predict`` against real runs, leave one out (issues 36, 53, 71).
+"""``instr predict`` against real runs, leave one out.
 
 Runs a grid of settings of SmolLM2-135M on this machine (threads, context depth, ubatch, weight
 type), each a real detailed run, then predicts every cell from the logs of the *other* cells only
@@ -8,17 +8,17 @@ over llama_decode time, per kind, as ``predict.measured`` reads a log).
     python bench/predict.py [--write-docs] [--gen N] [--quick | --vulkan | --rpc]
     python bench/predict.py --threads-grid --depth-grid [--write-docs] [--priority] [--reps N]
 
-Targets (issue 36): generation median absolute error at most 15 % and none over 35 %; prompt
+Targets: generation median absolute error at most 15 % and none over 35 %; prompt
 median at most 20 %; ``predict`` answering in under 5 s from a detailed log of 100 steps (timed
 here on the base cell's log); on the partial-offload and RPC cells, the predicted share of time
-per device and network within 10 points of the measured share. Issues 53 and 71: on every grid
+per device and network within 10 points of the measured share. On every grid
 the measured value inside the printed interval in at least 90 % of the predictions, and the
 median interval no wider than +-20 % of its point (the coverage line; a value outside is marked
 (!)); on the CPU grid, each cell also from the logs of the other thread count only (1 thread from
 the 2-thread logs and 2 from the 1-thread ones, with this machine's peaks at both: ``op_threads``),
 median absolute error at most 20 % each way, prompt and generation.
 
-``--threads-grid`` (issue 71): two models (the bundled SmolLM2-135M and a 12-layer F16 llama of
+``--threads-grid``: two models (the bundled SmolLM2-135M and a 12-layer F16 llama of
 other shapes written with gguf, ``SECOND``), three prompt lengths, 1 and 2 threads; each cell
 predicted from the one log of the same model and prompt at the other count (a user's single log)
 with the peaks the bench measures at both: median absolute error at most 10 %, largest 20 %.
@@ -416,7 +416,7 @@ def pct(pred: float | None, meas: float | None) -> float | None:
     return 100.0 * (pred - meas) / meas
 
 
-# --- the thread and depth grids (issue 71): settings no other cell of the grid tunes to ---
+# --- the thread and depth grids: settings no other cell of the grid tunes to ---
 
 # the prompts of the thread grid, and the short prompt the depth grid's logs run (tokens)
 THREAD_PROMPTS = (8, 48, 200)
@@ -864,7 +864,7 @@ def main() -> None:
     ]
     thread_rows: list[Any] = []
     if not (args.vulkan or args.rpc or args.quick):
-        # each cell from the logs of the other thread count only (issue 53 section 5)
+        # each cell from the logs of the other thread count only
         thread_rows = [
             predict_cell(cell, [c for c in grid if c.threads != cell.threads], sessions,
                          files[cell.quant], peaks)

@@ -1,4 +1,4 @@
-"""llama-server under sustained concurrent load, with the instrument off and on (issue 29).
+"""llama-server under sustained concurrent load, with the instrument off and on.
 
     python bench/serve_load.py [--model GGUF] [--requests 80] [--rounds 4] [--concurrency 8]
                                [--parallel 4] [--threads 2] [--rss-requests 1600] [--write-docs]
@@ -13,7 +13,7 @@ that drift of the shared machine hits each alike):
 - sampled:  `instr exec --level detailed --sample 16 --max-bytes 64M --keep 8` (the always-on
             configuration of the issue);
 - detailed: `instr exec --level detailed`.
-- exported: sampled, plus `--metrics` (the Prometheus exporter beside the server, issue 37) and a
+- exported: sampled, plus `--metrics` (the Prometheus exporter beside the server) and a
             real Prometheus (Debian's `prometheus`) scraping it every second; its ratios to
             sampled, the same run without the exporter, are the exporter's cost (targets:
             requests/s >= 0.98x, p99 <= 1.05x), and Prometheus' own count of its scrapes says it
@@ -35,7 +35,7 @@ Then one long run of off and one of the always-on configuration: the server's RS
 after 1,000 requests, and on to `--rss-requests` (1,600: the always-on log rotates past 64 MiB),
 the always-on log checked as the rounds' are.
 
-With `--draft-layers K` every configuration speculates (issue 54): a draft made of the model's
+With `--draft-layers K` every configuration speculates: a draft made of the model's
 first K layers (`tests/helpers/draft_gguf.py`), `-md` with `--spec-type draft-simple`, so that the
 instrument's cost includes the speculation records (a `spec` record per verify step, the
 requests' `spec` objects); its section of docs/performance.md is `serve_load_draft`.

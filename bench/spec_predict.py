@@ -1,4 +1,4 @@
-"""`instr predict --spec-draft-n-max` checked leave-one-out on real llama-server runs (issue 54 §4).
+"""`instr predict --spec-draft-n-max` checked leave-one-out on real llama-server runs.
 
     python bench/spec_predict.py [--model GGUF] [--threads 1] [--requests 4] [--n-predict 48]
                                  [--rounds 3] [--write-docs]

@@ -1,4 +1,4 @@
-"""The summary's headline tokens/s against llama.cpp's own benchmark (issue 53 §1).
+"""The summary's headline tokens/s against llama.cpp's own benchmark.
 
     python bench/summary_vs_bench.py [--model GGUF] [-n 32] [--rounds 3] [--threads 2]
                                      [--settings cpu,rpc] [--write-docs]

@@ -193,7 +193,6 @@ _VERBOSE = read_log(FIXTURES / "tiny-llama-verbose.log.gz")
 _DETAILED = read_log(FIXTURES / "tiny-qwen2-detailed-ubatch.log.gz")
 
 
-@pytest.mark.fast
 @settings(
     max_examples=FUZZ_EXAMPLES,
     deadline=None,

@@ -23,8 +23,6 @@ from test_otlp import Receiver
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.session import request_causes
 
-pytestmark = pytest.mark.fast
-
 Records = list[dict[str, Any]]
 
 
@@ -118,6 +116,7 @@ def _args(cmd: str, log: Path, out: Path) -> list[str]:
     }.get(cmd, [cmd, str(log), "--format", "json"])
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("case", list(HOSTILE))
 @pytest.mark.parametrize(
     "cmd", ["summary", "to-perfetto", "export", "requests", "workloads", "experts"]
@@ -128,6 +127,7 @@ def test_a_hostile_value_is_one_line_or_a_clean_run(case: str, cmd: str, tmp_pat
     assert check_result(args, CliRunner().invoke(main, args)) is None
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("case", list(HOSTILE))
 def test_metrics_keep_serving_past_a_hostile_value(case: str, tmp_path: Path) -> None:
     """``instr follow --prometheus``' loop (the ``exec --metrics`` sidecar's) reads on, and a scrape works."""
@@ -135,6 +135,7 @@ def test_metrics_keep_serving_past_a_hostile_value(case: str, tmp_path: Path) ->
     assert run_metrics(log) is None
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("case", [k for k in HOSTILE if k.startswith(("request", "context"))])
 def test_to_otlp_sends_past_a_hostile_request(case: str, tmp_path: Path) -> None:
     log = _write(tmp_path / "hostile.log", HOSTILE[case]())
@@ -193,6 +194,7 @@ def _peak_rss_mb(
     return p.returncode, usage.ru_maxrss / 1024, err
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("cmd", ["summary", "requests"])
 def test_named_tables_cost_what_the_log_holds(cmd: str, tmp_path: Path) -> None:
     """20,000 records naming one table with a one-entry subst (3 MB of log): the command ends
@@ -211,6 +213,7 @@ def test_named_tables_cost_what_the_log_holds(cmd: str, tmp_path: Path) -> None:
     assert peak_mb < base_mb + 300, (base_mb, peak_mb)
 
 
+@pytest.mark.fast
 def test_tables_are_kept_within_the_writers_bounds() -> None:
     """A subst may name only one of the 16 tables written whole its context named last, and no
     more than 4,096 tables are kept per context (``table_memory``'s bounds)."""
@@ -284,6 +287,7 @@ def _work(n: int, monkeypatch: pytest.MonkeyPatch) -> int:
     return counted[0]
 
 
+@pytest.mark.fast
 def test_overlapping_request_windows_cost_what_the_steps_do(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -294,6 +298,7 @@ def test_overlapping_request_windows_cost_what_the_steps_do(
     assert large <= 3 * 4000 * 4
 
 
+@pytest.mark.fast
 def test_overlapping_windows_keep_each_requests_own_story(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each request of the overlapping case has its own steps: its third token late (the 5 ms
     step), with nothing else in its batch."""
@@ -306,6 +311,7 @@ def test_overlapping_windows_keep_each_requests_own_story(monkeypatch: pytest.Mo
 # --- labels ---------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_prometheus_labels_stay_bounded() -> None:
     """3,000 distinct outcomes and step kinds make no more series than the writer's values and
     ``other``."""
@@ -336,6 +342,7 @@ def test_prometheus_labels_stay_bounded() -> None:
 # --- the fuzzer -----------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_every_reading_command_survives_the_fuzzer(tmp_path: Path) -> None:
     """A seeded, bounded run (CI: about a minute on two slow cores): every reading command on
     each mutated log (each seed log once: the MoE's and the speculating server's among them)
@@ -432,6 +439,7 @@ def _raw_rows(recs: Records) -> list[tuple[int, int, int, int]]:
     )
 
 
+@pytest.mark.fast
 def test_the_moe_fixtures_routing_is_read_whole(tmp_path: Path) -> None:
     """Every row of the untouched fixture, as the records hold them, and nothing skipped."""
     recs = fixture(MOE)
@@ -441,6 +449,7 @@ def test_the_moe_fixtures_routing_is_read_whole(tmp_path: Path) -> None:
     assert got == _raw_rows(recs) and len(got) == 19 + 8 + 8
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("case", list(ROUTING_FORGED))
 def test_an_experts_record_is_bounded_by_its_computes_graph(case: str, tmp_path: Path) -> None:
     """A record beyond what its compute's graph allows (its routers' layers, experts and ranked
@@ -496,6 +505,7 @@ def test_forged_experts_records_cost_at_most_four_times_the_log(
 # --- the other per-record tables ----------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_a_request_record_keeps_only_the_schemas_fields(tmp_path: Path) -> None:
     """A request with a field the schema does not name (a million items), and a ``cache`` object
     with one too: the session holds neither; the record's own fields are read as written."""
@@ -520,6 +530,7 @@ def _rpc_transfers(fn: Any) -> Records:
     return recs
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "case",
     ["4097 rows", "a tensor name of 64 characters", "a command of 33 characters"],
@@ -544,6 +555,7 @@ def test_a_transfers_record_is_bounded_by_its_writer(case: str, tmp_path: Path) 
     assert len(f.transfers) == len(whole.transfers) - 18  # that record's rows only
 
 
+@pytest.mark.fast
 def test_the_parts_table_reads_the_steps_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """3,000 ``part`` records: the steps' labels are compared with the parts' once, not once a
     part (the table took its steps times its parts); a part's figures are its steps'."""

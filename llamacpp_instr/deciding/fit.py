@@ -235,8 +235,7 @@ class Prober:
         with self._context(cfg) as ctx:
             rows = self._lib.memory_breakdown(ctx)
         if self._gap is None:
-            start = next((r for r in self._probe(cfg) or [] if r["type"] == "session_start"), {})
-            self._gap = mapping_gap(self.path, start.get("weights") or [])
+            self._learn_gap(self._probe(cfg) or [])
         out: Footprint = {"CPU": {"weights": self._gap}} if self._gap else {}
         for row in rows:
             i = int(row.get("device", -1))
@@ -246,6 +245,10 @@ class Prober:
                     d = out.setdefault(dev, {})
                     d[purpose] = d.get(purpose, 0) + int(row[purpose])
         return out
+
+    def _learn_gap(self, records: list[dict[str, Any]]) -> None:
+        start = next((r for r in records if r.get("type") == "session_start"), {})
+        self._gap = mapping_gap(self.path, start.get("weights") or [])
 
     def _probe(self, cfg: runner.RunConfig) -> list[dict[str, Any]] | None:
         """The records of a session begun and ended on a context of ``cfg`` (the live buffers,
@@ -267,6 +270,8 @@ class Prober:
         records = self._probe(cfg)
         if records is None:
             return {}
+        if self._gap is None:  # the same session's weights: no second probe for the gap
+            self._learn_gap(records)
         live: dict[int, dict[str, Any]] = {}
         for r in records:
             if r.get("type") == "memory_alloc":

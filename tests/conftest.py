@@ -199,7 +199,7 @@ def smollm2_verbose(
     instr_api: Any, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> RunLog:
     out = tmp_path_factory.mktemp("logs") / "smollm2-verbose.log"
-    return RunLog(make_run(smollm2_path, out, "verbose", n_predict=8))
+    return RunLog(make_run(smollm2_path, out, "verbose", n_predict=8, value_stats=True))
 
 
 @pytest.fixture(scope="session")

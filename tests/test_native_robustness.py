@@ -486,11 +486,13 @@ def test_run_succeeds_and_reports_no_loss(tiny_llama_f32: Path, tmp_path: Path) 
 
 
 def test_verbose_topk_matches_the_logits(
-    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every output row's top-k in the log is numpy's top-k of the logits llama.cpp returned
     (ties by lower token id), values to float32 precision."""
     import numpy as np
+
+    monkeypatch.setenv("LLAMA_INSTR_VALUE_STATS", "1")  # and the statistics of the same logits
 
     log = tmp_path / "topk.log"
     llm = load_llama(tiny_llama_f32, logits_all=True)

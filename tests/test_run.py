@@ -149,8 +149,11 @@ def test_levels_decide_what_is_written(tiny_llama_f32: Path, tmp_path: Path) -> 
     )
     assert not detailed.of("topk") and not detailed.of("tensor_stats")
     verbose = RunLog(make_run(tiny_llama_f32, tmp_path / "v.log", "verbose", n_predict=3))
-    assert verbose.of("topk") and verbose.of("tensor_stats")
+    assert verbose.of("topk") and not verbose.of("tensor_stats")  # value statistics: asked for
     assert all(len(c["threads"]) == len(c["ops"]) for c in verbose.of("compute"))
+    kw = {"n_predict": 3, "value_stats": True}
+    values = RunLog(make_run(tiny_llama_f32, tmp_path / "s.log", "verbose", **kw))
+    assert values.of("topk") and len(values.of("tensor_stats")) == len(values.of("compute"))
 
 
 def _logits(model: Path, instr_api: Any, level: str | None, tmp_path: Path) -> np.ndarray:

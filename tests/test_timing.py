@@ -200,7 +200,9 @@ def test_verbose_topk_is_the_greedy_choice(smollm2_verbose: RunLog) -> None:
 
 def test_verbose_stats_of_the_embedding_lookup(tiny_llama_f32: Path, tmp_path: Path) -> None:
     """The first op gathers token_embd rows of the prompt: its stats must equal numpy's."""
-    log = RunLog(make_run(tiny_llama_f32, tmp_path / "v.log", "verbose", n_predict=2))
+    log = RunLog(
+        make_run(tiny_llama_f32, tmp_path / "v.log", "verbose", n_predict=2, value_stats=True)
+    )
     first = log.of("step_begin")[0]["tokens"]
     emb = next(t for t in GGUFReader(tiny_llama_f32).tensors if t.name == "token_embd.weight")
     rows = np.asarray(emb.data, dtype=np.float32).reshape(-1, log.start["model"]["n_embd"])[first]
@@ -243,7 +245,7 @@ def test_verbose_stats_count_nan_and_inf(tiny_dir: Path, tmp_path: Path) -> None
     data = emb.data.reshape(-1, emb.data.shape[-1])
     data[:, 3], data[:, 100], data[:, 200] = np.nan, np.inf, -np.inf
     del emb, data
-    log = RunLog(make_run(model, tmp_path / "v.log", "verbose", n_predict=1))
+    log = RunLog(make_run(model, tmp_path / "v.log", "verbose", n_predict=1, value_stats=True))
     first = log.of("step_begin")[0]["tokens"]
     emb = next(t for t in GGUFReader(model).tensors if t.name == "token_embd.weight")
     rows = np.asarray(emb.data, dtype=np.float32).reshape(-1, log.start["model"]["n_embd"])[first]

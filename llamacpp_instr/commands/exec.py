@@ -17,6 +17,7 @@ from llamacpp_instr.commands.options import (
     metrics_option,
     output_option,
     topk_option,
+    value_stats_option,
 )
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 @level_option
 @always_on_options()
 @topk_option
+@value_stats_option
 @memory_budget_option
 @metrics_option
 @click.option(
@@ -50,6 +52,7 @@ def command(
     level: str,
     always_on: AlwaysOn,
     top_k_logits: int,
+    value_stats: bool,
     memory_budget: str | None,
     metrics: str | None,
     vulkan: bool,
@@ -63,8 +66,7 @@ def command(
     (a signal sent to instr is passed on to it; Ctrl-C at the terminal reaches it directly). The
     session opens at its first context and ends when it exits (`ok`; `error` when it exits with
     a failure status), or `interrupted` after SIGINT/SIGTERM, which the program handles as it
-    always does (llama-server shuts down on
-    Ctrl-C); SIGHUP reopens the log (logrotate). llama-server writes a `request` record per
+    always does (llama-server shuts down on Ctrl-C); SIGHUP reopens the log (logrotate). llama-server writes a `request` record per
     completion request (ok, error or cancelled), llama-bench a `part` record per test. When the
     program fails on an allocation its log recorded (out of memory, or beyond --memory-budget),
     instr ends with the one line `instr run` gives, what failed and what would free how much,
@@ -79,8 +81,8 @@ def command(
         instr exec -o moe.log llama-server -m moe.gguf -ngl 99 --n-cpu-moe 2 -ot 'exps=CPU'
 
     A LLAMA_INSTR_LOG already set in the environment is where the log goes unless -o says
-    otherwise (-o wins, and says so); the level, top-k logits, sampling and rotation are always
-    the options' own.
+    otherwise (-o wins, and says so); the level, top-k logits, value statistics, sampling and
+    rotation are always the options' own.
     """
     from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.native import build, tools
@@ -114,10 +116,10 @@ def command(
     env["LLAMA_INSTR_LOG"] = str(out.resolve())
     env["LLAMA_INSTR_LEVEL"] = level
     env["LLAMA_INSTR_TOPK"] = str(top_k_logits)
-    for name in ("LLAMA_INSTR_SAMPLE", "LLAMA_INSTR_SAMPLE_REQUESTS"):
+    env["LLAMA_INSTR_VALUE_STATS"] = "1" if value_stats else "0"
+    for name in ("LLAMA_INSTR_SAMPLE", "LLAMA_INSTR_SAMPLE_REQUESTS", "LLAMA_INSTR_MAX_BYTES"):
         env.pop(name, None)  # only what the options say
-    for name in ("LLAMA_INSTR_MAX_BYTES", "LLAMA_INSTR_KEEP"):
-        env.pop(name, None)
+    env.pop("LLAMA_INSTR_KEEP", None)
     env.update(always_on.env())
     env.pop("LLAMA_INSTR_MEMORY_BUDGET", None)  # the option's (which reads it too), in bytes
     if memory_budget:

@@ -52,7 +52,7 @@ level_option = click.option(
     default="detailed",
     show_default=True,
     help="minimal: steps + layer spans; detailed: + per-op timings and graph tables; "
-    "verbose: + per-thread times, value statistics, top-k logits.",
+    "verbose: + per-thread times and top-k logits (and value statistics with --value-stats).",
 )
 # what a device may hold, for the commands that size a setting (fit, plan)
 memory_option = click.option(
@@ -117,6 +117,13 @@ topk_option = click.option(
     default=10,
     show_default=True,
     help="Logits kept per token at verbose.",
+)
+value_stats_option = click.option(
+    "--value-stats",
+    is_flag=True,
+    help="At verbose, also each CPU op's output statistics (min, max, mean, std, NaN and "
+    "infinity counts: tensor_stats records). The threads read every output again, much of it "
+    "written by another core: this costs more than the rest of verbose together.",
 )
 # instr exec, instr serve: an `instr follow --prometheus` exporter beside the program (running/exporter_launch.py)
 metrics_option = click.option(

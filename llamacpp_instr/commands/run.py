@@ -20,6 +20,7 @@ from llamacpp_instr.commands.options import (
     memory_budget_option,
     threads_option,
     topk_option,
+    value_stats_option,
 )
 from llamacpp_instr.commands.run_options import generation_options, graph_options, prompt_options
 from llamacpp_instr.commands.tensor_options import tensor_options
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 @out_alias
 @kv_type_options
 @topk_option
+@value_stats_option
 @click.option(
     "--live",
     is_flag=True,
@@ -75,6 +77,7 @@ def command(
     type_k: str,
     type_v: str,
     top_k_logits: int,
+    value_stats: bool,
     ignore_eos: bool,
     live: bool,
 ) -> None:
@@ -110,6 +113,7 @@ def command(
         type_k=type_k,
         type_v=type_v,
         top_k_logits=top_k_logits,
+        value_stats=value_stats,
         ignore_eos=ignore_eos,
         always_on=always_on,
         append=append,

@@ -19,6 +19,7 @@ from llamacpp_instr.commands.options import (
     metrics_option,
     threads_option,
     topk_option,
+    value_stats_option,
 )
 from llamacpp_instr.commands.tensor_options import tensor_options
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 @tensor_options
 @memory_budget_option
 @topk_option
+@value_stats_option
 @metrics_option
 def command(
     model: Path | None,
@@ -60,6 +62,7 @@ def command(
     tensors: TensorOverrides,
     memory_budget: str | None,
     top_k_logits: int,
+    value_stats: bool,
     metrics: str | None,
 ) -> None:
     """Serve MODEL.gguf (default: the bundled SmolLM2-135M-Instruct) with llama-cpp-python's
@@ -101,6 +104,7 @@ def command(
         tensors=tensors,
         memory_budget=memory_budget,
         top_k_logits=top_k_logits,
+        value_stats=value_stats,
         on_ready=ready,
         append=append,
         always_on=always_on,

@@ -19,6 +19,7 @@ case.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -123,6 +124,7 @@ def session(
     level: str = "detailed",
     *,
     top_k_logits: int = 10,
+    value_stats: bool = False,
     metadata: dict[str, Any] | None = None,
     sample: int = 1,
     sample_requests: int = 1,
@@ -131,7 +133,9 @@ def session(
 ) -> Iterator[InstrSession]:
     """Log everything ``llm`` (a ``llama_cpp.Llama``, several, or None) does inside the block.
 
-    ``level``: minimal, detailed or verbose. ``metadata`` (JSON-serializable) is stored in
+    ``level``: minimal, detailed or verbose; at verbose, ``value_stats`` adds each CPU op's
+    output statistics (``tensor_stats``; it sets LLAMA_INSTR_VALUE_STATS in this process's
+    environment, which the library reads once per session). ``metadata`` (JSON-serializable) is stored in
     session_start, with who opened the session: ``"command"`` (``instr run`` and ``instr serve``
     open their sessions here too and say which they are) or else ``"api"``. A second session while
     one is open is an error (one per process).
@@ -156,6 +160,7 @@ def session(
         meta.setdefault("api", "llamacpp_instr.session")
     api = bindings.load()
     api.set_topk(top_k_logits)
+    os.environ["LLAMA_INSTR_VALUE_STATS"] = "1" if value_stats else "0"
     always_on.apply(api)
     out = Path(path)
     api.session_begin(ctxs[0] if ctxs else None, str(out), level, meta)

@@ -40,6 +40,7 @@ class RunConfig:
     type_k: str = "f16"  # the KV cache's types (-ctk/-ctv), by ggml's names
     type_v: str = "f16"
     top_k_logits: int = 10
+    value_stats: bool = False  # at verbose, each CPU op's output statistics (tensor_stats)
     ignore_eos: bool = False
     chat: bool = False
     system: str | None = None
@@ -327,6 +328,7 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
             out,
             cfg.level,
             top_k_logits=cfg.top_k_logits,
+            value_stats=cfg.value_stats,
             metadata=metadata,
             **cfg.always_on.metadata(),
         ) as s:

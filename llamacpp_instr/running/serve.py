@@ -380,6 +380,7 @@ def serve(
     n_ctx: int = 2048,
     threads: int | None = None,
     top_k_logits: int = 10,
+    value_stats: bool = False,
     on_ready: Callable[[str], None] | None = None,
     always_on: AlwaysOn | None = None,
     offload: Offload | None = None,
@@ -446,6 +447,7 @@ def serve(
             out,
             level,
             top_k_logits=top_k_logits,
+            value_stats=value_stats,
             metadata=metadata,
             **always_on.metadata(),
         ) as s:

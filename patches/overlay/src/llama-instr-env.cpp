@@ -468,22 +468,23 @@ void llama_instr_env_context_created(llama_context * ctx) {
 }
 
 llama_instr::device_env llama_instr::env_device(uint64_t session_epoch) {
-    // the session's epoch and the three switches in one word (bit 0: timing, bit 1: fence, bit 2:
-    // step memory, bit 3: read), so that a reader never pairs one session's epoch with another's
-    // switches; the environment is read under the lock only
+    // the session's epoch and the four switches in one word (bit 0: timing, bit 1: fence, bit 2:
+    // step memory, bit 3: value statistics, bit 4: read), so that a reader never pairs one
+    // session's epoch with another's switches; the environment is read under the lock only
     static std::atomic<uint64_t> cached{ 0 };
     static std::mutex            mtx;
-    const uint64_t               want = (session_epoch << 4) | 8;
+    const uint64_t               want = (session_epoch << 5) | 16;
     uint64_t                     v    = cached.load(std::memory_order_acquire);
-    if ((v & ~(uint64_t) 7) != want) {
+    if ((v & ~(uint64_t) 15) != want) {
         std::lock_guard<std::mutex> lock(mtx);
         v = cached.load(std::memory_order_relaxed);
-        if ((v & ~(uint64_t) 7) != want) {
+        if ((v & ~(uint64_t) 15) != want) {
             const char * off    = getenv("LLAMA_INSTR_DEVICE_TIMING");
             const char * clock  = getenv("LLAMA_INSTR_DEVICE_CLOCK");
             const char * memory = getenv("LLAMA_INSTR_STEP_MEMORY");
+            const char * values = getenv("LLAMA_INSTR_VALUE_STATS");
             v = want | (off && strcmp(off, "0") == 0 ? 0 : 1) | (clock && strcmp(clock, "fence") == 0 ? 2 : 0) |
-                (memory && strcmp(memory, "0") == 0 ? 0 : 4);
+                (memory && strcmp(memory, "0") == 0 ? 0 : 4) | (values && strcmp(values, "1") == 0 ? 8 : 0);
             cached.store(v, std::memory_order_release);
         }
     }
@@ -491,5 +492,6 @@ llama_instr::device_env llama_instr::env_device(uint64_t session_epoch) {
     e.timing      = (v & 1) != 0;
     e.clock_fence = (v & 2) != 0;
     e.step_memory = (v & 4) != 0;
+    e.value_stats = (v & 8) != 0;
     return e;
 }

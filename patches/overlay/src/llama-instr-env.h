@@ -40,10 +40,15 @@ namespace llama_instr {
 //   LLAMA_INSTR_DEVICE_CLOCK=fence  the fenced clock pair even where the driver calibrates (tests)
 //   LLAMA_INSTR_STEP_MEMORY=0       no step_end.memory (what the figures cost is measured against
 //                                   it: bench/overhead.py)
+//   LLAMA_INSTR_VALUE_STATS=1       at VERBOSE, each CPU op's output statistics (tensor_stats): the
+//                                   threads read every output again once it is written, much of it
+//                                   written by another core, which costs a generation step more
+//                                   than the rest of VERBOSE together (bench/overhead.py)
 struct device_env {
     bool timing      = true;
     bool clock_fence = false;
     bool step_memory = true;
+    bool value_stats = false;
 };
 
 device_env env_device(uint64_t session_epoch);

@@ -1,12 +1,13 @@
 // llamacpp-instr: the CPU backend's op timer. Patch 0001 gives the CPU backend a profiler
 // (ggml_cpu_profiler): thread 0 timestamps the barrier after every executed (possibly fused) op, on
-// the host clock; at VERBOSE each worker also notes when its share finished, and every thread
-// computes value statistics of the op's output (and llama_instr_capture's copies) while it is
-// intact.
+// the host clock; at VERBOSE each worker also notes when its share finished, and with
+// LLAMA_INSTR_VALUE_STATS=1 every thread computes value statistics of the op's output (and, at any
+// level, llama_instr_capture's copies) while it is intact.
 
 #include "ggml-cpu-instr.h"
 #include "ggml-cpu.h"
 #include "llama-context.h"
+#include "llama-instr-env.h"
 #include "llama-instr-ops.h"
 #include "llama-instr-session.h"
 
@@ -43,10 +44,12 @@ class cpu_op_timer final : public op_timer {
             if (thread_end.size() < ops.size() * nt) {
                 thread_end.resize(ops.size() * nt);
             }
-            stats.prepare(prof.cap, nt);
             prof.thread_end  = thread_end.data();
             prof.max_threads = nt;
-            node_user.stats  = &stats;
+            if (env_device(st.epoch).value_stats) {
+                stats.prepare(prof.cap, nt);
+                node_user.stats = &stats;
+            }
         }
         if (arm_capture(st)) {
             node_user.capture = &st.capture;

@@ -3,6 +3,7 @@
 #include "ggml-backend-instr.h"
 #include "ggml-backend.h"
 #include "llama-context.h"
+#include "llama-instr-env.h"
 #include "llama-instr-hooks.h"
 
 #include <algorithm>
@@ -344,7 +345,7 @@ void llama_instr::write_step_computes(ctx_state & st) {
         }
         j.ch('}');
         emit(st.epoch, st.line);
-        if (st.level >= LLAMA_INSTR_LEVEL_VERBOSE) {
+        if (st.level >= LLAMA_INSTR_LEVEL_VERBOSE && env_device(st.epoch).value_stats) {
             write_tensor_stats(j, st, c);
             emit(st.epoch, st.line);
         }
@@ -562,8 +563,9 @@ void llama_instr_compute_end(llama_context *      ctx,
         return;
     }
     ctx_state & st   = *stp;
-    // the backends are synchronized when a timer needs them to be (and at VERBOSE, whose value
-    // statistics read outputs); else the step's records wait for the host's own synchronization
+    // the backends are synchronized when a timer needs them to be (and at VERBOSE, whose step
+    // writes its top-k logits and value statistics at its end); else the step's records wait for
+    // the host's own synchronization
     bool        sync = st.level >= LLAMA_INSTR_LEVEL_VERBOSE;
     for (const auto & slot : st.timers) {
         sync = sync || (slot.armed && slot.timer->needs_sync());

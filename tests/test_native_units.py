@@ -81,6 +81,15 @@ def test_the_statistics_simd_lanes_make_what_one_value_at_a_time_made(
     assert int(n) > 100 and int(lanes) >= 1, r.stdout
 
 
+def test_each_value_statistic_reads_back_as_the_float_it_was(vendor: Path, tmp_path: Path) -> None:
+    """put_f32, the text of each value statistic: every float at a stride over the bit patterns,
+    both signs, and around every power of two reads back (strtof) as itself, in at most 16
+    characters of a JSON number."""
+    r = run_unit(vendor, "put_f32", ["src", "ggml/include"], ["libggml-base"], tmp_path)
+    assert r.returncode == 0, f"died ({r.returncode}): {r.stdout[-500:]} {r.stderr[-2000:]}"
+    assert int(r.stdout.split()[0]) > 1_000_000, r.stdout
+
+
 def test_a_kept_graph_is_not_a_graph_with_other_sources(vendor: Path, tmp_path: Path) -> None:
     """A graph built again in the same memory, same nodes, ops and shapes, but reading another
     source (a control vector's or an adapter's, a copy of a new scheduler's) is not the graph kept

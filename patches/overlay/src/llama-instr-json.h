@@ -13,6 +13,10 @@ struct ggml_tensor;
 
 namespace llama_instr {
 
+// a finite float as JSON text that reads back as the same float (nine significant digits,
+// trailing zeros dropped; at most 16 characters); returns the end of the text
+char * put_f32(char * p, float f);
+
 struct json_out {
     std::string & s;
 
@@ -24,9 +28,8 @@ struct json_out {
 
     void i64(int64_t v);
     void f64(double v);  // NaN and infinities become null
-    // a value of float data (a float, or a double computed from floats): the shortest text that
-    // reads back as the same float (at most 9 significant digits), which takes about half of
-    // f64's time; outside a float's range, as f64
+    // a value of float data (a float, or a double computed from floats): put_f32's text of the
+    // float, which reads back as the same float; outside a float's range, as f64
     void f32(double v);
 
     // the values, comma-separated (a row's elements, inside the caller's brackets)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -129,3 +130,89 @@ def test_predict_prices_sampling_as_measured_by_vocabulary_and_slots(tmp_path: P
     assert not any("from steps of" in a for a in two["advice"])
     # a log that recorded no sampling prices none
     assert sampling_price.measure([load_session(write_log(tmp_path / "n.log", _log([])))]) is None
+
+
+def _spec_log(tmp_path: Path) -> Path:
+    """A target (ctx 2) and its draft (ctx 3), times in ms: the target's prompt step 1-3, its
+    sampling 5-5.2 (0.2), its host work 3.0 (batch 2.9, log 0.1); the draft's catch-up 3.5-4.5
+    (before the target's sampling), its sampling at 5.5 (0.1: in the next batch's building), its
+    drafting step 6-7, sampled at 7.2 (0.1); each draft step's recording 0.05; the target's
+    verify step 8-10."""
+    sid = "00000000000000ad"
+    recs: list[dict[str, Any]] = [
+        {"type": "session_start", "ts": 0, "sid": sid, "schema_version": 3, "level": "detailed"}
+        | {"metadata": {"program": "llama-server"}}
+    ]
+    for ctx, role in ((2, "target"), (3, "draft")):
+        recs.append(
+            {"type": "context", "ts": 1, "sid": sid, "ctx": ctx, "role": role, "n_ctx": 512}
+            | {"model": {"name": role, "n_layer": 2}, "n_seq_max": 1}
+        )
+    for step, ctx, n, t0, t1 in (
+        (0, 2, 4, 1, 3),
+        (1, 3, 4, 3.5, 4.5),
+        (2, 3, 1, 6, 7),
+        (3, 2, 2, 8, 10),
+    ):
+        kind = "prompt" if n > 1 else "gen"
+        recs.append(
+            {"type": "step_begin", "ts": int(t0 * MS), "sid": sid, "step": step, "ctx": ctx}
+            | {"n_tokens": n, "pos": [0, n - 1], "kind": kind, "level": "detailed"}
+        )
+        recs.append(
+            {"type": "step_end", "ts": int(t1 * MS), "sid": sid, "step": step, "ctx": ctx}
+            | {"t_start": int(t0 * MS), "dur": int((t1 - t0) * MS), "status": 0, "n_tokens": n}
+            | {"n_outputs": 1, "n_computes": 0, "kv_used": n}
+        )
+    host = {"type": "host", "ts": 20 * MS, "sid": sid, "level": "detailed"}
+    recs.append(
+        host | {"ctx": 2, "step": 0, "t_start": 3 * MS, "dur": int(2.2 * MS), "sampled": 1}
+        | {"sample_ns": 200_000, "chain_ns": 100_000, "host_ns": 3 * MS}
+        | {"seqs": [[-1, None, 0, 0, 0, 3 * MS, 0, int(2.2 * MS)],
+                    [0, "task-1", 1, 200_000, 100_000, 0, 2 * MS, int(2.2 * MS)]],
+           "parts": [[0, "host", "batch", int(2.9 * MS), 2], [0, "host", "log", 100_000, 1],
+                     [1, "sampler", "penalties", 150_000, 2]]}
+    )  # fmt: skip
+    for step, t_end, off in ((1, 4.5, 1.0), (2, 7, 0.2)):
+        recs.append(
+            host | {"ctx": 3, "step": step, "t_start": int(t_end * MS), "dur": int(1.2 * MS), "sampled": 1}
+            | {"sample_ns": 100_000, "chain_ns": 60_000, "host_ns": 50_000}
+            | {"seqs": [[-1, None, 0, 0, 0, 50_000, 0, 0],
+                        [0, None, 1, 100_000, 60_000, 0, int(off * MS), int(off * MS) + 100_000]],
+               "parts": [[0, "host", "log", 50_000, 1], [1, "sampler", "top-k", 60_000, 2],
+                         [1, "sampling", "candidates", 40_000, 1]]}
+        )  # fmt: skip
+    recs.append(
+        {"type": "spec", "ts": 11 * MS, "sid": sid, "request": "task-1", "slot": 0}
+        | {"spec_type": "draft-simple", "ctx": 2, "step": 3, "draft_ctx": 3}
+        | {"draft_steps": [2, 2], "catchup_step": 4, "drafted": 1, "accepted": 1}
+        | {"rejected_at": None, "t_draft": 6 * MS, "draft_dur": MS, "draft_ns": MS}
+        | {"t_verify": 8 * MS, "verify_dur": 2 * MS, "verify_ns": 2 * MS, "rejected_ns": 0}
+    )
+    recs.append({"type": "session_end", "ts": 30 * MS, "sid": sid, "status": "ok"})
+    return write_log(tmp_path / "spec.log", recs)
+
+
+def test_the_drafts_work_in_the_targets_gap_is_the_drafts(tmp_path: Path) -> None:
+    """The draft's decode, sampling and recording in the target's gap come out of the target's
+    program's own work (after the target's sampling: the next batch's building) and out of its
+    unrecorded time (before it), into its "draft" figure; the draft's own rows keep them."""
+    from llamacpp_instr.converters.reports.requests_report import host_rows
+
+    f = load_session(_spec_log(tmp_path))
+    kinds = {k["kind"]: k for k in summary_report(f).data["between_steps"]["kinds"]}
+    assert list(kinds) == ["prompt", "verify", "draft prompt", "draft gen"]
+    prompt = kinds["prompt"]
+    # in the batch: step 1's sampling 0.1, step 2's decode 1, recording 0.05, sampling 0.1
+    assert abs(prompt["program_ms"] - (3.0 - 0.1 - 1.25)) < 1e-9
+    # the gap 3-8 less 3.2 recorded, less step 1's decode 1 and recording 0.05
+    assert abs(prompt["unrecorded_ms"] - (1.8 - 1.05)) < 1e-9
+    assert abs(prompt["draft_ms"] - 2.3) < 1e-9 and prompt["sampling_ms"] == 0.2
+    assert abs(prompt["per_token_ms"] * 4 - 7.0) < 1e-9  # from the prompt's start to the verify's
+    # the draft's rows: its own work; a draft's gap ends at the target's next step (8)
+    assert kinds["draft gen"]["sampling_ms"] == 0.1 and kinds["draft gen"]["draft_ms"] == 0
+    assert abs(kinds["draft gen"]["unrecorded_ms"] - (1 - 0.15)) < 1e-9
+    assert kinds["verify"]["steps"] == 1 and kinds["verify"]["decode_ms"] == 2.0
+    # instr requests reads the target's batch less the draft's work in it
+    batch = [ns for _, _, kind, name, ns in host_rows(f) if (kind, name) == ("host", "batch")]
+    assert batch == [int(1.65 * MS)]

@@ -4,7 +4,10 @@ several devices): each kind
 of step's decode time, the sampling of its outputs (its costliest samplers), the grammar, the
 program's own work, the recording's, and what no hook names, from the ``host`` records
 (``load_session(...).host``, ``.samplers``). A speculating session's draft steps are their own
-kind, so that the draft's sampling stays apart from the target's.
+kinds, and its target's verify steps theirs, so that the draft's sampling stays apart from the
+target's; the draft's work inside the target's gaps (``draft_in_gaps``: llama-server drafts while
+it builds the target's next batch) is the target's "draft" figure, out of its program's own work
+and its unrecorded time, and a draft's gap ends where its target's next step begins.
 
 Every figure is a sum of measured times: decode is ``llama_decode``'s, sampling the sampling
 scopes', the rest the parts the program names; "unrecorded" is the gap from a step's end to its
@@ -16,8 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
+from ..analysis import spec_split
+from ..analysis.draft_in_gaps import draft_in_gaps
 from ..reading.decode.host import sampler_type
 from .report import Column, Fact, Section, Table
 
@@ -32,7 +38,7 @@ RECORDING = ("log", "log-begin")  # the instrumentation's own parts of the host'
 class StepKindTime:
     """One kind of step's time, summed over its steps (ns)."""
 
-    kind: str  # prompt, gen; a speculating session's draft steps: "draft prompt", "draft gen"
+    kind: str  # prompt, gen; a speculating session's: verify, "draft prompt", "draft gen"
     steps: int
     tokens: int  # the tokens its batches decoded
     sampled: int  # the outputs sampled after them
@@ -42,6 +48,7 @@ class StepKindTime:
     program_ns: int  # the program's own work (detokenizing, stop checks, the next batch, ...)
     recording_ns: int  # the instrumentation's own (writing the step's records)
     unrecorded_ns: int  # the gaps to the context's next step less all of the above
+    draft_ns: int = 0  # a target's: its draft's decode, sampling and recording in its gaps
 
     def row(self) -> dict[str, Any]:
         total = (
@@ -50,6 +57,7 @@ class StepKindTime:
             + self.program_ns
             + self.recording_ns
             + self.unrecorded_ns
+            + self.draft_ns
         )
         per = max(self.tokens, 1)
         return {
@@ -59,7 +67,15 @@ class StepKindTime:
             "sampled": self.sampled,
             **{
                 f"{k}_ms": getattr(self, f"{k}_ns") / 1e6
-                for k in ("decode", "sampling", "grammar", "program", "recording", "unrecorded")
+                for k in (
+                    "decode",
+                    "sampling",
+                    "grammar",
+                    "program",
+                    "recording",
+                    "unrecorded",
+                    "draft",
+                )
             },
             "per_token_ms": total / per / 1e6,
             "sampling_share": self.sampling_ns / total if total else 0.0,
@@ -71,6 +87,7 @@ class BetweenSteps:
     kinds: list[StepKindTime]
     samplers: list[dict[str, Any]]  # the target's samplers, costliest first
     draft_samplers: list[dict[str, Any]] = field(default_factory=list)
+    gen_tokens: int | None = None  # a speculating session's: the tokens its generation steps gave
     detailed: bool = False  # whether the records name each sampler (DETAILED and above)
 
     def row(self) -> dict[str, Any]:
@@ -85,21 +102,30 @@ def _step_kinds(f: SessionFrames) -> pd.DataFrame:
     """The steps with the kind the section groups them by, and the gap to their context's next
     step (NaN for a context's last). A step each of whose tokens was sampled after it is
     generation, whatever its kind: a server's batch of several slots' tokens is "prompt" by its
-    size alone."""
+    size alone; a target's step that verified a draft is "verify". A draft's gap ends where the
+    next of the other contexts' steps begins: the rest is theirs."""
     s = f.steps[["ctx", "step", "kind", "t_start", "dur_ns", "n_tokens"]].copy()
     sampled = s.merge(f.host[["ctx", "step", "sampled"]], on=["ctx", "step"], how="left")
     every = (sampled["sampled"].to_numpy() == s["n_tokens"].to_numpy()) & (
         s["n_tokens"].to_numpy() > 0
     )
     kind = s["kind"].astype(str).where(~every, "gen")
+    draft = np.zeros(len(s), dtype=bool)
     if "role" in f.steps:
         draft = (f.steps["role"].astype(object) == "draft").to_numpy()
-        kind = kind.where(~draft, "draft " + kind)
+        verify = ~draft & s["step"].isin(f.spec["step"] if not f.spec.empty else []).to_numpy()
+        kind = kind.where(~verify, "verify").where(~draft, "draft " + kind)
     s["group"] = kind
-    s = s.sort_values(["ctx", "t_start"])
+    end = s["t_start"] + s["dur_ns"]
+    s = s.assign(_draft=draft).sort_values(["ctx", "t_start"])
     nxt = s.groupby("ctx")["t_start"].shift(-1)
-    s["gap"] = nxt - (s["t_start"] + s["dur_ns"])
-    return s
+    if draft.any():
+        others = np.sort(s.loc[~s["_draft"], "t_start"].to_numpy())
+        at = np.searchsorted(others, end[s.index].to_numpy(), side="right")
+        first = np.append(others, np.nan)[at]
+        nxt = nxt.where(~s["_draft"] | ~((first < nxt) | nxt.isna()), first)
+    s["gap"] = nxt - end[s.index]
+    return s.drop(columns="_draft")
 
 
 def _sampler_rows(parts: pd.DataFrame, sampling_ns: int) -> list[dict[str, Any]]:
@@ -129,7 +155,9 @@ def between_steps(f: SessionFrames) -> BetweenSteps | None:
     if f.host.empty or f.steps.empty:
         return None
     steps = _step_kinds(f)
-    host = f.host.merge(steps[["ctx", "step", "group", "gap"]], on=["ctx", "step"], how="inner")
+    host = _less_the_draft(
+        f.host.merge(steps[["ctx", "step", "group", "gap"]], on=["ctx", "step"], how="inner"), f
+    )
     parts = f.samplers
     if not parts.empty:
         parts = parts.merge(steps[["ctx", "step", "group"]], on=["ctx", "step"], how="inner")
@@ -139,8 +167,7 @@ def between_steps(f: SessionFrames) -> BetweenSteps | None:
         p = parts[parts["group"] == group] if not parts.empty else parts
         grammar = _grammar_ns(p)
         recording = int(p.loc[_is_recording(p), "ns"].sum()) if not p.empty else 0
-        recorded = h["sample_ns"] + h["host_ns"]
-        unrecorded = (h["gap"] - recorded).clip(lower=0).fillna(0).sum()
+        unrecorded = h["unrecorded"].sum() - h["draft_rest"].sum()
         kinds.append(
             StepKindTime(
                 kind=group,
@@ -150,9 +177,10 @@ def between_steps(f: SessionFrames) -> BetweenSteps | None:
                 decode_ns=int(st["dur_ns"].sum()),
                 sampling_ns=int(h["sample_ns"].sum()),
                 grammar_ns=grammar,
-                program_ns=int(h["host_ns"].sum()) - recording,
+                program_ns=int(h["host_ns"].sum() - h["draft_batch"].sum()) - recording,
                 recording_ns=recording,
                 unrecorded_ns=int(unrecorded),
+                draft_ns=int(h["draft_batch"].sum() + h["draft_rest"].sum()),
             )
         )
     sampling = (
@@ -168,12 +196,31 @@ def between_steps(f: SessionFrames) -> BetweenSteps | None:
         samplers=_sampler_rows(sampling[~draft] if draft is not None else sampling, target_ns),
         draft_samplers=_sampler_rows(sampling[draft], draft_ns) if draft is not None else [],
         detailed=not f.samplers.empty,
+        gen_tokens=sp.gen_tokens if (sp := spec_split.split(f)) is not None else None,
+    )
+
+
+def _less_the_draft(host: pd.DataFrame, f: SessionFrames) -> pd.DataFrame:
+    """``host`` (its rows with their ``gap``) with each record's unrecorded ns, and the draft's
+    work in the gap (``draft_in_gaps``) as it comes out of the program's own work (``draft_batch``,
+    at most that) and out of the unrecorded ns (``draft_rest``, at most those)."""
+    d = draft_in_gaps(f)
+    h = host.merge(d, on=["ctx", "step"], how="left") if not d.empty else host
+    draft = h.get("draft_ns", pd.Series(0, index=h.index)).fillna(0)
+    batch = h.get("draft_batch_ns", pd.Series(0, index=h.index)).fillna(0)
+    unrecorded = (h["gap"] - h["sample_ns"] - h["host_ns"]).clip(lower=0).fillna(0)
+    out_batch = np.minimum(batch, h["host_ns"])
+    rest = np.minimum(draft - out_batch, unrecorded)
+    return host.assign(
+        unrecorded=unrecorded.to_numpy(),
+        draft_batch=out_batch.to_numpy(),
+        draft_rest=rest.to_numpy(),
     )
 
 
 def _kind_order(kind: str) -> tuple[bool, int]:
     base = kind.removeprefix("draft ")
-    return kind.startswith("draft"), {"prompt": 0, "gen": 1}.get(base, 2)
+    return kind.startswith("draft"), {"prompt": 0, "gen": 1, "verify": 2}.get(base, 3)
 
 
 def _grammar_ns(p: pd.DataFrame) -> int:
@@ -199,6 +246,7 @@ KIND_COLUMNS = [
     Column("program_ms", "program's own work (ms)", "f2"),
     Column("recording_ms", "recording (ms)", "f2"),
     Column("unrecorded_ms", "unrecorded (ms)", "f2"),
+    Column("draft_ms", "draft (ms)", "f2"),
     Column("per_token_ms", "per token (ms)", "f3"),
     Column("sampling_share", "sampling share", "pct"),
 ]
@@ -212,17 +260,22 @@ SAMPLER_COLUMNS = [
 
 
 def _headline(t: BetweenSteps) -> str:
-    """A generated token of the target, in one line."""
-    gen = next((k for k in t.kinds if k.kind == "gen"), None)
-    if gen is None or not gen.tokens:
+    """A generated token of the target, in one line: its generation steps' figures (a
+    speculating session's verify steps too) over the tokens they gave."""
+    gen = [k for k in t.kinds if k.kind in ("gen", "verify")]
+    n = t.gen_tokens if t.gen_tokens is not None else sum(k.tokens for k in gen)
+    if not gen or not n:
         return ""
-    n = gen.tokens
+
+    def per(what: str) -> str:
+        return f"{sum(getattr(k, f'{what}_ns') for k in gen) / n / 1e6:,.3f} ms"
+
     top = f" (most: {t.samplers[0]['sampler']})" if t.samplers else ""
+    draft = f", the draft {per('draft')}" if any(k.draft_ns for k in gen) else ""
     return (
-        f"decode {gen.decode_ns / n / 1e6:,.3f} ms, sampling {gen.sampling_ns / n / 1e6:,.3f} ms"
-        f"{top}, grammar {gen.grammar_ns / n / 1e6:,.3f} ms, the program's own work "
-        f"{gen.program_ns / n / 1e6:,.3f} ms, recording {gen.recording_ns / n / 1e6:,.3f} ms, "
-        f"unrecorded {gen.unrecorded_ns / n / 1e6:,.3f} ms"
+        f"decode {per('decode')}, sampling {per('sampling')}{top}, grammar {per('grammar')}, "
+        f"the program's own work {per('program')}, recording {per('recording')}, "
+        f"unrecorded {per('unrecorded')}{draft}"
     )
 
 
@@ -237,7 +290,9 @@ def section(t: BetweenSteps) -> Section:
             [k.row() for k in t.kinds],
             note="sampling: the sampling scopes end to end (the grammar's passes included); "
             "recording: writing the step's records; unrecorded: the rest of the gap to the "
-            "context's next step (waiting for work, a lock or a CPU)",
+            "context's next step (waiting for work, a lock or a CPU); draft: the draft's "
+            "decode, sampling and recording in the target's gaps (a draft's rows: the same "
+            "work by kind of step; a draft's gap ends at its target's next step)",
         )
     ]
     if t.samplers:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..analysis.draft_in_gaps import draft_in_gaps
 from ..session.request_causes import HostRow, RequestStory, StepRow, stories
 from ..session.request_experts import RequestExperts, StepRouting, request_experts
 from ..session.speculation import SpecTotals
@@ -92,6 +93,13 @@ def host_rows(f: SessionFrames) -> list[HostRow]:
         draft = f.steps[f.steps["role"].astype(object) == "draft"][["ctx", "step"]]
         p = p.merge(draft.assign(_d=1), on=["ctx", "step"], how="left")
         p = p[p["_d"].isna()]
+        # the draft's work inside the next batch's building is the draft's, not the program's
+        d = draft_in_gaps(f)
+        if not d.empty:
+            p = p.merge(d[["ctx", "step", "draft_batch_ns"]], on=["ctx", "step"], how="left")
+            batch = (p["kind"].astype(str) == "host") & (p["sampler"].astype(str) == "batch")
+            less = p["draft_batch_ns"].fillna(0).where(batch & p["seq"].isna(), 0)
+            p = p.assign(ns=(p["ns"] - less).clip(lower=0))
     seq = p["seq"].fillna(-1).astype("int64")
     return list(
         zip(

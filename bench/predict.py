@@ -423,6 +423,9 @@ THREAD_PROMPTS = (8, 48, 200)
 DEPTHS = (512, 1024, 2048, 4096)
 SHORT = 9
 N_GEN = 32
+# the weight types whose matmul `instr peaks` measures for the grids: their models' (Q4_1 and its
+# Q8_0 output, F16, F32)
+PEAK_TYPES = ("f32", "f16", "q4_1", "q8_0")
 # the second model: a llama of other shapes than SmolLM2's (12 layers, 768 wide, 12 heads of
 # which 4 for K and V, F16 weights), written with gguf as tests/tiny_gguf.py writes its models
 SECOND = {"n_layer": 12, "n_embd": 768, "n_head": 12, "n_head_kv": 4, "n_ff": 2048}
@@ -491,19 +494,21 @@ def raise_priority() -> str:
 
 
 def measure_peaks(folder: Path, counts: tuple[int, ...]) -> Path:
-    """This machine's peaks at each thread count (bandwidth and the cost of a split; one matmul
-    type), saved in ``folder``'s cache for the predictions: what `instr peaks --threads N`
-    measures."""
+    """This machine's peaks at each thread count (bandwidth, the cost of starting the threads, the
+    matmul throughput of the grids' weight types), saved in ``folder``'s cache for the
+    predictions: what `instr peaks --threads N` measures."""
     from llamacpp_instr.converters.session import machine_peaks
     from llamacpp_instr.running import peak_probe
 
     cache = folder / "cache"
     for n in counts:
-        p = peak_probe.measure(peak_probe.Plan(n_threads=n, types=("f32",)))
+        p = peak_probe.measure(peak_probe.Plan(n_threads=n, types=PEAK_TYPES))
         machine_peaks.save(p, cache)
         cpu = p.device("CPU")
         print(
-            f"peaks at {n} thread(s): {cpu.bandwidth_gbs:.1f} GB/s, a split op {cpu.sync_ns or 0:.0f} ns",
+            f"peaks at {n} thread(s): {cpu.bandwidth_gbs:.1f} GB/s, a graph started on the threads "
+            f"{cpu.sync_ns or 0:.0f} ns, matmul GFLOP/s "
+            + ", ".join(f"{t} {v:.0f}" for t, v in sorted(cpu.matmul_gflops.items())),
             file=sys.stderr,
         )
     return cache

@@ -122,7 +122,7 @@ def test_measured_peaks_are_sane(quick_peaks: machine_peaks.Peaks) -> None:
         assert r["bytes"] == sum(t["nbytes"] for t in r["tensors"])
     bw = recs[0]
     assert bw["what"] == "bandwidth" and cpu.bandwidth_gbs == bw["bytes"] / bw["best_ns"]
-    # what splitting an op costs: a 64 x 64 matmul by one column at 2 threads over on one
+    # what starting a graph on the threads costs: a 64 x 64 matmul by one column at 2 threads over on one
     on2, on1 = recs[3:]
     assert [r["what"] for r in (on2, on1)] == ["sync", "sync"]
     assert (on2["n_threads"], on1["n_threads"]) == (2, 1)

@@ -161,20 +161,22 @@ def test_the_held_out_residuals_are_what_predict_says(
         assert got == pytest.approx([s[kind] for s in said], rel=1e-6, abs=1e-9)
 
 
-def write_peaks(cache: Path, log: Path, at: dict[int, tuple[float, float]]) -> None:
+def write_peaks(cache: Path, log: Path, at: dict[int, tuple[float, float, float]]) -> None:
     """Peaks files in ``cache`` for the machine ``log`` was made on: per thread count, a CPU of
-    the given bandwidth (GB/s) and cost of an op split among the threads (ns)."""
+    the given bandwidth (GB/s), cost of starting a graph on the threads (ns) and F32 matmul
+    throughput (GFLOP/s)."""
     from llamacpp_instr.converters.session import machine_peaks as mp
     from llamacpp_instr.deciding.prediction.predict import load_session
 
     machine = load_session(log).info.machine
-    for n, (bw, sync) in at.items():
-        cpu = mp.DevicePeaks("CPU", "cpu", "made up", bw, {"f32": 50.0}, sync_ns=sync)
+    for n, (bw, sync, f32) in at.items():
+        cpu = mp.DevicePeaks("CPU", "cpu", "made up", bw, {"f32": f32}, sync_ns=sync)
         mp.save(mp.Peaks(machine, n, "2026-01-01T00:00:00Z", [cpu]), cache)
 
 
-# made-up peaks: one thread streams 11 GB/s, two 20; a split op costs 1.5 us at 2 threads
-PEAKS = {1: (11.0, 0.0), 2: (20.0, 1500.0)}
+# made-up peaks: one thread streams 11 GB/s, two 20; a graph on 2 threads costs 1.5 us more
+# than on one; an F32 matmul runs 40 GFLOP/s on one thread, 70 on two
+PEAKS = {1: (11.0, 0.0, 40.0), 2: (20.0, 1500.0, 70.0)}
 
 
 def _parts(node: Any) -> int:
@@ -191,12 +193,15 @@ def _parts(node: Any) -> int:
 @pytest.mark.fast
 def test_each_op_at_one_thread_from_a_two_thread_log() -> None:
     """The committed tiny log ran 2 threads. At 1, each op of its graphs keeps its class; of its
-    time beyond the class's fixed cost, the cost of its split at 2 threads goes (none on one),
-    its bytes at the rate its weight matrix streamed at take 20/11 the time (the bandwidths
-    measured at 2 and 1), and the rest, compute, all its parts on one thread instead of half
-    (an op of one row: its time). The rate of a matmul is the best a generation step of the
-    log read its matrix at (that role's and type's matmuls' bytes over their time), of another
-    op the best any generation step's ops reached: worked out here from the log's op times."""
+    time beyond the class's fixed cost, its bytes at the rate its weight matrix streamed at take
+    20/11 the time (the bandwidths measured at 2 and 1), and the rest, compute, 70/40 the time
+    for an F32 matmul (the matmul throughputs measured at 2 and 1), for another op all its parts
+    on one thread instead of half (an op of one row: its time). The threads' meeting after each
+    op is in its time at 2 threads: no op sheds the 1.5 us a graph of one op costs at 2 threads,
+    which a compute pays once (its host time 1.5 us less at 1). The rate of a matmul is the best
+    a generation step of the log read its matrix at (that role's and type's matmuls' bytes over
+    their time), of another op the best any generation step's ops reached: worked out here from
+    the log's op times."""
     from llamacpp_instr.deciding.prediction import op_threads
     from llamacpp_instr.deciding.prediction.op_costs import GraphCosts, Where
     from llamacpp_instr.deciding.prediction.op_fit import fit
@@ -231,14 +236,23 @@ def test_each_op_at_one_thread_from_a_two_thread_log() -> None:
         assert model.stream[(Where("CPU", 2), t)] == pytest.approx(rate, rel=1e-9)
     assert op_threads.scale(model, 1, {}) is None  # no peaks: not priced
     # (the fixture's log does not name its machine: the peaks as predict reads them from files)
-    peaks = {n: CpuPeaks(n, bw, sync) for n, (bw, sync) in PEAKS.items()}
+    peaks = {n: CpuPeaks(n, bw, sync, {"f32": f32}) for n, (bw, sync, f32) in PEAKS.items()}
     one = op_threads.scale(model, 1, peaks)
     assert one is not None
+    for kind in ("prompt", "gen"):
+        at2 = model.overhead[(Where("CPU", 2), kind)]
+        assert one.overhead_at(1, kind) == pytest.approx(max(at2 - 1500.0, 0.0), rel=1e-12)
+    assert op_threads.unmeasured_types(one, 1, peaks) == []
+    # a peaks file measured without the F32 matmul (instr peaks --types): priced by the threads
+    older = {n: replace(p, matmul={}) for n, p in peaks.items()}
+    by_threads = op_threads.scale(model, 1, older)
+    assert by_threads is not None and op_threads.unmeasured_types(by_threads, 1, older) == ["f32"]
     kinds = {"memory": 0, "compute": 0, "one row": 0}
     for gc in costs.values():
         cpu = ["CPU"] * len(gc.labels)
         at2, missing = model.price(gc, cpu, 2)
         at1, missing1 = one.price(gc, cpu, 1)
+        old1, _ = by_threads.price(gc, cpu, 1)
         assert missing == missing1 == []
         for k in np.flatnonzero(at2):
             lab, typ = gc.labels[k], gc.types[k]
@@ -252,10 +266,14 @@ def test_each_op_at_one_thread_from_a_two_thread_log() -> None:
                 continue
             weight = typ if lab.startswith("MUL_MAT") and not typ.startswith("kv ") else ""
             rate = rates.get(f"{weight}:{gc.roles[k]}", rates[weight]) if weight else rates[""]
-            rest = max(beyond - 1500.0, 0.0)
+            rest = max(beyond, 0.0)
             memory = min(rest, gc.bytes[k] / rate)
-            compute = (rest - memory) * parts / math.ceil(parts / 2)
+            by_parts = math.ceil(parts / 2) / parts
+            faster = 40 / 70 if weight == "f32" else by_parts
+            compute = (rest - memory) / faster
             assert at1[k] == pytest.approx(cls.fixed + memory * 20 / 11 + compute, rel=1e-9)
+            plain = cls.fixed + memory * 20 / 11 + (rest - memory) / by_parts
+            assert old1[k] == pytest.approx(plain, rel=1e-9)
             if rest > 0 and memory > rest / 2:
                 kinds["memory"] += 1
             elif rest > 0:

@@ -118,7 +118,8 @@ def command(
     model's error on the project's benchmark grids (x/÷ 1.22) or its spread on the logs' own
     steps, the wider. A CPU thread count no log ran is priced from the nearest one run with what
     instr peaks measured of this machine at both (without them, not covered: the instr peaks to
-    run is named): memory-bound ops at the bandwidth of the new count, compute-bound ones by the
+    run is named): memory-bound ops at the bandwidth of the new count, compute-bound matmuls at
+    the matmul throughput measured for their weight type there, other compute-bound ones by the
     threads, an op of one row on one thread at both; the output says which each op is. A context
     deeper than the logs' prices attention (the KQ and KQV matmuls and their softmax, or flash
     attention by the cells its rows see) by its measured cost per KV cell, labelled an

@@ -7,11 +7,12 @@ that type, with the CPU's repacking buffer type where a run would use it). The C
 thread count of the runs. The best of ``n_runs`` timed runs counts (after one warm-up run): a peak
 is what the machine can do.
 
-The CPU also gets what splitting an op among its threads costs (``sync_ns``): a matmul too small
-to gain from threads (``SYNC_SIZE``, one column) timed at the thread count and on one thread,
-the best of ``SYNC_RUNS`` each; the difference is the start of the other threads and the barrier
-they meet at its end, which every op a model splits pays at that count (``instr predict`` prices
-a thread count no log ran with it: ``deciding/prediction/op_threads.py``).
+The CPU also gets what a graph costs on its threads beyond one (``sync_ns``): a graph of one
+matmul too small to gain from threads (``SYNC_SIZE``, one column) timed at the thread count and
+on one thread, the best of ``SYNC_RUNS`` each; the difference is the start of the other threads
+and their meeting at the graph's end, which a model's compute pays once at that count (its ops
+meet at a barrier after each, in the ops' own measured times: ``instr predict`` prices a thread
+count no log ran with it, ``deciding/prediction/op_threads.py``).
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ PROBED_DEVICE_TYPES = ("cpu", "gpu", "igpu")
 # ggml-rpc sends a graph without waiting for it (GRAPH_COMPUTE has no reply), and its synchronize
 # waits only for the send: a probe would time the network send, not the remote compute
 RPC_NOT_MEASURED = "not measured (an RPC device: the probe cannot time its compute)"
-# the op whose time on the threads over its time on one is what splitting an op costs: an F32
-# matmul of a SYNC_SIZE x SYNC_SIZE weight by one column (16 KiB: in the cache, a tenth of a microsecond of
-# work), the best of SYNC_RUNS
+# the graph whose time on the threads over its time on one is what starting them costs: one F32
+# matmul of a SYNC_SIZE x SYNC_SIZE weight by one column (16 KiB: in the cache, a tenth of a
+# microsecond of work), the best of SYNC_RUNS
 SYNC_SIZE = 64
 SYNC_RUNS = 200
 
@@ -180,5 +181,7 @@ def _one(
             p = lib.probe(bindings.PROBE_MATMUL, index, type_id("f32"), n, SYNC_SIZE, 1, SYNC_RUNS)
             out.append(_record(p, "sync", "f32"))
         cost = out[-2]["best_ns"] - out[-1]["best_ns"]
-        progress(f"{name}: an op split among {plan.n_threads} threads: {max(cost, 0) / 1e3:.2f} us")
+        progress(
+            f"{name}: a graph started on {plan.n_threads} threads: {max(cost, 0) / 1e3:.2f} us"
+        )
     return out

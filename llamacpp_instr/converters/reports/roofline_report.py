@@ -21,7 +21,7 @@ def peaks_report(p: Peaks) -> Report:
     cols = [Column("device", "device"), Column("bandwidth_gbs", "bandwidth (GB/s)", "f1")]
     cols += [Column(f"mm_{t}", f"{t} matmul (GFLOP/s)", "f1") for t in types]
     if any(d.sync_ns is not None for d in p.devices):
-        cols.append(Column("sync_us", "an op split among the threads (us)", "f2"))
+        cols.append(Column("sync_us", "a graph started on the threads (us)", "f2"))
     rows = []
     for d in p.devices:
         row: dict[str, Any] = {"device": d.name, "bandwidth_gbs": d.bandwidth_gbs}

@@ -56,9 +56,9 @@ class DevicePeaks:
     description: str
     bandwidth_gbs: float  # GB/s (bytes per ns)
     matmul_gflops: dict[str, float]  # by ggml type name, lower case: f32, f16, q4_k, q8_0
-    # what an op split among the threads costs beyond its work (ns): a tiny matmul's time at the
-    # peaks' thread count over its time on one thread (None: not measured, a file written
-    # before it was)
+    # what a graph costs on the threads beyond its work (ns): a graph of one tiny matmul, its time
+    # at the peaks' thread count over its time on one thread (the threads' start and their last
+    # meeting, paid once a compute; None: not measured, a file written before it was)
     sync_ns: float | None = None
 
     @property

@@ -267,17 +267,19 @@ class CostModel:
 
     def overhead_at(self, threads: int, kind: str, warm: bool = False) -> float:
         """The host's time per compute outside its ops at ``threads`` (a scaled thread count's:
-        its source's, the host's own work not being spread over the threads); ``warm``: of the
+        its source's, the host's own work not being spread over the threads, with the start of
+        the target's threads for the source's: ``ThreadScale.start_ns``); ``warm``: of the
         steps that did not start their context (where the logs' steps of this kind all did,
         the least of the other kinds': a run at a depth pays no context's start)."""
         scale = self.scaled.get(Where("CPU", threads))
         where = Where("CPU", scale.source.threads if scale else threads)
+        start = scale.start_ns() if scale else 0.0
         if warm:
             found = self.overhead_warm.get((where, kind))
             others = [v for (w, _k), v in self.overhead_warm.items() if w == where]
             if found is not None or others:
-                return found if found is not None else min(others)
-        return self.overhead.get((where, kind), 0.0)
+                return max((found if found is not None else min(others)) + start, 0.0)
+        return max(self.overhead.get((where, kind), 0.0) + start, 0.0)
 
     def has(self, where: Where) -> bool:
         return where in self.roofs

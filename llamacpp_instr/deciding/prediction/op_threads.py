@@ -3,22 +3,30 @@ nearest thread count the logs ran, with what ``instr peaks`` measured of this ma
 
 An op's time in its class is ``fixed + slope * work`` (``op_costs``). At ``T`` threads from logs
 of ``S`` each op keeps its class (its fit, its fusion, the device's fixed cost per op), and its
-time beyond the fixed cost is split into the cost of splitting it among the threads, its bytes
-at the rate its weight matrix streamed at in the logs, and the rest, compute
-(``thread_scale.ThreadScale``). Each part moves by what was measured at the two counts:
+time beyond the fixed cost is split into its bytes at the rate its weight matrix streamed at in
+the logs, and the rest, compute (``thread_scale.ThreadScale``). Each part moves by what was
+measured at the two counts:
 
 - the memory part by the bandwidth ``instr peaks`` measured at ``T`` over the one at ``S`` (the
-  rate one thread streams at is not two threads' rate: on a 2-core VM, 14 against 27 GB/s, and
-  a Q4_1 model's generation 1.6 to 1.9 times faster on two threads);
-- the compute part by the threads (ggml splits an op's rows or chunks between them: an op of
-  one row, the norm of one token, runs on one thread whatever the count);
-- the split's cost, none on one thread, at the figure ``instr peaks`` measured at each count
-  (about 1.7 us an op at 2 threads there: a small model's generation step splits hundreds).
+  rate one thread streams at is not two threads' rate: on a 2-core VM, 13 against 25 GB/s, and
+  a Q4_1 model's generation 1.8 to 2 times faster on two threads);
+- the compute part of a matmul by the matmul throughput ``instr peaks`` measured for its weight
+  type at each count (ggml's kernel of that type on the threads: on that VM a Q4_1 matmul of
+  2048 x 2048 by 512 ran 1.8 times faster on two threads, an F32 one 2.0), of another op (or a
+  weight type not measured) by the threads (ggml splits an op's rows or chunks between them: an
+  op of one row, the norm of one token, runs on one thread whatever the count);
+- the host's time per compute by what ``instr peaks`` measured a graph of one op to cost at
+  each count beyond one thread: the threads' start and their last meeting, paid once a compute
+  (about 2 to 3 us at 2 threads there). The threads' meeting after every op is in its measured
+  time: a fraction of a microsecond, where an op of one row there takes 0.1 to 0.3 us longer at 2
+  threads than at 1 (each op at the one-op graph's figure would put a fifth more on a small
+  model's generation step at 2 threads than it takes).
 
 Without the peaks of both counts nothing says how fast ``T`` threads stream, so the count is
-not covered and the prediction names the ``instr peaks`` to run. Beyond the CPUs the logs'
-machine has, threads would take turns on them: not predicted (``predict``). The host's time per
-compute outside the ops is the source's.
+not covered and the prediction names the ``instr peaks`` to run; a weight type whose matmul the
+peaks of either count lack (a file measured with ``--types`` that leave it out) is priced by
+the threads, said with the command that measures it. Beyond the CPUs the logs' machine has,
+threads would take turns on them: not predicted (``predict``).
 """
 
 from __future__ import annotations
@@ -61,7 +69,7 @@ def cpu_peaks(machine: dict[str, Any] | None, counts: list[int], cache: Path) ->
             continue
         cpu = next((d for d in p.devices if d.type == "cpu"), None)
         if cpu is not None and cpu.bandwidth_gbs > 0 and cpu.sync_ns is not None:
-            out[n] = CpuPeaks(n, cpu.bandwidth_gbs, cpu.sync_ns)
+            out[n] = CpuPeaks(n, cpu.bandwidth_gbs, cpu.sync_ns, dict(cpu.matmul_gflops))
     return out
 
 
@@ -83,3 +91,14 @@ def scale(model: CostModel, threads: int, peaks: PeaksAt) -> CostModel | None:
 def peaks_command(counts: list[int]) -> str:
     """The ``instr peaks`` runs that measure ``counts``."""
     return " and ".join(f"`instr peaks --threads {n} --force`" for n in counts)
+
+
+def unmeasured_types(model: CostModel, threads: int, peaks: PeaksAt) -> list[str]:
+    """The weight types of the logs' matmuls whose throughput the peaks at the source's count or
+    at ``threads`` lack (their compute priced by the threads instead)."""
+    scaled = model.scaled.get(Where("CPU", threads))
+    if scaled is None:
+        return []
+    # (the logs' matmuls reading a weight, by type: the streams' keys without a role)
+    ran = {t for t in scaled.streams if t and ":" not in t}
+    return sorted(t for t in ran if scaled.matmul_rates(t) is None)

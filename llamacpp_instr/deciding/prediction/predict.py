@@ -12,8 +12,9 @@ price, the median over the logs whose steps computed on the devices the target's
 log predicts itself; 1 where no log's did: a CPU alone at -ngl 0 from logs that offloaded layers).
 Its 95 % interval is made of the logs predicted from each other, leave one out (``intervals``; with
 one log, the model's spread on its own steps). A CPU thread count no log ran is priced from the
-nearest one run, memory-bound ops at the bandwidth ``instr peaks`` measured at the new count and
-compute-bound ones by the threads (``op_threads``), up to the CPUs of the logs' machine; without
+nearest one run, memory-bound ops at the bandwidth ``instr peaks`` measured at the new count,
+compute-bound matmuls at the matmul throughput it measured for their weight type and other
+compute-bound ops by the threads (``op_threads``), up to the CPUs of the logs' machine; without
 those peaks it is not covered. Attention on more KV cells than the logs read is priced by its cost
 per cell, an extrapolation said so, up to what the bench checks (``kv_costs``); a prompt after a
 depth is priced at the steps that did not start their context (``op_fit.cold_step``). On several
@@ -486,19 +487,28 @@ def _at_threads(
         lacking = [n for n in (src, t.threads) if n not in peaks]
         out.not_covered.append(
             f"the CPU at {t.threads} threads: no log ran it (the logs ran {ran}), and "
-            f"instr peaks has not measured this machine's bandwidth and the cost of splitting an "
-            f"op at {' and '.join(map(str, lacking))} thread(s), which price it from the logs' "
+            f"instr peaks has not measured this machine's bandwidth and the cost of starting the "
+            f"threads at {' and '.join(map(str, lacking))} thread(s), which price it from the logs' "
             f"{src}: run {op_threads.peaks_command(lacking)} on it, then predict again (or run "
             f"`instr run {t.model} --threads {t.threads}` (detailed) and add its log)"
         )
         return None
     at, to = peaks[src], peaks[t.threads]
+    types = op_threads.unmeasured_types(scaled, t.threads, peaks)
+    unmeasured = (
+        f"; no matmul peak of {', '.join(types)} at both counts (a peaks file measured without "
+        f"it), its compute priced by the threads: run "
+        f"{op_threads.peaks_command([src, t.threads])} to measure it"
+        if types
+        else ""
+    )
     out.threads_from = (
         f"{t.threads} threads priced from the logs' {src}: memory-bound ops at the bandwidth "
         f"instr peaks measured at {t.threads} ({to.bandwidth:.1f} GB/s; at {src}, "
-        f"{at.bandwidth:.1f} GB/s), compute-bound ones by the threads (an op of one row on one "
-        f"thread at both), each op split among the threads at its measured cost "
-        f"({to.sync_ns / 1e3:.2f} us at {t.threads}, {at.sync_ns / 1e3:.2f} at {src})"
+        f"{at.bandwidth:.1f} GB/s), compute-bound matmuls at the matmul throughput it measured "
+        f"for their weight type at each, other compute-bound ops by the threads (an op of one "
+        f"row on one thread at both), each compute's start of the threads at its measured cost "
+        f"({to.sync_ns / 1e3:.2f} us at {t.threads}, {at.sync_ns / 1e3:.2f} at {src}){unmeasured}"
     )
     return scaled
 

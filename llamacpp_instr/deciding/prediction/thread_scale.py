@@ -1,26 +1,32 @@
 """One op's time at a CPU thread count no log ran, from its time at one the logs ran
 (``op_threads`` says where the figures come from and why the model is what it is).
 
-An op's time beyond its class's fixed cost at the source's ``S`` threads is split in three:
+An op's time beyond its class's fixed cost at the source's ``S`` threads is split in two:
 
-- the cost of splitting it among the threads (``sync``: ``instr peaks``' figure at ``S``; none
-  on one thread, or for an op with a single part);
 - memory: its bytes at the rate its weight matrix (or, for an op reading none, any op) streamed
-  at in the logs' steps, at most what is left;
+  at in the logs' steps, at most its time;
 - compute: the rest.
 
-At ``T`` threads it is the sync at ``T``, the memory part at ``T``'s bandwidth over ``S``'s (the
-bandwidth ``instr peaks`` measured at each), and the compute part at ``T``'s share of its parts
+At ``T`` threads the memory part takes ``T``'s bandwidth over ``S``'s (the bandwidth ``instr
+peaks`` measured at each). The compute part of a matmul of a weight type ``instr peaks``
+measured at both counts takes the matmul throughput of that type at ``T`` over ``S``'s (ggml's
+kernel for the type, as split among the threads); of any other op, ``T``'s share of its parts
 over ``S``'s (``ceil(parts / T) / ceil(parts / S)``: ``S / T`` for a matmul, 1 for an op of one
 row, which ggml runs on one thread whatever the count). An op is memory-bound where the memory
 part is the larger, compute-bound otherwise, and on one thread at both counts where it has a
 single part.
+
+The threads' meeting at the end of each op is in the op's measured time (a fraction of a
+microsecond on a 2-core VM: an op of one row took 0.1 to 0.3 us more at 2 threads than at 1);
+what ``instr peaks`` measures as the cost of a split, a graph of one op at the count over one
+thread, is the threads' start and their last meeting, which a compute pays once
+(``start_ns``), not each op.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -45,11 +51,14 @@ def split_units(node: Node, graph: Graph) -> int:
 @dataclass(frozen=True)
 class CpuPeaks:
     """What ``instr peaks`` measured of the CPU at one thread count: its bandwidth (bytes/ns) and
-    what an op split among the threads costs (ns)."""
+    what a graph of one op costs on the threads beyond its cost on one (ns): their start and
+    their last meeting, which a compute pays once."""
 
     threads: int
     bandwidth: float
     sync_ns: float
+    # GFLOP/s of a matmul per weight type (ggml's name, lower case: "q4_1"), where measured
+    matmul: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -79,13 +88,25 @@ class ThreadScale:
         on_s, on_t = min(units, s), min(units, t)
         if on_s == on_t == 1:
             return beyond_fixed, ONE_THREAD
-        sync_s = self.source.sync_ns if on_s > 1 else 0.0
-        sync_t = self.target.sync_ns if on_t > 1 else 0.0
-        rest = max(beyond_fixed - sync_s, 0.0)
+        rest = max(beyond_fixed, 0.0)
         rate = self.rate(weight, role)
         memory = min(rest, n_bytes / rate) if rate > 0 else 0.0
         compute = rest - memory
-        bandwidth = self.target.bandwidth / self.source.bandwidth if on_s != on_t else 1.0
-        parts = math.ceil(units / t) / math.ceil(units / s)
-        time = sync_t + memory / bandwidth + compute * parts
+        if on_s == on_t:  # (the same threads do its work at both counts)
+            return rest, MEMORY if memory >= compute else COMPUTE
+        rates = self.matmul_rates(weight)
+        faster = rates[1] / rates[0] if rates else math.ceil(units / s) / math.ceil(units / t)
+        bandwidth = self.target.bandwidth / self.source.bandwidth
+        time = memory / bandwidth + compute / faster
         return time, MEMORY if memory >= compute else COMPUTE
+
+    def matmul_rates(self, weight: str) -> tuple[float, float] | None:
+        """The matmul throughput ``instr peaks`` measured for weights of type ``weight`` at the
+        source's count and at the target's, None where either lacks it (or ``weight`` is "")."""
+        a, b = self.source.matmul.get(weight), self.target.matmul.get(weight)
+        return (a, b) if weight and a and b else None
+
+    def start_ns(self) -> float:
+        """What a compute's start of the threads and their last meeting cost at the target's
+        count beyond the source's (``instr peaks``' figures: a graph of one op at each)."""
+        return self.target.sync_ns - self.source.sync_ns

@@ -63,9 +63,12 @@ def test_cache_key_follows_patches_and_options(tmp_path: Path) -> None:
     stock = build.make_plan(stock=True)
     assert stock.local_version.startswith(pin.LLAMA_CPP_PYTHON_VERSION + "+stock.")
     # the pin without the instrumentation: no overlay, and only the patches that choose what the
-    # sdist's CMakeLists builds (the wheel leaves out llama.cpp's common library)
+    # sdist's CMakeLists builds (the wheel leaves out llama.cpp's common library), and the fix of
+    # the AMX fault that stops it at the first batch on a CPU with AMX
     assert stock.overlay == () and stock.patches
-    assert all(p.parent.name == build.PYTHON_PATCH_DIR for p in stock.patches)
+    fixes = [p.name for p in stock.patches if p.parent.name != build.PYTHON_PATCH_DIR]
+    assert fixes == ["0010-ggml-cpu-AMX-s-tile-config-as-constant-data.patch"]
+    assert "amx/mmq.cpp" in (build.PATCHES_DIR / fixes[0]).read_text()
 
 
 # ggml-vulkan.h's patch (0006) reaches only the Vulkan build, which the stock baseline never makes

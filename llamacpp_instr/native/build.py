@@ -142,6 +142,11 @@ def patch_hash(
     return h.hexdigest()[:12]
 
 
+# Upstream's own defects the stock build needs fixed to run at all: without this one, llama.cpp
+# faults at the first batch of a Q4_0/Q4_1/Q8_0 model on a CPU with AMX (the benchmarks' machines)
+STOCK_FIXES = frozenset({"0010-ggml-cpu-AMX-s-tile-config-as-constant-data.patch"})
+
+
 def make_plan(
     extra_cmake_args: Sequence[str] = (),
     stock: bool = False,
@@ -152,11 +157,14 @@ def make_plan(
 ) -> BuildPlan:
     """What to build; ``stock`` builds the pin without the instrumentation (the benchmarks'
     baseline): no overlay, and of the patches only those of the sdist's CMakeLists (python/),
-    which choose what is built, not how, so that its libraries are llama.cpp's own, compiled as
-    the patched build compiles its own; ``vulkan`` adds ggml's Vulkan backend."""
+    which choose what is built, not how, and the fixes it needs to run (STOCK_FIXES), so that its
+    libraries are llama.cpp's own, compiled as the patched build compiles its own; ``vulkan`` adds
+    ggml's Vulkan backend."""
     patches = read_series(patches_dir)
     if stock:
-        patches = tuple(p for p in patches if p.parent.name == PYTHON_PATCH_DIR)
+        patches = tuple(
+            p for p in patches if p.parent.name == PYTHON_PATCH_DIR or p.name in STOCK_FIXES
+        )
     overlay = () if stock else read_overlay(patches_dir)
     if sanitize is not None and sanitize not in SANITIZERS:
         raise UserError(f"unknown sanitizer {sanitize!r}: choose {' or '.join(SANITIZERS)}")

@@ -133,6 +133,54 @@ def test_flash_attentions_line_by_hand() -> None:
     assert fit_rows(np.array([1, 1]), np.array([5, 5]), np.array([9.0, 9.0]), 1.0) is None
 
 
+@pytest.mark.fast
+def test_each_cpu_flash_attention_path_prices_its_own_computes() -> None:
+    """The pin's CPU flash attention takes three paths with their own costs: made-up times of 8 ns
+    a cell for one row split over 512 cells or more, 2 ns for rows a row at a time, 0.5 ns in
+    tiles of 64 rows. Each path's computes are priced by their own line, where one line through
+    all of them (what the prompts' many cells pull to their cost) misses generation at depth by
+    more than twice."""
+    import pandas as pd
+
+    from llamacpp_instr.deciding.prediction.kv_costs import cpu_path, flash_lines
+    from llamacpp_instr.deciding.prediction.op_costs import Where
+
+    paths = [cpu_path(1, 256), cpu_path(1, 257), cpu_path(32, 9000), cpu_path(64, 100)]
+    assert paths == ["rows", "split", "rows", "tiled"]
+    per_cell = {"split": 8.0, "rows": 2.0, "tiled": 0.5}
+    shapes = [(1, 300 + 50 * k) for k in range(30)] + [(1, 10 + k) for k in range(20)]
+    shapes += [(32, 32 * 600 + 528 * k) for k in range(4)] + [
+        (512, 131328 + 262144 * k) for k in range(4)
+    ]
+    rows = np.array([r for r, _ in shapes])
+    cells = np.array([c for _, c in shapes], dtype=float)
+    dur = np.array([100 + 40 * r + per_cell[cpu_path(r, c)] * c for r, c in shapes])
+    cpu = Where("CPU", 2)
+    obs = pd.DataFrame(
+        {"label": "FLASH_ATTN_EXT", "type0": "kv f16", "where": [cpu] * len(shapes),
+         "rows": rows, "cells": cells, "dur": dur}
+    )  # fmt: skip
+    line = flash_lines(obs, {cpu: 100.0})[(cpu, "kv f16")]
+    assert set(line.paths) == {"split", "rows", "tiled"}
+    for r, c in [(1, 1024.0), (1, 4096.0), (1, 100.0), (32, 40000.0), (512, 600000.0)]:
+        want = 100 + 40 * r + per_cell[cpu_path(r, c)] * c
+        assert line.time(r, c) == pytest.approx(want, rel=1e-6)
+    pooled = line.fixed + line.per_row + line.per_cell * 4096
+    assert pooled < 0.5 * line.time(1, 4096.0)
+    # logs without the split path (short prompts and a tiled one): generation at depth is priced
+    # by the path a row at a time, not by the line the tiles' many cheap cells pull down
+    short = obs[[cpu_path(r, c) != "split" for r, c in zip(rows, cells, strict=True)]]
+    line = flash_lines(short, {cpu: 100.0})[(cpu, "kv f16")]
+    assert "split" not in line.paths
+    assert line.time(1, 4096.0) == pytest.approx(100 + 40 + 2.0 * 4096, rel=1e-6)
+    # another device keeps the one line: its kernels are not the CPU's
+    gpu = Where("Vulkan0", 0)
+    assert (
+        flash_lines(obs.assign(where=[gpu] * len(shapes)), {gpu: 100.0})[(gpu, "kv f16")].paths
+        == {}
+    )
+
+
 def test_the_attention_ops_are_those_on_the_way_between_cache_reads(
     short_logs: dict[bool, Path],
 ) -> None:

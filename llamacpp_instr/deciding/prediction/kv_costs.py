@@ -10,8 +10,14 @@ its work is the cells each row sees, ``pos0 + i`` for the ``i``-th row of a ubat
 ``pos0`` (``visible_cells``), and a log of a short prompt ran it on a few dozen of its 256. Its
 time is fitted per device and cache type as ``fixed + per_row * rows + per_cell * cells`` over
 the logs' computes, every layer's together (``RowLine``): generation's steps, one row at a position one further each
-time, give the cost per cell; a prompt's ubatch, its rows (what they pay whatever they see). It
-is the same kernel per row whether a ubatch has one or hundreds.
+time, give the cost per cell; a prompt's ubatch, its rows (what they pay whatever they see).
+The pin's CPU kernel takes one of three paths by the shape (``cpu_path``), each with its own
+costs: one query row over at least 512 cells has the threads split the cells; fewer than 64
+rows go a row at a time; more, in tiles of 64 rows by 64 cells. On the CPU a line is fitted per
+path where the logs ran it at two sizes or more; a path they did not run is priced by the other
+path that goes a row at a time (a generation at a depth beyond 256 cells from logs of short
+prompts runs the split path no log ran: the depth grid checks that extrapolation), else by the
+line of all of them.
 
 Beyond the most cells the logs' computes read (``CostModel.max_kv``), an attention op is priced
 so, up to ``KV_EXTRAPOLATION`` times them (what bench/predict.py's depth grid checks), and the
@@ -21,7 +27,7 @@ predicted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -33,6 +39,10 @@ KV_PAD = 256
 # depth grid predicts depths of 512 to 4096 from logs of short prompts (256 cells: 17x)
 KV_EXTRAPOLATION = 17.0
 FLASH = "FLASH_ATTN_EXT"
+# the pin's ggml-cpu flash attention (ops.cpp, ggml_compute_forward_flash_attn_ext_f16): the
+# rows of a tile (GGML_FA_TILE_Q), and the KV cells from which one row's are split among threads
+FA_TILE_ROWS = 64
+FA_SPLIT_CELLS = 512
 
 
 def n_kv(end: int, n_ctx: int) -> int:
@@ -66,17 +76,41 @@ def compute_positions(frames: Any) -> dict[tuple[int, int], tuple[int, int]]:
     return out
 
 
+def cpu_path(rows: int, cells: float) -> str:
+    """The path the pin's CPU flash attention takes for a compute of ``rows`` query rows seeing
+    ``cells`` KV cells in all: ``split`` (one row, the cache read at least FA_SPLIT_CELLS cells:
+    the threads split the cells), ``rows`` (fewer than FA_TILE_ROWS rows, one at a time) or
+    ``tiled``. One row at position ``p`` sees ``p + 1`` cells and the cache is read in multiples of
+    KV_PAD, so the split path is where it sees more than FA_SPLIT_CELLS - KV_PAD (a context of
+    fewer than FA_SPLIT_CELLS cells never splits: not told apart here)."""
+    if rows == 1:
+        return "split" if cells > FA_SPLIT_CELLS - KV_PAD else "rows"
+    return "rows" if rows < FA_TILE_ROWS else "tiled"
+
+
+# the paths that run the same kernel a query row at a time, each the other's stand-in
+ROW_PATHS = {"split": "rows", "rows": "split"}
+
+
 @dataclass(frozen=True)
 class RowLine:
     """Flash attention's time on one device: ``fixed + per_row * rows + per_cell * cells`` (ns),
-    and the most cells a compute of the logs had it see."""
+    and the most cells a compute of the logs had it see; on the CPU, ``paths``: the line of each
+    kernel path (``cpu_path``) the logs ran at two sizes or more, which prices its computes."""
 
     fixed: float
     per_row: float
     per_cell: float
     cells_hi: float
+    paths: dict[str, RowLine] = field(default_factory=dict)
 
     def time(self, rows: int, cells: float) -> float:
+        path = cpu_path(rows, cells)
+        # a path no log ran at two sizes: the other of the two that go a row at a time (the
+        # split one divides a row's cells among the threads), else the line of all of them
+        own = self.paths.get(path) or self.paths.get(ROW_PATHS.get(path, ""))
+        if own is not None:
+            return own.time(rows, cells)
         return self.fixed + self.per_row * rows + self.per_cell * cells
 
 
@@ -108,12 +142,20 @@ def flash_lines(obs: pd.DataFrame, fixed: dict[Any, float]) -> dict[tuple[Any, s
     fa = obs[(obs["label"] == FLASH) & obs["cells"].notna()]
     out: dict[tuple[Any, str], RowLine] = {}
     for (where, typ), rows in fa.groupby(["where", "type0"], sort=False):
-        line = fit_rows(
-            rows["rows"].to_numpy(),
-            rows["cells"].to_numpy(),
-            rows["dur"].to_numpy(np.float64),
-            fixed.get(where, 0.0),
-        )
-        if line is not None:
-            out[(where, str(typ))] = line
+        r = rows["rows"].to_numpy()
+        c = rows["cells"].to_numpy()
+        d = rows["dur"].to_numpy(np.float64)
+        line = fit_rows(r, c, d, fixed.get(where, 0.0))
+        if line is None:
+            continue
+        if getattr(where, "device", None) == "CPU":
+            path = np.array([cpu_path(int(a), float(b)) for a, b in zip(r, c, strict=True)])
+            paths = {}
+            for name in np.unique(path):
+                sel = path == name
+                own = fit_rows(r[sel], c[sel], d[sel], fixed.get(where, 0.0))
+                if own is not None:
+                    paths[str(name)] = own
+            line = replace(line, paths=paths)
+        out[(where, str(typ))] = line
     return out

@@ -220,6 +220,33 @@ def test_cli_one_shot_prompt(
     converts_cleanly(log, tmp_path / "cli.pftrace")
 
 
+def test_exec_records_value_statistics_only_when_asked(
+    tools_bin: Path, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """``instr exec --level verbose`` hands the program VERBOSE without value statistics, even
+    with LLAMA_INSTR_VALUE_STATS=1 in its environment (the options are the session's), and with
+    them under ``--value-stats``: one tensor_stats record per compute."""
+    program = ["llama-cli", "-m", str(tiny_llama_f32), "-p", "Hi", "-n", "2", "-st", "-t", "2"]
+    counts = {}
+    for way in ("plain", "asked"):
+        log = tmp_path / f"{way}.log"
+        extra = ["--value-stats"] if way == "asked" else []
+        r = subprocess.run(
+            exec_cmd(log, *extra, *program, level="verbose"),
+            env=dict(os.environ, LLAMA_INSTR_VALUE_STATS="1"),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        recs = read_records(log)
+        assert any(x["type"] == "topk" for x in recs)  # VERBOSE either way
+        kinds = [x["type"] for x in recs]
+        counts[way] = (kinds.count("tensor_stats"), kinds.count("compute"))
+    assert counts["plain"][0] == 0 and counts["asked"][0] == counts["asked"][1] > 0, counts
+
+
 def test_exec_logs_to_an_inherited_llama_instr_log_unless_o_says_otherwise(
     tools_bin: Path, smollm2_path: Path, tmp_path: Path
 ) -> None:

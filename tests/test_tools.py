@@ -46,6 +46,15 @@ def exec_cmd(log: Path, *args: str, level: str = "detailed") -> list[str]:
     ]
 
 
+def exec_run(cmd: list[str], env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """``cmd`` (an ``exec_cmd``) run to its end, which must be a success; its log's records."""
+    r = subprocess.run(
+        cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return read_records(Path(cmd[cmd.index("-o") + 1]))
+
+
 @pytest.fixture(scope="module")
 def server_run(
     tools_bin: Path, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
@@ -202,16 +211,10 @@ def test_cli_one_shot_prompt(
     tools_bin: Path, smollm2_path: Path, tmp_path: Path, schema_validator: Any
 ) -> None:
     log = tmp_path / "cli.log"
-    r = subprocess.run(
+    recs = exec_run(
         exec_cmd(log, "llama-cli", "-m", str(smollm2_path))
-        + ["-p", "The capital of France is", "-n", "8", "-st", "-t", "2", "--temp", "0"],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        + ["-p", "The capital of France is", "-n", "8", "-st", "-t", "2", "--temp", "0"]
     )
-    assert r.returncode == 0, r.stderr[-2000:]
-    recs = read_records(log)
     for rec in recs:
         schema_validator.validate(rec)
     assert recs[0]["metadata"]["program"] == "llama-cli"
@@ -231,16 +234,8 @@ def test_exec_records_value_statistics_only_when_asked(
     for way in ("plain", "asked"):
         log = tmp_path / f"{way}.log"
         extra = ["--value-stats"] if way == "asked" else []
-        r = subprocess.run(
-            exec_cmd(log, *extra, *program, level="verbose"),
-            env=dict(os.environ, LLAMA_INSTR_VALUE_STATS="1"),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert r.returncode == 0, r.stderr[-2000:]
-        recs = read_records(log)
+        env = dict(os.environ, LLAMA_INSTR_VALUE_STATS="1")
+        recs = exec_run(exec_cmd(log, *extra, *program, level="verbose"), env)
         assert any(x["type"] == "topk" for x in recs)  # VERBOSE either way
         kinds = [x["type"] for x in recs]
         counts[way] = (kinds.count("tensor_stats"), kinds.count("compute"))

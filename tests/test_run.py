@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -204,6 +205,12 @@ def test_cli_run_default_model(instr_api: Any, tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert "session log: " in r.output and "4 generated" in r.output
     recs = read_log(out)
+    # its figures add up: the tokens decoded are the prompt's and the generated ones fed back
+    m = re.search(r"(\d+) steps, (\d+) tokens decoded: (\d+) prompt \+ (\d+)", r.output)
+    assert m is not None, r.output
+    steps, decoded, prompt, fed = (int(x) for x in m.groups())
+    begins = [x for x in recs if x["type"] == "step_begin"]
+    assert steps == len(begins) and decoded == prompt + fed == sum(x["n_tokens"] for x in begins)
     assert recs[0]["model"]["name"].startswith("Smollm2")
     assert recs[-1]["status"] == "ok"
 

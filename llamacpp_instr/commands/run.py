@@ -126,9 +126,16 @@ def command(
     else:
         result = runner.run(cfg, on_text=runner.echo_stream)
     sys.stdout.write("\n")
+    # the last token generated is not fed back (decoded) unless end-of-sequence followed it
+    fed = result.n_tokens - result.n_prompt_tokens
+    gen = (
+        f"{fed} generated"
+        if fed == result.n_generated
+        else f"{fed} of the {result.n_generated} generated"
+    )
     click.echo(
         f"session log: {result.log_path} ({result.n_steps} steps, {result.n_tokens} tokens decoded: "
-        f"{result.n_prompt_tokens} prompt + {result.n_generated} generated; status {result.status})",
+        f"{result.n_prompt_tokens} prompt + {gen}; status {result.status})",
         err=True,
     )
     if result.old_log:

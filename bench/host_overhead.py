@@ -72,7 +72,9 @@ def start(
     return proc, port
 
 
-def one(port: int, i: int, n_predict: int) -> int:
+def complete(port: int, i: int, n_predict: int, **more: Any) -> dict[str, Any]:
+    """Request ``i`` of the bench (a JSON schema, repeat penalties, temperature 0.8; ``more``
+    adds sampling parameters) to the server at ``port``: its response."""
     body = {
         "prompt": f"Request {i}: write a short note.",
         "n_predict": n_predict,
@@ -81,6 +83,7 @@ def one(port: int, i: int, n_predict: int) -> int:
         "json_schema": SCHEMA,
         "cache_prompt": False,
         "seed": i,
+        **more,
     }
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/completion",
@@ -88,7 +91,11 @@ def one(port: int, i: int, n_predict: int) -> int:
         {"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(req, timeout=600) as r:
-        return int(json.loads(r.read())["tokens_predicted"])
+        return dict(json.loads(r.read()))
+
+
+def one(port: int, i: int, n_predict: int) -> int:
+    return int(complete(port, i, n_predict)["tokens_predicted"])
 
 
 def cpu_s(pid: int) -> float:

@@ -26,7 +26,6 @@ Reported: each run's median error of both; the target is a median error of at mo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -42,7 +41,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from helpers.tiny_gguf import write_big_vocab_model  # noqa: E402
-from host_overhead import SCHEMA, echo, start  # noqa: E402
+from host_overhead import complete, echo, start  # noqa: E402
 
 from llamacpp_instr.converters import load_session  # noqa: E402
 from llamacpp_instr.deciding.prediction import sampling_price  # noqa: E402
@@ -50,25 +49,7 @@ from llamacpp_instr.native import tools  # noqa: E402
 
 
 def one(port: int, i: int, n_predict: int) -> dict[str, Any]:
-    import urllib.request
-
-    body = {
-        "prompt": f"Request {i}: write a short note.",
-        "n_predict": n_predict,
-        "temperature": 0.8,
-        "repeat_penalty": 1.1,
-        "dry_multiplier": 0.8,
-        "json_schema": SCHEMA,
-        "cache_prompt": False,
-        "seed": i,
-    }
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/completion",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=600) as r:
-        return dict(json.loads(r.read())["timings"])
+    return dict(complete(port, i, n_predict, dry_multiplier=0.8)["timings"])
 
 
 def run(exe: Path, model: Path, slots: int, log: Path, args: argparse.Namespace) -> list[dict]:

@@ -293,6 +293,14 @@ struct series_names {
     }
 };
 
+// Once a rotation is done: the file it shifted out of the series removed (one left by a failure
+// here is removed at the start of the next rotation).
+void remove_dropped(const series_names & n) {
+    if (remove(n.dropped.c_str()) != 0 && errno != ENOENT) {
+        warn("cannot remove " + n.dropped + ": " + strerror(errno) + " (removed at the next rotation)");
+    }
+}
+
 // Put `newest` at the head of the kept series: at.keep moves to at.dropped (removed once the
 // whole rotation is done), at.N to at.N+1 from the oldest down (a missing one skipped), `newest`
 // to at.1; each rename into `r`. False (errno set, *failed the file that did not move) when one
@@ -342,9 +350,7 @@ int log_file::rotate_files(const std::string & at, const std::string & tmp, std:
             return -1;
         }
         r.commit();
-        if (remove(n.dropped.c_str()) != 0 && errno != ENOENT) {
-            warn("cannot remove " + n.dropped + ": " + strerror(errno) + " (removed at the next rotation)");
-        }
+        remove_dropped(n);
     }
     // The file open moves aside, the series shifts, the file joins it and the new file takes the
     // path; if any step fails (or throws) every file goes back to where it was.
@@ -361,9 +367,7 @@ int log_file::rotate_files(const std::string & at, const std::string & tmp, std:
         return -1;
     }
     r.commit();
-    if (remove(n.dropped.c_str()) != 0 && errno != ENOENT) {
-        warn("cannot remove " + n.dropped + ": " + strerror(errno) + " (removed at the next rotation)");
-    }
+    remove_dropped(n);
     return 1;
 }
 

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,18 @@ from helpers.support import (
     live_buffers,
     read_log,
 )
+
+
+@contextmanager
+def cpu_budget(budget: int) -> Iterator[None]:
+    """A memory budget of ``budget`` bytes on the CPU for the block, lifted after it."""
+    from llamacpp_instr.running import api
+
+    api.set_memory_budget(f"CPU={budget}")
+    try:
+        yield
+    finally:
+        api.set_memory_budget(None)
 
 
 class Run:
@@ -101,8 +115,7 @@ def test_a_budget_is_what_ggml_reports_and_what_fails(
     from llamacpp_instr.running import api
 
     budget = 64 << 20
-    api.set_memory_budget(f"CPU={budget}")
-    try:
+    with cpu_budget(budget):
         llm = llama_cpp.Llama(str(tiny_llama_f32), n_ctx=256, n_threads=2, verbose=False)
         log = tmp_path / "budget.log"
         with api.session(llm, log, "minimal"):
@@ -112,8 +125,6 @@ def test_a_budget_is_what_ggml_reports_and_what_fails(
                 llama_cpp.Llama(str(tiny_llama_f32), n_ctx=1 << 20, n_threads=2, verbose=False)
             line = api.memory_failure()
         llm.close()
-    finally:
-        api.set_memory_budget(None)
     assert log.read_bytes().endswith(b"\n")
     records = read_log(log)
     cpu = next(d for d in records[0]["machine"]["devices"] if d["name"] == "CPU")
@@ -231,6 +242,42 @@ def test_step_rss_survives_the_program_taking_its_descriptor(
     last = ends[-1]["memory"]["rss"]
     assert rss_after > 20 * 2**20  # a Python process with llama.cpp loaded
     assert abs(last - rss_after) < 0.2 * rss_after, (last, rss_after)
+
+
+def test_free_memory_is_read_again_after_a_buffer_is_made(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """A device's free memory is not read every step (a GPU's query costs tens of us): a step
+    repeats the last read unless a backend buffer was made or freed since, or 100 ms passed.
+    Under a budget the CPU's free memory is the budget less its live buffers: a second context's
+    buffers, made between two steps, show at the very next one."""
+    import llama_cpp
+
+    from llamacpp_instr.running import api
+
+    budget = 256 << 20
+    with cpu_budget(budget):
+        llm = llama_cpp.Llama(str(tiny_llama_f32), n_ctx=256, n_threads=2, verbose=False)
+        log = tmp_path / "free.log"
+        with api.session(llm, log, "minimal"):
+            llm.eval(llm.tokenize(PROMPT.encode()))
+            other = llama_cpp.Llama(str(tiny_llama_f32), n_ctx=256, n_threads=2, verbose=False)
+            llm.eval([llm.token_eos()])
+            other.close()
+        llm.close()
+    records = read_log(log)
+    cpu = next(d["index"] for d in records[0]["machine"]["devices"] if d["name"] == "CPU")
+    allocs = {r["id"]: r for r in by_type(records, "memory_alloc") if r["device"] == cpu}
+    freed = {r["id"]: r["ts"] for r in by_type(records, "memory_free")}
+
+    def free_at(t: int) -> int:
+        live = [b["bytes"] for i, b in allocs.items() if b["ts"] <= t and freed.get(i, t + 1) > t]
+        return budget - sum(live)
+
+    ends = by_type(records, "step_end")
+    got = [e["memory"]["free"][cpu] for e in ends]
+    assert got == [free_at(e["t_start"] + e["dur"]) for e in ends]
+    assert got[-1] < got[0]  # the second context's buffers, at the next step
 
 
 def test_step_memory_can_be_left_out_to_measure_it(

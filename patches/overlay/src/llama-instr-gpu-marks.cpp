@@ -1,6 +1,7 @@
 #include "llama-instr-gpu-marks.h"
 
 #include <algorithm>
+#include <climits>
 
 using namespace llama_instr;
 
@@ -28,6 +29,30 @@ int64_t llama_instr::walk_gpu_marks(const ggml_cuda_profile_mark * marks,
                                     gpu_walk_out &                 out) {
     open_mark op[MAX_STREAMS + 1], copy[MAX_STREAMS + 1];
     int64_t   n_lost = 0;
+
+    // what one mark takes in a graph compute (ns): its GRAPH_END mark to the CALIB mark right after
+    // it; an op's interval, from its mark to the next, begins with its own mark. Found by a scan
+    // from an op's mark to its compute's end, once per compute (its ops come in a run).
+    int32_t cost_graph = INT32_MIN;
+    int64_t cost_ns    = 0;
+    auto    mark_ns    = [&](int32_t from, int32_t graph) -> int64_t {
+        if (graph != cost_graph) {
+            cost_graph = graph;
+            cost_ns    = 0;
+            for (int32_t j = from + 1; j + 1 < n; j++) {
+                const ggml_cuda_profile_mark & e = marks[j];
+                const ggml_cuda_profile_mark & c = marks[j + 1];
+                if (e.kind == GGML_CUDA_PROFILE_GRAPH_END && e.graph == graph) {
+                    if (c.kind == GGML_CUDA_PROFILE_CALIB && c.graph == graph && c.stream == e.stream && e.valid &&
+                        c.valid && c.t >= e.t) {
+                        cost_ns = (int64_t) (c.t - e.t);
+                    }
+                    break;
+                }
+            }
+        }
+        return cost_ns;
+    };
 
     // the graph compute being walked: its first op's time, its ops, its split
     int32_t g_cur = -1, g_split = -1, g_ops = 0;
@@ -71,7 +96,7 @@ int64_t llama_instr::walk_gpu_marks(const ggml_cuda_profile_mark * marks,
                 r.layer        = o.layer;
                 r.n_fused      = om.n_fused;
                 r.device       = device;
-                r.t_start      = o.t;
+                r.t_start      = std::min(o.t + mark_ns(o.k, om.graph), t);
                 r.t_end        = t;
                 r.thread_begin = -1;
                 out.ops.push_back(r);
@@ -81,7 +106,7 @@ int64_t llama_instr::walk_gpu_marks(const ggml_cuda_profile_mark * marks,
                     end_span();
                     span.layer   = layer;
                     span.device  = device;
-                    span.t_start = o.t;
+                    span.t_start = std::min(o.t + mark_ns(o.k, om.graph), t);
                 }
                 span.t_end = t;
                 span.n_ops += std::max(om.n_ops, 1);
@@ -129,7 +154,7 @@ int64_t llama_instr::walk_gpu_marks(const ggml_cuda_profile_mark * marks,
                     copy[slot] = {};
                     break;
                 }
-            default:  // JOIN: only ends its stream's op
+            default:  // JOIN: only ends its stream's op; CALIB: read above
                 break;
         }
     }

@@ -50,9 +50,11 @@ struct gpu_walk_out {
 
 // Walks marks[0, n): device times plus `offset` are host times. `detailed`: an op record per
 // marked op; else layer spans of the runs of ops between marks (each run is of one layer: the
-// profiler marked every op that begins a layer). Returns the marked ops whose interval is
-// unknown: a mark that never ran, on a stream out of range, with no later mark on its stream, or
-// not of the graph indexed.
+// profiler marked every op that begins a layer). An op's time starts after its own mark: the
+// interval from a graph compute's GRAPH_END mark to the CALIB mark right after it (nothing
+// between) is what a mark takes in that compute, and each op's or span's start is moved past it.
+// Returns the marked ops whose interval is unknown: a mark that never ran, on a stream out of
+// range, with no later mark on its stream, or not of the graph indexed.
 int64_t walk_gpu_marks(const ggml_cuda_profile_mark * marks,
                        int32_t                        n,
                        int64_t                        offset,

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #if !defined(_WIN32)
 #    include <fcntl.h>
@@ -77,6 +78,25 @@ struct memory_table {
 memory_table & M() {
     static memory_table * m = new memory_table();
     return *m;
+}
+
+// backend buffers made or freed so far: a device's free memory is read again after one
+std::atomic<uint64_t> g_buffer_events{ 0 };
+
+// each device's free memory as last read (a GPU's query costs tens of us: a step reuses the last
+// read unless a buffer was made or freed since, or it is older than FREE_MAX_AGE)
+constexpr int64_t FREE_MAX_AGE = 100 * 1000 * 1000;
+
+struct free_cache {
+    std::mutex           mtx;
+    std::vector<int64_t> free;  // per device; -1: not read (an RPC device)
+    int64_t              at     = 0;
+    uint64_t             events = UINT64_MAX;
+};
+
+free_cache & F() {
+    static free_cache * f = new free_cache();
+    return *f;
 }
 
 // what this thread is allocating for (llama_instr_purpose_scope)
@@ -325,6 +345,7 @@ void emit_free(const buffer_entry & e) {
 }
 
 void on_alloc(ggml_backend_buffer_t buffer) {
+    g_buffer_events.fetch_add(1, std::memory_order_relaxed);
     try {
         buffer_entry e{};
         e.ts      = now_ns();
@@ -372,6 +393,7 @@ void on_alloc(ggml_backend_buffer_t buffer) {
 }
 
 void on_free(ggml_backend_buffer_t buffer) {
+    g_buffer_events.fetch_add(1, std::memory_order_relaxed);
     try {
         auto &       m = M();
         buffer_entry e{};
@@ -693,16 +715,32 @@ void write_step_memory(json_out & j, const llama_context * ctx) {
         }
     }
     j.raw("],\"free\":[");
-    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
-        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
-        j.sep();
-        if (strcmp(ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev)), "RPC") == 0) {
-            j.null();  // a round trip to the server: not on every step
-            continue;
+    auto &                      f = F();
+    std::lock_guard<std::mutex> lock(f.mtx);
+    const size_t                n      = ggml_backend_dev_count();
+    const int64_t               now    = now_ns();
+    const uint64_t              events = g_buffer_events.load(std::memory_order_relaxed);
+    if (f.free.size() != n || events != f.events || now - f.at >= FREE_MAX_AGE) {
+        f.free.assign(n, -1);
+        for (size_t i = 0; i < n; i++) {
+            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+            if (strcmp(ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev)), "RPC") == 0) {
+                continue;  // a round trip to the server: not on every step
+            }
+            size_t free = 0, total = 0;
+            ggml_backend_dev_memory(dev, &free, &total);
+            f.free[i] = (int64_t) free;
         }
-        size_t free = 0, total = 0;
-        ggml_backend_dev_memory(dev, &free, &total);
-        j.i64((int64_t) free);
+        f.at     = now;
+        f.events = events;
+    }
+    for (const int64_t v : f.free) {
+        j.sep();
+        if (v < 0) {
+            j.null();
+        } else {
+            j.i64(v);
+        }
     }
     j.raw("]}");
 }

@@ -2,12 +2,13 @@
 // (ggml_cuda_profiler): one-thread kernels writing the device's %globaltimer before the ops it
 // selects, after each graph compute and around each copy between the host and the device,
 // captured into the CUDA graphs ggml-cuda builds (CUDA graphs stay on) and read once the backend
-// is synchronized. At DETAILED every op is marked and an op's interval runs from its mark to the
-// next on its stream; at MINIMAL only the first op of each layer is, which gives the layer spans.
-// Each graph compute (first mark to end mark) is a `busy` stretch; a copy's marks replace the
-// host's times of the scheduler's copy row with the device's. The device's clock is put on the
-// host's by a clock pair (a kernel answering the host through mapped memory): `globaltimer` in
-// `clocks`, with its uncertainty.
+// is synchronized. At DETAILED every op is marked and an op runs from the end of its mark (what a
+// mark takes, measured after each compute's end mark) to the next mark on its stream; at MINIMAL
+// only the first op of each layer is, which gives the layer spans. Each graph compute (first mark
+// to end mark) is a `busy` stretch; a copy's marks replace the host's times of the scheduler's
+// copy row with the device's (the copies the host waits on are marked at DETAILED only). The
+// device's clock is put on the host's by a clock pair (a kernel answering the host through mapped
+// memory): `globaltimer` in `clocks`, with its uncertainty.
 
 #include "ggml-cuda-instr.h"
 #include "llama-instr-env.h"
@@ -67,9 +68,12 @@ class cuda_op_timer final : public op_timer {
             marks.resize(cap);
             resolved.resize(cap);
         }
-        prof.marks = marks.data();
-        prof.cap   = (int32_t) marks.size();
-        prof.user  = this;
+        prof.marks       = marks.data();
+        prof.cap         = (int32_t) marks.size();
+        prof.user        = this;
+        // at MINIMAL the copies the host waits on keep the host's times: two marks cost the host a
+        // few us per copy, a few % of a decode token of a small model
+        prof.sync_copies = st.level >= LLAMA_INSTR_LEVEL_DETAILED ? 1 : 0;
         if (st.level >= LLAMA_INSTR_LEVEL_DETAILED) {
             prof.selection = SELECT_EVERY_OP;
             prof.want      = nullptr;

@@ -365,3 +365,49 @@ def test_demo_runs_converts_and_checks(instr_api: Any, tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert "log ok: " in r.output and "trace ok: " in r.output
     assert (tmp_path / "demo.pftrace").stat().st_size > 0
+
+
+def test_a_run_warms_up_as_llama_cpp_s_programs_do(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """instr run decodes the BOS and EOS tokens once before its session, as common's
+    initialisation does for llama.cpp's programs, then forgets them: the session's first step
+    holds the prompt alone in the KV cache, llama.cpp's own counters (the perf record) count the
+    prompt alone, and the text is what a run without the warm-up (--no-warmup) writes."""
+    import llama_cpp
+
+    from llamacpp_instr.running import runner
+
+    seen: list[list[int]] = []
+    decode = llama_cpp.llama_decode
+
+    def counting(ctx: Any, batch: Any) -> int:
+        seen.append([batch.token[i] for i in range(batch.n_tokens)])
+        return int(decode(ctx, batch))
+
+    texts = {}
+    for warm in (True, False):
+        seen.clear()
+        log = tmp_path / f"warm-{warm}.log"
+        cfg = runner.RunConfig(
+            model=tiny_llama_f32, prompt=PROMPT, n_predict=6, threads=2, n_ctx=256,
+            level="minimal", out=log, ignore_eos=True, warmup=warm,
+        )  # fmt: skip
+        llama_cpp.llama_decode = counting  # (llama-cpp-python's own decodes are not seen)
+        try:
+            result = runner.run(cfg)
+        finally:
+            llama_cpp.llama_decode = decode
+        texts[warm] = result.text
+        recs = read_log(log)
+        first = by_type(recs, "step_end")[0]
+        assert first["kv_used"] == result.n_prompt_tokens
+        (perf,) = by_type(recs, "perf")
+        assert perf["n_p_eval"] == result.n_prompt_tokens
+        # the warm-up's decode: BOS then EOS, before any of the run's own
+        reader = GGUFReader(tiny_llama_f32)
+        ids = [
+            int(reader.fields[f"tokenizer.ggml.{k}_token_id"].parts[-1][0]) for k in ("bos", "eos")
+        ]
+        assert seen == ([ids] if warm else [])
+    assert texts[True] == texts[False]

@@ -111,6 +111,14 @@ def threads_option_with(default: str) -> Callable[[F], F]:
 
 
 threads_option = threads_option_with("all cores, at most 8")
+warmup_option = click.option(
+    "--warmup/--no-warmup",
+    default=True,
+    show_default=True,
+    help="Before the session, decode the BOS and EOS tokens once and forget them, as llama.cpp's "
+    "programs do: the weights are read and a GPU's kernels loaded before the first step, which "
+    "--no-warmup leaves to it.",
+)
 topk_option = click.option(
     "--top-k-logits",
     type=click.IntRange(1, 1000),

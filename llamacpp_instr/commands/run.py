@@ -21,6 +21,7 @@ from llamacpp_instr.commands.options import (
     threads_option,
     topk_option,
     value_stats_option,
+    warmup_option,
 )
 from llamacpp_instr.commands.run_options import generation_options, graph_options, prompt_options
 from llamacpp_instr.commands.tensor_options import tensor_options
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 @memory_budget_option
 @ctx_option
 @graph_options
+@warmup_option
 @level_option
 @always_on_options(requests=False)
 @log_option
@@ -74,6 +76,7 @@ def command(
     seed: int,
     temp: float,
     flash_attn: bool | None,
+    warmup: bool,
     type_k: str,
     type_v: str,
     top_k_logits: int,
@@ -110,6 +113,7 @@ def command(
         seed=seed,
         temp=temp,
         flash_attn=flash_attn,
+        warmup=warmup,
         type_k=type_k,
         type_v=type_v,
         top_k_logits=top_k_logits,

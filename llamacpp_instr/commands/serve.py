@@ -20,6 +20,7 @@ from llamacpp_instr.commands.options import (
     threads_option,
     topk_option,
     value_stats_option,
+    warmup_option,
 )
 from llamacpp_instr.commands.tensor_options import tensor_options
 
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 @out_alias
 @ctx_option
 @threads_option
+@warmup_option
 @offload_options()
 @tensor_options
 @memory_budget_option
@@ -58,6 +60,7 @@ def command(
     append: bool,
     n_ctx: int,
     threads: int | None,
+    warmup: bool,
     offload: Offload,
     tensors: TensorOverrides,
     memory_budget: str | None,
@@ -100,6 +103,7 @@ def command(
         level=level,
         n_ctx=n_ctx,
         threads=threads,
+        warmup=warmup,
         offload=offload,
         tensors=tensors,
         memory_budget=memory_budget,

@@ -37,6 +37,8 @@ class RunConfig:
     temp: float = 0.0
     # flash attention: on, off, or None for llama.cpp's default, auto (context_defaults)
     flash_attn: bool | None = None
+    # before the session: decode BOS and EOS once and forget them (common's warm-up: warm_up)
+    warmup: bool = True
     type_k: str = "f16"  # the KV cache's types (-ctk/-ctv), by ggml's names
     type_v: str = "f16"
     top_k_logits: int = 10
@@ -259,6 +261,27 @@ def load_model(cfg: RunConfig, placement: Placement | None = None, **extra: Any)
         raise oom or UserError(models.explain_load_failure(cfg.model)) from exc
 
 
+def warm_up(llm: Any) -> None:
+    """llama.cpp's warm-up, as its programs run it after loading (common_init_from_params): the
+    BOS and EOS tokens decoded once (the ones the vocabulary has, else token 0), then the memory
+    cleared and the context's counters reset, so that the weights are read and a GPU's kernels
+    loaded before the first step."""
+    llama_cpp = bindings.import_llama_cpp()
+    ctx = llm._ctx.ctx
+    vocab = llm._model.vocab
+    tokens = [
+        t for t in (llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab)) if t >= 0
+    ] or [0]
+    tokens = tokens[: llm.n_batch]
+    batch = (llama_cpp.llama_token * len(tokens))(*tokens)
+    if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(batch, len(tokens))) != 0:
+        raise RuntimeError("llama_decode failed in the warm-up")
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+    llama_cpp.llama_synchronize(ctx)
+    llama_cpp.llama_perf_context_reset(ctx)
+    llm.reset()
+
+
 def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResult:
     """Generate ``cfg.n_predict`` tokens with a session open; the log is valid whatever happens.
 
@@ -294,6 +317,8 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
                 on_text(chunk)
 
     try:
+        if cfg.warmup:
+            warm_up(llm)
         if cfg.chat:
             prompt_tokens, formatted = chat_prompt(llm, cfg.prompt, cfg.system)
         else:

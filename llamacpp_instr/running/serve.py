@@ -379,6 +379,7 @@ def serve(
     level: str = "detailed",
     n_ctx: int = 2048,
     threads: int | None = None,
+    warmup: bool = True,
     top_k_logits: int = 10,
     value_stats: bool = False,
     on_ready: Callable[[str], None] | None = None,
@@ -390,10 +391,11 @@ def serve(
 ) -> ServeResult:
     """Serve ``model`` until SIGINT or SIGTERM; the session log stays valid either way. SIGHUP
     reopens the log at its path; ``always_on`` samples and rotates it. An existing log at
-    ``out`` is kept as ``out.old`` (``runner.keep_old``), unless ``append``."""
+    ``out`` is kept as ``out.old`` (``runner.keep_old``), unless ``append``. ``warmup``: the
+    model warmed up first, as llama-server does (``runner.warm_up``)."""
     from llamacpp_instr.native import models
     from llamacpp_instr.running.api import InstrSession, session
-    from llamacpp_instr.running.runner import check_writable, keep_old, resolve_threads
+    from llamacpp_instr.running.runner import check_writable, keep_old, resolve_threads, warm_up
 
     models.check_gguf(model)
     check_writable(out)
@@ -411,6 +413,8 @@ def serve(
         api.set_memory_budget(memory_budget)
     n_threads = resolve_threads(threads)
     app, llm = _load_app(model, host, port, n_ctx, n_threads, api, (placement, tensors))
+    if warmup:
+        warm_up(llm)  # as llama-server does
     use = instrument(llm, api)
     app.add_middleware(RequestRecorder, api=api)
 

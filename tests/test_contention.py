@@ -49,23 +49,27 @@ def _steps(durs: list[float], pos0: list[int] | None = None) -> pd.DataFrame:
 
 @pytest.mark.fast
 def test_the_rule_on_steps_tables() -> None:
-    """Quiet steps whose time triples as the KV cache grows, and one slow step (the first: cold
-    caches), are not flagged; a third of the steps 30 times slower, or most of them (the median
-    itself delayed), are."""
+    """Quiet steps whose time triples as the KV cache grows, one slow step (cold caches), and the
+    first two slow (a GPU backend's uncaptured computes before it captures its graph) are not
+    flagged; a third of the steps 30 times slower, or most of them (the median itself delayed),
+    are; a group's first two steps never count as slow."""
     rng = np.random.default_rng(7)
     n = 600
     pos = list(range(10, 10 + n))
     grow = [1e6 * (1 + 2 * i / n) * rng.uniform(0.95, 1.1) for i in range(n)]
     assert not verdict(_steps(grow, pos)).flagged
-    one = [30e6] + [1e6] * 39
+    one = [1e6] * 20 + [30e6] + [1e6] * 19
     assert not verdict(_steps(one)).flagged
-    third = [30e6 if i % 3 == 0 else 1e6 for i in range(60)]
+    warmup = [15e6, 4e6] + [1e6] * 13  # an H200's first two decode steps of a 1B, then replays
+    assert not verdict(_steps(warmup)).flagged
+    third = [30e6 if i % 3 == 2 else 1e6 for i in range(60)]
     v = verdict(_steps(third))
-    assert v.flagged and v.kinds[0].slow == 20
-    assert "20 of 60 steps" in v.line() and "predictions from it are unreliable" in v.line()
+    # 20 slow, one of them the second step of the positions 128 and up (a group of its own)
+    assert v.flagged and v.kinds[0].slow == 19
+    assert "19 of 60 steps" in v.line() and "predictions from it are unreliable" in v.line()
     most = [30e6 if i % 5 else 1e6 for i in range(60)]  # 48 of 60 slow: p50 is 30 ms
     v = verdict(_steps(most))
-    assert v.flagged and v.kinds[0].slow == 48
+    assert v.flagged and v.kinds[0].slow == 45  # (the first two of each group warm up: 3 slow)
     # too few steps of one shape to tell
     assert not verdict(_steps([30e6, 1e6, 1e6, 30e6, 1e6])).flagged
 
@@ -88,7 +92,7 @@ def _built_log(tmp_path: Path, slow_every: int | None) -> tuple[Path, int]:
     n_slow = 0
     for k in range(N_GEN):
         at = t_end + (k + 1) * span
-        slow = slow_every is not None and k % slow_every == 0
+        slow = slow_every is not None and k % slow_every == slow_every - 1
         n_slow += slow
         for r in group:
             r2 = dict(r, step=k + 1, ts=r["ts"] - t0 + at)

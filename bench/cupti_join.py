@@ -10,8 +10,13 @@ the op timer's own mark kernels (``ggml_cuda_instr_stamp``) as the separators th
 down: on the stream that ran them, each graph compute is its ops' marks in order then its end
 mark (its ``busy`` stretch in the log names how many ops), and an op's kernels are those between
 its mark and the next. An op's CUPTI time is the sum of its kernels' durations (the marks and the
-gaps between kernels left out); the log's is the interval between marks. A graph compute's GPU
-time is its first mark's start to its end mark's start.
+gaps between kernels left out), and its span the first kernel's start to the last one's end; the
+log's is its interval between marks less what a mark takes (the op timer's calibration mark
+after each compute's end mark). An
+op with a kernel run for the first time in the process is cold (CUDA loads a kernel's code at its
+first launch, the GPU idle meanwhile): cold ops are counted apart. A graph compute's GPU time is
+its first op mark's start to its end mark's start, less its marks' own time (each op mark's start
+to the next kernel's start): the ops' cover of it.
 """
 
 from __future__ import annotations
@@ -69,62 +74,100 @@ def mark_stream(kernels: list[Kernel]) -> list[Kernel]:
 @dataclass(frozen=True)
 class JoinedOp:
     op: str
-    log_ns: int  # the op timer's interval
+    log_ns: int  # the op timer's time of the op
     cupti_ns: int  # the sum of CUPTI's kernels between its mark and the next
+    span_ns: int  # CUPTI: its first kernel's start to its last kernel's end
+    cold: bool  # one of its kernels ran for the first time in the process (its code loaded then)
 
 
 @dataclass(frozen=True)
 class GraphCompute:
-    log_op_ns: int  # the sum of its ops' intervals in the log
-    cupti_span_ns: int  # CUPTI: its first mark's start to its end mark's start
+    log_op_ns: int  # the sum of its ops' times in the log
+    cupti_span_ns: int  # CUPTI: its first op mark's start to its end mark's start
+    cupti_marks_ns: int  # CUPTI: within that, each op mark's start to the next kernel's start
 
 
 def join(
     kernels: list[Kernel], computes: list[list[tuple[str, int]]]
 ) -> tuple[list[JoinedOp], list[GraphCompute]]:
-    """``computes``: each graph compute's ops (type, log ns) in order, as the log has them. Raises
-    ValueError when CUPTI's marks do not match them (a mark more or less: the join would shift)."""
+    """``computes``: each graph compute's ops (type, log ns) in order, as the log has them. Each
+    compute's marks on the stream are its ops' marks, an end mark and a calibration mark (a build
+    that has one). Raises ValueError when CUPTI's marks do not match them (a mark more or less:
+    the join would shift)."""
     stream = mark_stream(kernels)
     marks = [i for i, k in enumerate(stream) if k.is_mark]
-    need = sum(len(c) + 1 for c in computes)
-    if len(marks) != need:
+    n_ops = sum(len(c) for c in computes)
+    if len(marks) == n_ops + 2 * len(computes):
+        calib = 1
+    elif len(marks) == n_ops + len(computes):
+        calib = 0
+    else:
         raise ValueError(
             f"CUPTI saw {len(marks)} marks on the main stream, the log's graph computes make "
-            f"{need} (ops + an end mark each): the join would not line up"
+            f"{n_ops + len(computes)} (ops + an end mark each) or {n_ops + 2 * len(computes)} "
+            "(and a calibration mark each): the join would not line up"
         )
+    seen: set[str] = set()
     ops: list[JoinedOp] = []
     graphs: list[GraphCompute] = []
     m = 0
     for c in computes:
         first = stream[marks[m]].start
+        marks_ns = 0
         for op, log_ns in c:
             a, b = marks[m], marks[m + 1]
-            cupti = sum(k.end - k.start for k in stream[a + 1 : b])
-            ops.append(JoinedOp(op, log_ns, cupti))
+            marks_ns += stream[a + 1].start - stream[a].start
+            ks = stream[a + 1 : b]
+            cold = any(k.name not in seen for k in ks)
+            seen.update(k.name for k in ks)
+            cupti = sum(k.end - k.start for k in ks)
+            span = max(k.end for k in ks) - min(k.start for k in ks) if ks else 0
+            ops.append(JoinedOp(op, log_ns, cupti, span, cold))
             m += 1
         end = stream[marks[m]].start  # the end mark
-        m += 1
-        graphs.append(GraphCompute(sum(n for _, n in c), end - first))
+        m += 1 + calib
+        graphs.append(GraphCompute(sum(n for _, n in c), end - first, marks_ns))
     return ops, graphs
 
 
 def per_type(ops: list[JoinedOp]) -> dict[str, dict[str, float]]:
-    """Per op type: the log's and CUPTI's totals (ns) and their ratio."""
-    acc: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    """Per op type, of the ops whose kernels had all run before (warm): the log's total (ns),
+    CUPTI's sum of kernel times and of kernel spans, and the log's over each; the cold ops
+    (a kernel's first run: its code loaded meanwhile, the GPU idle) counted apart."""
+    acc: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0])
     for o in ops:
         a = acc[o.op]
+        if o.cold:
+            a[4] += 1
+            a[5] += o.log_ns
+            continue
         a[0] += o.log_ns
         a[1] += o.cupti_ns
-        a[2] += 1
+        a[2] += o.span_ns
+        a[3] += 1
     return {
-        op: {"n": n, "log_ns": lg, "cupti_ns": cu, "ratio": lg / cu if cu else float("inf")}
-        for op, (lg, cu, n) in sorted(acc.items(), key=lambda kv: -kv[1][1])
+        op: {
+            "n": n,
+            "log_ns": lg,
+            "cupti_ns": cu,
+            "span_ns": sp,
+            "ratio": lg / cu if cu else float("inf"),
+            "ratio_span": lg / sp if sp else float("inf"),
+            "n_cold": n_cold,
+            "cold_log_ns": cold_ns,
+        }
+        for op, (lg, cu, sp, n, n_cold, cold_ns) in sorted(acc.items(), key=lambda kv: -kv[1][1])
     }
 
 
 def coverage(graphs: list[GraphCompute]) -> list[float]:
-    """Per graph compute: its ops' time in the log over its GPU time by CUPTI."""
-    return [g.log_op_ns / g.cupti_span_ns for g in graphs if g.cupti_span_ns > 0]
+    """Per graph compute: its ops' time in the log over its GPU time by CUPTI, the marks' own
+    time (each op mark's start to the next kernel's) left out of both."""
+    return [
+        g.log_op_ns / (g.cupti_span_ns - g.cupti_marks_ns)
+        for g in graphs
+        if g.cupti_span_ns - g.cupti_marks_ns > 0
+    ]
 
 
 def computes_of_log(path: Path, device: str) -> list[list[tuple[str, int]]]:
@@ -148,11 +191,18 @@ def computes_of_log(path: Path, device: str) -> list[list[tuple[str, int]]]:
 def report(ops: list[JoinedOp], graphs: list[GraphCompute]) -> dict[str, Any]:
     types = per_type(ops)
     cov = sorted(coverage(graphs))
-    within = [t for t, v in types.items() if 0.9 <= v["ratio"] <= 1.1]
+    warm = {t: v for t, v in types.items() if v["n"] > 0}
+    within = [t for t, v in warm.items() if 0.9 <= v["ratio"] <= 1.1]
+    within_span = [t for t, v in warm.items() if 0.9 <= v["ratio_span"] <= 1.1]
+    log_all = sum(v["log_ns"] for v in warm.values())
     return {
         "op_types": types,
         "op_types_within_10pct": len(within),
-        "op_types_total": len(types),
+        "op_types_within_10pct_of_span": len(within_span),
+        "op_types_total": len(warm),
+        "all_ops_ratio": log_all / max(1, sum(v["cupti_ns"] for v in warm.values())),
+        "all_ops_ratio_span": log_all / max(1, sum(v["span_ns"] for v in warm.values())),
+        "cold_ops": sum(int(v["n_cold"]) for v in types.values()),
         "coverage_min": cov[0] if cov else None,
         "coverage_median": cov[len(cov) // 2] if cov else None,
         "graph_computes": len(graphs),
@@ -173,10 +223,15 @@ def main() -> None:
     for op, v in r["op_types"].items():
         print(
             f"{op:>14}  n={v['n']:>6}  log {v['log_ns'] / 1e6:9.3f} ms  "
-            f"CUPTI {v['cupti_ns'] / 1e6:9.3f} ms  ratio {v['ratio']:.3f}"
+            f"CUPTI kernels {v['cupti_ns'] / 1e6:9.3f} ms (ratio {v['ratio']:.3f}), "
+            f"spans {v['span_ns'] / 1e6:9.3f} ms (ratio {v['ratio_span']:.3f}); "
+            f"cold n={v['n_cold']} {v['cold_log_ns'] / 1e6:.3f} ms"
         )
     print(
-        f"op types within 10 %: {r['op_types_within_10pct']}/{r['op_types_total']}; "
+        f"op types within 10 % of CUPTI's kernel times: {r['op_types_within_10pct']}/"
+        f"{r['op_types_total']}, of their spans: {r['op_types_within_10pct_of_span']}; "
+        f"all warm ops {r['all_ops_ratio']:.3f}x kernel time, {r['all_ops_ratio_span']:.3f}x spans; "
+        f"{r['cold_ops']} cold ops apart; "
         f"coverage of each graph compute's GPU time: min {r['coverage_min']}, "
         f"median {r['coverage_median']} ({r['graph_computes']} graph computes)"
     )

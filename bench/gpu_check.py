@@ -10,6 +10,15 @@ the README's "CUDA" section). Sub-commands:
                                             compared with no session; the logs of the last round
     gpu_check.py headline LOG BENCH.json    the summary's prompt and generation tokens/s of LOG
                                             against llama-bench's (-o json) for the same setting
+    gpu_check.py warm MODEL LOG             a prompt and greedy generation run twice in one
+                                            process, the second in a session (every kernel it
+                                            launches loaded by the first): CUPTI's check of
+                                            warm computes
+    gpu_check.py phases MODEL OUTDIR        where a session's cost lands in a decode token: the
+                                            host's time in llama_decode, in llama_synchronize and
+                                            reading the logits, per setting (no session, MINIMAL,
+                                            MINIMAL without device timing or without the step's
+                                            memory, DETAILED), alternated in one process
 
 Everything it prints is also written as JSON (``--json``).
 """
@@ -93,17 +102,24 @@ def _generate(llm: Any, prompt: list[int], n: int) -> tuple[list[int], list[byte
     return tokens, logits, n / dt
 
 
-def cmd_levels(a: argparse.Namespace) -> dict[str, Any]:
+def _opened(a: argparse.Namespace) -> tuple[Any, list[int]]:
+    """The model of ``levels`` and ``phases``, every layer offloaded, and their prompt of
+    ``a.prompt`` tokens (past the specials); ``a.outdir`` made."""
     import llama_cpp
-
-    import llamacpp_instr
 
     llm = llama_cpp.Llama(
         str(a.model), n_gpu_layers=-1, n_ctx=1024, n_batch=512, n_ubatch=512, verbose=False
     )
     n_vocab = llm.n_vocab()
-    prompt = [(i * 7919) % max(1, n_vocab - 8) + 4 for i in range(a.prompt)]  # (past the specials)
+    prompt = [(i * 7919) % max(1, n_vocab - 8) + 4 for i in range(a.prompt)]
     a.outdir.mkdir(parents=True, exist_ok=True)
+    return llm, prompt
+
+
+def cmd_levels(a: argparse.Namespace) -> dict[str, Any]:
+    import llamacpp_instr
+
+    llm, prompt = _opened(a)
 
     def one(level: str, log: Path) -> tuple[list[int], list[bytes], float]:
         if level == "off":
@@ -142,6 +158,118 @@ def cmd_levels(a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# the settings `phases` compares: (name, level, environment the library reads per session)
+PHASE_SETTINGS: tuple[tuple[str, str | None, dict[str, str]], ...] = (
+    ("off", None, {}),
+    ("minimal", "minimal", {}),
+    ("minimal-no-device-timing", "minimal", {"LLAMA_INSTR_DEVICE_TIMING": "0"}),
+    ("minimal-no-step-memory", "minimal", {"LLAMA_INSTR_STEP_MEMORY": "0"}),
+    ("detailed", "detailed", {}),
+)
+PHASE_ENV = ("LLAMA_INSTR_DEVICE_TIMING", "LLAMA_INSTR_STEP_MEMORY")
+
+
+def _phase_tokens(llm: Any, prompt: list[int], n: int) -> list[tuple[float, float, float]]:
+    """Greedy decode of n tokens through llama.cpp's C API, each token's host time (s) in
+    llama_decode, in llama_synchronize, and reading the logits and choosing the next token."""
+    import llama_cpp
+    import numpy as np
+
+    ctx = llm._ctx.ctx
+    llm.reset()
+    llm.eval(prompt)
+    n_vocab = llm.n_vocab()
+    tok = int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), (n_vocab,))))
+    arr = (llama_cpp.llama_token * 1)()
+    out = []
+    clock = time.perf_counter
+    for _ in range(n):
+        arr[0] = tok
+        t0 = clock()
+        if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, 1)) != 0:
+            raise SystemExit("error: llama_decode failed")
+        t1 = clock()
+        llama_cpp.llama_synchronize(ctx)
+        t2 = clock()
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), (n_vocab,))
+        tok = int(np.argmax(logits))
+        t3 = clock()
+        out.append((t1 - t0, t2 - t1, t3 - t2))
+    return out
+
+
+def cmd_phases(a: argparse.Namespace) -> dict[str, Any]:
+    import os
+
+    import llamacpp_instr
+
+    llm, prompt = _opened(a)
+
+    def one(name: str, level: str | None, env: dict[str, str]) -> list[tuple[float, float, float]]:
+        for k in PHASE_ENV:
+            os.environ.pop(k, None)
+        os.environ.update(env)
+        if level is None:
+            return _phase_tokens(llm, prompt, a.n)
+        with llamacpp_instr.session(llm, str(a.outdir / f"phases-{name}.log"), level=level):
+            return _phase_tokens(llm, prompt, a.n)
+
+    for name, level, env in PHASE_SETTINGS:  # warm-up: each selection's CUDA graphs captured
+        one(name, level, env)
+    rows: dict[str, list[list[tuple[float, float, float]]]] = {s[0]: [] for s in PHASE_SETTINGS}
+    for r in range(a.rounds):
+        first = r % len(PHASE_SETTINGS)
+        for name, level, env in PHASE_SETTINGS[first:] + PHASE_SETTINGS[:first]:
+            rows[name].append(one(name, level, env))
+    for var in PHASE_ENV:
+        os.environ.pop(var, None)
+    out: dict[str, Any] = {}
+    for name, rounds in rows.items():
+        # per round: the median of each phase (us) and tokens/s; then the median over rounds
+        per = [
+            [statistics.median(t[i] for t in toks) * 1e6 for i in range(3)]
+            + [len(toks) / sum(sum(t) for t in toks)]
+            for toks in rounds
+        ]
+        med = [statistics.median(p[i] for p in per) for i in range(4)]
+        out[name] = {
+            "decode_us": round(med[0], 1),
+            "synchronize_us": round(med[1], 1),
+            "logits_us": round(med[2], 1),
+            "tok_s": round(med[3], 1),
+            "tok_s_rounds": [round(p[3], 1) for p in per],
+        }
+    base = out["off"]["tok_s"]
+    for name in out:
+        out[name]["ratio"] = round(out[name]["tok_s"] / base, 4)
+    return out
+
+
+def cmd_warm(a: argparse.Namespace) -> dict[str, Any]:
+    import llama_cpp
+
+    import llamacpp_instr
+
+    llm = llama_cpp.Llama(
+        str(a.model), n_gpu_layers=-1, n_ctx=2048, n_batch=512, n_ubatch=512, verbose=False
+    )
+    prompt = llm.tokenize(a.prompt_file.read_text().encode(), add_bos=True)
+
+    def generate() -> list[int]:
+        llm.reset()  # (else llama-cpp-python keeps the prompt's cache and decodes its last token only)
+        out: list[int] = []
+        for tok in llm.generate(prompt, temp=0.0, reset=True):
+            out.append(int(tok))
+            if len(out) >= a.n:
+                break
+        return out
+
+    first = generate()
+    with llamacpp_instr.session(llm, str(a.log), level=a.level):
+        second = generate()
+    return {"log": str(a.log), "prompt_tokens": len(prompt), "same_text": first == second}
+
+
 def cmd_headline(a: argparse.Namespace) -> dict[str, Any]:
     from llamacpp_instr.converters import load_session
     from llamacpp_instr.converters.reports.summary import overview
@@ -174,13 +302,21 @@ def main() -> None:
     p = sub.add_parser("moe-model")
     p.add_argument("out", type=Path)
     p.set_defaults(fn=cmd_moe_model)
-    p = sub.add_parser("levels")
+    for name, fn, rounds in (("levels", cmd_levels, 3), ("phases", cmd_phases, 5)):
+        p = sub.add_parser(name)
+        p.add_argument("model", type=Path)
+        p.add_argument("outdir", type=Path)
+        p.add_argument("--prompt", type=int, default=128, help="prompt tokens")
+        p.add_argument("-n", type=int, default=64, help="generated tokens")
+        p.add_argument("--rounds", type=int, default=rounds)
+        p.set_defaults(fn=fn)
+    p = sub.add_parser("warm")
     p.add_argument("model", type=Path)
-    p.add_argument("outdir", type=Path)
-    p.add_argument("--prompt", type=int, default=128, help="prompt tokens")
-    p.add_argument("-n", type=int, default=64, help="generated tokens")
-    p.add_argument("--rounds", type=int, default=3)
-    p.set_defaults(fn=cmd_levels)
+    p.add_argument("log", type=Path)
+    p.add_argument("--prompt-file", type=Path, required=True)
+    p.add_argument("-n", type=int, default=32)
+    p.add_argument("--level", default="detailed")
+    p.set_defaults(fn=cmd_warm)
     p = sub.add_parser("headline")
     p.add_argument("log", type=Path)
     p.add_argument("bench", type=Path)

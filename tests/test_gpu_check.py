@@ -44,23 +44,44 @@ COMPUTES = [[("MUL_MAT", 52), ("ADD", 9)], [("MUL_MAT", 101)]]
 
 def test_kernels_join_to_ops_by_their_marks() -> None:
     ops, graphs = cj.join(cj.read_kernels(TRACE), COMPUTES)
-    assert [(o.op, o.log_ns, o.cupti_ns) for o in ops] == [
-        ("MUL_MAT", 52, (1040 - 1002) + (1050 - 1041)),
-        ("ADD", 9, 1060 - 1054),
-        ("MUL_MAT", 101, 2100 - 2002),
+    assert [(o.op, o.log_ns, o.cupti_ns, o.span_ns, o.cold) for o in ops] == [
+        ("MUL_MAT", 52, (1040 - 1002) + (1050 - 1041), 1050 - 1002, True),
+        ("ADD", 9, 1060 - 1054, 1060 - 1054, True),
+        ("MUL_MAT", 101, 2100 - 2002, 2100 - 2002, False),  # its kernel ran before: warm
     ]
-    assert [(g.log_op_ns, g.cupti_span_ns) for g in graphs] == [
-        (61, 1061 - 1000),
-        (101, 2101 - 2000),
+    # each op mark's time: its start to the next kernel's
+    assert [(g.log_op_ns, g.cupti_span_ns, g.cupti_marks_ns) for g in graphs] == [
+        (61, 1061 - 1000, (1002 - 1000) + (1054 - 1052)),
+        (101, 2101 - 2000, 2002 - 2000),
     ]
+    # the cold ops (a kernel's first run) apart
     types = cj.per_type(ops)
-    assert types["MUL_MAT"]["log_ns"] == 153 and types["MUL_MAT"]["cupti_ns"] == 47 + 98
-    assert types["MUL_MAT"]["ratio"] == pytest.approx(153 / 145)
-    assert types["ADD"]["ratio"] == pytest.approx(9 / 6)
+    assert types["MUL_MAT"]["n"] == 1 and types["MUL_MAT"]["n_cold"] == 1
+    assert types["MUL_MAT"]["log_ns"] == 101 and types["MUL_MAT"]["cupti_ns"] == 98
+    assert types["MUL_MAT"]["cold_log_ns"] == 52
+    assert types["MUL_MAT"]["ratio"] == pytest.approx(101 / 98)
+    assert types["ADD"]["n"] == 0 and types["ADD"]["n_cold"] == 1
     r = cj.report(ops, graphs)
-    assert r["op_types_within_10pct"] == 1 and r["op_types_total"] == 2  # MUL_MAT 1.055, ADD 1.5
-    assert r["coverage_min"] == pytest.approx(61 / 61) and r["graph_computes"] == 2
-    assert cj.coverage(graphs) == pytest.approx([1.0, 1.0])
+    assert r["op_types_within_10pct"] == 1 and r["op_types_total"] == 1 and r["cold_ops"] == 2
+    assert r["graph_computes"] == 2
+    assert cj.coverage(graphs) == pytest.approx([61 / (61 - 4), 101 / (101 - 2)])
+    assert r["coverage_min"] == pytest.approx(101 / 99)
+
+
+def test_a_compute_calibration_mark_is_no_op() -> None:
+    """A build that marks each compute's calibration (a mark right after its end mark): the
+    join skips it, and a compute's GPU time still ends at its end mark."""
+    calibrated = "\n".join(
+        [
+            *TRACE.splitlines()[:6],
+            line(1063, 1064, MARK),  # the calibration mark
+            *TRACE.splitlines()[6:],
+            line(2103, 2104, MARK),
+        ]
+    )
+    ops, graphs = cj.join(cj.read_kernels(calibrated), COMPUTES)
+    assert [(o.op, o.cupti_ns) for o in ops] == [("MUL_MAT", 47), ("ADD", 6), ("MUL_MAT", 98)]
+    assert [g.cupti_span_ns for g in graphs] == [1061 - 1000, 2101 - 2000]
 
 
 def test_a_trace_whose_marks_do_not_line_up_is_refused() -> None:
@@ -76,11 +97,11 @@ def test_no_marks_is_no_stream() -> None:
 
 
 def test_the_computes_of_a_cuda_log_come_in_busy_order() -> None:
-    """On the SYNTHETIC CUDA log: one entry per busy stretch of the device, each holding at most
+    """On a CUDA log of the GPU script: one entry per busy stretch of the device, each holding at most
     that stretch's op count, the ops in the log's order."""
     from helpers.support import FIXTURES, read_log
 
-    log = FIXTURES / "tiny-llama-cuda-full-detailed.SYNTHETIC.log.gz"
+    log = FIXTURES / "l1b-cuda-full-detailed.log.gz"
     computes = cj.computes_of_log(log, "CUDA0")
     recs = read_log(log)
     busy = [b for r in recs if r["type"] == "compute" for b in r.get("busy", [])]
@@ -97,7 +118,7 @@ def test_the_headline_is_the_summary_s_over_llama_bench_s(tmp_path: Path) -> Non
     import gpu_check
     from helpers.support import FIXTURES, read_log
 
-    log = FIXTURES / "tiny-llama-cuda-full-detailed.SYNTHETIC.log.gz"
+    log = FIXTURES / "l1b-cuda-full-detailed.log.gz"
     bench = tmp_path / "bench.json"
     bench.write_text(
         json.dumps(
@@ -113,18 +134,21 @@ def test_the_headline_is_the_summary_s_over_llama_bench_s(tmp_path: Path) -> Non
     assert r["bench_prompt_tok_s"] == 100.0 and r["bench_gen_tok_s"] == 50.0
     assert r["prompt_ratio"] == pytest.approx(r["summary_prompt_tok_s"] / 100.0)
     assert r["gen_ratio"] == pytest.approx(r["summary_gen_tok_s"] / 50.0)
-    # the prompt step's tokens over its time until its outputs were ready (its compute's end)
+    # the prompt steps' tokens over their time until each one's outputs were ready (its last
+    # compute's end, past llama_decode's return)
     recs = read_log(log)
-    begin = next(b for b in recs if b["type"] == "step_begin" and b["kind"] == "prompt")
-    end = next(e for e in recs if e["type"] == "step_end" and e["step"] == begin["step"])
-    ready = max(
-        [end["t_start"] + end["dur"]]
-        + [
-            c["t_start"] + c["dur"]
-            for c in recs
-            if c["type"] == "compute" and c["step"] == begin["step"]
-        ]
-    )
-    assert r["summary_prompt_tok_s"] == pytest.approx(
-        begin["n_tokens"] / ((ready - end["t_start"]) / 1e9)
-    )
+    n_tokens = 0
+    ns = 0
+    for begin in (b for b in recs if b["type"] == "step_begin" and b["kind"] == "prompt"):
+        end = next(e for e in recs if e["type"] == "step_end" and e["step"] == begin["step"])
+        ready = max(
+            [end["t_start"] + end["dur"]]
+            + [
+                c["t_start"] + c["dur"]
+                for c in recs
+                if c["type"] == "compute" and c["step"] == begin["step"]
+            ]
+        )
+        n_tokens += begin["n_tokens"]
+        ns += ready - end["t_start"]
+    assert n_tokens > 0 and r["summary_prompt_tok_s"] == pytest.approx(n_tokens / (ns / 1e9))

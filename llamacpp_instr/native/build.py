@@ -503,12 +503,21 @@ def build_wheel(plan: BuildPlan, echo: Echo) -> Path:
 
 
 def installed_llama_cpp_version() -> str | None:
-    from importlib import metadata
+    """llama-cpp-python's version: the installed distribution's, else that of a ``llama_cpp``
+    importable from its source tree (PYTHONPATH, its libraries at LLAMA_CPP_LIB_PATH)."""
+    from importlib import metadata, util
 
     try:
         return metadata.version("llama_cpp_python")
     except metadata.PackageNotFoundError:
+        pass
+    if util.find_spec("llama_cpp") is None:
         return None
+    try:
+        import llama_cpp
+    except (ImportError, OSError, RuntimeError):
+        return None
+    return str(getattr(llama_cpp, "__version__", "?"))
 
 
 def _pip(*args: str) -> None:

@@ -109,6 +109,73 @@ def test_probe_refuses_bad_input(instr_api: Any, args: tuple[int, ...], what: st
     assert e.value.code == bindings.ERR_INVALID_ARG and what in str(e.value)
 
 
+def _attn(**kw: int) -> bindings.ProbeAttn:
+    """An attention probe's shapes: KQ, 8 query heads of 64 over 2 KV heads, F16 caches of 512
+    cells of which 300 read, 3 query rows from position 297, 2 layers (``kw`` changes them)."""
+    shape = dict(
+        op=bindings.ATTN_KQ, type_k=1, type_v=1, head_dim_k=64, head_dim_v=64, n_head=8, n_head_kv=2,
+        n_layer=2, kv_size=512, n_kv=300, pos0=297,
+    )  # fmt: skip
+    return bindings.ProbeAttn(**(shape | kw))
+
+
+@pytest.mark.parametrize(
+    "op,first,second,out,flops",
+    [
+        # q [64, 8 heads, 3 rows]; the K cache [2 heads x 64, 512 cells]; out [64, 8, 3]
+        (bindings.ATTN_FLASH, [64, 8, 3, 1], [128, 512, 1, 1], [64, 8, 3, 1], 2 * (64 + 64)),
+        # kq: scores [300 cells, 3 rows, 8 heads]
+        (bindings.ATTN_KQ, [64, 8, 3, 1], [128, 512, 1, 1], [300, 3, 8, 1], 2 * 64),
+        # softmax of the scores with the mask [300, 3]
+        (bindings.ATTN_SOFTMAX, [300, 3, 8, 1], [300, 3, 1, 1], [300, 3, 8, 1], 1),
+        # kqv: the V cache by the scores, out [64, 3, 8]
+        (bindings.ATTN_KQV, [300, 3, 8, 1], [128, 512, 1, 1], [64, 3, 8, 1], 2 * 64),
+    ],
+)
+def test_attention_probe_runs_llama_cpp_s_ops(
+    instr_api: Any, op: int, first: list[int], second: list[int], out: list[int], flops: int
+) -> None:
+    """Each op of attention as llama.cpp's graph builds it, on its caches' views: the tensors
+    and FLOPs it reports (per (row, cell) pair of every head, both layers), worked out here."""
+    p = instr_api.probe(bindings.PROBE_ATTENTION, 0, 0, 2, 0, 3, 2, _attn(op=op))
+    assert p.n_tensors == 3
+    assert [list(t.ne) for t in p.tensors[:3]] == [first, second, out]
+    assert p.flops == 300 * 3 * 8 * flops * 2
+    assert p.device_name == b"CPU" and p.n_threads == 2
+    assert 0 < p.best_ns <= p.total_ns
+
+
+def test_attention_probe_grows_with_the_cells_it_reads(instr_api: Any) -> None:
+    """Flash attention over 4,096 cells takes longer than over 256 (one row, the same layers):
+    the probe runs the work it is asked (no threshold on how much longer: speed is bench/'s)."""
+
+    def ns(n_kv: int) -> int:
+        a = _attn(op=bindings.ATTN_FLASH, kv_size=4096, n_kv=n_kv, pos0=n_kv - 1)
+        return int(instr_api.probe(bindings.PROBE_ATTENTION, 0, 0, 1, 0, 1, 3, a).best_ns)
+
+    assert ns(4096) > ns(256)
+
+
+@pytest.mark.parametrize(
+    "kw,what",
+    [
+        ({"op": 4}, "attn.op"),
+        ({"type_k": 4}, "type"),
+        ({"n_head": 7}, "multiple"),  # 7 query heads over 2 KV heads
+        ({"head_dim_k": 0}, "head sizes"),
+        ({"pos0": 298}, "pos0 + rows"),  # 298 + 3 rows > the 300 cells read
+        ({"n_kv": 513}, "n_kv 1..kv_size"),
+        ({"n_layer": 0}, "layers"),
+        ({"kv_size": 1 << 22, "n_kv": 1 << 22, "n_layer": 512}, "4 GiB"),
+        ({"op": bindings.ATTN_KQV, "type_v": 8}, "transposed"),  # a Q8_0 V cannot be transposed
+    ],
+)
+def test_attention_probe_refuses_bad_input(instr_api: Any, kw: dict[str, int], what: str) -> None:
+    with pytest.raises(bindings.SessionError) as e:
+        instr_api.probe(bindings.PROBE_ATTENTION, 0, 0, 1, 0, 3, 1, _attn(**kw))
+    assert e.value.code == bindings.ERR_INVALID_ARG and what in str(e.value)
+
+
 def test_measured_peaks_are_sane(quick_peaks: machine_peaks.Peaks) -> None:
     cpu = quick_peaks.device()
     assert cpu.type == "cpu" and quick_peaks.n_threads == 2

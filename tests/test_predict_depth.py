@@ -1,11 +1,14 @@
-"""instr predict at a context depth no log ran (issue 71 §2): attention priced per KV cell.
+"""instr predict at a context depth no log ran: attention measured at that depth by the probe,
+or (--no-probe, another machine's logs) priced per KV cell.
 
-Without flash attention the KQ and KQV matmuls and the softmax work on every cell the compute
-reads, so a generation step's price is affine in them; flash attention's CPU kernel skips the
-cells a row's mask hides, so its price is fitted per row and per cell the rows see. Checked here
-on real runs of a tiny model (the shape of the prices, worked out from the model's own figures
-or from made-up ones); how close they come to real runs at 512 to 4096 is bench/predict.py's
-depth grid.
+With the probe, each attention op beyond the logs' KV cells costs its price at the logs' most
+cells plus what the probe measured it to take more at the target's: checked against the probe
+called here, and the probe against a real run's op at depth. Without it, the KQ and KQV matmuls
+and the softmax work on every cell the compute reads, so a generation step's price is affine in
+them; flash attention's CPU kernel skips the cells a row's mask hides, so its price is fitted per
+row and per cell the rows see. Checked here on real runs of a tiny model (the shape of the
+prices, worked out from the model's own figures or from made-up ones); how close they come to
+real runs at 512 to 4096 is bench/predict.py's depth grid.
 """
 
 from __future__ import annotations
@@ -42,25 +45,26 @@ def short_logs(
     }
 
 
-def _gen_ns(log: Path, depth: int) -> tuple[float, dict[str, Any]]:
-    """Predicted ns per generated token at ``depth`` (one token), and the JSON."""
-    r = instr("predict", str(log), "--ctx-depth", str(depth), "-n", "1", "--format", "json")
+def _gen_ns(log: Path, depth: int, *more: str) -> tuple[float, dict[str, Any]]:
+    """Predicted ns per generated token at ``depth`` (one token), and the JSON; ``more``: the
+    command's other options (--no-probe)."""
+    r = instr("predict", str(log), "--ctx-depth", str(depth), "-n", "1", "--format", "json", *more)
     assert r.returncode == 0, (r.stdout, r.stderr)
     doc = json.loads(r.stdout)
     return 1e9 / doc["gen_tokens_per_s"]["value"], doc
 
 
 def test_attention_beyond_the_logs_cells_is_priced_per_cell(short_logs: dict[bool, Path]) -> None:
-    """Without flash attention one generated token at 512, 768 and 1024 KV cells (depths 300,
-    600 and 850 after the log's prompt) costs the same more per 256 cells: every other op is the
-    same size. Each is labelled an extrapolation naming how far (2x, 3x, 4x the log's 256
+    """With --no-probe, without flash attention one generated token at 512, 768 and 1024 KV
+    cells (depths 300, 600 and 850 after the log's prompt) costs the same more per 256 cells:
+    every other op is the same size. Each is labelled an extrapolation naming how far (2x, 3x, 4x the log's 256
     cells), with an interval at least the bench's depth error (x/÷ e^0.18) wide."""
     log = short_logs[False]
     prompt = json.loads(instr("predict", str(log), "--format", "json").stdout)["setting"][
         "n_prompt"
     ]
     depths = [d - prompt - 1 for d in (512, 768, 1024)]
-    got = [_gen_ns(log, d) for d in depths]
+    got = [_gen_ns(log, d, "--no-probe") for d in depths]
     t = [ns for ns, _doc in got]
     assert t[0] < t[1] < t[2]
     assert t[2] - t[1] == pytest.approx(t[1] - t[0], rel=1e-6)
@@ -72,15 +76,16 @@ def test_attention_beyond_the_logs_cells_is_priced_per_cell(short_logs: dict[boo
         iv = doc["gen_tokens_per_s"]
         assert iv["high"] / iv["value"] >= math.exp(0.18) - 1e-9
         assert doc["not_covered"] == []
-    text = instr("predict", str(log), "--ctx-depth", str(depths[0])).stdout
-    assert "extrapolat" in text
+    text = instr("predict", str(log), "--ctx-depth", str(depths[0]), "--no-probe").stdout
+    assert "extrapolat" in text and "measured:" not in text
 
 
 def test_beyond_what_the_bench_checks_is_not_covered(short_logs: dict[bool, Path]) -> None:
-    """17x the log's 256 cells (4352) is the bound: a depth of 5000 reads 5120 (20x), not
-    predicted, the run that measures it named; past n_ctx_train (8192), refused."""
+    """Priced per cell (--no-probe), 17x the log's 256 cells (4352) is the bound: a depth of
+    5000 reads 5120 (20x), not predicted, the run that measures it named; past n_ctx_train
+    (8192), refused, probe or not."""
     log = short_logs[False]
-    r = instr("predict", str(log), "--ctx-depth", "5000", "--format", "json")
+    r = instr("predict", str(log), "--ctx-depth", "5000", "--format", "json", "--no-probe")
     assert r.returncode == 2, (r.stdout, r.stderr)
     doc = json.loads(r.stdout)
     assert doc["gen_tokens_per_s"] is None
@@ -91,10 +96,10 @@ def test_beyond_what_the_bench_checks_is_not_covered(short_logs: dict[bool, Path
 
 
 def test_flash_attention_is_priced_by_the_cells_its_rows_see(short_logs: dict[bool, Path]) -> None:
-    """With flash attention one token 250 cells deeper costs, in every layer, 250 times the
-    fitted cost per cell more (the cells its row sees, one per position), whatever the cells its
-    view spans (1024 at both depths here): one line for every layer, fitted on the log's
-    generation at 12 different counts."""
+    """Priced per cell (--no-probe), with flash attention one token 250 cells deeper costs, in
+    every layer, 250 times the fitted cost per cell more (the cells its row sees, one per
+    position), whatever the cells its view spans (1024 at both depths here): one line for every
+    layer, fitted on the log's generation at 12 different counts."""
     from llamacpp_instr.deciding.prediction import predict
 
     log = short_logs[True]
@@ -107,8 +112,8 @@ def test_flash_attention_is_priced_by_the_cells_its_rows_see(short_logs: dict[bo
     prompt = json.loads(instr("predict", str(log), "--format", "json").stdout)["setting"][
         "n_prompt"
     ]
-    a, _ = _gen_ns(log, 800 - prompt)
-    b, doc = _gen_ns(log, 1000 - prompt)
+    a, _ = _gen_ns(log, 800 - prompt, "--no-probe")
+    b, doc = _gen_ns(log, 1000 - prompt, "--no-probe")
     assert b - a == pytest.approx(level * n_layer * 200 * lines[0].per_cell, rel=1e-6, abs=1e-3)
     assert any("FLASH_ATTN_EXT" in x for x in doc["extrapolated"])
 
@@ -220,3 +225,97 @@ def test_a_prompt_after_a_depth_pays_no_contexts_start() -> None:
     assert m.level("prompt", frozenset({"CPU"})) == 1.5
     assert m.level("prompt", frozenset({"CPU"}), warm=True) == 1.0
     assert m.level("gen", frozenset({"CPU"}), warm=True) == 1.1
+
+
+def test_attention_at_depth_is_measured_by_the_probe(short_logs: dict[bool, Path]) -> None:
+    """On the logs' machine a depth beyond their cells is priced with the probe: each attention
+    op (flash attention; or KQ, its softmax and KQV) measured at the target's cells and at the
+    logs' most (256), per layer, and a generated token at the deep cell costs what one at the
+    log's own cells costs plus those measured differences over the model's layers, unscaled. It
+    is no extrapolation: 20x the log's cells is predicted too, as far as n_ctx_train."""
+    for fa, ops in ((True, {"FLASH_ATTN_EXT"}), (False, {"kq", "kq_soft_max", "kqv"})):
+        log = short_logs[fa]
+        doc0 = json.loads(instr("predict", str(log), "--format", "json").stdout)
+        prompt = doc0["setting"]["n_prompt"]
+        n_layer = int(predict_session(log).info.model.get("n_layer") or 2)
+        # one token at the log's 256 cells (no probe: nothing beyond the logs), then at 2,000
+        near, _ = _gen_ns(log, 200 - prompt)
+        deep, doc = _gen_ns(log, 2000 - prompt)
+        m = doc["measured_attention"]["gen"]
+        assert {o["op"] for o in m["ops"]} == ops
+        assert all(o["n_kv"] == 2048 and o["anchor_n_kv"] == 256 for o in m["ops"])
+        over = n_layer * sum(1e3 * (o["us_a_layer"] - o["anchor_us_a_layer"]) for o in m["ops"])
+        assert m["ns"] == pytest.approx(over, rel=1e-6)
+        if not fa:  # (flash attention's anchor is at the cells the anchor's row sees: 256)
+            assert deep == pytest.approx(near + over, rel=1e-6)
+        assert not [x for x in doc["extrapolated"] if "attention" in x], doc["extrapolated"]
+        iv = doc["gen_tokens_per_s"]
+        assert iv["high"] / iv["value"] >= math.exp(0.18) - 1e-9
+        r = instr("predict", str(log), "--ctx-depth", "5000", "--format", "json")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert json.loads(r.stdout)["measured_attention"]["gen"]["ops"]
+
+
+def predict_session(log: Path) -> Any:
+    from llamacpp_instr.deciding.prediction import predict
+
+    return predict.load_session(log)
+
+
+def test_the_probe_takes_what_a_run_at_depth_takes(instr_api: Any, deep_model: Path) -> None:
+    """The probe's time for each attention op at 3,000 cells is within a factor 2.5 of the same
+    op's time in a real run at that depth (the op timer's, the fastest of its generated tokens'
+    layers, as the probe keeps its fastest run), flash attention on and off: the same kernels on
+    the same shapes, where a wrong shape (the cells its view spans, the heads) would be several
+    times off. (No threshold on speed itself, and a wide factor: two shared cores' runs move by
+    half from one minute to the next; bench/predict.py's depth grid checks the predictions.)"""
+    import llama_cpp
+
+    from llamacpp_instr.converters import load_session
+    from llamacpp_instr.deciding.prediction import kv_probe
+    from llamacpp_instr.deciding.prediction.op_costs import role
+    from llamacpp_instr.running import api
+
+    devs = {d["name"]: d["index"] for d in instr_api.machine_info()["devices"]}
+    for fa in (True, False):
+        llm = llama_cpp.Llama(
+            str(deep_model), n_ctx=3328, n_batch=512, n_ubatch=512, n_threads=2,
+            n_threads_batch=2, flash_attn=fa, verbose=False,
+        )  # fmt: skip
+        llm.eval([1 + (i * 7) % 200 for i in range(3000)])
+        log = deep_model.parent / f"deep-fa{int(fa)}.log"
+        with api.session(llm, log, level="detailed"):
+            for _ in range(8):
+                llm.eval([5])
+        llm.close()
+        frames = load_session(log)
+        g = frames.graphs[int(frames.ops["graph"].iloc[-1])]
+        probe = kv_probe.Probe(instr_api, devs, 2, 3328)
+        ops = frames.ops.assign(role=frames.ops["name"].map(role))
+        checked = set()
+        for k, node in enumerate(g.nodes):
+            shape = kv_probe.shape_of(g, k, role(node.name))
+            if shape is None or shape.op in checked:
+                continue
+            checked.add(shape.op)
+            real = float(ops[ops["role"] == role(node.name)]["dur_ns"].min())
+            measured = probe.ns(shape, 3004, "CPU", 2)
+            assert measured is not None and 0.4 < measured / real < 2.5, (shape, measured, real)
+        want = {"FLASH_ATTN_EXT"} if fa else {"kq", "kq_soft_max", "kqv"}
+        assert checked == want
+
+
+def test_another_machines_logs_are_priced_per_cell(
+    short_logs: dict[bool, Path], tmp_path: Path
+) -> None:
+    """Logs made on another machine (their CPU named otherwise) leave the probe out: what it
+    would measure here is not what they ran on. Attention beyond their cells is then priced per
+    cell, an extrapolation said so."""
+    lines = short_logs[True].read_text().splitlines()
+    start = json.loads(lines[0])
+    start["machine"]["cpu"] = "another CPU"
+    moved = tmp_path / "moved.log"
+    moved.write_text("\n".join([json.dumps(start), *lines[1:]]) + "\n")
+    _ns, doc = _gen_ns(moved, 1500)
+    assert doc["measured_attention"] == {}
+    assert any("generation's attention" in x for x in doc["extrapolated"]), doc["extrapolated"]

@@ -80,6 +80,15 @@ if TYPE_CHECKING:
     "that ran the same draft (or n-gram type) at others: their acceptance by draft position and "
     "their batch costs (0: no speculation); with the length that would be fastest.",
 )
+@click.option(
+    "--probe/--no-probe",
+    default=True,
+    show_default=True,
+    help="Attention at a context deeper than the logs': measured on this machine at that depth "
+    "(its ops run by ggml on caches of that size, a second or so) and added to the logs' price at "
+    "their most KV cells, or with --no-probe priced by its cost per cell in the logs (an "
+    "extrapolation, up to 17x their cells). The probe is used only on the logs' machine.",
+)
 @text_json_option(
     "text: tokens/s and where the time goes; json: prompt_tokens_per_s and "
     "gen_tokens_per_s as {value, low, high}, by_device (with network over RPC), by_op, rpc_links, "
@@ -99,6 +108,7 @@ def command(
     rpc_rate: str | None,
     rpc_rtt: str | None,
     spec_n_max: int | None,
+    probe: bool,
     fmt: str,
 ) -> None:
     """Predict prompt and generation tokens/s for a setting not run, from LOGS (detailed logs of
@@ -122,8 +132,11 @@ def command(
     the matmul throughput measured for their weight type there, other compute-bound ones by the
     threads, an op of one row on one thread at both; the output says which each op is. A context
     deeper than the logs' prices attention (the KQ and KQV matmuls and their softmax, or flash
-    attention by the cells its rows see) by its measured cost per KV cell, labelled an
-    extrapolation, up to 17x the KV cells the logs read (what the project's benchmark checks).
+    attention) at the logs' most KV cells, plus what its ops take more at the target's depth,
+    measured on this machine by a probe that runs them as llama.cpp's graph does, on caches of
+    that size, at the target's threads (up to the model's n_ctx_train); on another machine
+    than the logs', or with --no-probe, by its cost per KV cell in the logs, labelled an
+    extrapolation, up to 17x the KV cells they read (what the project's benchmark checks).
     What no log measured (threads beyond the machine's CPUs, a weight type never run, a device,
     ops of more work than the logs' did: a longer prompt or ubatch, a context deeper than that)
     is listed with the run that would measure it, and that speed is not given (exit 2). A
@@ -143,7 +156,7 @@ def command(
     placed = any(ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE for p in given)
     request = PredictRequest(
         logs, threads, n_batch, n_ubatch, n_prompt, n_predict, depth, model, quants,
-        offload if placed else None, rpc_rate, rpc_rtt, spec_n_max,
+        offload if placed else None, rpc_rate, rpc_rtt, spec_n_max, probe,
     )  # fmt: skip
     result = predict_setting(request, say=lambda line: click.echo(line, err=True))
     answer(predict_report.report(result), fmt, result.failure())

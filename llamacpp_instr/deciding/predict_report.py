@@ -49,6 +49,19 @@ def section(p: Prediction) -> Section:
         lines.append(f"threads: {p.threads_from}")
     lines += [f"priced from other ops: {line}" for line in p.priced_from_others]
     lines += [f"extrapolated: {line}" for line in p.extrapolated]
+    for kind, m in p.measured_attention.items():
+        # each op once (at the first of its KV sizes)
+        seen = {(o["op"], o["rows"]): o for o in reversed(m["ops"])}
+        probed = ", ".join(
+            f"{o['op']} of {o['rows']} row(s) at {o['n_kv']:,} cells {o['us_a_layer']:.0f} us "
+            f"a layer (at {o['anchor_n_kv']:,}: {o['anchor_us_a_layer']:.0f})"
+            for o in reversed(seen.values())
+        )
+        lines.append(
+            f"measured: {'the prompt' if kind == 'prompt' else 'generation'}'s attention beyond "
+            "the logs' KV cells, run on this machine at its depth (its time there over the "
+            f"logs' most cells, added to their price): {probed}"
+        )
     lines += [f"not covered: {line}" for line in p.not_covered]
     return Section(
         title=f"prediction for {p.target.describe()}",

@@ -56,6 +56,24 @@ class ProbeTensor(ctypes.Structure):
     ]
 
 
+class ProbeAttn(ctypes.Structure):
+    """struct llama_instr_probe_attn: an attention probe's op and shapes."""
+
+    _fields_ = [
+        ("op", ctypes.c_int32),
+        ("type_k", ctypes.c_int32),
+        ("type_v", ctypes.c_int32),
+        ("head_dim_k", ctypes.c_int32),
+        ("head_dim_v", ctypes.c_int32),
+        ("n_head", ctypes.c_int32),
+        ("n_head_kv", ctypes.c_int32),
+        ("n_layer", ctypes.c_int32),
+        ("kv_size", ctypes.c_int64),
+        ("n_kv", ctypes.c_int64),
+        ("pos0", ctypes.c_int64),
+    ]
+
+
 class Probe(ctypes.Structure):
     """struct llama_instr_probe: one peak measurement (inputs, then outputs)."""
 
@@ -67,6 +85,7 @@ class Probe(ctypes.Structure):
         ("size", ctypes.c_int64),
         ("n", ctypes.c_int64),
         ("n_runs", ctypes.c_int32),
+        ("attn", ProbeAttn),
         ("device_name", ctypes.c_char * 64),
         ("buffer_type", ctypes.c_char * 64),
         ("n_tensors", ctypes.c_int32),
@@ -82,6 +101,9 @@ class Probe(ctypes.Structure):
 # enum llama_instr_probe_kind
 PROBE_BANDWIDTH = 0
 PROBE_MATMUL = 1
+PROBE_ATTENTION = 2
+# enum llama_instr_probe_attn_op
+ATTN_FLASH, ATTN_KQ, ATTN_SOFTMAX, ATTN_KQV = 0, 1, 2, 3
 
 
 def import_llama_cpp() -> Any:
@@ -280,12 +302,22 @@ class InstrLib:
         return info
 
     def probe(
-        self, kind: int, device: int, type_id: int, n_threads: int, size: int, n: int, n_runs: int
+        self,
+        kind: int,
+        device: int,
+        type_id: int,
+        n_threads: int,
+        size: int,
+        n: int,
+        n_runs: int,
+        attn: ProbeAttn | None = None,
     ) -> Probe:
-        """Run one peak measurement (llama_instr_probe_run); a SessionError saying why if the
-        device cannot run it."""
+        """Run one measurement (llama_instr_probe_run); a SessionError saying why if the device
+        cannot run it. ``attn``: an ATTENTION probe's op and shapes."""
         p = Probe(kind=kind, device=device, type=type_id, n_threads=n_threads, size=size, n=n)
         p.n_runs = n_runs
+        if attn is not None:
+            p.attn = attn
         rc = int(self.lib.llama_instr_probe_run(ctypes.byref(p)))
         if rc < 0:
             raise SessionError(p.error.decode(errors="replace") or f"probe failed ({rc})", rc)

@@ -22,7 +22,8 @@ class PredictRequest:
     log's). ``quants``: one prediction per quantization of the model; ``offload``: the layers'
     placement (None: the log's); ``rpc_rate``/``rpc_rtt``: the RPC network, as --rpc-rate and
     --rpc-rtt take them (100M, 2ms); ``spec_n_max``: speculative decoding at that draft length
-    instead, from llama-server logs."""
+    instead, from llama-server logs; ``probe``: attention at a depth beyond the logs' measured
+    on this machine by the probe (``kv_probe``), else priced by its line per KV cell."""
 
     logs: tuple[Path, ...]
     threads: int | None = None
@@ -37,6 +38,7 @@ class PredictRequest:
     rpc_rate: str | None = None
     rpc_rtt: str | None = None
     spec_n_max: int | None = None
+    probe: bool = True  # attention beyond the logs' KV cells measured here (kv_probe)
 
 
 @dataclass
@@ -122,6 +124,9 @@ def predict_setting(
     cost_model = predict.fit(sessions)
     names = [str(p) for p in request.logs]
     return PredictResult(
-        [predict.price(replace(base, model=f), cost_model, sessions, names) for _q, f in files],
+        [
+            predict.price(replace(base, model=f), cost_model, sessions, names, probe=request.probe)
+            for _q, f in files
+        ],
         sampling=sampling_price.measure(sessions),
     )

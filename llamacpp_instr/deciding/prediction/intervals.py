@@ -15,8 +15,9 @@ distribution-free jackknife+ at 95 % guarantees 90 %); each grid's coverage is i
 docs/performance.md (bench/predict.py).
 
 A setting whose attention ops read more KV cells than the logs' did (a deeper context: priced
-per KV cell, an extrapolation) is at least ``BENCH_DEPTH_HALF`` each way, the model's error on
-the bench's depth grid.
+per KV cell, an extrapolation, or measured at that depth by the probe, ``kv_probe``, whose time
+is added as measured rather than scaled by the logs' level) is at least ``BENCH_DEPTH_HALF`` each
+way, the model's error on the bench's depth grid.
 
 A thread count no log ran (``op_threads``): where logs at another thread count than the others'
 were held out (each priced from the others' count with the peaks of both), their residuals
@@ -104,14 +105,16 @@ def interval(
     across: bool = False,
     warm: bool = False,
     deeper: bool = False,
+    measured: float = 0.0,
 ) -> Interval:
     """Tokens/s for ``tokens`` in ``ns`` as priced, scaled by the logs' measured time over the
     model's price of it (``CostModel.level`` on the target's ``devices``; ``warm``: of steps
-    that did not start their context), with its 95 % interval (module doc); ``across``: at a
-    thread count no log ran; ``deeper``: attention ops priced beyond the KV cells measured."""
+    that did not start their context), plus ``measured`` ns the probe measured rather than the
+    model priced (attention beyond the logs' KV cells: ``kv_probe``; not scaled), with its 95 %
+    interval (module doc); ``across``: at a thread count no log ran; ``deeper``: attention ops
+    priced beyond the KV cells measured."""
     level = model.level(kind, devices, warm) or 1.0
-    per_s = 1e9 * tokens
-    value = per_s / (ns * level)
+    value = 1e9 * tokens / (ns * level + measured)
     half = half_width(model.held_out.get(kind))
     if deeper:
         half = max(half or 0.0, BENCH_DEPTH_HALF)
@@ -120,23 +123,22 @@ def interval(
         if over is not None:
             n = len(model.held_out_threads[kind])
             return Interval(value, value * np.exp(-over), value * np.exp(over), "held-out", n)
-        return _bench(model, kind, per_s, ns, level, max(BENCH_THREADS_HALF, half or 0.0))
+        return _bench(model, kind, value, level, max(BENCH_THREADS_HALF, half or 0.0))
     if half is not None:
         n = len(model.held_out.get(kind, []))
         basis = "held-out" if n else "bench"
         return Interval(value, value * np.exp(-half), value * np.exp(half), basis, n)
-    return _bench(model, kind, per_s, ns, level, BENCH_HALF)
+    return _bench(model, kind, value, level, BENCH_HALF)
 
 
-def _bench(
-    model: CostModel, kind: str, per_s: float, ns: float, level: float, half: float
-) -> Interval:
-    """The interval no held-out log makes: ``half`` each way about the level, or the spread of
-    the logs' own steps' measured over priced (10th to 90th percentiles), the wider."""
+def _bench(model: CostModel, kind: str, value: float, level: float, half: float) -> Interval:
+    """The interval no held-out log makes about ``value``: ``half`` each way about the level,
+    or the spread of the logs' own steps' measured over priced (10th to 90th percentiles), the
+    wider."""
     ratios = model.self_ratios.get(kind)
     base = model.self_level.get(kind)
     if ratios is None or not len(ratios) or not base or base <= 0:
         ratios = np.array([level])
-    lo = min(float(np.percentile(ratios, 10)), level * np.exp(-half))
-    hi = max(float(np.percentile(ratios, 90)), level * np.exp(half))
-    return Interval(value=per_s / (ns * level), low=per_s / (ns * hi), high=per_s / (ns * lo))
+    lo = min(float(np.percentile(ratios, 10)) / level, np.exp(-half))
+    hi = max(float(np.percentile(ratios, 90)) / level, np.exp(half))
+    return Interval(value=value, low=value / hi, high=value / lo)

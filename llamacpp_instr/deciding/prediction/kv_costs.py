@@ -1,5 +1,7 @@
-"""Attention at a depth no log ran (``instr predict --ctx-depth``): its ops priced by their
-measured cost per KV cell, an extrapolation the bench checks.
+"""Attention at a depth no log ran (``instr predict --ctx-depth``) priced by the logs' cost per KV
+cell: where the probe cannot measure it (``kv_probe``: logs of another machine, an RPC server's
+ops, ``--no-probe``), an extrapolation the bench checks; with the probe, the price of an
+attention op at the logs' most cells, to which the probe adds what the op takes more deeper.
 
 A compute reads ``n_kv`` cells of the KV cache: its last position rounded up to ``KV_PAD`` (the
 pin's ``get_n_kv``). Without flash attention the KQ and KQV matmuls and the softmax between them

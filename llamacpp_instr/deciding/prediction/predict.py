@@ -46,11 +46,19 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.analysis import contention
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
 from llamacpp_instr.converters.reading.decode.graphs import graph_table
-from llamacpp_instr.deciding.prediction import net_costs, op_fit, op_threads, split_costs
+from llamacpp_instr.deciding.prediction import (
+    kv_probe,
+    net_costs,
+    op_fit,
+    op_threads,
+    split_costs,
+)
 from llamacpp_instr.deciding.prediction.intervals import Interval, interval
 from llamacpp_instr.deciding.prediction.kv_costs import (
     KV_EXTRAPOLATION,
@@ -121,6 +129,9 @@ class Prediction:
     # attention ops on more KV cells than the logs' read, priced per cell (op_costs'
     # KV_EXTRAPOLATION): an extrapolation, each line what and how far
     extrapolated: list[str] = field(default_factory=list)
+    # attention beyond the logs' KV cells, measured by the probe (kv_probe): per kind, its time
+    # over the anchors' in all (ns) and each op measured (op, rows, n_kv, us a layer)
+    measured_attention: dict[str, dict[str, Any]] = field(default_factory=dict)
     # a thread count no log ran: from which it was priced, and how (op_threads); per kind, the
     # share of the CPU's predicted time of each op there by what it is (thread_scale: memory-bound,
     # compute-bound, on one thread)
@@ -152,6 +163,7 @@ class Prediction:
             "priced_from_others": self.priced_from_others,
             "contended": self.contended,
             "extrapolated": self.extrapolated,
+            "measured_attention": self.measured_attention,
             "threads_from": self.threads_from or None,
             "op_bounds": self.op_bounds,
         }
@@ -376,9 +388,12 @@ def price(
     sessions: list[SessionFrames],
     names: list[str],
     peaks_dir: Path | None = None,
+    probe: bool = True,
 ) -> Prediction:
     """Price every compute of ``t`` with ``model`` (the graphs built by llama.cpp); a CPU
-    thread count no log ran with the peaks cached in ``peaks_dir`` (default: the cache's)."""
+    thread count no log ran with the peaks cached in ``peaks_dir`` (default: the cache's);
+    attention beyond the logs' KV cells measured by the probe where ``probe`` and this machine
+    is the logs' (``kv_probe``), else by its line per cell."""
     if t.n_prompt <= 0 and t.n_gen <= 0:
         raise UserError(
             "nothing to predict: a prompt of 0 tokens and 0 generated (give --prompt-tokens or "
@@ -403,7 +418,7 @@ def price(
     try:
         _check_model(t, builder, sessions)
         prompt, gen = computes(t)
-        pricing = _Pricing(builder, t)
+        pricing = _Pricing(builder, t, _attention_probe(t, sessions) if probe else None)
         for kind, plan, tokens in (("prompt", prompt, t.n_prompt), ("gen", gen, t.n_gen)):
             if not plan:
                 continue
@@ -412,9 +427,12 @@ def price(
             out.graphs = len(builder.cache)
             if total is None:
                 continue
-            deeper = pricing.deeper.get(kind, False)
+            deeper = pricing.deeper.get(kind, False) or kind in pricing.measured
             warm = t.depth > 0 and first
-            iv = interval(tokens, total, model, kind, used, bool(out.threads_from), warm, deeper)
+            iv = interval(
+                tokens, total, model, kind, used, bool(out.threads_from), warm, deeper,
+                pricing.measured.get(kind, 0.0),
+            )  # fmt: skip
             if kind == "prompt":
                 out.prompt = iv
             else:
@@ -422,11 +440,27 @@ def price(
         out.not_covered = list(pricing.missing)
         out.priced_from_others = list(pricing.proxies)
         out.extrapolated = list(pricing.extrapolated)
+        out.measured_attention = {
+            kind: {"ns": ns, "ops": list(pricing.probed[kind].values())}
+            for kind, ns in pricing.measured.items()
+        }
         if out.op_bounds:
             out.threads_from += "; " + bounds_line(out.op_bounds)
     finally:
         builder.close()
     return out
+
+
+def _attention_probe(t: Target, sessions: list[SessionFrames]) -> kv_probe.Probe | None:
+    """The attention probe at the target's threads and context, None where this machine is not
+    the logs' (what it measures would not be what they ran on)."""
+    lib = bindings.load()
+    if not kv_probe.same_machine(lib, [getattr(sf.info, "machine", None) for sf in sessions]):
+        return None
+    here = lib.machine_info().get("devices", [])
+    names = {str(d["name"]): int(d["index"]) for d in here if d.get("backend") != "RPC"}
+    n_ctx = -(-(t.depth + t.n_prompt + t.n_gen + 1) // KV_PAD) * KV_PAD
+    return kv_probe.Probe(lib, names, t.threads, n_ctx)
 
 
 def _check_model(t: Target, builder: GraphBuilder, sessions: list[SessionFrames]) -> None:
@@ -516,13 +550,20 @@ def _at_threads(
 class _Pricing:
     """The computes of a target priced kind by kind, what no log measured gathered across them."""
 
-    def __init__(self, builder: GraphBuilder, t: Target) -> None:
+    def __init__(
+        self, builder: GraphBuilder, t: Target, probe: kv_probe.Probe | None = None
+    ) -> None:
         self.builder = builder
         self.t = t
+        self.probe = probe
         self.missing: dict[str, None] = {}
         self.proxies: dict[str, None] = {}
         self.extrapolated: dict[str, None] = {}
         self.deeper: dict[str, bool] = {}  # per kind: whether an attention op was extrapolated
+        # per kind: attention beyond the logs' KV cells measured by the probe (kv_probe), its
+        # time over the anchor's (ns, the kind's computes together), and what was measured
+        self.measured: dict[str, float] = {}
+        self.probed: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = defaultdict(dict)
 
     def kind(
         self,
@@ -556,17 +597,31 @@ class _Pricing:
         beyond: dict[tuple[str, str, str, str], float] = {}
         # at a thread count no log ran, the CPU's time per (what each op is, op) (thread_scale)
         bound: dict[tuple[str, str], float] = {}
-        # attention ops on more KV cells than the logs' read (op_costs.KV_EXTRAPOLATION)
+        # attention ops on more KV cells than the logs' read (op_costs.KV_EXTRAPOLATION), and
+        # what the probe measured of them beyond their anchors (kv_probe)
         deeper: dict[tuple[str, str, str, str], float] = {}
+        measured = 0.0
         for (n_tok, kv, resend), count in counts.items():
             gc, devs = self.builder.graph(n_tok, kv)
             used |= {d or "CPU" for d, nop in zip(devs, gc.noop, strict=False) if not nop}
             held = self.builder.holders(n_tok, kv)
             once: dict[tuple[str, str], float] = {}
             mean = cells[(n_tok, kv, resend)] / count  # (flash attention's time is linear in it)
+            deep: dict[tuple[str, str, str, str], float] = {}
             cost, extra, miss, lost = model.price_compute(
-                gc, devs, t.threads, kind, resend, held, self.proxies, beyond, once, deeper, mean
+                gc, devs, t.threads, kind, resend, held, self.proxies, beyond, once, deep, mean
             )
+            found = self._probed(model, kind, (n_tok, kv, resend), gc, devs, mean, cost, deep)
+            if found is not None:
+                cost, over_anchor = found
+                measured += count * float(over_anchor.sum())
+                for k, c in enumerate(over_anchor):
+                    if c:
+                        op_ns[gc.labels[k]] += count * c
+                        dev_ns[devs[k] if k < len(devs) else "CPU"] += count * c
+            else:
+                for cls, v in deep.items():
+                    deeper[cls] = max(deeper.get(cls, 0.0), v)
             for pair, ns in once.items():
                 bound[pair] = bound.get(pair, 0.0) + count * ns
             for line in [_missing_line(m, t) for m in miss] + lost:
@@ -596,6 +651,8 @@ class _Pricing:
             total += setup
             if setup:
                 dev_ns["network"] += setup
+        if measured:
+            self.measured[kind] = measured
         if not ok or total <= 0:
             return None, frozenset(used)
         if out is not None:
@@ -610,6 +667,68 @@ class _Pricing:
                     shares[what][op] = ns / s_b
                 out.op_bounds[kind] = dict(shares)
         return total, frozenset(used)
+
+    def _probed(
+        self,
+        model: CostModel,
+        kind: str,
+        group: tuple[int, int, bool],
+        gc: GraphCosts,
+        devs: list[str],
+        cells: float,
+        cost: np.ndarray,
+        deep: dict[tuple[str, str, str, str], float],
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """A group of computes whose attention reads more KV cells than the logs' did, priced
+        by the probe (``kv_probe``): each node's price at the anchor (the graph at the logs'
+        most cells, priced by the model), and each attention op's measured time over it. None
+        where there is no probe, nothing beyond the logs, or an attention op the probe cannot
+        measure (the line per cell prices the group then, as ``deep`` says)."""
+        if self.probe is None or not deep or not model.max_kv:
+            return None
+        n_tok, kv, resend = group
+        pos0 = max(int(round((cells - n_tok * (n_tok + 1) / 2) / n_tok)), 0)
+        # the anchor: the same ubatch at the most cells the logs read (or its own, if more)
+        pos0_a = max(0, min(pos0, model.max_kv - n_tok))
+        kv_a = max(model.max_kv, n_kv(pos0_a + n_tok, 1 << 30))
+        if kv_a >= kv:
+            return None
+        gc_a, devs_a = self.builder.graph(n_tok, kv_a)
+        if gc_a.labels != gc.labels or gc_a.roles != gc.roles or devs_a != devs:
+            return None
+        held_a = self.builder.holders(n_tok, kv_a)
+        anchor, _e, miss, _l = model.price_compute(
+            gc_a, devs_a, self.t.threads, kind, resend, held_a, None, None, None, None,
+            float(visible_cells(pos0_a, n_tok)),
+        )  # fmt: skip
+        if miss:
+            return None
+        shapes = {
+            int(k): kv_probe.shape_of(gc.graph, int(k), gc.roles[k]) for k in np.flatnonzero(gc.kv)
+        }
+        if any(v is None for v in shapes.values()) or not shapes:
+            return None
+        layers: dict[tuple[Any, str], int] = defaultdict(int)
+        for k, sh in shapes.items():
+            layers[(sh, devs[k] if k < len(devs) else "CPU")] += 1
+        priced = cost.copy()
+        over = np.zeros_like(cost)
+        for k, sh in shapes.items():
+            assert sh is not None
+            dev = devs[k] if k < len(devs) else "CPU"
+            n_layer = layers[(sh, dev)]
+            deep_ns = self.probe.ns(sh, pos0, dev, n_layer)
+            at_ns = self.probe.ns(sh.at(kv_a), pos0_a, dev, n_layer)
+            if deep_ns is None or at_ns is None:
+                return None
+            priced[k] = anchor[k]
+            over[k] = max(deep_ns - at_ns, -anchor[k])
+            self.probed[kind][(sh, kv, pos0, dev)] = {
+                "op": sh.op, "device": dev, "rows": sh.rows, "n_kv": kv, "pos0": pos0,
+                "us_a_layer": deep_ns / 1e3, "anchor_us_a_layer": at_ns / 1e3,
+                "anchor_n_kv": kv_a,
+            }  # fmt: skip
+        return priced, over
 
 
 def bounds_line(bounds: dict[str, dict[str, dict[str, float]]], shown: int = 4) -> str:

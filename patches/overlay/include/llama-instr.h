@@ -31,7 +31,7 @@ extern "C" {
 #    define LLAMA_INSTR_NOEXCEPT
 #endif
 
-#define LLAMA_INSTR_API_VERSION 5
+#define LLAMA_INSTR_API_VERSION 6
 
 enum llama_instr_level {
     LLAMA_INSTR_LEVEL_OFF      = 0,
@@ -319,6 +319,32 @@ enum llama_instr_probe_kind {
                                       // shaped [4096, size / 4096] so that the threads share the rows
     LLAMA_INSTR_PROBE_MATMUL    = 1,  // y = w x (GGML_OP_MUL_MAT): w [k = size, m = size] of `type`,
                                       // x [k, n] F32, y [m, n] F32
+    LLAMA_INSTR_PROBE_ATTENTION = 2,  // one op of attention (`attn.op`) for n query rows over a KV
+                                      // cache laid out as llama.cpp's, in attn.n_layer layers
+};
+
+// The op of an ATTENTION probe, with its sources as llama.cpp's graph has them (build_attn_mha):
+// q [head_dim_k, n, n_head] F32 (a permuted view), the caches' views of n_kv cells, the causal mask
+// [n_kv, n] (row i sees cells 0..pos0 + i), the scores [n_kv, n, n_head] F32.
+enum llama_instr_probe_attn_op {
+    LLAMA_INSTR_PROBE_ATTN_FLASH   = 0,  // GGML_OP_FLASH_ATTN_EXT (q, k, v, the mask in F16)
+    LLAMA_INSTR_PROBE_ATTN_KQ      = 1,  // GGML_OP_MUL_MAT k q
+    LLAMA_INSTR_PROBE_ATTN_SOFTMAX = 2,  // GGML_OP_SOFT_MAX of the scores with the mask
+    LLAMA_INSTR_PROBE_ATTN_KQV     = 3,  // GGML_OP_MUL_MAT v (the transposed cache) by the scores
+};
+
+struct llama_instr_probe_attn {
+    int32_t op;          // enum llama_instr_probe_attn_op
+    int32_t type_k;      // ggml_type of the K cache
+    int32_t type_v;      // ggml_type of the V cache
+    int32_t head_dim_k;  // n_embd_head_k
+    int32_t head_dim_v;  // n_embd_head_v
+    int32_t n_head;      // query heads (a multiple of n_head_kv)
+    int32_t n_head_kv;   // KV heads
+    int32_t n_layer;     // the op once per layer, each on a cache of its own, in one graph (1..512)
+    int64_t kv_size;     // cells of each cache (the context): a transposed V's row length
+    int64_t n_kv;        // cells read (1..kv_size)
+    int64_t pos0;        // position of the first query row (pos0 + n <= n_kv)
 };
 
 struct llama_instr_probe_tensor {
@@ -330,20 +356,22 @@ struct llama_instr_probe_tensor {
 // One measurement of llama_instr_probe_run: fill the inputs (zero the rest), read the outputs.
 struct llama_instr_probe {
     // inputs
-    int32_t kind;       // enum llama_instr_probe_kind
-    int32_t device;     // index of the backend device (the "index" in llama_instr_machine_info)
-    int32_t type;       // MATMUL: ggml_type of w (F32, F16, Q4_K, Q8_0, ...); BANDWIDTH: ignored
-    int32_t n_threads;  // CPU threads (<= 0: all hardware threads); other devices ignore it
-    int64_t size;       // BANDWIDTH: elements per buffer (a multiple of 4096); MATMUL: k = m
-    int64_t n;          // MATMUL: columns of x (tokens of a batch); BANDWIDTH: ignored
-    int32_t n_runs;     // timed runs, after one untimed warm-up (1..1000)
+    int32_t                       kind;       // enum llama_instr_probe_kind
+    int32_t                       device;     // index of the backend device (the "index" in llama_instr_machine_info)
+    int32_t                       type;       // MATMUL: ggml_type of w (F32, F16, Q4_K, Q8_0, ...); BANDWIDTH: ignored
+    int32_t                       n_threads;  // CPU threads (<= 0: all hardware threads); other devices ignore it
+    int64_t                       size;       // BANDWIDTH: elements per buffer (a multiple of 4096); MATMUL: k = m
+    int64_t                       n;          // MATMUL: columns of x (tokens of a batch); BANDWIDTH: ignored
+    int32_t                       n_runs;     // timed runs, after one untimed warm-up (1..1000)
+    struct llama_instr_probe_attn attn;       // ATTENTION: the op and its shapes (n: the query rows)
     // outputs
-    char    device_name[64];                // e.g. "CPU", "CUDA0"
+    char                          device_name[64];  // e.g. "CPU", "CUDA0"
     char    buffer_type[64];                // the buffer type that held w (the CPU's repacking one where a run uses it)
     int32_t n_tensors;                      // tensors of the graph: the sources, then the output
     struct llama_instr_probe_tensor tensors[3];
     int64_t                         bytes;  // bytes one run moves as counted: the sum of the tensors' nbytes
-    int64_t                         flops;  // FLOPs one run does: BANDWIDTH size; MATMUL 2 k m n
+    int64_t                         flops;  // FLOPs one run does: BANDWIDTH size; MATMUL 2 k m n;
+                                            // ATTENTION its layers' over the n_kv cells, masked or not
     int64_t                         best_ns;     // fastest timed run
     int64_t                         total_ns;    // all timed runs
     char                            error[256];  // why it failed ("" on success)
@@ -352,8 +380,8 @@ struct llama_instr_probe {
 // Build the probe's ggml graph on the device through ggml's backend API, fill its sources, run it
 // once untimed and n_runs times timed, with the run's code paths (the CPU's extra buffer types
 // where they take the op, as a llama_context does). Synchronous; safe from any thread; needs no
-// session. Returns LLAMA_INSTR_OK, ERR_INVALID_ARG (NULL, kind, device, type, size, n, n_runs)
-// or ERR_INTERNAL (the device cannot allocate or run the graph); p->error then says why
+// session. Returns LLAMA_INSTR_OK, ERR_INVALID_ARG (NULL, kind, device, type, size, n, n_runs;
+// attn: an op, type or shape out of range, or caches of more than 4 GiB in all) or ERR_INTERNAL (the device cannot allocate or run the graph); p->error then says why
 // (llama_instr_last_error is not set by this function).
 LLAMA_API int32_t llama_instr_probe_run(struct llama_instr_probe * p);
 

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -62,8 +63,10 @@ struct probe_res {
     std::vector<ggml_backend_buffer_t> bufs;
     ggml_backend_t                     backend = nullptr;
 
-    ggml_context * context(size_t n_tensors) {
-        ggml_init_params ip = { n_tensors * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+    // a context of n_tensors' metadata and a graph of up to graph_size nodes
+    ggml_context * context(size_t n_tensors, size_t graph_size = GGML_DEFAULT_GRAPH_SIZE) {
+        ggml_init_params ip = { n_tensors * ggml_tensor_overhead() + ggml_graph_overhead_custom(graph_size, false),
+                                nullptr, true };
         ggml_context *   c  = ggml_init(ip);
         if (c) {
             ctxs.push_back(c);
@@ -85,18 +88,33 @@ struct probe_res {
 };
 
 // Values in [-1, 1) for a tensor of any type: quantized types are quantized from them, as a
-// model's weights were, so every kernel sees well-formed blocks.
+// model's weights were, so every kernel sees well-formed blocks. A run of k_fill_period random
+// values repeats (a prime, so that no row of a power-of-two length repeats another): a probe's
+// time does not depend on the values, and drawing each of a gigabyte of caches would take
+// seconds.
+constexpr size_t k_fill_period = 65521;
+
 bool fill(ggml_tensor * t, std::mt19937 & rng) {
     const int64_t                         n = ggml_nelements(t);
-    std::vector<float>                    f((size_t) n);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    for (auto & v : f) {
-        v = u(rng);
-    }
-    std::vector<uint8_t> bytes(ggml_nbytes(t));
-    if (t->type == GGML_TYPE_F32) {
-        memcpy(bytes.data(), f.data(), bytes.size());
+    std::vector<uint8_t>                  bytes(ggml_nbytes(t));
+    if (ggml_blck_size(t->type) == 1) {
+        // single values (F32, F16, BF16): the period converted once, its bytes repeated
+        const size_t       period = (size_t) std::min<int64_t>(n, (int64_t) k_fill_period);
+        std::vector<float> f(period);
+        for (auto & v : f) {
+            v = u(rng);
+        }
+        const size_t step = ggml_row_size(t->type, (int64_t) period);
+        ggml_quantize_chunk(t->type, f.data(), bytes.data(), 0, 1, (int64_t) period, nullptr);
+        for (size_t at = step; at < bytes.size(); at += step) {
+            memcpy(bytes.data() + at, bytes.data(), std::min(step, bytes.size() - at));
+        }
     } else {
+        std::vector<float> f((size_t) n);
+        for (size_t i = 0; i < f.size(); i++) {
+            f[i] = i < k_fill_period ? u(rng) : f[i - k_fill_period];
+        }
         const int64_t row = t->ne[0];
         ggml_quantize_chunk(t->type, f.data(), bytes.data(), 0, n / row, row, nullptr);
     }
@@ -136,10 +154,227 @@ bool place_weight(probe_res & r, ggml_backend_dev_t dev, ggml_context * cw, ggml
     return true;
 }
 
+// the device's backend, with the probe's thread count on the CPU (all hardware threads for <= 0)
+bool start_backend(probe_res & r, ggml_backend_dev_t dev, struct llama_instr_probe * p) {
+    r.backend = ggml_backend_dev_init(dev, nullptr);
+    if (!r.backend) {
+        return false;
+    }
+    if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+        auto               set_n =
+            reg ? (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads") :
+                                nullptr;
+        int n_threads = p->n_threads > 0 ? p->n_threads : (int) std::thread::hardware_concurrency();
+        p->n_threads  = std::max(1, n_threads);
+        if (set_n) {
+            set_n(r.backend, p->n_threads);
+        }
+    }
+    return true;
+}
+
+// gf computed once untimed (caches, pages and thread pools warm up), then p->n_runs times timed
+int32_t time_runs(probe_res & r, ggml_cgraph * gf, struct llama_instr_probe * p) {
+    using clk   = std::chrono::steady_clock;
+    p->best_ns  = INT64_MAX;
+    p->total_ns = 0;
+    for (int run = 0; run <= p->n_runs; run++) {
+        const auto t0 = clk::now();
+        if (ggml_backend_graph_compute(r.backend, gf) != GGML_STATUS_SUCCESS) {
+            return fail(p, LLAMA_INSTR_ERR_INTERNAL, std::string("the graph failed on ") + p->device_name);
+        }
+        ggml_backend_synchronize(r.backend);
+        const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now() - t0).count();
+        if (run > 0) {
+            p->best_ns = std::min(p->best_ns, ns);
+            p->total_ns += ns;
+        }
+    }
+    p->best_ns = std::max<int64_t>(p->best_ns, 1);
+    return LLAMA_INSTR_OK;
+}
+
+// what a probe reports of a tensor it ran
+void report(struct llama_instr_probe * p, int i, const ggml_tensor * t) {
+    p->tensors[i].type = t->type;
+    for (int d = 0; d < 4; d++) {
+        p->tensors[i].ne[d] = t->ne[d];
+    }
+    p->tensors[i].nbytes = (int64_t) ggml_nbytes(t);
+}
+
+// the most bytes an attention probe's caches and scores may take in all
+constexpr int64_t k_attn_max_bytes = int64_t(4) << 30;
+
+bool valid_type(int32_t t) {
+    return t >= 0 && t < GGML_TYPE_COUNT && ggml_get_type_traits((ggml_type) t)->blck_size != 0;
+}
+
+std::string attn_shape_error(const llama_instr_probe_attn & a, int64_t n) {
+    if (a.op < LLAMA_INSTR_PROBE_ATTN_FLASH || a.op > LLAMA_INSTR_PROBE_ATTN_KQV) {
+        return "attn.op must be 0 (flash), 1 (kq), 2 (softmax) or 3 (kqv)";
+    }
+    if (!valid_type(a.type_k) || !valid_type(a.type_v)) {
+        return "unknown ggml type of a cache";
+    }
+    if (a.head_dim_k < 1 || a.head_dim_k > 1024 || a.head_dim_v < 1 || a.head_dim_v > 1024 || a.n_head_kv < 1 ||
+        a.n_head_kv > 1024 || a.n_head < a.n_head_kv || a.n_head > 4096 || a.n_head % a.n_head_kv != 0) {
+        return "head sizes 1..1024, KV heads 1..1024, query heads a multiple of them up to 4096";
+    }
+    if ((a.head_dim_k * a.n_head_kv) % ggml_blck_size((ggml_type) a.type_k) != 0 ||
+        (a.head_dim_v * a.n_head_kv) % ggml_blck_size((ggml_type) a.type_v) != 0) {
+        return "a cache's row is not a whole number of its type's blocks";
+    }
+    if (a.op == LLAMA_INSTR_PROBE_ATTN_KQV && ggml_blck_size((ggml_type) a.type_v) != 1) {
+        return "a transposed V cache (kqv) must be of a type of single values (F16, F32, BF16)";
+    }
+    if (a.n_layer < 1 || a.n_layer > 512 || a.kv_size < 1 || a.kv_size > (1 << 22) || a.n_kv < 1 ||
+        a.n_kv > a.kv_size || n < 1 || n > (1 << 16) || a.pos0 < 0 || a.pos0 + n > a.n_kv) {
+        return "layers 1..512, kv_size 1..2^22, n_kv 1..kv_size, rows 1..65536, pos0 >= 0, pos0 + rows <= n_kv";
+    }
+    const int64_t cache = (int64_t) ggml_row_size((ggml_type) a.type_k, (int64_t) a.head_dim_k * a.n_head_kv) +
+                          (int64_t) ggml_row_size((ggml_type) a.type_v, (int64_t) a.head_dim_v * a.n_head_kv);
+    const int64_t scores = a.n_kv * n * a.n_head * (int64_t) sizeof(float);
+    if (cache > k_attn_max_bytes / a.kv_size / a.n_layer || scores > k_attn_max_bytes / 2) {
+        return "the caches and scores would take more than 4 GiB";
+    }
+    return "";
+}
+
+// One of attention's ops as build_attn_mha builds it, on caches laid out as llama_kv_cache's
+// (get_k, get_v), once per layer in one graph: each layer reads a cache of its own, as a model's
+// layers do, so that the caches are as cold as the run's. The layers' outputs share one buffer
+// (the run's graph allocator reuses its memory too), the scores one input.
+int32_t attention(struct llama_instr_probe * p, ggml_backend_dev_t dev) {
+    const llama_instr_probe_attn & a     = p->attn;
+    const std::string              error = attn_shape_error(a, p->n);
+    if (!error.empty()) {
+        return fail(p, LLAMA_INSTR_ERR_INVALID_ARG, error);
+    }
+    const int64_t   n = p->n, hk = a.head_dim_k, hv = a.head_dim_v;
+    const ggml_type tk = (ggml_type) a.type_k, tv = (ggml_type) a.type_v;
+    const bool      flash = a.op == LLAMA_INSTR_PROBE_ATTN_FLASH;
+    const float     scale = 1.0f / sqrtf((float) hk);
+
+    probe_res      r;
+    ggml_context * cs      = r.context(2 * (size_t) a.n_layer + 3);  // the sources
+    const size_t   n_nodes = 8 * (size_t) a.n_layer + 8;             // views and ops: 6 a layer at most
+    ggml_context * cg      = r.context(n_nodes, n_nodes);            // views, ops and the graph
+    if (!cs || !cg) {
+        return fail(p, LLAMA_INSTR_ERR_INTERNAL, "out of memory");
+    }
+    ggml_tensor *              mask   = ggml_new_tensor_2d(cs, flash ? GGML_TYPE_F16 : GGML_TYPE_F32, a.n_kv, n);
+    ggml_tensor *              q_in   = ggml_new_tensor_3d(cs, GGML_TYPE_F32, hk, a.n_head, n);  // Qcur after rope
+    ggml_tensor *              scores = ggml_new_tensor_3d(cs, GGML_TYPE_F32, a.n_kv, n, a.n_head);
+    ggml_tensor *              q      = ggml_permute(cg, q_in, 0, 2, 1, 3);
+    std::vector<ggml_tensor *> caches, outs;
+    for (int32_t il = 0; il < a.n_layer; il++) {
+        ggml_tensor * out = nullptr;
+        if (a.op == LLAMA_INSTR_PROBE_ATTN_SOFTMAX) {
+            out = ggml_soft_max_ext(cg, scores, mask, scale, 0.0f);
+        } else if (a.op == LLAMA_INSTR_PROBE_ATTN_KQV) {
+            // the transposed V cache: each dimension of each head a row of kv_size cells
+            ggml_tensor * cv = ggml_new_tensor_2d(cs, tv, hv * a.n_head_kv, a.kv_size);
+            ggml_tensor * v  = ggml_view_3d(cg, cv, a.n_kv, a.n_head_kv, hv, ggml_row_size(tv, a.kv_size * hv),
+                                            ggml_row_size(tv, a.kv_size), 0);
+            caches.push_back(cv);
+            out = ggml_mul_mat(cg, ggml_permute(cg, v, 0, 2, 1, 3), scores);
+        } else {
+            ggml_tensor * ck = ggml_new_tensor_2d(cs, tk, hk * a.n_head_kv, a.kv_size);
+            ggml_tensor * k  = ggml_view_3d(cg, ck, hk, a.n_head_kv, a.n_kv, ggml_row_size(tk, hk),
+                                            ggml_row_size(tk, hk * a.n_head_kv), 0);
+            k                = ggml_permute(cg, k, 0, 2, 1, 3);
+            caches.push_back(ck);
+            if (flash) {
+                ggml_tensor * cv = ggml_new_tensor_2d(cs, tv, hv * a.n_head_kv, a.kv_size);
+                ggml_tensor * v  = ggml_view_3d(cg, cv, hv, a.n_head_kv, a.n_kv, ggml_row_size(tv, hv),
+                                                ggml_row_size(tv, hv * a.n_head_kv), 0);
+                caches.push_back(cv);
+                out = ggml_flash_attn_ext(cg, q, k, ggml_permute(cg, v, 0, 2, 1, 3), mask, scale, 0.0f, 0.0f);
+            } else {
+                out = ggml_mul_mat(cg, k, q);
+            }
+            ggml_prec_set_acc(out, GGML_PREC_F32);
+        }
+        outs.push_back(out);
+    }
+
+    ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
+    copy_str(p->buffer_type, sizeof(p->buffer_type), ggml_backend_buft_name(buft));
+    ggml_backend_buffer_t src_buf = ggml_backend_alloc_ctx_tensors_from_buft(cs, buft);
+    ggml_backend_buffer_t out_buf =
+        src_buf ? ggml_backend_buft_alloc_buffer(buft, ggml_nbytes(outs[0]) + ggml_backend_buft_get_alignment(buft)) :
+                  nullptr;
+    if (src_buf) {
+        r.bufs.push_back(src_buf);
+    }
+    if (!out_buf) {
+        return fail(p, LLAMA_INSTR_ERR_INTERNAL, std::string("cannot allocate the caches on ") + p->device_name);
+    }
+    r.bufs.push_back(out_buf);
+    for (ggml_tensor * t = ggml_get_first_tensor(cg); t; t = ggml_get_next_tensor(cg, t)) {
+        const ggml_status st = t->view_src ?
+                                   ggml_backend_view_init(t) :
+                                   ggml_backend_tensor_alloc(out_buf, t, ggml_backend_buffer_get_base(out_buf));
+        if (st != GGML_STATUS_SUCCESS) {
+            return fail(p, LLAMA_INSTR_ERR_INTERNAL, "cannot place the probe's tensors");
+        }
+    }
+    if (!ggml_backend_dev_supports_op(dev, outs[0])) {
+        return fail(p, LLAMA_INSTR_ERR_INTERNAL,
+                    std::string(p->device_name) + " does not run " + ggml_op_desc(outs[0]));
+    }
+    if (!start_backend(r, dev, p)) {
+        return fail(p, LLAMA_INSTR_ERR_INTERNAL, std::string("cannot start the backend of ") + p->device_name);
+    }
+
+    std::mt19937 rng(1234);
+    fill(q_in, rng);
+    fill(scores, rng);
+    for (ggml_tensor * c : caches) {
+        fill(c, rng);
+    }
+    // the causal mask: row i sees the cells up to its position, pos0 + i
+    std::vector<float> m((size_t) (a.n_kv * n));
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t j = 0; j < a.n_kv; j++) {
+            m[(size_t) (i * a.n_kv + j)] = j <= a.pos0 + i ? 0.0f : -INFINITY;
+        }
+    }
+    if (flash) {
+        std::vector<ggml_fp16_t> h(m.size());
+        ggml_fp32_to_fp16_row(m.data(), h.data(), (int64_t) m.size());
+        ggml_backend_tensor_set(mask, h.data(), 0, ggml_nbytes(mask));
+    } else {
+        ggml_backend_tensor_set(mask, m.data(), 0, ggml_nbytes(mask));
+    }
+
+    ggml_cgraph * gf = ggml_new_graph_custom(cg, n_nodes, false);
+    for (ggml_tensor * out : outs) {
+        ggml_build_forward_expand(gf, out);
+    }
+
+    // the op's query or scores, its first layer's cache (the mask for a softmax), its output
+    report(p, 0, a.op == LLAMA_INSTR_PROBE_ATTN_SOFTMAX || a.op == LLAMA_INSTR_PROBE_ATTN_KQV ? scores : q_in);
+    report(p, 1, caches.empty() ? mask : caches[0]);
+    report(p, 2, outs[0]);
+    p->n_tensors        = 3;
+    p->bytes            = (int64_t) ggml_backend_buffer_get_size(src_buf) + (int64_t) ggml_nbytes(outs[0]) * a.n_layer;
+    const int64_t cells = a.n_kv * n * a.n_head;  // (query row, cell) pairs of every head
+    const int64_t per   = a.op == LLAMA_INSTR_PROBE_ATTN_FLASH   ? 2 * (hk + hv) :
+                          a.op == LLAMA_INSTR_PROBE_ATTN_KQ      ? 2 * hk :
+                          a.op == LLAMA_INSTR_PROBE_ATTN_SOFTMAX ? 1 :
+                                                                   2 * hv;
+    p->flops            = cells * per * a.n_layer;
+    return time_runs(r, gf, p);
+}
+
 int32_t probe(struct llama_instr_probe * p) {
     p->error[0] = '\0';
-    if (p->kind != LLAMA_INSTR_PROBE_BANDWIDTH && p->kind != LLAMA_INSTR_PROBE_MATMUL) {
-        return fail(p, LLAMA_INSTR_ERR_INVALID_ARG, "kind must be 0 (bandwidth) or 1 (matmul)");
+    if (p->kind != LLAMA_INSTR_PROBE_BANDWIDTH && p->kind != LLAMA_INSTR_PROBE_MATMUL &&
+        p->kind != LLAMA_INSTR_PROBE_ATTENTION) {
+        return fail(p, LLAMA_INSTR_ERR_INVALID_ARG, "kind must be 0 (bandwidth), 1 (matmul) or 2 (attention)");
     }
     if (p->device < 0 || (size_t) p->device >= ggml_backend_dev_count()) {
         return fail(p, LLAMA_INSTR_ERR_INVALID_ARG,
@@ -148,6 +383,11 @@ int32_t probe(struct llama_instr_probe * p) {
     }
     if (p->n_runs < 1 || p->n_runs > 1000) {
         return fail(p, LLAMA_INSTR_ERR_INVALID_ARG, "n_runs must be 1..1000");
+    }
+    if (p->kind == LLAMA_INSTR_PROBE_ATTENTION) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get((size_t) p->device);
+        copy_str(p->device_name, sizeof(p->device_name), ggml_backend_dev_name(dev));
+        return attention(p, dev);
     }
     const bool mm = p->kind == LLAMA_INSTR_PROBE_MATMUL;
     if (mm) {
@@ -210,20 +450,8 @@ int32_t probe(struct llama_instr_probe * p) {
             std::string(p->device_name) + " does not run " + ggml_op_desc(out) + " of " + ggml_type_name(s0->type));
     }
 
-    r.backend = ggml_backend_dev_init(dev, nullptr);
-    if (!r.backend) {
+    if (!start_backend(r, dev, p)) {
         return fail(p, LLAMA_INSTR_ERR_INTERNAL, std::string("cannot start the backend of ") + p->device_name);
-    }
-    if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
-        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
-        auto               set_n =
-            reg ? (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads") :
-                                nullptr;
-        int n_threads = p->n_threads > 0 ? p->n_threads : (int) std::thread::hardware_concurrency();
-        p->n_threads  = std::max(1, n_threads);
-        if (set_n) {
-            set_n(r.backend, p->n_threads);
-        }
     }
 
     std::mt19937 rng(1234);
@@ -237,32 +465,12 @@ int32_t probe(struct llama_instr_probe * p) {
     p->n_tensors              = 3;
     p->bytes                  = 0;
     for (int i = 0; i < 3; i++) {
-        p->tensors[i].type = ts[i]->type;
-        for (int d = 0; d < 4; d++) {
-            p->tensors[i].ne[d] = ts[i]->ne[d];
-        }
-        p->tensors[i].nbytes = (int64_t) ggml_nbytes(ts[i]);
+        report(p, i, ts[i]);
         p->bytes += p->tensors[i].nbytes;
     }
     p->flops = mm ? 2 * s0->ne[0] * out->ne[0] * out->ne[1] : ggml_nelements(out);
 
-    using clk   = std::chrono::steady_clock;
-    p->best_ns  = INT64_MAX;
-    p->total_ns = 0;
-    for (int run = 0; run <= p->n_runs; run++) {  // run 0 warms caches, pages and thread pools
-        const auto t0 = clk::now();
-        if (ggml_backend_graph_compute(r.backend, gf) != GGML_STATUS_SUCCESS) {
-            return fail(p, LLAMA_INSTR_ERR_INTERNAL, std::string("the graph failed on ") + p->device_name);
-        }
-        ggml_backend_synchronize(r.backend);
-        const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now() - t0).count();
-        if (run > 0) {
-            p->best_ns = std::min(p->best_ns, ns);
-            p->total_ns += ns;
-        }
-    }
-    p->best_ns = std::max<int64_t>(p->best_ns, 1);
-    return LLAMA_INSTR_OK;
+    return time_runs(r, gf, p);
 }
 
 }  // namespace

@@ -1,0 +1,179 @@
+"""Attention at a depth no log ran, measured: the native probe (``llama_instr_probe_run``, kind
+ATTENTION) runs the target's own attention ops on this machine's backend at the target's
+depth, and the logs keep their say on everything else.
+
+A log of a short prompt measured attention over a few hundred KV cells at most, where a
+kernel's fixed costs dominate; a line through those times carried to thousands of cells was off
+by a third and more, and differently on each CPU (its per-cell cost is the kernel's inner loop
+over cached rows, not a cost the short log can show). So where a compute reads more cells than
+the logs' computes did, each of its attention ops (flash attention, or KQ, its softmax and
+KQV) is priced as
+
+    the model's price of the op at the most cells the logs read  (``anchor``)
+    + probe(the op at the target's cells) - probe(the op at the anchor's cells)
+
+the probe building the op as llama.cpp's graph does (the caches' views, the causal mask, the
+query rows at their positions), once per layer in one graph, each layer reading a cache of its
+own (the caches as cold as the run's; at most ``PROBE_BYTES`` of them), at the target's thread
+count on the op's device. What the logs measured stays theirs; what they could not show, the
+kernel's growth with the cells, is measured at the depth asked.
+
+The probe measures this machine: it is used only where this machine is the logs' (the CPU model
+and the device names as ``session_start.machine`` records them) and the op's device is one it
+can run (not an RPC server's); elsewhere the line per cell prices the op (``kv_costs``), bounded
+by ``kv_costs.KV_EXTRAPOLATION``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
+
+# the most bytes of caches one probe reads (its layers': enough to leave the last-level cache)
+PROBE_BYTES = 256 << 20
+PROBE_RUNS = 2
+
+FLASH, KQ, SOFTMAX, KQV = "FLASH_ATTN_EXT", "kq", "kq_soft_max", "kqv"
+# llama_instr_probe_attn_op
+OPS = {FLASH: 0, KQ: 1, SOFTMAX: 2, KQV: 3}
+# ggml's type ids of the caches' types (gguf's GGMLQuantizationType)
+_F16 = 1
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One attention op as the probe runs it: which (``OPS``), its query rows, the KV cells it
+    reads, the heads and their sizes, the caches' types (ggml's names)."""
+
+    op: str
+    rows: int
+    n_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_head: int
+    n_head_kv: int
+    type_k: str
+    type_v: str
+
+    def at(self, n_kv: int) -> Shape:
+        return Shape(
+            self.op, self.rows, n_kv, self.head_dim_k, self.head_dim_v, self.n_head,
+            self.n_head_kv, self.type_k, self.type_v,
+        )  # fmt: skip
+
+    def cache_bytes(self, kv_size: int) -> int:
+        """A layer's caches the op reads from (the K and V rows of ``kv_size`` cells)."""
+        per = {FLASH: self.head_dim_k + self.head_dim_v, KQ: self.head_dim_k, KQV: self.head_dim_v}
+        return 2 * per.get(self.op, 0) * self.n_head_kv * kv_size  # (F16 at most)
+
+
+def _src(g: Graph, node: Node, i: int) -> Node | None:
+    s = node.src[i] if i < len(node.src) else None
+    return g.nodes[int(s["node"])] if s is not None and "node" in s else None
+
+
+def _dims(n: Node | None) -> list[int]:
+    return [int(x) for x in n.shape] + [1] * (3 - len(n.shape)) if n is not None else []
+
+
+def shape_of(g: Graph, k: int, role: str) -> Shape | None:
+    """The probe's shape of node ``k`` of ``g`` (role ``role``, its name without the layer),
+    None where it is none of attention's ops the probe runs (a softcap's scale, say)."""
+    node = g.nodes[k]
+    if node.op == FLASH:
+        q, kk, v = _dims(_src(g, node, 0)), _dims(_src(g, node, 1)), _dims(_src(g, node, 2))
+        if not (q and kk and v):
+            return None
+        tk, tv = _src(g, node, 1), _src(g, node, 2)
+        return Shape(
+            FLASH, q[1], kk[1], kk[0], v[0], q[2], kk[2],
+            tk.dtype if tk else "f16", tv.dtype if tv else "f16",
+        )  # fmt: skip
+    if node.op == "SOFT_MAX" and role == SOFTMAX:
+        s = _dims(_src(g, node, 0))
+        return Shape(SOFTMAX, s[1], s[0], 1, 1, s[2], 1, "f16", "f16") if s else None
+    if node.op == "MUL_MAT" and "kv_read" in node.flags and role in (KQ, KQV):
+        a, b = _src(g, node, 0), _dims(_src(g, node, 1))
+        d = _dims(a)
+        if not d or not b or a is None:
+            return None
+        if role == KQ:  # k [head_dim, n_kv, heads_kv] by q [head_dim, rows, heads]
+            return Shape(KQ, b[1], d[1], d[0], d[0], b[2], d[2], a.dtype, a.dtype)
+        # v [n_kv, head_dim, heads_kv] (the transposed cache) by the scores [n_kv, rows, heads]
+        return Shape(KQV, b[1], d[0], d[1], d[1], b[2], d[2], a.dtype, a.dtype)
+    return None
+
+
+def _type_id(name: str) -> int:
+    import gguf
+
+    try:
+        return int(gguf.GGMLQuantizationType[name.upper()].value)
+    except KeyError:
+        return _F16
+
+
+class Probe:
+    """The native attention probe on this process's devices, at ``threads`` (the CPU's), for
+    caches of ``kv_size`` cells; each measurement cached. ``failed`` says why one could not be
+    made (the op is then priced by its line)."""
+
+    def __init__(self, lib: Any, devices: dict[str, int], threads: int, kv_size: int) -> None:
+        self.lib = lib
+        self.devices = devices  # ggml device name -> index
+        self.threads = threads
+        self.kv_size = kv_size
+        self.cache: dict[tuple[Shape, int, str, int], float | None] = {}
+        self.failed: dict[str, None] = {}
+        self.runs = 0
+
+    def ns(self, shape: Shape, pos0: int, device: str, n_layer: int) -> float | None:
+        """One layer's time (ns) of ``shape``'s op with its first query row at ``pos0``, on
+        ``device``, measured over up to ``n_layer`` layers' caches; None where it cannot be."""
+        from llamacpp_instr.native import bindings
+
+        index = self.devices.get(device)
+        if index is None:
+            self.failed[f"{device}: the probe cannot run there"] = None
+            return None
+        per = max(shape.cache_bytes(self.kv_size), 1)
+        layers = max(1, min(n_layer, math.ceil(PROBE_BYTES / per), 512))
+        pos0 = max(0, min(pos0, shape.n_kv - shape.rows))
+        key = (shape, pos0, device, layers)
+        if key in self.cache:
+            return self.cache[key]
+        attn = bindings.ProbeAttn(
+            op=OPS[shape.op], type_k=_type_id(shape.type_k), type_v=_type_id(shape.type_v),
+            head_dim_k=shape.head_dim_k, head_dim_v=shape.head_dim_v, n_head=shape.n_head,
+            n_head_kv=shape.n_head_kv, n_layer=layers, kv_size=max(self.kv_size, shape.n_kv),
+            n_kv=shape.n_kv, pos0=pos0,
+        )  # fmt: skip
+        try:
+            p = self.lib.probe(
+                bindings.PROBE_ATTENTION, index, 0, self.threads, 0, shape.rows, PROBE_RUNS, attn
+            )
+            got: float | None = p.best_ns / layers
+            self.runs += 1
+        except bindings.SessionError as exc:
+            self.failed[f"{shape.op} on {device}: {exc}"] = None
+            got = None
+        self.cache[key] = got
+        return got
+
+
+def same_machine(lib: Any, logged: list[dict[str, Any] | None]) -> bool:
+    """Whether this process's machine is the one every log names (its CPU model and count, and
+    each device the logs ran on other than an RPC server's), so that what the probe measures
+    here is what the logs ran on."""
+    here = lib.machine_info()
+    names = {str(d.get("name")) for d in here.get("devices", [])}
+    for m in logged:
+        if not m or m.get("cpu") != here.get("cpu") or m.get("n_cpus") != here.get("n_cpus"):
+            return False
+        theirs = {str(d.get("name")) for d in m.get("devices", []) if d.get("backend") != "RPC"}
+        if not theirs <= names:
+            return False
+    return True

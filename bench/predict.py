@@ -495,14 +495,15 @@ def raise_priority() -> str:
 
 def measure_peaks(folder: Path, counts: tuple[int, ...]) -> Path:
     """This machine's peaks at each thread count (bandwidth, the cost of starting the threads, the
-    matmul throughput of the grids' weight types), saved in ``folder``'s cache for the
-    predictions: what `instr peaks --threads N` measures."""
+    matmul throughput of the grids' weight types), the counts taking turns, saved in ``folder``'s
+    cache for the predictions: what `instr peaks --thread-counts 1,2` measures."""
     from llamacpp_instr.converters.session import machine_peaks
     from llamacpp_instr.running import peak_probe
 
     cache = folder / "cache"
-    for n in counts:
-        p = peak_probe.measure(peak_probe.Plan(n_threads=n, types=PEAK_TYPES))
+    plan = peak_probe.Plan(n_threads=counts[0], types=PEAK_TYPES)
+    for p in peak_probe.measure_counts(counts, plan):
+        n = p.n_threads
         machine_peaks.save(p, cache)
         cpu = p.device("CPU")
         print(

@@ -176,6 +176,52 @@ def test_attention_probe_refuses_bad_input(instr_api: Any, kw: dict[str, int], w
     assert e.value.code == bindings.ERR_INVALID_ARG and what in str(e.value)
 
 
+def test_thread_counts_are_measured_in_turns(instr_api: Any) -> None:
+    """measure_counts: each count's figure is the median over the rounds of that round's best,
+    worked out here from the raw records the rounds kept (the counts alternating in them)."""
+    import numpy as np
+
+    plan = measure.Plan(
+        n_threads=1, types=("f32",), bandwidth_elements=1 << 20, matmul_size=128, matmul_n=8
+    )
+    got = measure.measure_counts([2, 1], plan, instr_api)
+    assert [p.n_threads for p in got] == [2, 1]
+    for p in got:
+        recs = [m for m in p.measurements if m["device"] == "CPU"]
+        assert {m["n_threads"] for m in recs if m["what"] != "sync"} == {p.n_threads}
+        bw = [m["bytes"] / m["best_ns"] for m in recs if m["what"] == "bandwidth"]
+        mm = [m["flops"] / m["best_ns"] for m in recs if m["what"] == "matmul"]
+        assert len(bw) == len(mm) == measure.COUNT_ROUNDS
+        cpu = p.device()
+        assert cpu.bandwidth_gbs == pytest.approx(float(np.median(bw)))
+        assert cpu.matmul_gflops["f32"] == pytest.approx(float(np.median(mm)))
+
+
+def test_the_one_column_matmul_is_measured_beyond_the_caches(instr_api: Any) -> None:
+    """Each weight type's one-column matmul (a generated token's): a square weight of about the
+X
+    by one column; its GFLOP/s in the device's gemv_gflops, from the record's own FLOPs and time."""
+    plan = measure.Plan(
+        n_threads=1, types=("f32", "q8_0"), bandwidth_elements=1 << 20, matmul_size=128,
+        matmul_n=8, n_runs=1, gemv_bytes=4 << 20,
+    )  # fmt: skip
+    got = measure.measure(plan, instr_api, only={"CPU"})
+    recs = {m["type"]: m for m in got.measurements if m["what"] == "gemv"}
+    assert [t["ne"] for t in recs["f32"]["tensors"]][:2] == [[1024, 1024, 1, 1], [1024, 1, 1, 1]]
+    assert recs["q8_0"]["tensors"][0]["ne"][:2] == [1792, 1792]
+    assert recs["q8_0"]["tensors"][0]["nbytes"] == 1792 * 1792 // 32 * 34
+    cpu = got.device()
+    for t, r in recs.items():
+        assert r["flops"] == 2 * r["tensors"][0]["ne"][0] * r["tensors"][0]["ne"][1]
+        assert cpu.gemv_gflops[t] == pytest.approx(r["flops"] / r["best_ns"])
+
+
+def test_thread_counts_refuse_bad_input() -> None:
+    for bad in ("0,1", "a", "2,2", ""):
+        r = CliRunner().invoke(main, ["peaks", "--thread-counts", bad])
+        assert r.exit_code == 2 and "--thread-counts" in r.output, r.output
+
+
 def test_measured_peaks_are_sane(quick_peaks: machine_peaks.Peaks) -> None:
     cpu = quick_peaks.device()
     assert cpu.type == "cpu" and quick_peaks.n_threads == 2
@@ -184,14 +230,14 @@ def test_measured_peaks_are_sane(quick_peaks: machine_peaks.Peaks) -> None:
     assert all(math.isfinite(v) and v > 0 for v in figures)
     # each figure is its measurement's counted work over its best time
     recs = [r for r in quick_peaks.measurements if r["device"] == "CPU"]
-    assert len(recs) == 5
+    # bandwidth; each type's matmul and one-column matmul; the two sync graphs
+    assert [r["what"] for r in recs] == ["bandwidth"] + ["matmul", "gemv"] * 2 + ["sync"] * 2
     for r in recs:
         assert r["bytes"] == sum(t["nbytes"] for t in r["tensors"])
     bw = recs[0]
     assert bw["what"] == "bandwidth" and cpu.bandwidth_gbs == bw["bytes"] / bw["best_ns"]
     # what starting a graph on the threads costs: a 64 x 64 matmul by one column at 2 threads over on one
-    on2, on1 = recs[3:]
-    assert [r["what"] for r in (on2, on1)] == ["sync", "sync"]
+    on2, on1 = recs[-2:]
     assert (on2["n_threads"], on1["n_threads"]) == (2, 1)
     assert [t["ne"][:2] for t in on2["tensors"]] == [[64, 64], [64, 1], [64, 1]]
     assert cpu.sync_ns == max(on2["best_ns"] - on1["best_ns"], 0)

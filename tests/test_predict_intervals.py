@@ -161,17 +161,23 @@ def test_the_held_out_residuals_are_what_predict_says(
         assert got == pytest.approx([s[kind] for s in said], rel=1e-6, abs=1e-9)
 
 
-def write_peaks(cache: Path, log: Path, at: dict[int, tuple[float, float, float]]) -> None:
+def write_peaks(
+    cache: Path,
+    log: Path,
+    at: dict[int, tuple[float, float, float]],
+    dates: dict[int, str] | None = None,
+) -> None:
     """Peaks files in ``cache`` for the machine ``log`` was made on: per thread count, a CPU of
     the given bandwidth (GB/s), cost of starting a graph on the threads (ns) and F32 matmul
-    throughput (GFLOP/s)."""
+    throughput (GFLOP/s), measured at ``dates`` (default: all at one time)."""
     from llamacpp_instr.converters.session import machine_peaks as mp
     from llamacpp_instr.deciding.prediction.predict import load_session
 
     machine = load_session(log).info.machine
     for n, (bw, sync, f32) in at.items():
         cpu = mp.DevicePeaks("CPU", "cpu", "made up", bw, {"f32": f32}, sync_ns=sync)
-        mp.save(mp.Peaks(machine, n, "2026-01-01T00:00:00Z", [cpu]), cache)
+        date = (dates or {}).get(n, "2026-01-01T00:00:00Z")
+        mp.save(mp.Peaks(machine, n, date, [cpu]), cache)
 
 
 # made-up peaks: one thread streams 11 GB/s, two 20; a graph on 2 threads costs 1.5 us more
@@ -292,7 +298,7 @@ def test_one_thread_from_a_two_thread_log_is_predicted(
     env = {"LLAMACPP_INSTR_CACHE": str(tmp_path)}
     r = instr("predict", str(tiny_detailed.path), "--threads", "1", env=env)
     assert_one_line_error(r, "not covered")
-    assert "instr peaks --threads 1" in r.stdout and "instr peaks --threads 2" in r.stdout
+    assert "instr peaks --thread-counts 2,1 --force" in r.stdout
     write_peaks(tmp_path, tiny_detailed.path, PEAKS)
     r = instr("predict", str(tiny_detailed.path), "--threads", "1", "--format", "json", env=env)
     assert r.returncode == 0, r.stderr
@@ -312,6 +318,65 @@ def test_one_thread_from_a_two_thread_log_is_predicted(
     text = instr("predict", str(tiny_detailed.path), "--threads", "1", env=env).stdout
     assert "threads: 1 threads priced from the logs' 2" in text
     assert "memory-bound" in text and "on one thread" in text
+
+
+@pytest.mark.fast
+def test_a_generated_tokens_matmul_moves_by_the_one_column_matmul_measured() -> None:
+    """With the one-column matmul's throughput measured at both counts (F32: 50 GFLOP/s at 2
+    threads, 30 at 1), each matmul of one column reading an F32 weight takes 50/30 of its time
+    beyond its class's fixed cost at 1 thread, whatever its bytes' rate; every other op is priced
+    as without it (worked out here from the model's own price at 2 threads)."""
+    from llamacpp_instr.deciding.prediction import op_threads
+    from llamacpp_instr.deciding.prediction.op_costs import GraphCosts, Where, rows
+    from llamacpp_instr.deciding.prediction.op_fit import fit
+    from llamacpp_instr.deciding.prediction.predict import load_session
+    from llamacpp_instr.deciding.prediction.thread_scale import CpuPeaks
+
+    sf = load_session(FIXTURES / "tiny-llama-detailed.log.gz")
+    model = fit([sf])
+    peaks = {n: CpuPeaks(n, bw, sync, {"f32": f32}) for n, (bw, sync, f32) in PEAKS.items()}
+    gemv = {n: replace(p, gemv={"f32": {1: 30.0, 2: 50.0}[n]}) for n, p in peaks.items()}
+    plain, measured = op_threads.scale(model, 1, peaks), op_threads.scale(model, 1, gemv)
+    assert plain is not None and measured is not None
+    moved = 0
+    for g in sf.graphs.values():
+        gc = GraphCosts.of(g)
+        cpu = ["CPU"] * len(gc.labels)
+        at2, _ = model.price(gc, cpu, 2)
+        a, _ = plain.price(gc, cpu, 1)
+        b, _ = measured.price(gc, cpu, 1)
+        for k in np.flatnonzero(at2):
+            lab, typ = gc.labels[k], gc.types[k]
+            one_column = lab == "MUL_MAT" and typ == "f32" and rows(g.nodes[k], g) == 1
+            if one_column and _parts(g.nodes[k]) > 1:
+                cls = model.lookup(Where("CPU", 2), gc.tokens[k], lab, typ, gc.roles[k])
+                assert cls is not None
+                want = cls.fixed + max(at2[k] - cls.fixed, 0.0) * 50 / 30
+                assert b[k] == pytest.approx(want, rel=1e-9)
+                moved += 1
+            else:
+                assert b[k] == pytest.approx(a[k], rel=1e-12)
+    assert moved >= 6  # the generation steps' weight matmuls
+
+
+def test_peaks_measured_apart_are_said_to_be(tiny_detailed: RunLog, tmp_path: Path) -> None:
+    """The peaks of the two counts measured 25 minutes apart: the prediction says so and names the
+    measurement in turns; measured together, it says nothing of it."""
+    env = {"LLAMACPP_INSTR_CACHE": str(tmp_path)}
+    write_peaks(
+        tmp_path, tiny_detailed.path, PEAKS,
+        {1: "2026-01-01T00:00:00Z", 2: "2026-01-01T00:25:00Z"},
+    )  # fmt: skip
+    doc = json.loads(
+        instr("predict", str(tiny_detailed.path), "-t", "1", "--format", "json", env=env).stdout
+    )
+    assert "measured 25 minutes apart" in doc["threads_from"]
+    assert "instr peaks --thread-counts 2,1 --force" in doc["threads_from"]
+    write_peaks(tmp_path, tiny_detailed.path, PEAKS)
+    doc = json.loads(
+        instr("predict", str(tiny_detailed.path), "-t", "1", "--format", "json", env=env).stdout
+    )
+    assert "apart" not in doc["threads_from"]
 
 
 def test_threads_beyond_the_cpus_are_not_covered(tiny_detailed: RunLog) -> None:
@@ -340,7 +405,7 @@ def test_more_threads_than_a_log_without_its_cpus_ran_are_not_covered(
         env={"LLAMACPP_INSTR_CACHE": str(tmp_path)},
     )  # fmt: skip
     assert_one_line_error(r, "not covered")
-    assert "instr peaks --threads 1" in r.stdout
+    assert "instr peaks --thread-counts 2,1" in r.stdout
 
 
 @pytest.mark.fast

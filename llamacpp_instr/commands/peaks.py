@@ -40,6 +40,15 @@ def default_threads() -> int:
     show_default=True,
     help="Size of each of the bandwidth probe's three buffers (far beyond the last-level cache).",
 )
+@click.option(
+    "--thread-counts",
+    metavar="N,M,...",
+    default=None,
+    help="Measure the CPU at each of these thread counts, taking turns over three rounds (each "
+    "figure the median of its rounds): what `instr predict --threads` prices a count no log ran "
+    "by is the ratio of two counts' figures, and counts measured apart on a shared machine can "
+    "see it at different speeds. Saved per count, as --threads does.",
+)
 @offload_options(layers=False, split=False)
 @report_options()
 def command(
@@ -47,13 +56,16 @@ def command(
     types: str,
     force: bool,
     size_mib: int,
+    thread_counts: str | None,
     offload: Offload,
     fmt: str,
     output: Path | None,
 ) -> None:
     """Measure this machine's peaks with ggml itself: for each device of the installed build (the
     CPU with the runs' thread count, and each GPU), the memory bandwidth of a large ADD and the
-    matmul GFLOP/s per weight type, through the same kernels a run uses. Cached per machine (CPU
+    matmul GFLOP/s per weight type, through the same kernels a run uses; on the CPU also a
+    matmul by one column (a generated token's) of each type, its weight far beyond the caches,
+    which `instr predict --threads` moves a generation step's matmuls by. Cached per machine (CPU
     model, threads, GPU names) under the cache directory and reused; `instr summary` and
     `instr compare` set every op of a log from this machine against them.
 
@@ -89,6 +101,27 @@ def command(
             else:
                 only.add(d.name)
     machine = lib.machine_info()
+    if thread_counts is not None:
+        counts = _counts(thread_counts)
+        plan = measure.Plan(n_threads=counts[0], types=type_list, bandwidth_elements=size_mib << 18)
+        click.echo(
+            f"measuring {', '.join(machine_peaks.machine_key(machine, n) for n in counts)}, "
+            "taking turns ...",
+            err=True,
+        )
+        all_got = measure.measure_counts(
+            counts, plan, lib,
+            progress=lambda s: click.echo(f"  {s}", err=True),
+            warn=lambda s: click.echo(f"error: {s}", err=True),
+            only=only,
+        )  # fmt: skip
+        for one in all_got:
+            click.echo(f"saved {machine_peaks.save(one, cache_dir())}", err=True)
+        from llamacpp_instr.converters.reports.renderers import render
+        from llamacpp_instr.converters.reports.roofline_report import peaks_report
+
+        emit("\n".join(render(peaks_report(one), fmt) for one in all_got), output)
+        return
     existing = machine_peaks.cached(machine, n_threads, cache_dir())
     got = None if force else existing
     if got is not None and only is not None and not only <= {d.name for d in got.devices}:
@@ -117,3 +150,17 @@ def command(
     from llamacpp_instr.converters.reports.roofline_report import peaks_report
 
     emit(render(peaks_report(got), fmt), output)
+
+
+def _counts(text: str) -> list[int]:
+    """``--thread-counts``' counts, each once, in order (a UsageError for anything else)."""
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
+        raise click.BadParameter(
+            f"takes distinct thread counts of at least 1, comma-separated (1,2), not {text!r}",
+            param_hint="--thread-counts",
+        )
+    return counts

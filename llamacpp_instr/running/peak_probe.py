@@ -7,7 +7,15 @@ that type, with the CPU's repacking buffer type where a run would use it). The C
 thread count of the runs. The best of ``n_runs`` timed runs counts (after one warm-up run): a peak
 is what the machine can do.
 
-The CPU also gets what a graph costs on its threads beyond one (``sync_ns``): a graph of one
+The CPU also gets a one-column matmul per weight type (``gemv``: a generated token's shape),
+its weight ``gemv_bytes`` large, far beyond the caches: ggml's kernel for that shape streams the
+weight and dequantizes it on the threads at once, and neither the bandwidth nor the matmul figure
+says how its time moves with the thread count (on a 2-core VM, Q4_1 at one thread streamed 10 GB/s
+where the ADD reached 15 to 22; from one thread to two it sped up 1.62x, as a Q4_1 model's
+generation matmuls did, 1.64x, where the ADD's figures moved between 1.2x and 1.6x from one
+measurement to the next).
+
+And what a graph costs on its threads beyond one (``sync_ns``): a graph of one
 matmul too small to gain from threads (``SYNC_SIZE``, one column) timed at the thread count and
 on one thread, the best of ``SYNC_RUNS`` each; the difference is the start of the other threads
 and their meeting at the graph's end, which a model's compute pays once at that count (its ops
@@ -18,9 +26,12 @@ count no log ran with it, ``deciding/prediction/op_threads.py``).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.session.machine_peaks import DevicePeaks, Peaks
@@ -47,6 +58,18 @@ class Plan:
     matmul_size: int = 2048  # k = m
     matmul_n: int = 512  # columns of x: a prompt ubatch
     n_runs: int = 5
+    # the weight of the one-column matmul (a generated token's), far beyond any last-level cache
+    gemv_bytes: int = 96 << 20
+
+
+def gemv_size(name: str, weight_bytes: int) -> int:
+    """The side of a square weight of type ``name`` holding about ``weight_bytes``: a multiple of
+    256 (every type's block, the K-quants' included)."""
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name.upper()]]
+    side = math.sqrt(weight_bytes * block / size)
+    return max(256, int(side) // 256 * 256)
 
 
 def type_id(name: str) -> int:
@@ -119,6 +142,9 @@ def measure(
                     r["type"]: r["flops"] / r["best_ns"] for r in rec if r["what"] == "matmul"
                 },
                 sync_ns=max(float(sync[0] - sync[1]), 0.0) if len(sync) == 2 else None,
+                gemv_gflops={
+                    r["type"]: r["flops"] / r["best_ns"] for r in rec if r["what"] == "gemv"
+                },
             )
         )
     if not devices:
@@ -130,6 +156,72 @@ def measure(
         devices=devices,
         measurements=records,
     )
+
+
+# rounds of ``measure_counts``, and the timed runs of each probe in a round
+COUNT_ROUNDS = 3
+COUNT_RUNS = 2
+
+
+def measure_counts(
+    counts: Sequence[int],
+    plan: Plan,
+    lib: bindings.InstrLib | None = None,
+    progress: Callable[[str], None] = lambda _s: None,
+    warn: Callable[[str], None] = lambda _s: None,
+    only: Collection[str] | None = None,
+) -> list[Peaks]:
+    """The peaks at each thread count of ``counts`` (``plan`` at each), the counts taking turns
+    over ``COUNT_ROUNDS`` rounds, each figure the median of its rounds' bests (``COUNT_RUNS``
+    runs a probe in a round). What ``instr predict --threads`` uses is the ratio of two counts'
+    figures; measured minutes apart on a shared machine, a count's bandwidth moved by a quarter
+    and the ratio with it, where counts measured in turns share the machine's state. Devices
+    other than the CPU do not depend on the count: measured once, in the first round, and given
+    to every count."""
+    lib = lib or bindings.load()
+    cpu_only = {
+        str(d.get("name")) for d in lib.machine_info().get("devices", []) if d.get("type") == "cpu"
+    }
+    rounds: dict[int, list[Peaks]] = {n: [] for n in counts}
+    for r in range(COUNT_ROUNDS):
+        for i, n in enumerate(counts):
+            progress(f"round {r + 1} of {COUNT_ROUNDS}, {n} thread(s)")
+            first = r == 0 and i == 0
+            got = measure(
+                replace(plan, n_threads=n, n_runs=COUNT_RUNS), lib, progress, warn,
+                only if first else (cpu_only if only is None else set(only) & cpu_only),
+            )  # fmt: skip
+            rounds[n].append(got)
+    others = [d for d in rounds[counts[0]][0].devices if d.type != "cpu"]
+    out = []
+    for n in counts:
+        cpus = [p.device() for p in rounds[n]]
+        mid = cpus[0]
+        types = sorted({t for c in cpus for t in c.matmul_gflops})
+        gemv = sorted({t for c in cpus for t in c.gemv_gflops})
+        syncs = [c.sync_ns for c in cpus if c.sync_ns is not None]
+        cpu = replace(
+            mid,
+            bandwidth_gbs=float(np.median([c.bandwidth_gbs for c in cpus])),
+            matmul_gflops={
+                t: float(np.median([c.matmul_gflops[t] for c in cpus if t in c.matmul_gflops]))
+                for t in types
+            },
+            sync_ns=float(np.median(syncs)) if syncs else None,
+            gemv_gflops={
+                t: float(np.median([c.gemv_gflops[t] for c in cpus if t in c.gemv_gflops]))
+                for t in gemv
+            },
+        )
+        last = rounds[n][-1]
+        out.append(
+            replace(
+                last,
+                devices=[cpu, *others],
+                measurements=[m for p in rounds[n] for m in p.measurements],
+            )
+        )
+    return out
 
 
 def merge(old: Peaks, new: Peaks) -> Peaks:
@@ -175,6 +267,13 @@ def _one(
         out.append(_record(p, "matmul", t))
         buft = p.buffer_type.decode(errors="replace")
         progress(f"{name}: matmul {t} {p.flops / p.best_ns:.1f} GFLOP/s ({buft})")
+        if cpu and plan.gemv_bytes > 0:
+            size = gemv_size(t, plan.gemv_bytes)
+            p = lib.probe(
+                bindings.PROBE_MATMUL, index, type_id(t), plan.n_threads, size, 1, plan.n_runs
+            )
+            out.append(_record(p, "gemv", t))
+            progress(f"{name}: matmul {t} {size}x{size} by 1 {p.flops / p.best_ns:.1f} GFLOP/s")
     if cpu:
         # (at the thread count first, then on one: "sync" records in that order)
         for n in (plan.n_threads, 1):

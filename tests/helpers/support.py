@@ -555,7 +555,7 @@ def rewrite_log(src: Path, dest: Path, edit: Any) -> Path:
 # a quick peak measurement (small sizes, two runs): enough for a sane shape, not for figures
 QUICK = measure.Plan(
     n_threads=2, types=("f32", "q8_0"), bandwidth_elements=1 << 20, matmul_size=256, matmul_n=16,
-    n_runs=2,
+    n_runs=2, gemv_bytes=1 << 20,
 )  # fmt: skip
 
 

@@ -60,6 +60,10 @@ class DevicePeaks:
     # at the peaks' thread count over its time on one thread (the threads' start and their last
     # meeting, paid once a compute; None: not measured, a file written before it was)
     sync_ns: float | None = None
+    # GFLOP/s of a matmul by one column (a generated token's) whose weight, of each type, is far
+    # beyond the caches: ggml's kernel for that shape, as a generation step runs it ({}: not
+    # measured, a file written before it was)
+    gemv_gflops: dict[str, float] = field(default_factory=dict)
 
     @property
     def compute_gflops(self) -> float:
@@ -107,6 +111,7 @@ class Peaks:
                     "bandwidth_gbs": d.bandwidth_gbs,
                     "matmul_gflops": d.matmul_gflops,
                     **({} if d.sync_ns is None else {"sync_ns": d.sync_ns}),
+                    **({"gemv_gflops": d.gemv_gflops} if d.gemv_gflops else {}),
                 }
                 for d in self.devices
             ],
@@ -126,6 +131,7 @@ def from_json(doc: Any, where: str) -> Peaks:
                 bandwidth_gbs=float(d["bandwidth_gbs"]),
                 matmul_gflops={str(k): float(v) for k, v in d["matmul_gflops"].items()},
                 sync_ns=_sync(d.get("sync_ns")),
+                gemv_gflops={str(k): float(v) for k, v in d.get("gemv_gflops", {}).items()},
             )
             for d in doc["devices"]
         ]

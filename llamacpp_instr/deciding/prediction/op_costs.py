@@ -398,8 +398,9 @@ class CostModel:
                 far = cells / line.cells_hi if cells > line.cells_hi * BEYOND else 0.0
             if scale is not None and dev == "CPU":  # at the target's thread count
                 weight = as_typ if as_lab.startswith("MUL_MAT") and "kv " not in as_typ else ""
+                columns = rows(gc.graph.nodes[k], gc.graph) if weight else 0
                 time, what = scale.time(
-                    out[k] - fixed, float(n_bytes[0]), weight, rol, int(gc.units[k])
+                    out[k] - fixed, float(n_bytes[0]), weight, rol, int(gc.units[k]), columns
                 )
                 out[k] = fixed + time
                 if bound is not None:

@@ -10,8 +10,14 @@ measured at the two counts:
 - the memory part by the bandwidth ``instr peaks`` measured at ``T`` over the one at ``S`` (the
   rate one thread streams at is not two threads' rate: on a 2-core VM, 13 against 25 GB/s, and
   a Q4_1 model's generation 1.8 to 2 times faster on two threads);
-- the compute part of a matmul by the matmul throughput ``instr peaks`` measured for its weight
-  type at each count (ggml's kernel of that type on the threads: on that VM a Q4_1 matmul of
+- a matmul of one column (a generated token's: ggml streams the weight and dequantizes it on
+  the threads at once, neither bound alone) by the one-column matmul ``instr peaks`` measured for
+  its weight type at each count, on a weight beyond the caches: its whole time beyond the fixed
+  cost (on a 2-core VM a Q4_1 model's generation matmuls sped up 1.64x from one thread to two,
+  the probe's 1.62x, where the ADD's bandwidth moved between 1.2x and 1.6x from one measurement
+  to the next);
+- the compute part of another matmul by the matmul throughput ``instr peaks`` measured for its
+  weight type at each count (ggml's kernel of that type on the threads: on that VM a Q4_1 matmul of
   2048 x 2048 by 512 ran 1.8 times faster on two threads, an F32 one 2.0), of another op (or a
   weight type not measured) by the threads (ggml splits an op's rows or chunks between them: an
   op of one row, the norm of one token, runs on one thread whatever the count);
@@ -23,7 +29,9 @@ measured at the two counts:
   model's generation step at 2 threads than it takes).
 
 Without the peaks of both counts nothing says how fast ``T`` threads stream, so the count is
-not covered and the prediction names the ``instr peaks`` to run; a weight type whose matmul the
+not covered and the prediction names the ``instr peaks`` to run (``--thread-counts S,T``: the
+counts measured in turns, as their ratio is what prices one from the other; peaks of the two
+measured minutes apart are said to be); a weight type whose matmul the
 peaks of either count lack (a file measured with ``--types`` that leave it out) is priced by
 the threads, said with the command that measures it. Beyond the CPUs the logs' machine has,
 threads would take turns on them: not predicted (``predict``).
@@ -69,7 +77,10 @@ def cpu_peaks(machine: dict[str, Any] | None, counts: list[int], cache: Path) ->
             continue
         cpu = next((d for d in p.devices if d.type == "cpu"), None)
         if cpu is not None and cpu.bandwidth_gbs > 0 and cpu.sync_ns is not None:
-            out[n] = CpuPeaks(n, cpu.bandwidth_gbs, cpu.sync_ns, dict(cpu.matmul_gflops))
+            out[n] = CpuPeaks(
+                n, cpu.bandwidth_gbs, cpu.sync_ns, dict(cpu.matmul_gflops), p.date,
+                dict(cpu.gemv_gflops),
+            )  # fmt: skip
     return out
 
 
@@ -89,8 +100,25 @@ def scale(model: CostModel, threads: int, peaks: PeaksAt) -> CostModel | None:
 
 
 def peaks_command(counts: list[int]) -> str:
-    """The ``instr peaks`` runs that measure ``counts``."""
-    return " and ".join(f"`instr peaks --threads {n} --force`" for n in counts)
+    """The ``instr peaks`` run that measures ``counts`` (in turns, where several: their ratios
+    are what prices one from another)."""
+    if len(counts) == 1:
+        return f"`instr peaks --threads {counts[0]} --force`"
+    return f"`instr peaks --thread-counts {','.join(map(str, counts))} --force`"
+
+
+def apart_s(peaks: PeaksAt, counts: list[int]) -> float:
+    """How far apart in time (s) the peaks of ``counts`` were measured (0 where a date is
+    missing): measured minutes apart, a shared machine may have run them at other speeds."""
+    import datetime as dt
+
+    when = []
+    for n in counts:
+        try:
+            when.append(dt.datetime.fromisoformat(peaks[n].date.replace("Z", "+00:00")))
+        except (KeyError, ValueError):
+            return 0.0
+    return (max(when) - min(when)).total_seconds() if when else 0.0
 
 
 def unmeasured_types(model: CostModel, threads: int, peaks: PeaksAt) -> list[str]:

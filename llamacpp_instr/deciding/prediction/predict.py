@@ -12,11 +12,13 @@ price, the median over the logs whose steps computed on the devices the target's
 log predicts itself; 1 where no log's did: a CPU alone at -ngl 0 from logs that offloaded layers).
 Its 95 % interval is made of the logs predicted from each other, leave one out (``intervals``; with
 one log, the model's spread on its own steps). A CPU thread count no log ran is priced from the
-nearest one run, memory-bound ops at the bandwidth ``instr peaks`` measured at the new count,
-compute-bound matmuls at the matmul throughput it measured for their weight type and other
-compute-bound ops by the threads (``op_threads``), up to the CPUs of the logs' machine; without
-those peaks it is not covered. Attention on more KV cells than the logs read is priced by its cost
-per cell, an extrapolation said so, up to what the bench checks (``kv_costs``); a prompt after a
+nearest one run, a generated token's matmuls by the one-column matmul ``instr peaks`` measured
+for their weight type at both counts, other memory-bound ops at the bandwidth it measured at the
+new count, compute-bound matmuls at the matmul throughput it measured for their weight type and
+other compute-bound ops by the threads (``op_threads``), up to the CPUs of the logs' machine;
+without those peaks it is not covered. Attention on more KV cells than the logs read is measured
+at that depth by the probe on the logs' machine (``kv_probe``), elsewhere priced by its cost per
+cell, an extrapolation said so, up to what the bench checks (``kv_costs``); a prompt after a
 depth is priced at the steps that did not start their context (``op_fit.cold_step``). On several
 devices each
 split adds its device's time beyond its ops and the copies into it
@@ -66,10 +68,14 @@ from llamacpp_instr.deciding.prediction.kv_costs import (
     n_kv,
     visible_cells,
 )
-from llamacpp_instr.deciding.prediction.op_costs import CostModel, GraphCosts
+from llamacpp_instr.deciding.prediction.op_costs import CostModel, GraphCosts, Where
 from llamacpp_instr.native import bindings
 from llamacpp_instr.running import context_defaults, devices, offload, runner
 from llamacpp_instr.running.tensor_overrides import TensorOverrides
+
+# the peaks of two thread counts measured further apart than this (s) are said to be: their
+# ratio is what prices one count from the other
+APART_S = 120
 
 
 @dataclass(frozen=True)
@@ -523,7 +529,8 @@ def _at_threads(
             f"the CPU at {t.threads} threads: no log ran it (the logs ran {ran}), and "
             f"instr peaks has not measured this machine's bandwidth and the cost of starting the "
             f"threads at {' and '.join(map(str, lacking))} thread(s), which price it from the logs' "
-            f"{src}: run {op_threads.peaks_command(lacking)} on it, then predict again (or run "
+            f"{src}: run {op_threads.peaks_command([src, t.threads])} on it (both counts, in "
+            f"turns: their ratio prices one from the other), then predict again (or run "
             f"`instr run {t.model} --threads {t.threads}` (detailed) and add its log)"
         )
         return None
@@ -536,14 +543,34 @@ def _at_threads(
         if types
         else ""
     )
+    no_gemv = sorted(
+        w
+        for w in {k for k in scaled.scaled[Where("CPU", t.threads)].streams if k and ":" not in k}
+        if scaled.scaled[Where("CPU", t.threads)].gemv_rates(w) is None
+    )
+    gemv = (
+        f" (not measured for {', '.join(no_gemv)}: as the other matmuls; "
+        f"{op_threads.peaks_command([src, t.threads])} measures it)"
+        if no_gemv
+        else ""
+    )
     out.threads_from = (
-        f"{t.threads} threads priced from the logs' {src}: memory-bound ops at the bandwidth "
+        f"{t.threads} threads priced from the logs' {src}: a generated token's matmuls by the "
+        f"one-column matmul instr peaks measured for their weight type at each count{gemv}, "
+        f"other memory-bound ops at the bandwidth "
         f"instr peaks measured at {t.threads} ({to.bandwidth:.1f} GB/s; at {src}, "
         f"{at.bandwidth:.1f} GB/s), compute-bound matmuls at the matmul throughput it measured "
         f"for their weight type at each, other compute-bound ops by the threads (an op of one "
         f"row on one thread at both), each compute's start of the threads at its measured cost "
         f"({to.sync_ns / 1e3:.2f} us at {t.threads}, {at.sync_ns / 1e3:.2f} at {src}){unmeasured}"
     )
+    apart = op_threads.apart_s(peaks, [src, t.threads])
+    if apart > APART_S:
+        out.threads_from += (
+            f"; the peaks of the two counts were measured {apart / 60:.0f} minutes apart (a shared "
+            f"machine moves their ratio by a quarter): {op_threads.peaks_command([src, t.threads])} "
+            "measures them in turns"
+        )
     return scaled
 
 

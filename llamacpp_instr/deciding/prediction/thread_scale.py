@@ -59,6 +59,10 @@ class CpuPeaks:
     sync_ns: float
     # GFLOP/s of a matmul per weight type (ggml's name, lower case: "q4_1"), where measured
     matmul: dict[str, float] = field(default_factory=dict)
+    date: str = ""  # when measured (ISO-8601 UTC)
+    # GFLOP/s of a one-column matmul per weight type, its weight beyond the caches (a generated
+    # token's matmul), where measured
+    gemv: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,17 +82,31 @@ class ThreadScale:
         return float(found or self.streams.get("", 0.0))
 
     def time(
-        self, beyond_fixed: float, n_bytes: float, weight: str, role: str, units: int
+        self,
+        beyond_fixed: float,
+        n_bytes: float,
+        weight: str,
+        role: str,
+        units: int,
+        columns: int = 0,
     ) -> tuple[float, str]:
         """An op's time beyond its class's fixed cost at the target's count, from the source's
         (``beyond_fixed``), its bytes, its weight's type for a matmul reading one (else ""), its
-        role and its parts (``split_units``); and what it is (``MEMORY``, ``COMPUTE``,
-        ``ONE_THREAD``)."""
+        role, its parts (``split_units``) and, for a matmul, its columns (the tokens it
+        multiplies); and what it is (``MEMORY``, ``COMPUTE``, ``ONE_THREAD``). A matmul of one
+        column whose type's one-column matmul ``instr peaks`` measured at both counts moves by
+        that matmul's speed-up, and is memory-bound where it streams its bytes at half the
+        bandwidth or more at the target's count."""
         s, t = self.source.threads, self.target.threads
         on_s, on_t = min(units, s), min(units, t)
         if on_s == on_t == 1:
             return beyond_fixed, ONE_THREAD
         rest = max(beyond_fixed, 0.0)
+        gemv = self.gemv_rates(weight) if columns == 1 else None
+        if gemv is not None:
+            time = rest * gemv[0] / gemv[1]
+            streamed = n_bytes / time if time > 0 else 0.0  # (bytes/ns: GB/s)
+            return time, MEMORY if streamed >= 0.5 * self.target.bandwidth else COMPUTE
         rate = self.rate(weight, role)
         memory = min(rest, n_bytes / rate) if rate > 0 else 0.0
         compute = rest - memory
@@ -99,6 +117,12 @@ class ThreadScale:
         bandwidth = self.target.bandwidth / self.source.bandwidth
         time = memory / bandwidth + compute / faster
         return time, MEMORY if memory >= compute else COMPUTE
+
+    def gemv_rates(self, weight: str) -> tuple[float, float] | None:
+        """The one-column matmul throughput ``instr peaks`` measured for weights of type
+        ``weight`` at the source's count and at the target's, None where either lacks it."""
+        a, b = self.source.gemv.get(weight), self.target.gemv.get(weight)
+        return (a, b) if weight and a and b else None
 
     def matmul_rates(self, weight: str) -> tuple[float, float] | None:
         """The matmul throughput ``instr peaks`` measured for weights of type ``weight`` at the

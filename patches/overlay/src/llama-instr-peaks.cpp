@@ -88,35 +88,26 @@ struct probe_res {
 };
 
 // Values in [-1, 1) for a tensor of any type: quantized types are quantized from them, as a
-// model's weights were, so every kernel sees well-formed blocks. A run of k_fill_period random
-// values repeats (a prime, so that no row of a power-of-two length repeats another): a probe's
-// time does not depend on the values, and drawing each of a gigabyte of caches would take
-// seconds.
-constexpr size_t k_fill_period = 65521;
+// model's weights were, so every kernel sees well-formed blocks. The first rows (at least
+// k_fill_values values) are drawn and quantized, and their bytes repeat over the rest: a probe's
+// time does not depend on the values, and drawing and quantizing each of a weight far beyond
+// the caches, or of a gigabyte of KV caches, would take seconds.
+constexpr int64_t k_fill_values = 65536;
 
 bool fill(ggml_tensor * t, std::mt19937 & rng) {
-    const int64_t                         n = ggml_nelements(t);
+    const int64_t                         row   = t->ne[0];
+    const int64_t                         nrows = ggml_nelements(t) / row;
+    const int64_t                         tile  = std::min(nrows, std::max<int64_t>(1, k_fill_values / row));
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    std::vector<uint8_t>                  bytes(ggml_nbytes(t));
-    if (ggml_blck_size(t->type) == 1) {
-        // single values (F32, F16, BF16): the period converted once, its bytes repeated
-        const size_t       period = (size_t) std::min<int64_t>(n, (int64_t) k_fill_period);
-        std::vector<float> f(period);
-        for (auto & v : f) {
-            v = u(rng);
-        }
-        const size_t step = ggml_row_size(t->type, (int64_t) period);
-        ggml_quantize_chunk(t->type, f.data(), bytes.data(), 0, 1, (int64_t) period, nullptr);
-        for (size_t at = step; at < bytes.size(); at += step) {
-            memcpy(bytes.data() + at, bytes.data(), std::min(step, bytes.size() - at));
-        }
-    } else {
-        std::vector<float> f((size_t) n);
-        for (size_t i = 0; i < f.size(); i++) {
-            f[i] = i < k_fill_period ? u(rng) : f[i - k_fill_period];
-        }
-        const int64_t row = t->ne[0];
-        ggml_quantize_chunk(t->type, f.data(), bytes.data(), 0, n / row, row, nullptr);
+    std::vector<float>                    f((size_t) (tile * row));
+    for (auto & v : f) {
+        v = u(rng);
+    }
+    std::vector<uint8_t> bytes(ggml_nbytes(t));
+    const size_t         step = ggml_row_size(t->type, row) * (size_t) tile;
+    ggml_quantize_chunk(t->type, f.data(), bytes.data(), 0, tile, row, nullptr);
+    for (size_t at = step; at < bytes.size(); at += step) {
+        memcpy(bytes.data() + at, bytes.data(), std::min(step, bytes.size() - at));
     }
     ggml_backend_tensor_set(t, bytes.data(), 0, bytes.size());
     return true;

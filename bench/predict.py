@@ -578,7 +578,8 @@ def thread_grid(args: argparse.Namespace, where: Path, models: dict[str, Path]) 
         p = predict.price(target, model, [sf_src], [], peaks_dir=cache)
         rows.append((cell, p, meas[cell][0], {}))
     return grid_report(rows, "threads", lambda c: f"{'2 -> 1' if c.threads == 1 else '1 -> 2'}") + [
-        busy_line(runs)
+        busy_line(runs),
+        spread_line(runs),
     ]
 
 
@@ -653,7 +654,8 @@ def depth_grid(args: argparse.Namespace, where: Path, models: dict[str, Path]) -
         p = predict.price(target, predict.fit([sf_src]), [sf_src], [])
         rows.append((cell, p, meas[cell][0], {}))
     return grid_report(rows, "depth", lambda c: f"{'FA on' if c.ngl else 'FA off'}") + [
-        busy_line(runs)
+        busy_line(runs),
+        spread_line(runs),
     ]
 
 
@@ -719,6 +721,33 @@ def log_error_line(rows: list[Any], what: str) -> str:
         f"|ln(measured / predicted)|: 95th percentile {float(np.percentile(logs, 95)):.3f} over "
         f"the {len(logs)} predictions (intervals.{name}, the half-width of an interval no "
         f"held-out log makes, is {now})."
+    )
+
+
+def spread_line(runs: dict[Cell, list[Path]]) -> str:
+    """How far a cell's own runs are from each other (their range over their median, per kind):
+    the noise the grid's errors include, one run's prompt being a single step."""
+    from llamacpp_instr.deciding.prediction.predict import load_session, measured
+
+    spreads: dict[str, list[tuple[float, str]]] = {"prompt": [], "gen": []}
+    for cell, logs in runs.items():
+        if len(logs) < 2:
+            continue
+        got = [measured(load_session(p)) for p in logs]
+        for kind, out in spreads.items():
+            vals = [g[kind] for g in got if g[kind]]
+            if len(vals) >= 2:
+                out.append(((max(vals) - min(vals)) / statistics.median(vals), cell.file_name))
+    parts = [
+        f"{kind} median {100 * statistics.median(v for v, _ in got):.0f} %, largest "
+        f"{100 * max(got)[0]:.0f} % ({max(got)[1].removesuffix('.log')})"
+        for kind, got in spreads.items()
+        if got
+    ]
+    return (
+        "A cell's runs spread (their range over their median): " + "; ".join(parts) + "."
+        if parts
+        else ""
     )
 
 

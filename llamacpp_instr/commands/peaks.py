@@ -44,7 +44,7 @@ def default_threads() -> int:
     "--thread-counts",
     metavar="N,M,...",
     default=None,
-    help="Measure the CPU at each of these thread counts, taking turns over three rounds (each "
+    help="Measure the CPU at each of these thread counts, taking turns over five rounds (each "
     "figure the median of its rounds): what `instr predict --threads` prices a count no log ran "
     "by is the ratio of two counts' figures, and counts measured apart on a shared machine can "
     "see it at different speeds. Saved per count, as --threads does.",

@@ -159,7 +159,7 @@ def measure(
 
 
 # rounds of ``measure_counts``, and the timed runs of each probe in a round
-COUNT_ROUNDS = 3
+COUNT_ROUNDS = 5
 COUNT_RUNS = 2
 
 

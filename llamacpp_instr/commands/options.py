@@ -302,3 +302,29 @@ experts_option = click.option(
     "and priced from the logs' measured ops, copies and expert traffic (their routing); each "
     "with its command line and -ot rule.",
 )
+
+
+def rpc_link_options(f: F) -> F:
+    """--rpc-rate and --rpc-rtt: the RPC servers' network to price a setting at (instr predict)."""
+    for option in reversed(
+        [
+            click.option(
+                "--rpc-rate",
+                "rpc_rate",
+                metavar="RATE",
+                default=None,
+                help="Price the RPC servers' network at this rate, in bits/s (100M, 1G, "
+                "2.5Gbit); the log's measured rate without it.",
+            ),
+            click.option(
+                "--rpc-rtt",
+                "rpc_rtt",
+                metavar="TIME",
+                default=None,
+                help="Price the RPC servers' network at this round trip (2ms, 500us); the log's "
+                "measured one without it.",
+            ),
+        ]
+    ):
+        f = option(f)
+    return f

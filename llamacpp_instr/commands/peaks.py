@@ -73,7 +73,6 @@ def command(
     logs (an RPC device itself is not probed: ggml-rpc's compute returns before the server has
     run it). --device measures the CPU and only the devices named, adding them to the machine's
     cached peaks."""
-    from llamacpp_instr.converters.session import machine_peaks
     from llamacpp_instr.native import bindings
     from llamacpp_instr.native.paths import cache_dir
     from llamacpp_instr.running import devices
@@ -84,6 +83,7 @@ def command(
     type_list = tuple(t.strip().lower() for t in types.split(",") if t.strip())
     for t in type_list:
         measure.type_id(t)  # a bad name fails before anything runs
+    counts = _counts(thread_counts) if thread_counts is not None else [n_threads]
     lib = bindings.load()
     try:  # ggml's own log lines (the CPU repacking a weight) would break up the progress lines
         from llama_cpp import _logger
@@ -100,56 +100,15 @@ def command(
                 click.echo(f"  {d.name}: {measure.RPC_NOT_MEASURED}", err=True)
             else:
                 only.add(d.name)
-    machine = lib.machine_info()
-    if thread_counts is not None:
-        counts = _counts(thread_counts)
-        plan = measure.Plan(n_threads=counts[0], types=type_list, bandwidth_elements=size_mib << 18)
-        click.echo(
-            f"measuring {', '.join(machine_peaks.machine_key(machine, n) for n in counts)}, "
-            "taking turns ...",
-            err=True,
-        )
-        all_got = measure.measure_counts(
-            counts, plan, lib,
-            progress=lambda s: click.echo(f"  {s}", err=True),
-            warn=lambda s: click.echo(f"error: {s}", err=True),
-            only=only,
-        )  # fmt: skip
-        for one in all_got:
-            click.echo(f"saved {machine_peaks.save(one, cache_dir())}", err=True)
-        from llamacpp_instr.converters.reports.renderers import render
-        from llamacpp_instr.converters.reports.roofline_report import peaks_report
-
-        emit("\n".join(render(peaks_report(one), fmt) for one in all_got), output)
-        return
-    existing = machine_peaks.cached(machine, n_threads, cache_dir())
-    got = None if force else existing
-    if got is not None and only is not None and not only <= {d.name for d in got.devices}:
-        only -= {d.name for d in got.devices}  # measure the rest, keep the cached ones
-        got = None
-    if got is not None:
-        click.echo(
-            f"peaks of {got.key}, measured {got.date} (cached: "
-            f"{machine_peaks.cache_file(got.key, cache_dir())}; --force measures again)",
-            err=True,
-        )
-    else:
-        plan = measure.Plan(n_threads=n_threads, types=type_list, bandwidth_elements=size_mib << 18)
-        click.echo(f"measuring {machine_peaks.machine_key(machine, n_threads)} ...", err=True)
-        got = measure.measure(
-            plan,
-            lib,
-            progress=lambda s: click.echo(f"  {s}", err=True),
-            warn=lambda s: click.echo(f"error: {s}", err=True),
-            only=only,
-        )
-        if existing is not None and only is not None:
-            got = measure.merge(existing, got)
-        click.echo(f"saved {machine_peaks.save(got, cache_dir())}", err=True)
+    plan = measure.Plan(n_threads=counts[0], types=type_list, bandwidth_elements=size_mib << 18)
+    got = measure.obtain(
+        counts, plan, cache_dir(), lib, force=force or len(counts) > 1, only=only,
+        say=lambda s: click.echo(s, err=True),
+    )  # fmt: skip
     from llamacpp_instr.converters.reports.renderers import render
     from llamacpp_instr.converters.reports.roofline_report import peaks_report
 
-    emit(render(peaks_report(got), fmt), output)
+    emit("\n".join(render(peaks_report(one), fmt) for one in got), output)
 
 
 def _counts(text: str) -> list[int]:

@@ -10,7 +10,12 @@ import click
 from click.core import ParameterSource
 
 from llamacpp_instr.commands.offload_options import offload_options
-from llamacpp_instr.commands.options import quant_option, text_json_option, threads_option_with
+from llamacpp_instr.commands.options import (
+    quant_option,
+    rpc_link_options,
+    text_json_option,
+    threads_option_with,
+)
 from llamacpp_instr.commands.output import answer
 
 if TYPE_CHECKING:
@@ -54,22 +59,7 @@ if TYPE_CHECKING:
     "the cache, as instr fit --quant does)."
 )
 @offload_options(layers_default="the first log's placement")
-@click.option(
-    "--rpc-rate",
-    "rpc_rate",
-    metavar="RATE",
-    default=None,
-    help="Price the RPC servers' network at this rate, in bits/s (100M, 1G, 2.5Gbit); the "
-    "log's measured rate without it.",
-)
-@click.option(
-    "--rpc-rtt",
-    "rpc_rtt",
-    metavar="TIME",
-    default=None,
-    help="Price the RPC servers' network at this round trip (2ms, 500us); the log's measured "
-    "one without it.",
-)
+@rpc_link_options
 @click.option(
     "--spec-draft-n-max",
     "spec_n_max",
@@ -84,10 +74,8 @@ if TYPE_CHECKING:
     "--probe/--no-probe",
     default=True,
     show_default=True,
-    help="Attention at a context deeper than the logs': measured on this machine at that depth "
-    "(its ops run by ggml on caches of that size, a second or so) and added to the logs' price at "
-    "their most KV cells, or with --no-probe priced by its cost per cell in the logs (an "
-    "extrapolation, up to 17x their cells). The probe is used only on the logs' machine.",
+    help="Attention deeper than the logs' KV cells run at that depth on this machine (the logs'), "
+    "or priced by its cost per cell in the logs (an extrapolation, up to 17x their cells).",
 )
 @text_json_option(
     "text: tokens/s and where the time goes; json: prompt_tokens_per_s and "
@@ -114,38 +102,34 @@ def command(
     """Predict prompt and generation tokens/s for a setting not run, from LOGS (detailed logs of
     runs on this machine; several: each priced where it is closest).
 
-    The setting is the first log's, with the options given changed. Its graphs are built for real:
-    the model is loaded without its weights and llama.cpp builds (never computes) the graph of
-    every ubatch the run would compute, at the KV size it would have. Each op is priced from the
-    ops the logs measured of its kind, on its device, at its thread count: an efficiency against
-    the device's roofs and a fixed cost per op, fitted per op class; on several devices each split
-    adds its device's time beyond its ops and the copies into it, as the logs measured them. An
-    RPC server's ops are priced from the ops it timed, and its network per command: round trips
-    times the link's round trip plus bytes at its rate, the link measured in the log unless
-    --rpc-rate or --rpc-rtt give another (a log's RPC servers are stood in for on loopback to build
-    the graphs, unless --rpc names live ones). The result is a prediction with a 95 % interval:
-    from the logs predicted from each other (leave one out), or where none could be held out the
-    model's error on the project's benchmark grids (x/÷ 1.22) or its spread on the logs' own
-    steps, the wider. A CPU thread count no log ran is priced from the nearest one run with what
-    instr peaks measured of this machine at both (without them, not covered: the instr peaks to
-    run is named): memory-bound ops at the bandwidth of the new count, compute-bound matmuls at
-    the matmul throughput measured for their weight type there, other compute-bound ones by the
-    threads, an op of one row on one thread at both; the output says which each op is. A context
-    deeper than the logs' prices attention (the KQ and KQV matmuls and their softmax, or flash
-    attention) at the logs' most KV cells, plus what its ops take more at the target's depth,
-    measured on this machine by a probe that runs them as llama.cpp's graph does, on caches of
-    that size, at the target's threads (up to the model's n_ctx_train); on another machine
-    than the logs', or with --no-probe, by its cost per KV cell in the logs, labelled an
-    extrapolation, up to 17x the KV cells they read (what the project's benchmark checks).
-    What no log measured (threads beyond the machine's CPUs, a weight type never run, a device,
-    ops of more work than the logs' did: a longer prompt or ubatch, a context deeper than that)
-    is listed with the run that would measure it, and that speed is not given (exit 2). A
-    context beyond the model's n_ctx_train is refused (exit 2). An op
-    its device never ran, of a kind it did, is priced from that kind and listed ("priced from
-    other ops": a matmul of a weight type the logs ran on another device only, as the device's
-    matmul of another type of the same shape; a binary op from another).
-    Op offload is priced: a prompt's matmuls ggml runs on a GPU though their weights are on the
-    host (-ngl 0 on a Vulkan build), with the weights' copies at the logs' copy rate.
+    The setting is the first log's, with the options given changed. llama.cpp builds (never
+    computes) the graph of every ubatch the run would compute, the model loaded without its
+    weights, and each op is priced from the ops the logs measured of its kind, on its device, at
+    its thread count (an efficiency against the device's roofs and a fixed cost per op, per op
+    class); on several devices each split adds its device's time beyond its ops and the copies
+    into it, as measured; an RPC server's ops are priced from the ops it timed and its network per
+    command, at the link the log measured unless --rpc-rate or --rpc-rtt give another (its
+    servers stood in for on loopback unless --rpc names live ones). The result has a 95 %
+    interval: from the logs predicted from each other (leave one out), or else the model's error
+    on the project's benchmark grids (x/÷ 1.22) or its spread on the logs' own steps, the wider.
+    A CPU thread count no log ran is priced from the nearest one run with what instr peaks
+    measured of this machine at both (without them, not covered, the instr peaks to run named):
+    a generated token's matmuls by the one-column matmul measured for their type, other
+    memory-bound ops by the bandwidth, compute-bound matmuls by the matmul throughput, other
+    compute-bound ones by the threads, an op of one row on one thread at both; the output says
+    which each op is. A context deeper than the logs' prices attention (KQ, softmax and KQV, or
+    flash attention) at their most KV cells plus what a probe measures it to take more at the
+    target's depth, run as llama.cpp's graph runs it, on this machine (the logs'; else, or with
+    --no-probe, per KV cell, an extrapolation up to 17x the logs' cells, what the project's
+    benchmark checks). What no log measured (threads beyond the machine's CPUs, a weight type
+    never run, a device, ops of more work than the logs' did: a longer prompt or ubatch) is listed
+    with the run that would measure it, and that speed is not given (exit 2). A context beyond
+    the model's n_ctx_train is refused (exit 2). An op its device never ran, of a kind it did, is
+    priced from that kind and listed ("priced from other ops": a matmul of a weight type the logs
+    ran on another device only, as the device's matmul of another type of the same shape; a
+    binary op from another). Op offload is priced: a prompt's matmuls ggml runs on a GPU though
+    their weights are on the host (-ngl 0 on a Vulkan build), with the weights' copies at the
+    logs' copy rate.
     """
     from llamacpp_instr.deciding import predict_report
     from llamacpp_instr.deciding.prediction.entry import PredictRequest, predict_setting

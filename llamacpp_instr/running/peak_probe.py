@@ -29,6 +29,7 @@ import datetime as dt
 import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -222,6 +223,56 @@ def measure_counts(
             )
         )
     return out
+
+
+def obtain(
+    counts: Sequence[int],
+    plan: Plan,
+    cache: Path,
+    lib: bindings.InstrLib,
+    force: bool = False,
+    only: Collection[str] | None = None,
+    say: Callable[[str], None] = lambda _s: None,
+) -> list[Peaks]:
+    """``instr peaks``: this machine's peaks at each of ``counts`` (``plan`` at each), saved in
+    ``cache``. One count: the cached file unless ``force`` (the devices of ``only`` it lacks are
+    measured and added to it); several: measured in turns (``measure_counts``). ``say`` hears
+    what is done, each step's progress indented."""
+    from llamacpp_instr.converters.session import machine_peaks
+
+    machine = lib.machine_info()
+
+    def progress(line: str) -> None:
+        say(f"  {line}")
+
+    def warn(line: str) -> None:
+        say(f"error: {line}")
+
+    if len(counts) > 1:
+        keys = ", ".join(machine_peaks.machine_key(machine, n) for n in counts)
+        say(f"measuring {keys}, taking turns ...")
+        out = measure_counts(counts, plan, lib, progress, warn, only)
+        for one in out:
+            say(f"saved {machine_peaks.save(one, cache)}")
+        return out
+    n_threads = counts[0]
+    existing = machine_peaks.cached(machine, n_threads, cache)
+    got = None if force else existing
+    if got is not None and only is not None and not set(only) <= {d.name for d in got.devices}:
+        only = set(only) - {d.name for d in got.devices}  # measure the rest, keep the cached
+        got = None
+    if got is not None:
+        say(
+            f"peaks of {got.key}, measured {got.date} (cached: "
+            f"{machine_peaks.cache_file(got.key, cache)}; --force measures again)"
+        )
+        return [got]
+    say(f"measuring {machine_peaks.machine_key(machine, n_threads)} ...")
+    got = measure(replace(plan, n_threads=n_threads), lib, progress, warn, only)
+    if existing is not None and only is not None:
+        got = merge(existing, got)
+    say(f"saved {machine_peaks.save(got, cache)}")
+    return [got]
 
 
 def merge(old: Peaks, new: Peaks) -> Peaks:

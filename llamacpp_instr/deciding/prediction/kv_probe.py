@@ -67,7 +67,8 @@ class Shape:
     def cache_bytes(self, kv_size: int) -> int:
         """A layer's caches the op reads from (the K and V rows of ``kv_size`` cells)."""
         per = {FLASH: self.head_dim_k + self.head_dim_v, KQ: self.head_dim_k, KQV: self.head_dim_v}
-        return 2 * per.get(self.op, 0) * self.n_head_kv * kv_size  # (F16 at most)
+        # (2 bytes a value, an F16 cache: a quantized one holds less, an F32 one twice as much)
+        return 2 * per.get(self.op, 0) * self.n_head_kv * kv_size
 
 
 def _src(g: Graph, node: Node, i: int) -> Node | None:

@@ -14,9 +14,13 @@ KQV) is priced as
 
 the probe building the op as llama.cpp's graph does (the caches' views, the causal mask, the
 query rows at their positions), once per layer in one graph, each layer reading a cache of its
-own (the caches as cold as the run's; at most ``PROBE_BYTES`` of them), at the target's thread
-count on the op's device. What the logs measured stays theirs; what they could not show, the
-kernel's growth with the cells, is measured at the depth asked.
+own, at the target's thread count on the op's device. It runs as many layers as hold
+``PROBE_BYTES`` of caches, not the model's count: more than a last-level cache holds (in a run
+the weights pass between two reads of a layer's cache, so it is read cold), and a compute long
+enough that the backend's start-up is not what is timed (a 12-layer probe's best of two computes
+took 1.5x its best of six on a 2-core VM; at 256 MiB both agree within 2 %). What the logs
+measured stays theirs; what they could not show, the kernel's growth with the cells, is
+measured at the depth asked.
 
 The probe measures this machine: it is used only where this machine is the logs' (the CPU model
 and the device names as ``session_start.machine`` records them) and the op's device is one it
@@ -32,7 +36,7 @@ from typing import Any
 
 from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
 
-# the most bytes of caches one probe reads (its layers': enough to leave the last-level cache)
+# the bytes of caches one probe's layers hold (at most 512 layers): beyond a last-level cache
 PROBE_BYTES = 256 << 20
 PROBE_RUNS = 2
 
@@ -131,9 +135,10 @@ class Probe:
         self.failed: dict[str, None] = {}
         self.runs = 0
 
-    def ns(self, shape: Shape, pos0: int, device: str, n_layer: int) -> float | None:
+    def ns(self, shape: Shape, pos0: int, device: str) -> float | None:
         """One layer's time (ns) of ``shape``'s op with its first query row at ``pos0``, on
-        ``device``, measured over up to ``n_layer`` layers' caches; None where it cannot be."""
+        ``device``, measured over the layers of ``PROBE_BYTES`` of caches; None where it cannot
+        be."""
         from llamacpp_instr.native import bindings
 
         index = self.devices.get(device)
@@ -141,7 +146,7 @@ class Probe:
             self.failed[f"{device}: the probe cannot run there"] = None
             return None
         per = max(shape.cache_bytes(self.kv_size), 1)
-        layers = max(1, min(n_layer, math.ceil(PROBE_BYTES / per), 512))
+        layers = max(1, min(math.ceil(PROBE_BYTES / per), 512))
         pos0 = max(0, min(pos0, shape.n_kv - shape.rows))
         key = (shape, pos0, device, layers)
         if key in self.cache:

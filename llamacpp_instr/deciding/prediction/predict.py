@@ -735,17 +735,13 @@ class _Pricing:
         }
         if any(v is None for v in shapes.values()) or not shapes:
             return None
-        layers: dict[tuple[Any, str], int] = defaultdict(int)
-        for k, sh in shapes.items():
-            layers[(sh, devs[k] if k < len(devs) else "CPU")] += 1
         priced = cost.copy()
         over = np.zeros_like(cost)
         for k, sh in shapes.items():
             assert sh is not None
             dev = devs[k] if k < len(devs) else "CPU"
-            n_layer = layers[(sh, dev)]
-            deep_ns = self.probe.ns(sh, pos0, dev, n_layer)
-            at_ns = self.probe.ns(sh.at(kv_a), pos0_a, dev, n_layer)
+            deep_ns = self.probe.ns(sh, pos0, dev)
+            at_ns = self.probe.ns(sh.at(kv_a), pos0_a, dev)
             if deep_ns is None or at_ns is None:
                 return None
             priced[k] = anchor[k]

@@ -359,6 +359,24 @@ def test_a_generated_tokens_matmul_moves_by_the_one_column_matmul_measured() -> 
     assert moved >= 6  # the generation steps' weight matmuls
 
 
+def test_a_measured_speed_up_is_bounded_by_the_threads() -> None:
+    """Peaks that read 1 -> 2 threads as more than 2x (a one-column matmul at 20 then 50 GFLOP/s,
+    a matmul at 30 then 70) move an op split over both threads by 2x at most, either way; one
+    measured below it moves by what was measured."""
+    from llamacpp_instr.deciding.prediction.thread_scale import COMPUTE, CpuPeaks, ThreadScale
+
+    one = CpuPeaks(1, 20.0, 0.0, {"f16": 30.0, "q8_0": 40.0}, gemv={"f16": 20.0, "q8_0": 20.0})
+    two = CpuPeaks(2, 25.0, 0.0, {"f16": 70.0, "q8_0": 60.0}, gemv={"f16": 50.0, "q8_0": 30.0})
+    up, down = ThreadScale(one, two, {}), ThreadScale(two, one, {})
+    # (no stream rate: the whole time is compute; 64 parts: split over every thread)
+    assert up.time(1000.0, 0.0, "f16", "", 64, columns=8) == (500.0, COMPUTE)
+    assert down.time(1000.0, 0.0, "f16", "", 64, columns=8) == (2000.0, COMPUTE)
+    assert up.time(1000.0, 0.0, "f16", "", 64, columns=1)[0] == 500.0
+    assert down.time(1000.0, 0.0, "f16", "", 64, columns=1)[0] == 2000.0
+    assert up.time(1000.0, 0.0, "q8_0", "", 64, columns=8)[0] == pytest.approx(1000 * 40 / 60)
+    assert down.time(1000.0, 0.0, "q8_0", "", 64, columns=1)[0] == pytest.approx(1000 * 30 / 20)
+
+
 def test_peaks_measured_apart_are_said_to_be(tiny_detailed: RunLog, tmp_path: Path) -> None:
     """The peaks of the two counts measured 25 minutes apart: the prediction says so and names the
     measurement in turns; measured together, it says nothing of it."""

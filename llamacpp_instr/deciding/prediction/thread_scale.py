@@ -104,7 +104,7 @@ class ThreadScale:
         rest = max(beyond_fixed, 0.0)
         gemv = self.gemv_rates(weight) if columns == 1 else None
         if gemv is not None:
-            time = rest * gemv[0] / gemv[1]
+            time = rest / self._linear(gemv[1] / gemv[0], on_s, on_t)
             streamed = n_bytes / time if time > 0 else 0.0  # (bytes/ns: GB/s)
             return time, MEMORY if streamed >= 0.5 * self.target.bandwidth else COMPUTE
         rate = self.rate(weight, role)
@@ -114,9 +114,19 @@ class ThreadScale:
             return rest, MEMORY if memory >= compute else COMPUTE
         rates = self.matmul_rates(weight)
         faster = rates[1] / rates[0] if rates else math.ceil(units / s) / math.ceil(units / t)
+        faster = self._linear(faster, on_s, on_t)
         bandwidth = self.target.bandwidth / self.source.bandwidth
         time = memory / bandwidth + compute / faster
         return time, MEMORY if memory >= compute else COMPUTE
+
+    @staticmethod
+    def _linear(faster: float, on_s: int, on_t: int) -> float:
+        """A speed-up measured by ``instr peaks`` (the target's rate over the source's), bounded by
+        the threads' own: work on ``on_t`` threads instead of ``on_s`` runs at most that much
+        faster, or slower (two measurements of one machine minutes apart read 1 -> 2 threads as
+        2.26x in one and 1.75x in the other)."""
+        bound = on_t / on_s
+        return min(faster, bound) if on_t > on_s else max(faster, bound)
 
     def gemv_rates(self, weight: str) -> tuple[float, float] | None:
         """The one-column matmul throughput ``instr peaks`` measured for weights of type

@@ -25,7 +25,9 @@ with the peaks the bench measures at both: median absolute error at most 10 %, l
 ``--depth-grid``: the same two models, flash attention off and on, depths 512 to 4096 (the depth
 filled before the session, as llama-bench's -d does, then a short prompt and generation), each
 from ``instr run``'s log of the short prompt alone: median at most 15 %. Each cell runs --reps
-times, the cells taking turns, and its median counts; a run whose steps spread like a busy
+times, the cells taking turns, and its median counts; a kind's predictions (prompt, generation)
+are made from the source cell's run whose figure of that kind is the median (a short prompt is
+one step: one run's can be a spike); a run whose steps spread like a busy
 machine's is run again (--retry-busy); --priority runs the bench at nice -20 in a scheduling
 group of its own, and the models are held in memory (a machine that pages out idle memory would
 otherwise read the weights from disk in a run's first step).
@@ -47,6 +49,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -423,6 +426,9 @@ THREAD_PROMPTS = (8, 48, 200)
 DEPTHS = (512, 1024, 2048, 4096)
 SHORT = 9
 N_GEN = 32
+# the times a run at a depth computes its short prompt (one step each: one run's single step
+# can be a spike the cell's median of three runs still carries)
+DEPTH_PROMPTS = 3
 # the weight types whose matmul `instr peaks` measures for the grids: their models' (Q4_1 and its
 # Q8_0 output, F16, F32)
 PEAK_TYPES = ("f32", "f16", "q4_1", "q8_0")
@@ -519,19 +525,31 @@ def thread_cells(models: dict[str, Path]) -> list[Cell]:
     return [Cell(m, t, n, 512) for m in models for n in THREAD_PROMPTS for t in (1, 2)]
 
 
-def measured_median(logs: list[Path]) -> tuple[dict[str, float | None], Path]:
-    """Per kind the median over a cell's runs of what each measured, and the run whose total
-    time is the median's (the log its predictions are made from)."""
+def measured_median(logs: list[Path]) -> tuple[dict[str, float | None], dict[str, Path]]:
+    """Per kind the median over a cell's runs of what each measured, and the run whose figure
+    of that kind is the median (the log that kind's predictions are made from: a short prompt
+    is one step, and one run's step can be a spike that the median of the cell's runs is not)."""
     from llamacpp_instr.deciding.prediction.predict import load_session, measured
 
     got = [measured(load_session(p)) for p in logs]
     out: dict[str, float | None] = {}
+    src: dict[str, Path] = {}
     for kind in ("prompt", "gen"):
-        vals = [g[kind] for g in got if g[kind]]
+        ran = [i for i, g in enumerate(got) if g[kind]]
+        vals = [got[i][kind] or 0.0 for i in ran]
         out[kind] = statistics.median(vals) if vals else None
-    tot = [sum(1 / g[k] for k in ("prompt", "gen") if g[k]) for g in got]
-    mid = sorted(range(len(got)), key=lambda i: tot[i])[len(got) // 2]
-    return out, logs[mid]
+        order = sorted(ran, key=lambda i: got[i][kind] or 0.0)
+        src[kind] = logs[order[len(order) // 2]] if order else logs[0]
+    return out, src
+
+
+def predicted_from(price: Callable[[Path], Any], src: dict[str, Path]) -> Any:
+    """One prediction of both kinds, each kind's made from its own source log (``price``: a
+    log's prediction)."""
+    p = price(src["gen"])
+    if src["prompt"] != src["gen"]:
+        p = replace(p, prompt=price(src["prompt"]).prompt)
+    return p
 
 
 def run_reps(
@@ -572,11 +590,16 @@ def thread_grid(args: argparse.Namespace, where: Path, models: dict[str, Path]) 
             for c in cells
             if (c.quant, c.depth) == (cell.quant, cell.depth) and c.threads != cell.threads
         )
-        sf_src = predict.load_session(meas[src][1])
-        target = replace(predict.default_target(sf_src, models[cell.quant]), threads=cell.threads)
-        model = predict.fit([sf_src], peaks_dir=cache)
-        p = predict.price(target, model, [sf_src], [], peaks_dir=cache)
-        rows.append((cell, p, meas[cell][0], {}))
+
+        def price(log: Path, cell: Cell = cell) -> Any:
+            sf_src = predict.load_session(log)
+            target = replace(
+                predict.default_target(sf_src, models[cell.quant]), threads=cell.threads
+            )
+            model = predict.fit([sf_src], peaks_dir=cache)
+            return predict.price(target, model, [sf_src], [], peaks_dir=cache)
+
+        rows.append((cell, predicted_from(price, meas[src][1]), meas[cell][0], {}))
     return grid_report(rows, "threads", lambda c: f"{'2 -> 1' if c.threads == 1 else '1 -> 2'}") + [
         busy_line(runs),
         spread_line(runs),
@@ -599,7 +622,9 @@ fill, prompt = toks[:{depth}], toks[{depth}:{depth} + {short}]
 if fill:
     llm.eval(fill)  # the depth, before the session: llama-bench -d fills it untimed
 with api.session(llm, {out!r}, level="detailed"):
-    llm.eval(prompt)
+    for _ in range({prompts}):  # the prompt again at the same depth, as llama-bench -r repeats
+        llm.n_tokens = len(fill)  # (eval drops the cells from n_tokens on)
+        llm.eval(prompt)
     for _ in range({gen}):
         llm.eval([prompt[-1]])
 llm.close()
@@ -627,7 +652,7 @@ def run_depth_cell(model: Path, fa: bool, depth: int, threads: int, out: Path) -
     code = DEPTH_RUN.format(
         root=str(ROOT), model=str(model), n_ctx=n_ctx, threads=threads, fa=fa,
         text=prompt_of(model, depth + SHORT + 64), depth=depth, short=SHORT, out=str(out),
-        gen=N_GEN,
+        gen=N_GEN, prompts=DEPTH_PROMPTS,
     )  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True, timeout=1800)
 
@@ -649,10 +674,13 @@ def depth_grid(args: argparse.Namespace, where: Path, models: dict[str, Path]) -
         if d == 0:
             continue
         src = next(c for c, v in cells.items() if v == (m, fa, 0))
-        sf_src = predict.load_session(meas[src][1])
-        target = replace(predict.default_target(sf_src, models[m]), depth=d)
-        p = predict.price(target, predict.fit([sf_src]), [sf_src], [])
-        rows.append((cell, p, meas[cell][0], {}))
+
+        def price(log: Path, m: str = m, d: int = d) -> Any:
+            sf_src = predict.load_session(log)
+            target = replace(predict.default_target(sf_src, models[m]), depth=d)
+            return predict.price(target, predict.fit([sf_src]), [sf_src], [])
+
+        rows.append((cell, predicted_from(price, meas[src][1]), meas[cell][0], {}))
     return grid_report(rows, "depth", lambda c: f"{'FA on' if c.ngl else 'FA off'}") + [
         busy_line(runs),
         spread_line(runs),

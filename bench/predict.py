@@ -535,11 +535,9 @@ def measured_median(logs: list[Path]) -> tuple[dict[str, float | None], dict[str
     out: dict[str, float | None] = {}
     src: dict[str, Path] = {}
     for kind in ("prompt", "gen"):
-        ran = [i for i, g in enumerate(got) if g[kind]]
-        vals = [got[i][kind] or 0.0 for i in ran]
-        out[kind] = statistics.median(vals) if vals else None
-        order = sorted(ran, key=lambda i: got[i][kind] or 0.0)
-        src[kind] = logs[order[len(order) // 2]] if order else logs[0]
+        ran = sorted((v, i) for i, g in enumerate(got) if (v := g[kind]))
+        out[kind] = statistics.median(v for v, _ in ran) if ran else None
+        src[kind] = logs[ran[len(ran) // 2][1]] if ran else logs[0]
     return out, src
 
 

@@ -199,9 +199,8 @@ def test_thread_counts_are_measured_in_turns(instr_api: Any) -> None:
 
 def test_the_one_column_matmul_is_measured_beyond_the_caches(instr_api: Any) -> None:
     """Each weight type's one-column matmul (a generated token's): a square weight of about the
-    X
-        by one column; its GFLOP/s in the device's gemv_gflops, from the record's own FLOPs and time.
-    """
+    plan's ``gemv_bytes`` (its side a multiple of the type's block) multiplied by one column; its
+    GFLOP/s in the device's gemv_gflops, from the record's own FLOPs and time."""
     plan = measure.Plan(
         n_threads=1, types=("f32", "q8_0"), bandwidth_elements=1 << 20, matmul_size=128,
         matmul_n=8, n_runs=1, gemv_bytes=4 << 20,

@@ -81,6 +81,51 @@ def test_matmul_probe_counts_its_graphs_tensors(instr_api: Any, name: str) -> No
     assert math.isfinite(p.flops / p.best_ns) and p.flops / p.best_ns > 0
 
 
+def test_matmul_probe_runs_weights_of_one_shape_at_two_counts_in_turn(instr_api: Any) -> None:
+    """Five F16 weights [256, 128], each its own, times one column: the first weight's tensors,
+    every weight's bytes and output counted, their FLOPs; the runs at the second count timed
+    apart (a graph of 256 such weights, 16 MiB, takes longer than one: the work asked is run)."""
+    f16 = 1
+    p = instr_api.probe(
+        bindings.PROBE_MATMUL, 0, f16, 1, 256, 1, 3, m=128, n_weights=5, n_threads_b=2
+    )
+    t = p.tensors
+    assert [(x.type, list(x.ne), x.nbytes) for x in t[:3]] == [
+        (f16, [256, 128, 1, 1], 256 * 128 * 2),
+        (0, [256, 1, 1, 1], 256 * 4),
+        (0, [128, 1, 1, 1], 128 * 4),
+    ]
+    assert p.bytes == 5 * (256 * 128 * 2 + 128 * 4) + 256 * 4
+    assert p.flops == 2 * 256 * 128 * 5
+    assert p.n_threads == 1 and 0 < p.best_ns <= p.total_ns and 0 < p.best_ns_b <= p.total_ns_b
+    one = instr_api.probe(bindings.PROBE_MATMUL, 0, f16, 1, 256, 1, 3, m=128)
+    assert one.bytes == 256 * 128 * 2 + 128 * 4 + 256 * 4 and one.best_ns_b == one.total_ns_b == 0
+    many = instr_api.probe(bindings.PROBE_MATMUL, 0, f16, 1, 256, 1, 3, m=128, n_weights=256)
+    assert many.best_ns > one.best_ns
+
+
+@pytest.mark.parametrize(
+    "kind,kw,what",
+    [
+        (bindings.PROBE_MATMUL, {"m": -1}, "m 0..65536"),
+        (bindings.PROBE_MATMUL, {"m": 70000}, "m 0..65536"),
+        (bindings.PROBE_MATMUL, {"n_weights": 4097}, "n_weights"),
+        (bindings.PROBE_MATMUL, {"n_weights": -1}, "n_weights"),
+        # 4096 weights of 256 x 65536 F32: 256 GiB
+        (bindings.PROBE_MATMUL, {"m": 65536, "n_weights": 4096}, "4 GiB"),
+        (bindings.PROBE_MATMUL, {"n_threads_b": -1}, "n_threads_b"),
+        (bindings.PROBE_BANDWIDTH, {"n_threads_b": 2}, "n_threads_b"),
+    ],
+)
+def test_probe_refuses_bad_weights_and_counts(
+    instr_api: Any, kind: int, kw: dict[str, int], what: str
+) -> None:
+    size = 256 if kind == bindings.PROBE_MATMUL else 4096
+    with pytest.raises(bindings.SessionError) as e:
+        instr_api.probe(kind, 0, 0, 1, size, 1, 1, **kw)
+    assert e.value.code == bindings.ERR_INVALID_ARG and what in str(e.value)
+
+
 def test_bandwidth_probe_counts_its_graphs_tensors(instr_api: Any) -> None:
     n = 1 << 20
     p = instr_api.probe(bindings.PROBE_BANDWIDTH, 0, 0, 2, n, 0, 2)

@@ -86,6 +86,9 @@ class Probe(ctypes.Structure):
         ("n", ctypes.c_int64),
         ("n_runs", ctypes.c_int32),
         ("attn", ProbeAttn),
+        ("m", ctypes.c_int64),
+        ("n_weights", ctypes.c_int32),
+        ("n_threads_b", ctypes.c_int32),
         ("device_name", ctypes.c_char * 64),
         ("buffer_type", ctypes.c_char * 64),
         ("n_tensors", ctypes.c_int32),
@@ -94,6 +97,8 @@ class Probe(ctypes.Structure):
         ("flops", ctypes.c_int64),
         ("best_ns", ctypes.c_int64),
         ("total_ns", ctypes.c_int64),
+        ("best_ns_b", ctypes.c_int64),
+        ("total_ns_b", ctypes.c_int64),
         ("error", ctypes.c_char * 256),
     ]
 
@@ -311,11 +316,17 @@ class InstrLib:
         n: int,
         n_runs: int,
         attn: ProbeAttn | None = None,
+        m: int = 0,
+        n_weights: int = 0,
+        n_threads_b: int = 0,
     ) -> Probe:
         """Run one measurement (llama_instr_probe_run); a SessionError saying why if the device
-        cannot run it. ``attn``: an ATTENTION probe's op and shapes."""
+        cannot run it. ``attn``: an ATTENTION probe's op and shapes; ``m``, ``n_weights``,
+        ``n_threads_b``: a MATMUL's weight rows (0: ``size``), how many such weights it runs (0:
+        one), and a second CPU thread count timed in turn with ``n_threads`` (0: none)."""
         p = Probe(kind=kind, device=device, type=type_id, n_threads=n_threads, size=size, n=n)
         p.n_runs = n_runs
+        p.m, p.n_weights, p.n_threads_b = m, n_weights, n_threads_b
         if attn is not None:
             p.attn = attn
         rc = int(self.lib.llama_instr_probe_run(ctypes.byref(p)))

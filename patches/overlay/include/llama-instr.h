@@ -317,8 +317,10 @@ LLAMA_API const char * llama_instr_machine_info(void);
 enum llama_instr_probe_kind {
     LLAMA_INSTR_PROBE_BANDWIDTH = 0,  // c = a + b (GGML_OP_ADD) over three F32 buffers of `size` elements,
                                       // shaped [4096, size / 4096] so that the threads share the rows
-    LLAMA_INSTR_PROBE_MATMUL    = 1,  // y = w x (GGML_OP_MUL_MAT): w [k = size, m = size] of `type`,
-                                      // x [k, n] F32, y [m, n] F32
+    LLAMA_INSTR_PROBE_MATMUL    = 1,  // y = w x (GGML_OP_MUL_MAT): w [k = size, m] of `type` (m = 0: size),
+                                      // x [k, n] F32, y [m, n] F32; `n_weights` such w, each its own,
+                                      // times the one x, one after the other in one graph (a model's
+                                      // layers: weights read cold, each op's start and end paid)
     LLAMA_INSTR_PROBE_ATTENTION = 2,  // one op of attention (`attn.op`) for n query rows over a KV
                                       // cache laid out as llama.cpp's, in attn.n_layer layers
 };
@@ -364,25 +366,34 @@ struct llama_instr_probe {
     int64_t                       n;          // MATMUL: columns of x (tokens of a batch); BANDWIDTH: ignored
     int32_t                       n_runs;     // timed runs, after one untimed warm-up (1..1000)
     struct llama_instr_probe_attn attn;       // ATTENTION: the op and its shapes (n: the query rows)
+    int64_t                       m;          // MATMUL: rows of w (0: size; up to 65536)
+    int32_t                       n_weights;  // MATMUL: weights of that shape (0: 1; up to 4096, 4 GiB in all)
+    int32_t                       n_threads_b;  // MATMUL on the CPU: a second thread count, its runs in turn
+                                                // with n_threads' (0: none; other devices ignore it)
     // outputs
     char                          device_name[64];  // e.g. "CPU", "CUDA0"
-    char    buffer_type[64];                // the buffer type that held w (the CPU's repacking one where a run uses it)
-    int32_t n_tensors;                      // tensors of the graph: the sources, then the output
+    char    buffer_type[64];  // the buffer type that held w (the CPU's repacking one where a run uses it)
+    int32_t n_tensors;        // tensors of the graph: the sources, then the output (MATMUL: the first w's)
     struct llama_instr_probe_tensor tensors[3];
-    int64_t                         bytes;  // bytes one run moves as counted: the sum of the tensors' nbytes
-    int64_t                         flops;  // FLOPs one run does: BANDWIDTH size; MATMUL 2 k m n;
-                                            // ATTENTION its layers' over the n_kv cells, masked or not
+    int64_t                         bytes;       // bytes one run moves as counted: the sum of the tensors' nbytes
+                                                 // (MATMUL: each weight's and each output's)
+    int64_t                         flops;       // FLOPs one run does: BANDWIDTH size; MATMUL 2 k m n n_weights;
+                                                 // ATTENTION its layers' over the n_kv cells, masked or not
     int64_t                         best_ns;     // fastest timed run
     int64_t                         total_ns;    // all timed runs
+    int64_t                         best_ns_b;   // at n_threads_b (0 without): fastest timed run
+    int64_t                         total_ns_b;  // at n_threads_b: all timed runs
     char                            error[256];  // why it failed ("" on success)
 };
 
 // Build the probe's ggml graph on the device through ggml's backend API, fill its sources, run it
-// once untimed and n_runs times timed, with the run's code paths (the CPU's extra buffer types
-// where they take the op, as a llama_context does). Synchronous; safe from any thread; needs no
-// session. Returns LLAMA_INSTR_OK, ERR_INVALID_ARG (NULL, kind, device, type, size, n, n_runs;
-// attn: an op, type or shape out of range, or caches of more than 4 GiB in all) or ERR_INTERNAL (the device cannot allocate or run the graph); p->error then says why
-// (llama_instr_last_error is not set by this function).
+// once untimed and n_runs times timed (with n_threads_b: at each count, in turn), with the run's
+// code paths (the CPU's extra buffer types where they take the op, as a llama_context does).
+// Synchronous; safe from any thread; needs no session. Returns LLAMA_INSTR_OK, ERR_INVALID_ARG
+// (NULL, kind, device, type, size, m, n, n_weights, n_threads_b, n_runs; attn: an op, type or
+// shape out of range, or caches of more than 4 GiB in all) or ERR_INTERNAL (the device cannot
+// allocate or run the graph); p->error then says why (llama_instr_last_error is not set by this
+// function).
 LLAMA_API int32_t llama_instr_probe_run(struct llama_instr_probe * p);
 
 // What the last failing call on this thread reported ("" if none; at most 511 bytes). Valid until

@@ -165,24 +165,48 @@ bool start_backend(probe_res & r, ggml_backend_dev_t dev, struct llama_instr_pro
     return true;
 }
 
-// gf computed once untimed (caches, pages and thread pools warm up), then p->n_runs times timed
+// the CPU backend's thread count (a no-op on another device)
+void set_threads(probe_res & r, int n) {
+    ggml_backend_dev_t dev = ggml_backend_get_device(r.backend);
+    ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
+    auto               set_n =
+        reg ? (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads") :
+                            nullptr;
+    if (set_n && ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+        set_n(r.backend, n);
+    }
+}
+
+// gf computed once untimed (caches, pages and thread pools warm up), then p->n_runs times timed;
+// with p->n_threads_b, at each count in turn (the runs alternate: a shared machine's speed moves
+// between two counts timed apart)
 int32_t time_runs(probe_res & r, ggml_cgraph * gf, struct llama_instr_probe * p) {
-    using clk   = std::chrono::steady_clock;
-    p->best_ns  = INT64_MAX;
-    p->total_ns = 0;
+    using clk     = std::chrono::steady_clock;
+    const bool b  = p->n_threads_b > 0;
+    p->best_ns    = INT64_MAX;
+    p->total_ns   = 0;
+    p->best_ns_b  = b ? INT64_MAX : 0;
+    p->total_ns_b = 0;
     for (int run = 0; run <= p->n_runs; run++) {
-        const auto t0 = clk::now();
-        if (ggml_backend_graph_compute(r.backend, gf) != GGML_STATUS_SUCCESS) {
-            return fail(p, LLAMA_INSTR_ERR_INTERNAL, std::string("the graph failed on ") + p->device_name);
-        }
-        ggml_backend_synchronize(r.backend);
-        const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now() - t0).count();
-        if (run > 0) {
-            p->best_ns = std::min(p->best_ns, ns);
-            p->total_ns += ns;
+        for (int at_b = 0; at_b <= (b ? 1 : 0); at_b++) {
+            if (b) {
+                set_threads(r, at_b ? p->n_threads_b : p->n_threads);
+            }
+            const auto t0 = clk::now();
+            if (ggml_backend_graph_compute(r.backend, gf) != GGML_STATUS_SUCCESS) {
+                return fail(p, LLAMA_INSTR_ERR_INTERNAL, std::string("the graph failed on ") + p->device_name);
+            }
+            ggml_backend_synchronize(r.backend);
+            const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now() - t0).count();
+            if (run > 0) {
+                int64_t & best = at_b ? p->best_ns_b : p->best_ns;
+                best           = std::min(best, ns);
+                (at_b ? p->total_ns_b : p->total_ns) += ns;
+            }
         }
     }
-    p->best_ns = std::max<int64_t>(p->best_ns, 1);
+    p->best_ns   = std::max<int64_t>(p->best_ns, 1);
+    p->best_ns_b = b ? std::max<int64_t>(p->best_ns_b, 1) : 0;
     return LLAMA_INSTR_OK;
 }
 
@@ -195,8 +219,11 @@ void report(struct llama_instr_probe * p, int i, const ggml_tensor * t) {
     p->tensors[i].nbytes = (int64_t) ggml_nbytes(t);
 }
 
-// the most bytes an attention probe's caches and scores may take in all
+// the most bytes an attention probe's caches and scores may take in all, and a matmul probe's weights
 constexpr int64_t k_attn_max_bytes = int64_t(4) << 30;
+constexpr int64_t k_mm_max_bytes   = int64_t(4) << 30;
+// the most weights a matmul probe runs in one graph
+constexpr int32_t k_max_weights    = 4096;
 
 bool valid_type(int32_t t) {
     return t >= 0 && t < GGML_TYPE_COUNT && ggml_get_type_traits((ggml_type) t)->blck_size != 0;
@@ -375,6 +402,9 @@ int32_t probe(struct llama_instr_probe * p) {
     if (p->n_runs < 1 || p->n_runs > 1000) {
         return fail(p, LLAMA_INSTR_ERR_INVALID_ARG, "n_runs must be 1..1000");
     }
+    if (p->n_threads_b < 0 || (p->n_threads_b > 0 && p->kind != LLAMA_INSTR_PROBE_MATMUL)) {
+        return fail(p, LLAMA_INSTR_ERR_INVALID_ARG, "n_threads_b must be 0, or above 0 for a matmul");
+    }
     if (p->kind == LLAMA_INSTR_PROBE_ATTENTION) {
         ggml_backend_dev_t dev = ggml_backend_dev_get((size_t) p->device);
         copy_str(p->device_name, sizeof(p->device_name), ggml_backend_dev_name(dev));
@@ -386,10 +416,18 @@ int32_t probe(struct llama_instr_probe * p) {
             return fail(p, LLAMA_INSTR_ERR_INVALID_ARG, "unknown ggml type " + std::to_string(p->type));
         }
         const int64_t blck = ggml_blck_size((ggml_type) p->type);
-        if (p->size < blck || p->size % blck != 0 || p->size > (1 << 16) || p->n < 1 || p->n > (1 << 16)) {
+        if (p->size < blck || p->size % blck != 0 || p->size > (1 << 16) || p->n < 1 || p->n > (1 << 16) || p->m < 0 ||
+            p->m > (1 << 16)) {
             return fail(p, LLAMA_INSTR_ERR_INVALID_ARG,
                         "matmul size must be a multiple of the type's block (" + std::to_string(blck) +
-                            ") up to 65536, n 1..65536");
+                            ") up to 65536, m 0..65536, n 1..65536");
+        }
+        const int64_t m = p->m > 0 ? p->m : p->size;
+        if (p->n_weights < 0 || p->n_weights > k_max_weights ||
+            ggml_row_size((ggml_type) p->type, p->size) * (size_t) m * (size_t) std::max(p->n_weights, 1) >
+                (size_t) k_mm_max_bytes) {
+            return fail(p, LLAMA_INSTR_ERR_INVALID_ARG,
+                        "n_weights must be 0..4096 and the weights at most 4 GiB in all");
         }
     } else if (p->size < k_bw_row || p->size % k_bw_row != 0 || p->size > (int64_t(1) << 32)) {
         return fail(p, LLAMA_INSTR_ERR_INVALID_ARG,
@@ -399,19 +437,26 @@ int32_t probe(struct llama_instr_probe * p) {
     ggml_backend_dev_t dev = ggml_backend_dev_get((size_t) p->device);
     copy_str(p->device_name, sizeof(p->device_name), ggml_backend_dev_name(dev));
 
+    const int32_t  n_w = mm ? std::max(p->n_weights, 1) : 1;
     probe_res      r;
-    ggml_context * cw = r.context(2);  // w alone: it may go to an extra buffer type
-    ggml_context * ca = r.context(6);  // the other tensors (and the gaps) and the graph
+    ggml_context * cw = r.context((size_t) n_w + 1);  // the weights alone: they may go to an extra buffer type
+    ggml_context * ca = r.context((size_t) n_w + 6, (size_t) n_w + 4);  // the other tensors (and the gaps), the graph
     if (!cw || !ca) {
         return fail(p, LLAMA_INSTR_ERR_INTERNAL, "out of memory");
     }
     ggml_tensor * out = nullptr;
     ggml_tensor * s0  = nullptr;
     ggml_tensor * s1  = nullptr;
+    ggml_cgraph * gf  = ggml_new_graph_custom(ca, (size_t) n_w + 4, false);
     if (mm) {
-        s0  = ggml_new_tensor_2d(cw, (ggml_type) p->type, p->size, p->size);
-        s1  = ggml_new_tensor_2d(ca, GGML_TYPE_F32, p->size, p->n);
-        out = ggml_mul_mat(ca, s0, s1);
+        s1 = ggml_new_tensor_2d(ca, GGML_TYPE_F32, p->size, p->n);
+        for (int32_t i = 0; i < n_w; i++) {
+            ggml_tensor * w = ggml_new_tensor_2d(cw, (ggml_type) p->type, p->size, p->m > 0 ? p->m : p->size);
+            ggml_tensor * y = ggml_mul_mat(ca, w, s1);
+            ggml_build_forward_expand(gf, y);
+            s0  = i == 0 ? w : s0;
+            out = i == 0 ? y : out;
+        }
     } else {
         // rows, not one long vector: the backend's threads share an op's rows; a gap after each
         // source (allocated in this order) puts the three at different offsets modulo 4 KiB
@@ -420,6 +465,7 @@ int32_t probe(struct llama_instr_probe * p) {
         s1 = ggml_new_tensor_2d(ca, GGML_TYPE_F32, k_bw_row, p->size / k_bw_row);
         ggml_new_tensor_1d(ca, GGML_TYPE_F32, k_bw_gap);
         out = ggml_add(ca, s0, s1);
+        ggml_build_forward_expand(gf, out);
     }
 
     if (mm) {
@@ -446,20 +492,23 @@ int32_t probe(struct llama_instr_probe * p) {
     }
 
     std::mt19937 rng(1234);
-    fill(s0, rng);
+    if (mm) {
+        for (ggml_tensor * w = ggml_get_first_tensor(cw); w; w = ggml_get_next_tensor(cw, w)) {
+            fill(w, rng);
+        }
+    } else {
+        fill(s0, rng);
+    }
     fill(s1, rng);
-
-    ggml_cgraph * gf = ggml_new_graph_custom(ca, 4, false);
-    ggml_build_forward_expand(gf, out);
 
     const ggml_tensor * ts[3] = { s0, s1, out };
     p->n_tensors              = 3;
     p->bytes                  = 0;
     for (int i = 0; i < 3; i++) {
         report(p, i, ts[i]);
-        p->bytes += p->tensors[i].nbytes;
+        p->bytes += p->tensors[i].nbytes * (i == 1 ? 1 : n_w);
     }
-    p->flops = mm ? 2 * s0->ne[0] * out->ne[0] * out->ne[1] : ggml_nelements(out);
+    p->flops = mm ? 2 * s0->ne[0] * out->ne[0] * out->ne[1] * n_w : ggml_nelements(out);
 
     return time_runs(r, gf, p);
 }

@@ -74,8 +74,10 @@ if TYPE_CHECKING:
     "--probe/--no-probe",
     default=True,
     show_default=True,
-    help="Attention deeper than the logs' KV cells run at that depth on this machine (the logs'), "
-    "or priced by its cost per cell in the logs (an extrapolation, up to 17x their cells).",
+    help="Run on this machine (the logs'): attention deeper than the logs' KV cells, at that "
+    "depth, and at another thread count a generated token's matmuls of the model's shapes, at "
+    "both counts in turn; or price the first by its cost per cell in the logs (an extrapolation, "
+    "up to 17x their cells), the second by instr peaks' one-column matmul.",
 )
 @text_json_option(
     "text: tokens/s and where the time goes; json: prompt_tokens_per_s and "
@@ -114,7 +116,9 @@ def command(
     on the project's benchmark grids (x/÷ 1.22) or its spread on the logs' own steps, the wider.
     A CPU thread count no log ran is priced from the nearest one run with what instr peaks
     measured of this machine at both (without them, not covered, the instr peaks to run named):
-    a generated token's matmuls by the one-column matmul measured for their type, other
+    a generated token's matmuls by graphs of the model's own weight shapes run on this machine at
+    both counts in turn (the logs'; else, or with --no-probe, by instr peaks' one-column matmul of
+    their type), other
     memory-bound ops by the bandwidth, compute-bound matmuls by the matmul throughput, other
     compute-bound ones by the threads, an op of one row on one thread at both; the output says
     which each op is. A context deeper than the logs' prices attention (KQ, softmax and KQV, or

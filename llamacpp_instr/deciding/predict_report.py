@@ -62,6 +62,12 @@ def section(p: Prediction) -> Section:
             "the logs' KV cells, run on this machine at its depth (its time there over the "
             f"logs' most cells, added to their price): {probed}"
         )
+    if p.measured_matmuls:
+        each = ", ".join(f"{w} {v:.2f}x" for w, v in p.measured_matmuls.items())
+        lines.append(
+            "measured: a generated token's matmuls on this machine at both thread counts, in "
+            f"turns (how much faster at {p.target.threads}): {each}"
+        )
     lines += [f"not covered: {line}" for line in p.not_covered]
     return Section(
         title=f"prediction for {p.target.describe()}",

@@ -121,7 +121,7 @@ def predict_setting(
     files = (
         quantized_files(base.model, request.quants, say) if request.quants else [("", base.model)]
     )
-    cost_model = predict.fit(sessions)
+    cost_model = predict.fit(sessions, probe=request.probe)
     names = [str(p) for p in request.logs]
     return PredictResult(
         [

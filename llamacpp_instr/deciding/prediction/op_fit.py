@@ -6,7 +6,7 @@ fitted on."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -301,12 +301,14 @@ def fit(
     held_out: bool = True,
     memo: dict[Any, Any] | None = None,
     peaks: op_threads.PeaksAt | None = None,
+    matmuls: Callable[[int, int], Any] | None = None,
 ) -> CostModel:
     """The cost model of the sessions' timed ops (``SessionFrames`` with ops); ``graphs``: their
     ``log_graphs`` where worked out already; ``held_out``: each log also predicted from the others
     (``_held_out``); ``memo``: a dict kept by a caller that fits many sets of the same sessions
     (bench/predict.py, leave one out twice over): each session's graphs and each set's held-out
-    model kept there by the sessions' ids, which must stay alive as long as it."""
+    model kept there by the sessions' ids, which must stay alive as long as it; ``matmuls``:
+    the one-column matmul probe from one thread count to another (``gemv_probe``), or None."""
     parts: list[pd.DataFrame] = []
     fusion = _Fusion()
     overhead_rows: list[tuple[Where, str, float, bool]] = []
@@ -392,7 +394,7 @@ def fit(
     )
     _self_check(model, sessions, graphs)
     if held_out:
-        _held_out(model, sessions, graphs, {} if memo is None else memo, peaks or {})
+        _held_out(model, sessions, graphs, {} if memo is None else memo, peaks or {}, matmuls)
     return model
 
 
@@ -499,14 +501,15 @@ def _held_out(
     graphs: list[LogGraphs],
     memo: dict[Any, Any],
     peaks: op_threads.PeaksAt,
+    matmuls: Callable[[int, int], Any] | None = None,
 ) -> None:
     """Leave one out over the logs: each log's own setting predicted by the model of the others
     (fitted on them alone, its level theirs), where they cover it whole (every class measured,
     no op beyond its class's sizes); per kind the log of its measured time over that prediction
     (``CostModel.held_out``), what a prediction's interval is made of (``intervals``). A log at a
     CPU thread count the others did not run is priced from theirs (``op_threads``, with the
-    ``peaks`` of both counts; not held out without them) and its residual kept apart
-    (``held_out_threads``)."""
+    ``peaks`` of both counts, and the probe ``matmuls`` gives; not held out without the peaks)
+    and its residual kept apart (``held_out_threads``)."""
     for i, (sf, log_g) in enumerate(zip(sessions, graphs, strict=True)):
         if sf.ops.empty:
             continue
@@ -523,7 +526,9 @@ def _held_out(
             scaled = op_threads.scale(m, threads, peaks)
             if scaled is None:
                 continue
-            m = scaled
+            src = op_threads.source(m, threads)
+            probe = matmuls(src, threads) if matmuls is not None and src is not None else None
+            m = op_threads.with_probe(scaled, threads, probe)
         into = model.held_out_threads if across else model.held_out
         mine = _price_log(m, sf, log_g)
         for kind, pairs in mine.pairs.items():

@@ -11,11 +11,14 @@ measured at the two counts:
   rate one thread streams at is not two threads' rate: on a 2-core VM, 13 against 25 GB/s, and
   a Q4_1 model's generation 1.8 to 2 times faster on two threads);
 - a matmul of one column (a generated token's: ggml streams the weight and dequantizes it on
-  the threads at once, neither bound alone) by the one-column matmul ``instr peaks`` measured for
-  its weight type at each count, on a weight beyond the caches: its whole time beyond the fixed
-  cost (on a 2-core VM a Q4_1 model's generation matmuls sped up 1.64x from one thread to two,
-  the probe's 1.62x, where the ADD's bandwidth moved between 1.2x and 1.6x from one measurement
-  to the next);
+  the threads at once, neither bound alone) by what a graph of weights of its own shape and type
+  took at each count, run on this machine in turn (``gemv_probe``; where the logs' machine is
+  this one), else by the one-column matmul ``instr peaks`` measured for its weight type at each
+  count, on one weight beyond the caches: its whole time beyond the fixed cost (on a 2-core VM a
+  12-layer F16 model's generation sped up 1.52x from one thread to two, a graph of its weights'
+  shapes 1.57x, the one large weight 1.89x; a Q4_1 model's generation matmuls 1.64x, the large
+  weight 1.62x, where the ADD's bandwidth moved between 1.2x and 1.6x from one measurement to
+  the next);
 - the compute part of another matmul by the matmul throughput ``instr peaks`` measured for its
   weight type at each count (ggml's kernel of that type on the threads: on that VM a Q4_1 matmul of
   2048 x 2048 by 512 ran 1.8 times faster on two threads, an F32 one 2.0), of another op (or a
@@ -97,6 +100,15 @@ def scale(model: CostModel, threads: int, peaks: PeaksAt) -> CostModel | None:
     streams.setdefault("", model.roofs[at].bandwidth)
     scaled = ThreadScale(peaks[src], peaks[threads], streams)
     return replace(model, scaled={**model.scaled, Where("CPU", threads): scaled})
+
+
+def with_probe(model: CostModel, threads: int, probe: Any) -> CostModel:
+    """``model`` (scaled to ``threads``) with its generated token's matmuls there measured by
+    ``probe`` (``gemv_probe.GemvProbe``; None: as ``instr peaks`` measured)."""
+    where = Where("CPU", threads)
+    if probe is None or where not in model.scaled:
+        return model
+    return replace(model, scaled={**model.scaled, where: replace(model.scaled[where], probe=probe)})
 
 
 def peaks_command(counts: list[int]) -> str:

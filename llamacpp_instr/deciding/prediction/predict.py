@@ -55,6 +55,7 @@ from llamacpp_instr.converters.analysis import contention
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
 from llamacpp_instr.converters.reading.decode.graphs import graph_table
 from llamacpp_instr.deciding.prediction import (
+    gemv_probe,
     kv_probe,
     net_costs,
     op_fit,
@@ -143,6 +144,9 @@ class Prediction:
     # compute-bound, on one thread)
     threads_from: str = ""
     op_bounds: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    # there, the one-column matmuls measured on this machine at both counts (gemv_probe): per
+    # weight ("TYPE KxM"), how much faster at the target's count
+    measured_matmuls: dict[str, float] = field(default_factory=dict)
 
     def covered(self, kind: str) -> float | None:
         """``kind``'s (``prompt``, ``gen``) predicted tokens/s, or None where it was not predicted
@@ -172,6 +176,7 @@ class Prediction:
             "measured_attention": self.measured_attention,
             "threads_from": self.threads_from or None,
             "op_bounds": self.op_bounds,
+            "measured_matmuls": self.measured_matmuls,
         }
 
 
@@ -368,13 +373,20 @@ def fit(
     held_out: bool = True,
     memo: dict[Any, Any] | None = None,
     peaks_dir: Path | None = None,
+    probe: bool = True,
 ) -> CostModel:
     """The cost model of the logs (``op_fit.fit``), with the peaks ``instr peaks`` measured of
     their machine at their thread counts (in ``peaks_dir``, default the cache's): a log held out
-    at a thread count the others did not run is priced with them."""
+    at a thread count the others did not run is priced with them, and with ``probe`` its
+    generated token's matmuls measured as ``price`` measures them (``gemv_probe``)."""
     counts = sorted({n for n in map(op_fit.threads_of, sessions) if n > 0})
     peaks = op_threads.cpu_peaks(_machine(sessions), counts, _peaks_dir(peaks_dir))
-    return op_fit.fit(sessions, graphs, held_out, memo, peaks if len(counts) > 1 else {})
+    machines = [getattr(sf.info, "machine", None) for sf in sessions]
+
+    def matmuls(source: int, target: int) -> gemv_probe.GemvProbe | None:
+        return gemv_probe.for_logs(machines, source, target) if probe else None
+
+    return op_fit.fit(sessions, graphs, held_out, memo, peaks if len(counts) > 1 else {}, matmuls)
 
 
 def _machine(sessions: list[SessionFrames]) -> dict[str, Any] | None:
@@ -416,7 +428,7 @@ def price(
         d: {"rate_bits_per_s": lk.rate_bits, "rtt_ns": lk.rtt_ns}
         for d, lk in sorted(model.splits.net.links.items())
     }
-    scaled = _at_threads(t, model, sessions, out, _peaks_dir(peaks_dir))
+    scaled = _at_threads(t, model, sessions, out, _peaks_dir(peaks_dir), probe)
     if scaled is None:
         return out
     model = scaled
@@ -452,6 +464,7 @@ def price(
         }
         if out.op_bounds:
             out.threads_from += "; " + bounds_line(out.op_bounds)
+        out.measured_matmuls = _measured_matmuls(model, t.threads, out)
     finally:
         builder.close()
     return out
@@ -496,12 +509,32 @@ def _cores(sessions: list[SessionFrames]) -> int | None:
     return min((x for x in n if x > 0), default=None)
 
 
+def _measured_matmuls(model: CostModel, threads: int, out: Prediction) -> dict[str, float]:
+    """The one-column matmuls the probe measured at both counts (``gemv_probe``), each weight's
+    speed-up; what it could not measure added to ``out.not_covered``'s neighbour, the threads'
+    line."""
+    scale = model.scaled.get(Where("CPU", threads))
+    probe = scale.probe if scale is not None else None
+    if probe is None:
+        return {}
+    if probe.failed:
+        out.threads_from += "; not measured by the probe: " + "; ".join(probe.failed)
+    return {f"{w} {k}x{m}": v for (w, k, m), v in sorted(probe.speedups.items())}
+
+
 def _at_threads(
-    t: Target, model: CostModel, sessions: list[SessionFrames], out: Prediction, peaks_dir: Path
+    t: Target,
+    model: CostModel,
+    sessions: list[SessionFrames],
+    out: Prediction,
+    peaks_dir: Path,
+    probe: bool = True,
 ) -> CostModel | None:
     """The model to price ``t`` with: at a CPU thread count no log ran, priced from the nearest
-    one run with the peaks of both (``op_threads``); None where that is beyond the logs'
-    machine's cores or the peaks are not measured (not covered, said in ``out``)."""
+    one run with the peaks of both (``op_threads``), a generated token's matmuls measured at both
+    by the probe where ``probe`` and this machine is the logs' (``gemv_probe``); None where that
+    is beyond the logs' machine's cores or the peaks are not measured (not covered, said in
+    ``out``)."""
     have = op_threads.cpu_threads(model)
     if not have or t.threads in have:
         return model
@@ -554,9 +587,22 @@ def _at_threads(
         if no_gemv
         else ""
     )
+    machines = [getattr(sf.info, "machine", None) for sf in sessions]
+    mm_probe = gemv_probe.for_logs(machines, src, t.threads) if probe else None
+    scaled = op_threads.with_probe(scaled, t.threads, mm_probe)
+    if mm_probe is not None:
+        how = (
+            "a generated token's matmuls by graphs of their own weights' shapes run on this "
+            f"machine at both counts in turns (the shapes holding most of their bytes; the others "
+            f"as their type's, else as the one-column matmul instr peaks measured{gemv})"
+        )
+    else:
+        how = (
+            "a generated token's matmuls by the one-column matmul instr peaks measured for their "
+            f"weight type at each count{gemv}"
+        )
     out.threads_from = (
-        f"{t.threads} threads priced from the logs' {src}: a generated token's matmuls by the "
-        f"one-column matmul instr peaks measured for their weight type at each count{gemv}, "
+        f"{t.threads} threads priced from the logs' {src}: {how}, "
         f"other memory-bound ops at the bandwidth "
         f"instr peaks measured at {t.threads} ({to.bandwidth:.1f} GB/s; at {src}, "
         f"{at.bandwidth:.1f} GB/s), compute-bound matmuls at the matmul throughput it measured "

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -74,6 +75,9 @@ class ThreadScale:
     source: CpuPeaks
     target: CpuPeaks
     streams: dict[str, float]
+    # the one-column matmuls of the target's weight shapes, measured at both counts on this
+    # machine (``gemv_probe.GemvProbe``), where the logs' machine is this one
+    probe: Any = field(default=None, compare=False)
 
     def rate(self, weight: str, role: str) -> float:
         """The rate an op's bytes stream at: its weight matrix's (this role and type, else this
@@ -89,22 +93,29 @@ class ThreadScale:
         role: str,
         units: int,
         columns: int = 0,
+        shape: tuple[str, int, int] | None = None,
     ) -> tuple[float, str]:
         """An op's time beyond its class's fixed cost at the target's count, from the source's
         (``beyond_fixed``), its bytes, its weight's type for a matmul reading one (else ""), its
         role, its parts (``split_units``) and, for a matmul, its columns (the tokens it
-        multiplies); and what it is (``MEMORY``, ``COMPUTE``, ``ONE_THREAD``). A matmul of one
-        column whose type's one-column matmul ``instr peaks`` measured at both counts moves by
-        that matmul's speed-up, and is memory-bound where it streams its bytes at half the
-        bandwidth or more at the target's count."""
+        multiplies) and its weight's shape (``gemv_probe.shape_of``); and what it is
+        (``MEMORY``, ``COMPUTE``, ``ONE_THREAD``). A matmul of one column moves by the speed-up
+        the probe measured of its shape (``probe``), else by the one-column matmul ``instr
+        peaks`` measured of its type at both counts, and is memory-bound where it streams its
+        bytes at half the bandwidth or more at the target's count."""
         s, t = self.source.threads, self.target.threads
         on_s, on_t = min(units, s), min(units, t)
         if on_s == on_t == 1:
             return beyond_fixed, ONE_THREAD
         rest = max(beyond_fixed, 0.0)
+        faster: float | None = None
+        if columns == 1 and shape is not None and self.probe is not None:
+            faster = self.probe.speedup(shape)
         gemv = self.gemv_rates(weight) if columns == 1 else None
-        if gemv is not None:
-            time = rest / self._linear(gemv[1] / gemv[0], on_s, on_t)
+        if faster is None and gemv is not None:
+            faster = gemv[1] / gemv[0]
+        if faster is not None:
+            time = rest / self._linear(faster, on_s, on_t)
             streamed = n_bytes / time if time > 0 else 0.0  # (bytes/ns: GB/s)
             return time, MEMORY if streamed >= 0.5 * self.target.bandwidth else COMPUTE
         rate = self.rate(weight, role)
@@ -121,12 +132,14 @@ class ThreadScale:
 
     @staticmethod
     def _linear(faster: float, on_s: int, on_t: int) -> float:
-        """A speed-up measured by ``instr peaks`` (the target's rate over the source's), bounded by
-        the threads' own: work on ``on_t`` threads instead of ``on_s`` runs at most that much
-        faster, or slower (two measurements of one machine minutes apart read 1 -> 2 threads as
-        2.26x in one and 1.75x in the other)."""
+        """A speed-up measured (by ``instr peaks`` or the probe: the target's rate over the
+        source's), bounded by the threads' own: work on ``on_t`` threads instead of ``on_s`` runs
+        at most that much faster, or slower, and more threads do not slow a matmul split among
+        them, nor do fewer speed it (two measurements of one machine minutes apart read 1 -> 2
+        threads as 2.26x in one and 1.75x in the other; a neighbour's burst during one count's
+        runs can read it below 1)."""
         bound = on_t / on_s
-        return min(faster, bound) if on_t > on_s else max(faster, bound)
+        return min(max(faster, 1.0), bound) if on_t > on_s else max(min(faster, 1.0), bound)
 
     def gemv_rates(self, weight: str) -> tuple[float, float] | None:
         """The one-column matmul throughput ``instr peaks`` measured for weights of type

@@ -19,11 +19,9 @@ measured at the two counts:
   shapes 1.57x, the one large weight 1.89x; a Q4_1 model's generation matmuls 1.64x, the large
   weight 1.62x, where the ADD's bandwidth moved between 1.2x and 1.6x from one measurement to
   the next);
-- another matmul of a weight by what a graph of its shape and columns took at each count, run
-  in turn (``matmul_probe``), else its compute part by the matmul throughput ``instr peaks``
-  measured for its weight type at each count (ggml's kernel of that type on the threads: on that
-  VM a Q4_1 matmul of 2048 x 2048 by 512 ran 1.8 times faster on two threads, an F32 one 2.0);
-  the compute part of another op (or a
+- the compute part of another matmul by the matmul throughput ``instr peaks`` measured for its
+  weight type at each count (ggml's kernel of that type on the threads: on that VM a Q4_1 matmul of
+  2048 x 2048 by 512 ran 1.8 times faster on two threads, an F32 one 2.0), of another op (or a
   weight type not measured) by the threads (ggml splits an op's rows or chunks between them: an
   op of one row, the norm of one token, runs on one thread whatever the count);
 - the host's time per compute by what ``instr peaks`` measured a graph of one op to cost at
@@ -105,8 +103,8 @@ def scale(model: CostModel, threads: int, peaks: PeaksAt) -> CostModel | None:
 
 
 def with_probe(model: CostModel, threads: int, probe: Any) -> CostModel:
-    """``model`` (scaled to ``threads``) with its matmuls there priced by what ``probe``
-    (``matmul_probe.MatmulProbe``) measures; None: as ``instr peaks`` measured."""
+    """``model`` (scaled to ``threads``) with its generated token's matmuls there measured by
+    ``probe`` (``matmul_probe.MatmulProbe``; None: as ``instr peaks`` measured)."""
     where = Where("CPU", threads)
     if probe is None or where not in model.scaled:
         return model

@@ -318,11 +318,11 @@ def test_one_thread_from_a_two_thread_log_is_predicted(
     text = instr("predict", str(tiny_detailed.path), "--threads", "1", env=env).stdout
     assert "threads: 1 threads priced from the logs' 2" in text
     assert "memory-bound" in text and "on one thread" in text
-    # this machine is the log's: the model's matmuls of its shapes measured at both counts
-    # (generation's largest, its output's 256 x 512 F32 by one column), said; --no-probe: not
-    assert "f32 256x512 by 1" in doc["measured_matmuls"]
+    # this machine is the log's: the generated token's matmuls of the model's shapes measured
+    # at both counts (the largest, its output's 256 x 512 F32), said; with --no-probe, not
+    assert "f32 256x512" in doc["measured_matmuls"]
     assert all(math.isfinite(v) and v > 0 for v in doc["measured_matmuls"].values())
-    assert "measured: the model's matmuls on this machine" in text
+    assert "measured: a generated token's matmuls on this machine" in text
     r = instr(
         "predict", str(tiny_detailed.path), "--threads", "1", "--no-probe", "--format", "json",
         env=env,
@@ -370,10 +370,10 @@ def test_a_generated_tokens_matmul_moves_by_the_one_column_matmul_measured() -> 
 
 
 class _FakeMatmulProbe:
-    """The native probe as MatmulProbe calls it: each call recorded; a weight of ``k`` x ``m`` by
-    ``n`` columns runs in ``times[(k, m, n)]`` (ns at the first count, at the second)."""
+    """The native probe as GemvProbe calls it: each call recorded; a weight of ``k`` x ``m`` runs
+    in ``times[(k, m)]`` (ns at the first count, at the second)."""
 
-    def __init__(self, times: dict[tuple[int, int, int], tuple[int, int]]) -> None:
+    def __init__(self, times: dict[tuple[int, int], tuple[int, int]]) -> None:
         self.times = times
         self.calls: list[dict[str, int]] = []
 
@@ -386,27 +386,28 @@ class _FakeMatmulProbe:
             dict(kind=kind, type=type_id, threads=n_threads, k=size, n=n, m=m,
                  n_weights=n_weights, threads_b=n_threads_b)
         )  # fmt: skip
-        a, b = self.times[(size, m, n)]
+        a, b = self.times[(size, m)]
         return SimpleNamespace(best_ns=a, best_ns_b=b, total_ns=a * n_runs, total_ns_b=b * n_runs)
 
 
 @pytest.mark.fast
-def test_a_models_matmul_moves_by_the_probe_of_its_shape(monkeypatch: pytest.MonkeyPatch) -> None:
-    """1 thread from the tiny model's 2-thread log, the probe faked: in each graph the shapes
-    probed are its matmuls holding 90 % of their FLOPs, largest first, each once, at 2 threads
-    and 1 in turn (generation's 256x512, 256x256 and 512x256 by one column, 50, 20 and 20 %, not
-    256x128; the prompt's four by 26 columns: 32.5, 32.5, 16.3, 16.3 %), a one-column matmul
-    through as many weights as hold 256 MiB, one of 26 columns through as many as make a GFLOP;
-    each such matmul takes its shape's time at 2 over its time at 1 of its time beyond its
-    class's fixed cost, one-column 256x128 the FLOPs-weighted mean of the one-column F32 shapes
-    probed (the peaks' one-column matmul, F32 50 GFLOP/s at 2 and 30 at 1, prices nothing)."""
-    from llamacpp_instr.deciding.prediction import matmul_probe, op_threads
-    from llamacpp_instr.deciding.prediction.op_costs import GraphCosts, Where
+def test_a_generated_tokens_matmul_moves_by_the_probe_of_its_shape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """1 thread from the tiny model's 2-thread log, the probe of each weight shape faked: the
+    shapes probed are the graphs' one-column matmuls holding 90 % of their bytes, largest first
+    (the prompt's 256x512 and 512x256, then generation's 256x256: 2.6, 1.0 and 1.0 of its 5.2
+    MB; not 256x128), each once, at 2 threads and 1 in turn, as many weights as hold 256 MiB; each
+    such matmul takes its shape's measured time at 2 over its time at 1 of its time beyond its
+    class's fixed cost, 256x128 the bytes-weighted mean of the F32 shapes probed; the peaks'
+    one-column matmul (F32: 50 GFLOP/s at 2, 30 at 1) prices nothing that was probed."""
+    from llamacpp_instr.deciding.prediction import gemv_probe, op_threads
+    from llamacpp_instr.deciding.prediction.op_costs import GraphCosts, Where, rows
     from llamacpp_instr.deciding.prediction.op_fit import fit
     from llamacpp_instr.deciding.prediction.predict import load_session
     from llamacpp_instr.deciding.prediction.thread_scale import CpuPeaks
 
-    monkeypatch.setattr(matmul_probe, "_MEASURED", {})  # (nothing this process measured)
+    monkeypatch.setattr(gemv_probe, "_MEASURED", {})  # (nothing this process measured)
     sf = load_session(FIXTURES / "tiny-llama-detailed.log.gz")
     model = fit([sf])
     peaks = {
@@ -415,41 +416,36 @@ def test_a_models_matmul_moves_by_the_probe_of_its_shape(monkeypatch: pytest.Mon
     }
     scaled = op_threads.scale(model, 1, peaks)
     assert scaled is not None
-    speedup = {
-        (256, 512, 1): 0.5, (256, 256, 1): 0.8, (512, 256, 1): 0.7,
-        (256, 256, 26): 0.55, (256, 512, 26): 0.65, (256, 128, 26): 0.75, (512, 256, 26): 0.85,
-    }  # fmt: skip
-    lib = _FakeMatmulProbe({s: (round(1000 * v), 1000) for s, v in speedup.items()})
-    probe = matmul_probe.MatmulProbe(lib, 0, 2, 1)
-    scaled = op_threads.with_probe(scaled, 1, probe)
-    # (the generation graph's FLOPs of each: 5 of 256x512, 4 of 256x256, 2 of 512x256)
-    w = {(256, 512, 1): 5 * 256 * 512, (256, 256, 1): 4 * 256 * 256, (512, 256, 1): 2 * 512 * 256}
-    speedup[(256, 128, 1)] = sum(w[s] * speedup[s] for s in w) / sum(w.values())
-    moved: dict[tuple[int, int, int], int] = {}
-    for g in sorted(sf.graphs.values(), key=lambda g: g.n_tokens):  # (generation's first)
+    # (time at 2 threads, at 1): 256x512 twice as long at 1 thread, 512x256 1/0.7, 256x256 1/0.8
+    lib = _FakeMatmulProbe(
+        {(256, 512): (1000, 2000), (512, 256): (700, 1000), (256, 256): (800, 1000)}
+    )
+    where = Where("CPU", 1)
+    probe = gemv_probe.GemvProbe(lib, 0, 2, 1)
+    scaled = replace(scaled, scaled={where: replace(scaled.scaled[where], probe=probe)})
+    # the bytes-weighted mean, by the bytes of the graph each was first probed in
+    mean = (1572864 * 0.5 + 524288 * 0.7 + 1048576 * 0.8) / (1572864 + 524288 + 1048576)
+    speedup = {(256, 512): 0.5, (512, 256): 0.7, (256, 256): 0.8, (256, 128): mean}
+    moved: dict[tuple[int, int], int] = {}
+    for g in sf.graphs.values():
         gc = GraphCosts.of(g)
         cpu = ["CPU"] * len(gc.labels)
         at2, _ = model.price(gc, cpu, 2)
         at1, _ = scaled.price(gc, cpu, 1)
         for k in np.flatnonzero(at2):
             lab, typ, node = gc.labels[k], gc.types[k], g.nodes[k]
-            if lab == "MUL_MAT" and typ == "f32" and _parts(node) > 1:
+            if lab == "MUL_MAT" and typ == "f32" and rows(node, g) == 1 and _parts(node) > 1:
                 cls = model.lookup(Where("CPU", 2), gc.tokens[k], lab, typ, gc.roles[k])
                 assert cls is not None
-                key = (*node.src[0]["shape"], int(node.shape[1]) if len(node.shape) > 1 else 1)
-                want = cls.fixed + max(at2[k] - cls.fixed, 0.0) / speedup[key]
-                assert at1[k] == pytest.approx(want, rel=1e-9), key
-                moved[key] = moved.get(key, 0) + 1
+                _, k_, m_ = node.src[0]["type"], *node.src[0]["shape"]
+                want = cls.fixed + max(at2[k] - cls.fixed, 0.0) / speedup[(k_, m_)]
+                assert at1[k] == pytest.approx(want, rel=1e-9)
+                moved[(k_, m_)] = moved.get((k_, m_), 0) + 1
     assert set(moved) == set(speedup)
-    assert sorted((c["k"], c["m"], c["n"]) for c in lib.calls) == sorted(
-        set(speedup) - {(256, 128, 1)}
-    )
+    assert [(c["k"], c["m"]) for c in lib.calls] == [(256, 512), (512, 256), (256, 256)]
     for c in lib.calls:
-        assert (c["kind"], c["type"], c["threads"], c["threads_b"]) == (1, 0, 2, 1)
-        if c["n"] == 1:
-            assert c["n_weights"] == -(-(256 << 20) // (c["k"] * c["m"] * 4))
-        else:
-            assert c["n_weights"] == math.ceil(1e9 / (2 * c["k"] * c["m"] * c["n"]))
+        assert (c["kind"], c["type"], c["threads"], c["threads_b"], c["n"]) == (1, 0, 2, 1, 1)
+        assert c["n_weights"] == -(-(256 << 20) // (c["k"] * c["m"] * 4))
 
 
 def test_a_measured_speed_up_is_bounded_by_the_threads() -> None:

@@ -65,8 +65,8 @@ def section(p: Prediction) -> Section:
     if p.measured_matmuls:
         each = ", ".join(f"{w} {v:.2f}x" for w, v in p.measured_matmuls.items())
         lines.append(
-            "measured: the model's matmuls on this machine at both thread counts, in turn (how "
-            f"much faster at {p.target.threads}): {each}"
+            "measured: a generated token's matmuls on this machine at both thread counts, in "
+            f"turns (how much faster at {p.target.threads}): {each}"
         )
     lines += [f"not covered: {line}" for line in p.not_covered]
     return Section(

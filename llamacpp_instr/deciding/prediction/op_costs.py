@@ -51,7 +51,7 @@ import numpy as np
 
 from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
 from llamacpp_instr.converters.session import derive
-from llamacpp_instr.deciding.prediction import kv_costs, matmul_probe, split_costs
+from llamacpp_instr.deciding.prediction import gemv_probe, kv_costs, split_costs
 from llamacpp_instr.deciding.prediction.thread_scale import ThreadScale, split_units
 
 _LAYER_SUFFIX = re.compile(r"-\d+$")
@@ -401,7 +401,7 @@ class CostModel:
             if scale is not None and dev == "CPU":  # at the target's thread count
                 weight = as_typ if as_lab.startswith("MUL_MAT") and "kv " not in as_typ else ""
                 columns = rows(gc.graph.nodes[k], gc.graph) if weight else 0
-                shape = matmul_probe.shape_of(gc.graph.nodes[k], gc.graph) if weight else None
+                shape = gemv_probe.shape_of(gc.graph.nodes[k], gc.graph) if columns == 1 else None
                 time, what = scale.time(
                     out[k] - fixed, float(n_bytes[0]), weight, rol, int(gc.units[k]), columns,
                     shape,

@@ -308,7 +308,7 @@ def fit(
     (``_held_out``); ``memo``: a dict kept by a caller that fits many sets of the same sessions
     (bench/predict.py, leave one out twice over): each session's graphs and each set's held-out
     model kept there by the sessions' ids, which must stay alive as long as it; ``matmuls``:
-    the one-column matmul probe from one thread count to another (``matmul_probe``), or None."""
+    the one-column matmul probe from one thread count to another (``gemv_probe``), or None."""
     parts: list[pd.DataFrame] = []
     fusion = _Fusion()
     overhead_rows: list[tuple[Where, str, float, bool]] = []

@@ -12,7 +12,7 @@ measured at the two counts:
   a Q4_1 model's generation 1.8 to 2 times faster on two threads);
 - a matmul of one column (a generated token's: ggml streams the weight and dequantizes it on
   the threads at once, neither bound alone) by what a graph of weights of its own shape and type
-  took at each count, run on this machine in turn (``matmul_probe``; where the logs' machine is
+  took at each count, run on this machine in turn (``gemv_probe``; where the logs' machine is
   this one), else by the one-column matmul ``instr peaks`` measured for its weight type at each
   count, on one weight beyond the caches: its whole time beyond the fixed cost (on a 2-core VM a
   12-layer F16 model's generation sped up 1.52x from one thread to two, a graph of its weights'
@@ -104,7 +104,7 @@ def scale(model: CostModel, threads: int, peaks: PeaksAt) -> CostModel | None:
 
 def with_probe(model: CostModel, threads: int, probe: Any) -> CostModel:
     """``model`` (scaled to ``threads``) with its generated token's matmuls there measured by
-    ``probe`` (``matmul_probe.MatmulProbe``; None: as ``instr peaks`` measured)."""
+    ``probe`` (``gemv_probe.GemvProbe``; None: as ``instr peaks`` measured)."""
     where = Where("CPU", threads)
     if probe is None or where not in model.scaled:
         return model

@@ -12,12 +12,10 @@ price, the median over the logs whose steps computed on the devices the target's
 log predicts itself; 1 where no log's did: a CPU alone at -ngl 0 from logs that offloaded layers).
 Its 95 % interval is made of the logs predicted from each other, leave one out (``intervals``; with
 one log, the model's spread on its own steps). A CPU thread count no log ran is priced from the
-nearest one run, the model's matmuls by graphs of their own shapes run at both counts in turn
-on the logs' machine (``matmul_probe``), else a generated token's by the one-column matmul ``instr
-peaks`` measured for their weight type at both counts, other memory-bound ops at the bandwidth it
-measured at the new count, compute-bound matmuls at the matmul throughput it measured for their
-weight type and other compute-bound ops by the threads (``op_threads``), up to the CPUs of the
-logs' machine;
+nearest one run, a generated token's matmuls by the one-column matmul ``instr peaks`` measured
+for their weight type at both counts, other memory-bound ops at the bandwidth it measured at the
+new count, compute-bound matmuls at the matmul throughput it measured for their weight type and
+other compute-bound ops by the threads (``op_threads``), up to the CPUs of the logs' machine;
 without those peaks it is not covered. Attention on more KV cells than the logs read is measured
 at that depth by the probe on the logs' machine (``kv_probe``), elsewhere priced by its cost per
 cell, an extrapolation said so, up to what the bench checks (``kv_costs``); a prompt after a
@@ -57,8 +55,8 @@ from llamacpp_instr.converters.analysis import contention
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
 from llamacpp_instr.converters.reading.decode.graphs import graph_table
 from llamacpp_instr.deciding.prediction import (
+    gemv_probe,
     kv_probe,
-    matmul_probe,
     net_costs,
     op_fit,
     op_threads,
@@ -146,8 +144,8 @@ class Prediction:
     # compute-bound, on one thread)
     threads_from: str = ""
     op_bounds: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
-    # there, the matmuls measured on this machine at both counts (matmul_probe): per weight and
-    # columns ("TYPE KxM by N"), how much faster at the target's count
+    # there, the one-column matmuls measured on this machine at both counts (gemv_probe): per
+    # weight ("TYPE KxM"), how much faster at the target's count
     measured_matmuls: dict[str, float] = field(default_factory=dict)
 
     def covered(self, kind: str) -> float | None:
@@ -380,13 +378,13 @@ def fit(
     """The cost model of the logs (``op_fit.fit``), with the peaks ``instr peaks`` measured of
     their machine at their thread counts (in ``peaks_dir``, default the cache's): a log held out
     at a thread count the others did not run is priced with them, and with ``probe`` its
-    generated token's matmuls measured as ``price`` measures them (``matmul_probe``)."""
+    generated token's matmuls measured as ``price`` measures them (``gemv_probe``)."""
     counts = sorted({n for n in map(op_fit.threads_of, sessions) if n > 0})
     peaks = op_threads.cpu_peaks(_machine(sessions), counts, _peaks_dir(peaks_dir))
     machines = [getattr(sf.info, "machine", None) for sf in sessions]
 
-    def matmuls(source: int, target: int) -> matmul_probe.MatmulProbe | None:
-        return matmul_probe.for_logs(machines, source, target) if probe else None
+    def matmuls(source: int, target: int) -> gemv_probe.GemvProbe | None:
+        return gemv_probe.for_logs(machines, source, target) if probe else None
 
     return op_fit.fit(sessions, graphs, held_out, memo, peaks if len(counts) > 1 else {}, matmuls)
 
@@ -512,15 +510,16 @@ def _cores(sessions: list[SessionFrames]) -> int | None:
 
 
 def _measured_matmuls(model: CostModel, threads: int, out: Prediction) -> dict[str, float]:
-    """The matmuls the probe measured at both counts (``matmul_probe``), each one's speed-up;
-    what it could not measure added to the threads' line."""
+    """The one-column matmuls the probe measured at both counts (``gemv_probe``), each weight's
+    speed-up; what it could not measure added to ``out.not_covered``'s neighbour, the threads'
+    line."""
     scale = model.scaled.get(Where("CPU", threads))
     probe = scale.probe if scale is not None else None
     if probe is None:
         return {}
     if probe.failed:
         out.threads_from += "; not measured by the probe: " + "; ".join(probe.failed)
-    return {f"{w} {k}x{m} by {n}": v for (w, k, m, n), v in sorted(probe.speedups.items())}
+    return {f"{w} {k}x{m}": v for (w, k, m), v in sorted(probe.speedups.items())}
 
 
 def _at_threads(
@@ -533,7 +532,7 @@ def _at_threads(
 ) -> CostModel | None:
     """The model to price ``t`` with: at a CPU thread count no log ran, priced from the nearest
     one run with the peaks of both (``op_threads``), a generated token's matmuls measured at both
-    by the probe where ``probe`` and this machine is the logs' (``matmul_probe``); None where that
+    by the probe where ``probe`` and this machine is the logs' (``gemv_probe``); None where that
     is beyond the logs' machine's cores or the peaks are not measured (not covered, said in
     ``out``)."""
     have = op_threads.cpu_threads(model)
@@ -589,13 +588,13 @@ def _at_threads(
         else ""
     )
     machines = [getattr(sf.info, "machine", None) for sf in sessions]
-    mm_probe = matmul_probe.for_logs(machines, src, t.threads) if probe else None
+    mm_probe = gemv_probe.for_logs(machines, src, t.threads) if probe else None
     scaled = op_threads.with_probe(scaled, t.threads, mm_probe)
     if mm_probe is not None:
         how = (
-            "the model's matmuls by graphs of their own shapes run on this machine at both counts "
-            "in turn (those holding most of their work; the others as their type's, else a "
-            f"generated token's as the one-column matmul instr peaks measured{gemv})"
+            "a generated token's matmuls by graphs of their own weights' shapes run on this "
+            f"machine at both counts in turns (the shapes holding most of their bytes; the others "
+            f"as their type's, else as the one-column matmul instr peaks measured{gemv})"
         )
     else:
         how = (

@@ -76,7 +76,7 @@ class ThreadScale:
     target: CpuPeaks
     streams: dict[str, float]
     # the one-column matmuls of the target's weight shapes, measured at both counts on this
-    # machine (``matmul_probe.MatmulProbe``), where the logs' machine is this one
+    # machine (``gemv_probe.GemvProbe``), where the logs' machine is this one
     probe: Any = field(default=None, compare=False)
 
     def rate(self, weight: str, role: str) -> float:
@@ -93,25 +93,28 @@ class ThreadScale:
         role: str,
         units: int,
         columns: int = 0,
-        shape: tuple[str, int, int, int] | None = None,
+        shape: tuple[str, int, int] | None = None,
     ) -> tuple[float, str]:
         """An op's time beyond its class's fixed cost at the target's count, from the source's
         (``beyond_fixed``), its bytes, its weight's type for a matmul reading one (else ""), its
         role, its parts (``split_units``) and, for a matmul, its columns (the tokens it
-        multiplies) and what it multiplies (``matmul_probe.shape_of``); and what it is
-        (``MEMORY``, ``COMPUTE``, ``ONE_THREAD``). A matmul moves by the speed-up the probe
-        measured of its shape (``probe``) where it did; else one of one column by the one-column
-        matmul ``instr peaks`` measured of its type at both counts, and is memory-bound where it
-        streams its bytes at half the bandwidth or more at the target's count."""
+        multiplies) and its weight's shape (``gemv_probe.shape_of``); and what it is
+        (``MEMORY``, ``COMPUTE``, ``ONE_THREAD``). A matmul of one column moves by the speed-up
+        the probe measured of its shape (``probe``), else by the one-column matmul ``instr
+        peaks`` measured of its type at both counts, and is memory-bound where it streams its
+        bytes at half the bandwidth or more at the target's count."""
         s, t = self.source.threads, self.target.threads
         on_s, on_t = min(units, s), min(units, t)
         if on_s == on_t == 1:
             return beyond_fixed, ONE_THREAD
         rest = max(beyond_fixed, 0.0)
-        measured = self.probe.speedup(shape) if self.probe is not None and shape else None
+        faster: float | None = None
+        if columns == 1 and shape is not None and self.probe is not None:
+            faster = self.probe.speedup(shape)
         gemv = self.gemv_rates(weight) if columns == 1 else None
-        if columns == 1 and (measured is not None or gemv is not None):
-            faster = measured if measured is not None else gemv[1] / gemv[0]  # type: ignore[index]
+        if faster is None and gemv is not None:
+            faster = gemv[1] / gemv[0]
+        if faster is not None:
             time = rest / self._linear(faster, on_s, on_t)
             streamed = n_bytes / time if time > 0 else 0.0  # (bytes/ns: GB/s)
             return time, MEMORY if streamed >= 0.5 * self.target.bandwidth else COMPUTE
@@ -120,10 +123,6 @@ class ThreadScale:
         compute = rest - memory
         if on_s == on_t:  # (the same threads do its work at both counts)
             return rest, MEMORY if memory >= compute else COMPUTE
-        if measured is not None:  # (a matmul of several columns: its whole time, as measured)
-            return rest / self._linear(measured, on_s, on_t), (
-                MEMORY if memory >= compute else COMPUTE
-            )
         rates = self.matmul_rates(weight)
         faster = rates[1] / rates[0] if rates else math.ceil(units / s) / math.ceil(units / t)
         faster = self._linear(faster, on_s, on_t)

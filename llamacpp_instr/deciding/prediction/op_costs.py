@@ -340,10 +340,7 @@ class CostModel:
                 works[where] = roofs.work(gc.labels, gc.types, gc.bytes, gc.flops)
             return float(works[where][k])
 
-        # the CPU at a thread count no log ran: its classes are the source's (``ThreadScale``)
-        scale = self.scaled.get(Where("CPU", threads))
-        if scale is not None and scale.probe is not None:
-            scale.probe.prepare(gc.graph)
+        scale = self._scaled(threads, gc.graph)
         for k in range(n):
             if gc.noop[k]:
                 continue
@@ -401,10 +398,9 @@ class CostModel:
             if scale is not None and dev == "CPU":  # at the target's thread count
                 weight = as_typ if as_lab.startswith("MUL_MAT") and "kv " not in as_typ else ""
                 columns = rows(gc.graph.nodes[k], gc.graph) if weight else 0
-                shape = gemv_probe.shape_of(gc.graph.nodes[k], gc.graph) if columns == 1 else None
                 time, what = scale.time(
                     out[k] - fixed, float(n_bytes[0]), weight, rol, int(gc.units[k]), columns,
-                    shape,
+                    gemv_probe.shape_of(gc.graph.nodes[k], gc.graph) if columns == 1 else None,
                 )  # fmt: skip
                 out[k] = fixed + time
                 if bound is not None:
@@ -422,6 +418,14 @@ class CostModel:
             elif far and beyond is not None:
                 beyond[cls] = max(beyond.get(cls, 0.0), far)
         return out, list(missing)
+
+    def _scaled(self, threads: int, graph: Graph) -> ThreadScale | None:
+        """The CPU at a thread count no log ran, None where a log ran it: its classes are the
+        source's (``ThreadScale``), its probe made ready for ``graph``'s matmuls."""
+        scale = self.scaled.get(Where("CPU", threads))
+        if scale is not None and scale.probe is not None:
+            scale.probe.prepare(graph)
+        return scale
 
     def price_compute(
         self,

@@ -31,7 +31,7 @@ extern "C" {
 #    define LLAMA_INSTR_NOEXCEPT
 #endif
 
-#define LLAMA_INSTR_API_VERSION 6
+#define LLAMA_INSTR_API_VERSION 7
 
 enum llama_instr_level {
     LLAMA_INSTR_LEVEL_OFF      = 0,

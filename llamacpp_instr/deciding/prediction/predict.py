@@ -12,9 +12,10 @@ price, the median over the logs whose steps computed on the devices the target's
 log predicts itself; 1 where no log's did: a CPU alone at -ngl 0 from logs that offloaded layers).
 Its 95 % interval is made of the logs predicted from each other, leave one out (``intervals``; with
 one log, the model's spread on its own steps). A CPU thread count no log ran is priced from the
-nearest one run, a generated token's matmuls by the one-column matmul ``instr peaks`` measured
-for their weight type at both counts, other memory-bound ops at the bandwidth it measured at the
-new count, compute-bound matmuls at the matmul throughput it measured for their weight type and
+nearest one run, a generated token's matmuls by graphs of their own weight shapes run at both
+counts in turn on the logs' machine (``gemv_probe``), else by the one-column matmul ``instr
+peaks`` measured for their weight type at both counts, other memory-bound ops at the bandwidth it
+measured at the new count, compute-bound matmuls at the matmul throughput it measured for their weight type and
 other compute-bound ops by the threads (``op_threads``), up to the CPUs of the logs' machine;
 without those peaks it is not covered. Attention on more KV cells than the logs read is measured
 at that depth by the probe on the logs' machine (``kv_probe``), elsewhere priced by its cost per

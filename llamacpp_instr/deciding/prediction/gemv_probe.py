@@ -95,7 +95,6 @@ class GemvProbe:
         self.speedups: dict[WeightShape, float] = {}
         self.bytes: dict[WeightShape, int] = {}
         self.failed: dict[str, None] = {}
-        self.runs = 0
 
     def prepare(self, graph: Graph) -> None:
         """Measure the shapes of ``graph``'s one-column matmuls not measured yet that hold most of
@@ -152,7 +151,6 @@ class GemvProbe:
         except (KeyError, bindings.SessionError) as exc:
             self.failed[f"a one-column matmul of {name} {k} x {m}: {exc}"] = None
             return None
-        self.runs += 1
         return float(p.best_ns) / max(float(p.best_ns_b), 1.0)
 
 

@@ -206,3 +206,53 @@ def test_sigterm_ends_the_session_as_interrupted(
     assert ("warning: --out is deprecated" in err) == (out_option == "--out")
     recs = [json.loads(line) for line in log.open()]
     assert recs[-1]["type"] == "session_end" and recs[-1]["status"] == "interrupted"
+
+
+def test_sigusr1_switches_the_level_from_the_next_step(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """instr serve at --level minimal, SIGUSR1 between two requests: the first's steps are
+    minimal, the second's detailed (as the library's switch in llama-server), said on stderr."""
+    import time
+    import urllib.request
+
+    log = tmp_path / "usr1.log"
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llamacpp_instr.cli", "serve", str(tiny_llama_f32)]
+        + ["--port", str(port), "-o", str(log), "-t", "1", "--ctx", "256", "--level", "minimal"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def complete() -> None:
+        body = json.dumps({"prompt": "a b c", "max_tokens": 3, "temperature": 0}).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+        )
+        urllib.request.urlopen(req, timeout=120).read()
+
+    try:
+        wait_ready(port, proc)
+        complete()
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(0.5)  # Python runs the handler between two bytecodes of the main thread
+        complete()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "SIGUSR1: recording at detailed from the next step" in err
+    recs = [json.loads(line) for line in log.open()]
+    requests = sorted(
+        (r for r in recs if r["type"] == "request" and r["endpoint"] == "/v1/completions"),
+        key=lambda r: r["t_arrive"],
+    )
+    assert len(requests) == 2
+    seen = []
+    for r in requests:
+        t0, t1 = r["t_arrive"], r["t_arrive"] + r["dur"]
+        seen.append({x["level"] for x in recs if x["type"] == "step_begin" and t0 <= x["ts"] <= t1})
+    assert seen == [{"minimal"}, {"detailed"}], seen

@@ -8,6 +8,7 @@ log stays whole lines, writing resumes after a rotation)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -332,3 +333,43 @@ def test_a_rotation_without_descriptors_loses_no_file(tools_bin: Path, smollm2_p
         assert indices == list(range(indices[0], indices[0] + len(files))), indices
         last = whole_lines(files[-1])
         assert last[-1]["type"] == "session_end" and last[-1]["totals"]["lost"] == 0
+
+
+# --- SIGUSR1: the level switched in a live server -----------------------------------------------
+
+
+def test_sigusr1_switches_the_level_between_steps(
+    tools_bin: Path, smollm2_path: Path, tmp_path: Path
+) -> None:
+    """A server opened at detailed, told SIGUSR1 twice between three requests: the first
+    request's steps and host records are detailed, the second's minimal, the third's detailed
+    again, and the server says each switch in one line."""
+    from helpers.support import post_completion
+
+    log = tmp_path / "server.log"
+    proc, port = start_server(log, smollm2_path)
+    try:
+        body = {"prompt": "Count to ten:", "n_predict": 4, "temperature": 0}
+        post_completion(port, body)
+        for _ in range(2):
+            os.kill(program_pid(proc), signal.SIGUSR1)
+            time.sleep(0.5)  # the watcher sets it at once; the signal's way there is not timed
+            post_completion(port, body)
+        err = stop_server(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    said = [line for line in err.splitlines() if "SIGUSR1" in line]
+    assert [line.split()[-5] for line in said] == ["minimal", "detailed"], said
+    recs = whole_lines(log)
+    requests = sorted((r for r in recs if r["type"] == "request"), key=lambda r: r["t_arrive"])
+    assert [r["level"] for r in requests] == ["detailed", "minimal", "detailed"], requests
+    for r in requests:  # one at a time: a request's steps are those begun while it ran
+        t0, t1 = r["t_arrive"], r["t_arrive"] + r["dur"]
+        levels = {x["level"] for x in recs if x["type"] == "step_begin" and t0 <= x["ts"] <= t1}
+        assert levels == {r["level"]}, (r["id"], levels)
+    # the host's work between steps follows the steps' level: its samplers only when detailed
+    hosts = [r for r in recs if r["type"] == "host"]
+    assert {r["level"] for r in hosts} == {"detailed", "minimal"}
+    assert all(("seqs" in r) == (r["level"] == "detailed") for r in hosts)

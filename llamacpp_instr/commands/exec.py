@@ -66,8 +66,10 @@ def command(
     (a signal sent to instr is passed on to it; Ctrl-C at the terminal reaches it directly). The
     session opens at its first context and ends when it exits (`ok`; `error` when it exits with
     a failure status), or `interrupted` after SIGINT/SIGTERM, which the program handles as it
-    always does (llama-server shuts down on Ctrl-C); SIGHUP reopens the log (logrotate). llama-server writes a `request` record per
-    completion request (ok, error or cancelled), llama-bench a `part` record per test. When the
+    always does (llama-server shuts down on Ctrl-C); SIGHUP reopens the log (logrotate); SIGUSR1
+    switches the level between minimal and --level (detailed when that is minimal) from the next
+    step. llama-server writes a `request` record per completion request (ok, error or
+    cancelled), llama-bench a `part` record per test. When the
     program fails on an allocation its log recorded (out of memory, or beyond --memory-budget),
     instr ends with the one line `instr run` gives, what failed and what would free how much,
     and exit status 3 (the log is opened at the first context: a failure before it, with

@@ -5,7 +5,9 @@ what became of it (``outcome``: ok, error, or cancelled when the client went awa
 a stream was sent), when it arrived, when it got the model (the server runs one request at a time
 behind a lock), when its first token was sampled, when it ended, and the tokens it decoded. Its
 decode steps carry the same id (``step_begin.request``). All times are CLOCK_MONOTONIC ns, the
-log's own clock. SIGHUP reopens the log at its path (logrotate).
+log's own clock. SIGHUP reopens the log at its path (logrotate); SIGUSR1 switches the level between
+minimal and the one the server started at (detailed when that was minimal), as a llama.cpp program
+under ``instr exec`` does.
 
 How: a pure-ASGI middleware times the request and puts it in a context variable (which reaches the
 worker threads the server runs the model in); wrappers on the server's ``Llama`` instance, around
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.contract.schema import LEVEL_IDS
 from llamacpp_instr.contract.version import __version__
 from llamacpp_instr.converters.reading.reader import iter_records
 from llamacpp_instr.native import bindings
@@ -371,6 +374,21 @@ def _load_app(
     return app, llm
 
 
+def switch_level(api: bindings.InstrLib, opened: str) -> None:
+    """SIGUSR1: record from the next step at minimal, or back at the level the session ``opened``
+    at (detailed when that was minimal), as the library does for a llama.cpp program; one line on
+    stderr says which."""
+    up = opened if LEVEL_IDS[opened] > LEVEL_IDS["minimal"] else "detailed"
+    now = api.get_level()
+    if now == LEVEL_IDS["off"]:
+        return  # the session has ended
+    to = "minimal" if now > LEVEL_IDS["minimal"] else up
+    api.set_level(to)
+    print(
+        f"instr serve: SIGUSR1: recording at {to} from the next step", file=sys.stderr, flush=True
+    )
+
+
 def serve(
     model: Path,
     out: Path,
@@ -390,7 +408,7 @@ def serve(
     append: bool = False,
 ) -> ServeResult:
     """Serve ``model`` until SIGINT or SIGTERM; the session log stays valid either way. SIGHUP
-    reopens the log at its path; ``always_on`` samples and rotates it. An existing log at
+    reopens the log at its path, SIGUSR1 switches its level (``switch_level``); ``always_on`` samples and rotates it. An existing log at
     ``out`` is kept as ``out.old`` (``runner.keep_old``), unless ``append``. ``warmup``: the
     model warmed up first, as llama-server does (``runner.warm_up``)."""
     from llamacpp_instr.native import models
@@ -458,6 +476,9 @@ def serve(
             previous = signal.signal(signal.SIGTERM, on_term)
             # logrotate moved the log: reopen it at its path (between steps; a flag only)
             previous_hup = signal.signal(signal.SIGHUP, lambda signum, frame: api.reopen())
+            previous_usr1 = signal.signal(
+                signal.SIGUSR1, lambda signum, frame: switch_level(api, level)
+            )
             try:
                 if on_ready:
                     on_ready(
@@ -470,6 +491,7 @@ def serve(
             finally:
                 signal.signal(signal.SIGTERM, previous)
                 signal.signal(signal.SIGHUP, previous_hup)
+                signal.signal(signal.SIGUSR1, previous_usr1)
     except KeyboardInterrupt:
         if s is None:  # before the session began
             raise

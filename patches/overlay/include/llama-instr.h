@@ -188,8 +188,8 @@ LLAMA_API void llama_instr_reopen(void) LLAMA_INSTR_NOEXCEPT;
 // A request begins on sequence `seq_id` of `ctx` (-1: on the whole context, as
 // llama_instr_set_request tags its steps), for --sample-requests: requests are counted in the
 // order they begin, and the steps serving one in every_requests are recorded in detail.
-// Returns the level its steps are recorded at (LLAMA_INSTR_LEVEL_MINIMAL, or the session's level
-// for a request sampled in), ERR_NO_SESSION or ERR_INVALID_ARG (NULL ctx, seq_id outside -1..65535).
+// Returns the level its steps are recorded at (LLAMA_INSTR_LEVEL_MINIMAL, or the level in force,
+// llama_instr_set_level's, for a request sampled in), ERR_NO_SESSION or ERR_INVALID_ARG (NULL ctx, seq_id outside -1..65535).
 LLAMA_API int32_t llama_instr_request_begin(struct llama_context * ctx, int32_t seq_id) LLAMA_INSTR_NOEXCEPT;
 
 // The request on `seq_id` of `ctx` (-1: the whole context) ended. Returns LLAMA_INSTR_OK,

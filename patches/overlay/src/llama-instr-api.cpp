@@ -597,7 +597,9 @@ int32_t llama_instr_request_begin(llama_context * ctx, int32_t seq_id) noexcept 
             }
             st->seq_full[seq_id] = full ? 1 : 0;
         }
-        return full ? std::max<int32_t>(s.level, LLAMA_INSTR_LEVEL_MINIMAL) : LLAMA_INSTR_LEVEL_MINIMAL;
+        // the level in force now (llama_instr_set_level may have changed the session's), as its steps take it
+        const int32_t now = g_llama_instr_level.load(std::memory_order_relaxed);
+        return full ? std::max<int32_t>(now, LLAMA_INSTR_LEVEL_MINIMAL) : LLAMA_INSTR_LEVEL_MINIMAL;
     } catch (...) {
         return api_error(LLAMA_INSTR_ERR_INTERNAL, "request_begin failed (out of memory?)");
     }

@@ -170,26 +170,44 @@ void end_session(const char * status) {
 // SIGHUP reopens the log (logrotate): the wrapper only sets the library's flag
 // (llama_instr_reopen) and calls the program's own handler if it has one, so SIGHUP does not end
 // the process while the session is open.
+//
+// SIGUSR1 switches the level between MINIMAL and the level the session opened at (DETAILED when
+// that was MINIMAL), so that an operator can look closer at a live server and back: the wrapper
+// wakes the watcher, which sets the level (llama_instr_set_level takes a lock, so not in the
+// handler); every step begun after it is recorded at the new level, as its step_begin says.
 
-const int             k_n_signals            = 3;
-const int             k_signals[k_n_signals] = { SIGINT, SIGTERM, SIGHUP };
+const int             k_n_signals            = 4;
+const int             k_signals[k_n_signals] = { SIGINT, SIGTERM, SIGHUP, SIGUSR1 };
 struct sigaction      g_prev[k_n_signals];  // the program's handler, which ours calls
 volatile sig_atomic_t g_signal  = 0;
 int                   g_pipe[2] = { -1, -1 };
 pthread_t             g_watcher;
 bool                  g_watching = false;
 std::atomic<bool>     g_stop{ false };
-const int             k_poll_ms = 50;
+const int             k_poll_ms  = 50;
+int32_t               g_level_up = LLAMA_INSTR_LEVEL_DETAILED;  // SIGUSR1's other level; set before the watcher starts
 
 int signal_index(int signo) {
-    return signo == SIGINT ? 0 : signo == SIGTERM ? 1 : signo == SIGHUP ? 2 : -1;
+    return signo == SIGINT ? 0 : signo == SIGTERM ? 1 : signo == SIGHUP ? 2 : signo == SIGUSR1 ? 3 : -1;
+}
+
+// Signals that leave the process running: the library's part, then the program's handler, if any.
+bool kept_running(int signo) {
+    return signo == SIGHUP || signo == SIGUSR1;
 }
 
 void on_signal(int signo, siginfo_t * info, void * uctx) {
     const int saved = errno;
     const int i     = signal_index(signo);
-    if (signo == SIGHUP) {
-        llama_instr_reopen();  // a flag: the log is reopened between steps
+    if (kept_running(signo)) {
+        if (signo == SIGHUP) {
+            llama_instr_reopen();  // a flag: the log is reopened between steps
+        } else {
+            const char c = (char) signo;
+            if (write(g_pipe[1], &c, 1) < 0) {
+                // the pipe is full or gone: this switch is lost, the session goes on as it was
+            }
+        }
         const struct sigaction & prev = g_prev[i];
         if (prev.sa_flags & SA_SIGINFO) {
             if (prev.sa_sigaction) {
@@ -225,14 +243,14 @@ bool is_ours(const struct sigaction & sa) {
 }
 
 // Wrap the current handler of each signal unless it is ours already or the signal is ignored
-// (SIGHUP is wrapped even then: nohup'd servers are rotated too).
+// (SIGHUP and SIGUSR1 are wrapped even then: nohup'd servers are rotated too).
 void wrap_handlers() {
     for (int i = 0; i < k_n_signals; i++) {
         struct sigaction cur;
         if (sigaction(k_signals[i], nullptr, &cur) != 0 || is_ours(cur)) {
             continue;
         }
-        if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN && k_signals[i] != SIGHUP) {
+        if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN && !kept_running(k_signals[i])) {
             continue;
         }
         g_prev[i]           = cur;
@@ -243,12 +261,25 @@ void wrap_handlers() {
     }
 }
 
+// SIGUSR1's switch, on the watcher's thread; one line on stderr says where it went.
+void switch_level() {
+    const int32_t now  = llama_instr_get_level();
+    const int32_t next = now > LLAMA_INSTR_LEVEL_MINIMAL ? LLAMA_INSTR_LEVEL_MINIMAL : g_level_up;
+    if (now == LLAMA_INSTR_LEVEL_OFF || llama_instr_set_level(next) < 0) {
+        return;  // the session has ended (or is ending)
+    }
+    static const char * const names[] = { "off", "minimal", "detailed", "verbose" };
+    warn(std::string("SIGUSR1: recording at ") + names[next] + " from the next step");
+}
+
 void * watch(void *) {
     while (!g_stop.load()) {
         struct pollfd p = { g_pipe[0], POLLIN, 0 };
         if (poll(&p, 1, k_poll_ms) > 0) {
             char c = 0;
-            if (read(g_pipe[0], &c, 1) == 1 && c != 0) {
+            if (read(g_pipe[0], &c, 1) == 1 && c == SIGUSR1) {
+                switch_level();
+            } else if (c != 0) {
                 // a signal whose default action ends the process: end the session first
                 end_session("interrupted");
                 const int        i = signal_index(c);
@@ -415,6 +446,9 @@ void open_from_env(llama_context * ctx) {
         return;
     }
     g_open = true;
+#ifdef LLAMA_INSTR_ENV_POSIX
+    g_level_up = level > LLAMA_INSTR_LEVEL_MINIMAL ? level : LLAMA_INSTR_LEVEL_DETAILED;
+#endif
     // registered after the session's own state exists, so it runs before that state is destroyed
 #if defined(__GLIBC__)
     on_exit(at_exit_status, nullptr);
@@ -422,7 +456,7 @@ void open_from_env(llama_context * ctx) {
     atexit(at_exit);
 #endif
     if (!start_watcher()) {
-        warn("cannot watch SIGINT/SIGTERM/SIGHUP: an interrupted run will end its session as ok");
+        warn("cannot watch SIGINT/SIGTERM/SIGHUP/SIGUSR1: an interrupted run will end its session as ok");
     }
 }
 

@@ -16,7 +16,7 @@ count, the two counts in turn (``n_threads_b``): a shared machine's speed moves 
 to the next, and a ratio of two counts measured apart carries that. A shape not probed moves by the probed shapes of its type (their speed-ups
 weighted by their bytes), else by ``instr peaks``' one-column matmul (``thread_scale``).
 
-Used only where this machine is the logs' (``kv_probe.same_machine``), as the probe measures
+Used only where this machine is the logs' (``kv_probe.this_machine``), as the probe measures
 this machine. What it measured is kept for the process (``_MEASURED``): a fit's leave-one-out
 across thread counts and the prediction after it price a shape by the same measurement, and a
 plan of many settings measures each shape once.
@@ -95,10 +95,16 @@ class GemvProbe:
         self.speedups: dict[WeightShape, float] = {}
         self.bytes: dict[WeightShape, int] = {}
         self.failed: dict[str, None] = {}
+        # the graphs prepared already, by identity (held, so that an id is never reused): a fit
+        # prices the same step graphs again and again
+        self._seen: dict[int, Graph] = {}
 
     def prepare(self, graph: Graph) -> None:
         """Measure the shapes of ``graph``'s one-column matmuls not measured yet that hold most of
         their bytes (module doc)."""
+        if id(graph) in self._seen:
+            return
+        self._seen[id(graph)] = graph
         shapes = one_column(graph)
         total = sum(shapes.values())
         if total <= 0:
@@ -158,12 +164,11 @@ def for_logs(machines: list[dict[str, Any] | None], source: int, target: int) ->
     """The probe of this machine's CPU at ``source`` and ``target`` threads, None where this
     machine is not the one every log names (``machines``: their ``session_start.machine``)."""
     from llamacpp_instr.deciding.prediction import kv_probe
-    from llamacpp_instr.native import bindings
 
-    lib = bindings.load()
-    if not kv_probe.same_machine(lib, machines):
+    found = kv_probe.this_machine(machines)
+    if found is None:
         return None
-    here = lib.machine_info().get("devices", [])
+    lib, here = found
     cpu = next((int(d["index"]) for d in here if d.get("type") == "cpu"), None)
     if cpu is None:
         return None

@@ -183,3 +183,15 @@ def same_machine(lib: Any, logged: list[dict[str, Any] | None]) -> bool:
         if not theirs <= names:
             return False
     return True
+
+
+def this_machine(logged: list[dict[str, Any] | None]) -> tuple[Any, list[dict[str, Any]]] | None:
+    """The loaded library and this machine's devices (``machine_info``), where this machine is the
+    one every log names (``same_machine``); None elsewhere: a probe here would not measure what
+    the logs ran on."""
+    from llamacpp_instr.native import bindings
+
+    lib = bindings.load()
+    if not same_machine(lib, logged):
+        return None
+    return lib, list(lib.machine_info().get("devices", []))

@@ -474,10 +474,10 @@ def price(
 def _attention_probe(t: Target, sessions: list[SessionFrames]) -> kv_probe.Probe | None:
     """The attention probe at the target's threads and context, None where this machine is not
     the logs' (what it measures would not be what they ran on)."""
-    lib = bindings.load()
-    if not kv_probe.same_machine(lib, [getattr(sf.info, "machine", None) for sf in sessions]):
+    found = kv_probe.this_machine([getattr(sf.info, "machine", None) for sf in sessions])
+    if found is None:
         return None
-    here = lib.machine_info().get("devices", [])
+    lib, here = found
     names = {str(d["name"]): int(d["index"]) for d in here if d.get("backend") != "RPC"}
     n_ctx = -(-(t.depth + t.n_prompt + t.n_gen + 1) // KV_PAD) * KV_PAD
     return kv_probe.Probe(lib, names, t.threads, n_ctx)

@@ -1,12 +1,14 @@
 """Sampling as `instr predict` prices it, against real llama-server runs at 1, 4 and 8 slots.
 
-    python bench/sampling_price_check.py [--slots 1,4,8] [--waves 2] [--n-predict 32] [--server PATH]
+    python bench/sampling_price_check.py [--slots 1,4,8] [--waves 12] [--n-predict 32] [--server PATH]
                                          [--keep DIR] [--write-docs]
 
 The patched llama-server of `instr build --tools` (or `--server`), `-t 1`, at DETAILED, on a tiny
 llama of a 131072-token vocabulary (tests/tiny_gguf.py: sampling costs what it costs on a real
-vocabulary while its steps stay cheap). Each run sends its slots' worth of requests at once, each a
-JSON schema with repetition penalties and DRY at temperature 0.8, `--waves` times.
+vocabulary while its steps stay cheap), one server per slot count, all up for the whole bench.
+Each wave sends a server its slots' worth of requests at once, each a JSON schema with repetition
+penalties and DRY at temperature 0.8; the waves go to the servers in turn (`--waves` each, the
+order rotating), so that the machine's drift meets every slot count alike.
 
 The price (``deciding.prediction.sampling_price``) of N slots is measured on the logs of the runs
 of fewer slots (the 1-slot run's own, for itself) and carried to N (each slot's token sampled one
@@ -52,18 +54,28 @@ def one(port: int, i: int, n_predict: int) -> dict[str, Any]:
     return dict(complete(port, i, n_predict, dry_multiplier=0.8)["timings"])
 
 
-def run(exe: Path, model: Path, slots: int, log: Path, args: argparse.Namespace) -> list[dict]:
-    ns = argparse.Namespace(parallel=slots, threads=1)
-    proc, port = start(exe, model, "detailed", log, ns)
+def runs(
+    exe: Path, model: Path, logs: dict[int, Path], args: argparse.Namespace
+) -> dict[int, list[dict]]:
+    """One server per slot count, all started first; each wave goes to every server in turn (the
+    order rotating wave by wave), so that the shared machine's drift hits every run alike. Each
+    request's `timings`, by slot count."""
+    servers = {}
     try:
-        timings = []
-        with ThreadPoolExecutor(slots) as pool:
-            for w in range(args.waves):
-                ids = range(w * slots, (w + 1) * slots)
-                timings += list(pool.map(lambda i: one(port, i, args.n_predict), ids))
+        for n, log in logs.items():
+            servers[n] = start(exe, model, log, argparse.Namespace(parallel=n, threads=1))
+        timings: dict[int, list[dict]] = {n: [] for n in logs}
+        order = list(logs)
+        for w in range(args.waves):
+            for n in order[w % len(order) :] + order[: w % len(order)]:
+                with ThreadPoolExecutor(n) as pool:
+                    ids = range(w * n, (w + 1) * n)
+                    jobs = [(servers[n][1], i, args.n_predict) for i in ids]
+                    timings[n] += list(pool.map(lambda job: one(*job), jobs))
     finally:
-        proc.send_signal(2)
-        proc.communicate(timeout=120)
+        for proc, _ in servers.values():
+            proc.send_signal(2)
+            proc.communicate(timeout=120)
     return timings
 
 
@@ -94,7 +106,7 @@ def check(log: Path, price: sampling_price.SamplingPrice, slots: int, timings: l
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slots", default="1,4,8")
-    ap.add_argument("--waves", type=int, default=2)
+    ap.add_argument("--waves", type=int, default=12)
     ap.add_argument("--n-predict", type=int, default=32)
     ap.add_argument("--server", type=Path, default=None, help="a llama-server to run instead")
     ap.add_argument("--keep", type=Path, default=None, help="write the runs' logs here")
@@ -108,7 +120,7 @@ def main() -> None:
         Path(tmp).mkdir(parents=True, exist_ok=True)
         model = write_big_vocab_model(Path(tmp) / "big-vocab.gguf")
         logs = {n: Path(tmp) / f"slots-{n}.log" for n in slots}
-        timings = {n: run(exe, model, n, logs[n], args) for n in slots}
+        timings = runs(exe, model, logs, args)
         frames = {n: load_session(logs[n]) for n in slots}
         for n in slots:
             below = [frames[k] for k in slots if k < n] or [frames[n]]
@@ -123,7 +135,7 @@ def main() -> None:
                 rows.append(row | {"basis": basis, "from": price.measured_at(n)})
     lines = [
         f"llama-server, `-t 1`, `--level detailed`, on a tiny llama of a 131072-token vocabulary; "
-        f"each run {args.waves} waves of as many requests as slots, each a JSON schema, repeat "
+        f"each server {args.waves} waves of as many requests as slots (the servers in turn), each a JSON schema, repeat "
         f"penalty 1.1, DRY 0.8, temperature 0.8, {args.n_predict} tokens at most; "
         f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end",
         "",

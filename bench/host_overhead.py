@@ -9,14 +9,16 @@ model of a 131072-token vocabulary (tests/tiny_gguf.py: sampling costs what it c
 vocabulary while its steps stay cheap, the hardest case for the recording). Every request asks for
 a JSON schema (a grammar) and repetition penalties at temperature 0.8, 8 at a time.
 
-llama-server's level is set once, when LLAMA_INSTR_LOG opens its session, so the two levels are two
-servers started side by side and kept for the whole run, each idle while the other serves. A round
-sends the same requests to one, then the other, the order alternating round by round, so that the
-shared machine's drift hits both alike. Tokens/s is the tokens the server predicted (its own
-`tokens_predicted`) over the round's wall time; the server's CPU time per token (user + system,
-from /proc) is the steadier view on a shared machine. Reported: each level's median, the ratio of
-the medians and the median of the rounds' ratios (paired); the target is DETAILED at least 0.99x
-MINIMAL in tokens/s. Both logs are checked to hold `host` records (DETAILED's with its samplers).
+One server runs the whole bench, opened at DETAILED; SIGUSR1 switches its level between MINIMAL
+and DETAILED from the next step (the bench waits for the server's line saying so). A round sends
+the same requests at one level, then at the other, the order alternating round by round, so that
+the shared machine's drift hits both alike and both levels share one process, one heap and one
+address layout. Tokens/s is the tokens the server predicted (its own `tokens_predicted`) over the
+round's wall time; the server's CPU time per token (user + system, from /proc) is the steadier
+view on a shared machine. Reported: each level's median, the ratio of the medians and the median
+of the rounds' ratios (paired); the target is DETAILED at least 0.99x
+MINIMAL in tokens/s. The log is checked: every step a round began is at that round's level, and
+the host records of each level are counted (DETAILED's with its samplers).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -52,11 +55,9 @@ def echo(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def start(
-    exe: Path, model: Path, level: str, log: Path, args: argparse.Namespace
-) -> tuple[Any, int]:
+def start(exe: Path, model: Path, log: Path, args: argparse.Namespace) -> tuple[Any, int]:
     port = free_port()
-    env = dict(os.environ, LLAMA_INSTR_LOG=str(log), LLAMA_INSTR_LEVEL=level)
+    env = dict(os.environ, LLAMA_INSTR_LOG=str(log), LLAMA_INSTR_LEVEL="detailed")
     # the server's own log to a file: a pipe nobody reads fills up and stops the server
     err = log.with_suffix(".stderr").open("w")
     proc = subprocess.Popen(
@@ -70,6 +71,24 @@ def start(
     )
     wait_ready(port, proc, timeout=180, path="/health")
     return proc, port
+
+
+def switch(proc: Any, log: Path, level: str) -> None:
+    """SIGUSR1 to the server, then wait for its line saying it records at ``level``."""
+    said = log.with_suffix(".stderr")
+    n = said.read_text(errors="replace").count("SIGUSR1: recording at")
+    proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        lines = [
+            x for x in said.read_text(errors="replace").splitlines() if "SIGUSR1: recording at" in x
+        ]
+        if len(lines) > n:
+            if f"recording at {level} " not in lines[-1]:
+                raise SystemExit(f"the server switched to something else: {lines[-1]}")
+            return
+        time.sleep(0.01)
+    raise SystemExit("the server did not say it switched its level within 30 s")
 
 
 def complete(port: int, i: int, n_predict: int, **more: Any) -> dict[str, Any]:
@@ -114,13 +133,21 @@ def one_round(server: tuple[Any, int], args: argparse.Namespace) -> tuple[float,
     return tokens / (time.perf_counter() - t0), (cpu_s(proc.pid) - c0) * 1000 / tokens
 
 
-def check_log(log: Path, level: str) -> int:
-    hosts = [json.loads(x) for x in log.read_text().splitlines() if '"type":"host"' in x]
-    if not hosts:
-        raise SystemExit(f"{log}: no host records at {level}")
-    if level == "detailed" and not any("parts" in h for h in hosts):
+def check_log(log: Path, windows: list[tuple[str, int, int]]) -> dict[str, int]:
+    """Every step begun inside a round's window is at that round's level; each level's host
+    records, counted (DETAILED's must name samplers)."""
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    for level, t0, t1 in windows:
+        seen = {r["level"] for r in recs if r["type"] == "step_begin" and t0 <= r["ts"] <= t1}
+        if seen != {level}:
+            raise SystemExit(f"{log}: a round at {level} has steps at {sorted(seen)}")
+    hosts = [r for r in recs if r["type"] == "host"]
+    counts = {lv: sum(1 for h in hosts if h["level"] == lv) for lv in LEVELS}
+    if not all(counts.values()):
+        raise SystemExit(f"{log}: host records by level {counts}")
+    if not any("parts" in h for h in hosts if h["level"] == "detailed"):
         raise SystemExit(f"{log}: no samplers at detailed")
-    return len(hosts)
+    return counts
 
 
 def _ratios(v: dict[str, list[float]]) -> tuple[dict[str, float], float]:
@@ -143,7 +170,7 @@ def report(
         f"llama-server, `--parallel {args.parallel}`, `-t {args.threads}`, on a tiny llama of a "
         f"131072-token vocabulary; {args.requests} requests a round ({args.parallel} at a time), "
         f"each a JSON schema, repeat penalty 1.1, temperature 0.8, {args.n_predict} tokens at "
-        f"most; {args.rounds} rounds, the levels alternated; {host}",
+        f"most; {args.rounds} rounds, the levels alternated in one server (SIGUSR1); {host}",
         "",
         "| level | tokens/s (median of rounds) | vs minimal | paired | server CPU ms per token "
         "| vs minimal | paired | host records |",
@@ -175,15 +202,22 @@ def main() -> None:
     exe = args.server or tools.build_tools(echo, programs=("llama-server",)) / "llama-server"
     tps: dict[str, list[float]] = {lv: [] for lv in LEVELS}
     cpu: dict[str, list[float]] = {lv: [] for lv in LEVELS}
+    windows: list[tuple[str, int, int]] = []
     with tempfile.TemporaryDirectory(prefix="host-overhead-") as tmp:
         model = write_big_vocab_model(Path(tmp) / "big-vocab.gguf")
-        servers = {lv: start(exe, model, lv, Path(tmp) / f"{lv}.log", args) for lv in LEVELS}
+        log = Path(tmp) / "server.log"
+        server = start(exe, model, log, args)
+        level = "detailed"
         try:
-            for lv in LEVELS:
-                one_round(servers[lv], args)  # warm-up, not counted
+            one_round(server, args)  # warm-up, not counted
             for k in range(args.rounds):
                 for lv in LEVELS if k % 2 == 0 else LEVELS[::-1]:
-                    t, c = one_round(servers[lv], args)
+                    if lv != level:
+                        switch(server[0], log, lv)
+                        level = lv
+                    t0 = time.monotonic_ns()  # the log's clock (CLOCK_MONOTONIC)
+                    t, c = one_round(server, args)
+                    windows.append((lv, t0, time.monotonic_ns()))
                     tps[lv].append(t)
                     cpu[lv].append(c)
                 echo(
@@ -193,10 +227,9 @@ def main() -> None:
                     )
                 )
         finally:
-            for proc, _ in servers.values():
-                proc.send_signal(2)
-                proc.communicate(timeout=120)
-        records = {lv: check_log(Path(tmp) / f"{lv}.log", lv) for lv in LEVELS}
+            server[0].send_signal(signal.SIGINT)
+            server[0].communicate(timeout=120)
+        records = check_log(log, windows)
     text = report(tps, cpu, args, records)
     print(text)
     if args.write_docs:

@@ -67,12 +67,10 @@ def command(
     session opens at its first context and ends when it exits (`ok`; `error` when it exits with
     a failure status), or `interrupted` after SIGINT/SIGTERM, which the program handles as it
     always does (llama-server shuts down on Ctrl-C); SIGHUP reopens the log (logrotate); SIGUSR1
-    switches the level between minimal and --level (detailed when that is minimal) from the next
-    step. llama-server writes a `request` record per completion request (ok, error or
-    cancelled), llama-bench a `part` record per test. When the
-    program fails on an allocation its log recorded (out of memory, or beyond --memory-budget),
-    instr ends with the one line `instr run` gives, what failed and what would free how much,
-    and exit status 3 (the log is opened at the first context: a failure before it, with
+    switches the level to minimal and back. llama-server writes a `request` record per request,
+    llama-bench a `part` record per test. When the program fails on an allocation its log
+    recorded (out of memory, or beyond --memory-budget), instr ends with the one line `instr run`
+    gives, what failed and what would free how much, and exit status 3 (the log is opened at the first context: a failure before it, with
     llama.cpp's --fit off, leaves no log and only the program's own words). Options for instr go
     before PROGRAM, everything after it is the program's, untouched (-ot, --n-cpu-moe... as
     llama.cpp reads them):

@@ -290,7 +290,6 @@ def test_the_probe_takes_what_a_run_at_depth_takes(instr_api: Any, deep_model: P
         llm.close()
         frames = load_session(log)
         g = frames.graphs[int(frames.ops["graph"].iloc[-1])]
-        probe = kv_probe.Probe(instr_api, devs, 2, 3328)
         ops = frames.ops.assign(role=frames.ops["name"].map(role))
         checked = set()
         for k, node in enumerate(g.nodes):
@@ -299,8 +298,15 @@ def test_the_probe_takes_what_a_run_at_depth_takes(instr_api: Any, deep_model: P
                 continue
             checked.add(shape.op)
             real = float(ops[ops["role"] == role(node.name)]["dur_ns"].min())
-            measured = probe.ns(shape, 3004, "CPU")
-            assert measured is not None and 0.4 < measured / real < 2.5, (shape, measured, real)
+            # the fastest of up to three probes (each a fresh one: a probe keeps what it
+            # measured): a build running beside the suite once slowed a single probe 3.2x
+            tries = []
+            for _ in range(3):
+                tries.append(kv_probe.Probe(instr_api, devs, 2, 3328).ns(shape, 3004, "CPU"))
+                if tries[-1] is not None and tries[-1] / real < 2.5:
+                    break
+            measured = min((t for t in tries if t is not None), default=None)
+            assert measured is not None and 0.4 < measured / real < 2.5, (shape, tries, real)
         want = {"FLASH_ATTN_EXT"} if fa else {"kq", "kq_soft_max", "kqv"}
         assert checked == want
 

@@ -134,7 +134,6 @@ int32_t llama_instr_session_begin(llama_context * ctx,
         try {
             s.epoch++;
             s.sid             = sid;
-            s.level           = level;
             s.topk            = s.topk_next;
             s.t_start         = now_ns();
             s.totals          = {};

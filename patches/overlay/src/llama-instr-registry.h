@@ -22,7 +22,6 @@ struct session {
     uint64_t    epoch = 0;  // bumped by each session_begin
     log_file    log;        // log.fp is set while a session is open
     std::string sid;
-    int32_t     level     = LLAMA_INSTR_LEVEL_OFF;
     int32_t     topk      = 10;
     int32_t     topk_next = 10;
 

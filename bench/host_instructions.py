@@ -20,68 +20,26 @@ system calls that write the log are not instructions of the process and are not 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from helpers.support import free_port  # noqa: E402
 from helpers.tiny_gguf import write_big_vocab_model  # noqa: E402
-from host_overhead import echo, one  # noqa: E402
+from host_overhead import echo, one, start, switch  # noqa: E402
 
 from llamacpp_instr.native import tools  # noqa: E402
 
 ORDER = ("minimal", "detailed", "detailed", "minimal")
 _LINE = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+(.*)$")
-
-
-def start(exe: Path, model: Path, tmp: Path, args: argparse.Namespace) -> tuple[Any, int]:
-    port = free_port()
-    env = dict(os.environ, LLAMA_INSTR_LOG=str(tmp / "server.log"), LLAMA_INSTR_LEVEL="detailed")
-    proc = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/callgrind.out.%p"]
-        + [str(exe), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
-        + ["--parallel", str(args.parallel), "-c", str(args.parallel * 256), "-t", "1"]
-        + ["--seed", "3"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=(tmp / "server.stderr").open("w"),
-    )
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"llama-server under callgrind exited with {proc.returncode}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).read()
-            return proc, port
-        except OSError:
-            time.sleep(2)
-    proc.kill()
-    raise SystemExit("llama-server under callgrind did not answer /health within 15 minutes")
-
-
-def switch(proc: Any, said: Path, level: str) -> None:
-    n = said.read_text(errors="replace").count("SIGUSR1: recording at")
-    proc.send_signal(signal.SIGUSR1)
-    deadline = time.monotonic() + 120
-    while said.read_text(errors="replace").count("SIGUSR1: recording at") == n:
-        if time.monotonic() > deadline:
-            raise SystemExit("the server did not say it switched its level")
-        time.sleep(0.1)
-    if f"recording at {level} " not in said.read_text(errors="replace").splitlines()[-1]:
-        raise SystemExit(f"the server did not switch to {level}")
 
 
 def counts(dump: Path) -> tuple[int, int]:
@@ -122,7 +80,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="host-instructions-") as name:
         tmp = Path(name)
         model = write_big_vocab_model(tmp / "big-vocab.gguf")
-        proc, port = start(exe, model, tmp, args)
+        log = tmp / "server.log"
+        ns = argparse.Namespace(parallel=args.parallel, threads=1)
+        callgrind = ("valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/callgrind.out.%p")
+        proc, port = start(exe, model, log, ns, wrap=callgrind, timeout=900)
         level = "detailed"
 
         def one_round() -> int:
@@ -135,7 +96,7 @@ def main() -> None:
             one_round()
             for k, lv in enumerate(ORDER):
                 if lv != level:
-                    switch(proc, tmp / "server.stderr", lv)
+                    switch(proc, log, lv, timeout=120)
                     level = lv
                 subprocess.run(
                     ["callgrind_control", "-z", str(proc.pid)],

@@ -16,8 +16,8 @@ the shared machine's drift hits both alike and both levels share one process, on
 address layout. Tokens/s is the tokens the server predicted (its own `tokens_predicted`) over the
 round's wall time; the server's CPU time per token (user + system, from /proc) is the steadier
 view on a shared machine. Reported: each level's median, the ratio of the medians and the median
-of the rounds' ratios (paired); the target is DETAILED at least 0.99x
-MINIMAL in tokens/s. The log is checked: every step a round began is at that round's level, and
+of the rounds' ratios (paired); the target is DETAILED at least 0.99x MINIMAL in tokens/s. The
+log is checked: every step a round began is at that round's level, and
 the host records of each level are counted (DETAILED's with its samplers).
 """
 
@@ -55,13 +55,23 @@ def echo(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def start(exe: Path, model: Path, log: Path, args: argparse.Namespace) -> tuple[Any, int]:
+def start(
+    exe: Path,
+    model: Path,
+    log: Path,
+    args: argparse.Namespace,
+    wrap: tuple[str, ...] = (),
+    timeout: float = 180,
+) -> tuple[Any, int]:
+    """llama-server (under ``wrap``, a command such as valgrind's, if given) at DETAILED, logging
+    to ``log``, once it answers /health within ``timeout`` s: the process and its port."""
     port = free_port()
     env = dict(os.environ, LLAMA_INSTR_LOG=str(log), LLAMA_INSTR_LEVEL="detailed")
     # the server's own log to a file: a pipe nobody reads fills up and stops the server
     err = log.with_suffix(".stderr").open("w")
     proc = subprocess.Popen(
-        [str(exe), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
+        [*wrap, str(exe), "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
+        + ["--no-webui"]
         + ["--parallel", str(args.parallel), "-c", str(args.parallel * 256)]
         + ["-t", str(args.threads), "--seed", "3"],
         env=env,
@@ -69,16 +79,16 @@ def start(exe: Path, model: Path, log: Path, args: argparse.Namespace) -> tuple[
         stderr=err,
         text=True,
     )
-    wait_ready(port, proc, timeout=180, path="/health")
+    wait_ready(port, proc, timeout=timeout, path="/health")
     return proc, port
 
 
-def switch(proc: Any, log: Path, level: str) -> None:
+def switch(proc: Any, log: Path, level: str, timeout: float = 30) -> None:
     """SIGUSR1 to the server, then wait for its line saying it records at ``level``."""
     said = log.with_suffix(".stderr")
     n = said.read_text(errors="replace").count("SIGUSR1: recording at")
     proc.send_signal(signal.SIGUSR1)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         lines = [
             x for x in said.read_text(errors="replace").splitlines() if "SIGUSR1: recording at" in x
@@ -88,7 +98,7 @@ def switch(proc: Any, log: Path, level: str) -> None:
                 raise SystemExit(f"the server switched to something else: {lines[-1]}")
             return
         time.sleep(0.01)
-    raise SystemExit("the server did not say it switched its level within 30 s")
+    raise SystemExit(f"the server did not say it switched its level within {timeout:.0f} s")
 
 
 def complete(port: int, i: int, n_predict: int, **more: Any) -> dict[str, Any]:

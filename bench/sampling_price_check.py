@@ -135,8 +135,8 @@ def main() -> None:
                 rows.append(row | {"basis": basis, "from": price.measured_at(n)})
     lines = [
         f"llama-server, `-t 1`, `--level detailed`, on a tiny llama of a 131072-token vocabulary; "
-        f"each server {args.waves} waves of as many requests as slots (the servers in turn), each a JSON schema, repeat "
-        f"penalty 1.1, DRY 0.8, temperature 0.8, {args.n_predict} tokens at most; "
+        f"each server {args.waves} waves of as many requests as slots (the servers in turn), "
+        f"each a JSON schema, repeat penalty 1.1, DRY 0.8, temperature 0.8, {args.n_predict} tokens at most; "
         f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end",
         "",
         "| slots | priced from | steps of | steps | sampling a step, measured (ms) | priced (ms) "

@@ -70,8 +70,8 @@ def command(
     switches the level to minimal and back. llama-server writes a `request` record per request,
     llama-bench a `part` record per test. When the program fails on an allocation its log
     recorded (out of memory, or beyond --memory-budget), instr ends with the one line `instr run`
-    gives, what failed and what would free how much, and exit status 3 (the log is opened at the first context: a failure before it, with
-    llama.cpp's --fit off, leaves no log and only the program's own words). Options for instr go
+    gives, what failed and what would free how much, and exit status 3 (the log is opened at the
+    first context: a failure before it, with llama.cpp's --fit off, leaves no log). Options for instr go
     before PROGRAM, everything after it is the program's, untouched (-ot, --n-cpu-moe... as
     llama.cpp reads them):
 

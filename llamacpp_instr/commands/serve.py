@@ -79,9 +79,8 @@ def command(
     or SIGTERM stops the server and ends the session as `interrupted`; the log stays valid.
     SIGHUP reopens the log at its path (logrotate); --max-bytes rotates it itself. SIGUSR1
     switches the level between minimal and --level (detailed when that is minimal) from the next
-    step. --metrics
-    HOST:PORT serves the log's figures to Prometheus from a process of its own (`instr follow
-    --prometheus`)."""
+    step. --metrics HOST:PORT serves the log's figures to Prometheus from a process of its own
+    (`instr follow --prometheus`)."""
     from llamacpp_instr.native import models
     from llamacpp_instr.running import runner, serve
 

@@ -408,8 +408,8 @@ def serve(
     append: bool = False,
 ) -> ServeResult:
     """Serve ``model`` until SIGINT or SIGTERM; the session log stays valid either way. SIGHUP
-    reopens the log at its path, SIGUSR1 switches its level (``switch_level``); ``always_on`` samples and rotates it. An existing log at
-    ``out`` is kept as ``out.old`` (``runner.keep_old``), unless ``append``. ``warmup``: the
+    reopens the log at its path, SIGUSR1 switches its level (``switch_level``); ``always_on``
+    samples and rotates it. An existing log at ``out`` is kept as ``out.old`` (``runner.keep_old``), unless ``append``. ``warmup``: the
     model warmed up first, as llama-server does (``runner.warm_up``)."""
     from llamacpp_instr.native import models
     from llamacpp_instr.running.api import InstrSession, session

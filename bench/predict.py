@@ -32,7 +32,8 @@ machine's is run again (--retry-busy); --priority runs the bench at nice -20 in 
 group of its own, and the models are held in memory (a machine that pages out idle memory would
 otherwise read the weights from disk in a run's first step).
 
-``--vulkan``: -ngl 0, 15 and 30 on lavapipe. ``--rpc``: two RPC servers, each on a host of its own
+``--vulkan``: -ngl 0, 15 and 30 on lavapipe (the bench runs itself again under the Vulkan
+build of `instr build --vulkan --no-install`). ``--rpc``: two RPC servers, each on a host of its own
 (a network namespace, tests/helpers/netsim.py: veth, tc tbf, a delay proxy; needs root), every layer
 offloaded to them, the client and each server on 1 thread, at two link rates (``RPC_RATES``) and a
 delay of ``RPC_DELAY_MS`` each way; each rate's cell is predicted from the other rate's log, given
@@ -362,6 +363,7 @@ def report(rows: list[Any], thread_rows: list[Any]) -> list[str]:
             + "."
         )
         lines.append(coverage_line(thread_rows).replace("Interval coverage", "Their coverage"))
+    lines.append(log_error_line(rows + thread_rows, "grid"))
     return lines
 
 
@@ -727,8 +729,9 @@ def grid_report(rows: list[Any], what: str, group: Any) -> list[str]:
 
 
 def log_error_line(rows: list[Any], what: str) -> str:
-    """The 95th percentile of |ln(measured / predicted)| over a grid's predictions: what the
-    interval of a prediction no held-out log makes is set to (intervals.py), against it."""
+    """The 95th percentile of |ln(measured / predicted)| over a grid's predictions (``what``:
+    "threads", "depth", else one of the placement grids): what the interval of a prediction no
+    held-out log makes is set to (intervals.py), against it."""
     import math
 
     from llamacpp_instr.deciding.prediction import intervals
@@ -741,8 +744,8 @@ def log_error_line(rows: list[Any], what: str) -> str:
     ]
     if not logs:
         return ""
-    now = intervals.BENCH_THREADS_HALF if what == "threads" else intervals.BENCH_DEPTH_HALF
-    name = "BENCH_THREADS_HALF" if what == "threads" else "BENCH_DEPTH_HALF"
+    name = {"threads": "BENCH_THREADS_HALF", "depth": "BENCH_DEPTH_HALF"}.get(what, "BENCH_HALF")
+    now = getattr(intervals, name)
     return (
         f"|ln(measured / predicted)|: 95th percentile {float(np.percentile(logs, 95)):.3f} over "
         f"the {len(logs)} predictions (intervals.{name}, the half-width of an interval no "
@@ -889,8 +892,24 @@ def run_grid(
     return logs, ran_any, run_s
 
 
+def on_vulkan() -> None:
+    """--vulkan: this process run again under the Vulkan build on lavapipe (``lavapipe_env``),
+    where it is not already; without that build, one line and exit 2 (the CPU build would run
+    every cell on the CPU)."""
+    from llamacpp_instr.native import build
+    from llamacpp_instr.running.vulkan_env import lavapipe_env
+
+    lib = build.vulkan_lib_dir(lambda s: print(s, file=sys.stderr), build_it=False)
+    if lib is None:
+        sys.exit("--vulkan needs the Vulkan build: run `instr build --vulkan --no-install`")
+    if os.environ.get("LLAMA_CPP_LIB_PATH") != str(lib):
+        os.execve(sys.executable, [sys.executable, *sys.argv], lavapipe_env(lib))
+
+
 def main() -> None:
     args = parse_args()
+    if args.vulkan:
+        on_vulkan()
 
     from llama_cpp import _logger
 

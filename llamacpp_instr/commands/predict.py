@@ -113,7 +113,7 @@ def command(
     command, at the link the log measured unless --rpc-rate or --rpc-rtt give another (its
     servers stood in for on loopback unless --rpc names live ones). The result has a 95 %
     interval: from the logs predicted from each other (leave one out), or else the model's error
-    on the project's benchmark grids (x/÷ 1.22) or its spread on the logs' own steps, the wider.
+    on the project's benchmark grids (x/÷ 1.20) or its spread on the logs' own steps, the wider.
     A CPU thread count no log ran is priced from the nearest one run with what instr peaks
     measured of this machine at both (without them, not covered, the instr peaks to run named):
     a generated token's matmuls by graphs of the model's own weight shapes run on this machine at

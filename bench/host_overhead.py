@@ -2,7 +2,8 @@
 grammar and the server's own work timed) against MINIMAL (one total per step).
 
     python bench/host_overhead.py [--rounds 12] [--requests 16] [--n-predict 32] [--parallel 8]
-                                  [--threads 1] [--server PATH] [--write-docs]
+                                  [--threads 1] [--blocks-s 60] [--block-ms 250]
+                                  [--server PATH] [--write-docs]
 
 The patched llama-server of `instr build --tools` (or `--server`), with `--parallel 8` slots, on a
 model of a 131072-token vocabulary (tests/tiny_gguf.py: sampling costs what it costs on a real
@@ -19,6 +20,13 @@ view on a shared machine. Reported: each level's median, the ratio of the median
 of the rounds' ratios (paired); the target is DETAILED at least 0.99x MINIMAL in tokens/s. The
 log is checked: every step a round began is at that round's level, and
 the host records of each level are counted (DETAILED's with its samplers).
+
+A round's paired ratio moves by 8-10 % on a shared 2-core VM (its speed drifts over seconds), so
+rounds cannot resolve 1 %. Then, in the same server, blocks: requests back to back on every slot
+for --blocks-s while the level switches every --block-ms or so, and each level's tokens/s read
+from the log's own step clock (a generation step's time runs from its start to the next step's:
+its decode and the host's work after it), neighbouring blocks paired: the drift is nearly the same
+a quarter second apart, and a minute holds hundreds of pairs.
 """
 
 from __future__ import annotations
@@ -160,6 +168,83 @@ def check_log(log: Path, windows: list[tuple[str, int, int]]) -> dict[str, int]:
     return counts
 
 
+def blocks_phase(server: tuple[Any, int], log: Path, args: argparse.Namespace, level: str) -> str:
+    """Requests back to back on every slot for ``args.blocks_s`` s while the level switches
+    every ``args.block_ms`` ms or so (0.5 to 1.5 times it, at random: nothing periodic in the
+    server lines up with it); the level in force at the end."""
+    import random
+    import threading
+
+    proc, port = server
+    stop = threading.Event()
+    rng = random.Random(7)
+
+    def worker(w: int) -> None:
+        for i in range(w, 1 << 30, args.parallel):
+            if stop.is_set():
+                return
+            one(port, 10_000 + i, args.n_predict)
+
+    with ThreadPoolExecutor(args.parallel) as pool:
+        running = [pool.submit(worker, w) for w in range(args.parallel)]
+        end = time.monotonic() + args.blocks_s
+        try:
+            while time.monotonic() < end:
+                time.sleep(args.block_ms / 1000 * rng.uniform(0.5, 1.5))
+                level = LEVELS[1 - LEVELS.index(level)]
+                switch(proc, log, level)
+        finally:
+            stop.set()
+        for f in running:
+            f.result()
+    return level
+
+
+def block_ratios(log: Path, t0: int) -> tuple[dict[str, float], list[float]]:
+    """From the log's steps begun after ``t0``: each level's tokens/s over its generation steps
+    (every sequence of the batch one token: a prompt's steps left out), a step's time running
+    from its start to the next step's start (its decode and all the host's work after it),
+    leaving out each step followed by one at the other level (a switch fell in its time); and,
+    for each two neighbouring blocks of steps at the two levels, DETAILED's tokens/s over
+    MINIMAL's."""
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    steps = [r for r in recs if r["type"] == "step_begin" and r["ts"] >= t0]
+    outputs = {r["step"]: r["n_outputs"] for r in recs if r["type"] == "step_end"}
+    blocks: list[list[Any]] = []  # [level, ns, tokens]
+    for s, nxt in zip(steps, steps[1:], strict=False):
+        if s["level"] != nxt["level"]:
+            blocks.append(["switch", 0, 0])
+            continue
+        gen = all(q[1] == 1 for q in s.get("seqs", [[0, s["n_tokens"]]]))
+        if not gen or s["step"] not in outputs:
+            continue
+        if blocks and blocks[-1][0] == s["level"]:
+            blocks[-1][1] += nxt["ts"] - s["ts"]
+            blocks[-1][2] += outputs[s["step"]]
+        else:
+            blocks.append([s["level"], nxt["ts"] - s["ts"], outputs[s["step"]]])
+    kept = [b for b in blocks if b[0] in LEVELS and b[2] > 0]
+    rate = {
+        lv: 1e9 * sum(b[2] for b in kept if b[0] == lv) / sum(b[1] for b in kept if b[0] == lv)
+        for lv in LEVELS
+    }
+    pairs = []
+    for a, b in zip(kept, kept[1:], strict=False):
+        if a[0] != b[0]:
+            d, m = (a, b) if a[0] == "detailed" else (b, a)
+            pairs.append((d[2] / d[1]) / (m[2] / m[1]))
+    return rate, pairs
+
+
+def _interval(pairs: list[float], n: int = 2000) -> tuple[float, float]:
+    """A bootstrap 90 % interval of the median of ``pairs``."""
+    import random
+
+    rng = random.Random(1)
+    meds = sorted(statistics.median(rng.choices(pairs, k=len(pairs))) for _ in range(n))
+    return meds[n // 20], meds[n - n // 20 - 1]
+
+
 def _ratios(v: dict[str, list[float]]) -> tuple[dict[str, float], float]:
     """Each level's median, and the median of the rounds' detailed / minimal."""
     paired = statistics.median(d / m for d, m in zip(v["detailed"], v["minimal"], strict=True))
@@ -171,6 +256,7 @@ def report(
     cpu: dict[str, list[float]],
     args: argparse.Namespace,
     records: dict[str, int],
+    blocks: tuple[dict[str, float], list[float]] | None = None,
 ) -> str:
     med, paired = _ratios(tps)
     cpu_med, cpu_paired = _ratios(cpu)
@@ -194,6 +280,20 @@ def report(
         "",
         f"Noise: minimal's own rounds spread {spread:.0%} in tokens/s (max - min over median).",
     ]
+    if blocks is not None:
+        rate, pairs = blocks
+        lo, hi = _interval(pairs)
+        lines += [
+            "",
+            f"Levels switched every {args.block_ms / 2:.0f}-{1.5 * args.block_ms:.0f} ms under a "
+            f"steady load ({args.blocks_s:.0f} s, requests back to back on every slot), each "
+            "generation step timed from its start to the next one's by the log's clock (a step "
+            f"with a switch in its time left out): minimal {rate['minimal']:.1f} tok/s, detailed "
+            f"{rate['detailed']:.1f}, **{rate['detailed'] / rate['minimal']:.3f}x**; the median "
+            f"of {len(pairs)} neighbouring blocks' ratios {statistics.median(pairs):.3f}x "
+            f"(bootstrap 90 %: {lo:.3f}-{hi:.3f}x), their standard deviation "
+            f"{statistics.pstdev(pairs):.1%}.",
+        ]
     return "\n".join(lines)
 
 
@@ -206,6 +306,14 @@ def main() -> None:
     ap.add_argument(
         "--threads", type=int, default=1, help="llama-server -t (1: no spinning barrier)"
     )
+    ap.add_argument(
+        "--blocks-s",
+        type=float,
+        default=60,
+        help="then the levels switched every --block-ms "
+        "under a steady load for this long (0: not)",
+    )
+    ap.add_argument("--block-ms", type=float, default=250)
     ap.add_argument("--server", type=Path, default=None, help="a llama-server to run instead")
     ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
     args = ap.parse_args()
@@ -236,11 +344,16 @@ def main() -> None:
                         f"{lv} {tps[lv][-1]:.1f} tok/s {cpu[lv][-1]:.2f} ms" for lv in LEVELS
                     )
                 )
+            t_blocks = time.monotonic_ns()
+            if args.blocks_s > 0:
+                echo(f"  {args.blocks_s:.0f} s of blocks ...")
+                level = blocks_phase(server, log, args, level)
         finally:
             server[0].send_signal(signal.SIGINT)
             server[0].communicate(timeout=120)
         records = check_log(log, windows)
-    text = report(tps, cpu, args, records)
+        blocks = block_ratios(log, t_blocks) if args.blocks_s > 0 else None
+    text = report(tps, cpu, args, records, blocks)
     print(text)
     if args.write_docs:
         sys.path.insert(0, str(ROOT / "bench"))

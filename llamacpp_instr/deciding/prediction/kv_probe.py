@@ -38,7 +38,11 @@ from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
 
 # the bytes of caches one probe's layers hold (at most 512 layers): beyond a last-level cache
 PROBE_BYTES = 256 << 20
-PROBE_RUNS = 2
+# computes of which the probe keeps the fastest: a shared machine's bursts fall on some of them
+# (a 2-core VM, two other processes spinning 50-300 ms on and off: a flash-attention token at
+# 3,000 cells was priced 16.8-34.2 tok/s from the best of two, 30.5-36.5 from the best of six;
+# quiet, 30.8-36.7 and 34.9-36.3; measured 39.8)
+PROBE_RUNS = 6
 
 FLASH, KQ, SOFTMAX, KQV = "FLASH_ATTN_EXT", "kq", "kq_soft_max", "kqv"
 # llama_instr_probe_attn_op

@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from helpers.support import free_port, wait_ready  # noqa: E402
 from helpers.tiny_gguf import write_big_vocab_model  # noqa: E402
+from tools_overhead import interval  # noqa: E402
 
 from llamacpp_instr.native import tools  # noqa: E402
 
@@ -236,15 +237,6 @@ def block_ratios(log: Path, t0: int) -> tuple[dict[str, float], list[float]]:
     return rate, pairs
 
 
-def _interval(pairs: list[float], n: int = 2000) -> tuple[float, float]:
-    """A bootstrap 90 % interval of the median of ``pairs``."""
-    import random
-
-    rng = random.Random(1)
-    meds = sorted(statistics.median(rng.choices(pairs, k=len(pairs))) for _ in range(n))
-    return meds[n // 20], meds[n - n // 20 - 1]
-
-
 def _ratios(v: dict[str, list[float]]) -> tuple[dict[str, float], float]:
     """Each level's median, and the median of the rounds' detailed / minimal."""
     paired = statistics.median(d / m for d, m in zip(v["detailed"], v["minimal"], strict=True))
@@ -282,7 +274,7 @@ def report(
     ]
     if blocks is not None:
         rate, pairs = blocks
-        lo, hi = _interval(pairs)
+        lo, hi = interval(pairs, share=0.90)
         lines += [
             "",
             f"Levels switched every {args.block_ms / 2:.0f}-{1.5 * args.block_ms:.0f} ms under a "

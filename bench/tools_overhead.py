@@ -61,12 +61,13 @@ def run_bench(exe: Path, args: list[str], log: Path | None, level: str | None) -
     return out
 
 
-def interval(ratios: list[float], n: int = 2000) -> tuple[float, float]:
-    """A bootstrap 95 % interval of the median of ``ratios`` (resampled with a fixed seed): how
-    far the machine's run-to-run noise leaves the figure uncertain."""
+def interval(ratios: list[float], n: int = 2000, share: float = 0.95) -> tuple[float, float]:
+    """A bootstrap interval (``share``: 95 % unless said) of the median of ``ratios`` (resampled
+    with a fixed seed): how far the machine's run-to-run noise leaves the figure uncertain."""
     rng = random.Random(0)
     meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(n))
-    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+    tail = (1 - share) / 2
+    return meds[int(tail * n)], meds[int((1 - tail) * n) - 1]
 
 
 def main() -> None:

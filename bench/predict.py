@@ -894,8 +894,8 @@ def run_grid(
 
 def on_vulkan() -> None:
     """--vulkan: this process run again under the Vulkan build on lavapipe (``lavapipe_env``),
-    where it is not already; without that build, one line and exit 2 (the CPU build would run
-    every cell on the CPU)."""
+    where it is not already; without that build, one line and exit status 1 (the CPU build
+    would run every cell on the CPU)."""
     from llamacpp_instr.native import build
     from llamacpp_instr.running.vulkan_env import lavapipe_env
 

@@ -794,3 +794,21 @@ def test_another_prompt_size_is_priced_on_each_class_line(instr_api: Any, tmp_pa
         scaled += hand < 0.95 * median
     assert checked >= 20
     assert scaled >= 10  # the line, not the logged medians again
+
+
+@pytest.mark.fast
+def test_the_vulkan_grid_without_the_vulkan_build_says_so(tmp_path: Path) -> None:
+    """bench/predict.py --vulkan where no Vulkan build is cached: one line naming the build to
+    make, not a grid of CPU runs printed as lavapipe's."""
+    import os
+    import subprocess
+    import sys
+
+    bench = Path(__file__).resolve().parents[1] / "bench" / "predict.py"
+    env = dict(os.environ, LLAMACPP_INSTR_CACHE=str(tmp_path))
+    env.pop("LLAMA_CPP_LIB_PATH", None)
+    r = subprocess.run(
+        [sys.executable, str(bench), "--vulkan"], env=env, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert_one_line_error(r, "instr build --vulkan --no-install", code=1)

@@ -35,14 +35,16 @@ def deep_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def short_logs(
     instr_api: Any, deep_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[bool, Path]:
-    """A short prompt and 12 generated tokens, flash attention off and on (256 KV cells)."""
+    """A short prompt and 12 generated tokens, flash attention off and on (256 KV cells); with
+    it, a prompt of a few tokens, whose computes' rows see 15 cells at most (of the 256 read)."""
     d = tmp_path_factory.mktemp("depth-logs")
     return {
         fa: make_run(
-            deep_model, d / f"fa{int(fa)}.log", "detailed", n_predict=12, flash_attn=fa
+            deep_model, d / f"fa{int(fa)}.log", "detailed", n_predict=12, flash_attn=fa,
+            **({"prompt": "Hi"} if fa else {}),
         ).log_path
         for fa in (False, True)
-    }
+    }  # fmt: skip
 
 
 def _gen_ns(log: Path, depth: int, *more: str) -> tuple[float, dict[str, Any]]:
@@ -230,9 +232,11 @@ def test_a_prompt_after_a_depth_pays_no_contexts_start() -> None:
 def test_attention_at_depth_is_measured_by_the_probe(short_logs: dict[bool, Path]) -> None:
     """On the logs' machine a depth beyond their cells is priced with the probe: each attention
     op (flash attention; or KQ, its softmax and KQV) measured at the target's cells and at the
-    logs' most (256), per layer, and a generated token at the deep cell costs what one at the
-    log's own cells costs plus those measured differences over the model's layers, unscaled. It
-    is no extrapolation: 20x the log's cells is predicted too, as far as n_ctx_train."""
+    logs' most (256; flash attention, which skips the cells a row's mask hides, at a position
+    whose row sees no more cells than the log's computes did), per layer, and a generated token
+    at the deep cell costs what one there costs plus those measured differences over the model's
+    layers, unscaled. It is no extrapolation: 20x the log's cells is predicted too, as far as
+    n_ctx_train."""
     for fa, ops in ((True, {"FLASH_ATTN_EXT"}), (False, {"kq", "kq_soft_max", "kqv"})):
         log = short_logs[fa]
         doc0 = json.loads(instr("predict", str(log), "--format", "json").stdout)
@@ -246,14 +250,29 @@ def test_attention_at_depth_is_measured_by_the_probe(short_logs: dict[bool, Path
         assert all(o["n_kv"] == 2048 and o["anchor_n_kv"] == 256 for o in m["ops"])
         over = n_layer * sum(1e3 * (o["us_a_layer"] - o["anchor_us_a_layer"]) for o in m["ops"])
         assert m["ns"] == pytest.approx(over, rel=1e-6)
-        if not fa:  # (flash attention's anchor is at the cells the anchor's row sees: 256)
-            assert deep == pytest.approx(near + over, rel=1e-6)
+        if fa:
+            # flash attention's time is in the cells its rows see: its anchor is a row at a
+            # position the log's computes saw (priced as the log measured it, not carried)
+            at = {o["anchor_pos0"] for o in m["ops"]}
+            assert len(at) == 1 and prompt <= min(at) and max(at) + 1 <= _most_cells_seen(log)
+            near, _ = _gen_ns(log, min(at) - prompt)
+        assert deep == pytest.approx(near + over, rel=1e-6)
         assert not [x for x in doc["extrapolated"] if "attention" in x], doc["extrapolated"]
         iv = doc["gen_tokens_per_s"]
         assert iv["high"] / iv["value"] >= math.exp(0.18) - 1e-9
         r = instr("predict", str(log), "--ctx-depth", "5000", "--format", "json")
         assert r.returncode == 0, (r.stdout, r.stderr)
         assert json.loads(r.stdout)["measured_attention"]["gen"]["ops"]
+
+
+def _most_cells_seen(log: Path) -> int:
+    """The most KV cells one compute of the log had its query rows see, summed over its rows
+    (causal, one sequence: row ``i`` at position ``pos0 + i`` sees ``pos0 + i + 1``)."""
+    frames = predict_session(log)
+    return max(
+        int(n) * int(p) + int(n) * (int(n) + 1) // 2
+        for n, p in frames.steps[["n_tokens", "pos0"]].itertuples(index=False)
+    )
 
 
 def predict_session(log: Path) -> Any:

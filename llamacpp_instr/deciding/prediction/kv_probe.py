@@ -12,6 +12,9 @@ KQV) is priced as
     the model's price of the op at the most cells the logs read  (``anchor``)
     + probe(the op at the target's cells) - probe(the op at the anchor's cells)
 
+(flash attention's anchor: the ubatch at a position where its rows see no more cells than the
+logs' computes did, for its time is in the cells its rows see, not the cache's)
+
 the probe building the op as llama.cpp's graph does (the caches' views, the causal mask, the
 query rows at their positions), once per layer in one graph, each layer reading a cache of its
 own, at the target's thread count on the op's device. It runs as many layers as hold

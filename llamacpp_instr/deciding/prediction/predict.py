@@ -65,6 +65,7 @@ from llamacpp_instr.deciding.prediction import (
 )
 from llamacpp_instr.deciding.prediction.intervals import Interval, interval
 from llamacpp_instr.deciding.prediction.kv_costs import (
+    FLASH,
     KV_EXTRAPOLATION,
     KV_PAD,
     n_kv,
@@ -764,6 +765,12 @@ class _Pricing:
         pos0 = max(int(round((cells - n_tok * (n_tok + 1) / 2) / n_tok)), 0)
         # the anchor: the same ubatch at the most cells the logs read (or its own, if more)
         pos0_a = max(0, min(pos0, model.max_kv - n_tok))
+        if model.flash and any(gc.labels[k] == FLASH for k in np.flatnonzero(gc.kv)):
+            # flash attention's time is in the cells its rows see, not the cache's: its anchor
+            # sees no more than the logs' computes did (a line carried from a generation's few
+            # dozen cells to a prompt's thousands priced a 512-deep prompt 20 % slow)
+            seen = min(line.cells_hi for line in model.flash.values())
+            pos0_a = min(pos0_a, max(0, int((seen - n_tok * (n_tok + 1) / 2) // n_tok)))
         kv_a = max(model.max_kv, n_kv(pos0_a + n_tok, 1 << 30))
         if kv_a >= kv:
             return None
@@ -796,7 +803,7 @@ class _Pricing:
             self.probed[kind][(sh, kv, pos0, dev)] = {
                 "op": sh.op, "device": dev, "rows": sh.rows, "n_kv": kv, "pos0": pos0,
                 "us_a_layer": deep_ns / 1e3, "anchor_us_a_layer": at_ns / 1e3,
-                "anchor_n_kv": kv_a,
+                "anchor_n_kv": kv_a, "anchor_pos0": pos0_a,
             }  # fmt: skip
         return priced, over
 

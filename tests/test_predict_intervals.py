@@ -391,6 +391,37 @@ class _FakeMatmulProbe:
 
 
 @pytest.mark.fast
+def test_a_shape_probed_before_weighs_by_the_graph_at_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shape an earlier prediction of the process measured is not measured again, and weighs by
+    its bytes in the graph being priced: a shape not probed (256x128, 10 of its 400 bytes, beyond
+    the 90 % the probed ones hold) moves by the probed ones' speed-ups weighted by this graph's
+    bytes (300 and 90), as in a process that measured nothing before, not by the first graph's
+    (100 and 300)."""
+    from types import SimpleNamespace
+
+    from llamacpp_instr.deciding.prediction import gemv_probe
+
+    a, b, c = ("f32", 256, 512), ("f32", 512, 256), ("f32", 256, 128)
+    sizes = {"first": {a: 100, b: 300}, "second": {a: 300, b: 90, c: 10}}
+    monkeypatch.setattr(gemv_probe, "one_column", lambda g: dict(sizes[g.name]))
+    times = {(256, 512): (1000, 2000), (512, 256): (700, 1000)}
+    want = (300 * 0.5 + 90 * 0.7) / 390
+
+    def second(after_first: bool) -> tuple[float | None, int]:
+        monkeypatch.setattr(gemv_probe, "_MEASURED", {})
+        lib = _FakeMatmulProbe(times)
+        if after_first:
+            gemv_probe.GemvProbe(lib, 0, 2, 1).prepare(SimpleNamespace(name="first"))
+        before = len(lib.calls)
+        probe = gemv_probe.GemvProbe(lib, 0, 2, 1)
+        probe.prepare(SimpleNamespace(name="second"))
+        return probe.speedup(c), len(lib.calls) - before
+
+    assert second(False) == (pytest.approx(want), 2)
+    assert second(True) == (pytest.approx(want), 0)
+
+
+@pytest.mark.fast
 def test_a_generated_tokens_matmul_moves_by_the_probe_of_its_shape(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -39,8 +39,9 @@ MAX_SHAPES = 6
 # (weight type, k, m): the weight's row length and its rows
 WeightShape = tuple[str, int, int]
 
-# per (source count, target count, shape): the speed-up measured and the bytes it weighs
-_MEASURED: dict[tuple[int, int, WeightShape], tuple[float, int]] = {}
+# per (source count, target count, shape): the speed-up measured (the bytes it weighs are those of
+# the graph at hand: a shape weighs by its share of each graph, not of the first that measured it)
+_MEASURED: dict[tuple[int, int, WeightShape], float] = {}
 
 
 def weight_bytes(shape: WeightShape) -> int:
@@ -125,8 +126,8 @@ class GemvProbe:
                 if got is None:
                     self.bytes[s] = shapes[s]
                     continue
-                _MEASURED[key] = (got, shapes[s])
-            self.speedups[s], self.bytes[s] = _MEASURED[key]
+                _MEASURED[key] = got
+            self.speedups[s], self.bytes[s] = _MEASURED[key], shapes[s]
 
     def speedup(self, shape: WeightShape) -> float | None:
         """How much faster a one-column matmul of ``shape`` runs at the target's count than at the

@@ -431,6 +431,12 @@ N_GEN = 32
 # the times a run at a depth computes its short prompt (one step each: one run's single step
 # can be a spike the cell's median of three runs still carries)
 DEPTH_PROMPTS = 3
+# seconds a run at a depth rests after filling it, before its session: this VM's host takes the
+# second CPU away for seconds after a burst on both (after 15-17 s of filling 3,000 cells at 2
+# threads, a KQ op at 3,072 cells ran at one thread's speed for the next 4-8 s in 4 of 5 trials,
+# 910-980 us a layer against 550-580 before). The grid checks the prediction of the machine, not
+# of its host's throttling after a burst, which no short log shows.
+FILL_REST_S = 10
 # the weight types whose matmul `instr peaks` measures for the grids: their models' (Q4_1 and its
 # Q8_0 output, F16, F32)
 PEAK_TYPES = ("f32", "f16", "q4_1", "q8_0")
@@ -612,6 +618,7 @@ def depth_cells(models: dict[str, Path]) -> list[tuple[str, bool, int]]:
 
 DEPTH_RUN = """
 import sys
+import time
 sys.path.insert(0, {root!r})
 import llama_cpp
 from llamacpp_instr.running import api
@@ -621,6 +628,7 @@ toks = llm.tokenize({text!r}.encode(), add_bos=True)
 fill, prompt = toks[:{depth}], toks[{depth}:{depth} + {short}]
 if fill:
     llm.eval(fill)  # the depth, before the session: llama-bench -d fills it untimed
+    time.sleep({rest})
 with api.session(llm, {out!r}, level="detailed"):
     for _ in range({prompts}):  # the prompt again at the same depth, as llama-bench -r repeats
         llm.n_tokens = len(fill)  # (eval drops the cells from n_tokens on)
@@ -652,7 +660,7 @@ def run_depth_cell(model: Path, fa: bool, depth: int, threads: int, out: Path) -
     code = DEPTH_RUN.format(
         root=str(ROOT), model=str(model), n_ctx=n_ctx, threads=threads, fa=fa,
         text=prompt_of(model, depth + SHORT + 64), depth=depth, short=SHORT, out=str(out),
-        gen=N_GEN, prompts=DEPTH_PROMPTS,
+        gen=N_GEN, prompts=DEPTH_PROMPTS, rest=FILL_REST_S,
     )  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True, timeout=1800)
 

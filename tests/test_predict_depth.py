@@ -267,10 +267,12 @@ def test_attention_at_depth_is_measured_by_the_probe(short_logs: dict[bool, Path
 
 def _most_cells_seen(log: Path) -> int:
     """The most KV cells one compute of the log had its query rows see, summed over its rows
-    (causal, one sequence: row ``i`` at position ``pos0 + i`` sees ``pos0 + i + 1``)."""
+    (``kv_costs.visible_cells``: causal, one sequence)."""
+    from llamacpp_instr.deciding.prediction.kv_costs import visible_cells
+
     frames = predict_session(log)
     return max(
-        int(n) * int(p) + int(n) * (int(n) + 1) // 2
+        visible_cells(int(p), int(n))
         for n, p in frames.steps[["n_tokens", "pos0"]].itertuples(index=False)
     )
 

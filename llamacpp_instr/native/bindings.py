@@ -99,6 +99,8 @@ class Probe(ctypes.Structure):
         ("total_ns", ctypes.c_int64),
         ("best_ns_b", ctypes.c_int64),
         ("total_ns_b", ctypes.c_int64),
+        ("median_ns", ctypes.c_int64),
+        ("median_ns_b", ctypes.c_int64),
         ("error", ctypes.c_char * 256),
     ]
 

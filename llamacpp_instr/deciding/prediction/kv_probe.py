@@ -41,10 +41,12 @@ from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
 
 # the bytes of caches one probe's layers hold (at most 512 layers): beyond a last-level cache
 PROBE_BYTES = 256 << 20
-# computes of which the probe keeps the fastest: a shared machine's bursts fall on some of them
-# (a 2-core VM, two other processes spinning 50-300 ms on and off: a flash-attention token at
-# 3,000 cells was priced 16.8-34.2 tok/s from the best of two, 30.5-36.5 from the best of six;
-# quiet, 30.8-36.7 and 34.9-36.3; measured 39.8)
+# computes the probe times, of which their median counts: a shared machine's bursts fall on some
+# of them (a 2-core VM, two other processes spinning 50-300 ms on and off: a flash-attention token
+# at 3,000 cells was priced 16.8-34.2 tok/s from the best of two, 30.5-36.5 from the best of six),
+# and its fastest is a moment a run is not priced by: on a 2-core VM whose speed moves by a
+# quarter from one moment to the next, a run's attention ops took 1.1-1.45x the best of six of
+# the same shape, and single computes of it spread by 18 %
 PROBE_RUNS = 6
 
 FLASH, KQ, SOFTMAX, KQV = "FLASH_ATTN_EXT", "kq", "kq_soft_max", "kqv"
@@ -168,7 +170,7 @@ class Probe:
             p = self.lib.probe(
                 bindings.PROBE_ATTENTION, index, 0, self.threads, 0, shape.rows, PROBE_RUNS, attn
             )
-            got: float | None = p.best_ns / layers
+            got: float | None = p.median_ns / layers
             self.runs += 1
         except bindings.SessionError as exc:
             self.failed[f"{shape.op} on {device}: {exc}"] = None

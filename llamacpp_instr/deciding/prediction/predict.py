@@ -803,7 +803,7 @@ class _Pricing:
             self.probed[kind][(sh, kv, pos0, dev)] = {
                 "op": sh.op, "device": dev, "rows": sh.rows, "n_kv": kv, "pos0": pos0,
                 "us_a_layer": deep_ns / 1e3, "anchor_us_a_layer": at_ns / 1e3,
-                "anchor_n_kv": kv_a, "anchor_pos0": pos0_a,
+                "anchor_n_kv": kv_a, "anchor_pos0": pos0_a, "anchor_priced_us": anchor[k] / 1e3,
             }  # fmt: skip
         return priced, over
 

@@ -375,15 +375,18 @@ struct llama_instr_probe {
     char    buffer_type[64];  // the buffer type that held w (the CPU's repacking one where a run uses it)
     int32_t n_tensors;        // tensors of the graph: the sources, then the output (MATMUL: the first w's)
     struct llama_instr_probe_tensor tensors[3];
-    int64_t                         bytes;       // bytes one run moves as counted: the sum of the tensors' nbytes
-                                                 // (MATMUL: each weight's and each output's)
-    int64_t                         flops;       // FLOPs one run does: BANDWIDTH size; MATMUL 2 k m n n_weights;
-                                                 // ATTENTION its layers' over the n_kv cells, masked or not
-    int64_t                         best_ns;     // fastest timed run
-    int64_t                         total_ns;    // all timed runs
-    int64_t                         best_ns_b;   // at n_threads_b (0 without): fastest timed run
-    int64_t                         total_ns_b;  // at n_threads_b: all timed runs
-    char                            error[256];  // why it failed ("" on success)
+    int64_t                         bytes;        // bytes one run moves as counted: the sum of the tensors' nbytes
+                                                  // (MATMUL: each weight's and each output's)
+    int64_t                         flops;        // FLOPs one run does: BANDWIDTH size; MATMUL 2 k m n n_weights;
+                                                  // ATTENTION its layers' over the n_kv cells, masked or not
+    int64_t                         best_ns;      // fastest timed run
+    int64_t                         total_ns;     // all timed runs
+    int64_t                         best_ns_b;    // at n_threads_b (0 without): fastest timed run
+    int64_t                         total_ns_b;   // at n_threads_b: all timed runs
+    int64_t                         median_ns;    // the median timed run (of an even count: the two
+                                                  // middle runs' mean): a shared machine's usual speed
+    int64_t                         median_ns_b;  // at n_threads_b (0 without): the median timed run
+    char                            error[256];   // why it failed ("" on success)
 };
 
 // Build the probe's ggml graph on the device through ggml's backend API, fill its sources, run it

@@ -177,6 +177,16 @@ void set_threads(probe_res & r, int n) {
     }
 }
 
+// The median of n timed runs (of an even count, the two middle runs' mean); reorders t.
+static int64_t median_of(int64_t * t, int n) {
+    std::nth_element(t, t + n / 2, t + n);
+    const int64_t hi = t[n / 2];
+    if (n % 2 == 1) {
+        return hi;
+    }
+    return (*std::max_element(t, t + n / 2) + hi) / 2;
+}
+
 // gf computed once untimed (caches, pages and thread pools warm up), then p->n_runs times timed;
 // with p->n_threads_b, at each count in turn (the runs alternate: a shared machine's speed moves
 // between two counts timed apart)
@@ -187,6 +197,7 @@ int32_t time_runs(probe_res & r, ggml_cgraph * gf, struct llama_instr_probe * p)
     p->total_ns   = 0;
     p->best_ns_b  = b ? INT64_MAX : 0;
     p->total_ns_b = 0;
+    int64_t runs[2][1000];  // each count's timed runs (n_runs <= 1000)
     for (int run = 0; run <= p->n_runs; run++) {
         for (int at_b = 0; at_b <= (b ? 1 : 0); at_b++) {
             if (b) {
@@ -202,11 +213,14 @@ int32_t time_runs(probe_res & r, ggml_cgraph * gf, struct llama_instr_probe * p)
                 int64_t & best = at_b ? p->best_ns_b : p->best_ns;
                 best           = std::min(best, ns);
                 (at_b ? p->total_ns_b : p->total_ns) += ns;
+                runs[at_b][run - 1] = ns;
             }
         }
     }
-    p->best_ns   = std::max<int64_t>(p->best_ns, 1);
-    p->best_ns_b = b ? std::max<int64_t>(p->best_ns_b, 1) : 0;
+    p->best_ns     = std::max<int64_t>(p->best_ns, 1);
+    p->best_ns_b   = b ? std::max<int64_t>(p->best_ns_b, 1) : 0;
+    p->median_ns   = std::max<int64_t>(median_of(runs[0], p->n_runs), 1);
+    p->median_ns_b = b ? std::max<int64_t>(median_of(runs[1], p->n_runs), 1) : 0;
     return LLAMA_INSTR_OK;
 }
 

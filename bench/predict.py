@@ -435,7 +435,9 @@ DEPTH_PROMPTS = 3
 # second CPU away for seconds after a burst on both (after 15-17 s of filling 3,000 cells at 2
 # threads, a KQ op at 3,072 cells ran at one thread's speed for the next 4-8 s in 4 of 5 trials,
 # 910-980 us a layer against 550-580 before). The grid checks the prediction of the machine, not
-# of its host's throttling after a burst, which no short log shows.
+# of its host's throttling after a burst, which no short log shows. The prompt is then computed
+# once untimed (llama-bench's warm-up run): the first compute after the rest took 1.1-1.3x the
+# next ones (113.8 / 86.1, 111.4 / 107.3, 96.0 / 90.1 ms at 1,024 cells; without the rest 78-80).
 FILL_REST_S = 10
 # the weight types whose matmul `instr peaks` measures for the grids: their models' (Q4_1 and its
 # Q8_0 output, F16, F32)
@@ -629,6 +631,8 @@ fill, prompt = toks[:{depth}], toks[{depth}:{depth} + {short}]
 if fill:
     llm.eval(fill)  # the depth, before the session: llama-bench -d fills it untimed
     time.sleep({rest})
+    llm.n_tokens = len(fill)
+    llm.eval(prompt)  # the warm-up (FILL_REST_S)
 with api.session(llm, {out!r}, level="detailed"):
     for _ in range({prompts}):  # the prompt again at the same depth, as llama-bench -r repeats
         llm.n_tokens = len(fill)  # (eval drops the cells from n_tokens on)

@@ -631,7 +631,6 @@ fill, prompt = toks[:{depth}], toks[{depth}:{depth} + {short}]
 if fill:
     llm.eval(fill)  # the depth, before the session: llama-bench -d fills it untimed
     time.sleep({rest})
-    llm.n_tokens = len(fill)
     llm.eval(prompt)  # the warm-up (FILL_REST_S)
 with api.session(llm, {out!r}, level="detailed"):
     for _ in range({prompts}):  # the prompt again at the same depth, as llama-bench -r repeats

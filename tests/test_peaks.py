@@ -107,14 +107,15 @@ def test_matmul_probe_runs_weights_of_one_shape_at_two_counts_in_turn(instr_api:
 def test_probe_medians_sit_among_its_runs(instr_api: Any) -> None:
     f16 = 1
     # of three runs the median is the middle one: the fastest is at most it, the slowest at least
-    for p in (
-        instr_api.probe(bindings.PROBE_MATMUL, 0, f16, 1, 256, 1, 3, m=128, n_threads_b=2),
-        instr_api.probe(bindings.PROBE_BANDWIDTH, 0, 0, 2, 1 << 20, 0, 3),
+    mm = instr_api.probe(bindings.PROBE_MATMUL, 0, f16, 1, 256, 1, 3, m=128, n_threads_b=2)
+    bw = instr_api.probe(bindings.PROBE_BANDWIDTH, 0, 0, 2, 1 << 20, 0, 3)
+    for best, median, total in (
+        (mm.best_ns, mm.median_ns, mm.total_ns),
+        (mm.best_ns_b, mm.median_ns_b, mm.total_ns_b),
+        (bw.best_ns, bw.median_ns, bw.total_ns),
     ):
-        assert p.best_ns <= p.median_ns and p.best_ns + 2 * p.median_ns <= p.total_ns
-    assert p.median_ns_b == 0
-    b = instr_api.probe(bindings.PROBE_MATMUL, 0, f16, 1, 256, 1, 3, m=128, n_threads_b=2)
-    assert b.best_ns_b <= b.median_ns_b and b.best_ns_b + 2 * b.median_ns_b <= b.total_ns_b
+        assert best <= median and best + 2 * median <= total
+    assert bw.median_ns_b == 0
     # one run is its own median; of two, their mean
     one = instr_api.probe(bindings.PROBE_MATMUL, 0, f16, 1, 256, 1, 1, m=128)
     assert one.median_ns == one.best_ns == one.total_ns

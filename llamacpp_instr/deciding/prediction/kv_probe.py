@@ -45,8 +45,8 @@ PROBE_BYTES = 256 << 20
 # of them (a 2-core VM, two other processes spinning 50-300 ms on and off: a flash-attention token
 # at 3,000 cells was priced 16.8-34.2 tok/s from the best of two, 30.5-36.5 from the best of six),
 # and its fastest is a moment a run is not priced by: on a 2-core VM whose speed moves by a
-# quarter from one moment to the next, a run's attention ops took 1.1-1.45x the best of six of
-# the same shape, and single computes of it spread by 18 %
+# quarter from one moment to the next, single computes of one flash-attention shape spread by 18 %
+# (1,831-2,157 us a layer; their best 1,792)
 PROBE_RUNS = 6
 
 FLASH, KQ, SOFTMAX, KQV = "FLASH_ATTN_EXT", "kq", "kq_soft_max", "kqv"

@@ -286,10 +286,11 @@ def predict_session(log: Path) -> Any:
 def test_the_probe_takes_what_a_run_at_depth_takes(instr_api: Any, deep_model: Path) -> None:
     """The probe's time for each attention op at 3,000 cells is within a factor 2.5 of the same
     op's time in a real run at that depth (the op timer's, the median of its generated tokens'
-    layers, as the probe counts the median of its computes), flash attention on and off: the same kernels on
-    the same shapes, where a wrong shape (the cells its view spans, the heads) would be several
-    times off. (No threshold on speed itself, and a wide factor: two shared cores' runs move by
-    half from one minute to the next; bench/predict.py's depth grid checks the predictions.)"""
+    layers, as the probe counts the median of its computes), flash attention on and off: the
+    same kernels on the same shapes, where a wrong shape (the cells its view spans, the heads)
+    would be several times off. (No threshold on speed itself, and a wide factor: two shared
+    cores' runs move by half from one minute to the next; bench/predict.py's depth grid checks
+    the predictions.)"""
     import llama_cpp
 
     from llamacpp_instr.converters import load_session

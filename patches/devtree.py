@@ -120,7 +120,14 @@ def _body(text: str) -> str:
     """A patch without what changes when it is regenerated (commit id, date, numbering, index)."""
     text = re.sub(r"^From [0-9a-f]{40} .*\n", "", text, count=1, flags=re.M)
     text = re.sub(r"^Date: .*\n", "", text, count=1, flags=re.M)
-    text = re.sub(r"^Subject: \[PATCH[^\]]*\]", "Subject:", text, count=1, flags=re.M)
+    # the subject unfolded: its numbering's width moves where git folds it
+    text = re.sub(
+        r"^Subject: \[PATCH[^\]]*\] ?((?:.*)(?:\n .*)*)",
+        lambda m: "Subject: " + " ".join(m.group(1).split()),
+        text,
+        count=1,
+        flags=re.M,
+    )
     text = re.sub(r"^index [0-9a-f]+\.\.[0-9a-f]+.*\n", "", text, flags=re.M)
     return re.sub(r"\n-- \n.*\Z", "\n", text, flags=re.S)
 

@@ -294,9 +294,13 @@ def tools_bin() -> Path:
 @pytest.fixture(scope="session")
 def testing_lib() -> Path:
     """The testing build's libraries (`instr build --testing`: its test-only entry points), built
-    once and cached; run them through LLAMA_CPP_LIB_PATH."""
+    once and cached; run them through LLAMA_CPP_LIB_PATH. LLAMA_INSTR_TESTING_LIB names another
+    folder of them instead: a devtree's incremental build with -DLLAMA_INSTR_TESTING=ON
+    (patches/devtree.py), while the native code is being changed."""
     from llamacpp_instr.native import build
 
+    if os.environ.get("LLAMA_INSTR_TESTING_LIB"):
+        return Path(os.environ["LLAMA_INSTR_TESTING_LIB"])
     return build.testing_lib_dir(lambda m: print(m, file=sys.stderr))
 
 

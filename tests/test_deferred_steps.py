@@ -11,10 +11,12 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers.support import read_log
+from helpers.support import by_type, read_log
 
 pytestmark = pytest.mark.native
 
@@ -88,3 +90,191 @@ def test_a_step_written_at_the_synchronization_is_the_step_written_at_decode(
         c["t_start"] + c["dur"] + c["wait"] > ends[c["step"]]["t_start"] + ends[c["step"]]["dur"]
         for c in comp
     )
+
+
+# A program's own loop on llama.cpp's C API: decode, then llama_sampler_sample, whose scope opens
+# before the synchronization that reads the output (llama_get_sampled_token_ith).
+C_LOOP = r"""
+import ctypes, json, sys
+import llama_cpp
+import llamacpp_instr
+from llamacpp_instr.native import bindings
+
+model, out, n, delay_us = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+api = bindings.load()
+api.test_defer_steps(True)
+api.test_write_delay(delay_us)
+llm = llama_cpp.Llama(model, n_ctx=256, n_threads=2, verbose=False)
+ctx = llm._ctx.ctx
+chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(64))
+llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(0.8))
+llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(7))
+with llamacpp_instr.session(llm, out, level="detailed"):
+    toks = llm.tokenize(b"hello world")
+    for _ in range(n):
+        arr = (llama_cpp.llama_token * len(toks))(*toks)
+        assert llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(toks))) == 0
+        toks = [llama_cpp.llama_sampler_sample(chain, ctx, -1)]
+    perf = llama_cpp.llama_perf_context(ctx)
+    llama_cpp.llama_sampler_free(chain)
+print(json.dumps({"t_eval_ms": perf.t_eval_ms, "n_eval": perf.n_eval}))
+"""
+
+
+def test_a_deferred_steps_writing_is_the_loggers_not_sampling_nor_llama_s(
+    testing_lib: Path, big_vocab: Path, tmp_path: Path
+) -> None:
+    """A deferred step written at the synchronization inside a sampling's scope, its writing made
+    slow on purpose (50 ms): that time is the logger's ("log", in the step's host window), not the
+    sampling's (its scope and its candidates), and not llama.cpp's own t_eval."""
+    n, delay_us = 6, 50_000
+    r = subprocess.run(
+        [sys.executable, "-c", C_LOOP, str(big_vocab), str(tmp_path / "c.log"), str(n)]
+        + [str(delay_us)],
+        env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(testing_lib)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    perf = json.loads(r.stdout.strip().splitlines()[-1])
+    recs = read_log(tmp_path / "c.log")
+    hosts = by_type(recs, "host")
+    assert [h["step"] for h in hosts] == list(range(n)) and sum(h["sampled"] for h in hosts) == n
+    for h in hosts:
+        assert h["sample_ns"] < delay_us * 1000 / 2, h
+        parts = {(p[1], p[2]): p[3] for p in h["parts"]}
+        assert parts[("sampling", "candidates")] < delay_us * 1000 / 2, h
+        assert parts[("host", "log")] >= delay_us * 1000, h
+    [chain] = by_type(recs, "chain")
+    assert chain["n_sample"] == n and chain["samplers"] == ["top-k", "temp", "dist"]
+    assert perf["n_eval"] == n - 1
+    assert _excess_us(recs, perf["t_eval_ms"]) < delay_us / 2
+
+
+SAMPLING = r"""
+import json, sys
+import llama_cpp
+import llamacpp_instr
+from llamacpp_instr.native import bindings
+
+model, out, defer, n = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
+api = bindings.load()
+api.test_defer_steps(defer)
+llm = llama_cpp.Llama(model, n_ctx=256, n_threads=2, seed=5, verbose=False)
+kw = {"temp": 0.8, "top_k": 64, "top_p": 0.9, "min_p": 0.01, "repeat_penalty": 1.1}
+toks = []
+llm.set_seed(5)
+with llamacpp_instr.session(llm, out, level="detailed"):
+    for t in llm.generate(llm.tokenize(b"hello world"), **kw):
+        toks.append(int(t))
+        if len(toks) == n:
+            break
+    smpl = llama_cpp.llama_perf_sampler(llm._sampler.sampler)
+    ctx = llama_cpp.llama_perf_context(llm._ctx.ctx)
+print(json.dumps({"tokens": toks, "t_sample_ms": smpl.t_sample_ms, "n_sample": smpl.n_sample,
+                  "t_eval_ms": ctx.t_eval_ms, "n_eval": ctx.n_eval}))
+"""
+
+
+def _sample(testing_lib: Path, model: Path, out: Path, defer: bool, n: int) -> dict[str, Any]:
+    r = subprocess.run(
+        [sys.executable, "-c", SAMPLING, str(model), str(out), "1" if defer else "0", str(n)],
+        env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(testing_lib)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return dict(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def _kinds(recs: list[dict[str, Any]]) -> Counter[str]:
+    return Counter(r["type"] for r in recs)
+
+
+def _excess_us(recs: list[dict[str, Any]], t_eval_ms: float) -> float:
+    """llama.cpp's generation time (t_eval: from each single-token decode's start to the
+    synchronization that reads its output) less the steps' own durations: the time between a
+    decode's return and its synchronization, per generated step."""
+    gen = [r for r in recs if r["type"] == "step_end" and r["n_tokens"] == 1]
+    return (t_eval_ms * 1000 - sum(r["dur"] for r in gen) / 1000) / len(gen)
+
+
+def test_a_deferred_step_keeps_its_host_window_and_its_accounts(
+    testing_lib: Path, big_vocab: Path, tmp_path: Path
+) -> None:
+    """Sampling through llama-cpp-python after steps whose records wait for the synchronization:
+    the same records as without deferral (a `host` record after every step, with the same parts,
+    and the chain's `chain` record), the chain's time still llama_perf_sampler's."""
+    n = 24
+    now = _sample(testing_lib, big_vocab, tmp_path / "now.log", False, n)
+    later = _sample(testing_lib, big_vocab, tmp_path / "later.log", True, n)
+    assert later["tokens"] == now["tokens"] and len(now["tokens"]) == n
+    a, b = read_log(tmp_path / "now.log"), read_log(tmp_path / "later.log")
+    assert _kinds(b) == _kinds(a)
+    steps = [r["step"] for r in b if r["type"] == "step_end"]
+    hosts = by_type(b, "host")
+    assert [h["step"] for h in hosts] == steps[:n] and sum(h["sampled"] for h in hosts) == n
+    [chain] = by_type(b, "chain")
+    assert chain["n_sample"] == n and chain["t_sample_us"] == round(later["t_sample_ms"] * 1000)
+    chain_ns = sum(h["chain_ns"] for h in hosts)
+    assert abs(chain_ns / 1000 - chain["t_sample_us"]) <= max(0.02 * chain["t_sample_us"], 100)
+    # the deferred write is the logger's ("log"), never sampling's
+    for h_now, h_later in zip(by_type(a, "host"), hosts, strict=True):
+        parts = {(p[1], p[2]) for p in h_later["parts"]}
+        assert parts == {(p[1], p[2]) for p in h_now["parts"]}, (h_now["parts"], h_later["parts"])
+
+
+TWO_CONTEXTS = r"""
+import json, sys, time
+import llama_cpp
+import llamacpp_instr
+from llamacpp_instr.native import bindings
+
+model, out = sys.argv[1], sys.argv[2]
+api = bindings.load()
+api.test_defer_steps(True)
+a = llama_cpp.Llama(model, n_ctx=128, n_threads=1, verbose=False)
+b = llama_cpp.Llama(model, n_ctx=128, n_threads=1, verbose=False)
+gaps = []
+with llamacpp_instr.session([a, b], out, level="detailed", max_bytes=64 * 1024, keep=3):
+    toks = a.tokenize(b"hello")
+    arr = (llama_cpp.llama_token * len(toks))(*toks)
+    # context a decodes and reads nothing: its step waits for a synchronization that never comes
+    assert llama_cpp.llama_decode(a._ctx.ctx, llama_cpp.llama_batch_get_one(arr, len(toks))) == 0
+    b.eval(b.tokenize(b"hello"))
+    for i in range(40):
+        t0 = time.monotonic()
+        b.eval([i + 5])  # reads its outputs: its steps are written, the file fills
+        gaps.append(time.monotonic() - t0)
+    a._ctx.get_logits()  # a synchronizes at last: its step is written, the rotation goes on
+    b.eval([3])
+print(json.dumps(gaps))
+"""
+
+
+def test_a_deferred_step_holds_no_other_contexts_rotation(
+    testing_lib: Path, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """One context's step waits for a synchronization its program does not make yet; another
+    context's steps fill the file past its size: they never wait for the first's step (a rotation
+    waits 50 ms for steps in a decode, not for a deferred one), and the rotation happens once the
+    deferred step is written, its records all in the file its step began in."""
+    out = tmp_path / "two.log"
+    r = subprocess.run(
+        [sys.executable, "-c", TWO_CONTEXTS, str(tiny_llama_f32), str(out)],
+        env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(testing_lib)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    gaps = json.loads(r.stdout.strip().splitlines()[-1])
+    assert max(gaps) < 0.040, gaps  # a tiny model's step: well under the rotation's 50 ms wait
+    files = sorted(tmp_path.glob("two.log*"))
+    assert len(files) >= 2, files
+    first_step = [r for r in read_log(out.with_name("two.log.1")) if r.get("ctx") == 1]
+    kinds = [r["type"] for r in first_step if r["type"] in ("step_begin", "step_end")]
+    assert kinds == ["step_begin", "step_end"], kinds

@@ -269,3 +269,106 @@ def test_a_sampler_without_a_name_is_custom(
     f = load_session(tmp_path / "c.log")
     assert "custom" in set(f.samplers["sampler"])
     assert f.chains.iloc[0]["samplers"].split(",")[0] == "custom"
+
+
+CHAIN_REUSE = r"""
+import ctypes, sys
+import llama_cpp
+import llamacpp_instr
+
+model, out, n_prompt = sys.argv[1], sys.argv[2], int(sys.argv[3])
+lib = llama_cpp.llama_cpp._lib
+lib.llama_instr_sample_begin_seq.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]
+lib.llama_instr_sample_begin_seq.restype = ctypes.c_int64
+lib.llama_instr_sample_end.argtypes = [ctypes.c_int64]
+lib.llama_instr_sample_end.restype = None
+llm = llama_cpp.Llama(model, n_ctx=512, n_threads=2, verbose=False)
+ctx, vocab = llm._ctx.ctx, llama_cpp.llama_model_get_vocab(llm._model.model)
+n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+
+
+def chain(all_samplers):
+    c = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    if all_samplers:  # llama-server's defaults, every sampler on
+        brk = (ctypes.c_char_p * 1)(b"\n")
+        for s in (
+            llama_cpp.llama_sampler_init_penalties(n_vocab, 64, 1.1, 0.1, 0.1),
+            llama_cpp.llama_sampler_init_dry(vocab, 0.8, 1.75, 2, 64, brk, 1),
+            llama_cpp.llama_sampler_init_top_k(40),
+            llama_cpp.llama_sampler_init_typical(0.9, 1),
+            llama_cpp.llama_sampler_init_top_p(0.9, 1),
+            llama_cpp.llama_sampler_init_min_p(0.05, 1),
+            llama_cpp.llama_sampler_init_xtc(0.1, 0.1, 1, 3),
+            llama_cpp.llama_sampler_init_temp(0.8),
+        ):
+            llama_cpp.llama_sampler_chain_add(c, s)
+    llama_cpp.llama_sampler_chain_add(c, llama_cpp.llama_sampler_init_dist(3))
+    return c
+
+
+with llamacpp_instr.session(llm, out, level="detailed"):
+    toks = llm.tokenize(b"hello world")
+    arr = (llama_cpp.llama_token * len(toks))(*toks)
+    assert llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(toks))) == 0
+    # a chain per completion, as llama-cpp-python makes them: the next at the freed one's address
+    addrs = []
+    for _ in range(2):
+        c = chain(False)
+        addrs.append(c)
+        llama_cpp.llama_sampler_sample(c, ctx, -1)
+        llama_cpp.llama_sampler_free(c)
+    print("same address" if addrs[0] == addrs[1] else "other address")
+    # llama-server's prompt: every token accepted by the slot's chain in one scope of its sequence
+    c = chain(True)
+    h = lib.llama_instr_sample_begin_seq(ctx, 0, c)
+    for i in range(n_prompt):
+        llama_cpp.llama_sampler_accept(c, (i * 7919) % n_vocab)
+    lib.llama_instr_sample_end(h)
+    one = (llama_cpp.llama_token * 1)(llama_cpp.llama_sampler_sample(c, ctx, -1))
+    assert llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(one, 1)) == 0
+    llama_cpp.llama_sampler_free(c)
+"""
+
+
+def _chain_reuse(model: Path, log: Path, n_prompt: int) -> str:
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-c", CHAIN_REUSE, str(model), str(log), str(n_prompt)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.strip().splitlines()[-1]
+
+
+def test_a_chain_at_a_freed_chains_address_and_a_long_accept_are_recorded_whole(
+    big_vocab: Path, instr_api: Any, tmp_path: Path
+) -> None:
+    """Two chains made, used and freed in turn at one address (llama-cpp-python's chain per
+    completion) write a `chain` record each; a 290-token prompt accepted by eight samplers in one
+    scope (llama-server's slot) keeps every part: nothing dropped, each sampler's part counts its
+    290 accepts, and the chain's own part is only what its samplers' parts leave of its time."""
+    log = tmp_path / "reuse.log"
+    where = _chain_reuse(big_vocab, log, 290)
+    recs = read_log(log)
+    chains = by_type(recs, "chain")
+    if where == "same address":
+        assert [c["samplers"] for c in chains[:2]] == [["dist"], ["dist"]]
+    assert [c["n_sample"] for c in chains] == [1, 1, 291], chains
+    [accept] = [h for h in by_type(recs, "host") if h["step"] == 0]
+    assert "dropped" not in accept
+    # parts name their row of `seqs`: sequence 0's (every chain here samples and accepts for it)
+    [row] = [i for i, q in enumerate(accept["seqs"]) if q[0] == 0]
+    parts = {(p[1], p[2]): (p[3], p[4]) for p in accept["parts"] if p[0] == row}
+    names = chains[2]["samplers"]
+    assert len(names) == 9 and names[0] == "penalties"
+    members = 0
+    for name in names:
+        ns, n = parts[("sampler", name)]
+        assert n >= 290, (name, n)
+        members += ns
+    chain_part, _ = parts[("sampling", "chain")]
+    assert chain_part < members and chain_part + members == accept["seqs"][row][4]

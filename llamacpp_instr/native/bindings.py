@@ -385,6 +385,14 @@ class InstrLib:
         fn.restype = None
         fn(1 if on else 0)
 
+    def test_write_delay(self, us: int) -> None:
+        """Each deferred step's writing takes ``us`` microseconds longer: a slow disk's stand-in
+        (testing build only)."""
+        fn = self._testing_only("llama_instr_test_write_delay")
+        fn.argtypes = [ctypes.c_int64]
+        fn.restype = None
+        fn(us)
+
     def test_last_op_ns(self, n_threads: int, slow_ns: int) -> int:
         """The CPU profiler's duration of a graph's last op whose threads other than thread 0
         work ``slow_ns`` longer (testing build only)."""

@@ -133,20 +133,21 @@ int32_t llama_instr_session_begin(llama_context * ctx,
         // from here on, a failure closes the file again: no session is left half open
         try {
             s.epoch++;
-            s.sid             = sid;
-            s.topk            = s.topk_next;
-            s.t_start         = now_ns();
-            s.totals          = {};
-            s.n_graphs        = 0;
-            s.n_ctx_ids       = 0;
-            s.sample_steps    = s.sample_steps_next;
-            s.sample_requests = s.sample_requests_next;
-            s.n_requests      = 0;
-            s.file_index      = 0;
-            s.retry_after     = 0;
-            s.n_open_steps    = 0;
-            s.log.max_bytes   = s.max_bytes_next;
-            s.log.keep        = s.keep_next;
+            s.sid              = sid;
+            s.topk             = s.topk_next;
+            s.t_start          = now_ns();
+            s.totals           = {};
+            s.n_graphs         = 0;
+            s.n_ctx_ids        = 0;
+            s.sample_steps     = s.sample_steps_next;
+            s.sample_requests  = s.sample_requests_next;
+            s.n_requests       = 0;
+            s.file_index       = 0;
+            s.retry_after      = 0;
+            s.n_open_steps     = 0;
+            s.n_deferred_steps = 0;
+            s.log.max_bytes    = s.max_bytes_next;
+            s.log.keep         = s.keep_next;
             g_reopen.store(false, std::memory_order_relaxed);
 
             std::string line;

@@ -67,9 +67,11 @@ void llama_instr_compute_end(llama_context *      ctx,
                              ggml_cgraph *        gf,
                              int32_t              status);
 
-// llama_context::synchronize, after the scheduler synchronized the backends: a step whose records
-// waited for it is written
-void llama_instr_synchronized(llama_context * ctx);
+// llama_context::synchronize, after the scheduler synchronized the backends and llama.cpp counted
+// the decode in its own timings (t_eval_us), so that writing is none of theirs: a step whose
+// records waited for it is written. `t_begin` is the synchronization's start (llama_instr_host_clock):
+// a sampling scope open around it leaves it out.
+void llama_instr_synchronized(llama_context * ctx, int64_t t_begin);
 
 // ~llama_context, called whether or not a session is open: the context's instrumentation state is
 // freed with the context and never before, so no hook or running compute can outlive it.

@@ -43,12 +43,16 @@ struct session {
     int64_t                 max_bytes_next = 0;
     int32_t                 keep_next      = 0;
     std::string             start_body;
-    int32_t                 file_index      = 0;  // files begun after the first (rotations and reopens)
-    int64_t                 retry_after     = 0;  // after a failed rotation or reopen, no new try before this (ns)
-    int32_t                 n_open_steps    = 0;  // steps begun and not ended
+    int32_t                 file_index       = 0;  // files begun after the first (rotations and reopens)
+    int64_t                 retry_after      = 0;  // after a failed rotation or reopen, no new try before this (ns)
+    int32_t                 n_open_steps     = 0;  // steps begun and not ended
+    // of which steps whose records wait for their context's synchronization (step_deferred): a
+    // rotation does not wait for them (their owner's next read of outputs ends them), it begins
+    // once they are written
+    int32_t                 n_deferred_steps = 0;
     // a step found a new file due but other contexts' steps stayed open past ROTATE_WAIT: the file
     // begins at the next moment no step is open (the last open step's end, or the flusher)
-    bool                    rotate_deferred = false;
+    bool                    rotate_deferred  = false;
     std::condition_variable steps_cv;  // notified when no step is open any more
 
     // every context that ran a hook, until it is freed

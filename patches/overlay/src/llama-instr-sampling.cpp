@@ -12,6 +12,7 @@
 #include "llama-sampler.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -50,10 +51,13 @@ const llama_sampler_chain * as_chain(const llama_sampler * smpl) noexcept {
     return s && llama_sampler_chain_get(s, -1) == s ? (const llama_sampler_chain *) s->ctx : nullptr;
 }
 
+// a scope's part: one name's time summed over the scope (a prompt's accept of 290 tokens runs
+// each sampler 290 times: one part each, not 290)
 struct scope_part {
     const char * name;
     int8_t       kind;
     int64_t      ns;
+    int64_t      n;
 };
 
 // The open sampling scope of this thread.
@@ -70,6 +74,7 @@ struct sample_scope {
     bool                  by_idx    = false;     // the sequence is the output idx's (told at the end)
     bool                  token     = false;     // an output sampled (not only tokens accepted)
     int64_t               t_start   = 0;
+    int64_t               excl_ns   = 0;         // work inside it that is no sampling's (a synchronization's)
     int64_t               chain_ns  = 0;
     size_t                n_parts   = 0;
     int64_t               n_dropped = 0;
@@ -85,7 +90,12 @@ struct binding {
     const llama_context * ctx        = nullptr;
     int32_t               seq        = SEQ_NONE;
     uint64_t              registered = 0;  // the session epoch its chain was registered in (0: never)
+    uint64_t              frees      = 0;  // g_chain_frees when it was registered
 };
+
+// Bumped by every free of a chain a session saw: a registration on any thread may name a chain
+// freed since, whose address a new chain can take (llama-cpp-python makes a chain per completion).
+std::atomic<uint64_t> g_chain_frees{ 0 };
 
 thread_local binding               t_bind[BINDINGS];
 thread_local const llama_context * t_last_ctx = nullptr;  // the context this thread decoded last
@@ -116,13 +126,18 @@ binding & bind(const llama_sampler * smpl) noexcept {
 }
 
 // The chains sessions saw, alive: their `chain` record is written when they are freed, or at the
-// session's end with llama.cpp's counters.
+// session's end. llama.cpp's counters of a chain are read only by a thread that owns it: the one
+// sampling with it (after each sampling, into `t_sample_us` and `n_sample` here) or freeing it;
+// the session's end, on any thread, writes what the last sampling read.
 struct chain_entry {
-    uint64_t    epoch;
-    std::string sid;
-    int32_t     ctx_id;
-    int32_t     seq;
-    std::string request;
+    uint64_t                 epoch = 0;
+    std::string              sid;
+    int32_t                  ctx_id = 0;
+    int32_t                  seq    = SEQ_NONE;
+    std::string              request;
+    std::vector<std::string> samplers;  // names, at most MAX_CHAIN_NAMES
+    int64_t                  t_sample_us = 0;
+    int32_t                  n_sample    = 0;
 };
 
 std::mutex & chains_mtx() {
@@ -135,9 +150,14 @@ std::unordered_map<const llama_sampler *, chain_entry> & chains() {
     return *m;
 }
 
-void chain_line(const llama_sampler * smpl, const chain_entry & e, std::string & line) {
-    const llama_sampler_chain * c = as_chain(smpl);
-    json_out                    j{ line };
+// llama.cpp's counters of chain `c` into `e` (on a thread that owns the chain)
+void read_counters(const llama_sampler_chain * c, chain_entry & e) noexcept {
+    e.t_sample_us = c->t_sample_us;
+    e.n_sample    = c->n_sample;
+}
+
+void chain_line(const chain_entry & e, std::string & line) {
+    json_out j{ line };
     record_head(j, "chain", now_ns(), e.sid);
     j.key("ctx");
     j.i64(e.ctx_id);
@@ -149,19 +169,15 @@ void chain_line(const llama_sampler * smpl, const chain_entry & e, std::string &
     }
     j.key("samplers");
     j.ch('[');
-    size_t n = 0;
-    for (const auto & s : c->samplers) {
-        if (n++ == MAX_CHAIN_NAMES) {
-            break;
-        }
+    for (const std::string & name : e.samplers) {
         j.sep();
-        j.str(sampler_name(s.ptr), std::min<size_t>(strlen(sampler_name(s.ptr)), 31));
+        j.str(name);
     }
     j.ch(']');
     j.key("t_sample_us");
-    j.i64(c->t_sample_us);
+    j.i64(e.t_sample_us);
     j.key("n_sample");
-    j.i64(std::max(0, c->n_sample));
+    j.i64(std::max(0, e.n_sample));
     j.ch('}');
 }
 
@@ -333,15 +349,36 @@ bool format_locked(host_window & win, std::string & line) {
     return true;
 }
 
-// Register smpl (a chain) for its `chain` record, once per session and thread.
-void register_chain(const llama_sampler * smpl, const chain_entry & e) {
+// Register `smpl` (a chain, owned by this thread while it samples) for its `chain` record: its
+// first sampling in session `e.epoch` names its context, sequence and samplers.
+void register_chain(const llama_sampler * smpl, chain_entry && e) {
+    const llama_sampler_chain * c = as_chain(smpl);
+    for (const auto & s : c->samplers) {
+        if (e.samplers.size() == MAX_CHAIN_NAMES) {
+            break;
+        }
+        const char * name = sampler_name(s.ptr);
+        e.samplers.emplace_back(name, std::min<size_t>(strlen(name), 31));
+    }
+    read_counters(c, e);
     std::lock_guard<std::mutex> lock(chains_mtx());
     auto                        it = chains().find(smpl);
     if (it == chains().end()) {
         g_llama_instr_chains.fetch_add(1, std::memory_order_relaxed);
-        chains().emplace(smpl, e);
+        chains().emplace(smpl, std::move(e));
+    } else if (it->second.epoch != e.epoch) {
+        it->second = std::move(e);     // (an entry of an ended session)
     } else {
-        it->second = e;
+        read_counters(c, it->second);  // registered on another thread: the first one's names stay
+    }
+}
+
+// llama.cpp's counters of `smpl` after this thread's sampling with it, for the session's end.
+void update_chain(const llama_sampler * smpl, uint64_t epoch) {
+    std::lock_guard<std::mutex> lock(chains_mtx());
+    auto                        it = chains().find(smpl);
+    if (it != chains().end() && it->second.epoch == epoch) {
+        read_counters(as_chain(smpl), it->second);
     }
 }
 
@@ -350,6 +387,7 @@ void commit(sample_scope & sc, int64_t t_end) {
     host_window & win = sc.st->between;
     chain_entry   entry;
     bool          new_chain = false;
+    uint64_t      epoch     = 0;
     {
         std::lock_guard<std::mutex> lock(win.mtx);
         if (win.level.load(std::memory_order_relaxed) == LLAMA_INSTR_LEVEL_OFF) {
@@ -362,14 +400,14 @@ void commit(sample_scope & sc, int64_t t_end) {
             return;
         }
         q->n_sampled += sc.token ? 1 : 0;
-        q->sample_ns += t_end - sc.t_start;
+        q->sample_ns += std::max<int64_t>(0, t_end - sc.t_start - sc.excl_ns);
         q->chain_ns += sc.chain_ns;
         add_time_locked(*q, sc.t_start, t_end);
         if (sc.detailed) {
             int64_t members = 0;
             for (size_t i = 0; i < sc.n_parts; i++) {
                 const scope_part & p = sc.parts[i];
-                add_part_locked(win, *q, p.kind, p.name, p.ns, 1);
+                add_part_locked(win, *q, p.kind, p.name, p.ns, p.n);
                 members += p.kind == LLAMA_INSTR_PART_SAMPLER ? p.ns : 0;
             }
             if (sc.chain_ns > 0) {
@@ -385,23 +423,47 @@ void commit(sample_scope & sc, int64_t t_end) {
         binding & b = bind(sc.smpl);
         b.ctx       = sc.ctx;
         b.seq       = seq;
-        if (b.registered != win.epoch && as_chain(sc.smpl)) {
-            b.registered = win.epoch;
-            new_chain    = true;
-            entry        = { win.epoch, win.sid, win.ctx_id, seq, q->request };
+        if (!as_chain(sc.smpl)) {
+            return;
+        }
+        epoch                = win.epoch;
+        const uint64_t frees = g_chain_frees.load(std::memory_order_acquire);
+        if (b.registered != win.epoch || b.frees != frees) {
+            // this session's first sampling with the chain, or a chain freed since, whose address
+            // this one may have taken
+            b.registered  = win.epoch;
+            b.frees       = frees;
+            new_chain     = true;
+            entry.epoch   = win.epoch;
+            entry.sid     = win.sid;
+            entry.ctx_id  = win.ctx_id;
+            entry.seq     = seq;
+            entry.request = q->request;
         }
     }
+    // (the registry's lock after the window's)
     if (new_chain) {
-        register_chain(sc.smpl, entry);  // (the registry's lock after the window's)
+        register_chain(sc.smpl, std::move(entry));
+    } else if (epoch != 0) {
+        update_chain(sc.smpl, epoch);
     }
 }
 
 void push_part(sample_scope & sc, int8_t kind, const char * name, int64_t ns) noexcept {
+    // most recent first: a chain's samplers come round in the same order
+    for (size_t i = sc.n_parts; i-- > 0;) {
+        scope_part & p = sc.parts[i];
+        if (p.kind == kind && (p.name == name || strcmp(p.name, name) == 0)) {
+            p.ns += ns;
+            p.n++;
+            return;
+        }
+    }
     if (sc.n_parts == MAX_SCOPE_PARTS) {
         sc.n_dropped++;
         return;
     }
-    sc.parts[sc.n_parts++] = { name, kind, ns };
+    sc.parts[sc.n_parts++] = { name, kind, ns, 1 };
 }
 
 // Open this thread's scope on ctx (or, ctx NULL, on smpl's last context and sequence); 0 when it
@@ -449,6 +511,7 @@ int64_t open_scope(const llama_context * ctx,
     sc.idx       = idx;
     sc.by_idx    = by_idx;
     sc.token     = token;
+    sc.excl_ns   = 0;
     sc.chain_ns  = 0;
     sc.n_parts   = 0;
     sc.n_dropped = 0;
@@ -487,6 +550,13 @@ void host_log_part(ctx_state & st, int64_t t_start, const char * name) {
     add_time_locked(*q, t_start, t_end);
     if (level >= LLAMA_INSTR_LEVEL_DETAILED) {
         add_part_locked(win, *q, LLAMA_INSTR_PART_HOST, name, t_end - t_start, 1);
+    }
+}
+
+void sampling_exclude(int64_t t_start, int64_t t_end) noexcept {
+    sample_scope & sc = t_scope;
+    if (sc.open && t_end > t_start) {
+        sc.excl_ns += t_end - t_start;
     }
 }
 
@@ -587,7 +657,7 @@ void chains_session_end_locked(const std::string & sid, std::vector<std::string>
     for (const auto & [smpl, e] : chains()) {
         if (e.sid == sid) {
             lines.emplace_back();
-            chain_line(smpl, e, lines.back());
+            chain_line(e, lines.back());  // (the chain may be sampling on another thread: not read)
         }
     }
     g_llama_instr_chains.fetch_sub((int32_t) chains().size(), std::memory_order_relaxed);
@@ -651,20 +721,25 @@ void llama_instr_member_on_backend(const llama_sampler * member) noexcept {
 
 void llama_instr_chain_free(const llama_sampler * chain) noexcept {
     try {
-        std::string line;
-        uint64_t    epoch = 0;
+        chain_entry e;
         {
             std::lock_guard<std::mutex> lock(chains_mtx());
             auto                        it = chains().find(chain);
             if (it == chains().end()) {
                 return;
             }
-            epoch = it->second.epoch;
-            chain_line(chain, it->second, line);
+            // out of the registry before anything that can fail: nothing may name a freed chain
+            e = std::move(it->second);
             chains().erase(it);
             g_llama_instr_chains.fetch_sub(1, std::memory_order_relaxed);
+            g_chain_frees.fetch_add(1, std::memory_order_release);
         }
-        emit(epoch, line);
+        if (const llama_sampler_chain * c = as_chain(chain)) {
+            read_counters(c, e);  // (the thread that frees it owns it)
+        }
+        std::string line;
+        chain_line(e, line);
+        emit(e.epoch, line);
     } catch (...) {
         // out of memory: the chain's record is lost with it
     }
@@ -694,12 +769,13 @@ void llama_instr_sample_end(int64_t handle) noexcept {
     }
 }
 
+// A scope's parts are timed on a clock that stops for what is no sampling's (excl_ns).
 int64_t llama_instr_sample_clock(void) noexcept {
     if (!llama_instr_enabled()) {
         return 0;
     }
     const sample_scope & sc = t_scope;
-    return sc.open && sc.detailed ? now_ns() : 0;
+    return sc.open && sc.detailed ? std::max<int64_t>(1, now_ns() - sc.excl_ns) : 0;
 }
 
 void llama_instr_sample_part(int32_t kind, const char * name, int64_t t_start) noexcept {
@@ -708,7 +784,7 @@ void llama_instr_sample_part(int32_t kind, const char * name, int64_t t_start) n
     }
     sample_scope & sc = t_scope;
     if (sc.open) {
-        push_part(sc, (int8_t) kind, name, now_ns() - t_start);
+        push_part(sc, (int8_t) kind, name, std::max<int64_t>(0, now_ns() - sc.excl_ns - t_start));
     }
 }
 

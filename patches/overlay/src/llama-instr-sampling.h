@@ -85,6 +85,11 @@ void host_step_begin(ctx_state & st, int64_t t_start);
 void host_step_end(ctx_state & st, const llama_context * ctx, const llama_batch & batch, int64_t cpu_end);
 void host_log_part(ctx_state & st, int64_t t_start, const char * name);
 
+// Work on this thread from t_start to t_end that is no sampling's, though a sampling scope may be
+// open around it: a synchronization of the context (the device's remaining work, the deferred
+// step's records). The scope's time and parts leave it out.
+void sampling_exclude(int64_t t_start, int64_t t_end) noexcept;
+
 // This thread's CPU time (ns, CLOCK_THREAD_CPUTIME_ID), or -1 where there is none.
 int64_t thread_cpu_ns() noexcept;
 

@@ -134,6 +134,7 @@ void join_locked(session & s, ctx_state & st) {
     st.graph_emitted = false;
     st.file_index    = s.file_index;
     st.step_open     = false;
+    st.step_waits    = false;
 }
 
 bool file_due_locked(const session & s) {
@@ -259,9 +260,11 @@ bool ctx_join(ctx_state & st, int32_t n_tokens, bool prompt) {
         // a new file begins between steps: the other contexts' open steps end first, for
         // ROTATE_WAIT at most, so that a rotation never holds a decode for long; past it this step
         // goes on in the current file, and the file is started at the next moment no step is open
-        // (the last open step's end, a later step's start, or the flusher)
-        if (s.n_open_steps > 0) {
-            s.steps_cv.wait_for(lock, ROTATE_WAIT, [&s] { return s.n_open_steps == 0 || !s.log.fp; });
+        // (the last open step's end, a later step's start, or the flusher). A step whose records
+        // wait for its context's synchronization is not waited for: it ends when its owner next
+        // reads outputs, however long that is
+        if (s.n_open_steps > s.n_deferred_steps) {
+            s.steps_cv.wait_for(lock, ROTATE_WAIT, [&s] { return s.n_open_steps == s.n_deferred_steps || !s.log.fp; });
             if (!s.log.fp) {
                 return false;
             }
@@ -290,6 +293,7 @@ bool ctx_join(ctx_state & st, int32_t n_tokens, bool prompt) {
     st.step             = s.totals.n_steps++;
     st.level            = step_level_locked(s, st);
     st.step_open        = true;
+    st.step_waits       = false;
     s.n_open_steps++;
     s.totals.n_tokens += n_tokens;
     (prompt ? s.totals.n_prompt_tokens : s.totals.n_gen_tokens) += n_tokens;
@@ -301,10 +305,15 @@ void step_done(ctx_state & st) noexcept {
         auto &                      s = S();
         std::lock_guard<std::mutex> lock(s.mtx);
         if (!st.step_open || st.epoch != s.epoch || !s.log.fp) {
-            st.step_open = false;
+            st.step_open  = false;
+            st.step_waits = false;
             return;
         }
         st.step_open = false;
+        if (st.step_waits) {
+            st.step_waits = false;
+            s.n_deferred_steps--;
+        }
         if (--s.n_open_steps == 0) {
             s.steps_cv.notify_all();
             // a file due by size begins with the next step (so that a session whose last step
@@ -316,6 +325,22 @@ void step_done(ctx_state & st) noexcept {
         }
     } catch (...) {
         // out of memory formatting the new file's head: its status is set, records counted
+    }
+}
+
+void step_deferred(ctx_state & st) noexcept {
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (st.step_open && !st.step_waits && st.epoch == s.epoch && s.log.fp) {
+            st.step_waits = true;
+            s.n_deferred_steps++;
+            if (s.n_open_steps == s.n_deferred_steps) {
+                s.steps_cv.notify_all();  // a step waiting to rotate need wait no longer
+            }
+        }
+    } catch (...) {
+        // the lock failed: the step is waited for as an open one
     }
 }
 

@@ -131,6 +131,7 @@ struct ctx_state {
     std::string sid;
     int32_t     file_index = 0;      // the session's file its last step was written to
     bool        step_open  = false;  // a step of this context is counted in the session's open steps
+    bool        step_waits = false;  // ... and in its deferred steps (step_deferred)
 
     // session_begin(ctx) reserves an id for ctx in its session (ctx 1, as in session_start), which
     // ctx takes when its next step joins (under the session lock)
@@ -207,7 +208,8 @@ struct ctx_state {
 
     ggml_backend_sched_t    timers_sched = nullptr;  // the scheduler `timers` were made for
     std::vector<timer_slot> timers;
-    int32_t                 cpu_device = -1;         // the CPU backend's device (layer spans elsewhere name theirs)
+    int32_t                 cpu_device    = -1;      // the CPU backend's device (layer spans elsewhere name theirs)
+    bool                    async_devices = false;   // a GPU of the scheduler may still compute after a split returns
 
     capture_buffer           capture;                // llama_instr_capture (the CPU timer fills it)
     expert_log               experts;                // MoE routing (the CPU timer fills it)
@@ -276,6 +278,10 @@ int32_t next_graph_id(const ctx_state & st);
 // At the end of a step (also one whose records failed): the step is no longer open; between steps,
 // a new file that is due is started.
 void step_done(ctx_state & st) noexcept;
+
+// A step that ended but whose records wait for its context's synchronization: still open (its
+// records go to the file it began in), but no other step's rotation waits for it.
+void step_deferred(ctx_state & st) noexcept;
 
 // "minimal", "detailed", "verbose" (or "off")
 const char * level_name(int32_t level);

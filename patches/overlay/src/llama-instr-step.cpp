@@ -10,8 +10,12 @@
 #include "llama-model.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 using namespace llama_instr;
+
+std::atomic<int64_t> llama_instr::g_llama_instr_write_delay_us{ 0 };
 
 namespace {
 
@@ -163,23 +167,27 @@ void write_topk(ctx_state & st, llama_context * ctx, int64_t n_outputs, int64_t 
 }
 
 // the step whose records waited for a synchronization (ctx_state::step_pending), written now
-// that the backends are synchronized: its computes (their devices' times read now), then its
-// step_end as formatted at llama_decode's return
-void write_pending_step(ctx_state & st) noexcept {
+// that the backends were synchronized (at t_synced): its computes (their devices' times read
+// now), then its step_end as formatted at llama_decode's return. The writing is the logger's work
+// in the step's host window ("log"), as it is for a step written at llama_decode's return.
+void write_pending_step(ctx_state & st, int64_t t_synced) noexcept {
     if (!st.step_pending) {
         return;
     }
-    st.step_pending     = false;
-    const int64_t t_now = now_ns();
+    st.step_pending = false;
     try {
         for (compute_rec & c : st.p_computes) {
-            c.t_synced = t_now;  // the synchronization after it
+            c.t_synced = t_synced;  // the synchronization after it
         }
         write_step_computes(st);
         for (const std::string & l : st.pending_lines) {
             emit(st.epoch, l);
         }
         emit(st.epoch, st.pending_end);
+        if (const int64_t us = g_llama_instr_write_delay_us.load(std::memory_order_relaxed)) {
+            std::this_thread::sleep_for(std::chrono::microseconds(us));
+        }
+        host_log_part(st, t_synced, "log");
     } catch (...) {
         st.n_tables = 0;
         st.p_ops.clear();
@@ -201,24 +209,30 @@ void write_pending_step(ctx_state & st) noexcept {
 
 }  // namespace
 
-void llama_instr_synchronized(llama_context * ctx) {
-    ctx_state * st = ctx_get(ctx);
+void llama_instr_synchronized(llama_context * ctx, int64_t t_begin) {
+    const int64_t t_synced = now_ns();
+    ctx_state *   st       = ctx_find(ctx);
     if (st && st->step_pending) {
-        write_pending_step(*st);
+        write_pending_step(*st, t_synced);
     }
+    // a sampling that reads the outputs synchronizes inside its scope: the device's remaining work
+    // is the step's (its computes' `wait`), the records' writing the logger's
+    sampling_exclude(t_begin, now_ns());
 }
 
 int64_t llama_instr_decode_begin(llama_context * ctx, const llama_batch & batch) {
-    const int64_t t_entry = now_ns();
-    ctx_state *   stp     = ctx_get(ctx);
+    int64_t     t_entry = now_ns();
+    ctx_state * stp     = ctx_get(ctx);
     if (!stp) {
         return 0;  // out of memory: this step is not recorded
     }
     ctx_state & st = *stp;
     if (st.step_pending) {
-        // decoding again without reading the last step's outputs: its records wait no longer
+        // decoding again without reading the last step's outputs: its records wait no longer (the
+        // device's remaining work is that step's, its writing the logger's after it)
         synchronize_backends(ctx);
-        write_pending_step(st);
+        write_pending_step(st, now_ns());
+        t_entry = now_ns();
     }
     try {
         int64_t p0 = 0, p1 = 0;
@@ -351,8 +365,13 @@ void llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int3
         }
         j.ch('}');
         if (pending) {
+            // written at the synchronization (write_pending_step); the host's window after it
+            // begins now, as for any step
             st.pending_end  = st.line;
             st.step_pending = true;
+            step_deferred(st);
+            host_step_end(st, ctx, batch, cpu_end);
+            host_log_part(st, t_end, "log");
             return;
         }
         emit(st.epoch, st.line);

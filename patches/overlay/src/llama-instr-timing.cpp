@@ -246,13 +246,18 @@ void make_timers(ctx_state & st, ggml_backend_sched_t sched) {
         return;
     }
     st.timers.clear();
-    st.cpu_device = -1;
+    st.cpu_device    = -1;
+    st.async_devices = false;
     for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); i++) {
         ggml_backend_t backend = ggml_backend_sched_get_backend(sched, i);
         st.timers.push_back({ make_op_timer(backend), false });
         if (strcmp(ggml_backend_name(backend), "CPU") == 0) {
             st.cpu_device = device_index(backend);
         }
+        ggml_backend_dev_t dev  = ggml_backend_get_device(backend);
+        const auto         type = dev ? ggml_backend_dev_type(dev) : GGML_BACKEND_DEVICE_TYPE_CPU;
+        st.async_devices =
+            st.async_devices || type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU;
     }
     st.timers_sched = sched;
 }
@@ -576,6 +581,10 @@ void llama_instr_compute_end(llama_context *      ctx,
     for (const auto & slot : st.timers) {
         st.device_pending = st.device_pending || (!sync && slot.armed && slot.timer->reads_later());
     }
+    // a device that may still run the compute's work (no timer synchronized it: untimed, or its
+    // timer not armed): the step's records wait for the host's own synchronization too, so that
+    // `wait` runs to it
+    st.device_pending      = st.device_pending || (!sync && st.async_devices);
     st.device_pending      = st.device_pending || g_llama_instr_defer_steps.load(std::memory_order_relaxed);
     const int64_t t_synced = now_ns();
     ggml_backend_sched_set_profiler(sched, nullptr);

@@ -22,4 +22,8 @@ void synchronize_backends(llama_context * ctx);
 // synchronization, as a step with CUDA marks to read does
 extern std::atomic<bool> g_llama_instr_defer_steps;
 
+// tests only (llama_instr_test_write_delay): a deferred step's writing takes this many us longer (a
+// slow disk's stand-in, so that where its time is booked shows)
+extern std::atomic<int64_t> g_llama_instr_write_delay_us;
+
 }  // namespace llama_instr

@@ -590,32 +590,127 @@ print("steps", s.totals.steps, flush=True)
     assert last["type"] == "session_end" and last["totals"]["lost"] == 0
 
 
-def test_a_file_left_by_a_rotation_cut_short_is_kept(
+def test_a_rotation_that_keeps_failing_moves_no_kept_file(
     instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
 ) -> None:
-    """A LOG.rotating left by a process that died mid-rotation is never overwritten: the next
-    rotation keeps it as the newest of the series, the file open joining it after (with a warning).
-    Before the fix the rotation moved the file open onto it and its records were gone."""
+    """keep=3, and every rename to LOG.1 fails (EIO, an LD_PRELOAD shim) from the 4th on: the
+    three rotations that fill the series succeed, then each try (the first, and the retries 10 s
+    apart) fails. However often it is tried, every kept file stays where it was with its content,
+    no name a rotation uses is left behind, the log is written on whole, and one warning says so.
+    A shift of the series whose undo renames into LOG.1 itself moves and drops kept files at each
+    try."""
+    log = tmp_path / "keep.log"
+    failed = tmp_path / "failed-renames"
+    script = f"""
+import hashlib, json, sys, time
+sys.path.insert(0, {str(ROOT / "tests")!r})
+from pathlib import Path
+from test_always_on import decode_requests, load_llama
+import llamacpp_instr
+llm = load_llama(Path({str(tiny_llama_f32)!r}))
+log = Path({str(log)!r})
+def kept():
+    return {{p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in log.parent.iterdir() if p.name.startswith(log.name + ".")}}
+with llamacpp_instr.session(llm, str(log), "detailed", max_bytes=64 * 1024, keep=3) as s:
+    for _ in range(80):  # one request at a time until the third rotation filled the series
+        decode_requests(llm, 1)
+        if Path(str(log) + ".3").exists():
+            break
+    before = kept()
+    failed = Path({str(failed)!r})
+    def tries():
+        return len(failed.read_text().splitlines()) if failed.exists() else 0
+    for _ in range(80):  # until the first try failed
+        decode_requests(llm, 1)
+        if tries():
+            break
+    for _ in range(2):  # two retries, 10 s apart (idle meanwhile)
+        n = tries()
+        time.sleep(10.2)
+        for _ in range(20):
+            decode_requests(llm, 1)
+            if tries() > n:
+                break
+    after = kept()
+print("kept:", json.dumps([before, after]), flush=True)
+"""
+    preload = [p for p in (os.environ.get("LD_PRELOAD"), str(rename_shim(tmp_path))) if p]
+    env = dict(
+        os.environ,
+        LD_PRELOAD=":".join(preload),
+        RENAME_FAIL_SUFFIX="keep.log.1",
+        RENAME_FAIL_FROM="4",
+        RENAME_FAIL_LOG=str(failed),
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("kept:"))
+    before, after = json.loads(line.split(": ", 1)[1])
+    assert sorted(before) == ["keep.log.1", "keep.log.2", "keep.log.3"], before
+    assert after == before, (before, after)
+    # the rotation was tried at least three times (each try fails at least one rename), and
+    # every name it uses on the way is gone: the folder holds the series and nothing else
+    tries = failed.read_text().splitlines()
+    assert len(tries) >= 3 and all(t.endswith(" -> " + str(log) + ".1") for t in tries), tries
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("keep.log"))
+    assert names == ["keep.log", "keep.log.1", "keep.log.2", "keep.log.3"], names
+    assert {n: hashlib.sha256((tmp_path / n).read_bytes()).hexdigest() for n in names[1:]} == before
+    # one warning for a rotation that cannot finish, not one per try
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("llama-instr: ")]
+    assert len(warnings) == 1, r.stderr
+    assert "cannot rotate the log" in warnings[0] and "Input/output error" in warnings[0]
+    # the log was written on, past max_bytes, whole, to the session's end with nothing lost
+    assert log.stat().st_size > 64 * 1024
+    recs = whole_lines(log)
+    assert recs[0]["type"] == "session_start" and recs[0]["file"]["index"] == 3
+    assert recs[-1]["type"] == "session_end" and recs[-1]["totals"]["lost"] == 0
+
+
+def test_a_rotation_cut_short_is_put_back_before_the_next(
+    instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """The names a rotation with keep=3 leaves when its process dies just before its new file
+    takes the log's name (LOG C, LOG.1 A, LOG.2 B before it): LOG.3 and LOG.2 already hold B and
+    A, LOG.1 the file of LOG, A and B have their second names LOG.1.old and LOG.2.old, and the
+    new file is LOG.new. The next rotation (a session writing on to LOG) first puts the series
+    back as it was, then rotates it: B at LOG.3, A at LOG.2, LOG's file at LOG.1, nothing else
+    left. A rotation that took the names left for the series would move B out of it (LOG.3
+    holding A, and LOG.2 the same file as LOG.1)."""
     import llamacpp_instr
 
     log = tmp_path / "cut.log"
-    left = tmp_path / "cut.log.rotating"
-    left.write_text('{"left": "by a rotation cut short"}\n')
+    name = {k: tmp_path / f"cut.log.{k}" for k in (1, 2, 3)}
+    log.write_text('{"file": "C"}\n')
+    (tmp_path / "cut.log.1.old").write_text('{"file": "A"}\n')
+    (tmp_path / "cut.log.2.old").write_text('{"file": "B"}\n')
+    os.link(tmp_path / "cut.log.2.old", name[3])
+    os.link(tmp_path / "cut.log.1.old", name[2])
+    os.link(log, name[1])
+    (tmp_path / "cut.log.new").touch()
     llm = load_llama(tiny_llama_f32)
     try:
         with llamacpp_instr.session(llm, log, "detailed", max_bytes=64 * 1024, keep=3):
             for _ in range(40):  # one request at a time until the first rotation
                 decode_requests(llm, 1)
-                if (tmp_path / "cut.log.1").exists():
+                if not (tmp_path / "cut.log.new").exists():
                     break
             names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("cut.log"))
-            kept_2 = (tmp_path / "cut.log.2").read_text()
-            first = whole_lines(tmp_path / "cut.log.1")[0]
+            kept = {k: p.read_text() for k, p in name.items()}
     finally:
         llm.close()
-    assert names == ["cut.log", "cut.log.1", "cut.log.2"], names
-    assert kept_2 == '{"left": "by a rotation cut short"}\n'
-    assert first["type"] == "session_start" and "file" not in first
+    assert names == ["cut.log", "cut.log.1", "cut.log.2", "cut.log.3"], names
+    assert kept[3] == '{"file": "B"}\n' and kept[2] == '{"file": "A"}\n', kept
+    lines = kept[1].splitlines()
+    assert lines[0] == '{"file": "C"}' and json.loads(lines[1])["type"] == "session_start"
+    assert len({p.stat().st_ino for p in [log, *name.values()]}) == 4
 
 
 def test_a_log_removed_under_the_session_loses_no_kept_file(

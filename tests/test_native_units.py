@@ -219,3 +219,21 @@ def test_gpu_marks_become_ops_layer_spans_busy_stretches_and_copies(
     back and an op never ended are each one op lost. Linked to the build's libllama."""
     r = run_unit(vendor, "gpu_marks", LLAMA_INCLUDES, LLAMA_LIBS, tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_a_rotation_under_faults_at_each_step_loses_no_file(vendor: Path, tmp_path: Path) -> None:
+    """log_file::reopen rotating a full series (keep=3) with each of its steps in turn (link,
+    rename, unlink) failing once, or failing with every later step into the same name, or with a
+    second name failing in the roll back, or the process dying there (a forked child), and with
+    each allocation in reopen in turn throwing std::bad_alloc (tests/native/rotate_faults.cpp): a
+    rotation that cannot finish leaves every file where it was with its content, however often it
+    is tried, with one warning; the next one without the fault rotates the series whole; one
+    descriptor stays open, at the file at the log's name. Linked to the build's libllama."""
+    exe = build_unit(vendor, "rotate_faults", LLAMA_INCLUDES, LLAMA_LIBS, tmp_path)
+    folder = tmp_path / "series"
+    folder.mkdir()
+    r = subprocess.run([str(exe), str(folder)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"died ({r.returncode}): {r.stderr[-3000:]}"
+    steps, fails, crashes, allocs = (int(x) for x in r.stdout.split())
+    # 14 steps for keep=3: every case ran at each of them
+    assert steps >= 10 and fails == 2 * steps + 1 and crashes == steps and allocs > 3 * 3, r.stdout

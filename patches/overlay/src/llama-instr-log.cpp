@@ -4,7 +4,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <utility>
 #include <vector>
 
 #if !defined(_WIN32)
@@ -95,6 +94,7 @@ bool log_file::open(const std::string & p) {
     resuming          = false;
     warned            = false;
     t_warned          = 0;
+    reopen_warned     = false;
     n_lost_at_suspend = 0;
 #if !defined(_WIN32)
     abs_path = p;
@@ -231,145 +231,154 @@ void log_file::emit(const std::string & line) {
     }
 }
 
+#if !defined(_WIN32)
 namespace {
 
-// Renames that can be undone: each moves a file to a name no file has, so that undo() (in reverse
-// order) puts every file back where it was. Undone when it goes out of scope uncommitted (an
-// exception included).
-struct renames {
-    std::vector<std::pair<const std::string *, const std::string *>> done;  // (from, to)
+// The names of a rotated series and those a rotation uses on the way: name[0] is the log, name[k]
+// LOG.k (k = 1..keep); prev[k], LOG.k.old, a second name of LOG.k's file while the series shifts;
+// next[k], LOG.k.new, a second name of the file that becomes LOG.k (next[0], LOG.new, is the new
+// file itself). None ends in a number: no reader takes one for a file of the series.
+struct series_names {
+    std::vector<std::string> name, prev, next;
 
-    explicit renames(size_t n) { done.reserve(n); }
-
-    ~renames() { undo(); }
-
-    // false (errno set) if `from` could not be moved; ENOENT: there is no such file
-    bool move(const std::string & from, const std::string & to) {
-        if (rename(from.c_str(), to.c_str()) != 0) {
-            return false;
+    series_names(const std::string & at, int32_t keep) :
+        name((size_t) keep + 1),
+        prev((size_t) keep + 1),
+        next((size_t) keep + 1) {
+        name[0] = at;
+        next[0] = at + ".new";
+        for (size_t k = 1; k < name.size(); k++) {
+            name[k] = at + "." + std::to_string(k);
+            prev[k] = name[k] + ".old";
+            next[k] = name[k] + ".new";
         }
-        done.emplace_back(&from, &to);  // (reserved: does not allocate)
-        return true;
     }
 
-    void commit() { done.clear(); }
+    size_t keep() const { return name.size() - 1; }
+};
 
-    void undo() noexcept {
-        for (size_t i = done.size(); i-- > 0;) {
-            if (rename(done[i].second->c_str(), done[i].first->c_str()) != 0) {
-                fprintf(stderr, "llama-instr: cannot put %s back at %s: %s\n", done[i].second->c_str(),
-                        done[i].first->c_str(), strerror(errno));
-            }
+// The first step of a rotation that failed: the name it was to make or remove, and its errno.
+struct step_failed {
+    const std::string * name = nullptr;
+    int                 err  = 0;
+
+    void operator()(const std::string & p) {
+        if (!name) {
+            name = &p;
+            err  = errno;
         }
-        done.clear();
     }
+
+    explicit operator bool() const { return name != nullptr; }
 };
 
 bool exists(const std::string & p) {
-#if !defined(_WIN32)
     struct stat st;
     return lstat(p.c_str(), &st) == 0;
-#else
-    FILE * f = fopen(p.c_str(), "rb");
-    if (f) {
-        fclose(f);
-    }
-    return f != nullptr;
-#endif
 }
 
-// The names of a rotated series: `at` and at.1 .. at.keep, and those a rotation uses on the way.
-struct series_names {
-    std::vector<std::string> kept;     // [k]: at.k (kept[0] unused)
-    std::string              aside;    // at.rotating: the file open, on its way to at.1
-    std::string              dropped;  // at.dropped: at.keep, on its way out
-
-    series_names(const std::string & at, int32_t keep) : kept((size_t) keep + 1) {
-        for (int32_t k = 1; k <= keep; k++) {
-            kept[k] = at + "." + std::to_string(k);
-        }
-        aside   = at + ".rotating";
-        dropped = at + ".dropped";
-    }
-};
-
-// Once a rotation is done: the file it shifted out of the series removed (one left by a failure
-// here is removed at the start of the next rotation).
-void remove_dropped(const series_names & n) {
-    if (remove(n.dropped.c_str()) != 0 && errno != ENOENT) {
-        warn("cannot remove " + n.dropped + ": " + strerror(errno) + " (removed at the next rotation)");
-    }
+// Are a and b two names of one file?
+bool same_file(const std::string & a, const std::string & b) {
+    struct stat sa, sb;
+    return lstat(a.c_str(), &sa) == 0 && lstat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-// Put `newest` at the head of the kept series: at.keep moves to at.dropped (removed once the
-// whole rotation is done), at.N to at.N+1 from the oldest down (a missing one skipped), `newest`
-// to at.1; each rename into `r`. False (errno set, *failed the file that did not move) when one
-// fails.
-bool shift_series(renames & r, const series_names & n, const std::string & newest, const std::string ** failed) {
-    const int32_t keep = (int32_t) n.kept.size() - 1;
-    if (exists(n.kept[keep]) && !r.move(n.kept[keep], n.dropped)) {
-        *failed = &n.kept[keep];
-        return false;
-    }
-    for (int32_t k = keep - 1; k >= 1; k--) {
-        if (!r.move(n.kept[k], n.kept[k + 1]) && errno != ENOENT) {
-            *failed = &n.kept[k];
-            return false;
+// Put the series back as it was before a rotation whose new file has not taken the log's name:
+// each LOG.k that was replaced gets its file back from its second name, a LOG.k the shift gave to
+// a file that had no LOG.k before is removed (that file is still LOG.k-1), and the second names
+// go. The only renames are into names whose own step succeeded, never into the one whose step
+// failed. Every step is tried; false (*left: the first that failed) if a name is still left, for
+// the next rotation to put back first. Nothing is lost either way: each file keeps a name.
+bool roll_back(const series_names & n, step_failed & left) {
+    for (size_t k = 1; k <= n.keep(); k++) {
+        if (exists(n.prev[k])) {
+            if (same_file(n.prev[k], n.name[k])) {
+                if (unlink(n.prev[k].c_str()) != 0) {  // LOG.k was not replaced
+                    left(n.prev[k]);
+                }
+            } else if (rename(n.prev[k].c_str(), n.name[k].c_str()) != 0) {
+                left(n.prev[k]);
+            }
+        } else if (same_file(n.name[k], n.name[k - 1]) && unlink(n.name[k].c_str()) != 0) {
+            left(n.name[k]);
+        }
+        if (exists(n.next[k]) && unlink(n.next[k].c_str()) != 0) {
+            left(n.next[k]);
         }
     }
-    if (!r.move(newest, n.kept[1])) {
-        *failed = &newest;
-        return false;
+    return !left;
+}
+
+// Names left by a rotation that did not finish (its process died in it, or its roll back could not
+// put every file back): with its new file still at LOG.new the series is put back; without it
+// that rotation had finished, and its second names go (LOG.keep's old file with them, as it was
+// removing that file). False (*left) if a name is still left: the rotation is not tried.
+bool finish_cut_rotation(const series_names & n, step_failed & left) {
+    if (exists(n.next[0])) {
+        return roll_back(n, left);
     }
-    return true;
+    for (size_t k = 1; k <= n.keep(); k++) {
+        if (exists(n.prev[k]) && unlink(n.prev[k].c_str()) != 0) {
+            left(n.prev[k]);
+        }
+        if (exists(n.next[k]) && unlink(n.next[k].c_str()) != 0) {
+            left(n.next[k]);
+        }
+    }
+    return !left;
+}
+
+// The rotation's steps, the new file open at LOG.new. First every file gets a second name (link:
+// LOG.k.old for LOG.k, LOG.k.new for the file that becomes LOG.k) and nothing in the series moves;
+// then each LOG.k, the oldest first, takes its new file in one rename that replaces the old one
+// (which keeps its second name), or is removed where no file follows it; LOG.new takes the log's
+// name last; then the second names of the old files go, LOG.keep's file with its last name. A
+// step that fails, at any point before the last rename, is undone by roll_back without a rename
+// into the name whose step failed, so that a name that keeps failing (EIO) fails each try alike
+// and moves nothing. 1: done; 0: no file at the log's name (nothing done); -1: failed (*failed),
+// every file where it was and LOG.new removed; -2: failed, and a name could not be put back
+// (*left): LOG.new stays, so that the next rotation puts the series back first.
+int rotate_series(const series_names & n, step_failed & failed, step_failed & left) {
+    if (!exists(n.name[0])) {
+        return 0;
+    }
+    for (size_t k = 1; k <= n.keep() && !failed; k++) {
+        if (exists(n.name[k]) && link(n.name[k].c_str(), n.prev[k].c_str()) != 0) {
+            failed(n.prev[k]);
+        }
+    }
+    for (size_t k = 1; k <= n.keep() && !failed; k++) {
+        if (exists(n.name[k - 1]) && link(n.name[k - 1].c_str(), n.next[k].c_str()) != 0) {
+            failed(n.next[k]);
+        }
+    }
+    for (size_t k = n.keep(); k >= 1 && !failed; k--) {
+        const bool moved = exists(n.next[k]) ? rename(n.next[k].c_str(), n.name[k].c_str()) == 0 :
+                                               !exists(n.name[k]) || unlink(n.name[k].c_str()) == 0;
+        if (!moved) {
+            failed(n.name[k]);
+        }
+    }
+    if (!failed && rename(n.next[0].c_str(), n.name[0].c_str()) != 0) {
+        failed(n.name[0]);
+    }
+    if (failed) {
+        if (!roll_back(n, left)) {
+            return -2;
+        }
+        unlink(n.next[0].c_str());  // (one left is removed before the next rotation opens it)
+        return -1;
+    }
+    for (size_t k = 1; k <= n.keep(); k++) {
+        if (exists(n.prev[k]) && unlink(n.prev[k].c_str()) != 0) {
+            // left: the next rotation removes it first
+        }
+    }
+    return 1;
 }
 
 }  // namespace
-
-int log_file::rotate_files(const std::string & at, const std::string & tmp, std::string & why) {
-    const series_names n(at, keep);
-    // Names a rotation cut short (a crash) leaves: at.dropped, the oldest kept file it was
-    // removing (removed now, as it was to be), and at.rotating, the file that was current then
-    // (newer than every kept one, older than the file open): never overwritten, but kept as the
-    // newest of the series before the file open joins it.
-    if (remove(n.dropped.c_str()) != 0 && errno != ENOENT) {
-        why = n.dropped + ": " + strerror(errno);
-        return -1;
-    }
-    if (!exists(at)) {
-        return 0;
-    }
-    const std::string * failed = nullptr;
-    if (exists(n.aside)) {
-        warn("the log " + n.aside + " was left by a rotation cut short: it is kept as " + n.kept[1]);
-        renames r((size_t) keep + 2);
-        if (!shift_series(r, n, n.aside, &failed)) {
-            const int err = errno;
-            r.undo();
-            why = *failed + ": " + strerror(err);
-            return -1;
-        }
-        r.commit();
-        remove_dropped(n);
-    }
-    // The file open moves aside, the series shifts, the file joins it and the new file takes the
-    // path; if any step fails (or throws) every file goes back to where it was.
-    renames r((size_t) keep + 3);
-    if (!r.move(at, n.aside)) {
-        failed = &at;
-    } else if (shift_series(r, n, n.aside, &failed) && !r.move(tmp, at)) {
-        failed = &tmp;
-    }
-    if (failed) {
-        const int err = errno;
-        r.undo();
-        why = *failed + ": " + strerror(err);
-        return -1;
-    }
-    r.commit();
-    remove_dropped(n);
-    return 1;
-}
+#endif
 
 bool log_file::reopen(bool rotate) {
     write_buffered();
@@ -378,68 +387,124 @@ bool log_file::reopen(bool rotate) {
 #else
     const std::string & at = path;
 #endif
-    // the current file, put back when the new one cannot take its place
-    FILE * const old = fp;
+    // The current file, put back unless a new one takes its place: whatever fails or throws from
+    // here on (std::bad_alloc formatting a warning) leaves this object writing to it, with the
+    // new file, if one was opened, closed.
+    struct keep_current {
+        log_file &    f;
+        FILE * const  fp;
+        const int64_t file_bytes, dropped_bytes;
 #if !defined(_WIN32)
-    const dev_t old_dev = dev;
-    const ino_t old_ino = ino;
+        const dev_t dev;
+        const ino_t ino;
 #endif
-    const int64_t old_bytes = file_bytes, old_dropped = dropped_bytes;
-    auto          keep_old = [&](FILE * opened, const std::string & why) {
-        warn(why + ": writing on to the file open");
-        if (opened) {
-            fclose(opened);
+        FILE * opened   = nullptr;  // the new file, while it has not taken the current one's place
+        bool   replaced = false;
+
+        explicit keep_current(log_file & file) :
+            f(file),
+            fp(file.fp),
+            file_bytes(file.file_bytes),
+            dropped_bytes(file.dropped_bytes)
+#if !defined(_WIN32)
+            ,
+            dev(file.dev),
+            ino(file.ino)
+#endif
+        {
         }
-        fp = old;
+
+        ~keep_current() {
+            if (replaced) {
+                return;
+            }
+            if (opened) {
+                fclose(opened);
+            }
+            f.fp = fp;
+            f.buf.clear();
+            f.buf_records   = 0;
+            f.file_bytes    = file_bytes;
+            f.dropped_bytes = dropped_bytes;
 #if !defined(_WIN32)
-        dev = old_dev;
-        ino = old_ino;
+            f.dev = dev;
+            f.ino = ino;
 #endif
-        file_bytes    = old_bytes;
-        dropped_bytes = old_dropped;
+        }
+    } current(*this);
+
+    // one warning for a failure, none for those that follow it until a new file is started
+    auto failed = [this](const std::string & why) {
+        if (!reopen_warned) {
+            warn(why + ": writing on to the file open");
+            reopen_warned = true;
+        }
         return false;
     };
 
     if (!(rotate && keep > 0)) {
         if (!open_at(at)) {
-            return keep_old(nullptr, "cannot open the log " + path + " anew: " + strerror(errno));
+            const int err = errno;
+            return failed("cannot open the log " + path + " anew: " + strerror(err));
         }
+        current.opened = fp;
     } else if (const char * moved = gone()) {
         // A file no longer at the path (removed, or moved aside without SIGHUP) is not rotated, and
-        // no kept file moves: the path is opened anew, as a reopen does. (Shifting the series
-        // first, the rename of the path that then failed lost path.keep at every retry.)
+        // no kept file moves: the path is opened anew, as a reopen does.
         fail(LLAMA_INSTR_ERR_IO, "the log " + path + " " + moved + ": its records are lost");
         if (!open_at(at)) {
-            return keep_old(nullptr, "cannot open the log " + path + " anew: " + strerror(errno));
+            const int err = errno;
+            return failed("cannot open the log " + path + " anew: " + strerror(err));
         }
+        current.opened = fp;
     } else {
-        // The new file is opened first, under a temporary name, and the files are renamed only
-        // once it is: a failed open (no descriptor left, EMFILE) leaves every file where it is and
-        // writing goes on into the current one, to be rotated at a later try.
-        const std::string tmp = at + ".new";
-        if (remove(tmp.c_str()) != 0 && errno != ENOENT) {
-            return keep_old(nullptr, "cannot rotate the log " + path + ": " + tmp + ": " + strerror(errno));
+#if !defined(_WIN32)
+        // Every name is made before the new file is opened: from the open until the files are
+        // where they stay, nothing allocates. The new file is opened first, under LOG.new, and
+        // the files move only once it is: a failed open (no descriptor left, EMFILE) leaves every
+        // file where it is, and writing goes on into the current one, rotated at a later try.
+        const series_names n(at, keep);
+        step_failed        step, left;
+        if (!finish_cut_rotation(n, left)) {
+            return failed("cannot rotate the log " + path + ": " + *left.name + ", left by a rotation that did not " +
+                          "finish, cannot be put back: " + strerror(left.err));
         }
-        if (!open_at(tmp)) {
-            return keep_old(nullptr, "cannot rotate the log " + path + ": " + strerror(errno));
+        if (unlink(n.next[0].c_str()) != 0 && errno != ENOENT) {
+            const int err = errno;
+            return failed("cannot rotate the log " + path + ": " + n.next[0] + ": " + strerror(err));
         }
-        FILE * const opened = fp;
-        std::string  why;
-        const int    rc = rotate_files(at, tmp, why);
+        if (!open_at(n.next[0])) {
+            const int err = errno;
+            return failed("cannot rotate the log " + path + ": " + strerror(err));
+        }
+        current.opened = fp;
+        const int rc   = rotate_series(n, step, left);
         if (rc < 0) {
-            remove(tmp.c_str());
-            return keep_old(opened, "cannot rotate the log " + path + ": " + why);
+            std::string why = "cannot rotate the log " + path + ": " + *step.name + ": " + strerror(step.err);
+            if (rc == -2) {
+                why += std::string("; ") + *left.name + ": " + strerror(left.err) + " (put back at the next try)";
+            }
+            return failed(why);
         }
         if (rc == 0) {
             // nothing at the path (the file moved away meanwhile): opened anew there
-            remove(tmp.c_str());
-            fclose(opened);
+            FILE * const tmp = fp;
+            current.opened   = nullptr;
+            fclose(tmp);
+            unlink(n.next[0].c_str());
             if (!open_at(at)) {
-                return keep_old(nullptr, "cannot open the log " + path + " anew: " + strerror(errno));
+                const int err = errno;
+                return failed("cannot open the log " + path + " anew: " + strerror(err));
             }
+            current.opened = fp;
         }
+#else
+        return failed("cannot rotate the log " + path + ": rotation needs hard links, not built for Windows");
+#endif
     }
-    fclose(old);  // its lines are written (or dropped, counted): nothing is buffered in it
+    current.replaced = true;
+    fclose(current.fp);  // its lines are written (or dropped, counted): nothing is buffered in it
+    reopen_warned = false;
     if (suspended) {
         suspended = false;
         resuming  = true;  // said by the first write that succeeds

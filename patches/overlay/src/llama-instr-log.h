@@ -5,9 +5,9 @@
 //
 // Always on: the file can be rotated (LOG -> LOG.1 -> ... -> LOG.keep, a new LOG) once it holds
 // max_bytes, or reopened at its path (SIGHUP, for logrotate); the session writes a session_start
-// at the head of each new file. A failed write (a full disk) suspends writing with one warning
-// line on stderr, leaves the file ending on a complete line, and drops records (counted as lost)
-// until the next rotation or reopen succeeds.
+// at the head of each new file. A rotation that cannot finish moves no file. A failed write (a
+// full disk) suspends writing with one warning line on stderr, leaves the file ending on a
+// complete line, and drops records (counted as lost) until the next rotation or reopen succeeds.
 
 #include <cstdint>
 #include <cstdio>
@@ -42,6 +42,7 @@ struct log_file {
     bool    resuming          = false;  // reopened after a failed write: said by the first write that succeeds
     bool    warned            = false;  // the failure was said, its resume not yet
     int64_t t_warned          = 0;      // when a failure was last said
+    bool    reopen_warned     = false;  // a reopen or rotation failed and was said; quiet until one succeeds
 
     // rotation (0: never)
     int64_t max_bytes = 0;
@@ -90,16 +91,17 @@ struct log_file {
     // Has the current file reached max_bytes (counting what is buffered and what was dropped)?
     bool full() const { return max_bytes > 0 && file_bytes + dropped_bytes + (int64_t) buf.size() >= max_bytes; }
 
-    // Write what is buffered and start a new file at `path`: with `rotate`, the new file is opened
-    // under a temporary name first, then the files are renamed (path.keep is removed, path.N
-    // becomes path.N+1, the current one path.1) and the new one takes path's place, each rename
-    // to a free name, so that a failed one is undone with all the others. A current file no
-    // longer at the path (removed, or moved without SIGHUP) is not rotated: no kept file moves,
-    // the path is opened anew, and a removed or replaced one fails the session (its records are
-    // lost, as at session end). The buffer is empty after it; the
-    // caller writes the new file's head. False if the new file could not be opened or put in
-    // place: the current one is kept where it was (a warning says why), no file is lost, and the
-    // caller tries again later.
+    // Write what is buffered and start a new file at `path`. With `rotate`, the series shifts
+    // (path.keep is removed, path.N becomes path.N+1, the current file path.1) and the new file,
+    // opened under a temporary name first, takes path's place; a rotation that cannot finish
+    // leaves every file where it was, however often it is tried (see rotate_series in the .cpp).
+    // A current file no longer at the path (removed, or moved without SIGHUP) is not rotated: no
+    // kept file moves, the path is opened anew, and a removed or replaced one fails the session
+    // (its records are lost, as at session end). The buffer is empty after it; the caller writes
+    // the new file's head. False if the new file could not be opened or put in place: writing goes
+    // on into the current file, one warning says why (none for the failures that follow it until
+    // a new file is started), and the caller tries again later. Whatever fails or throws
+    // (std::bad_alloc) leaves exactly one file open: the current one, or the new one in its place.
     bool reopen(bool rotate);
 
     // Is the file at `path` still the one open? nullptr, or why not (removing or replacing it loses
@@ -113,10 +115,6 @@ struct log_file {
     bool open_at(const std::string & p);  // open p into fp and the identity fields
     void suspend(int err);                // a write failed with errno err
     void resumed();                       // a write succeeded: say so if writing resumed
-    // The renames of a rotation (reopen): the file open at `at` to at.1 and `tmp` to `at`, the kept
-    // series shifted. 1: done; 0: no file at `at` (nothing renamed); -1: failed (`why`), every file
-    // back where it was.
-    int  rotate_files(const std::string & at, const std::string & tmp, std::string & why);
 };
 
 }  // namespace llama_instr

@@ -9,8 +9,10 @@ from __future__ import annotations
 # Versions the reader understands (the newest is what the patched build writes). 2: a graph
 # record may name an earlier graph's node table (same_as) instead of holding nodes. 3: and name
 # it with the numbers of its shapes and bytes substituted (same_as with subst), which a version-2
-# reader would take for the table itself.
-SCHEMA_VERSIONS = (1, 2, 3)
+# reader would take for the table itself. 4: images and sounds: `media` records, and steps of kind
+# "encode" (an encoder's graph, in a context of role "encoder"), which a version-3 reader would take
+# for prompt steps.
+SCHEMA_VERSIONS = (1, 2, 3, 4)
 CURRENT_SCHEMA_VERSION = SCHEMA_VERSIONS[-1]
 
 RECORD_TYPES_V1 = frozenset(
@@ -35,11 +37,22 @@ RECORD_TYPES_V1 = frozenset(
         "host",
         "chain",
         "perf",
+        "media",
     }
 )
 
 # What a backend buffer is for (memory_alloc's "purpose"), in the native side's order.
-MEMORY_PURPOSES = ("other", "weights", "kv_cache", "compute", "output", "recurrent", "host_pinned")
+MEMORY_PURPOSES = (
+    "other",
+    "weights",
+    "kv_cache",
+    "compute",
+    "output",
+    "recurrent",
+    "host_pinned",
+    "encoder_weights",
+    "encoder_compute",
+)
 
 # Recording levels, by their number in the C API (enum llama_instr_level).
 LEVELS = ("off", "minimal", "detailed", "verbose")

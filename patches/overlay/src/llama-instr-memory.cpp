@@ -35,10 +35,9 @@ using namespace llama_instr;
 
 namespace {
 
-const char * const k_purpose_names[] = {
-    "other", "weights", "kv_cache", "compute", "output", "recurrent", "host_pinned"
-};
-constexpr int32_t k_n_purposes = (int32_t) (sizeof(k_purpose_names) / sizeof(k_purpose_names[0]));
+const char * const k_purpose_names[] = { "other",     "weights",     "kv_cache",        "compute",        "output",
+                                         "recurrent", "host_pinned", "encoder_weights", "encoder_compute" };
+constexpr int32_t  k_n_purposes      = (int32_t) (sizeof(k_purpose_names) / sizeof(k_purpose_names[0]));
 
 struct buffer_entry {
     uint64_t                   id;
@@ -664,6 +663,14 @@ llama_instr_purpose_scope::~llama_instr_purpose_scope() noexcept {
     t_purpose = prev_purpose;
     t_owner   = prev_owner;
     t_cache   = prev_cache;
+}
+
+void llama_instr_encoder_buffers(const void * encoder, int32_t what) noexcept {
+    t_purpose = what == 1 ? LLAMA_INSTR_PURPOSE_ENCODER_WEIGHTS :
+                what == 2 ? LLAMA_INSTR_PURPOSE_ENCODER_COMPUTE :
+                            LLAMA_INSTR_PURPOSE_OTHER;
+    t_owner   = what == 1 || what == 2 ? encoder : nullptr;
+    t_cache   = -1;
 }
 
 namespace llama_instr {

@@ -17,8 +17,11 @@ using namespace llama_instr;
 
 namespace {
 
-// threads a compute of ctx may use: the profiler keeps one slot per thread
-int32_t max_threads_of(const llama_context * ctx) {
+// threads a compute of ctx (nullptr: st's encoder) may use: the profiler keeps one slot per thread
+int32_t max_threads_of(const ctx_state & st, const llama_context * ctx) {
+    if (!ctx) {
+        return std::clamp<int32_t>(st.encoder ? st.encoder->n_threads : 1, 1, 512);
+    }
     const auto & cp = ctx->get_cparams();
     return std::clamp<int32_t>(std::max(cp.n_threads, cp.n_threads_batch), 1, 512);
 }
@@ -40,7 +43,7 @@ class cpu_op_timer final : public op_timer {
         prof.cap  = (int32_t) ops.size();
         node_user = {};
         if (st.level >= LLAMA_INSTR_LEVEL_VERBOSE) {
-            const int32_t nt = max_threads_of(ctx);
+            const int32_t nt = max_threads_of(st, ctx);
             if (thread_end.size() < ops.size() * nt) {
                 thread_end.resize(ops.size() * nt);
             }

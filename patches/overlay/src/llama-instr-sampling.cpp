@@ -618,6 +618,11 @@ void host_step_end(ctx_state & st, const llama_context * ctx, const llama_batch 
     win.level.store(std::max<int32_t>(st.level, LLAMA_INSTR_LEVEL_MINIMAL), std::memory_order_relaxed);
 }
 
+std::string seq_request(ctx_state & st, int32_t seq) {
+    std::lock_guard<std::mutex> lock(st.between.mtx);
+    return seq >= 0 ? seq_request_locked(st.between, seq) : st.between.ctx_request;
+}
+
 bool host_record(ctx_state & st, uint64_t epoch, std::string & line) {
     std::lock_guard<std::mutex> lock(st.between.mtx);
     if (st.between.epoch != epoch) {
@@ -629,8 +634,8 @@ bool host_record(ctx_state & st, uint64_t epoch, std::string & line) {
 }
 
 bool perf_record(const llama_context * ctx, const ctx_state & st, uint64_t epoch, std::string & line) {
-    if (!ctx || st.epoch != epoch) {
-        return false;
+    if (!ctx || st.epoch != epoch || st.encoder) {
+        return false;  // (an encoder has no llama.cpp counters)
     }
     const llama_perf_context_data d = llama_perf_context(ctx);
     line.clear();

@@ -93,11 +93,15 @@ void sampling_exclude(int64_t t_start, int64_t t_end) noexcept;
 // This thread's CPU time (ns, CLOCK_THREAD_CPUTIME_ID), or -1 where there is none.
 int64_t thread_cpu_ns() noexcept;
 
+// The request sequence `seq` of st's context serves (-1: the context's own, as of its last step).
+std::string seq_request(ctx_state & st, int32_t seq);
+
 // The window's `host` record, made for session `epoch` (false: none); it empties the window.
 bool host_record(ctx_state & st, uint64_t epoch, std::string & line);
 
 // A `perf` record of ctx, llama.cpp's own counters of its decoding (llama_perf_context), when its
-// state `st` is in session `epoch` (else false): at its free and at the session's end.
+// state `st` is in session `epoch` and is a llama_context's (else false): at its free and at the
+// session's end.
 bool perf_record(const llama_context * ctx, const ctx_state & st, uint64_t epoch, std::string & line);
 
 // At the session's end (with S().mtx held): a `chain` record for every chain still alive that the

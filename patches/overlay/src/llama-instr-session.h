@@ -122,6 +122,23 @@ struct compute_rec {
     size_t  late_clock_begin, late_clock_end;  // into ctx_state::p_clocks
 };
 
+// An encoder of tools/mtmd (a clip context) in place of a llama_context (llama-instr-media.cpp):
+// what llama_instr_encoder_describe said of it, and its encodes in this process.
+struct encoder_info {
+    std::string projector;
+    int32_t     modality   = 0;  // enum llama_instr_media_kind
+    int32_t     n_layer    = 0;
+    int32_t     n_embd     = 0;
+    int32_t     n_embd_out = 0;
+    int32_t     image_size = 0;
+    int32_t     patch_size = 0;
+    int64_t     n_encodes  = 0;                // encodes begun in this process (the first computes its graph first)
+    uint64_t    described  = 0;                // the session epoch whose `context` record said so
+
+    ggml_backend_sched_t sched     = nullptr;  // the scheduler of the encode's compute
+    int32_t              n_threads = 0;        // of the CPU backend, for the encode
+};
+
 struct ctx_state {
     // this context in the current session; written by the thread that decodes it (in ctx_join)
     uint64_t    epoch = 0;                      // 0 = never joined
@@ -259,6 +276,14 @@ struct ctx_state {
 
     // what the host did since the last step: sampling, the program's own work (llama-instr-sampling.cpp)
     host_window between;
+
+    // the medium whose embeddings the context's next steps decode (llama_instr_set_media, on the
+    // decoding thread), and the current step's (0: none)
+    int64_t media_next = 0, media = 0;
+    int32_t media_slice_next = 0, media_slice = 0;
+
+    // an encoder of tools/mtmd in place of a llama_context (its steps are its encodes), else nullptr
+    std::unique_ptr<encoder_info> encoder;
 };
 
 // The state of ctx, created on first use; nullptr only when out of memory.

@@ -47,6 +47,15 @@ void write_step_begin(ctx_state &         st,
         j.key("request");
         j.str(st.request);
     }
+    if (st.media > 0) {
+        // the embeddings of a medium's slice (llama_instr_set_media)
+        j.key("media");
+        j.ch('[');
+        j.i64(st.media);
+        j.ch(',');
+        j.i64(st.media_slice);
+        j.ch(']');
+    }
     // several sequences, or one other than 0: tokens and positions per sequence
     if (st.seqs.size() > 1 || (st.seqs.size() == 1 && st.seqs[0].seq != 0)) {
         j.key("seqs");
@@ -268,6 +277,8 @@ int64_t llama_instr_decode_begin(llama_context * ctx, const llama_batch & batch)
         if (!ctx_join(st, batch.n_tokens, prompt)) {
             return 0;  // the session ended meanwhile
         }
+        st.media            = st.media_next;
+        st.media_slice      = st.media_slice_next;
         st.in_decode        = true;
         st.ubatch           = 0;
         st.ubatch_tokens    = 0;

@@ -446,22 +446,25 @@ void llama_instr_graph_cb(llama_context * ctx, ggml_tensor * cur, int il) {
     }
 }
 
+void llama_instr::graph_built(ctx_state & st, ggml_backend_sched_t sched, ggml_cgraph * gf, const llama_model * model) {
+    try {
+        forget_graphs_of_other_scheds(st, sched);
+        index_graph(st, gf, graph_fingerprint(gf), model, true);
+        st.graph_id      = next_graph_id(st);
+        st.graph_emitted = false;
+        st.graph_fresh   = true;
+        st.graph_gen++;
+    } catch (...) {
+        st.graph.gf    = nullptr;
+        st.graph_fresh = false;
+        hook_failed(st.epoch, "llama_instr_graph_built");
+    }
+}
+
 void llama_instr_graph_built(llama_context * ctx, ggml_cgraph * gf) {
     ctx_state * st = ctx_get(ctx);
-    if (!st) {
-        return;
-    }
-    try {
-        forget_graphs_of_other_scheds(*st, ctx->get_sched());
-        index_graph(*st, gf, graph_fingerprint(gf), &ctx->get_model(), true);
-        st->graph_id      = next_graph_id(*st);
-        st->graph_emitted = false;
-        st->graph_fresh   = true;
-        st->graph_gen++;
-    } catch (...) {
-        st->graph.gf    = nullptr;
-        st->graph_fresh = false;
-        hook_failed(st->epoch, "llama_instr_graph_built");
+    if (st) {
+        graph_built(*st, ctx->get_sched(), gf, &ctx->get_model());
     }
 }
 
@@ -484,7 +487,15 @@ void llama_instr_compute_begin(llama_context *      ctx,
         }
         return;
     }
-    ctx_state & st     = *stp;
+    compute_begin(*stp, ctx, sched, gf, &ctx->get_model(), ctx->perf_get_data().n_reused);
+}
+
+void llama_instr::compute_begin(ctx_state &           st,
+                                const llama_context * ctx,
+                                ggml_backend_sched_t  sched,
+                                ggml_cgraph *         gf,
+                                const llama_model *   model,
+                                int32_t               n_reused) {
     st.t_compute_begin = now_ns();
     // the ubatch's own token count (0 for a compute that is no ubatch's, e.g. a K-shift)
     st.n_tokens        = st.ubatch_tokens;
@@ -498,11 +509,11 @@ void llama_instr_compute_begin(llama_context *      ctx,
         // callback's layer ids). The check (a pass over every node, about 15 us of a SmolLM2
         // generation step, its tensors cold after the last compute) is skipped when llama.cpp
         // counts exactly one reuse of its graph since the last compute, which this state saw
-        // with the hooks on throughout: that graph, unchanged, is the one indexed.
-        const int32_t  n_reused = ctx->perf_get_data().n_reused;
-        const uint64_t changes  = llama_instr_level_changes_seen();
-        const bool     reused =
-            st.graph.gf == gf && st.reused_seen >= 0 && n_reused == st.reused_seen + 1 && changes == st.level_changes;
+        // with the hooks on throughout: that graph, unchanged, is the one indexed (an encoder's
+        // graph, built for each encode, has no such count: n_reused -1).
+        const uint64_t changes = llama_instr_level_changes_seen();
+        const bool     reused  = st.graph.gf == gf && n_reused >= 0 && st.reused_seen >= 0 &&
+                            n_reused == st.reused_seen + 1 && changes == st.level_changes;
         st.reused_seen   = n_reused;
         st.level_changes = changes;
         if (st.graph_fresh && st.graph.gf == gf) {
@@ -514,7 +525,7 @@ void llama_instr_compute_begin(llama_context *      ctx,
         } else if (!reused) {
             const uint64_t shape = graph_fingerprint(gf);  // (once: index_graph looks it up too)
             if (!st.graph.same_as(gf, shape)) {
-                index_graph(st, gf, shape, &ctx->get_model(), false);
+                index_graph(st, gf, shape, model, false);
                 st.graph_gen++;
                 st.graph_id = 0;
             }
@@ -563,15 +574,19 @@ void llama_instr_compute_end(llama_context *      ctx,
                              ggml_backend_sched_t sched,
                              ggml_cgraph *        gf,
                              int32_t              status) {
+    GGML_UNUSED(backend_cpu);
+    GGML_UNUSED(gf);
     ctx_state * stp = ctx_get(ctx);
-    if (!stp || !stp->sched_profiling) {
-        return;
+    if (stp && stp->sched_profiling) {
+        compute_end(*stp, sched, status);
     }
-    ctx_state & st   = *stp;
+}
+
+void llama_instr::compute_end(ctx_state & st, ggml_backend_sched_t sched, int32_t status) {
     // the backends are synchronized when a timer needs them to be (and at VERBOSE, whose step
     // writes its top-k logits and value statistics at its end); else the step's records wait for
     // the host's own synchronization
-    bool        sync = st.level >= LLAMA_INSTR_LEVEL_VERBOSE;
+    bool sync = st.level >= LLAMA_INSTR_LEVEL_VERBOSE;
     for (const auto & slot : st.timers) {
         sync = sync || (slot.armed && slot.timer->needs_sync());
     }
@@ -595,8 +610,6 @@ void llama_instr_compute_end(llama_context *      ctx,
             slot.timer->disarm();
         }
     }
-    GGML_UNUSED(backend_cpu);
-    GGML_UNUSED(gf);
     try {
         const ggml_backend_sched_profiler & sp = st.sched_prof;
 

@@ -18,6 +18,19 @@ void write_step_computes(ctx_state & st);
 // wait for ctx's backends (its scheduler's synchronization, without llama.cpp's own accounting)
 void synchronize_backends(llama_context * ctx);
 
+// The graph and compute hooks' work on st, for a llama_context's graph (ctx, its model, its count
+// of graphs reused) or an encoder's (ctx and model nullptr, n_reused -1): graph_built indexes gf
+// before `sched` allocates it, compute_begin arms the scheduler's profiler and every backend's op
+// timer for st's current step, compute_end collects what they measured into a compute record.
+void graph_built(ctx_state & st, ggml_backend_sched_t sched, ggml_cgraph * gf, const llama_model * model);
+void compute_begin(ctx_state &           st,
+                   const llama_context * ctx,
+                   ggml_backend_sched_t  sched,
+                   ggml_cgraph *         gf,
+                   const llama_model *   model,
+                   int32_t               n_reused);
+void compute_end(ctx_state & st, ggml_backend_sched_t sched, int32_t status);
+
 // tests only (llama_instr_test_defer_steps): every step's records wait for the host's next
 // synchronization, as a step with CUDA marks to read does
 extern std::atomic<bool> g_llama_instr_defer_steps;

@@ -1,0 +1,495 @@
+// llamacpp-instr: images and sounds (tools/mtmd). Each medium tokenized is a `media` record; each
+// encoder (a clip context) is a context of its own whose steps are its encodes, timed like a
+// decode's (the op timers of its scheduler's backends, its graph's node table, its blocks as
+// layers); a step that decodes a medium's embeddings names it (llama_instr_set_media).
+//
+// An encoder's state lives in the registry beside the llama_contexts', keyed by its address, from
+// llama_instr_encoder_describe until llama_instr_encoder_free. mtmd encodes on the thread that
+// calls it: what the next encode serves and encodes is told on that thread beforehand.
+
+#include "llama-instr-hooks.h"
+#include "llama-instr-registry.h"
+#include "llama-instr-timing.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+using namespace llama_instr;
+
+namespace {
+
+constexpr int32_t MAX_ENCODE_MEDIA = 64;  // media slices an encode names (more are counted, not named)
+constexpr size_t  LOADS_KEPT       = 64;  // loads noted and not yet claimed by a medium
+
+const char * const k_media_kinds[] = { "image", "audio" };
+
+// what the next encode on this thread serves and encodes
+struct encode_next {
+    const llama_context * ctx = nullptr;
+    int32_t               seq = -1;
+    int32_t               n   = 0;  // media slices told (may exceed MAX_ENCODE_MEDIA)
+    int64_t               media[MAX_ENCODE_MEDIA];
+    int32_t               slice[MAX_ENCODE_MEDIA];
+    int32_t               n_tokens = 0;
+};
+
+thread_local encode_next t_next;
+thread_local ctx_state * t_encoding   = nullptr;  // the encoder whose encode this thread runs
+thread_local int32_t     t_last_block = -1;       // the last block its graph's callback named
+
+struct load_note {
+    const void * bitmap  = nullptr;
+    int64_t      t_start = 0, dur = 0;
+};
+
+std::mutex & loads_mtx() {
+    static std::mutex * m = new std::mutex;
+    return *m;
+}
+
+load_note g_loads[LOADS_KEPT];
+size_t    g_loads_next = 0;
+
+std::atomic<int64_t> g_media_ids{ 0 };
+
+// A 64-bit hash of a medium's bytes, 8 at a time (a medium names itself by it, never by its bytes).
+uint64_t hash_bytes(const unsigned char * p, size_t n) noexcept {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t) n;
+    size_t   i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 31;
+    }
+    uint64_t w = 0;
+    memcpy(&w, p + i, n - i);
+    h = (h ^ w) * 0x94D049BB133111EBull;
+    return h ^ (h >> 29);
+}
+
+const llama_context * key_of(const void * encoder) noexcept {
+    return static_cast<const llama_context *>(encoder);  // a registry key only, never a context
+}
+
+// The state of `encoder`, if it was described (nullptr otherwise, or out of memory).
+ctx_state * encoder_state(const void * encoder) noexcept {
+    ctx_state * st = encoder ? ctx_find(key_of(encoder)) : nullptr;
+    return st && st->encoder ? st : nullptr;
+}
+
+// The request sequence `seq` of `ctx` serves, or its context's ("": none).
+std::string request_of(const llama_context * ctx, int32_t seq) {
+    ctx_state * st = ctx ? ctx_find(ctx) : nullptr;
+    return st ? seq_request(*st, seq) : std::string();
+}
+
+void write_context(ctx_state & st) {
+    const encoder_info & e = *st.encoder;
+    json_out             j{ st.line };
+    record_head(j, "context", now_ns(), st.sid);
+    j.key("ctx");
+    j.i64(st.id);
+    j.key("role");
+    j.str("encoder");
+    j.key("model");
+    j.raw("{\"architecture\":");
+    j.str(e.projector);
+    j.raw(",\"n_layer\":");
+    j.i64(e.n_layer);
+    j.ch('}');
+    j.key("encoder");
+    j.raw("{\"modality\":");
+    j.str(k_media_kinds[e.modality]);
+    j.raw(",\"n_embd\":");
+    j.i64(e.n_embd);
+    j.raw(",\"n_embd_out\":");
+    j.i64(e.n_embd_out);
+    if (e.image_size > 0) {
+        j.raw(",\"image_size\":");
+        j.i64(e.image_size);
+        j.raw(",\"patch_size\":");
+        j.i64(e.patch_size);
+    }
+    j.raw("}}");
+    emit(st.epoch, st.line);
+}
+
+void write_encode_begin(ctx_state & st, const encode_next & next, const std::string & request) {
+    json_out j{ st.line };
+    record_head(j, "step_begin", now_ns(), st.sid);
+    j.key("step");
+    j.i64(st.step);
+    j.key("ctx");
+    j.i64(st.id);
+    j.key("n_tokens");
+    j.i64(next.n_tokens);
+    j.key("pos");
+    j.ch('[');
+    j.i64(0);
+    j.ch(',');
+    j.i64(std::max(0, next.n_tokens - 1));
+    j.ch(']');
+    j.key("kind");
+    j.str("encode");
+    j.key("level");
+    j.str(level_name(st.level));
+    if (!request.empty()) {
+        j.key("request");
+        j.str(request);
+    }
+    j.key("media");
+    j.ch('[');
+    for (int32_t i = 0; i < std::min(next.n, MAX_ENCODE_MEDIA); i++) {
+        j.sep();
+        j.ch('[');
+        j.i64(next.media[i]);
+        j.ch(',');
+        j.i64(next.slice[i]);
+        j.ch(']');
+    }
+    j.ch(']');
+    if (next.n > MAX_ENCODE_MEDIA) {
+        j.key("media_more");
+        j.i64(next.n - MAX_ENCODE_MEDIA);
+    }
+    if (const ctx_state * target = next.ctx ? ctx_find(next.ctx) : nullptr) {
+        if (target->epoch == st.epoch) {
+            j.key("target");
+            j.ch('[');
+            j.i64(target->id);
+            j.ch(',');
+            j.i64(next.seq);
+            j.ch(']');
+        }
+    }
+    j.key("first");
+    j.boolean(st.encoder->n_encodes == 0);
+    j.ch('}');
+    emit(st.epoch, st.line);
+}
+
+// Emit a record of the open session made by `fill` after its head (under the session lock).
+template <typename F> bool emit_session_record(const char * type, F && fill) {
+    auto &                      s = S();
+    std::lock_guard<std::mutex> lock(s.mtx);
+    if (!s.log.fp) {
+        return false;
+    }
+    if (s.n_open_steps == 0 && file_due_locked(s)) {
+        new_file_locked(s);
+    }
+    std::string line;
+    json_out    j{ line };
+    record_head(j, type, now_ns(), s.sid);
+    fill(j);
+    j.ch('}');
+    s.log.emit(line);
+    return true;
+}
+
+}  // namespace
+
+//
+// encoders
+//
+
+int32_t llama_instr_encoder_describe(const void * encoder, const llama_instr_encoder_desc * desc) noexcept {
+    if (!encoder || !desc) {
+        return LLAMA_INSTR_ERR_INVALID_ARG;
+    }
+    try {
+        ctx_state * st = ctx_get(key_of(encoder));
+        if (!st) {
+            return LLAMA_INSTR_ERR_INTERNAL;
+        }
+        auto e        = std::make_unique<encoder_info>();
+        e->projector  = desc->projector ? std::string(desc->projector).substr(0, 64) : "unknown";
+        e->modality   = desc->modality == LLAMA_INSTR_MEDIA_AUDIO ? LLAMA_INSTR_MEDIA_AUDIO : LLAMA_INSTR_MEDIA_IMAGE;
+        e->n_layer    = std::max(0, desc->n_layer);
+        e->n_embd     = std::max(0, desc->n_embd);
+        e->n_embd_out = std::max(0, desc->n_embd_out);
+        e->image_size = std::max(0, desc->image_size);
+        e->patch_size = std::max(0, desc->patch_size);
+        st->encoder   = std::move(e);
+        return LLAMA_INSTR_OK;
+    } catch (...) {
+        return LLAMA_INSTR_ERR_INTERNAL;
+    }
+}
+
+void llama_instr_encoder_free(const void * encoder) noexcept {
+    if (encoder) {
+        llama_instr_context_free(key_of(encoder));
+    }
+}
+
+int64_t llama_instr_encode_begin(const void * encoder, int32_t n_threads) noexcept {
+    encode_next next = t_next;
+    t_next           = encode_next{};
+    if (!llama_instr_enabled()) {
+        return 0;
+    }
+    ctx_state * stp = encoder_state(encoder);
+    if (!stp || stp->in_decode) {
+        return 0;
+    }
+    ctx_state & st = *stp;
+    try {
+        const std::string request = request_of(next.ctx, next.seq);
+        if (!ctx_join(st, 0, false)) {
+            return 0;
+        }
+        st.in_decode          = true;
+        st.ubatch             = 0;
+        st.ubatch_tokens      = next.n_tokens;
+        st.capture.n_filled   = 0;
+        st.n_tables           = 0;
+        st.request            = request;
+        st.encoder->n_threads = n_threads;
+        st.graph.il_of.clear();
+        if (st.encoder->described != st.epoch) {
+            st.encoder->described = st.epoch;
+            write_context(st);
+        }
+        write_encode_begin(st, next, request);
+        t_encoding   = &st;
+        t_last_block = -1;
+    } catch (...) {
+        hook_failed(st.epoch, "llama_instr_encode_begin");
+    }
+    return now_ns();
+}
+
+void llama_instr_encode_graph_cb(ggml_tensor * cur, int32_t il) noexcept {
+    ctx_state * st = t_encoding;
+    if (!st) {
+        return;
+    }
+    // a tensor of no block after the blocks is the projector's: layer n_layer (before them, the
+    // input's embedding: -1)
+    if (il >= 0) {
+        t_last_block = std::max(t_last_block, il);
+    } else if (t_last_block >= 0) {
+        il = std::max(st->encoder->n_layer, t_last_block + 1);
+    }
+    try {
+        st->graph.il_of.emplace_back(cur, il);
+    } catch (...) {
+        hook_failed(st->epoch, "llama_instr_encode_graph_cb");
+    }
+}
+
+void llama_instr_encode_graph_built(const void * encoder, ggml_backend_sched_t sched, ggml_cgraph * gf) noexcept {
+    ctx_state * st = encoder_state(encoder);
+    if (st && st->in_decode && st == t_encoding) {
+        graph_built(*st, sched, gf, nullptr);
+    }
+}
+
+void llama_instr_encode_compute_begin(const void * encoder, ggml_backend_sched_t sched, ggml_cgraph * gf) noexcept {
+    ctx_state * st = encoder_state(encoder);
+    if (!st || !st->in_decode || st != t_encoding || !sched) {
+        return;
+    }
+    st->encoder->sched = sched;
+    compute_begin(*st, nullptr, sched, gf, nullptr, -1);
+}
+
+void llama_instr_encode_compute_end(const void * encoder, int32_t status) noexcept {
+    ctx_state * st = encoder_state(encoder);
+    if (st && st->sched_profiling && st == t_encoding) {
+        compute_end(*st, st->encoder->sched, status);
+    }
+}
+
+void llama_instr_encode_end(const void * encoder,
+                            int64_t      t_start,
+                            int32_t      n_tokens,
+                            int32_t      n_embd,
+                            int32_t      status) noexcept {
+    const int64_t t_end = now_ns();
+    ctx_state *   stp   = encoder_state(encoder);
+    if (!stp || !stp->in_decode || stp != t_encoding) {
+        return;
+    }
+    ctx_state & st = *stp;
+    t_encoding     = nullptr;
+    st.in_decode   = false;
+    st.encoder->n_encodes++;
+    try {
+        if (st.device_pending) {
+            // mtmd has read the embeddings: the backends are done, their times can be read now
+            if (st.encoder->sched) {
+                ggml_backend_sched_synchronize(st.encoder->sched);
+            }
+            const int64_t t_synced = now_ns();
+            for (compute_rec & c : st.p_computes) {
+                c.t_synced = std::max(c.t_synced, t_synced);
+            }
+            st.device_pending = false;
+        }
+        write_step_computes(st);
+        const int64_t n_out = std::max(0, n_tokens);
+        json_out      j{ st.line };
+        record_head(j, "step_end", t_end, st.sid);
+        j.key("step");
+        j.i64(st.step);
+        j.key("ctx");
+        j.i64(st.id);
+        j.key("t_start");
+        j.i64(t_start);
+        j.key("dur");
+        j.i64(t_end - t_start);
+        j.key("status");
+        j.i64(status);
+        j.key("n_tokens");
+        j.i64(n_out);
+        j.key("n_outputs");
+        j.i64(n_out);
+        j.key("n_computes");
+        j.i64(st.ubatch);
+        j.key("kv_used");
+        j.i64(-1);
+        j.key("logits");  // the encode's output: its embeddings
+        j.raw("{\"shape\":[");
+        j.i64(std::max(0, n_embd));
+        j.ch(',');
+        j.i64(n_out);
+        j.raw("],\"type\":\"f32\",\"bytes\":");
+        j.i64((int64_t) std::max(0, n_embd) * n_out * 4);
+        j.raw("}}");
+        emit(st.epoch, st.line);
+    } catch (...) {
+        st.n_tables = 0;
+        st.p_ops.clear();
+        st.p_layers.clear();
+        st.p_busy.clear();
+        st.p_clocks.clear();
+        st.p_threads.clear();
+        st.p_stats.clear();
+        st.p_splits.clear();
+        st.p_copies.clear();
+        st.p_remote.clear();
+        st.p_computes.clear();
+        hook_failed(st.epoch, "llama_instr_encode_end");
+    }
+    step_done(st);
+}
+
+//
+// media
+//
+
+void llama_instr_media_loaded(const void * bitmap, int64_t t_start) noexcept {
+    if (!bitmap || !t_start || !llama_instr_enabled()) {
+        return;
+    }
+    const int64_t t_end = now_ns();
+    try {
+        std::lock_guard<std::mutex> lock(loads_mtx());
+        g_loads[g_loads_next % LOADS_KEPT] = { bitmap, t_start, t_end - t_start };
+        g_loads_next++;
+    } catch (...) {
+        // the lock failed: the medium is recorded without its load
+    }
+}
+
+int64_t llama_instr_media_add(const llama_instr_media_desc * d) noexcept {
+    const int64_t t_end = now_ns();
+    if (!d) {
+        return LLAMA_INSTR_ERR_INVALID_ARG;
+    }
+    if (!llama_instr_enabled()) {
+        return 0;
+    }
+    try {
+        load_note load;
+        if (d->bitmap) {
+            std::lock_guard<std::mutex> lock(loads_mtx());
+            for (auto & l : g_loads) {
+                if (l.bitmap == d->bitmap) {
+                    load = l;
+                    l    = load_note{};
+                    break;
+                }
+            }
+        }
+        const uint64_t hash = d->data && d->n_bytes > 0 ? hash_bytes(d->data, d->n_bytes) : 0;
+        const int64_t  id   = g_media_ids.fetch_add(1, std::memory_order_relaxed) + 1;
+        const bool     ok   = emit_session_record("media", [&](json_out & j) {
+            j.key("id");
+            j.i64(id);
+            j.key("kind");
+            j.str(k_media_kinds[d->kind == LLAMA_INSTR_MEDIA_AUDIO ? 1 : 0]);
+            j.key("nx");
+            j.i64(d->nx);
+            j.key("ny");
+            j.i64(d->ny);
+            if (d->n_frames > 1) {
+                j.key("frames");
+                j.i64(d->n_frames);
+            }
+            j.key("bytes");
+            j.i64((int64_t) d->n_bytes);
+            char hex[20];
+            snprintf(hex, sizeof(hex), "%016" PRIx64, hash);
+            j.key("hash");
+            j.str(hex);
+            j.key("slices");
+            j.i64(std::max(0, d->n_slices));
+            j.key("tokens");
+            j.i64(std::max(0, d->n_tokens));
+            j.key("n_pos");
+            j.i64(std::max(0, d->n_pos));
+            if (load.bitmap) {
+                j.key("load");
+                j.ch('[');
+                j.i64s({ load.t_start, load.dur });
+                j.ch(']');
+            }
+            if (d->t_preprocess > 0) {
+                j.key("preprocess");
+                j.ch('[');
+                j.i64s({ d->t_preprocess, std::max<int64_t>(0, t_end - d->t_preprocess) });
+                j.ch(']');
+            }
+        });
+        return ok ? id : 0;
+    } catch (...) {
+        return LLAMA_INSTR_ERR_INTERNAL;
+    }
+}
+
+void llama_instr_media_for(llama_context * ctx, int32_t seq) noexcept {
+    t_next.ctx = ctx;
+    t_next.seq = seq;
+}
+
+void llama_instr_media_encoding(const int64_t * media, const int32_t * slices, int32_t n, int32_t n_tokens) noexcept {
+    encode_next & next = t_next;
+    next.n             = std::max(0, n);
+    next.n_tokens      = std::max(0, n_tokens);
+    for (int32_t i = 0; media && i < std::min(next.n, MAX_ENCODE_MEDIA); i++) {
+        next.media[i] = media[i];
+        next.slice[i] = slices ? slices[i] : 0;
+    }
+    if (!media) {
+        next.n = 0;
+    }
+}
+
+void llama_instr_set_media(llama_context * ctx, int64_t media, int32_t slice) noexcept {
+    if (!ctx) {
+        return;
+    }
+    ctx_state * st = media > 0 || llama_instr_enabled() ? ctx_get(ctx) : ctx_find(ctx);
+    if (st) {
+        st->media_next       = std::max<int64_t>(0, media);
+        st->media_slice_next = media > 0 ? slice : 0;
+    }
+}

@@ -8,49 +8,39 @@ from typing import TYPE_CHECKING
 
 import click
 
+from llamacpp_instr.commands import options, run_options
 from llamacpp_instr.commands.always_on_options import always_on_options
 from llamacpp_instr.commands.deprecated import out_alias
 from llamacpp_instr.commands.offload_options import offload_options
-from llamacpp_instr.commands.options import (
-    append_option,
-    ctx_option,
-    kv_type_options,
-    level_option,
-    log_option,
-    memory_budget_option,
-    threads_option,
-    topk_option,
-    value_stats_option,
-    warmup_option,
-)
-from llamacpp_instr.commands.run_options import generation_options, graph_options, prompt_options
 from llamacpp_instr.commands.tensor_options import tensor_options
 
 if TYPE_CHECKING:
     from llamacpp_instr.running.always_on import AlwaysOn
+    from llamacpp_instr.running.media import MediaInputs
     from llamacpp_instr.running.offload import Offload
     from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
 
 @click.command("run")
 @click.argument("model", required=False, type=click.Path(path_type=Path))
-@prompt_options
-@generation_options
-@threads_option
+@run_options.prompt_options
+@run_options.media_options
+@run_options.generation_options
+@options.threads_option
 @offload_options()
 @tensor_options
-@memory_budget_option
-@ctx_option
-@graph_options
-@warmup_option
-@level_option
+@options.memory_budget_option
+@options.ctx_option
+@run_options.graph_options
+@options.warmup_option
+@options.level_option
 @always_on_options(requests=False)
-@log_option
-@append_option
+@options.log_option
+@options.append_option
 @out_alias
-@kv_type_options
-@topk_option
-@value_stats_option
+@options.kv_type_options
+@options.topk_option
+@options.value_stats_option
 @click.option(
     "--live",
     is_flag=True,
@@ -61,6 +51,7 @@ def command(
     prompt: str,
     chat: bool,
     system: str | None,
+    media: MediaInputs,
     n_predict: int,
     threads: int | None,
     offload: Offload,
@@ -100,6 +91,7 @@ def command(
         prompt=prompt,
         chat=chat,
         system=system,
+        media=media,
         n_predict=n_predict,
         threads=threads,
         offload=offload,

@@ -1,6 +1,6 @@
-"""The options of what ``instr run`` generates: the prompt (-p, --prompt-file, --chat, --system),
-how much and how (-n, --seed, --temp, --ignore-eos), and the graphs that compute it (--batch,
---ubatch, --flash-attn)."""
+"""The options of what ``instr run`` generates: the prompt (-p, --prompt-file, --chat, --system)
+and the images and sounds in it (--mmproj, --image, --audio), how much and how (-n, --seed,
+--temp, --ignore-eos), and the graphs that compute it (--batch, --ubatch, --flash-attn)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,46 @@ def prompt_options(f: F) -> F:
             "tokenizer.chat_template) as a user message.",
         ),
         click.option("--system", default=None, help="A system message, with --chat."),
+    ]
+    return _options(options, wrapper)  # type: ignore[no-any-return]
+
+
+def media_options(f: F) -> F:
+    """--mmproj, --image and --audio, given to the command as ``media`` (a MediaInputs)."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from llamacpp_instr.running.media import MediaInputs
+
+        kwargs["media"] = MediaInputs(
+            kwargs.pop("mmproj"), tuple(kwargs.pop("images")), tuple(kwargs.pop("audio"))
+        )
+        return f(*args, **kwargs)
+
+    def path(*names: str, **kw: Any) -> Callable[[Any], Any]:
+        return click.option(*names, type=click.Path(path_type=Path, dir_okay=False), **kw)
+
+    options = [
+        path(
+            "--mmproj",
+            default=None,
+            help="The model's multimodal projector (an mmproj GGUF, as llama-mtmd-cli takes): "
+            "each image's and sound's load, preprocessing, encode (every op) and decode are "
+            "recorded.",
+        ),
+        path(
+            "--image",
+            "images",
+            multiple=True,
+            help="An image for the prompt (JPEG, PNG, GIF, BMP, PNM; repeatable). Its marker "
+            "<__media__> in the prompt places it; without one the media come first.",
+        ),
+        path(
+            "--audio",
+            "audio",
+            multiple=True,
+            help="A sound, where the projector hears (WAV, MP3, FLAC; repeatable).",
+        ),
     ]
     return _options(options, wrapper)  # type: ignore[no-any-return]
 

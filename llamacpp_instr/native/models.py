@@ -43,6 +43,18 @@ def check_gguf(path: Path) -> None:
         raise UserError(f"not a GGUF file (bad magic {magic!r}): {path}")
 
 
+def gguf_architecture(path: Path) -> str | None:
+    """A GGUF file's general.architecture (``clip`` for an mtmd projector), or None when it has
+    none or gguf-py cannot read the file."""
+    try:
+        from gguf import GGUFReader
+
+        field = GGUFReader(path).get_field("general.architecture")
+        return None if field is None else str(field.contents())
+    except Exception:  # noqa: BLE001 - a file gguf-py cannot read has no architecture to name
+        return None
+
+
 def explain_load_failure(path: Path) -> str:
     """Why llama.cpp refused the file, as far as gguf-py can tell."""
     try:

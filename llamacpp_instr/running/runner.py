@@ -18,6 +18,7 @@ from llamacpp_instr.native import bindings, models
 from llamacpp_instr.running import context_defaults
 from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.always_on import AlwaysOn
+from llamacpp_instr.running.media import Media, MediaInputs
 from llamacpp_instr.running.offload import Offload, Placement, prepare
 from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
@@ -54,6 +55,8 @@ class RunConfig:
     memory_budget: str | None = None
     # which weight tensors go to which buffer type (-ot/--override-tensor, --n-cpu-moe, --cpu-moe)
     tensors: TensorOverrides = field(default_factory=TensorOverrides)
+    # a projector and the images and sounds it reads into the prompt (--mmproj, --image, --audio)
+    media: MediaInputs = field(default_factory=MediaInputs)
 
     def memory_setting(self) -> memory.Setting:
         """What the run asked of memory, for the out-of-memory message."""
@@ -110,6 +113,7 @@ class RunConfig:
         for ok, message in checks:
             if not ok:
                 raise UserError(message)
+        self.media.validate()
 
 
 @dataclass
@@ -184,6 +188,13 @@ class TextStream:
 def chat_prompt(llm: Any, prompt: str, system: str | None) -> tuple[list[int], str]:
     """The prompt as the model's own chat template formats it (its GGUF's
     tokenizer.chat_template, through llama-cpp-python's Jinja2ChatFormatter), tokenized."""
+    text, add_bos = chat_text(llm, prompt, system)
+    return llm.tokenize(text.encode(), add_bos=add_bos, special=True), text
+
+
+def chat_text(llm: Any, prompt: str, system: str | None) -> tuple[str, bool]:
+    """The prompt as the model's chat template formats it, and whether its tokens need the BOS
+    token the template did not write."""
     from llama_cpp import llama_chat_format
 
     template = llm.metadata.get("tokenizer.chat_template")
@@ -210,10 +221,7 @@ def chat_prompt(llm: Any, prompt: str, system: str | None) -> tuple[list[int], s
     except Exception as exc:  # noqa: BLE001 - a template error is the model's, say which
         raise UserError(f"the model's chat template failed: {exc}") from None
     # the template writes the BOS token itself when it wants one
-    tokens = llm.tokenize(
-        formatted.prompt.encode(), add_bos=not formatted.added_special, special=True
-    )
-    return tokens, formatted.prompt
+    return str(formatted.prompt), not formatted.added_special
 
 
 def kv_type_id(name: str) -> int:
@@ -282,6 +290,59 @@ def warm_up(llm: Any) -> None:
     llm.reset()
 
 
+@dataclass
+class Prompt:
+    """A run's prompt as the model takes it: its text (the chat template's, the media's markers),
+    whether its tokens begin with BOS, its tokens (none with media: mtmd tokenizes it with them)
+    and the positions it takes."""
+
+    text: str
+    add_bos: bool
+    tokens: list[int]
+    n_tokens: int
+
+    @classmethod
+    def of(cls, cfg: RunConfig, llm: Any, mm: Media | None) -> Prompt:
+        """The prompt of ``cfg``, or a one-line error when it and -n overflow the context."""
+        text = mm.with_markers(cfg.prompt) if mm else cfg.prompt
+        add_bos = True
+        if cfg.chat:
+            text, add_bos = chat_text(llm, text, cfg.system)
+        tokens: list[int] = []
+        if mm:  # its positions, from a tokenizing no session sees (the session's is recorded)
+            n = mm.positions(text, add_bos)
+        else:
+            tokens = llm.tokenize(text.encode(), add_bos=add_bos, special=cfg.chat)
+            n = len(tokens)
+        if n + cfg.n_predict > llm.n_ctx():
+            raise UserError(
+                f"prompt ({n} tokens) + -n {cfg.n_predict} exceeds the context "
+                f"({llm.n_ctx()}); raise --ctx"
+            )
+        return cls(text, add_bos, tokens, n)
+
+
+def run_metadata(cfg: RunConfig, p: Prompt) -> dict[str, Any]:
+    """What session_start.metadata says of an ``instr run``."""
+    return {
+        "tool": f"llamacpp-instr {__version__}",
+        "command": "instr run",
+        "model_path": str(cfg.model),
+        "prompt": cfg.prompt,
+        "prompt_tokens": p.n_tokens,
+        **cfg.media.metadata(),
+        **({"chat": True, "system": cfg.system, "formatted_prompt": p.text} if cfg.chat else {}),
+        "config": {
+            k: (str(v) if isinstance(v, Path) else v)
+            for k, v in asdict(cfg).items()
+            if k != "media"  # (its paths are the metadata's "media")
+        },
+        # flash attention as asked (auto: llama.cpp's default); the context record says what
+        # llama.cpp used
+        "flash_attn_type": context_defaults.flash_attn_name(cfg.flash_attn),
+    }
+
+
 def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResult:
     """Generate ``cfg.n_predict`` tokens with a session open; the log is valid whatever happens.
 
@@ -309,6 +370,7 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
     generated: list[int] = []
     s: InstrSession | None = None
     old: Path | None = None
+    mm: Media | None = None
 
     def emit(chunk: str) -> None:
         if chunk:
@@ -317,34 +379,12 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
                 on_text(chunk)
 
     try:
+        # the projector and the media, checked against the model before any log exists
+        mm = Media(llm, cfg.media, resolve_threads(cfg.threads)) if cfg.media else None
         if cfg.warmup:
             warm_up(llm)
-        if cfg.chat:
-            prompt_tokens, formatted = chat_prompt(llm, cfg.prompt, cfg.system)
-        else:
-            prompt_tokens = llm.tokenize(cfg.prompt.encode(), add_bos=True, special=False)
-            formatted = cfg.prompt
-        if len(prompt_tokens) + cfg.n_predict > llm.n_ctx():
-            raise UserError(
-                f"prompt ({len(prompt_tokens)} tokens) + -n {cfg.n_predict} exceeds the context "
-                f"({llm.n_ctx()}); raise --ctx"
-            )
-        metadata = {
-            "tool": f"llamacpp-instr {__version__}",
-            "command": "instr run",
-            "model_path": str(cfg.model),
-            "prompt": cfg.prompt,
-            "prompt_tokens": len(prompt_tokens),
-            **(
-                {"chat": True, "system": cfg.system, "formatted_prompt": formatted}
-                if cfg.chat
-                else {}
-            ),
-            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
-            # flash attention as asked (auto: llama.cpp's default); the context record says
-            # what llama.cpp used
-            "flash_attn_type": context_defaults.flash_attn_name(cfg.flash_attn),
-        }
+        p = Prompt.of(cfg, llm, mm)
+        prompt_tokens = p.tokens
         old = keep_old(out, cfg.append)  # the model loaded: the log is this run's
         # the session users open around their own Llama (api.session): it ends as interrupted on
         # Ctrl-C, which then ends the run with what was generated so far
@@ -354,10 +394,13 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
             cfg.level,
             top_k_logits=cfg.top_k_logits,
             value_stats=cfg.value_stats,
-            metadata=metadata,
+            metadata=run_metadata(cfg, p),
             **cfg.always_on.metadata(),
         ) as s:
             llm.set_seed(cfg.seed)
+            if mm:  # the media's encodes and the decode of every chunk but the last token
+                llm.reset()
+                prompt_tokens = mm.evaluate(p.text, p.add_bos)
             for token in llm.generate(prompt_tokens, temp=cfg.temp, reset=True):
                 if not cfg.ignore_eos and llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):
                     break
@@ -377,6 +420,8 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
             raise
         raise oom from exc
     finally:
+        if mm:
+            mm.close()
         llm.close()
 
     assert s is not None  # the session began, or the exception propagated
@@ -386,7 +431,7 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
         status=s.status,
         n_steps=s.totals.steps,
         n_tokens=s.totals.tokens,
-        n_prompt_tokens=len(prompt_tokens),
+        n_prompt_tokens=p.n_tokens,
         n_generated=len(generated),
         token_ids=generated,
         old_log=old,

@@ -345,8 +345,12 @@ LLAMA_API void llama_instr_encoder_free(const void * encoder) LLAMA_INSTR_NOEXCE
 // llama.cpp's own buffers.
 LLAMA_API void llama_instr_encoder_buffers(const void * encoder, int32_t what) LLAMA_INSTR_NOEXCEPT;
 
-// A medium was loaded (decoded from its file or bytes) from `t_start` (llama_instr_host_clock; 0
-// does nothing) until now, into `bitmap`: the medium made of it says so.
+// The log's clock (ns), whether or not a session is open.
+LLAMA_API int64_t llama_instr_clock(void) LLAMA_INSTR_NOEXCEPT;
+
+// A medium was loaded (decoded from its file or bytes) from `t_start` (llama_instr_clock; 0 does
+// nothing) until now, into `bitmap`, whether or not a session is open (a program may load its
+// media before it opens one): the medium made of it in a session says so.
 LLAMA_API void llama_instr_media_loaded(const void * bitmap, int64_t t_start) LLAMA_INSTR_NOEXCEPT;
 
 struct llama_instr_media_desc {

@@ -229,8 +229,9 @@ void llama_instr_encoder_free(const void * encoder) noexcept {
 }
 
 int64_t llama_instr_encode_begin(const void * encoder, int32_t n_threads) noexcept {
-    encode_next next = t_next;
-    t_next           = encode_next{};
+    const int64_t t_entry = now_ns();
+    encode_next   next    = t_next;
+    t_next                = encode_next{};
     if (!llama_instr_enabled()) {
         return 0;
     }
@@ -262,7 +263,9 @@ int64_t llama_instr_encode_begin(const void * encoder, int32_t n_threads) noexce
     } catch (...) {
         hook_failed(st.epoch, "llama_instr_encode_begin");
     }
-    return now_ns();
+    const int64_t t_start     = now_ns();
+    st.encoder->t_entry_begin = t_entry;
+    return t_start;
 }
 
 void llama_instr_encode_graph_cb(ggml_tensor * cur, int32_t il) noexcept {
@@ -355,6 +358,8 @@ void llama_instr_encode_end(const void * encoder,
         j.i64(st.ubatch);
         j.key("kv_used");
         j.i64(-1);
+        j.key("log_ns");  // the logger's work at its start, in a caller's time of it but not in dur
+        j.i64(std::max<int64_t>(0, t_start - st.encoder->t_entry_begin));
         j.key("logits");  // the encode's output: its embeddings
         j.raw("{\"shape\":[");
         j.i64(std::max(0, n_embd));
@@ -385,8 +390,12 @@ void llama_instr_encode_end(const void * encoder,
 // media
 //
 
+int64_t llama_instr_clock(void) noexcept {
+    return now_ns();
+}
+
 void llama_instr_media_loaded(const void * bitmap, int64_t t_start) noexcept {
-    if (!bitmap || !t_start || !llama_instr_enabled()) {
+    if (!bitmap || !t_start) {
         return;
     }
     const int64_t t_end = now_ns();

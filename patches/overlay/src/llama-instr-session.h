@@ -132,11 +132,12 @@ struct encoder_info {
     int32_t     n_embd_out = 0;
     int32_t     image_size = 0;
     int32_t     patch_size = 0;
-    int64_t     n_encodes  = 0;                // encodes begun in this process (the first computes its graph first)
-    uint64_t    described  = 0;                // the session epoch whose `context` record said so
+    int64_t     n_encodes  = 0;                    // encodes begun in this process (the first computes its graph first)
+    uint64_t    described  = 0;                    // the session epoch whose `context` record said so
 
-    ggml_backend_sched_t sched     = nullptr;  // the scheduler of the encode's compute
-    int32_t              n_threads = 0;        // of the CPU backend, for the encode
+    ggml_backend_sched_t sched         = nullptr;  // the scheduler of the encode's compute
+    int32_t              n_threads     = 0;        // of the CPU backend, for the encode
+    int64_t              t_entry_begin = 0;        // when llama_instr_encode_begin was entered
 };
 
 struct ctx_state {

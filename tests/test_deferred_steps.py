@@ -278,3 +278,53 @@ def test_a_deferred_step_holds_no_other_contexts_rotation(
     first_step = [r for r in read_log(out.with_name("two.log.1")) if r.get("ctx") == 1]
     kinds = [r["type"] for r in first_step if r["type"] in ("step_begin", "step_end")]
     assert kinds == ["step_begin", "step_end"], kinds
+
+
+ASYNC = r"""
+import json, sys
+import llama_cpp
+import numpy as np
+import llamacpp_instr
+from llamacpp_instr.native import bindings
+
+model, out, on = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+api = bindings.load()
+api.test_async_devices(on)
+llm = llama_cpp.Llama(model, n_ctx=128, n_threads=2, verbose=False)
+with llamacpp_instr.session(llm, out, level="detailed"):
+    llm.eval(llm.tokenize(b"The capital of France is"))
+    for _ in range(3):
+        p = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        logits = np.ctypeslib.as_array(p, shape=(llm.n_vocab(),))
+        llm.eval([int(np.argmax(logits))])
+"""
+
+
+def test_a_device_no_timer_synchronizes_has_its_wait_run_to_the_hosts_synchronization(
+    testing_lib: Path, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """With a device that may still compute after its split returns (a GPU's; here the CPU taken
+    for one) and no op timer that synchronizes it (device timing off, or a timer that could not
+    arm), a step's records wait for the host's synchronization, so that its computes' `wait`
+    runs to it as documented: past the step's return. A CPU alone is written at the return."""
+    ends: dict[bool, bool] = {}
+    for on in (False, True):
+        out = tmp_path / f"async{int(on)}.log"
+        r = subprocess.run(
+            [sys.executable, "-c", ASYNC, str(tiny_llama_f32), str(out), "1" if on else "0"],
+            env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(testing_lib)),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        recs = read_log(out)
+        step_ends = {s["step"]: s for s in by_type(recs, "step_end")}
+        comp = by_type(recs, "compute")
+        assert len(step_ends) == 4 and comp
+        ends[on] = all(
+            c["t_start"] + c["dur"] + c["wait"]
+            > step_ends[c["step"]]["t_start"] + step_ends[c["step"]]["dur"]
+            for c in comp
+        )
+    assert ends == {False: False, True: True}

@@ -385,6 +385,14 @@ class InstrLib:
         fn.restype = None
         fn(1 if on else 0)
 
+    def test_async_devices(self, on: bool) -> None:
+        """The devices of schedulers made from now on are taken for asynchronous ones, as if
+        the CPU were a GPU (testing build only)."""
+        fn = self._testing_only("llama_instr_test_async_devices")
+        fn.argtypes = [ctypes.c_int32]
+        fn.restype = None
+        fn(1 if on else 0)
+
     def test_write_delay(self, us: int) -> None:
         """Each deferred step's writing takes ``us`` microseconds longer: a slow disk's stand-in
         (testing build only)."""

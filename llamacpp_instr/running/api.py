@@ -176,9 +176,19 @@ def session(
         status = "error"
         raise
     finally:
+        # a step whose records wait for its context's synchronization (a GPU's) is written at it:
+        # each context given is synchronized, on this thread, before the session ends
+        _synchronize(ctxs)
         s._totals = _read_totals()
         s.status = status
         api.session_end(status)
+
+
+def _synchronize(ctxs: list[Any]) -> None:
+    llama_cpp = bindings.import_llama_cpp()
+    for ctx in ctxs:
+        if ctx:
+            llama_cpp.llama_synchronize(ctx)
 
 
 def llama_defaults(flash_attn: bool | None = None) -> AbstractContextManager[None]:

@@ -222,6 +222,10 @@ void llama_instr_test_defer_steps(int32_t on) {
     llama_instr::g_llama_instr_defer_steps.store(on != 0, std::memory_order_relaxed);
 }
 
+void llama_instr_test_async_devices(int32_t on) {
+    llama_instr::g_llama_instr_test_async.store(on != 0, std::memory_order_relaxed);
+}
+
 void llama_instr_test_write_delay(int64_t us) {
     llama_instr::g_llama_instr_write_delay_us.store(std::max<int64_t>(0, us), std::memory_order_relaxed);
 }

@@ -35,6 +35,11 @@ LLAMA_API int32_t llama_instr_test_last_op_ns(int32_t n_threads, int64_t slow_ns
 // next step), as a step with CUDA marks to read does; 0: as the op timers decide.
 LLAMA_API void llama_instr_test_defer_steps(int32_t on);
 
+// on != 0: the devices of every scheduler made from now on are taken for ones that may still
+// compute after a split returns (a GPU's), as if the CPU were one: with no op timer that
+// synchronizes, a step's records wait for the host's synchronization.
+LLAMA_API void llama_instr_test_async_devices(int32_t on);
+
 // Each deferred step's writing takes `us` microseconds longer (0: as it takes): a slow disk's
 // stand-in, so that a test sees which account its time lands in.
 LLAMA_API void llama_instr_test_write_delay(int64_t us);

@@ -14,6 +14,7 @@
 using namespace llama_instr;
 
 std::atomic<bool> llama_instr::g_llama_instr_defer_steps{ false };
+std::atomic<bool> llama_instr::g_llama_instr_test_async{ false };
 
 void llama_instr::synchronize_backends(llama_context * ctx) {
     ggml_backend_sched_synchronize(ctx->get_sched());
@@ -247,7 +248,7 @@ void make_timers(ctx_state & st, ggml_backend_sched_t sched) {
     }
     st.timers.clear();
     st.cpu_device    = -1;
-    st.async_devices = false;
+    st.async_devices = g_llama_instr_test_async.load(std::memory_order_relaxed);
     for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); i++) {
         ggml_backend_t backend = ggml_backend_sched_get_backend(sched, i);
         st.timers.push_back({ make_op_timer(backend), false });

@@ -35,6 +35,10 @@ void compute_end(ctx_state & st, ggml_backend_sched_t sched, int32_t status);
 // synchronization, as a step with CUDA marks to read does
 extern std::atomic<bool> g_llama_instr_defer_steps;
 
+// tests only (llama_instr_test_async_devices): every scheduler's devices are taken for ones that
+// may still compute after a split returns (a GPU's), as if the CPU were one
+extern std::atomic<bool> g_llama_instr_test_async;
+
 // tests only (llama_instr_test_write_delay): a deferred step's writing takes this many us longer (a
 // slow disk's stand-in, so that where its time is booked shows)
 extern std::atomic<int64_t> g_llama_instr_write_delay_us;

@@ -38,6 +38,22 @@ if TYPE_CHECKING:
     "Answer for the model quantized to TYPE too (repeatable; quantized into the cache with "
     "the pinned llama.cpp's quantizer, as instr quantize does). Default: the file's own."
 )
+@click.option(
+    "--mmproj",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="Count a multimodal projector (llama.cpp's mmproj file, for images or sounds) too: its "
+    "weights and its compute buffers for the largest input it takes, on the device its encoder "
+    "runs on, by llama.cpp's own measure (mtmd_get_memory_usage, as llama-server's fit).",
+)
+@click.option(
+    "--no-mmproj-offload",
+    "no_mmproj_offload",
+    is_flag=True,
+    help="Count the projector on the CPU, as llama.cpp's option of that name runs its encoder "
+    "(default: on the first --device, else the first GPU, as llama.cpp runs it).",
+)
 @threads_option
 @text_json_option("text: a table per quantization; json: one object per quantization.")
 @click.option(
@@ -68,6 +84,8 @@ def command(
     n_ctx: int | None,
     offload: Offload,
     quants: tuple[str, ...],
+    mmproj: Path | None,
+    no_mmproj_offload: bool,
     threads: int | None,
     fmt: str,
     compare_llama: bool,
@@ -87,6 +105,8 @@ def command(
     """
     from llamacpp_instr.contract.errors import UserError
 
+    if experts and mmproj is not None:
+        raise UserError("--mmproj counts a projector in fit's answer, not in --experts' placements")
     if experts:  # (the context: --ctx, else the first log's)
         from llamacpp_instr.deciding import moe_report
         from llamacpp_instr.deciding.moe_plan import PlacementRequest, moe_plan
@@ -112,6 +132,8 @@ def command(
         threads=threads,
         compare_llama=compare_llama,
         measure=measure,
+        mmproj=mmproj,
+        mmproj_offload=not no_mmproj_offload,
     )
     result = fit(request, say=lambda line: click.echo(line, err=True))
     answer(fit_report.report(result), fmt, result.failure())

@@ -12,6 +12,9 @@ real Llama's), so a projection is what a run of the same setting measures.
 llama.cpp's breakdown leaves out the output buffer (the logits), which a context allocates even
 with ``no_alloc``: a probe measures it from the patched library's table of live buffers (a session
 begins with every live buffer) and counts it, so the answer also fits that.
+
+A multimodal projector (``--mmproj``) counts with its weights and compute buffers on the device its
+encoder runs on, by llama.cpp's own measure of it (``fit_projector``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.deciding import fit_projector
+from llamacpp_instr.deciding.fit_projector import Projector
 from llamacpp_instr.native import bindings, models
 from llamacpp_instr.running import context_defaults, devices, offload, runner
 from llamacpp_instr.running import memory_budget as memory
@@ -112,6 +117,7 @@ class Answer:
     overflow: list[str] = field(default_factory=list)
     llama_fit: dict[str, dict[str, int]] | None = None  # llama-fit-params' projection (MiB)
     measured: Footprint | None = None  # a real run's live buffers
+    mmproj: Path | None = None  # the projector counted in the footprint (--mmproj)
 
     def to_json(self) -> dict[str, Any]:
         s = self.setting
@@ -134,6 +140,8 @@ class Answer:
             out["llama_fit_params"] = self.llama_fit
         if self.measured is not None:
             out["measured"] = self.measured
+        if self.mmproj is not None:
+            out["mmproj"] = str(self.mmproj)
         return out
 
 
@@ -341,6 +349,7 @@ class FitConfig:
     n_batch: int = 512
     n_ubatch: int | None = None
     threads: int | None = None
+    projector: Projector | None = None  # --mmproj: its weights and compute buffers counted
 
 
 def fit_model(path: Path, quant: str, fc: FitConfig) -> Answer:
@@ -394,10 +403,13 @@ def fit_model(path: Path, quant: str, fc: FitConfig) -> Answer:
         cap = min(fc.n_ctx or n_ctx_train, n_ctx_train) if n_ctx_train > 0 else fc.n_ctx or 4096
         ctxs = list(range(CTX_STEP, cap + 1, CTX_STEP)) or [cap]
         extra = first.unlisted(base(Setting(ctxs[0], 0)))
+        projector = fc.projector
         answer = Answer(path, quant, limits, n_ctx_train, n_layer, gpu)
+        answer.mmproj = projector.path if projector else None
 
         def project(s: Setting) -> Footprint:
-            return merge(prober(s.n_gpu_layers).footprint(base(s)), extra)
+            fp = merge(prober(s.n_gpu_layers).footprint(base(s)), extra)
+            return merge(fp, projector.footprint(s.flash_attn)) if projector else fp
 
         def largest_ctx(ngl: int, kv: tuple[str, str, bool | None]) -> Setting | None:
             """The largest context that fits at ``ngl`` and ``kv`` (binary search: the footprint
@@ -540,8 +552,9 @@ def live_at_last_step(log: Path, names: list[str]) -> Footprint:
 
 
 def measure(answer: Answer, fc: FitConfig, budget: dict[str, int], log: Path) -> Footprint:
-    """Run the answer's setting for real (``instr run``, two tokens, minimal level) under a
-    memory budget of ``budget``; the live buffers when its last step ended."""
+    """Run the answer's setting for real (``instr run``, two tokens, minimal level, with the
+    projector loaded where there is one) under a memory budget of ``budget``; the live buffers
+    when its last step ended."""
     s = answer.setting
     assert s is not None
     cmd = [sys.executable, "-m", "llamacpp_instr.cli", "run", str(answer.model), "-p", "Hello",
@@ -551,6 +564,8 @@ def measure(answer: Answer, fc: FitConfig, budget: dict[str, int], log: Path) ->
         cmd += ["--ubatch", str(fc.n_ubatch)]
     if fc.threads:
         cmd += ["-t", str(fc.threads)]
+    if fc.projector:
+        cmd += ["--mmproj", str(fc.projector.path)]
     cmd += offload_args(fc.offload, split_flag="--tensor-split")
     env = {**os.environ, memory.ENV_VAR: memory.format_budget(budget)}
     env.pop("LLAMA_INSTR_LOG", None)
@@ -569,8 +584,9 @@ class FitRequest:
     """What fits ``model`` (default: the bundled model) in each device's memory: ``memory`` as
     --memory takes it (DEVICE=SIZE, each device's free memory otherwise), the largest context
     ``n_ctx`` (default: n_ctx_train), a fixed ``gpu_layers`` (default: searched where a GPU
-    exists), each of ``quants`` (default: the file's own type), and beside it llama.cpp's own
-    projection (``compare_llama``) or a real run's buffers (``measure``)."""
+    exists), each of ``quants`` (default: the file's own type), with the projector ``mmproj``'s
+    weights and compute buffers counted (on the GPU unless ``mmproj_offload`` is off), and beside
+    it llama.cpp's own projection (``compare_llama``) or a real run's buffers (``measure``)."""
 
     model: Path | None = None
     memory: tuple[str, ...] = ()
@@ -581,6 +597,8 @@ class FitRequest:
     threads: int | None = None
     compare_llama: bool = False
     measure: bool = False
+    mmproj: Path | None = None
+    mmproj_offload: bool = True
 
 
 @dataclass
@@ -606,6 +624,13 @@ def fit(request: FitRequest, say: Callable[[str], None] = lambda _: None) -> Fit
     ``say`` hears the progress of a quantization and why llama-fit-params is not shown."""
     path = request.model if request.model is not None else models.default_model()
     models.check_gguf(path)
+    if request.mmproj is not None:
+        fit_projector.check(request.mmproj)
+        if request.measure and not request.mmproj_offload:
+            raise UserError(
+                "--measure runs instr run, whose encoder runs where llama.cpp puts it: measure "
+                "without --no-mmproj-offload"
+            )
     bindings.load()
     o = request.offload
     if o.rpc and (request.compare_llama or request.measure):
@@ -622,6 +647,11 @@ def fit(request: FitRequest, say: Callable[[str], None] = lambda _: None) -> Fit
         gpu_layers=request.gpu_layers,
         offload=o,
         threads=request.threads,
+        projector=(
+            Projector(request.mmproj, request.mmproj_offload, o.devices)
+            if request.mmproj is not None
+            else None
+        ),
     )
     files = quantized_files(path, request.quants, say)
     # llama-fit-params beside ours: asked for, or on its own when it is built and the setting

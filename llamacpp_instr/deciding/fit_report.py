@@ -1,15 +1,16 @@
 """``instr fit``'s answer (``fit.FitResult``) as a report: per quantization, the setting that fits
 with its ``instr run`` options, and its footprint per device and purpose (instr fit's projection,
-and llama-fit-params' and a real run's where asked)."""
+and llama-fit-params' and a real run's where asked), a projector's (--mmproj) among them."""
 
 from __future__ import annotations
 
 from llamacpp_instr.converters.reports.report import Column, Report, Section, Table
 from llamacpp_instr.deciding.fit import Answer, FitResult, Footprint
+from llamacpp_instr.deciding.fit_projector import COMPUTE, WEIGHTS
 from llamacpp_instr.running import context_defaults
 
-# the purposes' columns, in this order; other purposes follow
-PURPOSES = ("weights", "kv_cache", "compute", "output")
+# the purposes' columns, in this order (a projector's last); other purposes follow
+PURPOSES = ("weights", "kv_cache", "compute", "output", WEIGHTS, COMPUTE)
 
 
 def report(result: FitResult) -> Report:
@@ -33,6 +34,9 @@ def section(a: Answer) -> Section:
         layers = f", {s.n_gpu_layers} of {a.n_layer + 1} layers offloaded" if a.gpu else ""
         text = f"fits --ctx {s.n_ctx} (n_ctx_train {a.n_ctx_train}){layers}, {kv}\n"
         text += f"instr run {a.model} " + " ".join(s.run_args(a.gpu))
+        text += f" --mmproj {a.mmproj}" if a.mmproj is not None else ""
+    if a.mmproj is not None:
+        text += "\n" + projector_line(a)
     found = sources(a)
     purposes = [p for p in PURPOSES if any(p in fp for _, _, fp in found)]
     purposes += sorted({p for _, _, fp in found for p in fp} - set(purposes))
@@ -57,10 +61,32 @@ def section(a: Answer) -> Section:
             Column("total", "total", "mib"),
         ],
         rows=rows,
-        note="llama-fit-params rounds each figure down to a MiB" if a.llama_fit else "",
+        note=note(a),
         whole=True,
     )
     return Section(title=f"{a.model.name} ({a.quant})", text=text, tables=[table])
+
+
+def projector_line(a: Answer) -> str:
+    """Where the projector's encoder is and what it holds there (its share of the footprint)."""
+    mib = 1 << 20
+    held = [
+        f"{dev}: weights {p.get(WEIGHTS, 0) / mib:.1f} MiB, compute {p.get(COMPUTE, 0) / mib:.1f} MiB"
+        for dev, p in a.footprint.items()
+        if WEIGHTS in p or COMPUTE in p
+    ]
+    return (
+        f"with the projector {a.mmproj} (compute for its largest input, mtmd's warmup): "
+        + "; ".join(held)
+    )
+
+
+def note(a: Answer) -> str:
+    if not a.llama_fit:
+        return ""
+    if a.mmproj is None:
+        return "llama-fit-params rounds each figure down to a MiB"
+    return "llama-fit-params rounds each figure down to a MiB and takes no --mmproj"
 
 
 def sources(a: Answer) -> list[tuple[str, str, dict[str, int]]]:

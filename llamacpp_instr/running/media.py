@@ -232,7 +232,9 @@ class Media:
     """mtmd's context for a loaded model and the media it decoded: how many positions a prompt
     with them takes, and its ``evaluate`` into the model. Free it with ``close``."""
 
-    def __init__(self, llm: Any, inputs: MediaInputs, n_threads: int) -> None:
+    def __init__(
+        self, llm: Any, inputs: MediaInputs, n_threads: int, flash_attn: bool | None = None
+    ) -> None:
         mtmd_cpp = import_mtmd()
         self._mtmd = mtmd_cpp
         self._llm = llm
@@ -243,6 +245,9 @@ class Media:
         params.use_gpu = True
         params.print_timings = False
         params.n_threads = n_threads
+        # the encoder's attention as the model's: on, off, or llama.cpp's auto (as its programs
+        # pass theirs on)
+        params.flash_attn_type = {None: -1, False: 0, True: 1}[flash_attn]
         self._ctx = mtmd_cpp.mtmd_init_from_file(str(inputs.mmproj).encode(), llm.model, params)
         if not self._ctx:
             raise UserError(

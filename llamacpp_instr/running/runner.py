@@ -380,7 +380,8 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
 
     try:
         # the projector and the media, checked against the model before any log exists
-        mm = Media(llm, cfg.media, resolve_threads(cfg.threads)) if cfg.media else None
+        threads = resolve_threads(cfg.threads)
+        mm = Media(llm, cfg.media, threads, cfg.flash_attn) if cfg.media else None
         if cfg.warmup:
             warm_up(llm)
         p = Prompt.of(cfg, llm, mm)

@@ -225,8 +225,8 @@ def test_the_host_hooks_survive_failed_allocations(vendor: Path, tmp_path: Path)
     """llama-server's hooks of the host's work with every allocation from the n-th on failing:
     host_sent (inside cpp-httplib's content provider, where an exception reaches no catch) and
     host_released (at a slot's release) let nothing out, each failure counted as a lost record,
-    and each hook is noexcept. Before the fix the first failure reached the caller as
-    std::bad_alloc."""
+    and each hook is noexcept (without its catch, the first failure reaches the caller as
+    std::bad_alloc)."""
     exe = build_unit(
         vendor,
         "host_hooks_oom",

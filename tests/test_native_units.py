@@ -237,3 +237,50 @@ def test_a_rotation_under_faults_at_each_step_loses_no_file(vendor: Path, tmp_pa
     steps, fails, crashes, allocs = (int(x) for x in r.stdout.split())
     # 14 steps for keep=3: every case ran at each of them
     assert steps >= 10 and fails == 2 * steps + 1 and crashes == steps and allocs > 3 * 3, r.stdout
+
+
+def test_the_host_hooks_survive_failed_allocations(vendor: Path, tmp_path: Path) -> None:
+    """llama-server's hooks of the host's work with every allocation from the n-th on failing:
+    host_sent (inside cpp-httplib's content provider, where an exception reaches no catch) and
+    host_released (at a slot's release) let nothing out, each failure counted as a lost record,
+    and each hook is noexcept (without its catch, the first failure reaches the caller as
+    std::bad_alloc)."""
+    exe = build_unit(
+        vendor,
+        "host_hooks_oom",
+        ["tools", "include", "ggml/include"],
+        ["libllama", "libggml-base"],
+        tmp_path,
+    )
+    r = subprocess.run(
+        [str(exe), str(tmp_path / "host.log")], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, f"died ({r.returncode}): {r.stderr[-2000:]}"
+    assert "each survived" in r.stdout and int(r.stdout.split()[0]) >= 2, r.stdout
+
+
+def test_a_streams_chunks_count_for_its_request_alone(vendor: Path, tmp_path: Path) -> None:
+    """A stream's content provider calls on one HTTP thread, each a send_scope: a chunk counts for
+    the request whose stream wrote it, none for a later call whose stream names no request, and
+    nothing holds the request once its stream has ended."""
+    exe = build_unit(
+        vendor, "host_streams", ["tools", "include", "ggml/include"], ["libllama"], tmp_path
+    )
+    r = subprocess.run(
+        [str(exe), str(tmp_path / "streams.log")], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, f"died ({r.returncode}): {r.stderr[-2000:]}"
+    assert "each chunk counted once" in r.stdout, r.stdout
+
+
+def test_the_stream_provider_forgets_its_chunks_request_when_each_call_returns(
+    vendor: Path,
+) -> None:
+    """The patched server's content provider of a stream opens a send_scope before its
+    response's next() names the chunk's request, so that the request is forgotten when the call
+    returns, whether it wrote a chunk or not (host_hooks.cpp checks what the scope does)."""
+    src = (vendor / "tools" / "server" / "server-http.cpp").read_text()
+    provider = src[src.index("chunked_content_provider = ") :]
+    provider = provider[: provider.index("\n        };")]
+    assert "llama_instr_tools::send_scope" in provider, provider
+    assert provider.index("llama_instr_tools::send_scope") < provider.index("response->next(chunk)")

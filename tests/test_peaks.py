@@ -404,3 +404,109 @@ def test_compare_sets_both_runs_against_the_roofs(
     assert "1.00x the bytes" in d["why"]
     text = CliRunner().invoke(main, ["compare", log, log]).stdout
     assert "Against the roofs" in text and "decode % of bandwidth" in text
+
+
+# Every type gguf-py names, probed in a child process (a type ggml cannot quantize ends it with
+# SIGABRT): a matmul of a 256 x 256 weight of the type, and KQ over a K cache of the type (rows of
+# 256 values, a whole number of every type's blocks). One line a probe, written before it runs.
+_EVERY_TYPE = """
+import json, sys, gguf
+from llamacpp_instr.native import bindings
+lib = bindings.load()
+attn = dict(op=bindings.ATTN_KQ, type_v=1, head_dim_k=128, head_dim_v=64, n_head=2, n_head_kv=2,
+            n_layer=1, kv_size=64, n_kv=64, pos0=61)
+for t in gguf.GGMLQuantizationType:
+    for what in ("matmul", "attention"):
+        print(json.dumps({"type": t.name, "what": what}), flush=True)
+        try:
+            if what == "matmul":
+                lib.probe(bindings.PROBE_MATMUL, 0, t.value, 1, 256, 1, 1)
+            else:
+                a = bindings.ProbeAttn(type_k=t.value, **attn)
+                lib.probe(bindings.PROBE_ATTENTION, 0, 0, 1, 0, 3, 1, a)
+            print(json.dumps({"rc": 0}), flush=True)
+        except bindings.SessionError as e:
+            print(json.dumps({"rc": e.code, "error": str(e)}), flush=True)
+"""
+
+# ggml_quantize_chunk of one row of 256 values in each type, each in a child of its own (fork): the
+# types whose quantization ends the process, by ggml itself
+_QUANTIZE = """
+import ctypes, json, os, sys, gguf
+ggml = ctypes.CDLL(sys.argv[1])
+ggml.ggml_quantize_chunk.restype = ctypes.c_size_t
+ggml.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                     ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+src = (ctypes.c_float * 256)(*[((i * 37) % 200 - 100) / 100 for i in range(256)])
+dst = ctypes.create_string_buffer(256 * 16)
+died = []
+for t in gguf.GGMLQuantizationType:
+    pid = os.fork()
+    if pid == 0:
+        os.close(2)  # ggml's backtrace
+        ggml.ggml_quantize_chunk(t.value, src, dst, 0, 1, 256, None)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        died.append(t.name)
+print(json.dumps(died))
+"""
+
+
+def _ggml_base() -> Path:
+    from helpers.rpc_backend import lib_dir
+
+    for name in ("libggml-base.so.0", "libggml-base.so"):
+        if (lib_dir() / name).is_file():
+            return lib_dir() / name
+    raise AssertionError(f"no libggml-base in {lib_dir()}")
+
+
+def test_no_type_ends_the_process_and_ggml_s_unquantizable_ones_are_refused(
+    instr_api: Any,
+) -> None:
+    """The probe fills its tensors with ggml_quantize_chunk, which aborts on a type it quantizes
+    only with an importance matrix and on one it cannot make from F32 values. Every type gguf-py
+    names, as a weight and as a K cache: the process lives, and the types refused as invalid are
+    exactly those whose quantization ggml itself ends the process on (asked apart, each in a
+    forked child), each refusal naming the type and why."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-c", _EVERY_TYPE], capture_output=True, text=True, timeout=600
+    )
+    lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    assert r.returncode == 0, f"died ({r.returncode}) probing {lines[-1]}: {r.stderr[-1500:]}"
+    probes = [{**a, **b} for a, b in zip(lines[::2], lines[1::2], strict=True)]
+    q = subprocess.run(
+        [sys.executable, "-c", _QUANTIZE, str(_ggml_base())],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "GGML_NO_BACKTRACE": "1"},  # (ggml's abort would attach gdb to each)
+    )  # fmt: skip
+    assert q.returncode == 0, q.stderr[-1500:]
+    unquantizable = set(json.loads(q.stdout.splitlines()[-1]))
+    # the pin's: an importance matrix (IQ2_XXS, IQ2_XS, IQ1_S) or no conversion from F32
+    assert {"IQ2_XXS", "IQ2_XS", "IQ1_S", "I8", "I32", "F64"} <= unquantizable, unquantizable
+    for what in ("matmul", "attention"):
+        mine = [p for p in probes if p["what"] == what]
+        refused = {p["type"] for p in mine if p["rc"] == bindings.ERR_INVALID_ARG}
+        assert refused == unquantizable, (what, refused ^ unquantizable)
+        for p in mine:
+            if p["type"] in refused:
+                assert p["type"].lower() in p["error"].lower(), p
+                assert "imatrix" in p["error"] or "from F32" in p["error"], p
+            else:  # it ran, or the CPU backend does not run that op on that type
+                assert p["rc"] in (0, bindings.ERR_INTERNAL), p
+
+
+def test_instr_peaks_refuses_a_type_it_cannot_probe(own_cache: Path) -> None:
+    """One line naming the type and why, exit status 2, before anything is measured."""
+    from helpers.support import instr
+
+    r = instr("peaks", "--types", "f32,iq2_xxs", "--size-mib", "4")
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "iq2_xxs" in lines[0], lines
+    assert "imatrix" in lines[0]
+    assert not (own_cache / "peaks").exists()  # nothing measured, nothing saved

@@ -28,7 +28,9 @@ def default_threads() -> int:
     "--types",
     default=",".join(DEFAULT_TYPES),
     show_default=True,
-    help="Weight types whose matmul peak to measure (ggml type names, comma-separated).",
+    help="Weight types whose matmul peak to measure (ggml type names, comma-separated; not a type "
+    "ggml quantizes only with an importance matrix, iq2_xxs, iq2_xs, iq1_s, nor one it cannot "
+    "make from F32 values, i8 ... f64, q8_1, q8_k).",
 )
 @click.option(
     "--force", is_flag=True, help="Measure again even if this machine's peaks are cached."
@@ -73,6 +75,7 @@ def command(
     logs (an RPC device itself is not probed: ggml-rpc's compute returns before the server has
     run it). --device measures the CPU and only the devices named, adding them to the machine's
     cached peaks."""
+    from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.native import bindings
     from llamacpp_instr.native.paths import cache_dir
     from llamacpp_instr.running import devices
@@ -85,6 +88,10 @@ def command(
         measure.type_id(t)  # a bad name fails before anything runs
     counts = _counts(thread_counts) if thread_counts is not None else [n_threads]
     lib = bindings.load()
+    for t in type_list:  # a type the probe cannot hold fails before anything is measured
+        why = measure.refusal(lib, t)
+        if why is not None:
+            raise UserError(f"cannot measure {why}")  # (it begins with the type's name)
     try:  # ggml's own log lines (the CPU repacking a weight) would break up the progress lines
         from llama_cpp import _logger
 

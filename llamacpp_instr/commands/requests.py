@@ -33,7 +33,10 @@ def command(
     each request drafted and had accepted, its draft, verify and rejected time, and whether the
     drafts paid. For a mixture of experts whose routing the log recorded (--level detailed): the
     experts each request's own steps routed to, per layer (a step shared with other requests is
-    counted, not split). `--format json`: one object per request under "requests"."""
+    counted, not split). A request of several tasks (n_cmpl completions of a prompt, or several
+    prompts) is one row: its tokens all its tasks', its generation until the last of them let its
+    slot go, and each task's slot and tokens. `--format json`: one object per request under
+    "requests"."""
     from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.converters.reports.renderers import render
     from llamacpp_instr.converters.reports.requests_report import requests_report

@@ -377,6 +377,12 @@ class InstrLib:
         fn.restype = ctypes.c_int64
         return int(fn())
 
+    def test_ctx_states(self) -> int:
+        """Contexts that have a state in the registry now (testing build only)."""
+        fn = self._testing_only("llama_instr_test_ctx_states")
+        fn.restype = ctypes.c_int64
+        return int(fn())
+
     def test_defer_steps(self, on: bool) -> None:
         """Every step's records wait for the host's next synchronization of its context, as a
         step with CUDA marks to read does (testing build only)."""

@@ -82,6 +82,22 @@ def type_id(name: str) -> int:
         raise UserError(f"unknown ggml type {name!r}") from None
 
 
+def refusal(lib: bindings.InstrLib, name: str) -> str | None:
+    """Why the probe refuses weights of type ``name`` (a type ggml quantizes only with an
+    importance matrix, or cannot make from F32 values at all), or None when it takes them, as the
+    probe itself says it. It checks a matmul's type before its sizes, and both before it makes
+    anything: asked with a size of 0, it refuses every probe, for its type or else for its size."""
+    try:
+        lib.probe(bindings.PROBE_MATMUL, 0, type_id(name), 1, 0, 1, 1)
+    except bindings.SessionError as exc:
+        return (
+            str(exc)
+            if exc.code == bindings.ERR_INVALID_ARG and "matmul size" not in str(exc)
+            else None
+        )
+    return None
+
+
 def _record(p: bindings.Probe, what: str, type_: str) -> dict[str, Any]:
     return {
         "device": p.device_name.decode(errors="replace"),

@@ -12,9 +12,11 @@
 #include <fstream>
 #include <string>
 
-// a chunk of the stream (server_task_result_cmpl_partial): the tokens decoded so far
+// a chunk of the stream (server_task_result_cmpl_partial): the tokens decoded so far, of the
+// request's task of this index
 struct partial_result {
-    int n_decoded;
+    int    n_decoded;
+    size_t index = 0;
 };
 
 // the records of type "request" in the log, and the session's lost count (session_end), or -1

@@ -125,6 +125,20 @@ def spec_line(t: SpecTotals) -> str:
     )
 
 
+def tasks_line(s: RequestStory) -> str:
+    """A request of several tasks (several prompts, or ``n_cmpl`` completions of one) in one
+    line: each task's slot and generated tokens, which add up to the request's."""
+    first = s.gen_tokens - sum(k["gen_tokens"] for k in s.tasks)
+    parts = [f"{s.id} on slot {s.slot}: {first:,}"]
+    for k in s.tasks:
+        of = f", a further completion of {k['parent']}" if k["parent"] else ""
+        where = f"slot {k['slot']}" if k["slot"] is not None else "no slot"
+        parts.append(f"{k['id']} (index {k['index']}{of}) on {where}: {k['gen_tokens']:,}")
+    return f"{len(s.tasks) + 1} tasks, {s.gen_tokens:,} tokens generated in all: " + "; ".join(
+        parts
+    )
+
+
 def _why(s: RequestStory, spec: SpecTotals | None = None) -> list[dict[str, Any]]:
     """The lines that say why ``s`` took its time: its split, its prompt cache, its
     speculation, its late tokens."""
@@ -135,6 +149,8 @@ def _why(s: RequestStory, spec: SpecTotals | None = None) -> list[dict[str, Any]
     ]
     if s.cache_note:
         lines.append(f"prompt cache: {s.cache_note}")
+    if s.tasks:
+        lines.append(tasks_line(s))
     if spec is not None:
         lines.append(spec_line(spec))
     lines += [t.cause for t in s.late_tokens]

@@ -16,6 +16,7 @@ from llamacpp_instr.contract.schema import LEVEL_IDS, level_at_least
 from ..analysis import spec_split
 from ..analysis.frames import SessionFrames
 from ..session.attention import flash_attention
+from ..session.requests import all_tokens
 from . import (
     between_steps,
     device_report,
@@ -210,7 +211,12 @@ def request_latency(f: SessionFrames) -> dict[str, Any] | None:
             "p99": _pct(v, 0.99),
             "max": float(v.max()) if len(v) else 0.0,
         }
-    out["gen_tokens"] = int(r["gen_tokens"].sum())
+    # every task's (several prompts, or n_cmpl completions of one, are one request's tasks)
+    ok = set(r["id"].astype(str))
+    recs = [x for x in f.info.requests if str(x.get("id")) in ok]
+    out["gen_tokens"] = int(r["gen_tokens"].sum()) + sum(
+        all_tokens(x)[1] - int(x.get("gen_tokens") or 0) for x in recs
+    )
     return out
 
 

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .requests import slot_window
+from .requests import all_tokens, slot_window, task_windows
 
 # (start ns, duration ns, the batch's tokens, [(sequence, its tokens)])
 StepRow = tuple[int, int, int, list[tuple[int, int]]]
@@ -94,6 +94,9 @@ class RequestStory:
     cache_miss_reason: str | None
     cache_note: str
     late_tokens: list[LateToken]
+    # its tasks after its first (llama-server: its other prompts, n_cmpl's further completions),
+    # each as ``task_row`` gives it; its prompt and generated tokens above are all its tasks'
+    tasks: list[dict[str, Any]] = field(default_factory=list)
 
     def row(self) -> dict[str, Any]:
         return {
@@ -111,6 +114,7 @@ class RequestStory:
             "cache_miss_reason": self.cache_miss_reason,
             "cache_note": self.cache_note,
             "late_tokens": [t.row() for t in self.late_tokens],
+            "tasks": self.tasks,
         }
 
 
@@ -120,7 +124,8 @@ def _int(v: Any) -> int | None:
 
 def split(rec: dict[str, Any]) -> tuple[int, int, int, int, int]:
     """Total, queue, prompt, generation and stream time (ns) of a request record: consecutive
-    parts of its total, each from the record's own times (a part it never reached is 0)."""
+    parts of its total, each from the record's own times (a part it never reached is 0). Its
+    generation runs until the last of its tasks let its slot go."""
     total = max(_int(rec.get("dur")) or 0, 0)
     wait, ttft, model = _int(rec.get("wait")), _int(rec.get("ttft")), _int(rec.get("model"))
     if wait is None:  # never reached the model: all of it was the queue
@@ -128,6 +133,10 @@ def split(rec: dict[str, Any]) -> tuple[int, int, int, int, int]:
     queue = max(wait, 0)
     first = max(ttft, queue) if ttft is not None else None
     held = queue + max(model, 0) if model is not None else total
+    for k in rec.get("tasks") or ():
+        k_wait, k_model = _int(k.get("wait")), _int(k.get("model"))
+        if k_wait is not None and k_model is not None:
+            held = max(held, min(k_wait + k_model, total))
     prompt = (first if first is not None else held) - queue
     generation = held - first if first is not None else 0
     return total, queue, max(prompt, 0), max(generation, 0), max(total - held, 0)
@@ -388,10 +397,11 @@ def _late(
 def _own_steps(
     reqs: list[dict[str, Any]], rows: Sequence[StepRow]
 ) -> tuple[dict[int, list[StepRow]], _Windows]:
-    """Each request's steps (by its index in ``reqs``): those of its slot (no slot: sequence 0)
-    that began in its window, each step given to one request only, the one that held the slot
-    then (``_Windows``), so that requests whose windows overlap (a damaged log's) cost no more
-    than the log's steps; and the windows of the requests that name their slot."""
+    """Each request's steps (by its index in ``reqs``): those of its slots (no slot: sequence 0)
+    that began in their windows (its first task's, and its other tasks'), each step given to one
+    request only, the one that held the slot then (``_Windows``), so that requests whose windows
+    overlap (a damaged log's) cost no more than the log's steps; and the windows of the requests
+    that name their slot."""
     named, every = _Windows(), _Windows()
     for k, r in enumerate(reqs):
         slot = _int(r.get("slot"))
@@ -402,15 +412,38 @@ def _own_steps(
         every.add(slot if slot is not None else 0, t0, t1, k)
         if slot is not None:
             named.add(slot, t0, t1, k)
+        for q, q0, q1 in task_windows(r):
+            every.add(q, q0, q1, k)
+            named.add(q, q0, q1, k)
     named.close()
     every.close()
     mine: dict[int, list[StepRow]] = {}
     for row in rows:
-        for q in dict.fromkeys(q for q, _ in row[3]):
-            holder = every.holder(q, row[0])
+        # (a request whose tasks' sequences share the step has it once)
+        holders = dict.fromkeys(every.holder(q, row[0]) for q, _ in row[3])
+        for holder in holders:
             if holder is not None:
                 mine.setdefault(holder, []).append(row)
     return mine, named
+
+
+def task_row(k: dict[str, Any]) -> dict[str, Any]:
+    """One of a request's tasks after its first, as ``instr requests`` gives it: its id, its
+    place in the response (``index``), the task it is a further completion of (``parent``), its
+    slot, tokens and times (ms from the request's arrival)."""
+    ms = {}
+    for t in ("wait", "ttft", "model"):
+        v = _int(k.get(t))
+        ms[f"{t}_ms"] = v / 1e6 if v is not None else None
+    return {
+        "id": k.get("id"),
+        "index": _int(k.get("index")),
+        "parent": k.get("parent"),
+        "slot": _int(k.get("slot")),
+        "prompt_tokens": _int(k.get("prompt_tokens")) or 0,
+        "gen_tokens": _int(k.get("gen_tokens")) or 0,
+        **ms,
+    }
 
 
 def stories(
@@ -438,6 +471,10 @@ def stories(
         total, queue, prompt, gen, stream = split(r)
         reused, reason, note = cache_reason(r.get("cache"))
         slot = _int(r.get("slot"))
+        q = slot if slot is not None else 0
+        # its first task's late tokens: the steps that carried that task's sequence
+        first = [row for row in mine.get(j, []) if any(s == q for s, _ in row[3])]
+        n_prompt, n_gen = all_tokens(r)
         out.append(
             RequestStory(
                 id=str(r.get("id", "")),
@@ -445,8 +482,8 @@ def stories(
                     r.get("outcome") or ("ok" if (_int(r.get("status")) or 0) < 400 else "error")
                 ),
                 slot=slot,
-                prompt_tokens=_int(r.get("prompt_tokens")) or 0,
-                gen_tokens=_int(r.get("gen_tokens")) or 0,
+                prompt_tokens=n_prompt,
+                gen_tokens=n_gen,
                 total_ns=total,
                 queue_ns=queue,
                 prompt_ns=prompt,
@@ -456,9 +493,8 @@ def stories(
                 cache_miss_reason=reason,
                 cache_note=note,
                 # no slot: a server of one sequence (instr serve), whose steps hold sequence 0
-                late_tokens=_late(
-                    r, slot if slot is not None else 0, mine.get(j, []), index, who, draft, host
-                ),
+                late_tokens=_late(r, q, first, index, who, draft, host),
+                tasks=[task_row(k) for k in r.get("tasks") or ()],
             )
         )
     out.sort(key=lambda s: (-s.total_ns, s.id))

@@ -85,3 +85,33 @@ def slot_window(rec: dict[str, Any]) -> tuple[int, int]:
     model = rec.get("model")
     t1 = t0 + int(model) if model is not None else int(rec["t_arrive"]) + int(rec.get("dur") or 0)
     return t0, t1
+
+
+def task_windows(rec: dict[str, Any]) -> list[tuple[int, int, int]]:
+    """``(slot, t0, t1)`` of each of a llama-server request's tasks after its first (its
+    ``tasks``: its other prompts, and the further completions of ``n_cmpl``) that held a slot,
+    as ``slot_window`` gives its first task's."""
+    out = []
+    for k in rec.get("tasks") or ():
+        if k.get("slot") is None or k.get("wait") is None:
+            continue
+        t0 = int(rec["t_arrive"]) + int(k["wait"])
+        model = k.get("model")
+        t1 = (
+            t0 + int(model)
+            if model is not None
+            else int(rec["t_arrive"]) + int(rec.get("dur") or 0)
+        )
+        out.append((int(k["slot"]), t0, t1))
+    return out
+
+
+def all_tokens(rec: dict[str, Any]) -> tuple[int, int]:
+    """A request's prompt and generated tokens decoded, over all its tasks (its first's at the
+    record's top level, the others' in its ``tasks``)."""
+    tasks = rec.get("tasks") or ()
+    prompt = int(rec.get("prompt_tokens") or 0) + sum(
+        int(k.get("prompt_tokens") or 0) for k in tasks
+    )
+    gen = int(rec.get("gen_tokens") or 0) + sum(int(k.get("gen_tokens") or 0) for k in tasks)
+    return prompt, gen

@@ -610,7 +610,9 @@ int32_t llama_instr_request_end(llama_context * ctx, int32_t seq_id) noexcept {
         if (!ctx || seq_id < -1 || seq_id >= k_max_seq) {
             return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "request_end needs a context and a sequence id -1..65535");
         }
-        ctx_state *                 st = ctx_get(ctx);
+        // found, never made: a context without a state began no request, and one the program
+        // has freed since (a server ending a request at its shutdown) must not get one
+        ctx_state *                 st = ctx_find(ctx);
         auto &                      s  = S();
         std::lock_guard<std::mutex> lock(s.mtx);
         if (!s.log.fp) {
@@ -753,10 +755,10 @@ int32_t llama_instr_capture(llama_context * ctx, const char * const * patterns, 
     }
 }
 
-// read by the thread that decodes ctx, between its decodes
+// read by the thread that decodes ctx, between its decodes; a context without a state captured
+// nothing (found, never made: ctx_find never throws, the rest only reads)
 int32_t llama_instr_captured_count(llama_context * ctx) noexcept {
-    // ctx_get never throws; the rest only reads
-    ctx_state * st = ctx ? ctx_get(ctx) : nullptr;
+    ctx_state * st = ctx ? ctx_find(ctx) : nullptr;
     return st ? (int32_t) st->capture.n_filled : 0;
 }
 
@@ -767,7 +769,7 @@ int64_t llama_instr_captured_get(llama_context * ctx,
                                  int64_t *       ne,
                                  float *         dst,
                                  int64_t         dst_n) noexcept {
-    ctx_state * st = ctx ? ctx_get(ctx) : nullptr;
+    ctx_state * st = ctx ? ctx_find(ctx) : nullptr;
     if (!st || i < 0 || i >= (int32_t) st->capture.n_filled) {
         return api_error(LLAMA_INSTR_ERR_INVALID_ARG, "no captured output with that index");
     }

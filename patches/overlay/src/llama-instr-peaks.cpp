@@ -239,16 +239,37 @@ constexpr int64_t k_mm_max_bytes   = int64_t(4) << 30;
 // the most weights a matmul probe runs in one graph
 constexpr int32_t k_max_weights    = 4096;
 
-bool valid_type(int32_t t) {
-    return t >= 0 && t < GGML_TYPE_COUNT && ggml_get_type_traits((ggml_type) t)->blck_size != 0;
+// Why a probe cannot hold a tensor of type t ("" when it can). fill() makes every tensor's values
+// with ggml_quantize_chunk, which aborts the process on a type it quantizes only with an
+// importance matrix (ggml_quantize_requires_imatrix: IQ2_XXS, IQ2_XS, IQ1_S) and on one it
+// cannot make from F32 values at all (a type without to_float: I8, I16, I32, I64, F64, and
+// Q8_1 and Q8_K, which only ever hold a matmul's activations): such a type is refused before
+// anything is made of it.
+std::string type_error(int32_t t) {
+    if (t < 0 || t >= GGML_TYPE_COUNT || ggml_get_type_traits((ggml_type) t)->blck_size == 0) {
+        return "unknown ggml type " + std::to_string(t);
+    }
+    const ggml_type type = (ggml_type) t;
+    const char *    name = ggml_type_name(type);
+    if (ggml_quantize_requires_imatrix(type)) {
+        return std::string(name) +
+               ": ggml quantizes it only with an importance matrix (imatrix), which a probe has not";
+    }
+    if (type != GGML_TYPE_F32 && ggml_get_type_traits(type)->to_float == nullptr) {
+        return std::string(name) + ": ggml cannot make it from F32 values";
+    }
+    return "";
 }
 
 std::string attn_shape_error(const llama_instr_probe_attn & a, int64_t n) {
     if (a.op < LLAMA_INSTR_PROBE_ATTN_FLASH || a.op > LLAMA_INSTR_PROBE_ATTN_KQV) {
         return "attn.op must be 0 (flash), 1 (kq), 2 (softmax) or 3 (kqv)";
     }
-    if (!valid_type(a.type_k) || !valid_type(a.type_v)) {
-        return "unknown ggml type of a cache";
+    for (const int32_t t : { a.type_k, a.type_v }) {
+        const std::string error = type_error(t);
+        if (!error.empty()) {
+            return "a cache's type: " + error;
+        }
     }
     if (a.head_dim_k < 1 || a.head_dim_k > 1024 || a.head_dim_v < 1 || a.head_dim_v > 1024 || a.n_head_kv < 1 ||
         a.n_head_kv > 1024 || a.n_head < a.n_head_kv || a.n_head > 4096 || a.n_head % a.n_head_kv != 0) {
@@ -426,8 +447,9 @@ int32_t probe(struct llama_instr_probe * p) {
     }
     const bool mm = p->kind == LLAMA_INSTR_PROBE_MATMUL;
     if (mm) {
-        if (p->type < 0 || p->type >= GGML_TYPE_COUNT || ggml_get_type_traits((ggml_type) p->type)->blck_size == 0) {
-            return fail(p, LLAMA_INSTR_ERR_INVALID_ARG, "unknown ggml type " + std::to_string(p->type));
+        const std::string error = type_error(p->type);
+        if (!error.empty()) {
+            return fail(p, LLAMA_INSTR_ERR_INVALID_ARG, error);
         }
         const int64_t blck = ggml_blck_size((ggml_type) p->type);
         if (p->size < blck || p->size % blck != 0 || p->size > (1 << 16) || p->n < 1 || p->n > (1 << 16) || p->m < 0 ||

@@ -4,6 +4,7 @@
 #include "ggml-cpu-instr.h"
 #include "ggml-cpu.h"
 #include "llama-instr-memory.h"
+#include "llama-instr-registry.h"
 #include "llama-instr-timing.h"
 #include "llama-instr.h"
 
@@ -137,6 +138,16 @@ int64_t llama_instr_test_failed_allocs(void) {
 int64_t llama_instr_test_memory_caches(void) {
     try {
         return (int64_t) llama_instr::memory_caches_known();
+    } catch (...) {  // (the mutex)
+        return -1;
+    }
+}
+
+int64_t llama_instr_test_ctx_states(void) {
+    try {
+        auto &                      s = llama_instr::S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        return (int64_t) s.ctxs.size();
     } catch (...) {  // (the mutex)
         return -1;
     }

@@ -25,6 +25,10 @@ LLAMA_API int64_t llama_instr_test_failed_allocs(void);
 // known from its allocation until its last buffer is freed); -1 if the table could not be read.
 LLAMA_API int64_t llama_instr_test_memory_caches(void);
 
+// How many contexts have a state in the registry now (each made at a context's first hook that
+// creates one, dropped when the context is freed); -1 if the registry could not be read.
+LLAMA_API int64_t llama_instr_test_ctx_states(void);
+
 // A graph of two ops (a scale, then a custom op) computed on a CPU backend of n_threads with the
 // per-node profiler set, the last op's work deliberately uneven: every thread but thread 0 spends
 // slow_ns more on it. *last_op_ns = the last op's profiled duration. LLAMA_INSTR_OK, or

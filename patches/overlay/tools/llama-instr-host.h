@@ -51,25 +51,55 @@ inline host_totals & host_of_locked(request_state & r) {
     return *r.host;
 }
 
-// The slot `slot` of `ctx` began the task `task_id`: the `host` records name its request for the
-// slot's sequence.
-inline void host_request(llama_context * ctx, int slot, int task_id) {
-    if (active()) {
-        llama_instr_set_seq_request(ctx, slot, ("task-" + std::to_string(task_id)).c_str());
+// A hook of the HTTP or slot side failed (std::bad_alloc, or a lock's std::system_error): what it
+// was recording is lost, counted in the session's lost records as a refused record is.
+inline void host_lost() noexcept {
+    llama_instr_write_record("request", nullptr);
+}
+
+// The slot `slot` of `ctx` began the task `task_id`: the `host` records name the request it serves
+// (its record's id, whichever of the request's tasks it is) for the slot's sequence, and none for a
+// task no record will name (its request arrived before the session).
+inline void host_request(llama_context * ctx, int slot, int task_id) noexcept {
+    if (!active()) {
+        return;
+    }
+    try {
+        std::string id;
+        {
+            std::lock_guard<std::mutex> lock(requests_mutex());
+            auto &                      m  = requests_by_task();
+            auto                        it = m.find(task_id);
+            if (it != m.end()) {
+                id = it->second->id;
+            }
+        }
+        llama_instr_set_seq_request(ctx, slot, id.c_str());
+    } catch (...) {
+        host_lost();
     }
 }
 
 // The slot lets the task go: when it sampled its last token (server_slot_stats::t_gen_last, us).
 // Before request_released, which may write the record.
-inline void host_released(int task_id, int64_t t_gen_last_us) {
+inline void host_released(int task_id, int64_t t_gen_last_us) noexcept {
     if (!active()) {
         return;
     }
-    std::lock_guard<std::mutex> lock(requests_mutex());
-    auto &                      m  = requests_by_task();
-    auto                        it = m.find(task_id);
-    if (it != m.end() && it->second->task == task_id) {
-        host_of_locked(*it->second).t_last_token_us = t_gen_last_us;
+    try {
+        std::lock_guard<std::mutex> lock(requests_mutex());
+        auto &                      m  = requests_by_task();
+        auto                        it = m.find(task_id);
+        if (it == m.end()) {
+            return;
+        }
+        if (it->second->task == task_id) {
+            host_of_locked(*it->second).t_last_token_us = t_gen_last_us;
+        } else if (task_state * k = task_of_locked(*it->second, task_id)) {
+            k->t_last_us = t_gen_last_us;
+        }
+    } catch (...) {
+        host_lost();
     }
 }
 
@@ -114,9 +144,21 @@ inline request_ptr & sending_request() {
 }
 
 // The stream of `t` makes its next chunk on this thread (its response's next()).
-inline void host_sending(const request_tracker & t) {
+inline void host_sending(const request_tracker & t) noexcept {
     sending_request() = t ? t->r : nullptr;
 }
+
+// One call of a stream's content provider on the HTTP thread: whatever request its next() named
+// is forgotten when it returns, written or not (a stream's last call makes no chunk, and the
+// thread's next stream may be one whose next() names none: a replayed conversation).
+struct send_scope {
+    send_scope() noexcept = default;
+
+    ~send_scope() { sending_request().reset(); }
+
+    send_scope(const send_scope &)             = delete;
+    send_scope & operator=(const send_scope &) = delete;
+};
 
 // The log's clock when a session records, else 0: before writing a chunk to the connection.
 inline int64_t host_clock() {
@@ -124,18 +166,22 @@ inline int64_t host_clock() {
 }
 
 // The chunk was written (or failed to be), from `t_start` (host_clock) until now: the request's
-// time sending.
-inline void host_sent(int64_t t_start) {
+// time sending. Called inside cpp-httplib's content provider, which nothing may leave.
+inline void host_sent(int64_t t_start) noexcept {
     request_ptr r = std::move(sending_request());
     sending_request().reset();
     if (!r || !t_start) {
         return;
     }
-    const int64_t               t = now_ns();
-    std::lock_guard<std::mutex> lock(requests_mutex());
-    host_totals &               h = host_of_locked(*r);
-    h.send_ns += t - t_start;
-    h.sends++;
+    const int64_t t = now_ns();
+    try {
+        std::lock_guard<std::mutex> lock(requests_mutex());
+        host_totals &               h = host_of_locked(*r);
+        h.send_ns += t - t_start;
+        h.sends++;
+    } catch (...) {
+        host_lost();
+    }
 }
 
 }  // namespace llama_instr_tools

@@ -70,12 +70,34 @@ inline std::string json_int_or_null(bool known, int64_t v) {
 struct spec_totals;  // its speculative decoding (llama-instr-spec.h)
 struct host_totals;  // the host's work for it (llama-instr-host.h)
 
+// One of a request's tasks after its first: another of its prompts, or another completion of a
+// prompt (n_cmpl > 1: a child task, whose slot takes its parent's prompt as a copy of the
+// parent's cells, server_slot::copy_state_to). The slot side's half, as the record's first task has it.
+struct task_state {
+    int      id         = -1;
+    int      index      = 0;   // its place among the request's tasks: its result's index in the response
+    int      parent     = -1;  // a child's parent task
+    int      slot       = -1;
+    int64_t  t_start_us = 0;   // as request_state's (a child's are its parent's: its statistics are a copy)
+    int64_t  t_first_us = 0;
+    int64_t  t_last_us  = 0;   // when it sampled its last token
+    int64_t  t_released = 0;
+    uint64_t n_prompt   = 0;   // prompt tokens decoded on its own sequence (a child's: none)
+    uint64_t n_gen      = 0;
+};
+
 struct request_state {
     std::string id;             // "task-<its first task id>"
     std::string endpoint;
     std::string traceparent;    // an incoming W3C trace context, when well formed
     int64_t     t_arrive = 0;
     int         task     = -1;  // its first task: the one whose slot statistics the record gives
+
+    // its other tasks, in the order they were made (their index), at most MAX_TASKS of them
+    static constexpr size_t MAX_TASKS = 256;
+    std::vector<task_state> tasks;
+    int                     n_tasks = 0;    // tasks made, its first included
+    std::vector<int64_t>    sent_by_index;  // tokens the client was sent of each task's results
 
     // the HTTP side
     bool         http_done = false;
@@ -85,7 +107,7 @@ struct request_state {
     std::string  error;
     int64_t      t_end        = 0;
     int64_t      t_first_sent = 0;  // when the first token was sent (streams)
-    int64_t      tokens_sent  = 0;  // tokens the client was sent (streams)
+    int64_t      tokens_sent  = 0;  // tokens the client was sent (streams), of all its tasks
 
     // the slot side
     int      running    = 0;   // its tasks on a slot now
@@ -147,11 +169,56 @@ inline std::string error_text(const std::string & e) {
 inline std::string spec_fields(const request_state & r);  // llama-instr-spec.h
 inline std::string host_fields(const request_state & r);  // llama-instr-host.h
 
+// "wait", "ttft" and "model" of a task that arrived at t_arrive, from its slot's statistics (us)
+// and its release (ns); `t_first_sent`, when its first token was sent, stands for a first token
+// the slot never said (a stream cancelled first)
+inline std::string slot_times(int64_t t_arrive,
+                              int64_t t_start_us,
+                              int64_t t_first_us,
+                              int64_t t_released,
+                              int64_t t_first_sent) {
+    const int64_t t_model = t_start_us > 0 ? t_start_us * 1000 : 0;
+    const int64_t t_first = t_first_us > 0 ? t_first_us * 1000 : t_first_sent;
+    const bool    waited  = t_model >= t_arrive && t_model > 0;
+    std::string   f       = ",\"wait\":" + json_int_or_null(waited, t_model - t_arrive);
+    f += ",\"ttft\":" + json_int_or_null(t_first > 0 && t_first >= t_arrive, t_first - t_arrive);
+    f += ",\"model\":" + json_int_or_null(waited && t_released >= t_model, t_released - t_model);
+    return f;
+}
+
+// the request's tasks after its first, each as the record gives its first ("tasks"), or ""
+inline std::string tasks_fields(const request_state & r) {
+    if (r.tasks.empty()) {
+        return "";
+    }
+    std::string f = ",\"tasks\":[";
+    for (const task_state & k : r.tasks) {
+        f += &k == &r.tasks.front() ? "{" : ",{";
+        f += "\"id\":" + json_str("task-" + std::to_string(k.id)) + ",\"index\":" + std::to_string(k.index);
+        if (k.parent >= 0) {
+            f += ",\"parent\":" + json_str("task-" + std::to_string(k.parent));
+        }
+        if (k.slot >= 0) {
+            f += ",\"slot\":" + std::to_string(k.slot);
+        }
+        f += slot_times(r.t_arrive, k.t_start_us, k.t_first_us, k.t_released, 0);
+        f += ",\"prompt_tokens\":" + std::to_string(k.n_prompt);
+        f += ",\"gen_tokens\":" + std::to_string(k.n_gen > 0 ? k.n_gen - 1 : 0);
+        const int64_t t_last = k.t_last_us * 1000;
+        if (k.t_last_us > 0 && t_last >= r.t_arrive) {
+            f += ",\"last_token\":" + std::to_string(t_last - r.t_arrive);
+        }
+        f += "}";
+    }
+    f += "]";
+    if (r.n_tasks > (int) r.tasks.size() + 1) {
+        f += ",\"tasks_left_out\":" + std::to_string(r.n_tasks - (int) r.tasks.size() - 1);
+    }
+    return f;
+}
+
 inline std::string request_fields(const request_state & r) {
-    const int64_t t_model = r.t_start_us > 0 ? r.t_start_us * 1000 : 0;
-    const int64_t t_first = r.t_first_us > 0 ? r.t_first_us * 1000 : r.t_first_sent;
-    const bool    waited  = t_model >= r.t_arrive && t_model > 0;
-    std::string   f       = "{\"id\":" + json_str(r.id);
+    std::string f = "{\"id\":" + json_str(r.id);
     f += ",\"endpoint\":" + json_str(r.endpoint);
     f += ",\"method\":\"POST\",\"status\":" + std::to_string(r.status);
     if (!r.traceparent.empty()) {
@@ -164,11 +231,12 @@ inline std::string request_fields(const request_state & r) {
     f += ",\"stream\":";
     f += r.stream ? "true" : "false";
     f += ",\"t_arrive\":" + std::to_string(r.t_arrive);
-    f += ",\"wait\":" + json_int_or_null(waited, t_model - r.t_arrive);
-    f += ",\"ttft\":" + json_int_or_null(t_first > 0 && t_first >= r.t_arrive, t_first - r.t_arrive);
-    f += ",\"model\":" + json_int_or_null(waited && r.t_released >= t_model, r.t_released - t_model);
-    // done: the response finished and the slot let it go (whichever came last)
-    const int64_t t_done = r.t_released > r.t_end ? r.t_released : r.t_end;
+    f += slot_times(r.t_arrive, r.t_start_us, r.t_first_us, r.t_released, r.t_first_sent);
+    // done: the response finished and the slots let its tasks go (whichever came last)
+    int64_t t_done = r.t_released > r.t_end ? r.t_released : r.t_end;
+    for (const task_state & k : r.tasks) {
+        t_done = k.t_released > t_done ? k.t_released : t_done;
+    }
     f += ",\"dur\":" + std::to_string(t_done >= r.t_arrive ? t_done - r.t_arrive : 0);
     f += ",\"prompt_tokens\":" + std::to_string(r.n_prompt);
     // the last token sampled is never decoded (the slot stops on it)
@@ -207,7 +275,7 @@ inline std::string request_fields(const request_state & r) {
         }
         f += "}";
     }
-    return f + spec_fields(r) + host_fields(r) + "}";
+    return f + tasks_fields(r) + spec_fields(r) + host_fields(r) + "}";
 }
 
 // With requests_mutex() held: the record's fields once both sides are done (and not before, nor
@@ -326,8 +394,11 @@ inline request_tracker request_begin(const std::string & endpoint, const std::ma
     return h;
 }
 
-// It became the server task `task_id` (a request with several prompts becomes several tasks).
-inline void request_task(const request_tracker & t, int task_id) {
+// It became the server task `task_id` (a request with several prompts becomes several tasks), or
+// one of them had the child task `task_id` of the parent task `parent_id` (n_cmpl > 1: a further
+// completion of its prompt). Called in the order the server numbers their results (each task, then
+// its children), so that a task's place in that order is its result's index.
+inline void request_task(const request_tracker & t, int task_id, int parent_id = -1) {
     if (!t) {
         return;
     }
@@ -339,11 +410,30 @@ inline void request_task(const request_tracker & t, int task_id) {
             it = it->second->http_done ? m.erase(it) : std::next(it);
         }
     }
-    if (t->r->task < 0) {
-        t->r->task = task_id;
-        t->r->id   = "task-" + std::to_string(task_id);
+    request_state & r = *t->r;
+    if (r.task < 0) {
+        r.task = task_id;
+        r.id   = "task-" + std::to_string(task_id);
+    } else if (r.tasks.size() < request_state::MAX_TASKS) {
+        task_state k;
+        k.id     = task_id;
+        k.index  = r.n_tasks;
+        k.parent = parent_id;
+        r.tasks.push_back(k);
     }
+    r.n_tasks++;
     m[task_id] = t->r;
+}
+
+// With requests_mutex() held: the task `task_id` of r after its first, or nullptr (its first, or
+// one past MAX_TASKS)
+inline task_state * task_of_locked(request_state & r, int task_id) {
+    for (task_state & k : r.tasks) {
+        if (k.id == task_id) {
+            return &k;
+        }
+    }
+    return nullptr;
 }
 
 // A chunk of its stream was sent: `partial` (a server_task_result_cmpl_partial, or nullptr for
@@ -355,11 +445,20 @@ template <class R> inline void request_sent(const request_tracker & t, const R *
     std::lock_guard<std::mutex> lock(requests_mutex());
     request_state &             r = *t->r;
     r.stream                      = true;
-    if (partial && partial->n_decoded > r.tokens_sent) {
-        if (r.tokens_sent == 0) {
-            r.t_first_sent = now_ns();
+    // each task's results say its own tokens so far: the request's are their sum
+    const size_t i                = partial ? (size_t) partial->index : 0;
+    if (partial && i <= request_state::MAX_TASKS) {
+        if (r.sent_by_index.size() <= i) {
+            r.sent_by_index.resize(i + 1, 0);
         }
-        r.tokens_sent = partial->n_decoded;
+        const int64_t n = (int64_t) partial->n_decoded;
+        if (n > r.sent_by_index[i]) {
+            if (r.tokens_sent == 0) {
+                r.t_first_sent = now_ns();
+            }
+            r.tokens_sent += n - r.sent_by_index[i];
+            r.sent_by_index[i] = n;
+        }
     }
 }
 
@@ -438,6 +537,8 @@ inline void request_launched(llama_context * ctx, int task_id, int slot) {
     if (task_id == r.task) {
         r.slot  = slot;
         r.level = level > 0 ? level : 0;
+    } else if (task_state * k = task_of_locked(r, task_id)) {
+        k->slot = slot;
     }
 }
 
@@ -472,6 +573,13 @@ inline void request_released(llama_context * ctx,
             r->t_released = now_ns();
             r->n_prompt   = n_prompt_processed;
             r->n_gen      = n_gen;
+        } else if (task_state * k = task_of_locked(*r, task_id)) {
+            k->t_start_us = t_start_us;
+            k->t_first_us = t_first_us;
+            k->t_released = now_ns();
+            // a child's statistics are its parent's copied with its prompt's cells: it decoded none
+            k->n_prompt   = k->parent >= 0 ? 0 : n_prompt_processed;
+            k->n_gen      = n_gen;
         }
         fields = finish_locked(*r);
     }

@@ -247,9 +247,42 @@ def _request_spec(spec: Any) -> dict[str, Any]:
     return out
 
 
+# a task entry of a request record (llama-server: its tasks after its first), and how many a
+# record keeps at most (the server writes at most 256)
+TASK_COUNTS = (
+    "index",
+    "slot",
+    "wait",
+    "ttft",
+    "model",
+    "prompt_tokens",
+    "gen_tokens",
+    "last_token",
+)
+TASKS_MAX = 256
+
+
+def _tasks(tasks: Any) -> list[dict[str, Any]]:
+    """A request's ``tasks``, each entry's fields checked, the ones the schema names only."""
+    if type(tasks) is not list or len(tasks) > TASKS_MAX:
+        raise ValueError(f"tasks is not a list of at most {TASKS_MAX}")
+    out = []
+    for k in tasks:
+        if type(k) is not dict:
+            raise TypeError("a task is not an object")
+        row: dict[str, Any] = {"id": _text(k.get("id"), "tasks.id", CACHE_TEXT_MAX)}
+        if "parent" in k:
+            row["parent"] = _text(k["parent"], "tasks.parent", CACHE_TEXT_MAX)
+        row |= {f: opt_count(k.get(f)) for f in TASK_COUNTS if f in k}
+        if row.get("index") is None:
+            raise ValueError("a task has no index")
+        out.append(row)
+    return out
+
+
 def request_record(rec: dict[str, Any]) -> dict[str, Any]:
     """A ``request`` record, checked: its times and counts integers from 0 to below 2**62, its
-    texts strings, its ``cache`` and ``spec`` objects of their fields' types (else ValueError or
+    texts strings, its ``cache`` and ``spec`` objects and its ``tasks`` of their fields' types (else ValueError or
     TypeError, and the record is skipped). What is kept is the fields the schema names, so that
     a session holds no more per request than they take."""
     if opt_count(rec["t_arrive"]) is None:
@@ -272,6 +305,9 @@ def request_record(rec: dict[str, Any]) -> dict[str, Any]:
         out["cache"] = _cache(rec["cache"])
     if rec.get("spec") is not None:
         out["spec"] = _request_spec(rec["spec"])
+    if rec.get("tasks") is not None:
+        out["tasks"] = _tasks(rec["tasks"])
+        out["tasks_left_out"] = opt_count(rec.get("tasks_left_out", 0))
     return out
 
 

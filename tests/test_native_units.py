@@ -216,6 +216,10 @@ def test_gpu_marks_become_ops_layer_spans_busy_stretches_and_copies(
     its stream (a side stream's last op to its join), a graph compute's first mark to its end mark
     is a busy stretch, a copy's marks bound it; at MINIMAL the runs between a layer's first marks
     are its spans; a mark that never ran, a stream out of range, a foreign node, a time going
-    back and an op never ended are each one op lost. Linked to the build's libllama."""
+    back and an op never ended are each one op lost. With GGML_CUDA_GRAPH_OPT's concurrent
+    regions, the op before the fork ends at its FORK mark (no op outside the region overlaps it)
+    and a layer's span runs through it. The room the timer holds for a step's marks grows at most
+    once for a decode of the batch's ubatches, never at its later computes. Linked to the build's
+    libllama."""
     r = run_unit(vendor, "gpu_marks", LLAMA_INCLUDES, LLAMA_LIBS, tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -154,10 +154,15 @@ def cmd_levels(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def _levels(
-    a: argparse.Namespace, llm: Any, prompt: list[int], rounds: int, warm: bool = True
+    a: argparse.Namespace,
+    llm: Any,
+    prompt: list[int],
+    rounds: int,
+    warm: bool = True,
+    turn: int = 0,
 ) -> dict[str, Any]:
-    """``rounds`` rounds of the Llama.eval loop at each level, each level first in turn (after a
-    warm-up of each, with ``warm``)."""
+    """``rounds`` rounds of the Llama.eval loop at each level, each level first in turn from the
+    ``turn``-th (after a warm-up of each, with ``warm``)."""
     import llamacpp_instr
 
     def one(level: str, log: Path) -> tuple[list[int], list[bytes], float]:
@@ -173,7 +178,7 @@ def _levels(
     ref: tuple[list[int], list[bytes]] | None = None
     same_text = {lv: True for lv in LEVELS}
     same_logits = {lv: True for lv in LEVELS}
-    for r in range(rounds):
+    for r in range(turn, turn + rounds):
         order = LEVELS[r % 3 :] + LEVELS[: r % 3]  # each level first in turn
         for level in order:
             toks, lg, t = one(level, a.outdir / f"full-{level}.log")
@@ -249,9 +254,10 @@ def _phases(
     rounds: int,
     settings: tuple[tuple[str, str | None, dict[str, str]], ...],
     warm: bool = True,
+    turn: int = 0,
 ) -> dict[str, Any]:
-    """``rounds`` rounds of the C API loop in each of ``settings``, each first in turn (after a
-    warm-up of each, with ``warm``)."""
+    """``rounds`` rounds of the C API loop in each of ``settings``, each first in turn from the
+    ``turn``-th (after a warm-up of each, with ``warm``)."""
     import os
 
     import llamacpp_instr
@@ -268,7 +274,7 @@ def _phases(
     for name, level, env in settings if warm else ():  # each selection's CUDA graphs captured
         one(name, level, env)
     rows: dict[str, list[list[tuple[float, float, float]]]] = {s[0]: [] for s in settings}
-    for r in range(rounds):
+    for r in range(turn, turn + rounds):
         first = r % len(settings)
         for name, level, env in settings[first:] + settings[:first]:
             rows[name].append(one(name, level, env))
@@ -308,8 +314,8 @@ def cmd_cost(a: argparse.Namespace) -> dict[str, Any]:
     c_rounds: list[dict[str, Any]] = []
     py_rounds: list[dict[str, Any]] = []
     for r in range(a.rounds):
-        c_rounds.append(_phases(a, llm, prompt, 1, COST_SETTINGS, warm=r == 0))
-        py_rounds.append(_levels(a, llm, prompt, 1, warm=r == 0))
+        c_rounds.append(_phases(a, llm, prompt, 1, COST_SETTINGS, warm=r == 0, turn=r))
+        py_rounds.append(_levels(a, llm, prompt, 1, warm=r == 0, turn=r))
     c = {lv: statistics.median(r[lv]["ratio"] for r in c_rounds) for lv in LEVELS[1:]}
     py = {lv: statistics.median(r[f"{lv}_ratio"] for r in py_rounds) for lv in LEVELS[1:]}
     return {

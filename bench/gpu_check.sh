@@ -2,7 +2,7 @@
 # The CUDA op timer's checks on a GPU (docs/cuda.md; the figures: docs/performance.md, "CUDA"), in
 # one go on a fresh machine with an NVIDIA GPU (H100, H200), its own CUDA toolkit and no network:
 #
-#   bash bench/gpu_check.sh pack        # here, with the network: .gpu-pack/ (about 45 MiB): the
+#   bash bench/gpu_check.sh pack        # here, with the network: .gpu-pack/ (53 MiB): the
 #                                       # patched llama.cpp source and wheels of the Python
 #                                       # packages a bare machine may lack
 #   bash bench/gpu_check.sh pack --prebuilt BUILD

@@ -171,8 +171,9 @@ def test_the_machine_s_driver_is_linked_where_the_toolkit_has_no_stub(tmp_path: 
 def test_no_argument_turns_ggml_s_flash_attention_kernels_off(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The flash-attention kernels are ggml's default (GGML_CUDA_FA, see the pin's test below):
-    no argument of the wheel's, the check's or the GPU script's build names them."""
+    """The flash-attention kernels are ggml's default (GGML_CUDA_FA, the pin's own default: read in
+    tests/test_native_units.py): no argument of the wheel's, the check's or the GPU script's build
+    names them."""
     monkeypatch.delenv("CMAKE_ARGS", raising=False)
     for driver in (None, tmp_path / "libcuda.so.1"):
         tk = cuda_toolkit.Toolkit(
@@ -182,22 +183,6 @@ def test_no_argument_turns_ggml_s_flash_attention_kernels_off(
         assert not [a for a in plan.cmake_args if "GGML_CUDA_FA" in a], plan.cmake_args
     script = (Path(__file__).resolve().parent.parent / "bench" / "gpu_check.sh").read_text()
     assert "GGML_CUDA_FA" not in script
-
-
-@pytest.mark.native
-def test_the_pin_compiles_flash_attention_kernels_by_default(vendor: Path) -> None:
-    """The pin's ggml-cuda options: its flash-attention kernels on (for llama.cpp's default K/V
-    types; all quantized pairs off), the virtual-memory pool on: what a build that names neither
-    compiles."""
-    text = (vendor / "ggml" / "CMakeLists.txt").read_text()
-
-    def default(name: str) -> str:
-        line = next(ln for ln in text.splitlines() if ln.startswith(f"option({name} "))
-        return line.split()[-1].rstrip(")")
-
-    assert default("GGML_CUDA_FA") == "ON"
-    assert default("GGML_CUDA_FA_ALL_QUANTS") == "OFF"
-    assert default("GGML_CUDA_NO_VMM") == "OFF"
 
 
 def test_the_gpu_script_builds_with_the_wheel_s_arguments(

@@ -223,3 +223,18 @@ def test_gpu_marks_become_ops_layer_spans_busy_stretches_and_copies(
     libllama."""
     r = run_unit(vendor, "gpu_marks", LLAMA_INCLUDES, LLAMA_LIBS, tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_the_pin_compiles_flash_attention_kernels_by_default(vendor: Path) -> None:
+    """The pin's ggml-cuda options: its flash-attention kernels on (for llama.cpp's default K/V
+    types; all quantized pairs off), the virtual-memory pool on: what a build that names neither
+    compiles."""
+    text = (vendor / "ggml" / "CMakeLists.txt").read_text()
+
+    def default(name: str) -> str:
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"option({name} "))
+        return line.split()[-1].rstrip(")")
+
+    assert default("GGML_CUDA_FA") == "ON"
+    assert default("GGML_CUDA_FA_ALL_QUANTS") == "OFF"
+    assert default("GGML_CUDA_NO_VMM") == "OFF"

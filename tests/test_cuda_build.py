@@ -118,7 +118,7 @@ def test_build_cuda_builds_the_wheel_with_the_toolkit_s_arguments(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`instr build --cuda --cuda-arch 90` hands the wheel build the toolkit's CMake arguments
-    (the build itself, about 70 CPU-minutes, is not run here)."""
+    (the build itself, 38 CPU-minutes here, is not run in the tests)."""
     tk = cuda_toolkit.Toolkit(root=_toolkit(tmp_path / "cu"), source="pypi", driver=None)
     monkeypatch.setattr(cuda_toolkit, "toolkit", lambda echo: tk)
     seen: dict[str, object] = {}

@@ -302,7 +302,10 @@ step_faults() {
 }
 
 step_cost() {
-    gpu --json "$w/json/cost.json" cost "$w/model.gguf" "$w/cost" -n 64 --rounds 5 >/dev/null
+    # (the dry run: two short rounds, its plumbing only)
+    local n=64 r=5
+    [ "$DRY" = 1 ] && n=16 r=2
+    gpu --json "$w/json/cost.json" cost "$w/model.gguf" "$w/cost" -n "$n" --rounds "$r" >/dev/null
 }
 
 step_cupti() {

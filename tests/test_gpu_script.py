@@ -2,8 +2,8 @@
 on standing in for the CUDA one, a tiny model for the 1B), with a segmentation fault injected
 into one step: every step runs in its order and is recorded, the faulting step with its signal
 and the frames the crash tracer prints, the steps after it still run, the GPU-only parts (the
-build, CUPTI, llama-bench) are marked dry, and OUT holds what the device tool returns (at most
-eight files): the summary, the console, the fixture logs and the rest packed."""
+build, CUPTI) are marked dry, and OUT holds what the device tool returns (at most eight files):
+the summary, the console, the fixture logs and the rest packed."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ FIXTURES = [
 
 def test_the_dry_run_records_a_fault_and_goes_on(instr_api: Any, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    env = dict(os.environ, GPU_CHECK_FAULT="cost")
+    env = dict(os.environ, GPU_CHECK_FAULT="headline")
     env.pop("LLAMA_BENCH", None)
     r = subprocess.run(
         ["bash", str(ROOT / "bench" / "gpu_check.sh"), "run", "--dry-run", str(out)],
@@ -58,18 +58,20 @@ def test_the_dry_run_records_a_fault_and_goes_on(instr_api: Any, tmp_path: Path)
     assert doc["dry_run"] is True
     status = {s["step"]: s["status"] for s in doc["steps"]}
     assert list(status) == STEPS
-    assert status["cost"] == "FAILED: signal 11"
-    dry = {"build", "cupti", "graph-opt", "headline", "moe"}  # no nvcc, CUPTI, llama-bench here
+    assert status["headline"] == "FAILED: signal 11"
+    dry = {"build", "cupti", "graph-opt", "moe"}  # no nvcc and no CUPTI here
     assert {k for k, v in status.items() if v == "dry"} == dry
-    assert all(status[k] == "ok" for k in STEPS if k not in dry | {"cost"}), status
+    assert all(status[k] == "ok" for k in STEPS if k not in dry | {"headline"}), status
     console = (out / "console.txt").read_text()
     # the injected fault's frames: Python's, then the native ones, in the step's output
     assert "in cmd_crash" in console and "### native crash: signal 11" in console
-    assert "### FAILED: cost (FAILED: signal 11)" in console
+    assert "### FAILED: headline (FAILED: signal 11)" in console
     # the figures the CPU can give are read; no target is judged
     checks = {c["check"]: c for c in doc["checks"]}
     assert all(c["met"] is None for c in checks.values())
-    assert checks["cost, C API loop, graphs on"]["measured"] == "not measured"
+    assert checks["summary against llama-bench (defaults)"]["measured"] == "not measured"
+    assert "MINIMAL" in checks["cost, C API loop, graphs on"]["measured"]
+    assert checks["greedy text and logits with a session"]["measured"] == "text True, logits True"
     assert "64 sampled of 64" in checks["sampling against llama_perf_sampler"]["measured"]
     assert "regions in" in checks["GRAPH_OPT: ops spanning a concurrent region"]["measured"]
     assert "runs per setting" in checks["no fault, 10 runs of each setting"]["measured"]

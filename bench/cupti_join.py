@@ -1,10 +1,16 @@
-"""CUPTI's kernels against the CUDA op timer's ops (bench/gpu_check.sh, issue §3): each op type's
-GPU time within 10 %, and the ops' times covering at least 0.90 of each graph compute's GPU time.
+"""CUPTI's records against the CUDA op timer's (bench/gpu_check.sh): each op type's GPU time
+within 10 %, the ops' times covering 0.95-1.02 of each graph compute's GPU time, the copies
+between host and GPU against CUPTI's memcpy records, and, where ggml runs ops on several streams
+(GGML_CUDA_GRAPH_OPT=1), all ops' time against all streams' kernels.
 
     python bench/cupti_join.py KERNELS.txt SESSION.log [--device CUDA0]
+    python bench/cupti_join.py KERNELS.txt SESSION.log --all-streams   (GGML_CUDA_GRAPH_OPT=1)
+    python bench/cupti_join.py KERNELS.txt SESSION.log --copies        (layers or experts on the CPU)
 
-KERNELS.txt is bench/cupti_trace.cpp's record of the same process (one line per kernel: start,
-end, stream, graph id, graph node id, name). CUPTI's graph node ids are not the captured nodes
+KERNELS.txt is bench/cupti_trace.cpp's record of the same process (one line per kernel, memcpy or
+memset: start, end, stream, graph id, graph node id, name). A copy inside a graph compute between
+two places on the device (CONT's cudaMemcpyAsync) or a memset is an op's work; a copy between
+host and device is not (the log times those as copies). CUPTI's graph node ids are not the captured nodes
 (exec graph id << 32 | node index), so kernels are joined to ggml's ops by order instead, with
 the op timer's own mark kernels (``ggml_cuda_instr_stamp``) as the separators the capture laid
 down: on the stream that ran them, each graph compute is its ops' marks in order then its end
@@ -42,6 +48,24 @@ class Kernel:
     @property
     def is_mark(self) -> bool:
         return STAMP in self.name
+
+    @property
+    def is_kernel(self) -> bool:
+        return not self.name.startswith("[")
+
+    @property
+    def is_host_copy(self) -> bool:
+        """A memcpy between host and device (the log's copies), not an op's work."""
+        return self.name.startswith(("[memcpy HtoD ", "[memcpy DtoH "))
+
+    @property
+    def is_op_work(self) -> bool:
+        return not self.is_mark and not self.is_host_copy
+
+    @property
+    def bytes(self) -> int:
+        """A memcpy's or memset's bytes (0 for a kernel)."""
+        return 0 if self.is_kernel else int(self.name.rstrip("]").rsplit(" ", 1)[-1])
 
 
 def read_kernels(text: str) -> list[Kernel]:
@@ -117,8 +141,8 @@ def join(
         for op, log_ns in c:
             a, b = marks[m], marks[m + 1]
             marks_ns += stream[a + 1].start - stream[a].start
-            ks = stream[a + 1 : b]
-            cold = any(k.name not in seen for k in ks)
+            ks = [k for k in stream[a + 1 : b] if k.is_op_work]
+            cold = any(k.name not in seen for k in ks if k.is_kernel)
             seen.update(k.name for k in ks)
             cupti = sum(k.end - k.start for k in ks)
             span = max(k.end for k in ks) - min(k.start for k in ks) if ks else 0
@@ -205,8 +229,139 @@ def report(ops: list[JoinedOp], graphs: list[GraphCompute]) -> dict[str, Any]:
         "cold_ops": sum(int(v["n_cold"]) for v in types.values()),
         "coverage_min": cov[0] if cov else None,
         "coverage_median": cov[len(cov) // 2] if cov else None,
+        "coverage_max": cov[-1] if cov else None,
         "graph_computes": len(graphs),
     }
+
+
+def session_window(kernels: list[Kernel]) -> tuple[int, int]:
+    """CUPTI's time from the session's first mark to its last (the op timer marks nothing outside
+    a session): what ran before it (the model's upload, a run before the session) is left out."""
+    marks = [k for k in kernels if k.is_mark]
+    if not marks:
+        raise ValueError("CUPTI saw no mark: the run had no session on a CUDA device")
+    return min(k.start for k in marks), max(k.end for k in marks)
+
+
+def op_work_all_streams(kernels: list[Kernel]) -> int:
+    """The op work (kernels, device copies and memsets; no mark, no host copy) of every stream the
+    op timer marked, inside the session's window (ns): with ops on several streams there is no
+    order to join by, so the check is the totals'."""
+    a, b = session_window(kernels)
+    marked = {k.stream for k in kernels if k.is_mark}
+    return sum(
+        k.end - k.start
+        for k in kernels
+        if k.stream in marked and k.is_op_work and a <= k.start and k.end <= b
+    )
+
+
+def all_streams_report(kernels: list[Kernel], log_ops_ns: int) -> dict[str, Any]:
+    cupti = op_work_all_streams(kernels)
+    return {
+        "log_ops_ns": log_ops_ns,
+        "cupti_op_work_ns": cupti,
+        "all_ops_ratio": log_ops_ns / cupti if cupti else None,
+        "streams_marked": len({k.stream for k in kernels if k.is_mark}),
+    }
+
+
+def busy_union(kernels: list[Kernel], window: tuple[int, int]) -> int:
+    """The time inside ``window`` when the device ran anything CUPTI saw (ns)."""
+    spans = sorted((max(k.start, window[0]), min(k.end, window[1])) for k in kernels)
+    total, end = 0, window[0]
+    for s, e in spans:
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+@dataclass(frozen=True)
+class LogCopy:
+    to_device: bool
+    bytes: int
+    dur_ns: int
+
+
+def match_copies(log: list[LogCopy], kernels: list[Kernel]) -> list[tuple[LogCopy, Kernel]]:
+    """Each of the log's copies (in time order) with CUPTI's next memcpy of its direction and
+    bytes inside the session's window, in order; a copy of the log CUPTI has no record of (or
+    CUPTI's copies the log does not list, e.g. the logits read after a compute) goes unmatched."""
+    a, b = session_window(kernels)
+    rows = sorted(
+        (k for k in kernels if k.is_host_copy and a <= k.start <= b), key=lambda k: k.start
+    )
+    out: list[tuple[LogCopy, Kernel]] = []
+    i = 0
+    for c in log:
+        want = "[memcpy HtoD " if c.to_device else "[memcpy DtoH "
+        j = next(
+            (
+                j
+                for j in range(i, len(rows))
+                if rows[j].name.startswith(want) and rows[j].bytes == c.bytes
+            ),
+            None,
+        )
+        if j is not None:
+            out.append((c, rows[j]))
+            i = j + 1
+    return out
+
+
+@dataclass(frozen=True)
+class LogSteps:
+    n_steps: int
+    window_ns: int  # the steps' own time, summed
+    busy_ns: int  # the device's graph computes and copies in them (the log's union per step)
+
+
+def copies_report(log: list[LogCopy], kernels: list[Kernel], steps: LogSteps) -> dict[str, Any]:
+    """The log's copies against CUPTI's memcpy records (matched by direction, bytes and order),
+    and the GPU's busy and idle time per step: the log's graph computes and copies against CUPTI's
+    union of everything it ran in the session's window, each idle time being the steps' time less
+    it."""
+    pairs = match_copies(log, kernels)
+    log_ns = sum(c.dur_ns for c, _ in pairs)
+    cupti_ns = sum(k.end - k.start for _, k in pairs)
+    cupti_busy = busy_union(kernels, session_window(kernels))
+    n = max(1, steps.n_steps)
+    return {
+        "log_copies": len(log),
+        "log_copy_bytes": sum(c.bytes for c in log),
+        "matched": len(pairs),
+        "matched_bytes": sum(c.bytes for c, _ in pairs),
+        "matched_log_ns": log_ns,
+        "matched_cupti_ns": cupti_ns,
+        "copy_ratio": log_ns / cupti_ns if cupti_ns else None,
+        "steps": steps.n_steps,
+        "log_busy_ns_per_step": steps.busy_ns / n,
+        "cupti_busy_ns_per_step": cupti_busy / n,
+        "busy_ratio": steps.busy_ns / cupti_busy if cupti_busy else None,
+        "log_idle_ns_per_step": (steps.window_ns - steps.busy_ns) / n,
+        "cupti_idle_ns_per_step": (steps.window_ns - cupti_busy) / n,
+    }
+
+
+def log_copies(path: Path, device: str) -> tuple[list[LogCopy], LogSteps]:
+    """The log's copies into and out of ``device`` in time order, and its steps: their time and
+    the device's busy time in them (device_steps' compute and copy time)."""
+    from llamacpp_instr.converters import load_session
+
+    f = load_session(str(path))
+    c = f.copies
+    c = c[(c["src"].astype(str) == device) | (c["dst"].astype(str) == device)].sort_values(
+        "t_start"
+    )
+    copies = [
+        LogCopy(str(dst) == device, int(n), int(d))
+        for dst, n, d in zip(c["dst"], c["bytes"], c["dur_ns"], strict=True)
+    ]
+    d = f.device_steps[f.device_steps["device"].astype(str) == device]
+    busy = int(d["compute_ns"].sum() + d["copy_ns"].sum())
+    return copies, LogSteps(len(f.steps), int(f.steps["dur_ns"].sum()), busy)
 
 
 def main() -> None:
@@ -214,9 +369,21 @@ def main() -> None:
     ap.add_argument("kernels", type=Path)
     ap.add_argument("log", type=Path)
     ap.add_argument("--device", default="CUDA0")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--all-streams", action="store_true", help="totals over every stream")
+    mode.add_argument("--copies", action="store_true", help="copies and busy time per token")
     a = ap.parse_args()
     try:
-        ops, graphs = join(read_kernels(a.kernels.read_text()), computes_of_log(a.log, a.device))
+        kernels = read_kernels(a.kernels.read_text())
+        if a.all_streams:
+            log_ns = sum(d for c in computes_of_log(a.log, a.device) for _, d in c)
+            print(json.dumps(all_streams_report(kernels, log_ns)))
+            return
+        if a.copies:
+            copies, steps = log_copies(a.log, a.device)
+            print(json.dumps(copies_report(copies, kernels, steps)))
+            return
+        ops, graphs = join(kernels, computes_of_log(a.log, a.device))
     except (OSError, ValueError) as exc:
         sys.exit(f"error: {exc}")
     r = report(ops, graphs)

@@ -1,24 +1,37 @@
 """The GPU checks of the CUDA op timer (driven by bench/gpu_check.sh on a machine with a GPU; see
-the README's "CUDA" section). Sub-commands:
+docs/cuda.md and docs/performance.md, "CUDA"). Every context opens as llama.cpp's own programs
+open theirs (flash attention ``auto``: on where the backend has its kernels) unless
+``--flash-attn`` says otherwise. Sub-commands:
 
     gpu_check.py model OUT.gguf             a random-weight F16 model with Llama-3.2-1B's shapes
+    gpu_check.py tiny-model OUT.gguf        a tiny one of the same layout (the dry run's stand-in)
     gpu_check.py quantize IN OUT            IN quantized to Q4_K_M (llama_model_quantize)
     gpu_check.py moe-model OUT.gguf         a small random-weight MoE (8 experts, 2 used)
-    gpu_check.py levels MODEL OUTDIR        in one process, alternated: generation with no session,
-                                            at MINIMAL and at DETAILED (CUDA graphs on): decode
-                                            tokens/s of each, greedy text and every step's logits
-                                            compared with no session; the logs of the last round
+    gpu_check.py cost MODEL OUTDIR          in one process, the settings alternated round by round
+                                            (CUDA graphs on): decode tokens/s with no session, at
+                                            MINIMAL and at DETAILED, through llama.cpp's C API
+                                            (where the cost lands: llama_decode, llama_synchronize,
+                                            the logits) and through llama-cpp-python's Llama.eval;
+                                            greedy text and every step's logits against no session
+    gpu_check.py levels MODEL OUTDIR        the Llama.eval loop alone
+    gpu_check.py phases MODEL OUTDIR        the C API loop alone (with MINIMAL also without device
+                                            timing, and without the step's memory figures)
     gpu_check.py headline LOG BENCH.json    the summary's prompt and generation tokens/s of LOG
                                             against llama-bench's (-o json) for the same setting
     gpu_check.py warm MODEL LOG             a prompt and greedy generation run twice in one
                                             process, the second in a session (every kernel it
                                             launches loaded by the first): CUPTI's check of
                                             warm computes
-    gpu_check.py phases MODEL OUTDIR        where a session's cost lands in a decode token: the
-                                            host's time in llama_decode, in llama_synchronize and
-                                            reading the logits, per setting (no session, MINIMAL,
-                                            MINIMAL without device timing or without the step's
-                                            memory, DETAILED), alternated in one process
+    gpu_check.py sampling MODEL LOG         sampling at temperature 0.8 (penalties, top-k, top-p,
+                                            min-p) in a DETAILED session: the `host` and `chain`
+                                            records against llama.cpp's own counter of the chain
+                                            (llama_perf_sampler), within 2 % or 0.1 ms
+    gpu_check.py regions LOG                GGML_CUDA_GRAPH_OPT=1's concurrent regions in a DETAILED
+                                            log: ops whose intervals overlap, and any op whose
+                                            interval covers all the others of its region (timed
+                                            through it: the target is none)
+    gpu_check.py crash                      dies of a segmentation fault in native code (the crash
+                                            tracer's check, and a fault injected into a step)
 
 Everything it prints is also written as JSON (``--json``).
 """
@@ -48,6 +61,24 @@ def cmd_model(a: argparse.Namespace) -> dict[str, Any]:
 
     write_tiny_model(a.out, dtype="f16", n_ctx_train=8192, **LLAMA_1B)
     return {"model": str(a.out)}
+
+
+# the dry run's stand-in for the 1B: the same layout, small enough for two shared CPU cores
+TINY = dict(n_layer=4, n_embd=256, n_head=8, n_head_kv=4, n_ff=512, n_vocab=32000)
+
+
+def cmd_tiny_model(a: argparse.Namespace) -> dict[str, Any]:
+    from helpers.tiny_gguf import write_tiny_model
+
+    write_tiny_model(a.out, dtype="f16", n_ctx_train=4096, **TINY)
+    return {"model": str(a.out)}
+
+
+def _flash(a: argparse.Namespace) -> Any:
+    """The context defaults of ``a.flash_attn`` (auto: llama.cpp's own, on where it can be)."""
+    from llamacpp_instr.running.api import llama_defaults
+
+    return llama_defaults({"auto": None, "on": True, "off": False}[a.flash_attn])
 
 
 def cmd_quantize(a: argparse.Namespace) -> dict[str, Any]:
@@ -107,9 +138,10 @@ def _opened(a: argparse.Namespace) -> tuple[Any, list[int]]:
     ``a.prompt`` tokens (past the specials); ``a.outdir`` made."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(
-        str(a.model), n_gpu_layers=-1, n_ctx=1024, n_batch=512, n_ubatch=512, verbose=False
-    )
+    with _flash(a):
+        llm = llama_cpp.Llama(
+            str(a.model), n_gpu_layers=-1, n_ctx=1024, n_batch=512, n_ubatch=512, verbose=False
+        )
     n_vocab = llm.n_vocab()
     prompt = [(i * 7919) % max(1, n_vocab - 8) + 4 for i in range(a.prompt)]
     a.outdir.mkdir(parents=True, exist_ok=True)
@@ -117,9 +149,21 @@ def _opened(a: argparse.Namespace) -> tuple[Any, list[int]]:
 
 
 def cmd_levels(a: argparse.Namespace) -> dict[str, Any]:
-    import llamacpp_instr
-
     llm, prompt = _opened(a)
+    return _levels(a, llm, prompt, a.rounds)
+
+
+def _levels(
+    a: argparse.Namespace,
+    llm: Any,
+    prompt: list[int],
+    rounds: int,
+    warm: bool = True,
+    turn: int = 0,
+) -> dict[str, Any]:
+    """``rounds`` rounds of the Llama.eval loop at each level, each level first in turn from the
+    ``turn``-th (after a warm-up of each, with ``warm``)."""
+    import llamacpp_instr
 
     def one(level: str, log: Path) -> tuple[list[int], list[bytes], float]:
         if level == "off":
@@ -128,13 +172,13 @@ def cmd_levels(a: argparse.Namespace) -> dict[str, Any]:
             return _generate(llm, prompt, a.n)
 
     # warm-up: each level's CUDA graphs captured (the first computes of a graph run uncaptured)
-    for level in LEVELS:
+    for level in LEVELS if warm else ():
         one(level, a.outdir / f"warmup-{level}.log")
     tps: dict[str, list[float]] = {lv: [] for lv in LEVELS}
     ref: tuple[list[int], list[bytes]] | None = None
     same_text = {lv: True for lv in LEVELS}
     same_logits = {lv: True for lv in LEVELS}
-    for r in range(a.rounds):
+    for r in range(turn, turn + rounds):
         order = LEVELS[r % 3 :] + LEVELS[: r % 3]  # each level first in turn
         for level in order:
             toks, lg, t = one(level, a.outdir / f"full-{level}.log")
@@ -199,11 +243,24 @@ def _phase_tokens(llm: Any, prompt: list[int], n: int) -> list[tuple[float, floa
 
 
 def cmd_phases(a: argparse.Namespace) -> dict[str, Any]:
+    llm, prompt = _opened(a)
+    return _phases(a, llm, prompt, a.rounds, PHASE_SETTINGS)
+
+
+def _phases(
+    a: argparse.Namespace,
+    llm: Any,
+    prompt: list[int],
+    rounds: int,
+    settings: tuple[tuple[str, str | None, dict[str, str]], ...],
+    warm: bool = True,
+    turn: int = 0,
+) -> dict[str, Any]:
+    """``rounds`` rounds of the C API loop in each of ``settings``, each first in turn from the
+    ``turn``-th (after a warm-up of each, with ``warm``)."""
     import os
 
     import llamacpp_instr
-
-    llm, prompt = _opened(a)
 
     def one(name: str, level: str | None, env: dict[str, str]) -> list[tuple[float, float, float]]:
         for k in PHASE_ENV:
@@ -214,22 +271,22 @@ def cmd_phases(a: argparse.Namespace) -> dict[str, Any]:
         with llamacpp_instr.session(llm, str(a.outdir / f"phases-{name}.log"), level=level):
             return _phase_tokens(llm, prompt, a.n)
 
-    for name, level, env in PHASE_SETTINGS:  # warm-up: each selection's CUDA graphs captured
+    for name, level, env in settings if warm else ():  # each selection's CUDA graphs captured
         one(name, level, env)
-    rows: dict[str, list[list[tuple[float, float, float]]]] = {s[0]: [] for s in PHASE_SETTINGS}
-    for r in range(a.rounds):
-        first = r % len(PHASE_SETTINGS)
-        for name, level, env in PHASE_SETTINGS[first:] + PHASE_SETTINGS[:first]:
+    rows: dict[str, list[list[tuple[float, float, float]]]] = {s[0]: [] for s in settings}
+    for r in range(turn, turn + rounds):
+        first = r % len(settings)
+        for name, level, env in settings[first:] + settings[:first]:
             rows[name].append(one(name, level, env))
     for var in PHASE_ENV:
         os.environ.pop(var, None)
     out: dict[str, Any] = {}
-    for name, rounds in rows.items():
+    for name, per_round in rows.items():
         # per round: the median of each phase (us) and tokens/s; then the median over rounds
         per = [
             [statistics.median(t[i] for t in toks) * 1e6 for i in range(3)]
             + [len(toks) / sum(sum(t) for t in toks)]
-            for toks in rounds
+            for toks in per_round
         ]
         med = [statistics.median(p[i] for p in per) for i in range(4)]
         out[name] = {
@@ -245,14 +302,51 @@ def cmd_phases(a: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# what `cost` compares: the C API loop's settings (no session, MINIMAL, DETAILED)
+COST_SETTINGS = tuple(s for s in PHASE_SETTINGS if s[0] in LEVELS)
+
+
+def cmd_cost(a: argparse.Namespace) -> dict[str, Any]:
+    """Both loops on one model in one process, a round of each in turn: the C API loop's ratios
+    (the targets: MINIMAL >= 0.99x, DETAILED >= 0.95x) and llama-cpp-python's (within 0.02 of
+    them)."""
+    llm, prompt = _opened(a)
+    c_rounds: list[dict[str, Any]] = []
+    py_rounds: list[dict[str, Any]] = []
+    for r in range(a.rounds):
+        c_rounds.append(_phases(a, llm, prompt, 1, COST_SETTINGS, warm=r == 0, turn=r))
+        py_rounds.append(_levels(a, llm, prompt, 1, warm=r == 0, turn=r))
+    c = {lv: statistics.median(r[lv]["ratio"] for r in c_rounds) for lv in LEVELS[1:]}
+    py = {lv: statistics.median(r[f"{lv}_ratio"] for r in py_rounds) for lv in LEVELS[1:]}
+    return {
+        "c_api": {lv: c[lv] for lv in c},
+        "c_api_off_tok_s": statistics.median(r["off"]["tok_s"] for r in c_rounds),
+        "c_api_rounds": c_rounds,
+        "llama_cpp_python": py,
+        "llama_cpp_python_off_tok_s": statistics.median(
+            r["decode_tok_s"]["off"] for r in py_rounds
+        ),
+        "llama_cpp_python_rounds": py_rounds,
+        "py_minus_c": {lv: py[lv] - c[lv] for lv in c},
+        "text_identical": all(all(r["text_identical"].values()) for r in py_rounds),
+        "logits_bit_identical": all(all(r["logits_bit_identical"].values()) for r in py_rounds),
+    }
+
+
 def cmd_warm(a: argparse.Namespace) -> dict[str, Any]:
     import llama_cpp
 
     import llamacpp_instr
 
-    llm = llama_cpp.Llama(
-        str(a.model), n_gpu_layers=-1, n_ctx=2048, n_batch=512, n_ubatch=512, verbose=False
-    )
+    with _flash(a):
+        llm = llama_cpp.Llama(
+            str(a.model),
+            n_gpu_layers=-1,
+            n_ctx=2048,
+            n_batch=512,
+            n_ubatch=512,
+            verbose=False,
+        )
     prompt = llm.tokenize(a.prompt_file.read_text().encode(), add_bos=True)
 
     def generate() -> list[int]:
@@ -270,14 +364,121 @@ def cmd_warm(a: argparse.Namespace) -> dict[str, Any]:
     return {"log": str(a.log), "prompt_tokens": len(prompt), "same_text": first == second}
 
 
+def cmd_sampling(a: argparse.Namespace) -> dict[str, Any]:
+    """The sampling of ``a.n`` tokens at temperature 0.8 through a chain of penalties, top-k,
+    top-p and min-p, every layer offloaded, in a DETAILED session: the `host` records' time in the
+    chain against llama.cpp's own counter of it (llama_perf_sampler), read as the session ends."""
+    import llama_cpp
+
+    import llamacpp_instr
+
+    with _flash(a):
+        llm = llama_cpp.Llama(str(a.model), n_gpu_layers=-1, n_ctx=1024, seed=11, verbose=False)
+    kw = {"temp": 0.8, "top_k": 64, "top_p": 0.9, "min_p": 0.01, "repeat_penalty": 1.1}
+    tokens: list[int] = []
+    with llamacpp_instr.session(llm, str(a.log), level="detailed"):
+        for tok in llm.generate(llm.tokenize(b"The quick brown fox"), **kw):  # type: ignore[arg-type]
+            tokens.append(int(tok))
+            if len(tokens) == a.n:
+                break
+        assert llm._sampler is not None  # made by generate
+        perf = llama_cpp.llama_perf_sampler(llm._sampler.sampler)
+    llm.close()
+    recs = _records(a.log)
+    hosts = [r for r in recs if r.get("type") == "host"]
+    chains = [r for r in recs if r.get("type") == "chain"]
+    chain_ns = sum(int(h.get("chain_ns", 0)) for h in hosts)
+    llama_us = perf.t_sample_ms * 1000
+    return {
+        "tokens": len(tokens),
+        "llama_perf_sampler_us": llama_us,
+        "llama_perf_sampler_n": int(perf.n_sample),
+        "host_records": len(hosts),
+        "host_sampled": sum(int(h.get("sampled", 0)) for h in hosts),
+        "chain_records": len(chains),
+        "chain_t_sample_us": [c.get("t_sample_us") for c in chains],
+        "host_chain_us": chain_ns / 1000,
+        "host_over_llama": chain_ns / 1000 / llama_us if llama_us else None,
+        # the tolerance of tests/test_host_work.py: 2 %, or 0.1 ms
+        "within": abs(chain_ns / 1000 - llama_us) <= max(0.02 * llama_us, 100),
+    }
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    import gzip
+
+    opener: Any = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def concurrent_regions(ops: list[tuple[int, int, int]]) -> tuple[int, list[int]]:
+    """``ops``: one compute's (node, start, end). The groups of ops whose intervals overlap one
+    another (a concurrent region: ops on several streams at once), and the nodes of the ops whose
+    interval covers every other op of their group (timed through the region)."""
+    regions, spanning = 0, []
+    group: list[tuple[int, int, int]] = []
+    for op in sorted(ops, key=lambda o: (o[1], -o[2])) + [(-1, 1 << 62, 1 << 62)]:
+        if group and op[1] < max(e for _, _, e in group):
+            group.append(op)
+            continue
+        if len(group) > 1:
+            regions += 1
+            lo, hi = min(s for _, s, _ in group), max(e for _, _, e in group)
+            spanning += [n for n, s, e in group if s <= lo and e >= hi]
+        group = [op]
+    return regions, spanning
+
+
+def cmd_regions(a: argparse.Namespace) -> dict[str, Any]:
+    from llamacpp_instr.converters import load_session
+
+    f = load_session(str(a.log))
+    ops = f.ops
+    if "device" in ops.columns:  # (a log of one device has no device column)
+        ops = ops[ops["device"].astype(str) == a.device]
+    n_regions, spanning, computes = 0, [], 0
+    for (_, _), g in ops.groupby(["step", "ubatch"], sort=False):
+        computes += 1
+        r, s = concurrent_regions(
+            [
+                (int(n), int(t), int(t) + int(d))
+                for n, t, d in zip(g["node"], g["t_start"], g["dur_ns"], strict=True)
+            ]
+        )
+        n_regions += r
+        spanning += [str(g.loc[g["node"] == n, "op"].iloc[0]) + f"#{n}" for n in s]
+    return {
+        "computes": computes,
+        "regions": n_regions,
+        "spanning_ops": len(spanning),
+        "spanning_examples": spanning[:10],
+    }
+
+
+def cmd_crash(a: argparse.Namespace) -> dict[str, Any]:
+    """A read of an address no page holds, in native code (libc's strlen, through ctypes): the
+    process dies of SIGSEGV, as a fault in llama.cpp would kill it."""
+    ctypes.CDLL(None).strlen(ctypes.c_void_p(8))
+    return {}
+
+
 def cmd_headline(a: argparse.Namespace) -> dict[str, Any]:
     from llamacpp_instr.converters import load_session
     from llamacpp_instr.converters.reports.summary import overview
 
     ov = overview(load_session(str(a.log)))
     rows = json.loads(a.bench.read_text())
-    pp = next(float(r["avg_ts"]) for r in rows if int(r.get("n_prompt", 0)) > 0)
-    tg = next(float(r["avg_ts"]) for r in rows if int(r.get("n_gen", 0)) > 0)
+    # the prompt from an empty cache; the generation after the deepest context tested (the run's
+    # own generation follows its prompt)
+    pp = min(
+        (int(r.get("n_depth", 0)), float(r["avg_ts"]))
+        for r in rows
+        if int(r.get("n_prompt", 0)) > 0
+    )[1]
+    tg = max(
+        (int(r.get("n_depth", 0)), float(r["avg_ts"])) for r in rows if int(r.get("n_gen", 0)) > 0
+    )[1]
     return {
         "summary_prompt_tok_s": float(ov["prompt_tok_s"]),
         "bench_prompt_tok_s": pp,
@@ -292,9 +493,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("model")
-    p.add_argument("out", type=Path)
-    p.set_defaults(fn=cmd_model)
+    for name, fn in (("model", cmd_model), ("tiny-model", cmd_tiny_model)):
+        p = sub.add_parser(name)
+        p.add_argument("out", type=Path)
+        p.set_defaults(fn=fn)
     p = sub.add_parser("quantize")
     p.add_argument("src", type=Path)
     p.add_argument("out", type=Path)
@@ -302,21 +504,38 @@ def main() -> None:
     p = sub.add_parser("moe-model")
     p.add_argument("out", type=Path)
     p.set_defaults(fn=cmd_moe_model)
-    for name, fn, rounds in (("levels", cmd_levels, 3), ("phases", cmd_phases, 5)):
-        p = sub.add_parser(name)
+    flash = argparse.ArgumentParser(add_help=False)
+    flash.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
+    for name, fn, rounds in (
+        ("levels", cmd_levels, 3),
+        ("phases", cmd_phases, 5),
+        ("cost", cmd_cost, 5),
+    ):
+        p = sub.add_parser(name, parents=[flash])
         p.add_argument("model", type=Path)
         p.add_argument("outdir", type=Path)
         p.add_argument("--prompt", type=int, default=128, help="prompt tokens")
         p.add_argument("-n", type=int, default=64, help="generated tokens")
         p.add_argument("--rounds", type=int, default=rounds)
         p.set_defaults(fn=fn)
-    p = sub.add_parser("warm")
+    p = sub.add_parser("warm", parents=[flash])
     p.add_argument("model", type=Path)
     p.add_argument("log", type=Path)
     p.add_argument("--prompt-file", type=Path, required=True)
     p.add_argument("-n", type=int, default=32)
     p.add_argument("--level", default="detailed")
     p.set_defaults(fn=cmd_warm)
+    p = sub.add_parser("sampling", parents=[flash])
+    p.add_argument("model", type=Path)
+    p.add_argument("log", type=Path)
+    p.add_argument("-n", type=int, default=64)
+    p.set_defaults(fn=cmd_sampling)
+    p = sub.add_parser("regions")
+    p.add_argument("log", type=Path)
+    p.add_argument("--device", default="CUDA0")
+    p.set_defaults(fn=cmd_regions)
+    p = sub.add_parser("crash")
+    p.set_defaults(fn=cmd_crash)
     p = sub.add_parser("headline")
     p.add_argument("log", type=Path)
     p.add_argument("bench", type=Path)

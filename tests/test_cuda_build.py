@@ -1,6 +1,8 @@
 """`instr build --cuda`'s parts that run without a GPU or a toolkit: which CUDA sources the patches
 touch (what `--check --cuda` compiles), what makes a toolkit complete, the CMake arguments a
-toolkit gives, and which backends a build's library folder holds (`instr doctor`)."""
+toolkit gives (the driver library ggml's virtual-memory pool links, ggml's flash-attention kernels
+left on), the arguments bench/gpu_check.sh takes from them, that `--no-install` installs nothing,
+and which backends a build's library folder holds (`instr doctor`)."""
 
 from __future__ import annotations
 
@@ -68,14 +70,16 @@ def test_a_complete_system_toolkit_is_used_and_says_its_arguments(
     monkeypatch.setenv("CUDA_HOME", str(root))
     tk = cuda_toolkit.system_toolkit()
     assert tk is not None and tk.root == root and tk.source == "system" and tk.has_driver
+    # the toolkit's own stub, which CMake finds: ggml's virtual-memory pool links it
+    assert tk.driver == root / "lib" / "stubs" / "libcuda.so"
     assert tk.cmake_args("90") == (
         "-DGGML_CUDA=ON",
         f"-DCUDAToolkit_ROOT={root}",
         f"-DCMAKE_CUDA_COMPILER={root / 'bin' / 'nvcc'}",
         "-DCMAKE_CUDA_ARCHITECTURES=90",
     )
-    # no driver library to link (PyPI's toolkit): ggml's virtual-memory pool is left out
-    bare = cuda_toolkit.Toolkit(root=root, source="pypi", has_driver=False)
+    # no driver library to link (PyPI's toolkit on a machine without a GPU): the pool is left out
+    bare = cuda_toolkit.Toolkit(root=root, source="pypi", driver=None)
     assert bare.cmake_args(None)[-1] == "-DGGML_CUDA_NO_VMM=ON"
     plan = build.make_plan(tk.cmake_args("90"))
     assert plan.cuda and "cu." in plan.local_version
@@ -114,8 +118,8 @@ def test_build_cuda_builds_the_wheel_with_the_toolkit_s_arguments(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`instr build --cuda --cuda-arch 90` hands the wheel build the toolkit's CMake arguments
-    (the build itself, about 70 CPU-minutes, is not run here)."""
-    tk = cuda_toolkit.Toolkit(root=_toolkit(tmp_path / "cu"), source="pypi", has_driver=False)
+    (the build itself, 38 CPU-minutes here, is not run in the tests)."""
+    tk = cuda_toolkit.Toolkit(root=_toolkit(tmp_path / "cu"), source="pypi", driver=None)
     monkeypatch.setattr(cuda_toolkit, "toolkit", lambda echo: tk)
     seen: dict[str, object] = {}
 
@@ -128,3 +132,99 @@ def test_build_cuda_builds_the_wheel_with_the_toolkit_s_arguments(
     assert r.exit_code == 0, r.output
     assert seen["args"] == tk.cmake_args("90")
     assert seen["kw"] == {"rebuild": False, "with_model": False, "vulkan": False}
+
+
+def test_the_machine_s_driver_is_linked_where_the_toolkit_has_no_stub(tmp_path: Path) -> None:
+    """PyPI's toolkit on a GPU machine: the driver's own library (a container that mounts it in
+    /usr/local/nvidia/lib64 has only libcuda.so.1) is named to CMake, which looks for it only in
+    the toolkit; ggml's virtual-memory pool is built, as a user's own build there builds it."""
+    root = _toolkit(tmp_path / "cu")
+    drivers = tmp_path / "nvidia" / "lib64"
+    drivers.mkdir(parents=True)
+    nothing: list[Path] = []
+    assert cuda_toolkit.driver_library(root, [str(drivers)], lambda: nothing) is None
+    (drivers / "libcuda.so.1").write_text("")
+    found = cuda_toolkit.driver_library(
+        root, [str(tmp_path / "none"), str(drivers)], lambda: nothing
+    )
+    assert found == drivers / "libcuda.so.1"
+    args = cuda_toolkit.Toolkit(root=root, source="pypi", driver=found).cmake_args("90")
+    assert f"-DCUDA_cuda_driver_LIBRARY={found}" in args
+    assert not any("NO_VMM" in a for a in args)
+    # the unversioned name first, where the driver has it too
+    (drivers / "libcuda.so").write_text("")
+    assert (
+        cuda_toolkit.driver_library(root, [str(drivers)], lambda: nothing) == drivers / "libcuda.so"
+    )
+    # none in the usual folders: the loader's cache
+    cached = tmp_path / "elsewhere" / "libcuda.so.1"
+    cached.parent.mkdir()
+    cached.write_text("")
+    assert cuda_toolkit.driver_library(root, [str(tmp_path / "none")], lambda: [cached]) == cached
+    # the toolkit's stub before any of them
+    stub = _toolkit(tmp_path / "full", driver=True)
+    assert cuda_toolkit.driver_library(stub, [str(drivers)], lambda: [cached]) == (
+        stub / "lib" / "stubs" / "libcuda.so"
+    )
+
+
+def test_no_argument_turns_ggml_s_flash_attention_kernels_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flash-attention kernels are ggml's default (GGML_CUDA_FA, the pin's own default: read in
+    tests/test_native_units.py): no argument of the wheel's, the check's or the GPU script's build
+    names them."""
+    monkeypatch.delenv("CMAKE_ARGS", raising=False)
+    for driver in (None, tmp_path / "libcuda.so.1"):
+        tk = cuda_toolkit.Toolkit(
+            root=_toolkit(tmp_path / str(driver is None)), source="pypi", driver=driver
+        )
+        plan = build.make_plan(tk.cmake_args("90"))
+        assert not [a for a in plan.cmake_args if "GGML_CUDA_FA" in a], plan.cmake_args
+    script = (Path(__file__).resolve().parent.parent / "bench" / "gpu_check.sh").read_text()
+    assert "GGML_CUDA_FA" not in script
+
+
+def test_the_gpu_script_builds_with_the_wheel_s_arguments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m llamacpp_instr.native.cuda_toolkit ARCH` prints the CMake arguments `instr build
+    --cuda` builds the wheel with (ggml's default ones, then the toolkit's), which
+    bench/gpu_check.sh builds the backend with on the GPU machine."""
+    driver = tmp_path / "libcuda.so.1"
+    tk = cuda_toolkit.Toolkit(root=_toolkit(tmp_path / "cu"), source="system", driver=driver)
+    monkeypatch.setattr(cuda_toolkit, "toolkit", lambda echo: tk)
+    assert cuda_toolkit.main(["90"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [*build.DEFAULT_CMAKE_ARGS, *tk.cmake_args("90")]
+    assert cuda_toolkit.main(["90", "80"]) == 2
+    script = (Path(__file__).resolve().parent.parent / "bench" / "gpu_check.sh").read_text()
+    assert "python3 -m llamacpp_instr.native.cuda_toolkit" in script
+
+
+def test_build_cuda_no_install_installs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`instr build --cuda --no-install` builds (here: a made-up wheel) into the cache and prints
+    its libraries' folder; nothing is installed, neither the wheel nor the default model."""
+    tk = cuda_toolkit.Toolkit(root=_toolkit(tmp_path / "cu"), source="pypi", driver=None)
+    monkeypatch.setattr(cuda_toolkit, "toolkit", lambda echo: tk)
+    monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path / "cache"))
+    seen: list[build.BuildPlan] = []
+
+    def built(plan: build.BuildPlan, echo: object, rebuild: bool = False) -> Path:
+        seen.append(plan)
+        return tmp_path / "w.whl"
+
+    def refused(*a: object, **kw: object) -> None:
+        raise AssertionError("installed")
+
+    monkeypatch.setattr(build, "_cached_or_built", built)
+    monkeypatch.setattr(build, "_lib_dir", lambda plan, wheel, name: tmp_path / "lib")
+    for name in ("install_wheel", "install_default_model", "_pip"):
+        monkeypatch.setattr(build, name, refused)
+    r = CliRunner().invoke(main, ["build", "--cuda", "--cuda-arch", "90", "--no-install"])
+    assert r.exit_code == 0, r.output
+    assert f"LLAMA_CPP_LIB_PATH={tmp_path / 'lib'}" in r.output
+    [plan] = seen
+    assert plan.cuda and set(tk.cmake_args("90")) <= set(plan.cmake_args)

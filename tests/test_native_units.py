@@ -216,7 +216,11 @@ def test_gpu_marks_become_ops_layer_spans_busy_stretches_and_copies(
     its stream (a side stream's last op to its join), a graph compute's first mark to its end mark
     is a busy stretch, a copy's marks bound it; at MINIMAL the runs between a layer's first marks
     are its spans; a mark that never ran, a stream out of range, a foreign node, a time going
-    back and an op never ended are each one op lost. Linked to the build's libllama."""
+    back and an op never ended are each one op lost. With GGML_CUDA_GRAPH_OPT's concurrent
+    regions, the op before the fork ends at its FORK mark (no op outside the region overlaps it)
+    and a layer's span runs through it. The room the timer holds for a step's marks grows at most
+    once for a decode of the batch's ubatches, never at its later computes. Linked to the build's
+    libllama."""
     r = run_unit(vendor, "gpu_marks", LLAMA_INCLUDES, LLAMA_LIBS, tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
@@ -284,3 +288,18 @@ def test_the_stream_provider_forgets_its_chunks_request_when_each_call_returns(
     provider = provider[: provider.index("\n        };")]
     assert "llama_instr_tools::send_scope" in provider, provider
     assert provider.index("llama_instr_tools::send_scope") < provider.index("response->next(chunk)")
+
+
+def test_the_pin_compiles_flash_attention_kernels_by_default(vendor: Path) -> None:
+    """The pin's ggml-cuda options: its flash-attention kernels on (for llama.cpp's default K/V
+    types; all quantized pairs off), the virtual-memory pool on: what a build that names neither
+    compiles."""
+    text = (vendor / "ggml" / "CMakeLists.txt").read_text()
+
+    def default(name: str) -> str:
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"option({name} "))
+        return line.split()[-1].rstrip(")")
+
+    assert default("GGML_CUDA_FA") == "ON"
+    assert default("GGML_CUDA_FA_ALL_QUANTS") == "OFF"
+    assert default("GGML_CUDA_NO_VMM") == "OFF"

@@ -5,9 +5,14 @@ has everything the build needs, else NVIDIA's own toolkit packages from PyPI, in
 The PyPI parts (CUDA 13.5: nvcc, NVVM, the runtime, CCCL, the C runtime headers, cuBLAS) land in
 ``<cache>/cuda/<key>/nvidia/cu13/{bin,include,lib,nvvm}``; cuBLAS and the runtime ship only their
 versioned ``.so.13`` files, so the unversioned names the linker looks for are added as links. They
-compile code for any architecture without a GPU or a driver on the machine. There is no driver
-library among them, so ggml's virtual-memory pool (which links the driver) is left out of such a
-build (``GGML_CUDA_NO_VMM``); its legacy pool serves the same allocations.
+compile code for any architecture without a GPU or a driver on the machine.
+
+The backend built is the one llama.cpp's own CMake options give on a user's GPU machine: its
+flash-attention kernels (``GGML_CUDA_FA``, on by default, for llama.cpp's default K/V types:
+``GGML_CUDA_FA_ALL_QUANTS`` off), and ggml's virtual-memory pool, which links the driver library
+(``libcuda``): the toolkit's stub where it has one, else the driver installed on the machine. PyPI's
+packages have no stub, so on a machine without a driver the pool is left out
+(``GGML_CUDA_NO_VMM``) and its legacy pool serves the same allocations.
 """
 
 from __future__ import annotations
@@ -46,6 +51,16 @@ LINKED_LIBS = ("libcudart", "libcublas", "libcublasLt")
 # where a system toolkit is looked for, after $CUDA_HOME / $CUDA_PATH and nvcc on PATH
 SYSTEM_ROOTS = ("/usr/local/cuda", "/opt/cuda", "/usr")
 
+# where NVIDIA's driver installs libcuda (Debian/Ubuntu, Red Hat, containers that mount the driver
+# at /usr/local/nvidia, WSL), looked in before the loader's cache (ldconfig -p)
+DRIVER_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/local/nvidia/lib64",
+    "/usr/lib/wsl/lib",
+)
+
 Echo = Callable[[str], None]
 
 
@@ -53,14 +68,20 @@ Echo = Callable[[str], None]
 class Toolkit:
     root: Path  # bin/nvcc, include/, lib (or lib64)
     source: str  # "system" or "pypi"
-    has_driver: bool  # a driver library (or its stub) to link against
+    # the driver library (or its stub) the virtual-memory pool links against; None: none found
+    driver: Path | None
 
     @property
     def nvcc(self) -> Path:
         return self.root / "bin" / "nvcc"
 
+    @property
+    def has_driver(self) -> bool:
+        return self.driver is not None
+
     def cmake_args(self, arch: str | None) -> tuple[str, ...]:
-        """The CMake arguments of a build with ggml's CUDA backend from this toolkit."""
+        """The CMake arguments of a build with ggml's CUDA backend from this toolkit. ggml's own
+        defaults stand for the rest: its flash-attention kernels are compiled (GGML_CUDA_FA)."""
         args = [
             "-DGGML_CUDA=ON",
             f"-DCUDAToolkit_ROOT={self.root}",
@@ -68,8 +89,11 @@ class Toolkit:
         ]
         if arch:
             args.append(f"-DCMAKE_CUDA_ARCHITECTURES={arch}")
-        if not self.has_driver:
+        if self.driver is None:
             args.append("-DGGML_CUDA_NO_VMM=ON")
+        elif not self.driver.is_relative_to(self.root):
+            # the machine's driver, where CMake's FindCUDAToolkit looks only in the toolkit
+            args.append(f"-DCUDA_cuda_driver_LIBRARY={self.driver}")
         return tuple(args)
 
 
@@ -96,13 +120,37 @@ def missing_parts(root: Path) -> list[str]:
     return missing
 
 
-def _has_driver(root: Path) -> bool:
-    stubs = [d / "stubs" for d in _lib_dirs(root)]
-    if any((d / "libcuda.so").is_file() for d in [*stubs, *_lib_dirs(root)]):
-        return True
-    return any(
-        Path(p).is_file() for p in ("/usr/lib/x86_64-linux-gnu/libcuda.so", "/usr/lib64/libcuda.so")
-    )
+def _ldconfig_libcuda() -> list[Path]:
+    """libcuda as the loader's cache lists it (``ldconfig -p``), or nothing."""
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    try:
+        r = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = []
+    for line in r.stdout.splitlines():
+        name, _, path = line.strip().partition(" => ")
+        if name.split(" ", 1)[0] in ("libcuda.so", "libcuda.so.1") and path:
+            found.append(Path(path))
+    return found
+
+
+def driver_library(
+    root: Path,
+    dirs: Sequence[str] = DRIVER_DIRS,
+    cached: Callable[[], list[Path]] = _ldconfig_libcuda,
+) -> Path | None:
+    """The driver library a build with the toolkit at ``root`` links ggml's virtual-memory pool
+    against: the toolkit's stub, else the machine's driver (``libcuda.so``, else ``libcuda.so.1``
+    in ``dirs``, else as the loader's cache finds it); None when there is none."""
+    for lib in [*(d / "stubs" for d in _lib_dirs(root)), *_lib_dirs(root)]:
+        if (lib / "libcuda.so").is_file():
+            return lib / "libcuda.so"
+    for name in ("libcuda.so", "libcuda.so.1"):
+        for folder in dirs:
+            if (Path(folder) / name).is_file():
+                return Path(folder) / name
+    return next((p for p in cached() if p.is_file()), None)
 
 
 def _candidate_roots() -> list[Path]:
@@ -119,7 +167,7 @@ def system_toolkit() -> Toolkit | None:
     """The first complete toolkit installed on the system, or None."""
     for root in _candidate_roots():
         if root.is_dir() and not missing_parts(root):
-            return Toolkit(root=root, source="system", has_driver=_has_driver(root))
+            return Toolkit(root=root, source="system", driver=driver_library(root))
     return None
 
 
@@ -141,7 +189,7 @@ def pypi_toolkit(echo: Echo, packages: Sequence[str] = PYPI_PACKAGES) -> Toolkit
     missing = missing_parts(root)
     if missing:
         raise UserError(f"the CUDA toolkit in {target} lacks {', '.join(missing)}")
-    return Toolkit(root=root, source="pypi", has_driver=_has_driver(root))
+    return Toolkit(root=root, source="pypi", driver=driver_library(root))
 
 
 def _install(target: Path, packages: Sequence[str], echo: Echo) -> None:
@@ -181,10 +229,39 @@ def link_versioned_libs(lib: Path) -> None:
 
 def toolkit(echo: Echo) -> Toolkit:
     """The system's toolkit if it is complete, else PyPI's (installed into the cache)."""
-    found = system_toolkit()
-    if found is not None:
-        echo(f"CUDA toolkit: {found.root} (the system's)")
-        return found
-    tk = pypi_toolkit(echo)
-    echo(f"CUDA toolkit: {tk.root} (PyPI's; no complete toolkit on the system)")
+    tk = system_toolkit()
+    if tk is not None:
+        echo(f"CUDA toolkit: {tk.root} (the system's)")
+    else:
+        tk = pypi_toolkit(echo)
+        echo(f"CUDA toolkit: {tk.root} (PyPI's; no complete toolkit on the system)")
+    if tk.driver is None:
+        echo(
+            "  no CUDA driver library here: ggml's virtual-memory pool is left out (GGML_CUDA_NO_VMM)"
+        )
+    else:
+        echo(f"  ggml's virtual-memory pool links {tk.driver}")
     return tk
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m llamacpp_instr.native.cuda_toolkit [ARCH]``: the CMake arguments `instr build
+    --cuda` builds the wheel with here (the default ones, then the toolkit's), one a line, so that
+    bench/gpu_check.sh builds the backend with the same options on a GPU machine."""
+    from llamacpp_instr.native import build
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) > 1:
+        print("usage: python -m llamacpp_instr.native.cuda_toolkit [ARCH]", file=sys.stderr)
+        return 2
+    try:
+        tk = toolkit(lambda m: print(m, file=sys.stderr))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(build.DEFAULT_CMAKE_ARGS + tk.cmake_args(args[0] if args else None)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

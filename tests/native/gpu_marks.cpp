@@ -7,6 +7,7 @@
 #include "ggml-cuda-instr.h"
 #include "llama-instr-gpu-marks.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -197,7 +198,130 @@ static void calibrated() {
     CHECK(w.layers[1].layer == 1 && w.layers[1].t_start == 267 && w.layers[1].t_end == 300);
 }
 
+// The room the CUDA op timer holds for a step's marks (gpu_marks_room), as it asks before each
+// compute: a session of steps, each of some computes (ubatches) of a graph of N nodes, each compute
+// appending M marks that stay until the step ends. Counts the times the room grew (each a wait
+// for the backend's streams and a new pinned buffer), per compute of the step.
+struct room_sim {
+    static constexpr int64_t N = 582;  // Llama-3.2-1B's decode graph (docs/performance.md)
+    static constexpr int64_t M = 372;  // its 358 ops marked, the end and its calibration, 6 copies
+
+    int64_t              computes;  // ggml's batch over its ubatch
+    int64_t              room = 0;
+    int64_t              most = 0;  // the most marks a step held
+    std::vector<int32_t> grew;      // per step: the computes at which the room grew
+
+    void step(int64_t n_computes) {
+        grew.push_back(0);
+        int64_t used = 0;
+        for (int64_t u = 0; u < n_computes; u++) {
+            const int64_t r = gpu_marks_room(room, used, N, computes);
+            CHECK(r >= room && r >= used + M);  // never shrinks; this compute's marks fit
+            if (r != room) {
+                grew.back() += u == 0 ? 1 : 1000;  // at the step's first compute, or later
+                room = r;
+            }
+            used += M;
+        }
+        most = std::max(most, used);
+    }
+};
+
+static void room() {
+    // a 2048-token batch in ubatches of 512: one token, then a prompt of four ubatches, then
+    // generation; the room grows once, at the first compute, for every decode of the batch
+    room_sim s{ 4 };
+    s.step(1);
+    s.step(4);
+    s.step(1);
+    s.step(4);
+    CHECK((s.grew == std::vector<int32_t>{ 1, 0, 0, 0 }));
+    CHECK(s.room <= 4 * (4 * room_sim::N + 64));  // no more than the batch's computes need
+    // a decode of more computes than the batch's ubatches (sequences split into smaller ones):
+    // the room grows by half again as it runs out, not at every compute, and not in the next such
+    // decode
+    room_sim b{ 4 };
+    b.step(64);
+    int32_t later = b.grew[0] / 1000;
+    CHECK(later >= 1 && later <= 8);
+    b.step(64);
+    b.step(3);
+    CHECK(b.grew[1] == 0 && b.grew[2] == 0);
+    CHECK(b.room <= 2 * b.most);
+    // one compute a decode (llama-cpp-python's batch of 512 in one ubatch): room for one
+    room_sim one{ 1 };
+    for (int i = 0; i < 8; i++) {
+        one.step(1);
+    }
+    CHECK(one.grew[0] == 1 && one.room == 4 * room_sim::N + 64);
+    CHECK(std::count(one.grew.begin(), one.grew.end(), 0) == 7);
+}
+
+// With GGML_CUDA_GRAPH_OPT=1 ggml-cuda runs a layer's Q, K and V branches on side streams 1-3:
+// the main stream forks them after the attention norm and runs nothing until they join it at the
+// attention. The marks as patch 0013 lays them there: at DETAILED, a FORK mark on the main stream
+// where it forks, each side stream's ops marked on their streams, a JOIN mark on each side stream.
+static void concurrent() {
+    lookup                              nodes;  // node 0: the fork's op; 1-5 the branches'; 6 the join's
+    nodes.layers = { 3, 3, 3, 3, 3, 3, 3, 4 };
+    std::vector<ggml_cuda_profile_mark> m = {
+        op(&nodes.fake[0], 100),  // attn_norm, fused (RMS_NORM, MUL)
+        mark(GGML_CUDA_PROFILE_FORK, 130),
+        op(&nodes.fake[1], 140, 1),  // Q
+        op(&nodes.fake[2], 141, 2),  // K
+        op(&nodes.fake[3], 142, 3),  // V
+        op(&nodes.fake[4], 170, 1),  // Q's rope
+        op(&nodes.fake[5], 160, 2),  // K's rope
+        mark(GGML_CUDA_PROFILE_JOIN, 200, 1),
+        mark(GGML_CUDA_PROFILE_JOIN, 185, 2),
+        mark(GGML_CUDA_PROFILE_JOIN, 190, 3),
+        op(&nodes.fake[6], 205),  // the attention, on the main stream after the join
+        op(&nodes.fake[7], 230),  // the next layer's first op
+        mark(GGML_CUDA_PROFILE_GRAPH_END, 260),
+        mark(GGML_CUDA_PROFILE_CALIB, 261),
+    };
+    walked w;
+    CHECK(walk_gpu_marks(m.data(), (int32_t) m.size(), 0, 0, true, nodes, w.out) == 0);
+    CHECK(w.ops.size() == 8);
+    // each op from past its mark (a mark takes 1 ns here) to its stream's next mark
+    const int64_t want[8][2] = {
+        { 101, 130 }, { 141, 170 }, { 142, 160 }, { 143, 190 }, { 171, 200 }, { 161, 185 }, { 206, 230 }, { 231, 260 },
+    };
+    const int64_t region_start = 140, region_end = 200;  // the side streams' first mark, last join
+    int32_t       seen         = 0;
+    for (const op_rec & r : w.ops) {
+        CHECK(r.idx >= 0 && r.idx < 8);
+        CHECK(r.t_start == want[r.idx][0] && r.t_end == want[r.idx][1]);
+        seen |= 1 << r.idx;
+        const bool inside = r.idx >= 1 && r.idx <= 5;
+        // no op outside the region overlaps it: the fork's op ends where the side streams begin
+        CHECK(inside ? r.t_start >= region_start && r.t_end <= region_end :
+                       r.t_end <= region_start || r.t_start >= region_end);
+    }
+    CHECK(seen == 0xff);
+    CHECK(w.busy.size() == 1 && w.busy[0].t_start == 100 && w.busy[0].t_end == 260 && w.busy[0].n_ops == 8);
+
+    // MINIMAL (the layers' first ops marked, no FORK mark): the side streams' ops are counted to
+    // the layer's mark, whose span runs through the region as the layer's time does; the joins end
+    // nothing
+    std::vector<ggml_cuda_profile_mark> n = {
+        op(&nodes.fake[0], 100, 0, 7),  // layer 3: nodes 0-6, the branches' five among them
+        mark(GGML_CUDA_PROFILE_JOIN, 200, 1),
+        mark(GGML_CUDA_PROFILE_JOIN, 185, 2),
+        mark(GGML_CUDA_PROFILE_JOIN, 190, 3),
+        op(&nodes.fake[7], 230),
+        mark(GGML_CUDA_PROFILE_GRAPH_END, 260),
+    };
+    walked v;
+    CHECK(walk_gpu_marks(n.data(), (int32_t) n.size(), 0, 0, false, nodes, v.out) == 0);
+    CHECK(v.layers.size() == 2);
+    CHECK(v.layers[0].layer == 3 && v.layers[0].t_start == 100 && v.layers[0].t_end == 230 && v.layers[0].n_ops == 7);
+    CHECK(v.layers[1].layer == 4 && v.layers[1].t_start == 230 && v.layers[1].t_end == 260);
+}
+
 int main() {
+    room();
+    concurrent();
     detailed();
     calibrated();
     minimal();

@@ -154,7 +154,7 @@ int64_t llama_instr::walk_gpu_marks(const ggml_cuda_profile_mark * marks,
                     copy[slot] = {};
                     break;
                 }
-            default:  // JOIN: only ends its stream's op; CALIB: read above
+            default:  // JOIN, FORK: only end their stream's op; CALIB: read above
                 break;
         }
     }
@@ -165,4 +165,18 @@ int64_t llama_instr::walk_gpu_marks(const ggml_cuda_profile_mark * marks,
         end_span();
     }
     return n_lost;
+}
+
+int64_t llama_instr::gpu_marks_room(int64_t have, int64_t used, int64_t n_nodes, int64_t computes) {
+    // a compute's marks: one per op, one per graph compute (a split each) and two per copy: room
+    // for a split and a copy per node, and then some
+    const int64_t per_compute = 4 * n_nodes + 64;
+    // at a step's first compute, room for as many as a decode makes: its later ubatches then
+    // find it (a decode of more, its sequences split into smaller ubatches, grows it by half again)
+    const int64_t ahead       = std::min<int64_t>(std::max<int64_t>(computes, 1), GPU_MARKS_COMPUTES_AHEAD);
+    const int64_t need        = used == 0 ? per_compute * ahead : used + per_compute;
+    if (need <= have) {
+        return have;
+    }
+    return used == 0 ? need : std::max(need, have + have / 2);
 }

@@ -55,6 +55,18 @@ struct gpu_walk_out {
 // between) is what a mark takes in that compute, and each op's or span's start is moved past it.
 // Returns the marked ops whose interval is unknown: a mark that never ran, on a stream out of
 // range, with no later mark on its stream, or not of the graph indexed.
+// The room (in marks) the CUDA op timer holds for a step's marks before one of its computes, of a
+// graph of n_nodes nodes: the marks of the step's earlier computes (`used`) stay until the host
+// synchronizes after the step, so a step of many ubatches needs room for all of them, and each
+// time the room grows the backend waits for its streams. `have` is the room held; `computes` how
+// many computes a decode makes (ggml's batch over its ubatch). At a step's first compute (`used`
+// 0) the room is made enough for `computes` of this graph, so that a decode's later computes do
+// not grow it; a step of more computes grows it by half again. Returns `have` when it does.
+// At most GPU_MARKS_COMPUTES_AHEAD computes are made room for ahead (a batch of many small
+// ubatches holds that much room only once a step needs it).
+constexpr int64_t GPU_MARKS_COMPUTES_AHEAD = 16;
+int64_t           gpu_marks_room(int64_t have, int64_t used, int64_t n_nodes, int64_t computes);
+
 int64_t walk_gpu_marks(const ggml_cuda_profile_mark * marks,
                        int32_t                        n,
                        int64_t                        offset,

@@ -48,7 +48,6 @@ class cuda_op_timer final : public op_timer {
         clock_pair(clock_pair) {}
 
     bool arm(ctx_state & st, const llama_context * ctx, const ggml_cgraph * gf) override {
-        GGML_UNUSED(ctx);
         if (!env_device(st.epoch).timing) {
             return false;
         }
@@ -60,10 +59,12 @@ class cuda_op_timer final : public op_timer {
             prof       = {};
             lost_taken = 0;
         }
-        // a mark per op, one per graph compute (a split each) and two per copy: room for a split
-        // and a copy per node, and then some, after the marks of the step's computes not read yet
-        const size_t n   = (size_t) ggml_graph_n_nodes(const_cast<ggml_cgraph *>(gf));
-        const size_t cap = (size_t) prof.n_marks + 4 * n + 64;
+        // room after the marks of the step's computes not read yet; at its first, for as many
+        // computes as a decode makes (a batch in ubatches), so that its later ones find it
+        const int64_t n_ubatch = std::max<int64_t>(llama_n_ubatch(ctx), 1);
+        const int64_t computes = ((int64_t) llama_n_batch(ctx) + n_ubatch - 1) / n_ubatch;
+        const size_t  cap      = (size_t) gpu_marks_room((int64_t) marks.size(), prof.n_marks,
+                                                         ggml_graph_n_nodes(const_cast<ggml_cgraph *>(gf)), computes);
         if (marks.size() < cap) {
             marks.resize(cap);
             resolved.resize(cap);

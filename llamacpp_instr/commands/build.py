@@ -53,7 +53,7 @@ import click
     help="With ggml's CUDA backend (NVIDIA GPUs): the wheel, or with --tools the programs; with "
     "--check, compile only the CUDA sources the patches touch. Uses the system's CUDA toolkit where "
     "it is complete (nvcc, cuBLAS), else NVIDIA's toolkit packages from PyPI, installed into the "
-    "cache (about 570 MB). The whole backend is about 70 CPU-minutes per architecture.",
+    "cache (about 570 MB). The whole backend is 38 to 70 CPU-minutes per architecture.",
 )
 @click.option(
     "--cuda-arch",

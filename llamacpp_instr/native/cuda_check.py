@@ -1,6 +1,6 @@
 """`instr build --check --cuda`: compile the CUDA sources the patches touch, with the CUDA toolkit
 `instr build --cuda` would use (the system's, else PyPI's), without a GPU and without building
-the whole backend (about 70 CPU-minutes): the patched tree is configured as the CUDA wheel is,
+the whole backend (38 to 70 CPU-minutes): the patched tree is configured as the CUDA wheel is,
 then only the objects of the ``.cu`` files a patch adds or edits are compiled. A change to
 ggml-cuda that does not compile fails here, on any machine. The op timer's own sources
 (``src/llama-instr-ops-cuda.cpp``, ``llama-instr-gpu-marks.cpp``) are plain C++, compiled by

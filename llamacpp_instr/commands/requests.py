@@ -33,7 +33,9 @@ def command(
     each request drafted and had accepted, its draft, verify and rejected time, and whether the
     drafts paid. For a mixture of experts whose routing the log recorded (--level detailed): the
     experts each request's own steps routed to, per layer (a step shared with other requests is
-    counted, not split). `--format json`: one object per request under "requests"."""
+    counted, not split). With images or sounds (mtmd): the encodes that served each request's
+    prompt, beside its media's and its text's prefill, as the parts of its first token's time. `--format json`: one object per request under "requests".
+    """
     from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.converters.reports.renderers import render
     from llamacpp_instr.converters.reports.requests_report import requests_report

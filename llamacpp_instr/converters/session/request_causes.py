@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .request_media import RequestMedia
 from .requests import slot_window
 
 # (start ns, duration ns, the batch's tokens, [(sequence, its tokens)])
@@ -94,6 +95,8 @@ class RequestStory:
     cache_miss_reason: str | None
     cache_note: str
     late_tokens: list[LateToken]
+    # its images' or sounds' encodes and prefill, beside its text's (``request_media``)
+    media: RequestMedia | None = None
 
     def row(self) -> dict[str, Any]:
         return {
@@ -111,6 +114,7 @@ class RequestStory:
             "cache_miss_reason": self.cache_miss_reason,
             "cache_note": self.cache_note,
             "late_tokens": [t.row() for t in self.late_tokens],
+            **({"media": self.media.row()} if self.media is not None else {}),
         }
 
 

@@ -6,11 +6,15 @@ a sound through a qwen2a one; llama-server answering two requests with an image 
 from __future__ import annotations
 
 import copy
+import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.support import FIXTURES, read_log, write_log
+from helpers.support import FIXTURES, JSON, read_log, write_log
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from llamacpp_instr.converters import load_session
 from llamacpp_instr.converters.session.fold import load
@@ -229,3 +233,33 @@ def test_the_metrics_keep_encodes_out_of_the_decode_steps() -> None:
     )
     decoded = sum(b["n_tokens"] for b in begins if b["kind"] != "encode")
     assert value(pre + "iteration_tokens_total_sum") == decoded
+
+
+_RECS = read_log(IMAGES)
+
+
+@settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")),
+    deadline=None,
+    derandomize="FUZZ_EXAMPLES" not in os.environ,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    edits=st.lists(
+        st.tuples(st.integers(0, len(_RECS) - 1), st.text(max_size=12), JSON),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_fuzz_the_same_tables_as_the_reference(
+    edits: list[tuple[int, str, Any]], tmp_path: Path
+) -> None:
+    """The images log with wrong types or values in any record: the same tables (media and
+    encodes among them) from the bulk reader and the reference, or the same error."""
+    from test_frames_bulk_matches_reference import assert_same_outcome
+
+    recs = json.loads(json.dumps(_RECS))
+    for i, key, value in edits:
+        r = recs[i]
+        r[sorted(r)[len(key) % len(r)]] = value
+    assert_same_outcome(write_log(tmp_path / "fuzz.log", recs))

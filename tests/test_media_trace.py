@@ -8,6 +8,7 @@ import), and the fast writer against the reference writer."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +16,21 @@ import pytest
 from click.testing import CliRunner
 from helpers.support import (
     FIXTURES,
+    JSON,
     assert_same_trace,
     fast_trace,
     plain_copy,
     read_log,
+    reference_trace,
     resolved,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from test_perfetto import check_trace, convert, op_slices
 
 from llamacpp_instr.cli import main
+from llamacpp_instr.contract.errors import UserError
 
 pytestmark = pytest.mark.fast
 
@@ -118,3 +124,41 @@ def test_the_chrome_json_flows_go_through_the_steps(tmp_path: Path) -> None:
     for e in sorted(flows, key=lambda e: e["ts"]):
         by_id.setdefault(e["id"], []).append(e["ph"])
     assert sorted(by_id.values()) == [["s", "t"], ["s", "t"]]
+
+
+_RECS = read_log(IMAGES)
+
+
+@settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "40")),
+    deadline=None,
+    derandomize="FUZZ_EXAMPLES" not in os.environ,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    edits=st.lists(
+        st.tuples(st.integers(0, len(_RECS) - 1), st.text(max_size=12), JSON),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_fuzz_the_same_trace_from_both_writers(
+    edits: list[tuple[int, str, Any]], tmp_path: Path
+) -> None:
+    """The images log with wrong types or values in any record (its media records, encodes and
+    encoder context among them): the same trace, or the same failure, from both writers."""
+    recs = json.loads(json.dumps(_RECS))
+    for i, key, value in edits:
+        r = recs[i]
+        r[sorted(r)[len(key) % len(r)]] = value
+    log = tmp_path / "fuzz.log"
+    log.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    try:
+        want: Any = resolved(reference_trace(log))
+    except (ValueError, OverflowError, UserError) as exc:
+        want = type(exc)
+    try:
+        got: Any = resolved(fast_trace(log, compress=False, flush_rows=1)[0])
+    except (ValueError, OverflowError, UserError) as exc:
+        got = type(exc)
+    assert got == want

@@ -41,7 +41,7 @@ from llamacpp_instr.converters.session.fold import iter_events
 def assert_same_frames(ref: list[SessionFrames], new: list[SessionFrames]) -> None:
     assert len(ref) == len(new)
     for a, b in zip(ref, new, strict=True):
-        for name in SessionFrames.TABLES:
+        for name in SessionFrames.TABLES + SessionFrames.MEDIA_TABLES:
             x, y = getattr(a, name), getattr(b, name)
             assert list(x.columns) == list(y.columns), name
             assert list(x.dtypes) == list(y.dtypes), name  # categoricals: categories and order
@@ -100,10 +100,12 @@ def test_same_frames_as_reference_on_a_bigger_log(tmp_path: Path) -> None:
 @pytest.mark.fast
 @pytest.mark.parametrize("fixture", REAL_FIXTURES, ids=lambda p: p.name)
 def test_ops_recomputed_from_the_raw_json(fixture: Path) -> None:
-    """The ops table, column by column, from the NDJSON read with the json module alone."""
+    """The ops table, column by column, from the NDJSON read with the json module alone (an
+    encoder's encodes, an image's or a sound's, in ``encode_ops`` the same way)."""
     recs = read_log(fixture)
     graphs = {(r["ctx"], r["graph"]): r["nodes"] for r in recs if r["type"] == "graph"}
-    rows: list[tuple[Any, ...]] = []
+    encodes = {r["step"] for r in recs if r["type"] == "step_begin" and r["kind"] == "encode"}
+    rows: dict[bool, list[tuple[Any, ...]]] = {False: [], True: []}
     for c in recs:
         if c["type"] != "compute" or "ops" not in c:
             continue
@@ -113,7 +115,7 @@ def test_ops_recomputed_from_the_raw_json(fixture: Path) -> None:
             fused = e[3] if len(e) > 3 else []
             label = f"{n['op']}:{n['sub']}" if n.get("sub") else n["op"]
             weight = next((s for s in n["src"] if s.get("kind") == "weight"), None)
-            rows.append(
+            rows[c["step"] in encodes].append(
                 (
                     c["step"], c["ubatch"], c["graph"], n["i"], n["name"], n["op"], label,
                     -1 if n["layer"] is None else n["layer"], c["t_start"] + e[1], e[2],
@@ -121,18 +123,21 @@ def test_ops_recomputed_from_the_raw_json(fixture: Path) -> None:
                     weight["name"] if weight else None,
                 )
             )  # fmt: skip
-    ops = load_session(fixture).ops
-    cols = "step ubatch graph node name op label layer t_start dur_ns n_fused shape dtype weight"
-    got = ops[cols.split()].astype(object)
-    got["layer"] = ops["layer"].fillna(-1).astype(int)
-    got["weight"] = ops["weight"].astype(object).where(ops["weight"].notna(), None)
-    assert [tuple(r) for r in got.itertuples(index=False)] == rows
-    for col in ("t_start", "dur_ns", "est_flops", "est_bytes", "n_fused", "step", "node"):
-        assert ops[col].dtype == "int64"
-    for col in ("name", "op", "label", "category", "shape", "dtype", "weight", "weight_type"):
-        assert isinstance(ops[col].dtype, pd.CategoricalDtype)
-        first_seen = list(dict.fromkeys(ops[col].dropna().astype(str)))
-        assert list(ops[col].cat.categories) == first_seen
+    f = load_session(fixture)
+    for ops, want in ((f.ops, rows[False]), (f.encode_ops, rows[True])):
+        cols = (
+            "step ubatch graph node name op label layer t_start dur_ns n_fused shape dtype weight"
+        )
+        got = ops[cols.split()].astype(object)
+        got["layer"] = ops["layer"].fillna(-1).astype(int)
+        got["weight"] = ops["weight"].astype(object).where(ops["weight"].notna(), None)
+        assert [tuple(r) for r in got.itertuples(index=False)] == want
+        for col in ("t_start", "dur_ns", "est_flops", "est_bytes", "n_fused", "step", "node"):
+            assert ops[col].dtype == "int64"
+        for col in ("name", "op", "label", "category", "shape", "dtype", "weight", "weight_type"):
+            assert isinstance(ops[col].dtype, pd.CategoricalDtype)
+            first_seen = list(dict.fromkeys(ops[col].dropna().astype(str)))
+            assert list(ops[col].cat.categories) == first_seen
 
 
 @pytest.mark.fast

@@ -69,6 +69,16 @@ def _shape_2000(g: dict[str, Any]) -> None:
 DETAILED = "tiny-llama-detailed.log.gz"
 MOE = "smollm2-moe4-verbose.log.gz"  # 4 layers of 8 experts, 2 used; a prompt of 5 tokens
 SPEC = "seeds/smollm2-spec-minimal.log.gz"  # llama-server speculating: a target and its draft
+IMAGES = "tiny-llama-gemma3-images-detailed.log.gz"  # llama-mtmd-cli: two images, two encodes
+
+
+def _encode_begin(fn: Any) -> Records:
+    """The images log with its first encode's step_begin changed by ``fn``."""
+    recs = fixture(IMAGES)
+    fn(next(r for r in recs if r["type"] == "step_begin" and r["kind"] == "encode"))
+    return recs
+
+
 HOSTILE: dict[str, Any] = {
     "request status 2**63": lambda: _with_request(status=2**63),
     "request slot 2**63": lambda: _with_request(slot=2**63),
@@ -104,6 +114,22 @@ HOSTILE: dict[str, Any] = {
     "part label 2**64": lambda: _with_part(label=2**64),
     "spec context n_layer 2**64": lambda: _edited(
         SPEC, "context", lambda r: r["model"].update(n_layer=2**64)
+    ),
+    "media nx 2**64": lambda: _edited(IMAGES, "media", lambda r: r.update(nx=2**64)),
+    "media id 0": lambda: _edited(IMAGES, "media", lambda r: r.update(id=0)),
+    "media preprocess of text": lambda: _edited(
+        IMAGES, "media", lambda r: r.update(preprocess=["a", "b"])
+    ),
+    "encoder context n_layer 2**64": lambda: _edited(
+        IMAGES, "context", lambda r: r["model"].update(n_layer=2**64)
+    ),
+    "encoder modality 2**64": lambda: _edited(
+        IMAGES, "context", lambda r: r["encoder"].update(modality=2**64)
+    ),
+    "encode of 10**5 slices": lambda: _encode_begin(lambda r: r.update(media=[[1, 0]] * 10**5)),
+    "encode target 2**64": lambda: _encode_begin(lambda r: r.update(target=[2**64, 0])),
+    "decode step media 2**63": lambda: _edited(
+        IMAGES, "step_begin", lambda r: r.update(media=[2**63, 0]) if "media" in r else None
     ),
 }
 
@@ -584,3 +610,45 @@ def test_the_parts_table_reads_the_steps_once(monkeypatch: pytest.MonkeyPatch) -
     assert (rows[0]["steps"], rows[0]["tokens"]) == (1, int(pp["n_tokens"].sum()))
     assert rows[1]["steps"] == len(f.steps) - 1
     assert rows[0]["decode_ms"] == int(pp["dur_ns"].sum()) / 1e6
+
+
+# --- images and sounds ------------------------------------------------------------------------
+
+
+def _forged_media_log(path: Path, n_media: int, n_encodes: int) -> Path:
+    """The images log with ``n_media`` more ``media`` records (each its own id and hash) and
+    ``n_encodes`` more encodes (a step_begin naming 64 of their slices and a step_end each),
+    after its first medium."""
+    recs = fixture(IMAGES)
+    medium = next(r for r in recs if r["type"] == "media")
+    begin = next(r for r in recs if r["type"] == "step_begin" and r["kind"] == "encode")
+    end = next(r for r in recs if r["type"] == "step_end" and r["step"] == begin["step"])
+    at = recs.index(medium) + 1
+    with path.open("w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in recs[:at]))
+        for k in range(n_media):
+            f.write(json.dumps(medium | {"id": 10**6 + k, "hash": f"{k:016x}"}) + "\n")
+        for k in range(n_encodes):
+            pairs = [[10**6 + (64 * k + j) % max(1, n_media), j] for j in range(64)]
+            step = 10**6 + k
+            f.write(json.dumps(begin | {"step": step, "media": pairs, "first": False}) + "\n")
+            f.write(json.dumps(end | {"step": step}) + "\n")
+        f.write("".join(json.dumps(r) + "\n" for r in recs[at:]))
+    return path
+
+
+@pytest.mark.parametrize("cmd", ["summary", "to-perfetto", "export"])
+def test_forged_media_and_encodes_cost_at_most_twice_the_log(cmd: str, tmp_path: Path) -> None:
+    """60,000 media records and 10,000 encodes of 64 slices each (about 30 MB): the command ends
+    within twice the log's size beyond what the fixture alone takes; the media are read, and
+    the summary shows the first and the costliest of them, not all."""
+    small = _write(tmp_path / "small.log", fixture(IMAGES))
+    big = _forged_media_log(tmp_path / "big.log", 60_000, 10_000)
+    size_mb = big.stat().st_size / 2**20
+    assert size_mb > 25
+    limit = 3 << 30
+    rc0, base_mb, err0 = _peak_rss_mb(_args(cmd, small, tmp_path), limit)
+    rc, peak_mb, err = _peak_rss_mb(_args(cmd, big, tmp_path), limit)
+    assert "Traceback" not in err0 + err
+    assert rc0 == 0 and rc == 0, err
+    assert peak_mb - base_mb < 2 * size_mb, (base_mb, peak_mb, size_mb)

@@ -21,8 +21,10 @@ def command(
 ) -> None:
     """Compare two session logs: memory (weights, KV cache, compute), prompt and generation
     tokens/s, time per op type and per layer, generated-token agreement and, when both are verbose
-    logs with top-k logits, top-1 agreement and a KL-divergence estimate per step and overall.
-    Record both at detailed level or above (generated tokens come from the step records).
+    logs with top-k logits, top-1 agreement and a KL-divergence estimate per step and overall;
+    runs with images or sounds (mtmd), their encoders side by side: an encode's time, per op type
+    and per part of the encoder, the tokens each medium costs. Record both at detailed level or
+    above (generated tokens come from the step records).
 
     The agreement is free-running: after the first differing token the runs continue from
     different text. It shows how soon outputs diverge, not a quantization's quality: for that,

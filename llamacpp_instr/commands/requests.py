@@ -35,8 +35,9 @@ def command(
     experts each request's own steps routed to, per layer (a step shared with other requests is
     counted, not split). A request of several tasks (n_cmpl completions of a prompt, or several
     prompts) is one row: its tokens all its tasks', its generation until the last of them let its
-    slot go, and each task's slot and tokens. `--format json`: one object per request under
-    "requests"."""
+    slot go, and each task's slot and tokens. With images or sounds (mtmd): the encodes that
+    served each request's prompt, beside its media's and its text's prefill, as the parts of its
+    first token's time. `--format json`: one object per request under "requests"."""
     from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.converters.reports.renderers import render
     from llamacpp_instr.converters.reports.requests_report import requests_report

@@ -21,10 +21,11 @@ from llamacpp_instr.commands.output import check_output, emit, load_log
 @click.option(
     "--by",
     "by",
-    type=click.Choice(["op", "layer", "node"]),
+    type=click.Choice(["op", "layer", "node", "media"]),
     default="op",
     show_default=True,
-    help="Group op time by op type, layer or graph node.",
+    help="Group op time by op type, layer or graph node; media: each image's or sound's time "
+    "as the main table (csv's).",
 )
 @top_option
 @peaks_option
@@ -51,7 +52,10 @@ def command(
     their time and the draft's); the draft gets a line of its own, and the verdict says whether
     speculation saved time against a plain decode of the same tokens, priced from the log's
     single-token target steps (or predict's model where it has none); HTML adds acceptance by
-    draft position and each request's draft, verify and rejected time."""
+    draft position and each request's draft, verify and rejected time. A run with images or
+    sounds (mtmd) shows each one's time: its load, preprocessing, encodes (by op type and by part
+    of the encoder: embedding, blocks, projector), the prefill of its tokens and the tokens it
+    costs, its encoder's first medium apart from the others."""
     from llamacpp_instr.converters.reports.renderers import render
     from llamacpp_instr.converters.reports.summary import summary_report
 

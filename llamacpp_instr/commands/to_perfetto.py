@@ -75,7 +75,10 @@ def command(
     slices (tensor shapes and types, the weight a matmul reads, estimated FLOPs and bytes with
     achieved GFLOP/s and GB/s), per-thread tracks for verbose logs, and counters (tokens/s, KV
     cache cells, memory; for a mixture of experts with its routing recorded, the experts each
-    layer used per ubatch). Damaged lines are skipped and reported on stderr.
+    layer used per ubatch). Images and sounds (mtmd): an encoder track per encoder with each encode
+    laid out as a step is (its blocks as layers, its projector the last), each medium's load and
+    preprocessing, and a flow from each encode to the steps that decode its embeddings. Damaged
+    lines are skipped and reported on stderr.
 
     With this machine's peaks (`instr peaks`), each op also shows its arithmetic intensity, its
     fraction of the roofline at that intensity (roof_fraction) and which roof binds it (bound:

@@ -1,10 +1,12 @@
 """A seeded, bounded mutation fuzzer of the reading side (issue 55, section 3).
 
 Each case is a committed fixture (among them a mixture of experts' VERBOSE log, with its
-``experts`` records, and llama-server speculating, with its ``context`` and ``spec`` records) or
+``experts`` records, llama-server speculating, with its ``context`` and ``spec`` records, and
+llama-mtmd-cli's images and sound, with their ``media`` records and encodes) or
 the hand-made server log of ``test_metrics``, the seeds taken in turn, with a few of its records
 mutated: numbers pushed to extremes, values of another type, records cut short, graph tables and
-substitutions forged, routing records grown past their graph or repeated. Every reading command runs on it in this process (click's
+substitutions forged, routing records grown past their graph or repeated, media and encodes
+forged. Every reading command runs on it in this process (click's
 ``CliRunner``): each must end with exit 0, or exit 2 and one line ``error: ...``, never a
 traceback. ``instr metrics`` is run as its loop runs the log (``RequestTracker`` into
 ``Metrics``, then a scrape), ``to-otlp`` against a local receiver when one is given.
@@ -37,6 +39,8 @@ LOGS = (
     "tiny-qwen2-detailed-ubatch.log.gz",
     "smollm2-moe4-verbose.log.gz",
     "seeds/smollm2-spec-minimal.log.gz",
+    "tiny-llama-gemma3-images-detailed.log.gz",
+    "seeds/tiny-llama-qwen2a-audio-detailed.log.gz",
 )
 SERVER = "the hand-made server log"
 SEEDS = (*LOGS, SERVER)
@@ -184,6 +188,37 @@ def forge_routing(rnd: random.Random, recs: Records) -> None:
         recs.insert(recs.index(rec) + 1, copy.deepcopy(rec))
 
 
+def forge_media(rnd: random.Random, recs: Records) -> None:
+    """Images and sounds forged: ``media`` records repeated under other ids (or the same), an
+    encode's medium slices grown or pushed to extremes, a decode step naming a medium no record
+    describes, or an encode repeated as another step."""
+    media = [r for r in recs if r["type"] == "media"]
+    encodes = [r for r in recs if r["type"] == "step_begin" and r["kind"] == "encode"]
+    if not media or not encodes:
+        return
+    choice = rnd.randrange(4)
+    if choice == 0:
+        rec = rnd.choice(media)
+        at = recs.index(rec) + 1
+        n = rnd.choice([1, 50, 2000])
+        same = rnd.random() < 0.3
+        recs[at:at] = [rec | {"id": rec["id"] if same else 1000 + k} for k in range(n)]
+    elif choice == 1:
+        rec = rnd.choice(encodes)
+        pair = [rnd.choice([0, 1, 2**31, 2**62, -1]), rnd.choice([0, 1, 2**40])]
+        rec["media"] = rec["media"] * rnd.choice([1, 64, 65]) + [pair]
+    elif choice == 2:
+        decodes = [r for r in recs if r["type"] == "step_begin" and r["kind"] != "encode"]
+        rec = rnd.choice([d for d in decodes if "media" in d] or encodes)
+        rec["media"] = [rnd.choice([999, 2**62, 0]), rnd.choice([0, 7])]
+    else:
+        rec = rnd.choice(encodes)
+        group = [r for r in recs if r.get("step") == rec["step"] and r.get("ctx") == rec["ctx"]]
+        last = recs.index(group[-1]) + 1
+        copies = [copy.deepcopy(r) | {"step": 10_000 + rec["step"]} for r in group]
+        recs[last:last] = copies
+
+
 def cut_record(rnd: random.Random, recs: Records) -> Records | None:
     """A line cut short (returned as raw text lines), or a record's list emptied."""
     rec = rnd.choice(recs)
@@ -202,6 +237,7 @@ MUTATIONS: list[Callable[[random.Random, Records], Any]] = [
     drop_key,
     forge_tables,
     forge_routing,
+    forge_media,
     cut_record,
 ]
 

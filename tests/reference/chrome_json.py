@@ -84,12 +84,17 @@ def reference_write_chrome_json(items: Iterable[Item], out: IO[bytes]) -> int:
                     "args": it.args,
                 }
             )
-            # flows at the slice's middle: a split's launch on a device, or the KV cache's
+            # flows at the slice's middle: a split's launch on a device, an encode's embeddings
+            # through the decode steps that carry them, or the KV cache's
             launch = it.category in ("split", "busy", "remote")
             name, cat = ("launch", "device_flow") if launch else ("KV cache", "kv_flow")
+            ph = "s"
+            if it.category == "step":
+                name, cat = "embeddings", "media_flow"
+                ph = "s" if it.args.get("kind") == "encode" else "t"
             mid = (it.ts + it.dur / 2) / 1000
             for f in it.flows_out:
-                emit({"ph": "s", "name": name, "cat": cat, "pid": tr.pid, "tid": tids[it.track],
+                emit({"ph": ph, "name": name, "cat": cat, "pid": tr.pid, "tid": tids[it.track],
                       "id": f, "ts": mid})  # fmt: skip
             for f in it.flows_in:
                 emit({"ph": "f", "bp": "e", "name": name, "cat": cat, "pid": tr.pid,

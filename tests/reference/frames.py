@@ -35,7 +35,7 @@ from llamacpp_instr.converters.session.fold import iter_events
 
 STEP_COLS = (
     "step ctx kind n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended request "
-    "level llama_decode_ns role"
+    "level llama_decode_ns media media_slice role"
 ).split()
 SEQ_COLS = "step ctx seq n_tokens pos0 pos1".split()
 REQUEST_COLS = (
@@ -52,6 +52,14 @@ EXPERT_COLS = "step layer expert tokens weight ubatch".split()
 NODE_COLS = "graph node name op label layer shape dtype bytes flags".split()
 STAT_COLS = "step ubatch node name min max mean std n_nan n_inf".split()
 TOPK_COLS = "step row rank token logit".split()
+MEDIA_COLS = (
+    "id kind nx ny frames bytes hash slices tokens n_pos t_load load_ns t_preprocess "
+    "preprocess_ns ts"
+).split()
+ENCODE_COLS = (
+    "step ctx encoder t_start dur_ns compute_ns op_ns n_tokens media slice n_slices first "
+    "target_ctx target_seq request level status ended"
+).split()
 
 
 class _RefCat:
@@ -107,22 +115,36 @@ def _shape(shape: list[int]) -> str:
     return "x".join(map(str, shape))
 
 
+def _ops_table() -> _RefTable:
+    return _RefTable(
+        "step ubatch graph node layer t_start dur_ns n_fused est_flops est_bytes",
+        cats="name op label category shape dtype weight weight_type expert_bytes",
+        nullable="layer",
+    )
+
+
 class _RefBuilder:
     def __init__(self, info: SessionInfo) -> None:
         self.info = info
         self.steps = _RefTable(
             "step ctx n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended "
-            "llama_decode_ns",
+            "llama_decode_ns media media_slice",
             cats="kind request level",
-            nullable="status",
+            nullable="status media media_slice",
         )
         self.seqs = _RefTable("step ctx seq n_tokens pos0 pos1")
         self.layers = _RefTable("step ubatch layer t_start dur_ns n_ops")
-        self.ops = _RefTable(
-            "step ubatch graph node layer t_start dur_ns n_fused est_flops est_bytes",
-            cats="name op label category shape dtype weight weight_type expert_bytes",
-            nullable="layer",
+        self.ops = _ops_table()
+        # an encoder's encodes: their own rows, layer spans and ops
+        self.encodes = _RefTable(
+            "step ctx t_start dur_ns compute_ns op_ns n_tokens media slice n_slices first "
+            "target_ctx target_seq status ended",
+            cats="encoder request level",
+            nullable="media slice target_ctx status",
         )
+        self.encode_media = _RefTable("step media slices")
+        self.encode_layers = _RefTable("step ubatch layer t_start dur_ns n_ops")
+        self.encode_ops = _ops_table()
         self.experts = _RefTable("step layer expert tokens ubatch", "weight")
         self.nodes = _RefTable(
             "graph node layer bytes", cats="name op label shape dtype flags", nullable="layer"
@@ -150,20 +172,42 @@ class _RefBuilder:
             if s.ended
             else s.end
         )
-        self.steps.add(
-            step=s.index, ctx=s.ctx, kind=s.kind, n_tokens=s.n_tokens, pos0=s.pos[0], pos1=s.pos[1],
-            t_start=s.start, dur_ns=ready - s.start, status=s.status, n_outputs=s.n_outputs,
-            kv_used=s.kv_used, op_ns=s.op_time, ended=int(s.ended), request=s.request,
-            level=s.level or self.info.level, llama_decode_ns=s.dur,
-        )  # fmt: skip
+        encode = s.kind == "encode"
+        if encode:
+            enc = s.encode
+            assert enc is not None
+            arch = self.info.contexts.get(s.ctx, {}).get("model", {}).get("architecture")
+            m0, k0 = s.media[0] if s.media else (None, None)
+            self.encodes.add(
+                step=s.index, ctx=s.ctx, encoder=arch, t_start=s.start, dur_ns=ready - s.start,
+                compute_ns=sum(c.dur for c in s.computes), op_ns=s.op_time, n_tokens=s.n_tokens,
+                media=m0, slice=k0, n_slices=len(s.media) + enc.more,
+                first=int(enc.first), target_ctx=enc.target[0] if enc.target else None,
+                target_seq=enc.target[1] if enc.target else -1, request=s.request,
+                level=s.level or self.info.level, status=s.status, ended=int(s.ended),
+            )  # fmt: skip
+            for m in dict.fromkeys(m for m, _ in s.media):
+                n = sum(1 for x, _ in s.media if x == m)
+                self.encode_media.add(step=s.index, media=m, slices=n)
+        else:
+            m0, k0 = s.media[0] if s.media else (None, None)
+            self.steps.add(
+                step=s.index, ctx=s.ctx, kind=s.kind, n_tokens=s.n_tokens, pos0=s.pos[0],
+                pos1=s.pos[1], t_start=s.start, dur_ns=ready - s.start, status=s.status,
+                n_outputs=s.n_outputs, kv_used=s.kv_used, op_ns=s.op_time, ended=int(s.ended),
+                request=s.request, level=s.level or self.info.level, llama_decode_ns=s.dur,
+                media=m0, media_slice=k0,
+            )  # fmt: skip
         for seq, n_tok, p0, p1 in s.seqs:
             self.seqs.add(step=s.index, ctx=s.ctx, seq=seq, n_tokens=n_tok, pos0=p0, pos1=p1)
+        layers, ops = (self.encode_layers, self.encode_ops) if encode else (self.layers, self.ops)
         for c in s.computes:
             splits = c.place.splits if c.place is not None else []
             for k, lay in enumerate(c.layers):
                 d = -1 if c.layer_device is None else int(c.layer_device[k])
-                self.layer_device.append(self.device_names.get(self.cpu if d < 0 else d))
-                self.layers.add(
+                if not encode:
+                    self.layer_device.append(self.device_names.get(self.cpu if d < 0 else d))
+                layers.add(
                     step=s.index, ubatch=c.ubatch, layer=lay.layer, t_start=lay.start,
                     dur_ns=lay.dur, n_ops=lay.n_ops,
                 )  # fmt: skip
@@ -196,8 +240,9 @@ class _RefBuilder:
                         whole = derive.src_bytes(n.src[0], g)
                         est_bytes -= whole - whole * len(used) // exps[2]
                 held = [x.device for x in splits if x.i_start <= n.i < x.i_end]
-                self.op_device.append(self.device_names.get(held[0] if held else self.cpu))
-                self.ops.add(
+                if not encode:
+                    self.op_device.append(self.device_names.get(held[0] if held else self.cpu))
+                ops.add(
                     step=s.index, ubatch=c.ubatch, graph=g.id, node=n.i, name=n.name, op=n.op,
                     label=n.label, category=derive.category(n), layer=n.layer, t_start=op.start,
                     dur_ns=op.dur, n_fused=len(op.fused), shape=_shape(n.shape), dtype=n.dtype,
@@ -221,6 +266,38 @@ class _RefBuilder:
                 self.topk.add(
                     step=s.index, row=row.get("row", 0), rank=rank, token=tok, logit=logit
                 )
+
+    def media(self) -> pd.DataFrame:
+        t = _RefTable(
+            "id nx ny frames bytes slices tokens n_pos t_load load_ns t_preprocess "
+            "preprocess_ns ts",
+            cats="kind hash",
+            nullable="t_load load_ns t_preprocess preprocess_ns",
+        )
+        seen = set()
+        for m in self.info.media:
+            if m.id not in seen:
+                seen.add(m.id)
+                t.add(
+                    id=m.id, kind=m.kind, nx=m.nx, ny=m.ny, frames=m.frames, bytes=m.bytes,
+                    hash=m.hash_text, slices=m.slices, tokens=m.tokens, n_pos=m.n_pos,
+                    t_load=m.t_load, load_ns=m.load_ns if m.t_load >= 0 else -1,
+                    t_preprocess=m.t_preprocess,
+                    preprocess_ns=m.preprocess_ns if m.t_preprocess >= 0 else -1, ts=m.ts,
+                )  # fmt: skip
+        df = t.frame(MEDIA_COLS)
+        for c in ("kind", "hash"):
+            df[c] = string_categories(df[c])
+        return df
+
+    def encodes_frame(self) -> pd.DataFrame:
+        df = self.encodes.frame(ENCODE_COLS)
+        df["target_seq"] = df["target_seq"].astype("Int64").where(df["target_ctx"].notna())
+        for c in ("first", "ended"):
+            df[c] = df[c].astype(bool)
+        for c in ("encoder", "request", "level"):
+            df[c] = string_categories(df[c])
+        return df
 
     def requests(self) -> pd.DataFrame:
         t = _RefTable(
@@ -262,6 +339,8 @@ class _RefBuilder:
             weights["layer"] = weights["layer"].astype("Int64")
         layers, ops = self.layers.frame(LAYER_COLS), self.ops.frame(OP_COLS)
         ops["expert_bytes"] = string_categories(ops["expert_bytes"])
+        encode_ops = self.encode_ops.frame(OP_COLS)
+        encode_ops["expert_bytes"] = string_categories(encode_ops["expert_bytes"])
         if len(self.device_names) > 1:  # the device columns (the machine's order)
             names = [self.device_names[k] for k in sorted(self.device_names)]
             layers["device"] = pd.Categorical(self.layer_device, categories=names)
@@ -280,6 +359,13 @@ class _RefBuilder:
             experts=self.experts.frame(EXPERT_COLS),
             graphs=self.graphs,
             report=report,
+            media=self.media(),
+            encodes=self.encodes_frame(),
+            encode_media=self.encode_media.frame("step media slices".split()).astype(
+                {"slices": "int32"}
+            ),
+            encode_layers=self.encode_layers.frame(LAYER_COLS),
+            encode_ops=encode_ops,
         )
 
 

@@ -43,6 +43,9 @@ class LiveState:
     steps_done: int = 0
     prompt_tokens: int = 0
     gen_tokens: int = 0
+    # an encoder's encodes (images, sounds): counted apart, never in the decode figures
+    encodes_done: int = 0
+    encode_ns: int = 0
     window: deque[StepView] = field(default_factory=lambda: deque(maxlen=WINDOW))
     # layer -> ns in the last step's computes
     last_layers: dict[int, int] = field(default_factory=dict)
@@ -76,6 +79,10 @@ class LiveState:
         self.memory = {k: v for k, v in info.memory.items() if k != "buffers"}
 
     def _step(self, step: Step) -> StepView:
+        if step.kind == "encode":  # not a decode step: its line, no decode figure
+            self.encodes_done += 1
+            self.encode_ns += step.dur
+            return StepView(step.index, step.kind, step.n_tokens, step.dur, step.kv_used)
         layers: dict[int, int] = {}
         ops: dict[str, int] = {}
         for c in step.computes:
@@ -98,7 +105,7 @@ class LiveState:
         self.steps_done += 1
         if step.kind == "prompt":
             self.prompt_tokens += v.n_tokens
-        else:
+        elif step.kind == "gen":
             self.gen_tokens += v.n_tokens
         return v
 

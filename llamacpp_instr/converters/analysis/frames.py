@@ -45,7 +45,6 @@ in order of first appearance (``columns``).
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -70,11 +69,12 @@ from . import roofline
 from .frames_devices import TABLES as DEVICE_TABLES
 from .frames_devices import DeviceBuilder
 from .frames_host import HostBuilder
-from .frames_ops import ComputeColumns, OpsBuilder
+from .frames_media import EncodeRows, media_frame
+from .frames_ops import ComputeColumns, LayersBuilder, OpsBuilder
 from .frames_spec import contexts_frame, request_spec_columns, step_roles, verify_frame
 from .heap import older_objects_frozen
 from .memory_frames import allocations_frame, memory_frame
-from .table_columns import Table, int_rows, shape_text, string_categories
+from .table_columns import Table, shape_text, string_categories
 
 _FIRST = itemgetter(0)
 
@@ -126,6 +126,13 @@ class SessionFrames:
     host_seqs: pd.DataFrame = field(default_factory=pd.DataFrame)
     chains: pd.DataFrame = field(default_factory=pd.DataFrame)
     context_perf: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # images and sounds: the media, the encoders' encodes, their layer spans and ops
+    # (``frames_media``; empty without them)
+    media: pd.DataFrame = field(default_factory=pd.DataFrame)
+    encodes: pd.DataFrame = field(default_factory=pd.DataFrame)
+    encode_media: pd.DataFrame = field(default_factory=pd.DataFrame)
+    encode_layers: pd.DataFrame = field(default_factory=pd.DataFrame)
+    encode_ops: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     TABLES = (
         "steps",
@@ -144,10 +151,13 @@ class SessionFrames:
         "chains",
         "context_perf",
     )
+    MEDIA_TABLES = ("media", "encodes", "encode_media", "encode_layers", "encode_ops")
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        """The tables (with the device tables of a run on several devices)."""
+        """The tables (with the device tables of a run on several devices, the media tables of
+        a run with images or sounds)."""
         names = self.TABLES + (DEVICE_TABLES if not self.devices.empty else ())
+        names += self.MEDIA_TABLES if not (self.media.empty and self.encodes.empty) else ()
         names += ("allocations", "memory") if not self.allocations.empty else ()
         names += ("contexts", "spec") if not (self.contexts.empty and self.spec.empty) else ()
         return {name: getattr(self, name) for name in names}
@@ -210,7 +220,7 @@ class Sampling:
 class _Builder:
     STEP_COLS = (
         "step ctx kind n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended "
-        "request level llama_decode_ns role"
+        "request level llama_decode_ns media media_slice role"
     ).split()
     SEQ_COLS = "step ctx seq n_tokens pos0 pos1".split()
     REQUEST_COLS = (
@@ -218,7 +228,6 @@ class _Builder:
         "prompt_tokens gen_tokens tokens_sent slot level error spec_type spec_drafted spec_accepted "
         "spec_verify_steps spec_draft_ns spec_verify_ns spec_rejected_ns"
     ).split()
-    LAYER_COLS = "step ubatch layer t_start dur_ns n_ops".split()
     NODE_COLS = "graph node name op label layer shape dtype bytes flags".split()
     STAT_COLS = "step ubatch node name min max mean std n_nan n_inf".split()
     TOPK_COLS = "step row rank token logit".split()
@@ -228,9 +237,9 @@ class _Builder:
         self.info = info
         self.steps = Table(
             "step ctx n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended "
-            "llama_decode_ns",
+            "llama_decode_ns media media_slice",
             cats="kind request level",
-            nullable="status",
+            nullable="status media media_slice",
         )
         self.seqs = Table("step ctx seq n_tokens pos0 pos1")
         self.memory_rows: list[tuple[int, int, int, StepMemory]] = []
@@ -243,9 +252,12 @@ class _Builder:
         self.expert_parts: list[tuple[int, int, np.ndarray, np.ndarray]] = []
         self.n_expert = 0  # the routing records' experts per layer
         self.graphs: dict[int, Graph] = {}
-        self.layer_parts: list[np.ndarray] = []  # per compute (m, 4): layer, t_start, dur, n_ops
-        self.layer_keys = array("q")  # per compute: step, ubatch, m
+        self.layers = LayersBuilder()
         self.ops = OpsBuilder()  # the ops table, joined with per-node columns at the end
+        # an encoder's encodes (kind "encode"): tables of their own (``frames_media``)
+        self.encodes = EncodeRows(info)
+        self.encode_layers = LayersBuilder()
+        self.encode_ops = OpsBuilder()
         self.generated: list[tuple[int, list[int]]] = []  # per generation step: index, tokens
         self.dev = DeviceBuilder(info) if multi_device(info) else None  # several devices
         self.host = HostBuilder()  # the host's work between steps
@@ -256,18 +268,26 @@ class _Builder:
         for cc in cols:
             if cc.ops.shape[1]:
                 op_ns += int(cc.ops[2].sum())
-        self.steps.add(
-            step=s.index, ctx=s.ctx, kind=s.kind, n_tokens=s.n_tokens, pos0=s.pos[0], pos1=s.pos[1],
-            t_start=s.start, dur_ns=ready_at(s) - s.start, status=s.status, n_outputs=s.n_outputs,
-            kv_used=s.kv_used, op_ns=op_ns, ended=int(s.ended), request=s.request,
-            level=s.level or self.info.level, llama_decode_ns=s.dur,
-        )  # fmt: skip
+        encode = s.kind == "encode"
+        if encode:
+            self.encodes.add(s, ready_at(s) - s.start, op_ns)
+        else:
+            medium = s.media[0] if s.media else (None, None)
+            self.steps.add(
+                step=s.index, ctx=s.ctx, kind=s.kind, n_tokens=s.n_tokens, pos0=s.pos[0],
+                pos1=s.pos[1], t_start=s.start, dur_ns=ready_at(s) - s.start, status=s.status,
+                n_outputs=s.n_outputs, kv_used=s.kv_used, op_ns=op_ns, ended=int(s.ended),
+                request=s.request, level=s.level or self.info.level, llama_decode_ns=s.dur,
+                media=medium[0], media_slice=medium[1],
+            )  # fmt: skip
         if s.kind == "gen":
             self.generated.append((s.index, s.tokens))
         if s.memory is not None:
             self.memory_rows.append((s.index, s.ctx, s.end, s.memory))
         for seq, n_tok, p0, p1 in s.seqs:
             self.seqs.add(step=s.index, ctx=s.ctx, seq=seq, n_tokens=n_tok, pos0=p0, pos1=p1)
+        layers, ops = (self.encode_layers, self.encode_ops) if encode else (self.layers, self.ops)
+        dev = None if encode else self.dev  # (the device tables are the decode steps')
         for c, cc in zip(s.computes, cols, strict=True):
             g = c.graph
             has_ops = g is not None and cc.ops.shape[1] > 0
@@ -275,10 +295,9 @@ class _Builder:
             if len(cc.layers) or has_ops:
                 ubatch = -1 if c.ubatch is None else int(c.ubatch)
             if len(cc.layers):
-                self.layer_parts.append(cc.layers)
-                self.layer_keys.extend((s.index, ubatch, len(cc.layers)))
-                if self.dev is not None:
-                    self.dev.layers(c)
+                layers.add(s.index, ubatch, cc.layers)
+                if dev is not None:
+                    dev.layers(c)
             if g is None:
                 continue
             if g.id not in self.graphs:
@@ -290,9 +309,9 @@ class _Builder:
                     )  # fmt: skip
             if not has_ops:
                 continue
-            self.ops.add(s.index, ubatch, g, cc)
-            if self.dev is not None:
-                self.dev.ops(c)
+            ops.add(s.index, ubatch, g, cc)
+            if dev is not None:
+                dev.ops(c)
             for k, (mn, mx, mean, std, n_nan, n_inf) in cc.stats:
                 n = g.nodes[int(cc.ops[0, k])]
                 self.stats.add(
@@ -307,21 +326,9 @@ class _Builder:
         for r in s.experts:
             self.n_expert = max(self.n_expert, r.n_expert)
             self.expert_parts.append((s.index, r.ubatch, r.rows, r.weight))
-            self.ops.route(s.index, r)
-        if self.dev is not None:
-            self.dev.step(s)
-
-    def _layers_frame(self) -> pd.DataFrame:
-        keys = int_rows(self.layer_keys, 3)
-        a = np.concatenate(self.layer_parts) if self.layer_parts else np.zeros((0, 4), np.int64)
-        self.layer_parts = []
-        data = {
-            "step": np.repeat(keys[:, 0], keys[:, 2]),
-            "ubatch": np.repeat(keys[:, 1], keys[:, 2]),
-        }
-        for k, c in enumerate(self.LAYER_COLS[2:]):
-            data[c] = a[:, k].copy()
-        return pd.DataFrame(data, copy=False)
+            ops.route(s.index, r)
+        if dev is not None:
+            dev.step(s)
 
     def _requests_frame(self) -> pd.DataFrame:
         t = Table(
@@ -365,7 +372,7 @@ class _Builder:
         sf = SessionFrames(
             info=self.info,
             steps=steps,
-            layers=self._layers_frame(),
+            layers=self.layers.frame(),
             ops=self.ops.frame(),
             nodes=self.nodes.frame(self.NODE_COLS),
             weights=weights,
@@ -381,6 +388,9 @@ class _Builder:
             ],
         )
         sf.experts.attrs["n_expert"] = self.n_expert
+        sf.media, sf.encodes = media_frame(self.info), self.encodes.frame()
+        sf.encode_media = self.encodes.media_frame()
+        sf.encode_layers, sf.encode_ops = self.encode_layers.frame(), self.encode_ops.frame()
         for name, df in self.host.tables(self.info).items():
             setattr(sf, name, df)
         if self.info.contexts or self.info.verifies:

@@ -247,3 +247,30 @@ class OpsBuilder:
                 est_bytes[k] -= whole - whole * min(used, int(n_exp[k])) // int(n_exp[k])
         # (no MUL_MAT_ID: string-typed empty categories, so the column stays one through Parquet)
         return pd.Categorical.from_codes(codes, categories=labels or pd.Index([], dtype="str"))
+
+
+class LayersBuilder:
+    """The ``layers`` table as it is built: each compute's layer spans, an (m, 4) block (layer,
+    start, dur, n_ops), with its step and ubatch."""
+
+    COLS = "step ubatch layer t_start dur_ns n_ops".split()
+
+    def __init__(self) -> None:
+        self.parts: list[np.ndarray] = []
+        self.keys = array("q")  # per compute: step, ubatch, m
+
+    def add(self, step: int, ubatch: int, rows: np.ndarray) -> None:
+        self.parts.append(rows)
+        self.keys.extend((step, ubatch, len(rows)))
+
+    def frame(self) -> pd.DataFrame:
+        keys = int_rows(self.keys, 3)
+        a = np.concatenate(self.parts) if self.parts else np.zeros((0, 4), np.int64)
+        self.parts = []
+        data = {
+            "step": np.repeat(keys[:, 0], keys[:, 2]),
+            "ubatch": np.repeat(keys[:, 1], keys[:, 2]),
+        }
+        for k, c in enumerate(self.COLS[2:]):
+            data[c] = a[:, k].copy()
+        return pd.DataFrame(data, copy=False)

@@ -2,7 +2,8 @@
 and the requests' ``spec_*`` columns). The figures themselves are ``session.speculation``'s; the
 target's steps told apart from the draft's are ``spec_split``'s.
 
-* ``contexts`` — one row per ``context`` record: ctx, role (target or draft), model (its name),
+* ``contexts`` — one row per ``context`` record: ctx, role (target, draft, or an image or sound
+  encoder's), model (its name; an encoder's projector type),
   n_layer, n_params, size_bytes, n_ctx, spec_type and spec_n_max (the target's: how it
   speculates).
 * ``spec`` — one row per ``spec`` record (a slot's draft verified by one target step): request,
@@ -47,7 +48,8 @@ def contexts_frame(info: SessionInfo) -> pd.DataFrame:
     for ctx, c in sorted(info.contexts.items()):
         m, spec = c["model"], c["spec"]
         t.add(
-            ctx=ctx, role=c["role"], model=m.get("name") or m.get("desc"),
+            ctx=ctx, role=c["role"],
+            model=m.get("name") or m.get("desc") or m.get("architecture"),  # (an encoder's)
             n_layer=m.get("n_layer"), n_params=m.get("n_params"), size_bytes=m.get("size_bytes"),
             n_ctx=c["n_ctx"], spec_type=spec.get("type") or None, spec_n_max=spec.get("n_max"),
         )  # fmt: skip

@@ -147,8 +147,14 @@ def step_columns(
 
 
 def apply(frames: Any, peaks: Peaks | None, note: str = "") -> None:
-    """Add (or replace) the roofline columns of ``frames.ops`` and ``frames.steps``."""
+    """Add (or replace) the roofline columns of ``frames.ops`` and ``frames.steps`` (and of an
+    encoder's ops, ``frames.encode_ops``, where there are any)."""
     dev = peaks.device() if peaks is not None else None
+    encode_ops = getattr(frames, "encode_ops", None)
+    if encode_ops is not None and len(encode_ops.columns):
+        ecols = op_columns(encode_ops, dev, kv_type(frames.info))
+        for k in OP_COLS:
+            encode_ops[k] = ecols[k]
     ops = frames.ops
     cols = op_columns(ops, dev, kv_type(frames.info))
     for k in OP_COLS:

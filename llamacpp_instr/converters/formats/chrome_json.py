@@ -32,6 +32,9 @@ from .chrome_ops import OpQueue, dumps, pairs
 # the flows a slice of each category starts or ends (name, category); others: the KV cache's
 _FLOW_KINDS = {c: ("launch", "device_flow") for c in ("split", "busy", "remote")}
 _FLOW_KINDS["speculation"] = ("draft to verify", "spec_flow")  # a request's draft, verified
+# an encode's embeddings to the decode steps that carry them: it starts the flow, each of them a
+# step of it (v1's "t": the flow goes on through every step that carries the same medium slice)
+_FLOW_KINDS["step"] = ("embeddings", "media_flow")
 
 
 class _Writer:
@@ -105,14 +108,16 @@ class _Writer:
             self.track(it)
 
     def flows(self, it: Slice, tr: Track) -> None:
-        """Flow events (v1: start ``s``, end ``f``) bound to the slice: at its middle, where no
-        other slice of its track begins or ends. A split's flow is its launch on a device
-        (``devices``); an op's, the KV cache's."""
+        """Flow events (v1: start ``s``, step ``t``, end ``f``) bound to the slice: at its
+        middle, where no other slice of its track begins or ends. A split's flow is its launch on
+        a device (``devices``); a step's, its medium's embeddings (from their encode); an op's,
+        the KV cache's."""
         name, cat = _FLOW_KINDS.get(it.category, ("KV cache", "kv_flow"))
         head = {"name": name, "cat": cat, "pid": tr.pid, "tid": self.tids[it.track]}
         ts = (it.ts + it.dur / 2) / 1000
+        ph = "t" if it.category == "step" and it.args.get("kind") != "encode" else "s"
         for f in it.flows_out:
-            self.emit({"ph": "s", **head, "id": f, "ts": ts})
+            self.emit({"ph": ph, **head, "id": f, "ts": ts})
         for f in it.flows_in:
             self.emit({"ph": "f", "bp": "e", **head, "id": f, "ts": ts})
 

@@ -3,6 +3,7 @@
 Every figure is one the log holds or follows from it:
 
 * a step (``step_begin`` + ``step_end``): its kind, ``llama_decode`` time, tokens, KV cells used;
+  an encoder's encode (kind ``encode``: an image's or a sound's) is no sequence's step;
 * the host's work after a step (a ``host`` record): the sampling time of each token sampled, in all
   and by sampler (``reading.decode.host.sampler_type``: names bounded to the pin's samplers);
 * a request (a ``request`` record, written when the request is done): its outcome, queue time,
@@ -53,7 +54,7 @@ class SessionFigures:
 
 @dataclass(frozen=True)
 class StepFigures:
-    kind: str  # prompt or gen, as step_begin says
+    kind: str  # prompt, gen or encode, as step_begin says
     dur_s: float
     n_tokens: int
     kv_used: int | None  # step_end.kv_used (sequence 0's span), when known
@@ -286,6 +287,10 @@ class RequestTracker:
         )
 
     def _step_begin(self, rec: dict[str, Any]) -> None:
+        if rec["kind"] == "encode":  # an encoder's: no sequence's tokens, no request's step
+            _count(rec["n_tokens"])
+            self._begun[(str(rec["sid"]), int(rec["ctx"]))] = ("encode", [])
+            return
         seqs = step_seqs(rec)
         if not seqs:  # a step without seqs holds sequence 0 only, at ``pos``
             pos = rec.get("pos") or [0, 0]

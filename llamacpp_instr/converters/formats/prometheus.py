@@ -170,6 +170,12 @@ class Families:
             STEP_BUCKETS,
             ("kind",),
         )
+        self.encode = hist(
+            "encode_duration_seconds",
+            "Time per encode of an image's or a sound's slices by its encoder (mtmd), from its "
+            "graph's build to its embeddings copied out: never a decode step's.",
+            STEP_BUCKETS,
+        )
         self.sampling = hist(
             "sampling_time_per_token_seconds",
             "Sampling time per token sampled, by sampler: total (the sampling of each token end "
@@ -321,6 +327,9 @@ class Metrics(Families):
         return self._token_hists
 
     def _step(self, s: StepFigures) -> None:
+        if s.kind == "encode":  # an encoder's, not a decode step
+            self.encode.observe(s.dur_s)
+            return
         kind = s.kind if s.kind in KINDS else OTHER
         by_kind = self._step_by_kind.get(kind)
         if by_kind is None:

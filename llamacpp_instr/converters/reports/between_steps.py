@@ -7,7 +7,9 @@ program's own work, the recording's, and what no hook names, from the ``host`` r
 kinds, and its target's verify steps theirs, so that the draft's sampling stays apart from the
 target's; the draft's work inside the target's gaps (``draft_in_gaps``: llama-server drafts while
 it builds the target's next batch) is the target's "draft" figure, out of its program's own work
-and its unrecorded time, and a draft's gap ends where its target's next step begins.
+and its unrecorded time, and a draft's gap ends where its target's next step begins. An image's or
+a sound's encodes in a step's gap (mtmd's: another context's, outside ``llama_decode``) are its
+"encode" figure, out of its unrecorded time and out of its token's time.
 
 Every figure is a sum of measured times: decode is ``llama_decode``'s, sampling the sampling
 scopes', the rest the parts the program names; "unrecorded" is the gap from a step's end to its
@@ -49,8 +51,9 @@ class StepKindTime:
     recording_ns: int  # the instrumentation's own (writing the step's records)
     unrecorded_ns: int  # the gaps to the context's next step less all of the above
     draft_ns: int = 0  # a target's: its draft's decode, sampling and recording in its gaps
+    encode_ns: int = 0  # the encodes of images or sounds in its gaps (no token's time)
 
-    def row(self) -> dict[str, Any]:
+    def row(self, encodes: bool = False) -> dict[str, Any]:
         total = (
             self.decode_ns
             + self.sampling_ns
@@ -79,6 +82,7 @@ class StepKindTime:
             },
             "per_token_ms": total / per / 1e6,
             "sampling_share": self.sampling_ns / total if total else 0.0,
+            **({"encode_ms": self.encode_ns / 1e6} if encodes else {}),
         }
 
 
@@ -89,10 +93,11 @@ class BetweenSteps:
     draft_samplers: list[dict[str, Any]] = field(default_factory=list)
     gen_tokens: int | None = None  # a speculating session's: the tokens its generation steps gave
     detailed: bool = False  # whether the records name each sampler (DETAILED and above)
+    encodes: bool = False  # whether images or sounds were encoded in the gaps
 
     def row(self) -> dict[str, Any]:
         return {
-            "kinds": [k.row() for k in self.kinds],
+            "kinds": [k.row(self.encodes) for k in self.kinds],
             "samplers": self.samplers,
             "draft_samplers": self.draft_samplers,
         }
@@ -167,7 +172,7 @@ def between_steps(f: SessionFrames) -> BetweenSteps | None:
         p = parts[parts["group"] == group] if not parts.empty else parts
         grammar = _grammar_ns(p)
         recording = int(p.loc[_is_recording(p), "ns"].sum()) if not p.empty else 0
-        unrecorded = h["unrecorded"].sum() - h["draft_rest"].sum()
+        unrecorded = h["unrecorded"].sum() - h["draft_rest"].sum() - h["encode"].sum()
         kinds.append(
             StepKindTime(
                 kind=group,
@@ -181,6 +186,7 @@ def between_steps(f: SessionFrames) -> BetweenSteps | None:
                 recording_ns=recording,
                 unrecorded_ns=int(unrecorded),
                 draft_ns=int(h["draft_batch"].sum() + h["draft_rest"].sum()),
+                encode_ns=int(h["encode"].sum()),
             )
         )
     sampling = (
@@ -197,6 +203,7 @@ def between_steps(f: SessionFrames) -> BetweenSteps | None:
         draft_samplers=_sampler_rows(sampling[draft], draft_ns) if draft is not None else [],
         detailed=not f.samplers.empty,
         gen_tokens=sp.gen_tokens if (sp := spec_split.split(f)) is not None else None,
+        encodes=not f.encodes.empty,
     )
 
 
@@ -211,11 +218,33 @@ def _less_the_draft(host: pd.DataFrame, f: SessionFrames) -> pd.DataFrame:
     unrecorded = (h["gap"] - h["sample_ns"] - h["host_ns"]).clip(lower=0).fillna(0)
     out_batch = np.minimum(batch, h["host_ns"])
     rest = np.minimum(draft - out_batch, unrecorded)
+    encode = np.minimum(_encodes_in_gaps(host, f), unrecorded - rest)
     return host.assign(
         unrecorded=unrecorded.to_numpy(),
         draft_batch=out_batch.to_numpy(),
         draft_rest=rest.to_numpy(),
+        encode=encode.to_numpy(),
     )
+
+
+def _encodes_in_gaps(host: pd.DataFrame, f: SessionFrames) -> pd.Series:
+    """Per row of ``host`` (with its step's ``gap``), the time of the encodes that began in the
+    gap after its step, from the step's end to its context's next step (0 without encodes)."""
+    enc = f.encodes
+    if enc.empty:
+        return pd.Series(0, index=host.index, dtype="int64")
+    enc = enc.sort_values("t_start")
+    starts = enc["t_start"].to_numpy(np.int64)
+    done = np.concatenate(([0], np.cumsum(enc["dur_ns"].to_numpy(np.int64))))
+    ends = host[["ctx", "step"]].merge(
+        f.steps[["ctx", "step", "t_start", "dur_ns"]], on=["ctx", "step"], how="left"
+    )
+    end = (ends["t_start"] + ends["dur_ns"]).to_numpy(np.float64)
+    nxt = end + host["gap"].to_numpy(np.float64)
+    ok = ~np.isnan(nxt)
+    lo = np.searchsorted(starts, np.where(ok, end, 0), side="left")
+    hi = np.searchsorted(starts, np.where(ok, nxt, 0), side="left")
+    return pd.Series(np.where(ok, done[hi] - done[lo], 0), index=host.index, dtype="int64")
 
 
 def _kind_order(kind: str) -> tuple[bool, int]:
@@ -250,6 +279,7 @@ KIND_COLUMNS = [
     Column("per_token_ms", "per token (ms)", "f3"),
     Column("sampling_share", "sampling share", "pct"),
 ]
+ENCODE_COLUMN = Column("encode_ms", "encode (ms)", "f2")
 SAMPLER_COLUMNS = [
     Column("sampler", "sampler"),
     Column("total_ms", "total (ms)", "f2"),
@@ -282,17 +312,19 @@ def _headline(t: BetweenSteps) -> str:
 def section(t: BetweenSteps) -> Section:
     """The summary's section: a generated token in one line, each kind of step, the samplers."""
     facts = [Fact("a generated token", line)] if (line := _headline(t)) else []
+    encode = " encode: the encodes of images or sounds in the gaps (no token's time);"
     tables = [
         Table(
             "between_steps",
             "A token's time by kind of step, from one decode to the context's next",
-            KIND_COLUMNS,
-            [k.row() for k in t.kinds],
+            KIND_COLUMNS + ([ENCODE_COLUMN] if t.encodes else []),
+            [k.row(t.encodes) for k in t.kinds],
             note="sampling: the sampling scopes end to end (the grammar's passes included); "
             "recording: writing the step's records; unrecorded: the rest of the gap to the "
             "context's next step (waiting for work, a lock or a CPU); draft: the draft's "
             "decode, sampling and recording in the target's gaps (a draft's rows: the same "
-            "work by kind of step; a draft's gap ends at its target's next step)",
+            "work by kind of step; a draft's gap ends at its target's next step)"
+            + (f";{encode[:-1]}" if t.encodes else ""),
         )
     ]
     if t.samplers:

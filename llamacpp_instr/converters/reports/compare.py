@@ -1,7 +1,8 @@
 """Two runs of the same prompt on two quantizations (or builds), side by side.
 
 Memory, prompt and generation tokens/s, time per op type and per layer, generated-token agreement,
-and — when both logs are verbose with top-k logits — top-1 agreement and a KL-divergence estimate.
+and — when both logs are verbose with top-k logits — top-1 agreement and a KL-divergence estimate;
+runs with images or sounds, their encoders side by side (``compare_media``).
 
 Times per op type and per layer are per step, prompt and generation apart (the mean over each
 kind's steps with op times): two runs that stopped after different numbers of tokens (one met
@@ -23,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.frames import SessionFrames
-from . import device_report, memory_report, roofline_report
+from . import compare_media, device_report, memory_report, roofline_report
 from .report import Chart, Column, Fact, Report, Section, Series, Table
 from .summary import by, overview, timed_steps
 
@@ -151,7 +152,12 @@ def compare_sessions(
         "n_layer"
     ) != b.info.model.get("n_layer"):
         warnings.append("the two sessions are of different models; comparing what matches")
-    out["differences"] = differences(a, b)
+    encoders = compare_media.compare_encoders(a, b)  # runs with images or sounds
+    out["differences"] = differences(a, b) + (
+        compare_media.differences(encoders) if encoders is not None else []
+    )
+    if encoders is not None:
+        out["encoders"] = encoders
     if out["differences"]:
         warnings.append(
             "the runs differ (" + "; ".join(out["differences"]) + "): op and layer times are "
@@ -239,6 +245,8 @@ def compare_report(c: dict[str, Any]) -> Report:
         sections.append(roofline_report.compare_section(c["roofline"]))
     if "devices" in c:  # runs on several devices
         sections.append(device_report.compare_section(c["devices"]))
+    if "encoders" in c:  # runs with images or sounds
+        sections.append(compare_media.section(c["encoders"]))
     return Report(
         title="Session comparison",
         subtitle=f"A: {a['model']} · B: {b['model']}",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..analysis.draft_in_gaps import draft_in_gaps
 from ..session.request_causes import HostRow, RequestStory, StepRow, stories
 from ..session.request_experts import RequestExperts, StepRouting, request_experts
+from ..session.request_media import EncodeRow, PromptRow, RequestMedia, request_media
 from ..session.speculation import SpecTotals
 from .report import Chart, Column, Fact, Report, Section, Series, Table
 from .request_share import indexed_step_rows, step_rows
@@ -37,6 +38,11 @@ COLUMNS = [
     Column("late", "late tokens", "int"),
 ]
 SAMPLER_COLUMN = Column("top_sampler", "costliest sampler (ms)")
+MEDIA_COLUMNS = [
+    Column("encode_ms", "encode (ms)", "f1"),
+    Column("media_prefill_ms", "media prefill (ms)", "f1"),
+    Column("text_prefill_ms", "text prefill (ms)", "f1"),
+]
 SPEC_COLUMNS = [
     Column("drafted", "drafted", "int"),
     Column("accepted", "accepted", "int"),
@@ -49,12 +55,47 @@ def request_stories(f: SessionFrames, rows: list[StepRow] | None = None) -> list
     has them already."""
     if not f.info.requests:
         return []
-    return stories(
+    out = stories(
         f.info.requests,
         step_rows(f) if rows is None else rows,
         step_rows(f, "draft"),
         host_rows(f),
     )
+    media = media_by_request(f)
+    for s in out:
+        s.media = media.get(s.id)
+    return out
+
+
+def media_by_request(f: SessionFrames) -> dict[str, RequestMedia]:
+    """Each request's encodes and the prefill of its media and its text ({} without encodes)."""
+    import pandas as pd  # (with the frames)
+
+    enc = f.encodes
+    if enc.empty or not f.info.requests:
+        return {}
+    carried = dict(zip(f.steps["step"].tolist(), f.steps["media"].astype(object), strict=True))
+    rows: list[PromptRow] = [
+        (start, dur, seqs, None if pd.isna(carried.get(step)) else int(carried[step]))
+        for (start, dur, _, seqs), step in indexed_step_rows(f)
+    ]
+    em = f.encode_media
+    media_of = em.groupby("step")["media"].unique() if len(em) else pd.Series(dtype=object)
+    encodes: list[EncodeRow] = [
+        (int(t), int(d), req if isinstance(req, str) else None,
+         None if pd.isna(seq) else int(seq), tuple(int(m) for m in media_of.get(step, ())),
+         bool(first))
+        for step, t, d, req, seq, first in zip(
+            enc["step"], enc["t_start"], enc["dur_ns"], enc["request"].astype(object),
+            enc["target_seq"].astype(object), enc["first"], strict=True,
+        )
+    ]  # fmt: skip
+    encodes.sort(key=lambda e: e[0])
+    nouns = {
+        int(i): "sound" if k == "audio" else str(k)
+        for i, k in zip(f.media["id"], f.media["kind"].astype(str), strict=True)
+    }
+    return request_media(f.info.requests, rows, encodes, nouns)
 
 
 def costliest_samplers(f: SessionFrames) -> dict[str, tuple[str, int]]:
@@ -147,6 +188,8 @@ def _why(s: RequestStory, spec: SpecTotals | None = None) -> list[dict[str, Any]
         f"{s.prompt_ns / 1e6:,.0f}, generation {s.generation_ns / 1e6:,.0f}, stream "
         f"{s.stream_ns / 1e6:,.0f}"
     ]
+    if s.media is not None:
+        lines.append(s.media.cause(s.id))
     if s.cache_note:
         lines.append(f"prompt cache: {s.cache_note}")
     if s.tasks:
@@ -170,8 +213,10 @@ def section(
     rows = [
         {**s.row(), "late": len(s.late_tokens), **_spec_cols(spec.get(s.id))}
         | ({"top_sampler": _sampler_text(samplers.get(s.id))} if samplers else {})
+        | (s.media.row() if s.media is not None else {})
         for s in items
     ]
+    media = any(s.media is not None for s in items)
     why = [line for s in items[: top or EXPLAINED] for line in _why(s, spec.get(s.id))]
     charted = items[:CHARTED]
     chart = Chart(
@@ -215,7 +260,10 @@ def section(
             Table(
                 "requests",
                 "Requests, slowest first",
-                COLUMNS + (SPEC_COLUMNS if spec else []) + ([SAMPLER_COLUMN] if samplers else []),
+                COLUMNS
+                + (MEDIA_COLUMNS if media else [])
+                + (SPEC_COLUMNS if spec else [])
+                + ([SAMPLER_COLUMN] if samplers else []),
                 rows,
             ),
         ],

@@ -20,6 +20,7 @@ from ..session.requests import all_tokens
 from . import (
     between_steps,
     device_report,
+    media_report,
     memory_report,
     requests_report,
     roofline_report,
@@ -361,9 +362,13 @@ def summary_report(
     parts = part_rows(f)  # llama-bench: its tests
     if parts:
         sections.append(parts_section(parts))
-    table = _by_table(f, key, top) if recorded else None
+    media, media_data = media_report.media_section(f, top)  # images and sounds: each one's time
+    if media is not None:
+        sections.append(media)
+    table = _by_table(f, key, top) if recorded and key in BY_COLUMNS else None
     if table is not None:
         sections.append(Section(f"Time per {BY_TITLES[key]}", tables=[table]))
+    csv_table, no_csv = _csv_table(key, table, media, ov["level"])
     memory, memory_data = memory_report.section(f)  # where every byte lives
     if memory is not None:
         sections.append(memory)
@@ -384,7 +389,7 @@ def summary_report(
         sections=sections,
         data={
             "overview": ov,
-            f"by_{key}": table.rows if table is not None else [],
+            **({f"by_{key}": table.rows if table is not None else []} if key != "media" else {}),
             **({"requests": lat} if lat is not None else {}),
             **({"between_steps": between.row()} if between is not None else {}),
             **({"request_share": [x.row() for x in shares]} if shares else {}),
@@ -395,14 +400,22 @@ def summary_report(
             **devices_data,
             **memory_data,
             **experts_data,
+            **media_data,
         },
-        csv_table=f"by_{key}" if table is not None else "",
-        no_csv=(
-            ""
-            if table is not None
-            else f"no per-op times in this log (level {ov['level']}): nothing for csv"
-        ),
+        csv_table=csv_table,
+        no_csv=no_csv,
     )
+
+
+def _csv_table(key: str, table: Table | None, media: Section | None, level: str) -> tuple[str, str]:
+    """The table csv writes (``by_KEY``; ``--by media``: each medium's time), or why none."""
+    if key == "media":
+        if media is None:
+            return "", "no images or sounds in this log: nothing for csv"
+        return "media_time", ""
+    if table is None:
+        return "", f"no per-op times in this log (level {level}): nothing for csv"
+    return f"by_{key}", ""
 
 
 def workloads(f: SessionFrames) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ from ..reading.decode.computes import (
 from ..reading.decode.fields import MALFORMED, nonneg, skip_malformed
 from ..reading.decode.graphs import Graph, Tables, graph_record
 from ..reading.decode.host import chain_record, host_record, perf_record
+from ..reading.decode.media import decoded_medium, encode_fields, medium_record
 from ..reading.decode.memory import allocation, failure
 from ..reading.decode.sessions import (
     Event,
@@ -52,7 +53,15 @@ from ..reading.decode.sessions import (
     session_info,
 )
 from ..reading.decode.spec import MAX_CONTEXTS, context_record, spec_record
-from ..reading.decode.steps import Step, end_step, request_id, step_level, step_seqs, topk_rows
+from ..reading.decode.steps import (
+    Step,
+    end_step,
+    request_id,
+    step_kind,
+    step_level,
+    step_seqs,
+    topk_rows,
+)
 from ..reading.decode.transfers import transfers
 from ..reading.reader import ReadReport, iter_records
 from .device_time import multi_device
@@ -235,10 +244,12 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
         state.graphs[(g.ctx, g.id)] = g
     elif rtype == "step_begin":
         key = (int(rec["ctx"]), int(rec["step"]))
+        kind = step_kind(rec)
+        media, encode = encode_fields(rec) if kind == "encode" else (decoded_medium(rec), None)
         state.open_steps[key] = Step(
             index=int(rec["step"]),
             ctx=int(rec["ctx"]),
-            kind="gen" if rec["kind"] == "gen" else "prompt",
+            kind=kind,
             n_tokens=int(rec["n_tokens"]),
             pos=(int(rec["pos"][0]), int(rec["pos"][1])),
             start=nonneg(rec["ts"]),
@@ -247,6 +258,8 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
             request=request_id(rec),
             seqs=step_seqs(rec),
             level=step_level(rec, state.info.level),
+            media=media,
+            encode=encode,
         )
     elif rtype == "request":
         state.info.requests.append(request_record(rec))
@@ -256,6 +269,8 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
         context = context_record(rec)
         if len(state.info.contexts) < MAX_CONTEXTS or context["ctx"] in state.info.contexts:
             state.info.contexts[context["ctx"]] = context
+    elif rtype == "media":
+        state.info.media.add(medium_record(rec))
     elif rtype == "spec":
         state.info.verifies.append(spec_record(rec))
     elif rtype == "host":

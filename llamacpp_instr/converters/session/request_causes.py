@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .request_media import RequestMedia
 from .requests import all_tokens, slot_window, task_windows
 
 # (start ns, duration ns, the batch's tokens, [(sequence, its tokens)])
@@ -97,6 +98,8 @@ class RequestStory:
     # its tasks after its first (llama-server: its other prompts, n_cmpl's further completions),
     # each as ``task_row`` gives it; its prompt and generated tokens above are all its tasks'
     tasks: list[dict[str, Any]] = field(default_factory=list)
+    # its images' or sounds' encodes and prefill, beside its text's (``request_media``)
+    media: RequestMedia | None = None
 
     def row(self) -> dict[str, Any]:
         return {
@@ -115,6 +118,7 @@ class RequestStory:
             "cache_note": self.cache_note,
             "late_tokens": [t.row() for t in self.late_tokens],
             "tasks": self.tasks,
+            **({"media": self.media.row()} if self.media is not None else {}),
         }
 
 

@@ -7,6 +7,10 @@ apart. Layout, per session (one process):
   its args), containing a slice per graph compute (ubatch), containing a slice per transformer
   layer, containing a slice per op (with tensor metadata, FLOPs, bytes and achieved rates).
   Ops outside any layer (embedding lookup, final norm, output projection) sit in the compute.
+* ``encoder ...``: an image or sound encoder's context (tools/mtmd), a slice per encode laid out
+  as a decode step is (its blocks are layers, its projector layer n_layer), with a flow to the
+  decode steps that carry its embeddings; ``media``: each image's or sound's load and
+  preprocessing (``media_tracks``).
 * ``slot N: sampling`` under each context's steps track: the host's work between its steps, per
   slot (``host_tracks``).
 * ``thread N`` (verbose logs): per op, the part of its wall time worker N was busy.
@@ -52,6 +56,7 @@ from .items import (
     track_uuid,
 )
 from .layout_ops import OpsLayout
+from .media_tracks import MediaTracks, encode_args, encode_name, noun, step_flows
 from .memory_tracks import MemoryTracks
 from .served import ServedTracks
 
@@ -101,6 +106,7 @@ class SessionLayout(OpsLayout):
         self.served = ServedTracks(info, self.process)
         self.host_work = HostTracks(sid, pid)
         self.memory = MemoryTracks(info, self.process)
+        self.media = MediaTracks(info, self.process)
         self.experts = ExpertTracks(sid, self.process, sel.layer)
         # a run on several devices: a track per device, splits, copies, the network
         self.by_device: DeviceTracks | None = None
@@ -115,6 +121,8 @@ class SessionLayout(OpsLayout):
             yield from self.served.items()
         if self.memory.pending():
             yield from self.memory.items()
+        if self.media.pending():
+            yield from self.media.items()
         if self.by_device is not None and self.by_device.network.pending():
             yield from self.by_device.transfers()
 
@@ -156,10 +164,19 @@ class SessionLayout(OpsLayout):
                 yield t
                 yield Sample(t.uuid, self.info.start_ts, float(mem[key]))
 
-    def steps_track(self, ctx: int) -> Iterator[Item]:
-        """One steps track per context: two contexts' steps may overlap in time."""
+    def modality(self, ctx: int) -> str:
+        """An encoder context's modality in words (image, sound), as its context record says."""
+        return noun(str(self.info.contexts.get(ctx, {}).get("encoder", {}).get("modality", "")))
+
+    def steps_track(self, ctx: int, encoder: bool = False) -> Iterator[Item]:
+        """One steps track per context: two contexts' steps may overlap in time; an encoder's
+        (its encodes) says so."""
         if ctx not in self.step_tracks:
             name = "decode steps" if ctx <= 1 else f"decode steps (ctx {ctx})"
+            if encoder:
+                model = self.info.contexts.get(ctx, {}).get("model", {})
+                what = " ".join(x for x in (self.modality(ctx), "encoder") if x)
+                name = f"{what} {model.get('architecture', '')} (ctx {ctx})".replace("  ", " ")
             tr = Track(
                 track_uuid(self.info.sid, "steps", ctx),
                 name,
@@ -172,14 +189,44 @@ class SessionLayout(OpsLayout):
             yield tr
 
     def step(self, step: Step, stats: LayoutStats) -> Iterator[BulkItem]:
-        self.served.seq_steps.add(step.start, step.dur, step.n_tokens, step.seqs)
+        encode = step.kind == "encode"
+        if not encode:  # (an encode is no sequence's step)
+            self.served.seq_steps.add(step.start, step.dur, step.n_tokens, step.seqs)
         wanted = self.sel.wants_step(step)
         flows = self.flows.step(self.info.sid, step, wanted) if self.flows is not None else None
         if not wanted:
             return
         stats.steps += 1
-        yield from self.steps_track(step.ctx)
+        yield from self.steps_track(step.ctx, encode)
         track = self.step_tracks[step.ctx].uuid
+        if encode:
+            name = encode_name(step, self.modality(step.ctx) or "media")
+            args = encode_args(step)
+        else:
+            name, args = self.decode_slice(step)
+        dev = self.by_device
+        dur = step.dur
+        if dev is not None:  # the step spans what it waited for (an RPC server's compute)
+            args["llama_decode_ns"] = step.dur
+            dur = dev.step_end(step) - step.start
+        media_flows = step_flows(self.info.sid, step)
+        yield Slice(track, name, step.start, dur, 0, "step", args, media_flows)
+        if step.dur > 0 and step.ended and not encode:
+            yield Sample(self.tok_s.uuid, step.end, step.n_tokens / (step.dur / 1e9))
+        if step.kv_used >= 0:
+            yield Sample(self.kv.uuid, step.end, float(step.kv_used))
+        for k, c in enumerate(step.computes):
+            if dev is not None:
+                yield from dev.compute(c, track, stats, flows[k] if flows else {}, step)
+            else:
+                yield from self.compute(c, track, stats, flows[k] if flows else {})
+        if dev is not None:
+            yield from dev.transfers(step)
+        if step.experts:
+            yield from self.experts.step(step)
+
+    def decode_slice(self, step: Step) -> tuple[str, dict[str, Any]]:
+        """A decode step's slice: its name and args."""
         text = "".join(step.pieces)
         name = f"{step.kind} #{step.index}" + (f" {text!r}" if text and step.kind == "gen" else "")
         args: dict[str, Any] = {
@@ -203,25 +250,9 @@ class SessionLayout(OpsLayout):
             row = step.topk[-1]
             args["top1_id"] = row["ids"][0]
             args["top1_logit"] = row["logits"][0]
-        dev = self.by_device
-        dur = step.dur
-        if dev is not None:  # the step spans what it waited for (an RPC server's compute)
-            args["llama_decode_ns"] = step.dur
-            dur = dev.step_end(step) - step.start
-        yield Slice(track, name, step.start, dur, 0, "step", args)
-        if step.dur > 0 and step.ended:
-            yield Sample(self.tok_s.uuid, step.end, step.n_tokens / (step.dur / 1e9))
-        if step.kv_used >= 0:
-            yield Sample(self.kv.uuid, step.end, float(step.kv_used))
-        for k, c in enumerate(step.computes):
-            if dev is not None:
-                yield from dev.compute(c, track, stats, flows[k] if flows else {}, step)
-            else:
-                yield from self.compute(c, track, stats, flows[k] if flows else {})
-        if dev is not None:
-            yield from dev.transfers(step)
-        if step.experts:
-            yield from self.experts.step(step)
+        if step.media:
+            args["media"] = " ".join(f"{m}:{k}" for m, k in step.media)
+        return name, args
 
 
 def layout_bulk(

@@ -7,6 +7,7 @@ from typing import Any
 
 from .fields import VALUE_MAX, as_dict, nonneg, opt_count
 from .host import Chain, ContextPerf, HostWork
+from .media import MediaTable
 from .memory import Allocation
 from .spec import MAX_POS, Verify
 from .steps import Step
@@ -59,6 +60,9 @@ class SessionInfo:
     # comes as ``HostDone`` events, one per ``host`` record
     chains: list[Chain] = field(default_factory=list)
     perf: list[ContextPerf] = field(default_factory=list)
+    # images and sounds mtmd tokenized (``media`` records), in log order, as columns (at most
+    # ``media.MAX_MEDIA``, the rest counted)
+    media: MediaTable = field(default_factory=MediaTable)
 
     @property
     def ended(self) -> bool:

@@ -1,4 +1,5 @@
-"""llama-server's speculative decoding records: ``context`` (a context's model and role) and ``spec``
+"""llama-server's speculative decoding records: ``context`` (a context's model and role: a target,
+its draft, or mtmd's encoder of images or sounds) and ``spec``
 (one verify step of a slot: what it drafted, what the target accepted, the steps and times of
 both). Each is checked here once; a record without the schema's shape raises one of
 ``fields.MALFORMED`` and is skipped as every damaged record is.
@@ -11,7 +12,8 @@ from typing import Any
 
 from .fields import as_dict, opt_count, uint
 
-ROLES = ("target", "draft")
+ROLES = ("target", "draft", "encoder")
+MODALITIES = ("image", "audio")  # an encoder's (another is kept as "other")
 MAX_POS = 256  # draft positions a record may speak of (the server keeps as many)
 TEXT_MAX = 256  # a name or type read from a record, at most
 MAX_CONTEXTS = 1024  # contexts a session's records may describe (the later ones are left out)
@@ -25,7 +27,7 @@ def _text(v: Any, name: str) -> str:
 
 def context_record(rec: dict[str, Any]) -> dict[str, Any]:
     """A ``context`` record, checked: ``{"ctx", "role", "model": {...}, "n_ctx", "n_seq_max",
-    "spec": {...} or {}}``."""
+    "spec": {...} or {}, "encoder": {...} or {}}`` (an encoder's: mtmd's, ``_encoder``)."""
     ctx = uint(rec["ctx"], 1)
     role = rec["role"]
     if role not in ROLES:
@@ -50,7 +52,18 @@ def context_record(rec: dict[str, Any]) -> dict[str, Any]:
         "n_ctx": opt_count(rec.get("n_ctx")),
         "n_seq_max": opt_count(rec.get("n_seq_max")),
         "spec": spec,
+        "encoder": _encoder(rec.get("encoder")) if role == "encoder" else {},
     }
+
+
+def _encoder(raw: Any) -> dict[str, Any]:
+    """An encoder's ``encoder`` object: its modality and widths, the image and patch sizes."""
+    enc = as_dict(raw)
+    modality = _text(enc.get("modality", ""), "encoder.modality")
+    out: dict[str, Any] = {"modality": modality if modality in MODALITIES else "other"}
+    for k in ("n_embd", "n_embd_out", "image_size", "patch_size"):
+        out[k] = opt_count(enc.get(k))
+    return out
 
 
 @dataclass(frozen=True)

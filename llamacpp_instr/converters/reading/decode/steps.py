@@ -7,6 +7,7 @@ from typing import Any
 
 from .computes import Compute
 from .fields import nonneg
+from .media import Encode
 from .memory import StepMemory, step_memory
 from .transfers import Transfers
 
@@ -15,7 +16,7 @@ from .transfers import Transfers
 class Step:
     index: int
     ctx: int
-    kind: str  # "prompt" or "gen"
+    kind: str  # "prompt", "gen", or "encode" (an encoder's: its graph outside llama_decode)
     n_tokens: int
     pos: tuple[int, int]
     start: int
@@ -36,6 +37,10 @@ class Step:
     memory: StepMemory | None = None  # its memory figures (step_end.memory)
     # a mixture of experts' routing, per compute (``experts`` records: session.expert_routing.Routing)
     experts: list[Any] = field(default_factory=list)
+    # images and sounds: an encode's medium slices, (media, slice) each; a decode step's medium
+    # whose embeddings it decodes (one pair); () for the rest
+    media: tuple[tuple[int, int], ...] = ()
+    encode: Encode | None = None  # an encode's target and ``first`` (kind "encode")
 
     @property
     def end(self) -> int:
@@ -44,6 +49,12 @@ class Step:
     @property
     def op_time(self) -> int:
         return sum(c.op_time for c in self.computes)
+
+
+def step_kind(rec: dict[str, Any]) -> str:
+    """A step_begin's kind: ``gen``, ``encode``, or ``prompt`` (any other)."""
+    kind = rec["kind"]
+    return kind if kind in ("gen", "encode") else "prompt"
 
 
 def step_level(rec: dict[str, Any], session_level: str) -> str:

@@ -39,6 +39,8 @@ def view(state: LiveState) -> Any:
         f"p99 {p99:.2f} ms",
         f"KV cells {state.kv_used()}",
     )
+    if state.encodes_done:
+        head.add_row(f"encodes {state.encodes_done}", f"{state.encode_ns / 1e6:.2f} ms", "", "")
     if state.memory:
         head.add_row(
             f"weights {fmt_bytes(state.memory.get('weights', 0))}",

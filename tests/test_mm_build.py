@@ -218,6 +218,43 @@ def test_an_image_and_a_clip_encode_to_the_tokens_their_shapes_give(
             assert finite and std > 0, n
 
 
+CHAT = r"""
+import base64, json, sys
+import llama_cpp
+from llama_cpp.llama_chat_format import Llava15ChatHandler
+
+model, mmproj, image = sys.argv[1:4]
+handler = Llava15ChatHandler(clip_model_path=mmproj, verbose=False)
+llm = llama_cpp.Llama(model, chat_handler=handler, n_ctx=1024, n_threads=2, verbose=False)
+uri = "data:image/jpeg;base64," + base64.b64encode(open(image, "rb").read()).decode()
+system, question = "You see images.", "What is in the image?"
+prompt_tokens = {}
+for name, parts in (("text", []), ("image", [{"type": "image_url", "image_url": {"url": uri}}])):
+    user = {"role": "user", "content": parts + [{"type": "text", "text": question}]}
+    messages = [{"role": "system", "content": system}, user]
+    r = llm.create_chat_completion(messages=messages, max_tokens=2, temperature=0)
+    assert isinstance(r["choices"][0]["message"]["content"], str)
+    prompt_tokens[name] = r["usage"]["prompt_tokens"]
+# Llava15ChatHandler's template puts the image between "USER: " and the question: the text is
+# tokenized in two pieces around it, which can take a token more than in one
+tok = lambda s, bos: len(llm.tokenize(s.encode(), add_bos=bos, special=True))
+before, after = system + "\nUSER: ", question + "\nASSISTANT: "
+split = tok(before, True) + tok(after, False) - tok(before + after, True)
+print(json.dumps({"tokens": prompt_tokens, "split": split}))
+del llm
+"""
+
+
+def test_llava15_chat_handler_puts_an_image_in_the_prompt(
+    mm_lib: Path, smollm2_path: Path, projectors: dict[str, Path], media: dict[str, Path]
+) -> None:
+    r = child(mm_lib, CHAT, str(smollm2_path), str(projectors["mlp"]), str(media["test-1.jpeg"]))
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.splitlines()[-1])
+    # LLaVA's MLP keeps each of the 256 patches of a 256 px image of 16 px patches
+    assert got["tokens"]["image"] - got["tokens"]["text"] == 256 + got["split"]
+
+
 def mtmd_cli(tools_bin: Path, model: Path, mmproj: Path, *media: str) -> str:
     """llama-mtmd-cli run to the end on ``media`` (--image/--audio FILE), 2 tokens greedy; its log
     (-v: mtmd's helper logs each media chunk it decodes into the text model)."""

@@ -255,26 +255,45 @@ def test_llava15_chat_handler_puts_an_image_in_the_prompt(
     assert got["tokens"]["image"] - got["tokens"]["text"] == 256 + got["split"]
 
 
-def mtmd_cli(tools_bin: Path, model: Path, mmproj: Path, *media: str) -> str:
-    """llama-mtmd-cli run to the end on ``media`` (--image/--audio FILE), 2 tokens greedy; its log
-    (-v: mtmd's helper logs each media chunk it decodes into the text model)."""
-    cmd = [str(tools_bin / "llama-mtmd-cli"), "-m", str(model), "--mmproj", str(mmproj), *media]
+def mtmd_cli(
+    tools_bin: Path, model: Path, mmproj: Path, *media: str, log: Path | None = None
+) -> str:
+    """llama-mtmd-cli run to the end on ``media`` (--image/--audio FILE), 2 tokens greedy, with a
+    session open (`instr exec -o LOG`) when ``log`` is given; its log (-v: mtmd's helper logs each
+    media chunk it decodes into the text model)."""
+    cmd = [str(tools_bin / "llama-mtmd-cli")]
+    if log is not None:
+        cmd = [sys.executable, "-m", "llamacpp_instr.cli", "exec", "-o", str(log), "llama-mtmd-cli"]
+    cmd += ["-m", str(model), "--mmproj", str(mmproj), *media]
     cmd += ["-p", "What is this?", "-n", "2", "--temp", "0", "-t", "2", "-c", "2048", "-v"]
     r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stderr
 
 
-def test_llama_mtmd_cli_runs_an_image_through_smolvlms_projector(
-    tools_bin: Path, vlm_text: Path, projectors: dict[str, Path], media: dict[str, Path]
+def test_llama_mtmd_cli_runs_an_image_through_smolvlms_projector_in_a_session(
+    tools_bin: Path,
+    vlm_text: Path,
+    projectors: dict[str, Path],
+    media: dict[str, Path],
+    mm_dir: Path,
 ) -> None:
-    log = mtmd_cli(
-        tools_bin, vlm_text, projectors["idefics3"], "--image", str(media["test-1.jpeg"])
+    log = mm_dir / "mtmd-cli.log"
+    out = mtmd_cli(
+        tools_bin, vlm_text, projectors["idefics3"], "--image", str(media["test-1.jpeg"]), log=log
     )
     # the overview and one tile, each encoded (a batch of its own: text lies between them) and
     # decoded into the text model
-    assert len(re.findall(r"mtmd batch encoding done in \d+ ms", log)) == 2
-    assert len(re.findall(r"image decoded \(batch 1/1\) in \d+ ms", log)) == 2
+    assert len(re.findall(r"mtmd batch encoding done in \d+ ms", out)) == 2
+    assert len(re.findall(r"image decoded \(batch 1/1\) in \d+ ms", out)) == 2
+    # the session log holds them as the two steps of embeddings (no token ids), 16 positions each,
+    # between the text steps that carry SmolVLM's image tokens
+    recs = [json.loads(line) for line in log.open(encoding="utf-8")]
+    assert recs[-1]["type"] == "session_end" and recs[-1]["status"] == "ok"
+    steps = [r for r in recs if r["type"] == "step_begin"]
+    assert [s["n_tokens"] for s in steps if "tokens" not in s] == [16, 16]
+    pieces = [p for s in steps for p in s.get("pieces", [])]
+    assert pieces.count("<global-img>") == 1 and pieces.count("<fake_token_around_image>") == 3
 
 
 def test_llama_mtmd_cli_runs_an_audio_file_through_a_whisper_projector(

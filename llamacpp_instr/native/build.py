@@ -641,6 +641,12 @@ def _lib_dir(plan: BuildPlan, wheel: Path, name: str) -> Path:
     return dest / "lib"
 
 
+def lib_env(lib: Path) -> str:
+    """The variables that run a build's libraries under the installed package: libllama and ggml
+    (llama_cpp reads LLAMA_CPP_LIB_PATH), libmtmd (llama_cpp.mtmd_cpp reads MTMD_CPP_LIB)."""
+    return f"LLAMA_CPP_LIB_PATH={lib} MTMD_CPP_LIB={lib}"
+
+
 def sanitized_lib_dir(
     sanitize: str, echo: Echo, extra_cmake_args: Sequence[str] = (), rebuild: bool = False
 ) -> Path:

@@ -12,8 +12,9 @@ to amend (``git commit --fixup`` and ``git rebase -i --autosquash``) and a new p
 commit on top.
 
 ``build`` runs an incremental CMake build (Ninja, ccache when installed) of the shared libraries
-the Python bindings load, and the programs named with --target (llama-server, ggml-rpc-server,
-...), in DIR/build, and prints the LLAMA_CPP_LIB_PATH that runs the installed package on them.
+the Python bindings load (libmtmd among them), and the programs named with --target (llama-server,
+ggml-rpc-server, ...), in DIR/build, and prints the LLAMA_CPP_LIB_PATH and MTMD_CPP_LIB that run
+the installed package on them.
 
 ``export`` writes the commits after ``instr-overlay`` back as patches/NNNN-*.patch with ``git
 format-patch`` (overlay files excluded: they are copied back into patches/overlay/ instead).
@@ -92,6 +93,8 @@ def build_libs(dir_: Path, vulkan: bool, cmake_args: list[str], targets: list[st
         "-DLLAMA_BUILD_EXAMPLES=OFF",
         "-DLLAMA_CURL=OFF",
         "-DLLAMA_OPENSSL=OFF",
+        # libmtmd on its own when the tools (which add it) are off
+        "-DLLAMA_BUILD_MTMD=ON",
         *build.DEFAULT_CMAKE_ARGS,
         f"-DLLAMA_INSTR_LLAMA_COMMIT={pin.LLAMA_CPP_COMMIT}",
         "-DLLAMA_INSTR_PATCH_HASH=devtree",
@@ -109,11 +112,11 @@ def build_libs(dir_: Path, vulkan: bool, cmake_args: list[str], targets: list[st
     if not (bdir / "CMakeCache.txt").exists() or cmake_args:
         subprocess.run(["cmake", "-S", str(tree), "-B", str(bdir), *args], check=True, env=env)
     jobs = str(os.cpu_count() or 2)
-    names = ["llama", "ggml", "ggml-rpc", *targets]
+    names = ["llama", "ggml", "ggml-rpc", "mtmd", *targets]
     subprocess.run(
         ["cmake", "--build", str(bdir), "-j", jobs, "--target", *names], check=True, env=env
     )
-    print(f"LLAMA_CPP_LIB_PATH={bdir / 'bin'}")
+    print(f"LLAMA_CPP_LIB_PATH={bdir / 'bin'} MTMD_CPP_LIB={bdir / 'bin'}")
 
 
 def _body(text: str) -> str:

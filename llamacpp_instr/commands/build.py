@@ -36,9 +36,9 @@ import click
     "--tools",
     "with_tools",
     is_flag=True,
-    help="Build llama.cpp's own llama-server, llama-cli, llama-bench, llama-perplexity and "
-    "llama-fit-params, and ggml's RPC server ggml-rpc-server, from the same patched tree instead "
-    "of the wheel (cached; see `instr doctor --tools`, `instr exec`, `instr fit`).",
+    help="Build llama.cpp's own llama-server, llama-cli, llama-bench, llama-perplexity, llama-mtmd-"
+    "cli and llama-fit-params, and ggml's ggml-rpc-server, from the same patched tree instead of "
+    "the wheel (cached; see `instr doctor --tools`, `instr exec`, `instr fit`).",
 )
 @click.option(
     "--vulkan",
@@ -66,7 +66,7 @@ import click
     "--no-install",
     is_flag=True,
     help="Build the wheel into the cache without installing it, and print the LLAMA_CPP_LIB_PATH "
-    "that runs its libraries under the installed package (e.g. a Vulkan build beside the CPU one).",
+    "and MTMD_CPP_LIB that run it under the installed package (a Vulkan build beside a CPU one).",
 )
 @click.option(
     "--testing",
@@ -128,7 +128,7 @@ def command(
     if testing:
         lib = build.testing_lib_dir(echo, cmake_args, rebuild=rebuild)
         echo(f"testing libraries: {lib}")
-        click.echo(f"LLAMA_CPP_LIB_PATH={lib}")
+        click.echo(build.lib_env(lib))
         return
     if sanitize:
         lib = build.sanitized_lib_dir(sanitize, echo, cmake_args, rebuild=rebuild)
@@ -139,12 +139,12 @@ def command(
             else "TSAN_OPTIONS=halt_on_error=1"
         )
         echo(f"{sanitize}-sanitized libraries: {lib}")
-        click.echo(f"LLAMA_CPP_LIB_PATH={lib} LD_PRELOAD={runtime} {opts}")
+        click.echo(f"{build.lib_env(lib)} LD_PRELOAD={runtime} {opts}")
         return
     if no_install:
         lib = build.installable_lib_dir(echo, cmake_args, rebuild=rebuild, vulkan=vulkan)
         kind = "CUDA " if cuda else "Vulkan " if vulkan else ""
         echo(f"{kind}libraries (not installed): {lib}")
-        click.echo(f"LLAMA_CPP_LIB_PATH={lib}")
+        click.echo(build.lib_env(lib))
         return
     build.build(cmake_args, echo, rebuild=rebuild, with_model=model, vulkan=vulkan)

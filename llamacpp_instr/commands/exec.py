@@ -59,8 +59,8 @@ def command(
     program: str,
     args: tuple[str, ...],
 ) -> None:
-    """Run PROGRAM (llama-server, llama-cli, llama-bench or llama-perplexity, as built by `instr
-    build --tools`) with ARGS, writing a session log for its whole life.
+    """Run PROGRAM (llama-server, llama-cli, llama-bench, llama-perplexity or llama-mtmd-cli, as
+    built by `instr build --tools`) with ARGS, writing a session log for its whole life.
 
     The program runs as this command's child: its output, exit status and signals are its own
     (a signal sent to instr is passed on to it; Ctrl-C at the terminal reaches it directly). The

@@ -33,10 +33,11 @@ from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import pin
 from llamacpp_instr.native.paths import PATCHES_DIR, cache_dir
 
-# LLAVA: not needed by the instrumentation and slow to compile. RPC: ggml's RPC backend (one
+# LLAVA: libmtmd, which llama-cpp-python's multimodal chat handlers load (llama_cpp/mtmd_cpp.py),
+# compiled as the tools build compiles it (patches/python/0003). RPC: ggml's RPC backend (one
 # file) is a second backend on any machine, GPU or not: the tests offload layers to it over
 # loopback to exercise graph splits and copies between backends where CI has no GPU.
-DEFAULT_CMAKE_ARGS = ("-DLLAVA_BUILD=OFF", "-DGGML_RPC=ON")
+DEFAULT_CMAKE_ARGS = ("-DLLAVA_BUILD=ON", "-DGGML_RPC=ON")
 
 # `instr build --sanitize=KIND`: llama.cpp's and ggml's own sanitizer options. OpenMP is off for
 # the thread sanitizer, whose runtime cannot see libgomp's synchronization.
@@ -638,6 +639,12 @@ def _lib_dir(plan: BuildPlan, wheel: Path, name: str) -> Path:
             pass
         shutil.rmtree(tmp, ignore_errors=True)
     return dest / "lib"
+
+
+def lib_env(lib: Path) -> str:
+    """The variables that run a build's libraries under the installed package: libllama and ggml
+    (llama_cpp reads LLAMA_CPP_LIB_PATH), libmtmd (llama_cpp.mtmd_cpp reads MTMD_CPP_LIB)."""
+    return f"LLAMA_CPP_LIB_PATH={lib} MTMD_CPP_LIB={lib}"
 
 
 def sanitized_lib_dir(

@@ -1,6 +1,6 @@
-"""llama.cpp's own programs (llama-server, llama-cli, llama-bench, llama-perplexity, ggml's RPC
-server ggml-rpc-server, and llama-fit-params, llama.cpp's own projection that ``instr fit`` shows
-beside its own), built from the same patched tree as the wheel and cached beside it.
+"""llama.cpp's own programs (llama-server, llama-cli, llama-bench, llama-perplexity, llama-mtmd-cli,
+ggml's RPC server ggml-rpc-server, and llama-fit-params, llama.cpp's own projection that ``instr
+fit`` shows beside its own), built from the same patched tree as the wheel and cached beside it.
 
 ``instr build --tools`` extracts the pinned sdist, copies the overlay in and applies the patches
 exactly as the wheel build does (``build.prepare_source``), then runs CMake as the wheel build does,
@@ -34,22 +34,25 @@ PROGRAMS = (
     "llama-cli",
     "llama-bench",
     "llama-perplexity",
+    "llama-mtmd-cli",
     "ggml-rpc-server",
     "llama-fit-params",
 )
 
 # The programs that link libllama, so that LLAMA_INSTR_LOG opens a session in them (`instr exec`).
-# ggml-rpc-server serves a host's devices to an RPC client and writes no log: a patched one times
-# the graphs it computes and sends the times to a patched client, whose log holds them.
-# llama-fit-params only projects (no weights loaded, nothing decoded): nothing to log.
-LOGGED_PROGRAMS = PROGRAMS[:4]
+# llama-mtmd-cli is mtmd's own: an image or audio file encoded by a projector (--mmproj), then a
+# generation from it. ggml-rpc-server serves a host's devices to an RPC client and writes no log:
+# a patched one times the graphs it computes and sends the times to a patched client, whose log
+# holds them. llama-fit-params only projects (no weights loaded, nothing decoded): nothing to log.
+LOGGED_PROGRAMS = PROGRAMS[:5]
 
 # llama.cpp's own options: its common library and tools (which the wheel leaves out), no network
 # (curl, OpenSSL), nothing else. Its libraries are shared, as llama-cpp-python's CMakeLists makes
 # them; the programs and those libraries find theirs beside themselves (a build RPATH relative to
 # $ORIGIN, kept when they are copied out), as DT_RPATH, which is searched before LD_LIBRARY_PATH.
-# The programs' own libraries (common, the server's, mtmd) are unity builds (patches/python/0002):
-# a third less CPU for the same code; libllama and ggml are compiled as the wheel's.
+# The programs' own libraries (common, the server's) are unity builds (patches/python/0002): a
+# third less CPU for the same code; libllama, ggml and mtmd are compiled as the wheel's (mtmd: a
+# unity build in both, patches/python/0003).
 TOOLS_CMAKE_ARGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DLLAMA_BUILD_COMMON=ON",

@@ -680,12 +680,13 @@ struct prefix_history {
 
     static uint64_t step(uint64_t h, llama_token t) { return (h ^ (uint32_t) t) * 1099511628211ull; }
 
-    // the longest prefix of `prompt` that an earlier request's prompt began with; then remember this one
+    // the longest prefix of `prompt` that an earlier request's prompt began with; then remember this
+    // one. A prefix ends at the prompt's first medium (its position holds no token to compare).
     int64_t seen_then_add(const std::vector<llama_token> & prompt, const std::string & id, std::string & who) {
         int64_t               best = 0;
         uint64_t              h    = 14695981039346656037ull;
         std::vector<uint64_t> mine;
-        for (size_t i = 0, len = 16; i < prompt.size(); i++) {
+        for (size_t i = 0, len = 16; i < prompt.size() && prompt[i] != LLAMA_TOKEN_NULL; i++) {
             h = step(h, prompt[i]);
             if (i + 1 == len) {
                 const uint64_t key = step(h, (llama_token) len);
@@ -711,6 +712,16 @@ struct prefix_history {
         return best;
     }
 };
+
+// A prompt's tokens, whatever it holds (server_tokens::get_tokens refuses one with images or
+// sounds): a medium's positions are LLAMA_TOKEN_NULL.
+template <class Tokens> std::vector<llama_token> token_ids(const Tokens & t) {
+    std::vector<llama_token> ids(t.size());
+    for (size_t i = 0; i < ids.size(); i++) {
+        ids[i] = t[i];
+    }
+    return ids;
+}
 
 // The slot `slot_id` begins the prompt of `task_id` (update_slots, where the server decided how much
 // of its cache to keep): `held`, what its cache held; `prompt`, the prompt; `n_reused`, the tokens
@@ -758,11 +769,12 @@ inline void request_prompt(llama_context * ctx,
         r.other_slot   = other;
         r.other_common = other_common;
     }
-    r.seen_tokens = history.seen_then_add(prompt.get_tokens(), r.id, r.seen_request);
+    const std::vector<llama_token> ids = token_ids(prompt);
+    r.seen_tokens                      = history.seen_then_add(ids, r.id, r.seen_request);
     if (common < r.n_held && common < r.n_prompt_all) {
-        r.text_before = tokens_text(ctx, prompt.get_tokens(), common - 8, common);
-        r.text_held   = tokens_text(ctx, held.get_tokens(), common, common + 8);
-        r.text_prompt = tokens_text(ctx, prompt.get_tokens(), common, common + 8);
+        r.text_before = tokens_text(ctx, ids, common - 8, common);
+        r.text_held   = tokens_text(ctx, token_ids(held), common, common + 8);
+        r.text_prompt = tokens_text(ctx, ids, common, common + 8);
     }
 }
 

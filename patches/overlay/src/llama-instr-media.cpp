@@ -358,8 +358,10 @@ void llama_instr_encode_end(const void * encoder,
         j.i64(st.ubatch);
         j.key("kv_used");
         j.i64(-1);
-        j.key("log_ns");  // the logger's work at its start, in a caller's time of it but not in dur
-        j.i64(std::max<int64_t>(0, t_start - st.encoder->t_entry_begin));
+        // the logger's work in the encode's call but not in its dur: its records at its start
+        // and, at its end, its graph tables and computes (written above)
+        j.key("log_ns");
+        j.i64(std::max<int64_t>(0, t_start - st.encoder->t_entry_begin) + std::max<int64_t>(0, now_ns() - t_end));
         j.key("logits");  // the encode's output: its embeddings
         j.raw("{\"shape\":[");
         j.i64(std::max(0, n_embd));

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -323,4 +324,65 @@ def moe_small_detailed(
     that read its routing (test_moe_traffic makes its own, of another prompt)."""
     out = tmp_path_factory.mktemp("moe_small") / "small.log"
     make_run(moe_small, out, "detailed", n_predict=4)
+    return out
+
+
+# Images and sounds (tools/mtmd): projectors tests/helpers/mmproj_gguf.py writes for the bundled
+# SmolLM2, and mtmd's own test media, shared by tests/test_mm_build.py and test_media_run.py.
+
+MM_MEDIA = ("test-1.jpeg", "test-2.mp3")
+
+
+@pytest.fixture(scope="session")
+def mm_lib() -> Path:
+    """The native libraries of the wheel `instr build` installs for the current patches (built
+    once and cached), extracted: libmtmd among them."""
+    from llamacpp_instr.native import build
+
+    return build.installable_lib_dir(lambda m: print(m, file=sys.stderr))
+
+
+@pytest.fixture(scope="session")
+def mm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of the multimodal tests' projectors, models and media."""
+    return tmp_path_factory.mktemp("mm")
+
+
+@pytest.fixture(scope="session")
+def projectors(mm_dir: Path) -> dict[str, Path]:
+    """Each projector type of the writer at its defaults (576 wide), and one 512 wide."""
+    from helpers.mmproj_gguf import (
+        AUDIO_PROJECTORS,
+        VISION_PROJECTORS,
+        write_audio_mmproj,
+        write_vision_mmproj,
+    )
+
+    out = {p: write_vision_mmproj(mm_dir / f"{p}.gguf", projector=p) for p in VISION_PROJECTORS}
+    out |= {p: write_audio_mmproj(mm_dir / f"{p}.gguf", projector=p) for p in AUDIO_PROJECTORS}
+    out["idefics3-512"] = write_vision_mmproj(mm_dir / "idefics3-512.gguf", n_embd_text=512)
+    return out
+
+
+@pytest.fixture(scope="session")
+def vlm_text(mm_dir: Path, smollm2_path: Path) -> Path:
+    """SmolLM2 with SmolVLM's image tokens, which mtmd wraps an idefics3 image in."""
+    from helpers.mmproj_gguf import write_vlm_text_model
+
+    return write_vlm_text_model(smollm2_path, mm_dir / "smollm2-vlm.gguf")
+
+
+@pytest.fixture(scope="session")
+def media(mm_dir: Path) -> dict[str, Path]:
+    """tools/mtmd's test image and audio file, read from the pinned sdist."""
+    from llamacpp_instr.native import build, pin
+
+    folder = f"llama_cpp_python-{pin.LLAMA_CPP_PYTHON_VERSION}/{pin.VENDOR_DIR}/tools/mtmd/"
+    out = {}
+    with tarfile.open(build.fetch_sdist(lambda m: None)) as tf:
+        for name in MM_MEDIA:
+            member = tf.extractfile(folder + name)
+            assert member is not None
+            out[name] = mm_dir / name
+            out[name].write_bytes(member.read())
     return out

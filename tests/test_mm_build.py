@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -25,59 +24,9 @@ from helpers.mmproj_gguf import (
     SMOLLM2_N_EMBD,
     VISION_PROJECTORS,
     write_audio_mmproj,
-    write_vision_mmproj,
-    write_vlm_text_model,
 )
 
 pytestmark = pytest.mark.native
-
-# mtmd's own test media in the pinned sdist
-MEDIA = ("test-1.jpeg", "test-2.mp3")
-
-
-@pytest.fixture(scope="session")
-def mm_lib() -> Path:
-    """The native libraries of the wheel `instr build` installs for the current patches (built
-    once and cached), extracted: libmtmd among them."""
-    from llamacpp_instr.native import build
-
-    return build.installable_lib_dir(lambda m: print(m, file=sys.stderr))
-
-
-@pytest.fixture(scope="module")
-def mm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("mm")
-
-
-@pytest.fixture(scope="module")
-def projectors(mm_dir: Path) -> dict[str, Path]:
-    """Each projector type of the writer at its defaults (576 wide), and one 512 wide."""
-    out = {p: write_vision_mmproj(mm_dir / f"{p}.gguf", projector=p) for p in VISION_PROJECTORS}
-    out |= {p: write_audio_mmproj(mm_dir / f"{p}.gguf", projector=p) for p in AUDIO_PROJECTORS}
-    out["idefics3-512"] = write_vision_mmproj(mm_dir / "idefics3-512.gguf", n_embd_text=512)
-    return out
-
-
-@pytest.fixture(scope="module")
-def vlm_text(mm_dir: Path, smollm2_path: Path) -> Path:
-    """SmolLM2 with SmolVLM's image tokens, which mtmd wraps an idefics3 image in."""
-    return write_vlm_text_model(smollm2_path, mm_dir / "smollm2-vlm.gguf")
-
-
-@pytest.fixture(scope="module")
-def media(mm_dir: Path) -> dict[str, Path]:
-    """tools/mtmd's test image and audio file, read from the pinned sdist."""
-    from llamacpp_instr.native import build, pin
-
-    folder = f"llama_cpp_python-{pin.LLAMA_CPP_PYTHON_VERSION}/{pin.VENDOR_DIR}/tools/mtmd/"
-    out = {}
-    with tarfile.open(build.fetch_sdist(lambda m: None)) as tf:
-        for name in MEDIA:
-            member = tf.extractfile(folder + name)
-            assert member is not None
-            out[name] = mm_dir / name
-            out[name].write_bytes(member.read())
-    return out
 
 
 def child(lib: Path, script: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -286,12 +235,13 @@ def test_llama_mtmd_cli_runs_an_image_through_smolvlms_projector_in_a_session(
     # decoded into the text model
     assert len(re.findall(r"mtmd batch encoding done in \d+ ms", out)) == 2
     assert len(re.findall(r"image decoded \(batch 1/1\) in \d+ ms", out)) == 2
-    # the session log holds them as the two steps of embeddings (no token ids), 16 positions each,
-    # between the text steps that carry SmolVLM's image tokens
+    # the session log holds them as two encodes and the two steps of their embeddings (no token
+    # ids), 16 positions each, between the text steps that carry SmolVLM's image tokens
     recs = [json.loads(line) for line in log.open(encoding="utf-8")]
     assert recs[-1]["type"] == "session_end" and recs[-1]["status"] == "ok"
     steps = [r for r in recs if r["type"] == "step_begin"]
-    assert [s["n_tokens"] for s in steps if "tokens" not in s] == [16, 16]
+    assert [s["n_tokens"] for s in steps if s["kind"] == "encode"] == [16, 16]
+    assert [s["n_tokens"] for s in steps if "tokens" not in s and s["kind"] != "encode"] == [16, 16]
     pieces = [p for s in steps for p in s.get("pieces", [])]
     assert pieces.count("<global-img>") == 1 and pieces.count("<fake_token_around_image>") == 3
 

@@ -332,3 +332,57 @@ def test_llama_cpp_pythons_chat_handler_in_a_session(
     [(_, e)] = encodes
     assert _close(printed[1], e["dur"] + e["log_ns"]), (printed, e)
     assert sum(b["n_tokens"] for b, _ in _media_steps(recs)) == m["tokens"] == e["n_tokens"]
+
+
+def test_timed_ops_cover_each_encode_on_the_cpu(
+    mm_lib: Path, smollm2_path: Path, media: dict[str, Path], mm_dir: Path, tmp_path: Path
+) -> None:
+    """A projector sized like a small real one (6 blocks 256 wide, 512-pixel images: an encode
+    of a few hundred ms on 2 cores), two images through instr run (at a real-time priority where
+    it may: see ``realtime``): the ops the CPU timed cover at least 0.90 of each encode's time
+    (its whole mtmd call: the graph's build and allocation, its inputs and its output's copy are
+    the rest)."""
+    from helpers.mmproj_gguf import write_vision_mmproj
+
+    mmproj = write_vision_mmproj(
+        mm_dir / "gemma3-6x256.gguf",
+        projector="gemma3",
+        image_size=512,
+        n_layer=6,
+        n_embd=256,
+        n_ff=1024,
+    )
+    image = str(media["test-1.jpeg"])
+    log = tmp_path / "cover.log"
+    r = _instr(
+        mm_lib,
+        "run",
+        str(smollm2_path),
+        "--mmproj",
+        str(mmproj),
+        "--image",
+        image,
+        "--image",
+        image,
+        "-p",
+        "Describe",
+        "-n",
+        "2",
+        "-t",
+        "2",
+        "-o",
+        str(log),
+        cwd=tmp_path,
+        prefix=realtime(),
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = read_log(log)
+    ops: dict[tuple[int, int], int] = {}
+    for c in by_type(recs, "compute"):
+        key = (c["ctx"], c["step"])
+        ops[key] = ops.get(key, 0) + sum(o[2] for o in c.get("ops", []))
+    encodes = _encodes(recs)
+    assert len(encodes) == 2
+    for b, e in encodes:
+        covered = ops[(e["ctx"], e["step"])] / e["dur"]
+        assert covered >= 0.90, (b["first"], covered, e["dur"])

@@ -386,3 +386,48 @@ def test_timed_ops_cover_each_encode_on_the_cpu(
     for b, e in encodes:
         covered = ops[(e["ctx"], e["step"])] / e["dur"]
         assert covered >= 0.90, (b["first"], covered, e["dur"])
+
+
+def test_a_projector_whose_compute_buffer_does_not_fit_is_refused_before_it_faults(
+    mm_lib: Path,
+    projectors: dict[str, Path],
+    smollm2_path: Path,
+    media: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    """Under a memory budget that holds the model and the projector's weights but not its
+    compute buffer: mtmd loads the projector anyway (its warm-up ignores the failed reservation)
+    and would fault at the first encode; instr run ends with the out-of-memory line that names
+    the encoder's compute buffer (exit 3) and writes no log. The budget is the bytes a run with
+    none held when the encoder's compute buffer was made, plus half of that buffer."""
+    sound = str(media["test-2.mp3"])
+    common = ["--mmproj", str(projectors["qwen2a"]), "--audio", sound, "-p", "hi", "-n", "2"]
+    common += ["--ctx", "1024"]
+    free_run = tmp_path / "free.log"
+    r = _instr(mm_lib, "run", str(smollm2_path), *common, "-o", str(free_run), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    held = 0
+    for rec in read_log(free_run):
+        if rec["type"] == "memory_alloc" and rec["device"] == 0:
+            if rec["purpose"] == "encoder_compute":
+                budget = held + rec["bytes"] // 2
+                break
+            held += rec["bytes"]
+        elif rec["type"] == "memory_free" and rec["device"] == 0:
+            held -= rec["bytes"]
+    log = tmp_path / "tight.log"
+    r = _instr(
+        mm_lib,
+        "run",
+        str(smollm2_path),
+        *common,
+        "--memory-budget",
+        f"CPU={budget}",
+        "-o",
+        str(log),
+        cwd=tmp_path,
+    )
+    assert r.returncode == 3, (r.returncode, r.stderr[-2000:])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "encoder_compute needed" in lines[0], r.stderr
+    assert not log.exists()

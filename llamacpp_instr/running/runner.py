@@ -382,6 +382,11 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
         # the projector and the media, checked against the model before any log exists
         threads = resolve_threads(cfg.threads)
         mm = Media(llm, cfg.media, threads, cfg.flash_attn) if cfg.media else None
+        # mtmd loads a projector whose compute buffer did not fit (its warm-up ignores the
+        # failure) and faults at its first encode: refused here, with what did not fit
+        oom = memory.explain(lib, failed_before, cfg.memory_setting()) if mm else None
+        if oom is not None:
+            raise oom
         if cfg.warmup:
             warm_up(llm)
         p = Prompt.of(cfg, llm, mm)

@@ -1,7 +1,7 @@
 """A session LLAMA_INSTR_LOG opened in a Python process ends as "interrupted" when SIGTERM, whose
 default action the wrapper keeps, ends the process: the watcher ends the session, then the process
 dies of the signal. The handlers are wrapped before the watcher thread starts, and by the watcher
-only after that (see docs/performance.md, "Sanitizers")."""
+only after that (see docs/internals.md, "Sanitizers")."""
 
 from __future__ import annotations
 

@@ -104,15 +104,42 @@ def test_serve_example(instr_api: Any, tmp_path: Path) -> None:
 
 @pytest.mark.fast
 def test_readme_stays_short_and_its_links_resolve() -> None:
-    """The README is the front page (under 450 lines; detail lives in docs/), and every relative
-    link in it and in docs/internals.md names a file that exists."""
+    """The README is the front page (at most 400 lines; detail lives in docs/), and every relative
+    link in it and in docs/ names a file that exists, and a heading of that page where it names
+    one (``#anchor``, as GitHub makes them)."""
     root = README.parent
-    assert len(README.read_text(encoding="utf-8").splitlines()) < 450
-    checked = 0
-    for page in (README, root / "docs" / "internals.md"):
-        for target in re.findall(r"\]\(([^)#\s]+)[^)]*\)", page.read_text(encoding="utf-8")):
-            if "://" in target:
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 400
+    checked = anchors = 0
+    for page in (README, *sorted((root / "docs").glob("*.md"))):
+        text = page.read_text(encoding="utf-8")
+        targets = re.findall(r"\]\(([^)\s]+)\)", text) + re.findall(r'(?:href|src)="([^"]+)"', text)
+        for target in targets:
+            if "://" in target or target.startswith("mailto:"):
                 continue
-            assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.exists(), f"{page.name} links to missing {target}"
             checked += 1
-    assert checked >= 10  # the pattern found the links at all
+            if anchor and linked.suffix == ".md":
+                heads = heading_anchors(linked)
+                assert anchor in heads, f"{page.name} links to {target}: no such heading"
+                anchors += 1
+    assert checked >= 30 and anchors >= 5  # the patterns found the links at all
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the headings of ``page``: lower case, punctuation but ``-`` and ``_``
+    dropped, spaces as ``-``; a repeated one gets ``-1``, ``-2``..."""
+    seen: dict[str, int] = {}
+    found = set()
+    fence = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        if fence or not re.match(r"#{1,6} ", line):
+            continue
+        slug = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        found.add(slug if n == 0 else f"{slug}-{n}")
+    return found

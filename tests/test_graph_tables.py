@@ -20,6 +20,7 @@ from helpers.support import FUZZ_DERANDOMIZE, FUZZ_EXAMPLES, JSON, instr, make_r
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llamacpp_instr.contract.schema import CURRENT_SCHEMA_VERSION
 from llamacpp_instr.converters.reading.decode.fields import MALFORMED
 from llamacpp_instr.converters.reading.decode.graphs import AT_MAX, SUBST_MAX, Graph, graph_record
 
@@ -162,7 +163,7 @@ def test_run_logs_stay_valid(
     run: str, request: pytest.FixtureRequest, schema_validator: Any
 ) -> None:
     recs = _raw(request.getfixturevalue(run))
-    assert recs[0]["schema_version"] == 3
+    assert recs[0]["schema_version"] == CURRENT_SCHEMA_VERSION
     assert any("same_as" in r for r in recs)
     for rec in recs:
         schema_validator.validate(rec)

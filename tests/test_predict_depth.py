@@ -288,7 +288,9 @@ def test_the_probe_takes_what_a_run_at_depth_takes(instr_api: Any, deep_model: P
     op's time in a real run at that depth (the op timer's, the median of its generated tokens'
     layers, as the probe counts the median of its computes), flash attention on and off: the
     same kernels on the same shapes, where a wrong shape (the cells its view spans, the heads)
-    would be several times off. (No threshold on speed itself, and a wide factor: two shared
+    would be several times off. The probe's caches hold what a token of this model reads (its
+    weights and its 2 layers' caches, a few MiB), as warm in a last-level cache as in the run: a
+    probe over 256 MiB of caches read them cold, 2.5x the run's time. (No threshold on speed itself, and a wide factor: two shared
     cores' runs move by half from one minute to the next; bench/predict.py's depth grid checks
     the predictions.)"""
     import llama_cpp
@@ -299,6 +301,7 @@ def test_the_probe_takes_what_a_run_at_depth_takes(instr_api: Any, deep_model: P
     from llamacpp_instr.running import api
 
     devs = {d["name"]: d["index"] for d in instr_api.machine_info()["devices"]}
+    weights = deep_model.stat().st_size
     for fa in (True, False):
         llm = llama_cpp.Llama(
             str(deep_model), n_ctx=3328, n_batch=512, n_ubatch=512, n_threads=2,
@@ -324,7 +327,9 @@ def test_the_probe_takes_what_a_run_at_depth_takes(instr_api: Any, deep_model: P
             # measured): a build running beside the suite once slowed a single probe 3.2x
             tries = []
             for _ in range(3):
-                tries.append(kv_probe.Probe(instr_api, devs, 2, 3328).ns(shape, 3004, "CPU"))
+                tries.append(
+                    kv_probe.Probe(instr_api, devs, 2, 3328, weights, 2).ns(shape, 3004, "CPU")
+                )
                 if tries[-1] is not None and tries[-1] / real < 2.5:
                     break
             measured = min((t for t in tries if t is not None), default=None)

@@ -17,11 +17,15 @@ logs' computes did, for its time is in the cells its rows see, not the cache's)
 
 the probe building the op as llama.cpp's graph does (the caches' views, the causal mask, the
 query rows at their positions), once per layer in one graph, each layer reading a cache of its
-own, at the target's thread count on the op's device. It runs as many layers as hold
-``PROBE_BYTES`` of caches, not the model's count: more than a last-level cache holds (in a run
-the weights pass between two reads of a layer's cache, so it is read cold), and a compute long
-enough that the backend's start-up is not what is timed (a 12-layer probe's best of two computes
-took 1.5x its best of six on a 2-core VM; at 256 MiB both agree within 2 %). What the logs
+own, at the target's thread count on the op's device. Its layers hold as many bytes as a
+token of the target reads (its weights and every layer's caches, ``Probe.span``), up to
+``PROBE_BYTES``, not the model's count of layers: where the model's working set is more than a
+last-level cache holds, the weights pass between two reads of a layer's cache and it is read
+cold, and the probe's caches, more than that cache holds, are read cold too; where the working
+set fits, the run reads its caches warm and so does the probe (a 2-layer model's KV matmuls at
+3,072 cells took 2.5x as long in a probe over 256 MiB as in its run on a 32 MiB L3, and the
+same within 1.3x in a probe over its own 4 MiB). The median of ``PROBE_RUNS`` computes keeps a
+short probe's backend start-up out of what is timed. What the logs
 measured stays theirs; what they could not show, the kernel's growth with the cells, is
 measured at the depth asked.
 
@@ -135,18 +139,37 @@ class Probe:
     caches of ``kv_size`` cells; each measurement cached. ``failed`` says why one could not be
     made (the op is then priced by its line)."""
 
-    def __init__(self, lib: Any, devices: dict[str, int], threads: int, kv_size: int) -> None:
+    def __init__(
+        self,
+        lib: Any,
+        devices: dict[str, int],
+        threads: int,
+        kv_size: int,
+        weights: int | None = None,
+        n_layer: int = 0,
+    ) -> None:
         self.lib = lib
         self.devices = devices  # ggml device name -> index
         self.threads = threads
         self.kv_size = kv_size
+        # the target's weights' bytes and its layers (None: a model larger than PROBE_BYTES)
+        self.weights = weights
+        self.n_layer = n_layer
         self.cache: dict[tuple[Shape, int, str, int], float | None] = {}
         self.failed: dict[str, None] = {}
         self.runs = 0
 
+    def span(self, shape: Shape) -> int:
+        """The bytes a token of the target reads, its weights and all its layers' K and V caches
+        (at ``shape``'s heads, F16), up to ``PROBE_BYTES``: what the probe's caches hold."""
+        if self.weights is None:
+            return PROBE_BYTES
+        kv = 2 * (shape.head_dim_k + shape.head_dim_v) * shape.n_head_kv * self.kv_size
+        return max(1, min(self.weights + self.n_layer * kv, PROBE_BYTES))
+
     def ns(self, shape: Shape, pos0: int, device: str) -> float | None:
         """One layer's time (ns) of ``shape``'s op with its first query row at ``pos0``, on
-        ``device``, measured over the layers of ``PROBE_BYTES`` of caches; None where it cannot
+        ``device``, measured over the layers of ``span`` bytes of caches; None where it cannot
         be."""
         from llamacpp_instr.native import bindings
 
@@ -155,7 +178,7 @@ class Probe:
             self.failed[f"{device}: the probe cannot run there"] = None
             return None
         per = max(shape.cache_bytes(self.kv_size), 1)
-        layers = max(1, min(math.ceil(PROBE_BYTES / per), 512))
+        layers = max(1, min(math.ceil(self.span(shape) / per), 512))
         pos0 = max(0, min(pos0, shape.n_kv - shape.rows))
         key = (shape, pos0, device, layers)
         if key in self.cache:

@@ -438,7 +438,9 @@ def price(
     try:
         _check_model(t, builder, sessions)
         prompt, gen = computes(t)
-        pricing = _Pricing(builder, t, _attention_probe(t, sessions) if probe else None)
+        pricing = _Pricing(
+            builder, t, _attention_probe(t, sessions, builder.prober.n_layer) if probe else None
+        )
         for kind, plan, tokens in (("prompt", prompt, t.n_prompt), ("gen", gen, t.n_gen)):
             if not plan:
                 continue
@@ -472,16 +474,19 @@ def price(
     return out
 
 
-def _attention_probe(t: Target, sessions: list[SessionFrames]) -> kv_probe.Probe | None:
-    """The attention probe at the target's threads and context, None where this machine is not
-    the logs' (what it measures would not be what they ran on)."""
+def _attention_probe(
+    t: Target, sessions: list[SessionFrames], n_layer: int
+) -> kv_probe.Probe | None:
+    """The attention probe at the target's threads and context, over as many bytes as a token of
+    the target reads (its file's weights, its ``n_layer`` layers' caches), None where this machine
+    is not the logs' (what it measures would not be what they ran on)."""
     found = kv_probe.this_machine([getattr(sf.info, "machine", None) for sf in sessions])
     if found is None:
         return None
     lib, here = found
     names = {str(d["name"]): int(d["index"]) for d in here if d.get("backend") != "RPC"}
     n_ctx = -(-(t.depth + t.n_prompt + t.n_gen + 1) // KV_PAD) * KV_PAD
-    return kv_probe.Probe(lib, names, t.threads, n_ctx)
+    return kv_probe.Probe(lib, names, t.threads, n_ctx, t.model.stat().st_size, n_layer)
 
 
 def _check_model(t: Target, builder: GraphBuilder, sessions: list[SessionFrames]) -> None:

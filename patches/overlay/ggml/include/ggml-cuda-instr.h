@@ -41,9 +41,9 @@ enum ggml_cuda_profile_mark_kind {
 };
 
 enum ggml_cuda_profile_mark_flags {
-    GGML_CUDA_PROFILE_CAPTURED       = 1,  // run by a CUDA graph's replay (captured at an earlier compute)
-    GGML_CUDA_PROFILE_HOST_TO_DEVICE = 2,  // COPY_*: the copy's direction
-    GGML_CUDA_PROFILE_DEVICE_TO_HOST = 4,
+    GGML_CUDA_PROFILE_CAPTURED         = 1,  // run by a CUDA graph's replay (captured at an earlier compute)
+    GGML_CUDA_PROFILE_HOST_TO_DEVICE   = 2,  // COPY_*: the copy's direction
+    GGML_CUDA_PROFILE_DEVICE_TO_HOST   = 4,
     GGML_CUDA_PROFILE_DEVICE_TO_DEVICE = 8,
 };
 
@@ -57,14 +57,14 @@ struct ggml_cuda_profile_mark {
     int32_t                    n_fused;  // OP: nodes fused into it (they follow it in the computed graph)
     int32_t                    n_ops;    // ops launched on its stream after it, before the stream's next mark
     int32_t                    stream;   // 0: the main stream, 1..: a side stream, GGML_CUDA_PROFILE_THREAD_STREAM
-    int32_t                    graph;    // the graph compute it is of, counted from 0 since the profiler was set; -1: none
-    int32_t                    flags;    // enum ggml_cuda_profile_mark_flags
-    int32_t                    valid;    // set by collect: 1 = t holds the time
-    uint64_t                   t;        // set by collect: %globaltimer (ns) when the mark ran
+    int32_t  graph;  // the graph compute it is of, counted from 0 since the profiler was set; -1: none
+    int32_t  flags;  // enum ggml_cuda_profile_mark_flags
+    int32_t  valid;  // set by collect: 1 = t holds the time
+    uint64_t t;      // set by collect: %globaltimer (ns) when the mark ran
 };
 
 struct ggml_cuda_profiler {
-    struct ggml_cuda_profile_mark * marks;  // [cap]
+    struct ggml_cuda_profile_mark * marks;     // [cap]
     int32_t                         cap;
     int32_t                         n_marks;   // marks appended so far (across graph computes and copies)
     int32_t                         n_lost;    // marks not appended: no room left
@@ -89,8 +89,10 @@ typedef int (*ggml_backend_cuda_set_profiler_t)(ggml_backend_t backend, struct g
 
 // After the backend was synchronized: the time of each mark in [begin, end). 0 = ok, -1 = no
 // profiler's times are held.
-typedef int (*ggml_backend_cuda_profiler_collect_t)(ggml_backend_t backend, struct ggml_cuda_profiler * profiler,
-                                                    int32_t begin, int32_t end);
+typedef int (*ggml_backend_cuda_profiler_collect_t)(ggml_backend_t              backend,
+                                                    struct ggml_cuda_profiler * profiler,
+                                                    int32_t                     begin,
+                                                    int32_t                     end);
 
 // The device's %globaltimer and the caller's clock (`now`, ns) at the same instant, within
 // +-max_deviation_ns: a one-thread kernel on a stream of its own answers the host through mapped
@@ -104,7 +106,8 @@ struct ggml_cuda_clock_pair {
     int64_t  resolution_ns;
 };
 
-typedef int (*ggml_backend_cuda_clock_pair_t)(ggml_backend_t backend, int64_t (*now)(void),
+typedef int (*ggml_backend_cuda_clock_pair_t)(ggml_backend_t backend,
+                                              int64_t (*now)(void),
                                               struct ggml_cuda_clock_pair * pair);
 
 #ifdef __cplusplus

@@ -1,6 +1,5 @@
-#include "instr.cuh"
-
 #include "ggml-backend-impl.h"
+#include "instr.cuh"
 
 #include <atomic>
 #include <cstring>
@@ -36,9 +35,9 @@ struct ggml_cuda_instr {
     int32_t    host_cap = 0;
 
     // the graph compute being launched
-    ggml_cuda_instr_graph * capturing = nullptr;  // its marks go into this CUDA graph, else plain
+    ggml_cuda_instr_graph * capturing = nullptr;          // its marks go into this CUDA graph, else plain
     int32_t                 graph     = -1;
-    const ggml_tensor *     prev      = nullptr;  // the previous op's node
+    const ggml_tensor *     prev      = nullptr;          // the previous op's node
     int32_t                 last[GGML_CUDA_MAX_STREAMS];  // each stream's last mark, or -1
     int32_t                 cur = -1;                     // the mark of the op begun last, or -1
 
@@ -112,9 +111,15 @@ static ggml_cuda_instr_graph_mark * ggml_cuda_instr_graph_at(ggml_cuda_instr * s
 
 // append a mark on stream_no (launched on `stream`); returns its index (in the profiler, or in
 // the graph being captured), or -1 when there was no room
-static int32_t ggml_cuda_instr_append(ggml_cuda_instr * s, cudaStream_t stream, int stream_no, int kind,
-                                      const ggml_cgraph * cgraph, int node_idx, const ggml_tensor * node,
-                                      int64_t bytes, int flags) {
+static int32_t ggml_cuda_instr_append(ggml_cuda_instr *   s,
+                                      cudaStream_t        stream,
+                                      int                 stream_no,
+                                      int                 kind,
+                                      const ggml_cgraph * cgraph,
+                                      int                 node_idx,
+                                      const ggml_tensor * node,
+                                      int64_t             bytes,
+                                      int                 flags) {
     ggml_cuda_profiler * p = s->p;
     if (s->capturing) {
         ggml_cuda_instr_graph * g = s->capturing;
@@ -134,12 +139,12 @@ static int32_t ggml_cuda_instr_append(ggml_cuda_instr * s, cudaStream_t stream, 
     }
     ggml_cuda_profile_mark & m = p->marks[k];
     m                          = {};
-    m.node    = node ? node : (cgraph && node_idx >= 0 ? cgraph->nodes[node_idx] : nullptr);
-    m.bytes   = bytes;
-    m.kind    = kind;
-    m.stream  = stream_no;
-    m.graph   = kind == GGML_CUDA_PROFILE_COPY_BEGIN || kind == GGML_CUDA_PROFILE_COPY_END ? -1 : s->graph;
-    m.flags   = flags;
+    m.node                     = node ? node : (cgraph && node_idx >= 0 ? cgraph->nodes[node_idx] : nullptr);
+    m.bytes                    = bytes;
+    m.kind                     = kind;
+    m.stream                   = stream_no;
+    m.graph    = kind == GGML_CUDA_PROFILE_COPY_BEGIN || kind == GGML_CUDA_PROFILE_COPY_END ? -1 : s->graph;
+    m.flags    = flags;
     s->host[k] = 0;  // not run (yet)
     p->n_marks++;
     ggml_cuda_instr_launch_stamp(stream, s->host_dev + k);
@@ -160,7 +165,9 @@ static void ggml_cuda_instr_count_op(ggml_cuda_instr * s, int stream_no, int32_t
     GGML_UNUSED(stream_no);
 }
 
-void ggml_cuda_instr_compute_begin(ggml_backend_cuda_context * ctx, ggml_cuda_graph * capture, const ggml_cgraph * cgraph) {
+void ggml_cuda_instr_compute_begin(ggml_backend_cuda_context * ctx,
+                                   ggml_cuda_graph *           capture,
+                                   const ggml_cgraph *         cgraph) {
     ggml_cuda_instr * s = ctx->instr;
     s->graph            = s->p->n_graphs++;
     s->prev             = nullptr;
@@ -200,13 +207,13 @@ void ggml_cuda_instr_compute_begin(ggml_backend_cuda_context * ctx, ggml_cuda_gr
 }
 
 void ggml_cuda_instr_op(ggml_backend_cuda_context * ctx, const ggml_cgraph * cgraph, int i) {
-    ggml_cuda_instr *         s    = ctx->instr;
-    const ggml_cuda_profiler * p   = s->p;
-    const ggml_tensor *       node = cgraph->nodes[i];
-    const int                 sn   = ctx->curr_stream_no;
-    const bool want = !s->prev || !p->want || p->want(p->user, s->prev, node);
-    s->prev         = node;
-    s->cur          = -1;
+    ggml_cuda_instr *          s    = ctx->instr;
+    const ggml_cuda_profiler * p    = s->p;
+    const ggml_tensor *        node = cgraph->nodes[i];
+    const int                  sn   = ctx->curr_stream_no;
+    const bool                 want = !s->prev || !p->want || p->want(p->user, s->prev, node);
+    s->prev                         = node;
+    s->cur                          = -1;
     if (want) {
         s->cur = ggml_cuda_instr_append(s, ctx->stream(), sn, GGML_CUDA_PROFILE_OP, cgraph, i, nullptr, 0, 0);
         if (s->cur >= 0) {
@@ -253,7 +260,9 @@ void ggml_cuda_instr_fork(ggml_backend_cuda_context * ctx) {
     ggml_cuda_instr_mark(ctx, GGML_CUDA_PROFILE_FORK, 0);
 }
 
-void ggml_cuda_instr_compute_end(ggml_backend_cuda_context * ctx, ggml_cuda_graph * replayed, const ggml_cgraph * cgraph) {
+void ggml_cuda_instr_compute_end(ggml_backend_cuda_context * ctx,
+                                 ggml_cuda_graph *           replayed,
+                                 const ggml_cgraph *         cgraph) {
     ggml_cuda_instr * s = ctx->instr;
     s->capturing        = nullptr;
 #ifdef USE_CUDA_GRAPH
@@ -270,13 +279,13 @@ void ggml_cuda_instr_compute_end(ggml_backend_cuda_context * ctx, ggml_cuda_grap
         const ggml_cuda_instr_graph_mark & d = g->marks[j];
         ggml_cuda_profile_mark &           m = p->marks[base + j];
         m                                    = {};
-        m.node    = d.node_idx >= 0 && d.node_idx < cgraph->n_nodes ? cgraph->nodes[d.node_idx] : nullptr;
-        m.kind    = d.kind;
-        m.n_fused = d.n_fused;
-        m.n_ops   = d.n_ops;
-        m.stream  = d.stream;
-        m.graph   = s->graph;
-        m.flags   = GGML_CUDA_PROFILE_CAPTURED;
+        m.node            = d.node_idx >= 0 && d.node_idx < cgraph->n_nodes ? cgraph->nodes[d.node_idx] : nullptr;
+        m.kind            = d.kind;
+        m.n_fused         = d.n_fused;
+        m.n_ops           = d.n_ops;
+        m.stream          = d.stream;
+        m.graph           = s->graph;
+        m.flags           = GGML_CUDA_PROFILE_CAPTURED;
         s->host[base + j] = 0;
     }
     p->n_marks += n;
@@ -298,8 +307,13 @@ ggml_backend_cuda_context * ggml_cuda_instr_thread(int device) {
     return ctx && ctx->instr_prof && ctx->instr_prof->sync_copies && ctx->device == device ? ctx : nullptr;
 }
 
-void ggml_cuda_instr_copy(ggml_backend_cuda_context * ctx, cudaStream_t stream, int stream_no, int kind,
-                          const ggml_tensor * tensor, size_t bytes, int flags) {
+void ggml_cuda_instr_copy(ggml_backend_cuda_context * ctx,
+                          cudaStream_t                stream,
+                          int                         stream_no,
+                          int                         kind,
+                          const ggml_tensor *         tensor,
+                          size_t                      bytes,
+                          int                         flags) {
     ggml_cuda_instr * s = ctx->instr;
     if (s->capturing) {
         return;  // (copies are never captured: only graph computes are)
@@ -368,7 +382,10 @@ int ggml_backend_cuda_set_profiler(ggml_backend_t backend, ggml_cuda_profiler * 
     return 0;
 }
 
-int ggml_backend_cuda_profiler_collect(ggml_backend_t backend, ggml_cuda_profiler * profiler, int32_t begin, int32_t end) {
+int ggml_backend_cuda_profiler_collect(ggml_backend_t       backend,
+                                       ggml_cuda_profiler * profiler,
+                                       int32_t              begin,
+                                       int32_t              end) {
     if (!ggml_backend_is_cuda(backend) || !profiler) {
         return -1;
     }
@@ -381,9 +398,9 @@ int ggml_backend_cuda_profiler_collect(ggml_backend_t backend, ggml_cuda_profile
     begin           = std::max(begin, 0);
     end             = std::min(end, n);
     for (int32_t k = begin; k < end; k++) {
-        const uint64_t t          = s->host[k];
-        profiler->marks[k].t      = t;
-        profiler->marks[k].valid  = t != 0;
+        const uint64_t t         = s->host[k];
+        profiler->marks[k].t     = t;
+        profiler->marks[k].valid = t != 0;
     }
     return 0;
 }
@@ -401,7 +418,7 @@ static __global__ void ggml_cuda_instr_clock(volatile uint32_t * flag, volatile 
     for (int n = 0; n < (1 << 24) && t2 == t1; n++) {
         t2 = ggml_cuda_instr_globaltimer();
     }
-    out[n_rounds] = t2 - t1;
+    out[n_rounds]           = t2 - t1;
     const uint64_t deadline = t2 + 100000000ull;  // 100 ms: never spin longer
     for (int r = 0; r < n_rounds; r++) {
         uint32_t f;
@@ -449,7 +466,7 @@ int ggml_backend_cuda_clock_pair(ggml_backend_t backend, int64_t (*now)(void), g
     CUDA_CHECK(cudaHostGetDevicePointer(&mem_dev, s->clock_mem, 0));
     uint32_t * flag_dev = (uint32_t *) mem_dev;
     uint64_t * out_dev  = (uint64_t *) ((char *) mem_dev + 64);
-    *s->clock_flag = 0;
+    *s->clock_flag      = 0;
     std::atomic_thread_fence(std::memory_order_seq_cst);
     ggml_cuda_instr_clock<<<1, 1, 0, s->clock_stream>>>(flag_dev, out_dev, GGML_CUDA_INSTR_CLOCK_ROUNDS);
     CUDA_CHECK(cudaGetLastError());

@@ -40,7 +40,15 @@ from llamacpp_instr.native.paths import PATCHES_DIR  # noqa: E402
 
 OVERLAY_TAG = "instr-overlay"
 # Where the overlay's files live in llama.cpp: export copies these back, format-patch skips them.
-OVERLAY_GLOBS = ("src/llama-instr*", "include/llama-instr*", "tools/llama-instr*")
+# ggml's are the headers beside its backends' own (ggml-cpu-instr.h, ...) and the files beside a
+# backend's sources (ggml-cuda/instr.cu, ...); no file of the pin matches one.
+OVERLAY_GLOBS = (
+    "src/llama-instr*",
+    "include/llama-instr*",
+    "tools/llama-instr*",
+    "ggml/include/ggml-*-instr.h",
+    "ggml/src/ggml-*/instr.*",
+)
 IDENTITY = ["-c", "user.name=llamacpp-instr", "-c", "user.email=dev@llamacpp-instr.invalid"]
 
 

@@ -13,19 +13,25 @@ from click.testing import CliRunner
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.native import backends, build, cuda_check, cuda_toolkit
+from llamacpp_instr.native.paths import PATCHES_DIR
 
 pytestmark = pytest.mark.fast
 
 
-def test_the_check_compiles_the_cuda_sources_the_patches_touch() -> None:
-    touched = cuda_check.touched_cuda_sources(build.read_series())
-    # read here from the patch files' own headers: every ggml-cuda .cu a diff names
+def test_the_check_compiles_the_cuda_sources_the_patches_and_the_overlay_touch() -> None:
+    touched = cuda_check.touched_cuda_sources(build.read_series(), build.read_overlay())
+    # read here from the patch files' own headers (every ggml-cuda .cu a diff names) and from the
+    # overlay's folder of ggml-cuda
     want = sorted(
         {
             line.split(" b/", 1)[1].strip()
             for p in build.read_series()
             for line in p.read_text(errors="replace").splitlines()
             if line.startswith("+++ b/ggml/src/ggml-cuda/") and line.endswith(".cu")
+        }
+        | {
+            "ggml/src/ggml-cuda/" + p.name
+            for p in (PATCHES_DIR / "overlay" / "ggml" / "src" / "ggml-cuda").glob("*.cu")
         }
     )
     assert sorted(touched) == want

@@ -60,6 +60,12 @@ VULKAN_BUILD_PACKAGES = "libvulkan-dev glslc spirv-headers"
 # A series entry under this folder applies to the sdist root, the others to the vendored llama.cpp.
 PYTHON_PATCH_DIR = "python"
 
+# The overlay's list of libllama's sources, which the patched src/CMakeLists.txt includes, and the
+# CMake file that names the overlay's sources of each folder (ggml-cuda compiles every .cu of its
+# folder, so its overlay sources need none).
+OVERLAY_CMAKE_LIST = "llama-instr.cmake"
+OVERLAY_CMAKE_LISTS = {"src": f"src/{OVERLAY_CMAKE_LIST}"}
+
 Echo = Callable[[str], None]
 
 
@@ -286,11 +292,20 @@ def copy_overlay(root: Path, overlay: Sequence[tuple[str, Path]], echo: Echo) ->
 
 
 def check_overlay_listed(root: Path, overlay: Sequence[tuple[str, Path]]) -> None:
-    """Every overlay source must be compiled: listed in src/CMakeLists.txt once patched."""
-    cmake = (root / pin.VENDOR_DIR / "src" / "CMakeLists.txt").read_text()
+    """Every overlay source must be compiled: named, once patched, in the CMake list of its folder
+    (``OVERLAY_CMAKE_LISTS``; libllama's is the overlay's own src/llama-instr.cmake, which the
+    patched src/CMakeLists.txt must include)."""
+    vendor = root / pin.VENDOR_DIR
+    if OVERLAY_CMAKE_LIST not in (vendor / "src" / "CMakeLists.txt").read_text():
+        raise UserError(f"the patched src/CMakeLists.txt does not include {OVERLAY_CMAKE_LIST}")
     for rel, _ in overlay:
-        if rel.startswith("src/") and rel.endswith(".cpp") and Path(rel).name not in cmake:
-            raise UserError(f"overlay source {rel} is not listed in the patched src/CMakeLists.txt")
+        folder, _, name = rel.rpartition("/")
+        listing = OVERLAY_CMAKE_LISTS.get(folder)
+        if listing is None or not name.endswith(".cpp"):
+            continue
+        path = vendor / listing
+        if not path.is_file() or name not in path.read_text():
+            raise UserError(f"overlay source {rel} is not listed in the patched {listing}")
 
 
 def apply_patches(root: Path, patches: Sequence[Path], echo: Echo) -> None:

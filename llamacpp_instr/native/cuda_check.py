@@ -1,10 +1,10 @@
-"""`instr build --check --cuda`: compile the CUDA sources the patches touch, with the CUDA toolkit
-`instr build --cuda` would use (the system's, else PyPI's), without a GPU and without building
-the whole backend (38 to 70 CPU-minutes): the patched tree is configured as the CUDA wheel is,
-then only the objects of the ``.cu`` files a patch adds or edits are compiled. A change to
-ggml-cuda that does not compile fails here, on any machine. The op timer's own sources
-(``src/llama-instr-ops-cuda.cpp``, ``llama-instr-gpu-marks.cpp``) are plain C++, compiled by
-every build.
+"""`instr build --check --cuda`: compile the CUDA sources the patches and the overlay touch, with
+the CUDA toolkit `instr build --cuda` would use (the system's, else PyPI's), without a GPU and
+without building the whole backend (38 to 70 CPU-minutes): the patched tree is configured as the
+CUDA wheel is, then only the objects of the ``.cu`` files a patch edits or the overlay adds
+(``ggml-cuda/instr.cu``) are compiled. A change to ggml-cuda that does not compile fails here, on
+any machine. The op timer's own sources (``src/llama-instr-ops-cuda.cpp``,
+``llama-instr-gpu-marks.cpp``) are plain C++, compiled by every build.
 """
 
 from __future__ import annotations
@@ -26,8 +26,11 @@ CUDA_DIR = "ggml/src/ggml-cuda/"
 DEFAULT_ARCH = "90"
 
 
-def touched_cuda_sources(patches: Sequence[Path]) -> list[str]:
-    """The ``.cu`` files of ggml-cuda that the (llama.cpp) patches add or edit, in order."""
+def touched_cuda_sources(
+    patches: Sequence[Path], overlay: Sequence[tuple[str, Path]] = ()
+) -> list[str]:
+    """The ``.cu`` files of ggml-cuda that the (llama.cpp) patches add or edit, in order, then
+    those of the overlay (``build.read_overlay``'s pairs)."""
     found: list[str] = []
     for p in patches:
         if p.parent.name == build.PYTHON_PATCH_DIR:
@@ -36,6 +39,9 @@ def touched_cuda_sources(patches: Sequence[Path]) -> list[str]:
             path = m.group(1)
             if path.startswith(CUDA_DIR) and path.endswith(".cu") and path not in found:
                 found.append(path)
+    for rel, _ in overlay:
+        if rel.startswith(CUDA_DIR) and rel.endswith(".cu") and rel not in found:
+            found.append(rel)
     return found
 
 
@@ -46,15 +52,15 @@ def object_target(source: str) -> str:
 
 
 def check(echo: build.Echo, arch: str | None = None) -> list[str]:
-    """Compile the CUDA sources the patches touch for ``arch``; returns them."""
+    """Compile the CUDA sources the patches and the overlay touch for ``arch``; returns them."""
     if shutil.which("ninja") is None:
         raise UserError("the CUDA check needs ninja (apt-get install ninja-build)")
     arch = arch or DEFAULT_ARCH
     tk = cuda_toolkit.toolkit(echo)
     plan = build.make_plan(tk.cmake_args(arch))
-    sources = touched_cuda_sources(plan.patches)
+    sources = touched_cuda_sources(plan.patches, plan.overlay)
     if not sources:
-        echo("no patch touches ggml's CUDA sources: nothing to compile")
+        echo("neither a patch nor the overlay touches ggml's CUDA sources: nothing to compile")
         return []
     work = cache_dir() / "cuda-check" / plan.key
     t0 = time.monotonic()
@@ -76,7 +82,7 @@ def check(echo: build.Echo, arch: str | None = None) -> list[str]:
     bdir = work / "build"
     log = cache_dir() / "logs" / f"cuda-check-{plan.key}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    echo(f"compiling {len(sources)} CUDA sources the patches touch for sm_{arch} (log: {log})")
+    echo(f"compiling {len(sources)} CUDA sources for sm_{arch} (log: {log})")
     with log.open("w") as lf:
         steps = [
             ["cmake", "-S", str(tree), "-B", str(bdir), "-G", "Ninja", *args],

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import environment
 from helpers.support import RunLog, make_run
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -78,6 +79,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "marked fast but runs the build (a fixture of NATIVE_FIXTURES): " + ", ".join(wrong)
         )
+
+
+_REPORTED: set[str] = set()  # the distributions a module's check has failed on already
+
+
+def _leaves_the_environment_as_it_found_it(what: str) -> Iterator[None]:
+    before = environment.installed()
+    yield
+    changed = environment.changes(before, environment.installed())
+    changed = [line for line in changed if line.split(":")[0] not in _REPORTED]
+    if changed:
+        _REPORTED.update(line.split(":")[0] for line in changed)
+        pytest.fail(
+            f"the packages installed where the suite runs changed while {what} ran (a test that "
+            f"builds or installs does it in a throwaway environment): {'; '.join(changed)}",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _environment_kept_by_the_session() -> Iterator[None]:
+    """The session fixtures leave the interpreter's installed packages as they were too."""
+    yield from _leaves_the_environment_as_it_found_it("the session")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _environment_kept_by_each_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each module leaves the interpreter's installed packages (the patched llama-cpp-python,
+    llamacpp-instr's editable install, the model's package) as it found them: a suite run from a
+    branch must not replace the build everyone else on the machine runs."""
+    yield from _leaves_the_environment_as_it_found_it(request.module.__name__)
 
 
 @pytest.fixture(scope="session")

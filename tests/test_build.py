@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from click.testing import CliRunner
 from llamacpp_instr.cli import main
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import build, pin
-from llamacpp_instr.native.paths import PATCHES_DIR
+from llamacpp_instr.native.paths import PATCHES_DIR, REPO_ROOT
 
 pytestmark = pytest.mark.native
 
@@ -116,11 +118,46 @@ def test_the_patches_leave_llama_cpps_public_headers_as_they_are() -> None:
     assert {"ggml/include/ggml-cpu-instr.h", "ggml/include/ggml-rpc-instr.h"} <= added
 
 
-def test_second_build_reuses_the_cached_wheel() -> None:
-    r = CliRunner().invoke(main, ["build", "--no-model"])
-    assert r.exit_code == 0, r.output
-    assert "using cached wheel" in r.output
-    assert build.installed_llama_cpp_version() == build.make_plan().local_version
+def _throwaway_env(tmp_path: Path, shadow: str) -> Path:
+    """A virtualenv on this interpreter's packages (pip, click, ... and the installed build) whose
+    own llama-cpp-python, found first, is another build (``shadow``): `instr build` run by its
+    Python installs the patches' wheel there, never into the environment the suite runs in."""
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+        check=True,
+    )
+    (site,) = venv.glob("lib/python*/site-packages")
+    info = site / f"llama_cpp_python-{shadow}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: llama_cpp_python\nVersion: {shadow}\n"
+    )
+    (info / "RECORD").write_text(f"{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+    return venv / "bin" / "python"
+
+
+def test_second_build_reuses_the_cached_wheel_and_installs_it(tmp_path: Path) -> None:
+    """`instr build` installs the patches' wheel over another build of llama-cpp-python, and a
+    second `instr build` with nothing changed takes it from the cache and finds it installed."""
+    python = _throwaway_env(tmp_path, "0.3.36+instr.000000000000")
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))  # this tree's llamacpp_instr
+    version = [str(python), "-c", "from importlib import metadata as m; "]
+    version[-1] += "d = m.distribution('llama_cpp_python'); print(d.version, d.locate_file(''))"
+    shadowed = subprocess.run(version, capture_output=True, text=True, env=env, check=True)
+    assert shadowed.stdout.startswith("0.3.36+instr.000000000000 " + str(tmp_path))
+    plan = build.make_plan()
+    outputs = []
+    for _ in range(2):
+        cmd = [str(python), "-m", "llamacpp_instr.cli", "build", "--no-model"]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        outputs.append(r.stderr)
+    assert f"installed llama-cpp-python {plan.local_version}" in outputs[0]
+    assert "using cached wheel" in outputs[1]
+    assert f"llama-cpp-python {plan.local_version} already installed" in outputs[1]
+    now = subprocess.run(version, capture_output=True, text=True, env=env, check=True)
+    assert now.stdout.startswith(f"{plan.local_version} {tmp_path}"), now.stdout
 
 
 def test_check_refuses_an_overlay_file_that_replaces_llama_cpp_source(tmp_path: Path) -> None:
@@ -147,14 +184,22 @@ def test_overlay_changes_the_patch_hash(tmp_path: Path) -> None:
 
 def test_the_package_ships_what_build_and_doctor_need(tmp_path: Path) -> None:
     """A wheel of llamacpp-instr (what the Docker image installs) carries the patches and overlay,
-    so `instr doctor` compares against the same hash there."""
-    import subprocess
-    import sys
+    so `instr doctor` compares against the same hash there. Built from a copy of the sources, as
+    .ci/wheel-check builds it: a build in the checkout leaves build/ and an egg-info there, whose
+    metadata then shadows the installed package's for Python run from the checkout."""
     import zipfile
 
+    src = tmp_path / "src"
+    src.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for name in ("pyproject.toml", "setup.py", "README.md", "llamacpp_instr", "patches"):
+        path = REPO_ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=ignore)
+        else:
+            shutil.copy2(path, src / name)
     r = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q"]
-        + ["-w", str(tmp_path), str(PATCHES_DIR.parent)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q"] + ["-w", str(tmp_path), str(src)],
         capture_output=True,
         text=True,
     )

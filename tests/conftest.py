@@ -326,9 +326,13 @@ def tools_bin() -> Path:
 @pytest.fixture(scope="session")
 def testing_lib() -> Path:
     """The testing build's libraries (`instr build --testing`: its test-only entry points), built
-    once and cached; run them through LLAMA_CPP_LIB_PATH."""
-    from llamacpp_instr.native import build
+    once and cached; run them through LLAMA_CPP_LIB_PATH. A suite run on libraries that carry
+    them already (LLAMA_CPP_LIB_PATH at a sanitized build's, `.ci/sanitize`) runs on those."""
+    from llamacpp_instr.native import bindings, build
 
+    lib = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if lib and hasattr(bindings.load().lib, "llama_instr_test_fail_alloc"):
+        return Path(lib)
     return build.testing_lib_dir(lambda m: print(m, file=sys.stderr))
 
 

@@ -259,3 +259,65 @@ def test_vulkan_tools_not_built_name_the_command_that_builds_them() -> None:
     r = CliRunner().invoke(main, ["exec", "--vulkan", "llama-bench", "-ngl", "99"])
     assert r.exit_code != 0 and "run `instr build --tools --vulkan`" in r.output
     assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1
+
+
+def test_a_sanitized_build_has_ubsan_with_asan_and_the_testing_entry_points() -> None:
+    """`--sanitize=address` is ASan with UBSan; either sanitizer's build carries the testing
+    build's entry points (the allocation-failure tests run on it), compiled by clang unoptimized,
+    under a key of its own; Python runs on it with a sanitizer runtime preloaded, a UBSan or TSan
+    report halts (the pin's own suppressed), and ASan leaves the testing operator new's frees
+    alone."""
+    asan, tsan = build.make_plan(sanitize="address"), build.make_plan(sanitize="thread")
+    assert {"-DLLAMA_SANITIZE_UNDEFINED=ON", "-DGGML_SANITIZE_UNDEFINED=ON"} <= set(asan.cmake_args)
+    assert "-DLLAMA_SANITIZE_UNDEFINED=ON" not in tsan.cmake_args
+    for plan in (asan, tsan):
+        assert plan.testing and "-DLLAMA_INSTR_TESTING=ON" in plan.cmake_args
+        assert {"-DCMAKE_CXX_FLAGS_RELEASE=-DNDEBUG", "-DCMAKE_CXX_COMPILER=clang++"} <= set(
+            plan.cmake_args
+        )
+    keys = {asan.key, tsan.key, build.make_plan(testing=True).key, build.make_plan().key}
+    assert len(keys) == 4
+    words = dict(w.split("=", 1) for w in build.sanitized_run_env("address", Path("/x")).split())
+    assert words["LLAMA_CPP_LIB_PATH"] == "/x"
+    runtime = words["LD_PRELOAD"].split(":")[0]
+    assert Path(runtime).is_file() and "libclang_rt.asan-" in runtime
+    assert "alloc_dealloc_mismatch=0" in words["ASAN_OPTIONS"].split(":")
+    ubsan = dict(o.split("=", 1) for o in words["UBSAN_OPTIONS"].split(":"))
+    assert ubsan["halt_on_error"] == "1" and Path(ubsan["suppressions"]).is_file()
+    words = dict(w.split("=", 1) for w in build.sanitized_run_env("thread", Path("/x")).split())
+    assert Path(words["LD_PRELOAD"].split(":")[0]).name == "libtsan.so"
+    options = dict(o.split("=", 1) for o in words["TSAN_OPTIONS"].split(":"))
+    assert options["halt_on_error"] == "1" and Path(options["suppressions"]).is_file()
+
+
+def test_a_sanitized_tools_build_is_llama_server_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llamacpp_instr.native import tools
+
+    monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path))
+    seen: dict[str, object] = {}
+
+    def fake_build(plan: build.BuildPlan, missing: list[str], echo: object, jobs: object) -> Path:
+        seen["plan"], seen["missing"] = plan, missing
+        return tmp_path
+
+    monkeypatch.setattr(tools, "_build", fake_build)
+    tools.build_tools(lambda _: None, sanitize="thread")
+    plan = seen["plan"]
+    assert isinstance(plan, build.BuildPlan) and plan.sanitize == "thread" and plan.testing
+    assert seen["missing"] == ["llama-server"]
+    assert plan.key != tools.tools_plan().key
+
+
+def test_exec_sanitize_runs_the_sanitized_server_or_names_its_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path))  # nothing built there
+    r = CliRunner().invoke(main, ["exec", "--sanitize=thread", "llama-server", "-m", "m.gguf"])
+    assert r.exit_code == 2 and "run `instr build --tools --sanitize=thread`" in r.output
+    assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1
+    r = CliRunner().invoke(main, ["exec", "--sanitize=address", "llama-cli", "-m", "m.gguf"])
+    assert r.exit_code == 2 and "only llama-server is built with a sanitizer" in r.output
+    r = CliRunner().invoke(main, ["exec", "--sanitize=thread", "llama-fit-params"])
+    assert r.exit_code == 2 and "writes no log" in r.output

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import environment
 from helpers.support import RunLog, make_run
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -79,6 +80,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "marked fast but runs the build (a fixture of NATIVE_FIXTURES): " + ", ".join(wrong)
         )
+
+
+_REPORTED: set[str] = set()  # the distributions a module's check has failed on already
+
+
+def _leaves_the_environment_as_it_found_it(what: str) -> Iterator[None]:
+    before = environment.installed()
+    yield
+    changed = environment.changes(before, environment.installed())
+    changed = [line for line in changed if line.split(":")[0] not in _REPORTED]
+    if changed:
+        _REPORTED.update(line.split(":")[0] for line in changed)
+        pytest.fail(
+            f"the packages installed where the suite runs changed while {what} ran (a test that "
+            f"builds or installs does it in a throwaway environment): {'; '.join(changed)}",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _environment_kept_by_the_session() -> Iterator[None]:
+    """The session fixtures leave the interpreter's installed packages as they were too."""
+    yield from _leaves_the_environment_as_it_found_it("the session")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _environment_kept_by_each_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each module leaves the interpreter's installed packages (the patched llama-cpp-python,
+    llamacpp-instr's editable install, the model's package) as it found them: a suite run from a
+    branch must not replace the build everyone else on the machine runs."""
+    yield from _leaves_the_environment_as_it_found_it(request.module.__name__)
 
 
 @pytest.fixture(scope="session")
@@ -297,11 +329,15 @@ def testing_lib() -> Path:
     """The testing build's libraries (`instr build --testing`: its test-only entry points), built
     once and cached; run them through LLAMA_CPP_LIB_PATH. LLAMA_INSTR_TESTING_LIB names another
     folder of them instead: a devtree's incremental build with -DLLAMA_INSTR_TESTING=ON
-    (patches/devtree.py), while the native code is being changed."""
-    from llamacpp_instr.native import build
+    (patches/devtree.py), while the native code is being changed. A suite run on libraries that
+    carry them already (LLAMA_CPP_LIB_PATH at a sanitized build's, `.ci/sanitize`) runs on those."""
+    from llamacpp_instr.native import bindings, build
 
     if os.environ.get("LLAMA_INSTR_TESTING_LIB"):
         return Path(os.environ["LLAMA_INSTR_TESTING_LIB"])
+    lib = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if lib and hasattr(bindings.load().lib, "llama_instr_test_fail_alloc"):
+        return Path(lib)
     return build.testing_lib_dir(lambda m: print(m, file=sys.stderr))
 
 

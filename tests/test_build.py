@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from click.testing import CliRunner
 from llamacpp_instr.cli import main
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import build, pin
-from llamacpp_instr.native.paths import PATCHES_DIR
+from llamacpp_instr.native.paths import PATCHES_DIR, REPO_ROOT
 
 pytestmark = pytest.mark.native
 
@@ -116,11 +118,46 @@ def test_the_patches_leave_llama_cpps_public_headers_as_they_are() -> None:
     assert {"ggml/include/ggml-cpu-instr.h", "ggml/include/ggml-rpc-instr.h"} <= added
 
 
-def test_second_build_reuses_the_cached_wheel() -> None:
-    r = CliRunner().invoke(main, ["build", "--no-model"])
-    assert r.exit_code == 0, r.output
-    assert "using cached wheel" in r.output
-    assert build.installed_llama_cpp_version() == build.make_plan().local_version
+def _throwaway_env(tmp_path: Path, shadow: str) -> Path:
+    """A virtualenv on this interpreter's packages (pip, click, ... and the installed build) whose
+    own llama-cpp-python, found first, is another build (``shadow``): `instr build` run by its
+    Python installs the patches' wheel there, never into the environment the suite runs in."""
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+        check=True,
+    )
+    (site,) = venv.glob("lib/python*/site-packages")
+    info = site / f"llama_cpp_python-{shadow}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: llama_cpp_python\nVersion: {shadow}\n"
+    )
+    (info / "RECORD").write_text(f"{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+    return venv / "bin" / "python"
+
+
+def test_second_build_reuses_the_cached_wheel_and_installs_it(tmp_path: Path) -> None:
+    """`instr build` installs the patches' wheel over another build of llama-cpp-python, and a
+    second `instr build` with nothing changed takes it from the cache and finds it installed."""
+    python = _throwaway_env(tmp_path, "0.3.36+instr.000000000000")
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))  # this tree's llamacpp_instr
+    version = [str(python), "-c", "from importlib import metadata as m; "]
+    version[-1] += "d = m.distribution('llama_cpp_python'); print(d.version, d.locate_file(''))"
+    shadowed = subprocess.run(version, capture_output=True, text=True, env=env, check=True)
+    assert shadowed.stdout.startswith("0.3.36+instr.000000000000 " + str(tmp_path))
+    plan = build.make_plan()
+    outputs = []
+    for _ in range(2):
+        cmd = [str(python), "-m", "llamacpp_instr.cli", "build", "--no-model"]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        outputs.append(r.stderr)
+    assert f"installed llama-cpp-python {plan.local_version}" in outputs[0]
+    assert "using cached wheel" in outputs[1]
+    assert f"llama-cpp-python {plan.local_version} already installed" in outputs[1]
+    now = subprocess.run(version, capture_output=True, text=True, env=env, check=True)
+    assert now.stdout.startswith(f"{plan.local_version} {tmp_path}"), now.stdout
 
 
 def test_check_refuses_an_overlay_file_that_replaces_llama_cpp_source(tmp_path: Path) -> None:
@@ -147,14 +184,22 @@ def test_overlay_changes_the_patch_hash(tmp_path: Path) -> None:
 
 def test_the_package_ships_what_build_and_doctor_need(tmp_path: Path) -> None:
     """A wheel of llamacpp-instr (what the Docker image installs) carries the patches and overlay,
-    so `instr doctor` compares against the same hash there."""
-    import subprocess
-    import sys
+    so `instr doctor` compares against the same hash there. Built from a copy of the sources, as
+    .ci/wheel-check builds it: a build in the checkout leaves build/ and an egg-info there, whose
+    metadata then shadows the installed package's for Python run from the checkout."""
     import zipfile
 
+    src = tmp_path / "src"
+    src.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for name in ("pyproject.toml", "setup.py", "README.md", "llamacpp_instr", "patches"):
+        path = REPO_ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=ignore)
+        else:
+            shutil.copy2(path, src / name)
     r = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q"]
-        + ["-w", str(tmp_path), str(PATCHES_DIR.parent)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q"] + ["-w", str(tmp_path), str(src)],
         capture_output=True,
         text=True,
     )
@@ -214,3 +259,65 @@ def test_vulkan_tools_not_built_name_the_command_that_builds_them() -> None:
     r = CliRunner().invoke(main, ["exec", "--vulkan", "llama-bench", "-ngl", "99"])
     assert r.exit_code != 0 and "run `instr build --tools --vulkan`" in r.output
     assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1
+
+
+def test_a_sanitized_build_has_ubsan_with_asan_and_the_testing_entry_points() -> None:
+    """`--sanitize=address` is ASan with UBSan; either sanitizer's build carries the testing
+    build's entry points (the allocation-failure tests run on it), compiled by clang unoptimized,
+    under a key of its own; Python runs on it with a sanitizer runtime preloaded, a UBSan or TSan
+    report halts (the pin's own suppressed), and ASan leaves the testing operator new's frees
+    alone."""
+    asan, tsan = build.make_plan(sanitize="address"), build.make_plan(sanitize="thread")
+    assert {"-DLLAMA_SANITIZE_UNDEFINED=ON", "-DGGML_SANITIZE_UNDEFINED=ON"} <= set(asan.cmake_args)
+    assert "-DLLAMA_SANITIZE_UNDEFINED=ON" not in tsan.cmake_args
+    for plan in (asan, tsan):
+        assert plan.testing and "-DLLAMA_INSTR_TESTING=ON" in plan.cmake_args
+        assert {"-DCMAKE_CXX_FLAGS_RELEASE=-DNDEBUG", "-DCMAKE_CXX_COMPILER=clang++"} <= set(
+            plan.cmake_args
+        )
+    keys = {asan.key, tsan.key, build.make_plan(testing=True).key, build.make_plan().key}
+    assert len(keys) == 4
+    words = dict(w.split("=", 1) for w in build.sanitized_run_env("address", Path("/x")).split())
+    assert words["LLAMA_CPP_LIB_PATH"] == "/x"
+    runtime = words["LD_PRELOAD"].split(":")[0]
+    assert Path(runtime).is_file() and "libclang_rt.asan-" in runtime
+    assert "alloc_dealloc_mismatch=0" in words["ASAN_OPTIONS"].split(":")
+    ubsan = dict(o.split("=", 1) for o in words["UBSAN_OPTIONS"].split(":"))
+    assert ubsan["halt_on_error"] == "1" and Path(ubsan["suppressions"]).is_file()
+    words = dict(w.split("=", 1) for w in build.sanitized_run_env("thread", Path("/x")).split())
+    assert Path(words["LD_PRELOAD"].split(":")[0]).name == "libtsan.so"
+    options = dict(o.split("=", 1) for o in words["TSAN_OPTIONS"].split(":"))
+    assert options["halt_on_error"] == "1" and Path(options["suppressions"]).is_file()
+
+
+def test_a_sanitized_tools_build_is_llama_server_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llamacpp_instr.native import tools
+
+    monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path))
+    seen: dict[str, object] = {}
+
+    def fake_build(plan: build.BuildPlan, missing: list[str], echo: object, jobs: object) -> Path:
+        seen["plan"], seen["missing"] = plan, missing
+        return tmp_path
+
+    monkeypatch.setattr(tools, "_build", fake_build)
+    tools.build_tools(lambda _: None, sanitize="thread")
+    plan = seen["plan"]
+    assert isinstance(plan, build.BuildPlan) and plan.sanitize == "thread" and plan.testing
+    assert seen["missing"] == ["llama-server"]
+    assert plan.key != tools.tools_plan().key
+
+
+def test_exec_sanitize_runs_the_sanitized_server_or_names_its_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path))  # nothing built there
+    r = CliRunner().invoke(main, ["exec", "--sanitize=thread", "llama-server", "-m", "m.gguf"])
+    assert r.exit_code == 2 and "run `instr build --tools --sanitize=thread`" in r.output
+    assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1
+    r = CliRunner().invoke(main, ["exec", "--sanitize=address", "llama-cli", "-m", "m.gguf"])
+    assert r.exit_code == 2 and "only llama-server is built with a sanitizer" in r.output
+    r = CliRunner().invoke(main, ["exec", "--sanitize=thread", "llama-fit-params"])
+    assert r.exit_code == 2 and "writes no log" in r.output

@@ -112,7 +112,9 @@ def test_exec_passes_the_options_through(monkeypatch: pytest.MonkeyPatch, tmp_pa
     from llamacpp_instr.running import child
 
     seen: list[list[str]] = []
-    monkeypatch.setattr(tools, "find", lambda program, cmake_args=(): Path("/bin/true"))
+    monkeypatch.setattr(
+        tools, "find", lambda program, cmake_args=(), sanitize=None: Path("/bin/true")
+    )
     monkeypatch.setattr(child, "run", lambda exe, argv, env: seen.append(list(argv)) or 0)
     monkeypatch.setattr(child, "end_like", lambda code: None)
     args = ["-m", "m.gguf", "-ngl", "99", "-ot", r"blk\.[01]\.ffn_.*=CPU", "-ncmoe", "2", "-cmoe"]

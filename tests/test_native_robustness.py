@@ -46,6 +46,16 @@ def load_llama(model: Path, **kw: Any) -> Any:
 # --- concurrency ---------------------------------------------------------------------------------
 
 
+def hold_for_a_whole_decode(decodes: list[int], limit_s: float = 60) -> None:
+    """Keep the session open until some worker has finished two decodes since now: the second
+    began and ended inside it, so a whole step lands in the session whatever a decode takes
+    (a sanitizer slows them down many times, and the machine's load changes their pace)."""
+    start = list(decodes)
+    t_end = time.monotonic() + limit_s
+    while all(d < s + 2 for d, s in zip(decodes, start, strict=True)) and time.monotonic() < t_end:
+        time.sleep(0.005)
+
+
 def test_sessions_begin_and_end_while_contexts_decode(
     instr_api: Any, tiny_llama_f32: Path, tmp_path: Path
 ) -> None:
@@ -67,12 +77,6 @@ def test_sessions_begin_and_end_while_contexts_decode(
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    # a decode's duration here (a sanitizer slows it down many times): every fourth session lasts
-    # a few of them, so that whole steps land inside sessions too
-    t0 = time.monotonic()
-    llms[0].eval([1, 40, 41, 42, 43])
-    llms[0].reset()
-    long_session = max(0.2, 4 * (time.monotonic() - t0))
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(llms))]
     for t in threads:
         t.start()
@@ -87,7 +91,11 @@ def test_sessions_begin_and_end_while_contexts_decode(
             path = tmp_path / f"s{k}.log"
             paths.append(path)
             instr_api.session_begin(None, str(path), ("minimal", "detailed", "verbose")[k % 3], {})
-            time.sleep(long_session if k % 4 == 3 else rng.uniform(0.0, 0.05))
+            # every fourth session holds a whole decode, so that whole steps land inside sessions
+            if k % 4 == 3:
+                hold_for_a_whole_decode(decodes)
+            else:
+                time.sleep(rng.uniform(0.0, 0.05))
             instr_api.session_end("ok")
             k += 1
     finally:
@@ -124,11 +132,6 @@ def test_a_session_begun_on_a_decoding_context(
     stop = threading.Event()
     errors: list[BaseException] = []
     decodes = [0]
-    # every fourth session lasts a few decodes (a sanitizer slows them down many times), so that
-    # whole steps land inside sessions too
-    t0 = time.monotonic()
-    llm.eval([1, 40, 41, 42, 43])
-    long_session = max(0.1, 4 * (time.monotonic() - t0))
 
     def worker() -> None:
         rng = random.Random(1)
@@ -153,7 +156,11 @@ def test_a_session_begun_on_a_decoding_context(
             instr_api.session_begin(
                 llm.ctx, str(path), ("minimal", "detailed", "verbose")[k % 3], {}
             )
-            time.sleep(long_session if k % 4 == 3 else rng.uniform(0.0, 0.02))
+            # every fourth session holds a whole decode, so that whole steps land inside sessions
+            if k % 4 == 3:
+                hold_for_a_whole_decode(decodes)
+            else:
+                time.sleep(rng.uniform(0.0, 0.02))
             instr_api.session_end("ok")
             k += 1
     finally:

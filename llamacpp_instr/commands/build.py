@@ -29,8 +29,9 @@ import click
     "--sanitize",
     type=click.Choice(["address", "thread"]),
     default=None,
-    help="Build the patched libraries with AddressSanitizer or ThreadSanitizer into the cache "
-    "(not installed) and print how to run Python on them.",
+    help="Build the patched libraries (with the --testing entry points) with AddressSanitizer "
+    "and UndefinedBehaviorSanitizer, or ThreadSanitizer, into the cache (not installed) and print "
+    "how to run Python on them; with --tools, llama-server alone, for `instr exec --sanitize`.",
 )
 @click.option(
     "--tools",
@@ -122,8 +123,9 @@ def command(
         extra = cmake_args + (build.VULKAN_CMAKE_ARGS if vulkan else ())
         if vulkan:
             build.check_vulkan_prerequisites()
-        folder = tools.build_tools(echo, extra, rebuild=rebuild)
-        click.echo(str(folder))
+        folder = tools.build_tools(echo, extra, rebuild=rebuild, sanitize=sanitize)
+        # sanitized: llama-server beside its libraries, which Python runs on too
+        click.echo(build.sanitized_run_env(sanitize, folder) if sanitize else str(folder))
         return
     if testing:
         lib = build.testing_lib_dir(echo, cmake_args, rebuild=rebuild)
@@ -132,14 +134,8 @@ def command(
         return
     if sanitize:
         lib = build.sanitized_lib_dir(sanitize, echo, cmake_args, rebuild=rebuild)
-        runtime = build.sanitizer_runtime(sanitize)
-        opts = (
-            "ASAN_OPTIONS=detect_leaks=0"
-            if sanitize == "address"
-            else "TSAN_OPTIONS=halt_on_error=1"
-        )
         echo(f"{sanitize}-sanitized libraries: {lib}")
-        click.echo(f"{build.lib_env(lib)} LD_PRELOAD={runtime} {opts}")
+        click.echo(build.sanitized_run_env(sanitize, lib))
         return
     if no_install:
         lib = build.installable_lib_dir(echo, cmake_args, rebuild=rebuild, vulkan=vulkan)

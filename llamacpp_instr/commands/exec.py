@@ -44,6 +44,12 @@ if TYPE_CHECKING:
     is_flag=True,
     help="Run the program as built with ggml's Vulkan backend (`instr build --tools --vulkan`).",
 )
+@click.option(
+    "--sanitize",
+    type=click.Choice(["address", "thread"]),
+    default=None,
+    help="Run llama-server as built with a sanitizer (`instr build --tools --sanitize=KIND`).",
+)
 @click.argument("program")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def command(
@@ -56,6 +62,7 @@ def command(
     memory_budget: str | None,
     metrics: str | None,
     vulkan: bool,
+    sanitize: str | None,
     program: str,
     args: tuple[str, ...],
 ) -> None:
@@ -90,17 +97,7 @@ def command(
     from llamacpp_instr.running import memory_budget as memory
     from llamacpp_instr.running.runner import check_writable, keep_old
 
-    if program == "llama-fit-params":
-        raise click.UsageError(
-            "llama-fit-params writes no log (it projects memory and runs no model): "
-            "`instr fit --compare-llama` runs it beside instr fit's own projection"
-        )
-    if program in tools.PROGRAMS and program not in tools.LOGGED_PROGRAMS:
-        raise click.UsageError(
-            f"{program} writes no log (it does not run libllama): start it as it is (`instr doctor --tools` "
-            "says where); the log of the client that uses it holds its times"
-        )
-    exe = tools.find(program, build.VULKAN_CMAKE_ARGS if vulkan else ())
+    exe = tools.find_logged(program, build.VULKAN_CMAKE_ARGS if vulkan else (), sanitize)
     inherited = os.environ.get("LLAMA_INSTR_LOG")
     out = output
     if out is not None and inherited:

@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import itertools
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -39,11 +40,43 @@ from llamacpp_instr.native.paths import PATCHES_DIR, cache_dir
 # loopback to exercise graph splits and copies between backends where CI has no GPU.
 DEFAULT_CMAKE_ARGS = ("-DLLAVA_BUILD=ON", "-DGGML_RPC=ON")
 
-# `instr build --sanitize=KIND`: llama.cpp's and ggml's own sanitizer options. OpenMP is off for
-# the thread sanitizer, whose runtime cannot see libgomp's synchronization.
+# `instr build --sanitize=KIND`: llama.cpp's and ggml's own sanitizer options; `address` is
+# AddressSanitizer with UndefinedBehaviorSanitizer. OpenMP is off for the thread sanitizer, whose
+# runtime cannot see libgomp's synchronization. A sanitized build carries the testing build's
+# entry points too (TESTING_CMAKE_ARGS), so that the allocation-failure tests run under it. It is
+# compiled by clang without optimization (the release flags less -O3): optimizing the sanitizers'
+# checks is what takes the time, and clang adds them faster than GCC (llama-kv-cache.cpp with
+# ASan and UBSan: GCC 28.1 CPU-s at -O3, 13.8 at -O1, 5.1 at -O0, clang 2.1 at -O0; 4.4
+# unsanitized at -O3), and the tests' models are tiny.
+SANITIZED_BUILD = (
+    "-DCMAKE_C_COMPILER=clang",
+    "-DCMAKE_CXX_COMPILER=clang++",
+    "-DCMAKE_C_FLAGS_RELEASE=-DNDEBUG",
+    "-DCMAKE_CXX_FLAGS_RELEASE=-DNDEBUG",
+)
 SANITIZERS: dict[str, tuple[str, ...]] = {
-    "address": ("-DLLAMA_SANITIZE_ADDRESS=ON", "-DGGML_SANITIZE_ADDRESS=ON"),
-    "thread": ("-DLLAMA_SANITIZE_THREAD=ON", "-DGGML_SANITIZE_THREAD=ON", "-DGGML_OPENMP=OFF"),
+    "address": (
+        "-DLLAMA_SANITIZE_ADDRESS=ON",
+        "-DGGML_SANITIZE_ADDRESS=ON",
+        "-DLLAMA_SANITIZE_UNDEFINED=ON",
+        "-DGGML_SANITIZE_UNDEFINED=ON",
+        *SANITIZED_BUILD,
+    ),
+    "thread": (
+        "-DLLAMA_SANITIZE_THREAD=ON",
+        "-DGGML_SANITIZE_THREAD=ON",
+        "-DGGML_OPENMP=OFF",
+        *SANITIZED_BUILD,
+    ),
+}
+# The runtime Python preloads to run each (the libraries leave it to the program): the compiler
+# that names it, and its file. ThreadSanitizer's is GCC's: clang 14's shared TSan runtime (Debian
+# 12's) crashes at once when preloaded, even into /bin/true, and TSan's instrumentation is calls
+# into the runtime, which GCC 12's (an import of LLVM's) answers alike: the tests report the same
+# race on either build. A program clang links (llama-server) carries clang's own, statically.
+SANITIZER_RUNTIMES = {
+    "address": ("clang", f"libclang_rt.asan-{platform.machine()}.so"),
+    "thread": ("gcc", "libtsan.so"),
 }
 
 # `instr build --testing`: the entry points for tests and benchmarks only (allocation-failure
@@ -175,6 +208,7 @@ def make_plan(
     overlay = () if stock else read_overlay(patches_dir)
     if sanitize is not None and sanitize not in SANITIZERS:
         raise UserError(f"unknown sanitizer {sanitize!r}: choose {' or '.join(SANITIZERS)}")
+    testing = testing or sanitize is not None
     env_args = tuple(os.environ.get("CMAKE_ARGS", "").split())
     cmake_args = DEFAULT_CMAKE_ARGS + env_args + tuple(extra_cmake_args)
     if sanitize:
@@ -501,6 +535,9 @@ def build_wheel(plan: BuildPlan, echo: Echo) -> Path:
         f"--config-settings=build-dir={work / 'build'}",
         str(root),
     ]
+    if plan.sanitize:
+        # the symbol table kept: a sanitizer's report names the functions of its frames
+        cmd.insert(-1, "--config-settings=install.strip=false")
     with log.open("w") as lf, _Progress(echo, log):
         r = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env)
     if r.returncode != 0:
@@ -704,16 +741,55 @@ def vulkan_lib_dir(
     return _lib_dir(plan, _cached_or_built(plan, echo), "lib")
 
 
+# The options a sanitized run needs: no leak check (the Python interpreter keeps its objects to
+# the end), and a report that ends the process with a failure status (AddressSanitizer's always
+# does; UndefinedBehaviorSanitizer's and ThreadSanitizer's go on without halt_on_error). No
+# alloc-dealloc-mismatch check: the testing build's operator delete (llama-instr-testing.cpp, bound
+# inside libllama) frees with free() what libstdc++'s own code allocated with the runtime's
+# operator new (a static std::string at libllama's load), and the reverse; both are the
+# sanitizer's one allocator, only the kind of call differs.
+SANITIZER_OPTIONS: dict[str, dict[str, str]] = {
+    "address": {
+        "ASAN_OPTIONS": "detect_leaks=0:alloc_dealloc_mismatch=0",
+        "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+    },
+    "thread": {"TSAN_OPTIONS": "halt_on_error=1"},
+}
+
+# the pin's own defects, which the sanitized runs suppress (each file says which and why)
+SANITIZER_SUPPRESSIONS = {
+    "TSAN_OPTIONS": PATCHES_DIR / "tsan.supp",
+    "UBSAN_OPTIONS": PATCHES_DIR / "ubsan.supp",
+}
+
+
+def sanitized_run_env(sanitize: str, lib: Path) -> str:
+    """What `instr build --sanitize` prints: the variables that run Python on the libraries in
+    ``lib`` under the sanitizer (``env $(instr build --sanitize=KIND) python ...``)."""
+    options = dict(SANITIZER_OPTIONS[sanitize])
+    for name, path in SANITIZER_SUPPRESSIONS.items():
+        if name in options:
+            options[name] += f":suppressions={path}"
+    opts = " ".join(f"{k}={v}" for k, v in options.items())
+    return f"LLAMA_CPP_LIB_PATH={lib} LD_PRELOAD={sanitizer_runtime(sanitize)} {opts}"
+
+
 def sanitizer_runtime(sanitize: str) -> str:
     """The LD_PRELOAD list to run Python on sanitized libraries: the compiler's sanitizer runtime,
     then libstdc++ (preloaded too, so that the runtime's C++ exception interceptor finds it:
     llama.cpp throws and catches internally, e.g. when it refuses a corrupt file)."""
-    lib = {"address": "libasan.so", "thread": "libtsan.so"}[sanitize]
-    cc = os.environ.get("CC", "gcc")
-    r = subprocess.run([cc, f"-print-file-name={lib}"], capture_output=True, text=True)
-    path = r.stdout.strip()
-    if r.returncode != 0 or not Path(path).is_file():
-        raise UserError(f"the {sanitize} sanitizer runtime {lib} was not found (is gcc installed?)")
+    cc, lib = SANITIZER_RUNTIMES[sanitize]
+    try:
+        r = subprocess.run([cc, f"-print-file-name={lib}"], capture_output=True, text=True)
+        path = r.stdout.strip() if r.returncode == 0 else ""
+    except OSError:
+        path = ""
+    if not Path(path).is_file():
+        raise UserError(
+            f"the {sanitize} sanitizer runtime {lib} was not found: the {sanitize}-sanitized "
+            f"build needs {cc} and its runtime (Debian: apt-get install "
+            f"{'clang libclang-rt-14-dev' if cc == 'clang' else 'gcc'})"
+        )
     return f"{path}:libstdc++.so.6"
 
 

@@ -70,30 +70,60 @@ TOOLS_CMAKE_ARGS = (
 
 BUILD_COMMAND = "instr build --tools"
 
+# `instr build --tools --sanitize=KIND`: llama-server alone (its HTTP threads and slots calling
+# into the library are what ThreadSanitizer is for here), with the sanitized libraries: the wheel's
+# sanitized build compiled them alike, so ccache serves them and only the server's code compiles.
+SANITIZED_PROGRAMS = ("llama-server",)
 
-def tools_plan(extra_cmake_args: Sequence[str] = (), stock: bool = False) -> build.BuildPlan:
+
+def tools_plan(
+    extra_cmake_args: Sequence[str] = (), stock: bool = False, sanitize: str | None = None
+) -> build.BuildPlan:
     """The build plan of the tools: the wheel's, over the tools' CMake arguments.
 
     ``extra_cmake_args`` is where a GPU build adds its backend (``--cuda`` passes
-    ``-DGGML_CUDA=ON`` here), so each backend is cached under its own key."""
-    return build.make_plan(TOOLS_CMAKE_ARGS + tuple(extra_cmake_args), stock=stock)
+    ``-DGGML_CUDA=ON`` here), so each backend is cached under its own key; a sanitizer too."""
+    return build.make_plan(
+        TOOLS_CMAKE_ARGS + tuple(extra_cmake_args), stock=stock, sanitize=sanitize
+    )
 
 
 def bin_dir(plan: build.BuildPlan) -> Path:
     return cache_dir() / "tools" / plan.key / "bin"
 
 
-def find(program: str, extra_cmake_args: Sequence[str] = ()) -> Path:
-    """The built ``program`` of the current patches, or a one-line error naming the command that
-    builds it."""
+def find(program: str, extra_cmake_args: Sequence[str] = (), sanitize: str | None = None) -> Path:
+    """The built ``program`` of the current patches (with ``sanitize``, its sanitized build), or a
+    one-line error naming the command that builds it."""
     if program not in PROGRAMS:
         raise UserError(f"unknown program {program!r}: choose one of {', '.join(PROGRAMS)}")
-    plan = tools_plan(extra_cmake_args)
+    if sanitize and program not in SANITIZED_PROGRAMS:
+        raise UserError(f"only {', '.join(SANITIZED_PROGRAMS)} is built with a sanitizer")
+    plan = tools_plan(extra_cmake_args, sanitize=sanitize)
     exe = bin_dir(plan) / program
     if not exe.is_file():
         command = BUILD_COMMAND + (" --vulkan" if plan.vulkan else "")
+        command += f" --sanitize={sanitize}" if sanitize else ""
         raise UserError(f"{program} is not built for the current patches: run `{command}`")
     return exe
+
+
+def find_logged(
+    program: str, extra_cmake_args: Sequence[str] = (), sanitize: str | None = None
+) -> Path:
+    """``find``, for a program that writes a session log (`instr exec`): a one-line error for one
+    that runs no libllama session."""
+    if program == "llama-fit-params":
+        raise UserError(
+            "llama-fit-params writes no log (it projects memory and runs no model): "
+            "`instr fit --compare-llama` runs it beside instr fit's own projection"
+        )
+    if program in PROGRAMS and program not in LOGGED_PROGRAMS:
+        raise UserError(
+            f"{program} writes no log (it does not run libllama): start it as it is (`instr "
+            "doctor --tools` says where); the log of the client that uses it holds its times"
+        )
+    return find(program, extra_cmake_args, sanitize)
 
 
 def build_tools(
@@ -103,12 +133,16 @@ def build_tools(
     stock: bool = False,
     rebuild: bool = False,
     jobs: int | None = None,
+    sanitize: str | None = None,
 ) -> Path:
-    """Build ``programs`` (cached) and return the folder holding them.
+    """Build ``programs`` (cached) and return the folder holding them; with ``sanitize``, only
+    those of SANITIZED_PROGRAMS.
 
     One build of a key at a time: a second process (two test runs, two CI jobs) waits for the
     first, then finds what it built, instead of building into the same tree beside it."""
-    plan = tools_plan(extra_cmake_args, stock=stock)
+    plan = tools_plan(extra_cmake_args, stock=stock, sanitize=sanitize)
+    if sanitize:
+        programs = [p for p in programs if p in SANITIZED_PROGRAMS]
     out = bin_dir(plan)
     with build.build_lock(out.parent / "build.lock"):
         missing = [p for p in programs if rebuild or not (out / p).is_file()]

@@ -771,7 +771,7 @@ def sanitized_run_env(sanitize: str, lib: Path) -> str:
         if name in options:
             options[name] += f":suppressions={path}"
     opts = " ".join(f"{k}={v}" for k, v in options.items())
-    return f"LLAMA_CPP_LIB_PATH={lib} LD_PRELOAD={sanitizer_runtime(sanitize)} {opts}"
+    return f"{lib_env(lib)} LD_PRELOAD={sanitizer_runtime(sanitize)} {opts}"
 
 
 def sanitizer_runtime(sanitize: str) -> str:

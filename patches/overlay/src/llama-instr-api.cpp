@@ -274,7 +274,7 @@ int32_t llama_instr_session_end(const char * status) noexcept {
             if (host_record(*kv.second, s.epoch, host_lines.back())) {
                 host_lines.emplace_back();
             }
-            if (perf_record(kv.first, *kv.second, s.epoch, host_lines.back())) {
+            if (perf_record(kv.first, *kv.second, s.epoch, false, host_lines.back())) {
                 host_lines.emplace_back();
             }
         }

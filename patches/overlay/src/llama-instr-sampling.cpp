@@ -633,11 +633,31 @@ bool host_record(ctx_state & st, uint64_t epoch, std::string & line) {
     return have;
 }
 
-bool perf_record(const llama_context * ctx, const ctx_state & st, uint64_t epoch, std::string & line) {
+void perf_seen(ctx_state & st, const llama_context * ctx) {
+    if (st.encoder) {
+        return;
+    }
+    const llama_perf_context_data d = llama_perf_context(ctx);
+    std::lock_guard<std::mutex>   lock(st.between.mtx);
+    st.between.perf      = d;
+    st.between.have_perf = true;
+}
+
+bool perf_record(const llama_context * ctx, ctx_state & st, uint64_t epoch, bool freeing, std::string & line) {
     if (!ctx || st.epoch != epoch || st.encoder) {
         return false;  // (an encoder has no llama.cpp counters)
     }
-    const llama_perf_context_data d = llama_perf_context(ctx);
+    llama_perf_context_data d{};
+    {
+        std::lock_guard<std::mutex> lock(st.between.mtx);
+        if (freeing || st.between.cpu_thread == std::this_thread::get_id()) {
+            d = llama_perf_context(ctx);  // (a thread in here decodes nothing meanwhile)
+        } else if (st.between.have_perf) {
+            d = st.between.perf;
+        } else {
+            return false;
+        }
+    }
     line.clear();
     json_out j{ line };
     record_head(j, "perf", now_ns(), st.sid);

@@ -74,6 +74,12 @@ struct host_window {
 
     // the request each sequence serves (llama_instr_set_seq_request), at most MAX_SEQ_REQUESTS
     std::vector<std::pair<int32_t, std::string>> seq_request;
+
+    // llama.cpp's counters of the context (llama_perf_context) as its decoding thread read them at
+    // its last synchronization (perf_seen; have_perf false: none yet): the session's end writes
+    // these when another thread may be decoding the context, whose counters it must not read
+    bool                    have_perf = false;
+    llama_perf_context_data perf{};
 };
 
 // llama_decode's hooks (the decoding thread): the window is written as the next step begins (once
@@ -99,10 +105,15 @@ std::string seq_request(ctx_state & st, int32_t seq);
 // The window's `host` record, made for session `epoch` (false: none); it empties the window.
 bool host_record(ctx_state & st, uint64_t epoch, std::string & line);
 
+// On ctx's decoding thread, once llama.cpp counted a synchronization: keep its counters for the
+// session's end (host_window::perf).
+void perf_seen(ctx_state & st, const llama_context * ctx);
+
 // A `perf` record of ctx, llama.cpp's own counters of its decoding (llama_perf_context), when its
-// state `st` is in session `epoch` and is a llama_context's (else false): at its free and at the
-// session's end.
-bool perf_record(const llama_context * ctx, const ctx_state & st, uint64_t epoch, std::string & line);
+// state `st` is in session `epoch` and is a llama_context's (else false). At its free (`freeing`:
+// nothing else uses ctx) they are read from ctx; at the session's end only on the thread that
+// decoded its last step, else as perf_seen kept them (no record when it kept none).
+bool perf_record(const llama_context * ctx, ctx_state & st, uint64_t epoch, bool freeing, std::string & line);
 
 // At the session's end (with S().mtx held): a `chain` record for every chain still alive that the
 // session saw, with llama.cpp's own counters.

@@ -402,7 +402,7 @@ void llama_instr_context_free(const llama_context * ctx) {
             if (s.log.fp && host_record(*dead, s.epoch, line)) {
                 s.log.emit(line);
             }
-            if (s.log.fp && perf_record(ctx, *dead, s.epoch, line)) {
+            if (s.log.fp && perf_record(ctx, *dead, s.epoch, true, line)) {
                 s.log.emit(line);
             }
         }

@@ -224,6 +224,9 @@ void llama_instr_synchronized(llama_context * ctx, int64_t t_begin) {
     if (st && st->step_pending) {
         write_pending_step(*st, t_synced);
     }
+    if (st) {
+        perf_seen(*st, ctx);
+    }
     // a sampling that reads the outputs synchronizes inside its scope: the device's remaining work
     // is the step's (its computes' `wait`), the records' writing the logger's
     sampling_exclude(t_begin, now_ns());

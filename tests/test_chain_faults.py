@@ -1,0 +1,131 @@
+"""A sampler chain's record and a context's counters where threads and allocation failures meet:
+a chain freed while its record's allocation fails is never read again, and the session's end
+writes the counters of a context another thread decoded without reading that context. Both run
+in `.ci/sanitize` too (ASan and UBSan; TSan), where a read of freed memory is a report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.support import by_type, read_log
+
+pytestmark = pytest.mark.native
+
+CHAIN_FREED = r"""
+import json, sys
+import llama_cpp
+from llamacpp_instr.native import bindings
+
+api = bindings.load()
+lib = api.lib
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=128, n_threads=1, n_threads_batch=1,
+                      verbose=False)
+ctx = llm.ctx
+assert lib.llama_instr_session_begin(ctx, sys.argv[2].encode(), 2, None) == 0
+llm.eval([1, 2, 3])
+failed = []
+n = 0
+while True:
+    n += 1
+    c = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    llama_cpp.llama_sampler_chain_add(c, llama_cpp.llama_sampler_init_dist(n))
+    llama_cpp.llama_sampler_sample(c, ctx, -1)
+    api.test_fail_alloc(n)  # the n-th allocation of the chain's free fails
+    llama_cpp.llama_sampler_free(c)
+    failed.append(api.test_failed_allocs())
+    api.test_fail_alloc(0)
+    if failed[-1] == 0 or n > 200:
+        break
+assert lib.llama_instr_session_end(b"ok") == 0
+llm.close()
+print(json.dumps(failed))
+"""
+
+
+def test_a_chain_whose_record_could_not_be_made_is_not_read_at_the_end(
+    testing_lib: Path, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """A chain sampled once, then freed while the n-th allocation of its free fails (n = 1, 2,
+    ... until none is reached): each free that failed loses the chain's record, and the
+    session's end writes no record of it (a chain still named there after its free would be read
+    from freed memory, which ASan reports); every free that did not fail writes its one record."""
+    log = tmp_path / "chains.log"
+    r = subprocess.run(
+        [sys.executable, "-c", CHAIN_FREED, str(tiny_llama_f32), str(log)],
+        env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(testing_lib)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    failed = json.loads(r.stdout.strip().splitlines()[-1])
+    assert failed[0] >= 1 and failed[-1] == 0, failed  # a free failed, and the last one did not
+    recs = read_log(log)
+    assert by_type(recs, "session_end")[0]["status"] == "ok"
+    chains = by_type(recs, "chain")
+    assert len(chains) == failed.count(0), (failed, chains)
+    assert all(c["samplers"] == ["dist"] and c["n_sample"] == 1 for c in chains)
+
+
+COUNTERS_ELSEWHERE = r"""
+import json, sys, threading
+import llama_cpp
+from llamacpp_instr.native import bindings
+
+api = bindings.load()
+lib = api.lib
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=256, n_threads=1, n_threads_batch=1,
+                      verbose=False)
+ctx = llm.ctx
+assert lib.llama_instr_session_begin(None, sys.argv[2].encode(), 1, None) == 0
+seen = {}
+
+
+def worker():
+    # each decode's outputs read, as a program reads them: llama.cpp counts a decode when the
+    # context synchronizes (llama-cpp-python's eval alone never does)
+    llm.eval([1, 2, 3, 4])
+    llama_cpp.llama_get_logits(ctx)
+    for t in range(5):
+        llm.eval([5 + t])
+        llama_cpp.llama_get_logits(ctx)
+    d = llama_cpp.llama_perf_context(ctx)  # as llama.cpp counted the worker's last synchronization
+    seen.update(n_p_eval=d.n_p_eval, n_eval=d.n_eval, t_eval_us=round(d.t_eval_ms * 1000))
+
+
+th = threading.Thread(target=worker)
+th.start()
+th.join()
+assert lib.llama_instr_session_end(b"ok") == 0  # on this thread, which never decoded ctx
+llm.close()
+print(json.dumps(seen))
+"""
+
+
+def test_the_end_writes_the_counters_of_a_context_another_thread_decoded(
+    testing_lib: Path, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """A context decoded on a worker thread, the session ended on the main thread: its `perf`
+    record holds llama.cpp's counters as the worker last saw them (llama_perf_context read on
+    the worker after its last decode), kept at the worker's synchronization: the ending thread
+    does not read a context another thread may be decoding. (The read itself is TSan's to see:
+    test_native_robustness ends sessions while workers decode, under TSan in `.ci/sanitize`.)"""
+    log = tmp_path / "perf.log"
+    r = subprocess.run(
+        [sys.executable, "-c", COUNTERS_ELSEWHERE, str(tiny_llama_f32), str(log)],
+        env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(testing_lib)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    seen: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    [perf] = by_type(read_log(log), "perf")
+    assert (perf["n_p_eval"], perf["n_eval"]) == (seen["n_p_eval"], seen["n_eval"]) == (4, 5)
+    assert abs(perf["t_eval_us"] - seen["t_eval_us"]) <= 1

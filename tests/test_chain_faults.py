@@ -129,3 +129,76 @@ def test_the_end_writes_the_counters_of_a_context_another_thread_decoded(
     [perf] = by_type(read_log(log), "perf")
     assert (perf["n_p_eval"], perf["n_eval"]) == (seen["n_p_eval"], seen["n_eval"]) == (4, 5)
     assert abs(perf["t_eval_us"] - seen["t_eval_us"]) <= 1
+
+
+CHAIN_ELSEWHERE = r"""
+import json, sys, threading, time
+import llama_cpp
+from llamacpp_instr.native import bindings
+
+api = bindings.load()
+lib = api.lib
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=256, n_threads=1, n_threads_batch=1,
+                      verbose=False)
+ctx = llm.ctx
+chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(8))
+llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(5))
+first = (llama_cpp.llama_token * 3)(1, 2, 3)
+assert llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(first, 3)) == 0
+N = 60
+
+
+def worker():
+    for _ in range(N):
+        one = (llama_cpp.llama_token * 1)(llama_cpp.llama_sampler_sample(chain, ctx, -1))
+        assert llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(one, 1)) == 0
+
+
+th = threading.Thread(target=worker)
+th.start()
+logs = []
+while th.is_alive():  # sessions begun and ended on this thread while the worker samples
+    logs.append(f"{sys.argv[2]}.{len(logs)}")
+    assert lib.llama_instr_session_begin(None, logs[-1].encode(), 2, None) == 0
+    time.sleep(0.005)
+    assert lib.llama_instr_session_end(b"ok") == 0
+th.join()
+logs.append(f"{sys.argv[2]}.{len(logs)}")
+assert lib.llama_instr_session_begin(None, logs[-1].encode(), 2, None) == 0
+one = (llama_cpp.llama_token * 1)(7)
+assert llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(one, 1)) == 0
+llama_cpp.llama_sampler_sample(chain, ctx, -1)  # a step's output, sampled on this thread
+assert lib.llama_instr_session_end(b"ok") == 0
+n_sample = llama_cpp.llama_perf_sampler(chain).n_sample
+llama_cpp.llama_sampler_free(chain)
+print(json.dumps({"logs": logs, "n_sample": n_sample}))
+"""
+
+
+def test_sessions_ended_while_another_thread_samples_name_its_chain_whole(
+    testing_lib: Path, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """Sessions begun and ended on the main thread while a worker samples with one chain and
+    decodes: every log ends, each `chain` record the ends write holds llama.cpp's count as the
+    sampling thread left it (never more than it sampled by then: the counts rise from log to log),
+    and the last session, a step decoded and sampled on the ending thread, holds
+    llama_perf_sampler's final count. Under TSan (`.ci/sanitize`) an end reading the chain while the worker samples is
+    a report."""
+    r = subprocess.run(
+        [sys.executable, "-c", CHAIN_ELSEWHERE, str(tiny_llama_f32), str(tmp_path / "s.log")],
+        env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(testing_lib)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["n_sample"] == 61
+    counts = []
+    for path in out["logs"]:
+        recs = read_log(Path(path))
+        assert by_type(recs, "session_end")[0]["status"] == "ok"
+        counts += [c["n_sample"] for c in by_type(recs, "chain")]
+    assert counts and counts == sorted(counts) and counts[-1] == 61, counts
+    assert all(0 < c <= 61 for c in counts)

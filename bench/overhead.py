@@ -398,9 +398,16 @@ def main() -> None:
         write_section("overhead", report)
 
 
+DOC_PAGES = ("performance.md", "accuracy.md")  # the pages whose tables the benches write
+
+
 def write_section(name: str, body: str, doc: Path | None = None, script: str | None = None) -> None:
-    """Replace the <!-- bench:NAME --> section of ``doc`` (docs/performance.md by default)."""
-    doc = doc or ROOT / "docs" / "performance.md"
+    """Replace the <!-- bench:NAME --> section of ``doc`` (by default the page of ``DOC_PAGES``
+    that holds the section, else docs/performance.md)."""
+    if doc is None:
+        pages = [ROOT / "docs" / p for p in DOC_PAGES]
+        held = [p for p in pages if f"<!-- bench:{name} -->" in p.read_text()]
+        doc = held[0] if held else pages[0]
     text = doc.read_text() if doc.exists() else "# Performance\n"
     begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     stamp = time.strftime("%Y-%m-%d")

@@ -1000,8 +1000,8 @@ def main() -> None:
 
 
 def write_docs(tag: str, text: str) -> None:
-    """``text`` between docs/performance.md's markers of ``tag``."""
-    doc = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
+    """``text`` between docs/accuracy.md's markers of ``tag``."""
+    doc = Path(__file__).resolve().parent.parent / "docs" / "accuracy.md"
     body = doc.read_text()
     start, end = f"<!-- bench:{tag} -->", f"<!-- /bench:{tag} -->"
     i, j = body.index(start) + len(start), body.index(end)
@@ -1009,7 +1009,7 @@ def write_docs(tag: str, text: str) -> None:
 
 
 def new_grids(args: argparse.Namespace, said: str) -> None:
-    """--threads-grid and --depth-grid: their tables, each to docs/performance.md with
+    """--threads-grid and --depth-grid: their tables, each to docs/accuracy.md with
     --write-docs (``said``: the priority the bench runs at)."""
     from llamacpp_instr.native import models
 

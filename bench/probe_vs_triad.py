@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument(
         "--threads", default=f"1,{max(1, min(os.cpu_count() or 1, 8))}", help="comma-separated"
     )
-    ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
+    ap.add_argument("--write-docs", action="store_true", help="update docs/accuracy.md")
     args = ap.parse_args()
 
     from llamacpp_instr.converters.session.machine_peaks import machine_key

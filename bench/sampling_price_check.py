@@ -110,7 +110,7 @@ def main() -> None:
     ap.add_argument("--n-predict", type=int, default=32)
     ap.add_argument("--server", type=Path, default=None, help="a llama-server to run instead")
     ap.add_argument("--keep", type=Path, default=None, help="write the runs' logs here")
-    ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
+    ap.add_argument("--write-docs", action="store_true", help="update docs/accuracy.md")
     args = ap.parse_args()
     slots = [int(x) for x in args.slots.split(",")]
     exe = args.server or tools.build_tools(echo, programs=("llama-server",)) / "llama-server"

@@ -142,7 +142,7 @@ def main() -> None:
     ap.add_argument(
         "--reuse", action="store_true", help="predict from the runs kept in --logs, run nothing"
     )
-    ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
+    ap.add_argument("--write-docs", action="store_true", help="update docs/accuracy.md")
     args = ap.parse_args()
     model = args.model or models.default_model()
     tools.build_tools(echo, programs=("llama-server",))

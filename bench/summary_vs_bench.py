@@ -22,7 +22,7 @@ The run's prompt step is
 its first decode (cold: no warm-up), the bench's is not. Prints per setting and test the median
 tokens/s of each, the median of the per-round ratios (summary / llama-bench; target 0.85-1.15) and,
 for reference, what the summary said when a step ended at `llama_decode`'s return
-(`steps.llama_decode_ns`); `--write-docs` puts the table in docs/performance.md.
+(`steps.llama_decode_ns`); `--write-docs` puts the table in docs/accuracy.md.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def main() -> None:
         "--bin", type=Path, default=None, help="where llama-bench and ggml-rpc-server are "
         "(default: `instr build --tools`' folder, built if missing)"
     )  # fmt: skip
-    ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
+    ap.add_argument("--write-docs", action="store_true", help="update docs/accuracy.md")
     args = ap.parse_args()
     model = args.model or models.default_model()
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]

@@ -1,4 +1,6 @@
-"""docs/performance.md holds today's tables and how to rerun each, and stays that short.
+"""docs/performance.md (what the instrumentation costs) and docs/accuracy.md (how true the
+predictions and the figures that decide a run are) hold today's tables and how to rerun each, and
+stay that short.
 
 The tables are the bench scripts' own: ``--write-docs`` rewrites the text between a section's
 ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``, so every marker must close, once, and name a
@@ -19,10 +21,10 @@ pytestmark = pytest.mark.fast
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "performance.md"
-PAGES = (PAGE, ROOT / "docs" / "quantization.md")
-# the page's own words around the tables (the tables themselves: about 440 lines)
-MAX_PROSE_LINES = 300
-MAX_LINES = 750
+ACCURACY = ROOT / "docs" / "accuracy.md"
+PAGES = (PAGE, ACCURACY, ROOT / "docs" / "quantization.md")
+# each page's lines in all, and its own words around the tables
+LIMITS = {PAGE: (500, 250), ACCURACY: (400, 150)}
 
 _OPEN = re.compile(r"^<!-- bench:([\w-]+) -->$")
 _CLOSE = re.compile(r"^<!-- /bench:([\w-]+) -->$")
@@ -54,12 +56,30 @@ def blocks(page: Path) -> list[tuple[str, int, int, str]]:
     return found
 
 
-def test_performance_page_stays_short() -> None:
-    lines = PAGE.read_text(encoding="utf-8").splitlines()
-    inside = sum(last - first + 1 for _, first, last, _ in blocks(PAGE))
+@pytest.mark.parametrize("page", list(LIMITS), ids=lambda p: p.name)
+def test_the_bench_pages_stay_short(page: Path) -> None:
+    max_lines, max_prose = LIMITS[page]
+    lines = page.read_text(encoding="utf-8").splitlines()
+    inside = sum(last - first + 1 for _, first, last, _ in blocks(page))
     assert inside > 100  # the blocks were found
-    assert len(lines) - inside <= MAX_PROSE_LINES, f"{len(lines) - inside} lines besides the tables"
-    assert len(lines) <= MAX_LINES
+    assert len(lines) - inside <= max_prose, f"{len(lines) - inside} lines besides the tables"
+    assert len(lines) <= max_lines
+
+
+def test_each_bench_writes_the_page_that_holds_its_table() -> None:
+    """bench/overhead.py's write_section finds a block on whichever page holds it; bench/predict.py
+    writes its own blocks to accuracy.md."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from overhead import DOC_PAGES
+    finally:
+        sys.path.pop(0)
+    assert {ROOT / "docs" / p for p in DOC_PAGES} == set(LIMITS)
+    mine = {name for name, *_ in blocks(ACCURACY)}
+    assert {"predict", "predict-threads", "predict-depth"} <= mine
+    assert '"docs" / "accuracy.md"' in (ROOT / "bench" / "predict.py").read_text()
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

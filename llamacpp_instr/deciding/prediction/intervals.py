@@ -12,7 +12,7 @@ residual includes the held-out run's own noise (another process slowing it), as 
 run will. 95 % and not 90 %: a 90 % interval holds 90 % of the time on average, so less often on
 about half of the grids, where the aim is that at least 90 % hold on every grid (as the
 distribution-free jackknife+ at 95 % guarantees 90 %); each grid's coverage is in
-docs/performance.md (bench/predict.py).
+docs/accuracy.md (bench/predict.py).
 
 A setting whose attention ops read more KV cells than the logs' did (a deeper context: priced
 per KV cell, an extrapolation, or measured at that depth by the probe, ``kv_probe``, whose time

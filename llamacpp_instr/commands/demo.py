@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands.deprecated import out_dir_alias
-from llamacpp_instr.commands.options import output_option
+from llamacpp_instr.cli_shared.deprecated import out_dir_alias
+from llamacpp_instr.cli_shared.options import output_option
 
 DEMO_PROMPT = "The capital of France is"
 

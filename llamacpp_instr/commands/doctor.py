@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands.offload_options import offload_options
-from llamacpp_instr.commands.options import output_type
-from llamacpp_instr.commands.output import answer
+from llamacpp_instr.cli_shared.offload_options import offload_options
+from llamacpp_instr.cli_shared.options import output_type
+from llamacpp_instr.cli_shared.output import answer
 
 if TYPE_CHECKING:
     from llamacpp_instr.running.offload import Offload

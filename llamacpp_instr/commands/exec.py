@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands.always_on_options import always_on_options
-from llamacpp_instr.commands.options import (
+from llamacpp_instr.cli_shared.always_on_options import always_on_options
+from llamacpp_instr.cli_shared.options import (
     append_option,
     level_option,
     memory_budget_option,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands.deprecated import out_dir_alias
-from llamacpp_instr.commands.options import session_option, strict_option
-from llamacpp_instr.commands.output import load_log
+from llamacpp_instr.cli_shared.deprecated import out_dir_alias
+from llamacpp_instr.cli_shared.options import session_option, strict_option
+from llamacpp_instr.cli_shared.output import load_log
 
 
 @click.command("export")

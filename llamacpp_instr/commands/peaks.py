@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands.offload_options import offload_options
-from llamacpp_instr.commands.options import report_options, threads_option
-from llamacpp_instr.commands.output import check_output, emit
+from llamacpp_instr.cli_shared.offload_options import offload_options
+from llamacpp_instr.cli_shared.options import report_options, threads_option
+from llamacpp_instr.cli_shared.output import check_output, emit
 from llamacpp_instr.running.peak_probe import DEFAULT_TYPES
 
 if TYPE_CHECKING:

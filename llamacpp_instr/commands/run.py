@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands import options, run_options
-from llamacpp_instr.commands.always_on_options import always_on_options
-from llamacpp_instr.commands.deprecated import out_alias
-from llamacpp_instr.commands.offload_options import offload_options
-from llamacpp_instr.commands.tensor_options import tensor_options
+from llamacpp_instr.cli_shared import options, run_options
+from llamacpp_instr.cli_shared.always_on_options import always_on_options
+from llamacpp_instr.cli_shared.deprecated import out_alias
+from llamacpp_instr.cli_shared.offload_options import offload_options
+from llamacpp_instr.cli_shared.tensor_options import tensor_options
 
 if TYPE_CHECKING:
     from llamacpp_instr.running.always_on import AlwaysOn

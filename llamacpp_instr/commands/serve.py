@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands.always_on_options import always_on_options
-from llamacpp_instr.commands.deprecated import out_alias
-from llamacpp_instr.commands.offload_options import offload_options
-from llamacpp_instr.commands.options import (
+from llamacpp_instr.cli_shared.always_on_options import always_on_options
+from llamacpp_instr.cli_shared.deprecated import out_alias
+from llamacpp_instr.cli_shared.offload_options import offload_options
+from llamacpp_instr.cli_shared.options import (
     append_option,
     ctx_option,
     level_option,
@@ -22,7 +22,7 @@ from llamacpp_instr.commands.options import (
     value_stats_option,
     warmup_option,
 )
-from llamacpp_instr.commands.tensor_options import tensor_options
+from llamacpp_instr.cli_shared.tensor_options import tensor_options
 
 if TYPE_CHECKING:
     from llamacpp_instr.running.always_on import AlwaysOn

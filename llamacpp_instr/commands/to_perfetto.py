@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands.options import output_option, peaks_option, strict_option
+from llamacpp_instr.cli_shared.options import output_option, peaks_option, strict_option
 from llamacpp_instr.converters.formats.convert import WRITERS, default_output
 
 DEFAULT_FORMAT = "pftrace"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from llamacpp_instr.commands.output import answer
+from llamacpp_instr.cli_shared.output import answer
 
 
 @click.command("tools", hidden=True)

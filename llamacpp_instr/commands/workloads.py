@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands.options import output_option, session_option, strict_option
-from llamacpp_instr.commands.output import load_log
+from llamacpp_instr.cli_shared.options import output_option, session_option, strict_option
+from llamacpp_instr.cli_shared.output import load_log
 
 
 @click.command("workloads", hidden=True)

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
-from llamacpp_instr.commands.options import output_type
+from llamacpp_instr.cli_shared.options import output_type
 
 F = TypeVar("F", bound=Callable[..., Any])
 

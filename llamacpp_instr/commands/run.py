@@ -59,7 +59,7 @@ def command(
     memory_budget: str | None,
     n_ctx: int,
     n_batch: int,
-    n_ubatch: int | None,
+    n_ubatch: int,
     level: str,
     always_on: AlwaysOn,
     output: Path | None,

@@ -86,16 +86,16 @@ def command(
     from llamacpp_instr.running.exec_program import ExecRequest, run_program
 
     request = ExecRequest(
-        program,
-        args,
-        output,
-        append,
-        level,
-        always_on,
-        top_k_logits,
-        value_stats,
-        memory_budget,
-        metrics,
-        vulkan,
+        program=program,
+        args=args,
+        output=output,
+        append=append,
+        level=level,
+        always_on=always_on,
+        top_k_logits=top_k_logits,
+        value_stats=value_stats,
+        memory_budget=memory_budget,
+        metrics=metrics,
+        vulkan=vulkan,
     )
     child.end_like(run_program(request, say=lambda line: click.echo(line, err=True)))

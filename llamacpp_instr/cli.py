@@ -75,7 +75,8 @@ OLD_NAMES: dict[str, Alias] = {
 
 def old_name_note(name: str) -> str:
     """The note an old command name prints on stderr before it runs."""
-    return f"warning: instr {name} is now {OLD_NAMES[name].form}; the old name goes in the next release"
+    form = OLD_NAMES[name].form
+    return f"warning: instr {name} is now {form}; the old name goes in the next release"
 
 
 class _Group(click.Group):

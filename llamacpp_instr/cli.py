@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import sys
+from dataclasses import dataclass
 
 import click
 
@@ -29,27 +30,61 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Set up": ("doctor", "build"),
 }
 
-# old command names, answered for one release (hidden from the help) -> the form that replaces them
-OLD_NAMES: dict[str, str] = {
-    "metrics": "instr follow --prometheus",
-    "to-otlp": "instr export --otlp",
-    "workloads": "instr export --workloads",
-    "tools": "instr doctor --tools",
-    "demo": "instr doctor --demo",
+
+@dataclass(frozen=True)
+class Alias:
+    """An old command name, answered for one release by the command that replaces it: ``instr
+    OLD ARGS`` runs ``instr COMMAND DEFAULTS OPTION ARGS``, or, where the old name took its own
+    required option ``given_as`` for ``option``, ``instr COMMAND DEFAULTS ARGS`` with ``given_as``
+    spelled ``option``."""
+
+    command: str  # the command that answers
+    option: str  # the command's option that the old name stands for
+    given_as: str | None = None  # the old name's required option that ``option`` replaces
+    defaults: tuple[str, ...] = ()  # the old name's own defaults, where the command's differ
+
+    @property
+    def form(self) -> str:
+        """The form that replaces the old name: ``instr export --otlp``."""
+        return f"instr {self.command} {self.option}"
+
+    def arguments(self, args: list[str]) -> list[str]:
+        """The old name's ``args``, as the command reads them."""
+        if self.given_as is None:
+            return [*self.defaults, self.option, *args]
+        renamed = [self._renamed(a) for a in args]
+        if renamed == args and not {"-h", "--help"} & set(args):
+            raise click.UsageError(f"{self.given_as} is required")
+        return [*self.defaults, *renamed]
+
+    def _renamed(self, arg: str) -> str:
+        name, eq, value = arg.partition("=")
+        return f"{self.option}{eq}{value}" if name == self.given_as else arg
+
+
+# old command names, answered for one release (hidden from the help) by the command that replaces
+# them; no module of commands/ holds them
+OLD_NAMES: dict[str, Alias] = {
+    "metrics": Alias("follow", "--prometheus", given_as="--listen", defaults=("--wait", "0")),
+    "to-otlp": Alias("export", "--otlp", given_as="--endpoint"),
+    "workloads": Alias("export", "--workloads"),
+    "tools": Alias("doctor", "--tools"),
+    "demo": Alias("doctor", "--demo"),
 }
 
 
 def old_name_note(name: str) -> str:
     """The note an old command name prints on stderr before it runs."""
-    return f"warning: instr {name} is now {OLD_NAMES[name]}; the old name goes in the next release"
+    form = OLD_NAMES[name].form
+    return f"warning: instr {name} is now {form}; the old name goes in the next release"
 
 
 class _Group(click.Group):
     """Bad input of any kind ends in one line, ``error: ...``, and exit status 2 (never a traceback):
     our own ``UserError`` as well as click's usage errors (unknown option, bad value...).
 
-    The help lists the commands in ``GROUPS``; an old name (``OLD_NAMES``) still runs its command,
-    after a note on stderr."""
+    The help lists the commands in ``GROUPS``; an old name (``OLD_NAMES``) runs the command that
+    replaces it, after a note on stderr."""
 
     def main(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
         kwargs["standalone_mode"] = False
@@ -82,10 +117,11 @@ class _Group(click.Group):
     def resolve_command(
         self, ctx: click.Context, args: list[str]
     ) -> tuple[str | None, click.Command | None, list[str]]:
-        name, cmd, rest = super().resolve_command(ctx, args)
-        if name in OLD_NAMES:
-            click.echo(old_name_note(name), err=True)
-        return name, cmd, rest
+        alias = OLD_NAMES.get(args[0]) if args else None
+        if alias is not None:
+            click.echo(old_name_note(args[0]), err=True)
+            args = [alias.command, *alias.arguments(args[1:])]
+        return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The commands by group, each with its one-line help, condensed here (``short_help``)
@@ -154,8 +190,7 @@ def command_named(name: str) -> click.Command | None:
 
 
 def all_commands() -> dict[str, click.Command]:
-    """Every sub-command by name, the old names' (hidden) included (each module imported: the help,
-    the docs, the tests)."""
+    """Every sub-command by name (each module imported: the help, the docs, the tests)."""
     found = (command_named(module.replace("_", "-")) for module in sorted(_MODULES))
     return {command.name: command for command in found if command is not None and command.name}
 

@@ -181,7 +181,7 @@ def test_every_command_has_its_module_and_every_module_its_place() -> None:
     items = recipe("Add a command")
     commands_dir = named(items, "commands/<name>.py").parent
     assert "GROUPS" in named(items, "llamacpp_instr/cli.py").read_text()
-    names = [n for group in cli.GROUPS.values() for n in group] + list(cli.OLD_NAMES)
+    names = [n for group in cli.GROUPS.values() for n in group]
     modules = {}
     for name in names:
         module = commands_dir / f"{name.replace('-', '_')}.py"

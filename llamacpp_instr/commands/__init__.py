@@ -6,7 +6,6 @@ a module only when its command runs (or for the help). Modules import heavy depe
 (llama_cpp, pandas, pyarrow) inside the command function, so ``instr --help`` stays fast and
 converter commands work without llama_cpp installed.
 
-The options several commands share are in modules of their own (``options``,
-``offload_options``, ``always_on_options``, ``deprecated``), as is what they share on the way out
-(``output``); those modules define no command.
+The options several commands share, and what they share on the way out, are in
+``llamacpp_instr.cli_shared``: this folder holds the commands only.
 """

@@ -97,50 +97,25 @@ def command(
     the overlay and the CMake arguments) and installs it. A second run with nothing changed reuses
     the cached wheel. --vulkan builds (and caches) a wheel with ggml's Vulkan backend too.
     """
-    from llamacpp_instr.native import build
-
-    def echo(msg: str) -> None:
-        click.echo(msg, err=True)
+    from llamacpp_instr.native.build_request import BuildRequest, perform
 
     if cuda_arch and not cuda:
         raise click.UsageError("--cuda-arch goes with --cuda")
-    if check:
-        build.check(echo)
-        if cuda:
-            from llamacpp_instr.native import cuda_check
-
-            cuda_check.check(echo, cuda_arch)
-        return
-    if (vulkan or cuda) and (testing or sanitize):
+    if (vulkan or cuda) and (testing or sanitize) and not check:
         raise click.UsageError("--vulkan and --cuda build the wheel or, with --tools, the programs")
-    if cuda:
-        from llamacpp_instr.native import cuda_toolkit
-
-        cmake_args += cuda_toolkit.toolkit(echo).cmake_args(cuda_arch)
-    if with_tools:
-        from llamacpp_instr.native import tools
-
-        extra = cmake_args + (build.VULKAN_CMAKE_ARGS if vulkan else ())
-        if vulkan:
-            build.check_vulkan_prerequisites()
-        folder = tools.build_tools(echo, extra, rebuild=rebuild, sanitize=sanitize)
-        # sanitized: llama-server beside its libraries, which Python runs on too
-        click.echo(build.sanitized_run_env(sanitize, folder) if sanitize else str(folder))
-        return
-    if testing:
-        lib = build.testing_lib_dir(echo, cmake_args, rebuild=rebuild)
-        echo(f"testing libraries: {lib}")
-        click.echo(build.lib_env(lib))
-        return
-    if sanitize:
-        lib = build.sanitized_lib_dir(sanitize, echo, cmake_args, rebuild=rebuild)
-        echo(f"{sanitize}-sanitized libraries: {lib}")
-        click.echo(build.sanitized_run_env(sanitize, lib))
-        return
-    if no_install:
-        lib = build.installable_lib_dir(echo, cmake_args, rebuild=rebuild, vulkan=vulkan)
-        kind = "CUDA " if cuda else "Vulkan " if vulkan else ""
-        echo(f"{kind}libraries (not installed): {lib}")
-        click.echo(build.lib_env(lib))
-        return
-    build.build(cmake_args, echo, rebuild=rebuild, with_model=model, vulkan=vulkan)
+    request = BuildRequest(
+        check=check,
+        cmake_args=cmake_args,
+        rebuild=rebuild,
+        model=model,
+        sanitize=sanitize,
+        with_tools=with_tools,
+        vulkan=vulkan,
+        cuda=cuda,
+        cuda_arch=cuda_arch,
+        no_install=no_install,
+        testing=testing,
+    )
+    answer = perform(request, lambda line: click.echo(line, err=True))
+    if answer is not None:
+        click.echo(answer)

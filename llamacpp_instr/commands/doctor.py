@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands.offload_options import offload_options
-from llamacpp_instr.commands.options import output_type
-from llamacpp_instr.commands.output import answer
+from llamacpp_instr.cli_shared.deprecated import out_dir_alias
+from llamacpp_instr.cli_shared.offload_options import offload_options
+from llamacpp_instr.cli_shared.options import output_type
+from llamacpp_instr.cli_shared.output import answer
 
 if TYPE_CHECKING:
     from llamacpp_instr.running.offload import Offload
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     type=output_type(True),
     help="With --demo: directory for demo.log and demo.pftrace (default: here).",
 )
+@out_dir_alias
 @click.option("-n", "--n-predict", type=int, help="With --demo: tokens to generate (16).")
 def command(
     offload: Offload,
@@ -61,28 +63,27 @@ def command(
     --demo runs the bundled SmolLM2-135M at the detailed level, converts the log to a Perfetto
     trace, and checks both: every log line parses, the session ended ok, every generated token's
     step holds per-op timings, and the trace was written. Exit status 2 if anything is off."""
-    ctx = click.get_current_context()
     if with_tools and demo:
         raise click.UsageError("--tools and --demo go one at a time")
     if vulkan and not with_tools:
         raise click.UsageError("--vulkan goes with --tools")
     if (output is not None or n_predict is not None) and not demo:
         raise click.UsageError("-o/--output and -n/--n-predict go with --demo")
-    if with_tools:
-        from llamacpp_instr.commands.tools import command as programs
-
-        ctx.invoke(programs.callback, vulkan)  # type: ignore[arg-type]
-        return
-    if demo:
-        from llamacpp_instr.commands.demo import command as self_check
-
-        kwargs = {
-            "output": output or Path("."),
-            "n_predict": 16 if n_predict is None else n_predict,
-        }
-        ctx.invoke(self_check.callback, deprecated_out_dir=None, **kwargs)  # type: ignore[arg-type]
-        return
     from llamacpp_instr.running import checkup
 
-    found = checkup.check(offload.rpc)
-    answer(checkup.report(found), "text", found.failure())
+    if with_tools:
+        answer(checkup.programs_report(checkup.programs(vulkan)), "text")
+    elif demo:
+        from llamacpp_instr.running import runner
+        from llamacpp_instr.running.self_check import SelfCheck, self_check
+
+        request = SelfCheck(output or Path("."), 16 if n_predict is None else n_predict)
+        checked = self_check(request, on_text=runner.echo_stream)
+        click.echo("")
+        click.echo(checked.log_line())
+        for line in checked.conversion:
+            click.echo(line, err=True)
+        click.echo(checked.trace_line())
+    else:
+        found = checkup.check(offload.rpc)
+        answer(checkup.report(found), "text", found.failure())

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands.always_on_options import always_on_options
-from llamacpp_instr.commands.options import (
+from llamacpp_instr.cli_shared.always_on_options import always_on_options
+from llamacpp_instr.cli_shared.options import (
     append_option,
     level_option,
     memory_budget_option,
@@ -91,57 +89,21 @@ def command(
     otherwise (-o wins, and says so); the level, top-k logits, value statistics, sampling and
     rotation are always the options' own.
     """
-    from llamacpp_instr.contract.errors import UserError
-    from llamacpp_instr.native import build, tools
     from llamacpp_instr.running import child
-    from llamacpp_instr.running import memory_budget as memory
-    from llamacpp_instr.running.runner import check_writable, keep_old
+    from llamacpp_instr.running.exec_program import ExecRequest, run_program
 
-    exe = tools.find_logged(program, build.VULKAN_CMAKE_ARGS if vulkan else (), sanitize)
-    inherited = os.environ.get("LLAMA_INSTR_LOG")
-    out = output
-    if out is not None and inherited:
-        click.echo(f"instr exec: -o {out} replaces LLAMA_INSTR_LOG={inherited}", err=True)
-    elif inherited:
-        out = Path(inherited)
-    elif out is None:
-        out = Path(f"{program}_{time.strftime('%Y%m%d_%H%M%S')}.log")
-    check_writable(out)
-    if old := keep_old(out, append or output is None):  # -o: this run's log alone
-        click.echo(f"instr exec: the log that was at {out} is {old} (--append adds)", err=True)
-    env = dict(os.environ)
-    env["LLAMA_INSTR_LOG"] = str(out.resolve())
-    env["LLAMA_INSTR_LEVEL"] = level
-    env["LLAMA_INSTR_TOPK"] = str(top_k_logits)
-    env["LLAMA_INSTR_VALUE_STATS"] = "1" if value_stats else "0"
-    for name in ("LLAMA_INSTR_SAMPLE", "LLAMA_INSTR_SAMPLE_REQUESTS", "LLAMA_INSTR_MAX_BYTES"):
-        env.pop(name, None)  # only what the options say
-    env.pop("LLAMA_INSTR_KEEP", None)
-    env.update(always_on.env())
-    env.pop("LLAMA_INSTR_MEMORY_BUDGET", None)  # the option's (which reads it too), in bytes
-    if memory_budget:
-        env["LLAMA_INSTR_MEMORY_BUDGET"] = memory_budget
-    more = always_on.describe()
-    if metrics is not None:
-        from llamacpp_instr.running import exporter_launch as launch
-
-        launch.start_beside(out, metrics)  # it ends once this process has, and the log is read
-    click.echo(
-        f"instr exec: session log {out} (level {level}{'; ' + more if more else ''})", err=True
+    request = ExecRequest(
+        program=program,
+        args=args,
+        output=output,
+        append=append,
+        level=level,
+        always_on=always_on,
+        top_k_logits=top_k_logits,
+        value_stats=value_stats,
+        memory_budget=memory_budget,
+        metrics=metrics,
+        vulkan=vulkan,
+        sanitize=sanitize,
     )
-    since = memory.mark_log(out)
-    try:
-        returncode = child.run(exe, [program, *args], env)
-    except OSError as exc:
-        raise UserError(f"cannot run {exe}: {exc.strerror or exc}") from None
-    # a program that ended on its own with a failure (not one the user stopped with a signal it
-    # was passed, nor one that recovered and exited 0) and an allocation failure in its log: that
-    # allocation is why, said as `instr run` says it
-    stopped = returncode < 0 and -returncode in child.FORWARDED
-    if returncode != 0 and not stopped:
-        found = memory.failure_in_log(out, since)
-        if found is not None:
-            failure, context = found
-            setting = memory.program_setting(program, list(args), context)
-            raise memory.OutOfMemory(memory.message(failure, setting))
-    child.end_like(returncode)
+    child.end_like(run_program(request, say=lambda line: click.echo(line, err=True)))

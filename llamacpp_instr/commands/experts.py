@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands.options import report_options, session_option, strict_option
-from llamacpp_instr.commands.output import check_output, emit, load_log
+from llamacpp_instr.cli_shared.options import report_options, session_option, strict_option
+from llamacpp_instr.cli_shared.output import check_output, emit, load_log
 
 
 @click.command("experts")

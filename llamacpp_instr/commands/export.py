@@ -4,13 +4,14 @@ package; its op workloads as JSON lines (``--workloads``); its requests as OpenT
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands.deprecated import out_dir_alias
-from llamacpp_instr.commands.options import session_option, strict_option
-from llamacpp_instr.commands.output import load_log
+from llamacpp_instr.cli_shared.deprecated import out_dir_alias
+from llamacpp_instr.cli_shared.options import session_option, strict_option
+from llamacpp_instr.cli_shared.output import load_log
 
 
 @click.command("export")
@@ -89,45 +90,56 @@ def command(
         instr export server.log --otlp http://127.0.0.1:4318 --follow"""
     from llamacpp_instr.contract.errors import UserError
 
-    ctx = click.get_current_context()
     if (follow or wait or layers) and otlp is None:
         raise click.UsageError("--follow, --wait and --layers go with --otlp")
-    if otlp is not None or workloads:
-        if dataset is not None or (otlp is not None and (workloads or output is not None)):
-            raise click.UsageError("--otlp, --workloads and --dataset go one at a time")
-        if otlp is not None:
-            from llamacpp_instr.commands.to_otlp import command as to_otlp
+    if (otlp is not None or workloads) and (
+        dataset is not None or (otlp is not None and (workloads or output is not None))
+    ):
+        raise click.UsageError("--otlp, --workloads and --dataset go one at a time")
+    if otlp is not None:
+        from llamacpp_instr.converters.formats.otlp_export import OtlpExport, export
 
-            ctx.invoke(to_otlp.callback, log, otlp, follow, wait, layers)  # type: ignore[arg-type]
-            return
-        if output is not None and output.is_dir():
-            raise UserError(f"-o/--output is a directory: {output} (--workloads writes a file)")
-        from llamacpp_instr.commands.workloads import command as inventory
-
-        ctx.invoke(inventory.callback, log, output, sid, strict)  # type: ignore[arg-type]
+        sent = export(OtlpExport(log, otlp, follow, wait, layers))
+        click.echo(sent.summary(), err=True)
+        if sent.lost:
+            sys.exit(1)
+        return
+    if workloads:
+        _workloads(log, output, sid, strict)
         return
     if (output is None) == (dataset is None):
         raise UserError("give exactly one of -o/--output and --dataset")
     if dataset is not None and fmt != "parquet":
         raise UserError("--dataset is Parquet only")
+    from llamacpp_instr.converters.formats.parquet import append_to_dataset, write_tables
+
     frames = load_log(log, sid, strict)
     if dataset is not None:
-        from llamacpp_instr.converters.formats.parquet import append_to_dataset
-
         files = append_to_dataset(frames, dataset)
-        for path, rows in files:
-            click.echo(f"{path}: {rows} rows", err=True)
+    elif output is not None:
+        files = write_tables(frames, output, fmt)
+    for path, rows in files:
+        click.echo(f"{path}: {rows} rows", err=True)
+    if dataset is not None:
         click.echo(f"session {frames.info.sid} added to {dataset} ({len(files)} tables)", err=True)
-        return
-    assert output is not None
+
+
+def _workloads(log: Path, output: Path | None, sid: str | None, strict: bool) -> None:
+    """--workloads: each distinct (op, input shapes and types) of the session as a JSON line, to
+    ``output`` or stdout, and how many on stderr."""
+    import json
+
+    from llamacpp_instr.contract.errors import UserError
+    from llamacpp_instr.converters.reports.summary import workloads
+
+    if output is not None and output.is_dir():
+        raise UserError(f"-o/--output is a directory: {output} (--workloads writes a file)")
+    rows = workloads(load_log(log, sid, strict))
+    out = output.open("w") if output else sys.stdout
     try:
-        output.mkdir(parents=True, exist_ok=True)
-        for name, df in frames.tables().items():
-            path = output / f"{name}.{fmt}"
-            if fmt == "parquet":
-                df.to_parquet(path, index=False)
-            else:
-                df.to_csv(path, index=False)
-            click.echo(f"{path}: {len(df)} rows", err=True)
-    except OSError as exc:
-        raise UserError(f"cannot write to {output}: {exc.strerror}") from None
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+    finally:
+        if output:
+            out.close()
+    click.echo(f"{len(rows)} workloads, {sum(r['count'] for r in rows)} timed ops", err=True)

@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands.offload_options import offload_options
-from llamacpp_instr.commands.options import report_options, threads_option
-from llamacpp_instr.commands.output import check_output, emit
+from llamacpp_instr.cli_shared.offload_options import offload_options
+from llamacpp_instr.cli_shared.options import report_options, threads_option
+from llamacpp_instr.cli_shared.output import check_output, emit
 from llamacpp_instr.running.peak_probe import DEFAULT_TYPES
 
 if TYPE_CHECKING:
     from llamacpp_instr.running.offload import Offload
-
-
-def default_threads() -> int:
-    """The thread count of `instr run` without --threads: all cores, at most 8."""
-    return max(1, min(os.cpu_count() or 1, 8))
 
 
 @click.command("peaks")
@@ -75,46 +69,16 @@ def command(
     logs (an RPC device itself is not probed: ggml-rpc's compute returns before the server has
     run it). --device measures the CPU and only the devices named, adding them to the machine's
     cached peaks."""
-    from llamacpp_instr.contract.errors import UserError
-    from llamacpp_instr.native import bindings
-    from llamacpp_instr.native.paths import cache_dir
-    from llamacpp_instr.running import devices
-    from llamacpp_instr.running import peak_probe as measure
-
-    check_output(output)
-    n_threads = threads or default_threads()
-    type_list = tuple(t.strip().lower() for t in types.split(",") if t.strip())
-    for t in type_list:
-        measure.type_id(t)  # a bad name fails before anything runs
-    counts = _counts(thread_counts) if thread_counts is not None else [n_threads]
-    lib = bindings.load()
-    for t in type_list:  # a type the probe cannot hold fails before anything is measured
-        why = measure.refusal(lib, t)
-        if why is not None:
-            raise UserError(f"cannot measure {why}")  # (it begins with the type's name)
-    try:  # ggml's own log lines (the CPU repacking a weight) would break up the progress lines
-        from llama_cpp import _logger
-
-        _logger.set_verbose(False)
-    except (ImportError, AttributeError):
-        pass
-    devices.add_rpc_servers(offload.rpc)
-    only: set[str] | None = None
-    if offload.devices is not None:
-        only = {d.name for d in devices.registry() if d.type == "cpu"}
-        for d in devices.by_names(offload.devices):
-            if d.backend == "RPC":
-                click.echo(f"  {d.name}: {measure.RPC_NOT_MEASURED}", err=True)
-            else:
-                only.add(d.name)
-    plan = measure.Plan(n_threads=counts[0], types=type_list, bandwidth_elements=size_mib << 18)
-    got = measure.obtain(
-        counts, plan, cache_dir(), lib, force=force or len(counts) > 1, only=only,
-        say=lambda s: click.echo(s, err=True),
-    )  # fmt: skip
     from llamacpp_instr.converters.reports.renderers import render
     from llamacpp_instr.converters.reports.roofline_report import peaks_report
+    from llamacpp_instr.native.paths import cache_dir
+    from llamacpp_instr.running.peaks_request import PeaksRequest, measure_peaks
 
+    check_output(output)
+    counts = _counts(thread_counts) if thread_counts is not None else [threads] if threads else []
+    type_list = tuple(t.strip().lower() for t in types.split(",") if t.strip())
+    request = PeaksRequest(type_list, tuple(counts), size_mib, force, offload)
+    got = measure_peaks(request, cache_dir(), say=lambda line: click.echo(line, err=True))
     emit("\n".join(render(peaks_report(one), fmt) for one in got), output)
 
 

@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands.offload_options import offload_options
-from llamacpp_instr.commands.options import (
+from llamacpp_instr.cli_shared.offload_options import offload_options
+from llamacpp_instr.cli_shared.options import (
     ctx_option,
     experts_option,
     memory_option,
     quant_option,
     text_json_option,
 )
-from llamacpp_instr.commands.output import answer
+from llamacpp_instr.cli_shared.output import answer
 
 if TYPE_CHECKING:
     from llamacpp_instr.running.offload import Offload

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands.deprecated import deprecated_alias
-from llamacpp_instr.commands.options import report_options, top_option
-from llamacpp_instr.commands.output import check_output, emit
+from llamacpp_instr.cli_shared.deprecated import deprecated_alias
+from llamacpp_instr.cli_shared.options import report_options, top_option
+from llamacpp_instr.cli_shared.output import check_output, emit
 
 
 @click.command("quant-report")

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llamacpp_instr.commands.deprecated import chunk_size_options
-from llamacpp_instr.commands.offload_options import offload_options
-from llamacpp_instr.commands.options import report_options, threads_option
-from llamacpp_instr.commands.output import check_output, emit
+from llamacpp_instr.cli_shared.deprecated import chunk_size_options
+from llamacpp_instr.cli_shared.offload_options import offload_options
+from llamacpp_instr.cli_shared.options import report_options, threads_option
+from llamacpp_instr.cli_shared.output import check_output, emit
 
 if TYPE_CHECKING:
     from llamacpp_instr.running.offload import Offload

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands.options import output_option, threads_option
+from llamacpp_instr.cli_shared.options import output_option, threads_option
 from llamacpp_instr.running.quant.quantize import TYPES
 
 

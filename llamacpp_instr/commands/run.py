@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import click
 
-from llamacpp_instr.commands import options, run_options
-from llamacpp_instr.commands.always_on_options import always_on_options
-from llamacpp_instr.commands.deprecated import out_alias
-from llamacpp_instr.commands.offload_options import offload_options
-from llamacpp_instr.commands.tensor_options import tensor_options
-
-if TYPE_CHECKING:
-    from llamacpp_instr.running.always_on import AlwaysOn
-    from llamacpp_instr.running.media import MediaInputs
-    from llamacpp_instr.running.offload import Offload
-    from llamacpp_instr.running.tensor_overrides import TensorOverrides
+from llamacpp_instr.cli_shared import options, run_options
+from llamacpp_instr.cli_shared.always_on_options import always_on_options
+from llamacpp_instr.cli_shared.deprecated import out_alias
+from llamacpp_instr.cli_shared.offload_options import offload_options
+from llamacpp_instr.cli_shared.tensor_options import tensor_options
 
 
 @click.command("run")
@@ -46,35 +40,8 @@ if TYPE_CHECKING:
     is_flag=True,
     help="Show the live view of instr follow while generating (the text is printed at the end).",
 )
-def command(
-    model: Path | None,
-    prompt: str,
-    chat: bool,
-    system: str | None,
-    media: MediaInputs,
-    n_predict: int,
-    threads: int | None,
-    offload: Offload,
-    tensors: TensorOverrides,
-    memory_budget: str | None,
-    n_ctx: int,
-    n_batch: int,
-    n_ubatch: int | None,
-    level: str,
-    always_on: AlwaysOn,
-    output: Path | None,
-    append: bool,
-    seed: int,
-    temp: float,
-    flash_attn: bool | None,
-    warmup: bool,
-    type_k: str,
-    type_v: str,
-    top_k_logits: int,
-    value_stats: bool,
-    ignore_eos: bool,
-    live: bool,
-) -> None:
+# every option but these three is a field of runner.RunConfig, by the same name
+def command(model: Path | None, output: Path | None, live: bool, **settings: Any) -> None:
     """Run MODEL.gguf (default: the bundled SmolLM2-135M-Instruct) on a prompt with instrumentation.
 
     The prompt comes from -p TEXT, -p - (stdin) or --prompt-file FILE; --chat formats it with the
@@ -87,32 +54,7 @@ def command(
     from llamacpp_instr.running import runner
 
     cfg = runner.RunConfig(
-        model=model if model is not None else models.default_model(),
-        prompt=prompt,
-        chat=chat,
-        system=system,
-        media=media,
-        n_predict=n_predict,
-        threads=threads,
-        offload=offload,
-        tensors=tensors,
-        memory_budget=memory_budget,
-        n_ctx=n_ctx,
-        n_batch=n_batch,
-        n_ubatch=n_ubatch,
-        level=level,
-        out=output,
-        seed=seed,
-        temp=temp,
-        flash_attn=flash_attn,
-        warmup=warmup,
-        type_k=type_k,
-        type_v=type_v,
-        top_k_logits=top_k_logits,
-        value_stats=value_stats,
-        ignore_eos=ignore_eos,
-        always_on=always_on,
-        append=append,
+        model=model if model is not None else models.default_model(), out=output, **settings
     )
     if live:  # the live view of instr follow while generating, the text at the end
         from llamacpp_instr.converters.reports.renderers.live import follow

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import click
 
-from llamacpp_instr.commands.always_on_options import always_on_options
-from llamacpp_instr.commands.deprecated import out_alias
-from llamacpp_instr.commands.offload_options import offload_options
-from llamacpp_instr.commands.options import (
+from llamacpp_instr.cli_shared.always_on_options import always_on_options
+from llamacpp_instr.cli_shared.deprecated import out_alias
+from llamacpp_instr.cli_shared.offload_options import offload_options
+from llamacpp_instr.cli_shared.options import (
     append_option,
     ctx_option,
     level_option,
@@ -22,12 +22,7 @@ from llamacpp_instr.commands.options import (
     value_stats_option,
     warmup_option,
 )
-from llamacpp_instr.commands.tensor_options import tensor_options
-
-if TYPE_CHECKING:
-    from llamacpp_instr.running.always_on import AlwaysOn
-    from llamacpp_instr.running.offload import Offload
-    from llamacpp_instr.running.tensor_overrides import TensorOverrides
+from llamacpp_instr.cli_shared.tensor_options import tensor_options
 
 
 @click.command("serve")
@@ -50,24 +45,8 @@ if TYPE_CHECKING:
 @topk_option
 @value_stats_option
 @metrics_option
-def command(
-    model: Path | None,
-    host: str,
-    port: int,
-    level: str,
-    always_on: AlwaysOn,
-    output: Path | None,
-    append: bool,
-    n_ctx: int,
-    threads: int | None,
-    warmup: bool,
-    offload: Offload,
-    tensors: TensorOverrides,
-    memory_budget: str | None,
-    top_k_logits: int,
-    value_stats: bool,
-    metrics: str | None,
-) -> None:
+# every option but these three is a parameter of running.serve.serve, by the same name
+def command(model: Path | None, output: Path | None, metrics: str | None, **settings: Any) -> None:
     """Serve MODEL.gguf (default: the bundled SmolLM2-135M-Instruct) with llama-cpp-python's
     OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models),
     writing one session log for the server's life.
@@ -93,27 +72,7 @@ def command(
         # before the model loads: a port in use stops here; it ends after this process does
         launch.start_beside(log, metrics)
 
-    def ready(msg: str) -> None:
-        click.echo(msg, err=True)
-
-    result = serve.serve(
-        path,
-        log,
-        host=host,
-        port=port,
-        level=level,
-        n_ctx=n_ctx,
-        threads=threads,
-        warmup=warmup,
-        offload=offload,
-        tensors=tensors,
-        memory_budget=memory_budget,
-        top_k_logits=top_k_logits,
-        value_stats=value_stats,
-        on_ready=ready,
-        append=append,
-        always_on=always_on,
-    )
+    result = serve.serve(path, log, on_ready=lambda msg: click.echo(msg, err=True), **settings)
     click.echo(
         f"session log: {result.log_path} ({result.requests} requests, {result.steps} steps; "
         f"status {result.status})",

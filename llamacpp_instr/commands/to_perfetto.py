@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from llamacpp_instr.commands.options import output_option, peaks_option, strict_option
+from llamacpp_instr.cli_shared.options import output_option, peaks_option, strict_option
 from llamacpp_instr.converters.formats.convert import WRITERS, default_output
 
 DEFAULT_FORMAT = "pftrace"
@@ -88,7 +88,7 @@ def command(
     attention ops of this and later steps that read what it wrote, and clicking an attention op
     shows the writes it read.
     """
-    from llamacpp_instr.converters.formats.convert import convert
+    from llamacpp_instr.converters.formats.convert import convert, notes
     from llamacpp_instr.converters.session.machine_peaks import session_roofs
     from llamacpp_instr.converters.traces.items import Selection
     from llamacpp_instr.native.paths import cache_dir
@@ -106,16 +106,8 @@ def command(
         wrap=lambda items: _progress(items, log),
         roofs=session_roofs(peaks_file, cache_dir()),
     )
-    if report.summary():
-        click.echo(report.summary(), err=True)
-    if stats.sessions > 1:
-        click.echo(f"note: {log} holds {stats.sessions} sessions: one process each", err=True)
-    click.echo(
-        f"wrote {out} ({out.stat().st_size} bytes): {stats.steps} steps, {stats.computes} computes, "
-        f"{stats.layers} layer spans, {stats.ops} ops"
-        + (f", {stats.flows} KV cache flows" if flows else ""),
-        err=True,
-    )
+    for line in notes(log, out, stats, report, flows):
+        click.echo(line, err=True)
 
 
 def _progress(items, log: Path):  # type: ignore[no-untyped-def]

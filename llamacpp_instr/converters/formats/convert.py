@@ -142,6 +142,20 @@ def convert(
     return stats, report
 
 
+def notes(log: Path, out: Path, stats: LayoutStats, report: ReadReport, flows: bool) -> list[str]:
+    """What a conversion says on stderr: the damaged lines it skipped, a log of several sessions,
+    what it wrote."""
+    said = [report.summary()] if report.summary() else []
+    if stats.sessions > 1:
+        said.append(f"note: {log} holds {stats.sessions} sessions: one process each")
+    said.append(
+        f"wrote {out} ({out.stat().st_size} bytes): {stats.steps} steps, {stats.computes} computes, "
+        f"{stats.layers} layer spans, {stats.ops} ops"
+        + (f", {stats.flows} KV cache flows" if flows else "")
+    )
+    return said
+
+
 def to_perfetto(
     log: str | Path,
     output: str | Path | None = None,

@@ -1,4 +1,5 @@
-"""Many sessions as one dataset: ``instr export --dataset DIR``.
+"""A session's tables as files: one file a table in a directory (``instr export -o DIR``), or
+many sessions as one dataset (``instr export --dataset DIR``).
 
 Each table of a session becomes one Parquet file in a hive-partitioned tree,
 
@@ -53,4 +54,22 @@ def append_to_dataset(frames: SessionFrames, root: Path) -> list[tuple[Path, int
             written.append((path, len(out)))
     except OSError as exc:
         raise UserError(f"cannot write to the dataset {root}: {exc.strerror}") from None
+    return written
+
+
+def write_tables(frames: SessionFrames, output: Path, fmt: str) -> list[tuple[Path, int]]:
+    """Write this session's tables into the directory ``output``, one ``fmt`` file each (parquet
+    or csv); returns (file, rows) per table."""
+    written = []
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        for name, df in frames.tables().items():
+            path = output / f"{name}.{fmt}"
+            if fmt == "parquet":
+                df.to_parquet(path, index=False)
+            else:
+                df.to_csv(path, index=False)
+            written.append((path, len(df)))
+    except OSError as exc:
+        raise UserError(f"cannot write to {output}: {exc.strerror}") from None
     return written

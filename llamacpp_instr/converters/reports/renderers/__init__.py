@@ -4,7 +4,7 @@
 (``base``) with its name, what it is (the ``--format`` help says it), its own options and
 ``render(report)``. ``render`` is the one entry point: every report of every command goes through
 it (commands build their ``Report`` first: ``summary.summary_report``, ``quant.render.quant_report``,
-...); ``llamacpp_instr.commands.output.emit`` writes it to ``-o/--output`` or stdout. (``live`` is the
+...); ``llamacpp_instr.cli_shared.output.emit`` writes it to ``-o/--output`` or stdout. (``live`` is the
 live view of ``instr follow``, not a report format.)
 """
 

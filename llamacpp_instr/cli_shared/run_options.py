@@ -120,23 +120,32 @@ def generation_options(f: F) -> F:
     return _options(options, f)  # type: ignore[no-any-return]
 
 
+# llama.cpp's own defaults (common.h's common_params, llama_context_default_params): tokens per
+# llama_decode call, and per graph compute
+LLAMA_N_BATCH = 2048
+LLAMA_N_UBATCH = 512
+
+
 def graph_options(f: F) -> F:
-    """--batch, --ubatch and --flash-attn: the graphs llama.cpp computes."""
+    """--batch, --ubatch and --flash-attn: the graphs llama.cpp computes, by default as llama.cpp's
+    own programs compute them. ``n_ubatch`` reaches the command resolved: llama.cpp's, or --batch
+    where that is smaller (llama.cpp clamps it so)."""
     options = [
         click.option(
             "--batch",
             "n_batch",
             type=click.IntRange(min=1),
-            default=512,
+            default=LLAMA_N_BATCH,
             show_default=True,
-            help="Tokens per llama_decode call.",
+            help="Tokens per llama_decode call (llama.cpp's n_batch).",
         ),
         click.option(
             "--ubatch",
             "n_ubatch",
             type=click.IntRange(min=1),
             default=None,
-            help="Tokens per graph compute (default: --batch).",
+            help=f"Tokens per graph compute (default: {LLAMA_N_UBATCH}, llama.cpp's n_ubatch, or "
+            "--batch where that is smaller).",
         ),
         click.option(
             "--flash-attn/--no-flash-attn",
@@ -147,7 +156,14 @@ def graph_options(f: F) -> F:
             "summary say what was used).",
         ),
     ]
-    return _options(options, f)  # type: ignore[no-any-return]
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if kwargs["n_ubatch"] is None:
+            kwargs["n_ubatch"] = min(LLAMA_N_UBATCH, kwargs["n_batch"])
+        return f(*args, **kwargs)
+
+    return _options(options, wrapper)  # type: ignore[no-any-return]
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from llamacpp_instr.commands.options import SizeParam
+from llamacpp_instr.cli_shared.options import SizeParam
 from llamacpp_instr.contract.errors import UserError
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
-from llamacpp_instr.commands.options import output_type
+from llamacpp_instr.cli_shared.options import output_type
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,5 +57,5 @@ def chunk_size_options(f: F) -> F:
 
 # ``--out``: run's and serve's old spelling of -o/--output (the session log)
 out_alias = deprecated_alias("--out", "-o/--output", "output", type=output_type())
-# ``--out-dir``: export's and demo's old spelling of -o/--output (a directory)
+# ``--out-dir``: export's and doctor --demo's old spelling of -o/--output (a directory)
 out_dir_alias = deprecated_alias("--out-dir", "-o/--output", "output", type=output_type(True))

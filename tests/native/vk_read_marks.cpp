@@ -10,6 +10,7 @@
 #include "check.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
+#include "ggml-vulkan-instr.h"
 #include "ggml-vulkan.h"
 #include "ggml.h"
 

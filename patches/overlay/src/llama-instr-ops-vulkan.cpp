@@ -13,7 +13,7 @@
 // op, summed in the experts record's `read_dur`; with the device's ops untimed
 // (LLAMA_INSTR_DEVICE_TIMING=0) only the copies and the marks they need are recorded.
 
-#include "ggml-vulkan.h"
+#include "ggml-vulkan-instr.h"
 #include "llama-instr-env.h"
 #include "llama-instr-experts.h"
 #include "llama-instr-ops.h"

@@ -1,6 +1,7 @@
 #pragma once
 
 #include "ggml-backend.h"
+#include "ggml-gpu-marks-instr.h"
 #include "ggml.h"
 
 #ifdef __cplusplus
@@ -9,8 +10,8 @@ extern "C" {
 
 // Device timing for the Vulkan backend (llamacpp-instr), reached through the registry's proc
 // addresses "ggml_backend_vk_set_profiler", "ggml_backend_vk_profiler_collect" and
-// "ggml_backend_vk_clock_pair". Declared here, not in ggml-vulkan.h, so that llama.cpp's own
-// headers stay as they are.
+// "ggml_backend_vk_clock_pair", of the shape the GPU backends share (ggml-gpu-marks-instr.h).
+// Declared here, not in ggml-vulkan.h, so that llama.cpp's own headers stay as they are.
 //
 // While a profiler is set on a Vulkan backend, its graph computes write timestamp queries (marks)
 // into the compute command buffers they record anyway: when a buffer begins, before the first op
@@ -83,30 +84,19 @@ struct ggml_vk_profiler {
     size_t                        readback_used;
 };
 
-// Set (or with NULL, unset) the profiler; setting it starts it afresh (n_marks = 0). False: the
+// Set (or with NULL, unset) the profiler; setting it starts it afresh (n_marks = 0). -1: the
 // device cannot write timestamps from its compute queue (nothing is set).
-typedef bool (*ggml_backend_vk_set_profiler_t)(ggml_backend_t backend, struct ggml_vk_profiler * profiler);
-// After the backend was synchronized: each mark's device time. 0 = ok, -1 = the query failed.
-typedef int (*ggml_backend_vk_profiler_collect_t)(ggml_backend_t backend, struct ggml_vk_profiler * profiler);
+typedef int (*ggml_backend_vk_set_profiler_t)(ggml_backend_t backend, struct ggml_vk_profiler * profiler);
+// After the backend was synchronized: the device time of each mark in [begin, end), and the bytes
+// of the reads whose READ mark is among them. 0 = ok, -1 = the query failed.
+typedef int (*ggml_backend_vk_profiler_collect_t)(ggml_backend_t            backend,
+                                                  struct ggml_vk_profiler * profiler,
+                                                  int32_t                   begin,
+                                                  int32_t                   end);
 
-// A device time and a host time (CLOCK_MONOTONIC, ns) taken at the same instant, within
-// +-max_deviation_ns.
-enum ggml_vk_clock_method {
-    GGML_VK_CLOCK_CALIBRATED = 1,  // VK_EXT_calibrated_timestamps (the driver's maxDeviation)
-    GGML_VK_CLOCK_FENCE =
-        2,  // a timestamp submitted alone; the host times the submit and the fence (half the round trip)
-};
-
-struct ggml_vk_clock_pair {
-    uint64_t device_ticks;
-    int64_t  host_ns;
-    int64_t  max_deviation_ns;
-    int32_t  method;  // enum ggml_vk_clock_method
-};
-
-// The method asked for, or 0 for the best there is. The backend must be idle (synchronized).
-// 0 = ok, -1 = the method is not available or failed.
-typedef int (*ggml_backend_vk_clock_pair_t)(ggml_backend_t backend, int32_t method, struct ggml_vk_clock_pair * pair);
+// The clock pair (ggml_backend_gpu_clock_pair_t): the device's timestamp ticks and the host's
+// clock, by GGML_GPU_CLOCK_CALIBRATED (VK_EXT_calibrated_timestamps, with the driver's
+// maxDeviation) where the device has it with CLOCK_MONOTONIC, else GGML_GPU_CLOCK_FENCE.
 
 #ifdef __cplusplus
 }

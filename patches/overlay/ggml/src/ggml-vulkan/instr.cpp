@@ -253,6 +253,7 @@ void ggml_vk_instr_op(ggml_backend_vk_context * ctx,
     }
 }
 
+// the host clock a clock pair is on when the caller names none: CLOCK_MONOTONIC
 static int64_t ggml_vk_instr_host_now() {
 #ifdef _WIN32
     return ggml_time_us() * 1000;
@@ -263,14 +264,14 @@ static int64_t ggml_vk_instr_host_now() {
 #endif
 }
 
-static bool ggml_backend_vk_set_profiler(ggml_backend_t backend, ggml_vk_profiler * p) {
+static int ggml_backend_vk_set_profiler(ggml_backend_t backend, ggml_vk_profiler * p) {
     ggml_backend_vk_context * ctx = (ggml_backend_vk_context *) backend->context;
     if (!ctx->instr_prof && !p) {
-        return true;
+        return 0;
     }
     vk_instr_prof * state = ggml_vk_instr_state(ctx);
     if (!state) {
-        return false;
+        return -1;
     }
     vk_instr_prof & st = *state;
     if (st.p) {
@@ -282,7 +283,7 @@ static bool ggml_backend_vk_set_profiler(ggml_backend_t backend, ggml_vk_profile
     st.pending.clear();
     st.p = nullptr;
     if (!p) {
-        return true;
+        return 0;
     }
     if (st.valid_bits < 0) {
         st.valid_bits = (int32_t) ctx->device->physical_device
@@ -290,7 +291,7 @@ static bool ggml_backend_vk_set_profiler(ggml_backend_t backend, ggml_vk_profile
                             .timestampValidBits;
     }
     if (st.valid_bits == 0 || p->cap <= 0) {
-        return false;
+        return -1;
     }
     st.dev = ctx->device->device;
     if (st.pool_size < (uint32_t) p->cap) {
@@ -331,38 +332,40 @@ static bool ggml_backend_vk_set_profiler(ggml_backend_t backend, ggml_vk_profile
     st.buf        = nullptr;
     st.n_cmdbufs  = 0;
     st.p          = p;
-    return true;
+    return 0;
 }
 
-static int ggml_backend_vk_profiler_collect(ggml_backend_t backend, ggml_vk_profiler * p) {
+static int ggml_backend_vk_profiler_collect(ggml_backend_t backend, ggml_vk_profiler * p, int32_t begin, int32_t end) {
     ggml_backend_vk_context * ctx = (ggml_backend_vk_context *) backend->context;
-    const int32_t             n   = std::min(p->n_marks, p->cap);
-    if (n <= 0) {
+    begin                         = std::max(begin, 0);
+    end                           = std::min({ end, p->n_marks, p->cap });
+    if (end <= begin) {
         return 0;
     }
     if (!ctx->instr_prof) {
         return -1;
     }
     vk_instr_prof &         st  = *ctx->instr_prof;
+    const int32_t           n   = end - begin;
     // each query's time and its availability (a mark in a command buffer never submitted has none)
     std::vector<uint64_t> & res = st.results;
     res.resize(2 * (size_t) n);
     const vk::Result ok = st.dev.getQueryPoolResults(
-        st.pool, 0, (uint32_t) n, res.size() * sizeof(uint64_t), res.data(), 2 * sizeof(uint64_t),
+        st.pool, (uint32_t) begin, (uint32_t) n, res.size() * sizeof(uint64_t), res.data(), 2 * sizeof(uint64_t),
         vk::QueryResultFlagBits::e64 | vk::QueryResultFlagBits::eWithAvailability);
     if (ok != vk::Result::eSuccess && ok != vk::Result::eNotReady) {
         return -1;
     }
     const uint64_t mask = p->valid_bits >= 64 ? ~0ull : (1ull << p->valid_bits) - 1;
     for (int32_t k = 0; k < n; k++) {
-        p->marks[k].valid = res[2 * k + 1] != 0;
-        p->marks[k].t     = res[2 * k] & mask;
+        p->marks[begin + k].valid = res[2 * k + 1] != 0;
+        p->marks[begin + k].t     = res[2 * k] & mask;
     }
     if (p->n_reads > 0 && st.readback && st.readback->ptr && p->readback) {
-        // the bytes of the reads that ran (the command buffer of their op's mark executed)
+        // the bytes of the reads that ran (the command buffer of their READ mark executed)
         for (int32_t k = 0; k < p->n_reads; k++) {
             const ggml_vk_profile_read & r = p->reads[k];
-            if (r.mark >= 0 && r.mark < n && p->marks[r.mark].valid) {
+            if (r.mark >= begin && r.mark < end && p->marks[r.mark].valid) {
                 memcpy(p->readback + r.offset, (const uint8_t *) st.readback->ptr + r.offset,
                        (size_t) (r.n_rows - 1) * r.row_stride + r.row_bytes);
             }
@@ -371,11 +374,16 @@ static int ggml_backend_vk_profiler_collect(ggml_backend_t backend, ggml_vk_prof
     return 0;
 }
 
-static int ggml_backend_vk_clock_pair(ggml_backend_t backend, int32_t method, ggml_vk_clock_pair * pair) {
+static int ggml_backend_vk_clock_pair(ggml_backend_t backend,
+                                      int32_t        method,
+                                      int64_t (*now)(void),
+                                      ggml_gpu_clock_pair * pair) {
     ggml_backend_vk_context * ctx    = (ggml_backend_vk_context *) backend->context;
     vk_device &               device = ctx->device;
 #ifndef _WIN32
-    if ((method == 0 || method == GGML_VK_CLOCK_CALIBRATED) && device->pfn_vkGetCalibratedTimestampsEXT) {
+    // (the calibrated pair is on CLOCK_MONOTONIC: only when the caller names no other clock)
+    if ((method == GGML_GPU_CLOCK_ANY || method == GGML_GPU_CLOCK_CALIBRATED) && !now &&
+        device->pfn_vkGetCalibratedTimestampsEXT) {
         VkCalibratedTimestampInfoEXT info[2] = {};
         info[0].sType                        = VK_STRUCTURE_TYPE_CALIBRATED_TIMESTAMP_INFO_EXT;
         info[0].timeDomain                   = VK_TIME_DOMAIN_DEVICE_EXT;
@@ -384,16 +392,20 @@ static int ggml_backend_vk_clock_pair(ggml_backend_t backend, int32_t method, gg
         uint64_t ts[2]                       = {};
         uint64_t max_deviation               = 0;
         if (device->pfn_vkGetCalibratedTimestampsEXT(device->device, 2, info, ts, &max_deviation) == VK_SUCCESS) {
-            pair->device_ticks     = ts[0];
+            pair->device_time      = ts[0];
             pair->host_ns          = (int64_t) ts[1];
             pair->max_deviation_ns = (int64_t) max_deviation;
-            pair->method           = GGML_VK_CLOCK_CALIBRATED;
+            pair->resolution_ns    = 0;
+            pair->method           = GGML_GPU_CLOCK_CALIBRATED;
             return 0;
         }
     }
 #endif
-    if (method != 0 && method != GGML_VK_CLOCK_FENCE) {
+    if (method != GGML_GPU_CLOCK_ANY && method != GGML_GPU_CLOCK_FENCE) {
         return -1;
+    }
+    if (!now) {
+        now = ggml_vk_instr_host_now;
     }
     vk_instr_prof * state = ggml_vk_instr_state(ctx);
     if (!state) {
@@ -415,10 +427,10 @@ static int ggml_backend_vk_clock_pair(ggml_backend_t backend, int32_t method, gg
         ggml_vk_ctx_begin(device, subctx);
         subctx->s->buffer->buf.writeTimestamp(vk::PipelineStageFlagBits::eAllCommands, st.pair_pool, 0);
         ggml_vk_ctx_end(subctx);
-        const int64_t t0 = ggml_vk_instr_host_now();
+        const int64_t t0 = now();
         ggml_vk_submit(subctx, st.pair_fence);
         VK_CHECK(st.dev.waitForFences({ st.pair_fence }, true, UINT64_MAX), "clock pair waitForFences", device);
-        const int64_t t1 = ggml_vk_instr_host_now();
+        const int64_t t1 = now();
         st.dev.resetFences({ st.pair_fence });
         ggml_vk_queue_command_pools_cleanup(device);
         uint64_t t = 0;
@@ -427,10 +439,11 @@ static int ggml_backend_vk_clock_pair(ggml_backend_t backend, int32_t method, gg
             vk::Result::eSuccess) {
             return -1;
         }
-        pair->device_ticks     = t;
+        pair->device_time      = t;
         pair->host_ns          = t0 + (t1 - t0) / 2;
         pair->max_deviation_ns = (t1 - t0 + 1) / 2;
-        pair->method           = GGML_VK_CLOCK_FENCE;
+        pair->resolution_ns    = 0;
+        pair->method           = GGML_GPU_CLOCK_FENCE;
         return 0;
     } catch (const std::exception &) {
         return -1;

@@ -39,7 +39,7 @@ struct vk_instr_prof {
     const ggml_tensor *                last_node{};  // the last op recorded into the buffer marked last
     int32_t                            last_n_fused{};
     bool                               ops_begun{};  // the buffer marked last has its OPS_BEGIN mark
-    vk::QueryPool                      pair_pool;    // GGML_VK_CLOCK_FENCE
+    vk::QueryPool                      pair_pool;    // GGML_GPU_CLOCK_FENCE
     vk::Fence                          pair_fence;
     vk_buffer                          readback;     // host-visible: the reads' bytes (ggml_vk_profiler::read)
     std::vector<vk_instr_read>         pending;      // reads not copied yet (reserved: not allocated while recording)

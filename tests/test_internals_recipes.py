@@ -227,3 +227,19 @@ def test_the_patch_list_names_every_patch_of_the_series() -> None:
         if line and not line.startswith("#")
     ]
     assert listed == series
+
+
+def test_every_gpu_timer_has_the_shape_of_the_marks_header() -> None:
+    """A backend whose timer puts device marks on the host's clock (its header names a clock
+    pair) includes the shared header the recipe names and declares no clock pair of its own."""
+    items = recipe("Add a backend's op timer")
+    shared = named(items, "ggml-gpu-marks-instr.h")
+    assert re.search(r"struct ggml_gpu_clock_pair\b", shared.read_text())
+    headers = made_as(items, "ggml-<backend>-instr.h")
+    gpus = [h for h in headers if "_clock_pair" in h.read_text() and h != shared]
+    assert {h.name for h in gpus} >= {"ggml-cuda-instr.h", "ggml-vulkan-instr.h"}
+    for h in gpus:
+        text = h.read_text()
+        assert f'#include "{shared.name}"' in text, f"{h.name} does not include {shared.name}"
+        assert not re.search(r"struct ggml_\w+_clock_pair\s*\{", text), f"{h.name} has its own pair"
+        assert not re.search(r"typedef \w+ \(\*ggml_backend_\w+_clock_pair_t\)", text), h.name

@@ -10,6 +10,7 @@
 #include "check.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
+#include "ggml-vulkan-instr.h"
 #include "ggml-vulkan.h"
 #include "ggml.h"
 
@@ -78,10 +79,10 @@ int main() {
     p.reads_cap                         = (int32_t) reads.size();
     p.readback                          = readback.data();
     p.readback_cap                      = readback.size();
-    CHECK(set_profiler(vk, &p));
+    CHECK(set_profiler(vk, &p) == 0);
     CHECK(ggml_backend_graph_compute(vk, gf) == GGML_STATUS_SUCCESS);
     ggml_backend_synchronize(vk);
-    CHECK(collect(vk, &p) == 0);
+    CHECK(collect(vk, &p, 0, p.n_marks) == 0);
     set_profiler(vk, nullptr);
     CHECK(p.n_lost > 0);  // the buffer did fill up
 

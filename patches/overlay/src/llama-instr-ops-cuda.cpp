@@ -41,7 +41,7 @@ class cuda_op_timer final : public op_timer {
                   int32_t                              device,
                   ggml_backend_cuda_set_profiler_t     set_profiler,
                   ggml_backend_cuda_profiler_collect_t collect_marks,
-                  ggml_backend_cuda_clock_pair_t       clock_pair) :
+                  ggml_backend_gpu_clock_pair_t        clock_pair) :
         op_timer(backend, device),
         set_profiler(set_profiler),
         collect_marks(collect_marks),
@@ -126,7 +126,7 @@ class cuda_op_timer final : public op_timer {
         if (collect_marks(backend, &prof, q.begin, q.end) != 0 || !calibrate()) {
             return count_ops(q.begin, q.end);  // no device time read, or none on the host clock
         }
-        st.p_clocks.push_back({ device, CLOCK_METHOD_GLOBALTIMER, uncertainty });
+        st.p_clocks.push_back({ device, pair.method, uncertainty });
         copies.clear();
         const bool    detailed = st.level >= LLAMA_INSTR_LEVEL_DETAILED;
         const size_t  op_begin = st.p_ops.size();
@@ -143,8 +143,6 @@ class cuda_op_timer final : public op_timer {
         }
         return n_lost;
     }
-
-    static constexpr int32_t CLOCK_METHOD_GLOBALTIMER = 3;  // clock_rec::method
 
   private:
     // a compute's marks, read in finish
@@ -217,8 +215,8 @@ class cuda_op_timer final : public op_timer {
     bool calibrate() {
         const int64_t now = now_ns();
         if (!have_pair || now - pair.host_ns >= CLOCK_PAIR_MAX_AGE) {
-            ggml_cuda_clock_pair p = {};
-            if (clock_pair(backend, host_now, &p) == 0) {
+            ggml_gpu_clock_pair p = {};
+            if (clock_pair(backend, GGML_GPU_CLOCK_ANY, host_now, &p) == 0) {
                 pair      = p;
                 have_pair = true;
             }
@@ -229,13 +227,13 @@ class cuda_op_timer final : public op_timer {
         // the pair's own error, the timer's step, and the drift since it was taken
         uncertainty = pair.max_deviation_ns + pair.resolution_ns +
                       (int64_t) (CLOCK_DRIFT * (double) std::max<int64_t>(0, now - pair.host_ns));
-        offset = pair.host_ns - (int64_t) pair.device_ns;
+        offset = pair.host_ns - (int64_t) pair.device_time;
         return true;
     }
 
     const ggml_backend_cuda_set_profiler_t     set_profiler;
     const ggml_backend_cuda_profiler_collect_t collect_marks;
-    const ggml_backend_cuda_clock_pair_t       clock_pair;
+    const ggml_backend_gpu_clock_pair_t        clock_pair;
 
     ggml_cuda_profiler                  prof = {};
     std::vector<ggml_cuda_profile_mark> marks;
@@ -248,10 +246,10 @@ class cuda_op_timer final : public op_timer {
     node_map                            nodes;
     ctx_state *                         want_st = nullptr;
 
-    ggml_cuda_clock_pair pair        = {};
-    bool                 have_pair   = false;
-    int64_t              offset      = 0;  // host ns - device ns
-    int64_t              uncertainty = 0;
+    ggml_gpu_clock_pair pair        = {};
+    bool                have_pair   = false;
+    int64_t             offset      = 0;  // host ns - device ns
+    int64_t             uncertainty = 0;
 };
 
 }  // namespace
@@ -264,7 +262,7 @@ std::unique_ptr<op_timer> llama_instr::make_cuda_op_timer(ggml_backend_t     bac
     auto collect_marks = (ggml_backend_cuda_profiler_collect_t) ggml_backend_reg_get_proc_address(
         reg, "ggml_backend_cuda_profiler_collect");
     auto clock_pair =
-        (ggml_backend_cuda_clock_pair_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_cuda_clock_pair");
+        (ggml_backend_gpu_clock_pair_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_cuda_clock_pair");
     if (!set_profiler || !collect_marks || !clock_pair) {
         return nullptr;
     }

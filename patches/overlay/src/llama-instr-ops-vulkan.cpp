@@ -13,7 +13,7 @@
 // op, summed in the experts record's `read_dur`; with the device's ops untimed
 // (LLAMA_INSTR_DEVICE_TIMING=0) only the copies and the marks they need are recorded.
 
-#include "ggml-vulkan.h"
+#include "ggml-vulkan-instr.h"
 #include "llama-instr-env.h"
 #include "llama-instr-experts.h"
 #include "llama-instr-ops.h"
@@ -36,7 +36,7 @@ class vk_op_timer final : public op_timer {
                 int32_t                            device,
                 ggml_backend_vk_set_profiler_t     set_profiler,
                 ggml_backend_vk_profiler_collect_t collect_marks,
-                ggml_backend_vk_clock_pair_t       clock_pair) :
+                ggml_backend_gpu_clock_pair_t      clock_pair) :
         op_timer(backend, device),
         set_profiler(set_profiler),
         collect_marks(collect_marks),
@@ -51,7 +51,7 @@ class vk_op_timer final : public op_timer {
         // own marks, and the marks every command buffer has, but no op's.
         const device_env env = env_device(st.epoch);
         timed                = env.timing;
-        method               = env.clock_fence ? GGML_VK_CLOCK_FENCE : 0;
+        method               = env.clock_fence ? GGML_GPU_CLOCK_FENCE : GGML_GPU_CLOCK_ANY;
         // a mark per op, one per read and three per command buffer, a buffer with an op at least
         // (or none: copies): room for a buffer per op, and then some
         const size_t n       = (size_t) ggml_graph_n_nodes(const_cast<ggml_cgraph *>(gf));
@@ -75,7 +75,7 @@ class vk_op_timer final : public op_timer {
         if (!timed && !experts) {
             return false;
         }
-        return set_profiler(backend, &prof);
+        return set_profiler(backend, &prof) == 0;
     }
 
     void disarm() noexcept override { set_profiler(backend, nullptr); }
@@ -85,7 +85,7 @@ class vk_op_timer final : public op_timer {
         if (n == 0) {
             return prof.n_lost;  // nothing ran on the device in this compute
         }
-        if (collect_marks(backend, &prof) != 0) {
+        if (collect_marks(backend, &prof, 0, n) != 0) {
             return n + prof.n_lost + prof.n_reads_lost;  // no device time read
         }
         collect_routing(st, n);
@@ -348,12 +348,13 @@ class vk_op_timer final : public op_timer {
     // a clock pair for this collect (the backend is idle); false if none could be taken
     bool calibrate() {
         const int64_t now = now_ns();
-        if (have_pair && pair.method == GGML_VK_CLOCK_FENCE && now - pair.host_ns < FENCE_PAIR_MAX_AGE) {
+        if (have_pair && pair.method == GGML_GPU_CLOCK_FENCE && now - pair.host_ns < FENCE_PAIR_MAX_AGE) {
             uncertainty = pair.max_deviation_ns + (int64_t) (CLOCK_DRIFT * (double) (now - pair.host_ns));
             return true;
         }
-        ggml_vk_clock_pair p = {};
-        if (clock_pair(backend, method, &p) != 0) {
+        ggml_gpu_clock_pair p = {};
+        // on CLOCK_MONOTONIC (now_ns's clock), where the driver's calibration is open to it
+        if (clock_pair(backend, method, nullptr, &p) != 0) {
             return have_pair && calibrate_stale(now);
         }
         pair        = p;
@@ -372,7 +373,7 @@ class vk_op_timer final : public op_timer {
     int64_t to_host(uint64_t ticks) const {
         const int      bits = std::clamp(prof.valid_bits, 1, 64);
         const uint64_t mask = bits >= 64 ? ~0ull : (1ull << bits) - 1;
-        uint64_t       d    = (ticks - pair.device_ticks) & mask;
+        uint64_t       d    = (ticks - pair.device_time) & mask;
         int64_t        dt   = (int64_t) d;
         if (bits < 64 && (d >> (bits - 1)) != 0) {
             dt = (int64_t) d - (int64_t) (1ull << bits);  // before the pair
@@ -382,8 +383,8 @@ class vk_op_timer final : public op_timer {
 
     const ggml_backend_vk_set_profiler_t     set_profiler;
     const ggml_backend_vk_profiler_collect_t collect_marks;
-    const ggml_backend_vk_clock_pair_t       clock_pair;
-    int32_t                                  method = 0;     // enum ggml_vk_clock_method, 0 = the best there is
+    const ggml_backend_gpu_clock_pair_t      clock_pair;
+    int32_t                                  method = GGML_GPU_CLOCK_ANY;  // enum ggml_gpu_clock_method
     bool                                     timed  = true;  // LLAMA_INSTR_DEVICE_TIMING (else routing only)
 
     ggml_vk_profiler                  prof = {};
@@ -402,9 +403,9 @@ class vk_op_timer final : public op_timer {
     size_t               want_k        = 0;
     node_map             want_nodes;
 
-    ggml_vk_clock_pair pair        = {};
-    bool               have_pair   = false;
-    int64_t            uncertainty = 0;
+    ggml_gpu_clock_pair pair        = {};
+    bool                have_pair   = false;
+    int64_t             uncertainty = 0;
 };
 
 }  // namespace
@@ -417,7 +418,7 @@ std::unique_ptr<op_timer> llama_instr::make_vk_op_timer(ggml_backend_t     backe
     auto collect_marks =
         (ggml_backend_vk_profiler_collect_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_vk_profiler_collect");
     auto clock_pair =
-        (ggml_backend_vk_clock_pair_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_vk_clock_pair");
+        (ggml_backend_gpu_clock_pair_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_vk_clock_pair");
     if (!set_profiler || !collect_marks || !clock_pair) {
         return nullptr;
     }

@@ -87,6 +87,10 @@ bool start_flusher_locked(session & s) noexcept;
 // The state of ctx in the registry, created on first use (with S().mtx held).
 ctx_state & state_locked(session & s, const llama_context * ctx);
 
+// ctx's state taken out of the registry (null: it has none), to be freed after the lock is
+// released; every thread's cached lookup is invalidated (with S().mtx held).
+std::unique_ptr<ctx_state> ctx_forget_locked(session & s, const llama_context * ctx);
+
 // st joins the open session: a new id (the one reserved for it by session_begin, if any), and its
 // current graph announced again under a new id. Only on the thread that decodes st's context,
 // which reads these fields without the lock (with S().mtx held).

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
@@ -886,5 +887,28 @@ int32_t llama_instr_set_seq_request(llama_context * ctx, int32_t seq, const char
         return LLAMA_INSTR_OK;
     } catch (...) {
         return LLAMA_INSTR_ERR_INTERNAL;
+    }
+}
+
+//
+// the hook that ends a context's state: what its host did after its last step, and llama.cpp's
+// counters of its decoding (as the session's end writes them for the contexts still alive)
+//
+
+void llama_instr_context_free(const llama_context * ctx) {
+    try {
+        auto &                      s = S();
+        std::unique_ptr<ctx_state>  dead;  // freed after the lock is released
+        std::lock_guard<std::mutex> lock(s.mtx);
+        dead = ctx_forget_locked(s, ctx);
+        std::string line;
+        if (dead && s.log.fp && host_record(*dead, s.epoch, line)) {
+            s.log.emit(line);
+        }
+        if (dead && s.log.fp && perf_record(ctx, *dead, s.epoch, true, line)) {
+            s.log.emit(line);
+        }
+    } catch (...) {
+        // nothing to report to: the context is going away
     }
 }

@@ -5,7 +5,8 @@
 // chain's samplers one by one (llama-sampler.cpp's hooks), the grammar and the candidates apart
 // (common/sampling.cpp, through llama-instr.h), and the program's own work (llama-server's
 // detokenizing, stop checks, responses and batch). Every part is summed per sequence and per
-// name in the context's window, which the context's next step (or the session's end) writes.
+// name in the context's window, which the context's next step writes, or its free (the hook
+// llama_instr_context_free, in llama-instr-sampling.cpp) or the session's end.
 
 #include "llama.h"
 

@@ -379,34 +379,15 @@ void hook_failed(uint64_t epoch, const char * hook) noexcept {
     }
 }
 
-}  // namespace llama_instr
-
-using namespace llama_instr;
-
-//
-// the hook that ends a context's state
-//
-
-void llama_instr_context_free(const llama_context * ctx) {
-    try {
-        auto &                      s = S();
-        std::unique_ptr<ctx_state>  dead;
-        std::lock_guard<std::mutex> lock(s.mtx);
-        auto                        it = s.ctxs.find(ctx);
-        if (it != s.ctxs.end()) {
-            dead = std::move(it->second);  // freed after the lock is released
-            s.ctxs.erase(it);
-            g_ctx_frees.fetch_add(1, std::memory_order_release);
-            // what its host did after its last step, and llama.cpp's counters of its decoding
-            std::string line;
-            if (s.log.fp && host_record(*dead, s.epoch, line)) {
-                s.log.emit(line);
-            }
-            if (s.log.fp && perf_record(ctx, *dead, s.epoch, true, line)) {
-                s.log.emit(line);
-            }
-        }
-    } catch (...) {
-        // nothing to report to: the context is going away
+std::unique_ptr<ctx_state> ctx_forget_locked(session & s, const llama_context * ctx) {
+    auto it = s.ctxs.find(ctx);
+    if (it == s.ctxs.end()) {
+        return nullptr;
     }
+    std::unique_ptr<ctx_state> dead = std::move(it->second);
+    s.ctxs.erase(it);
+    g_ctx_frees.fetch_add(1, std::memory_order_release);
+    return dead;
 }
+
+}  // namespace llama_instr

@@ -64,8 +64,8 @@ struct busy_rec {
 // how a device's timestamps were put on the host clock for a compute
 struct clock_rec {
     int32_t device;
-    int32_t method;       // 1: the driver's calibration (VK_EXT_calibrated_timestamps), 2: a fenced timestamp,
-                          // 3: a CUDA kernel's %globaltimer answering the host through mapped memory
+    int32_t method;       // enum ggml_gpu_clock_method (ggml-gpu-marks-instr.h): the driver's calibration,
+                          // a fenced timestamp, or a CUDA kernel's %globaltimer answering the host
     int64_t uncertainty;  // ns, +-
 };
 

@@ -2,6 +2,7 @@
 
 #include "ggml-backend-instr.h"
 #include "ggml-backend.h"
+#include "ggml-gpu-marks-instr.h"
 #include "llama-context.h"
 #include "llama-instr-env.h"
 #include "llama-instr-hooks.h"
@@ -143,7 +144,9 @@ void write_clocks(json_out & j, const ctx_state & st, const compute_rec & c) {
             j.ch('[');
             j.i64(r.device);
             j.ch(',');
-            j.str(r.method == 1 ? "calibrated" : r.method == 3 ? "globaltimer" : "fence");
+            j.str(r.method == GGML_GPU_CLOCK_CALIBRATED ? "calibrated" :
+                  r.method == GGML_GPU_CLOCK_KERNEL     ? "globaltimer" :
+                                                          "fence");
             j.ch(',');
             j.i64(r.uncertainty);
             j.ch(']');

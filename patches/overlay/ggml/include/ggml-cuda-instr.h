@@ -1,6 +1,7 @@
 #pragma once
 
 #include "ggml-backend.h"
+#include "ggml-gpu-marks-instr.h"
 #include "ggml.h"
 
 #ifdef __cplusplus
@@ -9,8 +10,8 @@ extern "C" {
 
 // Device timing for the CUDA backend (llamacpp-instr), reached through the registry's proc
 // addresses "ggml_backend_cuda_set_profiler", "ggml_backend_cuda_profiler_collect" and
-// "ggml_backend_cuda_clock_pair". Declared here, not in ggml-cuda.h, so that llama.cpp's own
-// headers stay as they are.
+// "ggml_backend_cuda_clock_pair", of the shape the GPU backends share (ggml-gpu-marks-instr.h).
+// Declared here, not in ggml-cuda.h, so that llama.cpp's own headers stay as they are.
 //
 // While a profiler is set on a CUDA backend, each mark launches a one-thread kernel that writes
 // the device's %globaltimer (ns) when it runs: before each op that `want` selects, after each
@@ -94,21 +95,10 @@ typedef int (*ggml_backend_cuda_profiler_collect_t)(ggml_backend_t              
                                                     int32_t                     begin,
                                                     int32_t                     end);
 
-// The device's %globaltimer and the caller's clock (`now`, ns) at the same instant, within
-// +-max_deviation_ns: a one-thread kernel on a stream of its own answers the host through mapped
-// host memory, the best of a few round trips. `resolution_ns` is the timer's step as the kernel
-// saw it. Best called with the backend idle: the kernel must find a free multiprocessor within
-// 50 ms. 0 = ok, -1 = no answer.
-struct ggml_cuda_clock_pair {
-    uint64_t device_ns;
-    int64_t  host_ns;
-    int64_t  max_deviation_ns;
-    int64_t  resolution_ns;
-};
-
-typedef int (*ggml_backend_cuda_clock_pair_t)(ggml_backend_t backend,
-                                              int64_t (*now)(void),
-                                              struct ggml_cuda_clock_pair * pair);
+// The clock pair (ggml_backend_gpu_clock_pair_t): the device's %globaltimer (ns) and the host's
+// clock at the same instant, by GGML_GPU_CLOCK_KERNEL: a one-thread kernel on a stream of its own
+// answers the host through mapped host memory, the best of a few round trips; `resolution_ns` is
+// the timer's step as the kernel saw it. The kernel must find a free multiprocessor within 50 ms.
 
 #ifdef __cplusplus
 }

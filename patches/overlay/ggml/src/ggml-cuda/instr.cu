@@ -2,6 +2,7 @@
 #include "instr.cuh"
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -434,9 +435,21 @@ static __global__ void ggml_cuda_instr_clock(volatile uint32_t * flag, volatile 
     }
 }
 
-int ggml_backend_cuda_clock_pair(ggml_backend_t backend, int64_t (*now)(void), ggml_cuda_clock_pair * pair) {
-    if (!ggml_backend_is_cuda(backend) || !now || !pair) {
+// the host clock a clock pair is on when the caller names none
+static int64_t ggml_cuda_instr_monotonic_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+int ggml_backend_cuda_clock_pair(ggml_backend_t backend,
+                                 int32_t        method,
+                                 int64_t (*now)(void),
+                                 ggml_gpu_clock_pair * pair) {
+    if (!ggml_backend_is_cuda(backend) || !pair || (method != GGML_GPU_CLOCK_ANY && method != GGML_GPU_CLOCK_KERNEL)) {
         return -1;
+    }
+    if (!now) {
+        now = ggml_cuda_instr_monotonic_ns;
     }
     ggml_backend_cuda_context * ctx = (ggml_backend_cuda_context *) backend->context;
     if (!ctx->instr) {
@@ -487,7 +500,7 @@ int ggml_backend_cuda_clock_pair(ggml_backend_t backend, int64_t (*now)(void), g
         std::atomic_thread_fence(std::memory_order_seq_cst);
         const int64_t dev = (t1 - t0 + 1) / 2;
         if (!have || dev < pair->max_deviation_ns) {
-            pair->device_ns        = s->clock_out[r];
+            pair->device_time      = s->clock_out[r];
             pair->host_ns          = t0 + (t1 - t0) / 2;
             pair->max_deviation_ns = dev;
             have                   = true;
@@ -497,5 +510,6 @@ int ggml_backend_cuda_clock_pair(ggml_backend_t backend, int64_t (*now)(void), g
     std::atomic_thread_fence(std::memory_order_seq_cst);
     CUDA_CHECK(cudaStreamSynchronize(s->clock_stream));
     pair->resolution_ns = have ? (int64_t) s->clock_out[GGML_CUDA_INSTR_CLOCK_ROUNDS] : 0;
+    pair->method        = GGML_GPU_CLOCK_KERNEL;
     return have ? 0 : -1;
 }

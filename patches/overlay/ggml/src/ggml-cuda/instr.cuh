@@ -59,4 +59,7 @@ int ggml_backend_cuda_profiler_collect(ggml_backend_t       backend,
                                        ggml_cuda_profiler * profiler,
                                        int32_t              begin,
                                        int32_t              end);
-int ggml_backend_cuda_clock_pair(ggml_backend_t backend, int64_t (*now)(void), ggml_cuda_clock_pair * pair);
+int ggml_backend_cuda_clock_pair(ggml_backend_t backend,
+                                 int32_t        method,
+                                 int64_t (*now)(void),
+                                 ggml_gpu_clock_pair * pair);

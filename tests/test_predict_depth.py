@@ -296,9 +296,9 @@ def test_the_probe_takes_what_a_run_at_depth_takes(instr_api: Any, deep_model: P
     import llama_cpp
 
     from llamacpp_instr.converters import load_session
-    from llamacpp_instr.deciding.prediction import kv_probe
     from llamacpp_instr.deciding.prediction.op_costs import role
     from llamacpp_instr.running import api
+    from llamacpp_instr.running.probes import kv_probe
 
     devs = {d["name"]: d["index"] for d in instr_api.machine_info()["devices"]}
     weights = deep_model.stat().st_size

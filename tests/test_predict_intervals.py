@@ -399,7 +399,7 @@ def test_a_shape_probed_before_weighs_by_the_graph_at_hand(monkeypatch: pytest.M
     (100 and 300)."""
     from types import SimpleNamespace
 
-    from llamacpp_instr.deciding.prediction import gemv_probe
+    from llamacpp_instr.running.probes import gemv_probe
 
     a, b, c = ("f32", 256, 512), ("f32", 512, 256), ("f32", 256, 128)
     sizes = {"first": {a: 100, b: 300}, "second": {a: 300, b: 90, c: 10}}
@@ -432,11 +432,12 @@ def test_a_generated_tokens_matmul_moves_by_the_probe_of_its_shape(
     such matmul takes its shape's measured time at 2 over its time at 1 of its time beyond its
     class's fixed cost, 256x128 the bytes-weighted mean of the F32 shapes probed; the peaks'
     one-column matmul (F32: 50 GFLOP/s at 2, 30 at 1) prices nothing that was probed."""
-    from llamacpp_instr.deciding.prediction import gemv_probe, op_threads
+    from llamacpp_instr.deciding.prediction import op_threads
     from llamacpp_instr.deciding.prediction.op_costs import GraphCosts, Where, rows
     from llamacpp_instr.deciding.prediction.op_fit import fit
     from llamacpp_instr.deciding.prediction.predict import load_session
     from llamacpp_instr.deciding.prediction.thread_scale import CpuPeaks
+    from llamacpp_instr.running.probes import gemv_probe
 
     monkeypatch.setattr(gemv_probe, "_MEASURED", {})  # (nothing this process measured)
     sf = load_session(FIXTURES / "tiny-llama-detailed.log.gz")

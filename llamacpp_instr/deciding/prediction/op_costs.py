@@ -51,8 +51,9 @@ import numpy as np
 
 from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
 from llamacpp_instr.converters.session import derive
-from llamacpp_instr.deciding.prediction import gemv_probe, kv_costs, split_costs
+from llamacpp_instr.deciding.prediction import kv_costs, split_costs
 from llamacpp_instr.deciding.prediction.thread_scale import ThreadScale, split_units
+from llamacpp_instr.running.probes import gemv_probe
 
 _LAYER_SUFFIX = re.compile(r"-\d+$")
 

@@ -55,14 +55,7 @@ from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.analysis import contention
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
 from llamacpp_instr.converters.reading.decode.graphs import graph_table
-from llamacpp_instr.deciding.prediction import (
-    gemv_probe,
-    kv_probe,
-    net_costs,
-    op_fit,
-    op_threads,
-    split_costs,
-)
+from llamacpp_instr.deciding.prediction import net_costs, op_fit, op_threads, split_costs
 from llamacpp_instr.deciding.prediction.intervals import Interval, interval
 from llamacpp_instr.deciding.prediction.kv_costs import (
     FLASH,
@@ -74,6 +67,7 @@ from llamacpp_instr.deciding.prediction.kv_costs import (
 from llamacpp_instr.deciding.prediction.op_costs import CostModel, GraphCosts, Where
 from llamacpp_instr.native import bindings
 from llamacpp_instr.running import context_defaults, devices, offload, runner
+from llamacpp_instr.running.probes import gemv_probe, kv_probe
 from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
 # the peaks of two thread counts measured further apart than this (s) are said to be: their

@@ -29,7 +29,7 @@ from typing import Any
 
 from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
 from llamacpp_instr.converters.session import derive
-from llamacpp_instr.deciding.prediction.kv_probe import PROBE_BYTES
+from llamacpp_instr.running.probes.kv_probe import PROBE_BYTES
 
 RUNS = 8  # computes a probe times at each count, in turn (after one untimed each): the fastest
 # at each counts (a neighbour's burst slows a run, nothing speeds one)
@@ -164,7 +164,7 @@ class GemvProbe:
 def for_logs(machines: list[dict[str, Any] | None], source: int, target: int) -> GemvProbe | None:
     """The probe of this machine's CPU at ``source`` and ``target`` threads, None where this
     machine is not the one every log names (``machines``: their ``session_start.machine``)."""
-    from llamacpp_instr.deciding.prediction import kv_probe
+    from llamacpp_instr.running.probes import kv_probe
 
     found = kv_probe.this_machine(machines)
     if found is None:

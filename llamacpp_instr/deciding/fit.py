@@ -75,8 +75,8 @@ def context_params(cfg: runner.RunConfig) -> Any:
     p.embeddings = False
     p.offload_kqv = True
     p.flash_attn_type = context_defaults.flash_attn_type(cfg.flash_attn)
-    p.type_k = runner.kv_type_id(cfg.type_k)
-    p.type_v = runner.kv_type_id(cfg.type_v)
+    p.type_k = context_defaults.kv_type_id(cfg.type_k)
+    p.type_v = context_defaults.kv_type_id(cfg.type_v)
     p.no_perf = False
     return p
 

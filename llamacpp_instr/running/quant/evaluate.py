@@ -117,10 +117,9 @@ Progress = Callable[[int, int, int, int, Path], None]
 
 
 def default_text() -> Path:
-    """The bundled public-domain text: the Book of Genesis, King James Version."""
-    import llamacpp_instr
-
-    return Path(llamacpp_instr.__file__).parent / "data" / "kjv-genesis.txt"
+    """The bundled public-domain text: the Book of Genesis, King James Version (the package's
+    ``data/``, two folders above this module's)."""
+    return Path(__file__).resolve().parents[2] / "data" / "kjv-genesis.txt"
 
 
 def read_text(path: Path) -> bytes:
@@ -173,7 +172,7 @@ class _Model:
     ) -> None:
         """A context of one chunk with the KV cache types ``kv`` (K, V) and flash attention on,
         off or llama.cpp's auto (None)."""
-        from llamacpp_instr.running.runner import kv_type_id
+        from llamacpp_instr.running.context_defaults import flash_attn_type, kv_type_id
 
         lc = self.lc
         ctx = self.n_ctx
@@ -185,12 +184,7 @@ class _Model:
         p.n_threads = threads
         p.n_threads_batch = threads
         p.type_k, p.type_v = kv_type_id(kv[0]), kv_type_id(kv[1])
-        if flash_attn is not None:
-            p.flash_attn_type = (
-                lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
-                if flash_attn
-                else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            )
+        p.flash_attn_type = flash_attn_type(flash_attn)
         self.kv = kv
         self.ctx = lc.llama_init_from_model(self.model, p)
         if not self.ctx:
@@ -283,18 +277,9 @@ class KvCache:
         return self.types != ("f16", "f16")
 
     def check(self) -> None:
-        from llamacpp_instr.running.memory_budget import KV_TYPES
+        from llamacpp_instr.running.context_defaults import check_kv
 
-        for name in self.types:
-            if name not in KV_TYPES:
-                raise UserError(
-                    f"unknown KV cache type {name!r}: choose one of {', '.join(KV_TYPES)}"
-                )
-        if self.type_v not in ("f32", "f16", "bf16") and self.flash_attn is False:
-            raise UserError(
-                f"a {self.type_v} V cache needs flash attention: drop --no-flash-attn "
-                "(or give --flash-attn)"
-            )
+        check_kv(self.type_k, self.type_v, self.flash_attn)
 
 
 def _load(

@@ -59,13 +59,14 @@ def test_reserved_graphs_are_the_graphs_the_run_computed(
     """llama_instr_graph_reserve, on the model loaded without weights, builds node for node the
     graph the run computed for the same ubatch and KV size (its graph records)."""
     from llamacpp_instr.deciding.prediction import predict
+    from llamacpp_instr.running.measuring import ThisMachine
 
     sf = predict.load_session(tiny_detailed.path)
     target = predict.default_target(sf, None)
     run_graphs = tiny_detailed.of("graph")
     assert {g["n_tokens"] for g in run_graphs} >= {1}  # a generation graph, and a prompt's
     assert any(g["n_tokens"] > 1 for g in run_graphs)
-    builder = predict.GraphBuilder(target)
+    builder = predict.GraphBuilder(target, ThisMachine())
     try:
         for g in run_graphs:
             # a short run reads the KV cache's first 256 cells (the pin pads n_kv to 256)
@@ -530,7 +531,8 @@ from llamacpp_instr.deciding.prediction import split_costs
 log, model = sys.argv[1:3]
 t = predict.default_target(predict.load_session(Path(log)), Path(model))
 t = replace(t, offload=offload.Offload(gpu_layers=0))
-b = predict.GraphBuilder(t)
+from llamacpp_instr.running.measuring import ThisMachine
+b = predict.GraphBuilder(t, ThisMachine())
 (n, kv), = predict.computes(t)[0]
 gc, devs = b.graph(n, kv)
 held = b.holders(n, kv)
@@ -742,6 +744,7 @@ def test_another_prompt_size_is_priced_on_each_class_line(instr_api: Any, tmp_pa
     from llamacpp_instr.deciding.prediction import predict
     from llamacpp_instr.deciding.prediction.op_costs import GraphCosts, Where
     from llamacpp_instr.deciding.prediction.op_fit import fit
+    from llamacpp_instr.running.measuring import ThisMachine
 
     log, model_path = _fixture_model(tmp_path)
     recs = read_log(log)
@@ -770,7 +773,7 @@ def test_another_prompt_size_is_priced_on_each_class_line(instr_api: Any, tmp_pa
 
     logged = {gid: GraphCosts.of(g) for gid, g in sf.graphs.items()}
     target = replace(predict.default_target(sf, model_path), n_prompt=20)
-    builder = predict.GraphBuilder(target)
+    builder = predict.GraphBuilder(target, ThisMachine())
     try:
         gc, devices = builder.graph(20, 256)
     finally:

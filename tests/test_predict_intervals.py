@@ -108,10 +108,13 @@ def _said(log: Path, others: list[Path]) -> dict[str, float]:
     """What predict says of ``log``'s own setting from ``others`` (the graphs llama.cpp builds),
     as the natural log of the measured time over the predicted: the held-out residual."""
     from llamacpp_instr.deciding.prediction import predict
+    from llamacpp_instr.running.measuring import ThisMachine
 
     sessions = [predict.load_session(p) for p in others]
     sf = predict.load_session(log)
-    p = predict.price(predict.default_target(sf, None), predict.fit(sessions), sessions, [])
+    machine = ThisMachine()
+    target = predict.default_target(sf, None)
+    p = predict.price(target, predict.fit(sessions, machine=machine), sessions, [], machine)
     m = predict.measured(sf)
     out = {}
     for kind, iv in (("prompt", p.prompt), ("gen", p.gen)):
@@ -129,10 +132,11 @@ def test_the_held_out_residuals_are_what_predict_says(
     mean square. A log at a thread count the others did not run goes to the residuals across
     thread counts, priced from the others' with the peaks of both counts (none without them)."""
     from llamacpp_instr.deciding.prediction import predict
+    from llamacpp_instr.running.measuring import ThisMachine
 
     monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path))
     a, b, one = twins
-    model = predict.fit([predict.load_session(p) for p in (a, b)])
+    model = predict.fit([predict.load_session(p) for p in (a, b)], machine=ThisMachine())
     said = [_said(a, [b]), _said(b, [a])]
     for kind in ("prompt", "gen"):
         assert model.held_out[kind] == pytest.approx([s[kind] for s in said], rel=1e-6, abs=1e-9)
@@ -150,10 +154,10 @@ def test_the_held_out_residuals_are_what_predict_says(
         assert iv["low"] == pytest.approx(iv["value"] * math.exp(-half), rel=1e-6)
         assert iv["high"] == pytest.approx(iv["value"] * math.exp(half), rel=1e-6)
 
-    across = predict.fit([predict.load_session(p) for p in (a, one)])
+    across = predict.fit([predict.load_session(p) for p in (a, one)], machine=ThisMachine())
     assert across.held_out == {} and across.held_out_threads == {}  # no peaks
     write_peaks(tmp_path, a, PEAKS)
-    across = predict.fit([predict.load_session(p) for p in (a, one)])
+    across = predict.fit([predict.load_session(p) for p in (a, one)], machine=ThisMachine())
     assert across.held_out == {}
     said = [_said(a, [one]), _said(one, [a])]
     for kind in ("prompt", "gen"):

@@ -49,11 +49,11 @@ from typing import Any
 
 import numpy as np
 
+from llamacpp_instr.converters.analysis.probe_shapes import weight_shape
 from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
 from llamacpp_instr.converters.session import derive
 from llamacpp_instr.deciding.prediction import kv_costs, split_costs
 from llamacpp_instr.deciding.prediction.thread_scale import ThreadScale, split_units
-from llamacpp_instr.running.probes import gemv_probe
 
 _LAYER_SUFFIX = re.compile(r"-\d+$")
 
@@ -401,7 +401,7 @@ class CostModel:
                 columns = rows(gc.graph.nodes[k], gc.graph) if weight else 0
                 time, what = scale.time(
                     out[k] - fixed, float(n_bytes[0]), weight, rol, int(gc.units[k]), columns,
-                    gemv_probe.shape_of(gc.graph.nodes[k], gc.graph) if columns == 1 else None,
+                    weight_shape(gc.graph.nodes[k], gc.graph) if columns == 1 else None,
                 )  # fmt: skip
                 out[k] = fixed + time
                 if bound is not None:

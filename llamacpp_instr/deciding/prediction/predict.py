@@ -1,7 +1,7 @@
 """Tokens/s for a setting not run (``instr predict``), priced op by op from runs that were.
 
-The new setting's graphs are built for real: the model is loaded without its weights (``fit``'s
-``Prober``, no_alloc), a context is made at each KV size the run would reach, and llama.cpp builds
+The new setting's graphs are built for real, by the machine the caller hands in
+(``deciding.measures.Machine``): the model is loaded without its weights (its ``Meter``, no_alloc), a context is made at each KV size the run would reach, and llama.cpp builds
 and ggml's scheduler splits the graph of each ubatch it would compute
 (``llama_instr_graph_reserve``), never computing it. Each node is then priced by the cost model
 the logs' measured ops give (``converters.analysis.op_costs``), each ubatch's compute adds the host
@@ -43,7 +43,6 @@ logs that offloaded the output layer), is priced from that kind and listed in
 
 from __future__ import annotations
 
-import ctypes
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -54,7 +53,9 @@ import numpy as np
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.analysis import contention
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
+from llamacpp_instr.converters.analysis.probe_shapes import attention_shape
 from llamacpp_instr.converters.reading.decode.graphs import graph_table
+from llamacpp_instr.deciding.measures import Machine, Meter
 from llamacpp_instr.deciding.prediction import net_costs, op_fit, op_threads, split_costs
 from llamacpp_instr.deciding.prediction.intervals import Interval, interval
 from llamacpp_instr.deciding.prediction.kv_costs import (
@@ -65,9 +66,8 @@ from llamacpp_instr.deciding.prediction.kv_costs import (
     visible_cells,
 )
 from llamacpp_instr.deciding.prediction.op_costs import CostModel, GraphCosts, Where
-from llamacpp_instr.native import bindings
-from llamacpp_instr.running import context_defaults, devices, offload, runner
-from llamacpp_instr.running.probes import gemv_probe, kv_probe
+from llamacpp_instr.running import context_defaults, devices, offload
+from llamacpp_instr.running.run_config import RunConfig
 from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
 # the peaks of two thread counts measured further apart than this (s) are said to be: their
@@ -278,38 +278,28 @@ def compute_cells(t: Target) -> tuple[list[int], list[int]]:
 
 
 class GraphBuilder:
-    """The target's graphs, built by llama.cpp without weights, one per (n_tokens, n_kv)."""
+    """The target's graphs, built by llama.cpp without weights on ``machine``, one per (n_tokens,
+    n_kv); the logs' RPC servers stood in for where the target names none."""
 
-    def __init__(self, t: Target) -> None:
+    def __init__(self, t: Target, machine: Machine) -> None:
         from llama_cpp import _logger
 
-        from llamacpp_instr.deciding.fit import Prober
-
         _logger.set_verbose(False)
-        bindings.load()
-        names = [d.name for d in devices.registry()]
-        placed = t.offload
-        if t.rpc_servers and not placed.rpc:
-            from llamacpp_instr.running import rpc_standin
-
-            placed = replace(placed, rpc=rpc_standin.endpoints(t.rpc_servers))
+        machine.load()
+        placed = machine.stand_ins(t.offload, t.rpc_servers)
         devices.add_rpc_servers(placed.rpc)
-        placement = offload.prepare(placed)
-        self.prober = Prober(t.model, placement, names, t.tensors)
+        self.prober: Meter = machine.meter(t.model, placed, t.tensors)
         self.target = t
         self.cache: dict[tuple[int, int], tuple[GraphCosts, list[str]]] = {}
 
     def architecture(self) -> str:
-        ll = bindings.import_llama_cpp()
-        buf = ctypes.create_string_buffer(128)
-        n = ll.llama_model_meta_val_str(self.prober.model, b"general.architecture", buf, 128)
-        return buf.value.decode(errors="replace") if n > 0 else ""
+        return self.prober.architecture()
 
     def graph(self, n_tokens: int, kv: int) -> tuple[GraphCosts, list[str]]:
         key = (n_tokens, kv)
         if key not in self.cache:
             t = self.target
-            cfg = runner.RunConfig(
+            cfg = RunConfig(
                 model=t.model,
                 prompt="",
                 n_ctx=kv,
@@ -320,9 +310,7 @@ class GraphBuilder:
                 type_k=t.type_k,
                 type_v=t.type_v,
             )
-            with self.prober._context(cfg) as ctx:
-                rec = bindings.load().graph_reserve(ctx, n_tokens, 1)
-            rec.setdefault("ctx", 0)
+            rec = self.prober.graph(cfg, n_tokens)
             g = graph_table(rec)
             devs = [str(d) if d else "CPU" for d in rec.get("devices", [])]
             self.cache[key] = (GraphCosts.of(g), devs)
@@ -354,13 +342,16 @@ def _advice(t: Target, where: str) -> str:
     return f"run `instr run {t.model}{threads}` (detailed) and add its log"
 
 
-def predict(logs: list[Path], t: Target | None = None, **changes: Any) -> Prediction:
-    """Predict ``t`` (default: the first log's own setting, with ``changes``) from the logs."""
+def predict(
+    logs: list[Path], machine: Machine, t: Target | None = None, **changes: Any
+) -> Prediction:
+    """Predict ``t`` (default: the first log's own setting, with ``changes``) from the logs, on
+    ``machine``."""
     sessions = load_logs(logs)
     base = t or default_target(sessions[0], changes.pop("model", None))
     target = replace(base, **{k: v for k, v in changes.items() if v is not None})
-    model = fit(sessions)
-    return price(target, model, sessions, [str(p) for p in logs])
+    model = fit(sessions, machine=machine)
+    return price(target, model, sessions, [str(p) for p in logs], machine)
 
 
 def fit(
@@ -369,18 +360,18 @@ def fit(
     held_out: bool = True,
     memo: dict[Any, Any] | None = None,
     peaks_dir: Path | None = None,
-    probe: bool = True,
+    machine: Machine | None = None,
 ) -> CostModel:
     """The cost model of the logs (``op_fit.fit``), with the peaks ``instr peaks`` measured of
     their machine at their thread counts (in ``peaks_dir``, default the cache's): a log held out
-    at a thread count the others did not run is priced with them, and with ``probe`` its
-    generated token's matmuls measured as ``price`` measures them (``gemv_probe``)."""
+    at a thread count the others did not run is priced with them, and where a ``machine`` is
+    given its generated token's matmuls measured as ``price`` measures them (its ``matmuls``)."""
     counts = sorted({n for n in map(op_fit.threads_of, sessions) if n > 0})
     peaks = op_threads.cpu_peaks(_machine(sessions), counts, _peaks_dir(peaks_dir))
     machines = [getattr(sf.info, "machine", None) for sf in sessions]
 
-    def matmuls(source: int, target: int) -> gemv_probe.GemvProbe | None:
-        return gemv_probe.for_logs(machines, source, target) if probe else None
+    def matmuls(source: int, target: int) -> Any:
+        return machine.matmuls(machines, source, target) if machine is not None else None
 
     return op_fit.fit(sessions, graphs, held_out, memo, peaks if len(counts) > 1 else {}, matmuls)
 
@@ -401,13 +392,14 @@ def price(
     model: CostModel,
     sessions: list[SessionFrames],
     names: list[str],
+    machine: Machine,
     peaks_dir: Path | None = None,
     probe: bool = True,
 ) -> Prediction:
-    """Price every compute of ``t`` with ``model`` (the graphs built by llama.cpp); a CPU
-    thread count no log ran with the peaks cached in ``peaks_dir`` (default: the cache's);
-    attention beyond the logs' KV cells measured by the probe where ``probe`` and this machine
-    is the logs' (``kv_probe``), else by its line per cell."""
+    """Price every compute of ``t`` with ``model`` (the graphs built by llama.cpp on
+    ``machine``); a CPU thread count no log ran with the peaks cached in ``peaks_dir`` (default:
+    the cache's); attention beyond the logs' KV cells measured by the machine's probe where
+    ``probe`` and it is the logs' machine (``kv_probe``), else by its line per cell."""
     if t.n_prompt <= 0 and t.n_gen <= 0:
         raise UserError(
             "nothing to predict: a prompt of 0 tokens and 0 generated (give --prompt-tokens or "
@@ -424,16 +416,18 @@ def price(
         d: {"rate_bits_per_s": lk.rate_bits, "rtt_ns": lk.rtt_ns}
         for d, lk in sorted(model.splits.net.links.items())
     }
-    scaled = _at_threads(t, model, sessions, out, _peaks_dir(peaks_dir), probe)
+    scaled = _at_threads(t, model, sessions, out, _peaks_dir(peaks_dir), machine if probe else None)
     if scaled is None:
         return out
     model = scaled
-    builder = GraphBuilder(t)
+    builder = GraphBuilder(t, machine)
     try:
         _check_model(t, builder, sessions)
         prompt, gen = computes(t)
         pricing = _Pricing(
-            builder, t, _attention_probe(t, sessions, builder.prober.n_layer) if probe else None
+            builder,
+            t,
+            _attention_probe(t, sessions, builder.prober.n_layer, machine) if probe else None,
         )
         for kind, plan, tokens in (("prompt", prompt, t.n_prompt), ("gen", gen, t.n_gen)):
             if not plan:
@@ -469,18 +463,14 @@ def price(
 
 
 def _attention_probe(
-    t: Target, sessions: list[SessionFrames], n_layer: int
-) -> kv_probe.Probe | None:
-    """The attention probe at the target's threads and context, over as many bytes as a token of
-    the target reads (its file's weights, its ``n_layer`` layers' caches), None where this machine
-    is not the logs' (what it measures would not be what they ran on)."""
-    found = kv_probe.this_machine([getattr(sf.info, "machine", None) for sf in sessions])
-    if found is None:
-        return None
-    lib, here = found
-    names = {str(d["name"]): int(d["index"]) for d in here if d.get("backend") != "RPC"}
+    t: Target, sessions: list[SessionFrames], n_layer: int, machine: Machine
+) -> Any:
+    """The machine's attention probe at the target's threads and context, over as many bytes as
+    a token of the target reads (its file's weights, its ``n_layer`` layers' caches), None where
+    the machine is not the logs' (what it measures would not be what they ran on)."""
+    logged = [getattr(sf.info, "machine", None) for sf in sessions]
     n_ctx = -(-(t.depth + t.n_prompt + t.n_gen + 1) // KV_PAD) * KV_PAD
-    return kv_probe.Probe(lib, names, t.threads, n_ctx, t.model.stat().st_size, n_layer)
+    return machine.attention(logged, t.threads, n_ctx, t.model.stat().st_size, n_layer)
 
 
 def _check_model(t: Target, builder: GraphBuilder, sessions: list[SessionFrames]) -> None:
@@ -529,11 +519,11 @@ def _at_threads(
     sessions: list[SessionFrames],
     out: Prediction,
     peaks_dir: Path,
-    probe: bool = True,
+    machine: Machine | None = None,
 ) -> CostModel | None:
     """The model to price ``t`` with: at a CPU thread count no log ran, priced from the nearest
     one run with the peaks of both (``op_threads``), a generated token's matmuls measured at both
-    by the probe where ``probe`` and this machine is the logs' (``gemv_probe``); None where that
+    by the ``machine``'s probe where given and it is the logs' (``gemv_probe``); None where that
     is beyond the logs' machine's cores or the peaks are not measured (not covered, said in
     ``out``)."""
     have = op_threads.cpu_threads(model)
@@ -589,7 +579,7 @@ def _at_threads(
         else ""
     )
     machines = [getattr(sf.info, "machine", None) for sf in sessions]
-    mm_probe = gemv_probe.for_logs(machines, src, t.threads) if probe else None
+    mm_probe = machine.matmuls(machines, src, t.threads) if machine is not None else None
     scaled = op_threads.with_probe(scaled, t.threads, mm_probe)
     if mm_probe is not None:
         how = (
@@ -624,9 +614,7 @@ def _at_threads(
 class _Pricing:
     """The computes of a target priced kind by kind, what no log measured gathered across them."""
 
-    def __init__(
-        self, builder: GraphBuilder, t: Target, probe: kv_probe.Probe | None = None
-    ) -> None:
+    def __init__(self, builder: GraphBuilder, t: Target, probe: Any = None) -> None:
         self.builder = builder
         self.t = t
         self.probe = probe
@@ -784,7 +772,7 @@ class _Pricing:
         if miss:
             return None
         shapes = {
-            int(k): kv_probe.shape_of(gc.graph, int(k), gc.roles[k]) for k in np.flatnonzero(gc.kv)
+            int(k): attention_shape(gc.graph, int(k), gc.roles[k]) for k in np.flatnonzero(gc.kv)
         }
         if any(v is None for v in shapes.values()) or not shapes:
             return None

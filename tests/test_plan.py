@@ -190,7 +190,7 @@ def _candidate(mib: int, speed: float, kld: float | None, type_k: str = "f16") -
     """A fitting, covered setting of ``mib`` MiB running prompt and generation at ``speed``."""
     from llamacpp_instr.deciding.plan import Candidate
     from llamacpp_instr.deciding.prediction.intervals import Interval
-    from llamacpp_instr.deciding.prediction.predict import Prediction, Target
+    from llamacpp_instr.deciding.prediction.target import Prediction, Target
 
     t = Target(Path("m.gguf"), 2, 8, 8, 0, 512, 512)
     p = Prediction(target=t, logs=[], prompt=Interval(speed, speed, speed))

@@ -113,7 +113,7 @@ def test_the_plan_of_computes_is_the_runs(ubatch_run: RunLog) -> None:
 
 @pytest.mark.fast
 def test_n_kv_follows_the_pins_padding() -> None:
-    from llamacpp_instr.deciding.prediction.predict import n_kv
+    from llamacpp_instr.deciding.prediction.kv_costs import n_kv
 
     assert n_kv(1, 4096) == 256
     assert n_kv(256, 4096) == 256
@@ -412,7 +412,8 @@ def test_link_values_parse_with_their_units() -> None:
 def test_an_rpc_device_without_op_times_is_sent_to_the_patched_server() -> None:
     """What no log measured on an RPC server cannot come from another run of a stock server (it
     times nothing): the advice names the patched one; a CPU's names a run at its threads."""
-    from llamacpp_instr.deciding.prediction.predict import Target, _advice
+    from llamacpp_instr.deciding.prediction.predict_lines import advice as _advice
+    from llamacpp_instr.deciding.prediction.target import Target
 
     t = Target(Path("m.gguf"), threads=3, n_prompt=8, n_gen=8, depth=0, n_batch=512, n_ubatch=512)
     assert "patched ggml-rpc-server" in _advice(t, "RPC0")

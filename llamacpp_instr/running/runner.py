@@ -244,17 +244,9 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
     out = cfg.out or default_log_name()
     check_writable(out)
     models.check_gguf(cfg.model)
-    # the patched build, before the model loads; the log will hold its upload to RPC servers
-    lib = bindings.load()
-    lib.record_transfers()
-    # RPC servers answer and devices exist, before the model loads (and before any log exists)
-    placement = prepare(cfg.offload)
-    if cfg.memory_budget:
-        lib.set_memory_budget(cfg.memory_budget)  # on devices that exist now (RPC0...)
+    lib, placement = _prepared(cfg)
     llm = load_model(cfg, placement)
     failed_before = lib.memory_failure()
-    llama_cpp = bindings.import_llama_cpp()
-    stream = TextStream()
     text: list[str] = []
     generated: list[int] = []
     s: InstrSession | None = None
@@ -268,14 +260,7 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
                 on_text(chunk)
 
     try:
-        # the projector and the media, checked against the model before any log exists
-        threads = resolve_threads(cfg.threads)
-        mm = Media(llm, cfg.media, threads, cfg.flash_attn) if cfg.media else None
-        # mtmd loads a projector whose compute buffer did not fit (its warm-up ignores the
-        # failure) and faults at its first encode: refused here, with what did not fit
-        oom = memory.explain(lib, failed_before, cfg.memory_setting()) if mm else None
-        if oom is not None:
-            raise oom
+        mm = _media(cfg, llm, lib, failed_before)
         if cfg.warmup:
             warm_up(llm)
         p = Prompt.of(cfg, llm, mm)
@@ -296,15 +281,7 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
             if mm:  # the media's encodes and the decode of every chunk but the last token
                 llm.reset()
                 prompt_tokens = mm.evaluate(p.text, p.add_bos)
-            for token in llm.generate(prompt_tokens, temp=cfg.temp, reset=True):
-                if not cfg.ignore_eos and llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):
-                    break
-                generated.append(int(token))
-                piece = llm.detokenize([token], prev_tokens=prompt_tokens + generated[:-1])
-                emit(stream.feed(piece))
-                if len(generated) >= cfg.n_predict:
-                    break
-            emit(stream.close())
+            _generate(cfg, llm, prompt_tokens, generated, emit)
     except KeyboardInterrupt:
         if s is None:  # before the session began: nothing was run
             raise
@@ -331,6 +308,56 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
         token_ids=generated,
         old_log=old,
     )
+
+
+def _prepared(cfg: RunConfig) -> tuple[Any, Placement]:
+    """The patched library and the placement, before the model loads: the log will hold the
+    upload to RPC servers, which answer and are devices then (before any log exists), and the
+    memory budget holds on the devices that exist (RPC0...)."""
+    lib = bindings.load()
+    lib.record_transfers()
+    placement = prepare(cfg.offload)
+    if cfg.memory_budget:
+        lib.set_memory_budget(cfg.memory_budget)
+    return lib, placement
+
+
+def _media(cfg: RunConfig, llm: Any, lib: Any, failed_before: Any) -> Media | None:
+    """The projector and the media, checked against the model before any log exists; None
+    without a projector."""
+    if not cfg.media:
+        return None
+    mm = Media(llm, cfg.media, resolve_threads(cfg.threads), cfg.flash_attn)
+    # mtmd loads a projector whose compute buffer did not fit (its warm-up ignores the failure)
+    # and faults at its first encode: refused here, with what did not fit
+    oom = memory.explain(lib, failed_before, cfg.memory_setting())
+    if oom is not None:
+        mm.close()
+        raise oom
+    return mm
+
+
+def _generate(
+    cfg: RunConfig,
+    llm: Any,
+    prompt_tokens: list[int],
+    generated: list[int],
+    emit: Callable[[str], None],
+) -> None:
+    """Up to ``cfg.n_predict`` tokens after ``prompt_tokens`` (to end-of-generation unless
+    ``cfg.ignore_eos``), each added to ``generated`` as it comes and its text given to ``emit``
+    (whole characters: ``TextStream``)."""
+    llama_cpp = bindings.import_llama_cpp()
+    stream = TextStream()
+    for token in llm.generate(prompt_tokens, temp=cfg.temp, reset=True):
+        if not cfg.ignore_eos and llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):
+            break
+        generated.append(int(token))
+        piece = llm.detokenize([token], prev_tokens=prompt_tokens + generated[:-1])
+        emit(stream.feed(piece))
+        if len(generated) >= cfg.n_predict:
+            break
+    emit(stream.close())
 
 
 def echo_stream(text: str) -> None:

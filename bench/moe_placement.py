@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from overhead import write_section  # noqa: E402
-from predict import pct  # noqa: E402
+from predict import MACHINE, pct  # noqa: E402
 
 N_LAYER = 4
 CELLS = (0, N_LAYER // 2, N_LAYER)  # --n-cpu-moe: none, half, all
@@ -117,7 +117,7 @@ def main() -> None:
         for n in CELLS:
             others = [sessions[(rep, o)] for o in CELLS if o != n]
             target = predict.default_target(sessions[(rep, n)], model)
-            p = predict.price(target, predict.fit(others), others, [])
+            p = predict.price(target, predict.fit(others, machine=MACHINE), others, [], MACHINE)
             m = predict.measured(sessions[(rep, n)])
             for kind, iv in (("prompt", p.prompt), ("gen", p.gen)):
                 meas = m[kind]
@@ -148,7 +148,7 @@ def main() -> None:
     all_logs = [logs[(last, n)] for n in CELLS]
     ss = [sessions[(last, n)] for n in CELLS]
     target = moe_plan.base_target(ss, model, offload.Offload(gpu_layers=99))
-    planner = moe_plan.Planner(target, ss, [str(p) for p in all_logs])
+    planner = moe_plan.Planner(target, ss, [str(p) for p in all_logs], MACHINE)
     ranked = planner.candidates(256, fit.device_memory())
     order = [c.placement.n_cpu_moe for c in ranked if c.placement.n_cpu_moe in CELLS]
     measured = sorted(CELLS, key=lambda n: -statistics.median(x[0] for x in got[n]["gen"]))

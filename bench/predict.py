@@ -61,6 +61,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # netsim, rpc_backend (--rpc)
 
+from llamacpp_instr.running.measuring import ThisMachine  # noqa: E402
+
 KV_PAD = 256
 RPC_RATES = (50.0, 200.0)  # Mbit/s: the network a large share of a token at both
 RPC_DELAY_MS = 1.0  # each way
@@ -246,6 +248,8 @@ def slowness(log: Path, attempts: list[Path]) -> float:
 
 # the fits of sets of the grid's sessions, shared by the cells' predictions (op_fit.fit's memo)
 MEMO: dict[Any, Any] = {}
+# this machine's measures (the graphs llama.cpp builds, the probes), handed to the predictor
+MACHINE = ThisMachine()
 
 
 def predict_cell(
@@ -259,12 +263,12 @@ def predict_cell(
     the cache of this machine's peaks (another thread count than the others')."""
     from llamacpp_instr.deciding.prediction import predict
 
-    model = predict.fit([sessions[c] for c in others], memo=MEMO, peaks_dir=peaks)
+    model = predict.fit([sessions[c] for c in others], memo=MEMO, peaks_dir=peaks, machine=MACHINE)
     target = predict.default_target(sessions[cell], model_file)
     if cell.rate is not None:
         # the held-out cell's link, as a user would give it: its rate and round trip
         target = replace(target, rpc_rate=cell.rate * 1e6, rpc_rtt_ns=2 * RPC_DELAY_MS * 1e6)
-    p = predict.price(target, model, [sessions[c] for c in others], [], peaks_dir=peaks)
+    p = predict.price(target, model, [sessions[c] for c in others], [], MACHINE, peaks_dir=peaks)
     m = predict.measured(sessions[cell])
     shares = predict.measured_shares(sessions[cell])
     print(
@@ -604,8 +608,8 @@ def thread_grid(args: argparse.Namespace, where: Path, models: dict[str, Path]) 
             target = replace(
                 predict.default_target(sf_src, models[cell.quant]), threads=cell.threads
             )
-            model = predict.fit([sf_src], peaks_dir=cache)
-            return predict.price(target, model, [sf_src], [], peaks_dir=cache)
+            model = predict.fit([sf_src], peaks_dir=cache, machine=MACHINE)
+            return predict.price(target, model, [sf_src], [], MACHINE, peaks_dir=cache)
 
         rows.append((cell, predicted_from(price, meas[src][1]), meas[cell][0], {}))
     return grid_report(rows, "threads", lambda c: f"{'2 -> 1' if c.threads == 1 else '1 -> 2'}") + [
@@ -689,7 +693,9 @@ def depth_grid(args: argparse.Namespace, where: Path, models: dict[str, Path]) -
         def price(log: Path, m: str = m, d: int = d) -> Any:
             sf_src = predict.load_session(log)
             target = replace(predict.default_target(sf_src, models[m]), depth=d)
-            return predict.price(target, predict.fit([sf_src]), [sf_src], [])
+            return predict.price(
+                target, predict.fit([sf_src], machine=MACHINE), [sf_src], [], MACHINE
+            )
 
         rows.append((cell, predicted_from(price, meas[src][1]), meas[cell][0], {}))
     return grid_report(rows, "depth", lambda c: f"{'FA on' if c.ngl else 'FA off'}") + [
@@ -969,7 +975,7 @@ def main() -> None:
             long_log = Path(d) / "long.log"
             run_cell(grid[0], base, 100, long_log)
             t = time.monotonic()
-            predict.predict([long_log])
+            predict.predict([long_log], MACHINE)
             speed_s = time.monotonic() - t
 
     lines = report(rows, thread_rows)

@@ -171,8 +171,7 @@ def test_context_params_are_instr_runs(instr_api: Any, tiny_llama_f32: Path) -> 
     same RunConfig (what instr run loads)."""
     import ctypes
 
-    from llamacpp_instr.deciding import fit
-    from llamacpp_instr.running import runner
+    from llamacpp_instr.running import footprint, runner
 
     pointers = {"cb_eval", "cb_eval_user_data", "abort_callback", "abort_callback_data"}
     configs = [
@@ -187,7 +186,7 @@ def test_context_params_are_instr_runs(instr_api: Any, tiny_llama_f32: Path) -> 
     for cfg in configs:
         llm = runner.load_model(cfg)
         try:
-            ours, theirs = fit.context_params(cfg), llm.context_params
+            ours, theirs = footprint.context_params(cfg), llm.context_params
             for name, _ in theirs._fields_:
                 if name in pointers or isinstance(getattr(theirs, name), ctypes._Pointer):
                     continue

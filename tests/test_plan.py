@@ -190,7 +190,7 @@ def _candidate(mib: int, speed: float, kld: float | None, type_k: str = "f16") -
     """A fitting, covered setting of ``mib`` MiB running prompt and generation at ``speed``."""
     from llamacpp_instr.deciding.plan import Candidate
     from llamacpp_instr.deciding.prediction.intervals import Interval
-    from llamacpp_instr.deciding.prediction.predict import Prediction, Target
+    from llamacpp_instr.deciding.prediction.target import Prediction, Target
 
     t = Target(Path("m.gguf"), 2, 8, 8, 0, 512, 512)
     p = Prediction(target=t, logs=[], prompt=Interval(speed, speed, speed))
@@ -232,6 +232,7 @@ def test_quality_is_by_quantization_and_kv_cache(
     """A quant-eval report's models by their GGUF's own type and the KV cache they were evaluated
     with (f16 where a report does not say: those made before -ctk/-ctv); the base's is 0."""
     from llamacpp_instr.deciding.plan import quality
+    from llamacpp_instr.running.quant.files import file_type
 
     report = {
         "base": {"path": str(tiny_llama_f32)},
@@ -245,7 +246,7 @@ def test_quality_is_by_quantization_and_kv_cache(
             },
         ],
     }
-    assert quality(report) == {
+    assert quality(report, file_type) == {
         ("f32", "f16", "f16"): 0.0,
         ("q8_0", "f16", "f16"): 0.1,
         ("f32", "q8_0", "q4_0"): 0.02,

@@ -59,13 +59,14 @@ def test_reserved_graphs_are_the_graphs_the_run_computed(
     """llama_instr_graph_reserve, on the model loaded without weights, builds node for node the
     graph the run computed for the same ubatch and KV size (its graph records)."""
     from llamacpp_instr.deciding.prediction import predict
+    from llamacpp_instr.running.measuring import ThisMachine
 
     sf = predict.load_session(tiny_detailed.path)
     target = predict.default_target(sf, None)
     run_graphs = tiny_detailed.of("graph")
     assert {g["n_tokens"] for g in run_graphs} >= {1}  # a generation graph, and a prompt's
     assert any(g["n_tokens"] > 1 for g in run_graphs)
-    builder = predict.GraphBuilder(target)
+    builder = predict.GraphBuilder(target, ThisMachine())
     try:
         for g in run_graphs:
             # a short run reads the KV cache's first 256 cells (the pin pads n_kv to 256)
@@ -112,7 +113,7 @@ def test_the_plan_of_computes_is_the_runs(ubatch_run: RunLog) -> None:
 
 @pytest.mark.fast
 def test_n_kv_follows_the_pins_padding() -> None:
-    from llamacpp_instr.deciding.prediction.predict import n_kv
+    from llamacpp_instr.deciding.prediction.kv_costs import n_kv
 
     assert n_kv(1, 4096) == 256
     assert n_kv(256, 4096) == 256
@@ -411,7 +412,8 @@ def test_link_values_parse_with_their_units() -> None:
 def test_an_rpc_device_without_op_times_is_sent_to_the_patched_server() -> None:
     """What no log measured on an RPC server cannot come from another run of a stock server (it
     times nothing): the advice names the patched one; a CPU's names a run at its threads."""
-    from llamacpp_instr.deciding.prediction.predict import Target, _advice
+    from llamacpp_instr.deciding.prediction.predict_lines import advice as _advice
+    from llamacpp_instr.deciding.prediction.target import Target
 
     t = Target(Path("m.gguf"), threads=3, n_prompt=8, n_gen=8, depth=0, n_batch=512, n_ubatch=512)
     assert "patched ggml-rpc-server" in _advice(t, "RPC0")
@@ -530,7 +532,8 @@ from llamacpp_instr.deciding.prediction import split_costs
 log, model = sys.argv[1:3]
 t = predict.default_target(predict.load_session(Path(log)), Path(model))
 t = replace(t, offload=offload.Offload(gpu_layers=0))
-b = predict.GraphBuilder(t)
+from llamacpp_instr.running.measuring import ThisMachine
+b = predict.GraphBuilder(t, ThisMachine())
 (n, kv), = predict.computes(t)[0]
 gc, devs = b.graph(n, kv)
 held = b.holders(n, kv)
@@ -742,6 +745,7 @@ def test_another_prompt_size_is_priced_on_each_class_line(instr_api: Any, tmp_pa
     from llamacpp_instr.deciding.prediction import predict
     from llamacpp_instr.deciding.prediction.op_costs import GraphCosts, Where
     from llamacpp_instr.deciding.prediction.op_fit import fit
+    from llamacpp_instr.running.measuring import ThisMachine
 
     log, model_path = _fixture_model(tmp_path)
     recs = read_log(log)
@@ -770,7 +774,7 @@ def test_another_prompt_size_is_priced_on_each_class_line(instr_api: Any, tmp_pa
 
     logged = {gid: GraphCosts.of(g) for gid, g in sf.graphs.items()}
     target = replace(predict.default_target(sf, model_path), n_prompt=20)
-    builder = predict.GraphBuilder(target)
+    builder = predict.GraphBuilder(target, ThisMachine())
     try:
         gc, devices = builder.graph(20, 256)
     finally:

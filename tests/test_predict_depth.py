@@ -296,9 +296,10 @@ def test_the_probe_takes_what_a_run_at_depth_takes(instr_api: Any, deep_model: P
     import llama_cpp
 
     from llamacpp_instr.converters import load_session
-    from llamacpp_instr.deciding.prediction import kv_probe
+    from llamacpp_instr.converters.analysis.probe_shapes import attention_shape
     from llamacpp_instr.deciding.prediction.op_costs import role
     from llamacpp_instr.running import api
+    from llamacpp_instr.running.probes import kv_probe
 
     devs = {d["name"]: d["index"] for d in instr_api.machine_info()["devices"]}
     weights = deep_model.stat().st_size
@@ -318,7 +319,7 @@ def test_the_probe_takes_what_a_run_at_depth_takes(instr_api: Any, deep_model: P
         ops = frames.ops.assign(role=frames.ops["name"].map(role))
         checked = set()
         for k, node in enumerate(g.nodes):
-            shape = kv_probe.shape_of(g, k, role(node.name))
+            shape = attention_shape(g, k, role(node.name))
             if shape is None or shape.op in checked:
                 continue
             checked.add(shape.op)

@@ -108,10 +108,13 @@ def _said(log: Path, others: list[Path]) -> dict[str, float]:
     """What predict says of ``log``'s own setting from ``others`` (the graphs llama.cpp builds),
     as the natural log of the measured time over the predicted: the held-out residual."""
     from llamacpp_instr.deciding.prediction import predict
+    from llamacpp_instr.running.measuring import ThisMachine
 
     sessions = [predict.load_session(p) for p in others]
     sf = predict.load_session(log)
-    p = predict.price(predict.default_target(sf, None), predict.fit(sessions), sessions, [])
+    machine = ThisMachine()
+    target = predict.default_target(sf, None)
+    p = predict.price(target, predict.fit(sessions, machine=machine), sessions, [], machine)
     m = predict.measured(sf)
     out = {}
     for kind, iv in (("prompt", p.prompt), ("gen", p.gen)):
@@ -129,10 +132,11 @@ def test_the_held_out_residuals_are_what_predict_says(
     mean square. A log at a thread count the others did not run goes to the residuals across
     thread counts, priced from the others' with the peaks of both counts (none without them)."""
     from llamacpp_instr.deciding.prediction import predict
+    from llamacpp_instr.running.measuring import ThisMachine
 
     monkeypatch.setenv("LLAMACPP_INSTR_CACHE", str(tmp_path))
     a, b, one = twins
-    model = predict.fit([predict.load_session(p) for p in (a, b)])
+    model = predict.fit([predict.load_session(p) for p in (a, b)], machine=ThisMachine())
     said = [_said(a, [b]), _said(b, [a])]
     for kind in ("prompt", "gen"):
         assert model.held_out[kind] == pytest.approx([s[kind] for s in said], rel=1e-6, abs=1e-9)
@@ -150,10 +154,10 @@ def test_the_held_out_residuals_are_what_predict_says(
         assert iv["low"] == pytest.approx(iv["value"] * math.exp(-half), rel=1e-6)
         assert iv["high"] == pytest.approx(iv["value"] * math.exp(half), rel=1e-6)
 
-    across = predict.fit([predict.load_session(p) for p in (a, one)])
+    across = predict.fit([predict.load_session(p) for p in (a, one)], machine=ThisMachine())
     assert across.held_out == {} and across.held_out_threads == {}  # no peaks
     write_peaks(tmp_path, a, PEAKS)
-    across = predict.fit([predict.load_session(p) for p in (a, one)])
+    across = predict.fit([predict.load_session(p) for p in (a, one)], machine=ThisMachine())
     assert across.held_out == {}
     said = [_said(a, [one]), _said(one, [a])]
     for kind in ("prompt", "gen"):
@@ -399,7 +403,7 @@ def test_a_shape_probed_before_weighs_by_the_graph_at_hand(monkeypatch: pytest.M
     (100 and 300)."""
     from types import SimpleNamespace
 
-    from llamacpp_instr.deciding.prediction import gemv_probe
+    from llamacpp_instr.running.probes import gemv_probe
 
     a, b, c = ("f32", 256, 512), ("f32", 512, 256), ("f32", 256, 128)
     sizes = {"first": {a: 100, b: 300}, "second": {a: 300, b: 90, c: 10}}
@@ -432,11 +436,12 @@ def test_a_generated_tokens_matmul_moves_by_the_probe_of_its_shape(
     such matmul takes its shape's measured time at 2 over its time at 1 of its time beyond its
     class's fixed cost, 256x128 the bytes-weighted mean of the F32 shapes probed; the peaks'
     one-column matmul (F32: 50 GFLOP/s at 2, 30 at 1) prices nothing that was probed."""
-    from llamacpp_instr.deciding.prediction import gemv_probe, op_threads
+    from llamacpp_instr.deciding.prediction import op_threads
     from llamacpp_instr.deciding.prediction.op_costs import GraphCosts, Where, rows
     from llamacpp_instr.deciding.prediction.op_fit import fit
     from llamacpp_instr.deciding.prediction.predict import load_session
     from llamacpp_instr.deciding.prediction.thread_scale import CpuPeaks
+    from llamacpp_instr.running.probes import gemv_probe
 
     monkeypatch.setattr(gemv_probe, "_MEASURED", {})  # (nothing this process measured)
     sf = load_session(FIXTURES / "tiny-llama-detailed.log.gz")

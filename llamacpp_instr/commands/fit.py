@@ -110,14 +110,18 @@ def command(
     if experts:  # (the context: --ctx, else the first log's)
         from llamacpp_instr.deciding import moe_report
         from llamacpp_instr.deciding.moe_plan import PlacementRequest, moe_plan
+        from llamacpp_instr.running.measuring import ThisMachine
 
-        placed = moe_plan(PlacementRequest(model, logs, memory_specs, n_ctx, offload))
+        placed = moe_plan(
+            PlacementRequest(model, logs, memory_specs, n_ctx, offload), ThisMachine()
+        )
         answer(moe_report.report(placed), fmt, placed.failure())
         return
     if logs:
         raise UserError("--log prices expert placements: give --experts too")
     from llamacpp_instr.deciding import fit_report
     from llamacpp_instr.deciding.fit import FitRequest, fit
+    from llamacpp_instr.running.measuring import ThisMachine
 
     source = click.get_current_context().get_parameter_source("gpu_layers")
     ngl = offload.gpu_layers  # searched unless given
@@ -135,5 +139,5 @@ def command(
         mmproj=mmproj,
         mmproj_offload=not no_mmproj_offload,
     )
-    result = fit(request, say=lambda line: click.echo(line, err=True))
+    result = fit(request, ThisMachine(), say=lambda line: click.echo(line, err=True))
     answer(fit_report.report(result), fmt, result.failure())

@@ -69,13 +69,17 @@ def command(
     if experts:
         from llamacpp_instr.deciding import moe_report
         from llamacpp_instr.deciding.moe_plan import PlacementRequest, moe_plan
+        from llamacpp_instr.running.measuring import ThisMachine
 
-        placed = moe_plan(PlacementRequest(model, logs, memory_specs, n_ctx, offload))
+        placed = moe_plan(
+            PlacementRequest(model, logs, memory_specs, n_ctx, offload), ThisMachine()
+        )
         answer(moe_report.report(placed), fmt, placed.failure())
         return
     from llamacpp_instr.deciding import plan_report
     from llamacpp_instr.deciding.plan import PlanRequest, plan
+    from llamacpp_instr.running.measuring import ThisMachine
 
     request = PlanRequest(model, logs, memory_specs, n_ctx, quants, quality, offload)
-    result = plan(request, say=lambda line: click.echo(line, err=True))
+    result = plan(request, ThisMachine(), say=lambda line: click.echo(line, err=True))
     answer(plan_report.report(result), fmt, result.failure())

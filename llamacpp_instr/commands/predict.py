@@ -137,6 +137,7 @@ def command(
     """
     from llamacpp_instr.deciding import predict_report
     from llamacpp_instr.deciding.prediction.entry import PredictRequest, predict_setting
+    from llamacpp_instr.running.measuring import ThisMachine
 
     # the log's placement, unless one is given here
     ctx = click.get_current_context()
@@ -146,5 +147,5 @@ def command(
         logs, threads, n_batch, n_ubatch, n_prompt, n_predict, depth, model, quants,
         offload if placed else None, rpc_rate, rpc_rtt, spec_n_max, probe,
     )  # fmt: skip
-    result = predict_setting(request, say=lambda line: click.echo(line, err=True))
+    result = predict_setting(request, ThisMachine(), say=lambda line: click.echo(line, err=True))
     answer(predict_report.report(result), fmt, result.failure())

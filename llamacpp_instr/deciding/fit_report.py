@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from llamacpp_instr.converters.reports.report import Column, Report, Section, Table
 from llamacpp_instr.deciding.fit import Answer, FitResult, Footprint
-from llamacpp_instr.deciding.fit_projector import COMPUTE, WEIGHTS
 from llamacpp_instr.running import context_defaults
+
+# a projector's purposes (memory_alloc's: contract.schema.MEMORY_PURPOSES)
+WEIGHTS, COMPUTE = "encoder_weights", "encoder_compute"
 
 # the purposes' columns, in this order (a projector's last); other purposes follow
 PURPOSES = ("weights", "kv_cache", "compute", "output", WEIGHTS, COMPUTE)

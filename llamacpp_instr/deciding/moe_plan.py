@@ -11,8 +11,8 @@ With layers alike the order is theirs, and every such set is an ``--n-cpu-moe``;
 where the logs' routing does (the share of a layer's experts its prompt ubatches touched: what
 ggml copies to run its expert matmuls on the GPU) or their weights do.
 
-Each candidate's memory is llama.cpp's own projection of the model loaded with its rules (``fit``'s
-``Prober``), and its speed ``predict``'s, from the logs' measured ops, copies and expert traffic
+Each candidate's memory is llama.cpp's own projection of the model loaded with its rules (``fit``'s,
+the machine's ``Meter``), and its speed ``predict``'s, from the logs' measured ops, copies and expert traffic
 (``expert_traffic``), the graphs built by llama.cpp with its rules. Each comes with its command
 line, the ``-ot`` rule included (for an ``--n-cpu-moe`` too, as llama.cpp's ``-ot`` would say it).
 """
@@ -26,10 +26,12 @@ from typing import Any
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.analysis.frames import SessionFrames
 from llamacpp_instr.deciding import fit
+from llamacpp_instr.deciding.measures import Machine
 from llamacpp_instr.deciding.prediction import predict
 from llamacpp_instr.deciding.prediction.op_costs import CostModel
-from llamacpp_instr.running import context_defaults, devices, offload, runner
+from llamacpp_instr.running import context_defaults, devices, offload
 from llamacpp_instr.running.memory_budget import OutOfMemory
+from llamacpp_instr.running.run_config import RunConfig
 from llamacpp_instr.running.tensor_overrides import CPU, EXPS_REGEX, TensorOverrides
 
 
@@ -144,19 +146,21 @@ class Planner:
         target: predict.Target,
         sessions: list[SessionFrames],
         logs: list[str],
+        machine: Machine,
         model: CostModel | None = None,
     ) -> None:
         self.target = target
         self.sessions = sessions
         self.logs = logs
-        self.model = model if model is not None else predict.fit(sessions)
+        self.machine = machine
+        self.model = model if model is not None else predict.fit(sessions, machine=machine)
         self.layers = expert_layers(sessions[0])
         self.priced: dict[ExpertPlacement, predict.Prediction] = {}
 
     def price(self, p: ExpertPlacement) -> predict.Prediction:
         if p not in self.priced:
             t = replace(self.target, tensors=p.tensors())
-            self.priced[p] = predict.price(t, self.model, self.sessions, self.logs)
+            self.priced[p] = predict.price(t, self.model, self.sessions, self.logs, self.machine)
         return self.priced[p]
 
     def order(self) -> list[int] | None:
@@ -197,8 +201,7 @@ class Planner:
     def measure(self, cands: list[PlacementCandidate], n_ctx: int, limits: dict[str, int]) -> None:
         """Each candidate's footprint (llama.cpp's projection with its rules) and overflow."""
         t = self.target
-        names = [d.name for d in devices.registry()]
-        cfg = runner.RunConfig(
+        cfg = RunConfig(
             model=t.model,
             prompt="",
             n_ctx=n_ctx,
@@ -209,9 +212,8 @@ class Planner:
             type_k=t.type_k,
             type_v=t.type_v,
         )
-        placed = offload.prepare(t.offload)
         for c in cands:
-            pr = fit.Prober(t.model, placed, names, c.placement.tensors())
+            pr = self.machine.meter(t.model, t.offload, c.placement.tensors())
             try:
                 c.footprint = fit.merge(pr.footprint(cfg), pr.unlisted(cfg))
             finally:
@@ -294,23 +296,23 @@ class PlacementResult:
         return OutOfMemory(f"no expert placement fits: every one overflows {over}")
 
 
-def moe_plan(request: PlacementRequest) -> PlacementResult:
+def moe_plan(request: PlacementRequest, machine: Machine) -> PlacementResult:
     """``instr plan --experts`` and ``instr fit --experts``: every placement with its memory and
-    predicted speed, ranked."""
+    predicted speed on ``machine``, ranked."""
     from llama_cpp import _logger
 
-    from llamacpp_instr.native import bindings, models
+    from llamacpp_instr.native import models
 
     if not request.logs:
         raise UserError("--experts ranks by speed: give a detailed log of a run of this model")
     model = request.model if request.model is not None else models.default_model()
     models.check_gguf(model)
     _logger.set_verbose(False)  # llama.cpp's lines per context made
-    bindings.load()
+    machine.load()
     devices.add_rpc_servers(request.offload.rpc)
     limits = {**fit.device_memory(), **fit.parse_memory(request.memory)}
     sessions = predict.load_logs(list(request.logs))
     t = base_target(sessions, model, request.offload)
     ctx = request.n_ctx or int((sessions[0].info.context or {}).get("n_ctx") or 4096)
-    planner = Planner(t, sessions, [str(p) for p in request.logs])
+    planner = Planner(t, sessions, [str(p) for p in request.logs], machine)
     return PlacementResult(planner.candidates(ctx, limits), t, ctx, limits, planner.layers)

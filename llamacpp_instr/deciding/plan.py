@@ -5,7 +5,7 @@ The candidates are the product of the quantizations asked for, the thread counts
 (another would not be covered), the ubatch sizes (the logs' and 512), the KV cache types ``fit``
 tries (f16; q8_0 with flash attention) and, where a GPU exists, no layers or all of them on it.
 Each is checked against the memory with ``fit``'s projection (llama.cpp's own, of the model loaded
-without weights: ``fit.Prober``) at the context asked for, and priced by ``predict`` from the
+without weights: the machine's ``Meter``) at the context asked for, and priced by ``predict`` from the
 logs' measured ops. A setting that fits but is not covered (flash attention never logged, say)
 stays in the list, unranked, with what to run.
 """
@@ -22,10 +22,12 @@ from typing import Any
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.analysis.frames import SessionFrames
 from llamacpp_instr.deciding import fit
+from llamacpp_instr.deciding.measures import Machine, Meter
 from llamacpp_instr.deciding.prediction import predict, sampling_price
 from llamacpp_instr.deciding.prediction.op_costs import CostModel
 from llamacpp_instr.running import context_defaults, devices, offload
 from llamacpp_instr.running.memory_budget import OutOfMemory
+from llamacpp_instr.running.run_config import RunConfig
 
 
 @dataclass
@@ -129,26 +131,18 @@ def candidates(
     return out
 
 
-def measure_memory(cands: list[Candidate], limits: dict[str, int], base: offload.Offload) -> None:
+def measure_memory(
+    machine: Machine, cands: list[Candidate], limits: dict[str, int], base: offload.Offload
+) -> None:
     """Each candidate's footprint (``fit``'s projection plus the output buffer) and the devices it
     overflows."""
-    from dataclasses import replace
-
-    from llamacpp_instr.running import runner
-
-    names = [d.name for d in devices.registry()]
-    probers: dict[tuple[Path, int], fit.Prober] = {}
+    probers: dict[tuple[Path, int], Meter] = {}
     try:
         for c in cands:
             key = (c.model, c.n_gpu_layers)
             if key not in probers:
-                o = (
-                    replace(base, gpu_layers=c.n_gpu_layers)
-                    if c.n_gpu_layers
-                    else offload.Offload(repack=base.repack)
-                )
-                probers[key] = fit.Prober(c.model, offload.prepare(o), names)
-            cfg = runner.RunConfig(
+                probers[key] = machine.meter(c.model, fit.placed_at(base, c.n_gpu_layers))
+            cfg = RunConfig(
                 model=c.model,
                 prompt="",
                 n_ctx=c.n_ctx,
@@ -173,6 +167,7 @@ def price(
     sessions: list[SessionFrames],
     base: predict.Target,
     logs: list[str],
+    machine: Machine,
 ) -> None:
     """Each fitting candidate's predicted speed (``predict.price``)."""
     from dataclasses import replace
@@ -190,10 +185,12 @@ def price(
             type_k=c.type_k,
             type_v=c.type_v,
         )
-        c.prediction = predict.price(t, model, sessions, logs)
+        c.prediction = predict.price(t, model, sessions, logs, machine)
 
 
-def quality(report: dict[str, Any]) -> dict[tuple[str, str, str], float]:
+def quality(
+    report: dict[str, Any], file_type: Callable[[Path], str]
+) -> dict[tuple[str, str, str], float]:
     """A quant-eval report (``instr quant-eval --format json``): each model's mean KL divergence
     from the base, by its quantization (the GGUF's own file type; the base's is 0) and the KV
     cache it was evaluated with (type_k, type_v: f16 where the report does not say, the base's)."""
@@ -209,7 +206,7 @@ def quality(report: dict[str, Any]) -> dict[tuple[str, str, str], float]:
             rows.append((m.get("path"), *kv, float(kld["mean"])))
     for path, type_k, type_v, value in rows:
         if isinstance(path, str) and path and Path(path).is_file():
-            out.setdefault((fit.file_type(Path(path)), type_k, type_v), value)
+            out.setdefault((file_type(Path(path)), type_k, type_v), value)
     return out
 
 
@@ -315,33 +312,39 @@ class PlanResult:
         return OutOfMemory(f"nothing fits: every setting overflows {', '.join(over)}")
 
 
-def plan(request: PlanRequest, say: Callable[[str], None] = lambda _: None) -> PlanResult:
-    """``instr plan``: every candidate's memory and predicted speed, the quality reports' KL
-    divergences, the Pareto front, ranked. ``say`` hears the quantizer's progress."""
+def plan(
+    request: PlanRequest, machine: Machine, say: Callable[[str], None] = lambda _: None
+) -> PlanResult:
+    """``instr plan``: every candidate's memory and predicted speed on ``machine``, the quality
+    reports' KL divergences, the Pareto front, ranked. ``say`` hears the quantizer's progress."""
     from llama_cpp import _logger
 
-    from llamacpp_instr.native import bindings, models
+    from llamacpp_instr.native import models
 
     models.check_gguf(request.model)
     if not request.logs:
         raise UserError("give at least one detailed log of a run of this model to rank by speed")
     reports = [quality_report(path) for path in request.quality]
     _logger.set_verbose(False)  # llama.cpp's lines per context made
-    bindings.load()
+    machine.load()
     o = request.offload
     devices.add_rpc_servers(o.rpc)
     limits = {**fit.device_memory(), **fit.parse_memory(request.memory)}
     logs = list(request.logs)
     sessions = predict.load_logs(logs)
     base = predict.default_target(sessions[0], request.model)
-    files = fit.quantized_files(request.model, request.quants, say)
+    files = machine.quantized(request.model, request.quants, say)
     gpu = bool(o.gpu_layers) or bool(o.devices) or bool(o.rpc)
     cands = candidates(files, sessions, request.n_ctx, gpu)
-    measure_memory(cands, limits, o)
-    price(cands, predict.fit(sessions), sessions, base, [str(p) for p in logs])
+    measure_memory(machine, cands, limits, o)
+    names = [str(p) for p in logs]
+    price(cands, predict.fit(sessions, machine=machine), sessions, base, names, machine)
     kld: dict[tuple[str, str, str], float] = {}
     for report in reports:
-        kld = {**quality(report), **kld}  # the first report given of a setting counts
+        kld = {
+            **quality(report, machine.file_type),
+            **kld,
+        }  # the first report given of a setting counts
     for c in cands:
         c.kld = kld.get((c.quant, c.type_k, c.type_v))
     mark_front(cands)

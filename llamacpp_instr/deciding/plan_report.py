@@ -11,7 +11,7 @@ from typing import Any
 from llamacpp_instr.contract.units import fmt_bytes
 from llamacpp_instr.converters.reports.report import Column, Report, Section, Table
 from llamacpp_instr.deciding.plan import Candidate, PlanResult
-from llamacpp_instr.deciding.prediction.predict import Prediction
+from llamacpp_instr.deciding.prediction.target import Prediction
 from llamacpp_instr.running import context_defaults
 
 

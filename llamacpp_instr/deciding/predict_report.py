@@ -11,7 +11,7 @@ from llamacpp_instr.converters.reports.report import Column, Fact, Report, Secti
 from llamacpp_instr.deciding.plan_report import busy_logs
 from llamacpp_instr.deciding.prediction.entry import PredictResult
 from llamacpp_instr.deciding.prediction.intervals import Interval
-from llamacpp_instr.deciding.prediction.predict import Prediction
+from llamacpp_instr.deciding.prediction.target import Prediction
 
 
 def report(result: PredictResult) -> Report:

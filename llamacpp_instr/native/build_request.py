@@ -55,7 +55,9 @@ def perform(request: BuildRequest, say: Echo) -> str | None:
             cmake_args += build.VULKAN_CMAKE_ARGS
         folder = tools.build_tools(say, cmake_args, rebuild=rebuild, sanitize=request.sanitize)
         # sanitized: llama-server beside its libraries, which Python runs on too
-        return build.sanitized_run_env(request.sanitize, folder) if request.sanitize else str(folder)
+        return (
+            build.sanitized_run_env(request.sanitize, folder) if request.sanitize else str(folder)
+        )
     if request.testing:
         lib = build.testing_lib_dir(say, cmake_args, rebuild=rebuild)
         say(f"testing libraries: {lib}")

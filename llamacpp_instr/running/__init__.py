@@ -5,5 +5,5 @@ child process (``child``), always-on sampling and rotation (``always_on``), wher
 tensors live (``offload``, ``devices``, ``rpc_endpoint``, ``tensor_overrides``), RPC stand-ins
 (``rpc_standin``), the Vulkan environment (``vulkan_env``), the memory budget a run is held to
 (``memory_budget``), an exporter started beside a program (``exporter_launch``), the machine's
-measured peaks (``peak_probe``) and quantization: making, evaluating and sweeping quantized
-models (``quant/``)."""
+measured peaks (``peak_probe``), the probes that time this machine for a prediction
+(``probes/``) and quantization: making, evaluating and sweeping quantized models (``quant/``)."""

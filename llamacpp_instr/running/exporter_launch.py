@@ -5,6 +5,11 @@ The listening socket is bound by the command that starts the program, before the
 a port in use is one line and exit 2 then, not a server running without its metrics. The exporter
 process inherits the socket, follows the log from where the program begins writing, and ends once
 the program has ended and its log is read to the end.
+
+The exporter is a process of its own, the interpreter running ``beside`` (``BESIDE``): ``instr
+exec`` becomes the program it starts (no thread of it is left to serve), and a scrape must not take
+the CPU of the program it measures (the exporter runs niced). It calls this module, not the
+command line.
 """
 
 from __future__ import annotations
@@ -20,6 +25,13 @@ from pathlib import Path
 from types import FrameType
 
 from llamacpp_instr.converters.formats.log_input import UserError
+
+# the exporter's process: ``beside`` with LOG FD AFTER PARENT_PID
+BESIDE = (
+    "import sys\n"
+    "from llamacpp_instr.running.exporter_launch import beside\n"
+    "beside(sys.argv[1:])\n"
+)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -63,15 +75,16 @@ def url(sock: socket.socket) -> str:
 
 
 def start_beside(log: Path, listen: str) -> subprocess.Popen[bytes]:
-    """Start ``instr follow --prometheus`` on ``log`` at ``listen`` for the program this process is about to
-    run (or become, with exec): it reads what the program appends to ``log`` (from its size now),
-    and ends when this process has ended and the log is read."""
+    """Start the exporter (``serve``, in a process of its own: ``BESIDE``) on ``log`` at
+    ``listen`` for the program this process is about to run (or become, with exec): it reads what
+    the program appends to ``log`` (from its size now), and ends when this process has ended and
+    the log is read."""
     sock = bind(listen)
     try:
         offset = log.stat().st_size if log.is_file() else 0
         fd = sock.fileno()
-        cmd = [sys.executable, "-m", "llamacpp_instr.cli", "follow", str(log.resolve())]
-        cmd += ["--listen-fd", str(fd), "--after", str(offset), "--parent-pid", str(os.getpid())]
+        cmd = [sys.executable, "-c", BESIDE, str(log.resolve()), str(fd), str(offset)]
+        cmd.append(str(os.getpid()))
         print(f"instr: metrics at {url(sock)}", file=sys.stderr, flush=True)
         # a session of its own: Ctrl-C at the terminal goes to the program, and the exporter reads
         # on until the program has written its last record
@@ -125,3 +138,14 @@ def serve(
     finally:
         server.shutdown()
         sys.stderr.flush()
+
+
+def beside(argv: list[str]) -> None:
+    """The exporter's process (``start_beside``): ``argv`` is LOG FD AFTER PARENT_PID, the socket
+    inherited as FD; a bad log is one line on stderr and exit 2, as the command line says it."""
+    log, fd, after, parent = argv
+    try:
+        serve(Path(log), socket.socket(fileno=int(fd)), float("inf"), int(after), int(parent))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

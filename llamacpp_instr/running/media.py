@@ -20,6 +20,7 @@ from typing import Any
 
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import bindings, models
+from llamacpp_instr.running import context_defaults
 
 # An image's largest side mtmd is given: past it a decoder's buffer alone is gigabytes, and every
 # projector resizes to a few thousand pixels at most.
@@ -247,7 +248,7 @@ class Media:
         params.n_threads = n_threads
         # the encoder's attention as the model's: on, off, or llama.cpp's auto (as its programs
         # pass theirs on)
-        params.flash_attn_type = {None: -1, False: 0, True: 1}[flash_attn]
+        params.flash_attn_type = context_defaults.flash_attn_type(flash_attn)
         self._ctx = mtmd_cpp.mtmd_init_from_file(str(inputs.mmproj).encode(), llm.model, params)
         if not self._ctx:
             raise UserError(

@@ -12,108 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from llamacpp_instr.contract.errors import UserError
-from llamacpp_instr.contract.schema import SESSION_LEVELS
 from llamacpp_instr.contract.version import __version__
 from llamacpp_instr.native import bindings, models
 from llamacpp_instr.running import context_defaults
 from llamacpp_instr.running import memory_budget as memory
-from llamacpp_instr.running.always_on import AlwaysOn
-from llamacpp_instr.running.media import Media, MediaInputs
-from llamacpp_instr.running.offload import Offload, Placement, prepare
-from llamacpp_instr.running.tensor_overrides import TensorOverrides
-
-
-@dataclass
-class RunConfig:
-    model: Path
-    prompt: str
-    n_predict: int = 32
-    threads: int | None = None
-    n_ctx: int = 2048
-    n_batch: int = 512
-    n_ubatch: int | None = None
-    level: str = "detailed"
-    out: Path | None = None
-    seed: int = 0
-    temp: float = 0.0
-    # flash attention: on, off, or None for llama.cpp's default, auto (context_defaults)
-    flash_attn: bool | None = None
-    # before the session: decode BOS and EOS once and forget them (common's warm-up: warm_up)
-    warmup: bool = True
-    type_k: str = "f16"  # the KV cache's types (-ctk/-ctv), by ggml's names
-    type_v: str = "f16"
-    top_k_logits: int = 10
-    value_stats: bool = False  # at verbose, each CPU op's output statistics (tensor_stats)
-    ignore_eos: bool = False
-    chat: bool = False
-    system: str | None = None
-    always_on: AlwaysOn = field(default_factory=AlwaysOn)  # sampling and bounded files
-    append: bool = False  # add the session to an existing log (default: keep_old replaces it)
-    # where the layers run (-ngl/--gpu-layers, --device, --rpc, --tensor-split)
-    offload: Offload = field(default_factory=Offload)
-    # --memory-budget, as the bytes spec the library reads (llamacpp_instr.running.memory_budget)
-    memory_budget: str | None = None
-    # which weight tensors go to which buffer type (-ot/--override-tensor, --n-cpu-moe, --cpu-moe)
-    tensors: TensorOverrides = field(default_factory=TensorOverrides)
-    # a projector and the images and sounds it reads into the prompt (--mmproj, --image, --audio)
-    media: MediaInputs = field(default_factory=MediaInputs)
-
-    def memory_setting(self) -> memory.Setting:
-        """What the run asked of memory, for the out-of-memory message."""
-        ngl = self.offload.gpu_layers
-        n_layer, q4k_saving = memory.model_facts(str(self.model))
-        return memory.Setting(
-            n_ctx=self.n_ctx,
-            n_ubatch=self.n_ubatch or self.n_batch,
-            gpu_layers=ngl if isinstance(ngl, int) and ngl >= 0 else None,
-            n_layer=n_layer,
-            type_k=self.type_k,
-            type_v=self.type_v,
-            q4k_saving=q4k_saving,
-            ctx_flag="--ctx",
-            ubatch_flag="--ubatch",
-        )
-
-    def validate(self) -> None:
-        """Reject bad values before the model loads and before any file is created."""
-        checks = [
-            (self.n_predict >= 0, f"-n/--n-predict must be >= 0, got {self.n_predict}"),
-            (
-                self.threads is None or self.threads >= 1,
-                f"--threads must be >= 1, got {self.threads}",
-            ),
-            (self.n_ctx >= 1, f"--ctx must be >= 1, got {self.n_ctx}"),
-            (self.n_batch >= 1, f"--batch must be >= 1, got {self.n_batch}"),
-            (
-                self.n_ubatch is None or 1 <= self.n_ubatch <= self.n_batch,
-                f"--ubatch must be between 1 and --batch ({self.n_batch}), got {self.n_ubatch}",
-            ),
-            (self.level in SESSION_LEVELS, f"level must be one of {', '.join(SESSION_LEVELS)}"),
-            (self.temp >= 0, f"--temp must be >= 0, got {self.temp}"),
-            (
-                1 <= self.top_k_logits <= 1000,
-                f"--top-k-logits must be between 1 and 1000, got {self.top_k_logits}",
-            ),
-        ]
-        checks.append((self.system is None or self.chat, "--system needs --chat"))
-        for flag, kv in (
-            ("-ctk/--cache-type-k", self.type_k),
-            ("-ctv/--cache-type-v", self.type_v),
-        ):
-            checks.append(
-                (kv in memory.KV_TYPES, f"{flag} must be one of {', '.join(memory.KV_TYPES)}")
-            )
-        checks.append(
-            (
-                self.type_v in ("f32", "f16", "bf16") or self.flash_attn is not False,
-                f"a quantized V cache (-ctv {self.type_v}) needs flash attention (llama.cpp's "
-                "rule): drop --no-flash-attn",
-            )
-        )
-        for ok, message in checks:
-            if not ok:
-                raise UserError(message)
-        self.media.validate()
+from llamacpp_instr.running.media import Media
+from llamacpp_instr.running.offload import Placement, prepare
+from llamacpp_instr.running.run_config import RunConfig, resolve_threads
 
 
 @dataclass
@@ -127,13 +32,6 @@ class RunResult:
     n_generated: int
     token_ids: list[int] = field(default_factory=list)
     old_log: Path | None = None  # where an existing log at the path went (keep_old)
-
-
-def resolve_threads(threads: int | None) -> int:
-    """The CPU threads to use: ``threads``, or by default all cores, at most 8 (past that, more
-    threads mostly wait at the barrier between ops). The one default of every command's
-    -t/--threads."""
-    return threads or max(1, min(os.cpu_count() or 1, 8))
 
 
 def default_log_name() -> Path:
@@ -224,15 +122,6 @@ def chat_text(llm: Any, prompt: str, system: str | None) -> tuple[str, bool]:
     return str(formatted.prompt), not formatted.added_special
 
 
-def kv_type_id(name: str) -> int:
-    """ggml's type id of a KV cache type (llama_cpp.Llama's type_k/type_v)."""
-    if name not in memory.KV_TYPES:
-        raise UserError(
-            f"unknown KV cache type {name!r}: choose one of {', '.join(memory.KV_TYPES)}"
-        )
-    return int(getattr(bindings.import_llama_cpp(), f"GGML_TYPE_{name.upper()}"))
-
-
 def load_model(cfg: RunConfig, placement: Placement | None = None, **extra: Any) -> Any:
     """A llama_cpp.Llama for the config, placed by ``placement`` (default: prepared from
     ``cfg.offload``), or a one-line UserError."""
@@ -253,8 +142,8 @@ def load_model(cfg: RunConfig, placement: Placement | None = None, **extra: Any)
                 n_threads_batch=threads,
                 seed=cfg.seed,
                 flash_attn=bool(cfg.flash_attn),  # auto: context_defaults.opening
-                type_k=kv_type_id(cfg.type_k),
-                type_v=kv_type_id(cfg.type_v),
+                type_k=context_defaults.kv_type_id(cfg.type_k),
+                type_v=context_defaults.kv_type_id(cfg.type_v),
                 verbose=False,
                 **extra,
             )
@@ -355,17 +244,9 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
     out = cfg.out or default_log_name()
     check_writable(out)
     models.check_gguf(cfg.model)
-    # the patched build, before the model loads; the log will hold its upload to RPC servers
-    lib = bindings.load()
-    lib.record_transfers()
-    # RPC servers answer and devices exist, before the model loads (and before any log exists)
-    placement = prepare(cfg.offload)
-    if cfg.memory_budget:
-        lib.set_memory_budget(cfg.memory_budget)  # on devices that exist now (RPC0...)
+    lib, placement = _prepared(cfg)
     llm = load_model(cfg, placement)
     failed_before = lib.memory_failure()
-    llama_cpp = bindings.import_llama_cpp()
-    stream = TextStream()
     text: list[str] = []
     generated: list[int] = []
     s: InstrSession | None = None
@@ -379,14 +260,7 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
                 on_text(chunk)
 
     try:
-        # the projector and the media, checked against the model before any log exists
-        threads = resolve_threads(cfg.threads)
-        mm = Media(llm, cfg.media, threads, cfg.flash_attn) if cfg.media else None
-        # mtmd loads a projector whose compute buffer did not fit (its warm-up ignores the
-        # failure) and faults at its first encode: refused here, with what did not fit
-        oom = memory.explain(lib, failed_before, cfg.memory_setting()) if mm else None
-        if oom is not None:
-            raise oom
+        mm = _media(cfg, llm, lib, failed_before)
         if cfg.warmup:
             warm_up(llm)
         p = Prompt.of(cfg, llm, mm)
@@ -407,15 +281,7 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
             if mm:  # the media's encodes and the decode of every chunk but the last token
                 llm.reset()
                 prompt_tokens = mm.evaluate(p.text, p.add_bos)
-            for token in llm.generate(prompt_tokens, temp=cfg.temp, reset=True):
-                if not cfg.ignore_eos and llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):
-                    break
-                generated.append(int(token))
-                piece = llm.detokenize([token], prev_tokens=prompt_tokens + generated[:-1])
-                emit(stream.feed(piece))
-                if len(generated) >= cfg.n_predict:
-                    break
-            emit(stream.close())
+            _generate(cfg, llm, prompt_tokens, generated, emit)
     except KeyboardInterrupt:
         if s is None:  # before the session began: nothing was run
             raise
@@ -442,6 +308,56 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
         token_ids=generated,
         old_log=old,
     )
+
+
+def _prepared(cfg: RunConfig) -> tuple[Any, Placement]:
+    """The patched library and the placement, before the model loads: the log will hold the
+    upload to RPC servers, which answer and are devices then (before any log exists), and the
+    memory budget holds on the devices that exist (RPC0...)."""
+    lib = bindings.load()
+    lib.record_transfers()
+    placement = prepare(cfg.offload)
+    if cfg.memory_budget:
+        lib.set_memory_budget(cfg.memory_budget)
+    return lib, placement
+
+
+def _media(cfg: RunConfig, llm: Any, lib: Any, failed_before: Any) -> Media | None:
+    """The projector and the media, checked against the model before any log exists; None
+    without a projector."""
+    if not cfg.media:
+        return None
+    mm = Media(llm, cfg.media, resolve_threads(cfg.threads), cfg.flash_attn)
+    # mtmd loads a projector whose compute buffer did not fit (its warm-up ignores the failure)
+    # and faults at its first encode: refused here, with what did not fit
+    oom = memory.explain(lib, failed_before, cfg.memory_setting())
+    if oom is not None:
+        mm.close()
+        raise oom
+    return mm
+
+
+def _generate(
+    cfg: RunConfig,
+    llm: Any,
+    prompt_tokens: list[int],
+    generated: list[int],
+    emit: Callable[[str], None],
+) -> None:
+    """Up to ``cfg.n_predict`` tokens after ``prompt_tokens`` (to end-of-generation unless
+    ``cfg.ignore_eos``), each added to ``generated`` as it comes and its text given to ``emit``
+    (whole characters: ``TextStream``)."""
+    llama_cpp = bindings.import_llama_cpp()
+    stream = TextStream()
+    for token in llm.generate(prompt_tokens, temp=cfg.temp, reset=True):
+        if not cfg.ignore_eos and llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):
+            break
+        generated.append(int(token))
+        piece = llm.detokenize([token], prev_tokens=prompt_tokens + generated[:-1])
+        emit(stream.feed(piece))
+        if len(generated) >= cfg.n_predict:
+            break
+    emit(stream.close())
 
 
 def echo_stream(text: str) -> None:

@@ -223,54 +223,68 @@ def close_when_idle(llm: Any, use: ModelUse, timeout: float = CLOSE_TIMEOUT_S) -
 def instrument(llm: Any, api: bindings.InstrLib) -> ModelUse:
     """Wrap the server's Llama instance (instance attributes: the class is untouched); the
     returned ModelUse counts the calls using the model."""
-    ctx = llm.ctx
-    use = ModelUse()
+    marks = _Marks(llm, api)
+    llm.create_completion = marks.around(llm.create_completion)
+    llm.embed = marks.around(llm.embed)
+    llm.eval = marks.eval_and_note
+    return marks.use
 
-    def started(rec: _Request) -> None:
-        api.set_request(ctx, rec.id)
+
+class _Marks:
+    """The request marks around a server's Llama (``instrument``): a request begins with the
+    first call that uses the model and ends when that call (or its stream) is done."""
+
+    def __init__(self, llm: Any, api: bindings.InstrLib) -> None:
+        self.ctx = llm.ctx
+        self.api = api
+        self.use = ModelUse()
+        self.eval_fn = llm.eval
+
+    def started(self, rec: _Request) -> None:
+        self.api.set_request(self.ctx, rec.id)
         if rec.t_model is None:
             rec.t_model = time.monotonic_ns()
-            rec._totals0 = _totals(api)
-            rec.level = api.request_begin(ctx)  # sampled in (--sample-requests) or not
+            rec._totals0 = _totals(self.api)
+            rec.level = self.api.request_begin(self.ctx)  # sampled in (--sample-requests) or not
 
-    def finished(rec: _Request) -> None:
+    def finished(self, rec: _Request) -> None:
         if rec.evals == 0 and rec._totals0 is not None:
             # no eval (embeddings decode directly): the session's counts moved by this request
-            p, g = _totals(api)
+            p, g = _totals(self.api)
             rec.prompt_tokens = p - rec._totals0[0] + g - rec._totals0[1]
         rec.t_model_done = time.monotonic_ns()
         if rec.t_first_token is None and rec.evals > 0:
             rec.t_first_token = rec.t_model_done  # one token: sampled after the last eval
         try:
-            api.set_request(ctx, None)
-            api.request_end(ctx)
+            self.api.set_request(self.ctx, None)
+            self.api.request_end(self.ctx)
         except UserError:
             pass  # a stream closed after the session ended (shutdown)
 
-    def around(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def around(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             rec = CURRENT.get()
-            use.enter()
+            self.use.enter()
             try:
                 if rec is not None:
-                    started(rec)
+                    self.started(rec)
                 result = fn(*args, **kwargs)
             except BaseException:
                 if rec is not None:
-                    finished(rec)
-                use.leave()
+                    self.finished(rec)
+                self.use.leave()
                 raise
             if isinstance(result, Iterator):
                 # a stream uses the model until it is exhausted or closed
-                return _streamed(result, rec)
+                return self.streamed(result, rec)
             if rec is not None:
-                finished(rec)
-            use.leave()
+                self.finished(rec)
+            self.use.leave()
             return result
 
         return wrapper
 
-    def _streamed(it: Iterator[Any], rec: _Request | None) -> Iterator[Any]:
+    def streamed(self, it: Iterator[Any], rec: _Request | None) -> Iterator[Any]:
         try:
             for chunk in it:
                 if rec is not None and _has_token(chunk):
@@ -278,12 +292,10 @@ def instrument(llm: Any, api: bindings.InstrLib) -> ModelUse:
                 yield chunk
         finally:
             if rec is not None:
-                finished(rec)
-            use.leave()
+                self.finished(rec)
+            self.use.leave()
 
-    eval_fn = llm.eval
-
-    def eval_and_note(tokens: Any) -> Any:
+    def eval_and_note(self, tokens: Any) -> Any:
         rec = CURRENT.get()
         if rec is not None:
             # the first eval decodes the prompt (what the prefix cache did not hold); each later
@@ -295,16 +307,11 @@ def instrument(llm: Any, api: bindings.InstrLib) -> ModelUse:
                 if rec.t_first_token is None:
                     rec.t_first_token = time.monotonic_ns()
             rec.evals += 1
-        use.enter()
+        self.use.enter()
         try:
-            return eval_fn(tokens)
+            return self.eval_fn(tokens)
         finally:
-            use.leave()
-
-    llm.create_completion = around(llm.create_completion)
-    llm.embed = around(llm.embed)
-    llm.eval = eval_and_note
-    return use
+            self.use.leave()
 
 
 def _has_token(chunk: Any) -> bool:
@@ -374,6 +381,54 @@ def _load_app(
     return app, llm
 
 
+def _metadata(
+    model: Path,
+    server: dict[str, Any],
+    always_on: AlwaysOn,
+    offload: Offload,
+    tensors: TensorOverrides,
+) -> dict[str, Any]:
+    """The session's metadata: the tool, the command, the model and how it is served."""
+    return {
+        "tool": f"llamacpp-instr {__version__}",
+        "command": "instr serve",
+        "model_path": str(model),
+        "server": server,
+        "flash_attn_type": context_defaults.flash_attn_name(None),
+        "always_on": always_on.metadata(),
+        "offload": offload.describe(),
+        **({"tensor_overrides": tensors.describe()} if tensors else {}),
+    }
+
+
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM, or a shutdown uvicorn handled itself: the session ends as interrupted, as on
+    Ctrl-C (api.session's status for KeyboardInterrupt)."""
+
+
+def _on_term(signum: int, frame: Any) -> None:
+    raise _Stopped()
+
+
+def _run_server(server: Any, api: bindings.InstrLib, level: str, ready: Callable[[], None]) -> None:
+    """Run uvicorn's ``server`` inside the session, with SIGTERM ending it as interrupted,
+    SIGHUP reopening the log and SIGUSR1 switching its level (the handlers before restored);
+    ``ready`` is called once the handlers are in place."""
+    previous = signal.signal(signal.SIGTERM, _on_term)
+    # logrotate moved the log: reopen it at its path (between steps; a flag only)
+    previous_hup = signal.signal(signal.SIGHUP, lambda signum, frame: api.reopen())
+    previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: switch_level(api, level))
+    try:
+        ready()
+        server.run()
+        if server.should_exit:
+            raise _Stopped()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGHUP, previous_hup)
+        signal.signal(signal.SIGUSR1, previous_usr1)
+
+
 def switch_level(api: bindings.InstrLib, opened: str) -> None:
     """SIGUSR1: record from the next step at minimal, or back at the level the session ``opened``
     at (detailed when that was minimal), as the library does for a llama.cpp program; one line on
@@ -436,24 +491,8 @@ def serve(
     use = instrument(llm, api)
     app.add_middleware(RequestRecorder, api=api)
 
-    metadata = {
-        "tool": f"llamacpp-instr {__version__}",
-        "command": "instr serve",
-        "model_path": str(model),
-        "server": {"host": host, "port": port, "n_ctx": n_ctx, "threads": n_threads},
-        "flash_attn_type": context_defaults.flash_attn_name(None),
-        "always_on": always_on.metadata(),
-        "offload": offload.describe(),
-        **({"tensor_overrides": tensors.describe()} if tensors else {}),
-    }
-
-    class _Stopped(KeyboardInterrupt):
-        """SIGTERM, or a shutdown uvicorn handled itself: the session ends as interrupted, as on
-        Ctrl-C (api.session's status for KeyboardInterrupt)."""
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise _Stopped()
-
+    server_of = {"host": host, "port": port, "n_ctx": n_ctx, "threads": n_threads}
+    metadata = _metadata(model, server_of, always_on, offload, tensors)
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: SIGINT becomes
     # KeyboardInterrupt, SIGTERM this exception, and the session ends as interrupted either way
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
@@ -473,25 +512,10 @@ def serve(
             metadata=metadata,
             **always_on.metadata(),
         ) as s:
-            previous = signal.signal(signal.SIGTERM, on_term)
-            # logrotate moved the log: reopen it at its path (between steps; a flag only)
-            previous_hup = signal.signal(signal.SIGHUP, lambda signum, frame: api.reopen())
-            previous_usr1 = signal.signal(
-                signal.SIGUSR1, lambda signum, frame: switch_level(api, level)
+            ready = (
+                f"serving {model.name} on http://{host}:{port}/v1 (OpenAI-compatible); log: {out}"
             )
-            try:
-                if on_ready:
-                    on_ready(
-                        f"serving {model.name} on http://{host}:{port}/v1 (OpenAI-compatible); "
-                        f"log: {out}"
-                    )
-                server.run()
-                if server.should_exit:
-                    raise _Stopped()
-            finally:
-                signal.signal(signal.SIGTERM, previous)
-                signal.signal(signal.SIGHUP, previous_hup)
-                signal.signal(signal.SIGUSR1, previous_usr1)
+            _run_server(server, api, level, lambda: on_ready(ready) if on_ready else None)
     except KeyboardInterrupt:
         if s is None:  # before the session began
             raise

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.deciding.measures import Machine
 from llamacpp_instr.running.offload import Offload
 
 from . import net_costs, predict, sampling_price, spec_predict
@@ -72,11 +73,10 @@ class PredictResult:
 
 
 def predict_setting(
-    request: PredictRequest, say: Callable[[str], None] = lambda _: None
+    request: PredictRequest, machine: Machine, say: Callable[[str], None] = lambda _: None
 ) -> PredictResult:
-    """``instr predict``: the request's setting priced from its logs' measured ops (``predict``),
-    one prediction per quantization; ``say`` hears the quantizer's progress."""
-    from llamacpp_instr.deciding.fit import quantized_files
+    """``instr predict``: the request's setting priced from its logs' measured ops (``predict``)
+    on ``machine``, one prediction per quantization; ``say`` hears the quantizer's progress."""
     from llamacpp_instr.native import models
 
     if request.spec_n_max is not None:  # speculative decoding: from the logs' verifies alone
@@ -119,13 +119,15 @@ def predict_setting(
             "--rpc names none"
         )
     files = (
-        quantized_files(base.model, request.quants, say) if request.quants else [("", base.model)]
+        machine.quantized(base.model, request.quants, say) if request.quants else [("", base.model)]
     )
-    cost_model = predict.fit(sessions, probe=request.probe)
+    cost_model = predict.fit(sessions, machine=machine if request.probe else None)
     names = [str(p) for p in request.logs]
     return PredictResult(
         [
-            predict.price(replace(base, model=f), cost_model, sessions, names, probe=request.probe)
+            predict.price(
+                replace(base, model=f), cost_model, sessions, names, machine, probe=request.probe
+            )
             for _q, f in files
         ],
         sampling=sampling_price.measure(sessions),

@@ -309,9 +309,7 @@ def fit(
     (bench/predict.py, leave one out twice over): each session's graphs and each set's held-out
     model kept there by the sessions' ids, which must stay alive as long as it; ``matmuls``:
     the one-column matmul probe from one thread count to another (``gemv_probe``), or None."""
-    parts: list[pd.DataFrame] = []
     fusion = _Fusion()
-    overhead_rows: list[tuple[Where, str, float, bool]] = []
     sessions = list(sessions)
     if graphs is None:
         memo_ = memo if memo is not None else {}
@@ -319,52 +317,11 @@ def fit(
             if ("graphs", id(sf)) not in memo_:
                 memo_[("graphs", id(sf))] = log_graphs(sf) if not sf.ops.empty else {}
         graphs = [memo_[("graphs", id(sf))] for sf in sessions]
-    for sf, g in zip(sessions, graphs, strict=True):
-        threads = threads_of(sf)
-        df = _op_frame(sf, g, _devices_of(sf))
-        if df is None or df.empty:
-            continue
-        df["threads"] = np.where(df["device"] == "CPU", threads, 0)
-        df["log"] = len(parts)
-        parts.append(df)
-        _fused_roles(sf, g, threads, fusion)
-        # the host's time per compute outside the ops (on several devices: outside the devices'
-        # own time and the copies, which split_costs prices): graph build, inputs, outputs
-        per_step = df.groupby("step").agg(op_ns=("dur", "sum"), computes=("ubatch", "nunique"))
-        on_devices = split_costs.device_time(sf)
-        steps = sf.steps.set_index("step")
-        took = net_costs.step_times(sf)
-        cold = cold_step(sf)
-        for step, row in per_step.iterrows():
-            if step not in steps.index:
-                continue
-            s = steps.loc[step]
-            inside = on_devices.get(int(step), float(row["op_ns"]))
-            extra = (took[int(step)] - inside) / max(int(row["computes"]), 1)
-            where = Where("CPU", threads)
-            overhead_rows.append((where, str(s["kind"]), max(extra, 0.0), step == cold))
+    parts, overhead_rows = _observe(sessions, graphs, fusion)
     if not parts:
         return CostModel(fits={}, roofs={}, fused=set(), overhead={})
     obs = pd.concat(parts, ignore_index=True)
-    # each row's device and thread count as one code (Where objects made once per pair)
-    dev_code, dev_names = pd.factorize(obs["device"])
-    thr_code, thr_names = pd.factorize(obs["threads"])
-    where_code = dev_code * len(thr_names) + thr_code
-    wheres = {
-        int(c): Where(str(dev_names[c // len(thr_names)]), int(thr_names[c % len(thr_names)]))
-        for c in np.unique(where_code)
-    }
-    roofs: dict[Where, Roofs] = {}
-    work = np.zeros(len(obs))
-    for c, w in wheres.items():
-        rows = obs[where_code == c]
-        roofs[w] = _roofs(rows)
-        work[where_code == c] = roofs[w].work(
-            rows["label"].tolist(),
-            rows["type0"].tolist(),
-            rows["bytes"].to_numpy(),
-            rows["flops"].to_numpy(),
-        )
+    where_code, wheres, roofs, work = _by_where(obs)
     fits = _class_fits(obs, where_code, wheres, work, roofs)
     stream = _stream(obs, where_code, wheres)
     flash = kv_costs.flash_lines(
@@ -396,6 +353,68 @@ def fit(
     if held_out:
         _held_out(model, sessions, graphs, {} if memo is None else memo, peaks or {}, matmuls)
     return model
+
+
+def _observe(
+    sessions: list[Any], graphs: list[LogGraphs], fusion: _Fusion
+) -> tuple[list[pd.DataFrame], list[tuple[Where, str, float, bool]]]:
+    """Each session's timed ops as rows (its device and thread count, its log's index), the ops
+    fused at each (into ``fusion``), and the host's time per compute outside the ops: (where,
+    kind, ns, whether the step started its context)."""
+    parts: list[pd.DataFrame] = []
+    overhead_rows: list[tuple[Where, str, float, bool]] = []
+    for sf, g in zip(sessions, graphs, strict=True):
+        threads = threads_of(sf)
+        df = _op_frame(sf, g, _devices_of(sf))
+        if df is None or df.empty:
+            continue
+        df["threads"] = np.where(df["device"] == "CPU", threads, 0)
+        df["log"] = len(parts)
+        parts.append(df)
+        _fused_roles(sf, g, threads, fusion)
+        # the host's time per compute outside the ops (on several devices: outside the devices'
+        # own time and the copies, which split_costs prices): graph build, inputs, outputs
+        per_step = df.groupby("step").agg(op_ns=("dur", "sum"), computes=("ubatch", "nunique"))
+        on_devices = split_costs.device_time(sf)
+        steps = sf.steps.set_index("step")
+        took = net_costs.step_times(sf)
+        cold = cold_step(sf)
+        for step, row in per_step.iterrows():
+            if step not in steps.index:
+                continue
+            s = steps.loc[step]
+            inside = on_devices.get(int(step), float(row["op_ns"]))
+            extra = (took[int(step)] - inside) / max(int(row["computes"]), 1)
+            where = Where("CPU", threads)
+            overhead_rows.append((where, str(s["kind"]), max(extra, 0.0), step == cold))
+    return parts, overhead_rows
+
+
+def _by_where(
+    obs: pd.DataFrame,
+) -> tuple[np.ndarray, dict[int, Where], dict[Where, Roofs], np.ndarray]:
+    """Each row's (device, thread count) as one code, the ``Where`` of each code, the roofs of
+    each and each row's work at its roofs."""
+    # each row's device and thread count as one code (Where objects made once per pair)
+    dev_code, dev_names = pd.factorize(obs["device"])
+    thr_code, thr_names = pd.factorize(obs["threads"])
+    where_code = dev_code * len(thr_names) + thr_code
+    wheres = {
+        int(c): Where(str(dev_names[c // len(thr_names)]), int(thr_names[c % len(thr_names)]))
+        for c in np.unique(where_code)
+    }
+    roofs: dict[Where, Roofs] = {}
+    work = np.zeros(len(obs))
+    for c, w in wheres.items():
+        rows = obs[where_code == c]
+        roofs[w] = _roofs(rows)
+        work[where_code == c] = roofs[w].work(
+            rows["label"].tolist(),
+            rows["type0"].tolist(),
+            rows["bytes"].to_numpy(),
+            rows["flops"].to_numpy(),
+        )
+    return where_code, wheres, roofs, work
 
 
 @dataclass

@@ -39,6 +39,7 @@ from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.analysis.frames import SessionFrames, load_session
 from llamacpp_instr.converters.analysis.spec_split import split
 from llamacpp_instr.converters.session.speculation import Price, model_name, roles
+from llamacpp_instr.deciding.measures import Machine
 
 MAX_N = 64  # the longest draft predicted
 
@@ -244,10 +245,10 @@ def predict_n(m: Measured, n_max: int, gen_tokens: int | None = None) -> SpecPre
     return SpecPrediction(n_max, g / (t / 1e9) if t else 0.0, per_verify, g, list(extra))
 
 
-def model_price(f: SessionFrames) -> Price | None:
+def model_price(f: SessionFrames, machine: Machine | None = None) -> Price | None:
     """``predict``'s price of one token of the target (``instr summary`` and ``instr requests``,
     for a log with no single-token step of the target): its model file as the log names it, at
-    the log's threads, priced from the log's own ops; None where it cannot be."""
+    the log's threads, priced from the log's own ops on ``machine``; None where it cannot be."""
     from llamacpp_instr.deciding.prediction import predict as op_predict
 
     tgt = next((c for c, r in roles(f.info).items() if r == "target"), None)
@@ -269,8 +270,12 @@ def model_price(f: SessionFrames) -> Price | None:
         type_k=str(ctx.get("type_k") or "f16"),
         type_v=str(ctx.get("type_v") or "f16"),
     )
+    if machine is None:  # (summary and requests hand in none yet: this machine's)
+        from llamacpp_instr.running.measuring import ThisMachine
+
+        machine = ThisMachine()
     try:
-        p = op_predict.price(t, op_predict.fit([f]), [f], ["this log"])
+        p = op_predict.price(t, op_predict.fit([f], machine=machine), [f], ["this log"], machine)
     except UserError:
         return None
     if p.gen is None or p.gen.value <= 0:

@@ -203,28 +203,53 @@ def across_devices(
     the one the previous compute ran, so each server is sent it whole); and what no log has
     (module docstring). ``shares``: per expert matmul (node index), the share of its experts
     ggml copies where it offloads the op (the experts used: ``expert_traffic``)."""
-    extra: dict[str, float] = defaultdict(float)
-    lost: list[str] = []
-    run = [k for k in range(len(g.nodes)) if not noop[k]]
-    by_name = {g.nodes[k].name: k for k in run}
+    walk = _Walk(g, noop, devs, costs, held, shares)
+    k0 = 0
+    while k0 < len(walk.run):
+        k0 = walk.split(k0, kind, resend)
+    # the program reads the logits (the graph's output) from the device that made them
+    out = _output(g, noop)
+    if out is not None and devs[out].startswith("RPC"):
+        walk.read_back(devs[out], g.nodes[out].bytes)
+    return dict(walk.extra), sorted(set(walk.lost))
 
-    def link(dev: str) -> net_costs.Link | None:
-        found = costs.net.link(dev)
+
+class _Walk:
+    """``across_devices``' walk over a graph's splits: the time it adds up and what no log has."""
+
+    def __init__(
+        self,
+        g: Graph,
+        noop: Sequence[bool] | np.ndarray,
+        devs: Sequence[str],
+        costs: SplitCosts,
+        held: Holders | None,
+        shares: dict[int, float] | None,
+    ) -> None:
+        self.g, self.devs, self.costs, self.held, self.shares = g, devs, costs, held, shares
+        self.extra: dict[str, float] = defaultdict(float)
+        self.lost: list[str] = []
+        self.run = [k for k in range(len(g.nodes)) if not noop[k]]
+        self.by_name = {g.nodes[k].name: k for k in self.run}
+
+    def link(self, dev: str) -> net_costs.Link | None:
+        found = self.costs.net.link(dev)
         if found is None:
-            lost.append(
+            self.lost.append(
                 f"the network to {dev}: no log measured its link (an RPC run's log has it, or "
                 "give --rpc-rate and --rpc-rtt)"
             )
         return found
 
-    def read_back(dev: str, n_bytes: int) -> None:
+    def read_back(self, dev: str, n_bytes: int) -> None:
         """A get_tensor from an RPC device: one round trip and the bytes."""
-        lk = link(dev)
+        lk = self.link(dev)
         if lk is not None:
-            extra["network"] += lk.time(net_costs.GET_SENT + n_bytes + net_costs.GET_FRAME, 1)
+            self.extra["network"] += lk.time(net_costs.GET_SENT + n_bytes + net_costs.GET_FRAME, 1)
 
-    def inputs(k: int, dev: str) -> dict[str, tuple[str, int]]:
+    def inputs(self, k: int, dev: str) -> dict[str, tuple[str, int]]:
         """What node ``k`` on ``dev`` reads from another device: name -> (device, bytes)."""
+        g, devs, held = self.g, self.devs, self.held
         node = g.nodes[k]
         out: dict[str, tuple[str, int]] = {}
         for s in node.src:
@@ -237,28 +262,29 @@ def across_devices(
             elif s.get("kind") == "weight" and held:
                 where = held.get((node.name, str(s.get("name"))), dev)
                 if where != dev:
-                    share = (shares or {}).get(k, 1.0) if s is node.src[0] else 1.0
+                    share = (self.shares or {}).get(k, 1.0) if s is node.src[0] else 1.0
                     out[str(s.get("name"))] = (where, int(int(s.get("bytes", 0)) * share))
             elif dev != "CPU" and s.get("kind") == "other" and "#" in str(s.get("name")):
                 # the scheduler's copy onto this device (DEV[...]#inp_pos#0): of another
                 # device's node, or of an input llama.cpp set on the host (positions, mask)
                 base = str(s.get("name")).split("#")[1]
-                j = by_name.get(base, -1)
+                j = self.by_name.get(base, -1)
                 src_dev = devs[j] if j >= 0 else "CPU"
                 if src_dev != dev:
                     out[base] = (src_dev, int(s.get("bytes", 0)))
         return out
 
-    def offloaded(k: int, dev: str) -> bool:
+    def offloaded(self, k: int, dev: str) -> bool:
         """Node ``k`` reads a weight held on another device (ggml's op offload)."""
-        return bool(held) and any(
+        return bool(self.held) and any(
             s.get("kind") == "weight"
-            and (held or {}).get((g.nodes[k].name, str(s.get("name"))), dev) != dev
-            for s in g.nodes[k].src
+            and (self.held or {}).get((self.g.nodes[k].name, str(s.get("name"))), dev) != dev
+            for s in self.g.nodes[k].src
         )
 
-    k0 = 0
-    while k0 < len(run):
+    def split(self, k0: int, kind: str, resend: bool) -> int:
+        """The split that starts at ``run[k0]`` priced; the index its next starts at."""
+        run, devs, costs = self.run, self.devs, self.costs
         dev = devs[run[k0]]
         rpc = dev.startswith("RPC")
         copied: dict[str, tuple[str, int]] = {}
@@ -266,43 +292,42 @@ def across_devices(
         while k1 < len(run) and devs[run[k1]] == dev:
             # the scheduler starts a split at a node reading a weight it copies, once the split
             # has inputs (module docstring)
-            if k1 > k0 and copied and offloaded(run[k1], dev):
+            if k1 > k0 and copied and self.offloaded(run[k1], dev):
                 break
-            copied.update(inputs(run[k1], dev))
+            copied.update(self.inputs(run[k1], dev))
             k1 += 1
         split_extra = costs.extra.get((dev, kind))
         if split_extra is None:
-            lost.append(f"a split on {dev} in {kind} steps: no log ran one")
+            self.lost.append(f"a split on {dev} in {kind} steps: no log ran one")
         else:
-            extra[dev] += split_extra
+            self.extra[dev] += split_extra
         for src_dev, n_bytes in copied.values():
-            if src_dev.startswith("RPC"):
-                read_back(src_dev, n_bytes)  # read from its server, then sent on (below)
-            if rpc:
-                lk = link(dev)
-                if lk is not None:
-                    extra["network"] += lk.time(net_costs.SET_FRAME + n_bytes)
-                continue
-            if src_dev.startswith("RPC"):
-                continue
-            cp = costs.links.get((src_dev, dev))
-            if cp is None:
-                lost.append(f"copies from {src_dev} to {dev}: no log made one")
-            else:
-                extra["copies"] += cp.time(n_bytes)
+            self.copy(src_dev, dev, n_bytes)
         if rpc:
-            lk = link(dev)
+            lk = self.link(dev)
             if lk is not None:
                 # the graph the server already holds is computed again (graph_recompute)
                 n_nodes = run[k1 - 1] - run[k0] + 1
                 sent = costs.net.node_bytes * n_nodes if resend else net_costs.RECOMPUTE_SENT
-                extra["network"] += lk.time(sent)
-        k0 = k1
-    # the program reads the logits (the graph's output) from the device that made them
-    out = _output(g, noop)
-    if out is not None and devs[out].startswith("RPC"):
-        read_back(devs[out], g.nodes[out].bytes)
-    return dict(extra), sorted(set(lost))
+                self.extra["network"] += lk.time(sent)
+        return k1
+
+    def copy(self, src_dev: str, dev: str, n_bytes: int) -> None:
+        """A split's input copied from ``src_dev`` onto ``dev``."""
+        if src_dev.startswith("RPC"):
+            self.read_back(src_dev, n_bytes)  # read from its server, then sent on (below)
+        if dev.startswith("RPC"):
+            lk = self.link(dev)
+            if lk is not None:
+                self.extra["network"] += lk.time(net_costs.SET_FRAME + n_bytes)
+            return
+        if src_dev.startswith("RPC"):
+            return
+        cp = self.costs.links.get((src_dev, dev))
+        if cp is None:
+            self.lost.append(f"copies from {src_dev} to {dev}: no log made one")
+        else:
+            self.extra["copies"] += cp.time(n_bytes)
 
 
 def _output(g: Graph, noop: Sequence[bool] | np.ndarray) -> int | None:

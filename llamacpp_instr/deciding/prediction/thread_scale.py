@@ -98,7 +98,7 @@ class ThreadScale:
         """An op's time beyond its class's fixed cost at the target's count, from the source's
         (``beyond_fixed``), its bytes, its weight's type for a matmul reading one (else ""), its
         role, its parts (``split_units``) and, for a matmul, its columns (the tokens it
-        multiplies) and its weight's shape (``gemv_probe.shape_of``); and what it is
+        multiplies) and its weight's shape (``probe_shapes.weight_shape``); and what it is
         (``MEMORY``, ``COMPUTE``, ``ONE_THREAD``). A matmul of one column moves by the speed-up
         the probe measured of its shape (``probe``), else by the one-column matmul ``instr
         peaks`` measured of its type at both counts, and is memory-bound where it streams its

@@ -117,10 +117,9 @@ Progress = Callable[[int, int, int, int, Path], None]
 
 
 def default_text() -> Path:
-    """The bundled public-domain text: the Book of Genesis, King James Version."""
-    import llamacpp_instr
-
-    return Path(llamacpp_instr.__file__).parent / "data" / "kjv-genesis.txt"
+    """The bundled public-domain text: the Book of Genesis, King James Version (the package's
+    ``data/``, two folders above this module's)."""
+    return Path(__file__).resolve().parents[2] / "data" / "kjv-genesis.txt"
 
 
 def read_text(path: Path) -> bytes:
@@ -173,7 +172,7 @@ class _Model:
     ) -> None:
         """A context of one chunk with the KV cache types ``kv`` (K, V) and flash attention on,
         off or llama.cpp's auto (None)."""
-        from llamacpp_instr.running.runner import kv_type_id
+        from llamacpp_instr.running.context_defaults import flash_attn_type, kv_type_id
 
         lc = self.lc
         ctx = self.n_ctx
@@ -185,12 +184,7 @@ class _Model:
         p.n_threads = threads
         p.n_threads_batch = threads
         p.type_k, p.type_v = kv_type_id(kv[0]), kv_type_id(kv[1])
-        if flash_attn is not None:
-            p.flash_attn_type = (
-                lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
-                if flash_attn
-                else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            )
+        p.flash_attn_type = flash_attn_type(flash_attn)
         self.kv = kv
         self.ctx = lc.llama_init_from_model(self.model, p)
         if not self.ctx:
@@ -283,18 +277,9 @@ class KvCache:
         return self.types != ("f16", "f16")
 
     def check(self) -> None:
-        from llamacpp_instr.running.memory_budget import KV_TYPES
+        from llamacpp_instr.running.context_defaults import check_kv
 
-        for name in self.types:
-            if name not in KV_TYPES:
-                raise UserError(
-                    f"unknown KV cache type {name!r}: choose one of {', '.join(KV_TYPES)}"
-                )
-        if self.type_v not in ("f32", "f16", "bf16") and self.flash_attn is False:
-            raise UserError(
-                f"a {self.type_v} V cache needs flash attention: drop --no-flash-attn "
-                "(or give --flash-attn)"
-            )
+        check_kv(self.type_k, self.type_v, self.flash_attn)
 
 
 def _load(
@@ -395,8 +380,73 @@ def evaluate(
     cache and every model's flash attention (no quants and a quantized cache: the base with that
     cache against itself with an f16 one); ``all_positions``: the KLD by position over every
     position, not only the scored half (the logits of the whole chunk)."""
-    from llamacpp_instr.running.runner import resolve_threads
+    from llamacpp_instr.native import bindings, pin
+    from llamacpp_instr.running.run_config import resolve_threads
 
+    quants = _asked(base, quants, ctx, chunks, kv)
+    text_path = text if text is not None else default_text()
+    data = read_text(text_path)
+    paths = [Path(base), *map(Path, quants)]
+    for p in paths:
+        models.check_gguf(p)
+    threads = resolve_threads(threads)
+    llama_cpp = bindings.import_llama_cpp()
+    from llama_cpp import _logger
+
+    _logger.set_verbose(False)  # llama.cpp's load-time chatter off; errors still shown
+    llama_cpp.llama_backend_init()
+    offload = offload or Offload()
+    placement = prepare(offload)
+
+    t0 = time.monotonic()
+    loaded = _load(llama_cpp, paths, ctx, threads, placement, kv)
+    try:
+        scored = _scored(loaded, data, text_path, ctx, chunks, progress, all_positions)
+    finally:
+        for m in loaded:
+            m.close()
+    n_chunk = scored.pop("chunks")
+    count = n_chunk * (ctx - 1 - ctx // 2)
+    log_base, log_base_err = mean_and_uncertainty(
+        scored.pop("base_sum"), scored.pop("base_sum2"), count
+    )
+    rows = [
+        {"path": str(path), "type_k": kv.type_k, "type_v": kv.type_v, **acc.summary(),
+         "kld_by_position": pos.bins()}
+        for path, acc, pos in zip(paths[1:], scored.pop("accs"), scored.pop("positions"), strict=True)
+    ]  # fmt: skip
+    return {
+        "text": str(text_path),
+        # where the models ran, when not all on the CPU (the numerics of devices differ)
+        **({"offload": offload.describe()} if offload != Offload() else {}),
+        "ctx": ctx,
+        "chunks": n_chunk,
+        "chunks_max": scored["chunks_max"],
+        "tokens": scored["tokens"],
+        "tokens_scored": count,
+        "n_vocab": scored["n_vocab"],
+        "add_bos": scored["add_bos"],
+        "n_ctx_train": scored["n_ctx_train"],
+        "threads": threads,
+        # the base's KV cache is f16; each model's is in its row (type_k, type_v)
+        "flash_attn": "auto" if kv.flash_attn is None else kv.flash_attn,
+        "seconds": time.monotonic() - t0,
+        "warnings": scored["warnings"],
+        "llama_cpp_commit": pin.LLAMA_CPP_COMMIT,
+        "base": {
+            "path": str(paths[0]),
+            "ppl": math.exp(log_base),
+            "ppl_err": math.exp(log_base) * log_base_err,
+        },
+        "models": rows,
+    }
+
+
+def _asked(
+    base: Path, quants: Sequence[Path], ctx: int, chunks: int | None, kv: KvCache
+) -> Sequence[Path]:
+    """The quants to evaluate (the base itself where only a KV cache is asked), or a one-line
+    UserError for a request that cannot be evaluated."""
     if ctx < 8:
         raise UserError(f"--chunk-size must be at least 8, got {ctx}")
     if chunks is not None and chunks < 1:
@@ -409,94 +459,45 @@ def evaluate(
             "give at least one QUANT.gguf to compare with the base, or a KV cache type "
             "(-ctk/-ctv) to compare the base's own cache with"
         )
-    text_path = text if text is not None else default_text()
-    data = read_text(text_path)
-    paths = [Path(base), *map(Path, quants)]
-    for p in paths:
-        models.check_gguf(p)
-    threads = resolve_threads(threads)
+    return quants
 
-    from llamacpp_instr.native import bindings
 
-    llama_cpp = bindings.import_llama_cpp()
-    from llama_cpp import _logger
-
-    _logger.set_verbose(False)  # llama.cpp's load-time chatter off; errors still shown
-    llama_cpp.llama_backend_init()
-    offload = offload or Offload()
-    placement = prepare(offload)
-
-    t0 = time.monotonic()
-    loaded = _load(llama_cpp, paths, ctx, threads, placement, kv)
-    try:
-        tokens = loaded[0].tokenize(data)
-        if len(tokens) < 2 * ctx:
-            raise UserError(
-                f"{text_path} tokenizes to {len(tokens)} tokens: --chunk-size {ctx} needs at least "
-                f"{2 * ctx} (two chunks)"
-            )
-        n_chunk_max = len(tokens) // ctx
-        n_chunk = n_chunk_max if chunks is None else min(chunks, n_chunk_max)
-        accs, positions, base_sum, base_sum2 = _score(
-            loaded, tokens, n_chunk, progress, all_positions
+def _scored(
+    loaded: list[Any],
+    data: bytes,
+    text_path: Path,
+    ctx: int,
+    chunks: int | None,
+    progress: Progress | None,
+    all_positions: bool,
+) -> dict[str, Any]:
+    """The text tokenized by the base and scored chunk by chunk by every model (``_score``): the
+    sums and accumulators, with the counts and the models' facts the report gives."""
+    tokens = loaded[0].tokenize(data)
+    if len(tokens) < 2 * ctx:
+        raise UserError(
+            f"{text_path} tokenizes to {len(tokens)} tokens: --chunk-size {ctx} needs at least "
+            f"{2 * ctx} (two chunks)"
         )
-        if progress is not None:
-            progress(n_chunk, n_chunk, len(loaded), len(loaded), loaded[-1].path)
-        n_vocab = loaded[0].n_vocab
-        add_bos = loaded[0].add_bos
-        n_ctx_train = loaded[0].n_ctx_train
-        warnings = list(
-            dict.fromkeys(
-                f"--chunk-size {ctx} is more than the {m.n_ctx_train} tokens {m.path.name} was "
-                "trained on"
-                for m in loaded
-                if ctx > m.n_ctx_train
-            )
+    n_chunk_max = len(tokens) // ctx
+    n_chunk = n_chunk_max if chunks is None else min(chunks, n_chunk_max)
+    accs, positions, base_sum, base_sum2 = _score(loaded, tokens, n_chunk, progress, all_positions)
+    if progress is not None:
+        progress(n_chunk, n_chunk, len(loaded), len(loaded), loaded[-1].path)
+    warnings = list(
+        dict.fromkeys(
+            f"--chunk-size {ctx} is more than the {m.n_ctx_train} tokens {m.path.name} was "
+            "trained on"
+            for m in loaded
+            if ctx > m.n_ctx_train
         )
-    finally:
-        for m in loaded:
-            m.close()
-
-    count = n_chunk * (ctx - 1 - ctx // 2)
-    log_base, log_base_err = mean_and_uncertainty(base_sum, base_sum2, count)
-    out_models = []
-    for path, acc, pos in zip(paths[1:], accs, positions, strict=True):
-        out_models.append(
-            {
-                "path": str(path),
-                "type_k": kv.type_k,
-                "type_v": kv.type_v,
-                **acc.summary(),
-                "kld_by_position": pos.bins(),
-            }
-        )
-    from llamacpp_instr.native import pin
-
+    )
     return {
-        "text": str(text_path),
-        # where the models ran, when not all on the CPU (the numerics of devices differ)
-        **({"offload": offload.describe()} if offload != Offload() else {}),
-        "ctx": ctx,
-        "chunks": n_chunk,
-        "chunks_max": n_chunk_max,
-        "tokens": len(tokens),
-        "tokens_scored": count,
-        "n_vocab": n_vocab,
-        "add_bos": add_bos,
-        "n_ctx_train": n_ctx_train,
-        "threads": threads,
-        # the base's KV cache is f16; each model's is in its row (type_k, type_v)
-        "flash_attn": "auto" if kv.flash_attn is None else kv.flash_attn,
-        "seconds": time.monotonic() - t0,
-        "warnings": warnings,
-        "llama_cpp_commit": pin.LLAMA_CPP_COMMIT,
-        "base": {
-            "path": str(paths[0]),
-            "ppl": math.exp(log_base),
-            "ppl_err": math.exp(log_base) * log_base_err,
-        },
-        "models": out_models,
-    }
+        "tokens": len(tokens), "chunks": n_chunk, "chunks_max": n_chunk_max, "accs": accs,
+        "positions": positions, "base_sum": base_sum, "base_sum2": base_sum2,
+        "n_vocab": loaded[0].n_vocab, "add_bos": loaded[0].add_bos,
+        "n_ctx_train": loaded[0].n_ctx_train, "warnings": warnings,
+    }  # fmt: skip
 
 
 def evaluate_quants(

@@ -27,60 +27,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
-from llamacpp_instr.converters.session import derive
-from llamacpp_instr.deciding.prediction.kv_probe import PROBE_BYTES
+from llamacpp_instr.converters.analysis.probe_shapes import WeightShape, one_column, weight_bytes
+from llamacpp_instr.converters.reading.decode.graphs import Graph
+from llamacpp_instr.running.probes.kv_probe import PROBE_BYTES
 
 RUNS = 8  # computes a probe times at each count, in turn (after one untimed each): the fastest
 # at each counts (a neighbour's burst slows a run, nothing speeds one)
 COVER = 0.9
 MAX_SHAPES = 6
 
-# (weight type, k, m): the weight's row length and its rows
-WeightShape = tuple[str, int, int]
-
 # per (source count, target count, shape): the speed-up measured (the bytes it weighs are those of
 # the graph at hand: a shape weighs by its share of each graph, not of the first that measured it)
 _MEASURED: dict[tuple[int, int, WeightShape], float] = {}
-
-
-def weight_bytes(shape: WeightShape) -> int:
-    """A weight's bytes (its type's blocks over its ``k x m`` values), 0 for a type gguf does not
-    know."""
-    import gguf
-
-    name, k, m = shape
-    try:
-        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name.upper()]]
-    except KeyError:
-        return 0
-    return k // block * size * m
-
-
-def shape_of(node: Node, graph: Graph) -> WeightShape | None:
-    """The weight a matmul of one column reads (MUL_MAT by a single token, a weight of two
-    dimensions), None for any other node."""
-    # (a graph's shapes drop trailing dimensions of 1: one column's output is [m])
-    if node.op != "MUL_MAT" or any(int(x) != 1 for x in node.shape[1:]):
-        return None
-    src = node.src[0] if node.src else {}
-    if src.get("kind") != "weight":
-        return None
-    dims = [int(x) for x in derive.src_shape(src, graph)] + [1, 1]
-    if dims[2] != 1 or dims[3] != 1:
-        return None
-    return (str(src.get("type") or ""), dims[0], dims[1])
-
-
-def one_column(graph: Graph) -> dict[WeightShape, int]:
-    """The weights ``graph``'s matmuls of one column read, with the bytes each shape's read in
-    all."""
-    out: dict[WeightShape, int] = {}
-    for node in graph.nodes:
-        key = shape_of(node, graph)
-        if key is not None:
-            out[key] = out.get(key, 0) + weight_bytes(key)
-    return out
 
 
 class GemvProbe:
@@ -164,7 +122,7 @@ class GemvProbe:
 def for_logs(machines: list[dict[str, Any] | None], source: int, target: int) -> GemvProbe | None:
     """The probe of this machine's CPU at ``source`` and ``target`` threads, None where this
     machine is not the one every log names (``machines``: their ``session_start.machine``)."""
-    from llamacpp_instr.deciding.prediction import kv_probe
+    from llamacpp_instr.running.probes import kv_probe
 
     found = kv_probe.this_machine(machines)
     if found is None:

@@ -38,10 +38,9 @@ by ``kv_costs.KV_EXTRAPOLATION``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
-from llamacpp_instr.converters.reading.decode.graphs import Graph, Node
+from llamacpp_instr.converters.analysis.probe_shapes import FLASH, KQ, KQV, SOFTMAX, Shape
 
 # the bytes of caches one probe's layers hold (at most 512 layers): beyond a last-level cache
 PROBE_BYTES = 256 << 20
@@ -53,76 +52,10 @@ PROBE_BYTES = 256 << 20
 # (1,831-2,157 us a layer; their best 1,792)
 PROBE_RUNS = 6
 
-FLASH, KQ, SOFTMAX, KQV = "FLASH_ATTN_EXT", "kq", "kq_soft_max", "kqv"
 # llama_instr_probe_attn_op
 OPS = {FLASH: 0, KQ: 1, SOFTMAX: 2, KQV: 3}
 # ggml's type ids of the caches' types (gguf's GGMLQuantizationType)
 _F16 = 1
-
-
-@dataclass(frozen=True)
-class Shape:
-    """One attention op as the probe runs it: which (``OPS``), its query rows, the KV cells it
-    reads, the heads and their sizes, the caches' types (ggml's names)."""
-
-    op: str
-    rows: int
-    n_kv: int
-    head_dim_k: int
-    head_dim_v: int
-    n_head: int
-    n_head_kv: int
-    type_k: str
-    type_v: str
-
-    def at(self, n_kv: int) -> Shape:
-        return Shape(
-            self.op, self.rows, n_kv, self.head_dim_k, self.head_dim_v, self.n_head,
-            self.n_head_kv, self.type_k, self.type_v,
-        )  # fmt: skip
-
-    def cache_bytes(self, kv_size: int) -> int:
-        """A layer's caches the op reads from (the K and V rows of ``kv_size`` cells)."""
-        per = {FLASH: self.head_dim_k + self.head_dim_v, KQ: self.head_dim_k, KQV: self.head_dim_v}
-        # (2 bytes a value, an F16 cache: a quantized one holds less, an F32 one twice as much)
-        return 2 * per.get(self.op, 0) * self.n_head_kv * kv_size
-
-
-def _src(g: Graph, node: Node, i: int) -> Node | None:
-    s = node.src[i] if i < len(node.src) else None
-    return g.nodes[int(s["node"])] if s is not None and "node" in s else None
-
-
-def _dims(n: Node | None) -> list[int]:
-    return [int(x) for x in n.shape] + [1] * (3 - len(n.shape)) if n is not None else []
-
-
-def shape_of(g: Graph, k: int, role: str) -> Shape | None:
-    """The probe's shape of node ``k`` of ``g`` (role ``role``, its name without the layer),
-    None where it is none of attention's ops the probe runs (a softcap's scale, say)."""
-    node = g.nodes[k]
-    if node.op == FLASH:
-        q, kk, v = _dims(_src(g, node, 0)), _dims(_src(g, node, 1)), _dims(_src(g, node, 2))
-        if not (q and kk and v):
-            return None
-        tk, tv = _src(g, node, 1), _src(g, node, 2)
-        return Shape(
-            FLASH, q[1], kk[1], kk[0], v[0], q[2], kk[2],
-            tk.dtype if tk else "f16", tv.dtype if tv else "f16",
-        )  # fmt: skip
-    if node.op == "SOFT_MAX" and role == SOFTMAX:
-        s = _dims(_src(g, node, 0))
-        return Shape(SOFTMAX, s[1], s[0], 1, 1, s[2], 1, "f16", "f16") if s else None
-    if node.op == "MUL_MAT" and "kv_read" in node.flags and role in (KQ, KQV):
-        a, b = _src(g, node, 0), _dims(_src(g, node, 1))
-        d = _dims(a)
-        if not d or not b or a is None:
-            return None
-        if role == KQ:  # k [head_dim, n_kv, heads_kv] by q [head_dim, rows, heads]
-            return Shape(KQ, b[1], d[1], d[0], d[0], b[2], d[2], a.dtype, a.dtype)
-        # v [n_kv, head_dim, heads_kv] (the transposed cache) by the scores [n_kv, rows, heads]
-        return Shape(KQV, b[1], d[0], d[1], d[1], b[2], d[2], a.dtype, a.dtype)
-    return None
 
 
 def _type_id(name: str) -> int:

@@ -80,6 +80,13 @@ def test_requests_are_answered_and_the_session_ends_interrupted(
     assert recs[-1]["type"] == "session_end" and recs[-1]["status"] == "interrupted"
 
 
+def test_the_server_opens_its_context_as_llama_server_does(served: Any) -> None:
+    """llama-server's own defaults (common.h's n_batch and n_ubatch, flash attention auto: on, on
+    the CPU), as the model's context says them in the log, not llama-cpp-python's 512 and off."""
+    ctx = served["records"][0]["context"]
+    assert (ctx["n_batch"], ctx["n_ubatch"], ctx["flash_attn"]) == (2048, 512, True), ctx
+
+
 def test_every_request_is_recorded_with_its_timings(served: Any) -> None:
     recs = served["records"]
     posts = [r for r in recs if r["type"] == "request" and r["method"] == "POST"]

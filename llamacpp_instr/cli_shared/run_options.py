@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.running.context_defaults import LLAMA_N_BATCH, LLAMA_N_UBATCH
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -118,12 +119,6 @@ def generation_options(f: F) -> F:
         ),
     ]
     return _options(options, f)  # type: ignore[no-any-return]
-
-
-# llama.cpp's own defaults (common.h's common_params, llama_context_default_params): tokens per
-# llama_decode call, and per graph compute
-LLAMA_N_BATCH = 2048
-LLAMA_N_UBATCH = 512
 
 
 def graph_options(f: F) -> F:

@@ -59,7 +59,8 @@ def command(model: Path | None, output: Path | None, metrics: str | None, **sett
     SIGHUP reopens the log at its path (logrotate); --max-bytes rotates it itself. SIGUSR1
     switches the level between minimal and --level (detailed when that is minimal) from the next
     step. --metrics HOST:PORT serves the log's figures to Prometheus from a process of its own
-    (`instr follow --prometheus`)."""
+    (`instr follow --prometheus`). Contexts open as llama-server opens them: flash attention
+    auto, 2048 tokens a batch, 512 a graph compute."""
     from llamacpp_instr.native import models
     from llamacpp_instr.running import runner, serve
 

@@ -22,6 +22,11 @@ from typing import Any
 
 from llamacpp_instr.contract.errors import UserError
 
+# llama.cpp's own batch sizes (common.h's common_params, llama_context_default_params): tokens per
+# llama_decode call, and per graph compute
+LLAMA_N_BATCH = 2048
+LLAMA_N_UBATCH = 512
+
 # the KV cache types a context takes (-ctk/-ctv), by ggml's names (the pin's common/arg.cpp)
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 # the V caches attention reads without flash attention (any other needs it: llama.cpp's rule)

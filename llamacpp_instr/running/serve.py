@@ -359,6 +359,9 @@ def _load_app(
         n_ctx=n_ctx,
         n_threads=n_threads,
         n_threads_batch=n_threads,
+        # llama.cpp's own batch sizes, as llama-server takes them (llama-cpp-python's: 512 both)
+        n_batch=context_defaults.LLAMA_N_BATCH,
+        n_ubatch=context_defaults.LLAMA_N_UBATCH,
         verbose=False,
         # queue concurrent requests instead of cutting a running stream short (the server's
         # default): a profile shows every request complete

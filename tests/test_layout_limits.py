@@ -419,9 +419,6 @@ DECIDING_READS = {
     ("native", "models"),
     ("native", "paths"),
 }
-# (module, what it imports): model_price's default machine, while instr summary and instr requests,
-# its callers, hand it none
-DECIDING_ACTS_FOR_NOW = {(("deciding", "prediction", "spec_predict"), ("running", "measuring"))}
 
 
 def acting(here: tuple[str, ...], found: list[tuple[int, tuple[str, ...]]]) -> list[str]:
@@ -431,9 +428,7 @@ def acting(here: tuple[str, ...], found: list[tuple[int, tuple[str, ...]]]) -> l
     return [
         f"{'/'.join(here)}:{line} -> {'.'.join(target)}"
         for line, target in found
-        if room_of(target) in ("running", "native")
-        and target not in DECIDING_READS
-        and (here, target) not in DECIDING_ACTS_FOR_NOW
+        if room_of(target) in ("running", "native") and target not in DECIDING_READS
     ]
 
 

@@ -45,8 +45,11 @@ def command(
     check_output(output)
     frames = load_log(log, sid, strict)
     from llamacpp_instr.deciding.prediction.spec_predict import model_price
+    from llamacpp_instr.running.measuring import ThisMachine
 
-    report = requests_report(frames, top or None, spec_price=model_price)
+    report = requests_report(
+        frames, top or None, spec_price=lambda f: model_price(f, ThisMachine())
+    )
     if not report.data["requests"]:
         raise UserError(f"{log}: no request records (a server's log: instr exec llama-server ...)")
     emit(render(report, fmt, top=top or None), output)

@@ -67,6 +67,9 @@ def command(
 
         roofline.apply(frames, machine_peaks.for_file(peaks_file, frames.info))
     from llamacpp_instr.deciding.prediction.spec_predict import model_price
+    from llamacpp_instr.running.measuring import ThisMachine
 
-    report = summary_report(frames, by, top or None, spec_price=model_price)
+    report = summary_report(
+        frames, by, top or None, spec_price=lambda f: model_price(f, ThisMachine())
+    )
     emit(render(report, fmt, top=top or None), output)

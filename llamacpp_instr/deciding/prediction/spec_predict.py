@@ -245,7 +245,7 @@ def predict_n(m: Measured, n_max: int, gen_tokens: int | None = None) -> SpecPre
     return SpecPrediction(n_max, g / (t / 1e9) if t else 0.0, per_verify, g, list(extra))
 
 
-def model_price(f: SessionFrames, machine: Machine | None = None) -> Price | None:
+def model_price(f: SessionFrames, machine: Machine) -> Price | None:
     """``predict``'s price of one token of the target (``instr summary`` and ``instr requests``,
     for a log with no single-token step of the target): its model file as the log names it, at
     the log's threads, priced from the log's own ops on ``machine``; None where it cannot be."""
@@ -270,10 +270,6 @@ def model_price(f: SessionFrames, machine: Machine | None = None) -> Price | Non
         type_k=str(ctx.get("type_k") or "f16"),
         type_v=str(ctx.get("type_v") or "f16"),
     )
-    if machine is None:  # (summary and requests hand in none yet: this machine's)
-        from llamacpp_instr.running.measuring import ThisMachine
-
-        machine = ThisMachine()
     try:
         p = op_predict.price(t, op_predict.fit([f], machine=machine), [f], ["this log"], machine)
     except UserError:

@@ -23,17 +23,7 @@ import click
     help="Serve LOG's figures at http://HOST:PORT/metrics instead, e.g. 127.0.0.1:9400 "
     "(:9400: every interface).",
 )
-@click.option("--listen-fd", type=int, hidden=True, help="A listening socket inherited.")
-@click.option("--after", type=click.IntRange(min=0), hidden=True, help="Begin at this byte.")
-@click.option("--parent-pid", type=int, hidden=True, help="End when this process has ended.")
-def command(
-    log: Path,
-    wait: float,
-    prometheus: str | None,
-    listen_fd: int | None,
-    after: int | None,
-    parent_pid: int | None,
-) -> None:
+def command(log: Path, wait: float, prometheus: str | None) -> None:
     """Follow a session LOG while another process writes it (instr run, instr serve, or your own
     program with a session open): a refreshing view of tokens/s, step-time percentiles, time per
     layer, top ops, KV cells used and memory. When stdout is not a terminal, one plain line per
@@ -55,8 +45,8 @@ def command(
     `instr exec --metrics HOST:PORT` and `instr serve --metrics HOST:PORT` start it beside the
     program. Runs until Ctrl-C or SIGTERM; a port in use is an error (exit 2).
     docs/grafana-dashboard.json is a Grafana dashboard of these metrics."""
-    if prometheus is not None or listen_fd is not None:
-        _serve(log, prometheus, wait, listen_fd, after, parent_pid)
+    if prometheus is not None:
+        _serve(log, prometheus, wait)
         return
     from llamacpp_instr.converters.reports.renderers.live import follow
 
@@ -67,24 +57,13 @@ def command(
     click.echo(f"session ended: status {status}", err=True)
 
 
-def _serve(
-    log: Path,
-    listen: str | None,
-    wait: float,
-    listen_fd: int | None,
-    after: int | None,
-    parent_pid: int | None,
-) -> None:
-    """--prometheus: serve LOG's figures at ``listen``, or on the socket ``listen_fd`` that the
-    command starting a program beside it bound (running/exporter_launch.py)."""
-    import socket
-
+def _serve(log: Path, listen: str, wait: float) -> None:
+    """--prometheus: serve LOG's figures at ``listen`` (HOST:PORT)."""
     from llamacpp_instr.contract.errors import UserError
     from llamacpp_instr.running import exporter_launch as launch
 
-    if parent_pid is None and wait == 0 and not log.exists():
+    if wait == 0 and not log.exists():
         raise UserError(f"log file not found: {log}")
-    sock = launch.bind(listen) if listen is not None else socket.socket(fileno=listen_fd)
-    if listen is not None:
-        click.echo(f"instr follow: {launch.url(sock)} serving {log}", err=True)
-    launch.serve(log, sock, wait, after, parent_pid)
+    sock = launch.bind(listen)
+    click.echo(f"instr follow: {launch.url(sock)} serving {log}", err=True)
+    launch.serve(log, sock, wait)

@@ -127,26 +127,19 @@ def _kl(a: dict[str, Any], b: dict[str, Any]) -> float:
     )
 
 
-def compare_sessions(
-    a: SessionFrames, b: SessionFrames, gen_a: list[int], gen_b: list[int]
-) -> dict[str, Any]:
-    oa, ob = overview(a), overview(b)
-    out: dict[str, Any] = {
-        "a": {
-            "model": oa["model"],
-            "memory": a.info.memory,
-            **{k: oa[k] for k in ("prompt_tok_s", "gen_tok_s", "gen_tokens")},
-        },
-        "b": {
-            "model": ob["model"],
-            "memory": b.info.memory,
-            **{k: ob[k] for k in ("prompt_tok_s", "gen_tok_s", "gen_tokens")},
-        },
-        "gen_speedup_b_over_a": ob["gen_tok_s"] / oa["gen_tok_s"] if oa["gen_tok_s"] else 0.0,
+def _side(f: SessionFrames, ov: dict[str, Any]) -> dict[str, Any]:
+    """One session's model, memory and speeds (``ov``: its ``overview``)."""
+    return {
+        "model": ov["model"],
+        "memory": f.info.memory,
+        **{k: ov[k] for k in ("prompt_tok_s", "gen_tok_s", "gen_tokens")},
     }
-    footprint = memory_report.footprint_rows(a, b)  # both logs recorded their buffers
-    if footprint:
-        out["footprint"] = footprint
+
+
+def _differences(a: SessionFrames, b: SessionFrames) -> dict[str, Any]:
+    """How the runs differ (``differences``; ``encoders``: their images' or sounds' encoders),
+    and a ``warning`` when they do or their models differ."""
+    out: dict[str, Any] = {}
     warnings = []
     if a.info.model.get("n_vocab") != b.info.model.get("n_vocab") or a.info.model.get(
         "n_layer"
@@ -165,6 +158,63 @@ def compare_sessions(
         )
     if warnings:
         out["warning"] = "; ".join(warnings)
+    return out
+
+
+def _token_agreement(gen_a: list[int], gen_b: list[int]) -> dict[str, Any]:
+    """How many of the generated tokens agree, and where they first differ."""
+    n = min(len(gen_a), len(gen_b))
+    same = sum(1 for x, y in zip(gen_a, gen_b, strict=False) if x == y)
+    first_diff = next((i for i in range(n) if gen_a[i] != gen_b[i]), None)
+    return {
+        "compared": n,
+        "agree": same,
+        "agreement": same / n if n else 0.0,
+        "first_divergence": first_diff,
+    }
+
+
+def _logit_agreement(a: SessionFrames, b: SessionFrames) -> dict[str, Any] | None:
+    """Over the steps both logged top logits of: how often the top token agrees, and the KL
+    divergence of their top logits (None unless both logged some)."""
+    if a.topk.empty or b.topk.empty:
+        return None
+    ta = {s: g for s, g in a.topk[a.topk["row"] == 0].groupby("step")}
+    tb = {s: g for s, g in b.topk[b.topk["row"] == 0].groupby("step")}
+    common = sorted(set(ta) & set(tb))
+    top1 = 0
+    kls = []
+    for s in common:
+        ga, gb = ta[s].sort_values("rank"), tb[s].sort_values("rank")
+        top1 += int(ga["token"].iloc[0] == gb["token"].iloc[0])
+        kls.append(
+            _kl(
+                {"ids": ga["token"].tolist(), "logits": ga["logit"].tolist()},
+                {"ids": gb["token"].tolist(), "logits": gb["logit"].tolist()},
+            )
+        )
+    return {
+        "steps": len(common),
+        "top1_agreement": top1 / len(common) if common else 0.0,
+        "kl_mean": sum(kls) / len(kls) if kls else 0.0,
+        "kl_max": max(kls) if kls else 0.0,
+        "kl_per_step": kls,
+    }
+
+
+def compare_sessions(
+    a: SessionFrames, b: SessionFrames, gen_a: list[int], gen_b: list[int]
+) -> dict[str, Any]:
+    oa, ob = overview(a), overview(b)
+    out: dict[str, Any] = {
+        "a": _side(a, oa),
+        "b": _side(b, ob),
+        "gen_speedup_b_over_a": ob["gen_tok_s"] / oa["gen_tok_s"] if oa["gen_tok_s"] else 0.0,
+    }
+    footprint = memory_report.footprint_rows(a, b)  # both logs recorded their buffers
+    if footprint:
+        out["footprint"] = footprint
+    out.update(_differences(a, b))
     devices = device_report.compare(a, b)  # runs on several devices: what moved per device
     if devices is not None:
         out["devices"] = devices
@@ -172,17 +222,8 @@ def compare_sessions(
     if rows:
         out["roofline"] = {"rows": rows, "why": why}
     sa, sb = a.sampling(), b.sampling()
-    sampled = bool(sa.describe() or sb.describe())
-    n = min(len(gen_a), len(gen_b))
-    same = sum(1 for x, y in zip(gen_a, gen_b, strict=False) if x == y)
-    first_diff = next((i for i in range(n) if gen_a[i] != gen_b[i]), None)
-    out["tokens"] = {
-        "compared": n,
-        "agree": same,
-        "agreement": same / n if n else 0.0,
-        "first_divergence": first_diff,
-    }
-    if sampled:
+    out["tokens"] = _token_agreement(gen_a, gen_b)
+    if sa.describe() or sb.describe():
         # each kind's steps with op times, in both runs (never some steps against all)
         out["sampled"] = {"a": sa.describe(), "b": sb.describe(), "note": SAMPLED_NOTE}
         if sa.mixed or sb.mixed:
@@ -191,28 +232,9 @@ def compare_sessions(
     out["steps_timed"] = {"a": _per_step(a, "op")[1], "b": _per_step(b, "op")[1]}
     out["per_op"] = _both(a, b, "op", "outer")
     out["per_layer"] = _both(a, b, "layer", "inner")
-    if not a.topk.empty and not b.topk.empty:
-        ta = {s: g for s, g in a.topk[a.topk["row"] == 0].groupby("step")}
-        tb = {s: g for s, g in b.topk[b.topk["row"] == 0].groupby("step")}
-        common = sorted(set(ta) & set(tb))
-        top1 = 0
-        kls = []
-        for s in common:
-            ga, gb = ta[s].sort_values("rank"), tb[s].sort_values("rank")
-            top1 += int(ga["token"].iloc[0] == gb["token"].iloc[0])
-            kls.append(
-                _kl(
-                    {"ids": ga["token"].tolist(), "logits": ga["logit"].tolist()},
-                    {"ids": gb["token"].tolist(), "logits": gb["logit"].tolist()},
-                )
-            )
-        out["logits"] = {
-            "steps": len(common),
-            "top1_agreement": top1 / len(common) if common else 0.0,
-            "kl_mean": sum(kls) / len(kls) if kls else 0.0,
-            "kl_max": max(kls) if kls else 0.0,
-            "kl_per_step": kls,
-        }
+    logits = _logit_agreement(a, b)
+    if logits is not None:
+        out["logits"] = logits
     return out
 
 

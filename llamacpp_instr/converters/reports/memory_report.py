@@ -26,14 +26,12 @@ def _first_step_ts(f: SessionFrames) -> int | None:
     return int(f.steps["t_start"].min()) if len(f.steps) else None
 
 
-def section(f: SessionFrames) -> tuple[Section | None, dict[str, Any]]:
-    """The summary's Memory section (None for a log without memory records)."""
+def _buffer_rows(f: SessionFrames) -> list[dict[str, Any]]:
+    """Per device and purpose, the bytes of its backend buffers at start, at peak and at end."""
     info = f.info
-    if not info.allocations and not info.memory_failures:
-        return None, {}
     names = device_names(info)
     t0 = info.start_ts
-    rows = [
+    return [
         {
             "device": device_name(info, u.device, names),
             "purpose": u.purpose,
@@ -44,25 +42,30 @@ def section(f: SessionFrames) -> tuple[Section | None, dict[str, Any]]:
         }
         for u in usage(info, _first_step_ts(f))
     ]
-    tables = [
-        Table(
-            "memory",
-            "Memory per device and purpose (backend buffers)",
-            [
-                Column("device", "device"),
-                Column("purpose", "purpose"),
-                Column("at_start", "at start", "bytes"),
-                Column("peak", "peak", "bytes"),
-                Column("peak_at_s", "peak at (s)", "f3"),
-                Column("at_end", "at end", "bytes"),
-            ],
-            rows,
-            note="At start: live when the first step began; peak at: seconds from the session's "
-            "start (a buffer made before the session counts from its start).",
-        )
-    ]
-    kv = kv_use(getattr(f, "step_memory", []), cache_kinds(info))
-    kv_rows = [
+
+
+def _buffer_table(rows: list[dict[str, Any]]) -> Table:
+    return Table(
+        "memory",
+        "Memory per device and purpose (backend buffers)",
+        [
+            Column("device", "device"),
+            Column("purpose", "purpose"),
+            Column("at_start", "at start", "bytes"),
+            Column("peak", "peak", "bytes"),
+            Column("peak_at_s", "peak at (s)", "f3"),
+            Column("at_end", "at end", "bytes"),
+        ],
+        rows,
+        note="At start: live when the first step began; peak at: seconds from the session's "
+        "start (a buffer made before the session counts from its start).",
+    )
+
+
+def _kv_rows(f: SessionFrames) -> list[dict[str, Any]]:
+    """Per KV cache, the most cells used and the cells allocated."""
+    kv = kv_use(getattr(f, "step_memory", []), cache_kinds(f.info))
+    return [
         {
             "cache": k.cache,
             "kind": k.kind,
@@ -72,21 +75,30 @@ def section(f: SessionFrames) -> tuple[Section | None, dict[str, Any]]:
         }
         for k in kv
     ]
-    if kv_rows:
-        tables.append(
-            Table(
-                "kv_cache",
-                "KV cache cells",
-                [
-                    Column("cache", "cache", "int"),
-                    Column("kind", "kind"),
-                    Column("peak_used", "most cells used", "int"),
-                    Column("cells", "cells allocated", "int"),
-                    Column("use", "use", "pct"),
-                ],
-                kv_rows,
-            )
-        )
+
+
+def _kv_table(rows: list[dict[str, Any]]) -> Table:
+    return Table(
+        "kv_cache",
+        "KV cache cells",
+        [
+            Column("cache", "cache", "int"),
+            Column("kind", "kind"),
+            Column("peak_used", "most cells used", "int"),
+            Column("cells", "cells allocated", "int"),
+            Column("use", "use", "pct"),
+        ],
+        rows,
+    )
+
+
+def section(f: SessionFrames) -> tuple[Section | None, dict[str, Any]]:
+    """The summary's Memory section (None for a log without memory records)."""
+    info = f.info
+    if not info.allocations and not info.memory_failures:
+        return None, {}
+    rows, kv_rows = _buffer_rows(f), _kv_rows(f)
+    tables = [_buffer_table(rows), *([_kv_table(kv_rows)] if kv_rows else [])]
     facts = []
     peak = rss_peak(getattr(f, "step_memory", []))
     if peak is not None:

@@ -92,98 +92,113 @@ def _step_charts(
     if gen_ops.empty and not prefix:
         gen_ops = ops
     if not gen_ops.empty:
-        # the op types that hold most of the time, the rest as "other"
-        totals = gen_ops.groupby("label", observed=True)["dur_ns"].sum().sort_values()[::-1]
-        kinds = [str(k) for k in totals.index[:8]]
-        label = _per_value(gen_ops["label"], lambda v: str(v) if str(v) in kinds else "other")
-        if (label == "other").any():
-            kinds.append("other")
-        layer_key = _per_value(gen_ops["layer"], _layer_name)
-        order = sorted(
-            layer_key.unique(),
-            key=lambda s: (
-                s == "outside layers",
-                int(s.split()[-1]) if s != "outside layers" else 0,
-            ),
-        )
-        step = _typical_gen_step(f, gen["step"] if whose else None)
-        if step is not None:
-            one = gen_ops["step"] == step
-            t = (
-                gen_ops[one]
-                .assign(k=label[one], l=layer_key[one])
-                .groupby(["l", "k"])["dur_ns"]
-                .sum()
-                / 1e3
-            )
-            charts.append(
-                Chart(
-                    name=f"{prefix}typical_step_by_layer",
-                    kind="stacked",
-                    title=f"A typical generation step{whose} (step {step}, the median "
-                    "duration): time per layer by op type",
-                    x_label="time in the step (µs)",
-                    y_label="layer",
-                    categories=order,
-                    series=[
-                        Series(k, [float(t.get((lay, k), 0.0)) for lay in order]) for k in kinds
-                    ],
-                    value_fmt="f1",
-                )
-            )
-        n_gen = max(1, gen_ops["step"].nunique())
-        mean = (
-            gen_ops.assign(k=label, l=layer_key).groupby(["l", "k"])["dur_ns"].sum() / n_gen / 1e3
-        )
-        # transformer layers only: the output projection outside them would wash out the scale
-        in_layers = [lay for lay in order if lay != "outside layers"] or order
-        charts.append(
-            Chart(
-                name=f"{prefix}layer_op_heatmap",
-                kind="heatmap",
-                title=f"Time per transformer layer and op type, mean per generation step{whose}",
-                x_label="columns: op type",
-                y_label="layer",
-                categories=in_layers,
-                columns=kinds,
-                matrix=[[float(mean.get((lay, k), 0.0)) for k in kinds] for lay in in_layers],
-                value_fmt="f1",
-                note="Values in µs per step; hover a cell for its value. Ops outside the layers "
-                "(embedding, final norm, output projection) are in the chart above.",
-            )
-        )
+        charts += _op_charts(f, gen_ops, prefix, whose, gen)
     gen = gen.sort_values("step")
     if len(gen) >= 2:
-        ms = (gen["dur_ns"] / 1e6).to_numpy()
-        lo, hi = float(ms.min()), float(ms.max())
-        n_bins = int(min(24, max(5, len(ms) // 3)))
-        width = (hi - lo) / n_bins or 1.0
-        counts = [0] * n_bins
-        for v in ms:
-            counts[min(n_bins - 1, int((v - lo) / width))] += 1
-        charts.append(
-            Chart(
-                name=f"{prefix}step_time_histogram",
-                kind="histogram",
-                title=f"Generation step times{whose}",
-                x_label="llama_decode time per generation step (ms)",
-                y_label="steps",
-                categories=[f"{lo + i * width:.2f}" for i in range(n_bins)],
-                series=[Series("steps", [float(c) for c in counts])],
-                value_fmt="int",
-                note=f"{n_bins} bins of {width:.3f} ms from {lo:.2f} ms; labels are bin starts.",
-            )
-        )
-        charts.append(
-            Chart(
-                name=f"{prefix}tokens_per_second",
-                kind="line",
-                title=f"Generation speed over the run{whose}",
-                x_label="decode step",
-                y_label="tokens/s",
-                x=[float(s) for s in gen["step"]],
-                series=[Series("tokens/s", (gen["n_tokens"] / (gen["dur_ns"] / 1e9)).tolist())],
-                value_fmt="f1",
-            )
-        )
+        charts += [_step_time_histogram(gen, prefix, whose), _speed_chart(gen, prefix, whose)]
     return charts
+
+
+def _op_charts(
+    f: SessionFrames, gen_ops: pd.DataFrame, prefix: str, whose: str, gen: pd.DataFrame
+) -> list[Chart]:
+    """The time of the ops ``gen_ops`` per layer (``l``) and op type (``k``): in a typical step
+    of ``gen``, and the mean per step."""
+    # the op types that hold most of the time, the rest as "other"
+    totals = gen_ops.groupby("label", observed=True)["dur_ns"].sum().sort_values()[::-1]
+    kinds = [str(k) for k in totals.index[:8]]
+    label = _per_value(gen_ops["label"], lambda v: str(v) if str(v) in kinds else "other")
+    if (label == "other").any():
+        kinds.append("other")
+    layer_key = _per_value(gen_ops["layer"], _layer_name)
+    order = sorted(
+        layer_key.unique(),
+        key=lambda s: (
+            s == "outside layers",
+            int(s.split()[-1]) if s != "outside layers" else 0,
+        ),
+    )
+    keyed = gen_ops.assign(k=label, l=layer_key)
+    charts = []
+    step = _typical_gen_step(f, gen["step"] if whose else None)
+    if step is not None:
+        charts.append(_typical_step_chart(keyed, step, kinds, order, prefix, whose))
+    charts.append(_layer_op_heatmap(keyed, kinds, order, prefix, whose))
+    return charts
+
+
+def _typical_step_chart(
+    keyed: pd.DataFrame, step: int, kinds: list[str], order: list[str], prefix: str, whose: str
+) -> Chart:
+    """The time per layer by op type of one step, ``step`` (``_op_charts``' ``keyed`` ops)."""
+    t = keyed[keyed["step"] == step].groupby(["l", "k"])["dur_ns"].sum() / 1e3
+    return Chart(
+        name=f"{prefix}typical_step_by_layer",
+        kind="stacked",
+        title=f"A typical generation step{whose} (step {step}, the median "
+        "duration): time per layer by op type",
+        x_label="time in the step (µs)",
+        y_label="layer",
+        categories=order,
+        series=[Series(k, [float(t.get((lay, k), 0.0)) for lay in order]) for k in kinds],
+        value_fmt="f1",
+    )
+
+
+def _layer_op_heatmap(
+    keyed: pd.DataFrame, kinds: list[str], order: list[str], prefix: str, whose: str
+) -> Chart:
+    """The mean time per step of each transformer layer and op type (``_op_charts``' ``keyed``
+    ops): the output projection outside the layers would wash out the scale."""
+    n_gen = max(1, keyed["step"].nunique())
+    mean = keyed.groupby(["l", "k"])["dur_ns"].sum() / n_gen / 1e3
+    in_layers = [lay for lay in order if lay != "outside layers"] or order
+    return Chart(
+        name=f"{prefix}layer_op_heatmap",
+        kind="heatmap",
+        title=f"Time per transformer layer and op type, mean per generation step{whose}",
+        x_label="columns: op type",
+        y_label="layer",
+        categories=in_layers,
+        columns=kinds,
+        matrix=[[float(mean.get((lay, k), 0.0)) for k in kinds] for lay in in_layers],
+        value_fmt="f1",
+        note="Values in µs per step; hover a cell for its value. Ops outside the layers "
+        "(embedding, final norm, output projection) are in the chart above.",
+    )
+
+
+def _step_time_histogram(gen: pd.DataFrame, prefix: str, whose: str) -> Chart:
+    """The generation steps ``gen`` (two or more) by duration, in 5 to 24 bins."""
+    ms = (gen["dur_ns"] / 1e6).to_numpy()
+    lo, hi = float(ms.min()), float(ms.max())
+    n_bins = int(min(24, max(5, len(ms) // 3)))
+    width = (hi - lo) / n_bins or 1.0
+    counts = [0] * n_bins
+    for v in ms:
+        counts[min(n_bins - 1, int((v - lo) / width))] += 1
+    return Chart(
+        name=f"{prefix}step_time_histogram",
+        kind="histogram",
+        title=f"Generation step times{whose}",
+        x_label="llama_decode time per generation step (ms)",
+        y_label="steps",
+        categories=[f"{lo + i * width:.2f}" for i in range(n_bins)],
+        series=[Series("steps", [float(c) for c in counts])],
+        value_fmt="int",
+        note=f"{n_bins} bins of {width:.3f} ms from {lo:.2f} ms; labels are bin starts.",
+    )
+
+
+def _speed_chart(gen: pd.DataFrame, prefix: str, whose: str) -> Chart:
+    """Tokens/s of each generation step of ``gen``, in step order."""
+    return Chart(
+        name=f"{prefix}tokens_per_second",
+        kind="line",
+        title=f"Generation speed over the run{whose}",
+        x_label="decode step",
+        y_label="tokens/s",
+        x=[float(s) for s in gen["step"]],
+        series=[Series("tokens/s", (gen["n_tokens"] / (gen["dur_ns"] / 1e9)).tolist())],
+        value_fmt="f1",
+    )

@@ -16,7 +16,9 @@ from llamacpp_instr.contract.schema import LEVEL_IDS, level_at_least
 from ..analysis import spec_split
 from ..analysis.frames import SessionFrames
 from ..session.attention import flash_attention
-from ..session.requests import all_tokens
+from ..session.request_causes import RequestStory
+from ..session.requests import RequestShare, all_tokens
+from ..session.speculation import SpecTotals
 from . import (
     between_steps,
     device_report,
@@ -32,6 +34,8 @@ from .request_share import part_rows, parts_section, request_shares, share_secti
 from .requests_report import request_stories
 from .step_charts import timed_steps
 
+# a speculating session's totals, and each request's
+Speculation = tuple[SpecTotals, list[SpecTotals]] | None
 BY_COLUMNS = {"op": "label", "layer": "layer", "node": "name"}
 
 
@@ -313,16 +317,11 @@ def _headline_facts(f: SessionFrames, ov: dict[str, Any]) -> list[Fact]:
     ]
 
 
-def summary_report(
-    f: SessionFrames,
-    key: str = "op",
-    top: int | None = None,
-    spec_price: spec_split.ModelPrice | None = None,
-) -> Report:
-    """``instr summary``: headline numbers, time per op type / layer / node, and for HTML where a
-    generation step's time goes. ``spec_price``: what prices a plain token of a speculating
-    session whose log has no single-token target step (the CLI's: predict's model)."""
-    ov = overview(f)
+def _facts(
+    f: SessionFrames, ov: dict[str, Any], spec_price: spec_split.ModelPrice | None
+) -> tuple[list[Fact], Speculation]:
+    """The headline facts, a busy machine's verdict first and a speculating session's draft's
+    figures after the target's (``ov`` gains the verdict), and the speculation's totals."""
     facts = _headline_facts(f, ov)
     from ..analysis.contention import verdict  # a log from a busy machine: say what it is worth
 
@@ -333,19 +332,15 @@ def summary_report(
     if "speculation" in ov:  # the target's figures above; the draft's and the verdict here
         at = next(i for i, x in enumerate(facts) if x.label == "generation tokens/s") + 1
         facts[at:at] = spec_report.facts(ov["speculation"], spec[0] if spec else None)
+    return facts, spec
+
+
+def _request_sections(
+    f: SessionFrames, lat: dict[str, Any] | None, spec: Speculation, top: int | None
+) -> tuple[list[Section], list[RequestShare], list[RequestStory]]:
+    """The requests' sections (latency, speculation, shared batches, why some were slow) and the
+    shares and stories they show."""
     sections = []
-    recorded = ov["op_time_coverage"] is not None
-    charts = step_charts.time_charts(f, per_op=recorded)
-    if charts:
-        sections.append(Section("Where a token's time goes", charts=charts))
-    between = between_steps.between_steps(f)  # decode, sampling and the host's work between steps
-    if between is not None:
-        sections.append(between_steps.section(between))
-    devices, devices_data = device_report.section(f)  # a run on several devices
-    if devices is not None:
-        facts += devices.facts[:1]  # what dominates a token
-        sections.append(devices)
-    lat = request_latency(f)
     if lat is not None:
         sections.append(_requests_section(lat, f))
     if spec is not None:
@@ -359,6 +354,43 @@ def summary_report(
         by_id = {r.id: r for r in spec[1]} if spec else None
         top_samplers = requests_report.costliest_samplers(f)
         sections.append(requests_report.section(slow, top, by_id, top_samplers))
+    return sections, shares, slow
+
+
+def _memory_sections(f: SessionFrames) -> tuple[list[Section], dict[str, Any]]:
+    """Where every byte lives, and a MoE's experts' buffers: the sections and their data."""
+    memory, memory_data = memory_report.section(f)
+    experts, experts_data = memory_report.experts_section(f)
+    sections = [x for x in (memory, experts) if x is not None]
+    return sections, {**memory_data, **experts_data}
+
+
+def summary_report(
+    f: SessionFrames,
+    key: str = "op",
+    top: int | None = None,
+    spec_price: spec_split.ModelPrice | None = None,
+) -> Report:
+    """``instr summary``: headline numbers, time per op type / layer / node, and for HTML where a
+    generation step's time goes. ``spec_price``: what prices a plain token of a speculating
+    session whose log has no single-token target step (the CLI's: predict's model)."""
+    ov = overview(f)
+    facts, spec = _facts(f, ov, spec_price)
+    sections = []
+    recorded = ov["op_time_coverage"] is not None
+    charts = step_charts.time_charts(f, per_op=recorded)
+    if charts:
+        sections.append(Section("Where a token's time goes", charts=charts))
+    between = between_steps.between_steps(f)  # decode, sampling and the host's work between steps
+    if between is not None:
+        sections.append(between_steps.section(between))
+    devices, devices_data = device_report.section(f)  # a run on several devices
+    if devices is not None:
+        facts += devices.facts[:1]  # what dominates a token
+        sections.append(devices)
+    lat = request_latency(f)
+    requests, shares, slow = _request_sections(f, lat, spec, top)
+    sections += requests
     parts = part_rows(f)  # llama-bench: its tests
     if parts:
         sections.append(parts_section(parts))
@@ -369,12 +401,8 @@ def summary_report(
     if table is not None:
         sections.append(Section(f"Time per {BY_TITLES[key]}", tables=[table]))
     csv_table, no_csv = _csv_table(key, table, media, ov["level"])
-    memory, memory_data = memory_report.section(f)  # where every byte lives
-    if memory is not None:
-        sections.append(memory)
-    experts, experts_data = memory_report.experts_section(f)  # a MoE: its experts' buffers
-    if experts is not None:
-        sections.append(experts)
+    memory, memory_data = _memory_sections(f)
+    sections += memory
     roof, roof_data = roofline_report.section(f, top)
     if roof is not None:
         facts += roof.facts[:1]  # the headline: decode against the bandwidth
@@ -399,7 +427,6 @@ def summary_report(
             "roofline": roof_data,
             **devices_data,
             **memory_data,
-            **experts_data,
             **media_data,
         },
         csv_table=csv_table,

@@ -225,87 +225,52 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
     rtype = rec["type"]
     sid = str(rec["sid"])
     if rtype == "session_start":
-        known = states.get(sid)
-        if known is not None and isinstance(rec.get("file"), dict):
-            # the next file of a rotated log: the same session goes on (its graph tables follow)
-            known.info.files += 1
-            known.info.last_ts = max(known.info.last_ts, nonneg(rec["ts"]))
-            return
-        st = _SessionState(session_info(rec))
-        states[sid] = st
-        yield SessionStarted(st.info)
+        started = _start(rec, states, sid)
+        if started is not None:
+            yield started
         return
     state = states.get(sid)
     if state is None:
         return  # a fragment of a session whose start was lost: nothing to anchor it to
-    state.info.last_ts = max(state.info.last_ts, nonneg(rec["ts"]))
+    info = state.info
+    info.last_ts = max(info.last_ts, nonneg(rec["ts"]))
     if rtype == "graph":
         g = graph_record(rec, state.tables)
         state.graphs[(g.ctx, g.id)] = g
     elif rtype == "step_begin":
-        key = (int(rec["ctx"]), int(rec["step"]))
-        kind = step_kind(rec)
-        media, encode = encode_fields(rec) if kind == "encode" else (decoded_medium(rec), None)
-        state.open_steps[key] = Step(
-            index=int(rec["step"]),
-            ctx=int(rec["ctx"]),
-            kind=kind,
-            n_tokens=int(rec["n_tokens"]),
-            pos=(int(rec["pos"][0]), int(rec["pos"][1])),
-            start=nonneg(rec["ts"]),
-            tokens=[int(t) for t in rec.get("tokens", [])],
-            pieces=[str(x) for x in rec.get("pieces", [])],
-            request=request_id(rec),
-            seqs=step_seqs(rec),
-            level=step_level(rec, state.info.level),
-            media=media,
-            encode=encode,
-        )
+        _step_begin(state, rec)
     elif rtype == "request":
-        state.info.requests.append(request_record(rec))
+        info.requests.append(request_record(rec))
     elif rtype == "part":
-        state.info.parts.append(part_record(rec))
+        info.parts.append(part_record(rec))
     elif rtype == "context":
-        context = context_record(rec)
-        if len(state.info.contexts) < MAX_CONTEXTS or context["ctx"] in state.info.contexts:
-            state.info.contexts[context["ctx"]] = context
+        _context(info, rec)
     elif rtype == "media":
-        state.info.media.add(medium_record(rec))
+        info.media.add(medium_record(rec))
     elif rtype == "spec":
-        state.info.verifies.append(spec_record(rec))
+        info.verifies.append(spec_record(rec))
     elif rtype == "host":
-        yield HostDone(state.info, host_record(rec))
+        yield HostDone(info, host_record(rec))
     elif rtype == "chain":
-        state.info.chains.append(chain_record(rec))
+        info.chains.append(chain_record(rec))
     elif rtype == "perf":
-        state.info.perf.append(perf_record(rec))
+        info.perf.append(perf_record(rec))
     elif rtype == "transfers":
-        t = transfers(rec)
-        step = None
-        if t.ctx is not None and t.step is not None:  # (phase step)
-            step = state.open_steps.get((t.ctx, t.step))
-        (step.transfers if step is not None else state.info.transfers).append(t)
+        _transfers(state, rec)
     elif rtype == "memory_alloc":
         a = allocation(rec)
         # each file of a rotated log begins with the live buffers again: known ids are kept
-        state.info.allocations.setdefault(a.id, a)
+        info.allocations.setdefault(a.id, a)
     elif rtype == "memory_free":
-        buf = state.info.allocations.get(nonneg(rec["id"]))
+        buf = info.allocations.get(nonneg(rec["id"]))
         if buf is not None and buf.freed is None:
             buf.freed = nonneg(rec["ts"])
     elif rtype == "memory_alloc_failed":
-        state.info.memory_failures.append(failure(rec))
+        info.memory_failures.append(failure(rec))
     elif rtype == "compute":
-        step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
-        if step is not None:
-            graph = state.graphs.get((int(rec["ctx"]), int(rec["graph"])))
-            step.computes.append(decode_compute(rec, graph, state.devices))
+        _compute(state, rec)
     elif rtype == "tensor_stats":
-        step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
-        if step is not None:
-            for c in step.computes:
-                if c.ubatch == int(rec["ubatch"]):
-                    attach_stats(c, rec)
+        _tensor_stats(state, rec)
     elif rtype == "experts":
         step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
         if step is not None:
@@ -318,12 +283,82 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
         step = state.open_steps.pop((int(rec["ctx"]), int(rec["step"])), None)
         if step is not None:
             end_step(step, rec)
-            yield StepDone(state.info, step)
+            yield StepDone(info, step)
     elif rtype == "session_end":
         yield from _close(state, rec["ts"])
-        state.info.end = rec
+        info.end = rec
         del states[sid]
-        yield SessionEnded(state.info)
+        yield SessionEnded(info)
+
+
+def _start(
+    rec: dict[str, Any], states: dict[str, _SessionState], sid: str
+) -> SessionStarted | None:
+    """A session begun; None for the next file of a rotated log, where the same session goes on
+    (its graph tables follow)."""
+    known = states.get(sid)
+    if known is not None and isinstance(rec.get("file"), dict):
+        known.info.files += 1
+        known.info.last_ts = max(known.info.last_ts, nonneg(rec["ts"]))
+        return None
+    st = _SessionState(session_info(rec))
+    states[sid] = st
+    return SessionStarted(st.info)
+
+
+def _step_begin(state: _SessionState, rec: dict[str, Any]) -> None:
+    """A step begun: open until its ``step_end``."""
+    key = (int(rec["ctx"]), int(rec["step"]))
+    kind = step_kind(rec)
+    media, encode = encode_fields(rec) if kind == "encode" else (decoded_medium(rec), None)
+    state.open_steps[key] = Step(
+        index=int(rec["step"]),
+        ctx=int(rec["ctx"]),
+        kind=kind,
+        n_tokens=int(rec["n_tokens"]),
+        pos=(int(rec["pos"][0]), int(rec["pos"][1])),
+        start=nonneg(rec["ts"]),
+        tokens=[int(t) for t in rec.get("tokens", [])],
+        pieces=[str(x) for x in rec.get("pieces", [])],
+        request=request_id(rec),
+        seqs=step_seqs(rec),
+        level=step_level(rec, state.info.level),
+        media=media,
+        encode=encode,
+    )
+
+
+def _transfers(state: _SessionState, rec: dict[str, Any]) -> None:
+    """RPC commands: its step's (a phase step, while open), else the session's."""
+    t = transfers(rec)
+    step = None
+    if t.ctx is not None and t.step is not None:  # (phase step)
+        step = state.open_steps.get((t.ctx, t.step))
+    (step.transfers if step is not None else state.info.transfers).append(t)
+
+
+def _context(info: SessionInfo, rec: dict[str, Any]) -> None:
+    """A context made: kept, up to ``MAX_CONTEXTS`` (one known is kept up to date)."""
+    context = context_record(rec)
+    if len(info.contexts) < MAX_CONTEXTS or context["ctx"] in info.contexts:
+        info.contexts[context["ctx"]] = context
+
+
+def _compute(state: _SessionState, rec: dict[str, Any]) -> None:
+    """A compute of an open step, decoded op by op (``Fold`` reads most in bulk instead)."""
+    step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
+    if step is not None:
+        graph = state.graphs.get((int(rec["ctx"]), int(rec["graph"])))
+        step.computes.append(decode_compute(rec, graph, state.devices))
+
+
+def _tensor_stats(state: _SessionState, rec: dict[str, Any]) -> None:
+    """The statistics of a compute's tensors, onto the open step's compute of that ubatch."""
+    step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
+    if step is not None:
+        for c in step.computes:
+            if c.ubatch == int(rec["ubatch"]):
+                attach_stats(c, rec)
 
 
 def _close(state: _SessionState, ts: int) -> Iterator[StepDone]:

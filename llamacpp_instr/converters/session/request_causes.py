@@ -311,6 +311,78 @@ class _Windows:
 GAP_STEPS_SHOWN = 256
 
 
+def _arrivals(rec: dict[str, Any], slot: int, mine: Sequence[StepRow]) -> list[int]:
+    """When each of ``rec``'s tokens came: the end of the step that sampled it (the first, of
+    the step its prompt's last tokens were in)."""
+    prompt_left = max(_int(rec.get("prompt_tokens")) or 0, 1)
+    arrivals: list[int] = []
+    for start, dur, _, seqs in mine:
+        n = sum(k for q, k in seqs if q == slot)
+        if prompt_left > 0:
+            prompt_left -= n
+            if prompt_left <= 0:
+                arrivals.append(start + dur)  # the first token: sampled after the prompt
+        else:
+            arrivals.append(start + dur)
+    return arrivals
+
+
+def _shared(index: _StepIndex, a: int, b: int, slot: int, who: Any) -> list[dict[str, Any]]:
+    """The other slots' tokens in the steps that ended between ``a`` and ``b``, per slot and
+    request, most tokens first."""
+    others: dict[tuple[int, str], list[int]] = {}
+    for start, _, _, seqs in index.ended(a, b, GAP_STEPS_SHOWN):
+        for q, k in seqs:
+            if q != slot:
+                others.setdefault((q, who(q, start)), []).append(k)
+    return [
+        {"request": rid or None, "slot": q, "tokens": sum(ks), "prefill": max(ks) > 1}
+        for (q, rid), ks in sorted(others.items(), key=lambda x: -sum(x[1]))
+    ]
+
+
+def _cause(
+    head: str,
+    gap: int,
+    median: float,
+    shared: list[dict[str, Any]],
+    busy: int,
+    drafting: int,
+    n_drafts: int,
+    part: tuple[str, str, int] | None,
+) -> tuple[str, str | None]:
+    """Why a gap of ``gap`` ns against the ``median`` one: the host's costliest part
+    (``part``), a prefill in the same batch, the draft (``drafting`` ns in ``n_drafts`` steps),
+    time outside the decode steps (``busy`` ns in them), other slots' tokens, or none of these;
+    and the host's part (``KIND:NAME``) when it was that."""
+    if part is not None and part[2] >= (gap - median) / 2:
+        cause = f"{head}: {host_part_words(part[0], part[1])} took {part[2] / 1e6:,.0f} ms"
+        return cause, f"{part[0]}:{part[1]}"
+    prefill = [s for s in shared if s["prefill"]]
+    if prefill:
+        s = prefill[0]
+        what = f" of {s['request']}" if s["request"] else ""
+        return (
+            f"{head}: slot {s['slot']} was prefilling {s['tokens']:,} tokens{what} "
+            f"in the same batch"
+        ), None
+    if drafting >= gap / 2:
+        return (
+            f"{head}: the draft took {drafting / 1e6:,.0f} ms of the gap in {n_drafts} "
+            f"step{'s' * (n_drafts != 1)}; the target's took {busy / 1e6:,.0f} ms"
+        ), None
+    if busy + drafting < gap / 2:
+        return f"{head}: {(gap - busy) / 1e6:,.0f} ms of the gap was outside decode steps", None
+    if shared:
+        n = sum(s["tokens"] for s in shared)
+        many = f"{n:,} token{'s' * (n != 1)} of {len(shared)} other slot{'s' * (len(shared) != 1)}"
+        return f"{head}: its batch also carried {many}", None
+    return (
+        f"{head}: nothing else shared its batch; the step took {busy / 1e6:,.0f} ms "
+        f"against a median gap of {median / 1e6:,.0f} ms"
+    ), None
+
+
 def _late(
     rec: dict[str, Any],
     slot: int,
@@ -322,16 +394,7 @@ def _late(
 ) -> list[LateToken]:
     """``rec``'s late tokens, from ``mine``: the steps of its slot in its window, in time order.
     ``who(slot, t)``: the id of the request that held ``slot`` at ``t`` ("" when none did)."""
-    prompt_left = max(_int(rec.get("prompt_tokens")) or 0, 1)
-    arrivals: list[int] = []
-    for start, dur, _, seqs in mine:
-        n = sum(k for q, k in seqs if q == slot)
-        if prompt_left > 0:
-            prompt_left -= n
-            if prompt_left <= 0:
-                arrivals.append(start + dur)  # the first token: sampled after the prompt
-        else:
-            arrivals.append(start + dur)
+    arrivals = _arrivals(rec, slot, mine)
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
     if len(gaps) < 2:
         return []
@@ -343,53 +406,16 @@ def _late(
     out = []
     for i in late:
         a, b = arrivals[i], arrivals[i + 1]
-        others: dict[tuple[int, str], list[int]] = {}
         lo, hi = index.ended_span(a, b)
         n_steps, busy = hi - lo, index.busy[hi] - index.busy[lo]
-        for start, _, _, seqs in index.ended(a, b, GAP_STEPS_SHOWN):
-            for q, k in seqs:
-                if q != slot:
-                    others.setdefault((q, who(q, start)), []).append(k)
-        shared: list[dict[str, Any]] = [
-            {"request": rid or None, "slot": q, "tokens": sum(ks), "prefill": max(ks) > 1}
-            for (q, rid), ks in sorted(others.items(), key=lambda x: -sum(x[1]))
-        ]
+        shared = _shared(index, a, b, slot, who)
         token = i + 2  # gaps[i] ends at arrivals[i + 1], the (i + 2)th token
         ms = (gaps[i] - median) / 1e6
         head = f"token {token} of {rec.get('id')} came {ms:,.0f} ms late"
-        prefill = [s for s in shared if s["prefill"]]
         d_lo, d_hi = draft.ended_span(a, b) if draft is not None else (0, 0)
         drafting = draft.busy[d_hi] - draft.busy[d_lo] if draft is not None else 0
         part = host.costliest(a, b, slot) if host is not None else None
-        by_host = None
-        if part is not None and part[2] >= (gaps[i] - median) / 2:
-            by_host = f"{part[0]}:{part[1]}"
-            cause = f"{head}: {host_part_words(part[0], part[1])} took {part[2] / 1e6:,.0f} ms"
-        elif prefill:
-            s = prefill[0]
-            what = f" of {s['request']}" if s["request"] else ""
-            cause = (
-                f"{head}: slot {s['slot']} was prefilling {s['tokens']:,} tokens{what} "
-                f"in the same batch"
-            )
-        elif drafting >= gaps[i] / 2:
-            cause = (
-                f"{head}: the draft took {drafting / 1e6:,.0f} ms of the gap in {d_hi - d_lo} "
-                f"step{'s' * (d_hi - d_lo != 1)}; the target's took {busy / 1e6:,.0f} ms"
-            )
-        elif busy + drafting < gaps[i] / 2:
-            cause = f"{head}: {(gaps[i] - busy) / 1e6:,.0f} ms of the gap was outside decode steps"
-        elif shared:
-            n = sum(s["tokens"] for s in shared)
-            many = (
-                f"{n:,} token{'s' * (n != 1)} of {len(shared)} other slot{'s' * (len(shared) != 1)}"
-            )
-            cause = f"{head}: its batch also carried {many}"
-        else:
-            cause = (
-                f"{head}: nothing else shared its batch; the step took {busy / 1e6:,.0f} ms "
-                f"against a median gap of {median / 1e6:,.0f} ms"
-            )
+        cause, by_host = _cause(head, gaps[i], median, shared, busy, drafting, d_hi - d_lo, part)
         if n_steps > 1:
             cause += f" ({n_steps} steps in the gap)"
         if 0 < drafting < gaps[i] / 2:

@@ -21,6 +21,12 @@ import numpy as np
 from .device_time import Devices, measure, union
 
 _I64 = np.int64
+# the ``device_steps`` columns, in order
+DEVICE_COLUMNS = tuple(
+    "step kind device timed compute_ns share op_ns n_ops layer_ns n_layers outstanding_ns idle_ns"
+    " gap_ns wait_ns copy_in_bytes copy_out_bytes copy_ns sent_bytes recv_bytes data_bytes net_ns"
+    " n_cmds transfer_bytes transfer_ns".split()
+)
 
 
 def _a(values: Any) -> np.ndarray:
@@ -152,9 +158,12 @@ class _Lookup:
 
 
 class _Keys:
-    """The (step, device) pairs met, dense: ``of(g, device)`` gives each its row."""
+    """The (step, device) pairs met, dense: ``of(g, device)`` gives each its row; ``present``:
+    those of ``shown``, the pairs with figures."""
 
-    def __init__(self, devs: Devices, pairs: list[tuple[Any, Any]]) -> None:
+    def __init__(
+        self, devs: Devices, pairs: list[tuple[Any, Any]], shown: list[tuple[Any, Any]]
+    ) -> None:
         gs = np.concatenate([_a(g) for g, _ in pairs])
         ds = np.concatenate([_a(d) for _, d in pairs])
         # devices in the machine's order (``Devices.order``): the rows' order within a step
@@ -166,6 +175,9 @@ class _Keys:
         self.slot = _Lookup(uniq)
         self.keys = _distinct(self._code(gs, ds))
         self.at = _Lookup(self.keys)
+        self.present = np.zeros(len(self.keys), dtype=bool)
+        for g, d in shown:
+            self.present[self.of(g, d)] = True
 
     def _code(self, g: Any, d: Any) -> np.ndarray:
         d = _a(d)
@@ -174,6 +186,10 @@ class _Keys:
 
     def of(self, g: Any, d: Any) -> np.ndarray:
         return self.at(self._code(g, d))
+
+    def device_of_key(self) -> np.ndarray:
+        """Each key's device."""
+        return np.array(self.devices, _I64)[self.keys % self.nd] if len(self) else self.keys
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -206,7 +222,7 @@ def _client_wait(
     n = len(k)
     wg, wd, wa, wb = work
     key_g = k.keys // k.nd
-    key_d = np.array(k.devices, _I64)[k.keys % k.nd] if n else k.keys
+    key_d = k.device_of_key()
     cpu_w = wd == cpu
     cw_g, cw_a, cw_b = wg[cpu_w], wa[cpu_w], wb[cpu_w]
     order = np.argsort(cw_g, kind="stable")
@@ -242,15 +258,21 @@ def _n_layers(n: int, lk: np.ndarray, l_id: np.ndarray) -> np.ndarray:
 
 
 def _sums(
-    k: _Keys, op: tuple[np.ndarray, ...], layer: tuple[np.ndarray, ...], copy: tuple[Any, ...]
+    k: _Keys,
+    op: tuple[np.ndarray, ...],
+    layer: tuple[np.ndarray, ...],
+    copy: tuple[Any, ...],
+    cmd: tuple[np.ndarray, ...],
 ) -> dict[str, np.ndarray]:
-    """The sums per step and device of the ops, layer spans and copies."""
+    """The sums per step and device of the ops, layer spans, copies and commands."""
     n = len(k)
     og, od, o_dur, o_n = op
     lg, ld, l_id, l_dur = layer
     pg, p_src, p_dst, p_bytes, _, p_dur = copy
+    cg, cd, c_sent, c_recv, c_bytes, _, _ = cmd
     ok, lk = k.of(og, od), k.of(lg, ld)
     ik, xk = k.of(pg, p_dst), k.of(pg, p_src)
+    ck = k.of(cg, cd)
     return {
         "op_ns": _sum_at(n, ok, o_dur),
         "n_ops": _sum_at(n, ok, o_n),
@@ -259,6 +281,10 @@ def _sums(
         "copy_in_bytes": _sum_at(n, ik, p_bytes),
         "copy_out_bytes": _sum_at(n, xk, p_bytes),
         "copy_ns": _sum_at(n, ik, p_dur) + _sum_at(n, xk, p_dur),
+        "sent_bytes": _sum_at(n, ck, c_sent),
+        "recv_bytes": _sum_at(n, ck, c_recv),
+        "data_bytes": _sum_at(n, ck, c_bytes),
+        "n_cmds": np.bincount(ck, minlength=n).astype(_I64),
     }
 
 
@@ -279,50 +305,64 @@ def _step_parts(
     return every, moving - every
 
 
-def step_times(r: StepRows, devs: Devices) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The ``device_steps`` and ``token_time`` columns of ``r``'s steps (see the module doc):
-    ``device_time.step_time``'s figures, row for row."""
-    cpu = devs.cpu
-    n_steps = len(r.index)
+def _window(r: StepRows) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, its window: from its start to its end or its last command's, if later."""
     lo, hi = _a(r.lo), _a(r.hi).copy()
-    cg, cd, c_sent, c_recv, c_bytes, c_start, c_end = map(_a, r.cmd)
+    cg, c_end = _a(r.cmd[0]), _a(r.cmd[6])
     if len(cg):
-        np.maximum.at(hi, cg, c_end)  # the window ends with the step's last command
-    op, layer, copy = tuple(map(_a, r.op)), tuple(map(_a, r.layer)), tuple(map(_a, r.copy))
-    sg, sd, s_launch, s_end = map(_a, r.split)
-    bg, bd, b_row, b_start, b_end = map(_a, r.busy)
-    rg, rd, r_row, r_start, r_end = map(_a, r.remote)
-    pg, p_src, p_dst, _, p_start, p_dur = copy
+        np.maximum.at(hi, cg, c_end)
+    return lo, hi
 
-    # the devices with figures in a step (``step_time``'s ``get``), and those only timing work
-    shown = [(op[0], op[1]), (layer[0], layer[1]), (pg, p_dst), (pg, p_src), (sg, sd), (cg, cd)]
-    k = _Keys(devs, [*shown, (bg, bd), (rg, rd)])
-    n = len(k)
-    present = np.zeros(n, dtype=bool)
-    for g, d in shown:
-        present[k.of(g, d)] = True
 
-    # work: what each device timed itself (a CPU split: from its launch to its return), clipped
+def _work(
+    cpu: int,
+    split: tuple[np.ndarray, ...],
+    busy: tuple[np.ndarray, ...],
+    remote: tuple[np.ndarray, ...],
+    lo: np.ndarray,
+    hi: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What each device timed itself (a CPU split: from its launch to its return), clipped to its
+    step's window: step, device, start, end."""
+    sg, sd, s_launch, s_end = split
+    bg, bd, _, b_start, b_end = busy
+    rg, rd, _, r_start, r_end = remote
     cpu_split = sd == cpu
     wg = np.concatenate([bg, rg, sg[cpu_split]])
     wd = np.concatenate([bd, rd, sd[cpu_split]])
     wa = np.concatenate([b_start, r_start, s_launch[cpu_split]])
     wb = np.concatenate([b_end, r_end, s_end[cpu_split]])
     wa, wb = np.maximum(wa, lo[wg]), np.minimum(wb, hi[wg])
+    return wg, wd, wa, wb
+
+
+def _device_measures(
+    k: _Keys,
+    cpu: int,
+    work: tuple[np.ndarray, ...],
+    split: tuple[np.ndarray, ...],
+    timed_rows: tuple[tuple[np.ndarray, ...], ...],
+    cmd: tuple[np.ndarray, ...],
+    window: tuple[np.ndarray, np.ndarray],
+) -> dict[str, np.ndarray]:
+    """The measures of unions per step and device: its compute (``work``), its splits outstanding
+    (``split``; ``timed_rows``: the busy and remote rows, each ``(split row, start, end)``), the
+    gap from a split's launch to its device's first start, the commands' time on the connection
+    (``cmd``) less its own compute, and its outstanding time less its compute (idle) and less
+    the CPU backend's compute (the client's wait)."""
+    n = len(k)
+    lo, hi = window
+    wg, wd, wa, wb = work
+    sg, sd, s_launch, s_end = split
+    cg, cd, _, _, _, c_start, c_end = cmd
     wk = k.of(wg, wd)
     timed = np.zeros(n, dtype=bool)
     timed[wk] = True
     m_work = union_measure(wk, wa, wb, n)
 
     # outstanding: each split from its launch to when its device was done with it
-    oa, ob, late, started = _outstanding(
-        (sg, s_launch, s_end), ((b_row, b_start, b_end), (r_row, r_start, r_end)), lo, hi
-    )
+    oa, ob, late, started = _outstanding((sg, s_launch, s_end), timed_rows, lo, hi)
     sk = k.of(sg, sd)
-    gap = _sum_at(n, sk[started], late[started])
-
-    # per device: the commands' time on the connection less its own compute, and its outstanding
-    # time less its compute (idle) and less the CPU backend's compute (the client's wait)
     ck = k.of(cg, cd)
     m_net_work = union_measure(np.concatenate([ck, wk]), np.concatenate([c_start, wa]),
                                np.concatenate([c_end, wb]), n)  # fmt: skip
@@ -330,64 +370,84 @@ def step_times(r: StepRows, devs: Devices) -> tuple[dict[str, Any], dict[str, An
     m_out_work = union_measure(np.concatenate([sk, wk]), np.concatenate([oa, wa]),
                                np.concatenate([ob, wb]), n)  # fmt: skip
     m_cpu, m_wait = _client_wait(
-        k, n_steps, cpu, (wg, wd, wa, wb),
+        k, len(lo), cpu, work,
         (np.concatenate([sk, ck]), np.concatenate([oa, c_start]), np.concatenate([ob, c_end])),
     )  # fmt: skip
+    not_cpu = k.device_of_key() != cpu
     key_g = k.keys // k.nd
-    key_d = np.array(k.devices, _I64)[k.keys % k.nd] if n else k.keys
+    return {
+        "timed": timed,
+        "compute_ns": m_work,
+        "outstanding_ns": np.where(not_cpu, m_out, 0),
+        "idle_ns": np.where(not_cpu & timed, m_out_work - m_work, 0),
+        "gap_ns": _sum_at(n, sk[started], late[started]),
+        "wait_ns": np.where(not_cpu, m_wait - m_cpu[key_g], 0),
+        "net_ns": m_net_work - m_work,
+    }
 
+
+def _device_columns(
+    r: StepRows,
+    k: _Keys,
+    devs: Devices,
+    token: np.ndarray,
+    m: dict[str, np.ndarray],
+    sums: dict[str, np.ndarray],
+) -> dict[str, Any]:
+    """The ``device_steps`` columns, one row per step and device with figures (``present``)."""
+    key_g = k.keys // k.nd
+    tok = token[key_g]
+    share = np.zeros(len(k), np.float64)
+    np.divide(m["compute_ns"], tok, out=share, where=tok > 0)
+    rpc = (sums["n_cmds"] > 0) | np.array([devs[d].is_rpc for d in k.devices], bool)[k.keys % k.nd]
+    cols = {
+        "step": _a(r.index)[key_g],
+        "device": k.device_of_key(),
+        "share": share,
+        **m,
+        **sums,
+        "transfer_bytes": np.where(
+            rpc,
+            sums["sent_bytes"] + sums["recv_bytes"],
+            sums["copy_in_bytes"] + sums["copy_out_bytes"],
+        ),
+        "transfer_ns": np.where(rpc, m["net_ns"], sums["copy_ns"]),
+    }
+    rows = np.flatnonzero(k.present)
+    kinds = r.kind
+    return {
+        c: [kinds[g] for g in key_g[rows].tolist()] if c == "kind" else cols[c][rows]
+        for c in DEVICE_COLUMNS
+    }
+
+
+def step_times(r: StepRows, devs: Devices) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``device_steps`` and ``token_time`` columns of ``r``'s steps (see the module doc):
+    ``device_time.step_time``'s figures, row for row."""
+    lo, hi = _window(r)
+    op, layer, copy = tuple(map(_a, r.op)), tuple(map(_a, r.layer)), tuple(map(_a, r.copy))
+    split, busy, remote, cmd = (tuple(map(_a, c)) for c in (r.split, r.busy, r.remote, r.cmd))
+    pg, p_src, p_dst, _, p_start, p_dur = copy
+    cg, cd, _, _, _, c_start, c_end = cmd
+    # the devices with figures in a step (``step_time``'s ``get``), and those only timing work
+    sg, sd = split[0], split[1]
+    shown = [(op[0], op[1]), (layer[0], layer[1]), (pg, p_dst), (pg, p_src), (sg, sd), (cg, cd)]
+    k = _Keys(devs, [*shown, (busy[0], busy[1]), (remote[0], remote[1])], shown)
+
+    work = _work(devs.cpu, split, busy, remote, lo, hi)
+    timed_rows = (busy[2:], remote[2:])
+    m = _device_measures(k, devs.cpu, work, split, timed_rows, cmd, (lo, hi))
     # the step: any device computing, else anything moving (clipped), else the host
     token = hi - lo
+    wg, _, wa, wb = work
     every, transfer = _step_parts(
         lo, hi, (wg, wa, wb), (np.concatenate([cg, pg]), np.concatenate([c_start, p_start]),
                                np.concatenate([c_end, p_start + p_dur]))
     )  # fmt: skip
-
-    # the sums per step and device
-    sums = _sums(k, op, layer, copy)
-    n_cmds = np.bincount(ck, minlength=n).astype(_I64)
-    sent, recv, data = _sum_at(n, ck, c_sent), _sum_at(n, ck, c_recv), _sum_at(n, ck, c_bytes)
-    rpc = (n_cmds > 0) | np.array([devs[d].is_rpc for d in k.devices], bool)[k.keys % k.nd]
-
-    not_cpu = key_d != cpu
-    tok = token[key_g]
-    share = np.zeros(n, np.float64)
-    np.divide(m_work, tok, out=share, where=tok > 0)
-    net = m_net_work - m_work
-    rows = np.flatnonzero(present)
-    kinds = r.kind
-    dev_cols = {
-        "step": _a(r.index)[key_g],
-        "kind": [kinds[g] for g in key_g[rows].tolist()],
-        "device": key_d,
-        "timed": timed,
-        "compute_ns": m_work,
-        "share": share,
-        "op_ns": sums["op_ns"],
-        "n_ops": sums["n_ops"],
-        "layer_ns": sums["layer_ns"],
-        "n_layers": sums["n_layers"],
-        "outstanding_ns": np.where(not_cpu, m_out, 0),
-        "idle_ns": np.where(not_cpu & timed, m_out_work - m_work, 0),
-        "gap_ns": gap,
-        "wait_ns": np.where(not_cpu, m_wait - m_cpu[key_g], 0),
-        "copy_in_bytes": sums["copy_in_bytes"],
-        "copy_out_bytes": sums["copy_out_bytes"],
-        "copy_ns": sums["copy_ns"],
-        "sent_bytes": sent,
-        "recv_bytes": recv,
-        "data_bytes": data,
-        "net_ns": net,
-        "n_cmds": n_cmds,
-        "transfer_bytes": np.where(
-            rpc, sent + recv, sums["copy_in_bytes"] + sums["copy_out_bytes"]
-        ),
-        "transfer_ns": np.where(rpc, net, sums["copy_ns"]),
-    }
-    dev_cols = {c: v if c == "kind" else v[rows] for c, v in dev_cols.items()}
+    dev_cols = _device_columns(r, k, devs, token, m, _sums(k, op, layer, copy, cmd))
     token_cols = {
         "step": _a(r.index),
-        "kind": list(kinds),
+        "kind": list(r.kind),
         "n_tokens": _a(r.n_tokens),
         "t_start": lo,
         "token_ns": token,

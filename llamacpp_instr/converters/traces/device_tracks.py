@@ -124,39 +124,39 @@ class DeviceTracks:
         stats.computes += 1
         head = self.lay.compute_slice(c, track)
         p = c.place
-        sp: list[Any] = []
-        if p is not None:
-            (sp, cps, bs, rs), t0 = p.bulk()
-            lo, hi = head.ts - t0, head.ts + head.dur - t0  # (relative to t0, as the rows)
-            for s in sp:
-                if s[3] < lo:
-                    lo = s[3]
-                if s[5] > hi:
-                    hi = s[5]
-            for r in rs:
-                if r[5] > hi:
-                    hi = r[5]
-            for b in bs:
-                if b[1] + b[2] > hi:
-                    hi = b[1] + b[2]
-            head.ts, head.dur = t0 + lo, hi - lo
+        if p is None:
             out: list[BulkItem] = [head]
-            started = _device_starts(bs, rs) if bs or rs else {}
-            flow_of = self._flows(started, c, step) if started else {}
-            plan = self.plans.get(c, sp)
-            # the copies first (drawn after the parts): each split's count and bytes of them
-            copied = [0] * (2 * len(sp))
-            lanes = self.lanes.get(("copies",), "copies", COPIES_ORDER)
-            copies = (
-                copy_rows(cps, t0, self.lanes, lanes, self.pairs, self.devs, copied)
-                if cps
-                else None
-            )
-            if sp:
-                out += self._splits(sp, copied, started, t0, track, flow_of, plan)
-        else:
-            out = [head]
-            plan = self.plans.get(c, sp)
+            out += self._parts(c, self.plans.get(c, []), stats, flows)
+            return out
+        (sp, cps, bs, rs), t0 = p.bulk()
+        _widen(head, sp, bs, rs, t0)
+        out = [head]
+        started = _device_starts(bs, rs) if bs or rs else {}
+        flow_of = self._flows(started, c, step) if started else {}
+        plan = self.plans.get(c, sp)
+        # the copies first (drawn after the parts): each split's count and bytes of them
+        copied = [0] * (2 * len(sp))
+        lanes = self.lanes.get(("copies",), "copies", COPIES_ORDER)
+        copies = (
+            copy_rows(cps, t0, self.lanes, lanes, self.pairs, self.devs, copied) if cps else None
+        )
+        if sp:
+            out += self._splits(sp, copied, started, t0, track, flow_of, plan)
+        out += self._parts(c, plan, stats, flows)
+        # (none made for a kind of rows the compute has none of: most have one or two)
+        bulk = self.lay.bulk
+        if copies is not None:
+            out += as_items(copies, bulk)
+        if bs:
+            out += as_items(self.own.busy(bs, sp, t0, flow_of), bulk)
+        if rs:
+            out += as_items(self.own.remote(rs, sp, t0, flow_of), bulk)
+        return out
+
+    def _parts(self, c: Compute, plan: Plan, stats: LayoutStats, flows: OpFlows) -> list[BulkItem]:
+        """Each device's part of the compute ``c`` on its own track (the track first, where it
+        is new): its slice, layer spans and ops."""
+        out: list[BulkItem] = []
         lo_g, hi_g = op_bounds(c, plan) if len(c.op_node) else ([], [])
         layers = c.layers
         lay = self.lay
@@ -191,14 +191,6 @@ class DeviceTracks:
                     out += lay.op_list(ops, c, head_d.track, stats, flows)
             else:
                 out += lay.compute_batch(head_d, c, spans, stats, flows, part.mask, part.run)
-        if p is not None:
-            # (none made for a kind of rows the compute has none of: most have one or two)
-            if copies is not None:
-                out += as_items(copies, bulk)
-            if bs:
-                out += as_items(self.own.busy(bs, sp, t0, flow_of), bulk)
-            if rs:
-                out += as_items(self.own.remote(rs, sp, t0, flow_of), bulk)
         return out
 
     def _flows(self, started: dict[int, int], c: Compute, step: Step) -> dict[int, int]:
@@ -252,6 +244,24 @@ class DeviceTracks:
     def transfers(self, step: Step | None = None) -> list[Item | SliceRows]:
         """The RPC commands of ``step``, or (None) those outside any step not drawn yet."""
         return self.network.transfers(step)
+
+
+def _widen(head: Slice, sp: list[Any], bs: list[Any], rs: list[Any], t0: int) -> None:
+    """Widen a compute's slice to its splits, its devices' busy stretches and its remote graphs
+    (rows relative to ``t0``)."""
+    lo, hi = head.ts - t0, head.ts + head.dur - t0  # (relative to t0, as the rows)
+    for s in sp:
+        if s[3] < lo:
+            lo = s[3]
+        if s[5] > hi:
+            hi = s[5]
+    for r in rs:
+        if r[5] > hi:
+            hi = r[5]
+    for b in bs:
+        if b[1] + b[2] > hi:
+            hi = b[1] + b[2]
+    head.ts, head.dur = t0 + lo, hi - lo
 
 
 def _device_starts(bs: list[Any], rs: list[Any]) -> dict[int, int]:

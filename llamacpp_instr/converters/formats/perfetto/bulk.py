@@ -9,7 +9,7 @@ and length) built as a byte matrix.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -19,6 +19,75 @@ from .events import EventFields
 from .ops import OpStore, RateFields
 from .packets import POST, Sequence, packet
 from .protowire import TIMESTAMP, TRACE_PACKET, varint, varint_bytes, varint_len
+
+
+def _small_columns(small: list[tuple[Any, ...]]) -> tuple[dict[str, list[Any]], list[bytes]]:
+    """The key columns of every row, begun with the small rows' (each row: batch, ts, rank,
+    tie, seq (the sort key); end id (end rows) or -1; gid (op begin rows) or -1; index among
+    the small rows or -1), and the small rows' bytes."""
+    cols: dict[str, list[Any]] = {
+        k: [] for k in ("batch", "ts", "rank", "tie", "seq", "end", "gid", "small")
+    }
+    ns = len(small)
+    s_objs: list[bytes] = []
+    if ns:
+        columns = [list(c) for c in zip(*small, strict=True)]
+        s_objs = columns.pop(5)  # (batch, ts, rank, tie, seq, S, end id)
+        for k, v in zip(("batch", "ts", "rank", "tie", "seq", "end"), columns, strict=True):
+            cols[k].append(np.array(v, dtype=np.int64))
+        cols["gid"].append(np.full(ns, -1, dtype=np.int64))
+        cols["small"].append(np.arange(ns, dtype=np.int64))
+    return cols, s_objs
+
+
+class _Sorted(NamedTuple):
+    """The sorted rows' columns the packets' lengths and pieces are made of."""
+
+    end: Any
+    gid: Any
+    sm: Any
+    is_e: Any
+    is_op: Any
+    g_safe: Any  # (an op row's gid, else 0)
+    t_len: Any
+
+
+def _bodies(store: OpStore, rows: _Sorted, e_len: Any, s_objs: list[bytes]) -> Any:
+    """The length of each sorted row's packet body: an end row's END body, an op begin's S D
+    T, a small row's bytes."""
+    ns = len(s_objs)
+    sm_len = np.array([len(x) for x in s_objs], dtype=np.int64) if ns else np.zeros(1, np.int64)
+    g_safe, sm = rows.g_safe, rows.sm
+    return np.where(
+        rows.is_e,
+        e_len[np.where(rows.is_e, rows.end, 0)],
+        np.where(
+            rows.is_op,
+            store.a_slen[g_safe] + store.a_dlen[g_safe] + rows.t_len,
+            sm_len[np.where(sm >= 0, sm, 0)],
+        ),
+    )
+
+
+def _glue_rows(v: int, ts: Any, nxt_len: Any, nxt_e: Any, nxt_end: Any, e_mat: Any) -> list[bytes]:
+    """``BulkEncoder._glue`` for rows whose timestamps are all ``v`` bytes long."""
+    lnb = varint_len(nxt_len)
+    c = 1 + v + len(POST)  # where the next packet's tag goes
+    e_rows = np.flatnonzero(nxt_e)
+    ew = e_mat.shape[1] if len(e_rows) else 0
+    width = c + 1 + int(lnb.max()) + ew
+    mat = np.zeros((len(ts), width), dtype=np.uint8)
+    mat[:, 0] = TIMESTAMP[0]
+    mat[:, 1 : 1 + v] = varint_bytes(ts, v)
+    mat[:, 1 + v : c] = np.frombuffer(POST, dtype=np.uint8)
+    mat[:, c] = np.where(nxt_len > 0, TRACE_PACKET[0], 0)  # none after the flush's last row
+    for j in range(int(lnb.max())):
+        byte = (nxt_len >> (7 * j)) & 0x7F
+        mat[:, c + 1 + j] = np.where(lnb > j, byte | np.where(lnb - 1 > j, 0x80, 0), 0)
+    if len(e_rows):  # an end packet's length is one byte, then its body
+        mat[e_rows, c + 2 : c + 2 + ew] = e_mat[nxt_end[e_rows]]
+    out: list[bytes] = mat.view(f"S{width}").ravel().tolist()
+    return out
 
 
 class BulkEncoder:
@@ -36,47 +105,10 @@ class BulkEncoder:
     def encode(self, batches: list[Batch], small: list[tuple[Any, ...]]) -> bytes:
         """The packets of the batches' rows (``small``: every batch's small rows, each with its
         batch number first), sorted by their key."""
-        # every row: batch, ts, rank, tie, seq (the sort key); end id (end rows) or -1; gid (op
-        # begin rows) or -1; index among the small rows or -1
-        cols: dict[str, list[Any]] = {
-            k: [] for k in ("batch", "ts", "rank", "tie", "seq", "end", "gid", "small")
-        }
-        ns = len(small)
-        s_objs: list[bytes] = []
-        if ns:
-            columns = [list(c) for c in zip(*small, strict=True)]
-            s_objs = columns.pop(5)  # (batch, ts, rank, tie, seq, S, end id)
-            for k, v in zip(("batch", "ts", "rank", "tie", "seq", "end"), columns, strict=True):
-                cols[k].append(np.array(v, dtype=np.int64))
-            cols["gid"].append(np.full(ns, -1, dtype=np.int64))
-            cols["small"].append(np.arange(ns, dtype=np.int64))
         store = self.store.arrays()
-        groups = [(k, *g) for k, b in enumerate(batches) for g in b.groups]
-        m = 0
-        d_objs: Any = None
-        if groups:
-            sizes = np.array([len(g[2]) for g in groups], dtype=np.int64)
-            m = int(sizes.sum())
-            gid = np.concatenate([g[2] for g in groups])
-            start = np.concatenate([g[3] for g in groups])
-            dur = np.concatenate([g[4] for g in groups])
-            first = np.cumsum(sizes) - sizes
-            base = np.repeat(np.array([g[1] for g in groups], dtype=np.int64) - 2 * first, sizes)
-            seq_b = base + 2 * np.arange(m, dtype=np.int64)
-            kb_o = np.repeat(np.array([g[0] for g in groups], dtype=np.int64), sizes)
-            end_o = np.repeat(np.array([g[5] for g in groups], dtype=np.int64), sizes)
-            depth = store.a_depth[gid]
-            none = np.full(m, -1, dtype=np.int64)
-            # begin rows, then end rows
-            cols["batch"] += [kb_o, kb_o]
-            cols["ts"] += [start, start + dur]
-            cols["rank"] += [np.ones(m, dtype=np.int64), np.where(dur > 0, 0, 2)]
-            cols["tie"] += [depth, -depth]
-            cols["seq"] += [seq_b, seq_b + 1]
-            cols["end"] += [none, end_o]
-            cols["gid"] += [gid, none]
-            cols["small"] += [none, none]
-            d_objs = self._rate_objects(gid, dur)
+        cols, s_objs = _small_columns(small)
+        m, d_objs = self._op_columns(batches, store, cols)
+        ns = len(s_objs)
         a = {k: np.concatenate(v) for k, v in cols.items()}
         # (np.lexsort: these rows come begins, then ends, not in runs ``keysort`` merges fast)
         order = np.lexsort((a["seq"], a["tie"], a["rank"], a["ts"], a["batch"]))
@@ -86,55 +118,90 @@ class BulkEncoder:
         sm = a["small"][order]
         is_e = end >= 0
         is_op = gid >= 0
-        is_sm = sm >= 0
         # which op begin (in the order the rates were computed) each sorted row is
         op_pos = np.full(2 * m + ns, -1, dtype=np.int64)
         op_pos[ns : ns + m] = np.arange(m, dtype=np.int64)
         op_pos = op_pos[order]
-        e_mat, e_len = self.events.end_matrix()
         g_safe = np.where(is_op, gid, 0)
-        t_len = np.where(is_op, store.a_tlen[g_safe], 0)
-        sm_len = np.array([len(x) for x in s_objs], dtype=np.int64) if ns else np.zeros(1, np.int64)
-        body = np.where(
-            is_e,
-            e_len[np.where(is_e, end, 0)],
-            np.where(
-                is_op,
-                store.a_slen[g_safe] + store.a_dlen[g_safe] + t_len,
-                sm_len[np.where(is_sm, sm, 0)],
-            ),
-        )
+        rows = _Sorted(end, gid, sm, is_e, is_op, g_safe, np.where(is_op, store.a_tlen[g_safe], 0))
+        e_mat, e_len = self.events.end_matrix()
         nb_ts = varint_len(ts)
-        plen = body + 1 + nb_ts + len(POST)  # the packet's length
+        plen = _bodies(store, rows, e_len, s_objs) + 1 + nb_ts + len(POST)  # the packet's length
         glue = self._glue(ts, nb_ts, plen, is_e, end, e_mat)
-        # pieces: [0x0a LEN (END body)] of row 0, then per row S D T (begin-like rows) and glue
-        has_t = is_op & (t_len > 0)
+        pieces, first = self._pieces(store, rows, int(plen[0]), glue, (op_pos, d_objs), s_objs)
+        if self.seq.needs_head():
+            # the first packet defines what the batch interns (and clears the state if first)
+            row0 = pieces[1:first].tolist()
+            post = 1 + int(nb_ts[0]) + len(POST)
+            content = (self.events.ends[end[0]] if is_e[0] else b"".join(row0)) + TIMESTAMP
+            content += varint(int(ts[0])) + self.seq.head()
+            pieces[0] = packet(content) + glue[0][post:]
+            pieces[1 : first + 1] = b""
+        return b"".join(pieces.tolist())
+
+    def _op_columns(
+        self, batches: list[Batch], store: OpStore, cols: dict[str, list[Any]]
+    ) -> tuple[int, Any]:
+        """The key columns of the batches' op rows (``cols``), a begin and an end row per op; the
+        number of ops and the D part of each begin (its rates, ``_rate_objects``)."""
+        groups = [(k, *g) for k, b in enumerate(batches) for g in b.groups]
+        if not groups:
+            return 0, None
+        sizes = np.array([len(g[2]) for g in groups], dtype=np.int64)
+        m = int(sizes.sum())
+        gid = np.concatenate([g[2] for g in groups])
+        start = np.concatenate([g[3] for g in groups])
+        dur = np.concatenate([g[4] for g in groups])
+        first = np.cumsum(sizes) - sizes
+        base = np.repeat(np.array([g[1] for g in groups], dtype=np.int64) - 2 * first, sizes)
+        seq_b = base + 2 * np.arange(m, dtype=np.int64)
+        kb_o = np.repeat(np.array([g[0] for g in groups], dtype=np.int64), sizes)
+        end_o = np.repeat(np.array([g[5] for g in groups], dtype=np.int64), sizes)
+        depth = store.a_depth[gid]
+        none = np.full(m, -1, dtype=np.int64)
+        # begin rows, then end rows
+        cols["batch"] += [kb_o, kb_o]
+        cols["ts"] += [start, start + dur]
+        cols["rank"] += [np.ones(m, dtype=np.int64), np.where(dur > 0, 0, 2)]
+        cols["tie"] += [depth, -depth]
+        cols["seq"] += [seq_b, seq_b + 1]
+        cols["end"] += [none, end_o]
+        cols["gid"] += [gid, none]
+        cols["small"] += [none, none]
+        return m, self._rate_objects(gid, dur)
+
+    def _pieces(
+        self,
+        store: OpStore,
+        rows: _Sorted,
+        plen0: int,
+        glue: Any,
+        rates: tuple[Any, Any],
+        s_objs: list[bytes],
+    ) -> tuple[Any, int]:
+        """The packets' pieces: [0x0a LEN (END body)] of row 0 (``plen0``: its packet's length),
+        then per row its S D T (an op's begin), its bytes (a small row's) and its glue
+        (``rates``: each row's op begin, and their D parts); and where row 0's glue is."""
+        end, gid, sm, is_e, is_op = rows.end, rows.gid, rows.sm, rows.is_e, rows.is_op
+        has_t = is_op & (rows.t_len > 0)
         cnt = 1 + np.where(is_e, 0, 1) + is_op + has_t
         off = np.cumsum(cnt) - cnt + 1
         pieces = np.empty(int(cnt.sum()) + 1, dtype=object)
-        ends = self.events.ends
-        pieces[0] = TRACE_PACKET + varint(int(plen[0])) + (ends[end[0]] if is_e[0] else b"")
-        if m:
+        pieces[0] = TRACE_PACKET + varint(plen0) + (self.events.ends[end[0]] if is_e[0] else b"")
+        op_pos, d_objs = rates
+        if d_objs is not None:
             s_rows = np.flatnonzero(is_op)
             pieces[off[s_rows]] = store.a_s[gid[s_rows]]
             pieces[off[s_rows] + 1] = d_objs[op_pos[s_rows]]
             t_rows = np.flatnonzero(has_t)
             pieces[off[t_rows] + 2] = store.a_t[gid[t_rows]]
-        if ns:
-            sm_rows = np.flatnonzero(is_sm & ~is_e)
-            objs = np.empty(ns, dtype=object)
+        if s_objs:
+            sm_rows = np.flatnonzero((sm >= 0) & ~is_e)
+            objs = np.empty(len(s_objs), dtype=object)
             objs[:] = s_objs
             pieces[off[sm_rows]] = objs[sm[sm_rows]]
         pieces[off + cnt - 1] = glue
-        if self.seq.needs_head():
-            # the first packet defines what the batch interns (and clears the state if first)
-            row0 = pieces[1 : off[0] + cnt[0] - 1].tolist()
-            post = 1 + int(nb_ts[0]) + len(POST)
-            content = (ends[end[0]] if is_e[0] else b"".join(row0)) + TIMESTAMP
-            content += varint(int(ts[0])) + self.seq.head()
-            pieces[0] = packet(content) + glue[0][post:]
-            pieces[1 : off[0] + cnt[0]] = b""
-        return b"".join(pieces.tolist())
+        return pieces, int(off[0] + cnt[0] - 1)
 
     def _glue(self, ts: Any, nb_ts: Any, plen: Any, is_e: Any, end: Any, e_mat: Any) -> Any:
         """Per row: what follows its S D T (or END body) up to the next row's: its timestamp,
@@ -145,35 +212,12 @@ class BulkEncoder:
         nxt_end = np.append(end[1:], 0)
         if int(nb_ts.min()) == int(nb_ts.max()):  # all timestamps as long: one layout
             out = np.empty(n, dtype=object)
-            out[:] = self._glue_rows(int(nb_ts[0]), ts, nxt_len, nxt_e, nxt_end, e_mat)
+            out[:] = _glue_rows(int(nb_ts[0]), ts, nxt_len, nxt_e, nxt_end, e_mat)
             return out
         out = np.empty(n, dtype=object)
         for v in sorted(set(nb_ts.ravel().tolist())):
             r = np.flatnonzero(nb_ts == v)
-            out[r] = self._glue_rows(v, ts[r], nxt_len[r], nxt_e[r], nxt_end[r], e_mat)
-        return out
-
-    @staticmethod
-    def _glue_rows(
-        v: int, ts: Any, nxt_len: Any, nxt_e: Any, nxt_end: Any, e_mat: Any
-    ) -> list[bytes]:
-        """``_glue`` for rows whose timestamps are all ``v`` bytes long."""
-        lnb = varint_len(nxt_len)
-        c = 1 + v + len(POST)  # where the next packet's tag goes
-        e_rows = np.flatnonzero(nxt_e)
-        ew = e_mat.shape[1] if len(e_rows) else 0
-        width = c + 1 + int(lnb.max()) + ew
-        mat = np.zeros((len(ts), width), dtype=np.uint8)
-        mat[:, 0] = TIMESTAMP[0]
-        mat[:, 1 : 1 + v] = varint_bytes(ts, v)
-        mat[:, 1 + v : c] = np.frombuffer(POST, dtype=np.uint8)
-        mat[:, c] = np.where(nxt_len > 0, TRACE_PACKET[0], 0)  # none after the flush's last row
-        for j in range(int(lnb.max())):
-            byte = (nxt_len >> (7 * j)) & 0x7F
-            mat[:, c + 1 + j] = np.where(lnb > j, byte | np.where(lnb - 1 > j, 0x80, 0), 0)
-        if len(e_rows):  # an end packet's length is one byte, then its body
-            mat[e_rows, c + 2 : c + 2 + ew] = e_mat[nxt_end[e_rows]]
-        out: list[bytes] = mat.view(f"S{width}").ravel().tolist()
+            out[r] = _glue_rows(v, ts[r], nxt_len[r], nxt_e[r], nxt_end[r], e_mat)
         return out
 
     def _rate_objects(self, gid: Any, dur: Any) -> Any:

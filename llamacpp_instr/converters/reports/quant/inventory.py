@@ -137,68 +137,68 @@ def from_gguf(path: Path | str) -> Inventory:
     return Inventory(label=p.stem, source=str(p), file_type=file_type, tensors=rows)
 
 
+# the GGUF metadata value types read as one struct item, each with its format
+_SCALAR = dict(zip((0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12), "BbHhIif?Qqd", strict=True))
+
+
+class _Cursor:
+    """Little-endian items of a GGUF's header, read from ``pos`` on."""
+
+    def __init__(self, data: bytes, pos: int = 0) -> None:
+        self.data, self.pos = data, pos
+
+    def take(self, fmt: str) -> Any:
+        vals = struct.unpack_from("<" + fmt, self.data, self.pos)
+        self.pos += struct.calcsize("<" + fmt)
+        return vals[0]
+
+    def string(self) -> str:
+        n = self.take("Q")
+        text = self.data[self.pos : self.pos + n].decode("utf-8", errors="replace")
+        self.pos += n
+        return text
+
+    def value(self, vtype: int) -> Any:
+        """A metadata value of type ``vtype``: a string, an array or a scalar."""
+        if vtype == 8:
+            return self.string()
+        if vtype == 9:
+            etype, n = self.take("I"), self.take("Q")
+            return [self.value(etype) for _ in range(n)]
+        if vtype not in _SCALAR:
+            raise ValueError(f"unknown metadata value type {vtype}")
+        return self.take(_SCALAR[vtype])
+
+
+def _raw_header(data: bytes) -> tuple[dict[str, Any], list[tuple[str, list[int], int, int]], int]:
+    """A GGUF's (v2/v3) metadata, its tensor infos (name, dims, type id, data offset) and where
+    its tensor data starts."""
+    if data[:4] != b"GGUF":
+        raise ValueError("not a GGUF")
+    c = _Cursor(data, 4)
+    c.take("I")  # version
+    n_tensors, n_kv = c.take("Q"), c.take("Q")
+    kv: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = c.string()
+        kv[key] = c.value(c.take("I"))
+    infos = []
+    for _ in range(n_tensors):
+        name = c.string()
+        dims = [c.take("Q") for _ in range(c.take("I"))]
+        tid = c.take("I")
+        infos.append((name, dims, tid, c.take("Q")))
+    align = int(kv.get("general.alignment", 32))
+    return kv, infos, (c.pos + align - 1) // align * align
+
+
 def _from_raw_header(p: Path) -> Inventory:
     """The tensor table of a GGUF (v2/v3) read directly; bytes of known types from gguf-py's
     table, of unknown types from the distance to the next tensor's data (what the file holds)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     data = p.read_bytes()
-    pos = 0
-
-    def take(fmt: str) -> Any:
-        nonlocal pos
-        vals = struct.unpack_from("<" + fmt, data, pos)
-        pos += struct.calcsize("<" + fmt)
-        return vals[0]
-
-    def string() -> str:
-        nonlocal pos
-        n = take("Q")
-        text = data[pos : pos + n].decode("utf-8", errors="replace")
-        pos += n
-        return text
-
-    scalar = {
-        0: "B",
-        1: "b",
-        2: "H",
-        3: "h",
-        4: "I",
-        5: "i",
-        6: "f",
-        7: "?",
-        10: "Q",
-        11: "q",
-        12: "d",
-    }
-
-    def value(vtype: int) -> Any:
-        if vtype == 8:
-            return string()
-        if vtype == 9:
-            etype, n = take("I"), take("Q")
-            return [value(etype) for _ in range(n)]
-        if vtype not in scalar:
-            raise ValueError(f"unknown metadata value type {vtype}")
-        return take(scalar[vtype])
-
-    if data[:4] != b"GGUF":
-        raise ValueError("not a GGUF")
-    pos = 4
-    take("I")  # version
-    n_tensors, n_kv = take("Q"), take("Q")
-    kv: dict[str, Any] = {}
-    for _ in range(n_kv):
-        key = string()
-        kv[key] = value(take("I"))
-    infos = []
-    for _ in range(n_tensors):
-        name = string()
-        dims = [take("Q") for _ in range(take("I"))]
-        tid = take("I")
-        infos.append((name, dims, tid, take("Q")))
-    align = int(kv.get("general.alignment", 32))
-    data_start = (pos + align - 1) // align * align
+    kv, infos, data_start = _raw_header(data)
     offsets = sorted(off for _, _, _, off in infos)
     next_off = dict(zip(offsets, offsets[1:] + [len(data) - data_start], strict=True))
     rows = []

@@ -21,8 +21,8 @@ def _is_norm(role: str) -> bool:
     return role.endswith("_norm") or role.endswith("norm")
 
 
-def _model_section(m: dict[str, Any], top: int | None, types: list[str]) -> Section:
-    t = m["totals"]
+def _model_facts(t: dict[str, Any], mem: dict[str, Any]) -> list[Fact]:
+    """A model's totals, and its run-time memory where a log gave it."""
     facts = [
         Fact("tensors", t["tensors"], "int"),
         Fact("size", t["bytes"], "bytes"),
@@ -30,14 +30,18 @@ def _model_section(m: dict[str, Any], top: int | None, types: list[str]) -> Sect
         Fact("smaller than F32", t["vs_f32"], "ratio"),
         Fact(f"smaller than {VS_16BIT}", t["vs_16bit"], "ratio"),
     ]
-    mem = m.get("memory") or {}
     if mem:
         facts += [
             Fact("run-time weights", mem.get("weights", 0), "bytes"),
             Fact("run-time KV cache", mem.get("kv_cache", 0), "bytes"),
             Fact("run-time compute buffers", mem.get("compute", 0), "bytes"),
         ]
-    # transformer blocks only: blk.N tensors, stacked by type
+    return facts
+
+
+def _bytes_charts(m: dict[str, Any], types: list[str]) -> list[Chart]:
+    """A model's bytes per transformer block (blk.N tensors), stacked by type, and its tensors
+    outside the blocks."""
     per: dict[int, dict[str, int]] = {}
     outside: list[dict[str, Any]] = []
     for x in m["tensors"]:
@@ -79,7 +83,12 @@ def _model_section(m: dict[str, Any], top: int | None, types: list[str]) -> Sect
                 value_fmt="bytes",
             )
         )
-    tables = [
+    return charts
+
+
+def _model_tables(m: dict[str, Any], top: int | None) -> list[Table]:
+    """A model's bytes by tensor type and by role, and its largest tensors."""
+    return [
         Table(
             "per_type",
             "By tensor type",
@@ -108,7 +117,7 @@ def _model_section(m: dict[str, Any], top: int | None, types: list[str]) -> Sect
         ),
         Table(
             "largest_tensors",
-            f"Largest tensors (of {t['tensors']})",
+            f"Largest tensors (of {m['totals']['tensors']})",
             [
                 Column("name", "tensor"),
                 Column("type", "type"),
@@ -122,21 +131,35 @@ def _model_section(m: dict[str, Any], top: int | None, types: list[str]) -> Sect
             top=top if top is not None else 12,
         ),
     ]
+
+
+def _buffers_table(buffers: list[dict[str, Any]]) -> Table:
+    """The run-time memory of a log's buffers."""
+    return Table(
+        "memory_buffers",
+        "Run-time memory by buffer",
+        [
+            Column("buffer", "buffer"),
+            Column("weights", "weights", "bytes"),
+            Column("kv_cache", "KV cache", "bytes"),
+            Column("compute", "compute", "bytes"),
+        ],
+        list(buffers),
+    )
+
+
+def _model_section(m: dict[str, Any], top: int | None, types: list[str]) -> Section:
+    t = m["totals"]
+    mem = m.get("memory") or {}
+    tables = _model_tables(m, top)
     if mem.get("buffers"):
-        tables.append(
-            Table(
-                "memory_buffers",
-                "Run-time memory by buffer",
-                [
-                    Column("buffer", "buffer"),
-                    Column("weights", "weights", "bytes"),
-                    Column("kv_cache", "KV cache", "bytes"),
-                    Column("compute", "compute", "bytes"),
-                ],
-                list(mem["buffers"]),
-            )
-        )
-    return Section(f"{t['model']} ({t['file_type']})", facts=facts, charts=charts, tables=tables)
+        tables.append(_buffers_table(mem["buffers"]))
+    return Section(
+        f"{t['model']} ({t['file_type']})",
+        facts=_model_facts(t, mem),
+        charts=_bytes_charts(m, types),
+        tables=tables,
+    )
 
 
 def _bpw_chart(models: list[dict[str, Any]]) -> Chart | None:

@@ -38,7 +38,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from llamacpp_instr.contract.version import __version__
 
-from .live_figures import RequestFigures, SessionFigures
+from .live_figures import RequestFigures, SessionFigures, StepSpan
 from .log_input import UserError
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
@@ -105,11 +105,8 @@ class SpanBuilder:
             self.offset = us * 1000 - s.ts
 
     def spans(self, q: RequestFigures) -> list[Span]:
+        """The request's server span, then each of its steps' spans with their layers'."""
         rec = q.record
-        t_arrive = int(rec["t_arrive"])
-        end = t_arrive + int(rec.get("dur") or 0)
-        endpoint = str(rec.get("endpoint", ""))
-        op = _operation(endpoint)
         parent = b""
         m = _TRACEPARENT.match(str(rec.get("traceparent", "")))
         if m and int(m.group(1), 16) and int(m.group(2), 16):
@@ -117,11 +114,19 @@ class SpanBuilder:
         else:
             trace_id = _id(16, self.sid, q.id)
         span_id = _id(8, self.sid, q.id, "request")
+        out = [self._request_span(q, trace_id, span_id, parent)]
+        for st in q.steps:
+            out += self._step_spans(q, st, trace_id, span_id)
+        return out
+
+    def _request_attrs(self, q: RequestFigures, op: str) -> list[KeyValue]:
+        """The request span's attributes: the OpenTelemetry GenAI and HTTP names, then ours."""
+        rec = q.record
         attrs = [
             _attr("gen_ai.operation.name", op),
             _attr("gen_ai.provider.name", "llama.cpp"),
             _attr("http.request.method", str(rec.get("method", "POST"))),
-            _attr("url.path", endpoint),
+            _attr("url.path", str(rec.get("endpoint", ""))),
             _attr("http.response.status_code", int(rec.get("status") or 0)),
             _attr("llamacpp_instr.request.id", q.id),
             _attr("llamacpp_instr.outcome", q.outcome),
@@ -148,6 +153,16 @@ class SpanBuilder:
         ):
             if v is not None:
                 attrs.append(_attr(f"llamacpp_instr.{name}_s", v))
+        return attrs
+
+    def _request_span(
+        self, q: RequestFigures, trace_id: bytes, span_id: bytes, parent: bytes
+    ) -> Span:
+        rec = q.record
+        t_arrive = int(rec["t_arrive"])
+        end = t_arrive + int(rec.get("dur") or 0)
+        op = _operation(str(rec.get("endpoint", "")))
+        attrs = self._request_attrs(q, op)
         status = Status(code=Status.STATUS_CODE_UNSET)
         if q.outcome == "error":
             attrs.append(_attr("error.type", str(rec.get("status") or "error")))
@@ -156,51 +171,53 @@ class SpanBuilder:
         if q.ttft_s is not None:
             t_first = t_arrive + int(rec["ttft"])
             events.append(Span.Event(time_unix_nano=self._unix(t_first), name="first_token"))
+        return Span(
+            trace_id=trace_id,
+            span_id=span_id,
+            parent_span_id=parent,
+            name=f"{op} {self.model}".strip(),
+            kind=Span.SPAN_KIND_SERVER,
+            start_time_unix_nano=self._unix(t_arrive),
+            end_time_unix_nano=self._unix(max(end, t_arrive)),
+            attributes=attrs,
+            events=events,
+            status=status,
+        )
+
+    def _step_spans(
+        self, q: RequestFigures, st: StepSpan, trace_id: bytes, request_id: bytes
+    ) -> list[Span]:
+        """One step of the request: its layers' spans, then its own."""
+        step_id = _id(8, self.sid, q.id, "step", str(st.step))
         out = [
             Span(
                 trace_id=trace_id,
-                span_id=span_id,
-                parent_span_id=parent,
-                name=f"{op} {self.model}".strip(),
-                kind=Span.SPAN_KIND_SERVER,
-                start_time_unix_nano=self._unix(t_arrive),
-                end_time_unix_nano=self._unix(max(end, t_arrive)),
-                attributes=attrs,
-                events=events,
-                status=status,
+                span_id=_id(8, self.sid, q.id, "layer", str(st.step), str(k)),
+                parent_span_id=step_id,
+                name=f"layer {layer}" if layer >= 0 else "outside layers",
+                kind=Span.SPAN_KIND_INTERNAL,
+                start_time_unix_nano=self._unix(t0),
+                end_time_unix_nano=self._unix(t1),
+                attributes=[_attr("llamacpp_instr.layer", layer)],
             )
+            for k, (layer, t0, t1) in enumerate(q.layers.get(st.step, []))
         ]
-        for st in q.steps:
-            step_id = _id(8, self.sid, q.id, "step", str(st.step))
-            for k, (layer, t0, t1) in enumerate(q.layers.get(st.step, [])):
-                out.append(
-                    Span(
-                        trace_id=trace_id,
-                        span_id=_id(8, self.sid, q.id, "layer", str(st.step), str(k)),
-                        parent_span_id=step_id,
-                        name=f"layer {layer}" if layer >= 0 else "outside layers",
-                        kind=Span.SPAN_KIND_INTERNAL,
-                        start_time_unix_nano=self._unix(t0),
-                        end_time_unix_nano=self._unix(t1),
-                        attributes=[_attr("llamacpp_instr.layer", layer)],
-                    )
-                )
-            out.append(
-                Span(
-                    trace_id=trace_id,
-                    span_id=step_id,
-                    parent_span_id=span_id,
-                    name="llama_decode",
-                    kind=Span.SPAN_KIND_INTERNAL,
-                    start_time_unix_nano=self._unix(st.start),
-                    end_time_unix_nano=self._unix(st.end),
-                    attributes=[
-                        _attr("llamacpp_instr.step", st.step),
-                        _attr("llamacpp_instr.step.tokens", st.tokens),
-                        _attr("llamacpp_instr.step.first_pos", st.pos0),
-                    ],
-                )
+        out.append(
+            Span(
+                trace_id=trace_id,
+                span_id=step_id,
+                parent_span_id=request_id,
+                name="llama_decode",
+                kind=Span.SPAN_KIND_INTERNAL,
+                start_time_unix_nano=self._unix(st.start),
+                end_time_unix_nano=self._unix(st.end),
+                attributes=[
+                    _attr("llamacpp_instr.step", st.step),
+                    _attr("llamacpp_instr.step.tokens", st.tokens),
+                    _attr("llamacpp_instr.step.first_pos", st.pos0),
+                ],
             )
+        )
         return out
 
     def _unix(self, t: int) -> int:

@@ -381,3 +381,24 @@ def test_every_per_step_view_is_the_targets_with_the_drafts_beside_it(tmp_path: 
     assert len(charts["draft_tokens_per_second"].x) == 3 * len(ROUNDS) + 1
     text = instr("summary", str(log)).stdout
     assert "the draft's generation step p50 (ms)" in text
+
+
+def test_a_report_splits_the_targets_and_the_drafts_steps_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summary's sections (overview, speculation, charts, the work between steps, the price)
+    share one split of the session's steps; a new steps table gets its own."""
+    from llamacpp_instr.converters import load_session
+    from llamacpp_instr.converters.reports.renderers import render
+    from llamacpp_instr.converters.reports.summary import summary_report
+
+    made = []
+    real = spec_split._split
+    monkeypatch.setattr(spec_split, "_split", lambda f: made.append(f) or real(f))
+    f = load_session(write_spec_log(tmp_path / "s.log"))
+    for fmt in ("text", "json", "html"):
+        render(summary_report(f, "op", None), fmt)
+    assert len(made) == 1
+    first = spec_split.split(f)
+    f.steps = f.steps.copy()
+    assert spec_split.split(f) is not first and len(made) == 2

@@ -44,7 +44,19 @@ class Split:
 
 
 def split(f: SessionFrames) -> Split | None:
-    """The target's steps and the draft's (None for a session that did not speculate)."""
+    """The target's steps and the draft's (None for a session that did not speculate), made once
+    per session's tables: every section of a report that needs it (the overview, the charts, the
+    speculation's, the work between steps, the price) takes the one kept on ``f``, for as long
+    as its steps table is the same one."""
+    kept = f.__dict__.get("_spec_split")
+    if kept is not None and kept[0] is f.steps:
+        return kept[1]  # type: ignore[no-any-return]
+    made = _split(f)
+    f.__dict__["_spec_split"] = (f.steps, made)
+    return made
+
+
+def _split(f: SessionFrames) -> Split | None:
     info = f.info
     if not speculating(info) or "role" not in f.steps:
         return None

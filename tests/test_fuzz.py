@@ -2,10 +2,10 @@
 libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer against the patched tree (the pin
 extracted and patched as `instr build` does) and runs for a bounded time.
 
-- rpc_times_fuzz.cpp: the RPC client's parser of a server's op times (issue 35), the patched
-  ggml-rpc.cpp included whole;
-- request_text_fuzz.cpp: what an HTTP client's bytes become in llama-server's `request` record
-  (issue 55 §3): the text of a prompt's tokens and the `traceparent` header.
+- rpc_times_fuzz.cpp: the RPC client's parser of a server's op times, the overlay's
+  ggml-rpc/instr.cpp included whole;
+- request_text_fuzz.cpp: what an HTTP client's bytes become in llama-server's `request` record:
+  the text of a prompt's tokens and the `traceparent` header.
 
 Needs clang (Debian's `clang`, which .ci/run installs)."""
 

@@ -1,9 +1,9 @@
-// libFuzzer harness for the RPC client's reading of a server's block of op times (patch 0007,
-// rpc_instr_parse_times): the bytes come from the network, so no input may read or write out of
-// bounds, overflow, or hand the profiler an op outside its graph. The patched ggml-rpc.cpp is
-// included whole, so that the parser is compiled with the fuzzer's coverage and the sanitizers
-// (tests/test_fuzz.py builds and runs it for a bounded time).
-#include "ggml-rpc.cpp"
+// libFuzzer harness for the RPC client's reading of a server's block of op times
+// (rpc_instr_parse_times, in the overlay's ggml-rpc/instr.cpp): the bytes come from the network,
+// so no input may read or write out of bounds, overflow, or hand the profiler an op outside its
+// graph. instr.cpp is included whole, so that the parser is compiled with the fuzzer's coverage
+// and the sanitizers (tests/test_fuzz.py builds and runs it for a bounded time).
+#include "instr.cpp"
 
 #include <cstdio>
 #include <cstdlib>

@@ -19,6 +19,7 @@ set(LLAMA_INSTR_SOURCES
     llama-instr-ops-vulkan.cpp
     llama-instr-peaks.cpp
     llama-instr-process.cpp
+    llama-instr-registry.cpp
     llama-instr-rpc.cpp
     llama-instr-sampling.cpp
     llama-instr-session.cpp

@@ -5,15 +5,11 @@ in `.ci/sanitize` too (ASan and UBSan; TSan), where a read of freed memory is a 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.support import by_type, read_log
+from helpers.support import by_type, read_log, run_on_lib
 
 pytestmark = pytest.mark.native
 
@@ -56,15 +52,7 @@ def test_a_chain_whose_record_could_not_be_made_is_not_read_at_the_end(
     session's end writes no record of it (a chain still named there after its free would be read
     from freed memory, which ASan reports); every free that did not fail writes its one record."""
     log = tmp_path / "chains.log"
-    r = subprocess.run(
-        [sys.executable, "-c", CHAIN_FREED, str(tiny_llama_f32), str(log)],
-        env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(testing_lib)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    failed = json.loads(r.stdout.strip().splitlines()[-1])
+    failed = run_on_lib(CHAIN_FREED, testing_lib, tiny_llama_f32, log)
     if failed == [0]:
         # an unoptimized build's string and vector code is libstdc++'s own, allocating through its
         # operator new, which the testing build's (bound inside libllama) does not replace
@@ -121,15 +109,7 @@ def test_the_end_writes_the_counters_of_a_context_another_thread_decoded(
     does not read a context another thread may be decoding. (The read itself is TSan's to see:
     test_native_robustness ends sessions while workers decode, under TSan in `.ci/sanitize`.)"""
     log = tmp_path / "perf.log"
-    r = subprocess.run(
-        [sys.executable, "-c", COUNTERS_ELSEWHERE, str(tiny_llama_f32), str(log)],
-        env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(testing_lib)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    seen: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    seen: dict[str, Any] = run_on_lib(COUNTERS_ELSEWHERE, testing_lib, tiny_llama_f32, log)
     [perf] = by_type(read_log(log), "perf")
     assert (perf["n_p_eval"], perf["n_eval"]) == (seen["n_p_eval"], seen["n_eval"]) == (4, 5)
     assert abs(perf["t_eval_us"] - seen["t_eval_us"]) <= 1
@@ -189,15 +169,7 @@ def test_sessions_ended_while_another_thread_samples_name_its_chain_whole(
     and the last session, a step decoded and sampled on the ending thread, holds
     llama_perf_sampler's final count. Under TSan (`.ci/sanitize`) an end reading the chain while the worker samples is
     a report."""
-    r = subprocess.run(
-        [sys.executable, "-c", CHAIN_ELSEWHERE, str(tiny_llama_f32), str(tmp_path / "s.log")],
-        env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(testing_lib)),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = run_on_lib(CHAIN_ELSEWHERE, testing_lib, tiny_llama_f32, tmp_path / "s.log", timeout=600)
     assert out["n_sample"] == 61
     counts = []
     for path in out["logs"]:

@@ -7,7 +7,6 @@ the next one begins."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.support import by_type, read_log
+from helpers.support import by_type, read_log, run_on_lib
 
 pytestmark = pytest.mark.native
 
@@ -47,15 +46,7 @@ print(json.dumps(toks))
 
 
 def _run(testing_lib: Path, model: Path, out: Path, defer: bool) -> list[int]:
-    r = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(model), str(out), "1" if defer else "0"],
-        env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(testing_lib)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    return list(json.loads(r.stdout.strip().splitlines()[-1]))
+    return list(run_on_lib(SCRIPT, testing_lib, model, out, "1" if defer else "0"))
 
 
 def _shape(path: Path) -> list[tuple[str, int, int]]:
@@ -129,16 +120,7 @@ def test_a_deferred_steps_writing_is_the_loggers_not_sampling_nor_llama_s(
     slow on purpose (50 ms): that time is the logger's ("log", in the step's host window), not the
     sampling's (its scope and its candidates), and not llama.cpp's own t_eval."""
     n, delay_us = 6, 50_000
-    r = subprocess.run(
-        [sys.executable, "-c", C_LOOP, str(big_vocab), str(tmp_path / "c.log"), str(n)]
-        + [str(delay_us)],
-        env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(testing_lib)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    perf = json.loads(r.stdout.strip().splitlines()[-1])
+    perf = run_on_lib(C_LOOP, testing_lib, big_vocab, tmp_path / "c.log", n, delay_us)
     recs = read_log(tmp_path / "c.log")
     hosts = by_type(recs, "host")
     assert [h["step"] for h in hosts] == list(range(n)) and sum(h["sampled"] for h in hosts) == n
@@ -179,15 +161,7 @@ print(json.dumps({"tokens": toks, "t_sample_ms": smpl.t_sample_ms, "n_sample": s
 
 
 def _sample(testing_lib: Path, model: Path, out: Path, defer: bool, n: int) -> dict[str, Any]:
-    r = subprocess.run(
-        [sys.executable, "-c", SAMPLING, str(model), str(out), "1" if defer else "0", str(n)],
-        env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(testing_lib)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    return dict(json.loads(r.stdout.strip().splitlines()[-1]))
+    return dict(run_on_lib(SAMPLING, testing_lib, model, out, "1" if defer else "0", n))
 
 
 def _kinds(recs: list[dict[str, Any]]) -> Counter[str]:
@@ -263,15 +237,7 @@ def test_a_deferred_step_holds_no_other_contexts_rotation(
     waits 50 ms for steps in a decode, not for a deferred one), and the rotation happens once the
     deferred step is written, its records all in the file its step began in."""
     out = tmp_path / "two.log"
-    r = subprocess.run(
-        [sys.executable, "-c", TWO_CONTEXTS, str(tiny_llama_f32), str(out)],
-        env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(testing_lib)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    gaps = json.loads(r.stdout.strip().splitlines()[-1])
+    gaps = run_on_lib(TWO_CONTEXTS, testing_lib, tiny_llama_f32, out)
     assert max(gaps) < 0.040, gaps  # a tiny model's step: well under the rotation's 50 ms wait
     files = sorted(tmp_path.glob("two.log*"))
     assert len(files) >= 2, files

@@ -88,6 +88,21 @@ def subst_nodes(nodes: list[Any], triples: list[list[int]], at: list[list[int]])
     return [{k: node[k] for k in n} for node, n in zip(out, nodes, strict=True)]  # keys in order
 
 
+def run_on_lib(script: str, lib: Path, *args: object, timeout: float = 300) -> Any:
+    """Run ``script`` (python -c) with ``args`` on the libraries in ``lib`` (LLAMA_CPP_LIB_PATH: a
+    testing or sanitized build's) and return its last line of stdout, read as JSON; a child that
+    fails fails the test with its stderr's end."""
+    r = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)],
+        env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(lib)),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def read_log(path: Path) -> list[dict[str, Any]]:
     """Every line of a log, plain or .gz, parsed with the standard library (independent of
     converters/): a blank or damaged line fails. A graph record naming an earlier graph's node

@@ -38,6 +38,7 @@ by ``kv_costs.KV_EXTRAPOLATION``.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from llamacpp_instr.converters.analysis.probe_shapes import FLASH, KQ, KQV, SOFTMAX, Shape
@@ -97,7 +98,7 @@ class Probe:
         (at ``shape``'s heads, F16), up to ``PROBE_BYTES``: what the probe's caches hold."""
         if self.weights is None:
             return PROBE_BYTES
-        kv = 2 * (shape.head_dim_k + shape.head_dim_v) * shape.n_head_kv * self.kv_size
+        kv = replace(shape, op=FLASH).cache_bytes(self.kv_size)  # a layer's K and V caches
         return max(1, min(self.weights + self.n_layer * kv, PROBE_BYTES))
 
     def ns(self, shape: Shape, pos0: int, device: str) -> float | None:

@@ -6,15 +6,14 @@ a sound through a qwen2a one; llama-server answering two requests with an image 
 from __future__ import annotations
 
 import copy
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.support import FIXTURES, JSON, read_log, write_log
+from helpers.support import FIXTURES, read_log, record_edits, with_edits, write_log
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from test_frames_bulk_matches_reference import assert_same_outcome
 
 from llamacpp_instr.converters import load_session
 from llamacpp_instr.converters.session.fold import load
@@ -244,22 +243,11 @@ _RECS = read_log(IMAGES)
     derandomize="FUZZ_EXAMPLES" not in os.environ,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
-@given(
-    edits=st.lists(
-        st.tuples(st.integers(0, len(_RECS) - 1), st.text(max_size=12), JSON),
-        min_size=1,
-        max_size=4,
-    )
-)
+@given(edits=record_edits(_RECS))
 def test_fuzz_the_same_tables_as_the_reference(
     edits: list[tuple[int, str, Any]], tmp_path: Path
 ) -> None:
     """The images log with wrong types or values in any record: the same tables (media and
     encodes among them) from the bulk reader and the reference, or the same error."""
-    from test_frames_bulk_matches_reference import assert_same_outcome
-
-    recs = json.loads(json.dumps(_RECS))
-    for i, key, value in edits:
-        r = recs[i]
-        r[sorted(r)[len(key) % len(r)]] = value
+    recs = with_edits(_RECS, edits)
     assert_same_outcome(write_log(tmp_path / "fuzz.log", recs))

@@ -16,16 +16,16 @@ import pytest
 from click.testing import CliRunner
 from helpers.support import (
     FIXTURES,
-    JSON,
     assert_same_trace,
     fast_trace,
     plain_copy,
     read_log,
+    record_edits,
     reference_trace,
     resolved,
+    with_edits,
 )
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from test_perfetto import check_trace, convert, op_slices
 
@@ -135,22 +135,13 @@ _RECS = read_log(IMAGES)
     derandomize="FUZZ_EXAMPLES" not in os.environ,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
-@given(
-    edits=st.lists(
-        st.tuples(st.integers(0, len(_RECS) - 1), st.text(max_size=12), JSON),
-        min_size=1,
-        max_size=4,
-    )
-)
+@given(edits=record_edits(_RECS))
 def test_fuzz_the_same_trace_from_both_writers(
     edits: list[tuple[int, str, Any]], tmp_path: Path
 ) -> None:
     """The images log with wrong types or values in any record (its media records, encodes and
     encoder context among them): the same trace, or the same failure, from both writers."""
-    recs = json.loads(json.dumps(_RECS))
-    for i, key, value in edits:
-        r = recs[i]
-        r[sorted(r)[len(key) % len(r)]] = value
+    recs = with_edits(_RECS, edits)
     log = tmp_path / "fuzz.log"
     log.write_text("".join(json.dumps(r) + "\n" for r in recs))
     try:

@@ -88,6 +88,28 @@ def subst_nodes(nodes: list[Any], triples: list[list[int]], at: list[list[int]])
     return [{k: node[k] for k in n} for node, n in zip(out, nodes, strict=True)]  # keys in order
 
 
+def record_edits(recs: list[dict[str, Any]]) -> Any:
+    """A strategy of one to four edits of ``recs``: (record, a key's pick, a fuzzed JSON value),
+    each setting one of the record's own fields (``with_edits``)."""
+    return st.lists(
+        st.tuples(st.integers(0, len(recs) - 1), st.text(max_size=12), JSON),
+        min_size=1,
+        max_size=4,
+    )
+
+
+def with_edits(
+    recs: list[dict[str, Any]], edits: list[tuple[int, str, Any]]
+) -> list[dict[str, Any]]:
+    """A copy of ``recs`` with each edit made: the record's field picked by the key's length (of
+    its sorted fields) holds the value."""
+    out = json.loads(json.dumps(recs))
+    for i, key, value in edits:
+        r = out[i]
+        r[sorted(r)[len(key) % len(r)]] = value
+    return out
+
+
 def run_on_lib(script: str, lib: Path, *args: object, timeout: float = 300) -> Any:
     """Run ``script`` (python -c) with ``args`` on the libraries in ``lib`` (LLAMA_CPP_LIB_PATH: a
     testing or sanitized build's) and return its last line of stdout, read as JSON; a child that

@@ -303,3 +303,13 @@ def test_the_pin_compiles_flash_attention_kernels_by_default(vendor: Path) -> No
     assert default("GGML_CUDA_FA") == "ON"
     assert default("GGML_CUDA_FA_ALL_QUANTS") == "OFF"
     assert default("GGML_CUDA_NO_VMM") == "OFF"
+
+
+def test_the_cuda_timer_arms_for_a_compute_with_no_context(vendor: Path, tmp_path: Path) -> None:
+    """The CUDA op timer's arm on profiler entry points made in the unit (no device): armed for
+    an encoder's compute, which has no llama_context (mtmd's clip graph on the first GPU), it
+    holds room for one compute of the graph and hands the backend its profiler, every op
+    selected at DETAILED and the layers' first ops at MINIMAL (tests/native/cuda_arm.cpp). Linked
+    to the build's libllama."""
+    r = run_unit(vendor, "cuda_arm", LLAMA_INCLUDES, LLAMA_LIBS, tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", f"{r.returncode}: {r.stderr[-2000:]}"

@@ -60,11 +60,15 @@ class cuda_op_timer final : public op_timer {
             lost_taken = 0;
         }
         // room after the marks of the step's computes not read yet; at its first, for as many
-        // computes as a decode makes (a batch in ubatches), so that its later ones find it
-        const int64_t n_ubatch = std::max<int64_t>(llama_n_ubatch(ctx), 1);
-        const int64_t computes = ((int64_t) llama_n_batch(ctx) + n_ubatch - 1) / n_ubatch;
-        const size_t  cap      = (size_t) gpu_marks_room((int64_t) marks.size(), prof.n_marks,
-                                                         ggml_graph_n_nodes(const_cast<ggml_cgraph *>(gf)), computes);
+        // computes as a decode makes (a batch in ubatches), so that its later ones find it; an
+        // encoder's compute has no context, and an encode is one graph
+        int64_t computes = 1;
+        if (ctx) {
+            const int64_t n_ubatch = std::max<int64_t>(llama_n_ubatch(ctx), 1);
+            computes               = ((int64_t) llama_n_batch(ctx) + n_ubatch - 1) / n_ubatch;
+        }
+        const size_t cap = (size_t) gpu_marks_room((int64_t) marks.size(), prof.n_marks,
+                                                   ggml_graph_n_nodes(const_cast<ggml_cgraph *>(gf)), computes);
         if (marks.size() < cap) {
             marks.resize(cap);
             resolved.resize(cap);
@@ -254,6 +258,17 @@ class cuda_op_timer final : public op_timer {
 
 }  // namespace
 
+std::unique_ptr<op_timer> llama_instr::make_cuda_op_timer_from(ggml_backend_t                       backend,
+                                                               int32_t                              device,
+                                                               ggml_backend_cuda_set_profiler_t     set_profiler,
+                                                               ggml_backend_cuda_profiler_collect_t collect_marks,
+                                                               ggml_backend_gpu_clock_pair_t        clock_pair) {
+    if (!set_profiler || !collect_marks || !clock_pair) {
+        return nullptr;
+    }
+    return std::make_unique<cuda_op_timer>(backend, device, set_profiler, collect_marks, clock_pair);
+}
+
 std::unique_ptr<op_timer> llama_instr::make_cuda_op_timer(ggml_backend_t     backend,
                                                           ggml_backend_reg_t reg,
                                                           int32_t            device) {
@@ -263,8 +278,5 @@ std::unique_ptr<op_timer> llama_instr::make_cuda_op_timer(ggml_backend_t     bac
         reg, "ggml_backend_cuda_profiler_collect");
     auto clock_pair =
         (ggml_backend_gpu_clock_pair_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_cuda_clock_pair");
-    if (!set_profiler || !collect_marks || !clock_pair) {
-        return nullptr;
-    }
-    return std::make_unique<cuda_op_timer>(backend, device, set_profiler, collect_marks, clock_pair);
+    return make_cuda_op_timer_from(backend, device, set_profiler, collect_marks, clock_pair);
 }

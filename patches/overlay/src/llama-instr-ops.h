@@ -18,6 +18,7 @@
 // (make_op_timer) and live with the context; arm and collect only grow buffers they already have.
 
 #include "ggml-backend.h"
+#include "ggml-cuda-instr.h"
 
 struct llama_context;
 
@@ -86,6 +87,14 @@ std::unique_ptr<op_timer> make_cpu_op_timer(ggml_backend_t backend, ggml_backend
 std::unique_ptr<op_timer> make_rpc_op_timer(ggml_backend_t backend, ggml_backend_reg_t reg, int32_t device);
 std::unique_ptr<op_timer> make_vk_op_timer(ggml_backend_t backend, ggml_backend_reg_t reg, int32_t device);
 std::unique_ptr<op_timer> make_cuda_op_timer(ggml_backend_t backend, ggml_backend_reg_t reg, int32_t device);
+
+// CUDA's timer on the profiler's entry points as given (make_cuda_op_timer finds them in the
+// backend's registry; the native tests hand in their own, with no device); nullptr if one is null.
+std::unique_ptr<op_timer> make_cuda_op_timer_from(ggml_backend_t                       backend,
+                                                  int32_t                              device,
+                                                  ggml_backend_cuda_set_profiler_t     set_profiler,
+                                                  ggml_backend_cuda_profiler_collect_t collect_marks,
+                                                  ggml_backend_gpu_clock_pair_t        clock_pair);
 
 // index of backend's device in ggml's registry (as session_start.machine.devices lists them), or -1
 int32_t device_index(ggml_backend_t backend);

@@ -13,14 +13,18 @@ import pytest
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.running import context_defaults as cd
 
-pytestmark = pytest.mark.fast
-
 ROOT = Path(__file__).resolve().parents[1] / "llamacpp_instr"
 
 
-def test_flash_attention_maps_to_llama_hs_enum_and_names() -> None:
-    # llama.h: LLAMA_FLASH_ATTN_TYPE_AUTO = -1, _DISABLED = 0, _ENABLED = 1
+@pytest.mark.native
+def test_flash_attention_maps_to_llama_hs_enum() -> None:
+    """Through llama-cpp-python's bindings of the build (so in the whole suite, not the fast
+    tier): llama.h's LLAMA_FLASH_ATTN_TYPE_AUTO = -1, _DISABLED = 0, _ENABLED = 1."""
     assert [cd.flash_attn_type(c) for c in (None, False, True)] == [-1, 0, 1]
+
+
+@pytest.mark.fast
+def test_flash_attention_maps_to_names_and_options() -> None:
     assert [cd.flash_attn_name(c) for c in (None, False, True)] == ["auto", "off", "on"]
     assert [cd.flash_attn_args(c) for c in (None, False, True)] == [
         [],
@@ -29,6 +33,7 @@ def test_flash_attention_maps_to_llama_hs_enum_and_names() -> None:
     ]
 
 
+@pytest.mark.fast
 def test_kv_types_map_to_ggmls_ids() -> None:
     """ggml.h's ``enum ggml_type`` of the pin (bf16 too, which llama-cpp-python's bindings lack)."""
     ggml_h = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8}
@@ -38,6 +43,7 @@ def test_kv_types_map_to_ggmls_ids() -> None:
         cd.kv_type_id("q3_k")
 
 
+@pytest.mark.fast
 def test_a_setting_llama_cpp_refuses_is_one_line() -> None:
     cd.check_kv("q8_0", "q8_0", None)  # auto turns flash attention on for a quantized V cache
     cd.check_kv("q8_0", "f16", False)  # a quantized K cache alone needs no flash attention
@@ -48,6 +54,7 @@ def test_a_setting_llama_cpp_refuses_is_one_line() -> None:
         cd.check_kv("q2_k", "f16", True)
 
 
+@pytest.mark.fast
 def test_no_other_module_spells_the_mappings() -> None:
     """llama.cpp's flash-attention enum and ggml's KV type ids are named in context_defaults
     alone: a second spelling is a second mapping."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from .fields import VALUE_MAX, as_dict, nonneg, opt_count
 from .host import Chain, ContextPerf, HostWork
@@ -284,11 +287,58 @@ def _tasks(tasks: Any) -> list[dict[str, Any]]:
     return out
 
 
+# a request's body (llama-server at detailed: the JSON the client sent, its media replaced by
+# ``instr_media`` markers): kept while its compact re-encoding is at most BODY_MAX bytes
+BODY_MAX = 1 << 20
+# why a body was not recorded, at most (the server writes "size" or "not_json")
+BODY_LEFT_OUT_MAX = 64
+# the generated token ids a record keeps, at most (the server writes at most as many)
+GEN_IDS_MAX = 16384
+
+
+def _body(rec: dict[str, Any], out: dict[str, Any]) -> None:
+    """A request's ``body`` (an object), kept as its compact JSON text (bytes: a body is held for a
+    replay to send, never walked by the reports), with ``body_left_out`` and ``body_bytes``; a body
+    over BODY_MAX bytes re-encoded, or one that cannot be, is dropped and said so there."""
+    left = rec.get("body_left_out")
+    if left is not None:
+        left = _text(left, "body_left_out", BODY_LEFT_OUT_MAX)
+    body = rec.get("body")
+    if body is not None:
+        if type(body) is not dict:
+            raise TypeError("body is not an object")
+        try:
+            text = orjson.dumps(body)
+        except orjson.JSONEncodeError:  # nested deeper than the encoder goes
+            out["body_left_out"] = "not_json"
+        else:
+            if len(text) <= BODY_MAX:
+                out["body"] = text
+            else:
+                out["body_left_out"], out["body_bytes"] = "size", len(text)
+    if left is not None and "body" not in out:
+        out.setdefault("body_left_out", left)
+    if "body_bytes" in rec:
+        out["body_bytes"] = opt_count(rec["body_bytes"])
+
+
+def _gen_ids(ids: Any) -> array[int]:
+    """A request's ``gen_ids``: at most GEN_IDS_MAX token ids, each an integer from 0 to below
+    2**62, held as 8 bytes each."""
+    if type(ids) is not list or len(ids) > GEN_IDS_MAX:
+        raise ValueError(f"gen_ids is not a list of at most {GEN_IDS_MAX}")
+    for x in ids:
+        if opt_count(x) is None:
+            raise ValueError("a generated token id is null")
+    return array("q", ids)
+
+
 def request_record(rec: dict[str, Any]) -> dict[str, Any]:
     """A ``request`` record, checked: its times and counts integers from 0 to below 2**62, its
     texts strings, its ``cache`` and ``spec`` objects and its ``tasks`` of their fields' types (else ValueError or
     TypeError, and the record is skipped). What is kept is the fields the schema names, so that
-    a session holds no more per request than they take."""
+    a session holds no more per request than they take: its ``body`` as compact JSON bytes (``_body``),
+    its ``gen_ids`` as an ``array`` of 64-bit integers."""
     if opt_count(rec["t_arrive"]) is None:
         raise ValueError("t_arrive is null")
     out: dict[str, Any] = {k: rec[k] for k in ("type", "sid", "t_arrive") if k in rec}
@@ -312,6 +362,10 @@ def request_record(rec: dict[str, Any]) -> dict[str, Any]:
     if rec.get("tasks") is not None:
         out["tasks"] = _tasks(rec["tasks"])
         out["tasks_left_out"] = opt_count(rec.get("tasks_left_out", 0))
+    _body(rec, out)
+    if rec.get("gen_ids") is not None:
+        out["gen_ids"] = _gen_ids(rec["gen_ids"])
+        out["gen_ids_left_out"] = opt_count(rec.get("gen_ids_left_out", 0))
     return out
 
 

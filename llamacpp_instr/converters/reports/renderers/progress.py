@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
@@ -29,3 +30,30 @@ def chunks_bar(out: TextIO | None = None) -> Callable[[int, int, int, int, Path]
         stream.flush()
 
     return show
+
+
+@contextmanager
+def replay_bar(name: str, total: int) -> Iterator[Callable[[bool], None]]:
+    """``instr replay``'s bar on stderr, one per setting: the requests answered of those to send,
+    and how many failed; nothing where stderr is no terminal."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    failed = 0
+    columns = (
+        TextColumn("replay {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[failed]} failed"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
+        task = bar.add_task(name, total=total, failed=0)
+
+        def tick(ok: bool) -> None:
+            nonlocal failed
+            failed += not ok
+            bar.update(task, advance=1, failed=failed)
+
+        yield tick

@@ -294,3 +294,49 @@ def test_a_device_no_timer_synchronizes_has_its_wait_run_to_the_hosts_synchroniz
             for c in comp
         )
     assert ends == {False: False, True: True}
+
+
+PAUSED_FREE = r"""
+import json, os, sys
+import llama_cpp
+from llamacpp_instr.native import bindings
+
+model, out = sys.argv[1], sys.argv[2]
+api = bindings.load()
+api.test_defer_steps(True)
+api.session_begin(None, out, "detailed", {})
+llm = llama_cpp.Llama(model, n_ctx=256, n_threads=2, verbose=False)
+llm.eval(llm.tokenize(b"The capital of France is"))  # its records wait for a synchronization
+api.set_level("off")                                  # recording paused
+llm.close()                                           # freed with its step still waiting
+api.set_level("detailed")
+os.rename(out, out + ".moved")
+api.reopen()
+llm = llama_cpp.Llama(model, n_ctx=256, n_threads=2, verbose=False)
+llm.eval(llm.tokenize(b"Hello"))
+llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)      # synchronizes: its step is written
+api.session_end("ok")
+llm.close()
+print(json.dumps({"reopened": os.path.exists(out)}))
+"""
+
+
+def test_a_step_waiting_when_its_context_is_freed_while_paused_ends(
+    testing_lib: Path, tiny_llama_f32: Path, tmp_path: Path
+) -> None:
+    """A step whose records wait for the synchronization, its context freed while recording is
+    paused (set_level off, then llama_free): the step's records are written at the free (the
+    destructor synchronized), it ends, and the log reopens at the next step as logrotate asks."""
+    out = tmp_path / "paused.log"
+    got = run_on_lib(PAUSED_FREE, testing_lib, tiny_llama_f32, out)
+    assert got["reopened"]
+    moved = read_log(Path(str(out) + ".moved"))
+    [begin] = by_type(moved, "step_begin")
+    [end] = by_type(moved, "step_end")
+    assert end["step"] == begin["step"] and end["n_tokens"] == begin["n_tokens"] > 1
+    assert [c["step"] for c in by_type(moved, "compute")] == [begin["step"]]
+    now = read_log(out)
+    assert [r["n_tokens"] for r in by_type(now, "step_end")] == [
+        by_type(now, "step_begin")[0]["n_tokens"]
+    ]
+    assert now[-1]["type"] == "session_end" and now[-1]["status"] == "ok"

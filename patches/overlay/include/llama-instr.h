@@ -353,6 +353,10 @@ LLAMA_API int64_t llama_instr_clock(void) LLAMA_INSTR_NOEXCEPT;
 // media before it opens one): the medium made of it in a session says so.
 LLAMA_API void llama_instr_media_loaded(const void * bitmap, int64_t t_start) LLAMA_INSTR_NOEXCEPT;
 
+// `bitmap` is freed: a load noted of it and not claimed is dropped (a bitmap made later at the
+// same address was loaded, if at all, by a call of its own).
+LLAMA_API void llama_instr_media_unloaded(const void * bitmap) LLAMA_INSTR_NOEXCEPT;
+
 struct llama_instr_media_desc {
     int32_t               kind;          // enum llama_instr_media_kind
     uint32_t              nx, ny;        // image: its pixels; audio: its samples, and 1

@@ -41,8 +41,10 @@ thread_local encode_next t_next;
 thread_local ctx_state * t_encoding   = nullptr;  // the encoder whose encode this thread runs
 thread_local int32_t     t_last_block = -1;       // the last block its graph's callback named
 
+// a medium's load (llama_instr_media_loaded), noted in a session until a medium claims it
 struct load_note {
     const void * bitmap  = nullptr;
+    uint64_t     epoch   = 0;  // the session it was noted in
     int64_t      t_start = 0, dur = 0;
 };
 
@@ -173,6 +175,32 @@ void write_encode_begin(ctx_state & st, const encode_next & next, const std::str
     emit(st.epoch, st.line);
 }
 
+// The load of `bitmap` noted last, in session `epoch` or with no session open (a program may load
+// its media before it opens one); every note of that address is dropped with it (an address is
+// reused once its bitmap is freed: an older note of it is another bitmap's). None (bitmap null)
+// when there is none.
+load_note take_load(const void * bitmap, uint64_t epoch) {
+    load_note                   load;
+    std::lock_guard<std::mutex> lock(loads_mtx());
+    for (size_t k = 0; k < LOADS_KEPT && k < g_loads_next; k++) {
+        load_note & l = g_loads[(g_loads_next - 1 - k) % LOADS_KEPT];
+        if (l.bitmap == bitmap) {
+            if (!load.bitmap && (l.epoch == epoch || l.epoch == 0)) {
+                load = l;
+            }
+            l = load_note{};
+        }
+    }
+    return load;
+}
+
+// The open session's epoch (0: none open). May throw (the lock).
+uint64_t open_epoch() {
+    auto &                      s = S();
+    std::lock_guard<std::mutex> lock(s.mtx);
+    return s.log.fp ? s.epoch : 0;
+}
+
 // Emit a record of the open session made by `fill` after its head (under the session lock).
 template <typename F> bool emit_session_record(const char * type, F && fill) {
     auto &                      s = S();
@@ -261,7 +289,13 @@ int64_t llama_instr_encode_begin(const void * encoder, int32_t n_threads) noexce
         t_encoding   = &st;
         t_last_block = -1;
     } catch (...) {
+        // a start that failed partway records nothing of this encode: the step it opened ends
+        // now, so that the encoder's next encode is recorded and the log can rotate
+        st.in_decode = false;
+        t_encoding   = nullptr;
+        step_done(st);
         hook_failed(st.epoch, "llama_instr_encode_begin");
+        return 0;
     }
     const int64_t t_start     = now_ns();
     st.encoder->t_entry_begin = t_entry;
@@ -402,11 +436,23 @@ void llama_instr_media_loaded(const void * bitmap, int64_t t_start) noexcept {
     }
     const int64_t t_end = now_ns();
     try {
+        const uint64_t              epoch = open_epoch();
         std::lock_guard<std::mutex> lock(loads_mtx());
-        g_loads[g_loads_next % LOADS_KEPT] = { bitmap, t_start, t_end - t_start };
+        g_loads[g_loads_next % LOADS_KEPT] = { bitmap, epoch, t_start, t_end - t_start };
         g_loads_next++;
     } catch (...) {
         // the lock failed: the medium is recorded without its load
+    }
+}
+
+void llama_instr_media_unloaded(const void * bitmap) noexcept {
+    if (!bitmap) {
+        return;
+    }
+    try {
+        take_load(bitmap, 0);
+    } catch (...) {
+        // the lock failed: a later bitmap at this address may be given this one's load
     }
 }
 
@@ -419,20 +465,10 @@ int64_t llama_instr_media_add(const llama_instr_media_desc * d) noexcept {
         return 0;
     }
     try {
-        load_note load;
-        if (d->bitmap) {
-            std::lock_guard<std::mutex> lock(loads_mtx());
-            for (auto & l : g_loads) {
-                if (l.bitmap == d->bitmap) {
-                    load = l;
-                    l    = load_note{};
-                    break;
-                }
-            }
-        }
-        const uint64_t hash = d->data && d->n_bytes > 0 ? hash_bytes(d->data, d->n_bytes) : 0;
-        const int64_t  id   = g_media_ids.fetch_add(1, std::memory_order_relaxed) + 1;
-        const bool     ok   = emit_session_record("media", [&](json_out & j) {
+        const load_note load = d->bitmap ? take_load(d->bitmap, open_epoch()) : load_note{};
+        const uint64_t  hash = d->data && d->n_bytes > 0 ? hash_bytes(d->data, d->n_bytes) : 0;
+        const int64_t   id   = g_media_ids.fetch_add(1, std::memory_order_relaxed) + 1;
+        const bool      ok   = emit_session_record("media", [&](json_out & j) {
             j.key("id");
             j.i64(id);
             j.key("kind");

@@ -91,6 +91,10 @@ ctx_state & state_locked(session & s, const llama_context * ctx);
 // released; every thread's cached lookup is invalidated (with S().mtx held).
 std::unique_ptr<ctx_state> ctx_forget_locked(session & s, const llama_context * ctx);
 
+// st's step is no longer open (step_done, with S().mtx held): between steps, a new file that is
+// due is started.
+void step_done_locked(session & s, ctx_state & st) noexcept;
+
 // st joins the open session: a new id (the one reserved for it by session_begin, if any), and its
 // current graph announced again under a new id. Only on the thread that decodes st's context,
 // which reads these fields without the lock (with S().mtx held).

@@ -891,16 +891,19 @@ int32_t llama_instr_set_seq_request(llama_context * ctx, int32_t seq, const char
 }
 
 //
-// the hook that ends a context's state: what its host did after its last step, and llama.cpp's
-// counters of its decoding (as the session's end writes them for the contexts still alive)
+// the end of a context's state: what its host did after its last step, and llama.cpp's counters
+// of its decoding (as the session's end writes them for the contexts still alive)
 //
 
-void llama_instr_context_free(const llama_context * ctx) {
+void llama_instr::context_forget(const llama_context * ctx) noexcept {
     try {
         auto &                      s = S();
         std::unique_ptr<ctx_state>  dead;  // freed after the lock is released
         std::lock_guard<std::mutex> lock(s.mtx);
         dead = ctx_forget_locked(s, ctx);
+        if (dead && dead->step_open) {
+            step_done_locked(s, *dead);  // a step that never ended: the session counts it no more
+        }
         std::string line;
         if (dead && s.log.fp && host_record(*dead, s.epoch, line)) {
             s.log.emit(line);

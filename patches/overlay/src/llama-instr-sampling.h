@@ -6,7 +6,7 @@
 // (common/sampling.cpp, through llama-instr.h), and the program's own work (llama-server's
 // detokenizing, stop checks, responses and batch). Every part is summed per sequence and per
 // name in the context's window, which the context's next step writes, or its free (the hook
-// llama_instr_context_free, in llama-instr-sampling.cpp) or the session's end.
+// context_forget, from the hook llama_instr_context_free) or the session's end.
 
 #include "llama.h"
 
@@ -115,6 +115,11 @@ void perf_seen(ctx_state & st, const llama_context * ctx);
 // nothing else uses ctx) they are read from ctx; at the session's end only on the thread that
 // decoded its last step, else as perf_seen kept them (no record when it kept none).
 bool perf_record(const llama_context * ctx, ctx_state & st, uint64_t epoch, bool freeing, std::string & line);
+
+// The context `ctx` is freed (llama_instr_context_free, after its step that waited for a
+// synchronization was written): its `host` and `perf` records, then its state goes. A step of it
+// still open is counted no more, so that the log rotates again.
+void context_forget(const llama_context * ctx) noexcept;
 
 // At the session's end (with S().mtx held): a `chain` record for every chain still alive that the
 // session saw, with llama.cpp's own counters.

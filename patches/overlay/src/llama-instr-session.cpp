@@ -274,31 +274,39 @@ bool ctx_join(ctx_state & st, int32_t n_tokens, bool prompt) {
     return true;
 }
 
+void step_done_locked(session & s, ctx_state & st) noexcept {
+    if (!st.step_open || st.epoch != s.epoch || !s.log.fp) {
+        st.step_open  = false;
+        st.step_waits = false;
+        return;
+    }
+    st.step_open = false;
+    if (st.step_waits) {
+        st.step_waits = false;
+        s.n_deferred_steps--;
+    }
+    if (--s.n_open_steps == 0) {
+        s.steps_cv.notify_all();
+        // a file due by size begins with the next step (so that a session whose last step filled
+        // its file ends there, not in a file of its own); one a step had to defer, or a reopen
+        // asked for, begins now
+        if (rotation_waits_locked(s)) {
+            try {
+                new_file_locked(s);
+            } catch (...) {
+                // out of memory formatting the new file's head: its status is set, records counted
+            }
+        }
+    }
+}
+
 void step_done(ctx_state & st) noexcept {
     try {
         auto &                      s = S();
         std::lock_guard<std::mutex> lock(s.mtx);
-        if (!st.step_open || st.epoch != s.epoch || !s.log.fp) {
-            st.step_open  = false;
-            st.step_waits = false;
-            return;
-        }
-        st.step_open = false;
-        if (st.step_waits) {
-            st.step_waits = false;
-            s.n_deferred_steps--;
-        }
-        if (--s.n_open_steps == 0) {
-            s.steps_cv.notify_all();
-            // a file due by size begins with the next step (so that a session whose last step
-            // filled its file ends there, not in a file of its own); one a step had to defer, or a
-            // reopen asked for, begins now
-            if (rotation_waits_locked(s)) {
-                new_file_locked(s);
-            }
-        }
+        step_done_locked(s, st);
     } catch (...) {
-        // out of memory formatting the new file's head: its status is set, records counted
+        // the lock failed (std::system_error): the step stays counted
     }
 }
 

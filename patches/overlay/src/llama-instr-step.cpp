@@ -218,6 +218,17 @@ void write_pending_step(ctx_state & st, int64_t t_synced) noexcept {
 
 }  // namespace
 
+// A context's free, whatever the level: its step whose records waited for a synchronization (its
+// owner paused recording, so that the destructor's synchronize wrote nothing) is written, since
+// the destructor synchronized; then the context's last records, and its state goes.
+void llama_instr_context_free(const llama_context * ctx) {
+    ctx_state * st = ctx_find(ctx);
+    if (st && st->step_pending) {
+        write_pending_step(*st, now_ns());
+    }
+    context_forget(ctx);
+}
+
 void llama_instr_synchronized(llama_context * ctx, int64_t t_begin) {
     const int64_t t_synced = now_ns();
     ctx_state *   st       = ctx_find(ctx);

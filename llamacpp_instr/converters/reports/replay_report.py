@@ -94,7 +94,7 @@ def _cdf_chart(settings: Sequence[Setting], key: str) -> Chart | None:
     top = max((max(v) for v in values.values() if v), default=None)
     if not top:
         return None
-    grid = [top * k / (CDF_POINTS - 1) for k in range(CDF_POINTS)]
+    grid = [top * k / (CDF_POINTS - 1) for k in range(CDF_POINTS - 1)] + [top]  # (top itself)
     return Chart(
         name=f"{key[:-3]}_cdf",
         kind="line",

@@ -15,7 +15,7 @@ from llamacpp_instr.contract.version import __version__
 
 # the help's groups, by job, and the commands of each in the order the help lists them
 GROUPS: dict[str, tuple[str, ...]] = {
-    "Run a model": ("run", "serve", "exec"),
+    "Run a model": ("run", "serve", "exec", "replay"),
     "Read a log": (
         "summary",
         "requests",

@@ -1,0 +1,673 @@
+"""``instr replay`` without the build: the media hash against vectors computed apart from it (the
+native ``hash_bytes`` compiled by hand once, and numpy's uint64 arithmetic), the request decoder's
+new fields, a body's media put back from a folder, the figures against hand-computed values, the
+verdict, the plan's refusals, and the whole command against a stand-in server (``--url``) that
+answers as llama-server does: streams of chunks, ``timings``, an error status.
+
+The replay against a real llama-server (its log's records, its ``timings``) is
+test_replay_server.py."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import orjson
+import pytest
+from click.testing import CliRunner
+from helpers.support import write_log
+
+from llamacpp_instr.cli import main
+from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.contract.media_hash import media_hash
+from llamacpp_instr.converters.reading.decode.sessions import request_record
+from llamacpp_instr.converters.session import replay_figures as fig
+from llamacpp_instr.converters.session import replay_log
+from llamacpp_instr.deciding.replay_verdict import best_setting
+from llamacpp_instr.running.replay import client, plan
+from llamacpp_instr.running.replay.media import MediaFolder, inflate, markers
+from llamacpp_instr.running.replay.server import ServerGone, address
+
+pytestmark = pytest.mark.fast
+
+SID = "5e55104500000001"
+SCHEMA = Path(__file__).resolve().parents[1] / "llamacpp_instr" / "contract" / "schema_v4.json"
+
+# hash_bytes of patches/overlay/src/llama-instr-media.cpp, compiled apart and run on these inputs
+NATIVE_HASHES = {
+    b"": "2ad0938b4c26d017",
+    b"a": "f8ec39b68a68c9ed",
+    b"abcdefg": "def825fbf106b979",
+    b"abcdefgh": "6ee442de3b937366",
+    b"abcdefghi": "8aa977dff305bee7",
+    b"The capital of France is": "249f98dcac23cd6e",
+    b"0123456789abcdef": "bfa974de01c5f02d",
+    bytes(i * 7 % 256 for i in range(1000)): "a5b94ef2b9c8c5ac",
+}
+
+
+def _numpy_hash(data: bytes) -> str:
+    """The same hash in numpy's uint64 arithmetic (which wraps modulo 2**64)."""
+    u = np.uint64
+    with np.errstate(over="ignore"):
+        h = u(0x9E3779B97F4A7C15) ^ u(len(data))
+        whole = len(data) // 8 * 8
+        for w in np.frombuffer(data[:whole], dtype="<u8"):
+            h = (h ^ w) * u(0xBF58476D1CE4E5B9)
+            h ^= h >> u(31)
+        tail = np.frombuffer(data[whole:] + bytes(8 - (len(data) - whole)), dtype="<u8")[0]
+        h = (h ^ tail) * u(0x94D049BB133111EB)
+        return f"{int(h ^ (h >> u(29))):016x}"
+
+
+def test_the_media_hash_is_the_native_ones() -> None:
+    for data, want in NATIVE_HASHES.items():
+        assert media_hash(data) == want, data[:20]
+        assert _numpy_hash(data) == want
+    rng = np.random.default_rng(7)
+    for n in (1, 7, 8, 9, 15, 16, 17, 4097):
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert media_hash(data) == _numpy_hash(data)
+
+
+# --- the request record's new fields ----------------------------------------------------------
+
+
+def _record(i: int, t_arrive: int, body: Any = None, **more: Any) -> dict[str, Any]:
+    rec: dict[str, Any] = {"type": "request", "ts": t_arrive + 10**9, "sid": SID, "id": f"task-{i}"}
+    rec |= {"endpoint": "/completion", "method": "POST", "status": 200, "outcome": "ok"}
+    rec |= {"stream": bool((body or {}).get("stream")), "t_arrive": t_arrive, "wait": 1_000_000}
+    rec |= {"ttft": 20_000_000, "model": 50_000_000, "dur": 60_000_000}
+    rec |= {"prompt_tokens": 5, "gen_tokens": 4, "slot": 0, "gen_ids": [11, 12, 13, 14]}
+    if body is not None:
+        rec["body"] = body
+    return rec | more
+
+
+def test_the_decoder_keeps_the_body_and_the_generated_ids() -> None:
+    body = {"prompt": "hi", "n_predict": 4, "stream": True}
+    r = request_record(_record(0, 5, body))
+    assert orjson.loads(r["body"]) == body and list(r["gen_ids"]) == [11, 12, 13, 14]
+    assert r["gen_ids_left_out"] == 0
+    # a record of a log from before the fields: none of them
+    old = _record(0, 5)
+    del old["gen_ids"]
+    assert not {"body", "body_left_out", "body_bytes", "gen_ids"} & set(request_record(old))
+    left = request_record(_record(0, 5, body_left_out="size", body_bytes=2 << 20))
+    assert left["body_left_out"] == "size" and left["body_bytes"] == 2 << 20 and "body" not in left
+
+
+def test_the_decoder_drops_a_body_over_1_mib_and_refuses_odd_fields() -> None:
+    big = request_record(_record(0, 5, {"prompt": "x" * (1 << 20)}))
+    assert "body" not in big and big["body_left_out"] == "size" and big["body_bytes"] > 1 << 20
+    deep: dict[str, Any] = {}
+    inner = deep
+    for _ in range(300):  # deeper than JSON is written back: dropped, the record kept
+        inner["a"] = inner = {}
+    assert request_record(_record(0, 5, deep))["body_left_out"] == "not_json"
+    for odd, exc in (
+        ({"body": "a string"}, TypeError),
+        ({"body": {"p": 1}, "body_left_out": 3}, TypeError),
+        ({"gen_ids": [1, -2]}, ValueError),
+        ({"gen_ids": [1, True]}, TypeError),
+        ({"gen_ids": list(range(16385))}, ValueError),
+        ({"gen_ids": [1], "gen_ids_left_out": "many"}, TypeError),
+    ):
+        with pytest.raises(exc):
+            request_record(_record(0, 5) | odd)
+
+
+def test_the_new_fields_validate_against_the_schema() -> None:
+    doc = json.loads(SCHEMA.read_text())
+    v = jsonschema.Draft202012Validator(doc)
+    marker = {"instr_media": {"hash": "0123456789abcdef", "bytes": 3, "prefix": ""}}
+    good = _record(0, 5, {"prompt": {"prompt_string": "x", "multimodal_data": [marker]}})
+    assert not list(v.iter_errors(good))
+    assert not list(v.iter_errors(_record(1, 5, body_left_out="not_json", body_bytes=9)))
+    assert list(v.iter_errors(_record(1, 5, body_left_out="why not")))
+    assert list(v.iter_errors(_record(1, 5, gen_ids=[-1])))
+
+
+# --- media ------------------------------------------------------------------------------------
+
+
+def _marker(data: bytes, prefix: str = "data:image/png;base64,") -> dict[str, Any]:
+    return {"instr_media": {"hash": media_hash(data), "bytes": len(data), "prefix": prefix}}
+
+
+def test_a_bodys_media_are_found_by_hash_and_put_back(tmp_path: Path) -> None:
+    image, sound = b"\x89PNG fake image bytes", b"RIFF fake wav"
+    (tmp_path / "a.png").write_bytes(image)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.wav").write_bytes(sound)
+    (tmp_path / "same-size.png").write_bytes(b"x" * len(image))  # its size, not its hash
+    body = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": _marker(image)}},
+                    {
+                        "type": "input_audio",
+                        "input_audio": {"data": _marker(sound, ""), "format": "wav"},
+                    },
+                    {"type": "text", "text": "what is this?"},
+                ],
+            }
+        ]
+    }
+    assert len(list(markers(body))) == 2
+    found = MediaFolder(tmp_path).resolve(body)
+    assert found is not None
+    sent = inflate(body, found)
+    parts = sent["messages"][0]["content"]
+    assert (
+        parts[0]["image_url"]["url"] == "data:image/png;base64," + base64.b64encode(image).decode()
+    )
+    assert parts[1]["input_audio"]["data"] == base64.b64encode(sound).decode()
+    assert parts[2] == {"type": "text", "text": "what is this?"}
+    # a medium whose bytes are not there: not found, never another file of its size
+    other = {"prompt": {"multimodal_data": [_marker(b"y" * len(image), "")]}}
+    assert MediaFolder(tmp_path).resolve(other) is None
+    assert MediaFolder(None).resolve(body) is None
+
+
+# --- figures ----------------------------------------------------------------------------------
+
+
+def _row(ttft: float | None, tpot: float | None, e2e: float, n_out: int, ok: bool = True) -> dict:
+    return {"ok": ok, "ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e, "n_out": n_out}
+
+
+def test_percentiles_goodput_and_throughput_by_hand() -> None:
+    # four requests: e2e 100, 200, 300, 400 ms -> p50 250, p90 370, p99 397 (linear between ranks)
+    rows = [
+        _row(10, 5, 100, 11),
+        _row(20, 10, 200, 11),
+        _row(30, 20, 300, 11),
+        _row(40, 40, 400, 11),
+        _row(None, None, 0, 0, ok=False),
+    ]
+    s = fig.summary(fig.Setting("x", rows, span_ns=2 * 10**9), fig.Slo(ttft_ms=25, tpot_ms=10))
+    assert s["e2e_ms"] == pytest.approx({"p50": 250.0, "p90": 370.0, "p99": 397.0})
+    assert s["ttft_ms"]["p50"] == pytest.approx(25.0)
+    assert s["requests"] == 5 and s["failed"] == 1
+    # goodput: of the five sent, the first two meet TTFT <= 25 and TPOT <= 10
+    assert s["goodput"] == pytest.approx(2 / 5)
+    assert s["throughput"] == pytest.approx(44 / 2.0)  # 4 x 11 tokens over 2 s
+    assert fig.percentiles([]) == {"p50": None, "p90": None, "p99": None}
+    # TPOT: (e2e - ttft) / (n_out - 1)
+    assert fig.tpot_ns(1_000, 100, 10) == pytest.approx(100.0)
+    assert fig.tpot_ns(1_000, 100, 1) is None
+    # a request of one token meets any TPOT (vLLM's 0), and the ITL percentiles pool every gap
+    assert fig.Slo(tpot_ms=1).met(_row(5, None, 50, 1))
+    from array import array
+
+    gaps = [array("q", [10_000_000, 30_000_000]), array("q", [20_000_000])]
+    itl = fig.summary(fig.Setting("y", rows[:1], gaps), None)["itl_ms"]
+    assert itl == pytest.approx({"p50": 20.0, "p90": 28.0, "p99": 29.8})
+    assert fig.cdf([1.0, 2.0, 2.0, None, 4.0], [0.0, 2.0, 3.0, 4.0]) == [0.0, 0.75, 0.75, 1.0]
+
+
+def test_a_replayed_row_against_its_recording() -> None:
+    rec = request_record(_record(0, 5, {"prompt": "x", "stream": True}))
+    sent = fig.Replayed(0, "tp", status=200, e2e_ns=90_000_000, ttft_ns=30_000_000, n_out=4)
+    served = rec | {"ttft": 25_000_000, "dur": 88_000_000}
+    row = fig.replayed_row("s", rec, sent, served)
+    assert row["ttft_ms"] == 30.0 and row["server_ttft_ms"] == 25.0 and row["e2e_ms"] == 90.0
+    assert row["tpot_ms"] == pytest.approx(20.0) and row["identical"] is True
+    assert row["recorded_ttft_ms"] == 20.0 and row["recorded_e2e_ms"] == 60.0
+    other = served | {"gen_ids": request_record(_record(0, 5, gen_ids=[11, 12]))["gen_ids"]}
+    assert fig.replayed_row("s", rec, sent, other)["identical"] is False
+    assert fig.replayed_row("s", rec, sent, None)["identical"] is None
+    # not a stream: the server's own TTFT
+    whole = request_record(_record(1, 5, {"prompt": "x"}))
+    assert fig.replayed_row("s", whole, sent, served)["ttft_ms"] == 25.0
+
+
+def test_the_verdict_is_the_most_goodput_then_the_lowest_p90() -> None:
+    def s(name: str, goodput: float | None, p90: float | None, failed: int = 0) -> dict:
+        return {
+            "setting": name,
+            "goodput": goodput,
+            "e2e_ms": {"p90": p90},
+            "requests": 4,
+        }.copy() | {"failed": failed}
+
+    slo = fig.Slo(ttft_ms=100)
+    rows = [s(fig.RECORDED, 1.0, 1.0), s("a", 0.5, 100), s("b", 0.75, 300), s("c", 0.75, 200)]
+    v = best_setting(rows, slo)
+    assert v is not None and v.setting == "c" and "goodput 75.0%" in v.line()
+    assert best_setting([s("a", None, 300), s("b", None, None), s("c", None, 250)], None).setting == "c"  # type: ignore[union-attr]
+    assert best_setting([s(fig.RECORDED, 1, 1)], slo) is None
+    assert best_setting([s("a", 0, None, failed=4)], slo) is None
+
+
+def test_the_slo_and_the_window_are_parsed_or_refused() -> None:
+    assert fig.parse_slo("ttft=500,tpot=50") == fig.Slo(500.0, 50.0)
+    assert fig.parse_slo("tpot=7.5") == fig.Slo(None, 7.5)
+    for bad in ("", "ttft", "ttft=-1", "e2e=5", "ttft=1,ttft=2"):
+        with pytest.raises(UserError):
+            fig.parse_slo(bad)
+    assert replay_log.parse_window("10:20") == (10.0, 20.0)
+    assert replay_log.parse_window("5:") == (5.0, float("inf"))
+    for bad in ("10", "20:10", "a:b", "-1:3"):
+        with pytest.raises(UserError):
+            replay_log.parse_window(bad)
+
+
+# --- reading and planning ---------------------------------------------------------------------
+
+
+def _session(ts: int = 0) -> dict[str, Any]:
+    rec: dict[str, Any] = {"type": "session_start", "ts": ts, "sid": SID, "schema_version": 4}
+    rec |= {"level": "detailed", "metadata": {"program": "llama-server"}}
+    return rec | {"context": {"n_ctx": 512, "n_seq_max": 2}, "memory": {}}
+
+
+def _alloc(i: int, ts: int, n: int, purpose: str = "kv_cache") -> dict[str, Any]:
+    return {
+        "type": "memory_alloc", "ts": ts, "sid": SID, "id": i, "device": 0,
+        "buffer_type": "CPU", "bytes": n, "purpose": purpose,
+    }  # fmt: skip
+
+
+def test_the_first_n_and_a_window_are_read_within_bounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # written in another order than they arrived (a record is written when its request ends)
+    arrivals = [5, 1, 4, 2, 3, 9, 0]
+    recs = [_session(), _alloc(1, 1, 100), _alloc(2, 2, 50, "compute")]
+    recs += [_record(i, t * 10**9, {"prompt": f"p{i}"}) for i, t in enumerate(arrivals)]
+    log = write_log(tmp_path / "s.log", recs)
+    served = replay_log.read_served(log, replay_log.Selection(first=3))
+    assert [r["t_arrive"] // 10**9 for r in served.requests] == [0, 1, 2]
+    assert served.total == 7 and served.peaks == {"device 0": 150}
+    window = replay_log.read_served(log, replay_log.Selection(window=(2, 4.5), first=2))
+    assert [r["t_arrive"] // 10**9 for r in window.requests] == [2, 3]
+    monkeypatch.setattr(replay_log, "REQUESTS_MAX", 5)
+    with pytest.raises(UserError, match="holds over 5 requests: replay part of it"):
+        replay_log.read_served(log)
+    assert len(replay_log.read_served(log, replay_log.Selection(first=5)).requests) == 5
+
+
+def test_the_plan_sends_known_endpoints_and_refuses_a_forged_span(tmp_path: Path) -> None:
+    recs = [
+        request_record(_record(0, 0, {"prompt": "a"})),
+        request_record(_record(1, 10**9, {"input": "b"}, endpoint="/tokenize")),
+        request_record(_record(2, 2 * 10**9, {"prompt": "c", "stream": True})),
+        request_record(_record(3, 3 * 10**9, body_left_out="size", body_bytes=3 << 20)),
+        request_record(_record(4, 4 * 10**9, {"prompt": {"multimodal_data": [_marker(b"img")]}})),
+    ]
+    p = plan.make_plan("s.log", recs, 2.0, MediaFolder(None))
+    assert [(s.endpoint, s.at_ns, s.stream) for s in p.sends] == [
+        ("/completion", 0, False),
+        ("/completion", 10**9, True),  # 2 s after the first, at twice the speed
+    ]
+    assert [r["id"] for r in p.recorded] == ["task-0", "task-2"]
+    assert p.skipped == {
+        "endpoint /tokenize": 1,
+        "no body (size)": 1,
+        "media not at hand (--media DIR)": 1,
+    }
+    years = [
+        request_record(_record(0, 0, {"prompt": "a"})),
+        request_record(_record(1, 3 * 10**17, {"prompt": "b"})),
+    ]
+    with pytest.raises(UserError, match="span 3,472 days at speed 1: replay part of it"):
+        plan.make_plan("s.log", years, 1.0, MediaFolder(None))
+    assert len(plan.make_plan("s.log", years, 1e6, MediaFolder(None)).sends) == 2
+
+
+def test_a_server_address_is_read_from_its_arguments() -> None:
+    assert address(["-m", "m.gguf"]) == ("127.0.0.1", None)
+    assert address(["--port", "8081", "--host", "0.0.0.0"]) == ("127.0.0.1", 8081)
+    assert address(["--port=9", "--host=::1"]) == ("[::1]", 9)
+    with pytest.raises(UserError):
+        address(["--host", "/tmp/s.sock"])
+
+
+# --- the command, against a stand-in server ---------------------------------------------------
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """llama-server's answers, in small: /completion and /v1/chat/completions, whole or streamed
+    (one chunk per token, 10 ms apart, the last with `timings`), and 400 for more than 64 tokens."""
+
+    seen: list[tuple[str, dict[str, Any], str]] = []
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen.append((self.path, body, self.headers.get("traceparent", "")))
+        n = int(body.get("n_predict", body.get("max_tokens", 3)))
+        chat = self.path.endswith("chat/completions")
+        if n > 64:
+            return self._send(400, {"error": {"code": 400, "message": "the context is too small"}})
+        timings = {
+            "cache_n": 0,
+            "prompt_n": 5,
+            "prompt_ms": 4.0,
+            "predicted_n": n,
+            "predicted_ms": 9.0,
+        }
+        if not body.get("stream"):
+            time.sleep(0.02)
+            if chat:
+                msg = {"choices": [{"message": {"content": "ab" * n}}], "timings": timings}
+                return self._send(200, msg)
+            return self._send(200, {"content": "ab" * n, "tokens_predicted": n, "timings": timings})
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for k in range(n):
+            time.sleep(0.01)
+            part = {"choices": [{"delta": {"content": f"t{k}"}}]} if chat else {"content": f"t{k}"}
+            self.wfile.write(b"data: " + json.dumps(part).encode() + b"\n\n")
+            self.wfile.flush()
+        last = (
+            {"choices": [{"delta": {}}], "timings": timings}
+            if chat
+            else {"content": "", "stop": True, "timings": timings}
+        )
+        self.wfile.write(b"data: " + json.dumps(last).encode() + b"\n\n")
+        if chat:
+            self.wfile.write(b"data: [DONE]\n\n")
+
+    def _send(self, status: int, obj: Any) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def stand_in() -> Iterator[str]:
+    _Handler.seen = []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _cli(*args: str) -> Any:
+    return CliRunner().invoke(main, list(args))
+
+
+def _traffic(tmp_path: Path, media: Path) -> Path:
+    image = b"\xff\xd8\xff fake jpeg"
+    (media / "cat.jpg").write_bytes(image)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+    with_image = {
+        "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": _marker(image, "data:image/jpeg;base64,")}},
+        ]}],
+        "max_tokens": 2,
+    }  # fmt: skip
+    recs = [_session()]
+    recs.append(_record(0, 10**9, {"prompt": "a", "n_predict": 5, "stream": True}))
+    recs.append(_record(1, 10**9 + 50_000_000, {"prompt": "b", "n_predict": 3}))
+    recs.append(_record(2, 10**9 + 80_000_000, chat, endpoint="/v1/chat/completions"))
+    recs.append(_record(3, 10**9 + 90_000_000, {"prompt": "c", "n_predict": 100}))  # refused
+    recs.append(_record(4, 10**9 + 100_000_000, with_image, endpoint="/v1/chat/completions"))
+    return write_log(tmp_path / "recorded.log", recs)
+
+
+def test_the_command_replays_against_a_running_server(tmp_path: Path, stand_in: str) -> None:
+    media = tmp_path / "media"
+    media.mkdir()
+    log = _traffic(tmp_path, media)
+    out = tmp_path / "new.log"
+    t0 = time.monotonic()
+    r = _cli("replay", str(log), "--url", stand_in, "-o", str(out), "--media", str(media),
+             "--slo", "ttft=1000,tpot=1000", "--format", "json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert time.monotonic() - t0 >= 0.1  # the last one is sent 100 ms after the first
+    data = json.loads(r.stdout)
+    rows = {row["id"]: row for row in data["requests"]}
+    assert set(rows) == {f"task-{i}" for i in range(5)}
+    streamed = rows["task-0"]
+    assert streamed["ok"] and streamed["n_out"] == 5 and streamed["ttft_ms"] >= 10
+    assert streamed["tpot_ms"] == pytest.approx((streamed["e2e_ms"] - streamed["ttft_ms"]) / 4)
+    assert streamed["itl_max_ms"] >= 9 and streamed["prompt_ms"] == 4.0
+    assert rows["task-2"]["n_out"] == 4 and rows["task-2"]["ttft_ms"] is not None
+    assert rows["task-1"]["ttft_ms"] is None and rows["task-1"]["e2e_ms"] >= 20  # (no log: no TTFT)
+    refused = rows["task-3"]
+    assert not refused["ok"] and refused["status"] == 400
+    assert rows["task-4"]["ok"] and rows["task-4"]["identical"] is None
+    settings = {s["setting"]: s for s in data["settings"]}
+    assert settings[stand_in]["requests"] == 5 and settings[stand_in]["failed"] == 1
+    assert settings[stand_in]["goodput"] == pytest.approx(4 / 5)
+    assert settings["recorded"]["requests"] == 5 and data["best"] == stand_in
+    # the image went out as the client sent it, each request with its own traceparent
+    sent = {tp: (path, body) for path, body, tp in _Handler.seen}
+    assert len(sent) == 5
+    urls = [b["messages"][0]["content"][0]["image_url"]["url"] for p, b in sent.values()
+            if p == "/v1/chat/completions" and isinstance(b["messages"][0]["content"], list)]  # fmt: skip
+    assert urls == [
+        "data:image/jpeg;base64," + base64.b64encode(b"\xff\xd8\xff fake jpeg").decode()
+    ]
+    lines = [json.loads(x) for x in (tmp_path / "new.log.responses.jsonl").read_text().splitlines()]
+    assert sorted(x["id"] for x in lines) == sorted(rows)
+    by_id = {x["id"]: x for x in lines}
+    assert by_id["task-0"]["text"] == "t0t1t2t3t4" and by_id["task-3"]["status"] == 400
+    assert by_id["task-0"]["timings"]["predicted_n"] == 5 and len(by_id["task-0"]["itl_ms"]) == 4
+    for fmt in ("text", "csv", "html", "markdown"):
+        again = _cli("replay", str(log), "--url", stand_in, "-o", str(out), "--first", "2",
+                     "--format", fmt)  # fmt: skip
+        assert again.exit_code == 0, again.output
+    assert (
+        "e2e_cdf" in again.stdout
+        or "<svg"
+        in _cli("replay", str(log), "--url", stand_in, "-o", str(out), "--format", "html").stdout
+    )
+
+
+def test_a_media_not_at_hand_is_skipped_and_counted(tmp_path: Path, stand_in: str) -> None:
+    media = tmp_path / "media"
+    media.mkdir()
+    log = _traffic(tmp_path, media)
+    (media / "cat.jpg").write_bytes(b"another image of the same size!"[:16])
+    r = _cli(
+        "replay", str(log), "--url", stand_in, "-o", str(tmp_path / "n.log"), "--format", "json"
+    )
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["skipped"] == {"media not at hand (--media DIR)": 1}
+    assert len(data["requests"]) == 4 and len(_Handler.seen) == 4
+
+
+def _one_line(r: Any, words: str, code: int = 2) -> None:
+    assert r.exit_code == code, r.output
+    assert words in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_bad_input_ends_in_one_line(tmp_path: Path) -> None:
+    bare = [_record(i, i * 10**6) for i in range(3)]
+    log = write_log(tmp_path / "old.log", [_session(), *bare])
+    url = ("--url", "http://127.0.0.1:9")
+    _one_line(_cli("replay", str(log), *url), "its 3 request records were recorded without bodies")
+    _one_line(_cli("replay", str(log), *url), "record at detailed")
+    none = write_log(tmp_path / "none.log", [_session()])
+    _one_line(_cli("replay", str(none), *url), "no request records")
+    _one_line(_cli("replay", str(tmp_path / "missing.log"), *url), "missing.log")
+    _one_line(_cli("replay", str(log), "--slo", "ttft=fast", *url), "--slo 'ttft=fast'")
+    _one_line(_cli("replay", str(log), "--window", "9:1", *url), "--window '9:1'")
+    _one_line(
+        _cli("replay", str(log), "--", "llama-cli", "-m", "m"), "starts llama-server, not llama-cli"
+    )
+    _one_line(_cli("replay", str(log)), "give llama-server's arguments after --, or --url")
+    _one_line(_cli("replay", str(log), "--set", "-b 8", *url), "--set starts a server per setting")
+    assert not list(tmp_path.glob("*.responses.jsonl"))
+
+
+def test_a_server_gone_mid_replay_ends_the_replay_at_once(tmp_path: Path, stand_in: str) -> None:
+    recs = [
+        request_record(_record(i, i * 10**9, {"prompt": "x", "n_predict": 2})) for i in range(30)
+    ]
+    p = plan.make_plan("s.log", recs, 1.0, MediaFolder(None))
+    t0 = time.monotonic()
+    gone_at = t0 + 0.3
+    done: list[fig.Replayed] = []
+    with pytest.raises(ServerGone, match="llama-server ended") as exc:
+        client.send_all(
+            stand_in,
+            p,
+            MediaFolder(None),
+            lambda x, text: done.append(x),
+            lambda: "llama-server ended (exit status -9)" if time.monotonic() > gone_at else None,
+        )
+    assert exc.value.exit_status == 1
+    assert time.monotonic() - t0 < 5  # not the 30 s the requests span
+    assert 1 <= len(done) <= 2
+
+
+# --- the server a replay starts, stood in for by a script -------------------------------------
+
+# llama-server in small, as `instr exec` would run it: it serves /health and /completion on
+# --port, writes a session log where LLAMA_INSTR_LOG says (a buffer of -c KiB, and a request record
+# per request with its traceparent), ends its session on SIGINT, and with --die-after N kills
+# itself at its Nth request
+FAKE_SERVER = r"""
+import json, os, signal, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+args = sys.argv[1:]
+def opt(name, default):
+    return args[len(args) - 1 - args[::-1].index(name) + 1] if name in args else default
+port, ctx, die_after = int(opt("--port", 0)), int(opt("-c", 64)), int(opt("--die-after", 0))
+out = open(os.environ["LLAMA_INSTR_LOG"], "a", buffering=1)
+SID = "fa4e5e4e00000001"
+def write(rec):
+    out.write(json.dumps({"ts": time.monotonic_ns(), "sid": SID} | rec) + "\n")
+write({"type": "session_start", "schema_version": 4, "level": os.environ["LLAMA_INSTR_LEVEL"],
+       "metadata": {"program": "llama-server"}, "context": {}, "memory": {}})
+write({"type": "memory_alloc", "id": 1, "device": 0, "buffer_type": "CPU", "bytes": ctx * 1024,
+       "purpose": "kv_cache"})
+served = 0
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def do_POST(self):
+        global served
+        t = time.monotonic_ns()
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        served += 1
+        if served == die_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        n = int(body.get("n_predict", 2))
+        time.sleep(0.01)
+        ttft = time.monotonic_ns() - t
+        time.sleep(0.01 * n)
+        data = json.dumps({"content": "x" * n, "timings": {"predicted_n": n}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        write({"type": "request", "id": f"task-{served}", "endpoint": self.path, "method": "POST",
+               "status": 200, "stream": False, "t_arrive": t, "wait": 0, "ttft": ttft,
+               "model": 0, "dur": time.monotonic_ns() - t, "prompt_tokens": 2, "gen_tokens": n,
+               "traceparent": self.headers["traceparent"], "gen_ids": list(range(n)),
+               "body": body})
+
+srv = ThreadingHTTPServer(("127.0.0.1", port), H)
+def end(*_):
+    write({"type": "session_end", "status": "interrupted"})
+    os._exit(0)
+signal.signal(signal.SIGINT, end)
+srv.serve_forever()
+"""
+
+
+@pytest.fixture
+def fake_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``instr replay -- llama-server ...`` runs the script above."""
+    import sys
+
+    from llamacpp_instr.native import tools
+
+    exe = tmp_path / "llama-server"
+    exe.write_text(f"#!{sys.executable}\n{FAKE_SERVER}")
+    exe.chmod(0o755)
+    monkeypatch.setattr(tools, "find_logged", lambda program, *a: exe)
+    return exe
+
+
+def _recorded_for_fake(tmp_path: Path, n: int) -> Path:
+    recs = [_session()]
+    recs += [_record(i, i * 100_000_000, {"prompt": f"p{i}", "n_predict": 2}) for i in range(n)]
+    return write_log(tmp_path / "recorded.log", recs)
+
+
+def test_the_command_starts_a_server_per_setting_and_stops_it(
+    tmp_path: Path, fake_server: Path
+) -> None:
+    log = _recorded_for_fake(tmp_path, 4)
+    out = tmp_path / "new.log"
+    out.write_text("an earlier replay's log\n")
+    r = _cli("replay", str(log), "-o", str(out), "--format", "json", "--set", "-c 64",
+             "--set", "-c 32", "--", "llama-server", "-m", "m.gguf")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert [s["setting"] for s in data["settings"]] == ["recorded", "-c 64", "-c 32"]
+    peaks = {s["setting"]: s["peak_memory"] for s in data["settings"]}
+    assert peaks["-c 64"] == {"device 0": 64 * 1024} and peaks["-c 32"] == {"device 0": 32 * 1024}
+    rows = data["requests"]
+    assert len(rows) == 8 and all(r["ok"] and r["identical"] is False for r in rows)  # (0, 1)
+    assert all(
+        r["server_ttft_ms"] is not None and r["ttft_ms"] == r["server_ttft_ms"] for r in rows
+    )
+    for k in (1, 2):
+        recs = [json.loads(x) for x in (tmp_path / f"new.{k}.log").read_text().splitlines()]
+        assert recs[0]["level"] == "detailed" and recs[-1]["type"] == "session_end"
+        assert sum(x["type"] == "request" for x in recs) == 4
+    assert out.read_text() == "an earlier replay's log\n"  # (-o with --set: new.1.log, new.2.log)
+    assert "instr replay: session log" in r.stderr and "--port" in r.stderr
+
+
+def test_a_server_that_dies_mid_replay_ends_it_in_one_line(
+    tmp_path: Path, fake_server: Path
+) -> None:
+    log = _recorded_for_fake(tmp_path, 6)
+    out = tmp_path / "cut.log"
+    r = _cli("replay", str(log), "-o", str(out), "--", "llama-server", "--die-after", "3")
+    assert r.exit_code == 1, r.output
+    errors = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert errors == [f"error: llama-server ended (exit status -9); its log: {out}"], r.stderr
+    assert "Traceback" not in r.stderr
+    recs = [json.loads(x) for x in out.read_text().splitlines()]  # kept, every line whole
+    assert sum(x["type"] == "request" for x in recs) == 2
+    assert len((tmp_path / "cut.log.responses.jsonl").read_text().splitlines()) >= 2
+
+
+def test_each_cdf_ends_at_every_request() -> None:
+    from llamacpp_instr.converters.reports.replay_report import CDF_POINTS, _cdf_chart
+
+    rows = [{"ok": True, "e2e_ms": v} for v in (0.1, 0.7, 31.50000315, 2.0)]
+    rows.append({"ok": False, "e2e_ms": 99.0})  # (failed: not in the CDF)
+    chart = _cdf_chart([fig.Setting("a", rows), fig.Setting("b", rows[:2])], "e2e_ms")
+    assert chart is not None and len(chart.x) == CDF_POINTS and chart.x[-1] == 31.50000315
+    assert [s.values[-1] for s in chart.series] == [1.0, 1.0]
+    assert chart.series[0].values[0] == 0.0

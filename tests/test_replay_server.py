@@ -1,0 +1,249 @@
+"""``instr replay`` on a real llama-server: a server's recorded traffic (streams and whole answers,
+native and OpenAI endpoints, two slots) replayed under the recorded setting and under others, each
+figure checked against an independent measure of the same thing: the client's TTFT and end to end
+against the new log's own request record (within 5 % or 5 ms), the server's ``timings`` against
+that record's times, the generated tokens against the recording's; a setting whose context is too
+small for a request counts it as failed and goes on; a server killed mid-replay ends it in one line
+with exit status 1, its log kept and readable.
+
+The recording needs llama-server to record each request's body and generated tokens (``body``,
+``gen_ids``, at detailed): with a build that does not, the tests of it are skipped, saying so. The
+HTML page, with each setting's latency CDFs, is checked in a real browser against test_replay's
+stand-in server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.support import (
+    PROMPT,
+    Page,
+    exec_server,
+    read_log,
+    request_records,
+    signal_server,
+)
+
+pytestmark = pytest.mark.native
+
+SERVER_ARGS = ("--parallel", "2", "-c", "2048", "-t", "2", "--seed", "7", "--no-webui")
+LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # ~360 tokens
+# (endpoint, body, seconds after the first): two streams overlapping a whole answer, a chat
+# stream, a long prompt (refused by a small context)
+TRAFFIC: list[tuple[str, dict[str, Any], float]] = [
+    ("/completion", {"prompt": PROMPT, "n_predict": 16, "temperature": 0, "seed": 1, "stream": True}, 0.0),
+    ("/completion", {"prompt": "Once upon a time", "n_predict": 12, "temperature": 0, "seed": 2}, 0.2),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "Name a color."}],
+            "max_tokens": 12, "temperature": 0, "seed": 3, "stream": True,
+        },
+        0.4,
+    ),
+    ("/completion", {"prompt": LONG, "n_predict": 4, "temperature": 0, "seed": 4}, 1.2),
+]  # fmt: skip
+
+
+def _post(port: int, endpoint: str, body: dict[str, Any]) -> None:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        conn.request("POST", endpoint, json.dumps(body), {"Content-Type": "application/json"})
+        conn.getresponse().read()
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def recorded(tools_bin: Path, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The traffic above, sent at its times to llama-server under ``instr exec`` (level detailed)."""
+    log = tmp_path_factory.mktemp("replay") / "recorded.log"
+    proc, port = exec_server(log, smollm2_path, *SERVER_ARGS[:-1])
+    try:
+        t0 = time.monotonic()
+        threads = []
+        for endpoint, body, at in TRAFFIC:
+            time.sleep(max(0.0, t0 + at - time.monotonic()))
+            threads.append(threading.Thread(target=_post, args=(port, endpoint, body)))
+            threads[-1].start()
+        for t in threads:
+            t.join(300)
+    finally:
+        signal_server(proc)
+        proc.wait(120)
+    recs = request_records(log)
+    assert len(recs) == len(TRAFFIC)
+    if not any("body" in r for r in recs):
+        pytest.skip(
+            "this build's llama-server records no request bodies (`body`, `gen_ids` of the "
+            "request record at detailed): instr replay has nothing to send"
+        )
+    return log
+
+
+def _replay(recorded: Path, out: Path, *args: str) -> subprocess.Popen[str]:
+    from llamacpp_instr.native import models
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "llamacpp_instr.cli", "replay", str(recorded), "-o", str(out),
+         "--format", "json", *args, "--", "llama-server", "-m", str(models.default_model()),
+         *SERVER_ARGS],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _near(a: float, b: float) -> bool:
+    """Within 5 % or 5 ms of each other."""
+    return abs(a - b) <= max(5.0, 0.05 * max(abs(a), abs(b)))
+
+
+def test_a_replay_under_the_recorded_setting_is_the_servers_own_figures(
+    recorded: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "new.log"
+    p = _replay(recorded, out)
+    stdout, stderr = p.communicate(timeout=600)
+    assert p.returncode == 0, stderr
+    data = json.loads(stdout)
+    rows = data["requests"]
+    assert len(rows) == len(TRAFFIC) and all(r["ok"] for r in rows), rows
+    # the same tokens, request by request (temperature 0, the recorded seed)
+    assert [r["identical"] for r in rows] == [True] * len(TRAFFIC)
+    for r in rows:
+        assert _near(r["e2e_ms"], r["server_dur_ms"]), r
+        if r["stream"]:
+            assert _near(r["ttft_ms"], r["server_ttft_ms"]), r
+        else:  # the server's own, taken from its record
+            assert r["ttft_ms"] == r["server_ttft_ms"]
+    # the server's timings against its record of the same request: generation runs from the first
+    # token to the last, the prompt from the slot's start to the first token
+    new = {r["traceparent"][-19:-3]: r for r in request_records(out)}
+    answers = [
+        json.loads(x) for x in out.with_name("new.log.responses.jsonl").read_text().splitlines()
+    ]
+    assert len(answers) == len(TRAFFIC)
+    for a in answers:
+        rec = new[(a["index"] + 1).to_bytes(8, "big").hex()]
+        t = a["timings"]
+        assert _near(t["predicted_ms"], (rec["last_token"] - rec["ttft"]) / 1e6), (t, rec)
+        assert _near(t["prompt_ms"], (rec["ttft"] - rec["wait"]) / 1e6), (t, rec)
+        assert t["predicted_n"] == rec["gen_tokens"] and a["n_out"] == rec["gen_tokens"]
+    settings = {s["setting"]: s for s in data["settings"]}
+    assert set(settings) == {"recorded", "replay"}
+    assert settings["replay"]["peak_memory"] and settings["recorded"]["peak_memory"]
+    assert data["best"] == "replay"
+
+
+def test_settings_side_by_side_and_a_request_a_setting_refuses(
+    recorded: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "what-if.log"
+    p = _replay(
+        recorded, out, "--slo", "ttft=60000,tpot=10000", "--set", "-c 2048", "--set", "-c 256"
+    )
+    stdout, stderr = p.communicate(timeout=600)
+    assert p.returncode == 0, stderr
+    data = json.loads(stdout)
+    names = [s["setting"] for s in data["settings"]]
+    assert names == ["recorded", "-c 2048", "-c 256"]
+    s = {x["setting"]: x for x in data["settings"]}
+    # -c 256 over two slots: the long prompt does not fit its slot's 128 cells; the rest are served
+    assert s["-c 2048"]["failed"] == 0 and s["-c 256"]["failed"] == 1
+    refused = [r for r in data["requests"] if r["setting"] == "-c 256" and not r["ok"]]
+    assert len(refused) == 1 and refused[0]["status"] >= 400
+    assert s["-c 256"]["goodput"] < s["-c 2048"]["goodput"] and data["best"] == "-c 2048"
+    # each from its own log: the smaller context holds less KV cache
+    assert (tmp_path / "what-if.1.log").is_file() and (tmp_path / "what-if.2.log").is_file()
+    (device,) = set(s["-c 256"]["peak_memory"]) & set(s["-c 2048"]["peak_memory"])
+    assert s["-c 256"]["peak_memory"][device] < s["-c 2048"]["peak_memory"][device]
+
+
+def _child_server(parent: int) -> int | None:
+    """The pid of the llama-server that process ``parent`` started, if any."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if ppid == parent and comm.startswith("llama-server"):
+            return int(d.name)
+    return None
+
+
+def test_a_server_killed_mid_replay_ends_it_in_one_line(recorded: Path, tmp_path: Path) -> None:
+    out = tmp_path / "cut.log"
+    p = _replay(recorded, out, "--speed", "0.1")  # the traffic over 12 s
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (
+        out.is_file() and '"type":"request"' in out.read_text(errors="replace")
+    ):
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.2)
+    server = _child_server(p.pid)
+    assert server is not None
+    os.kill(server, signal.SIGKILL)
+    _, stderr = p.communicate(timeout=120)
+    assert p.returncode == 1, stderr
+    assert "Traceback" not in stderr
+    errors = [x for x in stderr.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and "llama-server ended (exit status -9)" in errors[0], stderr
+    assert str(out) in errors[0]
+    # the partial log is kept and reads
+    from llamacpp_instr.converters import load_session
+
+    frames = load_session(out)
+    assert len(frames.requests) >= 1
+    assert read_log(out)[0]["type"] == "session_start"
+
+
+def test_the_page_in_a_browser(browser: Any, tmp_path: Path) -> None:
+    from http.server import ThreadingHTTPServer
+
+    from test_replay import _Handler, _traffic
+
+    from llamacpp_instr.converters.reports.replay_report import CDF_POINTS
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    media = tmp_path / "media"
+    media.mkdir()
+    log = _traffic(tmp_path, media)
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "llamacpp_instr.cli", "replay", str(log), "--url",
+             f"http://127.0.0.1:{srv.server_address[1]}", "-o", str(tmp_path / "n.log"),
+             "--media", str(media), "--format", "html"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert r.returncode == 0, r.stderr
+    html = tmp_path / "replay.html"
+    html.write_text(r.stdout)
+    page = Page(browser, html)
+    try:
+        assert page.rows("settings") == 2 and page.rows("requests") == 5
+        # one series a setting (the recording's and the replay's), a mark per point of its CDF
+        for chart in ("e2e_cdf", "ttft_cdf"):
+            assert page.marks(chart) == 2 * CDF_POINTS == page.declared_marks(chart)
+        statuses = page.column("requests", 3)
+        page.sort_by("requests", 3)
+        assert sorted(statuses, key=float) == page.column("requests", 3)
+    finally:
+        page.close()

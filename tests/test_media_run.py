@@ -139,6 +139,52 @@ def test_an_image_run_records_each_slice_its_encode_and_its_decode(
         assert sorted(layer[0] for layer in c["layers"]) == list(range(n_layer + 1))
 
 
+def test_a_projector_built_without_names_is_the_projectors(
+    mm_lib: Path,
+    projectors: dict[str, Path],
+    smollm2_path: Path,
+    media: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    """LLaVA-1.5's projector (`mlp`: two matrices and a GELU after the vision tower), which clip
+    builds without naming its nodes (ggml names them node_N): its nodes, found here by their
+    weights (`mm.0.weight`, `mm.2.weight`), are in the projector's layer (the encoder's n_layer),
+    not in the last block, and the encode's compute has a span of that layer."""
+    r = _instr(
+        mm_lib,
+        "run",
+        str(smollm2_path),
+        "--mmproj",
+        str(projectors["mlp"]),
+        "--image",
+        str(media["test-1.jpeg"]),
+        "-p",
+        "Describe the image.",
+        "-n",
+        "2",
+        "-o",
+        str(tmp_path / "mlp.log"),
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = read_log(tmp_path / "mlp.log")
+    [ctx] = [c for c in by_type(recs, "context") if c["role"] == "encoder"]
+    assert ctx["model"]["architecture"] == "mlp"
+    n_layer = ctx["model"]["n_layer"]
+    [graph] = [g for g in by_type(recs, "graph") if g["ctx"] == ctx["ctx"]]
+
+    def weights(node: dict[str, Any]) -> set[str]:
+        return {s["name"] for s in node["src"] if s.get("kind") == "weight"}
+
+    proj = [n for n in graph["nodes"] if weights(n) & {"mm.0.weight", "mm.2.weight"}]
+    assert len(proj) == 2 and {n["layer"] for n in proj} == {n_layer}, proj
+    # the nodes from the projector's first matrix on are the projector's (its GELU, biases)
+    first = min(n["i"] for n in proj)
+    assert {n["layer"] for n in graph["nodes"] if n["i"] >= first} == {n_layer}
+    [comp] = [c for c in by_type(recs, "compute") if c["ctx"] == ctx["ctx"]]
+    assert n_layer in {layer[0] for layer in comp["layers"]}
+
+
 # case: (the media given, the --mmproj given: a projector, "model" for the text model, None for
 # none, and what the one line says)
 BAD: dict[str, tuple[list[str], str | None, str]] = {

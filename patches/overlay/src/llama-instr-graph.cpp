@@ -114,7 +114,7 @@ static const ggml_tensor * resolve_copy(const graph_index & gi,
     return w ? w : src;
 }
 
-void graph_index::build(const ggml_cgraph * g, const llama_model * model) {
+void graph_index::build(const ggml_cgraph * g, const llama_model * model, int32_t tail_layer) {
     auto *    gm = const_cast<ggml_cgraph *>(g);
     const int n  = ggml_graph_n_nodes(gm);
     gf           = nullptr;  // (until it is whole: a build that fails leaves no index behind)
@@ -139,7 +139,9 @@ void graph_index::build(const ggml_cgraph * g, const llama_model * model) {
     //     weight or cache_[kv]_lN source;
     //  2. nodes still unknown belong to the block whose output the callback names next (the
     //     callback names a block's result; the unnamed nodes before it compute that result);
-    //  3. left-overs (e.g. the session began after the graph was built, so there were no
+    //  3. an encoder's nodes after the last one named with a layer, named by none, are its
+    //     projector's (tail_layer);
+    //  4. left-overs (e.g. the session began after the graph was built, so there were no
     //     callbacks) take the latest layer among their node sources: data flows forward.
     constexpr int32_t UNSET = INT32_MIN;
     layer.assign(n, UNSET);
@@ -174,9 +176,13 @@ void graph_index::build(const ggml_cgraph * g, const llama_model * model) {
         }
     }
     int32_t next_named = UNSET;
+    bool    tail       = tail_layer != INT32_MIN;  // no node named with a layer after i yet
     for (int i = n - 1; i >= 0; i--) {
         if (il_at[i] != UNSET) {
             next_named = il_at[i];
+            tail       = tail && il_at[i] < 0;
+        } else if (layer[i] == UNSET && tail) {
+            layer[i] = tail_layer;
         } else if (layer[i] == UNSET && next_named != UNSET) {
             layer[i] = next_named;
         }

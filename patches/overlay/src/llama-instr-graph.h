@@ -57,7 +57,10 @@ struct graph_index {
     // model's own tensors; the scheduler then replaces a source that lives on another backend with
     // its copy ("CUDA0#name#0"). Built after that (the session began after the graph was built),
     // such a copy is resolved back by name: to the node it copies, or to the model's weight.
-    void build(const ggml_cgraph * gf, const llama_model * model = nullptr);
+    // `tail_layer`: the layer of the nodes after the last one the callback named with a layer that
+    // no callback named (an encoder's projector, which clip builds after its blocks without naming
+    // all of it); INT32_MIN: none, they take their sources' latest layer.
+    void build(const ggml_cgraph * gf, const llama_model * model = nullptr, int32_t tail_layer = INT32_MIN);
 
     // Is gf, whose fingerprint is `shape_of_gf`, the graph indexed here (built again the same)?
     // llama.cpp rebuilds a graph in the same memory, so equal graph and node addresses prove

@@ -419,7 +419,7 @@ static void index_graph(ctx_state & st, const ggml_cgraph * gf, uint64_t shape, 
     slot->used = st.graph_gen;
     if (!hit) {
         st.graph_captured.reset();
-        st.graph.build(gf, model);
+        st.graph.build(gf, model, st.encoder ? st.encoder->n_layer : INT32_MIN);
     } else if (built) {
         // as built, the sources are the model's own (the scheduler has not put its copies in yet)
         st.graph.take_sources(gf);

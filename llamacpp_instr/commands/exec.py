@@ -48,6 +48,13 @@ if TYPE_CHECKING:
     default=None,
     help="Run llama-server as built with a sanitizer (`instr build --tools --sanitize=KIND`).",
 )
+@click.option(
+    "--no-bodies",
+    "no_bodies",
+    is_flag=True,
+    help="llama-server's request records without each request's body and generated tokens "
+    "(kept at detailed and above, images as their hash and size: what `instr replay` sends again).",
+)
 @click.argument("program")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def command(
@@ -61,6 +68,7 @@ def command(
     metrics: str | None,
     vulkan: bool,
     sanitize: str | None,
+    no_bodies: bool,
     program: str,
     args: tuple[str, ...],
 ) -> None:
@@ -105,5 +113,6 @@ def command(
         metrics=metrics,
         vulkan=vulkan,
         sanitize=sanitize,
+        bodies=not no_bodies,
     )
     child.end_like(run_program(request, say=lambda line: click.echo(line, err=True)))

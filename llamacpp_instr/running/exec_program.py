@@ -21,6 +21,7 @@ _OPTIONS_ONLY = (
     "LLAMA_INSTR_MAX_BYTES",
     "LLAMA_INSTR_KEEP",
     "LLAMA_INSTR_MEMORY_BUDGET",
+    "LLAMA_INSTR_BODIES",
 )
 
 
@@ -29,7 +30,8 @@ class ExecRequest:
     """Run ``program`` (as ``instr build --tools`` built it; with ``vulkan``, its Vulkan build) with
     ``args``, writing the session log ``output`` (default: $LLAMA_INSTR_LOG, added to, else
     PROGRAM_YYYYMMDD_HHMMSS.log) at ``level``; ``metrics``: serve the log's figures at HOST:PORT
-    from a process beside it."""
+    from a process beside it; ``bodies``: llama-server's request records keep each request's body
+    and generated tokens at DETAILED and above (what ``instr replay`` sends again)."""
 
     program: str
     args: tuple[str, ...] = ()
@@ -43,6 +45,7 @@ class ExecRequest:
     metrics: str | None = None
     vulkan: bool = False
     sanitize: str | None = None  # llama-server's sanitized build (`instr build --tools --sanitize`)
+    bodies: bool = True
 
 
 def run_program(request: ExecRequest, say: Callable[[str], None] = lambda _: None) -> int:
@@ -108,6 +111,8 @@ def environment(request: ExecRequest, out: Path) -> dict[str, str]:
     env["LLAMA_INSTR_LEVEL"] = request.level
     env["LLAMA_INSTR_TOPK"] = str(request.top_k_logits)
     env["LLAMA_INSTR_VALUE_STATS"] = "1" if request.value_stats else "0"
+    if not request.bodies:
+        env["LLAMA_INSTR_BODIES"] = "0"
     env.update(request.always_on.env())
     if request.memory_budget:  # the option's (which reads it too), in bytes
         env["LLAMA_INSTR_MEMORY_BUDGET"] = request.memory_budget

@@ -348,6 +348,11 @@ LLAMA_API void llama_instr_encoder_buffers(const void * encoder, int32_t what) L
 // The log's clock (ns), whether or not a session is open.
 LLAMA_API int64_t llama_instr_clock(void) LLAMA_INSTR_NOEXCEPT;
 
+// The 64-bit hash a medium is named by in the log (never by its bytes): `media.hash` of a bitmap's
+// bytes, and a request body's medium by its bytes as sent. Little-endian 8-byte words, each mixed
+// in with a multiply; any n (data may be NULL when n is 0).
+LLAMA_API uint64_t llama_instr_hash_bytes(const void * data, size_t n) LLAMA_INSTR_NOEXCEPT;
+
 // A medium was loaded (decoded from its file or bytes) from `t_start` (llama_instr_clock; 0 does
 // nothing) until now, into `bitmap`, whether or not a session is open (a program may load its
 // media before it opens one): the medium made of it in a session says so.

@@ -58,22 +58,6 @@ size_t    g_loads_next = 0;
 
 std::atomic<int64_t> g_media_ids{ 0 };
 
-// A 64-bit hash of a medium's bytes, 8 at a time (a medium names itself by it, never by its bytes).
-uint64_t hash_bytes(const unsigned char * p, size_t n) noexcept {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t) n;
-    size_t   i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
-        h ^= h >> 31;
-    }
-    uint64_t w = 0;
-    memcpy(&w, p + i, n - i);
-    h = (h ^ w) * 0x94D049BB133111EBull;
-    return h ^ (h >> 29);
-}
-
 const llama_context * key_of(const void * encoder) noexcept {
     return static_cast<const llama_context *>(encoder);  // a registry key only, never a context
 }
@@ -430,6 +414,24 @@ int64_t llama_instr_clock(void) noexcept {
     return now_ns();
 }
 
+uint64_t llama_instr_hash_bytes(const void * data, size_t n) noexcept {
+    const unsigned char * p = static_cast<const unsigned char *>(data);
+    uint64_t              h = 0x9E3779B97F4A7C15ull ^ (uint64_t) n;
+    size_t                i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 31;
+    }
+    uint64_t w = 0;
+    if (n > i) {
+        memcpy(&w, p + i, n - i);
+    }
+    h = (h ^ w) * 0x94D049BB133111EBull;
+    return h ^ (h >> 29);
+}
+
 void llama_instr_media_loaded(const void * bitmap, int64_t t_start) noexcept {
     if (!bitmap || !t_start) {
         return;
@@ -466,7 +468,7 @@ int64_t llama_instr_media_add(const llama_instr_media_desc * d) noexcept {
     }
     try {
         const load_note load = d->bitmap ? take_load(d->bitmap, open_epoch()) : load_note{};
-        const uint64_t  hash = d->data && d->n_bytes > 0 ? hash_bytes(d->data, d->n_bytes) : 0;
+        const uint64_t  hash = d->data && d->n_bytes > 0 ? llama_instr_hash_bytes(d->data, d->n_bytes) : 0;
         const int64_t   id   = g_media_ids.fetch_add(1, std::memory_order_relaxed) + 1;
         const bool      ok   = emit_session_record("media", [&](json_out & j) {
             j.key("id");

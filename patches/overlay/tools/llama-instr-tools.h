@@ -139,6 +139,16 @@ struct request_state {
 
     std::shared_ptr<spec_totals> spec;    // the drafts it verified (none: null)
     std::shared_ptr<host_totals> host;    // its last token, its chunks sent (none: null)
+
+    // what a replay sends again and checks (DETAILED, llama-server; llama-instr-body.h): the body as
+    // the client sent it, each medium by its hash and size, and the tokens its first task sampled
+    static constexpr size_t MAX_GEN_IDS = 16384;
+    std::string             body;                     // JSON as recorded, or "": not kept
+    const char *            body_left_out = nullptr;  // why it was not: "size", "not_json"
+    int64_t                 body_bytes    = 0;        // its size as received
+    bool                    keep_ids      = false;    // its tokens are recorded (the level)
+    std::vector<int32_t>    gen_ids;                  // at most MAX_GEN_IDS
+    int64_t                 gen_ids_left_out = 0;
 };
 
 using request_ptr = std::shared_ptr<request_state>;
@@ -217,6 +227,30 @@ inline std::string tasks_fields(const request_state & r) {
     return f;
 }
 
+// The fields a replay reads: the body (or why it is not there) and the tokens sampled.
+inline std::string replay_fields(const request_state & r) {
+    std::string f;
+    if (!r.body.empty()) {
+        f += ",\"body\":" + r.body;
+    } else if (r.body_left_out) {
+        f += ",\"body_left_out\":" + json_str(r.body_left_out);
+    }
+    if (r.body_bytes > 0) {
+        f += ",\"body_bytes\":" + std::to_string(r.body_bytes);
+    }
+    if (r.keep_ids) {
+        f += ",\"gen_ids\":[";
+        for (size_t i = 0; i < r.gen_ids.size(); i++) {
+            f += (i ? "," : "") + std::to_string(r.gen_ids[i]);
+        }
+        f += "]";
+        if (r.gen_ids_left_out > 0) {
+            f += ",\"gen_ids_left_out\":" + std::to_string(r.gen_ids_left_out);
+        }
+    }
+    return f;
+}
+
 inline std::string request_fields(const request_state & r) {
     std::string f = "{\"id\":" + json_str(r.id);
     f += ",\"endpoint\":" + json_str(r.endpoint);
@@ -275,7 +309,7 @@ inline std::string request_fields(const request_state & r) {
         }
         f += "}";
     }
-    return f + tasks_fields(r) + spec_fields(r) + host_fields(r) + "}";
+    return f + tasks_fields(r) + spec_fields(r) + host_fields(r) + replay_fields(r) + "}";
 }
 
 // With requests_mutex() held: the record's fields once both sides are done (and not before, nor
@@ -584,6 +618,30 @@ inline void request_released(llama_context * ctx,
         fields = finish_locked(*r);
     }
     write_request(fields);
+}
+
+// The slot of task `task_id` sampled `token` (process_token): kept for the request's first task,
+// when its record keeps its tokens.
+inline void request_token(int task_id, int32_t token) noexcept {
+    if (!active()) {
+        return;
+    }
+    try {
+        std::lock_guard<std::mutex> lock(requests_mutex());
+        auto &                      m  = requests_by_task();
+        auto                        it = m.find(task_id);
+        if (it == m.end() || it->second->task != task_id || !it->second->keep_ids) {
+            return;
+        }
+        request_state & r = *it->second;
+        if (r.gen_ids.size() < request_state::MAX_GEN_IDS) {
+            r.gen_ids.push_back(token);
+        } else {
+            r.gen_ids_left_out++;
+        }
+    } catch (...) {
+        // out of memory: the record says fewer tokens than were sampled (the replay's check fails)
+    }
 }
 
 // The server chose `slot` for the task `task_id` (get_available_slot): `how` is "id" (the request

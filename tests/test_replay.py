@@ -228,6 +228,10 @@ def test_a_replayed_row_against_its_recording() -> None:
     other = served | {"gen_ids": request_record(_record(0, 5, gen_ids=[11, 12]))["gen_ids"]}
     assert fig.replayed_row("s", rec, sent, other)["identical"] is False
     assert fig.replayed_row("s", rec, sent, None)["identical"] is None
+    # the tokens a record's request generated: its ids, else those decoded and the last sampled
+    assert fig.output_tokens(rec) == 4 and fig.recorded_row(rec)["n_out"] == 4
+    no_ids = {k: v for k, v in rec.items() if not k.startswith("gen_ids")}
+    assert fig.output_tokens(no_ids) == 5 and fig.output_tokens(no_ids | {"ttft": None}) == 4
     # not a stream: the server's own TTFT
     whole = request_record(_record(1, 5, {"prompt": "x"}))
     assert fig.replayed_row("s", whole, sent, served)["ttft_ms"] == 25.0
@@ -553,7 +557,9 @@ args = sys.argv[1:]
 def opt(name, default):
     return args[len(args) - 1 - args[::-1].index(name) + 1] if name in args else default
 port, ctx, die_after = int(opt("--port", 0)), int(opt("-c", 64)), int(opt("--die-after", 0))
-out = open(os.environ["LLAMA_INSTR_LOG"], "a", buffering=1)
+if "--no-log" in args:
+    print("llama-instr: LLAMA_INSTR_TOPK=0 is not a number: running uninstrumented", file=sys.stderr)
+out = open(os.devnull if "--no-log" in args else os.environ["LLAMA_INSTR_LOG"], "a", buffering=1)
 SID = "fa4e5e4e00000001"
 def write(rec):
     out.write(json.dumps({"ts": time.monotonic_ns(), "sid": SID} | rec) + "\n")
@@ -671,3 +677,13 @@ def test_each_cdf_ends_at_every_request() -> None:
     assert chart is not None and len(chart.x) == CDF_POINTS and chart.x[-1] == 31.50000315
     assert [s.values[-1] for s in chart.series] == [1.0, 1.0]
     assert chart.series[0].values[0] == 0.0
+
+
+def test_a_server_that_writes_no_log_is_said_in_one_line(tmp_path: Path, fake_server: Path) -> None:
+    log = _recorded_for_fake(tmp_path, 2)
+    r = _cli("replay", str(log), "-o", str(tmp_path / "n.log"), "--", "llama-server", "--no-log")
+    assert r.exit_code == 2 and "Traceback" not in r.stderr, r.output
+    assert [x for x in r.stderr.splitlines() if x.startswith("error:")] == [
+        f"error: llama-server wrote no session log at {tmp_path / 'n.log'}: llama-instr: "
+        "LLAMA_INSTR_TOPK=0 is not a number: running uninstrumented"
+    ]

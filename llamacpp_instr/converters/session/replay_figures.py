@@ -105,6 +105,17 @@ def tpot_ns(e2e: float | None, ttft: float | None, n_out: int | None) -> float |
     return (e2e - ttft) / (n_out - 1)
 
 
+def output_tokens(rec: dict[str, Any]) -> int | None:
+    """The tokens a request record's first task generated: its ``gen_ids`` (and those left out of
+    them), else its ``gen_tokens`` and the last one sampled, which is never decoded (``gen_tokens``
+    counts the tokens fed back), as the server's ``timings.predicted_n`` counts them."""
+    ids = rec.get("gen_ids")
+    if ids is not None:
+        return len(ids) + (rec.get("gen_ids_left_out") or 0)
+    n = rec.get("gen_tokens")
+    return n + 1 if n is not None and rec.get("ttft") is not None else n
+
+
 def _ok(rec: dict[str, Any]) -> bool:
     status = rec.get("status") or 0
     return (rec.get("outcome") or ("ok" if status < 400 else "error")) == "ok"
@@ -129,7 +140,7 @@ def _base(setting: str, rec: dict[str, Any]) -> dict[str, Any]:
 
 def recorded_row(rec: dict[str, Any]) -> dict[str, Any]:
     """The recording's figures of a request (its record in the recorded log)."""
-    ttft, dur, n = rec.get("ttft"), rec.get("dur"), rec.get("gen_tokens")
+    ttft, dur, n = rec.get("ttft"), rec.get("dur"), output_tokens(rec)
     return _base(RECORDED, rec) | {
         "status": rec.get("status"),
         "ok": _ok(rec),
@@ -169,7 +180,7 @@ def replayed_row(
     stream = bool(rec.get("stream"))
     server_ttft = served.get("ttft") if served else None
     ttft = sent.ttft_ns if stream else server_ttft
-    n_out = sent.n_out if sent.n_out is not None else (served or {}).get("gen_tokens")
+    n_out = sent.n_out if sent.n_out is not None else (output_tokens(served) if served else None)
     timings = sent.timings or {}
     return _base(setting, rec) | {
         "status": sent.status,

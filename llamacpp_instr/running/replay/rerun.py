@@ -137,6 +137,9 @@ def _one(
         url = server.url if server is not None else str(request.url)
         watch = server.gone if server is not None else (lambda: None)
         sent = send_all(url, plan, folder, _writer(f, plan, tick), watch)
+    if server is not None and not log.is_file():
+        said = f": {server.note}" if server.note else ""
+        raise UserError(f"{servers.PROGRAM} wrote no session log at {log}{said}")
     new = read_replayed(log) if server is not None else None
     by_trace = {r["traceparent"]: r for r in new.requests} if new is not None else {}
     rows = [

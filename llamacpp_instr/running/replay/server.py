@@ -46,6 +46,7 @@ class Server:
     url: str
     log: Path
     stderr: IO[bytes]
+    note: str = ""  # once stopped: the last line the instrumentation wrote on its stderr
 
     def gone(self) -> str | None:
         """Why the server is gone (its exit status and last line), or None while it runs."""
@@ -63,6 +64,16 @@ def last_line(f: IO[bytes]) -> str:
     f.seek(max(0, size - 4096))
     lines = [x.strip() for x in f.read().decode("utf-8", "replace").splitlines() if x.strip()]
     return lines[-1][:200] if lines else ""
+
+
+def instr_note(f: IO[bytes]) -> str:
+    """The last line the instrumented library wrote to ``f`` (``llama-instr: ...``), or ""."""
+    f.seek(0)
+    note = b""
+    for line in f:
+        if line.startswith(b"llama-instr:"):
+            note = line.strip()
+    return note.decode("utf-8", "replace")[:200]
 
 
 def address(args: Sequence[str]) -> tuple[str, int | None]:
@@ -104,7 +115,10 @@ def start(args: Sequence[str], log: Path, say: Callable[[str], None]) -> Server:
     if port is None:
         port = free_port()
         extra = ("--port", str(port))
-    request = ExecRequest(program=PROGRAM, args=(*args, *extra), output=log, level="detailed")
+    # instr exec's defaults (--top-k-logits 10: the library refuses 0 and runs uninstrumented)
+    request = ExecRequest(
+        program=PROGRAM, args=(*args, *extra), output=log, level="detailed", top_k_logits=10
+    )
     out = session_log(request, say)
     say(f"instr replay: session log {out} (level detailed): {PROGRAM} {' '.join(request.args)}")
     stderr = tempfile.TemporaryFile()
@@ -189,5 +203,6 @@ def stop(server: Server) -> int:
         else:
             proc.kill()
     code = proc.wait()
+    server.note = instr_note(server.stderr)
     server.stderr.close()
     return code

@@ -298,9 +298,17 @@ def test_the_first_n_and_a_window_are_read_within_bounds(
     window = replay_log.read_served(log, replay_log.Selection(window=(2, 4.5), first=2))
     assert [r["t_arrive"] // 10**9 for r in window.requests] == [2, 3]
     monkeypatch.setattr(replay_log, "REQUESTS_MAX", 5)
-    with pytest.raises(UserError, match="holds over 5 requests: replay part of it"):
+    with pytest.raises(UserError, match="holds over 5 requests to replay: replay part of it"):
         replay_log.read_served(log)
     assert len(replay_log.read_served(log, replay_log.Selection(first=5)).requests) == 5
+    # a window holds no more than its own requests (and those before the first is known)
+    short = replay_log.read_served(log, replay_log.Selection(window=(1, 2.5)))
+    assert [r["t_arrive"] // 10**9 for r in short.requests] == [1, 2]
+    with pytest.raises(UserError, match="or a shorter --window"):
+        replay_log.read_served(log, replay_log.Selection(window=(0, 8)))
+    monkeypatch.setattr(replay_log, "BODIES_MAX", 40)
+    with pytest.raises(UserError, match="holds over 1 GiB of bodies"):
+        replay_log.read_served(log, replay_log.Selection(first=4))
 
 
 def test_the_plan_sends_known_endpoints_and_refuses_a_forged_span(tmp_path: Path) -> None:

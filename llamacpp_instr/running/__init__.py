@@ -6,4 +6,5 @@ tensors live (``offload``, ``devices``, ``rpc_endpoint``, ``tensor_overrides``),
 (``rpc_standin``), the Vulkan environment (``vulkan_env``), the memory budget a run is held to
 (``memory_budget``), an exporter started beside a program (``exporter_launch``), the machine's
 measured peaks (``peak_probe``), the probes that time this machine for a prediction
-(``probes/``) and quantization: making, evaluating and sweeping quantized models (``quant/``)."""
+(``probes/``), quantization: making, evaluating and sweeping quantized models (``quant/``), and a
+server's recorded requests sent again to llama-server under other settings (``replay/``)."""

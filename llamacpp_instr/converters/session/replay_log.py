@@ -67,12 +67,15 @@ def parse_window(text: str) -> tuple[float, float]:
 
 class _Held:
     """One session's requests as read: all of them, or with ``first`` only the first that many by
-    arrival (a heap of the latest of them on top)."""
+    arrival (a heap of the latest of them on top); with ``until_ns``, the end of a window from the
+    first arrival, those past it are let go once too many are held (the first arrival only moves
+    earlier, so one past the window's end stays past it)."""
 
-    def __init__(self, sid: str, first: int | None, path: Path) -> None:
-        self.sid, self.first, self.path = sid, first, path
+    def __init__(self, sid: str, first: int | None, until_ns: float | None, path: Path) -> None:
+        self.sid, self.first, self.until_ns, self.path = sid, first, until_ns, path
         self.heap: list[tuple[int, int, dict[str, Any]]] = []
         self.total = self.malformed = self.body_bytes = 0
+        self.t0: int | None = None
 
     def add(self, rec: dict[str, Any]) -> None:
         self.total += 1
@@ -81,7 +84,9 @@ class _Held:
         except MALFORMED:
             self.malformed += 1
             return
-        item = (-r["t_arrive"], -self.total, r)
+        t = r["t_arrive"]
+        self.t0 = t if self.t0 is None else min(self.t0, t)
+        item = (-t, -self.total, r)
         if self.first is None or len(self.heap) < self.first:
             heapq.heappush(self.heap, item)
         elif item[:2] > self.heap[0][:2]:  # arrived before the latest held
@@ -90,13 +95,24 @@ class _Held:
             return
         self.body_bytes += len(r.get("body", b""))
         if len(self.heap) > REQUESTS_MAX or self.body_bytes > BODIES_MAX:
-            what = (
-                f"{REQUESTS_MAX:,} requests" if len(self.heap) > REQUESTS_MAX else "1 GiB of bodies"
-            )
-            raise UserError(
-                f"{self.path}: session {self.sid} holds over {what}: replay part of it "
-                "(--first N)"
-            )
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Hold only the requests within the window's end, down to 90 % of the bounds (so that
+        this runs once per tenth of them at most), else a one-line error."""
+        if self.until_ns is not None and self.t0 is not None:
+            end = self.t0 + self.until_ns
+            self.heap = [x for x in self.heap if -x[0] <= end]
+            heapq.heapify(self.heap)
+            self.body_bytes = sum(len(x[2].get("body", b"")) for x in self.heap)
+            if len(self.heap) <= 0.9 * REQUESTS_MAX and self.body_bytes <= 0.9 * BODIES_MAX:
+                return
+        many = len(self.heap) / REQUESTS_MAX >= self.body_bytes / BODIES_MAX  # (the nearer bound)
+        what = f"{REQUESTS_MAX:,} requests" if many else "1 GiB of bodies"
+        raise UserError(
+            f"{self.path}: session {self.sid} holds over {what} to replay: replay part of it "
+            "(--first N, or a shorter --window)"
+        )
 
     def requests(self) -> list[dict[str, Any]]:
         return [r for _, _, r in sorted(self.heap, reverse=True)]
@@ -146,8 +162,10 @@ def read_served(
     pass; a log without requests is a one-line error."""
     held: dict[str, _Held] = {}
     peaks = _Peaks()
-    # the window is from the session's first request: with one, every request is held to find it
+    # the window is from the session's first request: with one, every request up to its end is
+    # held until the first is known
     first = sel.first if sel.window is None else None
+    until_ns = sel.window[1] * 1e9 if sel.window is not None else None
     last_sid: str | None = None
     for _, rec in iter_records(path, report=report):
         sid = str(rec.get("sid"))
@@ -156,7 +174,7 @@ def read_served(
         if rec["type"] == "request":
             if sid not in held:
                 held.clear()  # (the last session with requests is the one replayed)
-                held[sid] = _Held(sid, first, path)
+                held[sid] = _Held(sid, first, until_ns, path)
             held[sid].add(rec)
             last_sid = sid
         else:

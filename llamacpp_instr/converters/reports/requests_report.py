@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..analysis.draft_in_gaps import draft_in_gaps
+from ..session.cache_media import MediaStep, Medium, Parting, partings
 from ..session.request_causes import HostRow, RequestStory, StepRow, stories
 from ..session.request_experts import RequestExperts, StepRouting, request_experts
 from ..session.request_media import EncodeRow, PromptRow, RequestMedia, request_media
@@ -60,6 +61,7 @@ def request_stories(f: SessionFrames, rows: list[StepRow] | None = None) -> list
         step_rows(f) if rows is None else rows,
         step_rows(f, "draft"),
         host_rows(f),
+        cache_partings(f),
     )
     media = media_by_request(f)
     for s in out:
@@ -96,6 +98,37 @@ def media_by_request(f: SessionFrames) -> dict[str, RequestMedia]:
         for i, k in zip(f.media["id"], f.media["kind"].astype(str), strict=True)
     }
     return request_media(f.info.requests, rows, encodes, nouns)
+
+
+def cache_partings(f: SessionFrames) -> dict[str, Parting]:
+    """Per request, the image or sound each side had where its prompt parted from its slot's
+    cache ({} without media)."""
+    import pandas as pd  # (with the frames)
+
+    if f.media.empty or not f.info.requests:
+        return {}
+    st = f.steps[f.steps["media"].notna()]
+    by_seq: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    if f.seqs is not None and not f.seqs.empty:
+        cols = f.seqs[["ctx", "step", "seq", "pos0"]].astype("int64")
+        for ctx, step, q, pos in cols.itertuples(False):
+            by_seq.setdefault((int(ctx), int(step)), []).append((int(q), int(pos)))
+    steps: list[MediaStep] = [
+        (int(t), by_seq.get((int(ctx), int(step))) or [(0, int(pos))], int(m))
+        for ctx, step, t, pos, m in st[["ctx", "step", "t_start", "pos0", "media"]].itertuples(
+            False
+        )
+        if not pd.isna(m)
+    ]
+    steps.sort(key=lambda s: s[0])
+    media = [
+        Medium(int(i), str(k), str(h), int(b))
+        for i, k, h, b in zip(
+            f.media["id"], f.media["kind"].astype(str), f.media["hash"].astype(str),
+            f.media["bytes"], strict=True,
+        )
+    ]  # fmt: skip
+    return partings(f.info.requests, steps, media)
 
 
 def costliest_samplers(f: SessionFrames) -> dict[str, tuple[str, int]]:

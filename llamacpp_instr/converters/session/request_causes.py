@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cache_media import Parting
 from .request_media import RequestMedia
 from .requests import all_tokens, slot_window, task_windows
 
@@ -100,6 +101,8 @@ class RequestStory:
     tasks: list[dict[str, Any]] = field(default_factory=list)
     # its images' or sounds' encodes and prefill, beside its text's (``request_media``)
     media: RequestMedia | None = None
+    # the image or sound each side had where its prompt parted from its slot's cache
+    cache_media: Parting | None = None
 
     def row(self) -> dict[str, Any]:
         return {
@@ -119,6 +122,7 @@ class RequestStory:
             "late_tokens": [t.row() for t in self.late_tokens],
             "tasks": self.tasks,
             **({"media": self.media.row()} if self.media is not None else {}),
+            **({"cache_media": self.cache_media.row()} if self.cache_media is not None else {}),
         }
 
 
@@ -146,9 +150,27 @@ def split(rec: dict[str, Any]) -> tuple[int, int, int, int, int]:
     return total, queue, max(prompt, 0), max(generation, 0), max(total - held, 0)
 
 
-def cache_reason(cache: Any) -> tuple[int | None, str | None, str]:
+def _diverged_words(div: dict[str, Any], parting: Parting | None) -> str:
+    """Where the cache and the prompt parted, in words: the text before, and each side's text
+    after, or the image or sound it had there (``cache_media``), which its text ("[media]")
+    does not tell apart."""
+    held: str = repr(str(div.get("held", "")))
+    prompt: str = repr(str(div.get("prompt", "")))
+    verdict = ""
+    if parting is not None:
+        held = parting.held.words() if parting.held is not None else held
+        prompt = parting.prompt.words() if parting.prompt is not None else prompt
+        verdict = f": {parting.verdict()}" if parting.verdict() else ""
+    return (
+        f" at token {_int(div.get('at')) or 0:,}, after {str(div.get('before', ''))!r}: "
+        f"the cache had {held}, the prompt {prompt}{verdict}"
+    )
+
+
+def cache_reason(cache: Any, parting: Parting | None = None) -> tuple[int | None, str | None, str]:
     """Tokens the prompt reused, why not more (a MISS_REASONS key, or None when it reused all it
-    could) and a line saying so, from a request record's ``cache`` object."""
+    could) and a line saying so, from a request record's ``cache`` object; ``parting``: the media
+    each side had where they diverged (``cache_media.partings``)."""
     if not isinstance(cache, dict):
         return None, None, ""
     n = _int(cache.get("prompt")) or 0
@@ -165,12 +187,7 @@ def cache_reason(cache: Any) -> tuple[int | None, str | None, str]:
     # the server decodes at least the prompt's last token, whatever it held
     if reused >= n - 1:
         return reused, None, head
-    around = ""
-    if div is not None:
-        around = (
-            f" at token {_int(div.get('at')) or 0:,}, after {str(div.get('before', ''))!r}: "
-            f"the cache had {str(div.get('held', ''))!r}, the prompt {str(div.get('prompt', ''))!r}"
-        )
+    around = _diverged_words(div, parting) if div is not None else ""
     chosen = f" (the server chose this one by {cache['slot_by']})" if cache.get("slot_by") else ""
     if cache.get("enabled") is False:
         reason, why = "disabled", MISS_REASONS["disabled"]
@@ -481,10 +498,12 @@ def stories(
     rows: Sequence[StepRow],
     draft_rows: Sequence[StepRow] = (),
     host_rows: Sequence[HostRow] = (),
+    partings: dict[str, Parting] | None = None,
 ) -> list[RequestStory]:
     """Each request record's story, slowest first. ``rows``: the session's steps in time order
     (a speculating session's: its target's; ``draft_rows``: its draft's); ``host_rows``: the
-    host's parts between steps (a target's), when the log records them."""
+    host's parts between steps (a target's), when the log records them; ``partings``: by
+    request, the media where its prompt parted from its slot's cache (``cache_media``)."""
     reqs = [r for r in requests if isinstance(r, dict)]
     index = _StepIndex(rows)
     draft = _StepIndex(draft_rows) if draft_rows else None
@@ -499,7 +518,8 @@ def stories(
     out = []
     for j, r in enumerate(reqs):
         total, queue, prompt, gen, stream = split(r)
-        reused, reason, note = cache_reason(r.get("cache"))
+        parting = (partings or {}).get(str(r.get("id", "")))
+        reused, reason, note = cache_reason(r.get("cache"), parting)
         slot = _int(r.get("slot"))
         q = slot if slot is not None else 0
         # its first task's late tokens: the steps that carried that task's sequence
@@ -525,6 +545,7 @@ def stories(
                 # no slot: a server of one sequence (instr serve), whose steps hold sequence 0
                 late_tokens=_late(r, q, first, index, who, draft, host),
                 tasks=[task_row(k) for k in r.get("tasks") or ()],
+                cache_media=parting,
             )
         )
     out.sort(key=lambda s: (-s.total_ns, s.id))

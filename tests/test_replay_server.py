@@ -249,3 +249,54 @@ def test_the_page_in_a_browser(browser: Any, tmp_path: Path) -> None:
         assert sorted(statuses, key=float) == page.column("requests", 3)
     finally:
         page.close()
+
+
+def test_an_image_is_sent_again_from_media_by_its_hash(
+    tools_bin: Path, smollm2_path: Path, mm_dir: Path, media: dict[str, Path], tmp_path: Path
+) -> None:
+    """A chat with an image (a small gemma3 projector takes it), recorded as the image's hash:
+    replayed with --media, the same image goes out (the same tokens come back); a body past 1 MiB
+    was not recorded and is counted, not sent."""
+    import base64
+
+    from helpers.mmproj_gguf import write_vision_mmproj
+
+    mmproj = write_vision_mmproj(mm_dir / "replay-gemma3.gguf", projector="gemma3")
+    args = ("--mmproj", str(mmproj), "-c", "1024", "-t", "2", "--seed", "7")
+    image = media["test-1.jpeg"]
+    url = "data:image/jpeg;base64," + base64.b64encode(image.read_bytes()).decode()
+    chat = {
+        "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "What is it?"},
+        ]}],
+        "max_tokens": 4, "temperature": 0,
+    }  # fmt: skip
+    big = {"prompt": "Hello", "n_predict": 2, "padding": "x" * (1 << 20)}
+    log = tmp_path / "recorded.log"
+    proc, port = exec_server(log, smollm2_path, *args)
+    try:
+        _post(port, "/v1/chat/completions", chat)
+        _post(port, "/completion", big)
+    finally:
+        signal_server(proc)
+        proc.wait(120)
+    if not any("body" in r for r in request_records(log)):
+        pytest.skip("this build's llama-server records no request bodies")
+    folder = tmp_path / "media"
+    folder.mkdir()
+    (folder / "photo.jpg").write_bytes(image.read_bytes())
+    r = subprocess.run(
+        [sys.executable, "-m", "llamacpp_instr.cli", "replay", str(log), "-o",
+         str(tmp_path / "new.log"), "--media", str(folder), "--format", "json", "--",
+         "llama-server", "-m", str(smollm2_path), *args],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["skipped"] == {"no body (size)": 1}
+    (row,) = data["requests"]
+    assert row["endpoint"] == "/v1/chat/completions" and row["ok"] and row["identical"] is True
+    # the replay's own record names the same image
+    (new,) = request_records(tmp_path / "new.log")
+    assert new["body"] == next(x for x in request_records(log) if "body" in x)["body"]

@@ -6,6 +6,7 @@ records read with the json module alone."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,30 @@ def test_every_renderer_shows_each_images_time(tmp_path: Path) -> None:
         ["2", "image", "320x200"],
     ]
     assert "Each sound's time" in _summary(AUDIO)
+
+
+@pytest.mark.parametrize("log", [IMAGES, AUDIO], ids=lambda p: p.name)
+def test_each_mediums_way_drawn_as_its_figures(log: Path) -> None:
+    """The HTML's picture: a bar per medium, its encoder's first on top, its parts stacked as
+    the json's figures (the encode's ops by part, and the rest of it); the per-medium table of
+    the page and the terminal in two, none cut, csv's whole."""
+    rows = json.loads(_summary(log, "--format", "json"))["media"]
+    rows.sort(key=lambda r: not r["first"])
+    html = _summary(log, "--format", "html")
+    figure = re.search(r'<figure class="chart" data-chart="media_way".*?</figure>', html, re.S)
+    assert figure is not None
+    values = [float(v) for v in re.findall(r'class="mark"[^>]*data-value="([^"]+)"', figure[0])]
+    parts = ("load_ms", "preprocess_ms", "embedding_ms", "blocks_ms", "projector_ms")
+    want = []
+    for r in rows:
+        ops = r["embedding_ms"] + r["blocks_ms"] + r["projector_ms"]
+        want += [*(r[k] or 0 for k in parts), max(r["encode_ms"] - ops, 0), r["prefill_ms"]]
+    assert values == pytest.approx(want, abs=1e-6)
+    assert ('class="apart"' in figure[0]) == (len(rows) > 1)
+    for fmt in ("html", "text"):
+        out = _summary(log, "--format", fmt)
+        for title in ("its load, preprocessing, encodes and prefill", "what it is, and its"):
+            assert out.count(title) == 1, (fmt, title)
 
 
 def test_a_run_without_media_shows_nothing_new() -> None:

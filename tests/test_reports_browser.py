@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from gguf import GGUFReader
-from helpers.support import Page, RunLog, make_run
+from helpers.support import FIXTURES, Page, RunLog, make_run, read_log
 
 from llamacpp_instr.cli import main
 
@@ -153,5 +153,81 @@ def test_quant_report_page(
         page.sort_by("tensors", 7)  # bytes
         values = [float(v) for v in page.column("tensors", 7)]
         assert values == sorted(values)
+    finally:
+        page.close()
+
+
+IMAGES = FIXTURES / "tiny-llama-gemma3-images-detailed.log.gz"
+# what each part of an image's way is, from its records: load, preprocessing, the encode's ops
+# by part of the encoder and the rest of it, the prefill of its tokens
+WAY = ("load", "preprocess", "embedding", "blocks", "projector", "rest", "prefill")
+
+
+def _ways(recs: list[dict[str, Any]]) -> dict[int, list[float]]:
+    """Each image's way (ms), from the records alone."""
+    begins = {r["step"]: r for r in recs if r["type"] == "step_begin"}
+    ends = {r["step"]: r for r in recs if r["type"] == "step_end"}
+    graphs = {r["graph"]: r["nodes"] for r in recs if r["type"] == "graph"}
+    n_layer = next(r for r in recs if r["type"] == "context")["model"]["n_layer"]
+    out = {}
+    for m in (r for r in recs if r["type"] == "media"):
+        ns = dict.fromkeys(WAY, 0) | {"load": m["load"][1], "preprocess": m["preprocess"][1]}
+        for s, b in begins.items():
+            if b["kind"] == "encode" and [m["id"], 0] in b["media"]:
+                ns["rest"] += ends[s]["dur"]
+                for c in (c for c in recs if c["type"] == "compute" and c["step"] == s):
+                    for node, _, dur in (o[:3] for o in c["ops"]):
+                        layer = graphs[c["graph"]][node]["layer"]
+                        part = "embedding" if layer is None else "blocks"
+                        part = "projector" if layer == n_layer else part
+                        ns[part] += dur
+                        ns["rest"] -= dur
+            elif b["kind"] != "encode" and b.get("media") == [m["id"], 0]:
+                ns["prefill"] += ends[s]["dur"]
+        out[m["id"]] = [ns[k] / 1e6 for k in WAY]
+    return out
+
+
+# every box of the image section, and the page itself: none wider than what holds it
+OVERFLOW = """() => {
+  const wide = [];
+  const root = document.scrollingElement;
+  if (root.scrollWidth > root.clientWidth) wide.push(["page", root.scrollWidth, root.clientWidth]);
+  const section = document.querySelector('figure[data-chart="media_way"]').closest("section");
+  for (const el of section.querySelectorAll("*")) {
+    const box = el.getBoundingClientRect(), outer = section.getBoundingClientRect();
+    if (box.width === 0 && box.height === 0) continue;  // (a tooltip's title: no box)
+    const out = box.right > outer.right + 0.5 || box.left < outer.left - 0.5;
+    if (out || (el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 1))
+      wide.push([el.tagName, el.dataset.table || el.className.baseVal || el.className, box.width]);
+  }
+  return wide;
+}"""
+
+
+def test_each_images_way_drawn_and_nothing_wider_than_the_page(
+    browser: Any, tmp_path: Path
+) -> None:
+    """The summary of two images: their ways as stacked bars (a mark per part, each as long as
+    its records say, the first image apart, above the other), and no table, chart or page wider
+    than the page's column (980 px, in a window of 1024)."""
+    recs = read_log(IMAGES)
+    ways = _ways(recs)
+    page = Page(browser, _html(["summary", str(IMAGES)], tmp_path / "m.html"))
+    try:
+        page.page.set_viewport_size({"width": 1024, "height": 900})
+        assert page.marks("media_way") == page.declared_marks("media_way") == len(WAY) * len(ways)
+        bars = page.page.locator('figure[data-chart="media_way"] .mark').evaluate_all(
+            "els => els.map(e => [parseFloat(e.dataset.value), e.getBBox().y])"
+        )
+        # by image, each its parts in order: image 1 (the first) on top
+        got = [[v for v, _ in bars[i * len(WAY) : (i + 1) * len(WAY)]] for i in range(len(ways))]
+        for want, have in zip((ways[1], ways[2]), got, strict=True):
+            assert have == pytest.approx(want, abs=1e-9)
+        rule = page.page.locator('figure[data-chart="media_way"] line.apart')
+        assert rule.count() == 1
+        y = float(rule.get_attribute("y1") or 0)
+        assert bars[0][1] < y < bars[len(WAY)][1]
+        assert page.page.evaluate(OVERFLOW) == []
     finally:
         page.close()

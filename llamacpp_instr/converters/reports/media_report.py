@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..analysis.frames import SessionFrames
-from ..analysis.media_time import encode_split, media_times
-from .report import Column, Fact, Section, Table, rows_of
+from ..analysis.media_time import MediumTime, encode_split, media_times
+from .report import Chart, Column, Fact, Section, Series, Table, rows_of
 
 NOTE = (
     "load: its decoding from its file or bytes; preprocessing: resizing, slicing into tiles, a "
@@ -17,6 +17,16 @@ NOTE = (
     "of the encoder's blocks and of the projector; prefill: the language model's decode steps "
     "that carry its embeddings. The first medium is its encoder's first encode in the process "
     "(the backend's threads started, a GPU's pipelines made)."
+)
+WAY_NOTE = (
+    "Each bar is one {one}'s parts laid end to end, each as long as it took (in the run, another "
+    "{one}'s parts may have come between them); encode: the rest is its encodes' time outside "
+    "their timed ops (the graph's build, the embeddings copied out)."
+)
+APART_NOTE = (
+    " The first {one} is its encoder's first encode in the process, whose time holds the "
+    "encoder's first-time costs (the backend's threads started, a GPU's pipelines made): it is "
+    "drawn apart, above the others."
 )
 
 
@@ -49,6 +59,60 @@ MEDIA_COLUMNS = [
     Column("total_ms", "total (ms)", "f2"),
     Column("first", "first"),
 ]
+# the same, as two tables that a page holds with nothing cut: each medium's time part by part,
+# and what it is with its encodes by part of the encoder
+_TIME_KEYS = ("tokens", "load_ms", "preprocess_ms", "encode_ms", "prefill_ms", "total_ms", "first")
+TIME_COLUMNS = [c for c in MEDIA_COLUMNS if c.key in ("media", *_TIME_KEYS)]
+PARTS_COLUMNS = [c for c in MEDIA_COLUMNS if c.key not in _TIME_KEYS]
+
+# the media the picture of each one's way draws at most: the firsts, then the others shown
+CHARTED = 24
+
+
+# a medium's way, part by part, as the picture stacks it
+WAY_PARTS = (
+    "load",
+    "preprocessing",
+    "encode: embedding",
+    "encode: blocks",
+    "encode: projector",
+    "encode: the rest",
+    "prefill",
+)
+
+
+def _way(m: MediumTime) -> list[float]:
+    """``m``'s parts (ms), in the order of ``WAY_PARTS``."""
+    ops = m.embedding_ns + m.blocks_ns + m.projector_ns
+    ns = [m.load_ns or 0, m.preprocess_ns or 0, m.embedding_ns, m.blocks_ns, m.projector_ns]
+    return [v / 1e6 for v in (*ns, max(m.encode_ns - ops, 0), m.prefill_ns)]
+
+
+def _label(m: MediumTime) -> str:
+    noun = {"audio": "sound", "?": "medium"}.get(m.kind, m.kind)
+    return f"{noun} {m.id}" + (" (first)" if m.first else "")
+
+
+def _way_chart(shown: list[MediumTime], one: str) -> Chart:
+    """Each medium's way as stacked bars on one time axis: its load, preprocessing, encodes by
+    part of the encoder, and the prefill of its tokens; its encoder's first medium drawn apart
+    (its encode holds the encoder's first-time costs)."""
+    drawn = ([m for m in shown if m.first] + [m for m in shown if not m.first])[:CHARTED]
+    ways = [_way(m) for m in drawn]
+    apart = sum(1 for m in drawn if m.first)
+    note = WAY_NOTE + (APART_NOTE if 0 < apart < len(drawn) else "")
+    return Chart(
+        name="media_way",
+        kind="stacked",
+        title=f"Each {one}'s way: its load, preprocessing, encode by part and prefill",
+        x_label="time (ms)",
+        y_label=one,
+        categories=[_label(m) for m in drawn],
+        series=[Series(name, [w[k] for w in ways]) for k, name in enumerate(WAY_PARTS)],
+        value_fmt="f2",
+        apart=apart,
+        note=note.format(one=one),
+    )
 
 
 def _split_table(f: SessionFrames, key: str, title: str) -> Table:
@@ -99,11 +163,26 @@ def media_section(f: SessionFrames, top: int | None) -> tuple[Section | None, di
             Fact("shown", f"{len(rows)} of {mt.n_media} {many}: the first, then the costliest")
         )
     shown = [{**r, "first": "first" if r["first"] else ""} for r in rows]
+    # csv's table (--by media): every column; the page and a terminal show it as two
     table = Table(
         name="media_time",
         title=f"Per {one}: its load, preprocessing, encodes and prefill",
         columns=MEDIA_COLUMNS,
         rows=rows_of(shown, [c.key for c in MEDIA_COLUMNS]),
+        only=("csv",),
+    )
+    times = Table(
+        name="media_times",
+        title=f"Per {one}: its load, preprocessing, encodes and prefill",
+        columns=TIME_COLUMNS,
+        rows=rows_of(shown, [c.key for c in TIME_COLUMNS]),
+        top=top,
+    )
+    encodes = Table(
+        name="media_encodes",
+        title=f"Per {one}: what it is, and its encodes by part of the encoder",
+        columns=PARTS_COLUMNS,
+        rows=rows_of(shown, [c.key for c in PARTS_COLUMNS]),
         note=NOTE,
         top=top,
     )
@@ -112,7 +191,12 @@ def media_section(f: SessionFrames, top: int | None) -> tuple[Section | None, di
         f, "layer", f"The encodes by part of the encoder: the first {one}, then the others"
     )
     title = f"Each {one}'s time" if one != "medium" else "Each image's and sound's time"
-    section = Section(title, facts=facts, tables=[table, by_op, by_layer])
+    section = Section(
+        title,
+        facts=facts,
+        charts=[_way_chart(mt.shown, one)],
+        tables=[table, times, encodes, by_op, by_layer],
+    )
     data = {
         "media": rows,
         "media_count": mt.n_media,

@@ -110,7 +110,8 @@ class Chart:
 
     kinds:
     - ``bars``: horizontal bars, one group per category, one bar per series (grouped);
-    - ``stacked``: horizontal bars, one per category, the series stacked;
+    - ``stacked``: horizontal bars, one per category, the series stacked (these and ``bars``
+      draw their first ``apart`` categories apart from the others: a gap and a rule between);
     - ``diverging``: horizontal bars around zero (or around 1 with ``baseline=1``: ratios);
     - ``histogram``: vertical bars over ``categories`` (bin labels), one series;
     - ``line``: one or more series over ``x`` values;
@@ -142,6 +143,8 @@ class Chart:
     sizes: list[float] = field(default_factory=list)
     groups: list[str] = field(default_factory=list)
     roofs: dict[str, float] = field(default_factory=dict)
+    # bars, stacked: the first categories drawn apart from the others (0: none)
+    apart: int = 0
 
     @property
     def n_marks(self) -> int:

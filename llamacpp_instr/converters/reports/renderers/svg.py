@@ -139,6 +139,18 @@ def _y_axis(
     return out
 
 
+APART_GAP = 14  # the space between the categories drawn apart and the others
+
+
+def _apart_rule(x1: float, y: float) -> str:
+    """The dashed rule between the categories a chart draws apart and the others, under their
+    labels and across the plot to ``x1``."""
+    return (
+        f'<line x1="10" y1="{y:.1f}" x2="{x1}" y2="{y:.1f}" class="apart" '
+        'stroke="#8c959f" stroke-width="1" stroke-dasharray="4 3"/>'
+    )
+
+
 def _hbars(chart: Chart) -> str:
     """bars (grouped), stacked and diverging: categories down the y axis, values along x."""
     stacked = chart.kind == "stacked"
@@ -148,7 +160,8 @@ def _hbars(chart: Chart) -> str:
     group_h = (bar_h if stacked else bar_h * n_s) + 6
     top = 8
     legend_h = _legend_h(chart)
-    plot_h = len(cats) * group_h
+    apart = chart.apart if 0 < chart.apart < len(cats) else 0
+    plot_h = len(cats) * group_h + (APART_GAP if apart else 0)
     h = top + plot_h + 40 + legend_h
     base = chart.baseline
     vals = [v for s in chart.series for v in s.values if v is not None and math.isfinite(v)]
@@ -168,8 +181,10 @@ def _hbars(chart: Chart) -> str:
 
     body = _x_axis(ticks, sx, top, top + plot_h, chart.x_label)
     fmt = FORMATTERS[chart.value_fmt]
+    if apart:
+        body.append(_apart_rule(x1, top + apart * group_h + APART_GAP / 2 - 3))
     for i, cat in enumerate(cats):
-        gy = top + i * group_h
+        gy = top + i * group_h + (APART_GAP if apart and i >= apart else 0)
         body.append(
             f'<text x="{x0 - 6}" y="{gy + (group_h - 6) / 2 + 4:.1f}" class="cat" text-anchor="end">'
             f"<title>{escape(cat)}</title>{escape(_short(cat))}</text>"

@@ -39,7 +39,7 @@ class ExecRequest:
     append: bool = False
     level: str = "detailed"
     always_on: AlwaysOn = field(default_factory=AlwaysOn)
-    top_k_logits: int = 0
+    top_k_logits: int = 10  # instr exec's default: LLAMA_INSTR_TOPK takes 1 to 1000
     value_stats: bool = False
     memory_budget: str | None = None
     metrics: str | None = None

@@ -115,10 +115,7 @@ def start(args: Sequence[str], log: Path, say: Callable[[str], None]) -> Server:
     if port is None:
         port = free_port()
         extra = ("--port", str(port))
-    # instr exec's defaults (--top-k-logits 10: the library refuses 0 and runs uninstrumented)
-    request = ExecRequest(
-        program=PROGRAM, args=(*args, *extra), output=log, level="detailed", top_k_logits=10
-    )
+    request = ExecRequest(program=PROGRAM, args=(*args, *extra), output=log, level="detailed")
     out = session_log(request, say)
     say(f"instr replay: session log {out} (level detailed): {PROGRAM} {' '.join(request.args)}")
     stderr = tempfile.TemporaryFile()

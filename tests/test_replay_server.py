@@ -35,7 +35,10 @@ from helpers.support import (
 
 pytestmark = pytest.mark.native
 
-SERVER_ARGS = ("--parallel", "2", "-c", "2048", "-t", "2", "--seed", "7", "--no-webui")
+# one compute thread: on two cores the server's HTTP thread and the replay's client each keep a
+# core, so that a stream's first chunk reaches the client within 5 ms of its sampling (with -t 2
+# they waited behind the decode's threads: 6 ms and more)
+SERVER_ARGS = ("--parallel", "2", "-c", "2048", "-t", "1", "--seed", "7", "--no-webui")
 LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 32)  # ~290 tokens
 # (endpoint, body, seconds after the first): two streams overlapping a whole answer, a chat
 # stream, a long prompt (refused by a small context)

@@ -8,7 +8,6 @@ native test runs llama-server with a projector on one slot, the same text with t
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
 from pathlib import Path
@@ -16,7 +15,16 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from helpers.support import FIXTURES, by_type, exec_server, read_log, signal_server, write_log
+from helpers.support import (
+    FIXTURES,
+    by_type,
+    data_url,
+    exec_server,
+    post_json,
+    read_log,
+    signal_server,
+    write_log,
+)
 
 from llamacpp_instr.cli import main
 from llamacpp_instr.converters.session.cache_media import Medium, partings
@@ -179,10 +187,7 @@ def test_a_cache_the_log_did_not_see_filled_names_nothing() -> None:
 
 
 def _chat(port: int, image: Path, text: str) -> dict[str, Any]:
-    import urllib.request
-
-    kind = "png" if image.suffix == ".png" else "jpeg"
-    url = f"data:image/{kind};base64," + base64.b64encode(image.read_bytes()).decode()
+    url = data_url(image)
     content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]
     body = {
         "messages": [{"role": "user", "content": content}],
@@ -190,13 +195,7 @@ def _chat(port: int, image: Path, text: str) -> dict[str, Any]:
         "temperature": 0,
         "cache_prompt": True,
     }
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/chat/completions",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=600) as r:
-        return dict(json.loads(r.read().decode()))
+    return dict(post_json(port, "/v1/chat/completions", body, timeout=600))
 
 
 @pytest.mark.native

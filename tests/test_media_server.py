@@ -8,28 +8,25 @@ that the image's encode and prefill are most of the prompt's time.
 
 from __future__ import annotations
 
-import base64
 import json
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.support import by_type, exec_server, read_log, signal_server
+from helpers.support import by_type, data_url, exec_server, post_json, read_log, signal_server
 
 pytestmark = pytest.mark.native
 
 
 def _chat(port: int, image: Path, text: str) -> dict[str, Any]:
-    url = "data:image/jpeg;base64," + base64.b64encode(image.read_bytes()).decode()
     body = {
         "messages": [
             {
                 "role": "user",
                 "content": [
-                    {"type": "image_url", "image_url": {"url": url}},
+                    {"type": "image_url", "image_url": {"url": data_url(image)}},
                     {"type": "text", "text": text},
                 ],
             }
@@ -38,13 +35,7 @@ def _chat(port: int, image: Path, text: str) -> dict[str, Any]:
         "temperature": 0,
         "cache_prompt": False,
     }
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/chat/completions",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=600) as r:
-        return dict(json.loads(r.read().decode()))
+    return dict(post_json(port, "/v1/chat/completions", body, timeout=600))
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import base64
 import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.support import by_type, exec_server, read_log, signal_server
+from helpers.support import by_type, data_url, exec_server, post_json, read_log, signal_server
 
 from llamacpp_instr.contract.media_hash import media_hash
 
@@ -42,19 +40,6 @@ def _chat(url: str) -> dict[str, Any]:
 BIG = {"prompt": "Hello", "n_predict": 2, "padding": "x" * (1 << 20)}
 
 
-def _post(port: int, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}{endpoint}",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return dict(json.loads(r.read().decode()))
-    except urllib.error.HTTPError as e:
-        return {"status": e.code}
-
-
 @pytest.fixture(scope="module")
 def server_args(mm_dir: Path) -> tuple[str, ...]:
     """A small projector (gemma3's, 2 blocks 64 wide, 256-pixel images), so that the server takes
@@ -68,13 +53,12 @@ def server_args(mm_dir: Path) -> tuple[str, ...]:
 def _serve(
     log: Path, model: Path, image: Path, args: tuple[str, ...], *instr_args: str
 ) -> list[dict[str, Any]]:
-    url = "data:image/jpeg;base64," + base64.b64encode(image.read_bytes()).decode()
     proc, port = exec_server(log, model, *args, instr_args=instr_args)
     try:
         answers = [
-            _post(port, "/completion", COMPLETION),
-            _post(port, "/v1/chat/completions", _chat(url)),
-            _post(port, "/completion", BIG),
+            post_json(port, "/completion", COMPLETION),
+            post_json(port, "/v1/chat/completions", _chat(data_url(image))),
+            post_json(port, "/completion", BIG),
         ]
         signal_server(proc)
         proc.communicate(timeout=120)

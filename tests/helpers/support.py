@@ -340,17 +340,31 @@ def signal_server(proc: subprocess.Popen[str], sig: int = signal.SIGINT) -> None
     proc.send_signal(sig)
 
 
-def post_completion(port: int, body: dict[str, Any], timeout: float = 120) -> Any:
-    """llama-server's /completion answer to ``body`` (a status other than 200 raises)."""
+def post_json(port: int, endpoint: str, body: dict[str, Any], timeout: float = 120) -> Any:
+    """llama-server's answer to ``body`` POSTed to ``endpoint`` (a status other than 200
+    raises)."""
     import urllib.request
 
     req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/completion",
+        f"http://127.0.0.1:{port}{endpoint}",
         json.dumps(body).encode(),
         {"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
+
+
+def post_completion(port: int, body: dict[str, Any], timeout: float = 120) -> Any:
+    """llama-server's /completion answer to ``body`` (a status other than 200 raises)."""
+    return post_json(port, "/completion", body, timeout)
+
+
+def data_url(image: Path) -> str:
+    """``image``'s bytes as a chat request's ``data:`` URL (PNG by its suffix, else JPEG)."""
+    import base64
+
+    kind = "png" if image.suffix == ".png" else "jpeg"
+    return f"data:image/{kind};base64," + base64.b64encode(image.read_bytes()).decode()
 
 
 def request_records(log: Path) -> list[dict[str, Any]]:

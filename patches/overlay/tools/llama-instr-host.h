@@ -68,10 +68,8 @@ inline void host_request(llama_context * ctx, int slot, int task_id) noexcept {
         std::string id;
         {
             std::lock_guard<std::mutex> lock(requests_mutex());
-            auto &                      m  = requests_by_task();
-            auto                        it = m.find(task_id);
-            if (it != m.end()) {
-                id = it->second->id;
+            if (const request_state * r = request_of_task_locked(task_id)) {
+                id = r->id;
             }
         }
         llama_instr_set_seq_request(ctx, slot, id.c_str());
@@ -88,14 +86,13 @@ inline void host_released(int task_id, int64_t t_gen_last_us) noexcept {
     }
     try {
         std::lock_guard<std::mutex> lock(requests_mutex());
-        auto &                      m  = requests_by_task();
-        auto                        it = m.find(task_id);
-        if (it == m.end()) {
+        request_state *             r = request_of_task_locked(task_id);
+        if (!r) {
             return;
         }
-        if (it->second->task == task_id) {
-            host_of_locked(*it->second).t_last_token_us = t_gen_last_us;
-        } else if (task_state * k = task_of_locked(*it->second, task_id)) {
+        if (r->task == task_id) {
+            host_of_locked(*r).t_last_token_us = t_gen_last_us;
+        } else if (task_state * k = task_of_locked(*r, task_id)) {
             k->t_last_us = t_gen_last_us;
         }
     } catch (...) {

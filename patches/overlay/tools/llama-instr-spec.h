@@ -255,11 +255,10 @@ inline void spec_verified(int      task_id,
         const int64_t rejected_ns = verify_ns * (d - a) / (d + 1) + draft_ns * (d - a) / d;
 
         std::lock_guard<std::mutex> rlock(requests_mutex());
-        auto &                      m  = requests_by_task();
-        auto                        it = m.find(task_id);
-        std::string                 id = it != m.end() ? it->second->id : std::string();
-        if (it != m.end() && it->second->task == task_id) {
-            request_state & q = *it->second;
+        request_state *             rq = request_of_task_locked(task_id);
+        std::string                 id = rq ? rq->id : std::string();
+        if (rq && rq->task == task_id) {
+            request_state & q = *rq;
             if (!q.spec) {
                 q.spec       = std::make_shared<spec_totals>();
                 q.spec->type = s.type;

@@ -459,6 +459,14 @@ inline void request_task(const request_tracker & t, int task_id, int parent_id =
     m[task_id] = t->r;
 }
 
+// With requests_mutex() held: the request the task `task_id` is of, or nullptr (none is tracked:
+// it arrived before the session, or its record was written)
+inline request_state * request_of_task_locked(int task_id) {
+    auto & m  = requests_by_task();
+    auto   it = m.find(task_id);
+    return it != m.end() ? it->second.get() : nullptr;
+}
+
 // With requests_mutex() held: the task `task_id` of r after its first, or nullptr (its first, or
 // one past MAX_TASKS)
 inline task_state * task_of_locked(request_state & r, int task_id) {
@@ -561,12 +569,11 @@ inline void request_launched(llama_context * ctx, int task_id, int slot) {
     }
     const int32_t               level = llama_instr_request_begin(ctx, slot);
     std::lock_guard<std::mutex> lock(requests_mutex());
-    auto &                      m  = requests_by_task();
-    auto                        it = m.find(task_id);
-    if (it == m.end() || it->second->written) {
+    request_state *             rp = request_of_task_locked(task_id);
+    if (!rp || rp->written) {
         return;  // arrived before the session, or already recorded (cancelled while queued)
     }
-    request_state & r = *it->second;
+    request_state & r = *rp;
     r.running++;
     if (task_id == r.task) {
         r.slot  = slot;
@@ -628,16 +635,14 @@ inline void request_token(int task_id, int32_t token) noexcept {
     }
     try {
         std::lock_guard<std::mutex> lock(requests_mutex());
-        auto &                      m  = requests_by_task();
-        auto                        it = m.find(task_id);
-        if (it == m.end() || it->second->task != task_id || !it->second->keep_ids) {
+        request_state *             r = request_of_task_locked(task_id);
+        if (!r || r->task != task_id || !r->keep_ids) {
             return;
         }
-        request_state & r = *it->second;
-        if (r.gen_ids.size() < request_state::MAX_GEN_IDS) {
-            r.gen_ids.push_back(token);
+        if (r->gen_ids.size() < request_state::MAX_GEN_IDS) {
+            r->gen_ids.push_back(token);
         } else {
-            r.gen_ids_left_out++;
+            r->gen_ids_left_out++;
         }
     } catch (...) {
         // out of memory: the record says fewer tokens than were sampled (the replay's check fails)
@@ -651,10 +656,8 @@ inline void request_slot_chosen(int task_id, const char * how) {
         return;
     }
     std::lock_guard<std::mutex> lock(requests_mutex());
-    auto &                      m  = requests_by_task();
-    auto                        it = m.find(task_id);
-    if (it != m.end()) {
-        it->second->slot_by = how;
+    if (request_state * r = request_of_task_locked(task_id)) {
+        r->slot_by = how;
     }
 }
 
@@ -810,13 +813,12 @@ inline void request_prompt(llama_context * ctx,
     }
     const int64_t               common = (int64_t) held.get_common_prefix(prompt);
     std::lock_guard<std::mutex> lock(requests_mutex());
-    auto &                      m  = requests_by_task();
-    auto                        it = m.find(task_id);
-    if (it == m.end() || it->second->task != task_id) {
+    request_state *             rp = request_of_task_locked(task_id);
+    if (!rp || rp->task != task_id) {
         return;
     }
     static prefix_history history;
-    request_state &       r = *it->second;
+    request_state &       r = *rp;
     r.cache_known           = true;
     r.cache_prompt          = cache_prompt;
     r.n_prompt_all          = (int64_t) prompt.size();

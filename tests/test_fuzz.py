@@ -5,7 +5,9 @@ extracted and patched as `instr build` does) and runs for a bounded time.
 - rpc_times_fuzz.cpp: the RPC client's parser of a server's op times, the overlay's
   ggml-rpc/instr.cpp included whole;
 - request_text_fuzz.cpp: what an HTTP client's bytes become in llama-server's `request` record:
-  the text of a prompt's tokens and the `traceparent` header.
+  the text of a prompt's tokens and the `traceparent` header;
+- request_body_fuzz.cpp: what a client's body becomes in that record for a replay: the body's
+  recorded form, and an image in it as its marker.
 
 Needs clang (Debian's `clang`, which .ci/run installs)."""
 
@@ -38,6 +40,12 @@ HARNESSES: dict[str, tuple[list[str], list[str]]] = {
     "request_text_fuzz": (
         ["src", "include", "tools", "ggml/include"],
         # json_object_check, the checker of llama_instr_write_record, from the build's libllama
+        ["libllama", "libggml-base", "libggml"],
+    ),
+    "request_body_fuzz": (
+        # nlohmann's JSON from the pin's vendor/, as llama-server has it
+        ["src", "include", "tools", "ggml/include", "vendor"],
+        # json_object_check and llama_instr_hash_bytes, from the build's libllama
         ["libllama", "libggml-base", "libggml"],
     ),
 }
@@ -124,3 +132,13 @@ def test_a_clients_bytes_always_make_a_record_the_log_accepts(
     path let overlong forms, surrogates and code points past U+10FFFF through (the fuzzer found
     one in its first seconds)."""
     check(fuzzed["request_text_fuzz"])
+
+
+def test_a_clients_body_is_recorded_as_json_the_log_accepts_and_its_images_as_markers(
+    fuzzed: dict[str, tuple[int, str, Path]],
+) -> None:
+    """Any bytes as a request's body: its recorded form is one JSON object the record's checker
+    accepts, at most 1 MiB, or nothing with a reason; any bytes as an image in a chat body: the
+    image is its marker (size and the hash computed from the bytes) and none of its base64 is
+    kept."""
+    check(fuzzed["request_body_fuzz"])

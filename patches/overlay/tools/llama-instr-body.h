@@ -114,6 +114,31 @@ inline void replace_media(body_json & v, int depth) {
     }
 }
 
+// The recorded form of the body `raw` into `kept`: nullptr, or why it is left out ("size",
+// "not_json"; `kept` then empty). Never throws: out of memory on a large body leaves it out.
+inline const char * body_record(const std::string & raw, std::string & kept) noexcept {
+    kept.clear();
+    try {
+        if (raw.size() > BODY_PARSE_MAX) {
+            return "size";
+        }
+        body_json v = body_json::parse(raw, nullptr, false);
+        if (v.is_discarded() || !v.is_object()) {
+            return "not_json";
+        }
+        replace_media(v, 0);
+        kept = v.dump(-1, ' ', false, body_json::error_handler_t::replace);
+        if (kept.size() > BODY_MAX) {
+            kept.clear();
+            return "size";
+        }
+        return nullptr;
+    } catch (...) {
+        kept.clear();
+        return "size";
+    }
+}
+
 // The request's body `raw`, as it arrived: kept in its record for a replay (see above). Never
 // throws: what fails leaves the body out.
 inline void request_body(const request_tracker & t, const std::string & raw) noexcept {
@@ -124,28 +149,8 @@ inline void request_body(const request_tracker & t, const std::string & raw) noe
     if (env && strcmp(env, "0") == 0) {
         return;
     }
-    const char * left_out = nullptr;
-    std::string  kept;
-    try {
-        if (raw.size() > BODY_PARSE_MAX) {
-            left_out = "size";
-        } else {
-            body_json v = body_json::parse(raw, nullptr, false);
-            if (v.is_discarded() || !v.is_object()) {
-                left_out = "not_json";
-            } else {
-                replace_media(v, 0);
-                kept = v.dump(-1, ' ', false, body_json::error_handler_t::replace);
-                if (kept.size() > BODY_MAX) {
-                    kept.clear();
-                    left_out = "size";
-                }
-            }
-        }
-    } catch (...) {
-        kept.clear();
-        left_out = "size";  // out of memory on a large body
-    }
+    std::string        kept;
+    const char * const left_out = body_record(raw, kept);
     try {
         std::lock_guard<std::mutex> lock(requests_mutex());
         request_state &             r = *t->r;

@@ -355,6 +355,7 @@ class _Handler(BaseHTTPRequestHandler):
     (one chunk per token, 10 ms apart, the last with `timings`), and 400 for more than 64 tokens."""
 
     seen: list[tuple[str, dict[str, Any], str]] = []
+    key: str | None = None  # the API key it wants (Authorization: Bearer KEY), as llama-server
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -362,6 +363,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.seen.append((self.path, body, self.headers.get("traceparent", "")))
+        if self.key is not None and self.headers.get("Authorization") != f"Bearer {self.key}":
+            return self._send(401, {"error": {"code": 401, "message": "Invalid API Key"}})
         n = int(body.get("n_predict", body.get("max_tokens", 3)))
         chat = self.path.endswith("chat/completions")
         if n > 64:
@@ -408,6 +411,7 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def stand_in() -> Iterator[str]:
     _Handler.seen = []
+    _Handler.key = None
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
@@ -565,6 +569,11 @@ args = sys.argv[1:]
 def opt(name, default):
     return args[len(args) - 1 - args[::-1].index(name) + 1] if name in args else default
 port, ctx, die_after = int(opt("--port", 0)), int(opt("-c", 64)), int(opt("--die-after", 0))
+# its API keys as llama-server takes them: --api-key (else LLAMA_API_KEY), --api-key-file
+given = [args[k + 1] for k, a in enumerate(args[:-1]) if a == "--api-key"]
+keys = [k for v in given or [os.environ.get("LLAMA_API_KEY", "")] for k in v.split(",") if k]
+if "--api-key-file" in args:
+    keys += [x for x in open(opt("--api-key-file", "")).read().splitlines() if x and x[0] != "#"]
 if "--no-log" in args:
     print("llama-instr: LLAMA_INSTR_TOPK=0 is not a number: running uninstrumented", file=sys.stderr)
 out = open(os.devnull if "--no-log" in args else os.environ["LLAMA_INSTR_LOG"], "a", buffering=1)
@@ -572,7 +581,7 @@ SID = "fa4e5e4e00000001"
 def write(rec):
     out.write(json.dumps({"ts": time.monotonic_ns(), "sid": SID} | rec) + "\n")
 write({"type": "session_start", "schema_version": 4, "level": os.environ["LLAMA_INSTR_LEVEL"],
-       "metadata": {"program": "llama-server"}, "context": {}, "memory": {}})
+       "metadata": {"program": "llama-server", "argv": sys.argv}, "context": {}, "memory": {}})
 write({"type": "memory_alloc", "id": 1, "device": 0, "buffer_type": "CPU", "bytes": ctx * 1024,
        "purpose": "kv_cache"})
 served = 0
@@ -588,6 +597,12 @@ class H(BaseHTTPRequestHandler):
         global served
         t = time.monotonic_ns()
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if keys and self.headers.get("Authorization", "").removeprefix("Bearer ") not in keys:
+            data = b'{"error":{"code":401,"message":"Invalid API Key"}}'
+            self.send_response(401)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            return self.wfile.write(data)
         served += 1
         if served == die_after:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -695,3 +710,69 @@ def test_a_server_that_writes_no_log_is_said_in_one_line(tmp_path: Path, fake_se
         f"error: llama-server wrote no session log at {tmp_path / 'n.log'}: llama-instr: "
         "LLAMA_INSTR_TOPK=0 is not a number: running uninstrumented"
     ]
+
+
+def _nowhere(secret: str, *where: Path | str) -> None:
+    """``secret`` is in none of the files and texts given."""
+    for w in where:
+        text = w.read_text(errors="replace") if isinstance(w, Path) else w
+        assert secret not in text, w if isinstance(w, Path) else text[:200]
+
+
+def test_a_keyed_server_gets_its_key_and_the_key_is_written_nowhere(
+    tmp_path: Path, fake_server: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _recorded_for_fake(tmp_path, 3)
+    key_file = tmp_path / "keys.txt"
+    key_file.write_text("# the server's keys\nfrom-a-file\n")
+    monkeypatch.delenv("LLAMA_API_KEY", raising=False)
+    for k, (server, settings, secret) in enumerate(
+        [
+            (["--api-key", "from-the-args,another"], [], "from-the-args"),
+            (["--api-key-file", str(key_file)], [], "from-a-file"),
+            ([], ["--set", "-c 32 --api-key from-a-setting"], "from-a-setting"),
+        ]
+    ):
+        out = tmp_path / f"keyed{k}.log"
+        r = _cli("replay", str(log), "-o", str(out), "--format", "json", *settings, "--",
+                 "llama-server", "-m", "m.gguf", *server)  # fmt: skip
+        assert r.exit_code == 0, r.output
+        data = json.loads(r.stdout)
+        assert len(data["requests"]) == 3 and all(x["ok"] for x in data["requests"]), r.stdout
+        logs = list(tmp_path.glob(f"keyed{k}*.log")) + list(tmp_path.glob(f"keyed{k}*.jsonl"))
+        assert len(logs) == 2
+        # the server's command line (which its log records) holds no key; nor anything written
+        argv = json.loads(logs[0].read_text().splitlines()[0])["metadata"]["argv"]
+        assert "--api-key" not in argv
+        _nowhere(secret, *logs, r.stdout, r.stderr)
+    assert [s["setting"] for s in data["settings"]] == ["recorded", "-c 32 --api-key ***"]
+    # LLAMA_API_KEY, which the server reads too
+    monkeypatch.setenv("LLAMA_API_KEY", "from-the-environment")
+    r = _cli("replay", str(log), "-o", str(tmp_path / "env.log"), "--format", "json", "--",
+             "llama-server", "-m", "m.gguf")  # fmt: skip
+    assert r.exit_code == 0 and all(x["ok"] for x in json.loads(r.stdout)["requests"]), r.output
+    missing = tmp_path / "gone.txt"
+    _one_line(
+        _cli("replay", str(log), "--", "llama-server", "--api-key-file", str(missing)),
+        f"llama-server --api-key-file {missing}: No such file or directory",
+    )
+
+
+def test_a_keyed_server_at_a_url(tmp_path: Path, stand_in: str) -> None:
+    media = tmp_path / "media"
+    media.mkdir()
+    log = _traffic(tmp_path, media)
+    _Handler.key = "url-secret"
+    out = tmp_path / "n.log"
+    base = ("replay", str(log), "--url", stand_in, "-o", str(out), "--first", "3")
+    r = _cli(*base, "--format", "json")
+    assert r.exit_code == 0, r.output
+    assert {x["status"] for x in json.loads(r.stdout)["requests"]} == {401}  # (no key: refused)
+    r = _cli(*base, "--api-key", "url-secret", "--format", "json")
+    assert r.exit_code == 0, r.output
+    assert all(x["ok"] for x in json.loads(r.stdout)["requests"]), r.stdout
+    _nowhere("url-secret", out.with_name("n.log.responses.jsonl"), r.stdout, r.stderr)
+    _one_line(
+        _cli("replay", str(log), "--api-key", "k", "--", "llama-server", "-m", "m"),
+        "--api-key is --url's",
+    )

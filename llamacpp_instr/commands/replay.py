@@ -52,6 +52,13 @@ def _format_option(f: Any) -> Any:
 )
 @click.option("--url", default=None, help="Replay against this running server instead.")
 @click.option(
+    "--api-key",
+    metavar="KEY",
+    default=None,
+    help="The API key of the server at --url, sent as Authorization: Bearer KEY (a server the "
+    "replay starts takes its own: its --api-key, --api-key-file or LLAMA_API_KEY).",
+)
+@click.option(
     "--speed",
     type=click.FloatRange(min=0, min_open=True),
     default=1.0,
@@ -87,6 +94,7 @@ def command(
     output: Path | None,
     settings: tuple[str, ...],
     url: str | None,
+    api_key: str | None,
     speed: float,
     first: int | None,
     window: tuple[float, float] | None,
@@ -103,9 +111,12 @@ def command(
     client sees it (time to first token and every gap of a stream, end to end), and set against
     the recording and the new log's own record of it: percentiles (p50, p90, p99) of TTFT, TPOT,
     ITL and end to end, throughput, goodput under --slo, peak memory per device, prompt-cache
-    reuse, whether it generated the same tokens, and the best setting for the SLO. A request
-    the server refuses counts as failed and the replay goes on; a server that ends mid-replay ends
-    it with one line (exit status 1), its log kept:
+    reuse, whether it generated the same tokens, the late tokens as `instr requests` names their
+    causes (another request's prefill in the same batch), and the best setting for the SLO. A
+    request the server refuses counts as failed and the replay goes on; a server that ends
+    mid-replay ends it with one line (exit status 1), its log kept. A server with an API key: the
+    requests carry its key (Authorization: Bearer), which reaches a server the replay starts in its
+    environment, never on its command line (which its log records), and is written nowhere:
 
     \b
         instr replay server.log -o new.log -- llama-server -m model.gguf -np 4
@@ -129,6 +140,7 @@ def command(
         server_args=server[1:] if server else (),
         settings=settings,
         url=url,
+        api_key=api_key,
         speed=speed,
         selection=Selection(first=first, window=window, sid=sid),
         media=media,

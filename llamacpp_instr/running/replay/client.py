@@ -137,14 +137,15 @@ async def _one(
 
 
 async def _dispatch(
-    url: str, plan: Plan, folder: MediaFolder, run: int, done: Done
+    url: str, plan: Plan, folder: MediaFolder, run: int, done: Done, key: str | None
 ) -> list[Replayed]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=32)
     timeout = httpx.Timeout(READ_TIMEOUT_S, connect=30.0)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     sent: list[Replayed] = []
     # (trust_env off: a proxy the environment names is never between a replay and its server)
     async with httpx.AsyncClient(
-        base_url=url, limits=limits, timeout=timeout, trust_env=False
+        base_url=url, limits=limits, timeout=timeout, trust_env=False, headers=headers
     ) as client:
         # a first exchange, untimed: the client's own first-use costs are none of a request's
         with contextlib.suppress(httpx.HTTPError):
@@ -164,10 +165,15 @@ async def _dispatch(
 
 
 async def _watched(
-    url: str, plan: Plan, folder: MediaFolder, done: Done, watch: Callable[[], str | None]
+    url: str,
+    plan: Plan,
+    folder: MediaFolder,
+    done: Done,
+    watch: Callable[[], str | None],
+    key: str | None,
 ) -> list[Replayed]:
     run = time.time_ns()  # (the replay's traces: another replay's are other ids)
-    main = asyncio.create_task(_dispatch(url, plan, folder, run, done))
+    main = asyncio.create_task(_dispatch(url, plan, folder, run, done, key))
 
     async def watcher() -> str:
         while (why := watch()) is None:
@@ -185,9 +191,15 @@ async def _watched(
 
 
 def send_all(
-    url: str, plan: Plan, folder: MediaFolder, done: Done, watch: Callable[[], str | None]
+    url: str,
+    plan: Plan,
+    folder: MediaFolder,
+    done: Done,
+    watch: Callable[[], str | None],
+    key: str | None = None,
 ) -> list[Replayed]:
-    """Send every request of ``plan`` to ``url`` at its time, each answer's figures and text to
-    ``done`` as it ends; ``watch`` is asked, every WATCH_S, why the server is gone (None while it is
-    not): then ``ServerGone`` with that reason. The figures, in the plan's order."""
-    return asyncio.run(_watched(url, plan, folder, done, watch))
+    """Send every request of ``plan`` to ``url`` at its time (with ``key``, each carries
+    ``Authorization: Bearer KEY``), each answer's figures and text to ``done`` as it ends;
+    ``watch`` is asked, every WATCH_S, why the server is gone (None while it is not): then
+    ``ServerGone`` with that reason. The figures, in the plan's order."""
+    return asyncio.run(_watched(url, plan, folder, done, watch, key))

@@ -21,6 +21,7 @@ from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.session import replay_figures as figures
 from llamacpp_instr.converters.session.replay_log import Selection, read_replayed, read_served
 
+from . import keys
 from . import server as servers
 from .client import send_all
 from .media import MediaFolder
@@ -51,6 +52,7 @@ class ReplayRequest:
     selection: Selection = Selection()
     media: Path | None = None
     slo: figures.Slo | None = None
+    api_key: str | None = None  # --url's (a server started takes its own arguments')
 
 
 @dataclass
@@ -86,7 +88,7 @@ def _runs(request: ReplayRequest) -> list[tuple[str, tuple[str, ...], Path]]:
         except ValueError as exc:
             raise UserError(f"--set {setting!r}: {exc}") from None
         name = out.with_name(f"{out.stem}.{k}{out.suffix}" if out.suffix else f"{out.name}.{k}")
-        runs.append((setting, (*request.server_args, *extra), name))
+        runs.append((keys.hidden(setting), (*request.server_args, *extra), name))
     return runs
 
 
@@ -136,7 +138,8 @@ def _one(
         tick = stack.enter_context(progress(name, len(plan.sends)))
         url = server.url if server is not None else str(request.url)
         watch = server.gone if server is not None else (lambda: None)
-        sent = send_all(url, plan, folder, _writer(f, plan, tick), watch)
+        key = server.key if server is not None else request.api_key
+        sent = send_all(url, plan, folder, _writer(f, plan, tick), watch, key)
     if server is not None and not log.is_file():
         said = f": {server.note}" if server.note else ""
         raise UserError(f"{servers.PROGRAM} wrote no session log at {log}{said}")
@@ -165,6 +168,11 @@ def replay(
         raise UserError("give llama-server's arguments after --, or --url of a running server")
     if request.url is not None and request.settings:
         raise UserError("--set starts a server per setting: it cannot change one at --url")
+    if request.url is None and request.api_key is not None:
+        raise UserError(
+            "--api-key is --url's: a server the replay starts takes its key from its own "
+            "arguments (-- llama-server ... --api-key K, or --api-key-file F)"
+        )
     served = read_served(request.log, request.selection)
     plan = make_plan(str(request.log), served.requests, request.speed, MediaFolder(request.media))
     if not plan.sends:

@@ -22,6 +22,8 @@ import httpx
 
 from llamacpp_instr.contract.errors import UserError
 
+from . import keys
+
 PROGRAM = "llama-server"
 # the longest a server may take to load its model and answer /health
 READY_S = 600.0
@@ -46,6 +48,7 @@ class Server:
     url: str
     log: Path
     stderr: IO[bytes]
+    key: str | None = None  # the API key its clients send (``keys``)
     note: str = ""  # once stopped: the last line the instrumentation wrote on its stderr
 
     def gone(self) -> str | None:
@@ -105,11 +108,14 @@ def free_port() -> int:
 
 def start(args: Sequence[str], log: Path, say: Callable[[str], None]) -> Server:
     """llama-server with ``args`` (and a free ``--port`` when they name none), writing the session
-    log ``log`` at level detailed, answering /health; a server that ends first is ``ServerGone``."""
+    log ``log`` at level detailed, answering /health; a server that ends first is ``ServerGone``.
+    Its ``--api-key``s go in its environment, not on its command line (``keys``)."""
     from llamacpp_instr.native import tools
     from llamacpp_instr.running.exec_program import ExecRequest, environment, session_log
 
     exe = tools.find_logged(PROGRAM)
+    key = keys.keyed(args)
+    args = key.args
     host, port = address(args)
     extra: tuple[str, ...] = ()
     if port is None:
@@ -123,7 +129,7 @@ def start(args: Sequence[str], log: Path, say: Callable[[str], None]) -> Server:
         proc = subprocess.Popen(
             [PROGRAM, *request.args],
             executable=str(exe),
-            env=environment(request, out),
+            env=environment(request, out) | key.env(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=stderr,
@@ -132,7 +138,7 @@ def start(args: Sequence[str], log: Path, say: Callable[[str], None]) -> Server:
     except OSError as exc:
         stderr.close()
         raise UserError(f"cannot run {exe}: {exc.strerror or exc}") from None
-    server = Server(proc, f"http://{host}:{port}", out, stderr)
+    server = Server(proc, f"http://{host}:{port}", out, stderr, key.key)
     try:
         _wait_ready(server)
     except BaseException:

@@ -1,7 +1,8 @@
-"""Each choice a context is made with has one mapping (``running/context_defaults``): flash
-attention's three ways to llama.cpp's enum, its name and instr run's options; a KV cache type to
-ggml's id; and the settings llama.cpp refuses. Checked against llama.h's values and gguf-py's type
-ids, and no other module of the package spells the enum or the type ids itself."""
+"""Each choice a context is made with has one mapping: flash attention's three ways to llama.cpp's
+enum and a KV cache type to ggml's id (``running/context_defaults``); flash attention's name and
+instr run's options, and the settings llama.cpp refuses (``running/context_choices``). Checked
+against llama.h's values and gguf-py's type ids, and no other module of the package spells the
+enum or the type ids itself."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.running import context_choices as cc
 from llamacpp_instr.running import context_defaults as cd
 
 ROOT = Path(__file__).resolve().parents[1] / "llamacpp_instr"
@@ -25,8 +27,8 @@ def test_flash_attention_maps_to_llama_hs_enum() -> None:
 
 @pytest.mark.fast
 def test_flash_attention_maps_to_names_and_options() -> None:
-    assert [cd.flash_attn_name(c) for c in (None, False, True)] == ["auto", "off", "on"]
-    assert [cd.flash_attn_args(c) for c in (None, False, True)] == [
+    assert [cc.flash_attn_name(c) for c in (None, False, True)] == ["auto", "off", "on"]
+    assert [cc.flash_attn_args(c) for c in (None, False, True)] == [
         [],
         ["--no-flash-attn"],
         ["--flash-attn"],
@@ -38,20 +40,20 @@ def test_kv_types_map_to_ggmls_ids() -> None:
     """ggml.h's ``enum ggml_type`` of the pin (bf16 too, which llama-cpp-python's bindings lack)."""
     ggml_h = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8}
     ggml_h |= {"iq4_nl": 20, "bf16": 30}
-    assert {name: cd.kv_type_id(name) for name in cd.KV_TYPES} == ggml_h
+    assert {name: cd.kv_type_id(name) for name in cc.KV_TYPES} == ggml_h
     with pytest.raises(UserError, match="unknown KV cache type 'q3_k'"):
         cd.kv_type_id("q3_k")
 
 
 @pytest.mark.fast
 def test_a_setting_llama_cpp_refuses_is_one_line() -> None:
-    cd.check_kv("q8_0", "q8_0", None)  # auto turns flash attention on for a quantized V cache
-    cd.check_kv("q8_0", "f16", False)  # a quantized K cache alone needs no flash attention
+    cc.check_kv("q8_0", "q8_0", None)  # auto turns flash attention on for a quantized V cache
+    cc.check_kv("q8_0", "f16", False)  # a quantized K cache alone needs no flash attention
     with pytest.raises(UserError, match=r"-ctv q8_0\) needs flash attention") as e:
-        cd.check_kv("f16", "q8_0", False)
+        cc.check_kv("f16", "q8_0", False)
     assert "\n" not in str(e.value)
     with pytest.raises(UserError, match="-ctk/--cache-type-k must be one of"):
-        cd.check_kv("q2_k", "f16", True)
+        cc.check_kv("q2_k", "f16", True)
 
 
 @pytest.mark.fast

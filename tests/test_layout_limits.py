@@ -371,6 +371,7 @@ def test_a_root_import_and_a_cli_process_are_caught() -> None:
 # model, times this machine, runs a program), and reaches deciding only as a ``measures.Machine``
 DECIDING_READS = {
     ("running", "run_config"),
+    ("running", "context_choices"),
     ("running", "context_defaults"),
     ("running", "offload"),
     ("running", "tensor_overrides"),

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from llamacpp_instr.contract.errors import UserError
-from llamacpp_instr.running.context_defaults import LLAMA_N_BATCH, LLAMA_N_UBATCH
+from llamacpp_instr.running.context_choices import LLAMA_N_BATCH, LLAMA_N_UBATCH
 
 F = TypeVar("F", bound=Callable[..., Any])
 

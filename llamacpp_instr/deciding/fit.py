@@ -21,7 +21,7 @@ from typing import Any
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.deciding.measures import Footprint, Machine, Meter, Projector
 from llamacpp_instr.native import models
-from llamacpp_instr.running import context_defaults, devices, offload
+from llamacpp_instr.running import context_choices, devices, offload
 from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.run_config import RunConfig
 
@@ -49,7 +49,7 @@ class Setting:
             args += ["-ngl", str(self.n_gpu_layers)]
         if self.type_k != "f16" or self.type_v != "f16":
             args += ["-ctk", self.type_k, "-ctv", self.type_v]
-        return args + context_defaults.flash_attn_args(self.flash_attn)
+        return args + context_choices.flash_attn_args(self.flash_attn)
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Answer:
             "n_gpu_layers": s.n_gpu_layers if s else None,
             "type_k": s.type_k if s else None,
             "type_v": s.type_v if s else None,
-            "flash_attn": context_defaults.flash_attn_name(s.flash_attn) if s else None,
+            "flash_attn": context_choices.flash_attn_name(s.flash_attn) if s else None,
             "footprint": self.footprint,
             "memory": self.memory,
             "n_ctx_train": self.n_ctx_train,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from llamacpp_instr.converters.reports.report import Column, Report, Section, Table
 from llamacpp_instr.deciding.fit import Answer, FitResult, Footprint
-from llamacpp_instr.running import context_defaults
+from llamacpp_instr.running import context_choices
 
 # a projector's purposes (memory_alloc's: contract.schema.MEMORY_PURPOSES)
 WEIGHTS, COMPUTE = "encoder_weights", "encoder_compute"
@@ -30,9 +30,7 @@ def section(a: Answer) -> Section:
         text = f"does not fit, not even --ctx 256 with a q8_0 KV cache ({over})"
     else:
         s = a.setting
-        kv = (
-            f"{s.type_k} KV cache, flash attention {context_defaults.flash_attn_name(s.flash_attn)}"
-        )
+        kv = f"{s.type_k} KV cache, flash attention {context_choices.flash_attn_name(s.flash_attn)}"
         layers = f", {s.n_gpu_layers} of {a.n_layer + 1} layers offloaded" if a.gpu else ""
         text = f"fits --ctx {s.n_ctx} (n_ctx_train {a.n_ctx_train}){layers}, {kv}\n"
         text += f"instr run {a.model} " + " ".join(s.run_args(a.gpu))

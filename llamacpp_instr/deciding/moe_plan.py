@@ -29,7 +29,7 @@ from llamacpp_instr.deciding import fit
 from llamacpp_instr.deciding.measures import Machine
 from llamacpp_instr.deciding.prediction import predict
 from llamacpp_instr.deciding.prediction.op_costs import CostModel
-from llamacpp_instr.running import context_defaults, devices, offload
+from llamacpp_instr.running import context_choices, devices, offload
 from llamacpp_instr.running.memory_budget import OutOfMemory
 from llamacpp_instr.running.run_config import RunConfig
 from llamacpp_instr.running.tensor_overrides import CPU, EXPS_REGEX, TensorOverrides
@@ -97,7 +97,7 @@ class PlacementCandidate:
     def command(self, t: predict.Target, n_ctx: int) -> str:
         ngl = t.offload.gpu_layers
         head = f"instr run {t.model} -t {t.threads} --ctx {n_ctx} -ngl {ngl}"
-        head += "".join(f" {a}" for a in context_defaults.flash_attn_args(t.flash_attn))
+        head += "".join(f" {a}" for a in context_choices.flash_attn_args(t.flash_attn))
         if (t.type_k, t.type_v) != ("f16", "f16"):
             head += f" -ctk {t.type_k} -ctv {t.type_v}"
         return " ".join([head, *self.placement.args()])

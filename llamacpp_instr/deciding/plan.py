@@ -25,7 +25,7 @@ from llamacpp_instr.deciding import fit
 from llamacpp_instr.deciding.measures import Machine, Meter
 from llamacpp_instr.deciding.prediction import predict, sampling_price
 from llamacpp_instr.deciding.prediction.op_costs import CostModel
-from llamacpp_instr.running import context_defaults, devices, offload
+from llamacpp_instr.running import context_choices, devices, offload
 from llamacpp_instr.running.memory_budget import OutOfMemory
 from llamacpp_instr.running.run_config import RunConfig
 
@@ -83,7 +83,7 @@ class Candidate:
             "n_ubatch": self.n_ubatch,
             "type_k": self.type_k,
             "type_v": self.type_v,
-            "flash_attn": context_defaults.flash_attn_name(self.flash_attn),
+            "flash_attn": context_choices.flash_attn_name(self.flash_attn),
             "n_gpu_layers": self.n_gpu_layers,
             "n_ctx": self.n_ctx,
             "fits": self.fits,
@@ -245,7 +245,7 @@ def unmeasured_quality(cands: list[Candidate], base: str) -> list[str]:
             quant = "" if str(c.model) == base else f" {c.model}"
             f16 = (c.type_k, c.type_v) == ("f16", "f16")
             kv = "" if f16 else f" -ctk {c.type_k} -ctv {c.type_v}"
-            fa = "".join(f" {a}" for a in context_defaults.flash_attn_args(c.flash_attn))
+            fa = "".join(f" {a}" for a in context_choices.flash_attn_args(c.flash_attn))
             out[
                 f"{c.quant} with a {c.type_k}/{c.type_v} KV cache: `instr quant-eval {base}{quant}"
                 f"{kv}{fa} --format json`, given with --quality"

@@ -12,7 +12,7 @@ from llamacpp_instr.contract.units import fmt_bytes
 from llamacpp_instr.converters.reports.report import Column, Report, Section, Table
 from llamacpp_instr.deciding.plan import Candidate, PlanResult
 from llamacpp_instr.deciding.prediction.target import Prediction
-from llamacpp_instr.running import context_defaults
+from llamacpp_instr.running import context_choices
 
 
 def report(result: PlanResult) -> Report:
@@ -103,7 +103,7 @@ def _rows(fits: list[Candidate]) -> list[dict[str, Any]]:
                 "quant": c.quant,
                 "threads": c.threads,
                 "n_ubatch": c.n_ubatch,
-                "kv": f"{c.type_k} fa {context_defaults.flash_attn_name(c.flash_attn)}",
+                "kv": f"{c.type_k} fa {context_choices.flash_attn_name(c.flash_attn)}",
                 "n_gpu_layers": c.n_gpu_layers,
                 "bytes": c.bytes,
                 "gen": rate(c.gen, c.prediction, "gen"),

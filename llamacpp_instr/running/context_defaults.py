@@ -1,17 +1,13 @@
-"""llama.cpp's own context defaults for every context this package opens, and the one mapping of
-each choice a context is made with: flash attention's three ways and the KV cache's types.
+"""What llama.cpp takes for each choice a context is made with (``context_choices`` names them),
+and llama.cpp's own defaults for every context this package opens.
 
 ``llama_context_default_params`` and ``common`` (llama-cli, llama-server, llama-bench) open a
 context with flash attention ``auto``: llama.cpp turns it on where every device the layers run on
 supports the fused op (the CPU does), off elsewhere, and on for a quantized V cache.
 llama-cpp-python's ``Llama`` takes flash attention as a bool (on or off); ``opening`` gives the
-contexts opened inside it the three-way choice, ``None`` meaning ``auto``. The choice is a
-``bool | None`` everywhere; ``flash_attn_type`` (llama.cpp's and mtmd's enum), ``flash_attn_name``
-(``-fa on|off|auto``) and ``flash_attn_args`` (``instr run``'s options) are its only spellings.
-
-The KV cache's types are ggml's names (``KV_TYPES``, common's list); ``kv_type_id`` gives ggml's id
-of one and ``check_kv`` refuses a setting llama.cpp would: a quantized V cache without flash
-attention.
+contexts opened inside it the three-way choice, ``None`` meaning ``auto``. ``flash_attn_type``
+(llama.cpp's and mtmd's enum) is the choice's one mapping to the library, and ``kv_type_id`` gives
+ggml's id of a KV cache type.
 """
 
 from __future__ import annotations
@@ -21,16 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from llamacpp_instr.contract.errors import UserError
-
-# llama.cpp's own batch sizes (common.h's common_params, llama_context_default_params): tokens per
-# llama_decode call, and per graph compute
-LLAMA_N_BATCH = 2048
-LLAMA_N_UBATCH = 512
-
-# the KV cache types a context takes (-ctk/-ctv), by ggml's names (the pin's common/arg.cpp)
-KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
-# the V caches attention reads without flash attention (any other needs it: llama.cpp's rule)
-V_WITHOUT_FLASH = ("f32", "f16", "bf16")
+from llamacpp_instr.running.context_choices import KV_TYPES
 
 
 def kv_type_id(name: str) -> int:
@@ -42,24 +29,6 @@ def kv_type_id(name: str) -> int:
     if name not in KV_TYPES:
         raise UserError(f"unknown KV cache type {name!r}: choose one of {', '.join(KV_TYPES)}")
     return int(GGMLQuantizationType[name.upper()].value)
-
-
-def check_kv(type_k: str, type_v: str, flash_attn: bool | None) -> None:
-    """Refuse, in one line, a KV cache type ggml does not list (``-ctk``/``-ctv``) or a quantized V
-    cache with flash attention off (llama.cpp refuses the context)."""
-    for flag, name in (("-ctk/--cache-type-k", type_k), ("-ctv/--cache-type-v", type_v)):
-        if name not in KV_TYPES:
-            raise UserError(f"{flag} must be one of {', '.join(KV_TYPES)}, got {name!r}")
-    if type_v not in V_WITHOUT_FLASH and flash_attn is False:
-        raise UserError(
-            f"a quantized V cache (-ctv {type_v}) needs flash attention (llama.cpp's rule): drop "
-            "--no-flash-attn"
-        )
-
-
-def flash_attn_name(flash_attn: bool | None) -> str:
-    """llama.cpp's name of the choice (``-fa on|off|auto``)."""
-    return "auto" if flash_attn is None else "on" if flash_attn else "off"
 
 
 def flash_attn_type(flash_attn: bool | None) -> int:
@@ -92,10 +61,3 @@ def opening(flash_attn: bool | None) -> Iterator[None]:
         yield
     finally:
         ll.llama_init_from_model = original
-
-
-def flash_attn_args(flash_attn: bool | None) -> list[str]:
-    """The ``instr run`` options of the choice: none for auto (the default)."""
-    if flash_attn is None:
-        return []
-    return ["--flash-attn" if flash_attn else "--no-flash-attn"]

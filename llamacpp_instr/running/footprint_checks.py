@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from llamacpp_instr.contract.errors import UserError
-from llamacpp_instr.running import context_defaults, devices, offload
+from llamacpp_instr.running import context_choices, devices, offload
 from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.footprint import BREAKDOWN_PURPOSES, Footprint
 from llamacpp_instr.running.media import MediaInputs
@@ -59,7 +59,7 @@ def llama_fit_params(exe: Path, cfg: RunConfig, budget: dict[str, int]) -> dict[
     cmd = [
         str(exe), "-m", str(cfg.model), "-c", str(cfg.n_ctx), "-ngl", str(cfg.offload.gpu_layers),
         "-b", str(n_batch), "-ub", str(min(n_batch, cfg.n_ubatch or cfg.n_batch)),
-        "-fa", context_defaults.flash_attn_name(cfg.flash_attn), "-ctk", cfg.type_k,
+        "-fa", context_choices.flash_attn_name(cfg.flash_attn), "-ctk", cfg.type_k,
         "-ctv", cfg.type_v, "-t", str(resolve_threads(cfg.threads)), "--fit-print", "on",
     ]  # fmt: skip
     cmd += offload_args(cfg.offload, split_flag="-ts")

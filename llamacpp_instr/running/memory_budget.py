@@ -21,15 +21,15 @@ from typing import Any
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.contract.units import fmt_bytes
 from llamacpp_instr.converters.session.memory_timeline import failure_line
-from llamacpp_instr.running import context_defaults
+from llamacpp_instr.running import context_choices
 from llamacpp_instr.running.always_on import parse_size
 
 ENV_VAR = "LLAMA_INSTR_MEMORY_BUDGET"
 
 _DEVICE = re.compile(r"^[A-Za-z][A-Za-z0-9_.:\[\]-]*$")
 
-# llama.cpp's -ctk/-ctv types, as the options list them (context_defaults: the one list)
-KV_TYPES = context_defaults.KV_TYPES
+# llama.cpp's -ctk/-ctv types, as the options list them (context_choices: the one list)
+KV_TYPES = context_choices.KV_TYPES
 
 # bytes per element of the KV cache types llama.cpp's -ctk/-ctv take (ggml's block sizes)
 _KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.contract.schema import SESSION_LEVELS
-from llamacpp_instr.running import context_defaults
+from llamacpp_instr.running import context_choices
 from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.always_on import AlwaysOn
 from llamacpp_instr.running.media import MediaInputs
@@ -33,7 +33,7 @@ class RunConfig:
     out: Path | None = None
     seed: int = 0
     temp: float = 0.0
-    # flash attention: on, off, or None for llama.cpp's default, auto (context_defaults)
+    # flash attention: on, off, or None for llama.cpp's default, auto (context_choices)
     flash_attn: bool | None = None
     # before the session: decode BOS and EOS once and forget them (common's warm-up: warm_up)
     warmup: bool = True
@@ -96,7 +96,7 @@ class RunConfig:
         for ok, message in checks:
             if not ok:
                 raise UserError(message)
-        context_defaults.check_kv(self.type_k, self.type_v, self.flash_attn)
+        context_choices.check_kv(self.type_k, self.type_v, self.flash_attn)
         self.media.validate()
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.contract.version import __version__
 from llamacpp_instr.native import bindings, models
-from llamacpp_instr.running import context_defaults
+from llamacpp_instr.running import context_choices, context_defaults
 from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.media import Media
 from llamacpp_instr.running.offload import Placement, prepare
@@ -228,7 +228,7 @@ def run_metadata(cfg: RunConfig, p: Prompt) -> dict[str, Any]:
         },
         # flash attention as asked (auto: llama.cpp's default); the context record says what
         # llama.cpp used
-        "flash_attn_type": context_defaults.flash_attn_name(cfg.flash_attn),
+        "flash_attn_type": context_choices.flash_attn_name(cfg.flash_attn),
     }
 
 

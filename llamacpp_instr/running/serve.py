@@ -35,7 +35,7 @@ from llamacpp_instr.contract.schema import LEVEL_IDS
 from llamacpp_instr.contract.version import __version__
 from llamacpp_instr.converters.reading.reader import iter_records
 from llamacpp_instr.native import bindings
-from llamacpp_instr.running import context_defaults
+from llamacpp_instr.running import context_choices, context_defaults
 from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.always_on import AlwaysOn
 from llamacpp_instr.running.offload import Offload, prepare
@@ -360,8 +360,8 @@ def _load_app(
         n_threads=n_threads,
         n_threads_batch=n_threads,
         # llama.cpp's own batch sizes, as llama-server takes them (llama-cpp-python's: 512 both)
-        n_batch=context_defaults.LLAMA_N_BATCH,
-        n_ubatch=context_defaults.LLAMA_N_UBATCH,
+        n_batch=context_choices.LLAMA_N_BATCH,
+        n_ubatch=context_choices.LLAMA_N_UBATCH,
         verbose=False,
         # queue concurrent requests instead of cutting a running stream short (the server's
         # default): a profile shows every request complete
@@ -397,7 +397,7 @@ def _metadata(
         "command": "instr serve",
         "model_path": str(model),
         "server": server,
-        "flash_attn_type": context_defaults.flash_attn_name(None),
+        "flash_attn_type": context_choices.flash_attn_name(None),
         "always_on": always_on.metadata(),
         "offload": offload.describe(),
         **({"tensor_overrides": tensors.describe()} if tensors else {}),

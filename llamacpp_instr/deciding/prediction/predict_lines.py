@@ -9,7 +9,7 @@ from llamacpp_instr.deciding.prediction import op_threads
 from llamacpp_instr.deciding.prediction.kv_costs import KV_EXTRAPOLATION, KV_PAD
 from llamacpp_instr.deciding.prediction.op_costs import CostModel, Where
 from llamacpp_instr.deciding.prediction.target import Target
-from llamacpp_instr.running import context_defaults
+from llamacpp_instr.running import context_choices
 
 
 def advice(t: Target, where: str) -> str:
@@ -50,7 +50,7 @@ def measuring_run(t: Target) -> str:
     if t.offload.gpu_layers:
         args.append(f"-ngl {t.offload.gpu_layers}")
     args += [f"-ot '{x}'" for x in t.tensors.command_line()[1:]]
-    args += context_defaults.flash_attn_args(t.flash_attn)
+    args += context_choices.flash_attn_args(t.flash_attn)
     if (t.type_k, t.type_v) != ("f16", "f16"):
         args.append(f"-ctk {t.type_k} -ctv {t.type_v}")
     args.append(f"--ignore-eos -p <a prompt of {tokens} tokens>")

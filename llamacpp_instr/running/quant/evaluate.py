@@ -277,7 +277,7 @@ class KvCache:
         return self.types != ("f16", "f16")
 
     def check(self) -> None:
-        from llamacpp_instr.running.context_defaults import check_kv
+        from llamacpp_instr.running.context_choices import check_kv
 
         check_kv(self.type_k, self.type_v, self.flash_attn)
 

@@ -43,7 +43,8 @@ LOGS = (
     "seeds/tiny-llama-qwen2a-audio-detailed.log.gz",
 )
 SERVER = "the hand-made server log"
-SEEDS = (*LOGS, SERVER)
+BODIES = "the hand-made server log, with bodies"  # what a replay reads: body, gen_ids
+SEEDS = (*LOGS, SERVER, BODIES)
 EXTREMES: list[Any] = [
     -1,
     -(2**63),
@@ -92,6 +93,25 @@ def server_log() -> Records:
     for i in range(6):
         r, _ = one_request(i, (i + 1) * 1_000_000, 4 * i)
         recs += r
+    return recs
+
+
+def server_log_with_bodies() -> Records:
+    """The hand-made server log as llama-server records it at detailed: each request's body (a
+    prompt, or a chat with an image as its marker), its size, its sampled tokens; one body left
+    out for its size."""
+    recs = server_log()
+    for k, r in enumerate(x for x in recs if x["type"] == "request"):
+        if k == 5:
+            r |= {"body_left_out": "size", "body_bytes": 2 << 20}
+            continue
+        body: dict[str, Any] = {"prompt": f"request {k}", "n_predict": 3, "temperature": 0}
+        if k % 2:
+            marker = {"hash": f"{k:016x}", "bytes": 1000 + k, "prefix": "data:image/png;base64,"}
+            part = {"type": "image_url", "image_url": {"url": {"instr_media": marker}}}
+            body = {"messages": [{"role": "user", "content": [part]}], "stream": True}
+            r["endpoint"] = "/v1/chat/completions"
+        r |= {"body": body, "body_bytes": len(json.dumps(body)), "gen_ids": [k, k + 1, k + 2]}
     return recs
 
 
@@ -219,6 +239,33 @@ def forge_media(rnd: random.Random, recs: Records) -> None:
         recs[last:last] = copies
 
 
+def forge_bodies(rnd: random.Random, recs: Records) -> None:
+    """A request's body, its size or its tokens forged: a body of another type, deep, wide or
+    large; markers of odd shapes; tokens of another type or 100,000 of them; a reason of 4 KiB."""
+    reqs = [r for r in recs if r["type"] == "request"]
+    if not reqs:
+        return
+    r = rnd.choice(reqs)
+    choice = rnd.randrange(6)
+    if choice == 0:
+        r["body"] = rnd.choice(["{}", "x" * 5000, [1, 2], 7, None, {"prompt": ["x"] * 10_000}])
+    elif choice == 1:
+        deep: Any = {"prompt": "x"}
+        for _ in range(rnd.choice([70, 500])):
+            deep = {"messages": [deep]}
+        r["body"] = deep
+    elif choice == 2:
+        odd = rnd.choice([{}, {"hash": 7}, {"hash": "zz", "bytes": -1}, "x", [None] * 100])
+        r["body"] = {"messages": [{"content": [{"image_url": {"url": {"instr_media": odd}}}]}]}
+    elif choice == 3:
+        r["gen_ids"] = rnd.choice([[2**63] * 3, ["a"], list(range(100_000)), {}, -1])
+    elif choice == 4:
+        r["body_left_out"] = rnd.choice(["x" * 4096, 7, None, "size"])
+        r.pop("body", None)
+    else:
+        r["body"] = {"prompt": "y" * rnd.choice([10, 2 << 20]), "stream": rnd.choice([1, "x"])}
+
+
 def cut_record(rnd: random.Random, recs: Records) -> Records | None:
     """A line cut short (returned as raw text lines), or a record's list emptied."""
     rec = rnd.choice(recs)
@@ -238,13 +285,19 @@ MUTATIONS: list[Callable[[random.Random, Records], Any]] = [
     forge_tables,
     forge_routing,
     forge_media,
+    forge_bodies,
     cut_record,
 ]
 
 
 def make_case(rnd: random.Random, out: Path, seed_log: str) -> Path:
     """``seed_log`` (one of ``SEEDS``) mutated, at ``out``."""
-    base = server_log() if seed_log == SERVER else fixture(seed_log)
+    if seed_log == SERVER:
+        base = server_log()
+    elif seed_log == BODIES:
+        base = server_log_with_bodies()
+    else:
+        base = fixture(seed_log)
     cut_line = None
     for _ in range(rnd.choice([1, 2, 4])):
         m = rnd.choice(MUTATIONS)
@@ -296,6 +349,24 @@ def run_metrics(log: Path) -> str | None:
     return None
 
 
+def run_replay_plan(log: Path) -> str | None:
+    """What ``instr replay`` reads of the log before it sends anything (the requests, their
+    bodies, the plan of what goes out when): a plan, or one ``UserError``; nothing else."""
+    from llamacpp_instr.contract.errors import UserError
+    from llamacpp_instr.converters.session.replay_log import Selection, read_served
+    from llamacpp_instr.running.replay.media import MediaFolder
+    from llamacpp_instr.running.replay.plan import make_plan
+
+    try:
+        served = read_served(log, Selection())
+        make_plan(str(log), served.requests, 1.0, MediaFolder(None))
+    except UserError:
+        pass
+    except Exception as exc:  # noqa: BLE001 - what the fuzzer reports
+        return f"replay plan: {type(exc).__name__}: {exc}"
+    return None
+
+
 def run_case(log: Path, work: Path, otlp_url: str | None) -> list[str]:
     """Every reading command on ``log``: what went wrong (empty: nothing)."""
     runner = CliRunner()
@@ -323,9 +394,9 @@ def run_case(log: Path, work: Path, otlp_url: str | None) -> list[str]:
         bad = check_result(args, r) if crashed or r.exit_code != 1 else None
         if bad:
             problems.append(bad)
-    bad = run_metrics(log)
-    if bad:
-        problems.append(bad)
+    for bad in (run_metrics(log), run_replay_plan(log)):
+        if bad:
+            problems.append(bad)
     return problems
 
 

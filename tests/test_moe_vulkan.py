@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np, llama_cpp
 import llama_cpp.llama_cpp as lc
 from llamacpp_instr.native import bindings
+from llamacpp_instr.running import tensor_buffers
 from llamacpp_instr.running.tensor_overrides import TensorOverrides
 model, log, level, peer, ncmoe, prompt, n_gen, out, warm = sys.argv[1:10]
 base = ctypes.CDLL(str(Path(lc._lib._name).parent / "libggml-base.so"))
@@ -63,7 +64,7 @@ def on_eval(t, ask, _u):
 cb = llama_cpp.ggml_backend_sched_eval_callback(on_eval)
 mp = llama_cpp.llama_model_default_params()
 mp.n_gpu_layers = 99
-with TensorOverrides.from_options(n_cpu_moe=int(ncmoe) or None).loading():
+with tensor_buffers.loading(TensorOverrides.from_options(n_cpu_moe=int(ncmoe) or None)):
     mdl = lc.llama_model_load_from_file(model.encode(), mp)
 cp = llama_cpp.llama_context_default_params()
 cp.n_ctx, cp.n_batch, cp.n_threads, cp.n_threads_batch = 256, 64, 2, 2

@@ -509,7 +509,8 @@ import json, sys
 import llama_cpp
 from llamacpp_instr.native import bindings
 from llamacpp_instr.running.quant import evaluate as quant_eval
-from llamacpp_instr.running.offload import Offload, prepare
+from llamacpp_instr.running.offload import Offload
+from llamacpp_instr.running.placement import prepare
 model, endpoint, log = sys.argv[1:4]
 placement = prepare(Offload(gpu_layers="all", rpc=endpoint))
 m = quant_eval._Model(llama_cpp, __import__("pathlib").Path(model), 32, placement)

@@ -25,7 +25,8 @@ from typing import Any
 
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import bindings, models
-from llamacpp_instr.running import context_defaults, offload
+from llamacpp_instr.running import context_defaults, tensor_buffers
+from llamacpp_instr.running.placement import Placement
 from llamacpp_instr.running.run_config import RunConfig, resolve_threads
 from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
@@ -72,7 +73,7 @@ class Prober:
     def __init__(
         self,
         path: Path,
-        placement: offload.Placement,
+        placement: Placement,
         names: list[str],
         tensors: TensorOverrides | None = None,
     ) -> None:
@@ -87,7 +88,7 @@ class Prober:
         params.no_alloc = True
         params.load_mode = ll.LLAMA_LOAD_MODE_NONE
         # the tensor overrides (-ot, --n-cpu-moe) set the params of the load inside the block
-        with (tensors or TensorOverrides()).loading():
+        with tensor_buffers.loading(tensors or TensorOverrides()):
             self.model = ll.llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self.model:
             raise UserError(models.explain_load_failure(path))

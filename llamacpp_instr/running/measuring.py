@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from llamacpp_instr.running import devices, footprint_checks, offload
+from llamacpp_instr.running import devices, footprint_checks, offload, placement
 from llamacpp_instr.running.footprint import Footprint, Prober
 from llamacpp_instr.running.projector_memory import Projector
 from llamacpp_instr.running.run_config import RunConfig
@@ -28,7 +28,7 @@ class ThisMachine:
         self, path: Path, placed: offload.Offload, tensors: TensorOverrides | None = None
     ) -> Prober:
         names = [d.name for d in devices.registry()]
-        return Prober(path, offload.prepare(placed), names, tensors)
+        return Prober(path, placement.prepare(placed), names, tensors)
 
     def stand_ins(self, placed: offload.Offload, servers: int) -> offload.Offload:
         if not servers or placed.rpc:

@@ -1,4 +1,4 @@
-"""ggml RPC servers as ``--rpc`` names them: ``HOST:PORT`` endpoints, and whether one answers.
+"""Whether a ggml RPC server (``--rpc``'s ``HOST:PORT``, ``offload.parse_endpoint``) answers.
 
 ggml-rpc's own client cannot be trusted with a server that is not there: it connects without a
 timeout (a host that drops SYNs blocks it for the kernel's ~2 minutes of retries), and on any
@@ -29,28 +29,6 @@ _HELLO_REPLY = 4 + _CONN_CAPS_SIZE  # rpc_msg_hello_rsp: major, minor, patch, pa
 # The whole check of one endpoint (name lookup, connect, HELLO) ends within this many seconds;
 # all endpoints are checked at once, so a list of them takes no longer.
 PROBE_TIMEOUT_S = 5.0
-
-
-def parse_endpoint(text: str) -> str:
-    """``HOST:PORT`` as ggml-rpc parses it (the host up to the first colon: a name or an IPv4
-    address, no IPv6 literal), checked: a host and a port in 1-65535. Returns it stripped."""
-    ep = text.strip()
-    host, sep, port = ep.partition(":")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise UserError(
-            "takes HOST:PORT endpoints (a host name or IPv4 address and a port), e.g. "
-            f"127.0.0.1:50052, not {text!r}"
-        )
-    return ep
-
-
-def parse_endpoints(text: str) -> tuple[str, ...]:
-    """A comma-separated list of endpoints, each once."""
-    eps = tuple(parse_endpoint(p) for p in text.split(","))
-    for ep in eps:
-        if eps.count(ep) > 1:
-            raise UserError(f"names {ep} twice")
-    return eps
 
 
 def _resolve(host: str, port: int, deadline: float) -> tuple[int, tuple[str, int]]:

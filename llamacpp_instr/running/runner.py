@@ -14,10 +14,10 @@ from typing import Any
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.contract.version import __version__
 from llamacpp_instr.native import bindings, models
-from llamacpp_instr.running import context_choices, context_defaults
+from llamacpp_instr.running import context_choices, context_defaults, tensor_buffers
 from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.media import Media
-from llamacpp_instr.running.offload import Placement, prepare
+from llamacpp_instr.running.placement import Placement, prepare
 from llamacpp_instr.running.run_config import RunConfig, resolve_threads
 
 
@@ -132,7 +132,11 @@ def load_model(cfg: RunConfig, placement: Placement | None = None, **extra: Any)
     failed_before = bindings.load().memory_failure()
     try:
         # the tensor overrides inside the placement's (serialized) loading
-        with placement.loading(), cfg.tensors.loading(), context_defaults.opening(cfg.flash_attn):
+        with (
+            placement.loading(),
+            tensor_buffers.loading(cfg.tensors),
+            context_defaults.opening(cfg.flash_attn),
+        ):
             return llama_cpp.Llama(
                 str(cfg.model),
                 n_ctx=cfg.n_ctx,

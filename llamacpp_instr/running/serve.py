@@ -35,10 +35,11 @@ from llamacpp_instr.contract.schema import LEVEL_IDS
 from llamacpp_instr.contract.version import __version__
 from llamacpp_instr.converters.reading.reader import iter_records
 from llamacpp_instr.native import bindings
-from llamacpp_instr.running import context_choices, context_defaults
+from llamacpp_instr.running import context_choices, context_defaults, tensor_buffers
 from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.always_on import AlwaysOn
-from llamacpp_instr.running.offload import Offload, prepare
+from llamacpp_instr.running.offload import Offload
+from llamacpp_instr.running.placement import prepare
 from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
 # At shutdown, how long to wait for a worker thread still using the model (a generation the server
@@ -369,7 +370,11 @@ def _load_app(
     )
     try:
         # the server's Llama loads inside, at llama.cpp's default flash attention (auto)
-        with placement.loading(), tensors.loading(), context_defaults.opening(None):
+        with (
+            placement.loading(),
+            tensor_buffers.loading(tensors),
+            context_defaults.opening(None),
+        ):
             app = server_app.create_app(settings=settings)
     except (ValueError, RuntimeError) as exc:
         setting = memory.Setting(n_ctx=n_ctx, n_ubatch=settings.n_ubatch, ctx_flag="--ctx")

@@ -8,20 +8,16 @@ buft}``; the first rule that matches a tensor wins). ``--n-cpu-moe N`` is llama.
 layer ``blk\\.I\\.ffn_(up|down|gate|gate_up)_(ch|)exps`` for I < N to the CPU, ``--cpu-moe`` the
 same without the layer (common/common.h, ``llm_add_n_cpu_ffn_overrides``).
 
-``TensorOverrides`` holds the rules and checks their syntax without touching llama.cpp;
-``TensorOverrides.loading`` finds the buffer types by name in ggml's device registry and sets the
-params of every model loaded inside it (the pattern strings live until the block ends).
+``TensorOverrides`` holds the rules and checks their syntax without touching llama.cpp (data alone:
+the planners read it); ``tensor_buffers.loading`` gives them to the models loaded in this process.
 """
 
 from __future__ import annotations
 
-import ctypes
 import re
 import warnings
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from llamacpp_instr.contract.errors import UserError
 
@@ -100,62 +96,3 @@ class TensorOverrides:
         if not self.rules:
             return []
         return ["-ot", ",".join(f"{p}={b}" for p, b in self.rules)]
-
-    @contextmanager
-    def loading(self) -> Iterator[None]:
-        """Inside the block, every model llama-cpp-python loads gets these rules (nothing changes
-        without rules). Nest it inside ``Placement.loading`` (which serializes loads); a buffer
-        type no device has is a UserError naming those there are, before anything loads."""
-        if not self.rules:
-            yield
-            return
-        from llama_cpp import llama_cpp
-
-        bufts = buffer_types()
-        for _, name in self.rules:
-            if name not in bufts:
-                raise UserError(
-                    f"-ot/--override-tensor: unknown buffer type {name!r}; this build has "
-                    f"{', '.join(bufts) or 'none'}"
-                )
-        patterns = [p.encode() for p, _ in self.rules]  # alive until the block ends
-        array = (_Override * (len(self.rules) + 1))(
-            *[_Override(p, bufts[b]) for p, (_, b) in zip(patterns, self.rules, strict=True)],
-            _Override(None, None),
-        )
-        original = llama_cpp.llama_model_load_from_file
-
-        def overridden(path: bytes, params: Any) -> Any:
-            params.tensor_buft_overrides = ctypes.addressof(array)
-            return original(path, params)
-
-        llama_cpp.llama_model_load_from_file = overridden
-        try:
-            yield
-        finally:
-            llama_cpp.llama_model_load_from_file = original
-
-
-class _Override(ctypes.Structure):
-    """struct llama_model_tensor_buft_override (llama.h)."""
-
-    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
-
-
-def buffer_types() -> dict[str, int]:
-    """Every device's buffer type by name (ggml_backend_buft_name of ggml_backend_dev_buffer_type),
-    as llama.cpp's -ot finds them: ``CPU``, ``Vulkan0``, ``RPC0[host:port]``..."""
-    from llamacpp_instr.running import devices
-
-    lib = devices._lib()
-    c = ctypes
-    lib.ggml_backend_dev_buffer_type.argtypes = [c.c_void_p]
-    lib.ggml_backend_dev_buffer_type.restype = c.c_void_p
-    lib.ggml_backend_buft_name.argtypes = [c.c_void_p]
-    lib.ggml_backend_buft_name.restype = c.c_char_p
-    out: dict[str, int] = {}
-    for d in devices.registry():
-        buft = lib.ggml_backend_dev_buffer_type(d.ptr)
-        if buft:
-            out.setdefault(lib.ggml_backend_buft_name(buft).decode(errors="replace"), int(buft))
-    return out

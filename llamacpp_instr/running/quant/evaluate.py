@@ -93,7 +93,8 @@ import numpy as np
 
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import models
-from llamacpp_instr.running.offload import Offload, Placement, prepare
+from llamacpp_instr.running.offload import Offload
+from llamacpp_instr.running.placement import Placement, prepare
 from llamacpp_instr.running.quant.stats import (  # noqa: F401 (also named from here)
     LOG_PROB_CUTOFF,
     PERCENTILES,

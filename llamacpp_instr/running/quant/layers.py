@@ -25,7 +25,8 @@ import numpy as np
 
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import bindings
-from llamacpp_instr.running.offload import Offload, Placement, prepare
+from llamacpp_instr.running.offload import Offload
+from llamacpp_instr.running.placement import Placement, prepare
 
 PATTERNS = ["l_out-*", "attn_out-*", "ffn_out-*"]
 KINDS = ("l_out", "attn_out", "ffn_out")

@@ -25,7 +25,8 @@ from typing import Any
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import models
 from llamacpp_instr.native.paths import cache_dir
-from llamacpp_instr.running.offload import Offload, prepare
+from llamacpp_instr.running.offload import Offload
+from llamacpp_instr.running.placement import prepare
 
 SPEED_PROMPT = (
     "In the beginning God created the heaven and the earth. And the earth was without form, and "

@@ -776,3 +776,58 @@ def test_a_keyed_server_at_a_url(tmp_path: Path, stand_in: str) -> None:
         _cli("replay", str(log), "--api-key", "k", "--", "llama-server", "-m", "m"),
         "--api-key is --url's",
     )
+
+
+# --- stalls: late tokens as `instr requests` names them ----------------------------------------
+
+
+def _stalled_log(tmp_path: Path) -> Path:
+    """test_requests' slot 0 (task-a), whose seventh token waits 250 ms behind slot 1's prefill of
+    300 tokens (task-b), as a server's log: its steps and its two requests, bodies and all."""
+    from test_requests import _steps_with_a_prefill
+
+    rows, reqs = _steps_with_a_prefill()
+    recs = [_session()]
+    for k, (t, d, n, seqs) in enumerate(rows):
+        head = {"sid": SID, "step": k, "ctx": 1, "n_tokens": n}
+        recs.append(head | {"type": "step_begin", "ts": t, "pos": [0, n - 1],
+                            "kind": "prompt" if n > 1 else "gen",
+                            "seqs": [[q, m, 0, m - 1] for q, m in seqs]})  # fmt: skip
+        recs.append(head | {"type": "step_end", "ts": t + d, "t_start": t, "dur": d,
+                            "status": 0, "n_outputs": len(seqs), "kv_used": 0})  # fmt: skip
+    for r in reqs:
+        body = {"prompt": r["id"], "n_predict": 4, "stream": True}
+        recs.append(r | {"sid": SID, "body": body, "gen_ids": [1, 2, 3, 4]})
+    return write_log(tmp_path / "stalled.log", sorted(recs, key=lambda r: r["ts"]))
+
+
+def test_a_stall_is_named_by_each_logs_ids_and_the_recorded_ones(tmp_path: Path) -> None:
+    from llamacpp_instr.converters.reports.replay_stalls import stalls
+
+    log = _stalled_log(tmp_path)
+    (row,) = stalls("recorded", log, None, None, {"task-a", "task-b"})
+    assert row["cause"] == (
+        "token 7 of task-a came 240 ms late: slot 1 was prefilling 300 tokens of task-b "
+        "in the same batch"
+    )
+    assert (row["token"], row["gap_ms"], row["late_ms"]) == (7, 250.0, 240.0)
+    assert row["prefill_recorded_id"] == "task-b" and row["prefill_tokens"] == 300
+    # as a replay's log: its ids mapped to the recorded ones, those of no replayed request left out
+    (row,) = stalls("-b 64", log, None, {"task-a": "task-3", "task-b": "task-9"})
+    assert (row["recorded_id"], row["prefill_recorded_id"]) == ("task-3", "task-9")
+    assert row["request"] == "task-a" and row["setting"] == "-b 64"
+    assert stalls("x", log, None, {"task-b": "task-9"}) == []
+    assert stalls("recorded", log, None, None, {"task-b"}) == []
+    assert stalls("x", tmp_path / "no.log", None, {}) == []
+
+
+def test_the_report_names_the_recordings_stalls(tmp_path: Path, stand_in: str) -> None:
+    log = _stalled_log(tmp_path)
+    base = ("replay", str(log), "--url", stand_in, "-o", str(tmp_path / "n.log"))
+    r = _cli(*base, "--format", "json")
+    assert r.exit_code == 0, r.output
+    (row,) = json.loads(r.stdout)["stalls"]
+    assert row["setting"] == "recorded" and row["prefill_recorded_id"] == "task-b"
+    text = _cli(*base).stdout
+    assert "late tokens, recorded:" in text and "behind task-b's prefill" in text
+    assert "slot 1 was prefilling 300 tokens of task-b in the same batch" in text

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..session.replay_figures import LATENCIES, PERCENTILES, RECORDED, Setting, Slo, cdf
+from . import replay_stalls
 from .report import Chart, Column, Fact, Report, Section, Series, Table
 
 # the points of a CDF chart's latency axis
@@ -48,6 +49,7 @@ class Replay(Protocol):
     skipped: Any  # a Counter of why each request was not sent
     session_requests: int
     responses: list[Path]
+    stalls: dict[str, list[dict[str, Any]]]  # each run's late tokens (``replay_stalls``)
 
 
 def _setting_rows(summaries: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -147,6 +149,7 @@ def replay_report(r: Replay, verdict: str | None = None, best: str | None = None
         "best": best,
         "verdict": verdict,
         "requests": replayed,
+        "stalls": [row for rows in r.stalls.values() for row in rows],
         "responses": [str(p) for p in r.responses],
     }
     return Report(
@@ -155,6 +158,7 @@ def replay_report(r: Replay, verdict: str | None = None, best: str | None = None
         sections=[
             Section("Settings", tables=[_settings_table(r.summaries)], charts=charts),
             Section("Requests", tables=[requests]),
+            *([replay_stalls.section(r.stalls)] if r.stalls else []),
         ],
         data=data,
         csv_table="requests",

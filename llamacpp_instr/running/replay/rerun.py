@@ -18,6 +18,7 @@ from typing import IO, Any
 import orjson
 
 from llamacpp_instr.contract.errors import UserError
+from llamacpp_instr.converters.reports import replay_stalls
 from llamacpp_instr.converters.session import replay_figures as figures
 from llamacpp_instr.converters.session.replay_log import Selection, read_replayed, read_served
 
@@ -68,6 +69,8 @@ class ReplayResult:
     skipped: Counter[str] = field(default_factory=Counter)
     session_requests: int = 0
     responses: list[Path] = field(default_factory=list)
+    # each run's late tokens by setting, from its own log (``converters.reports.replay_stalls``)
+    stalls: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def rows(self) -> list[dict[str, Any]]:
@@ -115,6 +118,27 @@ def _writer(
     return done
 
 
+def _against_log(
+    name: str, log: Path | None, plan: Plan, sent: list[figures.Replayed]
+) -> tuple[figures.Setting, list[dict[str, Any]]]:
+    """A replay's figures against its own log (``log``; None: a server at a URL, whose log is not
+    at hand), and the late tokens of its requests that log names (``replay_stalls``)."""
+    new = read_replayed(log) if log is not None else None
+    by_trace = {r["traceparent"]: r for r in new.requests} if new is not None else {}
+    rows, ids = [], {}
+    for x in sent:
+        served = by_trace.get(x.traceparent)
+        rows.append(figures.replayed_row(name, plan.recorded[x.index], x, served))
+        if served is not None and served.get("id") is not None:
+            ids[str(served["id"])] = str(plan.recorded[x.index].get("id"))
+    gaps = [x.gaps_ns for x in sent]
+    peaks = new.peaks if new is not None else {}
+    span = figures.replayed_span(sent)
+    logged = str(log) if log is not None else None
+    late = replay_stalls.stalls(name, log, new.sid, ids) if log is not None and new else []
+    return figures.Setting(name, rows, gaps, span, peaks, logged), late
+
+
 def _one(
     name: str,
     args: tuple[str, ...],
@@ -123,9 +147,9 @@ def _one(
     plan: Plan,
     progress: Progress,
     say: Callable[[str], None],
-) -> tuple[figures.Setting, Path]:
+) -> tuple[figures.Setting, Path, list[dict[str, Any]]]:
     """One replay: its server started (unless ``url``), every request sent, the server stopped;
-    its figures against its own log."""
+    its figures against its own log, the responses file, its stalls."""
     folder = MediaFolder(request.media)
     responses = log.with_name(log.name + ".responses.jsonl")
     try:
@@ -143,17 +167,8 @@ def _one(
     if server is not None and not log.is_file():
         said = f": {server.note}" if server.note else ""
         raise UserError(f"{servers.PROGRAM} wrote no session log at {log}{said}")
-    new = read_replayed(log) if server is not None else None
-    by_trace = {r["traceparent"]: r for r in new.requests} if new is not None else {}
-    rows = [
-        figures.replayed_row(name, plan.recorded[x.index], x, by_trace.get(x.traceparent))
-        for x in sent
-    ]
-    gaps = [x.gaps_ns for x in sent]
-    peaks = new.peaks if new is not None else {}
-    span = figures.replayed_span(sent)
-    logged = str(log) if server is not None else None
-    return figures.Setting(name, rows, gaps, span, peaks, logged), responses
+    setting, late = _against_log(name, log if server is not None else None, plan, sent)
+    return setting, responses, late
 
 
 def replay(
@@ -187,9 +202,15 @@ def replay(
     )
     result = ReplayResult(request.log, request.speed, request.slo, [recorded], [], plan.skipped)
     result.session_requests = served.total
+    sent_ids = {str(r.get("id")) for r in plan.recorded}
+    result.stalls[figures.RECORDED] = replay_stalls.stalls(
+        figures.RECORDED, request.log, served.sid, None, sent_ids
+    )
     for name, args, log in _runs(request):
-        setting, responses = _one(name, args, log, request, plan, progress, say)
+        setting, responses, late = _one(name, args, log, request, plan, progress, say)
         result.settings.append(setting)
         result.responses.append(responses)
+        if setting.log is not None:
+            result.stalls[name] = late
     result.summaries = [figures.summary(s, request.slo) for s in result.settings]
     return result

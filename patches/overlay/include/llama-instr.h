@@ -341,8 +341,12 @@ LLAMA_API int32_t llama_instr_encoder_describe(const void *                     
 LLAMA_API void llama_instr_encoder_free(const void * encoder) LLAMA_INSTR_NOEXCEPT;
 
 // What the backend buffers allocated on this thread from now on are for: 1 the weights of
-// `encoder`, 2 its compute buffers, 0 nothing of an encoder. Always on, like the purposes of
-// llama.cpp's own buffers.
+// `encoder`, 2 its compute buffers; 0 ends the last 1 or 2 not ended yet, giving back what the
+// buffers were for before it. Calls nest up to LLAMA_INSTR_ENCODER_NESTING deep (a 0 that ends one
+// deeper, or ends none, gives back nothing of an encoder). A compute buffer names its encoder's
+// context (and the encode's step, during one) as a llama_context's does. Always on, like the
+// purposes of llama.cpp's own buffers.
+#define LLAMA_INSTR_ENCODER_NESTING 8
 LLAMA_API void llama_instr_encoder_buffers(const void * encoder, int32_t what) LLAMA_INSTR_NOEXCEPT;
 
 // The log's clock (ns), whether or not a session is open.
@@ -388,10 +392,13 @@ LLAMA_API void llama_instr_media_encoding(const int64_t * media, const int32_t *
     LLAMA_INSTR_NOEXCEPT;
 
 // An encode by `encoder` on this thread: begin (returns its start, 0 when it is not recorded),
-// then the graph's callback as its builder names each block's tensors, the graph built (before
-// the scheduler allocates it), its compute around ggml_backend_sched_graph_compute, and the end
-// (`t_start` from begin; n_tokens embeddings of n_embd values made; status 0: done).
+// then the start of the graph's build (what the callback named before it, a warm-up's graphs built
+// inside the encode, is not this graph's), the graph's callback as its builder names each block's
+// tensors, the graph built (before the scheduler allocates it), its compute around
+// ggml_backend_sched_graph_compute, and the end (`t_start` from begin; n_tokens embeddings of
+// n_embd values made; status 0: done).
 LLAMA_API int64_t llama_instr_encode_begin(const void * encoder, int32_t n_threads) LLAMA_INSTR_NOEXCEPT;
+LLAMA_API void    llama_instr_encode_graph_begin(const void * encoder) LLAMA_INSTR_NOEXCEPT;
 LLAMA_API void    llama_instr_encode_graph_cb(struct ggml_tensor * cur, int32_t il) LLAMA_INSTR_NOEXCEPT;
 LLAMA_API void    llama_instr_encode_graph_built(const void *         encoder,
                                                  ggml_backend_sched_t sched,

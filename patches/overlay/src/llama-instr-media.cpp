@@ -286,6 +286,14 @@ int64_t llama_instr_encode_begin(const void * encoder, int32_t n_threads) noexce
     return t_start;
 }
 
+void llama_instr_encode_graph_begin(const void * encoder) noexcept {
+    ctx_state * st = encoder_state(encoder);
+    if (st && st->in_decode && st == t_encoding) {
+        st->graph.il_of.clear();
+        t_last_block = -1;
+    }
+}
+
 void llama_instr_encode_graph_cb(ggml_tensor * cur, int32_t il) noexcept {
     ctx_state * st = t_encoding;
     if (!st) {

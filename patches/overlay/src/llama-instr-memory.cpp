@@ -103,6 +103,16 @@ thread_local int32_t      t_purpose = LLAMA_INSTR_PURPOSE_OTHER;
 thread_local const void * t_owner   = nullptr;
 thread_local int32_t      t_cache   = -1;
 
+// what this thread allocated for before each llama_instr_encoder_buffers not ended yet
+struct purpose_saved {
+    int32_t      purpose;
+    const void * owner;
+    int32_t      cache;
+};
+
+thread_local purpose_saved t_encoder_saved[LLAMA_INSTR_ENCODER_NESTING];
+thread_local int32_t       t_encoder_depth = 0;  // may pass the array's length: those are not saved
+
 // the bytes the budget let this thread's allocation have (may_alloc), counted as used until it is
 // done (alloc_done), so that two threads can't both pass with room for one
 thread_local int32_t t_held_device = -1;
@@ -356,7 +366,10 @@ void on_alloc(ggml_backend_buffer_t buffer) {
             e.purpose = LLAMA_INSTR_PURPOSE_HOST_PINNED;
         }
         e.cache        = t_cache;
-        e.ctx          = e.purpose == LLAMA_INSTR_PURPOSE_COMPUTE || e.purpose == LLAMA_INSTR_PURPOSE_OUTPUT ?
+        // (an encoder's compute buffer: its owner is the encoder, which keys its state as a
+        // context's address does, never read as one)
+        e.ctx          = e.purpose == LLAMA_INSTR_PURPOSE_COMPUTE || e.purpose == LLAMA_INSTR_PURPOSE_OUTPUT ||
+                        e.purpose == LLAMA_INSTR_PURPOSE_ENCODER_COMPUTE ?
                              static_cast<const llama_context *>(t_owner) :
                              nullptr;
         auto &       m = M();
@@ -666,11 +679,23 @@ llama_instr_purpose_scope::~llama_instr_purpose_scope() noexcept {
 }
 
 void llama_instr_encoder_buffers(const void * encoder, int32_t what) noexcept {
-    t_purpose = what == 1 ? LLAMA_INSTR_PURPOSE_ENCODER_WEIGHTS :
-                what == 2 ? LLAMA_INSTR_PURPOSE_ENCODER_COMPUTE :
-                            LLAMA_INSTR_PURPOSE_OTHER;
-    t_owner   = what == 1 || what == 2 ? encoder : nullptr;
-    t_cache   = -1;
+    if (what == 1 || what == 2) {
+        if (t_encoder_depth < LLAMA_INSTR_ENCODER_NESTING) {
+            t_encoder_saved[t_encoder_depth] = { t_purpose, t_owner, t_cache };
+        }
+        t_encoder_depth++;
+        t_purpose = what == 1 ? LLAMA_INSTR_PURPOSE_ENCODER_WEIGHTS : LLAMA_INSTR_PURPOSE_ENCODER_COMPUTE;
+        t_owner   = encoder;
+        t_cache   = -1;
+        return;
+    }
+    const bool saved = t_encoder_depth > 0 && t_encoder_depth <= LLAMA_INSTR_ENCODER_NESTING;
+    t_encoder_depth  = std::max(0, t_encoder_depth - 1);
+    const purpose_saved before =
+        saved ? t_encoder_saved[t_encoder_depth] : purpose_saved{ LLAMA_INSTR_PURPOSE_OTHER, nullptr, -1 };
+    t_purpose = before.purpose;
+    t_owner   = before.owner;
+    t_cache   = before.cache;
 }
 
 namespace llama_instr {

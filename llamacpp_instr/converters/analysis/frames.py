@@ -58,6 +58,7 @@ from llamacpp_instr.contract.errors import UserError
 from ..reading import prefetch
 from ..reading.decode.graphs import Graph
 from ..reading.decode.memory import StepMemory
+from ..reading.decode.passes import Pass
 from ..reading.decode.sessions import HostDone, SessionInfo, SessionStarted, StepDone
 from ..reading.decode.steps import Step
 from ..reading.reader import ReadReport
@@ -223,11 +224,6 @@ class _Builder:
         "request level llama_decode_ns media media_slice role"
     ).split()
     SEQ_COLS = "step ctx seq n_tokens pos0 pos1".split()
-    REQUEST_COLS = (
-        "id endpoint method status outcome stream t_arrive wait_ns ttft_ns model_ns dur_ns "
-        "prompt_tokens gen_tokens tokens_sent slot level error spec_type spec_drafted spec_accepted "
-        "spec_verify_steps spec_draft_ns spec_verify_ns spec_rejected_ns"
-    ).split()
     NODE_COLS = "graph node name op label layer shape dtype bytes flags".split()
     STAT_COLS = "step ubatch node name min max mean std n_nan n_inf".split()
     TOPK_COLS = "step row rank token logit".split()
@@ -282,12 +278,33 @@ class _Builder:
             )  # fmt: skip
         if s.kind == "gen":
             self.generated.append((s.index, s.tokens))
-        if s.memory is not None:
-            self.memory_rows.append((s.index, s.ctx, s.end, s.memory))
         for seq, n_tok, p0, p1 in s.seqs:
             self.seqs.add(step=s.index, ctx=s.ctx, seq=seq, n_tokens=n_tok, pos0=p0, pos1=p1)
-        layers, ops = (self.encode_layers, self.encode_ops) if encode else (self.layers, self.ops)
-        dev = None if encode else self.dev  # (the device tables are the decode steps')
+        for row in s.topk:
+            for rank, (tok, logit) in enumerate(zip(row["ids"], row["logits"], strict=False)):
+                self.topk.add(
+                    step=s.index, row=row.get("row", 0), rank=rank, token=tok, logit=logit
+                )
+        if encode:
+            self.computes(s, cols, self.encode_layers, self.encode_ops, None)
+        else:
+            self.computes(s, cols, self.layers, self.ops, self.dev)
+            if self.dev is not None:
+                self.dev.step(s)
+
+    def computes(
+        self,
+        s: Pass,
+        cols: list[ComputeColumns],
+        layers: LayersBuilder,
+        ops: OpsBuilder,
+        dev: DeviceBuilder | None,
+    ) -> None:
+        """What any pass holds, into ``layers`` and ``ops`` (a decode step's tables, or an
+        encode's) and the tables every pass shares: its memory, its graphs' nodes, its tensors'
+        statistics, its experts' routing; ``dev``: the device tables (a decode step's)."""
+        if s.memory is not None:
+            self.memory_rows.append((s.index, s.ctx, s.end, s.memory))
         for c, cc in zip(s.computes, cols, strict=True):
             g = c.graph
             has_ops = g is not None and cc.ops.shape[1] > 0
@@ -318,44 +335,10 @@ class _Builder:
                     step=s.index, ubatch=ubatch, node=n.i, name=n.name, min=mn, max=mx,
                     mean=mean, std=std, n_nan=n_nan, n_inf=n_inf,
                 )  # fmt: skip
-        for row in s.topk:
-            for rank, (tok, logit) in enumerate(zip(row["ids"], row["logits"], strict=False)):
-                self.topk.add(
-                    step=s.index, row=row.get("row", 0), rank=rank, token=tok, logit=logit
-                )
         for r in s.experts:
             self.n_expert = max(self.n_expert, r.n_expert)
             self.expert_parts.append((s.index, r.ubatch, r.rows, r.weight))
             ops.route(s.index, r)
-        if dev is not None:
-            dev.step(s)
-
-    def _requests_frame(self) -> pd.DataFrame:
-        t = Table(
-            "status t_arrive wait_ns ttft_ns model_ns dur_ns prompt_tokens gen_tokens tokens_sent "
-            "stream slot",
-            cats="id endpoint method outcome level error",
-            nullable="wait_ns ttft_ns model_ns dur_ns tokens_sent slot",
-        )
-        for r in self.info.requests:
-            status = r.get("status", 0)
-            t.add(
-                id=r.get("id"), endpoint=r.get("endpoint"), method=r.get("method"),
-                status=status, stream=int(bool(r.get("stream"))),
-                # what became of it (logs from before it was said: by the status)
-                outcome=r.get("outcome") or ("ok" if int(status or 0) < 400 else "error"),
-                error=r.get("error"), tokens_sent=r.get("tokens_sent"), level=r.get("level"),
-                t_arrive=r.get("t_arrive", 0), wait_ns=r.get("wait"), ttft_ns=r.get("ttft"),
-                model_ns=r.get("model"), dur_ns=r.get("dur"),
-                prompt_tokens=r.get("prompt_tokens", 0), gen_tokens=r.get("gen_tokens", 0),
-                slot=r.get("slot"),  # llama-server: the sequence id of its tokens in `seqs`
-            )  # fmt: skip
-        df = t.frame(self.REQUEST_COLS[:17])
-        df = df.assign(**request_spec_columns(self.info.requests))[self.REQUEST_COLS]
-        df["stream"] = df["stream"].astype(bool)
-        for c in ("id", "endpoint", "method", "outcome", "level", "error"):
-            df[c] = string_categories(df[c])
-        return df
 
     def frames(self, report: ReadReport, peaks_cache: Path | None) -> SessionFrames:
         steps = self.steps.frame(self.STEP_COLS[:-1])
@@ -379,7 +362,7 @@ class _Builder:
             tensor_stats=self.stats.frame(self.STAT_COLS),
             topk=self.topk.frame(self.TOPK_COLS),
             seqs=self.seqs.frame(self.SEQ_COLS),
-            requests=self._requests_frame(),
+            requests=requests_frame(self.info),
             experts=experts_frame(self.expert_parts, self.EXPERT_COLS),
             graphs=self.graphs,
             report=report,
@@ -409,6 +392,42 @@ class _Builder:
         )
         roofline.apply(sf, *found)
         return sf
+
+
+REQUEST_COLS = (
+    "id endpoint method status outcome stream t_arrive wait_ns ttft_ns model_ns dur_ns "
+    "prompt_tokens gen_tokens tokens_sent slot level error spec_type spec_drafted spec_accepted "
+    "spec_verify_steps spec_draft_ns spec_verify_ns spec_rejected_ns"
+).split()
+
+
+def requests_frame(info: SessionInfo) -> pd.DataFrame:
+    """The ``requests`` table: a row per ``request`` record."""
+    t = Table(
+        "status t_arrive wait_ns ttft_ns model_ns dur_ns prompt_tokens gen_tokens tokens_sent "
+        "stream slot",
+        cats="id endpoint method outcome level error",
+        nullable="wait_ns ttft_ns model_ns dur_ns tokens_sent slot",
+    )
+    for r in info.requests:
+        status = r.get("status", 0)
+        t.add(
+            id=r.get("id"), endpoint=r.get("endpoint"), method=r.get("method"),
+            status=status, stream=int(bool(r.get("stream"))),
+            # what became of it (logs from before it was said: by the status)
+            outcome=r.get("outcome") or ("ok" if int(status or 0) < 400 else "error"),
+            error=r.get("error"), tokens_sent=r.get("tokens_sent"), level=r.get("level"),
+            t_arrive=r.get("t_arrive", 0), wait_ns=r.get("wait"), ttft_ns=r.get("ttft"),
+            model_ns=r.get("model"), dur_ns=r.get("dur"),
+            prompt_tokens=r.get("prompt_tokens", 0), gen_tokens=r.get("gen_tokens", 0),
+            slot=r.get("slot"),  # llama-server: the sequence id of its tokens in `seqs`
+        )  # fmt: skip
+    df = t.frame(REQUEST_COLS[:17])
+    df = df.assign(**request_spec_columns(info.requests))[REQUEST_COLS]
+    df["stream"] = df["stream"].astype(bool)
+    for c in ("id", "endpoint", "method", "outcome", "level", "error"):
+        df[c] = string_categories(df[c])
+    return df
 
 
 def experts_frame(

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from ..reading.decode.computes import Compute
+from ..reading.decode.passes import Pass
 from ..reading.decode.sessions import SessionInfo
 from ..reading.decode.steps import Step
 from ..reading.decode.transfers import TransferRow, Transfers
@@ -352,7 +353,7 @@ class StepTime:
 _ROW_END = itemgetter(TransferRow._fields.index("end"))  # a transfers row's end
 
 
-def step_window(step: Step) -> Interval:
+def step_window(step: Pass) -> Interval:
     """From the step's start to the last of its end, its computes' ends and its transfers'
     (from their rows as read: ``Transfers.bulk_rows``, no tuple made per row)."""
     end = step.end

@@ -41,6 +41,7 @@ from ..reading.decode.graphs import Graph, Tables, graph_record
 from ..reading.decode.host import chain_record, host_record, perf_record
 from ..reading.decode.media import decoded_medium, encode_fields, medium_record
 from ..reading.decode.memory import allocation, failure
+from ..reading.decode.passes import Pass, begun, end_step
 from ..reading.decode.sessions import (
     Event,
     HostDone,
@@ -53,15 +54,7 @@ from ..reading.decode.sessions import (
     session_info,
 )
 from ..reading.decode.spec import MAX_CONTEXTS, context_record, spec_record
-from ..reading.decode.steps import (
-    Step,
-    end_step,
-    request_id,
-    step_kind,
-    step_level,
-    step_seqs,
-    topk_rows,
-)
+from ..reading.decode.steps import Step, step_kind, step_seqs, topk_rows
 from ..reading.decode.transfers import transfers
 from ..reading.reader import ReadReport, iter_records
 from .device_time import multi_device
@@ -88,7 +81,7 @@ class _SessionState:
         self.routed_layers: set[int] = set()  # the layers its routing records name
         self.routed_experts = 0  # their most experts
 
-    def routing(self, rec: dict[str, Any], step: Step) -> Routing:
+    def routing(self, rec: dict[str, Any], step: Pass) -> Routing:
         """An ``experts`` record of ``step``, bounded by its compute's graph: one per compute, of
         a compute the step holds (``expert_routing.routing`` says the rest)."""
         ubatch = rec["ubatch"]
@@ -312,17 +305,11 @@ def _step_begin(state: _SessionState, rec: dict[str, Any]) -> None:
     kind = step_kind(rec)
     media, encode = encode_fields(rec) if kind == "encode" else (decoded_medium(rec), None)
     state.open_steps[key] = Step(
-        index=int(rec["step"]),
-        ctx=int(rec["ctx"]),
+        **begun(rec, state.info.level),
         kind=kind,
-        n_tokens=int(rec["n_tokens"]),
-        pos=(int(rec["pos"][0]), int(rec["pos"][1])),
-        start=nonneg(rec["ts"]),
         tokens=[int(t) for t in rec.get("tokens", [])],
         pieces=[str(x) for x in rec.get("pieces", [])],
-        request=request_id(rec),
         seqs=step_seqs(rec),
-        level=step_level(rec, state.info.level),
         media=media,
         encode=encode,
     )

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..reading.decode.passes import Pass
 from .device_time import Devices, measure, union
 
 _I64 = np.int64
@@ -58,7 +59,7 @@ class StepRows:
     cmd: tuple[Any, ...] = ((), (), (), (), (), (), ())  # g, device, sent, recv, bytes, start, end
 
 
-def ready_at(step: Any) -> int:
+def ready_at(step: Pass) -> int:
     """When a step's outputs were ready (host clock): ``llama_decode``'s return, or later the end of
     its last compute or the reply to its last command to an RPC server. ``llama_decode`` returns
     once an RPC server was sent the step's last graph and the read of its outputs was queued; the

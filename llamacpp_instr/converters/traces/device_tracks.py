@@ -34,8 +34,8 @@ import numpy as np
 
 from ..reading.decode.columns import LayerSpan
 from ..reading.decode.computes import Compute, OpTiming
+from ..reading.decode.passes import Pass
 from ..reading.decode.sessions import SessionInfo
-from ..reading.decode.steps import Step
 from ..session import device_time as dt
 from ..session.kv_flows import OpFlows
 from .device_lanes import COPIES_ORDER, DeviceLanes, Lanes
@@ -111,12 +111,12 @@ class DeviceTracks:
 
     # -- steps
 
-    def step_end(self, step: Step) -> int:
+    def step_end(self, step: Pass) -> int:
         """Where the step's slice ends: the last thing it waited for (``device_time``)."""
         return dt.step_window(step)[1]
 
     def compute(
-        self, c: Compute, track: int, stats: LayoutStats, flows: OpFlows, step: Step
+        self, c: Compute, track: int, stats: LayoutStats, flows: OpFlows, step: Pass
     ) -> list[BulkItem]:
         """A compute on several devices: its slice and splits on the steps track, each device's
         part on its own track, then its copies and the devices' own timing (a list: a dozen
@@ -193,7 +193,7 @@ class DeviceTracks:
                 out += lay.compute_batch(head_d, c, spans, stats, flows, part.mask, part.run)
         return out
 
-    def _flows(self, started: dict[int, int], c: Compute, step: Step) -> dict[int, int]:
+    def _flows(self, started: dict[int, int], c: Compute, step: Pass) -> dict[int, int]:
         """A flow id per split that a device timed itself (from the host's launch to the device):
         those of ``started`` (``_device_starts``), but -1 (no split)."""
         # track_uuid(sid, "launch", ctx, step, ubatch, k), the prefix joined once
@@ -241,7 +241,7 @@ class DeviceTracks:
             out.append(Slice(track, name, t0 + s, e - s, 2, "split", args, (flow,) if flow else ()))
         return out
 
-    def transfers(self, step: Step | None = None) -> list[Item | SliceRows]:
+    def transfers(self, step: Pass | None = None) -> list[Item | SliceRows]:
         """The RPC commands of ``step``, or (None) those outside any step not drawn yet."""
         return self.network.transfers(step)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..reading.decode.steps import Step
+from ..reading.decode.passes import Pass
 from .items import Item, Sample, Track, track_uuid
 
 # after the session's other counters (tokens/s 100, KV cells 101, memory 102-104 and 110+)
@@ -41,7 +41,7 @@ class ExpertTracks:
             self.tracks[layer] = t
             yield t
 
-    def step(self, step: Step) -> Iterator[Item]:
+    def step(self, step: Pass) -> Iterator[Item]:
         """The samples of ``step``'s computes whose routing the log holds."""
         if not step.experts:
             return

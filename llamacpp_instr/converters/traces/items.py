@@ -11,7 +11,7 @@ from typing import Any
 
 from ..reading.decode.columns import LayerSpan
 from ..reading.decode.computes import Compute
-from ..reading.decode.steps import Step
+from ..reading.decode.passes import Pass
 from ..session.machine_peaks import Roof
 
 
@@ -25,7 +25,7 @@ class Selection:
     ops: bool = True
     flows: bool = False
 
-    def wants_step(self, step: Step) -> bool:
+    def wants_step(self, step: Pass) -> bool:
         return self.steps is None or self.steps[0] <= step.index < self.steps[1]
 
 

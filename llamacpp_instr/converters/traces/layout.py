@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..reading.decode.passes import Pass
 from ..reading.decode.sessions import (
     Event,
     HostDone,
@@ -39,7 +40,7 @@ from ..reading.decode.sessions import (
 )
 from ..reading.decode.steps import Step
 from ..session.device_time import multi_device
-from ..session.kv_flows import KvFlows
+from ..session.kv_flows import KvFlows, OpFlows
 from ..session.machine_peaks import Roof
 from .device_tracks import DeviceTracks
 from .expert_tracks import ExpertTracks
@@ -56,7 +57,14 @@ from .items import (
     track_uuid,
 )
 from .layout_ops import OpsLayout
-from .media_tracks import MediaTracks, encode_args, encode_name, noun, step_flows
+from .media_tracks import (
+    MediaTracks,
+    encode_args,
+    encode_name,
+    encoder_track_name,
+    modality,
+    step_flows,
+)
 from .memory_tracks import MemoryTracks
 from .served import ServedTracks
 
@@ -164,19 +172,13 @@ class SessionLayout(OpsLayout):
                 yield t
                 yield Sample(t.uuid, self.info.start_ts, float(mem[key]))
 
-    def modality(self, ctx: int) -> str:
-        """An encoder context's modality in words (image, sound), as its context record says."""
-        return noun(str(self.info.contexts.get(ctx, {}).get("encoder", {}).get("modality", "")))
-
     def steps_track(self, ctx: int, encoder: bool = False) -> Iterator[Item]:
         """One steps track per context: two contexts' steps may overlap in time; an encoder's
         (its encodes) says so."""
         if ctx not in self.step_tracks:
             name = "decode steps" if ctx <= 1 else f"decode steps (ctx {ctx})"
             if encoder:
-                model = self.info.contexts.get(ctx, {}).get("model", {})
-                what = " ".join(x for x in (self.modality(ctx), "encoder") if x)
-                name = f"{what} {model.get('architecture', '')} (ctx {ctx})".replace("  ", " ")
+                name = encoder_track_name(self.info, ctx)
             tr = Track(
                 track_uuid(self.info.sid, "steps", ctx),
                 name,
@@ -196,63 +198,85 @@ class SessionLayout(OpsLayout):
         flows = self.flows.step(self.info.sid, step, wanted) if self.flows is not None else None
         if not wanted:
             return
-        stats.steps += 1
-        yield from self.steps_track(step.ctx, encode)
-        track = self.step_tracks[step.ctx].uuid
         if encode:
-            name = encode_name(step, self.modality(step.ctx) or "media")
+            name = encode_name(step, modality(self.info, step.ctx) or "media")
             args = encode_args(step)
         else:
-            name, args = self.decode_slice(step)
-        dev = self.by_device
-        dur = step.dur
-        if dev is not None:  # the step spans what it waited for (an RPC server's compute)
-            args["llama_decode_ns"] = step.dur
-            dur = dev.step_end(step) - step.start
-        media_flows = step_flows(self.info.sid, step)
-        yield Slice(track, name, step.start, dur, 0, "step", args, media_flows)
+            name, args = decode_slice(step)
+        yield from self.pass_slice(step, stats, name, args, step_flows(self.info.sid, step), encode)
         if step.dur > 0 and step.ended and not encode:
             yield Sample(self.tok_s.uuid, step.end, step.n_tokens / (step.dur / 1e9))
-        if step.kv_used >= 0:
-            yield Sample(self.kv.uuid, step.end, float(step.kv_used))
-        for k, c in enumerate(step.computes):
+        yield from self.pass_work(step, stats, flows)
+
+    def pass_slice(
+        self,
+        p: Pass,
+        stats: LayoutStats,
+        name: str,
+        args: dict[str, Any],
+        media_flows: tuple[int, ...],
+        encoder: bool,
+    ) -> Iterator[Item]:
+        """A pass's slice on its context's steps track (made at its first pass; ``encoder``:
+        named for an encoder), spanning what it waited for on several devices, with the media
+        flows it starts (an encode's) or carries (a decode step's)."""
+        stats.steps += 1
+        yield from self.steps_track(p.ctx, encoder)
+        track = self.step_tracks[p.ctx].uuid
+        dur = p.dur
+        if self.by_device is not None:  # (an RPC server's compute)
+            args["llama_decode_ns"] = p.dur
+            dur = self.by_device.step_end(p) - p.start
+        yield Slice(track, name, p.start, dur, 0, "step", args, media_flows)
+
+    def pass_work(
+        self, p: Pass, stats: LayoutStats, flows: list[OpFlows] | None
+    ) -> Iterator[BulkItem]:
+        """What a pass holds, after its slice: the KV cells used, its computes (with their
+        KV-cache ``flows``, if any), its RPC commands and its experts' routing."""
+        if p.kv_used >= 0:
+            yield Sample(self.kv.uuid, p.end, float(p.kv_used))
+        track = self.step_tracks[p.ctx].uuid
+        dev = self.by_device
+        for k, c in enumerate(p.computes):
             if dev is not None:
-                yield from dev.compute(c, track, stats, flows[k] if flows else {}, step)
+                yield from dev.compute(c, track, stats, flows[k] if flows else {}, p)
             else:
                 yield from self.compute(c, track, stats, flows[k] if flows else {})
         if dev is not None:
-            yield from dev.transfers(step)
-        if step.experts:
-            yield from self.experts.step(step)
+            yield from dev.transfers(p)
+        if p.experts:
+            yield from self.experts.step(p)
 
-    def decode_slice(self, step: Step) -> tuple[str, dict[str, Any]]:
-        """A decode step's slice: its name and args."""
-        text = "".join(step.pieces)
-        name = f"{step.kind} #{step.index}" + (f" {text!r}" if text and step.kind == "gen" else "")
-        args: dict[str, Any] = {
-            "step": step.index,
-            "kind": step.kind,
-            "n_tokens": step.n_tokens,
-            "pos": f"{step.pos[0]}..{step.pos[1]}",
-            "status": step.status if step.status is not None else "not ended",
-            "kv_used": step.kv_used,
-            "ended": step.ended,
-            "op_time_ns": step.op_time,
-        }
-        if step.request is not None:
-            args["request"] = step.request
-        if step.seqs:
-            args["seqs"] = " ".join(f"{q}:{n}@{p0}..{p1}" for q, n, p0, p1 in step.seqs)
-        if step.tokens:
-            args["token_ids"] = ",".join(map(str, step.tokens[:64]))
-            args["text"] = text[:512]
-        if step.topk:
-            row = step.topk[-1]
-            args["top1_id"] = row["ids"][0]
-            args["top1_logit"] = row["logits"][0]
-        if step.media:
-            args["media"] = " ".join(f"{m}:{k}" for m, k in step.media)
-        return name, args
+
+def decode_slice(step: Step) -> tuple[str, dict[str, Any]]:
+    """A decode step's slice: its name and args."""
+    text = "".join(step.pieces)
+    name = f"{step.kind} #{step.index}" + (f" {text!r}" if text and step.kind == "gen" else "")
+    args: dict[str, Any] = {
+        "step": step.index,
+        "kind": step.kind,
+        "n_tokens": step.n_tokens,
+        "pos": f"{step.pos[0]}..{step.pos[1]}",
+        "status": step.status if step.status is not None else "not ended",
+        "kv_used": step.kv_used,
+        "ended": step.ended,
+        "op_time_ns": step.op_time,
+    }
+    if step.request is not None:
+        args["request"] = step.request
+    if step.seqs:
+        args["seqs"] = " ".join(f"{q}:{n}@{p0}..{p1}" for q, n, p0, p1 in step.seqs)
+    if step.tokens:
+        args["token_ids"] = ",".join(map(str, step.tokens[:64]))
+        args["text"] = text[:512]
+    if step.topk:
+        row = step.topk[-1]
+        args["top1_id"] = row["ids"][0]
+        args["top1_logit"] = row["logits"][0]
+    if step.media:
+        args["media"] = " ".join(f"{m}:{k}" for m, k in step.media)
+    return name, args
 
 
 def layout_bulk(

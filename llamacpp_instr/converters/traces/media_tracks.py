@@ -34,6 +34,18 @@ def noun(kind: str) -> str:
     return "sound" if kind == "audio" else kind
 
 
+def modality(info: SessionInfo, ctx: int) -> str:
+    """An encoder context's modality in words (image, sound), as its context record says."""
+    return noun(str(info.contexts.get(ctx, {}).get("encoder", {}).get("modality", "")))
+
+
+def encoder_track_name(info: SessionInfo, ctx: int) -> str:
+    """An encoder context's steps track: "image encoder gemma3 (ctx 3)"."""
+    model = info.contexts.get(ctx, {}).get("model", {})
+    what = " ".join(x for x in (modality(info, ctx), "encoder") if x)
+    return f"{what} {model.get('architecture', '')} (ctx {ctx})".replace("  ", " ")
+
+
 def medium_name(m: Medium) -> str:
     size = f"{m.nx:,} samples" if m.kind == "audio" else f"{m.nx}x{m.ny}"
     return f"{noun(m.kind)} {m.id} ({size}, {m.tokens} tokens)"

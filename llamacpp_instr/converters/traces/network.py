@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from operator import itemgetter
 from typing import Any
 
+from ..reading.decode.passes import Pass
 from ..reading.decode.sessions import SessionInfo
-from ..reading.decode.steps import Step
 from ..reading.decode.transfers import TransferRow
 from ..session import device_time as dt
 from .device_lanes import NETWORK_ORDER, NO_LANES, DeviceLanes, Lanes
@@ -33,7 +33,7 @@ class NetworkTracks:
         """Whether ``transfers`` records outside any step were read since the last call."""
         return self.transfers_done < len(self.info.transfers)
 
-    def transfers(self, step: Step | None = None) -> list[Item | SliceRows]:
+    def transfers(self, step: Pass | None = None) -> list[Item | SliceRows]:
         """The RPC commands of ``step``, or (None) those outside any step not drawn yet (a list:
         asked every step, and a generator's frame cost more than the usual none)."""
         if step is not None:

@@ -16,7 +16,9 @@ those). One module per record family:
 * ``computes``: ``Compute`` (its ops always columns; ``unpack``/``op_at``, the lazy per-op view,
   ``OpTiming``, for the few places that want objects), ``decode_compute`` and, its ops in bulk,
   ``decode_compute_bulk``, ``attach_stats``;
-* ``steps``: ``Step`` and what step_begin, step_end and topk say (``step_seqs``, ``request_id``,
-  ``end_step``, ``topk_rows``);
+* ``passes``: ``Pass``, what every kind of compute holds between its step_begin and its step_end
+  (``begun``, ``end_step``);
+* ``steps``: ``Step``, a decode step, and what step_begin and topk say of it (``step_seqs``,
+  ``topk_rows``);
 * ``sessions``: ``SessionInfo`` (session_start) and the events a fold yields.
 """

@@ -54,4 +54,9 @@ if (LLAMA_INSTR_TESTING)
         # earlier library put libstdc++'s in the global scope
         target_link_options(llama PRIVATE -Wl,-Bsymbolic-functions)
     endif()
+    # libstdc++'s assertions in llama_instr code, which also stop its std::string being taken from
+    # libstdc++.so (an extern template there): unoptimized, as the sanitized builds are, each
+    # string's allocation is then libllama's own, through the operator new above, and the
+    # allocation-failure sweeps reach it
+    set_property(SOURCE ${LLAMA_INSTR_SOURCES} APPEND PROPERTY COMPILE_DEFINITIONS _GLIBCXX_ASSERTIONS)
 endif()

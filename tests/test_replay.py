@@ -692,11 +692,11 @@ def test_a_server_that_dies_mid_replay_ends_it_in_one_line(
 
 
 def test_each_cdf_ends_at_every_request() -> None:
-    from llamacpp_instr.converters.reports.replay_report import CDF_POINTS, _cdf_chart
+    from llamacpp_instr.converters.reports.replay_report import CDF_POINTS, cdf_chart
 
     rows = [{"ok": True, "e2e_ms": v} for v in (0.1, 0.7, 31.50000315, 2.0)]
     rows.append({"ok": False, "e2e_ms": 99.0})  # (failed: not in the CDF)
-    chart = _cdf_chart([fig.Setting("a", rows), fig.Setting("b", rows[:2])], "e2e_ms")
+    chart = cdf_chart([fig.Setting("a", rows), fig.Setting("b", rows[:2])], "e2e_ms")
     assert chart is not None and len(chart.x) == CDF_POINTS and chart.x[-1] == 31.50000315
     assert [s.values[-1] for s in chart.series] == [1.0, 1.0]
     assert chart.series[0].values[0] == 0.0
@@ -831,3 +831,100 @@ def test_the_report_names_the_recordings_stalls(tmp_path: Path, stand_in: str) -
     text = _cli(*base).stdout
     assert "late tokens, recorded:" in text and "behind task-b's prefill" in text
     assert "slot 1 was prefilling 300 tokens of task-b in the same batch" in text
+
+
+# --- instr compare RECORDED.log REPLAYED.log --------------------------------------------------
+
+
+def _same_rows(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
+    """The same rows, their times within a rounding of ns to ms and back."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for k in x:
+            if isinstance(x[k], float):
+                assert y[k] == pytest.approx(x[k], abs=1e-5), k
+            else:
+                assert y[k] == x[k], k
+
+
+def _summaries_alike(a: dict[str, Any], b: dict[str, Any]) -> None:
+    for key in ("requests", "failed", "output_tokens", "peak_memory", "goodput"):
+        assert a[key] == b[key], key
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        assert a[key] == pytest.approx(b[key], abs=1e-5), key
+    assert a["throughput"] == pytest.approx(b["throughput"], rel=1e-6)
+
+
+def test_compare_sets_a_replay_against_its_recording_as_the_replay_does(
+    tmp_path: Path, fake_server: Path
+) -> None:
+    log = _recorded_for_fake(tmp_path, 4)
+    out = tmp_path / "new.log"
+    slo = ("--slo", "ttft=1000,tpot=1000")
+    r = _cli("replay", str(log), "-o", str(out), "--format", "json", *slo, "--",
+             "llama-server", "-m", "m.gguf")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    replay = json.loads(r.stdout)
+    c = _cli("compare", str(log), str(out), "--format", "json", *slo)
+    assert c.exit_code == 0, c.output
+    got = json.loads(c.stdout)["requests"]
+    assert (got["why"], got["matched"], got["times"]) == (None, 4, "client")
+    # the replay's own rows and summaries: one derivation, from the two logs and the responses
+    mine = [dict(row, setting=out.name) for row in replay["requests"]]
+    _same_rows(mine, got["requests"])
+    for a, b in zip(replay["settings"], got["settings"], strict=True):
+        _summaries_alike(a, b | {"setting": a["setting"]})
+    assert got["settings"][1]["goodput"] is not None
+    text = _cli("compare", str(log), str(out)).stdout
+    assert "Requests, recorded against replayed" in text and "requests compared: 4 of" in text
+    # without the responses file: the server's own times, the same requests and tokens
+    out.with_name("new.log.responses.jsonl").unlink()
+    got = json.loads(_cli("compare", str(log), str(out), "--format", "json").stdout)["requests"]
+    assert got["times"] == "server" and got["matched"] == 4
+    for row, new in zip(got["requests"], request_records_of(out), strict=True):
+        assert row["ttft_ms"] == new["ttft"] / 1e6 and row["e2e_ms"] == new["dur"] / 1e6
+        assert row["identical"] is False and row["ok"]  # (the fake generates 0, 1)
+
+
+def request_records_of(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in log.read_text().splitlines() if '"type": "request"' in x]
+
+
+def test_compare_of_two_logs_that_are_not_a_recording_and_its_replay(
+    tmp_path: Path, fake_server: Path
+) -> None:
+    log = _recorded_for_fake(tmp_path, 3)
+    out = tmp_path / "new.log"
+    r = _cli("replay", str(log), "-o", str(out), "--first", "2", "--", "llama-server", "-m", "m")
+    assert r.exit_code == 0, r.output
+
+    def why(a: Path, b: Path) -> Any:
+        c = _cli("compare", str(a), str(b), "--format", "json")
+        assert c.exit_code == 0, c.output
+        return json.loads(c.stdout).get("requests", {"absent": True})
+
+    assert why(log, log)["why"] == (
+        "recorded.log is not a replay of recorded.log: none of its requests carries instr "
+        "replay's traceparent"
+    )
+    assert why(out, log)["why"] == (
+        "new.log is a replay (its requests carry instr replay's traceparent) and recorded.log is "
+        "not: give the recording first, then its replay"
+    )
+    other = tmp_path / "other"
+    other.mkdir()
+    foreign = write_log(
+        other / "foreign.log",
+        [_session(), *(_record(i, i * 10**8, {"prompt": f"q{i}"}) for i in range(3))],
+    )
+    assert why(foreign, out)["why"] == (
+        "new.log is not a replay of foreign.log: none of its 2 replayed requests has the body of "
+        "one of foreign.log's"
+    )
+    # part of a replay's requests matched, the others counted; the first two of three replayed
+    assert why(log, out)["matched"] == 2
+    bare = write_log(tmp_path / "bare.log", [_session()])
+    assert why(bare, bare) == {"absent": True}  # (no requests on either side: no section)
+    one = _cli("compare", str(foreign), str(out))
+    assert one.stdout.count("none of its 2 replayed requests") == 1

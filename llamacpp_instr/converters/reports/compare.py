@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.frames import SessionFrames
-from . import compare_media, device_report, memory_report, roofline_report
+from . import compare_media, compare_requests, device_report, memory_report, roofline_report
 from .report import Chart, Column, Fact, Report, Section, Series, Table
 from .summary import by, overview, timed_steps
 
@@ -269,6 +269,8 @@ def compare_report(c: dict[str, Any]) -> Report:
         sections.append(device_report.compare_section(c["devices"]))
     if "encoders" in c:  # runs with images or sounds
         sections.append(compare_media.section(c["encoders"]))
+    if "requests" in c:  # a server's recording and its replay
+        sections.append(compare_requests.section(c["requests"]))
     return Report(
         title="Session comparison",
         subtitle=f"A: {a['model']} · B: {b['model']}",

@@ -15,7 +15,7 @@ from .report import Chart, Column, Fact, Report, Section, Series, Table
 # the points of a CDF chart's latency axis
 CDF_POINTS = 48
 _NAMES = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2e_ms": "e2e"}
-_REQUEST_COLUMNS = [
+REQUEST_COLUMNS = [
     Column("setting", "setting"),
     Column("id", "recorded id"),
     Column("endpoint", "endpoint"),
@@ -65,7 +65,7 @@ def _setting_rows(summaries: Sequence[dict[str, Any]]) -> tuple[list[dict[str, A
     return rows, devices
 
 
-def _settings_table(summaries: Sequence[dict[str, Any]]) -> Table:
+def settings_table(summaries: Sequence[dict[str, Any]]) -> Table:
     rows, devices = _setting_rows(summaries)
     columns = [
         Column("setting", "setting"),
@@ -91,7 +91,7 @@ def _settings_table(summaries: Sequence[dict[str, Any]]) -> Table:
     )
 
 
-def _cdf_chart(settings: Sequence[Setting], key: str) -> Chart | None:
+def cdf_chart(settings: Sequence[Setting], key: str) -> Chart | None:
     values = {s.name: [r[key] for r in s.rows if r["ok"] and r[key] is not None] for s in settings}
     top = max((max(v) for v in values.values() if v), default=None)
     if not top:
@@ -106,6 +106,23 @@ def _cdf_chart(settings: Sequence[Setting], key: str) -> Chart | None:
         x=grid,
         series=[Series(name, cdf(v, grid)) for name, v in values.items() if v],
         value_fmt="pct",
+    )
+
+
+def requests_table(rows: Sequence[dict[str, Any]], times: str | None = None) -> Table:
+    """Each replayed request (rows of ``replay_figures.replayed_row``) against its recording;
+    ``times``: where its TTFT, gaps and end to end come from, when not from the replay's client."""
+    return Table(
+        "requests",
+        "Each replayed request against its recording",
+        REQUEST_COLUMNS,
+        list(rows),
+        note=(
+            times or "TTFT: the client's for a stream, else the server's own (its request record)"
+        )
+        + "; same tokens: the replay's generated token ids are the recording's (– where a log "
+        "lacks them).",
+        top=20,
     )
 
 
@@ -128,17 +145,9 @@ def _facts(r: Replay, verdict: str | None) -> list[Fact]:
 
 def replay_report(r: Replay, verdict: str | None = None, best: str | None = None) -> Report:
     """The report of a replay; ``verdict``: the line naming the best setting (``best``)."""
-    charts = [c for k in ("e2e_ms", "ttft_ms") if (c := _cdf_chart(r.settings, k)) is not None]
+    charts = [c for k in ("e2e_ms", "ttft_ms") if (c := cdf_chart(r.settings, k)) is not None]
     replayed = [row for s in r.settings if s.name != RECORDED for row in s.rows]
-    requests = Table(
-        "requests",
-        "Each replayed request against its recording",
-        _REQUEST_COLUMNS,
-        replayed,
-        note="TTFT: the client's for a stream, else the server's own (its request record); same "
-        "tokens: the replay's generated token ids are the recording's (– where a log lacks them).",
-        top=20,
-    )
+    requests = requests_table(replayed)
     data = {
         "log": str(r.log),
         "speed": r.speed,
@@ -156,7 +165,7 @@ def replay_report(r: Replay, verdict: str | None = None, best: str | None = None
         title=f"instr replay: {r.log}",
         facts=_facts(r, verdict),
         sections=[
-            Section("Settings", tables=[_settings_table(r.summaries)], charts=charts),
+            Section("Settings", tables=[settings_table(r.summaries)], charts=charts),
             Section("Requests", tables=[requests]),
             *([replay_stalls.section(r.stalls)] if r.stalls else []),
         ],

@@ -19,6 +19,7 @@ import httpx
 import orjson
 
 from llamacpp_instr.converters.session.replay_figures import Replayed
+from llamacpp_instr.converters.session.replay_match import traceparent
 
 from . import responses
 from .media import MediaFolder, inflate
@@ -31,14 +32,6 @@ WATCH_S = 0.2
 
 # what the client hears of each request done: its figures and the text it got
 Done = Callable[[Replayed, str], None]
-
-
-def traceparent(run: int, index: int) -> str:
-    """The W3C ``traceparent`` a replayed request carries (its record in the replay's log keeps it):
-    the replay's ``run`` and the request's index make its trace id, neither id zero."""
-    run_id = (run & ((1 << 64) - 1)).to_bytes(8, "big").hex()
-    span = (index + 1).to_bytes(8, "big").hex()
-    return f"00-{run_id}{span}-{span}-01"
 
 
 def _body(send: ToSend, folder: MediaFolder) -> bytes:

@@ -928,3 +928,43 @@ def test_compare_of_two_logs_that_are_not_a_recording_and_its_replay(
     assert why(bare, bare) == {"absent": True}  # (no requests on either side: no section)
     one = _cli("compare", str(foreign), str(out))
     assert one.stdout.count("none of its 2 replayed requests") == 1
+
+
+def test_a_replays_requests_are_matched_by_body_the_responses_id_first(tmp_path: Path) -> None:
+    from llamacpp_instr.converters.session.replay_match import (
+        match,
+        read_responses,
+        replay_place,
+        response,
+        traceparent,
+    )
+
+    assert replay_place(traceparent(7, 0)) == (7, 0) and replay_place(traceparent(-1, 41))[1] == 41
+    for odd in (None, 5, "00-" + "0" * 32 + "-" + "0" * 16 + "-01", "00-abc-def-01"):
+        assert replay_place(odd) is None
+    # a client's own traceparent (its parent id not the replay's place): not a replay's
+    assert replay_place("00-" + "1" * 32 + "-" + "2" * 16 + "-01") is None
+    rec = [request_record(_record(i, i, {"prompt": p})) for i, p in enumerate("xyxz")]
+    new = [request_record(_record(10 + k, k, {"prompt": p}, traceparent=traceparent(3, k)))
+           for k, p in enumerate("xyxw")]  # fmt: skip
+    m = match(rec, new, None)
+    # by body in arrival order, each recorded request once; w is none of the recording's
+    assert [(a["id"], b["id"]) for a, b, _ in m.pairs] == [
+        ("task-0", "task-10"), ("task-1", "task-11"), ("task-2", "task-12"),
+    ]  # fmt: skip
+    assert (m.replayed, m.unmatched, m.why) == (4, 1, None)
+    # the responses file's id first (a window that began at task-2), but only for the same body
+    m = match(rec, new[:1], {0: {"index": 0, "id": "task-2"}})
+    assert [a["id"] for a, _, _ in m.pairs] == ["task-2"]
+    m = match(rec, new[:1], {0: {"index": 0, "id": "task-3"}})
+    assert [a["id"] for a, _, _ in m.pairs] == ["task-0"]
+    # a responses file is foreign bytes too: what is not instr replay's is passed over
+    f = tmp_path / "r.jsonl"
+    f.write_bytes(b'not json\n[1]\n{"index": 1, "status": 200, "itl_ms": [1.5, "x"]}\n'
+                  b'{"index": 0, "status": 200, "itl_ms": [2.5], "ttft_ms": 3, "text": "hi"}\n')  # fmt: skip
+    lines = read_responses(f)
+    assert lines is not None and set(lines) == {0, 1} and "text" not in lines[0]
+    assert response(lines[1], "tp") is None
+    x = response(lines[0], "tp")
+    assert x is not None and list(x.gaps_ns) == [2_500_000] and x.ttft_ns == 3_000_000
+    assert read_responses(tmp_path / "none.jsonl") is None

@@ -55,14 +55,17 @@ def _settings(
     m: Matched, a: Served, b: Served, name: str
 ) -> tuple[figures.Setting, figures.Setting, bool]:
     """The recording's and the replay's figures of the pairs, and whether the replay's are its
-    client's (a responses file's line for every pair)."""
-    client = all(line is not None for _, _, line in m.pairs)
+    client's (a well-formed line of the responses file for every pair; else all its server's)."""
+    heard = [
+        response(line, str(rb.get("traceparent"))) if line is not None else None
+        for _, rb, line in m.pairs
+    ]
+    client = all(x is not None for x in heard)  # (else each the server's, alike)
     t0 = min((int(rb["t_arrive"]) for _, rb, _ in m.pairs), default=0)
-    sent = []
-    for _, rb, line in m.pairs:
-        tp = str(rb.get("traceparent"))
-        x = response(line, tp) if client and line is not None else None
-        sent.append(x if x is not None else _from_record(rb, t0, tp))
+    sent = [
+        x if client and x is not None else _from_record(rb, t0, str(rb.get("traceparent")))
+        for (_, rb, _), x in zip(m.pairs, heard, strict=True)
+    ]
     recorded = [ra for ra, _, _ in m.pairs]
     rows_a = [figures.recorded_row(r) for r in recorded]
     rows_b = [

@@ -86,7 +86,7 @@ def main() -> None:
 
     from llama_cpp import _logger
 
-    from llamacpp_instr.deciding import fit, moe_plan
+    from llamacpp_instr.deciding import moe_plan
     from llamacpp_instr.deciding.prediction import predict
     from llamacpp_instr.running import devices, offload
 
@@ -149,7 +149,7 @@ def main() -> None:
     ss = [sessions[(last, n)] for n in CELLS]
     target = moe_plan.base_target(ss, model, offload.Offload(gpu_layers=99))
     planner = moe_plan.Planner(target, ss, [str(p) for p in all_logs], MACHINE)
-    ranked = planner.candidates(256, fit.device_memory())
+    ranked = planner.candidates(256, MACHINE.free_memory())
     order = [c.placement.n_cpu_moe for c in ranked if c.placement.n_cpu_moe in CELLS]
     measured = sorted(CELLS, key=lambda n: -statistics.median(x[0] for x in got[n]["gen"]))
 

@@ -21,7 +21,7 @@ from typing import Any
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.deciding.measures import Footprint, Machine, Meter, Projector
 from llamacpp_instr.native import models
-from llamacpp_instr.running import context_choices, devices, offload
+from llamacpp_instr.running import context_choices, offload
 from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.run_config import RunConfig
 
@@ -96,18 +96,14 @@ class Answer:
         return out
 
 
-def device_memory() -> dict[str, int]:
-    """Each device's free memory as ggml reports it (a memory budget lowers it)."""
-    return {d.name: devices.memory(d)[0] for d in devices.registry()}
-
-
-def parse_memory(specs: tuple[str, ...]) -> dict[str, int]:
+def parse_memory(specs: tuple[str, ...], devices: list[str]) -> dict[str, int]:
     """--memory DEVICE=SIZE (repeatable, or comma-separated) -> {device: bytes}, each device one
-    of ggml's (case-insensitive, named as ggml names it); a one-line UserError otherwise."""
+    of ``devices`` (ggml's, ``Machine.devices``: case-insensitive, named as ggml names it); a
+    one-line UserError otherwise."""
     if not specs:
         return {}
     asked = memory.parse_budget(",".join(specs))
-    names = {d.name.lower(): d.name for d in devices.registry()}
+    names = {d.lower(): d for d in devices}
     out: dict[str, int] = {}
     for dev, size in asked.items():
         if dev.lower() not in names:
@@ -252,18 +248,10 @@ def fit_model(machine: Machine, path: Path, quant: str, fc: FitConfig) -> Answer
     """The largest context (a multiple of 256 up to the cap), then the most layers offloaded
     (searched only when a GPU exists and -ngl was not given), then an f16 before a q8_0 KV
     cache, that fit every device's memory."""
-    from llama_cpp import _logger
-
-    _logger.set_verbose(False)  # llama.cpp's lines per tensor and per reservation
-    machine.load()
-    limits = {**device_memory(), **fc.memory}
-    devices.add_rpc_servers(fc.offload.rpc)
-    used = (
-        devices.default_offload()
-        if fc.offload.devices is None
-        else devices.by_names(fc.offload.devices)
-    )
-    gpu = bool(used)  # a device to offload to (RPC servers are GPUs to llama.cpp)
+    machine.load(quiet=True)  # (llama.cpp's lines per tensor and per reservation)
+    limits = {**machine.free_memory(), **fc.memory}
+    # a device to offload to (RPC servers are GPUs to llama.cpp)
+    gpu = bool(machine.offload_devices(fc.offload))
     search = Search(machine, path, fc, limits)
     try:
         n_layer, n_ctx_train = search.start(0 if not gpu else (fc.gpu_layers or 0))
@@ -354,10 +342,10 @@ def fit(
             "--compare-llama and --measure can't share --rpc servers with instr fit (a server "
             "serves one client at a time): run them without --rpc"
         )
-    devices.add_rpc_servers(o.rpc)  # --rpc's servers become devices --memory may name
+    names = machine.devices(o.rpc)  # --rpc's servers become devices --memory may name
     fc = FitConfig(
         model=path,
-        memory=parse_memory(request.memory),
+        memory=parse_memory(request.memory, names),
         n_ctx=request.n_ctx,
         gpu_layers=request.gpu_layers,
         offload=o,

@@ -1,7 +1,8 @@
 """What the planners ask of the machine they run on, handed in by their caller
 (``running.measuring.ThisMachine``): deciding decides from what is measured and never measures.
 
-A planner (``fit``, ``plan``, ``moe_plan``, ``prediction``) is given a ``Machine``: llama.cpp's
+A planner (``fit``, ``plan``, ``moe_plan``, ``prediction``) is given a ``Machine``: its devices
+(by name, with their free memory, and those a placement's layers would go to), llama.cpp's
 projection of a setting's memory (``Meter``, a model loaded without its weights), the graphs it
 would compute (``Meter.graph``), a real run's buffers, llama-fit-params' projection, a projector's
 buffers, the file of each quantization, and the probes that time this machine where it is the
@@ -58,8 +59,24 @@ class Projector(Protocol):
 class Machine(Protocol):
     """This machine, as the planners ask it (module doc)."""
 
-    def load(self) -> None:
-        """The patched library loaded (a one-line error where it cannot be)."""
+    def load(self, quiet: bool = False) -> None:
+        """The patched library loaded (a one-line error where it cannot be); ``quiet``: first
+        llama.cpp's own log lines turned off for the rest of the process (a line per tensor, per
+        reservation, per context made)."""
+        ...
+
+    def devices(self, rpc: tuple[str, ...]) -> list[str]:
+        """ggml's devices by name, in its order, with the RPC servers ``rpc`` added first (each
+        checked to answer, then registered, as ``--rpc`` adds them)."""
+        ...
+
+    def free_memory(self) -> dict[str, int]:
+        """Each device's free memory in bytes as ggml reports it (a memory budget lowers it)."""
+        ...
+
+    def offload_devices(self, placed: Offload) -> list[str]:
+        """The devices ``placed``'s layers go to (its ``--device``, else llama.cpp's default), its
+        RPC servers added first; a one-line error for a name that is no device."""
         ...
 
     def meter(self, path: Path, placed: Offload, tensors: TensorOverrides | None = None) -> Meter:

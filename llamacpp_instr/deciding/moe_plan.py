@@ -29,7 +29,7 @@ from llamacpp_instr.deciding import fit
 from llamacpp_instr.deciding.measures import Machine
 from llamacpp_instr.deciding.prediction import predict
 from llamacpp_instr.deciding.prediction.op_costs import CostModel
-from llamacpp_instr.running import context_choices, devices, offload
+from llamacpp_instr.running import context_choices, offload
 from llamacpp_instr.running.memory_budget import OutOfMemory
 from llamacpp_instr.running.run_config import RunConfig
 from llamacpp_instr.running.tensor_overrides import CPU, EXPS_REGEX, TensorOverrides
@@ -299,18 +299,15 @@ class PlacementResult:
 def moe_plan(request: PlacementRequest, machine: Machine) -> PlacementResult:
     """``instr plan --experts`` and ``instr fit --experts``: every placement with its memory and
     predicted speed on ``machine``, ranked."""
-    from llama_cpp import _logger
-
     from llamacpp_instr.native import models
 
     if not request.logs:
         raise UserError("--experts ranks by speed: give a detailed log of a run of this model")
     model = request.model if request.model is not None else models.default_model()
     models.check_gguf(model)
-    _logger.set_verbose(False)  # llama.cpp's lines per context made
-    machine.load()
-    devices.add_rpc_servers(request.offload.rpc)
-    limits = {**fit.device_memory(), **fit.parse_memory(request.memory)}
+    machine.load(quiet=True)  # (llama.cpp's lines per context made)
+    names = machine.devices(request.offload.rpc)
+    limits = {**machine.free_memory(), **fit.parse_memory(request.memory, names)}
     sessions = predict.load_logs(list(request.logs))
     t = base_target(sessions, model, request.offload)
     ctx = request.n_ctx or int((sessions[0].info.context or {}).get("n_ctx") or 4096)

@@ -25,7 +25,7 @@ from llamacpp_instr.deciding import fit
 from llamacpp_instr.deciding.measures import Machine, Meter
 from llamacpp_instr.deciding.prediction import predict, sampling_price
 from llamacpp_instr.deciding.prediction.op_costs import CostModel
-from llamacpp_instr.running import context_choices, devices, offload
+from llamacpp_instr.running import context_choices, offload
 from llamacpp_instr.running.memory_budget import OutOfMemory
 from llamacpp_instr.running.run_config import RunConfig
 
@@ -317,19 +317,16 @@ def plan(
 ) -> PlanResult:
     """``instr plan``: every candidate's memory and predicted speed on ``machine``, the quality
     reports' KL divergences, the Pareto front, ranked. ``say`` hears the quantizer's progress."""
-    from llama_cpp import _logger
-
     from llamacpp_instr.native import models
 
     models.check_gguf(request.model)
     if not request.logs:
         raise UserError("give at least one detailed log of a run of this model to rank by speed")
     reports = [quality_report(path) for path in request.quality]
-    _logger.set_verbose(False)  # llama.cpp's lines per context made
-    machine.load()
+    machine.load(quiet=True)  # (llama.cpp's lines per context made)
     o = request.offload
-    devices.add_rpc_servers(o.rpc)
-    limits = {**fit.device_memory(), **fit.parse_memory(request.memory)}
+    names = machine.devices(o.rpc)
+    limits = {**machine.free_memory(), **fit.parse_memory(request.memory, names)}
     logs = list(request.logs)
     sessions = predict.load_logs(logs)
     base = predict.default_target(sessions[0], request.model)

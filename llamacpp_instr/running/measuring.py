@@ -19,16 +19,34 @@ from llamacpp_instr.running.tensor_overrides import TensorOverrides
 class ThisMachine:
     """The measures of this process's machine (``deciding.measures.Machine``)."""
 
-    def load(self) -> None:
+    def load(self, quiet: bool = False) -> None:
         from llamacpp_instr.native import bindings
 
+        if quiet:
+            from llama_cpp import _logger
+
+            _logger.set_verbose(False)
         bindings.load()
+
+    def devices(self, rpc: tuple[str, ...]) -> list[str]:
+        devices.add_rpc_servers(rpc)
+        return [d.name for d in devices.registry()]
+
+    def free_memory(self) -> dict[str, int]:
+        return {d.name: devices.memory(d)[0] for d in devices.registry()}
+
+    def offload_devices(self, placed: offload.Offload) -> list[str]:
+        devices.add_rpc_servers(placed.rpc)
+        if placed.devices is None:
+            return [d.name for d in devices.default_offload()]
+        return [d.name for d in devices.by_names(placed.devices)]
 
     def meter(
         self, path: Path, placed: offload.Offload, tensors: TensorOverrides | None = None
     ) -> Prober:
+        prepared = placement.prepare(placed)  # (its RPC servers among the devices named)
         names = [d.name for d in devices.registry()]
-        return Prober(path, placement.prepare(placed), names, tensors)
+        return Prober(path, prepared, names, tensors)
 
     def stand_ins(self, placed: offload.Offload, servers: int) -> offload.Offload:
         if not servers or placed.rpc:

@@ -29,7 +29,6 @@ from llamacpp_instr.deciding.prediction.predict_lines import (
     too_deep_line,
 )
 from llamacpp_instr.deciding.prediction.target import Prediction, Target, compute_cells, computes
-from llamacpp_instr.running import devices
 from llamacpp_instr.running.run_config import RunConfig
 
 
@@ -38,12 +37,8 @@ class GraphBuilder:
     n_kv); the logs' RPC servers stood in for where the target names none."""
 
     def __init__(self, t: Target, machine: Machine) -> None:
-        from llama_cpp import _logger
-
-        _logger.set_verbose(False)
-        machine.load()
+        machine.load(quiet=True)
         placed = machine.stand_ins(t.offload, t.rpc_servers)
-        devices.add_rpc_servers(placed.rpc)
         self.prober: Meter = machine.meter(t.model, placed, t.tensors)
         self.target = t
         self.cache: dict[tuple[int, int], tuple[GraphCosts, list[str]]] = {}

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from llamacpp_instr.cli import main
-from llamacpp_instr.native import backends, build, cuda_check, cuda_toolkit
+from llamacpp_instr.native import backends, build, cuda_check, cuda_toolkit, libraries, wheel
 from llamacpp_instr.native.paths import PATCHES_DIR
 
 pytestmark = pytest.mark.fast
@@ -225,9 +225,11 @@ def test_build_cuda_no_install_installs_nothing(
     def refused(*a: object, **kw: object) -> None:
         raise AssertionError("installed")
 
-    monkeypatch.setattr(build, "_cached_or_built", built)
-    monkeypatch.setattr(build, "_lib_dir", lambda plan, wheel, name: tmp_path / "lib")
+    monkeypatch.setattr(libraries, "_cached_or_built", built)
+    monkeypatch.setattr(libraries, "_lib_dir", lambda plan, whl, name: tmp_path / "lib")
     for name in ("install_wheel", "install_default_model", "_pip"):
+        monkeypatch.setattr(wheel, name, refused)
+    for name in ("install_wheel", "install_default_model"):  # (as build.build calls them)
         monkeypatch.setattr(build, name, refused)
     r = CliRunner().invoke(main, ["build", "--cuda", "--cuda-arch", "90", "--no-install"])
     assert r.exit_code == 0, r.output

@@ -2,7 +2,9 @@
 native ``hash_bytes`` compiled by hand once, and numpy's uint64 arithmetic), the request decoder's
 new fields, a body's media put back from a folder, the figures against hand-computed values, the
 verdict, the plan's refusals, and the whole command against a stand-in server (``--url``) that
-answers as llama-server does: streams of chunks, ``timings``, an error status.
+answers as llama-server does: streams of chunks, ``timings``, an error status, 401 without its API
+key; the stalls named as ``instr requests`` names them; ``instr compare`` of a recording and its
+replay against the replay's own figures, and the matching of their requests.
 
 The replay against a real llama-server (its log's records, its ``timings``) is
 test_replay_server.py."""

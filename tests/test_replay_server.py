@@ -4,7 +4,12 @@ figure checked against an independent measure of the same thing: the client's TT
 against the new log's own request record (within 5 % or 5 ms), the server's ``timings`` against
 that record's times, the generated tokens against the recording's; a setting whose context is too
 small for a request counts it as failed and goes on; a server killed mid-replay ends it in one line
-with exit status 1, its log kept and readable.
+with exit status 1, its log kept and readable; `instr compare` on the recording and the replay gives
+the replay's own rows; a server with --api-key (started by the replay, or at --url) is sent its key,
+which no file holds. A long prefill arriving while two slots generate (llama.cpp #29175) stalls
+them by the batch size: at -b/-ub 2048 for all of it, at 32 for one chunk, the client's worst gap
+the server's own (its steps' ends, read here apart from the converters), and the report names the
+long prompt's request as the cause.
 
 The recording needs llama-server to record each request's body and generated tokens (``body``,
 ``gen_ids``, at detailed): with a build that does not, the tests of it are skipped, saying so. The
@@ -20,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +34,7 @@ from helpers.support import (
     PROMPT,
     Page,
     exec_server,
+    post_json,
     read_log,
     request_records,
     signal_server,
@@ -95,13 +102,15 @@ def recorded(tools_bin: Path, smollm2_path: Path, tmp_path_factory: pytest.TempP
     return log
 
 
-def _replay(recorded: Path, out: Path, *args: str) -> subprocess.Popen[str]:
+def _replay(
+    recorded: Path, out: Path, *args: str, server: tuple[str, ...] = ()
+) -> subprocess.Popen[str]:
     from llamacpp_instr.native import models
 
     return subprocess.Popen(
         [sys.executable, "-m", "llamacpp_instr.cli", "replay", str(recorded), "-o", str(out),
          "--format", "json", *args, "--", "llama-server", "-m", str(models.default_model()),
-         *SERVER_ARGS],
+         *SERVER_ARGS, *server],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
@@ -123,6 +132,19 @@ def test_a_replay_under_the_recorded_setting_is_the_servers_own_figures(
     assert len(rows) == len(TRAFFIC) and all(r["ok"] for r in rows), rows
     # the same tokens, request by request (temperature 0, the recorded seed)
     assert [r["identical"] for r in rows] == [True] * len(TRAFFIC)
+    # instr compare on the two logs: the same rows, from the logs and the responses file alone
+    c = subprocess.run(
+        [sys.executable, "-m", "llamacpp_instr.cli", "compare", str(recorded), str(out),
+         "--format", "json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert c.returncode == 0, c.stderr
+    got = json.loads(c.stdout)["requests"]
+    assert got["matched"] == len(TRAFFIC) and got["times"] == "client"
+    for mine, theirs in zip(rows, got["requests"], strict=True):
+        assert theirs["id"] == mine["id"] and theirs["identical"] is True
+        for k in ("ttft_ms", "tpot_ms", "e2e_ms", "itl_max_ms", "cache_n", "cache_reused"):
+            assert theirs[k] == pytest.approx(mine[k], abs=1e-5), k
     for r in rows:
         assert _near(r["e2e_ms"], r["server_dur_ms"]), r
         if r["stream"]:
@@ -216,6 +238,41 @@ def test_a_server_killed_mid_replay_ends_it_in_one_line(recorded: Path, tmp_path
     assert read_log(out)[0]["type"] == "session_start"
 
 
+def test_a_keyed_server_is_sent_its_key(recorded: Path, smollm2_path: Path, tmp_path: Path) -> None:
+    """llama-server with --api-key refuses a request without it (401); a replay that starts it
+    sends it, as one at --url does with --api-key; the key in no file and on no output."""
+    key = "replay-test-key-7"
+    out = tmp_path / "keyed.log"
+    p = _replay(recorded, out, "--first", "2", server=("--api-key", key))
+    stdout, stderr = p.communicate(timeout=600)
+    assert p.returncode == 0, stderr
+    assert [r["ok"] for r in json.loads(stdout)["requests"]] == [True, True], stdout
+    for text in (out.read_text(), out.with_name("keyed.log.responses.jsonl").read_text(), stdout,
+                 stderr):  # fmt: skip
+        assert key not in text
+    # a keyed server of its own, at --url (its log, the test's, holds its command line)
+    proc, port = exec_server(tmp_path / "url.log", smollm2_path, "-t", "1", "--api-key", key)
+    try:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            post_json(port, "/completion", {"prompt": "Hi", "n_predict": 1})
+        assert refused.value.code == 401
+        url = ("--url", f"http://127.0.0.1:{port}", "--first", "2", "--format", "json")
+        for given, ok in (((), False), (("--api-key", key), True)):
+            r = subprocess.run(
+                [sys.executable, "-m", "llamacpp_instr.cli", "replay", str(recorded), "-o",
+                 str(tmp_path / "at-url.log"), *url, *given],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            assert r.returncode == 0, r.stderr
+            rows = json.loads(r.stdout)["requests"]
+            assert [x["ok"] for x in rows] == [ok, ok], rows
+            assert ok or {x["status"] for x in rows} == {401}
+            assert key not in r.stdout + r.stderr
+    finally:
+        signal_server(proc)
+        proc.wait(120)
+
+
 def test_the_page_in_a_browser(browser: Any, tmp_path: Path) -> None:
     from http.server import ThreadingHTTPServer
 
@@ -303,3 +360,106 @@ def test_an_image_is_sent_again_from_media_by_its_hash(
     # the replay's own record names the same image
     (new,) = request_records(tmp_path / "new.log")
     assert new["body"] == next(x for x in request_records(log) if "body" in x)["body"]
+
+
+# --- one long prefill stalls the other slots (llama.cpp #29175) --------------------------------
+
+STALL_ARGS = ("--parallel", "3", "-c", "3072", "-t", "1", "--seed", "7")
+STALL_LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # ~360 tokens
+STREAMS = ("Once upon a time", "The capital of France is")
+# (the prefill in one step of its 360 tokens, or in steps of 32 beside the streams' tokens)
+BIG, SMALL = "-b 2048 -ub 2048", "-b 32 -ub 32"
+
+
+@pytest.fixture(scope="module")
+def stalled(tools_bin: Path, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two streams generating on two of three slots when a long prompt arrives on the third."""
+    log = tmp_path_factory.mktemp("stall") / "recorded.log"
+    proc, port = exec_server(log, smollm2_path, *STALL_ARGS)
+    traffic = [
+        ({"prompt": p, "n_predict": 48, "temperature": 0, "stream": True}, at)
+        for p, at in zip(STREAMS, (0.0, 0.05), strict=True)
+    ] + [({"prompt": STALL_LONG, "n_predict": 2, "temperature": 0}, 0.6)]
+    try:
+        t0 = time.monotonic()
+        threads = []
+        for body, at in traffic:
+            time.sleep(max(0.0, t0 + at - time.monotonic()))
+            threads.append(threading.Thread(target=_post, args=(port, "/completion", body)))
+            threads[-1].start()
+        for t in threads:
+            t.join(300)
+    finally:
+        signal_server(proc)
+        proc.wait(120)
+    if not any("body" in r for r in request_records(log)):
+        pytest.skip("this build's llama-server records no request bodies")
+    return log
+
+
+def _token_times(log: Path, rec: dict[str, Any]) -> list[int]:
+    """When each of a request's tokens came, as its server's steps say (read here from the raw
+    records, apart from the converters): the end of each step that carried its slot's sequence
+    while it held the slot, from the one that ended its prompt."""
+    begins, ends = {}, []
+    for r in read_log(log):
+        if r["type"] == "step_begin":
+            begins[(r["ctx"], r["step"])] = r.get("seqs") or [[0, r["n_tokens"]]]
+        elif r["type"] == "step_end":
+            ends.append(r)
+    t0 = rec["t_arrive"] + rec["wait"]
+    t1 = t0 + rec["model"]
+    left, times = rec["prompt_tokens"], []
+    for e in sorted(ends, key=lambda e: e["t_start"]):
+        if not t0 <= e["t_start"] <= t1:
+            continue
+        n = sum(q[1] for q in begins[(e["ctx"], e["step"])] if q[0] == rec["slot"])
+        if n and left > 0:
+            left -= n
+            if left <= 0:
+                times.append(e["t_start"] + e["dur"])
+        elif n:
+            times.append(e["t_start"] + e["dur"])
+    return times
+
+
+def test_a_long_prefill_stalls_the_other_slots_by_the_batch_size(
+    stalled: Path, tmp_path: Path
+) -> None:
+    from llamacpp_instr.native import models
+
+    out = tmp_path / "b.log"
+    r = subprocess.run(
+        [sys.executable, "-m", "llamacpp_instr.cli", "replay", str(stalled), "-o", str(out),
+         "--format", "json", "--set", BIG, "--set", SMALL, "--", "llama-server", "-m",
+         str(models.default_model()), *STALL_ARGS],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    recorded = {x["id"]: x for x in request_records(stalled)}
+    long_id = next(k for k, x in recorded.items() if x["prompt_tokens"] > 300)
+    worst: dict[str, tuple[float, float]] = {}  # setting: (the client's worst gap, the server's)
+    for k, setting in enumerate((BIG, SMALL), start=1):
+        log = tmp_path / f"b.{k}.log"
+        mine = [x for x in data["requests"] if x["setting"] == setting]
+        assert all(x["ok"] for x in mine), mine
+        client = max(x["itl_max_ms"] for x in mine if x["id"] != long_id)
+        server = 0.0
+        for rec in request_records(log):
+            if rec["prompt_tokens"] < 300:
+                t = _token_times(log, rec)
+                assert len(t) == 48, (setting, len(t))
+                server = max(server, max(b - a for a, b in zip(t, t[1:], strict=False)) / 1e6)
+        worst[setting] = (client, server)
+        print(f"{setting}: worst gap, the client's {client:.1f} ms, the server's {server:.1f} ms")
+        assert abs(client - server) <= max(10.0, 0.1 * server), (setting, client, server)
+    # the prefill in one step stalls the streams for all of it; in steps of 32, for one of them
+    assert worst[BIG][0] > 4 * worst[SMALL][0] and worst[BIG][1] > 4 * worst[SMALL][1], worst
+    # the report names the long prompt's prefill as the cause, in each run's own log
+    for setting in ("recorded", BIG):
+        rows = [x for x in data["stalls"] if x["setting"] == setting]
+        assert rows and rows[0]["prefill_recorded_id"] == long_id, rows
+        assert rows[0]["recorded_id"] != long_id and "was prefilling" in rows[0]["cause"]
+    (top,) = [x for x in data["stalls"] if x["setting"] == BIG][:1]
+    assert abs(top["gap_ms"] - worst[BIG][1]) <= max(10.0, 0.1 * worst[BIG][1]), (top, worst)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from llamacpp_instr.native import build, tools
+from llamacpp_instr.native import build, tools, wheel
 
 pytestmark = pytest.mark.fast
 
@@ -77,8 +77,8 @@ def test_a_reader_waits_for_a_wheel_build_in_progress_and_gets_its_wheel(
         wheel.write_text("built")
         return wheel
 
-    monkeypatch.setattr(build, "build_wheel", fake_build_wheel)
-    builder = threading.Thread(target=build._cached_or_built, args=(plan, said.append))
+    monkeypatch.setattr(wheel, "build_wheel", fake_build_wheel)
+    builder = threading.Thread(target=wheel._cached_or_built, args=(plan, said.append))
     builder.start()
     assert started.wait(10)
     got = build.wait_for_build(plan, said.append)
@@ -86,7 +86,7 @@ def test_a_reader_waits_for_a_wheel_build_in_progress_and_gets_its_wheel(
     assert got is not None and got.read_text() == "built"
     assert any(s.startswith("waiting for the build of key ") for s in said)
     # a second build of the key finds the first's wheel
-    assert build._cached_or_built(plan, said.append) == got and builds == 1
+    assert wheel._cached_or_built(plan, said.append) == got and builds == 1
     # a lock left by a build that ended (here, or failed) holds no reader up
     (got.parent).rename(tmp_path / "gone")
     assert build.wait_for_build(plan, said.append) is None

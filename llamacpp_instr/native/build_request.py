@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamacpp_instr.native.build import Echo
+from llamacpp_instr.native.progress import Echo
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,10 @@ class BuildRequest:
 def perform(request: BuildRequest, say: Echo) -> str | None:
     """Do what ``request`` asks, ``say`` hearing the progress; returns the line it answers on
     stdout (the programs' folder, or how to load the libraries built), or None."""
-    from llamacpp_instr.native import build
+    from llamacpp_instr.native import build, build_plan, libraries
 
     if request.check:
-        build.check(say)
+        build_plan.check(say)
         if request.cuda:
             from llamacpp_instr.native import cuda_check
 
@@ -51,25 +51,27 @@ def perform(request: BuildRequest, say: Echo) -> str | None:
         from llamacpp_instr.native import tools
 
         if request.vulkan:
-            build.check_vulkan_prerequisites()
-            cmake_args += build.VULKAN_CMAKE_ARGS
+            build_plan.check_vulkan_prerequisites()
+            cmake_args += build_plan.VULKAN_CMAKE_ARGS
         folder = tools.build_tools(say, cmake_args, rebuild=rebuild, sanitize=request.sanitize)
         # sanitized: llama-server beside its libraries, which Python runs on too
         return (
-            build.sanitized_run_env(request.sanitize, folder) if request.sanitize else str(folder)
+            libraries.sanitized_run_env(request.sanitize, folder)
+            if request.sanitize
+            else str(folder)
         )
     if request.testing:
-        lib = build.testing_lib_dir(say, cmake_args, rebuild=rebuild)
+        lib = libraries.testing_lib_dir(say, cmake_args, rebuild=rebuild)
         say(f"testing libraries: {lib}")
-        return build.lib_env(lib)
+        return libraries.lib_env(lib)
     if request.sanitize:
-        lib = build.sanitized_lib_dir(request.sanitize, say, cmake_args, rebuild=rebuild)
+        lib = libraries.sanitized_lib_dir(request.sanitize, say, cmake_args, rebuild=rebuild)
         say(f"{request.sanitize}-sanitized libraries: {lib}")
-        return build.sanitized_run_env(request.sanitize, lib)
+        return libraries.sanitized_run_env(request.sanitize, lib)
     if request.no_install:
-        lib = build.installable_lib_dir(say, cmake_args, rebuild=rebuild, vulkan=request.vulkan)
+        lib = libraries.installable_lib_dir(say, cmake_args, rebuild=rebuild, vulkan=request.vulkan)
         kind = "CUDA " if request.cuda else "Vulkan " if request.vulkan else ""
         say(f"{kind}libraries (not installed): {lib}")
-        return build.lib_env(lib)
+        return libraries.lib_env(lib)
     build.build(cmake_args, say, rebuild=rebuild, with_model=request.model, vulkan=request.vulkan)
     return None

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llamacpp_instr.contract.errors import UserError
-from llamacpp_instr.native import build, cuda_toolkit, pin
+from llamacpp_instr.native import build_plan, cuda_toolkit, patching, pin, progress
 from llamacpp_instr.native.paths import cache_dir
 
 CUDA_DIR = "ggml/src/ggml-cuda/"
@@ -30,10 +30,10 @@ def touched_cuda_sources(
     patches: Sequence[Path], overlay: Sequence[tuple[str, Path]] = ()
 ) -> list[str]:
     """The ``.cu`` files of ggml-cuda that the (llama.cpp) patches add or edit, in order, then
-    those of the overlay (``build.read_overlay``'s pairs)."""
+    those of the overlay (``patching.read_overlay``'s pairs)."""
     found: list[str] = []
     for p in patches:
-        if p.parent.name == build.PYTHON_PATCH_DIR:
+        if p.parent.name == patching.PYTHON_PATCH_DIR:
             continue
         for m in re.finditer(r"^\+\+\+ b/(\S+)$", p.read_text(errors="replace"), re.M):
             path = m.group(1)
@@ -51,22 +51,22 @@ def object_target(source: str) -> str:
     return f"{CUDA_DIR}CMakeFiles/ggml-cuda.dir/{name}.o"
 
 
-def check(echo: build.Echo, arch: str | None = None) -> list[str]:
+def check(echo: progress.Echo, arch: str | None = None) -> list[str]:
     """Compile the CUDA sources the patches and the overlay touch for ``arch``; returns them."""
     if shutil.which("ninja") is None:
         raise UserError("the CUDA check needs ninja (apt-get install ninja-build)")
     arch = arch or DEFAULT_ARCH
     tk = cuda_toolkit.toolkit(echo)
-    plan = build.make_plan(tk.cmake_args(arch))
+    plan = build_plan.make_plan(tk.cmake_args(arch))
     sources = touched_cuda_sources(plan.patches, plan.overlay)
     if not sources:
         echo("neither a patch nor the overlay touches ggml's CUDA sources: nothing to compile")
         return []
     work = cache_dir() / "cuda-check" / plan.key
     t0 = time.monotonic()
-    build.prepare_source(plan, work / "src", lambda m: None)
+    build_plan.prepare_source(plan, work / "src", lambda m: None)
     tree = work / "src" / f"llama_cpp_python-{pin.LLAMA_CPP_PYTHON_VERSION}" / pin.VENDOR_DIR
-    args, env = build.compile_env(plan, work)
+    args, env = build_plan.compile_env(plan, work)
     args += [
         "-DCMAKE_BUILD_TYPE=Release",
         "-DBUILD_SHARED_LIBS=ON",

@@ -248,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m llamacpp_instr.native.cuda_toolkit [ARCH]``: the CMake arguments `instr build
     --cuda` builds the wheel with here (the default ones, then the toolkit's), one a line, so that
     bench/gpu_check.sh builds the backend with the same options on a GPU machine."""
-    from llamacpp_instr.native import build
+    from llamacpp_instr.native import build_plan
 
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) > 1:
@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print("\n".join(build.DEFAULT_CMAKE_ARGS + tk.cmake_args(args[0] if args else None)))
+    print("\n".join(build_plan.DEFAULT_CMAKE_ARGS + tk.cmake_args(args[0] if args else None)))
     return 0
 
 

@@ -3,7 +3,7 @@ ggml's RPC server ggml-rpc-server, and llama-fit-params, llama.cpp's own project
 fit`` shows beside its own), built from the same patched tree as the wheel and cached beside it.
 
 ``instr build --tools`` extracts the pinned sdist, copies the overlay in and applies the patches
-exactly as the wheel build does (``build.prepare_source``), then runs CMake as the wheel build does,
+exactly as the wheel build does (``build_plan.prepare_source``), then runs CMake as the wheel build does,
 through llama-cpp-python's CMakeLists in a build folder beside the sdist, with llama.cpp's common
 library and tools on, building only the programs asked for. Their libraries (libllama, libggml*)
 are thus compiled with the wheel's own flags and paths, and ccache serves every object the wheel
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llamacpp_instr.contract.errors import UserError
-from llamacpp_instr.native import build
+from llamacpp_instr.native import build_plan, progress, wheel
 from llamacpp_instr.native.paths import cache_dir
 
 PROGRAMS = (
@@ -78,17 +78,17 @@ SANITIZED_PROGRAMS = ("llama-server",)
 
 def tools_plan(
     extra_cmake_args: Sequence[str] = (), stock: bool = False, sanitize: str | None = None
-) -> build.BuildPlan:
+) -> build_plan.BuildPlan:
     """The build plan of the tools: the wheel's, over the tools' CMake arguments.
 
     ``extra_cmake_args`` is where a GPU build adds its backend (``--cuda`` passes
     ``-DGGML_CUDA=ON`` here), so each backend is cached under its own key; a sanitizer too."""
-    return build.make_plan(
+    return build_plan.make_plan(
         TOOLS_CMAKE_ARGS + tuple(extra_cmake_args), stock=stock, sanitize=sanitize
     )
 
 
-def bin_dir(plan: build.BuildPlan) -> Path:
+def bin_dir(plan: build_plan.BuildPlan) -> Path:
     return cache_dir() / "tools" / plan.key / "bin"
 
 
@@ -127,7 +127,7 @@ def find_logged(
 
 
 def build_tools(
-    echo: build.Echo,
+    echo: progress.Echo,
     extra_cmake_args: Sequence[str] = (),
     programs: Sequence[str] = PROGRAMS,
     stock: bool = False,
@@ -144,7 +144,7 @@ def build_tools(
     if sanitize:
         programs = [p for p in programs if p in SANITIZED_PROGRAMS]
     out = bin_dir(plan)
-    with build.build_lock(out.parent / "build.lock"):
+    with wheel.build_lock(out.parent / "build.lock"):
         missing = [p for p in programs if rebuild or not (out / p).is_file()]
         if not missing:
             echo(f"using cached tools in {out}")
@@ -152,12 +152,14 @@ def build_tools(
         return _build(plan, missing, echo, jobs)
 
 
-def _build(plan: build.BuildPlan, missing: list[str], echo: build.Echo, jobs: int | None) -> Path:
+def _build(
+    plan: build_plan.BuildPlan, missing: list[str], echo: progress.Echo, jobs: int | None
+) -> Path:
     out = bin_dir(plan)
     work = cache_dir() / "tools" / plan.key / "src"
-    root = build.prepare_source(plan, work, echo)
-    cmake_args, env = build.compile_env(plan, work)
-    # the wheel's layout (build.build_wheel): the build folder beside the sdist, configured from
+    root = build_plan.prepare_source(plan, work, echo)
+    cmake_args, env = build_plan.compile_env(plan, work)
+    # the wheel's layout (wheel.build_wheel): the build folder beside the sdist, configured from
     # its CMakeLists, so that every compile command of a library is the wheel's own
     bdir = work / "build"
     if shutil.which("ninja"):
@@ -174,7 +176,7 @@ def _build(plan: build.BuildPlan, missing: list[str], echo: build.Echo, jobs: in
         ["cmake", "-S", str(root), "-B", str(bdir), *cmake_args],
         ["cmake", "--build", str(bdir), "-j", str(jobs), "--target", *missing],
     )
-    with log.open("w") as lf, build._Progress(echo, log):
+    with log.open("w") as lf, progress._Progress(echo, log):
         for cmd in steps:
             lf.write("$ " + " ".join(cmd) + "\n")
             lf.flush()

@@ -8,7 +8,7 @@ from typing import Any
 
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.reports.report import Column, Fact, Report, Section, Table
-from llamacpp_instr.native import build, pin, tools
+from llamacpp_instr.native import build_plan, patching, pin, tools, wheel
 from llamacpp_instr.native.paths import PATCHES_DIR
 
 
@@ -34,12 +34,12 @@ def check(rpc: tuple[str, ...] = ()) -> Checkup:
     from llamacpp_instr.native import backends, bindings
     from llamacpp_instr.running import devices
 
-    want = build.source_patch_hash()
+    want = patching.source_patch_hash()
     c = Checkup(
-        patches=f"{len(build.read_series())} patches, {len(build.read_overlay())} overlay files, "
+        patches=f"{len(patching.read_series())} patches, {len(patching.read_overlay())} overlay files, "
         f"patch hash {want}",
         patch_hash=want,
-        installed=build.installed_llama_cpp_version(),
+        installed=wheel.installed_llama_cpp_version(),
     )
     if c.installed is None:
         c.problem = UserError("llama-cpp-python is not installed; run `instr build`")
@@ -123,7 +123,7 @@ class Programs:
 
 def programs(vulkan: bool = False) -> Programs:
     """The programs built for the CPU, or with ggml's Vulkan backend."""
-    folder = tools.bin_dir(tools.tools_plan(build.VULKAN_CMAKE_ARGS if vulkan else ()))
+    folder = tools.bin_dir(tools.tools_plan(build_plan.VULKAN_CMAKE_ARGS if vulkan else ()))
     command = tools.BUILD_COMMAND + (" --vulkan" if vulkan else "")
     where = {}
     for program in tools.PROGRAMS:

@@ -52,11 +52,11 @@ def run_program(request: ExecRequest, say: Callable[[str], None] = lambda _: Non
     """Run the program to its end and return its exit status (negative: the signal that ended
     it); ``say`` hears where the log is and what it holds. A program that failed on an allocation
     its log recorded raises ``OutOfMemory`` (exit status 3)."""
-    from llamacpp_instr.native import build, tools
+    from llamacpp_instr.native import build_plan, tools
     from llamacpp_instr.running import child
     from llamacpp_instr.running import memory_budget as memory
 
-    extra = build.VULKAN_CMAKE_ARGS if request.vulkan else ()
+    extra = build_plan.VULKAN_CMAKE_ARGS if request.vulkan else ()
     exe = tools.find_logged(request.program, extra, request.sanitize)
     out = session_log(request, say)
     if request.metrics is not None:

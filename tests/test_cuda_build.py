@@ -225,7 +225,7 @@ def test_build_cuda_no_install_installs_nothing(
     def refused(*a: object, **kw: object) -> None:
         raise AssertionError("installed")
 
-    monkeypatch.setattr(libraries, "_cached_or_built", built)
+    monkeypatch.setattr(libraries, "cached_or_built", built)
     monkeypatch.setattr(libraries, "_lib_dir", lambda plan, whl, name: tmp_path / "lib")
     for name in ("install_wheel", "install_default_model", "_pip"):
         monkeypatch.setattr(wheel, name, refused)

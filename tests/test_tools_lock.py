@@ -78,7 +78,7 @@ def test_a_reader_waits_for_a_wheel_build_in_progress_and_gets_its_wheel(
         return wheel
 
     monkeypatch.setattr(wheel, "build_wheel", fake_build_wheel)
-    builder = threading.Thread(target=wheel._cached_or_built, args=(plan, said.append))
+    builder = threading.Thread(target=wheel.cached_or_built, args=(plan, said.append))
     builder.start()
     assert started.wait(10)
     got = build.wait_for_build(plan, said.append)
@@ -86,7 +86,7 @@ def test_a_reader_waits_for_a_wheel_build_in_progress_and_gets_its_wheel(
     assert got is not None and got.read_text() == "built"
     assert any(s.startswith("waiting for the build of key ") for s in said)
     # a second build of the key finds the first's wheel
-    assert wheel._cached_or_built(plan, said.append) == got and builds == 1
+    assert wheel.cached_or_built(plan, said.append) == got and builds == 1
     # a lock left by a build that ended (here, or failed) holds no reader up
     (got.parent).rename(tmp_path / "gone")
     assert build.wait_for_build(plan, said.append) is None

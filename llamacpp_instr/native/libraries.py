@@ -18,7 +18,7 @@ from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native.build_plan import BuildPlan, make_plan
 from llamacpp_instr.native.paths import PATCHES_DIR, cache_dir
 from llamacpp_instr.native.progress import Echo
-from llamacpp_instr.native.wheel import _cached_or_built, wait_for_build
+from llamacpp_instr.native.wheel import cached_or_built, wait_for_build
 
 
 def _lib_dir(plan: BuildPlan, wheel: Path, name: str) -> Path:
@@ -55,7 +55,7 @@ def sanitized_lib_dir(
     """Native libraries of the patched build with a sanitizer, built and cached beside the normal
     wheel (never installed: they run under the installed package through LLAMA_CPP_LIB_PATH)."""
     plan = make_plan(extra_cmake_args, sanitize=sanitize)
-    return _lib_dir(plan, _cached_or_built(plan, echo, rebuild), "sanitized-lib")
+    return _lib_dir(plan, cached_or_built(plan, echo, rebuild), "sanitized-lib")
 
 
 def testing_lib_dir(
@@ -65,7 +65,7 @@ def testing_lib_dir(
     llama-instr-bench.h), built and cached beside the normal wheel, never installed: tests and
     benchmarks run them under the installed package through LLAMA_CPP_LIB_PATH."""
     plan = make_plan(extra_cmake_args, testing=True)
-    return _lib_dir(plan, _cached_or_built(plan, echo, rebuild), "testing-lib")
+    return _lib_dir(plan, cached_or_built(plan, echo, rebuild), "testing-lib")
 
 
 def installable_lib_dir(
@@ -74,7 +74,7 @@ def installable_lib_dir(
     """The native libraries of the wheel `instr build` installs (with ``vulkan``, `instr build
     --vulkan`'s), built and cached, extracted for LLAMA_CPP_LIB_PATH instead of installed."""
     plan = make_plan(extra_cmake_args, vulkan=vulkan)
-    return _lib_dir(plan, _cached_or_built(plan, echo, rebuild), "lib")
+    return _lib_dir(plan, cached_or_built(plan, echo, rebuild), "lib")
 
 
 def vulkan_lib_dir(
@@ -88,7 +88,7 @@ def vulkan_lib_dir(
     plan = make_plan(extra_cmake_args, vulkan=True)
     if not build_it and wait_for_build(plan, echo) is None:
         return None
-    return _lib_dir(plan, _cached_or_built(plan, echo), "lib")
+    return _lib_dir(plan, cached_or_built(plan, echo), "lib")
 
 
 # The runtime Python preloads to run each (the libraries leave it to the program): the compiler
@@ -162,4 +162,4 @@ def stock_lib_dir(echo: Echo, extra_cmake_args: Sequence[str] = ()) -> Path:
     libraries under the installed package by pointing LLAMA_CPP_LIB_PATH here.
     """
     plan = make_plan(extra_cmake_args, stock=True)
-    return _lib_dir(plan, _cached_or_built(plan, echo), "stock-lib")
+    return _lib_dir(plan, cached_or_built(plan, echo), "stock-lib")

@@ -1,5 +1,5 @@
 """What hears a build's progress (``Echo``), and the line that says where a long build is
-(``_Progress``: ninja's [n/m] every 20 seconds), for the wheel's and the tools' builds.
+(``Progress``: ninja's [n/m] every 20 seconds), for the wheel's and the tools' builds.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 Echo = Callable[[str], None]
 
 
-class _Progress:
+class Progress:
     """Prints the build's progress (ninja's [n/m]) every few seconds, so a 10-minute build isn't silent."""
 
     def __init__(self, echo: Echo, log: Path) -> None:
@@ -34,7 +34,7 @@ class _Progress:
             where = f"step {steps[-1][0]}/{steps[-1][1]}" if steps else "configuring"
             self.echo(f"  building ... {int(time.monotonic() - self.t0)}s, {where}")
 
-    def __enter__(self) -> _Progress:
+    def __enter__(self) -> Progress:
         self._thread.start()
         return self
 

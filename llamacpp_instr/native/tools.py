@@ -176,7 +176,7 @@ def _build(
         ["cmake", "-S", str(root), "-B", str(bdir), *cmake_args],
         ["cmake", "--build", str(bdir), "-j", str(jobs), "--target", *missing],
     )
-    with log.open("w") as lf, progress._Progress(echo, log):
+    with log.open("w") as lf, progress.Progress(echo, log):
         for cmd in steps:
             lf.write("$ " + " ".join(cmd) + "\n")
             lf.flush()

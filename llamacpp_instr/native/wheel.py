@@ -29,7 +29,7 @@ from llamacpp_instr.native.build_plan import (
     prepare_source,
 )
 from llamacpp_instr.native.paths import cache_dir
-from llamacpp_instr.native.progress import Echo, _Progress
+from llamacpp_instr.native.progress import Echo, Progress
 
 
 def set_local_version(root: Path, version: str) -> None:
@@ -86,7 +86,7 @@ def build_wheel(plan: BuildPlan, echo: Echo) -> Path:
     if plan.sanitize:
         # the symbol table kept: a sanitizer's report names the functions of its frames
         cmd.insert(-1, "--config-settings=install.strip=false")
-    with log.open("w") as lf, _Progress(echo, log):
+    with log.open("w") as lf, Progress(echo, log):
         r = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env)
     if r.returncode != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-15:]
@@ -190,7 +190,9 @@ def wait_for_build(plan: BuildPlan, echo: Echo) -> Path | None:
     return cached_wheel(plan)
 
 
-def _cached_or_built(plan: BuildPlan, echo: Echo, rebuild: bool = False) -> Path:
+def cached_or_built(plan: BuildPlan, echo: Echo, rebuild: bool = False) -> Path:
+    """``plan``'s wheel from the cache, else built (``rebuild``: built again), one build of a key
+    at a time."""
     with build_lock(_wheel_lock_path(plan)):
         wheel = None if rebuild else cached_wheel(plan)
         if wheel is not None:

@@ -894,7 +894,7 @@ def request_records_of(log: Path) -> list[dict[str, Any]]:
 
 
 def test_compare_of_two_logs_that_are_not_a_recording_and_its_replay(
-    tmp_path: Path, fake_server: Path
+    tmp_path: Path, fake_server: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log = _recorded_for_fake(tmp_path, 3)
     out = tmp_path / "new.log"
@@ -930,6 +930,9 @@ def test_compare_of_two_logs_that_are_not_a_recording_and_its_replay(
     assert why(bare, bare) == {"absent": True}  # (no requests on either side: no section)
     one = _cli("compare", str(foreign), str(out))
     assert one.stdout.count("none of its 2 replayed requests") == 1
+    # a recording past a replay's bounds: its one line, not "no requests"
+    monkeypatch.setattr(replay_log, "REQUESTS_MAX", 2)
+    assert "holds over 2 requests to replay" in why(log, out)["why"]
 
 
 def test_a_replays_requests_are_matched_by_body_the_responses_id_first(tmp_path: Path) -> None:

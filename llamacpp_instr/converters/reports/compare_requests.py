@@ -27,12 +27,18 @@ SERVER_TIMES = (
 )
 
 
+class _Unread(Exception):
+    """A log whose requests do not read (over a replay's bounds): its one line."""
+
+
 def _read(path: Path, replay: bool) -> Served | None:
     """A log's requests (a replay's: those it sent), None for a log with none."""
     try:
         return read_replayed(path) if replay else read_served(path)
-    except UserError:
-        return None
+    except UserError as exc:
+        if "no request records" in str(exc):
+            return None
+        raise _Unread(str(exc)) from None
 
 
 def _from_record(rec: dict[str, Any], t0: int, tp: str) -> figures.Replayed:
@@ -89,7 +95,10 @@ def requests_comparison(
     """B's replayed requests against A's, the recording: the pairs' rows and each side's summary
     (``replay_figures``), or one line saying why none compare (``why``); None when neither log
     holds requests."""
-    a, b = _read(path_a, False), _read(path_b, True)
+    try:
+        a, b = _read(path_a, False), _read(path_b, True)
+    except _Unread as exc:
+        return {"why": str(exc)}
     if a is None and (b is None or not b.requests):
         return None
     names = (path_a.name, path_b.name)

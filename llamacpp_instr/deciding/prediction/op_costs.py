@@ -225,8 +225,10 @@ ClassKey = tuple[Where, str, str, str, str]  # where, tokens, label, type, role 
 
 @dataclass
 class _Pass:
-    """One graph priced (``CostModel.price``): what it is asked and what it gathers."""
+    """One graph priced (``CostModel.price``) from ``model``: what it is asked, what it gathers,
+    and each node's price (``price_node``)."""
 
+    model: CostModel
     gc: GraphCosts
     devices: Sequence[str]
     threads: int
@@ -245,6 +247,110 @@ class _Pass:
 
     def device(self, k: int) -> str:
         return self.devices[k] if k < len(self.devices) and self.devices[k] else "CPU"
+
+    def own_work(self, where: Where, k: int) -> float | None:
+        """Node ``k``'s work at ``where``'s roofs (each device's worked out once a pass)."""
+        roofs = self.model.roofs.get(where)
+        if roofs is None:
+            return None
+        if where not in self.works:
+            gc = self.gc
+            self.works[where] = roofs.work(gc.labels, gc.types, gc.bytes, gc.flops)
+        return float(self.works[where][k])
+
+    def price_node(self, k: int) -> None:
+        """Node ``k``'s time into ``self.out``, or its class into ``self.missing`` (``price``)."""
+        gc = self.gc
+        dev = self.device(k)
+        where = Where(dev, self.threads if dev == "CPU" else 0)
+        if self.scale is not None and dev == "CPU":
+            where = Where("CPU", self.scale.source.threads)
+        lab, typ, rol = gc.labels[k], gc.types[k], gc.roles[k]
+        if (where, lab, rol) in self.model.fused:
+            return
+        if (where, lab, rol) not in self.model.timed:
+            src = first_source(gc.graph, k)
+            if (
+                src is not None
+                and self.device(src) == dev
+                and (where, lab, gc.labels[src]) in self.model.fused_after
+            ):
+                return
+        roofs = self.model.roofs.get(where)
+        own = self.own_work(where, k)
+        fit = self.model.lookup(where, gc.tokens[k], lab, typ, rol, own)
+        # as the class's own: its label, its type, its bytes
+        as_lab, as_typ, n_bytes = lab, typ, gc.bytes[k : k + 1]
+        if fit is None:
+            found = self.proxied(k, where)
+            if found is not None:
+                fit, as_lab, as_typ, n_bytes = found
+        if fit is None or roofs is None:
+            self.missing[(str(where), lab, typ, gc.tokens[k])] = None
+            return
+        if (as_lab, as_typ) == (lab, typ) and own is not None:
+            w = np.array([own])
+        else:
+            w = roofs.work([as_lab], [as_typ], n_bytes, gc.flops[k : k + 1])
+        self.out[k] = float(fit.time(w)[0])
+        fixed, far = fit.fixed, fit.beyond(float(w[0]))
+        line = self.model.flash.get((where, typ)) if lab == kv_costs.FLASH else None
+        if line is not None and self.cells is not None:
+            # by the cells its rows see, not those its view spans (masked ones are skipped)
+            self.out[k] = line.time(gc.graph.n_tokens, self.cells)
+            fixed = line.fixed
+            far = self.cells / line.cells_hi if self.cells > line.cells_hi * BEYOND else 0.0
+        if self.scale is not None and dev == "CPU":  # at the target's thread count
+            self.at_threads(k, fixed, as_lab, as_typ, float(n_bytes[0]))
+        cls = (str(where), lab, typ, gc.tokens[k])
+        if far and gc.kv[k]:
+            # an attention op on more KV cells than the logs': its line, per cell
+            if self.extrapolated is not None:
+                self.extrapolated[cls] = max(self.extrapolated.get(cls, 0.0), far)
+        elif far and self.beyond is not None:
+            self.beyond[cls] = max(self.beyond.get(cls, 0.0), far)
+
+    def proxied(self, k: int, where: Where) -> tuple[Any, str, str, np.ndarray] | None:
+        """Node ``k``, a class its device never ran, priced from another of its kind there
+        (``proxy``): the fit, the label and type it is priced as, its bytes at that type; said
+        in ``self.proxies``. None where there is none."""
+        gc = self.gc
+        lab, typ = gc.labels[k], gc.types[k]
+        found = proxy(self.model, where, gc.tokens[k], lab, typ)
+        if found is None:
+            return None
+        fit, as_lab, as_typ, as_tokens = found
+        n_bytes = gc.bytes[k : k + 1]
+        if as_typ != typ:
+            # the same op with weights of the type run: their bytes at its size
+            weights = derive.weight_bytes_read(gc.graph.nodes[k], gc.graph)
+            ratio = _type_size(as_typ) / _type_size(typ)
+            n_bytes = n_bytes + weights * (ratio - 1)
+        if self.proxies is not None:
+            of = f" of {typ}" if typ else ""
+            self.proxies[
+                f"{lab}{of} in ubatches of {gc.tokens[k]} token(s) on {where}: no "
+                f"log ran it there; priced as the device's {as_lab} of {as_typ} "
+                f"(ubatches of {as_tokens} token(s)) of its shape"
+            ] = None
+        return fit, as_lab, as_typ, n_bytes
+
+    def at_threads(self, k: int, fixed: float, as_lab: str, as_typ: str, n_bytes: float) -> None:
+        """A CPU node's time moved to the target's thread count (``self.scale``), and said in
+        ``self.bound`` by what it is there."""
+        assert self.scale is not None
+        gc = self.gc
+        lab, typ = gc.labels[k], gc.types[k]
+        weight = as_typ if as_lab.startswith("MUL_MAT") and "kv " not in as_typ else ""
+        columns = rows(gc.graph.nodes[k], gc.graph) if weight else 0
+        time, what = self.scale.time(
+            self.out[k] - fixed, n_bytes, weight, gc.roles[k], int(gc.units[k]), columns,
+            weight_shape(gc.graph.nodes[k], gc.graph) if columns == 1 else None,
+        )  # fmt: skip
+        self.out[k] = fixed + time
+        if self.bound is not None:
+            op = f"{lab} {typ}" if lab.startswith(WEIGHT_OPS) or typ.startswith("kv ") else lab
+            self.bound[(what, op)] = self.bound.get((what, op), 0.0) + self.out[k]
 
 
 @dataclass
@@ -347,118 +453,12 @@ class CostModel:
         count no log ran,
         each CPU node's time is added to ``bound`` under what it is and its op (``thread_scale``:
         ``(memory-bound, "MUL_MAT q4_1")``)."""
-        p = _Pass(gc, devices, threads, proxies, beyond, bound, extrapolated, cells)
+        p = _Pass(self, gc, devices, threads, proxies, beyond, bound, extrapolated, cells)
         p.scale = self._scaled(threads, gc.graph)
         for k in range(len(gc.roles)):
             if not gc.noop[k]:
-                self._price_node(p, k)
+                p.price_node(k)
         return p.out, list(p.missing)
-
-    def _own_work(self, p: _Pass, where: Where, k: int) -> float | None:
-        """Node ``k``'s work at ``where``'s roofs (each device's worked out once a pass)."""
-        roofs = self.roofs.get(where)
-        if roofs is None:
-            return None
-        if where not in p.works:
-            gc = p.gc
-            p.works[where] = roofs.work(gc.labels, gc.types, gc.bytes, gc.flops)
-        return float(p.works[where][k])
-
-    def _price_node(self, p: _Pass, k: int) -> None:
-        """Node ``k``'s time into ``p.out``, or its class into ``p.missing`` (``price``)."""
-        gc = p.gc
-        dev = p.device(k)
-        where = Where(dev, p.threads if dev == "CPU" else 0)
-        if p.scale is not None and dev == "CPU":
-            where = Where("CPU", p.scale.source.threads)
-        lab, typ, rol = gc.labels[k], gc.types[k], gc.roles[k]
-        if (where, lab, rol) in self.fused:
-            return
-        if (where, lab, rol) not in self.timed:
-            src = first_source(gc.graph, k)
-            if (
-                src is not None
-                and p.device(src) == dev
-                and (where, lab, gc.labels[src]) in self.fused_after
-            ):
-                return
-        roofs = self.roofs.get(where)
-        own = self._own_work(p, where, k)
-        fit = self.lookup(where, gc.tokens[k], lab, typ, rol, own)
-        # as the class's own: its label, its type, its bytes
-        as_lab, as_typ, n_bytes = lab, typ, gc.bytes[k : k + 1]
-        if fit is None:
-            found = self._proxied(p, k, where)
-            if found is not None:
-                fit, as_lab, as_typ, n_bytes = found
-        if fit is None or roofs is None:
-            p.missing[(str(where), lab, typ, gc.tokens[k])] = None
-            return
-        if (as_lab, as_typ) == (lab, typ) and own is not None:
-            w = np.array([own])
-        else:
-            w = roofs.work([as_lab], [as_typ], n_bytes, gc.flops[k : k + 1])
-        p.out[k] = float(fit.time(w)[0])
-        fixed, far = fit.fixed, fit.beyond(float(w[0]))
-        line = self.flash.get((where, typ)) if lab == kv_costs.FLASH else None
-        if line is not None and p.cells is not None:
-            # by the cells its rows see, not those its view spans (masked ones are skipped)
-            p.out[k] = line.time(gc.graph.n_tokens, p.cells)
-            fixed = line.fixed
-            far = p.cells / line.cells_hi if p.cells > line.cells_hi * BEYOND else 0.0
-        if p.scale is not None and dev == "CPU":  # at the target's thread count
-            self._at_threads(p, k, fixed, as_lab, as_typ, float(n_bytes[0]))
-        cls = (str(where), lab, typ, gc.tokens[k])
-        if far and gc.kv[k]:
-            # an attention op on more KV cells than the logs': its line, per cell
-            if p.extrapolated is not None:
-                p.extrapolated[cls] = max(p.extrapolated.get(cls, 0.0), far)
-        elif far and p.beyond is not None:
-            p.beyond[cls] = max(p.beyond.get(cls, 0.0), far)
-
-    def _proxied(self, p: _Pass, k: int, where: Where) -> tuple[Any, str, str, np.ndarray] | None:
-        """Node ``k``, a class its device never ran, priced from another of its kind there
-        (``proxy``): the fit, the label and type it is priced as, its bytes at that type; said
-        in ``p.proxies``. None where there is none."""
-        gc = p.gc
-        lab, typ = gc.labels[k], gc.types[k]
-        found = proxy(self, where, gc.tokens[k], lab, typ)
-        if found is None:
-            return None
-        fit, as_lab, as_typ, as_tokens = found
-        n_bytes = gc.bytes[k : k + 1]
-        if as_typ != typ:
-            # the same op with weights of the type run: their bytes at its size
-            weights = derive.weight_bytes_read(gc.graph.nodes[k], gc.graph)
-            ratio = _type_size(as_typ) / _type_size(typ)
-            n_bytes = n_bytes + weights * (ratio - 1)
-        if p.proxies is not None:
-            of = f" of {typ}" if typ else ""
-            p.proxies[
-                f"{lab}{of} in ubatches of {gc.tokens[k]} token(s) on {where}: no "
-                f"log ran it there; priced as the device's {as_lab} of {as_typ} "
-                f"(ubatches of {as_tokens} token(s)) of its shape"
-            ] = None
-        return fit, as_lab, as_typ, n_bytes
-
-    def _at_threads(
-        self, p: _Pass, k: int, fixed: float, as_lab: str, as_typ: str, n_bytes: float
-    ) -> None:
-        """A CPU node's time moved to the target's thread count (``p.scale``), and said in
-        ``p.bound`` by what it is there."""
-        assert p.scale is not None
-        gc = p.gc
-        lab, typ = gc.labels[k], gc.types[k]
-        weight = as_typ if as_lab.startswith("MUL_MAT") and "kv " not in as_typ else ""
-        columns = rows(gc.graph.nodes[k], gc.graph) if weight else 0
-        time, what = p.scale.time(
-            p.out[k] - fixed, n_bytes, weight, gc.roles[k], int(gc.units[k]), columns,
-            weight_shape(gc.graph.nodes[k], gc.graph) if columns == 1 else None,
-        )  # fmt: skip
-        p.out[k] = fixed + time
-        if p.bound is not None:
-            op = f"{lab} {typ}" if lab.startswith(WEIGHT_OPS) or typ.startswith("kv ") else lab
-            p.bound[(what, op)] = p.bound.get((what, op), 0.0) + p.out[k]
 
     def _scaled(self, threads: int, graph: Graph) -> ThreadScale | None:
         """The CPU at a thread count no log ran, None where a log ran it: its classes are the

@@ -22,7 +22,9 @@ from llamacpp_instr.converters.analysis.frames_host import HostBuilder
 from llamacpp_instr.converters.analysis.frames_spec import request_spec_columns, step_roles
 from llamacpp_instr.converters.analysis.table_columns import string_categories
 from llamacpp_instr.converters.reading.decode.graphs import Graph
+from llamacpp_instr.converters.reading.decode.media import Encode
 from llamacpp_instr.converters.reading.decode.sessions import (
+    EncodeDone,
     HostDone,
     SessionInfo,
     SessionStarted,
@@ -159,7 +161,7 @@ class _RefBuilder:
         self.op_device: list[str | None] = []
         self.layer_device: list[str | None] = []
 
-    def step(self, s: Step) -> None:
+    def step(self, s: Step | Encode) -> None:
         # until its outputs were ready: its last compute's or RPC command's end, if later
         ready = (
             max(
@@ -172,10 +174,8 @@ class _RefBuilder:
             if s.ended
             else s.end
         )
-        encode = s.kind == "encode"
-        if encode:
-            enc = s.encode
-            assert enc is not None
+        if isinstance(s, Encode):
+            enc = s
             arch = self.info.contexts.get(s.ctx, {}).get("model", {}).get("architecture")
             m0, k0 = s.media[0] if s.media else (None, None)
             self.encodes.add(
@@ -191,6 +191,8 @@ class _RefBuilder:
                 self.encode_media.add(step=s.index, media=m, slices=n)
         else:
             m0, k0 = s.media[0] if s.media else (None, None)
+            for seq, n_tok, p0, p1 in s.seqs:
+                self.seqs.add(step=s.index, ctx=s.ctx, seq=seq, n_tokens=n_tok, pos0=p0, pos1=p1)
             self.steps.add(
                 step=s.index, ctx=s.ctx, kind=s.kind, n_tokens=s.n_tokens, pos0=s.pos[0],
                 pos1=s.pos[1], t_start=s.start, dur_ns=ready - s.start, status=s.status,
@@ -198,8 +200,7 @@ class _RefBuilder:
                 request=s.request, level=s.level or self.info.level, llama_decode_ns=s.dur,
                 media=m0, media_slice=k0,
             )  # fmt: skip
-        for seq, n_tok, p0, p1 in s.seqs:
-            self.seqs.add(step=s.index, ctx=s.ctx, seq=seq, n_tokens=n_tok, pos0=p0, pos1=p1)
+        encode = isinstance(s, Encode)
         layers, ops = (self.encode_layers, self.encode_ops) if encode else (self.layers, self.ops)
         for c in s.computes:
             splits = c.place.splits if c.place is not None else []
@@ -261,7 +262,7 @@ class _RefBuilder:
                 self.experts.add(
                     step=s.index, layer=la, expert=e, tokens=t, ubatch=r.ubatch, weight=w
                 )
-        for row in s.topk:
+        for row in s.topk if isinstance(s, Step) else []:
             for rank, (tok, logit) in enumerate(zip(row["ids"], row["logits"], strict=False)):
                 self.topk.add(
                     step=s.index, row=row.get("row", 0), rank=rank, token=tok, logit=logit
@@ -381,6 +382,8 @@ def reference_load_sessions(path: Path | str, *, strict: bool = False) -> list[S
             hosts[ev.session.sid] = HostBuilder()
         elif isinstance(ev, StepDone):
             builders[ev.session.sid].step(ev.step)
+        elif isinstance(ev, EncodeDone):
+            builders[ev.session.sid].step(ev.encode)
         elif isinstance(ev, HostDone):
             hosts[ev.session.sid].add(ev.host)
     if not builders:

@@ -12,7 +12,14 @@ from typing import Any
 
 from ..reading.decode.computes import op_time_by_label
 from ..reading.decode.fields import MALFORMED
-from ..reading.decode.sessions import SessionEnded, SessionInfo, SessionStarted, StepDone
+from ..reading.decode.media import Encode
+from ..reading.decode.sessions import (
+    EncodeDone,
+    SessionEnded,
+    SessionInfo,
+    SessionStarted,
+    StepDone,
+)
 from ..reading.decode.steps import Step
 from ..session.fold import Fold
 
@@ -64,6 +71,8 @@ class LiveState:
                     self._start(ev.session)
                 elif isinstance(ev, StepDone) and ev.step.ended:
                     done = self._step(ev.step)
+                elif isinstance(ev, EncodeDone) and ev.encode.ended:
+                    done = self._encode(ev.encode)
                 elif isinstance(ev, SessionEnded) and ev.session.end is not None:
                     self.status = str(ev.session.end.get("status", "ended"))
         except MALFORMED:
@@ -78,11 +87,13 @@ class LiveState:
         self.sid = info.sid
         self.memory = {k: v for k, v in info.memory.items() if k != "buffers"}
 
+    def _encode(self, enc: Encode) -> StepView:
+        """An encoder's encode: its line, counted apart, in no decode figure."""
+        self.encodes_done += 1
+        self.encode_ns += enc.dur
+        return StepView(enc.index, "encode", enc.n_tokens, enc.dur, enc.kv_used)
+
     def _step(self, step: Step) -> StepView:
-        if step.kind == "encode":  # not a decode step: its line, no decode figure
-            self.encodes_done += 1
-            self.encode_ns += step.dur
-            return StepView(step.index, step.kind, step.n_tokens, step.dur, step.kv_used)
         layers: dict[int, int] = {}
         ops: dict[str, int] = {}
         for c in step.computes:

@@ -57,9 +57,10 @@ from llamacpp_instr.contract.errors import UserError
 
 from ..reading import prefetch
 from ..reading.decode.graphs import Graph
+from ..reading.decode.media import Encode
 from ..reading.decode.memory import StepMemory
 from ..reading.decode.passes import Pass
-from ..reading.decode.sessions import HostDone, SessionInfo, SessionStarted, StepDone
+from ..reading.decode.sessions import EncodeDone, HostDone, SessionInfo, SessionStarted, StepDone
 from ..reading.decode.steps import Step
 from ..reading.reader import ReadReport
 from ..session import machine_peaks
@@ -250,7 +251,7 @@ class _Builder:
         self.graphs: dict[int, Graph] = {}
         self.layers = LayersBuilder()
         self.ops = OpsBuilder()  # the ops table, joined with per-node columns at the end
-        # an encoder's encodes (kind "encode"): tables of their own (``frames_media``)
+        # an encoder's encodes: tables of their own (``frames_media``)
         self.encodes = EncodeRows(info)
         self.encode_layers = LayersBuilder()
         self.encode_ops = OpsBuilder()
@@ -259,23 +260,17 @@ class _Builder:
         self.host = HostBuilder()  # the host's work between steps
 
     def step(self, s: Step) -> None:
-        cols = [ComputeColumns(c) for c in s.computes]
-        op_ns = 0
-        for cc in cols:
-            if cc.ops.shape[1]:
-                op_ns += int(cc.ops[2].sum())
-        encode = s.kind == "encode"
-        if encode:
-            self.encodes.add(s, ready_at(s) - s.start, op_ns)
-        else:
-            medium = s.media[0] if s.media else (None, None)
-            self.steps.add(
-                step=s.index, ctx=s.ctx, kind=s.kind, n_tokens=s.n_tokens, pos0=s.pos[0],
-                pos1=s.pos[1], t_start=s.start, dur_ns=ready_at(s) - s.start, status=s.status,
-                n_outputs=s.n_outputs, kv_used=s.kv_used, op_ns=op_ns, ended=int(s.ended),
-                request=s.request, level=s.level or self.info.level, llama_decode_ns=s.dur,
-                media=medium[0], media_slice=medium[1],
-            )  # fmt: skip
+        """A decode step: its rows of ``steps``, ``seqs`` and ``topk``, its computes into
+        ``layers`` and ``ops``, and on several devices the device tables."""
+        cols, op_ns = self.columns(s)
+        medium = s.media[0] if s.media else (None, None)
+        self.steps.add(
+            step=s.index, ctx=s.ctx, kind=s.kind, n_tokens=s.n_tokens, pos0=s.pos[0],
+            pos1=s.pos[1], t_start=s.start, dur_ns=ready_at(s) - s.start, status=s.status,
+            n_outputs=s.n_outputs, kv_used=s.kv_used, op_ns=op_ns, ended=int(s.ended),
+            request=s.request, level=s.level or self.info.level, llama_decode_ns=s.dur,
+            media=medium[0], media_slice=medium[1],
+        )  # fmt: skip
         if s.kind == "gen":
             self.generated.append((s.index, s.tokens))
         for seq, n_tok, p0, p1 in s.seqs:
@@ -285,12 +280,26 @@ class _Builder:
                 self.topk.add(
                     step=s.index, row=row.get("row", 0), rank=rank, token=tok, logit=logit
                 )
-        if encode:
-            self.computes(s, cols, self.encode_layers, self.encode_ops, None)
-        else:
-            self.computes(s, cols, self.layers, self.ops, self.dev)
-            if self.dev is not None:
-                self.dev.step(s)
+        self.computes(s, cols, self.layers, self.ops, self.dev)
+        if self.dev is not None:
+            self.dev.step(s)
+
+    def encode(self, e: Encode) -> None:
+        """An encoder's encode: its row of ``encodes`` (``frames_media``), its computes into
+        ``encode_layers`` and ``encode_ops`` (the device tables are the decode steps')."""
+        cols, op_ns = self.columns(e)
+        self.encodes.add(e, ready_at(e) - e.start, op_ns)
+        self.computes(e, cols, self.encode_layers, self.encode_ops, None)
+
+    @staticmethod
+    def columns(p: Pass) -> tuple[list[ComputeColumns], int]:
+        """A pass's computes as columns, and the time of its timed ops."""
+        cols = [ComputeColumns(c) for c in p.computes]
+        op_ns = 0
+        for cc in cols:
+            if cc.ops.shape[1]:
+                op_ns += int(cc.ops[2].sum())
+        return cols, op_ns
 
     def computes(
         self,
@@ -471,6 +480,8 @@ def load_sessions(
                     builders[ev.session.sid] = _Builder(ev.session)
                 elif isinstance(ev, StepDone):
                     builders[ev.session.sid].step(ev.step)
+                elif isinstance(ev, EncodeDone):
+                    builders[ev.session.sid].encode(ev.encode)
                 elif isinstance(ev, HostDone):
                     builders[ev.session.sid].host.add(ev.host)
             if not builders:

@@ -2,9 +2,9 @@
 ``.encode_ops``, and the steps' ``media`` and ``media_slice``).
 
 An encoder (tools/mtmd: a vision or audio encoder and its projector) computes its graph outside
-``llama_decode``: its encodes are steps of its own context (kind ``encode``), kept apart from the
-``steps``, ``layers`` and ``ops`` tables, which hold the language model's decode steps only, so
-that no prompt or generation figure counts an encode.
+``llama_decode``: its encodes are passes of its own context (``Encode``, the fold's ``EncodeDone``;
+no ``Step``), in tables of their own: the ``steps``, ``layers`` and ``ops`` tables hold the
+language model's decode steps only, so that no prompt or generation figure counts an encode.
 
 * ``media`` — one row per medium (the first ``media`` record of each id): id, kind (image,
   audio), nx, ny (pixels; a sound's samples and 1), frames, bytes, hash, slices (the encoder
@@ -33,9 +33,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..reading.decode.media import KINDS
+from ..reading.decode.media import KINDS, Encode
 from ..reading.decode.sessions import SessionInfo
-from ..reading.decode.steps import Step
 from .table_columns import Table, string_categories
 
 MEDIA_COLS = (
@@ -94,17 +93,15 @@ class EncodeRows:
         # per medium an encode encoded: its step, the medium, how many of its slices
         self.em_step, self.em_media, self.em_slices = array("q"), array("q"), array("i")
 
-    def add(self, s: Step, dur_ns: int, op_ns: int) -> None:
-        """An encode (``s``, kind "encode"), ``dur_ns`` until its outputs were ready."""
-        enc = s.encode
+    def add(self, s: Encode, dur_ns: int, op_ns: int) -> None:
+        """An encode, ``dur_ns`` until its outputs were ready."""
         first = s.media[0] if s.media else (None, None)
-        target = enc.target if enc is not None else None
+        target = s.target
         arch = self.info.contexts.get(s.ctx, {}).get("model", {}).get("architecture")
         self.t.add(
             step=s.index, ctx=s.ctx, encoder=arch, t_start=s.start, dur_ns=dur_ns,
             compute_ns=sum(c.dur for c in s.computes), op_ns=op_ns, n_tokens=s.n_tokens,
-            media=first[0], slice=first[1], n_slices=len(s.media) + (enc.more if enc else 0),
-            first=int(bool(enc and enc.first)),
+            media=first[0], slice=first[1], n_slices=len(s.media) + s.more, first=int(s.first),
             target_ctx=target[0] if target else None,
             target_seq=target[1] if target else None,
             request=s.request, level=s.level or self.info.level, status=s.status,

@@ -33,7 +33,8 @@ from .chrome_ops import OpQueue, dumps, pairs
 _FLOW_KINDS = {c: ("launch", "device_flow") for c in ("split", "busy", "remote")}
 _FLOW_KINDS["speculation"] = ("draft to verify", "spec_flow")  # a request's draft, verified
 # an encode's embeddings to the decode steps that carry them: it starts the flow, each of them a
-# step of it (v1's "t": the flow goes on through every step that carries the same medium slice)
+# step of it (``Slice.carries``, v1's "t": the flow goes on through every step that carries the
+# same medium slice)
 _FLOW_KINDS["step"] = ("embeddings", "media_flow")
 
 
@@ -115,7 +116,7 @@ class _Writer:
         name, cat = _FLOW_KINDS.get(it.category, ("KV cache", "kv_flow"))
         head = {"name": name, "cat": cat, "pid": tr.pid, "tid": self.tids[it.track]}
         ts = (it.ts + it.dur / 2) / 1000
-        ph = "t" if it.category == "step" and it.args.get("kind") != "encode" else "s"
+        ph = "t" if it.carries else "s"
         for f in it.flows_out:
             self.emit({"ph": ph, **head, "id": f, "ts": ts})
         for f in it.flows_in:

@@ -2,8 +2,9 @@
 
 Every figure is one the log holds or follows from it:
 
-* a step (``step_begin`` + ``step_end``): its kind, ``llama_decode`` time, tokens, KV cells used;
-  an encoder's encode (kind ``encode``: an image's or a sound's) is no sequence's step;
+* a decode step (``step_begin`` + ``step_end``): its kind, ``llama_decode`` time, tokens, KV cells
+  used; an encoder's encode (an image's or a sound's: ``reading.decode.media.is_encode``) is no
+  sequence's step, and has figures of its own (``EncodeFigures``);
 * the host's work after a step (a ``host`` record): the sampling time of each token sampled, in all
   and by sampler (``reading.decode.host.sampler_type``: names bounded to the pin's samplers);
 * a request (a ``request`` record, written when the request is done): its outcome, queue time,
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..reading.decode.host import host_record, sampler_type
-from .log_input import MALFORMED, VALUE_MAX, cache_reason, opt_count, step_seqs
+from .log_input import MALFORMED, VALUE_MAX, cache_reason, is_encode, opt_count, step_seqs
 
 NS = 1e-9
 
@@ -54,11 +55,19 @@ class SessionFigures:
 
 @dataclass(frozen=True)
 class StepFigures:
-    kind: str  # prompt, gen or encode, as step_begin says
+    kind: str  # prompt or gen, as step_begin says
     dur_s: float
     n_tokens: int
     kv_used: int | None  # step_end.kv_used (sequence 0's span), when known
     running: int  # sequences with a request in flight (steps since their last request's end)
+
+
+@dataclass(frozen=True)
+class EncodeFigures:
+    """An encoder's encode: its time until its embeddings were ready, and how many it made."""
+
+    dur_s: float
+    n_tokens: int
 
 
 @dataclass(frozen=True)
@@ -177,6 +186,10 @@ class _SeqSteps:
         return len(self.cols[0])
 
 
+# what ``RequestTracker.add`` returns: the figures a record completes
+Figures = SessionFigures | StepFigures | EncodeFigures | RequestFigures | HostFigures
+
+
 @dataclass
 class RequestTracker:
     """Feed it every record of a log (``add``); it returns the figures each record completes."""
@@ -186,8 +199,9 @@ class RequestTracker:
     # step -> its layer spans (layer, start, end): the newest ``cap`` steps'
     _layers: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
     seqs: dict[int, _SeqSteps] = field(default_factory=dict)
-    # (sid, ctx) -> (kind, [(seq, n_tokens, first pos, last pos)]) of the step in flight
-    _begun: dict[tuple[str, int], tuple[str, list[tuple[int, int, int, int]]]] = field(
+    # (sid, ctx) -> (kind, [(seq, n_tokens, first pos, last pos)]) of the step in flight; kind
+    # None: an encode in flight
+    _begun: dict[tuple[str, int], tuple[str | None, list[tuple[int, int, int, int]]]] = field(
         default_factory=dict
     )
     _sids: set[str] = field(default_factory=set)
@@ -196,9 +210,7 @@ class RequestTracker:
     # llama_decode returns)
     _ready: dict[tuple[str, int], int] = field(default_factory=dict)
 
-    def add(
-        self, rec: dict[str, Any]
-    ) -> SessionFigures | StepFigures | RequestFigures | HostFigures | None:
+    def add(self, rec: dict[str, Any]) -> Figures | None:
         """The figures ``rec`` completes, if any; a record without the schema's shape is skipped,
         as the converters skip it."""
         try:
@@ -287,9 +299,9 @@ class RequestTracker:
         )
 
     def _step_begin(self, rec: dict[str, Any]) -> None:
-        if rec["kind"] == "encode":  # an encoder's: no sequence's tokens, no request's step
+        if is_encode(rec):  # an encoder's: no sequence's tokens, no request's step
             _count(rec["n_tokens"])
-            self._begun[(str(rec["sid"]), int(rec["ctx"]))] = ("encode", [])
+            self._begun[(str(rec["sid"]), int(rec["ctx"]))] = (None, [])
             return
         seqs = step_seqs(rec)
         if not seqs:  # a step without seqs holds sequence 0 only, at ``pos``
@@ -299,7 +311,7 @@ class RequestTracker:
             _count(q), _count(n), _int(p0), _int(p1)
         self._begun[(str(rec["sid"]), int(rec["ctx"]))] = (str(rec["kind"]), seqs)
 
-    def _step_end(self, rec: dict[str, Any]) -> StepFigures | None:
+    def _step_end(self, rec: dict[str, Any]) -> StepFigures | EncodeFigures | None:
         key = (str(rec["sid"]), int(rec["ctx"]))
         begun, ready = self._begun.pop(key, None), self._ready.pop(key, 0)
         if begun is None:
@@ -310,6 +322,8 @@ class RequestTracker:
         step = _count(rec["step"])
         for q, n, p0, _ in seqs:
             self.seqs.setdefault(q, _SeqSteps()).add((start, start + dur, step, n, p0), self.cap)
+        if kind is None:
+            return EncodeFigures(dur_s=dur * NS, n_tokens=_count(rec["n_tokens"]))
         kv = rec.get("kv_used")
         return StepFigures(
             kind=kind,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.converters.reading.decode.fields import MALFORMED, VALUE_MAX, opt_count
+from llamacpp_instr.converters.reading.decode.media import is_encode
 from llamacpp_instr.converters.reading.decode.steps import step_seqs
 from llamacpp_instr.converters.session.request_causes import MISS_REASONS, cache_reason
 from llamacpp_instr.converters.session.requests import slot_window
@@ -17,6 +18,7 @@ __all__ = [
     "UserError",
     "VALUE_MAX",
     "cache_reason",
+    "is_encode",
     "opt_count",
     "slot_window",
     "step_seqs",

@@ -32,7 +32,14 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 
 from ..reading.decode.host import OTHER as OTHER_SAMPLER
 from ..reading.decode.host import PIN_SAMPLERS, SAMPLING_PARTS
-from .live_figures import HostFigures, RequestFigures, SessionFigures, StepFigures
+from .live_figures import (
+    EncodeFigures,
+    Figures,
+    HostFigures,
+    RequestFigures,
+    SessionFigures,
+    StepFigures,
+)
 from .log_input import MISS_REASONS
 
 PREFIX = "llamacpp_instr:"
@@ -275,11 +282,11 @@ class Metrics(Families):
         self._n_cells: int | None = None
         self._one_seq = False
 
-    def observe(
-        self, fig: SessionFigures | StepFigures | RequestFigures | HostFigures | None
-    ) -> None:
+    def observe(self, fig: Figures | None) -> None:
         if isinstance(fig, StepFigures):
             self._step(fig)
+        elif isinstance(fig, EncodeFigures):  # an encoder's, not a decode step
+            self.encode.observe(fig.dur_s)
         elif isinstance(fig, HostFigures):
             for name, seconds, n in fig.per_token:
                 h = self.sampling.labels(name if name in SAMPLER_LABELS else OTHER_SAMPLER)
@@ -327,9 +334,6 @@ class Metrics(Families):
         return self._token_hists
 
     def _step(self, s: StepFigures) -> None:
-        if s.kind == "encode":  # an encoder's, not a decode step
-            self.encode.observe(s.dur_s)
-            return
         kind = s.kind if s.kind in KINDS else OTHER
         by_kind = self._step_by_kind.get(kind)
         if by_kind is None:

@@ -2,8 +2,9 @@
 
 Ways to consume a log:
 
-* ``iter_events(path)`` streams: it yields ``SessionStarted``, then ``StepDone`` for each decode step
-  as soon as its ``step_end`` (or the end of the file) is read, and ``HostDone`` for each ``host``
+* ``iter_events(path)`` streams: it yields ``SessionStarted``, then each pass's own event as soon
+  as its ``step_end`` (or the end of the file) is read (``StepDone`` for a decode step,
+  ``EncodeDone`` for an encoder's encode: ``PASS_EVENTS``), and ``HostDone`` for each ``host``
   record (the host's work after a step), then ``SessionEnded``. Only the
   steps in flight and the graph tables are held in memory, so a writer that streams its output
   stays bounded whatever the log's size. Every compute's ops are columns (``reading.decode.computes.Compute``).
@@ -22,7 +23,7 @@ steps; both are marked ``ended=False``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,11 @@ from ..reading.decode.computes import (
 from ..reading.decode.fields import MALFORMED, nonneg, skip_malformed
 from ..reading.decode.graphs import Graph, Tables, graph_record
 from ..reading.decode.host import chain_record, host_record, perf_record
-from ..reading.decode.media import decoded_medium, encode_fields, medium_record
+from ..reading.decode.media import Encode, encode_begun, is_encode, medium_record
 from ..reading.decode.memory import allocation, failure
-from ..reading.decode.passes import Pass, begun, end_step
+from ..reading.decode.passes import Pass, end_step
 from ..reading.decode.sessions import (
+    EncodeDone,
     Event,
     HostDone,
     SessionEnded,
@@ -54,7 +56,7 @@ from ..reading.decode.sessions import (
     session_info,
 )
 from ..reading.decode.spec import MAX_CONTEXTS, context_record, spec_record
-from ..reading.decode.steps import Step, step_kind, step_seqs, topk_rows
+from ..reading.decode.steps import Step, step_begun, topk_rows
 from ..reading.decode.transfers import transfers
 from ..reading.reader import ReadReport, iter_records
 from .device_time import multi_device
@@ -65,6 +67,11 @@ __all__ = ["Fold", "Session", "iter_events", "iter_events_packed", "load"]
 
 # graphs whose routers a session keeps worked out (a few per context: each shape of batch)
 ROUTER_GRAPHS = 64
+# each kind of pass, the event that hands it out when it ends
+PASS_EVENTS: dict[type[Pass], Callable[[SessionInfo, Any], Event]] = {
+    Step: StepDone,
+    Encode: EncodeDone,
+}
 
 
 class _SessionState:
@@ -76,7 +83,7 @@ class _SessionState:
         # the node tables written out (whole, or by ``subst``), which a later graph may name
         # (``same_as``): kept apart from ``graphs``, which a long follow trims
         self.tables: dict[tuple[int, int], Graph] = Tables()
-        self.open_steps: dict[tuple[int, int], Step] = {}  # (ctx, step) -> step in flight
+        self.open_steps: dict[tuple[int, int], Pass] = {}  # (ctx, step) -> pass in flight
         self.routers: dict[Graph, dict[int, Router]] = {}  # a MoE's graphs' routers, by graph
         self.routed_layers: set[int] = set()  # the layers its routing records name
         self.routed_experts = 0  # their most experts
@@ -270,13 +277,13 @@ def _apply(rec: dict[str, Any], states: dict[str, _SessionState]) -> Iterator[Ev
             step.experts.append(state.routing(rec, step))
     elif rtype == "topk":
         step = state.open_steps.get((int(rec["ctx"]), int(rec["step"])))
-        if step is not None:
+        if isinstance(step, Step):  # (a decode step's outputs)
             step.topk = topk_rows(rec)
     elif rtype == "step_end":
         step = state.open_steps.pop((int(rec["ctx"]), int(rec["step"])), None)
         if step is not None:
             end_step(step, rec)
-            yield StepDone(info, step)
+            yield PASS_EVENTS[type(step)](info, step)
     elif rtype == "session_end":
         yield from _close(state, rec["ts"])
         info.end = rec
@@ -300,19 +307,11 @@ def _start(
 
 
 def _step_begin(state: _SessionState, rec: dict[str, Any]) -> None:
-    """A step begun: open until its ``step_end``."""
+    """A pass begun, of its kind (an encoder's encode, else a decode step): open until its
+    ``step_end``."""
     key = (int(rec["ctx"]), int(rec["step"]))
-    kind = step_kind(rec)
-    media, encode = encode_fields(rec) if kind == "encode" else (decoded_medium(rec), None)
-    state.open_steps[key] = Step(
-        **begun(rec, state.info.level),
-        kind=kind,
-        tokens=[int(t) for t in rec.get("tokens", [])],
-        pieces=[str(x) for x in rec.get("pieces", [])],
-        seqs=step_seqs(rec),
-        media=media,
-        encode=encode,
-    )
+    begin = encode_begun if is_encode(rec) else step_begun
+    state.open_steps[key] = begin(rec, state.info.level)
 
 
 def _transfers(state: _SessionState, rec: dict[str, Any]) -> None:
@@ -348,25 +347,26 @@ def _tensor_stats(state: _SessionState, rec: dict[str, Any]) -> None:
                 attach_stats(c, rec)
 
 
-def _close(state: _SessionState, ts: int) -> Iterator[StepDone]:
-    """Steps that never ended: closed at ``ts``, marked not ended."""
+def _close(state: _SessionState, ts: int) -> Iterator[Event]:
+    """Passes that never ended: closed at ``ts``, marked not ended."""
     for step in state.open_steps.values():
         last = max([step.start] + [c.start + c.dur for c in step.computes])
         step.dur = max(ts, last) - step.start
         step.ended = False
-        yield StepDone(state.info, step)
+        yield PASS_EVENTS[type(step)](state.info, step)
     state.open_steps.clear()
 
 
 @dataclass
 class Session:
     info: SessionInfo
-    steps: list[Step]
+    steps: list[Step]  # its decode steps
+    encodes: list[Encode] = field(default_factory=list)  # its encoders' encodes
 
     @property
     def graphs(self) -> dict[int, Graph]:
         out: dict[int, Graph] = {}
-        for s in self.steps:
+        for s in [*self.steps, *self.encodes]:
             for c in s.computes:
                 if c.graph is not None:
                     out[c.graph.id] = c.graph
@@ -385,4 +385,6 @@ def load(
             order.append(ev.session.sid)
         elif isinstance(ev, StepDone):
             sessions[ev.session.sid].steps.append(ev.step)
+        elif isinstance(ev, EncodeDone):
+            sessions[ev.session.sid].encodes.append(ev.encode)
     return [sessions[s] for s in order]

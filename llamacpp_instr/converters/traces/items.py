@@ -52,6 +52,9 @@ class Slice:
     args: dict[str, Any] = field(default_factory=dict)
     flows_out: tuple[int, ...] = ()  # ids of the flows (KV cache writes to reads) it starts
     flows_in: tuple[int, ...] = ()  # ids of the flows it ends
+    # its ``flows_out`` go on through it, begun by an earlier slice (a decode step carrying an
+    # encode's embeddings): a step of each flow, where the others begin theirs
+    carries: bool = False
 
 
 @dataclass

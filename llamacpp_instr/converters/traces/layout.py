@@ -29,8 +29,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..reading.decode.media import Encode
 from ..reading.decode.passes import Pass
 from ..reading.decode.sessions import (
+    EncodeDone,
     Event,
     HostDone,
     SessionEnded,
@@ -191,22 +193,28 @@ class SessionLayout(OpsLayout):
             yield tr
 
     def step(self, step: Step, stats: LayoutStats) -> Iterator[BulkItem]:
-        encode = step.kind == "encode"
-        if not encode:  # (an encode is no sequence's step)
-            self.served.seq_steps.add(step.start, step.dur, step.n_tokens, step.seqs)
+        """A decode step: its sequences' share (requests), its slice, tokens/s, and its work."""
+        self.served.seq_steps.add(step.start, step.dur, step.n_tokens, step.seqs)
         wanted = self.sel.wants_step(step)
         flows = self.flows.step(self.info.sid, step, wanted) if self.flows is not None else None
         if not wanted:
             return
-        if encode:
-            name = encode_name(step, modality(self.info, step.ctx) or "media")
-            args = encode_args(step)
-        else:
-            name, args = decode_slice(step)
-        yield from self.pass_slice(step, stats, name, args, step_flows(self.info.sid, step), encode)
-        if step.dur > 0 and step.ended and not encode:
+        name, args = decode_slice(step)
+        yield from self.pass_slice(step, stats, name, args, step_flows(self.info.sid, step), False)
+        if step.dur > 0 and step.ended:
             yield Sample(self.tok_s.uuid, step.end, step.n_tokens / (step.dur / 1e9))
         yield from self.pass_work(step, stats, flows)
+
+    def encode(self, enc: Encode, stats: LayoutStats) -> Iterator[BulkItem]:
+        """An encoder's encode, on its encoder's track (``media_tracks``), laid out as a step
+        is: no sequence's, no token's, no KV cache's."""
+        if not self.sel.wants_step(enc):
+            return
+        name = encode_name(enc, modality(self.info, enc.ctx) or "media")
+        yield from self.pass_slice(
+            enc, stats, name, encode_args(enc), step_flows(self.info.sid, enc), True
+        )
+        yield from self.pass_work(enc, stats, None)
 
     def pass_slice(
         self,
@@ -227,7 +235,7 @@ class SessionLayout(OpsLayout):
         if self.by_device is not None:  # (an RPC server's compute)
             args["llama_decode_ns"] = p.dur
             dur = self.by_device.step_end(p) - p.start
-        yield Slice(track, name, p.start, dur, 0, "step", args, media_flows)
+        yield Slice(track, name, p.start, dur, 0, "step", args, media_flows, carries=not encoder)
 
     def pass_work(
         self, p: Pass, stats: LayoutStats, flows: list[OpFlows] | None
@@ -313,6 +321,10 @@ def layout_sessions(
             lay = sessions[ev.session.sid]
             yield from lay.requests()
             yield from lay.step(ev.step, lay.stats)
+        elif isinstance(ev, EncodeDone):
+            lay = sessions[ev.session.sid]
+            yield from lay.requests()
+            yield from lay.encode(ev.encode, lay.stats)
         elif isinstance(ev, HostDone):
             lay = sessions[ev.session.sid]
             yield from lay.steps_track(ev.host.ctx)

@@ -1,14 +1,14 @@
 """Images and sounds in a trace: each medium's load and preprocessing as slices on "media"
 lanes (media overlap in time: llama-server's requests load theirs at once), an encoder's encodes
-on its context's track (``layout.SessionLayout.step``: kind ``encode``), and a flow from each
-encode to the decode steps that carry its embeddings (``media_flow``)."""
+on its context's track (``layout.SessionLayout.encode``: named and described here), and a flow
+from each encode to the decode steps that carry its embeddings (``media_flow``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
 
-from ..reading.decode.media import Medium
+from ..reading.decode.media import Encode, Medium
 from ..reading.decode.sessions import SessionInfo
 from ..reading.decode.steps import Step
 from .items import Item, Slice, Track, track_uuid
@@ -23,7 +23,7 @@ def media_flow(sid: str, media: int, slice_: int) -> int:
     return track_uuid(sid, "media", media, slice_)
 
 
-def step_flows(sid: str, step: Step) -> tuple[int, ...]:
+def step_flows(sid: str, step: Step | Encode) -> tuple[int, ...]:
     """The media flows an encode starts, or a decode step carries (medium 0: one tokenized
     outside the session, which no flow names)."""
     return tuple(media_flow(sid, m, k) for m, k in step.media if m > 0)
@@ -51,12 +51,12 @@ def medium_name(m: Medium) -> str:
     return f"{noun(m.kind)} {m.id} ({size}, {m.tokens} tokens)"
 
 
-def encode_name(step: Step, kind: str) -> str:
+def encode_name(step: Encode, kind: str) -> str:
     """An encode's slice name, as a decode step's is (its kind, then its step): "encode", the
     step, then its media ("image 2", "image 2:1" for a slice after a medium's first, "+3" for
     more slices)."""
     shown = [f"{m}" if k == 0 else f"{m}:{k}" for m, k in step.media[:4]]
-    more = len(step.media) - len(shown) + (step.encode.more if step.encode else 0)
+    more = len(step.media) - len(shown) + step.more
     what = " ".join(shown) + (f" +{more}" if more else "")
     return f"encode #{step.index} {kind} {what}".rstrip()
 
@@ -65,22 +65,21 @@ def encode_name(step: Step, kind: str) -> str:
 ARGS_SLICES = 16
 
 
-def encode_args(step: Step) -> dict[str, Any]:
-    enc = step.encode
-    more = len(step.media) - ARGS_SLICES + (enc.more if enc else 0)
+def encode_args(step: Encode) -> dict[str, Any]:
+    more = len(step.media) - ARGS_SLICES + step.more
     args: dict[str, Any] = {
         "step": step.index,
         "kind": "encode",
         "embeddings": step.n_tokens,
         "media": " ".join(f"{m}:{k}" for m, k in step.media[:ARGS_SLICES])
         + (f" +{more}" if more > 0 else ""),
-        "first": bool(enc and enc.first),
+        "first": step.first,
         "status": step.status if step.status is not None else "not ended",
         "ended": step.ended,
         "op_time_ns": step.op_time,
     }
-    if enc is not None and enc.target is not None:
-        args["target"] = f"ctx {enc.target[0]} seq {enc.target[1]}"
+    if step.target is not None:
+        args["target"] = f"ctx {step.target[0]} seq {step.target[1]}"
     if step.request is not None:
         args["request"] = step.request
     return args

@@ -1,5 +1,6 @@
-"""Images and sounds (tools/mtmd): ``media`` records, and what a step says of them (an encode's
-medium slices, its target and ``first``; a decode step's medium).
+"""Images and sounds (tools/mtmd): ``media`` records, an encoder's encodes (``Encode``: a
+``step_begin`` of kind ``encode`` and what follows it to its ``step_end``), and the medium a
+decode step decodes.
 
 Each is checked here once; a record without the schema's shape raises one of
 ``fields.MALFORMED`` and is skipped as every damaged record is. A session's media are kept as
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .fields import VALUE_MAX, nonneg, opt_count, uint
+from .passes import Pass, begun
 
 KINDS = ("image", "audio")  # a medium's kind; another is kept as "other"
 # a session's media kept at most (the later ones are counted, not kept)
@@ -147,14 +149,24 @@ def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-@dataclass(frozen=True, slots=True)
-class Encode:
-    """What an encode's step_begin says beyond a step's: whose prompt it serves and whether it
-    is its encoder's first in the process (its medium slices are the step's ``media``)."""
+ENCODE = "encode"  # a step_begin's kind for an encoder's encode
 
-    first: bool
-    target: tuple[int, int] | None  # (ctx, seq) whose prompt it serves, when said
-    more: int  # medium slices past those named (``media_more``)
+
+def is_encode(rec: dict[str, Any]) -> bool:
+    """Does this step_begin begin an encoder's encode (else a decode step)?"""
+    return bool(rec["kind"] == ENCODE)
+
+
+@dataclass(kw_only=True)
+class Encode(Pass):
+    """An encoder's encode (tools/mtmd: a vision or audio encoder and its projector, its graph
+    computed outside ``llama_decode``) of an image's or a sound's slices: a ``Pass`` of the
+    encoder's own context, ``n_tokens`` the embeddings it made."""
+
+    media: tuple[tuple[int, int], ...] = ()  # the medium slices it encodes, (media, slice) each
+    first: bool = False  # its encoder's first encode in the process
+    target: tuple[int, int] | None = None  # (ctx, seq) whose prompt it serves, when said
+    more: int = 0  # medium slices past those named (``media_more``)
 
 
 def _pair(v: Any, name: str) -> tuple[int, int]:
@@ -166,9 +178,9 @@ def _pair(v: Any, name: str) -> tuple[int, int]:
     return a, b
 
 
-def encode_fields(rec: dict[str, Any]) -> tuple[tuple[tuple[int, int], ...], Encode]:
-    """An encode's step_begin: the medium slices it encodes ((media, slice), at most
-    MAX_ENCODE_SLICES), and its ``Encode``."""
+def encode_begun(rec: dict[str, Any], session_level: str) -> Encode:
+    """An encode's step_begin: the medium slices it encodes (at most MAX_ENCODE_SLICES), its
+    target and ``first``."""
     raw = rec.get("media", [])
     if type(raw) is not list or len(raw) > MAX_ENCODE_SLICES:
         raise ValueError(f"media is not a list of at most {MAX_ENCODE_SLICES} pairs")
@@ -180,10 +192,12 @@ def encode_fields(rec: dict[str, Any]) -> tuple[tuple[tuple[int, int], ...], Enc
     if type(first) is not bool:
         raise TypeError("first is not a bool")
     target = rec.get("target")
-    return media, Encode(
+    return Encode(
+        media=media,
         first=first,
         target=None if target is None else _pair(target, "target"),
         more=opt_count(rec.get("media_more")) or 0,
+        **begun(rec, session_level),
     )
 
 

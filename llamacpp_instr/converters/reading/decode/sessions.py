@@ -10,7 +10,7 @@ import orjson
 
 from .fields import VALUE_MAX, as_dict, nonneg, opt_count
 from .host import Chain, ContextPerf, HostWork
-from .media import MediaTable
+from .media import Encode, MediaTable
 from .memory import Allocation
 from .spec import MAX_POS, Verify
 from .steps import Step
@@ -85,8 +85,18 @@ class SessionStarted:
 
 @dataclass
 class StepDone:
+    """A decode step ended (or its session did before it: ``step.ended`` False)."""
+
     session: SessionInfo
     step: Step
+
+
+@dataclass
+class EncodeDone:
+    """An encoder's encode ended (or its session did before it: ``encode.ended`` False)."""
+
+    session: SessionInfo
+    encode: Encode
 
 
 @dataclass
@@ -103,7 +113,7 @@ class SessionEnded:
     session: SessionInfo
 
 
-Event = SessionStarted | StepDone | HostDone | SessionEnded
+Event = SessionStarted | StepDone | EncodeDone | HostDone | SessionEnded
 
 
 def session_info(rec: dict[str, Any]) -> SessionInfo:

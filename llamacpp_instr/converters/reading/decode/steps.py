@@ -1,33 +1,39 @@
-"""Decode steps: ``Step``, and what step_begin, step_end and topk records say of it."""
+"""Decode steps: ``Step``, and what step_begin and topk records say of it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from .media import Encode
-from .passes import Pass
+from .media import decoded_medium
+from .passes import Pass, begun
 
 
 @dataclass(kw_only=True)
 class Step(Pass):
-    """A ``Pass`` of ``llama_decode`` (or, kind "encode", an encoder's: its graph outside it)."""
+    """A ``Pass`` of ``llama_decode``: a batch of tokens decoded (an encoder's encode is no
+    ``Step``: ``media.Encode``)."""
 
-    kind: str  # "prompt", "gen", or "encode" (an encoder's: its graph outside llama_decode)
+    kind: str  # "prompt" or "gen"
     tokens: list[int] = field(default_factory=list)
     pieces: list[str] = field(default_factory=list)
     seqs: list[tuple[int, int, int, int]] = field(default_factory=list)  # seq, n_tokens, pos0, pos1
     topk: list[dict[str, Any]] = field(default_factory=list)
-    # images and sounds: an encode's medium slices, (media, slice) each; a decode step's medium
-    # whose embeddings it decodes (one pair); () for the rest
+    # an image's or a sound's: the (media, slice) whose embeddings it decodes (one pair), or ()
     media: tuple[tuple[int, int], ...] = ()
-    encode: Encode | None = None  # an encode's target and ``first`` (kind "encode")
 
 
-def step_kind(rec: dict[str, Any]) -> str:
-    """A step_begin's kind: ``gen``, ``encode``, or ``prompt`` (any other)."""
-    kind = rec["kind"]
-    return kind if kind in ("gen", "encode") else "prompt"
+def step_begun(rec: dict[str, Any], session_level: str) -> Step:
+    """A decode step's step_begin: its kind (``gen``, else ``prompt``), tokens and sequences."""
+    media = decoded_medium(rec)
+    return Step(
+        **begun(rec, session_level),
+        kind="gen" if rec["kind"] == "gen" else "prompt",
+        tokens=[int(t) for t in rec.get("tokens", [])],
+        pieces=[str(x) for x in rec.get("pieces", [])],
+        seqs=step_seqs(rec),
+        media=media,
+    )
 
 
 def step_seqs(rec: dict[str, Any]) -> list[tuple[int, int, int, int]]:

@@ -1,13 +1,14 @@
 """docs/internals.md's recipes hold for the tree as it is.
 
-Each recipe ("Add a backend's op timer", "Add a record kind", "Add a report", "Add a command") is
-a numbered list of the files a change touches. Every path an item names in backticks exists (a path
+Each recipe ("Add a backend's op timer", "Add a record kind", "Add a report", "Add a command", "Add
+a kind of compute") is a numbered list of the files a change touches. Every path an item names in backticks exists (a path
 with a ``<placeholder>`` stands for a file to make, and matches at least one file already made that
 way), and each place an item says a kind of thing is registered in holds every such thing of the
 tree: every op timer in the seam's header, the makers' table and libllama's CMake list; every
 record kind of the contract with its writer, its section of docs/schema.md and its branch of the
 fold; every report format with its renderer, every chart kind with its drawing; every command with
-its module, and every module of ``commands/`` a command's or one the recipe names as shared.
+its module, and every module of ``commands/`` a command's or one the recipe names as shared; every
+kind of compute (a ``Pass`` of the decoder) with its fold event, its tables and its track.
 
 The files a fact is read from are the ones the recipe names (found by their names' ends), so that
 a file that moves fails here until its recipe follows it.
@@ -16,7 +17,9 @@ a file that moves fails here until its recipe follows it.
 from __future__ import annotations
 
 import ast
+import importlib
 import re
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +27,10 @@ import pytest
 
 from llamacpp_instr import cli
 from llamacpp_instr.contract import schema
+from llamacpp_instr.converters.reading.decode.passes import Pass
+from llamacpp_instr.converters.reading.decode.sessions import Event
 from llamacpp_instr.converters.reports import renderers
+from llamacpp_instr.converters.session.fold import PASS_EVENTS
 from llamacpp_instr.native import backends
 
 pytestmark = pytest.mark.fast
@@ -36,6 +42,7 @@ RECIPES = (
     "Add a record kind",
     "Add a report",
     "Add a command",
+    "Add a kind of compute",
 )
 # a backticked token that is a path from the repository's root (a placeholder may stand in it): it
 # holds a "/", or is one of the root's documents (`README.md`); a bare file name (`to_perfetto.py`)
@@ -215,6 +222,35 @@ def test_every_command_has_its_module_and_every_module_its_place() -> None:
         ), f"commands/{module.name} is neither a command's module nor one the recipe names"
     for name in shared:
         assert name not in modules, f"the recipe names the command module {name} as shared"
+
+
+def test_every_kind_of_compute_has_its_event_its_tables_and_its_track() -> None:
+    """Every ``Pass`` the decoder defines has its row of the fold's ``PASS_EVENTS``, an event of
+    ``Event``, and a branch on that event where the tables are built and where the trace is laid
+    out (the files the recipe names)."""
+    items = recipe("Add a kind of compute")
+    decoder = named(items, "reading/decode/passes.py").parent
+    for module in sorted(decoder.glob("*.py")):  # (every kind the decoder defines, imported)
+        importlib.import_module(f"llamacpp_instr.converters.reading.decode.{module.stem}")
+    kinds = set(Pass.__subclasses__())
+    assert {k.__name__ for k in kinds} >= {"Step", "Encode"}
+    assert "PASS_EVENTS" in named(items, "session/fold.py").read_text()
+    assert set(PASS_EVENTS) == kinds, "a kind of pass without its row of PASS_EVENTS"
+    events = {e.__name__ for e in typing.get_args(Event)}
+    assert {e.__name__ for e in PASS_EVENTS.values()} <= events
+    for end in ("analysis/frames.py", "traces/layout.py"):
+        tree = ast.parse(named(items, end).read_text())
+        handled = {
+            n.args[1].id
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Name)
+            and n.func.id == "isinstance"
+            and len(n.args) == 2
+            and isinstance(n.args[1], ast.Name)
+        }
+        for kind, event in PASS_EVENTS.items():
+            assert event.__name__ in handled, f"{end} reads no {event.__name__} ({kind.__name__})"
 
 
 def test_the_patch_list_names_every_patch_of_the_series() -> None:

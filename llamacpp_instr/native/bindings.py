@@ -135,9 +135,144 @@ def _json(obj: dict[str, Any], what: str) -> bytes:
         raise UserError(f"{what} must be JSON-serializable (no NaN or infinity): {exc}") from None
 
 
+class MachineEntries:
+    """The machine and its peaks (llama-instr-peaks.cpp): what this machine is, as session_start
+    records it, and one peak measurement at a time (``llama_instr_probe_run``)."""
+
+    lib: ctypes.CDLL
+
+    def machine_info(self) -> dict[str, Any]:
+        """This machine as session_start records it: CPU model, hardware threads, devices."""
+        raw = self.lib.llama_instr_machine_info().decode(errors="replace")
+        if not raw:
+            raise SessionError("llama_instr_machine_info failed", ERR_INTERNAL)
+        info: dict[str, Any] = json.loads(raw)
+        return info
+
+    def probe(
+        self,
+        kind: int,
+        device: int,
+        type_id: int,
+        n_threads: int,
+        size: int,
+        n: int,
+        n_runs: int,
+        attn: ProbeAttn | None = None,
+        m: int = 0,
+        n_weights: int = 0,
+        n_threads_b: int = 0,
+    ) -> Probe:
+        """Run one measurement (llama_instr_probe_run); a SessionError saying why if the device
+        cannot run it. ``attn``: an ATTENTION probe's op and shapes; ``m``, ``n_weights``,
+        ``n_threads_b``: a MATMUL's weight rows (0: ``size``), how many such weights it runs (0:
+        one), and a second CPU thread count timed in turn with ``n_threads`` (0: none)."""
+        p = Probe(kind=kind, device=device, type=type_id, n_threads=n_threads, size=size, n=n)
+        p.n_runs = n_runs
+        p.m, p.n_weights, p.n_threads_b = m, n_weights, n_threads_b
+        if attn is not None:
+            p.attn = attn
+        rc = int(self.lib.llama_instr_probe_run(ctypes.byref(p)))
+        if rc < 0:
+            raise SessionError(p.error.decode(errors="replace") or f"probe failed ({rc})", rc)
+        return p
+
+
+class TestingEntries:
+    """The testing build's entry points (llama-instr-testing.h, llama-instr-bench.h: `instr build
+    --testing`): allocation failures on purpose, the registries' counts, steps deferred or
+    delayed, the overhead benchmark's eval callback; each a one-line UserError in another build."""
+
+    lib: ctypes.CDLL
+
+    def _testing_only(self, name: str) -> Any:
+        fn = getattr(self.lib, name, None)
+        if fn is None:
+            raise UserError(
+                f"{name} is only in the testing build (`instr build --testing`, run with the "
+                "LLAMA_CPP_LIB_PATH it prints)"
+            )
+        return fn
+
+    @property
+    def bench_cb_eval(self) -> int:
+        """Address of the native upstream-style cb_eval (the overhead benchmark's peer; testing
+        build only)."""
+        fn = self._testing_only("llama_instr_bench_cb_eval")
+        return ctypes.cast(fn, ctypes.c_void_p).value or 0
+
+    def bench_cb_eval_count(self) -> int:
+        fn = self._testing_only("llama_instr_bench_cb_eval_count")
+        fn.restype = ctypes.c_int64
+        return int(fn())
+
+    def test_fail_alloc(self, n: int) -> None:
+        """Fail the n-th allocation made on behalf of llama_instr code from now on (0 disarms;
+        testing build only)."""
+        fn = self._testing_only("llama_instr_test_fail_alloc")
+        fn.argtypes = [ctypes.c_int64]
+        fn.restype = None
+        fn(n)
+
+    def test_failed_allocs(self) -> int:
+        """Allocations failed on purpose since the last test_fail_alloc (testing build only)."""
+        fn = self._testing_only("llama_instr_test_failed_allocs")
+        fn.restype = ctypes.c_int64
+        return int(fn())
+
+    def test_memory_caches(self) -> int:
+        """KV caches and recurrent states the memory table knows now (testing build only)."""
+        fn = self._testing_only("llama_instr_test_memory_caches")
+        fn.restype = ctypes.c_int64
+        return int(fn())
+
+    def test_ctx_states(self) -> int:
+        """Contexts that have a state in the registry now (testing build only)."""
+        fn = self._testing_only("llama_instr_test_ctx_states")
+        fn.restype = ctypes.c_int64
+        return int(fn())
+
+    def test_defer_steps(self, on: bool) -> None:
+        """Every step's records wait for the host's next synchronization of its context, as a
+        step with CUDA marks to read does (testing build only)."""
+        fn = self._testing_only("llama_instr_test_defer_steps")
+        fn.argtypes = [ctypes.c_int32]
+        fn.restype = None
+        fn(1 if on else 0)
+
+    def test_async_devices(self, on: bool) -> None:
+        """The devices of schedulers made from now on are taken for asynchronous ones, as if
+        the CPU were a GPU (testing build only)."""
+        fn = self._testing_only("llama_instr_test_async_devices")
+        fn.argtypes = [ctypes.c_int32]
+        fn.restype = None
+        fn(1 if on else 0)
+
+    def test_write_delay(self, us: int) -> None:
+        """Each deferred step's writing takes ``us`` microseconds longer: a slow disk's stand-in
+        (testing build only)."""
+        fn = self._testing_only("llama_instr_test_write_delay")
+        fn.argtypes = [ctypes.c_int64]
+        fn.restype = None
+        fn(us)
+
+    def test_last_op_ns(self, n_threads: int, slow_ns: int) -> int:
+        """The CPU profiler's duration of a graph's last op whose threads other than thread 0
+        work ``slow_ns`` longer (testing build only)."""
+        fn = self._testing_only("llama_instr_test_last_op_ns")
+        fn.argtypes = [ctypes.c_int32, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]
+        fn.restype = ctypes.c_int32
+        out = ctypes.c_int64()
+        rc = int(fn(n_threads, slow_ns, ctypes.byref(out)))
+        if rc != 0:
+            raise SessionError(f"llama_instr_test_last_op_ns failed ({rc})", rc)
+        return int(out.value)
+
+
 @dataclass
-class InstrLib:
-    """The instrumentation functions of the loaded libllama."""
+class InstrLib(MachineEntries, TestingEntries):
+    """The instrumentation functions of the loaded libllama: a session's here, the machine's and
+    the testing build's in their own classes."""
 
     lib: ctypes.CDLL
 
@@ -299,125 +434,6 @@ class InstrLib:
                 shape.pop(0)
             out[name.value.decode()] = buf.reshape(shape)
         return out
-
-    def machine_info(self) -> dict[str, Any]:
-        """This machine as session_start records it: CPU model, hardware threads, devices."""
-        raw = self.lib.llama_instr_machine_info().decode(errors="replace")
-        if not raw:
-            raise SessionError("llama_instr_machine_info failed", ERR_INTERNAL)
-        info: dict[str, Any] = json.loads(raw)
-        return info
-
-    def probe(
-        self,
-        kind: int,
-        device: int,
-        type_id: int,
-        n_threads: int,
-        size: int,
-        n: int,
-        n_runs: int,
-        attn: ProbeAttn | None = None,
-        m: int = 0,
-        n_weights: int = 0,
-        n_threads_b: int = 0,
-    ) -> Probe:
-        """Run one measurement (llama_instr_probe_run); a SessionError saying why if the device
-        cannot run it. ``attn``: an ATTENTION probe's op and shapes; ``m``, ``n_weights``,
-        ``n_threads_b``: a MATMUL's weight rows (0: ``size``), how many such weights it runs (0:
-        one), and a second CPU thread count timed in turn with ``n_threads`` (0: none)."""
-        p = Probe(kind=kind, device=device, type=type_id, n_threads=n_threads, size=size, n=n)
-        p.n_runs = n_runs
-        p.m, p.n_weights, p.n_threads_b = m, n_weights, n_threads_b
-        if attn is not None:
-            p.attn = attn
-        rc = int(self.lib.llama_instr_probe_run(ctypes.byref(p)))
-        if rc < 0:
-            raise SessionError(p.error.decode(errors="replace") or f"probe failed ({rc})", rc)
-        return p
-
-    def _testing_only(self, name: str) -> Any:
-        fn = getattr(self.lib, name, None)
-        if fn is None:
-            raise UserError(
-                f"{name} is only in the testing build (`instr build --testing`, run with the "
-                "LLAMA_CPP_LIB_PATH it prints)"
-            )
-        return fn
-
-    @property
-    def bench_cb_eval(self) -> int:
-        """Address of the native upstream-style cb_eval (the overhead benchmark's peer; testing
-        build only)."""
-        fn = self._testing_only("llama_instr_bench_cb_eval")
-        return ctypes.cast(fn, ctypes.c_void_p).value or 0
-
-    def bench_cb_eval_count(self) -> int:
-        fn = self._testing_only("llama_instr_bench_cb_eval_count")
-        fn.restype = ctypes.c_int64
-        return int(fn())
-
-    def test_fail_alloc(self, n: int) -> None:
-        """Fail the n-th allocation made on behalf of llama_instr code from now on (0 disarms;
-        testing build only)."""
-        fn = self._testing_only("llama_instr_test_fail_alloc")
-        fn.argtypes = [ctypes.c_int64]
-        fn.restype = None
-        fn(n)
-
-    def test_failed_allocs(self) -> int:
-        """Allocations failed on purpose since the last test_fail_alloc (testing build only)."""
-        fn = self._testing_only("llama_instr_test_failed_allocs")
-        fn.restype = ctypes.c_int64
-        return int(fn())
-
-    def test_memory_caches(self) -> int:
-        """KV caches and recurrent states the memory table knows now (testing build only)."""
-        fn = self._testing_only("llama_instr_test_memory_caches")
-        fn.restype = ctypes.c_int64
-        return int(fn())
-
-    def test_ctx_states(self) -> int:
-        """Contexts that have a state in the registry now (testing build only)."""
-        fn = self._testing_only("llama_instr_test_ctx_states")
-        fn.restype = ctypes.c_int64
-        return int(fn())
-
-    def test_defer_steps(self, on: bool) -> None:
-        """Every step's records wait for the host's next synchronization of its context, as a
-        step with CUDA marks to read does (testing build only)."""
-        fn = self._testing_only("llama_instr_test_defer_steps")
-        fn.argtypes = [ctypes.c_int32]
-        fn.restype = None
-        fn(1 if on else 0)
-
-    def test_async_devices(self, on: bool) -> None:
-        """The devices of schedulers made from now on are taken for asynchronous ones, as if
-        the CPU were a GPU (testing build only)."""
-        fn = self._testing_only("llama_instr_test_async_devices")
-        fn.argtypes = [ctypes.c_int32]
-        fn.restype = None
-        fn(1 if on else 0)
-
-    def test_write_delay(self, us: int) -> None:
-        """Each deferred step's writing takes ``us`` microseconds longer: a slow disk's stand-in
-        (testing build only)."""
-        fn = self._testing_only("llama_instr_test_write_delay")
-        fn.argtypes = [ctypes.c_int64]
-        fn.restype = None
-        fn(us)
-
-    def test_last_op_ns(self, n_threads: int, slow_ns: int) -> int:
-        """The CPU profiler's duration of a graph's last op whose threads other than thread 0
-        work ``slow_ns`` longer (testing build only)."""
-        fn = self._testing_only("llama_instr_test_last_op_ns")
-        fn.argtypes = [ctypes.c_int32, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]
-        fn.restype = ctypes.c_int32
-        out = ctypes.c_int64()
-        rc = int(fn(n_threads, slow_ns, ctypes.byref(out)))
-        if rc != 0:
-            raise SessionError(f"llama_instr_test_last_op_ns failed ({rc})", rc)
-        return int(out.value)
 
 
 def _declare(lib: ctypes.CDLL) -> None:

@@ -5,10 +5,10 @@ Walks ``llamacpp_instr`` with ``ast`` (nothing is imported). Every import of a m
 wherever it stands (at the top, inside a function, or for type checking only), goes to the
 importer's own room or one the room may import (``ROOMS``; docs/internals.md, sections 2 and 3, draws the
 stack), and no module reaches itself through them. The converters' modules are under 600 lines,
-their classes under 200, and every function of the package at most 80 lines. What imports cannot
-show is checked
-too: no module imports the package's root, no library module starts the command line in a
-process, and deciding/ imports nothing that loads a model, times the machine or starts a process.
+every class of the package under 200, and every function of it at most 80 lines. What imports
+cannot show is checked too: no module imports the package's root, no library module starts the
+command line in a process, and deciding/ reaches nothing that loads a library, opens a socket or
+starts a process, by any chain of imports.
 """
 
 from __future__ import annotations
@@ -129,16 +129,18 @@ def test_no_module_over_600_lines() -> None:
 
 
 def test_no_class_over_200_lines() -> None:
+    """Every class of the package, the converters' and the others' (the C API's bindings, the
+    cost model) alike."""
     classes = 0
     over = {}
-    for p in modules():
+    for p in modules(ROOT):
         for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef):
                 classes += 1
                 n = node.end_lineno - node.lineno + 1  # type: ignore[operator]
                 if n > MAX_CLASS_LINES:
-                    over[f"{p.relative_to(PACKAGE)}:{node.name}"] = n
-    assert classes > 50, f"only {classes} classes found"
+                    over[f"{p.relative_to(ROOT)}:{node.name}"] = n
+    assert classes > 150, f"only {classes} classes found"
     assert not over, f"classes over {MAX_CLASS_LINES} lines: {over}"
 
 

@@ -1,4 +1,4 @@
-"""Deferred flushes (``Writer.flush``, ``DEFER_FLUSHES``): the trace is the one written with
+"""Deferred flushes (``Flushes.flush``, ``DEFER_FLUSHES``): the trace is the one written with
 every flush encoded at once, byte for byte, whatever the flushes intern and whenever track
 descriptors come between them."""
 
@@ -13,6 +13,7 @@ import pytest
 from helpers.support import FIXTURES
 from test_perfetto_bulk_matches_reference import repeat_steps
 
+from llamacpp_instr.converters.formats.perfetto import flushes as perfetto_flushes
 from llamacpp_instr.converters.formats.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.session.fold import iter_events_packed
 from llamacpp_instr.converters.traces.items import (
@@ -54,22 +55,22 @@ def _items(steps: int) -> Iterator[BulkItem]:
 def _write(items: list[BulkItem], compress: bool | None, defer: int) -> tuple[bytes, list[int]]:
     """The trace, and how many flushes each drain wrote."""
     drains: list[int] = []
-    saved = perfetto_writer.DEFER_FLUSHES
-    drain = perfetto_writer.Writer._drain
+    saved = perfetto_flushes.DEFER_FLUSHES
+    drain = perfetto_flushes.Flushes._drain
 
-    def counted(w: perfetto_writer.Writer) -> None:
-        if w.deferred:
-            drains.append(len(w.deferred))
-        drain(w)
+    def counted(f: perfetto_flushes.Flushes) -> None:
+        if f.deferred:
+            drains.append(len(f.deferred))
+        drain(f)
 
-    perfetto_writer.DEFER_FLUSHES = defer
-    perfetto_writer.Writer._drain = counted  # type: ignore[method-assign]
+    perfetto_flushes.DEFER_FLUSHES = defer
+    perfetto_flushes.Flushes._drain = counted  # type: ignore[method-assign]
     try:
         out = io.BytesIO()
         perfetto_writer.write_perfetto_fast(iter(items), out, compress=compress)
     finally:
-        perfetto_writer.DEFER_FLUSHES = saved
-        perfetto_writer.Writer._drain = drain  # type: ignore[method-assign]
+        perfetto_flushes.DEFER_FLUSHES = saved
+        perfetto_flushes.Flushes._drain = drain  # type: ignore[method-assign]
     return out.getvalue(), drains
 
 
@@ -96,13 +97,13 @@ def test_deferral_can_be_seen(monkeypatch: pytest.MonkeyPatch) -> None:
     items = list(_items(60))
     want, _ = _write(items, False, 1)
 
-    def eager(w: perfetto_writer.Writer) -> None:
-        deferred, w.deferred = w.deferred, []
-        w.begins.encode()
+    def eager(f: perfetto_flushes.Flushes) -> None:
+        deferred, f.deferred = f.deferred, []
+        f.begins.encode()
         for batches, _ in deferred:
-            w._encode(batches)
+            f._encode(batches)
 
-    monkeypatch.setattr(perfetto_writer.Writer, "_drain", eager)
+    monkeypatch.setattr(perfetto_flushes.Flushes, "_drain", eager)
     got, _ = _write(items, False, 4)
     assert got != want
 

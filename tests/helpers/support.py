@@ -579,7 +579,7 @@ def fast_trace(
         w.write(items)
     finally:
         perfetto_writer.FLUSH_ROWS = saved
-    return buf.getvalue(), w.templates.templated
+    return buf.getvalue(), w.flushes.templates.templated
 
 
 def assert_same_trace(

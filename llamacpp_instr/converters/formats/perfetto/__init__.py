@@ -3,7 +3,8 @@ times faster than one protobuf object per packet (bench/convert.py; tests/test_p
 compares the two, packet by packet, with tests/reference/perfetto_writer.py).
 
 * ``writer``: the ``Writer``, which gathers the layout's items into rows a step at a time
-  (``batch``) and composes the parts below to encode them;
+  (``batch``); ``flushes``: its finished batches encoded by the parts below and written, a few
+  flushes deferred to encode their slice begins together;
 * ``templates``: a compute seen again (so every generation step) written from the template of
   its previous packets, new timestamps and rates in place (``TemplateSet``; ``stacks``: the
   timestamps of every template of a flush gathered and checked at once);

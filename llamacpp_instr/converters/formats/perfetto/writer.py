@@ -1,11 +1,10 @@
 """The Perfetto writer: the layout's items in, the trace's packets out (see the package doc).
 
 The items (``layout.layout_bulk``: each compute's slice, layer slices and packed op slices as
-one ``ComputeBatch``) become rows of a ``Batch``, one per step; a flush (``FLUSH_ROWS`` rows, at
-step boundaries) encodes the batches from templates where it can (``TemplateSet``), else with the
-general encoder (``BulkEncoder``), and hands the bytes to the sink (a few flushes may wait to
-have their slice begins encoded together: ``Writer.flush``). The writer owns the state
-they share: the sequence (``Sequence``: first packet, interned strings), the fields of slices and
+one ``ComputeBatch``) become rows of a ``Batch``, one per step; every ``FLUSH_ROWS`` rows, at a
+step boundary, the finished batches go to the flushes (``flushes.Flushes``), which encode them
+from templates where they can, else with the general encoder, and hand the bytes to the sink.
+The writer owns the state that both share: the sequence (``Sequence``: first packet, interned strings), the fields of slices and
 counters (``EventFields``), and the op variants (``OpStore``, ``RateFields``, ``NodeTables``).
 
 The writer leaves process-wide settings alone; ``instr to-perfetto`` tunes the garbage collector
@@ -20,23 +19,19 @@ from typing import IO, Any
 
 from ...reading import prefetch
 from ...traces.items import BulkItem, ComputeBatch, OpBatch, Sample, Slice, SliceRows, Track
-from ...traces.sinks import BundleSink, Data
+from ...traces.sinks import BundleSink
 from .batch import Batch, Block
 from .begins import Begins
-from .bulk import BulkEncoder
 from .events import EventFields
+from .flushes import Flushes
 from .ops import NodeTables, OpStore, RateFields
-from .packets import SEQ, Interner, Sequence, compressed_packet, packet, track_body
-from .protowire import I64_END, fixed64_ok
-from .segments import add_segs, materialize
-from .templates import TemplateSet
+from .packets import SEQ, Sequence, compressed_packet, packet, track_body
+from .protowire import fixed64_ok
+from .segments import add_segs
 
 AUTO_COMPRESS = 8 << 20  # plain packets for traces smaller than this (bytes), else compressed
 CHUNK = 1 << 20  # uncompressed bytes per compressed bundle
 FLUSH_ROWS = 32768  # encode this many buffered packets at a time (at step boundaries)
-# flushes whose encoding may wait for the next ones (``Writer.flush``): their slice begins are
-# encoded together, in groups this many times bigger (fewer numpy calls per slice)
-DEFER_FLUSHES = 4
 ZLIB_THREADS = 2  # compressing threads at most (zlib releases the GIL): bundles stay in order
 
 _LAYER_KEY = itemgetter(0, 3)  # a ``LayerSpan``'s layer and n_ops (a tuple: by index, in C)
@@ -64,17 +59,13 @@ class Writer:
         self.fields = RateFields(self.seq.interner)
         # interned string values: only in compressed traces
         self.tables = NodeTables(self.store, self.fields, self.seq.interner, compress is True)
-        self.templates = TemplateSet(self.store, self.fields, self.events, self.seq)
-        self.encoder = BulkEncoder(self.store, self.fields, self.events, self.seq)
         self.begins = Begins(self.seq.interner)
-        self.packets = 0
+        self.flushes = Flushes(
+            self.sink, self.seq, self.events, self.store, self.fields, self.tables, self.begins
+        )
         self.cur = Batch()
         self.done: list[Batch] = []
         self.done_rows = 0
-        # flushes not yet encoded: their batches, and how many of the interner's pending
-        # definitions were interned before their boundary (what their head would carry)
-        self.deferred: list[tuple[list[Batch], int]] = []
-        self.known_layers: set[tuple[Any, ...]] = set()  # (``interns_nothing``)
 
     def write(self, items: Iterable[BulkItem]) -> None:
         try:
@@ -97,8 +88,7 @@ class Writer:
 
     def track(self, t: Track) -> None:
         self.flush(drain=True)  # (what came before it is written before it)
-        self.sink.write(packet(SEQ + self.seq.track_flags() + track_body(t)))
-        self.packets += 1
+        self.flushes.packet(packet(SEQ + self.seq.track_flags() + track_body(t)))
 
     def add_slice(self, it: Slice) -> None:
         b = self.cur
@@ -188,62 +178,10 @@ class Writer:
         self.sink.close()
 
     def flush(self, drain: bool = False) -> None:
-        """Encode and write the finished batches, or defer them (``DEFER_FLUSHES``) where that
-        leaves every byte as it is: the same writes, in the same order, each flush's head with
-        the strings interned before its boundary (``_drain``). Only once the sink's compression
-        is decided (a write may turn it on, and the node tables restart, which changes what
-        later items intern), if encoding them interns nothing (``interns_nothing``) and there
-        are begins to encode (``Begins.pending``). ``drain``: write the deferred ones too."""
+        """Hand the finished batches to the flushes (``Flushes.flush``; ``drain``: write the
+        deferred ones too)."""
         batches, self.done, self.done_rows = self.done, [], 0
-        c = self.sink.compress
-        if (
-            self.begins.pending  # (else no gain: a CPU log's flushes have no begins to encode)
-            and any(batches)
-            and (c is False or (c and self.tables.compact))
-            and interns_nothing(batches, self.seq.interner, self.known_layers)
-        ):
-            self.deferred.append((batches, len(self.seq.interner.pending)))
-            if len(self.deferred) < DEFER_FLUSHES and not drain:
-                return
-            batches = []
-        self._drain()
-        if any(batches):
-            self.begins.encode()
-            self._encode(batches)
-
-    def _drain(self) -> None:
-        """Encode and write the deferred flushes, in order, their begins all at once."""
-        if not self.deferred:
-            return
-        deferred, self.deferred = self.deferred, []
-        self.begins.encode()
-        it = self.seq.interner
-        (pending, it.pending), at = (it.pending, []), 0
-        for batches, upto in deferred:  # each head: what was interned before its boundary
-            # (and anything the encoding before interned, which ``interns_nothing`` rules out)
-            it.pending = it.pending + pending[at:upto]
-            at = upto
-            self._encode(batches)
-        it.pending = it.pending + pending[at:]
-
-    def _encode(self, batches: list[Batch]) -> None:
-        """One flush's packets (its begins encoded), written at once."""
-        data: Data | None = self.templates.encode(batches)
-        if data is None:
-            for b in batches:
-                materialize(b, self.events)
-            expand_layers(batches, self.events)
-            small = [(k, *r) for k, b in enumerate(batches) for r in b.small]
-            if any(r[1] >= I64_END for r in small):
-                data = self.encoder.encode_rows(batches)
-            else:
-                data = self.encoder.encode(batches, small)
-            self.templates.learn(batches)
-        self.packets += sum(b.rows for b in batches)
-        self.sink.write(data)
-        if self.sink.compress and not self.tables.compact:  # auto mode turned to compression
-            self.tables.restart(compact=True)  # new tables intern their string values
-            self.templates.clear()
+        self.flushes.flush(batches, drain)
 
 
 def zlib_threads() -> int:
@@ -254,39 +192,6 @@ def zlib_threads() -> int:
     return max(1, min(ZLIB_THREADS, prefetch.cores() - 2))
 
 
-def expand_layers(batches: list[Batch], ev: EventFields) -> None:
-    """Give the blocks' layers their small rows (for the general encoder)."""
-    for b in batches:
-        for bl in b.blocks:
-            track = bl.cb.slice.track
-            end = ev.end_id(track)
-            seq = bl.seq0 + 2
-            for lay in bl.cb.layers:
-                ts, dur = lay.start, lay.dur
-                b.small.append((ts, 1, 2, seq, ev.layer_begin(track, lay), -1))
-                b.small.append((ts + dur, 0 if dur else 2, -2, seq + 1, b"", end))
-                seq += 2
-
-
-def interns_nothing(batches: list[Batch], it: Interner, known: set[Any]) -> bool:
-    """Whether encoding ``batches`` interns nothing (if it did, the strings' ids would follow
-    the later items' instead of coming before them, were it deferred). What it may intern: the
-    names of layer slices (``EventFields.layer_begin``, for the general encoder or a new
-    template); all else is interned as the items come. ``known``: the blocks' layers (``Block``
-    keys' third part) found interned, not looked up again (the interner never forgets)."""
-    for b in batches:
-        for bl in b.blocks:
-            lays = bl.key[2]  # ((layer, n_ops), ...)
-            if not lays or lays in known:
-                continue
-            if "layer" not in it.arg_names or "n_ops" not in it.arg_names:
-                return False
-            if any(f"layer {layer}" not in it.names for layer, _ in lays):
-                return False
-            known.add(lays)
-    return True
-
-
 def write_perfetto_fast(
     items: Iterable[BulkItem], out: IO[bytes], *, compress: bool | None = None
 ) -> int:
@@ -295,4 +200,4 @@ def write_perfetto_fast(
     ``AUTO_COMPRESS`` bytes on."""
     w = Writer(out, compress)
     w.write(items)
-    return w.packets
+    return w.flushes.packets

@@ -93,6 +93,142 @@ print(json.dumps(measure))
 """
 
 
+# the C function this package reads (mtmd_instr_memory_usage, through native.mtmd_memory) against
+# the C++ function it wraps (mtmd_get_memory_usage), read as LLAMA_MEASURE reads it, for each
+# projector given, weights alone (warmup off) and with the compute buffers (on), on the CPU and, with
+# an RPC server given, offloaded to it: [projector, warmup, offloaded, the C++ map, the C answer],
+# devices by name
+OLD_AND_NEW = r"""
+import ctypes, json, sys
+from pathlib import Path
+import llama_cpp
+import llama_cpp.mtmd_cpp as mtmd
+from llamacpp_instr.native import mtmd_memory
+from llamacpp_instr.running import devices
+
+llama_cpp.llama_backend_init()
+rpc, *paths = sys.argv[1:]
+devices.add_rpc_servers((rpc,) if rpc else ())
+names = {d.ptr: d.name for d in devices.registry()}
+fn = mtmd._libmtmd._Z21mtmd_get_memory_usagePKc19mtmd_context_params
+fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p, mtmd.mtmd_context_params]
+fn.restype = ctypes.c_void_p
+
+def cpp(path, params):
+    out = (ctypes.c_uint64 * 6)()
+    fn(ctypes.addressof(out), path.encode(), params)
+    found, todo = {}, [out[2]]
+    while todo:
+        node = todo.pop()
+        if node:
+            w = (ctypes.c_uint64 * 6).from_address(node)
+            found[names[w[4]]] = w[5]
+            todo += [w[2], w[3]]
+    return found
+
+rows = []
+for path in paths:
+    for warmup in (False, True):
+        for offloaded in ((False, True) if rpc else (False,)):
+            params = mtmd.mtmd_context_params_default()
+            params.use_gpu = offloaded
+            params.warmup = warmup
+            old = cpp(path, params)
+            new = mtmd_memory.memory_usage(mtmd, Path(path), params, warmup)
+            rows.append([Path(path).stem, warmup, offloaded, old, {names[d]: n for d, n in new.items()}])
+print(json.dumps(rows))
+"""
+
+
+def test_the_c_function_answers_what_the_cpp_function_returns(
+    instr_api: Any, projectors: dict[str, Path], tmp_path: Path
+) -> None:
+    """mtmd_instr_memory_usage, which fit reads, gives each device's bytes as the C++
+    mtmd_get_memory_usage it wraps returns them, to the byte: every projector type the tests
+    write (and this file's), weights alone and with the compute buffers, on the CPU and offloaded
+    to an RPC server (its weights there, a compute buffer on each device)."""
+    from helpers.mmproj_gguf import (
+        AUDIO_PROJECTORS,
+        VISION_PROJECTORS,
+        write_audio_mmproj,
+        write_vision_mmproj,
+    )
+    from helpers.rpc_backend import rpc_server
+
+    paths = [write_vision_mmproj(tmp_path / f"{p}.gguf", projector=p) for p in VISION_PROJECTORS]
+    paths += [write_audio_mmproj(tmp_path / f"{p}.gguf", projector=p) for p in AUDIO_PROJECTORS]
+    paths += list(projectors.values())
+    with rpc_server() as endpoint:
+        rows = child(OLD_AND_NEW, endpoint, *map(str, paths))
+    assert len(rows) == 4 * len(paths)
+    for name, warmup, offloaded, old, new in rows:
+        assert new == old and old, (name, warmup, offloaded, old, new)
+        assert set(old) == (
+            {"CPU", "RPC0"} if offloaded and warmup else {"RPC0"} if offloaded else {"CPU"}
+        )
+    print(json.dumps(rows))  # (the figures, with -s)
+
+
+# mtmd_instr_memory_usage's return codes, called as ctypes calls it: arguments it refuses (-1,
+# nothing written), a file mtmd cannot load (0), arrays too small (the count, only their room
+# written), no arrays (the count); a projector offloaded to an RPC server, whose warmup puts a
+# compute buffer on the CPU too: two devices
+RETURN_CODES = r"""
+import ctypes, json, sys
+import llama_cpp
+import llama_cpp.mtmd_cpp as mtmd
+from llamacpp_instr.running import devices
+
+llama_cpp.llama_backend_init()
+good, bad, rpc = sys.argv[1:]
+devices.add_rpc_servers((rpc,))
+fn = mtmd._libmtmd.mtmd_instr_memory_usage
+fn.restype = ctypes.c_int32
+fn.argtypes = [ctypes.c_char_p, ctypes.POINTER(mtmd.mtmd_context_params),
+               ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint64), ctypes.c_int32]
+p = ctypes.byref(mtmd.mtmd_context_params_default())
+devs = (ctypes.c_void_p * 4)()
+sizes = (ctypes.c_uint64 * 4)(7, 7, 7, 7)
+good, bad = good.encode(), bad.encode()
+out = {
+    "no name": fn(None, p, devs, sizes, 4),
+    "no params": fn(good, None, devs, sizes, 4),
+    "negative room": fn(good, p, devs, sizes, -1),
+    "no arrays": fn(good, p, None, None, 4),
+    "untouched": list(sizes),
+    "not a projector": fn(bad, p, devs, sizes, 4),
+    "no file": fn(b"/nonexistent.gguf", p, devs, sizes, 4),
+    "count only": fn(good, p, None, None, 0),
+    "room for one": fn(good, p, devs, sizes, 1),
+    "after room for one": [bool(devs[0]), sizes[0] != 7, devs[1], sizes[1]],
+}
+print(json.dumps(out))
+"""
+
+
+def test_the_c_functions_return_codes(
+    instr_api: Any, projectors: dict[str, Path], tmp_path: Path
+) -> None:
+    from helpers.rpc_backend import rpc_server
+
+    not_projector = tmp_path / "text.gguf"
+    not_projector.write_text("not a projector\n")
+    with rpc_server() as endpoint:
+        out = child(RETURN_CODES, str(projectors["tiny"]), str(not_projector), endpoint)
+    assert out == {
+        "no name": -1,
+        "no params": -1,
+        "negative room": -1,
+        "no arrays": -1,
+        "untouched": [7, 7, 7, 7],
+        "not a projector": 0,
+        "no file": 0,
+        "count only": 2,
+        "room for one": 2,
+        "after room for one": [True, True, None, 7],
+    }
+
+
 # a real run: instr run's model and context (runner.load_model) at a setting (context, KV cache
 # type, flash attention; RPC servers given after it become devices) in a session, then the projector loaded by mtmd_init_from_file with the
 # text model's flash attention, as llama-server and llama-mtmd-cli load it (mtmd's warmup reserves

@@ -34,7 +34,8 @@ from overhead import write_section  # noqa: E402
 
 from llamacpp_instr.native import bindings, build, models, pin  # noqa: E402
 from llamacpp_instr.running import api, runner  # noqa: E402
-from llamacpp_instr.running.media import Media, MediaInputs  # noqa: E402
+from llamacpp_instr.running.media import Media  # noqa: E402
+from llamacpp_instr.running.run_config import MediaInputs  # noqa: E402
 
 LEVELS = ("minimal", "detailed")
 
@@ -106,9 +107,11 @@ def main() -> None:
     image = test_image(tmp / "test-1.jpeg")
     inputs = MediaInputs(mmproj, (image,))
     inputs.validate()
-    cfg = runner.RunConfig(model=models.default_model(), prompt="", threads=args.threads)
+    cfg = runner.RunConfig(
+        model=models.default_model(), prompt="", threads=args.threads, media=inputs
+    )
     llm = runner.load_model(cfg)
-    media = Media(llm, inputs, args.threads)
+    media = Media(llm, cfg)
     prompt = media.with_markers("Describe the image.")
     times: dict[str, list[float]] = {level: [] for level in LEVELS}
     with api.session(llm, tmp / "bench.log", "detailed"):

@@ -439,6 +439,41 @@ def test_the_encoder_goes_to_the_gpu_llama_cpp_gives_it(
     assert set(encoder_share(fit_json(*common, "--device", "none")["footprint"])) == {"CPU"}
 
 
+@pytest.mark.parametrize(
+    "placing",
+    [(), ("--no-mmproj-offload",), ("--device", "RPC0", "-ngl", "all")],
+    ids=["default", "no-mmproj-offload", "device-rpc0"],
+)
+def test_instr_run_places_the_projector_where_fit_counted_it(
+    instr_api: Any,
+    tiny_llama_f32: Path,
+    projectors: dict[str, Path],
+    media: dict[str, Path],
+    tmp_path: Path,
+    placing: tuple[str, ...],
+) -> None:
+    """With an RPC server (a GPU to llama.cpp), instr run --mmproj allocates the encoder's buffers
+    on the devices and in the bytes instr fit --mmproj counted with the same placement options:
+    mtmd's parameters are built by one function for both (the first --device, else the first
+    GPU; the CPU with --no-mmproj-offload, which instr run did not take: it always offloaded)."""
+    from helpers.rpc_backend import rpc_server
+
+    mmproj = projectors["tiny"]
+    common = [str(tiny_llama_f32), "--ctx", "256", "--mmproj", str(mmproj), *placing]
+    log = tmp_path / "run.log"
+    with rpc_server() as endpoint:
+        answer = fit_json(*common, "--rpc", endpoint)
+        r = instr(
+            "run", *common, "--rpc", endpoint, "--image", str(media["test-1.jpeg"]), "-n", "1",
+            "-p", "hi", "-o", str(log),
+        )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    share = encoder_share(answer["footprint"])
+    offloaded = placing in ((), ("--device", "RPC0", "-ngl", "all"))
+    assert set(share) == ({"RPC0", "CPU"} if offloaded else {"CPU"}), share
+    assert allocated(log) == share
+
+
 def test_the_text_report_names_the_projector_and_its_purposes(
     instr_api: Any, tiny_llama_f32: Path, projectors: dict[str, Path]
 ) -> None:

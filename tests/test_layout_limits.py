@@ -389,10 +389,7 @@ PERMITTED = {
 }
 # imports deciding still reaches acting code through, not followed by the walk until they go: each
 # (importer, imported) with what it carries
-KNOWN: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {
-    # MediaInputs (--mmproj, --image, --audio) is defined beside mtmd's loader
-    (("running", "run_config"), ("running", "media")): "MediaInputs",
-}
+KNOWN: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
 
 
 def acts_in(text: str) -> list[tuple[int, str]]:

@@ -209,3 +209,36 @@ def test_encoder_buffers_restore_the_purpose_before_them(testing_lib: Path, tmp_
         "other",
         "other",
     ]
+
+
+@pytest.mark.parametrize("warmup", [True, False])
+def test_instr_run_gives_mtmd_its_warmup(
+    testing_lib: Path,
+    tiny_llama_f32: Path,
+    gemma3: Path,
+    media: dict[str, Path],
+    tmp_path: Path,
+    warmup: bool,
+) -> None:
+    """instr run --no-warmup turns mtmd's warm-up off too, as llama-server's and llama-mtmd-cli's
+    --no-warmup do: the encoder's compute buffers are reserved by its first encode, whose step
+    they name, where with the warm-up they are reserved when the projector loads (before the
+    session: at its start, naming no step)."""
+    log = tmp_path / "run.log"
+    r = subprocess.run(
+        [sys.executable, "-m", "llamacpp_instr.cli", "run", str(tiny_llama_f32)]
+        + ["--mmproj", str(gemma3), "--image", str(media["test-1.jpeg"]), "-p", "hi", "-n", "1"]
+        + ["--ctx", "512", "-o", str(log), "--warmup" if warmup else "--no-warmup"],
+        env=dict(os.environ, LLAMA_CPP_LIB_PATH=str(testing_lib), MTMD_CPP_LIB=str(testing_lib)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = read_log(log)
+    enc = encoder_of(recs)["ctx"]
+    first = min(b["step"] for b in by_type(recs, "step_begin") if b["ctx"] == enc)
+    compute = [r for r in by_type(recs, "memory_alloc") if r["purpose"] == "encoder_compute"]
+    assert compute and any(r["bytes"] > 0 for r in compute), compute
+    named = {(r.get("ctx"), r.get("step")) for r in compute}
+    assert named == ({(None, None)} if warmup else {(enc, first)}), compute

@@ -54,14 +54,18 @@ def prompt_options(f: F) -> F:
 
 
 def media_options(f: F) -> F:
-    """--mmproj, --image and --audio, given to the command as ``media`` (a MediaInputs)."""
+    """--mmproj, --image, --audio and --no-mmproj-offload, given to the command as ``media`` (a
+    MediaInputs)."""
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from llamacpp_instr.running.media import MediaInputs
+        from llamacpp_instr.running.run_config import MediaInputs
 
         kwargs["media"] = MediaInputs(
-            kwargs.pop("mmproj"), tuple(kwargs.pop("images")), tuple(kwargs.pop("audio"))
+            kwargs.pop("mmproj"),
+            tuple(kwargs.pop("images")),
+            tuple(kwargs.pop("audio")),
+            offload=not kwargs.pop("no_mmproj_offload"),
         )
         return f(*args, **kwargs)
 
@@ -88,6 +92,14 @@ def media_options(f: F) -> F:
             "audio",
             multiple=True,
             help="A sound, where the projector hears (WAV, MP3, FLAC; repeatable).",
+        ),
+        click.option(
+            "--no-mmproj-offload",
+            "no_mmproj_offload",
+            is_flag=True,
+            help="Keep the projector's encoder on the CPU, as llama.cpp's own option does "
+            "(default: the first --device, else the first GPU, as `instr fit --mmproj` places "
+            "it).",
         ),
     ]
     return _options(options, wrapper)  # type: ignore[no-any-return]

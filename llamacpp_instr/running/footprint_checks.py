@@ -25,8 +25,7 @@ from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.running import context_choices, devices, offload
 from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.footprint import BREAKDOWN_PURPOSES, Footprint
-from llamacpp_instr.running.media import MediaInputs
-from llamacpp_instr.running.run_config import RunConfig, resolve_threads
+from llamacpp_instr.running.run_config import MediaInputs, RunConfig, resolve_threads
 
 # the measuring run's process: ``child`` with the pickled RunConfig on its stdin
 RUN = "from llamacpp_instr.running.footprint_checks import child\nchild()\n"

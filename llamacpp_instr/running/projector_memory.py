@@ -2,11 +2,12 @@
 compute buffers on the device its encoder runs on, by llama.cpp's own measure
 (``native.mtmd_memory``: ``mtmd_get_memory_usage``, which llama-server's fit adds to its margins).
 
-The encoder's device is the one llama.cpp's tools give it: the first device of ``--device`` (a
-device list that names none: the CPU), else the first GPU of ggml's registry, else the CPU;
-``--no-mmproj-offload`` keeps it on the CPU. It computes with the text model's flash attention
-(llama-server and llama-mtmd-cli pass theirs on), so its compute buffers are measured per flash
-attention setting the search tries.
+The projector is measured with the parameters ``instr run`` loads it with (``media.context_params``,
+one function for both), so its encoder's device is the one a run gives it, as llama.cpp's tools
+do: the first device of ``--device`` (a device list that names none: the CPU), else the first GPU
+of ggml's registry, else the CPU; ``--no-mmproj-offload`` keeps it on the CPU. It computes with
+the text model's flash attention (llama-server and llama-mtmd-cli pass theirs on), so its compute
+buffers are measured per flash attention setting the search tries.
 
 llama.cpp counts the weights as their tensors' bytes, where a run's buffer of them pads each
 tensor to its buffer type's alignment (32 bytes on the CPU): the two are equal for a projector
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.native import mtmd_memory
-from llamacpp_instr.running import context_defaults, devices, media
+from llamacpp_instr.running import devices, media, media_files
 
 Footprint = dict[str, dict[str, int]]  # {device: {purpose: bytes}}
 
@@ -33,7 +34,7 @@ def check(path: Path) -> None:
     """A one-line UserError unless ``path`` is a projector file (as instr run checks it) and this
     build has libmtmd to measure it with."""
     try:
-        media.check_projector(path)
+        media_files.check_projector(path)
     except UserError as exc:
         raise UserError(f"--mmproj: {exc}") from None
     media.import_mtmd()
@@ -59,15 +60,8 @@ class Projector:
     def _measure(self, flash_attn: bool | None) -> Footprint:
         mtmd_cpp = media.import_mtmd()
         media.quiet_mtmd(mtmd_cpp)
-        params = mtmd_cpp.mtmd_context_params_default()
         registry = devices.registry()
-        params.use_gpu = self.offload and self.device_names != ()
-        params.device = None
-        if params.use_gpu and self.device_names:
-            (first,) = devices.by_names(self.device_names[:1])
-            params.device = first.ptr
-        params.flash_attn_type = context_defaults.flash_attn_type(flash_attn)
-        params.print_timings = False
+        params = media.context_params(mtmd_cpp, self.offload, self.device_names, flash_attn)
         weights = mtmd_memory.memory_usage(mtmd_cpp, self.path, params, warmup=False)
         whole = mtmd_memory.memory_usage(mtmd_cpp, self.path, params, warmup=True)
         if not weights or not whole:

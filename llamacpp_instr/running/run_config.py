@@ -1,5 +1,6 @@
 """What a run is given (``RunConfig``: ``instr run``'s options, and every context this package
-makes for a model, run or projected) and the thread count it uses by default.
+makes for a model, run or projected; ``MediaInputs``: its projector, images and sounds) and the
+thread count it uses by default.
 
 Data alone: the planners build a setting's ``RunConfig`` to ask llama.cpp what it would take, and
 ``runner`` runs one."""
@@ -9,15 +10,54 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from llamacpp_instr.contract.errors import UserError
 from llamacpp_instr.contract.schema import SESSION_LEVELS
 from llamacpp_instr.running import context_choices
 from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.always_on import AlwaysOn
-from llamacpp_instr.running.media import MediaInputs
+from llamacpp_instr.running.media_files import AUDIO, IMAGE, check_file, check_projector
 from llamacpp_instr.running.offload import Offload
 from llamacpp_instr.running.tensor_overrides import TensorOverrides
+
+
+@dataclass(frozen=True)
+class MediaInputs:
+    """A run's projector and the media it reads, in the prompt's order: the images, then the
+    sounds; and whether its encoder may go to a GPU (``offload``, off with --no-mmproj-offload:
+    the CPU)."""
+
+    mmproj: Path | None = None
+    images: tuple[Path, ...] = ()
+    audio: tuple[Path, ...] = ()
+    offload: bool = True
+
+    def files(self) -> list[tuple[str, Path]]:
+        return [(IMAGE, p) for p in self.images] + [(AUDIO, p) for p in self.audio]
+
+    def __bool__(self) -> bool:
+        return self.mmproj is not None
+
+    def validate(self) -> None:
+        """One line for the first thing wrong, from the files alone, before the model loads
+        (that this build has libmtmd is the runner's to check: ``media.import_mtmd``)."""
+        if self.mmproj is None:
+            if self.images or self.audio:
+                raise UserError("--image and --audio need --mmproj (the model's projector file)")
+            return
+        check_projector(self.mmproj)
+        for kind, path in self.files():
+            check_file(kind, path)
+
+    def metadata(self) -> dict[str, Any]:
+        if self.mmproj is None:
+            return {}
+        return {
+            "mmproj": str(self.mmproj),
+            "media": [{"kind": kind, "path": str(path)} for kind, path in self.files()],
+            **({} if self.offload else {"mmproj_offload": False}),
+        }
 
 
 @dataclass

@@ -16,7 +16,7 @@ from llamacpp_instr.contract.version import __version__
 from llamacpp_instr.native import bindings, models
 from llamacpp_instr.running import context_choices, context_defaults, tensor_buffers
 from llamacpp_instr.running import memory_budget as memory
-from llamacpp_instr.running.media import Media
+from llamacpp_instr.running.media import Media, import_mtmd
 from llamacpp_instr.running.placement import Placement, prepare
 from llamacpp_instr.running.run_config import RunConfig, resolve_threads
 
@@ -245,6 +245,8 @@ def run(cfg: RunConfig, on_text: Callable[[str], None] | None = None) -> RunResu
     from llamacpp_instr.running.api import InstrSession, session
 
     cfg.validate()
+    if cfg.media:
+        import_mtmd()  # (a one-line error where this build has no libmtmd)
     out = cfg.out or default_log_name()
     check_writable(out)
     models.check_gguf(cfg.model)
@@ -331,7 +333,7 @@ def _media(cfg: RunConfig, llm: Any, lib: Any, failed_before: Any) -> Media | No
     without a projector."""
     if not cfg.media:
         return None
-    mm = Media(llm, cfg.media, resolve_threads(cfg.threads), cfg.flash_attn)
+    mm = Media(llm, cfg)
     # mtmd loads a projector whose compute buffer did not fit (its warm-up ignores the failure)
     # and faults at its first encode: refused here, with what did not fit
     oom = memory.explain(lib, failed_before, cfg.memory_setting())
@@ -377,6 +379,8 @@ def run_watched(
     The log must be new: an earlier session in it would be watched too (an existing log is
     kept as LOG.old first, unless ``cfg.append``, which --live refuses)."""
     cfg.validate()
+    if cfg.media:
+        import_mtmd()
     if cfg.out is None:
         cfg.out = default_log_name()
     if cfg.append and cfg.out.exists() and cfg.out.stat().st_size > 0:

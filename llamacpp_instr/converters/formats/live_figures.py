@@ -20,17 +20,17 @@ Every figure is one the log holds or follows from it:
 Memory: a request's record comes after its steps, so the steps of each sequence are kept until
 the record of the request that held it comes, and forgotten then: what the requests in flight
 need, no more (at most ``max(2 * n_ctx, 4096)`` steps per sequence, in case no record comes:
-a log written without requests).
+a log written without requests). What is kept, and the steps in flight, are ``live_steps``'.
 """
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..reading.decode.host import host_record, sampler_type
-from .log_input import MALFORMED, VALUE_MAX, cache_reason, is_encode, opt_count, step_seqs
+from .live_steps import RequestSteps, StepsInFlight, StepSpan, count
+from .log_input import MALFORMED, VALUE_MAX, cache_reason, opt_count
 
 NS = 1e-9
 
@@ -79,9 +79,6 @@ class HostFigures:
     per_token: list[tuple[str, float, int]]
 
 
-MAX_LAYER_SPANS = 4096  # layer spans kept per step (a log's count is the log's: bounded here)
-
-
 @dataclass(frozen=True)
 class RequestFigures:
     id: str
@@ -119,7 +116,8 @@ def outcome_of(rec: dict[str, Any]) -> str:
 def _ns(v: Any) -> int | None:
     """None, or a count or time (ns) the log may hold: an integer from 0 to below 2**62 (else
     ValueError or TypeError: the record is skipped). What the tracker takes from a record is read
-    through here or ``_int``, so that no figure it makes overflows a metric or a span."""
+    through here or ``live_steps.count``, so that no figure it makes overflows a metric or a
+    span."""
     return opt_count(v)
 
 
@@ -129,61 +127,6 @@ def _opt(v: Any) -> int | None:
         return opt_count(v)
     except (TypeError, ValueError):
         return None
-
-
-def _count(v: Any) -> int:
-    x = opt_count(v)
-    if x is None:
-        raise ValueError("a count or time is null")
-    return x
-
-
-def _int(v: Any) -> int:
-    """An integer within 62 bits either side of 0 (a layer, a position), else ValueError."""
-    if type(v) is not int or not -VALUE_MAX < v < VALUE_MAX:
-        raise ValueError(f"{v!r} is not an integer within 2**62")
-    return v
-
-
-@dataclass(frozen=True)
-class StepSpan:
-    """A step a request's sequence took part in."""
-
-    start: int  # ns, the log's clock
-    end: int
-    step: int  # step_begin.step
-    tokens: int  # the sequence's tokens in the batch
-    pos0: int  # the first position it decoded at
-
-
-class _SeqSteps:
-    """One sequence's steps since its last request ended, as ``StepSpan`` fields in arrays of
-    int64: 40 bytes a step."""
-
-    FIELDS = ("start", "end", "step", "tokens", "pos0")
-
-    def __init__(self) -> None:
-        self.cols = [array("q") for _ in self.FIELDS]
-
-    def add(self, row: tuple[int, int, int, int, int], cap: int) -> None:
-        if len(self.cols[0]) >= cap:  # no record came for a long time: keep the newest half
-            for c in self.cols:
-                del c[: cap // 2]
-        for c, v in zip(self.cols, row, strict=True):
-            c.append(v)
-
-    def take(self, t0: int, t1: int) -> list[StepSpan]:
-        """The steps that began from ``t0`` to ``t1``, in time order; every step up to ``t1`` is
-        forgotten (the next request of the sequence begins after it)."""
-        rows = list(zip(*self.cols, strict=True))
-        mine = sorted((StepSpan(*r) for r in rows if t0 <= r[0] <= t1), key=lambda s: s.start)
-        if any(r[0] <= t1 for r in rows):
-            later = [r for r in rows if r[0] > t1]
-            self.cols = [array("q", (r[i] for r in later)) for i in range(len(self.FIELDS))]
-        return mine
-
-    def __len__(self) -> int:
-        return len(self.cols[0])
 
 
 # what ``RequestTracker.add`` returns: the figures a record completes
@@ -196,19 +139,10 @@ class RequestTracker:
 
     cap: int = 4096  # steps kept per sequence (raised to 2 * n_ctx by a session_start)
     layers: bool = False  # keep the steps' layer spans (compute records) for RequestFigures.layers
-    # step -> its layer spans (layer, start, end): the newest ``cap`` steps'
-    _layers: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
-    seqs: dict[int, _SeqSteps] = field(default_factory=dict)
-    # (sid, ctx) -> (kind, [(seq, n_tokens, first pos, last pos)]) of the step in flight; kind
-    # None: an encode in flight
-    _begun: dict[tuple[str, int], tuple[str | None, list[tuple[int, int, int, int]]]] = field(
-        default_factory=dict
-    )
+    # the steps the requests in flight took part in, and their layer spans
+    kept: RequestSteps = field(default_factory=RequestSteps)
+    flight: StepsInFlight = field(default_factory=StepsInFlight)  # the steps begun, not ended
     _sids: set[str] = field(default_factory=set)
-    # (sid, ctx) -> when the step in flight's outputs were ready so far: its computes' and RPC
-    # commands' ends (``session.step_times.ready_at``: a step runs until then, not until
-    # llama_decode returns)
-    _ready: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def add(self, rec: dict[str, Any]) -> Figures | None:
         """The figures ``rec`` completes, if any; a record without the schema's shape is skipped,
@@ -216,7 +150,7 @@ class RequestTracker:
         try:
             t = rec.get("type")
             if t == "step_begin":
-                self._step_begin(rec)
+                self.flight.begin(rec)
             elif t == "step_end":
                 return self._step_end(rec)
             elif t == "request":
@@ -224,13 +158,13 @@ class RequestTracker:
             elif t == "host":
                 return host_figures(rec)
             elif t == "compute":
-                self._ready_at(rec, _count(rec["t_start"]) + _count(rec["dur"]))
+                self.flight.ready_at(rec, count(rec["t_start"]) + count(rec["dur"]))
                 if self.layers:
-                    self._compute(rec)
+                    self.kept.add_layers(rec, self.cap)
             elif t == "transfers" and rec.get("phase") == "step":
-                ends = [_count(row[9]) for row in rec.get("rows") or []]
+                ends = [count(row[9]) for row in rec.get("rows") or []]
                 if ends:
-                    self._ready_at(rec, _count(rec["t_start"]) + max(ends))
+                    self.flight.ready_at(rec, count(rec["t_start"]) + max(ends))
             elif t == "session_start":
                 return self._session(rec)
         except MALFORMED:
@@ -238,42 +172,22 @@ class RequestTracker:
         return None
 
     def running(self) -> int:
-        return sum(1 for s in self.seqs.values() if len(s))
+        return self.kept.running()
 
     def state_size(self) -> int:
         """Steps and steps in flight held: what memory this tracker's state grows with."""
-        return sum(len(s) for s in self.seqs.values()) + len(self._begun) + len(self._layers)
-
-    def _compute(self, rec: dict[str, Any]) -> None:
-        """A compute's layer spans, kept under its step (a step of several ubatches has several
-        computes); the oldest step's go once ``cap`` steps are kept."""
-        t0, step = _count(rec["t_start"]), _count(rec["step"])
-        spans = self._layers.get(step)
-        if spans is None:
-            if len(self._layers) >= self.cap:
-                del self._layers[next(iter(self._layers))]
-            spans = self._layers[step] = []
-        for row in rec.get("layers") or []:
-            layer, off, dur = _int(row[0]), _count(row[1]), _count(row[2])
-            if len(spans) < MAX_LAYER_SPANS:
-                spans.append((layer, t0 + off, t0 + off + dur))
-
-    def _ready_at(self, rec: dict[str, Any], end: int) -> None:
-        key = (str(rec["sid"]), int(rec["ctx"]))
-        if key in self._begun:
-            self._ready[key] = max(self._ready.get(key, end), end)
+        return len(self.kept) + len(self.flight)
 
     def _session(self, rec: dict[str, Any]) -> SessionFigures:
         sid = str(rec["sid"])
         continued = sid in self._sids or isinstance(rec.get("file"), dict)
         if not continued:
             # a new run: the requests in flight in an earlier session will never end
-            self.seqs.clear()
-            self._begun.clear()
-            self._ready.clear()
+            self.kept.clear()
+            self.flight.clear()
             self._sids = {sid}
         ctx = rec.get("context") or {}
-        ts = _count(rec["ts"])
+        ts = count(rec["ts"])
         n_ctx = _opt(ctx.get("n_ctx"))
         if n_ctx:
             self.cap = max(2 * n_ctx, 4096)
@@ -298,44 +212,26 @@ class RequestTracker:
             wall_time=str(rec.get("wall_time") or ""),
         )
 
-    def _step_begin(self, rec: dict[str, Any]) -> None:
-        if is_encode(rec):  # an encoder's: no sequence's tokens, no request's step
-            _count(rec["n_tokens"])
-            self._begun[(str(rec["sid"]), int(rec["ctx"]))] = (None, [])
-            return
-        seqs = step_seqs(rec)
-        if not seqs:  # a step without seqs holds sequence 0 only, at ``pos``
-            pos = rec.get("pos") or [0, 0]
-            seqs = [(0, int(rec["n_tokens"]), int(pos[0]), int(pos[1]))]
-        for q, n, p0, p1 in seqs:
-            _count(q), _count(n), _int(p0), _int(p1)
-        self._begun[(str(rec["sid"]), int(rec["ctx"]))] = (str(rec["kind"]), seqs)
-
     def _step_end(self, rec: dict[str, Any]) -> StepFigures | EncodeFigures | None:
-        key = (str(rec["sid"]), int(rec["ctx"]))
-        begun, ready = self._begun.pop(key, None), self._ready.pop(key, 0)
-        if begun is None:
-            return None  # its step_begin was not read (the exporter began after it)
-        kind, seqs = begun
-        start, dur = _count(rec["t_start"]), _count(rec["dur"])
-        dur = max(dur, ready - start)  # until its outputs were ready (an RPC server's compute)
-        step = _count(rec["step"])
-        for q, n, p0, _ in seqs:
-            self.seqs.setdefault(q, _SeqSteps()).add((start, start + dur, step, n, p0), self.cap)
+        ended = self.flight.end(rec)
+        if ended is None:
+            return None
+        kind, seqs, start, dur = ended
+        self.kept.add(seqs, start, start + dur, count(rec["step"]), self.cap)
         if kind is None:
-            return EncodeFigures(dur_s=dur * NS, n_tokens=_count(rec["n_tokens"]))
+            return EncodeFigures(dur_s=dur * NS, n_tokens=count(rec["n_tokens"]))
         kv = rec.get("kv_used")
         return StepFigures(
             kind=kind,
             dur_s=dur * NS,
-            n_tokens=_count(rec["n_tokens"]),
+            n_tokens=count(rec["n_tokens"]),
             kv_used=kv if type(kv) is int and 0 <= kv < VALUE_MAX else None,
             running=self.running(),
         )
 
     def _request(self, rec: dict[str, Any]) -> RequestFigures:
         wait, ttft, model, dur = (_ns(rec.get(k)) for k in ("wait", "ttft", "model", "dur"))
-        t_arrive = _count(rec["t_arrive"])
+        t_arrive = count(rec["t_arrive"])
         slot = _ns(rec.get("slot"))
         _ns(rec.get("status"))
         prompt_tokens, gen_tokens = _ns(rec.get("prompt_tokens")), _ns(rec.get("gen_tokens"))
@@ -347,10 +243,9 @@ class RequestTracker:
         mine: list[StepSpan] = []
         if wait is not None:  # it reached the model: the steps of its slot's sequence
             q = slot or 0  # no slot: a server with one sequence (instr serve)
-            steps = self.seqs.get(q)
             t0 = t_arrive + wait
             t1 = t0 + model if model is not None else t_arrive + (dur or 0)
-            mine = steps.take(t0, t1) if steps is not None else []
+            mine = self.kept.take(q, t0, t1)
             if mine and mine[0].pos0 >= 0:
                 cached = mine[0].pos0
             if ttft is not None:
@@ -379,7 +274,7 @@ class RequestTracker:
             cache_miss=cache_reason(rec.get("cache"))[1],
             running=self.running(),
             steps=mine,
-            layers={st.step: self._layers[st.step] for st in mine if st.step in self._layers},
+            layers=self.kept.layers_of(mine),
             record=rec,
         )
 

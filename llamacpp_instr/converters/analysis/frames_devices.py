@@ -1,5 +1,6 @@
 """The analysis API's tables for a run on several devices (``frames.load_session``), built by
-``frames``' builder as it reads the steps. A session whose machine lists one device (CPU-only) has
+``frames``' builder as it reads the steps (``DeviceBuilder``: their rows, ``device_rows``; made
+frames at the end, ``device_frames``). A session whose machine lists one device (CPU-only) has
 none of them, and its tables have no device columns.
 
 * ``ops.device``, ``layers.device``: the device that ran each op and timed each layer span
@@ -38,8 +39,8 @@ from ..reading.decode.steps import Step
 from ..reading.decode.transfers import Transfers
 from ..session import device_time as dt
 from ..session.step_times import StepRows, step_times
+from .device_frames import DeviceFrames
 from .device_rows import (
-    TEXT_COLS,
     KeyedRows,
     Rows,
     keys_array,
@@ -84,8 +85,6 @@ _MAKE = {
     "transfers": make_transfers,
 }
 _PLACES = 16  # placements kept before their rows join the tables (few: ``PACK_ROWS``)
-# columns holding device names (categoricals over the machine's devices) and other text
-_DEVICE_COLS = {"device", "src", "dst"}
 
 
 class DeviceBuilder:
@@ -94,6 +93,7 @@ class DeviceBuilder:
     def __init__(self, info: SessionInfo) -> None:
         self.info = info
         self.devs = dt.Devices(info)
+        self.frames = DeviceFrames(info, self.devs)  # (the tables' frames, at the end)
         self.rows: dict[str, Rows] = {k: Rows(cols) for k, cols in _COLS.items()}
         # (the decoder's rows as they are, a list at a time)
         self.keyed = {name: KeyedRows(_COLS[name], make) for name, make in _MAKE.items()}
@@ -183,9 +183,6 @@ class DeviceBuilder:
 
     # -- the tables
 
-    def _names(self) -> list[str]:
-        return [self.devs[i].name for i in sorted(self.devs.known)]
-
     def _layer_devices(self) -> np.ndarray:
         """Each layer span's device (``device_time.layer_devices``, for every compute at once)."""
         keys = keys_array(self.layer_keys, 3)
@@ -195,69 +192,15 @@ class DeviceBuilder:
         out[out < 0] = self.devs.cpu
         return out
 
-    def device_column(self, codes: list[np.ndarray], n: int) -> pd.Categorical:
-        """Device indices as a categorical of names, in the machine's order."""
-        idx = sorted(self.devs.known)
-        a = np.concatenate(codes) if codes else np.zeros(0, np.int64)
-        assert len(a) == n
-        known = np.array(idx, np.int64)
-        at = np.minimum(np.searchsorted(known, a), max(len(idx) - 1, 0))
-        # each index's position among the machine's (sorted) devices; -1 (no name) if not one
-        pos = np.where(known[at] == a, at, -1) if len(idx) else np.full(len(a), -1, np.int64)
-        return pd.Categorical.from_codes(pos, categories=self._names())
-
-    def _frame(self, name: str) -> pd.DataFrame:
-        cols = _COLS[name]
-        data = self.rows[name].columns()  # (typed: pandas' inference over rows cost more)
-        out: dict[str, Any] = {}
-        for c, v in zip(cols, data, strict=True):
-            if c in _DEVICE_COLS:
-                out[c] = self.device_column([np.asarray(v, dtype=np.int64)], len(v))
-            elif c in TEXT_COLS:
-                out[c] = _categorical(v, list(self.rows[name].codes[c]))
-            elif c == "timed":
-                out[c] = np.asarray(v, dtype=bool)
-            elif c == "share":
-                out[c] = np.asarray(v, dtype=np.float64)
-            else:
-                out[c] = np.asarray(v, dtype=np.int64)
-        df = pd.DataFrame(out, columns=cols)
-        if "step" in cols:
-            df["step"] = df["step"].where(df["step"] >= 0).astype("Int64")
-        return df
-
-    def _devices(self) -> pd.DataFrame:
-        rows = []
-        listed = self.info.machine.get("devices") or []
-        for i in sorted(self.devs.known):
-            d = self.devs[i]
-            raw = next((x for x in listed if isinstance(x, dict) and x.get("index") == i), {})
-            mem = raw.get("memory_total")
-            rows.append(
-                {
-                    "device": d.name,
-                    "index": i,
-                    "backend": d.backend,
-                    "description": d.description,
-                    "type": d.type,
-                    "remote_timing": d.remote_timing,
-                    "memory_total": mem if type(mem) is int else None,
-                }
-            )
-        df = pd.DataFrame(rows)
-        df["remote_timing"] = df["remote_timing"].astype("boolean")
-        df["memory_total"] = df["memory_total"].astype("Int64")
-        return df
-
     def tables(self, ops: pd.DataFrame, layers: pd.DataFrame) -> dict[str, pd.DataFrame]:
         """The device tables; ``ops`` and ``layers`` get their device column."""
         self._add_places()
         at = keys_array(self.op_keys, 3)[:, 2].tolist()
-        ops["device"] = self.device_column(
+        ops["device"] = self.frames.device_column(
             [dt.placing_devices(self.placings[k]) for k in at], len(ops)
         )
         self.layer_device = [self._layer_devices()]
-        layers["device"] = self.device_column(self.layer_device, len(layers))
+        layers["device"] = self.frames.device_column(self.layer_device, len(layers))
         dev_cols, token_cols = step_times(_step_rows(self, ops, layers), self.devs)
         self.rows["device_steps"].put(dev_cols)
         self.rows["token_time"].put(token_cols)
@@ -271,23 +214,12 @@ class DeviceBuilder:
         load = dt.load_time(self.info.transfers, self.devs)
         if load.devices:
             self._time(load)
-        out = {"devices": self._devices()}
+        out = {"devices": self.frames.devices()}
         for name in _COLS:
-            out[name] = self._frame(name)
+            out[name] = self.frames.frame(_COLS[name], self.rows[name])
             del self.rows[name]  # (its columns are in the frame now: not held twice)
         self.keyed.clear()
         return out
-
-
-def _categorical(codes: np.ndarray, names: list[str]) -> Any:
-    """Text held as codes (``device_rows.Codes``: ``names`` in code order) as a categorical,
-    its categories sorted, as ``astype("category")`` makes them of the text."""
-    if not names:
-        return pd.Series([], dtype=object).astype("category")
-    order = sorted(range(len(names)), key=names.__getitem__)
-    rank = np.empty(len(names), np.int64)
-    rank[order] = np.arange(len(names))
-    return pd.Categorical.from_codes(rank[codes], categories=[names[k] for k in order])
 
 
 def _op_groups(b: DeviceBuilder, ops: pd.DataFrame) -> tuple[Any, ...]:

@@ -40,7 +40,7 @@ class PerOpLayout(SessionLayout):
             return
         for k, op in enumerate(c.unpack()):
             if mask is None or mask[k]:
-                yield from self.op_slices(k, op, c, head.track, stats, flows)
+                yield from self.per_op.op_slices(k, op, c, head.track, stats, flows)
 
 
 def layout(

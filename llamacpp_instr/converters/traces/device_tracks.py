@@ -44,17 +44,19 @@ from .device_plan import Plan, Plans
 from .items import BulkItem, ComputeBatch, Item, LayoutStats, Slice, SliceRows, Track, text_uuid
 from .network import NetworkTracks
 from .op_args import mb_per_s
+from .op_slices import OpSlices
 
 
 class SessionLayout(Protocol):
     """What the device tracks need of the session's layout (``layout.SessionLayout``, which
     makes a ``DeviceTracks`` of itself): its session, its process track, and the compute slices
-    and batches it lays out the same way on every track."""
+    and batches it lays out the same way on every track (and the op slices one by one)."""
 
     info: SessionInfo
     pid: int
     process: Track
     bulk: bool
+    per_op: OpSlices
 
     def compute_slice(self, c: Compute, track: int) -> Slice: ...
 
@@ -81,15 +83,6 @@ class SessionLayout(Protocol):
         n_mask: int = -1,
         per_op: bool | None = None,
     ) -> tuple[ComputeBatch, list[tuple[int, OpTiming]]]: ...
-
-    def op_list(
-        self,
-        ops: list[tuple[int, OpTiming]],
-        c: Compute,
-        track: int,
-        stats: LayoutStats,
-        flows: OpFlows,
-    ) -> Iterator[Item]: ...
 
 
 class DeviceTracks:
@@ -188,7 +181,7 @@ class DeviceTracks:
                 )
                 out.append(cb)
                 if ops:
-                    out += lay.op_list(ops, c, head_d.track, stats, flows)
+                    out += lay.per_op.op_list(ops, c, head_d.track, stats, flows)
             else:
                 out += lay.compute_batch(head_d, c, spans, stats, flows, part.mask, part.run)
         return out

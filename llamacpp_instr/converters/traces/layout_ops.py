@@ -1,7 +1,8 @@
 """How a session's computes are laid out on a track: the compute's slice, its layer spans and its
 op slices, in bulk (one ``ComputeBatch``) or one by one (ops with flows, and the ops of a compute
-the bulk writers leave to the per-op view), with the worker threads' tracks of verbose logs.
-``layout.SessionLayout`` is one of these, and so, through it, is every device's track."""
+the bulk writers leave to the per-op view: ``op_slices``, with the worker threads' tracks of
+verbose logs). ``layout.SessionLayout`` is one of these, and so, through it, is every device's
+track."""
 
 from __future__ import annotations
 
@@ -16,22 +17,12 @@ from ..reading.decode.graphs import Graph
 from ..reading.decode.sessions import SessionInfo
 from ..session.kv_flows import OpFlows
 from ..session.machine_peaks import Roof
-from .items import (
-    BulkItem,
-    ComputeBatch,
-    Item,
-    LayoutStats,
-    OpBatch,
-    Selection,
-    Slice,
-    Track,
-    track_uuid,
-)
-from .op_args import op_args
+from .items import BulkItem, ComputeBatch, LayoutStats, OpBatch, Selection, Slice, Track
+from .op_slices import OpSlices
 
 
 class OpsLayout:
-    """A session's compute, layer and op slices, and its worker thread tracks."""
+    """A session's compute, layer and op slices (those one by one: ``per_op``)."""
 
     def __init__(
         self, info: SessionInfo, process: Track, sel: Selection, roof: Roof | None
@@ -42,20 +33,7 @@ class OpsLayout:
         self.sel = sel
         self.roof = roof  # the roofs its ops' args are set against (None: no peaks known)
         self.layer_of: dict[Graph, Any] = {}  # each graph's nodes' layers
-        self.threads: dict[int, Track] = {}
-
-    def thread_track(self, t: int) -> Iterator[Item]:
-        if t not in self.threads:
-            tr = Track(
-                track_uuid(self.info.sid, "thread", t),
-                f"thread {t}",
-                self.process.uuid,
-                "slices",
-                10 + t,
-                self.pid,
-            )
-            self.threads[t] = tr
-            yield tr
+        self.per_op = OpSlices(info, process, sel, roof)  # the ops that come one by one
 
     def layers(self, graph: Graph) -> Any:
         """The layer of each of the graph's nodes as an array (-1: none)."""
@@ -110,7 +88,7 @@ class OpsLayout:
         cb, ops = self.batch(head, c, spans, stats, flows, mask, run)
         yield cb
         if ops:
-            yield from self.op_list(ops, c, head.track, stats, flows)
+            yield from self.per_op.op_list(ops, c, head.track, stats, flows)
 
     def batch(
         self,
@@ -126,7 +104,7 @@ class OpsLayout:
     ) -> tuple[ComputeBatch, list[tuple[int, OpTiming]]]:
         """A ``ComputeBatch`` (``head``: the compute's slice, or a device's part of it; the layer
         ``spans`` and the compute's ops, those where ``mask`` when it is given, on its track, in
-        bulk), and the ops whose slices follow it one by one (``op_list``): those with flows, and
+        bulk), and the ops whose slices follow it one by one (``OpSlices.op_list``): those with flows, and
         every op of a compute whose ops the bulk writers leave to the per-op view
         (``Compute.per_op``: thread timings, tensor statistics). ``mask`` may be read-only and
         shared (a device's ops, ``device_plan``); ``run``: the same ops as a slice, if they are
@@ -165,53 +143,3 @@ class OpsLayout:
             if mine:
                 ops = [(k, c.op_at(k)) for k in mine]
         return ComputeBatch(head, spans, batch), ops
-
-    def op_list(
-        self,
-        ops: list[tuple[int, OpTiming]],
-        c: Compute,
-        track: int,
-        stats: LayoutStats,
-        flows: OpFlows,
-    ) -> Iterator[Item]:
-        """The slices of ``ops`` (``batch``'s), in order."""
-        for k, op in ops:
-            yield from self.op_slices(k, op, c, track, stats, flows)
-
-    def op_slices(
-        self, k: int, op: OpTiming, c: Compute, track: int, stats: LayoutStats, flows: OpFlows
-    ) -> Iterator[Item]:
-        """The slice of the ``k``-th op of ``c`` (if the selection wants it), and its worker
-        threads' slices (verbose logs)."""
-        layer = op.node.layer
-        if self.sel.layer is not None and layer != self.sel.layer:
-            return
-        stats.ops += 1
-        depth = 3 if layer is not None else 2
-        out, into = flows.get(k, ((), ()))
-        yield Slice(
-            track,
-            op.node.label,
-            op.start,
-            op.dur,
-            depth,
-            "op",
-            op_args(op, c, self.roof),
-            out,
-            into,
-        )
-        if op.thread_done:
-            for t, done in enumerate(op.thread_done):
-                if done <= 0:
-                    continue  # this worker had no share of the op
-                yield from self.thread_track(t)
-                tr = self.threads[t]
-                yield Slice(
-                    tr.uuid,
-                    op.node.label,
-                    op.start,
-                    min(done, op.dur),
-                    0,
-                    "thread",
-                    {"busy_ns": done, "wait_ns": max(0, op.dur - done)},
-                )

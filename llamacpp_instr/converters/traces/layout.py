@@ -14,8 +14,8 @@ apart. Layout, per session (one process):
 * ``slot N: sampling`` under each context's steps track: the host's work between its steps, per
   slot (``host_tracks``).
 * ``thread N`` (verbose logs): per op, the part of its wall time worker N was busy.
-* counters: ``tokens/s``, ``KV cache cells``, ``memory: weights`` / ``KV cache`` / ``compute``;
-  a mixture of experts' ``experts used: layer N`` (``expert_tracks``).
+* counters: ``tokens/s``, ``KV cache cells``, ``memory: weights`` / ``KV cache`` / ``compute``
+  (``counter_tracks``); a mixture of experts' ``experts used: layer N`` (``expert_tracks``).
 
 ``layout_bulk`` yields one item per track, slice and sample, except that each compute comes as
 one ``ComputeBatch``: its slice, its layer spans and its op slices as one ``OpBatch`` (the
@@ -44,6 +44,7 @@ from ..reading.decode.steps import Step
 from ..session.device_time import multi_device
 from ..session.kv_flows import KvFlows, OpFlows
 from ..session.machine_peaks import Roof
+from .counter_tracks import CounterTracks
 from .device_tracks import DeviceTracks
 from .expert_tracks import ExpertTracks
 from .host_tracks import HostTracks
@@ -51,7 +52,6 @@ from .items import (
     BulkItem,
     Item,
     LayoutStats,
-    Sample,
     Selection,
     Slice,
     SliceRows,
@@ -95,24 +95,7 @@ class SessionLayout(OpsLayout):
         self.flows = flows
         self.stats = stats
         self.step_tracks: dict[int, Track] = {}
-        self.tok_s = Track(
-            track_uuid(sid, "tok/s"),
-            "tokens/s",
-            self.process.uuid,
-            "counter",
-            100,
-            self.pid,
-            "tokens/s",
-        )
-        self.kv = Track(
-            track_uuid(sid, "kv"),
-            "KV cache cells",
-            self.process.uuid,
-            "counter",
-            101,
-            self.pid,
-            "cells",
-        )
+        self.counters = CounterTracks(info, self.process)
         self.served = ServedTracks(info, self.process)
         self.host_work = HostTracks(sid, pid)
         self.memory = MemoryTracks(info, self.process)
@@ -137,42 +120,10 @@ class SessionLayout(OpsLayout):
             yield from self.by_device.transfers()
 
     def start(self) -> Iterator[Item]:
-        info = self.info
-        ctx, model = info.context, info.model
-        self.process.labels = [
-            f"session {info.sid}",
-            f"started {info.wall_time}",
-            f"level {info.level}",
-            f"llama.cpp {info.producer.get('llama_cpp_commit', '?')} patches {info.producer.get('patch_hash', '?')}",
-            f"{model.get('architecture', '?')} {model.get('n_layer', '?')} layers, {model.get('file_type', '?')}",
-            f"n_ctx {ctx.get('n_ctx', '?')}, {ctx.get('n_threads', '?')} threads, "
-            f"flash_attn {ctx.get('flash_attn', '?')}, KV {ctx.get('type_k', '?')}/{ctx.get('type_v', '?')}",
-        ]
-        if "prompt" in info.metadata:
-            self.process.labels.append(f"prompt {str(info.metadata['prompt'])[:120]!r}")
+        """The session's process track (described: ``process_labels``) and its counters."""
+        self.process.labels = process_labels(self.info)
         yield self.process
-        yield self.tok_s
-        yield self.kv
-        mem = self.info.memory
-        for k, (key, label) in enumerate(
-            [
-                ("weights", "memory: weights"),
-                ("kv_cache", "memory: KV cache"),
-                ("compute", "memory: compute buffers"),
-            ]
-        ):
-            if key in mem:
-                t = Track(
-                    track_uuid(self.info.sid, "mem", key),
-                    label,
-                    self.process.uuid,
-                    "counter",
-                    102 + k,
-                    self.pid,
-                    "bytes",
-                )
-                yield t
-                yield Sample(t.uuid, self.info.start_ts, float(mem[key]))
+        yield from self.counters.start()
 
     def steps_track(self, ctx: int, encoder: bool = False) -> Iterator[Item]:
         """One steps track per context: two contexts' steps may overlap in time; an encoder's
@@ -201,8 +152,7 @@ class SessionLayout(OpsLayout):
             return
         name, args = decode_slice(step)
         yield from self.pass_slice(step, stats, name, args, step_flows(self.info.sid, step), False)
-        if step.dur > 0 and step.ended:
-            yield Sample(self.tok_s.uuid, step.end, step.n_tokens / (step.dur / 1e9))
+        yield from self.counters.tokens_per_s(step)
         yield from self.pass_work(step, stats, flows)
 
     def encode(self, enc: Encode, stats: LayoutStats) -> Iterator[BulkItem]:
@@ -242,8 +192,7 @@ class SessionLayout(OpsLayout):
     ) -> Iterator[BulkItem]:
         """What a pass holds, after its slice: the KV cells used, its computes (with their
         KV-cache ``flows``, if any), its RPC commands and its experts' routing."""
-        if p.kv_used >= 0:
-            yield Sample(self.kv.uuid, p.end, float(p.kv_used))
+        yield from self.counters.kv_used(p)
         track = self.step_tracks[p.ctx].uuid
         dev = self.by_device
         for k, c in enumerate(p.computes):
@@ -255,6 +204,23 @@ class SessionLayout(OpsLayout):
             yield from dev.transfers(p)
         if p.experts:
             yield from self.experts.step(p)
+
+
+def process_labels(info: SessionInfo) -> list[str]:
+    """What a session's process track says of it: the session, its build, model and context."""
+    ctx, model = info.context, info.model
+    labels = [
+        f"session {info.sid}",
+        f"started {info.wall_time}",
+        f"level {info.level}",
+        f"llama.cpp {info.producer.get('llama_cpp_commit', '?')} patches {info.producer.get('patch_hash', '?')}",
+        f"{model.get('architecture', '?')} {model.get('n_layer', '?')} layers, {model.get('file_type', '?')}",
+        f"n_ctx {ctx.get('n_ctx', '?')}, {ctx.get('n_threads', '?')} threads, "
+        f"flash_attn {ctx.get('flash_attn', '?')}, KV {ctx.get('type_k', '?')}/{ctx.get('type_v', '?')}",
+    ]
+    if "prompt" in info.metadata:
+        labels.append(f"prompt {str(info.metadata['prompt'])[:120]!r}")
+    return labels
 
 
 def decode_slice(step: Step) -> tuple[str, dict[str, Any]]:

@@ -1,7 +1,8 @@
 """The ``ops`` table of ``frames``, built in one streaming pass with no Python object per op: each
 compute's ops, columns already (``ComputeColumns``), become one int64 block, and each op's node
 metadata (name, op, layer, shape, weight, estimated FLOPs and bytes) is joined at the end by
-integer indexing into per-node columns computed once per graph (``OpsBuilder``)."""
+integer indexing into per-node columns computed once per graph (``OpsBuilder``, its nodes'
+columns ``node_columns``)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import pandas as pd
 from ..reading.decode.columns import LayerRows
 from ..reading.decode.computes import Compute
 from ..reading.decode.graphs import Graph
-from ..session import derive
-from .table_columns import EMPTY_I64, Chunks, int_column, int_rows, nullable, shape_text
+from .node_columns import GraphMeta, NodeColumns
+from .table_columns import EMPTY_I64, Chunks, int_column, int_rows, nullable
 
 
 class ComputeColumns:
@@ -40,34 +41,14 @@ class ComputeColumns:
         self.fused_node = np.array([j for _, j in rows], np.int64) if rows else EMPTY_I64
 
 
-def _expert_tensor(n: Any, g: Graph) -> tuple[int, int]:
-    """A MUL_MAT_ID's expert tensor (its first source, [k, rows, n_expert]): bytes and experts."""
-    if n.op != "MUL_MAT_ID" or not n.src:
-        return 0, 0
-    shape = derive.src_shape(n.src[0], g) + [1, 1, 1]
-    if shape[2] < 2:
-        return 0, 0
-    return int(derive.src_bytes(n.src[0], g)), int(shape[2])
-
-
 # --- the tables ----------------------------------------------------------------------------------
-
-OP_CATS = "name op label category shape dtype weight weight_type".split()
-
-
-class GraphMeta:
-    """Where a graph's nodes start in the builder's per-node columns, and their FLOPs and bytes."""
-
-    def __init__(self, offset: int, errors: dict[int, Exception]) -> None:
-        self.offset = offset
-        self.errors = errors  # node position -> what joining its metadata raised
 
 
 class OpsBuilder:
     """The ``ops`` table as it is built: each op's node (a row of the per-node columns), start and
     duration in chunks, with no Python object per op; each op's node metadata (name, op, layer,
-    shape, weight, estimated FLOPs and bytes) is computed once per graph and joined at the end
-    by integer indexing (``frame``)."""
+    shape, weight, estimated FLOPs and bytes) is computed once per graph (``NodeColumns``) and
+    joined at the end by integer indexing (``frame``)."""
 
     OP_COLS = (
         "step ubatch graph node name op label category layer t_start dur_ns n_fused shape dtype "
@@ -75,20 +56,9 @@ class OpsBuilder:
     ).split()
 
     def __init__(self) -> None:
-        # per-node columns of every graph the ops use, graph after graph
-        self.metas: dict[Graph, GraphMeta] = {}  # each graph's place
-        self.n_nodes = 0
-        self.node_i = array("q")
-        self.node_layer = array("q")
-        self.node_flops = array("q")
-        self.node_bytes = array("q")
-        # a MUL_MAT_ID's expert tensor: its bytes and its number of experts (0 for other nodes)
-        self.node_exp_bytes = array("q")
-        self.node_n_expert = array("q")
+        self.nodes = NodeColumns()  # per-node columns of every graph the ops use
         # (step, ubatch, layer) -> the distinct experts the router sent that ubatch's tokens to
         self.routed: dict[tuple[int, int, int], int] = {}
-        self.node_cats = {c: array("i") for c in OP_CATS}
-        self.cat_index: dict[str, dict[str, int]] = {c: {} for c in OP_CATS}
         # the ops: global node, start and duration in chunks; fused nodes as (row, global node)
         self.op_cols = Chunks()
         self.op_keys = array("q")  # per compute: step, ubatch, graph id, n
@@ -96,60 +66,9 @@ class OpsBuilder:
         self.fused_nodes: list[np.ndarray] = []
         self.n_ops = 0
 
-    def _meta(self, g: Graph) -> GraphMeta:
-        """The graph's per-node columns (made on first use)."""
-        known = self.metas.get(g)
-        if known is not None:
-            return known
-        meta = GraphMeta(self.n_nodes, {})
-        for k, n in enumerate(g.nodes):
-            try:
-                w = derive.weight_source(n)
-                vals = {
-                    "name": n.name,
-                    "op": n.op,
-                    "label": n.label,
-                    "category": derive.category(n),
-                    "shape": shape_text(n.shape),
-                    "dtype": n.dtype,
-                    "weight": None if not w else w["name"],
-                    "weight_type": None if not w else w["type"],
-                }
-                row = (
-                    int(n.i),
-                    -1 if n.layer is None else int(n.layer),
-                    int(derive.flops(n, g)),
-                    int(derive.bytes_moved(n, g)),
-                )
-                codes = []
-                for c in OP_CATS:
-                    v = vals[c]
-                    if v is None:
-                        codes.append(-1)
-                    else:
-                        index = self.cat_index[c]
-                        codes.append(index.setdefault(str(v), len(index)))
-                # every value fits before any column grows
-                array("q", row)
-            except Exception as exc:  # raised only where a compute's op rows name this node
-                meta.errors[k] = exc
-                row, codes = (0, 0, 0, 0), [-1] * len(OP_CATS)
-            self.node_i.append(row[0])
-            self.node_layer.append(row[1])
-            self.node_flops.append(row[2])
-            self.node_bytes.append(row[3])
-            eb, ne = _expert_tensor(n, g) if k not in meta.errors else (0, 0)
-            self.node_exp_bytes.append(eb)
-            self.node_n_expert.append(ne)
-            for c, code in zip(OP_CATS, codes, strict=True):
-                self.node_cats[c].append(code)
-        self.n_nodes += len(g.nodes)
-        self.metas[g] = meta
-        return meta
-
     def add(self, step: int, ubatch: int, g: Graph, cc: ComputeColumns) -> None:
         """A compute's ops (``cc``, of graph ``g``, with ops) as rows of the table."""
-        meta = self._meta(g)
+        meta = self.nodes.meta(g)
         if meta.errors:
             self._raise_node_error(meta, cc)
         self.op_cols.add(cc.ops, meta.offset)
@@ -175,12 +94,13 @@ class OpsBuilder:
         keys = int_rows(self.op_keys, 4)
         counts = keys[:, 3]
         n = self.n_ops
-        gidx = self.op_cols.column(0, np.int32 if self.n_nodes < 1 << 31 else np.int64)
+        nodes = self.nodes
+        gidx = self.op_cols.column(0, np.int32 if nodes.n_nodes < 1 << 31 else np.int64)
         t_start = self.op_cols.column(1)
         dur = self.op_cols.column(2)
         self.op_cols = Chunks()
-        node_flops = int_column(self.node_flops)
-        node_bytes = int_column(self.node_bytes)
+        node_flops = int_column(nodes.node_flops)
+        node_bytes = int_column(nodes.node_bytes)
         est_flops = node_flops[gidx]
         est_bytes = node_bytes[gidx]
         n_fused = np.zeros(n, np.int64)
@@ -195,13 +115,13 @@ class OpsBuilder:
             est_bytes[op_rows] += np.add.reduceat(node_bytes[fnodes], first)
         step = np.repeat(keys[:, 0], counts)
         ubatch = np.repeat(keys[:, 1], counts)
-        layer = int_column(self.node_layer)[gidx]
+        layer = int_column(nodes.node_layer)[gidx]
         expert_bytes = self._routed_bytes(gidx, step, ubatch, layer, est_bytes)
         data: dict[str, Any] = {
             "step": step,
             "ubatch": ubatch,
             "graph": np.repeat(keys[:, 2], counts),
-            "node": int_column(self.node_i)[gidx],
+            "node": int_column(nodes.node_i)[gidx],
             "layer": nullable(layer),
             "t_start": t_start,
             "dur_ns": dur,
@@ -210,17 +130,7 @@ class OpsBuilder:
             "est_bytes": est_bytes,
             "expert_bytes": expert_bytes,
         }
-        # categories in order of first appearance among the ops, as when built row by row
-        first_seen = pd.unique(gidx) if n else EMPTY_I64
-        for c in OP_CATS:
-            names = list(self.cat_index[c])
-            ncodes = int_column(self.node_cats[c], np.int32)
-            seen = [x for x in dict.fromkeys(ncodes[first_seen].tolist()) if x >= 0]
-            lut = np.full(len(names) + 1, -1, np.int64)  # the last slot: code -1 stays -1
-            lut[seen] = np.arange(len(seen))
-            dtype = np.int8 if len(seen) < 127 else np.int16 if len(seen) < 32767 else np.int32
-            codes = lut[ncodes].astype(dtype)[gidx]
-            data[c] = pd.Categorical.from_codes(codes, categories=[names[x] for x in seen])
+        data |= nodes.categoricals(gidx, n)
         return pd.DataFrame({c: data[c] for c in self.OP_COLS}, copy=False)
 
     def _routed_bytes(
@@ -233,7 +143,7 @@ class OpsBuilder:
     ) -> pd.Categorical:
         """A MUL_MAT_ID's est_bytes with only the experts its ubatch routed to (in place, where the
         routing is recorded): "routed"; "all experts" where it is not; missing for other ops."""
-        n_exp = int_column(self.node_n_expert)[gidx]
+        n_exp = int_column(self.nodes.node_n_expert)[gidx]
         codes = np.full(len(gidx), -1, np.int8)
         labels: list[str] = []  # in order of first appearance, as every categorical here
         for k in np.flatnonzero(n_exp > 0).tolist():
@@ -243,7 +153,7 @@ class OpsBuilder:
                 labels.append(label)
             codes[k] = labels.index(label)
             if used is not None:
-                whole = int(self.node_exp_bytes[int(gidx[k])])
+                whole = int(self.nodes.node_exp_bytes[int(gidx[k])])
                 est_bytes[k] -= whole - whole * min(used, int(n_exp[k])) // int(n_exp[k])
         # (no MUL_MAT_ID: string-typed empty categories, so the column stays one through Parquet)
         return pd.Categorical.from_codes(codes, categories=labels or pd.Index([], dtype="str"))

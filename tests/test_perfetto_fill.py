@@ -1,4 +1,4 @@
-"""``TemplateSet._fill`` fills every template of a flush at once (the timestamps' varints and the
+"""``template_fill.fill`` fills every template of a flush at once (the timestamps' varints and the
 ops' rates of all in one pass): each template's blocks come out as they do filled alone."""
 
 from __future__ import annotations
@@ -28,24 +28,24 @@ def test_templates_filled_together_as_alone(
 ) -> None:
     log = repeat_steps(FIXTURES / name, tmp_path / "r.log", 12)
     calls: list[tuple[Any, Any, Any]] = []
-    fill = templates.TemplateSet._fill
+    fill = templates.fill
 
-    def spy(self: Any, groups: Any) -> Any:
-        got = fill(self, groups)
-        calls.append((self, list(groups), got))
+    def spy(groups: Any, store: Any) -> Any:
+        got = fill(groups, store)
+        calls.append((store, list(groups), got))
         return got
 
-    monkeypatch.setattr(templates.TemplateSet, "_fill", spy)
+    monkeypatch.setattr(templates, "fill", spy)
     monkeypatch.setattr(perfetto_writer, "FLUSH_ROWS", 600)
     items = layout_bulk(iter_events_packed(log), Selection(), LayoutStats())
     write_perfetto_fast(items, _Sink(), compress=False)
     together = [c for c in calls if len(c[1]) > 1 and c[2] is not None]
     assert together, "no flush with two templates"
     rated = 0
-    for ts, groups, got in together:
+    for store, groups, got in together:
         assert len(got) == len(groups)
         for g, f in zip(groups, got, strict=True):
-            alone = fill(ts, [g])
+            alone = fill([g], store)
             assert alone is not None
             (a,) = alone
             assert np.array_equal(a[2], f[2])  # the packets

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from llamacpp_instr.converters.formats.perfetto import merge as merge_mod
 from llamacpp_instr.converters.formats.perfetto.inserts import plan
 from llamacpp_instr.converters.formats.perfetto.packets import Sequence
-from llamacpp_instr.converters.formats.perfetto.templates import Template
+from llamacpp_instr.converters.formats.perfetto.template import Template
 
 pytestmark = pytest.mark.fast
 

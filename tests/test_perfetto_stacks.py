@@ -1,5 +1,5 @@
 """``stacks.gather`` (every template's timestamps of a flush at once) gives what the template by
-template path (``templates._stacked_sorted``) gives: the same matrices, gids and durations, and
+template path (``template_fill._stacked_sorted``) gives: the same matrices, gids and durations, and
 None for the same flushes (rows out of their template's order, a timestamp a byte longer)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from helpers.support import FIXTURES
 from test_perfetto_bulk_matches_reference import repeat_steps
 
-from llamacpp_instr.converters.formats.perfetto import stacks, templates, write_perfetto_fast
+from llamacpp_instr.converters.formats.perfetto import stacks, template_fill, write_perfetto_fast
 from llamacpp_instr.converters.formats.perfetto import writer as perfetto_writer
 from llamacpp_instr.converters.session.fold import iter_events_packed
 from llamacpp_instr.converters.traces.items import LayoutStats, Selection
@@ -39,7 +39,7 @@ def _edit(k: int, recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _old(groups: list[Any]) -> Any:
-    got = [templates._stacked_sorted(tm, blocks) for tm, blocks in groups]
+    got = [template_fill._stacked_sorted(tm, blocks) for tm, blocks in groups]
     if any(g is None for g in got):
         return None
     return got
@@ -66,7 +66,7 @@ def test_gather_as_template_by_template(
         seen.append((list(groups), got))
         return got
 
-    monkeypatch.setattr(templates, "gather", spy)
+    monkeypatch.setattr(template_fill, "gather", spy)
     monkeypatch.setattr(perfetto_writer, "FLUSH_ROWS", 600)
     items = layout_bulk(iter_events_packed(log), Selection(), LayoutStats())
     write_perfetto_fast(items, _Sink(), compress=False)

@@ -39,7 +39,7 @@ class Plan:
 
 def plan(first: list[Any], fills: list[Any]) -> Plan | None:
     """The singles (``first``: their key columns, int64) placed among the blocks (``fills``:
-    ``TemplateSet._fill``'s), or None if the blocks interleave or the keys do not pack."""
+    ``template_fill.fill``'s), or None if the blocks interleave or the keys do not pack."""
     if not fills:
         return None
     b_order, kb = _block_order(fills)

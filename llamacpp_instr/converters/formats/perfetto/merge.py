@@ -36,7 +36,7 @@ def merge(
 ) -> Data | None:
     """The flush's packets (parts: ``sinks.Data``): its single rows (``first``: their key
     columns, ``picked``: what makes their bodies, ``singles.collect``'s) and the templated
-    blocks (``fills``: ``TemplateSet._fill``'s) in key order; None if the first packet is a
+    blocks (``fills``: ``template_fill.fill``'s) in key order; None if the first packet is a
     block's (it must carry the sequence's head: the general encoder writes it); ``sc``: the
     segments' rows (``segments.SegColumns``), after the others in ``first``. The single rows
     are placed among the blocks' (``inserts``), or where that cannot be, every row sorted."""

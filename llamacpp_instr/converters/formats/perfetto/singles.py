@@ -245,7 +245,7 @@ def join_units(
 ) -> list[Any] | None:
     """The flush's packets (parts, ``sinks.Data``), its single rows (``keys``' columns,
     ``bodies``) framed one by one and put in key order with the templated blocks (``fills``:
-    ``TemplateSet._fill``'s), or None if they interleave."""
+    ``template_fill.fill``'s), or None if they interleave."""
     units: list[tuple[Any, Any, Any]] = []
     for key, body in zip(zip(*keys, strict=True), bodies, strict=True):
         units.append((key, key, packet(body + TIMESTAMP + varint(key[1]) + POST)))

@@ -1,7 +1,7 @@
-"""The timestamps of a flush's templated blocks, for every template at once (``TemplateSet._fill``).
+"""The timestamps of a flush's templated blocks, every template's at once (``template_fill.fill``).
 
 A device log's flush has a template per device (about three), each with a few dozen blocks:
-made template by template (``templates.stacked``), the columns, the range and order checks
+made template by template (``template_fill.stacked``), the columns, the range and order checks
 and the reorder cost some forty numpy calls per template, more than the values' work. Here the
 values of every block are made into one array (compute begins and ends, layer begins and ends,
 op begins and ends of all blocks, each part one after another), each template's rows in its
@@ -62,7 +62,7 @@ def gather(groups: list[tuple[Any, list[Any]]]) -> Any:
     list, flat ts, gids, durs)``; None if a duration is not positive or a block's rows do not
     sort as its template's or a timestamp's varint is not the template's length; ``False``
     where this cannot tell (a value beyond 2**62, a block unlike its template's, ops' times as
-    Python ints): ``templates.stacked`` then does, template by template."""
+    Python ints): ``template_fill.stacked`` then does, template by template."""
     blocks = [x for _, bl in groups for x in bl]
     if not blocks:
         empty = np.zeros(0, dtype=np.int64)

@@ -46,7 +46,6 @@ in order of first appearance (``columns``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +72,11 @@ from .frames_devices import DeviceBuilder
 from .frames_host import HostBuilder
 from .frames_media import EncodeRows, media_frame
 from .frames_ops import ComputeColumns, LayersBuilder, OpsBuilder
-from .frames_spec import contexts_frame, request_spec_columns, step_roles, verify_frame
+from .frames_spec import contexts_frame, request_spec_columns, verify_frame
+from .frames_steps import StepTables
 from .heap import older_objects_frozen
 from .memory_frames import allocations_frame, memory_frame
 from .table_columns import Table, shape_text, string_categories
-
-_FIRST = itemgetter(0)
 
 
 @dataclass
@@ -220,31 +218,18 @@ class Sampling:
 
 
 class _Builder:
-    STEP_COLS = (
-        "step ctx kind n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended "
-        "request level llama_decode_ns media media_slice role"
-    ).split()
-    SEQ_COLS = "step ctx seq n_tokens pos0 pos1".split()
     NODE_COLS = "graph node name op label layer shape dtype bytes flags".split()
     STAT_COLS = "step ubatch node name min max mean std n_nan n_inf".split()
-    TOPK_COLS = "step row rank token logit".split()
     EXPERT_COLS = "step layer expert tokens weight ubatch".split()
 
     def __init__(self, info: SessionInfo) -> None:
         self.info = info
-        self.steps = Table(
-            "step ctx n_tokens pos0 pos1 t_start dur_ns status n_outputs kv_used op_ns ended "
-            "llama_decode_ns media media_slice",
-            cats="kind request level",
-            nullable="status media media_slice",
-        )
-        self.seqs = Table("step ctx seq n_tokens pos0 pos1")
+        self.steps = StepTables(info)  # the decode steps' own rows
         self.memory_rows: list[tuple[int, int, int, StepMemory]] = []
         self.nodes = Table(
             "graph node layer bytes", cats="name op label shape dtype flags", nullable="layer"
         )
         self.stats = Table("step ubatch node n_nan n_inf", "min max mean std", cats="name")
-        self.topk = Table("step row rank token", "logit")
         # per routing record: step, ubatch, its rows (layer, expert, tokens) and their weights
         self.expert_parts: list[tuple[int, int, np.ndarray, np.ndarray]] = []
         self.n_expert = 0  # the routing records' experts per layer
@@ -255,7 +240,6 @@ class _Builder:
         self.encodes = EncodeRows(info)
         self.encode_layers = LayersBuilder()
         self.encode_ops = OpsBuilder()
-        self.generated: list[tuple[int, list[int]]] = []  # per generation step: index, tokens
         self.dev = DeviceBuilder(info) if multi_device(info) else None  # several devices
         self.host = HostBuilder()  # the host's work between steps
 
@@ -263,23 +247,7 @@ class _Builder:
         """A decode step: its rows of ``steps``, ``seqs`` and ``topk``, its computes into
         ``layers`` and ``ops``, and on several devices the device tables."""
         cols, op_ns = self.columns(s)
-        medium = s.media[0] if s.media else (None, None)
-        self.steps.add(
-            step=s.index, ctx=s.ctx, kind=s.kind, n_tokens=s.n_tokens, pos0=s.pos[0],
-            pos1=s.pos[1], t_start=s.start, dur_ns=ready_at(s) - s.start, status=s.status,
-            n_outputs=s.n_outputs, kv_used=s.kv_used, op_ns=op_ns, ended=int(s.ended),
-            request=s.request, level=s.level or self.info.level, llama_decode_ns=s.dur,
-            media=medium[0], media_slice=medium[1],
-        )  # fmt: skip
-        if s.kind == "gen":
-            self.generated.append((s.index, s.tokens))
-        for seq, n_tok, p0, p1 in s.seqs:
-            self.seqs.add(step=s.index, ctx=s.ctx, seq=seq, n_tokens=n_tok, pos0=p0, pos1=p1)
-        for row in s.topk:
-            for rank, (tok, logit) in enumerate(zip(row["ids"], row["logits"], strict=False)):
-                self.topk.add(
-                    step=s.index, row=row.get("row", 0), rank=rank, token=tok, logit=logit
-                )
+        self.steps.add(s, op_ns)
         self.computes(s, cols, self.layers, self.ops, self.dev)
         if self.dev is not None:
             self.dev.step(s)
@@ -350,34 +318,21 @@ class _Builder:
             ops.route(s.index, r)
 
     def frames(self, report: ReadReport, peaks_cache: Path | None) -> SessionFrames:
-        steps = self.steps.frame(self.STEP_COLS[:-1])
-        steps["ended"] = steps["ended"].astype(bool)
-        steps["request"] = string_categories(steps["request"])
-        steps["level"] = string_categories(steps["level"])
-        steps["role"] = step_roles(steps, self.info)
-        weights = pd.DataFrame(self.info.weights)
-        if not weights.empty:
-            weights["shape"] = weights["shape"].map(shape_text)
-            for c in ("name", "type", "buffer"):
-                weights[c] = weights[c].astype("category")
-            weights["layer"] = weights["layer"].astype("Int64")
         sf = SessionFrames(
             info=self.info,
-            steps=steps,
+            steps=self.steps.steps_frame(),
             layers=self.layers.frame(),
             ops=self.ops.frame(),
             nodes=self.nodes.frame(self.NODE_COLS),
-            weights=weights,
+            weights=weights_frame(self.info),
             tensor_stats=self.stats.frame(self.STAT_COLS),
-            topk=self.topk.frame(self.TOPK_COLS),
-            seqs=self.seqs.frame(self.SEQ_COLS),
+            topk=self.steps.topk_frame(),
+            seqs=self.steps.seqs_frame(),
             requests=requests_frame(self.info),
             experts=experts_frame(self.expert_parts, self.EXPERT_COLS),
             graphs=self.graphs,
             report=report,
-            generated_tokens=[
-                t for _, tokens in sorted(self.generated, key=_FIRST) for t in tokens
-            ],
+            generated_tokens=self.steps.generated_tokens(),
         )
         sf.experts.attrs["n_expert"] = self.n_expert
         sf.media, sf.encodes = media_frame(self.info), self.encodes.frame()
@@ -408,6 +363,17 @@ REQUEST_COLS = (
     "prompt_tokens gen_tokens tokens_sent slot level error spec_type spec_drafted spec_accepted "
     "spec_verify_steps spec_draft_ns spec_verify_ns spec_rejected_ns"
 ).split()
+
+
+def weights_frame(info: SessionInfo) -> pd.DataFrame:
+    """The ``weights`` table: the weight inventory of ``session_start``."""
+    weights = pd.DataFrame(info.weights)
+    if not weights.empty:
+        weights["shape"] = weights["shape"].map(shape_text)
+        for c in ("name", "type", "buffer"):
+            weights[c] = weights[c].astype("category")
+        weights["layer"] = weights["layer"].astype("Int64")
+    return weights
 
 
 def requests_frame(info: SessionInfo) -> pd.DataFrame:

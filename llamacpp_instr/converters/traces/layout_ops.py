@@ -104,8 +104,8 @@ class OpsLayout:
     ) -> tuple[ComputeBatch, list[tuple[int, OpTiming]]]:
         """A ``ComputeBatch`` (``head``: the compute's slice, or a device's part of it; the layer
         ``spans`` and the compute's ops, those where ``mask`` when it is given, on its track, in
-        bulk), and the ops whose slices follow it one by one (``OpSlices.op_list``): those with flows, and
-        every op of a compute whose ops the bulk writers leave to the per-op view
+        bulk), and the ops whose slices follow it one by one (``OpSlices.op_list``): those with
+        flows, and every op of a compute whose ops the bulk writers leave to the per-op view
         (``Compute.per_op``: thread timings, tensor statistics). ``mask`` may be read-only and
         shared (a device's ops, ``device_plan``); ``run``: the same ops as a slice, if they are
         contiguous (the writers then take them without copying the compute's columns);

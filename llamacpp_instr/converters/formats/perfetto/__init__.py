@@ -6,8 +6,9 @@ compares the two, packet by packet, with tests/reference/perfetto_writer.py).
   (``batch``); ``flushes``: its finished batches encoded by the parts below and written, a few
   flushes deferred to encode their slice begins together;
 * ``templates``: a compute seen again (so every generation step) written from the template of
-  its previous packets, new timestamps and rates in place (``TemplateSet``; ``stacks``: the
-  timestamps of every template of a flush gathered and checked at once);
+  its previous packets, new timestamps and rates in place (``TemplateSet``; ``template``: one
+  made; ``template_fill``: a flush's blocks filled from theirs; ``stacks``: the timestamps of
+  every template of a flush gathered and checked at once);
 * ``bulk``: anything else, sorted and encoded in bulk with numpy (``BulkEncoder``);
 * ``singles``: the rows no template covers (steps, and a device log's splits, copies, command
   buffers, network commands) framed in bulk, and a flush's units put in key order;

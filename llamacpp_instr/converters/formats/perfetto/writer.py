@@ -4,8 +4,9 @@ The items (``layout.layout_bulk``: each compute's slice, layer slices and packed
 one ``ComputeBatch``) become rows of a ``Batch``, one per step; every ``FLUSH_ROWS`` rows, at a
 step boundary, the finished batches go to the flushes (``flushes.Flushes``), which encode them
 from templates where they can, else with the general encoder, and hand the bytes to the sink.
-The writer owns the state that both share: the sequence (``Sequence``: first packet, interned strings), the fields of slices and
-counters (``EventFields``), and the op variants (``OpStore``, ``RateFields``, ``NodeTables``).
+The writer owns the state that both share: the sequence (``Sequence``: first packet, interned
+strings), the fields of slices and counters (``EventFields``), and the op variants (``OpStore``,
+``RateFields``, ``NodeTables``).
 
 The writer leaves process-wide settings alone; ``instr to-perfetto`` tunes the garbage collector
 and the thread switch interval for the whole command (``commands/to_perfetto.py``).

@@ -3,12 +3,15 @@ grammar and the server's own work timed) against MINIMAL (one total per step).
 
     python bench/host_overhead.py [--rounds 12] [--requests 16] [--n-predict 32] [--parallel 8]
                                   [--threads 1] [--blocks-s 60] [--block-ms 250]
-                                  [--server PATH] [--write-docs]
+                                  [--body-kb 0] [--server PATH] [--write-docs]
 
 The patched llama-server of `instr build --tools` (or `--server`), with `--parallel 8` slots, on a
 model of a 131072-token vocabulary (tests/tiny_gguf.py: sampling costs what it costs on a real
 vocabulary while its steps stay cheap, the hardest case for the recording). Every request asks for
-a JSON schema (a grammar) and repetition penalties at temperature 0.8, 8 at a time.
+a JSON schema (a grammar) and repetition penalties at temperature 0.8, 8 at a time. With
+`--body-kb K`, each body also carries K KiB of text in a field llama-server ignores: what DETAILED
+records of a request's body for a replay (parsed and written again) is then of that size, and
+nothing else of the server's work changes.
 
 One server runs the whole bench, opened at DETAILED; SIGUSR1 switches its level between MINIMAL
 and DETAILED from the next step (the bench waits for the server's line saying so). A round sends
@@ -110,10 +113,15 @@ def switch(proc: Any, log: Path, level: str, timeout: float = 30) -> None:
     raise SystemExit(f"the server did not say it switched its level within {timeout:.0f} s")
 
 
+# --body-kb's text, set by main: a body's field the server ignores and DETAILED records
+BODY_PAD: dict[str, str] = {}
+
+
 def complete(port: int, i: int, n_predict: int, **more: Any) -> dict[str, Any]:
     """Request ``i`` of the bench (a JSON schema, repeat penalties, temperature 0.8; ``more``
     adds sampling parameters) to the server at ``port``: its response."""
     body = {
+        **BODY_PAD,
         "prompt": f"Request {i}: write a short note.",
         "n_predict": n_predict,
         "temperature": 0.8,
@@ -258,7 +266,8 @@ def report(
         f"llama-server, `--parallel {args.parallel}`, `-t {args.threads}`, on a tiny llama of a "
         f"131072-token vocabulary; {args.requests} requests a round ({args.parallel} at a time), "
         f"each a JSON schema, repeat penalty 1.1, temperature 0.8, {args.n_predict} tokens at "
-        f"most; {args.rounds} rounds, the levels alternated in one server (SIGUSR1); {host}",
+        f"most{f', a body of {args.body_kb} KiB more (recorded at detailed)' if args.body_kb else ''}"
+        f"; {args.rounds} rounds, the levels alternated in one server (SIGUSR1); {host}",
         "",
         "| level | tokens/s (median of rounds) | vs minimal | paired | server CPU ms per token "
         "| vs minimal | paired | host records |",
@@ -306,9 +315,13 @@ def main() -> None:
         "under a steady load for this long (0: not)",
     )
     ap.add_argument("--block-ms", type=float, default=250)
+    ap.add_argument("--body-kb", type=int, default=0, help="KiB of text a body carries besides")
     ap.add_argument("--server", type=Path, default=None, help="a llama-server to run instead")
     ap.add_argument("--write-docs", action="store_true", help="update docs/performance.md")
     args = ap.parse_args()
+    if args.body_kb > 0:
+        words = "the quick brown fox jumps over the lazy dog near the river bank "
+        BODY_PAD["note"] = (words * (args.body_kb * 1024 // len(words) + 1))[: args.body_kb * 1024]
     exe = args.server or tools.build_tools(echo, programs=("llama-server",)) / "llama-server"
     tps: dict[str, list[float]] = {lv: [] for lv in LEVELS}
     cpu: dict[str, list[float]] = {lv: [] for lv in LEVELS}

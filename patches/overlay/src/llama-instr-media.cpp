@@ -9,6 +9,7 @@
 
 #include "llama-instr-hooks.h"
 #include "llama-instr-registry.h"
+#include "llama-instr-rpc.h"
 #include "llama-instr-timing.h"
 
 #include <algorithm>
@@ -178,6 +179,16 @@ load_note take_load(const void * bitmap, uint64_t epoch) {
     return load;
 }
 
+// The RPC commands the encode sent (its input, its graph, its embeddings' read), which its encoder
+// owns, written before its step_end as a decode step's are (no decode step takes them).
+void write_encode_transfers(ctx_state & st, const void * encoder, int64_t t_start) {
+    std::vector<std::string> lines;
+    rpc_step_lines(key_of(encoder), st.encoder->sched, st.sid, st.id, st.step, t_start, lines);
+    for (const std::string & l : lines) {
+        emit(st.epoch, l);
+    }
+}
+
 // The open session's epoch (0: none open). May throw (the lock).
 uint64_t open_epoch() {
     auto &                      s = S();
@@ -272,6 +283,9 @@ int64_t llama_instr_encode_begin(const void * encoder, int32_t n_threads) noexce
         write_encode_begin(st, next, request);
         t_encoding   = &st;
         t_last_block = -1;
+        // the RPC commands this thread issues until the encode's end are the encoder's (mtmd sends
+        // the encode's input before its compute begins)
+        rpc_set_owner(key_of(encoder));
     } catch (...) {
         // a start that failed partway records nothing of this encode: the step it opened ends
         // now, so that the encoder's next encode is recorded and the log can rotate
@@ -363,6 +377,7 @@ void llama_instr_encode_end(const void * encoder,
             st.device_pending = false;
         }
         write_step_computes(st);
+        write_encode_transfers(st, encoder, t_start);
         const int64_t n_out = std::max(0, n_tokens);
         json_out      j{ st.line };
         record_head(j, "step_end", t_end, st.sid);
@@ -409,6 +424,7 @@ void llama_instr_encode_end(const void * encoder,
         st.p_copies.clear();
         st.p_remote.clear();
         st.p_computes.clear();
+        rpc_set_owner(nullptr);
         hook_failed(st.epoch, "llama_instr_encode_end");
     }
     step_done(st);

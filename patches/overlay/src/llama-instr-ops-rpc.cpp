@@ -67,9 +67,12 @@ class rpc_op_timer : public op_timer {
         (void) st;
         (void) gf;
         // the commands this thread issues until the step's end are ctx's (other contexts may use
-        // the same device at the same time)
-        owner = ctx;
-        rpc_set_owner(ctx);
+        // the same device at the same time); an encode's compute has no context: its encoder
+        // owns them, as its encode's start said
+        if (ctx) {
+            rpc_set_owner(ctx);
+        }
+        owner = rpc_owner();
         if (remote < 0) {
             // asked once: a server is patched or not for the life of its connection
             remote = rpc_remote_timing(ggml_backend_get_device(backend)) == 1 ? 1 : 0;
@@ -196,7 +199,7 @@ class rpc_op_timer : public op_timer {
     };
 
     int32_t                   remote = -1;       // 1: the server times graphs, 0: a stock server, -1: not asked yet
-    const llama_context *     owner  = nullptr;  // the context this timer's computes are for
+    const void *              owner  = nullptr;  // the step owner this timer's computes are for (rpc_set_owner)
     int64_t                   t_arm  = 0;
     std::vector<compute>      pending;
     std::vector<split_nodes>  splits;  // of the step's computes (buffers only grow)

@@ -1,6 +1,5 @@
 #include "llama-instr-rpc.h"
 
-#include "llama-context.h"
 #include "llama-instr-json.h"
 #include "llama-instr-session.h"
 
@@ -20,11 +19,11 @@ struct transfer_row {
     char         tensor[GGML_MAX_NAME];
     int64_t      bytes, sent, recv;
     int64_t      t_queue, t_start, t_sent, t_end;
-    const void * owner;  // the context whose step issued it, or nullptr
+    const void * owner;  // the owner of the step that issued it (rpc_set_owner), or nullptr
 };
 
-// the context whose step this thread is decoding (rpc_set_owner), handed to ggml-rpc as each command
-// is issued (ggml_rpc_profiler::owner)
+// the owner of the step this thread runs (rpc_set_owner), handed to ggml-rpc as each command is
+// issued (ggml_rpc_profiler::owner)
 thread_local const void * t_owner = nullptr;
 
 const void * owner_of_thread(void * user) {
@@ -32,10 +31,10 @@ const void * owner_of_thread(void * user) {
     return t_owner;
 }
 
-// is a command (or graph) of `owner` one that the step of ctx takes? Its own, or one that no step
-// claimed (issued outside a compute, on a thread that set no owner)
-bool takes(const void * owner, const void * ctx) {
-    return owner == ctx || owner == nullptr;
+// is a command (or graph) of `owner` one that the step of `step` takes? Its own, or one that no
+// step claimed (issued outside a step's owned part, on a thread that set no owner)
+bool takes(const void * owner, const void * step) {
+    return owner == step || owner == nullptr;
 }
 
 // bounds, so that a recording nobody writes out (a program that never opens its session) stays small
@@ -242,9 +241,8 @@ void format_rows(const std::vector<transfer_row> & rows,
     }
 }
 
-// does ctx compute on an RPC device?
-bool has_rpc_backend(llama_context * ctx) {
-    ggml_backend_sched_t sched = ctx->get_sched();
+// does sched compute on an RPC device?
+bool has_rpc_backend(ggml_backend_sched_t sched) {
     for (int i = 0; sched && i < ggml_backend_sched_get_n_backends(sched); i++) {
         ggml_backend_dev_t dev = ggml_backend_get_device(ggml_backend_sched_get_backend(sched, i));
         if (dev && strcmp(ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev)), "RPC") == 0) {
@@ -307,7 +305,8 @@ void llama_instr::rpc_session_end(const std::string & sid, std::vector<std::stri
     install(r);
 }
 
-void llama_instr::rpc_step_lines(llama_context *            ctx,
+void llama_instr::rpc_step_lines(const void *               owner,
+                                 ggml_backend_sched_t       sched,
                                  const std::string &        sid,
                                  int32_t                    ctx_id,
                                  int64_t                    step,
@@ -322,17 +321,17 @@ void llama_instr::rpc_step_lines(llama_context *            ctx,
         }
     }
     // what the step queued last (the logits' read) completes first; the step's end time is taken
-    if (has_rpc_backend(ctx)) {
-        ggml_backend_sched_synchronize(ctx->get_sched());
+    if (has_rpc_backend(sched)) {
+        ggml_backend_sched_synchronize(sched);
     }
     std::vector<transfer_row> rows;
     int64_t                   dropped = 0;
     bool                      stepped = false;
     {
         std::lock_guard<std::mutex> lock(r.mtx);
-        // this step's rows and no step's; other contexts' stay for their own steps' ends
+        // this step's rows and no step's; other owners' stay for their own steps' ends
         const auto                  mine = std::stable_partition(r.rows.begin(), r.rows.end(),
-                                                                 [ctx](const transfer_row & row) { return takes(row.owner, ctx); });
+                                                                 [owner](const transfer_row & row) { return takes(row.owner, owner); });
         rows.assign(r.rows.begin(), mine);
         r.rows.erase(r.rows.begin(), mine);
         dropped   = r.dropped;
@@ -380,12 +379,16 @@ void llama_instr::rpc_sync_times(ggml_backend_t backend) {
     }
 }
 
-void llama_instr::rpc_set_owner(const llama_context * ctx) {
-    t_owner = ctx;
+void llama_instr::rpc_set_owner(const void * owner) {
+    t_owner = owner;
+}
+
+const void * llama_instr::rpc_owner() {
+    return t_owner;
 }
 
 void llama_instr::rpc_take_graphs(int32_t                     device,
-                                  const llama_context *       ctx,
+                                  const void *                owner,
                                   int64_t                     t_since,
                                   int64_t                     t_until,
                                   std::vector<remote_graph> & out) {
@@ -394,7 +397,7 @@ void llama_instr::rpc_take_graphs(int32_t                     device,
     out.clear();
     auto keep = r.graphs.begin();
     for (auto it = r.graphs.begin(); it != r.graphs.end(); ++it) {
-        if (it->device != device || !takes(it->owner, ctx) || it->t_queue > t_until) {
+        if (it->device != device || !takes(it->owner, owner) || it->t_queue > t_until) {
             if (keep != it) {
                 *keep = std::move(*it);
             }

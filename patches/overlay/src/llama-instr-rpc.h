@@ -17,15 +17,13 @@
 #include <string>
 #include <vector>
 
-struct llama_context;
-
 namespace llama_instr {
 
 // a graph a patched server computed and timed, client times on the host clock, server times on
 // the server's
 struct remote_graph {
     int32_t                          device;  // index into session_start.machine.devices, or -1
-    const void *                     owner;   // the context whose step issued it (rpc_set_owner), or nullptr
+    const void *                     owner;   // the step's owner that issued it (rpc_set_owner), or nullptr
     ggml_tensor * const *            nodes;   // the client's nodes of the graph sent
     int32_t                          n_nodes;
     int32_t                          recompute;
@@ -52,16 +50,23 @@ void rpc_session_begin(const std::string & sid, std::vector<std::string> & lines
 // recording stops.
 void rpc_session_end(const std::string & sid, std::vector<std::string> & lines);
 
-// On the thread that decodes ctx, as a compute of its step begins: the RPC commands this thread
-// issues from now until the step's end (rpc_step_lines) are ctx's, so that several contexts on one
-// device each take their own commands and graphs, not each other's.
-void rpc_set_owner(const llama_context * ctx);
+// On the thread that runs a step: the RPC commands this thread issues from now until the step's
+// end (rpc_step_lines) are owner's, so that several contexts on one device each take their own
+// commands and graphs, not each other's. The owner is the step's registry key: a llama_context,
+// set as each compute of its decode begins, or an encoder, set as its encode begins (before the
+// encode sends its input, which it does ahead of its compute).
+void rpc_set_owner(const void * owner);
 
-// At the end of a step of ctx (before its step_end; the session lock not held): once ctx's RPC
-// backends have finished what the step queued, the lines of the commands made since the last ones
-// written, other contexts' steps' excepted: those issued since t_step (the step's start) with the
-// step's ctx and step, any earlier ones apart. Nothing when no command was recorded.
-void rpc_step_lines(llama_context *            ctx,
+// The owner this thread's commands have now (nullptr: none).
+const void * rpc_owner();
+
+// At the end of a step of owner (before its step_end; the session lock not held): once sched's
+// RPC backends have finished what the step queued, the lines of the commands made since the last
+// ones written, other owners' steps' excepted: those issued since t_step (the step's start) with
+// the step's ctx and step, any earlier ones apart. Nothing when no command was recorded. sched
+// may be null (a step that computed nothing). This thread's commands have no owner after it.
+void rpc_step_lines(const void *               owner,
+                    ggml_backend_sched_t       sched,
                     const std::string &        sid,
                     int32_t                    ctx_id,
                     int64_t                    step,
@@ -76,11 +81,11 @@ int32_t rpc_remote_timing(ggml_backend_dev_t dev);
 // reply has brought them yet).
 void rpc_sync_times(ggml_backend_t backend);
 
-// Move the graphs device's server timed that ctx's steps (or no context's) issued in [t_since,
+// Move the graphs device's server timed that owner's steps (or no step's) issued in [t_since,
 // t_until] into out (cleared first), in the order they were sent; older ones of that device and
-// owner are dropped, later ones and other contexts' kept.
+// owner are dropped, later ones and other owners' kept.
 void rpc_take_graphs(int32_t                     device,
-                     const llama_context *       ctx,
+                     const void *                owner,
                      int64_t                     t_since,
                      int64_t                     t_until,
                      std::vector<remote_graph> & out);

@@ -344,7 +344,7 @@ void llama_instr_decode_end(llama_context * ctx, const llama_batch & batch, int3
 
         // the RPC commands the step sent (its inputs, graphs and outputs)
         std::vector<std::string> rpc_lines;
-        rpc_step_lines(ctx, st.sid, st.id, st.step, t_start, rpc_lines);
+        rpc_step_lines(ctx, ctx->get_sched(), st.sid, st.id, st.step, t_start, rpc_lines);
         if (pending) {
             st.pending_lines = std::move(rpc_lines);
         }

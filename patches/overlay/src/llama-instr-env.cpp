@@ -6,6 +6,7 @@
 #include "llama-instr-json.h"
 #include "llama-instr.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -103,8 +104,19 @@ bool parse_size(const char * v, int64_t & out) {
     return true;
 }
 
+// Does a command-line word name an option whose value is a secret (llama-server's API keys, the
+// Hugging Face token)? llama.cpp reads "--a_b" as "--a-b".
+bool names_secret(std::string word) {
+    if (word.compare(0, 2, "--") == 0) {
+        std::replace(word.begin(), word.end(), '_', '-');
+    }
+    return word == "--api-key" || word == "--hf-token" || word == "-hft";
+}
+
 // {"program":"llama-server","argv":[...],"opened_by":"LLAMA_INSTR_LOG"}: the command line as the
-// kernel has it (/proc/self/cmdline, NUL-separated), so no program needs to pass it in.
+// kernel has it (/proc/self/cmdline, NUL-separated), so no program needs to pass it in. A log is
+// kept and handed on: a secret's value is written "***", its option's name kept, so that a reader
+// sees it was given. --api-key-file names a path, which is kept.
 std::string metadata() {
     std::string           buf;
     llama_instr::json_out j{ buf };
@@ -122,17 +134,25 @@ std::string metadata() {
     j.ch('{');
     j.key("argv");
     j.ch('[');
-    size_t a = 0;
+    size_t a      = 0;
+    bool   secret = false;  // this word is the value of the word before
     while (a < cmdline.size()) {
         size_t b = cmdline.find('\0', a);
         if (b == std::string::npos) {
             b = cmdline.size();
         }
-        const std::string arg = cmdline.substr(a, b - a);
+        std::string arg = cmdline.substr(a, b - a);
         if (program.empty()) {
             const size_t slash = arg.rfind('/');
             program            = slash == std::string::npos ? arg : arg.substr(slash + 1);
         }
+        const size_t eq = arg.find('=');
+        if (secret) {
+            arg = "***";
+        } else if (eq != std::string::npos && names_secret(arg.substr(0, eq))) {
+            arg = arg.substr(0, eq + 1) + "***";  // (not llama.cpp's form: its value hidden all the same)
+        }
+        secret = !secret && names_secret(arg);
         j.sep();
         j.str(arg);
         a = b + 1;

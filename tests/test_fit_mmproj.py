@@ -6,7 +6,8 @@ encoder_compute, counted here), to the byte; for a projector whose tensors are n
 the buffer's alignment, the run's weights are more by exactly that padding. Under a memory budget
 the projector's room comes out of the context: the context fit names runs with the projector
 loaded and an image encoded, and one step more leaves no room for the projector. On an RPC server
-(a GPU to llama.cpp) the encoder goes where a run puts it; --measure runs instr run --mmproj.
+(a GPU to llama.cpp) the encoder goes where a run puts it; --measure runs instr run --mmproj with
+the projector placed as fit counted it, --no-mmproj-offload included.
 
 libmtmd is the wheel's (llama_cpp.mtmd_cpp: llama_cpp/lib, or MTMD_CPP_LIB)."""
 
@@ -389,6 +390,63 @@ def test_measure_runs_the_projector_and_finds_its_buffers(
     assert set(encoder_share(answer["footprint"])["CPU"]) == set(ENCODER), answer
 
 
+def test_measure_with_no_mmproj_offload_finds_the_projector_on_the_cpu(
+    instr_api: Any, tiny_llama_f32: Path, projectors: dict[str, Path]
+) -> None:
+    """--measure --no-mmproj-offload runs instr run with the encoder kept on the CPU: the buffers
+    live at its last step hold the projector's there, as fit counted them."""
+    mmproj = projectors["tiny"]
+    common = [str(tiny_llama_f32), "--ctx", "256", "--mmproj", str(mmproj)]
+    answer = fit_json(*common, "--no-mmproj-offload", "--measure")
+    assert answer["mmproj_offload"] is False
+    share = encoder_share(answer["footprint"])
+    assert set(share) == {"CPU"} and set(share["CPU"]) == set(ENCODER), answer
+    assert encoder_share(answer["measured"]) == share
+
+
+# footprint_checks.measured_run, as fit's --measure calls it, at the setting of fit's answer with
+# an RPC server (fit itself can't share one with its measuring run: a server serves one client at
+# a time), the projector's placement as given: the measured buffers
+MEASURED_RUN = r"""
+import json, sys
+from pathlib import Path
+from llamacpp_instr.running import footprint_checks
+from llamacpp_instr.running.offload import Offload
+from llamacpp_instr.running.run_config import MediaInputs, RunConfig
+
+model, mmproj, n_ctx, kv, flash, offloaded, rpc = sys.argv[1:]
+cfg = RunConfig(
+    model=Path(model), prompt="", n_ctx=int(n_ctx), type_k=kv, type_v=kv,
+    flash_attn={"auto": None, "on": True, "off": False}[flash], offload=Offload(rpc=(rpc,)),
+)
+media = MediaInputs(mmproj=Path(mmproj), offload=offloaded == "on")
+print(json.dumps(footprint_checks.measured_run(cfg, {}, media)))
+"""
+
+
+@pytest.mark.parametrize("offloaded", [True, False], ids=["default", "no-mmproj-offload"])
+def test_the_measuring_run_places_the_projector_where_fit_counted_it(
+    instr_api: Any, tiny_llama_f32: Path, projectors: dict[str, Path], offloaded: bool
+) -> None:
+    """With an RPC server (a GPU to llama.cpp), the measuring run's encoder buffers are on the
+    devices and of the bytes fit counted with the same --no-mmproj-offload: the server's and the
+    CPU's when offloaded, the CPU's alone when not."""
+    from helpers.rpc_backend import rpc_server
+
+    mmproj = projectors["tiny"]
+    placing = () if offloaded else ("--no-mmproj-offload",)
+    common = [str(tiny_llama_f32), "--ctx", "256", "--mmproj", str(mmproj), *placing]
+    with rpc_server() as endpoint:
+        answer = fit_json(*common, "--rpc", endpoint)
+        assert answer["type_k"] == answer["type_v"], answer
+        setting = [str(answer["n_ctx"]), answer["type_k"], answer["flash_attn"]]
+        on = "on" if offloaded else "off"
+        measured = child(MEASURED_RUN, str(tiny_llama_f32), str(mmproj), *setting, on, endpoint)
+    share = encoder_share(answer["footprint"])
+    assert set(share) == ({"RPC0", "CPU"} if offloaded else {"CPU"}), share
+    assert encoder_share(measured) == share
+
+
 def test_the_projectors_room_comes_out_of_the_context(
     instr_api: Any, smollm2_path: Path, projectors: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -492,7 +550,6 @@ def test_the_text_report_names_the_projector_and_its_purposes(
         ("model", "is not a projector (mmproj) file: its architecture is llama"),
         ("truncated", "is not a projector (mmproj) file: its architecture is unknown"),
         ("no-encoder", "llama.cpp's mtmd cannot load it"),
-        ("measure", "measure without --no-mmproj-offload"),
         ("no-libmtmd", "this llama-cpp-python build has no libmtmd"),
         ("experts", "not in --experts' placements"),
     ],
@@ -521,8 +578,6 @@ def test_a_bad_mmproj_is_one_line_exit_2(
     writer.close()
     args = [str(tiny_llama_f32), "--ctx", "256", "--mmproj", str(files.get(which, good))]
     env = {}
-    if which == "measure":
-        args += ["--measure", "--no-mmproj-offload"]
     if which == "experts":
         args.append("--experts")
     if which == "no-libmtmd":  # a folder without libmtmd where llama_cpp.mtmd_cpp looks

@@ -23,7 +23,7 @@ from llamacpp_instr.deciding.measures import Footprint, Machine, Meter, Projecto
 from llamacpp_instr.native import models
 from llamacpp_instr.running import context_choices, offload
 from llamacpp_instr.running import memory_budget as memory
-from llamacpp_instr.running.run_config import RunConfig
+from llamacpp_instr.running.run_config import MediaInputs, RunConfig
 
 # the KV caches fit tries, in order: f16 with llama.cpp's default flash attention (auto), then
 # q8_0 (a quantized V cache needs flash attention)
@@ -69,6 +69,11 @@ class Answer:
     llama_fit: dict[str, dict[str, int]] | None = None  # llama-fit-params' projection (MiB)
     measured: Footprint | None = None  # a real run's live buffers
     mmproj: Path | None = None  # the projector counted in the footprint (--mmproj)
+    mmproj_offload: bool = True  # counted where a GPU may hold it (off: --no-mmproj-offload)
+
+    def media(self) -> MediaInputs:
+        """The projector as the answer counted it, for a run of the answer."""
+        return MediaInputs(mmproj=self.mmproj, offload=self.mmproj_offload)
 
     def to_json(self) -> dict[str, Any]:
         s = self.setting
@@ -93,6 +98,7 @@ class Answer:
             out["measured"] = self.measured
         if self.mmproj is not None:
             out["mmproj"] = str(self.mmproj)
+            out["mmproj_offload"] = self.mmproj_offload
         return out
 
 
@@ -256,7 +262,8 @@ def fit_model(machine: Machine, path: Path, quant: str, fc: FitConfig) -> Answer
     try:
         n_layer, n_ctx_train = search.start(0 if not gpu else (fc.gpu_layers or 0))
         answer = Answer(path, quant, limits, n_ctx_train, n_layer, gpu)
-        answer.mmproj = fc.projector.path if fc.projector else None
+        if fc.projector is not None:
+            answer.mmproj, answer.mmproj_offload = fc.projector.path, fc.projector.offload
         if not gpu:
             counts = [0]
         elif fc.gpu_layers is not None:
@@ -330,11 +337,6 @@ def fit(
     projector = None
     if request.mmproj is not None:
         projector = machine.projector(request.mmproj, request.mmproj_offload, o.devices)
-        if request.measure and not request.mmproj_offload:
-            raise UserError(
-                "--measure runs instr run, whose encoder runs where llama.cpp puts it: measure "
-                "without --no-mmproj-offload"
-            )
     machine.load()
     if o.rpc and (request.compare_llama or request.measure):
         # this process holds each server's one connection while it answers
@@ -377,7 +379,8 @@ def beside(
     say: Callable[[str], None],
 ) -> None:
     """llama-fit-params' projection of the answer (``exe``), and a real run's buffers where
-    asked, each under a memory budget of what the answer's footprint says each device holds."""
+    asked (the projector placed as the answer counted it), each under a memory budget of what the
+    answer's footprint says each device holds."""
     s = answer.setting
     assert s is not None
     budget = {dev: answer.memory[dev] for dev in answer.footprint if dev in answer.memory}
@@ -390,4 +393,4 @@ def beside(
             say(f"instr fit: llama-fit-params not shown: {exc}")
     if request.measure:
         cfg = fc.run_config(answer.model, s)
-        answer.measured = machine.measured_run(cfg, budget, answer.mmproj)
+        answer.measured = machine.measured_run(cfg, budget, answer.media())

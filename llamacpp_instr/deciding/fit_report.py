@@ -35,6 +35,7 @@ def section(a: Answer) -> Section:
         text = f"fits --ctx {s.n_ctx} (n_ctx_train {a.n_ctx_train}){layers}, {kv}\n"
         text += f"instr run {a.model} " + " ".join(s.run_args(a.gpu))
         text += f" --mmproj {a.mmproj}" if a.mmproj is not None else ""
+        text += " --no-mmproj-offload" if a.mmproj is not None and not a.mmproj_offload else ""
     if a.mmproj is not None:
         text += "\n" + projector_line(a)
     found = sources(a)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from llamacpp_instr.running.offload import Offload
-from llamacpp_instr.running.run_config import RunConfig
+from llamacpp_instr.running.run_config import MediaInputs, RunConfig
 from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
 Footprint = dict[str, dict[str, int]]  # {device: {purpose: bytes}}
@@ -50,6 +50,7 @@ class Projector(Protocol):
     """A projector file as a run would place it (``running.projector_memory.Projector``)."""
 
     path: Path
+    offload: bool  # whether its encoder may go to a GPU (off: --no-mmproj-offload, the CPU)
 
     def footprint(self, flash_attn: bool | None) -> Footprint:
         """Its weights and compute buffers per device at the text model's flash attention."""
@@ -111,11 +112,9 @@ class Machine(Protocol):
         """llama-fit-params' projection of ``cfg`` under ``budget`` (MiB per device, purpose)."""
         ...
 
-    def measured_run(
-        self, cfg: RunConfig, budget: dict[str, int], mmproj: Path | None
-    ) -> Footprint:
-        """The live buffers of a real run of ``cfg`` (two tokens, the projector ``mmproj``
-        loaded) when its last step ended, under a memory budget of ``budget``."""
+    def measured_run(self, cfg: RunConfig, budget: dict[str, int], media: MediaInputs) -> Footprint:
+        """The live buffers of a real run of ``cfg`` (two tokens, ``media``'s projector loaded
+        where it places it) when its last step ended, under a memory budget of ``budget``."""
         ...
 
     def attention(

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from llamacpp_instr.contract.errors import UserError
-from llamacpp_instr.running import context_choices, devices, offload
+from llamacpp_instr.running import context_choices, offload
 from llamacpp_instr.running import memory_budget as memory
 from llamacpp_instr.running.footprint import BREAKDOWN_PURPOSES, Footprint
 from llamacpp_instr.running.run_config import MediaInputs, RunConfig, resolve_threads
@@ -89,16 +89,20 @@ def offload_args(o: offload.Offload, split_flag: str) -> list[str]:
     return args
 
 
-def live_at_last_step(log: Path, names: list[str]) -> Footprint:
+def live_at_last_step(log: Path) -> Footprint:
     """A session log's live buffers (memory_alloc less memory_free) when its last step ended:
-    {device: {purpose: bytes}}."""
+    {device: {purpose: bytes}}, each device by the name the run's own session_start gives it (the
+    run's --rpc servers are devices of its process, not of this one)."""
     live: dict[int, dict[str, Any]] = {}
     at_step: dict[int, dict[str, Any]] = {}
+    names: dict[int, str] = {}
     with log.open() as f:
         for line in f:
             r = json.loads(line)
             t = r.get("type")
-            if t == "memory_alloc":
+            if t == "session_start":
+                names = {d["index"]: d["name"] for d in r.get("machine", {}).get("devices", [])}
+            elif t == "memory_alloc":
                 live[r["id"]] = r
             elif t == "memory_free":
                 live.pop(r["id"], None)
@@ -108,23 +112,23 @@ def live_at_last_step(log: Path, names: list[str]) -> Footprint:
     for r in at_step.values():
         if not r["bytes"]:
             continue
-        i = int(r["device"])
-        dev = names[i] if 0 <= i < len(names) else str(r["buffer_type"])
+        dev = names.get(int(r["device"]), str(r["buffer_type"]))
         purpose = "kv_cache" if r["purpose"] == "recurrent" else r["purpose"]
         d = out.setdefault(dev, {})
         d[purpose] = d.get(purpose, 0) + int(r["bytes"])
     return out
 
 
-def measured_run(cfg: RunConfig, budget: dict[str, int], mmproj: Path | None) -> Footprint:
+def measured_run(cfg: RunConfig, budget: dict[str, int], media: MediaInputs) -> Footprint:
     """Run ``cfg``'s setting for real (its own process: module doc), two tokens at the minimal
-    level with the projector ``mmproj`` loaded where there is one, under a memory budget of
-    ``budget``; the live buffers when its last step ended."""
+    level with ``media``'s projector loaded where there is one, placed as it says (its
+    ``offload``), under a memory budget of ``budget``; the live buffers when its last step
+    ended."""
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "measure.log"
         run = replace(
             cfg, prompt="Hello", n_predict=2, level="minimal", out=log,
-            media=MediaInputs(mmproj=mmproj),
+            media=media,
         )  # fmt: skip
         r = subprocess.run(
             [sys.executable, "-c", RUN], input=pickle.dumps(run), capture_output=True,
@@ -133,7 +137,7 @@ def measured_run(cfg: RunConfig, budget: dict[str, int], mmproj: Path | None) ->
         if r.returncode != 0:
             said = r.stderr.decode(errors="replace").strip().splitlines() or ["no output"]
             raise UserError(f"the measuring run failed ({r.returncode}): {said[-1]}")
-        return live_at_last_step(log, [d.name for d in devices.registry()])
+        return live_at_last_step(log)
 
 
 def child() -> None:

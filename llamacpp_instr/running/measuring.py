@@ -12,7 +12,7 @@ from typing import Any
 from llamacpp_instr.running import devices, footprint_checks, offload, placement
 from llamacpp_instr.running.footprint import Footprint, Prober
 from llamacpp_instr.running.projector_memory import Projector
-from llamacpp_instr.running.run_config import RunConfig
+from llamacpp_instr.running.run_config import MediaInputs, RunConfig
 from llamacpp_instr.running.tensor_overrides import TensorOverrides
 
 
@@ -81,10 +81,8 @@ class ThisMachine:
     def llama_fit_params(self, exe: Path, cfg: RunConfig, budget: dict[str, int]) -> Any:
         return footprint_checks.llama_fit_params(exe, cfg, budget)
 
-    def measured_run(
-        self, cfg: RunConfig, budget: dict[str, int], mmproj: Path | None
-    ) -> Footprint:
-        return footprint_checks.measured_run(cfg, budget, mmproj)
+    def measured_run(self, cfg: RunConfig, budget: dict[str, int], media: MediaInputs) -> Footprint:
+        return footprint_checks.measured_run(cfg, budget, media)
 
     def attention(
         self, logged: list[Any], threads: int, n_ctx: int, weights: int, n_layer: int

@@ -563,3 +563,30 @@ def test_instr_serve_metrics_counts_its_requests(
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+@pytest.mark.fast
+def test_a_new_runs_request_takes_no_layer_spans_of_an_earlier_run() -> None:
+    """Two runs in one stream (two sessions, each numbering its steps from 0): a request of the
+    second run gets its own steps' layer spans, never the first run's steps of the same numbers."""
+    tracker = RequestTracker(layers=True)
+    got: list[RequestFigures] = []
+    for run, sid in enumerate(("run-a", "run-b")):
+        start = session_start(run * 100 * MS)
+        start["sid"] = sid
+        tracker.add(start)
+        recs, _ = one_request(0, (run * 100 + 1) * MS, 0)
+        for rec in recs:
+            rec["sid"] = sid
+            if rec["type"] == "step_end":
+                # the step's compute, its one layer numbered by the run
+                compute = {"type": "compute", "ts": rec["ts"], "sid": sid, "ctx": 1}
+                compute |= {"step": rec["step"], "t_start": rec["t_start"], "dur": rec["dur"]}
+                compute["layers"] = [[run, 0, rec["dur"]]]
+                tracker.add(compute)
+            fig = tracker.add(rec)
+            if isinstance(fig, RequestFigures):
+                got.append(fig)
+    assert len(got) == 2
+    first, second = ({layer for spans in f.layers.values() for layer, _, _ in spans} for f in got)
+    assert first == {0} and second == {1}, (first, second)

@@ -169,9 +169,10 @@ class RequestSteps:
         return sum(1 for s in self.seqs.values() if len(s))
 
     def clear(self) -> None:
-        """A new run: the requests in flight in an earlier one will never end (the layer spans
-        stay, by step, until newer steps' push them out)."""
+        """A new run: the requests in flight in an earlier one will never end, and its steps'
+        layer spans are no step's of the new run (which numbers its steps from 0 again)."""
         self.seqs.clear()
+        self.layers.clear()
 
     def __len__(self) -> int:
         return sum(len(s) for s in self.seqs.values()) + len(self.layers)

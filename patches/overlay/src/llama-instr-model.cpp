@@ -14,9 +14,24 @@
 
 namespace llama_instr {
 
-void write_model_info(json_out & j, llama_context * ctx) {
-    const llama_model & model = ctx->get_model();
-    const auto &        hp    = model.hparams;
+static const char * rope_type_name(const llama_model & model) {
+    switch (llama_model_rope_type(&model)) {
+        case LLAMA_ROPE_TYPE_NORM:
+            return "norm";
+        case LLAMA_ROPE_TYPE_NEOX:
+            return "neox";
+        case LLAMA_ROPE_TYPE_MROPE:
+            return "mrope";
+        case LLAMA_ROPE_TYPE_VISION:
+            return "vision";
+        default:
+            return "none";
+    }
+}
+
+// "model": what the model is (its architecture, shapes, rope, file type and size)
+static void write_model(json_out & j, const llama_model & model) {
+    const auto & hp = model.hparams;
 
     char sbuf[256];
     auto meta = [&](const char * key) -> std::string {
@@ -46,31 +61,12 @@ void write_model_info(json_out & j, llama_context * ctx) {
     j.i64(hp.n_ctx_train);
     j.key("rope");
     j.ch('{');
-    {
-        const char * rt = "none";
-        switch (llama_model_rope_type(&model)) {
-            case LLAMA_ROPE_TYPE_NORM:
-                rt = "norm";
-                break;
-            case LLAMA_ROPE_TYPE_NEOX:
-                rt = "neox";
-                break;
-            case LLAMA_ROPE_TYPE_MROPE:
-                rt = "mrope";
-                break;
-            case LLAMA_ROPE_TYPE_VISION:
-                rt = "vision";
-                break;
-            default:
-                break;
-        }
-        j.key("type");
-        j.str(rt);
-        j.key("freq_base");
-        j.f64(hp.rope_freq_base_train);
-        j.key("freq_scale");
-        j.f64(hp.rope_freq_scale_train);
-    }
+    j.key("type");
+    j.str(rope_type_name(model));
+    j.key("freq_base");
+    j.f64(hp.rope_freq_base_train);
+    j.key("freq_scale");
+    j.f64(hp.rope_freq_scale_train);
     j.ch('}');
     j.key("file_type");
     j.str(llama_ftype_name(llama_model_ftype(&model)));
@@ -79,41 +75,52 @@ void write_model_info(json_out & j, llama_context * ctx) {
     j.key("size_bytes");
     j.i64((int64_t) llama_model_size(&model));
     j.ch('}');
+}
 
+// the context's KV cache of one type for K and V: a plain cache, or an iSWA one's base cache
+static const llama_kv_cache * kv_cache_of(llama_context * ctx) {
+    auto * mem = ctx->get_memory();
+    if (!mem) {
+        return nullptr;
+    }
+    if (const auto * kv = dynamic_cast<const llama_kv_cache *>(mem)) {
+        return kv;
+    }
+    if (auto * iswa = dynamic_cast<const llama_kv_cache_iswa *>(mem)) {
+        return iswa->get_base();
+    }
+    return nullptr;
+}
+
+// "context": the parameters the context was made with, and its KV cache's types
+static void write_context_params(json_out & j, llama_context * ctx) {
+    const auto & cp = ctx->get_cparams();
     j.key("context");
     j.ch('{');
-    {
-        const auto & cp = ctx->get_cparams();
-        j.key("n_ctx");
-        j.i64(cp.n_ctx);
-        j.key("n_batch");
-        j.i64(cp.n_batch);
-        j.key("n_ubatch");
-        j.i64(cp.n_ubatch);
-        j.key("n_seq_max");
-        j.i64(cp.n_seq_max);
-        j.key("n_threads");
-        j.i64(cp.n_threads);
-        j.key("n_threads_batch");
-        j.i64(cp.n_threads_batch);
-        j.key("flash_attn");
-        j.boolean(cp.flash_attn);
-        const llama_kv_cache * kv = nullptr;
-        if (auto * mem = ctx->get_memory()) {
-            kv = dynamic_cast<const llama_kv_cache *>(mem);
-            if (!kv) {
-                if (auto * iswa = dynamic_cast<const llama_kv_cache_iswa *>(mem)) {
-                    kv = iswa->get_base();
-                }
-            }
-        }
-        j.key("type_k");
-        j.str(kv ? ggml_type_name(kv->type_k()) : "none");
-        j.key("type_v");
-        j.str(kv ? ggml_type_name(kv->type_v()) : "none");
-    }
+    j.key("n_ctx");
+    j.i64(cp.n_ctx);
+    j.key("n_batch");
+    j.i64(cp.n_batch);
+    j.key("n_ubatch");
+    j.i64(cp.n_ubatch);
+    j.key("n_seq_max");
+    j.i64(cp.n_seq_max);
+    j.key("n_threads");
+    j.i64(cp.n_threads);
+    j.key("n_threads_batch");
+    j.i64(cp.n_threads_batch);
+    j.key("flash_attn");
+    j.boolean(cp.flash_attn);
+    const llama_kv_cache * kv = kv_cache_of(ctx);
+    j.key("type_k");
+    j.str(kv ? ggml_type_name(kv->type_k()) : "none");
+    j.key("type_v");
+    j.str(kv ? ggml_type_name(kv->type_v()) : "none");
     j.ch('}');
+}
 
+// "weights": one row per tensor of the model, by name
+static void write_weights(json_out & j, const llama_model & model) {
     j.key("weights");
     j.ch('[');
     for (const auto & [name, t] : model.tensors_by_name) {
@@ -143,7 +150,10 @@ void write_model_info(json_out & j, llama_context * ctx) {
         j.ch('}');
     }
     j.ch(']');
+}
 
+// "memory": the totals, then the buffers' rows they sum
+static void write_memory(json_out & j, llama_context * ctx) {
     // the totals follow the rows they sum in the record, as they always have: the rows are
     // written first, then moved behind them
     j.key("memory");
@@ -162,6 +172,14 @@ void write_model_info(json_out & j, llama_context * ctx) {
     j.raw(rows);
     j.ch(']');
     j.ch('}');
+}
+
+void write_model_info(json_out & j, llama_context * ctx) {
+    const llama_model & model = ctx->get_model();
+    write_model(j, model);
+    write_context_params(j, ctx);
+    write_weights(j, model);
+    write_memory(j, ctx);
 }
 
 void write_devices(json_out & j) {

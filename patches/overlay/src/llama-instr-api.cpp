@@ -81,6 +81,192 @@ constexpr int32_t k_max_seq = 65536;
 // Keys a caller's record must not hold: record_head writes them.
 const char * const RESERVED_KEYS[] = { "type", "ts", "sid" };
 
+// A new session's state: its id and clock, its counters at zero, and the sampling and rotation the
+// next session was given.
+void reset_session_locked(session & s, const std::string & sid) {
+    s.epoch++;
+    s.sid              = sid;
+    s.topk             = s.topk_next;
+    s.t_start          = now_ns();
+    s.totals           = {};
+    s.n_graphs         = 0;
+    s.n_ctx_ids        = 0;
+    s.sample_steps     = s.sample_steps_next;
+    s.sample_requests  = s.sample_requests_next;
+    s.n_requests       = 0;
+    s.file_index       = 0;
+    s.retry_after      = 0;
+    s.n_open_steps     = 0;
+    s.n_deferred_steps = 0;
+    s.log.max_bytes    = s.max_bytes_next;
+    s.log.keep         = s.keep_next;
+    g_reopen.store(false, std::memory_order_relaxed);
+}
+
+// session_start's fields after its head, up to the model's: what the session is, who wrote it, the
+// caller's metadata, its sampling and rotation, the machine
+void write_session_fields(json_out &      j,
+                          const session & s,
+                          int32_t         level,
+                          const char *    wall,
+                          const char *    metadata_json) {
+    j.key("schema_version");
+    j.i64(4);
+    j.key("wall_time");
+    j.str(wall);
+    j.key("level");
+    j.str(level_name(level));
+    j.key("producer");
+    j.raw("{\"llama_cpp_commit\":\"" LLAMA_INSTR_LLAMA_COMMIT "\",\"patch_hash\":\"" LLAMA_INSTR_PATCH_HASH
+          "\",\"api_version\":");
+    j.i64(LLAMA_INSTR_API_VERSION);
+    j.ch('}');
+    j.key("pid");
+#if defined(_WIN32)
+    j.i64(0);
+#else
+    j.i64((int64_t) getpid());
+#endif
+    j.key("metadata");
+    j.raw(metadata_json && *metadata_json ? metadata_json : "{}");
+    if (s.sample_steps > 1 || s.sample_requests > 1) {
+        j.key("sample");
+        j.raw("{\"steps\":");
+        j.i64(s.sample_steps);
+        j.raw(",\"requests\":");
+        j.i64(s.sample_requests);
+        j.ch('}');
+    }
+    if (s.log.max_bytes > 0) {
+        j.key("rotate");
+        j.raw("{\"max_bytes\":");
+        j.i64(s.log.max_bytes);
+        j.raw(",\"keep\":");
+        j.i64(s.log.keep);
+        j.ch('}');
+    }
+    write_machine_info(j);
+}
+
+// What was there before the session, as its first records after session_start: the buffers that
+// exist already (the model's weights, the context's caches...), then the RPC commands kept before
+// the session (the model's upload); the session's own follow.
+void emit_before_session_locked(session & s) {
+    std::vector<std::string> memory_lines;
+    memory_snapshot_lines(s.sid, memory_lines);
+    for (const std::string & l : memory_lines) {
+        s.log.emit(l);
+    }
+    std::vector<std::string> rpc_lines;
+    rpc_session_begin(s.sid, rpc_lines);
+    for (const std::string & l : rpc_lines) {
+        s.log.emit(l);
+    }
+}
+
+// The session's first records written, its session_start flushed to the file, and its flusher
+// started: LLAMA_INSTR_OK, else the error (the log closed again).
+int32_t start_session_locked(session &       s,
+                             llama_context * ctx,
+                             int32_t         level,
+                             const char *    wall,
+                             const char *    metadata_json) {
+    std::string line;
+    json_out    j{ line };
+    record_head(j, "session_start", s.t_start, s.sid);
+    const size_t head = line.size();
+    write_session_fields(j, s, level, wall, metadata_json);
+    if (ctx) {
+        // ctx is ctx 1 in every record: its id is reserved now, and it joins on its own
+        // thread when its next step begins (it may be decoding right now)
+        ctx_state & st    = state_locked(s, ctx);
+        st.reserved_epoch = s.epoch;
+        st.reserved_id    = ++s.n_ctx_ids;
+        write_model_info(j, ctx);
+    }
+    j.ch('}');
+    // each file of the session begins with these fields again (new_file_locked)
+    s.start_body.assign(line, head, line.size() - head - 1);
+    s.log.quiet = true;  // a failure here is the caller's error, not a warning
+    s.log.emit(line);
+    s.log.write_buffered();
+    s.log.quiet = false;
+    if (s.log.status != LLAMA_INSTR_OK) {
+        const std::string why = s.log.failure_message();
+        s.log.close();
+        return api_error(LLAMA_INSTR_ERR_IO, why);
+    }
+    if (!start_flusher_locked(s)) {
+        s.log.close();
+        return api_error(LLAMA_INSTR_ERR_INTERNAL, "cannot start the log's flusher thread");
+    }
+    emit_before_session_locked(s);
+    return LLAMA_INSTR_OK;
+}
+
+// What each context's host did after its last step, llama.cpp's counters of each context, and the
+// sampler chains still alive: the records a session's end writes before its session_end.
+void end_lines_locked(session & s, std::vector<std::string> & host_lines) {
+    host_lines.emplace_back();
+    for (auto & kv : s.ctxs) {
+        if (host_record(*kv.second, s.epoch, host_lines.back())) {
+            host_lines.emplace_back();
+        }
+        if (perf_record(kv.first, *kv.second, s.epoch, false, host_lines.back())) {
+            host_lines.emplace_back();
+        }
+    }
+    host_lines.pop_back();
+    chains_session_end_locked(s.sid, host_lines);
+}
+
+// session_end, at t: its status and the session's totals
+void write_session_end(json_out & j, const session & s, const std::string & status, int64_t t) {
+    record_head(j, "session_end", t, s.sid);
+    j.key("status");
+    j.str(status);
+    j.key("totals");
+    j.raw("{\"steps\":");
+    j.i64(s.totals.n_steps);
+    j.raw(",\"tokens\":");
+    j.i64(s.totals.n_tokens);
+    j.raw(",\"prompt_tokens\":");
+    j.i64(s.totals.n_prompt_tokens);
+    j.raw(",\"gen_tokens\":");
+    j.i64(s.totals.n_gen_tokens);
+    j.raw(",\"computes\":");
+    j.i64(s.totals.n_computes);
+    j.raw(",\"dur\":");
+    j.i64(t - s.t_start);
+    j.raw(",\"records\":");
+    j.i64(s.log.n_records + 1);
+    j.raw(",\"lost\":");
+    j.i64(s.log.n_lost);
+    j.raw("}}");
+}
+
+// A session's end that failed (out of memory while formatting): recording off, what the log holds
+// written, the log closed all the same.
+void close_after_failure() noexcept {
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        llama_instr_level_exchange(LLAMA_INSTR_LEVEL_OFF);
+        if (s.log.fp) {
+            s.log.write_buffered();
+        }
+    } catch (...) {
+    }
+    try {
+        auto &                      s = S();
+        std::lock_guard<std::mutex> lock(s.mtx);
+        if (s.log.fp) {
+            s.log.close();
+        }
+    } catch (...) {
+    }
+}
+
 }  // namespace
 
 //
@@ -132,99 +318,10 @@ int32_t llama_instr_session_begin(llama_context * ctx,
         }
         // from here on, a failure closes the file again: no session is left half open
         try {
-            s.epoch++;
-            s.sid              = sid;
-            s.topk             = s.topk_next;
-            s.t_start          = now_ns();
-            s.totals           = {};
-            s.n_graphs         = 0;
-            s.n_ctx_ids        = 0;
-            s.sample_steps     = s.sample_steps_next;
-            s.sample_requests  = s.sample_requests_next;
-            s.n_requests       = 0;
-            s.file_index       = 0;
-            s.retry_after      = 0;
-            s.n_open_steps     = 0;
-            s.n_deferred_steps = 0;
-            s.log.max_bytes    = s.max_bytes_next;
-            s.log.keep         = s.keep_next;
-            g_reopen.store(false, std::memory_order_relaxed);
-
-            std::string line;
-            json_out    j{ line };
-            record_head(j, "session_start", s.t_start, s.sid);
-            const size_t head = line.size();
-            j.key("schema_version");
-            j.i64(4);
-            j.key("wall_time");
-            j.str(wall);
-            j.key("level");
-            j.str(level_name(level));
-            j.key("producer");
-            j.raw("{\"llama_cpp_commit\":\"" LLAMA_INSTR_LLAMA_COMMIT "\",\"patch_hash\":\"" LLAMA_INSTR_PATCH_HASH
-                  "\",\"api_version\":");
-            j.i64(LLAMA_INSTR_API_VERSION);
-            j.ch('}');
-            j.key("pid");
-#if defined(_WIN32)
-            j.i64(0);
-#else
-            j.i64((int64_t) getpid());
-#endif
-            j.key("metadata");
-            j.raw(metadata_json && *metadata_json ? metadata_json : "{}");
-            if (s.sample_steps > 1 || s.sample_requests > 1) {
-                j.key("sample");
-                j.raw("{\"steps\":");
-                j.i64(s.sample_steps);
-                j.raw(",\"requests\":");
-                j.i64(s.sample_requests);
-                j.ch('}');
-            }
-            if (s.log.max_bytes > 0) {
-                j.key("rotate");
-                j.raw("{\"max_bytes\":");
-                j.i64(s.log.max_bytes);
-                j.raw(",\"keep\":");
-                j.i64(s.log.keep);
-                j.ch('}');
-            }
-            write_machine_info(j);
-            if (ctx) {
-                // ctx is ctx 1 in every record: its id is reserved now, and it joins on its own
-                // thread when its next step begins (it may be decoding right now)
-                ctx_state & st    = state_locked(s, ctx);
-                st.reserved_epoch = s.epoch;
-                st.reserved_id    = ++s.n_ctx_ids;
-                write_model_info(j, ctx);
-            }
-            j.ch('}');
-            // each file of the session begins with these fields again (new_file_locked)
-            s.start_body.assign(line, head, line.size() - head - 1);
-            s.log.quiet = true;  // a failure here is the caller's error, not a warning
-            s.log.emit(line);
-            s.log.write_buffered();
-            s.log.quiet = false;
-            if (s.log.status != LLAMA_INSTR_OK) {
-                const std::string why = s.log.failure_message();
-                s.log.close();
-                return api_error(LLAMA_INSTR_ERR_IO, why);
-            }
-            if (!start_flusher_locked(s)) {
-                s.log.close();
-                return api_error(LLAMA_INSTR_ERR_INTERNAL, "cannot start the log's flusher thread");
-            }
-            // the buffers that exist already (the model's weights, the context's caches...)
-            std::vector<std::string> memory_lines;
-            memory_snapshot_lines(s.sid, memory_lines);
-            for (const std::string & l : memory_lines) {
-                s.log.emit(l);
-            }
-            // the RPC commands kept before the session (the model's upload); then the session's
-            std::vector<std::string> rpc_lines;
-            rpc_session_begin(s.sid, rpc_lines);
-            for (const std::string & l : rpc_lines) {
-                s.log.emit(l);
+            reset_session_locked(s, sid);
+            const int32_t rc = start_session_locked(s, ctx, level, wall, metadata_json);
+            if (rc != LLAMA_INSTR_OK) {
+                return rc;
             }
         } catch (...) {
             std::vector<std::string> rpc_lines;
@@ -267,49 +364,17 @@ int32_t llama_instr_session_end(const char * status) noexcept {
         }
         std::vector<std::string> rpc_lines;  // the RPC commands not written yet
         rpc_session_end(s.sid, rpc_lines);
-        // what each context's host did after its last step, llama.cpp's counters of each context, and
-        // the sampler chains still alive
-        std::vector<std::string> host_lines(1);
-        for (auto & kv : s.ctxs) {
-            if (host_record(*kv.second, s.epoch, host_lines.back())) {
-                host_lines.emplace_back();
-            }
-            if (perf_record(kv.first, *kv.second, s.epoch, false, host_lines.back())) {
-                host_lines.emplace_back();
-            }
-        }
-        host_lines.pop_back();
-        chains_session_end_locked(s.sid, host_lines);
+        std::vector<std::string> host_lines;
+        end_lines_locked(s, host_lines);
         for (const std::string & l : host_lines) {
             s.log.emit(l);
         }
         for (const std::string & l : rpc_lines) {
             s.log.emit(l);
         }
-        const int64_t t = now_ns();
-        std::string   line;
-        json_out      j{ line };
-        record_head(j, "session_end", t, s.sid);
-        j.key("status");
-        j.str(st);
-        j.key("totals");
-        j.raw("{\"steps\":");
-        j.i64(s.totals.n_steps);
-        j.raw(",\"tokens\":");
-        j.i64(s.totals.n_tokens);
-        j.raw(",\"prompt_tokens\":");
-        j.i64(s.totals.n_prompt_tokens);
-        j.raw(",\"gen_tokens\":");
-        j.i64(s.totals.n_gen_tokens);
-        j.raw(",\"computes\":");
-        j.i64(s.totals.n_computes);
-        j.raw(",\"dur\":");
-        j.i64(t - s.t_start);
-        j.raw(",\"records\":");
-        j.i64(s.log.n_records + 1);
-        j.raw(",\"lost\":");
-        j.i64(s.log.n_lost);
-        j.raw("}}");
+        std::string line;
+        json_out    j{ line };
+        write_session_end(j, s, st, now_ns());
         s.log.emit(line);
         s.log.write_buffered();
         const char * gone = s.log.gone();
@@ -328,24 +393,7 @@ int32_t llama_instr_session_end(const char * status) noexcept {
         }
         return LLAMA_INSTR_OK;
     } catch (...) {
-        // out of memory while formatting: close the log all the same
-        try {
-            auto &                      s = S();
-            std::lock_guard<std::mutex> lock(s.mtx);
-            llama_instr_level_exchange(LLAMA_INSTR_LEVEL_OFF);
-            if (s.log.fp) {
-                s.log.write_buffered();
-            }
-        } catch (...) {
-        }
-        try {
-            auto &                      s = S();
-            std::lock_guard<std::mutex> lock(s.mtx);
-            if (s.log.fp) {
-                s.log.close();
-            }
-        } catch (...) {
-        }
+        close_after_failure();
         return api_error(LLAMA_INSTR_ERR_INTERNAL, "session end failed (out of memory?): the log is incomplete");
     }
 }

@@ -380,6 +380,56 @@ int rotate_series(const series_names & n, step_failed & failed, step_failed & le
 }  // namespace
 #endif
 
+namespace {
+
+// The current file, put back unless a new one takes its place: whatever fails or throws during a
+// reopen (std::bad_alloc formatting a warning) leaves the log writing to it, with the new file, if
+// one was opened, closed.
+struct keep_current {
+    log_file &    f;
+    FILE * const  fp;
+    const int64_t file_bytes, dropped_bytes;
+#if !defined(_WIN32)
+    const dev_t dev;
+    const ino_t ino;
+#endif
+    FILE * opened   = nullptr;  // the new file, while it has not taken the current one's place
+    bool   replaced = false;
+
+    explicit keep_current(log_file & file) :
+        f(file),
+        fp(file.fp),
+        file_bytes(file.file_bytes),
+        dropped_bytes(file.dropped_bytes)
+#if !defined(_WIN32)
+        ,
+        dev(file.dev),
+        ino(file.ino)
+#endif
+    {
+    }
+
+    ~keep_current() {
+        if (replaced) {
+            return;
+        }
+        if (opened) {
+            fclose(opened);
+        }
+        f.fp = fp;
+        f.buf.clear();
+        f.buf_records   = 0;
+        f.file_bytes    = file_bytes;
+        f.dropped_bytes = dropped_bytes;
+#if !defined(_WIN32)
+        f.dev = dev;
+        f.ino = ino;
+#endif
+    }
+};
+
+}  // namespace
+
 bool log_file::reopen(bool rotate) {
     write_buffered();
 #if !defined(_WIN32)
@@ -387,120 +437,26 @@ bool log_file::reopen(bool rotate) {
 #else
     const std::string & at = path;
 #endif
-    // The current file, put back unless a new one takes its place: whatever fails or throws from
-    // here on (std::bad_alloc formatting a warning) leaves this object writing to it, with the
-    // new file, if one was opened, closed.
-    struct keep_current {
-        log_file &    f;
-        FILE * const  fp;
-        const int64_t file_bytes, dropped_bytes;
-#if !defined(_WIN32)
-        const dev_t dev;
-        const ino_t ino;
-#endif
-        FILE * opened   = nullptr;  // the new file, while it has not taken the current one's place
-        bool   replaced = false;
-
-        explicit keep_current(log_file & file) :
-            f(file),
-            fp(file.fp),
-            file_bytes(file.file_bytes),
-            dropped_bytes(file.dropped_bytes)
-#if !defined(_WIN32)
-            ,
-            dev(file.dev),
-            ino(file.ino)
-#endif
-        {
-        }
-
-        ~keep_current() {
-            if (replaced) {
-                return;
-            }
-            if (opened) {
-                fclose(opened);
-            }
-            f.fp = fp;
-            f.buf.clear();
-            f.buf_records   = 0;
-            f.file_bytes    = file_bytes;
-            f.dropped_bytes = dropped_bytes;
-#if !defined(_WIN32)
-            f.dev = dev;
-            f.ino = ino;
-#endif
-        }
-    } current(*this);
-
-    // one warning for a failure, none for those that follow it until a new file is started
-    auto failed = [this](const std::string & why) {
+    keep_current current(*this);
+    std::string  why;
+    bool         ok;
+    if (!(rotate && keep > 0)) {
+        ok = open_anew(at, current.opened, why);
+    } else if (const char * moved = gone()) {
+        // A file no longer at the path (removed, or moved aside without SIGHUP) is not rotated, and
+        // no kept file moves: the path is opened anew, as a reopen does.
+        fail(LLAMA_INSTR_ERR_IO, "the log " + path + " " + moved + ": its records are lost");
+        ok = open_anew(at, current.opened, why);
+    } else {
+        ok = rotate_files(at, current.opened, why);
+    }
+    if (!ok) {
+        // one warning for a failure, none for those that follow it until a new file is started
         if (!reopen_warned) {
             warn(why + ": writing on to the file open");
             reopen_warned = true;
         }
         return false;
-    };
-
-    if (!(rotate && keep > 0)) {
-        if (!open_at(at)) {
-            const int err = errno;
-            return failed("cannot open the log " + path + " anew: " + strerror(err));
-        }
-        current.opened = fp;
-    } else if (const char * moved = gone()) {
-        // A file no longer at the path (removed, or moved aside without SIGHUP) is not rotated, and
-        // no kept file moves: the path is opened anew, as a reopen does.
-        fail(LLAMA_INSTR_ERR_IO, "the log " + path + " " + moved + ": its records are lost");
-        if (!open_at(at)) {
-            const int err = errno;
-            return failed("cannot open the log " + path + " anew: " + strerror(err));
-        }
-        current.opened = fp;
-    } else {
-#if !defined(_WIN32)
-        // Every name is made before the new file is opened: from the open until the files are
-        // where they stay, nothing allocates. The new file is opened first, under LOG.new, and
-        // the files move only once it is: a failed open (no descriptor left, EMFILE) leaves every
-        // file where it is, and writing goes on into the current one, rotated at a later try.
-        const series_names n(at, keep);
-        step_failed        step, left;
-        if (!finish_cut_rotation(n, left)) {
-            return failed("cannot rotate the log " + path + ": " + *left.name + ", left by a rotation that did not " +
-                          "finish, cannot be put back: " + strerror(left.err));
-        }
-        if (unlink(n.next[0].c_str()) != 0 && errno != ENOENT) {
-            const int err = errno;
-            return failed("cannot rotate the log " + path + ": " + n.next[0] + ": " + strerror(err));
-        }
-        if (!open_at(n.next[0])) {
-            const int err = errno;
-            return failed("cannot rotate the log " + path + ": " + strerror(err));
-        }
-        current.opened = fp;
-        const int rc   = rotate_series(n, step, left);
-        if (rc < 0) {
-            std::string why = "cannot rotate the log " + path + ": " + *step.name + ": " + strerror(step.err);
-            if (rc == -2) {
-                why += std::string("; ") + *left.name + ": " + strerror(left.err) + " (put back at the next try)";
-            }
-            return failed(why);
-        }
-        if (rc == 0) {
-            // nothing at the path (the file moved away meanwhile): opened anew there
-            FILE * const tmp = fp;
-            current.opened   = nullptr;
-            fclose(tmp);
-            unlink(n.next[0].c_str());
-            if (!open_at(at)) {
-                const int err = errno;
-                return failed("cannot open the log " + path + " anew: " + strerror(err));
-            }
-            current.opened = fp;
-        }
-#else
-        return failed("cannot rotate the log " + path + ": rotation needs hard links, not built for Windows");
-#endif
     }
     current.replaced = true;
     fclose(current.fp);  // its lines are written (or dropped, counted): nothing is buffered in it
@@ -510,6 +466,65 @@ bool log_file::reopen(bool rotate) {
         resuming  = true;  // said by the first write that succeeds
     }
     return true;
+}
+
+bool log_file::open_anew(const std::string & at, FILE *& opened, std::string & why) {
+    if (!open_at(at)) {
+        const int err = errno;
+        why           = "cannot open the log " + path + " anew: " + strerror(err);
+        return false;
+    }
+    opened = fp;
+    return true;
+}
+
+bool log_file::rotate_files(const std::string & at, FILE *& opened, std::string & why) {
+#if !defined(_WIN32)
+    // Every name is made before the new file is opened: from the open until the files are
+    // where they stay, nothing allocates. The new file is opened first, under LOG.new, and
+    // the files move only once it is: a failed open (no descriptor left, EMFILE) leaves every
+    // file where it is, and writing goes on into the current one, rotated at a later try.
+    const series_names n(at, keep);
+    step_failed        step, left;
+    if (!finish_cut_rotation(n, left)) {
+        why = "cannot rotate the log " + path + ": " + *left.name + ", left by a rotation that did not " +
+              "finish, cannot be put back: " + strerror(left.err);
+        return false;
+    }
+    if (unlink(n.next[0].c_str()) != 0 && errno != ENOENT) {
+        const int err = errno;
+        why           = "cannot rotate the log " + path + ": " + n.next[0] + ": " + strerror(err);
+        return false;
+    }
+    if (!open_at(n.next[0])) {
+        const int err = errno;
+        why           = "cannot rotate the log " + path + ": " + strerror(err);
+        return false;
+    }
+    opened       = fp;
+    const int rc = rotate_series(n, step, left);
+    if (rc < 0) {
+        why = "cannot rotate the log " + path + ": " + *step.name + ": " + strerror(step.err);
+        if (rc == -2) {
+            why += std::string("; ") + *left.name + ": " + strerror(left.err) + " (put back at the next try)";
+        }
+        return false;
+    }
+    if (rc == 0) {
+        // nothing at the path (the file moved away meanwhile): opened anew there
+        FILE * const tmp = fp;
+        opened           = nullptr;
+        fclose(tmp);
+        unlink(n.next[0].c_str());
+        return open_anew(at, opened, why);
+    }
+    return true;
+#else
+    (void) at;
+    (void) opened;
+    why = "cannot rotate the log " + path + ": rotation needs hard links, not built for Windows";
+    return false;
+#endif
 }
 
 const char * log_file::gone() const {

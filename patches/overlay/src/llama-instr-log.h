@@ -113,8 +113,13 @@ struct log_file {
 
   private:
     bool open_at(const std::string & p);  // open p into fp and the identity fields
-    void suspend(int err);                // a write failed with errno err
-    void resumed();                       // a write succeeded: say so if writing resumed
+    // reopen's two ways to a new file, each false (and why) where it fails: the path opened anew,
+    // or the series rotated with the new file opened under LOG.new first. `opened`: the new file,
+    // once open.
+    bool open_anew(const std::string & at, FILE *& opened, std::string & why);
+    bool rotate_files(const std::string & at, FILE *& opened, std::string & why);
+    void suspend(int err);  // a write failed with errno err
+    void resumed();         // a write succeeded: say so if writing resumed
 };
 
 }  // namespace llama_instr

@@ -295,69 +295,77 @@ std::string attn_shape_error(const llama_instr_probe_attn & a, int64_t n) {
     return "";
 }
 
-// One of attention's ops as build_attn_mha builds it, on caches laid out as llama_kv_cache's
-// (get_k, get_v), once per layer in one graph: each layer reads a cache of its own, as a model's
-// layers do, so that the caches are as cold as the run's. The layers' outputs share one buffer
-// (the run's graph allocator reuses its memory too), the scores one input.
-int32_t attention(struct llama_instr_probe * p, ggml_backend_dev_t dev) {
-    const llama_instr_probe_attn & a     = p->attn;
-    const std::string              error = attn_shape_error(a, p->n);
-    if (!error.empty()) {
-        return fail(p, LLAMA_INSTR_ERR_INVALID_ARG, error);
-    }
-    const int64_t   n = p->n, hk = a.head_dim_k, hv = a.head_dim_v;
+// attention's tensors: its sources (the mask, the query as rope leaves it, the scores) and each
+// layer's cache (or two) and output
+struct attn_graph {
+    ggml_tensor *              mask   = nullptr;
+    ggml_tensor *              q_in   = nullptr;
+    ggml_tensor *              scores = nullptr;
+    std::vector<ggml_tensor *> caches, outs;
+};
+
+// The op once per layer, as build_attn_mha builds it, on caches laid out as llama_kv_cache's
+// (get_k, get_v): the sources in cs, the views and ops in cg.
+void build_attention(const llama_instr_probe_attn & a,
+                     int64_t                        n,
+                     ggml_context *                 cs,
+                     ggml_context *                 cg,
+                     attn_graph &                   g) {
+    const int64_t   hk = a.head_dim_k, hv = a.head_dim_v;
     const ggml_type tk = (ggml_type) a.type_k, tv = (ggml_type) a.type_v;
     const bool      flash = a.op == LLAMA_INSTR_PROBE_ATTN_FLASH;
     const float     scale = 1.0f / sqrtf((float) hk);
 
-    probe_res      r;
-    ggml_context * cs      = r.context(2 * (size_t) a.n_layer + 3);  // the sources
-    const size_t   n_nodes = 8 * (size_t) a.n_layer + 8;             // views and ops: 6 a layer at most
-    ggml_context * cg      = r.context(n_nodes, n_nodes);            // views, ops and the graph
-    if (!cs || !cg) {
-        return fail(p, LLAMA_INSTR_ERR_INTERNAL, "out of memory");
-    }
-    ggml_tensor *              mask   = ggml_new_tensor_2d(cs, flash ? GGML_TYPE_F16 : GGML_TYPE_F32, a.n_kv, n);
-    ggml_tensor *              q_in   = ggml_new_tensor_3d(cs, GGML_TYPE_F32, hk, a.n_head, n);  // Qcur after rope
-    ggml_tensor *              scores = ggml_new_tensor_3d(cs, GGML_TYPE_F32, a.n_kv, n, a.n_head);
-    ggml_tensor *              q      = ggml_permute(cg, q_in, 0, 2, 1, 3);
-    std::vector<ggml_tensor *> caches, outs;
+    g.mask          = ggml_new_tensor_2d(cs, flash ? GGML_TYPE_F16 : GGML_TYPE_F32, a.n_kv, n);
+    g.q_in          = ggml_new_tensor_3d(cs, GGML_TYPE_F32, hk, a.n_head, n);  // Qcur after rope
+    g.scores        = ggml_new_tensor_3d(cs, GGML_TYPE_F32, a.n_kv, n, a.n_head);
+    ggml_tensor * q = ggml_permute(cg, g.q_in, 0, 2, 1, 3);
     for (int32_t il = 0; il < a.n_layer; il++) {
         ggml_tensor * out = nullptr;
         if (a.op == LLAMA_INSTR_PROBE_ATTN_SOFTMAX) {
-            out = ggml_soft_max_ext(cg, scores, mask, scale, 0.0f);
+            out = ggml_soft_max_ext(cg, g.scores, g.mask, scale, 0.0f);
         } else if (a.op == LLAMA_INSTR_PROBE_ATTN_KQV) {
             // the transposed V cache: each dimension of each head a row of kv_size cells
             ggml_tensor * cv = ggml_new_tensor_2d(cs, tv, hv * a.n_head_kv, a.kv_size);
             ggml_tensor * v  = ggml_view_3d(cg, cv, a.n_kv, a.n_head_kv, hv, ggml_row_size(tv, a.kv_size * hv),
                                             ggml_row_size(tv, a.kv_size), 0);
-            caches.push_back(cv);
-            out = ggml_mul_mat(cg, ggml_permute(cg, v, 0, 2, 1, 3), scores);
+            g.caches.push_back(cv);
+            out = ggml_mul_mat(cg, ggml_permute(cg, v, 0, 2, 1, 3), g.scores);
         } else {
             ggml_tensor * ck = ggml_new_tensor_2d(cs, tk, hk * a.n_head_kv, a.kv_size);
             ggml_tensor * k  = ggml_view_3d(cg, ck, hk, a.n_head_kv, a.n_kv, ggml_row_size(tk, hk),
                                             ggml_row_size(tk, hk * a.n_head_kv), 0);
             k                = ggml_permute(cg, k, 0, 2, 1, 3);
-            caches.push_back(ck);
+            g.caches.push_back(ck);
             if (flash) {
                 ggml_tensor * cv = ggml_new_tensor_2d(cs, tv, hv * a.n_head_kv, a.kv_size);
                 ggml_tensor * v  = ggml_view_3d(cg, cv, hv, a.n_head_kv, a.n_kv, ggml_row_size(tv, hv),
                                                 ggml_row_size(tv, hv * a.n_head_kv), 0);
-                caches.push_back(cv);
-                out = ggml_flash_attn_ext(cg, q, k, ggml_permute(cg, v, 0, 2, 1, 3), mask, scale, 0.0f, 0.0f);
+                g.caches.push_back(cv);
+                out = ggml_flash_attn_ext(cg, q, k, ggml_permute(cg, v, 0, 2, 1, 3), g.mask, scale, 0.0f, 0.0f);
             } else {
                 out = ggml_mul_mat(cg, k, q);
             }
             ggml_prec_set_acc(out, GGML_PREC_F32);
         }
-        outs.push_back(out);
+        g.outs.push_back(out);
     }
+}
 
+// The sources in a buffer of the device (*src_buf), the layers' outputs in one buffer they share,
+// and the op one the device runs: LLAMA_INSTR_OK, else the probe's failure.
+int32_t place_attention(probe_res &                r,
+                        ggml_backend_dev_t         dev,
+                        ggml_context *             cs,
+                        ggml_context *             cg,
+                        const attn_graph &         g,
+                        struct llama_instr_probe * p,
+                        ggml_backend_buffer_t &    src_buf) {
     ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
     copy_str(p->buffer_type, sizeof(p->buffer_type), ggml_backend_buft_name(buft));
-    ggml_backend_buffer_t src_buf = ggml_backend_alloc_ctx_tensors_from_buft(cs, buft);
+    src_buf = ggml_backend_alloc_ctx_tensors_from_buft(cs, buft);
     ggml_backend_buffer_t out_buf =
-        src_buf ? ggml_backend_buft_alloc_buffer(buft, ggml_nbytes(outs[0]) + ggml_backend_buft_get_alignment(buft)) :
+        src_buf ? ggml_backend_buft_alloc_buffer(buft, ggml_nbytes(g.outs[0]) + ggml_backend_buft_get_alignment(buft)) :
                   nullptr;
     if (src_buf) {
         r.bufs.push_back(src_buf);
@@ -374,46 +382,79 @@ int32_t attention(struct llama_instr_probe * p, ggml_backend_dev_t dev) {
             return fail(p, LLAMA_INSTR_ERR_INTERNAL, "cannot place the probe's tensors");
         }
     }
-    if (!ggml_backend_dev_supports_op(dev, outs[0])) {
+    if (!ggml_backend_dev_supports_op(dev, g.outs[0])) {
         return fail(p, LLAMA_INSTR_ERR_INTERNAL,
-                    std::string(p->device_name) + " does not run " + ggml_op_desc(outs[0]));
+                    std::string(p->device_name) + " does not run " + ggml_op_desc(g.outs[0]));
     }
-    if (!start_backend(r, dev, p)) {
-        return fail(p, LLAMA_INSTR_ERR_INTERNAL, std::string("cannot start the backend of ") + p->device_name);
-    }
+    return LLAMA_INSTR_OK;
+}
 
+// The sources' values: random, and the causal mask (row i sees the cells up to its position,
+// pos0 + i).
+void fill_attention(const llama_instr_probe_attn & a, int64_t n, const attn_graph & g) {
     std::mt19937 rng(1234);
-    fill(q_in, rng);
-    fill(scores, rng);
-    for (ggml_tensor * c : caches) {
+    fill(g.q_in, rng);
+    fill(g.scores, rng);
+    for (ggml_tensor * c : g.caches) {
         fill(c, rng);
     }
-    // the causal mask: row i sees the cells up to its position, pos0 + i
     std::vector<float> m((size_t) (a.n_kv * n));
     for (int64_t i = 0; i < n; i++) {
         for (int64_t j = 0; j < a.n_kv; j++) {
             m[(size_t) (i * a.n_kv + j)] = j <= a.pos0 + i ? 0.0f : -INFINITY;
         }
     }
-    if (flash) {
+    if (a.op == LLAMA_INSTR_PROBE_ATTN_FLASH) {
         std::vector<ggml_fp16_t> h(m.size());
         ggml_fp32_to_fp16_row(m.data(), h.data(), (int64_t) m.size());
-        ggml_backend_tensor_set(mask, h.data(), 0, ggml_nbytes(mask));
+        ggml_backend_tensor_set(g.mask, h.data(), 0, ggml_nbytes(g.mask));
     } else {
-        ggml_backend_tensor_set(mask, m.data(), 0, ggml_nbytes(mask));
+        ggml_backend_tensor_set(g.mask, m.data(), 0, ggml_nbytes(g.mask));
     }
+}
+
+// One of attention's ops as build_attn_mha builds it, on caches laid out as llama_kv_cache's
+// (get_k, get_v), once per layer in one graph: each layer reads a cache of its own, as a model's
+// layers do, so that the caches are as cold as the run's. The layers' outputs share one buffer
+// (the run's graph allocator reuses its memory too), the scores one input.
+int32_t attention(struct llama_instr_probe * p, ggml_backend_dev_t dev) {
+    const llama_instr_probe_attn & a     = p->attn;
+    const std::string              error = attn_shape_error(a, p->n);
+    if (!error.empty()) {
+        return fail(p, LLAMA_INSTR_ERR_INVALID_ARG, error);
+    }
+    const int64_t n = p->n, hk = a.head_dim_k, hv = a.head_dim_v;
+
+    probe_res      r;
+    ggml_context * cs      = r.context(2 * (size_t) a.n_layer + 3);  // the sources
+    const size_t   n_nodes = 8 * (size_t) a.n_layer + 8;             // views and ops: 6 a layer at most
+    ggml_context * cg      = r.context(n_nodes, n_nodes);            // views, ops and the graph
+    if (!cs || !cg) {
+        return fail(p, LLAMA_INSTR_ERR_INTERNAL, "out of memory");
+    }
+    attn_graph g;
+    build_attention(a, n, cs, cg, g);
+    ggml_backend_buffer_t src_buf = nullptr;
+    const int32_t         placed  = place_attention(r, dev, cs, cg, g, p, src_buf);
+    if (placed != LLAMA_INSTR_OK) {
+        return placed;
+    }
+    if (!start_backend(r, dev, p)) {
+        return fail(p, LLAMA_INSTR_ERR_INTERNAL, std::string("cannot start the backend of ") + p->device_name);
+    }
+    fill_attention(a, n, g);
 
     ggml_cgraph * gf = ggml_new_graph_custom(cg, n_nodes, false);
-    for (ggml_tensor * out : outs) {
+    for (ggml_tensor * out : g.outs) {
         ggml_build_forward_expand(gf, out);
     }
 
     // the op's query or scores, its first layer's cache (the mask for a softmax), its output
-    report(p, 0, a.op == LLAMA_INSTR_PROBE_ATTN_SOFTMAX || a.op == LLAMA_INSTR_PROBE_ATTN_KQV ? scores : q_in);
-    report(p, 1, caches.empty() ? mask : caches[0]);
-    report(p, 2, outs[0]);
-    p->n_tensors        = 3;
-    p->bytes            = (int64_t) ggml_backend_buffer_get_size(src_buf) + (int64_t) ggml_nbytes(outs[0]) * a.n_layer;
+    report(p, 0, a.op == LLAMA_INSTR_PROBE_ATTN_SOFTMAX || a.op == LLAMA_INSTR_PROBE_ATTN_KQV ? g.scores : g.q_in);
+    report(p, 1, g.caches.empty() ? g.mask : g.caches[0]);
+    report(p, 2, g.outs[0]);
+    p->n_tensors = 3;
+    p->bytes     = (int64_t) ggml_backend_buffer_get_size(src_buf) + (int64_t) ggml_nbytes(g.outs[0]) * a.n_layer;
     const int64_t cells = a.n_kv * n * a.n_head;  // (query row, cell) pairs of every head
     const int64_t per   = a.op == LLAMA_INSTR_PROBE_ATTN_FLASH   ? 2 * (hk + hv) :
                           a.op == LLAMA_INSTR_PROBE_ATTN_KQ      ? 2 * hk :
@@ -423,8 +464,9 @@ int32_t attention(struct llama_instr_probe * p, ggml_backend_dev_t dev) {
     return time_runs(r, gf, p);
 }
 
-int32_t probe(struct llama_instr_probe * p) {
-    p->error[0] = '\0';
+// The fields every probe is checked for: its kind, device, runs and threads. LLAMA_INSTR_OK, else
+// the probe's failure.
+int32_t check_probe(struct llama_instr_probe * p) {
     if (p->kind != LLAMA_INSTR_PROBE_BANDWIDTH && p->kind != LLAMA_INSTR_PROBE_MATMUL &&
         p->kind != LLAMA_INSTR_PROBE_ATTENTION) {
         return fail(p, LLAMA_INSTR_ERR_INVALID_ARG, "kind must be 0 (bandwidth), 1 (matmul) or 2 (attention)");
@@ -440,12 +482,12 @@ int32_t probe(struct llama_instr_probe * p) {
     if (p->n_threads_b < 0 || (p->n_threads_b > 0 && p->kind != LLAMA_INSTR_PROBE_MATMUL)) {
         return fail(p, LLAMA_INSTR_ERR_INVALID_ARG, "n_threads_b must be 0, or above 0 for a matmul");
     }
-    if (p->kind == LLAMA_INSTR_PROBE_ATTENTION) {
-        ggml_backend_dev_t dev = ggml_backend_dev_get((size_t) p->device);
-        copy_str(p->device_name, sizeof(p->device_name), ggml_backend_dev_name(dev));
-        return attention(p, dev);
-    }
-    const bool mm = p->kind == LLAMA_INSTR_PROBE_MATMUL;
+    return LLAMA_INSTR_OK;
+}
+
+// A matmul's sizes (its type's blocks, its weights' bytes) or a bandwidth probe's (whole rows).
+// LLAMA_INSTR_OK, else the probe's failure.
+int32_t check_sizes(struct llama_instr_probe * p, bool mm) {
     if (mm) {
         const std::string error = type_error(p->type);
         if (!error.empty()) {
@@ -469,6 +511,93 @@ int32_t probe(struct llama_instr_probe * p) {
         return fail(p, LLAMA_INSTR_ERR_INVALID_ARG,
                     "bandwidth size must be a multiple of " + std::to_string(k_bw_row) + " up to 2^32 elements");
     }
+    return LLAMA_INSTR_OK;
+}
+
+// a matmul's or a bandwidth probe's graph: its first weight (or first source), its input, its
+// first output
+struct flat_graph {
+    ggml_tensor * s0  = nullptr;
+    ggml_tensor * s1  = nullptr;
+    ggml_tensor * out = nullptr;
+    ggml_cgraph * gf  = nullptr;
+};
+
+// n_w matmuls of one input (their weights alone in cw), or one add of two sources (rows, not one
+// long vector: the backend's threads share an op's rows; a gap after each source, allocated in this
+// order, puts the three at different offsets modulo 4 KiB)
+void build_flat(struct llama_instr_probe * p,
+                bool                       mm,
+                int32_t                    n_w,
+                ggml_context *             cw,
+                ggml_context *             ca,
+                flat_graph &               g) {
+    g.gf = ggml_new_graph_custom(ca, (size_t) n_w + 4, false);
+    if (mm) {
+        g.s1 = ggml_new_tensor_2d(ca, GGML_TYPE_F32, p->size, p->n);
+        for (int32_t i = 0; i < n_w; i++) {
+            ggml_tensor * w = ggml_new_tensor_2d(cw, (ggml_type) p->type, p->size, p->m > 0 ? p->m : p->size);
+            ggml_tensor * y = ggml_mul_mat(ca, w, g.s1);
+            ggml_build_forward_expand(g.gf, y);
+            g.s0  = i == 0 ? w : g.s0;
+            g.out = i == 0 ? y : g.out;
+        }
+    } else {
+        g.s0 = ggml_new_tensor_2d(ca, GGML_TYPE_F32, k_bw_row, p->size / k_bw_row);
+        ggml_new_tensor_1d(ca, GGML_TYPE_F32, k_bw_gap);
+        g.s1 = ggml_new_tensor_2d(ca, GGML_TYPE_F32, k_bw_row, p->size / k_bw_row);
+        ggml_new_tensor_1d(ca, GGML_TYPE_F32, k_bw_gap);
+        g.out = ggml_add(ca, g.s0, g.s1);
+        ggml_build_forward_expand(g.gf, g.out);
+    }
+}
+
+// The weights where the device keeps them (an extra buffer type may take them), the rest in its
+// own buffer type, and the op one the device runs: LLAMA_INSTR_OK, else the probe's failure.
+int32_t place_flat(probe_res &                r,
+                   ggml_backend_dev_t         dev,
+                   bool                       mm,
+                   ggml_context *             cw,
+                   ggml_context *             ca,
+                   const flat_graph &         g,
+                   struct llama_instr_probe * p) {
+    if (mm) {
+        if (!place_weight(r, dev, cw, g.out)) {
+            return fail(p, LLAMA_INSTR_ERR_INTERNAL, std::string("cannot allocate the weight on ") + p->device_name);
+        }
+        copy_str(p->buffer_type, sizeof(p->buffer_type), ggml_backend_buffer_name(g.s0->buffer));
+    } else {
+        copy_str(p->buffer_type, sizeof(p->buffer_type), ggml_backend_buft_name(ggml_backend_dev_buffer_type(dev)));
+    }
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ca, ggml_backend_dev_buffer_type(dev));
+    if (!buf) {
+        return fail(p, LLAMA_INSTR_ERR_INTERNAL, std::string("cannot allocate the buffers on ") + p->device_name);
+    }
+    r.bufs.push_back(buf);
+    if (!ggml_backend_dev_supports_op(dev, g.out)) {
+        return fail(
+            p, LLAMA_INSTR_ERR_INTERNAL,
+            std::string(p->device_name) + " does not run " + ggml_op_desc(g.out) + " of " + ggml_type_name(g.s0->type));
+    }
+    return LLAMA_INSTR_OK;
+}
+
+int32_t probe(struct llama_instr_probe * p) {
+    p->error[0]           = '\0';
+    const int32_t checked = check_probe(p);
+    if (checked != LLAMA_INSTR_OK) {
+        return checked;
+    }
+    if (p->kind == LLAMA_INSTR_PROBE_ATTENTION) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get((size_t) p->device);
+        copy_str(p->device_name, sizeof(p->device_name), ggml_backend_dev_name(dev));
+        return attention(p, dev);
+    }
+    const bool    mm    = p->kind == LLAMA_INSTR_PROBE_MATMUL;
+    const int32_t sized = check_sizes(p, mm);
+    if (sized != LLAMA_INSTR_OK) {
+        return sized;
+    }
 
     ggml_backend_dev_t dev = ggml_backend_dev_get((size_t) p->device);
     copy_str(p->device_name, sizeof(p->device_name), ggml_backend_dev_name(dev));
@@ -480,49 +609,12 @@ int32_t probe(struct llama_instr_probe * p) {
     if (!cw || !ca) {
         return fail(p, LLAMA_INSTR_ERR_INTERNAL, "out of memory");
     }
-    ggml_tensor * out = nullptr;
-    ggml_tensor * s0  = nullptr;
-    ggml_tensor * s1  = nullptr;
-    ggml_cgraph * gf  = ggml_new_graph_custom(ca, (size_t) n_w + 4, false);
-    if (mm) {
-        s1 = ggml_new_tensor_2d(ca, GGML_TYPE_F32, p->size, p->n);
-        for (int32_t i = 0; i < n_w; i++) {
-            ggml_tensor * w = ggml_new_tensor_2d(cw, (ggml_type) p->type, p->size, p->m > 0 ? p->m : p->size);
-            ggml_tensor * y = ggml_mul_mat(ca, w, s1);
-            ggml_build_forward_expand(gf, y);
-            s0  = i == 0 ? w : s0;
-            out = i == 0 ? y : out;
-        }
-    } else {
-        // rows, not one long vector: the backend's threads share an op's rows; a gap after each
-        // source (allocated in this order) puts the three at different offsets modulo 4 KiB
-        s0 = ggml_new_tensor_2d(ca, GGML_TYPE_F32, k_bw_row, p->size / k_bw_row);
-        ggml_new_tensor_1d(ca, GGML_TYPE_F32, k_bw_gap);
-        s1 = ggml_new_tensor_2d(ca, GGML_TYPE_F32, k_bw_row, p->size / k_bw_row);
-        ggml_new_tensor_1d(ca, GGML_TYPE_F32, k_bw_gap);
-        out = ggml_add(ca, s0, s1);
-        ggml_build_forward_expand(gf, out);
+    flat_graph g;
+    build_flat(p, mm, n_w, cw, ca, g);
+    const int32_t placed = place_flat(r, dev, mm, cw, ca, g, p);
+    if (placed != LLAMA_INSTR_OK) {
+        return placed;
     }
-
-    if (mm) {
-        if (!place_weight(r, dev, cw, out)) {
-            return fail(p, LLAMA_INSTR_ERR_INTERNAL, std::string("cannot allocate the weight on ") + p->device_name);
-        }
-        copy_str(p->buffer_type, sizeof(p->buffer_type), ggml_backend_buffer_name(s0->buffer));
-    } else {
-        copy_str(p->buffer_type, sizeof(p->buffer_type), ggml_backend_buft_name(ggml_backend_dev_buffer_type(dev)));
-    }
-    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ca, ggml_backend_dev_buffer_type(dev));
-    if (!buf) {
-        return fail(p, LLAMA_INSTR_ERR_INTERNAL, std::string("cannot allocate the buffers on ") + p->device_name);
-    }
-    r.bufs.push_back(buf);
-    if (!ggml_backend_dev_supports_op(dev, out)) {
-        return fail(
-            p, LLAMA_INSTR_ERR_INTERNAL,
-            std::string(p->device_name) + " does not run " + ggml_op_desc(out) + " of " + ggml_type_name(s0->type));
-    }
-
     if (!start_backend(r, dev, p)) {
         return fail(p, LLAMA_INSTR_ERR_INTERNAL, std::string("cannot start the backend of ") + p->device_name);
     }
@@ -533,20 +625,20 @@ int32_t probe(struct llama_instr_probe * p) {
             fill(w, rng);
         }
     } else {
-        fill(s0, rng);
+        fill(g.s0, rng);
     }
-    fill(s1, rng);
+    fill(g.s1, rng);
 
-    const ggml_tensor * ts[3] = { s0, s1, out };
+    const ggml_tensor * ts[3] = { g.s0, g.s1, g.out };
     p->n_tensors              = 3;
     p->bytes                  = 0;
     for (int i = 0; i < 3; i++) {
         report(p, i, ts[i]);
         p->bytes += p->tensors[i].nbytes * (i == 1 ? 1 : n_w);
     }
-    p->flops = mm ? 2 * s0->ne[0] * out->ne[0] * out->ne[1] * n_w : ggml_nelements(out);
+    p->flops = mm ? 2 * g.s0->ne[0] * g.out->ne[0] * g.out->ne[1] * n_w : ggml_nelements(g.out);
 
-    return time_runs(r, gf, p);
+    return time_runs(r, g.gf, p);
 }
 
 }  // namespace

@@ -97,102 +97,122 @@ class vk_op_timer final : public op_timer {
         }
         st.p_clocks.push_back({ device, pair.method, uncertainty });
 
-        const bool   detailed = st.level >= LLAMA_INSTR_LEVEL_DETAILED;
-        int64_t      n_lost   = prof.n_lost;
+        mark_walk w;
+        w.detailed            = st.level >= LLAMA_INSTR_LEVEL_DETAILED;
+        w.n_lost              = prof.n_lost;
         const size_t op_begin = st.p_ops.size();
-        // the command buffer being walked: its first mark's time, the previous mark's, its first op
-        bool         in_buf = false, have_prev = false;
-        int64_t      buf_start = 0, prev = 0;
-        int32_t      buf_split = -1, buf_ops = 0, k_op = 0;
-        int64_t      read_dur = 0;  // the reads' copies: their own intervals, in no op
-        bool         read     = false;
         pieces.clear();
         for (int32_t k = 0; k < n; k++) {
-            const ggml_vk_profile_mark & m = marks[k];
-            if (!m.valid) {
-                // never executed (a buffer not submitted): the intervals around it are unknown
-                n_lost += m.kind == GGML_VK_PROFILE_OP ? 1 : 0;
-                have_prev = false;
-                in_buf    = in_buf && m.kind != GGML_VK_PROFILE_CMDBUF_BEGIN && m.kind != GGML_VK_PROFILE_CMDBUF_END;
-                continue;
-            }
-            const int64_t t = to_host(m.t);
-            switch (m.kind) {
-                case GGML_VK_PROFILE_CMDBUF_BEGIN:
-                    in_buf    = true;
-                    buf_start = t;
-                    buf_split = -1;
-                    buf_ops   = 0;
-                    break;
-                case GGML_VK_PROFILE_OPS_BEGIN:
-                    break;
-                case GGML_VK_PROFILE_OP:
-                    {
-                        const int32_t idx = nodes.find(st, k_op++, m.node);
-                        buf_ops += m.n_ops;
-                        if (idx < 0) {
-                            n_lost++;  // not a node of the graph indexed: its time can't be attributed
-                        } else if (!have_prev) {
-                            n_lost++;
-                        } else if (detailed) {
-                            op_rec r       = {};
-                            r.idx          = idx;
-                            r.layer        = st.graph.layer[idx];
-                            r.n_fused      = m.n_fused;
-                            r.device       = device;
-                            r.t_start      = prev;
-                            r.t_end        = t;
-                            r.thread_begin = -1;
-                            st.p_ops.push_back(r);
-                        } else {
-                            pieces.push_back({ st.graph.layer[idx], m.n_ops, prev, t });
-                        }
-                        if (idx >= 0 && buf_split < 0) {
-                            buf_split = split_of(st, c, idx);
-                        }
-                        break;
-                    }
-                case GGML_VK_PROFILE_READ:
-                    if (have_prev) {
-                        read_dur += t - prev;
-                        read = true;
-                    }
-                    break;
-                case GGML_VK_PROFILE_CMDBUF_END:
-                    if (buf_split < 0 && m.node) {
-                        // MINIMAL: a buffer whose ops are all unmarked (its last op is named here)
-                        const int32_t idx = st.graph.find(m.node);
-                        buf_split         = idx >= 0 ? split_of(st, c, idx) : -1;
-                    }
-                    if (in_buf) {
-                        st.p_busy.push_back({ device, buf_split, buf_ops + m.n_ops, buf_start, t });
-                        c.t_start = std::min(c.t_start, buf_start);
-                        c.t_end   = std::max(c.t_end, t);
-                    }
-                    if (!detailed && m.n_ops > 0 && have_prev) {
-                        // ops after the buffer's last mark: of the layer the next marked op ends
-                        pieces.push_back({ PIECE_NEXT_LAYER, m.n_ops, prev, t });
-                    }
-                    in_buf = false;
-                    break;
-                default:
-                    break;
-            }
-            have_prev = in_buf;
-            prev      = t;
+            walk_mark(st, c, marks[k], w);
         }
-        if (detailed) {
+        if (w.detailed) {
             append_layer_spans(st, op_begin, st.p_ops.size());
         } else {
             append_piece_spans(st);
         }
-        if (read) {
-            c.expert_read_dur = std::max<int64_t>(c.expert_read_dur, 0) + read_dur;
+        if (w.read) {
+            c.expert_read_dur = std::max<int64_t>(c.expert_read_dur, 0) + w.read_dur;
         }
-        return n_lost + prof.n_reads_lost;
+        return w.n_lost + prof.n_reads_lost;
     }
 
   private:
+    // a walk over a compute's marks: the command buffer being walked (its first mark's time, its
+    // split, its ops), the previous mark's time, the ops met so far, the reads' copies
+    struct mark_walk {
+        bool    detailed = false;
+        bool    in_buf = false, have_prev = false;
+        int64_t buf_start = 0, prev = 0;
+        int32_t buf_split = -1, buf_ops = 0, k_op = 0;
+        int64_t read_dur = 0;  // the reads' copies: their own intervals, in no op
+        bool    read     = false;
+        int64_t n_lost   = 0;
+    };
+
+    void walk_mark(ctx_state & st, compute_rec & c, const ggml_vk_profile_mark & m, mark_walk & w) {
+        if (!m.valid) {
+            // never executed (a buffer not submitted): the intervals around it are unknown
+            w.n_lost += m.kind == GGML_VK_PROFILE_OP ? 1 : 0;
+            w.have_prev = false;
+            w.in_buf    = w.in_buf && m.kind != GGML_VK_PROFILE_CMDBUF_BEGIN && m.kind != GGML_VK_PROFILE_CMDBUF_END;
+            return;
+        }
+        const int64_t t = to_host(m.t);
+        switch (m.kind) {
+            case GGML_VK_PROFILE_CMDBUF_BEGIN:
+                w.in_buf    = true;
+                w.buf_start = t;
+                w.buf_split = -1;
+                w.buf_ops   = 0;
+                break;
+            case GGML_VK_PROFILE_OPS_BEGIN:
+                break;
+            case GGML_VK_PROFILE_OP:
+                walk_op(st, c, m, t, w);
+                break;
+            case GGML_VK_PROFILE_READ:
+                if (w.have_prev) {
+                    w.read_dur += t - w.prev;
+                    w.read = true;
+                }
+                break;
+            case GGML_VK_PROFILE_CMDBUF_END:
+                walk_cmdbuf_end(st, c, m, t, w);
+                break;
+            default:
+                break;
+        }
+        w.have_prev = w.in_buf;
+        w.prev      = t;
+    }
+
+    // an op's mark ends its interval, from the previous mark: an op record (DETAILED) or a piece of
+    // its layer's span
+    void walk_op(ctx_state & st, compute_rec & c, const ggml_vk_profile_mark & m, int64_t t, mark_walk & w) {
+        const int32_t idx = nodes.find(st, w.k_op++, m.node);
+        w.buf_ops += m.n_ops;
+        if (idx < 0) {
+            w.n_lost++;  // not a node of the graph indexed: its time can't be attributed
+        } else if (!w.have_prev) {
+            w.n_lost++;
+        } else if (w.detailed) {
+            op_rec r       = {};
+            r.idx          = idx;
+            r.layer        = st.graph.layer[idx];
+            r.n_fused      = m.n_fused;
+            r.device       = device;
+            r.t_start      = w.prev;
+            r.t_end        = t;
+            r.thread_begin = -1;
+            st.p_ops.push_back(r);
+        } else {
+            pieces.push_back({ st.graph.layer[idx], m.n_ops, w.prev, t });
+        }
+        if (idx >= 0 && w.buf_split < 0) {
+            w.buf_split = split_of(st, c, idx);
+        }
+    }
+
+    // a command buffer's end: its busy time, from its first mark, and (MINIMAL) the ops after its
+    // last mark
+    void walk_cmdbuf_end(ctx_state & st, compute_rec & c, const ggml_vk_profile_mark & m, int64_t t, mark_walk & w) {
+        if (w.buf_split < 0 && m.node) {
+            // MINIMAL: a buffer whose ops are all unmarked (its last op is named here)
+            const int32_t idx = st.graph.find(m.node);
+            w.buf_split       = idx >= 0 ? split_of(st, c, idx) : -1;
+        }
+        if (w.in_buf) {
+            st.p_busy.push_back({ device, w.buf_split, w.buf_ops + m.n_ops, w.buf_start, t });
+            c.t_start = std::min(c.t_start, w.buf_start);
+            c.t_end   = std::max(c.t_end, t);
+        }
+        if (!w.detailed && m.n_ops > 0 && w.have_prev) {
+            // ops after the buffer's last mark: of the layer the next marked op ends
+            pieces.push_back({ PIECE_NEXT_LAYER, m.n_ops, w.prev, t });
+        }
+        w.in_buf = false;
+    }
+
     // DETAILED, a mixture of experts: each router's ranking on this device read back with the
     // commands it is computed in (the first n_used ids of each token), tallied after the graph
     void arm_routing(ctx_state & st, const llama_context * ctx) {

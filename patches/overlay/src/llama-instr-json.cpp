@@ -352,6 +352,84 @@ struct json_checker {
         return true;
     }
 
+    // Code point cp in UTF-8, into b: its length.
+    static size_t utf8_encode(uint32_t cp, char (&b)[4]) {
+        if (cp < 0x80) {
+            b[0] = (char) cp;
+            return 1;
+        }
+        if (cp < 0x800) {
+            b[0] = (char) (0xC0 | (cp >> 6));
+            b[1] = (char) (0x80 | (cp & 0x3F));
+            return 2;
+        }
+        if (cp < 0x10000) {
+            b[0] = (char) (0xE0 | (cp >> 12));
+            b[1] = (char) (0x80 | ((cp >> 6) & 0x3F));
+            b[2] = (char) (0x80 | (cp & 0x3F));
+            return 3;
+        }
+        b[0] = (char) (0xF0 | (cp >> 18));
+        b[1] = (char) (0x80 | ((cp >> 12) & 0x3F));
+        b[2] = (char) (0x80 | ((cp >> 6) & 0x3F));
+        b[3] = (char) (0x80 | (cp & 0x3F));
+        return 4;
+    }
+
+    // A \u escape (p after its u): its code point, a surrogate pair's whole. False if it is none.
+    bool unicode_escape(uint32_t & cp) {
+        if (!hex4(cp)) {
+            return false;
+        }
+        if (cp >= 0xDC00 && cp <= 0xDFFF) {
+            return false;  // a lone low surrogate
+        }
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+            uint32_t lo;
+            if (!literal("\\u") || !hex4(lo) || lo < 0xDC00 || lo > 0xDFFF) {
+                return false;  // a high surrogate not followed by a low one
+            }
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+        }
+        return true;
+    }
+
+    // An escape (p after its backslash): its decoded bytes into b, and their count k. False if it
+    // is none.
+    bool escape(char (&b)[4], size_t & k) {
+        if (p >= end) {
+            return false;
+        }
+        const unsigned char e = *p++;
+        switch (e) {
+            case '"':
+            case '\\':
+            case '/':
+                b[0] = (char) e;
+                k    = 1;
+                return true;
+            case 'b':
+            case 'f':
+            case 'n':
+            case 'r':
+            case 't':
+                b[0] = e == 'b' ? '\b' : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r' : '\t';
+                k    = 1;
+                return true;
+            case 'u':
+                {
+                    uint32_t cp;
+                    if (!unicode_escape(cp)) {
+                        return false;
+                    }
+                    k = utf8_encode(cp, b);
+                    return true;
+                }
+            default:
+                return false;
+        }
+    }
+
     // A string (p at its opening quote). Its decoded bytes go to out[0..cap) and their count to
     // n (beyond cap only counted) when out is given.
     bool string(char * out, size_t cap, size_t & n) {
@@ -390,68 +468,12 @@ struct json_checker {
                 continue;
             }
             p++;
-            if (p >= end) {
+            char   b[4];
+            size_t k;
+            if (!escape(b, k)) {
                 return false;
             }
-            const unsigned char e = *p++;
-            char                b[4];
-            switch (e) {
-                case '"':
-                case '\\':
-                case '/':
-                    b[0] = (char) e;
-                    put(b, 1);
-                    break;
-                case 'b':
-                case 'f':
-                case 'n':
-                case 'r':
-                case 't':
-                    b[0] = e == 'b' ? '\b' : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r' : '\t';
-                    put(b, 1);
-                    break;
-                case 'u':
-                    {
-                        uint32_t cp;
-                        if (!hex4(cp)) {
-                            return false;
-                        }
-                        if (cp >= 0xDC00 && cp <= 0xDFFF) {
-                            return false;  // a lone low surrogate
-                        }
-                        if (cp >= 0xD800 && cp <= 0xDBFF) {
-                            uint32_t lo;
-                            if (!literal("\\u") || !hex4(lo) || lo < 0xDC00 || lo > 0xDFFF) {
-                                return false;  // a high surrogate not followed by a low one
-                            }
-                            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-                        }
-                        size_t k;
-                        if (cp < 0x80) {
-                            b[0] = (char) cp;
-                            k    = 1;
-                        } else if (cp < 0x800) {
-                            b[0] = (char) (0xC0 | (cp >> 6));
-                            b[1] = (char) (0x80 | (cp & 0x3F));
-                            k    = 2;
-                        } else if (cp < 0x10000) {
-                            b[0] = (char) (0xE0 | (cp >> 12));
-                            b[1] = (char) (0x80 | ((cp >> 6) & 0x3F));
-                            b[2] = (char) (0x80 | (cp & 0x3F));
-                            k    = 3;
-                        } else {
-                            b[0] = (char) (0xF0 | (cp >> 18));
-                            b[1] = (char) (0x80 | ((cp >> 12) & 0x3F));
-                            b[2] = (char) (0x80 | ((cp >> 6) & 0x3F));
-                            b[3] = (char) (0x80 | (cp & 0x3F));
-                            k    = 4;
-                        }
-                        put(b, k);
-                        break;
-                    }
-                default:
-                    return false;
-            }
+            put(b, k);
         }
         return false;  // unterminated
     }

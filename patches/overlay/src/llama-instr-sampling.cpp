@@ -258,6 +258,52 @@ int32_t output_seq_locked(const host_window & win, int32_t idx) {
     return i >= 0 && i < (int64_t) win.tok_seq.size() ? win.tok_seq[i] : SEQ_NONE;
 }
 
+// DETAILED: each sequence of the window (its request, its times from t0) and the parts of its
+// host's work (with win.mtx held)
+void write_seqs_locked(json_out & j, const host_window & win, int64_t t0) {
+    j.key("seqs");
+    j.ch('[');
+    for (size_t i = 0; i < win.n_seqs; i++) {
+        const host_seq & q = win.seqs[i];
+        j.sep();
+        j.ch('[');
+        j.i64(q.seq);
+        j.ch(',');
+        if (q.request.empty()) {
+            j.null();
+        } else {
+            j.str(q.request);
+        }
+        j.ch(',');
+        j.i64s({ q.n_sampled, q.sample_ns, q.chain_ns, q.host_ns, q.t_first - t0, q.t_last - t0 });
+        j.ch(']');
+    }
+    j.ch(']');
+    j.key("parts");
+    j.ch('[');
+    for (size_t i = 0; i < win.n_seqs; i++) {
+        const host_seq & q = win.seqs[i];
+        for (size_t k = 0; k < q.n_parts; k++) {
+            const host_part & p = q.parts[k];
+            j.sep();
+            j.ch('[');
+            j.i64((int64_t) i);  // the row of `seqs` it belongs to
+            j.ch(',');
+            j.str(k_kind_names[p.kind]);
+            j.ch(',');
+            j.str(p.name);
+            j.ch(',');
+            j.i64s({ p.ns, p.n });
+            j.ch(']');
+        }
+    }
+    j.ch(']');
+    if (win.n_dropped > 0) {
+        j.key("dropped");
+        j.i64(win.n_dropped);
+    }
+}
+
 // the record of the window (with win.mtx held); false when it holds nothing
 bool format_locked(host_window & win, std::string & line) {
     if (win.n_seqs == 0) {
@@ -301,47 +347,7 @@ bool format_locked(host_window & win, std::string & line) {
         j.i64(win.cpu_ns);
     }
     if (level >= LLAMA_INSTR_LEVEL_DETAILED) {
-        j.key("seqs");
-        j.ch('[');
-        for (size_t i = 0; i < win.n_seqs; i++) {
-            const host_seq & q = win.seqs[i];
-            j.sep();
-            j.ch('[');
-            j.i64(q.seq);
-            j.ch(',');
-            if (q.request.empty()) {
-                j.null();
-            } else {
-                j.str(q.request);
-            }
-            j.ch(',');
-            j.i64s({ q.n_sampled, q.sample_ns, q.chain_ns, q.host_ns, q.t_first - t0, q.t_last - t0 });
-            j.ch(']');
-        }
-        j.ch(']');
-        j.key("parts");
-        j.ch('[');
-        for (size_t i = 0; i < win.n_seqs; i++) {
-            const host_seq & q = win.seqs[i];
-            for (size_t k = 0; k < q.n_parts; k++) {
-                const host_part & p = q.parts[k];
-                j.sep();
-                j.ch('[');
-                j.i64((int64_t) i);  // the row of `seqs` it belongs to
-                j.ch(',');
-                j.str(k_kind_names[p.kind]);
-                j.ch(',');
-                j.str(p.name);
-                j.ch(',');
-                j.i64s({ p.ns, p.n });
-                j.ch(']');
-            }
-        }
-        j.ch(']');
-        if (win.n_dropped > 0) {
-            j.key("dropped");
-            j.i64(win.n_dropped);
-        }
+        write_seqs_locked(j, win, t0);
     }
     j.ch('}');
     win.n_seqs    = 0;

@@ -234,6 +234,66 @@ static const char * rpc_instr_parse_times(const uint8_t *                    dat
     return nullptr;
 }
 
+// size bytes read and dropped through a small buffer, so that the reply after them is read as it
+// should be; false if the connection failed
+static bool rpc_instr_drain(const socket_ptr & sock, uint64_t size) {
+    uint8_t chunk[4096];
+    for (uint64_t left = size; left > 0;) {
+        const size_t n = (size_t) std::min<uint64_t>(left, sizeof(chunk));
+        if (!sock->recv_data(chunk, n)) {
+            return false;
+        }
+        left -= n;
+    }
+    return true;
+}
+
+bool rpc_instr_client::pending_bounds(uint64_t & cap, uint32_t & widest, std::vector<uint32_t> & max_nodes) const {
+    cap    = sizeof(rpc_instr_block);
+    widest = 0;
+    try {
+        max_nodes.reserve(pending.size());
+        for (const graph & pg : pending) {
+            cap += sizeof(rpc_instr_graph) + (uint64_t) pg.max_nodes * sizeof(rpc_instr_op);
+            widest = std::max(widest, pg.max_nodes);
+            max_nodes.push_back(pg.max_nodes);
+        }
+    } catch (const std::bad_alloc &) {
+        return false;
+    }
+    return true;
+}
+
+void rpc_instr_client::hand_on(ggml_rpc_profiler *         prof,
+                               const graph &               pg,
+                               const rpc_instr_graph &     g,
+                               const rpc_instr_block &     block,
+                               const ggml_rpc_profile_op * g_ops,
+                               uint32_t                    n_ops,
+                               int64_t                     t_recv) const {
+    ggml_rpc_profile_graph r = {};
+    r.device                 = pg.note.device;
+    r.endpoint               = endpoint.c_str();
+    r.nodes                  = pg.note.nodes;
+    r.n_nodes                = pg.note.n_nodes;
+    r.recompute              = pg.recompute;
+    r.status                 = g.status;
+    r.sent                   = pg.sent;
+    r.t_queue                = pg.note.t_queue ? pg.note.t_queue : pg.t_send;
+    r.t_send                 = pg.t_send;
+    r.t_sent                 = pg.t_sent;
+    r.t_recv                 = t_recv;
+    r.s_recv                 = g.s_recv;
+    r.s_read                 = g.s_read;
+    r.s_start                = g.s_start;
+    r.s_end                  = g.s_end;
+    r.s_reply                = block.s_reply;
+    r.n_ops                  = (int32_t) n_ops;
+    r.ops                    = g_ops;
+    r.owner                  = pg.note.owner;
+    prof->on_graph(prof->user, &r);
+}
+
 // the block of times in front of a reply, one entry per graph pending. 1: read;
 // 0: malformed, dropped (the stream stays in step: its size was read whole), timing off for this
 // server from the next command; -1: the connection failed.
@@ -244,30 +304,17 @@ int rpc_instr_client::read_times(const socket_ptr & sock, ggml_rpc_profiler * pr
     }
     const int64_t         t_recv = rpc_instr_now();
     // never more than the graphs pending can need
-    uint64_t              cap    = sizeof(rpc_instr_block);
+    uint64_t              cap    = 0;
     uint32_t              widest = 0;
     std::vector<uint32_t> max_nodes;
-    try {
-        max_nodes.reserve(pending.size());
-        for (const graph & pg : pending) {
-            cap += sizeof(rpc_instr_graph) + (uint64_t) pg.max_nodes * sizeof(rpc_instr_op);
-            widest = std::max(widest, pg.max_nodes);
-            max_nodes.push_back(pg.max_nodes);
-        }
-    } catch (const std::bad_alloc &) {
+    if (!pending_bounds(cap, widest, max_nodes)) {
         return -1;
     }
     const char * bad = nullptr;
     if (size > cap) {
         bad = "larger than its graphs can need";
-        // drained through a small buffer, so that the reply after it is read as it should be
-        uint8_t chunk[4096];
-        for (uint64_t left = size; left > 0;) {
-            const size_t n = (size_t) std::min<uint64_t>(left, sizeof(chunk));
-            if (!sock->recv_data(chunk, n)) {
-                return -1;
-            }
-            left -= n;
+        if (!rpc_instr_drain(sock, size)) {
+            return -1;
         }
     } else {
         try {
@@ -282,32 +329,9 @@ int rpc_instr_client::read_times(const socket_ptr & sock, ggml_rpc_profiler * pr
         // checked whole before any of it is handed on; handed on only to a profiler that takes it
         rpc_instr_block block;
         const bool      emit = prof && prof->on_graph;
-        bad                  = rpc_instr_parse_times(
-            buf.data(), size, max_nodes.data(), max_nodes.size(), block, emit ? &ops : nullptr,
-            [&](uint32_t k, const rpc_instr_graph & g, const ggml_rpc_profile_op * g_ops, uint32_t n_ops) {
-                const graph &          pg = pending[k];
-                ggml_rpc_profile_graph r  = {};
-                r.device                  = pg.note.device;
-                r.endpoint                = endpoint.c_str();
-                r.nodes                   = pg.note.nodes;
-                r.n_nodes                 = pg.note.n_nodes;
-                r.recompute               = pg.recompute;
-                r.status                  = g.status;
-                r.sent                    = pg.sent;
-                r.t_queue                 = pg.note.t_queue ? pg.note.t_queue : pg.t_send;
-                r.t_send                  = pg.t_send;
-                r.t_sent                  = pg.t_sent;
-                r.t_recv                  = t_recv;
-                r.s_recv                  = g.s_recv;
-                r.s_read                  = g.s_read;
-                r.s_start                 = g.s_start;
-                r.s_end                   = g.s_end;
-                r.s_reply                 = block.s_reply;
-                r.n_ops                   = (int32_t) n_ops;
-                r.ops                     = g_ops;
-                r.owner                   = pg.note.owner;
-                prof->on_graph(prof->user, &r);
-            });
+        bad = rpc_instr_parse_times(buf.data(), size, max_nodes.data(), max_nodes.size(), block, emit ? &ops : nullptr,
+                                    [&](uint32_t k, const rpc_instr_graph & g, const ggml_rpc_profile_op * g_ops,
+                                        uint32_t n_ops) { hand_on(prof, pending[k], g, block, g_ops, n_ops, t_recv); });
     }
     pending.clear();
     if (bad) {

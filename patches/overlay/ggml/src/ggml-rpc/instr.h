@@ -158,6 +158,17 @@ struct rpc_instr_client {
               const rpc_instr_msg & note,
               ggml_rpc_profiler *   prof);
     int  read_times(const socket_ptr & sock, ggml_rpc_profiler * prof);
+    // the graphs pending: the most bytes their times can take (cap), their widest and each one's
+    // nodes; false if out of memory
+    bool pending_bounds(uint64_t & cap, uint32_t & widest, std::vector<uint32_t> & max_nodes) const;
+    // a graph's times, as the server sent them, handed to the profiler with what was noted of it
+    void hand_on(ggml_rpc_profiler *         prof,
+                 const graph &               pg,
+                 const rpc_instr_graph &     g,
+                 const rpc_instr_block &     block,
+                 const ggml_rpc_profile_op * g_ops,
+                 uint32_t                    n_ops,
+                 int64_t                     t_recv) const;
 };
 
 // a server's side of a client's connection: the graphs it times, and the times not sent yet

@@ -260,6 +260,59 @@ void expert_log::collect() {
     n_seen = 0;
 }
 
+// the routing's counts, rows [row_begin, row_end) of the log: [layer, expert, tokens, weight]
+static void write_expert_rows(json_out & j, const expert_log & log, size_t row_begin, size_t row_end) {
+    j.key("rows");
+    j.ch('[');
+    json_rows out{ j };
+    for (size_t k = row_begin; k < row_end; k++) {
+        const expert_row & r = log.p_rows[k];
+        out.row();
+        out.i64(r.layer);
+        out.ch(',');
+        out.i64(r.expert);
+        out.ch(',');
+        out.i64(r.tokens);
+        out.ch(',');
+        out.f32(r.weight);  // NaN (not read): null
+        out.ch(']');
+    }
+    out.ch(']');
+    out.flush();
+}
+
+// each token's experts, blocks [tok_begin, tok_end) of the log, per layer: [layer, n_used, [expert
+// ids, token by token], [their weights]]
+static void write_expert_tokens(json_out & j, const expert_log & log, size_t tok_begin, size_t tok_end) {
+    j.key("tokens");
+    j.ch('[');
+    for (size_t b = tok_begin; b < tok_end; b++) {
+        const expert_log::tok_block & tb = log.p_tok[b];
+        j.sep();
+        j.ch('[');
+        j.i64(tb.layer);
+        j.ch(',');
+        j.i64(tb.n_used);
+        j.raw(",[");
+        const size_t n = (size_t) tb.n_rows * tb.n_used;
+        for (size_t i = 0; i < n; i++) {
+            if (i) {
+                j.ch(',');
+            }
+            j.i64(log.p_tok_ids[tb.begin + i]);
+        }
+        j.raw("],[");
+        for (size_t i = 0; i < n; i++) {
+            if (i) {
+                j.ch(',');
+            }
+            j.f32(log.p_tok_w[tb.begin + i]);
+        }
+        j.raw("]]");
+    }
+    j.ch(']');
+}
+
 void write_experts(json_out &          j,
                    const expert_log &  log,
                    const std::string & sid,
@@ -290,54 +343,9 @@ void write_experts(json_out &          j,
         j.key("read_dur");
         j.i64(read_dur);
     }
-    j.key("rows");
-    j.ch('[');
-    {
-        json_rows out{ j };
-        for (size_t k = row_begin; k < row_end; k++) {
-            const expert_row & r = log.p_rows[k];
-            out.row();
-            out.i64(r.layer);
-            out.ch(',');
-            out.i64(r.expert);
-            out.ch(',');
-            out.i64(r.tokens);
-            out.ch(',');
-            out.f32(r.weight);  // NaN (not read): null
-            out.ch(']');
-        }
-        out.ch(']');
-        out.flush();
-    }
+    write_expert_rows(j, log, row_begin, row_end);
     if (tok_end > tok_begin) {
-        // per layer: [layer, n_used, [expert ids, token by token], [their weights]]
-        j.key("tokens");
-        j.ch('[');
-        for (size_t b = tok_begin; b < tok_end; b++) {
-            const expert_log::tok_block & tb = log.p_tok[b];
-            j.sep();
-            j.ch('[');
-            j.i64(tb.layer);
-            j.ch(',');
-            j.i64(tb.n_used);
-            j.raw(",[");
-            const size_t n = (size_t) tb.n_rows * tb.n_used;
-            for (size_t i = 0; i < n; i++) {
-                if (i) {
-                    j.ch(',');
-                }
-                j.i64(log.p_tok_ids[tb.begin + i]);
-            }
-            j.raw("],[");
-            for (size_t i = 0; i < n; i++) {
-                if (i) {
-                    j.ch(',');
-                }
-                j.f32(log.p_tok_w[tb.begin + i]);
-            }
-            j.raw("]]");
-        }
-        j.ch(']');
+        write_expert_tokens(j, log, tok_begin, tok_end);
     }
     j.ch('}');
 }

@@ -586,10 +586,11 @@ void llama_instr_compute_end(llama_context *      ctx,
     }
 }
 
-void llama_instr::compute_end(ctx_state & st, ggml_backend_sched_t sched, int32_t status) {
-    // the backends are synchronized when a timer needs them to be (and at VERBOSE, whose step
-    // writes its top-k logits and value statistics at its end); else the step's records wait for
-    // the host's own synchronization
+// The compute's end on the devices: the backends are synchronized when a timer needs them to be
+// (and at VERBOSE, whose step writes its top-k logits and value statistics at its end); else the
+// step's records wait for the host's own synchronization (st.device_pending). Every profiler is
+// taken off. Returns when the compute's work is known done, or as far as the host waited.
+static int64_t end_on_devices(ctx_state & st, ggml_backend_sched_t sched) {
     bool sync = st.level >= LLAMA_INSTR_LEVEL_VERBOSE;
     for (const auto & slot : st.timers) {
         sync = sync || (slot.armed && slot.timer->needs_sync());
@@ -614,25 +615,64 @@ void llama_instr::compute_end(ctx_state & st, ggml_backend_sched_t sched, int32_
             slot.timer->disarm();
         }
     }
-    try {
-        const ggml_backend_sched_profiler & sp = st.sched_prof;
+    return t_synced;
+}
 
-        // the node table is captured while the graph exists (a later ubatch may rebuild it) and
-        // formatted after the step
-        if (st.level >= LLAMA_INSTR_LEVEL_DETAILED && !st.graph_emitted) {
-            const int64_t ts = now_ns();
-            if (!st.graph_captured) {
-                st.graph_captured = std::make_shared<graph_table>();
-                st.graph_captured->capture(st.graph);
-            }
-            if (st.tables.size() <= st.n_tables) {
-                st.tables.resize(st.n_tables + 1);
-            }
-            auto & pending   = st.tables[st.n_tables++];
-            pending.table    = st.graph_captured;
-            pending.head     = { st.graph_id, st.n_tokens, ts };
-            st.graph_emitted = true;
-        }
+// DETAILED: the node table of the compute's graph, captured while the graph exists (a later
+// ubatch may rebuild it) and formatted after the step, once a file
+static void queue_graph_table(ctx_state & st) {
+    if (st.level < LLAMA_INSTR_LEVEL_DETAILED || st.graph_emitted) {
+        return;
+    }
+    const int64_t ts = now_ns();
+    if (!st.graph_captured) {
+        st.graph_captured = std::make_shared<graph_table>();
+        st.graph_captured->capture(st.graph);
+    }
+    if (st.tables.size() <= st.n_tables) {
+        st.tables.resize(st.n_tables + 1);
+    }
+    auto & pending   = st.tables[st.n_tables++];
+    pending.table    = st.graph_captured;
+    pending.head     = { st.graph_id, st.n_tokens, ts };
+    st.graph_emitted = true;
+}
+
+// The scheduler's splits and copies, on the devices of session_start.devices, into the step's rows
+// (c's ranges of them): the ones past the profiler's room are lost, counted.
+static int64_t take_sched_rows(ctx_state & st, ggml_backend_sched_t sched, compute_rec & c) {
+    const ggml_backend_sched_profiler & sp       = st.sched_prof;
+    const int32_t                       n_splits = std::min(sp.n_splits, sp.cap_splits);
+    const int32_t                       n_copies = std::min(sp.n_copies, sp.cap_copies);
+    c.split_begin                                = st.p_splits.size();
+    c.copy_begin                                 = st.p_copies.size();
+    for (int32_t i = 0; i < n_splits; i++) {
+        const ggml_backend_sched_profile_split & s = sp.splits[i];
+        st.p_splits.push_back({ device_index(ggml_backend_sched_get_backend(sched, s.backend_id)), s.i_start, s.i_end,
+                                s.t_start, s.t_launch, s.t_end });
+    }
+    for (int32_t i = 0; i < n_copies; i++) {
+        const ggml_backend_sched_profile_copy & q = sp.copies[i];
+        copy_rec                                r = {};
+        r.split                                   = q.split;
+        r.node                                    = st.graph.find(q.tensor);
+        copy_name(r.name, q.tensor ? q.tensor->name : "");
+        r.from    = device_index(ggml_backend_sched_get_backend(sched, q.from_backend_id));
+        r.to      = device_index(ggml_backend_sched_get_backend(sched, q.to_backend_id));
+        r.bytes   = q.bytes;
+        r.t_start = q.t_start;
+        r.t_end   = q.t_end;
+        st.p_copies.push_back(r);
+    }
+    c.split_end = st.p_splits.size();
+    c.copy_end  = st.p_copies.size();
+    return (sp.n_splits - n_splits) + (sp.n_copies - n_copies);
+}
+
+void llama_instr::compute_end(ctx_state & st, ggml_backend_sched_t sched, int32_t status) {
+    const int64_t t_synced = end_on_devices(st, sched);
+    try {
+        queue_graph_table(st);
 
         compute_rec c = {};
         c.ubatch      = st.ubatch;
@@ -644,43 +684,20 @@ void llama_instr::compute_end(ctx_state & st, ggml_backend_sched_t sched, int32_
         c.busy_begin  = st.p_busy.size();
         c.clock_begin = st.p_clocks.size();
         c.stat_begin  = st.p_stats.size();
-        c.split_begin = st.p_splits.size();
-        c.copy_begin  = st.p_copies.size();
         c.t_synced    = t_synced;
 
         c.expert_begin    = st.experts.p_rows.size();
         c.etok_begin      = st.experts.p_tok.size();
         c.expert_read_dur = -1;
 
-        // the scheduler's splits and copies, on the devices of session_start.devices
-        const int32_t n_splits = std::min(sp.n_splits, sp.cap_splits);
-        const int32_t n_copies = std::min(sp.n_copies, sp.cap_copies);
-        int64_t       n_lost   = (sp.n_splits - n_splits) + (sp.n_copies - n_copies);
-        for (int32_t i = 0; i < n_splits; i++) {
-            const ggml_backend_sched_profile_split & s = sp.splits[i];
-            st.p_splits.push_back({ device_index(ggml_backend_sched_get_backend(sched, s.backend_id)), s.i_start,
-                                    s.i_end, s.t_start, s.t_launch, s.t_end });
-        }
-        for (int32_t i = 0; i < n_copies; i++) {
-            const ggml_backend_sched_profile_copy & q = sp.copies[i];
-            copy_rec                                r = {};
-            r.split                                   = q.split;
-            r.node                                    = st.graph.find(q.tensor);
-            copy_name(r.name, q.tensor ? q.tensor->name : "");
-            r.from    = device_index(ggml_backend_sched_get_backend(sched, q.from_backend_id));
-            r.to      = device_index(ggml_backend_sched_get_backend(sched, q.to_backend_id));
-            r.bytes   = q.bytes;
-            r.t_start = q.t_start;
-            r.t_end   = q.t_end;
-            st.p_copies.push_back(r);
-        }
-        c.split_end = st.p_splits.size();
-        c.copy_end  = st.p_copies.size();
+        int64_t n_lost = take_sched_rows(st, sched, c);
 
         // from the first split's start to the last one's return (without splits, the host's),
         // widened by each timer to the ops it measured
-        c.t_start = n_splits > 0 ? sp.splits[0].t_start : st.t_compute_begin;
-        c.t_end   = n_splits > 0 ? sp.splits[n_splits - 1].t_end : t_synced;
+        const ggml_backend_sched_profiler & sp       = st.sched_prof;
+        const int32_t                       n_splits = std::min(sp.n_splits, sp.cap_splits);
+        c.t_start                                    = n_splits > 0 ? sp.splits[0].t_start : st.t_compute_begin;
+        c.t_end                                      = n_splits > 0 ? sp.splits[n_splits - 1].t_end : t_synced;
         for (auto & slot : st.timers) {
             if (slot.armed) {
                 slot.armed = false;

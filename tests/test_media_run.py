@@ -139,50 +139,113 @@ def test_an_image_run_records_each_slice_its_encode_and_its_decode(
         assert sorted(layer[0] for layer in c["layers"]) == list(range(n_layer + 1))
 
 
+# The nodes clip.cpp builds for each projector of the writer after the encoder's last block, as
+# its code at the pin reads (models/llava.cpp, siglip.cpp, build_vit, ggml's conv functions),
+# ggml's views (RESHAPE, PERMUTE, TRANSPOSE) and copies (CONT) among them: the encoder's own
+# post-norm where it has one (of no block, after the blocks) and LLaVA's reshape and rows of
+# the patches are the projector's too. UNARY is a GELU, hard swish, ReLU or hard sigmoid.
+_LN = "NORM MUL ADD"
+_LLAVA = "RESHAPE GET_ROWS"
+_MLP = "MUL_MAT ADD UNARY MUL_MAT ADD"
+_DW = "RESHAPE RESHAPE IM2COL RESHAPE RESHAPE MUL_MAT RESHAPE"  # ggml_conv_2d_dw
+_CONV = "IM2COL RESHAPE RESHAPE MUL_MAT RESHAPE PERMUTE CONT"  # ggml_conv_2d
+_MOBILENET = (  # a depthwise conv, a norm, a hard swish, a squeeze-and-excite, a pointwise matrix
+    f"{_DW} PERMUTE CONT {_LN} PERMUTE CONT UNARY POOL_2D RESHAPE MUL_MAT ADD UNARY MUL_MAT ADD "
+    f"UNARY RESHAPE MUL RESHAPE PERMUTE CONT MUL_MAT RESHAPE {_LN}"
+)
+PROJECTOR_OPS = {
+    "mlp": f"{_LLAVA} {_MLP}",
+    "mlp_norm": f"{_LLAVA} MUL_MAT ADD {_LN} UNARY MUL_MAT ADD {_LN}",
+    "ldp": f"{_LLAVA} {_MLP} PERMUTE CONT {_MOBILENET} PERMUTE CONT ADD {_MOBILENET} RESHAPE",
+    "ldpv2": f"{_LLAVA} {_MLP} PERMUTE CONT POOL_2D {_DW} PERMUTE CONT ADD PERMUTE CONT ADD RESHAPE",
+    "adapter": f"{_LN} PERMUTE CONT {_CONV} RESHAPE PERMUTE CONT ADD MUL_MAT {_LN} UNARY "
+    "MUL_MAT MUL_MAT GLU MUL_MAT CONCAT CONCAT",
+    "gemma3": f"{_LN} RESHAPE TRANSPOSE CONT POOL_2D RESHAPE TRANSPOSE CONT RMS_NORM MUL "
+    "TRANSPOSE CONT MUL_MAT",
+    "idefics3": f"{_LN} RESHAPE RESHAPE RESHAPE PERMUTE CONT PERMUTE CONT MUL_MAT",
+}
+
+
+def _projector_nodes(nodes: list[dict[str, Any]], weights: set[str]) -> set[int]:
+    """The projector's nodes found from clip's names and the writer's tensors, not from the
+    layers recorded: the nodes after the last block's output (clip names it layer_out-N), and
+    those computed from the projector's weights alone (ggml puts a view or copy of a weight
+    where the graph's last expansion first reaches it: inside the last block, for some)."""
+    last = max(n["i"] for n in nodes if re.fullmatch(r"layer_out-\d+", n["name"]))
+    alone: set[int] = set()
+    for n in nodes:
+        if n["src"] and all(s.get("node") in alone or s.get("name") in weights for s in n["src"]):
+            alone.add(n["i"])
+    return {n["i"] for n in nodes if n["i"] > last} | alone
+
+
+@pytest.mark.parametrize("projector", sorted(PROJECTOR_OPS))
 def test_a_projector_built_without_names_is_the_projectors(
+    projector: str,
     mm_lib: Path,
     projectors: dict[str, Path],
-    smollm2_path: Path,
+    vlm_text: Path,
     media: dict[str, Path],
     tmp_path: Path,
 ) -> None:
-    """LLaVA-1.5's projector (`mlp`: two matrices and a GELU after the vision tower), which clip
-    builds without naming its nodes (ggml names them node_N): its nodes, found here by their
-    weights (`mm.0.weight`, `mm.2.weight`), are in the projector's layer (the encoder's n_layer),
-    not in the last block, and the encode's compute has a span of that layer."""
+    """Projectors clip builds with no callback naming their nodes (ggml names them node_N),
+    LLaVA-1.5's `mlp` (two matrices and a GELU after the vision tower) first: their nodes are in
+    the projector's layer (the encoder's n_layer), not in the last block, and they are the
+    nodes and ops clip builds for it, the views and copies of its weights that ggml puts inside
+    the last block among them (gemma3's transposed matrix, MobileVLM's depthwise kernels); each
+    encode's compute has a span of that layer, and `instr summary` gives the image the time of
+    their ops as its projector's."""
+    import gguf
+
+    log = tmp_path / f"{projector}.log"
+    args = ["--mmproj", str(projectors[projector]), "--image", str(media["test-1.jpeg"])]
     r = _instr(
         mm_lib,
         "run",
-        str(smollm2_path),
-        "--mmproj",
-        str(projectors["mlp"]),
-        "--image",
-        str(media["test-1.jpeg"]),
+        str(vlm_text),
+        *args,
         "-p",
-        "Describe the image.",
+        "Describe.",
         "-n",
         "2",
         "-o",
-        str(tmp_path / "mlp.log"),
+        str(log),
         cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    recs = read_log(tmp_path / "mlp.log")
+    recs = read_log(log)
     [ctx] = [c for c in by_type(recs, "context") if c["role"] == "encoder"]
-    assert ctx["model"]["architecture"] == "mlp"
+    # (clip has no name for Yi-VL's type, which it takes from an mlp file with mm.3)
+    assert ctx["model"]["architecture"] == ("unknown" if projector == "mlp_norm" else projector)
     n_layer = ctx["model"]["n_layer"]
-    [graph] = [g for g in by_type(recs, "graph") if g["ctx"] == ctx["ctx"]]
-
-    def weights(node: dict[str, Any]) -> set[str]:
-        return {s["name"] for s in node["src"] if s.get("kind") == "weight"}
-
-    proj = [n for n in graph["nodes"] if weights(n) & {"mm.0.weight", "mm.2.weight"}]
-    assert len(proj) == 2 and {n["layer"] for n in proj} == {n_layer}, proj
-    # the nodes from the projector's first matrix on are the projector's (its GELU, biases)
-    first = min(n["i"] for n in proj)
-    assert {n["layer"] for n in graph["nodes"] if n["i"] >= first} == {n_layer}
-    [comp] = [c for c in by_type(recs, "compute") if c["ctx"] == ctx["ctx"]]
-    assert n_layer in {layer[0] for layer in comp["layers"]}
+    reader = gguf.GGUFReader(str(projectors[projector]))
+    weights = {t.name for t in reader.tensors if not t.name.startswith("v.")}
+    graphs = {g["graph"]: g["nodes"] for g in by_type(recs, "graph") if g["ctx"] == ctx["ctx"]}
+    assert graphs
+    for nodes in graphs.values():
+        mine = _projector_nodes(nodes, weights)
+        assert {n["i"] for n in nodes if n["layer"] == n_layer} == mine, projector
+        ops = sorted(nodes[i]["op"] for i in mine)
+        assert ops == sorted(PROJECTOR_OPS[projector].split()), projector
+        read = {s.get("name") for i in mine for s in nodes[i]["src"]}
+        assert weights <= read  # every weight of the projector, read by its nodes
+    computes = [c for c in by_type(recs, "compute") if c["ctx"] == ctx["ctx"]]
+    assert computes and all(n_layer in {span[0] for span in c["layers"]} for c in computes)
+    parts = {"blocks": 0, "projector": 0}
+    for c in computes:
+        for op in c["ops"]:  # (node, start, duration, ...)
+            layer, dur = graphs[c["graph"]][op[0]]["layer"], op[2]
+            if layer is not None and 0 <= layer < n_layer:
+                parts["blocks"] += dur
+            elif layer == n_layer:
+                parts["projector"] += dur
+    r = _instr(mm_lib, "summary", str(log), "--format", "json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    [row] = json.loads(r.stdout)["media"]
+    assert row["projector_ms"] > 0
+    assert row["projector_ms"] == pytest.approx(parts["projector"] / 1e6, abs=1e-9)
+    assert row["blocks_ms"] == pytest.approx(parts["blocks"] / 1e6, abs=1e-9)
+    print(projector, len(mine), parts)  # (the figures, with -s)
 
 
 # case: (the media given, the --mmproj given: a projector, "model" for the text model, None for

@@ -149,7 +149,7 @@ def test_every_projector_loads_against_smollm2_and_a_wrong_width_is_refused(
 def test_an_image_and_a_clip_encode_to_the_tokens_their_shapes_give(
     mm_lib: Path, projectors: dict[str, Path], vlm_text: Path
 ) -> None:
-    names = ["idefics3", "gemma3", "mlp", "qwen2a", "ultravox"]
+    names = [*VISION_PROJECTORS, "qwen2a", "ultravox"]
     got = probe(mm_lib, vlm_text, [projectors[n] for n in names], encode=True)
     tokens = {n: [m[0] for m in got[str(projectors[n])]["media"]] for n in names}
     # 256 px images of 16 px patches: 16 x 16 patches; idefics3 folds 4 x 4 of them into one token
@@ -157,7 +157,11 @@ def test_an_image_and_a_clip_encode_to_the_tokens_their_shapes_give(
     # gemma3 pools 4 x 4, LLaVA's MLP keeps each patch
     assert tokens["idefics3"] == [16, 16]
     assert tokens["gemma3"] == [16]
-    assert tokens["mlp"] == [256]
+    assert tokens["mlp"] == tokens["mlp_norm"] == [256]
+    # MobileVLM's: 96 px of 4 px patches, 24 x 24, halved a side by the stride-2 block (ldp) or
+    # the pool of 2 (ldpv2); GLM-Edge's stride-2 convolution, and its begin and end embeddings
+    assert tokens["ldp"] == tokens["ldpv2"] == [12 * 12]
+    assert tokens["adapter"] == [8 * 8 + 2]
     # 1 s is padded to whisper's 30 s: 3000 mel frames, 1500 after the stride-2 convolution;
     # Qwen2-Audio pools them by 2, ultravox stacks 4
     assert tokens["qwen2a"] == [750]

@@ -18,6 +18,24 @@ Vision (``write_vision_mmproj``), a ViT on ``image_size`` squares cut into ``pat
 - ``mlp`` (LLaVA-1.5): a CLIP encoder (class embedding, pre-norm) read at its second-to-last
   layer, then a two-layer MLP (``mm.0``, ``mm.2``); one encode, ``(image_size / patch_size) ** 2``
   tokens.
+- ``mlp_norm`` (Yi-VL's LLaVA): the same encoder, then a matrix, a layer norm, a GELU, a matrix
+  and a layer norm (``mm.0``, ``mm.1``, ``mm.3``, ``mm.4``). The file says ``mlp``: clip.cpp takes
+  an ``mlp`` projector with ``mm.3`` for this one (it has no name of its own there).
+- ``ldp`` (MobileVLM): the same encoder, then an MLP (``mm.model.mlp.1``, ``.3``) and two
+  MobileNet blocks (``mm.model.mb_block.1``, ``.2``: a depthwise convolution, a layer norm, a
+  hard swish, a squeeze-and-excite, a pointwise matrix and a layer norm), the second of stride 2.
+- ``ldpv2`` (MobileVLM V2): the same encoder, then an MLP (``mm.model.mlp.0``, ``.2``), an
+  average pool of 2 and a depthwise convolution added back (``mm.model.peg.0``).
+  clip.cpp builds both MobileVLM projectors for 24 x 24 patches (CLIP ViT-L/14 at 336 px), so
+  their defaults are 96 px images of 4 px patches: ``(24 / 2) ** 2`` tokens.
+- ``adapter`` (GLM-Edge-V): a SigLIP encoder read at its last layer, then a stride-2
+  convolution over the patches (``adapter.conv``), a matrix, a layer norm, a GELU, a SwiGLU MLP
+  (``adapter.linear.*``) and begin and end embeddings of its own (``adapter.boi``, ``.eoi``):
+  ``(image_size / patch_size / 2) ** 2 + 2`` tokens.
+
+clip.cpp builds the projectors of ``mlp``, ``mlp_norm``, ``ldp``, ``ldpv2``, ``adapter`` and
+``gemma3`` with no graph callback (``idefics3``'s names one node, with no layer): ggml names their
+nodes ``node_N``.
 
 Audio (``write_audio_mmproj``), whisper's encoder (two 1-D convolutions over ``n_mel`` mel bins,
 the second of stride 2, then a transformer over at most ``n_audio_ctx`` positions): mtmd pads or
@@ -45,7 +63,11 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-VISION_PROJECTORS = ("idefics3", "gemma3", "mlp")
+VISION_PROJECTORS = ("idefics3", "gemma3", "mlp", "mlp_norm", "ldp", "ldpv2", "adapter")
+# LLaVA's projectors: a CLIP encoder read at its second-to-last layer, then the projection
+LLAVA_PROJECTORS = ("mlp", "mlp_norm", "ldp", "ldpv2")
+# the patches a side clip.cpp builds MobileVLM's projectors for (its n_patch)
+MOBILEVLM_SIDE = 24
 AUDIO_PROJECTORS = ("qwen2a", "ultravox", "voxtral")
 
 # SmolLM2-135M's width: its embeddings are what the projection feeds
@@ -158,13 +180,81 @@ def _vision_projection(
             "mm.soft_emb_norm.weight": w.norm(n_embd),
             "mm.input_projection.weight": w.mat(n_embd, n_embd_text),
         }
+    if projector in ("ldp", "ldpv2"):
+        return _mobilevlm_projection(w, projector, n_embd, n_embd_text)
+    if projector == "adapter":
+        return _glm_edge_projection(w, n_embd, n_embd_text)
     hidden = 2 * n_embd_text
-    return {
-        "mm.0.weight": w.mat(hidden, n_embd),
-        "mm.0.bias": w.bias(hidden),
-        "mm.2.weight": w.mat(n_embd_text, hidden),
-        "mm.2.bias": w.bias(n_embd_text),
+    out = {"mm.0.weight": w.mat(hidden, n_embd), "mm.0.bias": w.bias(hidden)}
+    if projector == "mlp":
+        out["mm.2.weight"], out["mm.2.bias"] = w.mat(n_embd_text, hidden), w.bias(n_embd_text)
+        return out
+    out["mm.1.weight"], out["mm.1.bias"] = w.norm(hidden), w.bias(hidden)
+    out["mm.3.weight"], out["mm.3.bias"] = w.mat(n_embd_text, hidden), w.bias(n_embd_text)
+    out["mm.4.weight"], out["mm.4.bias"] = w.norm(n_embd_text), w.bias(n_embd_text)
+    return out
+
+
+def _mobilevlm_projection(w: _Weights, projector: str, n_embd: int, n_embd_text: int) -> Tensors:
+    """MobileVLM's MLP into the text model's width, then (ldp) two MobileNet blocks of
+    ``mm.model.mb_block.N.block.{0,1,2}`` or (ldpv2) a depthwise convolution ``mm.model.peg.0``:
+    depthwise kernels 3 x 3, one channel each; the squeeze-and-excite reduces by 4."""
+    first, second = (1, 3) if projector == "ldp" else (0, 2)
+    c = n_embd_text
+    out: Tensors = {
+        f"mm.model.mlp.{first}.weight": w.mat(c, n_embd),
+        f"mm.model.mlp.{first}.bias": w.bias(c),
+        f"mm.model.mlp.{second}.weight": w.mat(c, c),
+        f"mm.model.mlp.{second}.bias": w.bias(c),
     }
+    if projector == "ldpv2":
+        out["mm.model.peg.0.weight"], out["mm.model.peg.0.bias"] = w.kernel(c, 1, 3, 3), w.bias(c)
+        return out
+    for b in (1, 2):
+        p = f"mm.model.mb_block.{b}.block."
+        out[p + "0.0.weight"] = w.kernel(c, 1, 3, 3)
+        out[p + "0.1.weight"], out[p + "0.1.bias"] = w.norm(c), w.bias(c)
+        out[p + "1.fc1.weight"], out[p + "1.fc1.bias"] = w.mat(c // 4, c), w.bias(c // 4)
+        out[p + "1.fc2.weight"], out[p + "1.fc2.bias"] = w.mat(c, c // 4), w.bias(c)
+        out[p + "2.0.weight"] = w.mat(c, c)
+        out[p + "2.1.weight"], out[p + "2.1.bias"] = w.norm(c), w.bias(c)
+    return out
+
+
+def _glm_edge_projection(w: _Weights, n_embd: int, n_embd_text: int) -> Tensors:
+    """GLM-Edge-V's adapter: a 2 x 2 convolution of stride 2 into the text model's width, a
+    matrix, a layer norm, and a SwiGLU MLP twice as wide; its begin and end embeddings."""
+    c, ff = n_embd_text, 2 * n_embd_text
+    return {
+        "adapter.conv.weight": w.kernel(c, n_embd, 2, 2),
+        "adapter.conv.bias": w.bias(c),
+        "adapter.linear.linear.weight": w.mat(c, c),
+        "adapter.linear.norm1.weight": w.norm(c),
+        "adapter.linear.norm1.bias": w.bias(c),
+        "adapter.linear.dense_h_to_4h.weight": w.mat(ff, c),
+        "adapter.linear.gate.weight": w.mat(ff, c),
+        "adapter.linear.dense_4h_to_h.weight": w.mat(c, ff),
+        "adapter.boi": w.embd(1, c),
+        "adapter.eoi": w.embd(1, c),
+    }
+
+
+def _check_vision(
+    projector: str, n_layer: int, image_size: int, patch_size: int, scale_factor: int
+) -> None:
+    if projector not in VISION_PROJECTORS:
+        raise ValueError(f"vision projector {projector!r}: choose one of {VISION_PROJECTORS}")
+    side = image_size // patch_size
+    if image_size % patch_size:
+        raise ValueError(f"image_size {image_size} must be a multiple of patch_size {patch_size}")
+    if projector in ("idefics3", "gemma3") and side % scale_factor:
+        raise ValueError(f"{side} patches a side must be a multiple of scale_factor {scale_factor}")
+    if projector in ("ldp", "ldpv2") and side != MOBILEVLM_SIDE:
+        raise ValueError(f"{projector} is built for {MOBILEVLM_SIDE} patches a side, not {side}")
+    if projector == "adapter" and side % 2:
+        raise ValueError(f"adapter's stride-2 convolution wants an even side, not {side} patches")
+    if projector in LLAVA_PROJECTORS and n_layer < 2:
+        raise ValueError(f"{projector} reads the second-to-last layer: n_layer >= 2")
 
 
 def write_vision_mmproj(
@@ -176,52 +266,49 @@ def write_vision_mmproj(
     n_head: int = 4,
     n_ff: int = 256,
     n_layer: int = 2,
-    image_size: int = 256,
-    patch_size: int = 16,
+    image_size: int | None = None,
+    patch_size: int | None = None,
     scale_factor: int = 4,
     dtype: str = "f16",
     seed: int = 0,
 ) -> Path:
-    """Write a vision projector to ``path`` and return the path (see the module's docstring)."""
-    if projector not in VISION_PROJECTORS:
-        raise ValueError(f"vision projector {projector!r}: choose one of {VISION_PROJECTORS}")
-    side = image_size // patch_size
-    if image_size % patch_size or (projector != "mlp" and side % scale_factor):
-        raise ValueError(
-            f"image_size {image_size} must be a multiple of patch_size {patch_size}, and its "
-            f"{side} patches a side a multiple of scale_factor {scale_factor}"
-        )
-    if projector == "mlp" and n_layer < 2:
-        raise ValueError("the mlp projector reads the second-to-last layer: n_layer >= 2")
+    """Write a vision projector to ``path`` and return the path (see the module's docstring);
+    ``image_size`` and ``patch_size``: 96 and 4 for MobileVLM's (24 patches a side), 256 and 16
+    for the others by default."""
+    mobilevlm = projector in ("ldp", "ldpv2")
+    image_size = image_size or (96 if mobilevlm else 256)
+    patch_size = patch_size or (4 if mobilevlm else 16)
+    _check_vision(projector, n_layer, image_size, patch_size, scale_factor)
+    llava = projector in LLAVA_PROJECTORS
     w = _Weights(seed, dtype)
-    n_pos = side * side + (1 if projector == "mlp" else 0)
+    n_pos = (image_size // patch_size) ** 2 + (1 if llava else 0)
     tensors: Tensors = {
         "v.patch_embd.weight": w.kernel(n_embd, 3, patch_size, patch_size),
         "v.position_embd.weight": w.embd(n_pos, n_embd),
     }
-    if projector == "mlp":
+    if llava:
         tensors["v.class_embd"] = w.embd(n_embd)
         tensors["v.pre_ln.weight"], tensors["v.pre_ln.bias"] = w.norm(n_embd), w.bias(n_embd)
     else:
         tensors["v.patch_embd.bias"] = w.bias(n_embd)
     tensors.update(_encoder_layers(w, "v", n_layer, n_embd, n_ff))
-    if projector != "mlp":
+    if not llava:
         tensors["v.post_ln.weight"], tensors["v.post_ln.bias"] = w.norm(n_embd), w.bias(n_embd)
     tensors.update(_vision_projection(w, projector, n_embd, n_embd_text, scale_factor))
 
-    mean, std = _CLIP_MEAN_STD if projector == "mlp" else _SIGLIP_MEAN_STD
+    mean, std = _CLIP_MEAN_STD if llava else _SIGLIP_MEAN_STD
     keys: dict[str, object] = {
-        "clip.projector_type": projector,
+        "clip.projector_type": "mlp" if projector == "mlp_norm" else projector,
         "clip.has_vision_encoder": True,
         "clip.has_audio_encoder": False,
-        "clip.use_gelu": projector != "mlp",  # SigLIP's GELU; CLIP's quick GELU
+        "clip.use_gelu": not llava,  # SigLIP's GELU; CLIP's quick GELU
         **_common_keys("vision", n_embd, n_head, n_ff, n_layer, n_embd_text),
         "clip.vision.image_size": image_size,
         "clip.vision.patch_size": patch_size,
         "clip.vision.image_mean": mean,
         "clip.vision.image_std": std,
     }
-    if projector != "mlp":
+    if projector in ("idefics3", "gemma3"):
         keys["clip.vision.projector.scale_factor"] = scale_factor
     if projector == "idefics3":
         keys["clip.vision.preproc_image_size"] = image_size

@@ -26,16 +26,19 @@ int main() {
     ggml_build_forward_expand(g, y);
     const uint64_t shape = llama_instr::graph_fingerprint(g);
 
-    int failures = 0;
+    // built as an encoder's graph (a layer for the nodes after its blocks), so that the passes only
+    // an encoder's index takes allocate under the failures too
+    const int32_t tail_layer = 1;
+    int           failures   = 0;
     for (long from = 1;; from++) {
         llama_instr::graph_index gi;
-        gi.build(g);
+        gi.build(g, nullptr, tail_layer);
         CHECK(gi.same_as(g, shape));
         gi.il_of.emplace_back(ggml_graph_node(g, 3), 0);  // as the graph callback leaves them
         fail_allocations_from(from);
         bool failed = false;
         try {
-            gi.build(g);
+            gi.build(g, nullptr, tail_layer);
         } catch (const std::bad_alloc &) {
             failed = true;
         }

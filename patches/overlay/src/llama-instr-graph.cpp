@@ -114,6 +114,35 @@ static const ggml_tensor * resolve_copy(const graph_index & gi,
     return w ? w : src;
 }
 
+// An encoder's node computed from weights alone (a view or a copy of a weight) is of the node that
+// first reads it: ggml adds such a node where the graph's last expansion first reaches it, which is
+// inside the last block when clip's build_attn has put that block's Q, K and V in the graph early
+// (gemma3's transposed projection matrix, MobileVLM's depthwise kernels), not beside its reader.
+// A node the callback named keeps its layer.
+static void weights_take_readers_layer(graph_index & gi, int32_t unset) {
+    const int32_t        n = (int32_t) gi.ptrs.size();
+    std::vector<int32_t> reader(n, -1);
+    std::vector<uint8_t> of_weights(n, 0);
+    for (int32_t i = 0; i < n; i++) {
+        bool w = gi.src(i, 0) != nullptr;
+        for (int k = 0; k < GGML_MAX_SRC && gi.src(i, k); k++) {
+            const int32_t si = gi.find(gi.src(i, k));
+            if (si >= 0) {
+                w          = w && of_weights[si];
+                reader[si] = reader[si] < 0 ? i : reader[si];
+            } else {
+                w = w && is_weight(view_root(gi.src(i, k)));
+            }
+        }
+        of_weights[i] = w;
+    }
+    for (int32_t i = n - 1; i >= 0; i--) {  // (a reader comes after what it reads)
+        if (of_weights[i] && gi.il_at[i] == unset && reader[i] >= 0) {
+            gi.layer[i] = gi.layer[reader[i]];
+        }
+    }
+}
+
 void graph_index::build(const ggml_cgraph * g, const llama_model * model, int32_t tail_layer) {
     auto *    gm = const_cast<ggml_cgraph *>(g);
     const int n  = ggml_graph_n_nodes(gm);
@@ -134,7 +163,7 @@ void graph_index::build(const ggml_cgraph * g, const llama_model * model, int32_
         }
     }
 
-    // Layer of each node, in three passes:
+    // Layer of each node, in passes:
     //  1. the graph callback's il (-1 = explicitly not in a layer), else the layer of a blk.N
     //     weight or cache_[kv]_lN source;
     //  2. nodes still unknown belong to the block whose output the callback names next (the
@@ -142,7 +171,9 @@ void graph_index::build(const ggml_cgraph * g, const llama_model * model, int32_
     //  3. an encoder's nodes after the last one named with a layer, named by none, are its
     //     projector's (tail_layer);
     //  4. left-overs (e.g. the session began after the graph was built, so there were no
-    //     callbacks) take the latest layer among their node sources: data flows forward.
+    //     callbacks) take the latest layer among their node sources: data flows forward;
+    //  5. an encoder's nodes computed from weights alone take their first reader's layer
+    //     (weights_take_readers_layer).
     constexpr int32_t UNSET = INT32_MIN;
     layer.assign(n, UNSET);
     il_at.assign(n, UNSET);
@@ -199,6 +230,9 @@ void graph_index::build(const ggml_cgraph * g, const llama_model * model, int32_
             }
         }
         layer[i] = from_nodes;
+    }
+    if (tail_layer != INT32_MIN) {
+        weights_take_readers_layer(*this, UNSET);
     }
     il_of.clear();
     gf      = g;

@@ -143,6 +143,79 @@ static void weights_take_readers_layer(graph_index & gi, int32_t unset) {
     }
 }
 
+// a node's layer not found yet, while build() passes over the graph
+constexpr int32_t UNSET_LAYER = INT32_MIN;
+
+// Pass 1 of build(), over nodes [0, n): the graph callback's il (-1 = explicitly not in a layer),
+// else the layer of a blk.N weight or cache_[kv]_lN source.
+static void layers_named(graph_index & gi, int n) {
+    for (const auto & [t, il] : gi.il_of) {
+        const int32_t i = gi.find(t);
+        if (i >= 0) {
+            gi.il_at[i] = il;  // a node named twice keeps the later il
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (gi.il_at[i] != UNSET_LAYER) {
+            gi.layer[i] = gi.il_at[i];
+            continue;
+        }
+        for (int k = 0; k < GGML_MAX_SRC && gi.src(i, k); k++) {
+            if (gi.find(gi.src(i, k)) >= 0) {
+                continue;
+            }
+            const ggml_tensor * root = view_root(gi.src(i, k));
+            int32_t             l    = layer_from_name(root->name, "blk.");
+            if (l < 0) {
+                l = layer_from_name(root->name, "cache_k_l");
+            }
+            if (l < 0) {
+                l = layer_from_name(root->name, "cache_v_l");
+            }
+            if (l >= 0) {
+                gi.layer[i] = l;
+                break;
+            }
+        }
+    }
+}
+
+// Passes 2 and 3 of build(), from the last node back: a node still unknown belongs to the block
+// whose output the callback names next; an encoder's nodes after the last one named with a
+// layer, named by none, are its projector's (tail_layer).
+static void layers_named_next(graph_index & gi, int n, int32_t tail_layer) {
+    int32_t next_named = UNSET_LAYER;
+    bool    tail       = tail_layer != INT32_MIN;  // no node named with a layer after i yet
+    for (int i = n - 1; i >= 0; i--) {
+        if (gi.il_at[i] != UNSET_LAYER) {
+            next_named = gi.il_at[i];
+            tail       = tail && gi.il_at[i] < 0;
+        } else if (gi.layer[i] == UNSET_LAYER && tail) {
+            gi.layer[i] = tail_layer;
+        } else if (gi.layer[i] == UNSET_LAYER && next_named != UNSET_LAYER) {
+            gi.layer[i] = next_named;
+        }
+    }
+}
+
+// Pass 4 of build(): a node left over takes the latest layer among its node sources (data flows
+// forward), or none.
+static void layers_from_sources(graph_index & gi, int n) {
+    for (int i = 0; i < n; i++) {
+        if (gi.layer[i] != UNSET_LAYER) {
+            continue;
+        }
+        int32_t from_nodes = -1;
+        for (int k = 0; k < GGML_MAX_SRC && gi.src(i, k); k++) {
+            const int32_t si = gi.find(gi.src(i, k));
+            if (si >= 0 && si < i) {
+                from_nodes = std::max(from_nodes, gi.layer[si]);
+            }
+        }
+        gi.layer[i] = from_nodes;
+    }
+}
+
 void graph_index::build(const ggml_cgraph * g, const llama_model * model, int32_t tail_layer) {
     auto *    gm = const_cast<ggml_cgraph *>(g);
     const int n  = ggml_graph_n_nodes(gm);
@@ -174,65 +247,13 @@ void graph_index::build(const ggml_cgraph * g, const llama_model * model, int32_
     //     callbacks) take the latest layer among their node sources: data flows forward;
     //  5. an encoder's nodes computed from weights alone take their first reader's layer
     //     (weights_take_readers_layer).
-    constexpr int32_t UNSET = INT32_MIN;
-    layer.assign(n, UNSET);
-    il_at.assign(n, UNSET);
-    for (const auto & [t, il] : il_of) {
-        const int32_t i = find(t);
-        if (i >= 0) {
-            il_at[i] = il;  // a node named twice keeps the later il
-        }
-    }
-    for (int i = 0; i < n; i++) {
-        if (il_at[i] != UNSET) {
-            layer[i] = il_at[i];
-            continue;
-        }
-        for (int k = 0; k < GGML_MAX_SRC && src(i, k); k++) {
-            if (find(src(i, k)) >= 0) {
-                continue;
-            }
-            const ggml_tensor * root = view_root(src(i, k));
-            int32_t             l    = layer_from_name(root->name, "blk.");
-            if (l < 0) {
-                l = layer_from_name(root->name, "cache_k_l");
-            }
-            if (l < 0) {
-                l = layer_from_name(root->name, "cache_v_l");
-            }
-            if (l >= 0) {
-                layer[i] = l;
-                break;
-            }
-        }
-    }
-    int32_t next_named = UNSET;
-    bool    tail       = tail_layer != INT32_MIN;  // no node named with a layer after i yet
-    for (int i = n - 1; i >= 0; i--) {
-        if (il_at[i] != UNSET) {
-            next_named = il_at[i];
-            tail       = tail && il_at[i] < 0;
-        } else if (layer[i] == UNSET && tail) {
-            layer[i] = tail_layer;
-        } else if (layer[i] == UNSET && next_named != UNSET) {
-            layer[i] = next_named;
-        }
-    }
-    for (int i = 0; i < n; i++) {
-        if (layer[i] != UNSET) {
-            continue;
-        }
-        int32_t from_nodes = -1;
-        for (int k = 0; k < GGML_MAX_SRC && src(i, k); k++) {
-            const int32_t si = find(src(i, k));
-            if (si >= 0 && si < i) {
-                from_nodes = std::max(from_nodes, layer[si]);
-            }
-        }
-        layer[i] = from_nodes;
-    }
+    layer.assign(n, UNSET_LAYER);
+    il_at.assign(n, UNSET_LAYER);
+    layers_named(*this, n);
+    layers_named_next(*this, n, tail_layer);
+    layers_from_sources(*this, n);
     if (tail_layer != INT32_MIN) {
-        weights_take_readers_layer(*this, UNSET);
+        weights_take_readers_layer(*this, UNSET_LAYER);
     }
     il_of.clear();
     gf      = g;
@@ -492,86 +513,98 @@ void graph_table::write_same(json_out &          j,
     j.ch('}');
 }
 
+// a node's source: a node of the same graph by its index, else the tensor it reads
+static void write_src(json_out & j, const src_snapshot & ss) {
+    if (ss.kind == SRC_NODE) {
+        j.raw("{\"node\":");
+        j.i64(ss.node);
+        j.ch('}');
+        return;
+    }
+    j.ch('{');
+    j.key("name");
+    j.str(ss.name);
+    j.key("kind");
+    j.str(src_kind_name(ss.kind));
+    j.key("type");
+    j.str(ggml_type_name((ggml_type) ss.type));
+    j.key("shape");
+    j.shape(ss.ne, ss.n_dims);
+    j.key("bytes");
+    j.i64(ss.nbytes);
+    j.ch('}');
+}
+
+// a node's flags, by name
+static void write_flags(json_out & j, uint8_t flags) {
+    static const struct {
+        node_flag    flag;
+        const char * name;
+    } names[] = {
+        { NODE_NOOP,     "\"noop\""     },
+        { NODE_KV_WRITE, "\"kv_write\"" },
+        { NODE_KV_READ,  "\"kv_read\""  },
+        { NODE_OUTPUT,   "\"output\""   },
+    };
+
+    j.ch('[');
+    for (const auto & f : names) {
+        if (flags & f.flag) {
+            j.sep();
+            j.raw(f.name);
+        }
+    }
+    j.ch(']');
+}
+
+// node i of the table, its sources srcs[0, ns.n_src)
+static void write_node(json_out & j, size_t i, const node_snapshot & ns, const src_snapshot * srcs) {
+    j.ch('{');
+    j.key("i");
+    j.i64((int64_t) i);
+    j.key("name");
+    j.str(ns.name);
+    j.key("op");
+    j.str(ggml_op_name((ggml_op) ns.op));
+    j.key("sub");
+    if (ns.op == GGML_OP_UNARY) {
+        j.str(ggml_unary_op_name((ggml_unary_op) ns.sub));
+    } else if (ns.op == GGML_OP_GLU) {
+        j.str(ggml_glu_op_name((ggml_glu_op) ns.sub));
+    } else {
+        j.null();
+    }
+    j.key("layer");
+    if (ns.layer >= 0) {
+        j.i64(ns.layer);
+    } else {
+        j.null();
+    }
+    j.key("shape");
+    j.shape(ns.ne, ns.n_dims);
+    j.key("dtype");
+    j.str(ggml_type_name((ggml_type) ns.type));
+    j.key("bytes");
+    j.i64(ns.nbytes);
+    j.key("src");
+    j.ch('[');
+    for (int32_t k = 0; k < ns.n_src; k++) {
+        j.sep();
+        write_src(j, srcs[k]);
+    }
+    j.ch(']');
+    j.key("flags");
+    write_flags(j, ns.flags);
+    j.ch('}');
+}
+
 void graph_table::write(json_out & j, const graph_head & h, const std::string & sid, int32_t ctx_id) const {
     write_graph_head(j, h, sid, ctx_id);
     j.key("nodes");
     j.ch('[');
     for (size_t i = 0; i < nodes.size(); i++) {
-        const node_snapshot & ns = nodes[i];
         j.sep();
-        j.ch('{');
-        j.key("i");
-        j.i64((int64_t) i);
-        j.key("name");
-        j.str(ns.name);
-        j.key("op");
-        j.str(ggml_op_name((ggml_op) ns.op));
-        j.key("sub");
-        if (ns.op == GGML_OP_UNARY) {
-            j.str(ggml_unary_op_name((ggml_unary_op) ns.sub));
-        } else if (ns.op == GGML_OP_GLU) {
-            j.str(ggml_glu_op_name((ggml_glu_op) ns.sub));
-        } else {
-            j.null();
-        }
-        j.key("layer");
-        if (ns.layer >= 0) {
-            j.i64(ns.layer);
-        } else {
-            j.null();
-        }
-        j.key("shape");
-        j.shape(ns.ne, ns.n_dims);
-        j.key("dtype");
-        j.str(ggml_type_name((ggml_type) ns.type));
-        j.key("bytes");
-        j.i64(ns.nbytes);
-        j.key("src");
-        j.ch('[');
-        for (int32_t k = 0; k < ns.n_src; k++) {
-            const src_snapshot & ss = srcs[ns.src_begin + k];
-            j.sep();
-            if (ss.kind == SRC_NODE) {
-                j.raw("{\"node\":");
-                j.i64(ss.node);
-                j.ch('}');
-                continue;
-            }
-            j.ch('{');
-            j.key("name");
-            j.str(ss.name);
-            j.key("kind");
-            j.str(src_kind_name(ss.kind));
-            j.key("type");
-            j.str(ggml_type_name((ggml_type) ss.type));
-            j.key("shape");
-            j.shape(ss.ne, ss.n_dims);
-            j.key("bytes");
-            j.i64(ss.nbytes);
-            j.ch('}');
-        }
-        j.ch(']');
-        j.key("flags");
-        j.ch('[');
-
-        static const struct {
-            node_flag    flag;
-            const char * name;
-        } names[] = {
-            { NODE_NOOP,     "\"noop\""     },
-            { NODE_KV_WRITE, "\"kv_write\"" },
-            { NODE_KV_READ,  "\"kv_read\""  },
-            { NODE_OUTPUT,   "\"output\""   },
-        };
-
-        for (const auto & f : names) {
-            if (ns.flags & f.flag) {
-                j.sep();
-                j.raw(f.name);
-            }
-        }
-        j.ch(']');
-        j.ch('}');
+        write_node(j, i, nodes[i], srcs.data() + nodes[i].src_begin);
     }
     j.ch(']');
     j.ch('}');

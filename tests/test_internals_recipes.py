@@ -253,6 +253,36 @@ def test_every_kind_of_compute_has_its_event_its_tables_and_its_track() -> None:
             assert event.__name__ in handled, f"{end} reads no {event.__name__} ({kind.__name__})"
 
 
+def test_a_step_is_written_by_the_one_writer_the_recipe_names() -> None:
+    """Every kind of compute lives a step's life through the step writer the recipe names: no
+    other overlay file writes the head of a ``step_begin`` or a ``step_end``, and a step's rows are
+    cleared in one place (a kind with a copy of its own drifts from it: a kind of row its copy
+    misses leaks into its next step). Each function the recipe's first item names is in a file it
+    names."""
+    first, *_ = recipe("Add a kind of compute")
+    writer = named([first], "src/llama-instr-step.cpp")
+    timing = named([first], "src/llama-instr-timing.cpp")
+    heads: dict[str, list[str]] = {"step_begin": [], "step_end": []}
+    clears: list[str] = []
+    for path in sorted(writer.parent.glob("llama-instr*")):
+        text = path.read_text(encoding="utf-8")
+        for kind, where in heads.items():
+            if re.search(rf'record_head\(\s*\w+\s*,\s*"{kind}"', text):
+                where.append(path.name)
+        clears += [path.name] * len(re.findall(r"\bp_computes\.clear\(\)", text))
+    assert heads == {"step_begin": [writer.name], "step_end": [writer.name]}
+    assert clears == [timing.name]
+    named_texts = " ".join(
+        f.read_text(encoding="utf-8") for p in first.paths for f in matches(p) if f.is_file()
+    )
+    functions = [t for t in re.findall(r"`(\w+)`", first.text) if "_" in t]
+    assert len(functions) >= 6, functions
+    for name in functions:
+        assert re.search(
+            rf"\b{name}\s*\(", named_texts
+        ), f"no {name}( in the files the recipe names"
+
+
 def test_the_patch_list_names_every_patch_of_the_series() -> None:
     """Section 1 describes each patch of ``patches/series``, and no other."""
     text = PAGE.read_text(encoding="utf-8")

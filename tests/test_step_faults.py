@@ -84,3 +84,8 @@ def test_a_step_whose_allocation_failed_leaves_the_next_one_whole(
     # before it, the sweep's steps (a failure may lose a step's records, counted as lost: what
     # may not happen is a step left open, which the reopen above would have waited on for good)
     assert len(by_type(moved, "step_begin")) > out["swept"]
+    # every step_end closes a step whose step_begin was written: a step whose begin failed before
+    # its record is abandoned, and nothing of it is written
+    begun = {(r["ctx"], r["step"]) for r in by_type(moved, "step_begin")}
+    ended = [(r["ctx"], r["step"]) for r in by_type(moved, "step_end")]
+    assert [e for e in ended if e not in begun] == []

@@ -1,7 +1,9 @@
 // llamacpp-instr: images and sounds (tools/mtmd). Each medium tokenized is a `media` record; each
 // encoder (a clip context) is a context of its own whose steps are its encodes, timed like a
 // decode's (the op timers of its scheduler's backends, its graph's node table, its blocks as
-// layers); a step that decodes a medium's embeddings names it (llama_instr_set_media).
+// layers); a step that decodes a medium's embeddings names it (llama_instr_set_media). An
+// encode lives a step's life as a decode does (llama-instr-step.h: its begin, its end, its
+// abandon); this file holds what is an encoder's own: its hooks, its state, its steps' fields.
 //
 // An encoder's state lives in the registry beside the llama_contexts', keyed by its address, from
 // llama_instr_encoder_describe until llama_instr_encoder_free. mtmd encodes on the thread that
@@ -10,6 +12,7 @@
 #include "llama-instr-hooks.h"
 #include "llama-instr-registry.h"
 #include "llama-instr-rpc.h"
+#include "llama-instr-step.h"
 #include "llama-instr-timing.h"
 
 #include <algorithm>
@@ -106,58 +109,50 @@ void write_context(ctx_state & st) {
     emit(st.epoch, st.line);
 }
 
-void write_encode_begin(ctx_state & st, const encode_next & next, const std::string & request) {
-    json_out j{ st.line };
-    record_head(j, "step_begin", now_ns(), st.sid);
-    j.key("step");
-    j.i64(st.step);
-    j.key("ctx");
-    j.i64(st.id);
-    j.key("n_tokens");
-    j.i64(next.n_tokens);
-    j.key("pos");
-    j.ch('[');
-    j.i64(0);
-    j.ch(',');
-    j.i64(std::max(0, next.n_tokens - 1));
-    j.ch(']');
-    j.key("kind");
-    j.str("encode");
-    j.key("level");
-    j.str(level_name(st.level));
-    if (!request.empty()) {
-        j.key("request");
-        j.str(request);
-    }
-    j.key("media");
-    j.ch('[');
-    for (int32_t i = 0; i < std::min(next.n, MAX_ENCODE_MEDIA); i++) {
-        j.sep();
+// an encode's step_begin: a step's fields, then the media slices it encodes, the context and
+// sequence it serves, and whether it is its encoder's first
+void write_encode_begin(ctx_state & st, const encode_next & next) {
+    write_step_begin(st, { "encode", next.n_tokens, 0, std::max(0, next.n_tokens - 1) }, [&](json_out & j) {
+        j.key("media");
         j.ch('[');
-        j.i64(next.media[i]);
-        j.ch(',');
-        j.i64(next.slice[i]);
-        j.ch(']');
-    }
-    j.ch(']');
-    if (next.n > MAX_ENCODE_MEDIA) {
-        j.key("media_more");
-        j.i64(next.n - MAX_ENCODE_MEDIA);
-    }
-    if (const ctx_state * target = next.ctx ? ctx_find(next.ctx) : nullptr) {
-        if (target->epoch == st.epoch) {
-            j.key("target");
+        for (int32_t i = 0; i < std::min(next.n, MAX_ENCODE_MEDIA); i++) {
+            j.sep();
             j.ch('[');
-            j.i64(target->id);
+            j.i64(next.media[i]);
             j.ch(',');
-            j.i64(next.seq);
+            j.i64(next.slice[i]);
             j.ch(']');
         }
+        j.ch(']');
+        if (next.n > MAX_ENCODE_MEDIA) {
+            j.key("media_more");
+            j.i64(next.n - MAX_ENCODE_MEDIA);
+        }
+        if (const ctx_state * target = next.ctx ? ctx_find(next.ctx) : nullptr) {
+            if (target->epoch == st.epoch) {
+                j.key("target");
+                j.ch('[');
+                j.i64(target->id);
+                j.ch(',');
+                j.i64(next.seq);
+                j.ch(']');
+            }
+        }
+        j.key("first");
+        j.boolean(st.encoder->n_encodes == 0);
+    });
+}
+
+// mtmd has read the embeddings: the backends are done, the computes' times can be read now
+void encode_synced(ctx_state & st) {
+    if (st.encoder->sched) {
+        ggml_backend_sched_synchronize(st.encoder->sched);
     }
-    j.key("first");
-    j.boolean(st.encoder->n_encodes == 0);
-    j.ch('}');
-    emit(st.epoch, st.line);
+    const int64_t t_synced = now_ns();
+    for (compute_rec & c : st.p_computes) {
+        c.t_synced = std::max(c.t_synced, t_synced);
+    }
+    st.device_pending = false;
 }
 
 // The load of `bitmap` noted last, in session `epoch` or with no session open (a program may load
@@ -265,14 +260,10 @@ int64_t llama_instr_encode_begin(const void * encoder, int32_t n_threads) noexce
     ctx_state & st = *stp;
     try {
         const std::string request = request_of(next.ctx, next.seq);
-        if (!ctx_join(st, 0, false)) {
+        if (!step_join(st, 0, false)) {
             return 0;
         }
-        st.in_decode          = true;
-        st.ubatch             = 0;
-        st.ubatch_tokens      = next.n_tokens;
-        st.capture.n_filled   = 0;
-        st.n_tables           = 0;
+        st.ubatch_tokens      = next.n_tokens;  // its one compute's (no ubatch hook tells)
         st.request            = request;
         st.encoder->n_threads = n_threads;
         st.graph.il_of.clear();
@@ -280,7 +271,7 @@ int64_t llama_instr_encode_begin(const void * encoder, int32_t n_threads) noexce
             st.encoder->described = st.epoch;
             write_context(st);
         }
-        write_encode_begin(st, next, request);
+        write_encode_begin(st, next);
         t_encoding   = &st;
         t_last_block = -1;
         // the RPC commands this thread issues until the encode's end are the encoder's (mtmd sends
@@ -289,10 +280,8 @@ int64_t llama_instr_encode_begin(const void * encoder, int32_t n_threads) noexce
     } catch (...) {
         // a start that failed partway records nothing of this encode: the step it opened ends
         // now, so that the encoder's next encode is recorded and the log can rotate
-        st.in_decode = false;
-        t_encoding   = nullptr;
-        step_done(st);
-        hook_failed(st.epoch, "llama_instr_encode_begin");
+        t_encoding = nullptr;
+        step_abandon(st, "llama_instr_encode_begin");
         return 0;
     }
     const int64_t t_start     = now_ns();
@@ -366,66 +355,23 @@ void llama_instr_encode_end(const void * encoder,
     st.encoder->n_encodes++;
     try {
         if (st.device_pending) {
-            // mtmd has read the embeddings: the backends are done, their times can be read now
-            if (st.encoder->sched) {
-                ggml_backend_sched_synchronize(st.encoder->sched);
-            }
-            const int64_t t_synced = now_ns();
-            for (compute_rec & c : st.p_computes) {
-                c.t_synced = std::max(c.t_synced, t_synced);
-            }
-            st.device_pending = false;
+            encode_synced(st);
         }
         write_step_computes(st);
         write_encode_transfers(st, encoder, t_start);
         const int64_t n_out = std::max(0, n_tokens);
-        json_out      j{ st.line };
-        record_head(j, "step_end", t_end, st.sid);
-        j.key("step");
-        j.i64(st.step);
-        j.key("ctx");
-        j.i64(st.id);
-        j.key("t_start");
-        j.i64(t_start);
-        j.key("dur");
-        j.i64(t_end - t_start);
-        j.key("status");
-        j.i64(status);
-        j.key("n_tokens");
-        j.i64(n_out);
-        j.key("n_outputs");
-        j.i64(n_out);
-        j.key("n_computes");
-        j.i64(st.ubatch);
-        j.key("kv_used");
-        j.i64(-1);
-        // the logger's work in the encode's call but not in its dur: its records at its start
-        // and, at its end, its graph tables and computes (written above)
-        j.key("log_ns");
-        j.i64(std::max<int64_t>(0, t_start - st.encoder->t_entry_begin) + std::max<int64_t>(0, now_ns() - t_end));
-        j.key("logits");  // the encode's output: its embeddings
-        j.raw("{\"shape\":[");
-        j.i64(std::max(0, n_embd));
-        j.ch(',');
-        j.i64(n_out);
-        j.raw("],\"type\":\"f32\",\"bytes\":");
-        j.i64((int64_t) std::max(0, n_embd) * n_out * 4);
-        j.raw("}}");
+        format_step_end(st, { t_start, t_end, status, n_out, n_out, -1 }, [&](json_out & j) {
+            // the logger's work in the encode's call but not in its dur: its records at its start
+            // and, at its end, its graph tables and computes (written above)
+            j.key("log_ns");
+            j.i64(std::max<int64_t>(0, t_start - st.encoder->t_entry_begin) + std::max<int64_t>(0, now_ns() - t_end));
+            write_step_output(j, std::max(0, n_embd), n_out);  // the encode's output: its embeddings
+        });
         emit(st.epoch, st.line);
     } catch (...) {
-        st.n_tables = 0;
-        st.p_ops.clear();
-        st.p_layers.clear();
-        st.p_busy.clear();
-        st.p_clocks.clear();
-        st.p_threads.clear();
-        st.p_stats.clear();
-        st.p_splits.clear();
-        st.p_copies.clear();
-        st.p_remote.clear();
-        st.p_computes.clear();
         rpc_set_owner(nullptr);
-        hook_failed(st.epoch, "llama_instr_encode_end");
+        step_abandon(st, "llama_instr_encode_end");
+        return;
     }
     step_done(st);
 }

@@ -364,6 +364,14 @@ void llama_instr::write_step_computes(ctx_state & st) {
             emit(st.epoch, st.line);
         }
     }
+    clear_step_rows(st);
+}
+
+void llama_instr::clear_step_rows(ctx_state & st) noexcept {
+    for (size_t i = 0; i < st.n_tables; i++) {
+        st.tables[i].table.reset();
+    }
+    st.n_tables = 0;
     st.experts.clear_step();
     st.p_ops.clear();
     st.p_layers.clear();

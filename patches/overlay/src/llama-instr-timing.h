@@ -15,6 +15,10 @@ namespace llama_instr {
 // in that order and cleared
 void write_step_computes(ctx_state & st);
 
+// drop what the step holds to write (its graph tables, its computes' rows, its experts' routing):
+// after they are written, or when the step is abandoned (llama-instr-step.h)
+void clear_step_rows(ctx_state & st) noexcept;
+
 // wait for ctx's backends (its scheduler's synchronization, without llama.cpp's own accounting)
 void synchronize_backends(llama_context * ctx);
 

@@ -75,20 +75,26 @@ def _post(port: int, endpoint: str, body: dict[str, Any]) -> None:
         conn.close()
 
 
+def send_at_times(port: int, traffic: list[tuple[str, dict[str, Any], float]]) -> None:
+    """Each (endpoint, body, seconds after the first) POSTed at its time on a thread of its own;
+    back once all are answered."""
+    t0 = time.monotonic()
+    threads = []
+    for endpoint, body, at in traffic:
+        time.sleep(max(0.0, t0 + at - time.monotonic()))
+        threads.append(threading.Thread(target=_post, args=(port, endpoint, body)))
+        threads[-1].start()
+    for t in threads:
+        t.join(300)
+
+
 @pytest.fixture(scope="module")
 def recorded(tools_bin: Path, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The traffic above, sent at its times to llama-server under ``instr exec`` (level detailed)."""
     log = tmp_path_factory.mktemp("replay") / "recorded.log"
     proc, port = exec_server(log, smollm2_path, *SERVER_ARGS[:-1])
     try:
-        t0 = time.monotonic()
-        threads = []
-        for endpoint, body, at in TRAFFIC:
-            time.sleep(max(0.0, t0 + at - time.monotonic()))
-            threads.append(threading.Thread(target=_post, args=(port, endpoint, body)))
-            threads[-1].start()
-        for t in threads:
-            t.join(300)
+        send_at_times(port, TRAFFIC)
     finally:
         signal_server(proc)
         proc.wait(120)
@@ -381,14 +387,7 @@ def stalled(tools_bin: Path, smollm2_path: Path, tmp_path_factory: pytest.TempPa
         for p, at in zip(STREAMS, (0.0, 0.05), strict=True)
     ] + [({"prompt": STALL_LONG, "n_predict": 2, "temperature": 0}, 0.6)]
     try:
-        t0 = time.monotonic()
-        threads = []
-        for body, at in traffic:
-            time.sleep(max(0.0, t0 + at - time.monotonic()))
-            threads.append(threading.Thread(target=_post, args=(port, "/completion", body)))
-            threads[-1].start()
-        for t in threads:
-            t.join(300)
+        send_at_times(port, [("/completion", body, at) for body, at in traffic])
     finally:
         signal_server(proc)
         proc.wait(120)

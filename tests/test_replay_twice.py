@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import json
 import statistics
-import threading
-import time
 from pathlib import Path
 
 import pytest
 from helpers.support import exec_server, request_records, signal_server
-from test_replay_server import SERVER_ARGS, _post, _replay
+from test_replay_server import SERVER_ARGS, _replay, send_at_times
 
 pytestmark = pytest.mark.native
 
@@ -43,14 +41,7 @@ def recorded(tools_bin: Path, smollm2_path: Path, tmp_path_factory: pytest.TempP
     log = tmp_path_factory.mktemp("twice") / "recorded.log"
     proc, port = exec_server(log, smollm2_path, *SERVER_ARGS[:-1])
     try:
-        t0 = time.monotonic()
-        threads = []
-        for endpoint, body, at in TRAFFIC:
-            time.sleep(max(0.0, t0 + at - time.monotonic()))
-            threads.append(threading.Thread(target=_post, args=(port, endpoint, body)))
-            threads[-1].start()
-        for t in threads:
-            t.join(300)
+        send_at_times(port, TRAFFIC)
     finally:
         signal_server(proc)
         proc.wait(120)

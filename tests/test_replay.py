@@ -754,10 +754,14 @@ def test_a_keyed_server_gets_its_key_and_the_key_is_written_nowhere(
              "llama-server", "-m", "m.gguf")  # fmt: skip
     assert r.exit_code == 0 and all(x["ok"] for x in json.loads(r.stdout)["requests"]), r.output
     missing = tmp_path / "gone.txt"
+    out = tmp_path / "never.log"
     _one_line(
-        _cli("replay", str(log), "--", "llama-server", "--api-key-file", str(missing)),
+        _cli("replay", str(log), "-o", str(out), "--", "llama-server", "--api-key-file",
+             str(missing)),
         f"llama-server --api-key-file {missing}: No such file or directory",
-    )
+    )  # fmt: skip
+    # no half-written file: the responses' file of a replay that never started is not left
+    assert not out.with_name("never.log.responses.jsonl").exists()
 
 
 def test_a_keyed_server_at_a_url(tmp_path: Path, stand_in: str) -> None:

@@ -156,14 +156,21 @@ def _one(
         f = open(responses, "wb")  # closed below, after the server has stopped
     except OSError as exc:
         raise UserError(f"cannot write {responses}: {exc.strerror or exc}") from None
-    with contextlib.ExitStack() as stack:
-        stack.callback(f.close)
-        server = None if request.url else stack.enter_context(servers.serving(args, log, say))
-        tick = stack.enter_context(progress(name, len(plan.sends)))
-        url = server.url if server is not None else str(request.url)
-        watch = server.gone if server is not None else (lambda: None)
-        key = server.key if server is not None else request.api_key
-        sent = send_all(url, plan, folder, _writer(f, plan, tick), watch, key)
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.callback(f.close)
+            server = None if request.url else stack.enter_context(servers.serving(args, log, say))
+            tick = stack.enter_context(progress(name, len(plan.sends)))
+            url = server.url if server is not None else str(request.url)
+            watch = server.gone if server is not None else (lambda: None)
+            key = server.key if server is not None else request.api_key
+            sent = send_all(url, plan, folder, _writer(f, plan, tick), watch, key)
+    except BaseException:
+        # a replay that ended before any answer (its server never started) leaves no empty file;
+        # one that ended mid-way keeps the answers it had
+        if responses.stat().st_size == 0:
+            responses.unlink()
+        raise
     if server is not None and not log.is_file():
         said = f": {server.note}" if server.note else ""
         raise UserError(f"{servers.PROGRAM} wrote no session log at {log}{said}")

@@ -88,23 +88,33 @@ def send_at_times(port: int, traffic: list[tuple[str, dict[str, Any], float]]) -
         t.join(300)
 
 
-@pytest.fixture(scope="module")
-def recorded(tools_bin: Path, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The traffic above, sent at its times to llama-server under ``instr exec`` (level detailed)."""
-    log = tmp_path_factory.mktemp("replay") / "recorded.log"
-    proc, port = exec_server(log, smollm2_path, *SERVER_ARGS[:-1])
+def record(
+    log: Path,
+    model: Path,
+    traffic: list[tuple[str, dict[str, Any], float]],
+    server_args: tuple[str, ...] = SERVER_ARGS[:-1],
+) -> Path:
+    """``traffic`` sent at its times to llama-server under ``instr exec -o log`` (level detailed):
+    the log; skips the test when the build records no request bodies, which a replay sends."""
+    proc, port = exec_server(log, model, *server_args)
     try:
-        send_at_times(port, TRAFFIC)
+        send_at_times(port, traffic)
     finally:
         signal_server(proc)
         proc.wait(120)
-    recs = request_records(log)
-    assert len(recs) == len(TRAFFIC)
-    if not any("body" in r for r in recs):
+    if not any("body" in r for r in request_records(log)):
         pytest.skip(
             "this build's llama-server records no request bodies (`body`, `gen_ids` of the "
             "request record at detailed): instr replay has nothing to send"
         )
+    return log
+
+
+@pytest.fixture(scope="module")
+def recorded(tools_bin: Path, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The traffic above, sent at its times to llama-server under ``instr exec`` (level detailed)."""
+    log = record(tmp_path_factory.mktemp("replay") / "recorded.log", smollm2_path, TRAFFIC)
+    assert len(request_records(log)) == len(TRAFFIC)
     return log
 
 
@@ -380,20 +390,13 @@ BIG, SMALL = "-b 2048 -ub 2048", "-b 32 -ub 32"
 @pytest.fixture(scope="module")
 def stalled(tools_bin: Path, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two streams generating on two of three slots when a long prompt arrives on the third."""
-    log = tmp_path_factory.mktemp("stall") / "recorded.log"
-    proc, port = exec_server(log, smollm2_path, *STALL_ARGS)
     traffic = [
         ({"prompt": p, "n_predict": 48, "temperature": 0, "stream": True}, at)
         for p, at in zip(STREAMS, (0.0, 0.05), strict=True)
     ] + [({"prompt": STALL_LONG, "n_predict": 2, "temperature": 0}, 0.6)]
-    try:
-        send_at_times(port, [("/completion", body, at) for body, at in traffic])
-    finally:
-        signal_server(proc)
-        proc.wait(120)
-    if not any("body" in r for r in request_records(log)):
-        pytest.skip("this build's llama-server records no request bodies")
-    return log
+    log = tmp_path_factory.mktemp("stall") / "recorded.log"
+    sends = [("/completion", body, at) for body, at in traffic]
+    return record(log, smollm2_path, sends, STALL_ARGS)
 
 
 def _token_times(log: Path, rec: dict[str, Any]) -> list[int]:

@@ -12,8 +12,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from helpers.support import exec_server, request_records, signal_server
-from test_replay_server import SERVER_ARGS, _replay, send_at_times
+from test_replay_server import _replay, record
 
 pytestmark = pytest.mark.native
 
@@ -38,16 +37,7 @@ TRAFFIC = [
 
 @pytest.fixture(scope="module")
 def recorded(tools_bin: Path, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    log = tmp_path_factory.mktemp("twice") / "recorded.log"
-    proc, port = exec_server(log, smollm2_path, *SERVER_ARGS[:-1])
-    try:
-        send_at_times(port, TRAFFIC)
-    finally:
-        signal_server(proc)
-        proc.wait(120)
-    if not any("body" in r for r in request_records(log)):
-        pytest.skip("this build's llama-server records no request bodies")
-    return log
+    return record(tmp_path_factory.mktemp("twice") / "recorded.log", smollm2_path, TRAFFIC)
 
 
 def test_the_same_log_replayed_twice_gives_the_same_first_token_times(

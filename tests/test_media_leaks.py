@@ -64,18 +64,13 @@ def _rss(pid: int) -> int:
 
 def _server_pid(parent: int) -> int:
     """llama-server's pid: ``parent`` itself when instr exec became it, else its child."""
-    comm = Path(f"/proc/{parent}/comm").read_text().strip()
-    if comm.startswith("llama-server"):
+    from test_replay_server import _child_server
+
+    if Path(f"/proc/{parent}/comm").read_text().startswith("llama-server"):
         return parent
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2 :].split()[1]) == parent:
-                return int(d.name)
-    raise AssertionError("no llama-server under instr exec")
+    child = _child_server(parent)
+    assert child is not None, "no llama-server under instr exec"
+    return child
 
 
 def growth_per_image(

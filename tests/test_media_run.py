@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.support import by_type, read_log
+from helpers.support import by_type, read_log, realtime
 
 pytestmark = pytest.mark.native
 
@@ -44,20 +44,6 @@ def _encodes(recs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str,
 
 def _media_steps(recs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     return [(b, e) for b, e in _steps(recs) if b["kind"] != "encode" and "media" in b]
-
-
-def realtime() -> list[str]:
-    """A command prefix that runs a program at a real-time priority (SCHED_FIFO) where this
-    process may set one (root, chrt), else nothing. llama.cpp's own figures and the log's time
-    the same call from clocks read a few instructions apart; on a shared machine another process
-    can take the CPU in between (5-17 ms gaps seen under a load of 5 on 2 cores, none at this
-    priority, the kernel's real-time throttling leaving the rest 5 % of the time)."""
-    import shutil
-
-    if shutil.which("chrt") is None:
-        return []
-    ok = subprocess.run(["chrt", "-f", "1", "true"], capture_output=True).returncode == 0
-    return ["chrt", "-f", "1"] if ok else []
 
 
 def _instr(
@@ -329,6 +315,19 @@ def _close(printed_ms: float, ns: int) -> bool:
     return abs(printed_ms - ms) <= max(0.05 * ms, 2.0)
 
 
+def _agree(pairs: list[tuple[float, int]]) -> None:
+    """llama.cpp's figures against the log's, pair by pair (printed ms, the log's ns). Each figure
+    times the same call from outside the log's span, so it is never less than the log's, bar its
+    truncation to whole ms; and it is the log's within ``_close`` for all pairs but one at most: a
+    pause of the process outside the span lands in llama.cpp's figure alone. At a real-time
+    priority the kernel's throttling stops a program that keeps both cores busy for 50 ms of every
+    second, wherever in its code that falls (once: 72 ms printed about a step of 28 ms)."""
+    for ms, ns in pairs:
+        assert ms > ns / 1e6 - 1.0, (ms, ns)
+    far = [(ms, ns) for ms, ns in pairs if not _close(ms, ns)]
+    assert len(far) <= 1, far
+
+
 def test_llama_mtmd_cli_figures_are_the_logs(
     mm_lib: Path,
     tools_bin: Path,
@@ -341,8 +340,8 @@ def test_llama_mtmd_cli_figures_are_the_logs(
     """llama-mtmd-cli at -lv 4 under instr exec (at a real-time priority where it may: see
     ``realtime``), two images of two slices each and a sound, the embeddings decoded 8 at a
     time: each "encoding done in N ms" is an encode's time in the log (its dur and the logger's
-    own work in the call), each "decoded (batch i/n) in M ms" a step of that medium's, in order;
-    the text is the text of a run with no session."""
+    own work in the call), each "decoded (batch i/n) in M ms" a step of that medium's, in order
+    (as ``_agree`` compares them); the text is the text of a run with no session."""
     runs = [
         (vlm_text, projectors["idefics3"], ["--image", str(media["test-1.jpeg"])] * 2),
         (smollm2_path, projectors["qwen2a"], ["--audio", str(media["test-2.mp3"])]),
@@ -376,13 +375,11 @@ def test_llama_mtmd_cli_figures_are_the_logs(
         printed = _cli_lines(on.stderr, r"encoding done in (\d+) ms")
         encodes = _encodes(recs)
         assert len(printed) == len(encodes) > 0
-        for ms, (_, e) in zip(printed, encodes, strict=True):
-            assert _close(ms, e["dur"] + e["log_ns"]), (ms, e["dur"], e["log_ns"])
+        _agree([(ms, e["dur"] + e["log_ns"]) for ms, (_, e) in zip(printed, encodes, strict=True)])
         printed = _cli_lines(on.stderr, r"decoded \(batch \d+/\d+\) in (\d+) ms")
         steps = _media_steps(recs)
         assert len(printed) == len(steps) > len(encodes)
-        for ms, (_, e) in zip(printed, steps, strict=True):
-            assert _close(ms, e["dur"]), (ms, e["dur"])
+        _agree([(ms, e["dur"]) for ms, (_, e) in zip(printed, steps, strict=True)])
 
 
 HANDLER = r"""

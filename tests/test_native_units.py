@@ -101,6 +101,15 @@ def test_a_kept_graph_is_not_a_graph_with_other_sources(vendor: Path, tmp_path: 
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
+def test_an_encoders_blocks_are_the_run_clip_names_from_zero(vendor: Path, tmp_path: Path) -> None:
+    """encoder_layers over the layer sequences clip's graphs name: a ViT's, lfm2a's conformer (a
+    pre-encoder numbering its convolutions 0-6: the input's, not blocks), whisper with glma's
+    projector (a feed-forward built with layer 0 after the blocks: the projector's, not block 0),
+    minicpmv's merger between two ranges of blocks, gemma3nv's (none named)."""
+    r = run_unit(vendor, "encoder_layers", LLAMA_INCLUDES, LLAMA_LIBS, tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
 def test_a_failed_index_build_leaves_no_index(vendor: Path, tmp_path: Path) -> None:
     """graph_index::build with every allocation from the n-th on failing, rebuilding a graph that
     was indexed whole (issue 55 §1): no failure leaves an index that same_as takes for the graph,

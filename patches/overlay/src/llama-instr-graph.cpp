@@ -143,6 +143,46 @@ static void weights_take_readers_layer(graph_index & gi, int32_t unset) {
     }
 }
 
+void encoder_layers(std::vector<std::pair<const ggml_tensor *, int32_t>> & il_of, int32_t n_layer) {
+    size_t  begin = 0, end = 0;  // the longest run: il_of[begin, end)
+    int32_t most = 0;            // its blocks
+    size_t  at   = 0;            // the current run's start
+    int32_t last = -1;           // its last block (-1: no run)
+    for (size_t k = 0; k < il_of.size(); k++) {
+        const int32_t il = il_of[k].second;
+        if (il < 0) {
+            continue;
+        }
+        if (last >= 0 && (il == last || il == last + 1)) {
+            last = il;
+        } else if (il == 0) {
+            at   = k;
+            last = 0;
+        } else {
+            last = -1;
+            continue;
+        }
+        // a longer run than any before, or the longest going on
+        if (last + 1 > most || (at == begin && last + 1 == most)) {
+            most  = last + 1;
+            begin = at;
+            end   = k + 1;
+        }
+    }
+    if (most == 0) {
+        return;
+    }
+    const int32_t projector = std::max(n_layer, most);
+    for (size_t k = 0; k < il_of.size(); k++) {
+        int32_t & il = il_of[k].second;
+        if (k < begin) {
+            il = std::min(il, -1);
+        } else if (k >= end || il < 0) {
+            il = projector;
+        }
+    }
+}
+
 // a node's layer not found yet, while build() passes over the graph
 constexpr int32_t UNSET_LAYER = INT32_MIN;
 

@@ -116,6 +116,15 @@ struct node_snapshot {
 // graph built again the same in the same memory, reading the same tensors.
 uint64_t graph_fingerprint(const ggml_cgraph * gf);
 
+// An encoder's layers from what clip's callback named while it built the graph (`il_of`, in
+// order), rewritten in place. Its blocks are the longest run of named layers that starts at 0 and
+// steps by 0 or 1 (clip's loop over its blocks); a layer named before the run is the input's (-1:
+// a pre-encoder numbering its convolutions); every name after the run, numbered or not, and a
+// name with no layer within it (a merger between blocks) are the projector's: layer
+// max(n_layer, the run's last + 1) (a projector numbering its own modules from 0 is taken for a
+// block only after an encoder of one block). Without a run (no block named), nothing changes.
+void encoder_layers(std::vector<std::pair<const ggml_tensor *, int32_t>> & il_of, int32_t n_layer);
+
 // What a `graph` record says besides the node table: which graph of the session it is, for how
 // many tokens, and when its table was taken.
 struct graph_head {

@@ -42,8 +42,7 @@ struct encode_next {
 };
 
 thread_local encode_next t_next;
-thread_local ctx_state * t_encoding   = nullptr;  // the encoder whose encode this thread runs
-thread_local int32_t     t_last_block = -1;       // the last block its graph's callback named
+thread_local ctx_state * t_encoding = nullptr;  // the encoder whose encode this thread runs
 
 // a medium's load (llama_instr_media_loaded), noted in a session until a medium claims it
 struct load_note {
@@ -272,8 +271,7 @@ int64_t llama_instr_encode_begin(const void * encoder, int32_t n_threads) noexce
             write_context(st);
         }
         write_encode_begin(st, next);
-        t_encoding   = &st;
-        t_last_block = -1;
+        t_encoding = &st;
         // the RPC commands this thread issues until the encode's end are the encoder's (mtmd sends
         // the encode's input before its compute begins)
         rpc_set_owner(key_of(encoder));
@@ -293,7 +291,6 @@ void llama_instr_encode_graph_begin(const void * encoder) noexcept {
     ctx_state * st = encoder_state(encoder);
     if (st && st->in_decode && st == t_encoding) {
         st->graph.il_of.clear();
-        t_last_block = -1;
     }
 }
 
@@ -302,13 +299,7 @@ void llama_instr_encode_graph_cb(ggml_tensor * cur, int32_t il) noexcept {
     if (!st) {
         return;
     }
-    // a tensor of no block after the blocks is the projector's: layer n_layer (before them, the
-    // input's embedding: -1)
-    if (il >= 0) {
-        t_last_block = std::max(t_last_block, il);
-    } else if (t_last_block >= 0) {
-        il = std::max(st->encoder->n_layer, t_last_block + 1);
-    }
+    // as named: which are blocks is known once the graph is built (encoder_layers)
     try {
         st->graph.il_of.emplace_back(cur, il);
     } catch (...) {
@@ -319,6 +310,7 @@ void llama_instr_encode_graph_cb(ggml_tensor * cur, int32_t il) noexcept {
 void llama_instr_encode_graph_built(const void * encoder, ggml_backend_sched_t sched, ggml_cgraph * gf) noexcept {
     ctx_state * st = encoder_state(encoder);
     if (st && st->in_decode && st == t_encoding) {
+        encoder_layers(st->graph.il_of, st->encoder->n_layer);
         graph_built(*st, sched, gf, nullptr);
     }
 }

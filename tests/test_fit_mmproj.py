@@ -24,6 +24,7 @@ from typing import Any
 import gguf
 import pytest
 from helpers.mmproj_gguf import write_audio_mmproj, write_vision_mmproj
+from helpers.mtmd_input import ON_PATH
 from helpers.support import assert_one_line_error, instr, read_log
 
 pytestmark = pytest.mark.native
@@ -237,11 +238,11 @@ def test_the_c_functions_return_codes(
 # (an image is resized to the projector's size; a sound is padded to whisper's 30 s chunk: one of
 # 1 s). A compute buffer the warmup could not allocate is not said: mtmd_init_from_file succeeds,
 # and an encode then crashes.
-REAL_RUN = r"""
-import ctypes, json, sys
+REAL_RUN = ON_PATH + r"""
+import json, sys
 from pathlib import Path
-import numpy as np
 import llama_cpp.mtmd_cpp as mtmd
+from helpers import mtmd_input
 import llamacpp_instr
 from llamacpp_instr.running import context_defaults, runner
 from llamacpp_instr.running.offload import Offload
@@ -263,18 +264,8 @@ with llamacpp_instr.session(llm, log, level="minimal"):
         mtmd.mtmd_free(ctx)
         print(json.dumps({"encoded": 0}))
         sys.exit(0)
-    if mtmd.mtmd_support_vision(ctx):
-        grey = (ctypes.c_ubyte * (320 * 240 * 3))(*[128] * (320 * 240 * 3))
-        bmp = mtmd.mtmd_bitmap_init(320, 240, grey)
-    else:
-        wave = np.sin(np.arange(16000) * 0.05).astype(np.float32)
-        bmp = mtmd.mtmd_bitmap_init_from_audio(len(wave), wave.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
-    text = mtmd.mtmd_input_text()
-    text.text = b"look: " + mtmd.mtmd_default_marker()
-    text.text_len = len(text.text)
-    text.add_special = text.parse_special = True
-    chunks = mtmd.mtmd_input_chunks_init()
-    assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (mtmd.mtmd_bitmap_p_ctypes * 1)(bmp), 1) == 0
+    bmp = mtmd_input.medium(mtmd, ctx, 320, 240)
+    chunks = mtmd_input.look_chunks(mtmd, ctx, bmp)
     encoded = 0
     for i in range(mtmd.mtmd_input_chunks_size(chunks)):
         chunk = mtmd.mtmd_input_chunks_get(chunks, i)

@@ -23,16 +23,18 @@ from typing import Any
 
 import pytest
 from helpers.mmproj_gguf import write_vision_mmproj
+from helpers.mtmd_input import ON_PATH
 from helpers.support import by_type, read_log, run_on_lib
 
 pytestmark = pytest.mark.native
 
 # a session at detailed around mtmd_init_from_file (warm-up as told) and the chunks of
 # "look: <image>": the text chunk given to mtmd_encode_chunk too where told, then each image chunk
-ENCODE = r"""
-import ctypes, json, sys
+ENCODE = ON_PATH + r"""
+import json, sys
 from pathlib import Path
 import llama_cpp.mtmd_cpp as mtmd
+from helpers import mtmd_input
 import llamacpp_instr
 from llamacpp_instr.running import runner
 
@@ -46,15 +48,8 @@ with llamacpp_instr.session(llm, log, level="detailed"):
     params.warmup = warmup == "1"
     ctx = mtmd.mtmd_init_from_file(mmproj.encode(), llm.model, params)
     assert ctx
-    grey = (ctypes.c_ubyte * (64 * 48 * 3))(*[128] * (64 * 48 * 3))
-    bmp = mtmd.mtmd_bitmap_init(64, 48, grey)
-    text = mtmd.mtmd_input_text()
-    text.text = b"look: " + mtmd.mtmd_default_marker()
-    text.text_len = len(text.text)
-    text.add_special = text.parse_special = True
-    chunks = mtmd.mtmd_input_chunks_init()
-    bitmaps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bmp)
-    assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), bitmaps, 1) == 0
+    bmp = mtmd_input.medium(mtmd, ctx, 64, 48)
+    chunks = mtmd_input.look_chunks(mtmd, ctx, bmp)
     for i in range(mtmd.mtmd_input_chunks_size(chunks)):
         chunk = mtmd.mtmd_input_chunks_get(chunks, i)
         is_text = mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT

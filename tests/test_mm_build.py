@@ -25,6 +25,7 @@ from helpers.mmproj_gguf import (
     VISION_PROJECTORS,
     write_audio_mmproj,
 )
+from helpers.mtmd_input import ON_PATH
 
 pytestmark = pytest.mark.native
 
@@ -73,11 +74,12 @@ def test_the_wheels_libmtmd_loads_beside_its_own_libllama(mm_lib: Path) -> None:
     assert got["mapped"] == [str(mm_lib / "libllama.so"), str(mm_lib / "libmtmd.so")]
 
 
-PROBE = r"""
-import ctypes, json, sys
+PROBE = ON_PATH + r"""
+import json, sys
 import numpy as np
 import llama_cpp
 import llama_cpp.mtmd_cpp as mtmd
+from helpers import mtmd_input
 
 model_path, encode, *paths = sys.argv[1:]
 llama_cpp.llama_backend_init()
@@ -94,21 +96,8 @@ for path in paths:
         continue
     got = {"vision": mtmd.mtmd_support_vision(ctx), "audio": mtmd.mtmd_support_audio(ctx)}
     if encode == "encode":
-        if got["vision"]:  # a flat grey 64 x 48 RGB image
-            grey = (ctypes.c_ubyte * (64 * 48 * 3))(*[128] * (64 * 48 * 3))
-            bmp = mtmd.mtmd_bitmap_init(64, 48, grey)
-        else:  # 1 s of a tone at 16 kHz
-            wave = np.sin(np.arange(16000) * 0.05).astype(np.float32)
-            pcm = wave.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            bmp = mtmd.mtmd_bitmap_init_from_audio(16000, pcm)
-        text = mtmd.mtmd_input_text()
-        text.text = b"look: " + mtmd.mtmd_default_marker()
-        text.text_len = len(text.text)
-        text.add_special = text.parse_special = True
-        chunks = mtmd.mtmd_input_chunks_init()
-        bitmaps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bmp)
-        rc = mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), bitmaps, 1)
-        assert rc == 0, rc
+        bmp = mtmd_input.medium(mtmd, ctx, 64, 48)
+        chunks = mtmd_input.look_chunks(mtmd, ctx, bmp)
         got["media"] = []
         for i in range(mtmd.mtmd_input_chunks_size(chunks)):
             chunk = mtmd.mtmd_input_chunks_get(chunks, i)
